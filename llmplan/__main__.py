@@ -1,0 +1,3 @@
+from llmplan.cli import main
+
+main()

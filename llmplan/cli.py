@@ -1,0 +1,138 @@
+"""The llmplan command line: parses options, calls the library, hands results to the report layer.
+
+Exit codes (DESIGN.md): 0 success, 2 bad input (one line on stderr; LLMPLAN_DEBUG=1 shows the traceback),
+3 when no plan fits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from llmplan import report
+from llmplan.cost.memory import training_memory
+from llmplan.cost.params import param_counts
+from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Parallelism planner for large language models.")
+out = Console()
+if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
+    out.width = max(out.width, 140)
+
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document (schema 1) instead of tables.")
+
+
+def emit(doc: dict, json_mode: bool, view) -> None:
+    if json_mode:
+        sys.stdout.write(report.dump_json(doc) + "\n")
+    else:
+        view()
+
+
+@app.command()
+def models(json_mode: bool = JsonOpt) -> None:
+    """List the built-in models."""
+    rows = [(m, param_counts(m)) for m in sorted(builtin_models().values(), key=lambda m: m.name)]
+    emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows)))
+
+
+@app.command()
+def hardware(json_mode: bool = JsonOpt) -> None:
+    """List the built-in GPUs and systems."""
+    gpus = sorted(builtin_gpus().values(), key=lambda g: g.name)
+    systems = sorted(builtin_systems().values(), key=lambda s: s.name)
+    emit(report.hardware_json(gpus, systems), json_mode,
+         lambda: [out.print(t) for t in report.hardware_tables(gpus, systems)])
+
+
+@app.command()
+def estimate(
+    model: str = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json."),
+    hardware: str = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile."),
+    nodes: int = typer.Option(1, "--nodes", help="Number of nodes."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs used per node (default: all)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", help="Expert tensor-parallel degree (default: tp)."),
+    vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages per rank (interleaved schedule)."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: micro-batch x dp)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: min(4096, context))."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32."),
+    grad_dtype: str = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16."),
+    flash_attention: bool = typer.Option(True, "--flash-attention/--no-flash-attention",
+                                         help="Fused attention that stores no s x s scores."),
+    overhead_gib: float = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
+                                       help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces)."),
+    fragmentation: float = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
+                                        help="Allocator fragmentation allowance, fraction of tensor memory."),
+    mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Memory per GPU of one training plan."""
+    if mode != "train":
+        raise LlmplanError(f"--mode {mode} is not available yet; only --mode train is implemented")
+    m = resolve_model(model)
+    system = resolve_system(hardware)
+    cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
+                    "cluster options")
+    n = cluster.num_gpus
+    if dp is None:
+        dp = max(1, n // (tp * pp * cp))
+    seq = seq_len or min(4096, m.max_position_embeddings)
+    plan = build(ParallelPlan, {
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
+        "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
+        "micro_batch": micro_batch, "global_batch": global_batch or micro_batch * dp, "seq_len": seq,
+        "dtype": dtype, "grad_dtype": grad_dtype, "flash_attention": flash_attention,
+    }, "plan options")
+    violations = check_plan(m, plan, cluster)
+    if violations:
+        raise PlanViolationError(violations)
+    allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                      "memory allowance options")
+    params = param_counts(m)
+    mem = training_memory(m, plan, system.gpu.hbm_bytes, allowance)
+    emit(report.estimate_json(m, cluster, plan, params, mem), json_mode,
+         lambda: report.estimate_view(out, m, cluster, plan, params, mem))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: runs the app and turns LlmplanError into one line and its exit code."""
+    try:
+        rc = app(args=argv, prog_name="llmplan", standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
+    except LlmplanError as e:
+        if os.environ.get("LLMPLAN_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(e.exit_code)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except Exception as e:  # click usage errors and anything unexpected: never a bare traceback
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        if os.environ.get("LLMPLAN_DEBUG"):
+            raise
+        sys.stderr.write(f"error: internal error: {type(e).__name__}: {e} (set LLMPLAN_DEBUG=1 for a traceback)\n")
+        sys.exit(1)

@@ -1,0 +1,1 @@
+"""Cost model: pure functions over specs (parameters, memory, ...)."""

@@ -1,0 +1,184 @@
+"""Parameter counts: whole model (total, active) and the shard one rank holds under TP / PP / EP.
+
+Symbols follow the papers: h hidden, f FFN width, a query heads, K key/value heads, d head dim, V vocab,
+L layers, E routed experts, k experts per token, t tensor-parallel degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of the whole model by part; the parts sum to `total`."""
+
+    embedding: int
+    """Input token embedding (+ learned position embedding)."""
+    output: int
+    """Output layer (0 when tied to the embedding)."""
+    attention: int
+    """All attention projections (and their biases, q/k norms) of all layers."""
+    dense_mlp: int
+    """MLPs of dense layers."""
+    routed_experts: int
+    """All routed experts of all MoE layers."""
+    shared_experts: int
+    """Shared experts of all MoE layers."""
+    router: int
+    """Router (gate) matrices."""
+    norms: int
+    """Layer norms of all layers and the final norm."""
+    experts_per_token_fraction: float
+    """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "experts_per_token_fraction")
+
+    @property
+    def active(self) -> float:
+        """Parameters one token touches: everything except the routed experts it is not sent to."""
+        return self.total - self.routed_experts * (1.0 - self.experts_per_token_fraction)
+
+
+def attention_params(m: ModelSpec) -> int:
+    """Parameters of one attention block.
+
+    Source: reference/formats.md Part B2 (attention = h·a·d + 2·h·K·d + a·d·h; MLA as DeepSeek-V3)."""
+    h, a, K, d = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head
+    if m.is_mla:
+        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        q_r = m.q_lora_rank
+        q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
+        kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
+        return q + kv + a * v * h
+    n = h * a * d + 2 * h * K * d + a * d * h
+    if m.attention_bias or m.qkv_bias:
+        n += a * d + 2 * K * d
+    if m.attention_bias:
+        n += h
+    if m.qk_norm:
+        n += 2 * d
+    return n
+
+
+def mlp_params(m: ModelSpec, f: int) -> int:
+    """Parameters of one MLP of width f: 3·h·f gated (SwiGLU), 2·h·f plain; biases where the model has them.
+
+    Source: reference/formats.md Part B2 (SwiGLU FFN = 3·h·f)."""
+    h = m.hidden_size
+    if m.gated_mlp:
+        return 3 * h * f + ((2 * f + h) if m.mlp_bias else 0)
+    return 2 * h * f + ((f + h) if m.mlp_bias else 0)
+
+
+def norm_params(m: ModelSpec) -> int:
+    """One norm: h weights (RMSNorm) or h weights + h biases (LayerNorm)."""
+    return m.hidden_size * (2 if m.norm_type == "layernorm" else 1)
+
+
+def param_counts(m: ModelSpec) -> ParamCounts:
+    """Whole-model parameter counts by part.
+
+    Source: reference/formats.md Part B2 (computed-parameter rule; MoE = E·3·h·f_e + router h·E)."""
+    h, V, L = m.hidden_size, m.vocab_size, m.num_hidden_layers
+    E, n_moe = m.num_experts, m.num_moe_layers
+    pos = m.max_position_embeddings * h if m.learned_position_embeddings else 0
+    return ParamCounts(
+        embedding=V * h + pos,
+        output=0 if m.tie_word_embeddings else V * h,
+        attention=L * attention_params(m),
+        dense_mlp=m.num_dense_layers * mlp_params(m, m.intermediate_size),
+        routed_experts=n_moe * E * mlp_params(m, m.expert_ffn),
+        shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
+        router=n_moe * (h * E + (E if m.mlp_bias else 0)),
+        norms=(2 * L + 1) * norm_params(m),
+        experts_per_token_fraction=(m.num_experts_per_tok / E) if E else 1.0,
+    )
+
+
+def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) held by pipeline rank `stage`.
+
+    With vpp virtual stages, rank i holds model chunks i, i+pp, i+2pp, ... of L/(pp·vpp) layers each
+    (Megatron's interleaved assignment)."""
+    chunk = m.num_hidden_layers // (plan.pp * plan.vpp)
+    k_dense = m.first_k_dense_replace if m.is_moe else m.num_hidden_layers
+    dense = moe = 0
+    for j in range(plan.vpp):
+        start = (j * plan.pp + stage) * chunk
+        n_dense = max(0, min(start + chunk, k_dense) - start)
+        dense += n_dense
+        moe += chunk - n_dense
+    return dense, moe
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one rank holds, split by the group that replicates them (for ZeRO sharding)."""
+
+    dense: float
+    """Non-expert parameters (replicated over dp x cp)."""
+    expert: float
+    """Routed-expert parameters (replicated over the expert-data-parallel group)."""
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def kv_heads_per_rank(m: ModelSpec, t: int) -> float:
+    """KV heads on one TP rank: K/t, or one replicated head when t exceeds K (check_plan keeps t | K or K | t)."""
+    return max(m.kv_heads / t, 1.0)
+
+
+def attention_params_per_rank(m: ModelSpec, t: int) -> float:
+    """One attention block's parameters on one TP rank (column/row-parallel projections split by heads).
+
+    Derived: docs/formulas.md#params.rank"""
+    h, a, d = m.hidden_size, m.num_attention_heads, m.d_head
+    if m.is_mla:
+        # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
+        nope, rope, v, kv_r, q_r = (
+            m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank,
+        )
+        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r
+        return down + (attention_params(m) - down) / t
+    kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
+    full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads
+    return (attention_params(m) - full_kv) / t + kv
+
+
+def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
+    """Vocabulary rows after Megatron's padding to a multiple of divisor x t (an upper bound for launchers
+    that do not pad). Source: reference/formats.md Part A1, rule 16."""
+    unit = divisor * t
+    return -(-V // unit) * unit
+
+
+def rank_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> RankParams:
+    """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
+    replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer
+    on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).
+
+    Derived: docs/formulas.md#params.rank"""
+    t, etp = plan.tp, plan.etp_resolved
+    h, V = m.hidden_size, m.vocab_size
+    n_dense, n_moe = stage_layers(m, plan, stage)
+    norms = 2 * norm_params(m)
+    attn = attention_params_per_rank(m, t) + norms
+    dense = n_dense * (attn + mlp_params(m, m.intermediate_size) / t)
+    dense += n_moe * (attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0))
+    expert = n_moe * (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp
+    V = padded_vocab(V, t)
+    if stage == 0:
+        dense += V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
+    if stage == plan.pp - 1:
+        dense += norm_params(m)
+        if not m.tie_word_embeddings or plan.pp > 1:
+            dense += V * h / t
+    return RankParams(dense=dense, expert=expert)

@@ -1,0 +1,116 @@
+"""GpuSpec and SystemSpec: what one accelerator and one node (or NVLink domain) can do.
+
+Keys that are not in base units name their unit (hbm_gib, hbm_gb_per_s, intra_node_gb_per_s, nic_gbit_per_s);
+the properties convert them once, here, to bytes and bytes per second for the cost functions.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from llmplan.specs.model import SPEC_CONFIG
+from llmplan.units import GB, GIB, TERA
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+
+
+class GpuSpec(BaseModel):
+    """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
+
+    model_config = SPEC_CONFIG
+
+    name: str = Field(min_length=1)
+    """Name users pass (e.g. h100-sxm)."""
+    source: str = ""
+    """Where the numbers come from."""
+    vendor: Literal["nvidia", "amd"] = "nvidia"
+    """Vendor, for the collective library (NCCL / RCCL)."""
+    tflops: dict[Dtype, float] = Field(min_length=1)
+    """Peak dense (no 2:4 sparsity) TFLOP/s per dtype; a dtype that is absent is not supported."""
+    hbm_gib: float = Field(gt=0)
+    """Memory per GPU in GiB."""
+    hbm_gb_per_s: float = Field(gt=0)
+    """Memory bandwidth in GB/s (decimal)."""
+    max_gemm_tflops_bf16: float | None = Field(default=None, gt=0)
+    """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
+
+    @model_validator(mode="after")
+    def _positive_tflops(self) -> "GpuSpec":
+        bad = {k: v for k, v in self.tflops.items() if v <= 0}
+        if bad:
+            raise ValueError(f"tflops must be positive, got {bad}")
+        return self
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * GIB
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_gb_per_s * GB
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
+        return self.tflops[dtype] * TERA  # type: ignore[index]
+
+
+class SystemSpec(BaseModel):
+    """A node (or NVLink domain) shape and its scale-out fabric, built from one GPU type."""
+
+    model_config = SPEC_CONFIG
+
+    name: str = Field(min_length=1)
+    """Name users pass to --hardware (e.g. dgx-h100)."""
+    source: str = ""
+    """Where the numbers come from."""
+    gpu: GpuSpec
+    """The accelerator of every slot."""
+    gpus_per_node: int = Field(gt=0)
+    """GPUs in one server (one OS image, one set of NICs)."""
+    nvlink_domain_gpus: int | None = Field(default=None, gt=0)
+    """GPUs reachable over the scale-up fabric (72 for GB200 NVL72); None means one node."""
+    intra_node_fabric: Literal["nvswitch", "nvlink-mesh", "infinity-fabric", "pcie"] = "nvswitch"
+    """Scale-up fabric kind: switched (all pairs at full rate) or a mesh (a pair gets one link)."""
+    intra_node_gb_per_s: float = Field(gt=0)
+    """Scale-up bandwidth per GPU, one direction, GB/s."""
+    pair_gb_per_s: float | None = Field(default=None, gt=0)
+    """Bandwidth between one pair of GPUs, one direction, GB/s, where a mesh gives less than the total."""
+    nvls: bool = False
+    """NVLink SHARP (in-switch reduction) for all-reduce."""
+    nics_per_node: int = Field(default=0, ge=0)
+    """Scale-out NICs per node for the compute fabric (0: single-node system)."""
+    nic_gbit_per_s: float = Field(default=0.0, ge=0)
+    """Rate of one NIC, Gb/s (bits), one direction."""
+    scaleout_fabric: Literal["infiniband", "roce", "efa", "none"] = "infiniband"
+    """Scale-out network kind."""
+    rail_optimized: bool = True
+    """GPU i of every node sits on leaf switch i (NCCL rings stay on one rail)."""
+    oversubscription: float = Field(default=1.0, ge=1.0)
+    """Leaf-to-spine oversubscription ratio (1.0: non-blocking fat tree)."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> "SystemSpec":
+        dom = self.nvlink_domain_gpus
+        if dom is not None and dom % self.gpus_per_node:
+            raise ValueError(
+                f"nvlink_domain_gpus ({dom}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+            )
+        if self.nics_per_node and self.nic_gbit_per_s <= 0:
+            raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
+        return self
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs in one scale-up (NVLink) domain."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def intra_node_bytes_per_s(self) -> float:
+        return self.intra_node_gb_per_s * GB
+
+    @property
+    def nic_bytes_per_s_per_node(self) -> float:
+        """Scale-out bandwidth of one node, one direction, bytes/s."""
+        return self.nics_per_node * self.nic_gbit_per_s * GB / 8

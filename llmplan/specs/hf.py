@@ -1,0 +1,89 @@
+"""Hugging Face config.json -> llmplan model-spec fields (a pure mapping; no file access).
+
+Field names per architecture: reference/formats.md Part B1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.specs.model import SUPPORTED_MODEL_TYPES
+
+COMMON = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "rope_theta", "rope_scaling", "sliding_window", "layer_types", "first_k_dense_replace", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
+    "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
+)
+TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2"}
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
+    """Fields for ModelSpec from a config.json mapping. Raises ValueError for unsupported architectures."""
+    if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
+        supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
+        raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
+    if mt == "gpt2":
+        cfg = _gpt2(cfg)
+    out: dict[str, Any] = {k: cfg[k] for k in COMMON if cfg.get(k) is not None}
+    out["name"] = str(cfg.get("_name_or_path") or default_name).rstrip("/").split("/")[-1] or default_name
+    out["source"] = f"Hugging Face config.json ({cfg.get('_name_or_path') or default_name})"
+    out["model_type"] = mt
+    out.setdefault("tie_word_embeddings", mt in TIED_BY_DEFAULT)
+    if out.get("rope_theta") is None and isinstance(cfg.get("rope_parameters"), dict):
+        out["rope_theta"] = cfg["rope_parameters"].get("rope_theta")
+        out["rope_scaling"] = cfg["rope_parameters"]
+        out = {k: v for k, v in out.items() if v is not None}
+    if isinstance(out.get("layer_types"), list):
+        out["layer_types"] = tuple(out["layer_types"])
+    experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0)
+    if experts:
+        out["num_experts"] = experts
+        if mt in ("mixtral", "gpt_oss"):  # intermediate_size is the per-expert width
+            out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
+        _check_sparse_layout(cfg)
+    else:
+        for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
+                  "shared_expert_intermediate_size"):
+            out.pop(k, None)
+    if mt == "gpt2":
+        out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
+    if mt == "qwen2":
+        out["qkv_bias"] = True
+    if mt in ("qwen3", "qwen3_moe"):
+        out["qk_norm"] = True
+    if mt == "gpt_oss":
+        out["attention_bias"] = True
+        out["mlp_bias"] = True
+    if mt != "deepseek_v3":
+        for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            out.pop(k, None)
+    return out
+
+
+def _gpt2(cfg: dict[str, Any]) -> dict[str, Any]:
+    """GPT-2 uses n_layer / n_embd / n_inner / n_head / n_positions, LayerNorm, learned positions, biases."""
+    h = cfg.get("n_embd", cfg.get("hidden_size"))
+    return {
+        **cfg,
+        "hidden_size": h,
+        "intermediate_size": cfg.get("n_inner") or 4 * h,
+        "num_hidden_layers": cfg.get("n_layer", cfg.get("num_hidden_layers")),
+        "num_attention_heads": cfg.get("n_head", cfg.get("num_attention_heads")),
+        "max_position_embeddings": cfg.get("n_positions", cfg.get("max_position_embeddings")),
+        "attention_bias": True,
+        "mlp_bias": True,
+    }
+
+
+def _check_sparse_layout(cfg: dict[str, Any]) -> None:
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    if step != 1 or cfg.get("mlp_only_layers"):
+        raise ValueError("MoE layouts with decoder_sparse_step != 1 or mlp_only_layers are not supported yet; "
+                         "only leading dense layers (first_k_dense_replace) are")
+

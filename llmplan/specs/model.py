@@ -1,0 +1,175 @@
+"""ModelSpec: the architecture of a transformer language model, with Hugging Face config.json field names."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SUPPORTED_MODEL_TYPES = (
+    "gpt",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "gpt_oss",
+)
+
+SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer. Field names follow Hugging Face config.json; llmplan keys are marked."""
+
+    model_config = SPEC_CONFIG
+
+    name: str = Field(min_length=1)
+    """llmplan key: the name users pass to --model."""
+    source: str = ""
+    """llmplan key: where the dimensions come from (paper, config.json URL, model card)."""
+    model_type: Literal[SUPPORTED_MODEL_TYPES] = "gpt"  # type: ignore[valid-type]
+    """Architecture family, as Hugging Face names it ('gpt' = plain Megatron-style GPT)."""
+
+    hidden_size: int = Field(gt=0)
+    """Model width h."""
+    intermediate_size: int = Field(gt=0)
+    """FFN width f of dense layers (per expert for Mixtral and gpt-oss, where every layer is MoE)."""
+    num_hidden_layers: int = Field(gt=0)
+    """Number of transformer layers L."""
+    num_attention_heads: int = Field(gt=0)
+    """Query heads a."""
+    num_key_value_heads: int | None = Field(default=None, gt=0)
+    """Key/value heads (GQA/MQA); None means equal to num_attention_heads (MHA)."""
+    head_dim: int | None = Field(default=None, gt=0)
+    """Per-head dimension; None means hidden_size / num_attention_heads."""
+    vocab_size: int = Field(gt=0)
+    """Vocabulary size V (unpadded)."""
+    max_position_embeddings: int = Field(gt=0)
+    """Longest context the model supports."""
+    tie_word_embeddings: bool = False
+    """Whether the output layer shares the input embedding matrix."""
+
+    gated_mlp: bool = True
+    """llmplan key: SwiGLU/GeGLU MLP with gate, up and down projections (False: plain two-matrix GELU MLP)."""
+    norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    """llmplan key: RMSNorm (weight only) or LayerNorm (weight and bias)."""
+    learned_position_embeddings: bool = False
+    """llmplan key: learned absolute position embeddings (GPT-2/GPT-3) instead of RoPE."""
+    attention_bias: bool = False
+    """Biases on the q, k, v and output projections."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections only (Qwen2)."""
+    mlp_bias: bool = False
+    """Biases on the MLP (and expert) projections."""
+    qk_norm: bool = False
+    """llmplan key: RMSNorm on queries and keys per head (Qwen3)."""
+    rope_theta: float | None = Field(default=None, gt=0)
+    """RoPE base frequency (informational)."""
+    rope_scaling: dict | None = None
+    """RoPE scaling block as in config.json (informational; shown when a length exceeds the context)."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Sliding-window size of windowed attention layers, if any."""
+    layer_types: tuple[str, ...] | None = None
+    """Per-layer attention kind ('sliding_attention' / 'full_attention') where the model alternates."""
+
+    num_experts: int = Field(default=0, ge=0)
+    """Routed experts per MoE layer (HF: num_local_experts / num_experts / n_routed_experts); 0 = dense."""
+    num_experts_per_tok: int = Field(default=0, ge=0)
+    """Routed experts each token is sent to (top-k)."""
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    """FFN width of one routed expert; None means intermediate_size."""
+    n_shared_experts: int = Field(default=0, ge=0)
+    """Shared experts (DeepSeek), each of width moe_intermediate_size, seen by every token."""
+    shared_expert_intermediate_size: int | None = Field(default=None, gt=0)
+    """Total FFN width of the shared expert (Qwen2-MoE); overrides n_shared_experts x moe_intermediate_size."""
+    first_k_dense_replace: int = Field(default=0, ge=0)
+    """Number of leading layers that use a dense MLP instead of experts (DeepSeek)."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    """MLA: rank of the compressed query (None: queries are not compressed)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """MLA: rank of the compressed key/value latent; setting it turns on multi-head latent attention."""
+    qk_nope_head_dim: int | None = Field(default=None, gt=0)
+    """MLA: per-head query/key dimension without rotary embedding."""
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    """MLA: per-head query/key dimension with rotary embedding (the key part is shared by all heads)."""
+    v_head_dim: int | None = Field(default=None, gt=0)
+    """MLA: per-head value dimension."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "ModelSpec":
+        a, K = self.num_attention_heads, self.kv_heads
+        if self.head_dim is None and self.hidden_size % a:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({a}) "
+                "when head_dim is not given; set head_dim"
+            )
+        if a % K:
+            raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_key_value_heads ({K})")
+        if self.num_experts:
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
+                    f"num_experts ({self.num_experts})"
+                )
+            if self.first_k_dense_replace >= self.num_hidden_layers:
+                raise ValueError(
+                    f"first_k_dense_replace ({self.first_k_dense_replace}) must be below "
+                    f"num_hidden_layers ({self.num_hidden_layers})"
+                )
+        elif self.num_experts_per_tok or self.n_shared_experts:
+            raise ValueError("num_experts_per_tok / n_shared_experts need num_experts > 0")
+        if self.kv_lora_rank is not None:
+            missing = [
+                f for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if getattr(self, f) is None
+            ]
+            if missing:
+                raise ValueError(f"MLA (kv_lora_rank set) also needs {', '.join(missing)}")
+        return self
+
+    # Derived quantities (no state is stored twice: these are computed from the fields).
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads, defaulting to the query heads."""
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension, defaulting to hidden_size / num_attention_heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def expert_ffn(self) -> int:
+        """FFN width of one routed expert."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def shared_ffn(self) -> int:
+        """Total FFN width of the shared experts of one MoE layer (0 when there are none)."""
+        if self.shared_expert_intermediate_size is not None:
+            return self.shared_expert_intermediate_size
+        return self.n_shared_experts * self.expert_ffn
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_hidden_layers - self.num_moe_layers

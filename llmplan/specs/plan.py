@@ -1,0 +1,115 @@
+"""ParallelPlan (how a training job is split over GPUs), ClusterSpec (how many of which nodes) and
+MemoryAllowance (the stated allowance for buffers and fragmentation)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import SPEC_CONFIG
+
+Recompute = Literal["none", "selective", "full"]
+TrainDtype = Literal["bf16", "fp16", "fp8", "fp32"]
+
+
+class ParallelPlan(BaseModel):
+    """One way to run a training step: parallel degrees, sharding, recompute and batch shape.
+
+    Rules that relate the plan to a model or cluster live in check_plan, not here."""
+
+    model_config = SPEC_CONFIG
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree (Megatron column/row-parallel linears)."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel stages."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel replicas (GPUs / (tp * pp * cp))."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (sequence split for attention)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree (experts split over ranks; carved out of dp * cp * tp)."""
+    etp: int | None = Field(default=None, ge=1)
+    """Expert tensor-parallel degree; None means equal to tp (Megatron's default)."""
+    vpp: int = Field(default=1, ge=1)
+    """Virtual pipeline stages per rank (interleaved 1F1B); 1 = plain 1F1B."""
+    sp: bool = False
+    """Megatron sequence parallelism (norm/dropout activations split over tp)."""
+    zero: int = Field(default=0, ge=0, le=3)
+    """ZeRO stage over the data-parallel (x cp) group: 1 optimizer (= Megatron distributed optimizer),
+    2 + gradients, 3 + parameters."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core) or full (every layer)."""
+    micro_batch: int = Field(default=1, ge=1)
+    """Sequences per micro-batch per model replica."""
+    global_batch: int = Field(default=1, ge=1)
+    """Sequences per optimizer step over all replicas."""
+    seq_len: int = Field(default=4096, ge=1)
+    """Tokens per sequence."""
+    dtype: TrainDtype = "bf16"
+    """Compute dtype of the matmuls (fp8 keeps bf16 weights, as Transformer Engine does)."""
+    grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
+    flash_attention: bool = True
+    """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
+
+    @property
+    def etp_resolved(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
+        return max(1, self.global_batch // (self.micro_batch * self.dp))
+
+    @property
+    def zero_shard(self) -> int:
+        """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
+        return self.dp * self.cp
+
+
+class ClusterSpec(BaseModel):
+    """A number of identical nodes of one system."""
+
+    model_config = SPEC_CONFIG
+
+    system: SystemSpec
+    """The node shape."""
+    num_nodes: int = Field(ge=1)
+    """Nodes in the job."""
+    gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs used per node; None means all of the node's GPUs."""
+
+    @model_validator(mode="after")
+    def _fits_node(self) -> "ClusterSpec":
+        g = self.gpus_per_node
+        if g is not None and g > self.system.gpus_per_node:
+            raise ValueError(
+                f"gpus_per_node ({g}) exceeds the {self.system.gpus_per_node} GPUs of a {self.system.name} node"
+            )
+        return self
+
+    @property
+    def gpus_per_node_used(self) -> int:
+        return self.gpus_per_node or self.system.gpus_per_node
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node_used
+
+
+class MemoryAllowance(BaseModel):
+    """The stated allowance for what the formulas do not count (docs/formulas.md#mem.other)."""
+
+    model_config = SPEC_CONFIG
+
+    fixed_gib: float = Field(default=1.5, ge=0)
+    """Per-GPU bytes outside the tensors: CUDA context, cuBLAS workspace, NCCL communicator buffers (GiB)."""
+    fragmentation: float = Field(default=0.05, ge=0, le=1)
+    """Fraction added to the tensor memory for caching-allocator fragmentation."""

@@ -1,0 +1,146 @@
+"""Loading specs: built-in models and hardware shipped with the package, user YAML/JSON specs and raw
+Hugging Face config.json files. This is the only module of specs/ that reads files."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from llmplan.errors import LlmplanError
+from llmplan.specs.hardware import GpuSpec, SystemSpec
+from llmplan.specs.hf import from_hf_config
+from llmplan.specs.model import ModelSpec
+
+
+def data_dir(name: str) -> Path:
+    """A data folder: inside the installed wheel (llmplan/<name>), or at the top of a source checkout."""
+    packaged = Path(str(resources.files("llmplan"))) / name
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / name
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file into a mapping; any problem is one clear error naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise LlmplanError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else f" (line {e.lineno})" if hasattr(e, "lineno") else ""
+        raise LlmplanError(f"{path}{line}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                           f"{getattr(e, 'problem', None) or getattr(e, 'msg', e)}") from None
+    if not isinstance(data, dict):
+        raise LlmplanError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def validation_message(origin: str, err: ValidationError) -> str:
+    """One line per field problem: file, field, what pydantic found."""
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "(document)"
+        got = f" (got {e['input']!r})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
+        parts.append(f"field '{field}': {e['msg']}{got}")
+    return f"{origin}: " + "; ".join(parts)
+
+
+def build(cls: type[BaseModel], data: dict[str, Any], origin: str) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise LlmplanError(validation_message(origin, e)) from None
+
+
+def _yaml_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+
+
+@lru_cache(maxsize=None)
+def builtin_models() -> dict[str, ModelSpec]:
+    """Every model spec shipped in model_specs/, by name."""
+    return {m.name: m for m in (load_model_file(p) for p in _yaml_files(data_dir("model_specs")))}
+
+
+@lru_cache(maxsize=None)
+def builtin_gpus() -> dict[str, GpuSpec]:
+    folder = data_dir("hardware_profiles") / "gpus"
+    return {g.name: g for g in (build(GpuSpec, read_document(p), str(p)) for p in _yaml_files(folder))}
+
+
+@lru_cache(maxsize=None)
+def builtin_systems() -> dict[str, SystemSpec]:
+    folder = data_dir("hardware_profiles") / "systems"
+    return {s.name: s for s in (load_system_file(p) for p in _yaml_files(folder))}
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> LlmplanError:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return LlmplanError(f"unknown {kind} '{name}'{hint} (built-ins: {', '.join(sorted(known))}; "
+                        f"or give a path to a YAML/JSON file)")
+
+
+def load_model_file(path: Path) -> ModelSpec:
+    """A llmplan model spec (YAML/JSON with a `name`) or a Hugging Face config.json."""
+    data = read_document(path)
+    if "name" not in data and "model_type" in data:
+        try:
+            data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
+        except ValueError as e:
+            raise LlmplanError(f"{path}: {e}") from None
+    return build(ModelSpec, data, str(path))
+
+
+def load_system_file(path: Path) -> SystemSpec:
+    """A system profile; its `gpu` is a built-in GPU name or an inline GPU mapping."""
+    data = dict(read_document(path))
+    gpu = data.get("gpu")
+    if isinstance(gpu, str):
+        gpus = builtin_gpus()
+        if gpu not in gpus:
+            raise _unknown("GPU", gpu, list(gpus))
+        data["gpu"] = gpus[gpu].model_dump()
+    return build(SystemSpec, data, str(path))
+
+
+def _is_path(ref: str) -> bool:
+    return Path(ref).suffix in (".yaml", ".yml", ".json") or "/" in ref
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """--model: a built-in name or a path to a spec / config.json."""
+    if _is_path(ref):
+        if not Path(ref).exists():
+            raise LlmplanError(f"model file {ref} does not exist")
+        return load_model_file(Path(ref))
+    models = builtin_models()
+    if ref not in models:
+        raise _unknown("model", ref, list(models))
+    return models[ref]
+
+
+def resolve_system(ref: str) -> SystemSpec:
+    """--hardware: a built-in system name or a path to a system profile."""
+    if _is_path(ref):
+        if not Path(ref).exists():
+            raise LlmplanError(f"hardware file {ref} does not exist")
+        return load_system_file(Path(ref))
+    systems = builtin_systems()
+    if ref in systems:
+        return systems[ref]
+    if ref in builtin_gpus():
+        with_gpu = [s.name for s in systems.values() if s.gpu.name == ref]
+        raise LlmplanError(f"'{ref}' is a GPU, not a system; --hardware takes a node shape: "
+                           f"{', '.join(with_gpu) or ', '.join(sorted(systems))}")
+    raise _unknown("hardware", ref, list(systems))

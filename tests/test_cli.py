@@ -1,0 +1,142 @@
+"""The real `llmplan` command: output, JSON contract and exit codes, including bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ACCEPTANCE = ["estimate", "--model", "gpt3-175b", "--hardware", "dgx-a100", "--nodes", "8", "--tp", "8",
+              "--pp", "8", "--sp", "--recompute", "selective", "--micro-batch", "1", "--global-batch", "64",
+              "--seq-len", "2048"]
+
+
+def test_estimate_table(cli):
+    r = cli(*ACCEPTANCE)
+    assert r.code == 0, r.err
+    for text in ("Memory per GPU", "weights", "gradients", "optimizer states", "activations", "FITS",
+                 "headroom", "174.60B", "mem.activations"):
+        assert text in r.out
+
+
+def test_estimate_json_contract(cli):
+    r = cli(*ACCEPTANCE, "--vpp", "3", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == 1
+    assert set(doc["plan"]) >= {"tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "micro_batch",
+                                "global_batch", "seq_len", "dtype"}
+    assert doc["plan"]["dp"] == 1 and doc["plan"]["vpp"] == 3
+    assert set(doc["params"]) >= {"total", "active"}
+    mem = doc["memory"]
+    assert set(mem) >= {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity", "fits"}
+    parts = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"] + mem["other"]
+    assert parts == pytest.approx(mem["total"])
+    assert mem["activation_parts"]["layers"] / 2**30 == pytest.approx(12.35, rel=0.01)  # Korthikanti Fig. 1
+    # Parts arriving with later issues are not emitted as placeholders.
+    assert "time" not in doc and "throughput" not in doc and "comm" not in doc
+
+
+def test_dp_is_derived_and_does_not_fit_exits_zero(cli):
+    r = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1", "--json")
+    assert r.code == 0
+    doc = r.json()
+    assert doc["plan"]["dp"] == 8 and doc["memory"]["fits"] is False
+    r = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "1")
+    assert "DOES NOT FIT" in r.out and "short by" in r.out
+
+
+def test_models_and_hardware_list_builtins(cli):
+    r = cli("models", "--json")
+    names = {m["name"] for m in r.json()["models"]}
+    assert {"gpt3-175b", "llama-3.1-405b", "deepseek-v3", "gpt-oss-120b", "gpt-1t"} <= names
+    r = cli("hardware", "--json")
+    doc = r.json()
+    assert {g["name"] for g in doc["gpus"]} >= {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200",
+                                               "gb200", "mi300x", "mi325x", "l40s"}
+    assert {s["name"] for s in doc["systems"]} >= {"dgx-a100", "dgx-a100-40gb", "dgx-h100", "dgx-h800",
+                                                  "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-8"}
+    assert "dgx-h100" in cli("hardware").out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3.1-7b", "--hardware", "dgx-h100"], "unknown model 'llama-3.1-7b'; did you mean llama-3.1-70b"),
+    (["--model", "llama-3.1-8b", "--hardware", "dgx-h1000"], "unknown hardware 'dgx-h1000'; did you mean dgx-h100"),
+    (["--model", "llama-3.1-8b", "--hardware", "h100-sxm"], "'h100-sxm' is a GPU, not a system"),
+    (["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "3"],
+     "tp (3) must divide num_attention_heads (64) of llama-3.1-70b; valid tp: 1, 2, 4, 8"),
+    (["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "8", "--pp", "3"],
+     "pp (3) must divide num_hidden_layers (80)"),
+    (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--recompute", "sometimes"], "field 'recompute'"),
+    (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "0"], "field 'num_nodes'"),
+    (["--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--dtype", "fp8"], "a100-80gb has no fp8 tensor cores"),
+    (["--model", "does/not/exist.yaml", "--hardware", "dgx-h100"], "model file does/not/exist.yaml does not exist"),
+])
+def test_bad_input_exits_2_with_one_clear_message(cli, args, needle):
+    r = cli("estimate", *args)
+    assert r.code == 2
+    assert needle in r.err
+    assert "Traceback" not in r.err + r.out
+
+
+def test_every_violation_listed(cli):
+    r = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "3", "--pp", "3")
+    assert r.code == 2
+    assert "breaks 4 rule(s)" in r.err and "intermediate_size (28672)" in r.err and "tp (3)" in r.err and "pp (3)" in r.err
+
+
+def test_malformed_and_invalid_spec_files(cli, tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("name: x\nhidden_size: [1, 2\n")
+    r = cli("estimate", "--model", bad_yaml, "--hardware", "dgx-h100")
+    assert r.code == 2 and str(bad_yaml) in r.err and "not valid YAML" in r.err
+
+    negative = tmp_path / "neg.yaml"
+    negative.write_text("name: tiny\nhidden_size: -5\nintermediate_size: 64\nnum_hidden_layers: 2\n"
+                        "num_attention_heads: 4\nvocab_size: 100\nmax_position_embeddings: 128\n")
+    r = cli("estimate", "--model", negative, "--hardware", "dgx-h100")
+    assert r.code == 2 and "field 'hidden_size': Input should be greater than 0 (got -5)" in r.err
+
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("name: tiny\nhidden_size: 64\n")
+    r = cli("estimate", "--model", missing, "--hardware", "dgx-h100")
+    assert r.code == 2 and "field 'num_hidden_layers': Field required" in r.err
+
+    bad_json = tmp_path / "config.json"
+    bad_json.write_text("{\"model_type\": \"llama\", ")
+    r = cli("estimate", "--model", bad_json, "--hardware", "dgx-h100")
+    assert r.code == 2 and "not valid JSON" in r.err
+
+
+def test_debug_env_shows_traceback():
+    env = {**os.environ, "LLMPLAN_DEBUG": "1"}
+    r = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "nope", "--hardware", "dgx-h100"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_installed_package_ships_data(tmp_path):
+    """Run from outside the checkout: the installed llmplan finds its built-in models and hardware."""
+    r = subprocess.run([sys.executable, "-m", "llmplan", "models", "--json"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["models"]) >= 25
+
+
+def test_wheel_contains_data_folders(tmp_path):
+    """A non-editable build puts model_specs/ and hardware_profiles/ inside the package."""
+    pytest.importorskip("hatchling")
+    from hatchling.builders.wheel import WheelBuilder
+
+    root = Path(__file__).resolve().parents[1]
+    wheel = next(WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"]))
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "llmplan/model_specs/llama-3.1-70b.yaml" in names
+    assert "llmplan/hardware_profiles/systems/dgx-h100.yaml" in names
+    assert "llmplan/hardware_profiles/gpus/h100-sxm.yaml" in names

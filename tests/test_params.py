@@ -1,0 +1,95 @@
+"""Total and active parameter counts of every built-in model against published figures.
+
+Published figures: reference/formats.md Part B2 ("params published"), with more exact counts where the
+publisher gives them (Hugging Face safetensors totals for Llama; the gpt-oss model card table).
+Tolerance 0.5%. Where the publisher prints only two or three significant digits (e.g. DeepSeek-V3 "37B
+activated", Qwen3 "3.3B activated") a 0.5% bound is not checkable against the printed figure; there the
+test requires the computed count to round or truncate to the printed figure, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmplan.cost.params import param_counts
+from llmplan.specs.registry import builtin_models
+
+# name: (published total, published active or None, printed significant digits of active or None, source)
+PUBLISHED = {
+    "gpt3-175b": (175e9, None, None, "Brown et al. 2020, Table 2.1"),
+    "gpt-1.7b": (1.7e9, None, None, "Narayanan et al. 2021, Table 1 (printed to 2 digits: 1.65B)"),
+    "gpt-3.6b": (3.6e9, None, None, "Narayanan et al. 2021, Table 1 (printed to 2 digits: 3.56B)"),
+    "gpt-7.5b": (7.5e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-18.4b": (18.4e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-39.1b": (39.1e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-76.1b": (76.1e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-145.6b": (145.6e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-310.1b": (310.1e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-529.6b": (529.6e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-1t": (1008e9, None, None, "Narayanan et al. 2021, Table 1"),
+    "gpt-22b": (22e9, None, None, "Korthikanti et al. 2022, Table 3"),
+    "llama-2-7b": (6_738_415_616, None, None, "meta-llama/Llama-2-7b-hf safetensors total"),
+    "llama-2-13b": (13_015_864_320, None, None, "meta-llama/Llama-2-13b-hf safetensors total"),
+    "llama-2-70b": (68_976_648_192, None, None, "meta-llama/Llama-2-70b-hf safetensors total"),
+    "llama-3.1-8b": (8_030_261_248, None, None, "meta-llama/Llama-3.1-8B safetensors total"),
+    "llama-3.1-70b": (70_553_706_496, None, None, "meta-llama/Llama-3.1-70B safetensors total"),
+    "llama-3.1-405b": (405_853_388_800, None, None, "meta-llama/Llama-3.1-405B safetensors total"),
+    "qwen2.5-72b": (72.7e9, None, None, "Qwen2.5 model card"),
+    "mixtral-8x7b": (46.7e9, 12.9e9, 3, "Mistral AI Mixtral announcement"),
+    "mixtral-8x22b": (141e9, 39e9, 2, "Mistral AI Mixtral 8x22B announcement"),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, 2, "Qwen3 model card"),
+    "qwen3-235b-a22b": (235e9, 22e9, 2, "Qwen3 model card"),
+    "deepseek-v3": (671e9, 37e9, 2, "DeepSeek-V3 README / technical report"),
+    "gpt-oss-120b": (116.83e9, 5.13e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
+}
+
+
+def test_every_builtin_has_a_published_figure():
+    assert set(builtin_models()) == set(PUBLISHED)
+
+
+def printed(x: float, digits: int) -> set[float]:
+    """The figures a publisher printing `digits` significant digits could have printed for x."""
+    e = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return {round(x / e) * e, math.floor(x / e) * e}
+
+
+TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2}  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_param_counts_match_published(name):
+    total, active, digits, source = PUBLISHED[name]
+    p = param_counts(builtin_models()[name])
+    if name in TOTAL_PRINTED_DIGITS:
+        assert total in {round(c, -8) for c in printed(p.total, TOTAL_PRINTED_DIGITS[name])}, source
+    else:
+        assert p.total == pytest.approx(total, rel=0.005), f"{name} total vs {source}"
+    if active is None:
+        assert p.active == p.total
+        return
+    computed = p.active
+    if name == "gpt-oss-120b":  # the model card counts the unembedding but not the embedding lookup
+        computed -= p.embedding
+        assert computed == pytest.approx(active, rel=0.005), source
+        return
+    if computed == pytest.approx(active, rel=0.005):
+        return
+    assert any(c == pytest.approx(active, rel=1e-9) for c in printed(computed, digits)), (
+        f"{name}: active {computed / 1e9:.3f}B is neither within 0.5% of nor printed as {active / 1e9}B ({source})")
+
+
+def test_moe_active_below_total_and_dense_equal():
+    for m in builtin_models().values():
+        p = param_counts(m)
+        assert (p.active < p.total) == m.is_moe
+
+
+def test_parts_sum_to_total():
+    for m in builtin_models().values():
+        p = param_counts(m)
+        parts = (p.embedding + p.output + p.attention + p.dense_mlp + p.routed_experts + p.shared_experts
+                 + p.router + p.norms)
+        assert parts == p.total

@@ -1,0 +1,103 @@
+"""Property tests of the memory model: parts sum to totals, sharding never raises what it shards."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.memory import activation_bytes, stage_memory, training_memory
+from llmplan.cost.params import rank_params
+from llmplan.specs.check import check_plan, divisors, valid_tp
+from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models
+from llmplan.units import GIB
+
+MODELS = builtin_models()
+NAMES = sorted(MODELS)
+
+
+@st.composite
+def valid_plans(draw):
+    m = MODELS[draw(st.sampled_from(NAMES))]
+    tp = draw(st.sampled_from([t for t in valid_tp(m, 16) if m.intermediate_size % t == 0
+                               and (not m.shared_ffn or m.shared_ffn % t == 0)]))
+    pp = draw(st.sampled_from([p for p in divisors(m.num_hidden_layers) if p <= 16]))
+    vpp = draw(st.sampled_from([v for v in divisors(m.num_hidden_layers // pp) if v <= 4])) if pp > 1 else 1
+    ep = draw(st.sampled_from([e for e in divisors(m.num_experts) if e <= 64])) if m.is_moe else 1
+    dp = ep * draw(st.sampled_from([1, 2, 4]))
+    mb = draw(st.sampled_from([1, 2]))
+    seq = draw(st.sampled_from([s for s in (1024, 2048, 4096) if s <= m.max_position_embeddings]))
+    plan = ParallelPlan(
+        tp=tp, pp=pp, dp=dp, ep=ep, etp=1, vpp=vpp, sp=tp > 1 and draw(st.booleans()),
+        zero=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        micro_batch=mb, global_batch=mb * dp * draw(st.sampled_from([1, 4, 16])), seq_len=seq,
+        flash_attention=draw(st.booleans()), grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
+    )
+    return m, plan
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_plans())
+def test_parts_sum_to_total(mp):
+    m, plan = mp
+    assert check_plan(m, plan) == []
+    mem = training_memory(m, plan, 80 * GIB)
+    parts = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.other
+    assert abs(parts - mem.total) <= 1e-9 * mem.total
+    a = mem.activation_parts
+    assert abs(a.layers + a.recompute_working + a.embedding + a.output - mem.activations) <= 1e-9 * mem.total
+    assert mem.total == max(stage_memory(m, plan, i, MemoryAllowance(), 80 * GIB).total for i in range(plan.pp))
+    assert min(mem.weights, mem.gradients, mem.optimizer, mem.activations, mem.other) >= 0
+    assert mem.fits == (mem.total <= mem.capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(valid_plans())
+def test_more_tp_never_raises_weights_per_gpu(mp):
+    m, plan = mp
+    bigger = [t for t in valid_tp(m, 64) if t > plan.tp and m.intermediate_size % t == 0
+              and (not m.shared_ffn or m.shared_ffn % t == 0)]
+    for t in bigger:
+        wider = plan.model_copy(update={"tp": t, "sp": plan.sp})
+        for stage in range(plan.pp):
+            assert rank_params(m, wider, stage).dense <= rank_params(m, plan, stage).dense + 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(valid_plans())
+def test_more_pp_never_raises_weights_per_gpu(mp):
+    m, plan = mp
+    for p in [p for p in divisors(m.num_hidden_layers) if p > plan.pp][:3]:
+        deeper = plan.model_copy(update={"pp": p, "vpp": 1})
+        worst = max(rank_params(m, deeper, i).total for i in range(p))
+        assert worst <= max(rank_params(m, plan, i).total for i in range(plan.pp)) + 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(valid_plans(), st.sampled_from([2, 4, 8]))
+def test_more_zero_sharding_never_raises_model_states(mp, factor):
+    """Growing the ZeRO group (dp) never raises sharded model states; a higher stage never raises them."""
+    m, plan = mp
+    mem = training_memory(m, plan, 80 * GIB)
+    wider = plan.model_copy(update={"dp": plan.dp * factor, "global_batch": plan.global_batch * factor})
+    mem2 = training_memory(m, wider, 80 * GIB)
+    assert mem2.optimizer <= mem.optimizer * (1 + 1e-12)
+    assert mem2.gradients <= mem.gradients * (1 + 1e-12)
+    assert mem2.weights <= mem.weights * (1 + 1e-12)
+    if plan.zero < 3:
+        higher = training_memory(m, plan.model_copy(update={"zero": plan.zero + 1}), 80 * GIB)
+        states = mem.weights + mem.gradients + mem.optimizer
+        assert higher.weights + higher.gradients + higher.optimizer <= states * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(valid_plans())
+def test_recompute_and_sp_never_raise_layer_activations(mp):
+    m, plan = mp
+    order = ["none", "selective", "full"]
+    acts = [activation_bytes(m, plan.model_copy(update={"recompute": r}), 0).layers for r in order]
+    assert acts[0] >= acts[1] >= acts[2]
+    if plan.tp > 1:
+        on = activation_bytes(m, plan.model_copy(update={"sp": True}), 0).layers
+        off = activation_bytes(m, plan.model_copy(update={"sp": False}), 0).layers
+        assert on <= off
