@@ -14,12 +14,17 @@ import typer
 from rich.console import Console
 
 from llmplan import report
+from llmplan.cost.comm import step_comm
 from llmplan.cost.memory import training_memory
 from llmplan.cost.params import param_counts
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
+from llmplan.topology.collectives import OPS, collective_time
+from llmplan.topology.graph import validate
+from llmplan.topology.placement import DEFAULT_ORDER, parse_order, place, span_of_ranks
+from llmplan.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Parallelism planner for large language models.")
@@ -81,15 +86,17 @@ def estimate(
     fragmentation: float = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                                         help="Allocator fragmentation allowance, fraction of tensor memory."),
     mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
+    axis_order: str = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
+                                   help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Memory per GPU of one training plan."""
     if mode != "train":
         raise LlmplanError(f"--mode {mode} is not available yet; only --mode train is implemented")
     m = resolve_model(model)
-    system = resolve_system(hardware)
-    cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
-                    "cluster options")
+    cluster = make_cluster(hardware, nodes, gpus_per_node)
+    system = cluster.system
+    order = parse_order(axis_order)
     n = cluster.num_gpus
     if dp is None:
         dp = max(1, n // (tp * pp * cp))
@@ -107,8 +114,49 @@ def estimate(
                       "memory allowance options")
     params = param_counts(m)
     mem = training_memory(m, plan, system.gpu.hbm_bytes, allowance)
-    emit(report.estimate_json(m, cluster, plan, params, mem), json_mode,
-         lambda: report.estimate_view(out, m, cluster, plan, params, mem))
+    comm = step_comm(m, plan, place(plan, cluster, order), system)
+    emit(report.estimate_json(m, cluster, plan, params, mem, comm), json_mode,
+         lambda: report.estimate_view(out, m, cluster, plan, params, mem, comm))
+
+
+def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):
+    """Resolve --hardware, build the cluster and check that its graph connects every GPU."""
+    system = resolve_system(hardware)
+    cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
+                    "cluster options")
+    validate(system, nodes)
+    return cluster
+
+
+@app.command()
+def collective(
+    op: str = typer.Option("all-reduce", "--op", help=f"One of: {', '.join(OPS)}."),
+    size: str = typer.Option("1GiB", "--size", help="Buffer size as nccl-tests counts it, e.g. 256MiB, 1GiB, 4e9."),
+    gpus: int = typer.Option(8, "--gpus", help="Ranks in the group."),
+    hardware: str = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node",
+                                                help="Ranks placed on each node (default: fill nodes)."),
+    algorithm: str = typer.Option("auto", "--algorithm", help="auto | ring | tree | hierarchical."),
+    nvls: bool = typer.Option(True, "--nvls/--no-nvls", help="NVLink SHARP for all-reduce (NCCL_NVLS_ENABLE)."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Predicted time, algorithm and bus bandwidth of one collective (compare with nccl-tests)."""
+    if op not in OPS:
+        raise LlmplanError(f"--op {op} is not a collective llmplan models; use one of: {', '.join(OPS)}")
+    if algorithm not in ("auto", "ring", "tree", "hierarchical"):
+        raise LlmplanError(f"--algorithm {algorithm}: use auto, ring, tree or hierarchical")
+    if gpus < 1:
+        raise LlmplanError(f"--gpus ({gpus}) must be at least 1")
+    nbytes = parse_size(size)
+    system = resolve_system(hardware)
+    per_node = gpus_per_node or min(gpus, system.gpus_per_node)
+    if gpus % per_node:
+        raise LlmplanError(f"--gpus ({gpus}) must be a multiple of --gpus-per-node ({per_node})")
+    cluster = make_cluster(hardware, gpus // per_node, per_node)
+    span = span_of_ranks(list(range(gpus)), cluster)
+    ct = collective_time(op, nbytes, span, system, algorithm, nvls)
+    group = span.describe(*report.fabric_names(system))
+    emit(report.collective_json(ct, group), json_mode, lambda: report.collective_view(out, ct, group, system))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,11 +8,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.params import ParamCounts
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.topology.collectives import CollectiveTime
 from llmplan.units import GIB
 
 SCHEMA = 1
@@ -95,8 +97,68 @@ def memory_json(mem: TrainingMemory) -> dict[str, Any]:
                                  "embedding": a.embedding, "output": a.output}}
 
 
+def fabric_names(system: SystemSpec) -> tuple[str, str]:
+    up = {"nvswitch": "NVLink", "nvlink-mesh": "NVLink", "infinity-fabric": "Infinity Fabric",
+          "pcie": "PCIe"}[system.intra_node_fabric]
+    down = {"infiniband": "IB", "roce": "RoCE", "efa": "EFA", "none": "network"}[system.scaleout_fabric]
+    return up, down
+
+
+def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
+    up, down = fabric_names(system)
+    out: dict[str, Any] = {}
+    for axis, a in comm.axes.items():
+        group = a.transfers[0].group if a.transfers else None
+        out[axis] = {
+            "bytes": a.bytes, "seconds": a.seconds, "collective": a.collectives,
+            "group": group.describe(up, down) if group else "1 GPU (no communication)",
+            "transfers": [{"collective": t.collective, "calls": t.calls, "message_bytes": t.message,
+                           "bytes": t.bytes, "group_size": t.group.size, "nodes": t.group.nodes}
+                          for t in a.transfers],
+        }
+    return out
+
+
+def comm_table(comm: CommBreakdown, system: SystemSpec) -> Table:
+    up, down = fabric_names(system)
+    t = Table(title="Communication per step per GPU (most-loaded rank)")
+    for col in ("axis", "collective", "calls", "message", "GiB sent", "group", "time s"):
+        t.add_column(col, justify="right" if col in ("calls", "message", "GiB sent", "time s") else "left")
+    for axis, a in comm.axes.items():
+        if not a.transfers:
+            t.add_row(axis, "-", "0", "-", "0", "1 GPU (no communication)", "0")
+            continue
+        for i, x in enumerate(a.transfers):
+            t.add_row(axis if i == 0 else "", x.collective, f"{x.calls:,.0f}", human_bytes(x.message),
+                      f"{x.bytes / GIB:,.2f}", x.group.describe(up, down) if i == 0 else "",
+                      f"{a.seconds:,.3f}" if i == 0 else "")
+    t.add_row("[bold]total[/]", "", "", "", f"[bold]{comm.bytes / GIB:,.2f}[/]", "", f"[bold]{comm.seconds:,.3f}[/]")
+    return t
+
+
+def human_bytes(x: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if x >= size:
+            return f"{x / size:,.1f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def collective_json(ct: CollectiveTime, group: str) -> dict[str, Any]:
+    return {"schema": SCHEMA, "op": ct.op, "size_bytes": ct.size, "gpus": ct.ranks, "group": group,
+            "algorithm": ct.algorithm, "time_s": ct.seconds, "algbw_gbps": ct.algbw / 1e9,
+            "busbw_gbps": ct.busbw / 1e9}
+
+
+def collective_view(console: Console, ct: CollectiveTime, group: str, system: SystemSpec) -> None:
+    console.print(f"{ct.op} of {human_bytes(ct.size)} over {group} on {system.name} "
+                  f"({'calibrated: ' + system.calibrated if system.calibrated else 'default efficiencies'})")
+    console.print(f"algorithm {ct.algorithm}: time {ct.seconds * 1e6:,.1f} us, algbw {ct.algbw / 1e9:,.1f} GB/s, "
+                  f"busbw {ct.busbw / 1e9:,.1f} GB/s (compare with nccl-tests' busbw column)")
+
+
 def estimate_json(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, params: ParamCounts,
-                  mem: TrainingMemory) -> dict[str, Any]:
+                  mem: TrainingMemory, comm: CommBreakdown | None = None) -> dict[str, Any]:
+    extra = {"comm": comm_json(comm, cluster.system)} if comm is not None else {}
     return {
         "schema": SCHEMA,
         "mode": "train",
@@ -107,11 +169,12 @@ def estimate_json(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, pa
         "plan": plan_json(plan),
         "params": {"total": params.total, "active": params.active, "per_gpu": mem.params_on_rank},
         "memory": memory_json(mem),
+        **extra,
     }
 
 
 def estimate_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                  params: ParamCounts, mem: TrainingMemory) -> None:
+                  params: ParamCounts, mem: TrainingMemory, comm: CommBreakdown | None = None) -> None:
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
@@ -150,3 +213,5 @@ def estimate_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
                       f"short by {gib(-mem.headroom)} GiB")
+    if comm is not None:
+        console.print(comm_table(comm, cluster.system))

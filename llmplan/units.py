@@ -16,3 +16,20 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1.0,
     "int4": 0.5,
 }
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB, "g": 1e9,
+               "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": 1024**4}
+
+
+def parse_size(text: str) -> float:
+    """'1GiB' -> 1073741824, '256MB' -> 2.56e8, '4e9' -> 4e9. Raises LlmplanError on anything else."""
+    import re
+
+    from llmplan.errors import LlmplanError
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
+        raise LlmplanError(f"size '{text}' is not a positive size; write e.g. 1GiB, 256MiB, 64KB or 4e9 (bytes)")
+    return float(match.group(1)) * _SIZE_UNITS[unit]

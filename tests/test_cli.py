@@ -37,8 +37,9 @@ def test_estimate_json_contract(cli):
     parts = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"] + mem["other"]
     assert parts == pytest.approx(mem["total"])
     assert mem["activation_parts"]["layers"] / 2**30 == pytest.approx(12.35, rel=0.01)  # Korthikanti Fig. 1
-    # Parts arriving with later issues are not emitted as placeholders.
-    assert "time" not in doc and "throughput" not in doc and "comm" not in doc
+    assert set(doc["comm"]) == {"tp", "pp", "dp", "cp", "ep"}
+    for axis in doc["comm"].values():
+        assert {"bytes", "seconds"} <= set(axis)
 
 
 def test_dp_is_derived_and_does_not_fit_exits_zero(cli):

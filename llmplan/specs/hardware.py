@@ -89,6 +89,27 @@ class SystemSpec(BaseModel):
     """GPU i of every node sits on leaf switch i (NCCL rings stay on one rail)."""
     oversubscription: float = Field(default=1.0, ge=1.0)
     """Leaf-to-spine oversubscription ratio (1.0: non-blocking fat tree)."""
+    nodes_per_leaf: int = Field(default=32, ge=1)
+    """Nodes under one leaf switch per rail (32 = one DGX SuperPOD scalable unit); traffic between nodes
+    under different leaves crosses the spine and its oversubscription."""
+    intra_node_links: tuple[tuple[int, int], ...] | None = None
+    """Explicit GPU pairs joined by a direct link (meshes only); None means a full mesh or a switch."""
+
+    ring_efficiency: float = Field(default=0.80, gt=0, le=1.5)
+    """Achieved fraction of the per-GPU scale-up bandwidth for ring collectives (nccl-tests busbw / spec:
+    8xA100 0.78, 8xH200 0.82; reference/formats.md C4)."""
+    mesh_efficiency: float = Field(default=0.72, gt=0, le=1.5)
+    """The same for a point-to-point mesh (8xMI300X 0.70, 2xMI300X 0.75; reference/formats.md C4)."""
+    nvls_factor: float = Field(default=1.07, gt=0, le=2)
+    """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; reference/formats.md C4)."""
+    nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
+    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; reference/formats.md C4)."""
+    intra_latency_s: float = Field(default=1.0e-6, ge=0)
+    """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
+    inter_latency_s: float = Field(default=5.0e-6, ge=0)
+    """Latency of one step across the scale-out network, seconds (approximate)."""
+    calibrated: str | None = None
+    """Where and when the efficiencies were measured (set by `llmplan calibrate`); None: defaults."""
 
     @model_validator(mode="after")
     def _rules(self) -> "SystemSpec":
@@ -99,6 +120,10 @@ class SystemSpec(BaseModel):
             )
         if self.nics_per_node and self.nic_gbit_per_s <= 0:
             raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
+        for i, j in self.intra_node_links or ():
+            if not (0 <= i < self.gpus_per_node and 0 <= j < self.gpus_per_node) or i == j:
+                raise ValueError(f"intra_node_links pair ({i}, {j}) must name two different GPUs among the "
+                                 f"{self.gpus_per_node} of a node (0..{self.gpus_per_node - 1})")
         return self
 
     @property
@@ -111,6 +136,11 @@ class SystemSpec(BaseModel):
         return self.intra_node_gb_per_s * GB
 
     @property
-    def nic_bytes_per_s_per_node(self) -> float:
-        """Scale-out bandwidth of one node, one direction, bytes/s."""
-        return self.nics_per_node * self.nic_gbit_per_s * GB / 8
+    def nic_bytes_per_s(self) -> float:
+        """Rate of one NIC, one direction, bytes/s."""
+        return self.nic_gbit_per_s * GB / 8
+
+    @property
+    def pair_bytes_per_s(self) -> float:
+        """One direct GPU-GPU link, one direction, bytes/s (the full per-GPU rate on a switch)."""
+        return (self.pair_gb_per_s or self.intra_node_gb_per_s) * GB

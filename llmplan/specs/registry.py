@@ -103,8 +103,21 @@ def load_model_file(path: Path) -> ModelSpec:
 
 
 def load_system_file(path: Path) -> SystemSpec:
-    """A system profile; its `gpu` is a built-in GPU name or an inline GPU mapping."""
+    """A system profile; its `gpu` is a built-in GPU name or an inline GPU mapping. A cluster description
+    may start from a built-in system with `base: NAME` and override any key (e.g. nics_per_node,
+    oversubscription); it may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
+    base_name = data.pop("base", None)
+    if base_name is not None:
+        systems = builtin_systems()
+        if base_name not in systems:
+            raise _unknown("base system", str(base_name), list(systems))
+        base = systems[base_name]
+        gpn = data.get("gpus_per_node", base.gpus_per_node)
+        if isinstance(gpn, int) and gpn > base.gpus_per_node and "gpu" not in data:
+            raise LlmplanError(f"{path}: gpus_per_node ({gpn}) exceeds the {base.gpus_per_node} GPU slots of a "
+                               f"{base_name} node; use at most {base.gpus_per_node} or describe another node shape")
+        data = {**base.model_dump(), "name": path.stem, **data}
     gpu = data.get("gpu")
     if isinstance(gpu, str):
         gpus = builtin_gpus()

@@ -1,0 +1,158 @@
+"""Communication per training step and per GPU, for each parallel axis: what is sent, in which collective,
+how many times, over which group, and how long it takes on the links that group spans.
+
+`bytes` is what one GPU puts on the wire in a step: calls x message size x the collective's bus factor
+(ring all-reduce of S bytes over n ranks sends 2(n-1)/n·S per rank; reference/formats.md C5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmplan.cost.params import kv_heads_per_rank, rank_params, stage_layers
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+from llmplan.topology.collectives import bus_factor, collective_time
+from llmplan.topology.placement import GroupSpan
+from llmplan.units import DTYPE_BYTES
+
+AXES = ("tp", "pp", "dp", "cp", "ep")
+ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Repeated calls of one collective with one message size over one group."""
+
+    collective: str
+    calls: float
+    """Calls per step."""
+    message: float
+    """Bytes of the full buffer of one call (nccl-tests convention)."""
+    group: GroupSpan
+
+    @property
+    def bytes(self) -> float:
+        """Bytes one GPU sends per step."""
+        return self.calls * self.message * bus_factor(self.collective, self.group.size)
+
+
+@dataclass(frozen=True)
+class AxisComm:
+    """One axis's communication per step; `bytes` and `seconds` are the sums over its transfers."""
+
+    axis: str
+    transfers: tuple[Transfer, ...]
+    seconds: float
+
+    @property
+    def bytes(self) -> float:
+        return sum(t.bytes for t in self.transfers)
+
+    @property
+    def collectives(self) -> str:
+        return " + ".join(dict.fromkeys(t.collective for t in self.transfers if t.calls)) or "-"
+
+
+@dataclass(frozen=True)
+class CommBreakdown:
+    """Per-axis communication of the most-loaded rank; total bytes and seconds are the sums over axes."""
+
+    axes: dict[str, AxisComm]
+
+    @property
+    def bytes(self) -> float:
+        return sum(a.bytes for a in self.axes.values())
+
+    @property
+    def seconds(self) -> float:
+        return sum(a.seconds for a in self.axes.values())
+
+
+def _timed(axis: str, transfers: list[Transfer], system: SystemSpec) -> AxisComm:
+    live = tuple(t for t in transfers if t.calls > 0 and t.group.size > 1 and t.message > 0)
+    secs = sum(t.calls * collective_time(t.collective, t.message, t.group, system).seconds for t in live)
+    return AxisComm(axis, live, secs)
+
+
+def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+    """Per layer and micro-batch: 2 all-reduces of sbh in forward and 2 in backward (2 more under full
+    recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer.
+    Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    layers = sum(stage_layers(m, plan, 0))
+    per_layer = 4 + (2 if plan.recompute == "full" else 0)
+    calls = plan.num_microbatches * layers * per_layer
+    S = ACT_BYTES * s * b * h
+    if plan.sp:
+        return [Transfer("all-gather", calls, S, group), Transfer("reduce-scatter", calls, S, group)]
+    return [Transfer("all-reduce", calls, S, group)]
+
+
+def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
+    with SP (Megatron's scatter-gather). Derived: docs/formulas.md#comm.pp"""
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    S = ACT_BYTES * s * b * h / (plan.tp if plan.sp else 1)
+    return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
+
+
+def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, expert_group: GroupSpan) -> list[Transfer]:
+    """Gradient synchronisation over dp x cp (dense) and expert-dp (experts): all-reduce of the gradients;
+    with ZeRO 1/2 (distributed optimizer) reduce-scatter of gradients + all-gather of updated weights; with
+    ZeRO-3 also a weight all-gather in every forward and backward of every micro-batch.
+    Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
+    rp = rank_params(m, plan, 0)
+    g = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else plan.grad_dtype]
+    w = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else "bf16"]
+    out: list[Transfer] = []
+    for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
+        if plan.zero == 0:
+            out.append(Transfer("all-reduce", 1, g * params, group))
+        elif plan.zero < 3:
+            out += [Transfer("reduce-scatter", 1, g * params, group), Transfer("all-gather", 1, w * params, group)]
+        else:
+            n = plan.num_microbatches
+            out += [Transfer("reduce-scatter", n, g * params, group), Transfer("all-gather", 2 * n, w * params, group)]
+    return out
+
+
+def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+    """Ring attention: per layer and micro-batch, each rank passes its K/V chunk cp-1 times forward and
+    K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute).
+    Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism. Derived: docs/formulas.md#comm.cp"""
+    s, b, t, cp = plan.seq_len / plan.cp, plan.micro_batch, plan.tp, plan.cp
+    if m.is_mla:
+        kv_width = m.num_attention_heads / t * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    else:
+        kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
+    S = ACT_BYTES * s * b * kv_width
+    layers = sum(stage_layers(m, plan, 0))
+    sends = (3 + (1 if plan.recompute == "full" else 0)) * (cp - 1)
+    return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
+
+
+def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+    """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's k·T routed token rows,
+    in forward and in backward (and again under full recompute). Derived: docs/formulas.md#comm.ep"""
+    if not m.is_moe:
+        return []
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    tokens = s * b / (plan.tp if plan.sp else 1)
+    S = ACT_BYTES * tokens * m.num_experts_per_tok * h
+    _, moe_layers = stage_layers(m, plan, 0)
+    moe_layers = moe_layers or max(stage_layers(m, plan, i)[1] for i in range(plan.pp))
+    per_layer = 4 + (2 if plan.recompute == "full" else 0)
+    return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]
+
+
+def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], system: SystemSpec) -> CommBreakdown:
+    """Communication of one training step for every axis (axes of size 1 send nothing)."""
+    return CommBreakdown({
+        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),
+        "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
+        "dp": _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"]), system),
+        "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
+        "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
+    })

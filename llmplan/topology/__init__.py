@@ -1,0 +1,1 @@
+"""Topology: the cluster graph, rank placement and collective cost."""

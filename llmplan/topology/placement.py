@@ -1,0 +1,122 @@
+"""Rank placement: which physical GPUs form each group of each parallel axis.
+
+Ranks are numbered node-major (rank r sits on node r // gpus_per_node). The dense grid orders the axes
+innermost first, by default tp, cp, dp, pp (Megatron-LM's `tp-cp-ep-dp-pp`, whose dense grid skips ep);
+the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: reference/formats.md A1 rule 18.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmplan.errors import LlmplanError
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+DENSE_AXES = ("tp", "cp", "dp", "pp")
+
+
+def parse_order(text: str | tuple[str, ...]) -> tuple[str, ...]:
+    """'tp-cp-ep-dp-pp' -> ('tp', 'cp', 'ep', 'dp', 'pp'); every dense axis must appear exactly once."""
+    order = tuple(text.split("-")) if isinstance(text, str) else tuple(text)
+    unknown = [a for a in order if a not in DEFAULT_ORDER]
+    dense = [a for a in order if a != "ep"]
+    if unknown or sorted(dense) != sorted(DENSE_AXES):
+        raise LlmplanError(f"axis order '{'-'.join(order)}' must list tp, cp, dp and pp once each (ep optional), "
+                           "innermost first, e.g. tp-cp-ep-dp-pp")
+    return order
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """Where the groups of one axis sit (the widest group when they differ)."""
+
+    axis: str
+    size: int
+    """Ranks in one group."""
+    groups: int
+    """Groups of this axis."""
+    nodes: int
+    """Nodes one group spans."""
+    per_node: int
+    """Ranks of the group on its fullest node."""
+    domains: int
+    """NVLink domains the group spans (1: it never leaves the scale-up fabric)."""
+    leaves: int
+    """Leaf-switch groups the group spans (>1: traffic crosses the spine)."""
+    gpus_per_nic: int
+    """GPUs of a node whose traffic shares one NIC when this axis communicates (0: no NIC used)."""
+
+    @property
+    def uses_nic(self) -> bool:
+        return self.domains > 1
+
+    def describe(self, fabric: str = "NVLink", network: str = "IB") -> str:
+        if self.size == 1:
+            return "1 GPU (no communication)"
+        if not self.uses_nic:
+            where = f" over {self.nodes} nodes" if self.nodes > 1 else ""
+            return f"{self.size} GPUs, {fabric}{where}"
+        spine = f", {self.leaves} leaf groups (spine)" if self.leaves > 1 else ""
+        return f"{self.size} GPUs over {self.nodes} nodes ({self.per_node}/node), {network}{spine}"
+
+
+def rank_grid(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, np.ndarray]:
+    """For each axis, an array (groups, size) of the global ranks of every group."""
+    dense_order = [a for a in order if a != "ep"]  # innermost first
+    sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
+    shape = [sizes[a] for a in reversed(dense_order)]  # numpy: outermost first
+    ranks = np.arange(plan.num_gpus).reshape(shape)
+    out = {}
+    for axis in DENSE_AXES:
+        k = len(dense_order) - 1 - dense_order.index(axis)
+        out[axis] = np.moveaxis(ranks, k, -1).reshape(-1, sizes[axis])
+    kc = len(dense_order) - 1 - dense_order.index("cp")
+    kd = len(dense_order) - 1 - dense_order.index("dp")
+    out["dpcp"] = np.moveaxis(ranks, [kd, kc], [-2, -1]).reshape(-1, plan.dp * plan.cp)
+    etp, ep = plan.etp_resolved, plan.ep
+    edp = plan.num_gpus // (etp * ep * plan.pp)
+    expert = np.arange(plan.num_gpus).reshape(plan.pp, edp, ep, etp)
+    out["ep"] = np.moveaxis(expert, 2, -1).reshape(-1, ep)
+    out["edp"] = np.moveaxis(expert, 1, -1).reshape(-1, edp)
+    return out
+
+
+def _span(axis: str, groups: np.ndarray, cluster: ClusterSpec) -> GroupSpan:
+    s = cluster.system
+    gpn = cluster.gpus_per_node_used
+    nodes = groups // gpn
+    domains = nodes // max(1, s.domain_gpus // s.gpus_per_node)
+    leaves = nodes // s.nodes_per_leaf
+
+    def distinct(a: np.ndarray) -> np.ndarray:
+        srt = np.sort(a, axis=1)
+        return 1 + (np.diff(srt, axis=1) != 0).sum(axis=1)
+
+    n_nodes = distinct(nodes)
+    worst = int(np.argmax(n_nodes))
+    per_node = int(np.bincount(nodes[worst] - nodes[worst].min()).max())
+    n_domains = int(distinct(domains).max())
+    nics = s.nics_per_node
+    return GroupSpan(
+        axis=axis, size=groups.shape[1], groups=groups.shape[0], nodes=int(n_nodes[worst]), per_node=per_node,
+        domains=n_domains, leaves=int(distinct(leaves).max()),
+        gpus_per_nic=max(1, gpn // nics) if (n_domains > 1 and nics) else 0,
+    )
+
+
+def place(plan: ParallelPlan, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, GroupSpan]:
+    """The span of every axis of `plan` on `cluster` (axes: tp, cp, dp, pp, ep, edp, and dpcp: the dp x cp
+    group that reduces gradients and shards ZeRO states)."""
+    if plan.num_gpus != cluster.num_gpus:
+        raise LlmplanError(f"the plan uses {plan.num_gpus} GPUs (tp x pp x cp x dp) but the cluster has "
+                           f"{cluster.num_gpus} ({cluster.num_nodes} nodes x {cluster.gpus_per_node_used}); "
+                           "its groups cannot be placed")
+    return {axis: _span(axis, groups, cluster) for axis, groups in rank_grid(plan, order).items()}
+
+
+def span_of_ranks(ranks: list[int], cluster: ClusterSpec, axis: str = "group") -> GroupSpan:
+    """The span of one explicit group of global ranks (e.g. `llmplan collective --gpus N`)."""
+    return _span(axis, np.asarray(ranks)[None, :], cluster)

@@ -1,0 +1,238 @@
+"""Cluster graph, rank placement, collective cost and per-axis communication volume."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.comm import dp_transfers, step_comm, tp_transfers
+from llmplan.cost.params import rank_params
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.topology.collectives import bus_factor, collective_time
+from llmplan.topology.graph import build_graph
+from llmplan.topology.placement import place, rank_grid, span_of_ranks
+from llmplan.units import GIB
+
+SYS = builtin_systems()
+M = builtin_models()
+
+
+def span(system: str, n: int, per_node: int | None = None):
+    s = SYS[system]
+    per_node = per_node or min(n, s.gpus_per_node)
+    return span_of_ranks(list(range(n)), ClusterSpec(system=s, num_nodes=n // per_node, gpus_per_node=per_node))
+
+
+# reference/formats.md C4 (nccl-tests / all_reduce_bench busbw, large messages). Tolerance 15% (issue #3).
+NCCL_MEASURED = [
+    ("dgx-a100", 8, "all-reduce", 16 * GIB, True, 234.9),
+    ("dgx-h200", 8, "all-reduce", 16 * GIB, True, 482.3),
+    ("dgx-h200", 8, "all-reduce", 16 * GIB, False, 367.6),
+    ("dgx-h200", 8, "all-gather", 16 * GIB, True, 361.4),
+    ("dgx-h200", 8, "reduce-scatter", 16 * GIB, True, 362.9),
+    ("dgx-b200", 8, "all-reduce", 8 * GIB, True, 838.0),
+    ("dgx-b200", 8, "all-reduce", 8 * GIB, False, 682.2),
+    ("dgx-b200", 32, "all-reduce", 16 * GIB, True, 381.8),  # 4 nodes, 8 x 400 Gb/s per node
+    ("mi300x-8", 8, "all-reduce", 4 * GIB, True, 312.9),
+    ("mi300x-8", 2, "all-reduce", 4 * GIB, True, 47.7),
+]
+
+
+@pytest.mark.parametrize("system,n,op,size,nvls,busbw", NCCL_MEASURED)
+def test_busbw_matches_nccl_tests(system, n, op, size, nvls, busbw):
+    ct = collective_time(op, size, span(system, n), SYS[system], nvls=nvls)
+    assert ct.busbw / 1e9 == pytest.approx(busbw, rel=0.15)
+
+
+def test_ring_allreduce_volume_is_hand_derived():
+    """Ring all-reduce of S over n ranks sends 2(n-1)/n·S per rank; all-gather/reduce-scatter (n-1)/n·S."""
+    for n in (2, 4, 8, 64):
+        assert bus_factor("all-reduce", n) == pytest.approx(2 * (n - 1) / n)
+        assert bus_factor("all-gather", n) == bus_factor("reduce-scatter", n) == pytest.approx((n - 1) / n)
+    assert bus_factor("all-reduce", 1) == 0
+
+
+def test_tp_volume_per_step():
+    """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute)."""
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
+    spans = place(plan, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
+    s, b, h, L, mbs, t = 4096, 1, 8192, 80 // 4, 8, 8
+    expected = mbs * L * 4 * (2 * (t - 1) / t) * (2 * s * b * h)
+    assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected)
+    sp_plan = plan.model_copy(update={"sp": True})
+    assert sum(x.bytes for x in tp_transfers(m, sp_plan, spans["tp"])) == pytest.approx(expected)
+    full = plan.model_copy(update={"recompute": "full"})
+    assert sum(x.bytes for x in tp_transfers(m, full, spans["tp"])) == pytest.approx(expected * 6 / 4)
+
+
+def test_dp_volume_per_step():
+    """ZeRO-0: all-reduce of the gradients (fp32: 4 B/param); ZeRO-1: reduce-scatter + all-gather (bf16)."""
+    m = M["llama-3.1-8b"]
+    cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=2)
+    plan = ParallelPlan(tp=2, dp=8, global_batch=8)
+    spans = place(plan, cluster)
+    P, n = rank_params(m, plan, 0).dense, 8
+    zero0 = sum(x.bytes for x in dp_transfers(m, plan, spans["dpcp"], spans["edp"]))
+    assert zero0 == pytest.approx(4 * P * 2 * (n - 1) / n)
+    z1 = plan.model_copy(update={"zero": 1})
+    zero1 = sum(x.bytes for x in dp_transfers(m, z1, spans["dpcp"], spans["edp"]))
+    assert zero1 == pytest.approx((4 * P + 2 * P) * (n - 1) / n)
+
+
+def test_tp8_stays_on_nvlink_tp16_crosses_nics():
+    m = M["llama-3.1-70b"]
+    cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=4)
+    tp8 = ParallelPlan(tp=8, dp=4, global_batch=4)
+    tp16 = ParallelPlan(tp=16, dp=2, global_batch=2)
+    s8, s16 = place(tp8, cluster)["tp"], place(tp16, cluster)["tp"]
+    assert not s8.uses_nic and s8.nodes == 1 and s8.gpus_per_nic == 0
+    assert s16.uses_nic and s16.nodes == 2 and s16.per_node == 8
+    S = 64 * 1024**2
+    t16 = collective_time("all-reduce", S, s16, SYS["dgx-h100"])
+    t8 = collective_time("all-reduce", S, s8, SYS["dgx-h100"])
+    assert t8.algorithm == "nvls" and t16.algorithm in ("hierarchical", "tree")
+    assert t16.seconds > 1.2 * t8.seconds
+    c8 = step_comm(m, tp8, place(tp8, cluster), SYS["dgx-h100"]).axes["tp"]
+    c16 = step_comm(m, tp16, place(tp16, cluster), SYS["dgx-h100"]).axes["tp"]
+    assert c16.seconds > c8.seconds
+
+
+def test_megatron_rank_order():
+    """tp innermost (contiguous ranks), then cp, dp, pp outermost."""
+    plan = ParallelPlan(tp=2, cp=2, dp=2, pp=2, global_batch=2)
+    grid = rank_grid(plan)
+    assert grid["tp"][0].tolist() == [0, 1]
+    assert grid["cp"][0].tolist() == [0, 2]
+    assert grid["dp"][0].tolist() == [0, 4]
+    assert grid["pp"][0].tolist() == [0, 8]
+    assert sorted(grid["dpcp"][0].tolist()) == [0, 2, 4, 6]
+    other = rank_grid(plan, ("dp", "tp", "cp", "pp"))
+    assert other["dp"][0].tolist() == [0, 1] and other["tp"][0].tolist() == [0, 2]
+
+
+def test_nvl72_domain_spans_trays_without_nics():
+    s = SYS["gb200-nvl72"]
+    sp72 = span_of_ranks(list(range(72)), ClusterSpec(system=s, num_nodes=18))
+    assert sp72.nodes == 18 and not sp72.uses_nic
+    sp144 = span_of_ranks(list(range(144)), ClusterSpec(system=s, num_nodes=36))
+    assert sp144.uses_nic and sp144.domains == 2
+
+
+def test_oversubscribed_spine_costs_more():
+    base = SYS["dgx-h100"]
+    tight = base.model_copy(update={"oversubscription": 2.0})
+    n_nodes = 64  # two leaf groups of 32 nodes
+    cluster = ClusterSpec(system=base, num_nodes=n_nodes)
+    sp = span_of_ranks(list(range(0, 8 * n_nodes, 8)), cluster)  # one GPU per node, crosses the spine
+    assert sp.leaves == 2
+    t1 = collective_time("all-reduce", GIB, sp, base).seconds
+    t2 = collective_time("all-reduce", GIB, sp, tight).seconds
+    assert t2 > 1.8 * t1
+
+
+def test_graph_edges_carry_bandwidth_and_latency():
+    g = build_graph(SYS["dgx-h100"], 2)
+    for _, _, e in g.edges(data=True):
+        assert e["bw"] > 0 and e["latency"] >= 0 and e["sharers"] >= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(SYS)), st.sampled_from(["all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                      "send-recv", "broadcast"]),
+       st.integers(1, 6), st.floats(1e3, 1e10), st.floats(1.01, 10))
+def test_time_is_monotone_in_size(system, op, nodes, size, factor):
+    s = SYS[system]
+    sp = span_of_ranks(list(range(nodes * s.gpus_per_node)), ClusterSpec(system=s, num_nodes=nodes))
+    assert collective_time(op, size * factor, sp, s).seconds >= collective_time(op, size, sp, s).seconds
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["dgx-a100", "dgx-h100", "dgx-b200", "mi300x-8", "dgx-h800"]),
+       st.integers(2, 64), st.floats(1e3, 1e10), st.sampled_from(["all-reduce", "all-gather", "reduce-scatter"]))
+def test_hierarchical_never_slower_than_flat_ring(system, nodes, size, op):
+    s = SYS[system]
+    sp = span_of_ranks(list(range(nodes * s.gpus_per_node)), ClusterSpec(system=s, num_nodes=nodes))
+    hier = collective_time(op, size, sp, s, algorithm="hierarchical").seconds
+    ring = collective_time(op, size, sp, s, algorithm="ring").seconds
+    assert hier <= ring * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(M)), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]))
+def test_axis_of_size_one_sends_nothing(name, nodes, pp):
+    m = M[name]
+    if m.num_hidden_layers % pp:
+        pp = 1
+    cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=nodes)
+    plan = ParallelPlan(tp=1, pp=pp, dp=8 * nodes // pp, global_batch=8 * nodes // pp, seq_len=1024)
+    comm = step_comm(m, plan, place(plan, cluster), SYS["dgx-h100"])
+    for axis in ("tp", "cp", "ep") + (("pp",) if pp == 1 else ()):
+        assert comm.axes[axis].bytes == 0 and comm.axes[axis].seconds == 0
+    assert comm.bytes == pytest.approx(sum(a.bytes for a in comm.axes.values()))
+
+
+CLUSTER_OK = "base: dgx-h100\nnics_per_node: 4\noversubscription: 2.0\n"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("base: mi300x-8\nintra_node_links: [[0, 1], [1, 2], [2, 3], [3, 4], [4, 5], [5, 6]]\n",
+     "GPU 7 of node 0 is not connected to GPU 0"),
+    ("base: dgx-h100\nnic_gbit_per_s: 0\n", "nic_gbit_per_s"),
+    ("base: dgx-h100\nintra_node_gb_per_s: 0\n", "field 'intra_node_gb_per_s': Input should be greater than 0"),
+    ("base: dgx-h100\ngpus_per_node: 16\n", "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node"),
+    ("base: dgx-h100\nintra_node_links: [[0, 9]]\n", "intra_node_links pair (0, 9)"),
+    ("base: dgx-h1000\n", "unknown base system 'dgx-h1000'"),
+])
+def test_bad_cluster_yaml_exits_2(cli, tmp_path, text, needle):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    r = cli("collective", "--hardware", path, "--gpus", "16")
+    assert r.code == 2, r.out
+    assert needle in r.err and "Traceback" not in r.err
+
+
+def test_cluster_yaml_with_fewer_nics(cli, tmp_path):
+    path = tmp_path / "half-nics.yaml"
+    path.write_text(CLUSTER_OK)
+    full = cli("collective", "--hardware", "dgx-h100", "--gpus", "16", "--size", "4GiB", "--json").json()
+    half = cli("collective", "--hardware", path, "--gpus", "16", "--size", "4GiB", "--json").json()
+    assert half["time_s"] > 1.25 * full["time_s"]  # inter-node phase paces the pipelined all-reduce
+
+
+def test_collective_cli_json(cli):
+    r = cli("collective", "--op", "all-reduce", "--size", "1GiB", "--gpus", "16", "--hardware", "dgx-h100", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert set(doc) >= {"time_s", "algbw_gbps", "busbw_gbps"}
+    assert doc["busbw_gbps"] == pytest.approx(doc["algbw_gbps"] * 2 * 15 / 16)
+    assert "over 2 nodes" in doc["group"]
+    r = cli("collective", "--op", "all-reduce", "--size", "1GiB", "--gpus", "8", "--hardware", "dgx-h100")
+    assert "busbw" in r.out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--op", "all-reduse", "--hardware", "dgx-h100"], "--op all-reduse is not a collective"),
+    (["--size", "12 parsecs", "--hardware", "dgx-h100"], "size '12 parsecs' is not a positive size"),
+    (["--gpus", "12", "--gpus-per-node", "8", "--hardware", "dgx-h100"], "must be a multiple of --gpus-per-node"),
+    (["--gpus", "2", "--gpus-per-node", "2", "--hardware", "dgx-h100", "--algorithm", "magic"], "--algorithm magic"),
+])
+def test_collective_bad_input(cli, args, needle):
+    r = cli("collective", *args)
+    assert r.code == 2 and needle in r.err
+
+
+def test_estimate_has_comm_part(cli):
+    r = cli("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "2",
+            "--ep", "8", "--etp", "1", "--cp", "2", "--seq-len", "8192", "--global-batch", "32", "--json")
+    assert r.code == 0, r.err
+    comm = r.json()["comm"]
+    assert set(comm) == {"tp", "pp", "dp", "cp", "ep"}
+    for axis in ("tp", "dp", "cp", "ep"):
+        assert comm[axis]["bytes"] > 0 and comm[axis]["seconds"] > 0, axis
+    assert comm["pp"]["bytes"] == 0
+    assert comm["ep"]["collective"] == "all-to-all"
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--axis-order", "tp-pp")
+    assert r.code == 2 and "axis order 'tp-pp'" in r.err
