@@ -1,16 +1,19 @@
 """Training memory per GPU: weights, gradients, optimizer states, activations and the stated allowance.
 
-All functions are pure and return bytes. The most-loaded rank is found by evaluating every pipeline stage.
+All functions are pure and return bytes. They work on one ParallelPlan (Python numbers) and, unchanged, on
+search.grid.PlanArrays (numpy arrays of many plans): see cost/arith.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from llmplan.cost.params import kv_heads_per_rank, padded_vocab, rank_params, stage_layers
+from llmplan.cost.arith import maximum, minimum, where
+from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
-from llmplan.units import DTYPE_BYTES, GIB
+from llmplan.units import GIB
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
 
@@ -19,46 +22,53 @@ ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
 class ModelStateBytes:
     """Weights, gradients and optimizer states of one rank; parts sum to total."""
 
-    weights: float
-    gradients: float
-    optimizer: float
+    weights: Any
+    gradients: Any
+    optimizer: Any
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(n_params: float, shard: int, zero: int, weight_bytes: float, grad_bytes: float,
-                      optim_bytes: float = ADAM_STATE_BYTES) -> ModelStateBytes:
+def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, grad_bytes: Any,
+                      optim_bytes: Any = ADAM_STATE_BYTES) -> ModelStateBytes:
     """Mixed-precision Adam model states of n_params replicated parameters under ZeRO over `shard` ranks.
 
     Source: Rajbhandari et al. 2020 (ZeRO), Section 5: 2Ψ+2Ψ+KΨ with K=12; stage 1 shards K, stage 2 also the
     gradients, stage 3 also the parameters. Megatron's distributed optimizer is stage 1 with fp32 gradients
     (6 + 12/d bytes/param, Megatron-LM docs)."""
     return ModelStateBytes(
-        weights=n_params * weight_bytes / (shard if zero >= 3 else 1),
-        gradients=n_params * grad_bytes / (shard if zero >= 2 else 1),
-        optimizer=n_params * optim_bytes / (shard if zero >= 1 else 1),
+        weights=n_params * weight_bytes / where(zero >= 3, shard, 1),
+        gradients=n_params * grad_bytes / where(zero >= 2, shard, 1),
+        optimizer=n_params * optim_bytes / where(zero >= 1, shard, 1),
     )
 
 
-def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> float:
+def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """Activation bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
     Source: Korthikanti et al. 2022, Table 2 (sbh(10 + 24/t + 5as/ht); SP divides the 10; selective
     recompute drops 5as²b/t; full recompute keeps 2sbh), generalised to GQA/MLA, gated MLP, MoE and CP
     in docs/formulas.md#mem.activations."""
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    sp = where(plan.sp, plan.tp, 1)
+    return where(plan.full, 2 * s * b * h / sp, layer_activation_no_recompute(m, plan, moe, scores=True))
+
+
+def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> Any:
+    """One layer's activations without full recompute (selective recompute or fused attention drop the
+    attention-score term when `scores`; the working set of a fully recomputed layer keeps it)."""
     s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
-    sp = t if plan.sp else 1
-    if plan.recompute == "full":
-        return 2 * s * b * h / sp
+    sp = where(plan.sp, t, 1)
     # Two norm inputs (4sbh), QKV input (2sbh), MLP input (2sbh), two 1-byte dropout masks (2sbh).
     replicated = 10 * s * b * h / sp
-    scores = 0.0 if (plan.recompute == "selective" or plan.flash_attention) else 5 * a * s * s * b / t
-    return replicated + _attention_stored(m, plan) + scores + _mlp_stored(m, plan, moe)
+    no_scores = plan.flash_attention | plan.selective if scores else plan.flash_attention
+    score_bytes = where(no_scores, 0.0, 5 * a * s * s * b / t)
+    return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe)
 
 
-def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> float:
+def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Q, K, V and the attention output (input of the output projection), 2 bytes each, on one TP rank."""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     heads = m.num_attention_heads / t
@@ -70,7 +80,7 @@ def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> float:
     return 2 * s * b * d * (2 * heads + 2 * kvh)
 
 
-def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> float:
+def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """MLP activations: 4sbf/t for GELU (fc1 output + GELU output), 6sbf/t gated (fc1 output 2f + product f).
 
     MoE: each of the rank's input tokens goes to k experts; every (token, expert) row keeps its dispatched
@@ -80,59 +90,59 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> float:
     if not moe:
         return c * s * b * m.intermediate_size / t
     etp = plan.etp_resolved
-    tokens = s * b / (t if plan.sp else 1)
+    tokens = s * b / where(plan.sp, t, 1)
     rows = tokens * etp * m.num_experts_per_tok
     routed = rows * (2 * h + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
     return routed + c * s * b * m.shared_ffn / t
 
 
-def inflight_microbatches(plan: ParallelPlan, stage: int) -> float:
+def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     """Micro-batches whose activations pipeline rank `stage` holds at its peak, in whole-stage units.
 
     1F1B: min(pp - i, m). Interleaved: (2(pp-i-1) + (vpp-1)·pp + 1) chunk micro-batches of 1/vpp of the
     stage each, which for i = 0 is L·(1 + (pp-1)/(pp·vpp)) layers' worth (Korthikanti et al. 2022, §4.2.3).
     Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
-    if v == 1:
-        return float(min(p - stage, n))
-    chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, n * v)
-    return chunks / v
+    plain = minimum(p - stage, n)
+    interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
+    return where(v == 1, plain * 1.0, interleaved)
 
 
 @dataclass(frozen=True)
 class ActivationBytes:
     """Activation memory of one rank; parts sum to total."""
 
-    layers: float
+    layers: Any
     """Transformer layers x micro-batches in flight."""
-    recompute_working: float
+    recompute_working: Any
     """Full recompute: one layer's activations rebuilt during its backward."""
-    embedding: float
+    embedding: Any
     """First stage: embedding dropout masks of the micro-batches in flight."""
-    output: float
+    output: Any
     """Last stage: input of the output layer and fp32 logits for the loss."""
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.layers + self.recompute_working + self.embedding + self.output
 
 
-def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> ActivationBytes:
+def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> ActivationBytes:
     """Activation bytes of pipeline rank `stage` at its peak.
 
     Source: Korthikanti et al. 2022, Table 2 and §4.3 (embedding / output layer); docs/formulas.md#mem.activations"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     V = padded_vocab(m.vocab_size, t)
-    sp = t if plan.sp else 1
+    sp = where(plan.sp, t, 1)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    per_mb = n_dense * layer_activation_bytes(m, plan, False) + n_moe * layer_activation_bytes(m, plan, True)
+    per_mb = n_dense * layer_activation_bytes(m, plan, False)
+    if m.is_moe:
+        per_mb = per_mb + n_moe * layer_activation_bytes(m, plan, True)
     inflight = inflight_microbatches(plan, stage)
-    working = 0.0
-    if plan.recompute == "full":
-        no_rc = plan.model_copy(update={"recompute": "none"})
-        working = layer_activation_bytes(m, no_rc, n_moe > 0)
-    embedding = inflight * s * b * h / sp if stage == 0 else 0.0
-    output = (2 * s * b * h / sp + 4 * s * b * V / t) if stage == plan.pp - 1 else 0.0
+    working_moe = layer_activation_no_recompute(m, plan, m.is_moe, scores=False)
+    working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
+    working = where(plan.full, where(n_moe > 0, working_moe, working_dense), 0.0)
+    embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
+    output = where(stage == plan.pp - 1, 2 * s * b * h / sp + 4 * s * b * V / t, 0.0)
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
 
 
@@ -140,46 +150,44 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> Activation
 class TrainingMemory:
     """Memory of the most-loaded rank; weights + gradients + optimizer + activations + other = total."""
 
-    stage: int
+    stage: Any
     """Pipeline stage of the most-loaded rank."""
-    params_on_rank: float
+    params_on_rank: Any
     """Parameters held by that rank (before ZeRO sharding)."""
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    other: float
+    weights: Any
+    gradients: Any
+    optimizer: Any
+    activations: Any
+    other: Any
     """The stated allowance: fixed runtime bytes, fragmentation, ZeRO-3 gathered-layer buffers."""
     activation_parts: ActivationBytes
     capacity: float
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> Any:
         return self.total <= self.capacity
 
     @property
-    def headroom(self) -> float:
+    def headroom(self) -> Any:
         return self.capacity - self.total
 
 
-def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, allowance: MemoryAllowance,
+def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
                  capacity: float) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
-    w = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else "bf16"]
-    g = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else plan.grad_dtype]
-    optim = 8.0 if plan.dtype == "fp32" else ADAM_STATE_BYTES  # no fp32 master copy in pure fp32
+    w, g, o = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     rp = rank_params(m, plan, stage)
-    edp = plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp)
-    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, w, g, optim)
-    expert = model_state_bytes(rp.expert, max(1, edp), plan.zero, w, g, optim)
+    edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
+    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, w, g, o)
+    expert = model_state_bytes(rp.expert, edp, plan.zero, w, g, o)
     act = activation_bytes(m, plan, stage)
     tensors = dense.total + expert.total + act.total
-    n_dense, n_moe = stage_layers(m, plan, stage)
-    gathered = 2 * rp.total / max(1, n_dense + n_moe) * w if plan.zero >= 3 else 0.0  # Derived: #mem.other
+    layers = m.num_hidden_layers / plan.pp
+    gathered = where(plan.zero >= 3, 2 * rp.total / layers * w, 0.0)  # Derived: #mem.other
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights,
@@ -188,8 +196,28 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, allowance: Memory
     )
 
 
+def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
+    """Stages that can hold the most memory: the first (embedding, most micro-batches in flight), the
+    first one without dense layers (MoE models with leading dense layers), the last (output layer, logits).
+    Other stages hold no more parameters than these and fewer micro-batches (tests check this)."""
+    return 0 * plan.pp, heaviest_moe_stage(m, plan), plan.pp - 1
+
+
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
-    """Memory per GPU of the most-loaded rank: the pipeline stage with the largest total."""
+    """Memory per GPU of the most-loaded rank (elementwise for plan arrays)."""
     allowance = allowance or MemoryAllowance()
-    return max((stage_memory(m, plan, i, allowance, capacity) for i in range(plan.pp)), key=lambda r: r.total)
+    results = [stage_memory(m, plan, st, allowance, capacity) for st in candidate_stages(m, plan)]
+    best = results[0]
+    for r in results[1:]:
+        best = _pick(r.total > best.total, r, best)
+    return best
+
+
+def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
+    """Fieldwise `a if cond else b` over two breakdowns (elementwise for arrays)."""
+    act = ActivationBytes(*(where(cond, getattr(a.activation_parts, f), getattr(b.activation_parts, f))
+                            for f in ("layers", "recompute_working", "embedding", "output")))
+    fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
+    return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in fields},
+                          activation_parts=act, capacity=a.capacity)

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from typing import Any
+
+import numpy as np
+
+from llmplan.cost.arith import maximum, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -101,42 +106,53 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     )
 
 
-def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
+def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     """(dense layers, MoE layers) held by pipeline rank `stage`.
 
     With vpp virtual stages, rank i holds model chunks i, i+pp, i+2pp, ... of L/(pp·vpp) layers each
-    (Megatron's interleaved assignment)."""
-    chunk = m.num_hidden_layers // (plan.pp * plan.vpp)
-    k_dense = m.first_k_dense_replace if m.is_moe else m.num_hidden_layers
-    dense = moe = 0
-    for j in range(plan.vpp):
+    (Megatron's interleaved assignment). Works elementwise on plan arrays."""
+    L = m.num_hidden_layers
+    if not m.is_moe:
+        return L // plan.pp, 0 * plan.pp
+    chunk = L // (plan.pp * plan.vpp)
+    k_dense = m.first_k_dense_replace
+    dense = 0 * plan.pp
+    for j in range(int(np.max(plan.vpp))):
         start = (j * plan.pp + stage) * chunk
-        n_dense = max(0, min(start + chunk, k_dense) - start)
-        dense += n_dense
-        moe += chunk - n_dense
-    return dense, moe
+        n_dense = maximum(0, minimum(start + chunk, k_dense) - start)
+        dense = dense + where(j < plan.vpp, n_dense, 0)
+    return dense, L // plan.pp - dense
+
+
+def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
+    micro-batches among such ranks); 0 for models without leading dense layers."""
+    if not m.is_moe or not m.first_k_dense_replace:
+        return 0 * plan.pp
+    chunk = m.num_hidden_layers // (plan.pp * plan.vpp)
+    return minimum(-(-m.first_k_dense_replace // chunk), plan.pp - 1)
 
 
 @dataclass(frozen=True)
 class RankParams:
     """Parameters one rank holds, split by the group that replicates them (for ZeRO sharding)."""
 
-    dense: float
+    dense: Any
     """Non-expert parameters (replicated over dp x cp)."""
-    expert: float
+    expert: Any
     """Routed-expert parameters (replicated over the expert-data-parallel group)."""
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.dense + self.expert
 
 
-def kv_heads_per_rank(m: ModelSpec, t: int) -> float:
+def kv_heads_per_rank(m: ModelSpec, t: Any) -> Any:
     """KV heads on one TP rank: K/t, or one replicated head when t exceeds K (check_plan keeps t | K or K | t)."""
-    return max(m.kv_heads / t, 1.0)
+    return maximum(m.kv_heads / t, 1.0)
 
 
-def attention_params_per_rank(m: ModelSpec, t: int) -> float:
+def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
     """One attention block's parameters on one TP rank (column/row-parallel projections split by heads).
 
     Derived: docs/formulas.md#params.rank"""
@@ -157,28 +173,26 @@ def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of divisor x t (an upper bound for launchers
     that do not pad). Source: reference/formats.md Part A1, rule 16."""
     unit = divisor * t
-    return -(-V // unit) * unit
+    return -(-V // unit) * unit  # ceil division; elementwise on arrays
 
 
-def rank_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> RankParams:
+def rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
     replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer
     on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).
 
     Derived: docs/formulas.md#params.rank"""
     t, etp = plan.tp, plan.etp_resolved
-    h, V = m.hidden_size, m.vocab_size
+    h = m.hidden_size
     n_dense, n_moe = stage_layers(m, plan, stage)
     norms = 2 * norm_params(m)
     attn = attention_params_per_rank(m, t) + norms
     dense = n_dense * (attn + mlp_params(m, m.intermediate_size) / t)
-    dense += n_moe * (attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0))
-    expert = n_moe * (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp
-    V = padded_vocab(V, t)
-    if stage == 0:
-        dense += V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
-    if stage == plan.pp - 1:
-        dense += norm_params(m)
-        if not m.tie_word_embeddings or plan.pp > 1:
-            dense += V * h / t
-    return RankParams(dense=dense, expert=expert)
+    dense = dense + n_moe * (attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0))
+    expert = n_moe * (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * dense
+    V = padded_vocab(m.vocab_size, t)
+    positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
+    first = where(stage == 0, V * h / t + positions, 0)
+    has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
+    last = where(stage == plan.pp - 1, norm_params(m) + where(has_output, V * h / t, 0), 0)
+    return RankParams(dense=dense + first + last, expert=expert)

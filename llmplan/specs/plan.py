@@ -59,6 +59,30 @@ class ParallelPlan(BaseModel):
     def etp_resolved(self) -> int:
         return self.etp if self.etp is not None else self.tp
 
+    # Numeric views used by the cost functions (search.grid.PlanArrays has the same names, as arrays).
+    @property
+    def full(self) -> bool:
+        return self.recompute == "full"
+
+    @property
+    def selective(self) -> bool:
+        return self.recompute == "selective"
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight in the model copy: bf16 for bf16/fp16/fp8 training (Transformer Engine keeps fp8
+        copies transiently), fp32 for fp32 training."""
+        return 4.0 if self.dtype == "fp32" else 2.0
+
+    @property
+    def grad_bytes(self) -> float:
+        return 4.0 if self.dtype == "fp32" or self.grad_dtype == "fp32" else 2.0
+
+    @property
+    def optimizer_bytes(self) -> float:
+        """Adam: fp32 master weights + two moments (12 B); pure fp32 training needs no master copy (8 B)."""
+        return 8.0 if self.dtype == "fp32" else 12.0
+
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
