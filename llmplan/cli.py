@@ -14,16 +14,14 @@ import typer
 from rich.console import Console
 
 from llmplan import report
-from llmplan.cost.comm import step_comm
-from llmplan.cost.memory import training_memory
 from llmplan.cost.params import param_counts
-from llmplan.errors import LlmplanError, PlanViolationError
-from llmplan.specs.check import check_plan
+from llmplan.errors import LlmplanError
+from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
 from llmplan.topology.collectives import OPS, collective_time
 from llmplan.topology.graph import validate
-from llmplan.topology.placement import DEFAULT_ORDER, parse_order, place, span_of_ranks
+from llmplan.topology.placement import DEFAULT_ORDER, parse_order, span_of_ranks
 from llmplan.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -85,6 +83,12 @@ def estimate(
                                        help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces)."),
     fragmentation: float = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                                         help="Allocator fragmentation allowance, fraction of tensor memory."),
+    overlap_grad_reduce: bool = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                                             help="Hide the DP gradient reduction behind the backward pass."),
+    overlap_param_gather: bool = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+                                              help="Hide the ZeRO/distributed-optimizer weight gather behind forward."),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                         help="Overlap TP communication with GEMMs (needs sp)."),
     mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
     axis_order: str = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                                    help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp)."),
@@ -106,17 +110,13 @@ def estimate(
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
         "micro_batch": micro_batch, "global_batch": global_batch or micro_batch * dp, "seq_len": seq,
         "dtype": dtype, "grad_dtype": grad_dtype, "flash_attention": flash_attention,
+        "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
+        "tp_comm_overlap": tp_comm_overlap,
     }, "plan options")
-    violations = check_plan(m, plan, cluster)
-    if violations:
-        raise PlanViolationError(violations)
     allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
                       "memory allowance options")
-    params = param_counts(m)
-    mem = training_memory(m, plan, system.gpu.hbm_bytes, allowance)
-    comm = step_comm(m, plan, place(plan, cluster, order), system)
-    emit(report.estimate_json(m, cluster, plan, params, mem, comm), json_mode,
-         lambda: report.estimate_view(out, m, cluster, plan, params, mem, comm))
+    e = estimate_training(m, cluster, plan, allowance, order)
+    emit(report.estimate_json(e), json_mode, lambda: report.estimate_view(out, e))
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):

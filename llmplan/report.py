@@ -10,6 +10,8 @@ from rich.table import Table
 
 from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.memory import TrainingMemory
+from llmplan.cost.step import StepTime, Throughput
+from llmplan.estimate import TrainingEstimate
 from llmplan.cost.params import ParamCounts
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -90,11 +92,12 @@ def plan_json(plan: ParallelPlan) -> dict[str, Any]:
 
 def memory_json(mem: TrainingMemory) -> dict[str, Any]:
     a = mem.activation_parts
-    return {"weights": mem.weights, "gradients": mem.gradients, "optimizer": mem.optimizer,
-            "activations": mem.activations, "other": mem.other, "total": mem.total, "capacity": mem.capacity,
-            "fits": mem.fits, "headroom": mem.headroom, "stage": mem.stage,
-            "activation_parts": {"layers": a.layers, "recompute_working": a.recompute_working,
-                                 "embedding": a.embedding, "output": a.output}}
+    f = float
+    return {"weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
+            "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
+            "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
+            "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
+                                 "embedding": f(a.embedding), "output": f(a.output)}}
 
 
 def fabric_names(system: SystemSpec) -> tuple[str, str]:
@@ -156,25 +159,67 @@ def collective_view(console: Console, ct: CollectiveTime, group: str, system: Sy
                   f"busbw {ct.busbw / 1e9:,.1f} GB/s (compare with nccl-tests' busbw column)")
 
 
-def estimate_json(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, params: ParamCounts,
-                  mem: TrainingMemory, comm: CommBreakdown | None = None) -> dict[str, Any]:
-    extra = {"comm": comm_json(comm, cluster.system)} if comm is not None else {}
+def time_json(st: StepTime) -> dict[str, Any]:
+    return {"step_s": float(st.total), "compute_s": float(st.compute), "bubble_s": float(st.bubble),
+            "comm_exposed_s": float(st.comm_exposed), "optimizer_s": float(st.optimizer),
+            "exposed_s": {k: float(v) for k, v in st.exposed.items()},
+            "compute_split_s": {"gemm": float(st.stage.gemm), "attention": float(st.stage.attention),
+                                "memory_bound": float(st.stage.memory_bound), "per": "micro-batch"}}
+
+
+def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
+    return {"tokens_per_s": float(tp.tokens_per_s), "tflops_per_gpu": float(tp.tflops_per_gpu),
+            "mfu": float(tp.mfu), "hfu": float(tp.hfu), "comm_ratio": float(tp.comm_ratio),
+            "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
+
+
+def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
+    c = e.cluster
     return {
         "schema": SCHEMA,
         "mode": "train",
-        "model": model.name,
-        "hardware": cluster.system.name,
-        "nodes": cluster.num_nodes,
-        "gpus": cluster.num_gpus,
-        "plan": plan_json(plan),
-        "params": {"total": params.total, "active": params.active, "per_gpu": mem.params_on_rank},
-        "memory": memory_json(mem),
-        **extra,
+        "model": e.model.name,
+        "hardware": c.system.name,
+        "calibrated": c.system.calibrated,
+        "nodes": c.num_nodes,
+        "gpus": c.num_gpus,
+        "plan": plan_json(e.plan),
+        "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
+        "memory": memory_json(e.memory),
+        "time": time_json(e.time),
+        "throughput": throughput_json(e.throughput, e.time),
+        "bottleneck": e.bottleneck,
+        "comm": comm_json(e.comm, c.system),
     }
 
 
-def estimate_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                  params: ParamCounts, mem: TrainingMemory, comm: CommBreakdown | None = None) -> None:
+def estimate_view(console: Console, e: TrainingEstimate) -> None:
+    memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
+    console.print(comm_table(e.comm, e.cluster.system))
+    console.print(time_table(e))
+
+
+def time_table(e: TrainingEstimate) -> Table:
+    st, tp = e.time, e.throughput
+    t = Table(title="Step time (most-loaded stage)")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("% of step", justify="right")
+    t.add_column("formula", style="dim")
+    rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
+            *((f"exposed {a.upper()} communication", v, "step.time") for a, v in st.exposed.items() if v > 0),
+            ("optimizer step", st.optimizer, "compute.optimizer")]
+    for name, val, ref in rows:
+        t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
+    t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")
+    t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%, "
+                 f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
+                 f"bottleneck: {e.bottleneck}")
+    return t
+
+
+def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                params: ParamCounts, mem: TrainingMemory) -> None:
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
@@ -213,5 +258,3 @@ def estimate_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
                       f"short by {gib(-mem.headroom)} GiB")
-    if comm is not None:
-        console.print(comm_table(comm, cluster.system))

@@ -87,7 +87,7 @@ def test_bad_input_exits_2_with_one_clear_message(cli, args, needle):
 def test_every_violation_listed(cli):
     r = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "3", "--pp", "3")
     assert r.code == 2
-    assert "breaks 4 rule(s)" in r.err and "intermediate_size (28672)" in r.err and "tp (3)" in r.err and "pp (3)" in r.err
+    assert "breaks 4 rule(s)" in r.err and "FFN width(s) (28672)" in r.err and "tp (3)" in r.err and "pp (3)" in r.err
 
 
 def test_malformed_and_invalid_spec_files(cli, tmp_path):

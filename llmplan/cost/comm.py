@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.params import kv_heads_per_rank, rank_params, stage_layers
+from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -70,10 +71,24 @@ class CommBreakdown:
         return sum(a.seconds for a in self.axes.values())
 
 
+def transfer_seconds(t: Transfer, system: SystemSpec) -> float:
+    return t.calls * collective_time(t.collective, t.message, t.group, system).seconds
+
+
 def _timed(axis: str, transfers: list[Transfer], system: SystemSpec) -> AxisComm:
     live = tuple(t for t in transfers if t.calls > 0 and t.group.size > 1 and t.message > 0)
-    secs = sum(t.calls * collective_time(t.collective, t.message, t.group, system).seconds for t in live)
-    return AxisComm(axis, live, secs)
+    return AxisComm(axis, live, sum(transfer_seconds(t, system) for t in live))
+
+
+def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
+    """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers."""
+    dp = comm.axes["dp"].transfers
+    return CommSeconds(
+        tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
+        ep=comm.axes["ep"].seconds,
+        dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
+        dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
+    )
 
 
 def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:

@@ -1,11 +1,15 @@
 """check_plan: every rule that relates a plan to a model and a cluster, in one place.
 
-Search, estimate and export all call it. Each violation names the rule, the values and valid alternatives.
+Each rule is a predicate written with arithmetic only, so it holds for one ParallelPlan and, elementwise,
+for the numpy arrays of plans the search enumerates (the search counts how many plans each rule cuts).
+Search, estimate and export all call these rules. Each violation names the rule, the values and valid
+alternatives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -31,88 +35,99 @@ def _fmt(values: list[int], limit: int = 12) -> str:
 
 
 def valid_tp(m: ModelSpec, max_tp: int | None = None) -> list[int]:
-    """TP degrees that split the query heads and split or replicate the KV heads."""
+    """TP degrees that split the query heads, split or replicate the KV heads, and split the FFNs."""
     a, K = m.num_attention_heads, m.kv_heads
-    return [t for t in divisors(a) if (K % t == 0 or t % K == 0) and (max_tp is None or t <= max_tp)]
+    ffns = [f for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f]
+    return [t for t in divisors(a) if (K % t == 0 or t % K == 0) and all(f % t == 0 for f in ffns)
+            and (max_tp is None or t <= max_tp)]
+
+
+Pred = Callable[[ModelSpec, Any, Any], Any]
+Msg = Callable[[ModelSpec, ParallelPlan, Any], str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    ok: Pred
+    """True (elementwise) where the plan keeps the rule."""
+    message: Msg
+    needs_cluster: bool = False
+
+
+def _ffn_ok(m: ModelSpec, t: Any) -> Any:
+    ok = True
+    for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn):
+        if f:
+            ok = ok & (f % t == 0)
+    return ok
+
+
+def _moe(m: ModelSpec) -> bool:
+    return m.is_moe
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
+         lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
+                         f"valid tp: {_fmt(valid_tp(m))}"),
+    Rule("tp_kv_heads",
+         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | (p.tp % m.kv_heads == 0),
+         lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
+                         f"of it (KV heads replicated); valid tp: {_fmt(valid_tp(m))}"),
+    Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
+         lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
+                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
+                         f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
+    Rule("pp_layers", lambda m, p, c: m.num_hidden_layers % p.pp == 0,
+         lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}; "
+                         f"valid pp: {_fmt(divisors(m.num_hidden_layers))}"),
+    Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
+         lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
+    Rule("vpp_layers",
+         lambda m, p, c: (m.num_hidden_layers % p.pp != 0) | (p.pp == 1) | ((m.num_hidden_layers // p.pp) % p.vpp == 0),
+         lambda m, p, c: f"vpp ({p.vpp}) must divide the {m.num_hidden_layers // p.pp} layers per pipeline stage of "
+                         f"{m.name} (num_hidden_layers {m.num_hidden_layers} / pp {p.pp}); valid vpp: "
+                         f"{_fmt(divisors(m.num_hidden_layers // p.pp))}"),
+    Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
+         lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
+    Rule("ep_experts", lambda m, p, c: (not _moe(m)) | (max(m.num_experts, 1) % p.ep == 0),
+         lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}; "
+                         f"valid ep: {_fmt(divisors(m.num_experts))}"),
+    Rule("etp_ffn", lambda m, p, c: (not _moe(m)) | (m.expert_ffn % p.etp_resolved == 0),
+         lambda m, p, c: f"expert tp ({p.etp_resolved}) must divide the expert FFN width ({m.expert_ffn}) of "
+                         f"{m.name}; valid: {_fmt(divisors(m.expert_ffn)[:8])}"),
+    Rule("expert_grid", lambda m, p, c: (not _moe(m)) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
+         lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
+                         f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp)"),
+    Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
+         lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
+    Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
+         lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
+                         f"valid cp: {_fmt([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
+    Rule("seq_len_context", lambda m, p, c: p.seq_len <= m.max_position_embeddings,
+         lambda m, p, c: f"seq_len ({p.seq_len}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
+                         f"{m.name}{f' (rope_scaling: {m.rope_scaling})' if m.rope_scaling else ''}; lower --seq-len"),
+    Rule("global_batch", lambda m, p, c: p.global_batch % (p.micro_batch * p.dp) == 0,
+         lambda m, p, c: f"global_batch ({p.global_batch}) must be divisible by micro_batch x dp ({p.micro_batch} x "
+                         f"{p.dp} = {p.micro_batch * p.dp}); valid micro_batch: "
+                         f"{_fmt([b for b in divisors(p.global_batch) if p.global_batch % (b * p.dp) == 0])}"),
+    Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp * p.cp) == 0,
+         lambda m, p, c: f"tp x pp x cp ({p.tp} x {p.pp} x {p.cp} = {p.tp * p.pp * p.cp}) must divide the "
+                         f"{c.num_gpus} GPUs ({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used})",
+         needs_cluster=True),
+    Rule("gpus_dp", lambda m, p, c: (c.num_gpus % (p.tp * p.pp * p.cp) != 0) | (p.num_gpus == c.num_gpus),
+         lambda m, p, c: f"tp x pp x cp x dp ({p.tp * p.pp * p.cp} x {p.dp} = {p.num_gpus}) must equal the "
+                         f"{c.num_gpus} GPUs; dp must be {c.num_gpus // (p.tp * p.pp * p.cp)}",
+         needs_cluster=True),
+    Rule("dtype_hardware", lambda m, p, c: p.dtype in c.system.gpu.tflops,
+         lambda m, p, c: f"{c.system.gpu.name} has no {p.dtype} tensor cores; use --dtype bf16 (supported: "
+                         f"{', '.join(sorted(k for k in c.system.gpu.tflops if k in ('bf16', 'fp16', 'fp8', 'fp32')))})",
+         needs_cluster=True),
+)
 
 
 def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[Violation]:
     """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid)."""
-    out: list[Violation] = []
-
-    def bad(rule: str, message: str) -> None:
-        out.append(Violation(rule, message))
-
-    name, t, L = m.name, plan.tp, m.num_hidden_layers
-    a, K = m.num_attention_heads, m.kv_heads
-    if a % t:
-        bad("tp_heads", f"tp ({t}) must divide num_attention_heads ({a}) of {name}; valid tp: {_fmt(valid_tp(m))}")
-    elif K % t and t % K:
-        bad("tp_kv_heads", f"tp ({t}) must divide num_key_value_heads ({K}) of {name} or be a multiple of it "
-            f"(KV heads replicated); valid tp: {_fmt(valid_tp(m))}")
-    for field, f in (("intermediate_size", m.intermediate_size if m.num_dense_layers else 0),
-                     ("shared expert FFN", m.shared_ffn)):
-        if f and f % t:
-            bad("tp_ffn", f"tp ({t}) must divide the {field} ({f}) of {name}; valid tp: "
-                f"{_fmt([d for d in valid_tp(m) if f % d == 0])}")
-    if L % plan.pp:
-        bad("pp_layers", f"pp ({plan.pp}) must divide num_hidden_layers ({L}) of {name}; valid pp: {_fmt(divisors(L))}")
-    elif plan.vpp > 1:
-        per = L // plan.pp
-        if plan.pp == 1:
-            bad("vpp_needs_pp", f"vpp ({plan.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1")
-        elif per % plan.vpp:
-            bad("vpp_layers", f"vpp ({plan.vpp}) must divide the {per} layers per pipeline stage of {name} "
-                f"(num_hidden_layers {L} / pp {plan.pp}); valid vpp: {_fmt(divisors(per))}")
-    _check_moe(m, plan, bad)
-    if plan.sp and t == 1:
-        bad("sp_needs_tp", "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp")
-    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
-        bad("cp_seq", f"seq_len ({plan.seq_len}) must be divisible by 2*cp ({2 * plan.cp}) for context parallelism; "
-            f"valid cp: {_fmt([c for c in divisors(plan.seq_len // 2) if c > 1][:8])}")
-    if plan.seq_len > m.max_position_embeddings:
-        scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
-        bad("seq_len_context", f"seq_len ({plan.seq_len}) exceeds max_position_embeddings "
-            f"({m.max_position_embeddings}) of {name}{scaling}; lower --seq-len")
-    mb_dp = plan.micro_batch * plan.dp
-    if plan.global_batch % mb_dp:
-        ok = [b for b in divisors(plan.global_batch) if b <= plan.global_batch // plan.dp
-              and plan.global_batch % (b * plan.dp) == 0]
-        bad("global_batch", f"global_batch ({plan.global_batch}) must be divisible by micro_batch x dp "
-            f"({plan.micro_batch} x {plan.dp} = {mb_dp}); valid micro_batch: {_fmt(ok)}")
-    if cluster is not None:
-        _check_cluster(m, plan, cluster, bad)
-    return out
-
-
-def _check_moe(m: ModelSpec, plan: ParallelPlan, bad) -> None:
-    etp = plan.etp_resolved
-    if not m.is_moe:
-        if plan.ep > 1:
-            bad("ep_dense", f"ep ({plan.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1")
-        return
-    E = m.num_experts
-    if E % plan.ep:
-        bad("ep_experts", f"ep ({plan.ep}) must divide the {E} experts of {m.name}; valid ep: {_fmt(divisors(E))}")
-    if m.expert_ffn % etp:
-        bad("etp_ffn", f"expert tp ({etp}) must divide the expert FFN width ({m.expert_ffn}) of {m.name}; "
-            f"valid: {_fmt(divisors(m.expert_ffn)[:8])}")
-    inner = plan.tp * plan.cp * plan.dp
-    if inner % (etp * plan.ep):
-        bad("expert_grid", f"expert tp x ep ({etp} x {plan.ep}) must divide tp x cp x dp ({inner}) "
-            "(Megatron's expert grid: world size divisible by etp x ep x pp)")
-
-
-def _check_cluster(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, bad) -> None:
-    n, gpu = cluster.num_gpus, cluster.system.gpu
-    model_par = plan.tp * plan.pp * plan.cp
-    if n % model_par:
-        bad("gpus_model_parallel", f"tp x pp x cp ({plan.tp} x {plan.pp} x {plan.cp} = {model_par}) must divide "
-            f"the {n} GPUs ({cluster.num_nodes} node{'s' * (cluster.num_nodes != 1)} x {cluster.gpus_per_node_used})")
-    elif plan.num_gpus != n:
-        bad("gpus_dp", f"tp x pp x cp x dp ({model_par} x {plan.dp} = {plan.num_gpus}) must equal the {n} GPUs; "
-            f"dp must be {n // model_par}")
-    if plan.dtype not in gpu.tflops:
-        have = ", ".join(sorted(k for k in gpu.tflops if k in ("bf16", "fp16", "fp8", "fp32")))
-        bad("dtype_hardware", f"{gpu.name} has no {plan.dtype} tensor cores; use --dtype {have.split(', ')[0]} "
-            f"(supported: {have})")
+    return [Violation(r.name, r.message(m, plan, cluster)) for r in RULES
+            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]

@@ -35,6 +35,11 @@ class GpuSpec(BaseModel):
     """Memory bandwidth in GB/s (decimal)."""
     max_gemm_tflops_bf16: float | None = Field(default=None, gt=0)
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
+    max_gemm_tflops_fp8: float | None = Field(default=None, gt=0)
+    """Highest measured fp8 matmul TFLOP/s, if published."""
+    gemm_efficiency: tuple[tuple[float, float], ...] | None = None
+    """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
+    `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
@@ -50,6 +55,11 @@ class GpuSpec(BaseModel):
     @property
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GB
+
+    def max_gemm_fraction(self, dtype: str) -> float:
+        """Best achieved fraction of peak for large GEMMs (measured where published, else 0.75)."""
+        best = self.max_gemm_tflops_fp8 if dtype == "fp8" else self.max_gemm_tflops_bf16
+        return best / self.tflops[dtype] if best and dtype in self.tflops else 0.75  # type: ignore[index]
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""

@@ -54,6 +54,12 @@ class ParallelPlan(BaseModel):
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
+    overlap_grad_reduce: bool = True
+    """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
+    overlap_param_gather: bool = True
+    """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    tp_comm_overlap: bool = False
+    """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
 
     @property
     def etp_resolved(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from llmplan.specs.hardware import SystemSpec
 from llmplan.topology.graph import link_profile
@@ -78,71 +78,77 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None)
 
 
-def _ring(op: str, S: float, n: int, bw: float, alpha: float) -> float:
+@dataclass(frozen=True)
+class Coeff:
+    """One algorithm's cost as an affine function of the message size: seconds = alpha + S x beta."""
+
+    algorithm: str
+    alpha: float
+    beta: float
+
+    def seconds(self, S: Any) -> Any:
+        return self.alpha + S * self.beta
+
+
+def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff:
     """Ring: (n-1) steps per phase, each moving S/n (all-reduce has two phases)."""
-    if n <= 1:
-        return 0.0
     phases = 2 if op == "all-reduce" else 1
-    return phases * (n - 1) * alpha + S * bus_factor(op, n) / bw
+    return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
 
 
-def _tree_allreduce(S: float, n: int, bw: float, alpha: float) -> float:
-    """Double binary tree: 2·ceil(log2 n) latency steps; at large sizes NCCL's tree reaches at best the ring's
-    bus bandwidth, so the bandwidth term is the ring's 2(n-1)/n·S / bw (conservative)."""
-    return 0.0 if n <= 1 else 2 * math.ceil(math.log2(n)) * alpha + S * bus_factor("all-reduce", n) / bw
-
-
-def _intra(op: str, S: float, n: int, L: Links) -> tuple[float, str]:
-    if op == "all-reduce" and L.nvls_bw:
-        return 2 * L.intra_alpha + S * bus_factor(op, n) / L.nvls_bw, "nvls"
-    if op == "send-recv":
-        return L.intra_alpha + S / L.intra_bw, "p2p"
-    if op in ("all-to-all", "broadcast"):
-        steps = 1 if op == "all-to-all" else n - 1
-        return steps * L.intra_alpha + S * max(bus_factor(op, n), 0) / L.intra_bw, "direct" if op == "all-to-all" else "ring"
-    return _ring(op, S, n, L.intra_bw, L.intra_alpha), "ring"
-
-
-def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
-                    nvls: bool = True) -> CollectiveTime:
-    """Predicted time of one collective of S bytes over the group `span` on `system`.
+def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
+                      nvls: bool = True) -> tuple[Coeff, ...]:
+    """The algorithms NCCL could use for `op` over `span`, each as (alpha, beta); the cost is the cheapest.
 
     Source: alpha-beta model with nccl-tests bus factors (reference/formats.md C5); hierarchical
     collectives for groups that leave the NVLink domain. Derived: docs/formulas.md#comm.collective"""
     n = span.size
-    if n <= 1 or S <= 0:
-        return CollectiveTime(op, S, n, 0.0, "none")
+    if n <= 1:
+        return (Coeff("none", 0.0, 0.0),)
     L = group_links(system, span, nvls)
     if not span.uses_nic:
-        t, algo = _intra(op, S, n, L)
-        return CollectiveTime(op, S, n, t, algo)
+        if op == "all-reduce" and L.nvls_bw:
+            out: tuple[Coeff, ...] = (Coeff("nvls", 2 * L.intra_alpha, bus_factor(op, n) / L.nvls_bw),)
+        elif op == "send-recv":
+            out = (Coeff("p2p", L.intra_alpha, 1 / L.intra_bw),)
+        elif op == "all-to-all":
+            out = (Coeff("direct", L.intra_alpha, bus_factor(op, n) / L.intra_bw),)
+        elif op == "broadcast":
+            out = (Coeff("ring", (n - 1) * L.intra_alpha, 1 / L.intra_bw),)
+        else:
+            out = (_ring(op, n, L.intra_bw, L.intra_alpha),)
+        return out
     k = span.domains
     g = max(1, n // k)
     flat_bw = min(L.intra_bw, L.inter_bw)
     if op == "send-recv":
-        return CollectiveTime(op, S, n, L.inter_alpha + S / L.inter_bw, "p2p")
+        return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
-        t = k * L.inter_alpha + max((g - 1) / n * S / L.intra_bw, (n - g) / n * S / L.inter_bw)
-        return CollectiveTime(op, S, n, t, "direct")
+        return (Coeff("direct", k * L.inter_alpha, max((g - 1) / n / L.intra_bw, (n - g) / n / L.inter_bw)),)
     if op == "broadcast":
-        t = math.ceil(math.log2(n)) * L.inter_alpha + S / flat_bw
-        return CollectiveTime(op, S, n, t, "tree")
-    candidates: dict[str, float] = {"ring": _ring(op, S, n, flat_bw, L.inter_alpha)}
+        return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     # Hierarchical: intra-domain reduce-scatter, inter-domain step on S/g per GPU, intra-domain all-gather.
     # NCCL pipelines the phases over chunks and channels, so the bandwidth terms overlap (the slowest one
     # sets the pace) while the latencies add up. Derived: docs/formulas.md#comm.hierarchical
     phases = 2 if op == "all-reduce" else 1
     intra_alpha = phases * (g - 1) * L.intra_alpha
-    intra_beta = phases * S * (g - 1) / g / L.intra_bw
-    inner_ring = _ring(op, S / g, k, L.inter_bw, 0.0), phases * (k - 1) * L.inter_alpha
-    options = [inner_ring]
-    if op == "all-reduce":
-        options.append((S / g * bus_factor(op, k) / L.inter_bw, 2 * math.ceil(math.log2(k)) * L.inter_alpha))
-        candidates["tree"] = intra_alpha + options[1][1] + max(intra_beta, options[1][0])
-    candidates["hierarchical"] = min(intra_alpha + a + max(intra_beta, b) for b, a in options)
+    intra_beta = phases * (g - 1) / g / L.intra_bw
+    inter_beta = bus_factor(op, k) / g / L.inter_bw
+    cands = [_ring(op, n, flat_bw, L.inter_alpha),
+             Coeff("hierarchical", intra_alpha + phases * (k - 1) * L.inter_alpha, max(intra_beta, inter_beta))]
+    if op == "all-reduce":  # double binary tree between domains: log latency, at best the ring's bandwidth
+        cands.append(Coeff("tree", intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha,
+                           max(intra_beta, inter_beta)))
     if algorithm != "auto":
-        if algorithm not in candidates:
-            algorithm = "ring"
-        return CollectiveTime(op, S, n, candidates[algorithm], algorithm)
-    best = min(candidates, key=candidates.__getitem__)
-    return CollectiveTime(op, S, n, candidates[best], best)
+        chosen = [c for c in cands if c.algorithm == algorithm]
+        return tuple(chosen or cands[:1])
+    return tuple(cands)
+
+
+def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
+                    nvls: bool = True) -> CollectiveTime:
+    """Predicted time of one collective of S bytes over the group `span` on `system` (cheapest algorithm)."""
+    if span.size <= 1 or S <= 0:
+        return CollectiveTime(op, S, span.size, 0.0, "none")
+    best = min(collective_coeffs(op, span, system, algorithm, nvls), key=lambda c: c.seconds(S))
+    return CollectiveTime(op, S, span.size, best.seconds(S), best.algorithm)

@@ -1,0 +1,43 @@
+"""The library entry point for one training plan: memory, communication, step time and throughput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
+from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.params import ParamCounts, param_counts
+from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
+from llmplan.errors import PlanViolationError
+from llmplan.specs.check import check_plan
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.topology.placement import DEFAULT_ORDER, place
+
+
+@dataclass(frozen=True)
+class TrainingEstimate:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    params: ParamCounts
+    memory: TrainingMemory
+    comm: CommBreakdown
+    time: StepTime
+    throughput: Throughput
+    bottleneck: str
+
+
+def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                      allowance: MemoryAllowance | None = None,
+                      order: tuple[str, ...] = DEFAULT_ORDER) -> TrainingEstimate:
+    """Everything llmplan predicts for one plan; raises PlanViolationError when the plan breaks a rule."""
+    violations = check_plan(m, plan, cluster)
+    if violations:
+        raise PlanViolationError(violations)
+    gpu = cluster.system.gpu
+    mem = training_memory(m, plan, gpu.hbm_bytes, allowance)
+    comm = step_comm(m, plan, place(plan, cluster, order), cluster.system)
+    st = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
+    return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, st, throughput(plan, gpu, st),
+                            str(bottleneck(st)))
