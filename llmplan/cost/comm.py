@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmplan.cost.params import kv_heads_per_rank, rank_params, stage_layers
+from llmplan.cost.arith import where
+from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, rank_params, stage_layers
 from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.topology.collectives import bus_factor, collective_time
 from llmplan.topology.placement import GroupSpan
-from llmplan.units import DTYPE_BYTES
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
@@ -31,7 +31,8 @@ class Transfer:
     """Calls per step."""
     message: float
     """Bytes of the full buffer of one call (nccl-tests convention)."""
-    group: GroupSpan
+    group: GroupSpan | str
+    """The group's span (scalar path) or its axis name (vectorised path: search.evaluate resolves it)."""
 
     @property
     def bytes(self) -> float:
@@ -76,6 +77,7 @@ def transfer_seconds(t: Transfer, system: SystemSpec) -> float:
 
 
 def _timed(axis: str, transfers: list[Transfer], system: SystemSpec) -> AxisComm:
+    """Scalar path: keep the transfers that happen, and time them."""
     live = tuple(t for t in transfers if t.calls > 0 and t.group.size > 1 and t.message > 0)
     return AxisComm(axis, live, sum(transfer_seconds(t, system) for t in live))
 
@@ -96,20 +98,19 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer.
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    layers = sum(stage_layers(m, plan, 0))
-    per_layer = 4 + (2 if plan.recompute == "full" else 0)
-    calls = plan.num_microbatches * layers * per_layer
+    layers = m.num_hidden_layers // plan.pp
+    calls = plan.num_microbatches * layers * (4 + where(plan.full, 2, 0))
     S = ACT_BYTES * s * b * h
-    if plan.sp:
-        return [Transfer("all-gather", calls, S, group), Transfer("reduce-scatter", calls, S, group)]
-    return [Transfer("all-reduce", calls, S, group)]
+    with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
+    return [Transfer("all-reduce", without, S, group), Transfer("all-gather", with_sp, S, group),
+            Transfer("reduce-scatter", with_sp, S, group)]
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
     """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
     with SP (Megatron's scatter-gather). Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    S = ACT_BYTES * s * b * h / (plan.tp if plan.sp else 1)
+    S = ACT_BYTES * s * b * h / where(plan.sp, plan.tp, 1)
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 
 
@@ -119,17 +120,14 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, exper
     ZeRO-3 also a weight all-gather in every forward and backward of every micro-batch.
     Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
-    g = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else plan.grad_dtype]
-    w = DTYPE_BYTES["fp32" if plan.dtype == "fp32" else "bf16"]
+    g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
+    reduce_calls = where(z >= 3, n, where(z >= 1, 1, 0))
+    gather_calls = where(z >= 3, 2 * n, where(z >= 1, 1, 0))
     out: list[Transfer] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
-        if plan.zero == 0:
-            out.append(Transfer("all-reduce", 1, g * params, group))
-        elif plan.zero < 3:
-            out += [Transfer("reduce-scatter", 1, g * params, group), Transfer("all-gather", 1, w * params, group)]
-        else:
-            n = plan.num_microbatches
-            out += [Transfer("reduce-scatter", n, g * params, group), Transfer("all-gather", 2 * n, w * params, group)]
+        out += [Transfer("all-reduce", where(z == 0, 1, 0), g * params, group),
+                Transfer("reduce-scatter", reduce_calls, g * params, group),
+                Transfer("all-gather", gather_calls, w * params, group)]
     return out
 
 
@@ -143,8 +141,8 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     else:
         kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
     S = ACT_BYTES * s * b * kv_width
-    layers = sum(stage_layers(m, plan, 0))
-    sends = (3 + (1 if plan.recompute == "full" else 0)) * (cp - 1)
+    layers = m.num_hidden_layers // plan.pp
+    sends = (3 + where(plan.full, 1, 0)) * (cp - 1)
     return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
 
 
@@ -154,11 +152,10 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    tokens = s * b / (plan.tp if plan.sp else 1)
+    tokens = s * b / where(plan.sp, plan.tp, 1)
     S = ACT_BYTES * tokens * m.num_experts_per_tok * h
-    _, moe_layers = stage_layers(m, plan, 0)
-    moe_layers = moe_layers or max(stage_layers(m, plan, i)[1] for i in range(plan.pp))
-    per_layer = 4 + (2 if plan.recompute == "full" else 0)
+    _, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
+    per_layer = 4 + where(plan.full, 2, 0)
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]
 
 

@@ -17,13 +17,13 @@ from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-GEMM_HALF_DIM = 128.0  # default curve: efficiency reaches half its best when the smallest GEMM dimension is 128
+GEMM_HALF_DIM = 512.0  # default curve: efficiency reaches half its best when the smallest GEMM dimension is 512
 
 
 def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
     """Achieved fraction of peak for a GEMM whose smallest dimension is d_min.
 
-    Default curve e_max·d/(d + 128), e_max the best measured large-GEMM fraction (reference/formats.md C1:
+    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (reference/formats.md C1:
     A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
     log d). Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:
@@ -139,21 +139,18 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                   last: Any) -> StageCompute:
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
-    forward of the attention core. Attention with fused kernels skips the masked half of the causal scores.
-    Derived: docs/formulas.md#compute.time"""
+    forward of the attention core. Derived: docs/formulas.md#compute.time"""
     peak = gpu.peak_flops(plan.dtype)
-    peak_attn = gpu.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype)
-    e_attn = gpu.max_gemm_fraction("bf16" if plan.dtype == "fp8" else plan.dtype)
+    peak_attn = gpu.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
     passes = 3 + where(plan.full, 1, 0)
     attn_passes = 3 + where(plan.full | plan.selective, 1, 0)
-    causal = where(plan.flash_attention, 0.5, 1.0)
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe and not m.is_moe:
             continue
         fl = layer_flops(m, plan, moe)
         g1 = fl.gemm / (peak * gemm_efficiency(gpu, plan.dtype, _gemm_dims(m, plan, moe)))
-        a1 = fl.attention * causal / (peak_attn * e_attn)
+        a1 = fl.attention / peak_attn
         mb1 = elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s
         gemm = gemm + n * g1 * passes
         attention = attention + n * a1 * attn_passes
@@ -162,7 +159,16 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     s, b = plan.seq_len / plan.cp, plan.micro_batch
     d_logits = minimum(s * b, minimum(m.hidden_size, padded_vocab(m.vocab_size, plan.tp) / plan.tp))
     out = where(last, logits_flops(m, plan) / (peak * gemm_efficiency(gpu, plan.dtype, d_logits)), 0.0)
-    return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound, forward=fwd + out)
+    loss = where(last, loss_bytes(m, plan) / gpu.hbm_bytes_per_s, 0.0)
+    return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,
+                        forward=fwd + out + loss / 3)
+
+
+def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM traffic of the output layer's loss, forward and backward, one micro-batch, one rank: the logits
+    written in bf16, read and turned into fp32 softmax, read again for the loss and the gradient, and the
+    gradient written: about 16 bytes per logit. Derived: docs/formulas.md#compute.memory_bound"""
+    return 16 * plan.seq_len / plan.cp * plan.micro_batch * padded_vocab(m.vocab_size, plan.tp) / plan.tp
 
 
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:

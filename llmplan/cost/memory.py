@@ -16,6 +16,7 @@ from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.units import GIB
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
+ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (reference/formats.md A2)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     act = activation_bytes(m, plan, stage)
     tensors = dense.total + expert.total + act.total
     layers = m.num_hidden_layers / plan.pp
-    gathered = where(plan.zero >= 3, 2 * rp.total / layers * w, 0.0)  # Derived: #mem.other
+    live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
+    gathered = where(plan.zero >= 3, live * w, 0.0)  # Derived: docs/formulas.md#mem.other
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights,

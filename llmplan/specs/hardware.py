@@ -37,6 +37,10 @@ class GpuSpec(BaseModel):
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
     max_gemm_tflops_fp8: float | None = Field(default=None, gt=0)
     """Highest measured fp8 matmul TFLOP/s, if published."""
+    attention_efficiency: float = Field(default=0.5, gt=0, le=1)
+    """Achieved fraction of peak on the attention-score FLOPs counted for MFU (QK^T and AV, no causal
+    halving): about half for fused kernels at long sequences (llm-foundry MPT-760M at 65k tokens reaches
+    0.45 MFU with attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""

@@ -63,25 +63,37 @@ class GroupSpan:
         return f"{self.size} GPUs over {self.nodes} nodes ({self.per_node}/node), {network}{spine}"
 
 
-def rank_grid(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, np.ndarray]:
-    """For each axis, an array (groups, size) of the global ranks of every group."""
+def axis_dims(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, tuple[tuple[int, int], ...]]:
+    """For each axis, the (size, stride) of the rank dimensions its groups run along (dpcp: two dims)."""
     dense_order = [a for a in order if a != "ep"]  # innermost first
     sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
-    shape = [sizes[a] for a in reversed(dense_order)]  # numpy: outermost first
-    ranks = np.arange(plan.num_gpus).reshape(shape)
-    out = {}
-    for axis in DENSE_AXES:
-        k = len(dense_order) - 1 - dense_order.index(axis)
-        out[axis] = np.moveaxis(ranks, k, -1).reshape(-1, sizes[axis])
-    kc = len(dense_order) - 1 - dense_order.index("cp")
-    kd = len(dense_order) - 1 - dense_order.index("dp")
-    out["dpcp"] = np.moveaxis(ranks, [kd, kc], [-2, -1]).reshape(-1, plan.dp * plan.cp)
+    stride, strides = 1, {}
+    for a in dense_order:
+        strides[a] = stride
+        stride *= sizes[a]
     etp, ep = plan.etp_resolved, plan.ep
     edp = plan.num_gpus // (etp * ep * plan.pp)
-    expert = np.arange(plan.num_gpus).reshape(plan.pp, edp, ep, etp)
-    out["ep"] = np.moveaxis(expert, 2, -1).reshape(-1, ep)
-    out["edp"] = np.moveaxis(expert, 1, -1).reshape(-1, edp)
-    return out
+    dims = {a: ((sizes[a], strides[a]),) for a in DENSE_AXES}
+    dims["dpcp"] = ((plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
+    dims["ep"] = ((ep, etp),)
+    dims["edp"] = ((edp, etp * ep),)
+    return dims
+
+
+def groups_of(n_ranks: int, dims: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Array (groups, size): ranks whose coordinates differ only along `dims` form one group."""
+    offsets = np.zeros(1, dtype=np.int64)
+    r = np.arange(n_ranks)
+    base = np.ones(n_ranks, dtype=bool)
+    for size, stride in dims:
+        offsets = (offsets[:, None] + stride * np.arange(size)[None, :]).ravel()
+        base &= (r // stride) % size == 0
+    return r[base][:, None] + offsets[None, :]
+
+
+def rank_grid(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, np.ndarray]:
+    """For each axis, an array (groups, size) of the global ranks of every group."""
+    return {axis: groups_of(plan.num_gpus, dims) for axis, dims in axis_dims(plan, order).items()}
 
 
 def _span(axis: str, groups: np.ndarray, cluster: ClusterSpec) -> GroupSpan:
@@ -107,6 +119,22 @@ def _span(axis: str, groups: np.ndarray, cluster: ClusterSpec) -> GroupSpan:
     )
 
 
+_SPAN_CACHE: dict[tuple, GroupSpan] = {}
+
+
+def axis_span(axis: str, n_ranks: int, dims: tuple[tuple[int, int], ...], cluster: ClusterSpec) -> GroupSpan:
+    """Span of an axis's groups, cached by the rank layout and the node shape (the search asks for the same
+    few layouts many times)."""
+    s = cluster.system
+    key = (axis, n_ranks, dims, cluster.gpus_per_node_used, s.domain_gpus, s.gpus_per_node, s.nodes_per_leaf,
+           s.nics_per_node)
+    if key not in _SPAN_CACHE:
+        if len(_SPAN_CACHE) > 4096:
+            _SPAN_CACHE.clear()
+        _SPAN_CACHE[key] = _span(axis, groups_of(n_ranks, dims), cluster)
+    return _SPAN_CACHE[key]
+
+
 def place(plan: ParallelPlan, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, GroupSpan]:
     """The span of every axis of `plan` on `cluster` (axes: tp, cp, dp, pp, ep, edp, and dpcp: the dp x cp
     group that reduces gradients and shards ZeRO states)."""
@@ -114,7 +142,7 @@ def place(plan: ParallelPlan, cluster: ClusterSpec, order: tuple[str, ...] = DEF
         raise LlmplanError(f"the plan uses {plan.num_gpus} GPUs (tp x pp x cp x dp) but the cluster has "
                            f"{cluster.num_gpus} ({cluster.num_nodes} nodes x {cluster.gpus_per_node_used}); "
                            "its groups cannot be placed")
-    return {axis: _span(axis, groups, cluster) for axis, groups in rank_grid(plan, order).items()}
+    return {axis: axis_span(axis, plan.num_gpus, dims, cluster) for axis, dims in axis_dims(plan, order).items()}
 
 
 def span_of_ranks(ranks: list[int], cluster: ClusterSpec, axis: str = "group") -> GroupSpan:

@@ -1,0 +1,1 @@
+"""Search: enumerate plans as arrays, prune with named rules, evaluate vectorised, rank."""

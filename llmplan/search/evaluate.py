@@ -1,0 +1,86 @@
+"""Vectorised evaluation of many plans: the same cost functions as `llmplan estimate`, on arrays.
+
+Communication is the one part that depends on where groups sit: spans are computed once per distinct
+layout (tp, pp, dp, cp, ep, etp), and each collective's cost is affine in its size per algorithm, so the
+per-plan time is calls x min over algorithms of (alpha + size x beta) with alpha, beta gathered by layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmplan.cost.comm import cp_transfers, dp_transfers, ep_transfers, pp_transfers, tp_transfers
+from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
+from llmplan.search.grid import PlanArrays
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.topology.collectives import collective_coeffs
+from llmplan.topology.placement import DEFAULT_ORDER, place
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    plans: PlanArrays
+    memory: TrainingMemory
+    step: StepTime
+    throughput: Throughput
+
+
+def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
+                    allowance: MemoryAllowance | None = None) -> TrainingMemory:
+    return training_memory(m, plans, cluster.system.gpu.hbm_bytes, allowance)  # type: ignore[arg-type]
+
+
+def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
+                        order: tuple[str, ...] = DEFAULT_ORDER) -> CommSeconds:
+    """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
+    layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved], axis=1)
+    uniq, inv = np.unique(layout, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    spans = [place(ParallelPlan(tp=int(t), pp=int(p), dp=int(d), cp=int(c), ep=int(e), etp=int(x)), cluster, order)
+             for t, p, d, c, e, x in uniq]
+    system = cluster.system
+    coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def seconds(op: str, axis: str, calls: Any, message: Any) -> np.ndarray:
+        if (op, axis) not in coeff_cache:
+            per_layout = [collective_coeffs(op, sp[axis], system) for sp in spans]
+            width = max(len(c) for c in per_layout)
+            A = np.full((len(spans), width), np.inf)
+            B = np.zeros((len(spans), width))
+            for i, cs in enumerate(per_layout):
+                for j, c in enumerate(cs):
+                    A[i, j], B[i, j] = c.alpha, c.beta
+            coeff_cache[(op, axis)] = A, B
+        A, B = coeff_cache[(op, axis)]
+        S = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
+        t = (A[inv] + S[:, None] * B[inv]).min(axis=1)
+        calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
+        return np.where((calls > 0) & (S > 0), calls * t, 0.0)
+
+    def total(transfers: list, axis: str | None = None) -> np.ndarray:
+        return sum((seconds(x.collective, axis or x.group, x.calls, x.message) for x in transfers),
+                   np.zeros(len(plans)))
+
+    dp = dp_transfers(m, plans, "dpcp", "edp")  # type: ignore[arg-type]
+    return CommSeconds(
+        tp=total(tp_transfers(m, plans, "tp")),  # type: ignore[arg-type]
+        pp=total(pp_transfers(m, plans, "pp")),  # type: ignore[arg-type]
+        cp=total(cp_transfers(m, plans, "cp")),  # type: ignore[arg-type]
+        ep=total(ep_transfers(m, plans, "ep")),  # type: ignore[arg-type]
+        dp_reduce=total([x for x in dp if x.collective != "all-gather"]),
+        dp_gather=total([x for x in dp if x.collective == "all-gather"]),
+    )
+
+
+def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None = None,
+             order: tuple[str, ...] = DEFAULT_ORDER, memory: TrainingMemory | None = None) -> Evaluation:
+    """Memory, step time and throughput of every plan (arrays)."""
+    mem = memory if memory is not None else evaluate_memory(m, cluster, plans, allowance)
+    gpu = cluster.system.gpu
+    st = step_time(m, plans, gpu, comm_seconds_arrays(m, cluster, plans, order), mem.params_on_rank)  # type: ignore[arg-type]
+    return Evaluation(plans, mem, st, throughput(plans, gpu, st))  # type: ignore[arg-type]

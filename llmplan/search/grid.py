@@ -1,0 +1,157 @@
+"""Enumerating candidate plans as numpy arrays (one element per plan).
+
+PlanArrays carries the same attribute names as ParallelPlan, as arrays, so the cost functions and the
+check_plan rules evaluate every plan at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from llmplan.specs.check import divisors
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the search holds fixed: the training job and the launcher switches."""
+
+    global_batch: int
+    seq_len: int
+    dtype: str = "bf16"
+    grad_dtype: str = "fp32"
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+
+
+@dataclass(frozen=True)
+class Space:
+    """The values each plan axis may take; a pinned axis has one value."""
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    cp: tuple[int, ...]
+    ep: tuple[int, ...]
+    etp: tuple[str, ...]
+    """'1' (experts not tensor-split) and/or 'tp' (expert TP equal to TP, Megatron's default)."""
+    vpp: tuple[int, ...]
+    sp: tuple[bool, ...]
+    zero: tuple[int, ...]
+    recompute: tuple[str, ...]
+    micro_batch: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod([len(getattr(self, f.name)) for f in fields(self)]))
+
+
+def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[str, Any] | None = None,
+                  max_tp: int | None = None, max_pp: int | None = None, max_cp: int | None = None) -> Space:
+    """Every value worth trying; rules prune the invalid combinations (and are counted)."""
+    n = cluster.num_gpus
+    pins = {k: v for k, v in (pins or {}).items() if v is not None}
+    max_tp = max_tp or cluster.system.domain_gpus
+    max_cp = max_cp or 32
+    values = {
+        "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
+        "pp": tuple(p for p in divisors(m.num_hidden_layers) if p <= min(max_pp or n, n)),
+        "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
+        "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),
+        "etp": ("1", "tp") if m.is_moe else ("tp",),
+        "vpp": (1, 2, 3, 4, 6, 8),
+        "sp": (False, True),
+        "zero": (0, 1, 2, 3),
+        "recompute": RECOMPUTE,
+        "micro_batch": tuple(b for b in (1, 2, 4, 8, 16) if b <= w.global_batch),
+    }
+    for key, value in pins.items():
+        values[key] = (str(value) if key == "etp" else value,)
+    return Space(**values)
+
+
+@dataclass(frozen=True)
+class PlanArrays:
+    """Many plans at once: the ParallelPlan attributes the cost functions read, as arrays."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp_resolved: np.ndarray
+    vpp: np.ndarray
+    sp: np.ndarray
+    zero: np.ndarray
+    recompute_code: np.ndarray
+    micro_batch: np.ndarray
+    w: Workload
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    # Same names and meanings as ParallelPlan's fields and properties.
+    global_batch = property(lambda self: self.w.global_batch)
+    seq_len = property(lambda self: self.w.seq_len)
+    dtype = property(lambda self: self.w.dtype)
+    flash_attention = property(lambda self: self.w.flash_attention)
+    overlap_grad_reduce = property(lambda self: self.w.overlap_grad_reduce)
+    overlap_param_gather = property(lambda self: self.w.overlap_param_gather)
+    tp_comm_overlap = property(lambda self: self.w.tp_comm_overlap)
+    full = property(lambda self: self.recompute_code == 2)
+    selective = property(lambda self: self.recompute_code == 1)
+    num_gpus = property(lambda self: self.tp * self.pp * self.cp * self.dp)
+    zero_shard = property(lambda self: self.dp * self.cp)
+    num_microbatches = property(lambda self: np.maximum(1, self.w.global_batch // (self.micro_batch * self.dp)))
+    weight_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype).weight_bytes)
+    grad_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype, grad_dtype=self.w.grad_dtype).grad_bytes)
+    optimizer_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype).optimizer_bytes)
+
+    def take(self, idx: np.ndarray) -> "PlanArrays":
+        return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "w"}, w=self.w)
+
+    def plan(self, i: int) -> ParallelPlan:
+        """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""
+        w = self.w
+        return ParallelPlan(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
+            etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
+            recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
+            global_batch=w.global_batch, seq_len=w.seq_len, dtype=w.dtype, grad_dtype=w.grad_dtype,
+            flash_attention=w.flash_attention, overlap_grad_reduce=w.overlap_grad_reduce,
+            overlap_param_gather=w.overlap_param_gather, tp_comm_overlap=w.tp_comm_overlap,
+        )
+
+
+def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArrays:
+    """The cartesian product of the space; dp is derived as GPUs // (tp x pp x cp) (rules check it divides)."""
+    axes = [np.asarray(space.tp), np.asarray(space.pp), np.asarray(space.cp), np.asarray(space.ep),
+            np.asarray([1 if e == "1" else 0 for e in space.etp]), np.asarray(space.vpp),
+            np.asarray(space.sp, dtype=bool), np.asarray(space.zero),
+            np.asarray([RECOMPUTE.index(r) for r in space.recompute]), np.asarray(space.micro_batch)]
+    grids = np.meshgrid(*axes, indexing="ij")
+    tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb = (g.ravel() for g in grids)
+    if len(space.etp) > 1:  # with tp = 1, expert tp '1' and 'tp' are the same plan: list it once
+        keep = (etp_one == 1) | (tp > 1)
+        tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb = (a[keep] for a in (tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb))
+    dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
+    return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp_one == 1, 1, tp), vpp=vpp,
+                      sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+
+
+def from_plan(plan: ParallelPlan) -> PlanArrays:
+    """One ParallelPlan as a PlanArrays of length 1 (tests compare both paths with it)."""
+    w = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, dtype=plan.dtype, grad_dtype=plan.grad_dtype,
+                 flash_attention=plan.flash_attention, overlap_grad_reduce=plan.overlap_grad_reduce,
+                 overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap)
+    a = lambda v: np.asarray([v])  # noqa: E731
+    return PlanArrays(tp=a(plan.tp), pp=a(plan.pp), dp=a(plan.dp), cp=a(plan.cp), ep=a(plan.ep),
+                      etp_resolved=a(plan.etp_resolved), vpp=a(plan.vpp), sp=a(plan.sp), zero=a(plan.zero),
+                      recompute_code=a(RECOMPUTE.index(plan.recompute)), micro_batch=a(plan.micro_batch), w=w)

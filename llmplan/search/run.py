@@ -1,0 +1,160 @@
+"""The training search: enumerate -> prune (named rules, counted) -> evaluate (vectorised) -> rank."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
+from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
+from llmplan.specs.check import RULES
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.topology.placement import DEFAULT_ORDER
+from llmplan.units import GIB
+
+OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    rule: str
+    count: int
+    example: str
+
+
+@dataclass
+class SearchResult:
+    considered: int
+    feasible: int
+    pruned: list[Pruned]
+    ranked: list[TrainingEstimate]
+    pareto: list[TrainingEstimate]
+    closest: TrainingEstimate | None = None
+    """When nothing fits: the plan that needs the least memory."""
+    suggestions: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    objective: str = "throughput"
+
+
+def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
+    """Higher is better. Time-to-train and GPU-hours rank like throughput on a fixed cluster."""
+    if objective == "headroom":
+        return np.asarray(ev.memory.headroom, dtype=float)
+    return np.asarray(ev.throughput.tokens_per_s, dtype=float)
+
+
+def _order(score: np.ndarray, plans: PlanArrays) -> np.ndarray:
+    """Deterministic ranking: by score, then by the plan's fields (fewer/lower degrees first)."""
+    keys = (plans.micro_batch, plans.recompute_code, plans.zero, plans.vpp, plans.cp, plans.ep, plans.pp,
+            plans.tp, -np.round(score, 9))
+    return np.lexsort(keys)
+
+
+def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12) -> np.ndarray:
+    """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first)."""
+    order = np.lexsort((-headroom, -throughput))
+    best, out = -np.inf, []
+    for i in order:
+        if headroom[i] > best:
+            out.append(int(i))
+            best = headroom[i]
+    if len(out) > limit:  # keep the ends and an even spread between them
+        pick = np.unique(np.linspace(0, len(out) - 1, limit).round().astype(int))
+        out = [out[j] for j in pick]
+    return np.asarray(out, dtype=int)
+
+
+def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
+           top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
+    """Rank every plan of `space` for training `m` on `cluster`."""
+    t0 = time.perf_counter()
+    say = progress or (lambda _: None)
+    say("enumerating")
+    plans = enumerate_plans(space, cluster, w)
+    considered = len(plans)
+    keep = np.ones(considered, dtype=bool)
+    pruned: list[Pruned] = []
+    say("pruning")
+    for rule in RULES:
+        ok = np.broadcast_to(np.asarray(rule.ok(m, plans, cluster), dtype=bool), keep.shape)
+        cut = keep & ~ok
+        n = int(cut.sum())
+        if n:
+            i = int(np.argmax(cut))
+            pruned.append(Pruned(rule.name, n, rule.message(m, plans.plan(i), cluster)))
+            keep &= ok
+    plans = plans.take(np.flatnonzero(keep))
+    say("evaluating memory")
+    mem = evaluate_memory(m, cluster, plans, allowance)
+    fits = np.asarray(mem.fits, dtype=bool)
+    if not fits.any():
+        return _nothing_fits(m, cluster, plans, mem, considered, pruned, allowance, order, t0, objective)
+    if (~fits).any():
+        i = int(np.argmin(np.where(~fits, mem.total, np.inf)))
+        pruned.append(Pruned("memory", int((~fits).sum()), f"{_describe(plans.plan(i))} needs "
+                             f"{float(mem.total[i]) / GIB:.1f} GiB of {float(mem.capacity) / GIB:.1f} GiB per GPU"))
+    idx = np.flatnonzero(fits)
+    plans = plans.take(idx)
+    say("evaluating step time")
+    ev = evaluate(m, cluster, plans, allowance, order, memory=_take_mem(mem, idx))
+    score = objective_score(ev, objective)
+    ranking = _order(score, plans)
+    say("ranking")
+    est = lambda i: estimate_training(m, cluster, plans.plan(int(i)), allowance, order)  # noqa: E731
+    front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
+    return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
+                        ranked=[est(i) for i in ranking[:top]], pareto=[est(i) for i in front],
+                        seconds=time.perf_counter() - t0, objective=objective)
+
+
+def _take_mem(mem: Any, idx: np.ndarray) -> Any:
+    from llmplan.cost.memory import ActivationBytes, TrainingMemory
+
+    a = mem.activation_parts
+    pick = lambda v: v[idx] if isinstance(v, np.ndarray) and v.shape else v  # noqa: E731
+    return TrainingMemory(
+        stage=pick(mem.stage), params_on_rank=pick(mem.params_on_rank), weights=pick(mem.weights),
+        gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
+        other=pick(mem.other), capacity=mem.capacity,
+        activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output)),
+    )
+
+
+def _describe(p) -> str:
+    return (f"tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp} sp {'on' if p.sp else 'off'} "
+            f"zero {p.zero} recompute {p.recompute} micro-batch {p.micro_batch}")
+
+
+def _nothing_fits(m, cluster, plans, mem, considered, pruned, allowance, order, t0, objective) -> SearchResult:
+    if not len(plans):
+        return SearchResult(considered, 0, pruned, [], [], None, ["no plan passes the rules above; relax the "
+                            "pinned options or change --global-batch / --seq-len"], time.perf_counter() - t0, objective)
+    total = np.asarray(mem.total, dtype=float)
+    i = int(np.argmin(total))
+    closest = estimate_training(m, cluster, plans.plan(i), allowance, order)
+    need, cap = float(total[i]), float(mem.capacity)
+    pruned.append(Pruned("memory", len(plans), f"{_describe(plans.plan(i))} needs {need / GIB:.1f} GiB of "
+                         f"{cap / GIB:.1f} GiB per GPU"))
+    p = closest.plan
+    tips = []
+    if p.recompute != "full":
+        tips.append("allow full recompute (--recompute full)")
+    if p.zero < 3:
+        tips.append("allow ZeRO-3 (--zero 3)")
+    if p.micro_batch > 1:
+        tips.append("a micro-batch of 1")
+    states = float(closest.memory.weights + closest.memory.gradients + closest.memory.optimizer)
+    fixed = need - states
+    if fixed < cap:  # model states shrink about linearly with more GPUs under the closest plan's sharding
+        factor = states / (cap - fixed)
+        tips.append(f"about {int(np.ceil(cluster.num_nodes * factor))} nodes instead of {cluster.num_nodes} "
+                    f"(--nodes), keeping this plan's sharding")
+    else:
+        tips.append("GPUs with more memory, or a shorter --seq-len (activations alone exceed the capacity)")
+    return SearchResult(considered, 0, pruned, [], [], closest, tips, time.perf_counter() - t0, objective)
