@@ -34,7 +34,7 @@ ASSUMPTIONS = {
     "korthikanti2022": "no fused attention (2022); Table 3 settings; predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
-                "not given, micro-batch 1 and no recompute where not given; predicts MFU / model TFLOP/s",
+                "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs, fused attention, bf16 or fp8 as listed, no biases, "
            "ALiBi; predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
@@ -102,6 +102,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype,
         grad_dtype="bf16" if fam == "nemo2407" else "fp32",
+        fp8_params=dtype == "fp8" and rec["id"].startswith("megatron-examples-fp8"),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
         tp_comm_overlap="tp-comm-overlap" in str(par.get("comm_overlap", "")) and tp > 1,
     )

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from llmplan import report
 from llmplan.cost.params import param_counts
-from llmplan.errors import LlmplanError
+from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.planfile import plan_document, save_plan
+from llmplan.search.grid import RECOMPUTE, Workload, default_space
+from llmplan.search.run import OBJECTIVES
+from llmplan.search.run import search as run_search
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
@@ -31,6 +38,26 @@ if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
     out.width = max(out.width, 140)
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document (schema 1) instead of tables.")
+ModelOpt = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json.")
+HardwareOpt = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile.")
+NodesOpt = typer.Option(1, "--nodes", help="Number of nodes.")
+GpusPerNodeOpt = typer.Option(None, "--gpus-per-node", help="GPUs used per node (default: all).")
+SeqOpt = typer.Option(None, "--seq-len", help="Sequence length (default: min(4096, context)).")
+DtypeOpt = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32.")
+GradDtypeOpt = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
+Fp8ParamsOpt = typer.Option(False, "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
+FlashOpt = typer.Option(True, "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
+OgrOpt = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                      help="Hide the DP gradient reduction behind the backward pass.")
+OpgOpt = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+                      help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
+TpcoOpt = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+OverheadOpt = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
+                           help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
+FragOpt = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
+                       help="Allocator fragmentation allowance, fraction of tensor memory.")
+OrderOpt = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
+                        help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
 
 
 def emit(doc: dict, json_mode: bool, view) -> None:
@@ -58,10 +85,10 @@ def hardware(json_mode: bool = JsonOpt) -> None:
 
 @app.command()
 def estimate(
-    model: str = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json."),
-    hardware: str = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile."),
-    nodes: int = typer.Option(1, "--nodes", help="Number of nodes."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs used per node (default: all)."),
+    model: str = ModelOpt,
+    hardware: str = HardwareOpt,
+    nodes: int = NodesOpt,
+    gpus_per_node: Optional[int] = GpusPerNodeOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
@@ -74,24 +101,18 @@ def estimate(
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: micro-batch x dp)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: min(4096, context))."),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32."),
-    grad_dtype: str = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16."),
-    flash_attention: bool = typer.Option(True, "--flash-attention/--no-flash-attention",
-                                         help="Fused attention that stores no s x s scores."),
-    overhead_gib: float = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
-                                       help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces)."),
-    fragmentation: float = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
-                                        help="Allocator fragmentation allowance, fraction of tensor memory."),
-    overlap_grad_reduce: bool = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
-                                             help="Hide the DP gradient reduction behind the backward pass."),
-    overlap_param_gather: bool = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
-                                              help="Hide the ZeRO/distributed-optimizer weight gather behind forward."),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
-                                         help="Overlap TP communication with GEMMs (needs sp)."),
+    seq_len: Optional[int] = SeqOpt,
+    dtype: str = DtypeOpt,
+    grad_dtype: str = GradDtypeOpt,
+    fp8_params: bool = Fp8ParamsOpt,
+    flash_attention: bool = FlashOpt,
+    overlap_grad_reduce: bool = OgrOpt,
+    overlap_param_gather: bool = OpgOpt,
+    tp_comm_overlap: bool = TpcoOpt,
+    overhead_gib: float = OverheadOpt,
+    fragmentation: float = FragOpt,
     mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
-    axis_order: str = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
-                                   help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp)."),
+    axis_order: str = OrderOpt,
     json_mode: bool = JsonOpt,
 ) -> None:
     """Memory per GPU of one training plan."""
@@ -109,7 +130,7 @@ def estimate(
         "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
         "micro_batch": micro_batch, "global_batch": global_batch or micro_batch * dp, "seq_len": seq,
-        "dtype": dtype, "grad_dtype": grad_dtype, "flash_attention": flash_attention,
+        "dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
         "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
         "tp_comm_overlap": tp_comm_overlap,
     }, "plan options")
@@ -117,6 +138,111 @@ def estimate(
                       "memory allowance options")
     e = estimate_training(m, cluster, plan, allowance, order)
     emit(report.estimate_json(e), json_mode, lambda: report.estimate_view(out, e))
+
+
+@app.command()
+def search(
+    model: str = ModelOpt,
+    hardware: str = HardwareOpt,
+    nodes: int = NodesOpt,
+    gpus_per_node: Optional[int] = GpusPerNodeOpt,
+    mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step."),
+    batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
+                                               help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
+    seq_len: Optional[int] = SeqOpt,
+    dtype: str = DtypeOpt,
+    grad_dtype: str = GradDtypeOpt,
+    fp8_params: bool = Fp8ParamsOpt,
+    flash_attention: bool = FlashOpt,
+    overlap_grad_reduce: bool = OgrOpt,
+    overlap_param_gather: bool = OpgOpt,
+    tp_comm_overlap: bool = TpcoOpt,
+    tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline stages."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Pin the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", help="Pin expert TP to 1 (--etp 1) or leave it to the search."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin the virtual pipeline stages."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Pin the micro-batch."),
+    max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Largest TP to try (default: the NVLink domain)."),
+    max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Largest PP to try."),
+    max_cp: Optional[int] = typer.Option(None, "--max-cp", help="Largest CP to try (default 32)."),
+    no_cp: bool = typer.Option(False, "--no-cp", help="Do not use context parallelism."),
+    objective: str = typer.Option("throughput", "--objective",
+                                  help="throughput | time-to-train | gpu-hours | headroom."),
+    train_tokens: str = typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
+    top: int = typer.Option(5, "--top", help="How many plans to show."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
+    overhead_gib: float = OverheadOpt,
+    fragmentation: float = FragOpt,
+    axis_order: str = OrderOpt,
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Rank every way to run a training job on a cluster (exit 3 when none fits)."""
+    if mode != "train":
+        raise LlmplanError(f"--mode {mode} is not available yet; only --mode train is implemented")
+    if objective not in OBJECTIVES:
+        raise LlmplanError(f"--objective {objective}: use one of {', '.join(OBJECTIVES)}")
+    if top < 1:
+        raise LlmplanError(f"--top ({top}) must be at least 1")
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise LlmplanError(f"--recompute {recompute}: use none, selective or full")
+    if zero is not None and not 0 <= zero <= 3:
+        raise LlmplanError(f"--zero {zero}: ZeRO stages are 0, 1, 2 and 3")
+    m = resolve_model(model)
+    cluster = make_cluster(hardware, nodes, gpus_per_node)
+    order = parse_order(axis_order)
+    seq = seq_len or min(4096, m.max_position_embeddings)
+    if global_batch is None:
+        tokens = parse_size(batch_tokens or "4Mi") if batch_tokens else 4 * 1024**2
+        global_batch = max(1, round(tokens / seq))
+    if global_batch < 1:
+        raise LlmplanError(f"--global-batch ({global_batch}) must be at least 1")
+    w = Workload(
+        global_batch=global_batch, seq_len=seq, dtype=dtype, grad_dtype=grad_dtype, fp8_params=fp8_params,
+        flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
+    build(ParallelPlan, {"dtype": dtype, "grad_dtype": grad_dtype, "seq_len": seq, "global_batch": global_batch},
+          "workload options")
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("etp", etp), ("vpp", vpp),
+                        ("micro-batch", micro_batch), ("nodes", nodes)):
+        if value is not None and value < 1:
+            raise LlmplanError(f"--{name} ({value}) must be at least 1")
+    pins = {"tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
+            "vpp": vpp, "sp": sp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch}
+    space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
+    allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                      "memory allowance options")
+    with progress_bar(not json_mode) as say:
+        res = run_search(m, cluster, space, w, objective, top, allowance, order, progress=say)
+    doc = report.search_json(res, w, cluster, m, parse_size(train_tokens))
+    emit(doc, json_mode, lambda: report.search_view(out, res, w, cluster, m, parse_size(train_tokens)))
+    if not res.ranked:
+        sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
+                         + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")
+        raise typer.Exit(EXIT_NO_FIT)
+    if save is not None:
+        best = res.ranked[0]
+        save_plan(save, plan_document(best, allowance, order, report.estimate_json(best)), force=force)
+        if not json_mode:
+            out.print(f"saved the best plan to {save}")
+
+
+@contextmanager
+def progress_bar(enabled: bool):
+    """A rich progress bar on a terminal (quiet with --json or when piped)."""
+    if not (enabled and out.is_terminal):
+        yield lambda _step: None
+        return
+    steps = ("enumerating", "pruning", "evaluating memory", "evaluating step time", "ranking")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
+        task = bar.add_task("searching", total=len(steps))
+        yield lambda step: bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):

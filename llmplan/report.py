@@ -12,6 +12,8 @@ from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.estimate import TrainingEstimate
+from llmplan.search.grid import Workload
+from llmplan.search.run import SearchResult
 from llmplan.cost.params import ParamCounts
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -258,3 +260,79 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
                       f"short by {gib(-mem.headroom)} GiB")
+
+
+# --- search --------------------------------------------------------------------------------------------------
+
+
+def plan_cells(p: ParallelPlan) -> list[str]:
+    etp = f"/{p.etp_resolved}" if p.ep > 1 else ""
+    return [str(p.tp), str(p.pp), str(p.dp), str(p.cp), f"{p.ep}{etp}", str(p.vpp), "on" if p.sp else "off",
+            str(p.zero), p.recompute, str(p.micro_batch)]
+
+
+PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
+
+
+def ranked_table(title: str, rows: list[TrainingEstimate]) -> Table:
+    t = Table(title=title)
+    for col in ["#", *PLAN_HEAD, "mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"]:
+        t.add_column(col, justify="left" if col in ("recompute", "bottleneck") else "right")
+    for i, e in enumerate(rows, 1):
+        m, tp = e.memory, e.throughput
+        t.add_row(str(i), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
+                  f"{float(tp.tokens_per_s):,.0f}", f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+    return t
+
+
+def pruned_table(res: SearchResult) -> Table:
+    t = Table(title=f"Pruned: {res.considered - res.feasible:,} of {res.considered:,} plans")
+    t.add_column("rule")
+    t.add_column("plans cut", justify="right")
+    t.add_column("example")
+    for p in res.pruned:
+        t.add_row(p.rule, f"{p.count:,}", p.example)
+    return t
+
+
+def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, float]:
+    seconds = train_tokens / float(e.throughput.tokens_per_s)
+    return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
+            "gpu_hours": seconds * e.cluster.num_gpus / 3600}
+
+
+def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
+                train_tokens: float) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "mode": "train", "model": model.name, "hardware": cluster.system.name,
+        "nodes": cluster.num_nodes, "gpus": cluster.num_gpus, "objective": res.objective,
+        "workload": {"global_batch": w.global_batch, "seq_len": w.seq_len, "dtype": w.dtype},
+        "considered": res.considered, "feasible": res.feasible,
+        "pruned": {p.rule: p.count for p in res.pruned},
+        "pruned_examples": {p.rule: p.example for p in res.pruned},
+        "search_s": res.seconds,
+        "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens)}
+                  for i, e in enumerate(res.ranked, 1)],
+        "pareto": [estimate_json(e) for e in res.pareto],
+        **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
+    }
+
+
+def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
+                train_tokens: float) -> None:
+    console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
+                  f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
+    console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
+    if res.ranked:
+        console.print(ranked_table("Best plans", res.ranked))
+        b = budget_json(res.ranked[0], train_tokens)
+        console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
+                      f"{b['gpu_hours']:,.0f} GPU-hours")
+        console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",
+                                   res.pareto))
+    console.print(pruned_table(res))
+    if res.closest is not None:
+        e = res.closest
+        console.print(f"[bold red]NO PLAN FITS[/]. Closest: {' '.join(f'{h} {c}' for h, c in zip(PLAN_HEAD, plan_cells(e.plan)))} "
+                      f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
+        console.print("It would fit with: " + "; ".join(res.suggestions))

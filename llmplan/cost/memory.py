@@ -66,7 +66,19 @@ def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, s
     replicated = 10 * s * b * h / sp
     no_scores = plan.flash_attention | plan.selective if scores else plan.flash_attention
     score_bytes = where(no_scores, 0.0, 5 * a * s * s * b / t)
-    return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe)
+    return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe) - _fp8_saving(m, plan, moe)
+
+
+def _fp8_saving(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """fp8 training saves the fp8 casts of the GEMM inputs for backward (1 byte instead of 2): the QKV and
+    fc1 inputs (h each), the output-projection input (a·d_v/t) and the fc2 input (f/t) of every token.
+    Derived: docs/formulas.md#mem.activations (Transformer Engine keeps the fp8 tensors it multiplied)."""
+    if plan.dtype != "fp8":
+        return 0.0
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    d_v = m.v_head_dim if m.is_mla else m.d_head
+    return s * b * (2 * h / where(plan.sp, t, 1) + (m.num_attention_heads * d_v + f) / t)
 
 
 def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:

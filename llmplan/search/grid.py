@@ -26,6 +26,7 @@ class Workload:
     seq_len: int
     dtype: str = "bf16"
     grad_dtype: str = "fp32"
+    fp8_params: bool = False
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -110,7 +111,7 @@ class PlanArrays:
     num_gpus = property(lambda self: self.tp * self.pp * self.cp * self.dp)
     zero_shard = property(lambda self: self.dp * self.cp)
     num_microbatches = property(lambda self: np.maximum(1, self.w.global_batch // (self.micro_batch * self.dp)))
-    weight_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype).weight_bytes)
+    weight_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype, fp8_params=self.w.fp8_params).weight_bytes)
     grad_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype, grad_dtype=self.w.grad_dtype).grad_bytes)
     optimizer_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype).optimizer_bytes)
 
@@ -125,7 +126,7 @@ class PlanArrays:
             etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
             recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
             global_batch=w.global_batch, seq_len=w.seq_len, dtype=w.dtype, grad_dtype=w.grad_dtype,
-            flash_attention=w.flash_attention, overlap_grad_reduce=w.overlap_grad_reduce,
+            fp8_params=w.fp8_params, flash_attention=w.flash_attention, overlap_grad_reduce=w.overlap_grad_reduce,
             overlap_param_gather=w.overlap_param_gather, tp_comm_overlap=w.tp_comm_overlap,
         )
 
@@ -149,7 +150,7 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
 def from_plan(plan: ParallelPlan) -> PlanArrays:
     """One ParallelPlan as a PlanArrays of length 1 (tests compare both paths with it)."""
     w = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, dtype=plan.dtype, grad_dtype=plan.grad_dtype,
-                 flash_attention=plan.flash_attention, overlap_grad_reduce=plan.overlap_grad_reduce,
+                 fp8_params=plan.fp8_params, flash_attention=plan.flash_attention, overlap_grad_reduce=plan.overlap_grad_reduce,
                  overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap)
     a = lambda v: np.asarray([v])  # noqa: E731
     return PlanArrays(tp=a(plan.tp), pp=a(plan.pp), dp=a(plan.dp), cp=a(plan.cp), ep=a(plan.ep),

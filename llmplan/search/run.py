@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
@@ -48,18 +49,22 @@ def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
     return np.asarray(ev.throughput.tokens_per_s, dtype=float)
 
 
-def _order(score: np.ndarray, plans: PlanArrays) -> np.ndarray:
-    """Deterministic ranking: by score, then by the plan's fields (fewer/lower degrees first)."""
+def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.ndarray:
+    """Deterministic ranking: by score, then more memory headroom, then the plan's fields (lower first)."""
     keys = (plans.micro_batch, plans.recompute_code, plans.zero, plans.vpp, plans.cp, plans.ep, plans.pp,
-            plans.tp, -np.round(score, 9))
+            plans.tp, -np.round(headroom / GIB, 3), -np.round(score, 9))
     return np.lexsort(keys)
 
 
-def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12) -> np.ndarray:
-    """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first)."""
+def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
+    """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
+    among plans with at least `within` x the best throughput."""
     order = np.lexsort((-headroom, -throughput))
     best, out = -np.inf, []
+    floor = within * throughput.max()
     for i in order:
+        if throughput[i] < floor:
+            break
         if headroom[i] > best:
             out.append(int(i))
             best = headroom[i]
@@ -90,11 +95,16 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
             pruned.append(Pruned(rule.name, n, rule.message(m, plans.plan(i), cluster)))
             keep &= ok
     plans = plans.take(np.flatnonzero(keep))
+    if not len(plans):
+        worst = pruned[::-1][:3]  # the rules that cut the last remaining plans come last
+        raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
+                                                                   for p in worst)
+                           + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     say("evaluating memory")
     mem = evaluate_memory(m, cluster, plans, allowance)
     fits = np.asarray(mem.fits, dtype=bool)
     if not fits.any():
-        return _nothing_fits(m, cluster, plans, mem, considered, pruned, allowance, order, t0, objective)
+        return _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective)
     if (~fits).any():
         i = int(np.argmin(np.where(~fits, mem.total, np.inf)))
         pruned.append(Pruned("memory", int((~fits).sum()), f"{_describe(plans.plan(i))} needs "
@@ -104,7 +114,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     say("evaluating step time")
     ev = evaluate(m, cluster, plans, allowance, order, memory=_take_mem(mem, idx))
     score = objective_score(ev, objective)
-    ranking = _order(score, plans)
+    ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")
     est = lambda i: estimate_training(m, cluster, plans.plan(int(i)), allowance, order)  # noqa: E731
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
@@ -131,30 +141,27 @@ def _describe(p) -> str:
             f"zero {p.zero} recompute {p.recompute} micro-batch {p.micro_batch}")
 
 
-def _nothing_fits(m, cluster, plans, mem, considered, pruned, allowance, order, t0, objective) -> SearchResult:
-    if not len(plans):
-        return SearchResult(considered, 0, pruned, [], [], None, ["no plan passes the rules above; relax the "
-                            "pinned options or change --global-batch / --seq-len"], time.perf_counter() - t0, objective)
+def _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective) -> SearchResult:
     total = np.asarray(mem.total, dtype=float)
     i = int(np.argmin(total))
     closest = estimate_training(m, cluster, plans.plan(i), allowance, order)
     need, cap = float(total[i]), float(mem.capacity)
     pruned.append(Pruned("memory", len(plans), f"{_describe(plans.plan(i))} needs {need / GIB:.1f} GiB of "
                          f"{cap / GIB:.1f} GiB per GPU"))
-    p = closest.plan
-    tips = []
-    if p.recompute != "full":
-        tips.append("allow full recompute (--recompute full)")
-    if p.zero < 3:
-        tips.append("allow ZeRO-3 (--zero 3)")
-    if p.micro_batch > 1:
-        tips.append("a micro-batch of 1")
-    states = float(closest.memory.weights + closest.memory.gradients + closest.memory.optimizer)
-    fixed = need - states
-    if fixed < cap:  # model states shrink about linearly with more GPUs under the closest plan's sharding
-        factor = states / (cap - fixed)
-        tips.append(f"about {int(np.ceil(cluster.num_nodes * factor))} nodes instead of {cluster.num_nodes} "
-                    f"(--nodes), keeping this plan's sharding")
+    tips = []  # savings the search was not allowed to try (pinned options), then more nodes
+    if "full" not in space.recompute:
+        tips.append("full recompute (unpin --recompute)")
+    if 3 not in space.zero:
+        tips.append("ZeRO-3 (unpin --zero)")
+    if 1 not in space.micro_batch:
+        tips.append("a micro-batch of 1 (unpin --micro-batch)")
+    mem_c = closest.memory
+    states = float(mem_c.weights + mem_c.gradients + mem_c.optimizer)
+    frag = (allowance or MemoryAllowance()).fragmentation
+    room = cap / (1 + frag) - float(mem_c.activations) - (allowance or MemoryAllowance()).fixed_gib * GIB
+    if room > 0:  # model states shrink about linearly with more GPUs (more pp / dp sharding)
+        tips.append(f"about {int(np.ceil(cluster.num_nodes * states / room))} nodes instead of "
+                    f"{cluster.num_nodes} (--nodes)")
     else:
         tips.append("GPUs with more memory, or a shorter --seq-len (activations alone exceed the capacity)")
     return SearchResult(considered, 0, pruned, [], [], closest, tips, time.perf_counter() - t0, objective)

@@ -54,6 +54,8 @@ class ParallelPlan(BaseModel):
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
+    fp8_params: bool = False
+    """With dtype fp8, keep the model's weight copy in fp8 (Megatron --fp8-param-gather, NeMo fp8_params)."""
     overlap_grad_reduce: bool = True
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
@@ -76,9 +78,9 @@ class ParallelPlan(BaseModel):
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes per weight in the model copy: bf16 for bf16/fp16/fp8 training (Transformer Engine keeps fp8
-        copies transiently), fp32 for fp32 training."""
-        return 4.0 if self.dtype == "fp32" else 2.0
+        """Bytes per weight in the model copy: bf16 for bf16/fp16 training and for fp8 training unless fp8_params
+        (Transformer Engine otherwise keeps fp8 copies only transiently), fp32 for fp32 training."""
+        return 4.0 if self.dtype == "fp32" else (1.0 if self.dtype == "fp8" and self.fp8_params else 2.0)
 
     @property
     def grad_bytes(self) -> float:

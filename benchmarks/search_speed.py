@@ -1,0 +1,68 @@
+"""Search speed: plans evaluated per second and wall time of three large searches (not a test).
+
+    python benchmarks/search_speed.py [--repeat 3]
+
+Cases (issue 4): gpt3-175b on 1024 A100 (128 x dgx-a100, global batch 1536, seq 2048); llama-3.1-405b on
+16384 H100 (2048 x dgx-h100, seq 8192, 16M tokens per batch); deepseek-v3 on 2048 H800 with EP (256 x
+dgx-h800, seq 4096, global batch 4096). Each time is the whole `search()` call: enumerate, prune, evaluate
+memory and step time, rank, and the scalar re-estimate of the shown plans. A rich progress bar runs on a
+terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from llmplan.search.grid import Workload, default_space, enumerate_plans
+from llmplan.search.run import search
+from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.registry import resolve_model, resolve_system
+
+CASES = [
+    ("gpt3-175b", "dgx-a100", 128, 1536, 2048),
+    ("llama-3.1-405b", "dgx-h100", 2048, 16 * 1024**2 // 8192, 8192),
+    ("deepseek-v3", "dgx-h800", 256, 4096, 4096),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    table = Table(title=f"llmplan search speed (best of {args.repeat}; {os.cpu_count()} CPUs visible, numpy single-threaded ops)")
+    for col in ("case", "GPUs", "plans", "feasible", "wall s", "plans/s", "best plan", "MFU"):
+        table.add_column(col, justify="left" if col in ("case", "best plan") else "right")
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("searching", total=len(CASES) * args.repeat)
+        for model, system, nodes, gbs, seq in CASES:
+            m, s = resolve_model(model), resolve_system(system)
+            cluster = ClusterSpec(system=s, num_nodes=nodes)
+            w = Workload(global_batch=gbs, seq_len=seq)
+            space = default_space(m, cluster, w)
+            best_t, res = float("inf"), None
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                res = search(m, cluster, space, w, top=5)
+                best_t = min(best_t, time.perf_counter() - t0)
+                bar.advance(task)
+            n = len(enumerate_plans(space, cluster, w))
+            p = res.ranked[0].plan if res.ranked else None
+            desc = (f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} ep{p.ep} vpp{p.vpp} z{p.zero} {p.recompute} mb{p.micro_batch}"
+                    if p else "none fits")
+            mfu = f"{100 * float(res.ranked[0].throughput.mfu):.1f}%" if res.ranked else "-"
+            table.add_row(f"{model} / {system}", f"{cluster.num_gpus:,}", f"{n:,}", f"{res.feasible:,}",
+                          f"{best_t:.2f}", f"{n / best_t:,.0f}", desc, mfu)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Plan files (`search --save plan.json`): the chosen plan with its model, hardware, workload and
+predictions, in one JSON document that export, bench and check read back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from llmplan import __version__
+from llmplan.errors import LlmplanError
+from llmplan.estimate import TrainingEstimate
+from llmplan.fileio import write_atomic
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import build, read_document
+
+PLAN_SCHEMA = 1
+KIND = "llmplan-plan"
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    allowance: MemoryAllowance
+    axis_order: tuple[str, ...]
+    mode: str
+    predictions: dict[str, Any]
+    path: Path | None = None
+
+
+def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
+                  predictions: dict[str, Any]) -> dict[str, Any]:
+    c = e.cluster
+    return {
+        "schema": PLAN_SCHEMA, "kind": KIND, "mode": "train", "llmplan_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": e.model.model_dump(mode="json"),
+        "hardware": c.system.model_dump(mode="json"),
+        "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
+        "axis_order": "-".join(order),
+        "allowance": allowance.model_dump(mode="json"),
+        "plan": e.plan.model_dump(mode="json"),
+        "predictions": predictions,
+    }
+
+
+def save_plan(path: Path, doc: dict[str, Any], force: bool = False) -> None:
+    write_atomic(Path(path), json.dumps(doc, indent=2) + "\n", force=force)
+
+
+def load_plan(path: Path) -> PlanFile:
+    """Read a plan file; any problem (wrong kind, schema, invalid spec or plan) is one clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise LlmplanError(f"plan file {path} does not exist")
+    doc = read_document(path)
+    if doc.get("kind") != KIND:
+        raise LlmplanError(f"{path}: not an llmplan plan file (kind is {doc.get('kind')!r}, expected '{KIND}'); "
+                           "create one with `llmplan search ... --save plan.json`")
+    if doc.get("schema") != PLAN_SCHEMA:
+        raise LlmplanError(f"{path}: plan file schema {doc.get('schema')!r} is not supported (this llmplan reads "
+                           f"schema {PLAN_SCHEMA}); re-create it with `llmplan search --save`")
+    for key in ("model", "hardware", "nodes", "plan"):
+        if key not in doc:
+            raise LlmplanError(f"{path}: missing key '{key}'")
+    model = build(ModelSpec, doc["model"], f"{path} (model)")
+    system = build(SystemSpec, doc["hardware"], f"{path} (hardware)")
+    cluster = build(ClusterSpec, {"system": system, "num_nodes": doc["nodes"],
+                                  "gpus_per_node": doc.get("gpus_per_node")}, f"{path} (cluster)")
+    plan = build(ParallelPlan, doc["plan"], f"{path} (plan)")
+    allowance = build(MemoryAllowance, doc.get("allowance", {}), f"{path} (allowance)")
+    order = tuple(str(doc.get("axis_order", "tp-cp-ep-dp-pp")).split("-"))
+    return PlanFile(model, cluster, plan, allowance, order, str(doc.get("mode", "train")),
+                    doc.get("predictions", {}), path)

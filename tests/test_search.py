@@ -1,0 +1,158 @@
+"""The training search: vectorised evaluation agrees with the scalar cost functions, results are
+deterministic, ranked plans pass check_plan, and the CLI contract (JSON, --save, exit codes) holds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmplan.estimate import estimate_training
+from llmplan.search.evaluate import evaluate
+from llmplan.search.grid import Workload, default_space, enumerate_plans, from_plan
+from llmplan.search.run import search
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+M = builtin_models()
+S = builtin_systems()
+CASES = [("llama-3.1-8b", "dgx-h100", 2), ("mixtral-8x7b", "dgx-h100", 4), ("deepseek-v3", "dgx-h800", 32),
+         ("gpt3-175b", "dgx-a100", 16), ("qwen3-30b-a3b", "gb200-nvl72", 18), ("gpt-oss-120b", "mi300x-8", 2)]
+
+
+@st.composite
+def valid_plan(draw):
+    name, system, nodes = draw(st.sampled_from(CASES))
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
+                 dtype=draw(st.sampled_from(["bf16", "fp8"])) if "a100" not in system else "bf16",
+                 flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()))
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    for _ in range(200):  # draw until a plan passes every rule
+        i = draw(st.integers(0, len(plans) - 1))
+        plan = plans.plan(i)
+        if not check_plan(m, plan, cluster):
+            return m, cluster, plan
+    return None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(valid_plan())
+def test_vectorised_agrees_with_scalar(case):
+    if case is None:
+        return
+    m, cluster, plan = case
+    scalar = estimate_training(m, cluster, plan)
+    vec = evaluate(m, cluster, from_plan(plan))
+    for a, b in [(scalar.memory.total, vec.memory.total[0]), (scalar.time.total, vec.step.total[0]),
+                 (scalar.time.comm_exposed, vec.step.comm_exposed[0]), (scalar.throughput.mfu, vec.throughput.mfu[0])]:
+        assert float(b) == pytest.approx(float(a), rel=1e-9, abs=1e-12)
+
+
+def test_time_parts_sum_to_step():
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=8)
+    w = Workload(global_batch=256, seq_len=4096)
+    res = search(m, cluster, default_space(m, cluster, w), w, top=5)
+    for e in res.ranked:
+        t = e.time
+        assert t.compute + t.bubble + t.comm_exposed + t.optimizer == pytest.approx(t.total)
+        assert sum(t.exposed.values()) == pytest.approx(t.comm_exposed)
+        assert 0 < float(e.throughput.mfu) <= float(e.throughput.hfu) < 1
+
+
+def test_search_is_deterministic_and_ranked_plans_pass_check_plan():
+    m, cluster = M["mixtral-8x7b"], ClusterSpec(system=S["dgx-h100"], num_nodes=4)
+    w = Workload(global_batch=512, seq_len=4096)
+    space = default_space(m, cluster, w)
+    a = search(m, cluster, space, w, top=8)
+    b = search(m, cluster, space, w, top=8)
+    assert [e.plan for e in a.ranked] == [e.plan for e in b.ranked]
+    tps = [float(e.throughput.tokens_per_s) for e in a.ranked]
+    assert tps == sorted(tps, reverse=True)
+    for e in a.ranked + a.pareto:
+        assert check_plan(m, e.plan, cluster) == []
+        assert bool(e.memory.fits)
+    assert a.considered == len(enumerate_plans(space, cluster, w))
+    assert a.considered - a.feasible == sum(p.count for p in a.pruned)
+
+
+def test_pins_are_respected():
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=8)
+    w = Workload(global_batch=256, seq_len=4096)
+    res = search(m, cluster, default_space(m, cluster, w, {"tp": 8, "recompute": "selective"}, max_pp=4), w)
+    assert all(e.plan.tp == 8 and e.plan.recompute == "selective" and e.plan.pp <= 4 for e in res.ranked)
+
+
+def test_pareto_front_is_not_dominated():
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-a100"], num_nodes=2)
+    w = Workload(global_batch=128, seq_len=4096)
+    res = search(m, cluster, default_space(m, cluster, w), w)
+    pts = [(float(e.throughput.tokens_per_s), float(e.memory.headroom)) for e in res.pareto]
+    for i, (t1, h1) in enumerate(pts):
+        for j, (t2, h2) in enumerate(pts):
+            if i != j:
+                assert not (t2 >= t1 and h2 >= h1 and (t2 > t1 or h2 > h1))
+
+
+def test_search_cli_json_and_save(cli, tmp_path):
+    out = tmp_path / "plan.json"
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--global-batch", "128",
+            "--json", "--save", out)
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == 1 and doc["considered"] > doc["feasible"] > 0
+    assert set(doc["pruned"]) >= {"vpp_layers", "gpus_model_parallel"}
+    best = doc["plans"][0]
+    assert best["rank"] == 1 and {"plan", "memory", "time", "throughput", "comm"} <= set(best)
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "llmplan-plan" and saved["plan"]["tp"] == best["plan"]["tp"]
+    assert saved["predictions"]["time"]["step_s"] == pytest.approx(best["time"]["step_s"])
+    again = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--global-batch",
+                "128", "--save", out)
+    assert again.code == 2 and "already exists; pass --force" in again.err
+    forced = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--global-batch",
+                 "128", "--save", out, "--force")
+    assert forced.code == 0 and "saved the best plan" in forced.out
+
+
+def test_search_table(cli):
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8")
+    assert r.code == 0
+    for text in ("Best plans", "Pareto front", "Pruned:", "bottleneck", "GPU-hours"):
+        assert text in r.out
+
+
+def test_nothing_fits_exits_3_with_advice(cli):
+    r = cli("search", "--model", "llama-3.1-405b", "--hardware", "dgx-a100-40gb", "--nodes", "1",
+            "--global-batch", "16", "--json")
+    assert r.code == 3
+    doc = r.json()
+    assert doc["plans"] == [] and doc["closest"]["memory"]["fits"] is False
+    assert any("nodes" in s for s in doc["suggestions"])
+    assert "no plan fits llama-3.1-405b" in r.err and "nodes" in r.err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--global-batch", "7", "--tp", "1", "--pp", "1", "--cp", "1"], "no plan passes the rules: global_batch"),
+    (["--nodes", "0"], "field 'num_nodes'"),
+    (["--objective", "fastest"], "--objective fastest"),
+    (["--recompute", "partial"], "--recompute partial"),
+    (["--tp", "0"], "--tp (0) must be at least 1"),
+])
+def test_search_bad_input(cli, args, needle):
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", *args)
+    assert r.code == 2, r.out
+    assert needle in r.err
+
+
+def test_large_search_counts_match_space():
+    """Every enumerated plan is either pruned by a named rule or feasible (memory included)."""
+    m, cluster = M["deepseek-v3"], ClusterSpec(system=S["dgx-h800"], num_nodes=32)
+    w = Workload(global_batch=1024, seq_len=4096)
+    res = search(m, cluster, default_space(m, cluster, w), w)
+    assert res.considered == res.feasible + sum(p.count for p in res.pruned)
+    assert np.isfinite([float(e.time.total) for e in res.ranked]).all()
