@@ -19,7 +19,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from llmplan import report
 from llmplan.cost.params import param_counts
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.planfile import plan_document, save_plan
+from llmplan.planfile import plan_document, save_plan, serve_plan_document
+from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
+from llmplan.serving import estimate_serving
+from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import OBJECTIVES
 from llmplan.search.run import search as run_search
@@ -56,6 +59,15 @@ OverheadOpt = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FragOpt = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                        help="Allocator fragmentation allowance, fraction of tensor memory.")
+InputLenOpt = typer.Option(1024, "--input-len", help="Inference: prompt tokens per request.")
+OutputLenOpt = typer.Option(256, "--output-len", help="Inference: generated tokens per request.")
+KvDtypeOpt = typer.Option("bf16", "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
+TtftOpt = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
+TpotOpt = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
+PrefixOpt = typer.Option(0.0, "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
+UtilOpt = typer.Option(0.9, "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
+BlockOpt = typer.Option(16, "--block-size", help="Inference: tokens per KV block.")
+MaxTokOpt = typer.Option(8192, "--max-num-batched-tokens", help="Inference: tokens per engine step.")
 OrderOpt = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                         help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
 
@@ -111,14 +123,39 @@ def estimate(
     tp_comm_overlap: bool = TpcoOpt,
     overhead_gib: float = OverheadOpt,
     fragmentation: float = FragOpt,
-    mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
+    mode: str = typer.Option("train", "--mode", help="train | infer."),
+    input_len: int = InputLenOpt,
+    output_len: int = OutputLenOpt,
+    batch: int = typer.Option(64, "--batch", help="Inference: concurrent sequences per replica."),
+    kv_dtype: str = KvDtypeOpt,
+    ttft_slo: Optional[float] = TtftOpt,
+    tpot_slo: Optional[float] = TpotOpt,
+    prefix_hit_rate: float = PrefixOpt,
+    gpu_memory_utilization: float = UtilOpt,
+    block_size: int = BlockOpt,
+    max_num_batched_tokens: int = MaxTokOpt,
     axis_order: str = OrderOpt,
     json_mode: bool = JsonOpt,
 ) -> None:
-    """Memory per GPU of one training plan."""
-    if mode != "train":
-        raise LlmplanError(f"--mode {mode} is not available yet; only --mode train is implemented")
+    """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
+    TTFT, TPOT and throughput of one serving plan."""
+    if mode not in ("train", "infer"):
+        raise LlmplanError(f"--mode {mode}: use train or infer")
     m = resolve_model(model)
+    if mode == "infer":
+        cluster = make_cluster(hardware, nodes, gpus_per_node)
+        plan = build(ServePlan, {"tp": tp, "pp": pp, "dp": dp or max(1, cluster.num_gpus // (tp * pp)), "ep": ep,
+                                 "weight_dtype": dtype, "kv_dtype": kv_dtype}, "serving plan options")
+        job = make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, gpu_memory_utilization,
+                       block_size, max_num_batched_tokens)
+        allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                          "memory allowance options")
+        se = estimate_serving(m, cluster, plan, job, allowance)
+        for w in se.warnings:
+            if json_mode:
+                sys.stderr.write(f"warning: {w}\n")
+        emit(report.serve_json(se), json_mode, lambda: report.serve_view(out, se))
+        return
     cluster = make_cluster(hardware, nodes, gpus_per_node)
     system = cluster.system
     order = parse_order(axis_order)
@@ -146,7 +183,7 @@ def search(
     hardware: str = HardwareOpt,
     nodes: int = NodesOpt,
     gpus_per_node: Optional[int] = GpusPerNodeOpt,
-    mode: str = typer.Option("train", "--mode", help="train (inference arrives with `--mode infer`)."),
+    mode: str = typer.Option("train", "--mode", help="train | infer."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step."),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
                                                help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
@@ -181,11 +218,48 @@ def search(
     overhead_gib: float = OverheadOpt,
     fragmentation: float = FragOpt,
     axis_order: str = OrderOpt,
+    input_len: int = InputLenOpt,
+    output_len: int = OutputLenOpt,
+    max_batch: int = typer.Option(1024, "--max-batch", help="Inference: most concurrent sequences per replica."),
+    kv_dtype: str = KvDtypeOpt,
+    ttft_slo: Optional[float] = TtftOpt,
+    tpot_slo: Optional[float] = TpotOpt,
+    prefix_hit_rate: float = PrefixOpt,
+    gpu_memory_utilization: float = UtilOpt,
+    block_size: int = BlockOpt,
+    max_num_batched_tokens: int = MaxTokOpt,
+    request_rate: Optional[float] = typer.Option(None, "--request-rate",
+                                                 help="Inference, --objective min-gpus: requests/s to sustain."),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """Rank every way to run a training job on a cluster (exit 3 when none fits)."""
-    if mode != "train":
-        raise LlmplanError(f"--mode {mode} is not available yet; only --mode train is implemented")
+    """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
+    none fits."""
+    if mode not in ("train", "infer"):
+        raise LlmplanError(f"--mode {mode}: use train or infer")
+    if mode == "infer":
+        if objective not in SERVE_OBJECTIVES:
+            raise LlmplanError(f"--objective {objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
+        m = resolve_model(model)
+        cluster = make_cluster(hardware, nodes, gpus_per_node)
+        job = make_job(input_len, output_len, max_batch, prefix_hit_rate, ttft_slo, tpot_slo, gpu_memory_utilization,
+                       block_size, max_num_batched_tokens)
+        build(ServePlan, {"weight_dtype": dtype, "kv_dtype": kv_dtype}, "serving dtype options")
+        allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                          "memory allowance options")
+        res = search_serving(m, cluster, job, dtype, kv_dtype, objective, top, request_rate, allowance,
+                             {"tp": tp, "pp": pp, "ep": ep})
+        doc = report.serve_search_json(res, m, cluster, job)
+        emit(doc, json_mode, lambda: report.serve_search_view(out, res, m, cluster, job))
+        if not res.ranked:
+            sys.stderr.write(f"error: no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the "
+                             "SLOs; see the pruned table\n")
+            raise typer.Exit(EXIT_NO_FIT)
+        if save is not None:
+            best = res.ranked[0]
+            save_plan(save, serve_plan_document(best, allowance, report.serve_json(best)), force=force)
+            if not json_mode:
+                out.print(f"saved the best plan to {save}")
+        return
     if objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {objective}: use one of {', '.join(OBJECTIVES)}")
     if top < 1:
@@ -243,6 +317,13 @@ def progress_bar(enabled: bool):
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
         task = bar.add_task("searching", total=len(steps))
         yield lambda step: bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)
+
+
+def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens):
+    return build(ServeJob, {"input_len": input_len, "output_len": output_len, "batch": batch,
+                            "prefix_hit_rate": prefix_hit_rate, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
+                            "gpu_memory_utilization": util, "block_size": block_size,
+                            "max_num_batched_tokens": max_tokens}, "inference workload options")
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):

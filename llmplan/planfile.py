@@ -50,6 +50,20 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
     }
 
 
+def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any]) -> dict[str, Any]:
+    """An inference plan file: the ServePlan and ServeJob instead of a ParallelPlan."""
+    c = e.cluster
+    return {
+        "schema": PLAN_SCHEMA, "kind": KIND, "mode": "infer", "llmplan_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": e.model.model_dump(mode="json"), "hardware": c.system.model_dump(mode="json"),
+        "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
+        "allowance": allowance.model_dump(mode="json"),
+        "plan": e.plan.model_dump(mode="json"), "job": e.job.model_dump(mode="json"),
+        "predictions": predictions,
+    }
+
+
 def save_plan(path: Path, doc: dict[str, Any], force: bool = False) -> None:
     write_atomic(Path(path), json.dumps(doc, indent=2) + "\n", force=force)
 

@@ -131,3 +131,26 @@ def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = N
     """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid)."""
     return [Violation(r.name, r.message(m, plan, cluster)) for r in RULES
             if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]
+
+
+SERVE_RULES = ("tp_heads", "tp_kv_heads", "tp_ffn", "pp_layers", "ep_dense", "ep_experts", "gpus_model_parallel",
+               "gpus_dp")
+
+
+def check_serve_plan(m: ModelSpec, plan: Any, job: Any, cluster: ClusterSpec | None = None) -> list[Violation]:
+    """All violations of a serving plan (ServePlan + ServeJob): the training rules that apply to serving
+    (head, FFN and layer divisibility, experts, GPU count), plus the context limit and the EP group size."""
+    as_train = ParallelPlan(tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, etp=1, global_batch=plan.dp)
+    out = [Violation(r.name, r.message(m, as_train, cluster).replace("tp x pp x cp", "tp x pp")
+                     .replace(" x cp (", " (").replace(" x 1 = ", " = "))
+           for r in RULES if r.name in SERVE_RULES and (cluster is not None or not r.needs_cluster)
+           and not bool(r.ok(m, as_train, cluster))]
+    if plan.ep > 1 and plan.ep > plan.tp * plan.dp:
+        out.append(Violation("ep_serve", f"ep ({plan.ep}) cannot exceed tp x dp ({plan.tp * plan.dp}): serving "
+                             "engines spread experts over the TP ranks of all replicas"))
+    if job.context > m.max_position_embeddings:
+        scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
+        out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
+                             f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
+                             f"{m.name}{scaling}; lower --input-len or --output-len"))
+    return out

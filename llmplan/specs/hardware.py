@@ -41,6 +41,8 @@ class GpuSpec(BaseModel):
     """Achieved fraction of peak on the attention-score FLOPs counted for MFU (QK^T and AV, no causal
     halving): about half for fused kernels at long sequences (llm-foundry MPT-760M at 65k tokens reaches
     0.45 MFU with attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
+    hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""

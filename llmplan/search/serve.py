@@ -1,0 +1,111 @@
+"""The inference search: every TP / PP / replica / EP layout of a GPU budget, at the largest concurrency
+that fits in the KV cache and meets the SLOs, ranked by throughput per GPU or by the fewest GPUs."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from llmplan.cost.inference import max_batch_under_slo, serve_memory
+from llmplan.search.run import Pruned
+from llmplan.serving import ServeEstimate, estimate_serving, replica_spans
+from llmplan.specs.check import check_serve_plan, divisors, valid_tp
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.serve import ServeJob, ServePlan
+
+SERVE_OBJECTIVES = ("throughput", "min-gpus")
+
+
+@dataclass
+class ServeSearchResult:
+    considered: int
+    feasible: int
+    pruned: list[Pruned]
+    ranked: list[ServeEstimate]
+    objective: str
+    seconds: float
+    request_rate: float | None = None
+
+
+def _count(pruned: dict[str, list], rule: str, example: str) -> None:
+    pruned.setdefault(rule, [0, example])[0] += 1
+
+
+def serve_layouts(m: ModelSpec, cluster: ClusterSpec, pins: dict) -> list[tuple[int, int, int]]:
+    """(tp, pp, ep) candidates: TP inside the NVLink domain, PP up to 8 stages, EP off or over the TP ranks."""
+    n, dom = cluster.num_gpus, cluster.system.domain_gpus
+    tps = [pins["tp"]] if pins.get("tp") else [t for t in valid_tp(m, min(n, dom))]
+    pps = [pins["pp"]] if pins.get("pp") else [p for p in divisors(m.num_hidden_layers) if p <= 8]
+    out = []
+    for tp in tps:
+        for pp in pps:
+            if tp * pp > n:
+                continue
+            eps = [pins["ep"]] if pins.get("ep") else ([1, tp] if m.is_moe and tp > 1 else [1])
+            out += [(tp, pp, ep) for ep in eps]
+    return out
+
+
+def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: str, kv_dtype: str,
+                   objective: str = "throughput", top: int = 5, request_rate: float | None = None,
+                   allowance: MemoryAllowance | None = None, pins: dict | None = None) -> ServeSearchResult:
+    t0 = time.perf_counter()
+    pins = pins or {}
+    pruned: dict[str, list] = {}
+    found: list[ServeEstimate] = []
+    layouts = serve_layouts(m, cluster, pins)
+    for tp, pp, ep in layouts:
+        dp = pins.get("dp") or cluster.num_gpus // (tp * pp)
+        plan = ServePlan(tp=tp, pp=pp, dp=dp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+        sub = ClusterSpec(system=cluster.system, num_nodes=math.ceil(plan.num_gpus / cluster.gpus_per_node_used),
+                          gpus_per_node=min(cluster.gpus_per_node_used, plan.num_gpus))
+        if sub.num_gpus != plan.num_gpus:
+            _count(pruned, "gpus", f"tp {tp} x pp {pp} x {dp} replicas = {plan.num_gpus} GPUs do not fill whole nodes "
+                   f"of {cluster.gpus_per_node_used}")
+            continue
+        bad = check_serve_plan(m, plan, job, sub)
+        if bad:
+            _count(pruned, bad[0].rule, bad[0].message)
+            continue
+        mem = serve_memory(m, plan, job, cluster.system.gpu.hbm_bytes, allowance)
+        if mem.max_concurrent_seqs < 1:
+            _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / 2**30:.1f} GiB "
+                   f"for the KV cache, not one sequence of {job.context} tokens")
+            continue
+        limit = min(job.batch, mem.max_concurrent_seqs)
+        batch = limit
+        if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
+            batch = max_batch_under_slo(m, plan, cluster.system, replica_spans(plan, sub), job, limit)
+        if batch < 1:
+            _count(pruned, "slo", f"tp {tp} pp {pp}: no concurrency meets TTFT {job.ttft_slo_s} s / TPOT "
+                   f"{job.tpot_slo_s} s")
+            continue
+        found.append(estimate_serving(m, sub, plan, job.model_copy(update={"batch": batch}), allowance))
+    if objective == "min-gpus":
+        found = _min_gpus(found, request_rate, cluster.num_gpus)
+        found.sort(key=lambda e: (e.plan.num_gpus, -e.tokens_per_s, e.plan.tp, e.plan.pp))
+    else:
+        found.sort(key=lambda e: (-e.tokens_per_s / e.plan.num_gpus, e.plan.tp, e.plan.pp, e.plan.ep))
+    return ServeSearchResult(
+        considered=len(layouts), feasible=len(found),
+        pruned=[Pruned(rule, count, example) for rule, (count, example) in pruned.items()],
+        ranked=found[:top], objective=objective, seconds=time.perf_counter() - t0, request_rate=request_rate,
+    )
+
+
+def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int) -> list[ServeEstimate]:
+    """Each layout with just enough replicas for `rate` requests/s (one replica without a rate)."""
+    out = []
+    for e in found:
+        per_replica = float(e.timing.tokens_per_s_replica) / e.job.output_len  # requests/s
+        replicas = max(1, math.ceil(rate / per_replica)) if rate else 1
+        if replicas * e.plan.gpus_per_replica <= budget:
+            plan = e.plan.model_copy(update={"dp": replicas})
+            cluster = ClusterSpec(system=e.cluster.system,
+                                  num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
+                                  gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
+            if cluster.num_gpus == plan.num_gpus:
+                out.append(estimate_serving(e.model, cluster, plan, e.job))
+    return out

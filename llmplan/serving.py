@@ -1,0 +1,80 @@
+"""The library entry point for one serving plan: memory, KV capacity, TTFT/TPOT, throughput, prefix reuse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmplan.cost.inference import (
+    ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_memory,
+    serve_timing,
+)
+from llmplan.errors import PlanViolationError
+from llmplan.specs.check import check_serve_plan
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.topology.placement import place
+
+
+@dataclass(frozen=True)
+class ServeEstimate:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ServePlan
+    job: ServeJob
+    memory: ServeMemory
+    timing: ServeTiming
+    kv_bytes_per_token: float
+    slo_batch: int | None
+    """Largest concurrency meeting the SLOs (None when no SLO is given)."""
+    slo_tokens_per_s: float | None
+    prefill_saved_fraction: float
+    ttft_without_prefix_cache: float
+    warnings: tuple[str, ...]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of the whole deployment (all replicas)."""
+        return float(self.timing.tokens_per_s_replica) * self.plan.dp
+
+
+def replica_spans(plan: ServePlan, cluster: ClusterSpec) -> Spans:
+    spans = place(ParallelPlan(tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, etp=1, global_batch=plan.dp), cluster)
+    return Spans(tp=spans["tp"], pp=spans["pp"], ep=spans["ep"])
+
+
+def hardware_warnings(plan: ServePlan, cluster: ClusterSpec) -> tuple[str, ...]:
+    gpu = cluster.system.gpu
+    out = []
+    if plan.weight_dtype == "fp8" and "fp8" not in gpu.tflops:
+        out.append(f"{gpu.name} has no fp8 tensor cores: fp8 weights run as weight-only (W8A16) kernels that "
+                   "dequantise to bf16, saving memory and bandwidth but no compute")
+    if plan.kv_dtype == "fp8" and "fp8" not in gpu.tflops:
+        out.append(f"{gpu.name} has no fp8 tensor cores: an fp8 KV cache is stored in fp8 and upcast for attention")
+    if plan.weight_dtype in ("int4", "int8"):
+        out.append(f"{plan.weight_dtype} weights are modelled as weight-only quantisation (compute in bf16)")
+    return tuple(out)
+
+
+def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
+                     allowance: MemoryAllowance | None = None) -> ServeEstimate:
+    violations = check_serve_plan(m, plan, job, cluster)
+    if violations:
+        raise PlanViolationError(violations)
+    system = cluster.system
+    spans = replica_spans(plan, cluster)
+    mem = serve_memory(m, plan, job, system.gpu.hbm_bytes, allowance)
+    timing = serve_timing(m, plan, system, spans, job, job.batch)
+    slo_batch = slo_tps = None
+    if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
+        slo_batch = max_batch_under_slo(m, plan, system, spans, job, max(mem.max_concurrent_seqs, 0))
+        slo_tps = float(serve_timing(m, plan, system, spans, job, slo_batch).tokens_per_s_replica) * plan.dp \
+            if slo_batch else 0.0
+    cold = job.model_copy(update={"prefix_hit_rate": 0.0})
+    return ServeEstimate(
+        model=m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
+        kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
+        prefill_saved_fraction=job.prefix_hit_rate,
+        ttft_without_prefix_cache=float(prefill_seconds(m, plan, system, spans, cold, job.batch)),
+        warnings=hardware_warnings(plan, cluster),
+    )

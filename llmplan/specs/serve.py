@@ -1,0 +1,76 @@
+"""ServePlan (how a model is sharded for serving) and ServeJob (the traffic it serves)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from llmplan.specs.model import SPEC_CONFIG
+
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+KvDtype = Literal["bf16", "fp16", "fp8"]
+
+
+class ServePlan(BaseModel):
+    """One serving deployment: tensor/pipeline parallel replicas, expert parallelism and dtypes."""
+
+    model_config = SPEC_CONFIG
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree inside a replica."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline stages inside a replica."""
+    dp: int = Field(default=1, ge=1)
+    """Replicas (data parallel)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree for MoE layers (vLLM --enable-expert-parallel makes it tp x dp); 1: experts
+    are split by TP instead."""
+    weight_dtype: WeightDtype = "bf16"
+    """Dtype of the linear-layer weights (embeddings and norms stay 16-bit)."""
+    kv_dtype: KvDtype = "bf16"
+    """Dtype of the KV cache."""
+    quant_group_size: int = Field(default=128, ge=1)
+    """Weights per scale (and zero point) in int4/int8 group quantisation."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+class ServeJob(BaseModel):
+    """The traffic: request shape, concurrency, SLOs, prefix reuse and the server's memory settings."""
+
+    model_config = SPEC_CONFIG
+
+    input_len: int = Field(default=1024, ge=1)
+    """Prompt tokens per request."""
+    output_len: int = Field(default=256, ge=1)
+    """Generated tokens per request."""
+    batch: int = Field(default=64, ge=1)
+    """Concurrent sequences per replica (vLLM max_num_seqs in steady state)."""
+    prefix_hit_rate: float = Field(default=0.0, ge=0, le=1)
+    """Fraction of each prompt found in the prefix cache (multi-turn / agent traffic): not prefilled again."""
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    """Time-to-first-token objective, seconds."""
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """Time-per-output-token objective, seconds."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of each GPU's memory the server may use (vLLM --gpu-memory-utilization)."""
+    block_size: int = Field(default=16, ge=1)
+    """Tokens per KV-cache block (vLLM --block-size)."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    """Tokens one engine step may process (chunked prefill + decodes)."""
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence holds in the KV cache at its end."""
+        return self.input_len + self.output_len
+
+    @property
+    def uncached_input(self) -> float:
+        return self.input_len * (1.0 - self.prefix_hit_rate)
