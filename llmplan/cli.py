@@ -19,7 +19,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from llmplan import report
 from llmplan.cost.params import param_counts
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.planfile import plan_document, save_plan, serve_plan_document
+from llmplan.export import TARGETS, render_all, write_files
+from llmplan.planfile import load_plan, plan_document, save_plan, serve_plan_document
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.serving import estimate_serving
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -305,6 +306,24 @@ def search(
         save_plan(save, plan_document(best, allowance, order, report.estimate_json(best)), force=force)
         if not json_mode:
             out.print(f"saved the best plan to {save}")
+
+
+@app.command()
+def export(
+    plan_file: Path = typer.Argument(..., help="A plan file written by `llmplan search --save`."),
+    to: str = typer.Option(..., "--to", help=f"{' | '.join(TARGETS)} | all"),
+    out_dir: Path = typer.Option(Path("."), "--out", "-o", help="Folder for the files (created if missing)."),
+    wrap: Optional[str] = typer.Option(None, "--wrap", help="Training target torchrun / slurm launch "
+                                       "(megatron | torchtitan | deepspeed; default: the first that fits the plan)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Write launcher files for a saved plan (exit 2 when the target cannot express it)."""
+    pf = load_plan(plan_file)
+    files, skipped = render_all(pf, to, wrap)
+    paths = write_files(files, out_dir, force)
+    emit({"schema": 1, "target": to, "files": [str(p) for p in paths], "skipped": skipped}, json_mode,
+         lambda: report.export_view(out, paths, skipped))
 
 
 @contextmanager

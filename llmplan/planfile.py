@@ -16,7 +16,10 @@ from llmplan.fileio import write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.check import check_plan, check_serve_plan
 from llmplan.specs.registry import build, read_document
+from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.topology.placement import parse_order
 
 PLAN_SCHEMA = 1
 KIND = "llmplan-plan"
@@ -26,12 +29,15 @@ KIND = "llmplan-plan"
 class PlanFile:
     model: ModelSpec
     cluster: ClusterSpec
-    plan: ParallelPlan
+    plan: Any
+    """ParallelPlan (mode train) or ServePlan (mode infer)."""
     allowance: MemoryAllowance
     axis_order: tuple[str, ...]
     mode: str
     predictions: dict[str, Any]
     path: Path | None = None
+    job: ServeJob | None = None
+    """The serving workload (mode infer)."""
 
 
 def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
@@ -87,8 +93,19 @@ def load_plan(path: Path) -> PlanFile:
     system = build(SystemSpec, doc["hardware"], f"{path} (hardware)")
     cluster = build(ClusterSpec, {"system": system, "num_nodes": doc["nodes"],
                                   "gpus_per_node": doc.get("gpus_per_node")}, f"{path} (cluster)")
-    plan = build(ParallelPlan, doc["plan"], f"{path} (plan)")
+    mode = str(doc.get("mode", "train"))
     allowance = build(MemoryAllowance, doc.get("allowance", {}), f"{path} (allowance)")
-    order = tuple(str(doc.get("axis_order", "tp-cp-ep-dp-pp")).split("-"))
-    return PlanFile(model, cluster, plan, allowance, order, str(doc.get("mode", "train")),
-                    doc.get("predictions", {}), path)
+    order = parse_order(str(doc.get("axis_order", "tp-cp-ep-dp-pp")))
+    if mode == "infer":
+        plan = build(ServePlan, doc["plan"], f"{path} (plan)")
+        job = build(ServeJob, doc.get("job", {}), f"{path} (job)")
+        violations = check_serve_plan(model, plan, job, cluster)
+    elif mode == "train":
+        plan, job = build(ParallelPlan, doc["plan"], f"{path} (plan)"), None
+        violations = check_plan(model, plan, cluster)
+    else:
+        raise LlmplanError(f"{path}: mode {mode!r} is neither 'train' nor 'infer'")
+    if violations:
+        raise LlmplanError(f"{path}: the plan no longer passes its rules:\n"
+                           + "\n".join(f"  - {v.message}" for v in violations))
+    return PlanFile(model, cluster, plan, allowance, order, mode, doc.get("predictions", {}), path, job)

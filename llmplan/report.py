@@ -443,3 +443,10 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
     for p in res.pruned:
         t.add_row(p.rule, str(p.count), p.example)
     console.print(t)
+
+
+def export_view(console: Console, paths: list, skipped: dict[str, str]) -> None:
+    for p in paths:
+        console.print(f"wrote {p}")
+    for target, why in skipped.items():
+        console.print(f"[yellow]skipped {target}[/]: {why}")

@@ -1,0 +1,75 @@
+"""Export a plan file to the launcher that runs it. Each target renders {filename: text} and never writes;
+`write_files` writes them atomically and refuses to overwrite without force. Launcher vocabulary lives only
+in this package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from llmplan.errors import LlmplanError
+from llmplan.export import deepspeed, megatron, torchtitan
+from llmplan.export.common import CannotExpress
+from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
+from llmplan.export.serve import render_sglang, render_vllm
+from llmplan.fileio import write_atomic
+from llmplan.planfile import PlanFile
+
+TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchrun", "slurm")
+SERVE_TARGETS = ("vllm", "sglang")
+TARGETS = TRAIN_TARGETS + SERVE_TARGETS
+
+
+def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[str, str]]:
+    table: dict[str, Callable[[PlanFile], dict[str, str]]] = {
+        "megatron": megatron.render, "deepspeed": deepspeed.render, "torchtitan": torchtitan.render,
+        "torchrun": lambda pf: render_torchrun(pf, wrap), "slurm": lambda pf: render_slurm(pf, wrap),
+        "vllm": render_vllm, "sglang": render_sglang,
+    }
+    if target not in table:
+        raise LlmplanError(f"--to {target} is not a target; use one of {', '.join(TARGETS)} or all")
+    return table[target]
+
+
+def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Files for `target` (or every target of the plan's mode with 'all'): (files, {target: why skipped}).
+    torchrun and slurm wrap `wrap`, or by default the first training target that can express the plan."""
+    if wrap is not None and wrap not in WRAPPABLE:
+        raise LlmplanError(f"--wrap {wrap}: use one of {', '.join(WRAPPABLE)}")
+    if wrap is None:
+        wrap = next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
+    if target != "all":
+        return renderer(target, wrap)(pf), {}
+    files: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for t in (TRAIN_TARGETS if pf.mode == "train" else SERVE_TARGETS):
+        try:
+            files.update(renderer(t, wrap)(pf))
+        except CannotExpress as e:
+            skipped[t] = str(e)
+    if not files:
+        raise LlmplanError("no target can express this plan: " + "; ".join(skipped.values()))
+    return files, skipped
+
+
+def _expresses(pf: PlanFile, target: str) -> bool:
+    try:
+        renderer(target)(pf)
+        return True
+    except CannotExpress:
+        return False
+
+
+def write_files(files: dict[str, str], out_dir: Path, force: bool = False) -> list[Path]:
+    """Write every file atomically; check first that none exists (unless force), so nothing is half-done."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / name for name in files]
+    clash = [str(p) for p in paths if p.exists()]
+    if clash and not force:
+        raise LlmplanError(f"{', '.join(clash)} already exist(s); pass --force to overwrite")
+    for path, text in zip(paths, files.values()):
+        write_atomic(path, text, force=True)
+        if path.suffix in (".sh", ".sbatch"):
+            path.chmod(0o755)
+    return paths

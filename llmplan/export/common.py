@@ -1,0 +1,79 @@
+"""What every exporter shares: the plan file it renders, its header comment, and the refusal error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan import __version__
+from llmplan.errors import LlmplanError
+from llmplan.planfile import PlanFile
+
+
+class CannotExpress(LlmplanError):
+    """The target launcher cannot express this plan; nothing is written."""
+
+
+def refuse(target: str, what: str, fix: str) -> CannotExpress:
+    return CannotExpress(f"{target} cannot express this plan: {what}; {fix}")
+
+
+def header_lines(pf: PlanFile, target: str) -> list[str]:
+    """The comment every exported file starts with: plan, model, hardware, predictions."""
+    c, pred = pf.cluster, pf.predictions
+    gib = 2**30
+    mem = pred.get("memory", {})
+    if pf.mode == "infer":
+        p = pf.plan
+        shape = f"tp {p.tp} pp {p.pp} replicas {p.dp} ep {p.ep}, weights {p.weight_dtype}, KV {p.kv_dtype}"
+        perf = (f"TTFT {pred.get('ttft_s', 0) * 1e3:.1f} ms, TPOT {pred.get('tpot_s', 0) * 1e3:.2f} ms, "
+                f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} output tokens/s")
+    else:
+        p = pf.plan
+        shape = (f"tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp} sp {'on' if p.sp else 'off'} "
+                 f"zero {p.zero} recompute {p.recompute} micro-batch {p.micro_batch} global batch {p.global_batch} "
+                 f"seq {p.seq_len} {p.dtype}")
+        t = pred.get("time", {})
+        perf = (f"step {t.get('step_s', 0):.3f} s, MFU {100 * pred.get('throughput', {}).get('mfu', 0):.1f}%, "
+                f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} tokens/s")
+    return [
+        f"llmplan {__version__} export for {target}",
+        f"plan: {shape}",
+        f"model: {pf.model.name} ({pf.model.source or 'no source given'})",
+        f"hardware: {c.num_nodes} x {c.system.name} = {c.num_gpus} x {c.system.gpu.name}",
+        f"predicted: {mem.get('total', 0) / gib:.1f} of {mem.get('capacity', 0) / gib:.1f} GiB per GPU; {perf}",
+    ]
+
+
+def sh_header(pf: PlanFile, target: str) -> str:
+    return "#!/usr/bin/env bash\n" + "".join(f"# {line}\n" for line in header_lines(pf, target))
+
+
+def need_mode(pf: PlanFile, mode: str, target: str) -> None:
+    if pf.mode != mode:
+        kind = "serving" if mode == "infer" else "training"
+        raise refuse(target, f"it is a {pf.mode} plan and {target} takes {kind} plans",
+                     f"save a {kind} plan with `llmplan search --mode {mode} --save`")
+
+
+def hf_repo(model_name: str) -> str:
+    """The Hugging Face repository a built-in model is usually served from (a placeholder otherwise)."""
+    known = {
+        "llama-2-7b": "meta-llama/Llama-2-7b-hf", "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+        "llama-2-70b": "meta-llama/Llama-2-70b-hf", "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+        "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-405b": "meta-llama/Llama-3.1-405B-Instruct",
+        "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x22b": "mistralai/Mixtral-8x22B-Instruct-v0.1",
+        "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+        "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+        "gpt-oss-120b": "openai/gpt-oss-120b",
+    }
+    return known.get(model_name, f"path/to/{model_name}")
+
+
+def as_flags(pairs: list[tuple[str, Any]]) -> list[str]:
+    """['--flag value', '--switch'] from (flag, value) pairs; True is a bare switch, None/False is left out."""
+    out = []
+    for flag, value in pairs:
+        if value is None or value is False:
+            continue
+        out.append(flag if value is True else f"{flag} {value}")
+    return out

@@ -1,0 +1,66 @@
+"""DeepSpeed: ds_config.json and a launch command (keys: reference/formats.md Part A2)."""
+
+from __future__ import annotations
+
+import json
+
+from llmplan.export.common import header_lines, need_mode, refuse, sh_header
+from llmplan.planfile import PlanFile
+
+TARGET = "deepspeed"
+
+
+def check(pf: PlanFile) -> None:
+    need_mode(pf, "train", TARGET)
+    p = pf.plan
+    if p.pp > 1 and p.zero >= 2:
+        raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
+                     "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
+    for what, bad, fix in (
+        (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
+        (f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"),
+        ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
+        ("fp8 training (Transformer Engine is configured in model code)", p.dtype == "fp8", "export to megatron"),
+        (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
+    ):
+        if bad:
+            raise refuse(TARGET, what, fix)
+
+
+def config(pf: PlanFile) -> dict:
+    p = pf.plan
+    zero = {"stage": p.zero, "overlap_comm": p.overlap_grad_reduce, "contiguous_gradients": True,
+            "reduce_scatter": True, "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
+    if p.zero == 3:
+        zero.update({"stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
+                     "stage3_max_live_parameters": int(1e9)})
+    cfg = {
+        "comment": " | ".join(header_lines(pf, "DeepSpeed")),
+        "train_batch_size": p.global_batch,
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": p.num_microbatches,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": p.dtype == "bf16"},
+        "fp16": {"enabled": p.dtype == "fp16"},
+        "zero_optimization": zero,
+        "steps_per_print": 10,
+    }
+    if p.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": p.tp > 1, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False, "number_checkpoints": None,
+                                           "synchronize_checkpoint_boundary": False, "profile": False}
+    if p.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+    return cfg
+
+
+def render(pf: PlanFile) -> dict[str, str]:
+    check(pf)
+    c, p = pf.cluster, pf.plan
+    launch = (sh_header(pf, "DeepSpeed launcher") + "set -euo pipefail\n"
+              f"# train_batch_size {p.global_batch} = micro-batch {p.micro_batch} x gradient accumulation "
+              f"{p.num_microbatches} x data parallel {p.dp}\n"
+              f"# pipeline stages ({p.pp}) are set in the training script: PipelineModule(num_stages={p.pp})\n"
+              f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} --hostfile \"${{HOSTFILE:-hostfile}}\" "
+              f"\"${{TRAIN_SCRIPT:-train.py}}\" --deepspeed --deepspeed_config ds_config.json\n")
+    return {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}

@@ -1,0 +1,60 @@
+"""torchrun and SLURM: launch any training target (Megatron-LM, torchtitan, a DeepSpeed script) on the
+plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: reference/formats.md Part A4)."""
+
+from __future__ import annotations
+
+from llmplan.export import deepspeed, megatron, torchtitan
+from llmplan.export.common import need_mode, refuse, sh_header
+from llmplan.planfile import PlanFile
+
+WRAPPABLE = ("megatron", "torchtitan", "deepspeed")
+
+
+def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
+    """(command after torchrun's flags, extra files, shell lines that define the arguments)."""
+    if wrap == "megatron":
+        megatron.check(pf)
+        body = megatron.script_body(pf, "").rstrip("\n")
+        body = "\n".join(line for line in body.splitlines() if not line.startswith(("GPUS_PER_NODE", "NNODES",
+                                                                                   "NODE_RANK", "MASTER_")))
+        return megatron.MEGATRON_ENTRY, {}, body.replace("set -euo pipefail\n", "")
+    if wrap == "torchtitan":
+        files = torchtitan.render(pf)
+        return "-m torchtitan.train --job.config_file torchtitan.toml", files, ""
+    if wrap == "deepspeed":
+        files = deepspeed.render(pf)
+        files.pop("deepspeed_launch.sh")
+        return '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json', files, ""
+    raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
+
+
+def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
+    need_mode(pf, "train", "torchrun")
+    entry, files, defs = _entry(pf, wrap)
+    c = pf.cluster
+    script = (sh_header(pf, f"torchrun (wrapping {wrap})") + "set -euo pipefail\n"
+              "# run this on every node (same MASTER_ADDR / MASTER_PORT / JOB_ID everywhere)\n"
+              f"NNODES=${{NNODES:-{c.num_nodes}}}\nGPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\n"
+              "MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\nJOB_ID=${JOB_ID:-llmplan}\n"
+              + (defs + "\n" if defs else "")
+              + 'torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d '
+              '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \\\n    ' + entry + "\n")
+    return {**files, "torchrun.sh": script}
+
+
+def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
+    need_mode(pf, "train", "slurm")
+    entry, files, defs = _entry(pf, wrap)
+    c = pf.cluster
+    header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})")
+    script = (header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)
+              + f"#SBATCH --job-name=llmplan-{pf.model.name}\n#SBATCH --nodes={c.num_nodes}\n"
+              f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={c.gpus_per_node_used}\n"
+              "#SBATCH --exclusive\n"
+              "set -euo pipefail\n"
+              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+              'head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | cut -d" " -f1)\n'
+              + (defs + "\n" if defs else "")
+              + f'srun torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node_used} --rdzv-id "$SLURM_JOB_ID" '
+              '--rdzv-backend c10d --rdzv-endpoint "$head_node_ip:29500" \\\n    ' + entry + "\n")
+    return {**files, "job.sbatch": script}

@@ -1,0 +1,117 @@
+"""Megatron-LM `pretrain_gpt.py`: a bash launch script (flag names: reference/formats.md Part A1)."""
+
+from __future__ import annotations
+
+from llmplan.export.common import as_flags, need_mode, refuse, sh_header
+from llmplan.planfile import PlanFile
+
+TARGET = "megatron"
+
+
+def model_flags(pf: PlanFile) -> list[str]:
+    m, p = pf.model, pf.plan
+    llama_like = m.model_type != "gpt" and m.model_type != "gpt2"
+    pairs: list[tuple[str, object]] = [
+        ("--num-layers", m.num_hidden_layers), ("--hidden-size", m.hidden_size),
+        ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
+        ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
+        ("--max-position-embeddings", m.max_position_embeddings),
+    ]
+    if m.is_mla:
+        pairs += [("--multi-latent-attention", True), ("--q-lora-rank", m.q_lora_rank),
+                  ("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.qk_nope_head_dim),
+                  ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim)]
+    elif m.kv_heads != m.num_attention_heads:
+        pairs += [("--group-query-attention", True), ("--num-query-groups", m.kv_heads)]
+    if m.learned_position_embeddings:
+        pairs.append(("--position-embedding-type", "learned_absolute"))
+    else:
+        pairs += [("--position-embedding-type", "rope"), ("--rotary-base", int(m.rope_theta or 10000))]
+        if (m.rope_scaling or {}).get("rope_type") == "llama3":
+            pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", m.rope_scaling.get("factor", 8.0))]
+    pairs += [("--swiglu", m.gated_mlp), ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
+              ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
+              ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
+              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings)]
+    if m.is_moe:
+        freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace else None
+        pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
+                  ("--moe-ffn-hidden-size", m.expert_ffn),
+                  ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
+                  ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", True)]
+    return as_flags(pairs)
+
+
+def parallel_flags(pf: PlanFile) -> list[str]:
+    p, m = pf.plan, pf.model
+    vpp_layers = m.num_hidden_layers // (p.pp * p.vpp) if p.vpp > 1 else None
+    pairs: list[tuple[str, object]] = [
+        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
+        ("--num-layers-per-virtual-pipeline-stage", vpp_layers), ("--sequence-parallel", p.sp),
+        ("--context-parallel-size", p.cp),
+    ]
+    if m.is_moe:
+        pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
+    pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+              ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+              ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+              ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+    if p.recompute == "selective":
+        pairs.append(("--recompute-granularity", "selective"))
+    elif p.recompute == "full":
+        pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    pairs += [("--bf16", p.dtype in ("bf16", "fp8")), ("--fp16", p.dtype == "fp16"),
+              ("--fp8-format", "hybrid" if p.dtype == "fp8" else None),
+              ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
+              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
+    return as_flags(pairs)
+
+
+def check(pf: PlanFile) -> None:
+    need_mode(pf, "train", TARGET)
+    p = pf.plan
+    if p.zero >= 2:
+        raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
+                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
+    if p.dtype == "fp32":
+        raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
+
+
+def script_body(pf: PlanFile, launcher: str) -> str:
+    """The shared body: node/rendezvous variables, argument arrays; `launcher` is the command that runs."""
+    p, c = pf.plan, pf.cluster
+    arrays = {"MODEL_ARGS": model_flags(pf), "PARALLEL_ARGS": parallel_flags(pf)}
+    lines = [
+        "set -euo pipefail",
+        "",
+        f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
+        f"NNODES=${{NNODES:-{c.num_nodes}}}",
+        "NODE_RANK=${NODE_RANK:-0}",
+        "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+        "MASTER_PORT=${MASTER_PORT:-6000}",
+        "MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}",
+        f"DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size {pf.model.vocab_size})"
+        "   # real data: --data-path \"$DATA_PATH\" --tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\"",
+        "TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine "
+        "--weight-decay 0.1 --clip-grad 1.0 --log-interval 10)",
+    ]
+    if p.tp > 1 or p.cp > 1:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell")
+    for name, flags in arrays.items():
+        lines.append(f"{name}=(")
+        lines += [f"    {f}" for f in flags]
+        lines.append(")")
+    lines += ["", launcher]
+    return "\n".join(lines) + "\n"
+
+
+MEGATRON_ENTRY = ('"$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" '
+                  '"${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"')
+
+
+def render(pf: PlanFile) -> dict[str, str]:
+    check(pf)
+    launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
+                "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + MEGATRON_ENTRY)
+    return {"megatron_pretrain.sh": sh_header(pf, "Megatron-LM pretrain_gpt.py (flags of core_v0.15.0 / main 2026)")
+            + script_body(pf, launcher)}

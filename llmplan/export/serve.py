@@ -1,0 +1,52 @@
+"""vLLM and SGLang serve commands for inference plans (flags: reference/formats.md Part A5)."""
+
+from __future__ import annotations
+
+from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
+from llmplan.planfile import PlanFile
+
+
+def _model_var(pf: PlanFile) -> str:
+    return f'MODEL=${{MODEL:-{hf_repo(pf.model.name)}}}'
+
+
+def render_vllm(pf: PlanFile) -> dict[str, str]:
+    need_mode(pf, "infer", "vllm")
+    p, j = pf.plan, pf.job
+    if p.ep > 1 and p.ep != p.tp * p.dp:
+        raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * p.dp})",
+                     f"re-plan with --ep {p.tp * p.dp} or --ep 1")
+    flags = as_flags([
+        ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
+        ("--enable-expert-parallel", p.ep > 1), ("--max-model-len", j.context),
+        ("--gpu-memory-utilization", j.gpu_memory_utilization), ("--max-num-seqs", j.batch),
+        ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
+        ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
+        ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
+        ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
+    ])
+    note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
+            "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
+    text = (sh_header(pf, "vLLM (vllm serve)") + "set -euo pipefail\n" + note + _model_var(pf) + "\n"
+            + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
+    return {"vllm_serve.sh": text}
+
+
+def render_sglang(pf: PlanFile) -> dict[str, str]:
+    need_mode(pf, "infer", "sglang")
+    p, j = pf.plan, pf.job
+    if p.weight_dtype in ("int4", "int8"):
+        note = "# int4/int8 weights: point MODEL at a pre-quantised checkpoint\n"
+    else:
+        note = ""
+    flags = as_flags([
+        ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp), ("--ep-size", p.ep if p.ep > 1 else None),
+        ("--context-length", j.context), ("--mem-fraction-static", j.gpu_memory_utilization),
+        ("--max-running-requests", j.batch), ("--chunked-prefill-size", j.max_num_batched_tokens),
+        ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
+        ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
+    ])
+    text = (sh_header(pf, "SGLang (python -m sglang.launch_server)") + "set -euo pipefail\n" + note + _model_var(pf)
+            + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
+            + " \\\n".join(f"    {f}" for f in flags) + "\n")
+    return {"sglang_serve.sh": text}

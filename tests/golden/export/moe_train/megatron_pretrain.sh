@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of core_v0.15.0 / main 2026)
+# plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 256 seq 4096 bf16
+# model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig defaults); reference/formats.md Part B2)
+# hardware: 4 x dgx-h100 = 32 x h100-sxm
+# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000 tokens/s
+set -euo pipefail
+
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+NNODES=${NNODES:-4}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-6000}
+MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 32000)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
+TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
+export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell
+MODEL_ARGS=(
+    --num-layers 32
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --kv-channels 128
+    --seq-length 4096
+    --max-position-embeddings 32768
+    --group-query-attention
+    --num-query-groups 8
+    --position-embedding-type rope
+    --rotary-base 1000000
+    --swiglu
+    --normalization RMSNorm
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-ffn-hidden-size 14336
+    --moe-token-dispatcher-type alltoall
+    --moe-grouped-gemm
+)
+PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2
+    --pipeline-model-parallel-size 2
+    --sequence-parallel
+    --context-parallel-size 1
+    --expert-model-parallel-size 8
+    --expert-tensor-parallel-size 1
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --micro-batch-size 1
+    --global-batch-size 256
+    --bf16
+)
+
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"

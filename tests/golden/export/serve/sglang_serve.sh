@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# llmplan VERSION export for SGLang (python -m sglang.launch_server)
+# plan: tp 4 pp 1 replicas 2 ep 1, weights fp8, KV fp8
+# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD; reference/formats.md Part B2)
+# hardware: 1 x dgx-h100 = 8 x h100-sxm
+# predicted: 50.0 of 71.0 GiB per GPU; TTFT 50.0 ms, TPOT 20.00 ms, 20,000 output tokens/s
+set -euo pipefail
+MODEL=${MODEL:-meta-llama/Llama-3.1-70B-Instruct}
+python -m sglang.launch_server --model-path "$MODEL" \
+    --tp-size 4 \
+    --pp-size 1 \
+    --dp-size 2 \
+    --context-length 2560 \
+    --mem-fraction-static 0.9 \
+    --max-running-requests 256 \
+    --chunked-prefill-size 8192 \
+    --page-size 16 \
+    --kv-cache-dtype fp8_e4m3 \
+    --quantization fp8

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# llmplan VERSION export for vLLM (vllm serve)
+# plan: tp 4 pp 1 replicas 2 ep 1, weights fp8, KV fp8
+# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD; reference/formats.md Part B2)
+# hardware: 1 x dgx-h100 = 8 x h100-sxm
+# predicted: 50.0 of 71.0 GiB per GPU; TTFT 50.0 ms, TPOT 20.00 ms, 20,000 output tokens/s
+set -euo pipefail
+MODEL=${MODEL:-meta-llama/Llama-3.1-70B-Instruct}
+vllm serve "$MODEL" \
+    --tensor-parallel-size 4 \
+    --pipeline-parallel-size 1 \
+    --data-parallel-size 2 \
+    --max-model-len 2560 \
+    --gpu-memory-utilization 0.9 \
+    --max-num-seqs 256 \
+    --max-num-batched-tokens 8192 \
+    --block-size 16 \
+    --kv-cache-dtype fp8 \
+    --quantization fp8 \
+    --enable-prefix-caching \
+    --enable-chunked-prefill

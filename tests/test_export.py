@@ -1,0 +1,210 @@
+"""`llmplan export`: golden files per target for three plans (dense training, MoE training with EP,
+inference), files that parse, a Megatron argument round trip, refusals, and safe writes.
+
+Golden files live in tests/golden/export/<plan>/; after an intended change to an exporter, regenerate them
+with `LLMPLAN_UPDATE_GOLDEN=1 python -m pytest tests/test_export.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmplan import __version__
+from llmplan.export import render_all
+from llmplan.planfile import load_plan
+
+HERE = Path(__file__).parent
+PLANS = HERE / "data" / "plans"
+GOLDEN = HERE / "golden" / "export"
+CASES = {"dense_train": "all", "moe_train": "all", "fsdp_train": "all", "serve": "all"}
+
+
+def normalise(text: str) -> str:
+    return text.replace(f"llmplan {__version__}", "llmplan VERSION")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_files(case):
+    files, skipped = render_all(load_plan(PLANS / f"{case}.json"), CASES[case])
+    folder = GOLDEN / case
+    if os.environ.get("LLMPLAN_UPDATE_GOLDEN"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        for name, text in files.items():
+            (folder / name).write_text(normalise(text))
+        (folder / "skipped.json").write_text(json.dumps(skipped, indent=2) + "\n")
+    expected = {p.name: p.read_text() for p in folder.iterdir() if p.name != "skipped.json"}
+    assert {n: normalise(t) for n, t in files.items()} == expected
+    assert skipped == json.loads((folder / "skipped.json").read_text())
+
+
+def _written(tmp_path: Path, case: str) -> Path:
+    out = tmp_path / case
+    files, _ = render_all(load_plan(PLANS / f"{case}.json"), "all")
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_file_parses_and_starts_with_the_plan(tmp_path, case):
+    import tomllib
+
+    out = _written(tmp_path, case)
+    for f in out.iterdir():
+        text = f.read_text()
+        if f.suffix in (".sh", ".sbatch"):
+            assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0, f.name
+            assert text.splitlines()[1].startswith("# llmplan") and "predicted:" in text
+        elif f.suffix == ".json":
+            cfg = json.loads(text)
+            assert cfg["comment"].startswith("llmplan") and "predicted:" in cfg["comment"]
+        elif f.suffix == ".toml":
+            tomllib.loads(text)
+            assert text.startswith("# llmplan") and "v0.2.2" in text
+
+
+# Megatron-LM flag names (reference/formats.md Part A1): the round trip accepts exactly these.
+MEGATRON_VALUE_FLAGS = {
+    "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
+    "--kv-channels": int, "--num-query-groups": int, "--seq-length": int, "--max-position-embeddings": int,
+    "--position-embedding-type": str, "--rotary-base": int, "--rope-scaling-factor": float, "--normalization": str,
+    "--num-experts": int, "--moe-router-topk": int, "--moe-ffn-hidden-size": int,
+    "--moe-shared-expert-intermediate-size": int, "--moe-layer-freq": str, "--moe-token-dispatcher-type": str,
+    "--q-lora-rank": int, "--kv-lora-rank": int, "--qk-head-dim": int, "--qk-pos-emb-head-dim": int,
+    "--v-head-dim": int, "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int,
+    "--num-layers-per-virtual-pipeline-stage": int, "--context-parallel-size": int,
+    "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int, "--micro-batch-size": int,
+    "--global-batch-size": int, "--recompute-granularity": str, "--recompute-method": str,
+    "--recompute-num-layers": int, "--fp8-format": str,
+}
+MEGATRON_SWITCHES = {
+    "--group-query-attention", "--use-rope-scaling", "--swiglu", "--disable-bias-linear", "--add-qkv-bias",
+    "--qk-layernorm", "--untie-embeddings-and-output-weights", "--moe-grouped-gemm", "--multi-latent-attention",
+    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--tp-comm-overlap", "--bf16", "--fp16", "--fp8-param-gather", "--grad-reduce-in-bf16",
+}
+
+
+def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
+    ap = argparse.ArgumentParser(allow_abbrev=False)
+    for flag, kind in MEGATRON_VALUE_FLAGS.items():
+        ap.add_argument(flag, type=kind)
+    for flag in MEGATRON_SWITCHES:
+        ap.add_argument(flag, action="store_true")
+    args: list[str] = []
+    for name in ("MODEL_ARGS", "PARALLEL_ARGS"):
+        block = re.search(rf"^{name}=\((.*?)^\)", script, re.S | re.M).group(1)
+        args += shlex.split(block)
+    env = {k: int(v) for k, v in re.findall(r"^(NNODES|GPUS_PER_NODE)=\$\{\w+:-(\d+)\}", script, re.M)}
+    return ap.parse_args(args), env
+
+
+@pytest.mark.parametrize("case", ["dense_train", "moe_train"])
+def test_megatron_round_trip(case):
+    pf = load_plan(PLANS / f"{case}.json")
+    files, _ = render_all(pf, "megatron")
+    ns, env = parse_megatron(files["megatron_pretrain.sh"])
+    p = pf.plan
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
+    dp = env["NNODES"] * env["GPUS_PER_NODE"] // (tp * pp * cp)  # Megatron: DP = world / (TP x PP x CP)
+    assert (tp, pp, dp, cp) == (p.tp, p.pp, p.dp, p.cp)
+    assert (ns.expert_model_parallel_size or 1) == p.ep
+    assert (ns.micro_batch_size, ns.global_batch_size) == (p.micro_batch, p.global_batch)
+    assert ns.global_batch_size % (ns.micro_batch_size * dp) == 0
+    assert ns.sequence_parallel == p.sp and ns.use_distributed_optimizer == (p.zero == 1)
+    if p.vpp > 1:
+        assert pf.model.num_hidden_layers // pp // ns.num_layers_per_virtual_pipeline_stage == p.vpp
+    assert ns.num_layers == pf.model.num_hidden_layers and ns.num_query_groups == pf.model.kv_heads
+
+
+def test_deepspeed_batch_identity():
+    files, _ = render_all(load_plan(PLANS / "dense_train.json").__class__(
+        **{**load_plan(PLANS / "dense_train.json").__dict__,
+           "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1})}), "deepspeed")
+    cfg = json.loads(files["ds_config.json"])
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
+    assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
+
+
+def test_vllm_flags():
+    files, _ = render_all(load_plan(PLANS / "serve.json"), "vllm")
+    text = files["vllm_serve.sh"]
+    for flag in ("--tensor-parallel-size 4", "--data-parallel-size 2", "--max-model-len 2560",
+                 "--kv-cache-dtype fp8", "--quantization fp8", "--max-num-seqs 256", "--enable-prefix-caching"):
+        assert flag in text
+
+
+def edited(tmp_path: Path, case: str, **changes) -> Path:
+    doc = json.loads((PLANS / f"{case}.json").read_text())
+    for key, value in changes.items():
+        section, field = key.split("__")
+        doc[section][field] = value
+    path = tmp_path / f"{case}-edited.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("case,changes,target,needle", [
+    ("dense_train", {"plan__zero": 3}, "megatron", "ZeRO stage 3"),
+    ("dense_train", {"plan__zero": 2}, "deepspeed", "pipeline parallelism (pp 4) with ZeRO stage 2"),
+    ("dense_train", {}, "torchtitan", "ZeRO-1"),
+    ("dense_train", {}, "vllm", "it is a train plan and vllm takes serving plans"),
+    ("serve", {}, "megatron", "it is a infer plan and megatron takes training plans"),
+    ("serve", {"plan__ep": 3}, "vllm", "ep_experts"),
+])
+def test_cannot_express_exits_2(cli, tmp_path, case, changes, target, needle):
+    path = edited(tmp_path, case, **changes) if changes else PLANS / f"{case}.json"
+    r = cli("export", path, "--to", target, "-o", tmp_path / "out")
+    assert r.code == 2, r.out
+    assert needle in r.err or needle.replace("ep_experts", "") in r.err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_invalid_or_old_plan_files(cli, tmp_path):
+    r = cli("export", edited(tmp_path, "dense_train", plan__tp=3), "--to", "megatron", "-o", tmp_path)
+    assert r.code == 2 and "no longer passes its rules" in r.err and "tp (3) must divide" in r.err
+    doc = json.loads((PLANS / "dense_train.json").read_text())
+    doc["schema"] = 0
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    r = cli("export", old, "--to", "megatron", "-o", tmp_path)
+    assert r.code == 2 and "schema 0 is not supported" in r.err
+    r = cli("export", tmp_path / "missing.json", "--to", "megatron")
+    assert r.code == 2 and "does not exist" in r.err
+
+
+def test_no_overwrite_without_force_and_no_temp_files(cli, tmp_path):
+    out = tmp_path / "out"
+    assert cli("export", PLANS / "serve.json", "--to", "all", "-o", out).code == 0
+    before = (out / "vllm_serve.sh").read_text()
+    (out / "vllm_serve.sh").write_text("# mine\n")
+    r = cli("export", PLANS / "serve.json", "--to", "all", "-o", out)
+    assert r.code == 2 and "pass --force" in r.err
+    assert (out / "vllm_serve.sh").read_text() == "# mine\n"
+    assert cli("export", PLANS / "serve.json", "--to", "all", "-o", out, "--force").code == 0
+    assert (out / "vllm_serve.sh").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["sglang_serve.sh", "vllm_serve.sh"]
+    assert os.access(out / "vllm_serve.sh", os.X_OK)
+
+
+def test_search_save_then_export_all(cli, tmp_path):
+    plan = tmp_path / "p.json"
+    assert cli("search", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "1",
+               "--global-batch", "64", "--save", plan).code == 0
+    r = cli("export", plan, "--to", "all", "-o", tmp_path / "o", "--json")
+    assert r.code == 0 and "megatron_pretrain.sh" in " ".join(r.json()["files"])
+    serve = tmp_path / "s.json"
+    assert cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+               "--save", serve).code == 0
+    assert cli("export", serve, "--to", "vllm", "-o", tmp_path / "v").code == 0
