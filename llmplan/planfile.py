@@ -4,6 +4,7 @@ predictions, in one JSON document that export, bench and check read back."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,12 +41,21 @@ class PlanFile:
     """The serving workload (mode infer)."""
 
 
+def spec_ref(ref: str, plan_path: Path) -> str:
+    """How a plan file names its model / hardware: a built-in name as given, or a path relative to the plan
+    file's folder (so a repository of specs and plans can move as a whole)."""
+    if Path(ref).suffix in (".yaml", ".yml", ".json") or "/" in ref:
+        return os.path.relpath(Path(ref).resolve(), Path(plan_path).resolve().parent)
+    return ref
+
+
 def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
-                  predictions: dict[str, Any]) -> dict[str, Any]:
+                  predictions: dict[str, Any], refs: tuple[str, str] | None = None) -> dict[str, Any]:
     c = e.cluster
     return {
         "schema": PLAN_SCHEMA, "kind": KIND, "mode": "train", "llmplan_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **({"model_ref": refs[0], "hardware_ref": refs[1]} if refs else {}),
         "model": e.model.model_dump(mode="json"),
         "hardware": c.system.model_dump(mode="json"),
         "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
@@ -56,12 +66,14 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
     }
 
 
-def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any]) -> dict[str, Any]:
+def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any],
+                        refs: tuple[str, str] | None = None) -> dict[str, Any]:
     """An inference plan file: the ServePlan and ServeJob instead of a ParallelPlan."""
     c = e.cluster
     return {
         "schema": PLAN_SCHEMA, "kind": KIND, "mode": "infer", "llmplan_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **({"model_ref": refs[0], "hardware_ref": refs[1]} if refs else {}),
         "model": e.model.model_dump(mode="json"), "hardware": c.system.model_dump(mode="json"),
         "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
         "allowance": allowance.model_dump(mode="json"),

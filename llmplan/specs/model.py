@@ -80,6 +80,10 @@ class ModelSpec(BaseModel):
     layer_types: tuple[str, ...] | None = None
     """Per-layer attention kind ('sliding_attention' / 'full_attention') where the model alternates."""
 
+    declared_params: float | None = Field(default=None, gt=0)
+    """llmplan key: the published total parameter count; `llmplan check` fails when the count computed
+    from the dimensions differs by more than its --param-tolerance."""
+
     num_experts: int = Field(default=0, ge=0)
     """Routed experts per MoE layer (HF: num_local_experts / num_experts / n_routed_experts); 0 = dense."""
     num_experts_per_tok: int = Field(default=0, ge=0)

@@ -1,0 +1,310 @@
+"""`llmplan check` and `llmplan lock`: guard saved plans against changes to the specs they rely on.
+
+A plan file records which model and hardware it was planned for (`model_ref`, `hardware_ref`: a built-in
+name, or a path relative to the plan file) next to a snapshot of both. `check` re-reads the referenced specs
+as they are now, and fails a plan that no longer passes its rules, no longer fits with the required
+headroom, or whose predicted step time (or serving throughput) regressed beyond the tolerance. Each finding
+names the file, the spec field that changed and its line, for text, JSON, GitHub annotations and JUnit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from llmplan.errors import LlmplanError
+from llmplan.estimate import estimate_training
+from llmplan.planfile import KIND, PLAN_SCHEMA
+from llmplan.serving import estimate_serving
+from llmplan.specs.check import check_plan, check_serve_plan
+from llmplan.specs.hardware import GpuSpec, SystemSpec
+from llmplan.specs.hf import from_hf_config
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import (
+    builtin_models, builtin_systems, load_model_file, load_system_file, read_document, validation_message,
+)
+from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.units import GIB
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass
+class Finding:
+    """One check: what was checked, where, and whether it passed."""
+
+    name: str
+    file: str
+    ok: bool
+    message: str
+    line: int | None = None
+    field: str | None = None
+    details: dict[str, Any] = dc_field(default_factory=dict)
+
+
+def field_line(path: Path, name: str | None) -> int | None:
+    """1-based line of a top-level key in a YAML/JSON file (None when absent or unparsable)."""
+    if not name:
+        return None
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    if isinstance(node, yaml.MappingNode):
+        for key, _ in node.value:
+            if key.value == name:
+                return key.start_mark.line + 1
+    return None
+
+
+def classify(doc: dict[str, Any]) -> str:
+    if doc.get("kind") == KIND:
+        return "plan"
+    if "tflops" in doc:
+        return "gpu"
+    if "gpus_per_node" in doc or "base" in doc:
+        return "system"
+    if "hidden_size" in doc or "n_embd" in doc or "model_type" in doc:
+        return "model"
+    return "unknown"
+
+
+def discover(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.suffix in SPEC_SUFFIXES and f.is_file())
+        elif p.exists():
+            files.append(p)
+        else:
+            raise LlmplanError(f"{p} does not exist")
+    return files
+
+
+def check_spec(path: Path, param_tolerance: float) -> Finding:
+    """Schema, cross-field rules, and the declared parameter count."""
+    from llmplan.cost.params import param_counts
+
+    try:
+        m = load_model_file(path)
+    except LlmplanError as e:
+        fld = _field_from_error(str(e))
+        return Finding(f"spec {path}", str(path), False, str(e), field_line(path, fld), fld)
+    if m.declared_params:
+        total = param_counts(m).total
+        err = abs(total - m.declared_params) / m.declared_params
+        if err > param_tolerance:
+            return Finding(f"spec {m.name}", str(path), False,
+                           f"computed parameters {total / 1e9:.3f}B differ from declared_params "
+                           f"{m.declared_params / 1e9:.3f}B by {100 * err:.2f}% (> {100 * param_tolerance:.2f}%)",
+                           field_line(path, "declared_params"), "declared_params")
+    return Finding(f"spec {m.name}", str(path), True, "valid")
+
+
+def check_hardware(path: Path, kind: str) -> Finding:
+    try:
+        if kind == "gpu":
+            GpuSpec.model_validate(read_document(path))
+        else:
+            load_system_file(path)
+    except ValidationError as e:
+        msg = validation_message(str(path), e)
+        fld = _field_from_error(msg)
+        return Finding(f"hardware {path}", str(path), False, msg, field_line(path, fld), fld)
+    except LlmplanError as e:
+        fld = _field_from_error(str(e))
+        return Finding(f"hardware {path}", str(path), False, str(e), field_line(path, fld), fld)
+    return Finding(f"hardware {path.stem}", str(path), True, "valid")
+
+
+def _field_from_error(msg: str) -> str | None:
+    if "field '" in msg:
+        return msg.split("field '", 1)[1].split("'", 1)[0].split(".")[0]
+    return None
+
+
+def resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path | None]:
+    """The spec a plan refers to, as it is now, and its file (None for built-ins)."""
+    if not ref:
+        return None, None
+    candidate = (plan_path.parent / ref) if not Path(ref).is_absolute() else Path(ref)
+    if Path(ref).suffix in SPEC_SUFFIXES or "/" in ref:
+        if not candidate.exists():
+            raise LlmplanError(f"references {kind} file {ref}, which no longer exists")
+        return (load_model_file(candidate) if kind == "model" else load_system_file(candidate)), candidate
+    table = builtin_models() if kind == "model" else builtin_systems()
+    if ref not in table:
+        raise LlmplanError(f"references built-in {kind} '{ref}', which no longer exists")
+    return table[ref], None
+
+
+def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    keys = set(old) | set(new)
+    return {k: (old.get(k), new.get(k)) for k in sorted(keys) if old.get(k) != new.get(k)}
+
+
+def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> list[Finding]:
+    """Re-evaluate one plan file against the specs it references, as they are now."""
+    name = f"plan {path.name}"
+    try:
+        doc = read_document(path)
+        if doc.get("kind") != KIND or doc.get("schema") != PLAN_SCHEMA:
+            raise LlmplanError(f"not an llmplan plan file of schema {PLAN_SCHEMA}")
+        model, model_file = resolve_ref(doc.get("model_ref"), path, "model")
+        system, system_file = resolve_ref(doc.get("hardware_ref"), path, "hardware")
+        model = model or ModelSpec.model_validate(doc["model"])
+        system = system or SystemSpec.model_validate(doc["hardware"])
+    except (LlmplanError, ValidationError, KeyError, TypeError) as e:
+        msg = validation_message(str(path), e) if isinstance(e, ValidationError) else str(e)
+        return [Finding(name, str(path), False, f"cannot be checked: {msg}")]
+    changes = changed_fields(doc.get("model", {}), model.model_dump(mode="json"))
+    changes.pop("source", None)
+    changes.update({f"hardware.{k}": v for k, v in changed_fields(doc.get("hardware", {}),
+                                                                   system.model_dump(mode="json")).items()
+                    if k != "source"})
+    where = model_file if model_file else path
+    spec_field = next((k for k in changes if not k.startswith("hardware.")), None)
+    line = field_line(model_file, spec_field) if model_file and spec_field else None
+    describe = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items() if k != "declared_params")
+    because = f" (spec changes: {describe})" if describe else ""
+    try:
+        cluster = ClusterSpec(system=system, num_nodes=doc["nodes"], gpus_per_node=doc.get("gpus_per_node"))
+        allowance = MemoryAllowance.model_validate(doc.get("allowance", {}))
+        if doc.get("mode") == "infer":
+            return [_check_serving(name, str(where), line, spec_field, model, cluster, doc, allowance,
+                                   min_headroom_gib, tolerance, because)]
+        plan = ParallelPlan.model_validate(doc["plan"])
+    except (ValidationError, KeyError) as e:
+        return [Finding(name, str(path), False, f"cannot be checked: {e}")]
+    bad = check_plan(model, plan, cluster)
+    if bad:
+        return [Finding(name, str(where), False, f"{path.name} breaks its rules{because}: "
+                        + "; ".join(v.message for v in bad), line, spec_field)]
+    e = estimate_training(model, cluster, plan, allowance)
+    head = float(e.memory.headroom) / GIB
+    old_step = doc.get("predictions", {}).get("time", {}).get("step_s")
+    step = float(e.time.total)
+    details = {"memory_gib": float(e.memory.total) / GIB, "headroom_gib": head, "step_s": step,
+               "locked_step_s": old_step, "changes": {k: list(v) for k, v in changes.items()}}
+    if head < min_headroom_gib:
+        return [Finding(name, str(where), False, f"{path.name} no longer fits with {min_headroom_gib} GiB headroom: "
+                        f"{float(e.memory.total) / GIB:.1f} of {float(e.memory.capacity) / GIB:.1f} GiB per GPU"
+                        f"{because}", line, spec_field, details)]
+    if old_step and step > old_step * (1 + tolerance):
+        return [Finding(name, str(where), False, f"{path.name} step time regressed {100 * (step / old_step - 1):.1f}% "
+                        f"({old_step:.3f} -> {step:.3f} s, tolerance {100 * tolerance:.0f}%){because}",
+                        line, spec_field, details)]
+    return [Finding(name, str(path), True, f"fits with {head:.1f} GiB headroom, step {step:.3f} s", details=details)]
+
+
+def _check_serving(name, where, line, spec_field, model, cluster, doc, allowance, min_headroom_gib, tolerance,
+                   because) -> Finding:
+    plan, job = ServePlan.model_validate(doc["plan"]), ServeJob.model_validate(doc.get("job", {}))
+    bad = check_serve_plan(model, plan, job, cluster)
+    if bad:
+        return Finding(name, where, False, f"breaks its rules{because}: " + "; ".join(v.message for v in bad),
+                       line, spec_field)
+    e = estimate_serving(model, cluster, plan, job, allowance)
+    head = (e.memory.capacity - e.memory.total) / GIB
+    old = doc.get("predictions", {}).get("throughput", {}).get("tokens_per_s")
+    if not e.memory.fits or head < min_headroom_gib:
+        return Finding(name, where, False, f"no longer fits {job.batch} sequences with {min_headroom_gib} GiB "
+                       f"headroom{because}", line, spec_field)
+    if old and e.tokens_per_s < old * (1 - tolerance):
+        return Finding(name, where, False, f"throughput regressed {100 * (1 - e.tokens_per_s / old):.1f}% "
+                       f"({old:,.0f} -> {e.tokens_per_s:,.0f} tokens/s){because}", line, spec_field)
+    return Finding(name, where, True, f"fits, {e.tokens_per_s:,.0f} tokens/s")
+
+
+def run_checks(paths: list[Path], plans_dir: Path | None, min_headroom_gib: float, tolerance: float,
+               param_tolerance: float = 0.01) -> list[Finding]:
+    files = discover(paths + ([plans_dir] if plans_dir else []))
+    findings: list[Finding] = []
+    for f in dict.fromkeys(files):
+        try:
+            doc = read_document(f)
+        except LlmplanError as e:
+            findings.append(Finding(f"file {f}", str(f), False, str(e)))
+            continue
+        kind = classify(doc)
+        if kind == "plan":
+            findings += check_plan_file(f, min_headroom_gib, tolerance)
+        elif kind == "model":
+            findings.append(check_spec(f, param_tolerance))
+        elif kind in ("gpu", "system"):
+            findings.append(check_hardware(f, kind))
+    return findings
+
+
+# --- diff against a git revision --------------------------------------------------------------------------------
+
+
+def git_show(ref: str, path: Path) -> str | None:
+    """The file as of `ref` (None when it did not exist there); bad refs are one clear error."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.parent, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise LlmplanError(f"--base needs a git checkout; {path} is not inside one") from None
+    rel = path.resolve().relative_to(Path(top).resolve())
+    r = subprocess.run(["git", "show", f"{ref}:{rel.as_posix()}"], cwd=top, capture_output=True, text=True)
+    if r.returncode != 0:
+        ok = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=top,
+                            capture_output=True).returncode == 0
+        if not ok:
+            raise LlmplanError(f"--base {ref} is not a git revision of {top}")
+        return None
+    return r.stdout
+
+
+def diff_against(ref: str, files: list[Path], plan_files: list[Path]) -> list[dict[str, Any]]:
+    """Per changed model spec: changed fields, parameter count, and memory / step time of each plan that
+    references it, then (at ref) and now."""
+    from llmplan.cost.params import param_counts
+
+    out = []
+    for f in files:
+        doc = read_document(f)
+        if classify(doc) != "model":
+            continue
+        old_text = git_show(ref, f)
+        if old_text is None:
+            out.append({"file": str(f), "status": "added"})
+            continue
+        old_doc = json.loads(old_text) if f.suffix == ".json" else yaml.safe_load(old_text)
+        if old_doc == doc:
+            continue
+        old = ModelSpec.model_validate(from_hf_config(old_doc, f.stem) if "name" not in old_doc else old_doc)
+        new = load_model_file(f)
+        entry: dict[str, Any] = {
+            "file": str(f), "status": "changed",
+            "fields": {k: list(v) for k, v in changed_fields(old.model_dump(mode="json"),
+                                                            new.model_dump(mode="json")).items()},
+            "params": [param_counts(old).total, param_counts(new).total], "plans": [],
+        }
+        for pf in plan_files:
+            pdoc = read_document(pf)
+            ref_path = pdoc.get("model_ref")
+            if not ref_path or (pf.parent / ref_path).resolve() != f.resolve() or pdoc.get("mode") == "infer":
+                continue
+            system = SystemSpec.model_validate(pdoc["hardware"])
+            cluster = ClusterSpec(system=system, num_nodes=pdoc["nodes"], gpus_per_node=pdoc.get("gpus_per_node"))
+            plan = ParallelPlan.model_validate(pdoc["plan"])
+            row: dict[str, Any] = {"plan": str(pf)}
+            for label, m in (("base", old), ("now", new)):
+                if check_plan(m, plan, cluster):
+                    row[label] = {"valid": False}
+                    continue
+                e = estimate_training(m, cluster, plan)
+                row[label] = {"valid": True, "memory_gib": float(e.memory.total) / GIB, "step_s": float(e.time.total)}
+            entry["plans"].append(row)
+        out.append(entry)
+    return out

@@ -1,0 +1,142 @@
+"""`llmplan check` / `llmplan lock` in a temporary repository of specs and locked plans: a harmful spec
+change fails in every output format naming the plan, the spec field and the reason; a harmless one passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def repo(tmp_path, cli):
+    specs = tmp_path / "model_specs"
+    specs.mkdir()
+    text = (ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text().replace("name: llama-3.1-8b", "name: team-8b")
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("declared_params"))
+    (specs / "team-8b.yaml").write_text(text)
+    r = cli("lock", specs, "--plans", tmp_path / "plans", "--hardware", "dgx-h100", "--nodes", "1",
+            "--global-batch", "64", "--seq-len", "4096")
+    assert r.code == 0, r.err + r.out
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "specs and locked plans")
+    return tmp_path
+
+
+def edit(repo: Path, old: str, new: str) -> Path:
+    spec = repo / "model_specs" / "team-8b.yaml"
+    spec.write_text(spec.read_text().replace(old, new))
+    return spec
+
+
+def test_locked_plan_passes_and_names_its_spec(repo, cli):
+    plan = next((repo / "plans").glob("*.json"))
+    doc = json.loads(plan.read_text())
+    assert doc["model_ref"] == "../model_specs/team-8b.yaml" and doc["hardware_ref"] == "dgx-h100"
+    r = cli("check", repo / "model_specs", "--plans", repo / "plans")
+    assert r.code == 0, r.out
+    assert "2 passed, 0 failed" in r.out
+
+
+def test_harmless_change_passes(repo, cli):
+    edit(repo, "source: ", "source: (reviewed) ")
+    (repo / "model_specs" / "team-8b.yaml").write_text("# a comment\n" + (repo / "model_specs" / "team-8b.yaml").read_text())
+    assert cli("check", repo / "model_specs", "--plans", repo / "plans").code == 0
+
+
+def test_doubling_layers_fails_in_every_format(repo, cli):
+    spec = edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 64")
+    line = next(i for i, l in enumerate(spec.read_text().splitlines(), 1) if l.startswith("num_hidden_layers"))
+    args = ("check", repo / "model_specs", "--plans", repo / "plans")
+    text = cli(*args)
+    assert text.code == 1
+    assert "FAIL" in text.out and "1 passed, 1 failed" in text.out
+
+    js = cli(*args, "--format", "json")
+    assert js.code == 1
+    doc = js.json()
+    bad = [c for c in doc["checks"] if not c["ok"]]
+    assert doc["failed"] == 1 and bad[0]["field"] == "num_hidden_layers" and bad[0]["line"] == line
+    assert bad[0]["file"].endswith("model_specs/team-8b.yaml")
+    assert "regressed" in bad[0]["message"] or "no longer fits" in bad[0]["message"]
+    assert "team-8b.dgx-h100.plan.json" in bad[0]["message"] and "num_hidden_layers 32 -> 64" in bad[0]["message"]
+
+    gh = cli(*args, "--format", "github")
+    assert gh.code == 1
+    ann = [l for l in gh.out.splitlines() if l.startswith("::error")]
+    assert len(ann) == 1 and f"model_specs/team-8b.yaml,line={line}" in ann[0]
+    assert "team-8b.dgx-h100.plan.json" in ann[0]
+
+    ju = cli(*args, "--format", "junit")
+    assert ju.code == 1
+    suite = ET.fromstring(ju.out).find("testsuite")
+    assert suite.get("failures") == "1" and int(suite.get("tests")) == 2
+    failure = suite.find("testcase/failure")
+    assert "num_hidden_layers" in failure.text
+
+
+def test_rule_break_is_reported(repo, cli):
+    edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 31")  # the locked pp no longer divides, or heads rule
+    plan = next((repo / "plans").glob("*.json"))
+    doc = json.loads(plan.read_text())
+    doc["plan"]["pp"] = 2
+    doc["plan"]["dp"] = doc["plan"]["dp"] // 2 or 1
+    plan.write_text(json.dumps(doc))
+    r = cli("check", "--plans", repo / "plans", "--format", "json")
+    assert r.code == 1
+    msg = [c for c in r.json()["checks"] if not c["ok"]][0]["message"]
+    assert "breaks its rules" in msg and "pp (2) must divide num_hidden_layers (31)" in msg
+
+
+def test_diff_against_base(repo, cli):
+    edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 40")
+    r = cli("check", repo / "model_specs", "--plans", repo / "plans", "--base", "HEAD", "--format", "json")
+    d = r.json()["diff"][0]
+    assert d["fields"]["num_hidden_layers"] == [32, 40]
+    assert d["params"][1] > d["params"][0]
+    row = d["plans"][0]
+    assert row["now"]["step_s"] > row["base"]["step_s"]
+    r = cli("check", repo / "model_specs", "--base", "no-such-rev")
+    assert r.code == 2 and "--base no-such-rev is not a git revision" in r.err
+
+
+def test_missing_model_and_corrupt_plan_are_failed_checks(repo, cli):
+    shutil.move(repo / "model_specs" / "team-8b.yaml", repo / "gone.yaml")
+    (repo / "plans" / "broken.json").write_text("{not json")
+    r = cli("check", "--plans", repo / "plans", "--format", "json")
+    assert r.code == 1 and "Traceback" not in r.err
+    messages = " | ".join(c["message"] for c in r.json()["checks"])
+    assert "no longer exists" in messages and "not valid JSON" in messages
+
+
+def test_invalid_spec_points_at_field(tmp_path, cli):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nhidden_size: 64\nintermediate_size: -1\nnum_hidden_layers: 2\n"
+                   "num_attention_heads: 4\nvocab_size: 100\nmax_position_embeddings: 128\n")
+    r = cli("check", bad, "--format", "github")
+    assert r.code == 1 and f"file={bad},line=3" in r.out and "intermediate_size" in r.out
+    assert cli("check").code == 2
+
+
+def test_declared_parameter_count_is_checked(tmp_path, cli):
+    text = (ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text().replace("num_hidden_layers: 32",
+                                                                           "num_hidden_layers: 40")
+    spec = tmp_path / "grown.yaml"
+    spec.write_text(text)
+    r = cli("check", spec, "--format", "json")
+    assert r.code == 1
+    c = r.json()["checks"][0]
+    assert c["field"] == "declared_params" and "differ from declared_params" in c["message"]
+
+
+def test_shipped_specs_pass(cli):
+    r = cli("check", ROOT / "model_specs", ROOT / "hardware_profiles", "--format", "json")
+    assert r.code == 0 and r.json()["failed"] == 0 and r.json()["passed"] >= 43
