@@ -20,7 +20,11 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from llmplan import report
 from llmplan.cost.params import param_counts
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS
+from llmplan.bench.run import BenchConfig, compare, launch, layer_shape, require_torch
+from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.export import TARGETS, render_all, write_files
+from llmplan.fileio import write_atomic
 from llmplan.guard import diff_against, discover, run_checks
 from llmplan.planfile import load_plan, plan_document, save_plan, serve_plan_document, spec_ref
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
@@ -31,6 +35,7 @@ from llmplan.search.run import OBJECTIVES
 from llmplan.search.run import search as run_search
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import read_document
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
 from llmplan.topology.collectives import OPS, collective_time
 from llmplan.topology.graph import validate
@@ -424,6 +429,118 @@ def lock(
          lambda: [out.print(f"locked {w}") for w in written] + [out.print(f"[red]failed[/] {f}") for f in failed])
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="A plan file from `llmplan search --save`."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Without --plan: model name or spec path."),
+    hardware: str = typer.Option("dgx-h100", "--hardware", help="Without --plan: profile the predictions use."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Without --plan: tensor-parallel degree (default: nproc)."),
+    cp: int = typer.Option(1, "--cp", help="Without --plan: context-parallel degree (shortens the sequence)."),
+    seq_len: Optional[int] = SeqOpt,
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Without --plan: sequences per micro-batch."),
+    nproc: int = typer.Option(2, "--nproc", help="Processes (GPUs) on this node; torchrun starts them."),
+    backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) | nccl (GPU)."),
+    components: str = typer.Option("gemm,collectives,layer", "--components", help="Comma-separated subset."),
+    sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),
+    gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", help="Cap the GEMMs' token dimension."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped."),
+    save: Optional[Path] = typer.Option(None, "--out", help="Write the raw results (input of llmplan calibrate)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Run GEMM, collective and reference-layer micro-benchmarks and compare them with the predictions."""
+    require_torch()
+    if backend not in ("gloo", "nccl"):
+        raise LlmplanError(f"--backend {backend}: use gloo (CPU) or nccl (GPU)")
+    picked = tuple(c.strip() for c in components.split(",") if c.strip())
+    unknown = [c for c in picked if c not in BENCH_COMPONENTS]
+    if unknown or not picked:
+        raise LlmplanError(f"--components {components}: choose from {', '.join(BENCH_COMPONENTS)}")
+    if nproc < 1:
+        raise LlmplanError(f"--nproc ({nproc}) must be at least 1")
+    if plan_file is not None:
+        pf = load_plan(plan_file)
+        if pf.mode != "train":
+            raise LlmplanError("llmplan bench takes training plans (the reference layer is a training layer)")
+        m, cluster, plan = pf.model, pf.cluster, pf.plan
+    elif model is not None:
+        m = resolve_model(model)
+        cluster = make_cluster(hardware, 1, None)
+        seq = seq_len or min(2048, m.max_position_embeddings)
+        plan = build(ParallelPlan, {"tp": tp or nproc, "cp": cp, "seq_len": seq, "micro_batch": micro_batch,
+                                    "global_batch": micro_batch, "sp": (tp or nproc) > 1}, "bench options")
+    else:
+        raise LlmplanError("give --plan plan.json or --model (with --tp, --seq-len, --micro-batch)")
+    cfg = BenchConfig(m, plan, cluster, nproc, backend, picked, tuple(int(parse_size(x)) for x in sizes.split(",")),
+                      timeout, gemm_tokens)
+    notes = bench_notes(cfg)
+    with bench_progress(not json_mode) as say:
+        run = launch(cfg, say)
+    rows = compare(cfg, run)
+    doc = report.bench_json(cfg, run, rows)
+    doc["notes"] = notes
+    if save is not None:
+        write_atomic(save, report.dump_json(doc) + "\n", force=force)
+
+    def view():
+        for note in notes:
+            out.print(f"[dim]{note}[/]")
+        for t in report.bench_tables(rows):
+            out.print(t)
+        out.print(f"bench took {run.seconds:.1f} s on {nproc} process(es) ({backend})")
+    emit(doc, json_mode, view)
+    if run.failures:
+        for f in run.failures:
+            sys.stderr.write(f"error: rank {f.rank} failed while '{f.phase}': {f.error}\n")
+        raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(
+    results: Path = typer.Argument(..., help="JSON written by `llmplan bench --backend nccl --out`."),
+    hardware: str = typer.Option(..., "--hardware", help="The system profile to calibrate."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile (YAML)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --output."),
+) -> None:
+    """Write a hardware profile with measured GEMM and collective efficiencies."""
+    doc = read_document(results)
+    system = calibrated_system(resolve_system(hardware), doc, str(results))
+    write_profile(system, output, force)
+    out.print(f"wrote {output}: {system.calibrated}")
+
+
+def bench_notes(cfg) -> list[str]:
+    """What the bench does differently from the plan, said up front."""
+    m, p = cfg.model, cfg.plan
+    notes = [f"the layer benchmark runs 1 of the {m.num_hidden_layers} layers of {m.name} (shape per layer "
+             f"unchanged: s {p.seq_len // p.cp}, micro-batch {p.micro_batch}) with tp = nproc = {cfg.nproc}"]
+    if p.tp != cfg.nproc:
+        notes.append(f"the plan has tp {p.tp}; the layer and collectives run over the {cfg.nproc} processes here")
+    if cfg.backend == "gloo":
+        notes.append("CPU run: times are not comparable with the GPU profile; saved bytes and bytes sent are")
+    sh = layer_shape(cfg)
+    per_proc = 60 * sh["s"] * sh["b"] * sh["h"] + 30 * sh["a"] * sh["s"] ** 2 * sh["b"] / cfg.nproc
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = None
+    if ram and per_proc * cfg.nproc > 0.5 * ram:
+        raise LlmplanError(f"one layer of {m.name} at seq {sh['s']} x micro-batch {sh['b']} needs about "
+                           f"{per_proc / 2**30:.1f} GiB per process; this machine has {ram / 2**30:.0f} GiB: lower "
+                           "--seq-len or --micro-batch, or run on GPUs")
+    return notes
+
+
+@contextmanager
+def bench_progress(enabled: bool):
+    if not (enabled and out.is_terminal):
+        yield None
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
+        task = bar.add_task("starting", total=1.0)
+        yield lambda msg, frac: bar.update(task, description=msg[:100], completed=min(frac, 1.0))
 
 
 @contextmanager

@@ -232,6 +232,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         f"{cluster.system.gpu.name})  tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp}  "
         f"sp {'on' if p.sp else 'off'}  zero {p.zero}  recompute {p.recompute}  micro-batch {p.micro_batch}  "
         f"global batch {p.global_batch} ({p.num_microbatches} micro-batches/replica)  seq {p.seq_len}  {p.dtype}")
+    if cluster.system.calibrated:
+        console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "
                   f"on the most-loaded GPU {billions(mem.params_on_rank)} (pipeline stage {mem.stage})")
     t = Table(title="Memory per GPU (most-loaded rank)")
@@ -515,3 +517,41 @@ def check_view(console: Console, findings: list[Finding], diff: list[dict[str, A
                 return "invalid" if not x.get("valid") else f"{x['memory_gib']:.1f} GiB, step {x['step_s']:.3f} s"
             console.print(f"  {row['plan']}: {fmt(row['base'])} -> {fmt(row['now'])}")
     console.print(f"{sum(f.ok for f in findings)} passed, {sum(not f.ok for f in findings)} failed")
+
+
+# --- bench -----------------------------------------------------------------------------------------------------
+
+
+def _fmt_value(v: float, unit: str) -> str:
+    if unit == "B":
+        return human_bytes(v)
+    if unit == "s":
+        return f"{v * 1e3:,.3f} ms" if v < 1 else f"{v:,.3f} s"
+    return f"{v:,.4g} {unit}"
+
+
+def bench_tables(rows: list) -> list[Table]:
+    tables = []
+    for component in dict.fromkeys(r.component for r in rows):
+        t = Table(title=component)
+        for col in ("item", "predicted", "measured", "error", "verdict", "note"):
+            t.add_column(col, justify="right" if col in ("predicted", "measured", "error") else "left")
+        for r in (x for x in rows if x.component == component):
+            style = {"ok": "green", "MISMATCH": "bold red"}.get(r.verdict, "dim")
+            t.add_row(r.item, _fmt_value(r.predicted, r.unit) if r.predicted else "-", _fmt_value(r.measured, r.unit),
+                      f"{100 * r.error:+.2f}%" if r.predicted else "-", f"[{style}]{r.verdict}[/]", r.note)
+        tables.append(t)
+    return tables
+
+
+def bench_json(cfg, run, rows: list) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "model": cfg.model.name, "hardware": cfg.cluster.system.name, "nproc": cfg.nproc,
+        "backend": cfg.backend, "seconds": run.seconds, "timed_out": run.timed_out,
+        "failures": [{"rank": f.rank, "phase": f.phase, "error": f.error} for f in run.failures],
+        "device": run.ranks[0]["device_name"] if run.ranks else None,
+        "host": run.ranks[0]["host"] if run.ranks else None,
+        "comparisons": [{"component": r.component, "item": r.item, "predicted": r.predicted, "measured": r.measured,
+                         "unit": r.unit, "error": r.error, "verdict": r.verdict, "note": r.note} for r in rows],
+        "raw": run.ranks,
+    }

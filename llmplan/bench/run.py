@@ -1,0 +1,260 @@
+"""`llmplan bench`: build the benchmark from a plan, start torchrun for one node, watch the ranks, and hold
+what they measured against llmplan's predictions. This side does not import torch (the workers do)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from llmplan.cost.comm import tp_transfers
+from llmplan.cost.compute import gemm_efficiency
+from llmplan.cost.memory import layer_activation_bytes
+from llmplan.errors import LlmplanError
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.topology.collectives import bus_factor, collective_time
+from llmplan.topology.placement import GroupSpan, span_of_ranks
+
+COMPONENTS = ("gemm", "collectives", "layer")
+OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
+LAYER_TOLERANCE = 0.01
+"""Saved-bytes tolerance: the formula neglects the layer norms' saved mean and 1/std (2 tensors of s·b per
+norm) and counts K/V at the KV-head width where unfused GQA attention keeps copies expanded to the query
+heads (added to the expectation); what remains is under 1%."""
+
+
+def require_torch() -> None:
+    if importlib.util.find_spec("torch") is None:
+        raise LlmplanError("llmplan bench needs torch, which is not installed: pip install 'llmplan[bench]'")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: ModelSpec
+    plan: ParallelPlan
+    cluster: ClusterSpec
+    nproc: int
+    backend: str
+    components: tuple[str, ...]
+    sizes: tuple[int, ...]
+    timeout_s: float
+    gemm_tokens: int | None = None
+
+
+def layer_shape(cfg: BenchConfig) -> dict[str, int | bool]:
+    m, p = cfg.model, cfg.plan
+    return {"s": p.seq_len // p.cp, "b": p.micro_batch, "h": m.hidden_size, "a": m.num_attention_heads,
+            "kv": m.kv_heads, "d": m.d_head, "f": m.intermediate_size if m.num_dense_layers else m.expert_ffn,
+            "gated": m.gated_mlp}
+
+
+def gemm_shapes(cfg: BenchConfig) -> list[dict[str, Any]]:
+    """The matmuls of one rank at the plan's shapes: M tokens x K reduction x N outputs."""
+    m, p = cfg.model, cfg.plan
+    t = p.tp
+    T = p.seq_len // p.cp * p.micro_batch
+    if cfg.gemm_tokens:
+        T = min(T, cfg.gemm_tokens)
+    heads, kvh = m.num_attention_heads // t, max(m.kv_heads // t, 1)
+    f = m.intermediate_size if m.num_dense_layers else m.expert_ffn
+    c = 2 if m.gated_mlp else 1
+    out = [
+        {"name": "qkv", "m": T, "k": m.hidden_size, "n": (heads + 2 * kvh) * m.d_head},
+        {"name": "attention-out", "m": T, "k": heads * m.d_head, "n": m.hidden_size},
+        {"name": "mlp-up", "m": T, "k": m.hidden_size, "n": c * f // t},
+        {"name": "mlp-down", "m": T, "k": f // t, "n": m.hidden_size},
+        {"name": "logits", "m": T, "k": m.hidden_size, "n": -(-m.vocab_size // t)},
+    ]
+    if m.is_moe:
+        rows = max(1, T * m.num_experts_per_tok * p.ep // m.num_experts)
+        out.append({"name": "expert-up", "m": rows, "k": m.hidden_size, "n": c * m.expert_ffn // p.etp_resolved})
+    return out
+
+
+def worker_config(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
+    gpu = cfg.backend == "nccl"
+    return {
+        "out_dir": str(out_dir), "backend": cfg.backend, "components": list(cfg.components),
+        "gemms": gemm_shapes(cfg), "gemm_dtype": "bfloat16" if gpu else "float32",
+        "collectives": list(OPS), "sizes": list(cfg.sizes), "warmup": 1 if not gpu else 3, "iters": 3 if not gpu else 10,
+        "layer_shape": layer_shape(cfg), "layer_dtype": "bfloat16",
+        "layer_cases": [{"recompute": r, "sp": sp} for r in ("none", "selective", "full")
+                        for sp in ((False, True) if cfg.nproc > 1 else (False,))],
+        "threads": max(1, (os.cpu_count() or 1) // cfg.nproc),
+    }
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    phase: str
+    error: str
+
+
+@dataclass
+class BenchRun:
+    ranks: list[dict[str, Any]]
+    failures: list[RankFailure] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def launch(cfg: BenchConfig, progress: Callable[[str, float], None] | None = None) -> BenchRun:
+    """Start torchrun for one node, wait up to the timeout, and collect every rank's results. A rank that
+    fails or hangs stops the run: the whole process group is killed, and the report names the rank and the
+    phase it was in."""
+    say = progress or (lambda _msg, _frac: None)
+    out = Path(tempfile.mkdtemp(prefix="llmplan-bench-"))
+    (out / "config.json").write_text(json.dumps(worker_config(cfg, out)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           "--nproc-per-node", str(cfg.nproc), "-m", "llmplan.bench.worker", str(out / "config.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // cfg.nproc))}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    timed_out = False
+    while proc.poll() is None:
+        elapsed = time.perf_counter() - t0
+        if elapsed > cfg.timeout_s:
+            timed_out = True
+            _kill(proc)
+            break
+        phases = _phases(out)
+        say(", ".join(f"rank {r}: {p}" for r, p in sorted(phases.items())) or "starting", elapsed / cfg.timeout_s)
+        time.sleep(0.2)
+    log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    _kill(proc)
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("results-rank*.json"))]
+    failures = [RankFailure(e["rank"], _phases(out).get(e["rank"], "?"), e["error"])
+                for e in (json.loads(p.read_text()) for p in sorted(out.glob("error-rank*.json")))]
+    if timed_out:
+        done = {r["rank"] for r in ranks}
+        failures += [RankFailure(r, p, f"no progress before the {cfg.timeout_s:.0f} s timeout")
+                     for r, p in sorted(_phases(out).items()) if r not in done and p != "done"]
+    if not ranks and not failures:
+        failures.append(RankFailure(-1, "launch", f"torchrun exited with {proc.returncode}: {log[-2000:]}"))
+    return BenchRun(ranks, failures, timed_out, time.perf_counter() - t0)
+
+
+def _phases(out: Path) -> dict[int, str]:
+    phases = {}
+    for p in out.glob("progress-rank*.json"):
+        try:
+            d = json.loads(p.read_text())
+            phases[int(d["rank"])] = d["phase"]
+        except (ValueError, KeyError):
+            continue
+    return phases
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop torchrun and every worker it started (they share its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    except ProcessLookupError:
+        pass
+
+
+# --- predicted vs measured ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    item: str
+    predicted: float
+    measured: float
+    unit: str
+    tolerance: float | None
+    """Relative tolerance of the verdict; None: no verdict (e.g. times measured on CPU)."""
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        return (self.measured - self.predicted) / self.predicted if self.predicted else 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.tolerance is None:
+            return "n/a"
+        return "ok" if abs(self.error) <= self.tolerance else "MISMATCH"
+
+
+def bench_model(cfg: BenchConfig) -> tuple[ModelSpec, ParallelPlan]:
+    """The one-layer model and plan whose formulas describe the reference layer the workers ran."""
+    sh = layer_shape(cfg)
+    m = ModelSpec(name="bench-layer", model_type="gpt", hidden_size=sh["h"], intermediate_size=sh["f"],
+                  num_hidden_layers=1, num_attention_heads=sh["a"], num_key_value_heads=sh["kv"], head_dim=sh["d"],
+                  vocab_size=cfg.model.vocab_size, max_position_embeddings=max(sh["s"], 1), gated_mlp=sh["gated"])
+    return m, ParallelPlan(tp=cfg.nproc, micro_batch=sh["b"], global_batch=sh["b"], seq_len=sh["s"],
+                           flash_attention=False, dtype="bf16")
+
+
+def expected_saved_bytes(cfg: BenchConfig, recompute: str, sp: bool, mask_bytes: int) -> float:
+    """Korthikanti's per-layer activations for the reference layer, plus what this torch build keeps on top:
+    dropout masks wider than 1 byte (CPU) and unfused GQA's expanded K/V copies. Derived: docs/formulas.md"""
+    m, plan = bench_model(cfg)
+    plan = plan.model_copy(update={"recompute": recompute, "sp": sp})
+    expected = float(layer_activation_bytes(m, plan, False))
+    if recompute == "full":
+        return expected
+    s, b, h, t = plan.seq_len, plan.micro_batch, m.hidden_size, plan.tp
+    s_local = s / t if sp else s
+    masks = 2 * s_local * b * h + (m.num_attention_heads / t * s * s * b if recompute == "none" else 0)
+    heads, kvh = m.num_attention_heads // t, max(m.kv_heads // t, 1)
+    # unfused GQA expands K and V to the query heads: copies of 2·s·b·d·heads bytes instead of the KV width
+    gqa = 2 * 2 * s * b * m.d_head * (heads - kvh) if heads > kvh else 0.0
+    return expected + (mask_bytes - 1) * masks + gqa
+
+
+def expected_wire_bytes(cfg: BenchConfig, recompute: str, sp: bool) -> float:
+    m, plan = bench_model(cfg)
+    plan = plan.model_copy(update={"recompute": recompute, "sp": sp})
+    group = GroupSpan("tp", cfg.nproc, 1, 1, cfg.nproc, 1, 1, 0)
+    return sum(float(x.bytes) for x in tp_transfers(m, plan, group))
+
+
+def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
+    rows: list[Row] = []
+    if not run.ranks:
+        return rows
+    r0 = min(run.ranks, key=lambda r: r["rank"])
+    on_gpu = cfg.backend == "nccl"
+    gpu = cfg.cluster.system.gpu
+    dtype = "bf16" if on_gpu else "fp32"
+    time_note = "" if on_gpu else "CPU timing, not comparable to the profile's GPU"
+    for g in r0.get("gemm", []):
+        eff = gemm_efficiency(gpu, dtype if dtype in gpu.tflops else "bf16", min(g["m"], g["k"], g["n"]))
+        predicted = 2 * g["m"] * g["k"] * g["n"] / (gpu.peak_flops("bf16") * eff)
+        rows.append(Row("gemm", f"{g['name']} {g['m']}x{g['k']}x{g['n']}", predicted, g["seconds"], "s",
+                        0.25 if on_gpu else None, time_note or f"assumed efficiency {eff:.2f}"))
+    span = span_of_ranks(list(range(cfg.nproc)), cfg.cluster)
+    for c in r0.get("collectives", []):
+        ct = collective_time(c["op"], c["bytes"], span, cfg.cluster.system)
+        rows.append(Row("collective", f"{c['op']} {c['bytes'] / 2**20:.1f} MiB x {c['ranks']}", ct.seconds,
+                        c["seconds"], "s", 0.25 if on_gpu else None,
+                        time_note or f"busbw {c['bytes'] * bus_factor(c['op'], c['ranks']) / c['seconds'] / 1e9:.1f} GB/s"))
+    for lay in r0.get("layer", []):
+        label = f"recompute={lay['recompute']} sp={'on' if lay['sp'] else 'off'}"
+        rows.append(Row("layer saved bytes", label, expected_saved_bytes(cfg, lay["recompute"], lay["sp"], lay["mask_bytes"]),
+                        lay["saved_bytes"], "B", LAYER_TOLERANCE,
+                        f"dropout masks {lay['mask_bytes']} B/element here"))
+        if cfg.nproc > 1:
+            rows.append(Row("layer TP bytes sent", label, expected_wire_bytes(cfg, lay["recompute"], lay["sp"]),
+                            lay["wire_bytes"], "B", 1e-9, ", ".join(f"{k} x{v}" for k, v in sorted(lay["calls"].items()))))
+        if lay.get("peak_allocated"):
+            rows.append(Row("layer peak allocated", label, 0.0, lay["peak_allocated"], "B", None, "GPU only"))
+    return rows

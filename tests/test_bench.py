@@ -1,0 +1,144 @@
+"""`llmplan bench` on CPU with gloo (2 and 4 processes): every collective runs; the bytes the reference
+layer sends equal the TP/SP communication formula exactly; its saved-for-backward bytes match the activation
+formula within 1% for none / selective / full recompute with and without SP. The 1% covers what the formula
+neglects: each layer norm saves its mean and 1/std (2 small tensors of s·b elements). Two platform facts are
+added to the expectation, not hidden in the tolerance: this CPU build keeps dropout masks at 2 bytes per
+element (Korthikanti counts 1; CUDA keeps bool masks), and unfused GQA attention keeps K and V expanded to
+the query heads. Also: calibration round trip, missing torch, a failing or hung rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from llmplan.bench.run import BenchConfig, OPS, compare, launch  # noqa: E402
+from llmplan.specs.model import ModelSpec  # noqa: E402
+from llmplan.specs.plan import ClusterSpec, ParallelPlan  # noqa: E402
+from llmplan.specs.registry import resolve_system  # noqa: E402
+
+TINY = ModelSpec(name="tiny-gqa", model_type="llama", hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, max_position_embeddings=4096)
+SIZES = (1 << 20, 1 << 22)
+
+
+def config(nproc: int, components=("gemm", "collectives", "layer"), timeout=120.0, model=TINY) -> BenchConfig:
+    return BenchConfig(model=model, plan=ParallelPlan(tp=nproc, seq_len=128, micro_batch=2, global_batch=2),
+                       cluster=ClusterSpec(system=resolve_system("dgx-h100"), num_nodes=1), nproc=nproc,
+                       backend="gloo", components=components, sizes=SIZES, timeout_s=timeout)
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def bench_run(request):
+    cfg = config(request.param)
+    t0 = time.perf_counter()
+    run = launch(cfg)
+    return cfg, run, time.perf_counter() - t0
+
+
+def test_every_collective_runs(bench_run):
+    cfg, run, _ = bench_run
+    assert not run.failures and len(run.ranks) == cfg.nproc
+    for rank in run.ranks:
+        done = {(c["op"], c["bytes"]) for c in rank["collectives"]}
+        assert {op for op, _ in done} == set(OPS)
+        assert all(c["seconds"] > 0 for c in rank["collectives"])
+
+
+def test_layer_bytes_sent_and_saved_match_the_formulas(bench_run):
+    cfg, run, _ = bench_run
+    rows = compare(cfg, run)
+    sent = [r for r in rows if r.component == "layer TP bytes sent"]
+    saved = [r for r in rows if r.component == "layer saved bytes"]
+    assert len(sent) == 6 and len(saved) == 6  # none/selective/full x sp off/on
+    for r in sent:
+        assert r.measured == r.predicted, r.item
+    for r in saved:
+        assert abs(r.error) <= 0.01, (r.item, r.error)
+    calls = {(l["recompute"], l["sp"]): l["calls"] for l in min(run.ranks, key=lambda r: r["rank"])["layer"]}
+    assert calls[("none", False)] == {"all-reduce": 4}
+    assert calls[("none", True)] == {"all-gather": 6, "reduce-scatter": 4}
+    assert calls[("full", True)] == {"all-gather": 8, "reduce-scatter": 6}
+
+
+def test_small_cpu_bench_is_quick(bench_run):
+    _, run, seconds = bench_run
+    assert seconds < 60 and run.seconds < 60
+
+
+def test_cli_bench_json_and_calibrate_round_trip(cli, tmp_path):
+    out = tmp_path / "results.json"
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "128", "--gemm-tokens", "128",
+            "--components", "gemm,layer", "--out", out, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["backend"] == "gloo" and {c["component"] for c in doc["comparisons"]} >= {"gemm", "layer saved bytes"}
+    assert any("1 of the 32 layers" in n for n in doc["notes"])
+    r = cli("calibrate", out, "--hardware", "dgx-h100", "-o", tmp_path / "p.yaml")
+    assert r.code == 2 and "not measured on GPUs" in r.err
+
+    # A GPU run's results (as `llmplan bench --backend nccl --out` writes them) with slow GEMMs and collectives.
+    def results(tflops: float, busbw: float) -> dict:
+        gemms = [{"name": n, "m": 4096, "k": k, "n": 4096, "seconds": 1.0, "tflops": tflops}
+                 for n, k in (("a", 1024), ("b", 4096), ("c", 8192))]
+        size = 1 << 30
+        coll = [{"op": "all-gather", "bytes": size, "ranks": 8, "seconds": size * 7 / 8 / busbw}]
+        return {"backend": "nccl", "host": "node0", "device": "NVIDIA H100 80GB HBM3",
+                "raw": [{"rank": 0, "gemm": gemms, "collectives": coll}]}
+
+    base = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "8", "--json").json()
+    for tflops, busbw, slower in ((300.0, 200e9, True), (850.0, 420e9, False)):
+        res = tmp_path / f"gpu-{tflops}.json"
+        res.write_text(json.dumps(results(tflops, busbw)))
+        prof = tmp_path / f"cal-{tflops}.yaml"
+        r = cli("calibrate", res, "--hardware", "dgx-h100", "-o", prof)
+        assert r.code == 0, r.err
+        est = cli("estimate", "--model", "llama-3.1-8b", "--hardware", prof, "--tp", "8", "--json").json()
+        assert est["calibrated"] and "node0" in est["calibrated"]
+        if slower:
+            assert est["time"]["step_s"] > base["time"]["step_s"]
+            assert est["comm"]["tp"]["seconds"] > base["comm"]["tp"]["seconds"]
+        else:
+            assert est["time"]["step_s"] < base["time"]["step_s"]
+        assert "calibrated profile" in cli("estimate", "--model", "llama-3.1-8b", "--hardware", prof, "--tp", "8").out
+    assert cli("calibrate", res, "--hardware", "dgx-h100", "-o", prof).code == 2  # exists, no --force
+
+
+def test_missing_torch_names_the_extra(cli, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    r = cli("bench", "--model", "llama-3.1-8b")
+    assert r.code == 2 and "pip install 'llmplan[bench]'" in r.err
+
+
+def _stray() -> list[str]:
+    out = subprocess.run(["pgrep", "-f", "llmplan.bench.worker"], capture_output=True, text=True).stdout
+    return [p for p in out.split() if p and int(p) != os.getpid()]
+
+
+def test_failing_rank_is_named(cli, monkeypatch):
+    monkeypatch.setenv("LLMPLAN_BENCH_FAIL_RANK", "1")
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "64", "--components", "collectives",
+            "--sizes", "1MiB", "--timeout", "60")
+    assert r.code == 1
+    assert "rank 1 failed while 'collective all-reduce" in r.err and "injected failure" in r.err
+    assert not _stray()
+
+
+def test_hung_rank_stops_within_the_timeout_and_leaves_no_processes(cli, monkeypatch):
+    monkeypatch.setenv("LLMPLAN_BENCH_HANG_RANK", "1")
+    t0 = time.perf_counter()
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "64", "--components", "collectives",
+            "--sizes", "1MiB", "--timeout", "15")
+    assert time.perf_counter() - t0 < 40
+    assert r.code == 1
+    assert "rank 1 failed while 'collective all-reduce" in r.err and "timeout" in r.err
+    time.sleep(0.5)
+    assert not _stray()
