@@ -156,8 +156,7 @@ def estimate(
                                  "weight_dtype": dtype, "kv_dtype": kv_dtype}, "serving plan options")
         job = make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, gpu_memory_utilization,
                        block_size, max_num_batched_tokens)
-        allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
-                          "memory allowance options")
+        allowance = make_allowance(overhead_gib, fragmentation)
         se = estimate_serving(m, cluster, plan, job, allowance)
         for w in se.warnings:
             if json_mode:
@@ -179,8 +178,7 @@ def estimate(
         "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
         "tp_comm_overlap": tp_comm_overlap,
     }, "plan options")
-    allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
-                      "memory allowance options")
+    allowance = make_allowance(overhead_gib, fragmentation)
     e = estimate_training(m, cluster, plan, allowance, order)
     emit(report.estimate_json(e), json_mode, lambda: report.estimate_view(out, e))
 
@@ -252,8 +250,7 @@ def search(
         job = make_job(input_len, output_len, max_batch, prefix_hit_rate, ttft_slo, tpot_slo, gpu_memory_utilization,
                        block_size, max_num_batched_tokens)
         build(ServePlan, {"weight_dtype": dtype, "kv_dtype": kv_dtype}, "serving dtype options")
-        allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
-                          "memory allowance options")
+        allowance = make_allowance(overhead_gib, fragmentation)
         res = search_serving(m, cluster, job, dtype, kv_dtype, objective, top, request_rate, allowance,
                              {"tp": tp, "pp": pp, "ep": ep})
         doc = report.serve_search_json(res, m, cluster, job)
@@ -299,8 +296,7 @@ def search(
     pins = {"tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
             "vpp": vpp, "sp": sp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch}
     space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
-    allowance = build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
-                      "memory allowance options")
+    allowance = make_allowance(overhead_gib, fragmentation)
     with progress_bar(not json_mode) as say:
         res = run_search(m, cluster, space, w, objective, top, allowance, order, progress=say)
     doc = report.search_json(res, w, cluster, m, parse_size(train_tokens))
@@ -553,6 +549,11 @@ def progress_bar(enabled: bool):
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
         task = bar.add_task("searching", total=len(steps))
         yield lambda step: bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)
+
+
+def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance:
+    return build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                 "memory allowance options")
 
 
 def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens):
