@@ -84,6 +84,7 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
         norm_type="layernorm", learned_position_embeddings=not mpt and fam in ("narayanan2021", "korthikanti2022",
                                                                              "megatron2020"),
         attention_bias=not mpt, mlp_bias=not mpt,
+        attention_dropout=0.0 if mpt else 0.1, hidden_dropout=0.0 if mpt else 0.1,  # llm-foundry: no dropout
     )
 
 

@@ -198,7 +198,8 @@ def bench_model(cfg: BenchConfig) -> tuple[ModelSpec, ParallelPlan]:
     sh = layer_shape(cfg)
     m = ModelSpec(name="bench-layer", model_type="gpt", hidden_size=sh["h"], intermediate_size=sh["f"],
                   num_hidden_layers=1, num_attention_heads=sh["a"], num_key_value_heads=sh["kv"], head_dim=sh["d"],
-                  vocab_size=cfg.model.vocab_size, max_position_embeddings=max(sh["s"], 1), gated_mlp=sh["gated"])
+                  vocab_size=cfg.model.vocab_size, max_position_embeddings=max(sh["s"], 1), gated_mlp=sh["gated"],
+                  attention_dropout=0.1, hidden_dropout=0.1)  # the reference layer uses dropout 0.1
     return m, ParallelPlan(tp=cfg.nproc, micro_batch=sh["b"], global_batch=sh["b"], seq_len=sh["s"],
                            flash_attention=False, dtype="bf16")
 

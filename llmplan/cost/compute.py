@@ -107,7 +107,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
     (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k, the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and, without fused attention, the softmax and dropout
-    over the scores (9 bytes per score). Derived: docs/formulas.md#compute.memory_bound"""
+    over the scores (4 bytes per score, 9 with attention dropout). Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
@@ -115,7 +115,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     rope = 0 if m.learned_position_embeddings else 4 * T * m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t))
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size
     act = (6 if m.gated_mlp else 4) * T * f / t
-    scores = where(plan.flash_attention, 0.0, 9 * m.num_attention_heads * s * T / t)
+    per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
+    scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     return norms_residual + rope + act + scores
 
 

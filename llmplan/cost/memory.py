@@ -62,10 +62,13 @@ def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, s
     attention-score term when `scores`; the working set of a fully recomputed layer keeps it)."""
     s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
     sp = where(plan.sp, t, 1)
-    # Two norm inputs (4sbh), QKV input (2sbh), MLP input (2sbh), two 1-byte dropout masks (2sbh).
-    replicated = 10 * s * b * h / sp
+    # Two norm inputs (4sbh), QKV input (2sbh), MLP input (2sbh), two 1-byte dropout masks (2sbh) when the
+    # model uses hidden dropout.
+    replicated = (8 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp
     no_scores = plan.flash_attention | plan.selective if scores else plan.flash_attention
-    score_bytes = where(no_scores, 0.0, 5 * a * s * s * b / t)
+    # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
+    per_score = 5 if m.attention_dropout > 0 else 2
+    score_bytes = where(no_scores, 0.0, per_score * a * s * s * b / t)
     return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe) - _fp8_saving(m, plan, moe)
 
 

@@ -14,7 +14,8 @@ COMMON = (
     "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
     "rope_theta", "rope_scaling", "sliding_window", "layer_types", "first_k_dense_replace", "q_lora_rank",
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
-    "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
+    "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
+    "hidden_dropout",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -78,6 +79,8 @@ def _gpt2(cfg: dict[str, Any]) -> dict[str, Any]:
         "max_position_embeddings": cfg.get("n_positions", cfg.get("max_position_embeddings")),
         "attention_bias": True,
         "mlp_bias": True,
+        "attention_dropout": cfg.get("attn_pdrop", 0.1),
+        "hidden_dropout": cfg.get("resid_pdrop", 0.1),
     }
 
 

@@ -71,6 +71,12 @@ class ModelSpec(BaseModel):
     """Biases on the MLP (and expert) projections."""
     qk_norm: bool = False
     """llmplan key: RMSNorm on queries and keys per head (Qwen3)."""
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the attention probabilities (HF attention_dropout / attn_pdrop); when > 0 unfused attention
+    keeps the s x s dropout mask and output for backward."""
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout after the attention and MLP blocks (HF hidden_dropout / resid_pdrop); when > 0 each keeps a
+    1-byte mask per activation for backward."""
     rope_theta: float | None = Field(default=None, gt=0)
     """RoPE base frequency (informational)."""
     rope_scaling: dict | None = None
