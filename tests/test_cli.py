@@ -60,7 +60,7 @@ def test_models_and_hardware_list_builtins(cli):
     assert {g["name"] for g in doc["gpus"]} >= {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200",
                                                "gb200", "mi300x", "mi325x", "l40s"}
     assert {s["name"] for s in doc["systems"]} >= {"dgx-a100", "dgx-a100-40gb", "dgx-h100", "dgx-h800",
-                                                  "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-8"}
+                                                  "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-8", "l40s-8"}
     assert "dgx-h100" in cli("hardware").out
 
 

@@ -114,6 +114,14 @@ def test_megatron_rank_order():
     assert other["dp"][0].tolist() == [0, 1] and other["tp"][0].tolist() == [0, 2]
 
 
+def test_pcie_box_is_bounded_by_pcie():
+    """8 x L40S has no NVLink: an 8-GPU all-reduce runs at the PCIe rate x ring efficiency."""
+    s = SYS["l40s-8"]
+    ct = collective_time("all-reduce", GIB, span("l40s-8", 8), s)
+    assert ct.busbw == pytest.approx(31.5e9 * s.ring_efficiency, rel=0.02)
+    assert ct.busbw < 0.1 * collective_time("all-reduce", GIB, span("dgx-h100", 8), SYS["dgx-h100"]).busbw
+
+
 def test_nvl72_domain_spans_trays_without_nics():
     s = SYS["gb200-nvl72"]
     sp72 = span_of_ranks(list(range(72)), ClusterSpec(system=s, num_nodes=18))
