@@ -51,9 +51,9 @@ if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document (schema 1) instead of tables.")
 ModelOpt = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json.")
 HardwareOpt = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile.")
-NodesOpt = typer.Option(1, "--nodes", help="Number of nodes.")
-GpusPerNodeOpt = typer.Option(None, "--gpus-per-node", help="GPUs used per node (default: all).")
-SeqOpt = typer.Option(None, "--seq-len", help="Sequence length (default: min(4096, context)).")
+NodesOpt = typer.Option(1, "--nodes", min=1, help="Number of nodes.")
+GpusPerNodeOpt = typer.Option(None, "--gpus-per-node", min=1, help="GPUs used per node (default: all).")
+SeqOpt = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: min(4096, context)).")
 DtypeOpt = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32.")
 GradDtypeOpt = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
 Fp8ParamsOpt = typer.Option(False, "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
@@ -67,15 +67,15 @@ OverheadOpt = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FragOpt = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                        help="Allocator fragmentation allowance, fraction of tensor memory.")
-InputLenOpt = typer.Option(1024, "--input-len", help="Inference: prompt tokens per request.")
-OutputLenOpt = typer.Option(256, "--output-len", help="Inference: generated tokens per request.")
+InputLenOpt = typer.Option(1024, "--input-len", min=1, help="Inference: prompt tokens per request.")
+OutputLenOpt = typer.Option(256, "--output-len", min=1, help="Inference: generated tokens per request.")
 KvDtypeOpt = typer.Option("bf16", "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
 TtftOpt = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
 TpotOpt = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
 PrefixOpt = typer.Option(0.0, "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
 UtilOpt = typer.Option(0.9, "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
-BlockOpt = typer.Option(16, "--block-size", help="Inference: tokens per KV block.")
-MaxTokOpt = typer.Option(8192, "--max-num-batched-tokens", help="Inference: tokens per engine step.")
+BlockOpt = typer.Option(16, "--block-size", min=1, help="Inference: tokens per KV block.")
+MaxTokOpt = typer.Option(8192, "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
 OrderOpt = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                         help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
 
@@ -109,18 +109,18 @@ def estimate(
     hardware: str = HardwareOpt,
     nodes: int = NodesOpt,
     gpus_per_node: Optional[int] = GpusPerNodeOpt,
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Expert tensor-parallel degree (default: tp)."),
-    vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages per rank (interleaved schedule)."),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),
+    dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
+    cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
+    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
+    vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: micro-batch x dp)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Sequences per micro-batch."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step (default: micro-batch x dp)."),
     seq_len: Optional[int] = SeqOpt,
     dtype: str = DtypeOpt,
     grad_dtype: str = GradDtypeOpt,
@@ -134,7 +134,7 @@ def estimate(
     mode: str = typer.Option("train", "--mode", help="train | infer."),
     input_len: int = InputLenOpt,
     output_len: int = OutputLenOpt,
-    batch: int = typer.Option(64, "--batch", help="Inference: concurrent sequences per replica."),
+    batch: int = typer.Option(64, "--batch", min=1, help="Inference: concurrent sequences per replica."),
     kv_dtype: str = KvDtypeOpt,
     ttft_slo: Optional[float] = TtftOpt,
     tpot_slo: Optional[float] = TpotOpt,
@@ -169,11 +169,12 @@ def estimate(
     n = cluster.num_gpus
     if dp is None:
         dp = max(1, n // (tp * pp * cp))
-    seq = seq_len or min(4096, m.max_position_embeddings)
+    seq = seq_len if seq_len is not None else min(4096, m.max_position_embeddings)
     plan = build(ParallelPlan, {
         "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
-        "micro_batch": micro_batch, "global_batch": global_batch or micro_batch * dp, "seq_len": seq,
+        "micro_batch": micro_batch, "global_batch": global_batch if global_batch is not None else micro_batch * dp,
+        "seq_len": seq,
         "dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
         "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
         "tp_comm_overlap": tp_comm_overlap,
@@ -190,7 +191,7 @@ def search(
     nodes: int = NodesOpt,
     gpus_per_node: Optional[int] = GpusPerNodeOpt,
     mode: str = typer.Option("train", "--mode", help="train | infer."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
                                                help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
     seq_len: Optional[int] = SeqOpt,
@@ -201,24 +202,24 @@ def search(
     overlap_grad_reduce: bool = OgrOpt,
     overlap_param_gather: bool = OpgOpt,
     tp_comm_overlap: bool = TpcoOpt,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline stages."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Pin the context-parallel degree."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Pin expert TP to 1 (--etp 1) or leave it to the search."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin the virtual pipeline stages."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Pin the pipeline stages."),
+    cp: Optional[int] = typer.Option(None, "--cp", min=1, help="Pin the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Pin the expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Pin expert TP to 1 (--etp 1) or leave it to the search."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Pin the micro-batch."),
-    max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Largest TP to try (default: the NVLink domain)."),
-    max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Largest PP to try."),
-    max_cp: Optional[int] = typer.Option(None, "--max-cp", help="Largest CP to try (default 32)."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch."),
+    max_tp: Optional[int] = typer.Option(None, "--max-tp", min=1, help="Largest TP to try (default: the NVLink domain)."),
+    max_pp: Optional[int] = typer.Option(None, "--max-pp", min=1, help="Largest PP to try."),
+    max_cp: Optional[int] = typer.Option(None, "--max-cp", min=1, help="Largest CP to try (default 32)."),
     no_cp: bool = typer.Option(False, "--no-cp", help="Do not use context parallelism."),
     objective: str = typer.Option("throughput", "--objective",
                                   help="throughput | time-to-train | gpu-hours | headroom."),
     train_tokens: str = typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
-    top: int = typer.Option(5, "--top", help="How many plans to show."),
+    top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
     overhead_gib: float = OverheadOpt,
@@ -226,7 +227,7 @@ def search(
     axis_order: str = OrderOpt,
     input_len: int = InputLenOpt,
     output_len: int = OutputLenOpt,
-    max_batch: int = typer.Option(1024, "--max-batch", help="Inference: most concurrent sequences per replica."),
+    max_batch: int = typer.Option(1024, "--max-batch", min=1, help="Inference: most concurrent sequences per replica."),
     kv_dtype: str = KvDtypeOpt,
     ttft_slo: Optional[float] = TtftOpt,
     tpot_slo: Optional[float] = TpotOpt,
@@ -268,8 +269,6 @@ def search(
         return
     if objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {objective}: use one of {', '.join(OBJECTIVES)}")
-    if top < 1:
-        raise LlmplanError(f"--top ({top}) must be at least 1")
     if recompute is not None and recompute not in RECOMPUTE:
         raise LlmplanError(f"--recompute {recompute}: use none, selective or full")
     if zero is not None and not 0 <= zero <= 3:
@@ -277,22 +276,16 @@ def search(
     m = resolve_model(model)
     cluster = make_cluster(hardware, nodes, gpus_per_node)
     order = parse_order(axis_order)
-    seq = seq_len or min(4096, m.max_position_embeddings)
+    seq = seq_len if seq_len is not None else min(4096, m.max_position_embeddings)
     if global_batch is None:
         tokens = parse_size(batch_tokens or "4Mi") if batch_tokens else 4 * 1024**2
         global_batch = max(1, round(tokens / seq))
-    if global_batch < 1:
-        raise LlmplanError(f"--global-batch ({global_batch}) must be at least 1")
     w = Workload(
         global_batch=global_batch, seq_len=seq, dtype=dtype, grad_dtype=grad_dtype, fp8_params=fp8_params,
         flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
     build(ParallelPlan, {"dtype": dtype, "grad_dtype": grad_dtype, "seq_len": seq, "global_batch": global_batch},
           "workload options")
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("etp", etp), ("vpp", vpp),
-                        ("micro-batch", micro_batch), ("nodes", nodes)):
-        if value is not None and value < 1:
-            raise LlmplanError(f"--{name} ({value}) must be at least 1")
     pins = {"tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
             "vpp": vpp, "sp": sp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch}
     space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
@@ -373,9 +366,9 @@ def lock(
     paths: list[Path] = typer.Argument(None, help="Model specs to plan for (with --hardware and --nodes)."),
     plans: Path = typer.Option(..., "--plans", help="Folder of plan files to write or refresh."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="For new plans: system name or profile."),
-    nodes: int = typer.Option(1, "--nodes", help="For new plans: nodes."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="For new plans: sequences per step."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="For new plans: sequence length."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="For new plans: nodes."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="For new plans: sequences per step."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="For new plans: sequence length."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Refresh every plan in --plans with current predictions; plan the given specs that have none."""
@@ -421,6 +414,9 @@ def lock(
         save_plan(target, plan_document(best, MemoryAllowance(), DEFAULT_ORDER, report.estimate_json(best),
                                         (spec_ref(str(spec), target), spec_ref(hardware, target))), force=True)
         written.append(str(target))
+    if not written and not failed:
+        raise LlmplanError(f"nothing to lock: no plan files in {plans} and no model specs given "
+                           "(llmplan lock model_specs/ --plans DIR --hardware H --nodes N)")
     emit({"schema": 1, "written": written, "failed": failed}, json_mode,
          lambda: [out.print(f"locked {w}") for w in written] + [out.print(f"[red]failed[/] {f}") for f in failed])
     if failed:
@@ -432,15 +428,15 @@ def bench(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="A plan file from `llmplan search --save`."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Without --plan: model name or spec path."),
     hardware: str = typer.Option("dgx-h100", "--hardware", help="Without --plan: profile the predictions use."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Without --plan: tensor-parallel degree (default: nproc)."),
-    cp: int = typer.Option(1, "--cp", help="Without --plan: context-parallel degree (shortens the sequence)."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Without --plan: tensor-parallel degree (default: nproc)."),
+    cp: int = typer.Option(1, "--cp", min=1, help="Without --plan: context-parallel degree (shortens the sequence)."),
     seq_len: Optional[int] = SeqOpt,
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Without --plan: sequences per micro-batch."),
-    nproc: int = typer.Option(2, "--nproc", help="Processes (GPUs) on this node; torchrun starts them."),
+    micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Without --plan: sequences per micro-batch."),
+    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes (GPUs) on this node; torchrun starts them."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) | nccl (GPU)."),
     components: str = typer.Option("gemm,collectives,layer", "--components", help="Comma-separated subset."),
     sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),
-    gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", help="Cap the GEMMs' token dimension."),
+    gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", min=1, help="Cap the GEMMs' token dimension."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped."),
     save: Optional[Path] = typer.Option(None, "--out", help="Write the raw results (input of llmplan calibrate)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
@@ -454,8 +450,6 @@ def bench(
     unknown = [c for c in picked if c not in BENCH_COMPONENTS]
     if unknown or not picked:
         raise LlmplanError(f"--components {components}: choose from {', '.join(BENCH_COMPONENTS)}")
-    if nproc < 1:
-        raise LlmplanError(f"--nproc ({nproc}) must be at least 1")
     if plan_file is not None:
         pf = load_plan(plan_file)
         if pf.mode != "train":
@@ -576,9 +570,9 @@ def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):
 def collective(
     op: str = typer.Option("all-reduce", "--op", help=f"One of: {', '.join(OPS)}."),
     size: str = typer.Option("1GiB", "--size", help="Buffer size as nccl-tests counts it, e.g. 256MiB, 1GiB, 4e9."),
-    gpus: int = typer.Option(8, "--gpus", help="Ranks in the group."),
+    gpus: int = typer.Option(8, "--gpus", min=1, help="Ranks in the group."),
     hardware: str = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node",
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
                                                 help="Ranks placed on each node (default: fill nodes)."),
     algorithm: str = typer.Option("auto", "--algorithm", help="auto | ring | tree | hierarchical."),
     nvls: bool = typer.Option(True, "--nvls/--no-nvls", help="NVLink SHARP for all-reduce (NCCL_NVLS_ENABLE)."),
@@ -589,8 +583,6 @@ def collective(
         raise LlmplanError(f"--op {op} is not a collective llmplan models; use one of: {', '.join(OPS)}")
     if algorithm not in ("auto", "ring", "tree", "hierarchical"):
         raise LlmplanError(f"--algorithm {algorithm}: use auto, ring, tree or hierarchical")
-    if gpus < 1:
-        raise LlmplanError(f"--gpus ({gpus}) must be at least 1")
     nbytes = parse_size(size)
     system = resolve_system(hardware)
     per_node = gpus_per_node or min(gpus, system.gpus_per_node)
@@ -616,13 +608,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except (typer.Exit, SystemExit) as e:
         sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
-    except Exception as e:  # click usage errors and anything unexpected: never a bare traceback
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # usage errors (typer's click) and anything unexpected: never a bare traceback
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if type(e).__name__ == "Abort":
             sys.exit(130)
         if os.environ.get("LLMPLAN_DEBUG"):
             raise

@@ -138,10 +138,11 @@ def test_nothing_fits_exits_3_with_advice(cli):
 
 @pytest.mark.parametrize("args,needle", [
     (["--global-batch", "7", "--tp", "1", "--pp", "1", "--cp", "1"], "no plan passes the rules: global_batch"),
-    (["--nodes", "0"], "field 'num_nodes'"),
+    (["--nodes", "0"], "Invalid value for '--nodes'"),
+    (["--max-tp", "0"], "Invalid value for '--max-tp'"),
     (["--objective", "fastest"], "--objective fastest"),
     (["--recompute", "partial"], "--recompute partial"),
-    (["--tp", "0"], "--tp (0) must be at least 1"),
+    (["--tp", "0"], "Invalid value for '--tp'"),
 ])
 def test_search_bad_input(cli, args, needle):
     r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", *args)

@@ -49,9 +49,10 @@ def validation_message(origin: str, err: ValidationError) -> str:
     """One line per field problem: file, field, what pydantic found."""
     parts = []
     for e in err.errors():
-        field = ".".join(str(x) for x in e["loc"]) or "(document)"
+        field = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         got = f" (got {e['input']!r})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
-        parts.append(f"field '{field}': {e['msg']}{got}")
+        parts.append(f"field '{field}': {msg}{got}" if field else msg)
     return f"{origin}: " + "; ".join(parts)
 
 
