@@ -220,6 +220,8 @@ def search(
                                   help="throughput | time-to-train | gpu-hours | headroom."),
     train_tokens: str = typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
+    min_headroom: float = typer.Option(0.0, "--min-headroom", min=0.0,
+                                       help="Training: GiB each plan must leave free per GPU beyond the allowance."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
     overhead_gib: float = OverheadOpt,
@@ -291,7 +293,8 @@ def search(
     space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
     allowance = make_allowance(overhead_gib, fragmentation)
     with progress_bar(not json_mode) as say:
-        res = run_search(m, cluster, space, w, objective, top, allowance, order, progress=say)
+        res = run_search(m, cluster, space, w, objective, top, allowance, order, progress=say,
+                         min_headroom=min_headroom * 2**30)
     doc = report.search_json(res, w, cluster, m, parse_size(train_tokens))
     emit(doc, json_mode, lambda: report.search_view(out, res, w, cluster, m, parse_size(train_tokens)))
     if not res.ranked:

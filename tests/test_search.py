@@ -119,6 +119,13 @@ def test_search_cli_json_and_save(cli, tmp_path):
     assert forced.code == 0 and "saved the best plan" in forced.out
 
 
+def test_min_headroom_is_respected(cli):
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--min-headroom", "20",
+            "--json")
+    assert r.code == 0
+    assert all(p["memory"]["headroom"] >= 20 * 2**30 for p in r.json()["plans"])
+
+
 def test_search_table(cli):
     r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8")
     assert r.code == 0

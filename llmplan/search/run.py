@@ -76,8 +76,9 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
-           progress: Callable[[str], None] | None = None) -> SearchResult:
-    """Rank every plan of `space` for training `m` on `cluster`."""
+           progress: Callable[[str], None] | None = None, min_headroom: float = 0.0) -> SearchResult:
+    """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
+    `min_headroom` bytes free per GPU."""
     t0 = time.perf_counter()
     say = progress or (lambda _: None)
     say("enumerating")
@@ -102,13 +103,14 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     say("evaluating memory")
     mem = evaluate_memory(m, cluster, plans, allowance)
-    fits = np.asarray(mem.fits, dtype=bool)
+    fits = np.asarray(mem.total + min_headroom <= mem.capacity, dtype=bool)
     if not fits.any():
         return _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective)
     if (~fits).any():
         i = int(np.argmin(np.where(~fits, mem.total, np.inf)))
         pruned.append(Pruned("memory", int((~fits).sum()), f"{_describe(plans.plan(i))} needs "
-                             f"{float(mem.total[i]) / GIB:.1f} GiB of {float(mem.capacity) / GIB:.1f} GiB per GPU"))
+                             f"{float(mem.total[i]) / GIB:.1f} GiB of {float(mem.capacity) / GIB:.1f} GiB per GPU"
+                             + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
     idx = np.flatnonzero(fits)
     plans = plans.take(idx)
     say("evaluating step time")
