@@ -7,11 +7,12 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from llmplan.cost.arith import minimum, where
+from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.params import attention_params, kv_heads_per_rank, mlp_params, padded_vocab
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -33,17 +34,15 @@ def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class LayerFlops:
+class LayerFlops(Breakdown):
     """Forward FLOPs of one layer for one micro-batch on one rank, by kind of work."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("gemm", "attention")
 
     gemm: Any
     """Projections and MLP/expert matmuls."""
     attention: Any
     """QK^T and attention-over-V (the s² terms), as counted for MFU (no causal halving)."""
-
-    @property
-    def total(self) -> Any:
-        return self.gemm + self.attention
 
 
 def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
@@ -121,19 +120,17 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
 
 
 @dataclass(frozen=True)
-class StageCompute:
+class StageCompute(Breakdown):
     """Compute time of one micro-batch on one pipeline stage (forward + backward, recompute included);
     gemm + attention + memory_bound = total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("gemm", "attention", "memory_bound")
 
     gemm: Any
     attention: Any
     memory_bound: Any
     forward: Any
     """Forward part of the total (for overlap windows)."""
-
-    @property
-    def total(self) -> Any:
-        return self.gemm + self.attention + self.memory_bound
 
 
 def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, n_moe: Any,

@@ -7,10 +7,11 @@ Symbols: B concurrent sequences, c context tokens, L layers, K KV heads, d head 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import gemm_efficiency
 from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
@@ -96,8 +97,10 @@ def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float
 
 
 @dataclass(frozen=True)
-class ServeMemory:
+class ServeMemory(Breakdown):
     """Memory of one GPU at `batch` sequences of full context; weights + kv_cache + activations + other = total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache", "activations", "other")
 
     weights: float
     kv_cache: float
@@ -110,10 +113,6 @@ class ServeMemory:
     max_concurrent_seqs: int
     """Sequences of full context that fit in kv_available (vLLM's max concurrency)."""
     kv_blocks: int
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.kv_cache + self.activations + self.other
 
     @property
     def fits(self) -> bool:

@@ -7,9 +7,10 @@ search.grid.PlanArrays (numpy arrays of many plans): see cost/arith.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from llmplan.cost.arith import maximum, minimum, where
+from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
@@ -20,16 +21,13 @@ ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (ref
 
 
 @dataclass(frozen=True)
-class ModelStateBytes:
+class ModelStateBytes(Breakdown):
     """Weights, gradients and optimizer states of one rank; parts sum to total."""
 
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer")
     weights: Any
     gradients: Any
     optimizer: Any
-
-    @property
-    def total(self) -> Any:
-        return self.weights + self.gradients + self.optimizer
 
 
 def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, grad_bytes: Any,
@@ -125,8 +123,10 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class ActivationBytes:
+class ActivationBytes(Breakdown):
     """Activation memory of one rank; parts sum to total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output")
 
     layers: Any
     """Transformer layers x micro-batches in flight."""
@@ -136,10 +136,6 @@ class ActivationBytes:
     """First stage: embedding dropout masks of the micro-batches in flight."""
     output: Any
     """Last stage: input of the output layer and fp32 logits for the loss."""
-
-    @property
-    def total(self) -> Any:
-        return self.layers + self.recompute_working + self.embedding + self.output
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> ActivationBytes:
@@ -163,8 +159,10 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Activation
 
 
 @dataclass(frozen=True)
-class TrainingMemory:
+class TrainingMemory(Breakdown):
     """Memory of the most-loaded rank; weights + gradients + optimizer + activations + other = total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer", "activations", "other")
 
     stage: Any
     """Pipeline stage of the most-loaded rank."""
@@ -178,10 +176,6 @@ class TrainingMemory:
     """The stated allowance: fixed runtime bytes, fragmentation, ZeRO-3 gathered-layer buffers."""
     activation_parts: ActivationBytes
     capacity: float
-
-    @property
-    def total(self) -> Any:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
 
     @property
     def fits(self) -> Any:

@@ -6,20 +6,23 @@ L layers, E routed experts, k experts per token, t tensor-parallel degree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from llmplan.cost.arith import maximum, minimum, where
+from llmplan.cost.breakdown import Breakdown
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 
 @dataclass(frozen=True)
-class ParamCounts:
+class ParamCounts(Breakdown):
     """Parameters of the whole model by part; the parts sum to `total`."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("embedding", "output", "attention", "dense_mlp", "routed_experts",
+                                        "shared_experts", "router", "norms")
 
     embedding: int
     """Input token embedding (+ learned position embedding)."""
@@ -39,10 +42,6 @@ class ParamCounts:
     """Layer norms of all layers and the final norm."""
     experts_per_token_fraction: float
     """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "experts_per_token_fraction")
 
     @property
     def active(self) -> float:
@@ -134,17 +133,15 @@ def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 @dataclass(frozen=True)
-class RankParams:
+class RankParams(Breakdown):
     """Parameters one rank holds, split by the group that replicates them (for ZeRO sharding)."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("dense", "expert")
 
     dense: Any
     """Non-expert parameters (replicated over dp x cp)."""
     expert: Any
     """Routed-expert parameters (replicated over the expert-data-parallel group)."""
-
-    @property
-    def total(self) -> Any:
-        return self.dense + self.expert
 
 
 def kv_heads_per_rank(m: ModelSpec, t: Any) -> Any:

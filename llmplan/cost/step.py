@@ -7,11 +7,12 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from llmplan.cost.arith import maximum, where
+from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
 )
@@ -38,8 +39,10 @@ class CommSeconds:
 
 
 @dataclass(frozen=True)
-class StepTime:
+class StepTime(Breakdown):
     """One training step of the most-loaded rank; compute + bubble + comm_exposed + optimizer = total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("compute", "bubble", "comm_exposed", "optimizer")
 
     compute: Any
     bubble: Any
@@ -51,10 +54,6 @@ class StepTime:
     """Per-micro-batch compute of the slowest stage."""
     model_flops: Any
     hardware_flops: Any
-
-    @property
-    def total(self) -> Any:
-        return self.compute + self.bubble + self.comm_exposed + self.optimizer
 
 
 def slowest_stage(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> StageCompute:

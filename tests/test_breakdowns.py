@@ -1,0 +1,47 @@
+"""Every breakdown (a Breakdown subclass) names its parts as real fields, and its total is their sum, on
+estimates of dense and MoE training and of serving."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compute import layer_flops
+from llmplan.cost.memory import model_state_bytes
+from llmplan.cost.params import rank_params
+from llmplan.estimate import estimate_training
+from llmplan.serving import estimate_serving
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.specs.serve import ServeJob, ServePlan
+
+M, S = builtin_models(), builtin_systems()
+
+
+def instances() -> list[Breakdown]:
+    out: list[Breakdown] = []
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    for name, plan in (("llama-3.1-70b", ParallelPlan(tp=8, pp=2, dp=1, sp=True, zero=1, global_batch=8)),
+                       ("mixtral-8x7b", ParallelPlan(tp=2, pp=1, dp=8, ep=8, etp=1, sp=True, global_batch=16))):
+        e = estimate_training(M[name], cluster, plan)
+        out += [e.params, e.memory, e.memory.activation_parts, e.time, e.time.stage,
+                layer_flops(M[name], plan, M[name].is_moe)]
+        out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4)]
+    one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
+    out.append(estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob()).memory)
+    return out
+
+
+def test_every_breakdown_class_is_covered():
+    seen = {type(x) for x in instances()}
+    assert set(Breakdown.__subclasses__()) <= seen
+
+
+@pytest.mark.parametrize("obj", instances(), ids=lambda o: type(o).__name__)
+def test_parts_are_fields_and_sum_to_total(obj):
+    names = {f.name for f in dataclasses.fields(obj)}
+    assert set(obj.PARTS) <= names and obj.PARTS
+    assert float(obj.total) == pytest.approx(sum(float(getattr(obj, p)) for p in obj.PARTS))
+    assert all(float(getattr(obj, p)) >= 0 for p in obj.PARTS)
