@@ -174,10 +174,8 @@ def estimate(
         "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
         "micro_batch": micro_batch, "global_batch": global_batch if global_batch is not None else micro_batch * dp,
-        "seq_len": seq,
-        "dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
-        "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
-        "tp_comm_overlap": tp_comm_overlap,
+        "seq_len": seq, **switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce,
+                                   overlap_param_gather, tp_comm_overlap),
     }, "plan options")
     allowance = make_allowance(overhead_gib, fragmentation)
     e = estimate_training(m, cluster, plan, allowance, order)
@@ -264,10 +262,8 @@ def search(
             raise typer.Exit(EXIT_NO_FIT)
         if save is not None:
             best = res.ranked[0]
-            refs = (spec_ref(model, save), spec_ref(hardware, save))
-            save_plan(save, serve_plan_document(best, allowance, report.serve_json(best), refs), force=force)
-            if not json_mode:
-                out.print(f"saved the best plan to {save}")
+            save_best(save, serve_plan_document(best, allowance, report.serve_json(best),
+                                                (spec_ref(model, save), spec_ref(hardware, save))), force, json_mode)
         return
     if objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {objective}: use one of {', '.join(OBJECTIVES)}")
@@ -282,12 +278,10 @@ def search(
     if global_batch is None:
         tokens = parse_size(batch_tokens or "4Mi") if batch_tokens else 4 * 1024**2
         global_batch = max(1, round(tokens / seq))
-    w = Workload(
-        global_batch=global_batch, seq_len=seq, dtype=dtype, grad_dtype=grad_dtype, fp8_params=fp8_params,
-        flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
-    build(ParallelPlan, {"dtype": dtype, "grad_dtype": grad_dtype, "seq_len": seq, "global_batch": global_batch},
-          "workload options")
+    flags = switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce, overlap_param_gather,
+                     tp_comm_overlap)
+    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
+    w = Workload(global_batch=global_batch, seq_len=seq, **flags)
     pins = {"tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
             "vpp": vpp, "sp": sp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch}
     space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
@@ -303,10 +297,22 @@ def search(
         raise typer.Exit(EXIT_NO_FIT)
     if save is not None:
         best = res.ranked[0]
-        refs = (spec_ref(model, save), spec_ref(hardware, save))
-        save_plan(save, plan_document(best, allowance, order, report.estimate_json(best), refs), force=force)
-        if not json_mode:
-            out.print(f"saved the best plan to {save}")
+        save_best(save, plan_document(best, allowance, order, report.estimate_json(best),
+                                      (spec_ref(model, save), spec_ref(hardware, save))), force, json_mode)
+
+
+def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
+             overlap_param_gather: bool, tp_comm_overlap: bool) -> dict:
+    """The training switches estimate and search share (ParallelPlan / Workload field names)."""
+    return {"dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
+            "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
+            "tp_comm_overlap": tp_comm_overlap}
+
+
+def save_best(path: Path, doc: dict, force: bool, json_mode: bool) -> None:
+    save_plan(path, doc, force=force)
+    if not json_mode:
+        out.print(f"saved the best plan to {path}")
 
 
 @app.command()

@@ -164,3 +164,18 @@ def test_large_search_counts_match_space():
     res = search(m, cluster, default_space(m, cluster, w), w)
     assert res.considered == res.feasible + sum(p.count for p in res.pruned)
     assert np.isfinite([float(e.time.total) for e in res.ranked]).all()
+
+
+def test_workload_mirrors_parallel_plan_fields():
+    """Workload is the part of a ParallelPlan a search holds fixed: same names, same defaults, and a round trip."""
+    from dataclasses import MISSING, fields
+
+    from llmplan.specs.plan import ParallelPlan
+
+    for f in fields(Workload):
+        assert f.name in ParallelPlan.model_fields, f.name
+        if f.default is not MISSING:
+            assert ParallelPlan.model_fields[f.name].default == f.default, f.name
+    plan = ParallelPlan(tp=2, dp=4, global_batch=32, seq_len=1024, dtype="fp8", fp8_params=True, grad_dtype="bf16",
+                        flash_attention=False, overlap_grad_reduce=False, tp_comm_overlap=True, sp=True)
+    assert Workload.of(plan).plan(tp=2, dp=4, sp=True) == plan

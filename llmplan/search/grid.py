@@ -6,7 +6,7 @@ check_plan rules evaluate every plan at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,19 @@ class Workload:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+
+    @classmethod
+    def of(cls, plan: ParallelPlan) -> "Workload":
+        """The fixed part of a plan (these fields have the same names in ParallelPlan)."""
+        return cls(**{f.name: getattr(plan, f.name) for f in fields(cls)})
+
+    def plan(self, **axes: object) -> ParallelPlan:
+        """A ParallelPlan with this workload and the given axis values."""
+        return ParallelPlan(**asdict(self), **axes)
+
+
+WORKLOAD_FIELDS = frozenset(f.name for f in fields(Workload))
+BYTES_PER_ELEMENT = frozenset({"weight_bytes", "grad_bytes", "optimizer_bytes"})
 
 
 @dataclass(frozen=True)
@@ -98,36 +111,30 @@ class PlanArrays:
     def __len__(self) -> int:
         return int(self.tp.shape[0])
 
-    # Same names and meanings as ParallelPlan's fields and properties.
-    global_batch = property(lambda self: self.w.global_batch)
-    seq_len = property(lambda self: self.w.seq_len)
-    dtype = property(lambda self: self.w.dtype)
-    flash_attention = property(lambda self: self.w.flash_attention)
-    overlap_grad_reduce = property(lambda self: self.w.overlap_grad_reduce)
-    overlap_param_gather = property(lambda self: self.w.overlap_param_gather)
-    tp_comm_overlap = property(lambda self: self.w.tp_comm_overlap)
+    # Same names and meanings as ParallelPlan's fields and properties: the workload's fields and the bytes
+    # per element they imply come from the Workload; the rest are arrays.
+    def __getattr__(self, name: str) -> Any:
+        if name in WORKLOAD_FIELDS:
+            return getattr(self.w, name)
+        if name in BYTES_PER_ELEMENT:
+            return getattr(self.w.plan(), name)
+        raise AttributeError(name)
+
     full = property(lambda self: self.recompute_code == 2)
     selective = property(lambda self: self.recompute_code == 1)
     num_gpus = property(lambda self: self.tp * self.pp * self.cp * self.dp)
     zero_shard = property(lambda self: self.dp * self.cp)
     num_microbatches = property(lambda self: np.maximum(1, self.w.global_batch // (self.micro_batch * self.dp)))
-    weight_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype, fp8_params=self.w.fp8_params).weight_bytes)
-    grad_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype, grad_dtype=self.w.grad_dtype).grad_bytes)
-    optimizer_bytes = property(lambda self: ParallelPlan(dtype=self.w.dtype).optimizer_bytes)
 
     def take(self, idx: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "w"}, w=self.w)
 
     def plan(self, i: int) -> ParallelPlan:
         """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""
-        w = self.w
-        return ParallelPlan(
+        return self.w.plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
             etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
             recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
-            global_batch=w.global_batch, seq_len=w.seq_len, dtype=w.dtype, grad_dtype=w.grad_dtype,
-            fp8_params=w.fp8_params, flash_attention=w.flash_attention, overlap_grad_reduce=w.overlap_grad_reduce,
-            overlap_param_gather=w.overlap_param_gather, tp_comm_overlap=w.tp_comm_overlap,
         )
 
 
@@ -149,9 +156,7 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
 
 def from_plan(plan: ParallelPlan) -> PlanArrays:
     """One ParallelPlan as a PlanArrays of length 1 (tests compare both paths with it)."""
-    w = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, dtype=plan.dtype, grad_dtype=plan.grad_dtype,
-                 fp8_params=plan.fp8_params, flash_attention=plan.flash_attention, overlap_grad_reduce=plan.overlap_grad_reduce,
-                 overlap_param_gather=plan.overlap_param_gather, tp_comm_overlap=plan.tp_comm_overlap)
+    w = Workload.of(plan)
     a = lambda v: np.asarray([v])  # noqa: E731
     return PlanArrays(tp=a(plan.tp), pp=a(plan.pp), dp=a(plan.dp), cp=a(plan.cp), ep=a(plan.ep),
                       etp_resolved=a(plan.etp_resolved), vpp=a(plan.vpp), sp=a(plan.sp), zero=a(plan.zero),
