@@ -6,7 +6,6 @@ Exit codes (DESIGN.md): 0 success, 2 bad input (one line on stderr; LLMPLAN_DEBU
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.export import TARGETS, render_all, write_files
 from llmplan.fileio import write_atomic
 from llmplan.guard import diff_against, discover, run_checks
-from llmplan.planfile import load_plan, plan_document, save_plan, serve_plan_document, spec_ref
+from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.serving import estimate_serving
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -34,6 +33,8 @@ from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import OBJECTIVES
 from llmplan.search.run import search as run_search
 from llmplan.estimate import estimate_training
+from llmplan.specs.check import accounted_split
+from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import read_document
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
@@ -76,6 +77,14 @@ PrefixOpt = typer.Option(0.0, "--prefix-hit-rate", help="Inference: fraction of 
 UtilOpt = typer.Option(0.9, "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
 BlockOpt = typer.Option(16, "--block-size", min=1, help="Inference: tokens per KV block.")
 MaxTokOpt = typer.Option(8192, "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
+PpFirstOpt = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
+                          help="Layers on the first pipeline stage (0: an even share).")
+PpLastOpt = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-num-layers", min=0,
+                         help="Layers on the last pipeline stage (0: an even share).")
+EmbeddingSplitOpt = typer.Option(False, "--account-for-embedding-in-pipeline-split",
+                                 help="Count the embedding as a layer of the first stage (Megatron).")
+LossSplitOpt = typer.Option(False, "--account-for-loss-in-pipeline-split",
+                            help="Count the loss as a layer of the last stage (Megatron).")
 OrderOpt = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                         help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
 
@@ -116,6 +125,12 @@ def estimate(
     ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
     etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
     vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    pp_first: int = PpFirstOpt,
+    pp_last: int = PpLastOpt,
+    pp_layers: Optional[str] = typer.Option(None, "--pp-layers",
+                                            help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven split)."),
+    embedding_in_split: bool = EmbeddingSplitOpt,
+    loss_in_split: bool = LossSplitOpt,
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
@@ -164,14 +179,14 @@ def estimate(
         emit(report.serve_json(se), json_mode, lambda: report.serve_view(out, se))
         return
     cluster = make_cluster(hardware, nodes, gpus_per_node)
-    system = cluster.system
     order = parse_order(axis_order)
     n = cluster.num_gpus
     if dp is None:
         dp = max(1, n // (tp * pp * cp))
-    seq = seq_len if seq_len is not None else min(4096, m.max_position_embeddings)
+    seq = seq_len if seq_len is not None else default_seq_len(m)
     plan = build(ParallelPlan, {
         "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
+        **pipeline_split(m, pp, pp_first, pp_last, pp_layers, embedding_in_split, loss_in_split),
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
         "micro_batch": micro_batch, "global_batch": global_batch if global_batch is not None else micro_batch * dp,
         "seq_len": seq, **switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce,
@@ -206,6 +221,10 @@ def search(
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Pin the expert-parallel degree."),
     etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Pin expert TP to 1 (--etp 1) or leave it to the search."),
     vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
+    pp_first: int = PpFirstOpt,
+    pp_last: int = PpLastOpt,
+    embedding_in_split: bool = EmbeddingSplitOpt,
+    loss_in_split: bool = LossSplitOpt,
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
@@ -274,15 +293,20 @@ def search(
     m = resolve_model(model)
     cluster = make_cluster(hardware, nodes, gpus_per_node)
     order = parse_order(axis_order)
-    seq = seq_len if seq_len is not None else min(4096, m.max_position_embeddings)
+    seq = seq_len if seq_len is not None else default_seq_len(m)
     if global_batch is None:
-        tokens = parse_size(batch_tokens or "4Mi") if batch_tokens else 4 * 1024**2
-        global_batch = max(1, round(tokens / seq))
+        tokens = parse_size(batch_tokens) if batch_tokens else DEFAULT_BATCH_TOKENS
+        global_batch = global_batch_from_tokens(tokens, seq)
     flags = switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce, overlap_param_gather,
                      tp_comm_overlap)
     build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
     w = Workload(global_batch=global_batch, seq_len=seq, **flags)
-    pins = {"tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
+    split = pipeline_split(m, pp, pp_first, pp_last, None, embedding_in_split, loss_in_split) if pp else (
+        pipeline_split(m, 1, pp_first, pp_last, None, False, False))
+    if (embedding_in_split or loss_in_split) and not pp:
+        raise LlmplanError("--account-for-*-in-pipeline-split in search needs --pp (the split depends on it)")
+    pins = {"pp_first": split["pp_first"] or None, "pp_last": split["pp_last"] or None,
+            "tp": tp, "pp": pp, "cp": 1 if no_cp else cp, "ep": ep, "etp": etp if etp is None else ("1" if etp == 1 else "tp"),
             "vpp": vpp, "sp": sp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch}
     space = default_space(m, cluster, w, pins, max_tp, max_pp, max_cp)
     allowance = make_allowance(overhead_gib, fragmentation)
@@ -299,6 +323,28 @@ def search(
         best = res.ranked[0]
         save_best(save, plan_document(best, allowance, order, report.estimate_json(best),
                                       (spec_ref(model, save), spec_ref(hardware, save))), force, json_mode)
+
+
+def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
+                   loss: bool) -> dict:
+    """The plan's stage layout from the pipeline options (one way at a time)."""
+    ways = [name for name, on in (("--pp-layers", layers is not None), ("--pp-first-layers/--pp-last-layers",
+                                  bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss)) if on]
+    if len(ways) > 1:
+        raise LlmplanError(f"{' and '.join(ways)} each set the pipeline split; give one of them")
+    if layers is not None:
+        try:
+            counts = tuple(int(x) for x in layers.replace(" ", "").split(",") if x != "")
+        except ValueError:
+            raise LlmplanError(f"--pp-layers {layers!r}: give one whole number of layers per stage, comma-separated "
+                               f"(e.g. --pp-layers 7,8,8,7)") from None
+        if len(counts) != pp:
+            raise LlmplanError(f"--pp-layers lists {len(counts)} stage(s) but --pp is {pp}; give one layer count per "
+                               f"stage (e.g. --pp {len(counts)})")
+        return {"pp_layers": counts}
+    if embedding or loss:
+        first, last = accounted_split(m, pp, embedding, loss)
+    return {"pp_first": first, "pp_last": last}
 
 
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
@@ -385,12 +431,10 @@ def lock(
     written, failed = [], []
     for pf_path in sorted(plans.glob("*.json")):
         try:
-            pf = load_plan(pf_path)
-            doc = json.loads(pf_path.read_text())
-            refs = (doc.get("model_ref"), doc.get("hardware_ref"))
-            model_now = resolve_model(str((pf_path.parent / refs[0]))) if refs[0] and (
-                "/" in refs[0] or refs[0].endswith((".yaml", ".yml", ".json"))) else (
-                resolve_model(refs[0]) if refs[0] else pf.model)
+            pf = load_plan(pf_path, current=True)
+            doc = pf.document
+            refs = (doc.model_ref, doc.hardware_ref)
+            model_now = pf.model
             cluster = pf.cluster
             if pf.mode == "infer":
                 se = estimate_serving(model_now, cluster, pf.plan, pf.job, pf.allowance)
@@ -402,7 +446,7 @@ def lock(
             written.append(str(pf_path))
         except LlmplanError as exc:
             failed.append(f"{pf_path}: {exc}")
-    locked = {json.loads(p.read_text()).get("model_ref") for p in plans.glob("*.json")}
+    locked = {read_plan_document(p).model_ref for p in plans.glob("*.json")}
     for spec in discover(list(paths or [])):
         ref = spec_ref(str(spec), plans / "x.json")
         if ref in locked:
@@ -412,8 +456,8 @@ def lock(
             continue
         m = resolve_model(str(spec))
         cluster = make_cluster(hardware, nodes, None)
-        seq = seq_len or min(4096, m.max_position_embeddings)
-        w = Workload(global_batch=global_batch or max(1, round(4 * 1024**2 / seq)), seq_len=seq)
+        seq = seq_len or default_seq_len(m)
+        w = Workload(global_batch=global_batch or global_batch_from_tokens(DEFAULT_BATCH_TOKENS, seq), seq_len=seq)
         res = run_search(m, cluster, default_space(m, cluster, w), w, top=1)
         if not res.ranked:
             failed.append(f"{spec}: no plan fits on {nodes} x {cluster.system.name}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
 from llmplan.cost.memory import TrainingMemory, training_memory
-from llmplan.cost.params import ParamCounts, param_counts
+from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_plan
@@ -26,6 +26,8 @@ class TrainingEstimate:
     time: StepTime
     throughput: Throughput
     bottleneck: str
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers of every pipeline stage, first to last."""
 
 
 def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -40,4 +42,4 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     comm = step_comm(m, plan, place(plan, cluster, order), cluster.system)
     st = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, st, throughput(plan, gpu, st),
-                            str(bottleneck(st)))
+                            str(bottleneck(st)), tuple(stage_layer_list(m, plan)))

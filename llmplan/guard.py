@@ -21,20 +21,19 @@ from pydantic import ValidationError
 
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
-from llmplan.planfile import KIND, PLAN_SCHEMA
+from llmplan.planfile import (
+    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document,
+)
 from llmplan.serving import estimate_serving
-from llmplan.specs.check import check_plan, check_serve_plan
+from llmplan.specs.check import check_plan
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import (
-    builtin_models, builtin_systems, load_model_file, load_system_file, read_document, validation_message,
+    SPEC_SUFFIXES, build, load_model_file, load_system_file, read_document, validation_message,
 )
-from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.units import GIB
 
-SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 @dataclass
@@ -131,97 +130,85 @@ def _field_from_error(msg: str) -> str | None:
     return None
 
 
-def resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path | None]:
-    """The spec a plan refers to, as it is now, and its file (None for built-ins)."""
-    if not ref:
-        return None, None
-    candidate = (plan_path.parent / ref) if not Path(ref).is_absolute() else Path(ref)
-    if Path(ref).suffix in SPEC_SUFFIXES or "/" in ref:
-        if not candidate.exists():
-            raise LlmplanError(f"references {kind} file {ref}, which no longer exists")
-        return (load_model_file(candidate) if kind == "model" else load_system_file(candidate)), candidate
-    table = builtin_models() if kind == "model" else builtin_systems()
-    if ref not in table:
-        raise LlmplanError(f"references built-in {kind} '{ref}', which no longer exists")
-    return table[ref], None
-
-
 def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     keys = set(old) | set(new)
     return {k: (old.get(k), new.get(k)) for k in sorted(keys) if old.get(k) != new.get(k)}
 
 
-def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> list[Finding]:
-    """Re-evaluate one plan file against the specs it references, as they are now."""
-    name = f"plan {path.name}"
-    try:
-        doc = read_document(path)
-        if doc.get("kind") != KIND or doc.get("schema") != PLAN_SCHEMA:
-            raise LlmplanError(f"not an llmplan plan file of schema {PLAN_SCHEMA}")
-        model, model_file = resolve_ref(doc.get("model_ref"), path, "model")
-        system, system_file = resolve_ref(doc.get("hardware_ref"), path, "hardware")
-        model = model or ModelSpec.model_validate(doc["model"])
-        system = system or SystemSpec.model_validate(doc["hardware"])
-    except (LlmplanError, ValidationError, KeyError, TypeError) as e:
-        msg = validation_message(str(path), e) if isinstance(e, ValidationError) else str(e)
-        return [Finding(name, str(path), False, f"cannot be checked: {msg}")]
-    changes = changed_fields(doc.get("model", {}), model.model_dump(mode="json"))
+@dataclass(frozen=True)
+class SpecChange:
+    """How the specs a plan refers to differ from the snapshots in the plan file."""
+
+    because: str
+    """' (spec changes: ...)' or ''."""
+    where: str
+    """The file a finding points at: the changed model spec, else the plan file."""
+    line: int | None
+    field: str | None
+    changes: dict[str, tuple[Any, Any]]
+
+
+def spec_change(doc: PlanDocument, path: Path, model: ModelSpec, system: SystemSpec,
+                model_file: Path | None) -> SpecChange:
+    changes = changed_fields(doc.model, model.model_dump(mode="json"))
     changes.pop("source", None)
-    changes.update({f"hardware.{k}": v for k, v in changed_fields(doc.get("hardware", {}),
-                                                                   system.model_dump(mode="json")).items()
+    changes.update({f"hardware.{k}": v for k, v in changed_fields(doc.hardware, system.model_dump(mode="json")).items()
                     if k != "source"})
-    where = model_file if model_file else path
     spec_field = next((k for k in changes if not k.startswith("hardware.")), None)
     line = field_line(model_file, spec_field) if model_file and spec_field else None
     describe = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items() if k != "declared_params")
-    because = f" (spec changes: {describe})" if describe else ""
+    return SpecChange(f" (spec changes: {describe})" if describe else "", str(model_file or path), line, spec_field,
+                      changes)
+
+
+def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> list[Finding]:
+    """Re-evaluate one plan file (with its axis order and allowance) against the specs it references, as they
+    are now."""
+    name = f"plan {path.name}"
     try:
-        cluster = ClusterSpec(system=system, num_nodes=doc["nodes"], gpus_per_node=doc.get("gpus_per_node"))
-        allowance = MemoryAllowance.model_validate(doc.get("allowance", {}))
-        if doc.get("mode") == "infer":
-            return [_check_serving(name, str(where), line, spec_field, model, cluster, doc, allowance,
-                                   min_headroom_gib, tolerance, because)]
-        plan = ParallelPlan.model_validate(doc["plan"])
-    except (ValidationError, KeyError) as e:
+        doc = read_plan_document(path)
+        model, system, model_file, _ = current_specs(doc, path)
+        sc = spec_change(doc, path, model, system, model_file)
+        pf = plan_file(doc, model, system, path)
+    except LlmplanError as e:
         return [Finding(name, str(path), False, f"cannot be checked: {e}")]
-    bad = check_plan(model, plan, cluster)
+    bad = plan_violations(pf)
     if bad:
-        return [Finding(name, str(where), False, f"{path.name} breaks its rules{because}: "
-                        + "; ".join(v.message for v in bad), line, spec_field)]
-    e = estimate_training(model, cluster, plan, allowance)
+        return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: "
+                        + "; ".join(v.message for v in bad), sc.line, sc.field)]
+    if pf.mode == "infer":
+        return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
+    e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
     head = float(e.memory.headroom) / GIB
-    old_step = doc.get("predictions", {}).get("time", {}).get("step_s")
+    old_step = doc.predictions.time.step_s
     step = float(e.time.total)
     details = {"memory_gib": float(e.memory.total) / GIB, "headroom_gib": head, "step_s": step,
-               "locked_step_s": old_step, "changes": {k: list(v) for k, v in changes.items()}}
+               "locked_step_s": old_step, "changes": {k: list(v) for k, v in sc.changes.items()}}
     if head < min_headroom_gib:
-        return [Finding(name, str(where), False, f"{path.name} no longer fits with {min_headroom_gib} GiB headroom: "
+        verb = "no longer fits" if sc.changes else "does not fit"
+        return [Finding(name, sc.where, False, f"{path.name} {verb} with {min_headroom_gib} GiB headroom: "
                         f"{float(e.memory.total) / GIB:.1f} of {float(e.memory.capacity) / GIB:.1f} GiB per GPU"
-                        f"{because}", line, spec_field, details)]
+                        f"{sc.because}", sc.line, sc.field, details)]
     if old_step and step > old_step * (1 + tolerance):
-        return [Finding(name, str(where), False, f"{path.name} step time regressed {100 * (step / old_step - 1):.1f}% "
-                        f"({old_step:.3f} -> {step:.3f} s, tolerance {100 * tolerance:.0f}%){because}",
-                        line, spec_field, details)]
+        return [Finding(name, sc.where, False, f"{path.name} step time regressed {100 * (step / old_step - 1):.1f}% "
+                        f"({old_step:.3f} -> {step:.3f} s, tolerance {100 * tolerance:.0f}%){sc.because}",
+                        sc.line, sc.field, details)]
     return [Finding(name, str(path), True, f"fits with {head:.1f} GiB headroom, step {step:.3f} s", details=details)]
 
 
-def _check_serving(name, where, line, spec_field, model, cluster, doc, allowance, min_headroom_gib, tolerance,
-                   because) -> Finding:
-    plan, job = ServePlan.model_validate(doc["plan"]), ServeJob.model_validate(doc.get("job", {}))
-    bad = check_serve_plan(model, plan, job, cluster)
-    if bad:
-        return Finding(name, where, False, f"breaks its rules{because}: " + "; ".join(v.message for v in bad),
-                       line, spec_field)
-    e = estimate_serving(model, cluster, plan, job, allowance)
+def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, min_headroom_gib: float,
+                   tolerance: float) -> Finding:
+    e = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
     head = (e.memory.capacity - e.memory.total) / GIB
-    old = doc.get("predictions", {}).get("throughput", {}).get("tokens_per_s")
+    old = doc.predictions.throughput.tokens_per_s
     if not e.memory.fits or head < min_headroom_gib:
-        return Finding(name, where, False, f"no longer fits {job.batch} sequences with {min_headroom_gib} GiB "
-                       f"headroom{because}", line, spec_field)
+        verb = "no longer fits" if sc.changes else "does not fit"
+        return Finding(name, sc.where, False, f"{verb} {pf.job.batch} sequences with {min_headroom_gib} GiB "
+                       f"headroom{sc.because}", sc.line, sc.field)
     if old and e.tokens_per_s < old * (1 - tolerance):
-        return Finding(name, where, False, f"throughput regressed {100 * (1 - e.tokens_per_s / old):.1f}% "
-                       f"({old:,.0f} -> {e.tokens_per_s:,.0f} tokens/s){because}", line, spec_field)
-    return Finding(name, where, True, f"fits, {e.tokens_per_s:,.0f} tokens/s")
+        return Finding(name, sc.where, False, f"throughput regressed {100 * (1 - e.tokens_per_s / old):.1f}% "
+                       f"({old:,.0f} -> {e.tokens_per_s:,.0f} tokens/s){sc.because}", sc.line, sc.field)
+    return Finding(name, sc.where, True, f"fits, {e.tokens_per_s:,.0f} tokens/s")
 
 
 def run_checks(paths: list[Path], plans_dir: Path | None, min_headroom_gib: float, tolerance: float,
@@ -291,19 +278,18 @@ def diff_against(ref: str, files: list[Path], plan_files: list[Path]) -> list[di
             "params": [param_counts(old).total, param_counts(new).total], "plans": [],
         }
         for pf in plan_files:
-            pdoc = read_document(pf)
-            ref_path = pdoc.get("model_ref")
-            if not ref_path or (pf.parent / ref_path).resolve() != f.resolve() or pdoc.get("mode") == "infer":
+            pdoc = read_plan_document(pf)
+            ref_path = pdoc.model_ref
+            if not ref_path or (pf.parent / ref_path).resolve() != f.resolve() or pdoc.mode == "infer":
                 continue
-            system = SystemSpec.model_validate(pdoc["hardware"])
-            cluster = ClusterSpec(system=system, num_nodes=pdoc["nodes"], gpus_per_node=pdoc.get("gpus_per_node"))
-            plan = ParallelPlan.model_validate(pdoc["plan"])
+            base_pf = plan_file(pdoc, old, build(SystemSpec, pdoc.hardware, f"{pf} (hardware)"), pf)
+            cluster, plan = base_pf.cluster, base_pf.plan
             row: dict[str, Any] = {"plan": str(pf)}
             for label, m in (("base", old), ("now", new)):
                 if check_plan(m, plan, cluster):
                     row[label] = {"valid": False}
                     continue
-                e = estimate_training(m, cluster, plan)
+                e = estimate_training(m, cluster, plan, base_pf.allowance, base_pf.axis_order)
                 row[label] = {"valid": True, "memory_gib": float(e.memory.total) / GIB, "step_s": float(e.time.total)}
             entry["plans"].append(row)
         out.append(entry)

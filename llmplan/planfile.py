@@ -8,7 +8,9 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from llmplan import __version__
 from llmplan.errors import LlmplanError
@@ -18,12 +20,72 @@ from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.check import check_plan, check_serve_plan
-from llmplan.specs.registry import build, read_document
+from llmplan.specs.registry import (
+    build, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
+)
 from llmplan.specs.serve import ServeJob, ServePlan
-from llmplan.topology.placement import parse_order
+from llmplan.topology.placement import DEFAULT_ORDER, parse_order
 
 PLAN_SCHEMA = 1
 KIND = "llmplan-plan"
+
+
+class StepPredictions(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    step_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    """Predicted training step time, seconds."""
+
+
+class RatePredictions(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    tokens_per_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    """Predicted tokens per second."""
+
+
+class Predictions(BaseModel):
+    """The predictions stored in a plan file (the estimate's JSON document); the keys check compares are typed."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    time: StepPredictions = Field(default_factory=lambda: StepPredictions())
+    """Training step time."""
+    throughput: RatePredictions = Field(default_factory=lambda: RatePredictions())
+    """Throughput."""
+
+
+class PlanDocument(BaseModel):
+    """A plan file as stored: what `search --save` writes and export, bench, check and lock read. Keys the
+    reader does not know (llmplan_version, created, ...) are kept and ignored."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    schema_: Literal[1] = Field(alias="schema")
+    """Plan-file schema; 1 (uneven pipeline stages are optional plan keys, so older schema-1 files load)."""
+    kind: Literal["llmplan-plan"]
+    """Always 'llmplan-plan'."""
+    mode: Literal["train", "infer"] = "train"
+    """Training plan (ParallelPlan) or serving plan (ServePlan + ServeJob)."""
+    model_ref: Optional[str] = Field(default=None, max_length=4096)
+    """The model the plan was made for: a built-in name or a path relative to the plan file."""
+    hardware_ref: Optional[str] = Field(default=None, max_length=4096)
+    """The system the plan was made for: a built-in name or a path relative to the plan file."""
+    model: dict[str, Any]
+    """Snapshot of the model spec."""
+    hardware: dict[str, Any]
+    """Snapshot of the system spec."""
+    nodes: int = Field(ge=1, le=1_000_000)
+    """Nodes of the cluster."""
+    gpus_per_node: Optional[int] = Field(default=None, ge=1, le=4096)
+    """GPUs used per node (None: all)."""
+    axis_order: str = Field(default="-".join(DEFAULT_ORDER), max_length=64)
+    """Rank placement, innermost axis first."""
+    allowance: dict[str, Any] = Field(default_factory=dict)
+    """The memory allowance the plan was made with."""
+    plan: dict[str, Any]
+    """The ParallelPlan (train) or ServePlan (infer) fields."""
+    job: Optional[dict[str, Any]] = None
+    """The serving workload (infer)."""
+    predictions: Predictions = Field(default_factory=lambda: Predictions())
+    """What llmplan predicted when the plan was saved."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +101,14 @@ class PlanFile:
     path: Path | None = None
     job: ServeJob | None = None
     """The serving workload (mode infer)."""
+    document: PlanDocument | None = None
+    """The file as read."""
 
 
 def spec_ref(ref: str, plan_path: Path) -> str:
     """How a plan file names its model / hardware: a built-in name as given, or a path relative to the plan
     file's folder (so a repository of specs and plans can move as a whole)."""
-    if Path(ref).suffix in (".yaml", ".yml", ".json") or "/" in ref:
+    if looks_like_path(ref):
         return os.path.relpath(Path(ref).resolve(), Path(plan_path).resolve().parent)
     return ref
 
@@ -86,38 +150,81 @@ def save_plan(path: Path, doc: dict[str, Any], force: bool = False) -> None:
     write_atomic(Path(path), json.dumps(doc, indent=2) + "\n", force=force)
 
 
-def load_plan(path: Path) -> PlanFile:
-    """Read a plan file; any problem (wrong kind, schema, invalid spec or plan) is one clear error."""
+def read_plan_document(path: Path) -> PlanDocument:
+    """Read and type-check a plan file; a missing file, another kind of file, an unknown schema or a field of
+    the wrong type is one clear error naming the field."""
     path = Path(path)
     if not path.exists():
         raise LlmplanError(f"plan file {path} does not exist")
-    doc = read_document(path)
-    if doc.get("kind") != KIND:
-        raise LlmplanError(f"{path}: not an llmplan plan file (kind is {doc.get('kind')!r}, expected '{KIND}'); "
+    raw = read_document(path)
+    if raw.get("kind") != KIND:
+        raise LlmplanError(f"{path}: not an llmplan plan file (kind is {raw.get('kind')!r}, expected '{KIND}'); "
                            "create one with `llmplan search ... --save plan.json`")
-    if doc.get("schema") != PLAN_SCHEMA:
-        raise LlmplanError(f"{path}: plan file schema {doc.get('schema')!r} is not supported (this llmplan reads "
+    if raw.get("schema") != PLAN_SCHEMA:
+        raise LlmplanError(f"{path}: plan file schema {raw.get('schema')!r} is not supported (this llmplan reads "
                            f"schema {PLAN_SCHEMA}); re-create it with `llmplan search --save`")
-    for key in ("model", "hardware", "nodes", "plan"):
-        if key not in doc:
-            raise LlmplanError(f"{path}: missing key '{key}'")
-    model = build(ModelSpec, doc["model"], f"{path} (model)")
-    system = build(SystemSpec, doc["hardware"], f"{path} (hardware)")
-    cluster = build(ClusterSpec, {"system": system, "num_nodes": doc["nodes"],
-                                  "gpus_per_node": doc.get("gpus_per_node")}, f"{path} (cluster)")
-    mode = str(doc.get("mode", "train"))
-    allowance = build(MemoryAllowance, doc.get("allowance", {}), f"{path} (allowance)")
-    order = parse_order(str(doc.get("axis_order", "tp-cp-ep-dp-pp")))
-    if mode == "infer":
-        plan = build(ServePlan, doc["plan"], f"{path} (plan)")
-        job = build(ServeJob, doc.get("job", {}), f"{path} (job)")
-        violations = check_serve_plan(model, plan, job, cluster)
-    elif mode == "train":
-        plan, job = build(ParallelPlan, doc["plan"], f"{path} (plan)"), None
-        violations = check_plan(model, plan, cluster)
+    return build(PlanDocument, raw, str(path))
+
+
+def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec, Path | None, Path | None]:
+    """The model and system a plan file refers to, as they are now (its snapshots when it names none), and
+    the spec files they come from (None for built-ins and snapshots)."""
+    model, model_file = _resolve_ref(doc.model_ref, path, "model")
+    system, system_file = _resolve_ref(doc.hardware_ref, path, "hardware")
+    model = model or build(ModelSpec, doc.model, f"{path} (model)")
+    system = system or build(SystemSpec, doc.hardware, f"{path} (hardware)")
+    return model, system, model_file, system_file
+
+
+def _resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path | None]:
+    if not ref:
+        return None, None
+    if looks_like_path(ref):
+        candidate = Path(ref) if Path(ref).is_absolute() else plan_path.parent / ref
+        if not candidate.exists():
+            raise LlmplanError(f"references {kind} file {ref}, which no longer exists")
+        return (load_model_file(candidate) if kind == "model" else load_system_file(candidate)), candidate
+    table = builtin_models() if kind == "model" else builtin_systems()
+    if ref not in table:
+        raise LlmplanError(f"references built-in {kind} '{ref}', which no longer exists")
+    return table[ref], None
+
+
+def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Path | None = None) -> PlanFile:
+    """The typed plan of a document, for `model` on `system` (no rule checks: see load_plan)."""
+    where = str(path) if path else "plan file"
+    cluster = build(ClusterSpec, {"system": system, "num_nodes": doc.nodes, "gpus_per_node": doc.gpus_per_node},
+                    f"{where} (cluster)")
+    allowance = build(MemoryAllowance, doc.allowance, f"{where} (allowance)")
+    order = parse_order(doc.axis_order)
+    if doc.mode == "infer":
+        plan = build(ServePlan, doc.plan, f"{where} (plan)")
+        job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
     else:
-        raise LlmplanError(f"{path}: mode {mode!r} is neither 'train' nor 'infer'")
+        plan, job = build(ParallelPlan, doc.plan, f"{where} (plan)"), None
+    return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), path, job, doc)
+
+
+def plan_violations(pf: PlanFile) -> list:
+    """The rules the plan breaks for its model on its cluster."""
+    if pf.mode == "infer":
+        return check_serve_plan(pf.model, pf.plan, pf.job, pf.cluster)
+    return check_plan(pf.model, pf.plan, pf.cluster)
+
+
+def load_plan(path: Path, current: bool = False) -> PlanFile:
+    """Read a plan file with the specs it snapshots (or, `current`, the specs it refers to as they are now);
+    any problem (wrong kind, schema, invalid spec or plan, broken rule) is one clear error."""
+    path = Path(path)
+    doc = read_plan_document(path)
+    if current:
+        model, system, _, _ = current_specs(doc, path)
+    else:
+        model = build(ModelSpec, doc.model, f"{path} (model)")
+        system = build(SystemSpec, doc.hardware, f"{path} (hardware)")
+    pf = plan_file(doc, model, system, path)
+    violations = plan_violations(pf)
     if violations:
         raise LlmplanError(f"{path}: the plan no longer passes its rules:\n"
                            + "\n".join(f"  - {v.message}" for v in violations))
-    return PlanFile(model, cluster, plan, allowance, order, mode, doc.get("predictions", {}), path, job)
+    return pf

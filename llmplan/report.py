@@ -190,6 +190,7 @@ def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
         "nodes": c.num_nodes,
         "gpus": c.num_gpus,
         "plan": plan_json(e.plan),
+        "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
         "memory": memory_json(e.memory),
         "time": time_json(e.time),
@@ -199,8 +200,21 @@ def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
     }
 
 
+def split_text(layers: tuple[int, ...] | list[int]) -> str:
+    """Stage layer counts in short form: '7+8x14+7' (runs of equal counts collapsed)."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
 def estimate_view(console: Console, e: TrainingEstimate) -> None:
     memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
+    if len(set(e.stage_layers)) > 1:
+        console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
 
@@ -273,7 +287,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
 
 def plan_cells(p: ParallelPlan) -> list[str]:
     etp = f"/{p.etp_resolved}" if p.ep > 1 else ""
-    return [str(p.tp), str(p.pp), str(p.dp), str(p.cp), f"{p.ep}{etp}", str(p.vpp), "on" if p.sp else "off",
+    uneven = "*" if (p.pp_first or p.pp_last or p.pp_layers) else ""
+    return [str(p.tp), f"{p.pp}{uneven}", str(p.dp), str(p.cp), f"{p.ep}{etp}", str(p.vpp), "on" if p.sp else "off",
             str(p.zero), p.recompute, str(p.micro_batch)]
 
 
@@ -288,6 +303,9 @@ def ranked_table(title: str, rows: list[TrainingEstimate]) -> Table:
         m, tp = e.memory, e.throughput
         t.add_row(str(i), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
                   f"{float(tp.tokens_per_s):,.0f}", f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+    uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
+    if uneven:
+        t.caption = "* uneven pipeline stages (layers, first to last): " + ", ".join(uneven)
     return t
 
 

@@ -20,24 +20,61 @@ def test_valid_plan_has_no_violations():
     assert rules("llama-3.1-70b", cluster, tp=8, pp=4, dp=2, sp=True, global_batch=64) == {}
 
 
-def test_tp_must_divide_kv_heads_or_be_a_multiple():
-    # 8 KV heads: tp 16 replicates them (allowed); tp 3 is neither.
-    assert "tp_kv_heads" not in rules("llama-3.1-70b", tp=16)
+def test_training_tp_must_divide_kv_heads():
+    # Megatron's num_query_groups rule: 8 KV heads, tp 16 is refused for training, with the valid degrees.
+    msg = rules("llama-3.1-70b", tp=16)["tp_kv_heads"]
+    assert "tp (16) must divide num_key_value_heads (8) of llama-3.1-70b" in msg and "valid tp: 1, 2, 4, 8" in msg
     msg = rules("llama-3.1-70b", tp=3)["tp_heads"]
     assert "tp (3) must divide num_attention_heads (64) of llama-3.1-70b" in msg
-    assert "valid tp: 1, 2, 4, 8, 16, 32, 64" in msg
+    assert "valid tp: 1, 2, 4, 8" in msg
 
 
-def test_kv_rule_message():
-    # qwen3-30b-a3b: 32 heads, 4 KV heads; tp 8 is a multiple of 4 (replicated) -> fine.
-    assert "tp_kv_heads" not in rules("qwen3-30b-a3b", tp=8)
+def test_serving_may_replicate_kv_heads():
+    from llmplan.specs.check import check_serve_plan
+    from llmplan.specs.serve import ServeJob, ServePlan
+
+    v = check_serve_plan(M["llama-3.1-70b"], ServePlan(tp=16), ServeJob())
+    assert not [x for x in v if x.rule.startswith("tp_")]
+    v = check_serve_plan(M["llama-3.1-70b"], ServePlan(tp=32), ServeJob())
+    assert not [x for x in v if x.rule.startswith("tp_")]
 
 
-def test_pp_and_vpp_divide_layers():
-    assert "valid pp: 1, 2, 4, 5, 8, 10, 16, 20, 40, 80" in rules("llama-3.1-70b", pp=3)["pp_layers"]
+def test_even_pp_and_vpp():
+    assert rules("llama-3.1-70b", pp=4, vpp=5, global_batch=8) == {}
     msg = rules("llama-3.1-70b", pp=4, vpp=3, global_batch=8)["vpp_layers"]
-    assert "vpp (3) must divide the 20 layers per pipeline stage" in msg and "valid vpp: 1, 2, 4, 5, 10, 20" in msg
+    assert "vpp (3) must divide the layers of every pipeline stage" in msg and "valid vpp: 1, 2, 4, 5, 10, 20" in msg
     assert "vpp_needs_pp" in rules("llama-3.1-70b", vpp=2)
+
+
+def test_uneven_pp_needs_a_split_and_names_one():
+    # 126 layers over 16 stages: refused as an even split, with the balanced split as the example.
+    msg = rules("llama-3.1-405b", pp=16, global_batch=16)["pp_layers"]
+    assert "pp (16) does not divide num_hidden_layers (126)" in msg
+    assert "--pp-first-layers 7 --pp-last-layers 7 (8 on each of the other 14 stages)" in msg
+    assert rules("llama-3.1-405b", pp=16, pp_first=7, pp_last=7, global_batch=16) == {}
+    assert rules("llama-3.1-405b", pp=3, pp_layers=(40, 40, 46), global_batch=16) == {}
+
+
+def test_bad_layouts_name_the_rule():
+    # Does not sum to the layers; a zero-layer stage; more stages than layers; pins that leave an uneven rest.
+    msg = rules("llama-3.1-405b", pp=3, pp_layers=(40, 40, 40))["pp_layers"]
+    assert "must sum to num_hidden_layers (126)" in msg and "they sum to 120" in msg
+    msg = rules("llama-3.1-405b", pp=3, pp_layers=(0, 80, 46))["pp_layers"]
+    assert "a stage has no layer" in msg
+    msg = rules("llama-3.1-8b", pp=33)["pp_layers"]
+    assert "pp (33) exceeds num_hidden_layers (32)" in msg
+    msg = rules("llama-3.1-405b", pp=16, pp_first=6, pp_last=7, global_batch=16)["pp_layers"]
+    assert "leave 113 of the 126 layers" in msg and "--pp-first-layers 7 --pp-last-layers 7" in msg
+
+
+def test_interleaving_needs_as_many_microbatches_as_stages():
+    # Megatron's interleaved schedule: n >= p. 4 micro-batches over 4 stages pass, 2 do not.
+    assert "vpp_microbatches" not in rules("llama-3.1-70b", pp=4, vpp=2, global_batch=4)
+    msg = rules("llama-3.1-70b", pp=4, vpp=2, global_batch=2)["vpp_microbatches"]
+    assert "needs at least pp (4) micro-batches" in msg and "gives 2" in msg
+    # Any interleave the layout allows: 126 layers, pp 18, vpp 7 (one layer per virtual stage).
+    assert rules("llama-3.1-405b", pp=18, vpp=7, global_batch=18) == {}
+    assert "valid vpp: 1, 7" in rules("llama-3.1-405b", pp=18, vpp=2, global_batch=18)["vpp_layers"]
 
 
 def test_ep_rules():
@@ -45,6 +82,9 @@ def test_ep_rules():
     msg = rules("mixtral-8x7b", ep=3, dp=3, global_batch=3)["ep_experts"]
     assert "ep (3) must divide the 8 experts of mixtral-8x7b; valid ep: 1, 2, 4, 8" in msg
     assert "expert_grid" in rules("mixtral-8x7b", ep=8, dp=2, global_batch=2, etp=1)
+    # The default expert TP (= tp) is named, with the --etp 1 most MoE recipes use.
+    msg = rules("mixtral-8x7b", tp=8, ep=8, dp=1, global_batch=1)["expert_grid"]
+    assert "defaults to tp (Megatron)" in msg and "--etp 1" in msg
 
 
 def test_batch_sp_cp_context():

@@ -93,7 +93,7 @@ def test_rule_break_is_reported(repo, cli):
     r = cli("check", "--plans", repo / "plans", "--format", "json")
     assert r.code == 1
     msg = [c for c in r.json()["checks"] if not c["ok"]][0]["message"]
-    assert "breaks its rules" in msg and "pp (2) must divide num_hidden_layers (31)" in msg
+    assert "breaks its rules" in msg and "pp (2) does not divide num_hidden_layers (31)" in msg
 
 
 def test_diff_against_base(repo, cli):

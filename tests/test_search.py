@@ -105,7 +105,7 @@ def test_search_cli_json_and_save(cli, tmp_path):
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["schema"] == 1 and doc["considered"] > doc["feasible"] > 0
-    assert set(doc["pruned"]) >= {"vpp_layers", "gpus_model_parallel"}
+    assert set(doc["pruned"]) >= {"vpp_microbatches", "gpus_model_parallel"}
     best = doc["plans"][0]
     assert best["rank"] == 1 and {"plan", "memory", "time", "throughput", "comm"} <= set(best)
     saved = json.loads(out.read_text())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.arith import where
-from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, rank_params, stage_layers
+from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, stage_layers
 from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -100,7 +100,7 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     only the shard), so SP adds 2 all-gathers per layer.
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    layers = m.num_hidden_layers // plan.pp
+    layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
     calls = plan.num_microbatches * layers * (4 + where(plan.full, 2, 0))
     regather = plan.num_microbatches * layers * 2
     S = ACT_BYTES * s * b * h
@@ -144,7 +144,7 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     else:
         kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
     S = ACT_BYTES * s * b * kv_width
-    layers = m.num_hidden_layers // plan.pp
+    layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
     sends = (3 + where(plan.full, 1, 0)) * (cp - 1)
     return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
 

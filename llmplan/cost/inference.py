@@ -181,7 +181,10 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
                    + 2 * attn_pairs * m.num_attention_heads * (qk + v) * L) / (t * p)
     expert_flops = 2 * expert_active * tokens / (t * p)
     peak = gpu.peak_flops(compute_dtype)
-    rows_per_expert = np.maximum(np.asarray(tokens, dtype=float) * m.num_experts_per_tok / max(m.num_experts, 1), 1)
+    # Rows per expert the step actually runs: the routed rows over the experts they touch (at least one each),
+    # so fewer tokens never make the expert GEMMs slower. Derived: docs/formulas.md#infer.step
+    touched = np.maximum(_expert_fraction_touched(m, tokens) * max(m.num_experts, 1), 1e-12)
+    rows_per_expert = np.maximum(np.asarray(tokens, dtype=float) * m.num_experts_per_tok / touched, 1)
     compute = dense_flops / (peak * gemm_efficiency(gpu, compute_dtype, np.maximum(tokens, 1))) + \
         expert_flops / (peak * gemm_efficiency(gpu, compute_dtype, rows_per_expert))
     w = serve_weight_bytes(m, plan)

@@ -11,7 +11,9 @@ from typing import Any, ClassVar
 
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layers
+from llmplan.cost.params import (
+    heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layer_count, stage_layers,
+)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.units import GIB
@@ -196,7 +198,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     expert = model_state_bytes(rp.expert, edp, plan.zero, w, g, o)
     act = activation_bytes(m, plan, stage)
     tensors = dense.total + expert.total + act.total
-    layers = m.num_hidden_layers / plan.pp
+    layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
     gathered = where(plan.zero >= 3, live * w, 0.0)  # Derived: docs/formulas.md#mem.other
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
@@ -208,10 +210,14 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
 
 
 def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
-    """Stages that can hold the most memory: the first (embedding, most micro-batches in flight), the
-    first one without dense layers (MoE models with leading dense layers), the last (output layer, logits).
-    Other stages hold no more parameters than these and fewer micro-batches (tests check this)."""
-    return 0 * plan.pp, heaviest_moe_stage(m, plan), plan.pp - 1
+    """Stages that can hold the most memory or take the longest: the first (embedding, most micro-batches in
+    flight), the second (the busiest middle stage when the first is lighter), the first one without dense
+    layers (MoE models with leading dense layers), the last (output layer, logits). Other middle stages
+    hold as many layers as the second and fewer micro-batches (tests check this). An explicit per-stage
+    list (one plan, not arrays) is evaluated stage by stage."""
+    if getattr(plan, "pp_layers", None) is not None:
+        return tuple(range(plan.pp))
+    return 0 * plan.pp, minimum(1, plan.pp - 1), heaviest_moe_stage(m, plan), plan.pp - 1
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,

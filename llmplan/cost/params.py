@@ -105,22 +105,63 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     )
 
 
+def layer_split(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+    """Transformer layers on the first stage, on each middle stage and on the last stage.
+
+    Megatron's --decoder-first/last-pipeline-num-layers pin the first and last stage; the other stages share
+    the rest evenly (0 pins nothing: an even split). Source: Megatron-LM arguments.py (validate_args checks
+    that the remaining layers divide the remaining stages); check_plan enforces it here."""
+    L, p, f, l = m.num_hidden_layers, plan.pp, plan.pp_first, plan.pp_last
+    middle_stages = p - where(f > 0, 1, 0) - where(l > 0, 1, 0)
+    mid = (L - f - l) // maximum(middle_stages, 1)
+    return where(f > 0, f, mid), mid, where(l > 0, l, mid)
+
+
+def stage_layer_count(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+    """Transformer layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    if getattr(plan, "pp_layers", None) is not None:
+        return plan.pp_layers[int(stage)]
+    first, mid, last = layer_split(m, plan)
+    return where(stage == 0, first, where(stage == plan.pp - 1, last, mid))
+
+
+def layers_before(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+    """Transformer layers held by the pipeline ranks before `stage`."""
+    if getattr(plan, "pp_layers", None) is not None:
+        return sum(plan.pp_layers[: int(stage)])
+    first, mid, _ = layer_split(m, plan)
+    return where(stage == 0, 0, first + (stage - 1) * mid)
+
+
+def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
+    """Transformer layers of every pipeline stage, first to last (one plan)."""
+    return [int(stage_layer_count(m, plan, i)) for i in range(plan.pp)]
+
+
+def max_stage_layers(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Layers of the pipeline rank that holds the most."""
+    if getattr(plan, "pp_layers", None) is not None:
+        return max(plan.pp_layers)
+    first, mid, last = layer_split(m, plan)
+    return maximum(first, maximum(where(plan.pp > 2, mid, 0), last))
+
+
 def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     """(dense layers, MoE layers) held by pipeline rank `stage`.
 
-    With vpp virtual stages, rank i holds model chunks i, i+pp, i+2pp, ... of L/(pp·vpp) layers each
-    (Megatron's interleaved assignment). Works elementwise on plan arrays."""
-    L = m.num_hidden_layers
+    With vpp virtual stages every rank's layers form vpp equal chunks; virtual round j holds chunk j of
+    every rank in order, so rank i's chunk j starts at j·L/vpp + (layers before rank i)/vpp (Megatron's
+    interleaved assignment, uneven first/last stages included). Works elementwise on plan arrays."""
+    n = stage_layer_count(m, plan, stage)
     if not m.is_moe:
-        return L // plan.pp, 0 * plan.pp
-    chunk = L // (plan.pp * plan.vpp)
-    k_dense = m.first_k_dense_replace
-    dense = 0 * plan.pp
-    for j in range(int(np.max(plan.vpp))):
-        start = (j * plan.pp + stage) * chunk
-        n_dense = maximum(0, minimum(start + chunk, k_dense) - start)
-        dense = dense + where(j < plan.vpp, n_dense, 0)
-    return dense, L // plan.pp - dense
+        return n, 0 * n
+    v, k = plan.vpp, m.first_k_dense_replace
+    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    dense = 0 * n
+    for j in range(int(np.max(v))):
+        start = j * round_ + offset
+        dense = dense + where(j < v, maximum(0, minimum(start + chunk, k) - start), 0)
+    return dense, n - dense
 
 
 def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -128,8 +169,12 @@ def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
     micro-batches among such ranks); 0 for models without leading dense layers."""
     if not m.is_moe or not m.first_k_dense_replace:
         return 0 * plan.pp
-    chunk = m.num_hidden_layers // (plan.pp * plan.vpp)
-    return minimum(-(-m.first_k_dense_replace // chunk), plan.pp - 1)
+    if getattr(plan, "pp_layers", None) is not None:
+        return next((i for i in range(plan.pp) if stage_layers(m, plan, i)[0] == 0), plan.pp - 1)
+    first, mid, _ = layer_split(m, plan)
+    kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp
+    i = where(kv <= first, 1, 1 - (-(kv - first) // maximum(mid, 1)))
+    return minimum(i, plan.pp - 1)
 
 
 @dataclass(frozen=True)
@@ -153,12 +198,10 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
     """One attention block's parameters on one TP rank (column/row-parallel projections split by heads).
 
     Derived: docs/formulas.md#params.rank"""
-    h, a, d = m.hidden_size, m.num_attention_heads, m.d_head
+    h, d = m.hidden_size, m.d_head
     if m.is_mla:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
-        nope, rope, v, kv_r, q_r = (
-            m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank,
-        )
+        rope, kv_r, q_r = m.qk_rope_head_dim, m.kv_lora_rank, m.q_lora_rank
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r
         return down + (attention_params(m) - down) / t
     kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)

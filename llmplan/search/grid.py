@@ -11,11 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.specs.check import divisors
+from llmplan.specs.check import balanced_split, divisors
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
-
-RECOMPUTE = ("none", "selective", "full")
+from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,13 @@ class Space:
     """The values each plan axis may take; a pinned axis has one value."""
 
     tp: tuple[int, ...]
-    pp: tuple[int, ...]
+    pipeline: tuple[tuple[int, int, int, int], ...]
+    """Pipeline layouts (pp, vpp, pp_first, pp_last): stages, virtual stages, and the first / last stage's
+    layers (0: an even share)."""
     cp: tuple[int, ...]
     ep: tuple[int, ...]
     etp: tuple[str, ...]
     """'1' (experts not tensor-split) and/or 'tp' (expert TP equal to TP, Megatron's default)."""
-    vpp: tuple[int, ...]
     sp: tuple[bool, ...]
     zero: tuple[int, ...]
     recompute: tuple[str, ...]
@@ -65,6 +64,28 @@ class Space:
     @property
     def size(self) -> int:
         return int(np.prod([len(getattr(self, f.name)) for f in fields(self)]))
+
+
+def pipeline_layouts(L: int, n_gpus: int, max_pp: int, pins: dict[str, Any]) -> tuple[tuple[int, int, int, int], ...]:
+    """Every pipeline layout worth trying: each stage count that divides the GPUs (up to max_pp and the
+    layers), split evenly when it divides the layers and otherwise by the balanced uneven split
+    (check.balanced_split), each with every interleave that divides all its stages' layers."""
+    out = []
+    pps = [pins["pp"]] if "pp" in pins else [p for p in range(1, min(max_pp, n_gpus, L) + 1) if n_gpus % p == 0]
+    for p in pps:
+        if "pp_first" in pins or "pp_last" in pins:
+            first, last = pins.get("pp_first", 0), pins.get("pp_last", 0)
+        else:
+            first, last = balanced_split(L, p) if p <= L else (0, 0)
+        middle = p - (first > 0) - (last > 0)
+        mid = (L - first - last) // max(middle, 1)
+        counts = [c for c in (first or mid, mid if middle else 0, last or mid) if c > 0]
+        g = 0
+        for c in counts:
+            g = int(np.gcd(g, c))
+        vpps = [pins["vpp"]] if "vpp" in pins else ([v for v in divisors(max(g, 1))] if p > 1 else [1])
+        out += [(p, v, first, last) for v in vpps]
+    return tuple(out)
 
 
 def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[str, Any] | None = None,
@@ -76,24 +97,25 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     max_cp = max_cp or 32
     values = {
         "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
-        "pp": tuple(p for p in divisors(m.num_hidden_layers) if p <= min(max_pp or n, n)),
+        "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
         "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
         "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),
         "etp": ("1", "tp") if m.is_moe else ("tp",),
-        "vpp": (1, 2, 3, 4, 6, 8),
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
         "recompute": RECOMPUTE,
         "micro_batch": tuple(b for b in (1, 2, 4, 8, 16) if b <= w.global_batch),
     }
     for key, value in pins.items():
-        values[key] = (str(value) if key == "etp" else value,)
+        if key in values:
+            values[key] = (str(value) if key == "etp" else value,)
     return Space(**values)
 
 
 @dataclass(frozen=True)
-class PlanArrays:
-    """Many plans at once: the ParallelPlan attributes the cost functions read, as arrays."""
+class PlanArrays(PlanQuantities):
+    """Many plans at once: the ParallelPlan attributes the cost functions read, as arrays (the derived ones
+    come from PlanQuantities, as for ParallelPlan)."""
 
     tp: np.ndarray
     pp: np.ndarray
@@ -102,11 +124,14 @@ class PlanArrays:
     ep: np.ndarray
     etp_resolved: np.ndarray
     vpp: np.ndarray
+    pp_first: np.ndarray
+    pp_last: np.ndarray
     sp: np.ndarray
     zero: np.ndarray
     recompute_code: np.ndarray
     micro_batch: np.ndarray
     w: Workload
+    pp_layers = None  # explicit per-stage lists exist for single plans only
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -120,12 +145,6 @@ class PlanArrays:
             return getattr(self.w.plan(), name)
         raise AttributeError(name)
 
-    full = property(lambda self: self.recompute_code == 2)
-    selective = property(lambda self: self.recompute_code == 1)
-    num_gpus = property(lambda self: self.tp * self.pp * self.cp * self.dp)
-    zero_shard = property(lambda self: self.dp * self.cp)
-    num_microbatches = property(lambda self: np.maximum(1, self.w.global_batch // (self.micro_batch * self.dp)))
-
     def take(self, idx: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "w"}, w=self.w)
 
@@ -133,25 +152,29 @@ class PlanArrays:
         """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""
         return self.w.plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
-            etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
+            etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), pp_first=int(self.pp_first[i]),
+            pp_last=int(self.pp_last[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
             recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
         )
 
 
 def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArrays:
     """The cartesian product of the space; dp is derived as GPUs // (tp x pp x cp) (rules check it divides)."""
-    axes = [np.asarray(space.tp), np.asarray(space.pp), np.asarray(space.cp), np.asarray(space.ep),
-            np.asarray([1 if e == "1" else 0 for e in space.etp]), np.asarray(space.vpp),
+    layouts = np.asarray(space.pipeline, dtype=np.int64).reshape(-1, 4)
+    axes = [np.asarray(space.tp), np.arange(len(layouts)), np.asarray(space.cp), np.asarray(space.ep),
+            np.asarray([1 if e == "1" else 0 for e in space.etp]),
             np.asarray(space.sp, dtype=bool), np.asarray(space.zero),
             np.asarray([RECOMPUTE.index(r) for r in space.recompute]), np.asarray(space.micro_batch)]
     grids = np.meshgrid(*axes, indexing="ij")
-    tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb = (g.ravel() for g in grids)
+    cols = [g.ravel() for g in grids]
     if len(space.etp) > 1:  # with tp = 1, expert tp '1' and 'tp' are the same plan: list it once
-        keep = (etp_one == 1) | (tp > 1)
-        tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb = (a[keep] for a in (tp, pp, cp, ep, etp_one, vpp, sp, zero, rc, mb))
+        keep = (cols[4] == 1) | (cols[0] > 1)
+        cols = [c[keep] for c in cols]
+    tp, lay, cp, ep, etp_one, sp, zero, rc, mb = cols
+    pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
     return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp_one == 1, 1, tp), vpp=vpp,
-                      sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+                      pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
 
 
 def from_plan(plan: ParallelPlan) -> PlanArrays:
@@ -159,5 +182,6 @@ def from_plan(plan: ParallelPlan) -> PlanArrays:
     w = Workload.of(plan)
     a = lambda v: np.asarray([v])  # noqa: E731
     return PlanArrays(tp=a(plan.tp), pp=a(plan.pp), dp=a(plan.dp), cp=a(plan.cp), ep=a(plan.ep),
-                      etp_resolved=a(plan.etp_resolved), vpp=a(plan.vpp), sp=a(plan.sp), zero=a(plan.zero),
-                      recompute_code=a(RECOMPUTE.index(plan.recompute)), micro_batch=a(plan.micro_batch), w=w)
+                      etp_resolved=a(plan.etp_resolved), vpp=a(plan.vpp), pp_first=a(plan.pp_first),
+                      pp_last=a(plan.pp_last), sp=a(plan.sp), zero=a(plan.zero),
+                      recompute_code=a(plan.recompute_code), micro_batch=a(plan.micro_batch), w=w)

@@ -87,7 +87,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    for rule in RULES:
+    for rule in (r for r in RULES if not r.serve_only):
         ok = np.broadcast_to(np.asarray(rule.ok(m, plans, cluster), dtype=bool), keep.shape)
         cut = keep & ~ok
         n = int(cut.sum())

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmplan.errors import LlmplanError
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 
@@ -34,12 +35,131 @@ def _fmt(values: list[int], limit: int = 12) -> str:
     return shown + (", ..." if len(values) > limit else "") if values else "none"
 
 
-def valid_tp(m: ModelSpec, max_tp: int | None = None) -> list[int]:
-    """TP degrees that split the query heads, split or replicate the KV heads, and split the FFNs."""
+def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
+    """TP degrees that split the query heads, split the KV heads (or, serving, replicate them: `replicate_kv`),
+    and split the FFNs."""
     a, K = m.num_attention_heads, m.kv_heads
     ffns = [f for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f]
-    return [t for t in divisors(a) if (K % t == 0 or t % K == 0) and all(f % t == 0 for f in ffns)
+    return [t for t in divisors(a) if (K % t == 0 or (replicate_kv and t % K == 0)) and all(f % t == 0 for f in ffns)
             and (max_tp is None or t <= max_tp)]
+
+
+def balanced_split(L: int, p: int) -> tuple[int, int]:
+    """(first, last) stage layers of the balanced uneven split of L layers over p stages: every middle stage
+    holds ceil(L/p) layers and the first and last stages, which carry the embedding and the loss, share the
+    rest (the last one the fewer); (0, 0) when p divides L. Callers keep p <= L.
+    Derived: docs/formulas.md#pipeline.split"""
+    if L % p == 0 or p == 1:
+        return 0, 0
+    if p == 2:
+        return L - L // 2, L // 2
+    mid = -(-L // p)
+    rest = L - (p - 2) * mid
+    if rest < 2:  # ceil leaves too little for the ends: middle stages take floor(L/p), the ends the surplus
+        mid = L // p
+        rest = L - (p - 2) * mid
+    return rest - rest // 2, rest // 2
+
+
+def accounted_split(m: ModelSpec, pp: int, embedding: bool, loss: bool) -> tuple[int, int]:
+    """(first, last) stage layers under Megatron's --account-for-embedding-in-pipeline-split /
+    --account-for-loss-in-pipeline-split: the embedding and the loss each count as one layer, the L + e + l
+    units split evenly over pp stages, and the stage carrying each gives up one transformer layer.
+    Source: Megatron-LM arguments.py (validate_args requires pp to divide the accounted layers)."""
+    L = m.num_hidden_layers
+    units = L + int(embedding) + int(loss)
+    if not (embedding or loss):
+        return 0, 0
+    if pp < 2 or units % pp:
+        valid = [p for p in divisors(units) if 1 < p <= L]
+        counted = " and ".join(x for x, on in (("the embedding", embedding), ("the loss", loss)) if on)
+        raise LlmplanError(f"with {counted} counted as layers, pp ({pp}) must divide num_hidden_layers + "
+                           f"{units - L} ({units}) of {m.name}; valid pp: {_fmt(valid)}")
+    per = units // pp
+    return (per - 1 if embedding else 0), (per - 1 if loss else 0)
+
+
+def split_text(m: ModelSpec, p: int) -> str:
+    """A valid way to give the layers of `m` to p stages, as flags (for error messages)."""
+    L = m.num_hidden_layers
+    if p > L:
+        return f"use at most {L} stages"
+    f, l = balanced_split(L, p)
+    if not f:
+        return f"pp {p} splits the {L} layers evenly"
+    middle = (L - f - l) // (p - 2) if p > 2 else 0
+    rest = f" ({middle} on each of the other {p - 2} stages)" if p > 2 else ""
+    return f"--pp-first-layers {f} --pp-last-layers {l}{rest}"
+
+
+def _split_ok(m: ModelSpec, p: Any) -> Any:
+    """The stage layer counts add up to the layers, with at least one layer on every stage."""
+    L = m.num_hidden_layers
+    if getattr(p, "pp_layers", None) is not None:
+        return sum(p.pp_layers) == L and min(p.pp_layers) >= 1
+    f, l = p.pp_first, p.pp_last
+    middle = p.pp - (f > 0) * 1 - (l > 0) * 1
+    rest = L - f - l
+    pinned_ok = ((f == 0) & (l == 0)) | (p.pp > 1)
+    return pinned_ok & (p.pp <= L) & (rest >= middle) & (
+        ((middle == 0) & (rest == 0)) | ((middle > 0) & (rest % (middle + (middle == 0)) == 0)))
+
+
+def _split_message(m: ModelSpec, p: ParallelPlan) -> str:
+    L = m.num_hidden_layers
+    if p.pp > L:
+        return f"pp ({p.pp}) exceeds num_hidden_layers ({L}) of {m.name}: a stage needs at least one layer; use pp <= {L}"
+    example = split_text(m, p.pp)
+    if p.pp_layers is not None:
+        got = "+".join(str(n) for n in p.pp_layers)
+        why = ("a stage has no layer" if min(p.pp_layers) < 1 else f"they sum to {sum(p.pp_layers)}")
+        return (f"--pp-layers {','.join(str(n) for n in p.pp_layers)}: the {p.pp} stage layer counts ({got}) must "
+                f"sum to num_hidden_layers ({L}) of {m.name} with at least 1 layer per stage, but {why}; "
+                f"for example {example}")
+    if (p.pp_first or p.pp_last) and p.pp == 1:
+        return "--pp-first-layers / --pp-last-layers need pp > 1; drop them or raise --pp"
+    if p.pp_first or p.pp_last:
+        middle = p.pp - (p.pp_first > 0) - (p.pp_last > 0)
+        return (f"pp_first {p.pp_first} and pp_last {p.pp_last} leave {L - p.pp_first - p.pp_last} of the {L} "
+                f"layers of {m.name} for {middle} other stage(s), which must share them evenly (at least one "
+                f"each); for example {example}")
+    return (f"pp ({p.pp}) does not divide num_hidden_layers ({L}) of {m.name}: give an uneven split, for example "
+            f"{example}, or --pp-layers with one count per stage; even splits: pp in "
+            f"{_fmt(divisors(L))}")
+
+
+def _stage_counts(m: ModelSpec, p: Any) -> tuple[tuple[Any, Any, Any], Any]:
+    """(first, middle, last) stage layer counts of a first/last split, and the number of middle stages."""
+    L, f, l = m.num_hidden_layers, p.pp_first, p.pp_last
+    middle = p.pp - (f > 0) * 1 - (l > 0) * 1
+    mid = (L - f - l) // (middle + (middle == 0))
+    return (f + (f == 0) * mid, mid, l + (l == 0) * mid), middle
+
+
+def _vpp_ok(m: ModelSpec, p: Any) -> Any:
+    if getattr(p, "pp_layers", None) is not None:
+        return all(n % p.vpp == 0 for n in p.pp_layers)
+    (first, mid, last), middle = _stage_counts(m, p)
+    return (first % p.vpp == 0) & (last % p.vpp == 0) & ((middle == 0) | (mid % p.vpp == 0))
+
+
+def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
+    if p.pp_layers is not None:
+        counts = sorted(set(p.pp_layers))
+    else:
+        (first, mid, last), middle = _stage_counts(m, p)
+        counts = sorted({first, last} | ({mid} if middle else set()))
+    g = counts[0]
+    for n in counts[1:]:
+        g = _gcd(g, n)
+    return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} "
+            f"({', '.join(str(n) for n in counts)} layers per stage with pp {p.pp}); valid vpp: {_fmt(divisors(g))}")
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
 
 
 Pred = Callable[[ModelSpec, Any, Any], Any]
@@ -53,6 +173,8 @@ class Rule:
     """True (elementwise) where the plan keeps the rule."""
     message: Msg
     needs_cluster: bool = False
+    serve_only: bool = False
+    """Checked for serving plans only (check_serve_plan)."""
 
 
 def _ffn_ok(m: ModelSpec, t: Any) -> Any:
@@ -61,6 +183,13 @@ def _ffn_ok(m: ModelSpec, t: Any) -> Any:
         if f:
             ok = ok & (f % t == 0)
     return ok
+
+
+def _as_bool(x: Any) -> Any:
+    """A predicate's value as a bool or bool array (so `~` negates it on both paths)."""
+    import numpy as np
+
+    return np.asarray(x, dtype=bool)
 
 
 def _moe(m: ModelSpec) -> bool:
@@ -72,23 +201,28 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
                          f"valid tp: {_fmt(valid_tp(m))}"),
     Rule("tp_kv_heads",
+         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0),
+         lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} (Megatron's "
+                         f"num_query_groups rule: training does not replicate KV heads); valid tp: {_fmt(valid_tp(m))}"),
+    Rule("tp_kv_heads_serve",
          lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | (p.tp % m.kv_heads == 0),
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
-                         f"of it (KV heads replicated); valid tp: {_fmt(valid_tp(m))}"),
+                         f"of it (serving engines then replicate KV heads); valid tp: "
+                         f"{_fmt(valid_tp(m, replicate_kv=True))}", serve_only=True),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
-    Rule("pp_layers", lambda m, p, c: m.num_hidden_layers % p.pp == 0,
-         lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}; "
-                         f"valid pp: {_fmt(divisors(m.num_hidden_layers))}"),
+    Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
-    Rule("vpp_layers",
-         lambda m, p, c: (m.num_hidden_layers % p.pp != 0) | (p.pp == 1) | ((m.num_hidden_layers // p.pp) % p.vpp == 0),
-         lambda m, p, c: f"vpp ({p.vpp}) must divide the {m.num_hidden_layers // p.pp} layers per pipeline stage of "
-                         f"{m.name} (num_hidden_layers {m.num_hidden_layers} / pp {p.pp}); valid vpp: "
-                         f"{_fmt(divisors(m.num_hidden_layers // p.pp))}"),
+    Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),
+         lambda m, p, c: _vpp_message(m, p)),
+    Rule("vpp_microbatches", lambda m, p, c: (p.vpp == 1) | (p.num_microbatches >= p.pp),
+         lambda m, p, c: f"interleaving (vpp {p.vpp}) needs at least pp ({p.pp}) micro-batches per step, and "
+                         f"global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x {p.dp}) gives "
+                         f"{p.num_microbatches} (Megatron's interleaved schedule); raise --global-batch, lower "
+                         f"--micro-batch, or use --vpp 1"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     Rule("ep_experts", lambda m, p, c: (not _moe(m)) | (max(m.num_experts, 1) % p.ep == 0),
@@ -99,7 +233,9 @@ RULES: tuple[Rule, ...] = (
                          f"{m.name}; valid: {_fmt(divisors(m.expert_ffn)[:8])}"),
     Rule("expert_grid", lambda m, p, c: (not _moe(m)) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
          lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
-                         f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp)"),
+                         f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
+                         f"expert tp {'defaults to tp (Megatron)' if p.etp is None else 'is set by --etp'}: most MoE "
+                         f"recipes use --etp 1, or lower --ep"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
@@ -130,10 +266,10 @@ RULES: tuple[Rule, ...] = (
 def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[Violation]:
     """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid)."""
     return [Violation(r.name, r.message(m, plan, cluster)) for r in RULES
-            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]
+            if (cluster is not None or not r.needs_cluster) and not r.serve_only and not bool(r.ok(m, plan, cluster))]
 
 
-SERVE_RULES = ("tp_heads", "tp_kv_heads", "tp_ffn", "pp_layers", "ep_dense", "ep_experts", "gpus_model_parallel",
+SERVE_RULES = ("tp_heads", "tp_kv_heads_serve", "tp_ffn", "pp_layers", "ep_dense", "ep_experts", "gpus_model_parallel",
                "gpus_dp")
 
 

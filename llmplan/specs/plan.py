@@ -3,18 +3,50 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field, model_validator
 
+from llmplan.cost.arith import maximum
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG
 
 Recompute = Literal["none", "selective", "full"]
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
+class PlanQuantities:
+    """The quantities derived from a plan's degrees, written once for one ParallelPlan (Python numbers) and
+    for search.grid.PlanArrays (numpy arrays of many plans): both provide tp, pp, dp, cp, micro_batch,
+    global_batch and recompute_code."""
+
+    @property
+    def full(self) -> Any:
+        """Full activation recompute."""
+        return self.recompute_code == 2  # type: ignore[attr-defined]
+
+    @property
+    def selective(self) -> Any:
+        """Selective (attention-core) recompute."""
+        return self.recompute_code == 1  # type: ignore[attr-defined]
+
+    @property
+    def num_gpus(self) -> Any:
+        return self.tp * self.pp * self.cp * self.dp  # type: ignore[attr-defined]
+
+    @property
+    def zero_shard(self) -> Any:
+        """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
+        return self.dp * self.cp  # type: ignore[attr-defined]
+
+    @property
+    def num_microbatches(self) -> Any:
+        """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
+        return maximum(1, self.global_batch // (self.micro_batch * self.dp))  # type: ignore[attr-defined]
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
-class ParallelPlan(BaseModel):
+class ParallelPlan(PlanQuantities, BaseModel):
     """One way to run a training step: parallel degrees, sharding, recompute and batch shape.
 
     Rules that relate the plan to a model or cluster live in check_plan, not here."""
@@ -35,6 +67,15 @@ class ParallelPlan(BaseModel):
     """Expert tensor-parallel degree; None means equal to tp (Megatron's default)."""
     vpp: int = Field(default=1, ge=1)
     """Virtual pipeline stages per rank (interleaved 1F1B); 1 = plain 1F1B."""
+    pp_first: int = Field(default=0, ge=0, le=100_000)
+    """Transformer layers on the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); 0 means
+    an even share. The stages without a pinned count share the remaining layers evenly."""
+    pp_last: int = Field(default=0, ge=0, le=100_000)
+    """Transformer layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers); 0 means an
+    even share."""
+    pp_layers: Optional[tuple[int, ...]] = Field(default=None, min_length=1, max_length=100_000)
+    """Transformer layers on every pipeline stage, first to last (an explicit uneven split, as Megatron's
+    --pipeline-model-parallel-layout); None means pp_first / pp_last or an even split."""
     sp: bool = False
     """Megatron sequence parallelism (norm/dropout activations split over tp)."""
     zero: int = Field(default=0, ge=0, le=3)
@@ -63,18 +104,23 @@ class ParallelPlan(BaseModel):
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
 
+    @model_validator(mode="after")
+    def _one_way_to_split(self) -> "ParallelPlan":
+        if self.pp_layers is not None and (self.pp_first or self.pp_last):
+            raise ValueError("give either pp_layers (every stage) or pp_first / pp_last, not both")
+        if self.pp_layers is not None and len(self.pp_layers) != self.pp:
+            raise ValueError(f"pp_layers lists {len(self.pp_layers)} stages but pp is {self.pp}; give one layer "
+                             f"count per pipeline stage")
+        return self
+
     @property
     def etp_resolved(self) -> int:
         return self.etp if self.etp is not None else self.tp
 
-    # Numeric views used by the cost functions (search.grid.PlanArrays has the same names, as arrays).
     @property
-    def full(self) -> bool:
-        return self.recompute == "full"
-
-    @property
-    def selective(self) -> bool:
-        return self.recompute == "selective"
+    def recompute_code(self) -> int:
+        """Index of `recompute` in RECOMPUTE (the plan arrays store this code)."""
+        return RECOMPUTE.index(self.recompute)
 
     @property
     def weight_bytes(self) -> float:
@@ -90,20 +136,6 @@ class ParallelPlan(BaseModel):
     def optimizer_bytes(self) -> float:
         """Adam: fp32 master weights + two moments (12 B); pure fp32 training needs no master copy (8 B)."""
         return 8.0 if self.dtype == "fp32" else 12.0
-
-    @property
-    def num_gpus(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
-
-    @property
-    def num_microbatches(self) -> int:
-        """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
-        return max(1, self.global_batch // (self.micro_batch * self.dp))
-
-    @property
-    def zero_shard(self) -> int:
-        """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
-        return self.dp * self.cp
 
 
 class ClusterSpec(BaseModel):

@@ -27,6 +27,10 @@ def data_dir(name: str) -> Path:
     return Path(__file__).resolve().parents[2] / name
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+"""File suffixes of specs, profiles and plan files."""
+
+
 def read_document(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file into a mapping; any problem is one clear error naming the file."""
     try:
@@ -64,7 +68,7 @@ def build(cls: type[BaseModel], data: dict[str, Any], origin: str) -> Any:
 
 
 def _yaml_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+    return sorted(p for p in folder.rglob("*") if p.suffix in SPEC_SUFFIXES)
 
 
 @lru_cache(maxsize=None)
@@ -128,13 +132,15 @@ def load_system_file(path: Path) -> SystemSpec:
     return build(SystemSpec, data, str(path))
 
 
-def _is_path(ref: str) -> bool:
-    return Path(ref).suffix in (".yaml", ".yml", ".json") or "/" in ref
+def looks_like_path(ref: str) -> bool:
+    """Whether a --model / --hardware / *_ref value names a file rather than a built-in (the one place this
+    is decided)."""
+    return Path(ref).suffix in SPEC_SUFFIXES or "/" in ref
 
 
 def resolve_model(ref: str) -> ModelSpec:
     """--model: a built-in name or a path to a spec / config.json."""
-    if _is_path(ref):
+    if looks_like_path(ref):
         if not Path(ref).exists():
             raise LlmplanError(f"model file {ref} does not exist")
         return load_model_file(Path(ref))
@@ -146,7 +152,7 @@ def resolve_model(ref: str) -> ModelSpec:
 
 def resolve_system(ref: str) -> SystemSpec:
     """--hardware: a built-in system name or a path to a system profile."""
-    if _is_path(ref):
+    if looks_like_path(ref):
         if not Path(ref).exists():
             raise LlmplanError(f"hardware file {ref} does not exist")
         return load_system_file(Path(ref))

@@ -1,0 +1,35 @@
+"""The workload defaults the commands share, written once: sequence length and tokens per step."""
+
+from __future__ import annotations
+
+from llmplan.specs.model import ModelSpec
+
+DEFAULT_SEQ_LEN = 4096
+"""Training sequence length when none is given (capped by the model's context)."""
+DEFAULT_BATCH_TOKENS = 4 * 1024**2
+"""Tokens per optimizer step when neither --global-batch nor --batch-tokens is given (4M, as Llama 2/3)."""
+BATCH_ROUNDING = 0.05
+"""--batch-tokens becomes the nearby global batch (within 5%) that the most data-parallel degrees divide."""
+
+
+def default_seq_len(m: ModelSpec) -> int:
+    return min(DEFAULT_SEQ_LEN, m.max_position_embeddings)
+
+
+def global_batch_from_tokens(tokens: float, seq_len: int) -> int:
+    """Sequences per step for a token budget per step: tokens / seq_len, moved (by at most 5%) to the nearby
+    count with the largest power-of-two factor, so that '16M' tokens at seq 8192 is 2048 sequences (Llama 3's
+    batch) whether M is read as 10^6 or 2^20."""
+    exact = max(1.0, tokens / seq_len)
+    lo, hi = max(1, int(exact * (1 - BATCH_ROUNDING))), max(1, int(exact * (1 + BATCH_ROUNDING)))
+    if hi - lo > 10_000_000:  # absurd budgets: no search over the range
+        return max(1, round(exact))
+    best = max(1, round(exact))
+    for b in range(lo, hi + 1):
+        if _twos(b) > _twos(best) or (_twos(b) == _twos(best) and abs(b - exact) < abs(best - exact)):
+            best = b
+    return best
+
+
+def _twos(n: int) -> int:
+    return (n & -n).bit_length() - 1
