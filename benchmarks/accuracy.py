@@ -1,10 +1,10 @@
 """Predicted vs measured for every published training run that gives enough configuration.
 
-    python benchmarks/accuracy.py [--runs ../shared/validation/published_runs.yaml] [--family mpt] [--quiet]
+    python benchmarks/accuracy.py [--runs benchmarks/data/published_runs.yaml] [--family mpt] [--quiet]
 
 For each record it builds the model and plan the source describes, runs the same estimate as
 `llmplan estimate` with the default (uncalibrated) hardware profiles, predicts the quantity the source
-measured (see shared/validation/README.md: Narayanan 2021 TFLOP/s count the recompute pass, i.e. HFU; MPT,
+measured (see benchmarks/data/README.md: Narayanan 2021 TFLOP/s count the recompute pass, i.e. HFU; MPT,
 Megatron-Core and NeMo report model FLOPs; Korthikanti Table 5 gives iteration times), and prints the
 error per record and the median / max absolute percentage error per family. Nothing here is tuned per
 record: assumptions that fill gaps in a record (micro-batch 1 where not given, fused attention for runs
@@ -28,7 +28,10 @@ from llmplan.serving import estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.specs.serve import ServeJob, ServePlan
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published_runs.yaml"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import runs_path  # noqa: E402
+
+DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020")
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated

@@ -2,9 +2,15 @@
 
     python benchmarks/search_speed.py [--repeat 3]
 
-Cases (issue 4): gpt3-175b on 1024 A100 (128 x dgx-a100, global batch 1536, seq 2048); llama-3.1-405b on
-16384 H100 (2048 x dgx-h100, seq 8192, 16M tokens per batch); deepseek-v3 on 2048 H800 with EP (256 x
-dgx-h800, seq 4096, global batch 4096). Each time is the whole `search()` call: enumerate, prune, evaluate
+Cases: gpt3-175b on 1024 A100 (128 x dgx-a100, global batch 1536, seq 2048); llama-3.1-405b on 16384 H100
+(2048 x dgx-h100, seq 8192, 16M tokens per batch); deepseek-v3 on 2048 H800 with EP (256 x dgx-h800, seq
+4096, global batch 4096); llama-3.1-405b on 100,000 H100 (12,500 x dgx-h100, seq 8192, global batch 10,000:
+16M tokens, 2,048 sequences, leaves no valid dp on 2^5 x 5^5 GPUs), every axis free. Targets:
+under 3 s each for the first three, under 10 s and 4 GiB for the fourth, at least 10^6 plans/s. Since
+uneven pipeline stages (every pp that divides the GPUs, with the balanced split, and every interleave the
+layout allows) the spaces are 311,040 / 34,560 / 110,880 / 44,160 plans (they were 311,040 / 207,360 /
+544,320 with a fixed vpp grid of 1-8 and pp limited to divisors of the layers). The peak resident memory
+of the process is printed at the end. Each time is the whole `search()` call: enumerate, prune, evaluate
 memory and step time, rank, and the scalar re-estimate of the shown plans. A rich progress bar runs on a
 terminal.
 """
@@ -28,6 +34,7 @@ CASES = [
     ("gpt3-175b", "dgx-a100", 128, 1536, 2048),
     ("llama-3.1-405b", "dgx-h100", 2048, 16 * 1024**2 // 8192, 8192),
     ("deepseek-v3", "dgx-h800", 256, 4096, 4096),
+    ("llama-3.1-405b", "dgx-h100", 12500, 10000, 8192),  # 100,000 H100 (= 2^5 x 5^5): a batch dp can divide
 ]
 
 
@@ -62,6 +69,9 @@ def main() -> None:
             table.add_row(f"{model} / {system}", f"{cluster.num_gpus:,}", f"{n:,}", f"{res.feasible:,}",
                           f"{best_t:.2f}", f"{n / best_t:,.0f}", desc, mfu)
     console.print(table)
+    import resource
+
+    console.print(f"peak resident memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,8 @@ def estimate(
     block_size: int = BlockOpt,
     max_num_batched_tokens: int = MaxTokOpt,
     axis_order: str = OrderOpt,
+    save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
@@ -177,6 +179,10 @@ def estimate(
             if json_mode:
                 sys.stderr.write(f"warning: {w}\n")
         emit(report.serve_json(se), json_mode, lambda: report.serve_view(out, se))
+        if save is not None:
+            save_best(save, serve_plan_document(se, allowance, report.serve_json(se),
+                                                (spec_ref(model, save), spec_ref(hardware, save))), force, json_mode,
+                      "the plan")
         return
     cluster = make_cluster(hardware, nodes, gpus_per_node)
     order = parse_order(axis_order)
@@ -195,6 +201,9 @@ def estimate(
     allowance = make_allowance(overhead_gib, fragmentation)
     e = estimate_training(m, cluster, plan, allowance, order)
     emit(report.estimate_json(e), json_mode, lambda: report.estimate_view(out, e))
+    if save is not None:
+        save_best(save, plan_document(e, allowance, order, report.estimate_json(e),
+                                      (spec_ref(model, save), spec_ref(hardware, save))), force, json_mode, "the plan")
 
 
 @app.command()
@@ -355,10 +364,10 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
             "tp_comm_overlap": tp_comm_overlap}
 
 
-def save_best(path: Path, doc: dict, force: bool, json_mode: bool) -> None:
+def save_best(path: Path, doc: dict, force: bool, json_mode: bool, what: str = "the best plan") -> None:
     save_plan(path, doc, force=force)
     if not json_mode:
-        out.print(f"saved the best plan to {path}")
+        out.print(f"saved {what} to {path}")
 
 
 @app.command()

@@ -24,7 +24,8 @@ from llmplan.planfile import load_plan
 HERE = Path(__file__).parent
 PLANS = HERE / "data" / "plans"
 GOLDEN = HERE / "golden" / "export"
-CASES = {"dense_train": "all", "moe_train": "all", "fsdp_train": "all", "serve": "all"}
+CASES = {"dense_train": "all", "moe_train": "all", "fsdp_train": "all", "serve": "all", "uneven_train": "all",
+         "layout_train": "all"}
 
 
 def normalise(text: str) -> str:
@@ -86,7 +87,9 @@ MEGATRON_VALUE_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage": int, "--context-parallel-size": int,
     "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int, "--micro-batch-size": int,
     "--global-batch-size": int, "--recompute-granularity": str, "--recompute-method": str,
-    "--recompute-num-layers": int, "--fp8-format": str,
+    "--recompute-num-layers": int, "--fp8-format": str, "--attention-dropout": float, "--hidden-dropout": float,
+    "--decoder-first-pipeline-num-layers": int, "--decoder-last-pipeline-num-layers": int,
+    "--num-virtual-stages-per-pipeline-rank": int, "--pipeline-model-parallel-layout": str,
 }
 MEGATRON_SWITCHES = {
     "--group-query-attention", "--use-rope-scaling", "--swiglu", "--disable-bias-linear", "--add-qkv-bias",
@@ -110,7 +113,7 @@ def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
     return ap.parse_args(args), env
 
 
-@pytest.mark.parametrize("case", ["dense_train", "moe_train"])
+@pytest.mark.parametrize("case", ["dense_train", "moe_train", "uneven_train"])
 def test_megatron_round_trip(case):
     pf = load_plan(PLANS / f"{case}.json")
     files, _ = render_all(pf, "megatron")
@@ -126,6 +129,10 @@ def test_megatron_round_trip(case):
     if p.vpp > 1:
         assert pf.model.num_hidden_layers // pp // ns.num_layers_per_virtual_pipeline_stage == p.vpp
     assert ns.num_layers == pf.model.num_hidden_layers and ns.num_query_groups == pf.model.kv_heads
+    assert (ns.decoder_first_pipeline_num_layers or 0, ns.decoder_last_pipeline_num_layers or 0) == (p.pp_first,
+                                                                                                     p.pp_last)
+    # Llama-style models train without dropout; Megatron's default (0.1) must not apply.
+    assert (ns.attention_dropout, ns.hidden_dropout) == (pf.model.attention_dropout, pf.model.hidden_dropout)
 
 
 def test_deepspeed_batch_identity():
@@ -162,6 +169,10 @@ def edited(tmp_path: Path, case: str, **changes) -> Path:
     ("dense_train", {}, "vllm", "it is a train plan and vllm takes serving plans"),
     ("serve", {}, "megatron", "it is a infer plan and megatron takes training plans"),
     ("serve", {"plan__ep": 3}, "vllm", "ep_experts"),
+    # Uneven stages: DeepSpeed's PipelineModule partitions cannot pin per-stage layer counts.
+    ("uneven_train", {"plan__sp": False}, "deepspeed", "uneven pipeline stages"),
+    # AutoTP trains with ZeRO 0-2 only (DeepSpeed's AutoTP training tutorial).
+    ("fsdp_train", {"plan__tp": 2, "plan__dp": 8}, "deepspeed", "with ZeRO stage 3"),
 ])
 def test_cannot_express_exits_2(cli, tmp_path, case, changes, target, needle):
     path = edited(tmp_path, case, **changes) if changes else PLANS / f"{case}.json"
@@ -208,3 +219,37 @@ def test_search_save_then_export_all(cli, tmp_path):
     assert cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
                "--save", serve).code == 0
     assert cli("export", serve, "--to", "vllm", "-o", tmp_path / "v").code == 0
+
+
+def test_uneven_layout_reaches_every_launcher(tmp_path):
+    """The layout llmplan evaluated is the one each launcher gets: Megatron's first/last flags or its explicit
+    layout string, and torchtitan's module list per stage (embedding first, norm and output last)."""
+    import tomllib
+
+    from llmplan.export import megatron, torchtitan
+
+    pf = load_plan(PLANS / "uneven_train.json")
+    flags = " ".join(megatron.parallel_flags(pf))
+    assert "--decoder-first-pipeline-num-layers 7" in flags and "--decoder-last-pipeline-num-layers 7" in flags
+    as_fsdp = edited(tmp_path, "uneven_train", plan__zero=2)
+    cfg = tomllib.loads(torchtitan.toml_text(load_plan(as_fsdp)))
+    parts = cfg["parallelism"]["module_fqns_per_model_part"]
+    assert [sum(x.startswith("layers.") for x in part) for part in parts] == [7] + [8] * 14 + [7]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    assert [x for part in parts for x in part if x.startswith("layers.")] == [f"layers.{i}" for i in range(126)]
+    layout = load_plan(PLANS / "layout_train.json")
+    assert '--pipeline-model-parallel-layout "Et*10|t*11|t*11,L"' in megatron.parallel_flags(layout)
+
+
+def test_interleaved_uneven_layout_string(tmp_path):
+    # pp 2 x vpp 2 over 8 + 6 layers: virtual stages in model order are rank 0 chunk 0 (4), rank 1 chunk 0 (3),
+    # rank 0 chunk 1 (4), rank 1 chunk 1 (3).
+    from llmplan.export import megatron
+
+    path = edited(tmp_path, "layout_train", plan__pp=2, plan__pp_layers=[8, 6], plan__vpp=2, plan__dp=3,
+                  plan__tp=1, plan__sp=False)
+    doc = json.loads(path.read_text())
+    doc["model"]["num_hidden_layers"] = 14
+    doc["model_ref"] = None
+    path.write_text(json.dumps(doc))
+    assert '--pipeline-model-parallel-layout "Et*4|t*3|t*4|t*3,L"' in megatron.parallel_flags(load_plan(path))

@@ -140,21 +140,39 @@ class ActivationBytes(Breakdown):
     """Last stage: input of the output layer and fp32 logits for the loss."""
 
 
-def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> ActivationBytes:
+@dataclass(frozen=True)
+class LayerActivations:
+    """Per-layer activation bytes of one micro-batch, the same on every stage (computed once per plan)."""
+
+    dense: Any
+    moe: Any
+    working_dense: Any
+    """Full recompute: a dense layer's activations rebuilt in its backward."""
+    working_moe: Any
+
+
+def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
+    dense = layer_activation_bytes(m, plan, False)
+    working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
+    if not m.is_moe:
+        return LayerActivations(dense, 0.0, working_dense, working_dense)
+    return LayerActivations(dense, layer_activation_bytes(m, plan, True), working_dense,
+                            layer_activation_no_recompute(m, plan, True, scores=False))
+
+
+def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
+                     per_layer: LayerActivations | None = None) -> ActivationBytes:
     """Activation bytes of pipeline rank `stage` at its peak.
 
     Source: Korthikanti et al. 2022, Table 2 and §4.3 (embedding / output layer); docs/formulas.md#mem.activations"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     V = padded_vocab(m.vocab_size, t)
     sp = where(plan.sp, t, 1)
+    la = per_layer or layer_activations(m, plan)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    per_mb = n_dense * layer_activation_bytes(m, plan, False)
-    if m.is_moe:
-        per_mb = per_mb + n_moe * layer_activation_bytes(m, plan, True)
+    per_mb = n_dense * la.dense + n_moe * la.moe
     inflight = inflight_microbatches(plan, stage)
-    working_moe = layer_activation_no_recompute(m, plan, m.is_moe, scores=False)
-    working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
-    working = where(plan.full, where(n_moe > 0, working_moe, working_dense), 0.0)
+    working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
     output = where(stage == plan.pp - 1, 2 * s * b * h / sp + 4 * s * b * V / t, 0.0)
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
@@ -189,14 +207,14 @@ class TrainingMemory(Breakdown):
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
-                 capacity: float) -> TrainingMemory:
+                 capacity: float, per_layer: LayerActivations | None = None) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     w, g, o = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     rp = rank_params(m, plan, stage)
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, w, g, o)
     expert = model_state_bytes(rp.expert, edp, plan.zero, w, g, o)
-    act = activation_bytes(m, plan, stage)
+    act = activation_bytes(m, plan, stage, per_layer)
     tensors = dense.total + expert.total + act.total
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
@@ -217,14 +235,26 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
     list (one plan, not arrays) is evaluated stage by stage."""
     if getattr(plan, "pp_layers", None) is not None:
         return tuple(range(plan.pp))
-    return 0 * plan.pp, minimum(1, plan.pp - 1), heaviest_moe_stage(m, plan), plan.pp - 1
+    second = minimum(1, plan.pp - 1)
+    moe = heaviest_moe_stage(m, plan) if m.is_moe and m.first_k_dense_replace else second
+    return 0 * plan.pp, second, moe, plan.pp - 1
+
+
+def each_stage(stages: tuple[Any, ...], f: Any) -> list[Any]:
+    """f of every candidate stage, computed once for a stage that appears twice (the same value object)."""
+    done: dict[int, Any] = {}
+    for st in stages:
+        if id(st) not in done:
+            done[id(st)] = f(st)
+    return [done[id(st)] for st in stages]
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays)."""
     allowance = allowance or MemoryAllowance()
-    results = [stage_memory(m, plan, st, allowance, capacity) for st in candidate_stages(m, plan)]
+    la = layer_activations(m, plan)
+    results = each_stage(candidate_stages(m, plan), lambda st: stage_memory(m, plan, st, allowance, capacity, la))
     best = results[0]
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)

@@ -16,7 +16,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
 )
-from llmplan.cost.memory import candidate_stages
+from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.params import max_stage_layers, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -58,11 +58,11 @@ class StepTime(Breakdown):
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[Any, StageCompute, Any, Any]]:
     """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage."""
-    out = []
-    for st in candidate_stages(m, plan):
+    def one(st: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, st)
-        out.append((st, stage_compute(m, plan, gpu, n_dense, n_moe, st == plan.pp - 1), n_dense + n_moe, n_moe))
-    return out
+        return st, stage_compute(m, plan, gpu, n_dense, n_moe, st == plan.pp - 1), n_dense + n_moe, n_moe
+
+    return each_stage(candidate_stages(m, plan), one)
 
 
 def _pick_stage(cond: Any, a: StageCompute, b: StageCompute) -> StageCompute:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan import __version__
+from llmplan.cost.params import stage_layer_list
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
 
@@ -77,3 +78,15 @@ def as_flags(pairs: list[tuple[str, Any]]) -> list[str]:
             continue
         out.append(flag if value is True else f"{flag} {value}")
     return out
+
+
+def virtual_stage_layers(pf: PlanFile) -> list[int]:
+    """Transformer layers of each virtual pipeline stage in model order: stage s sits on pipeline rank
+    s mod pp as its chunk s // pp (Megatron's and torchtitan's interleaved assignment)."""
+    p = pf.plan
+    per_rank = stage_layer_list(pf.model, p)
+    return [per_rank[s % p.pp] // p.vpp for s in range(p.pp * p.vpp)]
+
+
+def is_uneven(pf: PlanFile) -> bool:
+    return len(set(stage_layer_list(pf.model, pf.plan))) > 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import header_lines, need_mode, refuse, sh_header
+from llmplan.export.common import header_lines, is_uneven, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -13,6 +13,9 @@ TARGET = "deepspeed"
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
+    if p.tp > 1 and p.zero >= 3:
+        raise refuse(TARGET, f"tensor parallelism (AutoTP, tp {p.tp}) with ZeRO stage 3 (DeepSpeed's AutoTP training "
+                     "supports ZeRO stages 0-2)", "re-plan with --zero 2 or --tp 1, or export to torchtitan")
     if p.pp > 1 and p.zero >= 2:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
@@ -22,6 +25,9 @@ def check(pf: PlanFile) -> None:
         ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
         ("fp8 training (Transformer Engine is configured in model code)", p.dtype == "fp8", "export to megatron"),
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
+        ("uneven pipeline stages (PipelineModule's partition_method is 'uniform', 'parameters' or 'type:REGEX'; "
+         "none pins a layer count per stage)", is_uneven(pf),
+         "re-plan with a pp that divides the layers, or export to megatron / torchtitan"),
     ):
         if bad:
             raise refuse(TARGET, what, fix)
@@ -60,7 +66,10 @@ def render(pf: PlanFile) -> dict[str, str]:
     launch = (sh_header(pf, "DeepSpeed launcher") + "set -euo pipefail\n"
               f"# train_batch_size {p.global_batch} = micro-batch {p.micro_batch} x gradient accumulation "
               f"{p.num_microbatches} x data parallel {p.dp}\n"
-              f"# pipeline stages ({p.pp}) are set in the training script: PipelineModule(num_stages={p.pp})\n"
+              + (f"# pipeline stages ({p.pp}) are set in the training script: PipelineModule(num_stages={p.pp}, "
+                 f"partition_method=\"type:<transformer block class>\") splits the {pf.model.num_hidden_layers} "
+                 f"layers evenly\n" if p.pp > 1 else "")
+              +
               f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} --hostfile \"${{HOSTFILE:-hostfile}}\" "
               f"\"${{TRAIN_SCRIPT:-train.py}}\" --deepspeed --deepspeed_config ds_config.json\n")
     return {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}

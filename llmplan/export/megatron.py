@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import as_flags, need_mode, refuse, sh_header
+from llmplan.export.common import virtual_stage_layers, as_flags, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 
 TARGET = "megatron"
@@ -32,7 +32,9 @@ def model_flags(pf: PlanFile) -> list[str]:
     pairs += [("--swiglu", m.gated_mlp), ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
               ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
               ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
-              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings)]
+              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
+              # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
+              ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
     if m.is_moe:
         freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace else None
         pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
@@ -44,11 +46,9 @@ def model_flags(pf: PlanFile) -> list[str]:
 
 def parallel_flags(pf: PlanFile) -> list[str]:
     p, m = pf.plan, pf.model
-    vpp_layers = m.num_hidden_layers // (p.pp * p.vpp) if p.vpp > 1 else None
     pairs: list[tuple[str, object]] = [
-        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
-        ("--num-layers-per-virtual-pipeline-stage", vpp_layers), ("--sequence-parallel", p.sp),
-        ("--context-parallel-size", p.cp),
+        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp), *pipeline_pairs(pf),
+        ("--sequence-parallel", p.sp), ("--context-parallel-size", p.cp),
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
@@ -65,6 +65,23 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
     return as_flags(pairs)
+
+
+def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The stage layout in one of Megatron's three exclusive forms: layers per virtual stage (even split),
+    first/last stage layers with virtual stages per rank, or an explicit --pipeline-model-parallel-layout
+    (E embedding, t layer, L loss; stages split by '|', virtual stages in model order)."""
+    p, m = pf.plan, pf.model
+    if p.pp_layers is not None:
+        stages = virtual_stage_layers(pf)
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t") + (",L" if s == len(stages) - 1 else "")
+                 for s, n in enumerate(stages)]
+        return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
+    if p.pp_first or p.pp_last:
+        return [("--decoder-first-pipeline-num-layers", p.pp_first or None),
+                ("--decoder-last-pipeline-num-layers", p.pp_last or None),
+                ("--num-virtual-stages-per-pipeline-rank", p.vpp if p.vpp > 1 else None)]
+    return [("--num-layers-per-virtual-pipeline-stage", m.num_hidden_layers // (p.pp * p.vpp) if p.vpp > 1 else None)]
 
 
 def check(pf: PlanFile) -> None:

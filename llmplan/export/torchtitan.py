@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import header_lines, need_mode, refuse
+from llmplan.export.common import header_lines, need_mode, refuse, virtual_stage_layers
 from llmplan.planfile import PlanFile
 
 TARGET = "torchtitan"
@@ -32,6 +32,19 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
 
 
+def model_parts(pf: PlanFile) -> str:
+    """The modules of every virtual pipeline stage in model order, as a TOML list of lists: the embedding
+    with the first, the final norm and output with the last. Stating them pins the layout llmplan evaluated
+    (torchtitan's own split otherwise weighs the embedding and output as layers)."""
+    parts, start = [], 0
+    stages = virtual_stage_layers(pf)
+    for s, n in enumerate(stages):
+        names = (["tok_embeddings"] if s == 0 else []) + [f"layers.{i}" for i in range(start, start + n)]
+        parts.append(names + (["norm", "output"] if s == len(stages) - 1 else []))
+        start += n
+    return "[" + ", ".join("[" + ", ".join(f'"{x}"' for x in part) + "]" for part in parts) + "]"
+
+
 def toml_text(pf: PlanFile) -> str:
     p, m = pf.plan, pf.model
     name, flavor = FLAVORS[m.name]
@@ -59,8 +72,8 @@ def toml_text(pf: PlanFile) -> str:
         f"pipeline_parallel_degree = {p.pp}", f'pipeline_parallel_schedule = "{schedule}"',
         f"pipeline_parallel_microbatch_size = {p.micro_batch}",
     ]
-    if p.vpp > 1:
-        lines.append(f"pipeline_parallel_layers_per_stage = {m.num_hidden_layers // (p.pp * p.vpp)}")
+    if p.pp > 1:
+        lines.append(f"module_fqns_per_model_part = {model_parts(pf)}")
     lines += [f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}",
               f"expert_tensor_parallel_degree = {p.etp_resolved if p.ep > 1 else 1}",
               "", "[activation_checkpoint]", f'mode = "{p.recompute}"']

@@ -35,20 +35,38 @@ def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     return training_memory(m, plans, cluster.system.gpu.hbm_bytes, allowance)  # type: ignore[arg-type]
 
 
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a small-integer matrix and each row's index among them: one integer key per row
+    (mixed radix) and a 1-D unique, much faster than np.unique(axis=0)."""
+    dims = rows.max(axis=0) + 1
+    if float(np.prod(dims.astype(float))) < 2**62:
+        keys = np.ravel_multi_index(rows.T, dims)
+        _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        return rows[first], inv.ravel()
+    uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    return uniq, inv.ravel()
+
+
 def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         order: tuple[str, ...] = DEFAULT_ORDER) -> CommSeconds:
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved], axis=1)
-    uniq, inv = np.unique(layout, axis=0, return_inverse=True)
-    inv = inv.ravel()
+    uniq, inv = unique_rows(layout)
     spans = [place(ParallelPlan(tp=int(t), pp=int(p), dp=int(d), cp=int(c), ep=int(e), etp=int(x)), cluster, order)
              for t, p, d, c, e, x in uniq]
     system = cluster.system
     coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    span_cache: dict[tuple[str, object], tuple] = {}
+
+    def by_span(op: str, span: object) -> tuple:
+        """Layouts share spans (same group shapes): cost each distinct (collective, span) once."""
+        if (op, span) not in span_cache:
+            span_cache[(op, span)] = collective_coeffs(op, span, system)  # type: ignore[arg-type]
+        return span_cache[(op, span)]
 
     def seconds(op: str, axis: str, calls: Any, message: Any) -> np.ndarray:
         if (op, axis) not in coeff_cache:
-            per_layout = [collective_coeffs(op, sp[axis], system) for sp in spans]
+            per_layout = [by_span(op, sp[axis]) for sp in spans]
             width = max(len(c) for c in per_layout)
             A = np.full((len(spans), width), np.inf)
             B = np.zeros((len(spans), width))

@@ -17,7 +17,7 @@ COMMON = (
     "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
     "hidden_dropout",
 )
-TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2"}
+TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
@@ -31,6 +31,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
     if mt == "gpt2":
         cfg = _gpt2(cfg)
+    if mt == "bloom":
+        cfg = _bloom(cfg)
     out: dict[str, Any] = {k: cfg[k] for k in COMMON if cfg.get(k) is not None}
     out["name"] = str(cfg.get("_name_or_path") or default_name).rstrip("/").split("/")[-1] or default_name
     out["source"] = f"Hugging Face config.json ({cfg.get('_name_or_path') or default_name})"
@@ -54,6 +56,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
             out.pop(k, None)
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
+    if mt == "bloom":
+        out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False)
     if mt == "qwen2":
         out["qkv_bias"] = True
     if mt in ("qwen3", "qwen3_moe"):
@@ -81,6 +85,23 @@ def _gpt2(cfg: dict[str, Any]) -> dict[str, Any]:
         "mlp_bias": True,
         "attention_dropout": cfg.get("attn_pdrop", 0.1),
         "hidden_dropout": cfg.get("resid_pdrop", 0.1),
+    }
+
+
+def _bloom(cfg: dict[str, Any]) -> dict[str, Any]:
+    """BLOOM (transformers' BloomConfig): n_layer / n_head / hidden_size (older files: n_embed), a 4h GELU MLP,
+    LayerNorm, biases everywhere, ALiBi instead of position embeddings, so no max_position_embeddings: the
+    training length (seq_length, 2048 for BLOOM-176B) stands in for it."""
+    h = cfg.get("hidden_size", cfg.get("n_embed"))
+    return {
+        **cfg,
+        "hidden_size": h,
+        "intermediate_size": 4 * h,
+        "num_hidden_layers": cfg.get("n_layer", cfg.get("num_hidden_layers")),
+        "num_attention_heads": cfg.get("n_head", cfg.get("num_attention_heads")),
+        "max_position_embeddings": cfg.get("seq_length", 2048),
+        "attention_bias": True,
+        "mlp_bias": True,
     }
 
 

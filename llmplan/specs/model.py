@@ -21,6 +21,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "phi3",
     "gpt_oss",
+    "bloom",
 )
 
 SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)

@@ -33,6 +33,8 @@ MODEL_ARGS=(
     --normalization RMSNorm
     --disable-bias-linear
     --untie-embeddings-and-output-weights
+    --attention-dropout 0
+    --hidden-dropout 0
 )
 PARALLEL_ARGS=(
     --tensor-model-parallel-size 8

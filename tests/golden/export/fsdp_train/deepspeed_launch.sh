@@ -6,5 +6,4 @@
 # predicted: 40.0 of 80.0 GiB per GPU; step 5.000 s, MFU 40.0%, 400,000 tokens/s
 set -euo pipefail
 # train_batch_size 256 = micro-batch 2 x gradient accumulation 8 x data parallel 16
-# pipeline stages (1) are set in the training script: PipelineModule(num_stages=1)
 deepspeed --num_nodes 2 --num_gpus 8 --hostfile "${HOSTFILE:-hostfile}" "${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json

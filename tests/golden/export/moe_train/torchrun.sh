@@ -32,6 +32,8 @@ MODEL_ARGS=(
     --normalization RMSNorm
     --disable-bias-linear
     --untie-embeddings-and-output-weights
+    --attention-dropout 0
+    --hidden-dropout 0
     --num-experts 8
     --moe-router-topk 2
     --moe-ffn-hidden-size 14336

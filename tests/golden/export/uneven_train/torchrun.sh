@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# llmplan VERSION export for torchrun (wrapping megatron)
+# plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 2048 seq 8192 bf16
+# model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json; meta-llama/llama-models MODEL_CARD; reference/formats.md Part B2)
+# hardware: 2048 x dgx-h100 = 16384 x h100-sxm
+# predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775 tokens/s
+set -euo pipefail
+# run this on every node (same MASTER_ADDR / MASTER_PORT / JOB_ID everywhere)
+NNODES=${NNODES:-2048}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-29500}
+JOB_ID=${JOB_ID:-llmplan}
+
+MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
+TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
+export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell
+MODEL_ARGS=(
+    --num-layers 126
+    --hidden-size 16384
+    --ffn-hidden-size 53248
+    --num-attention-heads 128
+    --kv-channels 128
+    --seq-length 8192
+    --max-position-embeddings 131072
+    --group-query-attention
+    --num-query-groups 8
+    --position-embedding-type rope
+    --rotary-base 500000
+    --use-rope-scaling
+    --rope-scaling-factor 8.0
+    --swiglu
+    --normalization RMSNorm
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --attention-dropout 0
+    --hidden-dropout 0
+)
+PARALLEL_ARGS=(
+    --tensor-model-parallel-size 8
+    --pipeline-model-parallel-size 16
+    --decoder-first-pipeline-num-layers 7
+    --decoder-last-pipeline-num-layers 7
+    --sequence-parallel
+    --context-parallel-size 1
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    --micro-batch-size 1
+    --global-batch-size 2048
+    --bf16
+)
+torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \
+    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"
