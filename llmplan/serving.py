@@ -76,5 +76,15 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, plan, system, spans, cold, job.batch)),
-        warnings=hardware_warnings(plan, cluster),
+        warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
     )
+
+
+def kv_replication_warning(m: ModelSpec, plan: ServePlan) -> tuple[str, ...]:
+    """Serving engines accept tp above the KV heads by replicating them (vLLM: each KV head on tp / K
+    ranks); training refuses it (check_plan). Say so, with what it costs."""
+    if m.is_mla or plan.tp <= m.kv_heads:
+        return ()
+    return (f"tp {plan.tp} exceeds the {m.kv_heads} KV heads of {m.name}: each KV head is replicated on "
+            f"{plan.tp // m.kv_heads} GPUs (as vLLM does), so the KV cache per GPU does not shrink beyond tp "
+            f"{m.kv_heads}",)

@@ -140,3 +140,37 @@ def test_declared_parameter_count_is_checked(tmp_path, cli):
 def test_shipped_specs_pass(cli):
     r = cli("check", ROOT / "model_specs", ROOT / "hardware_profiles", "--format", "json")
     assert r.code == 0 and r.json()["failed"] == 0 and r.json()["passed"] >= 43
+
+
+def test_plan_with_its_own_axis_order_checks_clean(cli, tmp_path):
+    # Issue 11: check re-evaluates with the plan's axis order; an unchanged plan saved with a non-default
+    # placement used to fail as a 25% step-time regression.
+    plan = tmp_path / "p.json"
+    r = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8",
+            "--zero", "3", "--global-batch", "1024", "--seq-len", "4096", "--axis-order", "pp-dp-ep-cp-tp",
+            "--save", plan)
+    assert r.code == 0, r.err
+    r = cli("check", plan, "--format", "json")
+    assert r.code == 0, r.out
+    assert json.loads(plan.read_text())["axis_order"] == "pp-dp-ep-cp-tp"
+
+
+def test_uneven_plan_is_recorded_and_rechecked(cli, tmp_path):
+    plan = tmp_path / "p.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--gpus-per-node",
+               "3", "--pp", "3", "--pp-layers", "10,11,11", "--global-batch", "24", "--save", plan).code == 0
+    assert json.loads(plan.read_text())["plan"]["pp_layers"] == [10, 11, 11]
+    assert cli("check", plan).code == 0
+    doc = json.loads(plan.read_text())
+    doc["plan"]["pp_layers"] = [10, 10, 11]
+    plan.write_text(json.dumps(doc))
+    r = cli("check", plan, "--format", "json")
+    assert r.code == 1 and "must sum to num_hidden_layers (32)" in r.out
+
+
+def test_check_says_does_not_fit_when_nothing_changed(cli, tmp_path):
+    plan = tmp_path / "p.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--global-batch",
+               "8", "--save", plan).code == 0
+    r = cli("check", plan, "--min-headroom", "200", "--format", "json")
+    assert r.code == 1 and "does not fit with 200" in r.out and "no longer" not in r.out

@@ -1,4 +1,5 @@
-"""Property tests of the memory model: parts sum to totals, sharding never raises what it shards."""
+"""Property tests of the memory model: the reported stage is the most loaded, sharding never raises what it
+shards."""
 
 from __future__ import annotations
 
@@ -40,14 +41,12 @@ def valid_plans(draw):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(valid_plans())
-def test_parts_sum_to_total(mp):
+def test_reported_stage_is_the_most_loaded(mp):
+    # The memory model evaluates a few candidate stages (first, second, first all-MoE, last); every stage,
+    # uneven splits included, must hold no more than the one it reports.
     m, plan = mp
     assert check_plan(m, plan) == []
     mem = training_memory(m, plan, 80 * GIB)
-    parts = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.other
-    assert abs(parts - mem.total) <= 1e-9 * mem.total
-    a = mem.activation_parts
-    assert abs(a.layers + a.recompute_working + a.embedding + a.output - mem.activations) <= 1e-9 * mem.total
     assert mem.total == max(stage_memory(m, plan, i, MemoryAllowance(), 80 * GIB).total for i in range(plan.pp))
     assert min(mem.weights, mem.gradients, mem.optimizer, mem.activations, mem.other) >= 0
 

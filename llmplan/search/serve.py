@@ -84,7 +84,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
             continue
         found.append(estimate_serving(m, sub, plan, job.model_copy(update={"batch": batch}), allowance))
     if objective == "min-gpus":
-        found = _min_gpus(found, request_rate, cluster.num_gpus)
+        found = _min_gpus(found, request_rate, cluster.num_gpus, allowance)
         found.sort(key=lambda e: (e.plan.num_gpus, -e.tokens_per_s, e.plan.tp, e.plan.pp))
     else:
         found.sort(key=lambda e: (-e.tokens_per_s / e.plan.num_gpus, e.plan.tp, e.plan.pp, e.plan.ep))
@@ -95,8 +95,10 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     )
 
 
-def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int) -> list[ServeEstimate]:
-    """Each layout with just enough replicas for `rate` requests/s (one replica without a rate)."""
+def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int,
+              allowance: MemoryAllowance | None) -> list[ServeEstimate]:
+    """Each layout with just enough replicas for `rate` requests/s (one replica without a rate), estimated
+    with the same memory allowance as the search."""
     out = []
     for e in found:
         per_replica = float(e.timing.tokens_per_s_replica) / e.job.output_len  # requests/s
@@ -107,5 +109,5 @@ def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int) -> li
                                   num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
                                   gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
             if cluster.num_gpus == plan.num_gpus:
-                out.append(estimate_serving(e.model, cluster, plan, e.job))
+                out.append(estimate_serving(e.model, cluster, plan, e.job, allowance))
     return out
