@@ -22,6 +22,7 @@ import yaml
 
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
+from llmplan.specs.check import balanced_split
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.serving import estimate_serving
@@ -108,8 +109,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     gbs = par.get("global_batch")
     if not isinstance(gbs, int):
         gbs = mb * dp
+    first, last = balanced_split(rec["model"]["layers"], pp) if pp <= rec["model"]["layers"] else (0, 0)
     return ParallelPlan(
-        tp=tp, pp=pp, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
+        tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype,
         grad_dtype="bf16" if fam == "nemo2407" else "fp32",
@@ -133,8 +135,21 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
     return [("output tok/s", e.tokens_per_s, rec["measured"]["output_tokens_per_s_total"])]
 
 
-def predict(rec: dict, fam: str) -> list[tuple[str, float, float]]:
-    """[(quantity, predicted, measured)] for one record."""
+def with_constants(system, consts: dict | None):
+    """The system with the fitted constants applied to its GPU: `clock` per GPU generation (a100, h100), the
+    rest for every GPU."""
+    if not consts:
+        return system
+    gen = "a100" if "a100" in system.gpu.name else "h100"
+    upd = {k: v for k, v in consts.items() if k in GLOBAL_CONSTANTS}
+    if f"clock_{gen}" in consts:
+        upd["sustained_clock_fraction"] = consts[f"clock_{gen}"]
+    return system.model_copy(update={"gpu": system.gpu.model_copy(update=upd)})
+
+
+def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, float, float]]:
+    """[(quantity, predicted, measured)] for one record, with the fitted constants `consts` (None: the shipped
+    profiles)."""
     if fam == "trtllm":
         return predict_serving(rec)
     hw = rec.get("hardware", {})
@@ -144,7 +159,7 @@ def predict(rec: dict, fam: str) -> list[tuple[str, float, float]]:
         return []  # no profile for the GPU, or the source does not give the parallel layout
     if "-lora-" in rec["id"]:
         return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
-    system = builtin_systems()[system_name]
+    system = with_constants(builtin_systems()[system_name], consts)
     gpus = hw.get("gpus") or 1
     per_node = min(gpus, system.gpus_per_node)
     cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
@@ -168,11 +183,194 @@ def predict(rec: dict, fam: str) -> list[tuple[str, float, float]]:
     return out
 
 
+# Constants fitted here (docs/validation.md#constants): the sustained tensor-core clock per GPU generation,
+# the attention-kernel efficiency, the GEMM reduction half-length and the fixed per-step overhead.
+GLOBAL_CONSTANTS = ("attention_efficiency", "gemm_k_half", "step_overhead_s")
+GRID = {
+    "clock_a100": (0.75, 0.8, 0.85, 0.9, 0.95, 1.0),
+    "clock_h100": (0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0),
+    "attention_efficiency": (0.4, 0.5, 0.6),
+    "gemm_k_half": (128.0, 512.0),
+    "step_overhead_s": (0.0, 0.05, 0.15),
+}
+
+
+def throughput_errors(records: list[dict], consts: dict | None) -> dict[str, float]:
+    """Signed % error of the throughput quantity of every training record."""
+    out = {}
+    for rec in records:
+        fam = family(rec["id"])
+        try:
+            rows = predict(rec, fam, consts)
+        except (LlmplanError, ValueError):
+            continue
+        for quantity, pred, meas in rows:
+            if quantity != "fits":
+                out[rec["id"]] = 100 * (pred - meas) / meas
+                break
+    return out
+
+
+def combos(gpu_key: str) -> list[dict]:
+    keys = [k for k in GRID if not k.startswith("clock_")]
+    base = [{}]
+    for k in keys:
+        base = [{**b, k: v} for b in base for v in GRID[k]]
+    return [{**b, gpu_key: c} for b in base for c in GRID[gpu_key]]
+
+
+def fit_table(records: list[dict]) -> tuple[list[dict], dict[tuple, dict[str, float]]]:
+    """Signed error of every training record for every grid point (a record sees only its GPU's clock)."""
+    train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES]
+    by_gen = {g: [r for r in train if g in str(r.get("hardware", {}).get("gpu", "")).lower()] for g in ("a100", "h100")}
+    table: dict[tuple, dict[str, float]] = {}
+    for gen, recs in by_gen.items():
+        for c in combos(f"clock_{gen}"):
+            key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
+            table.setdefault(key, {}).update({(gen, c[f"clock_{gen}"], rid): e
+                                              for rid, e in throughput_errors(recs, c).items()})
+    return list(table), table
+
+
+def score(errs: dict, key_clock: dict[str, float], families: set[str]) -> dict[str, float]:
+    """Median |error| per family at given clocks."""
+    per: dict[str, list[float]] = {}
+    for (gen, clock, rid), e in errs.items():
+        if key_clock.get(gen) == clock and family(rid) in families:
+            per.setdefault(family(rid), []).append(abs(e))
+    return {f: statistics.median(v) for f, v in per.items()}
+
+
+def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
+    """The grid point with the lowest mean over `families` of the per-family median |error|."""
+    best, best_s = None, float("inf")
+    for key, errs in table.items():
+        for ca in GRID["clock_a100"]:
+            for ch in GRID["clock_h100"]:
+                per = score(errs, {"a100": ca, "h100": ch}, families)
+                if not per:
+                    continue
+                s_ = statistics.mean(per.values())
+                if s_ < best_s:
+                    best, best_s = {**dict(key), "clock_a100": ca, "clock_h100": ch}, s_
+    return best, best_s
+
+
+def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
+    """Leave-one-family-out: constants fitted without each family, its median |error| under them, and under
+    the all-family fit."""
+    fams = set(TRAIN_FAMILIES)
+    full, _ = best_fit(table, fams)
+    out = []
+    for f in TRAIN_FAMILIES:
+        c, _ = best_fit(table, fams - {f})
+        key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
+        left = score(table[key], {"a100": c["clock_a100"], "h100": c["clock_h100"]}, {f}).get(f)
+        fkey = tuple((k, full[k]) for k in GRID if not k.startswith("clock_"))
+        inside = score(table[fkey], {"a100": full["clock_a100"], "h100": full["clock_h100"]}, {f}).get(f)
+        out.append((f, c, left, inside))
+    return out
+
+
+def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
+    """Configurations measured on one model and one cluster: Narayanan Table 2 (PTD-P vs ZeRO-3 per model),
+    Korthikanti Table 5 (full vs selective recompute per model), MPT scans per model, GPU and precision."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        rid = r["id"]
+        if rid.startswith("narayanan2021-t2-"):
+            groups.setdefault(f"narayanan2021 T2 {rid.split('-')[3]}", []).append(r)
+        elif rid.startswith("korthikanti2022-t5-"):
+            groups.setdefault(f"korthikanti2022 T5 {rid.split('-')[2]}", []).append(r)
+        elif rid.startswith("mpt-"):
+            parts = rid.split("-")
+            groups.setdefault(f"mpt {parts[1]} {parts[2]} {parts[3]}", []).append(r)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def measured_rate(r: dict) -> float:
+    m = r["measured"]
+    if "iteration_time_s" in m:
+        return 1 / m["iteration_time_s"]
+    return m.get("mfu") or m.get("tflops_per_gpu")
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    def ranks(x: list[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else 1.0
+
+
+def rank_report(records: list[dict]) -> list[tuple[str, int, float, float]]:
+    """Per group: size, Spearman rho of predicted vs measured throughput, measured throughput lost by running
+    the predicted best instead of the measured best."""
+    out = []
+    for name, recs in sorted(ranking_groups(records).items()):
+        pairs = []
+        for r in recs:
+            try:
+                rows = predict(r, family(r["id"]))
+            except (LlmplanError, ValueError):
+                continue
+            q = next((row for row in rows if row[0] != "fits"), None)
+            if q is None:
+                continue
+            pred = 1 / q[1] if q[0] == "iteration s" else q[1]
+            pairs.append((pred, measured_rate(r)))
+        if len(pairs) < 2:
+            continue
+        rho = spearman([p for p, _ in pairs], [m for _, m in pairs])
+        pick = max(pairs, key=lambda x: x[0])[1]
+        best = max(m for _, m in pairs)
+        out.append((name, len(pairs), rho, 100 * (best - pick) / best))
+    return out
+
+
+def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
+    """Predicted vs measured per-GPU memory where a source publishes it (Korthikanti Table 5 / Figure 1)."""
+    out = []
+    for r in records:
+        m = r.get("measured", {})
+        if "memory_gb_params_and_optimizer" not in m or "layers" not in r.get("model", {}):
+            continue
+        fam = family(r["id"])
+        hw = r["hardware"]
+        system = builtin_systems()[system_for(str(hw.get("gpu", ""))) or "dgx-a100"]
+        gpus = hw.get("gpus") or 8
+        plan = plan_for(r, fam, gpus)
+        per_node = min(gpus, system.gpus_per_node)
+        cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+        if plan.num_gpus != cluster.num_gpus:
+            continue
+        e = estimate_training(model_for(r, fam), cluster, plan)
+        gib = 2**30
+        states = float(e.memory.weights + e.memory.gradients + e.memory.optimizer) / gib
+        out.append((r["id"], "params+optimizer GiB", states, m["memory_gb_params_and_optimizer"]))
+        if "memory_gb_activations" in m:
+            out.append((r["id"], "activations GiB", float(e.memory.activations) / gib, m["memory_gb_activations"]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     ap.add_argument("--family", action="append")
     ap.add_argument("--quiet", action="store_true", help="only the per-family summary")
+    ap.add_argument("--no-fit", action="store_true", help="skip the leave-one-family-out fit (about 20 s)")
     args = ap.parse_args(argv)
     records = yaml.safe_load(args.runs.read_text())
     errors: dict[str, list[float]] = {}
@@ -218,7 +416,40 @@ def main(argv: list[str] | None = None) -> int:
     print("\nassumptions per family:")
     for fam, text in ASSUMPTIONS.items():
         print(f"  {fam}: {text}")
+    if not args.family:
+        extra_reports(records, args.no_fit)
     return 0
+
+
+def extra_reports(records: list[dict], no_fit: bool) -> None:
+    print("\nranking within groups measured on one model and one cluster (shipped profiles):")
+    print(f"  {'group':34s} {'n':>3s} {'spearman':>9s} {'lost by pick':>13s}")
+    rows = rank_report(records)
+    for name, n, rho, lost in rows:
+        print(f"  {name:34s} {n:3d} {rho:9.2f} {lost:12.1f}%")
+    if rows:
+        print(f"  median rho {statistics.median(r[2] for r in rows):.2f}, median throughput lost by the pick "
+              f"{statistics.median(r[3] for r in rows):.1f}%, worst {max(r[3] for r in rows):.1f}%")
+    print("\nmemory where the source publishes it (shipped profiles):")
+    mem = memory_report(records)
+    for rid, what, pred, meas in mem:
+        print(f"  {rid:44s} {what:22s} predicted {pred:7.2f} measured {meas:7.2f} {100 * (pred - meas) / meas:+6.1f}%")
+    if mem:
+        print(f"  median |error| {statistics.median(abs(100 * (p - m) / m) for _, _, p, m in mem):.1f}%")
+    if no_fit:
+        return
+    print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
+    print("family's median |error| under them, and under the fit on all families:")
+    _, table = fit_table(records)
+    full, _ = best_fit(table, set(TRAIN_FAMILIES))
+    print(f"  all families -> {_fmt_consts(full)}")
+    for fam, consts, left, inside in lofo(table):
+        print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
+              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: {_fmt_consts(consts)}")
+
+
+def _fmt_consts(c: dict) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in c.items())
 
 
 if __name__ == "__main__":

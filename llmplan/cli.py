@@ -34,7 +34,7 @@ from llmplan.search.run import OBJECTIVES
 from llmplan.search.run import search as run_search
 from llmplan.estimate import estimate_training
 from llmplan.specs.check import accounted_split
-from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens
+from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import read_document
 from llmplan.specs.registry import build, builtin_gpus, builtin_models, builtin_systems, resolve_model, resolve_system
@@ -64,6 +64,8 @@ OgrOpt = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
 OpgOpt = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
 TpcoOpt = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+EpcoOpt = typer.Option(False, "--ep-comm-overlap/--no-ep-comm-overlap",
+                       help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 OverheadOpt = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FragOpt = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
@@ -144,6 +146,7 @@ def estimate(
     overlap_grad_reduce: bool = OgrOpt,
     overlap_param_gather: bool = OpgOpt,
     tp_comm_overlap: bool = TpcoOpt,
+    ep_comm_overlap: bool = EpcoOpt,
     overhead_gib: float = OverheadOpt,
     fragmentation: float = FragOpt,
     mode: str = typer.Option("train", "--mode", help="train | infer."),
@@ -196,7 +199,7 @@ def estimate(
         "sp": (tp > 1) if sp is None else sp, "zero": zero, "recompute": recompute,
         "micro_batch": micro_batch, "global_batch": global_batch if global_batch is not None else micro_batch * dp,
         "seq_len": seq, **switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce,
-                                   overlap_param_gather, tp_comm_overlap),
+                                   overlap_param_gather, tp_comm_overlap, ep_comm_overlap),
     }, "plan options")
     allowance = make_allowance(overhead_gib, fragmentation)
     e = estimate_training(m, cluster, plan, allowance, order)
@@ -223,7 +226,9 @@ def search(
     flash_attention: bool = FlashOpt,
     overlap_grad_reduce: bool = OgrOpt,
     overlap_param_gather: bool = OpgOpt,
-    tp_comm_overlap: bool = TpcoOpt,
+    tp_comm_overlap: bool = typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                         help="Overlap TP comm with GEMMs where sp is on (default on, as "
+                                              "Megatron-Bridge / NeMo performance recipes set it)."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Pin the pipeline stages."),
     cp: Optional[int] = typer.Option(None, "--cp", min=1, help="Pin the context-parallel degree."),
@@ -246,8 +251,10 @@ def search(
                                   help="throughput | time-to-train | gpu-hours | headroom."),
     train_tokens: str = typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
-    min_headroom: float = typer.Option(0.0, "--min-headroom", min=0.0,
+    min_headroom: Optional[float] = typer.Option(None, "--min-headroom", min=0.0,
                                        help="Training: GiB each plan must leave free per GPU beyond the allowance."),
+    explain_opt: bool = typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
+    ep_comm_overlap: bool = EpcoOpt,
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
     overhead_gib: float = OverheadOpt,
@@ -307,7 +314,7 @@ def search(
         tokens = parse_size(batch_tokens) if batch_tokens else DEFAULT_BATCH_TOKENS
         global_batch = global_batch_from_tokens(tokens, seq)
     flags = switches(dtype, grad_dtype, fp8_params, flash_attention, overlap_grad_reduce, overlap_param_gather,
-                     tp_comm_overlap)
+                     tp_comm_overlap, ep_comm_overlap)
     build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
     w = Workload(global_batch=global_batch, seq_len=seq, **flags)
     split = pipeline_split(m, pp, pp_first, pp_last, None, embedding_in_split, loss_in_split) if pp else (
@@ -321,9 +328,9 @@ def search(
     allowance = make_allowance(overhead_gib, fragmentation)
     with progress_bar(not json_mode) as say:
         res = run_search(m, cluster, space, w, objective, top, allowance, order, progress=say,
-                         min_headroom=min_headroom * 2**30)
+                         min_headroom=min_headroom_bytes(min_headroom, cluster.system.gpu.hbm_bytes))
     doc = report.search_json(res, w, cluster, m, parse_size(train_tokens))
-    emit(doc, json_mode, lambda: report.search_view(out, res, w, cluster, m, parse_size(train_tokens)))
+    emit(doc, json_mode, lambda: report.search_view(out, res, w, cluster, m, parse_size(train_tokens), explain_opt))
     if not res.ranked:
         sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
                          + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")
@@ -357,11 +364,11 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
 
 
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
-             overlap_param_gather: bool, tp_comm_overlap: bool) -> dict:
+             overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False) -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names)."""
     return {"dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
             "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
-            "tp_comm_overlap": tp_comm_overlap}
+            "tp_comm_overlap": tp_comm_overlap, "ep_comm_overlap": ep_comm_overlap}
 
 
 def save_best(path: Path, doc: dict, force: bool, json_mode: bool, what: str = "the best plan") -> None:
@@ -392,7 +399,8 @@ def export(
 def check(
     paths: list[Path] = typer.Argument(None, help="Spec, profile or plan files, or folders of them."),
     plans: Optional[Path] = typer.Option(None, "--plans", help="Folder of plan files to re-check."),
-    min_headroom: float = typer.Option(1.0, "--min-headroom", help="GiB each plan must leave free per GPU."),
+    min_headroom: Optional[float] = typer.Option(
+        None, "--min-headroom", min=0.0, help="GiB each plan must leave free per GPU (default: 5% of its memory, as search)."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed step-time regression (0.05 = 5%)."),
     param_tolerance: float = typer.Option(0.01, "--param-tolerance",
                                           help="Allowed gap between computed and declared parameters."),

@@ -26,6 +26,7 @@ from llmplan.planfile import (
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.check import check_plan
+from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
@@ -161,7 +162,7 @@ def spec_change(doc: PlanDocument, path: Path, model: ModelSpec, system: SystemS
                       changes)
 
 
-def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> list[Finding]:
+def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float) -> list[Finding]:
     """Re-evaluate one plan file (with its axis order and allowance) against the specs it references, as they
     are now."""
     name = f"plan {path.name}"
@@ -180,13 +181,14 @@ def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> li
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
     e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
     head = float(e.memory.headroom) / GIB
+    min_headroom_gib = min_headroom_bytes(min_headroom_gib, pf.cluster.system.gpu.hbm_bytes) / GIB
     old_step = doc.predictions.time.step_s
     step = float(e.time.total)
     details = {"memory_gib": float(e.memory.total) / GIB, "headroom_gib": head, "step_s": step,
                "locked_step_s": old_step, "changes": {k: list(v) for k, v in sc.changes.items()}}
     if head < min_headroom_gib:
         verb = "no longer fits" if sc.changes else "does not fit"
-        return [Finding(name, sc.where, False, f"{path.name} {verb} with {min_headroom_gib} GiB headroom: "
+        return [Finding(name, sc.where, False, f"{path.name} {verb} with {min_headroom_gib:g} GiB headroom: "
                         f"{float(e.memory.total) / GIB:.1f} of {float(e.memory.capacity) / GIB:.1f} GiB per GPU"
                         f"{sc.because}", sc.line, sc.field, details)]
     if old_step and step > old_step * (1 + tolerance):
@@ -196,8 +198,10 @@ def check_plan_file(path: Path, min_headroom_gib: float, tolerance: float) -> li
     return [Finding(name, str(path), True, f"fits with {head:.1f} GiB headroom, step {step:.3f} s", details=details)]
 
 
-def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, min_headroom_gib: float,
+def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, min_headroom_gib: float | None,
                    tolerance: float) -> Finding:
+    # Serving plans are sized by the engine's memory fraction; only an explicit --min-headroom applies.
+    min_headroom_gib = min_headroom_gib or 0.0
     e = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
     head = (e.memory.capacity - e.memory.total) / GIB
     old = doc.predictions.throughput.tokens_per_s
@@ -211,7 +215,7 @@ def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, m
     return Finding(name, sc.where, True, f"fits, {e.tokens_per_s:,.0f} tokens/s")
 
 
-def run_checks(paths: list[Path], plans_dir: Path | None, min_headroom_gib: float, tolerance: float,
+def run_checks(paths: list[Path], plans_dir: Path | None, min_headroom_gib: float | None, tolerance: float,
                param_tolerance: float = 0.01) -> list[Finding]:
     files = discover(paths + ([plans_dir] if plans_dir else []))
     findings: list[Finding] = []

@@ -14,7 +14,7 @@ from llmplan.cost.step import StepTime, Throughput
 from llmplan.estimate import TrainingEstimate
 from llmplan.guard import Finding
 from llmplan.search.grid import Workload
-from llmplan.search.run import SearchResult
+from llmplan.search.run import SearchResult, explain
 from llmplan.search.serve import ServeSearchResult
 from llmplan.serving import ServeEstimate
 from llmplan.specs.serve import ServeJob
@@ -168,6 +168,7 @@ def collective_view(console: Console, ct: CollectiveTime, group: str, system: Sy
 def time_json(st: StepTime) -> dict[str, Any]:
     return {"step_s": float(st.total), "compute_s": float(st.compute), "bubble_s": float(st.bubble),
             "comm_exposed_s": float(st.comm_exposed), "optimizer_s": float(st.optimizer),
+            "overhead_s": float(st.overhead),
             "exposed_s": {k: float(v) for k, v in st.exposed.items()},
             "compute_split_s": {"gemm": float(st.stage.gemm), "attention": float(st.stage.attention),
                                 "memory_bound": float(st.stage.memory_bound), "per": "micro-batch"}}
@@ -228,7 +229,8 @@ def time_table(e: TrainingEstimate) -> Table:
     t.add_column("formula", style="dim")
     rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
             *((f"exposed {a.upper()} communication", v, "step.time") for a, v in st.exposed.items() if v > 0),
-            ("optimizer step", st.optimizer, "compute.optimizer")]
+            ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
+            ("fixed per-step overhead", st.overhead, "step.overhead")]
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")
@@ -295,17 +297,54 @@ def plan_cells(p: ParallelPlan) -> list[str]:
 PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
 
 
-def ranked_table(title: str, rows: list[TrainingEstimate]) -> Table:
+def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None) -> Table:
     t = Table(title=title)
     for col in ["#", *PLAN_HEAD, "mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"]:
         t.add_column(col, justify="left" if col in ("recompute", "bottleneck") else "right")
     for i, e in enumerate(rows, 1):
         m, tp = e.memory, e.throughput
-        t.add_row(str(i), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
+        same = equivalents[i - 1] if equivalents and i <= len(equivalents) else 0
+        t.add_row(f"{i}" + (f" +{same}" if same else ""), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
                   f"{float(tp.tokens_per_s):,.0f}", f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+    notes = []
     uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
     if uneven:
-        t.caption = "* uneven pipeline stages (layers, first to last): " + ", ".join(uneven)
+        notes.append("* uneven pipeline stages (layers, first to last): " + ", ".join(uneven))
+    if equivalents and any(equivalents):
+        notes.append("+N: N more plans with the same predicted throughput and memory (the one shown is preferred: "
+                     "smaller cp, lower ZeRO stage, fewer stages, smaller micro-batch and TP)")
+    t.caption = "\n".join(notes) or None
+    return t
+
+
+def plan_label(p: ParallelPlan) -> str:
+    return (f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" vpp{p.vpp}" if p.vpp > 1
+            else "") + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
+
+
+def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:
+    """One line: a's throughput against b's and the three largest step-time differences."""
+    d = explain(a, b)
+    parts = sorted(((k, v) for k, v in d.items() if k.endswith("_s") and k != "step_s" and abs(v) > 1e-9),
+                   key=lambda kv: -abs(kv[1]))[:3]
+    why = ", ".join(f"{k[:-2].replace('exposed_', 'exposed ')} {v:+.3g} s" for k, v in parts)
+    return (f"#1 vs {what} ({plan_label(b.plan)}): {d['throughput_ratio']:.2f}x the throughput"
+            + (f"; {why}" if why else "") + f"; memory {d['memory_bytes'] / GIB:+.1f} GiB")
+
+
+def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
+    t = Table(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
+    t.add_column("part")
+    t.add_column("#1 s", justify="right")
+    t.add_column(f"{what} s", justify="right")
+    t.add_column("difference", justify="right")
+    rows = [("compute", a.time.compute, b.time.compute), ("bubble", a.time.bubble, b.time.bubble),
+            *((f"exposed {k}", a.time.exposed[k], b.time.exposed[k]) for k in a.time.exposed),
+            ("optimizer", a.time.optimizer, b.time.optimizer), ("step", a.time.total, b.time.total)]
+    for name, x, y in rows:
+        if float(x) or float(y):
+            t.add_row(name, f"{float(x):,.3f}", f"{float(y):,.3f}", f"{float(x - y):+,.3f}")
+    t.add_row("memory GiB", gib(a.memory.total), gib(b.memory.total), f"{float(a.memory.total - b.memory.total) / GIB:+,.2f}")
     return t
 
 
@@ -335,23 +374,36 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "pruned": {p.rule: p.count for p in res.pruned},
         "pruned_examples": {p.rule: p.example for p in res.pruned},
         "search_s": res.seconds,
-        "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens)}
+        "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens),
+                   "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0}
                   for i, e in enumerate(res.ranked, 1)],
+        **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
+        **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
+                        **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {})}}
+           if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
     }
 
 
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
-                train_tokens: float) -> None:
+                train_tokens: float, full_explain: bool = False) -> None:
     console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
-        console.print(ranked_table("Best plans", res.ranked))
+        console.print(ranked_table("Best plans", res.ranked, res.equivalents))
         b = budget_json(res.ranked[0], train_tokens)
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
                       f"{b['gpu_hours']:,.0f} GPU-hours")
+        best = res.ranked[0]
+        if res.conventional is not None and res.conventional.plan != best.plan:
+            console.print(explain_line(best, res.conventional, "conventional"))
+        if full_explain:
+            if len(res.ranked) > 1:
+                console.print(explain_table(best, res.ranked[1], "#2"))
+            if res.conventional is not None:
+                console.print(explain_table(best, res.conventional, "conventional"))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",
                                    res.pareto))
     console.print(pruned_table(res))

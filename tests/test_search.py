@@ -60,7 +60,7 @@ def test_time_parts_sum_to_step():
     res = search(m, cluster, default_space(m, cluster, w), w, top=5)
     for e in res.ranked:
         t = e.time
-        assert t.compute + t.bubble + t.comm_exposed + t.optimizer == pytest.approx(t.total)
+        assert t.compute + t.bubble + t.comm_exposed + t.optimizer + t.overhead == pytest.approx(t.total)
         assert sum(t.exposed.values()) == pytest.approx(t.comm_exposed)
         assert 0 < float(e.throughput.mfu) <= float(e.throughput.hfu) < 1
 

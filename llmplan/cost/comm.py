@@ -119,12 +119,14 @@ def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
 
 def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, expert_group: GroupSpan) -> list[Transfer]:
     """Gradient synchronisation over dp x cp (dense) and expert-dp (experts): all-reduce of the gradients;
-    with ZeRO 1/2 (distributed optimizer) reduce-scatter of gradients + all-gather of updated weights; with
-    ZeRO-3 also a weight all-gather in every forward and backward of every micro-batch.
+    with ZeRO-1 (distributed optimizer) one reduce-scatter of the accumulated gradients + all-gather of the
+    updated weights per step; ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
+    micro-batch's backward (DeepSpeed stage 2, FSDP SHARD_GRAD_OP); ZeRO-3 also all-gathers the weights in
+    every forward and backward of every micro-batch.
     Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
-    reduce_calls = where(z >= 3, n, where(z >= 1, 1, 0))
+    reduce_calls = where(z >= 2, n, where(z >= 1, 1, 0))  # sharded gradients: reduce-scatter every backward
     gather_calls = where(z >= 3, 2 * n, where(z >= 1, 1, 0))
     out: list[Transfer] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):

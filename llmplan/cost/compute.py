@@ -18,11 +18,29 @@ from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-GEMM_HALF_DIM = 512.0  # default curve: efficiency reaches half its best when the smallest GEMM dimension is 512
+GEMM_HALF_DIM = 512.0  # serving's default curve: efficiency reaches half its best at a smallest dimension of 512
+TILE = 128  # output tile edge of the large-GEMM kernels (cuBLAS / CUTLASS 128 x 128 .. 256 x 128 tiles)
+
+
+def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> Any:
+    """Achieved fraction of peak of one M x N x K GEMM from its own shape: the best large-GEMM fraction, times
+    tile quantisation (M and N padded to whole 128-tiles), wave quantisation (the tiles over the SMs, the last
+    wave partly idle) and a short-reduction term K / (K + gemm_k_half). Large GEMMs of TP4 and TP8 run alike; a GEMM
+    with few rows (small micro-batch, an expert's share of the tokens) pays for its idle tiles and SMs.
+    Source: NVIDIA Matrix Multiplication Background User's Guide (tile and wave quantization).
+    Derived: docs/formulas.md#compute.gemm"""
+    if gpu.gemm_efficiency:  # a calibrated profile measured the curve by smallest dimension
+        return gemm_efficiency(gpu, dtype, minimum(M, minimum(N, K)))
+    tm, tn = np.ceil(np.maximum(M, 1) / TILE), np.ceil(np.maximum(N, 1) / TILE)
+    tiles = tm * tn
+    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tiles * TILE * TILE)
+    wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
+    return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
 
 
 def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
-    """Achieved fraction of peak for a GEMM whose smallest dimension is d_min.
+    """Achieved fraction of peak for a GEMM whose smallest dimension is d_min (serving's decode and prefill
+    steps; training uses gemm_shape_efficiency).
 
     Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (reference/formats.md C1:
     A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
@@ -89,17 +107,40 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
 
 
-def _gemm_dims(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
-    """Smallest GEMM dimension of a layer's matmuls on one rank (tokens, output width or reduction)."""
-    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any]]:
+    """(FLOPs, M, N, K) of each matmul of one layer's forward on one rank, one micro-batch: the attention
+    projections, the MLP (or the router, the rank's experts at their rows per expert, the shared experts).
+    Derived: docs/formulas.md#compute.gemm"""
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
-    heads = m.num_attention_heads / t * m.d_head
-    d = minimum(T, minimum(m.hidden_size, heads))
-    if not moe:
-        return minimum(d, m.intermediate_size / t)
-    etp = plan.etp_resolved
-    rows = T / where(plan.sp, t, 1) * m.num_experts_per_tok * etp * plan.ep / m.num_experts
-    return minimum(d, minimum(rows, m.expert_ffn / etp))
+    a_t = m.num_attention_heads / t
+    if m.is_mla:
+        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
+        shapes = q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
+    else:
+        shapes = [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
+    c = 2 if m.gated_mlp else 1
+    out = [(2 * T * k * n, T, n, k) for k, n in shapes]
+    dense_f = m.shared_ffn if moe else m.intermediate_size
+    if dense_f:
+        out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h), (2 * T * dense_f / t * h, T, h, dense_f / t)]
+    if moe:
+        etp, f_e, k_top = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok
+        rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts  # per local expert
+        routed = 2 * T * k_top * 3 * h * f_e / t if m.gated_mlp else 2 * T * k_top * 2 * h * f_e / t
+        out += [(routed * c / (c + 1), rows, c * f_e / etp, h), (routed / (c + 1), rows, h, f_e / etp),
+                (2 * T * h * m.num_experts / t, T, m.num_experts, h)]
+    return out
+
+
+def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> Any:
+    """Forward time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted harmonic mean of
+    the efficiencies of its own matmuls. Derived: docs/formulas.md#compute.gemm"""
+    gemms = layer_gemms(m, plan, moe)
+    total = sum(g[0] for g in gemms)
+    inv = sum(g[0] / gemm_shape_efficiency(gpu, plan.dtype, g[1], g[2], g[3]) for g in gemms) / total
+    return layer_flops(m, plan, moe).gemm * inv / gpu.sustained_flops(plan.dtype)
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
@@ -116,7 +157,21 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    return norms_residual + rope + act + scores
+    return norms_residual + rope + act + scores + fp8_cast_bytes(m, plan, moe)
+
+
+def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """fp8 training casts every GEMM input to fp8 before the GEMM (read 2 bytes, write 1, plus the amax
+    reduction it fuses): the QKV, output-projection, fc1 and fc2 inputs in forward; backward casts the output
+    gradients likewise (stage_compute counts backward traffic as twice the forward). Weights are cast once
+    per step and left out. Source: Transformer Engine fp8 primer (per-tensor scaling, cast before each
+    GEMM). Derived: docs/formulas.md#compute.memory_bound"""
+    if plan.dtype != "fp8":
+        return 0.0
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    d_v = m.v_head_dim if m.is_mla else m.d_head
+    return 3 * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 
 @dataclass(frozen=True)
@@ -138,8 +193,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
     forward of the attention core. Derived: docs/formulas.md#compute.time"""
-    peak = gpu.peak_flops(plan.dtype)
-    peak_attn = gpu.peak_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
+    peak = gpu.sustained_flops(plan.dtype)
+    peak_attn = gpu.sustained_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
     passes = 3 + where(plan.full, 1, 0)
     attn_passes = 3 + where(plan.full | plan.selective, 1, 0)
     gemm = attention = membound = fwd = 0.0
@@ -147,7 +202,7 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
         if moe and not m.is_moe:
             continue
         fl = layer_flops(m, plan, moe)
-        g1 = fl.gemm / (peak * gemm_efficiency(gpu, plan.dtype, _gemm_dims(m, plan, moe)))
+        g1 = layer_gemm_seconds(m, plan, gpu, moe)
         a1 = fl.attention / peak_attn
         mb1 = elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s
         gemm = gemm + n * g1 * passes
@@ -155,8 +210,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)
     s, b = plan.seq_len / plan.cp, plan.micro_batch
-    d_logits = minimum(s * b, minimum(m.hidden_size, padded_vocab(m.vocab_size, plan.tp) / plan.tp))
-    out = where(last, logits_flops(m, plan) / (peak * gemm_efficiency(gpu, plan.dtype, d_logits)), 0.0)
+    eff = gemm_shape_efficiency(gpu, plan.dtype, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
+    out = where(last, logits_flops(m, plan) / (peak * eff), 0.0)
     loss = where(last, loss_bytes(m, plan) / gpu.hbm_bytes_per_s, 0.0)
     return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,
                         forward=fwd + out + loss / 3)
@@ -170,9 +225,10 @@ def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:
-    """Adam update, memory-bound: read fp32 master, moments and the gradient, write them back and the bf16
-    copy: (2 x optimizer bytes + gradient + weight) per parameter of the rank's optimizer shard.
+    """Gradient clipping and the Adam update, memory-bound: read the gradients for their norm, read and write
+    them to scale them; read fp32 master, moments and the gradient, write them back and the bf16 copy:
+    (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard.
     Derived: docs/formulas.md#compute.optimizer"""
-    per_param = 2 * plan.optimizer_bytes + plan.grad_bytes + plan.weight_bytes
+    per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
     shard = where(plan.zero >= 1, plan.zero_shard, 1)
     return params_on_rank * per_param / shard / gpu.hbm_bytes_per_s

@@ -180,7 +180,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     dense_flops = (2 * (_active_linear_params(m) - expert_active) * tokens
                    + 2 * attn_pairs * m.num_attention_heads * (qk + v) * L) / (t * p)
     expert_flops = 2 * expert_active * tokens / (t * p)
-    peak = gpu.peak_flops(compute_dtype)
+    peak = gpu.sustained_flops(compute_dtype)
     # Rows per expert the step actually runs: the routed rows over the experts they touch (at least one each),
     # so fewer tokens never make the expert GEMMs slower. Derived: docs/formulas.md#infer.step
     touched = np.maximum(_expert_fraction_touched(m, tokens) * max(m.num_experts, 1), 1e-12)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, where
+from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
@@ -22,7 +22,7 @@ from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer")
+BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,19 @@ class CommSeconds:
 
 @dataclass(frozen=True)
 class StepTime(Breakdown):
-    """One training step of the most-loaded rank; compute + bubble + comm_exposed + optimizer = total."""
+    """One training step of the most-loaded rank; compute + bubble + comm_exposed + optimizer + overhead =
+    total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("compute", "bubble", "comm_exposed", "optimizer")
+    PARTS: ClassVar[tuple[str, ...]] = ("compute", "bubble", "comm_exposed", "optimizer", "overhead")
 
     compute: Any
     bubble: Any
     comm_exposed: Any
+    """Communication not hidden behind compute, plus the compute slowed by communication beside it."""
     optimizer: Any
+    """Optimizer step and gradient clipping."""
+    overhead: Any
+    """Fixed time per step outside the model's kernels (GpuSpec.step_overhead_s)."""
     exposed: dict[str, Any]
     """Exposed seconds per axis (tp, pp, dp, cp, ep); they sum to comm_exposed."""
     stage: StageCompute
@@ -80,32 +85,79 @@ def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
     return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])
 
 
+def overlap(comm: Any, window: Any, kappa: float) -> Any:
+    """Time a transfer of `comm` seconds adds when it runs beside `window` seconds of compute: what does not
+    fit in the window, plus the compute it slows while they share the GPU (kappa of the overlapped time).
+    Never less than without overlap's zero, never more than comm (1 + kappa).
+    Derived: docs/formulas.md#step.overlap"""
+    return maximum(0.0, comm - window) + kappa * minimum(comm, window)
+
+
+def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float) -> Any:
+    """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
+    collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
+    GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
+    --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
+    first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
+    gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
+    r = where(plan.full, 1, 0)
+    backward = where(plan.sp, 6 / (10 + 4 * r), 2 / (4 + 2 * r)) * tp
+    wgrad = sc.gemm / (3 + r)
+    default = tp - backward + overlap(backward, wgrad, kappa)
+    chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)
+    return where(plan.tp_comm_overlap & plan.sp, chunked, default)
+
+
+def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
+    """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
+    backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
+    so their times add before the window hides them. Switching an overlap off exposes that collective.
+    Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
+    docs/formulas.md#step.dp"""
+    n = plan.num_microbatches
+    z3 = plan.zero >= 3
+    ag = where(z3, comm.dp_gather / (2 * n), 0.0)
+    rs = where(plan.zero >= 2, comm.dp_reduce / n, 0.0)
+    backward = sc.total - sc.forward
+    hide_f = where(plan.overlap_param_gather, ag, 0.0)
+    hide_b = hide_f + where(plan.overlap_grad_reduce, rs, 0.0)
+    return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
+
+
+def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
+    """ZeRO 0-1 (distributed optimizer), per step: the gradient reduction hides behind the last micro-batch's
+    backward (overlap-grad-reduce); ZeRO 1-2: the updated weights' all-gather behind the first forward
+    (overlap-param-gather). Derived: docs/formulas.md#step.dp"""
+    backward = sc.total - sc.forward
+    reduce = where(plan.overlap_grad_reduce, overlap(comm.dp_reduce, backward, kappa), comm.dp_reduce)
+    gather = where(plan.overlap_param_gather & (plan.zero >= 1), overlap(comm.dp_gather, sc.forward, kappa),
+                   comm.dp_gather)
+    return where(plan.zero >= 2, 0.0, reduce) + where(plan.zero >= 3, 0.0, gather)
+
+
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:
     """Pipeline schedule with its bubble and the overlap of each axis's communication.
 
     1F1B over stages of per-micro-batch times t_i takes n·max(t) + (sum(t) - max(t)) for any n >= 1
     (Narayanan et al. 2021 §2.2 with equal stages: (n + p - 1)·t); interleaving divides the fill and drain
-    by v and needs n >= p (check_plan). TP, CP and EP communication sits inside every micro-batch of every
-    stage, in proportion to its layers (TP hidden behind GEMMs with tp-comm-overlap, CP's ring behind the
-    attention blocks); the DP gradient reduction hides behind the last micro-batch's backward
-    (overlap-grad-reduce), the weight all-gather behind the first forward (overlap-param-gather), ZeRO-3's
-    per-micro-batch gathers behind compute. Derived: docs/formulas.md#step.time"""
+    by v and needs n >= p (check_plan). Each stage's micro-batch time is its compute plus the exposed part of
+    the TP, CP, EP and ZeRO-3 communication inside it (tp_exposed, overlap); the DP reduction and gather of
+    ZeRO 0-2 are per step. Derived: docs/formulas.md#step.time"""
     stages = stage_times(m, plan, gpu)
-    n, v = plan.num_microbatches, plan.vpp
+    n, v, kappa = plan.num_microbatches, plan.vpp, gpu.contention
     l_max = maximum(max_stage_layers(m, plan), 1)
     moe_max = 1
     for s in stages:
         moe_max = maximum(moe_max, s[3])
-    z3 = plan.zero >= 3
     per_mb, parts = [], []
     for _, sc, layers, moe_layers in stages:
-        tp_mb = comm.tp / n * layers / l_max
-        tp_mb = where(plan.tp_comm_overlap & plan.sp, maximum(0.0, tp_mb - sc.gemm), tp_mb)
-        cp_mb = maximum(0.0, comm.cp / n * layers / l_max - sc.attention)
-        ep_mb = comm.ep / n * moe_layers / moe_max
-        z3_mb = where(z3, maximum(0.0, comm.dp_gather / n - sc.total), 0.0)
-        per_mb.append(sc.total + tp_mb + cp_mb + ep_mb + z3_mb)
-        parts.append((sc, tp_mb, cp_mb, ep_mb, z3_mb))
+        tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa)
+        cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
+        ep_raw = comm.ep / n * moe_layers / moe_max
+        ep_i = where(plan.ep_comm_overlap, overlap(ep_raw, sc.total, kappa), ep_raw)
+        z3_i = dp_exposed_per_mb(plan, comm, sc, kappa)
+        per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
+        parts.append((sc, tp_i, cp_i, ep_i, z3_i))
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
     worst = per_mb[0]
     for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:]):
@@ -113,21 +165,16 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         sc, tp_mb, cp_mb, ep_mb, z3_mb = (_pick_stage(c, sc_i, sc), where(c, tp_i, tp_mb), where(c, cp_i, cp_mb),
                                           where(c, ep_i, ep_mb), where(c, z3_i, z3_mb))
         worst = maximum(worst, t)
-    backward = sc.total - sc.forward
-    reduce = where(z3, n * maximum(0.0, comm.dp_reduce / n - backward),
-                   where(plan.overlap_grad_reduce, maximum(0.0, comm.dp_reduce - backward), comm.dp_reduce))
-    gather = where(z3, n * z3_mb,
-                   where(plan.overlap_param_gather & (plan.zero >= 1), maximum(0.0, comm.dp_gather - sc.forward),
-                         comm.dp_gather))
     p2p = comm.pp / maximum(2 * n * v, 1)
     p = plan.pp
     pp_exposed = where(v == 1, 2 * (n + p - 1) * p2p, 2 * (p - 1) * v * p2p)
-    exposed = {"tp": n * tp_mb, "pp": pp_exposed, "dp": reduce + gather, "cp": n * cp_mb, "ep": n * ep_mb}
+    exposed = {"tp": n * tp_mb, "pp": pp_exposed, "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa),
+               "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
     return StepTime(
         compute=n * sc.total, bubble=(pipeline_sum(plan, per_mb) - worst) / v, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), exposed=exposed, stage=sc,
-        model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
+        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=gpu.step_overhead_s + 0 * n,
+        exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
     )
 
 
@@ -146,7 +193,7 @@ def throughput(plan: ParallelPlan, gpu: GpuSpec, st: StepTime) -> Throughput:
     """Tokens/s, model TFLOP/s per GPU, MFU and HFU (against the peak of the plan's dtype).
     Source: Korthikanti et al. 2022 §6 (MFU / HFU definitions)."""
     step, gpus = st.total, plan.num_gpus
-    peak = gpu.peak_flops(plan.dtype)
+    peak = gpu.peak_flops(plan.dtype)  # MFU against the nominal peak, whatever the sustained clock
     return Throughput(
         tokens_per_s=plan.global_batch * plan.seq_len / step,
         tflops_per_gpu=st.model_flops / (step * gpus) / 1e12,
@@ -160,6 +207,6 @@ def bottleneck(st: StepTime) -> Any:
     """Name of the largest part of the step (compute split into GEMM / attention / memory-bound)."""
     n = st.compute / np.maximum(st.stage.total, 1e-30)
     parts = [n * st.stage.gemm, n * st.stage.attention, n * st.stage.memory_bound, st.bubble,
-             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer]
+             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer, st.overhead]
     idx = np.argmax(np.stack(np.broadcast_arrays(*parts)), axis=0)
     return np.asarray(BOTTLENECKS)[idx]

@@ -29,6 +29,7 @@ class Workload:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
 
     @classmethod
     def of(cls, plan: ParallelPlan) -> "Workload":

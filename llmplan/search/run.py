@@ -13,6 +13,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.specs.check import RULES
+from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.topology.placement import DEFAULT_ORDER
@@ -40,6 +41,10 @@ class SearchResult:
     suggestions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     objective: str = "throughput"
+    equivalents: list[int] = field(default_factory=list)
+    """Per ranked plan: how many other plans predicted identical (same throughput and memory) it stands for."""
+    conventional: TrainingEstimate | None = None
+    """The conventional plan (TP inside the node, PP across nodes, DP the rest) for comparison."""
 
 
 def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
@@ -50,10 +55,34 @@ def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
 
 
 def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.ndarray:
-    """Deterministic ranking: by score, then more memory headroom, then the plan's fields (lower first)."""
-    keys = (plans.micro_batch, plans.recompute_code, plans.zero, plans.vpp, plans.cp, plans.ep, plans.pp,
-            plans.tp, -np.round(headroom / GIB, 3), -np.round(score, 9))
+    """Deterministic ranking: by score (to 4 significant digits: closer predictions are not meaningful), then
+    more memory headroom (to 0.1 GiB), then the stated
+    preference among equals: smaller cp, fewer shards (lower ZeRO stage), fewer pipeline stages and virtual
+    stages, smaller micro-batch, smaller TP (every candidate stays inside the NVLink domain), less recompute,
+    smaller ep."""
+    rel = np.round(score / max(float(np.max(np.abs(score))), 1e-300), 4)
+    keys = (-score, plans.ep, plans.recompute_code, plans.tp, plans.micro_batch, plans.vpp, plans.pp, plans.zero,
+            plans.cp, -np.round(headroom / GIB, 1), -rel)
     return np.lexsort(keys)
+
+
+def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int) -> tuple[list[int], list[int]]:
+    """The first `top` distinct predictions of a ranking and how many equivalent plans each stands for: plans
+    whose predicted score agrees to 1e-4 and memory to 0.05 GiB count as one (the first, preferred one)."""
+    picked: list[int] = []
+    counts: list[int] = []
+    for i in order:
+        if picked:
+            j = picked[-1]
+            same = abs(score[i] - score[j]) <= 1e-4 * abs(score[j]) and abs(memory[i] - memory[j]) <= 0.05 * GIB
+            if same:
+                counts[-1] += 1
+                continue
+            if len(picked) == top:
+                break
+        picked.append(int(i))
+        counts.append(0)
+    return picked, counts
 
 
 def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
@@ -76,9 +105,11 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
-           progress: Callable[[str], None] | None = None, min_headroom: float = 0.0) -> SearchResult:
+           progress: Callable[[str], None] | None = None, min_headroom: float | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
-    `min_headroom` bytes free per GPU."""
+    `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses)."""
+    if min_headroom is None:
+        min_headroom = min_headroom_bytes(None, cluster.system.gpu.hbm_bytes)
     t0 = time.perf_counter()
     say = progress or (lambda _: None)
     say("enumerating")
@@ -120,9 +151,11 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     say("ranking")
     est = lambda i: estimate_training(m, cluster, plans.plan(int(i)), allowance, order)  # noqa: E731
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
+    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top)
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                        ranked=[est(i) for i in ranking[:top]], pareto=[est(i) for i in front],
-                        seconds=time.perf_counter() - t0, objective=objective)
+                        ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
+                        seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
+                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom))
 
 
 def _take_mem(mem: Any, idx: np.ndarray) -> Any:
@@ -167,3 +200,42 @@ def _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, 
     else:
         tips.append("GPUs with more memory, or a shorter --seq-len (activations alone exceed the capacity)")
     return SearchResult(considered, 0, pruned, [], [], closest, tips, time.perf_counter() - t0, objective)
+
+
+def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance: MemoryAllowance | None,
+                      order: tuple[str, ...], min_headroom: float) -> TrainingEstimate | None:
+    """What an experienced team would try first: TP over the node's GPUs (the largest valid degree), the
+    fewest pipeline stages across nodes that fit (balanced split), DP over the rest with the distributed
+    optimizer, sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits);
+    None when none fits."""
+    from llmplan.specs.check import balanced_split, check_plan, valid_tp
+
+    n, node = cluster.num_gpus, cluster.gpus_per_node_used
+    tps = [t for t in valid_tp(m, node) if n % t == 0]
+    if not tps:
+        return None
+    tp = max(tps)
+    for recompute in ("selective", "full"):
+        for pp in (p for p in range(1, min(m.num_hidden_layers, n // tp) + 1) if (n // tp) % p == 0):
+            first, last = balanced_split(m.num_hidden_layers, pp)
+            dp = n // (tp * pp)
+            plan = w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1, zero=1 if dp > 1 else 0,
+                          recompute=recompute, micro_batch=1)
+            if check_plan(m, plan, cluster):
+                continue
+            e = estimate_training(m, cluster, plan, allowance, order)
+            if float(e.memory.headroom) >= min_headroom:
+                return e
+    return None
+
+
+def explain(a: TrainingEstimate, b: TrainingEstimate) -> dict[str, float]:
+    """Why plan a beats plan b: step-time parts of a minus those of b (seconds; negative = a is faster),
+    per-axis exposed communication, memory per GPU (bytes) and throughput ratio."""
+    ta, tb = a.time, b.time
+    out = {"compute_s": float(ta.compute - tb.compute), "bubble_s": float(ta.bubble - tb.bubble),
+           **{f"exposed_{k}_s": float(ta.exposed[k] - tb.exposed[k]) for k in ta.exposed},
+           "optimizer_s": float(ta.optimizer - tb.optimizer), "step_s": float(ta.total - tb.total),
+           "memory_bytes": float(a.memory.total - b.memory.total),
+           "throughput_ratio": float(a.throughput.tokens_per_s / b.throughput.tokens_per_s)}
+    return out

@@ -33,3 +33,15 @@ def global_batch_from_tokens(tokens: float, seq_len: int) -> int:
 
 def _twos(n: int) -> int:
     return (n & -n).bit_length() - 1
+
+
+DEFAULT_MIN_HEADROOM_FRACTION = 0.05
+"""Memory a training plan must leave free per GPU beyond the stated allowance, as a fraction of the GPU's
+memory (4 GiB on an 80 GB GPU), unless --min-headroom says otherwise: search and check use the same rule."""
+
+
+def min_headroom_bytes(min_headroom_gib: float | None, capacity_bytes: float) -> float:
+    """--min-headroom in bytes: the value given (GiB), or the default fraction of the GPU's memory."""
+    if min_headroom_gib is None:
+        return DEFAULT_MIN_HEADROOM_FRACTION * capacity_bytes
+    return min_headroom_gib * 2**30

@@ -37,15 +37,33 @@ class GpuSpec(BaseModel):
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
     max_gemm_tflops_fp8: float | None = Field(default=None, gt=0)
     """Highest measured fp8 matmul TFLOP/s, if published."""
-    attention_efficiency: float = Field(default=0.5, gt=0, le=1)
-    """Achieved fraction of peak on the attention-score FLOPs counted for MFU (QK^T and AV, no causal
-    halving): about half for fused kernels at long sequences (llm-foundry MPT-760M at 65k tokens reaches
-    0.45 MFU with attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
+    attention_efficiency: float = Field(default=0.6, gt=0, le=1)
+    """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
+    causal halving) by fused kernels: fitted by leave-one-family-out (benchmarks/accuracy.py); 0.6 of H100's
+    sustained peak is 0.48 of its nominal one, close to llm-foundry MPT-760M at 65k tokens (0.45 MFU with
+    attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
+    gemm_k_half: float = Field(default=128.0, gt=0, le=65536)
+    """Reduction length at which a GEMM runs at half its best rate (tile prologue / epilogue and pipeline
+    fill); fitted in benchmarks/accuracy.py (docs/formulas.md#compute.gemm)."""
+    sm_count: int = Field(default=132, ge=1, le=4096)
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles of one GEMM wave, and what NCCL's
+    kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap)."""
+    sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
+    (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak."""
+    power_limit_w: float | None = Field(default=None, gt=0, le=5000)
+    """Board power limit the sustained clock belongs to (W), for the record; None: the vendor default."""
+    nccl_sms: int = Field(default=16, ge=0, le=256)
+    """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
+    16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
+    step_overhead_s: float = Field(default=0.05, ge=0, le=60)
+    """Fixed time per training step outside the model's kernels (data loader, gradient-norm all-reduce and
+    clipping launch, logging, optimizer bookkeeping), seconds; fitted in benchmarks/accuracy.py."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
@@ -70,6 +88,15 @@ class GpuSpec(BaseModel):
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
         return self.tflops[dtype] * TERA  # type: ignore[index]
+
+    def sustained_flops(self, dtype: str) -> float:
+        """The peak at the sustained clock: what every time formula divides by."""
+        return self.peak_flops(dtype) * self.sustained_clock_fraction
+
+    @property
+    def contention(self) -> float:
+        """Fraction by which compute slows while a collective runs beside it."""
+        return min(self.nccl_sms / self.sm_count, 0.5)
 
 
 class SystemSpec(BaseModel):

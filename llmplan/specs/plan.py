@@ -103,6 +103,9 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    ep_comm_overlap: bool = False
+    """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
+    --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
 
     @model_validator(mode="after")
     def _one_way_to_split(self) -> "ParallelPlan":
