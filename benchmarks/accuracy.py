@@ -22,6 +22,7 @@ import yaml
 
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
+from llmplan.cost.params import padded_vocab
 from llmplan.specs.check import balanced_split
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -356,10 +357,17 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
         cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
         if plan.num_gpus != cluster.num_gpus:
             continue
-        e = estimate_training(model_for(r, fam), cluster, plan)
+        model = model_for(r, fam)
+        e = estimate_training(model, cluster, plan)
         gib = 2**30
-        states = float(e.memory.weights + e.memory.gradients + e.memory.optimizer) / gib
-        out.append((r["id"], "params+optimizer GiB", states, m["memory_gb_params_and_optimizer"]))
+        # The source's bar counts the transformer layers' weights, gradients and optimizer states (Korthikanti
+        # et al. 2022, Figure 1): leave out the first stage's embedding share.
+        embedding = padded_vocab(model.vocab_size, plan.tp) * model.hidden_size / plan.tp
+        if model.learned_position_embeddings:
+            embedding += model.max_position_embeddings * model.hidden_size
+        layers_share = 1 - embedding / float(e.memory.params_on_rank) if int(e.memory.stage) == 0 else 1.0
+        states = float(e.memory.weights + e.memory.gradients + e.memory.optimizer) * layers_share / gib
+        out.append((r["id"], "layers' states GiB", states, m["memory_gb_params_and_optimizer"]))
         if "memory_gb_activations" in m:
             out.append((r["id"], "activations GiB", float(e.memory.activations) / gib, m["memory_gb_activations"]))
     return out

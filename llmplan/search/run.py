@@ -208,6 +208,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
     fewest pipeline stages across nodes that fit (balanced split), DP over the rest with the distributed
     optimizer, sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits);
     None when none fits."""
+    from llmplan.cost.memory import training_memory
     from llmplan.specs.check import balanced_split, check_plan, valid_tp
 
     n, node = cluster.num_gpus, cluster.gpus_per_node_used
@@ -223,9 +224,9 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
                           recompute=recompute, micro_batch=1)
             if check_plan(m, plan, cluster):
                 continue
-            e = estimate_training(m, cluster, plan, allowance, order)
-            if float(e.memory.headroom) >= min_headroom:
-                return e
+            mem = training_memory(m, plan, cluster.system.gpu.hbm_bytes, allowance)
+            if float(mem.headroom) >= min_headroom:
+                return estimate_training(m, cluster, plan, allowance, order)
     return None
 
 
