@@ -15,7 +15,7 @@ from llmplan.fileio import write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.topology.collectives import NVLS_MIN_GPUS, bus_factor
 
-LARGE_MESSAGE = 64 * 2**20  # bus bandwidth saturates above ~64 MiB-1 GiB (reference/formats.md C4)
+LARGE_MESSAGE = 64 * 2**20  # bus bandwidth saturates above ~64 MiB-1 GiB (nccl-tests busbw measurements in ml-engineering network/README.md)
 
 
 def calibrated_system(system: SystemSpec, results: dict[str, Any], source: str) -> SystemSpec:

@@ -1,6 +1,6 @@
 """The llmplan command line: parses options, calls the library, hands results to the report layer.
 
-Exit codes (DESIGN.md): 0 success, 2 bad input (one line on stderr; LLMPLAN_DEBUG=1 shows the traceback),
+Exit codes: 0 success, 2 bad input (one line on stderr; LLMPLAN_DEBUG=1 shows the traceback),
 3 when no plan fits.
 """
 

@@ -75,7 +75,7 @@ def test_every_file_parses_and_starts_with_the_plan(tmp_path, case):
             assert text.startswith("# llmplan") and "v0.2.2" in text
 
 
-# Megatron-LM flag names (reference/formats.md Part A1): the round trip accepts exactly these.
+# Megatron-LM flag names (Megatron-LM megatron/training/arguments.py (core_v0.15.0)): the round trip accepts exactly these.
 MEGATRON_VALUE_FLAGS = {
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
     "--kv-channels": int, "--num-query-groups": int, "--seq-length": int, "--max-position-embeddings": int,

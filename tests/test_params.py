@@ -1,6 +1,6 @@
 """Total and active parameter counts of every built-in model against published figures.
 
-Published figures: reference/formats.md Part B2 ("params published"), with more exact counts where the
+Published figures: the model's Hugging Face config.json ("params published"), with more exact counts where the
 publisher gives them (Hugging Face safetensors totals for Llama; the gpt-oss model card table).
 Tolerance 0.5%. Where the publisher prints only two or three significant digits (e.g. DeepSeek-V3 "37B
 activated", Qwen3 "3.3B activated") a 0.5% bound is not checkable against the printed figure; there the

@@ -25,7 +25,7 @@ def span(system: str, n: int, per_node: int | None = None):
     return span_of_ranks(list(range(n)), ClusterSpec(system=s, num_nodes=n // per_node, gpus_per_node=per_node))
 
 
-# reference/formats.md C4 (nccl-tests / all_reduce_bench busbw, large messages). Tolerance 15% (issue #3).
+# nccl-tests busbw measurements in ml-engineering network/README.md (nccl-tests / all_reduce_bench busbw, large messages). Tolerance 15% (issue #3).
 NCCL_MEASURED = [
     ("dgx-a100", 8, "all-reduce", 16 * GIB, True, 234.9),
     ("dgx-h200", 8, "all-reduce", 16 * GIB, True, 482.3),

@@ -2,7 +2,7 @@
 how many times, over which group, and how long it takes on the links that group spans.
 
 `bytes` is what one GPU puts on the wire in a step: calls x message size x the collective's bus factor
-(ring all-reduce of S bytes over n ranks sends 2(n-1)/n·S per rank; reference/formats.md C5).
+(ring all-reduce of S bytes over n ranks sends 2(n-1)/n·S per rank; nccl-tests doc/PERFORMANCE.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
     """Achieved fraction of peak for a GEMM whose smallest dimension is d_min (serving's decode and prefill
     steps; training uses gemm_shape_efficiency).
 
-    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (reference/formats.md C1:
+    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (Stas Bekman, ml-engineering compute/accelerator/README.md:
     A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
     log d). Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:

@@ -55,7 +55,7 @@ def serve_weight_bytes(m: ModelSpec, plan: ServePlan) -> float:
 def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1) -> float:
     """KV bytes per token of one layer on one TP rank: K and V of the rank's KV heads (K/t, at least one
     head, replicated when t > K); MLA caches one compressed latent plus the rope key, replicated on every
-    rank. Source: reference/formats.md Part A5 (vLLM page size)."""
+    rank. Source: vLLM vllm/config/cache.py (block size, page size)."""
     b = KV_BYTES[kv_dtype]
     if m.is_mla:
         return (m.kv_lora_rank + m.qk_rope_head_dim) * b
@@ -123,7 +123,7 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
                  allowance: MemoryAllowance | None = None) -> ServeMemory:
     """Memory per GPU and KV capacity the way vLLM sizes its cache: utilisation x HBM minus weights,
     activation peak and non-torch memory; blocks of block_size tokens per layer.
-    Source: reference/formats.md Part A5 (vLLM KV-cache capacity computation)."""
+    Source: vLLM documentation (KV-cache capacity computation)."""
     allowance = allowance or MemoryAllowance()
     cap = job.gpu_memory_utilization * hbm_bytes
     w = serve_weight_bytes(m, plan)

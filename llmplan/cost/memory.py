@@ -19,7 +19,7 @@ from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.units import GIB
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
-ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (reference/formats.md A2)
+ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (DeepSpeed docs, config-json)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class ParamCounts(Breakdown):
 def attention_params(m: ModelSpec) -> int:
     """Parameters of one attention block.
 
-    Source: reference/formats.md Part B2 (attention = h·a·d + 2·h·K·d + a·d·h; MLA as DeepSeek-V3)."""
+    Source: Hugging Face modeling code (LlamaAttention projection shapes; DeepseekV3Attention for MLA)."""
     h, a, K, d = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head
     if m.is_mla:
         nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
@@ -73,7 +73,7 @@ def attention_params(m: ModelSpec) -> int:
 def mlp_params(m: ModelSpec, f: int) -> int:
     """Parameters of one MLP of width f: 3·h·f gated (SwiGLU), 2·h·f plain; biases where the model has them.
 
-    Source: reference/formats.md Part B2 (SwiGLU FFN = 3·h·f)."""
+    Source: Hugging Face modeling code (LlamaMLP: gate, up and down projections)."""
     h = m.hidden_size
     if m.gated_mlp:
         return 3 * h * f + ((2 * f + h) if m.mlp_bias else 0)
@@ -88,7 +88,7 @@ def norm_params(m: ModelSpec) -> int:
 def param_counts(m: ModelSpec) -> ParamCounts:
     """Whole-model parameter counts by part.
 
-    Source: reference/formats.md Part B2 (computed-parameter rule; MoE = E·3·h·f_e + router h·E)."""
+    Source: Hugging Face modeling code (MixtralSparseMoeBlock, DeepseekV3MoE: E experts + router)."""
     h, V, L = m.hidden_size, m.vocab_size, m.num_hidden_layers
     E, n_moe = m.num_experts, m.num_moe_layers
     pos = m.max_position_embeddings * h if m.learned_position_embeddings else 0
@@ -211,7 +211,7 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
 
 def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of divisor x t (an upper bound for launchers
-    that do not pad). Source: reference/formats.md Part A1, rule 16."""
+    that do not pad). Source: Megatron-LM megatron/training/vocab_utils.py (vocabulary padded to a multiple of 128 x tp)."""
     unit = divisor * t
     return -(-V // unit) * unit  # ceil division; elementwise on arrays
 

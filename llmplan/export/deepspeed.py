@@ -1,4 +1,4 @@
-"""DeepSpeed: ds_config.json and a launch command (keys: reference/formats.md Part A2)."""
+"""DeepSpeed: ds_config.json and a launch command (keys: DeepSpeed docs, config-json)."""
 
 from __future__ import annotations
 

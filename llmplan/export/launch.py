@@ -1,5 +1,5 @@
 """torchrun and SLURM: launch any training target (Megatron-LM, torchtitan, a DeepSpeed script) on the
-plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: reference/formats.md Part A4)."""
+plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: torch.distributed.run (torchrun) documentation)."""
 
 from __future__ import annotations
 

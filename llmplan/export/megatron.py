@@ -1,4 +1,4 @@
-"""Megatron-LM `pretrain_gpt.py`: a bash launch script (flag names: reference/formats.md Part A1)."""
+"""Megatron-LM `pretrain_gpt.py`: a bash launch script (flag names: Megatron-LM megatron/training/arguments.py (core_v0.15.0))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""vLLM and SGLang serve commands for inference plans (flags: reference/formats.md Part A5)."""
+"""vLLM and SGLang serve commands for inference plans (flags: vLLM and SGLang engine-argument documentation)."""
 
 from __future__ import annotations
 

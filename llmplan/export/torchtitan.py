@@ -1,4 +1,4 @@
-"""torchtitan job config, TOML schema of v0.2.2 (the last release with TOML configs; reference/formats.md A3)."""
+"""torchtitan job config, TOML schema of v0.2.2 (the last release with TOML configs; torchtitan v0.2.2 torchtitan/config/job_config.py)."""
 
 from __future__ import annotations
 

@@ -140,13 +140,13 @@ class SystemSpec(BaseModel):
 
     ring_efficiency: float = Field(default=0.80, gt=0, le=1.5)
     """Achieved fraction of the per-GPU scale-up bandwidth for ring collectives (nccl-tests busbw / spec:
-    8xA100 0.78, 8xH200 0.82; reference/formats.md C4)."""
+    8xA100 0.78, 8xH200 0.82; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     mesh_efficiency: float = Field(default=0.72, gt=0, le=1.5)
-    """The same for a point-to-point mesh (8xMI300X 0.70, 2xMI300X 0.75; reference/formats.md C4)."""
+    """The same for a point-to-point mesh (8xMI300X 0.70, 2xMI300X 0.75; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     nvls_factor: float = Field(default=1.07, gt=0, le=2)
-    """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; reference/formats.md C4)."""
+    """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
-    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; reference/formats.md C4)."""
+    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     intra_latency_s: float = Field(default=1.0e-6, ge=0)
     """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
     inter_latency_s: float = Field(default=5.0e-6, ge=0)

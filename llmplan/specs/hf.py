@@ -1,6 +1,6 @@
 """Hugging Face config.json -> llmplan model-spec fields (a pure mapping; no file access).
 
-Field names per architecture: reference/formats.md Part B1.
+Field names per architecture: Hugging Face transformers configuration_*.py field names
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Time of one collective on the links its group spans: alpha-beta model with NCCL bus-bandwidth factors.
 
 S is the size of the full buffer as nccl-tests defines it (all-gather / reduce-scatter: the whole gathered
-buffer; all-to-all: one rank's send buffer). algbw = S / t, busbw = algbw x factor (reference/formats.md C5).
+buffer; all-to-all: one rank's send buffer). algbw = S / t, busbw = algbw x factor (nccl-tests doc/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from llmplan.topology.placement import GroupSpan
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast"]
 Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast")
-NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; formats.md C4
+NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
 
 
 def bus_factor(op: str, n: int) -> float:
-    """busbw / algbw. Source: nccl-tests doc/PERFORMANCE.md (reference/formats.md C5)."""
+    """busbw / algbw. Source: nccl-tests doc/PERFORMANCE.md (nccl-tests doc/PERFORMANCE.md)."""
     if n <= 1:
         return 0.0
     return {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": (n - 1) / n,
@@ -100,7 +100,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
                       nvls: bool = True) -> tuple[Coeff, ...]:
     """The algorithms NCCL could use for `op` over `span`, each as (alpha, beta); the cost is the cheapest.
 
-    Source: alpha-beta model with nccl-tests bus factors (reference/formats.md C5); hierarchical
+    Source: alpha-beta model with nccl-tests bus factors (nccl-tests doc/PERFORMANCE.md); hierarchical
     collectives for groups that leave the NVLink domain. Derived: docs/formulas.md#comm.collective"""
     n = span.size
     if n <= 1:

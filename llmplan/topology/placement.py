@@ -2,7 +2,7 @@
 
 Ranks are numbered node-major (rank r sits on node r // gpus_per_node). The dense grid orders the axes
 innermost first, by default tp, cp, dp, pp (Megatron-LM's `tp-cp-ep-dp-pp`, whose dense grid skips ep);
-the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: reference/formats.md A1 rule 18.
+the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: Megatron-LM megatron/core/parallel_state.py (rank order tp-cp-ep-dp-pp)
 """
 
 from __future__ import annotations
