@@ -12,6 +12,7 @@ from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models
 from llmplan.topology.placement import DEFAULT_ORDER, place
 
 
@@ -39,7 +40,12 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         raise PlanViolationError(violations)
     gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance)
-    comm = step_comm(m, plan, place(plan, cluster, order), cluster.system)
+    comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     st = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, st, throughput(plan, gpu, st),
                             str(bottleneck(st)), tuple(stage_layer_list(m, plan)))
+
+
+def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:
+    """The built-in models with their parameter counts, by name (`llmplan models`)."""
+    return [(m, param_counts(m)) for m in sorted(builtin_models().values(), key=lambda m: m.name)]

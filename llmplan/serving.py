@@ -39,7 +39,7 @@ class ServeEstimate:
 
 
 def replica_spans(plan: ServePlan, cluster: ClusterSpec) -> Spans:
-    spans = place(ParallelPlan(tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, etp=1, global_batch=plan.dp), cluster)
+    spans = place(plan.degrees, cluster)
     return Spans(tp=spans["tp"], pp=spans["pp"], ep=spans["ep"])
 
 

@@ -58,7 +58,7 @@ def test_tp_volume_per_step():
     """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute)."""
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
-    spans = place(plan, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
+    spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
     s, b, h, L, mbs, t = 4096, 1, 8192, 80 // 4, 8, 8
     expected = mbs * L * 4 * (2 * (t - 1) / t) * (2 * s * b * h)
     assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected)
@@ -74,7 +74,7 @@ def test_dp_volume_per_step():
     m = M["llama-3.1-8b"]
     cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=2)
     plan = ParallelPlan(tp=2, dp=8, global_batch=8)
-    spans = place(plan, cluster)
+    spans = place(plan.degrees, cluster)
     P, n = rank_params(m, plan, 0).dense, 8
     zero0 = sum(x.bytes for x in dp_transfers(m, plan, spans["dpcp"], spans["edp"]))
     assert zero0 == pytest.approx(4 * P * 2 * (n - 1) / n)
@@ -88,7 +88,7 @@ def test_tp8_stays_on_nvlink_tp16_crosses_nics():
     cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=4)
     tp8 = ParallelPlan(tp=8, dp=4, global_batch=4)
     tp16 = ParallelPlan(tp=16, dp=2, global_batch=2)
-    s8, s16 = place(tp8, cluster)["tp"], place(tp16, cluster)["tp"]
+    s8, s16 = place(tp8.degrees, cluster)["tp"], place(tp16.degrees, cluster)["tp"]
     assert not s8.uses_nic and s8.nodes == 1 and s8.gpus_per_nic == 0
     assert s16.uses_nic and s16.nodes == 2 and s16.per_node == 8
     S = 64 * 1024**2
@@ -96,21 +96,21 @@ def test_tp8_stays_on_nvlink_tp16_crosses_nics():
     t8 = collective_time("all-reduce", S, s8, SYS["dgx-h100"])
     assert t8.algorithm == "nvls" and t16.algorithm in ("hierarchical", "tree")
     assert t16.seconds > 1.2 * t8.seconds
-    c8 = step_comm(m, tp8, place(tp8, cluster), SYS["dgx-h100"]).axes["tp"]
-    c16 = step_comm(m, tp16, place(tp16, cluster), SYS["dgx-h100"]).axes["tp"]
+    c8 = step_comm(m, tp8, place(tp8.degrees, cluster), SYS["dgx-h100"]).axes["tp"]
+    c16 = step_comm(m, tp16, place(tp16.degrees, cluster), SYS["dgx-h100"]).axes["tp"]
     assert c16.seconds > c8.seconds
 
 
 def test_megatron_rank_order():
     """tp innermost (contiguous ranks), then cp, dp, pp outermost."""
     plan = ParallelPlan(tp=2, cp=2, dp=2, pp=2, global_batch=2)
-    grid = rank_grid(plan)
+    grid = rank_grid(plan.degrees)
     assert grid["tp"][0].tolist() == [0, 1]
     assert grid["cp"][0].tolist() == [0, 2]
     assert grid["dp"][0].tolist() == [0, 4]
     assert grid["pp"][0].tolist() == [0, 8]
     assert sorted(grid["dpcp"][0].tolist()) == [0, 2, 4, 6]
-    other = rank_grid(plan, ("dp", "tp", "cp", "pp"))
+    other = rank_grid(plan.degrees, ("dp", "tp", "cp", "pp"))
     assert other["dp"][0].tolist() == [0, 1] and other["tp"][0].tolist() == [0, 2]
 
 
@@ -177,7 +177,7 @@ def test_axis_of_size_one_sends_nothing(name, nodes, pp):
         pp = 1
     cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=nodes)
     plan = ParallelPlan(tp=1, pp=pp, dp=8 * nodes // pp, global_batch=8 * nodes // pp, seq_len=1024)
-    comm = step_comm(m, plan, place(plan, cluster), SYS["dgx-h100"])
+    comm = step_comm(m, plan, place(plan.degrees, cluster), SYS["dgx-h100"])
     for axis in ("tp", "cp", "ep") + (("pp",) if pp == 1 else ()):
         assert comm.axes[axis].bytes == 0 and comm.axes[axis].seconds == 0
     assert comm.bytes == pytest.approx(sum(a.bytes for a in comm.axes.values()))

@@ -259,3 +259,26 @@ def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
         if lay.get("peak_allocated"):
             rows.append(Row("layer peak allocated", label, 0.0, lay["peak_allocated"], "B", None, "GPU only"))
     return rows
+
+
+def bench_notes(cfg: "BenchConfig") -> list[str]:
+    """What the bench does differently from the plan, said up front; refuses a layer that would not fit in
+    this machine's memory (about 60 bytes per token and hidden unit, plus 30 per attention score, per process)."""
+    m, p = cfg.model, cfg.plan
+    notes = [f"the layer benchmark runs 1 of the {m.num_hidden_layers} layers of {m.name} (shape per layer "
+             f"unchanged: s {p.seq_len // p.cp}, micro-batch {p.micro_batch}) with tp = nproc = {cfg.nproc}"]
+    if p.tp != cfg.nproc:
+        notes.append(f"the plan has tp {p.tp}; the layer and collectives run over the {cfg.nproc} processes here")
+    if cfg.backend == "gloo":
+        notes.append("CPU run: times are not comparable with the GPU profile; saved bytes and bytes sent are")
+    sh = layer_shape(cfg)
+    per_proc = 60 * sh["s"] * sh["b"] * sh["h"] + 30 * sh["a"] * sh["s"] ** 2 * sh["b"] / cfg.nproc
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = None
+    if ram and per_proc * cfg.nproc > 0.5 * ram:
+        raise LlmplanError(f"one layer of {m.name} at seq {sh['s']} x micro-batch {sh['b']} needs about "
+                           f"{per_proc / 2**30:.1f} GiB per process; this machine has {ram / 2**30:.0f} GiB: lower "
+                           "--seq-len or --micro-batch, or run on GPUs")
+    return notes

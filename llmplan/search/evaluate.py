@@ -17,7 +17,7 @@ from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
 from llmplan.topology.collectives import collective_coeffs
 from llmplan.topology.placement import DEFAULT_ORDER, place
 
@@ -52,7 +52,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved], axis=1)
     uniq, inv = unique_rows(layout)
-    spans = [place(ParallelPlan(tp=int(t), pp=int(p), dp=int(d), cp=int(c), ep=int(e), etp=int(x)), cluster, order)
+    spans = [place(Degrees(int(t), int(p), int(d), int(c), int(e), int(x)), cluster, order)
              for t, p, d, c, e, x in uniq]
     system = cluster.system
     coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}

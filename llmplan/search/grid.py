@@ -6,7 +6,7 @@ check_plan rules evaluate every plan at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -15,33 +15,55 @@ from llmplan.specs.check import balanced_split, divisors
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
 
+ETP_SAME_AS_TP = 0
+"""In Space.etp: expert TP equal to each plan's tp."""
 
-@dataclass(frozen=True)
+
+AXES = frozenset({"tp", "pp", "dp", "cp", "ep", "etp", "vpp", "pp_first", "pp_last", "pp_layers", "sp", "zero",
+                   "recompute", "micro_batch"})
+"""ParallelPlan fields the search varies; every other field is the workload it holds fixed."""
+WORKLOAD_FIELDS = frozenset(ParallelPlan.model_fields) - AXES
+
+
 class Workload:
-    """What the search holds fixed: the training job and the launcher switches."""
+    """What the search holds fixed: the training job and the launcher switches, kept as a ParallelPlan (whose
+    axis fields are placeholders), so that their names, defaults and validation exist once."""
 
-    global_batch: int
-    seq_len: int
-    dtype: str = "bf16"
-    grad_dtype: str = "fp32"
-    fp8_params: bool = False
-    flash_attention: bool = True
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    tp_comm_overlap: bool = False
-    ep_comm_overlap: bool = False
+    __slots__ = ("base",)
+
+    def __init__(self, **fields: Any) -> None:
+        unknown = set(fields) - WORKLOAD_FIELDS
+        if unknown:
+            raise TypeError(f"not workload fields: {sorted(unknown)}")
+        object.__setattr__(self, "base", ParallelPlan(**fields))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in WORKLOAD_FIELDS:
+            return getattr(self.base, name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Workload is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Workload) and self.fields() == other.fields()
+
+    def __repr__(self) -> str:
+        return f"Workload({', '.join(f'{k}={v!r}' for k, v in self.fields().items())})"
+
+    def fields(self) -> dict[str, Any]:
+        return {k: getattr(self.base, k) for k in sorted(WORKLOAD_FIELDS)}
 
     @classmethod
     def of(cls, plan: ParallelPlan) -> "Workload":
-        """The fixed part of a plan (these fields have the same names in ParallelPlan)."""
-        return cls(**{f.name: getattr(plan, f.name) for f in fields(cls)})
+        """The fixed part of a plan."""
+        return cls(**{k: getattr(plan, k) for k in WORKLOAD_FIELDS})
 
     def plan(self, **axes: object) -> ParallelPlan:
         """A ParallelPlan with this workload and the given axis values."""
-        return ParallelPlan(**asdict(self), **axes)
+        return ParallelPlan(**self.fields(), **axes)
 
 
-WORKLOAD_FIELDS = frozenset(f.name for f in fields(Workload))
 BYTES_PER_ELEMENT = frozenset({"weight_bytes", "grad_bytes", "optimizer_bytes"})
 
 
@@ -55,8 +77,8 @@ class Space:
     layers (0: an even share)."""
     cp: tuple[int, ...]
     ep: tuple[int, ...]
-    etp: tuple[str, ...]
-    """'1' (experts not tensor-split) and/or 'tp' (expert TP equal to TP, Megatron's default)."""
+    etp: tuple[int, ...]
+    """Expert tensor-parallel degrees; ETP_SAME_AS_TP (0) stands for 'equal to tp' (Megatron's default)."""
     sp: tuple[bool, ...]
     zero: tuple[int, ...]
     recompute: tuple[str, ...]
@@ -101,7 +123,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
         "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
         "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),
-        "etp": ("1", "tp") if m.is_moe else ("tp",),
+        "etp": (1, ETP_SAME_AS_TP) if m.is_moe else (ETP_SAME_AS_TP,),
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
         "recompute": RECOMPUTE,
@@ -109,7 +131,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     }
     for key, value in pins.items():
         if key in values:
-            values[key] = (str(value) if key == "etp" else value,)
+            values[key] = (value,)
     return Space(**values)
 
 
@@ -143,7 +165,7 @@ class PlanArrays(PlanQuantities):
         if name in WORKLOAD_FIELDS:
             return getattr(self.w, name)
         if name in BYTES_PER_ELEMENT:
-            return getattr(self.w.plan(), name)
+            return getattr(self.w.base, name)
         raise AttributeError(name)
 
     def take(self, idx: np.ndarray) -> "PlanArrays":
@@ -163,18 +185,18 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     """The cartesian product of the space; dp is derived as GPUs // (tp x pp x cp) (rules check it divides)."""
     layouts = np.asarray(space.pipeline, dtype=np.int64).reshape(-1, 4)
     axes = [np.asarray(space.tp), np.arange(len(layouts)), np.asarray(space.cp), np.asarray(space.ep),
-            np.asarray([1 if e == "1" else 0 for e in space.etp]),
+            np.asarray(space.etp),
             np.asarray(space.sp, dtype=bool), np.asarray(space.zero),
             np.asarray([RECOMPUTE.index(r) for r in space.recompute]), np.asarray(space.micro_batch)]
     grids = np.meshgrid(*axes, indexing="ij")
     cols = [g.ravel() for g in grids]
-    if len(space.etp) > 1:  # with tp = 1, expert tp '1' and 'tp' are the same plan: list it once
-        keep = (cols[4] == 1) | (cols[0] > 1)
-        cols = [c[keep] for c in cols]
-    tp, lay, cp, ep, etp_one, sp, zero, rc, mb = cols
+    tp, lay, cp, ep, etp, sp, zero, rc, mb = cols
+    if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
+        keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])
+        tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
-    return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp_one == 1, 1, tp), vpp=vpp,
+    return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp), vpp=vpp,
                       pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
 
 

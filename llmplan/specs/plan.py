@@ -3,6 +3,7 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field, model_validator
@@ -13,6 +14,24 @@ from llmplan.specs.model import SPEC_CONFIG
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The parallel degrees that decide where a plan's groups sit (all placement needs); training and serving
+    plans both give theirs."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    """Expert tensor-parallel degree (resolved: never 'same as tp')."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
 
 
 class PlanQuantities:
@@ -119,6 +138,10 @@ class ParallelPlan(PlanQuantities, BaseModel):
     @property
     def etp_resolved(self) -> int:
         return self.etp if self.etp is not None else self.tp
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved)
 
     @property
     def recompute_code(self) -> int:

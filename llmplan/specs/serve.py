@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from llmplan.specs.model import SPEC_CONFIG
+from llmplan.specs.plan import Degrees
 
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
@@ -40,6 +41,11 @@ class ServePlan(BaseModel):
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def degrees(self) -> Degrees:
+        """Where the replicas' groups sit: experts are not tensor-split when serving (etp 1)."""
+        return Degrees(self.tp, self.pp, self.dp, 1, self.ep, 1)
 
 
 class ServeJob(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from llmplan.specs.hardware import SystemSpec
 from llmplan.topology.graph import link_profile
-from llmplan.topology.placement import GroupSpan
+from llmplan.topology.placement import GroupSpan, span_of_ranks
 
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast"]
 Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
@@ -152,3 +152,11 @@ def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algo
         return CollectiveTime(op, S, span.size, 0.0, "none")
     best = min(collective_coeffs(op, span, system, algorithm, nvls), key=lambda c: c.seconds(S))
     return CollectiveTime(op, S, span.size, best.seconds(S), best.algorithm)
+
+
+def group_collective_time(op: str, size: float, cluster: Any, algorithm: str = "auto",
+                          nvls: bool = True) -> tuple[CollectiveTime, GroupSpan]:
+    """One collective over every GPU of `cluster` (ranks filling nodes in order), and the group's span:
+    what `llmplan collective` prints, to hold against nccl-tests."""
+    span = span_of_ranks(list(range(cluster.num_gpus)), cluster)
+    return collective_time(op, size, span, cluster.system, algorithm, nvls), span

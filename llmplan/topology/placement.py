@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmplan.errors import LlmplanError
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, Degrees
 
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
 DENSE_AXES = ("tp", "cp", "dp", "pp")
@@ -63,7 +63,7 @@ class GroupSpan:
         return f"{self.size} GPUs over {self.nodes} nodes ({self.per_node}/node), {network}{spine}"
 
 
-def axis_dims(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, tuple[tuple[int, int], ...]]:
+def axis_dims(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, tuple[tuple[int, int], ...]]:
     """For each axis, the (size, stride) of the rank dimensions its groups run along (dpcp: two dims)."""
     dense_order = [a for a in order if a != "ep"]  # innermost first
     sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
@@ -71,7 +71,7 @@ def axis_dims(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dic
     for a in dense_order:
         strides[a] = stride
         stride *= sizes[a]
-    etp, ep = plan.etp_resolved, plan.ep
+    etp, ep = plan.etp, plan.ep
     edp = plan.num_gpus // (etp * ep * plan.pp)
     dims = {a: ((sizes[a], strides[a]),) for a in DENSE_AXES}
     dims["dpcp"] = ((plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
@@ -91,7 +91,7 @@ def groups_of(n_ranks: int, dims: tuple[tuple[int, int], ...]) -> np.ndarray:
     return r[base][:, None] + offsets[None, :]
 
 
-def rank_grid(plan: ParallelPlan, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, np.ndarray]:
+def rank_grid(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, np.ndarray]:
     """For each axis, an array (groups, size) of the global ranks of every group."""
     return {axis: groups_of(plan.num_gpus, dims) for axis, dims in axis_dims(plan, order).items()}
 
@@ -135,9 +135,9 @@ def axis_span(axis: str, n_ranks: int, dims: tuple[tuple[int, int], ...], cluste
     return _SPAN_CACHE[key]
 
 
-def place(plan: ParallelPlan, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, GroupSpan]:
-    """The span of every axis of `plan` on `cluster` (axes: tp, cp, dp, pp, ep, edp, and dpcp: the dp x cp
-    group that reduces gradients and shards ZeRO states)."""
+def place(plan: Degrees, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, GroupSpan]:
+    """The span of every axis of a plan's degrees on `cluster` (axes: tp, cp, dp, pp, ep, edp, and dpcp: the
+    dp x cp group that reduces gradients and shards ZeRO states)."""
     if plan.num_gpus != cluster.num_gpus:
         raise LlmplanError(f"the plan uses {plan.num_gpus} GPUs (tp x pp x cp x dp) but the cluster has "
                            f"{cluster.num_gpus} ({cluster.num_nodes} nodes x {cluster.gpus_per_node_used}); "

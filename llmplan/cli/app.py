@@ -1,0 +1,57 @@
+"""The typer app, the console and what every command shares: one JSON document or a view, progress bars."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+from llmplan import report
+from llmplan.planfile import save_plan
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Parallelism planner for large language models.")
+out = Console()
+if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
+    out.width = max(out.width, 140)
+
+
+def emit(doc: dict, json_mode: bool, view) -> None:
+    if json_mode:
+        sys.stdout.write(report.dump_json(doc) + "\n")
+    else:
+        view()
+
+
+def save_best(path: Path, doc: dict, force: bool, json_mode: bool, what: str = "the best plan") -> None:
+    save_plan(path, doc, force=force)
+    if not json_mode:
+        out.print(f"saved {what} to {path}")
+
+
+
+
+@contextmanager
+def bench_progress(enabled: bool):
+    if not (enabled and out.is_terminal):
+        yield None
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
+        task = bar.add_task("starting", total=1.0)
+        yield lambda msg, frac: bar.update(task, description=msg[:100], completed=min(frac, 1.0))
+
+
+@contextmanager
+def progress_bar(enabled: bool):
+    """A rich progress bar on a terminal (quiet with --json or when piped)."""
+    if not (enabled and out.is_terminal):
+        yield lambda _step: None
+        return
+    steps = ("enumerating", "pruning", "evaluating memory", "evaluating step time", "ranking")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
+        task = bar.add_task("searching", total=len(steps))
+        yield lambda step: bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)

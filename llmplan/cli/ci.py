@@ -1,0 +1,123 @@
+"""`llmplan check` and `llmplan lock`: specs and locked plans in CI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from llmplan import report
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out
+from llmplan.cli.inputs import make_cluster
+from llmplan.ci import diff_against, discover, run_checks
+from llmplan.errors import LlmplanError
+from llmplan.estimate import estimate_training
+from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
+from llmplan.search.grid import Workload, default_space
+from llmplan.search.run import search as run_search
+from llmplan.serving import estimate_serving
+from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens
+from llmplan.specs.plan import MemoryAllowance
+from llmplan.specs.registry import resolve_model
+from llmplan.topology.placement import DEFAULT_ORDER
+
+
+@app.command()
+def check(
+    paths: list[Path] = typer.Argument(None, help="Spec, profile or plan files, or folders of them."),
+    plans: Optional[Path] = typer.Option(None, "--plans", help="Folder of plan files to re-check."),
+    min_headroom: Optional[float] = typer.Option(
+        None, "--min-headroom", min=0.0, help="GiB each plan must leave free per GPU (default: 5% of its memory, as search)."),
+    tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed step-time regression (0.05 = 5%)."),
+    param_tolerance: float = typer.Option(0.01, "--param-tolerance",
+                                          help="Allowed gap between computed and declared parameters."),
+    base: Optional[str] = typer.Option(None, "--base", help="Git revision to diff the specs against."),
+    fmt: str = typer.Option("text", "--format", help="text | json | github | junit."),
+) -> None:
+    """Validate specs and profiles and re-check saved plans against them (exit 1 when a check fails)."""
+    if fmt not in ("text", "json", "github", "junit"):
+        raise LlmplanError(f"--format {fmt}: use text, json, github or junit")
+    targets = list(paths or [])
+    if not targets and plans is None:
+        raise LlmplanError("give spec / plan paths or --plans DIR (e.g. llmplan check model_specs/ --plans plans/)")
+    if plans is not None and not plans.is_dir():
+        raise LlmplanError(f"--plans {plans} is not a folder")
+    findings = run_checks(targets, plans, min_headroom, tolerance, param_tolerance)
+    diff = None
+    if base is not None:
+        files = discover(targets)
+        plan_files = discover([plans]) if plans else [f for f in files if f.suffix == ".json"]
+        diff = diff_against(base, files, plan_files)
+    if fmt == "json":
+        sys.stdout.write(report.dump_json(report.check_json(findings, diff)) + "\n")
+    elif fmt == "github":
+        sys.stdout.write(report.check_github(findings) + "\n")
+    elif fmt == "junit":
+        sys.stdout.write(report.check_junit(findings) + "\n")
+    else:
+        report.check_view(out, findings, diff)
+    if not all(f.ok for f in findings):
+        raise typer.Exit(1)
+
+
+@app.command()
+def lock(
+    paths: list[Path] = typer.Argument(None, help="Model specs to plan for (with --hardware and --nodes)."),
+    plans: Path = typer.Option(..., "--plans", help="Folder of plan files to write or refresh."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="For new plans: system name or profile."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="For new plans: nodes."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="For new plans: sequences per step."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="For new plans: sequence length."),
+    json_mode: bool = opt.JSON,
+) -> None:
+    """Refresh every plan in --plans with current predictions; plan the given specs that have none."""
+    plans.mkdir(parents=True, exist_ok=True)
+    written, failed = [], []
+    for pf_path in sorted(plans.glob("*.json")):
+        try:
+            pf = load_plan(pf_path, current=True)
+            doc = pf.document
+            refs = (doc.model_ref, doc.hardware_ref)
+            model_now = pf.model
+            cluster = pf.cluster
+            if pf.mode == "infer":
+                se = estimate_serving(model_now, cluster, pf.plan, pf.job, pf.allowance)
+                new = serve_plan_document(se, pf.allowance, report.serve_json(se), refs if refs[0] else None)
+            else:
+                e = estimate_training(model_now, cluster, pf.plan, pf.allowance, pf.axis_order)
+                new = plan_document(e, pf.allowance, pf.axis_order, report.estimate_json(e), refs if refs[0] else None)
+            save_plan(pf_path, new, force=True)
+            written.append(str(pf_path))
+        except LlmplanError as exc:
+            failed.append(f"{pf_path}: {exc}")
+    locked = {read_plan_document(p).model_ref for p in plans.glob("*.json")}
+    for spec in discover(list(paths or [])):
+        ref = spec_ref(str(spec), plans / "x.json")
+        if ref in locked:
+            continue
+        if hardware is None:
+            failed.append(f"{spec}: no plan in {plans}; give --hardware and --nodes to create one")
+            continue
+        m = resolve_model(str(spec))
+        cluster = make_cluster(hardware, nodes, None)
+        seq = seq_len or default_seq_len(m)
+        w = Workload(global_batch=global_batch or global_batch_from_tokens(DEFAULT_BATCH_TOKENS, seq), seq_len=seq)
+        res = run_search(m, cluster, default_space(m, cluster, w), w, top=1)
+        if not res.ranked:
+            failed.append(f"{spec}: no plan fits on {nodes} x {cluster.system.name}")
+            continue
+        target = plans / f"{m.name}.{cluster.system.name}.plan.json"
+        best = res.ranked[0]
+        save_plan(target, plan_document(best, MemoryAllowance(), DEFAULT_ORDER, report.estimate_json(best),
+                                        (spec_ref(str(spec), target), spec_ref(hardware, target))), force=True)
+        written.append(str(target))
+    if not written and not failed:
+        raise LlmplanError(f"nothing to lock: no plan files in {plans} and no model specs given "
+                           "(llmplan lock model_specs/ --plans DIR --hardware H --nodes N)")
+    emit({"schema": 1, "written": written, "failed": failed}, json_mode,
+         lambda: [out.print(f"locked {w}") for w in written] + [out.print(f"[red]failed[/] {f}") for f in failed])
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,43 @@
+"""`llmplan collective`: one collective's predicted time and bus bandwidth."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from llmplan import report
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out
+from llmplan.cli.inputs import make_cluster
+from llmplan.errors import LlmplanError
+from llmplan.specs.registry import resolve_system
+from llmplan.topology.collectives import OPS, group_collective_time
+from llmplan.units import parse_size
+
+
+@app.command()
+def collective(
+    op: str = typer.Option("all-reduce", "--op", help=f"One of: {', '.join(OPS)}."),
+    size: str = typer.Option("1GiB", "--size", help="Buffer size as nccl-tests counts it, e.g. 256MiB, 1GiB, 4e9."),
+    gpus: int = typer.Option(8, "--gpus", min=1, help="Ranks in the group."),
+    hardware: str = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
+                                                help="Ranks placed on each node (default: fill nodes)."),
+    algorithm: str = typer.Option("auto", "--algorithm", help="auto | ring | tree | hierarchical."),
+    nvls: bool = typer.Option(True, "--nvls/--no-nvls", help="NVLink SHARP for all-reduce (NCCL_NVLS_ENABLE)."),
+    json_mode: bool = opt.JSON,
+) -> None:
+    """Predicted time, algorithm and bus bandwidth of one collective (compare with nccl-tests)."""
+    if op not in OPS:
+        raise LlmplanError(f"--op {op} is not a collective llmplan models; use one of: {', '.join(OPS)}")
+    if algorithm not in ("auto", "ring", "tree", "hierarchical"):
+        raise LlmplanError(f"--algorithm {algorithm}: use auto, ring, tree or hierarchical")
+    system = resolve_system(hardware)
+    per_node = gpus_per_node or min(gpus, system.gpus_per_node)
+    if gpus % per_node:
+        raise LlmplanError(f"--gpus ({gpus}) must be a multiple of --gpus-per-node ({per_node})")
+    cluster = make_cluster(hardware, gpus // per_node, per_node)
+    ct, span = group_collective_time(op, parse_size(size), cluster, algorithm, nvls)
+    group = span.describe(*report.fabric_names(system))
+    emit(report.collective_json(ct, group), json_mode, lambda: report.collective_view(out, ct, group, system))

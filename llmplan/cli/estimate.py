@@ -1,0 +1,129 @@
+"""`llmplan estimate`: one training plan, or (--mode infer) one serving plan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from llmplan import report
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out, save_best
+from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.errors import LlmplanError
+from llmplan.estimate import estimate_training
+from llmplan.planfile import plan_document, serve_plan_document, spec_ref
+from llmplan.serving import estimate_serving
+from llmplan.specs.defaults import default_seq_len
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.serve import ServePlan
+from llmplan.topology.placement import parse_order
+
+
+@app.command()
+def estimate(
+    model: str = opt.MODEL,
+    hardware: str = opt.HARDWARE,
+    nodes: int = opt.NODES,
+    gpus_per_node: Optional[int] = opt.GPUS_PER_NODE,
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),
+    dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
+    cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
+    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
+    vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    pp_first: int = opt.PP_FIRST_LAYERS,
+    pp_last: int = opt.PP_LAST_LAYERS,
+    pp_layers: Optional[str] = typer.Option(None, "--pp-layers",
+                                            help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven split)."),
+    embedding_in_split: bool = opt.EMBEDDING_IN_SPLIT,
+    loss_in_split: bool = opt.LOSS_IN_SPLIT,
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
+    micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Sequences per micro-batch."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step (default: micro-batch x dp)."),
+    seq_len: Optional[int] = opt.SEQ_LEN,
+    dtype: str = opt.DTYPE,
+    grad_dtype: str = opt.GRAD_DTYPE,
+    fp8_params: bool = opt.FP8_PARAMS,
+    flash_attention: bool = opt.FLASH_ATTENTION,
+    overlap_grad_reduce: bool = opt.OVERLAP_GRAD_REDUCE,
+    overlap_param_gather: bool = opt.OVERLAP_PARAM_GATHER,
+    tp_comm_overlap: bool = opt.TP_COMM_OVERLAP,
+    ep_comm_overlap: bool = opt.EP_COMM_OVERLAP,
+    overhead_gib: float = opt.OVERHEAD_GIB,
+    fragmentation: float = opt.FRAGMENTATION,
+    mode: str = typer.Option("train", "--mode", help="train | infer."),
+    input_len: int = opt.INPUT_LEN,
+    output_len: int = opt.OUTPUT_LEN,
+    batch: int = typer.Option(64, "--batch", min=1, help="Inference: concurrent sequences per replica."),
+    kv_dtype: str = opt.KV_DTYPE,
+    ttft_slo: Optional[float] = opt.TTFT_SLO,
+    tpot_slo: Optional[float] = opt.TPOT_SLO,
+    prefix_hit_rate: float = opt.PREFIX_HIT_RATE,
+    gpu_memory_utilization: float = opt.GPU_MEMORY_UTILIZATION,
+    block_size: int = opt.BLOCK_SIZE,
+    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
+    axis_order: str = opt.AXIS_ORDER,
+    save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
+    json_mode: bool = opt.JSON,
+) -> None:
+    """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
+    TTFT, TPOT and throughput of one serving plan."""
+    if mode not in ("train", "infer"):
+        raise LlmplanError(f"--mode {mode}: use train or infer")
+    (estimate_infer if mode == "infer" else estimate_train)(dict(locals()))
+
+
+def estimate_infer(o: dict) -> None:
+    """The serving path of `estimate` (o: the command's options by name)."""
+    m = resolve_model(o["model"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"])
+    tp, pp = o["tp"], o["pp"]
+    plan = build(ServePlan, {"tp": tp, "pp": pp, "dp": o["dp"] or max(1, cluster.num_gpus // (tp * pp)), "ep": o["ep"],
+                             "weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving plan options")
+    job = make_job(o["input_len"], o["output_len"], o["batch"], o["prefix_hit_rate"], o["ttft_slo"], o["tpot_slo"],
+                   o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"])
+    allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    se = estimate_serving(m, cluster, plan, job, allowance)
+    if o["json_mode"]:
+        for warning in se.warnings:
+            sys.stderr.write(f"warning: {warning}\n")
+    emit(report.serve_json(se), o["json_mode"], lambda: report.serve_view(out, se))
+    if o["save"] is not None:
+        refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
+        save_best(o["save"], serve_plan_document(se, allowance, report.serve_json(se), refs), o["force"],
+                  o["json_mode"], "the plan")
+
+
+def estimate_train(o: dict) -> None:
+    """The training path of `estimate` (o: the command's options by name)."""
+    m = resolve_model(o["model"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"])
+    order = parse_order(o["axis_order"])
+    tp, pp, cp = o["tp"], o["pp"], o["cp"]
+    dp = o["dp"] if o["dp"] is not None else max(1, cluster.num_gpus // (tp * pp * cp))
+    mb = o["micro_batch"]
+    plan = build(ParallelPlan, {
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": o["ep"], "etp": o["etp"], "vpp": o["vpp"],
+        **pipeline_split(m, pp, o["pp_first"], o["pp_last"], o["pp_layers"], o["embedding_in_split"],
+                         o["loss_in_split"]),
+        "sp": (tp > 1) if o["sp"] is None else o["sp"], "zero": o["zero"], "recompute": o["recompute"],
+        "micro_batch": mb, "global_batch": o["global_batch"] if o["global_batch"] is not None else mb * dp,
+        "seq_len": o["seq_len"] if o["seq_len"] is not None else default_seq_len(m),
+        **switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
+                   o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"]),
+    }, "plan options")
+    allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    e = estimate_training(m, cluster, plan, allowance, order)
+    emit(report.estimate_json(e), o["json_mode"], lambda: report.estimate_view(out, e))
+    if o["save"] is not None:
+        refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
+        save_best(o["save"], plan_document(e, allowance, order, report.estimate_json(e), refs), o["force"],
+                  o["json_mode"], "the plan")

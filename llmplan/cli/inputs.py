@@ -1,0 +1,65 @@
+"""Command-line values -> specs: every option that builds a spec goes through `build`, so bad input is one
+clear line (exit 2)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from llmplan.errors import LlmplanError
+from llmplan.specs.check import accounted_split
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.registry import build, resolve_system
+from llmplan.specs.serve import ServeJob
+from llmplan.topology.graph import validate
+
+
+def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
+                   loss: bool) -> dict:
+    """The plan's stage layout from the pipeline options (one way at a time)."""
+    ways = [name for name, on in (("--pp-layers", layers is not None), ("--pp-first-layers/--pp-last-layers",
+                                  bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss)) if on]
+    if len(ways) > 1:
+        raise LlmplanError(f"{' and '.join(ways)} each set the pipeline split; give one of them")
+    if layers is not None:
+        try:
+            counts = tuple(int(x) for x in layers.replace(" ", "").split(",") if x != "")
+        except ValueError:
+            raise LlmplanError(f"--pp-layers {layers!r}: give one whole number of layers per stage, comma-separated "
+                               f"(e.g. --pp-layers 7,8,8,7)") from None
+        if len(counts) != pp:
+            raise LlmplanError(f"--pp-layers lists {len(counts)} stage(s) but --pp is {pp}; give one layer count per "
+                               f"stage (e.g. --pp {len(counts)})")
+        return {"pp_layers": counts}
+    if embedding or loss:
+        first, last = accounted_split(m, pp, embedding, loss)
+    return {"pp_first": first, "pp_last": last}
+
+
+def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
+             overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False) -> dict:
+    """The training switches estimate and search share (ParallelPlan / Workload field names)."""
+    return {"dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
+            "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
+            "tp_comm_overlap": tp_comm_overlap, "ep_comm_overlap": ep_comm_overlap}
+
+
+
+def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance:
+    return build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+                 "memory allowance options")
+
+
+def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens):
+    return build(ServeJob, {"input_len": input_len, "output_len": output_len, "batch": batch,
+                            "prefix_hit_rate": prefix_hit_rate, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
+                            "gpu_memory_utilization": util, "block_size": block_size,
+                            "max_num_batched_tokens": max_tokens}, "inference workload options")
+
+
+def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):
+    """Resolve --hardware, build the cluster and check that its graph connects every GPU."""
+    system = resolve_system(hardware)
+    cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
+                    "cluster options")
+    validate(system, nodes)
+    return cluster

@@ -1,0 +1,25 @@
+"""`llmplan models` and `llmplan hardware`."""
+
+from __future__ import annotations
+
+from llmplan import report
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out
+from llmplan.estimate import model_summaries
+from llmplan.specs.registry import builtin_gpus, builtin_systems
+
+
+@app.command()
+def models(json_mode: bool = opt.JSON) -> None:
+    """List the built-in models."""
+    rows = model_summaries()
+    emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows)))
+
+
+@app.command()
+def hardware(json_mode: bool = opt.JSON) -> None:
+    """List the built-in GPUs and systems."""
+    gpus = sorted(builtin_gpus().values(), key=lambda g: g.name)
+    systems = sorted(builtin_systems().values(), key=lambda s: s.name)
+    emit(report.hardware_json(gpus, systems), json_mode,
+         lambda: [out.print(t) for t in report.hardware_tables(gpus, systems)])

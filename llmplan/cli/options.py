@@ -1,0 +1,50 @@
+"""The options several commands share (typer needs them per command; they are defined once here), with
+their defaults taken from the specs."""
+
+from __future__ import annotations
+
+import typer
+
+from llmplan.specs.plan import MemoryAllowance
+from llmplan.topology.placement import DEFAULT_ORDER
+
+JSON = typer.Option(False, "--json", help="Print one JSON document (schema 1) instead of tables.")
+MODEL = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json.")
+HARDWARE = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile.")
+NODES = typer.Option(1, "--nodes", min=1, help="Number of nodes.")
+GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1, help="GPUs used per node (default: all).")
+SEQ_LEN = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: min(4096, context)).")
+DTYPE = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32.")
+GRAD_DTYPE = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
+FP8_PARAMS = typer.Option(False, "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
+FLASH_ATTENTION = typer.Option(True, "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
+OVERLAP_GRAD_REDUCE = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                      help="Hide the DP gradient reduction behind the backward pass.")
+OVERLAP_PARAM_GATHER = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+                      help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
+TP_COMM_OVERLAP = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+EP_COMM_OVERLAP = typer.Option(False, "--ep-comm-overlap/--no-ep-comm-overlap",
+                       help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
+OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
+                           help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
+FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
+                       help="Allocator fragmentation allowance, fraction of tensor memory.")
+INPUT_LEN = typer.Option(1024, "--input-len", min=1, help="Inference: prompt tokens per request.")
+OUTPUT_LEN = typer.Option(256, "--output-len", min=1, help="Inference: generated tokens per request.")
+KV_DTYPE = typer.Option("bf16", "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
+TTFT_SLO = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
+TPOT_SLO = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
+PREFIX_HIT_RATE = typer.Option(0.0, "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
+GPU_MEMORY_UTILIZATION = typer.Option(0.9, "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
+BLOCK_SIZE = typer.Option(16, "--block-size", min=1, help="Inference: tokens per KV block.")
+MAX_NUM_BATCHED_TOKENS = typer.Option(8192, "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
+PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
+                          help="Layers on the first pipeline stage (0: an even share).")
+PP_LAST_LAYERS = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-num-layers", min=0,
+                         help="Layers on the last pipeline stage (0: an even share).")
+EMBEDDING_IN_SPLIT = typer.Option(False, "--account-for-embedding-in-pipeline-split",
+                                 help="Count the embedding as a layer of the first stage (Megatron).")
+LOSS_IN_SPLIT = typer.Option(False, "--account-for-loss-in-pipeline-split",
+                            help="Count the loss as a layer of the last stage (Megatron).")
+AXIS_ORDER = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
+                        help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")

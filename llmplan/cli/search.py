@@ -1,0 +1,179 @@
+"""`llmplan search`: rank every training plan (or, --mode infer, every serving layout) of a cluster."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from llmplan import report
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out, progress_bar, save_best
+from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.planfile import plan_document, serve_plan_document, spec_ref
+from llmplan.search.grid import RECOMPUTE, Workload, default_space
+from llmplan.search.run import OBJECTIVES
+from llmplan.search.run import search as run_search
+from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
+from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.serve import ServePlan
+from llmplan.topology.placement import parse_order
+from llmplan.units import parse_size
+
+
+@app.command()
+def search(
+    model: str = opt.MODEL,
+    hardware: str = opt.HARDWARE,
+    nodes: int = opt.NODES,
+    gpus_per_node: Optional[int] = opt.GPUS_PER_NODE,
+    mode: str = typer.Option("train", "--mode", help="train | infer."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
+    batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
+                                               help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
+    seq_len: Optional[int] = opt.SEQ_LEN,
+    dtype: str = opt.DTYPE,
+    grad_dtype: str = opt.GRAD_DTYPE,
+    fp8_params: bool = opt.FP8_PARAMS,
+    flash_attention: bool = opt.FLASH_ATTENTION,
+    overlap_grad_reduce: bool = opt.OVERLAP_GRAD_REDUCE,
+    overlap_param_gather: bool = opt.OVERLAP_PARAM_GATHER,
+    tp_comm_overlap: bool = typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                         help="Overlap TP comm with GEMMs where sp is on (default on, as "
+                                              "Megatron-Bridge / NeMo performance recipes set it)."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Pin the pipeline stages."),
+    cp: Optional[int] = typer.Option(None, "--cp", min=1, help="Pin the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Pin the expert-parallel degree."),
+    etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Pin the expert tensor-parallel degree (e.g. 1)."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
+    pp_first: int = opt.PP_FIRST_LAYERS,
+    pp_last: int = opt.PP_LAST_LAYERS,
+    embedding_in_split: bool = opt.EMBEDDING_IN_SPLIT,
+    loss_in_split: bool = opt.LOSS_IN_SPLIT,
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch."),
+    max_tp: Optional[int] = typer.Option(None, "--max-tp", min=1, help="Largest TP to try (default: the NVLink domain)."),
+    max_pp: Optional[int] = typer.Option(None, "--max-pp", min=1, help="Largest PP to try."),
+    max_cp: Optional[int] = typer.Option(None, "--max-cp", min=1, help="Largest CP to try (default 32)."),
+    no_cp: bool = typer.Option(False, "--no-cp", help="Do not use context parallelism."),
+    objective: str = typer.Option("throughput", "--objective",
+                                  help="throughput | time-to-train | gpu-hours | headroom."),
+    train_tokens: str = typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
+    top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
+    min_headroom: Optional[float] = typer.Option(None, "--min-headroom", min=0.0,
+                                       help="Training: GiB each plan must leave free per GPU beyond the allowance."),
+    explain_opt: bool = typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
+    ep_comm_overlap: bool = opt.EP_COMM_OVERLAP,
+    save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
+    overhead_gib: float = opt.OVERHEAD_GIB,
+    fragmentation: float = opt.FRAGMENTATION,
+    axis_order: str = opt.AXIS_ORDER,
+    input_len: int = opt.INPUT_LEN,
+    output_len: int = opt.OUTPUT_LEN,
+    max_batch: int = typer.Option(1024, "--max-batch", min=1, help="Inference: most concurrent sequences per replica."),
+    kv_dtype: str = opt.KV_DTYPE,
+    ttft_slo: Optional[float] = opt.TTFT_SLO,
+    tpot_slo: Optional[float] = opt.TPOT_SLO,
+    prefix_hit_rate: float = opt.PREFIX_HIT_RATE,
+    gpu_memory_utilization: float = opt.GPU_MEMORY_UTILIZATION,
+    block_size: int = opt.BLOCK_SIZE,
+    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
+    request_rate: Optional[float] = typer.Option(None, "--request-rate",
+                                                 help="Inference, --objective min-gpus: requests/s to sustain."),
+    json_mode: bool = opt.JSON,
+) -> None:
+    """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
+    none fits."""
+    if mode not in ("train", "infer"):
+        raise LlmplanError(f"--mode {mode}: use train or infer")
+    (search_infer if mode == "infer" else search_train)(dict(locals()))
+
+
+def search_infer(o: dict) -> None:
+    """The serving path of `search` (o: the command's options by name)."""
+    if o["objective"] not in SERVE_OBJECTIVES:
+        raise LlmplanError(f"--objective {o['objective']} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
+    m = resolve_model(o["model"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"])
+    job = make_job(o["input_len"], o["output_len"], o["max_batch"], o["prefix_hit_rate"], o["ttft_slo"],
+                   o["tpot_slo"], o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"])
+    build(ServePlan, {"weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving dtype options")
+    allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    res = search_serving(m, cluster, job, o["dtype"], o["kv_dtype"], o["objective"], o["top"], o["request_rate"],
+                         allowance, {"tp": o["tp"], "pp": o["pp"], "ep": o["ep"]})
+    emit(report.serve_search_json(res, m, cluster, job), o["json_mode"],
+         lambda: report.serve_search_view(out, res, m, cluster, job))
+    if not res.ranked:
+        sys.stderr.write(f"error: no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the "
+                         "SLOs; see the pruned table\n")
+        raise typer.Exit(EXIT_NO_FIT)
+    if o["save"] is not None:
+        best = res.ranked[0]
+        refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
+        save_best(o["save"], serve_plan_document(best, allowance, report.serve_json(best), refs), o["force"],
+                  o["json_mode"])
+
+
+def search_train(o: dict) -> None:
+    """The training path of `search` (o: the command's options by name)."""
+    if o["objective"] not in OBJECTIVES:
+        raise LlmplanError(f"--objective {o['objective']}: use one of {', '.join(OBJECTIVES)}")
+    if o["recompute"] is not None and o["recompute"] not in RECOMPUTE:
+        raise LlmplanError(f"--recompute {o['recompute']}: use none, selective or full")
+    if o["zero"] is not None and not 0 <= o["zero"] <= 3:
+        raise LlmplanError(f"--zero {o['zero']}: ZeRO stages are 0, 1, 2 and 3")
+    m = resolve_model(o["model"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"])
+    order = parse_order(o["axis_order"])
+    w = search_workload(m, o)
+    space = default_space(m, cluster, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
+    allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    with progress_bar(not o["json_mode"]) as say:
+        res = run_search(m, cluster, space, w, o["objective"], o["top"], allowance, order, progress=say,
+                         min_headroom=min_headroom_bytes(o["min_headroom"], cluster.system.gpu.hbm_bytes))
+    tokens = parse_size(o["train_tokens"])
+    emit(report.search_json(res, w, cluster, m, tokens), o["json_mode"],
+         lambda: report.search_view(out, res, w, cluster, m, tokens, o["explain_opt"]))
+    if not res.ranked:
+        sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
+                         + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")
+        raise typer.Exit(EXIT_NO_FIT)
+    if o["save"] is not None:
+        best = res.ranked[0]
+        refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
+        save_best(o["save"], plan_document(best, allowance, order, report.estimate_json(best), refs), o["force"],
+                  o["json_mode"])
+
+
+def search_workload(m, o: dict) -> Workload:
+    """What the search holds fixed: batch (from --global-batch or --batch-tokens), sequence and switches."""
+    seq = o["seq_len"] if o["seq_len"] is not None else default_seq_len(m)
+    global_batch = o["global_batch"]
+    if global_batch is None:
+        tokens = parse_size(o["batch_tokens"]) if o["batch_tokens"] else DEFAULT_BATCH_TOKENS
+        global_batch = global_batch_from_tokens(tokens, seq)
+    flags = switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
+                     o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"])
+    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
+    return Workload(global_batch=global_batch, seq_len=seq, **flags)
+
+
+def search_pins(m, o: dict) -> dict:
+    """The axes the options pin (None: free)."""
+    pp = o["pp"]
+    if (o["embedding_in_split"] or o["loss_in_split"]) and not pp:
+        raise LlmplanError("--account-for-*-in-pipeline-split in search needs --pp (the split depends on it)")
+    split = pipeline_split(m, pp or 1, o["pp_first"], o["pp_last"], None, o["embedding_in_split"],
+                           o["loss_in_split"])
+    return {"pp_first": split["pp_first"] or None, "pp_last": split["pp_last"] or None, "tp": o["tp"], "pp": pp,
+            "cp": 1 if o["no_cp"] else o["cp"], "ep": o["ep"], "etp": o["etp"], "vpp": o["vpp"], "sp": o["sp"],
+            "zero": o["zero"], "recompute": o["recompute"], "micro_batch": o["micro_batch"]}

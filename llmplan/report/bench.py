@@ -1,0 +1,45 @@
+"""`llmplan bench`: measured vs predicted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from llmplan.report.common import SCHEMA, human_bytes
+
+
+
+def _fmt_value(v: float, unit: str) -> str:
+    if unit == "B":
+        return human_bytes(v)
+    if unit == "s":
+        return f"{v * 1e3:,.3f} ms" if v < 1 else f"{v:,.3f} s"
+    return f"{v:,.4g} {unit}"
+
+
+def bench_tables(rows: list) -> list[Table]:
+    tables = []
+    for component in dict.fromkeys(r.component for r in rows):
+        t = Table(title=component)
+        for col in ("item", "predicted", "measured", "error", "verdict", "note"):
+            t.add_column(col, justify="right" if col in ("predicted", "measured", "error") else "left")
+        for r in (x for x in rows if x.component == component):
+            style = {"ok": "green", "MISMATCH": "bold red"}.get(r.verdict, "dim")
+            t.add_row(r.item, _fmt_value(r.predicted, r.unit) if r.predicted else "-", _fmt_value(r.measured, r.unit),
+                      f"{100 * r.error:+.2f}%" if r.predicted else "-", f"[{style}]{r.verdict}[/]", r.note)
+        tables.append(t)
+    return tables
+
+
+def bench_json(cfg, run, rows: list) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "model": cfg.model.name, "hardware": cfg.cluster.system.name, "nproc": cfg.nproc,
+        "backend": cfg.backend, "seconds": run.seconds, "timed_out": run.timed_out,
+        "failures": [{"rank": f.rank, "phase": f.phase, "error": f.error} for f in run.failures],
+        "device": run.ranks[0]["device_name"] if run.ranks else None,
+        "host": run.ranks[0]["host"] if run.ranks else None,
+        "comparisons": [{"component": r.component, "item": r.item, "predicted": r.predicted, "measured": r.measured,
+                         "unit": r.unit, "error": r.error, "verdict": r.verdict, "note": r.note} for r in rows],
+        "raw": run.ranks,
+    }

@@ -1,0 +1,40 @@
+"""What every report shares: the JSON schema number, number formats, fabric names."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmplan.specs.hardware import SystemSpec
+from llmplan.units import GIB
+
+SCHEMA = 1
+PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "micro_batch", "global_batch",
+             "seq_len", "dtype")
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:,.2f}"
+
+
+def billions(x: float) -> str:
+    return f"{x / 1e9:,.2f}B"
+
+
+def dump_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
+
+def human_bytes(x: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if x >= size:
+            return f"{x / size:,.1f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def fabric_names(system: SystemSpec) -> tuple[str, str]:
+    up = {"nvswitch": "NVLink", "nvlink-mesh": "NVLink", "infinity-fabric": "Infinity Fabric",
+          "pcie": "PCIe"}[system.intra_node_fabric]
+    down = {"infiniband": "IB", "roce": "RoCE", "efa": "EFA", "none": "network"}[system.scaleout_fabric]
+    return up, down

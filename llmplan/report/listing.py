@@ -1,0 +1,55 @@
+"""`llmplan models` and `llmplan hardware`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from llmplan.cost.params import ParamCounts
+from llmplan.report.common import SCHEMA, billions
+from llmplan.specs.hardware import GpuSpec, SystemSpec
+from llmplan.specs.model import ModelSpec
+
+
+
+def models_table(models: list[tuple[ModelSpec, ParamCounts]]) -> Table:
+    t = Table(title="Built-in models")
+    for col in ("name", "type", "layers", "hidden", "heads/kv", "experts", "params", "active", "context"):
+        t.add_column(col, justify="left" if col in ("name", "type") else "right")
+    for m, p in models:
+        experts = f"{m.num_experts} (top-{m.num_experts_per_tok})" if m.is_moe else "-"
+        t.add_row(m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size),
+                  f"{m.num_attention_heads}/{m.kv_heads}", experts, billions(p.total), billions(p.active),
+                  f"{m.max_position_embeddings:,}")
+    return t
+
+
+def models_json(models: list[tuple[ModelSpec, ParamCounts]]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "models": [
+        {"name": m.name, "model_type": m.model_type, "params": {"total": p.total, "active": p.active},
+         "source": m.source} for m, p in models]}
+
+
+def hardware_tables(gpus: list[GpuSpec], systems: list[SystemSpec]) -> list[Table]:
+    g = Table(title="GPUs")
+    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s"):
+        g.add_column(col, justify="left" if col == "name" else "right")
+    for x in gpus:
+        fp8 = x.tflops.get("fp8")
+        g.add_row(x.name, f"{x.tflops.get('bf16', 0):g}", f"{fp8:g}" if fp8 else "-", f"{x.hbm_gib:g}",
+                  f"{x.hbm_gb_per_s:g}")
+    s = Table(title="Systems (--hardware)")
+    for col in ("name", "GPU", "GPUs/node", "scale-up", "GB/s per GPU", "scale-out"):
+        s.add_column(col, justify="left" if col in ("name", "GPU", "scale-up", "scale-out") else "right")
+    for x in systems:
+        dom = f" ({x.domain_gpus}-GPU domain)" if x.domain_gpus != x.gpus_per_node else ""
+        out = f"{x.nics_per_node} x {x.nic_gbit_per_s:g} Gb/s {x.scaleout_fabric}" if x.nics_per_node else "-"
+        s.add_row(x.name, x.gpu.name, str(x.gpus_per_node), x.intra_node_fabric + dom,
+                  f"{x.intra_node_gb_per_s:g}", out)
+    return [g, s]
+
+
+def hardware_json(gpus: list[GpuSpec], systems: list[SystemSpec]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "gpus": [g.model_dump() for g in gpus],
+            "systems": [{**s.model_dump(exclude={"gpu"}), "gpu": s.gpu.name} for s in systems]}

@@ -1,0 +1,145 @@
+"""`llmplan search` (training): ranked plans, the Pareto front, what was pruned, why #1 wins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from llmplan.estimate import TrainingEstimate
+from llmplan.report.common import SCHEMA, gib
+from llmplan.report.training import estimate_json, split_text
+from llmplan.search.grid import Workload
+from llmplan.search.run import SearchResult, explain
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.units import GIB
+
+
+
+def plan_cells(p: ParallelPlan) -> list[str]:
+    etp = f"/{p.etp_resolved}" if p.ep > 1 else ""
+    uneven = "*" if (p.pp_first or p.pp_last or p.pp_layers) else ""
+    return [str(p.tp), f"{p.pp}{uneven}", str(p.dp), str(p.cp), f"{p.ep}{etp}", str(p.vpp), "on" if p.sp else "off",
+            str(p.zero), p.recompute, str(p.micro_batch)]
+
+
+PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
+
+
+def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None) -> Table:
+    t = Table(title=title)
+    for col in ["#", *PLAN_HEAD, "mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"]:
+        t.add_column(col, justify="left" if col in ("recompute", "bottleneck") else "right")
+    for i, e in enumerate(rows, 1):
+        m, tp = e.memory, e.throughput
+        same = equivalents[i - 1] if equivalents and i <= len(equivalents) else 0
+        t.add_row(f"{i}" + (f" +{same}" if same else ""), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
+                  f"{float(tp.tokens_per_s):,.0f}", f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+    notes = []
+    uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
+    if uneven:
+        notes.append("* uneven pipeline stages (layers, first to last): " + ", ".join(uneven))
+    if equivalents and any(equivalents):
+        notes.append("+N: N more plans with the same predicted throughput and memory (the one shown is preferred: "
+                     "smaller cp, lower ZeRO stage, fewer stages, smaller micro-batch and TP)")
+    t.caption = "\n".join(notes) or None
+    return t
+
+
+def plan_label(p: ParallelPlan) -> str:
+    return (f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" vpp{p.vpp}" if p.vpp > 1
+            else "") + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
+
+
+def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:
+    """One line: a's throughput against b's and the three largest step-time differences."""
+    d = explain(a, b)
+    parts = sorted(((k, v) for k, v in d.items() if k.endswith("_s") and k != "step_s" and abs(v) > 1e-9),
+                   key=lambda kv: -abs(kv[1]))[:3]
+    why = ", ".join(f"{k[:-2].replace('exposed_', 'exposed ')} {v:+.3g} s" for k, v in parts)
+    return (f"#1 vs {what} ({plan_label(b.plan)}): {d['throughput_ratio']:.2f}x the throughput"
+            + (f"; {why}" if why else "") + f"; memory {d['memory_bytes'] / GIB:+.1f} GiB")
+
+
+def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
+    t = Table(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
+    t.add_column("part")
+    t.add_column("#1 s", justify="right")
+    t.add_column(f"{what} s", justify="right")
+    t.add_column("difference", justify="right")
+    rows = [("compute", a.time.compute, b.time.compute), ("bubble", a.time.bubble, b.time.bubble),
+            *((f"exposed {k}", a.time.exposed[k], b.time.exposed[k]) for k in a.time.exposed),
+            ("optimizer", a.time.optimizer, b.time.optimizer), ("step", a.time.total, b.time.total)]
+    for name, x, y in rows:
+        if float(x) or float(y):
+            t.add_row(name, f"{float(x):,.3f}", f"{float(y):,.3f}", f"{float(x - y):+,.3f}")
+    t.add_row("memory GiB", gib(a.memory.total), gib(b.memory.total), f"{float(a.memory.total - b.memory.total) / GIB:+,.2f}")
+    return t
+
+
+def pruned_table(res: SearchResult) -> Table:
+    t = Table(title=f"Pruned: {res.considered - res.feasible:,} of {res.considered:,} plans")
+    t.add_column("rule")
+    t.add_column("plans cut", justify="right")
+    t.add_column("example")
+    for p in res.pruned:
+        t.add_row(p.rule, f"{p.count:,}", p.example)
+    return t
+
+
+def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, float]:
+    seconds = train_tokens / float(e.throughput.tokens_per_s)
+    return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
+            "gpu_hours": seconds * e.cluster.num_gpus / 3600}
+
+
+def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
+                train_tokens: float) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "mode": "train", "model": model.name, "hardware": cluster.system.name,
+        "nodes": cluster.num_nodes, "gpus": cluster.num_gpus, "objective": res.objective,
+        "workload": {"global_batch": w.global_batch, "seq_len": w.seq_len, "dtype": w.dtype},
+        "considered": res.considered, "feasible": res.feasible,
+        "pruned": {p.rule: p.count for p in res.pruned},
+        "pruned_examples": {p.rule: p.example for p in res.pruned},
+        "search_s": res.seconds,
+        "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens),
+                   "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0}
+                  for i, e in enumerate(res.ranked, 1)],
+        **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
+        **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
+                        **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {})}}
+           if res.ranked else {}),
+        "pareto": [estimate_json(e) for e in res.pareto],
+        **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
+    }
+
+
+def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
+                train_tokens: float, full_explain: bool = False) -> None:
+    console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
+                  f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
+    console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
+    if res.ranked:
+        console.print(ranked_table("Best plans", res.ranked, res.equivalents))
+        b = budget_json(res.ranked[0], train_tokens)
+        console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
+                      f"{b['gpu_hours']:,.0f} GPU-hours")
+        best = res.ranked[0]
+        if res.conventional is not None and res.conventional.plan != best.plan:
+            console.print(explain_line(best, res.conventional, "conventional"))
+        if full_explain:
+            if len(res.ranked) > 1:
+                console.print(explain_table(best, res.ranked[1], "#2"))
+            if res.conventional is not None:
+                console.print(explain_table(best, res.conventional, "conventional"))
+        console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",
+                                   res.pareto))
+    console.print(pruned_table(res))
+    if res.closest is not None:
+        e = res.closest
+        console.print(f"[bold red]NO PLAN FITS[/]. Closest: {' '.join(f'{h} {c}' for h, c in zip(PLAN_HEAD, plan_cells(e.plan)))} "
+                      f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
+        console.print("It would fit with: " + "; ".join(res.suggestions))

@@ -1,0 +1,117 @@
+"""`llmplan estimate --mode infer` and `llmplan search --mode infer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from llmplan.report.common import SCHEMA, gib
+from llmplan.search.serve import ServeSearchResult
+from llmplan.serving import ServeEstimate
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.serve import ServeJob
+
+
+
+def serve_json(e: ServeEstimate) -> dict[str, Any]:
+    mem, t, p, j = e.memory, e.timing, e.plan, e.job
+    return {
+        "schema": SCHEMA, "mode": "infer", "model": e.model.name, "hardware": e.cluster.system.name,
+        "nodes": e.cluster.num_nodes, "gpus": e.cluster.num_gpus,
+        "plan": p.model_dump(mode="json"), "workload": j.model_dump(mode="json"),
+        "memory": {"weights": mem.weights, "kv_cache": mem.kv_cache, "activations": mem.activations,
+                   "other": mem.other, "total": mem.total, "capacity": mem.capacity, "fits": mem.fits,
+                   "kv_available": mem.kv_available, "kv_blocks": mem.kv_blocks},
+        "kv_bytes_per_token": e.kv_bytes_per_token,
+        "max_concurrent_seqs": mem.max_concurrent_seqs,
+        "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
+        "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
+                       "tokens_per_s_per_gpu": e.tokens_per_s / p.num_gpus},
+        "slo": {"ttft_s": j.ttft_slo_s, "tpot_s": j.tpot_slo_s, "max_batch": e.slo_batch,
+                "tokens_per_s": e.slo_tokens_per_s},
+        "prefix_cache": {"hit_rate": j.prefix_hit_rate, "prefill_tokens_saved_fraction": e.prefill_saved_fraction,
+                         "ttft_without_cache_s": e.ttft_without_prefix_cache},
+        "warnings": list(e.warnings),
+    }
+
+
+def serve_view(console: Console, e: ServeEstimate) -> None:
+    mem, t, p, j = e.memory, e.timing, e.plan, e.job
+    console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
+                  f"tp {p.tp} pp {p.pp} replicas {p.dp} ep {p.ep}, weights {p.weight_dtype}, KV {p.kv_dtype}; "
+                  f"{j.input_len} in / {j.output_len} out tokens, {j.batch} concurrent sequences per replica")
+    for w in e.warnings:
+        console.print(f"[yellow]warning[/]: {w}")
+    tb = Table(title="Memory per GPU")
+    for col in ("part", "GiB", "% of usable", "formula"):
+        tb.add_column(col, justify="right" if col in ("GiB", "% of usable") else "left")
+    for name, val, ref in (("weights", mem.weights, "infer.weights"), ("KV cache", mem.kv_cache, "infer.kv"),
+                           ("activations", mem.activations, "infer.activations"),
+                           ("other (CUDA graphs, NCCL, runtime)", mem.other, "mem.other")):
+        tb.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
+    tb.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"{100 * mem.total / mem.capacity:.1f}%", "")
+    tb.add_row("usable (utilisation x HBM)", gib(mem.capacity), "100.0%", "")
+    console.print(tb)
+    console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
+                  f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
+                  f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} sequences of {j.context} tokens")
+    if mem.fits:
+        console.print(f"[bold green]FITS[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} GiB")
+    elif mem.kv_available <= 0:
+        console.print(f"[bold red]DOES NOT FIT[/]: weights, activations and runtime exceed the usable memory by "
+                      f"{gib(-mem.kv_available)} GiB; raise tp/pp or quantise the weights")
+    else:
+        console.print(f"[bold red]DOES NOT FIT[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
+                      f"GiB; at most {mem.max_concurrent_seqs} fit")
+    console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
+                  f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
+                  f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+    if j.prefix_hit_rate:
+        console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
+                      f"{float(t.ttft) * 1e3:,.1f} ms instead of {e.ttft_without_prefix_cache * 1e3:,.1f} ms")
+    if e.slo_batch is not None:
+        console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch} concurrent "
+                      f"sequences per replica, {e.slo_tokens_per_s or 0:,.0f} output tokens/s"
+                      if e.slo_batch else "[bold red]no concurrency meets the SLOs[/]")
+
+
+def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
+    t = Table(title=title)
+    for col in ("#", "GPUs", "tp", "pp", "replicas", "ep", "weights", "KV", "batch", "max seqs", "TTFT ms",
+                "TPOT ms", "tokens/s", "per GPU"):
+        t.add_column(col, justify="right")
+    for i, e in enumerate(rows, 1):
+        p = e.plan
+        t.add_row(str(i), str(p.num_gpus), str(p.tp), str(p.pp), str(p.dp), str(p.ep), p.weight_dtype, p.kv_dtype,
+                  str(e.job.batch), f"{e.memory.max_concurrent_seqs:,}", f"{float(e.timing.ttft) * 1e3:,.1f}",
+                  f"{float(e.timing.tpot) * 1e3:,.2f}", f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
+    return t
+
+
+def serve_search_json(res: ServeSearchResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> dict[str, Any]:
+    return {"schema": SCHEMA, "mode": "infer", "model": model.name, "hardware": cluster.system.name,
+            "gpus": cluster.num_gpus, "objective": res.objective, "request_rate": res.request_rate,
+            "workload": job.model_dump(mode="json"), "considered": res.considered, "feasible": res.feasible,
+            "pruned": {p.rule: p.count for p in res.pruned}, "pruned_examples": {p.rule: p.example for p in res.pruned},
+            "search_s": res.seconds, "plans": [{"rank": i, **serve_json(e)} for i, e in enumerate(res.ranked, 1)]}
+
+
+def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec, cluster: ClusterSpec,
+                      job: ServeJob) -> None:
+    slo = f", SLOs TTFT {job.ttft_slo_s} s / TPOT {job.tpot_slo_s} s" if job.ttft_slo_s or job.tpot_slo_s else ""
+    console.print(f"[bold]{model.name}[/] serving on up to {cluster.num_gpus} x {cluster.system.gpu.name}: "
+                  f"{job.input_len} in / {job.output_len} out tokens{slo}; objective {res.objective}"
+                  + (f" at {res.request_rate} requests/s" if res.request_rate else ""))
+    console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
+    if res.ranked:
+        console.print(serve_search_table("Best serving plans", res.ranked))
+    t = Table(title="Pruned layouts")
+    t.add_column("rule")
+    t.add_column("layouts", justify="right")
+    t.add_column("example")
+    for p in res.pruned:
+        t.add_row(p.rule, str(p.count), p.example)
+    console.print(t)

@@ -1,0 +1,191 @@
+"""`llmplan estimate` (training): plan, memory, communication and step-time documents and tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from llmplan.cost.comm import CommBreakdown
+from llmplan.cost.memory import TrainingMemory
+from llmplan.cost.params import ParamCounts
+from llmplan.cost.step import StepTime, Throughput
+from llmplan.estimate import TrainingEstimate
+from llmplan.report.common import SCHEMA, billions, fabric_names, gib, human_bytes
+from llmplan.units import GIB
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+
+PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "micro_batch", "global_batch",
+             "seq_len", "dtype")
+
+
+
+
+def plan_json(plan: ParallelPlan) -> dict[str, Any]:
+    d = plan.model_dump()
+    return {**{k: d[k] for k in PLAN_KEYS}, "etp": plan.etp_resolved,
+            **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
+
+
+def memory_json(mem: TrainingMemory) -> dict[str, Any]:
+    a = mem.activation_parts
+    f = float
+    return {"weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
+            "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
+            "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
+            "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
+                                 "embedding": f(a.embedding), "output": f(a.output)}}
+
+
+def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
+    up, down = fabric_names(system)
+    out: dict[str, Any] = {}
+    for axis, a in comm.axes.items():
+        group = a.transfers[0].group if a.transfers else None
+        out[axis] = {
+            "bytes": a.bytes, "seconds": a.seconds, "collective": a.collectives,
+            "group": group.describe(up, down) if group else "1 GPU (no communication)",
+            "transfers": [{"collective": t.collective, "calls": t.calls, "message_bytes": t.message,
+                           "bytes": t.bytes, "group_size": t.group.size, "nodes": t.group.nodes}
+                          for t in a.transfers],
+        }
+    return out
+
+
+def comm_table(comm: CommBreakdown, system: SystemSpec) -> Table:
+    up, down = fabric_names(system)
+    t = Table(title="Communication per step per GPU (most-loaded rank)")
+    for col in ("axis", "collective", "calls", "message", "GiB sent", "group", "time s"):
+        t.add_column(col, justify="right" if col in ("calls", "message", "GiB sent", "time s") else "left")
+    for axis, a in comm.axes.items():
+        if not a.transfers:
+            t.add_row(axis, "-", "0", "-", "0", "1 GPU (no communication)", "0")
+            continue
+        for i, x in enumerate(a.transfers):
+            t.add_row(axis if i == 0 else "", x.collective, f"{x.calls:,.0f}", human_bytes(x.message),
+                      f"{x.bytes / GIB:,.2f}", x.group.describe(up, down) if i == 0 else "",
+                      f"{a.seconds:,.3f}" if i == 0 else "")
+    t.add_row("[bold]total[/]", "", "", "", f"[bold]{comm.bytes / GIB:,.2f}[/]", "", f"[bold]{comm.seconds:,.3f}[/]")
+    return t
+
+
+def time_json(st: StepTime) -> dict[str, Any]:
+    return {"step_s": float(st.total), "compute_s": float(st.compute), "bubble_s": float(st.bubble),
+            "comm_exposed_s": float(st.comm_exposed), "optimizer_s": float(st.optimizer),
+            "overhead_s": float(st.overhead),
+            "exposed_s": {k: float(v) for k, v in st.exposed.items()},
+            "compute_split_s": {"gemm": float(st.stage.gemm), "attention": float(st.stage.attention),
+                                "memory_bound": float(st.stage.memory_bound), "per": "micro-batch"}}
+
+
+def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
+    return {"tokens_per_s": float(tp.tokens_per_s), "tflops_per_gpu": float(tp.tflops_per_gpu),
+            "mfu": float(tp.mfu), "hfu": float(tp.hfu), "comm_ratio": float(tp.comm_ratio),
+            "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
+
+
+def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
+    c = e.cluster
+    return {
+        "schema": SCHEMA,
+        "mode": "train",
+        "model": e.model.name,
+        "hardware": c.system.name,
+        "calibrated": c.system.calibrated,
+        "nodes": c.num_nodes,
+        "gpus": c.num_gpus,
+        "plan": plan_json(e.plan),
+        "stage_layers": list(e.stage_layers),
+        "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
+        "memory": memory_json(e.memory),
+        "time": time_json(e.time),
+        "throughput": throughput_json(e.throughput, e.time),
+        "bottleneck": e.bottleneck,
+        "comm": comm_json(e.comm, c.system),
+    }
+
+
+def split_text(layers: tuple[int, ...] | list[int]) -> str:
+    """Stage layer counts in short form: '7+8x14+7' (runs of equal counts collapsed)."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def estimate_view(console: Console, e: TrainingEstimate) -> None:
+    memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
+    if len(set(e.stage_layers)) > 1:
+        console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
+    console.print(comm_table(e.comm, e.cluster.system))
+    console.print(time_table(e))
+
+
+def time_table(e: TrainingEstimate) -> Table:
+    st, tp = e.time, e.throughput
+    t = Table(title="Step time (most-loaded stage)")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("% of step", justify="right")
+    t.add_column("formula", style="dim")
+    rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
+            *((f"exposed {a.upper()} communication", v, "step.time") for a, v in st.exposed.items() if v > 0),
+            ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
+            ("fixed per-step overhead", st.overhead, "step.overhead")]
+    for name, val, ref in rows:
+        t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
+    t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")
+    t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%, "
+                 f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
+                 f"bottleneck: {e.bottleneck}")
+    return t
+
+
+def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                params: ParamCounts, mem: TrainingMemory) -> None:
+    p = plan
+    console.print(
+        f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
+        f"{cluster.system.gpu.name})  tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp}  "
+        f"sp {'on' if p.sp else 'off'}  zero {p.zero}  recompute {p.recompute}  micro-batch {p.micro_batch}  "
+        f"global batch {p.global_batch} ({p.num_microbatches} micro-batches/replica)  seq {p.seq_len}  {p.dtype}")
+    if cluster.system.calibrated:
+        console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
+    console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "
+                  f"on the most-loaded GPU {billions(mem.params_on_rank)} (pipeline stage {mem.stage})")
+    t = Table(title="Memory per GPU (most-loaded rank)")
+    t.add_column("part")
+    t.add_column("GiB", justify="right")
+    t.add_column("% of capacity", justify="right")
+    t.add_column("formula", style="dim")
+    a = mem.activation_parts
+    rows = [
+        ("weights", mem.weights, "mem.model_states"),
+        ("gradients", mem.gradients, "mem.model_states"),
+        ("optimizer states", mem.optimizer, "mem.model_states"),
+        ("activations", mem.activations, "mem.activations"),
+        ("  transformer layers", a.layers, "mem.activations, mem.inflight"),
+        ("  recompute working set", a.recompute_working, "mem.activations"),
+        ("  embedding (first stage)", a.embedding, "mem.activations"),
+        ("  output + logits (last stage)", a.output, "mem.activations"),
+        ("other (buffers, fragmentation)", mem.other, "mem.other"),
+    ]
+    for name, val, ref in rows:
+        if name.startswith("  ") and val == 0:
+            continue
+        t.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
+    t.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"[bold]{100 * mem.total / mem.capacity:.1f}%[/]", "")
+    t.add_row("capacity", gib(mem.capacity), "100.0%", "")
+    console.print(t)
+    if mem.fits:
+        console.print(f"[bold green]FITS[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
+                      f"headroom {gib(mem.headroom)} GiB")
+    else:
+        console.print(f"[bold red]DOES NOT FIT[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
+                      f"short by {gib(-mem.headroom)} GiB")
