@@ -41,9 +41,9 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
-    st = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
-    return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, st, throughput(plan, gpu, st),
-                            str(bottleneck(st)), tuple(stage_layer_list(m, plan)))
+    step = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
+    return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(plan, gpu, step),
+                            str(bottleneck(step)), tuple(stage_layer_list(m, plan)))
 
 
 def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:

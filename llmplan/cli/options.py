@@ -5,39 +5,49 @@ from __future__ import annotations
 
 import typer
 
-from llmplan.specs.plan import MemoryAllowance
+from llmplan.specs.defaults import DEFAULT_SEQ_LEN
+from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import DEFAULT_ORDER
+
+
+def _plan(field: str):
+    return ParallelPlan.model_fields[field].default
+
+
+def _job(field: str):
+    return ServeJob.model_fields[field].default
 
 JSON = typer.Option(False, "--json", help="Print one JSON document (schema 1) instead of tables.")
 MODEL = typer.Option(..., "--model", "-m", help="Built-in model name or path to a spec / config.json.")
 HARDWARE = typer.Option(..., "--hardware", help="Built-in system name or path to a system profile.")
 NODES = typer.Option(1, "--nodes", min=1, help="Number of nodes.")
 GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1, help="GPUs used per node (default: all).")
-SEQ_LEN = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: min(4096, context)).")
-DTYPE = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp8 | fp32.")
-GRAD_DTYPE = typer.Option("fp32", "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
-FP8_PARAMS = typer.Option(False, "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
-FLASH_ATTENTION = typer.Option(True, "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
-OVERLAP_GRAD_REDUCE = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+SEQ_LEN = typer.Option(None, "--seq-len", min=1, help=f"Sequence length (default: min({DEFAULT_SEQ_LEN}, context)).")
+DTYPE = typer.Option(_plan("dtype"), "--dtype", help="bf16 | fp16 | fp8 | fp32.")
+GRAD_DTYPE = typer.Option(_plan("grad_dtype"), "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
+FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
+FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
+OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
-OVERLAP_PARAM_GATHER = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
-TP_COMM_OVERLAP = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
-EP_COMM_OVERLAP = typer.Option(False, "--ep-comm-overlap/--no-ep-comm-overlap",
+TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                        help="Allocator fragmentation allowance, fraction of tensor memory.")
-INPUT_LEN = typer.Option(1024, "--input-len", min=1, help="Inference: prompt tokens per request.")
-OUTPUT_LEN = typer.Option(256, "--output-len", min=1, help="Inference: generated tokens per request.")
-KV_DTYPE = typer.Option("bf16", "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
+INPUT_LEN = typer.Option(_job("input_len"), "--input-len", min=1, help="Inference: prompt tokens per request.")
+OUTPUT_LEN = typer.Option(_job("output_len"), "--output-len", min=1, help="Inference: generated tokens per request.")
+KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
 TTFT_SLO = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
 TPOT_SLO = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
-PREFIX_HIT_RATE = typer.Option(0.0, "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
-GPU_MEMORY_UTILIZATION = typer.Option(0.9, "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
-BLOCK_SIZE = typer.Option(16, "--block-size", min=1, help="Inference: tokens per KV block.")
-MAX_NUM_BATCHED_TOKENS = typer.Option(8192, "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
+PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
+GPU_MEMORY_UTILIZATION = typer.Option(_job("gpu_memory_utilization"), "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
+BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
+MAX_NUM_BATCHED_TOKENS = typer.Option(_job("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
 PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
                           help="Layers on the first pipeline stage (0: an even share).")
 PP_LAST_LAYERS = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-num-layers", min=0,

@@ -78,8 +78,8 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp)
     total = 0.0
-    for w in layer_windows(m):
-        tokens = context if w is None else np.minimum(context, w)
+    for window in layer_windows(m):
+        tokens = context if window is None else np.minimum(context, window)
         total = total + np.ceil(np.asarray(tokens) / block_size) * block_size * per_layer
     return total / plan.pp
 
@@ -126,14 +126,14 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     Source: vLLM documentation (KV-cache capacity computation)."""
     allowance = allowance or MemoryAllowance()
     cap = job.gpu_memory_utilization * hbm_bytes
-    w = serve_weight_bytes(m, plan)
+    weights = serve_weight_bytes(m, plan)
     act = activation_peak_bytes(m, plan, job)
     other = allowance.fixed_gib * GIB
-    available = cap - w - act - other
+    available = cap - weights - act - other
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, job.context, job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
-        weights=w, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=cap,
+        weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=cap,
         kv_available=available, max_concurrent_seqs=max(0, int(available // per_seq)) if per_seq else 0,
         kv_blocks=max(0, int(available // block)) if block else 0,
     )
@@ -187,12 +187,12 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     rows_per_expert = np.maximum(np.asarray(tokens, dtype=float) * m.num_experts_per_tok / touched, 1)
     compute = dense_flops / (peak * gemm_efficiency(gpu, compute_dtype, np.maximum(tokens, 1))) + \
         expert_flops / (peak * gemm_efficiency(gpu, compute_dtype, rows_per_expert))
-    w = serve_weight_bytes(m, plan)
+    weights = serve_weight_bytes(m, plan)
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
         experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / (max(plan.ep, 1) if plan.ep > 1 else t) / p
-        w = w - experts * (1 - _expert_fraction_touched(m, tokens))
-    traffic = (w + kv_read) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        weights = weights - experts * (1 - _expert_fraction_touched(m, tokens))
+    traffic = (weights + kv_read) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
     tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
     # With EP each TP rank dispatches its 1/t share of the tokens (the attention all-reduce becomes a

@@ -209,16 +209,16 @@ class TrainingMemory(Breakdown):
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
                  capacity: float, per_layer: LayerActivations | None = None) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
-    w, g, o = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
+    weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     rp = rank_params(m, plan, stage)
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
-    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, w, g, o)
-    expert = model_state_bytes(rp.expert, edp, plan.zero, w, g, o)
+    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, weight_b, grad_b, optim_b)
+    expert = model_state_bytes(rp.expert, edp, plan.zero, weight_b, grad_b, optim_b)
     act = activation_bytes(m, plan, stage, per_layer)
     tensors = dense.total + expert.total + act.total
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
-    gathered = where(plan.zero >= 3, live * w, 0.0)  # Derived: docs/formulas.md#mem.other
+    gathered = where(plan.zero >= 3, live * weight_b, 0.0)  # Derived: docs/formulas.md#mem.other
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights,
@@ -243,10 +243,10 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
 def each_stage(stages: tuple[Any, ...], f: Any) -> list[Any]:
     """f of every candidate stage, computed once for a stage that appears twice (the same value object)."""
     done: dict[int, Any] = {}
-    for st in stages:
-        if id(st) not in done:
-            done[id(st)] = f(st)
-    return [done[id(st)] for st in stages]
+    for stage in stages:
+        if id(stage) not in done:
+            done[id(stage)] = f(stage)
+    return [done[id(stage)] for stage in stages]
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
@@ -254,7 +254,7 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays)."""
     allowance = allowance or MemoryAllowance()
     la = layer_activations(m, plan)
-    results = each_stage(candidate_stages(m, plan), lambda st: stage_memory(m, plan, st, allowance, capacity, la))
+    results = each_stage(candidate_stages(m, plan), lambda stage: stage_memory(m, plan, stage, allowance, capacity, la))
     best = results[0]
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)

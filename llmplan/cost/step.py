@@ -63,9 +63,9 @@ class StepTime(Breakdown):
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[Any, StageCompute, Any, Any]]:
     """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage."""
-    def one(st: Any) -> tuple[Any, StageCompute, Any, Any]:
-        n_dense, n_moe = stage_layers(m, plan, st)
-        return st, stage_compute(m, plan, gpu, n_dense, n_moe, st == plan.pp - 1), n_dense + n_moe, n_moe
+    def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
+        n_dense, n_moe = stage_layers(m, plan, stage)
+        return stage, stage_compute(m, plan, gpu, n_dense, n_moe, stage == plan.pp - 1), n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)
 

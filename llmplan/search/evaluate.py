@@ -75,10 +75,10 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     A[i, j], B[i, j] = c.alpha, c.beta
             coeff_cache[(op, axis)] = A, B
         A, B = coeff_cache[(op, axis)]
-        S = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        t = (A[inv] + S[:, None] * B[inv]).min(axis=1)
+        size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
+        t = (A[inv] + size[:, None] * B[inv]).min(axis=1)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
-        return np.where((calls > 0) & (S > 0), calls * t, 0.0)
+        return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 
     def total(transfers: list, axis: str | None = None) -> np.ndarray:
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message) for x in transfers),
