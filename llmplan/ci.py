@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from llmplan.errors import LlmplanError
+from llmplan.fileio import parse_document
 from llmplan.estimate import estimate_training
 from llmplan.planfile import (
     KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document,
@@ -270,7 +271,7 @@ def diff_against(ref: str, files: list[Path], plan_files: list[Path]) -> list[di
         if old_text is None:
             out.append({"file": str(f), "status": "added"})
             continue
-        old_doc = json.loads(old_text) if f.suffix == ".json" else yaml.safe_load(old_text)
+        old_doc = parse_document(old_text, "JSON" if f.suffix == ".json" else "YAML", f"{f} at {ref}")
         if old_doc == doc:
             continue
         old = ModelSpec.model_validate(from_hf_config(old_doc, f.stem) if "name" not in old_doc else old_doc)

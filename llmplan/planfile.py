@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmplan import __version__
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate
-from llmplan.fileio import write_atomic
+from llmplan.fileio import excerpt, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
@@ -86,6 +86,16 @@ class PlanDocument(BaseModel):
     """The serving workload (infer)."""
     predictions: Predictions = Field(default_factory=lambda: Predictions())
     """What llmplan predicted when the plan was saved."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> "PlanDocument":
+        needed = ("tp", "pp", "dp") if self.mode == "train" else ("tp",)
+        missing = [k for k in needed if k not in self.plan]
+        if missing:
+            raise ValueError(f"the plan has no {', '.join(missing)}; a plan file names its parallel degrees")
+        if self.mode == "infer" and self.job is None:
+            raise ValueError("a serving plan file needs its job (input_len, output_len, batch)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -163,7 +173,12 @@ def read_plan_document(path: Path) -> PlanDocument:
     if raw.get("schema") != PLAN_SCHEMA:
         raise LlmplanError(f"{path}: plan file schema {raw.get('schema')!r} is not supported (this llmplan reads "
                            f"schema {PLAN_SCHEMA}); re-create it with `llmplan search --save`")
-    return build(PlanDocument, raw, str(path))
+    doc = build(PlanDocument, raw, str(path))
+    for kind, ref, table in (("model", doc.model_ref, builtin_models), ("hardware", doc.hardware_ref, builtin_systems)):
+        if ref and not looks_like_path(ref) and ref not in table():
+            raise LlmplanError(f"{path}: {kind}_ref '{excerpt(ref, 60)}' names no built-in {kind} and no file; "
+                               f"re-create the plan with `llmplan search --save` or `estimate --save`")
+    return doc
 
 
 def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec, Path | None, Path | None]:

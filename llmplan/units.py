@@ -18,6 +18,7 @@ DTYPE_BYTES: dict[str, float] = {
 }
 
 
+MAX_SIZE = 1e18  # bytes or tokens: a quintillion is past any buffer, batch or training budget
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB, "g": 1e9,
                "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": 1024**4}
 
@@ -31,5 +32,8 @@ def parse_size(text: str) -> float:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
-        raise LlmplanError(f"size '{text}' is not a positive size; write e.g. 1GiB, 256MiB, 64KB or 4e9 (bytes)")
-    return float(match.group(1)) * _SIZE_UNITS[unit]
+        raise LlmplanError(f"size '{text[:40]}' is not a positive size; write e.g. 1GiB, 256MiB, 64KB or 4e9 (bytes)")
+    value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not value < MAX_SIZE:
+        raise LlmplanError(f"size '{text[:40]}' is beyond anything llmplan plans for (at most {MAX_SIZE:.0e})")
+    return value

@@ -14,6 +14,7 @@ from llmplan.cli.app import app, emit, out
 from llmplan.cli.inputs import make_cluster
 from llmplan.ci import diff_against, discover, run_checks
 from llmplan.errors import LlmplanError
+from llmplan.fileio import make_folder
 from llmplan.estimate import estimate_training
 from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
 from llmplan.search.grid import Workload, default_space
@@ -74,7 +75,7 @@ def lock(
     json_mode: bool = opt.JSON,
 ) -> None:
     """Refresh every plan in --plans with current predictions; plan the given specs that have none."""
-    plans.mkdir(parents=True, exist_ok=True)
+    make_folder(plans)
     written, failed = [], []
     for pf_path in sorted(plans.glob("*.json")):
         try:
@@ -93,7 +94,12 @@ def lock(
             written.append(str(pf_path))
         except LlmplanError as exc:
             failed.append(f"{pf_path}: {exc}")
-    locked = {read_plan_document(p).model_ref for p in plans.glob("*.json")}
+    locked = set()
+    for path in plans.glob("*.json"):
+        try:
+            locked.add(read_plan_document(path).model_ref)
+        except LlmplanError:
+            pass  # already reported in `failed` above
     for spec in discover(list(paths or [])):
         ref = spec_ref(str(spec), plans / "x.json")
         if ref in locked:

@@ -12,7 +12,7 @@ from llmplan.export import deepspeed, megatron, torchtitan
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
-from llmplan.fileio import write_atomic
+from llmplan.fileio import make_folder, write_atomic
 from llmplan.planfile import PlanFile
 
 TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchrun", "slurm")
@@ -63,7 +63,7 @@ def _expresses(pf: PlanFile, target: str) -> bool:
 def write_files(files: dict[str, str], out_dir: Path, force: bool = False) -> list[Path]:
     """Write every file atomically; check first that none exists (unless force), so nothing is half-done."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
     paths = [out_dir / name for name in files]
     clash = [str(p) for p in paths if p.exists()]
     if clash and not force:
@@ -71,5 +71,5 @@ def write_files(files: dict[str, str], out_dir: Path, force: bool = False) -> li
     for path, text in zip(paths, files.values()):
         write_atomic(path, text, force=True)
         if path.suffix in (".sh", ".sbatch"):
-            path.chmod(0o755)
+            path.chmod(path.stat().st_mode | ((path.stat().st_mode & 0o444) >> 2))  # executable where readable
     return paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from llmplan.specs.hardware import SystemSpec
@@ -22,7 +23,20 @@ def billions(x: float) -> str:
 
 
 def dump_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, sort_keys=False)
+    """The JSON document; a number that is not finite becomes null, so the output is always valid JSON."""
+    return json.dumps(_finite(doc), indent=2, sort_keys=False, allow_nan=False)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "shape", None) == ():  # numpy scalars
+        return _finite(x.item())
+    return x
 
 
 

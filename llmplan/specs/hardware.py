@@ -29,13 +29,13 @@ class GpuSpec(BaseModel):
     """Vendor, for the collective library (NCCL / RCCL)."""
     tflops: dict[Dtype, float] = Field(min_length=1)
     """Peak dense (no 2:4 sparsity) TFLOP/s per dtype; a dtype that is absent is not supported."""
-    hbm_gib: float = Field(gt=0)
+    hbm_gib: float = Field(gt=0, le=65_536)
     """Memory per GPU in GiB."""
-    hbm_gb_per_s: float = Field(gt=0)
+    hbm_gb_per_s: float = Field(gt=0, le=1e6)
     """Memory bandwidth in GB/s (decimal)."""
-    max_gemm_tflops_bf16: float | None = Field(default=None, gt=0)
+    max_gemm_tflops_bf16: float | None = Field(default=None, gt=0, le=1e6)
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
-    max_gemm_tflops_fp8: float | None = Field(default=None, gt=0)
+    max_gemm_tflops_fp8: float | None = Field(default=None, gt=0, le=1e6)
     """Highest measured fp8 matmul TFLOP/s, if published."""
     attention_efficiency: float = Field(default=0.6, gt=0, le=1)
     """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
@@ -67,9 +67,9 @@ class GpuSpec(BaseModel):
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
-        bad = {k: v for k, v in self.tflops.items() if v <= 0}
+        bad = {k: v for k, v in self.tflops.items() if not 0 < v <= 1e6}
         if bad:
-            raise ValueError(f"tflops must be positive, got {bad}")
+            raise ValueError(f"tflops must be positive and below 10^6 per dtype, got {bad}")
         return self
 
     @property
@@ -110,29 +110,29 @@ class SystemSpec(BaseModel):
     """Where the numbers come from."""
     gpu: GpuSpec
     """The accelerator of every slot."""
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=4096)
     """GPUs in one server (one OS image, one set of NICs)."""
-    nvlink_domain_gpus: int | None = Field(default=None, gt=0)
+    nvlink_domain_gpus: int | None = Field(default=None, gt=0, le=1_000_000)
     """GPUs reachable over the scale-up fabric (72 for GB200 NVL72); None means one node."""
     intra_node_fabric: Literal["nvswitch", "nvlink-mesh", "infinity-fabric", "pcie"] = "nvswitch"
     """Scale-up fabric kind: switched (all pairs at full rate) or a mesh (a pair gets one link)."""
-    intra_node_gb_per_s: float = Field(gt=0)
+    intra_node_gb_per_s: float = Field(gt=0, le=1e6)
     """Scale-up bandwidth per GPU, one direction, GB/s."""
-    pair_gb_per_s: float | None = Field(default=None, gt=0)
+    pair_gb_per_s: float | None = Field(default=None, gt=0, le=1e6)
     """Bandwidth between one pair of GPUs, one direction, GB/s, where a mesh gives less than the total."""
     nvls: bool = False
     """NVLink SHARP (in-switch reduction) for all-reduce."""
-    nics_per_node: int = Field(default=0, ge=0)
+    nics_per_node: int = Field(default=0, ge=0, le=1024)
     """Scale-out NICs per node for the compute fabric (0: single-node system)."""
-    nic_gbit_per_s: float = Field(default=0.0, ge=0)
+    nic_gbit_per_s: float = Field(default=0.0, ge=0, le=1e6)
     """Rate of one NIC, Gb/s (bits), one direction."""
     scaleout_fabric: Literal["infiniband", "roce", "efa", "none"] = "infiniband"
     """Scale-out network kind."""
     rail_optimized: bool = True
     """GPU i of every node sits on leaf switch i (NCCL rings stay on one rail)."""
-    oversubscription: float = Field(default=1.0, ge=1.0)
+    oversubscription: float = Field(default=1.0, ge=1.0, le=1024)
     """Leaf-to-spine oversubscription ratio (1.0: non-blocking fat tree)."""
-    nodes_per_leaf: int = Field(default=32, ge=1)
+    nodes_per_leaf: int = Field(default=32, ge=1, le=1_000_000)
     """Nodes under one leaf switch per rail (32 = one DGX SuperPOD scalable unit); traffic between nodes
     under different leaves crosses the spine and its oversubscription."""
     intra_node_links: tuple[tuple[int, int], ...] | None = None
@@ -147,9 +147,9 @@ class SystemSpec(BaseModel):
     """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
     """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md)."""
-    intra_latency_s: float = Field(default=1.0e-6, ge=0)
+    intra_latency_s: float = Field(default=1.0e-6, ge=0, le=1.0)
     """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
-    inter_latency_s: float = Field(default=5.0e-6, ge=0)
+    inter_latency_s: float = Field(default=5.0e-6, ge=0, le=1.0)
     """Latency of one step across the scale-out network, seconds (approximate)."""
     calibrated: str | None = None
     """Where and when the efficiencies were measured (set by `llmplan calibrate`); None: defaults."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,7 +24,18 @@ SUPPORTED_MODEL_TYPES = (
     "bloom",
 )
 
-SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+# Sizes beyond any real model: a value above these is a typo or a broken file, refused with the field named.
+MODEL_LIMITS: dict[str, float] = {
+    "hidden_size": 262_144, "intermediate_size": 4_194_304, "num_hidden_layers": 4_096,
+    "num_attention_heads": 4_096, "num_key_value_heads": 4_096, "head_dim": 8_192, "vocab_size": 16_777_216,
+    "max_position_embeddings": 1 << 30, "sliding_window": 1 << 30, "num_experts": 65_536,
+    "num_experts_per_tok": 1_024, "moe_intermediate_size": 4_194_304, "n_shared_experts": 1_024,
+    "shared_expert_intermediate_size": 4_194_304, "first_k_dense_replace": 4_096, "q_lora_rank": 262_144,
+    "kv_lora_rank": 262_144, "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
+    "declared_params": 1e15,
+}
 
 
 class ModelSpec(BaseModel):
@@ -114,6 +125,16 @@ class ModelSpec(BaseModel):
     """MLA: per-head query/key dimension with rotary embedding (the key part is shared by all heads)."""
     v_head_dim: int | None = Field(default=None, gt=0)
     """MLA: per-head value dimension."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_any_model(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, limit in MODEL_LIMITS.items():
+                value = data.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
+                    raise ValueError(f"{key} {value:.3g} is beyond any model llmplan plans for (at most {limit:,.0f})")
+        return data
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "ModelSpec":

@@ -4,7 +4,7 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -72,27 +72,28 @@ class ParallelPlan(PlanQuantities, BaseModel):
 
     model_config = SPEC_CONFIG
 
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=65_536)
     """Tensor-parallel degree (Megatron column/row-parallel linears)."""
-    pp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1, le=4_096)
     """Pipeline-parallel stages."""
-    dp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1, le=10_000_000)
     """Data-parallel replicas (GPUs / (tp * pp * cp))."""
-    cp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1, le=65_536)
     """Context-parallel degree (sequence split for attention)."""
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=65_536)
     """Expert-parallel degree (experts split over ranks; carved out of dp * cp * tp)."""
-    etp: int | None = Field(default=None, ge=1)
+    etp: int | None = Field(default=None, ge=1, le=65_536)
     """Expert tensor-parallel degree; None means equal to tp (Megatron's default)."""
-    vpp: int = Field(default=1, ge=1)
+    vpp: int = Field(default=1, ge=1, le=4_096)
     """Virtual pipeline stages per rank (interleaved 1F1B); 1 = plain 1F1B."""
-    pp_first: int = Field(default=0, ge=0, le=100_000)
+    pp_first: int = Field(default=0, ge=0, le=4_096)
     """Transformer layers on the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); 0 means
     an even share. The stages without a pinned count share the remaining layers evenly."""
-    pp_last: int = Field(default=0, ge=0, le=100_000)
+    pp_last: int = Field(default=0, ge=0, le=4_096)
     """Transformer layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers); 0 means an
     even share."""
-    pp_layers: Optional[tuple[int, ...]] = Field(default=None, min_length=1, max_length=100_000)
+    pp_layers: Optional[tuple[Annotated[int, Field(ge=0, le=4_096)], ...]] = Field(default=None, min_length=1,
+                                                                             max_length=4_096)
     """Transformer layers on every pipeline stage, first to last (an explicit uneven split, as Megatron's
     --pipeline-model-parallel-layout); None means pp_first / pp_last or an even split."""
     sp: bool = False
@@ -102,11 +103,11 @@ class ParallelPlan(PlanQuantities, BaseModel):
     2 + gradients, 3 + parameters."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core) or full (every layer)."""
-    micro_batch: int = Field(default=1, ge=1)
+    micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
-    global_batch: int = Field(default=1, ge=1)
+    global_batch: int = Field(default=1, ge=1, le=1 << 30)
     """Sequences per optimizer step over all replicas."""
-    seq_len: int = Field(default=4096, ge=1)
+    seq_len: int = Field(default=4096, ge=1, le=1 << 30)
     """Tokens per sequence."""
     dtype: TrainDtype = "bf16"
     """Compute dtype of the matmuls (fp8 keeps bf16 weights, as Transformer Engine does)."""
@@ -164,6 +165,10 @@ class ParallelPlan(PlanQuantities, BaseModel):
         return 8.0 if self.dtype == "fp32" else 12.0
 
 
+MAX_GPUS = 2_000_000
+"""Largest cluster llmplan places ranks on (today's largest training clusters hold a few 100,000 GPUs)."""
+
+
 class ClusterSpec(BaseModel):
     """A number of identical nodes of one system."""
 
@@ -171,14 +176,17 @@ class ClusterSpec(BaseModel):
 
     system: SystemSpec
     """The node shape."""
-    num_nodes: int = Field(ge=1)
+    num_nodes: int = Field(ge=1, le=1_000_000)
     """Nodes in the job."""
-    gpus_per_node: int | None = Field(default=None, ge=1)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=4_096)
     """GPUs used per node; None means all of the node's GPUs."""
 
     @model_validator(mode="after")
     def _fits_node(self) -> "ClusterSpec":
         g = self.gpus_per_node
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"{self.num_nodes:,} nodes x {self.gpus_per_node_used} GPUs = {self.num_gpus:,} GPUs is "
+                             f"beyond any cluster llmplan plans for (at most {MAX_GPUS:,})")
         if g is not None and g > self.system.gpus_per_node:
             raise ValueError(
                 f"gpus_per_node ({g}) exceeds the {self.system.gpus_per_node} GPUs of a {self.system.name} node"
@@ -199,7 +207,7 @@ class MemoryAllowance(BaseModel):
 
     model_config = SPEC_CONFIG
 
-    fixed_gib: float = Field(default=1.5, ge=0)
+    fixed_gib: float = Field(default=1.5, ge=0, le=65_536)
     """Per-GPU bytes outside the tensors: CUDA context, cuBLAS workspace, NCCL communicator buffers (GiB)."""
     fragmentation: float = Field(default=0.05, ge=0, le=1)
     """Fraction added to the tensor memory for caching-allocator fragmentation."""

@@ -4,16 +4,15 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from llmplan.errors import LlmplanError
+from llmplan.fileio import excerpt, read_document
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
@@ -31,31 +30,13 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 """File suffixes of specs, profiles and plan files."""
 
 
-def read_document(path: Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file into a mapping; any problem is one clear error naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise LlmplanError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else f" (line {e.lineno})" if hasattr(e, "lineno") else ""
-        raise LlmplanError(f"{path}{line}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                           f"{getattr(e, 'problem', None) or getattr(e, 'msg', e)}") from None
-    if not isinstance(data, dict):
-        raise LlmplanError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
-    return data
-
-
 def validation_message(origin: str, err: ValidationError) -> str:
     """One line per field problem: file, field, what pydantic found."""
     parts = []
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        got = f" (got {e['input']!r})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
+        got = f" (got {excerpt(e['input'])})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     return f"{origin}: " + "; ".join(parts)
 

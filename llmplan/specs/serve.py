@@ -18,20 +18,20 @@ class ServePlan(BaseModel):
 
     model_config = SPEC_CONFIG
 
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=65_536)
     """Tensor-parallel degree inside a replica."""
-    pp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1, le=4_096)
     """Pipeline stages inside a replica."""
-    dp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1, le=10_000_000)
     """Replicas (data parallel)."""
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=65_536)
     """Expert-parallel degree for MoE layers (vLLM --enable-expert-parallel makes it tp x dp); 1: experts
     are split by TP instead."""
     weight_dtype: WeightDtype = "bf16"
     """Dtype of the linear-layer weights (embeddings and norms stay 16-bit)."""
     kv_dtype: KvDtype = "bf16"
     """Dtype of the KV cache."""
-    quant_group_size: int = Field(default=128, ge=1)
+    quant_group_size: int = Field(default=128, ge=1, le=1 << 20)
     """Weights per scale (and zero point) in int4/int8 group quantisation."""
 
     @property
@@ -53,23 +53,23 @@ class ServeJob(BaseModel):
 
     model_config = SPEC_CONFIG
 
-    input_len: int = Field(default=1024, ge=1)
+    input_len: int = Field(default=1024, ge=1, le=1 << 30)
     """Prompt tokens per request."""
-    output_len: int = Field(default=256, ge=1)
+    output_len: int = Field(default=256, ge=1, le=1 << 30)
     """Generated tokens per request."""
-    batch: int = Field(default=64, ge=1)
+    batch: int = Field(default=64, ge=1, le=1 << 24)
     """Concurrent sequences per replica (vLLM max_num_seqs in steady state)."""
     prefix_hit_rate: float = Field(default=0.0, ge=0, le=1)
     """Fraction of each prompt found in the prefix cache (multi-turn / agent traffic): not prefilled again."""
-    ttft_slo_s: float | None = Field(default=None, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0, le=86_400)
     """Time-to-first-token objective, seconds."""
-    tpot_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0, le=3_600)
     """Time-per-output-token objective, seconds."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory the server may use (vLLM --gpu-memory-utilization)."""
-    block_size: int = Field(default=16, ge=1)
+    block_size: int = Field(default=16, ge=1, le=1 << 20)
     """Tokens per KV-cache block (vLLM --block-size)."""
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
     """Tokens one engine step may process (chunked prefill + decodes)."""
 
     @property
