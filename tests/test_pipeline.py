@@ -156,3 +156,20 @@ def test_old_plan_files_still_load():
 def test_bloom_spec_from_config(tmp_path):
     m = resolve_model(str(BLOOM))
     assert (m.num_hidden_layers, m.num_attention_heads, m.hidden_size, m.tie_word_embeddings) == (70, 112, 14336, True)
+
+
+def test_mtp_module_sits_on_the_last_stage():
+    # DeepSeek-V3 (arXiv:2412.19437 §2.2): one multi-token-prediction module, a full MoE layer with a 2h -> h
+    # projection, on the last stage; the published 671B excludes it.
+    from llmplan.cost.params import param_counts
+
+    m = M["deepseek-v3"]
+    assert m.num_nextn_predict_layers == 1
+    assert param_counts(m).total == pytest.approx(671e9, rel=0.005)
+    no_mtp = m.model_copy(update={"num_nextn_predict_layers": 0})
+    plan = ParallelPlan(pp=16, pp_first=3, pp_last=2, dp=8, ep=8, etp=1, global_batch=64, seq_len=4096)
+    last, first = rank_params(m, plan, 15), rank_params(m, plan, 0)
+    last0 = rank_params(no_mtp, plan, 15)
+    per_moe_layer = (rank_params(m, plan, 1).total) / 4  # a middle stage holds 4 MoE layers
+    assert last.total - last0.total == pytest.approx(per_moe_layer + 2 * m.hidden_size**2, rel=0.01)
+    assert first.total == rank_params(no_mtp, plan, 0).total

@@ -211,8 +211,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
         fwd = fwd + n * (g1 + a1 + mb1)
     s, b = plan.seq_len / plan.cp, plan.micro_batch
     eff = gemm_shape_efficiency(gpu, plan.dtype, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
-    out = where(last, logits_flops(m, plan) / (peak * eff), 0.0)
-    loss = where(last, loss_bytes(m, plan) / gpu.hbm_bytes_per_s, 0.0)
+    heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
+    out = where(last, heads * logits_flops(m, plan) / (peak * eff), 0.0)
+    loss = where(last, heads * loss_bytes(m, plan) / gpu.hbm_bytes_per_s, 0.0)
     return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,
                         forward=fwd + out + loss / 3)
 

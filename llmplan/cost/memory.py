@@ -174,7 +174,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     inflight = inflight_microbatches(plan, stage)
     working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
-    output = where(stage == plan.pp - 1, 2 * s * b * h / sp + 4 * s * b * V / t, 0.0)
+    heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
+    output = where(stage == plan.pp - 1, heads * (2 * s * b * h / sp + 4 * s * b * V / t), 0.0)
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
 
 

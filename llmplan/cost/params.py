@@ -153,15 +153,16 @@ def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any
     every rank in order, so rank i's chunk j starts at j·L/vpp + (layers before rank i)/vpp (Megatron's
     interleaved assignment, uneven first/last stages included). Works elementwise on plan arrays."""
     n = stage_layer_count(m, plan, stage)
+    mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage
     if not m.is_moe:
-        return n, 0 * n
+        return n + mtp, 0 * n
     v, k = plan.vpp, m.first_k_dense_replace
     chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
     dense = 0 * n
     for j in range(int(np.max(v))):
         start = j * round_ + offset
         dense = dense + where(j < v, maximum(0, minimum(start + chunk, k) - start), 0)
-    return dense, n - dense
+    return dense, n - dense + mtp
 
 
 def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -234,5 +235,6 @@ def rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     first = where(stage == 0, V * h / t + positions, 0)
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
-    last = where(stage == plan.pp - 1, norm_params(m) + where(has_output, V * h / t, 0), 0)
+    mtp_proj = m.num_nextn_predict_layers * (2 * h * h / t + 2 * norm_params(m))  # eh_proj and its two norms
+    last = where(stage == plan.pp - 1, norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj, 0)
     return RankParams(dense=dense + first + last, expert=expert)

@@ -22,7 +22,7 @@ def global_batch_from_tokens(tokens: float, seq_len: int) -> int:
     batch) whether M is read as 10^6 or 2^20."""
     exact = max(1.0, tokens / seq_len)
     lo, hi = max(1, int(exact * (1 - BATCH_ROUNDING))), max(1, int(exact * (1 + BATCH_ROUNDING)))
-    if hi - lo > 10_000_000:  # absurd budgets: no search over the range
+    if hi - lo > 100_000:  # huge budgets: no search over the range (the batch is beyond any real one anyway)
         return max(1, round(exact))
     best = max(1, round(exact))
     for b in range(lo, hi + 1):

@@ -15,7 +15,7 @@ COMMON = (
     "rope_theta", "rope_scaling", "sliding_window", "layer_types", "first_k_dense_replace", "q_lora_rank",
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
     "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
-    "hidden_dropout",
+    "hidden_dropout", "num_nextn_predict_layers",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")

@@ -33,7 +33,7 @@ MODEL_LIMITS: dict[str, float] = {
     "max_position_embeddings": 1 << 30, "sliding_window": 1 << 30, "num_experts": 65_536,
     "num_experts_per_tok": 1_024, "moe_intermediate_size": 4_194_304, "n_shared_experts": 1_024,
     "shared_expert_intermediate_size": 4_194_304, "first_k_dense_replace": 4_096, "q_lora_rank": 262_144,
-    "kv_lora_rank": 262_144, "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
+    "kv_lora_rank": 262_144, "num_nextn_predict_layers": 16, "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
     "declared_params": 1e15,
 }
 
@@ -114,6 +114,10 @@ class ModelSpec(BaseModel):
     """Total FFN width of the shared expert (Qwen2-MoE); overrides n_shared_experts x moe_intermediate_size."""
     first_k_dense_replace: int = Field(default=0, ge=0)
     """Number of leading layers that use a dense MLP instead of experts (DeepSeek)."""
+    num_nextn_predict_layers: int = Field(default=0, ge=0, le=16)
+    """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
+    the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
+    which computes its logits once more. Not in the published parameter count (DeepSeek-V3's 671B)."""
 
     q_lora_rank: int | None = Field(default=None, gt=0)
     """MLA: rank of the compressed query (None: queries are not compressed)."""
