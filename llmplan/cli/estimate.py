@@ -24,11 +24,8 @@ from llmplan.topology.placement import parse_order
 
 
 @app.command()
+@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME)
 def estimate(
-    model: str = opt.MODEL,
-    hardware: str = opt.HARDWARE,
-    nodes: int = opt.NODES,
-    gpus_per_node: Optional[int] = opt.GPUS_PER_NODE,
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),
     dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
@@ -36,49 +33,26 @@ def estimate(
     ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
     etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
     vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
-    pp_first: int = opt.PP_FIRST_LAYERS,
-    pp_last: int = opt.PP_LAST_LAYERS,
     pp_layers: Optional[str] = typer.Option(None, "--pp-layers",
                                             help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven split)."),
-    embedding_in_split: bool = opt.EMBEDDING_IN_SPLIT,
-    loss_in_split: bool = opt.LOSS_IN_SPLIT,
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
     micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Sequences per micro-batch."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step (default: micro-batch x dp)."),
-    seq_len: Optional[int] = opt.SEQ_LEN,
-    dtype: str = opt.DTYPE,
-    grad_dtype: str = opt.GRAD_DTYPE,
-    fp8_params: bool = opt.FP8_PARAMS,
-    flash_attention: bool = opt.FLASH_ATTENTION,
-    overlap_grad_reduce: bool = opt.OVERLAP_GRAD_REDUCE,
-    overlap_param_gather: bool = opt.OVERLAP_PARAM_GATHER,
     tp_comm_overlap: bool = opt.TP_COMM_OVERLAP,
-    ep_comm_overlap: bool = opt.EP_COMM_OVERLAP,
-    overhead_gib: float = opt.OVERHEAD_GIB,
-    fragmentation: float = opt.FRAGMENTATION,
     mode: str = typer.Option("train", "--mode", help="train | infer."),
-    input_len: int = opt.INPUT_LEN,
-    output_len: int = opt.OUTPUT_LEN,
     batch: int = typer.Option(64, "--batch", min=1, help="Inference: concurrent sequences per replica."),
-    kv_dtype: str = opt.KV_DTYPE,
-    ttft_slo: Optional[float] = opt.TTFT_SLO,
-    tpot_slo: Optional[float] = opt.TPOT_SLO,
-    prefix_hit_rate: float = opt.PREFIX_HIT_RATE,
-    gpu_memory_utilization: float = opt.GPU_MEMORY_UTILIZATION,
-    block_size: int = opt.BLOCK_SIZE,
-    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
-    axis_order: str = opt.AXIS_ORDER,
     save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
-    json_mode: bool = opt.JSON,
+    **options: object,
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    (estimate_infer if mode == "infer" else estimate_train)(dict(locals()))
+    given = {k: v for k, v in locals().items() if k != "options"}
+    (estimate_infer if mode == "infer" else estimate_train)({**given, **options})
 
 
 def estimate_infer(o: dict) -> None:

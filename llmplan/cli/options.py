@@ -3,6 +3,9 @@ their defaults taken from the specs."""
 
 from __future__ import annotations
 
+import inspect
+from typing import Any, Callable, Optional
+
 import typer
 
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
@@ -58,3 +61,38 @@ LOSS_IN_SPLIT = typer.Option(False, "--account-for-loss-in-pipeline-split",
                             help="Count the loss as a layer of the last stage (Megatron).")
 AXIS_ORDER = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                         help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
+
+
+# Option groups several commands take, as (name, type, option): `with_options` adds them to a command's
+# signature, so that each group is written once; the command receives them in **options.
+CLUSTER = [("model", str, MODEL), ("hardware", str, HARDWARE), ("nodes", int, NODES),
+           ("gpus_per_node", Optional[int], GPUS_PER_NODE)]
+TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("grad_dtype", str, GRAD_DTYPE),
+                     ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
+                     ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
+                     ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP)]
+PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_LAYERS),
+                  ("embedding_in_split", bool, EMBEDDING_IN_SPLIT), ("loss_in_split", bool, LOSS_IN_SPLIT)]
+SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_dtype", str, KV_DTYPE),
+           ("ttft_slo", Optional[float], TTFT_SLO), ("tpot_slo", Optional[float], TPOT_SLO),
+           ("prefix_hit_rate", float, PREFIX_HIT_RATE), ("gpu_memory_utilization", float, GPU_MEMORY_UTILIZATION),
+           ("block_size", int, BLOCK_SIZE), ("max_num_batched_tokens", int, MAX_NUM_BATCHED_TOKENS)]
+RUNTIME = [("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
+           ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
+
+
+def with_options(*groups: list[tuple[str, Any, Any]], lead: list[tuple[str, Any, Any]] = CLUSTER) -> Callable:
+    """Add option groups to a typer command: they join its signature (typer reads it; `lead` first, so
+    --model and --hardware head the help) and reach the function as keyword arguments."""
+    def param(name: str, kind: Any, option: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        first = [param(*spec) for spec in lead]
+        rest = [param(*spec) for group in groups for spec in group]
+        fn.__signature__ = sig.replace(parameters=[*first, *own, *rest])  # type: ignore[attr-defined]
+        return fn
+    return decorate

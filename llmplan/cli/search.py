@@ -27,22 +27,12 @@ from llmplan.units import parse_size
 
 
 @app.command()
+@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME)
 def search(
-    model: str = opt.MODEL,
-    hardware: str = opt.HARDWARE,
-    nodes: int = opt.NODES,
-    gpus_per_node: Optional[int] = opt.GPUS_PER_NODE,
     mode: str = typer.Option("train", "--mode", help="train | infer."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
                                                help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
-    seq_len: Optional[int] = opt.SEQ_LEN,
-    dtype: str = opt.DTYPE,
-    grad_dtype: str = opt.GRAD_DTYPE,
-    fp8_params: bool = opt.FP8_PARAMS,
-    flash_attention: bool = opt.FLASH_ATTENTION,
-    overlap_grad_reduce: bool = opt.OVERLAP_GRAD_REDUCE,
-    overlap_param_gather: bool = opt.OVERLAP_PARAM_GATHER,
     tp_comm_overlap: bool = typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="Overlap TP comm with GEMMs where sp is on (default on, as "
                                               "Megatron-Bridge / NeMo performance recipes set it)."),
@@ -52,10 +42,6 @@ def search(
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Pin the expert-parallel degree."),
     etp: Optional[int] = typer.Option(None, "--etp", min=1, help="Pin the expert tensor-parallel degree (e.g. 1)."),
     vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
-    pp_first: int = opt.PP_FIRST_LAYERS,
-    pp_last: int = opt.PP_LAST_LAYERS,
-    embedding_in_split: bool = opt.EMBEDDING_IN_SPLIT,
-    loss_in_split: bool = opt.LOSS_IN_SPLIT,
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
@@ -71,31 +57,19 @@ def search(
     min_headroom: Optional[float] = typer.Option(None, "--min-headroom", min=0.0,
                                        help="Training: GiB each plan must leave free per GPU beyond the allowance."),
     explain_opt: bool = typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
-    ep_comm_overlap: bool = opt.EP_COMM_OVERLAP,
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
-    overhead_gib: float = opt.OVERHEAD_GIB,
-    fragmentation: float = opt.FRAGMENTATION,
-    axis_order: str = opt.AXIS_ORDER,
-    input_len: int = opt.INPUT_LEN,
-    output_len: int = opt.OUTPUT_LEN,
     max_batch: int = typer.Option(1024, "--max-batch", min=1, help="Inference: most concurrent sequences per replica."),
-    kv_dtype: str = opt.KV_DTYPE,
-    ttft_slo: Optional[float] = opt.TTFT_SLO,
-    tpot_slo: Optional[float] = opt.TPOT_SLO,
-    prefix_hit_rate: float = opt.PREFIX_HIT_RATE,
-    gpu_memory_utilization: float = opt.GPU_MEMORY_UTILIZATION,
-    block_size: int = opt.BLOCK_SIZE,
-    max_num_batched_tokens: int = opt.MAX_NUM_BATCHED_TOKENS,
     request_rate: Optional[float] = typer.Option(None, "--request-rate",
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
-    json_mode: bool = opt.JSON,
+    **options: object,
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    (search_infer if mode == "infer" else search_train)(dict(locals()))
+    given = {k: v for k, v in locals().items() if k != "options"}
+    (search_infer if mode == "infer" else search_train)({**given, **options})
 
 
 def search_infer(o: dict) -> None:

@@ -105,13 +105,40 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     )
 
 
+def memoized(plan: Any, key: tuple, compute: Any) -> Any:
+    """compute() once per plan-arrays object and key (the arrays path evaluates the same split and stage
+    layers for several candidate stages); single plans compute directly. Keys hold the objects they depend on,
+    compared by identity."""
+    memo = getattr(plan, "memo", None)
+    if memo is None:
+        return compute()
+    for k, value in memo.get(key[0], ()):
+        if len(k) == len(key) and all(_same(a, b) for a, b in zip(k, key)):
+            return value
+    value = compute()
+    memo.setdefault(key[0], []).append((key, value))
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    return bool(a == b)
+
+
 def layer_split(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
     """Transformer layers on the first stage, on each middle stage and on the last stage.
 
     Megatron's --decoder-first/last-pipeline-num-layers pin the first and last stage; the other stages share
     the rest evenly (0 pins nothing: an even split). Source: Megatron-LM arguments.py (validate_args checks
     that the remaining layers divide the remaining stages); check_plan enforces it here."""
-    L, p, f, l = m.num_hidden_layers, plan.pp, plan.pp_first, plan.pp_last
+    return memoized(plan, ("split", m.num_hidden_layers), lambda: _layer_split(m.num_hidden_layers, plan))
+
+
+def _layer_split(L: int, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+    p, f, l = plan.pp, plan.pp_first, plan.pp_last
     middle_stages = p - where(f > 0, 1, 0) - where(l > 0, 1, 0)
     mid = (L - f - l) // maximum(middle_stages, 1)
     return where(f > 0, f, mid), mid, where(l > 0, l, mid)
@@ -152,6 +179,10 @@ def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any
     With vpp virtual stages every rank's layers form vpp equal chunks; virtual round j holds chunk j of
     every rank in order, so rank i's chunk j starts at j·L/vpp + (layers before rank i)/vpp (Megatron's
     interleaved assignment, uneven first/last stages included). Works elementwise on plan arrays."""
+    return memoized(plan, ("stage_layers", m, stage), lambda: _stage_layers(m, plan, stage))
+
+
+def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     n = stage_layer_count(m, plan, stage)
     mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage
     if not m.is_moe:

@@ -55,28 +55,31 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     spans = [place(Degrees(int(t), int(p), int(d), int(c), int(e), int(x)), cluster, order)
              for t, p, d, c, e, x in uniq]
     system = cluster.system
-    coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-    span_cache: dict[tuple[str, object], tuple] = {}
+    coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    span_index: dict[str, tuple[list, np.ndarray]] = {}
 
-    def by_span(op: str, span: object) -> tuple:
-        """Layouts share spans (same group shapes): cost each distinct (collective, span) once."""
-        if (op, span) not in span_cache:
-            span_cache[(op, span)] = collective_coeffs(op, span, system)  # type: ignore[arg-type]
-        return span_cache[(op, span)]
+    def spans_of(axis: str) -> tuple[list, np.ndarray]:
+        """The distinct spans of an axis over all layouts (a few), and each layout's index among them."""
+        if axis not in span_index:
+            ids: dict[object, int] = {}
+            idx = np.asarray([ids.setdefault(sp[axis], len(ids)) for sp in spans])
+            span_index[axis] = (list(ids), idx)
+        return span_index[axis]
 
     def seconds(op: str, axis: str, calls: Any, message: Any) -> np.ndarray:
-        if (op, axis) not in coeff_cache:
-            per_layout = [by_span(op, sp[axis]) for sp in spans]
-            width = max(len(c) for c in per_layout)
-            A = np.full((len(spans), width), np.inf)
-            B = np.zeros((len(spans), width))
-            for i, cs in enumerate(per_layout):
+        if (op, axis) not in coeff_cache:  # cost each distinct (collective, span) once, then gather by layout
+            distinct, idx = spans_of(axis)
+            per_span = [collective_coeffs(op, span, system) for span in distinct]
+            width = max(len(c) for c in per_span)
+            A = np.full((len(distinct), width), np.inf)
+            B = np.zeros((len(distinct), width))
+            for i, cs in enumerate(per_span):
                 for j, c in enumerate(cs):
                     A[i, j], B[i, j] = c.alpha, c.beta
-            coeff_cache[(op, axis)] = A, B
-        A, B = coeff_cache[(op, axis)]
+            coeff_cache[(op, axis)] = A, B, idx[inv]
+        A, B, row = coeff_cache[(op, axis)]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        t = (A[inv] + size[:, None] * B[inv]).min(axis=1)
+        t = (A[row] + size[:, None] * B[row]).min(axis=1)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
         return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 

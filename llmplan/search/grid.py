@@ -6,7 +6,7 @@ check_plan rules evaluate every plan at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -154,6 +154,9 @@ class PlanArrays(PlanQuantities):
     recompute_code: np.ndarray
     micro_batch: np.ndarray
     w: Workload
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """Results the cost functions reuse within one evaluation (cost.params.memoized); a new PlanArrays
+    (take) starts empty."""
     pp_layers = None  # explicit per-stage lists exist for single plans only
 
     def __len__(self) -> int:
@@ -169,7 +172,8 @@ class PlanArrays(PlanQuantities):
         raise AttributeError(name)
 
     def take(self, idx: np.ndarray) -> "PlanArrays":
-        return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "w"}, w=self.w)
+        return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
+                          w=self.w)
 
     def plan(self, i: int) -> ParallelPlan:
         """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""

@@ -158,7 +158,13 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     score = objective_score(ev, objective)
     ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")
-    est = lambda i: estimate_training(m, cluster, plans.plan(int(i)), allowance, order)  # noqa: E731
+    estimates: dict[int, TrainingEstimate] = {}
+
+    def est(i: Any) -> TrainingEstimate:  # the scalar estimate of a shown plan (ranked and Pareto rows share)
+        if int(i) not in estimates:
+            estimates[int(i)] = estimate_training(m, cluster, plans.plan(int(i)), allowance, order)
+        return estimates[int(i)]
+
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
     picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top)
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
