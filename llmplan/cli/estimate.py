@@ -12,6 +12,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
 from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
@@ -69,7 +70,8 @@ def estimate_infer(o: dict) -> None:
     if o["json_mode"]:
         for warning in se.warnings:
             sys.stderr.write(f"warning: {warning}\n")
-    emit(report.serve_json(se), o["json_mode"], lambda: report.serve_view(out, se))
+    advice = advise_serving(se, allowance)
+    emit(report.serve_json(se, advice), o["json_mode"], lambda: report.serve_view(out, se, advice))
     if o["save"] is not None:
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
         save_best(o["save"], serve_plan_document(se, allowance, report.serve_json(se), refs), o["force"],
@@ -96,7 +98,8 @@ def estimate_train(o: dict) -> None:
     }, "plan options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     e = estimate_training(m, cluster, plan, allowance, order)
-    emit(report.estimate_json(e), o["json_mode"], lambda: report.estimate_view(out, e))
+    advice = advise_training(e, allowance, order)
+    emit(report.estimate_json(e, advice), o["json_mode"], lambda: report.estimate_view(out, e, advice))
     if o["save"] is not None:
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
         save_best(o["save"], plan_document(e, allowance, order, report.estimate_json(e), refs), o["force"],

@@ -7,7 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from llmplan.advice import advice_json
 from llmplan.report.common import SCHEMA, gib
+from llmplan.report.training import advice_table
 from llmplan.search.serve import ServeSearchResult
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
@@ -16,7 +18,7 @@ from llmplan.specs.serve import ServeJob
 
 
 
-def serve_json(e: ServeEstimate) -> dict[str, Any]:
+def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     return {
         "schema": SCHEMA, "mode": "infer", "model": e.model.name, "hardware": e.cluster.system.name,
@@ -35,10 +37,11 @@ def serve_json(e: ServeEstimate) -> dict[str, Any]:
         "prefix_cache": {"hit_rate": j.prefix_hit_rate, "prefill_tokens_saved_fraction": e.prefill_saved_fraction,
                          "ttft_without_cache_s": e.ttft_without_prefix_cache},
         "warnings": list(e.warnings),
+        **({"advice": advice_json(advice)} if advice is not None else {}),
     }
 
 
-def serve_view(console: Console, e: ServeEstimate) -> None:
+def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
                   f"tp {p.tp} pp {p.pp} replicas {p.dp} ep {p.ep}, weights {p.weight_dtype}, KV {p.kv_dtype}; "
@@ -76,6 +79,8 @@ def serve_view(console: Console, e: ServeEstimate) -> None:
         console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch} concurrent "
                       f"sequences per replica, {e.slo_tokens_per_s or 0:,.0f} output tokens/s"
                       if e.slo_batch else "[bold red]no concurrency meets the SLOs[/]")
+    if advice:
+        console.print(advice_table(advice, e.tokens_per_s, serving=True))
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:

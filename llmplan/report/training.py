@@ -11,6 +11,7 @@ from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
+from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import SCHEMA, billions, fabric_names, gib, human_bytes
 from llmplan.units import GIB
@@ -87,7 +88,7 @@ def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
             "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
 
 
-def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
+def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, Any]:
     c = e.cluster
     return {
         "schema": SCHEMA,
@@ -105,6 +106,7 @@ def estimate_json(e: TrainingEstimate) -> dict[str, Any]:
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
         "comm": comm_json(e.comm, c.system),
+        **({"advice": advice_json(advice)} if advice is not None else {}),
     }
 
 
@@ -119,12 +121,29 @@ def split_text(layers: tuple[int, ...] | list[int]) -> str:
     return "+".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
-def estimate_view(console: Console, e: TrainingEstimate) -> None:
+def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -> Table:
+    """What to change next: each change, the flags that make it, and what it predicts."""
+    t = Table(title="What to change next (each alone, predicted by the same model)")
+    t.add_column("change")
+    t.add_column("add flags", style="cyan")
+    t.add_column("tokens/s", justify="right")
+    t.add_column("TTFT ms" if serving else "mem GiB", justify="right")
+    for a in items:
+        p = a.predicted
+        last = f"{1000 * p['ttft_s']:,.1f}" if serving else f"{p['memory_gib']:,.1f}"
+        change = 100 * (p["tokens_per_s"] / base_tokens_per_s - 1)
+        t.add_row(a.change, " ".join(a.flags), f"{p['tokens_per_s']:,.0f} ({change:+.1f}%)", last)
+    return t
+
+
+def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None) -> None:
     memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
     if len(set(e.stage_layers)) > 1:
         console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
+    if advice:
+        console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 
 
 def time_table(e: TrainingEstimate) -> Table:

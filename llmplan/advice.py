@@ -1,0 +1,235 @@
+"""What to change next: the few single changes to a plan with the highest predicted return for its bottleneck,
+each evaluated by the same cost model and given as the flags that make it (`estimate` text and `"advice"` in
+JSON; `search --explain`). Training: compute-, memory-, communication- and pipeline-bound changes; serving:
+TTFT-, TPOT- and capacity-bound ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmplan.errors import LlmplanError
+from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.serving import ServeEstimate, estimate_serving
+from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
+from llmplan.specs.defaults import min_headroom_bytes
+
+COMMUNICATION = ("tp", "pp", "dp", "cp", "ep")
+COMPUTE = ("compute", "attention", "memory-bound", "optimizer", "overhead")
+MAX_ITEMS = 5
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One single change and what the cost model predicts with it."""
+
+    change: str
+    """What to change and why, in words."""
+    flags: tuple[str, ...]
+    """The command-line flags that make the change (add them to the same command)."""
+    predicted: dict[str, float]
+    """Predicted step_s / tokens_per_s / mfu / memory_gib (training) or ttft_s / tpot_s / tokens_per_s /
+    max_concurrent_seqs (serving) with the change."""
+    gain: float
+    """Relative throughput change (0.1 = 10% more tokens/s); for a plan that does not fit, memory saved."""
+
+
+def _flag(name: str, value: Any) -> tuple[str, ...]:
+    if value is True:
+        return (f"--{name}",)
+    if value is False:
+        return (f"--no-{name}",)
+    return (f"--{name}", str(value))
+
+
+def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]:
+    """(reason, field changes) for the plan's bottleneck kind; every other kind's memory savers when the plan
+    does not fit or keeps little headroom."""
+    p, node = e.plan, e.cluster.gpus_per_node_used
+    kind, out = e.bottleneck, []
+    tight = float(e.memory.headroom) < min_headroom_bytes(None, float(e.memory.capacity))
+    if tight:
+        out += [("full recompute frees the layers' activations", {"recompute": "full"}),
+                ("selective recompute drops the attention scores", {"recompute": "selective"}),
+                ("sequence parallelism splits norm and dropout activations over TP", {"sp": True}),
+                (f"ZeRO stage {min(p.zero + 1, 3)} shards more model state over DP", {"zero": min(p.zero + 1, 3)}),
+                ("more pipeline stages hold fewer layers each", _more_pp(e)),
+                ("context parallelism splits the sequence", {"cp": p.cp * 2, "dp": p.dp // 2}),
+                ("a smaller micro-batch keeps fewer activations", {"micro_batch": max(p.micro_batch // 2, 1)})]
+    if kind in COMPUTE:
+        out += [("a larger micro-batch runs larger GEMMs", {"micro_batch": p.micro_batch * 2}),
+                ("selective recompute instead of full saves a forward pass", {"recompute": "selective"}),
+                ("no recompute saves the attention recompute", {"recompute": "none"}),
+                ("fewer TP ranks run larger GEMMs", {"tp": p.tp // 2, "dp": p.dp * 2, "sp": p.tp // 2 > 1 and p.sp})]
+        if "fp8" in e.cluster.system.gpu.tflops and p.dtype == "bf16":
+            out.append(("fp8 GEMMs run at twice the bf16 peak", {"dtype": "fp8"}))
+    step = float(e.time.total)
+    if kind in COMMUNICATION or float(e.time.comm_exposed) >= 0.1 * step:
+        out += [("overlap TP communication with the GEMMs", {"tp_comm_overlap": True, "sp": True}),
+                ("overlap the gradient reduction with backward", {"overlap_grad_reduce": True}),
+                ("overlap the weight all-gather with forward", {"overlap_param_gather": True}),
+                ("reduce gradients in bf16 (half the DP bytes)", {"grad_dtype": "bf16"}),
+                ("overlap the expert all-to-alls with another micro-batch", {"ep_comm_overlap": True}),
+                ("TP inside the node", {"tp": node, "dp": p.dp * p.tp // node}) if p.tp > node else None,
+                ("EP within the NVLink domain", {"ep": max(p.ep // 2, 1)}) if p.ep > node else None]
+    if kind in ("bubble", "pp") or float(e.time.bubble) >= 0.1 * step:
+        out += [("more micro-batches amortise the bubble", {"micro_batch": max(p.micro_batch // 2, 1)}),
+                ("interleaving (twice the virtual stages) shortens the bubble", {"vpp": p.vpp * 2}),
+                ("an uneven split lightens the stages with the embedding and the loss", _uneven(e))]
+    return [(why, change) for item in out if item for why, change in [item] if change]
+
+
+def _more_pp(e: TrainingEstimate) -> dict[str, Any]:
+    p, m = e.plan, e.model
+    pp = p.pp * 2
+    if pp > m.num_hidden_layers or p.dp % 2:
+        return {}
+    first, last = balanced_split(m.num_hidden_layers, pp)
+    return {"pp": pp, "dp": p.dp // 2, "pp_first": first, "pp_last": last, "pp_layers": None}
+
+
+def _uneven(e: TrainingEstimate) -> dict[str, Any]:
+    p, m = e.plan, e.model
+    if p.pp < 2 or p.pp_first or p.pp_last or p.pp_layers:
+        return {}
+    L = m.num_hidden_layers + 2
+    if L % p.pp:
+        return {}
+    per = L // p.pp  # the embedding and the loss counted as a layer each (Megatron's accounting flags)
+    return {"pp_first": per - 1, "pp_last": per - 1}
+
+
+def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
+    names = {"pp_first": "pp-first-layers", "pp_last": "pp-last-layers", "micro_batch": "micro-batch",
+             "tp_comm_overlap": "tp-comm-overlap", "overlap_grad_reduce": "overlap-grad-reduce",
+             "overlap_param_gather": "overlap-param-gather", "grad_dtype": "grad-dtype",
+             "ep_comm_overlap": "ep-comm-overlap"}
+    out: tuple[str, ...] = ()
+    for k, v in change.items():
+        if k == "pp_layers":
+            continue
+        out += _flag(names.get(k, k), v)
+    if {"micro_batch", "dp", "tp", "cp", "pp"} & set(change):  # the CLI's default global batch follows them
+        out += ("--global-batch", str(base.global_batch))
+    return out
+
+
+def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str, ...] | None = None) -> list[Advice]:
+    """The best few single changes for a training plan, by predicted gain."""
+    base_tps, base_mem = float(e.throughput.tokens_per_s), float(e.memory.total)
+    fits = float(e.memory.headroom) >= 0
+    items = []
+    for why, change in training_candidates(e):
+        try:
+            plan = e.plan.model_copy(update=change)
+            plan = type(e.plan).model_validate(plan.model_dump())
+        except ValueError:
+            continue
+        if plan == e.plan or check_plan(e.model, plan, e.cluster):
+            continue
+        try:
+            new = estimate_training(e.model, e.cluster, plan, allowance,
+                                    order if order is not None else _default_order())
+        except LlmplanError:
+            continue
+        new_fits = float(new.memory.headroom) >= 0
+        if fits and not new_fits:
+            continue
+        gain = (float(new.throughput.tokens_per_s) / base_tps - 1) if fits else (base_mem - float(new.memory.total)) / base_mem
+        if gain <= 1e-6 and fits:
+            continue
+        items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
+    return _best(items)
+
+
+def _default_order() -> tuple[str, ...]:
+    from llmplan.topology.placement import DEFAULT_ORDER
+
+    return DEFAULT_ORDER
+
+
+def _training_numbers(e: TrainingEstimate) -> dict[str, float]:
+    return {"step_s": float(e.time.total), "tokens_per_s": float(e.throughput.tokens_per_s),
+            "mfu": float(e.throughput.mfu), "memory_gib": float(e.memory.total) / 2**30,
+            "fits": float(bool(e.memory.fits))}
+
+
+def _best(items: list[Advice]) -> list[Advice]:
+    seen, out = set(), []
+    for a in sorted(items, key=lambda a: -a.gain):
+        if a.flags not in seen:
+            seen.add(a.flags)
+            out.append(a)
+    return out[:MAX_ITEMS]
+
+
+def serving_bound(e: ServeEstimate) -> str:
+    """capacity (the KV cache holds fewer sequences than asked), ttft or tpot (the SLO it misses, or the larger
+    share of a request's time)."""
+    if e.memory.max_concurrent_seqs < e.job.batch:
+        return "capacity"
+    t = e.timing
+    if e.job.ttft_slo_s is not None and float(t.ttft) > e.job.ttft_slo_s:
+        return "ttft"
+    if e.job.tpot_slo_s is not None and float(t.tpot) > e.job.tpot_slo_s:
+        return "tpot"
+    return "ttft" if float(t.ttft) > float(t.tpot) * e.job.output_len else "tpot"
+
+
+def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
+    """The best few single changes for a serving plan: chunked prefill and prefix caching for TTFT, more TP
+    and an fp8 KV cache for TPOT and capacity, more replicas for throughput."""
+    p, j = e.plan, e.job
+    bound = serving_bound(e)
+    cands: list[tuple[str, dict, dict]] = [
+        ("more TP ranks split the weights and the KV cache", {"tp": p.tp * 2}, {}),
+        ("an fp8 KV cache holds twice the tokens", {"kv_dtype": "fp8"} if p.kv_dtype != "fp8" else {}, {}),
+    ]
+    if bound == "ttft":
+        cands += [("larger prefill chunks (max_num_batched_tokens)", {}, {"max_num_batched_tokens": j.max_num_batched_tokens * 2}),
+                  ("prefix caching skips shared prompt tokens", {}, {"prefix_hit_rate": min(0.9, j.prefix_hit_rate + 0.5)})]
+    if bound == "capacity":
+        cands.append(("a smaller batch per replica fits the KV cache", {}, {"batch": max(1, e.memory.max_concurrent_seqs)}))
+    cands.append(("more replicas serve more requests", {"dp": p.dp * 2}, {}))
+    base = e.tokens_per_s
+    items = []
+    for why, plan_change, job_change in cands:
+        if not plan_change and not job_change:
+            continue
+        plan, job = p.model_copy(update=plan_change), j.model_copy(update=job_change)
+        try:
+            plan, job = type(p).model_validate(plan.model_dump()), type(j).model_validate(job.model_dump())
+            cluster = _cluster_for(e, plan)
+            if check_serve_plan(e.model, plan, job, cluster):
+                continue
+            new = estimate_serving(e.model, cluster, plan, job, allowance)
+        except (LlmplanError, ValueError):
+            continue
+        gain = new.tokens_per_s / base - 1 if bound != "ttft" else float(e.timing.ttft) / float(new.timing.ttft) - 1
+        if gain <= 1e-6:
+            continue
+        flags = sum((_flag(k.replace("_", "-"), v) for k, v in {**plan_change, **job_change}.items()), ())
+        if cluster is not e.cluster:  # the change needs another number of GPUs
+            flags = ("--nodes", str(cluster.num_nodes), "--gpus-per-node", str(cluster.gpus_per_node_used),
+                     "--dp", str(plan.dp), *flags)
+        items.append(Advice(f"{bound}-bound: {why}", flags, {
+            "ttft_s": float(new.timing.ttft), "tpot_s": float(new.timing.tpot), "tokens_per_s": new.tokens_per_s,
+            "max_concurrent_seqs": float(new.memory.max_concurrent_seqs)}, gain))
+    return _best(items)
+
+
+def _cluster_for(e: ServeEstimate, plan: Any) -> Any:
+    """The cluster a changed serving plan needs (more GPUs for more TP or replicas, in whole nodes)."""
+    from llmplan.specs.plan import ClusterSpec
+
+    per_node = e.cluster.gpus_per_node_used
+    n = plan.num_gpus
+    if n == e.cluster.num_gpus:
+        return e.cluster
+    nodes = max(1, -(-n // per_node))
+    return ClusterSpec(system=e.cluster.system, num_nodes=nodes, gpus_per_node=min(per_node, n))
+
+
+
+def advice_json(items: list[Advice]) -> list[dict[str, Any]]:
+    return [{"change": a.change, "flags": list(a.flags), "predicted": a.predicted, "gain": a.gain} for a in items]

@@ -1,0 +1,51 @@
+"""Advice per plan (issue "What to change next"): for a compute-, a communication-, a pipeline- and a
+memory-bound plan, the list is non-empty, ordered by predicted gain, and each item's flags, added to the same
+command, reproduce its predicted number to 0.1%."""
+
+from __future__ import annotations
+
+import pytest
+
+CASES = {
+    "compute": ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--gpus-per-node", "1",
+                "--global-batch", "16", "--recompute", "full", "--seq-len", "4096"],
+    "communication": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "2", "--zero",
+                      "3", "--global-batch", "64", "--seq-len", "2048"],
+    "pipeline": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--pp", "4",
+                 "--zero", "1", "--global-batch", "8", "--recompute", "selective"],
+    "memory": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8",
+               "--global-batch", "8", "--micro-batch", "2", "--seq-len", "8192"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_advice_is_ordered_and_reproducible(cli, kind):
+    base = CASES[kind]
+    r = cli("estimate", *base, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    advice = doc["advice"]
+    assert advice, f"no advice for the {kind}-bound plan ({doc['bottleneck']})"
+    gains = [a["gain"] for a in advice]
+    assert gains == sorted(gains, reverse=True) and gains[0] > 0
+    if kind == "memory":
+        assert not doc["memory"]["fits"]
+    for a in advice:
+        again = cli("estimate", *base, *a["flags"], "--json")
+        assert again.code == 0, (a, again.err)
+        got = again.json()
+        assert got["throughput"]["tokens_per_s"] == pytest.approx(a["predicted"]["tokens_per_s"], rel=1e-3), a
+        assert got["memory"]["total"] / 2**30 == pytest.approx(a["predicted"]["memory_gib"], rel=1e-3), a
+
+
+def test_serving_advice_is_reproducible(cli):
+    base = ["--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "1",
+            "--gpus-per-node", "2", "--tp", "2", "--batch", "512", "--input-len", "2048", "--output-len", "512"]
+    r = cli("estimate", *base, "--json")
+    assert r.code == 0, r.err
+    advice = r.json()["advice"]
+    assert advice and advice[0]["change"].startswith("capacity-bound")
+    for a in advice:
+        again = cli("estimate", *base, *a["flags"], "--json")
+        assert again.code == 0, (a, again.err)
+        assert again.json()["throughput"]["tokens_per_s"] == pytest.approx(a["predicted"]["tokens_per_s"], rel=1e-3)
