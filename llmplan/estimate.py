@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
 from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
 from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
 from llmplan.errors import PlanViolationError
@@ -29,6 +30,10 @@ class TrainingEstimate:
     bottleneck: str
     stage_layers: tuple[int, ...] = ()
     """Transformer layers of every pipeline stage, first to last."""
+    operators: tuple[OperatorUse, ...] = ()
+    """The fused kernels the plan relies on and whether the GPU has them."""
+    fallback_cost: tuple[float, float] = (0.0, 0.0)
+    """(extra bytes per GPU, extra seconds per step) the fallbacks of missing kernels cost."""
 
 
 def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -39,12 +44,23 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if violations:
         raise PlanViolationError(violations)
     gpu = cluster.system.gpu
+    uses = operator_uses(m, plan, gpu)
+    runs = with_fallbacks(plan, uses)
+    mem, comm, step = _evaluate(m, cluster, runs, allowance, order)
+    extra = (0.0, 0.0)
+    if runs is not plan:  # what the missing kernels cost: the same plan as if the GPU had them
+        ideal_mem, _, ideal_step = _evaluate(m, cluster, plan, allowance, order)
+        extra = (float(mem.total - ideal_mem.total), float(step.total - ideal_step.total))
+    return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(runs, gpu, step),
+                            str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra)
+
+
+def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,
+              order: tuple[str, ...]) -> tuple[TrainingMemory, CommBreakdown, StepTime]:
+    gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
-    step = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
-    return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(plan, gpu, step),
-                            str(bottleneck(step)), tuple(stage_layer_list(m, plan)))
-
+    return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
 
 def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:
     """The built-in models with their parameter counts, by name (`llmplan models`)."""

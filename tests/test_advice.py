@@ -49,3 +49,20 @@ def test_serving_advice_is_reproducible(cli):
         again = cli("estimate", *base, *a["flags"], "--json")
         assert again.code == 0, (a, again.err)
         assert again.json()["throughput"]["tokens_per_s"] == pytest.approx(a["predicted"]["tokens_per_s"], rel=1e-3)
+
+
+def test_missing_kernel_falls_back_with_its_cost(cli):
+    # DeepSeek-V3's latent attention needs an MLA-capable fused kernel (FlashMLA / FA3 run on Hopper and
+    # later); the A100 profile lists none, so attention runs unfused: stored scores and softmax traffic.
+    args = ["--model", "deepseek-v3", "--nodes", "64", "--pp", "16", "--pp-first-layers", "3", "--pp-last-layers",
+            "2", "--ep", "32", "--etp", "1", "--zero", "1", "--recompute", "full", "--global-batch", "512", "--json"]
+    a100 = cli("estimate", "--hardware", "dgx-a100", *args).json()
+    mla = {u["kernel"]: u for u in a100["operators"]}["mla"]
+    assert not mla["available"] and "unfused attention" in mla["fallback"]
+    assert a100["fallback_cost"]["memory_bytes"] > 0 and a100["fallback_cost"]["step_s"] > 0
+    h100 = cli("estimate", "--hardware", "dgx-h100", *args).json()
+    assert {u["kernel"]: u for u in h100["operators"]}["mla"]["available"]
+    assert h100["fallback_cost"] == {"memory_bytes": 0.0, "step_s": 0.0}
+    # The text view names the operator, the hardware and the fallback.
+    r = cli("estimate", "--hardware", "dgx-a100", *args[:-1])
+    assert "kernel missing" in r.out and "a100-80gb" in r.out.replace("\n", " ")

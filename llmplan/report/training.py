@@ -106,6 +106,9 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
         "comm": comm_json(e.comm, c.system),
+        "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
+                       "modelled": u.modelled} for u in e.operators],
+        "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
     }
 
@@ -140,6 +143,12 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
     memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
     if len(set(e.stage_layers)) > 1:
         console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
+    for u in e.operators:
+        if not u.available:
+            cost = (f": +{e.fallback_cost[0] / GIB:,.2f} GiB per GPU, +{e.fallback_cost[1]:,.3f} s per step"
+                    if u.modelled else "")
+            console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
+                          f"{e.cluster.system.gpu.name} does not list; falls back to {u.fallback}{cost}")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
     if advice:

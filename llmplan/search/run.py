@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
@@ -122,6 +123,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                            f"evaluates at once (about {MAX_PLANS * PLAN_BYTES / 2**30:.0f} GiB); pin an axis "
                            "(--tp, --pp, --cp, --ep, --micro-batch) or bound one (--max-tp, --max-pp, --max-cp)")
     say("enumerating")
+    w = runs_on(m, cluster, w)
     plans = enumerate_plans(space, cluster, w)
     considered = len(plans)
     keep = np.ones(considered, dtype=bool)
@@ -215,6 +217,14 @@ def _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, 
     else:
         tips.append("GPUs with more memory, or a shorter --seq-len (activations alone exceed the capacity)")
     return SearchResult(considered, 0, pruned, [], [], closest, tips, time.perf_counter() - t0, objective)
+
+
+def runs_on(m: ModelSpec, cluster: ClusterSpec, w: Workload) -> Workload:
+    """The workload as it runs on the cluster's GPUs: unfused attention or bf16 GEMMs where the kernels are
+    missing (cost.operators), so the search ranks what will run."""
+    base = w.plan()
+    runs = with_fallbacks(base, operator_uses(m, base, cluster.system.gpu))
+    return w if runs is base else Workload.of(runs)
 
 
 def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance: MemoryAllowance | None,

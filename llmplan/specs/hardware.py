@@ -14,6 +14,17 @@ from llmplan.specs.model import SPEC_CONFIG
 from llmplan.units import GB, GIB, TERA
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+KERNELS: dict[str, str] = {
+    "flash_attention": "fused attention that never stores the scores (FlashAttention 2/3, cuDNN, CK on ROCm)",
+    "mla": "multi-head latent attention with qk and v head dims apart (FlashMLA, FA3 on Hopper+, AITER on MI300)",
+    "grouped_gemm": "one grouped GEMM for all local experts of a MoE layer",
+    "fp8_gemm": "fp8 tensor-core GEMMs with per-tensor / block scaling",
+    "fp4_gemm": "fp4 / nvfp4 tensor-core GEMMs",
+    "fused_norm": "fused RMSNorm / LayerNorm",
+    "fused_rope": "fused rotary position embedding",
+}
+"""Fused kernels a GPU's software stack may ship (docs/formulas.md#operators for the sources)."""
+Kernel = Literal["flash_attention", "mla", "grouped_gemm", "fp8_gemm", "fp4_gemm", "fused_norm", "fused_rope"]
 
 
 class GpuSpec(BaseModel):
@@ -50,6 +61,9 @@ class GpuSpec(BaseModel):
     gemm_k_half: float = Field(default=128.0, gt=0, le=65536)
     """Reduction length at which a GEMM runs at half its best rate (tile prologue / epilogue and pipeline
     fill); fitted in benchmarks/accuracy.py (docs/formulas.md#compute.gemm)."""
+    kernels: tuple[Kernel, ...] | None = None
+    """Fused kernels the GPU's software stack ships (KERNELS); None means all of them. A model operator whose
+    kernel is missing falls back to the unfused path (docs/formulas.md#operators)."""
     sm_count: int = Field(default=132, ge=1, le=4096)
     """Streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles of one GEMM wave, and what NCCL's
     kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap)."""
@@ -88,6 +102,9 @@ class GpuSpec(BaseModel):
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
         return self.tflops[dtype] * TERA  # type: ignore[index]
+
+    def has_kernel(self, kernel: str) -> bool:
+        return self.kernels is None or kernel in self.kernels
 
     def sustained_flops(self, dtype: str) -> float:
         """The peak at the sustained clock: what every time formula divides by."""
