@@ -12,6 +12,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
@@ -115,8 +116,9 @@ def search_train(o: dict) -> None:
         res = run_search(m, cluster, space, w, o["objective"], o["top"], allowance, order, progress=say,
                          min_headroom=min_headroom_bytes(o["min_headroom"], cluster.system.gpu.hbm_bytes))
     tokens = parse_size(o["train_tokens"])
-    emit(report.search_json(res, w, cluster, m, tokens), o["json_mode"],
-         lambda: report.search_view(out, res, w, cluster, m, tokens, o["explain_opt"]))
+    advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
+    emit(report.search_json(res, w, cluster, m, tokens, advice), o["json_mode"],
+         lambda: report.search_view(out, res, w, cluster, m, tokens, o["explain_opt"], advice))
     if not res.ranked:
         sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
                          + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import SCHEMA, gib
-from llmplan.report.training import estimate_json, split_text
+from llmplan.advice import advice_json
+from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import SearchResult, explain
 from llmplan.specs.model import ModelSpec
@@ -96,7 +97,7 @@ def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, float]:
 
 
 def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
-                train_tokens: float) -> dict[str, Any]:
+                train_tokens: float, advice: list | None = None) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "mode": "train", "model": model.name, "hardware": cluster.system.name,
         "nodes": cluster.num_nodes, "gpus": cluster.num_gpus, "objective": res.objective,
@@ -109,6 +110,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
                    "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0}
                   for i, e in enumerate(res.ranked, 1)],
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
+        **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
                         **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {})}}
            if res.ranked else {}),
@@ -118,7 +120,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
 
 
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
-                train_tokens: float, full_explain: bool = False) -> None:
+                train_tokens: float, full_explain: bool = False, advice: list | None = None) -> None:
     console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
@@ -135,6 +137,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 console.print(explain_table(best, res.ranked[1], "#2"))
             if res.conventional is not None:
                 console.print(explain_table(best, res.conventional, "conventional"))
+            if advice:
+                console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",
                                    res.pareto))
     console.print(pruned_table(res))
