@@ -8,7 +8,7 @@ Cases: gpt3-175b on 1024 A100 (128 x dgx-a100, global batch 1536, seq 2048); lla
 16M tokens, 2,048 sequences, leaves no valid dp on 2^5 x 5^5 GPUs), every axis free. Targets:
 under 3 s each for the first three, under 10 s and 4 GiB for the fourth, at least 10^6 plans/s. Since
 uneven pipeline stages (every pp that divides the GPUs, with the balanced split, and every interleave the
-layout allows) the spaces are 311,040 / 34,560 / 110,880 / 44,160 plans (they were 311,040 / 207,360 /
+layout allows) the spaces are 138,240 / 77,760 / 498,960 / 112,320 plans (they were 311,040 / 207,360 /
 544,320 with a fixed vpp grid of 1-8 and pp limited to divisors of the layers). The peak resident memory
 of the process is printed at the end. Each time is the whole `search()` call: enumerate, prune, evaluate
 memory and step time, rank, and the scalar re-estimate of the shown plans. A rich progress bar runs on a

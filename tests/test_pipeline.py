@@ -173,3 +173,31 @@ def test_mtp_module_sits_on_the_last_stage():
     per_moe_layer = (rank_params(m, plan, 1).total) / 4  # a middle stage holds 4 MoE layers
     assert last.total - last0.total == pytest.approx(per_moe_layer + 2 * m.hidden_size**2, rel=0.01)
     assert first.total == rank_params(no_mtp, plan, 0).total
+
+
+def test_interleaving_with_the_embedding_and_loss_counted(tmp_path):
+    # Megatron-LM's Llama 3 405B example: PP8 with 8 virtual stages over 126 layers works because the embedding
+    # and the loss count as layers ((126 + 2) / 8 = 16 per stage, 2 per virtual stage); the first and last
+    # stages hold 15 layers, their outer virtual stage one layer and the embedding / the loss.
+    import json
+
+    from llmplan.export import megatron
+    from llmplan.planfile import load_plan
+
+    m = M["llama-3.1-405b"]
+    plan = ParallelPlan(tp=8, pp=8, pp_first=15, pp_last=15, vpp=8, dp=2, global_batch=64, seq_len=8192, sp=True,
+                        zero=1, recompute="full")
+    assert (8, 8, 15, 15) in pipeline_layouts(126, 128, 8, {"pp": 8})
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=16)
+    e = estimate_training(m, cluster, plan)
+    assert e.stage_layers == (15,) + (16,) * 6 + (15,)
+    doc = json.loads((Path(__file__).parent / "data" / "plans" / "uneven_train.json").read_text())
+    doc.update(nodes=16, model_ref=None)
+    doc["plan"].update(pp=8, pp_first=15, pp_last=15, vpp=8, dp=2, global_batch=64, recompute="full")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    flags = " ".join(megatron.parallel_flags(load_plan(path)))
+    layout = flags.split("--pipeline-model-parallel-layout ")[1].split()[0].strip('"')
+    stages = layout.split("|")
+    assert len(stages) == 64 and stages[0] == "Et" and stages[-1] == "t,L"
+    assert sum(int(x.split("*")[1].split(",")[0]) if "*" in x else x.count("t") for x in stages) == 126

@@ -190,7 +190,9 @@ def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, An
     v, k = plan.vpp, m.first_k_dense_replace
     chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
     dense = 0 * n
-    for j in range(int(np.max(v))):
+    # Only virtual rounds that start before layer k can hold dense layers: round j starts at j·L/vpp or later.
+    rounds = min(int(np.max(v)), int(np.ceil(k / max(1, int(np.min(round_))))) + 1)
+    for j in range(rounds):
         start = j * round_ + offset
         dense = dense + where(j < v, maximum(0, minimum(start + chunk, k) - start), 0)
     return dense, n - dense + mtp

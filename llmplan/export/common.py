@@ -82,10 +82,19 @@ def as_flags(pairs: list[tuple[str, Any]]) -> list[str]:
 
 def virtual_stage_layers(pf: PlanFile) -> list[int]:
     """Transformer layers of each virtual pipeline stage in model order: stage s sits on pipeline rank
-    s mod pp as its chunk s // pp (Megatron's and torchtitan's interleaved assignment)."""
+    s mod pp as its chunk s // pp (Megatron's and torchtitan's interleaved assignment). A first or last rank one
+    layer short of an even split gives up that layer in its outer chunk (where the embedding / loss sit)."""
     p = pf.plan
     per_rank = stage_layer_list(pf.model, p)
-    return [per_rank[s % p.pp] // p.vpp for s in range(p.pp * p.vpp)]
+    chunks = []
+    for rank, n in enumerate(per_rank):
+        size = -(-n // p.vpp)
+        sizes = [size] * p.vpp
+        short = size * p.vpp - n
+        if short:
+            sizes[0 if rank == 0 else -1] -= short
+        chunks.append(sizes)
+    return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
 
 
 def is_uneven(pf: PlanFile) -> bool:

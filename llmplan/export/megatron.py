@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmplan.export.common import virtual_stage_layers, as_flags, need_mode, refuse, sh_header
+from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 
 TARGET = "megatron"
@@ -72,9 +73,10 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     first/last stage layers with virtual stages per rank, or an explicit --pipeline-model-parallel-layout
     (E embedding, t layer, L loss; stages split by '|', virtual stages in model order)."""
     p, m = pf.plan, pf.model
-    if p.pp_layers is not None:
+    even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
+    if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t") + (",L" if s == len(stages) - 1 else "")
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (",L" if s == len(stages) - 1 else "")
                  for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.specs.check import balanced_split, divisors
+from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
 
@@ -102,11 +102,9 @@ def pipeline_layouts(L: int, n_gpus: int, max_pp: int, pins: dict[str, Any]) -> 
             first, last = balanced_split(L, p) if p <= L else (0, 0)
         middle = p - (first > 0) - (last > 0)
         mid = (L - first - last) // max(middle, 1)
-        counts = [c for c in (first or mid, mid if middle else 0, last or mid) if c > 0]
-        g = 0
-        for c in counts:
-            g = int(np.gcd(g, c))
-        vpps = [pins["vpp"]] if "vpp" in pins else ([v for v in divisors(max(g, 1))] if p > 1 else [1])
+        f, l = first or mid, last or mid
+        vpps = [pins["vpp"]] if "vpp" in pins else (
+            [v for v in range(1, max(f, mid, l) + 1) if vpp_fits(f, mid, l, middle, v)] if p > 1 else [1])
         out += [(p, v, first, last) for v in vpps]
     return tuple(out)
 

@@ -145,11 +145,20 @@ def _stage_counts(m: ModelSpec, p: Any) -> tuple[tuple[Any, Any, Any], Any]:
     return (f + (f == 0) * mid, mid, l + (l == 0) * mid), middle
 
 
+def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
+    """Whether v virtual stages split every stage: the middle stages evenly; the first and last evenly or one
+    layer short, the embedding / the loss taking that slot in their outer virtual stage (Megatron's
+    --account-for-embedding/loss-in-pipeline-split with interleaving)."""
+    def end(x: Any) -> Any:
+        return (x % v == 0) | ((x + 1) % v == 0)
+    return end(first) & end(last) & ((middle == 0) | (mid % v == 0))
+
+
 def _vpp_ok(m: ModelSpec, p: Any) -> Any:
     if getattr(p, "pp_layers", None) is not None:
         return all(n % p.vpp == 0 for n in p.pp_layers)
     (first, mid, last), middle = _stage_counts(m, p)
-    return (first % p.vpp == 0) & (last % p.vpp == 0) & ((middle == 0) | (mid % p.vpp == 0))
+    return vpp_fits(first, mid, last, middle, p.vpp)
 
 
 def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
@@ -161,8 +170,11 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     g = counts[0]
     for n in counts[1:]:
         g = _gcd(g, n)
-    return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} "
-            f"({', '.join(str(n) for n in counts)} layers per stage with pp {p.pp}); valid vpp: {_fmt(divisors(g))}")
+    valid = divisors(g) if p.pp_layers is not None else [v for v in range(1, max(counts) + 1) if vpp_fits(
+        *_stage_counts(m, p)[0], _stage_counts(m, p)[1], v)]
+    return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
+            f"one short, for the embedding and the loss) ({', '.join(str(n) for n in counts)} layers per stage with "
+            f"pp {p.pp}); valid vpp: {_fmt(valid)}")
 
 
 def _gcd(a: int, b: int) -> int:
