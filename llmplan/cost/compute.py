@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.cost.arith import minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.params import attention_params, kv_heads_per_rank, mlp_params, padded_vocab
+from llmplan.cost.params import attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -193,29 +193,44 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
     forward of the attention core. Derived: docs/formulas.md#compute.time"""
-    peak = gpu.sustained_flops(plan.dtype)
-    peak_attn = gpu.sustained_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
+    per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
     passes = 3 + where(plan.full, 1, 0)
     attn_passes = 3 + where(plan.full | plan.selective, 1, 0)
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
-        if moe and not m.is_moe:
+        if moe not in per_layer:
             continue
-        fl = layer_flops(m, plan, moe)
-        g1 = layer_gemm_seconds(m, plan, gpu, moe)
-        a1 = fl.attention / peak_attn
-        mb1 = elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s
+        g1, a1, mb1 = per_layer[moe]
         gemm = gemm + n * g1 * passes
         attention = attention + n * a1 * attn_passes
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)
-    s, b = plan.seq_len / plan.cp, plan.micro_batch
-    eff = gemm_shape_efficiency(gpu, plan.dtype, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
-    heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
-    out = where(last, heads * logits_flops(m, plan) / (peak * eff), 0.0)
-    loss = where(last, heads * loss_bytes(m, plan) / gpu.hbm_bytes_per_s, 0.0)
+    head, loss_s = output_seconds(m, plan, gpu)
+    out, loss = where(last, head, 0.0), where(last, loss_s, 0.0)
     return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,
                         forward=fwd + out + loss / 3)
+
+
+def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
+    """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
+    so computed once per plan arrays."""
+    def compute() -> tuple[Any, Any, Any]:
+        peak_attn = gpu.sustained_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
+        return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
+                elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s)
+    return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
+
+
+def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module)."""
+    def compute() -> tuple[Any, Any]:
+        s, b = plan.seq_len / plan.cp, plan.micro_batch
+        eff = gemm_shape_efficiency(gpu, plan.dtype, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp,
+                                    m.hidden_size)
+        heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
+        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(plan.dtype) * eff),
+                heads * loss_bytes(m, plan) / gpu.hbm_bytes_per_s)
+    return memoized(plan, ("output_seconds", m, gpu), compute)
 
 
 def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
