@@ -211,7 +211,7 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
         flags = sum((_flag(k.replace("_", "-"), v) for k, v in {**plan_change, **job_change}.items()), ())
         if cluster is not e.cluster:  # the change needs another number of GPUs
             flags = ("--nodes", str(cluster.num_nodes), "--gpus-per-node", str(cluster.gpus_per_node_used),
-                     "--dp", str(plan.dp), *flags)
+                     *(() if "dp" in plan_change else ("--dp", str(plan.dp))), *flags)
         items.append(Advice(f"{bound}-bound: {why}", flags, {
             "ttft_s": float(new.timing.ttft), "tpot_s": float(new.timing.tpot), "tokens_per_s": new.tokens_per_s,
             "max_concurrent_seqs": float(new.memory.max_concurrent_seqs)}, gain))

@@ -8,6 +8,7 @@ from llmplan.cost.inference import (
     ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_memory,
     serve_timing,
 )
+from llmplan.cost.operators import OperatorUse
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
@@ -31,6 +32,10 @@ class ServeEstimate:
     prefill_saved_fraction: float
     ttft_without_prefix_cache: float
     warnings: tuple[str, ...]
+    operators: tuple = ()
+    """The fused kernels the plan relies on and whether the GPU has them (cost.operators)."""
+    fallback_cost: tuple[float, float] = (0.0, 0.0)
+    """(extra bytes per GPU at the job's batch, extra seconds per output token) of the missing kernels."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -63,21 +68,41 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         raise PlanViolationError(violations)
     system = cluster.system
     spans = replica_spans(plan, cluster)
-    mem = serve_memory(m, plan, job, system.gpu.hbm_bytes, allowance)
-    timing = serve_timing(m, plan, system, spans, job, job.batch)
+    uses = serving_operator_uses(m, system.gpu)
+    runs = plan.model_copy(update={"mla_latent_cache": False}) if any(
+        u.kernel == "mla" and not u.available for u in uses) else plan
+    mem = serve_memory(m, runs, job, system.gpu.hbm_bytes, allowance)
+    timing = serve_timing(m, runs, system, spans, job, job.batch)
+    extra = (0.0, 0.0)
+    if runs is not plan:  # the same job with the kernel, for what its absence costs
+        ideal_mem = serve_memory(m, plan, job, system.gpu.hbm_bytes, allowance)
+        ideal = serve_timing(m, plan, system, spans, job, job.batch)
+        extra = (float(mem.total - ideal_mem.total), float(timing.tpot - ideal.tpot))
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-        slo_batch = max_batch_under_slo(m, plan, system, spans, job, max(mem.max_concurrent_seqs, 0))
-        slo_tps = float(serve_timing(m, plan, system, spans, job, slo_batch).tokens_per_s_replica) * plan.dp \
+        slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
+        slo_tps = float(serve_timing(m, runs, system, spans, job, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})
     return ServeEstimate(
         model=m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
-        ttft_without_prefix_cache=float(prefill_seconds(m, plan, system, spans, cold, job.batch)),
+        ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
         warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
+        operators=tuple(uses), fallback_cost=extra,
     )
+
+
+def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
+    """Serving relies on fused attention (an MLA decode kernel for latent attention; without it the engine
+    caches expanded K and V, counted) and, for fp8 weights, fp8 GEMMs (see hardware_warnings)."""
+    kernel = "mla" if m.is_mla else "flash_attention"
+    fallback = ("the expanded per-head K and V are cached and read every decode step" if m.is_mla else
+                "unfused prefill attention (scores materialised; not modelled)")
+    available = gpu.has_kernel(kernel)
+    return [OperatorUse("multi-head latent attention" if m.is_mla else "attention", kernel, available,
+                        "" if available else fallback, modelled=m.is_mla)]
 
 
 def kv_replication_warning(m: ModelSpec, plan: ServePlan) -> tuple[str, ...]:

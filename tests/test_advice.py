@@ -66,3 +66,35 @@ def test_missing_kernel_falls_back_with_its_cost(cli):
     # The text view names the operator, the hardware and the fallback.
     r = cli("estimate", "--hardware", "dgx-a100", *args[:-1])
     assert "kernel missing" in r.out and "a100-80gb" in r.out.replace("\n", " ")
+
+
+def test_serving_without_an_mla_kernel_caches_expanded_kv(cli):
+    # Without an MLA decode kernel an engine caches each head's K and V (vLLM served DeepSeek-V2 so before
+    # its MLA backend): (128 + 64 + 128) x 128 heads / 16 ranks x 2 bytes per layer instead of (512 + 64) x 2.
+    args = ["--mode", "infer", "--model", "deepseek-v3", "--nodes", "2", "--tp", "16", "--dtype", "int4",
+            "--batch", "8", "--input-len", "1024", "--output-len", "256", "--json"]
+    a100 = cli("estimate", "--hardware", "dgx-a100", *args).json()
+    h100 = cli("estimate", "--hardware", "dgx-h100", *args).json()
+    mla = {u["kernel"]: u for u in a100["operators"]}["mla"]
+    assert not mla["available"] and "expanded" in mla["fallback"]
+    per_layer_expanded, per_layer_latent = (128 + 64 + 128) * 128 / 16 * 2, (512 + 64) * 2
+    expected = 8 * 1280 * 62 / 1 * (per_layer_expanded - per_layer_latent)  # 8 sequences x context x 61+1 layers
+    assert a100["fallback_cost"]["memory_bytes"] == pytest.approx(expected, rel=0.05)
+    assert {u["kernel"]: u for u in h100["operators"]}["mla"]["available"]
+    assert h100["fallback_cost"] == {"memory_bytes": 0.0, "tpot_s": 0.0}
+    # Where decode is bound by HBM traffic (fp8 weights, 128 sequences of 4.6k tokens on H100), reading the
+    # expanded cache costs time too: the same GPU without the kernel is slower per output token.
+    from llmplan.serving import estimate_serving
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+    from llmplan.specs.serve import ServeJob, ServePlan
+
+    system = builtin_systems()["dgx-h100"]
+    no_mla = system.model_copy(update={"gpu": system.gpu.model_copy(
+        update={"kernels": tuple(k for k in system.gpu.kernels if k != "mla")})})
+    plan, job = ServePlan(tp=16, weight_dtype="fp8", kv_dtype="fp8"), ServeJob(batch=128, input_len=4096, output_len=512)
+    m = builtin_models()["deepseek-v3"]
+    with_k = estimate_serving(m, ClusterSpec(system=system, num_nodes=2), plan, job)
+    without = estimate_serving(m, ClusterSpec(system=no_mla, num_nodes=2), plan, job)
+    assert without.fallback_cost[1] > 0
+    assert float(without.timing.tpot) == pytest.approx(float(with_k.timing.tpot) + without.fallback_cost[1])

@@ -52,11 +52,15 @@ def serve_weight_bytes(m: ModelSpec, plan: ServePlan) -> float:
     return worst
 
 
-def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1) -> float:
+def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True) -> float:
     """KV bytes per token of one layer on one TP rank: K and V of the rank's KV heads (K/t, at least one
     head, replicated when t > K); MLA caches one compressed latent plus the rope key, replicated on every
-    rank. Source: vLLM vllm/config/cache.py (block size, page size)."""
+    rank, or, without an MLA kernel (`latent` False), the rank's expanded per-head K and V.
+    Source: vLLM vllm/config/cache.py (block size, page size)."""
     b = KV_BYTES[kv_dtype]
+    if m.is_mla and not latent:
+        heads = max(m.num_attention_heads / tp, 1.0)
+        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b
     if m.is_mla:
         return (m.kv_lora_rank + m.qk_rope_head_dim) * b
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
@@ -76,7 +80,7 @@ def layer_windows(m: ModelSpec) -> list[int | None]:
 def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
-    per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp)
+    per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
     total = 0.0
     for window in layer_windows(m):
         tokens = context if window is None else np.minimum(context, window)

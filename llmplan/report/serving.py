@@ -37,6 +37,9 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "prefix_cache": {"hit_rate": j.prefix_hit_rate, "prefill_tokens_saved_fraction": e.prefill_saved_fraction,
                          "ttft_without_cache_s": e.ttft_without_prefix_cache},
         "warnings": list(e.warnings),
+        "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
+                       "modelled": u.modelled} for u in e.operators],
+        "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
     }
 
@@ -48,6 +51,12 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
                   f"{j.input_len} in / {j.output_len} out tokens, {j.batch} concurrent sequences per replica")
     for w in e.warnings:
         console.print(f"[yellow]warning[/]: {w}")
+    for u in e.operators:
+        if not u.available:
+            cost = (f": +{e.fallback_cost[0] / 2**30:,.2f} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
+                    "output token" if u.modelled else "")
+            console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
+                          f"{e.cluster.system.gpu.name} does not list; {u.fallback}{cost}")
     tb = Table(title="Memory per GPU")
     for col in ("part", "GiB", "% of usable", "formula"):
         tb.add_column(col, justify="right" if col in ("GiB", "% of usable") else "left")

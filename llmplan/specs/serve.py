@@ -33,6 +33,9 @@ class ServePlan(BaseModel):
     """Dtype of the KV cache."""
     quant_group_size: int = Field(default=128, ge=1, le=1 << 20)
     """Weights per scale (and zero point) in int4/int8 group quantisation."""
+    mla_latent_cache: bool = True
+    """MLA models: cache the compressed latent, which needs an MLA attention kernel; False caches the expanded
+    per-head K and V, as engines without one do (vLLM served DeepSeek-V2 this way before its MLA backend)."""
 
     @property
     def gpus_per_replica(self) -> int:
