@@ -19,6 +19,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 GEMM_HALF_DIM = 512.0  # serving's default curve: efficiency reaches half its best at a smallest dimension of 512
+KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microseconds; CUDA Programming Guide)
 TILE = 128  # output tile edge of the large-GEMM kernels (cuBLAS / CUTLASS 128 x 128 .. 256 x 128 tiles)
 
 
@@ -151,8 +152,12 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
-    norms_residual = (8 + 12) * T * h / sp
-    rope = 0 if m.learned_position_embeddings else 4 * T * m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t))
+    # Unfused (fused_kernels False): a norm reads its input twice and writes and re-reads the normalised tensor
+    # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
+    unfused = where(plan.fused_kernels, 1, 3)
+    norms_residual = (8 * unfused + 12) * T * h / sp
+    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * m.d_head * (
+        m.num_attention_heads / t + kv_heads_per_rank(m, t))
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
@@ -216,8 +221,10 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
         peak_attn = gpu.sustained_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
+        # Without a grouped GEMM every local expert's two matmuls are separate launches.
+        launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
-                elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s)
+                elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 
 

@@ -37,12 +37,12 @@ def operator_uses(m: ModelSpec, plan: Any, gpu: GpuSpec) -> list[OperatorUse]:
         uses.append(OperatorUse("fp8 GEMMs", "fp8_gemm", gpu.has_kernel("fp8_gemm"), "bf16 GEMMs"))
     if m.is_moe:
         uses.append(OperatorUse("MoE experts", "grouped_gemm", gpu.has_kernel("grouped_gemm"),
-                                "one GEMM per local expert (launch overhead not modelled)", modelled=False))
+                                "one GEMM launch per local expert and matmul"))
     uses.append(OperatorUse("norms", "fused_norm", gpu.has_kernel("fused_norm"),
-                            "unfused norm in several passes (extra traffic not modelled)", modelled=False))
+                            "unfused norm in three passes over HBM"))
     if not m.learned_position_embeddings:
         uses.append(OperatorUse("rotary embedding", "fused_rope", gpu.has_kernel("fused_rope"),
-                                "unfused rotary (extra traffic not modelled)", modelled=False))
+                                "unfused rotary in three passes over HBM"))
     return [u if not u.available else OperatorUse(u.operator, u.kernel, True, "", u.modelled) for u in uses]
 
 
@@ -55,6 +55,8 @@ def with_fallbacks(plan: Any, uses: list[OperatorUse]) -> Any:
         update["flash_attention"] = False
     if "fp8_gemm" in missing:
         update["dtype"] = "bf16"
+    if missing & {"grouped_gemm", "fused_norm", "fused_rope"}:
+        update["fused_kernels"] = False
     return plan.model_copy(update=update) if update else plan
 
 

@@ -123,6 +123,9 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    fused_kernels: bool = True
+    """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
+    lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
