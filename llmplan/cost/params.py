@@ -256,18 +256,25 @@ def rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
     on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).
 
     Derived: docs/formulas.md#params.rank"""
-    t, etp = plan.tp, plan.etp_resolved
-    h = m.hidden_size
     n_dense, n_moe = stage_layers(m, plan, stage)
-    norms = 2 * norm_params(m)
-    attn = attention_params_per_rank(m, t) + norms
-    dense = n_dense * (attn + mlp_params(m, m.intermediate_size) / t)
-    dense = dense + n_moe * (attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0))
-    expert = n_moe * (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * dense
+    dense_layer, moe_layer, expert_layer, embedding, head = memoized(
+        plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
+    first = where(stage == 0, embedding, 0)
+    last = where(stage == plan.pp - 1, head, 0)
+    return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
+
+
+def _rank_param_parts(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any, Any, Any]:
+    """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
+    the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
+    t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size
+    attn = attention_params_per_rank(m, t) + 2 * norm_params(m)
+    dense_layer = attn + mlp_params(m, m.intermediate_size) / t
+    moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0)
+    expert_layer = (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * t
     V = padded_vocab(m.vocab_size, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
-    first = where(stage == 0, V * h / t + positions, 0)
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
     mtp_proj = m.num_nextn_predict_layers * (2 * h * h / t + 2 * norm_params(m))  # eh_proj and its two norms
-    last = where(stage == plan.pp - 1, norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj, 0)
-    return RankParams(dense=dense + first + last, expert=expert)
+    head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj
+    return dense_layer, moe_layer, expert_layer, V * h / t + positions, head

@@ -21,6 +21,8 @@ from llmplan.topology.placement import DEFAULT_ORDER
 from llmplan.units import GIB
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
+TOP_SORTED = 500
+"""Plans the ranking sorts in full (the rest cannot reach the table)."""
 MAX_PLANS = 8_000_000
 """Most plans one search holds in memory at once."""
 PLAN_BYTES = 500
@@ -67,9 +69,14 @@ def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.nda
     stages, smaller micro-batch, smaller TP (every candidate stays inside the NVLink domain), less recompute,
     smaller ep."""
     rel = np.round(score / max(float(np.max(np.abs(score))), 1e-300), 4)
-    keys = (-score, plans.ep, plans.recompute_code, plans.tp, plans.micro_batch, plans.vpp, plans.pp, plans.zero,
-            plans.cp, -np.round(headroom / GIB, 1), -rel)
-    return np.lexsort(keys)
+    # Only the best few hundred predictions are shown or counted as equivalents: sort those (all plans that tie
+    # with the last of them included), not the whole space.
+    cut = np.flatnonzero(rel >= np.partition(rel, len(rel) - TOP_SORTED)[len(rel) - TOP_SORTED]) \
+        if len(rel) > TOP_SORTED else np.arange(len(rel))
+    keys = (-score[cut], plans.ep[cut], plans.recompute_code[cut], plans.tp[cut], plans.micro_batch[cut],
+            plans.vpp[cut], plans.pp[cut], plans.zero[cut], plans.cp[cut], -np.round(headroom[cut] / GIB, 1),
+            -rel[cut])
+    return cut[np.lexsort(keys)]
 
 
 def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int) -> tuple[list[int], list[int]]:

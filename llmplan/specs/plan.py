@@ -61,7 +61,13 @@ class PlanQuantities:
     @property
     def num_microbatches(self) -> Any:
         """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
-        return maximum(1, self.global_batch // (self.micro_batch * self.dp))  # type: ignore[attr-defined]
+        memo = getattr(self, "memo", None)  # plan arrays keep it once
+        if memo is not None and "num_microbatches" in memo:
+            return memo["num_microbatches"]
+        n = maximum(1, self.global_batch // (self.micro_batch * self.dp))  # type: ignore[attr-defined]
+        if memo is not None:
+            memo["num_microbatches"] = n
+        return n
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
