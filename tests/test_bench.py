@@ -142,3 +142,16 @@ def test_hung_rank_stops_within_the_timeout_and_leaves_no_processes(cli, monkeyp
     assert "rank 1 failed while 'collective all-reduce" in r.err and "timeout" in r.err
     time.sleep(0.5)
     assert not _stray()
+
+
+def test_bench_checks_the_plan_like_estimate(cli):
+    r = cli("bench", "--model", "llama-3.1-8b", "--tp", "3", "--nproc", "3")
+    assert r.code == 2 and "tp (3) must divide num_attention_heads (32)" in r.err
+
+
+def test_cpu_times_are_not_scored(cli):
+    # gloo on CPU: GEMM and collective times say "n/a on CPU" instead of errors in the millions of percent.
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "64", "--gemm-tokens", "64",
+            "--components", "gemm,collectives", "--sizes", "64KiB")
+    assert r.code == 0, r.err
+    assert "n/a on CPU" in r.out

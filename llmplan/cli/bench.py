@@ -15,7 +15,8 @@ from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, bench_progress, emit, out
 from llmplan.cli.inputs import make_cluster
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.specs.check import check_plan
 from llmplan.fileio import write_atomic
 from llmplan.planfile import load_plan
 from llmplan.specs.plan import ParallelPlan
@@ -61,6 +62,9 @@ def bench(
         seq = seq_len or min(2048, m.max_position_embeddings)
         plan = build(ParallelPlan, {"tp": tp or nproc, "cp": cp, "seq_len": seq, "micro_batch": micro_batch,
                                     "global_batch": micro_batch, "sp": (tp or nproc) > 1}, "bench options")
+        bad = [v for v in check_plan(m, plan) if v.rule not in ("gpus_model_parallel", "gpus_dp")]
+        if bad:  # the same rules as estimate (the layer runs over nproc processes, not the plan's GPU count)
+            raise PlanViolationError(bad)
     else:
         raise LlmplanError("give --plan plan.json or --model (with --tp, --seq-len, --micro-batch)")
     cfg = BenchConfig(m, plan, cluster, nproc, backend, picked, tuple(int(parse_size(x)) for x in sizes.split(",")),
@@ -77,7 +81,7 @@ def bench(
     def view():
         for note in notes:
             out.print(f"[dim]{note}[/]")
-        for t in report.bench_tables(rows):
+        for t in report.bench_tables(rows, cpu=backend == "gloo"):
             out.print(t)
         out.print(f"bench took {run.seconds:.1f} s on {nproc} process(es) ({backend})")
     emit(doc, json_mode, view)

@@ -10,6 +10,14 @@ def _model_var(pf: PlanFile) -> str:
     return f'MODEL=${{MODEL:-{hf_repo(pf.model.name)}}}'
 
 
+def context_note(pf: PlanFile, flag: str) -> str:
+    """Where the context limit comes from, said in the file."""
+    j, m = pf.job, pf.model
+    return (f"# {flag} {j.context}: the planned input ({j.input_len}) + output ({j.output_len}) tokens, for which the "
+            f"KV capacity was predicted; {m.name} accepts up to {m.max_position_embeddings:,}: re-plan with longer "
+            "--input-len / --output-len to serve longer requests\n")
+
+
 def render_vllm(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "vllm")
     p, j = pf.plan, pf.job
@@ -27,7 +35,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     ])
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
-    text = (sh_header(pf, "vLLM (vllm serve)") + "set -euo pipefail\n" + note + _model_var(pf) + "\n"
+    text = (sh_header(pf, "vLLM (vllm serve)") + "set -euo pipefail\n" + note + context_note(pf, "--max-model-len")
+            + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
 
@@ -46,7 +55,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
     ])
-    text = (sh_header(pf, "SGLang (python -m sglang.launch_server)") + "set -euo pipefail\n" + note + _model_var(pf)
+    text = (sh_header(pf, "SGLang (python -m sglang.launch_server)") + "set -euo pipefail\n" + note
+            + context_note(pf, "--context-length") + _model_var(pf)
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
             + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"sglang_serve.sh": text}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import header_lines, need_mode, refuse, virtual_stage_layers
+from llmplan.export.common import header_lines, hf_repo, need_mode, refuse, virtual_stage_layers
 from llmplan.planfile import PlanFile
 
 TARGET = "torchtitan"
@@ -57,11 +57,15 @@ def toml_text(pf: PlanFile) -> str:
         f"# torchtitan version: {TORCHTITAN_VERSION} (main removed TOML configs on 2026-02-23)",
         "", "[job]", 'dump_folder = "./outputs"', f'description = "llmplan: {m.name}"',
         "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"',
+        f'hf_assets_path = "./assets/hf/{hf_repo(m.name).split("/")[-1]}"'
+        "  # tokenizer and config: python scripts/download_hf_assets.py --repo_id "
+        f"{hf_repo(m.name)} --assets tokenizer",
     ]
     if p.dtype == "fp8":
         lines.append('converters = ["float8"]')
     lines += [
-        "", "[training]", f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
+        "", "[training]", 'dataset = "c4"  # or your dataset registered in torchtitan/datasets; dataset_path for local files',
+        f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
         f"global_batch_size = {p.global_batch}", f"seq_len = {p.seq_len}", "max_norm = 1.0", "steps = 1000",
         'mixed_precision_param = "bfloat16"',
         f'mixed_precision_reduce = "{"float32" if p.grad_dtype == "fp32" else "bfloat16"}"',

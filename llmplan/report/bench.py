@@ -18,7 +18,9 @@ def _fmt_value(v: float, unit: str) -> str:
     return f"{v:,.4g} {unit}"
 
 
-def bench_tables(rows: list) -> list[Table]:
+def bench_tables(rows: list, cpu: bool = False) -> list[Table]:
+    """One table per component; on CPU (gloo) GEMM and collective times are not comparable with the GPU
+    profile, so their error reads "n/a on CPU" instead of a percentage."""
     tables = []
     for component in dict.fromkeys(r.component for r in rows):
         t = Table(title=component)
@@ -26,8 +28,10 @@ def bench_tables(rows: list) -> list[Table]:
             t.add_column(col, justify="right" if col in ("predicted", "measured", "error") else "left")
         for r in (x for x in rows if x.component == component):
             style = {"ok": "green", "MISMATCH": "bold red"}.get(r.verdict, "dim")
+            cpu_time = r.unit == "s" and cpu and r.component in ("gemm", "collective")
+            error = "n/a on CPU" if cpu_time else (f"{100 * r.error:+.2f}%" if r.predicted else "-")
             t.add_row(r.item, _fmt_value(r.predicted, r.unit) if r.predicted else "-", _fmt_value(r.measured, r.unit),
-                      f"{100 * r.error:+.2f}%" if r.predicted else "-", f"[{style}]{r.verdict}[/]", r.note)
+                      error, f"[{style}]{r.verdict}[/]", r.note)
         tables.append(t)
     return tables
 
