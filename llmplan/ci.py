@@ -9,7 +9,6 @@ names the file, the spec field that changed and its line, for text, JSON, GitHub
 
 from __future__ import annotations
 
-import json
 import subprocess
 from dataclasses import dataclass
 from dataclasses import field as dc_field

@@ -12,7 +12,7 @@ from llmplan.cost.operators import OperatorUse
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import place
 

@@ -130,8 +130,14 @@ def test_min_headroom_is_respected(cli):
 def test_search_table(cli):
     r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8")
     assert r.code == 0
-    for text in ("Best plans", "Pareto front", "Pruned:", "bottleneck", "GPU-hours"):
+    for text in ("Best plans", "Pareto front", "Pruned:", "bound", "GPU-hours"):
         assert text in r.out
+    assert max(len(line) for line in r.out.splitlines()) <= 80  # the brief: output fits 80 columns
+    wide = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--wide")
+    assert wide.code == 0
+    header = next(line for line in wide.out.splitlines() if "recompute" in line)
+    assert header.split()[:11] == ["#", "tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
+    assert "bottleneck" in wide.out
 
 
 def test_nothing_fits_exits_3_with_advice(cli):

@@ -15,9 +15,7 @@ from llmplan.planfile import save_plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Parallelism planner for large language models.")
-out = Console()
-if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
-    out.width = max(out.width, 140)
+out = Console()  # the terminal's width; 80 columns when piped unless COLUMNS says otherwise
 
 
 def emit(doc: dict, json_mode: bool, view) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from llmplan import report
 from llmplan.cli import options as opt
@@ -57,6 +58,7 @@ def search(
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     min_headroom: Optional[float] = typer.Option(None, "--min-headroom", min=0.0,
                                        help="Training: GiB each plan must leave free per GPU beyond the allowance."),
+    wide: bool = typer.Option(False, "--wide", help="Tables with a column per degree (wider than 80 columns)."),
     explain_opt: bool = typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write the best plan to this JSON file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
@@ -116,9 +118,11 @@ def search_train(o: dict) -> None:
         res = run_search(m, cluster, space, w, o["objective"], o["top"], allowance, order, progress=say,
                          min_headroom=min_headroom_bytes(o["min_headroom"], cluster.system.gpu.hbm_bytes))
     tokens = parse_size(o["train_tokens"])
+    console = Console(width=max(out.width, 160)) if o["wide"] else out
     advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
     emit(report.search_json(res, w, cluster, m, tokens, advice), o["json_mode"],
-         lambda: report.search_view(out, res, w, cluster, m, tokens, o["explain_opt"], advice))
+         lambda: report.search_view(console, res, w, cluster, m, tokens, o["explain_opt"], advice,
+                                            o["wide"]))
     if not res.ranked:
         sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
                          + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from llmplan.report.common import SCHEMA, human_bytes
+from llmplan.report.common import ReportTable, SCHEMA, human_bytes
 
 
 
@@ -23,7 +23,7 @@ def bench_tables(rows: list, cpu: bool = False) -> list[Table]:
     profile, so their error reads "n/a on CPU" instead of a percentage."""
     tables = []
     for component in dict.fromkeys(r.component for r in rows):
-        t = Table(title=component)
+        t = ReportTable(title=component)
         for col in ("item", "predicted", "measured", "error", "verdict", "note"):
             t.add_column(col, justify="right" if col in ("predicted", "measured", "error") else "left")
         for r in (x for x in rows if x.component == component):

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from llmplan.ci import Finding
-from llmplan.report.common import SCHEMA
+from llmplan.report.common import ReportTable, SCHEMA
 
 
 
@@ -51,7 +50,7 @@ def check_junit(findings: list[Finding]) -> str:
 
 
 def check_view(console: Console, findings: list[Finding], diff: list[dict[str, Any]] | None) -> None:
-    t = Table(title="llmplan check")
+    t = ReportTable(title="llmplan check")
     for col in ("check", "result", "where", "message"):
         t.add_column(col)
     for f in findings:

@@ -6,6 +6,9 @@ import json
 import math
 from typing import Any
 
+from rich import box
+from rich.table import Table
+
 from llmplan.specs.hardware import SystemSpec
 from llmplan.units import GIB
 
@@ -52,3 +55,19 @@ def fabric_names(system: SystemSpec) -> tuple[str, str]:
           "pcie": "PCIe"}[system.intra_node_fabric]
     down = {"infiniband": "IB", "roce": "RoCE", "efa": "EFA", "none": "network"}[system.scaleout_fabric]
     return up, down
+
+
+class ReportTable(Table):
+    """A table that fits the console: light borders, numbers never wrapped or cut (text columns wrap first),
+    long text folded rather than ellipsised."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("box", box.SIMPLE_HEAD)
+        kwargs.setdefault("pad_edge", False)
+        super().__init__(*args, **kwargs)
+
+    def add_column(self, header: str = "", *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        if kwargs.get("justify") == "right":
+            kwargs.setdefault("no_wrap", True)
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(header, *args, **kwargs)

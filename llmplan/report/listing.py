@@ -7,14 +7,14 @@ from typing import Any
 from rich.table import Table
 
 from llmplan.cost.params import ParamCounts
-from llmplan.report.common import SCHEMA, billions
+from llmplan.report.common import ReportTable, SCHEMA, billions
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 
 
 
 def models_table(models: list[tuple[ModelSpec, ParamCounts]]) -> Table:
-    t = Table(title="Built-in models")
+    t = ReportTable(title="Built-in models")
     for col in ("name", "type", "layers", "hidden", "heads/kv", "experts", "params", "active", "context"):
         t.add_column(col, justify="left" if col in ("name", "type") else "right")
     for m, p in models:
@@ -32,14 +32,14 @@ def models_json(models: list[tuple[ModelSpec, ParamCounts]]) -> dict[str, Any]:
 
 
 def hardware_tables(gpus: list[GpuSpec], systems: list[SystemSpec]) -> list[Table]:
-    g = Table(title="GPUs")
+    g = ReportTable(title="GPUs")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s"):
         g.add_column(col, justify="left" if col == "name" else "right")
     for x in gpus:
         fp8 = x.tflops.get("fp8")
         g.add_row(x.name, f"{x.tflops.get('bf16', 0):g}", f"{fp8:g}" if fp8 else "-", f"{x.hbm_gib:g}",
                   f"{x.hbm_gb_per_s:g}")
-    s = Table(title="Systems (--hardware)")
+    s = ReportTable(title="Systems (--hardware)")
     for col in ("name", "GPU", "GPUs/node", "scale-up", "GB/s per GPU", "scale-out"):
         s.add_column(col, justify="left" if col in ("name", "GPU", "scale-up", "scale-out") else "right")
     for x in systems:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import SCHEMA, gib
+from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.advice import advice_json
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
@@ -29,15 +29,23 @@ def plan_cells(p: ParallelPlan) -> list[str]:
 PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
 
 
-def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None) -> Table:
-    t = Table(title=title)
-    for col in ["#", *PLAN_HEAD, "mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"]:
-        t.add_column(col, justify="left" if col in ("recompute", "bottleneck") else "right")
+def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None,
+                 wide: bool = False) -> Table:
+    """The ranked plans: by default one plan string per row (fits 80 columns); wide: a column per degree."""
+    t = ReportTable(title=title)
+    plan_head = PLAN_HEAD if wide else ["plan"]
+    tail = ["mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"] if wide else \
+        ["GiB", "step s", "tok/s", "MFU", "bound"]
+    for col in ["#", *plan_head, *tail]:
+        t.add_column(col, justify="left" if col in ("recompute", "bottleneck", "bound", "plan") else "right")
     for i, e in enumerate(rows, 1):
         m, tp = e.memory, e.throughput
         same = equivalents[i - 1] if equivalents and i <= len(equivalents) else 0
-        t.add_row(f"{i}" + (f" +{same}" if same else ""), *plan_cells(e.plan), gib(m.total), gib(m.headroom), f"{float(e.time.total):,.3f}",
-                  f"{float(tp.tokens_per_s):,.0f}", f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+        rank = f"{i}" + (f" +{same}" if same else "")
+        plan = plan_cells(e.plan) if wide else [plan_label(e.plan) + ("*" if len(set(e.stage_layers)) > 1 else "")]
+        nums = [gib(m.total), gib(m.headroom)] if wide else [gib(m.total)]
+        t.add_row(rank, *plan, *nums, f"{float(e.time.total):,.3f}", f"{float(tp.tokens_per_s):,.0f}",
+                  f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
     notes = []
     uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
     if uneven:
@@ -50,8 +58,11 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
 
 
 def plan_label(p: ParallelPlan) -> str:
-    return (f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" vpp{p.vpp}" if p.vpp > 1
-            else "") + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
+    """The plan in one short string: degrees above 1, ZeRO stage, recompute, micro-batch."""
+    ep = f" ep{p.ep}" + (f"/etp{p.etp_resolved}" if p.etp_resolved != p.tp else "") if p.ep > 1 else ""
+    return (f"tp{p.tp}" + (" sp" if p.sp and p.tp > 1 else "") + f" pp{p.pp} dp{p.dp}"
+            + (f" cp{p.cp}" if p.cp > 1 else "") + ep + (f" vpp{p.vpp}" if p.vpp > 1 else "")
+            + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
 
 
 def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:
@@ -65,7 +76,7 @@ def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:
 
 
 def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
-    t = Table(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
+    t = ReportTable(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
     t.add_column("part")
     t.add_column("#1 s", justify="right")
     t.add_column(f"{what} s", justify="right")
@@ -81,7 +92,7 @@ def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
 
 
 def pruned_table(res: SearchResult) -> Table:
-    t = Table(title=f"Pruned: {res.considered - res.feasible:,} of {res.considered:,} plans")
+    t = ReportTable(title=f"Pruned: {res.considered - res.feasible:,} of {res.considered:,} plans")
     t.add_column("rule")
     t.add_column("plans cut", justify="right")
     t.add_column("example")
@@ -120,12 +131,13 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
 
 
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
-                train_tokens: float, full_explain: bool = False, advice: list | None = None) -> None:
+                train_tokens: float, full_explain: bool = False, advice: list | None = None,
+                wide: bool = False) -> None:
     console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
-        console.print(ranked_table("Best plans", res.ranked, res.equivalents))
+        console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide))
         b = budget_json(res.ranked[0], train_tokens)
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
                       f"{b['gpu_hours']:,.0f} GPU-hours")
@@ -140,7 +152,7 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             if advice:
                 console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",
-                                   res.pareto))
+                                   res.pareto, wide=wide))
     console.print(pruned_table(res))
     if res.closest is not None:
         e = res.closest

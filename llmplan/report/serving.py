@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.advice import advice_json
-from llmplan.report.common import SCHEMA, gib
+from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.serve import ServeSearchResult
 from llmplan.serving import ServeEstimate
@@ -57,7 +57,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
                     "output token" if u.modelled else "")
             console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
                           f"{e.cluster.system.gpu.name} does not list; {u.fallback}{cost}")
-    tb = Table(title="Memory per GPU")
+    tb = ReportTable(title="Memory per GPU")
     for col in ("part", "GiB", "% of usable", "formula"):
         tb.add_column(col, justify="right" if col in ("GiB", "% of usable") else "left")
     for name, val, ref in (("weights", mem.weights, "infer.weights"), ("KV cache", mem.kv_cache, "infer.kv"),
@@ -93,7 +93,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
-    t = Table(title=title)
+    t = ReportTable(title=title)
     for col in ("#", "GPUs", "tp", "pp", "replicas", "ep", "weights", "KV", "batch", "max seqs", "TTFT ms",
                 "TPOT ms", "tokens/s", "per GPU"):
         t.add_column(col, justify="right")
@@ -122,7 +122,7 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
     console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
     if res.ranked:
         console.print(serve_search_table("Best serving plans", res.ranked))
-    t = Table(title="Pruned layouts")
+    t = ReportTable(title="Pruned layouts")
     t.add_column("rule")
     t.add_column("layouts", justify="right")
     t.add_column("example")

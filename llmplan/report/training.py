@@ -13,7 +13,7 @@ from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import SCHEMA, billions, fabric_names, gib, human_bytes
+from llmplan.report.common import ReportTable, SCHEMA, billions, fabric_names, gib, human_bytes
 from llmplan.units import GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -58,7 +58,7 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
 
 def comm_table(comm: CommBreakdown, system: SystemSpec) -> Table:
     up, down = fabric_names(system)
-    t = Table(title="Communication per step per GPU (most-loaded rank)")
+    t = ReportTable(title="Communication per step per GPU (most-loaded rank)")
     for col in ("axis", "collective", "calls", "message", "GiB sent", "group", "time s"):
         t.add_column(col, justify="right" if col in ("calls", "message", "GiB sent", "time s") else "left")
     for axis, a in comm.axes.items():
@@ -126,7 +126,7 @@ def split_text(layers: tuple[int, ...] | list[int]) -> str:
 
 def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -> Table:
     """What to change next: each change, the flags that make it, and what it predicts."""
-    t = Table(title="What to change next (each alone, predicted by the same model)")
+    t = ReportTable(title="What to change next (each alone, predicted by the same model)")
     t.add_column("change")
     t.add_column("add flags", style="cyan")
     t.add_column("tokens/s", justify="right")
@@ -157,7 +157,7 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
 
 def time_table(e: TrainingEstimate) -> Table:
     st, tp = e.time, e.throughput
-    t = Table(title="Step time (most-loaded stage)")
+    t = ReportTable(title="Step time (most-loaded stage)")
     t.add_column("part")
     t.add_column("seconds", justify="right")
     t.add_column("% of step", justify="right")
@@ -187,7 +187,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "
                   f"on the most-loaded GPU {billions(mem.params_on_rank)} (pipeline stage {mem.stage})")
-    t = Table(title="Memory per GPU (most-loaded rank)")
+    t = ReportTable(title="Memory per GPU (most-loaded rank)")
     t.add_column("part")
     t.add_column("GiB", justify="right")
     t.add_column("% of capacity", justify="right")
