@@ -164,3 +164,21 @@ def test_min_gpus_keeps_the_memory_allowance(cli):
             "min-gpus", "--overhead-gib", "20", "--json")
     assert r.code == 0, r.err
     assert r.json()["plans"][0]["memory"]["other"] >= 20 * 2**30
+
+
+def test_min_gpus_that_finds_nothing_lists_the_near_misses(cli):
+    # Issue 16: a min-gpus search that serves nothing lists the layouts that fit in memory but miss an SLO or
+    # the GPU budget, with the SLO and the value achieved.
+    args = ("search", "--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--objective",
+            "min-gpus", "--request-rate", "1000", "--tpot-slo", "0.05")
+    r = cli(*args, "--json")
+    assert r.code == 3
+    misses = r.json()["misses"]
+    over = [x for x in misses if x["rule"] == "gpus"]
+    slow = [x for x in misses if x["rule"] == "slo"]
+    assert over and slow
+    assert all(x["gpus_needed"] > 8 and x["tpot_s"] <= 0.05 for x in over)  # meets the SLO, needs more GPUs
+    assert all(x["tpot_s"] > 0.05 for x in slow)  # even one sequence misses the TPOT objective
+    table = cli(*args)
+    assert "Layouts that fit but are not served" in table.out and "TPOT <= 0.05 s" in table.out
+    assert f"needs {over[0]['gpus_needed']} GPUs" in table.out and "misses TPOT" in table.out

@@ -133,6 +133,7 @@ def test_search_table(cli):
     for text in ("Best plans", "Pareto front", "Pruned:", "bound", "GPU-hours"):
         assert text in r.out
     assert max(len(line) for line in r.out.splitlines()) <= 80  # the brief: output fits 80 columns
+    assert "…" not in r.out  # issue 16: numbers were cut to "6…" at 80 columns
     wide = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--wide")
     assert wide.code == 0
     header = next(line for line in wide.out.splitlines() if "recompute" in line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.table import Table
 from llmplan.advice import advice_json
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
-from llmplan.search.serve import ServeSearchResult
+from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
@@ -110,18 +111,21 @@ def serve_search_json(res: ServeSearchResult, model: ModelSpec, cluster: Cluster
             "gpus": cluster.num_gpus, "objective": res.objective, "request_rate": res.request_rate,
             "workload": job.model_dump(mode="json"), "considered": res.considered, "feasible": res.feasible,
             "pruned": {p.rule: p.count for p in res.pruned}, "pruned_examples": {p.rule: p.example for p in res.pruned},
-            "search_s": res.seconds, "plans": [{"rank": i, **serve_json(e)} for i, e in enumerate(res.ranked, 1)]}
+            "search_s": res.seconds, "plans": [{"rank": i, **serve_json(e)} for i, e in enumerate(res.ranked, 1)],
+            "misses": [asdict(x) for x in res.misses]}
 
 
 def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec, cluster: ClusterSpec,
                       job: ServeJob) -> None:
-    slo = f", SLOs TTFT {job.ttft_slo_s} s / TPOT {job.tpot_slo_s} s" if job.ttft_slo_s or job.tpot_slo_s else ""
+    slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
     console.print(f"[bold]{model.name}[/] serving on up to {cluster.num_gpus} x {cluster.system.gpu.name}: "
                   f"{job.input_len} in / {job.output_len} out tokens{slo}; objective {res.objective}"
                   + (f" at {res.request_rate} requests/s" if res.request_rate else ""))
     console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
     if res.ranked:
         console.print(serve_search_table("Best serving plans", res.ranked))
+    if not res.ranked and res.misses:
+        console.print(misses_table(res, job))
     t = ReportTable(title="Pruned layouts")
     t.add_column("rule")
     t.add_column("layouts", justify="right")
@@ -129,3 +133,19 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
     for p in res.pruned:
         t.add_row(p.rule, str(p.count), p.example)
     console.print(t)
+
+
+def misses_table(res: ServeSearchResult, job: ServeJob) -> Table:
+    """Layouts that fit in memory but miss an SLO or the GPU budget: what each achieves at best."""
+    t = ReportTable(title=f"Layouts that fit but are not served ({slo_text(job)}"
+                    + (f", {res.request_rate:g} requests/s" if res.request_rate else "") + ")")
+    t.caption = "TTFT/TPOT at one sequence for an SLO miss, at the concurrency meeting the SLOs for a GPU miss"
+    for col in ("tp", "pp", "ep", "TTFT s", "TPOT s", "why"):
+        t.add_column(col, justify="left" if col == "why" else "right")
+    for x in res.misses:
+        why = (f"needs {x.gpus_needed} GPUs" if x.rule == "gpus" else
+               "misses " + " and ".join(n for n, v, lim in (("TTFT", x.ttft_s, job.ttft_slo_s),
+                                                             ("TPOT", x.tpot_s, job.tpot_slo_s))
+                                        if lim is not None and v > lim))
+        t.add_row(str(x.tp), str(x.pp), str(x.ep), f"{x.ttft_s:.3g}", f"{x.tpot_s:.3g}", why)
+    return t
