@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
-from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.compute import stage_compute
+from llmplan.cost.memory import TrainingMemory, stage_memory, training_memory
 from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
-from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list
+from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list, stage_layers
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_plan
@@ -65,3 +66,31 @@ def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance:
 def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:
     """The built-in models with their parameter counts, by name (`llmplan models`)."""
     return [(m, param_counts(m)) for m in sorted(builtin_models().values(), key=lambda m: m.name)]
+
+
+@dataclass(frozen=True)
+class StageView:
+    """One pipeline stage of a training plan, as `llmplan report` draws it."""
+
+    stage: int
+    layers: int
+    memory: TrainingMemory
+    """Memory per GPU of this stage's ranks."""
+    forward_s: float
+    """One micro-batch's forward on this stage (all its chunks), seconds."""
+    backward_s: float
+    """One micro-batch's backward (recompute included), seconds."""
+
+
+def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -> list[StageView]:
+    """Every stage's memory and per-micro-batch compute, with the kernels the GPU has (as the estimate)."""
+    m, plan, gpu = e.model, e.plan, e.cluster.system.gpu
+    runs = with_fallbacks(plan, operator_uses(m, plan, gpu))
+    allowance = allowance or MemoryAllowance()
+    out = []
+    for i in range(plan.pp):
+        dense, moe = stage_layers(m, runs, i)
+        sc = stage_compute(m, runs, gpu, dense, moe, i == plan.pp - 1)
+        mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes)
+        out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
+    return out

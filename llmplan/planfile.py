@@ -52,6 +52,31 @@ class Predictions(BaseModel):
     """Throughput."""
 
 
+class SearchPoint(BaseModel):
+    """One plan of a saved search, as the report's scatter draws it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    plan: str = Field(max_length=200)
+    """The plan in one string (tp4 sp pp4 dp4 ...)."""
+    tokens_per_s: float = Field(ge=0, allow_inf_nan=False)
+    """Predicted tokens per second."""
+    headroom: float = Field(allow_inf_nan=False)
+    """Memory left free per GPU, bytes."""
+
+
+class SearchPoints(BaseModel):
+    """What `search --save` keeps of the search for `llmplan report`: a sample of the plans that fit, the
+    Pareto front and #1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cloud: list[tuple[float, float]] = Field(default_factory=list, max_length=100_000)
+    """(tokens/s, headroom bytes) of plans that fit."""
+    pareto: list[SearchPoint] = Field(default_factory=list, max_length=10_000)
+    """The Pareto front, best throughput first."""
+    best: Optional[SearchPoint] = None
+    """The plan ranked first."""
+
+
 class PlanDocument(BaseModel):
     """A plan file as stored: what `search --save` writes and export, bench, check and lock read. Keys the
     reader does not know (llmplan_version, created, ...) are kept and ignored."""
@@ -86,6 +111,8 @@ class PlanDocument(BaseModel):
     """The serving workload (infer)."""
     predictions: Predictions = Field(default_factory=lambda: Predictions())
     """What llmplan predicted when the plan was saved."""
+    search: Optional[SearchPoints] = None
+    """The search the plan was chosen from (`search --save`), for the report's scatter."""
 
     @model_validator(mode="after")
     def _complete(self) -> "PlanDocument":

@@ -22,6 +22,7 @@ from llmplan.cli import export  # noqa: F401
 from llmplan.cli import ci  # noqa: F401
 from llmplan.cli import bench  # noqa: F401
 from llmplan.cli import collective  # noqa: F401
+from llmplan.cli import report  # noqa: F401
 from llmplan.cli.app import app
 from llmplan.errors import LlmplanError
 from llmplan.fileio import excerpt

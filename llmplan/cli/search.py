@@ -130,8 +130,8 @@ def search_train(o: dict) -> None:
     if o["save"] is not None:
         best = res.ranked[0]
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
-        save_best(o["save"], plan_document(best, allowance, order, report.estimate_json(best), refs), o["force"],
-                  o["json_mode"])
+        doc = plan_document(best, allowance, order, report.estimate_json(best), refs)
+        save_best(o["save"], {**doc, "search": report.search_points(res)}, o["force"], o["json_mode"])
 
 
 def search_workload(m, o: dict) -> Workload:

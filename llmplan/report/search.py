@@ -159,3 +159,15 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         console.print(f"[bold red]NO PLAN FITS[/]. Closest: {' '.join(f'{h} {c}' for h, c in zip(PLAN_HEAD, plan_cells(e.plan)))} "
                       f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
         console.print("It would fit with: " + "; ".join(res.suggestions))
+
+
+def search_points(res: SearchResult) -> dict[str, Any]:
+    """What a saved search keeps for `llmplan report`'s scatter: a sample of the plans that fit, the Pareto
+    front and #1 (tokens/s and headroom bytes)."""
+    def point(e: TrainingEstimate) -> dict[str, Any]:
+        return {"plan": plan_label(e.plan), "tokens_per_s": float(e.throughput.tokens_per_s),
+                "headroom": float(e.memory.headroom)}
+
+    return {"cloud": [[float(t), float(h)] for t, h in res.cloud], "pareto": [point(e) for e in res.pareto],
+            **({"best": point(res.ranked[0])} if res.ranked else {})}
+

@@ -53,6 +53,12 @@ class SearchResult:
     """Per ranked plan: how many other plans predicted identical (same throughput and memory) it stands for."""
     conventional: TrainingEstimate | None = None
     """The conventional plan (TP inside the node, PP across nodes, DP the rest) for comparison."""
+    cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
+    (for the report's scatter)."""
+
+
+CLOUD_POINTS = 2000
 
 
 def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
@@ -176,10 +182,13 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
 
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
     picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top)
+    sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
+    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
+                      np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
                         ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
                         seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
-                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom))
+                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom), cloud=cloud)
 
 
 def _take_mem(mem: Any, idx: np.ndarray) -> Any:

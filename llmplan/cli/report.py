@@ -1,0 +1,40 @@
+"""`llmplan report`: a self-contained HTML page of a saved plan (matplotlib figures, no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llmplan.cli import options as opt
+from llmplan.cli.app import app, emit, out
+from llmplan.errors import LlmplanError
+from llmplan.estimate import estimate_training, stage_views
+from llmplan.fileio import write_atomic
+from llmplan.planfile import load_plan
+from llmplan.report.html import serving_report, training_report
+from llmplan.serving import estimate_serving
+
+
+@app.command()
+def report(
+    plan_file: Path = typer.Argument(..., help="A plan file written by `search --save` or `estimate --save`."),
+    output: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the HTML file if it exists."),
+    json_mode: bool = opt.JSON,
+) -> None:
+    """One HTML page with the plan's pictures: memory per stage, pipeline schedule, step time by part,
+    communication per axis, and for a saved search its throughput vs headroom front."""
+    pf = load_plan(plan_file)
+    if output.exists() and not force:  # refuse before drawing (drawing takes a second or two)
+        raise LlmplanError(f"{output} already exists; pass --force to overwrite")
+    if pf.mode == "infer":
+        page = serving_report(estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance))
+    else:
+        e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+        points = pf.document.search if pf.document is not None else None
+        page = training_report(e, stage_views(e, pf.allowance), points.model_dump() if points else None)
+    write_atomic(output, page, force=True)
+    figures = page.count("<figure ")
+    emit({"schema": 1, "report": str(output), "figures": figures}, json_mode,
+         lambda: out.print(f"wrote {output} ({figures} figures)"))

@@ -1,0 +1,74 @@
+"""The pipeline schedule as a timeline: when each stage runs each micro-batch's forward and backward.
+
+The step-time model prices the schedule in closed form (docs/formulas.md#step.pipeline); this simulation
+lays the same schedule out slot by slot so that `llmplan report` can draw it, interleaving included. It
+ignores point-to-point transfer time (drawn schedules show compute and bubbles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One forward or backward of one micro-batch (one model chunk with interleaving) on one stage."""
+
+    stage: int
+    kind: str
+    """"forward" or "backward"."""
+    microbatch: int
+    chunk: int
+    """Virtual-pipeline chunk (0 without interleaving)."""
+    start: float
+    """Seconds from the start of the step."""
+    end: float
+
+
+def stage_order(p: int, n: int, v: int, i: int) -> list[tuple[str, int, int]]:
+    """(kind, micro-batch, chunk) in the order stage i runs them: warm-up forwards, then one forward / one
+    backward, then the remaining backwards. Interleaved (v > 1): micro-batches go through the chunks in groups
+    of p, and stage i warms up with 2(p - i - 1) + (v - 1)p forwards.
+    Source: Narayanan et al. 2021 §2.2 (1F1B and interleaved 1F1B); Megatron-LM pipeline_parallel/schedules.py.
+    Derived: docs/formulas.md#pipeline.schedule"""
+    fwd = [(mb, c) for g in range(0, n, p) for c in range(v) for mb in range(g, min(g + p, n))]
+    bwd = [(mb, c) for g in range(0, n, p) for c in reversed(range(v)) for mb in range(g, min(g + p, n))]
+    warm = min(p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p, n * v)
+    ops = [("forward", *x) for x in fwd[:warm]]
+    for k in range(n * v - warm):
+        ops += [("forward", *fwd[warm + k]), ("backward", *bwd[k])]
+    ops += [("backward", *x) for x in bwd[n * v - warm:]]
+    return ops
+
+
+def _after(kind: str, i: int, mb: int, c: int, p: int, v: int) -> tuple[str, int, int, int] | None:
+    """The slot that must finish before (kind, stage i, mb, chunk c) can start."""
+    if kind == "forward":
+        return ("forward", i - 1, mb, c) if i > 0 else (("forward", p - 1, mb, c - 1) if c > 0 else None)
+    if i < p - 1:
+        return ("backward", i + 1, mb, c)
+    return ("backward", 0, mb, c + 1) if c < v - 1 else ("forward", p - 1, mb, c)
+
+
+def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1) -> list[Slot]:
+    """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
+    together), n the micro-batches, v the virtual stages per rank. Each stage runs its slots in stage_order,
+    a slot starting when the stage is free and its input has arrived."""
+    p = len(forward_s)
+    orders = [stage_order(p, n, v, i) for i in range(p)]
+    nxt, free, done, slots = [0] * p, [0.0] * p, {}, []
+    while any(nxt[i] < len(orders[i]) for i in range(p)):
+        moved = False
+        for i in range(p):
+            while nxt[i] < len(orders[i]):
+                kind, mb, c = orders[i][nxt[i]]
+                dep = _after(kind, i, mb, c, p, v)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[i], done[dep] if dep is not None else 0.0)
+                end = start + (forward_s[i] if kind == "forward" else backward_s[i]) / v
+                done[(kind, i, mb, c)], free[i], nxt[i], moved = end, end, nxt[i] + 1, True
+                slots.append(Slot(i, kind, mb, c, start, end))
+        if not moved:
+            raise RuntimeError(f"pipeline schedule deadlocked (p={p}, n={n}, v={v})")  # a bug, not user input
+    return sorted(slots, key=lambda s: (s.stage, s.start))

@@ -1,0 +1,219 @@
+"""`llmplan report`: one self-contained HTML page of a saved plan, with matplotlib figures inlined as SVG.
+
+Each figure is a <figure id=...> whose data-values attribute holds, as JSON, the numbers it plots (bytes and
+seconds, as in the plan's JSON), so that a test or a tool can check the picture against the prediction.
+matplotlib is an optional dependency (`pip install 'llmplan[report]'`).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from typing import Any
+
+from llmplan.cost.schedule import pipeline_schedule
+from llmplan.errors import LlmplanError
+from llmplan.estimate import StageView, TrainingEstimate
+from llmplan.report.search import plan_label
+from llmplan.units import GIB
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
+COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",
+          "other": "#999999", "kv_cache": "#dd8452", "forward": "#4c72b0", "backward": "#dd8452"}
+
+
+def _figure(width: float, height: float) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise LlmplanError("llmplan report draws with matplotlib, which is not installed; "
+                           "pip install 'llmplan[report]'") from None
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "llmplan"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype: the SVG sits inside HTML
+
+
+def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
+    """Memory per GPU of every pipeline stage, stacked by part, against the GPU's capacity."""
+    fig = _figure(7.5, 3.2)
+    ax = fig.add_subplot()
+    x = list(range(len(stages)))
+    bottom = [0.0] * len(stages)
+    for part in MEMORY_PARTS:
+        vals = [float(getattr(s.memory, part)) / GIB for s in stages]
+        ax.bar(x, vals, bottom=bottom, color=COLORS[part], label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.axhline(capacity / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
+    ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16 else [str(s.stage) for s in stages])
+    ax.set_xlabel("pipeline stage (layers)")
+    ax.set_ylabel("GiB per GPU")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    data = {"capacity": capacity,
+            "stages": [{"stage": s.stage, "layers": s.layers, **{p: float(getattr(s.memory, p)) for p in MEMORY_PARTS},
+                        "total": float(s.memory.total)} for s in stages]}
+    return fig, data
+
+
+def schedule_figure(stages: list[StageView], microbatches: int, vpp: int) -> tuple[Any, dict]:
+    """The pipeline schedule of one step, drawn for its first micro-batches (at least two rounds of p)."""
+    p = len(stages)
+    shown = min(microbatches, max(2 * p, 4))
+    if vpp > 1 and shown % p:  # interleaving groups micro-batches by p
+        shown = min(microbatches, shown + p - shown % p)
+    slots = pipeline_schedule([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp)
+    fig = _figure(7.5, min(0.3 * p, 6.0) + 1.2)
+    ax = fig.add_subplot()
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}  # one bar collection per kind, chunk, stage
+    for s in slots:
+        groups.setdefault((s.kind, s.chunk, s.stage), []).append((s.start, s.end - s.start))
+    for (kind, chunk, stage), bars in groups.items():
+        shade = 1.0 - 0.5 * chunk / max(vpp - 1, 1)
+        ax.broken_barh(bars, (stage - 0.4, 0.8), facecolors=COLORS[kind], alpha=shade, edgecolor="white",
+                       linewidth=0.3, rasterized=len(slots) > 400)  # many slots: a bitmap inside the SVG
+    if len(slots) <= 160:
+        for s in slots:
+            ax.text((s.start + s.end) / 2, s.stage, str(s.microbatch + 1), ha="center", va="center", fontsize=6,
+                    color="white")
+    makespan = max(s.end for s in slots)
+    busy = [sum(s.end - s.start for s in slots if s.stage == i) for i in range(p)]
+    ax.set_yticks(range(p), [f"stage {i}" for i in range(p)] if p <= 16 else [str(i) for i in range(p)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (forward blue, backward orange" + (", lighter: later chunks" if vpp > 1 else "")
+                  + "; gaps are the bubble)")
+    ax.set_xlim(0, makespan)
+    data = {"microbatches": microbatches, "microbatches_shown": shown, "vpp": vpp, "makespan_s": makespan,
+            "bubble_s": [makespan - b for b in busy], "forward_s": [s.forward_s for s in stages],
+            "backward_s": [s.backward_s for s in stages]}
+    return fig, data
+
+
+def step_figure(e: TrainingEstimate) -> tuple[Any, dict]:
+    """Step time by part: compute, pipeline bubble, exposed communication per axis, optimizer, overhead."""
+    t = e.time
+    parts = {"compute": t.compute, "bubble": t.bubble, **{f"exposed {k}": v for k, v in t.exposed.items()},
+             "optimizer": t.optimizer, "overhead": t.overhead}
+    parts = {k: float(v) for k, v in parts.items()}
+    fig = _figure(7.5, 2.8)
+    ax = fig.add_subplot()
+    names = list(parts)
+    ax.barh(names, [parts[k] for k in names], color=["#4c72b0", "#999999"] + ["#c44e52"] * len(t.exposed)
+            + ["#55a868", "#8172b2"])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"seconds per step (total {float(t.total):.3f} s)")
+    return fig, {"parts_s": parts, "step_s": float(t.total)}
+
+
+def comm_figure(e: TrainingEstimate) -> tuple[Any, dict]:
+    """Bytes each GPU sends per step on every parallel axis, and their time before overlap."""
+    data = {k: {"bytes": float(v.bytes), "seconds": float(v.seconds)} for k, v in e.comm.axes.items()}
+    fig = _figure(7.5, 2.6)
+    left, right = fig.subplots(1, 2)
+    names = list(data)
+    left.bar(names, [data[k]["bytes"] / GIB for k in names], color="#4c72b0")
+    left.set_ylabel("GiB sent per GPU per step")
+    right.bar(names, [data[k]["seconds"] for k in names], color="#c44e52")
+    right.set_ylabel("seconds (before overlap)")
+    return fig, {"axes": data}
+
+
+def scatter_figure(points: dict) -> tuple[Any, dict]:
+    """Throughput against memory headroom of the search's feasible plans, the Pareto front marked."""
+    fig = _figure(7.5, 3.4)
+    ax = fig.add_subplot()
+    cloud = points.get("cloud", [])
+    if cloud:
+        ax.scatter([h / GIB for _, h in cloud], [t for t, _ in cloud], s=6, color="#bbbbbb", label="plans that fit",
+                   rasterized=len(cloud) > 500)
+    front = points.get("pareto", [])
+    ax.plot([p["headroom"] / GIB for p in front], [p["tokens_per_s"] for p in front], "o-", color="#c44e52",
+            markersize=4, label="Pareto front")
+    best = points.get("best")
+    if best:
+        ax.scatter([best["headroom"] / GIB], [best["tokens_per_s"]], marker="*", s=120, color="black", label="#1",
+                   zorder=3)
+    ax.set_xlabel("memory headroom per GPU, GiB")
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=8)
+    return fig, points
+
+
+def _section(fid: str, title: str, fig: Any, data: dict, caption: str) -> str:
+    values = html.escape(json.dumps(data, allow_nan=False), quote=True)
+    return (f'<figure id="{fid}" data-values="{values}">\n<h2>{html.escape(title)}</h2>\n{_svg(fig)}\n'
+            f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>\n")
+
+
+def training_report(e: TrainingEstimate, stages: list[StageView], search_points: dict | None = None) -> str:
+    """The HTML page of a training plan: memory per stage, schedule, step parts, communication, and the
+    search's throughput/headroom scatter when the plan came from a search."""
+    p = e.plan
+    sections = [
+        _section("memory", "Memory per GPU, by pipeline stage", *memory_figure(stages, float(e.memory.capacity)),
+                 f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "
+                 f"{float(e.memory.capacity) / GIB:.2f} GiB."),
+        _section("schedule", "Pipeline schedule", *schedule_figure(stages, int(p.num_microbatches), p.vpp),
+                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step (the first ones drawn), "
+                 f"{'interleaved over ' + str(p.vpp) + ' chunks' if p.vpp > 1 else '1F1B'}; point-to-point "
+                 "transfers not drawn."),
+        _section("step", "Step time by part", *step_figure(e),
+                 f"{float(e.throughput.tokens_per_s):,.0f} tokens/s, MFU {100 * float(e.throughput.mfu):.1f}%, "
+                 f"bottleneck {e.bottleneck}."),
+        _section("comm", "Communication per axis", *comm_figure(e),
+                 "What each GPU sends per step and how long it takes on its links; the step model hides part of it."),
+    ]
+    if search_points:
+        sections.append(_section("pareto", "Throughput vs memory headroom (search)", *scatter_figure(search_points),
+                                 "Every plan the search kept (a sample when there are many), its Pareto front, and #1."))
+    title = f"{e.model.name} on {e.cluster.num_nodes} x {e.cluster.system.name}: {plan_label(p)}"
+    return _page(title, sections)
+
+
+def serving_report(e: Any) -> str:
+    """The HTML page of a serving plan: memory per GPU by part and the latencies against the SLOs."""
+    mem, t, p, j = e.memory, e.timing, e.plan, e.job
+    parts = {k: float(getattr(mem, k)) for k in ("weights", "kv_cache", "activations", "other")}
+    fig = _figure(7.5, 1.8)
+    ax = fig.add_subplot()
+    left = 0.0
+    for k, v in parts.items():
+        ax.barh(["GPU"], [v / GIB], left=[left], color=COLORS.get(k, "#999999"), label=k.replace("_", " "))
+        left += v / GIB
+    ax.axvline(float(mem.capacity) / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
+    ax.set_xlabel("GiB per GPU")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    memory = {**parts, "total": float(mem.total), "capacity": float(mem.capacity)}
+    lat = {"ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e)}
+    fig2 = _figure(7.5, 2.2)
+    ax2 = fig2.add_subplot()
+    ax2.barh(["TTFT", "TPOT", "end to end"], list(lat.values()), color=["#4c72b0", "#dd8452", "#999999"])
+    for y, slo in ((0, j.ttft_slo_s), (1, j.tpot_slo_s)):
+        if slo is not None:
+            ax2.plot([slo, slo], [y - 0.4, y + 0.4], color="black", linestyle="--")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("seconds (dashed: SLO)")
+    ax2.invert_yaxis()
+    sections = [
+        _section("memory", "Memory per GPU", fig, memory, f"{j.batch} concurrent sequences per replica; the KV cache "
+                 f"holds {mem.max_concurrent_seqs} sequences of {j.context} tokens."),
+        _section("latency", "Latency", fig2, {**lat, "ttft_slo_s": j.ttft_slo_s, "tpot_slo_s": j.tpot_slo_s},
+                 f"{e.tokens_per_s:,.0f} output tokens/s over {p.dp} replica(s)."),
+    ]
+    return _page(f"{e.model.name} serving on {e.cluster.num_nodes} x {e.cluster.system.name}: tp {p.tp} pp {p.pp} "
+                 f"replicas {p.dp} ep {p.ep}", sections)
+
+
+def _page(title: str, sections: list[str]) -> str:
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
+             "figure{margin:2em 0}svg{max-width:100%;height:auto}figcaption{color:#555}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{html.escape(title)}"
+            f"</title>\n<style>{style}</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+            + "".join(sections) + "<p>Made by llmplan report.</p>\n</body>\n</html>\n")

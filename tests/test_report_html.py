@@ -1,0 +1,119 @@
+"""`llmplan report`: one self-contained HTML page whose figures plot the plan's own predictions (issue 16)."""
+
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+
+class Figures(HTMLParser):
+    """The figures of the page: id -> (data-values, number of <svg> inside), and any external reference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.figures: dict[str, list] = {}
+        self.current: str | None = None
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "figure":
+            self.current = a["id"]
+            self.figures[self.current] = [json.loads(a["data-values"]), 0]
+        elif tag == "svg" and self.current:
+            self.figures[self.current][1] += 1
+        for key in ("src", "href"):
+            if a.get(key, "").startswith(("http:", "https:", "//")) and tag in ("script", "link", "img"):
+                self.external.append(a[key])
+
+    def handle_endtag(self, tag):
+        if tag == "figure":
+            self.current = None
+
+
+def parse(path) -> Figures:
+    f = Figures()
+    f.feed(path.read_text())
+    return f
+
+
+def test_training_report_plots_the_saved_predictions(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--save", plan, "--json")
+    assert r.code == 0
+    saved = json.loads(plan.read_text())
+    pred = saved["predictions"]
+    out = tmp_path / "report.html"
+    r = cli("report", plan, "-o", out, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["figures"] == 5
+    page = parse(out)
+    assert set(page.figures) == {"memory", "schedule", "step", "comm", "pareto"}
+    assert all(n == 1 for _, n in page.figures.values())  # one inline SVG per figure
+    assert not page.external  # self-contained: nothing fetched from the network
+    memory = page.figures["memory"][0]
+    assert len(memory["stages"]) == saved["plan"]["pp"]
+    assert max(s["total"] for s in memory["stages"]) == pytest.approx(pred["memory"]["total"], rel=1e-9)
+    for s in memory["stages"]:  # stacked parts add up to each stage's total
+        assert sum(s[k] for k in ("weights", "gradients", "optimizer", "activations", "other")) == pytest.approx(s["total"])
+    step = page.figures["step"][0]
+    assert step["step_s"] == pytest.approx(pred["time"]["step_s"], rel=1e-9)
+    assert sum(step["parts_s"].values()) == pytest.approx(pred["time"]["step_s"], rel=1e-9)
+    comm = page.figures["comm"][0]["axes"]
+    assert {k: v["bytes"] for k, v in comm.items()} == pytest.approx({k: v["bytes"] for k, v in pred["comm"].items()})
+    best = page.figures["pareto"][0]["best"]
+    assert best["tokens_per_s"] == pytest.approx(pred["throughput"]["tokens_per_s"], rel=1e-9)
+    sched = page.figures["schedule"][0]
+    assert sched["vpp"] == saved["plan"]["vpp"] and 0 < sched["microbatches_shown"] <= sched["microbatches"]
+
+
+def test_uneven_stages_and_serving_plans_have_reports(cli, tmp_path):
+    plan = tmp_path / "ds.json"
+    r = cli("estimate", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--tp", "2", "--pp", "16",
+            "--ep", "8", "--etp", "1", "--pp-first-layers", "3", "--pp-last-layers", "2", "--recompute", "full",
+            "--global-batch", "256", "--save", plan, "--json")
+    assert r.code == 0, r.err
+    out = tmp_path / "ds.html"
+    assert cli("report", plan, "-o", out).code == 0
+    stages = parse(out).figures["memory"][0]["stages"]
+    assert [s["layers"] for s in stages] == [3] + [4] * 14 + [2]
+    serve = tmp_path / "serve.json"
+    assert cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", serve,
+               "--json").code == 0
+    out = tmp_path / "serve.html"
+    assert cli("report", serve, "-o", out).code == 0
+    figures = parse(out).figures
+    assert set(figures) == {"memory", "latency"}
+    pred = json.loads(serve.read_text())["predictions"]
+    assert figures["memory"][0]["total"] == pytest.approx(pred["memory"]["total"], rel=1e-9)
+    assert figures["latency"][0]["tpot_s"] == pytest.approx(pred["tpot_s"], rel=1e-9)
+
+
+def test_report_never_overwrites_without_force(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", plan, "--json").code == 0
+    out = tmp_path / "report.html"
+    out.write_text("mine")
+    r = cli("report", plan, "-o", out)
+    assert r.code == 2 and "already exists; pass --force" in r.err
+    assert out.read_text() == "mine"
+    assert cli("report", plan, "-o", out, "--force").code == 0 and out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
+                    reason="no headless Chromium on this machine to render the page")
+def test_report_renders_non_blank(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", plan, "--json").code == 0
+    out = tmp_path / "report.html"
+    assert cli("report", plan, "-o", out).code == 0
+    browser = next(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b))
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", f"--screenshot={shot}",
+                    "--window-size=1200,2400", out.as_uri()], check=True, timeout=120, capture_output=True)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(set(data[100:20000])) > 16  # not a blank page
