@@ -8,6 +8,7 @@ with `LLMPLAN_UPDATE_GOLDEN=1 python -m pytest tests/test_export.py` and review 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -91,29 +92,37 @@ MEGATRON_VALUE_FLAGS = {
     "--decoder-first-pipeline-num-layers": int, "--decoder-last-pipeline-num-layers": int,
     "--num-virtual-stages-per-pipeline-rank": int, "--pipeline-model-parallel-layout": str,
 }
-MEGATRON_SWITCHES = {
-    "--group-query-attention", "--use-rope-scaling", "--swiglu", "--disable-bias-linear", "--add-qkv-bias",
-    "--qk-layernorm", "--untie-embeddings-and-output-weights", "--moe-grouped-gemm", "--multi-latent-attention",
-    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--tp-comm-overlap", "--bf16", "--fp16", "--fp8-param-gather", "--grad-reduce-in-bf16",
-}
+
+
+MEGATRON_FLAGS = json.loads((HERE / "data" / "launchers" / "megatron-lm.json").read_text())
 
 
 def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
-    ap = argparse.ArgumentParser(allow_abbrev=False)
-    for flag, kind in MEGATRON_VALUE_FLAGS.items():
-        ap.add_argument(flag, type=kind)
-    for flag in MEGATRON_SWITCHES:
-        ap.add_argument(flag, action="store_true")
+    """Parse every argument array of the script with the flags of Megatron-LM's own parser (recorded from
+    megatron/training/arguments.py by tools/launcher_flags.py, commit in the JSON): an unknown flag, a switch
+    given a value, a value outside the flag's choices or a missing value fails. Types for the round trip come
+    from MEGATRON_VALUE_FLAGS."""
+    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    for flag, spec in MEGATRON_FLAGS["flags"].items():
+        if flag in ("-h", "--help"):
+            continue
+        if spec["takes"] == "switch":
+            ap.add_argument(flag, action="store_true")
+        else:
+            kind = MEGATRON_VALUE_FLAGS.get(flag, str)
+            ap.add_argument(flag, type=kind, nargs="+" if spec["takes"] == "list" else None,
+                            choices=[kind(c) for c in spec["choices"]] if "choices" in spec else None)
     args: list[str] = []
-    for name in ("MODEL_ARGS", "PARALLEL_ARGS"):
-        block = re.search(rf"^{name}=\((.*?)^\)", script, re.S | re.M).group(1)
-        args += shlex.split(block)
+    for name in ("MODEL_ARGS", "PARALLEL_ARGS", "TRAIN_ARGS", "DATA_ARGS"):
+        block = re.search(rf"^{name}=\((.*?)\)[ \t]*(?:#[^\n]*)?$", script, re.S | re.M).group(1)
+        args += shlex.split(block.replace("${TRAIN_ITERS:-1000}", "1000"), comments=True)
     env = {k: int(v) for k, v in re.findall(r"^(NNODES|GPUS_PER_NODE)=\$\{\w+:-(\d+)\}", script, re.M)}
-    return ap.parse_args(args), env
+    ns, unknown = ap.parse_known_args(args)
+    assert not unknown, f"flags Megatron-LM ({MEGATRON_FLAGS['commit'][:10]}) does not define: {unknown}"
+    return ns, env
 
 
-@pytest.mark.parametrize("case", ["dense_train", "moe_train", "uneven_train"])
+@pytest.mark.parametrize("case", ["dense_train", "moe_train", "uneven_train", "layout_train"])
 def test_megatron_round_trip(case):
     pf = load_plan(PLANS / f"{case}.json")
     files, _ = render_all(pf, "megatron")
@@ -253,3 +262,33 @@ def test_interleaved_uneven_layout_string(tmp_path):
     doc["model_ref"] = None
     path.write_text(json.dumps(doc))
     assert '--pipeline-model-parallel-layout "Et*4|t*3|t*4|t*3,L"' in megatron.parallel_flags(load_plan(path))
+
+
+@pytest.mark.parametrize("zero,tp", [(0, 1), (1, 1), (2, 1), (3, 1), (1, 2), (2, 2)])
+def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
+    # Issue 16: the DeepSpeed export is checked by DeepSpeed's own config class (pydantic models that refuse
+    # unknown keys, and the batch identity train_batch = micro_batch x accumulation x data-parallel size),
+    # for every ZeRO stage and for AutoTP (tp 2, which DeepSpeed trains with ZeRO 0-2 only).
+    ds_config = pytest.importorskip(
+        "deepspeed.runtime.config",
+        reason="DeepSpeed not installed: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8")
+    base = load_plan(PLANS / "fsdp_train.json")
+    gpus = base.plan.num_gpus
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp}))
+    cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as on rank 0 of a running job
+
+    class Mpu:  # DeepSpeed reads the data-parallel size from the model-parallel unit
+        def __init__(self, dp: int) -> None:
+            self.dp = dp
+
+        def get_data_parallel_world_size(self) -> int:
+            return self.dp
+
+    p = pf.plan
+    c = ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp))
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu) == (p.global_batch, p.micro_batch)
+    assert c.zero_optimization_stage == p.zero
+    assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == tp
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp * 2))  # the wrong world is refused: the check bites

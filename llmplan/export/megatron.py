@@ -1,4 +1,6 @@
-"""Megatron-LM `pretrain_gpt.py`: a bash launch script (flag names: Megatron-LM megatron/training/arguments.py (core_v0.15.0))."""
+"""Megatron-LM `pretrain_gpt.py`: a bash launch script. Flag names: Megatron-LM megatron/training/arguments.py;
+tests/test_export.py parses every exported flag with the flags of that parser, recorded by
+tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 2026)."""
 
 from __future__ import annotations
 
@@ -132,5 +134,5 @@ def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + MEGATRON_ENTRY)
-    return {"megatron_pretrain.sh": sh_header(pf, "Megatron-LM pretrain_gpt.py (flags of core_v0.15.0 / main 2026)")
+    return {"megatron_pretrain.sh": sh_header(pf, "Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)")
             + script_body(pf, launcher)}

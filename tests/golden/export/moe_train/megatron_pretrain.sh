@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of core_v0.15.0 / main 2026)
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)
 # plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 256 seq 4096 bf16
 # model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig defaults))
 # hardware: 4 x dgx-h100 = 32 x h100-sxm

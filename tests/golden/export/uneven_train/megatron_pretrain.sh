@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of core_v0.15.0 / main 2026)
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)
 # plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 2048 seq 8192 bf16
 # model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json; meta-llama/llama-models MODEL_CARD)
 # hardware: 2048 x dgx-h100 = 16384 x h100-sxm
