@@ -153,6 +153,49 @@ def test_deepspeed_batch_identity():
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
 
 
+def recorded_parser(name: str) -> tuple[argparse.ArgumentParser, dict]:
+    """An argparse parser with the flags a launcher's real parser defines (tests/data/launchers/NAME.json,
+    recorded by tools/launcher_flags.py; release or commit inside)."""
+    rec = json.loads((HERE / "data" / "launchers" / f"{name}.json").read_text())
+    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    for flag, spec in rec["flags"].items():
+        if flag in ("-h", "--help"):
+            continue
+        if spec["takes"] == "switch":
+            ap.add_argument(flag, action="store_true")
+        else:
+            ap.add_argument(flag, nargs="+" if spec["takes"] == "list" else None, choices=spec.get("choices"))
+    return ap, rec
+
+
+def command_argv(script: str, program: str) -> list[str]:
+    """The arguments after `program` in the script's launch command (continuation lines joined)."""
+    text = script.replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.lstrip().startswith(program))
+    return shlex.split(line.replace('"$MODEL"', "org/model"))[len(shlex.split(program)):]
+
+
+@pytest.mark.parametrize("target,program,changes", [
+    ("vllm", "vllm serve", {}), ("sglang", "python -m sglang.launch_server", {}),
+    ("vllm", "vllm serve", {"kv_dtype": "bf16", "weight_dtype": "bf16"}),
+    ("sglang", "python -m sglang.launch_server", {"kv_dtype": "bf16", "weight_dtype": "bf16"}),
+])
+def test_serving_flags_parse_with_the_launchers_parsers(target, program, changes):
+    # Issue 16: vLLM's serve parser (0.33.0) and SGLang's ServerArgs parser (0.5.23) define every flag the
+    # export writes, with a value where they take one and within their choices.
+    base = load_plan(PLANS / "serve.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update=changes))
+    script = next(iter(render_all(pf, target)[0].values()))
+    ap, rec = recorded_parser(target)
+    if target == "vllm":
+        ap.add_argument("model_tag", nargs="?")
+    ns, unknown = ap.parse_known_args(command_argv(script, program))
+    assert not unknown, f"flags {rec['launcher']} {rec['version']} does not define: {unknown}"
+    p = pf.plan
+    tp, dp = (ns.tensor_parallel_size, ns.data_parallel_size) if target == "vllm" else (ns.tp_size, ns.dp_size)
+    assert (int(tp), int(dp)) == (p.tp, p.dp)
+
+
 def test_vllm_flags():
     files, _ = render_all(load_plan(PLANS / "serve.json"), "vllm")
     text = files["vllm_serve.sh"]

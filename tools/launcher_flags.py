@@ -1,10 +1,15 @@
-"""Record the command-line flags of a launcher's real argument parser, for tests/test_launchers.py.
+"""Record the command-line flags of a launcher's real argument parser, for tests/test_export.py.
 
-Megatron-LM does not install on a CPU machine (megatron-core wheels omit megatron/training), so the tests
-check exports against the flags its parser defines, read here from a source checkout by building that
-parser (`add_megatron_arguments`) on CPU. Usage:
+Megatron-LM does not install on a CPU machine (megatron-core wheels omit megatron/training), and vLLM and
+SGLang pull GPU builds of torch and dozens of packages, so the tests check exports against the flags these
+parsers define, recorded here by building each real parser on CPU:
 
-    python tools/launcher_flags.py megatron /path/to/Megatron-LM > tests/data/launchers/megatron-lm.json
+    python tools/launcher_flags.py megatron --checkout /path/to/Megatron-LM > tests/data/launchers/megatron-lm.json
+    python tools/launcher_flags.py vllm > tests/data/launchers/vllm.json      # vllm installed (--no-deps is enough
+    python tools/launcher_flags.py sglang > tests/data/launchers/sglang.json  # plus what its imports ask for)
+
+vLLM's serve parser is `make_arg_parser` (vllm/entrypoints/common/cli_args.py), built with vLLM's CPU
+platform; SGLang's is `ServerArgs.add_cli_args` (sglang/srt/server_args.py).
 
 Three Megatron modules import triton at module level; on a CPU machine without triton they are replaced by
 stand-ins (they define kernels, not flags). Python 3.11 lacks typing.override, which Megatron-LM imports.
@@ -55,21 +60,48 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
+def vllm_parser() -> tuple[argparse.ArgumentParser, str]:
+    import vllm
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()  # the GPU wheel cannot infer a device on a CPU machine
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser()), vllm.__version__
+
+
+def sglang_parser() -> tuple[argparse.ArgumentParser, str]:
+    import sglang
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser, sglang.__version__
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("launcher", choices=["megatron"])
-    ap.add_argument("checkout", type=Path)
+    ap.add_argument("launcher", choices=["megatron", "vllm", "sglang"])
+    ap.add_argument("--checkout", type=Path, help="Megatron-LM source checkout")
     ap.add_argument("argv_files", nargs="*", type=Path, help="exported argv (one shell-quoted line) to parse")
     args = ap.parse_args()
-    parser = megatron_parser(args.checkout.resolve())
-    commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    if args.launcher == "megatron":
+        parser = megatron_parser(args.checkout.resolve())
+        commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        meta = {"launcher": "Megatron-LM", "source": "megatron/training/arguments.py (add_megatron_arguments)",
+                "repository": "https://github.com/NVIDIA/Megatron-LM", "commit": commit or None}
+    else:
+        parser, version = vllm_parser() if args.launcher == "vllm" else sglang_parser()
+        meta = {"launcher": args.launcher, "version": version,
+                "source": ("vllm/entrypoints/common/cli_args.py (make_arg_parser)" if args.launcher == "vllm"
+                           else "sglang/srt/server_args.py (ServerArgs.add_cli_args)")}
     for f in args.argv_files:
-        ns = parser.parse_args(shlex.split(f.read_text()))
-        print(f"{f}: parsed; tp {ns.tensor_model_parallel_size} pp {ns.pipeline_model_parallel_size}", file=sys.stderr)
-    json.dump({"launcher": "Megatron-LM", "source": "megatron/training/arguments.py (add_megatron_arguments)",
-               "repository": "https://github.com/NVIDIA/Megatron-LM", "commit": commit or None,
-               "flags": describe(parser)}, sys.stdout, indent=1)
+        parser.parse_args(shlex.split(f.read_text()))
+        print(f"{f}: parsed by the real {args.launcher} parser", file=sys.stderr)
+    json.dump({**meta, "flags": describe(parser)}, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
 
