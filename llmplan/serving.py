@@ -34,8 +34,9 @@ class ServeEstimate:
     warnings: tuple[str, ...]
     operators: tuple = ()
     """The fused kernels the plan relies on and whether the GPU has them (cost.operators)."""
-    fallback_cost: tuple[float, float] = (0.0, 0.0)
-    """(extra bytes per GPU at the job's batch, extra seconds per output token) of the missing kernels."""
+    fallback_cost: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """(extra bytes per GPU at the job's batch, extra seconds per output token, extra seconds to the first
+    token) of the missing kernels."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,15 +70,16 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     system = cluster.system
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
-    runs = plan.model_copy(update={"mla_latent_cache": False}) if any(
-        u.kernel == "mla" and not u.available for u in uses) else plan
+    missing = {u.kernel for u in uses if not u.available}
+    runs = plan.model_copy(update={"mla_latent_cache": False}) if "mla" in missing else \
+        plan.model_copy(update={"fused_attention": False}) if "flash_attention" in missing else plan
     mem = serve_memory(m, runs, job, system.gpu.hbm_bytes, allowance)
     timing = serve_timing(m, runs, system, spans, job, job.batch)
-    extra = (0.0, 0.0)
+    extra = (0.0, 0.0, 0.0)
     if runs is not plan:  # the same job with the kernel, for what its absence costs
         ideal_mem = serve_memory(m, plan, job, system.gpu.hbm_bytes, allowance)
         ideal = serve_timing(m, plan, system, spans, job, job.batch)
-        extra = (float(mem.total - ideal_mem.total), float(timing.tpot - ideal.tpot))
+        extra = (float(mem.total - ideal_mem.total), float(timing.tpot - ideal.tpot), float(timing.ttft - ideal.ttft))
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
         slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
@@ -96,13 +98,15 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
 
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
     """Serving relies on fused attention (an MLA decode kernel for latent attention; without it the engine
-    caches expanded K and V, counted) and, for fp8 weights, fp8 GEMMs (see hardware_warnings)."""
+    caches expanded K and V; without flash attention the scores go through memory; both counted) and, for fp8
+    weights, fp8 GEMMs (see hardware_warnings)."""
     kernel = "mla" if m.is_mla else "flash_attention"
     fallback = ("the expanded per-head K and V are cached and read every decode step" if m.is_mla else
-                "unfused prefill attention (scores materialised; not modelled)")
+                "unfused attention: scores and probabilities written to and read from memory (prefill "
+                "workspace and traffic counted)")
     available = gpu.has_kernel(kernel)
     return [OperatorUse("multi-head latent attention" if m.is_mla else "attention", kernel, available,
-                        "" if available else fallback, modelled=m.is_mla)]
+                        "" if available else fallback, modelled=True)]
 
 
 def kv_replication_warning(m: ModelSpec, plan: ServePlan) -> tuple[str, ...]:

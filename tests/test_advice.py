@@ -81,7 +81,7 @@ def test_serving_without_an_mla_kernel_caches_expanded_kv(cli):
     expected = 8 * 1280 * 62 / 1 * (per_layer_expanded - per_layer_latent)  # 8 sequences x context x 61+1 layers
     assert a100["fallback_cost"]["memory_bytes"] == pytest.approx(expected, rel=0.05)
     assert {u["kernel"]: u for u in h100["operators"]}["mla"]["available"]
-    assert h100["fallback_cost"] == {"memory_bytes": 0.0, "tpot_s": 0.0}
+    assert h100["fallback_cost"] == {"memory_bytes": 0.0, "tpot_s": 0.0, "ttft_s": 0.0}
     # Where decode is bound by HBM traffic (fp8 weights, 128 sequences of 4.6k tokens on H100), reading the
     # expanded cache costs time too: the same GPU without the kernel is slower per output token.
     from llmplan.serving import estimate_serving
@@ -98,3 +98,28 @@ def test_serving_without_an_mla_kernel_caches_expanded_kv(cli):
     without = estimate_serving(m, ClusterSpec(system=no_mla, num_nodes=2), plan, job)
     assert without.fallback_cost[1] > 0
     assert float(without.timing.tpot) == pytest.approx(float(with_k.timing.tpot) + without.fallback_cost[1])
+
+
+def test_serving_without_flash_attention_counts_the_scores():
+    # Issue 17: a GPU profile without a flash-attention kernel serves with unfused attention: one layer's
+    # scores and probabilities for the largest prompt chunk (2 x 2 bytes x heads/tp x T^2) join the
+    # activation workspace, and the four score passes add HBM traffic to prefill (TTFT) and decode.
+    from llmplan.serving import estimate_serving
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+    from llmplan.specs.serve import ServeJob, ServePlan
+
+    system = builtin_systems()["dgx-h100"]
+    bare = system.model_copy(update={"gpu": system.gpu.model_copy(
+        update={"kernels": tuple(k for k in system.gpu.kernels if k != "flash_attention")})})
+    m, plan = builtin_models()["llama-3.1-70b"], ServePlan(tp=8)
+    job = ServeJob(batch=32, input_len=8192, output_len=256, max_num_batched_tokens=8192)
+    fused = estimate_serving(m, ClusterSpec(system=system, num_nodes=1), plan, job)
+    unfused = estimate_serving(m, ClusterSpec(system=bare, num_nodes=1), plan, job)
+    assert fused.fallback_cost == (0.0, 0.0, 0.0)
+    use = {u.kernel: u for u in unfused.operators}["flash_attention"]
+    assert not use.available and use.modelled and "scores" in use.fallback
+    assert unfused.fallback_cost[0] == pytest.approx(2 * 2 * 64 / 8 * 8192**2, rel=1e-9)  # 1 GiB workspace
+    assert unfused.fallback_cost[2] > 0 and unfused.fallback_cost[1] >= 0
+    assert float(unfused.timing.ttft) == pytest.approx(float(fused.timing.ttft) + unfused.fallback_cost[2])
+

@@ -91,13 +91,15 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
 def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
     """Activation workspace of the largest engine step (max_num_batched_tokens tokens) on one GPU: hidden
     states, QKV, MLP intermediates (gate and up, then the product) in 16 bits, and fp32 logits of the
-    sequences sampled. Derived: docs/formulas.md#infer.activations (vLLM measures this by profiling)."""
+    sequences sampled; without fused attention, one layer's scores and probabilities for a prompt of T tokens.
+    Derived: docs/formulas.md#infer.activations (vLLM measures this by profiling)."""
     T, h, t = job.max_num_batched_tokens, m.hidden_size, plan.tp
     qkv = (m.num_attention_heads * m.d_head + 2 * max(m.kv_heads, t) * m.d_head) / t
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
     mlp = (3 if m.gated_mlp else 2) * f / t
     logits = min(job.batch, T) * padded_vocab(m.vocab_size, t) / t * 4
-    return 2 * T * (2 * h + qkv + mlp) + logits
+    scores = 0.0 if plan.fused_attention else 2 * 2.0 * m.num_attention_heads / t * T * T  # S and P, 16-bit
+    return 2 * T * (2 * h + qkv + mlp) + logits + scores
 
 
 @dataclass(frozen=True)
@@ -196,14 +198,19 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
         wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
         experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / (max(plan.ep, 1) if plan.ep > 1 else t) / p
         weights = weights - experts * (1 - _expert_fraction_touched(m, tokens))
-    traffic = (weights + kv_read) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+    bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    traffic = (weights + kv_read) / bandwidth
+    # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
+    # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
+    # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
+    scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
     tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
     # With EP each TP rank dispatches its 1/t share of the tokens (the attention all-reduce becomes a
     # reduce-scatter + all-gather around the MoE block) to the experts' ranks and combines them back.
     ep_comm = 2 * (m.num_moe_layers / p) * _coll(system, "all-to-all", act * m.num_experts_per_tok / t, spans.ep) \
         if plan.ep > 1 else 0.0
-    return np.maximum(compute, traffic) + tp_comm + ep_comm
+    return np.maximum(compute, traffic) + scores + tp_comm + ep_comm
 
 
 def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:

@@ -40,7 +40,8 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "warnings": list(e.warnings),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
                        "modelled": u.modelled} for u in e.operators],
-        "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1]},
+        "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
+                          "ttft_s": e.fallback_cost[2]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
     }
 
@@ -55,7 +56,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     for u in e.operators:
         if not u.available:
             cost = (f": +{e.fallback_cost[0] / 2**30:,.2f} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
-                    "output token" if u.modelled else "")
+                    f"output token, +{e.fallback_cost[2] * 1e3:,.1f} ms to the first token" if u.modelled else "")
             console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
                           f"{e.cluster.system.gpu.name} does not list; {u.fallback}{cost}")
     tb = ReportTable(title="Memory per GPU")

@@ -36,6 +36,9 @@ class ServePlan(BaseModel):
     mla_latent_cache: bool = True
     """MLA models: cache the compressed latent, which needs an MLA attention kernel; False caches the expanded
     per-head K and V, as engines without one do (vLLM served DeepSeek-V2 this way before its MLA backend)."""
+    fused_attention: bool = True
+    """Fused (flash) attention; False writes and reads the attention scores through memory, as engines do on
+    GPUs without a flash-attention kernel."""
 
     @property
     def gpus_per_replica(self) -> int:
