@@ -134,6 +134,12 @@ def test_search_table(cli):
         assert text in r.out
     assert max(len(line) for line in r.out.splitlines()) <= 80  # the brief: output fits 80 columns
     assert "…" not in r.out  # issue 16: numbers were cut to "6…" at 80 columns
+    for args in (("estimate", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--tp", "2", "--pp",
+                  "16", "--ep", "8", "--etp", "1", "--pp-first-layers", "3", "--pp-last-layers", "2"),
+                 ("search", "--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100")):
+        other = cli(*args)
+        assert other.code == 0 and "…" not in other.out
+        assert max(len(line) for line in other.out.splitlines()) <= 80, args
     wide = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--wide")
     assert wide.code == 0
     header = next(line for line in wide.out.splitlines() if "recompute" in line)
