@@ -41,7 +41,7 @@ def config(pf: PlanFile) -> dict:
         zero.update({"stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
                      "stage3_max_live_parameters": int(1e9)})
     cfg = {
-        "comment": " | ".join(header_lines(pf, "DeepSpeed")),
+        "comment": " | ".join(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)")),
         "train_batch_size": p.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.num_microbatches,

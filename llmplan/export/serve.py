@@ -35,7 +35,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     ])
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
-    text = (sh_header(pf, "vLLM (vllm serve)") + "set -euo pipefail\n" + note + context_note(pf, "--max-model-len")
+    text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
@@ -55,7 +55,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
     ])
-    text = (sh_header(pf, "SGLang (python -m sglang.launch_server)") + "set -euo pipefail\n" + note
+    text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
             + context_note(pf, "--context-length") + _model_var(pf)
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
             + " \\\n".join(f"    {f}" for f in flags) + "\n")

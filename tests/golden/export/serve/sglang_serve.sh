@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for SGLang (python -m sglang.launch_server)
+# llmplan VERSION export for SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)
 # plan: tp 4 pp 1 replicas 2 ep 1, weights fp8, KV fp8
 # model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD)
 # hardware: 1 x dgx-h100 = 8 x h100-sxm
