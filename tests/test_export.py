@@ -94,31 +94,35 @@ MEGATRON_VALUE_FLAGS = {
 }
 
 
-MEGATRON_FLAGS = json.loads((HERE / "data" / "launchers" / "megatron-lm.json").read_text())
-
-
-def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
-    """Parse every argument array of the script with the flags of Megatron-LM's own parser (recorded from
-    megatron/training/arguments.py by tools/launcher_flags.py, commit in the JSON): an unknown flag, a switch
-    given a value, a value outside the flag's choices or a missing value fails. Types for the round trip come
-    from MEGATRON_VALUE_FLAGS."""
+def recorded_parser(name: str, types: dict | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """An argparse parser with the flags a launcher's real parser defines (tests/data/launchers/NAME.json,
+    recorded by tools/launcher_flags.py; release or commit inside): an unknown flag, a switch given a value,
+    a value outside the flag's choices or a missing value fails. `types` converts values for round trips."""
+    rec = json.loads((HERE / "data" / "launchers" / f"{name}.json").read_text())
     ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    for flag, spec in MEGATRON_FLAGS["flags"].items():
+    for flag, spec in rec["flags"].items():
         if flag in ("-h", "--help"):
             continue
         if spec["takes"] == "switch":
             ap.add_argument(flag, action="store_true")
         else:
-            kind = MEGATRON_VALUE_FLAGS.get(flag, str)
+            kind = (types or {}).get(flag, str)
             ap.add_argument(flag, type=kind, nargs="+" if spec["takes"] == "list" else None,
                             choices=[kind(c) for c in spec["choices"]] if "choices" in spec else None)
+    return ap, rec
+
+
+def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
+    """Parse every argument array of the script with the flags of Megatron-LM's own parser (recorded from
+    megatron/training/arguments.py); types for the round trip come from MEGATRON_VALUE_FLAGS."""
+    ap, rec = recorded_parser("megatron-lm", MEGATRON_VALUE_FLAGS)
     args: list[str] = []
     for name in ("MODEL_ARGS", "PARALLEL_ARGS", "TRAIN_ARGS", "DATA_ARGS"):
         block = re.search(rf"^{name}=\((.*?)\)[ \t]*(?:#[^\n]*)?$", script, re.S | re.M).group(1)
         args += shlex.split(block.replace("${TRAIN_ITERS:-1000}", "1000"), comments=True)
     env = {k: int(v) for k, v in re.findall(r"^(NNODES|GPUS_PER_NODE)=\$\{\w+:-(\d+)\}", script, re.M)}
     ns, unknown = ap.parse_known_args(args)
-    assert not unknown, f"flags Megatron-LM ({MEGATRON_FLAGS['commit'][:10]}) does not define: {unknown}"
+    assert not unknown, f"flags Megatron-LM ({rec['commit'][:10]}) does not define: {unknown}"
     return ns, env
 
 
@@ -151,21 +155,6 @@ def test_deepspeed_batch_identity():
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
-
-
-def recorded_parser(name: str) -> tuple[argparse.ArgumentParser, dict]:
-    """An argparse parser with the flags a launcher's real parser defines (tests/data/launchers/NAME.json,
-    recorded by tools/launcher_flags.py; release or commit inside)."""
-    rec = json.loads((HERE / "data" / "launchers" / f"{name}.json").read_text())
-    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    for flag, spec in rec["flags"].items():
-        if flag in ("-h", "--help"):
-            continue
-        if spec["takes"] == "switch":
-            ap.add_argument(flag, action="store_true")
-        else:
-            ap.add_argument(flag, nargs="+" if spec["takes"] == "list" else None, choices=spec.get("choices"))
-    return ap, rec
 
 
 def command_argv(script: str, program: str) -> list[str]:
