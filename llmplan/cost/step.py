@@ -167,7 +167,11 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         worst = maximum(worst, t)
     p2p = comm.pp / maximum(2 * n * v, 1)
     p = plan.pp
-    pp_exposed = where(v == 1, 2 * (n + p - 1) * p2p, 2 * (p - 1) * v * p2p)
+    # The fill and drain sends wait on the pipeline; the steady-state sends run beside compute and slow it
+    # by the contention factor like every overlapped transfer (interleaving multiplies them by v).
+    # Derived: docs/formulas.md#step.overlap
+    waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
+    pp_exposed = waited * p2p + overlap((2 * n * v - waited) * p2p, n * sc.total, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed, "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa),
                "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
