@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from llmplan.estimate import estimate_training
 from llmplan.search.evaluate import evaluate
-from llmplan.search.grid import Workload, default_space, enumerate_plans, from_plan
+from llmplan.search.grid import Workload, default_space, distinct_rows, enumerate_plans, from_plan
 from llmplan.search.run import search
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec
@@ -52,6 +52,30 @@ def test_vectorised_agrees_with_scalar(case):
     for a, b in [(scalar.memory.total, vec.memory.total[0]), (scalar.time.total, vec.step.total[0]),
                  (scalar.time.comm_exposed, vec.step.comm_exposed[0]), (scalar.throughput.mfu, vec.throughput.mfu[0])]:
         assert float(b) == pytest.approx(float(a), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("name,system,nodes", [CASES[2], CASES[6]])
+def test_many_plans_at_once_agree_with_scalar(name, system, nodes):
+    """Stage layers and parameters are computed once per distinct layout and gathered back to every plan;
+    one evaluation of many mixed plans must equal the scalar estimate of each."""
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=1024, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    rng = np.random.default_rng(7)
+    idx = [int(i) for i in rng.permutation(len(plans)) if not check_plan(m, plans.plan(int(i)), cluster)][:40]
+    assert len(idx) == 40
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+def test_distinct_rows_representatives_and_inverse():
+    rows = np.random.default_rng(3).integers(0, 5, size=(1000, 3)) * np.array([1, 64, 7])
+    rep, inv = distinct_rows(rows)
+    assert len(rep) == len(np.unique(rows, axis=0))
+    assert (rows[rep][inv] == rows).all()
 
 
 def test_time_parts_sum_to_step():

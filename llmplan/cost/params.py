@@ -120,6 +120,18 @@ def memoized(plan: Any, key: tuple, compute: Any) -> Any:
     return value
 
 
+LAYOUT_AXES = ("pp", "vpp", "pp_first", "pp_last")
+"""The plan fields that fix which layers each pipeline stage holds."""
+
+
+def per_distinct(plan: Any, columns: tuple[str, ...], stage: Any, f: Any) -> Any:
+    """f(plan, stage), computed once per distinct combination of `columns` on plan arrays (search.grid
+    PlanArrays.on_distinct): a stage's layers and parameters depend on a few axes, so a few hundred
+    evaluations stand for hundreds of thousands of plans. Single plans compute directly."""
+    on_distinct = getattr(plan, "on_distinct", None)
+    return f(plan, stage) if on_distinct is None else on_distinct(columns, stage, f)
+
+
 def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
@@ -179,7 +191,8 @@ def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any
     With vpp virtual stages every rank's layers form vpp equal chunks; virtual round j holds chunk j of
     every rank in order, so rank i's chunk j starts at j·L/vpp + (layers before rank i)/vpp (Megatron's
     interleaved assignment, uneven first/last stages included). Works elementwise on plan arrays."""
-    return memoized(plan, ("stage_layers", m, stage), lambda: _stage_layers(m, plan, stage))
+    return memoized(plan, ("stage_layers", m, stage),
+                    lambda: per_distinct(plan, LAYOUT_AXES, stage, lambda p, i: _stage_layers(m, p, i)))
 
 
 def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
@@ -251,6 +264,11 @@ def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
 
 
 def rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+    """Parameters held by one rank of pipeline stage `stage` (see _rank_params)."""
+    return per_distinct(plan, LAYOUT_AXES + ("tp", "ep", "etp_resolved"), stage, lambda p, i: _rank_params(m, p, i))
+
+
+def _rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
     replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer
     on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).

@@ -169,6 +169,25 @@ class PlanArrays(PlanQuantities):
             return getattr(self.w.base, name)
         raise AttributeError(name)
 
+    def on_distinct(self, columns: tuple[str, ...], stage: Any, f: Any) -> Any:
+        """f(plans, stage) computed once per distinct row of `columns` and gathered back to every plan (a
+        frozen breakdown or a tuple of arrays). Used for quantities that depend on a few axes only (the layers
+        and parameters of a stage); falls back to f on every plan when `stage` is not a function of those
+        columns."""
+        key = ("distinct", columns)
+        if key not in self.memo:
+            rep, inv = distinct_rows(np.stack([getattr(self, c) for c in columns], axis=1))
+            self.memo[key] = (self.take(rep), rep, inv)
+        sub, rep, inv = self.memo[key]
+        if np.ndim(stage):
+            stage = np.asarray(stage)
+            sub_stage = stage[rep]
+            if not np.array_equal(sub_stage[inv], stage):
+                return f(self, stage)
+        else:
+            sub_stage = stage
+        return _gather(f(sub, sub_stage), inv)
+
     def take(self, idx: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
                           w=self.w)
@@ -181,6 +200,42 @@ class PlanArrays(PlanQuantities):
             pp_last=int(self.pp_last[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
             recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
         )
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One representative row index per distinct row of a non-negative integer matrix, and each row's index
+    among the distinct rows. Each column is first coded densely through a lookup table (plan degrees are
+    small numbers), so no sort is needed: linear time, unlike np.unique(axis=0)."""
+    n = len(rows)
+    codes = np.zeros(n, dtype=np.int64)
+    radix = 1
+    for col in rows.T:
+        present = np.zeros(int(col.max()) + 1, dtype=np.int64)
+        present[col] = 1
+        dense = np.cumsum(present) - 1
+        codes += dense[col] * radix
+        radix *= int(dense[-1]) + 1
+    if radix > 1 << 26:  # too many combinations for a lookup table
+        _, rep, inv = np.unique(codes, return_index=True, return_inverse=True)
+        return rep, inv.ravel()
+    rep_of = np.full(radix, n, dtype=np.int64)
+    rep_of[codes] = np.arange(n)  # some row of each code (rows with one code are equal: any one will do)
+    used = np.flatnonzero(rep_of < n)
+    slot = np.zeros(radix, dtype=np.int64)
+    slot[used] = np.arange(len(used))
+    return rep_of[used], slot[codes]
+
+
+def _gather(value: Any, inv: np.ndarray) -> Any:
+    """Every plan's element of a result computed on distinct rows: arrays indexed by `inv`; a tuple or
+    frozen dataclass field by field; scalars unchanged."""
+    if isinstance(value, np.ndarray) and value.ndim:
+        return value[inv]
+    if isinstance(value, tuple):
+        return tuple(_gather(v, inv) for v in value)
+    if hasattr(value, "__dataclass_fields__"):
+        return type(value)(**{f.name: _gather(getattr(value, f.name), inv) for f in fields(value)})
+    return value
 
 
 def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArrays:
