@@ -20,7 +20,8 @@ import pytest
 
 from llmplan import __version__
 from llmplan.export import render_all
-from llmplan.planfile import load_plan
+from llmplan.export.common import CannotExpress
+from llmplan.planfile import PlanFile, load_plan
 
 HERE = Path(__file__).parent
 PLANS = HERE / "data" / "plans"
@@ -324,3 +325,138 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == tp
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp * 2))  # the wrong world is refused: the check bites
+
+
+# torchtitan 0.3.0 (the `launchers` extra): its own ConfigManager parses the exported command line.
+TORCHTITAN_MISSING = "torchtitan not installed: pip install '.[launchers]' (torchtitan==0.3.0)"
+
+
+def torchtitan_argv(script: str) -> list[str]:
+    block = re.search(r"^TORCHTITAN_ARGS=\((.*?)^\)$", script, re.S | re.M).group(1)
+    return shlex.split(block, comments=True)
+
+
+def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
+    path = tmp_path / "plan.json"
+    r = cli("estimate", *args, "--save", path)
+    assert r.code in (0, 3), r.out + r.err
+    return load_plan(path)
+
+
+TITAN_CASES = [
+    ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
+    ("dense_train", {"zero": 2}), ("dense_train", {"zero": 3, "tp_comm_overlap": True}),
+    ("uneven_train", {"zero": 2, "dtype": "fp8"}), ("layout_train", {"zero": 2, "sp": False}),
+]
+
+
+def as_on_h100(monkeypatch) -> None:
+    """torchtitan's float8 config functions check the GPU when they build the model spec; the parse runs as
+    on an H100 (SM90). Needs torchao, which the `launchers` extra installs."""
+    float8 = pytest.importorskip("torchtitan.components.quantization.float8", reason=TORCHTITAN_MISSING)
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: (9, 0) >= (major, minor))
+
+
+@pytest.mark.parametrize("case,changes", TITAN_CASES)
+def test_torchtitan_args_parsed_by_torchtitan(case, changes, monkeypatch):
+    manager = pytest.importorskip("torchtitan.config.manager", reason=TORCHTITAN_MISSING)
+    as_on_h100(monkeypatch)
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from llmplan.export import torchtitan
+
+    base = load_plan(PLANS / f"{case}.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update=changes))
+    argv = torchtitan_argv(render_all(pf, "torchtitan")[0]["torchtitan_train.sh"])
+    cfg = manager.ConfigManager().parse_args(argv)  # tyro parse + torchtitan's own validation
+    par, p = cfg.parallelism, pf.plan
+    got = (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
+           par.expert_parallel_degree, par.data_parallel_replicate_degree * par.data_parallel_shard_degree)
+    assert got == (p.tp, p.pp, p.cp, p.ep, p.dp)
+    ParallelDims.from_config(par, p.num_gpus)  # degrees multiply to the world size
+    with pytest.raises(AssertionError, match="Invalid parallel dims"):
+        ParallelDims.from_config(par, 2 * p.num_gpus)
+    assert (par.data_parallel_shard_degree > 1 or p.dp == 1) == (p.zero >= 2)
+    assert par.fsdp_reshard_after_forward == ("never" if p.zero == 2 else "default")
+    assert par.enable_sequence_parallel == (p.sp or p.tp == 1)
+    assert (cfg.training.global_batch_size, cfg.training.seq_len) == (p.global_batch, p.seq_len)
+    ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "None"
+    assert ac == {"full": "FullAC.Config", "selective": "SelectiveAC.Config", "none": "None"}[p.recompute]
+    assert cfg.compile.enable_async_tensor_parallel == (p.tp_comm_overlap and p.tp > 1)
+    if p.pp > 1:
+        assert par.pipeline_parallel_microbatch_size == p.micro_batch
+        assert par.module_fqns_per_model_part == torchtitan.stage_modules(pf)
+        assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
+        assert par.pipeline_parallel_schedule == ("Interleaved1F1B" if p.vpp > 1 else "1F1B")
+
+
+def test_torchtitan_moe_args_parsed_by_torchtitan(cli, tmp_path, monkeypatch):
+    manager = pytest.importorskip("torchtitan.config.manager", reason=TORCHTITAN_MISSING)
+    as_on_h100(monkeypatch)
+    pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "1",
+                    "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "64", "--etp", "1", "--zero", "2", "--recompute", "full",
+                    "--global-batch", "512", "--seq-len", "4096", "--dtype", "fp8")
+    argv = torchtitan_argv(render_all(pf, "torchtitan")[0]["torchtitan_train.sh"])
+    assert argv[:4] == ["--module", "deepseek_v3", "--config", "deepseek_v3_671b_float8"]
+    cfg = manager.ConfigManager().parse_args(argv)
+    assert (cfg.parallelism.expert_parallel_degree, cfg.parallelism.pipeline_parallel_degree) == (64, 8)
+    parts = cfg.parallelism.module_fqns_per_model_part
+    assert [x for part in parts for x in part if x.startswith("layers.")] == [f"layers.{i}" for i in range(61)]
+
+
+def test_torchtitan_refusals(cli, tmp_path):
+    # 0.3.0 has no expert TP and no float8 switch outside a config function; v0.2.2 needs SP with TP.
+    r = cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan-0.2",
+            "-o", tmp_path / "a")
+    assert r.code == 2 and "TP without sequence parallelism" in r.err and not (tmp_path / "a").exists()
+    assert cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan",
+               "-o", tmp_path / "b").code == 0
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8"), "--to", "torchtitan", "-o", tmp_path / "c")
+    assert r.code == 2 and "fp8 training of llama-3.1-8b" in r.err and "torchtitan-0.2" in r.err
+    r = cli("export", edited(tmp_path, "uneven_train", plan__zero=2), "--to", "torchtitan", "-o", tmp_path / "e")
+    assert r.code == 2 and "bf16 training of llama-3.1-405b" in r.err and "--dtype fp8" in r.err
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__grad_dtype="bf16"), "--to", "torchtitan", "-o",
+            tmp_path / "d")
+    assert r.code == 2 and "mixed_precision_reduce takes float32 only" in r.err
+    pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "2",
+                    "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32", "--etp", "2", "--zero", "2", "--recompute", "full", "--global-batch", "512")
+    with pytest.raises(CannotExpress, match="has no expert TP"):
+        render_all(pf, "torchtitan")
+
+
+def _toml_type_ok(value, declared: str) -> bool:
+    """Whether a TOML value fits a JobConfig field type as torchtitan v0.2.2 declares it."""
+    if declared.startswith("Literal["):
+        return repr(value) in declared[len("Literal["):-1].split(", ")
+    kinds = {"int": int, "str": str, "bool": bool, "float": (int, float), "None": type(None)}
+    options = [t.strip() for t in declared.split("|")]
+    for t in options:
+        if t.startswith("list[list[str]]"):
+            if isinstance(value, list) and all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in value):
+                return True
+        elif t.startswith("list[str]"):
+            if isinstance(value, list) and all(isinstance(y, str) for y in value):
+                return True
+        elif t in kinds and isinstance(value, kinds[t]) and not (t == "int" and isinstance(value, bool)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("case,changes", [("fsdp_train", {}), ("dense_train", {"zero": 2}),
+                                          ("uneven_train", {"zero": 3}), ("fsdp_train", {"dtype": "fp8"})])
+def test_torchtitan_toml_matches_v022_job_config(case, changes):
+    # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by
+    # tools/launcher_flags.py: every section and field the TOML writes exists there, with a value of its type.
+    import tomllib
+
+    rec = json.loads((HERE / "data" / "launchers" / "torchtitan-v0.2.2.json").read_text())
+    base = load_plan(PLANS / f"{case}.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update=changes))
+    cfg = tomllib.loads(render_all(pf, "torchtitan-0.2")[0]["torchtitan-v0.2.2.toml"])
+    for section, values in cfg.items():
+        assert section in rec["sections"], f"torchtitan v0.2.2 has no [{section}]"
+        for key, value in values.items():
+            declared = rec["sections"][section].get(key)
+            assert declared is not None, f"torchtitan v0.2.2 has no {section}.{key}"
+            assert _toml_type_ok(value, declared), f"{section}.{key} = {value!r} is not {declared}"
+    assert not _toml_type_ok("bfloat16", rec["sections"]["training"]["mixed_precision_reduce"])  # the check bites

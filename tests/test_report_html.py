@@ -113,7 +113,9 @@ def test_report_renders_non_blank(cli, tmp_path):
     assert cli("report", plan, "-o", out).code == 0
     browser = next(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b))
     shot = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", f"--screenshot={shot}",
+    subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
                     "--window-size=1200,2400", out.as_uri()], check=True, timeout=120, capture_output=True)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(set(data[100:20000])) > 16  # not a blank page

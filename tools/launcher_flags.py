@@ -7,6 +7,12 @@ parsers define, recorded here by building each real parser on CPU:
     python tools/launcher_flags.py megatron --checkout /path/to/Megatron-LM > tests/data/launchers/megatron-lm.json
     python tools/launcher_flags.py vllm > tests/data/launchers/vllm.json      # vllm installed (--no-deps is enough
     python tools/launcher_flags.py sglang > tests/data/launchers/sglang.json  # plus what its imports ask for)
+    python tools/launcher_flags.py torchtitan-toml --checkout /path/to/torchtitan@v0.2.2 \
+        > tests/data/launchers/torchtitan-v0.2.2.json
+
+torchtitan 0.3.x is checked with its own ConfigManager in the tests (it installs on CPU: the `launchers`
+extra); v0.2.2, the last release that read TOML job configs, is recorded here instead: every section and
+field of its JobConfig dataclass (torchtitan/config/job_config.py at tag v0.2.2) with its type.
 
 vLLM's serve parser is `make_arg_parser` (vllm/entrypoints/common/cli_args.py), built with vLLM's CPU
 platform; SGLang's is `ServerArgs.add_cli_args` (sglang/srt/server_args.py).
@@ -81,12 +87,44 @@ def sglang_parser() -> tuple[argparse.ArgumentParser, str]:
     return parser, sglang.__version__
 
 
+def torchtitan_toml_fields(checkout: Path) -> dict[str, dict[str, str]]:
+    """{section: {field: type}} of torchtitan's JobConfig (the TOML schema of releases up to v0.2.2); its one
+    torchtitan import (a logger) is stood in."""
+    import dataclasses
+    import importlib.util
+    import types
+
+    logging_stub = types.ModuleType("torchtitan.tools.logging")
+    logging_stub.logger = mock.MagicMock()  # type: ignore[attr-defined]
+    sys.modules.setdefault("torchtitan", types.ModuleType("torchtitan"))
+    sys.modules.setdefault("torchtitan.tools", types.ModuleType("torchtitan.tools"))
+    sys.modules["torchtitan.tools.logging"] = logging_stub
+    spec = importlib.util.spec_from_file_location("job_config", checkout / "torchtitan/config/job_config.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["job_config"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    hints = typing.get_type_hints(module.JobConfig)
+    name = lambda t: t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")  # noqa: E731
+    return {f.name: {g.name: name(typing.get_type_hints(hints[f.name])[g.name])
+                     for g in dataclasses.fields(hints[f.name])}
+            for f in dataclasses.fields(module.JobConfig) if dataclasses.is_dataclass(hints[f.name])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("launcher", choices=["megatron", "vllm", "sglang"])
-    ap.add_argument("--checkout", type=Path, help="Megatron-LM source checkout")
+    ap.add_argument("launcher", choices=["megatron", "vllm", "sglang", "torchtitan-toml"])
+    ap.add_argument("--checkout", type=Path, help="Megatron-LM (or torchtitan v0.2.2) source checkout")
+    ap.add_argument("--commit", help="the checkout's commit, when it is a plain copy without .git")
     ap.add_argument("argv_files", nargs="*", type=Path, help="exported argv (one shell-quoted line) to parse")
     args = ap.parse_args()
+    if args.launcher == "torchtitan-toml":
+        commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        json.dump({"launcher": "torchtitan", "version": "v0.2.2", "commit": commit or args.commit,
+                   "source": "torchtitan/config/job_config.py (JobConfig)",
+                   "sections": torchtitan_toml_fields(args.checkout.resolve())}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
     if args.launcher == "megatron":
         parser = megatron_parser(args.checkout.resolve())
         commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,

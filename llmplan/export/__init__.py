@@ -15,7 +15,7 @@ from llmplan.export.serve import render_sglang, render_vllm
 from llmplan.fileio import make_folder, write_atomic
 from llmplan.planfile import PlanFile
 
-TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchrun", "slurm")
+TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 
@@ -23,6 +23,7 @@ TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[str, str]]:
     table: dict[str, Callable[[PlanFile], dict[str, str]]] = {
         "megatron": megatron.render, "deepspeed": deepspeed.render, "torchtitan": torchtitan.render,
+        "torchtitan-0.2": torchtitan.render_legacy,
         "torchrun": lambda pf: render_torchrun(pf, wrap), "slurm": lambda pf: render_slurm(pf, wrap),
         "vllm": render_vllm, "sglang": render_sglang,
     }

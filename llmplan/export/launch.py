@@ -19,8 +19,8 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
                                                                                    "NODE_RANK", "MASTER_")))
         return megatron.MEGATRON_ENTRY, {}, body.replace("set -euo pipefail\n", "")
     if wrap == "torchtitan":
-        files = torchtitan.render(pf)
-        return "-m torchtitan.train --job.config_file torchtitan.toml", files, ""
+        torchtitan.check(pf)
+        return torchtitan.TORCHTITAN_ENTRY, {}, torchtitan.args_array(pf)
     if wrap == "deepspeed":
         files = deepspeed.render(pf)
         files.pop("deepspeed_launch.sh")

@@ -1,60 +1,182 @@
-"""torchtitan job config, TOML schema of v0.2.2 (the last release with TOML configs; torchtitan v0.2.2 torchtitan/config/job_config.py)."""
+"""torchtitan, two releases that take different files.
+
+- `torchtitan` (release 0.3.x): a launch script. 0.3 dropped TOML job configs; a job names a config_registry
+  function (`--module llama3 --config llama3_70b`) and overrides its fields on the command line
+  (`--parallelism.tensor-parallel-degree 8`), parsed by tyro in torchtitan/config/manager.py (ConfigManager);
+  field names from torchtitan/config/configs.py (ParallelismConfig, TrainingConfig, CompileConfig) and the
+  activation-checkpoint subcommands of torchtitan/distributed/activation_checkpoint.py, release 0.3.0.
+  tests/test_export.py parses the exported arguments with ConfigManager itself when torchtitan is installed.
+- `torchtitan-0.2` (v0.2.2, the last release with TOML job configs): the TOML file; section and field names
+  from torchtitan/config/job_config.py at v0.2.2, recorded in tests/data/launchers/torchtitan-v0.2.2.json.
+"""
 
 from __future__ import annotations
 
-from llmplan.export.common import header_lines, hf_repo, need_mode, refuse, virtual_stage_layers
+from llmplan.export.common import header_lines, hf_repo, need_mode, refuse, sh_header, virtual_stage_layers
 from llmplan.planfile import PlanFile
 
 TARGET = "torchtitan"
-TORCHTITAN_VERSION = "v0.2.2"
+TORCHTITAN_VERSION = "0.3.0"
+LEGACY_TARGET = "torchtitan-0.2"
+LEGACY_VERSION = "v0.2.2"
+CONFIGS = {
+    "llama-3.1-8b": ("llama3", "llama3_8b", None), "llama-3.1-70b": ("llama3", "llama3_70b", None),
+    "llama-3.1-405b": ("llama3", None, "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "deepseek_v3_671b_float8"),
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None), "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", None),
+}
+"""Built-in model -> (module, bf16 config function, float8 config function) of torchtitan 0.3.0 (its
+models/*/config_registry.py). 0.3 turns float8 on inside a config function's model spec, with no
+command-line switch either way: llama3_405b trains in float8 (rowwise, output layer in bf16), so a bf16
+405B plan has no config function."""
 FLAVORS = {
     "llama-3.1-8b": ("llama3", "8B"), "llama-3.1-70b": ("llama3", "70B"), "llama-3.1-405b": ("llama3", "405B"),
     "deepseek-v3": ("deepseek_v3", "671B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
     "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-120b": ("gpt_oss", "120b"),
 }
+"""Built-in model -> (model name, flavour) of torchtitan v0.2.2's TOML [model] section."""
+
+
+def _check_common(pf: PlanFile, target: str) -> None:
+    need_mode(pf, "train", target)
+    p = pf.plan
+    if p.zero == 1:
+        raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
+                     "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
+    if p.dtype in ("fp16", "fp32"):
+        raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    if p.grad_dtype != "fp32":
+        raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
+                     "re-plan with --grad-dtype fp32")
 
 
 def check(pf: PlanFile) -> None:
-    need_mode(pf, "train", TARGET)
+    """What torchtitan 0.3.0 cannot express."""
+    _check_common(pf, TARGET)
+    p, m = pf.plan, pf.model
+    if m.name not in CONFIGS:
+        raise refuse(TARGET, f"torchtitan {TORCHTITAN_VERSION} has no config function for {m.name}",
+                     f"use one of {', '.join(sorted(CONFIGS))}, or export to megatron"
+                     + (" or torchtitan-0.2" if m.name in FLAVORS else ""))
+    module, bf16, fp8 = CONFIGS[m.name]
+    if (fp8 if p.dtype == "fp8" else bf16) is None:
+        other = "bf16" if p.dtype == "fp8" else "fp8"
+        raise refuse(TARGET, f"{p.dtype} training of {m.name} (torchtitan {TORCHTITAN_VERSION} sets float8 in a "
+                     f"config function's model spec, and its {module} functions for this model are {other} only)",
+                     f"re-plan with --dtype {other}, or export to torchtitan-0.2 or megatron")
+    if p.ep > 1 and p.etp_resolved != 1:
+        raise refuse(TARGET, f"expert TP {p.etp_resolved} (torchtitan {TORCHTITAN_VERSION} has no expert TP: "
+                     "EP borrows ranks from data x tensor parallelism and experts are not TP-sharded)",
+                     "re-plan with --etp 1")
+
+
+def check_legacy(pf: PlanFile) -> None:
+    """What torchtitan v0.2.2's TOML cannot express."""
+    _check_common(pf, LEGACY_TARGET)
     p, m = pf.plan, pf.model
     if m.name not in FLAVORS:
-        raise refuse(TARGET, f"torchtitan {TORCHTITAN_VERSION} has no model flavour for {m.name}",
+        raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",
                      f"use one of {', '.join(sorted(FLAVORS))}, or export to megatron")
-    if p.zero == 1:
-        raise refuse(TARGET, "ZeRO-1 (FSDP2 shards gradients and weights too)",
-                     "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.tp > 1 and not p.sp:
-        raise refuse(TARGET, "TP without sequence parallelism (torchtitan always shards norms with TP)",
-                     "re-plan with --sp")
+        raise refuse(LEGACY_TARGET, f"TP without sequence parallelism (torchtitan {LEGACY_VERSION} always shards "
+                     "norms with TP)", "re-plan with --sp, or export to torchtitan (0.3)")
     if p.ep > 1 and p.etp_resolved not in (1, p.tp):
-        raise refuse(TARGET, f"expert TP {p.etp_resolved} (torchtitan takes 1 or tp)", "re-plan with --etp 1")
-    if p.dtype in ("fp16", "fp32"):
-        raise refuse(TARGET, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+        raise refuse(LEGACY_TARGET, f"expert TP {p.etp_resolved} (torchtitan takes 1 or tp)", "re-plan with --etp 1")
 
 
-def model_parts(pf: PlanFile) -> str:
-    """The modules of every virtual pipeline stage in model order, as a TOML list of lists: the embedding
-    with the first, the final norm and output with the last. Stating them pins the layout llmplan evaluated
-    (torchtitan's own split otherwise weighs the embedding and output as layers)."""
+def stage_modules(pf: PlanFile) -> list[list[str]]:
+    """The modules of every virtual pipeline stage in model order: the embedding with the first, the final
+    norm and output with the last. Stating them pins the layout llmplan evaluated (torchtitan's own split
+    otherwise weighs the embedding and output as layers)."""
     parts, start = [], 0
     stages = virtual_stage_layers(pf)
     for s, n in enumerate(stages):
         names = (["tok_embeddings"] if s == 0 else []) + [f"layers.{i}" for i in range(start, start + n)]
         parts.append(names + (["norm", "output"] if s == len(stages) - 1 else []))
         start += n
-    return "[" + ", ".join("[" + ", ".join(f'"{x}"' for x in part) + "]" for part in parts) + "]"
+    return parts
+
+
+def model_parts(pf: PlanFile) -> str:
+    """stage_modules as a TOML list of lists."""
+    return "[" + ", ".join("[" + ", ".join(f'"{x}"' for x in part) + "]" for part in stage_modules(pf)) + "]"
+
+
+def _fsdp(pf: PlanFile) -> tuple[int, int, str]:
+    """(replicate degree, shard degree, reshard after forward): ZeRO-0 replicates (DDP), ZeRO-2 shards
+    without resharding after forward, ZeRO-3 shards and reshards."""
+    p = pf.plan
+    return (p.dp, 1, "default") if p.zero == 0 else (1, p.dp, "never" if p.zero == 2 else "default")
+
+
+def overrides(pf: PlanFile) -> list[str]:
+    """Arguments after `-m torchtitan.train` for torchtitan 0.3.0, one option (with its value) per item."""
+    p, m = pf.plan, pf.model
+    module, bf16, fp8 = CONFIGS[m.name]
+    config = fp8 if p.dtype == "fp8" else bf16
+    replicate, shard, reshard = _fsdp(pf)
+    repo = hf_repo(m.name)
+    args = [
+        f"--module {module} --config {config}",
+        f"--hf-assets-path ./assets/hf/{repo.split('/')[-1]}"
+        f"   # tokenizer: python scripts/download_hf_assets.py --repo_id {repo} --assets tokenizer",
+        "--dump-folder ./outputs",
+        "--dataloader.dataset c4   # or a dataset registered in torchtitan/hf_datasets",
+        f"--training.local-batch-size {p.global_batch // p.dp if p.pp > 1 else p.micro_batch}",
+        f"--training.global-batch-size {p.global_batch}", f"--training.seq-len {p.seq_len}",
+        "--training.steps 1000", "--training.max-norm 1.0", "--training.mixed-precision-param bfloat16",
+        "--training.mixed-precision-reduce float32",
+        f"--parallelism.data-parallel-replicate-degree {replicate}",
+        f"--parallelism.data-parallel-shard-degree {shard}",
+        f"--parallelism.fsdp-reshard-after-forward {reshard}",
+        f"--parallelism.tensor-parallel-degree {p.tp}",
+        "--parallelism.enable-sequence-parallel" if p.sp or p.tp == 1 else "--parallelism.no-enable-sequence-parallel",
+        f"--parallelism.pipeline-parallel-degree {p.pp}",
+        f"--parallelism.context-parallel-degree {p.cp}", f"--parallelism.expert-parallel-degree {p.ep}",
+    ]
+    if p.pp > 1:
+        args += [f"--parallelism.pipeline-parallel-schedule {'Interleaved1F1B' if p.vpp > 1 else '1F1B'}",
+                 f"--parallelism.pipeline-parallel-microbatch-size {p.micro_batch}",
+                 "--parallelism.module-fqns-per-model-part " + " ".join(",".join(x) for x in stage_modules(pf)),
+                 "--training.disable-cuda-graphs   # torchtitan 0.3 has no CUDA graphs with pipeline parallelism"]
+    args.append("--compile.enable --compile.enable-async-tensor-parallel" if p.tp_comm_overlap and p.tp > 1
+                else "--compile.no-enable-async-tensor-parallel")
+    args.append(f"activation-checkpoint:{p.recompute}   # subcommand: keep it last")
+    return args
+
+
+TORCHTITAN_ENTRY = '-m torchtitan.train "${TORCHTITAN_ARGS[@]}"'
+
+
+def args_array(pf: PlanFile) -> str:
+    """The TORCHTITAN_ARGS bash array (comments allowed inside it)."""
+    return "\n".join(["TORCHTITAN_ARGS=("] + [f"    {a}" for a in overrides(pf)] + [")"])
+
+
+def render(pf: PlanFile) -> dict[str, str]:
+    check(pf)
+    c = pf.cluster
+    script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)")
+              + "set -euo pipefail\n\n"
+              + f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\nNNODES=${{NNODES:-{c.num_nodes}}}\n"
+              "NODE_RANK=${NODE_RANK:-0}\nMASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\n"
+              + args_array(pf) + "\n\n"
+              'torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" '
+              '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\\n    ' + TORCHTITAN_ENTRY + "\n")
+    return {"torchtitan_train.sh": script}
 
 
 def toml_text(pf: PlanFile) -> str:
+    """torchtitan v0.2.2's TOML job config."""
     p, m = pf.plan, pf.model
     name, flavor = FLAVORS[m.name]
-    shard = p.dp * 1 if p.zero >= 2 else 1
-    replicate = 1 if p.zero >= 2 else p.dp
+    replicate, shard, reshard = _fsdp(pf)
     local_batch = p.global_batch // p.dp
     schedule = "Interleaved1F1B" if p.vpp > 1 else "1F1B"
-    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {TORCHTITAN_VERSION} (TOML job config)")]
+    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)")]
     lines += [
-        f"# torchtitan version: {TORCHTITAN_VERSION} (main removed TOML configs on 2026-02-23)",
+        f"# torchtitan version: {LEGACY_VERSION}, the last release that reads TOML job configs (0.3 takes "
+        "--module/--config: export to torchtitan)",
         "", "[job]", 'dump_folder = "./outputs"', f'description = "llmplan: {m.name}"',
         "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"',
         f'hf_assets_path = "./assets/hf/{hf_repo(m.name).split("/")[-1]}"'
@@ -68,10 +190,10 @@ def toml_text(pf: PlanFile) -> str:
         f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
         f"global_batch_size = {p.global_batch}", f"seq_len = {p.seq_len}", "max_norm = 1.0", "steps = 1000",
         'mixed_precision_param = "bfloat16"',
-        f'mixed_precision_reduce = "{"float32" if p.grad_dtype == "fp32" else "bfloat16"}"',
+        'mixed_precision_reduce = "float32"',
         "", "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {shard}",
-        f'fsdp_reshard_after_forward = "{"never" if p.zero == 2 else "default"}"',
+        f'fsdp_reshard_after_forward = "{reshard}"',
         f"tensor_parallel_degree = {p.tp}", f"enable_async_tensor_parallel = {str(p.tp_comm_overlap).lower()}",
         f"pipeline_parallel_degree = {p.pp}", f'pipeline_parallel_schedule = "{schedule}"',
         f"pipeline_parallel_microbatch_size = {p.micro_batch}",
@@ -86,6 +208,6 @@ def toml_text(pf: PlanFile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(pf: PlanFile) -> dict[str, str]:
-    check(pf)
-    return {"torchtitan.toml": toml_text(pf)}
+def render_legacy(pf: PlanFile) -> dict[str, str]:
+    check_legacy(pf)
+    return {"torchtitan-v0.2.2.toml": toml_text(pf)}

@@ -11,5 +11,28 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
 JOB_ID=${JOB_ID:-llmplan}
+TORCHTITAN_ARGS=(
+    --module llama3 --config llama3_8b
+    --hf-assets-path ./assets/hf/Llama-3.1-8B-Instruct   # tokenizer: python scripts/download_hf_assets.py --repo_id meta-llama/Llama-3.1-8B-Instruct --assets tokenizer
+    --dump-folder ./outputs
+    --dataloader.dataset c4   # or a dataset registered in torchtitan/hf_datasets
+    --training.local-batch-size 2
+    --training.global-batch-size 256
+    --training.seq-len 8192
+    --training.steps 1000
+    --training.max-norm 1.0
+    --training.mixed-precision-param bfloat16
+    --training.mixed-precision-reduce float32
+    --parallelism.data-parallel-replicate-degree 1
+    --parallelism.data-parallel-shard-degree 16
+    --parallelism.fsdp-reshard-after-forward default
+    --parallelism.tensor-parallel-degree 1
+    --parallelism.enable-sequence-parallel
+    --parallelism.pipeline-parallel-degree 1
+    --parallelism.context-parallel-degree 1
+    --parallelism.expert-parallel-degree 1
+    --compile.no-enable-async-tensor-parallel
+    activation-checkpoint:full   # subcommand: keep it last
+)
 torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \
-    -m torchtitan.train --job.config_file torchtitan.toml
+    -m torchtitan.train "${TORCHTITAN_ARGS[@]}"
