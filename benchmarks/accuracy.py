@@ -129,7 +129,7 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
     plan = ServePlan(tp=par.get("tp", 1), pp=par.get("pp", 1), ep=par.get("ep", 1), weight_dtype="fp8",
                      kv_dtype="fp8")
     cluster = ClusterSpec(system=system, num_nodes=1, gpus_per_node=plan.gpus_per_replica)
-    job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], batch=1)
+    job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], batch=1, engine="trtllm")
     m = model_for(rec, "trtllm")
     cap = estimate_serving(m, cluster, plan, job).memory.max_concurrent_seqs
     e = estimate_serving(m, cluster, plan, job.model_copy(update={"batch": max(1, min(cap, TRTLLM_MAX_BATCH))}))

@@ -96,6 +96,16 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     )
 
 
+def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
+                allowance: MemoryAllowance | None = None, cap: int | None = None) -> ServeJob:
+    """The job at full load under continuous batching: as many running sequences as the engine's KV cache
+    admits (ServeMemory.max_concurrent_seqs, by the engine's rule), at most `cap`, at least one.
+    Derived: docs/formulas.md#infer.capacity"""
+    probe = estimate_serving(m, cluster, plan, job.model_copy(update={"batch": 1}), allowance)
+    batch = max(1, probe.memory.max_concurrent_seqs)
+    return job.model_copy(update={"batch": min(batch, cap) if cap else batch})
+
+
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
     """Serving relies on fused attention (an MLA decode kernel for latent attention; without it the engine
     caches expanded K and V; without flash attention the scores go through memory; both counted) and, for fp8

@@ -78,7 +78,8 @@ def test_serving_without_an_mla_kernel_caches_expanded_kv(cli):
     mla = {u["kernel"]: u for u in a100["operators"]}["mla"]
     assert not mla["available"] and "expanded" in mla["fallback"]
     per_layer_expanded, per_layer_latent = (128 + 64 + 128) * 128 / 16 * 2, (512 + 64) * 2
-    expected = 8 * 1280 * 62 / 1 * (per_layer_expanded - per_layer_latent)  # 8 sequences x context x 61+1 layers
+    # 8 running sequences x the tokens vLLM holds for each on average (input + output / 2) x 61 layers
+    expected = 8 * (1024 + 256 / 2) * 61 * (per_layer_expanded - per_layer_latent)
     assert a100["fallback_cost"]["memory_bytes"] == pytest.approx(expected, rel=0.05)
     assert {u["kernel"]: u for u in h100["operators"]}["mla"]["available"]
     assert h100["fallback_cost"] == {"memory_bytes": 0.0, "tpot_s": 0.0, "ttft_s": 0.0}

@@ -16,7 +16,7 @@ from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
-from llmplan.serving import estimate_serving
+from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import build, resolve_model
@@ -43,7 +43,11 @@ def estimate(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step (default: micro-batch x dp)."),
     tp_comm_overlap: bool = opt.TP_COMM_OVERLAP,
     mode: str = typer.Option("train", "--mode", help="train | infer."),
-    batch: int = typer.Option(64, "--batch", min=1, help="Inference: concurrent sequences per replica."),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1,
+                                        help="Inference: concurrent sequences per replica (default 64)."),
+    max_load: bool = typer.Option(False, "--max-load",
+                                  help="Inference: as many concurrent sequences as the engine's KV cache admits "
+                                       "(continuous batching at full load), capped by --batch if given."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
     **options: object,
@@ -63,9 +67,12 @@ def estimate_infer(o: dict) -> None:
     tp, pp = o["tp"], o["pp"]
     plan = build(ServePlan, {"tp": tp, "pp": pp, "dp": o["dp"] or max(1, cluster.num_gpus // (tp * pp)), "ep": o["ep"],
                              "weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving plan options")
-    job = make_job(o["input_len"], o["output_len"], o["batch"], o["prefix_hit_rate"], o["ttft_slo"], o["tpot_slo"],
-                   o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"])
+    job = make_job(o["input_len"], o["output_len"], o["batch"] or 64, o["prefix_hit_rate"], o["ttft_slo"], o["tpot_slo"],
+                   o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"],
+                   o["engine"], o["cuda_graphs"])
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    if o["max_load"]:
+        job = at_max_load(m, cluster, plan, job, allowance, cap=o["batch"])
     se = estimate_serving(m, cluster, plan, job, allowance)
     if o["json_mode"]:
         for warning in se.warnings:

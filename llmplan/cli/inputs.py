@@ -49,11 +49,13 @@ def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance
                  "memory allowance options")
 
 
-def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens):
+def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens,
+             engine="vllm", cuda_graphs=True):
     return build(ServeJob, {"input_len": input_len, "output_len": output_len, "batch": batch,
                             "prefix_hit_rate": prefix_hit_rate, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
                             "gpu_memory_utilization": util, "block_size": block_size,
-                            "max_num_batched_tokens": max_tokens}, "inference workload options")
+                            "max_num_batched_tokens": max_tokens, "engine": engine, "cuda_graphs": cuda_graphs},
+                 "inference workload options")
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):

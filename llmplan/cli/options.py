@@ -48,7 +48,13 @@ KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype"
 TTFT_SLO = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
 TPOT_SLO = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
 PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
-GPU_MEMORY_UTILIZATION = typer.Option(_job("gpu_memory_utilization"), "--gpu-memory-utilization", help="Inference: usable fraction of GPU memory.")
+GPU_MEMORY_UTILIZATION = typer.Option(_job("gpu_memory_utilization"), "--gpu-memory-utilization", "--memory-fraction",
+                                      help="Inference: the engine's memory fraction (vLLM --gpu-memory-utilization, "
+                                      "TensorRT-LLM free_gpu_memory_fraction, SGLang --mem-fraction-static).")
+ENGINE = typer.Option(_job("engine"), "--engine",
+                      help="Inference: vllm | trtllm | sglang, whose rules size the KV cache and admit sequences.")
+CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",
+                           help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
 BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
 MAX_NUM_BATCHED_TOKENS = typer.Option(_job("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
 PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
@@ -76,7 +82,8 @@ PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_L
 SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_dtype", str, KV_DTYPE),
            ("ttft_slo", Optional[float], TTFT_SLO), ("tpot_slo", Optional[float], TPOT_SLO),
            ("prefix_hit_rate", float, PREFIX_HIT_RATE), ("gpu_memory_utilization", float, GPU_MEMORY_UTILIZATION),
-           ("block_size", int, BLOCK_SIZE), ("max_num_batched_tokens", int, MAX_NUM_BATCHED_TOKENS)]
+           ("block_size", int, BLOCK_SIZE), ("max_num_batched_tokens", int, MAX_NUM_BATCHED_TOKENS),
+           ("engine", str, ENGINE), ("cuda_graphs", bool, CUDA_GRAPHS)]
 RUNTIME = [("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
            ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
 

@@ -82,7 +82,8 @@ def search_infer(o: dict) -> None:
     m = resolve_model(o["model"])
     cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"])
     job = make_job(o["input_len"], o["output_len"], o["max_batch"], o["prefix_hit_rate"], o["ttft_slo"],
-                   o["tpot_slo"], o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"])
+                   o["tpot_slo"], o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"],
+                   o["engine"], o["cuda_graphs"])
     build(ServePlan, {"weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving dtype options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     res = search_serving(m, cluster, job, o["dtype"], o["kv_dtype"], o["objective"], o["top"], o["request_rate"],

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import gemm_efficiency
+from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE
 from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -23,6 +23,52 @@ from llmplan.topology.placement import GroupSpan
 from llmplan.units import GIB
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """How a serving engine sizes its KV cache and admits sequences, and what one engine step costs beyond
+    the GPU work."""
+
+    fraction_of_free: bool
+    """True: the memory fraction applies to what the weights, activations and runtime leave (TensorRT-LLM);
+    False: to the whole GPU."""
+    activations_inside: bool
+    """Whether the activation peak and runtime memory come out of the fraction (vLLM, TensorRT-LLM) or out of
+    the rest of the GPU (SGLang: the fraction holds only the weights and the KV pool)."""
+    reserve_whole_context: bool
+    """True: a request is admitted only with blocks for its whole input + output (TensorRT-LLM's default
+    GUARANTEED_NO_EVICT); False: blocks are allocated as it grows, so on average input + output/2 are held."""
+    step_overhead_s: float
+    """Host time per engine step outside the GPU kernels (scheduling, sampling, launch with CUDA graphs)."""
+    source: str
+
+
+ENGINES = {
+    # Source: vLLM docs, "gpu_memory_utilization" (fraction of the whole GPU for weights, activations and KV
+    # cache; blocks allocated on demand, preemption when full); async scheduling overlaps the host's work.
+    "vllm": EngineRule(False, True, False, 0.0, "vLLM EngineArgs gpu_memory_utilization; PagedAttention"),
+    # Source: TensorRT-LLM docs, KvCacheConfig.free_gpu_memory_fraction and "Useful Runtime Options"
+    # (GUARANTEED_NO_EVICT is the default capacity scheduler policy); the overlap scheduler hides host time.
+    "trtllm": EngineRule(True, True, True, 0.0, "TensorRT-LLM KvCacheConfig free_gpu_memory_fraction"),
+    # Source: SGLang server arguments, --mem-fraction-static (model weights and KV cache pool); its overlap
+    # scheduler hides host time.
+    "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static"),
+}
+"""Per-engine rules. step_overhead_s: 0 for the three, whose schedulers overlap host work with the GPU (the
+fit on the TensorRT-LLM runs also lands on 0, docs/validation.md#serving); without CUDA graphs every kernel
+launch is added (step_host_seconds)."""
+
+
+def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
+    """Host time per engine step: the engine's own (ENGINES) and, without CUDA graphs, one launch per kernel:
+    the layer's GEMMs, attention, about six memory-bound kernels (norms, adds, rotary, activation) and the two
+    TP all-reduces, for the stage's layers. Derived: docs/formulas.md#infer.step"""
+    rule = ENGINES[job.engine]
+    if job.cuda_graphs:
+        return rule.step_overhead_s
+    per_layer = len(layer_linear_shapes(m, plan, m.is_moe)) + 1 + 6 + (2 if plan.tp > 1 else 0)
+    return rule.step_overhead_s + per_layer * m.num_hidden_layers / plan.pp * KERNEL_LAUNCH_S
 
 
 def weight_bytes_per_param(dtype: str, group: int) -> float:
@@ -104,7 +150,8 @@ def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float
 
 @dataclass(frozen=True)
 class ServeMemory(Breakdown):
-    """Memory of one GPU at `batch` sequences of full context; weights + kv_cache + activations + other = total."""
+    """Memory of one GPU at `batch` running sequences, each holding the KV tokens the engine's rule keeps for it
+    (admitted_tokens); weights + kv_cache + activations + other = total."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache", "activations", "other")
 
@@ -113,11 +160,11 @@ class ServeMemory(Breakdown):
     activations: float
     other: float
     capacity: float
-    """Usable memory: gpu_memory_utilization x HBM."""
+    """Memory the engine may use on the GPU (its memory fraction, by the engine's rule)."""
     kv_available: float
-    """Memory left for the KV cache after weights, activations and the runtime allowance (may be < 0)."""
+    """Memory the engine gives the KV cache (kv_capacity_bytes; may be < 0)."""
     max_concurrent_seqs: int
-    """Sequences of full context that fit in kv_available (vLLM's max concurrency)."""
+    """Sequences that run at once at full load: kv_available over the tokens each holds (admitted_tokens)."""
     kv_blocks: int
 
     @property
@@ -125,21 +172,45 @@ class ServeMemory(Breakdown):
         return self.total <= self.capacity and self.kv_available > 0
 
 
+def kv_capacity_bytes(job: ServeJob, hbm_bytes: float, weights: float, activations: float, other: float) -> float:
+    """Bytes the engine gives the KV cache on one GPU (may be < 0 when the weights do not fit):
+    vLLM u·HBM - weights - activations - other; TensorRT-LLM u·(HBM - weights - activations - other);
+    SGLang u·HBM - weights. Derived: docs/formulas.md#infer.capacity"""
+    rule, u = ENGINES[job.engine], job.gpu_memory_utilization
+    if rule.fraction_of_free:
+        free = hbm_bytes - weights - activations - other
+        return u * free if free > 0 else free
+    if not rule.activations_inside:
+        return u * hbm_bytes - weights
+    return u * hbm_bytes - weights - activations - other
+
+
+def admitted_tokens(job: ServeJob) -> float:
+    """KV tokens the engine holds per running sequence at full load: the whole context where the scheduler
+    reserves it at admission (TensorRT-LLM), else input + output/2 on average (blocks grow with the sequence).
+    Derived: docs/formulas.md#infer.capacity"""
+    return float(job.context) if ENGINES[job.engine].reserve_whole_context else job.input_len + job.output_len / 2
+
+
 def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
                  allowance: MemoryAllowance | None = None) -> ServeMemory:
-    """Memory per GPU and KV capacity the way vLLM sizes its cache: utilisation x HBM minus weights,
-    activation peak and non-torch memory; blocks of block_size tokens per layer.
-    Source: vLLM documentation (KV-cache capacity computation)."""
+    """Memory per GPU and KV capacity by the engine's rule (kv_capacity_bytes); concurrency at full load from
+    the tokens each running sequence holds (admitted_tokens), in whole blocks of block_size tokens per layer.
+    Source: vLLM / TensorRT-LLM / SGLang memory settings (ENGINES)."""
     allowance = allowance or MemoryAllowance()
-    cap = job.gpu_memory_utilization * hbm_bytes
+    rule = ENGINES[job.engine]
     weights = serve_weight_bytes(m, plan)
     act = activation_peak_bytes(m, plan, job)
     other = allowance.fixed_gib * GIB
-    available = cap - weights - act - other
-    per_seq = float(kv_bytes_per_seq_gpu(m, plan, job.context, job.block_size))
+    available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
+    if rule.fraction_of_free:
+        cap = weights + act + other + max(available, 0.0)
+    else:
+        cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
+    per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
-        weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=cap,
+        weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
         kv_available=available, max_concurrent_seqs=max(0, int(available // per_seq)) if per_seq else 0,
         kv_blocks=max(0, int(available // block)) if block else 0,
     )
@@ -168,12 +239,85 @@ def _expert_fraction_touched(m: ModelSpec, tokens: Any) -> Any:
     return 1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** np.asarray(tokens, dtype=float)
 
 
+SERVE_GEMM_M_HALF = 128.0
+"""Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
+pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM
+runs (benchmarks/accuracy.py; docs/validation.md#serving). Training GEMMs (thousands of rows) leave it out."""
+
+
+def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[float, str, float, float]]:
+    """(weights x tokens factor, row kind, N, K) of each matmul of one layer on one GPU, for `tokens` rows:
+    attention projections (MLA's down and up projections), the dense or shared-expert MLP, the router, and
+    the routed experts (their rows per expert; split by TP, or whole on EP ranks). FLOPs = 2·factor·rows·N·K
+    / (N·K) ... i.e. each entry's FLOPs per row is 2·N·K·count. Derived: docs/formulas.md#infer.step"""
+    h, t = m.hidden_size, plan.tp
+    a_t = m.num_attention_heads / t
+    if m.is_mla:
+        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
+        attn = q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
+    else:
+        attn = [(h, (a_t + 2 * max(m.kv_heads / t, 1.0)) * m.d_head), (a_t * m.d_head, h)]
+    out = [(1.0, "tokens", n, k) for k, n in attn]
+    c = 2 if m.gated_mlp else 1
+    f = m.shared_ffn if moe else m.intermediate_size
+    if f:
+        out += [(1.0, "tokens", c * f / t, h), (1.0, "tokens", h, f / t)]
+    if moe:
+        split = t if plan.ep == 1 else 1  # experts split by TP, or whole experts on each EP rank
+        share = m.num_experts_per_tok * split / t  # rows each GPU runs per token, over its experts
+        out += [(1.0, "tokens", m.num_experts, h),
+                (share, "experts", c * m.expert_ffn / split, h), (share, "experts", h, m.expert_ffn / split)]
+    return out
+
+
+def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> Any:
+    """Fraction of peak of one serving GEMM: the best large-GEMM fraction x M / (M + SERVE_GEMM_M_HALF) (few
+    rows: small-M kernels pick small tiles, so no 128-row tile padding, but fill their pipelines poorly) x
+    N-tile quantisation x K / (K + gemm_k_half). Derived: docs/formulas.md#infer.step"""
+    n_fill = N / (np.ceil(N / TILE) * TILE)
+    return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half)
+
+
+def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any) -> tuple[Any, Any]:
+    """(dense, expert) compute time of one GPU's matmuls for `tokens` rows through its share of the layers
+    and the output layer, each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
+    GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
+    fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
+    T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    touched = np.maximum(_expert_fraction_touched(m, T) * max(m.num_experts, 1), 1e-12)
+    rows = {"tokens": T, "experts": np.maximum(T * m.num_experts_per_tok / touched, 1.0)}
+    peak = gpu.sustained_flops(dtype)
+    parts = {"tokens": 0.0, "experts": 0.0}
+    for layers, moe in ((m.num_dense_layers, False), (m.num_moe_layers, True)):
+        for share, kind, N, K in layer_linear_shapes(m, plan, moe) if layers else ():
+            eff = serve_gemm_efficiency(gpu, dtype, rows[kind], N, K)
+            parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (peak * eff)
+    V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
+    head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
+    return (parts["tokens"] + head) / plan.pp, parts["experts"] / plan.pp
+
+
+def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -> float:
+    """HBM bytes per token per layer of a serving step's memory-bound operators on one GPU, in 16 bits: two
+    norms (read + write h each) and two residual adds (read 2h, write h), which every TP rank repeats on the
+    whole hidden state; the gated activation (read 2f/t, write f/t); with fp8 GEMMs, the cast of each GEMM
+    input (read 2, write 1 per element). Derived: docs/formulas.md#infer.step"""
+    h, t = m.hidden_size, plan.tp
+    f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
+    d_v = m.v_head_dim if m.is_mla else m.d_head
+    norms_adds = 2 * (2 * h + 3 * h) * 2.0
+    act = (3 if m.gated_mlp else 2) * f / t * 2.0
+    cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype == "fp8" else 0.0
+    return norms_adds + act + cast
+
+
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                  attn_pairs: Any, kv_read: Any) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
-    pairs of attention, `kv_read` KV bytes read on this GPU. Time = max(compute, HBM traffic) + the TP
-    all-reduces (2 per layer) and, with EP, the dispatch and combine all-to-alls of each TP rank's 1/t share
-    of the tokens (2 per MoE layer). Expert GEMMs run at the efficiency of their rows per expert, tokens x k / E.
+    pairs of attention, `kv_read` KV bytes read on this GPU. Time = max(matmuls, weights read) +
+    max(attention core, KV read) + the TP all-reduces (2 per layer) and, with EP, the
+    dispatch and combine all-to-alls of each TP rank's 1/t share of the tokens (2 per MoE layer).
     Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
     t, p = plan.tp, plan.pp
@@ -181,25 +325,24 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     L = m.num_hidden_layers
     qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.d_head
     v = m.v_head_dim if m.is_mla else m.d_head
-    pc = param_counts(m)
-    expert_active = pc.routed_experts * pc.experts_per_token_fraction
-    dense_flops = (2 * (_active_linear_params(m) - expert_active) * tokens
-                   + 2 * attn_pairs * m.num_attention_heads * (qk + v) * L) / (t * p)
-    expert_flops = 2 * expert_active * tokens / (t * p)
-    peak = gpu.sustained_flops(compute_dtype)
-    # Rows per expert the step actually runs: the routed rows over the experts they touch (at least one each),
-    # so fewer tokens never make the expert GEMMs slower. Derived: docs/formulas.md#infer.step
-    touched = np.maximum(_expert_fraction_touched(m, tokens) * max(m.num_experts, 1), 1e-12)
-    rows_per_expert = np.maximum(np.asarray(tokens, dtype=float) * m.num_experts_per_tok / touched, 1)
-    compute = dense_flops / (peak * gemm_efficiency(gpu, compute_dtype, np.maximum(tokens, 1))) + \
-        expert_flops / (peak * gemm_efficiency(gpu, compute_dtype, rows_per_expert))
-    weights = serve_weight_bytes(m, plan)
+    attn_flops = 2 * attn_pairs * m.num_attention_heads * (qk + v) * L / (t * p)
+    # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
+    # the experts only those the step's tokens touch.
+    weights = serve_weight_bytes(m, plan) - padded_vocab(m.vocab_size, t) * m.hidden_size / t * 2.0 / p
+    experts = 0.0
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
         experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / (max(plan.ep, 1) if plan.ep > 1 else t) / p
-        weights = weights - experts * (1 - _expert_fraction_touched(m, tokens))
+        weights = weights - experts
+        experts = experts * _expert_fraction_touched(m, tokens)
     bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
-    traffic = (weights + kv_read) / bandwidth
+    elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
+    # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
+    # weights, the touched experts, the KV cache), and they run one after the other.
+    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
+    gemm = np.maximum(dense_s, weights / bandwidth) + np.maximum(expert_s, experts / bandwidth)
+    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency),
+                           np.asarray(kv_read, dtype=float) / bandwidth)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
     # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
@@ -210,24 +353,33 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     # reduce-scatter + all-gather around the MoE block) to the experts' ranks and combines them back.
     ep_comm = 2 * (m.num_moe_layers / p) * _coll(system, "all-to-all", act * m.num_experts_per_tok / t, spans.ep) \
         if plan.ep > 1 else 0.0
-    return np.maximum(compute, traffic) + scores + tp_comm + ep_comm
+    return gemm + attention + elementwise / bandwidth + scores + tp_comm + ep_comm
+
+
+SERVE_COLLECTIVE_FLOOR_S = 1e-5
+"""Least time of one collective in a serving step: a kernel that synchronises the group's GPUs (NCCL or the
+engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
+runs (docs/validation.md#serving)."""
 
 
 def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
     sizes = np.atleast_1d(np.asarray(size, dtype=float))
-    out = np.array([collective_time(op, float(s), span, system).seconds for s in sizes])
+    out = np.array([max(collective_time(op, float(s), span, system).seconds, SERVE_COLLECTIVE_FLOOR_S)
+                    if span.size > 1 else 0.0 for s in sizes])
     return out if np.ndim(size) else float(out[0])
 
 
-def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any) -> Any:
+def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
+                overhead: float = 0.0) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
-    reading the stage's weights once and the group's KV). Derived: docs/formulas.md#infer.decode"""
+    reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
+    Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     kv = b * kv_bytes_per_seq_gpu(m, plan, context)
     stage = step_seconds(m, plan, system, spans, b, b * context, kv)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * b, spans.pp) if plan.pp > 1 else 0.0
-    return plan.pp * (stage + hop)
+    return plan.pp * (stage + hop) + overhead
 
 
 def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -246,7 +398,7 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     kv = decodes * kv_bytes_per_seq_gpu(m, plan, job.input_len + job.output_len / 2)
     stage = step_seconds(m, plan, system, spans, chunk + decodes, pairs + decodes * job.context / 2, kv)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * chunk, spans.pp) if plan.pp > 1 else 0.0
-    return n_chunks * plan.pp * (stage + hop)
+    return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
 
 
 def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
@@ -258,7 +410,7 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     cached = job.input_len - job.uncached_input
     stage = step_seconds(m, plan, system, spans, T, T * (cached + min(new, T) / 2), 0.0)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * T, spans.pp) if plan.pp > 1 else 0.0
-    return float(plan.pp * (stage + hop)) * new / T
+    return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
 
 
 @dataclass(frozen=True)
@@ -278,7 +430,7 @@ def serve_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     batch x output_len / (output_len x TPOT + batch x batched prefill time per request).
     Derived: docs/formulas.md#infer.throughput"""
     context = job.input_len + job.output_len / 2
-    tpot = decode_tpot(m, plan, system, spans, batch, context)
+    tpot = decode_tpot(m, plan, system, spans, batch, context, step_host_seconds(m, plan, job))
     ttft = prefill_seconds(m, plan, system, spans, job, batch)
     b = np.asarray(batch, dtype=float)
     period = job.output_len * tpot + b * prefill_work_seconds(m, plan, system, spans, job)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.advice import advice_json
+from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.serve import ServeSearchResult, slo_text
@@ -67,11 +68,13 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
                            ("other (CUDA graphs, NCCL, runtime)", mem.other, "mem.other")):
         tb.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
     tb.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"{100 * mem.total / mem.capacity:.1f}%", "")
-    tb.add_row("usable (utilisation x HBM)", gib(mem.capacity), "100.0%", "")
+    tb.add_row(f"usable ({j.engine} memory fraction {j.gpu_memory_utilization:g})", gib(mem.capacity), "100.0%", "")
     console.print(tb)
     console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
                   f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
-                  f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} sequences of {j.context} tokens")
+                  f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "
+                  f"{admitted_tokens(j):,.0f} tokens ({j.engine}: "
+                  f"{'whole context reserved' if ENGINES[j.engine].reserve_whole_context else 'input + output/2 held on average'})")
     if mem.fits:
         console.print(f"[bold green]FITS[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} GiB")
     elif mem.kv_available <= 0:

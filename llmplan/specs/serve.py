@@ -11,6 +11,7 @@ from llmplan.specs.plan import Degrees
 
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
+Engine = Literal["vllm", "trtllm", "sglang"]
 
 
 class ServePlan(BaseModel):
@@ -71,10 +72,19 @@ class ServeJob(BaseModel):
     """Time-to-first-token objective, seconds."""
     tpot_slo_s: float | None = Field(default=None, gt=0, le=3_600)
     """Time-per-output-token objective, seconds."""
+    engine: Engine = "vllm"
+    """The serving engine, whose rules size the KV cache and admit sequences (cost.inference.ENGINES): vLLM
+    (--gpu-memory-utilization of the whole GPU; blocks allocated as sequences grow), TensorRT-LLM
+    (free_gpu_memory_fraction of what the weights and activations leave; GUARANTEED_NO_EVICT reserves each
+    request's whole context), SGLang (--mem-fraction-static holds weights and KV pool)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    """Fraction of each GPU's memory the server may use (vLLM --gpu-memory-utilization)."""
+    """The engine's memory fraction: vLLM --gpu-memory-utilization, TensorRT-LLM
+    kv_cache_config.free_gpu_memory_fraction, SGLang --mem-fraction-static."""
     block_size: int = Field(default=16, ge=1, le=1 << 20)
     """Tokens per KV-cache block (vLLM --block-size)."""
+    cuda_graphs: bool = True
+    """Decode steps replay CUDA graphs (the engines' default); False launches every kernel from the host
+    (vLLM --enforce-eager), which adds a launch per kernel to each step."""
     max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
     """Tokens one engine step may process (chunked prefill + decodes)."""
 
