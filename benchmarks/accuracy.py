@@ -26,7 +26,7 @@ from llmplan.cost.params import padded_vocab
 from llmplan.specs.check import balanced_split
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.serving import estimate_serving
+from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.specs.serve import ServeJob, ServePlan
 
@@ -131,8 +131,7 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
     cluster = ClusterSpec(system=system, num_nodes=1, gpus_per_node=plan.gpus_per_replica)
     job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], batch=1, engine="trtllm")
     m = model_for(rec, "trtllm")
-    cap = estimate_serving(m, cluster, plan, job).memory.max_concurrent_seqs
-    e = estimate_serving(m, cluster, plan, job.model_copy(update={"batch": max(1, min(cap, TRTLLM_MAX_BATCH))}))
+    e = estimate_serving(m, cluster, plan, at_max_load(m, cluster, plan, job, cap=TRTLLM_MAX_BATCH))
     return [("output tok/s", e.tokens_per_s, rec["measured"]["output_tokens_per_s_total"])]
 
 
@@ -444,6 +443,7 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         print(f"  {rid:44s} {what:22s} predicted {pred:7.2f} measured {meas:7.2f} {100 * (pred - meas) / meas:+6.1f}%")
     if mem:
         print(f"  median |error| {statistics.median(abs(100 * (p - m) / m) for _, _, p, m in mem):.1f}%")
+    serving_report(records, no_fit)
     if no_fit:
         return
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
@@ -454,6 +454,67 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
     for fam, consts, left, inside in lofo(table):
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
               f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: {_fmt_consts(consts)}")
+
+
+SERVE_GRID = {"SERVE_GEMM_M_HALF": (0.0, 64.0, 128.0, 192.0, 256.0), "SERVE_COLLECTIVE_FLOOR_S": (0.0, 1e-5, 2e-5)}
+"""The serving constants (llmplan.cost.inference) and the values leave-one-model-out tries."""
+
+
+def shape(rec: dict) -> str:
+    """Workload shape of a serving record: prefill-heavy (input >= 4 x output), decode-heavy (output >= 4 x
+    input) or balanced."""
+    i, o = rec["workload"]["input_len"], rec["workload"]["output_len"]
+    return "prefill-heavy" if i >= 4 * o else "decode-heavy" if o >= 4 * i else "balanced"
+
+
+def serving_errors(records: list[dict], consts: dict | None = None) -> list[tuple[str, str, float]]:
+    """(model, shape, signed % error) of every serving record, with the serving constants `consts`."""
+    import llmplan.cost.inference as inference
+
+    saved = {k: getattr(inference, k) for k in SERVE_GRID}
+    try:
+        for k, v in (consts or {}).items():
+            setattr(inference, k, v)
+        out = []
+        for rec in records:
+            if family(rec["id"]) == "trtllm":
+                (_, pred, meas), = predict_serving(rec)
+                out.append((rec["model"]["name"], shape(rec), 100 * (pred - meas) / meas))
+        return out
+    finally:
+        for k, v in saved.items():
+            setattr(inference, k, v)
+
+
+def serving_report(records: list[dict], no_fit: bool) -> None:
+    rows = serving_errors(records)
+    if not rows:
+        return
+    print("\nserving (TensorRT-LLM family) by workload shape, shipped constants:")
+    for sh in ("prefill-heavy", "balanced", "decode-heavy"):
+        e = [err for _, s_, err in rows if s_ == sh]
+        if e:
+            print(f"  {sh:14s} {len(e):3d} records, median |err| {statistics.median(abs(x) for x in e):.1f}%, "
+                  f"median signed {statistics.median(e):+.1f}%")
+    if no_fit:
+        return
+    import itertools
+
+    grid = [dict(zip(SERVE_GRID, values)) for values in itertools.product(*SERVE_GRID.values())]
+    table = [(c, serving_errors(records, c)) for c in grid]
+    models = sorted({name for name, _, _ in rows})
+
+    def med(errs: list, keep) -> float:
+        return statistics.median(abs(e) for name, _, e in errs if keep(name))
+
+    best_err = min(med(errs, lambda n: True) for _, errs in table)
+    ties = [c for c, errs in table if med(errs, lambda n: True) <= best_err + 0.05]
+    print("leave-one-model-out (serving constants fitted on the other models; the left-out model's median |error|):")
+    print(f"  all models -> {' | '.join(_fmt_consts(c) for c in ties)} (median {best_err:.1f}%)")
+    for left in models:
+        consts, errs = min(table, key=lambda ce: med(ce[1], lambda n: n != left))
+        print(f"  {left:34s} left out {med(errs, lambda n: n == left):5.1f}%  (in the fit "
+              f"{med(errs, lambda n: n != left):4.1f}%)  fitted without it: {_fmt_consts(consts)}")
 
 
 def _fmt_consts(c: dict) -> str:

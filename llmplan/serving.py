@@ -101,9 +101,18 @@ def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJ
     """The job at full load under continuous batching: as many running sequences as the engine's KV cache
     admits (ServeMemory.max_concurrent_seqs, by the engine's rule), at most `cap`, at least one.
     Derived: docs/formulas.md#infer.capacity"""
-    probe = estimate_serving(m, cluster, plan, job.model_copy(update={"batch": 1}), allowance)
-    batch = max(1, probe.memory.max_concurrent_seqs)
-    return job.model_copy(update={"batch": min(batch, cap) if cap else batch})
+    def admitted(batch: int) -> int:  # the activation peak (sampled logits) grows with the batch
+        return estimate_serving(m, cluster, plan, job.model_copy(update={"batch": batch}), allowance).memory.max_concurrent_seqs
+
+    batch = max(1, admitted(1))
+    if cap:
+        batch = min(batch, cap)
+    for _ in range(8):  # capacity never rises with the batch: step down to a batch that admits itself
+        fits = max(1, admitted(batch))
+        if fits >= batch:
+            break
+        batch = fits
+    return job.model_copy(update={"batch": batch})
 
 
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
