@@ -302,14 +302,19 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     """HBM bytes per token per layer of a serving step's memory-bound operators on one GPU, in 16 bits: two
     norms (read + write h each) and two residual adds (read 2h, write h), which every TP rank repeats on the
     whole hidden state; the gated activation (read 2f/t, write f/t); with fp8 GEMMs, the cast of each GEMM
-    input (read 2, write 1 per element). Derived: docs/formulas.md#infer.step"""
+    input (read 2, write 1 per element); MoE routing and the permute / unpermute of the k copies.
+    Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
     d_v = m.v_head_dim if m.is_mla else m.d_head
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
     cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype == "fp8" else 0.0
-    return norms_adds + act + cast
+    # MoE: routing (fp32 scores over the experts) and the permute into expert order and back (read and write
+    # the token's k copies each way), on the MoE layers' share of the layers.
+    routing = (m.num_moe_layers / m.num_hidden_layers) * (8.0 * m.num_experts + 2 * 2 * m.num_experts_per_tok * h * 2.0) \
+        if m.is_moe else 0.0
+    return norms_adds + act + cast + routing
 
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
@@ -337,6 +342,8 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
         experts = experts * _expert_fraction_touched(m, tokens)
     bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
     elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
+    # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
+    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * np.asarray(tokens, dtype=float) / p
     # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
     # weights, the touched experts, the KV cache), and they run one after the other.
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
