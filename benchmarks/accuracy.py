@@ -168,14 +168,17 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         return []
     e = estimate_training(model_for(rec, fam), cluster, plan)
     meas = rec["measured"]
-    peak = system.gpu.peak_flops(plan.dtype) / 1e12
+    peak = system.gpu.peak_flops(plan.mfu_format) / 1e12
     out: list[tuple[str, float, float]] = []
     if fam in ("narayanan2021", "megatron2020") and "tflops_per_gpu" in meas:
         out.append(("hw TFLOP/s", float(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))
     if fam == "korthikanti2022" and "iteration_time_s" in meas:
         out.append(("iteration s", float(e.time.total), meas["iteration_time_s"]))
     if fam in ("megatron", "mpt") and "mfu" in meas:
-        out.append(("MFU", float(e.throughput.mfu), meas["mfu"]))
+        # Composer's MFU for amp_fp8 divides by the fp8 peak (its GPU_AVAILABLE_FLOPS table); llmplan's
+        # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
+        mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
+        out.append(("MFU", float(mfu), meas["mfu"]))
     elif fam in ("megatron", "nemo2407") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
     if out:  # a run that was measured ran, so it fit (memory-only records show what does not fit)

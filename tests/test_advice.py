@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 CASES = {
-    "compute": ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--gpus-per-node", "1",
-                "--global-batch", "16", "--recompute", "full", "--seq-len", "4096"],
+    "compute": ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--zero", "3",
+                "--global-batch", "64", "--recompute", "full", "--seq-len", "4096"],
     "communication": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "2", "--zero",
                       "3", "--global-batch", "64", "--seq-len", "2048"],
     "pipeline": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--pp", "4",

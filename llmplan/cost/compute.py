@@ -137,11 +137,19 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, 
 
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> Any:
     """Forward time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted harmonic mean of
-    the efficiencies of its own matmuls. Derived: docs/formulas.md#compute.gemm"""
+    the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the layers in bf16:
+    the average layer mixes both). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
     gemms = layer_gemms(m, plan, moe)
     total = sum(g[0] for g in gemms)
-    inv = sum(g[0] / gemm_shape_efficiency(gpu, plan.dtype, g[1], g[2], g[3]) for g in gemms) / total
-    return layer_flops(m, plan, moe).gemm * inv / gpu.sustained_flops(plan.dtype)
+    flops = layer_flops(m, plan, moe).gemm
+
+    def seconds(fmt: str) -> Any:
+        inv = sum(g[0] / gemm_shape_efficiency(gpu, fmt, g[1], g[2], g[3]) for g in gemms) / total
+        return flops * inv / gpu.sustained_flops(fmt)
+
+    share = plan.low_precision_layer_fraction
+    low = seconds(plan.gemm_format)
+    return low if share == 1.0 else share * low + (1 - share) * seconds("bf16")
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
@@ -165,18 +173,28 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     return norms_residual + rope + act + scores + fp8_cast_bytes(m, plan, moe)
 
 
+CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
+              "nvfp4": 5.0 + 2 / 16}
+"""HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
+with their scales: one fp8 copy (per-tensor, rowwise; blockwise + an fp32 scale per 128); MXFP8 a rowwise
+and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each; NVFP4 two 4-bit copies with an
+E4M3 scale per 16, plus the random Hadamard transform's read and write of the wgrad operand (2 + 2).
+Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
+
+
 def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """fp8 training casts every GEMM input to fp8 before the GEMM (read 2 bytes, write 1, plus the amax
     reduction it fuses): the QKV, output-projection, fc1 and fc2 inputs in forward; backward casts the output
     gradients likewise (stage_compute counts backward traffic as twice the forward). Weights are cast once
     per step and left out. Source: Transformer Engine fp8 primer (per-tensor scaling, cast before each
     GEMM). Derived: docs/formulas.md#compute.memory_bound"""
-    if plan.dtype != "fp8":
+    if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = m.v_head_dim if m.is_mla else m.d_head
-    return 3 * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
+    per_element = CAST_BYTES[plan.recipe] * plan.low_precision_layer_fraction
+    return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 
 @dataclass(frozen=True)
@@ -220,7 +238,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        peak_attn = gpu.sustained_flops("bf16" if plan.dtype == "fp8" else plan.dtype) * gpu.attention_efficiency
+        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * gpu.attention_efficiency
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
@@ -229,13 +247,15 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
-    """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module)."""
+    """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module). The
+    output layer stays in bf16 under every low-precision recipe (Megatron-Core's fp8 autocast covers the
+    decoder layers only; torchtitan's float8 / MX converters skip the output layer)."""
     def compute() -> tuple[Any, Any]:
         s, b = plan.seq_len / plan.cp, plan.micro_batch
-        eff = gemm_shape_efficiency(gpu, plan.dtype, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp,
-                                    m.hidden_size)
+        fmt = "bf16" if plan.low_precision else plan.dtype
+        eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
-        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(plan.dtype) * eff),
+        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff),
                 heads * loss_bytes(m, plan) / gpu.hbm_bytes_per_s)
     return memoized(plan, ("output_seconds", m, gpu), compute)
 

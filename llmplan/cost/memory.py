@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.params import (
-    heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layer_count, stage_layers,
+    RankParams, heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layer_count, stage_layers,
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
@@ -46,6 +46,30 @@ def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, g
     )
 
 
+LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
+                              "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
+"""Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a
+step (Transformer Engine casts once, on the first micro-batch): an fp8 copy and its transpose (per-tensor,
+blockwise with an fp32 scale per 128x128 block); MXFP8 a rowwise and a columnwise copy with an E8M0 scale
+per 32 each; NVFP4 two 4-bit copies with an E4M3 scale per 16. torchao's rowwise recipe casts inside each
+GEMM and keeps none. Derived: docs/formulas.md#precision (Transformer Engine docs: is_first_microbatch
+weight caching, MXFP8 / NVFP4 recipes; torchao float8 README)."""
+
+
+def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any) -> Any:
+    """Bytes of the recipe's cached low-precision weight copies on one rank of `stage`: its linear weights
+    (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE, one byte less per weight when
+    the model copy itself is fp8 (fp8_params); none under ZeRO-3 / FSDP, which gathers and frees each layer.
+    Derived: docs/formulas.md#precision"""
+    if not plan.low_precision:
+        return 0.0
+    per_weight = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (1.0 if plan.fp8_params and plan.dtype == "fp8" else 0.0)
+    vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
+    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
+    linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction
+    return where(plan.zero >= 3, 0.0, linear * max(per_weight, 0.0))
+
+
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """Activation bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
@@ -76,7 +100,7 @@ def _fp8_saving(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """fp8 training saves the fp8 casts of the GEMM inputs for backward (1 byte instead of 2): the QKV and
     fc1 inputs (h each), the output-projection input (a·d_v/t) and the fc2 input (f/t) of every token.
     Derived: docs/formulas.md#mem.activations (Transformer Engine keeps the fp8 tensors it multiplied)."""
-    if plan.dtype != "fp8":
+    if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
@@ -216,13 +240,14 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, weight_b, grad_b, optim_b)
     expert = model_state_bytes(rp.expert, edp, plan.zero, weight_b, grad_b, optim_b)
     act = activation_bytes(m, plan, stage, per_layer)
-    tensors = dense.total + expert.total + act.total
+    cache = low_precision_weight_cache(m, plan, rp, stage)
+    tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
     gathered = where(plan.zero >= 3, live * weight_b, 0.0)  # Derived: docs/formulas.md#mem.other
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
     return TrainingMemory(
-        stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights,
+        stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=dense.gradients + expert.gradients, optimizer=dense.optimizer + expert.optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity,
     )

@@ -35,6 +35,8 @@ def operator_uses(m: ModelSpec, plan: Any, gpu: GpuSpec) -> list[OperatorUse]:
                                 "unfused attention: the s x s scores are stored and softmax runs over them in HBM"))
     if plan.dtype == "fp8":
         uses.append(OperatorUse("fp8 GEMMs", "fp8_gemm", gpu.has_kernel("fp8_gemm"), "bf16 GEMMs"))
+    if plan.dtype == "fp4":
+        uses.append(OperatorUse("fp4 GEMMs", "fp4_gemm", gpu.has_kernel("fp4_gemm"), "bf16 GEMMs"))
     if m.is_moe:
         uses.append(OperatorUse("MoE experts", "grouped_gemm", gpu.has_kernel("grouped_gemm"),
                                 "one GEMM launch per local expert and matmul"))
@@ -48,13 +50,13 @@ def operator_uses(m: ModelSpec, plan: Any, gpu: GpuSpec) -> list[OperatorUse]:
 
 def with_fallbacks(plan: Any, uses: list[OperatorUse]) -> Any:
     """The plan as it actually runs on the GPU: unfused attention where the attention kernel is missing,
-    bf16 GEMMs where fp8 ones are."""
+    bf16 GEMMs where fp8 / fp4 ones are missing."""
     missing = {u.kernel for u in uses if not u.available and u.modelled}
     update: dict[str, Any] = {}
     if missing & {"flash_attention", "mla"}:
         update["flash_attention"] = False
-    if "fp8_gemm" in missing:
-        update["dtype"] = "bf16"
+    if missing & {"fp8_gemm", "fp4_gemm"}:
+        update["dtype"], update["recipe"] = "bf16", "tensorwise"
     if missing & {"grouped_gemm", "fused_norm", "fused_rope"}:
         update["fused_kernels"] = False
     return plan.model_copy(update=update) if update else plan

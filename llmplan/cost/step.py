@@ -188,22 +188,29 @@ class Throughput:
     tflops_per_gpu: Any
     """Model FLOPs per second per GPU, in TFLOP/s."""
     mfu: Any
+    """Model FLOPs / (time x GPUs x peak): against the bf16 peak for the low-precision recipes (as most
+    published tables report), else the dtype's own."""
     hfu: Any
     comm_ratio: Any
     """Exposed communication / step time."""
+    mfu_low_precision: Any = None
+    """MFU against the peak of the recipe's GEMM format (fp8, mxfp8, fp4); None for bf16 / fp16 / fp32."""
 
 
 def throughput(plan: ParallelPlan, gpu: GpuSpec, st: StepTime) -> Throughput:
-    """Tokens/s, model TFLOP/s per GPU, MFU and HFU (against the peak of the plan's dtype).
+    """Tokens/s, model TFLOP/s per GPU, MFU and HFU (against the bf16 peak for low-precision recipes, with
+    the MFU against the recipe's own format beside it).
     Source: Korthikanti et al. 2022 §6 (MFU / HFU definitions)."""
     step, gpus = st.total, plan.num_gpus
-    peak = gpu.peak_flops(plan.dtype)  # MFU against the nominal peak, whatever the sustained clock
+    peak = gpu.peak_flops(plan.mfu_format)  # MFU against the nominal peak, whatever the sustained clock
+    low = st.model_flops / (step * gpus * gpu.peak_flops(plan.gemm_format)) if plan.low_precision else None
     return Throughput(
         tokens_per_s=plan.global_batch * plan.seq_len / step,
         tflops_per_gpu=st.model_flops / (step * gpus) / 1e12,
         mfu=st.model_flops / (step * gpus * peak),
         hfu=st.hardware_flops / (step * gpus * peak),
         comm_ratio=st.comm_exposed / step,
+        mfu_low_precision=low,
     )
 
 

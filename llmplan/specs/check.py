@@ -277,9 +277,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"tp x pp x cp x dp ({p.tp * p.pp * p.cp} x {p.dp} = {p.num_gpus}) must equal the "
                          f"{c.num_gpus} GPUs; dp must be {c.num_gpus // (p.tp * p.pp * p.cp)}",
          needs_cluster=True),
-    Rule("dtype_hardware", lambda m, p, c: p.dtype in c.system.gpu.tflops,
-         lambda m, p, c: f"{c.system.gpu.name} has no {p.dtype} tensor cores; use --dtype bf16 (supported: "
-                         f"{', '.join(sorted(k for k in c.system.gpu.tflops if k in ('bf16', 'fp16', 'fp8', 'fp32')))})",
+    Rule("dtype_hardware", lambda m, p, c: p.gemm_format in c.system.gpu.tflops,
+         lambda m, p, c: f"{c.system.gpu.name} has no {p.gemm_format} tensor cores for {p.dtype}"
+                         f"{' (' + p.recipe + ')' if p.low_precision else ''}; use --precision bf16 (this GPU "
+                         f"supports: {', '.join(sorted(k for k in c.system.gpu.tflops if k not in ('tf32', 'fp32')))})",
          needs_cluster=True),
 )
 

@@ -54,6 +54,27 @@ class PlanQuantities:
         return self.tp * self.pp * self.cp * self.dp  # type: ignore[attr-defined]
 
     @property
+    def low_precision(self) -> bool:
+        """GEMMs in an 8- or 4-bit recipe (the workload's dtype is one value for every plan)."""
+        return self.dtype in ("fp8", "fp4")  # type: ignore[attr-defined]
+
+    @property
+    def gemm_format(self) -> str:
+        """The tensor-core format of the layers' GEMMs (a GpuSpec.tflops key)."""
+        return RECIPE_GEMM_FORMAT[self.recipe] if self.low_precision else self.dtype  # type: ignore[attr-defined]
+
+    @property
+    def low_precision_layer_fraction(self) -> float:
+        """Share of the transformer layers whose GEMMs run in the low format."""
+        return NVFP4_LAYER_FRACTION if self.low_precision and self.recipe == "nvfp4" else 1.0  # type: ignore[attr-defined]
+
+    @property
+    def mfu_format(self) -> str:
+        """The peak MFU is reported against: bf16 for the low-precision recipes (as most tables report),
+        else the dtype's own."""
+        return "bf16" if self.low_precision else self.dtype  # type: ignore[attr-defined]
+
+    @property
     def zero_shard(self) -> Any:
         """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
         return self.dp * self.cp  # type: ignore[attr-defined]
@@ -68,7 +89,19 @@ class PlanQuantities:
         if memo is not None:
             memo["num_microbatches"] = n
         return n
-TrainDtype = Literal["bf16", "fp16", "fp8", "fp32"]
+TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
+Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
+PRECISIONS: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
+    "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
+}
+"""--precision NAME -> (dtype, recipe) (docs/formulas.md#precision)."""
+RECIPE_GEMM_FORMAT = {"tensorwise": "fp8", "rowwise": "fp8", "blockwise": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
+"""The tensor-core format (GpuSpec.tflops key) a recipe's GEMMs run in."""
+NVFP4_LAYER_FRACTION = 0.85
+"""Share of the transformer layers whose GEMMs run in NVFP4; the last ones stay in bf16. Source: NVIDIA,
+"Pretraining Large Language Models with NVFP4" (arXiv 2509.25149, a few final layers kept in BF16) and
+torchtitan 0.3's `*_first_85_pct_layers_nvfp4` configs."""
 
 
 class ParallelPlan(PlanQuantities, BaseModel):
@@ -116,7 +149,12 @@ class ParallelPlan(PlanQuantities, BaseModel):
     seq_len: int = Field(default=4096, ge=1, le=1 << 30)
     """Tokens per sequence."""
     dtype: TrainDtype = "bf16"
-    """Compute dtype of the matmuls (fp8 keeps bf16 weights, as Transformer Engine does)."""
+    """Compute dtype of the matmuls (fp8 keeps bf16 weights, as Transformer Engine does; fp4 is NVFP4)."""
+    recipe: Recipe = "tensorwise"
+    """Low-precision recipe with dtype fp8 / fp4 (--precision): per-tensor scaling (Transformer Engine
+    delayed or current scaling), rowwise (torchao), blockwise (1x128 activations, 128x128 weights,
+    DeepSeek-V3 style), MXFP8 (32-element blocks, E8M0 scales; Blackwell) or NVFP4 (16-element blocks, E4M3
+    scales; fp4 only)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     flash_attention: bool = True
@@ -135,6 +173,16 @@ class ParallelPlan(PlanQuantities, BaseModel):
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
+
+    @model_validator(mode="after")
+    def _recipe_matches_dtype(self) -> "ParallelPlan":
+        if (self.dtype == "fp4") != (self.recipe == "nvfp4"):
+            raise ValueError(f"dtype {self.dtype} with recipe {self.recipe}: NVFP4 is the fp4 recipe, the others "
+                             "are fp8 recipes; use --precision nvfp4, or one of fp8-tensorwise, fp8-rowwise, "
+                             "fp8-blockwise, mxfp8")
+        if self.recipe != "tensorwise" and not self.low_precision:
+            raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_split(self) -> "ParallelPlan":
