@@ -7,7 +7,7 @@ from typing import Optional
 
 from llmplan.errors import LlmplanError
 from llmplan.specs.check import accounted_split
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import PRECISIONS, ClusterSpec, MemoryAllowance
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.serve import ServeJob
 from llmplan.topology.graph import validate
@@ -36,11 +36,24 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
 
 
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
-             overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False) -> dict:
-    """The training switches estimate and search share (ParallelPlan / Workload field names)."""
-    return {"dtype": dtype, "grad_dtype": grad_dtype, "fp8_params": fp8_params, "flash_attention": flash_attention,
-            "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
-            "tp_comm_overlap": tp_comm_overlap, "ep_comm_overlap": ep_comm_overlap}
+             overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
+             precision: str | None = None) -> dict:
+    """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
+    names the dtype and its recipe at once (PRECISIONS)."""
+    recipe = "tensorwise"
+    if precision is not None:
+        if precision not in PRECISIONS:
+            raise LlmplanError(f"--precision {precision} is not a recipe; use one of {', '.join(PRECISIONS)}")
+        implied, recipe = PRECISIONS[precision]
+        if dtype not in ("bf16", implied):
+            raise LlmplanError(f"--dtype {dtype} contradicts --precision {precision} (dtype {implied}); give one")
+        dtype = implied
+    elif dtype == "fp4":
+        recipe = "nvfp4"
+    return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
+            "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
+            "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
+            "ep_comm_overlap": ep_comm_overlap}
 
 
 

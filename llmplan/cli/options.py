@@ -27,7 +27,9 @@ HARDWARE = typer.Option(..., "--hardware", help="Built-in system name or path to
 NODES = typer.Option(1, "--nodes", min=1, help="Number of nodes.")
 GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1, help="GPUs used per node (default: all).")
 SEQ_LEN = typer.Option(None, "--seq-len", min=1, help=f"Sequence length (default: min({DEFAULT_SEQ_LEN}, context)).")
-DTYPE = typer.Option(_plan("dtype"), "--dtype", help="bf16 | fp16 | fp8 | fp32.")
+DTYPE = typer.Option(_plan("dtype"), "--dtype", help="bf16 | fp16 | fp8 | fp4 | fp32.")
+PRECISION = typer.Option(None, "--precision",
+                         help="Training recipe: bf16 | fp8-tensorwise | fp8-rowwise | fp8-blockwise | mxfp8 | nvfp4.")
 GRAD_DTYPE = typer.Option(_plan("grad_dtype"), "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
 FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
 FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
@@ -73,7 +75,8 @@ AXIS_ORDER = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
 # signature, so that each group is written once; the command receives them in **options.
 CLUSTER = [("model", str, MODEL), ("hardware", str, HARDWARE), ("nodes", int, NODES),
            ("gpus_per_node", Optional[int], GPUS_PER_NODE)]
-TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("grad_dtype", str, GRAD_DTYPE),
+TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("precision", Optional[str], PRECISION),
+                     ("grad_dtype", str, GRAD_DTYPE),
                      ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP)]

@@ -13,6 +13,7 @@ from llmplan.advice import advice_json
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import SearchResult, explain
+from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.units import GIB
@@ -130,6 +131,18 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
     }
 
 
+def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
+    """Which of the best plan's axes stay on the scale-up fabric (NVLink domain) and which cross the
+    network: the reason TP / EP / CP sit where they do."""
+    spans = place(e.plan.degrees, cluster)
+    domain = cluster.system.domain_gpus
+    inside = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].size > 1 and not spans[a].uses_nic]
+    across = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].uses_nic]
+    where = f"one {domain}-GPU NVLink domain" if domain > cluster.system.gpus_per_node else "one node's NVLink"
+    return (f"placement: {', '.join(inside) or 'no axis'} inside {where}; "
+            f"{', '.join(across) or 'none'} across the network").replace("dpcp", "dp x cp")
+
+
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
                 train_tokens: float, full_explain: bool = False, advice: list | None = None,
                 wide: bool = False) -> None:
@@ -142,6 +155,7 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
                       f"{b['gpu_hours']:,.0f} GPU-hours")
         best = res.ranked[0]
+        console.print(placement_line(best, cluster))
         if res.conventional is not None and res.conventional.plan != best.plan:
             console.print(explain_line(best, res.conventional, "conventional"))
         if full_explain:

@@ -85,6 +85,7 @@ def time_json(st: StepTime) -> dict[str, Any]:
 def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
     return {"tokens_per_s": float(tp.tokens_per_s), "tflops_per_gpu": float(tp.tflops_per_gpu),
             "mfu": float(tp.mfu), "hfu": float(tp.hfu), "comm_ratio": float(tp.comm_ratio),
+            "mfu_low_precision": None if tp.mfu_low_precision is None else float(tp.mfu_low_precision),
             "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
 
 
@@ -169,7 +170,9 @@ def time_table(e: TrainingEstimate) -> Table:
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")
-    t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%, "
+    low = (f" (vs bf16; {100 * tp.mfu_low_precision:.1f}% vs the {e.plan.gemm_format} peak)"
+           if tp.mfu_low_precision is not None else "")
+    t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
                  f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
                  f"bottleneck: {e.bottleneck}")
     return t

@@ -95,9 +95,12 @@ class GpuSpec(BaseModel):
         return self.hbm_gb_per_s * GB
 
     def max_gemm_fraction(self, dtype: str) -> float:
-        """Best achieved fraction of peak for large GEMMs (measured where published, else 0.75)."""
-        best = self.max_gemm_tflops_fp8 if dtype == "fp8" else self.max_gemm_tflops_bf16
-        return best / self.tflops[dtype] if best and dtype in self.tflops else 0.75  # type: ignore[index]
+        """Best achieved fraction of peak for large GEMMs: measured where published (bf16 for bf16 / fp16,
+        fp8 for fp8 / mxfp8 at the same rate; fp4, unmeasured, assumed to reach the fp8 fraction), else 0.75."""
+        fp8 = self.max_gemm_tflops_fp8 / self.tflops["fp8"] if self.max_gemm_tflops_fp8 and "fp8" in self.tflops else None
+        bf16 = self.max_gemm_tflops_bf16 / self.tflops[dtype] if self.max_gemm_tflops_bf16 and dtype in ("bf16", "fp16") \
+            and dtype in self.tflops else None
+        return {"bf16": bf16, "fp16": bf16, "fp8": fp8, "mxfp8": fp8, "fp4": fp8}.get(dtype) or 0.75
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""

@@ -1,0 +1,151 @@
+"""Clusters and number formats of 2025-26 (issue "Blackwell, GB200/GB300 NVL72, FP8 recipes, MXFP8, NVFP4"):
+the new profiles against their published numbers, training precision as a recipe (memory per parameter,
+GEMM format, the bf16 layers of NVFP4, MFU against bf16), and the NVL72 domain's all-reduce."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.compute import layer_gemm_seconds
+from llmplan.estimate import estimate_training
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.topology.collectives import collective_time
+from llmplan.topology.placement import span_of_ranks
+from llmplan.units import GIB
+
+M = builtin_models()
+S = builtin_systems()
+
+
+# Per-GPU dense peaks (TFLOP/s), memory (GiB) and bandwidth (GB/s). B300 / GB300: NVIDIA's per-GPU table
+# restated by Verda ("NVIDIA GB300 NVL72: GPU Architecture & Performance"); H20: NVIDIA's H20 specification
+# as reported (148 / 296 TFLOP/s, 96 GB, 4.0 TB/s); MI355X: AMD at ISSCC 2026 (FP8 5 PF) and ISC 2025
+# (288 GB HBM3e, 8 TB/s, 1,400 W). GB = 10^9 bytes, GiB = 2^30.
+@pytest.mark.parametrize("gpu,bf16,fp8,fp4,gib,gbps,watts", [
+    ("b300", 2250, 4500, 14000, 270e9 / GIB, 7700, 1100),
+    ("gb300", 2500, 5000, 15000, 279e9 / GIB, 8000, 1400),
+    ("h20", 148, 296, None, 96e9 / GIB, 4000, 400),
+    ("mi355x", 2500, 5000, None, 288e9 / GIB, 8000, 1400),
+])
+def test_new_gpu_profiles_match_their_sources(gpu, bf16, fp8, fp4, gib, gbps, watts):
+    systems = [s for s in S.values() if s.gpu.name == gpu]
+    assert systems, f"no system uses {gpu}"
+    g = systems[0].gpu
+    assert (g.tflops["bf16"], g.tflops["fp8"], g.tflops.get("fp4")) == (bf16, fp8, fp4)
+    assert g.hbm_gib == pytest.approx(gib, abs=0.1) and g.hbm_gb_per_s == gbps and g.power_limit_w == watts
+    if gpu in ("b300", "gb300"):
+        assert g.tflops["mxfp8"] == fp8  # MX formats at the fp8 tensor-core rate on Blackwell
+
+
+def test_nvl72_racks_and_dgx_b300():
+    for name, nic in (("gb200-nvl72", 400), ("gb300-nvl72", 800)):
+        s = S[name]
+        assert (s.gpus_per_node, s.domain_gpus, s.nics_per_node, s.nic_gbit_per_s) == (4, 72, 4, nic)
+    b300 = S["dgx-b300"]
+    assert (b300.gpus_per_node, b300.nics_per_node, b300.nic_gbit_per_s, b300.intra_node_gb_per_s) == (8, 8, 800, 900)
+
+
+def test_nvl72_all_reduce_against_a_published_measurement():
+    # NCCL all_reduce_perf over multi-node NVLink, 2 GB200 trays x 4 GPUs: 811 GB/s busbw at large sizes
+    # (lixueduan.com, "GB200 MNNVL NCCL test"). Within 10%, and the 72-GPU domain never touches a NIC.
+    s = S["gb200-nvl72"]
+    sp = span_of_ranks(list(range(8)), ClusterSpec(system=s, num_nodes=2))
+    assert not sp.uses_nic
+    assert collective_time("all-reduce", 8 * GIB, sp, s).busbw / 1e9 == pytest.approx(811, rel=0.10)
+
+
+def plan(**kw) -> ParallelPlan:
+    base = dict(tp=1, pp=1, dp=8, zero=1, seq_len=4096, micro_batch=1, global_batch=64, recompute="full")
+    return ParallelPlan(**{**base, **kw})
+
+
+# Low-precision copies of each linear weight kept across the micro-batches of a step: Transformer Engine
+# caches the fp8 weight and its transpose after the first micro-batch (per-tensor and blockwise), MXFP8 a
+# rowwise and a columnwise copy with an E8M0 scale per 32 values each, NVFP4 two 4-bit copies with an E4M3
+# scale per 16 (on the 85% of layers in NVFP4); torchao's rowwise recipe casts inside each GEMM (none kept).
+@pytest.mark.parametrize("precision,per_weight", [
+    (("fp8", "tensorwise"), 2.0), (("fp8", "rowwise"), 0.0), (("fp8", "blockwise"), 2.0 + 8 / 128**2),
+    (("fp8", "mxfp8"), 2.0 + 2 / 32), (("fp4", "nvfp4"), (1.0 + 2 / 16) * 0.85),
+])
+def test_recipe_weight_copies_per_parameter(precision, per_weight):
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-b200"], num_nodes=1)
+    # Llama-3.1-8B's linear weights: 32 layers x (q, k, v, o, gate, up, down) = 32 x 218,103,808.
+    linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    bf16 = estimate_training(m, cluster, plan()).memory
+    low = estimate_training(m, cluster, plan(dtype=precision[0], recipe=precision[1])).memory
+    norms = 32 * 2 * 4096 + 4096  # the rank's norms ride along with the linear weights (0.004%)
+    assert float(low.weights - bf16.weights) == pytest.approx(per_weight * (linear + norms), rel=1e-9)
+    # ZeRO-3 gathers and frees each layer: no copies persist.
+    z3 = estimate_training(m, cluster, plan(zero=3, dtype=precision[0], recipe=precision[1])).memory
+    assert float(z3.weights) == pytest.approx(float(estimate_training(m, cluster, plan(zero=3)).memory.weights))
+
+
+def test_a_plan_that_fits_in_mxfp8_and_not_in_bf16():
+    # Llama-3.1-70B on 16 B200, TP2 + FSDP, 8k tokens, no recompute: in bf16 the saved activations overflow
+    # the 167.6 GiB; MXFP8 saves the GEMM inputs for backward in 8 bits, and ZeRO-3 keeps no weight copies.
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-b200"], num_nodes=2)
+    kw = dict(tp=2, dp=8, sp=True, zero=3, seq_len=8192, global_batch=256, recompute="none")
+    bf16 = estimate_training(m, cluster, plan(**kw)).memory
+    mx = estimate_training(m, cluster, plan(**kw, dtype="fp8", recipe="mxfp8")).memory
+    assert not bf16.fits and mx.fits
+    assert float(mx.weights) == pytest.approx(float(bf16.weights))
+    assert float(bf16.activations - mx.activations) > float(bf16.total - bf16.capacity)
+
+
+def test_nvfp4_keeps_a_share_of_layers_in_bf16_and_mfu_is_against_bf16(monkeypatch):
+    import llmplan.specs.plan as plan_module
+
+    m, gpu = M["llama-3.1-70b"], S["dgx-b200"].gpu
+    p4 = plan(dtype="fp4", recipe="nvfp4", tp=8, dp=1, sp=True)
+    t4 = float(layer_gemm_seconds(m, p4, gpu, False))
+    t_bf16 = float(layer_gemm_seconds(m, plan(tp=8, dp=1, sp=True), gpu, False))
+    monkeypatch.setattr(plan_module, "NVFP4_LAYER_FRACTION", 1.0)
+    t_all_fp4 = float(layer_gemm_seconds(m, p4, gpu, False))
+    monkeypatch.undo()
+    # 85% of the layers at the fp4 rate, 15% at bf16 (NVIDIA's NVFP4 recipe keeps the last layers in bf16).
+    assert t4 == pytest.approx(0.85 * t_all_fp4 + 0.15 * t_bf16, rel=1e-12)
+    assert t_all_fp4 < t4 < t_bf16
+    e = estimate_training(m, ClusterSpec(system=S["dgx-b200"], num_nodes=1), p4)
+    tp = e.throughput
+    assert float(tp.mfu) * gpu.tflops["bf16"] == pytest.approx(float(tp.mfu_low_precision) * gpu.tflops["fp4"])
+
+
+def test_mxfp8_needs_blackwell():
+    m = M["llama-3.1-8b"]
+    bad = check_plan(m, plan(dtype="fp8", recipe="mxfp8"), ClusterSpec(system=S["dgx-h100"], num_nodes=1))
+    assert [v.rule for v in bad] == ["dtype_hardware"] and "no mxfp8 tensor cores" in bad[0].message
+    assert not check_plan(m, plan(dtype="fp8", recipe="mxfp8"), ClusterSpec(system=S["dgx-b300"], num_nodes=1))
+
+
+def test_precision_cli(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "nvfp4", "--zero", "1",
+            "--global-batch", "64", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["throughput"]["mfu_low_precision"] < d["throughput"]["mfu"]
+    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "fp6")
+    assert bad.code == 2 and "--precision fp6 is not a recipe" in bad.err and "mxfp8" in bad.err
+    clash = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "nvfp4",
+                "--dtype", "fp8")
+    assert clash.code == 2 and "contradicts" in clash.err
+
+
+@pytest.mark.parametrize("model,system,nodes,gbs,seq,precision", [
+    ("deepseek-v3", "gb300-nvl72", 576, 4096, 4096, "mxfp8"),  # 32 GB300 NVL72 racks = 2,304 GPUs
+    ("llama-3.1-405b", "gb200-nvl72", 288, 2048, 8192, "bf16"),  # 16 GB200 NVL72 racks = 1,152 GPUs
+])
+def test_nvl72_search_keeps_tp_and_ep_in_the_domain_and_says_so(cli, model, system, nodes, gbs, seq, precision):
+    r = cli("search", "--model", model, "--hardware", system, "--nodes", str(nodes), "--global-batch", str(gbs),
+            "--seq-len", str(seq), "--precision", precision, "--top", "3", "--json")
+    assert r.code == 0, r.err
+    best = r.json()["plans"][0]["plan"]
+    from llmplan.topology.placement import place
+
+    plan = ParallelPlan(**{k: v for k, v in best.items() if k in ParallelPlan.model_fields})
+    spans = place(plan.degrees, ClusterSpec(system=S[system], num_nodes=nodes))
+    assert not spans["tp"].uses_nic and not spans["ep"].uses_nic
+    text = cli("search", "--model", model, "--hardware", system, "--nodes", str(nodes), "--global-batch",
+               str(gbs), "--seq-len", str(seq), "--precision", precision, "--top", "3").out.replace("\n", " ")
+    assert "placement:" in text and "inside one 72-GPU NVLink domain" in text
