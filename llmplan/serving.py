@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.inference import (
-    ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_memory,
-    serve_timing,
+    ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_compute_format,
+    serve_memory, serve_timing,
 )
 from llmplan.cost.operators import OperatorUse
 from llmplan.errors import PlanViolationError
@@ -52,6 +52,9 @@ def replica_spans(plan: ServePlan, cluster: ClusterSpec) -> Spans:
 def hardware_warnings(plan: ServePlan, cluster: ClusterSpec) -> tuple[str, ...]:
     gpu = cluster.system.gpu
     out = []
+    if plan.weight_dtype in ("mxfp8", "nvfp4") and serve_compute_format(plan, gpu) == "bf16":
+        out.append(f"{gpu.name} has no {plan.weight_dtype} tensor cores (Blackwell has): {plan.weight_dtype} weights "
+                   "are dequantised to bf16, saving memory and bandwidth but no compute")
     if plan.weight_dtype == "fp8" and "fp8" not in gpu.tflops:
         out.append(f"{gpu.name} has no fp8 tensor cores: fp8 weights run as weight-only (W8A16) kernels that "
                    "dequantise to bf16, saving memory and bandwidth but no compute")

@@ -149,3 +149,19 @@ def test_nvl72_search_keeps_tp_and_ep_in_the_domain_and_says_so(cli, model, syst
     text = cli("search", "--model", model, "--hardware", system, "--nodes", str(nodes), "--global-batch",
                str(gbs), "--seq-len", str(seq), "--precision", precision, "--top", "3").out.replace("\n", " ")
     assert "placement:" in text and "inside one 72-GPU NVLink domain" in text
+
+
+def test_serving_nvfp4_and_mxfp8_weights_on_blackwell():
+    # NVFP4: 4-bit values + one E4M3 scale per 16 (0.5625 B/weight); MXFP8: 8-bit + one E8M0 scale per 32.
+    from llmplan.cost.inference import weight_bytes_per_param
+    from llmplan.serving import estimate_serving
+    from llmplan.specs.serve import ServeJob, ServePlan
+
+    assert weight_bytes_per_param("nvfp4", 128) == 0.5625 and weight_bytes_per_param("mxfp8", 128) == 1 + 1 / 32
+    m, job = M["llama-3.1-70b"], ServeJob(input_len=1024, output_len=1024, batch=256)
+    b200 = ClusterSpec(system=S["dgx-b200"], num_nodes=1, gpus_per_node=4)
+    h100 = ClusterSpec(system=S["dgx-h100"], num_nodes=1, gpus_per_node=4)
+    fp8, fp4 = (estimate_serving(m, b200, ServePlan(tp=4, weight_dtype=w, kv_dtype="fp8"), job) for w in ("fp8", "nvfp4"))
+    assert fp4.memory.weights < 0.6 * fp8.memory.weights and fp4.tokens_per_s > fp8.tokens_per_s
+    on_h100 = estimate_serving(m, h100, ServePlan(tp=4, weight_dtype="nvfp4", kv_dtype="fp8"), job)
+    assert any("no nvfp4 tensor cores" in w for w in on_h100.warnings)

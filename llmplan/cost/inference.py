@@ -74,8 +74,10 @@ def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
 def weight_bytes_per_param(dtype: str, group: int) -> float:
     """Bytes per linear-layer weight, scale overhead included: group quantisation keeps an fp16 scale and an
     fp16 zero point per `group` weights (AWQ/GPTQ style, 4/group bytes); fp8 keeps one scale per 128x128
-    block (DeepSeek-V3 style, negligible). Derived: docs/formulas.md#infer.weights"""
-    return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / 16384, "int8": 1.0 + 4 / group, "int4": 0.5 + 4 / group}[dtype]
+    block (DeepSeek-V3 style, negligible); MXFP8 one E8M0 byte per 32 weights and NVFP4 one E4M3 byte per
+    16 (OCP Microscaling spec; NVIDIA NVFP4 format). Derived: docs/formulas.md#infer.weights"""
+    return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / 16384, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+            "int8": 1.0 + 4 / group, "int4": 0.5 + 4 / group}[dtype]
 
 
 def _as_train_plan(plan: ServePlan) -> ParallelPlan:
@@ -298,6 +300,17 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     return (parts["tokens"] + head) / plan.pp, parts["experts"] / plan.pp
 
 
+SERVE_FORMATS = {"fp8": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
+"""Weight dtype -> the tensor-core format its GEMMs run in when the GPU has it (activations quantised on the
+fly, W8A8 / W4A4); otherwise the weights are dequantised to bf16."""
+
+
+def serve_compute_format(plan: ServePlan, gpu: Any) -> str:
+    """The GEMM format of a serving step: the weights' own where the GPU has those tensor cores, else bf16."""
+    fmt = SERVE_FORMATS.get(plan.weight_dtype)
+    return fmt if fmt is not None and fmt in gpu.tflops else "bf16"
+
+
 def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -> float:
     """HBM bytes per token per layer of a serving step's memory-bound operators on one GPU, in 16 bits: two
     norms (read + write h each) and two residual adds (read 2h, write h), which every TP rank repeats on the
@@ -309,7 +322,7 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     d_v = m.v_head_dim if m.is_mla else m.d_head
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
-    cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype == "fp8" else 0.0
+    cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
     # MoE: routing (fp32 scores over the experts) and the permute into expert order and back (read and write
     # the token's k copies each way), on the MoE layers' share of the layers.
     routing = (m.num_moe_layers / m.num_hidden_layers) * (8.0 * m.num_experts + 2 * 2 * m.num_experts_per_tok * h * 2.0) \
@@ -326,7 +339,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
     t, p = plan.tp, plan.pp
-    compute_dtype = "fp8" if plan.weight_dtype == "fp8" and "fp8" in gpu.tflops else "bf16"
+    compute_dtype = serve_compute_format(plan, gpu)
     L = m.num_hidden_layers
     qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.d_head
     v = m.v_head_dim if m.is_mla else m.d_head

@@ -54,6 +54,9 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     ])
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
+    if p.weight_dtype in ("mxfp8", "nvfp4"):
+        note += (f"# {p.weight_dtype} weights: point MODEL at a pre-quantised {p.weight_dtype} checkpoint (e.g. "
+                 "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
             + fraction_note + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
@@ -66,8 +69,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     p, j = pf.plan, pf.job
     fraction, fraction_note = memory_fraction(pf, "sglang")
     note = fraction_note
-    if p.weight_dtype in ("int4", "int8"):
-        note += "# int4/int8 weights: point MODEL at a pre-quantised checkpoint\n"
+    if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
+        note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
     flags = as_flags([
         ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp), ("--ep-size", p.ep if p.ep > 1 else None),
         ("--context-length", j.context), ("--mem-fraction-static", fraction),

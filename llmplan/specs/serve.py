@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from llmplan.specs.model import SPEC_CONFIG
 from llmplan.specs.plan import Degrees
 
-WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
 
@@ -29,7 +29,9 @@ class ServePlan(BaseModel):
     """Expert-parallel degree for MoE layers (vLLM --enable-expert-parallel makes it tp x dp); 1: experts
     are split by TP instead."""
     weight_dtype: WeightDtype = "bf16"
-    """Dtype of the linear-layer weights (embeddings and norms stay 16-bit)."""
+    """Dtype of the linear-layer weights (embeddings and norms stay 16-bit): fp8 (per-tensor or 128x128 block
+    scales), mxfp8 (E8M0 scale per 32) and nvfp4 (E4M3 scale per 16) run on the GPU's tensor cores of that
+    format where it has them; int8 / int4 are weight-only."""
     kv_dtype: KvDtype = "bf16"
     """Dtype of the KV cache."""
     quant_group_size: int = Field(default=128, ge=1, le=1 << 20)
