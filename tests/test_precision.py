@@ -165,3 +165,21 @@ def test_serving_nvfp4_and_mxfp8_weights_on_blackwell():
     assert fp4.memory.weights < 0.6 * fp8.memory.weights and fp4.tokens_per_s > fp8.tokens_per_s
     on_h100 = estimate_serving(m, h100, ServePlan(tp=4, weight_dtype="nvfp4", kv_dtype="fp8"), job)
     assert any("no nvfp4 tensor cores" in w for w in on_h100.warnings)
+
+
+def test_power_cap_slows_compute_by_its_clock(cli):
+    # A 700 W H100 capped at 500 W: the sustained clock scales as the cube root of the power ratio, and the
+    # tensor-core work (GEMMs, attention) slows by exactly that factor; HBM-bound work does not.
+    gpu = S["dgx-h100"].gpu
+    capped = gpu.at_power_limit(500)
+    ratio = (500 / 700) ** (1 / 3)
+    assert capped.sustained_clock_fraction == pytest.approx(gpu.sustained_clock_fraction * ratio)
+    m = M["llama-3.1-8b"]
+    p = plan(zero=1, global_batch=64)
+    full = estimate_training(m, ClusterSpec(system=S["dgx-h100"], num_nodes=1), p)
+    low = estimate_training(m, ClusterSpec(system=S["dgx-h100"].model_copy(update={"gpu": capped}), num_nodes=1), p)
+    assert float(low.time.stage.gemm) == pytest.approx(float(full.time.stage.gemm) / ratio, rel=1e-9)
+    assert float(low.time.stage.memory_bound) == pytest.approx(float(full.time.stage.memory_bound), rel=1e-9)
+    assert float(low.throughput.tokens_per_s) < float(full.throughput.tokens_per_s)
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--power-limit", "900")
+    assert r.code == 2 and "at most h100-sxm's 700 W" in r.err

@@ -71,9 +71,15 @@ def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, 
                  "inference workload options")
 
 
-def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None):
-    """Resolve --hardware, build the cluster and check that its graph connects every GPU."""
+def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_limit: float | None = None):
+    """Resolve --hardware (capped at --power-limit watts), build the cluster and check that its graph connects
+    every GPU."""
     system = resolve_system(hardware)
+    if power_limit is not None:
+        try:
+            system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})
+        except ValueError as e:
+            raise LlmplanError(f"--power-limit {power_limit:g}: {e}") from None
     cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
                     "cluster options")
     validate(system, nodes)

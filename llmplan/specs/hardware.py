@@ -71,7 +71,8 @@ class GpuSpec(BaseModel):
     """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
     (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak."""
     power_limit_w: float | None = Field(default=None, gt=0, le=5000)
-    """Board power limit the sustained clock belongs to (W), for the record; None: the vendor default."""
+    """Board power limit the sustained clock belongs to (W; the vendor's default TDP in the shipped profiles);
+    `at_power_limit` derives a capped GPU from it."""
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
@@ -108,6 +109,19 @@ class GpuSpec(BaseModel):
 
     def has_kernel(self, kernel: str) -> bool:
         return self.kernels is None or kernel in self.kernels
+
+    def at_power_limit(self, watts: float) -> "GpuSpec":
+        """This GPU under a lower board power limit: the sustained clock scales as (watts / power_limit_w)^(1/3)
+        (dynamic power ~ C·V²·f with the voltage roughly proportional to the clock over the DVFS range), so a
+        700 W H100 capped at 500 W keeps 89% of its clock. HBM bandwidth is left as is.
+        Derived: docs/formulas.md#step.power"""
+        if self.power_limit_w is None:
+            raise ValueError(f"{self.name} states no power_limit_w to scale from")
+        if not 0 < watts <= self.power_limit_w:
+            raise ValueError(f"power limit {watts:g} W must be above 0 and at most {self.name}'s "
+                             f"{self.power_limit_w:g} W")
+        clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
+        return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts})
 
     def sustained_flops(self, dtype: str) -> float:
         """The peak at the sustained clock: what every time formula divides by."""
