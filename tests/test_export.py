@@ -346,7 +346,7 @@ def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
 TITAN_CASES = [
     ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
     ("dense_train", {"zero": 2}), ("dense_train", {"zero": 3, "tp_comm_overlap": True}),
-    ("uneven_train", {"zero": 2, "dtype": "fp8"}), ("layout_train", {"zero": 2, "sp": False}),
+    ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise"}), ("layout_train", {"zero": 2, "sp": False}),
 ]
 
 
@@ -395,7 +395,7 @@ def test_torchtitan_moe_args_parsed_by_torchtitan(cli, tmp_path, monkeypatch):
     as_on_h100(monkeypatch)
     pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "1",
                     "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "64", "--etp", "1", "--zero", "2", "--recompute", "full",
-                    "--global-batch", "512", "--seq-len", "4096", "--dtype", "fp8")
+                    "--global-batch", "512", "--seq-len", "4096", "--precision", "fp8-rowwise")
     argv = torchtitan_argv(render_all(pf, "torchtitan")[0]["torchtitan_train.sh"])
     assert argv[:4] == ["--module", "deepseek_v3", "--config", "deepseek_v3_671b_float8"]
     cfg = manager.ConfigManager().parse_args(argv)
@@ -411,8 +411,14 @@ def test_torchtitan_refusals(cli, tmp_path):
     assert r.code == 2 and "TP without sequence parallelism" in r.err and not (tmp_path / "a").exists()
     assert cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan",
                "-o", tmp_path / "b").code == 0
-    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8"), "--to", "torchtitan", "-o", tmp_path / "c")
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="rowwise"), "--to", "torchtitan",
+            "-o", tmp_path / "c")
     assert r.code == 2 and "fp8 training of llama-3.1-8b" in r.err and "torchtitan-0.2" in r.err
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8"), "--to", "torchtitan", "-o", tmp_path / "f")
+    assert r.code == 2 and "fp8 tensorwise scaling" in r.err and "--precision fp8-rowwise" in r.err
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="blockwise"), "--to",
+            "torchtitan-0.2", "-o", tmp_path / "g")
+    assert r.code == 2 and "blockwise recipe" in r.err and "export to megatron" in r.err
     r = cli("export", edited(tmp_path, "uneven_train", plan__zero=2), "--to", "torchtitan", "-o", tmp_path / "e")
     assert r.code == 2 and "bf16 training of llama-3.1-405b" in r.err and "--dtype fp8" in r.err
     r = cli("export", edited(tmp_path, "fsdp_train", plan__grad_dtype="bf16"), "--to", "torchtitan", "-o",
@@ -460,3 +466,27 @@ def test_torchtitan_toml_matches_v022_job_config(case, changes):
             assert declared is not None, f"torchtitan v0.2.2 has no {section}.{key}"
             assert _toml_type_ok(value, declared), f"{section}.{key} = {value!r} is not {declared}"
     assert not _toml_type_ok("bfloat16", rec["sections"]["training"]["mixed_precision_reduce"])  # the check bites
+
+
+@pytest.mark.parametrize("dtype,recipe,flags", [
+    ("fp8", "blockwise", {"fp8_format": "e4m3", "fp8_recipe": "blockwise"}),
+    ("fp8", "mxfp8", {"fp8_format": "e4m3", "fp8_recipe": "mxfp8"}),
+    ("fp4", "nvfp4", {"fp4_format": "e2m1", "fp4_recipe": "nvfp4"}),
+])
+def test_megatron_precision_recipes_and_expert_capacity(dtype, recipe, flags):
+    # Megatron-LM's own flags (recorded parser): --fp8-recipe blockwise | mxfp8, --fp4-format e2m1
+    # --fp4-recipe nvfp4, and an expert capacity factor with padding to capacity.
+    base = load_plan(PLANS / "moe_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"dtype": dtype, "recipe": recipe,
+                                                                      "moe_capacity_factor": 1.25}))
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    for key, value in flags.items():
+        assert getattr(ns, key) == value
+    assert ns.bf16 and float(ns.moe_expert_capacity_factor) == 1.25 and ns.moe_pad_expert_input_to_capacity
+
+
+def test_megatron_refuses_rowwise_fp8():
+    base = load_plan(PLANS / "dense_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"dtype": "fp8", "recipe": "rowwise"}))
+    with pytest.raises(CannotExpress, match="rowwise"):
+        render_all(pf, "megatron")

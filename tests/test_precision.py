@@ -183,3 +183,24 @@ def test_power_cap_slows_compute_by_its_clock(cli):
     assert float(low.throughput.tokens_per_s) < float(full.throughput.tokens_per_s)
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--power-limit", "900")
     assert r.code == 2 and "at most h100-sxm's 700 W" in r.err
+
+
+def test_expert_capacity_factor_pads_expert_work_and_dispatch():
+    # Padding every expert's input to capacity (Megatron --moe-pad-expert-input-to-capacity) multiplies the
+    # routed rows each expert computes and the tokens each all-to-all carries by the factor; dropless does not.
+    from llmplan.cost.comm import ep_transfers
+    from llmplan.topology.placement import place
+
+    m = M["mixtral-8x7b"]
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    base = plan(tp=2, dp=8, ep=8, etp=1, sp=True, global_batch=64)
+    padded = base.model_copy(update={"moe_capacity_factor": 1.5})
+    spans = place(base.degrees, cluster)
+    a, b = ep_transfers(m, base, spans["ep"])[0], ep_transfers(m, padded, spans["ep"])[0]
+    assert b.message == pytest.approx(1.5 * a.message) and b.calls == a.calls
+    e0, e1 = (estimate_training(m, cluster, p) for p in (base, padded))
+    assert float(e1.time.stage.gemm) > float(e0.time.stage.gemm)
+    assert float(e1.memory.activations) > float(e0.memory.activations)
+    # Padding is wasted work: the model FLOPs (and so MFU's numerator) do not grow with it.
+    assert float(e1.time.model_flops) == pytest.approx(float(e0.time.model_flops))
+    assert float(e1.throughput.mfu) < float(e0.throughput.mfu)

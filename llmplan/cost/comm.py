@@ -158,7 +158,7 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     tokens = s * b / where(plan.sp, plan.tp, 1)
-    S = ACT_BYTES * tokens * m.num_experts_per_tok * h
+    S = ACT_BYTES * tokens * m.num_experts_per_tok * h * plan.expert_padding  # dispatch padded to capacity
     _, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
     per_layer = 4 + where(plan.full, 2, 0)
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]

@@ -128,7 +128,8 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, 
         out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h), (2 * T * dense_f / t * h, T, h, dense_f / t)]
     if moe:
         etp, f_e, k_top = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok
-        rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts  # per local expert
+        # Rows per local expert (padded to capacity when a capacity factor is set).
+        rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
         routed = 2 * T * k_top * 3 * h * f_e / t if m.gated_mlp else 2 * T * k_top * 2 * h * f_e / t
         out += [(routed * c / (c + 1), rows, c * f_e / etp, h), (routed / (c + 1), rows, h, f_e / etp),
                 (2 * T * h * m.num_experts / t, T, m.num_experts, h)]
@@ -143,8 +144,12 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     total = sum(g[0] for g in gemms)
     flops = layer_flops(m, plan, moe).gemm
 
+    # Padding to expert capacity computes factor x the routed rows of the two expert matmuls (entries 1-2
+    # from the end of a MoE layer's list; the router is last).
+    pad = [plan.expert_padding if moe and i in (len(gemms) - 3, len(gemms) - 2) else 1.0 for i in range(len(gemms))]
+
     def seconds(fmt: str) -> Any:
-        inv = sum(g[0] / gemm_shape_efficiency(gpu, fmt, g[1], g[2], g[3]) for g in gemms) / total
+        inv = sum(g[0] * x / gemm_shape_efficiency(gpu, fmt, g[1], g[2], g[3]) for g, x in zip(gemms, pad)) / total
         return flops * inv / gpu.sustained_flops(fmt)
 
     share = plan.low_precision_layer_fraction

@@ -131,7 +131,7 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         return c * s * b * m.intermediate_size / t
     etp = plan.etp_resolved
     tokens = s * b / where(plan.sp, t, 1)
-    rows = tokens * etp * m.num_experts_per_tok
+    rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
     routed = rows * (2 * h + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
     return routed + c * s * b * m.shared_ffn / t
 

@@ -23,7 +23,8 @@ def check(pf: PlanFile) -> None:
         (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
         (f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"),
         ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
-        ("fp8 training (Transformer Engine is configured in model code)", p.dtype == "fp8", "export to megatron"),
+        (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
+         "export to megatron"),
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
         ("uneven pipeline stages (PipelineModule's partition_method is 'uniform', 'parameters' or 'type:REGEX'; "
          "none pins a layer count per stage)", is_uneven(pf),

@@ -59,12 +59,18 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+    if m.is_moe and p.moe_capacity_factor is not None:
+        pairs += [("--moe-expert-capacity-factor", f"{p.moe_capacity_factor:g}"),
+                  ("--moe-pad-expert-input-to-capacity", True)]
     if p.recompute == "selective":
         pairs.append(("--recompute-granularity", "selective"))
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    pairs += [("--bf16", p.dtype in ("bf16", "fp8")), ("--fp16", p.dtype == "fp16"),
-              ("--fp8-format", "hybrid" if p.dtype == "fp8" else None),
+    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe) if p.dtype == "fp8" else None
+    pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
+              ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
+              ("--fp8-recipe", recipe),
+              ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
     return as_flags(pairs)
@@ -96,6 +102,10 @@ def check(pf: PlanFile) -> None:
                      "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
+    if p.dtype == "fp8" and p.recipe == "rowwise":
+        raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
+                     "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "
+                     "fp8-tensorwise, or export to torchtitan")
 
 
 def script_body(pf: PlanFile, launcher: str) -> str:

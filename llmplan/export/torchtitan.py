@@ -45,6 +45,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    if p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")):
+        raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
+                     "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
+                     "export to megatron, or re-plan with --precision fp8-rowwise")
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")
@@ -59,6 +63,9 @@ def check(pf: PlanFile) -> None:
                      f"use one of {', '.join(sorted(CONFIGS))}, or export to megatron"
                      + (" or torchtitan-0.2" if m.name in FLAVORS else ""))
     module, bf16, fp8 = CONFIGS[m.name]
+    if p.dtype == "fp8" and p.recipe != "rowwise":
+        raise refuse(TARGET, f"fp8 {p.recipe} scaling (torchtitan {TORCHTITAN_VERSION}'s float8 config functions "
+                     "use rowwise scaling)", "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
     if (fp8 if p.dtype == "fp8" else bf16) is None:
         other = "bf16" if p.dtype == "fp8" else "fp8"
         raise refuse(TARGET, f"{p.dtype} training of {m.name} (torchtitan {TORCHTITAN_VERSION} sets float8 in a "

@@ -54,6 +54,12 @@ class PlanQuantities:
         return self.tp * self.pp * self.cp * self.dp  # type: ignore[attr-defined]
 
     @property
+    def expert_padding(self) -> float:
+        """Factor on the routed tokens each expert computes and receives: the capacity factor when tokens are
+        padded to capacity, 1 when dropless."""
+        return self.moe_capacity_factor or 1.0  # type: ignore[attr-defined]
+
+    @property
     def low_precision(self) -> bool:
         """GEMMs in an 8- or 4-bit recipe (the workload's dtype is one value for every plan)."""
         return self.dtype in ("fp8", "fp4")  # type: ignore[attr-defined]
@@ -170,6 +176,11 @@ class ParallelPlan(PlanQuantities, BaseModel):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=64)
+    """MoE expert capacity factor (Megatron --moe-expert-capacity-factor with
+    --moe-pad-expert-input-to-capacity): tokens over capacity are dropped and every expert's input is padded
+    to capacity, so expert GEMMs, their activations and the dispatch run at factor x the average tokens;
+    None: dropless (every routed token runs, no padding)."""
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
