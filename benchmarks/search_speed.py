@@ -5,8 +5,10 @@
 Cases: gpt3-175b on 1024 A100 (128 x dgx-a100, global batch 1536, seq 2048); llama-3.1-405b on 16384 H100
 (2048 x dgx-h100, seq 8192, 16M tokens per batch); deepseek-v3 on 2048 H800 with EP (256 x dgx-h800, seq
 4096, global batch 4096); llama-3.1-405b on 100,000 H100 (12,500 x dgx-h100, seq 8192, global batch 10,000:
-16M tokens, 2,048 sequences, leaves no valid dp on 2^5 x 5^5 GPUs), every axis free. Targets:
-under 3 s each for the first three, under 10 s and 4 GiB for the fourth, at least 10^6 plans/s. Since
+16M tokens, 2,048 sequences, leaves no valid dp on 2^5 x 5^5 GPUs), every axis free; deepseek-v3 in MXFP8 on
+32 GB300 NVL72 racks (576 x gb300-nvl72 trays) and llama-3.1-405b on 16 GB200 NVL72 racks (288 trays). Targets:
+under 3 s each for the first three and the NVL72 cases, under 10 s and 4 GiB for the fourth, at least 10^6
+plans/s. Since
 uneven pipeline stages (every pp that divides the GPUs, with the balanced split, and every interleave the
 layout allows) the spaces are 138,240 / 77,760 / 498,960 / 112,320 plans (they were 311,040 / 207,360 /
 544,320 with a fixed vpp grid of 1-8 and pp limited to divisors of the layers). The peak resident memory
@@ -39,16 +41,21 @@ CASES = [
     ("llama-3.1-405b", "dgx-h100", 2048, 16 * 1024**2 // 8192, 8192),
     ("deepseek-v3", "dgx-h800", 256, 4096, 4096),
     ("llama-3.1-405b", "dgx-h100", 12500, 10000, 8192),  # 100,000 H100 (= 2^5 x 5^5): a batch dp can divide
+    ("deepseek-v3", "gb300-nvl72", 576, 4096, 4096, "mxfp8"),  # 32 GB300 NVL72 racks (2,304 GPUs), MXFP8
+    ("llama-3.1-405b", "gb200-nvl72", 288, 2048, 8192),  # 16 GB200 NVL72 racks (1,152 GPUs)
 ]
 
 
-def run_case(model: str, system: str, nodes: int, gbs: int, seq: int, repeat: int) -> dict:
+def run_case(model: str, system: str, nodes: int, gbs: int, seq: int, precision: str, repeat: int) -> dict:
     """One case, best of `repeat` searches, in the calling process (the pool gives each case its own)."""
     import resource
 
+    from llmplan.specs.plan import PRECISIONS
+
     m, s = resolve_model(model), resolve_system(system)
     cluster = ClusterSpec(system=s, num_nodes=nodes)
-    w = Workload(global_batch=gbs, seq_len=seq)
+    dtype, recipe = PRECISIONS[precision]
+    w = Workload(global_batch=gbs, seq_len=seq, dtype=dtype, recipe=recipe)
     space = default_space(m, cluster, w)
     best_t, res = float("inf"), None
     for _ in range(repeat):
@@ -80,9 +87,10 @@ def main() -> None:
     spawn = multiprocessing.get_context("spawn")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("searching", total=len(CASES))
-        for model, system, nodes, gbs, seq in CASES:
+        for model, system, nodes, gbs, seq, *rest in CASES:
+            precision = rest[0] if rest else "bf16"
             with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                r = pool.submit(run_case, model, system, nodes, gbs, seq, args.repeat).result()
+                r = pool.submit(run_case, model, system, nodes, gbs, seq, precision, args.repeat).result()
             bar.advance(task)
             table.add_row(f"{model} / {system}", f"{r['gpus']:,}", f"{r['plans']:,}", f"{r['feasible']:,}",
                           f"{r['seconds']:.2f}", f"{r['plans'] / r['seconds']:,.0f}", r["plan"], r["mfu"],
