@@ -1,5 +1,6 @@
 """The pipeline-schedule timeline that `llmplan report` draws (llmplan/cost/schedule.py)."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,3 +47,54 @@ def test_slots_respect_order_and_dependencies(p, n, times):
     # beats n micro-batches on the slowest stage.
     per = [x + y for x, y in zip(f, b)]
     assert n * max(per) - 1e-9 <= makespan(slots) <= n * max(per) + sum(per) - max(per) + 1e-9
+
+
+# Zero-bubble and DualPipe schedules (DeepSeek-V3 technical report, Table 2): with F the forward and B the
+# backward of a micro-batch on a stage and W = B/2 its weight-gradient half, the bubble is
+# 1F1B (p-1)(F+B), ZB1P (p-1)(F+B-2W), DualPipe (p/2-1)(F&B+B-3W) with F&B = F+B; DualPipe holds twice the
+# parameters and PP+1 micro-batches of activations, and hides the EP all-to-alls behind the paired batch.
+def _schedules(model="llama-3.1-70b", system="dgx-h100", **kw):
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec, ParallelPlan
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()[model], ClusterSpec(system=builtin_systems()[system], num_nodes=8)
+    base = dict(tp=8, pp=8, dp=1, sp=True, zero=1, global_batch=32, seq_len=4096, recompute="selective", **kw)
+    return {s: estimate_training(m, cluster, ParallelPlan(**base, pp_schedule=s))
+            for s in ("1f1b", "zero-bubble", "dualpipe")}
+
+
+def test_zero_bubble_and_dualpipe_bubbles_follow_table_2():
+    e = _schedules()
+    sc = e["1f1b"].time.stage
+    F, B = float(sc.forward), float(sc.total - sc.forward)
+    W, p = B / 2, 8
+    base = float(e["1f1b"].time.bubble)
+    assert float(e["zero-bubble"].time.bubble) == pytest.approx(base * (F + B - 2 * W) / (F + B), rel=1e-9)
+    assert float(e["dualpipe"].time.bubble) == pytest.approx(base * (p / 2 - 1) * (F + 2 * B - 3 * W)
+                                                             / ((p - 1) * (F + B)), rel=1e-9)
+    assert float(e["dualpipe"].time.bubble) < float(e["zero-bubble"].time.bubble) < base
+
+
+def test_dualpipe_memory_and_ep_overlap():
+    e = _schedules()
+    one, dual = e["1f1b"].memory, e["dualpipe"].memory
+    assert float(dual.optimizer) == pytest.approx(2 * float(one.optimizer), rel=1e-9)  # two copies of params
+    assert float(dual.activations) > float(one.activations)  # PP + 1 micro-batches in flight
+    moe = _schedules(model="mixtral-8x7b", ep=8, etp=1)
+    assert float(moe["dualpipe"].time.exposed["ep"]) < float(moe["1f1b"].time.exposed["ep"])
+
+
+def test_schedule_rules_and_exports(cli, tmp_path):
+    bad = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
+              "--pp", "7", "--pp-schedule", "dualpipe", "--global-batch", "64")
+    assert bad.code == 2 and "pp (7) must be even" in bad.err
+    inter = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
+                "--pp", "8", "--vpp", "2", "--pp-schedule", "zero-bubble", "--global-batch", "64")
+    assert inter.code == 2 and "one stage per rank" in inter.err
+    plan = tmp_path / "zb.json"
+    assert cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
+               "--pp", "8", "--zero", "1", "--pp-schedule", "zero-bubble", "--global-batch", "64",
+               "--save", plan).code == 0
+    r = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 2 and "zero-bubble pipeline schedule" in r.err and not (tmp_path / "out").exists()

@@ -37,7 +37,8 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
 
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
              overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
-             precision: str | None = None, moe_capacity_factor: float | None = None) -> dict:
+             precision: str | None = None, moe_capacity_factor: float | None = None,
+             pp_schedule: str = "1f1b") -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -53,7 +54,8 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
             "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
-            "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor}
+            "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
+            "pp_schedule": pp_schedule}
 
 
 

@@ -30,6 +30,8 @@ SEQ_LEN = typer.Option(None, "--seq-len", min=1, help=f"Sequence length (default
 DTYPE = typer.Option(_plan("dtype"), "--dtype", help="bf16 | fp16 | fp8 | fp4 | fp32.")
 MOE_CAPACITY_FACTOR = typer.Option(None, "--moe-capacity-factor", min=0.01,
                                    help="MoE: pad experts to this capacity factor, dropping the excess (default: dropless).")
+PP_SCHEDULE = typer.Option(_plan("pp_schedule"), "--pp-schedule",
+                           help="Pipeline schedule: 1f1b (interleaved with --vpp) | zero-bubble | dualpipe.")
 PRECISION = typer.Option(None, "--precision",
                          help="Training recipe: bf16 | fp8-tensorwise | fp8-rowwise | fp8-blockwise | mxfp8 | nvfp4.")
 GRAD_DTYPE = typer.Option(_plan("grad_dtype"), "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
@@ -78,7 +80,7 @@ AXIS_ORDER = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
 CLUSTER = [("model", str, MODEL), ("hardware", str, HARDWARE), ("nodes", int, NODES),
            ("gpus_per_node", Optional[int], GPUS_PER_NODE)]
 TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("precision", Optional[str], PRECISION),
-                     ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR),
+                     ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR), ("pp_schedule", str, PP_SCHEDULE),
                      ("grad_dtype", str, GRAD_DTYPE),
                      ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),

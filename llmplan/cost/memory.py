@@ -143,7 +143,8 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     stage each, which for i = 0 is L·(1 + (pp-1)/(pp·vpp)) layers' worth (Korthikanti et al. 2022, §4.2.3).
     Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
-    plain = minimum(p - stage, n)
+    extra = 1 if plan.pp_schedule == "dualpipe" else 0  # DualPipe keeps PP + 1 (DeepSeek-V3 Table 2)
+    plain = minimum(p - stage + extra, n)
     interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
     return where(v == 1, plain * 1.0, interleaved)
 
@@ -236,6 +237,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     rp = rank_params(m, plan, stage)
+    if plan.pp_schedule == "dualpipe":  # each rank holds stages i and pp-1-i: two copies' worth of parameters
+        rp = RankParams(dense=2 * rp.dense, expert=2 * rp.expert)
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, weight_b, grad_b, optim_b)
     expert = model_state_bytes(rp.expert, edp, plan.zero, weight_b, grad_b, optim_b)

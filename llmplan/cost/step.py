@@ -85,6 +85,22 @@ def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
     return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])
 
 
+def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
+    """The schedule's bubble over 1F1B's (p - 1)(F + B), with F the forward and B the backward of a
+    micro-batch on a stage and W = B/2 its weight-gradient half: zero-bubble (ZB1P) (p - 1)(F + B - 2W);
+    DualPipe (p/2 - 1)(F&B + B - 3W) with F&B = F + B (a paired forward and backward). 1 for 1F1B.
+    Source: DeepSeek-V3 technical report (Liu et al. 2024), Table 2; Qi et al. 2024 (zero bubble)."""
+    if plan.pp_schedule == "1f1b":
+        return 1.0
+    F = sc.forward
+    B = sc.total - sc.forward
+    W = B / 2
+    if plan.pp_schedule == "zero-bubble":
+        return (F + B - 2 * W) / maximum(F + B, 1e-30)
+    p = plan.pp
+    return maximum(p / 2 - 1, 0) * ((F + B) + B - 3 * W) / maximum((p - 1) * (F + B), 1e-30)
+
+
 def overlap(comm: Any, window: Any, kappa: float) -> Any:
     """Time a transfer of `comm` seconds adds when it runs beside `window` seconds of compute: what does not
     fit in the window, plus the compute it slows while they share the GPU (kappa of the overlapped time).
@@ -154,7 +170,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa)
         cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
         ep_raw = comm.ep / n * moe_layers / moe_max
-        ep_i = where(plan.ep_comm_overlap, overlap(ep_raw, sc.total, kappa), ep_raw)
+        hidden = plan.ep_comm_overlap or plan.pp_schedule == "dualpipe"  # DualPipe overlaps them by design
+        ep_i = where(hidden, overlap(ep_raw, sc.total, kappa), ep_raw)
         z3_i = dp_exposed_per_mb(plan, comm, sc, kappa)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
@@ -175,8 +192,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     exposed = {"tp": n * tp_mb, "pp": pp_exposed, "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa),
                "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
+    bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
     return StepTime(
-        compute=n * sc.total, bubble=(pipeline_sum(plan, per_mb) - worst) / v, comm_exposed=sum(exposed.values()),
+        compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=gpu.step_overhead_s + 0 * n,
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
     )

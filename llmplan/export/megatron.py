@@ -102,6 +102,9 @@ def check(pf: PlanFile) -> None:
                      "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
+    if p.pp_schedule != "1f1b":
+        raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
+                     "re-plan with --pp-schedule 1f1b")
     if p.dtype == "fp8" and p.recipe == "rowwise":
         raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
                      "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "

@@ -45,6 +45,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    if p.pp_schedule != "1f1b":
+        raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
+                     "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
     if p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")):
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",

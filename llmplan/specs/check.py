@@ -235,6 +235,12 @@ RULES: tuple[Rule, ...] = (
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
     Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
+    Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | (p.pp_schedule == "1f1b"),
+         lambda m, p, c: f"the {p.pp_schedule} schedule runs one stage per rank (vpp {p.vpp} interleaves 1F1B); "
+                         "set vpp 1 or --pp-schedule 1f1b"),
+    Rule("dualpipe_even_pp", lambda m, p, c: (p.pp_schedule != "dualpipe") | (p.pp % 2 == 0),
+         lambda m, p, c: f"DualPipe pairs stage i with stage pp-1-i, so pp ({p.pp}) must be even; valid pp: "
+                         f"{p.pp - 1 if p.pp > 1 else 2}, {p.pp + 1}"),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),

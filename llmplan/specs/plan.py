@@ -176,6 +176,10 @@ class ParallelPlan(PlanQuantities, BaseModel):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    pp_schedule: Literal["1f1b", "zero-bubble", "dualpipe"] = "1f1b"
+    """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
+    weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
+    directions, twice the parameters per rank, and the EP all-to-alls hidden behind the paired micro-batch)."""
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=64)
     """MoE expert capacity factor (Megatron --moe-expert-capacity-factor with
     --moe-pad-expert-input-to-capacity): tokens over capacity are dropped and every expert's input is padded
