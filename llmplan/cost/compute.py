@@ -108,21 +108,26 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
 
 
+def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
+    """(K, N) of each attention projection on one of t TP ranks: fused QKV and output (the rank's heads, at
+    least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
+    Derived: docs/formulas.md#compute.gemm"""
+    h, a_t = m.hidden_size, m.num_attention_heads / t
+    if m.is_mla:
+        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
+        return q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
+    return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
+
+
 def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any]]:
     """(FLOPs, M, N, K) of each matmul of one layer's forward on one rank, one micro-batch: the attention
     projections, the MLP (or the router, the rank's experts at their rows per expert, the shared experts).
     Derived: docs/formulas.md#compute.gemm"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
-    a_t = m.num_attention_heads / t
-    if m.is_mla:
-        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
-        shapes = q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
-    else:
-        shapes = [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
     c = 2 if m.gated_mlp else 1
-    out = [(2 * T * k * n, T, n, k) for k, n in shapes]
+    out = [(2 * T * k * n, T, n, k) for k, n in attention_shapes(m, t)]
     dense_f = m.shared_ffn if moe else m.intermediate_size
     if dense_f:
         out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h), (2 * T * dense_f / t * h, T, h, dense_f / t)]

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE
+from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE, attention_shapes
 from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -250,17 +250,10 @@ runs (benchmarks/accuracy.py; docs/validation.md#serving). Training GEMMs (thous
 def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[float, str, float, float]]:
     """(weights x tokens factor, row kind, N, K) of each matmul of one layer on one GPU, for `tokens` rows:
     attention projections (MLA's down and up projections), the dense or shared-expert MLP, the router, and
-    the routed experts (their rows per expert; split by TP, or whole on EP ranks). FLOPs = 2·factor·rows·N·K
-    / (N·K) ... i.e. each entry's FLOPs per row is 2·N·K·count. Derived: docs/formulas.md#infer.step"""
+    the routed experts (their rows per expert; split by TP, or whole on EP ranks): an entry's FLOPs are
+    2·factor·tokens·N·K. Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
-    a_t = m.num_attention_heads / t
-    if m.is_mla:
-        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
-        attn = q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
-    else:
-        attn = [(h, (a_t + 2 * max(m.kv_heads / t, 1.0)) * m.d_head), (a_t * m.d_head, h)]
-    out = [(1.0, "tokens", n, k) for k, n in attn]
+    out = [(1.0, "tokens", n, k) for k, n in attention_shapes(m, t)]
     c = 2 if m.gated_mlp else 1
     f = m.shared_ffn if moe else m.intermediate_size
     if f:
