@@ -128,3 +128,18 @@ def test_exports_carry_the_planned_kv_capacity(cli, tmp_path):
     assert u * hbm - mem["weights"] - mem["activations"] - mem["other"] == pytest.approx(mem["kv_available"], rel=0.01)
     assert f * hbm - mem["weights"] == pytest.approx(mem["kv_available"], rel=0.01)
     assert "planned with trtllm's rule" in vllm and "planned with trtllm's rule" in sglang
+
+
+def test_serving_search_table_keeps_every_number_at_80_columns(cli):
+    # The ranked serving layouts at 80 columns: each row's layout, batch and throughput appear whole (they
+    # were cut to "1,05" and the tp / pp columns dropped before).
+    args = ("search", "--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--dtype", "fp8",
+            "--kv-dtype", "fp8", "--tpot-slo", "0.05")
+    doc = cli(*args, "--json").json()
+    text = cli(*args).out
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    for plan in doc["plans"]:
+        p = plan["plan"]
+        assert f"tp{p['tp']} pp{p['pp']} x{p['dp']}" in text
+        assert f"{plan['throughput']['tokens_per_s']:,.0f}" in text
+        assert f"{plan['workload']['batch']:,}/{plan['max_concurrent_seqs']:,}" in text

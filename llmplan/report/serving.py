@@ -98,15 +98,22 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
+    """Ranked serving layouts in 80 columns: the layout as one cell (tp, pp, replicas, ep), the dtypes in the
+    caption when every row shares them."""
     t = ReportTable(title=title)
-    for col in ("#", "GPUs", "tp", "pp", "replicas", "ep", "weights", "KV", "batch", "max seqs", "TTFT ms",
-                "TPOT ms", "tokens/s", "per GPU"):
+    t.add_column("#", justify="right")
+    t.add_column("layout")
+    for col in ("GPUs", "batch", "TTFT ms", "TPOT ms", "tokens/s", "per GPU"):
         t.add_column(col, justify="right")
     for i, e in enumerate(rows, 1):
         p = e.plan
-        t.add_row(str(i), str(p.num_gpus), str(p.tp), str(p.pp), str(p.dp), str(p.ep), p.weight_dtype, p.kv_dtype,
-                  str(e.job.batch), f"{e.memory.max_concurrent_seqs:,}", f"{float(e.timing.ttft) * 1e3:,.1f}",
-                  f"{float(e.timing.tpot) * 1e3:,.2f}", f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
+        layout = f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+        t.add_row(str(i), layout, str(p.num_gpus), f"{e.job.batch:,}/{e.memory.max_concurrent_seqs:,}",
+                  f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
+                  f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
+    dtypes = {(e.plan.weight_dtype, e.plan.kv_dtype) for e in rows}
+    t.caption = ("layout: tp, pp, x replicas, ep; batch: running sequences / the most the KV cache admits"
+                 + (f"; weights {rows[0].plan.weight_dtype}, KV {rows[0].plan.kv_dtype}" if len(dtypes) == 1 else ""))
     return t
 
 
@@ -130,6 +137,8 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
         console.print(serve_search_table("Best serving plans", res.ranked))
     if not res.ranked and res.misses:
         console.print(misses_table(res, job))
+    if not res.pruned:
+        return
     t = ReportTable(title="Pruned layouts")
     t.add_column("rule")
     t.add_column("layouts", justify="right")
