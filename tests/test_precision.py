@@ -204,3 +204,18 @@ def test_expert_capacity_factor_pads_expert_work_and_dispatch():
     # Padding is wasted work: the model FLOPs (and so MFU's numerator) do not grow with it.
     assert float(e1.time.model_flops) == pytest.approx(float(e0.time.model_flops))
     assert float(e1.throughput.mfu) < float(e0.throughput.mfu)
+
+
+def test_domain_gpus_keeps_power_of_two_groups_inside_a_rack(cli):
+    # 72 is not a power of two: EP groups of 64 on consecutive GPUs straddle GB300 NVL72 racks and their
+    # all-to-all crosses the network. Using 64 GPUs of each rack (--domain-gpus 64, 16 of 18 trays) keeps them
+    # inside, as deployments that partition NVL72 racks do.
+    args = ("estimate", "--model", "deepseek-v3", "--hardware", "gb300-nvl72", "--nodes", "512", "--tp", "2",
+            "--ep", "64", "--etp", "1", "--zero", "3", "--global-batch", "4096", "--micro-batch", "4",
+            "--precision", "mxfp8", "--json")
+    whole = cli(*args).json()
+    part = cli(*args, "--domain-gpus", "64").json()
+    assert part["time"]["exposed_s"]["ep"] < 0.5 * whole["time"]["exposed_s"]["ep"]
+    assert part["throughput"]["tokens_per_s"] > whole["throughput"]["tokens_per_s"]
+    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "gb300-nvl72", "--domain-gpus", "70")
+    assert bad.code == 2 and "use whole gb300-nvl72 nodes of 4 GPUs" in bad.err and "64" in bad.err

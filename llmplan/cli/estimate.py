@@ -63,7 +63,7 @@ def estimate(
 def estimate_infer(o: dict) -> None:
     """The serving path of `estimate` (o: the command's options by name)."""
     m = resolve_model(o["model"])
-    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     tp, pp = o["tp"], o["pp"]
     plan = build(ServePlan, {"tp": tp, "pp": pp, "dp": o["dp"] or max(1, cluster.num_gpus // (tp * pp)), "ep": o["ep"],
                              "weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving plan options")
@@ -88,7 +88,7 @@ def estimate_infer(o: dict) -> None:
 def estimate_train(o: dict) -> None:
     """The training path of `estimate` (o: the command's options by name)."""
     m = resolve_model(o["model"])
-    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     order = parse_order(o["axis_order"])
     tp, pp, cp = o["tp"], o["pp"], o["cp"]
     dp = o["dp"] if o["dp"] is not None else max(1, cluster.num_gpus // (tp * pp * cp))

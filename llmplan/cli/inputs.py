@@ -73,10 +73,19 @@ def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, 
                  "inference workload options")
 
 
-def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_limit: float | None = None):
-    """Resolve --hardware (capped at --power-limit watts), build the cluster and check that its graph connects
-    every GPU."""
+def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_limit: float | None = None,
+                 domain_gpus: int | None = None):
+    """Resolve --hardware (capped at --power-limit watts; --domain-gpus of each NVLink domain used, e.g. 64 of
+    a 72-GPU rack so that power-of-two groups stay inside one), build the cluster and check that its graph
+    connects every GPU."""
     system = resolve_system(hardware)
+    if domain_gpus is not None:
+        full = system.domain_gpus
+        if domain_gpus > full or domain_gpus % system.gpus_per_node:
+            raise LlmplanError(f"--domain-gpus {domain_gpus}: use whole {system.name} nodes of "
+                               f"{system.gpus_per_node} GPUs, at most the domain's {full}; valid: "
+                               + ", ".join(str(g) for g in range(system.gpus_per_node, full + 1, system.gpus_per_node)))
+        system = system.model_copy(update={"nvlink_domain_gpus": domain_gpus})
     if power_limit is not None:
         try:
             system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})

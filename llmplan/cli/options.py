@@ -92,9 +92,11 @@ SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_
            ("prefix_hit_rate", float, PREFIX_HIT_RATE), ("gpu_memory_utilization", float, GPU_MEMORY_UTILIZATION),
            ("block_size", int, BLOCK_SIZE), ("max_num_batched_tokens", int, MAX_NUM_BATCHED_TOKENS),
            ("engine", str, ENGINE), ("cuda_graphs", bool, CUDA_GRAPHS)]
+DOMAIN_GPUS = typer.Option(None, "--domain-gpus", min=1,
+                           help="Use this many GPUs of each NVLink domain (e.g. 64 of a 72-GPU rack), whole nodes.")
 POWER_LIMIT = typer.Option(None, "--power-limit", min=1,
                            help="Board power limit per GPU, W, below the profile's (clock scales as its cube root).")
-RUNTIME = [("power_limit", Optional[float], POWER_LIMIT), ("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
+RUNTIME = [("power_limit", Optional[float], POWER_LIMIT), ("domain_gpus", Optional[int], DOMAIN_GPUS), ("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
            ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
 
 

@@ -80,7 +80,7 @@ def search_infer(o: dict) -> None:
     if o["objective"] not in SERVE_OBJECTIVES:
         raise LlmplanError(f"--objective {o['objective']} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(o["model"])
-    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     job = make_job(o["input_len"], o["output_len"], o["max_batch"], o["prefix_hit_rate"], o["ttft_slo"],
                    o["tpot_slo"], o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"],
                    o["engine"], o["cuda_graphs"])
@@ -110,7 +110,7 @@ def search_train(o: dict) -> None:
     if o["zero"] is not None and not 0 <= o["zero"] <= 3:
         raise LlmplanError(f"--zero {o['zero']}: ZeRO stages are 0, 1, 2 and 3")
     m = resolve_model(o["model"])
-    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"])
+    cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     order = parse_order(o["axis_order"])
     w = search_workload(m, o)
     space = default_space(m, cluster, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
