@@ -252,7 +252,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
-                elementwise_bytes(m, plan, moe) / gpu.hbm_bytes_per_s + launches)
+                elementwise_bytes(m, plan, moe) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency) + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 
 
@@ -266,7 +266,7 @@ def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any,
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
         return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff),
-                heads * loss_bytes(m, plan) / gpu.hbm_bytes_per_s)
+                heads * loss_bytes(m, plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
     return memoized(plan, ("output_seconds", m, gpu), compute)
 
 
@@ -284,4 +284,4 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     Derived: docs/formulas.md#compute.optimizer"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
     shard = where(plan.zero >= 1, plan.zero_shard, 1)
-    return params_on_rank * per_param / shard / gpu.hbm_bytes_per_s
+    return params_on_rank * per_param / shard / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)

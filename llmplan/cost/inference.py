@@ -369,7 +369,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     return gemm + attention + elementwise / bandwidth + scores + tp_comm + ep_comm
 
 
-SERVE_COLLECTIVE_FLOOR_S = 1e-5
+SERVE_COLLECTIVE_FLOOR_S = 2e-5
 """Least time of one collective in a serving step: a kernel that synchronises the group's GPUs (NCCL or the
 engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
 runs (docs/validation.md#serving)."""

@@ -118,6 +118,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "pruned": {p.rule: p.count for p in res.pruned},
         "pruned_examples": {p.rule: p.example for p in res.pruned},
         "search_s": res.seconds,
+        "warnings": [w for w in (ceiling_warning(res.ranked[0], cluster),) if w] if res.ranked else [],
         "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens),
                    "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0}
                   for i, e in enumerate(res.ranked, 1)],
@@ -129,6 +130,16 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
     }
+
+
+def ceiling_warning(e: TrainingEstimate, cluster: ClusterSpec) -> str | None:
+    """A warning when the plan's predicted MFU is above the best published on its GPU (bf16 plans)."""
+    best = cluster.system.gpu.best_published_mfu
+    mfu = float(e.throughput.mfu)
+    if best is None or mfu <= best or e.plan.dtype != "bf16":
+        return None
+    return (f"predicted MFU {100 * mfu:.1f}% is above the best published bf16 MFU on {cluster.system.gpu.name} "
+            f"({100 * best:.1f}%): likely a modelling artefact until measured; read it as an upper bound")
 
 
 def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
@@ -156,6 +167,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                       f"{b['gpu_hours']:,.0f} GPU-hours")
         best = res.ranked[0]
         console.print(placement_line(best, cluster))
+        warning = ceiling_warning(best, cluster)
+        if warning:
+            console.print(f"[yellow]warning:[/] {warning}")
         if res.conventional is not None and res.conventional.plan != best.plan:
             console.print(explain_line(best, res.conventional, "conventional"))
         if full_explain:

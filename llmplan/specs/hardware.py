@@ -48,6 +48,9 @@ class GpuSpec(BaseModel):
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
     max_gemm_tflops_fp8: float | None = Field(default=None, gt=0, le=1e6)
     """Highest measured fp8 matmul TFLOP/s, if published."""
+    best_published_mfu: float | None = Field(default=None, gt=0, le=1)
+    """Highest dense bf16 MFU a published training run reached on this GPU: a prediction above it is flagged
+    as a likely modelling artefact until measured (source in the profile)."""
     attention_efficiency: float = Field(default=0.6, gt=0, le=1)
     """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
     causal halving) by fused kernels: fitted by leave-one-family-out (benchmarks/accuracy.py); 0.6 of H100's
@@ -76,7 +79,7 @@ class GpuSpec(BaseModel):
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
-    step_overhead_s: float = Field(default=0.05, ge=0, le=60)
+    step_overhead_s: float = Field(default=0.0, ge=0, le=60)
     """Fixed time per training step outside the model's kernels (data loader, gradient-norm all-reduce and
     clipping launch, logging, optimizer bookkeeping), seconds; fitted in benchmarks/accuracy.py."""
 
