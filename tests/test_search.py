@@ -227,3 +227,22 @@ def test_top_plan_above_the_best_published_mfu_is_flagged(cli):
     slow = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8", "--pp", "1",
                "--recompute", "full", "--micro-batch", "1", "--zero", "0", "--cp", "1", "--json").json()
     assert slow["plans"][0]["throughput"]["mfu"] < 0.48 and slow["warnings"] == []
+
+
+def test_a_subset_reuses_the_distinct_layouts_and_agrees():
+    # search evaluates memory on every plan, then time on the plans that fit: the subset keeps the parent's
+    # distinct-layout grouping (re-indexed), and must give what a fresh subset gives.
+    m, cluster = M["deepseek-v3"], ClusterSpec(system=S["dgx-h800"], num_nodes=32)
+    w = Workload(global_batch=1024, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = np.flatnonzero([not check_plan(m, plans.plan(int(i)), cluster) for i in range(0, len(plans), 97)]) * 97
+    plans = plans.take(ok)
+    evaluate(m, cluster, plans)  # fills the parent's groupings
+    idx = np.arange(0, len(plans), 3)
+    carried = evaluate(m, cluster, plans.take(idx))
+    fresh_plans = plans.take(idx)
+    fresh_plans.memo.clear()
+    fresh = evaluate(m, cluster, fresh_plans)
+    assert any(k[0] == "distinct" for k in plans.take(idx).memo if isinstance(k, tuple))
+    np.testing.assert_allclose(np.asarray(carried.memory.total), np.asarray(fresh.memory.total), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(carried.step.total), np.asarray(fresh.step.total), rtol=1e-12)

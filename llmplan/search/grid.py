@@ -189,8 +189,18 @@ class PlanArrays(PlanQuantities):
         return _gather(f(sub, sub_stage), inv)
 
     def take(self, idx: np.ndarray) -> "PlanArrays":
-        return PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
-                          w=self.w)
+        """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
+        same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
+        harmless: their results are never gathered)."""
+        out = PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
+                         w=self.w)
+        idx = np.asarray(idx)
+        for key, (sub, _, inv) in ((k, v) for k, v in self.memo.items() if isinstance(k, tuple) and k[0] == "distinct"):
+            new_inv = inv[idx]
+            rep = np.zeros(len(sub), dtype=np.int64)
+            rep[new_inv] = np.arange(len(idx))  # a representative of each distinct row among the subset
+            out.memo[key] = (sub, rep, new_inv)
+        return out
 
     def plan(self, i: int) -> ParallelPlan:
         """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""

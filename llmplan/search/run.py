@@ -108,14 +108,10 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
     order = np.lexsort((-headroom, -throughput))
-    best, out = -np.inf, []
-    floor = within * throughput.max()
-    for i in order:
-        if throughput[i] < floor:
-            break
-        if headroom[i] > best:
-            out.append(int(i))
-            best = headroom[i]
+    order = order[throughput[order] >= within * throughput.max()]  # best throughput first, down to the floor
+    h = headroom[order]
+    before = np.concatenate(([-np.inf], np.maximum.accumulate(h)[:-1]))  # the most headroom of every faster plan
+    out = [int(i) for i in order[h > before]]
     if len(out) > limit:  # keep the ends and an even spread between them
         pick = np.unique(np.linspace(0, len(out) - 1, limit).round().astype(int))
         out = [out[j] for j in pick]
