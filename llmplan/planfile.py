@@ -93,6 +93,9 @@ class PlanDocument(BaseModel):
     """The model the plan was made for: a built-in name or a path relative to the plan file."""
     hardware_ref: Optional[str] = Field(default=None, max_length=4096)
     """The system the plan was made for: a built-in name or a path relative to the plan file."""
+    hardware_options: dict[str, int | float] = Field(default_factory=dict)
+    """--power-limit / --domain-gpus the plan was made with: applied to the referenced hardware as it is now
+    (SystemSpec.with_options)."""
     model: dict[str, Any]
     """Snapshot of the model spec."""
     hardware: dict[str, Any]
@@ -214,6 +217,12 @@ def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec,
     model, model_file = _resolve_ref(doc.model_ref, path, "model")
     system, system_file = _resolve_ref(doc.hardware_ref, path, "hardware")
     model = model or build(ModelSpec, doc.model, f"{path} (model)")
+    if system is not None and doc.hardware_options:
+        try:
+            system = system.with_options(**doc.hardware_options)
+        except (TypeError, ValueError) as e:
+            raise LlmplanError(f"{path}: hardware_options {doc.hardware_options} no longer apply to "
+                               f"{system.name}: {e}") from None
     system = system or build(SystemSpec, doc.hardware, f"{path} (hardware)")
     return model, system, model_file, system_file
 

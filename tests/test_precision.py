@@ -219,3 +219,17 @@ def test_domain_gpus_keeps_power_of_two_groups_inside_a_rack(cli):
     assert part["throughput"]["tokens_per_s"] > whole["throughput"]["tokens_per_s"]
     bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "gb300-nvl72", "--domain-gpus", "70")
     assert bad.code == 2 and "use whole gb300-nvl72 nodes of 4 GPUs" in bad.err and "64" in bad.err
+
+
+def test_plan_files_keep_power_limit_and_domain_gpus(cli, tmp_path):
+    # A plan made with --power-limit / --domain-gpus records them; `check` applies them to the hardware spec
+    # as it is now instead of reporting the capped clock or the 64-GPU domain as a changed spec.
+    plan = tmp_path / "p.json"
+    assert cli("estimate", "--model", "llama-3.1-70b", "--hardware", "gb300-nvl72", "--nodes", "16", "--tp", "4",
+               "--pp", "2", "--zero", "1", "--global-batch", "64", "--domain-gpus", "32", "--power-limit", "1200",
+               "--save", plan).code == 0
+    import json
+
+    assert json.loads(plan.read_text())["hardware_options"] == {"power_limit": 1200, "domain_gpus": 32}
+    r = cli("check", plan)
+    assert r.code == 0 and "1 passed" in r.out.replace("\n", " ")

@@ -90,6 +90,8 @@ def lock(
             else:
                 e = estimate_training(model_now, cluster, pf.plan, pf.allowance, pf.axis_order)
                 new = plan_document(e, pf.allowance, pf.axis_order, report.estimate_json(e), refs if refs[0] else None)
+            if doc.hardware_options:
+                new = {**new, "hardware_options": doc.hardware_options}
             save_plan(pf_path, new, force=True)
             written.append(str(pf_path))
         except LlmplanError as exc:

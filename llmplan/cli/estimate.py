@@ -11,7 +11,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
-from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
@@ -81,7 +81,8 @@ def estimate_infer(o: dict) -> None:
     emit(report.serve_json(se, advice), o["json_mode"], lambda: report.serve_view(out, se, advice))
     if o["save"] is not None:
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
-        save_best(o["save"], serve_plan_document(se, allowance, report.serve_json(se), refs), o["force"],
+        save_best(o["save"], {**serve_plan_document(se, allowance, report.serve_json(se), refs),
+                              **with_hardware_options(o)}, o["force"],
                   o["json_mode"], "the plan")
 
 
@@ -110,5 +111,6 @@ def estimate_train(o: dict) -> None:
     emit(report.estimate_json(e, advice), o["json_mode"], lambda: report.estimate_view(out, e, advice))
     if o["save"] is not None:
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
-        save_best(o["save"], plan_document(e, allowance, order, report.estimate_json(e), refs), o["force"],
+        save_best(o["save"], {**plan_document(e, allowance, order, report.estimate_json(e), refs),
+                              **with_hardware_options(o)}, o["force"],
                   o["json_mode"], "the plan")

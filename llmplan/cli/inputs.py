@@ -59,6 +59,13 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
 
 
 
+def with_hardware_options(o: dict) -> dict[str, dict[str, float]]:
+    """The plan-file key recording the --power-limit / --domain-gpus a plan was made with (empty without
+    them), so that `check` applies them to the hardware spec as it is now."""
+    opts = {k: o[k] for k in ("power_limit", "domain_gpus") if o.get(k) is not None}
+    return {"hardware_options": opts} if opts else {}
+
+
 def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance:
     return build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
                  "memory allowance options")
@@ -79,18 +86,13 @@ def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_lim
     a 72-GPU rack so that power-of-two groups stay inside one), build the cluster and check that its graph
     connects every GPU."""
     system = resolve_system(hardware)
-    if domain_gpus is not None:
-        full = system.domain_gpus
-        if domain_gpus > full or domain_gpus % system.gpus_per_node:
-            raise LlmplanError(f"--domain-gpus {domain_gpus}: use whole {system.name} nodes of "
-                               f"{system.gpus_per_node} GPUs, at most the domain's {full}; valid: "
-                               + ", ".join(str(g) for g in range(system.gpus_per_node, full + 1, system.gpus_per_node)))
-        system = system.model_copy(update={"nvlink_domain_gpus": domain_gpus})
-    if power_limit is not None:
-        try:
-            system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})
-        except ValueError as e:
-            raise LlmplanError(f"--power-limit {power_limit:g}: {e}") from None
+    for flag, value, kwargs in (("--domain-gpus", domain_gpus, {"domain_gpus": domain_gpus}),
+                                ("--power-limit", power_limit, {"power_limit": power_limit})):
+        if value is not None:
+            try:
+                system = system.with_options(**kwargs)
+            except ValueError as e:
+                raise LlmplanError(f"{flag} {value:g}: {e}") from None
     cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
                     "cluster options")
     validate(system, nodes)

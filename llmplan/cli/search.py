@@ -12,7 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
-from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches
+from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
@@ -97,7 +97,8 @@ def search_infer(o: dict) -> None:
     if o["save"] is not None:
         best = res.ranked[0]
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
-        save_best(o["save"], serve_plan_document(best, allowance, report.serve_json(best), refs), o["force"],
+        save_best(o["save"], {**serve_plan_document(best, allowance, report.serve_json(best), refs),
+                              **with_hardware_options(o)}, o["force"],
                   o["json_mode"])
 
 
@@ -132,7 +133,8 @@ def search_train(o: dict) -> None:
         best = res.ranked[0]
         refs = (spec_ref(o["model"], o["save"]), spec_ref(o["hardware"], o["save"]))
         doc = plan_document(best, allowance, order, report.estimate_json(best), refs)
-        save_best(o["save"], {**doc, "search": report.search_points(res)}, o["force"], o["json_mode"])
+        save_best(o["save"], {**doc, **with_hardware_options(o), "search": report.search_points(res)}, o["force"],
+                  o["json_mode"])
 
 
 def search_workload(m, o: dict) -> Workload:

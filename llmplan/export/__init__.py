@@ -49,7 +49,7 @@ def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict
         except CannotExpress as e:
             skipped[t] = str(e)
     if not files:
-        raise LlmplanError("no target can express this plan: " + "; ".join(skipped.values()))
+        raise LlmplanError("no target can express this plan: " + "; ".join(dict.fromkeys(skipped.values())))
     return files, skipped
 
 

@@ -206,6 +206,22 @@ class SystemSpec(BaseModel):
                                  f"{self.gpus_per_node} of a node (0..{self.gpus_per_node - 1})")
         return self
 
+    def with_options(self, power_limit: float | None = None, domain_gpus: int | None = None) -> "SystemSpec":
+        """This system with its GPUs capped at `power_limit` watts (GpuSpec.at_power_limit) and `domain_gpus`
+        GPUs used of each NVLink domain (whole nodes, e.g. 64 of a 72-GPU rack); ValueError names a bad value.
+        Derived: docs/formulas.md#topo.placement, docs/formulas.md#step.power"""
+        system = self
+        if domain_gpus is not None:
+            full = self.domain_gpus
+            if domain_gpus > full or domain_gpus % self.gpus_per_node:
+                raise ValueError(f"use whole {self.name} nodes of {self.gpus_per_node} GPUs, at most the domain's "
+                                 f"{full}; valid: " + ", ".join(str(g) for g in range(self.gpus_per_node, full + 1,
+                                                                                       self.gpus_per_node)))
+            system = system.model_copy(update={"nvlink_domain_gpus": domain_gpus})
+        if power_limit is not None:
+            system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})
+        return system
+
     @property
     def domain_gpus(self) -> int:
         """GPUs in one scale-up (NVLink) domain."""
