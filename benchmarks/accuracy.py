@@ -38,23 +38,29 @@ TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo24
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
-    "narayanan2021": "fp16, full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
+    "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
                      "Table 1 does not say; predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
                 "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; predicts MFU / model TFLOP/s",
-    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs, fused attention, bf16 or fp8 as listed, no biases, "
-           "ALiBi; predicts MFU",
+    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs, FlashAttention-2 (llm-foundry's gpu extra is flash-attn 2, "
+           "setup.py), bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; LoRA rows skipped (PEFT not modelled); "
                 "predicts model TFLOP/s per GPU",
-    "megatron2020": "A100 rows only (no V100 profile): fp16, full recompute, no fused attention; predicts "
-                    "hardware TFLOP/s",
+    "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full "
+                    "recompute, no fused attention; predicts hardware TFLOP/s",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
 }
+
+
+TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020")
+"""Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
+Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
+NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
 
 def family(record_id: str) -> str:
@@ -115,9 +121,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype,
-        grad_dtype="bf16" if fam == "nemo2407" else "fp32",
+        grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
         fp8_params=dtype == "fp8" and rec["id"].startswith("megatron-examples-fp8"),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
+        attention_kernel="flash2" if fam == "mpt" else "native",
         tp_comm_overlap="tp-comm-overlap" in str(par.get("comm_overlap", "")) and tp > 1,
     )
 

@@ -79,6 +79,8 @@ def test_every_file_parses_and_starts_with_the_plan(tmp_path, case):
 
 # Megatron-LM flag names (Megatron-LM megatron/training/arguments.py (core_v0.15.0)): the round trip accepts exactly these.
 MEGATRON_VALUE_FLAGS = {
+    # Megatron parses the backend into its AttnBackend enum (recorded choices print as AttnBackend.<name>).
+    "--attention-backend": lambda v: v if v.startswith("AttnBackend.") else f"AttnBackend.{v}",
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
     "--kv-channels": int, "--num-query-groups": int, "--seq-length": int, "--max-position-embeddings": int,
     "--position-embedding-type": str, "--rotary-base": int, "--rope-scaling-factor": float, "--normalization": str,
@@ -490,3 +492,17 @@ def test_megatron_refuses_rowwise_fp8():
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"dtype": "fp8", "recipe": "rowwise"}))
     with pytest.raises(CannotExpress, match="rowwise"):
         render_all(pf, "megatron")
+
+
+@pytest.mark.parametrize("update,backend", [
+    ({}, None),  # the native kernel is Megatron-Core's default backend choice: no flag
+    ({"attention_kernel": "flash2"}, "AttnBackend.flash"),
+    ({"flash_attention": False}, "AttnBackend.unfused"),
+])
+def test_megatron_attention_backend(update, backend):
+    # The plan's attention kernel reaches Megatron-LM as --attention-backend, parsed by its recorded parser
+    # (an AttnBackend name outside its choices fails the parse).
+    base = load_plan(PLANS / "dense_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update=update))
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.attention_backend == backend

@@ -7,7 +7,7 @@ from typing import Optional
 
 from llmplan.errors import LlmplanError
 from llmplan.specs.check import accounted_split
-from llmplan.specs.plan import PRECISIONS, ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import ATTENTION_KERNELS, PRECISIONS, ClusterSpec, MemoryAllowance
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.serve import ServeJob
 from llmplan.topology.graph import validate
@@ -38,7 +38,7 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
              overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
              precision: str | None = None, moe_capacity_factor: float | None = None,
-             pp_schedule: str = "1f1b") -> dict:
+             pp_schedule: str = "1f1b", attention_kernel: str = "native") -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -51,11 +51,14 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
         dtype = implied
     elif dtype == "fp4":
         recipe = "nvfp4"
+    if attention_kernel not in ATTENTION_KERNELS:
+        raise LlmplanError(f"--attention-kernel {attention_kernel} is not a kernel; use one of "
+                           f"{', '.join(ATTENTION_KERNELS)}")
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
             "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
             "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
-            "pp_schedule": pp_schedule}
+            "pp_schedule": pp_schedule, "attention_kernel": attention_kernel}
 
 
 

@@ -248,12 +248,21 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * gpu.attention_efficiency
+        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * attention_fraction(gpu, plan)
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
                 elementwise_bytes(m, plan, moe) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency) + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
+
+
+def attention_fraction(gpu: GpuSpec, plan: ParallelPlan) -> Any:
+    """Achieved fraction of the sustained peak on the attention-score FLOPs: the GPU's fused-kernel efficiency,
+    times FlashAttention-2's ratio to the native kernel when the plan runs FA2 (unfused attention is priced
+    by its score traffic in elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract.
+    Derived: docs/formulas.md#compute.attention"""
+    ratio = gpu.flash2_attention_ratio if plan.attention_kernel == "flash2" else 1.0
+    return gpu.attention_efficiency * ratio
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:

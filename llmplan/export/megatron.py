@@ -58,6 +58,10 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+              # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
+              # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
+              ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
+               else ("flash" if p.flash_attention else "unfused")),
               ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
     if m.is_moe and p.moe_capacity_factor is not None:
         pairs += [("--moe-expert-capacity-factor", f"{p.moe_capacity_factor:g}"),

@@ -56,6 +56,11 @@ class GpuSpec(BaseModel):
     causal halving) by fused kernels: fitted by leave-one-family-out (benchmarks/accuracy.py); 0.6 of H100's
     sustained peak is 0.48 of its nominal one, close to llm-foundry MPT-760M at 65k tokens (0.45 MFU with
     attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
+    flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
+    """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
+    (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FA2 reaches about
+    35% of peak against FlashAttention-3's 75% (Shah et al. 2024, FlashAttention-3, abstract and Fig. 1),
+    about 0.47."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None

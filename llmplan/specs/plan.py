@@ -97,6 +97,9 @@ class PlanQuantities:
         return n
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
 Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
+AttentionKernel = Literal["native", "flash2"]
+ATTENTION_KERNELS: tuple[str, ...] = ("native", "flash2")
+"""--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
 PRECISIONS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -165,6 +168,11 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
+    attention_kernel: AttentionKernel = "native"
+    """Which fused attention kernel runs: the GPU's native one (cuDNN fused attention / FlashAttention-3 on
+    Hopper and later, FlashAttention-2 on Ampere) or FlashAttention-2 everywhere (the flash-attn 2 package, as
+    llm-foundry and many FSDP stacks use), which reaches a lower fraction of Hopper's peak
+    (GpuSpec.flash2_attention_ratio)."""
     fp8_params: bool = False
     """With dtype fp8, keep the model's weight copy in fp8 (Megatron --fp8-param-gather, NeMo fp8_params)."""
     overlap_grad_reduce: bool = True
