@@ -49,8 +49,9 @@ ASSUMPTIONS = {
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; LoRA rows skipped (PEFT not modelled); "
                 "predicts model TFLOP/s per GPU",
-    "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full "
-                    "recompute, no fused attention; predicts hardware TFLOP/s",
+    "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
+                    "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
+                    "attention; predicts hardware TFLOP/s",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -112,8 +113,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if isinstance(zero, str):
         zero = 1
     sp_default = tp > 1 and fam in ("megatron", "nemo2407")
-    mb = par.get("micro_batch", 1)
     gbs = par.get("global_batch")
+    # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
+    # per model instance (local batch size)", megatron/arguments.py at d73def35a3): one micro-batch of it.
+    local = gbs // dp if fam == "megatron2020" and isinstance(gbs, int) and pp == 1 else 1
+    mb = par.get("micro_batch", local)
     if not isinstance(gbs, int):
         gbs = mb * dp
     first, last = balanced_split(rec["model"]["layers"], pp) if pp <= rec["model"]["layers"] else (0, 0)
