@@ -63,6 +63,9 @@ def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]
                 ("fewer TP ranks run larger GEMMs", {"tp": p.tp // 2, "dp": p.dp * 2, "sp": p.tp // 2 > 1 and p.sp})]
         if "fp8" in e.cluster.system.gpu.tflops and p.dtype == "bf16":
             out.append(("fp8 GEMMs run at twice the bf16 peak", {"dtype": "fp8"}))
+        if p.attention_kernel == "flash2" and p.flash_attention and e.cluster.system.gpu.flash2_attention_ratio < 1:
+            out.append(("the GPU's native attention kernel (cuDNN / FlashAttention-3) outruns FlashAttention-2",
+                        {"attention_kernel": "native"}))
     step = float(e.time.total)
     if kind in COMMUNICATION or float(e.time.comm_exposed) >= 0.1 * step:
         out += [("overlap TP communication with the GEMMs", {"tp_comm_overlap": True, "sp": True}),
@@ -103,7 +106,7 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
     names = {"pp_first": "pp-first-layers", "pp_last": "pp-last-layers", "micro_batch": "micro-batch",
              "tp_comm_overlap": "tp-comm-overlap", "overlap_grad_reduce": "overlap-grad-reduce",
              "overlap_param_gather": "overlap-param-gather", "grad_dtype": "grad-dtype",
-             "ep_comm_overlap": "ep-comm-overlap"}
+             "ep_comm_overlap": "ep-comm-overlap", "attention_kernel": "attention-kernel"}
     out: tuple[str, ...] = ()
     for k, v in change.items():
         if k == "pp_layers":

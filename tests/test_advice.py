@@ -124,3 +124,18 @@ def test_serving_without_flash_attention_counts_the_scores():
     assert unfused.fallback_cost[2] > 0 and unfused.fallback_cost[1] >= 0
     assert float(unfused.timing.ttft) == pytest.approx(float(fused.timing.ttft) + unfused.fallback_cost[2])
 
+
+
+def test_flash2_on_hopper_is_advised_the_native_kernel(cli):
+    # A compute-bound plan on FlashAttention-2 (llm-foundry's kernel) at a long sequence: switching to H100's
+    # native kernel is advised, and its flags reproduce the predicted number; on A100, where FA2 is the native
+    # kernel, nothing is advised about it.
+    base = ["--model", "llama-3.1-8b", "--nodes", "1", "--tp", "1", "--dp", "8", "--seq-len", "16384",
+            "--recompute", "full", "--zero", "1", "--attention-kernel", "flash2"]
+    doc = cli("estimate", "--hardware", "dgx-h100", *base, "--json").json()
+    item = next(a for a in doc["advice"] if a["flags"] == ["--attention-kernel", "native"])
+    assert item["gain"] > 0.1
+    again = cli("estimate", "--hardware", "dgx-h100", *base, *item["flags"], "--json").json()
+    assert again["throughput"]["tokens_per_s"] == pytest.approx(item["predicted"]["tokens_per_s"], rel=1e-3)
+    a100 = cli("estimate", "--hardware", "dgx-a100", *base, "--json").json()
+    assert not any("--attention-kernel" in a["flags"] for a in a100["advice"])
