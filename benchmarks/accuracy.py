@@ -203,7 +203,7 @@ GLOBAL_CONSTANTS = ("attention_efficiency", "gemm_k_half", "step_overhead_s")
 GRID = {
     "clock_a100": (0.75, 0.8, 0.85, 0.9, 0.95, 1.0),
     "clock_h100": (0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0),
-    "attention_efficiency": (0.4, 0.5, 0.6),
+    "attention_efficiency": (0.4, 0.5, 0.6, 0.7, 0.8, 1.0),
     "gemm_k_half": (128.0, 512.0),
     "step_overhead_s": (0.0, 0.05, 0.15),
 }

@@ -51,11 +51,11 @@ class GpuSpec(BaseModel):
     best_published_mfu: float | None = Field(default=None, gt=0, le=1)
     """Highest dense bf16 MFU a published training run reached on this GPU: a prediction above it is flagged
     as a likely modelling artefact until measured (source in the profile)."""
-    attention_efficiency: float = Field(default=0.6, gt=0, le=1)
+    attention_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
-    causal halving) by fused kernels: fitted by leave-one-family-out (benchmarks/accuracy.py); 0.6 of H100's
-    sustained peak is 0.48 of its nominal one, close to llm-foundry MPT-760M at 65k tokens (0.45 MFU with
-    attention ~90% of its FLOPs); replaced by `llmplan calibrate`."""
+    causal halving, so a causal kernel at 35% of peak scores 0.7) by the GPU's native fused kernel: fitted by
+    leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
+    calibrate`."""
     flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FA2 reaches about
