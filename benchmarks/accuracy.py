@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import runs_path  # noqa: E402
 
 DEFAULT_RUNS = runs_path()
-TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020")
+TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge")
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
@@ -52,13 +52,18 @@ ASSUMPTIONS = {
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention; predicts hardware TFLOP/s",
+    "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
+              "activation offload or partial recompute): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
+              "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
+              "TP, native fused attention, no recompute; predicts tokens/s per GPU (unambiguous: no FLOP "
+              "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
 }
 
 
-TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020")
+TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge")
 """Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
@@ -68,8 +73,17 @@ def family(record_id: str) -> str:
     return "megatron" if record_id.startswith("megatron-") else record_id.split("-")[0]
 
 
+BRIDGE_PRECISION = {"fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
+                    "bf16": ("bf16", "tensorwise")}
+"""Megatron-Bridge's precision names: FP8-CS (per-tensor current scaling), FP8-MX (MXFP8), NVFP4, BF16."""
+
+
 def system_for(gpu: str) -> str | None:
     g = gpu.lower()
+    for name, system in (("gb300", "gb300-nvl72"), ("gb200", "gb200-nvl72"), ("b300", "dgx-b300"),
+                         ("b200", "dgx-b200")):
+        if name in g:
+            return system
     if "a100" in g:
         return "dgx-a100-40gb" if "40" in g else "dgx-a100"
     if "h100" in g:
@@ -108,8 +122,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     rc = str(par.get("recompute", "full" if fam in ("narayanan2021", "megatron2020") else "none"))
     recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else "none")
     precision = str(par.get("precision", "bf16")).lower()
-    dtype = "fp8" if "fp8" in precision else "bf16"
-    zero = par.get("zero_stage") or (1 if par.get("distributed_optimizer") or fam in ("nemo2407", "megatron") else 0)
+    dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
+    zero = par.get("zero_stage") or (3 if par.get("fsdp") else 1 if par.get("distributed_optimizer")
+                                     or fam in ("nemo2407", "megatron") else 0)
     if isinstance(zero, str):
         zero = 1
     sp_default = tp > 1 and fam in ("megatron", "nemo2407")
@@ -124,9 +139,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     return ParallelPlan(
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
-        seq_len=rec["model"].get("seq_len", 2048), dtype=dtype,
+        seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
-        fp8_params=dtype == "fp8" and rec["id"].startswith("megatron-examples-fp8"),
+        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam == "bridge"),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
         attention_kernel="flash2" if fam == "mpt" else "native",
         tp_comm_overlap="tp-comm-overlap" in str(par.get("comm_overlap", "")) and tp > 1,
@@ -190,6 +205,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", float(mfu), meas["mfu"]))
+    elif fam == "bridge":
+        out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
     if out:  # a run that was measured ran, so it fit (memory-only records show what does not fit)
