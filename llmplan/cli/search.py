@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -17,11 +18,11 @@ from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
-from llmplan.search.run import OBJECTIVES
+from llmplan.search.run import OBJECTIVES, DomainChoice, SearchResult, nodes_using, power_of_two_domain
 from llmplan.search.run import search as run_search
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.placement import parse_order
@@ -114,11 +115,18 @@ def search_train(o: dict) -> None:
     cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     order = parse_order(o["axis_order"])
     w = search_workload(m, o)
-    space = default_space(m, cluster, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+
+    def run(c: ClusterSpec, say) -> SearchResult:
+        space = default_space(m, c, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
+        return run_search(m, c, space, w, o["objective"], o["top"], allowance, order, progress=say,
+                          min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes))
+
     with progress_bar(not o["json_mode"]) as say:
-        res = run_search(m, cluster, space, w, o["objective"], o["top"], allowance, order, progress=say,
-                         min_headroom=min_headroom_bytes(o["min_headroom"], cluster.system.gpu.hbm_bytes))
+        res = run(cluster, say)
+        used = power_of_two_domain(cluster.system)
+        if used and o["domain_gpus"] is None and o["gpus_per_node"] is None and o["objective"] != "headroom":
+            res, cluster = best_domain(res, cluster, used, o, lambda c: run(c, say))
     tokens = parse_size(o["train_tokens"])
     console = Console(width=max(out.width, 160)) if o["wide"] else out
     advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
@@ -135,6 +143,28 @@ def search_train(o: dict) -> None:
         doc = plan_document(best, allowance, order, report.estimate_json(best), refs)
         save_best(o["save"], {**doc, **with_hardware_options(o), "search": report.search_points(res)}, o["force"],
                   o["json_mode"])
+
+
+def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, o: dict, run) -> tuple[SearchResult, ClusterSpec]:
+    """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result with the higher
+    best tokens/s; records the choice on the result and, when the share wins, in o["domain_gpus"] (so that
+    --save records it)."""
+    nodes = nodes_using(cluster, used)
+    try:
+        alt_cluster = make_cluster(o["hardware"], nodes, None, o["power_limit"], used)
+        alt = run(alt_cluster)
+    except LlmplanError:  # pins that only the full domain allows: keep the full-domain result
+        return res, cluster
+    full = cluster.system.domain_gpus
+    best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0  # noqa: E731
+    pick_alt = best(alt) > best(res)
+    choice = DomainChoice(full=full, used=used if pick_alt else full,
+                          gpus={full: cluster.num_gpus, used: alt_cluster.num_gpus},
+                          tokens_per_s={full: best(res), used: best(alt)})
+    if pick_alt:
+        o["domain_gpus"] = used
+        return dataclasses.replace(alt, domain=choice), alt_cluster
+    return dataclasses.replace(res, domain=choice), cluster
 
 
 def search_workload(m, o: dict) -> Workload:

@@ -12,7 +12,7 @@ from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.advice import advice_json
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
-from llmplan.search.run import SearchResult, explain
+from llmplan.search.run import DomainChoice, SearchResult, explain
 from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -128,6 +128,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
                         **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {})}}
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
+        **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
     }
 
@@ -154,6 +155,19 @@ def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
             f"{', '.join(across) or 'none'} across the network").replace("dpcp", "dp x cp")
 
 
+def domain_line(d: DomainChoice) -> str:
+    """Which share of each NVLink domain the shown plans use, against the other one tried."""
+    other = d.full if d.used != d.full else min(d.gpus)
+    return (f"domain: {d.used} of each {d.full}-GPU NVLink domain ({d.gpus[d.used]:,} GPUs, "
+            f"{d.tokens_per_s[d.used]:,.0f} tok/s) beats {other} of {d.full} ({d.gpus[other]:,} GPUs, "
+            f"{d.tokens_per_s[other]:,.0f} tok/s); --domain-gpus pins it")
+
+
+def domain_json(d: DomainChoice) -> dict[str, Any]:
+    return {"domain_gpus": d.full, "used_per_domain": d.used,
+            "tried": [{"per_domain": k, "gpus": d.gpus[k], "tokens_per_s": d.tokens_per_s[k]} for k in sorted(d.gpus)]}
+
+
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
                 train_tokens: float, full_explain: bool = False, advice: list | None = None,
                 wide: bool = False) -> None:
@@ -167,6 +181,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                       f"{b['gpu_hours']:,.0f} GPU-hours")
         best = res.ranked[0]
         console.print(placement_line(best, cluster))
+        if res.domain is not None:
+            console.print(domain_line(res.domain))
         warning = ceiling_warning(best, cluster)
         if warning:
             console.print(f"[yellow]warning:[/] {warning}")

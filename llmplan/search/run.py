@@ -56,9 +56,46 @@ class SearchResult:
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
+    domain: "DomainChoice | None" = None
+    """Set when the search also tried a power-of-two share of each NVLink domain (DomainChoice)."""
 
 
 CLOUD_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class DomainChoice:
+    """The search run twice on a cluster whose NVLink domain is not a power of two (72-GPU NVL72 racks): with
+    every GPU of each domain, and with the largest power of two of whole nodes in it (64), so that
+    power-of-two TP / EP / CP groups tile the domain; the better one is shown."""
+
+    full: int
+    """GPUs in one NVLink domain."""
+    used: int
+    """GPUs per domain the shown plans use (full or the power of two)."""
+    gpus: dict[int, int]
+    """Cluster GPUs with each per-domain count."""
+    tokens_per_s: dict[int, float]
+    """Best plan's tokens/s with each per-domain count (0 when nothing fits)."""
+
+
+def power_of_two_domain(system: Any) -> int | None:
+    """The largest power of two of whole nodes' GPUs inside a multi-node NVLink domain that is not itself a
+    power of two (64 of a 72-GPU NVL72 rack of 4-GPU trays), else None. Derived: docs/formulas.md#topo.placement"""
+    full, gpn = system.domain_gpus, system.gpus_per_node
+    if full <= gpn or full & (full - 1) == 0:
+        return None
+    p = 1 << (full.bit_length() - 1)
+    return p if p % gpn == 0 and p > gpn else None
+
+
+def nodes_using(cluster: ClusterSpec, used: int) -> int:
+    """Nodes of `cluster` left when each NVLink domain contributes `used` GPUs (whole domains first, then what
+    the last, partial domain can give)."""
+    gpn = cluster.system.gpus_per_node
+    per_full, per_used = cluster.system.domain_gpus // gpn, used // gpn
+    domains, rest = divmod(cluster.num_nodes, per_full)
+    return domains * per_used + min(rest, per_used)
 
 
 def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
