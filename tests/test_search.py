@@ -252,15 +252,21 @@ def test_a_subset_reuses_the_distinct_layouts_and_agrees():
 def test_power_of_two_share_of_an_nvl72_domain():
     # 72-GPU racks of 4-GPU trays: 64 GPUs (16 trays) are the largest power of two of whole trays; an
     # 8-GPU node's domain is already a power of two. 16 racks and 2 trays keep 16 x 16 + 2 trays.
-    from llmplan.search.run import nodes_using, power_of_two_domain
+    from llmplan.search.run import nodes_using, power_of_two_domain, straddling_space
     assert power_of_two_domain(S["gb300-nvl72"]) == 64 and power_of_two_domain(S["dgx-h100"]) is None
     assert nodes_using(ClusterSpec(system=S["gb300-nvl72"], num_nodes=16 * 18 + 2), 64) == 16 * 16 + 2
+    # Only expert-parallel degrees that do not divide 72 are worth the share; a dense space has none.
+    c = ClusterSpec(system=S["gb300-nvl72"], num_nodes=576)
+    moe = default_space(M["deepseek-v3"], c, Workload(global_batch=4096, seq_len=4096))
+    assert set(straddling_space(moe, 72).ep) == {e for e in moe.ep if e in (16, 32, 64, 128, 256)}
+    dense = default_space(M["llama-3.1-70b"], c, Workload(global_batch=1024, seq_len=4096))
+    assert straddling_space(dense, 72) is None
 
 
 def test_search_tries_a_power_of_two_share_of_nvl72_domains(cli):
     # DeepSeek-V3 in MXFP8 on 32 GB300 NVL72 racks: with 64 of each rack's 72 GPUs, EP 64 stays inside one
-    # NVLink domain and the search shows that layout, saying what all 72 would give; the 405B on GB200
-    # keeps all 72 (more GPUs win there); --domain-gpus pins the share and the search tries nothing else.
+    # NVLink domain and the search shows that layout, saying what all 72 would give; a dense model (no EP
+    # degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share.
     r = cli("search", "--model", "deepseek-v3", "--hardware", "gb300-nvl72", "--nodes", "576", "--precision",
             "mxfp8", "--json")
     assert r.code == 0, r.err
@@ -269,8 +275,8 @@ def test_search_tries_a_power_of_two_share_of_nvl72_domains(cli):
     tried = {t["per_domain"]: t for t in d["domain"]["tried"]}
     assert tried[64]["tokens_per_s"] > tried[72]["tokens_per_s"] > 0 and tried[72]["gpus"] == 2304
     assert d["plans"][0]["throughput"]["tokens_per_s"] == pytest.approx(tried[64]["tokens_per_s"])
-    text = cli("search", "--model", "llama-3.1-405b", "--hardware", "gb200-nvl72", "--nodes", "288")
-    assert text.code == 0 and "domain: 72 of each 72-GPU NVLink domain (1,152 GPUs" in " ".join(text.out.split())
+    dense = cli("search", "--model", "llama-3.1-405b", "--hardware", "gb200-nvl72", "--nodes", "288", "--json")
+    assert dense.code == 0 and "domain" not in dense.json() and dense.json()["gpus"] == 1152
     pinned = cli("search", "--model", "llama-3.1-405b", "--hardware", "gb200-nvl72", "--nodes", "256",
                  "--domain-gpus", "64", "--json").json()
     assert "domain" not in pinned and pinned["gpus"] == 1024

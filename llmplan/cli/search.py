@@ -18,7 +18,8 @@ from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
-from llmplan.search.run import OBJECTIVES, DomainChoice, SearchResult, nodes_using, power_of_two_domain
+from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, nodes_using, power_of_two_domain,
+                                straddling_space)
 from llmplan.search.run import search as run_search
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
@@ -117,8 +118,11 @@ def search_train(o: dict) -> None:
     w = search_workload(m, o)
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
 
-    def run(c: ClusterSpec, say) -> SearchResult:
+    def run(c: ClusterSpec, say, full: int | None = None) -> SearchResult | None:
         space = default_space(m, c, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
+        space = straddling_space(space, full) if full else space
+        if space is None:
+            return None
         return run_search(m, c, space, w, o["objective"], o["top"], allowance, order, progress=say,
                           min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes))
 
@@ -126,7 +130,8 @@ def search_train(o: dict) -> None:
         res = run(cluster, say)
         used = power_of_two_domain(cluster.system)
         if used and o["domain_gpus"] is None and o["gpus_per_node"] is None and o["objective"] != "headroom":
-            res, cluster = best_domain(res, cluster, used, o, lambda c: run(c, say))
+            res, cluster = best_domain(res, cluster, used, o,
+                                       lambda c: run(c, say, full=cluster.system.domain_gpus))
     tokens = parse_size(o["train_tokens"])
     console = Console(width=max(out.width, 160)) if o["wide"] else out
     advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
@@ -154,6 +159,8 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, o: dict, run
         alt_cluster = make_cluster(o["hardware"], nodes, None, o["power_limit"], used)
         alt = run(alt_cluster)
     except LlmplanError:  # pins that only the full domain allows: keep the full-domain result
+        return res, cluster
+    if alt is None:  # no expert-parallel degree that the full domain cannot hold (dense models)
         return res, cluster
     full = cluster.system.domain_gpus
     best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0  # noqa: E731

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -87,6 +88,15 @@ def power_of_two_domain(system: Any) -> int | None:
         return None
     p = 1 << (full.bit_length() - 1)
     return p if p % gpn == 0 and p > gpn else None
+
+
+def straddling_space(space: Space, full: int) -> Space | None:
+    """The part of `space` a power-of-two share of a `full`-GPU domain can improve: expert-parallel degrees
+    that do not divide the domain (EP 16, 32, 64 of a 72-GPU rack). A plan whose EP divides the domain (and
+    whose TP, at most 8 in practice, does) tiles the full domain as well and has more GPUs there, so the
+    share is not tried for it; None when no such degree is left (dense models)."""
+    ep = tuple(e for e in space.ep if e > 1 and full % e)
+    return dataclasses.replace(space, ep=ep) if ep else None
 
 
 def nodes_using(cluster: ClusterSpec, used: int) -> int:
