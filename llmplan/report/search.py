@@ -134,12 +134,14 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
 
 
 def ceiling_warning(e: TrainingEstimate, cluster: ClusterSpec) -> str | None:
-    """A warning when the plan's predicted MFU is above the best published on its GPU (bf16 plans)."""
-    best = cluster.system.gpu.best_published_mfu
+    """A warning when the plan's predicted MFU is above the best published on its GPU in the plan's format
+    (bf16; fp8 and fp4 against the bf16 peak, as MFU is reported)."""
+    gpu, fmt = cluster.system.gpu, e.plan.dtype
+    best = {"bf16": gpu.best_published_mfu, "fp8": gpu.best_published_mfu_fp8, "fp4": gpu.best_published_mfu_fp4}.get(fmt)
     mfu = float(e.throughput.mfu)
-    if best is None or mfu <= best or e.plan.dtype != "bf16":
+    if best is None or mfu <= best:
         return None
-    return (f"predicted MFU {100 * mfu:.1f}% is above the best published bf16 MFU on {cluster.system.gpu.name} "
+    return (f"predicted MFU {100 * mfu:.1f}% is above the best published {fmt} MFU on {gpu.name} "
             f"({100 * best:.1f}%): likely a modelling artefact until measured; read it as an upper bound")
 
 
