@@ -237,3 +237,25 @@ def test_plan_files_keep_power_limit_and_domain_gpus(cli, tmp_path):
     assert json.loads(plan.read_text())["hardware_options"] == {"power_limit": 1200, "domain_gpus": 32}
     r = cli("check", plan)
     assert r.code == 0 and "1 passed" in r.out.replace("\n", " ")
+
+
+def test_current_benchmark_rows_can_be_described(published_runs):
+    # The issue on 2025-26 formats: most rows of a current benchmark table could not be described. The 23
+    # Megatron-Bridge rows shipped (H100, B200, GB200 NVL72, GB300 NVL72; FP8-CS, MXFP8, NVFP4) each build
+    # a valid plan on a shipped profile that passes check_plan and yields a prediction (how close it is,
+    # benchmarks/accuracy.py measures: docs/validation.md).
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+    from llmplan.specs.check import check_plan
+
+    rows = [r for r in published_runs.values() if r["id"].startswith("bridge-")]
+    assert len(rows) == 23
+    systems = set()
+    for r in rows:
+        system = accuracy.system_for(r["hardware"]["gpu"])
+        systems.add(system)
+        cluster = ClusterSpec(system=S[system], num_nodes=r["hardware"]["gpus"] // S[system].gpus_per_node)
+        plan = accuracy.plan_for(r, "bridge", r["hardware"]["gpus"])
+        assert check_plan(accuracy.model_for(r, "bridge"), plan, cluster) == [], r["id"]
+        (quantity, predicted, measured), _fits = accuracy.predict(r, "bridge")
+        assert quantity == "tok/s/GPU" and predicted > 0 and measured == r["measured"]["tokens_per_s_per_gpu"]
+    assert systems == {"dgx-h100", "dgx-b200", "gb200-nvl72", "gb300-nvl72"}
