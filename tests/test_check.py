@@ -110,3 +110,10 @@ def test_cluster_rules():
 def test_every_violation_is_listed():
     out = check_plan(M["llama-3.1-70b"], ParallelPlan(tp=3, pp=3, ep=2, sp=False, global_batch=1))
     assert {v.rule for v in out} >= {"tp_heads", "pp_layers", "ep_dense"}
+
+
+def test_recompute_layers_needs_full_recompute(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1", "--dp", "8",
+            "--recompute", "selective", "--recompute-layers", "4")
+    assert r.code == 2
+    assert "recompute_layers (4) recomputes whole layers" in r.err and "use --recompute full" in r.err

@@ -506,3 +506,17 @@ def test_megatron_attention_backend(update, backend):
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update=update))
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.attention_backend == backend
+
+
+def test_megatron_block_recompute_and_the_targets_that_refuse_it():
+    # Full recompute of the first N layers of each chunk is Megatron's block method; torchtitan and DeepSpeed
+    # set activation checkpointing per layer or in model code and refuse it with the reason.
+    base = load_plan(PLANS / "dense_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"recompute": "full", "recompute_layers": 2}))
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == ("full", "block", 2)
+    flat = {"tp": 1, "pp": 1, "dp": 64, "vpp": 1, "sp": False, "recompute": "full", "recompute_layers": 2}
+    for target, zero in (("torchtitan", 2), ("deepspeed", 1)):  # plans each target could otherwise express
+        other = dataclasses.replace(base, plan=base.plan.model_copy(update={**flat, "zero": zero}))
+        with pytest.raises(CannotExpress, match="first 2 layers"):
+            render_all(other, target)

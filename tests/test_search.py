@@ -32,7 +32,8 @@ def valid_plan(draw):
     w = Workload(global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
                  dtype=draw(st.sampled_from(["bf16", "fp8"])) if "a100" not in system else "bf16",
                  flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()),
-                 attention_kernel=draw(st.sampled_from(["native", "flash2"])))
+                 attention_kernel=draw(st.sampled_from(["native", "flash2"])),
+                 recompute_layers=draw(st.sampled_from([None, None, 2])))  # 2: block recompute of full plans
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     for _ in range(200):  # draw until a plan passes every rule
         i = draw(st.integers(0, len(plans) - 1))

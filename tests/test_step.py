@@ -108,3 +108,20 @@ def test_flash2_attention_on_hopper_runs_at_its_published_ratio():
         assert float(slow.attention) == pytest.approx(float(native.attention) / ratio)
         assert float(slow.gemm) == pytest.approx(float(native.gemm))
         assert float(slow.memory_bound) == pytest.approx(float(native.memory_bound))
+
+
+def test_block_recompute_sits_between_none_and_full():
+    # --recompute full --recompute-layers N (Megatron's block method) recomputes N of each chunk's layers:
+    # with N = every layer it is full recompute exactly; with fewer, time and activation memory lie between no
+    # recompute and full recompute, and the recompute FLOPs scale with the share (here 8 of 32 layers).
+    m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+    base = ParallelPlan(tp=1, dp=8, zero=3, seq_len=8192, global_batch=64, recompute="full")
+    est = {k: estimate_training(m, cluster, p) for k, p in {
+        "none": base.model_copy(update={"recompute": "none"}), "full": base,
+        "all": base.model_copy(update={"recompute_layers": 32}), "block": base.model_copy(update={"recompute_layers": 8})}.items()}
+    assert float(est["all"].time.total) == pytest.approx(float(est["full"].time.total))
+    assert float(est["all"].memory.total) == pytest.approx(float(est["full"].memory.total))
+    assert est["none"].time.total < est["block"].time.total < est["full"].time.total
+    assert est["full"].memory.activations < est["block"].memory.activations < est["none"].memory.activations
+    extra = lambda e: float(e.time.hardware_flops - e.time.model_flops)  # noqa: E731
+    assert extra(est["block"]) == pytest.approx(extra(est["full"]) * 8 / 32)

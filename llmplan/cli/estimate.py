@@ -103,7 +103,8 @@ def estimate_train(o: dict) -> None:
         "seq_len": o["seq_len"] if o["seq_len"] is not None else default_seq_len(m),
         **switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
                    o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
-                   o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"]),
+                   o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
+                   o["recompute_layers"]),
     }, "plan options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     e = estimate_training(m, cluster, plan, allowance, order)

@@ -183,7 +183,8 @@ def search_workload(m, o: dict) -> Workload:
         global_batch = global_batch_from_tokens(tokens, seq)
     flags = switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
                      o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
-                   o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"])
+                   o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
+                   o["recompute_layers"])
     build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.arith import where
-from llmplan.cost.params import heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, stage_layers
+from llmplan.cost.params import (heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, recomputed_share,
+                                 stage_layers)
 from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -101,7 +102,7 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    calls = plan.num_microbatches * layers * (4 + where(plan.full, 2, 0))
+    calls = plan.num_microbatches * layers * (4 + 2 * recomputed_share(plan, layers))
     regather = plan.num_microbatches * layers * 2
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
@@ -147,7 +148,7 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
         kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
     S = ACT_BYTES * s * b * kv_width
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    sends = (3 + where(plan.full, 1, 0)) * (cp - 1)
+    sends = (3 + recomputed_share(plan, layers)) * (cp - 1)
     return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
 
 
@@ -159,8 +160,8 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     tokens = s * b / where(plan.sp, plan.tp, 1)
     S = ACT_BYTES * tokens * m.num_experts_per_tok * h * plan.expert_padding  # dispatch padded to capacity
-    _, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
-    per_layer = 4 + where(plan.full, 2, 0)
+    dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
+    per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]
 
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from llmplan.cost.arith import minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.params import attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab
+from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
+                                 recomputed_share)
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -102,7 +103,8 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
     selective only the attention core (Korthikanti et al. 2022 §5)."""
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
-    full = m.num_dense_layers * dense.total + m.num_moe_layers * moe.total
+    full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
+        plan, m.num_hidden_layers / plan.pp)
     core = m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention
     per_rank_mb = where(plan.full, full, where(plan.selective, core, 0.0))
     return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
@@ -227,8 +229,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
     forward of the attention core. Derived: docs/formulas.md#compute.time"""
     per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
-    passes = 3 + where(plan.full, 1, 0)
-    attn_passes = 3 + where(plan.full | plan.selective, 1, 0)
+    r = recomputed_share(plan, n_dense + n_moe)  # 1 under full recompute of every layer
+    passes = 3 + r
+    attn_passes = 3 + where(plan.selective, 1, r)
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:

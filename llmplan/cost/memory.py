@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.params import (
-    RankParams, heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, stage_layer_count, stage_layers,
+    RankParams, heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, recomputed_share, stage_layer_count,
+    stage_layers,
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
@@ -174,15 +175,20 @@ class LayerActivations:
     working_dense: Any
     """Full recompute: a dense layer's activations rebuilt in its backward."""
     working_moe: Any
+    kept_dense: Any = 0.0
+    """A dense layer that full recompute leaves out (block method): all its activations stay."""
+    kept_moe: Any = 0.0
 
 
 def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
     dense = layer_activation_bytes(m, plan, False)
     working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
+    kept_dense = layer_activation_no_recompute(m, plan, False, scores=True)
     if not m.is_moe:
-        return LayerActivations(dense, 0.0, working_dense, working_dense)
+        return LayerActivations(dense, 0.0, working_dense, working_dense, kept_dense, kept_dense)
     return LayerActivations(dense, layer_activation_bytes(m, plan, True), working_dense,
-                            layer_activation_no_recompute(m, plan, True, scores=False))
+                            layer_activation_no_recompute(m, plan, True, scores=False), kept_dense,
+                            layer_activation_no_recompute(m, plan, True, scores=True))
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
@@ -195,7 +201,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     sp = where(plan.sp, t, 1)
     la = per_layer or layer_activations(m, plan)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    per_mb = n_dense * la.dense + n_moe * la.moe
+    r = recomputed_share(plan, n_dense + n_moe)  # layers full recompute leaves out keep all their activations
+    per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
     inflight = inflight_microbatches(plan, stage)
     working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)

@@ -296,3 +296,12 @@ def _rank_param_parts(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any, 
     mtp_proj = m.num_nextn_predict_layers * (2 * h * h / t + 2 * norm_params(m))  # eh_proj and its two norms
     head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj
     return dense_layer, moe_layer, expert_layer, V * h / t + positions, head
+
+
+def recomputed_share(plan: ParallelPlan, layers: Any) -> Any:
+    """Share of a stage's `layers` whose forward full recompute repeats: every layer, or with
+    recompute_layers N the first N of each of the stage's vpp virtual chunks (Megatron's block method); 0
+    without full recompute. Source: Megatron-LM --recompute-method block. Derived: docs/formulas.md#mem.activations"""
+    if plan.recompute_layers is None:
+        return where(plan.full, 1.0, 0.0)
+    return where(plan.full, minimum(plan.recompute_layers * plan.vpp / maximum(layers, 1), 1.0), 0.0)

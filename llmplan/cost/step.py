@@ -17,7 +17,7 @@ from llmplan.cost.compute import (
     StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.params import max_stage_layers, stage_layers
+from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -109,14 +109,14 @@ def overlap(comm: Any, window: Any, kappa: float) -> Any:
     return maximum(0.0, comm - window) + kappa * minimum(comm, window)
 
 
-def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float) -> Any:
+def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
     GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
     --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
     first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
     gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
-    r = where(plan.full, 1, 0)
+    r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
     backward = where(plan.sp, 6 / (10 + 4 * r), 2 / (4 + 2 * r)) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
@@ -167,7 +167,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         moe_max = maximum(moe_max, s[3])
     per_mb, parts = [], []
     for _, sc, layers, moe_layers in stages:
-        tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa)
+        tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
         cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
         ep_raw = comm.ep / n * moe_layers / moe_max
         hidden = plan.ep_comm_overlap or plan.pp_schedule == "dualpipe"  # DualPipe overlaps them by design

@@ -68,6 +68,9 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--moe-pad-expert-input-to-capacity", True)]
     if p.recompute == "selective":
         pairs.append(("--recompute-granularity", "selective"))
+    elif p.recompute == "full" and p.recompute_layers is not None:  # the first N layers of each virtual chunk
+        pairs += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                  ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe) if p.dtype == "fp8" else None

@@ -55,6 +55,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")
+    if p.recompute_layers is not None:
+        raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
+                     "layer checkpointing takes every layer, or every Nth layer: a different set)",
+                     "re-plan without --recompute-layers, or export to megatron")
 
 
 def check(pf: PlanFile) -> None:

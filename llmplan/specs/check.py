@@ -263,6 +263,10 @@ RULES: tuple[Rule, ...] = (
                          f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
                          f"expert tp {'defaults to tp (Megatron)' if p.etp is None else 'is set by --etp'}: most MoE "
                          f"recipes use --etp 1, or lower --ep"),
+    Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
+         lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
+                         f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
+                         "--recompute-layers"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

@@ -151,6 +151,10 @@ class ParallelPlan(PlanQuantities, BaseModel):
     2 + gradients, 3 + parameters."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core) or full (every layer)."""
+    recompute_layers: Optional[int] = Field(default=None, ge=1, le=1 << 20)
+    """With full recompute, recompute only the first N layers of each virtual pipeline chunk and keep the
+    others' activations (Megatron --recompute-method block --recompute-num-layers N); None: every layer.
+    A plan with it and another recompute mode fails check_plan (rule recompute-layers)."""
     micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
     global_batch: int = Field(default=1, ge=1, le=1 << 30)
