@@ -53,9 +53,9 @@ ASSUMPTIONS = {
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention; predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
-              "activation offload or partial recompute): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
+              "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
-              "TP, native fused attention, no recompute; predicts tokens/s per GPU (unambiguous: no FLOP "
+              "TP, native fused attention; predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
@@ -137,6 +137,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         gbs = mb * dp
     first, last = balanced_split(rec["model"]["layers"], pp) if pp <= rec["model"]["layers"] else (0, 0)
     return ParallelPlan(
+        recompute_layers=par.get("recompute_layers"),
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,

@@ -240,7 +240,7 @@ def test_plan_files_keep_power_limit_and_domain_gpus(cli, tmp_path):
 
 
 def test_current_benchmark_rows_can_be_described(published_runs):
-    # The issue on 2025-26 formats: most rows of a current benchmark table could not be described. The 23
+    # The issue on 2025-26 formats: most rows of a current benchmark table could not be described. The 24
     # Megatron-Bridge rows shipped (H100, B200, GB200 NVL72, GB300 NVL72; FP8-CS, MXFP8, NVFP4) each build
     # a valid plan on a shipped profile that passes check_plan and yields a prediction (how close it is,
     # benchmarks/accuracy.py measures: docs/validation.md).
@@ -248,7 +248,7 @@ def test_current_benchmark_rows_can_be_described(published_runs):
     from llmplan.specs.check import check_plan
 
     rows = [r for r in published_runs.values() if r["id"].startswith("bridge-")]
-    assert len(rows) == 23
+    assert len(rows) == 24
     systems = set()
     for r in rows:
         system = accuracy.system_for(r["hardware"]["gpu"])
