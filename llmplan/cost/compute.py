@@ -231,7 +231,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
     r = recomputed_share(plan, n_dense + n_moe)  # 1 under full recompute of every layer
     passes = 3 + r
-    attn_passes = 3 + where(plan.selective, 1, r)
+    attn_passes = 3 + (where(plan.full | plan.selective, 1, 0) if plan.recompute_layers is None
+                       else where(plan.selective, 1, r))
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:

@@ -183,12 +183,13 @@ class LayerActivations:
 def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
     dense = layer_activation_bytes(m, plan, False)
     working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
-    kept_dense = layer_activation_no_recompute(m, plan, False, scores=True)
+    block = plan.recompute_layers is not None  # only block recompute keeps some layers whole
+    kept_dense = layer_activation_no_recompute(m, plan, False, scores=True) if block else 0.0
     if not m.is_moe:
         return LayerActivations(dense, 0.0, working_dense, working_dense, kept_dense, kept_dense)
     return LayerActivations(dense, layer_activation_bytes(m, plan, True), working_dense,
                             layer_activation_no_recompute(m, plan, True, scores=False), kept_dense,
-                            layer_activation_no_recompute(m, plan, True, scores=True))
+                            layer_activation_no_recompute(m, plan, True, scores=True) if block else 0.0)
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
@@ -201,8 +202,11 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     sp = where(plan.sp, t, 1)
     la = per_layer or layer_activations(m, plan)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    r = recomputed_share(plan, n_dense + n_moe)  # layers full recompute leaves out keep all their activations
-    per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
+    if plan.recompute_layers is None:  # every layer alike (la.dense / la.moe already follow the recompute mode)
+        per_mb = n_dense * la.dense + n_moe * la.moe
+    else:  # block recompute: the layers it leaves out keep all their activations
+        r = recomputed_share(plan, n_dense + n_moe)
+        per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
     inflight = inflight_microbatches(plan, stage)
     working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)

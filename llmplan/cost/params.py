@@ -303,5 +303,5 @@ def recomputed_share(plan: ParallelPlan, layers: Any) -> Any:
     recompute_layers N the first N of each of the stage's vpp virtual chunks (Megatron's block method); 0
     without full recompute. Source: Megatron-LM --recompute-method block. Derived: docs/formulas.md#mem.activations"""
     if plan.recompute_layers is None:
-        return where(plan.full, 1.0, 0.0)
+        return where(plan.full, 1, 0)
     return where(plan.full, minimum(plan.recompute_layers * plan.vpp / maximum(layers, 1), 1.0), 0.0)
