@@ -22,12 +22,15 @@ S = builtin_systems()
 # Per-GPU dense peaks (TFLOP/s), memory (GiB) and bandwidth (GB/s). B300 / GB300: NVIDIA's per-GPU table
 # restated by Verda ("NVIDIA GB300 NVL72: GPU Architecture & Performance"); H20: NVIDIA's H20 specification
 # as reported (148 / 296 TFLOP/s, 96 GB, 4.0 TB/s); MI355X: AMD at ISSCC 2026 (FP8 5 PF) and ISC 2025
-# (288 GB HBM3e, 8 TB/s, 1,400 W). GB = 10^9 bytes, GiB = 2^30.
+# (288 GB HBM3e, 8 TB/s, 1,400 W); H100 SXM 96 GB: the torchtitan team's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s,
+# 500 W default, 700 W TDP; pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md), the H100 SXM5 die's
+# peaks. GB = 10^9 bytes, GiB = 2^30 (the 96 GB part counts GiB, as the 80 GB one: 96 GiB less 0.4).
 @pytest.mark.parametrize("gpu,bf16,fp8,fp4,gib,gbps,watts", [
     ("b300", 2250, 4500, 14000, 270e9 / GIB, 7700, 1100),
     ("gb300", 2500, 5000, 15000, 279e9 / GIB, 8000, 1400),
     ("h20", 148, 296, None, 96e9 / GIB, 4000, 400),
     ("mi355x", 2500, 5000, None, 288e9 / GIB, 8000, 1400),
+    ("h100-sxm-96gb", 989, 1979, None, 95.6, 2400, 700),
 ])
 def test_new_gpu_profiles_match_their_sources(gpu, bf16, fp8, fp4, gib, gbps, watts):
     systems = [s for s in S.values() if s.gpu.name == gpu]
@@ -37,6 +40,22 @@ def test_new_gpu_profiles_match_their_sources(gpu, bf16, fp8, fp4, gib, gbps, wa
     assert g.hbm_gib == pytest.approx(gib, abs=0.1) and g.hbm_gb_per_s == gbps and g.power_limit_w == watts
     if gpu in ("b300", "gb300"):
         assert g.tflops["mxfp8"] == fp8  # MX formats at the fp8 tensor-core rate on Blackwell
+
+
+def test_h100_96gb_at_its_default_500_w_runs_the_80_gb_die_slower():
+    # Same die as h100-sxm (same peaks and clock at 700 W); at the 500 W default every GEMM runs at the
+    # cube-root clock, and the 2.4 TB/s HBM2e slows the memory-bound work by 3350 / 2400.
+    g96, g80 = S["hgx-h100-96gb"].gpu, S["dgx-h100"].gpu
+    assert (g96.tflops, g96.sustained_clock_fraction) == (g80.tflops, g80.sustained_clock_fraction)
+    assert S["hgx-h100-96gb"].gpus_per_node == 8 and S["hgx-h100-96gb"].nic_gbit_per_s == 400
+    capped = S["hgx-h100-96gb"].model_copy(update={"gpu": g96.at_power_limit(500)})
+    m, p = M["llama-3.1-8b"], plan(zero=1, global_batch=64)
+    a = estimate_training(m, ClusterSpec(system=S["dgx-h100"], num_nodes=1), p)
+    b = estimate_training(m, ClusterSpec(system=capped, num_nodes=1), p)
+    assert float(b.time.stage.gemm) == pytest.approx(float(a.time.stage.gemm) / (500 / 700) ** (1 / 3), rel=1e-9)
+    assert float(b.time.stage.memory_bound) == pytest.approx(float(a.time.stage.memory_bound) * 3350 / 2400,
+                                                             rel=1e-9)
+    assert float(b.memory.capacity) > float(a.memory.capacity) + 15 * GIB
 
 
 def test_nvl72_racks_and_dgx_b300():
