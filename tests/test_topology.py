@@ -83,6 +83,20 @@ def test_dp_volume_per_step():
     assert zero1 == pytest.approx((4 * P + 2 * P) * (n - 1) / n)
 
 
+def test_zero3_under_a_pipeline_gathers_and_reduces_once_per_step():
+    """ZeRO-3 alone: 2 all-gathers and 1 reduce-scatter per micro-batch; under a pipeline the stage stays
+    gathered and its gradients unsharded until the last micro-batch (PyTorch pipelining with FSDP2), so one
+    of each per step, as ZeRO-1."""
+    m = M["llama-3.1-8b"]
+    cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=2)
+    for pp, gathers, reduces in ((1, 2 * 4, 4), (2, 1, 1)):
+        plan = ParallelPlan(tp=2, pp=pp, dp=8 // pp, zero=3, micro_batch=1, global_batch=4 * (8 // pp))
+        assert plan.num_microbatches == 4
+        spans = place(plan.degrees, cluster)
+        calls = {x.collective: x.calls for x in dp_transfers(m, plan, spans["dpcp"], spans["edp"])[:3]}
+        assert (calls["all-gather"], calls["reduce-scatter"], calls["all-reduce"]) == (gathers, reduces, 0)
+
+
 def test_tp8_stays_on_nvlink_tp16_crosses_nics():
     m = M["llama-3.1-70b"]
     cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=4)

@@ -42,6 +42,9 @@ RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
                                      "pipeline chunk (Megatron's block method).")
 ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
                                 help="Fused attention kernel: native (cuDNN / FlashAttention-3 on Hopper+) | flash2.")
+FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
+                          help="Loss on one fp32 copy of the logits (Megatron, a compiled loss) or PyTorch's eager "
+                               "cross_entropy on fp32 logits (three copies at its backward).")
 OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
@@ -88,7 +91,7 @@ TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE),
                      ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR), ("pp_schedule", str, PP_SCHEDULE),
                      ("grad_dtype", str, GRAD_DTYPE),
                      ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
-                     ("attention_kernel", str, ATTENTION_KERNEL),
+                     ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP)]

@@ -123,12 +123,15 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, exper
     with ZeRO-1 (distributed optimizer) one reduce-scatter of the accumulated gradients + all-gather of the
     updated weights per step; ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
     micro-batch's backward (DeepSpeed stage 2, FSDP SHARD_GRAD_OP); ZeRO-3 also all-gathers the weights in
-    every forward and backward of every micro-batch.
+    every forward and backward of every micro-batch. Under a pipeline, ZeRO-2/3 keep the stage gathered and
+    its gradients unsharded until the last micro-batch (PyTorch pipelining with FSDP2: no resharding, no
+    gradient sync before the last backward), so they gather and reduce once per step, as ZeRO-1.
     Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
-    reduce_calls = where(z >= 2, n, where(z >= 1, 1, 0))  # sharded gradients: reduce-scatter every backward
-    gather_calls = where(z >= 3, 2 * n, where(z >= 1, 1, 0))
+    flat = plan.pp == 1
+    reduce_calls = where((z >= 2) & flat, n, where(z >= 1, 1, 0))  # sharded gradients: every backward
+    gather_calls = where((z >= 3) & flat, 2 * n, where(z >= 1, 1, 0))
     out: list[Transfer] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
         out += [Transfer("all-reduce", where(z == 0, 1, 0), g * params, group),

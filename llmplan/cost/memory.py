@@ -21,6 +21,10 @@ from llmplan.units import GIB
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
 ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (DeepSpeed docs, config-json)
+LOGIT_BYTES_UNFUSED = 12.0
+"""Bytes per logit at the backward of an eager cross_entropy on fp32-cast logits: log_softmax keeps its fp32
+output for backward, and its backward holds the incoming fp32 gradient and builds the fp32 input gradient
+(PyTorch autograd formulas for log_softmax / nll_loss). Derived: docs/formulas.md#mem.activations"""
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
-    output = where(stage == plan.pp - 1, heads * (2 * s * b * h / sp + 4 * s * b * V / t), 0.0)
+    logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
+    output = where(stage == plan.pp - 1, heads * (2 * s * b * h / sp + logit_bytes * s * b * V / t), 0.0)
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
 
 
@@ -258,11 +263,16 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
-    gathered = where(plan.zero >= 3, live * weight_b, 0.0)  # Derived: docs/formulas.md#mem.other
+    # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
+    # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
+    piped = plan.pp > 1
+    gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
+    tensors = tensors + gradients - (dense.gradients + expert.gradients)
+    gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
     other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
-        gradients=dense.gradients + expert.gradients, optimizer=dense.optimizer + expert.optimizer,
+        gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity,
     )
 

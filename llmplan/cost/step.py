@@ -130,10 +130,9 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     so their times add before the window hides them. Switching an overlap off exposes that collective.
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
-    n = plan.num_microbatches
-    z3 = plan.zero >= 3
-    ag = where(z3, comm.dp_gather / (2 * n), 0.0)
-    rs = where(plan.zero >= 2, comm.dp_reduce / n, 0.0)
+    n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
+    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (2 * n), 0.0)
+    rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
     hide_f = where(plan.overlap_param_gather, ag, 0.0)
     hide_b = hide_f + where(plan.overlap_grad_reduce, rs, 0.0)
@@ -141,14 +140,15 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
-    """ZeRO 0-1 (distributed optimizer), per step: the gradient reduction hides behind the last micro-batch's
-    backward (overlap-grad-reduce); ZeRO 1-2: the updated weights' all-gather behind the first forward
-    (overlap-param-gather). Derived: docs/formulas.md#step.dp"""
+    """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
+    hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
+    first forward (overlap-param-gather). Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
     reduce = where(plan.overlap_grad_reduce, overlap(comm.dp_reduce, backward, kappa), comm.dp_reduce)
     gather = where(plan.overlap_param_gather & (plan.zero >= 1), overlap(comm.dp_gather, sc.forward, kappa),
                    comm.dp_gather)
-    return where(plan.zero >= 2, 0.0, reduce) + where(plan.zero >= 3, 0.0, gather)
+    flat = plan.pp == 1
+    return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
 
 
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:

@@ -188,6 +188,10 @@ class ParallelPlan(PlanQuantities, BaseModel):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    fused_loss: bool = True
+    """The loss runs fused on the logits (Megatron's vocab-parallel cross entropy, a compiled loss): one fp32
+    copy of the logits per rank. False: PyTorch's eager cross_entropy on logits cast to fp32 (torchtitan up
+    to its loss compilation), whose backward holds three fp32 copies at once (docs/formulas.md#mem.activations)."""
     pp_schedule: Literal["1f1b", "zero-bubble", "dualpipe"] = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
