@@ -349,6 +349,7 @@ TITAN_CASES = [
     ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
     ("dense_train", {"zero": 2}), ("dense_train", {"zero": 3, "tp_comm_overlap": True}),
     ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise"}), ("layout_train", {"zero": 2, "sp": False}),
+    ("fsdp_train", {"fused_loss": False}),
 ]
 
 
@@ -385,6 +386,8 @@ def test_torchtitan_args_parsed_by_torchtitan(case, changes, monkeypatch):
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "None"
     assert ac == {"full": "FullAC.Config", "selective": "SelectiveAC.Config", "none": "None"}[p.recompute]
     assert cfg.compile.enable_async_tensor_parallel == (p.tp_comm_overlap and p.tp > 1)
+    # torch.compile covers what llmplan costed as fused: the blocks (fused_kernels) and the loss (fused_loss).
+    assert cfg.compile.enable and cfg.compile.components == ["model", "loss"][: 2 if p.fused_loss else 1]
     if p.pp > 1:
         assert par.pipeline_parallel_microbatch_size == p.micro_batch
         assert par.module_fqns_per_model_part == torchtitan.stage_modules(pf)

@@ -123,6 +123,14 @@ def _fsdp(pf: PlanFile) -> tuple[int, int, str]:
     return (p.dp, 1, "default") if p.zero == 0 else (1, p.dp, "never" if p.zero == 2 else "default")
 
 
+def compiled_components(p) -> list[str]:
+    """What torch.compile must cover for torchtitan to run the kernels llmplan costed: the model blocks when
+    the plan assumes fused norm / rotary / elementwise kernels (fused_kernels), the loss when it assumes a
+    fused loss (fused_loss: one fp32 copy of the logits). torchtitan leaves compile off by default and its
+    eager loss is PyTorch's cross_entropy on fp32 logits (torchtitan/components/loss.py)."""
+    return [c for c, on in (("model", p.fused_kernels), ("loss", p.fused_loss)) if on]
+
+
 def overrides(pf: PlanFile) -> list[str]:
     """Arguments after `-m torchtitan.train` for torchtitan 0.3.0, one option (with its value) per item."""
     p, m = pf.plan, pf.model
@@ -153,8 +161,11 @@ def overrides(pf: PlanFile) -> list[str]:
                  f"--parallelism.pipeline-parallel-microbatch-size {p.micro_batch}",
                  "--parallelism.module-fqns-per-model-part " + " ".join(",".join(x) for x in stage_modules(pf)),
                  "--training.disable-cuda-graphs   # torchtitan 0.3 has no CUDA graphs with pipeline parallelism"]
-    args.append("--compile.enable --compile.enable-async-tensor-parallel" if p.tp_comm_overlap and p.tp > 1
-                else "--compile.no-enable-async-tensor-parallel")
+    parts = compiled_components(p)
+    async_tp = "--compile.enable-async-tensor-parallel" if p.tp_comm_overlap and p.tp > 1 else \
+        "--compile.no-enable-async-tensor-parallel"
+    args.append(f"--compile.enable --compile.components {','.join(parts)} {async_tp}" if parts
+                else f"--compile.no-enable {async_tp}   # eager: the plan's unfused kernels and loss")
     args.append(f"activation-checkpoint:{p.recompute}   # subcommand: keep it last")
     return args
 
@@ -208,7 +219,8 @@ def toml_text(pf: PlanFile) -> str:
         "", "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {shard}",
         f'fsdp_reshard_after_forward = "{reshard}"',
-        f"tensor_parallel_degree = {p.tp}", f"enable_async_tensor_parallel = {str(p.tp_comm_overlap).lower()}",
+        f"tensor_parallel_degree = {p.tp}",
+        f"enable_async_tensor_parallel = {str(p.tp_comm_overlap and p.tp > 1).lower()}",
         f"pipeline_parallel_degree = {p.pp}", f'pipeline_parallel_schedule = "{schedule}"',
         f"pipeline_parallel_microbatch_size = {p.micro_batch}",
     ]
@@ -216,6 +228,8 @@ def toml_text(pf: PlanFile) -> str:
         lines.append(f"module_fqns_per_model_part = {model_parts(pf)}")
     lines += [f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}",
               f"expert_tensor_parallel_degree = {p.etp_resolved if p.ep > 1 else 1}",
+              "", "[compile]", f"enable = {str(bool(compiled_components(p))).lower()}",
+              "components = [" + ", ".join(f'"{c}"' for c in compiled_components(p)) + "]",
               "", "[activation_checkpoint]", f'mode = "{p.recompute}"']
     if p.recompute == "selective":
         lines.append('selective_ac_option = "op"')

@@ -31,7 +31,7 @@ TORCHTITAN_ARGS=(
     --parallelism.pipeline-parallel-degree 1
     --parallelism.context-parallel-degree 1
     --parallelism.expert-parallel-degree 1
-    --compile.no-enable-async-tensor-parallel
+    --compile.enable --compile.components model,loss --compile.no-enable-async-tensor-parallel
     activation-checkpoint:full   # subcommand: keep it last
 )
 torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \

@@ -31,7 +31,7 @@ TORCHTITAN_ARGS=(
     --parallelism.pipeline-parallel-degree 1
     --parallelism.context-parallel-degree 1
     --parallelism.expert-parallel-degree 1
-    --compile.no-enable-async-tensor-parallel
+    --compile.enable --compile.components model,loss --compile.no-enable-async-tensor-parallel
     activation-checkpoint:full   # subcommand: keep it last
 )
 
