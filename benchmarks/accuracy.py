@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import runs_path  # noqa: E402
 
 DEFAULT_RUNS = runs_path()
-TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge")
+TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
+                  "torchtitan")
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
@@ -57,6 +58,14 @@ ASSUMPTIONS = {
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
               "TP, native fused attention; predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
+    "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
+                  "with --power-limit 500): FSDP2 = ZeRO-3 with fp32 gradient reduction, PyTorch SDPA = "
+                  "FlashAttention-2 (cuDNN attention was opt-in then: pytorch/pytorch#138522, #142132), "
+                  "torch.compile = fused kernels (not the loss: eager cross_entropy on fp32 logits, train.py at "
+                  "9dec370), torchao float8 tensorwise, AsyncTP = TP overlap, sequence "
+                  "parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets it; full "
+                  "activation checkpointing rows only (its op-level selective policy is not Megatron's); "
+                  "predicts tokens/s per GPU; memory is the allocator's reserved peak, reported apart",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -87,7 +96,7 @@ def system_for(gpu: str) -> str | None:
     if "a100" in g:
         return "dgx-a100-40gb" if "40" in g else "dgx-a100"
     if "h100" in g:
-        return "dgx-h100"
+        return "hgx-h100-96gb" if "96gb" in g.replace(" ", "") else "dgx-h100"
     return None
 
 
@@ -114,6 +123,19 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
     )
 
 
+def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
+    """Layers on the first and last pipeline rank under torchtitan's default split at 9dec370
+    (torchtitan/parallelisms/pipelining_utils.py, generate_split_points): pp x vpp stages, the first with
+    layers // stages, the middle ones one more while the remainder lasts, the last the rest; a rank holds
+    stages r, r + pp, ... (loop style)."""
+    stages = pp * vpp
+    base, extra = divmod(layers, stages)
+    sizes = [base] + [base + 1 if i < extra else base for i in range(stages - 2)]
+    sizes.append(layers - sum(sizes))
+    per_rank = [sum(sizes[r::pp]) for r in range(pp)]
+    return per_rank[0], per_rank[-1]
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = rec["parallel"]
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -127,7 +149,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                                      or fam in ("nemo2407", "megatron") else 0)
     if isinstance(zero, str):
         zero = 1
-    sp_default = tp > 1 and fam in ("megatron", "nemo2407")
+    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan")
     gbs = par.get("global_batch")
     # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
     # per model instance (local batch size)", megatron/arguments.py at d73def35a3): one micro-batch of it.
@@ -135,17 +157,22 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     mb = par.get("micro_batch", local)
     if not isinstance(gbs, int):
         gbs = mb * dp
-    first, last = balanced_split(rec["model"]["layers"], pp) if pp <= rec["model"]["layers"] else (0, 0)
+    layers = rec["model"]["layers"]
+    first, last = balanced_split(layers, pp) if pp <= layers else (0, 0)
+    if fam == "torchtitan" and pp > 1:
+        first, last = torchtitan_split(layers, pp, par.get("vpp", 1) or 1)
     return ParallelPlan(
         recompute_layers=par.get("recompute_layers"),
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
-        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam == "bridge"),
+        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam == "bridge"
+                                       or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
-        attention_kernel="flash2" if fam == "mpt" else "native",
-        tp_comm_overlap="tp-comm-overlap" in str(par.get("comm_overlap", "")) and tp > 1,
+        attention_kernel="flash2" if fam in ("mpt", "torchtitan") else "native",
+        fused_loss=fam != "torchtitan",  # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits
+        tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
     )
 
 
@@ -187,6 +214,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     if "-lora-" in rec["id"]:
         return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
     system = with_constants(builtin_systems()[system_name], consts)
+    if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
+        system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
     gpus = hw.get("gpus") or 1
     per_node = min(gpus, system.gpus_per_node)
     cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
@@ -206,7 +235,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", float(mfu), meas["mfu"]))
-    elif fam == "bridge":
+    elif fam in ("bridge", "torchtitan"):
         out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
@@ -306,7 +335,8 @@ def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
 
 def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
     """Configurations measured on one model and one cluster: Narayanan Table 2 (PTD-P vs ZeRO-3 per model),
-    Korthikanti Table 5 (full vs selective recompute per model), MPT scans per model, GPU and precision."""
+    Korthikanti Table 5 (full vs selective recompute per model), MPT scans per model, GPU and precision,
+    torchtitan Tables 4 (with / without AsyncTP) and 5 (1F1B / interleaved 1F1B)."""
     groups: dict[str, list[dict]] = {}
     for r in records:
         rid = r["id"]
@@ -317,6 +347,8 @@ def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
         elif rid.startswith("mpt-"):
             parts = rid.split("-")
             groups.setdefault(f"mpt {parts[1]} {parts[2]} {parts[3]}", []).append(r)
+        elif rid.startswith(("torchtitan-2412-t4-", "torchtitan-2412-t5-")):  # alternatives for one job
+            groups.setdefault(f"torchtitan {' '.join(rid.split('-')[2:4])}", []).append(r)
     return {k: v for k, v in groups.items() if len(v) >= 2}
 
 
@@ -324,7 +356,7 @@ def measured_rate(r: dict) -> float:
     m = r["measured"]
     if "iteration_time_s" in m:
         return 1 / m["iteration_time_s"]
-    return m.get("mfu") or m.get("tflops_per_gpu")
+    return m.get("mfu") or m.get("tflops_per_gpu") or m.get("tokens_per_s_per_gpu")
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -404,6 +436,27 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
     return out
 
 
+def reserved_report(records: list[dict]) -> list[tuple[str, float, float]]:
+    """Predicted peak per GPU against the peak *reserved* by PyTorch's caching allocator where a source logs
+    that (torchtitan: reserved_bytes.all.peak). Reserved memory includes freed blocks the allocator keeps
+    cached, so it bounds the allocated peak from above: reported apart from the allocated-memory table."""
+    out = []
+    for r in records:
+        if "max_reserved_gib" not in r.get("measured", {}):
+            continue
+        fam = family(r["id"])
+        hw = r["hardware"]
+        system = builtin_systems()[system_for(str(hw["gpu"]))]
+        if hw.get("power_limit_w"):
+            system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
+        gpus = hw["gpus"]
+        cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // system.gpus_per_node),
+                              gpus_per_node=min(gpus, system.gpus_per_node))
+        e = estimate_training(model_for(r, fam), cluster, plan_for(r, fam, gpus))
+        out.append((r["id"], float(e.memory.total) / 2**30, r["measured"]["max_reserved_gib"]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
@@ -475,6 +528,12 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         print(f"  {rid:44s} {what:22s} predicted {pred:7.2f} measured {meas:7.2f} {100 * (pred - meas) / meas:+6.1f}%")
     if mem:
         print(f"  median |error| {statistics.median(abs(100 * (p - m) / m) for _, _, p, m in mem):.1f}%")
+    res = reserved_report(records)
+    if res:
+        print("\npeak memory against the allocator's reserved peak (an upper bound of the allocated peak):")
+        for rid, pred, meas in res:
+            print(f"  {rid:52s} predicted {pred:6.1f} GiB reserved {meas:6.1f} GiB {100 * (pred - meas) / meas:+6.1f}%")
+        print(f"  median signed {statistics.median(100 * (p - m) / m for _, p, m in res):+.1f}%")
     serving_report(records, no_fit)
     if no_fit:
         return
