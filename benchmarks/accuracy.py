@@ -45,8 +45,11 @@ ASSUMPTIONS = {
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
                 "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; predicts MFU / model TFLOP/s",
-    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs, FlashAttention-2 (llm-foundry's gpu extra is flash-attn 2, "
-           "setup.py), bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
+    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs; attention priced as flash2, the closest modelled kernel: "
+           "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
+           "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
+           "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
+           "bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; LoRA rows skipped (PEFT not modelled); "
                 "predicts model TFLOP/s per GPU",

@@ -174,9 +174,9 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"
     """Which fused attention kernel runs: the GPU's native one (cuDNN fused attention / FlashAttention-3 on
-    Hopper and later, FlashAttention-2 on Ampere) or FlashAttention-2 everywhere (the flash-attn 2 package, as
-    llm-foundry and many FSDP stacks use), which reaches a lower fraction of Hopper's peak
-    (GpuSpec.flash2_attention_ratio)."""
+    Hopper and later, FlashAttention-2 on Ampere) or FlashAttention-2 everywhere (the flash-attn 2 package;
+    PyTorch SDPA's flash backend, which FSDP stacks such as torchtitan ran on H100 in 2024), which reaches a
+    lower fraction of Hopper's peak (GpuSpec.flash2_attention_ratio)."""
     fp8_params: bool = False
     """With dtype fp8, keep the model's weight copy in fp8 (Megatron --fp8-param-gather, NeMo fp8_params)."""
     overlap_grad_reduce: bool = True
