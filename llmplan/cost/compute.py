@@ -263,10 +263,11 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: the GPU's fused-kernel efficiency,
     times FlashAttention-2's ratio to the native kernel when the plan runs FA2 (unfused attention is priced
-    by its score traffic in elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract.
+    by its score traffic in elementwise_bytes), times the GPU's softmax (exp-rate) ratio. Source: Shah et al.
+    2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra".
     Derived: docs/formulas.md#compute.attention"""
     ratio = gpu.flash2_attention_ratio if plan.attention_kernel == "flash2" else 1.0
-    return gpu.attention_efficiency * ratio
+    return gpu.attention_efficiency * ratio * gpu.softmax_attention_ratio
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:

@@ -354,7 +354,8 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     # weights, the touched experts, the KV cache), and they run one after the other.
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
     gemm = np.maximum(dense_s, weights / bandwidth) + np.maximum(expert_s, experts / bandwidth)
-    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency),
+    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
+                                         * gpu.softmax_attention_ratio),
                            np.asarray(kv_read, dtype=float) / bandwidth)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
     # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,

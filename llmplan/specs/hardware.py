@@ -63,9 +63,13 @@ class GpuSpec(BaseModel):
     calibrate`."""
     flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
-    (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FA2 reaches about
-    35% of peak against FlashAttention-3's 75% (Shah et al. 2024, FlashAttention-3, abstract and Fig. 1),
-    about 0.47."""
+    (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
+    runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75."""
+    softmax_attention_ratio: float = Field(default=1.0, gt=0, le=1)
+    """Attention throughput relative to a GPU whose softmax exponentials keep pace with its tensor cores:
+    below 1 where the special-function units' exp rate stalls the attention loop (Blackwell B200 / GB200:
+    Blackwell Ultra doubles that rate and measures about 35% more FP8 attention-forward throughput, NVIDIA
+    technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra"); 1 elsewhere."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
