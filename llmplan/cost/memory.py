@@ -269,7 +269,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
-    other = allowance.fixed_gib * GIB + allowance.fragmentation * tensors + gathered
+    other = allowance.fixed_gib * GIB + allowance.fragmentation * (tensors + gathered) + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
