@@ -64,15 +64,15 @@ weight caching, MXFP8 / NVFP4 recipes; torchao float8 README)."""
 def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any) -> Any:
     """Bytes of the recipe's cached low-precision weight copies on one rank of `stage`: its linear weights
     (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE, one byte less per weight when
-    the model copy itself is fp8 (fp8_params); none under ZeRO-3 / FSDP, which gathers and frees each layer.
-    Derived: docs/formulas.md#precision"""
+    the model copy itself is fp8 (fp8_params); none under ZeRO-3 / FSDP, which gathers and frees each layer,
+    unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
     if not plan.low_precision:
         return 0.0
     per_weight = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (1.0 if plan.fp8_params and plan.dtype == "fp8" else 0.0)
     vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction
-    return where(plan.zero >= 3, 0.0, linear * max(per_weight, 0.0))
+    return where((plan.zero >= 3) & (plan.pp == 1), 0.0, linear * max(per_weight, 0.0))
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
