@@ -199,3 +199,16 @@ def test_zero3_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole
     assert mem.other >= 2 * n  # ... plus the whole stage gathered
     flat = training_memory(m, ParallelPlan(pp=1, **{**kw, "dp": 32}), 80 * GIB)
     assert flat.gradients == pytest.approx(4 * rank_params(m, ParallelPlan(pp=1, **{**kw, "dp": 32}), 0).total / 32)
+
+
+def test_low_precision_copies_persist_when_a_pipeline_keeps_zero3_gathered():
+    # ZeRO-3 alone gathers and frees each layer, so no fp8 weight copies stay between micro-batches; under a
+    # pipeline the stage stays gathered (above) and Transformer Engine's cached fp8 copies with it.
+    from llmplan.cost.memory import low_precision_weight_cache
+
+    m = MODELS["llama-3.1-70b"]
+    kw = dict(tp=8, zero=3, recompute="full", seq_len=8192, global_batch=64, dtype="fp8")
+    flat, piped = ParallelPlan(dp=8, **kw), ParallelPlan(pp=4, dp=2, **kw)
+    assert low_precision_weight_cache(m, flat, rank_params(m, flat, 0), 0) == 0
+    assert low_precision_weight_cache(m, piped, rank_params(m, piped, 1), 1) == pytest.approx(
+        2.0 * rank_params(m, piped, 1).total)  # a middle stage: linear weights only, fp8 copy + transpose
