@@ -129,6 +129,10 @@ def test_equivalent_plans_collapse_into_one_row():
     order = np.array([0, 1, 3, 2, 4])
     picked, counts = collapse_equivalent(order, score, memory, top=3)
     assert picked == [0, 3, 2] and counts == [1, 0, 0]
+    # Plan 3 is plan 0's layout at a higher ZeRO stage (same time, more memory): one row with plan 0.
+    layout = np.array([[4, 8], [4, 8], [2, 8], [4, 8], [1, 1]])
+    picked, counts = collapse_equivalent(order, score, memory, top=3, layout=layout)
+    assert picked == [0, 2, 4] and counts == [2, 0, 0]
     m, cluster = M["llama-3.1-405b"], ClusterSpec(system=H100, num_nodes=2048)
     w = Workload(global_batch=2048, seq_len=8192)
     res = search(m, cluster, default_space(m, cluster, w, {"tp": 8}), w, top=5)

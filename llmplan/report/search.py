@@ -52,8 +52,9 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
     if uneven:
         notes.append("* uneven pipeline stages (layers, first to last): " + ", ".join(uneven))
     if equivalents and any(equivalents):
-        notes.append("+N: N more plans with the same predicted throughput and memory (the one shown is preferred: "
-                     "smaller cp, lower ZeRO stage, fewer stages, smaller micro-batch and TP)")
+        notes.append("+N: N more plans with the same predicted throughput and memory, or the same layout at a "
+                     "higher ZeRO stage (the one shown is preferred: smaller cp, lower ZeRO stage, fewer stages, "
+                     "smaller micro-batch and TP)")
     t.caption = "\n".join(notes) or None
     return t
 

@@ -132,20 +132,24 @@ def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.nda
     return cut[np.lexsort(keys)]
 
 
-def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int) -> tuple[list[int], list[int]]:
+def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int,
+                        layout: np.ndarray | None = None) -> tuple[list[int], list[int]]:
     """The first `top` distinct predictions of a ranking and how many equivalent plans each stands for: plans
-    whose predicted score agrees to 1e-4 and memory to 0.05 GiB count as one (the first, preferred one)."""
+    whose predicted score agrees to 1e-4 with a shown one and whose memory agrees to 0.05 GiB, or whose
+    `layout` row (every axis but the ZeRO stage) is the same, count as that one (the first, preferred one:
+    same time at a higher ZeRO stage is the same plan with more shards, e.g. ZeRO-1 and ZeRO-3 under a
+    pipeline, which gather and reduce once per step alike)."""
     picked: list[int] = []
     counts: list[int] = []
     for i in order:
-        if picked:
-            j = picked[-1]
-            same = abs(score[i] - score[j]) <= 1e-4 * abs(score[j]) and abs(memory[i] - memory[j]) <= 0.05 * GIB
-            if same:
-                counts[-1] += 1
-                continue
-            if len(picked) == top:
-                break
+        twin = next((k for k, j in enumerate(picked) if abs(score[i] - score[j]) <= 1e-4 * abs(score[j])
+                     and (abs(memory[i] - memory[j]) <= 0.05 * GIB
+                          or (layout is not None and np.array_equal(layout[i], layout[j])))), None)
+        if twin is not None:
+            counts[twin] += 1
+            continue
+        if len(picked) == top:
+            break
         picked.append(int(i))
         counts.append(0)
     return picked, counts
@@ -224,7 +228,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         return estimates[int(i)]
 
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
-    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top)
+    layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved, plans.vpp,
+                       plans.pp_first, plans.pp_last, plans.sp, plans.recompute_code, plans.micro_batch], axis=1)
+    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top, layout)
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
     cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
                       np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
