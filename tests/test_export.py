@@ -347,7 +347,8 @@ def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
 
 TITAN_CASES = [
     ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
-    ("dense_train", {"zero": 2}), ("dense_train", {"zero": 3, "tp_comm_overlap": True}),
+    ("dense_train", {"zero": 2, "recompute": "none"}),
+    ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full"}),
     ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise"}), ("layout_train", {"zero": 2, "sp": False}),
     ("fsdp_train", {"fused_loss": False}),
 ]
@@ -384,7 +385,7 @@ def test_torchtitan_args_parsed_by_torchtitan(case, changes, monkeypatch):
     assert par.enable_sequence_parallel == (p.sp or p.tp == 1)
     assert (cfg.training.global_batch_size, cfg.training.seq_len) == (p.global_batch, p.seq_len)
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "None"
-    assert ac == {"full": "FullAC.Config", "selective": "SelectiveAC.Config", "none": "None"}[p.recompute]
+    assert ac == {"full": "FullAC.Config", "none": "None"}[p.recompute]
     assert cfg.compile.enable_async_tensor_parallel == (p.tp_comm_overlap and p.tp > 1)
     # torch.compile covers what llmplan costed as fused: the blocks (fused_kernels) and the loss (fused_loss).
     assert cfg.compile.enable and cfg.compile.components == ["model", "loss"][: 2 if p.fused_loss else 1]
@@ -407,6 +408,15 @@ def test_torchtitan_moe_args_parsed_by_torchtitan(cli, tmp_path, monkeypatch):
     assert (cfg.parallelism.expert_parallel_degree, cfg.parallelism.pipeline_parallel_degree) == (64, 8)
     parts = cfg.parallelism.module_fqns_per_model_part
     assert [x for part in parts for x in part if x.startswith("layers.")] == [f"layers.{i}" for i in range(61)]
+
+
+def test_torchtitan_refuses_selective_recompute(cli, tmp_path):
+    # llmplan's selective recompute is Megatron's (the attention core); torchtitan's selective checkpointing
+    # recomputes every other matmul (its op policy): exporting one as the other would run another plan.
+    for target in ("torchtitan", "torchtitan-0.2"):
+        r = cli("export", edited(tmp_path, "dense_train", plan__zero=2), "--to", target, "-o", tmp_path / target)
+        assert r.code == 2 and "selective recompute as llmplan costs it" in r.err
+        assert "--recompute none" in r.err and not (tmp_path / target).exists()
 
 
 def test_torchtitan_refusals(cli, tmp_path):
@@ -453,7 +463,7 @@ def _toml_type_ok(value, declared: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("case,changes", [("fsdp_train", {}), ("dense_train", {"zero": 2}),
+@pytest.mark.parametrize("case,changes", [("fsdp_train", {}), ("dense_train", {"zero": 2, "recompute": "full"}),
                                           ("uneven_train", {"zero": 3}), ("fsdp_train", {"dtype": "fp8"})])
 def test_torchtitan_toml_matches_v022_job_config(case, changes):
     # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by

@@ -55,6 +55,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")
+    if p.recompute == "selective":
+        raise refuse(target, "selective recompute as llmplan costs it (Megatron's: the attention core, which "
+                     "fused attention does not store anyway); torchtitan's selective checkpointing (op policy) "
+                     "recomputes every other matmul instead, at other memory and time",
+                     "re-plan with --recompute none (the same memory with fused attention) or --recompute full")
     if p.recompute_layers is not None:
         raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
                      "layer checkpointing takes every layer, or every Nth layer: a different set)",
@@ -231,8 +236,6 @@ def toml_text(pf: PlanFile) -> str:
               "", "[compile]", f"enable = {str(bool(compiled_components(p))).lower()}",
               "components = [" + ", ".join(f'"{c}"' for c in compiled_components(p)) + "]",
               "", "[activation_checkpoint]", f'mode = "{p.recompute}"']
-    if p.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"
 
 
