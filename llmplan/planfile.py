@@ -217,9 +217,12 @@ def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec,
     model, model_file = _resolve_ref(doc.model_ref, path, "model")
     system, system_file = _resolve_ref(doc.hardware_ref, path, "hardware")
     model = model or build(ModelSpec, doc.model, f"{path} (model)")
-    if system is not None and doc.hardware_options:
+    options = dict(doc.hardware_options or {})
+    if system is not None and system.default_power_limit_w:  # the fleet's default cap unless the plan set one
+        options.setdefault("power_limit", system.default_power_limit_w)
+    if system is not None and options:
         try:
-            system = system.with_options(**doc.hardware_options)
+            system = system.with_options(**options)
         except (TypeError, ValueError) as e:
             raise LlmplanError(f"{path}: hardware_options {doc.hardware_options} no longer apply to "
                                f"{system.name}: {e}") from None

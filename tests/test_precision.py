@@ -73,6 +73,21 @@ def test_blackwell_attention_waits_on_its_softmax_exponentials():
     assert float(a.gemm) == pytest.approx(float(b.gemm), rel=1e-12)
 
 
+def test_hgx_h100_96gb_runs_at_its_fleet_default_of_500_w(cli, tmp_path):
+    # The torchtitan benchmark hosts run their 700 W H100s at "the default 500W power limit": the system
+    # profile states it, the command line and plan files apply it, --power-limit overrides it up to the TDP.
+    args = ("estimate", "--model", "llama-3.1-8b", "--hardware", "hgx-h100-96gb", "--dp", "8", "--zero", "3",
+            "--recompute", "full", "--json")
+    rate = {w: cli(*args, *(("--power-limit", str(w)) if w else ())).json()["throughput"]["tokens_per_s"]
+            for w in (None, 500, 700)}
+    assert rate[None] == rate[500] < rate[700]
+    assert S["hgx-h100-96gb"].default_power_limit_w == 500
+    plan = tmp_path / "p.json"
+    assert cli(*args, "--save", plan).code == 0
+    r = cli("check", plan)
+    assert r.code == 0 and "1 passed" in r.out.replace("\n", " ")
+
+
 def test_nvl72_racks_and_dgx_b300():
     for name, nic in (("gb200-nvl72", 400), ("gb300-nvl72", 800)):
         s = S[name]

@@ -91,6 +91,8 @@ def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_lim
     a 72-GPU rack so that power-of-two groups stay inside one), build the cluster and check that its graph
     connects every GPU."""
     system = resolve_system(hardware)
+    if power_limit is None:  # the fleet's default cap, where the system profile states one
+        power_limit = system.default_power_limit_w
     for flag, value, kwargs in (("--domain-gpus", domain_gpus, {"domain_gpus": domain_gpus}),
                                 ("--power-limit", power_limit, {"power_limit": power_limit})):
         if value is not None:

@@ -182,6 +182,10 @@ class SystemSpec(BaseModel):
     """Scale-out network kind."""
     rail_optimized: bool = True
     """GPU i of every node sits on leaf switch i (NCCL rings stay on one rail)."""
+    default_power_limit_w: float | None = Field(default=None, gt=0, le=5000)
+    """Board power limit the system runs its GPUs at unless --power-limit says otherwise (a fleet default below
+    the GPU's TDP, e.g. 500 W on 700 W H100s; the command line and plan files apply it); None: the GPU's own
+    power_limit_w."""
     oversubscription: float = Field(default=1.0, ge=1.0, le=1024)
     """Leaf-to-spine oversubscription ratio (1.0: non-blocking fat tree)."""
     nodes_per_leaf: int = Field(default=32, ge=1, le=1_000_000)
