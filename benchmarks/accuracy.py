@@ -35,7 +35,7 @@ from runs import runs_path  # noqa: E402
 
 DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
-                  "torchtitan")
+                  "torchtitan", "nemocp")
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
@@ -69,13 +69,17 @@ ASSUMPTIONS = {
                   "parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets it; full "
                   "activation checkpointing rows only (its op-level selective policy is not Megatron's); "
                   "predicts tokens/s per GPU; memory is the allocator's reserved peak, reported apart",
+    "nemocp": "NeMo's long-sequence table (context parallelism, 4k-1M tokens): Llama 2 7B in fp8 on H100 (NeMo "
+              "24.03), the 'With CP' layouts; as nemo2407 otherwise (distributed optimizer, bf16 gradient buckets, "
+              "sequence parallelism with TP, native fused attention; micro-batch 1 and no recompute, which the "
+              "table does not state); predicts model TFLOP/s per GPU",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
 }
 
 
-TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge")
+TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "nemocp")
 """Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
@@ -149,10 +153,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
     zero = par.get("zero_stage") or (3 if par.get("fsdp") else 1 if par.get("distributed_optimizer")
-                                     or fam in ("nemo2407", "megatron") else 0)
+                                     or fam in ("nemo2407", "megatron", "nemocp") else 0)
     if isinstance(zero, str):
         zero = 1
-    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan")
+    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan", "nemocp")
     gbs = par.get("global_batch")
     # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
     # per model instance (local batch size)", megatron/arguments.py at d73def35a3): one micro-batch of it.
@@ -240,7 +244,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         out.append(("MFU", float(mfu), meas["mfu"]))
     elif fam in ("bridge", "torchtitan"):
         out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
-    elif fam in ("megatron", "nemo2407") and "tflops_per_gpu" in meas:
+    elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
     if out:  # a run that was measured ran, so it fit (memory-only records show what does not fit)
         out.append(("fits", float(bool(e.memory.fits)), 1.0))
