@@ -88,6 +88,19 @@ def test_hgx_h100_96gb_runs_at_its_fleet_default_of_500_w(cli, tmp_path):
     assert r.code == 0 and "1 passed" in r.out.replace("\n", " ")
 
 
+def test_hopper_fp8_casts_write_the_transposed_copy_too():
+    # cuBLASLt's FP8 GEMMs take only the TN layout on Hopper (Transformer Engine: "Hopper only supports TN
+    # GEMMs for FP8", so it keeps column-wise data); Blackwell takes any layout. A per-tensor cast on H100
+    # writes fp8 + its transpose: 4 bytes per element (read 2, write 1 + 1), 3 on B200.
+    from llmplan.cost.compute import fp8_cast_bytes
+    assert S["dgx-h100"].gpu.fp8_tn_only and S["dgx-h200"].gpu.fp8_tn_only and not S["dgx-b200"].gpu.fp8_tn_only
+    m, p = M["llama-3.1-8b"], plan(dtype="fp8", recipe="tensorwise")
+    hopper, blackwell = fp8_cast_bytes(m, p, False, True), fp8_cast_bytes(m, p, False, False)
+    assert hopper / blackwell == pytest.approx(4 / 3)
+    row = plan(dtype="fp8", recipe="rowwise")  # torchao casts inside each GEMM, in the layout it needs
+    assert fp8_cast_bytes(m, row, False, True) == fp8_cast_bytes(m, row, False, False)
+
+
 def test_nvl72_racks_and_dgx_b300():
     for name, nic in (("gb200-nvl72", 400), ("gb300-nvl72", 800)):
         s = S[name]

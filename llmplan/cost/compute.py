@@ -164,7 +164,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     return low if share == 1.0 else share * low + (1 - share) * seconds("bf16")
 
 
-def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
     (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k, the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and, without fused attention, the softmax and dropout
@@ -182,7 +182,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    return norms_residual + rope + act + scores + fp8_cast_bytes(m, plan, moe)
+    return norms_residual + rope + act + scores + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
 
 CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
@@ -194,18 +194,21 @@ E4M3 scale per 16, plus the random Hadamard transform's read and write of the wg
 Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
 
 
-def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """fp8 training casts every GEMM input to fp8 before the GEMM (read 2 bytes, write 1, plus the amax
     reduction it fuses): the QKV, output-projection, fc1 and fc2 inputs in forward; backward casts the output
     gradients likewise (stage_compute counts backward traffic as twice the forward). Weights are cast once
-    per step and left out. Source: Transformer Engine fp8 primer (per-tensor scaling, cast before each
-    GEMM). Derived: docs/formulas.md#compute.memory_bound"""
+    per step and left out. On a GPU whose FP8 GEMMs take only the TN layout (Hopper) the per-tensor and
+    blockwise casts also write the transposed copy (one byte more per element). Source: Transformer Engine
+    fp8 primer (per-tensor scaling, cast before each GEMM); cuBLASLt FP8 TN requirement and Transformer
+    Engine's column-wise data (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = m.v_head_dim if m.is_mla else m.d_head
-    per_element = CAST_BYTES[plan.recipe] * plan.low_precision_layer_fraction
+    transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
+    per_element = (CAST_BYTES[plan.recipe] + transposed) * plan.low_precision_layer_fraction
     return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 
@@ -256,7 +259,8 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
-                elementwise_bytes(m, plan, moe) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency) + launches)
+                elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+                + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 
 

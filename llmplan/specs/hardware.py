@@ -65,6 +65,10 @@ class GpuSpec(BaseModel):
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
     runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75."""
+    fp8_tn_only: bool = False
+    """FP8 GEMMs take only the TN layout (Hopper, Ada: cuBLASLt's FP8 requirement; Transformer Engine keeps a
+    transposed "column-wise" FP8 copy of every operand it casts for that, cublaslt_gemm.cu): each per-tensor or
+    blockwise cast writes two FP8 copies. Blackwell takes any layout: one copy."""
     softmax_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """Attention throughput relative to a GPU whose softmax exponentials keep pace with its tensor cores:
     below 1 where the special-function units' exp rate stalls the attention loop (Blackwell B200 / GB200:
