@@ -19,7 +19,8 @@ M = builtin_models()
 S = builtin_systems()
 
 
-# Per-GPU dense peaks (TFLOP/s), memory (GiB) and bandwidth (GB/s). B300 / GB300: NVIDIA's per-GPU table
+# Per-GPU dense peaks (TFLOP/s), memory (GiB) and bandwidth (GB/s); MI355X's MXFP4 10 PF dense: The Register,
+# "AMD's MI355X is a 1.4 kW liquid-cooled monster built to battle Nvidia's Blackwell" (2025-06-12). B300 / GB300: NVIDIA's per-GPU table
 # restated by Verda ("NVIDIA GB300 NVL72: GPU Architecture & Performance"); H20: NVIDIA's H20 specification
 # as reported (148 / 296 TFLOP/s, 96 GB, 4.0 TB/s); MI355X: AMD at ISSCC 2026 (FP8 5 PF) and ISC 2025
 # (288 GB HBM3e, 8 TB/s, 1,400 W); H100 SXM 96 GB: the torchtitan team's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s,
@@ -40,6 +41,8 @@ def test_new_gpu_profiles_match_their_sources(gpu, bf16, fp8, fp4, gib, gbps, wa
     assert g.hbm_gib == pytest.approx(gib, abs=0.1) and g.hbm_gb_per_s == gbps and g.power_limit_w == watts
     if gpu in ("b300", "gb300"):
         assert g.tflops["mxfp8"] == fp8  # MX formats at the fp8 tensor-core rate on Blackwell
+    if gpu == "mi355x":
+        assert g.tflops["mxfp4"] == 10000  # dense MXFP4 (The Register, 2025-06-12); no NVFP4 on CDNA 4
 
 
 def test_h100_96gb_at_its_default_500_w_runs_the_80_gb_die_slower():

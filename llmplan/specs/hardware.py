@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 from llmplan.specs.model import SPEC_CONFIG
 from llmplan.units import GB, GIB, TERA
 
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "fp4"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4"]
 KERNELS: dict[str, str] = {
     "flash_attention": "fused attention that never stores the scores (FlashAttention 2/3, cuDNN, CK on ROCm)",
     "mla": "multi-head latent attention with qk and v head dims apart (FlashMLA, FA3 on Hopper+, AITER on MI300)",
