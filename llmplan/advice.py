@@ -50,7 +50,11 @@ def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]
     tight = float(e.memory.headroom) < min_headroom_bytes(None, float(e.memory.capacity))
     if tight:
         out += [("full recompute frees the layers' activations", {"recompute": "full"}),
-                ("selective recompute drops the attention scores", {"recompute": "selective"}),
+                # with fused attention the scores are never stored: selective recompute would free nothing
+                ("selective recompute drops the attention scores", {"recompute": "selective"})
+                if not p.flash_attention else None,
+                ("a fused (compiled) loss keeps one fp32 copy of the logits, not three", {"fused_loss": True})
+                if not p.fused_loss else None,
                 ("sequence parallelism splits norm and dropout activations over TP", {"sp": True}),
                 (f"ZeRO stage {min(p.zero + 1, 3)} shards more model state over DP", {"zero": min(p.zero + 1, 3)}),
                 ("more pipeline stages hold fewer layers each", _more_pp(e)),
@@ -106,7 +110,7 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
     names = {"pp_first": "pp-first-layers", "pp_last": "pp-last-layers", "micro_batch": "micro-batch",
              "tp_comm_overlap": "tp-comm-overlap", "overlap_grad_reduce": "overlap-grad-reduce",
              "overlap_param_gather": "overlap-param-gather", "grad_dtype": "grad-dtype",
-             "ep_comm_overlap": "ep-comm-overlap", "attention_kernel": "attention-kernel"}
+             "ep_comm_overlap": "ep-comm-overlap", "attention_kernel": "attention-kernel", "fused_loss": "fused-loss"}
     out: tuple[str, ...] = ()
     for k, v in change.items():
         if k == "pp_layers":

@@ -127,7 +127,7 @@ def test_serving_without_flash_attention_counts_the_scores():
 
 
 def test_flash2_on_hopper_is_advised_the_native_kernel(cli):
-    # A compute-bound plan on FlashAttention-2 (llm-foundry's kernel) at a long sequence: switching to H100's
+    # A compute-bound plan on FlashAttention-2 (PyTorch SDPA's flash backend) at a long sequence: switching to H100's
     # native kernel is advised, and its flags reproduce the predicted number; on A100, where FA2 is the native
     # kernel, nothing is advised about it.
     base = ["--model", "llama-3.1-8b", "--nodes", "1", "--tp", "1", "--dp", "8", "--seq-len", "16384",
@@ -139,3 +139,16 @@ def test_flash2_on_hopper_is_advised_the_native_kernel(cli):
     assert again["throughput"]["tokens_per_s"] == pytest.approx(item["predicted"]["tokens_per_s"], rel=1e-3)
     a100 = cli("estimate", "--hardware", "dgx-a100", *base, "--json").json()
     assert not any("--attention-kernel" in a["flags"] for a in a100["advice"])
+
+
+def test_a_tight_plan_with_an_eager_loss_is_advised_a_fused_one(cli):
+    # 8B at 49k tokens per GPU with PyTorch's eager cross-entropy: most of the memory is three fp32 copies of
+    # the logits; the advice names the fused (compiled) loss and its flag reproduces the memory it predicts.
+    base = ["--model", "llama-3.1-8b", "--hardware", "hgx-h100-96gb", "--dp", "8", "--zero", "3", "--recompute",
+            "full", "--seq-len", "49152", "--unfused-loss"]
+    doc = cli("estimate", *base, "--json").json()
+    item = next(a for a in doc["advice"] if a["flags"] == ["--fused-loss"])
+    again = cli("estimate", *base, "--fused-loss", "--json").json()
+    assert item["predicted"]["memory_gib"] == pytest.approx(again["memory"]["total"] / 2**30, rel=1e-3)
+    assert item["predicted"]["memory_gib"] < doc["memory"]["total"] / 2**30 - 20
+
