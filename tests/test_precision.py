@@ -85,6 +85,10 @@ def test_hgx_h100_96gb_runs_at_its_fleet_default_of_500_w(cli, tmp_path):
             for w in (None, 500, 700)}
     assert rate[None] == rate[500] < rate[700]
     assert S["hgx-h100-96gb"].default_power_limit_w == 500
+    # The text report says which power the numbers assume when the GPUs run capped.
+    text = cli(*[a for a in args if a != "--json"]).out
+    assert "(8 x h100-sxm-96gb, at 500 W)" in text.replace("\n", " ")
+    assert ", at " not in cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100").out.split("\n")[0]
     plan = tmp_path / "p.json"
     assert cli(*args, "--save", plan).code == 0
     r = cli("check", plan)

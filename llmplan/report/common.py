@@ -50,6 +50,13 @@ def human_bytes(x: float) -> str:
     return f"{x:,.0f} B"
 
 
+def power_text(cluster: Any) -> str:
+    """", at 500 W" where the GPUs run capped below their profile's power limit (--power-limit or the system's
+    fleet default), else nothing: the reader sees which clock the numbers assume."""
+    gpu = cluster.system.gpu
+    return f", at {gpu.power_limit_w:g} W" if gpu.capped_from_w is not None else ""
+
+
 def fabric_names(system: SystemSpec) -> tuple[str, str]:
     up = {"nvswitch": "NVLink", "nvlink-mesh": "NVLink", "infinity-fabric": "Infinity Fabric",
           "pcie": "PCIe"}[system.intra_node_fabric]

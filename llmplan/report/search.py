@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import ReportTable, SCHEMA, gib
+from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
@@ -174,7 +174,8 @@ def domain_json(d: DomainChoice) -> dict[str, Any]:
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
                 train_tokens: float, full_explain: bool = False, advice: list | None = None,
                 wide: bool = False) -> None:
-    console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs): "
+    console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs"
+                  f"{power_text(cluster)}): "
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:

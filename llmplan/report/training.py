@@ -13,7 +13,7 @@ from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import ReportTable, SCHEMA, billions, fabric_names, gib, human_bytes
+from llmplan.report.common import ReportTable, SCHEMA, billions, fabric_names, gib, human_bytes, power_text
 from llmplan.units import GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -183,7 +183,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
-        f"{cluster.system.gpu.name})  tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp}  "
+        f"{cluster.system.gpu.name}{power_text(cluster)})  tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp}  "
         f"sp {'on' if p.sp else 'off'}  zero {p.zero}  recompute {p.recompute}  micro-batch {p.micro_batch}  "
         f"global batch {p.global_batch} ({p.num_microbatches} micro-batches/replica)  seq {p.seq_len}  {p.dtype}")
     if cluster.system.calibrated:

@@ -94,6 +94,8 @@ class GpuSpec(BaseModel):
     power_limit_w: float | None = Field(default=None, gt=0, le=5000)
     """Board power limit the sustained clock belongs to (W; the vendor's default TDP in the shipped profiles);
     `at_power_limit` derives a capped GPU from it."""
+    capped_from_w: float | None = Field(default=None, gt=0, le=5000)
+    """The profile's power limit this GPU was capped from (`at_power_limit`); None for an uncapped profile."""
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
@@ -143,7 +145,8 @@ class GpuSpec(BaseModel):
             raise ValueError(f"power limit {watts:g} W must be above 0 and at most {self.name}'s "
                              f"{self.power_limit_w:g} W")
         clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
-        return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts})
+        return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts,
+                                       "capped_from_w": self.capped_from_w or self.power_limit_w})
 
     def sustained_flops(self, dtype: str) -> float:
         """The peak at the sustained clock: what every time formula divides by."""
