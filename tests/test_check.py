@@ -55,6 +55,20 @@ def test_uneven_pp_needs_a_split_and_names_one():
     assert rules("llama-3.1-405b", pp=3, pp_layers=(40, 40, 46), global_batch=16) == {}
 
 
+def test_explicit_layout_interleaves_like_first_last_pins():
+    # Llama 3 405B as Meta split it (Dubey et al. 2024 §3.3.2: one layer fewer on the first and the last
+    # stage): --pp-layers 7,8,...,8,7 interleaves exactly as --pp-first-layers 7 --pp-last-layers 7 does, the
+    # embedding and the loss taking the short stages' free slot.
+    meta = (7,) + (8,) * 14 + (7,)
+    for v in (2, 4, 8):
+        assert rules("llama-3.1-405b", pp=16, pp_layers=meta, vpp=v, global_batch=32) == {}
+        assert rules("llama-3.1-405b", pp=16, pp_first=7, pp_last=7, vpp=v, global_batch=32) == {}
+    msg = rules("llama-3.1-405b", pp=16, pp_layers=meta, vpp=3, global_batch=32)["vpp_layers"]
+    assert "valid vpp: 1, 2, 4, 8" in msg
+    # A middle stage that v does not divide is refused.
+    assert "vpp_layers" in rules("llama-3.1-405b", pp=3, pp_layers=(40, 43, 43), vpp=2, global_batch=32)
+
+
 def test_bad_layouts_name_the_rule():
     # Does not sum to the layers; a zero-layer stage; more stages than layers; pins that leave an uneven rest.
     msg = rules("llama-3.1-405b", pp=3, pp_layers=(40, 40, 40))["pp_layers"]

@@ -156,7 +156,9 @@ def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
 
 def _vpp_ok(m: ModelSpec, p: Any) -> Any:
     if getattr(p, "pp_layers", None) is not None:
-        return all(n % p.vpp == 0 for n in p.pp_layers)
+        counts = p.pp_layers
+        return (all(n % p.vpp == 0 for n in counts[1:-1]) and bool(vpp_fits(counts[0], counts[0], counts[-1], 0, p.vpp))
+                if len(counts) > 1 else counts[0] % p.vpp == 0)
     (first, mid, last), middle = _stage_counts(m, p)
     return vpp_fits(first, mid, last, middle, p.vpp)
 
@@ -167,20 +169,10 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     else:
         (first, mid, last), middle = _stage_counts(m, p)
         counts = sorted({first, last} | ({mid} if middle else set()))
-    g = counts[0]
-    for n in counts[1:]:
-        g = _gcd(g, n)
-    valid = divisors(g) if p.pp_layers is not None else [v for v in range(1, max(counts) + 1) if vpp_fits(
-        *_stage_counts(m, p)[0], _stage_counts(m, p)[1], v)]
+    valid = [v for v in range(1, max(counts) + 1) if _vpp_ok(m, p.model_copy(update={"vpp": v}))]
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({', '.join(str(n) for n in counts)} layers per stage with "
             f"pp {p.pp}); valid vpp: {_fmt(valid)}")
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 Pred = Callable[[ModelSpec, Any, Any], Any]
