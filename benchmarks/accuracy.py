@@ -8,13 +8,17 @@ measured (see benchmarks/data/README.md: Narayanan 2021 TFLOP/s count the recomp
 Megatron-Core and NeMo report model FLOPs; Korthikanti Table 5 gives iteration times), and prints the
 error per record and the median / max absolute percentage error per family. Nothing here is tuned per
 record: assumptions that fill gaps in a record (micro-batch 1 where not given, fused attention for runs
-from 2023 on) are listed in ASSUMPTIONS and apply to a whole family.
+from 2023 on) are listed in ASSUMPTIONS and apply to a whole family. It then reports the ranking within
+groups of runs measured on one cluster, memory where a source publishes it, the serving family, the
+reference searches' top plans against the best published MFU, and the leave-one-family-out fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -549,6 +553,12 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
             print(f"  {rid:52s} predicted {pred:6.1f} GiB reserved {meas:6.1f} GiB {100 * (pred - meas) / meas:+6.1f}%")
         print(f"  median signed {statistics.median(100 * (p - m) / m for _, p, m in res):+.1f}%")
     serving_report(records, no_fit)
+    print("\nreference searches (`llmplan search`, shipped profiles): the top plan against the best published")
+    print("bf16 MFU of its GPU (the profile's best_published_mfu); target: at most 5 points above")
+    for name, plan, mfu, best in reference_report():
+        delta = 100 * (mfu - best)
+        print(f"  {name:31s} {plan:36s} {100 * mfu:5.1f}% vs {100 * best:4.1f}%  {delta:+5.1f} points "
+              f"{'(within 5)' if delta <= 5 else '(over)'}")
     if no_fit:
         return
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
@@ -559,6 +569,31 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
     for fam, consts, left, inside in lofo(table):
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
               f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: {_fmt_consts(consts)}")
+
+
+REFERENCE_SEARCHES = (
+    ("llama-3.1-70b", "dgx-h100", 8, ()),
+    ("llama-3.1-8b", "dgx-h100", 1, ()),
+    ("gpt3-175b", "dgx-a100", 128, ("--global-batch", "1536")),
+    ("llama-3.1-405b", "dgx-h100", 2048, ("--seq-len", "8192", "--global-batch", "2048")),
+)
+"""The reference searches of the issue "Plan ranking that an expert would trust" (default batch: 4M tokens)."""
+
+
+def reference_report() -> list[tuple[str, str, float, float]]:
+    """(search, top plan, its predicted MFU, the GPU's best published bf16 MFU) of each reference search, run
+    as a user runs it: the `llmplan search` command with --json."""
+    out = []
+    for model, system, nodes, extra in REFERENCE_SEARCHES:
+        cmd = [sys.executable, "-m", "llmplan", "search", "--model", model, "--hardware", system,
+               "--nodes", str(nodes), "--json", *extra]
+        top = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["plans"][0]
+        p = top["plan"]
+        plan = (f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} vpp{p['vpp']} z{p['zero']} {p['recompute']} "
+                f"mb{p['micro_batch']}")
+        best = builtin_systems()[system].gpu.best_published_mfu
+        out.append((f"{model} on {nodes} {system}", plan, float(top["throughput"]["mfu"]), float(best)))
+    return out
 
 
 SERVE_GRID = {"SERVE_GEMM_M_HALF": (0.0, 64.0, 128.0, 192.0, 256.0), "SERVE_COLLECTIVE_FLOOR_S": (0.0, 1e-5, 2e-5)}
