@@ -298,16 +298,25 @@ def combos(gpu_key: str) -> list[dict]:
     return [{**b, gpu_key: c} for b in base for c in GRID[gpu_key]]
 
 
+def _grid_errors(job: tuple[str, dict, list[dict]]) -> tuple[str, dict, dict[str, float]]:
+    gen, consts, recs = job
+    return gen, consts, throughput_errors(recs, consts)
+
+
 def fit_table(records: list[dict]) -> tuple[list[dict], dict[tuple, dict[str, float]]]:
-    """Signed error of every training record for every grid point (a record sees only its GPU's clock)."""
+    """Signed error of every training record for every grid point (a record sees only its GPU's clock); the
+    grid points run in parallel over the machine's cores."""
+    from concurrent.futures import ProcessPoolExecutor
+    import os
+
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES]
     by_gen = {g: [r for r in train if g in str(r.get("hardware", {}).get("gpu", "")).lower()] for g in ("a100", "h100")}
+    jobs = [(gen, c, recs) for gen, recs in by_gen.items() for c in combos(f"clock_{gen}")]
     table: dict[tuple, dict[str, float]] = {}
-    for gen, recs in by_gen.items():
-        for c in combos(f"clock_{gen}"):
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for gen, c, errs in pool.map(_grid_errors, jobs, chunksize=8):
             key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
-            table.setdefault(key, {}).update({(gen, c[f"clock_{gen}"], rid): e
-                                              for rid, e in throughput_errors(recs, c).items()})
+            table.setdefault(key, {}).update({(gen, c[f"clock_{gen}"], rid): e for rid, e in errs.items()})
     return list(table), table
 
 
