@@ -139,13 +139,32 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
 
 
+def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
+    """Compute that one step's DP synchronisation of `sync` seconds can hide behind, given `per_mb`, one
+    micro-batch's backward (reduction) or forward (gather) over the whole stage. Without interleaving: that one
+    pass. Interleaved over v chunks, Megatron-LM syncs each chunk on its own: a chunk's gradients are reduced
+    once its last backward is done, which is p chunk-passes before the next chunk's, and a chunk's weights are
+    gathered while the chunk before it runs its first p micro-batches. On one link in order, what stays
+    exposed is the larger of the last chunk's share beyond its own pass (sync/v - w) and the whole sync beyond
+    the (v-1)p + 1 chunk-passes it can start before (w = per_mb / v); at v = 1 both are sync - per_mb.
+    Source: Megatron-LM core/pipeline_parallel/schedules.py, interleaved schedule (grad_sync_func and
+    param_sync_func per model chunk). Derived: docs/formulas.md#step.dp"""
+    v, p = plan.vpp, plan.pp
+    w = per_mb / v
+    return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
     hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
-    first forward (overlap-param-gather). Derived: docs/formulas.md#step.dp"""
+    first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window).
+    Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
-    reduce = where(plan.overlap_grad_reduce, overlap(comm.dp_reduce, backward, kappa), comm.dp_reduce)
-    gather = where(plan.overlap_param_gather & (plan.zero >= 1), overlap(comm.dp_gather, sc.forward, kappa),
+    reduce = where(plan.overlap_grad_reduce,
+                   overlap(comm.dp_reduce, chunked_sync_window(plan, comm.dp_reduce, backward), kappa),
+                   comm.dp_reduce)
+    gather = where(plan.overlap_param_gather & (plan.zero >= 1),
+                   overlap(comm.dp_gather, chunked_sync_window(plan, comm.dp_gather, sc.forward), kappa),
                    comm.dp_gather)
     flat = plan.pp == 1
     return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
