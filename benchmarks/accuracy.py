@@ -568,6 +568,13 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         delta = 100 * (mfu - best)
         print(f"  {name:31s} {plan:36s} {100 * mfu:5.1f}% vs {100 * best:4.1f}%  {delta:+5.1f} points "
               f"{'(within 5)' if delta <= 5 else '(over)'}")
+    series = amortisation_report(records)
+    if series:
+        print("\nthe same run at 576, 24 and 12 micro-batches per pipeline (Megatron-Core r0.8, GPT 177B, TP8 PP6, batch")
+        print("1,152 on 96, 2,304 and 4,608 H100; the published regime closest to the reference searches' top plans):")
+        for rid, n, pred, meas in series:
+            print(f"  {rid:44s} {n:4d} micro-batches  predicted {100 * pred:5.1f}% measured {100 * meas:5.1f}% "
+                  f"{100 * (pred - meas) / meas:+6.1f}%")
     if no_fit:
         return
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
@@ -602,6 +609,27 @@ def reference_report() -> list[tuple[str, str, float, float]]:
                 f"mb{p['micro_batch']}")
         best = builtin_systems()[system].gpu.best_published_mfu
         out.append((f"{model} on {nodes} {system}", plan, float(top["throughput"]["mfu"]), float(best)))
+    return out
+
+
+AMORTISATION_SERIES = ("megatron-core-r0.8-strong-177b-96gpu", "megatron-core-r0.8-weak-177b",
+                       "megatron-core-r0.8-strong-177b-4608gpu")
+"""One model, code and layout measured at three batch sizes per pipeline (README text and figure of
+Megatron-LM's 'Training Speed and Scalability'): how the per-step costs amortise."""
+
+
+def amortisation_report(records: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(record, micro-batches per pipeline, predicted MFU, measured MFU) of AMORTISATION_SERIES."""
+    by_id = {r["id"]: r for r in records}
+    out = []
+    for rid in AMORTISATION_SERIES:
+        if rid not in by_id:
+            continue
+        rec = by_id[rid]
+        par = rec["parallel"]
+        rows = [r for r in predict(rec, family(rid)) if r[0] == "MFU"]
+        if rows:
+            out.append((rid, par["global_batch"] // par["dp"], rows[0][1], rows[0][2]))
     return out
 
 
