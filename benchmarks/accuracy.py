@@ -183,6 +183,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
         attention_kernel="flash2" if fam in ("mpt", "torchtitan") else "native",
         fused_loss=fam != "torchtitan",  # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits
+        tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
     )
 

@@ -148,3 +148,20 @@ def test_wheel_contains_data_folders(tmp_path):
     assert "llmplan/model_specs/llama-3.1-70b.yaml" in names
     assert "llmplan/hardware_profiles/systems/dgx-h100.yaml" in names
     assert "llmplan/hardware_profiles/gpus/h100-sxm.yaml" in names
+
+
+def test_tp_impl_option(cli):
+    # --tp-impl dtensor prices TP as PyTorch DTensor keeps it (torchtitan): the gathered inputs of the
+    # column-parallel linears stay in memory, no backward re-gather. It reaches the plan, the JSON and search.
+    args = ("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--zero",
+            "3", "--recompute", "full", "--seq-len", "8192", "--global-batch", "64", "--json")
+    meg, dt = cli(*args), cli(*args, "--tp-impl", "dtensor")
+    assert meg.code == 0 and dt.code == 0, dt.err
+    assert meg.json()["plan"]["tp_impl"] == "megatron" and dt.json()["plan"]["tp_impl"] == "dtensor"
+    assert dt.json()["memory"]["activations"] > meg.json()["memory"]["activations"]
+    s = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp-impl", "dtensor",
+            "--json")
+    assert s.code == 0 and s.json()["plans"][0]["plan"]["tp_impl"] == "dtensor"
+    bad = cli(*args, "--tp-impl", "deepspeed")
+    assert bad.code == 2 and "--tp-impl deepspeed is not a TP implementation" in bad.err and "dtensor" in bad.err
+    assert "Traceback" not in bad.err

@@ -212,3 +212,28 @@ def test_low_precision_copies_persist_when_a_pipeline_keeps_zero3_gathered():
     assert low_precision_weight_cache(m, flat, rank_params(m, flat, 0), 0) == 0
     assert low_precision_weight_cache(m, piped, rank_params(m, piped, 1), 1) == pytest.approx(
         2.0 * rank_params(m, piped, 1).total)  # a middle stage: linear weights only, fp8 copy + transpose
+
+
+def test_dtensor_tp_keeps_the_gathered_inputs_of_its_column_parallel_linears():
+    # PyTorch DTensor TP as torchtitan applies it (parallelize_llama.py apply_tp at 9dec370: PrepareModuleInput
+    # from Shard(1) to Replicate before wq/wk/wv and w1/w3, ColwiseParallel output layer on a Shard(1) input):
+    # autograd saves the all-gathered input, where Megatron-LM saves the sequence shard (Korthikanti et al.
+    # 2022 §4.2.2). Two bf16 inputs of s x h per layer, and the output layer's, grow from 1/t to whole.
+    m = MODELS["llama-3.1-70b"]
+    s, b, h, t = 8192, 2, m.hidden_size, 8
+    base = dict(tp=t, sp=True, dp=4, zero=3, recompute="full", seq_len=s, micro_batch=b, global_batch=8)
+    meg = activation_bytes(m, ParallelPlan(**base), 0)
+    dt = activation_bytes(m, ParallelPlan(**base, tp_impl="dtensor"), 0)
+    grown = s * b * h * (1 - 1 / t)
+    assert dt.recompute_working - meg.recompute_working == pytest.approx(2 * 2 * grown)
+    assert dt.output - meg.output == pytest.approx(2 * grown)
+    assert dt.layers == pytest.approx(meg.layers)  # the checkpointed block inputs stay sequence-sharded
+    # In fp8 (torchao's Float8ColwiseParallel gathers the fp8 cast) the two layer inputs are one byte each.
+    f8 = dict(base, dtype="fp8")
+    grown_f8 = activation_bytes(m, ParallelPlan(**f8, tp_impl="dtensor"), 0).recompute_working - \
+        activation_bytes(m, ParallelPlan(**f8), 0).recompute_working
+    assert grown_f8 == pytest.approx(2 * grown)
+    # Without sequence parallelism both keep the whole input already.
+    no_sp = dict(base, sp=False)
+    assert activation_bytes(m, ParallelPlan(**no_sp, tp_impl="dtensor"), 0).total == pytest.approx(
+        activation_bytes(m, ParallelPlan(**no_sp), 0).total)

@@ -253,3 +253,17 @@ def test_torchtitan_h100_runs_unseen_by_the_fit(published_runs):
         rid = f"{t}t6-llama31-405b-512gpu-cp{cp}"
         measured = rows[rid]["measured"]["tokens_per_s_per_gpu"]
         assert pred[rid] == pytest.approx(measured, rel=0.10), rid
+
+
+def test_dtensor_tp_sends_no_backward_regather():
+    # Megatron-LM's SP linears all-gather their saved shard again in backward (2 all-gathers per layer and
+    # micro-batch, Korthikanti et al. 2022 §4.2.2); DTensor TP saved the gathered input and sends none.
+    from llmplan.cost.comm import tp_transfers
+
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, sp=True, dp=4, recompute="full", seq_len=8192, micro_batch=1, global_batch=32)
+    meg = {t.collective: t.calls for t in tp_transfers(m, plan, "tp")}
+    dt = {t.collective: t.calls for t in tp_transfers(m, plan.model_copy(update={"tp_impl": "dtensor"}), "tp")}
+    layers = m.num_hidden_layers
+    assert meg["all-gather"] - dt["all-gather"] == pytest.approx(plan.num_microbatches * layers * 2)
+    assert meg["reduce-scatter"] == dt["reduce-scatter"]

@@ -7,7 +7,7 @@ from typing import Optional
 
 from llmplan.errors import LlmplanError
 from llmplan.specs.check import accounted_split
-from llmplan.specs.plan import ATTENTION_KERNELS, PRECISIONS, ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import ATTENTION_KERNELS, PRECISIONS, TP_IMPLS, ClusterSpec, MemoryAllowance
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.serve import ServeJob
 from llmplan.topology.graph import validate
@@ -39,7 +39,7 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
              overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
              precision: str | None = None, moe_capacity_factor: float | None = None,
              pp_schedule: str = "1f1b", attention_kernel: str = "native",
-             recompute_layers: int | None = None, fused_loss: bool = True) -> dict:
+             recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron") -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -55,12 +55,14 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
     if attention_kernel not in ATTENTION_KERNELS:
         raise LlmplanError(f"--attention-kernel {attention_kernel} is not a kernel; use one of "
                            f"{', '.join(ATTENTION_KERNELS)}")
+    if tp_impl not in TP_IMPLS:
+        raise LlmplanError(f"--tp-impl {tp_impl} is not a TP implementation; use one of {', '.join(TP_IMPLS)}")
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
             "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
             "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
             "pp_schedule": pp_schedule, "attention_kernel": attention_kernel, "recompute_layers": recompute_layers,
-            "fused_loss": fused_loss}
+            "fused_loss": fused_loss, "tp_impl": tp_impl}
 
 
 

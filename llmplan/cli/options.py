@@ -45,6 +45,9 @@ ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
 FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
                           help="Loss on one fp32 copy of the logits (Megatron, a compiled loss) or PyTorch's eager "
                                "cross_entropy on fp32 logits (three copies at its backward).")
+TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
+                       help="How TP+SP keeps the linears' inputs: megatron (saves the sequence shard, re-gathers "
+                            "in backward) | dtensor (PyTorch DTensor / torchtitan: saves the gathered input).")
 OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
@@ -91,7 +94,7 @@ TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE),
                      ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR), ("pp_schedule", str, PP_SCHEDULE),
                      ("grad_dtype", str, GRAD_DTYPE),
                      ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
-                     ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS),
+                     ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS), ("tp_impl", str, TP_IMPL),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP)]

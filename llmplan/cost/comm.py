@@ -98,12 +98,13 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     """Per layer and micro-batch: 2 all-reduces of sbh in forward and 2 in backward (2 more under full
     recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer, and
     the backward all-gathers the two saved sequence shards again for the weight gradients (Megatron-LM keeps
-    only the shard), so SP adds 2 all-gathers per layer.
+    only the shard), so SP adds 2 all-gathers per layer; DTensor TP (tp_impl) saves the gathered inputs instead
+    (cost.memory.linear_input_split) and adds none.
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
     calls = plan.num_microbatches * layers * (4 + 2 * recomputed_share(plan, layers))
-    regather = plan.num_microbatches * layers * 2
+    regather = plan.num_microbatches * layers * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     return [Transfer("all-reduce", without, S, group), Transfer("all-gather", with_sp + where(plan.sp, regather, 0), S, group),

@@ -92,8 +92,8 @@ def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, s
     s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
     sp = where(plan.sp, t, 1)
     # Two norm inputs (4sbh), QKV input (2sbh), MLP input (2sbh), two 1-byte dropout masks (2sbh) when the
-    # model uses hidden dropout.
-    replicated = (8 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp
+    # model uses hidden dropout. DTensor TP keeps the QKV and MLP inputs gathered (tp_impl).
+    replicated = (4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp + 4 * s * b * h / linear_input_split(plan)
     no_scores = plan.flash_attention | plan.selective if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
@@ -110,7 +110,16 @@ def _fp8_saving(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = m.v_head_dim if m.is_mla else m.d_head
-    return s * b * (2 * h / where(plan.sp, t, 1) + (m.num_attention_heads * d_v + f) / t)
+    return s * b * (2 * h / linear_input_split(plan) + (m.num_attention_heads * d_v + f) / t)
+
+
+def linear_input_split(plan: ParallelPlan) -> Any:
+    """How many ways the saved input of a column-parallel linear (QKV, fc1, the output layer) is split across
+    the TP group: tp with sequence parallelism as Megatron-LM keeps it (the sequence shard, gathered again in
+    backward), 1 under DTensor TP, whose autograd saves the all-gathered input (torchtitan's
+    PrepareModuleInput to Replicate), and 1 without SP. Source: Korthikanti et al. 2022 §4.2.2; PyTorch
+    torch.distributed.tensor.parallel (ColwiseParallel), torchtitan parallelize_llama.py apply_tp."""
+    return where(plan.sp & (plan.tp_impl == "megatron"), plan.tp, 1)
 
 
 def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -216,7 +225,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
-    output = where(stage == plan.pp - 1, heads * (2 * s * b * h / sp + logit_bytes * s * b * V / t), 0.0)
+    output = where(stage == plan.pp - 1,
+                   heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
 
 

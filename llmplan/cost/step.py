@@ -117,7 +117,10 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
     gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
-    backward = where(plan.sp, 6 / (10 + 4 * r), 2 / (4 + 2 * r)) * tp
+    # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
+    # (the input-gradient reduce-scatters and the row-parallel gradient gathers), by the compiler's scheduling.
+    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 4 / (8 + 4 * r))
+    backward = where(plan.sp, sp_share, 2 / (4 + 2 * r)) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
     chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)

@@ -100,6 +100,9 @@ Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
 AttentionKernel = Literal["native", "flash2"]
 ATTENTION_KERNELS: tuple[str, ...] = ("native", "flash2")
 """--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
+TpImpl = Literal["megatron", "dtensor"]
+TP_IMPLS: tuple[str, ...] = ("megatron", "dtensor")
+"""--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
 PRECISIONS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -192,6 +195,13 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """The loss runs fused on the logits (Megatron's vocab-parallel cross entropy, a compiled loss): one fp32
     copy of the logits per rank. False: PyTorch's eager cross_entropy on logits cast to fp32 (torchtitan up
     to its loss compilation), whose backward holds three fp32 copies at once (docs/formulas.md#mem.activations)."""
+    tp_impl: TpImpl = "megatron"
+    """How tensor parallelism with sequence parallelism keeps the column-parallel linears' input: megatron
+    (Megatron-LM, Transformer Engine) saves the sequence shard and all-gathers it again in backward for the
+    weight gradient, and overlaps the backward collectives with the weight-gradient GEMMs; dtensor (PyTorch
+    DTensor as torchtitan applies it: PrepareModuleInput to Replicate before wq/wk/wv and w1/w3, and before
+    the output layer) lets autograd save the gathered full-sequence input, so backward gathers nothing again
+    and issues its collectives in line (docs/formulas.md#mem.activations, #comm.tp, #step.tp)."""
     pp_schedule: Literal["1f1b", "zero-bubble", "dualpipe"] = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
