@@ -56,7 +56,7 @@ class GpuSpec(BaseModel):
     reports MFU (model FLOP/s of the source over the bf16 peak): the ceiling check of fp8 plans."""
     best_published_mfu_fp4: float | None = Field(default=None, gt=0, le=8)
     """As best_published_mfu_fp8, for NVFP4 runs."""
-    attention_efficiency: float = Field(default=0.65, gt=0, le=1)
+    attention_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
     causal halving, so a causal kernel at 35% of peak scores 0.7) by the GPU's native fused kernel: fitted by
     leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
