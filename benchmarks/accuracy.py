@@ -695,8 +695,11 @@ def serving_report(records: list[dict], no_fit: bool) -> None:
     print(f"  all models -> {' | '.join(_fmt_consts(c) for c in ties)} (mean of the models' medians {best_err:.1f}%)")
     for left in models:
         consts, errs = min(table, key=lambda ce: med(ce[1], lambda n: n != left))
-        print(f"  {left:34s} left out {med(errs, lambda n: n == left):5.1f}%  (in the fit "
+        print(f"  {left:34s} left out {med(errs, lambda n: n == left):5.1f}%  (the others in that fit "
               f"{med(errs, lambda n: n != left):4.1f}%)  fitted without it: {_fmt_consts(consts)}")
+    shipped = {n: statistics.median(abs(e) for name, _, e in rows if name == n) for n in models}
+    print(f"  shipped constants: mean of the models' medians {statistics.mean(shipped.values()):.1f}%, worst "
+          f"{max(shipped.values()):.1f}% ({max(shipped, key=shipped.get)})")
 
 
 def _fmt_consts(c: dict) -> str:

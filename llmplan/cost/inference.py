@@ -241,7 +241,7 @@ def _expert_fraction_touched(m: ModelSpec, tokens: Any) -> Any:
     return 1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** np.asarray(tokens, dtype=float)
 
 
-SERVE_GEMM_M_HALF = 128.0
+SERVE_GEMM_M_HALF = 192.0
 """Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
 pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM
 runs (benchmarks/accuracy.py; docs/validation.md#serving). Training GEMMs (thousands of rows) leave it out."""
@@ -370,11 +370,11 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     return gemm + attention + elementwise / bandwidth + scores + tp_comm + ep_comm
 
 
-SERVE_COLLECTIVE_FLOOR_S = 2e-5
+SERVE_COLLECTIVE_FLOOR_S = 0.0
 """Least time of one collective in a serving step: a kernel that synchronises the group's GPUs (NCCL or the
 engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
-runs (docs/validation.md#serving): 20 µs in the current fit (0 at the previous one: the H100 clock it is fitted
-beside moves it)."""
+runs (docs/validation.md#serving): 0 in the current fit, where the latency term of collective_time already
+prices the small messages of decode."""
 
 
 def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
