@@ -347,9 +347,10 @@ def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
 
 TITAN_CASES = [
     ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
-    ("dense_train", {"zero": 2, "recompute": "none"}),
-    ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full"}),
-    ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise"}), ("layout_train", {"zero": 2, "sp": False}),
+    ("dense_train", {"zero": 2, "recompute": "none", "tp_impl": "dtensor"}),
+    ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full", "tp_impl": "dtensor"}),
+    ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise", "tp_impl": "dtensor"}),
+    ("layout_train", {"zero": 2, "sp": False}),
     ("fsdp_train", {"fused_loss": False}),
 ]
 
@@ -419,6 +420,18 @@ def test_torchtitan_refuses_selective_recompute(cli, tmp_path):
         assert "--recompute none" in r.err and not (tmp_path / target).exists()
 
 
+def test_torchtitan_refuses_tp_costed_as_megatron(cli, tmp_path):
+    # torchtitan's sequence-parallel TP is DTensor's, which keeps the gathered linear inputs (more memory than
+    # the Megatron shards llmplan costs by default): the export asks for the plan costed that way.
+    for target in ("torchtitan", "torchtitan-0.2"):
+        r = cli("export", edited(tmp_path, "dense_train", plan__zero=2, plan__recompute="none"), "--to", target,
+                "-o", tmp_path / target)
+        assert r.code == 2 and "TP costed as Megatron-LM's" in r.err and "--tp-impl dtensor" in r.err
+        assert not (tmp_path / target).exists()
+        ok = edited(tmp_path, "dense_train", plan__zero=2, plan__recompute="none", plan__tp_impl="dtensor")
+        assert cli("export", ok, "--to", target, "-o", tmp_path / f"{target}-ok").code == 0
+
+
 def test_torchtitan_refusals(cli, tmp_path):
     # 0.3.0 has no expert TP and no float8 switch outside a config function; v0.2.2 needs SP with TP.
     r = cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan-0.2",
@@ -463,8 +476,10 @@ def _toml_type_ok(value, declared: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("case,changes", [("fsdp_train", {}), ("dense_train", {"zero": 2, "recompute": "full"}),
-                                          ("uneven_train", {"zero": 3}), ("fsdp_train", {"dtype": "fp8"})])
+@pytest.mark.parametrize("case,changes", [("fsdp_train", {}),
+                                          ("dense_train", {"zero": 2, "recompute": "full", "tp_impl": "dtensor"}),
+                                          ("uneven_train", {"zero": 3, "tp_impl": "dtensor"}),
+                                          ("fsdp_train", {"dtype": "fp8"})])
 def test_torchtitan_toml_matches_v022_job_config(case, changes):
     # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by
     # tools/launcher_flags.py: every section and field the TOML writes exists there, with a value of its type.

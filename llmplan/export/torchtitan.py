@@ -87,6 +87,18 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"expert TP {p.etp_resolved} (torchtitan {TORCHTITAN_VERSION} has no expert TP: "
                      "EP borrows ranks from data x tensor parallelism and experts are not TP-sharded)",
                      "re-plan with --etp 1")
+    _check_tp_impl(pf, TARGET)
+
+
+def _check_tp_impl(pf: PlanFile, target: str) -> None:
+    """torchtitan's TP is PyTorch DTensor's: with sequence parallelism it keeps the gathered inputs of QKV,
+    fc1 and the output layer (more activation memory than Megatron's shards), so a plan costed as Megatron's
+    would run with less memory to spare than llmplan said."""
+    p = pf.plan
+    if p.tp > 1 and p.sp and p.tp_impl != "dtensor":
+        raise refuse(target, "TP costed as Megatron-LM's (sequence-parallel linears that keep the input shard); "
+                     "torchtitan's DTensor TP keeps the gathered inputs, at more activation memory",
+                     "re-plan with --tp-impl dtensor")
 
 
 def check_legacy(pf: PlanFile) -> None:
@@ -101,6 +113,7 @@ def check_legacy(pf: PlanFile) -> None:
                      "norms with TP)", "re-plan with --sp, or export to torchtitan (0.3)")
     if p.ep > 1 and p.etp_resolved not in (1, p.tp):
         raise refuse(LEGACY_TARGET, f"expert TP {p.etp_resolved} (torchtitan takes 1 or tp)", "re-plan with --etp 1")
+    _check_tp_impl(pf, LEGACY_TARGET)
 
 
 def stage_modules(pf: PlanFile) -> list[list[str]]:
