@@ -29,7 +29,7 @@ H100 = S["dgx-h100"]
 def test_bubble_with_fewer_microbatches_than_stages_is_exact():
     # One micro-batch through 4 stages: 1F1B takes the sum of the stages' times (Narayanan et al. 2021 §2.2:
     # (n + p - 1) stage-times for equal stages); each stage's time is built here from its own layers.
-    m, gpu = M["llama-3.1-8b"], H100.gpu
+    m, gpu = M["llama-3.1-8b"], H100.gpu.for_training_recipe(False)  # a bf16 run, as step_time prices it
     plan = ParallelPlan(pp=4, dp=1, global_batch=1, seq_len=4096)
     cluster = ClusterSpec(system=H100, num_nodes=1, gpus_per_node=4)
     t = [float(stage_compute(m, plan, gpu, *stage_layers(m, plan, i), i == 3).total) for i in range(4)]
@@ -150,7 +150,9 @@ def test_power_cap_slows_compute_by_its_clock():
     # A compute-bound single-GPU plan: at half the sustained clock every GEMM and attention kernel takes twice
     # as long; memory-bound work does not change; MFU stays against the nominal peak.
     m = M["llama-3.1-8b"]
-    capped_gpu = H100.gpu.model_copy(update={"sustained_clock_fraction": H100.gpu.sustained_clock_fraction / 2})
+    g = H100.gpu
+    capped_gpu = g.model_copy(update={"sustained_clock_fraction": g.sustained_clock_fraction / 2,
+                                      "sustained_fraction_bf16_training": g.sustained_fraction_bf16_training / 2})
     capped = H100.model_copy(update={"gpu": capped_gpu})
     plan = ParallelPlan(dp=1, global_batch=8, recompute="full", seq_len=4096)
     a = estimate_training(m, ClusterSpec(system=H100, num_nodes=1, gpus_per_node=1), plan)
@@ -160,6 +162,28 @@ def test_power_cap_slows_compute_by_its_clock():
     assert float(b.time.stage.memory_bound) == pytest.approx(float(a.time.stage.memory_bound), rel=1e-9)
     ratio = float(b.throughput.tokens_per_s / a.throughput.tokens_per_s)
     assert 0.5 <= ratio < 0.6
+
+
+def test_bf16_runs_sustain_their_own_fraction():
+    # Hopper profiles state a lower sustained fraction for training runs whose recipe is bf16 (fitted by
+    # leave-one-family-out on the bf16 H100 runs, docs/validation.md#constants): a bf16 run's tensor-core work
+    # runs at it; an fp8 run (its bf16 attention and output layer included) keeps sustained_clock_fraction.
+    g = H100.gpu
+    assert g.sustained_fraction_bf16_training < g.sustained_clock_fraction
+    plain = H100.model_copy(update={"gpu": g.model_copy(update={"sustained_fraction_bf16_training": None})})
+    m = M["llama-3.1-8b"]
+
+    def pair(p: ParallelPlan) -> tuple:
+        return tuple(estimate_training(m, ClusterSpec(system=s, num_nodes=1, gpus_per_node=1), p).time
+                     for s in (H100, plain))
+
+    bf16, ref = pair(ParallelPlan(dp=1, global_batch=8, recompute="full", seq_len=4096))
+    slower = g.sustained_clock_fraction / g.sustained_fraction_bf16_training
+    assert float(bf16.stage.gemm) == pytest.approx(slower * float(ref.stage.gemm), rel=1e-9)
+    assert float(bf16.stage.attention) == pytest.approx(slower * float(ref.stage.attention), rel=1e-9)
+    assert float(bf16.stage.memory_bound) == pytest.approx(float(ref.stage.memory_bound), rel=1e-9)
+    fp8, ref8 = pair(ParallelPlan(dp=1, global_batch=8, recompute="full", seq_len=4096, dtype="fp8"))
+    assert float(fp8.total) == pytest.approx(float(ref8.total), rel=1e-12)
 
 
 def test_equivalent_plans_collapse_into_one_row():
