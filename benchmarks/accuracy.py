@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from llmplan.errors import LlmplanError
@@ -48,7 +49,11 @@ ASSUMPTIONS = {
     "korthikanti2022": "no fused attention (2022); Table 3 settings; predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
-                "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; predicts MFU / model TFLOP/s",
+                "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; "
+                "the r0.8 scaling runs with PP > 1 interleaved at one layer per virtual stage (the README overlaps "
+                "pipeline communication, which r0.8 does only in the interleaved schedule: megatron/training/"
+                "arguments.py sets overlap_p2p_comm False without it; one layer is the only virtual-stage size "
+                "valid for every PP > 1 row of its table); predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs; attention priced as flash2, the closest modelled kernel: "
            "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
            "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
@@ -172,9 +177,16 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     first, last = balanced_split(layers, pp) if pp <= layers else (0, 0)
     if fam == "torchtitan" and pp > 1:
         first, last = torchtitan_split(layers, pp, par.get("vpp", 1) or 1)
+    vpp = par.get("vpp", 1) or 1
+    if rec["id"].startswith("megatron-core-r0.8-") and pp > 1 and "vpp" not in par:
+        # Interleaved, one layer per virtual stage (ASSUMPTIONS["megatron"]): the README's "pipeline-parallel
+        # communication (enabled by default)" overlap exists only in r0.8's interleaved schedule, and 1 is the
+        # only --num-layers-per-virtual-pipeline-stage that divides every PP > 1 row's layers per stage
+        # (42, 23, 16, 12, 7). Every row has 4 x pp micro-batches, as the schedule's n % pp == 0 rule allows.
+        vpp = layers // pp
     return ParallelPlan(
         recompute_layers=par.get("recompute_layers"),
-        tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=par.get("vpp", 1) or 1, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
+        tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
@@ -202,7 +214,8 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
 
 
 def with_constants(system, consts: dict | None):
-    """The system with the fitted constants applied to its GPU: `clock` per GPU generation (a100, h100), the
+    """The system with the fitted constants applied to its GPU: `clock_<gen>` per GPU generation (a100,
+    h100; on H100 `clock_h100bf16` for bf16 recipes, the profiles' sustained_fraction_bf16_training), the
     rest for every GPU."""
     if not consts:
         return system
@@ -210,6 +223,8 @@ def with_constants(system, consts: dict | None):
     upd = {k: v for k, v in consts.items() if k in GLOBAL_CONSTANTS}
     if f"clock_{gen}" in consts:
         upd["sustained_clock_fraction"] = consts[f"clock_{gen}"]
+    if gen == "h100" and "clock_h100bf16" in consts:
+        upd["sustained_fraction_bf16_training"] = consts["clock_h100bf16"]
     return system.model_copy(update={"gpu": system.gpu.model_copy(update=upd)})
 
 
@@ -265,14 +280,29 @@ def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
 
 # Steps of 0.025 for the clocks and 0.05 for the attention efficiency: on the coarser grid of earlier
 # releases (0.05 / 0.1) the ridge where the two trade off was sampled too sparsely for the left-out fits
-# (docs/validation.md#lofo).
+# (docs/validation.md#lofo). H100 runs whose recipe is bf16 end to end have their own sustained fraction
+# (clock_h100bf16, the profiles' sustained_fraction_bf16_training); the low-precision ones keep clock_h100.
 GRID = {
     "clock_a100": _steps(0.75, 1.0, 0.025),
     "clock_h100": _steps(0.7, 1.0, 0.025),
+    "clock_h100bf16": _steps(0.65, 1.0, 0.025),
     "attention_efficiency": _steps(0.4, 1.0, 0.05),
     "gemm_k_half": (128.0, 512.0),
     "step_overhead_s": (0.0, 0.05, 0.15),
 }
+CLOCK_GROUPS = ("a100", "h100", "h100bf16")
+
+
+def clock_group(rec: dict) -> str | None:
+    """Which fitted clock a training record sees: its GPU generation, and on H100 whether its recipe is bf16."""
+    gpu = str(rec.get("hardware", {}).get("gpu", "")).lower()
+    if "a100" in gpu:
+        return "a100"
+    if "h100" not in gpu:
+        return None
+    precision = str(rec.get("parallel", {}).get("precision", "bf16")).lower()
+    dtype = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16",))[0]
+    return "h100bf16" if dtype == "bf16" else "h100"
 
 
 def throughput_errors(records: list[dict], consts: dict | None) -> dict[str, float]:
@@ -304,45 +334,69 @@ def _grid_errors(job: tuple[str, dict, list[dict]]) -> tuple[str, dict, dict[str
     return gen, consts, throughput_errors(recs, consts)
 
 
-def fit_table(records: list[dict]) -> tuple[list[dict], dict[tuple, dict[str, float]]]:
-    """Signed error of every training record for every grid point (a record sees only its GPU's clock); the
-    grid points run in parallel over the machine's cores."""
+def fit_table(records: list[dict]) -> tuple[list[tuple], dict[tuple, dict]]:
+    """Median |error| of every training family for every grid point, as {key: {family: array over the group
+    clocks}} (family_medians; a record sees only its group's clock); the grid points run in parallel."""
     from concurrent.futures import ProcessPoolExecutor
     import os
 
-    train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES]
-    by_gen = {g: [r for r in train if g in str(r.get("hardware", {}).get("gpu", "")).lower()] for g in ("a100", "h100")}
-    jobs = [(gen, c, recs) for gen, recs in by_gen.items() for c in combos(f"clock_{gen}")]
-    table: dict[tuple, dict[str, float]] = {}
+    train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
+    by_group = {g: [r for r in train if clock_group(r) == g] for g in CLOCK_GROUPS}
+    jobs = [(g, c, recs) for g, recs in by_group.items() if recs for c in combos(f"clock_{g}")]
+    raw: dict[tuple, dict] = {}
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for gen, c, errs in pool.map(_grid_errors, jobs, chunksize=8):
+        for g, c, errs in pool.map(_grid_errors, jobs, chunksize=8):
             key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
-            table.setdefault(key, {}).update({(gen, c[f"clock_{gen}"], rid): e for rid, e in errs.items()})
+            raw.setdefault(key, {}).setdefault(g, {})[c[f"clock_{g}"]] = errs
+    table: dict[tuple, dict] = {}
+    for key, groups in raw.items():
+        fams: dict[str, dict[str, np.ndarray]] = {}
+        for g, by_clock in groups.items():
+            ids = sorted(set().union(*by_clock.values()))
+            for f in sorted({family(i) for i in ids}):
+                mine = [i for i in ids if family(i) == f]
+                fams.setdefault(f, {})[g] = np.array(
+                    [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
+        table[key] = family_medians(fams)
     return list(table), table
 
 
-def score(errs: dict, key_clock: dict[str, float], families: set[str]) -> dict[str, float]:
-    """Median |error| per family at given clocks."""
-    per: dict[str, list[float]] = {}
-    for (gen, clock, rid), e in errs.items():
-        if key_clock.get(gen) == clock and family(rid) in families:
-            per.setdefault(family(rid), []).append(abs(e))
-    return {f: statistics.median(v) for f, v in per.items()}
+def family_medians(fams: dict) -> dict[str, np.ndarray]:
+    """Median |error| per family over every combination of the group clocks (axes in CLOCK_GROUPS order), from
+    {family: {group: |error| array (clock, record)}}."""
+    shape = [len(GRID[f"clock_{g}"]) for g in CLOCK_GROUPS]
+    out = {}
+    for f, groups in fams.items():
+        parts = []
+        for axis, g in enumerate(CLOCK_GROUPS):
+            if g in groups:
+                view = [1] * len(shape) + [groups[g].shape[1]]
+                view[axis] = shape[axis]
+                parts.append(np.broadcast_to(groups[g].reshape(view), shape + [groups[g].shape[1]]))
+        out[f] = np.nanmedian(np.concatenate(parts, axis=-1), axis=-1)
+    return out
 
 
 def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
     """The grid point with the lowest mean over `families` of the per-family median |error|."""
     best, best_s = None, float("inf")
-    for key, errs in table.items():
-        for ca in GRID["clock_a100"]:
-            for ch in GRID["clock_h100"]:
-                per = score(errs, {"a100": ca, "h100": ch}, families)
-                if not per:
-                    continue
-                s_ = statistics.mean(per.values())
-                if s_ < best_s:
-                    best, best_s = {**dict(key), "clock_a100": ca, "clock_h100": ch}, s_
+    for key, med in table.items():
+        kept = [med[f] for f in sorted(families) if f in med]
+        if not kept:
+            continue
+        mean = np.mean(np.broadcast_arrays(*kept), axis=0)
+        i = np.unravel_index(int(np.argmin(mean)), mean.shape)
+        if mean[i] < best_s:
+            best_s = float(mean[i])
+            best = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}}
     return best, best_s
+
+
+def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:
+    """Median |error| per family at the grid point `consts`."""
+    key = tuple((k, consts[k]) for k in GRID if not k.startswith("clock_"))
+    at = tuple(GRID[f"clock_{g}"].index(consts[f"clock_{g}"]) for g in CLOCK_GROUPS)
+    return {f: float(m[at]) for f, m in table[key].items() if f in families}
 
 
 def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
@@ -353,11 +407,7 @@ def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
     out = []
     for f in TRAIN_FAMILIES:
         c, _ = best_fit(table, fams - {f})
-        key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
-        left = score(table[key], {"a100": c["clock_a100"], "h100": c["clock_h100"]}, {f}).get(f)
-        fkey = tuple((k, full[k]) for k in GRID if not k.startswith("clock_"))
-        inside = score(table[fkey], {"a100": full["clock_a100"], "h100": full["clock_h100"]}, {f}).get(f)
-        out.append((f, c, left, inside))
+        out.append((f, c, score(table, c, {f}).get(f), score(table, full, {f}).get(f)))
     return out
 
 
