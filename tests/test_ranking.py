@@ -291,3 +291,45 @@ def test_dtensor_tp_sends_no_backward_regather():
     layers = m.num_hidden_layers
     assert meg["all-gather"] - dt["all-gather"] == pytest.approx(plan.num_microbatches * layers * 2)
     assert meg["reduce-scatter"] == dt["reduce-scatter"]
+
+
+def test_constant_fit_takes_each_family_median_over_its_clock_groups():
+    # benchmarks/accuracy.py's leave-one-family-out fit: a family measured on two clock groups (MPT on A100 and
+    # on H100) is scored by the median over both groups' records at each combination of the group clocks.
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    na, nh, nb = (len(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS)
+    ia, ih, ib = 2, 5, 3  # the clocks where each group's records are exact
+    grid = {g: np.array(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS}
+
+    def errs(group: str, at: int, n: int) -> np.ndarray:  # |error| per clock (rows) and record (columns)
+        return np.abs(grid[group] - grid[group][at])[:, None] * 100 + np.zeros((1, n))
+
+    fams = {"mpt": {"a100": errs("a100", ia, 3), "h100bf16": errs("h100bf16", ib, 2)},
+            "nemo2407": {"h100": errs("h100", ih, 4)}, "bridge": {"h100bf16": errs("h100bf16", ib, 1)}}
+    med = accuracy.family_medians(fams)
+    assert med["mpt"].shape == med["nemo2407"].shape == (na, nh, nb)
+    # Off by one step in the A100 group only: 3 of MPT's 5 records are 2.5 points off, so the median is; the
+    # H100 low-precision clock does not touch MPT's bf16 rows.
+    assert med["mpt"][ia + 1, 0, ib] == pytest.approx(2.5) == med["mpt"][ia + 1, nh - 1, ib]
+    assert med["mpt"][ia, 0, ib + 1] == pytest.approx(0.0)  # 2 of 5 off: the median is not
+    key = (("attention_efficiency", 0.7),)
+    best, score = accuracy.best_fit({key: med}, {"mpt", "nemo2407", "bridge"})
+    assert score == pytest.approx(0.0)
+    assert (best["clock_a100"], best["clock_h100"], best["clock_h100bf16"]) == (
+        grid["a100"][ia], grid["h100"][ih], grid["h100bf16"][ib])
+
+
+def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved():
+    # ASSUMPTIONS["megatron"]: the r0.8 README overlaps pipeline communication, which r0.8 does only in the
+    # interleaved schedule; one layer per virtual stage. Their bf16 recipe puts them in the bf16 clock group.
+    import accuracy
+
+    runs = {r["id"]: r for r in accuracy.yaml.safe_load(accuracy.DEFAULT_RUNS.read_text())}
+    r = runs["megatron-core-r0.8-weak-177b"]
+    plan = accuracy.plan_for(r, "megatron", r["hardware"]["gpus"])
+    assert (plan.pp, plan.vpp, plan.num_microbatches) == (6, 16, 24)
+    flat = runs["megatron-core-r0.8-weak-32b"]
+    assert accuracy.plan_for(flat, "megatron", flat["hardware"]["gpus"]).vpp == 1
+    assert accuracy.clock_group(r) == "h100bf16"
+    assert accuracy.clock_group(runs["megatron-examples-fp8-llama3-70b-64gpu"]) == "h100"
