@@ -288,7 +288,7 @@ GRID = {
     "clock_h100bf16": _steps(0.65, 1.0, 0.025),
     "attention_efficiency": _steps(0.4, 1.0, 0.05),
     "gemm_k_half": (128.0, 512.0),
-    "step_overhead_s": (0.0, 0.05, 0.15),
+    "step_overhead_s": (0.0, 0.05, 0.1, 0.15, 0.2),
 }
 CLOCK_GROUPS = ("a100", "h100", "h100bf16")
 

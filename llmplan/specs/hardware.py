@@ -106,7 +106,7 @@ class GpuSpec(BaseModel):
     step_overhead_s: float = Field(default=0.15, ge=0, le=60)
     """Fixed time per training step outside the model's kernels (data loader, gradient-norm all-reduce and
     clipping launch, logging, optimizer bookkeeping), seconds; fitted by leave-one-family-out in
-    benchmarks/accuracy.py (every left-out fit but one lands on 0.15 s; docs/validation.md#constants)."""
+    benchmarks/accuracy.py (six of nine left-out fits land on 0.15 s; docs/validation.md#constants)."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
