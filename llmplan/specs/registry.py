@@ -91,7 +91,8 @@ def load_model_file(path: Path) -> ModelSpec:
 def load_system_file(path: Path) -> SystemSpec:
     """A system profile; its `gpu` is a built-in GPU name or an inline GPU mapping. A cluster description
     may start from a built-in system with `base: NAME` and override any key (e.g. nics_per_node,
-    oversubscription); it may not give a node more GPUs than the base node shape has."""
+    oversubscription); a `gpu` mapping without a `name` then overrides keys of the base's GPU (e.g. its
+    sustained_fraction_bf16_training). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
     base_name = data.pop("base", None)
     if base_name is not None:
@@ -103,6 +104,8 @@ def load_system_file(path: Path) -> SystemSpec:
         if isinstance(gpn, int) and gpn > base.gpus_per_node and "gpu" not in data:
             raise LlmplanError(f"{path}: gpus_per_node ({gpn}) exceeds the {base.gpus_per_node} GPU slots of a "
                                f"{base_name} node; use at most {base.gpus_per_node} or describe another node shape")
+        if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
+            data["gpu"] = {**base.gpu.model_dump(), **data["gpu"]}
         data = {**base.model_dump(), "name": path.stem, **data}
     gpu = data.get("gpu")
     if isinstance(gpu, str):
