@@ -208,6 +208,8 @@ CLUSTER_OK = "base: dgx-h100\nnics_per_node: 4\noversubscription: 2.0\n"
     ("base: dgx-h100\ngpus_per_node: 16\n", "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node"),
     ("base: dgx-h100\nintra_node_links: [[0, 9]]\n", "intra_node_links pair (0, 9)"),
     ("base: dgx-h1000\n", "unknown base system 'dgx-h1000'"),
+    ("base: dgx-h100\ngpus_per_node: 16\ngpu:\n  step_overhead_s: 0.1\n",
+     "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node"),
     ("base: dgx-h100\ngpu:\n  sustained_fraction_bf16_training: 1.5\n",
      "field 'gpu.sustained_fraction_bf16_training': Input should be less than or equal to 1"),
 ])

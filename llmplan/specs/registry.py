@@ -100,11 +100,12 @@ def load_system_file(path: Path) -> SystemSpec:
         if base_name not in systems:
             raise _unknown("base system", str(base_name), list(systems))
         base = systems[base_name]
+        partial_gpu = isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]
         gpn = data.get("gpus_per_node", base.gpus_per_node)
-        if isinstance(gpn, int) and gpn > base.gpus_per_node and "gpu" not in data:
+        if isinstance(gpn, int) and gpn > base.gpus_per_node and ("gpu" not in data or partial_gpu):
             raise LlmplanError(f"{path}: gpus_per_node ({gpn}) exceeds the {base.gpus_per_node} GPU slots of a "
                                f"{base_name} node; use at most {base.gpus_per_node} or describe another node shape")
-        if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
+        if partial_gpu:
             data["gpu"] = {**base.gpu.model_dump(), **data["gpu"]}
         data = {**base.model_dump(), "name": path.stem, **data}
     gpu = data.get("gpu")
