@@ -186,6 +186,17 @@ def test_bf16_runs_sustain_their_own_fraction():
     assert float(fp8.total) == pytest.approx(float(ref8.total), rel=1e-12)
 
 
+def test_estimate_says_what_share_of_the_peak_it_priced(cli):
+    # estimate reports the fraction its tensor-core times ran at: the bf16 one for a bf16 plan on Hopper,
+    # sustained_clock_fraction for fp8, in the step-time caption and as time.sustained_fraction in --json.
+    args = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--dp", "8", "--zero", "2")
+    g = H100.gpu
+    assert cli(*args, "--json").json()["time"]["sustained_fraction"] == g.sustained_fraction_bf16_training
+    assert cli(*args, "--dtype", "fp8", "--json").json()["time"]["sustained_fraction"] == g.sustained_clock_fraction
+    r = cli(*args)
+    assert r.code == 0 and f"priced at {100 * g.sustained_fraction_bf16_training:.1f}% of" in " ".join(r.out.split())
+
+
 def test_equivalent_plans_collapse_into_one_row():
     score = np.array([3.0, 3.0, 2.0, 3.0, 1.0])
     memory = np.array([10.0, 10.0, 5.0, 20.0, 1.0]) * 2**30

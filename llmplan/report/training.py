@@ -89,6 +89,12 @@ def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
             "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
 
 
+def sustained_fraction(e: TrainingEstimate) -> float:
+    """The share of the peak the plan's tensor-core work is priced at (the sustained clock, or the bf16
+    training fraction for a bf16 run where the profile states one: docs/formulas.md#step.power)."""
+    return e.cluster.system.gpu.for_training_recipe(e.plan.low_precision).sustained_clock_fraction
+
+
 def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, Any]:
     c = e.cluster
     return {
@@ -103,7 +109,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
         "memory": memory_json(e.memory),
-        "time": time_json(e.time),
+        "time": {**time_json(e.time), "sustained_fraction": sustained_fraction(e)},
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
         "comm": comm_json(e.comm, c.system),
@@ -174,7 +180,8 @@ def time_table(e: TrainingEstimate) -> Table:
            if tp.mfu_low_precision is not None else "")
     t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
                  f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
-                 f"bottleneck: {e.bottleneck}")
+                 f"bottleneck: {e.bottleneck}; tensor cores priced at {100 * sustained_fraction(e):.1f}% of "
+                 f"peak (step.power)")
     return t
 
 
