@@ -215,16 +215,13 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
 
 def with_constants(system, consts: dict | None):
     """The system with the fitted constants applied to its GPU: `clock_<gen>` per GPU generation (a100,
-    h100; on H100 `clock_h100bf16` for bf16 recipes, the profiles' sustained_fraction_bf16_training), the
-    rest for every GPU."""
+    h100), the rest for every GPU."""
     if not consts:
         return system
     gen = "a100" if "a100" in system.gpu.name else "h100"
     upd = {k: v for k, v in consts.items() if k in GLOBAL_CONSTANTS}
     if f"clock_{gen}" in consts:
         upd["sustained_clock_fraction"] = consts[f"clock_{gen}"]
-    if gen == "h100" and "clock_h100bf16" in consts:
-        upd["sustained_fraction_bf16_training"] = consts["clock_h100bf16"]
     return system.model_copy(update={"gpu": system.gpu.model_copy(update=upd)})
 
 
@@ -280,29 +277,21 @@ def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
 
 # Steps of 0.025 for the clocks and 0.05 for the attention efficiency: on the coarser grid of earlier
 # releases (0.05 / 0.1) the ridge where the two trade off was sampled too sparsely for the left-out fits
-# (docs/validation.md#lofo). H100 runs whose recipe is bf16 end to end have their own sustained fraction
-# (clock_h100bf16, the profiles' sustained_fraction_bf16_training); the low-precision ones keep clock_h100.
+# (docs/validation.md#lofo).
 GRID = {
     "clock_a100": _steps(0.75, 1.0, 0.025),
     "clock_h100": _steps(0.7, 1.0, 0.025),
-    "clock_h100bf16": _steps(0.65, 1.0, 0.025),
     "attention_efficiency": _steps(0.4, 1.0, 0.05),
     "gemm_k_half": (128.0, 512.0),
     "step_overhead_s": (0.0, 0.05, 0.1, 0.15, 0.2),
 }
-CLOCK_GROUPS = ("a100", "h100", "h100bf16")
+CLOCK_GROUPS = ("a100", "h100")
 
 
 def clock_group(rec: dict) -> str | None:
-    """Which fitted clock a training record sees: its GPU generation, and on H100 whether its recipe is bf16."""
+    """Which fitted clock a training record sees: its GPU generation (A100, or H100 for the Hopper parts)."""
     gpu = str(rec.get("hardware", {}).get("gpu", "")).lower()
-    if "a100" in gpu:
-        return "a100"
-    if "h100" not in gpu:
-        return None
-    precision = str(rec.get("parallel", {}).get("precision", "bf16")).lower()
-    dtype = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16",))[0]
-    return "h100bf16" if dtype == "bf16" else "h100"
+    return "a100" if "a100" in gpu else "h100" if "h100" in gpu else None
 
 
 def throughput_errors(records: list[dict], consts: dict | None) -> dict[str, float]:
@@ -626,6 +615,11 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         for rid, n, pred, meas in series:
             print(f"  {rid:44s} {n:4d} micro-batches  predicted {100 * pred:5.1f}% measured {100 * meas:5.1f}% "
                   f"{100 * (pred - meas) / meas:+6.1f}%")
+    pairs = precision_pairs(records)
+    if pairs:
+        print("\nthe same run in fp8 and in bf16 (MosaicML H100 tables): fp8 / bf16 throughput, predicted vs measured")
+        for rid, pred, meas in pairs:
+            print(f"  {rid:44s} predicted {pred:5.2f}x measured {meas:5.2f}x {100 * (pred - meas) / meas:+6.1f}%")
     if no_fit:
         return
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
@@ -686,6 +680,23 @@ def amortisation_report(records: list[dict]) -> list[tuple[str, int, float, floa
 
 SERVE_GRID = {"SERVE_GEMM_M_HALF": (0.0, 64.0, 128.0, 192.0, 256.0), "SERVE_COLLECTIVE_FLOOR_S": (0.0, 1e-5, 2e-5)}
 """The serving constants (llmplan.cost.inference) and the values leave-one-model-out tries."""
+
+
+def precision_pairs(records: list[dict]) -> list[tuple[str, float, float]]:
+    """The same MosaicML H100 run in bf16 and fp8 (model, sequence, GPUs, micro-batch and batch equal): the
+    fp8 / bf16 throughput ratio, predicted and measured. Composer's fp8 MFU is against the fp8 peak, its bf16
+    MFU against the bf16 peak, so the ratio of tokens/s is the MFU ratio times the ratio of the peaks."""
+    by_id = {r["id"]: r for r in records}
+    peaks = builtin_systems()["dgx-h100"].gpu
+    scale = peaks.peak_flops("fp8") / peaks.peak_flops("bf16")
+    out = []
+    for rid, r in by_id.items():
+        twin = by_id.get(rid.replace("-amp_fp8-", "-amp_bf16-"))
+        if not rid.startswith("mpt-h100_80gb-amp_fp8-") or twin is None:
+            continue
+        (_, p8, m8, *_), (_, p16, m16, *_) = predict(r, "mpt")[0], predict(twin, "mpt")[0]
+        out.append((rid.replace("-amp_fp8-", "-"), scale * p8 / p16, scale * m8 / m16))
+    return out
 
 
 def shape(rec: dict) -> str:

@@ -86,7 +86,6 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
     """Every stage's memory and per-micro-batch compute, with the kernels the GPU has (as the estimate)."""
     m, plan, gpu = e.model, e.plan, e.cluster.system.gpu
     runs = with_fallbacks(plan, operator_uses(m, plan, gpu))
-    gpu = gpu.for_training_recipe(plan.low_precision)  # as step_time prices it
     allowance = allowance or MemoryAllowance()
     out = []
     for i in range(plan.pp):

@@ -110,7 +110,7 @@ def test_uneven_pipeline_is_paced_by_its_slowest_stage():
     from llmplan.cost.compute import stage_compute
     from llmplan.cost.params import stage_layers
 
-    m, gpu = M["llama-3.1-8b"], S["dgx-h100"].gpu.for_training_recipe(False)  # a bf16 run, as step_time prices it
+    m, gpu = M["llama-3.1-8b"], S["dgx-h100"].gpu
     cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=1, gpus_per_node=3)
     times = {}
     for layers in [(6, 14, 12), (10, 11, 11)]:

@@ -247,7 +247,6 @@ def test_power_cap_slows_compute_by_its_clock(cli):
     capped = gpu.at_power_limit(500)
     ratio = (500 / 700) ** (1 / 3)
     assert capped.sustained_clock_fraction == pytest.approx(gpu.sustained_clock_fraction * ratio)
-    assert capped.sustained_fraction_bf16_training == pytest.approx(gpu.sustained_fraction_bf16_training * ratio)
     m = M["llama-3.1-8b"]
     p = plan(zero=1, global_batch=64)
     full = estimate_training(m, ClusterSpec(system=S["dgx-h100"], num_nodes=1), p)

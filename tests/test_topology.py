@@ -210,8 +210,8 @@ CLUSTER_OK = "base: dgx-h100\nnics_per_node: 4\noversubscription: 2.0\n"
     ("base: dgx-h1000\n", "unknown base system 'dgx-h1000'"),
     ("base: dgx-h100\ngpus_per_node: 16\ngpu:\n  step_overhead_s: 0.1\n",
      "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node"),
-    ("base: dgx-h100\ngpu:\n  sustained_fraction_bf16_training: 1.5\n",
-     "field 'gpu.sustained_fraction_bf16_training': Input should be less than or equal to 1"),
+    ("base: dgx-h100\ngpu:\n  sustained_clock_fraction: 1.5\n",
+     "field 'gpu.sustained_clock_fraction': Input should be less than or equal to 1"),
 ])
 def test_bad_cluster_yaml_exits_2(cli, tmp_path, text, needle):
     path = tmp_path / "cluster.yaml"
@@ -230,20 +230,20 @@ def test_cluster_yaml_with_fewer_nics(cli, tmp_path):
 
 
 def test_cluster_yaml_overrides_keys_of_its_base_gpu(cli, tmp_path):
-    # `gpu:` without a name under `base:` changes only the keys it gives: a fleet whose bf16 runs sustain the
-    # fp8 runs' fraction (0.875 instead of the fitted 0.725) predicts the bf16 plan 0.875/0.725 faster on its
-    # tensor-core work, and keeps the base GPU otherwise.
+    # `gpu:` without a name under `base:` changes only the keys it gives: a fleet that measured its H100s
+    # sustaining 0.8 of the peak instead of the fitted fraction predicts a compute-bound plan slower by about
+    # that ratio, and keeps the base GPU otherwise.
     from llmplan.specs.registry import builtin_systems, load_system_file
 
     path = tmp_path / "my-h100.yaml"
-    path.write_text("base: dgx-h100\ngpu:\n  sustained_fraction_bf16_training: 0.875\n")
+    path.write_text("base: dgx-h100\ngpu:\n  sustained_clock_fraction: 0.8\n")
     mine, base = load_system_file(path).gpu, builtin_systems()["dgx-h100"].gpu
-    assert mine.sustained_fraction_bf16_training == 0.875
-    assert mine.model_copy(update={"sustained_fraction_bf16_training": 0.725}) == base
+    assert mine.sustained_clock_fraction == 0.8
+    assert mine.model_copy(update={"sustained_clock_fraction": base.sustained_clock_fraction}) == base
     args = ("estimate", "--model", "llama-3.1-8b", "--tp", "1", "--dp", "8", "--zero", "2", "--json")
-    fast = cli(*args, "--hardware", path).json()["throughput"]["mfu"]
-    slow = cli(*args, "--hardware", "dgx-h100").json()["throughput"]["mfu"]
-    assert 1.05 < fast / slow < 0.875 / 0.725
+    slow = cli(*args, "--hardware", path).json()["throughput"]["mfu"]
+    fast = cli(*args, "--hardware", "dgx-h100").json()["throughput"]["mfu"]
+    assert 1.02 < fast / slow < base.sustained_clock_fraction / 0.8
 
 
 def test_collective_cli_json(cli):

@@ -181,7 +181,6 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     by v and needs n >= p (check_plan). Each stage's micro-batch time is its compute plus the exposed part of
     the TP, CP, EP and ZeRO-3 communication inside it (tp_exposed, overlap); the DP reduction and gather of
     ZeRO 0-2 are per step. Derived: docs/formulas.md#step.time"""
-    gpu = gpu.for_training_recipe(plan.low_precision)  # bf16 runs at their own sustained fraction (step.power)
     stages = stage_times(m, plan, gpu)
     n, v, kappa = plan.num_microbatches, plan.vpp, gpu.contention
     l_max = maximum(max_stage_layers(m, plan), 1)

@@ -90,9 +90,9 @@ def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
 
 
 def sustained_fraction(e: TrainingEstimate) -> float:
-    """The share of the peak the plan's tensor-core work is priced at (the sustained clock, or the bf16
-    training fraction for a bf16 run where the profile states one: docs/formulas.md#step.power)."""
-    return e.cluster.system.gpu.for_training_recipe(e.plan.low_precision).sustained_clock_fraction
+    """The share of the peak the plan's tensor-core work is priced at: the GPU's sustained clock fraction
+    (after any power cap; docs/formulas.md#step.power)."""
+    return e.cluster.system.gpu.sustained_clock_fraction
 
 
 def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, Any]:

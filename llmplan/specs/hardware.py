@@ -91,10 +91,6 @@ class GpuSpec(BaseModel):
     sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
     """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
     (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak."""
-    sustained_fraction_bf16_training: float | None = Field(default=None, gt=0, le=1)
-    """The same fraction for a training run whose recipe is bf16 / fp16 end to end, where published bf16 runs
-    sustain less than the low-precision ones (Hopper: fitted by leave-one-family-out on Megatron-Core's and
-    MosaicML's bf16 H100 runs, docs/validation.md#constants); None: sustained_clock_fraction. Training only."""
     power_limit_w: float | None = Field(default=None, gt=0, le=5000)
     """Board power limit the sustained clock belongs to (W; the vendor's default TDP in the shipped profiles);
     `at_power_limit` derives a capped GPU from it."""
@@ -106,7 +102,7 @@ class GpuSpec(BaseModel):
     step_overhead_s: float = Field(default=0.15, ge=0, le=60)
     """Fixed time per training step outside the model's kernels (data loader, gradient-norm all-reduce and
     clipping launch, logging, optimizer bookkeeping), seconds; fitted by leave-one-family-out in
-    benchmarks/accuracy.py (six of nine left-out fits land on 0.15 s; docs/validation.md#constants)."""
+    benchmarks/accuracy.py (eight of nine left-out fits land on 0.15 s; docs/validation.md#constants)."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
@@ -148,19 +144,9 @@ class GpuSpec(BaseModel):
         if not 0 < watts <= self.power_limit_w:
             raise ValueError(f"power limit {watts:g} W must be above 0 and at most {self.name}'s "
                              f"{self.power_limit_w:g} W")
-        scale = (watts / self.power_limit_w) ** (1 / 3)
-        bf16 = self.sustained_fraction_bf16_training
-        return self.model_copy(update={"sustained_clock_fraction": self.sustained_clock_fraction * scale,
-                                       "sustained_fraction_bf16_training": None if bf16 is None else bf16 * scale,
-                                       "power_limit_w": watts,
+        clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
+        return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts,
                                        "capped_from_w": self.capped_from_w or self.power_limit_w})
-
-    def for_training_recipe(self, low_precision: bool) -> "GpuSpec":
-        """The GPU as a training run of that recipe sustains it: a bf16 / fp16 run at
-        sustained_fraction_bf16_training where the profile states one. Derived: docs/formulas.md#step.power"""
-        if self.sustained_fraction_bf16_training is None or low_precision:
-            return self
-        return self.model_copy(update={"sustained_clock_fraction": self.sustained_fraction_bf16_training})
 
     def sustained_flops(self, dtype: str) -> float:
         """The peak at the sustained clock: what every time formula divides by."""

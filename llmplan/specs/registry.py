@@ -92,7 +92,7 @@ def load_system_file(path: Path) -> SystemSpec:
     """A system profile; its `gpu` is a built-in GPU name or an inline GPU mapping. A cluster description
     may start from a built-in system with `base: NAME` and override any key (e.g. nics_per_node,
     oversubscription); a `gpu` mapping without a `name` then overrides keys of the base's GPU (e.g. its
-    sustained_fraction_bf16_training). It may not give a node more GPUs than the base node shape has."""
+    sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
     base_name = data.pop("base", None)
     if base_name is not None:
