@@ -53,7 +53,9 @@ ASSUMPTIONS = {
                 "the r0.8 scaling runs with PP > 1 interleaved at one layer per virtual stage (the README overlaps "
                 "pipeline communication, which r0.8 does only in the interleaved schedule: megatron/training/"
                 "arguments.py sets overlap_p2p_comm False without it; one layer is the only virtual-stage size "
-                "valid for every PP > 1 row of its table); predicts MFU / model TFLOP/s",
+                "valid for every PP > 1 row of its table); the PP 1 rows as one micro-batch of the replica's 4 "
+                "sequences (r0.8 reduces gradients only in the last micro-batch's backward: four micro-batches "
+                "would leave DP traffic exposed that the measured MFU has no room for); predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs; attention priced as flash2, the closest modelled kernel: "
            "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
            "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
@@ -170,6 +172,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
     # per model instance (local batch size)", megatron/arguments.py at d73def35a3): one micro-batch of it.
     local = gbs // dp if fam == "megatron2020" and isinstance(gbs, int) and pp == 1 else 1
+    if rec["id"].startswith("megatron-core-r0.8-") and pp == 1 and isinstance(gbs, int):
+        # One micro-batch of the replica's 4 sequences (ASSUMPTIONS["megatron"]): r0.8 reduces gradients
+        # only during the last micro-batch's backward, so 4 micro-batches of 1 would leave most of a
+        # 32B TP8 replica's reduce-scatter and gather exposed (0.45 s of a 0.9 s step), which the
+        # measured MFU has no room for; one micro-batch of 4 fits without recompute.
+        local = gbs // dp
     mb = par.get("micro_batch", local)
     if not isinstance(gbs, int):
         gbs = mb * dp

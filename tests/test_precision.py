@@ -168,10 +168,10 @@ def test_nvfp4_keeps_a_share_of_layers_in_bf16_and_mfu_is_against_bf16(monkeypat
 
     m, gpu = M["llama-3.1-70b"], S["dgx-b200"].gpu
     p4 = plan(dtype="fp4", recipe="nvfp4", tp=8, dp=1, sp=True)
-    t4 = float(layer_gemm_seconds(m, p4, gpu, False))
-    t_bf16 = float(layer_gemm_seconds(m, plan(tp=8, dp=1, sp=True), gpu, False))
+    t4 = float(layer_gemm_seconds(m, p4, gpu, False)[0])
+    t_bf16 = float(layer_gemm_seconds(m, plan(tp=8, dp=1, sp=True), gpu, False)[0])
     monkeypatch.setattr(plan_module, "NVFP4_LAYER_FRACTION", 1.0)
-    t_all_fp4 = float(layer_gemm_seconds(m, p4, gpu, False))
+    t_all_fp4 = float(layer_gemm_seconds(m, p4, gpu, False)[0])
     monkeypatch.undo()
     # 85% of the layers at the fp4 rate, 15% at bf16 (NVIDIA's NVFP4 recipe keeps the last layers in bf16).
     assert t4 == pytest.approx(0.85 * t_all_fp4 + 0.15 * t_bf16, rel=1e-12)

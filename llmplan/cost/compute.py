@@ -122,31 +122,61 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
 
-def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any]]:
-    """(FLOPs, M, N, K) of each matmul of one layer's forward on one rank, one micro-batch: the attention
-    projections, the MLP (or the router, the rank's experts at their rows per expert, the shared experts).
+def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any, str]]:
+    """(FLOPs, M, N, K, tp_role) of each matmul of one layer's forward on one rank, one micro-batch: the
+    attention projections, the MLP (or the router, the rank's experts at their rows per expert, the shared
+    experts). tp_role: "ag" for a column-parallel matmul whose input TP gathers (QKV, MLP up), "rs" for a
+    row-parallel one whose output TP reduces (attention output, MLP down), "" for the rest.
     Derived: docs/formulas.md#compute.gemm"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     c = 2 if m.gated_mlp else 1
-    out = [(2 * T * k * n, T, n, k) for k, n in attention_shapes(m, t)]
+    shapes = attention_shapes(m, t)
+    roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
+    out = [(2 * T * k * n, T, n, k, role) for (k, n), role in zip(shapes, roles)]
     dense_f = m.shared_ffn if moe else m.intermediate_size
     if dense_f:
-        out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h), (2 * T * dense_f / t * h, T, h, dense_f / t)]
+        out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h, "ag"),
+                (2 * T * dense_f / t * h, T, h, dense_f / t, "rs")]
     if moe:
         etp, f_e, k_top = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok
         # Rows per local expert (padded to capacity when a capacity factor is set).
         rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
         routed = 2 * T * k_top * 3 * h * f_e / t if m.gated_mlp else 2 * T * k_top * 2 * h * f_e / t
-        out += [(routed * c / (c + 1), rows, c * f_e / etp, h), (routed / (c + 1), rows, h, f_e / etp),
-                (2 * T * h * m.num_experts / t, T, m.num_experts, h)]
+        out += [(routed * c / (c + 1), rows, c * f_e / etp, h, ""), (routed / (c + 1), rows, h, f_e / etp, ""),
+                (2 * T * h * m.num_experts / t, T, m.num_experts, h, "")]
     return out
 
 
-def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> Any:
-    """Forward time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted harmonic mean of
-    the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the layers in bf16:
-    the average layer mixes both). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
+TE_PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for its "pipeline" GEMM + reduce-scatter overlap
+
+
+def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
+    """Rows of each GEMM call in the forward and in the backward's input-gradient matmul when chunked TP
+    overlap (tp_comm_overlap with sp) splits a matmul beside its collective; the weight-gradient matmul
+    always runs whole. Megatron-LM (Transformer Engine userbuffers, default methods): ring exchange, one
+    chunk per TP rank, for the forward of "ag" matmuls and the input gradient of "rs" ones; the forward
+    "rs" reduce-scatter in TE_PIPELINE_SPLITS chunks; the "ag" input gradients overlap in bulk (whole).
+    DTensor async TP splits every gathered and reduce-scattered matmul per rank, in both passes.
+    Source: Transformer Engine v1.8, pytorch/module/base.py initialize_ub (methods and num_splits);
+    PyTorch symmetric_memory fused_all_gather_matmul / fused_matmul_reduce_scatter. Derived:
+    docs/formulas.md#compute.gemm"""
+    if not role:
+        return M, M
+    chunked = plan.tp_comm_overlap & plan.sp
+    dtensor = plan.tp_impl == "dtensor"
+    per_rank = M / plan.tp
+    fwd = per_rank if role == "ag" else where(dtensor, per_rank, M / TE_PIPELINE_SPLITS)
+    dgrad = per_rank if role == "rs" else where(dtensor, per_rank, M)
+    return where(chunked, fwd, M), where(chunked, dgrad, M)
+
+
+def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
+    """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
+    harmonic mean of the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the
+    layers in bf16: the average layer mixes both). The backward is an input-gradient and a weight-gradient
+    matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
+    the call (chunk_rows). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
     gemms = layer_gemms(m, plan, moe)
     total = sum(g[0] for g in gemms)
     flops = layer_flops(m, plan, moe).gemm
@@ -154,14 +184,23 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     # Padding to expert capacity computes factor x the routed rows of the two expert matmuls (entries 1-2
     # from the end of a MoE layer's list; the router is last).
     pad = [plan.expert_padding if moe and i in (len(gemms) - 3, len(gemms) - 2) else 1.0 for i in range(len(gemms))]
+    rows = [chunk_rows(plan, g[1], g[4]) for g in gemms]
 
-    def seconds(fmt: str) -> Any:
-        inv = sum(g[0] * x / gemm_shape_efficiency(gpu, fmt, g[1], g[2], g[3]) for g, x in zip(gemms, pad)) / total
-        return flops * inv / gpu.sustained_flops(fmt)
+    def seconds(fmt: str) -> tuple[Any, Any]:
+        def inv(i: int, M: Any) -> Any:
+            g = gemms[i]
+            return g[0] * pad[i] / gemm_shape_efficiency(gpu, fmt, M, g[2], g[3])
+        fwd = sum(inv(i, rows[i][0]) for i in range(len(gemms))) / total
+        bwd = sum(inv(i, rows[i][1]) + inv(i, gemms[i][1]) for i in range(len(gemms))) / total
+        scale = flops / gpu.sustained_flops(fmt)
+        return fwd * scale, bwd * scale
 
     share = plan.low_precision_layer_fraction
     low = seconds(plan.gemm_format)
-    return low if share == 1.0 else share * low + (1 - share) * seconds("bf16")
+    if share == 1.0:
+        return low
+    high = seconds("bf16")
+    return share * low[0] + (1 - share) * high[0], share * low[1] + (1 - share) * high[1]
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -240,8 +279,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:
             continue
-        g1, a1, mb1 = per_layer[moe]
-        gemm = gemm + n * g1 * passes
+        (g1, g_back), a1, mb1 = per_layer[moe]
+        gemm = gemm + n * (g1 * (1 + r) + g_back)
         attention = attention + n * a1 * attn_passes
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)
