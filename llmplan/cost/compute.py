@@ -184,15 +184,19 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     # Padding to expert capacity computes factor x the routed rows of the two expert matmuls (entries 1-2
     # from the end of a MoE layer's list; the router is last).
     pad = [plan.expert_padding if moe and i in (len(gemms) - 3, len(gemms) - 2) else 1.0 for i in range(len(gemms))]
-    rows = [chunk_rows(plan, g[1], g[4]) for g in gemms]
+    split = bool(np.any(plan.tp_comm_overlap & plan.sp))  # skip the piece shapes when no plan chunks
 
     def seconds(fmt: str) -> tuple[Any, Any]:
-        def inv(i: int, M: Any) -> Any:
-            g = gemms[i]
-            return g[0] * pad[i] / gemm_shape_efficiency(gpu, fmt, M, g[2], g[3])
-        fwd = sum(inv(i, rows[i][0]) for i in range(len(gemms))) / total
-        bwd = sum(inv(i, rows[i][1]) + inv(i, gemms[i][1]) for i in range(len(gemms))) / total
-        scale = flops / gpu.sustained_flops(fmt)
+        fwd = bwd = 0.0
+        for (f, M, N, K, role), x in zip(gemms, pad):
+            whole = f * x / gemm_shape_efficiency(gpu, fmt, M, N, K)
+            if split and role:
+                f_rows, d_rows = chunk_rows(plan, M, role)
+                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K)
+                bwd = bwd + f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) + whole
+            else:
+                fwd, bwd = fwd + whole, bwd + 2 * whole
+        scale = flops / total / gpu.sustained_flops(fmt)
         return fwd * scale, bwd * scale
 
     share = plan.low_precision_layer_fraction
