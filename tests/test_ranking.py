@@ -276,8 +276,13 @@ def test_dtensor_tp_sends_no_backward_regather():
 
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, sp=True, dp=4, recompute="full", seq_len=8192, micro_batch=1, global_batch=32)
-    meg = {t.collective: t.calls for t in tp_transfers(m, plan, "tp")}
-    dt = {t.collective: t.calls for t in tp_transfers(m, plan.model_copy(update={"tp_impl": "dtensor"}), "tp")}
+    def calls(p: ParallelPlan) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t in tp_transfers(m, p, "tp"):
+            out[t.collective] = out.get(t.collective, 0) + t.calls
+        return out
+
+    meg, dt = calls(plan), calls(plan.model_copy(update={"tp_impl": "dtensor"}))
     layers = m.num_hidden_layers
     assert meg["all-gather"] - dt["all-gather"] == pytest.approx(plan.num_microbatches * layers * 2)
     assert meg["reduce-scatter"] == dt["reduce-scatter"]
@@ -365,3 +370,31 @@ def test_chunked_tp_overlap_splits_the_gemms_as_transformer_engine_does():
     assert 1.05 < ratio(micro_batch=1, seq_len=4096) < 1.2
     assert ratio(micro_batch=16, seq_len=8192) < 1.005
     assert ratio(micro_batch=1, seq_len=4096, tp_impl="dtensor") > ratio(micro_batch=1, seq_len=4096)
+
+
+def test_low_precision_tp_gathers_move_the_quantised_inputs():
+    # Transformer Engine casts a GEMM input to fp8 before the sequence-parallel all-gather (v1.8
+    # LayerNormLinear gathers the norm's fp8 output; grad_output_preprocess casts, then gathers), so with TE
+    # every TP all-gather moves 1 byte per element and the reduce-scatters stay bf16. torchao's float8 TP casts
+    # before the forward gathers only (PrepareFloat8ModuleInput); its rowwise recipe gathers bf16.
+    from llmplan.cost.comm import tp_transfers
+
+    m = M["llama-3.1-70b"]
+    base = ParallelPlan(tp=8, sp=True, dp=4, recompute="none", seq_len=8192, micro_batch=1, global_batch=32)
+
+    def volume(p: ParallelPlan) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t in tp_transfers(m, p, "tp"):
+            out[t.collective] = out.get(t.collective, 0.0) + float(t.calls * t.message)
+        return out
+
+    bf16 = volume(base)
+    fp8 = volume(base.model_copy(update={"dtype": "fp8"}))
+    assert fp8["all-gather"] == pytest.approx(bf16["all-gather"] / 2)
+    assert fp8["reduce-scatter"] == pytest.approx(bf16["reduce-scatter"])
+    # DTensor: 2 forward gathers per layer in fp8, 2 backward gathers of output gradients in bf16.
+    dt = {"tp_impl": "dtensor", "dtype": "fp8"}
+    dt_bf16, dt_fp8 = volume(base.model_copy(update={"tp_impl": "dtensor"})), volume(base.model_copy(update=dt))
+    assert dt_fp8["all-gather"] == pytest.approx(dt_bf16["all-gather"] * 3 / 4)
+    rowwise = volume(base.model_copy(update={"dtype": "fp8", "recipe": "rowwise"}))
+    assert rowwise["all-gather"] == pytest.approx(bf16["all-gather"])

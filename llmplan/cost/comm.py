@@ -21,6 +21,21 @@ from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
+QUANTIZED_GATHER_BYTES = {"tensorwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+"""Bytes per element of a TP all-gather that low-precision training sends quantised, scales included: the
+input is cast before the gather, not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8
+output and gathers it, grad_output_preprocess casts then gathers the output gradient; current TE
+gather_along_first_dim gathers delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's
+PrepareFloat8ModuleInput casts before the forward gather). torchao's rowwise recipe gathers in bf16."""
+
+
+def gather_bytes(plan: ParallelPlan) -> float:
+    """Bytes per element of the TP all-gathers of a low-precision plan's quantised GEMM inputs (its layers
+    kept in bf16 gather bf16). Derived: docs/formulas.md#comm.tp"""
+    if not plan.low_precision or plan.recipe not in QUANTIZED_GATHER_BYTES:
+        return ACT_BYTES
+    share = plan.low_precision_layer_fraction
+    return share * QUANTIZED_GATHER_BYTES[plan.recipe] + (1 - share) * ACT_BYTES
 
 
 @dataclass(frozen=True)
@@ -100,14 +115,23 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     the backward all-gathers the two saved sequence shards again for the weight gradients (Megatron-LM keeps
     only the shard), so SP adds 2 all-gathers per layer; DTensor TP (tp_impl) saves the gathered inputs instead
     (cost.memory.linear_input_split) and adds none.
+    In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
+    Transformer Engine, the forward ones of DTensor's with torchao float8 (its backward gathers of output
+    gradients stay bf16 here).
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    calls = plan.num_microbatches * layers * (4 + 2 * recomputed_share(plan, layers))
-    regather = plan.num_microbatches * layers * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
+    per_layer = plan.num_microbatches * layers
+    r = recomputed_share(plan, layers)
+    calls = per_layer * (4 + 2 * r)
+    regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
-    return [Transfer("all-reduce", without, S, group), Transfer("all-gather", with_sp + where(plan.sp, regather, 0), S, group),
+    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if gather_bytes(plan) != ACT_BYTES else 0
+    quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
+    return [Transfer("all-reduce", without, S, group),
+            Transfer("all-gather", quantised, gather_bytes(plan) * s * b * h, group),
+            Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group)]
 
 
