@@ -269,20 +269,22 @@ def test_torchtitan_h100_runs_unseen_by_the_fit(published_runs):
         assert pred[rid] == pytest.approx(measured, rel=0.10), rid
 
 
+def tp_per_collective(m: object, p: ParallelPlan, bytes_: bool = False) -> dict[str, float]:
+    """Calls (or bytes: calls x message) of each TP collective of one plan, summed over its transfers."""
+    from llmplan.cost.comm import tp_transfers
+
+    out: dict[str, float] = {}
+    for t in tp_transfers(m, p, "tp"):
+        out[t.collective] = out.get(t.collective, 0.0) + float(t.calls * (t.message if bytes_ else 1))
+    return out
+
+
 def test_dtensor_tp_sends_no_backward_regather():
     # Megatron-LM's SP linears all-gather their saved shard again in backward (2 all-gathers per layer and
     # micro-batch, Korthikanti et al. 2022 §4.2.2); DTensor TP saved the gathered input and sends none.
-    from llmplan.cost.comm import tp_transfers
-
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, sp=True, dp=4, recompute="full", seq_len=8192, micro_batch=1, global_batch=32)
-    def calls(p: ParallelPlan) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for t in tp_transfers(m, p, "tp"):
-            out[t.collective] = out.get(t.collective, 0) + t.calls
-        return out
-
-    meg, dt = calls(plan), calls(plan.model_copy(update={"tp_impl": "dtensor"}))
+    meg, dt = tp_per_collective(m, plan), tp_per_collective(m, plan.model_copy(update={"tp_impl": "dtensor"}))
     layers = m.num_hidden_layers
     assert meg["all-gather"] - dt["all-gather"] == pytest.approx(plan.num_microbatches * layers * 2)
     assert meg["reduce-scatter"] == dt["reduce-scatter"]
@@ -377,16 +379,11 @@ def test_low_precision_tp_gathers_move_the_quantised_inputs():
     # LayerNormLinear gathers the norm's fp8 output; grad_output_preprocess casts, then gathers), so with TE
     # every TP all-gather moves 1 byte per element and the reduce-scatters stay bf16. torchao's float8 TP casts
     # before the forward gathers only (PrepareFloat8ModuleInput); its rowwise recipe gathers bf16.
-    from llmplan.cost.comm import tp_transfers
-
     m = M["llama-3.1-70b"]
     base = ParallelPlan(tp=8, sp=True, dp=4, recompute="none", seq_len=8192, micro_batch=1, global_batch=32)
 
     def volume(p: ParallelPlan) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for t in tp_transfers(m, p, "tp"):
-            out[t.collective] = out.get(t.collective, 0.0) + float(t.calls * t.message)
-        return out
+        return tp_per_collective(m, p, bytes_=True)
 
     bf16 = volume(base)
     fp8 = volume(base.model_copy(update={"dtype": "fp8"}))
