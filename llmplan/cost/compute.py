@@ -161,14 +161,13 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     Source: Transformer Engine v1.8, pytorch/module/base.py initialize_ub (methods and num_splits);
     PyTorch symmetric_memory fused_all_gather_matmul / fused_matmul_reduce_scatter. Derived:
     docs/formulas.md#compute.gemm"""
-    if not role:
+    if not role or not plan.tp_comm_overlap:  # a workload switch: one value for all plans of a search
         return M, M
-    chunked = plan.tp_comm_overlap & plan.sp
-    dtensor = plan.tp_impl == "dtensor"
+    dtensor = plan.tp_impl == "dtensor"  # likewise
     per_rank = M / plan.tp
-    fwd = per_rank if role == "ag" else where(dtensor, per_rank, M / TE_PIPELINE_SPLITS)
-    dgrad = per_rank if role == "rs" else where(dtensor, per_rank, M)
-    return where(chunked, fwd, M), where(chunked, dgrad, M)
+    fwd = per_rank if role == "ag" or dtensor else M / TE_PIPELINE_SPLITS
+    dgrad = per_rank if role == "rs" or dtensor else None  # None: the bulk-overlapped call runs whole
+    return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
@@ -184,7 +183,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     # Padding to expert capacity computes factor x the routed rows of the two expert matmuls (entries 1-2
     # from the end of a MoE layer's list; the router is last).
     pad = [plan.expert_padding if moe and i in (len(gemms) - 3, len(gemms) - 2) else 1.0 for i in range(len(gemms))]
-    split = bool(np.any(plan.tp_comm_overlap & plan.sp))  # skip the piece shapes when no plan chunks
+    split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
 
     def seconds(fmt: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
@@ -193,7 +192,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
                 fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K)
-                bwd = bwd + f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) + whole
+                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K)
+                bwd = bwd + dgrad + whole
             else:
                 fwd, bwd = fwd + whole, bwd + 2 * whole
         scale = flops / total / gpu.sustained_flops(fmt)
