@@ -165,3 +165,17 @@ def test_tp_impl_option(cli):
     bad = cli(*args, "--tp-impl", "deepspeed")
     assert bad.code == 2 and "--tp-impl deepspeed is not a TP implementation" in bad.err and "dtensor" in bad.err
     assert "Traceback" not in bad.err
+
+
+def test_fp32_param_shards_option(cli):
+    # --fp32-param-shards prices ZeRO-3 as PyTorch FSDP / FSDP2 lays it out (the fp32 shard is the master
+    # copy): 2 bytes per parameter shard less. It reaches the plan, the JSON and search.
+    args = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--zero", "3", "--recompute", "full",
+            "--seq-len", "8192", "--global-batch", "8", "--json")
+    ds, fsdp = cli(*args), cli(*args, "--fp32-param-shards")
+    assert ds.code == 0 and fsdp.code == 0, fsdp.err
+    assert ds.json()["plan"]["fp32_param_shards"] is False and fsdp.json()["plan"]["fp32_param_shards"] is True
+    saved = ds.json()["memory"]["total"] - fsdp.json()["memory"]["total"]
+    assert saved == pytest.approx(2 * 8.03e9 / 8 * 1.05, rel=0.01)  # 2 B x 8.03B parameters / 8 shards, + 5% allowance
+    s = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--fp32-param-shards", "--json")
+    assert s.code == 0 and s.json()["plans"][0]["plan"]["fp32_param_shards"] is True

@@ -39,7 +39,8 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
              overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
              precision: str | None = None, moe_capacity_factor: float | None = None,
              pp_schedule: str = "1f1b", attention_kernel: str = "native",
-             recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron") -> dict:
+             recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron",
+             fp32_param_shards: bool = False) -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -62,7 +63,7 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
             "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
             "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
             "pp_schedule": pp_schedule, "attention_kernel": attention_kernel, "recompute_layers": recompute_layers,
-            "fused_loss": fused_loss, "tp_impl": tp_impl}
+            "fused_loss": fused_loss, "tp_impl": tp_impl, "fp32_param_shards": fp32_param_shards}
 
 
 

@@ -53,6 +53,9 @@ OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
 TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shards/--no-fp32-param-shards",
+                                 help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
+                                      "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
@@ -97,7 +100,8 @@ TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE),
                      ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS), ("tp_impl", str, TP_IMPL),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
-                     ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP)]
+                     ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP),
+                     ("fp32_param_shards", bool, FP32_PARAM_SHARDS)]
 PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_LAYERS),
                   ("embedding_in_split", bool, EMBEDDING_IN_SPLIT), ("loss_in_split", bool, LOSS_IN_SPLIT)]
 SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_dtype", str, KV_DTYPE),

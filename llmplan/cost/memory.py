@@ -262,12 +262,16 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
                  capacity: float, per_layer: LayerActivations | None = None) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
+    # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
+    # Source: PyTorch FSDP2 docs (fully_shard, MixedPrecisionPolicy). Derived: docs/formulas.md#mem.model_states
+    fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
+    state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - 4.0, optim_b)
     rp = rank_params(m, plan, stage)
     if plan.pp_schedule == "dualpipe":  # each rank holds stages i and pp-1-i: two copies' worth of parameters
         rp = RankParams(dense=2 * rp.dense, expert=2 * rp.expert)
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
-    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, weight_b, grad_b, optim_b)
-    expert = model_state_bytes(rp.expert, edp, plan.zero, weight_b, grad_b, optim_b)
+    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
+    expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)
     act = activation_bytes(m, plan, stage, per_layer)
     cache = low_precision_weight_cache(m, plan, rp, stage)
     tensors = dense.total + expert.total + act.total + cache

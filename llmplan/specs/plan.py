@@ -214,6 +214,12 @@ class ParallelPlan(PlanQuantities, BaseModel):
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
+    fp32_param_shards: bool = False
+    """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
+    optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed
+    precision policy: torchtitan, NeMo AutoModel): 4 + 8 bytes of weights and moments per parameter shard.
+    Off: a compute-dtype shard beside the optimizer's fp32 master (DeepSpeed ZeRO-3, Megatron-FSDP): 2 + 12
+    (docs/formulas.md#mem.model_states)."""
 
     @model_validator(mode="after")
     def _recipe_matches_dtype(self) -> "ParallelPlan":
