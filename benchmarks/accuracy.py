@@ -40,7 +40,7 @@ from runs import runs_path  # noqa: E402
 
 DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
-                  "torchtitan", "nemocp")
+                  "torchtitan", "nemocp", "automodel")
 FAMILIES = TRAIN_FAMILIES + ("trtllm",)
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
@@ -56,7 +56,8 @@ ASSUMPTIONS = {
                 "valid for every PP > 1 row of its table); the PP 1 rows as one micro-batch of the replica's 4 "
                 "sequences (r0.8 reduces gradients only in the last micro-batch's backward: four micro-batches "
                 "would leave DP traffic exposed that the measured MFU has no room for); predicts MFU / model TFLOP/s",
-    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs; attention priced as flash2, the closest modelled kernel: "
+    "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs with fp32 parameter shards (FSDP mixed precision); "
+           "attention priced as flash2, the closest modelled kernel: "
            "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
            "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
            "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
@@ -73,7 +74,8 @@ ASSUMPTIONS = {
               "TP, native fused attention; predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
-                  "with --power-limit 500): FSDP2 = ZeRO-3 with fp32 gradient reduction, PyTorch SDPA = "
+                  "with --power-limit 500): FSDP2 = ZeRO-3 with fp32 gradient reduction and fp32 parameter "
+                  "shards, PyTorch SDPA = "
                   "FlashAttention-2 (cuDNN attention was opt-in then: pytorch/pytorch#138522, #142132), "
                   "torch.compile = fused kernels (not the loss: eager cross_entropy on fp32 logits, train.py at "
                   "9dec370), torchao float8 tensorwise, AsyncTP = TP overlap, sequence "
@@ -84,6 +86,17 @@ ASSUMPTIONS = {
               "24.03), the 'With CP' layouts; as nemo2407 otherwise (distributed optimizer, bf16 gradient buckets, "
               "sequence parallelism with TP, native fused attention; micro-batch 1 and no recompute, which the "
               "table does not state); predicts model TFLOP/s per GPU",
+    "automodel": "NeMo AutoModel's H100 bf16 pre-training table (PyTorch FSDP2 + Transformer Engine): FSDP2 = "
+                 "ZeRO-3 with fp32 parameter shards and fp32 gradient reduction (MixedPrecisionPolicy "
+                 "reduce_dtype float32), the gradient reduce-scatter in every micro-batch (defer_fsdp_grad_sync "
+                 "false), full activation checkpointing as the recipes set, the eager loss (MaskedCrossEntropy: "
+                 "on fp32 logits where the recipe upcasts, else priced as the fused loss's one copy); attention "
+                 "as the recipe selects it: HF SDPA restricted to the flash backend (= FlashAttention-2) under CP "
+                 "(resolve_sdpa_method), TE DotProductAttention (native fused) where the recipe sets attn te, "
+                 "FlexAttention priced as FlashAttention-2 (the nearest modelled kernel); MoE rows with uniform "
+                 "routing (the runs' fake balanced gate), the recipe's EP and exposed all-to-alls; the rows whose "
+                 "recipe matches the table's batch sizes and whose layout llmplan can describe (Llama 3 70B, "
+                 "Qwen3 30B-A3B, GPT-OSS 20B); predicts tokens/s per GPU",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -194,15 +207,19 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         vpp = layers // pp
     return ParallelPlan(
         recompute_layers=par.get("recompute_layers"),
-        tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
+        tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam == "bridge"
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
-        attention_kernel="flash2" if fam in ("mpt", "torchtitan") else "native",
-        fused_loss=fam != "torchtitan",  # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits
+        attention_kernel="flash2" if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", "")) else "native",
+        # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
+        # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
+        fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", "")),
+        # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
+        fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
     )
@@ -267,7 +284,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", float(mfu), meas["mfu"]))
-    elif fam in ("bridge", "torchtitan"):
+    elif fam in ("bridge", "torchtitan", "automodel"):
         out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
