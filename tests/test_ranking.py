@@ -269,6 +269,30 @@ def test_torchtitan_h100_runs_unseen_by_the_fit(published_runs):
         assert pred[rid] == pytest.approx(measured, rel=0.10), rid
 
 
+def test_automodel_h100_bf16_runs(published_runs):
+    # NeMo AutoModel's H100 bf16 pre-training table (NVIDIA-NeMo/Automodel docs/performance-summary.mdx, recipes
+    # in examples/llm_benchmark/): every scored row is describable and fits in 80 GB, as the runs did (Qwen3
+    # 30B-A3B with EP8 FSDP8 only under FSDP's fp32 parameter shards: 76 GiB, 84 GiB with a bf16 shard beside
+    # the master); the dense Llama 3.1 70B row (TP1 CP2 FSDP32, full recompute, 866.77 tokens/s per GPU) is
+    # predicted within 5%.
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+    from llmplan.specs.check import check_plan
+
+    rows = {rid: r for rid, r in published_runs.items() if rid.startswith("automodel-")}
+    assert len(rows) == 3
+    pred = {}
+    for rid, r in rows.items():
+        plan = accuracy.plan_for(r, "automodel", r["hardware"]["gpus"])
+        assert plan.zero == 3 and plan.fp32_param_shards, rid
+        cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=r["hardware"]["gpus"] // 8)
+        assert check_plan(accuracy.model_for(r, "automodel"), plan, cluster) == [], rid
+        (quantity, pred[rid], measured), (_, fits, _) = accuracy.predict(r, "automodel")
+        assert quantity == "tok/s/GPU" and fits, rid
+    rid = "automodel-h100-bf16-llama3-70b-64gpu-gbs128"
+    assert accuracy.plan_for(rows[rid], "automodel", 64).attention_kernel == "flash2"  # SDPA's flash under CP
+    assert pred[rid] == pytest.approx(866.77, rel=0.05)
+
+
 def tp_per_collective(m: object, p: ParallelPlan, bytes_: bool = False) -> dict[str, float]:
     """Calls (or bytes: calls x message) of each TP collective of one plan, summed over its transfers."""
     from llmplan.cost.comm import tp_transfers
