@@ -263,7 +263,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
-    # Source: PyTorch FSDP2 docs (fully_shard, MixedPrecisionPolicy). Derived: docs/formulas.md#mem.model_states
+    # Source: PyTorch torch.distributed.fsdp.MixedPrecisionPolicy docstring. Derived: docs/formulas.md#mem.model_states
     fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - 4.0, optim_b)
     rp = rank_params(m, plan, stage)
