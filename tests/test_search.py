@@ -34,7 +34,7 @@ def valid_plan(draw):
                  flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()),
                  attention_kernel=draw(st.sampled_from(["native", "flash2"])),
                  recompute_layers=draw(st.sampled_from([None, None, 2])),  # 2: block recompute of full plans
-                 tp_impl=draw(st.sampled_from(["megatron", "dtensor"])))
+                 tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()))
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     for _ in range(200):  # draw until a plan passes every rule
         i = draw(st.integers(0, len(plans) - 1))
