@@ -131,3 +131,15 @@ def test_recompute_layers_needs_full_recompute(cli):
             "--recompute", "selective", "--recompute-layers", "4")
     assert r.code == 2
     assert "recompute_layers (4) recomputes whole layers" in r.err and "use --recompute full" in r.err
+
+
+def test_op_checkpointing_is_for_dense_bf16_layers(cli):
+    # The op policy is priced by the order of a dense layer's matmuls (wq, wk, wv, wo, w1, w3, w2), and
+    # torchtitan's releases disagree on low-precision matmul outputs (v0.2.2 recomputes them, 0.3.0 saves them).
+    assert "recompute_op" in rules("mixtral-8x7b", ep=8, dp=8, recompute="op")
+    assert "deepseek-v3 has expert layers" in rules("deepseek-v3", recompute="op")["recompute_op"]
+    assert "v0.2.2 recomputes them" in rules("llama-3.1-8b", dtype="fp8", recompute="op")["recompute_op_dtype"]
+    assert rules("llama-3.1-8b", ClusterSpec(system=H100, num_nodes=1), dp=8, global_batch=8, recompute="op") == {}
+    r = cli("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--recompute", "op")
+    assert r.code == 2 and "recompute op" in r.err and "use --recompute full, selective or none" in r.err
+    assert "Traceback" not in r.err

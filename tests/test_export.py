@@ -351,7 +351,7 @@ TITAN_CASES = [
     ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full", "tp_impl": "dtensor"}),
     ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise", "tp_impl": "dtensor"}),
     ("layout_train", {"zero": 2, "sp": False}),
-    ("fsdp_train", {"fused_loss": False}),
+    ("fsdp_train", {"fused_loss": False}), ("fsdp_train", {"recompute": "op"}),
 ]
 
 
@@ -386,7 +386,7 @@ def test_torchtitan_args_parsed_by_torchtitan(case, changes, monkeypatch):
     assert par.enable_sequence_parallel == (p.sp or p.tp == 1)
     assert (cfg.training.global_batch_size, cfg.training.seq_len) == (p.global_batch, p.seq_len)
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "None"
-    assert ac == {"full": "FullAC.Config", "none": "None"}[p.recompute]
+    assert ac == {"full": "FullAC.Config", "none": "None", "op": "SelectiveAC.Config"}[p.recompute]
     assert cfg.compile.enable_async_tensor_parallel == (p.tp_comm_overlap and p.tp > 1)
     # torch.compile covers what llmplan costed as fused: the blocks (fused_kernels) and the loss (fused_loss).
     assert cfg.compile.enable and cfg.compile.components == ["model", "loss"][: 2 if p.fused_loss else 1]
@@ -418,6 +418,23 @@ def test_torchtitan_refuses_selective_recompute(cli, tmp_path):
         r = cli("export", edited(tmp_path, "dense_train", plan__zero=2), "--to", target, "-o", tmp_path / target)
         assert r.code == 2 and "selective recompute as llmplan costs it" in r.err
         assert "--recompute none" in r.err and not (tmp_path / target).exists()
+
+
+def test_op_checkpointing_exports_to_torchtitan_only(cli, tmp_path):
+    # recompute op is torchtitan's per-op policy: its 0.3.0 "selective" subcommand, v0.2.2's mode "selective"
+    # with selective_ac_option "op"; Megatron-LM and DeepSpeed have no such policy and refuse it.
+    import tomllib
+
+    pf = edited(tmp_path, "fsdp_train", plan__recompute="op")
+    files, _ = render_all(load_plan(pf), "torchtitan")
+    assert "activation-checkpoint:selective" in files["torchtitan_train.sh"]
+    toml = tomllib.loads(render_all(load_plan(pf), "torchtitan-0.2")[0]["torchtitan-v0.2.2.toml"])
+    assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    zero1 = edited(tmp_path, "fsdp_train", plan__recompute="op", plan__zero=1)  # Megatron's optimizer sharding
+    for target in ("megatron", "deepspeed"):
+        r = cli("export", zero1, "--to", target, "-o", tmp_path / target)
+        assert r.code == 2 and "op-level selective checkpointing" in r.err and "export to torchtitan" in r.err, r.err
+        assert not (tmp_path / target).exists()
 
 
 def test_torchtitan_refuses_tp_costed_as_megatron(cli, tmp_path):
@@ -479,7 +496,7 @@ def _toml_type_ok(value, declared: str) -> bool:
 @pytest.mark.parametrize("case,changes", [("fsdp_train", {}),
                                           ("dense_train", {"zero": 2, "recompute": "full", "tp_impl": "dtensor"}),
                                           ("uneven_train", {"zero": 3, "tp_impl": "dtensor"}),
-                                          ("fsdp_train", {"dtype": "fp8"})])
+                                          ("fsdp_train", {"dtype": "fp8"}), ("fsdp_train", {"recompute": "op"})])
 def test_torchtitan_toml_matches_v022_job_config(case, changes):
     # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by
     # tools/launcher_flags.py: every section and field the TOML writes exists there, with a value of its type.

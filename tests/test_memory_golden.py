@@ -258,3 +258,17 @@ def test_dtensor_tp_keeps_the_gathered_inputs_of_its_column_parallel_linears():
     no_sp = dict(base, sp=False)
     assert activation_bytes(m, ParallelPlan(**no_sp, tp_impl="dtensor"), 0).total == pytest.approx(
         activation_bytes(m, ParallelPlan(**no_sp), 0).total)
+
+
+def test_op_checkpointing_keeps_the_layer_input_and_every_other_matmul_output():
+    # Per token of Llama 3.1 8B at TP 1: the block input (2h), the bf16 outputs of wq, wv, w1 and w2 (the odd
+    # matmuls in torchtitan's order) and the fused attention's output with its fp32 log-sum-exp per head:
+    # 2 x 4096 + 2 x (4096 + 1024 + 14336 + 4096) + 32 x (2 x 128 + 4) = 63,616 bytes, per layer.
+    from llmplan.cost.memory import layer_activation_bytes
+
+    m = MODELS["llama-3.1-8b"]
+    op = ParallelPlan(dp=8, zero=3, recompute="op", micro_batch=2, global_batch=16, seq_len=8192)
+    assert layer_activation_bytes(m, op, False) == pytest.approx(63_616 * 2 * 8192, rel=1e-12)
+    none, full = (ParallelPlan(**{**op.model_dump(), "recompute": r}) for r in ("none", "full"))
+    assert layer_activation_bytes(m, full, False) < layer_activation_bytes(m, op, False) < \
+        layer_activation_bytes(m, none, False)

@@ -296,3 +296,24 @@ def test_low_precision_plans_are_checked_against_their_formats_published_best(cl
     fp8 = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--precision",
               "fp8-tensorwise", "--json").json()
     assert fp8["plans"][0]["throughput"]["mfu"] < 0.898 and fp8["warnings"] == []
+
+
+def test_op_checkpointing_is_searched_only_when_pinned(cli):
+    # torchtitan's per-op policy exports to torchtitan alone: a search tries it only under --recompute op,
+    # and then every plan uses it; the vectorised search prices it as the scalar estimate does.
+    args = ("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--json")
+    free = cli(*args)
+    assert free.code == 0 and all(p["plan"]["recompute"] != "op" for p in free.json()["plans"])
+    pinned = cli(*args, "--recompute", "op", "--tp-impl", "dtensor", "--fp32-param-shards")
+    assert pinned.code == 0 and {p["plan"]["recompute"] for p in pinned.json()["plans"]} == {"op"}
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=256, seq_len=8192, fp32_param_shards=True, tp_impl="dtensor")
+    plans = enumerate_plans(default_space(m, cluster, w, pins={"recompute": "op"}), cluster, w)
+    idx = [i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)][:25]
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert scalar.plan.recompute == "op"
+        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+        assert float(vec.throughput.hfu[j]) == pytest.approx(float(scalar.throughput.hfu), rel=1e-9)

@@ -125,3 +125,28 @@ def test_block_recompute_sits_between_none_and_full():
     assert est["full"].memory.activations < est["block"].memory.activations < est["none"].memory.activations
     extra = lambda e: float(e.time.hardware_flops - e.time.model_flops)  # noqa: E731
     assert extra(est["block"]) == pytest.approx(extra(est["full"]) * 8 / 32)
+
+
+def test_op_checkpointing_recomputes_every_other_matmul():
+    # torchtitan's per-op policy (torchtitan 0.3.0 distributed/activation_checkpoint.py, SelectiveAC) saves the
+    # outputs of the compute-intensive ops except every second mm of a block. Llama 3.1 8B runs wq, wk, wv, wo,
+    # w1, w3, w2 in that order: wk, wo and w3 are recomputed, (1024 + 4096 + 14336) / (4096 + 2 x 1024 + 4096 +
+    # 3 x 14336) = 36.5% of the layer's matmul FLOPs, with every memory-bound operator and no attention core.
+    from llmplan.cost.compute import layer_flops, layer_seconds, op_recomputed_share
+
+    m = M["llama-3.1-8b"]
+    assert op_recomputed_share(m) == pytest.approx(19456 / 53248, rel=1e-12)
+    gpu = S["dgx-h100"].gpu
+    kw = dict(dp=8, zero=3, micro_batch=2, global_batch=16, seq_len=8192)
+    none, op = ParallelPlan(recompute="none", **kw), ParallelPlan(recompute="op", **kw)
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
+    a, b = estimate_training(m, cluster, none).time.stage, estimate_training(m, cluster, op).time.stage
+    (g1, _), _, mb1 = layer_seconds(m, none, gpu, False)
+    L = m.num_hidden_layers
+    assert b.gemm - a.gemm == pytest.approx(L * g1 * 19456 / 53248, rel=1e-9)
+    assert b.memory_bound - a.memory_bound == pytest.approx(L * mb1, rel=1e-9)
+    assert b.attention == a.attention
+    extra = recompute_flops_per_step(m, op) / (op.tp * op.cp * op.global_batch / op.micro_batch)
+    assert extra == pytest.approx(L * layer_flops(m, op, False).gemm * 19456 / 53248, rel=1e-12)
+    full = estimate_training(m, cluster, ParallelPlan(recompute="full", **kw)).time.total
+    assert estimate_training(m, cluster, none).time.total < estimate_training(m, cluster, op).time.total < full

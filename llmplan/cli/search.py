@@ -48,7 +48,9 @@ def search(
     vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage."),
-    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recompute: none | selective | full."),
+    recompute: Optional[str] = typer.Option(
+        None, "--recompute", help="Pin recompute: none | selective | full | op (torchtitan's per-op policy; "
+                                  "searched only when pinned)."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch."),
     max_tp: Optional[int] = typer.Option(None, "--max-tp", min=1, help="Largest TP to try (default: the NVLink domain)."),
     max_pp: Optional[int] = typer.Option(None, "--max-pp", min=1, help="Largest PP to try."),
@@ -109,7 +111,7 @@ def search_train(o: dict) -> None:
     if o["objective"] not in OBJECTIVES:
         raise LlmplanError(f"--objective {o['objective']}: use one of {', '.join(OBJECTIVES)}")
     if o["recompute"] is not None and o["recompute"] not in RECOMPUTE:
-        raise LlmplanError(f"--recompute {o['recompute']}: use none, selective or full")
+        raise LlmplanError(f"--recompute {o['recompute']}: use one of {', '.join(RECOMPUTE)}")
     if o["zero"] is not None and not 0 <= o["zero"] <= 3:
         raise LlmplanError(f"--zero {o['zero']}: ZeRO stages are 0, 1, 2 and 3")
     m = resolve_model(o["model"])

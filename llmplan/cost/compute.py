@@ -101,12 +101,13 @@ def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
-    selective only the attention core (Korthikanti et al. 2022 §5)."""
+    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share)."""
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)
     core = m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention
-    per_rank_mb = where(plan.full, full, where(plan.selective, core, 0.0))
+    op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
+    per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))
     return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
 
 
@@ -255,6 +256,24 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 
+def op_matmul_widths(m: ModelSpec) -> list[tuple[int, int]]:
+    """(K, N) of a dense layer's matmuls in the order torchtitan's modules run them: wq, wk, wv, wo, then w1,
+    w3, w2 (gated MLP: w2(silu(w1(x)) * w3(x))) or w1, w2. Source: torchtitan models/common attention.py and
+    feed_forward.py (release 0.3.0)."""
+    h, a, K, d, f = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head, m.intermediate_size
+    mlp = [(h, f), (h, f), (f, h)] if m.gated_mlp else [(h, f), (f, h)]
+    return [(h, a * d), (h, K * d), (h, K * d), (a * d, h)] + mlp
+
+
+def op_recomputed_share(m: ModelSpec) -> float:
+    """Share of a dense layer's forward matmul FLOPs that op-level checkpointing recomputes: the layer's
+    second, fourth, ... matmul (Llama: wk, wo, w3). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
+    (SelectiveAC saves the compute-intensive ops' outputs except every second mm). Derived:
+    docs/formulas.md#compute.time"""
+    widths = op_matmul_widths(m)
+    return sum(k * n for i, (k, n) in enumerate(widths) if i % 2 == 1) / sum(k * n for k, n in widths)
+
+
 @dataclass(frozen=True)
 class StageCompute(Breakdown):
     """Compute time of one micro-batch on one pipeline stage (forward + backward, recompute included);
@@ -273,10 +292,13 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                   last: Any) -> StageCompute:
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
-    forward of the attention core. Derived: docs/formulas.md#compute.time"""
+    forward of the attention core, op a forward of every other matmul and of the memory-bound operators.
+    Derived: docs/formulas.md#compute.time"""
     per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
     r = recomputed_share(plan, n_dense + n_moe)  # 1 under full recompute of every layer
-    passes = 3 + r
+    op = where(plan.op, 1.0, 0.0)  # op-level checkpointing: every other matmul and the memory-bound ops again
+    q = op * op_recomputed_share(m)
+    passes = 3 + r + op
     attn_passes = 3 + (where(plan.full | plan.selective, 1, 0) if plan.recompute_layers is None
                        else where(plan.selective, 1, r))
     gemm = attention = membound = fwd = 0.0
@@ -284,7 +306,7 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
         if moe not in per_layer:
             continue
         (g1, g_back), a1, mb1 = per_layer[moe]
-        gemm = gemm + n * (g1 * (1 + r) + g_back)
+        gemm = gemm + n * (g1 * (1 + r + q) + g_back)
         attention = attention + n * a1 * attn_passes
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)

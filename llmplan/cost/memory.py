@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compute import op_matmul_widths
 from llmplan.cost.params import (
     RankParams, heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, recomputed_share, stage_layer_count,
     stage_layers,
@@ -83,7 +84,25 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     in docs/formulas.md#mem.activations."""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     sp = where(plan.sp, plan.tp, 1)
-    return where(plan.full, 2 * s * b * h / sp, layer_activation_no_recompute(m, plan, moe, scores=True))
+    kept = where(plan.op, op_checkpoint_bytes(m, plan), layer_activation_no_recompute(m, plan, moe, scores=True))
+    return where(plan.full, 2 * s * b * h / sp, kept)
+
+
+def op_checkpoint_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """What op-level checkpointing keeps of one dense layer: its input (2sbh), the bf16 outputs of the odd-
+    numbered matmuls in torchtitan's order (Llama: wq, wv, w1, w2; op_matmul_widths) and of the fused attention
+    with its fp32 log-sum-exp per head. Row-parallel outputs count at full width under TP (the partial sums
+    the mm writes before the reduce-scatter). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
+    (SelectiveAC save list); PyTorch SDPA flash / efficient kernels return the log-sum-exp for backward.
+    Derived: docs/formulas.md#mem.activations"""
+    s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
+    sp = where(plan.sp, t, 1)
+    widths = op_matmul_widths(m)
+    per_rank = [n / t for _, n in widths]
+    per_rank[1] = per_rank[2] = kv_heads_per_rank(m, t) * m.d_head  # K and V: at least one KV head per rank
+    per_rank[3] = per_rank[-1] = h  # wo and w2 (row-parallel): h wide on every rank
+    saved = sum(n for i, n in enumerate(per_rank) if i % 2 == 0)
+    return 2 * s * b * h / sp + 2 * s * b * saved + s * b * a / t * (2 * m.d_head + 4)
 
 
 def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> Any:
@@ -221,7 +240,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         r = recomputed_share(plan, n_dense + n_moe)
         per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
     inflight = inflight_microbatches(plan, stage)
-    working = where(plan.full, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
+    working = where(plan.full | plan.op, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)

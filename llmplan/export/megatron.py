@@ -112,6 +112,10 @@ def check(pf: PlanFile) -> None:
     if p.pp_schedule != "1f1b":
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")
+    if p.recompute == "op":
+        raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
+                     "the attention core, whole layers or a block of them)",
+                     "re-plan with --recompute selective or full, or export to torchtitan")
     if p.dtype == "fp8" and p.recipe == "rowwise":
         raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
                      "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "

@@ -16,6 +16,9 @@ from llmplan.export.common import header_lines, hf_repo, need_mode, refuse, sh_h
 from llmplan.planfile import PlanFile
 
 TARGET = "torchtitan"
+AC_MODE = {"none": "none", "full": "full", "op": "selective"}
+"""llmplan recompute -> torchtitan activation-checkpoint mode: its "selective" is the per-op policy (0.3.0's
+only selective mode; v0.2.2's with selective_ac_option "op"); llmplan's Megatron-style selective is refused."""
 TORCHTITAN_VERSION = "0.3.0"
 LEGACY_TARGET = "torchtitan-0.2"
 LEGACY_VERSION = "v0.2.2"
@@ -59,7 +62,8 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "selective recompute as llmplan costs it (Megatron's: the attention core, which "
                      "fused attention does not store anyway); torchtitan's selective checkpointing (op policy) "
                      "recomputes every other matmul instead, at other memory and time",
-                     "re-plan with --recompute none (the same memory with fused attention) or --recompute full")
+                     "re-plan with --recompute op (torchtitan's policy), --recompute none (the same memory "
+                     "with fused attention) or --recompute full")
     if p.recompute_layers is not None:
         raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
                      "layer checkpointing takes every layer, or every Nth layer: a different set)",
@@ -184,7 +188,7 @@ def overrides(pf: PlanFile) -> list[str]:
         "--compile.no-enable-async-tensor-parallel"
     args.append(f"--compile.enable --compile.components {','.join(parts)} {async_tp}" if parts
                 else f"--compile.no-enable {async_tp}   # eager: the plan's unfused kernels and loss")
-    args.append(f"activation-checkpoint:{p.recompute}   # subcommand: keep it last")
+    args.append(f"activation-checkpoint:{AC_MODE[p.recompute]}   # subcommand: keep it last")
     return args
 
 
@@ -248,7 +252,9 @@ def toml_text(pf: PlanFile) -> str:
               f"expert_tensor_parallel_degree = {p.etp_resolved if p.ep > 1 else 1}",
               "", "[compile]", f"enable = {str(bool(compiled_components(p))).lower()}",
               "components = [" + ", ".join(f'"{c}"' for c in compiled_components(p)) + "]",
-              "", "[activation_checkpoint]", f'mode = "{p.recompute}"']
+              "", "[activation_checkpoint]", f'mode = "{AC_MODE[p.recompute]}"']
+    if p.recompute == "op":
+        lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,10 @@ from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
 
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
+"""Recompute modes a search tries unless --recompute pins one: op-level checkpointing (torchtitan's policy)
+runs only when asked for, as its plans export to torchtitan alone."""
+
 ETP_SAME_AS_TP = 0
 """In Space.etp: expert TP equal to each plan's tp."""
 
@@ -124,7 +128,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
         "etp": (1, ETP_SAME_AS_TP) if m.is_moe else (ETP_SAME_AS_TP,),
         "sp": (False, True),
         "zero": (0, 1, 2, 3),
-        "recompute": RECOMPUTE,
+        "recompute": SEARCHED_RECOMPUTE,
         "micro_batch": tuple(b for b in (1, 2, 4, 8, 16) if b <= w.global_batch),
     }
     for key, value in pins.items():

@@ -259,6 +259,14 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
                          "--recompute-layers"),
+    Rule("recompute_op", lambda m, p, c: (p.op == 0) | (not _moe(m) and not m.is_mla),
+         lambda m, p, c: f"recompute op (torchtitan's per-op checkpointing, priced by the order of a dense "
+                         f"layer's matmuls) is modelled for dense attention + MLP layers; {m.name} has "
+                         f"{'expert' if _moe(m) else 'MLA'} layers: use --recompute full, selective or none"),
+    Rule("recompute_op_dtype", lambda m, p, c: (p.op == 0) | (not p.low_precision),
+         lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
+                         "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
+                         "what runs; use --recompute full or none, or --dtype bf16"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

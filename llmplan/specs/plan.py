@@ -12,8 +12,8 @@ from llmplan.cost.arith import maximum
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG
 
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+Recompute = Literal["none", "selective", "full", "op"]
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class PlanQuantities:
     def selective(self) -> Any:
         """Selective (attention-core) recompute."""
         return self.recompute_code == 1  # type: ignore[attr-defined]
+
+    @property
+    def op(self) -> Any:
+        """Op-level selective checkpointing (torchtitan's per-op policy: every other matmul recomputed)."""
+        return self.recompute_code == 3  # type: ignore[attr-defined]
 
     @property
     def num_gpus(self) -> Any:
@@ -153,7 +158,9 @@ class ParallelPlan(PlanQuantities, BaseModel):
     """ZeRO stage over the data-parallel (x cp) group: 1 optimizer (= Megatron distributed optimizer),
     2 + gradients, 3 + parameters."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, selective (attention core) or full (every layer)."""
+    """Activation recomputation: none, selective (Megatron's: the attention core), full (every layer) or op
+    (torchtitan's per-op selective checkpointing: every layer keeps its input, the outputs of every other
+    matmul and of the fused attention, and recomputes the rest in backward; docs/formulas.md#mem.activations)."""
     recompute_layers: Optional[int] = Field(default=None, ge=1, le=1 << 20)
     """With full recompute, recompute only the first N layers of each virtual pipeline chunk and keep the
     others' activations (Megatron --recompute-method block --recompute-num-layers N); None: every layer.
