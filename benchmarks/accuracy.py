@@ -78,10 +78,12 @@ ASSUMPTIONS = {
                   "shards, PyTorch SDPA = "
                   "FlashAttention-2 (cuDNN attention was opt-in then: pytorch/pytorch#138522, #142132), "
                   "torch.compile = fused kernels (not the loss: eager cross_entropy on fp32 logits, train.py at "
-                  "9dec370), torchao float8 tensorwise, AsyncTP = TP overlap, sequence "
-                  "parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets it; full "
-                  "activation checkpointing rows only (its op-level selective policy is not Megatron's); "
-                  "predicts tokens/s per GPU; memory is the allocator's reserved peak, reported apart",
+                  "9dec370), eager = the unfused kernels, torchao float8 tensorwise, AsyncTP = TP overlap, "
+                  "sequence parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets "
+                  "it; the full activation checkpointing rows and the bf16 rows of its op-level selective policy "
+                  "(--recompute op; the Float8 op rows are not scored: 9dec370 recomputes float8 matmuls, which "
+                  "the op mode does not); predicts tokens/s per GPU; memory is the allocator's reserved peak, "
+                  "reported apart",
     "nemocp": "NeMo's long-sequence table (context parallelism, 4k-1M tokens): Llama 2 7B in fp8 on H100 (NeMo "
               "24.03), the 'With CP' layouts; as nemo2407 otherwise (distributed optimizer, bf16 gradient buckets, "
               "sequence parallelism with TP, native fused attention; micro-batch 1 and no recompute, which the "
@@ -173,7 +175,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     cp = par.get("cp", 1)
     dp = par.get("dp") or gpus // (tp * pp * cp)
     rc = str(par.get("recompute", "full" if fam in ("narayanan2021", "megatron2020") else "none"))
-    recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else "none")
+    recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else
+                                                                ("op" if rc.startswith("op") else "none"))
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
     zero = par.get("zero_stage") or (3 if par.get("fsdp") else 1 if par.get("distributed_optimizer")
@@ -220,6 +223,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", "")),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
+        # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
+        fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
     )
@@ -428,7 +433,8 @@ def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
 def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
     """Configurations measured on one model and one cluster: Narayanan Table 2 (PTD-P vs ZeRO-3 per model),
     Korthikanti Table 5 (full vs selective recompute per model), MPT scans per model, GPU and precision,
-    torchtitan Tables 4 (with / without AsyncTP) and 5 (1F1B / interleaved 1F1B)."""
+    torchtitan Tables 1 and 3 (eager / torch.compile), 4 (with / without AsyncTP) and 5 (1F1B / interleaved
+    1F1B)."""
     groups: dict[str, list[dict]] = {}
     for r in records:
         rid = r["id"]
@@ -439,7 +445,8 @@ def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
         elif rid.startswith("mpt-"):
             parts = rid.split("-")
             groups.setdefault(f"mpt {parts[1]} {parts[2]} {parts[3]}", []).append(r)
-        elif rid.startswith(("torchtitan-2412-t4-", "torchtitan-2412-t5-")):  # alternatives for one job
+        elif rid.startswith(("torchtitan-2412-t1-", "torchtitan-2412-t3-", "torchtitan-2412-t4-",
+                             "torchtitan-2412-t5-")):  # alternatives for one job
             groups.setdefault(f"torchtitan {' '.join(rid.split('-')[2:4])}", []).append(r)
     return {k: v for k, v in groups.items() if len(v) >= 2}
 
