@@ -77,12 +77,36 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     else:
         mlp = mlp_params(m, m.intermediate_size)
     gemm = 2 * T * (attention_params(m) + mlp) / t
-    if m.is_mla:
-        qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-    else:
-        qk = v = m.d_head
-    attn = 2 * T * plan.seq_len * m.num_attention_heads * (qk + v) / t  # local queries x all keys
+    qk, v = attention_head_dims(m)
+    keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
+    attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
     return LayerFlops(gemm=gemm, attention=attn)
+
+
+def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
+    """(query-key, value) head dimensions: MLA's nope + rope and v dims, else d_head for both."""
+    if m.is_mla:
+        return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    return m.d_head, m.d_head
+
+
+def layer_windows(m: ModelSpec) -> list[int | None]:
+    """Tokens each layer attends to: the sliding window for sliding-attention layers, None (all) otherwise."""
+    types = m.layer_types or ("full_attention",) * m.num_hidden_layers
+    return [m.sliding_window if (t.startswith("sliding") and m.sliding_window) else None for t in types]
+
+
+def attention_keys(m: ModelSpec, s: Any) -> Any:
+    """Keys per query counted in the attention FLOPs of a sequence of s tokens, averaged over the layers. A
+    full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts the
+    same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
+    so it counts 2w - w²/s (s when w >= s). Derived: docs/formulas.md#compute.flops"""
+    windows = layer_windows(m)
+    if all(w is None for w in windows):
+        return s
+    s = np.asarray(s, dtype=float)
+    counted = [s if w is None else np.where(w < s, 2.0 * w - w * w / s, s) for w in windows]
+    return sum(counted) / len(counted)
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -320,7 +344,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * attention_fraction(gpu, plan)
+        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * attention_fraction(gpu, plan, m)
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
@@ -329,14 +353,40 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 
 
-def attention_fraction(gpu: GpuSpec, plan: ParallelPlan) -> Any:
+def attended_keys(m: ModelSpec, keys: Any) -> Any:
+    """Keys a query attends to, averaged over the layers, when `keys` precede it: min(keys, w) on a
+    sliding-window layer (serving's prefill and decode). Derived: docs/formulas.md#compute.flops"""
+    windows = layer_windows(m)
+    if all(w is None for w in windows):
+        return keys
+    return sum(keys if w is None else np.minimum(keys, w) for w in windows) / len(windows)
+
+
+def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: the GPU's fused-kernel efficiency,
     times FlashAttention-2's ratio to the native kernel when the plan runs FA2 (unfused attention is priced
-    by its score traffic in elementwise_bytes), times the GPU's softmax (exp-rate) ratio. Source: Shah et al.
+    by its score traffic in elementwise_bytes), times the GPU's softmax (exp-rate) ratio, times the fused
+    kernel's rate at the model's head dimension (head_dim_attention_ratio). Source: Shah et al.
     2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra".
     Derived: docs/formulas.md#compute.attention"""
-    ratio = gpu.flash2_attention_ratio if plan.attention_kernel == "flash2" else 1.0
-    return gpu.attention_efficiency * ratio * gpu.softmax_attention_ratio
+    flash2 = plan.attention_kernel == "flash2"
+    ratio = gpu.flash2_attention_ratio if flash2 else 1.0
+    d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
+    head = where(plan.flash_attention, head_dim_attention_ratio(m, d0), 1.0)
+    return gpu.attention_efficiency * ratio * gpu.softmax_attention_ratio * head
+
+
+def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
+    """A fused attention kernel's rate at the model's head dimension d relative to d = 128 (where
+    attention_efficiency is fitted). Per (query, key) pair the kernel does 4d matmul FLOPs and a fixed amount
+    of softmax work (the exponential on the special-function units, the scale, max and sum), so its rate
+    goes as d / (d + d0), d0 the head dimension at which the two take as long. MLA's d is the mean of its
+    query-key and value dims. Source: Shah et al. 2024 (FlashAttention-3), Figures 5-6 (H100, 4k tokens:
+    head dim 64 runs forward + backward at 0.79x (cuDNN), 0.81x (FA3), 0.89x (FA2) of head dim 128).
+    Derived: docs/formulas.md#compute.attention"""
+    qk, v = attention_head_dims(m)
+    d = (qk + v) / 2
+    return (d / (d + d0)) / (128 / (128 + d0))
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE, attention_shapes
+from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio, layer_windows
 from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -117,12 +117,6 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
 def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
     """KV bytes per token of the whole model, one sequence (every layer, all heads)."""
     return m.num_hidden_layers * kv_layer_bytes(m, kv_dtype)
-
-
-def layer_windows(m: ModelSpec) -> list[int | None]:
-    """Tokens each layer keeps: the sliding window for sliding-attention layers, None (all) otherwise."""
-    types = m.layer_types or ("full_attention",) * m.num_hidden_layers
-    return [m.sliding_window if (t.startswith("sliding") and m.sliding_window) else None for t in types]
 
 
 def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
@@ -354,8 +348,9 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     # weights, the touched experts, the KV cache), and they run one after the other.
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
     gemm = np.maximum(dense_s, weights / bandwidth) + np.maximum(expert_s, experts / bandwidth)
+    head = head_dim_attention_ratio(m, gpu.attention_softmax_head_dim) if plan.fused_attention else 1.0
     attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
-                                         * gpu.softmax_attention_ratio),
+                                         * gpu.softmax_attention_ratio * head),
                            np.asarray(kv_read, dtype=float) / bandwidth)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
     # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
@@ -392,7 +387,7 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     kv = b * kv_bytes_per_seq_gpu(m, plan, context)
-    stage = step_seconds(m, plan, system, spans, b, b * context, kv)
+    stage = step_seconds(m, plan, system, spans, b, b * attended_keys(m, context), kv)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * b, spans.pp) if plan.pp > 1 else 0.0
     return plan.pp * (stage + hop) + overhead
 
@@ -408,10 +403,11 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     chunk = np.maximum(job.max_num_batched_tokens - np.asarray(batch, dtype=float), 256.0)
     chunk = np.minimum(chunk, new)
     n_chunks = np.ceil(new / chunk)
-    pairs = chunk * (cached + new / 2)  # per chunk, on average
+    pairs = chunk * attended_keys(m, cached + new / 2)  # per chunk, on average
     decodes = np.asarray(batch, dtype=float) / plan.pp
     kv = decodes * kv_bytes_per_seq_gpu(m, plan, job.input_len + job.output_len / 2)
-    stage = step_seconds(m, plan, system, spans, chunk + decodes, pairs + decodes * job.context / 2, kv)
+    stage = step_seconds(m, plan, system, spans, chunk + decodes,
+                         pairs + decodes * attended_keys(m, job.context / 2), kv)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * chunk, spans.pp) if plan.pp > 1 else 0.0
     return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
 
@@ -423,7 +419,7 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
-    stage = step_seconds(m, plan, system, spans, T, T * (cached + min(new, T) / 2), 0.0)
+    stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * T, spans.pp) if plan.pp > 1 else 0.0
     return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
 

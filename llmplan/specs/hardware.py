@@ -65,6 +65,14 @@ class GpuSpec(BaseModel):
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
     runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75."""
+    attention_softmax_head_dim: float = Field(default=43.0, ge=0, le=1024)
+    """Head dimension at which the native fused attention kernel's per-(query, key) softmax work takes as
+    long as its 4d matmul FLOPs: its rate goes as d / (d + this), relative to d = 128 (head_dim_attention_ratio,
+    docs/formulas.md#compute.attention). H100: 47 for cuDNN and 39 for FlashAttention-3 from Shah et al. 2024
+    (FlashAttention-3), Figures 5-6, forward + backward at 4k tokens, head dim 64 vs 128: the middle, 43."""
+    flash2_softmax_head_dim: float = Field(default=18.0, ge=0, le=1024)
+    """As attention_softmax_head_dim, for FlashAttention-2 (ParallelPlan.attention_kernel flash2): 18 on H100
+    (same figures: head dim 64 at 0.89x of 128)."""
     fp8_tn_only: bool = False
     """FP8 GEMMs take only the TN layout (Hopper, Ada: cuBLASLt's FP8 requirement; Transformer Engine keeps a
     transposed "column-wise" FP8 copy of every operand it casts for that, cublaslt_gemm.cu): each per-tensor or
