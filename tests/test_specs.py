@@ -105,3 +105,53 @@ def test_cross_field_rules(extra, needle):
 def test_every_builtin_names_its_source():
     for m in builtin_models().values():
         assert m.source, m.name
+
+
+# Excerpts of config.json files that predate transformers' layer_types field (as on the Hugging Face Hub):
+# google/gemma-2-9b, google/gemma-3-27b-it (its text_config), mistralai/Mistral-7B-v0.1, Qwen/Qwen2.5-7B.
+GEMMA2_9B = {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+             "max_position_embeddings": 8192, "sliding_window": 4096}
+GEMMA3_27B = {"model_type": "gemma3", "text_config": {
+    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "vocab_size": 262208,
+    "max_position_embeddings": 131072, "sliding_window": 1024, "sliding_window_pattern": 6}}
+MISTRAL_7B_V01 = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                  "max_position_embeddings": 32768, "sliding_window": 4096, "tie_word_embeddings": False}
+QWEN25_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+             "max_position_embeddings": 131072, "sliding_window": 131072, "use_sliding_window": False,
+             "max_window_layers": 28}
+
+
+@pytest.mark.parametrize("cfg, windowed, window", [
+    # transformers configuration_gemma2.py / configuration_gemma3.py / modeling_mistral.py / configuration_qwen2.py
+    (GEMMA2_9B, [i % 2 == 0 for i in range(42)], 4096),            # even layers windowed
+    (GEMMA3_27B, [(i + 1) % 6 != 0 for i in range(62)], 1024),     # every 6th layer full: 52 windowed, 10 full
+    (MISTRAL_7B_V01, [True] * 32, 4096),                           # every layer windowed
+    (QWEN25_7B, None, None),                                       # use_sliding_window false: no window
+])
+def test_hf_configs_without_layer_types_get_their_architecture_s_windows(tmp_path, cfg, windowed, window):
+    from llmplan.cost.compute import layer_windows
+    from llmplan.cost.inference import kv_bytes_per_seq_gpu
+    from llmplan.specs.serve import ServePlan
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = load_model_file(path)
+    assert m.sliding_window == window
+    kept = layer_windows(m)
+    assert kept == ([window if w else None for w in windowed] if windowed else [None] * m.num_hidden_layers)
+    # the KV cache of a 32k-token sequence keeps min(32k, window) tokens on the windowed layers
+    full = m.model_copy(update={"layer_types": None})
+    ratio = kv_bytes_per_seq_gpu(m, ServePlan(), 32768) / kv_bytes_per_seq_gpu(full, ServePlan(), 32768)
+    expect = 1.0 if not windowed else (sum(windowed) * window + (len(windowed) - sum(windowed)) * 32768) / (
+        len(windowed) * 32768)
+    assert float(ratio) == pytest.approx(expect)
+
+
+def test_layer_types_must_name_every_layer():
+    fields = dict(name="x", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  vocab_size=100, max_position_embeddings=128, sliding_window=16)
+    with pytest.raises(ValidationError, match=r"layer_types lists 2 layers but num_hidden_layers is 4"):
+        ModelSpec(**fields, layer_types=("sliding_attention", "full_attention"))

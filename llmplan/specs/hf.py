@@ -42,8 +42,9 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out["rope_theta"] = cfg["rope_parameters"].get("rope_theta")
         out["rope_scaling"] = cfg["rope_parameters"]
         out = {k: v for k, v in out.items() if v is not None}
-    if isinstance(out.get("layer_types"), list):
-        out["layer_types"] = tuple(out["layer_types"])
+    out.update(_attention_layers(cfg, mt))
+    if out.get("sliding_window") is None:
+        out.pop("sliding_window", None)
     experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0)
     if experts:
         out["num_experts"] = experts
@@ -69,6 +70,34 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             out.pop(k, None)
     return out
+
+
+def _attention_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """sliding_window and layer_types as the architecture applies them when config.json lists no layer_types
+    (older Hub files): transformers' configuration_*.py rules. Gemma 2 and GPT-OSS alternate, the even
+    layers windowed; Gemma 3 windows all but every sliding_window_pattern-th layer (default 6); Mistral and
+    Mixtral window every layer; Qwen 2/3 only with use_sliding_window, from layer max_window_layers on. A
+    window the architecture does not use is dropped (Qwen's sliding_window with use_sliding_window false)."""
+    w, n = cfg.get("sliding_window"), cfg.get("num_hidden_layers")
+    if isinstance(cfg.get("layer_types"), list):
+        return {"layer_types": tuple(cfg["layer_types"])}
+    if not isinstance(w, int) or not isinstance(n, int) or w <= 0 or n <= 0:
+        return {}
+    if mt in ("gemma2", "gpt_oss"):
+        windowed = [(i + 1) % 2 != 0 for i in range(n)]
+    elif mt == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        windowed = [(i + 1) % pattern != 0 for i in range(n)]
+    elif mt in ("mistral", "mixtral"):
+        windowed = [True] * n
+    elif mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if not cfg.get("use_sliding_window"):
+            return {"sliding_window": None}
+        first = int(cfg.get("max_window_layers") or 0)
+        windowed = [i >= first for i in range(n)]
+    else:
+        return {}
+    return {"layer_types": tuple("sliding_attention" if x else "full_attention" for x in windowed)}
 
 
 def _gpt2(cfg: dict[str, Any]) -> dict[str, Any]:

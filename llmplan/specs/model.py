@@ -150,6 +150,9 @@ class ModelSpec(BaseModel):
             )
         if a % K:
             raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_key_value_heads ({K})")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is "
+                             f"{self.num_hidden_layers}; give one attention kind per layer")
         if self.num_experts:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
