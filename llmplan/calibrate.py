@@ -46,13 +46,43 @@ def calibrated_system(system: SystemSpec, results: dict[str, Any], source: str) 
                else "mesh_efficiency"] = round(min(ring, 1.5), 4)
     if nvls:
         update["nvls_factor"] = round(min(nvls, 2.0), 4)
+    curve = attention_head_dims_measured(rank0.get("attention", []))
+    if curve:
+        update["gpu"] = update["gpu"].model_copy(update=curve)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     update["calibrated"] = (f"llmplan bench on {results.get('host')} ({results.get('device')}), {len(table)} GEMM "
                             f"shapes, {'ring ' + str(update.get('ring_efficiency')) if ring else 'no large ring'}"
-                            f"{', NVLS ' + str(update['nvls_factor']) if nvls else ''}; calibrated {when}")
+                            f"{', NVLS ' + str(update['nvls_factor']) if nvls else ''}"
+                            f"{''.join(f', {k} {v:g}' for k, v in curve.items())}; calibrated {when}")
     update["name"] = f"{system.name}-calibrated"
     update["source"] = f"{system.source} | calibrated from {source}"
     return system.model_copy(update=update)
+
+
+def solve_d0(ratio: float, d1: float, d2: float) -> float | None:
+    """The d0 of rate ~ d / (d + d0) that gives rate(d1) / rate(d2) = ratio (docs/formulas.md#compute.attention);
+    None when the measured ratio is outside what the curve can give (between 1 and d1/d2)."""
+    den = ratio * d2 - d1
+    d0 = d1 * d2 * (1 - ratio) / den if den else -1.0
+    return round(d0, 1) if 0 <= d0 <= 1024 else None
+
+
+def attention_head_dims_measured(cases: list[dict[str, Any]]) -> dict[str, float]:
+    """GPU fields attention_softmax_head_dim / flash2_softmax_head_dim from `llmplan bench`'s attention pair
+    (the model's head dim and the reference one) under each kernel."""
+    fields = {"native": "attention_softmax_head_dim", "flash2": "flash2_softmax_head_dim"}
+    out: dict[str, float] = {}
+    for kernel, name in fields.items():
+        ok = [c for c in cases if c.get("kernel") == kernel and not c.get("error") and c["qk"] == c["v"]]
+        model = next((c for c in ok if c["name"] == "model"), None)
+        ref = next((c for c in ok if c["name"] != "model"), None)
+        if model is None or ref is None or model["qk"] == ref["qk"]:
+            continue
+        rate = lambda c: c["b"] * c["s"] ** 2 * c["a"] * c["qk"] / c["seconds"]  # noqa: E731
+        d0 = solve_d0(rate(model) / rate(ref), model["qk"], ref["qk"])
+        if d0 is not None:
+            out[name] = d0
+    return out
 
 
 def write_profile(system: SystemSpec, out: Path, force: bool) -> None:

@@ -155,3 +155,55 @@ def test_cpu_times_are_not_scored(cli):
             "--components", "gemm,collectives", "--sizes", "64KiB")
     assert r.code == 0, r.err
     assert "n/a on CPU" in r.out
+
+
+def test_attention_pair_runs_and_prices_the_head_dim_curve(cli):
+    # GPT-OSS 20B (head dim 64, 64 query / 8 KV heads) at TP 1: its causal attention and the same width at head
+    # dim 128 (32 / 4 heads), forward + backward through SDPA. On CPU the times get no verdict; the rows and the
+    # shapes are what a GPU run scores (0.25 on the time, 0.1 on the head-dim rate ratio).
+    r = cli("bench", "--model", "gpt-oss-20b", "--nproc", "1", "--seq-len", "128", "--components", "attention",
+            "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    cases = doc["raw"][0]["attention"]
+    assert [(c["name"], c["a"], c["kv"], c["qk"]) for c in cases] == [("model", 64, 8, 64), ("head dim 128", 32, 4, 128)]
+    assert all(c["seconds"] > 0 for c in cases)
+    rows = {c["component"]: c for c in doc["comparisons"]}
+    curve = rows["attention head-dim curve"]
+    assert curve["predicted"] == pytest.approx((64 / 107) / (128 / 171))  # d0 43: head_dim_attention_ratio
+    assert curve["verdict"] == "n/a" and rows["attention"]["verdict"] == "n/a"
+
+
+def test_calibrate_solves_the_head_dim_curve_from_the_attention_pair(cli, tmp_path):
+    # A GPU run whose head-dim-64 attention runs at 0.80x the rate of head dim 128 (FlashAttention-3's ratio,
+    # Shah et al. 2024, Figures 5-6) and FA2 at 0.89x: calibrate writes d0 = 64·128·0.2 / (0.8·128 - 64) = 42.7
+    # and 18.0, the values that reproduce those ratios.
+    def case(name, a, kv, d, kernel, seconds):
+        return {"name": name, "b": 1, "a": a, "kv": kv, "s": 4096, "qk": d, "v": d, "kernel": kernel, "seconds": seconds}
+    att = [case("model", 64, 8, 64, "native", 1.0 / 0.8), case("head dim 128", 32, 4, 128, "native", 1.0),
+           case("model", 64, 8, 64, "flash2", 1.0 / 0.8902), case("head dim 128", 32, 4, 128, "flash2", 1.0)]
+    gemms = [{"name": "a", "m": 4096, "k": 4096, "n": 4096, "seconds": 1.0, "tflops": 700.0}]
+    res = tmp_path / "gpu.json"
+    res.write_text(json.dumps({"backend": "nccl", "host": "node0", "device": "NVIDIA H100 80GB HBM3",
+                               "raw": [{"rank": 0, "gemm": gemms, "attention": att}]}))
+    prof = tmp_path / "cal.yaml"
+    r = cli("calibrate", res, "--hardware", "dgx-h100", "-o", prof)
+    assert r.code == 0, r.err
+    import yaml
+    gpu = yaml.safe_load(prof.read_text())["gpu"]
+    assert gpu["attention_softmax_head_dim"] == pytest.approx(42.7) and gpu["flash2_softmax_head_dim"] == pytest.approx(18.0)
+    assert "attention_softmax_head_dim 42.7" in yaml.safe_load(prof.read_text())["calibrated"]
+
+
+def test_an_attention_backend_without_a_kernel_is_reported_on_its_row(tmp_path):
+    # cuDNN attention has no CPU kernel: the worker records why for each case (after retrying with K and V
+    # expanded to the query heads) instead of failing the rank, and the comparison shows it without a verdict.
+    from llmplan.bench.run import attention_cases, attention_rows
+    from llmplan.bench.worker import run_attention
+    cfg = config(1, components=("attention",))
+    wcfg = {"attention": attention_cases(cfg), "attention_kernels": ["native"], "attention_dtype": "float32",
+            "warmup": 1, "iters": 1}
+    got = run_attention(wcfg, "cpu", tmp_path, 0)
+    assert len(got) == 2 and all(c.get("error") for c in got)
+    rows = attention_rows(cfg, got, on_gpu=True)
+    assert [r.verdict for r in rows] == ["n/a", "n/a"] and all(r.note for r in rows)

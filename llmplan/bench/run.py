@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmplan.cost.comm import tp_transfers
-from llmplan.cost.compute import gemm_efficiency
+from llmplan.cost.compute import attention_fraction, attention_head_dims, gemm_efficiency, head_dim_attention_ratio
 from llmplan.cost.memory import layer_activation_bytes
 from llmplan.errors import LlmplanError
 from llmplan.specs.model import ModelSpec
@@ -24,7 +24,7 @@ from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.topology.collectives import bus_factor, collective_time
 from llmplan.topology.placement import GroupSpan, span_of_ranks
 
-COMPONENTS = ("gemm", "collectives", "layer")
+COMPONENTS = ("gemm", "collectives", "layer", "attention")
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 LAYER_TOLERANCE = 0.01
 """Saved-bytes tolerance: the formula neglects the layer norms' saved mean and 1/std (2 tensors of s·b per
@@ -80,6 +80,40 @@ def gemm_shapes(cfg: BenchConfig) -> list[dict[str, Any]]:
     return out
 
 
+ATTENTION_KERNELS = {"nccl": ("native", "flash2"), "gloo": ("default",)}
+"""The fused kernels timed on GPUs (PyTorch SDPA's cuDNN backend = llmplan's native kernel on Hopper and
+later, its flash backend = FlashAttention-2); on CPU whatever SDPA picks, for the plumbing only."""
+
+
+def attention_cases(cfg: BenchConfig) -> list[dict[str, Any]]:
+    """One rank's causal attention at the plan's shape (heads / tp, tokens / cp, the micro-batch) and the model's
+    head dimensions, plus the same heads x head-dim width at head dim 128 (64 where the model has 128): the
+    pair measures the kernel's head-dimension curve (cost.compute.head_dim_attention_ratio)."""
+    m, p = cfg.model, cfg.plan
+    qk, v = attention_head_dims(m)
+    a, kv = max(m.num_attention_heads // p.tp, 1), max(m.kv_heads // p.tp, 1)
+    s, b = p.seq_len // p.cp, p.micro_batch
+    ref = 64 if (qk, v) == (128, 128) else 128
+    width = a * (qk + v) // 2
+    a_ref = max(width // ref, 1)
+    kv_ref = max(a_ref * kv // a, 1) if a_ref % max(a_ref * kv // a, 1) == 0 else a_ref
+    return [{"name": "model", "b": b, "a": a, "kv": kv, "s": s, "qk": qk, "v": v},
+            {"name": f"head dim {ref}", "b": b, "a": a_ref, "kv": kv_ref, "s": s, "qk": ref, "v": ref}]
+
+
+def attention_flops(case: dict[str, Any]) -> float:
+    """Forward FLOPs of one causal attention case as llmplan counts them (QK^T and AV, no causal halving)."""
+    return 2.0 * case["b"] * case["s"] ** 2 * case["a"] * (case["qk"] + case["v"])
+
+
+def _case_model(cfg: BenchConfig, case: dict[str, Any]) -> ModelSpec:
+    if case["name"] == "model":
+        return cfg.model
+    return cfg.model.model_copy(update={"head_dim": case["qk"], "num_attention_heads": case["a"],
+                                        "num_key_value_heads": case["kv"], "kv_lora_rank": None, "q_lora_rank": None,
+                                        "qk_nope_head_dim": None, "qk_rope_head_dim": None, "v_head_dim": None})
+
+
 def worker_config(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
     gpu = cfg.backend == "nccl"
     return {
@@ -90,6 +124,8 @@ def worker_config(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
         "layer_cases": [{"recompute": r, "sp": sp} for r in ("none", "selective", "full")
                         for sp in ((False, True) if cfg.nproc > 1 else (False,))],
         "threads": max(1, (os.cpu_count() or 1) // cfg.nproc),
+        "attention": attention_cases(cfg), "attention_kernels": list(ATTENTION_KERNELS[cfg.backend]),
+        "attention_dtype": "bfloat16" if gpu else "float32",
     }
 
 
@@ -258,6 +294,39 @@ def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
                             lay["wire_bytes"], "B", 1e-9, ", ".join(f"{k} x{v}" for k, v in sorted(lay["calls"].items()))))
         if lay.get("peak_allocated"):
             rows.append(Row("layer peak allocated", label, 0.0, lay["peak_allocated"], "B", None, "GPU only"))
+    rows += attention_rows(cfg, r0.get("attention", []), on_gpu)
+    return rows
+
+
+def attention_rows(cfg: BenchConfig, measured: list[dict[str, Any]], on_gpu: bool) -> list[Row]:
+    """Each timed attention case (forward + backward) against llmplan's price of it, 3 x its forward FLOPs at
+    the kernel's rate (attention_fraction); per kernel, the measured rate ratio of the model's head dimension to
+    the reference one against head_dim_attention_ratio's. Cases a backend could not run say why."""
+    gpu = cfg.cluster.system.gpu
+    rows: list[Row] = []
+    rates: dict[str, dict[str, float]] = {}
+    for c in measured:
+        label = f"{c['kernel']} b{c['b']} a{c['a']}/{c['kv']} s{c['s']} d{c['qk']}"
+        if c.get("error"):
+            rows.append(Row("attention", label, 0.0, 0.0, "s", None, c["error"][:60]))
+            continue
+        kernel = "flash2" if c["kernel"] == "flash2" else "native"
+        plan = ParallelPlan(attention_kernel=kernel, seq_len=c["s"])
+        frac = float(attention_fraction(gpu, plan, _case_model(cfg, c)))
+        predicted = 3 * attention_flops(c) / (gpu.sustained_flops("bf16") * frac)
+        rows.append(Row("attention", label, predicted, c["seconds"], "s", 0.25 if on_gpu else None,
+                        f"{3 * attention_flops(c) / c['seconds'] / 1e12:.0f} TFLOP/s counted" if on_gpu else ""))
+        rates.setdefault(c["kernel"], {})[c["name"]] = attention_flops(c) / c["seconds"]
+    for kernel, r in rates.items():
+        ref = next((n for n in r if n != "model"), None)
+        if "model" not in r or ref is None:
+            continue
+        case = {c["name"]: c for c in measured if c["kernel"] == kernel}
+        d0 = gpu.flash2_softmax_head_dim if kernel == "flash2" else gpu.attention_softmax_head_dim
+        predicted = head_dim_attention_ratio(_case_model(cfg, case["model"]), d0) / head_dim_attention_ratio(
+            _case_model(cfg, case[ref]), d0)
+        rows.append(Row("attention head-dim curve", f"{kernel}: d{case['model']['qk']} / d{case[ref]['qk']} rate",
+                        predicted, r["model"] / r[ref], "x", 0.1 if on_gpu else None, f"profile d0 {d0:g}"))
     return rows
 
 

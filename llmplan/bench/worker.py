@@ -134,6 +134,62 @@ def run_layers(cfg: dict, device: str, out: Path, rank: int, world: int) -> list
     return results
 
 
+SDPA_BACKENDS = {"native": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION"}
+
+
+def run_attention(cfg: dict, device: str, out: Path, rank: int) -> list[dict]:
+    """Causal attention forward + backward through PyTorch SDPA, each case under each requested kernel; a
+    kernel this build or GPU cannot run for a shape is reported as that case's error, not a failed rank."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, cfg["attention_dtype"])
+    results = []
+    for kernel in cfg["attention_kernels"]:
+        for c in cfg["attention"]:
+            _progress(out, rank, f"attention {kernel} {c['name']}")
+            q = torch.randn(c["b"], c["a"], c["s"], c["qk"], dtype=dtype, device=device, requires_grad=True)
+            k = torch.randn(c["b"], c["kv"], c["s"], c["qk"], dtype=dtype, device=device, requires_grad=True)
+            v = torch.randn(c["b"], c["kv"], c["s"], c["v"], dtype=dtype, device=device, requires_grad=True)
+            grad = torch.randn(c["b"], c["a"], c["s"], c["v"], dtype=dtype, device=device)
+            def ctx():
+                if kernel not in SDPA_BACKENDS:
+                    return contextlib.nullcontext()
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[kernel])])
+
+            def step(expand: bool):
+                # a backend without grouped-query support gets K and V repeated to the query heads (same FLOPs)
+                kk, vv = ((k.repeat_interleave(c["a"] // c["kv"], 1), v.repeat_interleave(c["a"] // c["kv"], 1))
+                          if expand else (k, v))
+                o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
+                                                   enable_gqa=not expand and c["kv"] != c["a"])
+                o.backward(grad)
+
+            error = None
+            for expand in ((False, True) if c["kv"] != c["a"] else (False,)):
+                try:
+                    with ctx():
+                        for _ in range(cfg["warmup"]):
+                            step(expand)
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        for _ in range(cfg["iters"]):
+                            step(expand)
+                        _sync(device)
+                    results.append({**c, "kernel": kernel, "kv_expanded": expand,
+                                    "seconds": (time.perf_counter() - t0) / cfg["iters"]})
+                    error = None
+                    break
+                except RuntimeError as e:  # e.g. no kernel of that backend for this head dim / dtype / GQA
+                    error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if error:
+                results.append({**c, "kernel": kernel, "error": error})
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
@@ -158,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             result["collectives"] = run_collectives(cfg, device, out, rank, world)
         if "layer" in cfg["components"]:
             result["layer"] = run_layers(cfg, device, out, rank, world)
+        if "attention" in cfg["components"]:
+            result["attention"] = run_attention(cfg, device, out, rank)
         _progress(out, rank, "done")
         (out / f"results-rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()

@@ -35,7 +35,7 @@ def bench(
     micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Without --plan: sequences per micro-batch."),
     nproc: int = typer.Option(2, "--nproc", min=1, help="Processes (GPUs) on this node; torchrun starts them."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) | nccl (GPU)."),
-    components: str = typer.Option("gemm,collectives,layer", "--components", help="Comma-separated subset."),
+    components: str = typer.Option("gemm,collectives,layer,attention", "--components", help="Comma-separated subset."),
     sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),
     gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", min=1, help="Cap the GEMMs' token dimension."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped."),
@@ -43,7 +43,7 @@ def bench(
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
     json_mode: bool = opt.JSON,
 ) -> None:
-    """Run GEMM, collective and reference-layer micro-benchmarks and compare them with the predictions."""
+    """Run GEMM, collective, reference-layer and attention micro-benchmarks and compare them with the predictions."""
     require_torch()
     if backend not in ("gloo", "nccl"):
         raise LlmplanError(f"--backend {backend}: use gloo (CPU) or nccl (GPU)")

@@ -28,7 +28,7 @@ def bench_tables(rows: list, cpu: bool = False) -> list[Table]:
             t.add_column(col, justify="right" if col in ("predicted", "measured", "error") else "left")
         for r in (x for x in rows if x.component == component):
             style = {"ok": "green", "MISMATCH": "bold red"}.get(r.verdict, "dim")
-            cpu_time = r.unit == "s" and cpu and r.component in ("gemm", "collective")
+            cpu_time = r.unit == "s" and cpu and r.component in ("gemm", "collective", "attention")
             error = "n/a on CPU" if cpu_time else (f"{100 * r.error:+.2f}%" if r.predicted else "-")
             t.add_row(r.item, _fmt_value(r.predicted, r.unit) if r.predicted else "-", _fmt_value(r.measured, r.unit),
                       error, f"[{style}]{r.verdict}[/]", r.note)
