@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from llmplan.specs.registry import builtin_models, builtin_systems
+
 ACCEPTANCE = ["estimate", "--model", "gpt3-175b", "--hardware", "dgx-a100", "--nodes", "8", "--tp", "8",
               "--pp", "8", "--sp", "--recompute", "selective", "--micro-batch", "1", "--global-batch", "64",
               "--seq-len", "2048"]
@@ -179,3 +181,16 @@ def test_fp32_param_shards_option(cli):
     assert saved == pytest.approx(2 * 8.03e9 / 8 * 1.05, rel=0.01)  # 2 B x 8.03B parameters / 8 shards, + 5% allowance
     s = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--fp32-param-shards", "--json")
     assert s.code == 0 and s.json()["plans"][0]["plan"]["fp32_param_shards"] is True
+
+
+def test_listings_fit_80_columns_with_every_name_whole():
+    # On an 80-column terminal `models` and `hardware` keep each name (what --model / --hardware take) on one
+    # line and no line is wider than the terminal; `models` leaves the architecture column to --json there.
+    env = {**os.environ, "COLUMNS": "80"}
+    for cmd, names in (("models", builtin_models()), ("hardware", builtin_systems())):
+        r = subprocess.run([sys.executable, "-m", "llmplan", cmd], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        firsts = {line.split()[0] for line in lines if line.split()}
+        assert set(names) <= firsts, sorted(set(names) - firsts)

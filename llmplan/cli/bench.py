@@ -98,7 +98,7 @@ def calibrate(
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile (YAML)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --output."),
 ) -> None:
-    """Write a hardware profile with measured GEMM and collective efficiencies."""
+    """Write a hardware profile with measured GEMM and collective efficiencies and attention head-dim curve."""
     doc = read_document(results)
     system = calibrated_system(resolve_system(hardware), doc, str(results))
     write_profile(system, output, force)

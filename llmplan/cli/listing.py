@@ -13,7 +13,7 @@ from llmplan.specs.registry import builtin_gpus, builtin_systems
 def models(json_mode: bool = opt.JSON) -> None:
     """List the built-in models."""
     rows = model_summaries()
-    emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows)))
+    emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows, with_type=out.width >= 100)))
 
 
 @app.command()

@@ -13,16 +13,24 @@ from llmplan.specs.model import ModelSpec
 
 
 
-def models_table(models: list[tuple[ModelSpec, ParamCounts]]) -> Table:
-    t = ReportTable(title="Built-in models")
-    for col in ("name", "type", "layers", "hidden", "heads/kv", "experts", "params", "active", "context"):
-        t.add_column(col, justify="left" if col in ("name", "type") else "right")
+def models_table(models: list[tuple[ModelSpec, ParamCounts]], with_type: bool = True) -> Table:
+    """One row per model; without `with_type` (consoles under 100 columns) the architecture column is left out
+    so that the rest fits 80 columns without wrapping a number (`--json` has it)."""
+    t = ReportTable(title="Built-in models", collapse_padding=True)
+    cols = ("name", "type", "layers", "hidden", "heads/kv", "experts", "params", "active", "context")
+    for col in cols if with_type else tuple(c for c in cols if c != "type"):
+        t.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=col == "name")
     for m, p in models:
-        experts = f"{m.num_experts} (top-{m.num_experts_per_tok})" if m.is_moe else "-"
-        t.add_row(m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size),
-                  f"{m.num_attention_heads}/{m.kv_heads}", experts, billions(p.total), billions(p.active),
-                  f"{m.max_position_embeddings:,}")
+        experts = f"{m.num_experts} top-{m.num_experts_per_tok}" if m.is_moe else "-"
+        row = [m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.kv_heads}",
+               experts, _short_billions(p.total), _short_billions(p.active), f"{m.max_position_embeddings:,}"]
+        t.add_row(*(row if with_type else row[:1] + row[2:]))
     return t
+
+
+def _short_billions(x: float) -> str:
+    b = x / 1e9
+    return f"{b:,.0f}B" if b >= 100 else f"{b:.1f}B" if b >= 10 else f"{b:.2f}B"
 
 
 def models_json(models: list[tuple[ModelSpec, ParamCounts]]) -> dict[str, Any]:
@@ -39,9 +47,11 @@ def hardware_tables(gpus: list[GpuSpec], systems: list[SystemSpec]) -> list[Tabl
         fp8 = x.tflops.get("fp8")
         g.add_row(x.name, f"{x.tflops.get('bf16', 0):g}", f"{fp8:g}" if fp8 else "-", f"{x.hbm_gib:g}",
                   f"{x.hbm_gb_per_s:g}")
-    s = ReportTable(title="Systems (--hardware)")
+    s = ReportTable(title="Systems (--hardware)", collapse_padding=True)
     for col in ("name", "GPU", "GPUs/node", "scale-up", "GB/s per GPU", "scale-out"):
-        s.add_column(col, justify="left" if col in ("name", "GPU", "scale-up", "scale-out") else "right")
+        # the name (what --hardware takes) never wraps; the fabric descriptions fold first
+        s.add_column(col, justify="left" if col in ("name", "GPU", "scale-up", "scale-out") else "right",
+                     no_wrap=col in ("name", "GPU"))
     for x in systems:
         dom = f" ({x.domain_gpus}-GPU domain)" if x.domain_gpus != x.gpus_per_node else ""
         out = f"{x.nics_per_node} x {x.nic_gbit_per_s:g} Gb/s {x.scaleout_fabric}" if x.nics_per_node else "-"
