@@ -96,7 +96,9 @@ ASSUMPTIONS = {
                  "as the recipe selects it: HF SDPA restricted to the flash backend (= FlashAttention-2) under CP "
                  "(resolve_sdpa_method), TE DotProductAttention (native fused) where the recipe sets attn te, "
                  "FlexAttention priced as FlashAttention-2 (the nearest modelled kernel); MoE rows with uniform "
-                 "routing (the runs' fake balanced gate), the recipe's EP and exposed all-to-alls; the rows whose "
+                 "routing (the runs' fake balanced gate: token i takes experts i*k .. i*k+k-1), the recipe's EP with "
+                 "DeepEP's dispatch (a token once per destination rank: one row under that gate) and exposed "
+                 "all-to-alls; the rows whose "
                  "recipe matches the table's batch sizes and whose layout llmplan can describe (Llama 3 70B, "
                  "Qwen3 30B-A3B, GPT-OSS 20B); predicts tokens/s per GPU",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
@@ -227,6 +229,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
+        # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
+        # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
+        moe_dispatcher="deepep" if "DeepEP" in str(par.get("comm_overlap", "")) else "alltoall",
+        moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
     )
 
 

@@ -77,6 +77,8 @@ def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]
                 ("overlap the weight all-gather with forward", {"overlap_param_gather": True}),
                 ("reduce gradients in bf16 (half the DP bytes)", {"grad_dtype": "bf16"}),
                 ("overlap the expert all-to-alls with another micro-batch", {"ep_comm_overlap": True}),
+                ("DeepEP sends a token once per EP rank, not once per expert", {"moe_dispatcher": "deepep"})
+                if p.ep > 1 and p.moe_dispatcher == "alltoall" and p.moe_capacity_factor is None else None,
                 ("TP inside the node", {"tp": node, "dp": p.dp * p.tp // node}) if p.tp > node else None,
                 ("EP within the NVLink domain", {"ep": max(p.ep // 2, 1)}) if p.ep > node else None]
     if kind in ("bubble", "pp") or float(e.time.bubble) >= 0.1 * step:
@@ -110,7 +112,8 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
     names = {"pp_first": "pp-first-layers", "pp_last": "pp-last-layers", "micro_batch": "micro-batch",
              "tp_comm_overlap": "tp-comm-overlap", "overlap_grad_reduce": "overlap-grad-reduce",
              "overlap_param_gather": "overlap-param-gather", "grad_dtype": "grad-dtype",
-             "ep_comm_overlap": "ep-comm-overlap", "attention_kernel": "attention-kernel", "fused_loss": "fused-loss"}
+             "ep_comm_overlap": "ep-comm-overlap", "attention_kernel": "attention-kernel", "fused_loss": "fused-loss",
+             "moe_dispatcher": "moe-dispatcher"}
     out: tuple[str, ...] = ()
     for k, v in change.items():
         if k == "pp_layers":

@@ -105,7 +105,8 @@ def estimate_train(o: dict) -> None:
         **switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
                    o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
                    o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
-                   o["recompute_layers"], o["fused_loss"], o["tp_impl"], o["fp32_param_shards"]),
+                   o["recompute_layers"], o["fused_loss"], o["tp_impl"], o["fp32_param_shards"],
+                   o["moe_dispatcher"], o["moe_routing"]),
     }, "plan options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     e = estimate_training(m, cluster, plan, allowance, order)

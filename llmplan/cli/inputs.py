@@ -7,7 +7,8 @@ from typing import Optional
 
 from llmplan.errors import LlmplanError
 from llmplan.specs.check import accounted_split
-from llmplan.specs.plan import ATTENTION_KERNELS, PRECISIONS, TP_IMPLS, ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, TP_IMPLS, ClusterSpec,
+                                MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.serve import ServeJob
 from llmplan.topology.graph import validate
@@ -40,7 +41,8 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
              precision: str | None = None, moe_capacity_factor: float | None = None,
              pp_schedule: str = "1f1b", attention_kernel: str = "native",
              recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron",
-             fp32_param_shards: bool = False) -> dict:
+             fp32_param_shards: bool = False, moe_dispatcher: str = "alltoall",
+             moe_routing: str = "random") -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -58,12 +60,18 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
                            f"{', '.join(ATTENTION_KERNELS)}")
     if tp_impl not in TP_IMPLS:
         raise LlmplanError(f"--tp-impl {tp_impl} is not a TP implementation; use one of {', '.join(TP_IMPLS)}")
+    if moe_dispatcher not in MOE_DISPATCHERS:
+        raise LlmplanError(f"--moe-dispatcher {moe_dispatcher} is not an MoE dispatcher; use one of "
+                           f"{', '.join(MOE_DISPATCHERS)}")
+    if moe_routing not in MOE_ROUTINGS:
+        raise LlmplanError(f"--moe-routing {moe_routing} is not a routing; use one of {', '.join(MOE_ROUTINGS)}")
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
             "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
             "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
             "pp_schedule": pp_schedule, "attention_kernel": attention_kernel, "recompute_layers": recompute_layers,
-            "fused_loss": fused_loss, "tp_impl": tp_impl, "fp32_param_shards": fp32_param_shards}
+            "fused_loss": fused_loss, "tp_impl": tp_impl, "fp32_param_shards": fp32_param_shards,
+            "moe_dispatcher": moe_dispatcher, "moe_routing": moe_routing}
 
 
 

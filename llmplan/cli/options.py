@@ -58,6 +58,12 @@ FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shard
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
+MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
+                              help="MoE token dispatch: alltoall (every routed copy travels) | deepep (a token once "
+                                   "per destination EP rank: DeepEP, Megatron's flex dispatcher).")
+MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
+                           help="How tokens spread over experts, for deepep's volume: random (a balanced router) | "
+                                "contiguous (k consecutive experts: NeMo AutoModel's benchmark gate).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
@@ -101,6 +107,7 @@ TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP),
+                     ("moe_dispatcher", str, MOE_DISPATCHER), ("moe_routing", str, MOE_ROUTING),
                      ("fp32_param_shards", bool, FP32_PARAM_SHARDS)]
 PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_LAYERS),
                   ("embedding_in_split", bool, EMBEDDING_IN_SPLIT), ("loss_in_split", bool, LOSS_IN_SPLIT)]

@@ -8,6 +8,11 @@ how many times, over which group, and how long it takes on the links that group 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from math import comb
+from typing import Any
+
+import numpy as np
 
 from llmplan.cost.arith import where
 from llmplan.cost.params import (heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, recomputed_share,
@@ -181,16 +186,47 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
 
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
-    """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's k·T routed token rows,
-    in forward and in backward (and again under full recompute). Derived: docs/formulas.md#comm.ep"""
+    """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
+    dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute).
+    Derived: docs/formulas.md#comm.ep"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     tokens = s * b / where(plan.sp, plan.tp, 1)
-    S = ACT_BYTES * tokens * m.num_experts_per_tok * h * plan.expert_padding  # dispatch padded to capacity
+    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * plan.expert_padding  # dispatch padded to capacity
     dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
     per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]
+
+
+def dispatch_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Rows one token puts in an EP dispatch (and gets back in the combine): its k routed copies with the
+    alltoall dispatcher; with deepep, one per EP rank that holds any of its experts (ranks_per_token), for
+    each plan's ep. Source: DeepEP README, get_dispatch_layout's is_token_in_rank (a token goes to a rank
+    once) and combine (the rank's expert outputs return reduced). Derived: docs/formulas.md#comm.ep"""
+    k = m.num_experts_per_tok
+    if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
+        return float(k)
+    ep = np.asarray(plan.ep)
+    values, index = np.unique(ep, return_inverse=True)
+    rows = np.array([ranks_per_token(m.num_experts, k, int(e), plan.moe_routing) for e in values])
+    out = rows[index].reshape(ep.shape)
+    return float(out) if out.ndim == 0 else out
+
+
+@lru_cache(maxsize=1024)
+def ranks_per_token(E: int, k: int, ep: int, routing: str) -> float:
+    """Mean number of EP ranks a token's k experts live on, E experts spread E/ep per rank in order:
+    random routing draws k distinct experts uniformly, ep·(1 - C(E - E/ep, k) / C(E, k)) (the chance that a
+    rank holds none of them); contiguous routing (NeMo AutoModel's FakeBalancedGate: token i takes experts
+    i·k .. i·k + k - 1 mod E) averages the ranks each run of k spans. Derived: docs/formulas.md#comm.ep"""
+    if ep <= 1 or E <= 0 or k <= 0:
+        return 1.0
+    per_rank = max(E // ep, 1)
+    if routing == "contiguous":
+        starts = sorted({i * k % E for i in range(E)})
+        return sum(len({(s + j) % E // per_rank for j in range(k)}) for s in starts) / len(starts)
+    return ep * (1.0 - comb(E - per_rank, k) / comb(E, k))
 
 
 def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], system: SystemSpec) -> CommBreakdown:

@@ -235,8 +235,9 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
     (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k, the MLP activation
-    (gated: read 2f, write f; GELU: read f, write f) and, without fused attention, the softmax and dropout
-    over the scores (4 bytes per score, 9 with attention dropout). Derived: docs/formulas.md#compute.memory_bound"""
+    (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
+    and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
+    dropout). Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
@@ -250,7 +251,16 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    return norms_residual + rope + act + scores + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    routing = moe_routing_bytes(m) * T / sp if moe else 0.0
+    return norms_residual + rope + act + scores + routing + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+
+
+def moe_routing_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one MoE layer's routing, forward, in 16 bits: the router's fp32 scores over the
+    E experts (softmax and top-k: read and write 8E) and the permute of the token into its k expert copies
+    and back (read and write the k copies each way: 8kh). Training and serving alike.
+    Derived: docs/formulas.md#compute.memory_bound"""
+    return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.hidden_size
 
 
 CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,

@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio, layer_windows
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio,
+                                  layer_windows, moe_routing_bytes)
 from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -310,10 +311,8 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
     cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
-    # MoE: routing (fp32 scores over the experts) and the permute into expert order and back (read and write
-    # the token's k copies each way), on the MoE layers' share of the layers.
-    routing = (m.num_moe_layers / m.num_hidden_layers) * (8.0 * m.num_experts + 2 * 2 * m.num_experts_per_tok * h * 2.0) \
-        if m.is_moe else 0.0
+    # MoE: routing and the permutes (moe_routing_bytes), on the MoE layers' share of the layers.
+    routing = (m.num_moe_layers / m.num_hidden_layers) * moe_routing_bytes(m) if m.is_moe else 0.0
     return norms_adds + act + cast + routing
 
 

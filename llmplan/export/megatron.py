@@ -43,7 +43,11 @@ def model_flags(pf: PlanFile) -> list[str]:
         pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
                   ("--moe-ffn-hidden-size", m.expert_ffn),
                   ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
-                  ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", True)]
+                  # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
+                  # for --moe-flex-dispatcher-backend deepep)
+                  ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
+                  ("--moe-flex-dispatcher-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
+                  ("--moe-grouped-gemm", True)]
     return as_flags(pairs)
 
 
@@ -116,6 +120,9 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
                      "re-plan with --recompute selective or full, or export to torchtitan")
+    if pf.model.is_moe and p.moe_routing == "contiguous":
+        raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
+                     "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     if p.dtype == "fp8" and p.recipe == "rowwise":
         raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
                      "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "

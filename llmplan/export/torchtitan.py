@@ -64,6 +64,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "recomputes every other matmul instead, at other memory and time",
                      "re-plan with --recompute op (torchtitan's policy), --recompute none (the same memory "
                      "with fused attention) or --recompute full")
+    if pf.model.is_moe and (p.moe_dispatcher != "alltoall" or p.moe_routing != "random"):
+        raise refuse(target, f"MoE dispatch {p.moe_dispatcher} with {p.moe_routing} routing (torchtitan selects "
+                     "DeepEP in a model's config function, which this export does not write, and routes with the "
+                     "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
+                     "export to megatron")
     if p.recompute_layers is not None:
         raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
                      "layer checkpointing takes every layer, or every Nth layer: a different set)",

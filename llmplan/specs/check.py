@@ -267,6 +267,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
                          "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
                          "what runs; use --recompute full or none, or --dtype bf16"),
+    Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
+         lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
+                         "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
+                         "rule); drop --moe-capacity-factor or use --moe-dispatcher alltoall"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

@@ -108,6 +108,12 @@ ATTENTION_KERNELS: tuple[str, ...] = ("native", "flash2")
 TpImpl = Literal["megatron", "dtensor"]
 TP_IMPLS: tuple[str, ...] = ("megatron", "dtensor")
 """--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+"""--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
+MoeRouting = Literal["random", "contiguous"]
+MOE_ROUTINGS: tuple[str, ...] = ("random", "contiguous")
+"""--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
 PRECISIONS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -221,6 +227,18 @@ class ParallelPlan(PlanQuantities, BaseModel):
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How MoE tokens travel to their experts' EP ranks: alltoall (Megatron's alltoall token dispatcher)
+    permutes each token into its k expert copies and sends every copy; deepep (DeepEP: Megatron's flex
+    dispatcher with the deepep backend, NeMo AutoModel's deepep dispatcher) sends a token once to each EP
+    rank that holds at least one of its experts, and the combine returns one row per rank, the rank's expert
+    outputs already summed (docs/formulas.md#comm.ep)."""
+    moe_routing: MoeRouting = "random"
+    """How the router spreads each token's k experts, which sets how many EP ranks a deepep dispatch reaches:
+    random (a trained, balanced router, or Megatron's --moe-router-force-load-balancing: k distinct experts
+    drawn uniformly) or contiguous (k consecutive experts from a multiple of k, NeMo AutoModel's
+    FakeBalancedGate, the benchmark gate of its performance tables). The alltoall dispatcher sends k copies
+    either way."""
     fp32_param_shards: bool = False
     """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
     optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed

@@ -1,0 +1,126 @@
+"""MoE token dispatch: how many rows a token sends (alltoall: its k copies; DeepEP: one per destination rank),
+the routing's memory traffic, and the switches that carry them (check, CLI, export)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.comm import dispatch_rows, ranks_per_token
+from llmplan.cost.compute import elementwise_bytes, moe_routing_bytes
+from llmplan.export import render_all
+from llmplan.export.common import CannotExpress
+from llmplan.planfile import load_plan
+from llmplan.specs.check import check_plan
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_models
+
+from test_export import PLANS, parse_megatron
+
+
+@pytest.mark.parametrize("E,k,ep", [(128, 8, 8), (256, 8, 64), (32, 4, 8), (64, 6, 16), (8, 2, 4)])
+def test_random_routing_reaches_the_ranks_a_simulation_counts(E, k, ep):
+    # k distinct experts drawn uniformly per token, E/ep experts per rank in order: the closed form
+    # ep * (1 - C(E - E/ep, k) / C(E, k)) against a seeded count over 20,000 simulated tokens.
+    rng = np.random.default_rng(0)
+    experts = np.argsort(rng.random((20_000, E)), axis=1)[:, :k]
+    ranks = experts // (E // ep)
+    counted = np.mean([len(set(row)) for row in ranks])
+    assert ranks_per_token(E, k, ep, "random") == pytest.approx(counted, rel=0.01)
+
+
+@pytest.mark.parametrize("E,k,ep,expected", [
+    (32, 4, 8, 1.0),    # GPT-OSS 20B on 8 GPUs (AutoModel): 4 experts per rank, runs of 4 from multiples of 4
+    (128, 8, 8, 1.0),   # Qwen3 30B-A3B on 8 GPUs: 16 per rank
+    (32, 4, 16, 2.0),   # 2 experts per rank: a run of 4 spans 2 ranks
+    (12, 8, 3, 2.0),    # runs start at 0, 8, 4 (i*8 mod 12), 4 per rank: 0..7 -> ranks 0, 1; 8..11, 0..3 -> 2, 0;
+])                      # 4..11 -> 1, 2
+def test_contiguous_routing_counts_the_ranks_each_run_spans(E, k, ep, expected):
+    # NeMo AutoModel's FakeBalancedGate gives token i the experts i*k .. i*k+k-1 (mod E).
+    assert ranks_per_token(E, k, ep, "contiguous") == pytest.approx(expected)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.sampled_from([8, 16, 32, 64, 128, 256]), st.integers(1, 8), st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+       st.sampled_from(["random", "contiguous"]))
+def test_deepep_never_sends_more_rows_than_the_copies_or_the_ranks(E, k, ep, routing):
+    if ep > E or k > E:
+        return
+    r = ranks_per_token(E, k, ep, routing)
+    assert 1.0 - 1e-9 <= r <= min(k, ep) + 1e-9
+
+
+def test_deepep_sends_a_rank_count_of_rows_and_alltoall_k_copies():
+    m = builtin_models()["qwen3-30b-a3b"]
+    plan = ParallelPlan(dp=8, ep=8, global_batch=64)
+    assert dispatch_rows(m, plan) == m.num_experts_per_tok
+    deepep = plan.model_copy(update={"moe_dispatcher": "deepep"})
+    assert dispatch_rows(m, deepep) == pytest.approx(ranks_per_token(128, 8, 8, "random"))
+    arr = dispatch_rows(m, dataclasses.replace(_Arrays(), moe_dispatcher="deepep"))
+    assert arr.tolist() == pytest.approx([ranks_per_token(128, 8, e, "random") for e in (1, 8, 2, 8)])
+
+
+@dataclasses.dataclass
+class _Arrays:
+    """The attributes dispatch_rows reads, as a search's plan arrays hold them."""
+    ep: np.ndarray = dataclasses.field(default_factory=lambda: np.array([1, 8, 2, 8]))
+    moe_dispatcher: str = "alltoall"
+    moe_routing: str = "random"
+
+
+def test_moe_layer_traffic_counts_the_routing_and_permutes_by_hand():
+    # One MoE layer's forward memory-bound bytes, tp 1, fused kernels and attention, no rotary: norms and
+    # residual adds 20 T h, the gated activation 6 T k f, the router's fp32 scores 8 E T and the permutes of
+    # the k copies there and back 8 k h T.
+    m = ModelSpec(name="tiny-moe", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, vocab_size=1000, max_position_embeddings=4096,
+                  learned_position_embeddings=True, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=128)
+    plan = ParallelPlan(seq_len=1024, micro_batch=2)
+    T, h, k, f, E = 2048, 256, 2, 128, 16
+    assert moe_routing_bytes(m) == 8 * E + 8 * k * h
+    assert elementwise_bytes(m, plan, True) == pytest.approx(T * (20 * h + 6 * k * f + 8 * E + 8 * k * h))
+
+
+def test_deepep_cannot_pad_to_capacity():
+    m = builtin_models()["qwen3-30b-a3b"]
+    plan = ParallelPlan(dp=8, ep=8, global_batch=64, moe_dispatcher="deepep", moe_capacity_factor=1.25)
+    v = [x for x in check_plan(m, plan) if x.rule == "deepep_capacity"]
+    assert len(v) == 1 and "moe_capacity_factor (1.25)" in v[0].message and "--moe-dispatcher alltoall" in v[0].message
+
+
+def test_moe_dispatcher_option_reaches_the_plan_and_the_ep_bytes(cli):
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--dp", "8", "--json")
+    a2a, deepep = cli(*args), cli(*args, "--moe-dispatcher", "deepep")
+    fake = cli(*args, "--moe-dispatcher", "deepep", "--moe-routing", "contiguous")
+    assert a2a.code == 0 and deepep.code == 0 and fake.code == 0, deepep.err
+    assert deepep.json()["plan"]["moe_dispatcher"] == "deepep" and fake.json()["plan"]["moe_routing"] == "contiguous"
+    bytes_ = [r.json()["comm"]["ep"]["bytes"] for r in (a2a, deepep, fake)]
+    assert bytes_[1] / bytes_[0] == pytest.approx(ranks_per_token(128, 8, 8, "random") / 8)
+    assert bytes_[2] / bytes_[0] == pytest.approx(1 / 8)
+    s = cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--moe-dispatcher", "deepep", "--json")
+    assert s.code == 0 and s.json()["plans"][0]["plan"]["moe_dispatcher"] == "deepep"
+    bad = cli(*args, "--moe-dispatcher", "nccl")
+    assert bad.code == 2 and "--moe-dispatcher nccl is not an MoE dispatcher; use one of alltoall, deepep" in bad.err
+    bad = cli(*args, "--moe-routing", "greedy")
+    assert bad.code == 2 and "--moe-routing greedy is not a routing; use one of random, contiguous" in bad.err
+    assert "Traceback" not in bad.err
+
+
+def test_megatron_exports_deepep_as_the_flex_dispatcher_and_torchtitan_refuses_it():
+    base = load_plan(PLANS / "moe_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"moe_dispatcher": "deepep"}))
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == "deepep"
+    ns, _ = parse_megatron(render_all(base, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.moe_token_dispatcher_type == "alltoall"
+    fsdp = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"zero": 3}))
+    with pytest.raises(CannotExpress, match="DeepEP in a model's config function"):
+        render_all(fsdp, "torchtitan")
+    gate = dataclasses.replace(base, plan=base.plan.model_copy(update={"moe_routing": "contiguous"}))
+    with pytest.raises(CannotExpress, match="contiguous MoE routing"):
+        render_all(gate, "megatron")
