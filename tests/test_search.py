@@ -34,7 +34,9 @@ def valid_plan(draw):
                  flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()),
                  attention_kernel=draw(st.sampled_from(["native", "flash2"])),
                  recompute_layers=draw(st.sampled_from([None, None, 2])),  # 2: block recompute of full plans
-                 tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()))
+                 tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()),
+                 moe_dispatcher=draw(st.sampled_from(["alltoall", "deepep"])),
+                 moe_routing=draw(st.sampled_from(["random", "contiguous"])))
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     for _ in range(200):  # draw until a plan passes every rule
         i = draw(st.integers(0, len(plans) - 1))
@@ -57,12 +59,14 @@ def test_vectorised_agrees_with_scalar(case):
         assert float(b) == pytest.approx(float(a), rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("name,system,nodes", [CASES[2], CASES[6]])
-def test_many_plans_at_once_agree_with_scalar(name, system, nodes):
+@pytest.mark.parametrize("name,system,nodes,dispatcher", [(*CASES[2], "alltoall"), (*CASES[2], "deepep"),
+                                                           (*CASES[6], "alltoall")])
+def test_many_plans_at_once_agree_with_scalar(name, system, nodes, dispatcher):
     """Stage layers and parameters are computed once per distinct layout and gathered back to every plan;
-    one evaluation of many mixed plans must equal the scalar estimate of each."""
+    one evaluation of many mixed plans must equal the scalar estimate of each (with DeepEP, each plan's
+    rows per token follow its own ep)."""
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
-    w = Workload(global_batch=1024, seq_len=4096)
+    w = Workload(global_batch=1024, seq_len=4096, moe_dispatcher=dispatcher)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(7)
     idx = [int(i) for i in rng.permutation(len(plans)) if not check_plan(m, plans.plan(int(i)), cluster)][:40]
