@@ -653,6 +653,13 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         for rid, n, pred, meas in series:
             print(f"  {rid:44s} {n:4d} micro-batches  predicted {100 * pred:5.1f}% measured {100 * meas:5.1f}% "
                   f"{100 * (pred - meas) / meas:+6.1f}%")
+    same = fp8_layouts_in_bf16(records)
+    if same:
+        print("\nNVIDIA's fp8 Llama 3 runs on H100 in the reference searches' layouts (TP1 CP2 for 8B; TP4 PP4-8 VPP5")
+        print("for 70B): measured MFU against the bf16 peak, llmplan's error on them, and llmplan's MFU for the")
+        print("same plan in bf16 (what the reference searches' top plans are):")
+        for rid, layout, meas, err, bf16 in same:
+            print(f"  {rid:47s} {layout:26s} measured {100 * meas:5.1f}% ({err:+5.1f}%)  in bf16 {100 * bf16:5.1f}%")
     pairs = precision_pairs(records)
     if pairs:
         print("\nthe same run in fp8 and in bf16 (MosaicML H100 tables): fp8 / bf16 throughput, predicted vs measured")
@@ -713,6 +720,36 @@ def amortisation_report(records: list[dict]) -> list[tuple[str, int, float, floa
         rows = [r for r in predict(rec, family(rid)) if r[0] == "MFU"]
         if rows:
             out.append((rid, par["global_batch"] // par["dp"], rows[0][1], rows[0][2]))
+    return out
+
+
+FP8_REFERENCE_LAYOUTS = ("megatron-examples-fp8-llama3-8b-8gpu", "nemo2407-pretrain-llama3-8b-8gpu-gbs128",
+                         "megatron-examples-fp8-llama3-70b-64gpu", "nemo2407-pretrain-llama3-70b-64gpu-gbs128",
+                         "bridge-2602-h100-fp8-cs-llama3-70b-64gpu-gbs256")
+"""Published fp8 runs on H100 whose layouts are the 8B and 70B reference searches' top plans (no recompute)."""
+
+
+def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, float, float]]:
+    """(record, layout, measured MFU against the bf16 peak, llmplan's signed % error, llmplan's MFU for the same
+    plan in bf16) of FP8_REFERENCE_LAYOUTS: the bf16 price of a layout NVIDIA measured in fp8."""
+    by_id = {r["id"]: r for r in records}
+    out = []
+    for rid in FP8_REFERENCE_LAYOUTS:
+        if rid not in by_id:
+            continue
+        rec, fam = by_id[rid], family(rid)
+        system = builtin_systems()[system_for(str(rec["hardware"]["gpu"])) or "dgx-h100"]
+        gpus = rec["hardware"]["gpus"]
+        per_node = min(gpus, system.gpus_per_node)
+        cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+        plan = plan_for(rec, fam, gpus)
+        e8 = estimate_training(model_for(rec, fam), cluster, plan)
+        bf16 = plan.model_copy(update={"dtype": "bf16", "recipe": "tensorwise", "fp8_params": False})
+        eb = estimate_training(model_for(rec, fam), cluster, bf16)
+        _, pred, meas = predict(rec, fam)[0]
+        layout = f"tp{plan.tp} pp{plan.pp} cp{plan.cp} vpp{plan.vpp} {plan.recompute}"
+        out.append((rid, layout, float(e8.throughput.mfu) * meas / pred, 100 * (pred - meas) / meas,
+                    float(eb.throughput.mfu)))
     return out
 
 
