@@ -44,6 +44,17 @@ def gather_bytes(plan: ParallelPlan) -> float:
 
 
 @dataclass(frozen=True)
+class Dispatch:
+    """What a DeepEP dispatch or combine carries, for the NVLink / network split of its all-to-all
+    (a2a_shares): the model's routed experts, top-k and expert groups, and the plan's routing."""
+
+    experts: int
+    top_k: int
+    routing: str
+    groups: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
 class Transfer:
     """Repeated calls of one collective with one message size over one group."""
 
@@ -54,6 +65,8 @@ class Transfer:
     """Bytes of the full buffer of one call (nccl-tests convention)."""
     group: GroupSpan | str
     """The group's span (scalar path) or its axis name (vectorised path: search.evaluate resolves it)."""
+    dispatch: Dispatch | None = None
+    """DeepEP's all-to-all: across nodes it sends a token once per node over the network (a2a_shares)."""
 
     @property
     def bytes(self) -> float:
@@ -94,7 +107,24 @@ class CommBreakdown:
 
 
 def transfer_seconds(t: Transfer, system: SystemSpec) -> float:
-    return t.calls * collective_time(t.collective, t.message, t.group, system).seconds
+    shares = a2a_shares(t.dispatch, t.group)
+    return t.calls * collective_time(t.collective, t.message, t.group, system, shares=shares).seconds
+
+
+def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | None:
+    """NVLink and network shares of a GPU's send buffer in a DeepEP all-to-all whose group spans D > 1
+    NVLink domains of g ranks (None: the uniform split). Internode, DeepEP sends a token over the network
+    once to each remote node holding any of its experts, then forwards it over NVLink to those ranks: the
+    network carries nodes·(D-1)/D rows per token against the buffer's ranks rows, NVLink the buffer's
+    (g-1)/g. Source: DeepEP README (internode normal kernels: RDMA between nodes, NVLink forwarding);
+    DeepSeek-V3 technical report, section 3.2.2. Derived: docs/formulas.md#comm.ep"""
+    if d is None or span.domains <= 1:
+        return None
+    n, D = span.size, span.domains
+    g = max(n // D, 1)
+    ranks = ranks_per_token(d.experts, d.top_k, n, d.routing, d.groups)
+    nodes = blocks_hit(d.experts, d.top_k, max(d.experts // n, 1) * g, d.routing, d.groups)
+    return (g - 1) / g, nodes * (D - 1) / D / ranks
 
 
 def _timed(axis: str, transfers: list[Transfer], system: SystemSpec) -> AxisComm:
@@ -196,7 +226,14 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * plan.expert_padding  # dispatch padded to capacity
     dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
     per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
-    return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group)]
+    deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m)) \
+        if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
+    return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+
+
+def expert_groups(m: ModelSpec) -> tuple[int, int] | None:
+    """(n_group, topk_group) of group-limited routing, None without a limit."""
+    return (m.n_group, m.topk_group) if m.n_group and m.topk_group and m.topk_group < m.n_group else None
 
 
 def dispatch_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -209,24 +246,52 @@ def dispatch_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
         return float(k)
     ep = np.asarray(plan.ep)
     values, index = np.unique(ep, return_inverse=True)
-    rows = np.array([ranks_per_token(m.num_experts, k, int(e), plan.moe_routing) for e in values])
+    rows = np.array([ranks_per_token(m.num_experts, k, int(e), plan.moe_routing, expert_groups(m)) for e in values])
     out = rows[index].reshape(ep.shape)
     return float(out) if out.ndim == 0 else out
 
 
 @lru_cache(maxsize=1024)
-def ranks_per_token(E: int, k: int, ep: int, routing: str) -> float:
-    """Mean number of EP ranks a token's k experts live on, E experts spread E/ep per rank in order:
-    random routing draws k distinct experts uniformly, ep·(1 - C(E - E/ep, k) / C(E, k)) (the chance that a
-    rank holds none of them); contiguous routing (NeMo AutoModel's FakeBalancedGate: token i takes experts
-    i·k .. i·k + k - 1 mod E) averages the ranks each run of k spans. Derived: docs/formulas.md#comm.ep"""
+def ranks_per_token(E: int, k: int, ep: int, routing: str, groups: tuple[int, int] | None = None) -> float:
+    """Mean number of EP ranks a token's k experts live on, E experts spread E/ep per rank in order
+    (blocks_hit with blocks of E/ep experts). Derived: docs/formulas.md#comm.ep"""
     if ep <= 1 or E <= 0 or k <= 0:
         return 1.0
-    per_rank = max(E // ep, 1)
+    return blocks_hit(E, k, max(E // ep, 1), routing, groups)
+
+
+@lru_cache(maxsize=1024)
+def blocks_hit(E: int, k: int, b: int, routing: str, groups: tuple[int, int] | None = None) -> float:
+    """Mean number of blocks of b consecutive experts (a rank's, or a node's) that hold any of a token's k:
+    * random routing, k distinct experts drawn uniformly: (E/b)·(1 - C(E - b, k) / C(E, k)), the chance that
+      a block holds none of them;
+    * with group-limited routing (n_group G groups of s = E/G experts, topk_group t of them per token: the k
+      drawn from those t·s), a block inside one group is hit when its group is picked and holds one of the
+      k: (E/b)·(t/G)·(1 - C(ts - b, k) / C(ts, k)); a block of j whole groups sums that over the i of them
+      picked (hypergeometric in G, j, t). Blocks that straddle groups fall back to no limit (an upper bound);
+    * contiguous routing (NeMo AutoModel's FakeBalancedGate: token i takes experts i·k .. i·k + k - 1 mod E):
+      the blocks each run spans, averaged over the runs.
+    Derived: docs/formulas.md#comm.ep"""
+    if b >= E:
+        return 1.0
     if routing == "contiguous":
         starts = sorted({i * k % E for i in range(E)})
-        return sum(len({(s + j) % E // per_rank for j in range(k)}) for s in starts) / len(starts)
-    return ep * (1.0 - comb(E - per_rank, k) / comb(E, k))
+        return sum(len({(s + j) % E // b for j in range(k)}) for s in starts) / len(starts)
+    blocks = E / b
+    if groups is not None:
+        G, t = groups
+        s = E // G
+        pool = t * s
+        def missed(x: int) -> float:
+            return comb(pool - x, k) / comb(pool, k)
+        if b <= s and s % b == 0:
+            return blocks * (t / G) * (1.0 - missed(b))
+        if b > s and b % s == 0:
+            j = b // s
+            hit = sum(comb(j, i) * comb(G - j, t - i) / comb(G, t) * (1.0 - missed(i * s))
+                      for i in range(1, min(j, t) + 1))
+            return blocks * hit
+    return blocks * (1.0 - comb(E - b, k) / comb(E, k))
 
 
 def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], system: SystemSpec) -> CommBreakdown:

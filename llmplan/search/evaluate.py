@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import cp_transfers, dp_transfers, ep_transfers, pp_transfers, tp_transfers
+from llmplan.cost.comm import a2a_shares, cp_transfers, dp_transfers, ep_transfers, pp_transfers, tp_transfers
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
@@ -55,7 +55,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     spans = [place(Degrees(int(t), int(p), int(d), int(c), int(e), int(x)), cluster, order)
              for t, p, d, c, e, x in uniq]
     system = cluster.system
-    coeff_cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    coeff_cache: dict[tuple[str, str, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     span_index: dict[str, tuple[list, np.ndarray]] = {}
 
     def spans_of(axis: str) -> tuple[list, np.ndarray]:
@@ -66,25 +66,26 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
             span_index[axis] = (list(ids), idx)
         return span_index[axis]
 
-    def seconds(op: str, axis: str, calls: Any, message: Any) -> np.ndarray:
-        if (op, axis) not in coeff_cache:  # cost each distinct (collective, span) once, then gather by layout
+    def seconds(op: str, axis: str, calls: Any, message: Any, dispatch: Any = None) -> np.ndarray:
+        key = (op, axis, dispatch)
+        if key not in coeff_cache:  # cost each distinct (collective, span) once, then gather by layout
             distinct, idx = spans_of(axis)
-            per_span = [collective_coeffs(op, span, system) for span in distinct]
+            per_span = [collective_coeffs(op, span, system, shares=a2a_shares(dispatch, span)) for span in distinct]
             width = max(len(c) for c in per_span)
             A = np.full((len(distinct), width), np.inf)
             B = np.zeros((len(distinct), width))
             for i, cs in enumerate(per_span):
                 for j, c in enumerate(cs):
                     A[i, j], B[i, j] = c.alpha, c.beta
-            coeff_cache[(op, axis)] = A, B, idx[inv]
-        A, B, row = coeff_cache[(op, axis)]
+            coeff_cache[key] = A, B, idx[inv]
+        A, B, row = coeff_cache[key]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
         t = (A[row] + size[:, None] * B[row]).min(axis=1)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
         return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 
     def total(transfers: list, axis: str | None = None) -> np.ndarray:
-        return sum((seconds(x.collective, axis or x.group, x.calls, x.message) for x in transfers),
+        return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) for x in transfers),
                    np.zeros(len(plans)))
 
     dp = dp_transfers(m, plans, "dpcp", "edp")  # type: ignore[arg-type]

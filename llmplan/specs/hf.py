@@ -15,7 +15,7 @@ COMMON = (
     "rope_theta", "rope_scaling", "sliding_window", "layer_types", "first_k_dense_replace", "q_lora_rank",
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
     "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
-    "hidden_dropout", "num_nextn_predict_layers",
+    "hidden_dropout", "num_nextn_predict_layers", "n_group", "topk_group",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -53,7 +53,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         _check_sparse_layout(cfg)
     else:
         for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
-                  "shared_expert_intermediate_size"):
+                  "shared_expert_intermediate_size", "n_group", "topk_group"):
             out.pop(k, None)
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)

@@ -114,6 +114,11 @@ class ModelSpec(BaseModel):
     """Total FFN width of the shared expert (Qwen2-MoE); overrides n_shared_experts x moe_intermediate_size."""
     first_k_dense_replace: int = Field(default=0, ge=0)
     """Number of leading layers that use a dense MLP instead of experts (DeepSeek)."""
+    n_group: int | None = Field(default=None, ge=1)
+    """Expert groups of group-limited routing (HF name; DeepSeek-V3: 8): the experts split into n_group equal
+    groups in order; None: routing over all experts."""
+    topk_group: int | None = Field(default=None, ge=1)
+    """Groups a token's experts may come from under group-limited routing (HF name; DeepSeek-V3: 4)."""
     num_nextn_predict_layers: int = Field(default=0, ge=0, le=16)
     """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
@@ -159,13 +164,23 @@ class ModelSpec(BaseModel):
                     f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
                     f"num_experts ({self.num_experts})"
                 )
+            if (self.n_group is None) != (self.topk_group is None):
+                raise ValueError("group-limited routing needs both n_group and topk_group (or neither)")
+            if self.n_group is not None and (self.num_experts % self.n_group or self.topk_group > self.n_group
+                                             or self.topk_group * self.num_experts // self.n_group
+                                             < self.num_experts_per_tok):
+                raise ValueError(
+                    f"n_group ({self.n_group}) must divide num_experts ({self.num_experts}), and topk_group "
+                    f"({self.topk_group}) groups must hold at least num_experts_per_tok "
+                    f"({self.num_experts_per_tok}) experts, with topk_group <= n_group"
+                )
             if self.first_k_dense_replace >= self.num_hidden_layers:
                 raise ValueError(
                     f"first_k_dense_replace ({self.first_k_dense_replace}) must be below "
                     f"num_hidden_layers ({self.num_hidden_layers})"
                 )
-        elif self.num_experts_per_tok or self.n_shared_experts:
-            raise ValueError("num_experts_per_tok / n_shared_experts need num_experts > 0")
+        elif self.num_experts_per_tok or self.n_shared_experts or self.n_group or self.topk_group:
+            raise ValueError("num_experts_per_tok / n_shared_experts / n_group / topk_group need num_experts > 0")
         if self.kv_lora_rank is not None:
             missing = [
                 f for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if getattr(self, f) is None

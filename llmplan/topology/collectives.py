@@ -97,8 +97,11 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
 
 
 def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
-                      nvls: bool = True) -> tuple[Coeff, ...]:
+                      nvls: bool = True, shares: tuple[float, float] | None = None) -> tuple[Coeff, ...]:
     """The algorithms NCCL could use for `op` over `span`, each as (alpha, beta); the cost is the cheapest.
+    `shares`: for an all-to-all that leaves the NVLink domain, the fractions of a GPU's send buffer that
+    cross NVLink and the network when they differ from the uniform split ((g-1)/n and (n-g)/n): DeepEP's
+    dispatch (cost.comm.a2a_shares).
 
     Source: alpha-beta model with nccl-tests bus factors (nccl-tests doc/PERFORMANCE.md); hierarchical
     collectives for groups that leave the NVLink domain. Derived: docs/formulas.md#comm.collective"""
@@ -124,7 +127,8 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     if op == "send-recv":
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
-        return (Coeff("direct", k * L.inter_alpha, max((g - 1) / n / L.intra_bw, (n - g) / n / L.inter_bw)),)
+        intra, inter = shares or ((g - 1) / n, (n - g) / n)
+        return (Coeff("direct", k * L.inter_alpha, max(intra / L.intra_bw, inter / L.inter_bw)),)
     if op == "broadcast":
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     # Hierarchical: intra-domain reduce-scatter, inter-domain step on S/g per GPU, intra-domain all-gather.
@@ -146,11 +150,11 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
 
 
 def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
-                    nvls: bool = True) -> CollectiveTime:
+                    nvls: bool = True, shares: tuple[float, float] | None = None) -> CollectiveTime:
     """Predicted time of one collective of S bytes over the group `span` on `system` (cheapest algorithm)."""
     if span.size <= 1 or S <= 0:
         return CollectiveTime(op, S, span.size, 0.0, "none")
-    best = min(collective_coeffs(op, span, system, algorithm, nvls), key=lambda c: c.seconds(S))
+    best = min(collective_coeffs(op, span, system, algorithm, nvls, shares), key=lambda c: c.seconds(S))
     return CollectiveTime(op, S, span.size, best.seconds(S), best.algorithm)
 
 
