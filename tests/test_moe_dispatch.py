@@ -17,6 +17,7 @@ from llmplan.export import render_all
 from llmplan.export.common import CannotExpress
 from llmplan.planfile import load_plan
 from llmplan.specs.check import check_plan
+from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -24,6 +25,7 @@ from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.topology.collectives import collective_coeffs
 
 from test_export import PLANS, parse_megatron
+from test_specs import DEEPSEEK_V3
 
 
 @pytest.mark.parametrize("E,k,ep", [(128, 8, 8), (256, 8, 64), (32, 4, 8), (64, 6, 16), (8, 2, 4)])
@@ -146,6 +148,9 @@ def test_group_limited_routing_reaches_the_blocks_a_simulation_counts(E, k, b, G
 
 
 def test_hf_group_limited_routing_is_read_and_checked():
+    # DeepSeek-V3's config.json: n_group 8, topk_group 4 (the excerpt in tests/test_specs.py).
+    hf = ModelSpec(**from_hf_config(DEEPSEEK_V3, "deepseek-v3"))
+    assert (hf.n_group, hf.topk_group) == (8, 4)
     m = builtin_models()["deepseek-v3"]
     assert (m.n_group, m.topk_group) == (8, 4)
     assert expert_groups(m) == (8, 4)
