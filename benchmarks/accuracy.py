@@ -41,7 +41,8 @@ from runs import runs_path  # noqa: E402
 DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
                   "torchtitan", "nemocp", "automodel")
-FAMILIES = TRAIN_FAMILIES + ("trtllm",)
+FAMILIES = TRAIN_FAMILIES + ("deepseek", "trtllm")
+"""deepseek: one published run on H800, whose GPU has no fitted clock (it is scored, not fitted)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
@@ -101,6 +102,13 @@ ASSUMPTIONS = {
                  "all-to-alls; the rows whose "
                  "recipe matches the table's batch sizes and whose layout llmplan can describe (Llama 3 70B, "
                  "Qwen3 30B-A3B, GPT-OSS 20B); predicts tokens/s per GPU",
+    "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
+                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360): its own DeepEP-style all-to-all "
+                "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
+                "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
+                "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
+                "RMSNorm and the MLA up-projections only); predicts tokens/s per GPU, the report's 180K GPU hours "
+                "per trillion tokens; scored, not fitted (no H800 clock is fitted)",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -118,7 +126,7 @@ def family(record_id: str) -> str:
 
 
 BRIDGE_PRECISION = {"fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
-                    "bf16": ("bf16", "tensorwise")}
+                    "bf16": ("bf16", "tensorwise"), "fp8-blockwise": ("fp8", "blockwise")}
 """Megatron-Bridge's precision names: FP8-CS (per-tensor current scaling), FP8-MX (MXFP8), NVFP4, BF16."""
 
 
@@ -132,6 +140,8 @@ def system_for(gpu: str) -> str | None:
         return "dgx-a100-40gb" if "40" in g else "dgx-a100"
     if "h100" in g:
         return "hgx-h100-96gb" if "96gb" in g.replace(" ", "") else "dgx-h100"
+    if "h800" in g:
+        return "dgx-h800"
     return None
 
 
@@ -232,6 +242,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher="deepep" if "DeepEP" in str(par.get("comm_overlap", "")) else "alltoall",
+        pp_schedule=par.get("pp_schedule", "1f1b"),
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
     )
 
@@ -295,7 +306,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", float(mfu), meas["mfu"]))
-    elif fam in ("bridge", "torchtitan", "automodel"):
+    elif fam in ("bridge", "torchtitan", "automodel", "deepseek"):
         out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
