@@ -39,6 +39,7 @@ PUBLISHED = {
     "qwen2.5-72b": (72.7e9, None, None, "Qwen2.5 model card"),
     "mixtral-8x7b": (46.7e9, 12.9e9, 3, "Mistral AI Mixtral announcement"),
     "mixtral-8x22b": (141e9, 39e9, 2, "Mistral AI Mixtral 8x22B announcement"),
+    "qwen3-8b": (8.2e9, None, None, "Qwen3-8B model card (Number of Parameters: 8.2B)"),
     "qwen3-30b-a3b": (30.5e9, 3.3e9, 2, "Qwen3 model card"),
     "qwen3-235b-a22b": (235e9, 22e9, 2, "Qwen3 model card"),
     "deepseek-v3": (671e9, 37e9, 2, "DeepSeek-V3 README / technical report"),

@@ -49,8 +49,9 @@ class GpuSpec(BaseModel):
     max_gemm_tflops_fp8: float | None = Field(default=None, gt=0, le=1e6)
     """Highest measured fp8 matmul TFLOP/s, if published."""
     best_published_mfu: float | None = Field(default=None, gt=0, le=1)
-    """Highest dense bf16 MFU a published training run reached on this GPU: a prediction above it is flagged
-    as a likely modelling artefact until measured (source in the profile)."""
+    """Highest dense bf16 MFU a published training run reached on this GPU, its model FLOPs counted as llmplan
+    counts them (attention not halved for the causal mask; a source that halves it is restated): a prediction
+    above it is flagged as a likely modelling artefact until measured (source in the profile)."""
     best_published_mfu_fp8: float | None = Field(default=None, gt=0, le=4)
     """Highest MFU a published fp8 / MXFP8 training run reached on this GPU, against the bf16 peak as llmplan
     reports MFU (model FLOP/s of the source over the bf16 peak): the ceiling check of fp8 plans."""
