@@ -105,10 +105,12 @@ ASSUMPTIONS = {
                  "all-to-alls; the rows whose "
                  "recipe matches the table's batch sizes and whose layout llmplan can describe (Llama 3 70B, "
                  "Qwen3 30B-A3B, GPT-OSS 20B); predicts tokens/s per GPU",
-    "bridgecard": "Megatron-Bridge's model verification cards (an un-tuned recipe run for 100 steps, the last 10 "
+    "bridgecard": "Megatron-Bridge's model verification cards (a recipe run for 50-100 steps, the last 10 "
                   "averaged): the recipe's settings as the bridge family reads them (the distributed optimizer, bf16 "
                   "gradient reduction, overlapped gradient reduce and parameter gather, TE fused attention, the fused "
-                  "loss); predicts tokens/s per GPU; scored, not fitted",
+                  "loss); MoE rows with the recipe's dispatcher (HybridEP read as deepep: a token once per "
+                  "destination rank), its forced load balancing as random routing and its EP overlap "
+                  "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
@@ -248,7 +250,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
-        moe_dispatcher="deepep" if "DeepEP" in str(par.get("comm_overlap", "")) else "alltoall",
+        moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
+                                                     else "alltoall"),
+        ep_comm_overlap=bool(par.get("ep_comm_overlap", False)),
         pp_schedule=par.get("pp_schedule", "1f1b"),
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
     )
