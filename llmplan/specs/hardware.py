@@ -54,7 +54,8 @@ class GpuSpec(BaseModel):
     above it is flagged as a likely modelling artefact until measured (source in the profile)."""
     best_published_mfu_fp8: float | None = Field(default=None, gt=0, le=4)
     """Highest MFU a published fp8 / MXFP8 training run reached on this GPU, against the bf16 peak as llmplan
-    reports MFU (model FLOP/s of the source over the bf16 peak): the ceiling check of fp8 plans."""
+    reports MFU (the run's model FLOP/s, counted as best_published_mfu, over the bf16 peak): the ceiling check
+    of fp8 plans."""
     best_published_mfu_fp4: float | None = Field(default=None, gt=0, le=8)
     """As best_published_mfu_fp8, for NVFP4 runs."""
     attention_efficiency: float = Field(default=0.7, gt=0, le=1)
