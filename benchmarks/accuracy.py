@@ -41,11 +41,17 @@ from runs import runs_path  # noqa: E402
 
 DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
-                  "torchtitan", "nemocp", "automodel")
-FAMILIES = TRAIN_FAMILIES + ("bridgecard", "deepseek", "trtllm")
+                  "torchtitan", "nemocp", "automodel", "mbridge-dense", "mbridge-moe", "bloom", "megascale", "mtnlg")
+FAMILIES = TRAIN_FAMILIES + ("megascale-opt", "bridgecard", "deepseek", "trtllm")
 """Scored, not fitted: deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
 Megatron-Bridge verification run, kept out of the fit so that its error stays out of sample (it is the H100
-profile's best published bf16 MFU)."""
+profile's best published bf16 MFU); megascale-opt, MegaScale's optimised stack (parallel transformer block,
+sliding-window attention, LAMB, fused operators: changes llmplan cannot describe), reported beside its
+Megatron-LM baseline (`megascale`) on the same plans: the gap between the two is software."""
+BRIDGE_FAMILIES = ("bridge", "mbridge-dense", "mbridge-moe")
+"""Megatron-Bridge performance-recipe rows: the repo's `bridge` records and the `mbridge` tables 25.09-26.08."""
+MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
+"""mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
@@ -118,24 +124,85 @@ ASSUMPTIONS = {
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
                 "RMSNorm and the MLA up-projections only); predicts tokens/s per GPU, the report's 180K GPU hours "
                 "per trillion tokens; scored, not fitted (no H800 clock is fitted)",
+    "mbridge-dense": "Megatron-Bridge performance tables 25.09-26.08 (dense Llama 3 / 3.1 rows): as the bridge family "
+                     "reads its recipes (the distributed optimizer, Megatron-FSDP where FSDP > 0, bf16 gradient "
+                     "reduction, fp8 weights for FP8 / FP8-CS / MXFP8, sequence parallelism and TP overlap with TP, "
+                     "native fused attention), no recompute where the table does not say; plain 'FP8' read as current "
+                     "scaling (the 25.09 footnote); predicts tokens/s per GPU (the tables' TFLOP/s halve causal "
+                     "attention); only H100 rows enter the constant fit",
+    "mbridge-moe": "Megatron-Bridge performance tables 25.09-26.08 (MoE rows: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
+                   "GPT-OSS 120B): as mbridge-dense, with expert TP 1 (the recipes' expert_tensor_parallel_size), the "
+                   "tables' forced load balancing as random routing, the alltoall dispatcher and no EP overlap (the "
+                   "tables do not print the dispatcher; the MoE pricing, issue 32, may refine this), DeepSeek-V3 with "
+                   "its MTP layer except the 25.11 'w/o MTP' rows; Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
+                   "skipped; predicts tokens/s per GPU",
+    "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
+             "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
+             "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
+             "priced as the dgx-a100 profile's; predicts iteration time; the logged peak memory (read as GiB) in "
+             "the memory report; out-of-memory attempts must be predicted not to fit",
+    "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
+                 "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
+                 "2022; the measured 53% MFU leaves no room for full recompute), interleaving as listed, micro-batch "
+                 "1; predicts MFU",
+    "megascale-opt": "MegaScale's optimised stack on the same plans: as megascale but with flash attention and no "
+                     "recompute; its parallel transformer block, sliding-window attention, LAMB and fused operators "
+                     "are not described; predicts MFU; scored, not fitted",
+    "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
+             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
 }
 
 
-TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "bridgecard", "nemocp")
+TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "bridgecard", "nemocp", "mbridge-dense",
+                  "mbridge-moe")
 """Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
 
 def family(record_id: str) -> str:
-    return "megatron" if record_id.startswith("megatron-") else record_id.split("-")[0]
+    """The family of a record id: its prefix, with the mbridge rows split into dense and MoE models and
+    MegaScale's optimised-stack rows apart from its Megatron-LM baseline."""
+    if record_id.startswith("megatron-"):
+        return "megatron"
+    if record_id.startswith("mbridge-"):
+        return "mbridge-dense" if any(m in record_id for m in MBRIDGE_DENSE_MODELS) else "mbridge-moe"
+    if record_id.startswith("megascale-"):
+        return "megascale-opt" if "-megascale-" in record_id[10:] or record_id.endswith("-all-opts") else "megascale"
+    return record_id.split("-")[0]
+
+
+MBRIDGE_SKIP = (
+    ("nemotron", "Nemotron-3 hybrid (Mamba-2 + attention + MoE layers): Mamba layers are not modelled"),
+    ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
+    ("kimi-k2", "Kimi-K2: no built-in spec (a DeepSeek-V3-style MLA model with 384 experts and 64 heads)"),
+    ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
+)
+"""mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
+MBRIDGE_OFFLOAD = "Megatron-FSDP row of Llama 3 70B in FP8 on GB200 / GB300: the recipe preset offloads " \
+    "activations to the CPU (cpu_offloading_num_layers), which llmplan does not model"
+
+
+def skip_reason(rec: dict) -> str | None:
+    """Why a record of a scored family is not scored (None: it is)."""
+    rid, fam = rec["id"], family(rec["id"])
+    if fam.startswith("mbridge"):
+        for key, why in MBRIDGE_SKIP:
+            if key in rid:
+                return why
+        par = rec["parallel"]
+        if ("llama3-70b" in rid and par.get("fsdp") and "fp8" in str(par.get("precision", "")).lower()
+                and ("gb200" in rid or "gb300" in rid)):
+            return MBRIDGE_OFFLOAD
+    return None
 
 
 BRIDGE_PRECISION = {"fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
-                    "bf16": ("bf16", "tensorwise"), "fp8-blockwise": ("fp8", "blockwise")}
+                    "bf16": ("bf16", "tensorwise"), "fp8-blockwise": ("fp8", "blockwise"),
+                    "fp8-mx": ("fp8", "mxfp8")}
 """Megatron-Bridge's precision names: FP8-CS (per-tensor current scaling), FP8-MX (MXFP8), NVFP4, BF16."""
 
 
@@ -162,8 +229,21 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
     for m in builtin_models().values():
         if (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == \
                 (md["layers"], h, md["heads"], md["vocab"]) and m.model_type != "gpt":
-            return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings,
-                                                                       md.get("seq_len", 2048))})
+            update = {"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 2048))}
+            if "-w-o-mtp-" in rec["id"]:  # Megatron-Bridge 25.11: DeepSeek-V3 "w/o MTP" (no MTP layer)
+                update["num_nextn_predict_layers"] = 0
+            return m.model_copy(update=update)
+    if md.get("moe"):
+        raise ValueError(f"{rec['id']}: MoE model {md['name']!r} has no built-in spec")
+    if fam == "bloom":
+        # BLOOM (BigScience tr11): ALiBi, LayerNorm (and one after the embedding), GELU 4h MLP with biases,
+        # tied embeddings; no dropout in pre-training (arXiv:2211.05100, Section 3.5: dropout 0.0)
+        return ModelSpec(
+            name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
+            num_hidden_layers=md["layers"], num_attention_heads=md["heads"], vocab_size=md["vocab"],
+            max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=True,
+            gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, attention_bias=True,
+            mlp_bias=True, attention_dropout=0.0, hidden_dropout=0.0)
     mpt = fam == "mpt"
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
@@ -171,7 +251,8 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
         num_key_value_heads=md.get("kv_heads"),
         max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=True, gated_mlp=False,
         norm_type="layernorm", learned_position_embeddings=not mpt and fam in ("narayanan2021", "korthikanti2022",
-                                                                             "megatron2020"),
+                                                                             "megatron2020", "megascale",
+                                                                             "megascale-opt", "mtnlg"),
         attention_bias=not mpt, mlp_bias=not mpt,
         attention_dropout=0.0 if mpt else 0.1, hidden_dropout=0.0 if mpt else 0.1,  # llm-foundry: no dropout
     )
@@ -195,16 +276,22 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     tp, pp = par.get("tp", 1), par.get("pp", 1)
     cp = par.get("cp", 1)
     dp = par.get("dp") or gpus // (tp * pp * cp)
-    rc = str(par.get("recompute", "full" if fam in ("narayanan2021", "megatron2020") else "none"))
+    # MegaScale's Megatron-LM baseline: selective recompute (Korthikanti et al. 2022), the attention-memory
+    # saving of Megatron-LM releases without flash attention (its 53% MFU leaves no room for full recompute)
+    rc = str(par.get("recompute", "full" if fam in ("narayanan2021", "megatron2020") else
+                     "selective" if fam == "megascale" else "none"))
+    mbridge = fam in ("mbridge-dense", "mbridge-moe")
     recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else
                                                                 ("op" if rc.startswith("op") else "none"))
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
     zero = par.get("zero_stage") or (3 if par.get("fsdp") else 1 if par.get("distributed_optimizer")
-                                     or fam in ("nemo2407", "megatron", "nemocp") else 0)
+                                     or fam in ("nemo2407", "megatron", "nemocp", "megascale", "megascale-opt")
+                                     else 0)
     if isinstance(zero, str):
-        zero = 1
-    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan", "nemocp")
+        zero = 3 if "fsdp" in zero.lower() else 1
+    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan", "nemocp", "mbridge-dense", "mbridge-moe",
+                                    "megascale", "megascale-opt")
     gbs = par.get("global_batch")
     # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
     # per model instance (local batch size)", megatron/arguments.py at d73def35a3): one micro-batch of it.
@@ -234,10 +321,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
-        grad_dtype="bf16" if fam in TWO_BYTE_GRADS else "fp32",
-        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam == "bridge"
+        # BLOOM's fp16 runs keep fp16 gradients (DeepSpeed ZeRO-1 in fp16); its bf16 runs accumulate them in fp32
+        # (Megatron-DeepSpeed's BF16_Optimizer)
+        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16") else "fp32",
+        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
-        flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020"),
+        flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
+                                    "megascale"),
         attention_kernel="flash2" if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", "")) else "native",
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
@@ -247,12 +337,15 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
-        tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))) and tp > 1,
+        tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
+                         or mbridge) and tp > 1,
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)),
+        # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
+        etp=par.get("etp", 1 if fam == "mbridge-moe" else None),
         pp_schedule=par.get("pp_schedule", "1f1b"),
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
     )
@@ -295,6 +388,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         return []  # no profile for the GPU, or the source does not give the parallel layout
     if "-lora-" in rec["id"]:
         return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
+    if skip_reason(rec):
+        return []
     system = with_constants(builtin_systems()[system_name], consts)
     if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
         system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
@@ -310,14 +405,16 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     out: list[tuple[str, float, float]] = []
     if fam in ("narayanan2021", "megatron2020") and "tflops_per_gpu" in meas:
         out.append(("hw TFLOP/s", float(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))
-    if fam == "korthikanti2022" and "iteration_time_s" in meas:
+    if meas.get("outcome") == "OOM":  # an attempt that ran out of memory: must be predicted not to fit
+        return [("fits", float(bool(e.memory.fits)), 0.0)]
+    if fam in ("korthikanti2022", "bloom", "mtnlg") and "iteration_time_s" in meas:
         out.append(("iteration s", float(e.time.total), meas["iteration_time_s"]))
-    if fam in ("megatron", "mpt") and "mfu" in meas:
+    if fam in ("megatron", "mpt", "megascale", "megascale-opt") and "mfu" in meas:
         # Composer's MFU for amp_fp8 divides by the fp8 peak (its GPU_AVAILABLE_FLOPS table); llmplan's
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", float(mfu), meas["mfu"]))
-    elif fam in ("bridge", "bridgecard", "torchtitan", "automodel", "deepseek"):
+    elif fam in BRIDGE_FAMILIES + ("bridgecard", "torchtitan", "automodel", "deepseek"):
         out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
@@ -476,13 +573,49 @@ def ranking_groups(records: list[dict]) -> dict[str, list[dict]]:
         elif rid.startswith(("torchtitan-2412-t1-", "torchtitan-2412-t3-", "torchtitan-2412-t4-",
                              "torchtitan-2412-t5-")):  # alternatives for one job
             groups.setdefault(f"torchtitan {' '.join(rid.split('-')[2:4])}", []).append(r)
+        elif rid.startswith("bloom-prequel-") and "outcome" not in r["measured"] and "-best-tflops-" not in rid:
+            # one section of BLOOM's topology search (layouts of one candidate model on one cluster)
+            section = r["source"]["ref"].split("'")[1]
+            groups.setdefault(f"bloom {section}", []).append(r)
+    for key, recs in mbridge_configs(records).items():
+        groups.setdefault(key, []).extend(recs)
     return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def mbridge_configs(records: list[dict]) -> dict[str, list[dict]]:
+    """Megatron-Bridge rows (`bridge` and `mbridge`) grouped by model, GPU, GPU count and precision, each
+    layout counted once (the newest release's measurement of it): the tables re-measure the same configs
+    in every release, which would otherwise weigh a config by how often it was re-run."""
+    def release(r: dict) -> tuple[int, ...]:
+        if r["id"].startswith("bridge-"):
+            rel = r["id"].split("-")[1]
+            return (int(rel[:2]), int(rel[2:]), 0)
+        return tuple(int(x) for x in r["source"]["ref"].split()[0].split(".")) + (0,)
+
+    newest: dict[tuple, dict] = {}
+    for r in records:
+        fam = family(r["id"])
+        if fam not in BRIDGE_FAMILIES or skip_reason(r) or "-sft-" in r["id"]:
+            continue
+        p = r["parallel"]
+        precision = str(p.get("precision", "")).lower().split()[0].replace("-cs", "").replace("fp8cs", "fp8")
+        precision = {"fp8-mx": "mxfp8"}.get(precision, precision)
+        job = (r["model"]["layers"], r["model"]["hidden"], r["model"].get("moe", {}).get("num_experts", 0),
+               str(r["hardware"]["gpu"]).split()[0].lower(), r["hardware"]["gpus"], precision)
+        layout = tuple(p.get(k) or 0 for k in ("tp", "pp", "cp", "vpp", "ep", "fsdp", "micro_batch", "global_batch"))
+        if (job, layout) not in newest or release(r) > release(newest[(job, layout)]):
+            newest[(job, layout)] = r
+    out: dict[str, list[dict]] = {}
+    for (job, _), r in newest.items():
+        name = r["model"]["name"].split(" [")[0].split(" (")[0]
+        out.setdefault(f"mbridge {name} {job[3]} {job[4]} {job[5]}", []).append(r)
+    return out
 
 
 def measured_rate(r: dict) -> float:
     m = r["measured"]
-    if "iteration_time_s" in m:
-        return 1 / m["iteration_time_s"]
+    if "iteration_time_s" in m:  # sequences per second: groups may mix batch sizes (BLOOM's search)
+        return r["parallel"]["global_batch"] / m["iteration_time_s"]
     return m.get("mfu") or m.get("tflops_per_gpu") or m.get("tokens_per_s_per_gpu")
 
 
@@ -520,7 +653,7 @@ def rank_report(records: list[dict]) -> list[tuple[str, int, float, float]]:
             q = next((row for row in rows if row[0] != "fits"), None)
             if q is None:
                 continue
-            pred = 1 / q[1] if q[0] == "iteration s" else q[1]
+            pred = r["parallel"]["global_batch"] / q[1] if q[0] == "iteration s" else q[1]
             pairs.append((pred, measured_rate(r)))
         if len(pairs) < 2:
             continue
@@ -536,6 +669,8 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
     out = []
     for r in records:
         m = r.get("measured", {})
+        if "memory_gb_max" in m and "layers" in r.get("model", {}):
+            out.extend(peak_memory(r))
         if "memory_gb_params_and_optimizer" not in m or "layers" not in r.get("model", {}):
             continue
         fam = family(r["id"])
@@ -561,6 +696,21 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
         if "memory_gb_activations" in m:
             out.append((r["id"], "activations GiB", float(e.memory.activations) / gib, m["memory_gb_activations"]))
     return out
+
+
+def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
+    """[(record, what, predicted, measured)] for a run that logs its peak memory per GPU (BLOOM's prequel
+    tables: the largest of the first and last stage, as the logs print it, read as GiB)."""
+    fam, hw = family(r["id"]), r["hardware"]
+    system = builtin_systems()[system_for(str(hw.get("gpu", ""))) or "dgx-a100"]
+    gpus = hw["gpus"]
+    per_node = min(gpus, system.gpus_per_node)
+    cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+    plan = plan_for(r, fam, gpus)
+    if plan.num_gpus != cluster.num_gpus:
+        return []
+    e = estimate_training(model_for(r, fam), cluster, plan)
+    return [(r["id"], "peak GiB", float(e.memory.total) / 2**30, float(r["measured"]["memory_gb_max"]))]
 
 
 def reserved_report(records: list[dict]) -> list[tuple[str, float, float]]:
@@ -594,24 +744,31 @@ def main(argv: list[str] | None = None) -> int:
     records = yaml.safe_load(args.runs.read_text())
     errors: dict[str, list[float]] = {}
     misfit: dict[str, list[str]] = {}
+    oom_fit: dict[str, list[str]] = {}
     skipped: dict[str, int] = {}
+    reasons: dict[str, dict[str, list[str]]] = {}
     per_model: dict[str, list[float]] = {}
     for rec in records:
         fam = family(rec["id"])
         if fam not in FAMILIES or (args.family and fam not in args.family):
             continue
+        why = skip_reason(rec)
         try:
             rows = predict(rec, fam)
         except (LlmplanError, ValueError) as exc:
             rows = []
-            print(f"  skip {rec['id']}: {exc}", file=sys.stderr)
+            why = str(exc).split("\n")[-1].strip(" -")
         if not rows:
             skipped[fam] = skipped.get(fam, 0) + 1
+            if why:
+                reasons.setdefault(fam, {}).setdefault(why, []).append(rec["id"])
             continue
         for quantity, pred, meas in rows:
             if quantity == "fits":
-                if not pred:
+                if meas and not pred:  # a run that ran, predicted not to fit
                     misfit.setdefault(fam, []).append(rec["id"])
+                elif pred and not meas:  # a reported out-of-memory attempt, predicted to fit
+                    oom_fit.setdefault(fam, []).append(rec["id"])
                 continue
             err = 100 * (pred - meas) / meas
             errors.setdefault(fam, []).append(abs(err))
@@ -620,41 +777,65 @@ def main(argv: list[str] | None = None) -> int:
             if not args.quiet:
                 print(f"{rec['id']:58s} {quantity:14s} predicted {pred:10.3f} measured {meas:10.3f} {err:+7.1f}%")
     print()
-    print(f"{'family':16s} {'records':>7s} {'median |err|':>13s} {'max |err|':>10s} {'predicted OOM':>14s} {'skipped':>8s}")
+    print("ran/OOM: runs the source reports as completed that llmplan predicts not to fit; OOM/fits: out-of-memory")
+    print("attempts the source reports that llmplan predicts to fit (both should be 0)")
+    print(f"{'family':16s} {'records':>7s} {'median |err|':>13s} {'max |err|':>10s} {'ran/OOM':>8s} {'OOM/fits':>8s} "
+          f"{'skipped':>8s}")
     for fam in FAMILIES:
         e = errors.get(fam, [])
-        if not e and fam not in skipped:
+        if not e and fam not in skipped and fam not in misfit and fam not in oom_fit:
             continue
         med = f"{statistics.median(e):.1f}%" if e else "-"
         mx = f"{max(e):.1f}%" if e else "-"
-        print(f"{fam:16s} {len(e):7d} {med:>13s} {mx:>10s} {len(misfit.get(fam, [])):14d} {skipped.get(fam, 0):8d}")
+        print(f"{fam:16s} {len(e):7d} {med:>13s} {mx:>10s} {len(misfit.get(fam, [])):8d} "
+              f"{len(oom_fit.get(fam, [])):8d} {skipped.get(fam, 0):8d}")
     for name, e in per_model.items():
         print(f"  trtllm {name:34s} {len(e):3d} records, median |err| {statistics.median(e):.1f}%, max {max(e):.1f}%")
     for fam, ids in misfit.items():
-        print(f"predicted not to fit ({fam}): {', '.join(ids)}")
+        print(f"ran, predicted not to fit ({fam}): {', '.join(ids)}")
+    for fam, ids in oom_fit.items():
+        print(f"ran out of memory, predicted to fit ({fam}): {', '.join(ids)}")
+    print("skipped, with the reason:")
+    for fam, by_reason in reasons.items():
+        for why, ids in by_reason.items():
+            print(f"  {fam} ({len(ids)}): {why}" + ("" if args.quiet else f": {', '.join(ids)}"))
     print("\nassumptions per family:")
     for fam, text in ASSUMPTIONS.items():
         print(f"  {fam}: {text}")
+    summary = {"families": {f: round(statistics.median(e), 1) for f, e in errors.items()},
+               "ran_predicted_oom": {f: len(v) for f, v in misfit.items()},
+               "oom_predicted_fit": {f: len(v) for f, v in oom_fit.items()}}
     if not args.family:
-        extra_reports(records, args.no_fit)
+        summary.update(extra_reports(records, args.no_fit))
+    print("\nsummary (one line, JSON): median |error| % per family, fit violations per family, memory and ranking")
+    print("SUMMARY " + json.dumps(summary, sort_keys=True))
     return 0
 
 
-def extra_reports(records: list[dict], no_fit: bool) -> None:
+def extra_reports(records: list[dict], no_fit: bool) -> dict:
+    """The reports after the per-family table; returns the summary's memory and ranking entries."""
+    summary: dict = {}
     print("\nranking within groups measured on one model and one cluster (shipped profiles):")
-    print(f"  {'group':34s} {'n':>3s} {'spearman':>9s} {'lost by pick':>13s}")
+    print(f"  {'group':42s} {'n':>3s} {'spearman':>9s} {'lost by pick':>13s}")
     rows = rank_report(records)
     for name, n, rho, lost in rows:
-        print(f"  {name:34s} {n:3d} {rho:9.2f} {lost:12.1f}%")
+        print(f"  {name:42s} {n:3d} {rho:9.2f} {lost:12.1f}%")
     if rows:
         print(f"  median rho {statistics.median(r[2] for r in rows):.2f}, median throughput lost by the pick "
               f"{statistics.median(r[3] for r in rows):.1f}%, worst {max(r[3] for r in rows):.1f}%")
+        summary["rank_median_rho"] = round(statistics.median(r[2] for r in rows), 2)
     print("\nmemory where the source publishes it (shipped profiles):")
     mem = memory_report(records)
     for rid, what, pred, meas in mem:
         print(f"  {rid:44s} {what:22s} predicted {pred:7.2f} measured {meas:7.2f} {100 * (pred - meas) / meas:+6.1f}%")
     if mem:
         print(f"  median |error| {statistics.median(abs(100 * (p - m) / m) for _, _, p, m in mem):.1f}%")
+        peaks = [100 * (p - m) / m for _, what, p, m in mem if what.startswith("peak")]
+        if peaks:
+            print(f"  published peaks (BLOOM): median |error| {statistics.median(abs(x) for x in peaks):.1f}%, "
+                  f"median signed {statistics.median(peaks):+.1f}% ({len(peaks)} runs)")
+            summary["memory_peak_median_abs_pct"] = round(statistics.median(abs(x) for x in peaks), 1)
+            summary["memory_peak_median_signed_pct"] = round(statistics.median(peaks), 1)
     res = reserved_report(records)
     if res:
         print("\npeak memory against the allocator's reserved peak (an upper bound of the allocated peak):")
@@ -693,15 +874,19 @@ def extra_reports(records: list[dict], no_fit: bool) -> None:
         for rid, pred, meas in pairs:
             print(f"  {rid:44s} predicted {pred:5.2f}x measured {meas:5.2f}x {100 * (pred - meas) / meas:+6.1f}%")
     if no_fit:
-        return
+        return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
     print("family's median |error| under them, and under the fit on all families:")
     _, table = fit_table(records)
     full, _ = best_fit(table, set(TRAIN_FAMILIES))
     print(f"  all families -> {_fmt_consts(full)}")
+    summary["lofo"] = {}
     for fam, consts, left, inside in lofo(table):
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
               f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: {_fmt_consts(consts)}")
+        if left is not None and left == left:
+            summary["lofo"][fam] = round(left, 1)
+    return summary
 
 
 REFERENCE_SEARCHES = (

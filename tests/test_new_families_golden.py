@@ -1,0 +1,134 @@
+"""Golden tests from the validation families of issue 32: Megatron-Bridge's performance tables (25.09-26.08,
+records mbridge-*), BigScience's BLOOM-176B topology search (bloom-*), MegaScale (megascale-*) and MT-NLG
+(mtnlg-*). Each test names its record and source; the record holds the published numbers (benchmarks/data).
+Predictions run through benchmarks/accuracy.py, the same mapping from a record to a model, system and plan as
+the accuracy report uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.specs.registry import builtin_systems
+from llmplan.units import GIB
+
+
+@pytest.fixture(scope="module")
+def acc():
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    return accuracy
+
+
+def _throughput(acc, rec: dict) -> tuple[float, float]:
+    rows = acc.predict(rec, acc.family(rec["id"]))
+    (_, pred, meas), *_ = rows
+    return pred, meas
+
+
+def test_the_four_families_are_shipped_and_mbridge_keeps_no_twin_of_a_bridge_record(published_runs, acc):
+    fams: dict[str, int] = {}
+    for rid in published_runs:
+        f = rid.split("-")[0]
+        fams[f] = fams.get(f, 0) + 1
+    # 273 mbridge rows published, 20 of them already here as bridge-* records (same release, GPU, precision
+    # and layout, same measured values); 55 bloom, 24 megascale, 3 mtnlg (benchmarks/data/README.md).
+    assert (fams["mbridge"], fams["bloom"], fams["megascale"], fams["mtnlg"]) == (253, 55, 24, 3)
+    def key(rid: str, r: dict) -> tuple:
+        release = (rid.split("-")[1][:2] + "." + rid.split("-")[1][2:] if rid.startswith("bridge-")
+                   else r["source"]["ref"].split()[0])
+        return (release, r["hardware"]["gpu"].split()[0].lower(), r["hardware"]["gpus"],
+                r["parallel"]["global_batch"], r["measured"]["tokens_per_s_per_gpu"])
+
+    bridge = {key(rid, r) for rid, r in published_runs.items() if rid.startswith("bridge-")}
+    twins = [rid for rid, r in published_runs.items() if rid.startswith("mbridge-") and key(rid, r) in bridge]
+    assert twins == []
+
+
+def test_mbridge_rows_split_into_dense_and_moe_families(acc):
+    assert acc.family("mbridge-26.04-pretrain-llama3.1-405b-dgx-gb300-256gpu-mxfp8-tp2pp8cp2epnavp4gbs1536mbs1") \
+        == "mbridge-dense"
+    assert acc.family("mbridge-26.04-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp1cp1ep16vpnagbs1024mbs1") \
+        == "mbridge-moe"
+    assert acc.family("megascale-t2-175b-megascale-12288gpu") == "megascale-opt"
+    assert acc.family("megascale-t2-175b-megatron-lm-12288gpu") == "megascale"
+
+
+def test_ranking_counts_each_megatron_bridge_config_once(published_runs, acc):
+    # The tables re-measure the same layout in most releases: a ranking group holds each layout once.
+    groups = acc.mbridge_configs(list(published_runs.values()))
+    for name, recs in groups.items():
+        layouts = [tuple(r["parallel"].get(k) or 0 for k in ("tp", "pp", "cp", "vpp", "ep", "fsdp", "micro_batch",
+                                                             "global_batch")) for r in recs]
+        assert len(layouts) == len(set(layouts)), name
+    assert sum(len(v) for v in groups.values()) < sum(1 for rid in published_runs if "bridge-" in rid) / 2
+
+
+def test_unscored_mbridge_rows_say_why(published_runs, acc):
+    nemotron = [r for rid, r in published_runs.items() if rid.startswith("mbridge-") and "nemotron" in rid]
+    assert nemotron and all("Mamba" in acc.skip_reason(r) for r in nemotron)
+    kimi = [r for rid, r in published_runs.items() if "kimi-k2" in rid]
+    assert kimi and all("Kimi-K2" in acc.skip_reason(r) for r in kimi)
+
+
+# A small-expert MoE row: Qwen3-30B-A3B (128 experts of FFN 768, top-8) on 16 H100, EP16, FP8, micro-batch 1,
+# batch 1,024 x 4,096: 8,901 tokens/s per GPU (Megatron-Bridge performance summary, NeMo 26.04 container).
+# Tolerance 15%: issue 32's target for the MoE rows of mbridge.
+SMALL_EXPERT = "mbridge-26.04-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp1cp1ep16vpnagbs1024mbs1"
+# A large-expert row: GPT-OSS 120B (128 experts of FFN 2,880, top-4) on 64 H100, TP1 PP4 EP8, bf16, batch 1,280:
+# 5,810 tokens/s per GPU (same table).
+LARGE_EXPERT = "mbridge-26.04-pretrain-gpt-oss-120b-dgx-h100-64gpu-bf16-tp1pp4cp1ep8vpnagbs1280mbs1"
+
+
+@pytest.mark.xfail(strict=True, reason="measured at this commit: predicted 7,402 tokens/s per GPU against 8,901 "
+                   "(-16.8%): MoE training pricing (issue 32, first bullet)")
+def test_small_expert_moe_row_within_15_percent(published_runs, acc):
+    pred, meas = _throughput(acc, published_runs[SMALL_EXPERT])
+    assert meas == 8901
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+@pytest.mark.xfail(strict=True, reason="measured at this commit: predicted 9,280 tokens/s per GPU against 5,810 "
+                   "(+59.7%): MoE training pricing (issue 32, first bullet)")
+def test_large_expert_moe_row_within_15_percent(published_runs, acc):
+    pred, meas = _throughput(acc, published_runs[LARGE_EXPERT])
+    assert meas == 5810
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+def test_dense_mbridge_row_within_10_percent(published_runs, acc):
+    # Llama 3.1 405B on 256 GB300, TP2 PP8 CP2 VP4, MXFP8, batch 1,536 x 8,192: 968 tokens/s per GPU
+    # (Megatron-Bridge performance summary, NeMo 26.04). Tolerance 10%: issue 32's per-family target.
+    pred, meas = _throughput(
+        acc, published_runs["mbridge-26.04-pretrain-llama3.1-405b-dgx-gb300-256gpu-mxfp8-tp2pp8cp2epnavp4gbs1536mbs1"])
+    assert meas == 968
+    assert pred == pytest.approx(meas, rel=0.10)
+
+
+def _bloom_estimate(acc, rec: dict):
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec
+
+    system = builtin_systems()[acc.system_for(rec["hardware"]["gpu"])]
+    gpus = rec["hardware"]["gpus"]
+    cluster = ClusterSpec(system=system, num_nodes=gpus // 8, gpus_per_node=8)
+    return estimate_training(acc.model_for(rec, "bloom"), cluster, acc.plan_for(rec, "bloom", gpus))
+
+
+def test_bloom_out_of_memory_attempt_is_predicted_not_to_fit(published_runs, acc):
+    # BigScience chronicles-prequel.md, 'gbs-and-tp-variations' (February 2022): the 72-layer, 14,336-wide
+    # candidate at TP2 PP6 DP32, micro-batch 1, ZeRO-1, full recompute on 384 A100 80GB ran out of memory.
+    rec = published_runs["bloom-prequel-gbs-and-tp-variations-L72h14336a64-dp32tp2pp6mbs1gbs2048z1"]
+    assert rec["measured"]["outcome"] == "OOM"
+    e = _bloom_estimate(acc, rec)
+    assert not e.memory.fits
+    assert float(e.memory.total) > 80 * GIB
+
+
+def test_bloom_published_peak_below_capacity_within_10_percent(published_runs, acc):
+    # Same section: TP8 PP6 DP8, micro-batch 4 ran with a logged peak of 55 GB per GPU (read as GiB, as
+    # nvidia-smi prints it). Tolerance 10%: issue 32's memory target.
+    rec = published_runs["bloom-prequel-gbs-and-tp-variations-L72h14336a64-dp8tp8pp6mbs4gbs2048z1"]
+    assert rec["measured"]["memory_gb_max"] == 55
+    e = _bloom_estimate(acc, rec)
+    assert e.memory.fits
+    assert float(e.memory.total) / GIB == pytest.approx(55, rel=0.10)
