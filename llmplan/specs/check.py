@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 
@@ -39,9 +39,8 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-def _fmt(values: list[int], limit: int = 12) -> str:
-    shown = ", ".join(str(v) for v in values[:limit])
-    return shown + (", ..." if len(values) > limit else "") if values else "none"
+def _fmt(values: list[int]) -> str:
+    return bounded_list(values)
 
 
 def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
@@ -120,9 +119,9 @@ def _split_message(m: ModelSpec, p: ParallelPlan) -> str:
         return f"pp ({p.pp}) exceeds num_hidden_layers ({L}) of {m.name}: a stage needs at least one layer; use pp <= {L}"
     example = split_text(m, p.pp)
     if p.pp_layers is not None:
-        got = "+".join(str(n) for n in p.pp_layers)
+        got = bounded_list(p.pp_layers, sep="+")
         why = ("a stage has no layer" if min(p.pp_layers) < 1 else f"they sum to {sum(p.pp_layers)}")
-        return (f"--pp-layers {','.join(str(n) for n in p.pp_layers)}: the {p.pp} stage layer counts ({got}) must "
+        return (f"--pp-layers {bounded_list(p.pp_layers, sep=',')}: the {p.pp} stage layer counts ({got}) must "
                 f"sum to num_hidden_layers ({L}) of {m.name} with at least 1 layer per stage, but {why}; "
                 f"for example {example}")
     if (p.pp_first or p.pp_last) and p.pp == 1:
@@ -171,7 +170,7 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
         counts = sorted({first, last} | ({mid} if middle else set()))
     valid = [v for v in range(1, max(counts) + 1) if _vpp_ok(m, p.model_copy(update={"vpp": v}))]
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
-            f"one short, for the embedding and the loss) ({', '.join(str(n) for n in counts)} layers per stage with "
+            f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
             f"pp {p.pp}); valid vpp: {_fmt(valid)}")
 
 

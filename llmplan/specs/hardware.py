@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
-from llmplan.specs.model import SPEC_CONFIG
+from llmplan.errors import bounded_list
+from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.units import GB, GIB, TERA
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4"]
@@ -27,7 +28,7 @@ KERNELS: dict[str, str] = {
 Kernel = Literal["flash_attention", "mla", "grouped_gemm", "fp8_gemm", "fp4_gemm", "fused_norm", "fused_rope"]
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(Spec):
     """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
 
     model_config = SPEC_CONFIG
@@ -169,7 +170,7 @@ class GpuSpec(BaseModel):
         return min(self.nccl_sms / self.sm_count, 0.5)
 
 
-class SystemSpec(BaseModel):
+class SystemSpec(Spec):
     """A node (or NVLink domain) shape and its scale-out fabric, built from one GPU type."""
 
     model_config = SPEC_CONFIG
@@ -252,8 +253,8 @@ class SystemSpec(BaseModel):
             full = self.domain_gpus
             if domain_gpus > full or domain_gpus % self.gpus_per_node:
                 raise ValueError(f"use whole {self.name} nodes of {self.gpus_per_node} GPUs, at most the domain's "
-                                 f"{full}; valid: " + ", ".join(str(g) for g in range(self.gpus_per_node, full + 1,
-                                                                                       self.gpus_per_node)))
+                                 f"{full}; valid: " + bounded_list(range(self.gpus_per_node, full + 1,
+                                                                         self.gpus_per_node)))
             system = system.model_copy(update={"nvlink_domain_gpus": domain_gpus})
         if power_limit is not None:
             system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.specs.model import SUPPORTED_MODEL_TYPES
+from llmplan.fileio import excerpt
+from llmplan.specs.model import SUPPORTED_MODEL_TYPES, ModelSpec, beyond_limits, loose_value
 
 COMMON = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -29,6 +30,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
+    cfg = _checked(cfg, mt)
     if mt == "gpt2":
         cfg = _gpt2(cfg)
     if mt == "bloom":
@@ -100,38 +102,68 @@ def _attention_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     return {"layer_types": tuple("sliding_attention" if x else "full_attention" for x in windowed)}
 
 
+ALIASES: dict[str, dict[str, str]] = {
+    "gpt2": {"n_embd": "hidden_size", "n_inner": "intermediate_size", "n_layer": "num_hidden_layers",
+             "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
+             "attn_pdrop": "attention_dropout", "resid_pdrop": "hidden_dropout"},
+    "bloom": {"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+              "seq_length": "max_position_embeddings"},
+}
+"""Architecture-specific config.json names -> the llmplan (Hugging Face common) name they stand for."""
+PRECEDENCE = {("bloom", "hidden_size")}
+"""(model_type, key) where the common name wins over the alias (BLOOM's hidden_size over the older n_embed)."""
+HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": int, "decoder_sparse_step": int,
+                            "num_local_experts": int, "num_experts": int, "n_routed_experts": int,
+                            "use_sliding_window": bool}
+"""config.json keys read here that are not ModelSpec fields, with the type they hold."""
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""Sizes every architecture's arithmetic needs (gpt2 / bloom derive intermediate_size from hidden_size)."""
+
+
+def _checked(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """The mapping with every number typed as a number, the aliases renamed, the required sizes present and
+    every size within MODEL_LIMITS, before any arithmetic or per-layer list is made from it: a quoted "768"
+    would otherwise multiply as text, a missing n_embd fail as None, 20,000,000 layers allocate lists."""
+    kinds = {**{k: v for k, v in ModelSpec._scalar_fields().items() if k in COMMON}, **HF_ONLY}
+    aliases = ALIASES.get(mt, {})
+    kinds.update({alias: kinds.get(name, int) for alias, name in aliases.items()})
+    for key, kind in kinds.items():
+        value = cfg.get(key)
+        problem = loose_value(key, value, kind)
+        if problem is None and value is not None and kind is not bool and not isinstance(value, (int, float)):
+            problem = f"{key} is {excerpt(repr(value), 40)}, not a number; give {key} as a number"
+        if problem:
+            raise ValueError(problem)
+    out = dict(cfg)
+    for alias, name in aliases.items():
+        if cfg.get(alias) is not None and not ((mt, name) in PRECEDENCE and cfg.get(name) is not None):
+            out[name] = cfg[alias]
+    derived = {"intermediate_size"} if mt in ("gpt2", "bloom") else set()
+    missing = [k for k in REQUIRED if out.get(k) is None and k not in derived]
+    if missing:
+        names = ", ".join(" or ".join([*(a for a, n in aliases.items() if n == k), k]) for k in missing)
+        raise ValueError(f"the {mt} config has no {names}; a config.json of this architecture states "
+                         f"{'them' if len(missing) > 1 else 'it'} (add the key with the model's value)")
+    problem = beyond_limits(out)
+    if problem:
+        raise ValueError(problem)
+    return out
+
+
 def _gpt2(cfg: dict[str, Any]) -> dict[str, Any]:
-    """GPT-2 uses n_layer / n_embd / n_inner / n_head / n_positions, LayerNorm, learned positions, biases."""
-    h = cfg.get("n_embd", cfg.get("hidden_size"))
-    return {
-        **cfg,
-        "hidden_size": h,
-        "intermediate_size": cfg.get("n_inner") or 4 * h,
-        "num_hidden_layers": cfg.get("n_layer", cfg.get("num_hidden_layers")),
-        "num_attention_heads": cfg.get("n_head", cfg.get("num_attention_heads")),
-        "max_position_embeddings": cfg.get("n_positions", cfg.get("max_position_embeddings")),
-        "attention_bias": True,
-        "mlp_bias": True,
-        "attention_dropout": cfg.get("attn_pdrop", 0.1),
-        "hidden_dropout": cfg.get("resid_pdrop", 0.1),
-    }
+    """GPT-2 (aliases renamed by _checked) has LayerNorm, learned positions, biases, a 4h MLP unless n_inner
+    says otherwise, and 0.1 dropouts by default."""
+    return {**cfg, "intermediate_size": cfg.get("intermediate_size") or 4 * cfg["hidden_size"],
+            "attention_bias": True, "mlp_bias": True,
+            "attention_dropout": cfg.get("attention_dropout", 0.1), "hidden_dropout": cfg.get("hidden_dropout", 0.1)}
 
 
 def _bloom(cfg: dict[str, Any]) -> dict[str, Any]:
-    """BLOOM (transformers' BloomConfig): n_layer / n_head / hidden_size (older files: n_embed), a 4h GELU MLP,
-    LayerNorm, biases everywhere, ALiBi instead of position embeddings, so no max_position_embeddings: the
-    training length (seq_length, 2048 for BLOOM-176B) stands in for it."""
-    h = cfg.get("hidden_size", cfg.get("n_embed"))
-    return {
-        **cfg,
-        "hidden_size": h,
-        "intermediate_size": 4 * h,
-        "num_hidden_layers": cfg.get("n_layer", cfg.get("num_hidden_layers")),
-        "num_attention_heads": cfg.get("n_head", cfg.get("num_attention_heads")),
-        "max_position_embeddings": cfg.get("seq_length", 2048),
-        "attention_bias": True,
-        "mlp_bias": True,
-    }
+    """BLOOM (transformers' BloomConfig): a 4h GELU MLP, LayerNorm, biases everywhere, ALiBi instead of position
+    embeddings, so no max_position_embeddings: the training length (seq_length, 2048 for BLOOM-176B) stands
+    in for it."""
+    return {**cfg, "intermediate_size": 4 * cfg["hidden_size"],
+            "max_position_embeddings": cfg.get("seq_length") or 2048, "attention_bias": True, "mlp_bias": True}
 
 
 def _check_sparse_layout(cfg: dict[str, Any]) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import types
+from functools import cache
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmplan.errors import bounded_list
+from llmplan.fileio import excerpt
 
 SUPPORTED_MODEL_TYPES = (
     "gpt",
@@ -24,7 +29,61 @@ SUPPORTED_MODEL_TYPES = (
     "bloom",
 )
 
+LayerType = Literal["sliding_attention", "full_attention"]
+"""The per-layer attention kinds llmplan models (Hugging Face layer_types values)."""
+
 SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+
+def number_kind(annotation: Any) -> type | None:
+    """int, float or bool for a field that holds one of them (or None), else None."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    kinds = [a for a in args if a is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, bool) else None
+
+
+def loose_value(name: str, value: Any, kind: type | None) -> str | None:
+    """Why `value` is not written as the `kind` a field holds, or None: a quoted number ("768"), true/false
+    for a number, a quoted true/false. Pydantic's lax mode would turn them into numbers (true into 1: a
+    one-token window) after any check on the raw mapping, so they are refused with the fix instead."""
+    if kind in (int, float) and isinstance(value, bool):
+        return f"{name} is {str(value).lower()}, not a number; give {name} as a number or leave it out"
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            number = float(value)
+            shown = int(number) if number.is_integer() and abs(number) < 1e18 else number
+            fix = f"write it as a plain number, without quotes ({name}: {shown})"
+        except (ValueError, OverflowError):
+            fix = f"give {name} as a number"
+        return f"{name} is the text {value[:40]!r}, not a number; {fix}"
+    if kind is bool and isinstance(value, str):
+        return f"{name} is the text {value[:40]!r}; write true or false without quotes"
+    return None
+
+
+class Spec(BaseModel):
+    """Base of every spec: frozen, no unknown keys, no NaN/inf, and values typed as written (no quoted
+    numbers, no true/false for a number: loose_value), so that every bound applies to the value meant."""
+
+    model_config = SPEC_CONFIG
+
+    @classmethod
+    @cache
+    def _scalar_fields(cls) -> dict[str, type]:
+        kinds = {name: number_kind(f.annotation) for name, f in cls.model_fields.items()}
+        return {name: k for name, k in kinds.items() if k is not None}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_as_written(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, kind in cls._scalar_fields().items():
+                problem = loose_value(name, data.get(name), kind)
+                if problem:
+                    raise ValueError(problem)
+        return data
+
 
 # Sizes beyond any real model: a value above these is a typo or a broken file, refused with the field named.
 MODEL_LIMITS: dict[str, float] = {
@@ -38,10 +97,29 @@ MODEL_LIMITS: dict[str, float] = {
 }
 
 
-class ModelSpec(BaseModel):
-    """A decoder-only transformer. Field names follow Hugging Face config.json; llmplan keys are marked."""
+def beyond_limits(data: dict[str, Any]) -> str | None:
+    """The first size in `data` beyond MODEL_LIMITS, as a message; None when all are within."""
+    for key, limit in MODEL_LIMITS.items():
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
+            return f"{key} {value:.3g} is beyond any model llmplan plans for (at most {limit:,.0f})"
+    return None
 
-    model_config = SPEC_CONFIG
+
+def unknown_layer_types(kinds: Any) -> str | None:
+    """A message naming the layer_types entries llmplan does not model (one line, whatever the layer count)."""
+    if not isinstance(kinds, (list, tuple)):
+        return None
+    known = get_args(LayerType)
+    unknown = list(dict.fromkeys(excerpt(repr(k), 40) for k in kinds if k not in known))
+    if not unknown:
+        return None
+    return (f"layer_types holds {bounded_list(unknown)}, which llmplan does not model; each layer must be one of "
+            f"{', '.join(known)}")
+
+
+class ModelSpec(Spec):
+    """A decoder-only transformer. Field names follow Hugging Face config.json; llmplan keys are marked."""
 
     name: str = Field(min_length=1)
     """llmplan key: the name users pass to --model."""
@@ -95,8 +173,9 @@ class ModelSpec(BaseModel):
     """RoPE scaling block as in config.json (informational; shown when a length exceeds the context)."""
     sliding_window: int | None = Field(default=None, gt=0)
     """Sliding-window size of windowed attention layers, if any."""
-    layer_types: tuple[str, ...] | None = None
-    """Per-layer attention kind ('sliding_attention' / 'full_attention') where the model alternates."""
+    layer_types: tuple[LayerType, ...] | None = Field(default=None, max_length=4_096)
+    """Per-layer attention kind ('sliding_attention' / 'full_attention') where the model alternates; other
+    kinds (linear attention, chunked attention) are not modelled and are refused."""
 
     declared_params: float | None = Field(default=None, gt=0)
     """llmplan key: the published total parameter count; `llmplan check` fails when the count computed
@@ -138,11 +217,10 @@ class ModelSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _within_any_model(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, limit in MODEL_LIMITS.items():
-                value = data.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
-                    raise ValueError(f"{key} {value:.3g} is beyond any model llmplan plans for (at most {limit:,.0f})")
+        problem = (beyond_limits(data) or unknown_layer_types(data.get("layer_types"))) if isinstance(data, dict) \
+            else None
+        if problem:
+            raise ValueError(problem)
         return data
 
     @model_validator(mode="after")

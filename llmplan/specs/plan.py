@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from llmplan.cost.arith import maximum
 from llmplan.specs.hardware import SystemSpec
-from llmplan.specs.model import SPEC_CONFIG
+from llmplan.specs.model import SPEC_CONFIG, Spec
 
 Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
@@ -127,7 +127,7 @@ NVFP4_LAYER_FRACTION = 0.85
 torchtitan 0.3's `*_first_85_pct_layers_nvfp4` configs."""
 
 
-class ParallelPlan(PlanQuantities, BaseModel):
+class ParallelPlan(PlanQuantities, Spec):
     """One way to run a training step: parallel degrees, sharding, recompute and batch shape.
 
     Rules that relate the plan to a model or cluster live in check_plan, not here."""
@@ -298,7 +298,7 @@ MAX_GPUS = 2_000_000
 """Largest cluster llmplan places ranks on (today's largest training clusters hold a few 100,000 GPUs)."""
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(Spec):
     """A number of identical nodes of one system."""
 
     model_config = SPEC_CONFIG
@@ -331,7 +331,7 @@ class ClusterSpec(BaseModel):
         return self.num_nodes * self.gpus_per_node_used
 
 
-class MemoryAllowance(BaseModel):
+class MemoryAllowance(Spec):
     """The stated allowance for what the formulas do not count (docs/formulas.md#mem.other)."""
 
     model_config = SPEC_CONFIG

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from llmplan.errors import LlmplanError
+from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list
 from llmplan.fileio import excerpt, read_document
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
@@ -33,12 +33,14 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 def validation_message(origin: str, err: ValidationError) -> str:
     """One line per field problem: file, field, what pydantic found."""
     parts = []
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = f" (got {excerpt(e['input'])})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
-    return f"{origin}: " + "; ".join(parts)
+    more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
+    return f"{origin}: " + "; ".join(parts) + more
 
 
 def build(cls: type[BaseModel], data: dict[str, Any], origin: str) -> Any:
@@ -73,7 +75,7 @@ def builtin_systems() -> dict[str, SystemSpec]:
 def _unknown(kind: str, name: str, known: list[str]) -> LlmplanError:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return LlmplanError(f"unknown {kind} '{name}'{hint} (built-ins: {', '.join(sorted(known))}; "
+    return LlmplanError(f"unknown {kind} '{excerpt(name)}'{hint} (built-ins: {bounded_list(sorted(known), 40)}; "
                         f"or give a path to a YAML/JSON file)")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from llmplan.specs.model import SPEC_CONFIG
+from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.plan import Degrees
 
 WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
@@ -14,7 +14,7 @@ KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
 
 
-class ServePlan(BaseModel):
+class ServePlan(Spec):
     """One serving deployment: tensor/pipeline parallel replicas, expert parallelism and dtypes."""
 
     model_config = SPEC_CONFIG
@@ -57,7 +57,7 @@ class ServePlan(BaseModel):
         return Degrees(self.tp, self.pp, self.dp, 1, self.ep, 1)
 
 
-class ServeJob(BaseModel):
+class ServeJob(Spec):
     """The traffic: request shape, concurrency, SLOs, prefix reuse and the server's memory settings."""
 
     model_config = SPEC_CONFIG

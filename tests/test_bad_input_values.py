@@ -1,0 +1,120 @@
+"""Bad values, round two (issue 34): numbers written as strings, missing sizes, pinned search axes past their
+bounds, absurd physical quantities, flags of the other mode, and costs that grew with the input. Each
+reproducer of the issue is a case: exit 2, one line naming the value, the rule and the fix, no internal error,
+no hang."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from llmplan.errors import bounded_list
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "tests" / "data" / "plans"
+
+
+def bad(cli, *args, needle: str | tuple[str, ...], code: int = 2, seconds: float = 10):
+    t0 = time.perf_counter()
+    r = cli(*args)
+    assert time.perf_counter() - t0 < seconds, "took too long"
+    assert r.code == code, (r.code, r.err[-800:], r.out[:300])
+    assert "internal error" not in r.err + r.out and "Traceback" not in r.err
+    for n in (needle,) if isinstance(needle, str) else needle:
+        assert n in r.err, r.err
+    assert len(r.err) < 2000, len(r.err)  # one short message, never an echo of the input
+    return r
+
+
+def write(tmp_path: Path, name: str, doc: dict | str) -> Path:
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return p
+
+
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}
+SPEC = {"name": "tiny", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
+        "num_attention_heads": 16, "vocab_size": 32000, "max_position_embeddings": 4096}
+
+
+# --- root cause 2: numbers as strings, missing sizes (config.json is type-checked before any arithmetic) ----------
+
+def test_gpt2_quoted_width_is_refused_not_multiplied(cli, tmp_path):
+    # It became a 14-quadrillion-parameter model ("768" * 4 as text) and exited 0.
+    p = write(tmp_path, "config.json", {**GPT2, "n_embd": "768"})
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=("n_embd", "'768'", "not a number",
+                                                                          "without quotes"))
+
+
+def test_quoted_layer_count_beyond_bounds_does_not_hang(cli, tmp_path):
+    # Hung: pydantic turned "20000000" into 20,000,000 layers after the bound check had skipped the text.
+    p = write(tmp_path, "config.json", {**LLAMA, "num_hidden_layers": "20000000"})
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=("num_hidden_layers", "20000000"))
+    p = write(tmp_path, "big.json", {**LLAMA, "num_hidden_layers": "1" + "0" * 40})
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle="num_hidden_layers")
+
+
+def test_huge_layer_count_is_bounded_before_per_layer_lists(cli, tmp_path):
+    # A windowed architecture built a 20,000,000-entry layer list before the bound applied (1 s, 400 MB).
+    p = write(tmp_path, "config.json", {**LLAMA, "model_type": "mistral", "sliding_window": 4096,
+                                        "num_hidden_layers": 20_000_000})
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=("num_hidden_layers", "at most 4,096"),
+        seconds=3)
+
+
+@pytest.mark.parametrize("arch,doc,names", [
+    ("gpt2", {k: v for k, v in GPT2.items() if k != "n_embd"}, "n_embd or hidden_size"),
+    ("bloom", {"model_type": "bloom", "n_layer": 70, "n_head": 112, "vocab_size": 250880}, "n_embed or hidden_size"),
+    ("mixtral", {**{k: v for k, v in LLAMA.items() if k != "intermediate_size"}, "model_type": "mixtral",
+                 "num_local_experts": 8, "num_experts_per_tok": 2}, "intermediate_size"),
+])
+def test_config_without_a_required_size(cli, tmp_path, arch, doc, names):
+    # GPT-2 without n_embd and BLOOM without hidden_size were internal TypeErrors.
+    p = write(tmp_path, "config.json", doc)
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=(f"the {arch} config has no {names}",))
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("n_embd", {}, "n_embd is {}, not a number"),
+    ("n_layer", [12], "n_layer is [12], not a number"),
+    ("n_head", True, "n_head is true, not a number"),
+    ("attn_pdrop", "0.1", "attn_pdrop is the text '0.1'"),
+    ("tie_word_embeddings", "false", "write true or false without quotes"),
+])
+def test_gpt2_config_values_of_the_wrong_type(cli, tmp_path, key, value, needle):
+    p = write(tmp_path, "config.json", {**GPT2, key: value})
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=needle)
+
+
+def test_valid_gpt2_config_still_reads(cli, tmp_path):
+    p = write(tmp_path, "config.json", GPT2)
+    r = cli("estimate", "--model", p, "--hardware", "dgx-h100", "--json")
+    assert r.code == 0, r.err
+    assert 0.12e9 < r.json()["params"]["total"] < 0.13e9  # GPT-2 small: 124M
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+@pytest.mark.parametrize("key,value", [("hidden_size", "1024"), ("num_hidden_layers", "20000000"),
+                                       ("vocab_size", "1e9"), ("attention_dropout", "0.1")])
+def test_llmplan_spec_with_quoted_numbers(cli, tmp_path, suffix, key, value):
+    text = json.dumps({**SPEC, key: value})  # JSON is YAML: the value stays quoted in both
+    p = write(tmp_path, "m" + suffix, text)
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle=(key, "not a number"))
+
+
+def test_sliding_window_true_is_not_a_one_token_window(cli, tmp_path):
+    p = write(tmp_path, "m.yaml", json.dumps({**SPEC, "sliding_window": True}))
+    bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100", needle="sliding_window is true, not a number")
+
+
+def test_unknown_layer_types_are_refused_with_the_known_ones(cli, tmp_path):
+    kinds = ["linear_attention", "full_attention"] * 2048
+    p = write(tmp_path, "config.json", {**LLAMA, "num_hidden_layers": 4096, "layer_types": kinds})
+    r = bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100",
+            needle=("'linear_attention'", "sliding_attention, full_attention"))
+    assert r.err.count("linear_attention") == 1  # named once, not once per layer
