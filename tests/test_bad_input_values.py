@@ -118,3 +118,25 @@ def test_unknown_layer_types_are_refused_with_the_known_ones(cli, tmp_path):
     r = bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100",
             needle=("'linear_attention'", "sliding_attention, full_attention"))
     assert r.err.count("linear_attention") == 1  # named once, not once per layer
+
+
+# --- root cause 6: search's pinned axes get estimate's bounds (ParallelPlan / ServePlan Field bounds) ------------
+
+@pytest.mark.parametrize("flag,value,field,bound", [
+    ("--cp", 10**20, "cp", "65536"), ("--ep", 10**20, "ep", "65536"), ("--vpp", 5000, "vpp", "4096"),
+    ("--tp", 70000, "tp", "65536"), ("--micro-batch", 2_000_000, "micro_batch", "1048576"),
+    ("--etp", 70000, "etp", "65536"), ("--pp", 5000, "pp", "4096"),
+])
+def test_search_pins_past_their_bounds(cli, flag, value, field, bound):
+    cluster = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100")
+    line = f"field '{field}': Input should be less than or equal to {bound} (got {value})"
+    bad(cli, "search", *cluster, flag, value, needle=("pinned axes", line))
+    bad(cli, "estimate", *cluster, flag, value, needle=line)  # the same rule, from the same table
+    r = bad(cli, "search", *cluster, flag, value, "--json", needle=line)
+    assert line in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("flag", ["--tp", "--pp", "--ep"])
+def test_serving_search_pins_past_their_bounds(cli, flag):
+    bad(cli, "search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", flag, 10**20,
+        "--json", needle=("pinned axes", f"field '{flag[2:]}'"))

@@ -36,6 +36,14 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     return {"pp_first": first, "pp_last": last}
 
 
+def checked_pins(cls: type, pins: dict) -> dict:
+    """The axes `search` pins, checked against the bounds of the plan they will become (cls: ParallelPlan or
+    ServePlan, whose Field bounds `estimate` applies too), so that a pinned --tp 70000 is the same clear error
+    in both commands; None (free) axes are not checked."""
+    build(cls, {k: v for k, v in pins.items() if v is not None and k in cls.model_fields}, "pinned axes")
+    return pins
+
+
 def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
              overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
              precision: str | None = None, moe_capacity_factor: float | None = None,

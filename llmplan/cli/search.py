@@ -13,7 +13,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
-from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
+from llmplan.cli.inputs import checked_pins, make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
@@ -91,7 +91,7 @@ def search_infer(o: dict) -> None:
     build(ServePlan, {"weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving dtype options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     res = search_serving(m, cluster, job, o["dtype"], o["kv_dtype"], o["objective"], o["top"], o["request_rate"],
-                         allowance, {"tp": o["tp"], "pp": o["pp"], "ep": o["ep"]})
+                         allowance, checked_pins(ServePlan, {"tp": o["tp"], "pp": o["pp"], "ep": o["ep"]}))
     emit(report.serve_search_json(res, m, cluster, job), o["json_mode"],
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:
@@ -199,6 +199,7 @@ def search_pins(m, o: dict) -> dict:
         raise LlmplanError("--account-for-*-in-pipeline-split in search needs --pp (the split depends on it)")
     split = pipeline_split(m, pp or 1, o["pp_first"], o["pp_last"], None, o["embedding_in_split"],
                            o["loss_in_split"])
-    return {"pp_first": split["pp_first"] or None, "pp_last": split["pp_last"] or None, "tp": o["tp"], "pp": pp,
+    pins = {"pp_first": split["pp_first"] or None, "pp_last": split["pp_last"] or None, "tp": o["tp"], "pp": pp,
             "cp": 1 if o["no_cp"] else o["cp"], "ep": o["ep"], "etp": o["etp"], "vpp": o["vpp"], "sp": o["sp"],
             "zero": o["zero"], "recompute": o["recompute"], "micro_batch": o["micro_batch"]}
+    return checked_pins(ParallelPlan, pins)
