@@ -140,3 +140,90 @@ def test_search_pins_past_their_bounds(cli, flag, value, field, bound):
 def test_serving_search_pins_past_their_bounds(cli, flag):
     bad(cli, "search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", flag, 10**20,
         "--json", needle=("pinned axes", f"field '{flag[2:]}'"))
+
+
+# --- root cause 7: physical ranges, each checked in one place ----------------------------------------------------
+
+@pytest.mark.parametrize("watts", [1, 100, 701, 1e9])
+def test_power_limit_outside_the_gpus_range(cli, watts):
+    # --power-limit 1 (1 W) exited 0 with a GPU at 11% of its clock.
+    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--power-limit", watts,
+        needle=(f"power limit {watts:g} W is outside h100-sxm's range 175-700 W", "give a limit in that range"))
+
+
+def test_power_limit_inside_the_range_still_applies(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--power-limit", 200, "--json")
+    assert r.code == 0, r.err
+    full = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--json").json()
+    assert r.json()["time"]["step_s"] > full["time"]["step_s"]
+
+
+def test_default_power_limit_above_tdp_fails_check_as_every_command_refuses_it(cli, tmp_path):
+    # `check` called this profile valid while every command refused its 900 W default: one rule now.
+    p = write(tmp_path, "fleet.yaml", "base: dgx-h100\ndefault_power_limit_w: 900\n")
+    needle = "default_power_limit_w: power limit 900 W is outside h100-sxm's range 175-700 W"
+    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, needle=needle)
+    r = cli("check", p, "--format", "json")
+    assert r.code == 1 and needle in r.out, (r.code, r.out)
+
+
+def test_sustained_clock_fraction_has_a_floor(cli, tmp_path):
+    p = write(tmp_path, "slow.yaml", "base: dgx-h100\ngpu: {sustained_clock_fraction: 1.0e-12}\n")
+    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p,
+        needle=("sustained_clock_fraction", "greater than or equal to 0.1", "1e-12"))
+
+
+@pytest.mark.parametrize("value,needle", [("'16'", "gpus_per_node is the text '16', not a number"),
+                                          ("16.0", "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node")])
+def test_gpus_per_node_on_a_base_system(cli, tmp_path, value, needle):
+    # '16' became 16 GPUs on an 8-GPU DGX (the slot check skipped text); 16.0 skipped it as a float.
+    p = write(tmp_path, "c.yaml", f"base: dgx-h100\ngpus_per_node: {value}\n")
+    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, needle=needle)
+
+
+def test_global_batch_beyond_any_run(cli):
+    # A 441-million-second step with exit 0.
+    needle = ("global_batch (1,000,000,001) x seq_len (4,096)", "at most 1,073,741,824",
+              "lower --global-batch to at most 262,144")
+    for cmd in ("estimate", "search"):
+        bad(cli, cmd, "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", 1_000_000_001,
+            needle=needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--tolerance", "nan"), "field 'tolerance': Input should be a finite number"),
+    (("--tolerance", "-1"), "field 'tolerance': Input should be greater than or equal to 0"),
+    (("--tolerance", "5"), "field 'tolerance': Input should be less than or equal to 1"),
+    (("--param-tolerance", "inf"), "field 'param_tolerance': Input should be a finite number"),
+])
+def test_check_tolerances_have_a_range(cli, args, needle):
+    bad(cli, "check", PLANS, *args, needle=needle)
+
+
+def test_check_of_an_empty_folder_does_not_pass(cli, tmp_path):
+    (tmp_path / "notes.txt").write_text("no specs here")
+    bad(cli, "check", tmp_path, needle=("no spec, profile or plan files", str(tmp_path)))
+    bad(cli, "check", "--plans", tmp_path, needle="no spec, profile or plan files")
+
+
+# --- root cause 9: other internal errors ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("base", ["[1, 2]", "{a: 1}", "7"])
+def test_cluster_base_that_is_not_a_name(cli, tmp_path, base):
+    p = write(tmp_path, "c.yaml", f"base: {base}\nnics_per_node: 4\n")
+    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p,
+        needle=("base is", "give the name of one built-in system", "dgx-h100"))
+
+
+@pytest.mark.parametrize("rate,needle", [("nan", "finite number"), ("inf", "finite number"),
+                                         ("-1", "greater than 0"), ("0", "greater than 0")])
+def test_request_rate_range(cli, rate, needle):
+    bad(cli, "search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--objective",
+        "min-gpus", "--request-rate", rate, "--json", needle=("field 'request_rate'", needle))
+
+
+def test_request_rate_still_sizes_the_deployment(cli):
+    r = cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--objective",
+            "min-gpus", "--request-rate", "10", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["request_rate"] == 10.0

@@ -13,7 +13,7 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
 from llmplan.cli.inputs import make_cluster
 from llmplan.ci import diff_against, discover, run_checks
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import make_folder
 from llmplan.estimate import estimate_training
 from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
@@ -22,7 +22,8 @@ from llmplan.search.run import search as run_search
 from llmplan.serving import estimate_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens
 from llmplan.specs.plan import MemoryAllowance
-from llmplan.specs.registry import resolve_model
+from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import DEFAULT_ORDER
 
 
@@ -46,7 +47,13 @@ def check(
         raise LlmplanError("give spec / plan paths or --plans DIR (e.g. llmplan check model_specs/ --plans plans/)")
     if plans is not None and not plans.is_dir():
         raise LlmplanError(f"--plans {plans} is not a folder")
-    findings = run_checks(targets, plans, min_headroom, tolerance, param_tolerance)
+    limits = build(CheckThresholds, {"tolerance": tolerance, "param_tolerance": param_tolerance,
+                                     "min_headroom_gib": min_headroom}, "check options")
+    findings = run_checks(targets, plans, limits.min_headroom_gib, limits.tolerance, limits.param_tolerance)
+    if not findings:  # an empty folder or a wrong path in CI must not pass as "all checks passed"
+        where = bounded_list([*(str(t) for t in targets), *([f"--plans {plans}"] if plans else [])])
+        raise LlmplanError(f"no spec, profile or plan files (*.yaml, *.yml, *.json) found in {where}; give the "
+                           f"folders that hold them (e.g. llmplan check model_specs/ --plans plans/)")
     diff = None
     if base is not None:
         files = discover(targets)

@@ -96,11 +96,12 @@ def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance
 
 
 def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens,
-             engine="vllm", cuda_graphs=True):
+             engine="vllm", cuda_graphs=True, request_rate=None):
     return build(ServeJob, {"input_len": input_len, "output_len": output_len, "batch": batch,
                             "prefix_hit_rate": prefix_hit_rate, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
                             "gpu_memory_utilization": util, "block_size": block_size,
-                            "max_num_batched_tokens": max_tokens, "engine": engine, "cuda_graphs": cuda_graphs},
+                            "max_num_batched_tokens": max_tokens, "engine": engine, "cuda_graphs": cuda_graphs,
+                            "request_rate": request_rate},
                  "inference workload options")
 
 

@@ -26,6 +26,7 @@ from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.serve import ServePlan
+from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import parse_order
 from llmplan.units import parse_size
 
@@ -87,10 +88,10 @@ def search_infer(o: dict) -> None:
     cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     job = make_job(o["input_len"], o["output_len"], o["max_batch"], o["prefix_hit_rate"], o["ttft_slo"],
                    o["tpot_slo"], o["gpu_memory_utilization"], o["block_size"], o["max_num_batched_tokens"],
-                   o["engine"], o["cuda_graphs"])
+                   o["engine"], o["cuda_graphs"], o["request_rate"])
     build(ServePlan, {"weight_dtype": o["dtype"], "kv_dtype": o["kv_dtype"]}, "serving dtype options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
-    res = search_serving(m, cluster, job, o["dtype"], o["kv_dtype"], o["objective"], o["top"], o["request_rate"],
+    res = search_serving(m, cluster, job, o["dtype"], o["kv_dtype"], o["objective"], o["top"], job.request_rate,
                          allowance, checked_pins(ServePlan, {"tp": o["tp"], "pp": o["pp"], "ep": o["ep"]}))
     emit(report.serve_search_json(res, m, cluster, job), o["json_mode"],
          lambda: report.serve_search_view(out, res, m, cluster, job))
@@ -117,6 +118,7 @@ def search_train(o: dict) -> None:
     m = resolve_model(o["model"])
     cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     order = parse_order(o["axis_order"])
+    build(CheckThresholds, {"min_headroom_gib": o["min_headroom"]}, "--min-headroom")  # the range check uses
     w = search_workload(m, o)
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
 

@@ -28,6 +28,13 @@ KERNELS: dict[str, str] = {
 Kernel = Literal["flash_attention", "mla", "grouped_gemm", "fp8_gemm", "fp4_gemm", "fused_norm", "fused_rope"]
 
 
+MIN_POWER_LIMIT_FRACTION = 0.25
+"""Lowest board power limit, as a fraction of the GPU's TDP, that llmplan models: NVIDIA's allowable minimum is
+200 W on the 700 W H100 SXM (29%) and 200 W on B200 (DGX H100/H200 and DGX B200 User Guides, "Managing Power
+Capping": PowerLimitWatts AllowableMin), so below a quarter no datacenter GPU accepts the cap (1 W is a typo)
+and the cube-root clock law of at_power_limit has no data there."""
+
+
 class GpuSpec(Spec):
     """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
 
@@ -99,9 +106,11 @@ class GpuSpec(Spec):
     sm_count: int = Field(default=132, ge=1, le=4096)
     """Streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles of one GEMM wave, and what NCCL's
     kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap)."""
-    sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
+    sustained_clock_fraction: float = Field(default=1.0, ge=0.1, le=1)
     """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
-    (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak."""
+    (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak.
+    At least 0.1: the lowest power cap a GPU accepts (MIN_POWER_LIMIT_FRACTION) keeps about two thirds of the
+    clock by at_power_limit's cube-root law, so a tenth is far below any running GPU (1e-12 is a typo)."""
     power_limit_w: float | None = Field(default=None, gt=0, le=5000)
     """Board power limit the sustained clock belongs to (W; the vendor's default TDP in the shipped profiles);
     `at_power_limit` derives a capped GPU from it."""
@@ -151,14 +160,27 @@ class GpuSpec(Spec):
         (dynamic power ~ C·V²·f with the voltage roughly proportional to the clock over the DVFS range), so a
         700 W H100 capped at 500 W keeps 89% of its clock. HBM bandwidth is left as is.
         Derived: docs/formulas.md#step.power"""
-        if self.power_limit_w is None:
-            raise ValueError(f"{self.name} states no power_limit_w to scale from")
-        if not 0 < watts <= self.power_limit_w:
-            raise ValueError(f"power limit {watts:g} W must be above 0 and at most {self.name}'s "
-                             f"{self.power_limit_w:g} W")
+        problem = self.power_limit_problem(watts)
+        if problem:
+            raise ValueError(problem)
+        assert self.power_limit_w is not None  # power_limit_problem says so otherwise
         clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
         return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts,
                                        "capped_from_w": self.capped_from_w or self.power_limit_w})
+
+    def power_limit_problem(self, watts: float) -> str | None:
+        """Why a board power limit cannot apply to this GPU, or None: the one rule for --power-limit, a plan's
+        hardware_options and a system's default_power_limit_w. It must lie between MIN_POWER_LIMIT_FRACTION of
+        the GPU's TDP (the profile's uncapped power_limit_w) and its present power_limit_w."""
+        if self.power_limit_w is None:
+            return f"{self.name} states no power_limit_w to scale from; add it to the GPU profile"
+        tdp = self.capped_from_w or self.power_limit_w
+        low = MIN_POWER_LIMIT_FRACTION * tdp
+        if not low <= watts <= self.power_limit_w:
+            return (f"power limit {watts:g} W is outside {self.name}'s range {low:g}-{self.power_limit_w:g} W "
+                    f"(from a quarter of its {tdp:g} W TDP, as low as GPUs accept a cap, up to the profile's "
+                    f"limit); give a limit in that range")
+        return None
 
     def sustained_flops(self, dtype: str) -> float:
         """The peak at the sustained clock: what every time formula divides by."""
@@ -236,6 +258,10 @@ class SystemSpec(Spec):
             raise ValueError(
                 f"nvlink_domain_gpus ({dom}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
             )
+        if self.default_power_limit_w is not None:
+            problem = self.gpu.power_limit_problem(self.default_power_limit_w)
+            if problem:  # the rule every command applies to this default (GpuSpec.at_power_limit)
+                raise ValueError(f"default_power_limit_w: {problem}")
         if self.nics_per_node and self.nic_gbit_per_s <= 0:
             raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
         for i, j in self.intra_node_links or ():

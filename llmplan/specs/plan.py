@@ -127,6 +127,13 @@ NVFP4_LAYER_FRACTION = 0.85
 torchtitan 0.3's `*_first_85_pct_layers_nvfp4` configs."""
 
 
+MAX_TOKENS_PER_STEP = 1 << 30
+"""Most tokens one optimizer step may hold (global_batch x seq_len, about 1.07 billion): 17 times the largest
+published batch, DeepSeek-V3's 15,360 sequences of 4,096 tokens (63M; DeepSeek-V3 Technical Report, section
+4.2) and 64 times Llama 3 405B's 16M (The Llama 3 Herd of Models, section 3.4.1). A larger one is a typo
+(--global-batch 1000000001 predicted a 441-million-second step)."""
+
+
 class ParallelPlan(PlanQuantities, Spec):
     """One way to run a training step: parallel degrees, sharding, recompute and batch shape.
 
@@ -254,6 +261,15 @@ class ParallelPlan(PlanQuantities, Spec):
                              "fp8-blockwise, mxfp8")
         if self.recipe != "tensorwise" and not self.low_precision:
             raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
+        return self
+
+    @model_validator(mode="after")
+    def _tokens_per_step(self) -> "ParallelPlan":
+        tokens = self.global_batch * self.seq_len
+        if tokens > MAX_TOKENS_PER_STEP:
+            raise ValueError(f"global_batch ({self.global_batch:,}) x seq_len ({self.seq_len:,}) = {tokens:,} tokens "
+                             f"per step is beyond any training run (at most {MAX_TOKENS_PER_STEP:,}); lower "
+                             f"--global-batch to at most {MAX_TOKENS_PER_STEP // self.seq_len:,}")
         return self
 
     @model_validator(mode="after")

@@ -97,17 +97,17 @@ def load_system_file(path: Path) -> SystemSpec:
     sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
     base_name = data.pop("base", None)
+    base, base_gpu = None, False
     if base_name is not None:
         systems = builtin_systems()
+        if not isinstance(base_name, str):
+            raise LlmplanError(f"{path}: base is {excerpt(repr(base_name), 40)}; give the name of one built-in "
+                               f"system (e.g. base: dgx-h100; built-ins: {bounded_list(sorted(systems), 40)})")
         if base_name not in systems:
-            raise _unknown("base system", str(base_name), list(systems))
+            raise _unknown("base system", base_name, list(systems))
         base = systems[base_name]
-        partial_gpu = isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]
-        gpn = data.get("gpus_per_node", base.gpus_per_node)
-        if isinstance(gpn, int) and gpn > base.gpus_per_node and ("gpu" not in data or partial_gpu):
-            raise LlmplanError(f"{path}: gpus_per_node ({gpn}) exceeds the {base.gpus_per_node} GPU slots of a "
-                               f"{base_name} node; use at most {base.gpus_per_node} or describe another node shape")
-        if partial_gpu:
+        base_gpu = "gpu" not in data or (isinstance(data["gpu"], dict) and "name" not in data["gpu"])
+        if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
             data["gpu"] = {**base.gpu.model_dump(), **data["gpu"]}
         data = {**base.model_dump(), "name": path.stem, **data}
     gpu = data.get("gpu")
@@ -116,7 +116,13 @@ def load_system_file(path: Path) -> SystemSpec:
         if gpu not in gpus:
             raise _unknown("GPU", gpu, list(gpus))
         data["gpu"] = gpus[gpu].model_dump()
-    return build(SystemSpec, data, str(path))
+    system = build(SystemSpec, data, str(path))
+    # Checked on the built spec, so that the rule applies to the value as read (a float 16.0 too).
+    if base is not None and base_gpu and system.gpus_per_node > base.gpus_per_node:
+        raise LlmplanError(f"{path}: gpus_per_node ({system.gpus_per_node}) exceeds the {base.gpus_per_node} GPU "
+                           f"slots of a {base_name} node; use at most {base.gpus_per_node} or describe another "
+                           f"node shape")
+    return system
 
 
 def looks_like_path(ref: str) -> bool:

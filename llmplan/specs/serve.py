@@ -89,6 +89,9 @@ class ServeJob(Spec):
     (vLLM --enforce-eager), which adds a launch per kernel to each step."""
     max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
     """Tokens one engine step may process (chunked prefill + decodes)."""
+    request_rate: float | None = Field(default=None, gt=0, le=1e9)
+    """Requests per second the deployment must sustain (search --objective min-gpus); None: no rate. Positive
+    and finite (NaN compared false with every rate and passed every plan), at most 10^9 requests/s."""
 
     @property
     def context(self) -> int:
