@@ -28,10 +28,13 @@ MAX_LISTED = 12
 
 
 def bounded_list(items: Iterable[object], limit: int = MAX_LISTED, sep: str = ", ") -> str:
-    """Items for a message, at most `limit` of them, then '... (K more)': a message never grows with the input
-    (a million valid --domain-gpus values, 4,096 layer types). A range is not expanded. 'none' when empty."""
+    """Items for a message, at most `limit` of them: the first ones, '... (K more)', and the last two (the end of
+    a range of valid values matters as much as its start), so that a message never grows with the input (a
+    million valid --domain-gpus values, 4,096 layer types). A range is not expanded. 'none' when empty."""
     seq = items if isinstance(items, (range, list, tuple)) else list(items)
-    if not seq:
-        return "none"
-    shown = sep.join(str(seq[i]) for i in range(min(len(seq), limit)))
-    return shown if len(seq) <= limit else f"{shown}{sep}... ({len(seq) - limit:,} more)"
+    n = len(seq)
+    if n <= limit:
+        return sep.join(str(x) for x in seq) if n else "none"
+    head, tail = max(limit - 2, 1), 2
+    return sep.join([*(str(seq[i]) for i in range(head)), f"... ({n - head - tail:,} more)",
+                     *(str(seq[i]) for i in range(n - tail, n))])

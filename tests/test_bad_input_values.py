@@ -227,3 +227,20 @@ def test_request_rate_still_sizes_the_deployment(cli):
             "min-gpus", "--request-rate", "10", "--json")
     assert r.code == 0, r.err
     assert r.json()["request_rate"] == 10.0
+
+
+# --- root cause 10: messages and costs bounded whatever the input ---------------------------------------------------
+
+def test_bounded_list_keeps_messages_short():
+    assert bounded_list([]) == "none"
+    assert bounded_list([1, 2, 3]) == "1, 2, 3"
+    text = bounded_list(range(8, 8_000_001, 8))  # a range is never expanded
+    assert text == "8, 16, 24, 32, 40, 48, 56, 64, 72, 80, ... (999,988 more), 7999992, 8000000"
+
+
+def test_domain_gpus_on_a_million_gpu_domain_is_one_short_line(cli, tmp_path):
+    # The error listed every valid value: a 7.9 MB line.
+    p = write(tmp_path, "big.yaml", "base: gb200-nvl72\nnvlink_domain_gpus: 1000000\n")
+    r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, "--domain-gpus", 3,
+            needle=("use whole big nodes of 4 GPUs", "more)", "1000000"))
+    assert len(r.err) < 300

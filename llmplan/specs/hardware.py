@@ -280,7 +280,7 @@ class SystemSpec(Spec):
             if domain_gpus > full or domain_gpus % self.gpus_per_node:
                 raise ValueError(f"use whole {self.name} nodes of {self.gpus_per_node} GPUs, at most the domain's "
                                  f"{full}; valid: " + bounded_list(range(self.gpus_per_node, full + 1,
-                                                                         self.gpus_per_node)))
+                                                                         self.gpus_per_node), 20))
             system = system.model_copy(update={"nvlink_domain_gpus": domain_gpus})
         if power_limit is not None:
             system = system.model_copy(update={"gpu": system.gpu.at_power_limit(power_limit)})
