@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
+from llmplan.cost.goodput import Goodput, plan_goodput
 from llmplan.cost.compute import stage_compute
 from llmplan.cost.memory import TrainingMemory, stage_memory, training_memory
 from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
@@ -15,6 +16,7 @@ from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import builtin_models
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER, place
 
 
@@ -35,11 +37,16 @@ class TrainingEstimate:
     """The fused kernels the plan relies on and whether the GPU has them."""
     fallback_cost: tuple[float, float] = (0.0, 0.0)
     """(extra bytes per GPU, extra seconds per step) the fallbacks of missing kernels cost."""
+    goodput: Goodput | None = None
+    """Failures, checkpoints and restarts: the share of wall-clock time that trains (cost.goodput)."""
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    """How the job checkpoints (what `goodput` was priced with)."""
 
 
 def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                       allowance: MemoryAllowance | None = None,
-                      order: tuple[str, ...] = DEFAULT_ORDER) -> TrainingEstimate:
+                      order: tuple[str, ...] = DEFAULT_ORDER,
+                      checkpoint: CheckpointPolicy | None = None) -> TrainingEstimate:
     """Everything llmplan predicts for one plan; raises PlanViolationError when the plan breaks a rule."""
     violations = check_plan(m, plan, cluster)
     if violations:
@@ -52,8 +59,10 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if runs is not plan:  # what the missing kernels cost: the same plan as if the GPU had them
         ideal_mem, _, ideal_step = _evaluate(m, cluster, plan, allowance, order)
         extra = (float(mem.total - ideal_mem.total), float(step.total - ideal_step.total))
+    checkpoint = checkpoint or CheckpointPolicy()
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(runs, gpu, step),
-                            str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra)
+                            str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra,
+                            plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint)
 
 
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,

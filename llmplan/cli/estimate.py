@@ -11,7 +11,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
-from llmplan.cli.inputs import make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
+from llmplan.cli.inputs import make_allowance, make_checkpoint, make_cluster, make_job, pipeline_split, switches, with_hardware_options
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
@@ -25,7 +25,7 @@ from llmplan.topology.placement import parse_order
 
 
 @app.command()
-@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME)
+@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME, opt.RESILIENCE)
 def estimate(
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),
@@ -109,7 +109,8 @@ def estimate_train(o: dict) -> None:
                    o["moe_dispatcher"], o["moe_routing"]),
     }, "plan options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
-    e = estimate_training(m, cluster, plan, allowance, order)
+    checkpoint = make_checkpoint(o["checkpoint"], o["checkpoint_interval"], o["failure_rate"])
+    e = estimate_training(m, cluster, plan, allowance, order, checkpoint)
     advice = advise_training(e, allowance, order)
     emit(report.estimate_json(e, advice), o["json_mode"], lambda: report.estimate_view(out, e, advice))
     if o["save"] is not None:

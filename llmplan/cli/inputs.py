@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pydantic import ValidationError
+
 from llmplan.errors import LlmplanError
 from llmplan.specs.check import accounted_split
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, TP_IMPLS, ClusterSpec,
                                 MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob
 from llmplan.topology.graph import validate
 
@@ -93,6 +96,21 @@ def with_hardware_options(o: dict) -> dict[str, dict[str, float]]:
 def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance:
     return build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
                  "memory allowance options")
+
+
+CHECKPOINT_FLAGS = {"mode": "--checkpoint", "interval_s": "--checkpoint-interval",
+                    "failures_per_gpu_hour": "--failure-rate"}
+
+
+def make_checkpoint(mode: str, interval_s: float | None, failure_rate: float | None) -> CheckpointPolicy:
+    """--checkpoint, --checkpoint-interval and --failure-rate as a CheckpointPolicy (its Field bounds are the
+    rule); a bad value is one line naming the flag."""
+    try:
+        return CheckpointPolicy(mode=mode, interval_s=interval_s, failures_per_gpu_hour=failure_rate)  # type: ignore[arg-type]
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = CHECKPOINT_FLAGS.get(str(err["loc"][0]), str(err["loc"][0]))
+        raise LlmplanError(f"{flag} {err['input']}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
 def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens,

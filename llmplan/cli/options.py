@@ -10,6 +10,7 @@ import typer
 
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import DEFAULT_ORDER
 
@@ -120,6 +121,16 @@ DOMAIN_GPUS = typer.Option(None, "--domain-gpus", min=1,
                            help="Use this many GPUs of each NVLink domain (e.g. 64 of a 72-GPU rack), whole nodes.")
 POWER_LIMIT = typer.Option(None, "--power-limit", min=1,
                            help="Board power limit per GPU, W, below the profile's (clock scales as its cube root).")
+CHECKPOINT = typer.Option(CheckpointPolicy.model_fields["mode"].default, "--checkpoint",
+                          help="Checkpointing: sync (training waits for the write) | async (waits for the copy to "
+                               "host memory) | memory (copies to a peer node's memory). Prices goodput.")
+CHECKPOINT_INTERVAL = typer.Option(None, "--checkpoint-interval",
+                                   help="Seconds of training between checkpoints (default: the optimal, Daly 2006).")
+FAILURE_RATE = typer.Option(None, "--failure-rate",
+                            help="Job-interrupting failures per GPU-hour, all causes (default: the hardware "
+                                 "profile's per-GPU, per-node and per-NIC rates, from Llama 3's 16K-GPU run).")
+RESILIENCE = [("checkpoint", str, CHECKPOINT), ("checkpoint_interval", Optional[float], CHECKPOINT_INTERVAL),
+              ("failure_rate", Optional[float], FAILURE_RATE)]
 RUNTIME = [("power_limit", Optional[float], POWER_LIMIT), ("domain_gpus", Optional[int], DOMAIN_GPUS), ("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
            ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
 

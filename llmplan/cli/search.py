@@ -13,7 +13,8 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
-from llmplan.cli.inputs import checked_pins, make_allowance, make_cluster, make_job, pipeline_split, switches, with_hardware_options
+from llmplan.cli.inputs import (checked_pins, make_allowance, make_checkpoint, make_cluster, make_job, pipeline_split,
+                                 switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
@@ -32,7 +33,7 @@ from llmplan.units import parse_size
 
 
 @app.command()
-@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME)
+@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME, opt.RESILIENCE)
 def search(
     mode: str = typer.Option("train", "--mode", help="train | infer."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
@@ -121,6 +122,7 @@ def search_train(o: dict) -> None:
     build(CheckThresholds, {"min_headroom_gib": o["min_headroom"]}, "--min-headroom")  # the range check uses
     w = search_workload(m, o)
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
+    checkpoint = make_checkpoint(o["checkpoint"], o["checkpoint_interval"], o["failure_rate"])
 
     def run(c: ClusterSpec, say, full: int | None = None) -> SearchResult | None:
         space = default_space(m, c, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
@@ -128,7 +130,7 @@ def search_train(o: dict) -> None:
         if space is None:
             return None
         return run_search(m, c, space, w, o["objective"], o["top"], allowance, order, progress=say,
-                          min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes))
+                          min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes), checkpoint=checkpoint)
 
     with progress_bar(not o["json_mode"]) as say:
         res = run(cluster, say)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.cost.comm import CommBreakdown
+from llmplan.cost.goodput import Goodput
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
@@ -89,6 +90,33 @@ def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
             "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
 
 
+def goodput_json(g: Goodput) -> dict[str, Any]:
+    """The goodput block of a training plan (docs/formulas.md#goodput.fraction); seconds and bytes."""
+    f = float
+    return {"mtbf_h": f(g.mtbf_s) / 3600, "checkpoint_bytes": f(g.checkpoint_bytes), "checkpoint_s": f(g.checkpoint_s),
+            "interval_s": f(g.interval_s), "restart_s": f(g.restart_s), "goodput": f(g.useful), "mode": g.mode,
+            "checkpoint_rank_bytes": f(g.rank_bytes), "blocking_s": f(g.blocking_s), "lost_s": f(g.lost_s),
+            "shares": {k: f(getattr(g, k)) for k in g.PARTS}}
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit that reads best: 2.8 s, 4.2 min, 3.1 h."""
+    if seconds != seconds or seconds == float("inf"):
+        return "never"
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def goodput_lines(g: Goodput) -> list[str]:
+    """Two lines under 80 columns: the goodput and the failure rate; the checkpoint and the restart."""
+    where = {"sync": "storage", "async": "storage, async", "memory": "peer memory"}[g.mode]
+    return [f"goodput {100 * float(g.useful):.1f}%: job MTBF {duration(float(g.mtbf_s))}, {g.mode} checkpoints "
+            f"(goodput.fraction)",
+            f"  checkpoint {float(g.checkpoint_bytes) / 1e12:,.2f} TB to {where} in "
+            f"{duration(float(g.checkpoint_s))} every {duration(float(g.interval_s))}; restart "
+            f"{duration(float(g.restart_s))}"]
+
+
 def sustained_fraction(e: TrainingEstimate) -> float:
     """The share of the peak the plan's tensor-core work is priced at: the GPU's sustained clock fraction
     (after any power cap; docs/formulas.md#step.power)."""
@@ -117,6 +145,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
+        **({"goodput": goodput_json(e.goodput)} if e.goodput is not None else {}),
     }
 
 
@@ -158,6 +187,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
                           f"{e.cluster.system.gpu.name} does not list; falls back to {u.fallback}{cost}")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
+    for line in goodput_lines(e.goodput) if e.goodput is not None else ():
+        console.print(line, highlight=False)
     if advice:
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
@@ -18,6 +19,7 @@ from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER
 from llmplan.units import GIB
 
@@ -108,11 +110,15 @@ def nodes_using(cluster: ClusterSpec, used: int) -> int:
     return domains * per_used + min(rest, per_used)
 
 
-def objective_score(ev: Evaluation, objective: str) -> np.ndarray:
-    """Higher is better. Time-to-train and GPU-hours rank like throughput on a fixed cluster."""
+def objective_score(ev: Evaluation, objective: str, goodput: Any = None) -> np.ndarray:
+    """Higher is better. Time-to-train and GPU-hours rank by the tokens/s that survive failures (throughput x
+    goodput, cost.goodput) on a fixed cluster; throughput by tokens/s alone."""
     if objective == "headroom":
         return np.asarray(ev.memory.headroom, dtype=float)
-    return np.asarray(ev.throughput.tokens_per_s, dtype=float)
+    tokens = np.asarray(ev.throughput.tokens_per_s, dtype=float)
+    if objective in ("time-to-train", "gpu-hours") and goodput is not None:
+        return tokens * np.asarray(goodput, dtype=float)
+    return tokens
 
 
 def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.ndarray:
@@ -171,7 +177,8 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
-           progress: Callable[[str], None] | None = None, min_headroom: float | None = None) -> SearchResult:
+           progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
+           checkpoint: CheckpointPolicy | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses)."""
     if min_headroom is None:
@@ -217,14 +224,16 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     plans = plans.take(idx)
     say("evaluating step time")
     ev = evaluate(m, cluster, plans, allowance, order, memory=_take_mem(mem, idx))
-    score = objective_score(ev, objective)
+    survives = plan_goodput(m, cluster, plans, ev.step.total, checkpoint).useful \
+        if objective in ("time-to-train", "gpu-hours") else None
+    score = objective_score(ev, objective, survives)
     ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")
     estimates: dict[int, TrainingEstimate] = {}
 
     def est(i: Any) -> TrainingEstimate:  # the scalar estimate of a shown plan (ranked and Pareto rows share)
         if int(i) not in estimates:
-            estimates[int(i)] = estimate_training(m, cluster, plans.plan(int(i)), allowance, order)
+            estimates[int(i)] = estimate_training(m, cluster, plans.plan(int(i)), allowance, order, checkpoint)
         return estimates[int(i)]
 
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
@@ -237,7 +246,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
                         ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
                         seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
-                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom), cloud=cloud)
+                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
+                        cloud=cloud)
 
 
 def _take_mem(mem: Any, idx: np.ndarray) -> Any:
@@ -293,7 +303,8 @@ def runs_on(m: ModelSpec, cluster: ClusterSpec, w: Workload) -> Workload:
 
 
 def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance: MemoryAllowance | None,
-                      order: tuple[str, ...], min_headroom: float) -> TrainingEstimate | None:
+                      order: tuple[str, ...], min_headroom: float,
+                      checkpoint: CheckpointPolicy | None = None) -> TrainingEstimate | None:
     """What an experienced team would try first: TP over the node's GPUs (the largest valid degree), the
     fewest pipeline stages across nodes that fit (balanced split), DP over the rest with the distributed
     optimizer, sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits);
@@ -316,7 +327,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
                 continue
             mem = training_memory(m, plan, cluster.system.gpu.hbm_bytes, allowance)
             if float(mem.headroom) >= min_headroom:
-                return estimate_training(m, cluster, plan, allowance, order)
+                return estimate_training(m, cluster, plan, allowance, order, checkpoint)
     return None
 
 

@@ -116,6 +116,12 @@ class GpuSpec(Spec):
     `at_power_limit` derives a capped GPU from it."""
     capped_from_w: float | None = Field(default=None, gt=0, le=5000)
     """The profile's power limit this GPU was capped from (`at_power_limit`); None for an uncapped profile."""
+    failures_per_gpu_hour: float = Field(default=1.56e-5, ge=0, le=1)
+    """Job-interrupting failures per GPU-hour that scale with the GPU count: the GPU itself (faulty GPU, HBM,
+    SRAM, system processor, thermal interface, silent data corruption) and the software on it (bugs, NCCL
+    watchdog timeouts, dependencies). Llama 3 405B pre-training, 16,384 H100 over 54 days, 331 of its 419
+    unexpected interruptions (Dubey et al. 2024, The Llama 3 Herd of Models, Table 5): 331 / (16,384 x 1,296 h).
+    Used by cost.goodput (docs/formulas.md#goodput.failures)."""
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
@@ -227,6 +233,34 @@ class SystemSpec(Spec):
     """Board power limit the system runs its GPUs at unless --power-limit says otherwise (a fleet default below
     the GPU's TDP, e.g. 500 W on 700 W H100s; the command line and plan files apply it); None: the GPU's own
     power_limit_w."""
+    failures_per_node_hour: float = Field(default=2.0e-5, ge=0, le=1)
+    """Job-interrupting failures per node-hour of the host (host maintenance, NIC, SSD, power supply, chassis,
+    IO board, CPU, system memory): 53 of Llama 3 405B's 419 unexpected interruptions over 2,048 nodes x 1,296 h
+    (Dubey et al. 2024, Table 5). docs/formulas.md#goodput.failures"""
+    failures_per_nic_hour: float = Field(default=1.65e-6, ge=0, le=1)
+    """Job-interrupting failures per scale-out NIC-hour from the fabric beyond the node (network switches and
+    cables): 35 of the 419 over 16,384 NICs x 1,296 h (Dubey et al. 2024, Table 5). docs/formulas.md#goodput.failures"""
+    checkpoint_gb_per_s: float = Field(default=2000.0, gt=0, le=1e7)
+    """Aggregate write (and read) bandwidth of the checkpoint storage the whole job shares, GB/s: Meta's
+    Tectonic sustained 2 TB/s for Llama 3 (Dubey et al. 2024, Section 3.3.1: 2 TB/s sustained, 7 TB/s peak).
+    docs/formulas.md#goodput.checkpoint"""
+    checkpoint_node_gb_per_s: float = Field(default=20.0, gt=0, le=1e5)
+    """Checkpoint write (and read) bandwidth of one node to that storage, GB/s: half the 40 GB/s a GPUDirect
+    Storage read reaches per DGX H100 node on the SuperPOD storage fabric (NVIDIA DGX SuperPOD H100 reference
+    architecture; writes taken at half the reads). docs/formulas.md#goodput.checkpoint"""
+    host_copy_gb_per_s: float = Field(default=25.0, gt=0, le=1e4)
+    """Device-to-host copy bandwidth per GPU, GB/s, what an asynchronous or in-memory checkpoint blocks on:
+    PCIe Gen4 x16 (32 GB/s line rate, about 25 measured); Gen5 hosts reach about twice it."""
+    failure_detection_s: float = Field(default=120.0, ge=0, le=1e6)
+    """Seconds from a failure to the job knowing of it: a crash is seen at once, a hang waits for the NCCL
+    watchdog (PyTorch's default process-group timeout is 10 min); an assumption, overridable."""
+    restart_overhead_s: float = Field(default=300.0, ge=0, le=1e6)
+    """Seconds to reschedule after a failure: replace or drain the node, requeue, start every process and
+    initialise the communicators (purpose-built systems: 150 s on 4,800 accelerators, FlashRecovery, arXiv
+    2509.03047; about 20 s with standby machines, TrainMover, arXiv 2412.12636); an assumption, overridable."""
+    restart_warmup_s: float = Field(default=60.0, ge=0, le=1e6)
+    """Seconds the first steps after a restart lose to warm-up (data loader, allocator, lazy NCCL setup,
+    compilation caches); an assumption, overridable."""
     oversubscription: float = Field(default=1.0, ge=1.0, le=1024)
     """Leaf-to-spine oversubscription ratio (1.0: non-blocking fat tree)."""
     nodes_per_leaf: int = Field(default=32, ge=1, le=1_000_000)
