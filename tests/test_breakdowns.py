@@ -26,7 +26,7 @@ def instances() -> list[Breakdown]:
     for name, plan in (("llama-3.1-70b", ParallelPlan(tp=8, pp=2, dp=1, sp=True, zero=1, global_batch=8)),
                        ("mixtral-8x7b", ParallelPlan(tp=2, pp=1, dp=8, ep=8, etp=1, sp=True, global_batch=16))):
         e = estimate_training(M[name], cluster, plan)
-        out += [e.params, e.memory, e.memory.activation_parts, e.time, e.time.stage,
+        out += [e.params, e.memory, e.memory.activation_parts, e.time, e.time.stage, e.goodput,
                 layer_flops(M[name], plan, M[name].is_moe)]
         out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4)]
     one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)

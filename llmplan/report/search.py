@@ -105,8 +105,11 @@ def pruned_table(res: SearchResult) -> Table:
 
 def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, float]:
     seconds = train_tokens / float(e.throughput.tokens_per_s)
+    share = float(e.goodput.useful) if e.goodput is not None else 1.0
+    wall = seconds / share if share > 0 else float("inf")  # failures, checkpoints and restarts (cost.goodput)
     return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
-            "gpu_hours": seconds * e.cluster.num_gpus / 3600}
+            "gpu_hours": seconds * e.cluster.num_gpus / 3600, "goodput": share, "effective_time_to_train_s": wall,
+            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": wall * e.cluster.num_gpus / 3600}
 
 
 def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
@@ -183,6 +186,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         b = budget_json(res.ranked[0], train_tokens)
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
                       f"{b['gpu_hours']:,.0f} GPU-hours")
+        console.print(f"  at {100 * b['goodput']:.1f}% goodput: {b['effective_time_to_train_days']:,.1f} days, "
+                      f"{b['effective_gpu_hours']:,.0f} GPU-hours ({res.ranked[0].checkpoint.mode} checkpoints)")
         best = res.ranked[0]
         console.print(placement_line(best, cluster))
         if res.domain is not None:
