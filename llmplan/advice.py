@@ -149,7 +149,48 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
         if gain <= 1e-6 and fits:
             continue
         items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
+    return _with_goodput(_best(items), goodput_advice(e, allowance, order))
+
+
+def goodput_advice(e: TrainingEstimate, allowance: Any = None, order: tuple[str, ...] | None = None) -> list[Advice]:
+    """Checkpointing changes that raise goodput (cost.goodput): asynchronous checkpoints (training waits only for
+    the copy to host memory), in-memory checkpoints on a peer node, the optimal interval instead of a set one.
+    gain: the relative change of goodput, which is that of the tokens/s that survive failures."""
+    if e.goodput is None or float(e.memory.headroom) < 0:  # a plan that does not fit needs memory first
+        return []
+    c, base = e.checkpoint, float(e.goodput.useful)
+    cands: list[tuple[str, dict[str, Any]]] = []
+    if c.mode == "sync":
+        cands.append(("asynchronous checkpointing", {"mode": "async"}))
+    if c.mode != "memory" and e.cluster.system.nics_per_node and e.cluster.num_nodes > 1:
+        cands.append(("in-memory checkpoints on a peer node", {"mode": "memory"}))
+    if c.interval_s is not None:
+        best = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
+                                 c.model_copy(update={"interval_s": None}))
+        cands.append(("the optimal checkpoint interval (Daly 2006)",
+                      {"interval_s": float(f"{float(best.goodput.interval_s):.3g}")}))
+    items = []
+    for why, change in cands:
+        new = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
+                                c.model_copy(update=change))
+        share = float(new.goodput.useful)
+        gain = share / base - 1 if base > 0 else float(share > 0)
+        if gain <= 1e-6:
+            continue
+        flags = (("--checkpoint", change["mode"]) if "mode" in change else
+                 ("--checkpoint-interval", f"{change['interval_s']:g}"))
+        items.append(Advice(f"{why}: goodput {100 * base:.1f}% -> {100 * share:.1f}%", flags,
+                            {**_training_numbers(new), "goodput": share,
+                             "effective_tokens_per_s": float(new.throughput.tokens_per_s) * share}, gain))
     return _best(items)
+
+
+def _with_goodput(items: list[Advice], goodput: list[Advice]) -> list[Advice]:
+    """The best few changes, by gain; the best checkpointing change always among them when it gains at all."""
+    merged = sorted([*items, *goodput], key=lambda a: -a.gain)[:MAX_ITEMS]
+    if not goodput or goodput[0] in merged:
+        return merged
+    return sorted([*merged[:MAX_ITEMS - 1], goodput[0]], key=lambda a: -a.gain)
 
 
 def _default_order() -> tuple[str, ...]:

@@ -219,3 +219,20 @@ def test_search_budget_carries_the_effective_time_to_train(cli):
     b, g = plan["budget"], plan["goodput"]
     assert b["effective_time_to_train_s"] == pytest.approx(b["time_to_train_s"] / g["goodput"])
     assert math.isclose(b["goodput"], g["goodput"])
+
+
+def test_advice_offers_the_checkpointing_changes_that_raise_goodput():
+    from llmplan.advice import advise_training
+
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=2048)
+    plan = llama3_405b_plan().model_copy(update={"recompute": "full", "vpp": 2})
+    e = estimate_training(M["llama-3.1-405b"], cluster, plan)
+    items = {a.flags: a for a in advise_training(e)}
+    a = items[("--checkpoint", "async")]
+    assert a.predicted["goodput"] > float(e.goodput.useful)
+    assert a.gain == pytest.approx(a.predicted["goodput"] / float(e.goodput.useful) - 1)
+    assert a.predicted["tokens_per_s"] == pytest.approx(float(e.throughput.tokens_per_s))  # the step is unchanged
+    hourly = estimate_training(M["llama-3.1-405b"], cluster, plan, checkpoint=CheckpointPolicy(mode="async",
+                                                                                            interval_s=36000.0))
+    flags = [x.flags for x in advise_training(hourly)]
+    assert any(f[0] == "--checkpoint-interval" and float(f[1]) < 36000 for f in flags)

@@ -171,7 +171,10 @@ def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -
         p = a.predicted
         last = f"{1000 * p['ttft_s']:,.1f}" if serving else f"{p['memory_gib']:,.1f}"
         change = 100 * (p["tokens_per_s"] / base_tokens_per_s - 1)
-        t.add_row(a.change, " ".join(a.flags), f"{p['tokens_per_s']:,.0f} ({change:+.1f}%)", last)
+        tokens = f"{p['tokens_per_s']:,.0f} ({change:+.1f}%)"
+        if "effective_tokens_per_s" in p:  # a checkpointing change: the tokens/s that survive failures
+            tokens = f"{p['effective_tokens_per_s']:,.0f} eff. ({100 * a.gain:+.1f}%)"
+        t.add_row(a.change, " ".join(a.flags), tokens, last)
     return t
 
 
