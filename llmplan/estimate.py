@@ -11,7 +11,7 @@ from llmplan.cost.memory import TrainingMemory, stage_memory, training_memory
 from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
 from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list, stage_layers
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
-from llmplan.errors import PlanViolationError
+from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
@@ -102,4 +102,50 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
         sc = stage_compute(m, runs, gpu, dense, moe, i == plan.pp - 1)
         mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes)
         out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
+    return out
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    """The plan's model at another GPU count, as `llmplan report` draws goodput against scale."""
+
+    gpus: int
+    goodput: float
+    """Share of wall-clock time that trains (cost.goodput)."""
+    tokens_per_s: float
+    """Without failures."""
+    effective_tokens_per_s: float
+    """tokens_per_s x goodput: what survives failures, checkpoints and restarts."""
+    mtbf_s: float
+
+
+SCALE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)
+
+
+def goodput_scaling(e: TrainingEstimate, allowance: MemoryAllowance | None = None,
+                    order: tuple[str, ...] = DEFAULT_ORDER) -> list[ScalePoint]:
+    """Goodput and the tokens/s that survive failures with the plan's data parallelism scaled (x1/16 .. x32;
+    the global batch, the other degrees and the checkpoint policy kept), for every scale the plan's rules
+    allow: where adding GPUs stops paying. Derived: docs/formulas.md#goodput.fraction"""
+    out = []
+    per_node = e.cluster.gpus_per_node_used
+    for f in SCALE_FACTORS:
+        dp = e.plan.dp * f
+        if dp < 1 or dp != int(dp):
+            continue
+        plan = e.plan.model_copy(update={"dp": int(dp)})
+        gpus = plan.num_gpus
+        if gpus % per_node and gpus > per_node:
+            continue
+        try:
+            cluster = ClusterSpec(system=e.cluster.system, num_nodes=max(gpus // per_node, 1),
+                                  gpus_per_node=min(gpus, per_node) if gpus < per_node else e.cluster.gpus_per_node)
+            x = e if plan == e.plan else estimate_training(e.model, cluster, plan, allowance, order, e.checkpoint)
+        except (LlmplanError, ValueError):
+            continue
+        g = x.goodput
+        if g is None:
+            continue
+        tps = float(x.throughput.tokens_per_s)
+        out.append(ScalePoint(gpus, float(g.useful), tps, tps * float(g.useful), float(g.mtbf_s)))
     return out

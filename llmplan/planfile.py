@@ -116,6 +116,9 @@ class PlanDocument(BaseModel):
     """What llmplan predicted when the plan was saved."""
     search: Optional[SearchPoints] = None
     """The search the plan was chosen from (`search --save`), for the report's scatter."""
+    checkpoint: Optional[dict[str, Any]] = None
+    """The CheckpointPolicy the plan's goodput was priced with (--checkpoint, --checkpoint-interval,
+    --failure-rate); None: the defaults."""
 
     @model_validator(mode="after")
     def _complete(self) -> "PlanDocument":
@@ -166,6 +169,7 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
         "axis_order": "-".join(order),
         "allowance": allowance.model_dump(mode="json"),
         "plan": e.plan.model_dump(mode="json"),
+        "checkpoint": e.checkpoint.model_dump(mode="json"),
         "predictions": predictions,
     }
 

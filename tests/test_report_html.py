@@ -50,9 +50,9 @@ def test_training_report_plots_the_saved_predictions(cli, tmp_path):
     out = tmp_path / "report.html"
     r = cli("report", plan, "-o", out, "--json")
     assert r.code == 0, r.err
-    assert r.json()["figures"] == 5
+    assert r.json()["figures"] == 6
     page = parse(out)
-    assert set(page.figures) == {"memory", "schedule", "step", "comm", "pareto"}
+    assert set(page.figures) == {"memory", "schedule", "step", "comm", "goodput", "pareto"}
     assert all(n == 1 for _, n in page.figures.values())  # one inline SVG per figure
     assert not page.external  # self-contained: nothing fetched from the network
     memory = page.figures["memory"][0]
@@ -67,6 +67,11 @@ def test_training_report_plots_the_saved_predictions(cli, tmp_path):
     assert {k: v["bytes"] for k, v in comm.items()} == pytest.approx({k: v["bytes"] for k, v in pred["comm"].items()})
     best = page.figures["pareto"][0]["best"]
     assert best["tokens_per_s"] == pytest.approx(pred["throughput"]["tokens_per_s"], rel=1e-9)
+    scale = page.figures["goodput"][0]  # goodput against GPU count: the plan's own point is its prediction
+    here = next(p for p in scale["points"] if p["gpus"] == scale["plan_gpus"] == pred["gpus"])
+    assert here["goodput"] == pytest.approx(pred["goodput"]["goodput"], rel=1e-9)
+    assert len(scale["points"]) >= 3
+    assert [p["goodput"] for p in scale["points"]] == sorted((p["goodput"] for p in scale["points"]), reverse=True)
     sched = page.figures["schedule"][0]
     assert sched["vpp"] == saved["plan"]["vpp"] and 0 < sched["microbatches_shown"] <= sched["microbatches"]
 
@@ -119,3 +124,18 @@ def test_report_renders_non_blank(cli, tmp_path):
                     "--window-size=1200,2400", out.as_uri()], check=True, timeout=120, capture_output=True)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(set(data[100:20000])) > 16  # not a blank page
+
+
+def test_report_prices_goodput_with_the_saved_checkpoint_policy(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
+               "--zero", "1", "--global-batch", "64", "--checkpoint", "async", "--failure-rate", "1e-3",
+               "--save", plan, "--json").code == 0
+    saved = json.loads(plan.read_text())
+    assert saved["checkpoint"]["mode"] == "async"
+    out = tmp_path / "report.html"
+    assert cli("report", plan, "-o", out).code == 0
+    scale = parse(out).figures["goodput"][0]
+    here = next(p for p in scale["points"] if p["gpus"] == scale["plan_gpus"])
+    assert here["goodput"] == pytest.approx(saved["predictions"]["goodput"]["goodput"], rel=1e-9)
+    assert here["goodput"] < 0.99  # priced at the saved 1e-3 failures per GPU-hour, not the profile's rate

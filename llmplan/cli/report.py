@@ -9,11 +9,13 @@ import typer
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
 from llmplan.errors import LlmplanError
-from llmplan.estimate import estimate_training, stage_views
+from llmplan.estimate import estimate_training, goodput_scaling, stage_views
 from llmplan.fileio import write_atomic
 from llmplan.planfile import load_plan
 from llmplan.report.html import serving_report, training_report
 from llmplan.serving import estimate_serving
+from llmplan.specs.registry import build
+from llmplan.specs.resilience import CheckpointPolicy
 
 
 @app.command()
@@ -24,16 +26,20 @@ def report(
     json_mode: bool = opt.JSON,
 ) -> None:
     """One HTML page with the plan's pictures: memory per stage, pipeline schedule, step time by part,
-    communication per axis, and for a saved search its throughput vs headroom front."""
+    communication per axis, goodput against GPU count, and for a saved search its throughput vs headroom
+    front."""
     pf = load_plan(plan_file)
     if output.exists() and not force:  # refuse before drawing (drawing takes a second or two)
         raise LlmplanError(f"{output} already exists; pass --force to overwrite")
     if pf.mode == "infer":
         page = serving_report(estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance))
     else:
-        e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+        saved = pf.document.checkpoint if pf.document is not None else None
+        checkpoint = build(CheckpointPolicy, saved, f"{plan_file} (checkpoint)") if saved is not None else None
+        e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order, checkpoint)
         points = pf.document.search if pf.document is not None else None
-        page = training_report(e, stage_views(e, pf.allowance), points.model_dump() if points else None)
+        page = training_report(e, stage_views(e, pf.allowance), points.model_dump() if points else None,
+                               goodput_scaling(e, pf.allowance, pf.axis_order))
     write_atomic(output, page, force=True)
     figures = page.count("<figure ")
     emit({"schema": 1, "report": str(output), "figures": figures}, json_mode,

@@ -14,7 +14,7 @@ from typing import Any
 
 from llmplan.cost.schedule import pipeline_schedule
 from llmplan.errors import LlmplanError
-from llmplan.estimate import StageView, TrainingEstimate
+from llmplan.estimate import ScalePoint, StageView, TrainingEstimate
 from llmplan.report.search import plan_label
 from llmplan.units import GIB
 
@@ -125,6 +125,30 @@ def comm_figure(e: TrainingEstimate) -> tuple[Any, dict]:
     return fig, {"axes": data}
 
 
+def goodput_figure(points: list[ScalePoint], gpus: int) -> tuple[Any, dict]:
+    """Goodput and the tokens/s that survive failures against the GPU count (data parallelism scaled): where
+    adding GPUs stops paying."""
+    fig = _figure(7.5, 3.2)
+    left = fig.add_subplot()
+    x = [p.gpus for p in points]
+    left.plot(x, [100 * p.goodput for p in points], "o-", color="#c44e52", label="goodput")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("GPUs (data parallelism scaled; the dashed line: this plan)")
+    left.set_ylabel("goodput, % of wall-clock time", color="#c44e52")
+    left.axvline(gpus, color="black", linestyle="--", linewidth=1)
+    right = left.twinx()
+    right.plot(x, [p.tokens_per_s for p in points], ":", color="#4c72b0", label="tokens/s without failures")
+    right.plot(x, [p.effective_tokens_per_s for p in points], "s-", color="#4c72b0", markersize=4,
+               label="tokens/s x goodput")
+    right.set_ylabel("tokens/s", color="#4c72b0")
+    right.legend(fontsize=8, loc="center left")
+    data = {"plan_gpus": gpus, "points": [{"gpus": p.gpus, "goodput": p.goodput, "tokens_per_s": p.tokens_per_s,
+                                           "effective_tokens_per_s": p.effective_tokens_per_s,
+                                           "mtbf_s": p.mtbf_s if p.mtbf_s != float("inf") else None}
+                                          for p in points]}
+    return fig, data
+
+
 def scatter_figure(points: dict) -> tuple[Any, dict]:
     """Throughput against memory headroom of the search's feasible plans, the Pareto front marked."""
     fig = _figure(7.5, 3.4)
@@ -152,7 +176,8 @@ def _section(fid: str, title: str, fig: Any, data: dict, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>\n")
 
 
-def training_report(e: TrainingEstimate, stages: list[StageView], search_points: dict | None = None) -> str:
+def training_report(e: TrainingEstimate, stages: list[StageView], search_points: dict | None = None,
+                    scaling: list[ScalePoint] | None = None) -> str:
     """The HTML page of a training plan: memory per stage, schedule, step parts, communication, and the
     search's throughput/headroom scatter when the plan came from a search."""
     p = e.plan
@@ -170,6 +195,12 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
         _section("comm", "Communication per axis", *comm_figure(e),
                  "What each GPU sends per step and how long it takes on its links; the step model hides part of it."),
     ]
+    if scaling and e.goodput is not None:
+        best = max(scaling, key=lambda p: p.effective_tokens_per_s)
+        sections.append(_section("goodput", "Goodput against GPU count", *goodput_figure(scaling, e.cluster.num_gpus),
+                                 f"{100 * float(e.goodput.useful):.1f}% goodput at {e.cluster.num_gpus:,} GPUs "
+                                 f"({e.checkpoint.mode} checkpoints); of the scales drawn, {best.gpus:,} GPUs train "
+                                 "the most tokens per second after failures, checkpoints and restarts."))
     if search_points:
         sections.append(_section("pareto", "Throughput vs memory headroom (search)", *scatter_figure(search_points),
                                  "Every plan the search kept (a sample when there are many), its Pareto front, and #1."))
