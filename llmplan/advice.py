@@ -167,12 +167,15 @@ def goodput_advice(e: TrainingEstimate, allowance: Any = None, order: tuple[str,
     if c.interval_s is not None:
         best = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
                                  c.model_copy(update={"interval_s": None}))
-        cands.append(("the optimal checkpoint interval (Daly 2006)",
-                      {"interval_s": float(f"{float(best.goodput.interval_s):.3g}")}))
+        if best.goodput is not None:
+            cands.append(("the optimal checkpoint interval (Daly 2006)",
+                          {"interval_s": float(f"{float(best.goodput.interval_s):.3g}")}))
     items = []
     for why, change in cands:
         new = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
                                 c.model_copy(update=change))
+        if new.goodput is None:
+            continue
         share = float(new.goodput.useful)
         gain = share / base - 1 if base > 0 else float(share > 0)
         if gain <= 1e-6:

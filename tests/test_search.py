@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from llmplan.cost.goodput import plan_goodput
 from llmplan.estimate import estimate_training
 from llmplan.search.evaluate import evaluate
 from llmplan.search.grid import Workload, default_space, distinct_rows, enumerate_plans, from_plan
@@ -54,8 +55,10 @@ def test_vectorised_agrees_with_scalar(case):
     m, cluster, plan = case
     scalar = estimate_training(m, cluster, plan)
     vec = evaluate(m, cluster, from_plan(plan))
+    goodput = plan_goodput(m, cluster, from_plan(plan), vec.step.total).useful  # the time-to-train objective's
     for a, b in [(scalar.memory.total, vec.memory.total[0]), (scalar.time.total, vec.step.total[0]),
-                 (scalar.time.comm_exposed, vec.step.comm_exposed[0]), (scalar.throughput.mfu, vec.throughput.mfu[0])]:
+                 (scalar.time.comm_exposed, vec.step.comm_exposed[0]), (scalar.throughput.mfu, vec.throughput.mfu[0]),
+                 (scalar.goodput.useful, goodput[0])]:
         assert float(b) == pytest.approx(float(a), rel=1e-9, abs=1e-12)
 
 

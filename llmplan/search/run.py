@@ -224,8 +224,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     plans = plans.take(idx)
     say("evaluating step time")
     ev = evaluate(m, cluster, plans, allowance, order, memory=_take_mem(mem, idx))
-    survives = plan_goodput(m, cluster, plans, ev.step.total, checkpoint).useful \
-        if objective in ("time-to-train", "gpu-hours") else None
+    survives = None
+    if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
+        survives = plan_goodput(m, cluster, plans, ev.step.total, checkpoint).useful  # type: ignore[arg-type]
     score = objective_score(ev, objective, survives)
     ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")
