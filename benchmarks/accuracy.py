@@ -182,8 +182,8 @@ MBRIDGE_SKIP = (
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
-MBRIDGE_OFFLOAD = "Megatron-FSDP row of Llama 3 70B in FP8 on GB200 / GB300: the recipe preset offloads " \
-    "activations to the CPU (cpu_offloading_num_layers), which llmplan does not model"
+MBRIDGE_OFFLOAD = "Megatron-FSDP row of Llama 3 70B / 3.1 405B on GB200 / GB300 (or 70B FP8 on B200): the recipe " \
+    "presets offload activations to the CPU (cpu_offloading_num_layers), which llmplan does not model"
 
 
 def skip_reason(rec: dict) -> str | None:
@@ -194,8 +194,10 @@ def skip_reason(rec: dict) -> str | None:
             if key in rid:
                 return why
         par = rec["parallel"]
-        if ("llama3-70b" in rid and par.get("fsdp") and "fp8" in str(par.get("precision", "")).lower()
-                and ("gb200" in rid or "gb300" in rid)):
+        # scripts/performance/configs/llama/llama3*_workload_base_configs.py: every Megatron-FSDP preset of
+        # 70B / 405B on GB200 / GB300 sets cpu_offloading_num_layers (20-92), and the B200 FP8-CS 70B one (5)
+        if par.get("fsdp") and ("llama3-70b" in rid or "llama3.1-405b" in rid) and (
+                "gb200" in rid or "gb300" in rid or ("-b200-" in rid and "fp8" in rid and "70b" in rid)):
             return MBRIDGE_OFFLOAD
     return None
 

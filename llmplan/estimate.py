@@ -68,7 +68,7 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,
               order: tuple[str, ...]) -> tuple[TrainingMemory, CommBreakdown, StepTime]:
     gpu = cluster.system.gpu
-    mem = training_memory(m, plan, gpu.hbm_bytes, allowance)
+    mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
 
@@ -100,7 +100,7 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
     for i in range(plan.pp):
         dense, moe = stage_layers(m, runs, i)
         sc = stage_compute(m, runs, gpu, dense, moe, i == plan.pp - 1)
-        mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes)
+        mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes, fp8_tn_only=gpu.fp8_tn_only)
         out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
     return out
 

@@ -30,8 +30,12 @@ CASES = [("llama-3.1-8b", "dgx-h100", 2), ("mixtral-8x7b", "dgx-h100", 4), ("dee
 def valid_plan(draw):
     name, system, nodes = draw(st.sampled_from(CASES))
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    # fp4 (NVFP4) where the GPU has it; low-precision primary weights and bf16 gradient buffers both ways
+    dtype = draw(st.sampled_from(["bf16", "fp8"] + (["fp4"] if "gb200" in system else []))) \
+        if "a100" not in system else "bf16"
     w = Workload(global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
-                 dtype=draw(st.sampled_from(["bf16", "fp8"])) if "a100" not in system else "bf16",
+                 dtype=dtype, recipe="nvfp4" if dtype == "fp4" else "tensorwise",
+                 fp8_params=draw(st.booleans()), grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
                  flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()),
                  attention_kernel=draw(st.sampled_from(["native", "flash2"])),
                  recompute_layers=draw(st.sampled_from([None, None, 2])),  # 2: block recompute of full plans

@@ -25,7 +25,7 @@ from llmplan.topology.placement import parse_order
 
 
 @app.command()
-@opt.with_options(opt.TRAINING_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME, opt.RESILIENCE)
+@opt.with_options(opt.TRAINING_SWITCHES, opt.STATE_SWITCHES, opt.PIPELINE_SPLIT, opt.SERVING, opt.RUNTIME, opt.RESILIENCE)
 def estimate(
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),

@@ -102,14 +102,15 @@ CLUSTER = [("model", str, MODEL), ("hardware", str, HARDWARE), ("nodes", int, NO
            ("gpus_per_node", Optional[int], GPUS_PER_NODE)]
 TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("precision", Optional[str], PRECISION),
                      ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR), ("pp_schedule", str, PP_SCHEDULE),
-                     ("grad_dtype", str, GRAD_DTYPE),
-                     ("fp8_params", bool, FP8_PARAMS), ("flash_attention", bool, FLASH_ATTENTION),
+                     ("flash_attention", bool, FLASH_ATTENTION),
                      ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS), ("tp_impl", str, TP_IMPL),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP),
                      ("moe_dispatcher", str, MOE_DISPATCHER), ("moe_routing", str, MOE_ROUTING),
                      ("fp32_param_shards", bool, FP32_PARAM_SHARDS)]
+STATE_SWITCHES = [("grad_dtype", str, GRAD_DTYPE), ("fp8_params", bool, FP8_PARAMS)]
+"""estimate takes these as given; search declares its own (unpinned: it tries both)."""
 PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_LAYERS),
                   ("embedding_in_split", bool, EMBEDDING_IN_SPLIT), ("loss_in_split", bool, LOSS_IN_SPLIT)]
 SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_dtype", str, KV_DTYPE),

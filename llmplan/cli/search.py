@@ -19,8 +19,8 @@ from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
-from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, nodes_using, power_of_two_domain,
-                                straddling_space)
+from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
+                                power_of_two_domain, straddling_space, switch_variants)
 from llmplan.search.run import search as run_search
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
@@ -39,6 +39,12 @@ def search(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens",
                                                help="Tokens per step instead of --global-batch (e.g. 16M); default 4M."),
+    grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype",
+                                             help="Pin the gradient buffer dtype: fp32 | bf16 (default: both "
+                                                  "tried, the better shown)."),
+    fp8_params: Optional[bool] = typer.Option(None, "--fp8-params/--no-fp8-params",
+                                              help="Pin primary weights in the fp8 / NVFP4 recipe's format "
+                                                   "(default: both tried where the recipe allows)."),
     tp_comm_overlap: bool = typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="Overlap TP comm with GEMMs where sp is on (default on, as "
                                               "Megatron-Bridge / NeMo performance recipes set it)."),
@@ -120,24 +126,34 @@ def search_train(o: dict) -> None:
     cluster = make_cluster(o["hardware"], o["nodes"], o["gpus_per_node"], o["power_limit"], o["domain_gpus"])
     order = parse_order(o["axis_order"])
     build(CheckThresholds, {"min_headroom_gib": o["min_headroom"]}, "--min-headroom")  # the range check uses
-    w = search_workload(m, o)
+    base = search_workload(m, o)
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     checkpoint = make_checkpoint(o["checkpoint"], o["checkpoint_interval"], o["failure_rate"])
 
-    def run(c: ClusterSpec, say, full: int | None = None) -> SearchResult | None:
-        space = default_space(m, c, w, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
+    def run(c: ClusterSpec, say, wv: Workload, full: int | None = None) -> SearchResult | None:
+        space = default_space(m, c, wv, search_pins(m, o), o["max_tp"], o["max_pp"], o["max_cp"])
         space = straddling_space(space, full) if full else space
         if space is None:
             return None
-        return run_search(m, c, space, w, o["objective"], o["top"], allowance, order, progress=say,
+        return run_search(m, c, space, wv, o["objective"], o["top"], allowance, order, progress=say,
                           min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes), checkpoint=checkpoint)
 
+    full_cluster = cluster
+    tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, dict]] = []
     with progress_bar(not o["json_mode"]) as say:
-        res = run(cluster, say)
-        used = power_of_two_domain(cluster.system)
-        if used and o["domain_gpus"] is None and o["gpus_per_node"] is None and o["objective"] != "headroom":
-            res, cluster = best_domain(res, cluster, used, o,
-                                       lambda c: run(c, say, full=cluster.system.domain_gpus))
+        for v in switch_variants(base, o["grad_dtype"] is not None, o["fp8_params"] is not None):
+            wv, ov = Workload(**{**base.fields(), **v}), dict(o)
+            res = run(full_cluster, say, wv)
+            used = power_of_two_domain(full_cluster.system)
+            c = full_cluster
+            if used and o["domain_gpus"] is None and o["gpus_per_node"] is None and o["objective"] != "headroom":
+                res, c = best_domain(res, full_cluster, used, ov,
+                                     lambda cc: run(cc, say, wv, full=full_cluster.system.domain_gpus))
+            tried.append((v, res, c, wv, ov))
+    v, res, cluster, w, chosen_o = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
+    o["domain_gpus"] = chosen_o["domain_gpus"]
+    if len(tried) > 1:
+        res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
     tokens = parse_size(o["train_tokens"])
     console = Console(width=max(out.width, 160)) if o["wide"] else out
     advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
@@ -187,7 +203,9 @@ def search_workload(m, o: dict) -> Workload:
     if global_batch is None:
         tokens = parse_size(o["batch_tokens"]) if o["batch_tokens"] else DEFAULT_BATCH_TOKENS
         global_batch = global_batch_from_tokens(tokens, seq)
-    flags = switches(o["dtype"], o["grad_dtype"], o["fp8_params"], o["flash_attention"], o["overlap_grad_reduce"],
+    grad = o["grad_dtype"] if o["grad_dtype"] is not None else ParallelPlan.model_fields["grad_dtype"].default
+    params = o["fp8_params"] if o["fp8_params"] is not None else ParallelPlan.model_fields["fp8_params"].default
+    flags = switches(o["dtype"], grad, params, o["flash_attention"], o["overlap_grad_reduce"],
                      o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
                    o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
                    o["recompute_layers"], o["fused_loss"], o["tp_impl"], o["fp32_param_shards"],

@@ -56,20 +56,28 @@ LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.
                               "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
 """Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a
 step (Transformer Engine casts once, on the first micro-batch): an fp8 copy and its transpose (per-tensor,
-blockwise with an fp32 scale per 128x128 block); MXFP8 a rowwise and a columnwise copy with an E8M0 scale
-per 32 each; NVFP4 two 4-bit copies with an E4M3 scale per 16. torchao's rowwise recipe casts inside each
-GEMM and keeps none. Derived: docs/formulas.md#precision (Transformer Engine docs: is_first_microbatch
-weight caching, MXFP8 / NVFP4 recipes; torchao float8 README)."""
+blockwise with an fp32 scale per 128x128 block) on a GPU whose FP8 GEMMs take only the TN layout (Hopper),
+the copy alone elsewhere (FP8_TRANSPOSE); MXFP8 a rowwise and a columnwise copy with an E8M0 scale per 32
+each; NVFP4 two 4-bit copies with an E4M3 scale per 16. torchao's rowwise recipe casts inside each GEMM and
+keeps none. Derived: docs/formulas.md#precision (Transformer Engine docs: is_first_microbatch weight
+caching, MXFP8 / NVFP4 recipes; torchao float8 README)."""
+FP8_TRANSPOSE = {"tensorwise": 1.0, "blockwise": 1.0 + 4 / 128**2}
+"""The transposed fp8 copy within LOW_PRECISION_WEIGHT_CACHE, kept only where FP8 GEMMs are TN-only
+(GpuSpec.fp8_tn_only). Source: Transformer Engine pytorch/csrc/quantizer.cpp (Float8 quantizers create the
+columnwise transpose only when `!nvte_is_non_tn_fp8_gemm_supported()`, false on Blackwell)."""
 
 
-def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any) -> Any:
+def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any,
+                               fp8_tn_only: bool = True) -> Any:
     """Bytes of the recipe's cached low-precision weight copies on one rank of `stage`: its linear weights
-    (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE, one byte less per weight when
-    the model copy itself is fp8 (fp8_params); none under ZeRO-3 / FSDP, which gathers and frees each layer,
-    unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
+    (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
+    GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
+    (fp8_params: 1 byte, or NVFP4's 4 bits and scales); none under ZeRO-3 / FSDP, which gathers and frees each
+    layer, unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
     if not plan.low_precision:
         return 0.0
-    per_weight = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (1.0 if plan.fp8_params and plan.dtype == "fp8" else 0.0)
+    cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
+    per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
     vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction
@@ -278,7 +286,8 @@ class TrainingMemory(Breakdown):
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
-                 capacity: float, per_layer: LayerActivations | None = None) -> TrainingMemory:
+                 capacity: float, per_layer: LayerActivations | None = None,
+                 fp8_tn_only: bool = True) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
@@ -292,7 +301,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
     expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)
     act = activation_bytes(m, plan, stage, per_layer)
-    cache = low_precision_weight_cache(m, plan, rp, stage)
+    cache = low_precision_weight_cache(m, plan, rp, stage, fp8_tn_only)
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
@@ -333,11 +342,13 @@ def each_stage(stages: tuple[Any, ...], f: Any) -> list[Any]:
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
-                    allowance: MemoryAllowance | None = None) -> TrainingMemory:
-    """Memory per GPU of the most-loaded rank (elementwise for plan arrays)."""
+                    allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True) -> TrainingMemory:
+    """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
+    GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not)."""
     allowance = allowance or MemoryAllowance()
     la = layer_activations(m, plan)
-    results = each_stage(candidate_stages(m, plan), lambda stage: stage_memory(m, plan, stage, allowance, capacity, la))
+    results = each_stage(candidate_stages(m, plan),
+                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, la, fp8_tn_only))
     best = results[0]
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)

@@ -83,6 +83,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp8-recipe", recipe),
               ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
+              ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
     return as_flags(pairs)
 

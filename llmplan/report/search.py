@@ -12,7 +12,7 @@ from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
-from llmplan.search.run import DomainChoice, SearchResult, explain
+from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
 from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -133,6 +133,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
+        **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
     }
 
@@ -174,6 +175,18 @@ def domain_json(d: DomainChoice) -> dict[str, Any]:
             "tried": [{"per_domain": k, "gpus": d.gpus[k], "tokens_per_s": d.tokens_per_s[k]} for k in sorted(d.gpus)]}
 
 
+def switches_line(s: SwitchChoice) -> str:
+    """Which memory switches the shown plans use, out of those tried."""
+    on = [f"gradient buffers {s.chosen['grad_dtype']}",
+          f"low-precision primary weights {'on' if s.chosen['fp8_params'] else 'off'}"]
+    return (f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; --grad-dtype / "
+            f"--fp8-params pin them)")
+
+
+def switches_json(s: SwitchChoice) -> dict[str, Any]:
+    return {**s.chosen, "tried": [{**v, "score": score} for v, score in s.tried]}
+
+
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
                 train_tokens: float, full_explain: bool = False, advice: list | None = None,
                 wide: bool = False) -> None:
@@ -192,6 +205,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         console.print(placement_line(best, cluster))
         if res.domain is not None:
             console.print(domain_line(res.domain))
+        if res.switches is not None:
+            console.print(switches_line(res.switches))
         warning = ceiling_warning(best, cluster)
         if warning:
             console.print(f"[yellow]warning:[/] {warning}")

@@ -32,7 +32,8 @@ class Evaluation:
 
 def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
-    return training_memory(m, plans, cluster.system.gpu.hbm_bytes, allowance)  # type: ignore[arg-type]
+    gpu = cluster.system.gpu
+    return training_memory(m, plans, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)  # type: ignore[arg-type]
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -61,9 +61,49 @@ class SearchResult:
     (for the report's scatter)."""
     domain: "DomainChoice | None" = None
     """Set when the search also tried a power-of-two share of each NVLink domain (DomainChoice)."""
+    switches: "SwitchChoice | None" = None
+    """Set when the search tried more than one setting of the memory switches (SwitchChoice)."""
 
 
 CLOUD_POINTS = 2000
+
+
+LOW_PRECISION_PARAM_RECIPES = ("tensorwise", "blockwise", "mxfp8", "nvfp4")
+"""Recipes whose primary weights can be kept in the low-precision format: Transformer Engine's per-tensor,
+blockwise and MXFP8 fp8 tensors (Megatron-LM --fp8-param-gather; with MXFP8 it needs
+--reuse-grad-buf-for-mxfp8-param-ag) and NVFP4 (--fp4-param-gather). torchao's rowwise recipe casts inside each
+GEMM and has no fp8 weight all-gather (torchao float8 README: tensorwise only)."""
+
+
+@dataclass(frozen=True)
+class SwitchChoice:
+    """The search run once per setting of the memory switches that modern recipes set and the user did not
+    pin: bf16 gradient buffers (Megatron --grad-reduce-in-bf16, Megatron-Bridge's perf recipes) and primary
+    weights kept in the recipe's low-precision format; the setting whose best plan scores best is shown."""
+
+    chosen: dict[str, Any]
+    """grad_dtype and fp8_params of the shown plans."""
+    tried: tuple[tuple[dict[str, Any], float], ...]
+    """Each setting tried with its best plan's score (tokens/s, or headroom bytes; 0 where nothing fits)."""
+
+
+def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool) -> list[dict[str, Any]]:
+    """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
+    workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
+    primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties)."""
+    grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
+    allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES
+    params = [w.fp8_params] if params_pinned or not allowed else [False, True]
+    return [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
+
+
+def best_score(res: SearchResult) -> tuple[float, float]:
+    """(objective score, headroom) of a result's best plan, for choosing between searches; (0, 0) if none fits."""
+    if not res.ranked:
+        return 0.0, 0.0
+    e = res.ranked[0]
+    headroom = float(e.memory.headroom)
+    return (headroom if res.objective == "headroom" else float(e.throughput.tokens_per_s)), headroom
 
 
 @dataclass(frozen=True)
@@ -326,7 +366,8 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
                           recompute=recompute, micro_batch=1)
             if check_plan(m, plan, cluster):
                 continue
-            mem = training_memory(m, plan, cluster.system.gpu.hbm_bytes, allowance)
+            gpu = cluster.system.gpu
+            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)
             if float(mem.headroom) >= min_headroom:
                 return estimate_training(m, cluster, plan, allowance, order, checkpoint)
     return None

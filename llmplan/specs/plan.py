@@ -201,7 +201,8 @@ class ParallelPlan(PlanQuantities, Spec):
     PyTorch SDPA's flash backend, which FSDP stacks such as torchtitan ran on H100 in 2024), which reaches a
     lower fraction of Hopper's peak (GpuSpec.flash2_attention_ratio)."""
     fp8_params: bool = False
-    """With dtype fp8, keep the model's weight copy in fp8 (Megatron --fp8-param-gather, NeMo fp8_params)."""
+    """With dtype fp8 or fp4, keep the model's weight copy in the recipe's format: fp8 (Megatron
+    --fp8-param-gather, NeMo fp8_params) or NVFP4 (Megatron --fp4-param-gather)."""
     overlap_grad_reduce: bool = True
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
@@ -296,9 +297,15 @@ class ParallelPlan(PlanQuantities, Spec):
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes per weight in the model copy: bf16 for bf16/fp16 training and for fp8 training unless fp8_params
-        (Transformer Engine otherwise keeps fp8 copies only transiently), fp32 for fp32 training."""
-        return 4.0 if self.dtype == "fp32" else (1.0 if self.dtype == "fp8" and self.fp8_params else 2.0)
+        """Bytes per weight in the model copy: bf16 for bf16/fp16 training and for fp8 / fp4 training unless
+        fp8_params (Transformer Engine otherwise keeps low-precision copies only as a cache), fp32 for fp32
+        training; with fp8_params 1 byte (fp8) or NVFP4's 4 bits and an E4M3 scale per 16 (fp4).
+        Source: Megatron-LM --fp8-param-gather / --fp4-param-gather; NVIDIA NVFP4 format (16-element blocks)."""
+        if self.dtype == "fp32":
+            return 4.0
+        if self.fp8_params and self.dtype in ("fp8", "fp4"):
+            return 1.0 if self.dtype == "fp8" else 0.5 + 1 / 16
+        return 2.0
 
     @property
     def grad_bytes(self) -> float:
