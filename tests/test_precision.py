@@ -263,6 +263,7 @@ def test_expert_capacity_factor_pads_expert_work_and_dispatch():
     # Padding every expert's input to capacity (Megatron --moe-pad-expert-input-to-capacity) multiplies the
     # routed rows each expert computes and the tokens each all-to-all carries by the factor; dropless does not.
     from llmplan.cost.comm import ep_transfers
+    from llmplan.cost.moe import routing_imbalance
     from llmplan.topology.placement import place
 
     m = M["mixtral-8x7b"]
@@ -271,7 +272,8 @@ def test_expert_capacity_factor_pads_expert_work_and_dispatch():
     padded = base.model_copy(update={"moe_capacity_factor": 1.5})
     spans = place(base.degrees, cluster)
     a, b = ep_transfers(m, base, spans["ep"])[0], ep_transfers(m, padded, spans["ep"])[0]
-    assert b.message == pytest.approx(1.5 * a.message) and b.calls == a.calls
+    # (dropless random routing sizes the all-to-all for the most-loaded rank; capacity padding for the factor)
+    assert b.message == pytest.approx(1.5 / routing_imbalance(m, base) * a.message) and b.calls == a.calls
     e0, e1 = (estimate_training(m, cluster, p) for p in (base, padded))
     assert float(e1.time.stage.gemm) > float(e0.time.stage.gemm)
     assert float(e1.memory.activations) > float(e0.memory.activations)

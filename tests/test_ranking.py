@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.comm import comm_seconds
+from llmplan.cost.moe import EP_OVERLAP_HIDDEN
 from llmplan.cost.compute import (
     chunk_rows, gemm_shape_efficiency, layer_gemm_seconds, layer_gemms, layer_flops, stage_compute,
 )
@@ -145,7 +146,13 @@ def test_ep_all_to_all_can_overlap():
                         seq_len=4096)
     plain = estimate_training(m, cluster, plan)
     over = estimate_training(m, cluster, plan.model_copy(update={"ep_comm_overlap": True}))
-    assert float(over.time.exposed["ep"]) < 0.5 * float(plain.time.exposed["ep"])
+    # Megatron-Core's EP overlap is credited as measured (cost.moe.EP_OVERLAP_HIDDEN of the all-to-alls that
+    # fit beside the compute hide, less what their SMs take from it), DualPipe in full.
+    ep, kappa = float(plain.time.exposed["ep"]), cluster.system.gpu.contention
+    assert ep * (1 - EP_OVERLAP_HIDDEN) <= float(over.time.exposed["ep"]) < ep * (1 - EP_OVERLAP_HIDDEN * (1 - kappa)) * 1.1
+    assert float(over.time.exposed["ep"]) < ep
+    dual = estimate_training(m, cluster, plan.model_copy(update={"pp_schedule": "dualpipe"}))
+    assert float(dual.time.exposed["ep"]) < 0.5 * ep
 
 
 def test_power_cap_slows_compute_by_its_clock():

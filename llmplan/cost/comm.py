@@ -17,6 +17,7 @@ import numpy as np
 from llmplan.cost.arith import where
 from llmplan.cost.params import (heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, recomputed_share,
                                  stage_layers)
+from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -217,13 +218,15 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
     """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
-    dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute).
+    dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute), sized for the
+    most-loaded rank (cost.moe.routing_imbalance).
     Derived: docs/formulas.md#comm.ep"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     tokens = s * b / where(plan.sp, plan.tp, 1)
-    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * plan.expert_padding  # dispatch padded to capacity
+    # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
+    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
     dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
     per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m)) \

@@ -13,6 +13,7 @@ import numpy as np
 
 from llmplan.cost.arith import minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
                                  recomputed_share)
 from llmplan.specs.hardware import GpuSpec
@@ -31,11 +32,24 @@ def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> A
     with few rows (small micro-batch, an expert's share of the tokens) pays for its idle tiles and SMs.
     Source: NVIDIA Matrix Multiplication Background User's Guide (tile and wave quantization).
     Derived: docs/formulas.md#compute.gemm"""
+    return grouped_gemm_efficiency(gpu, dtype, M, N, K, 1)
+
+
+def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
+    """Achieved fraction of peak of a grouped GEMM: `groups` experts' M x N x K matmuls in one launch (a rank's
+    local experts, M its rows per expert). Each expert's rows start a new row of output tiles, so tile
+    quantisation is the expert's own (M and N padded to whole 128-tiles: DeepGEMM's contiguous layout aligns
+    every expert's segment to the M block); the tiles of all the experts fill the SMs together, so wave
+    quantisation counts groups x tiles; the short-reduction term is the expert's K. groups = 1 is
+    gemm_shape_efficiency. Small experts pay where their N or K are short (Qwen3-30B-A3B: f_e 768), not for
+    waves. Source: Gale et al. 2023 (MegaBlocks) §5 (all experts' blocks in one kernel); DeepGEMM README
+    (m-grouped contiguous layout); NVIDIA Matrix Multiplication Background (tile and wave quantization).
+    Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:  # a calibrated profile measured the curve by smallest dimension
         return gemm_efficiency(gpu, dtype, minimum(M, minimum(N, K)))
     tm, tn = np.ceil(np.maximum(M, 1) / TILE), np.ceil(np.maximum(N, 1) / TILE)
-    tiles = tm * tn
-    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tiles * TILE * TILE)
+    tiles = tm * tn * groups
+    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * TILE * TILE)
     wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
     return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
 
@@ -205,15 +219,19 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     total = sum(g[0] for g in gemms)
     flops = layer_flops(m, plan, moe).gemm
 
-    # Padding to expert capacity computes factor x the routed rows of the two expert matmuls (entries 1-2
-    # from the end of a MoE layer's list; the router is last).
-    pad = [plan.expert_padding if moe and i in (len(gemms) - 3, len(gemms) - 2) else 1.0 for i in range(len(gemms))]
+    # The two expert matmuls (entries 1-2 from the end of a MoE layer's list; the router is last) run as one
+    # grouped GEMM over the rank's E/ep experts, and the most-loaded rank computes routing_imbalance x the
+    # mean routed rows (capacity padding: the factor).
+    experts = (len(gemms) - 3, len(gemms) - 2) if moe else ()
+    load = routing_imbalance(m, plan) if moe else 1.0
+    pad = [load if i in experts else 1.0 for i in range(len(gemms))]
+    groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
 
     def seconds(fmt: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
-        for (f, M, N, K, role), x in zip(gemms, pad):
-            whole = f * x / gemm_shape_efficiency(gpu, fmt, M, N, K)
+        for (f, M, N, K, role), x, g in zip(gemms, pad, groups):
+            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g)
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
                 fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K)

@@ -17,6 +17,7 @@ from llmplan.cost.compute import (
     StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.moe import ep_exposed
 from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -191,9 +192,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     for _, sc, layers, moe_layers in stages:
         tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
         cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
-        ep_raw = comm.ep / n * moe_layers / moe_max
-        hidden = plan.ep_comm_overlap or plan.pp_schedule == "dualpipe"  # DualPipe overlaps them by design
-        ep_i = where(hidden, overlap(ep_raw, sc.total, kappa), ep_raw)
+        ep_i = ep_exposed(plan, comm.ep / n * moe_layers / moe_max, sc.total, kappa)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, comm, sc, kappa)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))

@@ -96,6 +96,18 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
     return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
 
 
+def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
+    """Latency of an all-to-all over n ranks, g per NVLink domain: a pairwise exchange pays one step latency
+    per peer, (g - 1) NVLink steps and (n - g) network steps; DeepEP's internode dispatch sends once per
+    remote domain (per_node: n/g - 1 network steps) and forwards over NVLink. So at small messages (per peer
+    S/n bytes) the peers' count, not the bandwidth, sets the time. Source: Thakur, Rabenseifner and Gropp
+    2005, "Optimization of Collective Communication Operations in MPICH", §4 (pairwise exchange all-to-all:
+    (p - 1)·alpha + (p - 1)/p·n·beta); DeepEP README (internode: RDMA between nodes, NVLink forwarding).
+    Derived: docs/formulas.md#comm.collective"""
+    remote = (n // max(g, 1) - 1) if per_node else (n - g)
+    return (g - 1) * L.intra_alpha + remote * L.inter_alpha
+
+
 def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
                       nvls: bool = True, shares: tuple[float, float] | None = None) -> tuple[Coeff, ...]:
     """The algorithms NCCL could use for `op` over `span`, each as (alpha, beta); the cost is the cheapest.
@@ -114,8 +126,8 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
             out: tuple[Coeff, ...] = (Coeff("nvls", 2 * L.intra_alpha, bus_factor(op, n) / L.nvls_bw),)
         elif op == "send-recv":
             out = (Coeff("p2p", L.intra_alpha, 1 / L.intra_bw),)
-        elif op == "all-to-all":
-            out = (Coeff("direct", L.intra_alpha, bus_factor(op, n) / L.intra_bw),)
+        elif op == "all-to-all":  # pairwise exchange: one latency per peer (a2a_latency)
+            out = (Coeff("direct", (n - 1) * L.intra_alpha, bus_factor(op, n) / L.intra_bw),)
         elif op == "broadcast":
             out = (Coeff("ring", (n - 1) * L.intra_alpha, 1 / L.intra_bw),)
         else:
@@ -128,7 +140,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
         intra, inter = shares or ((g - 1) / n, (n - g) / n)
-        return (Coeff("direct", k * L.inter_alpha, max(intra / L.intra_bw, inter / L.inter_bw)),)
+        return (Coeff("direct", a2a_latency(n, g, L, shares is not None), max(intra / L.intra_bw, inter / L.inter_bw)),)
     if op == "broadcast":
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     # Hierarchical: intra-domain reduce-scatter, inter-domain step on S/g per GPU, intra-domain all-gather.

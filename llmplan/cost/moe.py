@@ -1,0 +1,70 @@
+"""Mixture-of-experts mechanisms shared by compute, communication and the step: how unevenly the router loads
+the expert-parallel ranks, and how much of the expert all-to-alls an overlapped schedule hides.
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from llmplan.cost.arith import minimum, where
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+EP_OVERLAP_HIDDEN = 0.2
+"""Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
+(`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, as measured: Megatron-Bridge's
+Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP) runs 20.1 s per step where llmplan
+prices 21.1 s with the all-to-alls exposed and 16.2 s with them hidden in full, (21.1 - 20.1) / (21.1 - 16.2)
+= 0.20. One published run; docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
+
+
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """Expected largest of n independent standard normal draws, Blom's approximation
+    Phi^-1((n - 0.375) / (n + 0.25)) (0 for n = 1). Source: Blom 1958, Statistical Estimates and Transformed
+    Beta-Variables (plotting positions of normal order statistics)."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Rows the most-loaded EP rank computes and receives over the mean, per MoE layer and micro-batch
+    (the slowest rank sets the pace of the grouped GEMM and of the all-to-all that waits on it):
+    * padded to capacity (moe_capacity_factor c): c, as priced before (moe.capacity);
+    * contiguous routing (NeMo AutoModel's fake balanced gate): 1, every rank gets the same rows;
+    * random routing (Megatron's --moe-router-force-load-balancing, the benchmark tables' force-balanced
+      case): each of the ep·T tokens of the group draws k distinct of the E experts uniformly, so a rank's
+      rows have mean T·k and variance T·k·(1 - 1/ep)·(E - k)/(E - 1) (hypergeometric per token); the most
+      loaded of ep ranks is 1 + z(ep)·sqrt((1 - 1/ep)(E - k)/((E - 1)·T·k)) of the mean, z the expected
+      largest of ep normal draws. DeepSeek-V3 at one 4,096-token micro-batch on EP64: 1.3%. A trained router's
+      own imbalance is not in this term. Derived: docs/formulas.md#moe.imbalance"""
+    if plan.moe_capacity_factor:  # a workload switch: one value for all plans of a search
+        return plan.expert_padding
+    if plan.moe_routing == "contiguous":
+        return 1.0
+    E, k = m.num_experts, m.num_experts_per_tok
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
+    ep = np.asarray(plan.ep)
+    values, index = np.unique(ep, return_inverse=True)
+    z = np.array([expected_max_normal(int(e)) for e in values])[index].reshape(ep.shape)
+    spread = np.sqrt((1 - 1 / ep) * (E - k) / max(E - 1, 1) / np.maximum(tokens * k, 1.0))
+    out = 1.0 + z * spread
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float) -> Any:
+    """Time the expert all-to-alls of `ep` seconds add to a micro-batch whose compute takes `window` seconds:
+    all of it without overlap; with DualPipe, what does not fit in the window plus the compute its SMs slow
+    (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full); with Megatron-Core's
+    EP overlap, only EP_OVERLAP_HIDDEN of what fits in the window hides (as measured), the rest stays exposed.
+    Derived: docs/formulas.md#moe.overlap"""
+    share = where(plan.pp_schedule == "dualpipe", 1.0, where(plan.ep_comm_overlap, EP_OVERLAP_HIDDEN, 0.0))
+    hidden = share * minimum(ep, window)
+    return ep - hidden * (1.0 - kappa)
