@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from typing import Any
 
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
@@ -132,8 +133,9 @@ ASSUMPTIONS = {
                      "attention); only H100 rows enter the constant fit",
     "mbridge-moe": "Megatron-Bridge performance tables 25.09-26.08 (MoE rows: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
                    "GPT-OSS 120B): as mbridge-dense, with expert TP 1 (the recipes' expert_tensor_parallel_size), the "
-                   "tables' forced load balancing as random routing, the alltoall dispatcher and no EP overlap (the "
-                   "tables do not print the dispatcher; the MoE pricing, issue 32, may refine this), DeepSeek-V3 with "
+                   "tables' forced load balancing as random routing, the dispatcher and EP overlap of the release's "
+                   "performance presets (mbridge_moe_recipe: HybridEP read as deepep), GB200 / GB300 jobs in the NVLink "
+                   "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows; Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
@@ -273,6 +275,46 @@ def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
     return per_rank[0], per_rank[-1]
 
 
+def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
+    """(flex dispatcher, EP overlap) of an mbridge MoE row, from the Megatron-Bridge performance presets of its
+    release (scripts/performance/configs/{deepseek,qwen,gpt_oss}/*workload_base_configs.py at the tags of the
+    containers: v0.2.0 = 25.11 ... v0.4.0 = 26.04, v0.5.0 = 26.06, v0.6.0 = 26.08). The flex dispatcher
+    (moe_flex_dispatcher_backend hybridep / deepep, priced as --moe-dispatcher deepep: a token once per
+    destination rank) for DeepSeek-V3 and Qwen3-30B-A3B everywhere, Qwen3-235B-A22B on GB200 / GB300 (and B300
+    from 26.06) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
+    (--ep-comm-overlap) for Qwen3-235B on H100 and GPT-OSS bf16 on GB200, and from 26.06 for the MXFP8 rows on
+    Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). (False, False) for
+    other families."""
+    if family(rec["id"]) != "mbridge-moe":
+        return False, False
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
+    gb = gpu.startswith("gb")
+    if "deepseekv3" in rid:
+        return True, mx_overlap
+    if "qwen3-30b" in rid:
+        return True, mx_overlap
+    if "qwen3-235b" in rid:
+        return gb or ("b300" in gpu and release >= (26, 6)), "h100" in gpu or (mx_overlap and gb)
+    if "gpt-oss" in rid:
+        return "h100" not in gpu, (mx_overlap and gb) or ("gb200" in gpu and "bf16" in rid)
+    return False, False
+
+
+def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
+    """GPUs of each NVLink domain an mbridge MoE row on a multi-node NVLink system (GB200 / GB300 NVL72) uses:
+    Megatron-Bridge's Slurm executor asks for `--segment` = the largest number of 4-GPU nodes <= 18 that
+    divides the job's nodes, so 256 GPUs run as 4 segments of 64 (scripts/performance/utils/executors.py,
+    slurm_executor). None elsewhere (the whole domain)."""
+    if family(rec["id"]) != "mbridge-moe" or system.domain_gpus <= system.gpus_per_node:
+        return None
+    nodes = max(1, rec["hardware"]["gpus"] // system.gpus_per_node)
+    per_domain = system.domain_gpus // system.gpus_per_node
+    segment = nodes if nodes <= per_domain else next(s for s in range(per_domain, 0, -1) if nodes % s == 0)
+    return segment * system.gpus_per_node
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = rec["parallel"]
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -344,8 +386,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
-                                                     else "alltoall"),
-        ep_comm_overlap=bool(par.get("ep_comm_overlap", False)),
+                                                     or mbridge_moe_recipe(rec)[0] else "alltoall"),
+        ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),
         pp_schedule=par.get("pp_schedule", "1f1b"),
@@ -396,6 +438,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
         system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
     gpus = hw.get("gpus") or 1
+    if nvlink_segment_gpus(rec, system):
+        system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
     per_node = min(gpus, system.gpus_per_node)
     cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
     plan = plan_for(rec, fam, gpus)

@@ -1,0 +1,175 @@
+"""MoE training priced from its mechanisms (issue 32): the experts' grouped GEMM, the most-loaded rank under
+force-balanced routing, the all-to-all's per-peer latency, the EP overlap as measured, the NVLink segments
+Megatron-Bridge's launcher asks for; golden rows from Megatron-Bridge's performance tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.compute import gemm_shape_efficiency, grouped_gemm_efficiency, layer_gemm_seconds
+from llmplan.cost.moe import EP_OVERLAP_HIDDEN, ep_exposed, expected_max_normal, routing_imbalance
+from llmplan.estimate import estimate_training
+from llmplan.search.evaluate import evaluate
+from llmplan.search.grid import from_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.topology.collectives import collective_coeffs
+from llmplan.topology.placement import span_of_ranks
+
+M = builtin_models()
+S = builtin_systems()
+
+
+@pytest.fixture(scope="module")
+def acc():
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    return accuracy
+
+
+def _throughput(acc, rec: dict) -> tuple[float, float]:
+    (_, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
+    return pred, meas
+
+
+# Golden rows: the newest table (Megatron-Bridge performance summary, NeMo 26.08 container, HEAD 4ab94dfad),
+# whose MXFP8 presets run full-iteration CUDA graphs, HybridEP and the EP overlap (v0.6.0 presets), the
+# software llmplan's per-kernel pricing describes. Tolerance 15%: issue 32's target for the MoE rows of mbridge.
+# Small experts: Qwen3-30B-A3B (128 experts of FFN 768 on hidden 2,048, top-8), 8 GB300, EP8, micro-batch 8.
+SMALL_EXPERT = "mbridge-26.08-pretrain-qwen3-30b-a3b-dgx-gb300-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs8"
+# Larger experts: Qwen3-235B-A22B (128 experts of FFN 1,536 on hidden 4,096: 4x the 30B's expert GEMM), 256
+# GB200 in 4 NVLink segments of 64, PP8 VP3 EP32.
+LARGE_EXPERT = "mbridge-26.08-pretrain-qwen3-235b-a22b-dgx-gb200-256gpu-mxfp8-tp1pp8cp1ep32vp3gbs8192mbs1"
+
+
+def test_small_expert_moe_row_within_15_percent(published_runs, acc):
+    pred, meas = _throughput(acc, published_runs[SMALL_EXPERT])
+    assert meas == 44544  # tokens/s per GPU, as published
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+def test_large_expert_moe_row_within_15_percent(published_runs, acc):
+    pred, meas = _throughput(acc, published_runs[LARGE_EXPERT])
+    assert meas == 7280
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+def test_bridge_launcher_segments_nvl72_racks_in_powers_that_divide_the_job(published_runs, acc):
+    # Megatron-Bridge's Slurm executor: --segment = the largest count of 4-GPU nodes <= 18 dividing the job's
+    # nodes (scripts/performance/utils/executors.py). 256 GPUs: segments of 16 nodes = 64 GPUs; 8 GPUs: 2 nodes.
+    rec = published_runs[LARGE_EXPERT]
+    gb200 = S["gb200-nvl72"]
+    assert acc.nvlink_segment_gpus(rec, gb200) == 64
+    small = published_runs[SMALL_EXPERT]
+    assert acc.nvlink_segment_gpus(small, S["gb300-nvl72"]) == 8
+    assert acc.nvlink_segment_gpus(rec, S["dgx-b200"]) is None
+    # EP32 inside a 64-GPU segment stays on NVLink; over whole 72-GPU racks one of its groups straddles two.
+    plan = acc.plan_for(rec, "mbridge-moe", 256)
+    seg = ClusterSpec(system=gb200.with_options(domain_gpus=64), num_nodes=64, gpus_per_node=4)
+    full = ClusterSpec(system=gb200, num_nodes=64, gpus_per_node=4)
+    m = acc.model_for(rec, "mbridge-moe")
+    a, b = (estimate_training(m, c, plan) for c in (seg, full))
+    assert a.comm.axes["ep"].transfers[0].group.domains == 1 < b.comm.axes["ep"].transfers[0].group.domains
+    assert float(a.comm.axes["ep"].seconds) < 0.5 * float(b.comm.axes["ep"].seconds)
+
+
+def test_grouped_gemm_fills_the_waves_with_every_local_expert():
+    # One expert is a plain GEMM; 16 experts of a 4,096 x 1,536 x 2,048 matmul (Qwen3-30B-A3B's fc1 on EP8)
+    # share one launch: 6,144 tiles fill 148 B200 SMs to 99.9% where one expert's 384 tiles fill 86.5%.
+    gpu = S["dgx-b200"].gpu
+    one = gemm_shape_efficiency(gpu, "bf16", 4096, 1536, 2048)
+    assert grouped_gemm_efficiency(gpu, "bf16", 4096, 1536, 2048, 1) == pytest.approx(one)
+    many = grouped_gemm_efficiency(gpu, "bf16", 4096, 1536, 2048, 16)
+    assert many / one == pytest.approx((6144 / (42 * 148)) / (384 / (3 * 148)), rel=1e-9)
+    # Tile quantisation stays per expert: 100 rows each pad to 128 however many experts share the launch.
+    assert grouped_gemm_efficiency(gpu, "bf16", 100, 1536, 2048, 148) == pytest.approx(
+        grouped_gemm_efficiency(gpu, "bf16", 128, 1536, 2048, 148) * 100 / 128)
+
+
+def test_routing_imbalance_matches_a_seeded_simulation_of_forced_balancing():
+    # Megatron's --moe-router-force-load-balancing: random logits, each token's top-k a uniform k-subset of
+    # the E experts. The most-loaded of ep ranks (E/ep experts each), averaged over 200 draws.
+    rng = np.random.default_rng(0)
+    for name, ep, tokens in (("qwen3-30b-a3b", 8, 512), ("deepseek-v3", 64, 256)):
+        m = M[name]
+        E, k = m.num_experts, m.num_experts_per_tok
+        plan = ParallelPlan(dp=ep, ep=ep, etp=1, seq_len=tokens, micro_batch=1, global_batch=ep)
+        worst = []
+        for _ in range(200):
+            picks = np.argsort(rng.random((ep * tokens, E)), axis=1)[:, :k]
+            per_rank = np.bincount((picks // (E // ep)).ravel(), minlength=ep)
+            worst.append(per_rank.max() / (tokens * k))
+        assert routing_imbalance(m, plan) == pytest.approx(np.mean(worst), abs=0.01)
+    # The benchmark tables' case is small: DeepSeek-V3, one 4,096-token micro-batch, EP64 within 1.5%.
+    big = ParallelPlan(dp=64, ep=64, etp=1, seq_len=4096, micro_batch=1, global_batch=64)
+    assert 1.005 < routing_imbalance(M["deepseek-v3"], big) < 1.015
+    assert routing_imbalance(M["deepseek-v3"], big.model_copy(update={"moe_routing": "contiguous"})) == 1.0
+    assert routing_imbalance(M["deepseek-v3"], big.model_copy(update={"moe_capacity_factor": 1.25})) == 1.25
+    assert expected_max_normal(1) == 0.0 and expected_max_normal(8) == pytest.approx(1.4236, abs=0.015)  # exact: 1.4236
+
+
+def test_all_to_all_pays_a_latency_per_peer():
+    # Pairwise exchange (Thakur et al. 2005): (n - 1) latency steps. Inside one NVLink domain the alpha grows
+    # with the peers; across nodes DeepEP's dispatch (shares given) pays one network step per remote node.
+    system = S["dgx-h100"]
+    cluster8 = ClusterSpec(system=system, num_nodes=1)
+    span8 = span_of_ranks(list(range(8)), cluster8)
+    span2 = span_of_ranks(list(range(2)), cluster8)
+    a8 = collective_coeffs("all-to-all", span8, system)[0].alpha
+    a2 = collective_coeffs("all-to-all", span2, system)[0].alpha
+    assert a8 == pytest.approx(7 * a2)
+    cluster64 = ClusterSpec(system=system, num_nodes=8)
+    span64 = span_of_ranks(list(range(64)), cluster64)
+    nccl = collective_coeffs("all-to-all", span64, system)[0].alpha
+    deepep = collective_coeffs("all-to-all", span64, system, shares=(0.5, 0.3))[0].alpha
+    assert nccl > deepep > a8
+    # At a small message the peers, not the bandwidth, set the time: 64 KB to each of 63 peers.
+    c = collective_coeffs("all-to-all", span64, system)[0]
+    assert c.alpha > 64 * 1024 * 64 * c.beta
+
+
+@settings(max_examples=40, deadline=None)
+@given(ep=st.floats(0, 1.0), window=st.floats(0, 1.0), kappa=st.floats(0, 0.5))
+def test_ep_overlap_credit_is_bounded_and_monotone(ep, window, kappa):
+    plain = ParallelPlan()
+    over = plain.model_copy(update={"ep_comm_overlap": True})
+    dual = plain.model_copy(update={"pp_schedule": "dualpipe"})
+    assert ep_exposed(plain, ep, window, kappa) == ep
+    e_over, e_dual = ep_exposed(over, ep, window, kappa), ep_exposed(dual, ep, window, kappa)
+    assert e_dual <= e_over <= ep
+    assert e_over >= ep * (1 - EP_OVERLAP_HIDDEN) - 1e-12
+    assert ep_exposed(over, ep + 0.1, window, kappa) >= e_over  # more traffic never shortens the step
+
+
+def test_bridge_card_overlap_share_reproduces_the_run_it_was_read_from(published_runs, acc):
+    # EP_OVERLAP_HIDDEN was read off this run (docs/validation.md#moe-mechanisms): in sample, so only a check
+    # that the constant and the record agree (within the 5% the other pricing changes moved it).
+    rec = published_runs["bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024"]
+    pred, meas = _throughput(acc, rec)
+    assert pred == pytest.approx(meas, rel=0.05)
+
+
+def test_vectorised_search_agrees_with_the_scalar_moe_terms():
+    # Random routing (imbalance), capacity padding, EP overlap and DeepEP across nodes, evaluated as arrays and
+    # one by one.
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    for upd in ({}, {"moe_capacity_factor": 1.25}, {"ep_comm_overlap": True}, {"moe_dispatcher": "deepep"},
+                {"moe_routing": "contiguous", "moe_dispatcher": "deepep"}, {"pp_schedule": "dualpipe", "pp": 2,
+                                                                              "dp": 8, "ep": 8}):
+        plan = ParallelPlan(dp=16, ep=16, etp=1, global_batch=256, micro_batch=2, seq_len=4096)
+        plan = plan.model_copy(update=upd)
+        scalar = estimate_training(m, cluster, plan)
+        vec = evaluate(m, cluster, from_plan(plan))
+        assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9), upd
+        assert float(vec.step.comm_exposed[0]) == pytest.approx(float(scalar.time.comm_exposed), rel=1e-9), upd
+
+
+def test_expert_gemms_take_the_most_loaded_ranks_rows():
+    m, gpu = M["deepseek-v3"], S["dgx-h100"].gpu
+    plan = ParallelPlan(dp=64, ep=64, etp=1, seq_len=4096, micro_batch=1, global_batch=64)
+    flat = plan.model_copy(update={"moe_routing": "contiguous"})
+    (f1, b1), (f0, b0) = layer_gemm_seconds(m, plan, gpu, True), layer_gemm_seconds(m, flat, gpu, True)
+    assert f0 < f1 < f0 * routing_imbalance(m, plan)  # only the expert matmuls scale
