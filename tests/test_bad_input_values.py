@@ -244,3 +244,46 @@ def test_domain_gpus_on_a_million_gpu_domain_is_one_short_line(cli, tmp_path):
     r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, "--domain-gpus", 3,
             needle=("use whole big nodes of 4 GPUs", "more)", "1000000"))
     assert len(r.err) < 300
+
+
+# --- root cause 8: a flag the mode does not read is an error, not silently ignored ---------------------------------
+
+CLUSTER = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100")
+
+
+def test_serving_search_refuses_training_flags(cli):
+    # Exited 0 with bf16 weights: nvfp4, ZeRO 3, full recompute and the batch were dropped without a word.
+    r = bad(cli, "search", "--mode", "infer", *CLUSTER, "--precision", "nvfp4", "--zero", "3", "--recompute",
+            "full", "--global-batch", "7", "--json",
+            needle=("--precision nvfp4", "--zero 3", "--recompute full", "--global-batch 7",
+                    "apply to training, not to --mode infer", "use --dtype nvfp4", "--max-batch"))
+    assert r.json()["error"]["code"] == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--precision", "mxfp8"), "use --dtype mxfp8"), (("--precision", "fp8-blockwise"), "use --dtype fp8"),
+    (("--zero", "0"), "--zero 0 applies to training"),  # given, though it is the default value
+    (("--no-sp",), "--no-sp applies to training"), (("--seq-len", "100"), "--input-len and --output-len"),
+    (("--micro-batch", "2"), "--batch (estimate)"), (("--axis-order", "tp-cp-ep-dp-pp"), "--axis-order"),
+])
+def test_serving_estimate_refuses_training_flags(cli, args, needle):
+    bad(cli, "estimate", "--mode", "infer", *CLUSTER, *args, needle=(needle, "not to --mode infer"))
+
+
+@pytest.mark.parametrize("cmd,args", [
+    ("estimate", ("--input-len", "100")), ("estimate", ("--engine", "sglang")), ("estimate", ("--batch", "3")),
+    ("estimate", ("--max-load",)), ("estimate", ("--kv-dtype", "fp8")), ("search", ("--max-batch", "3")),
+    ("search", ("--request-rate", "2")), ("search", ("--no-cuda-graphs",)),
+])
+def test_training_refuses_serving_flags(cli, cmd, args):
+    bad(cli, cmd, *CLUSTER, *args, needle=(args[0], "applies to serving (--mode infer), not to training",
+                                            "add --mode infer"))
+
+
+def test_each_mode_keeps_its_own_flags(cli):
+    r = cli("estimate", "--mode", "infer", *CLUSTER, "--dtype", "nvfp4", "--dp", "8", "--batch", "8",
+            "--engine", "sglang", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["plan"]["weight_dtype"] == "nvfp4"
+    r = cli("estimate", *CLUSTER, "--zero", "1", "--precision", "fp8-blockwise", "--seq-len", "2048", "--json")
+    assert r.code == 0, r.err

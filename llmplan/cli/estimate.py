@@ -11,7 +11,8 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
-from llmplan.cli.inputs import make_allowance, make_checkpoint, make_cluster, make_job, pipeline_split, switches, with_hardware_options
+from llmplan.cli.inputs import (make_allowance, make_checkpoint, make_cluster, make_job, pipeline_split,
+                                refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
@@ -51,13 +52,15 @@ def estimate(
                                        "(continuous batching at full load), capped by --batch if given."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
+    ctx: typer.Context = None,  # type: ignore[assignment]  (typer passes the context)
     **options: object,
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    given = {k: v for k, v in locals().items() if k != "options"}
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp"})
+    given = {k: v for k, v in locals().items() if k not in ("options", "ctx")}
     (estimate_infer if mode == "infer" else estimate_train)({**given, **options})
 
 

@@ -3,17 +3,19 @@ clear line (exit 2)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, get_args
 
 from pydantic import ValidationError
 
+from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
+from llmplan.fileio import excerpt
 from llmplan.specs.check import accounted_split
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, TP_IMPLS, ClusterSpec,
                                 MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.specs.serve import ServeJob
+from llmplan.specs.serve import ServeJob, WeightDtype
 from llmplan.topology.graph import validate
 
 
@@ -37,6 +39,40 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     if embedding or loss:
         first, last = accounted_split(m, pp, embedding, loss)
     return {"pp_first": first, "pp_last": last}
+
+
+def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> None:
+    """A flag the user gave that the mode does not read is an error, not silently ignored: in --mode infer every
+    option outside `serving_reads` (training's precision, ZeRO, recompute, batch...), in training mode the
+    serving options (options.SERVING_ONLY). 'Given' is what the command line (or the environment) set,
+    whatever its value, so that --zero 0 is refused as --zero 3 is (ctx: the command's typer.Context)."""
+    given = [p for p in ctx.command.params if p.name and getattr(ctx.get_parameter_source(p.name), "name", None) in
+             ("COMMANDLINE", "ENVIRONMENT")]
+    wrong = [p for p in given if (p.name not in serving_reads if mode == "infer" else p.name in SERVING_ONLY)]
+    if not wrong:
+        return
+    flags = ", ".join(_flag(p, ctx.params.get(p.name)) for p in wrong)
+    verb = "apply" if len(wrong) > 1 else "applies"
+    if mode == "infer":
+        hints = list(dict.fromkeys(SERVING_INSTEAD[p.name] for p in wrong if p.name in SERVING_INSTEAD))
+        precision = ctx.params.get("precision")
+        if precision in PRECISIONS and any(p.name == "precision" for p in wrong):
+            weights = precision if precision in get_args(WeightDtype) else PRECISIONS[precision][0]
+            hints = [f"use --dtype {weights} for {precision} serving weights" if h == SERVING_INSTEAD["precision"]
+                     else h for h in hints]
+        raise LlmplanError(f"{flags} {verb} to training, not to --mode infer; drop {'them' if len(wrong) > 1 else 'it'}"
+                           + (f" ({'; '.join(hints)})" if hints else ""))
+    raise LlmplanError(f"{flags} {verb} to serving (--mode infer), not to training; add --mode infer or drop "
+                       f"{'them' if len(wrong) > 1 else 'it'}")
+
+
+def _flag(param: Any, value: object) -> str:
+    """The option as the user would write it: --zero 3, --no-sp."""
+    opts = getattr(param, "opts", []) or [param.name]
+    if getattr(param, "is_flag", False):
+        secondary = getattr(param, "secondary_opts", [])
+        return opts[0] if value or not secondary else secondary[0]
+    return f"{opts[0]} {excerpt(str(value), 20)}"
 
 
 def checked_pins(cls: type, pins: dict) -> dict:

@@ -136,6 +136,21 @@ RUNTIME = [("power_limit", Optional[float], POWER_LIMIT), ("domain_gpus", Option
            ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
 
 
+SERVING_ONLY = frozenset({name for name, _, _ in SERVING} | {"batch", "max_load", "max_batch", "request_rate"})
+"""Options only the serving paths (--mode infer) read: given in training mode they are an error."""
+SERVING_READS = frozenset({name for name, _, _ in CLUSTER} | {"tp", "pp", "ep", "dtype", "power_limit", "domain_gpus",
+                           "overhead_gib", "fragmentation", "json_mode", "save", "force", "mode"}) | SERVING_ONLY
+"""Options the serving paths of estimate and search read (each command adds its own: estimate --dp, search
+--objective and --top); any other option given with --mode infer is a training option, and an error."""
+SERVING_INSTEAD = {
+    "precision": "serving weights take --dtype: bf16, fp8, mxfp8, nvfp4, int8, int4",
+    "global_batch": "concurrent sequences are --batch (estimate) or --max-batch (search)",
+    "micro_batch": "concurrent sequences are --batch (estimate) or --max-batch (search)",
+    "seq_len": "request lengths are --input-len and --output-len",
+}
+"""What to give instead of a training option in --mode infer, where serving has a counterpart."""
+
+
 def with_options(*groups: list[tuple[str, Any, Any]], lead: list[tuple[str, Any, Any]] = CLUSTER) -> Callable:
     """Add option groups to a typer command: they join its signature (typer reads it; `lead` first, so
     --model and --hardware head the help) and reach the function as keyword arguments."""

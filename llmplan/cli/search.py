@@ -14,7 +14,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.inputs import (checked_pins, make_allowance, make_checkpoint, make_cluster, make_job, pipeline_split,
-                                 switches, with_hardware_options)
+                                refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
@@ -77,13 +77,15 @@ def search(
     max_batch: int = typer.Option(1024, "--max-batch", min=1, help="Inference: most concurrent sequences per replica."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate",
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
+    ctx: typer.Context = None,  # type: ignore[assignment]  (typer passes the context)
     **options: object,
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    given = {k: v for k, v in locals().items() if k != "options"}
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top"})
+    given = {k: v for k, v in locals().items() if k not in ("options", "ctx")}
     (search_infer if mode == "infer" else search_train)({**given, **options})
 
 
