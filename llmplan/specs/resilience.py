@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from llmplan.specs.model import SPEC_CONFIG
+from llmplan.specs.model import SPEC_CONFIG, Spec
 
 CHECKPOINT_MODES = ("sync", "async", "memory")
 
 
-class CheckpointPolicy(BaseModel):
+class CheckpointPolicy(Spec):
     """The checkpointing choices of a training job; the hardware profile holds the failure rates and the
     storage bandwidths (SystemSpec, GpuSpec). Derived: docs/formulas.md#goodput.fraction"""
 
