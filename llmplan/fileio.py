@@ -2,9 +2,12 @@
 user files.
 
 Reading: at most MAX_INPUT_BYTES, UTF-8 text, JSON or YAML whose nesting and YAML aliases are bounded, a
-mapping at the top; every problem is one clear error naming the file. Writing: never over an existing file
-without --force, atomically (temporary file in the same folder, then rename; the temporary file is removed
-on any error, Ctrl-C or kill), and an unwritable or occupied path is one clear error with the reason.
+mapping at the top; only regular files (a device, FIFO or socket is refused before it can block or stream);
+every problem is one clear error naming the file. Writing (publish, the one writer): never over an existing
+file without --force, even one another process creates meanwhile; atomically and all-or-nothing for a set of
+files (temporary files in the same folder, then hard link or rename; on any error, Ctrl-C or kill the
+temporary files are removed and what was published is rolled back), and an unwritable or occupied path is one
+clear error with the reason.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -66,19 +71,65 @@ def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
-def read_text(path: Path) -> str:
-    """The file as UTF-8 text, refused beyond MAX_INPUT_BYTES."""
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse_special(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise LlmplanError(f"{path} is {_file_kind(mode)}, not a regular file; give a spec, profile or plan file")
+
+
+def exists(path: Path) -> bool:
+    """Whether something is at `path`; a name the file system cannot take (too long) is one clear error."""
+    try:
+        os.stat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise LlmplanError(f"cannot use {excerpt(str(path), 60)}: {e.strerror or e}") from None
+
+
+def read_bytes(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The file's bytes: only a regular file (a device, pipe, socket or folder is refused before it is opened
+    for reading, and again on the open descriptor, so nothing blocks or streams forever), never more than
+    `limit` + 1 bytes read."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise LlmplanError(f"{path} is a folder, not a file")
-        if size > MAX_INPUT_BYTES:
-            raise LlmplanError(f"{path} is {size / 2**20:.1f} MiB; llmplan reads specs, profiles and plan files of "
-                               f"at most {MAX_INPUT_BYTES // 2**20} MiB")
-        raw = path.read_bytes()
+        _refuse_special(path, os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            _refuse_special(path, st.st_mode)  # swapped for a FIFO or a device since the stat above
+            if st.st_size > limit:
+                raise LlmplanError(f"{path} is {st.st_size / 2**20:.1f} MiB; llmplan reads specs, profiles and plan "
+                                   f"files of at most {limit // 2**20} MiB")
+            os.set_blocking(fd, True)
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = os.read(fd, min(limit + 1 - size, 2**20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise LlmplanError(f"cannot read {path}: {e.strerror or e}") from None
+    if size > limit:
+        raise LlmplanError(f"{path} holds more than {limit:,} bytes; llmplan reads specs, profiles and plan files "
+                           f"of at most {limit:,} bytes ({limit / 2**20:g} MiB)")
+    return b"".join(chunks)
+
+
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text: a regular file of at most MAX_INPUT_BYTES (see read_bytes)."""
+    raw = read_bytes(path)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -128,40 +179,189 @@ def excerpt(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def write_atomic(path: Path, text: str, force: bool = False) -> None:
-    """Write `text` to `path` atomically; refuse to overwrite without force; every failure is one clear error."""
+TEMP_PREFIX = ".llmplan-"
+"""Temporary files are `.llmplan-XXXXXXXX.tmp` in the target's folder: short, so any name the file system
+takes for the target also works for them."""
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_target(path: Path, force: bool = False) -> None:
+    """Refuse, before any work, a target that cannot be written: a name too long for the file system, a folder
+    in the way, a missing folder, or an existing file without force (publish checks again when it writes)."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise LlmplanError(f"{path} is a folder; give a file name")
-    if path.exists() and not force:
-        raise LlmplanError(f"{path} already exists; pass --force to overwrite it")
-    if not parent.exists():
-        raise LlmplanError(f"folder {parent} does not exist")
-    if not parent.is_dir():
-        raise LlmplanError(f"{parent} is a file, not a folder")
+    if not path.name:
+        raise LlmplanError(f"{path} is not a file name")
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+        pst = os.stat(parent)
+    except FileNotFoundError:
+        raise LlmplanError(f"folder {parent} does not exist") from None
     except OSError as e:
-        raise LlmplanError(f"cannot write in {parent}: {e.strerror or e}") from None
+        raise LlmplanError(f"cannot write in {excerpt(str(parent))}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(pst.st_mode):
+        raise LlmplanError(f"{parent} is a file, not a folder")
+    size, most = len(os.fsencode(path.name)), _name_max(parent)
+    if size > most:
+        raise LlmplanError(f"the file name {excerpt(path.name, 40)} is {size} bytes; the file system of {parent} "
+                           f"takes names of at most {most} bytes; give a shorter name")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise LlmplanError(f"cannot write {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode) or (stat.S_ISLNK(st.st_mode) and path.is_dir()):
+        raise LlmplanError(f"{path} is a folder; give a file name")
+    if not force:
+        raise LlmplanError(f"{path} already exists; pass --force to overwrite it")
+
+
+def write_atomic(path: Path, text: str, force: bool = False) -> None:
+    """Write one file (see publish)."""
+    publish({Path(path): text}, force)
+
+
+_LINK_UNSUPPORTED = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP,
+                     getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def publish(files: dict[Path, str], force: bool = False, executable: frozenset[Path] = frozenset()) -> None:
+    """The one writer of user files: all of `files` or none of them, and never over an existing file without
+    force, even one that another process creates meanwhile.
+
+    Every target is checked first (check_target), every text written to a temporary file in its folder, then
+    each is published: without force by a hard link (which fails when the name exists, so of two racing
+    writers one wins and the other gets a clear error), with force by a rename over the old file, whose content
+    is kept under a second link until the set is complete. When any step fails, or on Ctrl-C / kill, the files
+    already published are removed and the ones replaced restored; temporary files never remain. `executable`
+    files get execute permission where they are readable."""
+    items = [(Path(p), t) for p, t in files.items()]
+    for path, _ in items:
+        check_target(path, force)
+    temps: list[str] = []
+    done: list[tuple[Path, str | None]] = []  # (published target, link to the content it replaced)
+    try:
+        staged = [(path, _stage(path, text, path in executable, temps)) for path, text in items]
+        for path, tmp in staged:
+            done.append((path, _publish_one(tmp, path, force)))
+    except BaseException as exc:
+        _roll_back(done)
+        _remove(temps)
+        if isinstance(exc, OSError):
+            raise LlmplanError(_write_error(exc)) from None
+        raise
+    _remove(temps + [b for _, b in done if b])
+
+
+def _stage(path: Path, text: str, executable: bool, temps: list[str]) -> str:
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=TEMP_PREFIX, suffix=".tmp")
+    except OSError as e:
+        raise _WriteFailed(e.errno, f"{path} (no temporary file in {parent}: {_reason(e)})") from None
+    temps.append(tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode | ((mode & 0o444) >> 2) if executable else mode)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-        raise LlmplanError(f"cannot write {path}: {why}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        raise _WriteFailed(e.errno, f"{path}: {_reason(e)}") from None
+    return tmp
+
+
+class _WriteFailed(OSError):
+    """An OSError with the target it concerns, for the message."""
+
+
+def _publish_one(tmp: str, path: Path, force: bool) -> str | None:
+    """Put `tmp` in place at `path`; returns a link to the content it replaced (force only), or None."""
+    try:
+        if not force:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise LlmplanError(f"{path} appeared while llmplan was writing it (another process?); it was "
+                                   "left as it is; pass --force to overwrite it") from None
+            except OSError as e:
+                if e.errno not in _LINK_UNSUPPORTED:
+                    raise
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # no hard links: claim it
+                os.replace(tmp, path)
+            return None
+        backup = _keep_old(path)
+        os.replace(tmp, path)
+        return backup
+    except LlmplanError:
         raise
+    except OSError as e:
+        raise _WriteFailed(e.errno, f"{path}: {_reason(e)}") from None
+
+
+def _keep_old(path: Path) -> str | None:
+    """A second hard link to the file at `path` (to restore it if the set fails), or None when there is none."""
+    if not os.path.lexists(path):
+        return None
+    for _ in range(100):
+        backup = str(path.parent / f"{TEMP_PREFIX}{secrets.token_hex(4)}.old")
+        try:
+            os.link(path, backup, follow_symlinks=False)
+            return backup
+        except FileExistsError:
+            continue
+        except OSError as e:
+            if e.errno in _LINK_UNSUPPORTED:
+                return None  # this file system has no hard links: a replaced file cannot be restored
+            raise
+    return None
+
+
+def _roll_back(done: list[tuple[Path, str | None]]) -> None:
+    for path, backup in reversed(done):
+        try:
+            if backup:
+                os.replace(backup, path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _remove(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass
+
+
+def _reason(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "the disk is full"
+    if e.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the file system"
+    return e.strerror or str(e)
+
+
+def _write_error(e: OSError) -> str:
+    if isinstance(e, _WriteFailed):
+        return f"cannot write {e.strerror}; nothing was written"
+    where = f" {e.filename}" if getattr(e, "filename", None) else ""
+    return f"cannot write{where}: {_reason(e)}; nothing was written"
 
 
 def make_folder(folder: Path) -> None:
     """Create an output folder (and its parents); a file in the way or no permission is one clear error."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
+    if exists(folder) and not folder.is_dir():
         raise LlmplanError(f"{folder} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llmplan import __version__
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate
-from llmplan.fileio import excerpt, write_atomic
+from llmplan.fileio import excerpt, exists, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
@@ -198,7 +198,7 @@ def read_plan_document(path: Path) -> PlanDocument:
     """Read and type-check a plan file; a missing file, another kind of file, an unknown schema or a field of
     the wrong type is one clear error naming the field."""
     path = Path(path)
-    if not path.exists():
+    if not exists(path):
         raise LlmplanError(f"plan file {path} does not exist")
     raw = read_document(path)
     if raw.get("kind") != KIND:
@@ -239,7 +239,7 @@ def _resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path
         return None, None
     if looks_like_path(ref):
         candidate = Path(ref) if Path(ref).is_absolute() else plan_path.parent / ref
-        if not candidate.exists():
+        if not exists(candidate):
             raise LlmplanError(f"references {kind} file {ref}, which no longer exists")
         return (load_model_file(candidate) if kind == "model" else load_system_file(candidate)), candidate
     table = builtin_models() if kind == "model" else builtin_systems()

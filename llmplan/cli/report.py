@@ -8,9 +8,8 @@ import typer
 
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
-from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training, goodput_scaling, stage_views
-from llmplan.fileio import write_atomic
+from llmplan.fileio import check_target, write_atomic
 from llmplan.planfile import load_plan
 from llmplan.report.html import serving_report, training_report
 from llmplan.serving import estimate_serving
@@ -29,8 +28,7 @@ def report(
     communication per axis, goodput against GPU count, and for a saved search its throughput vs headroom
     front."""
     pf = load_plan(plan_file)
-    if output.exists() and not force:  # refuse before drawing (drawing takes a second or two)
-        raise LlmplanError(f"{output} already exists; pass --force to overwrite")
+    check_target(output, force)  # refuse before drawing (drawing takes a second or two)
     if pf.mode == "infer":
         page = serving_report(estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance))
     else:
@@ -40,7 +38,7 @@ def report(
         points = pf.document.search if pf.document is not None else None
         page = training_report(e, stage_views(e, pf.allowance), points.model_dump() if points else None,
                                goodput_scaling(e, pf.allowance, pf.axis_order))
-    write_atomic(output, page, force=True)
+    write_atomic(output, page, force=force)
     figures = page.count("<figure ")
     emit({"schema": 1, "report": str(output), "figures": figures}, json_mode,
          lambda: out.print(f"wrote {output} ({figures} figures)"))

@@ -4,6 +4,7 @@ in this package."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +13,7 @@ from llmplan.export import deepspeed, megatron, torchtitan
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
-from llmplan.fileio import make_folder, write_atomic
+from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
 
 TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
@@ -62,15 +63,15 @@ def _expresses(pf: PlanFile, target: str) -> bool:
 
 
 def write_files(files: dict[str, str], out_dir: Path, force: bool = False) -> list[Path]:
-    """Write every file atomically; check first that none exists (unless force), so nothing is half-done."""
+    """Write the set all-or-nothing (fileio.publish): every target is checked before anything is written, and a
+    failure part-way removes the files already written and restores the ones --force replaced."""
     out_dir = Path(out_dir)
     make_folder(out_dir)
-    paths = [out_dir / name for name in files]
-    clash = [str(p) for p in paths if p.exists()]
+    paths = {out_dir / name: text for name, text in files.items()}
+    for p in paths:
+        check_target(p, force=True)  # a folder in the way or a name too long, before the clash below
+    clash = [str(p) for p in paths if os.path.lexists(p)]
     if clash and not force:
         raise LlmplanError(f"{', '.join(clash)} already exist(s); pass --force to overwrite")
-    for path, text in zip(paths, files.values()):
-        write_atomic(path, text, force=True)
-        if path.suffix in (".sh", ".sbatch"):
-            path.chmod(path.stat().st_mode | ((path.stat().st_mode & 0o444) >> 2))  # executable where readable
-    return paths
+    publish(paths, force, executable=frozenset(p for p in paths if p.suffix in (".sh", ".sbatch")))
+    return list(paths)

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list
-from llmplan.fileio import excerpt, read_document
+from llmplan.fileio import excerpt, exists, read_document
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
@@ -134,7 +134,7 @@ def looks_like_path(ref: str) -> bool:
 def resolve_model(ref: str) -> ModelSpec:
     """--model: a built-in name or a path to a spec / config.json."""
     if looks_like_path(ref):
-        if not Path(ref).exists():
+        if not exists(Path(ref)):
             raise LlmplanError(f"model file {ref} does not exist")
         return load_model_file(Path(ref))
     models = builtin_models()
@@ -146,7 +146,7 @@ def resolve_model(ref: str) -> ModelSpec:
 def resolve_system(ref: str) -> SystemSpec:
     """--hardware: a built-in system name or a path to a system profile."""
     if looks_like_path(ref):
-        if not Path(ref).exists():
+        if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
         return load_system_file(Path(ref))
     systems = builtin_systems()

@@ -1,0 +1,295 @@
+"""Issue 34, the file and process boundaries: special files read without bound, racing writers, `check --base`
+taken as a git option, export sets left half written, bench's options and temporary folders, signals and a
+closed stdout. Each reproducer of the issue is a test here; the commands run for real (subprocess where a
+hang, a signal or a pipe is the point, so a regression fails on the timeout instead of hanging the suite)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from llmplan import fileio
+from llmplan.errors import LlmplanError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+ENV.pop("LLMPLAN_DEBUG", None)
+SEARCH = ["search", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "256"]
+"""A search that runs a second or two after the half second of imports."""
+
+
+def llmplan(*args, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The real command in a child process; a hang fails the test on the timeout."""
+    return subprocess.run([sys.executable, "-m", "llmplan", *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    """A saved training plan (llama-3.1-8b on one DGX H100) referring to its specs by name."""
+    folder = tmp_path_factory.mktemp("plan")
+    r = llmplan("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", folder / "p.json")
+    assert r.returncode == 0, r.stderr
+    return folder / "p.json"
+
+
+# --- 1. special files: refused before they can block or stream ------------------------------------------------
+
+
+def test_dev_zero_as_model_is_refused_at_once():
+    r = llmplan("estimate", "--model", "/dev/zero", "--hardware", "dgx-h100", timeout=30)
+    assert r.returncode == 2
+    assert one_line(r.stderr) == ("error: /dev/zero is a device, not a regular file; give a spec, profile or plan "
+                                  "file")
+
+
+@pytest.mark.parametrize("where", ["model", "hardware", "plan", "check"])
+def test_fifo_is_refused_without_blocking(tmp_path, plan, where):
+    fifo = tmp_path / ("in.json" if where == "plan" else "in.yaml")
+    os.mkfifo(fifo)
+    args = {"model": ("estimate", "--model", fifo, "--hardware", "dgx-h100"),
+            "hardware": ("estimate", "--model", "llama-3.1-8b", "--hardware", fifo),
+            "plan": ("export", fifo, "--to", "megatron", "-o", tmp_path / "out"),
+            "check": ("check", fifo)}[where]
+    r = llmplan(*args, timeout=30)  # opening a FIFO for reading blocks until a writer comes: it never does
+    assert "is a pipe (FIFO), not a regular file" in r.stderr + r.stdout
+    if where == "check":
+        assert r.returncode == 1  # check reports it as a failed check, as any unreadable file
+    else:
+        assert r.returncode == 2 and one_line(r.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("ref", ["/dev/zero", "fifo.yaml"])
+def test_plan_whose_model_ref_is_special_fails_its_check(tmp_path, plan, ref):
+    os.mkfifo(tmp_path / "fifo.yaml")
+    doc = json.loads(plan.read_text())
+    doc["model_ref"] = ref
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    r = llmplan("check", tmp_path / "p.json", "--format", "json", timeout=30)
+    assert r.returncode == 1, r.stderr
+    (finding,) = json.loads(r.stdout)["checks"]
+    assert not finding["ok"] and "not a regular file" in finding["message"]
+
+
+def test_never_more_than_the_cap_is_read():
+    # /proc files are regular files whose size reads 0: only the bounded read stops them.
+    assert os.stat("/proc/self/maps").st_size == 0
+    with pytest.raises(LlmplanError, match="holds more than 10 bytes"):
+        fileio.read_bytes(Path("/proc/self/maps"), limit=10)
+    assert fileio.read_bytes(Path("/proc/self/maps"))  # under the real cap it reads
+
+
+def test_oversized_regular_file_is_refused_by_its_size(tmp_path):
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(fileio.MAX_INPUT_BYTES + 1)  # sparse: nothing to read, the size alone refuses it
+    r = llmplan("estimate", "--model", big, "--hardware", "dgx-h100")
+    assert r.returncode == 2 and "is 8.0 MiB; llmplan reads" in one_line(r.stderr)
+
+
+def test_socket_is_refused(tmp_path):
+    import socket
+
+    path = tmp_path / "s.yaml"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(path))
+        r = llmplan("estimate", "--model", path, "--hardware", "dgx-h100", timeout=30)
+    finally:
+        s.close()
+    assert r.returncode == 2 and "is a socket, not a regular file" in one_line(r.stderr)
+
+
+# --- 3 and the --save part of 9: one writer, never over a file another process created meanwhile --------------
+
+
+def _no_temporaries(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(fileio.TEMP_PREFIX)]
+
+
+def test_concurrent_saves_one_wins_the_others_refused(tmp_path):
+    args = [sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+            "--save", "same.json"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2, 2, 2], results
+    for code, err in results:
+        if code:
+            assert ("same.json already exists; pass --force" in err
+                    or "same.json appeared while llmplan was writing it" in err), err
+    assert json.loads((tmp_path / "same.json").read_text())["kind"] == "llmplan-plan"  # whole
+    _no_temporaries(tmp_path)
+
+
+def test_concurrent_reports_one_wins(tmp_path, plan):
+    pytest.importorskip("matplotlib")
+    args = [sys.executable, "-m", "llmplan", "report", str(plan), "-o", "same.html"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    codes = sorted(p.wait(timeout=180) for p in procs)
+    assert codes == [0, 2, 2]
+    assert (tmp_path / "same.html").read_text().rstrip().endswith("</html>")
+    _no_temporaries(tmp_path)
+
+
+def test_racing_threads_exactly_one_publishes(tmp_path):
+    target = tmp_path / "out.json"
+    start = threading.Barrier(8)
+    outcome: dict[int, str] = {}
+
+    def writer(i: int) -> None:
+        start.wait()
+        try:
+            fileio.write_atomic(target, f"writer {i}\n" * 1000)
+            outcome[i] = "ok"
+        except LlmplanError as e:
+            outcome[i] = str(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, o in outcome.items() if o == "ok"]
+    assert len(winners) == 1, outcome
+    assert target.read_text() == f"writer {winners[0]}\n" * 1000
+    _no_temporaries(tmp_path)
+
+
+def test_a_file_that_appears_while_writing_is_left_alone(tmp_path, monkeypatch):
+    # The check-then-rename race of the issue, made certain: the target appears after the check.
+    target = tmp_path / "plan.json"
+    stage = fileio._stage
+
+    def stage_then_someone_else_writes(path, text, executable, temps):
+        tmp = stage(path, text, executable, temps)
+        target.write_text("the other writer's plan")
+        return tmp
+
+    monkeypatch.setattr(fileio, "_stage", stage_then_someone_else_writes)
+    with pytest.raises(LlmplanError, match="plan.json appeared while llmplan was writing it .* pass --force"):
+        fileio.write_atomic(target, "mine")
+    assert target.read_text() == "the other writer's plan"
+    _no_temporaries(tmp_path)
+
+
+@pytest.mark.parametrize("length", [250, 251, 255])
+def test_long_valid_save_names_work(tmp_path, length):
+    name = "p" * (length - 5) + ".json"
+    r = llmplan("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / name).is_file()
+    _no_temporaries(tmp_path)
+
+
+@pytest.mark.parametrize("cmd", ["save", "report", "export", "model", "plan"])
+def test_names_too_long_for_the_file_system_are_one_line(tmp_path, plan, cmd):
+    name = "p" * 300 + ".json"
+    args = {"save": ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", name),
+            "report": ("report", plan, "-o", name),
+            "export": ("export", plan, "--to", "megatron", "-o", name),
+            "model": ("estimate", "--model", name, "--hardware", "dgx-h100"),
+            "plan": ("export", name, "--to", "megatron")}[cmd]
+    r = llmplan(*args, cwd=tmp_path)
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "internal error" not in line and ("too long" in line or "at most 255 bytes" in line), line
+    assert len(line) < 300  # the name is shortened in the message
+
+
+# --- 5. export: all of a set or nothing ---------------------------------------------------------------------------
+
+
+def _export_names(plan: Path, tmp_path: Path) -> list[str]:
+    r = llmplan("export", plan, "--to", "all", "-o", tmp_path / "probe", "--json")
+    assert r.returncode == 0, r.stderr
+    return [Path(f).name for f in json.loads(r.stdout)["files"]]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_folder_in_the_way_of_the_third_file_writes_nothing(tmp_path, plan, force):
+    names = _export_names(plan, tmp_path)
+    out = tmp_path / "out"
+    (out / names[2]).mkdir(parents=True)
+    r = llmplan("export", plan, "--to", "all", "-o", out, *(["--force"] if force else []))
+    assert r.returncode == 2
+    assert f"{names[2]} is a folder" in one_line(r.stderr)
+    assert sorted(p.name for p in out.iterdir()) == [names[2]]  # none of the files, no temporaries
+
+
+def test_failure_while_publishing_rolls_the_set_back(tmp_path, plan, cli, monkeypatch):
+    names = _export_names(plan, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / names[0]).write_text("mine, kept")  # --force replaces it; the failure must bring it back
+    real_replace, calls = os.replace, []
+
+    def replace_fails_third(src, dst, *a, **k):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_replace(src, dst, *a, **k)
+
+    monkeypatch.setattr(fileio.os, "replace", replace_fails_third)
+    r = cli("export", plan, "--to", "all", "-o", out, "--force")
+    monkeypatch.undo()
+    assert r.code == 2 and "Input/output error; nothing was written" in r.err and "Traceback" not in r.err
+    assert sorted(p.name for p in out.iterdir()) == [names[0]]
+    assert (out / names[0]).read_text() == "mine, kept"
+
+
+def test_full_disk_while_staging_writes_nothing(tmp_path, plan, cli, monkeypatch):
+    out = tmp_path / "out"
+    stage, staged = fileio._stage, []
+
+    def disk_full_on_third(path, text, executable, temps):
+        staged.append(path)
+        if len(staged) == 3:
+            raise fileio._WriteFailed(errno.ENOSPC, f"{path}: the disk is full")
+        return stage(path, text, executable, temps)
+
+    monkeypatch.setattr(fileio, "_stage", disk_full_on_third)
+    r = cli("export", plan, "--to", "all", "-o", out)
+    assert r.code == 2 and "the disk is full; nothing was written" in r.err
+    assert list(out.iterdir()) == []
+
+
+def test_existing_files_are_all_named_and_none_written(tmp_path, plan):
+    names = _export_names(plan, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / names[1]).write_text("keep")
+    r = llmplan("export", plan, "--to", "all", "-o", out)
+    assert r.returncode == 2 and f"{names[1]} already exist(s); pass --force" in one_line(r.stderr)
+    assert sorted(p.name for p in out.iterdir()) == [names[1]] and (out / names[1]).read_text() == "keep"
+
+
+def test_force_replaces_the_whole_set(tmp_path, plan):
+    names = _export_names(plan, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / names[0]).write_text("old")
+    r = llmplan("export", plan, "--to", "all", "-o", out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert (out / names[0]).read_text() != "old"
+    assert os.access(out / names[0], os.X_OK) == names[0].endswith((".sh", ".sbatch"))
+
+
