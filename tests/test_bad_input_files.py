@@ -293,3 +293,112 @@ def test_force_replaces_the_whole_set(tmp_path, plan):
     assert os.access(out / names[0], os.X_OK) == names[0].endswith((".sh", ".sbatch"))
 
 
+# --- 4. check --base: never a git option; what cannot be compared is said, not a traceback ---------------------
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "model_specs").mkdir(parents=True)
+    text = (ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text().replace("name: llama-3.1-8b", "name: team-8b")
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("declared_params"))  # free to edit
+    (repo / "model_specs" / "team-8b.yaml").write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "specs")
+    return repo
+
+
+@pytest.mark.parametrize("base", ["--output=pwned", "-opwned", "--output", "-"])
+def test_base_is_never_a_git_option(repo, base):
+    r = llmplan("check", "model_specs", f"--base={base}", cwd=repo)
+    assert r.returncode == 2
+    assert "is not a git revision (it may not be empty or start with '-')" in one_line(r.stderr)
+    assert not list(repo.rglob("pwned")) and not (repo / "model_specs" / "pwned").exists()
+
+
+def test_base_that_git_would_read_as_a_path_or_range_is_not_a_commit(repo):
+    for base in ("HEAD --output=pwned", "HEAD..HEAD", ":/specs"):
+        r = llmplan("check", "model_specs", "--base", base, cwd=repo)
+        assert r.returncode in (0, 2), r.stderr  # ':/specs' names the commit whose message says "specs"
+        assert "Traceback" not in r.stderr and not list(repo.rglob("pwned"))
+
+
+def test_base_diff_still_works(repo):
+    spec = repo / "model_specs" / "team-8b.yaml"
+    spec.write_text(spec.read_text().replace("num_hidden_layers: 32", "num_hidden_layers: 40"))
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    (d,) = json.loads(r.stdout)["diff"]
+    assert d["status"] == "changed" and d["fields"]["num_hidden_layers"] == [32, 40]
+
+
+def test_spec_symlinked_from_outside_the_repository(repo, tmp_path):
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text((repo / "model_specs" / "team-8b.yaml").read_text().replace("team-8b", "other-8b"))
+    (repo / "model_specs" / "linked.yaml").symlink_to(outside)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a link")
+    outside.write_text(outside.read_text().replace("num_hidden_layers: 32", "num_hidden_layers: 40"))
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    (d,) = json.loads(r.stdout)["diff"]
+    assert d["status"] == "skipped" and d["file"].endswith("linked.yaml")
+    assert "is a symbolic link to" in d["message"] and "outside the checkout" in d["message"]
+    text = llmplan("check", "model_specs", "--base", "HEAD", cwd=repo)
+    assert text.returncode == 0 and "not compared with HEAD" in text.stdout
+
+
+def test_spec_symlinked_inside_the_repository_is_followed(repo):
+    (repo / "model_specs" / "current.yaml").symlink_to("team-8b.yaml")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a link")
+    spec = repo / "model_specs" / "team-8b.yaml"
+    spec.write_text(spec.read_text().replace("num_hidden_layers: 32", "num_hidden_layers: 40"))
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    diff = json.loads(r.stdout)["diff"]
+    assert [d["status"] for d in diff] == ["changed", "changed"]  # the link and its target, both read at HEAD
+
+
+def test_spec_path_outside_the_checkout(repo, tmp_path):
+    outside = tmp_path / "loose.yaml"
+    outside.write_text((repo / "model_specs" / "team-8b.yaml").read_text())
+    r = llmplan("check", outside, "model_specs", "--base", "HEAD", cwd=repo)
+    assert r.returncode == 2 and "--base needs a git checkout" in one_line(r.stderr)
+
+
+def test_committed_invalid_spec(repo):
+    spec = repo / "model_specs" / "team-8b.yaml"
+    good = spec.read_text()
+    spec.write_text(good.replace("num_attention_heads: 32", "num_attention_heads: 0"))
+    _git(repo, "commit", "-qam", "broken")
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)  # broken then and now
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    assert not doc["checks"][0]["ok"] and "num_attention_heads" in doc["checks"][0]["message"]
+    spec.write_text(good)  # fixed now: the diff says why it cannot compare
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    (d,) = json.loads(r.stdout)["diff"]
+    assert d["status"] == "skipped" and "num_attention_heads" in d["message"]
+
+
+def test_committed_unsupported_config_json(repo):
+    cfg = repo / "model_specs" / "config.json"
+    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 2}))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unsupported")
+    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 1024, "num_hidden_layers": 2}))
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "model_type 'mamba' is not supported" in json.dumps(json.loads(r.stdout)["checks"])
+    cfg.write_text((ROOT / "tests" / "data" / "hf" / "bloom-176b.config.json").read_text())  # supported now
+    r = llmplan("check", "model_specs", "--base", "HEAD", "--format", "json", cwd=repo)
+    (d,) = [d for d in json.loads(r.stdout)["diff"] if d["file"].endswith("config.json")]
+    assert d["status"] == "skipped" and "not supported" in d["message"]
+
+

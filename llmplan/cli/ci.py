@@ -12,9 +12,9 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
 from llmplan.cli.inputs import make_cluster
-from llmplan.ci import diff_against, discover, run_checks
+from llmplan.ci import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
-from llmplan.fileio import make_folder
+from llmplan.fileio import exists, make_folder
 from llmplan.estimate import estimate_training
 from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
 from llmplan.search.grid import Workload, default_space
@@ -45,8 +45,10 @@ def check(
     targets = list(paths or [])
     if not targets and plans is None:
         raise LlmplanError("give spec / plan paths or --plans DIR (e.g. llmplan check model_specs/ --plans plans/)")
-    if plans is not None and not plans.is_dir():
+    if plans is not None and not (exists(plans) and plans.is_dir()):
         raise LlmplanError(f"--plans {plans} is not a folder")
+    if base is not None:
+        check_base(base)
     limits = build(CheckThresholds, {"tolerance": tolerance, "param_tolerance": param_tolerance,
                                      "min_headroom_gib": min_headroom}, "check options")
     findings = run_checks(targets, plans, limits.min_headroom_gib, limits.tolerance, limits.param_tolerance)

@@ -61,6 +61,9 @@ def check_view(console: Console, findings: list[Finding], diff: list[dict[str, A
         if d["status"] == "added":
             console.print(f"{d['file']}: new since the base revision")
             continue
+        if d["status"] == "skipped":
+            console.print(f"{d['file']}: {d['message']}")
+            continue
         a, b = d["params"]
         console.print(f"[bold]{d['file']}[/] changed: " + "; ".join(f"{k} {v[0]!r} -> {v[1]!r}"
                                                                    for k, v in d["fields"].items())
