@@ -402,3 +402,61 @@ def test_committed_unsupported_config_json(repo):
     assert d["status"] == "skipped" and "not supported" in d["message"]
 
 
+# --- 11. bench ------------------------------------------------------------------------------------------------------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def test_bench_nccl_without_cuda_is_one_line(cli):
+    if _torch().cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "1", "--backend", "nccl", "--seq-len", "64")
+    assert r.code == 2
+    assert one_line(r.err).startswith("error: --backend nccl needs CUDA GPUs and a torch build with NCCL: torch ")
+    assert "sees no CUDA GPU" in r.err and "--backend gloo" in r.err
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "1e9"])
+def test_bench_timeout_must_be_positive_seconds(cli, timeout):
+    _torch()
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "1", "--timeout", timeout)
+    assert r.code == 2 and f"--timeout {float(timeout):g}: give seconds above 0 and at most 604800" in one_line(r.err)
+
+
+def test_bench_nproc_is_bounded(cli):
+    _torch()
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "100000")
+    assert r.code == 2 and "--nproc 100000: bench runs on one node, 1 to 64 processes" in one_line(r.err)
+    from llmplan.bench.run import _cpu_count
+
+    over = max(_cpu_count(), 2) + 1
+    if over > 64:
+        pytest.skip("more cores than the bench's own bound")
+    r = cli("bench", "--model", "llama-3.1-8b", "--tp", "1", "--nproc", str(over), "--seq-len", "64")
+    assert r.code == 2 and f"--nproc {over}: gloo runs one process per CPU core" in one_line(r.err)
+
+
+def test_bench_removes_its_temporary_folder(cli, tmp_path, monkeypatch):
+    _torch()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "1", "--seq-len", "64", "--gemm-tokens", "64",
+            "--components", "gemm", "--timeout", "120")
+    assert r.code == 0, r.err
+    assert not list(tmp_path.glob("llmplan-bench-*"))
+    collectives = ("bench", "--model", "llama-3.1-8b", "--nproc", "1", "--seq-len", "64", "--components",
+                   "collectives", "--sizes", "64KiB")
+    monkeypatch.setenv("LLMPLAN_BENCH_FAIL_RANK", "0")  # a failed run too
+    r = cli(*collectives, "--timeout", "120")
+    assert r.code == 1 and "injected failure" in r.err
+    assert not list(tmp_path.glob("llmplan-bench-*"))
+    monkeypatch.delenv("LLMPLAN_BENCH_FAIL_RANK")
+    monkeypatch.setenv("LLMPLAN_BENCH_HANG_RANK", "0")  # and one stopped by its timeout
+    r = cli(*collectives, "--timeout", "5")
+    assert r.code == 1 and "timeout" in r.err
+    assert not list(tmp_path.glob("llmplan-bench-*"))
+
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -144,30 +145,92 @@ class BenchRun:
     seconds: float = 0.0
 
 
+MAX_NPROC = 64
+"""Most processes one bench starts (one node: GPUs per node, or CPU cores for gloo)."""
+MAX_TIMEOUT_S = 7 * 86400.0
+"""Longest --timeout (a week; a bench takes minutes)."""
+
+
+def check_run_options(nproc: int, timeout_s: float) -> None:
+    """A timeout that is a positive number of seconds, and one node's worth of processes."""
+    if not math.isfinite(timeout_s) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise LlmplanError(f"--timeout {timeout_s:g}: give seconds above 0 and at most {MAX_TIMEOUT_S:.0f} "
+                           "(a week), e.g. --timeout 300")
+    if not 1 <= nproc <= MAX_NPROC:
+        raise LlmplanError(f"--nproc {nproc}: bench runs on one node, 1 to {MAX_NPROC} processes")
+
+
+def check_machine(backend: str, nproc: int) -> None:
+    """Refuse what would not run here before torchrun starts: more processes than this machine has cores
+    (gloo) or GPUs (nccl), nccl without CUDA."""
+    if backend == "gloo":
+        cores = _cpu_count()
+        if nproc > max(cores, 2):
+            raise LlmplanError(f"--nproc {nproc}: gloo runs one process per CPU core and this machine has {cores}; "
+                               f"use --nproc {max(cores, 2)} or fewer")
+        return
+    gpus, why = _cuda_gpus()
+    if why:
+        raise LlmplanError(f"--backend nccl needs CUDA GPUs and a torch build with NCCL: {why}; run on a GPU node, "
+                           "or use --backend gloo to run on CPUs")
+    if nproc > gpus:
+        raise LlmplanError(f"--nproc {nproc}: nccl runs one process per GPU and torch sees {gpus} here; use "
+                           f"--nproc {gpus} or fewer")
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _cuda_gpus() -> tuple[int, str]:
+    """(GPUs torch sees, why nccl cannot run or ''), asked of a child Python so this side never imports torch."""
+    probe = ("import torch, torch.distributed as d; print(torch.__version__, int(torch.cuda.is_available()), "
+             "torch.cuda.device_count(), int(d.is_available() and d.is_nccl_available()))")
+    try:
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        version, cuda, count, nccl = r.stdout.split()
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        return 0, "torch could not be asked about CUDA"
+    if cuda != "1" or int(count) < 1:
+        return 0, f"torch {version} sees no CUDA GPU"
+    if nccl != "1":
+        return int(count), f"torch {version} was built without NCCL"
+    return int(count), ""
+
+
 def launch(cfg: BenchConfig, progress: Callable[[str, float], None] | None = None) -> BenchRun:
     """Start torchrun for one node, wait up to the timeout, and collect every rank's results. A rank that
     fails or hangs stops the run: the whole process group is killed, and the report names the rank and the
-    phase it was in."""
-    say = progress or (lambda _msg, _frac: None)
-    out = Path(tempfile.mkdtemp(prefix="llmplan-bench-"))
+    phase it was in. The run's temporary folder is removed, also on an error, Ctrl-C or kill."""
+    with tempfile.TemporaryDirectory(prefix="llmplan-bench-", ignore_cleanup_errors=True) as tmp:
+        return _launch_in(cfg, Path(tmp), progress or (lambda _msg, _frac: None))
+
+
+def _launch_in(cfg: BenchConfig, out: Path, say: Callable[[str, float], None]) -> BenchRun:
     (out / "config.json").write_text(json.dumps(worker_config(cfg, out)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", str(cfg.nproc), "-m", "llmplan.bench.worker", str(out / "config.json")]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // cfg.nproc))}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    with open(out / "torchrun.log", "wb") as log_file:  # a file, not a pipe: a chatty run cannot fill it and hang
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
     timed_out = False
-    while proc.poll() is None:
-        elapsed = time.perf_counter() - t0
-        if elapsed > cfg.timeout_s:
-            timed_out = True
-            _kill(proc)
-            break
-        phases = _phases(out)
-        say(", ".join(f"rank {r}: {p}" for r, p in sorted(phases.items())) or "starting", elapsed / cfg.timeout_s)
-        time.sleep(0.2)
-    log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-    _kill(proc)
+    try:
+        while proc.poll() is None:
+            elapsed = time.perf_counter() - t0
+            if elapsed > cfg.timeout_s:
+                timed_out = True
+                break
+            phases = _phases(out)
+            say(", ".join(f"rank {r}: {p}" for r, p in sorted(phases.items())) or "starting", elapsed / cfg.timeout_s)
+            time.sleep(0.2)
+    finally:
+        _kill(proc)  # also on Ctrl-C: no worker outlives the command
+    log = (out / "torchrun.log").read_bytes()[-8000:].decode(errors="replace")
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("results-rank*.json"))]
     failures = [RankFailure(e["rank"], _phases(out).get(e["rank"], "?"), e["error"])
                 for e in (json.loads(p.read_text()) for p in sorted(out.glob("error-rank*.json")))]
@@ -175,6 +238,8 @@ def launch(cfg: BenchConfig, progress: Callable[[str, float], None] | None = Non
         done = {r["rank"] for r in ranks}
         failures += [RankFailure(r, p, f"no progress before the {cfg.timeout_s:.0f} s timeout")
                      for r, p in sorted(_phases(out).items()) if r not in done and p != "done"]
+    if timed_out and not ranks and not failures:
+        failures.append(RankFailure(-1, "starting", f"no rank started before the {cfg.timeout_s:g} s timeout"))
     if not ranks and not failures:
         failures.append(RankFailure(-1, "launch", f"torchrun exited with {proc.returncode}: {log[-2000:]}"))
     return BenchRun(ranks, failures, timed_out, time.perf_counter() - t0)

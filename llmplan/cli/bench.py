@@ -10,14 +10,14 @@ import typer
 
 from llmplan import report
 from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS
-from llmplan.bench.run import BenchConfig, bench_notes, compare, launch, require_torch
+from llmplan.bench.run import BenchConfig, bench_notes, check_machine, check_run_options, compare, launch, require_torch
 from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, bench_progress, emit, out
 from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
-from llmplan.fileio import write_atomic
+from llmplan.fileio import check_target, write_atomic
 from llmplan.planfile import load_plan
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import build, read_document, resolve_model, resolve_system
@@ -33,20 +33,24 @@ def bench(
     cp: int = typer.Option(1, "--cp", min=1, help="Without --plan: context-parallel degree (shortens the sequence)."),
     seq_len: Optional[int] = opt.SEQ_LEN,
     micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Without --plan: sequences per micro-batch."),
-    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes (GPUs) on this node; torchrun starts them."),
+    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes on this node, torchrun starts them (at most the GPUs "
+                              "for nccl, the CPU cores for gloo)."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) | nccl (GPU)."),
     components: str = typer.Option("gemm,collectives,layer,attention", "--components", help="Comma-separated subset."),
     sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),
     gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", min=1, help="Cap the GEMMs' token dimension."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped (> 0)."),
     save: Optional[Path] = typer.Option(None, "--out", help="Write the raw results (input of llmplan calibrate)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
     json_mode: bool = opt.JSON,
 ) -> None:
     """Run GEMM, collective, reference-layer and attention micro-benchmarks and compare them with the predictions."""
     require_torch()
+    if save is not None:
+        check_target(save, force)  # refuse before a run of minutes
     if backend not in ("gloo", "nccl"):
         raise LlmplanError(f"--backend {backend}: use gloo (CPU) or nccl (GPU)")
+    check_run_options(nproc, timeout)
     picked = tuple(c.strip() for c in components.split(",") if c.strip())
     unknown = [c for c in picked if c not in BENCH_COMPONENTS]
     if unknown or not picked:
@@ -67,6 +71,7 @@ def bench(
             raise PlanViolationError(bad)
     else:
         raise LlmplanError("give --plan plan.json or --model (with --tp, --seq-len, --micro-batch)")
+    check_machine(backend, nproc)
     cfg = BenchConfig(m, plan, cluster, nproc, backend, picked, tuple(int(parse_size(x)) for x in sizes.split(",")),
                       timeout, gemm_tokens)
     notes = bench_notes(cfg)
@@ -99,6 +104,7 @@ def calibrate(
     force: bool = typer.Option(False, "--force", help="Overwrite --output."),
 ) -> None:
     """Write a hardware profile with measured GEMM and collective efficiencies and attention head-dim curve."""
+    check_target(output, force)
     doc = read_document(results)
     system = calibrated_system(resolve_system(hardware), doc, str(results))
     write_profile(system, output, force)
