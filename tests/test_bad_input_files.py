@@ -460,3 +460,70 @@ def test_bench_removes_its_temporary_folder(cli, tmp_path, monkeypatch):
     assert not list(tmp_path.glob("llmplan-bench-*"))
 
 
+# --- 12. signals and a closed stdout --------------------------------------------------------------------------------
+
+
+def _started(*args: str) -> subprocess.Popen:
+    """The real entry point, saying 'ready' once its commands are imported (the signal then lands in the
+    command, not in the imports)."""
+    code = "import sys; from llmplan.cli import main; print('ready', flush=True); main(sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", code, *args], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline() == "ready\n"
+    return p
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_says_interrupted(sig, code):
+    p = _started(*SEARCH)
+    threading.Event().wait(0.3)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == code
+    assert err == "llmplan: interrupted\n" and out == ""
+
+
+def test_signal_with_json_writes_the_error_document():
+    p = _started(*SEARCH, "--json")
+    threading.Event().wait(0.3)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 143 and err == "llmplan: interrupted\n"
+    assert json.loads(out) == {"schema": 1, "error": {"code": 143, "message": "interrupted", "signal": "SIGTERM"}}
+
+
+def test_signal_while_starting_says_interrupted():
+    # The imports take about half a second; a Ctrl-C then gets the same answer (not a KeyboardInterrupt
+    # traceback). The signal is sent from inside the imports, when llmplan.cli imports typer.
+    probe = ("import os, signal, sys, builtins\n"
+             "sys.argv = ['llmplan', 'search', '--json']\n"
+             "real = builtins.__import__\n"
+             "def imp(name, *a, **k):\n"
+             "    if name == 'typer':\n"
+             "        builtins.__import__ = real\n"
+             "        os.kill(os.getpid(), signal.SIGINT)\n"
+             "    return real(name, *a, **k)\n"
+             "builtins.__import__ = imp\n"
+             "import llmplan.cli\n"
+             "print('unreachable')\n")
+    r = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130 and r.stderr == "llmplan: interrupted\n"
+    assert json.loads(r.stdout)["error"]["code"] == 130
+
+
+@pytest.mark.parametrize("args", [SEARCH, [*SEARCH, "--json"], ["models"], ["--help"],
+                                  ["search", "--model", "nope", "--hardware", "dgx-h100", "--json"]])
+def test_closed_stdout_is_a_normal_end(args):
+    p = subprocess.Popen([sys.executable, "-m", "llmplan", *args], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # the reader is gone before the first line (`| head -0`)
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    assert p.returncode == (2 if "nope" in args else 0), err
+
+
+def test_head_one_of_a_search():
+    r = subprocess.run(f"{sys.executable} -m llmplan {' '.join(SEARCH)} | head -1; exit ${{PIPESTATUS[0]}}",
+                       shell=True, executable="/bin/bash", env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("deepseek-v3 on 256 x dgx-h100")

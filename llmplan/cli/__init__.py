@@ -11,69 +11,175 @@ import json
 import os
 import signal
 import sys
+import threading
 
-import typer
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _write_interrupted(signum: int, json_mode: bool) -> int:
+    """The answer to Ctrl-C or a kill: one line on stderr (and with --json the error document); 128 + signal."""
+    code = 128 + signum
+    try:
+        sys.stdout.flush()  # what the command printed comes first
+        if json_mode:
+            os.write(1, (json.dumps(_error_doc(code, "interrupted", signum)) + "\n").encode())
+    except (OSError, ValueError):
+        pass
+    try:
+        os.write(2, b"llmplan: interrupted\n")
+    except OSError:
+        pass
+    return code
+
+
+def _error_doc(code: int, message: str, signum: int | None = None) -> dict:
+    err: dict = {"code": code, "message": message}
+    if signum is not None:
+        err["signal"] = signal.Signals(signum).name
+    return {"schema": 1, "error": err}
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    os._exit(_write_interrupted(signum, "--json" in sys.argv[1:]))
+
+
+# Until the commands are imported (half a second), a signal ends the process at once with the same answer.
+_starting = threading.current_thread() is threading.main_thread()
+_previous = {s: signal.signal(s, _interrupted_while_starting) for s in SIGNALS} if _starting else {}
+
+import typer  # noqa: E402
 
 # Importing a command module registers its commands, in the order `llmplan --help` lists them.
-from llmplan.cli import listing  # noqa: F401, I001
-from llmplan.cli import estimate  # noqa: F401
-from llmplan.cli import search  # noqa: F401
-from llmplan.cli import export  # noqa: F401
-from llmplan.cli import ci  # noqa: F401
-from llmplan.cli import bench  # noqa: F401
-from llmplan.cli import collective  # noqa: F401
-from llmplan.cli import report  # noqa: F401
-from llmplan.cli.app import app
-from llmplan.errors import LlmplanError
-from llmplan.fileio import excerpt
+from llmplan.cli import listing  # noqa: F401, I001, E402
+from llmplan.cli import estimate  # noqa: F401, E402
+from llmplan.cli import search  # noqa: F401, E402
+from llmplan.cli import export  # noqa: F401, E402
+from llmplan.cli import ci  # noqa: F401, E402
+from llmplan.cli import bench  # noqa: F401, E402
+from llmplan.cli import collective  # noqa: F401, E402
+from llmplan.cli import report  # noqa: F401, E402
+from llmplan.cli.app import app  # noqa: E402
+from llmplan.errors import LlmplanError  # noqa: E402
+from llmplan.fileio import excerpt  # noqa: E402
+
+for _sig, _handler in _previous.items():  # an application importing llmplan keeps its own handlers
+    signal.signal(_sig, _handler)
 
 __all__ = ["app", "main"]
 
+_caught: list[int] = []
+
 
 def _interrupt(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM end a command like Ctrl-C: KeyboardInterrupt unwinds it (temporary files are
+    removed, a bench's processes stopped), then main answers `interrupted` with exit code 128 + signal."""
+    _caught.append(signum)
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns every error into one line on stderr and its exit code
-    (with --json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}})."""
+    (with --json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}}). Ctrl-C and
+    SIGTERM exit 130 and 143 (128 + the signal, as shells report a signal); a reader that closes stdout early
+    (`llmplan search ... | head -1`) is a normal end."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _caught.clear()
+    previous = {}
+    for sig in SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, _interrupt)
+        except ValueError:  # not the main thread (an embedding application): leave its handlers alone
+            pass
     try:
-        signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: temporary files are removed
-    except ValueError:  # not the main thread (an embedding application): leave its handlers alone
-        pass
+        code = _run(args)
+        if _caught:
+            code = _write_interrupted(_caught[0], "--json" in args)
+        code = _flush(code)
+    except KeyboardInterrupt:
+        code = _write_interrupted(_caught[0] if _caught else signal.SIGINT, "--json" in args)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.exit(code)
+
+
+def _run(args: list[str]) -> int:
     try:
         rc = app(args=args, prog_name="llmplan", standalone_mode=False)
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
+        return rc if isinstance(rc, int) else 0
+    except BrokenPipeError:
+        return _stdout_closed(0)
     except LlmplanError as e:
         if os.environ.get("LLMPLAN_DEBUG"):
             raise
-        _fail(args, e.exit_code, str(e))
+        return _fail(args, e.exit_code, str(e))
     except (typer.Exit, SystemExit) as e:
-        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
-    except KeyboardInterrupt:
-        _fail(args, 130, "interrupted")
+        code = getattr(e, "exit_code", getattr(e, "code", 0))
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper" or (code == 1 and _now_devnull()):
+            return _stdout_closed(0)  # typer's and rich's answer to a closed stdout (exit 1)
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except Exception as e:  # usage errors (typer's click) and anything unexpected: never a bare traceback
         if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             if "--json" in args:
                 _json_error(e.exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
             e.show()
-            sys.exit(e.exit_code)
+            return e.exit_code
         if type(e).__name__ == "Abort":
-            _fail(args, 130, "interrupted")
+            return _fail(args, 130, "interrupted")
         if os.environ.get("LLMPLAN_DEBUG"):
             raise
-        _fail(args, 1, f"internal error: {type(e).__name__}: {excerpt(str(e), 200)} (set LLMPLAN_DEBUG=1 for a "
-                       "traceback)")
+        return _fail(args, 1, f"internal error: {type(e).__name__}: {excerpt(str(e), 200)} (set LLMPLAN_DEBUG=1 "
+                              "for a traceback)")
 
 
-def _fail(args: list[str], code: int, message: str) -> None:
+def _devnull_id(fd: int) -> tuple[int, int] | None:
+    try:
+        st, null = os.fstat(fd), os.stat(os.devnull)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if (st.st_dev, st.st_ino, st.st_rdev) == (null.st_dev, null.st_ino, null.st_rdev) \
+        else None
+
+
+_STDOUT_WAS_DEVNULL = _devnull_id(1) is not None
+
+
+def _now_devnull() -> bool:
+    """Whether stdout was sent to /dev/null since start (rich does that when the reader closes the pipe)."""
+    return not _STDOUT_WAS_DEVNULL and _devnull_id(1) is not None
+
+
+def _flush(code: int) -> int:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_closed(code)
+    except (OSError, ValueError):
+        pass
+    return code
+
+
+def _stdout_closed(code: int) -> int:
+    """The reader went away: send the rest of the output nowhere (Python's advice for SIGPIPE), so that the
+    final flush does not fail again, and end normally."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return code
+
+
+def _fail(args: list[str], code: int, message: str) -> int:
     if "--json" in args:
         _json_error(code, message)
     sys.stderr.write(f"error: {message}\n")
-    sys.exit(code)
+    return code
 
 
 def _json_error(code: int, message: str) -> None:
-    sys.stdout.write(json.dumps({"schema": 1, "error": {"code": code, "message": message}}) + "\n")
+    try:
+        sys.stdout.write(json.dumps(_error_doc(code, message)) + "\n")
+    except BrokenPipeError:
+        _stdout_closed(code)

@@ -15,7 +15,17 @@ from llmplan.planfile import save_plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Parallelism planner for large language models.")
-out = Console()  # the terminal's width; 80 columns when piped unless COLUMNS says otherwise
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A reader that closed stdout (`| head -1`) ends the command normally: main handles it (rich's own
+        answer is exit 1)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+out = _Console()  # the terminal's width; 80 columns when piped unless COLUMNS says otherwise
 
 
 def emit(doc: dict, json_mode: bool, view) -> None:
