@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,21 +120,25 @@ def test_missing_torch_names_the_extra(cli, monkeypatch):
     assert r.code == 2 and "pip install 'llmplan[bench]'" in r.err
 
 
-def _stray() -> list[str]:
-    out = subprocess.run(["pgrep", "-f", "llmplan.bench.worker"], capture_output=True, text=True).stdout
+def _stray(folder: Path) -> list[str]:
+    """Workers of this test's runs still alive (their config lies in `folder`; other benches running on the
+    machine at the same time are not this test's)."""
+    out = subprocess.run(["pgrep", "-f", f"llmplan.bench.worker {folder}"], capture_output=True, text=True).stdout
     return [p for p in out.split() if p and int(p) != os.getpid()]
 
 
-def test_failing_rank_is_named(cli, monkeypatch):
+def test_failing_rank_is_named(cli, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("LLMPLAN_BENCH_FAIL_RANK", "1")
     r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "64", "--components", "collectives",
             "--sizes", "1MiB", "--timeout", "60")
     assert r.code == 1
     assert "rank 1 failed while 'collective all-reduce" in r.err and "injected failure" in r.err
-    assert not _stray()
+    assert not _stray(tmp_path)
 
 
-def test_hung_rank_stops_within_the_timeout_and_leaves_no_processes(cli, monkeypatch):
+def test_hung_rank_stops_within_the_timeout_and_leaves_no_processes(cli, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("LLMPLAN_BENCH_HANG_RANK", "1")
     t0 = time.perf_counter()
     r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "2", "--seq-len", "64", "--components", "collectives",
@@ -141,7 +147,7 @@ def test_hung_rank_stops_within_the_timeout_and_leaves_no_processes(cli, monkeyp
     assert r.code == 1
     assert "rank 1 failed while 'collective all-reduce" in r.err and "timeout" in r.err
     time.sleep(0.5)
-    assert not _stray()
+    assert not _stray(tmp_path)
 
 
 def test_bench_checks_the_plan_like_estimate(cli):

@@ -231,9 +231,9 @@ def _launch_in(cfg: BenchConfig, out: Path, say: Callable[[str, float], None]) -
     finally:
         _kill(proc)  # also on Ctrl-C: no worker outlives the command
     log = (out / "torchrun.log").read_bytes()[-8000:].decode(errors="replace")
-    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("results-rank*.json"))]
-    failures = [RankFailure(e["rank"], _phases(out).get(e["rank"], "?"), e["error"])
-                for e in (json.loads(p.read_text()) for p in sorted(out.glob("error-rank*.json")))]
+    ranks = [r for r in map(_read_json, sorted(out.glob("results-rank*.json"))) if "rank" in r]
+    failures = [RankFailure(e["rank"], _phases(out).get(e["rank"], "?"), str(e.get("error")))
+                for e in map(_read_json, sorted(out.glob("error-rank*.json"))) if "rank" in e]
     if timed_out:
         done = {r["rank"] for r in ranks}
         failures += [RankFailure(r, p, f"no progress before the {cfg.timeout_s:.0f} s timeout")
@@ -243,6 +243,15 @@ def _launch_in(cfg: BenchConfig, out: Path, say: Callable[[str, float], None]) -
     if not ranks and not failures:
         failures.append(RankFailure(-1, "launch", f"torchrun exited with {proc.returncode}: {log[-2000:]}"))
     return BenchRun(ranks, failures, timed_out, time.perf_counter() - t0)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A rank's file ({} when a killed rank left it half written)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _phases(out: Path) -> dict[int, str]:
