@@ -1,0 +1,365 @@
+"""Left-out residuals for llmplan's prediction intervals, their coverage, the tie resolution, and what
+anchoring to one measured run does (docs/validation.md#intervals).
+
+    python benchmarks/intervals.py --write        # refit (leave-one-family-out), write llmplan/data/residuals.json
+    python benchmarks/intervals.py --write --reuse-fit   # same, with the fitted constants the file already holds
+    python benchmarks/intervals.py                # report from the shipped file (coverage, half-widths, groups)
+
+For every scored training record it runs accuracy.py's prediction with the constants fitted WITHOUT the
+record's family (accuracy.fit_table + best_fit, one grid pass for all families; scored-only families, which
+never enter the fit, take the all-family fit) and stores r = log(measured rate / predicted rate) (a measured
+iteration time counts as 1 / rate) with the record's regime tags (llmplan.intervals.Regime). Memory: the
+published peaks (Korthikanti et al. 2022 Table 5 parts, torchtitan's reserved peak); serving: the TensorRT-LLM
+records, each model scored with the serving constants fitted without it. The tie resolution is the 0.8
+quantile of |r_i - r_j| over pairs in accuracy.ranking_groups (one source, one cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accuracy as acc  # noqa: E402
+from runs import load_runs, runs_path  # noqa: E402
+
+from llmplan import intervals as iv  # noqa: E402
+from llmplan.errors import LlmplanError  # noqa: E402
+from llmplan.estimate import estimate_training  # noqa: E402
+from llmplan.topology.placement import DEFAULT_ORDER  # noqa: E402
+from llmplan.specs.registry import builtin_systems  # noqa: E402
+
+OUT = ROOT / "llmplan" / "data" / iv.DATA
+SCORED = tuple(f for f in acc.FAMILIES if f != "trtllm")
+COMMAND = "python benchmarks/intervals.py --write"
+
+
+def lofo_constants(records: list[dict], reuse: dict | None) -> dict[str, dict]:
+    """Per family: the constants fitted without it (scored-only families: the all-family fit)."""
+    if reuse:
+        return reuse
+    _, table = acc.fit_table(records)
+    fams = set(acc.TRAIN_FAMILIES)
+    full, _ = acc.best_fit(table, fams)
+    out = {f: acc.best_fit(table, fams - {f})[0] for f in acc.TRAIN_FAMILIES}
+    return {**{f: full for f in SCORED if f not in out}, **out, "_all": full}
+
+
+def consts_for(rec: dict, consts: dict) -> dict:
+    """The fitted constants a record sees: the global ones, and the clock of its own GPU generation only
+    (GPUs without a fitted clock keep their profile's)."""
+    group = acc.clock_group(rec)
+    return {k: v for k, v in consts.items() if not k.startswith("clock_") or k == f"clock_{group}"}
+
+
+def residual(rec: dict, fam: str, consts: dict | None) -> tuple[float, str] | None:
+    """(log(measured rate / predicted rate), quantity) of a training record, or None when it is not scored."""
+    try:
+        rows = acc.predict(rec, fam, consts)
+    except (LlmplanError, ValueError):
+        return None
+    row = next((x for x in rows if x[0] != "fits"), None)
+    if row is None or row[1] <= 0 or row[2] <= 0:
+        return None
+    q, pred, meas = row
+    return (math.log(pred / meas) if q == "iteration s" else math.log(meas / pred)), q
+
+
+def tags(rec: dict, fam: str) -> dict:
+    gpus = rec["hardware"].get("gpus") or 1
+    plan = acc.plan_for(rec, fam, gpus)
+    system = builtin_systems()[acc.system_for(str(rec["hardware"]["gpu"]))]
+    return {"moe": bool(acc.model_for(rec, fam).num_experts), "generation": iv.generation(system.gpu.name),
+            "framework": iv.framework(plan), "gpus": int(gpus)}
+
+
+def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dict]:
+    group_of = {r["id"]: name for name, recs in acc.ranking_groups(records).items() for r in recs}
+    out = []
+    for rec in records:
+        fam = acc.family(rec["id"])
+        if fam not in SCORED or fam not in consts:
+            continue
+        got = residual(rec, fam, consts_for(rec, consts[fam]))
+        if got is None:
+            continue
+        out.append({"id": rec["id"], "family": fam, "r": round(got[0], 5), "quantity": got[1],
+                    **tags(rec, fam), "group": group_of.get(rec["id"])})
+    return out
+
+
+def memory_residuals(records: list[dict]) -> list[dict]:
+    """Peak memory where a source publishes it: Korthikanti Table 5's states + activations, torchtitan's
+    reserved peak (an upper bound of the allocated peak, so these lean high)."""
+    parts: dict[str, list[float]] = {}
+    for rid, _, pred, meas in acc.memory_report(records):
+        p = parts.setdefault(rid, [0.0, 0.0])
+        p[0] += pred
+        p[1] += meas
+    out = [{"id": rid, "family": acc.family(rid), "r": round(math.log(m / p), 5), "what": "states + activations"}
+           for rid, (p, m) in parts.items()]
+    out += [{"id": rid, "family": acc.family(rid), "r": round(math.log(m / p), 5), "what": "reserved peak"}
+            for rid, p, m in acc.reserved_report(records)]
+    return out
+
+
+def serving_residuals(records: list[dict]) -> list[dict]:
+    """Each TensorRT-LLM record scored with the serving constants fitted without its model (the mean of the
+    other models' median |error| over accuracy.SERVE_GRID, as accuracy.serving_report fits them)."""
+    recs = [r for r in records if acc.family(r["id"]) == "trtllm"]
+    if not recs:
+        return []
+    grid = [dict(zip(acc.SERVE_GRID, v)) for v in itertools.product(*acc.SERVE_GRID.values())]
+    table = [(c, acc.serving_errors(records, c)) for c in grid]
+    models = sorted({r["model"]["name"] for r in recs})
+
+    def fit_without(left: str) -> list:
+        def score(errs: list) -> float:
+            return statistics.mean(statistics.median(abs(e) for n, _, e in errs if n == m) for m in models if m != left)
+        return min(table, key=lambda ce: score(ce[1]))[1]
+
+    fits = {m: fit_without(m) for m in models}
+    out = []
+    for i, rec in enumerate(recs):
+        name = rec["model"]["name"]
+        err = fits[name][i][2]
+        out.append({"id": rec["id"], "family": "trtllm", "model": name, "r": round(-math.log(1 + err / 100), 5)})
+    return out
+
+
+def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    """The q quantile of `values` with `weights` (midpoint rule on the weighted empirical distribution)."""
+    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
+    order = np.argsort(v)
+    v, w = v[order], w[order]
+    return float(np.interp(q, (np.cumsum(w) - w / 2) / w.sum(), v))
+
+
+def tie_resolution(training: list[dict]) -> dict:
+    """The LEVEL quantile of |r_i - r_j| over the pairs of each measured group, every group weighted alike
+    (an MPT scan of 14 runs has 91 pairs, a torchtitan table one)."""
+    groups: dict[str, list[float]] = {}
+    for r in training:
+        if r["group"]:
+            groups.setdefault(r["group"], []).append(r["r"])
+    diffs, weights = [], []
+    for rs in groups.values():
+        pairs = [abs(a - b) for a, b in itertools.combinations(rs, 2)]
+        diffs += pairs
+        weights += [1 / len(pairs)] * len(pairs)
+    return {"quantile": iv.LEVEL, "value": round(weighted_quantile(diffs, weights, iv.LEVEL), 5),
+            "pairs": len(diffs), "groups": len(groups), "weighting": "each group alike"}
+
+
+def write(records: list[dict], reuse: bool, path: Path) -> dict:
+    old = json.loads(path.read_text()) if reuse and path.exists() else None
+    consts = lofo_constants(records, old["constants"] if old else None)
+    training = training_residuals(records, consts)
+    doc = {
+        "generated_by": COMMAND + (" --reuse-fit" if reuse else ""),
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "runs": len(records),
+        "level": iv.LEVEL,
+        "nominal": iv.choose_nominal(training),
+        "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
+        "constants": consts,
+        "resolution": tie_resolution(training),
+        "training": training,
+        "memory": memory_residuals(records),
+        "serving": serving_residuals(records),
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return doc
+
+
+def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, float]]:
+    """Per family: the coverage it gets when the quantile pair is itself chosen without it (choose_nominal on
+    the other families), with that pair: (inside, records, median half-width, pair)."""
+    pools = iv.left_out_pools(training)
+    out = {}
+    for fam in sorted({r["family"] for r in training}):
+        nominal = iv.choose_nominal([r for r in training if r["family"] != fam],
+                                    iv.left_out_pools(training, without=fam))
+        inside, n, half = iv.coverage([r for r in training if r["family"] == fam], nominal,
+                                      {k: v for k, v in pools.items()})[fam]
+        out[fam] = (inside, n, half, nominal)
+    return out
+
+
+def report(doc: dict, nested: bool = True) -> None:
+    training = doc["training"]
+    nominal = doc["nominal"]
+    print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
+          f"records ({doc['generated_by']}, {doc['generated']})")
+    pools = iv.left_out_pools(training)
+    print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
+          "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
+          "per\ncentral probability tried (the shipped file takes the one nearest 80%, mean over families):")
+    for q in iv.NOMINAL_CHOICES:
+        cov = iv.coverage(training, q, pools)
+        inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())
+        print(f"  {q:.3g}: {100 * inside / n:5.1f}% of {n} records, mean over families "
+              f"{100 * iv.mean_coverage(cov):5.1f}%" + ("  <- shipped" if q == nominal else ""))
+    print(f"with the shipped pair ({nominal:g}):")
+    print(f"  {'family':16s} {'inside':>7s} {'records':>8s} {'coverage':>9s} {'median half-width':>18s}")
+    cov = iv.coverage(training, nominal, pools)
+    for fam, (inside, n, half) in cov.items():
+        print(f"  {fam:16s} {inside:7d} {n:8d} {100 * inside / n:8.1f}% {100 * half:17.1f}%")
+    if nested:
+        nest = nested_coverage(training)
+        inside, n = sum(c[0] for c in nest.values()), sum(c[1] for c in nest.values())
+        print(f"nested (the pair chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
+              f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; pairs chosen "
+              + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
+    dense = [r for r in training if not r["moe"] and r["framework"] == "megatron"
+             and r["generation"] in ("ampere", "hopper")]
+    halves = []
+    for r in dense:
+        values, widen = pools[r["id"]]
+        b = iv.quantile_band(values, "", widen, nominal)
+        halves.append((math.exp(b.hi) - math.exp(b.lo)) / 2)
+    if halves:
+        print(f"dense Megatron-style training on A100 / H100 ({len(halves)} records, each family left out): "
+              f"median half-width {100 * statistics.median(halves):.1f}% (target <= 12%)")
+    res = doc["resolution"]
+    print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs in "
+          f"{res['groups']} measured groups (each group alike): {100 * (math.exp(res['value']) - 1):.1f}% "
+          f"(log {res['value']:.4f})")
+    for name, data in (("memory", doc["memory"]), ("serving", doc["serving"])):
+        if len(data) >= 2:
+            lo, hi = np.quantile([r["r"] for r in data], [0.1, 0.9])
+            print(f"{name}: {len(data)} residuals, 10th / 90th percentile of measured / predicted "
+                  f"x{math.exp(lo):.3f} .. x{math.exp(hi):.3f}")
+
+
+def anchor_groups(records: list[dict]) -> dict[str, list[dict]]:
+    """Runs measured on one cluster: accuracy.ranking_groups (Narayanan Table 2, Korthikanti Table 5, MPT scans,
+    torchtitan tables) and, for families it does not group, one group per family, GPU and model (a source's
+    table of layouts for one model on one machine type)."""
+    groups = dict(acc.ranking_groups(records))
+    grouped = {r["id"] for recs in groups.values() for r in recs}
+    for r in records:
+        fam = acc.family(r["id"])
+        if r["id"] in grouped or fam not in acc.TRAIN_FAMILIES or fam in ("mpt", "narayanan2021", "korthikanti2022",
+                                                                          "torchtitan"):
+            continue
+        key = f"{fam} {r.get('hardware', {}).get('gpu')} {r.get('model', {}).get('name')}"
+        groups.setdefault(key, []).append(r)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def _rate(rec: dict, fam: str) -> tuple[float, float] | None:
+    """(predicted, measured) rate of a record on the systems acc.builtin_systems gives now."""
+    try:
+        rows = acc.predict(rec, fam)
+    except (LlmplanError, ValueError):
+        return None
+    row = next((x for x in rows if x[0] != "fits"), None)
+    if row is None:
+        return None
+    q, pred, meas = row
+    return (1 / pred, 1 / meas) if q == "iteration s" else (pred, meas)
+
+
+def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float, int]]:
+    """Per group: calibrate on each run in turn as `llmplan calibrate --plan --step-time` does
+    (llmplan.calibrate.anchored_system on the run's plan and measured step), predict the others with the
+    calibrated profile, and compare their median |error| with the shipped profile's. Returns (group, runs,
+    median over anchors of the others' median |error| before, after, anchors that improved it)."""
+    from llmplan.calibrate import anchored_system
+    from llmplan.specs.plan import ClusterSpec
+
+    shipped = builtin_systems()
+    out = []
+    for name, recs in sorted(anchor_groups(records).items()):
+        fam = acc.family(recs[0]["id"])
+        rates = {r["id"]: _rate(r, fam) for r in recs}
+        recs = [r for r in recs if rates[r["id"]]]
+        if len(recs) < 2:
+            continue
+        befores, afters, better = [], [], 0
+        for a in recs:
+            pred, meas = rates[a["id"]]
+            sysname = acc.system_for(str(a["hardware"]["gpu"]))
+            base = shipped[sysname]
+            system = base
+            if a["hardware"].get("power_limit_w"):
+                system = system.model_copy(update={"gpu": system.gpu.at_power_limit(a["hardware"]["power_limit_w"])})
+            gpus = a["hardware"].get("gpus") or 1
+            per_node = min(gpus, system.gpus_per_node)
+            cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+            plan = acc.plan_for(a, fam, gpus)
+            step = float(estimate_training(acc.model_for(a, fam), cluster, plan).time.total)
+            try:
+                anchor = anchored_system(acc.model_for(a, fam), cluster, plan, None, DEFAULT_ORDER, step * pred / meas)
+            except LlmplanError:
+                continue
+            # the same moves on the uncapped shipped system (ratios for rates, the overhead as set)
+            gpu_upd, sys_upd = {}, {}
+            for key, before, after in anchor.changes:
+                field = key.removeprefix("gpu.")
+                target = gpu_upd if key.startswith("gpu.") else sys_upd
+                ref = getattr(base.gpu if key.startswith("gpu.") else base, field)
+                target[field] = after if field == "step_overhead_s" else ref * after / before
+            calibrated = base.model_copy(update={**sys_upd, "gpu": base.gpu.model_copy(update=gpu_upd)})
+            others = [r for r in recs if r is not a]
+            before_err = [abs(100 * (rates[r["id"]][0] / rates[r["id"]][1] - 1)) for r in others]
+            saved = acc.builtin_systems
+            acc.builtin_systems = lambda: {**shipped, sysname: calibrated}  # type: ignore[assignment]
+            try:
+                after_rates = [_rate(r, fam) for r in others]
+            finally:
+                acc.builtin_systems = saved
+            after_err = [abs(100 * (p / m - 1)) for p, m in (x for x in after_rates if x)]
+            if not after_err:
+                continue
+            befores.append(statistics.median(before_err))
+            afters.append(statistics.median(after_err))
+            better += afters[-1] < befores[-1]
+        if befores:
+            out.append((name, len(recs), statistics.median(befores), statistics.median(afters), better))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=Path, default=None, help=f"published runs (default {runs_path()})")
+    ap.add_argument("--write", action="store_true", help=f"recompute and write {OUT.relative_to(ROOT)}")
+    ap.add_argument("--reuse-fit", action="store_true",
+                    help="with --write: reuse the fitted constants the file holds (skips the grid fit)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--calibration", action="store_true",
+                    help="also: calibrate on one run of each group measured on one cluster, predict the rest")
+    args = ap.parse_args(argv)
+    if args.write:
+        doc = write(load_runs(args.runs), args.reuse_fit, args.out)
+        print(f"wrote {args.out}")
+    else:
+        doc = json.loads(args.out.read_text(encoding="utf-8"))
+    report(doc)
+    if args.calibration:
+        rows = calibration_report(load_runs(args.runs))
+        print("\nanchoring to one measured run (`llmplan calibrate --plan --step-time`, shipped profiles): per group")
+        print("measured on one cluster, each run in turn the anchor; the other runs' median |error| before and after")
+        print("(median over anchors), and how many anchors lowered it:")
+        print(f"  {'group':44s} {'runs':>4s} {'before':>7s} {'after':>7s} {'anchors better':>15s}")
+        for name, n, b, a, better in rows:
+            print(f"  {name[:44]:44s} {n:4d} {b:6.1f}% {a:6.1f}% {better:9d} of {n}")
+        if rows:
+            print(f"  median over groups: before {statistics.median(r[2] for r in rows):.1f}%, after "
+                  f"{statistics.median(r[3] for r in rows):.1f}%; improved in {sum(r[3] < r[2] for r in rows)} of "
+                  f"{len(rows)} groups")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Prediction intervals from llmplan's own left-out validation errors (docs/validation.md#intervals).
+
+`benchmarks/intervals.py --write` scores every published run with the constants fitted without its family
+(leave-one-family-out) and ships each record's signed log-residual, r = log(measured rate / predicted rate),
+with its regime tags in llmplan/data/residuals.json. Here a plan's interval is built from the records nearest
+its regime: the empirical 10th and 90th percentiles of their residuals (numpy.quantile) scale the predicted
+rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the records:
+
+1. the records sharing all four tags of the plan: dense or MoE, GPU generation, framework family (PyTorch
+   FSDP-style stacks: fp32 parameter shards or DTensor TP; else Megatron-style) and scale (<= 64, <= 512,
+   > 512 GPUs);
+2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then framework, then GPU generation,
+   then dense/MoE);
+3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
+   the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
+
+The quantiles taken are the file's `nominal` pair: of NOMINAL_CHOICES (10th/90th, 7.5th/92.5th, 5th/95th,
+2.5th/97.5th percentiles) the one whose coverage on families left out one at a time is nearest LEVEL. A
+family's residuals share its bias, so residuals pooled from other families under-cover it at their own 10th
+and 90th percentiles; choosing the pair by left-out coverage is split-conformal calibration, and the residual
+script reports the coverage with the pair itself chosen without the family it scores (nested). Memory and
+serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
+
+Two plans' difference is known far better than either plan: errors a family shares (its clock, its software)
+cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of records measured in one group
+(one source, one cluster: Narayanan Table 2, MPT scans, torchtitan tables, ...); two plans whose predicted
+rates differ by less than that (in log) are tied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable
+
+import numpy as np
+
+LEVEL = 0.8
+"""Probability the interval is meant to hold (the 10th to the 90th percentile of left-out residuals)."""
+MIN_RECORDS = 10
+"""Fewest records an interval is built from."""
+RELAX_ORDER = ("scale", "framework", "generation", "moe")
+"""The order the regime tags are dropped in when too few records match."""
+UNCOVERED = ("generation", "moe")
+"""Tags whose loss means that no validation family covers the plan's regime."""
+WIDEN = 1.5
+"""Width factor of an interval whose regime no family covers."""
+DATA = "residuals.json"
+
+
+@dataclass(frozen=True)
+class Regime:
+    moe: bool
+    generation: str
+    framework: str
+    gpus: int
+
+    @property
+    def scale(self) -> str:
+        return scale_bucket(self.gpus)
+
+    def tag(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def describe(self, tags: Iterable[str]) -> str:
+        words = {"moe": "MoE" if self.moe else "dense", "generation": self.generation,
+                 "framework": f"{self.framework}-style", "scale": f"{self.scale} GPUs"}
+        return ", ".join(words[t] for t in ("moe", "generation", "framework", "scale") if t in tags)
+
+
+def scale_bucket(gpus: int) -> str:
+    return "<=64" if gpus <= 64 else "<=512" if gpus <= 512 else ">512"
+
+
+def generation(gpu_name: str) -> str:
+    """The GPU's generation from its profile name (a100 -> ampere, h100/h200/h800/h20 -> hopper, b200 ... ->
+    blackwell); other GPUs keep their name (no validation record shares it)."""
+    g = gpu_name.lower()
+    if g.startswith("a100"):
+        return "ampere"
+    if g.startswith(("h100", "h200", "h800", "h20")):
+        return "hopper"
+    if g.startswith(("b200", "b300", "gb200", "gb300")):
+        return "blackwell"
+    return g
+
+
+def framework(plan: Any) -> str:
+    """'fsdp' for plans priced as PyTorch FSDP stacks run (fp32 parameter shards or DTensor TP), else
+    'megatron'."""
+    return "fsdp" if getattr(plan, "fp32_param_shards", False) or getattr(plan, "tp_impl", "") == "dtensor" \
+        else "megatron"
+
+
+def regime_of(model: Any, plan: Any, cluster: Any) -> Regime:
+    return Regime(moe=bool(model.num_experts), generation=generation(cluster.system.gpu.name),
+                  framework=framework(plan), gpus=int(cluster.num_gpus))
+
+
+def record_regime(rec: dict[str, Any]) -> Regime:
+    return Regime(moe=bool(rec["moe"]), generation=rec["generation"], framework=rec["framework"],
+                  gpus=int(rec["gpus"]))
+
+
+@lru_cache(maxsize=1)
+def shipped() -> dict[str, Any]:
+    """The residual file shipped in the package (llmplan/data/residuals.json)."""
+    return json.loads(resources.files("llmplan").joinpath("data", DATA).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Log-residual quantiles: a rate's interval is [rate * exp(lo), rate * exp(hi)]."""
+
+    lo: float
+    hi: float
+    n: int
+    basis: str
+    widened: bool = False
+    short: str = ""
+    """The basis in a few words, for text output."""
+
+    def rate(self, x: float) -> list[float]:
+        return [float(x * np.exp(self.lo)), float(x * np.exp(self.hi))]
+
+    def time(self, x: float) -> list[float]:
+        return [float(x * np.exp(-self.hi)), float(x * np.exp(-self.lo))]
+
+
+def quantile_band(r: Iterable[float], basis: str, widen: bool = False, nominal: float = LEVEL) -> Band:
+    """The band between the (1 - nominal) / 2 and (1 + nominal) / 2 quantiles of the residuals `r`, widened
+    WIDEN x about its centre when `widen`."""
+    arr = np.asarray(list(r), dtype=float)
+    lo, hi = (float(v) for v in np.quantile(arr, [(1 - nominal) / 2, (1 + nominal) / 2]))
+    if widen:
+        mid, half = (lo + hi) / 2, WIDEN * (hi - lo) / 2
+        lo, hi = mid - half, mid + half
+    return Band(lo, hi, len(arr), basis, widen)
+
+
+def select(records: list[dict[str, Any]], want: Regime,
+           exclude_family: str | None = None) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The records nearest `want` (module docstring) and the tags dropped to reach MIN_RECORDS."""
+    pool = [r for r in records if r["family"] != exclude_family]
+    dropped: tuple[str, ...] = ()
+    for n in range(len(RELAX_ORDER) + 1):
+        dropped = RELAX_ORDER[:n]
+        keep = [t for t in RELAX_ORDER if t not in dropped]
+        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in keep)]
+        if len(hits) >= MIN_RECORDS or n == len(RELAX_ORDER):
+            return hits, dropped
+    return pool, dropped
+
+
+def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_family: str | None = None) -> Band:
+    """The rate band of a training plan in regime `want` (exclude_family: as if that family were unpublished,
+    for the coverage test). Its quantiles are the file's `nominal` pair (docs/validation.md#intervals: the
+    pair whose left-out coverage is nearest LEVEL)."""
+    data = data or shipped()
+    hits, dropped = select(data["training"], want, exclude_family)
+    kept = [t for t in ("moe", "generation", "framework", "scale") if t not in dropped]
+    widen = any(t in UNCOVERED for t in dropped)
+    fams = sorted({r["family"] for r in hits})
+    basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
+             + (f" matching {want.describe(kept)}" if kept else ""))
+    if widen:
+        uncovered = [t for t in dropped if t in UNCOVERED]
+        basis += f"; no validation family covers {want.describe(uncovered)}: widened {WIDEN:g}x"
+    band = quantile_band((r["r"] for r in hits), basis, widen, float(data.get("nominal", LEVEL)))
+    short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
+    if widen:
+        short += f", widened {WIDEN:g}x: no family covers {want.describe([t for t in dropped if t in UNCOVERED])}"
+    return Band(band.lo, band.hi, band.n, basis, widen, short)
+
+
+def memory_band(data: dict[str, Any] | None = None) -> Band | None:
+    records = (data or shipped()).get("memory", [])
+    if len(records) < MIN_RECORDS:
+        return None
+    fams = sorted({r["family"] for r in records})
+    b = quantile_band((r["r"] for r in records), "")
+    return Band(b.lo, b.hi, b.n, f"{b.n} published memory peaks ({', '.join(fams)}; memory has no fitted "
+                f"constant)")
+
+
+def serving_band(data: dict[str, Any] | None = None) -> Band | None:
+    records = (data or shipped()).get("serving", [])
+    if len(records) < MIN_RECORDS:
+        return None
+    b = quantile_band((r["r"] for r in records), "")
+    models = len({r["model"] for r in records})
+    return Band(b.lo, b.hi, b.n, f"left-out residuals of {b.n} TensorRT-LLM throughput runs ({models} models, "
+                f"each scored with constants fitted without it); TTFT and TPOT scaled as times")
+
+
+def resolution(data: dict[str, Any] | None = None) -> float:
+    """The tie resolution: the LEVEL quantile of |r_i - r_j| within measured groups (log units)."""
+    return float((data or shipped())["resolution"]["value"])
+
+
+def tied(rate_a: float, rate_b: float, res: float | None = None) -> bool:
+    """Whether two predicted rates are inside the model's resolution of each other."""
+    res = resolution() if res is None else res
+    return abs(float(np.log(rate_a / rate_b))) <= res
+
+
+NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.95)
+"""The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
+
+
+def left_out_pools(records: list[dict[str, Any]],
+                   without: str | None = None) -> dict[str, tuple[np.ndarray, bool]]:
+    """Per record (id): the residuals select() gives it with its own family (and `without`) left out, and
+    whether its band is widened."""
+    out = {}
+    for r in records:
+        if r["family"] == without:
+            continue
+        pool = [x for x in records if x["family"] != without]
+        hits, dropped = select(pool, record_regime(r), exclude_family=r["family"])
+        out[r["id"]] = (np.array([h["r"] for h in hits]), any(t in UNCOVERED for t in dropped))
+    return out
+
+
+def coverage(records: list[dict[str, Any]], nominal: float,
+             pools: dict[str, tuple[np.ndarray, bool]] | None = None) -> dict[str, tuple[int, int, float]]:
+    """Per family left out: (records inside, records, median half-width as a fraction of the point) of the
+    band each of its records gets from the other families' residuals by the rule above."""
+    pools = pools if pools is not None else left_out_pools(records)
+    out: dict[str, tuple[int, int, float]] = {}
+    for fam in sorted({r["family"] for r in records if r["id"] in pools}):
+        inside, halves = 0, []
+        mine = [r for r in records if r["family"] == fam and r["id"] in pools]
+        for r in mine:
+            values, widen = pools[r["id"]]
+            b = quantile_band(values, "", widen, nominal)
+            inside += int(b.lo <= r["r"] <= b.hi)
+            halves.append(float(np.exp(b.hi) - np.exp(b.lo)) / 2)
+        out[fam] = (inside, len(mine), float(np.median(halves)))
+    return out
+
+
+def mean_coverage(cov: dict[str, tuple[int, int, float]]) -> float:
+    """Coverage with every family weighted alike (MPT's 216 scans count as one family)."""
+    return float(np.mean([i / n for i, n, _ in cov.values()]))
+
+
+def choose_nominal(records: list[dict[str, Any]],
+                   pools: dict[str, tuple[np.ndarray, bool]] | None = None) -> float:
+    """The NOMINAL_CHOICES pair whose left-out coverage (mean over families) is nearest LEVEL."""
+    pools = pools if pools is not None else left_out_pools(records)
+    return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(coverage(records, q, pools)) - LEVEL))
+
+
+def best_published_mfu(gpu: Any, dtype: str) -> float | None:
+    """The profile's best published MFU (against the bf16 peak) in the plan's number format."""
+    return {"bf16": gpu.best_published_mfu, "fp8": gpu.best_published_mfu_fp8,
+            "fp4": gpu.best_published_mfu_fp4}.get(dtype)
+
+
+def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The LEVEL interval of a training estimate's step time, tokens/s, MFU and memory per GPU, with its
+    basis. An upper bound above the best published MFU of the GPU in the plan's format is capped there
+    (`ceiling`): no published run reached more, and when the point itself is above, the basis says so."""
+    band = training_band(regime_of(e.model, e.plan, e.cluster), data)
+    step, tps, mfu = float(e.time.total), float(e.throughput.tokens_per_s), float(e.throughput.mfu)
+    hi_factor = float(np.exp(band.hi))
+    basis = band.basis
+    best = best_published_mfu(e.cluster.system.gpu, e.plan.dtype)
+    ceiling = None
+    if best is not None and mfu * hi_factor > best:
+        ceiling = float(best)
+        hi_factor = best / mfu
+        basis += (f"; upper bound capped at the best published {e.plan.dtype} MFU on {e.cluster.system.gpu.name} "
+                  f"({100 * best:.1f}%)" + (", which the point exceeds" if mfu > best else ""))
+    lo_factor = min(float(np.exp(band.lo)), hi_factor)
+    mem = memory_band(data)
+    total = float(e.memory.total)
+    if mem is not None:
+        basis += f"; memory: {mem.basis}"
+    return {"level": LEVEL, "step_s": [step / hi_factor, step / lo_factor],
+            "tokens_per_s": [tps * lo_factor, tps * hi_factor], "mfu": [mfu * lo_factor, mfu * hi_factor],
+            "memory_bytes": mem.rate(total) if mem is not None else None, "basis": basis,
+            "records": band.n, "widened": band.widened, "ceiling_mfu": ceiling,
+            "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}
+
+
+def serving_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The LEVEL interval of a serving estimate's TTFT, TPOT and throughput (TensorRT-LLM residuals)."""
+    band = serving_band(data)
+    if band is None:
+        return None
+    t = e.timing
+    return {"level": LEVEL, "ttft_s": band.time(float(t.ttft)), "tpot_s": band.time(float(t.tpot)),
+            "tokens_per_s": band.rate(float(e.tokens_per_s)), "basis": band.basis, "records": band.n}
