@@ -111,7 +111,9 @@ def test_search_is_deterministic_and_ranked_plans_pass_check_plan():
     b = search(m, cluster, space, w, top=8)
     assert [e.plan for e in a.ranked] == [e.plan for e in b.ranked]
     tps = [float(e.throughput.tokens_per_s) for e in a.ranked]
-    assert tps == sorted(tps, reverse=True)
+    # fastest first, except where a more robust plan is ranked above one it is tied with
+    for i, (x, y) in enumerate(zip(tps, tps[1:]), 1):
+        assert x >= y or i + 1 in a.tied_with[i - 1], (i, x, y)
     for e in a.ranked + a.pareto:
         assert check_plan(m, e.plan, cluster) == []
         assert bool(e.memory.fits)

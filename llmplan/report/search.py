@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
+from llmplan.intervals import training_interval
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
@@ -30,23 +32,31 @@ def plan_cells(p: ParallelPlan) -> list[str]:
 PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb"]
 
 
+def mfu_cell(e: TrainingEstimate) -> str:
+    """MFU with its interval: '56.4 (49-56)' (percent; the interval's bounds to the nearest point)."""
+    lo, hi = training_interval(e)["mfu"]
+    return f"{100 * float(e.throughput.mfu):.1f} ({100 * lo:.0f}-{100 * hi:.0f})"
+
+
 def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None,
-                 wide: bool = False) -> Table:
-    """The ranked plans: by default one plan string per row (fits 80 columns); wide: a column per degree."""
+                 wide: bool = False, tied_with: list[list[int]] | None = None) -> Table:
+    """The ranked plans: by default one plan string per row (fits 80 columns); wide: a column per degree.
+    MFU carries its 80% interval (llmplan.intervals); '=' marks plans tied with another shown one."""
     t = ReportTable(title=title)
     plan_head = PLAN_HEAD if wide else ["plan"]
-    tail = ["mem GiB", "headroom", "step s", "tokens/s", "MFU", "bottleneck"] if wide else \
-        ["GiB", "step s", "tok/s", "MFU", "bound"]
+    tail = ["mem GiB", "headroom", "step s", "tokens/s", "MFU % (80%)", "bottleneck"] if wide else \
+        ["GiB", "step s", "tok/s", "MFU % (80%)", "bound"]
     for col in ["#", *plan_head, *tail]:
         t.add_column(col, justify="left" if col in ("recompute", "bottleneck", "bound", "plan") else "right")
     for i, e in enumerate(rows, 1):
         m, tp = e.memory, e.throughput
         same = equivalents[i - 1] if equivalents and i <= len(equivalents) else 0
-        rank = f"{i}" + (f" +{same}" if same else "")
+        tie = "=" if tied_with and i <= len(tied_with) and tied_with[i - 1] else ""
+        rank = f"{i}{tie}" + (f" +{same}" if same else "")
         plan = plan_cells(e.plan) if wide else [plan_label(e.plan) + ("*" if len(set(e.stage_layers)) > 1 else "")]
         nums = [gib(m.total), gib(m.headroom)] if wide else [gib(m.total)]
         t.add_row(rank, *plan, *nums, f"{float(e.time.total):,.3f}", f"{float(tp.tokens_per_s):,.0f}",
-                  f"{100 * float(tp.mfu):.1f}%", e.bottleneck)
+                  mfu_cell(e), e.bottleneck)
     notes = []
     uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
     if uneven:
@@ -55,6 +65,10 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
         notes.append("+N: N more plans with the same predicted throughput and memory, or the same layout at a "
                      "higher ZeRO stage (the one shown is preferred: smaller cp, lower ZeRO stage, fewer stages, "
                      "smaller micro-batch and TP)")
+    if tied_with and any(tied_with):
+        ties = [f"#{i}" for i, w in enumerate(tied_with, 1) if w]
+        notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of each other; the "
+                     "more robust is ranked first (--explain says why)")
     t.caption = "\n".join(notes) or None
     return t
 
@@ -103,13 +117,34 @@ def pruned_table(res: SearchResult) -> Table:
     return t
 
 
-def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, float]:
+def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, Any]:
     seconds = train_tokens / float(e.throughput.tokens_per_s)
     share = float(e.goodput.useful) if e.goodput is not None else 1.0
     wall = seconds / share if share > 0 else float("inf")  # failures, checkpoints and restarts (cost.goodput)
+    lo, hi = training_interval(e)["tokens_per_s"]
+    days = [train_tokens / hi / 86400, train_tokens / lo / 86400]
     return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
             "gpu_hours": seconds * e.cluster.num_gpus / 3600, "goodput": share, "effective_time_to_train_s": wall,
-            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": wall * e.cluster.num_gpus / 3600}
+            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": wall * e.cluster.num_gpus / 3600,
+            "time_to_train_days_interval": days, "gpu_hours_interval": [d * 24 * e.cluster.num_gpus for d in days],
+            "effective_time_to_train_days_interval": [d / share if share > 0 else float("inf") for d in days]}
+
+
+def ties_json(res: SearchResult) -> dict[str, Any]:
+    """The tie resolution and, for each adjacent tied pair, the rule that ranked the upper one first."""
+    return {"resolution": res.resolution,
+            "resolution_percent": 100 * (math.exp(res.resolution) - 1) if res.resolution is not None else None,
+            "decided": [{"upper": n.upper, "lower": n.lower, "apart_percent": 100 * (math.exp(n.apart) - 1),
+                         "rule": n.rule} for n in res.tie_notes]}
+
+
+def tie_lines(res: SearchResult) -> list[str]:
+    """'#1 and #2 are tied (0.1% apart, resolution 11.0%); #1 preferred: 6.1 GiB more memory headroom'."""
+    if res.resolution is None:
+        return []
+    pct = 100 * (math.exp(res.resolution) - 1)
+    return [f"#{n.upper} and #{n.lower} are tied ({100 * (math.exp(n.apart) - 1):.1f}% apart, resolution "
+            f"{pct:.1f}%); #{n.upper} preferred: {n.rule}" for n in res.tie_notes]
 
 
 def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
@@ -124,8 +159,10 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "search_s": res.seconds,
         "warnings": [w for w in (ceiling_warning(res.ranked[0], cluster),) if w] if res.ranked else [],
         "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens),
-                   "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0}
+                   "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0,
+                   "tied_with": res.tied_with[i - 1] if i <= len(res.tied_with) else []}
                   for i, e in enumerate(res.ranked, 1)],
+        "ties": ties_json(res),
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
@@ -146,8 +183,20 @@ def ceiling_warning(e: TrainingEstimate, cluster: ClusterSpec) -> str | None:
     mfu = float(e.throughput.mfu)
     if best is None or mfu <= best:
         return None
+    lo, hi = training_interval(e)["mfu"]
     return (f"predicted MFU {100 * mfu:.1f}% is above the best published {fmt} MFU on {gpu.name} "
-            f"({100 * best:.1f}%): likely a modelling artefact until measured; read it as an upper bound")
+            f"({100 * best:.1f}%): likely a modelling artefact until measured; read it as an upper bound. Its 80% "
+            f"interval is capped there: {100 * lo:.1f}-{100 * hi:.1f}%")
+
+
+def interval_line(e: TrainingEstimate) -> str:
+    """#1's 80% interval on step time, tokens/s and memory, and what it rests on."""
+    iv = training_interval(e)
+    (slo, shi), (tlo, thi) = iv["step_s"], iv["tokens_per_s"]
+    mem = iv["memory_bytes"]
+    memory = f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB" if mem else ""
+    return (f"80% interval of #1: step {slo:,.2f}-{shi:,.2f} s, {tlo:,.0f}-{thi:,.0f} tok/s{memory}; from "
+            f"{iv['summary']}")
 
 
 def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
@@ -195,12 +244,17 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
-        console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide))
+        console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with))
         b = budget_json(res.ranked[0], train_tokens)
-        console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days, "
-                      f"{b['gpu_hours']:,.0f} GPU-hours")
-        console.print(f"  at {100 * b['goodput']:.1f}% goodput: {b['effective_time_to_train_days']:,.1f} days, "
-                      f"{b['effective_gpu_hours']:,.0f} GPU-hours ({res.ranked[0].checkpoint.mode} checkpoints)")
+        (dlo, dhi), (hlo, hhi) = b["time_to_train_days_interval"], b["gpu_hours_interval"]
+        console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days "
+                      f"({dlo:,.1f}-{dhi:,.1f}), {b['gpu_hours']:,.0f} GPU-hours ({hlo:,.0f}-{hhi:,.0f}; 80% "
+                      "intervals)")
+        (elo, ehi) = b["effective_time_to_train_days_interval"]
+        console.print(f"  at {100 * b['goodput']:.1f}% goodput: {b['effective_time_to_train_days']:,.1f} days "
+                      f"({elo:,.1f}-{ehi:,.1f}), {b['effective_gpu_hours']:,.0f} GPU-hours "
+                      f"({res.ranked[0].checkpoint.mode} checkpoints)")
+        console.print(interval_line(res.ranked[0]))
         best = res.ranked[0]
         console.print(placement_line(best, cluster))
         if res.domain is not None:
@@ -213,6 +267,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         if res.conventional is not None and res.conventional.plan != best.plan:
             console.print(explain_line(best, res.conventional, "conventional"))
         if full_explain:
+            for line in tie_lines(res):
+                console.print(line)
             if len(res.ranked) > 1:
                 console.print(explain_table(best, res.ranked[1], "#2"))
             if res.conventional is not None:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.advice import advice_json
+from llmplan.intervals import serving_interval
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
@@ -39,6 +40,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "prefix_cache": {"hit_rate": j.prefix_hit_rate, "prefill_tokens_saved_fraction": e.prefill_saved_fraction,
                          "ttft_without_cache_s": e.ttft_without_prefix_cache},
         "warnings": list(e.warnings),
+        **({"interval": iv} if (iv := serving_interval(e)) is not None else {}),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
@@ -86,6 +88,12 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
                   f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
                   f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+    iv = serving_interval(e)
+    if iv is not None:
+        (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
+        console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
+                      f"{phi * 1e3:,.2f} ms, {rlo:,.0f}-{rhi:,.0f} output tokens/s (from {iv['records']} "
+                      "left-out TensorRT-LLM runs)")
     if j.prefix_hit_rate:
         console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
                       f"{float(t.ttft) * 1e3:,.1f} ms instead of {e.ttft_without_prefix_cache * 1e3:,.1f} ms")
@@ -112,7 +120,10 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
                   f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
     dtypes = {(e.plan.weight_dtype, e.plan.kv_dtype) for e in rows}
-    t.caption = ("layout: tp, pp, x replicas, ep; batch: running sequences / the most the KV cache admits"
+    iv = serving_interval(rows[0]) if rows else None
+    band = (f"; 80% interval: tokens/s x{iv['tokens_per_s'][0] / rows[0].tokens_per_s:.2f}-"
+            f"{iv['tokens_per_s'][1] / rows[0].tokens_per_s:.2f}, TTFT/TPOT inversely" if iv else "")
+    t.caption = ("layout: tp, pp, x replicas, ep; batch: running sequences / the most the KV cache admits" + band
                  + (f"; weights {rows[0].plan.weight_dtype}, KV {rows[0].plan.kv_dtype}" if len(dtypes) == 1 else ""))
     return t
 

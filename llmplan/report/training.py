@@ -14,6 +14,7 @@ from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
+from llmplan.intervals import training_interval
 from llmplan.report.common import ReportTable, SCHEMA, billions, fabric_names, gib, human_bytes, power_text
 from llmplan.units import GIB
 from llmplan.specs.hardware import SystemSpec
@@ -140,6 +141,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "time": {**time_json(e.time), "sustained_fraction": sustained_fraction(e)},
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
+        "interval": training_interval(e),
         "comm": comm_json(e.comm, c.system),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
                        "modelled": u.modelled} for u in e.operators],
@@ -216,6 +218,13 @@ def time_table(e: TrainingEstimate) -> Table:
                  f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
                  f"bottleneck: {e.bottleneck}; tensor cores priced at {100 * sustained_fraction(e):.1f}% of "
                  f"peak (step.power)")
+    iv = training_interval(e)
+    (slo, shi), (tlo, thi), (mlo, mhi) = iv["step_s"], iv["tokens_per_s"], iv["mfu"]
+    mem = iv["memory_bytes"]
+    t.caption += (f"\n80% interval: step {slo:,.3f}-{shi:,.3f} s, {tlo:,.0f}-{thi:,.0f} tokens/s, MFU "
+                  f"{100 * mlo:.1f}-{100 * mhi:.1f}%"
+                  + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB" if mem else "")
+                  + f"; from {iv['summary']}")
     return t
 
 

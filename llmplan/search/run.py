@@ -63,6 +63,13 @@ class SearchResult:
     """Set when the search also tried a power-of-two share of each NVLink domain (DomainChoice)."""
     switches: "SwitchChoice | None" = None
     """Set when the search tried more than one setting of the memory switches (SwitchChoice)."""
+    tied_with: list[list[int]] = field(default_factory=list)
+    """Per ranked plan: the ranks (1-based) whose predicted throughput is inside the model's resolution of it
+    (llmplan.search.ties)."""
+    tie_notes: list[Any] = field(default_factory=list)
+    """For each adjacent tied pair: which robustness rule put the upper one first (ties.TieNote)."""
+    resolution: float | None = None
+    """The tie resolution used (|log| of a tokens/s ratio); None when ties were not resolved (headroom)."""
 
 
 CLOUD_POINTS = 2000
@@ -284,11 +291,22 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
     cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
                       np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
+    ranked = [est(i) for i in picked]
+    tied_with: list[list[int]] = []
+    notes: list[Any] = []
+    resolution = None
+    if objective != "headroom":  # throughput-like objectives: plans inside the resolution are tied
+        from llmplan.intervals import resolution as model_resolution
+        from llmplan.search.ties import resolve
+
+        resolution = model_resolution()
+        new, tied_with, notes = resolve(ranked, resolution)
+        ranked, counts = [ranked[i] for i in new], [counts[i] for i in new]
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                        ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
+                        ranked=ranked, pareto=[est(i) for i in front],
                         seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
                         conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
-                        cloud=cloud)
+                        cloud=cloud, tied_with=tied_with, tie_notes=notes, resolution=resolution)
 
 
 def _take_mem(mem: Any, idx: np.ndarray) -> Any:

@@ -1,0 +1,93 @@
+"""Ties: ranked plans whose predicted difference is inside the model's resolution (llmplan.intervals), and
+the robust preference among them (docs/validation.md#intervals)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from llmplan.units import GIB
+
+HEADROOM_STEP = 2 * GIB
+"""Smallest memory headroom difference that decides between tied plans (bytes)."""
+
+
+@dataclass(frozen=True)
+class TieNote:
+    """Why a plan sits above the next one it is tied with."""
+
+    upper: int
+    """Rank (1-based) of the preferred plan."""
+    lower: int
+    """Rank of the plan it is tied with."""
+    apart: float
+    """|log| of the two plans' predicted tokens/s ratio."""
+    rule: str
+    """The rule that decided, in words."""
+
+
+def _axes(p: Any) -> int:
+    return sum(d > 1 for d in (p.tp, p.pp, p.dp, p.cp, p.ep)) + (p.vpp > 1)
+
+
+def _tp_crosses_node(e: Any) -> bool:
+    return e.plan.tp > e.cluster.system.domain_gpus
+
+
+def decide(a: Any, b: Any) -> tuple[int, str]:
+    """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
+    faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
+    domain; at least HEADROOM_STEP more memory headroom; fewer parallel axes; lower ZeRO stage; less
+    recompute."""
+    ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
+    if ca != cb:
+        return (1 if ca else -1), "TP inside the NVLink domain"
+    ha, hb = float(a.memory.headroom), float(b.memory.headroom)
+    if abs(ha - hb) >= HEADROOM_STEP:
+        return (-1 if ha > hb else 1), f"{abs(ha - hb) / GIB:.1f} GiB more memory headroom"
+    xa, xb = _axes(a.plan), _axes(b.plan)
+    if xa != xb:
+        return (-1 if xa < xb else 1), f"fewer parallel axes ({min(xa, xb)} vs {max(xa, xb)})"
+    if a.plan.zero != b.plan.zero:
+        return (-1 if a.plan.zero < b.plan.zero else 1), "lower ZeRO stage (fewer shards to gather)"
+    order = {"none": 0, "selective": 1, "op": 2, "full": 3}
+    ra, rb = order.get(a.plan.recompute, 0), order.get(b.plan.recompute, 0)
+    if ra != rb:
+        return (-1 if ra < rb else 1), "less recompute"
+    return 0, "faster prediction (no robustness rule separates them)"
+
+
+def apart(a: Any, b: Any) -> float:
+    """|log| of the two plans' predicted tokens/s ratio."""
+    return abs(math.log(float(a.throughput.tokens_per_s) / float(b.throughput.tokens_per_s)))
+
+
+def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
+    """The ranked estimates (fastest first) reordered so that, inside each run of plans tied with the run's
+    fastest one, the more robust comes first (decide; stable otherwise). Returns the new order (indices into
+    `ranked`), per new rank the ranks (1-based) it is tied with, and a note for each adjacent tied pair."""
+    rest = list(range(len(ranked)))
+    order: list[int] = []
+    while rest:
+        lead = rest[0]
+        cluster = [i for i in rest if apart(ranked[lead], ranked[i]) <= resolution]
+        rest = [i for i in rest if i not in cluster]
+        # insertion sort by the pairwise rules (a handful of plans), stable on the predicted order
+        out: list[int] = []
+        for i in cluster:
+            k = len(out)
+            while k > 0 and decide(ranked[i], ranked[out[k - 1]])[0] < 0:
+                k -= 1
+            out.insert(k, i)
+        order += out
+    tied_with = [[k + 1 for k, j in enumerate(order) if j != i and apart(ranked[i], ranked[j]) <= resolution]
+                 for i in order]
+    notes = []
+    for k in range(len(order) - 1):
+        a, b = ranked[order[k]], ranked[order[k + 1]]
+        if apart(a, b) <= resolution:
+            sign, rule = decide(a, b)
+            notes.append(TieNote(k + 1, k + 2, apart(a, b), rule if sign < 0 else
+                                 "faster prediction (no robustness rule prefers the other)"))
+    return order, tied_with, notes
