@@ -1,9 +1,11 @@
 """`llmplan calibrate`: turn `llmplan bench --out results.json` measurements into a hardware profile whose
 GEMM efficiency table and collective efficiencies replace the defaults (docs/formulas.md#compute.gemm,
-#comm.links). estimate and search say that the profile is calibrated, and from when and where."""
+#comm.links), or anchor a profile to one measured run of a saved plan (--plan --step-time: anchored_system).
+estimate and search say that the profile is calibrated, and from when and where."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,3 +92,115 @@ def write_profile(system: SystemSpec, out: Path, force: bool) -> None:
     doc["gpu"]["gemm_efficiency"] = [list(x) for x in doc["gpu"].get("gemm_efficiency") or []] or None
     write_atomic(out, "# llmplan calibrated hardware profile (use with --hardware " + str(out) + ")\n"
                  + yaml.safe_dump(doc, sort_keys=False, width=200), force=force)
+
+
+ANCHOR_TOLERANCE = 0.01
+"""The calibrated profile reproduces the anchor run's step time to within this fraction."""
+COMM_KEYS = ("ring_efficiency", "mesh_efficiency", "nic_efficiency")
+"""System keys the communication factor scales (bounded by their fields' limits)."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A profile calibrated to one measured run (anchored_system)."""
+
+    system: SystemSpec
+    """The calibrated system."""
+    changes: list[tuple[str, float, float]]
+    """(key, before, after) of every constant that moved; gpu keys as gpu.<key>."""
+    predicted_s: float
+    """The anchor plan's step time on the profile before calibration."""
+    calibrated_s: float
+    """Its step time on the calibrated profile."""
+    measured_s: float
+    """The measured step time."""
+    memory: tuple[float, float] | None = None
+    """(predicted peak bytes, measured peak bytes) when --memory-gib was given."""
+
+
+def scaled_system(system: SystemSpec, s: float, overhead: float | None = None) -> SystemSpec:
+    """The system with its sustained clock and collective efficiencies times s (each held inside its field's
+    bounds) and, if given, the GPU's step overhead."""
+    gpu = system.gpu
+    upd: dict[str, Any] = {"sustained_clock_fraction": min(1.0, gpu.sustained_clock_fraction * s)}
+    if overhead is not None:
+        upd["step_overhead_s"] = overhead
+    limits = {k: SystemSpec.model_fields[k].metadata for k in COMM_KEYS}
+    sys_upd: dict[str, Any] = {"gpu": gpu.model_copy(update=upd)}
+    for k in COMM_KEYS:
+        top = next((float(m.le) for m in limits[k] if getattr(m, "le", None) is not None), 1.5)
+        sys_upd[k] = min(top, getattr(system, k) * s)
+    return system.model_copy(update=sys_upd)
+
+
+def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: tuple[str, ...], step_s: float,
+                    memory_gib: float | None = None) -> Anchor:
+    """The profile that reproduces a measured step time (and peak memory) of `plan`: one factor on the
+    sustained clock fraction and the collective efficiencies (bisection on its log: the run cannot tell
+    compute from exposed communication apart, so both move alike), the step overhead lowered when the
+    factor hits the fields' limits, and hbm_reserve_gib = measured - predicted peak for --memory-gib."""
+    import math
+
+    from llmplan.estimate import estimate_training
+
+    system = cluster.system
+
+    def step(sys_: SystemSpec) -> float:
+        return float(estimate_training(model, cluster.model_copy(update={"system": sys_}), plan, allowance,
+                                       order).time.total)
+
+    before = step(system)
+    lo, hi = -3.0, 3.0  # factor between e^-3 and e^3
+    if step(scaled_system(system, math.exp(hi))) > step_s:  # faster than the caps allow: lower the overhead too
+        fast = scaled_system(system, math.exp(hi))
+        need = step(fast) - step_s
+        if need >= fast.gpu.step_overhead_s:
+            raise LlmplanError(f"measured step {step_s:g} s is faster than llmplan can price this plan with the "
+                               f"clock at 100% of peak, collectives at their limits and no step overhead "
+                               f"({step(scaled_system(system, math.exp(hi), 0.0)):.4g} s): check --step-time (seconds per "
+                               "optimizer step, the whole global batch) and the plan file")
+        system = system.model_copy(update={"gpu": system.gpu.model_copy(
+            update={"step_overhead_s": fast.gpu.step_overhead_s - need})})
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if step(scaled_system(system, math.exp(mid))) > step_s:
+            lo = mid
+        else:
+            hi = mid
+    new = scaled_system(system, math.exp(hi))
+    after = step(new)
+    if abs(after / step_s - 1) > ANCHOR_TOLERANCE:
+        raise LlmplanError(f"could not reproduce the measured step {step_s:g} s within "
+                           f"{100 * ANCHOR_TOLERANCE:g}% (best {after:.4g} s)")
+    memory = None
+    if memory_gib is not None:
+        e = estimate_training(model, cluster.model_copy(update={"system": new}), plan, allowance, order)
+        pred = float(e.memory.total)
+        reserve = memory_gib - pred / 2**30
+        new = new.model_copy(update={"gpu": new.gpu.model_copy(
+            update={"hbm_reserve_gib": round(system.gpu.hbm_reserve_gib + reserve, 3)})})
+        memory = (pred, memory_gib * 2**30)
+    changes = [(f"gpu.{k}", float(getattr(cluster.system.gpu, k)), float(getattr(new.gpu, k)))
+               for k in ("sustained_clock_fraction", "step_overhead_s", "hbm_reserve_gib")]
+    changes += [(k, float(getattr(cluster.system, k)), float(getattr(new, k))) for k in COMM_KEYS]
+    changes = [c for c in changes if abs(c[2] - c[1]) > 1e-9]
+    return Anchor(new, changes, before, after, step_s, memory)
+
+
+def anchor_profile_text(anchor: Anchor, base: str | None, note: str) -> str:
+    """The calibrated profile as YAML: `base:` and the keys that differ from it (README's custom cluster form)
+    when the plan's system is a built-in, else the whole system."""
+    new = anchor.system.model_dump(mode="json")
+    if base is None:
+        new["gpu"]["gemm_efficiency"] = [list(x) for x in new["gpu"].get("gemm_efficiency") or []] or None
+        return yaml.safe_dump({**new, "calibrated": note}, sort_keys=False, width=200)
+    from llmplan.specs.registry import builtin_systems
+
+    ref = builtin_systems()[base].model_dump(mode="json")
+    doc: dict[str, Any] = {"base": base}
+    doc.update({k: v for k, v in new.items() if k not in ("gpu", "name", "source", "calibrated") and ref.get(k) != v})
+    gpu = {k: v for k, v in new["gpu"].items() if ref["gpu"].get(k) != v and k not in ("name", "source")}
+    if gpu:
+        doc["gpu"] = gpu
+    doc["calibrated"] = note
+    return yaml.safe_dump(doc, sort_keys=False, width=200)

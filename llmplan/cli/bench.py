@@ -98,14 +98,72 @@ def bench(
 
 @app.command()
 def calibrate(
-    results: Path = typer.Argument(..., help="JSON written by `llmplan bench --backend nccl --out`."),
-    hardware: str = typer.Option(..., "--hardware", help="The system profile to calibrate."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile (YAML)."),
+    results: Optional[Path] = typer.Argument(None, help="JSON written by `llmplan bench --backend nccl --out`."),
+    hardware: Optional[str] = typer.Option(None, "--hardware",
+                                           help="The system profile to calibrate (bench results; default with "
+                                                "--plan: the plan's own)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Where to write the calibrated profile (YAML; with --plan default "
+                                               "calibrated.yaml)."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="The plan you run today (search/estimate --save)."),
+    step_time: Optional[float] = typer.Option(None, "--step-time", help="With --plan: its measured seconds per step."),
+    memory_gib: Optional[float] = typer.Option(None, "--memory-gib",
+                                               help="With --plan: its measured peak memory per GPU, GiB."),
     force: bool = typer.Option(False, "--force", help="Overwrite --output."),
+    json_mode: bool = opt.JSON,
 ) -> None:
-    """Write a hardware profile with measured GEMM and collective efficiencies and attention head-dim curve."""
+    """Write a hardware profile calibrated to your stack: from `llmplan bench` measurements (GEMM and
+    collective efficiencies, attention head-dim curve), or anchored to one measured run of a plan you run
+    (--plan --step-time [--memory-gib]: the sustained clock, collective efficiencies and memory reserve that
+    reproduce it)."""
+    if plan_file is not None:
+        if results is not None:
+            raise LlmplanError("give bench results or --plan with --step-time, not both")
+        calibrate_anchor(plan_file, step_time, memory_gib, hardware, output or Path("calibrated.yaml"), force,
+                         json_mode)
+        return
+    if step_time is not None or memory_gib is not None:
+        raise LlmplanError("--step-time and --memory-gib calibrate to a measured run of a plan: add --plan PLAN.json "
+                           "(written by `llmplan search --save` or `estimate --save`)")
+    if results is None or hardware is None or output is None:
+        raise LlmplanError("calibrate needs bench results, --hardware and --output (llmplan calibrate results.json "
+                           "--hardware dgx-h100 -o calibrated.yaml), or --plan PLAN.json --step-time SECONDS")
     check_target(output, force)
     doc = read_document(results)
     system = calibrated_system(resolve_system(hardware), doc, str(results))
     write_profile(system, output, force)
     out.print(f"wrote {output}: {system.calibrated}")
+
+
+def calibrate_anchor(plan_file: Path, step_time: float | None, memory_gib: float | None, hardware: str | None,
+                     output: Path, force: bool, json_mode: bool) -> None:
+    """`calibrate --plan`: the profile that reproduces the measured run of the plan file."""
+    from datetime import datetime, timezone
+
+    from llmplan.calibrate import anchor_profile_text, anchored_system
+    from llmplan.specs.registry import builtin_systems
+
+    if step_time is None:
+        raise LlmplanError("--plan needs --step-time SECONDS: the measured time of one optimizer step of that plan")
+    if not 0 < step_time < 1e6:
+        raise LlmplanError(f"--step-time {step_time:g}: give the measured seconds per step, above 0")
+    if memory_gib is not None and not 0 < memory_gib < 65_536:
+        raise LlmplanError(f"--memory-gib {memory_gib:g}: give the measured peak GiB per GPU, above 0")
+    check_target(output, force)
+    pf = load_plan(plan_file)
+    if pf.mode != "train":
+        raise LlmplanError(f"{plan_file} is a serving plan; --step-time anchors a training plan")
+    cluster = pf.cluster
+    if hardware is not None:
+        cluster = cluster.model_copy(update={"system": resolve_system(hardware)})
+    anchor = anchored_system(pf.model, cluster, pf.plan, pf.allowance, pf.axis_order, step_time, memory_gib)
+    ref = hardware or (pf.document.hardware_ref if pf.document else None)
+    base = ref if ref in builtin_systems() else None
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    note = (f"anchored to {plan_file.name} ({report.plan_label(pf.plan)} on {cluster.num_gpus} GPUs): measured "
+            f"{step_time:g} s per step" + (f", {memory_gib:g} GiB peak" if memory_gib is not None else "")
+            + f"; calibrated {when}")
+    write_atomic(output, f"# llmplan calibrated hardware profile (use with --hardware {output})\n"
+                 + anchor_profile_text(anchor, base, note), force=force)
+    emit(report.anchor_json(anchor, str(output), base), json_mode,
+         lambda: report.anchor_view(out, anchor, str(output)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from llmplan.report.common import ReportTable, SCHEMA, human_bytes
@@ -47,3 +48,33 @@ def bench_json(cfg, run, rows: list) -> dict[str, Any]:
                          "unit": r.unit, "error": r.error, "verdict": r.verdict, "note": r.note} for r in rows],
         "raw": run.ranks,
     }
+
+
+def anchor_json(anchor: Any, output: str, base: str | None) -> dict[str, Any]:
+    """`calibrate --plan` as JSON: what moved and the anchor reproduced."""
+    mem = anchor.memory
+    return {"schema": SCHEMA, "profile": output, "base": base,
+            "measured_step_s": anchor.measured_s, "predicted_step_s": anchor.predicted_s,
+            "calibrated_step_s": anchor.calibrated_s,
+            "calibrated_error": anchor.calibrated_s / anchor.measured_s - 1,
+            "changes": [{"key": k, "before": b, "after": a, "ratio": a / b if b else None}
+                        for k, b, a in anchor.changes],
+            **({"memory": {"predicted_bytes": mem[0], "measured_bytes": mem[1]}} if mem else {})}
+
+
+def anchor_view(console: Console, anchor: Any, output: str) -> None:
+    console.print(f"measured {anchor.measured_s:,.4g} s per step; llmplan predicted {anchor.predicted_s:,.4g} s "
+                  f"({100 * (anchor.predicted_s / anchor.measured_s - 1):+.1f}%); the calibrated profile gives "
+                  f"{anchor.calibrated_s:,.4g} s ({100 * (anchor.calibrated_s / anchor.measured_s - 1):+.2f}%)")
+    t = ReportTable(title="Constants the run moved")
+    for col in ("constant", "before", "after", "change"):
+        t.add_column(col, justify="left" if col == "constant" else "right")
+    for k, b, a in anchor.changes:
+        change = f"{100 * (a / b - 1):+.1f}%" if b else f"{a - b:+.3g}"
+        t.add_row(k, f"{b:.4g}", f"{a:.4g}", change)
+    console.print(t)
+    if anchor.memory:
+        p, m = anchor.memory
+        console.print(f"memory: predicted {p / 2**30:,.2f} GiB, measured {m / 2**30:,.2f} GiB per GPU; "
+                      "gpu.hbm_reserve_gib holds the difference (usable memory is HBM less it)")
+    console.print(f"wrote {output}: search or estimate with --hardware {output} to rank plans against your stack")

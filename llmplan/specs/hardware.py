@@ -122,6 +122,10 @@ class GpuSpec(Spec):
     watchdog timeouts, dependencies). Llama 3 405B pre-training, 16,384 H100 over 54 days, 331 of its 419
     unexpected interruptions (Dubey et al. 2024, The Llama 3 Herd of Models, Table 5): 331 / (16,384 x 1,296 h).
     Used by cost.goodput (docs/formulas.md#goodput.failures)."""
+    hbm_reserve_gib: float = Field(default=0.0, ge=-65_536, le=65_536)
+    """Memory per GPU this stack holds beyond what llmplan counts (GiB; `llmplan calibrate --memory-gib` sets it
+    from a measured peak, negative when llmplan over-counts the stack): the usable capacity is hbm_gib minus
+    it, so predicted headroom matches the measured run."""
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
@@ -138,9 +142,17 @@ class GpuSpec(Spec):
             raise ValueError(f"tflops must be positive and below 10^6 per dtype, got {bad}")
         return self
 
+    @model_validator(mode="after")
+    def _reserve_below_capacity(self) -> "GpuSpec":
+        if not -self.hbm_gib <= self.hbm_reserve_gib < self.hbm_gib:
+            raise ValueError(f"hbm_reserve_gib ({self.hbm_reserve_gib:g}) must be between -hbm_gib and hbm_gib "
+                             f"({self.hbm_gib:g}): it is memory the stack holds beyond llmplan's count")
+        return self
+
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gib * GIB
+        """Usable memory per GPU: HBM less the calibrated reserve (hbm_reserve_gib)."""
+        return (self.hbm_gib - self.hbm_reserve_gib) * GIB
 
     @property
     def hbm_bytes_per_s(self) -> float:
