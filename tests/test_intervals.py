@@ -1,0 +1,194 @@
+"""Prediction intervals, ties and anchoring to a measured run (issue 33; docs/validation.md#intervals)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from llmplan import intervals as iv
+from llmplan.search.ties import resolve
+from llmplan.specs.registry import builtin_systems
+from llmplan.units import GIB
+
+ROOT = Path(__file__).resolve().parents[1]
+EST = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--global-batch", "16")
+
+
+def _rec(fam: str, r: float, i: int, gen: str = "hopper", moe: bool = False) -> dict:
+    return {"id": f"{fam}-{i}", "family": fam, "r": r, "moe": moe, "generation": gen, "framework": "megatron",
+            "gpus": 8}
+
+
+def test_coverage_is_counted_from_the_other_families_quantiles():
+    # Three families of 12 runs: A's residuals are B's and C's shifted by +0.05; each family's band comes from
+    # the other two (np.quantile at the nominal pair), and coverage counts the runs inside it.
+    base = np.linspace(-0.1, 0.1, 12)
+    recs = ([_rec("a", x + 0.05, i) for i, x in enumerate(base)] + [_rec("b", x, i) for i, x in enumerate(base)]
+            + [_rec("c", -x, i) for i, x in enumerate(base)])
+    cov = iv.coverage(recs, 0.8)
+    lo, hi = np.quantile(np.concatenate([base, -base]), [0.1, 0.9])
+    inside_a = sum(lo <= x + 0.05 <= hi for x in base)
+    assert cov["a"][:2] == (inside_a, 12)
+    assert inside_a < 12  # the shifted family is not fully covered: a family bias is what coverage measures
+    assert cov["a"][2] == pytest.approx((math.exp(hi) - math.exp(lo)) / 2)
+    assert iv.mean_coverage(cov) == pytest.approx(np.mean([c[0] / c[1] for c in cov.values()]))
+    assert iv.choose_nominal(recs) in iv.NOMINAL_CHOICES
+
+
+def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
+    recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
+    hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))
+    assert len(hits) == 12 and dropped == ()
+    # 3 Blackwell runs are too few: scale, framework, then the generation are dropped -> widened
+    want = iv.Regime(moe=False, generation="blackwell", framework="megatron", gpus=8)
+    hits, dropped = iv.select(recs, want)
+    assert dropped == ("scale", "framework", "generation") and len(hits) == 15
+    band = iv.training_band(want, {"training": recs, "nominal": 0.8})
+    raw = iv.quantile_band([r["r"] for r in recs], "", False, 0.8)
+    assert band.widened and "no validation family covers blackwell" in band.basis
+    assert band.hi - band.lo == pytest.approx(iv.WIDEN * (raw.hi - raw.lo))
+
+
+def test_estimate_json_and_text_carry_the_interval(cli):
+    r = cli(*EST, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    v = d["interval"]
+    assert v["level"] == 0.8 and "left-out residuals" in v["basis"]
+    tps, step, mfu = d["throughput"]["tokens_per_s"], d["time"]["step_s"], d["throughput"]["mfu"]
+    assert v["tokens_per_s"][0] < tps < v["tokens_per_s"][1]
+    assert v["step_s"][0] < step < v["step_s"][1]
+    assert v["mfu"][0] < mfu < v["mfu"][1]
+    assert v["step_s"][0] == pytest.approx(step * tps / v["tokens_per_s"][1])  # one band, rate and time inverted
+    assert v["memory_bytes"][0] < v["memory_bytes"][1]
+    text = cli(*EST)
+    assert "80% interval: step" in text.out and "left-out runs" in text.out
+
+
+def test_search_marks_intervals_ties_and_time_to_train_range(cli):
+    args = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8")
+    r = cli(*args, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    top = d["plans"][0]
+    best = 0.557  # h100-sxm best_published_mfu (Megatron-Bridge Qwen3-8B card as llmplan counts)
+    assert top["throughput"]["mfu"] > best  # the reference search's #1 sits above the ceiling...
+    assert top["interval"]["ceiling_mfu"] == pytest.approx(best)
+    assert top["interval"]["mfu"][1] == pytest.approx(best)  # ...so its interval is capped there, and says so
+    assert "capped at the best published bf16 MFU" in top["interval"]["basis"]
+    assert "interval is capped there" in d["warnings"][0]
+    lo, hi = top["budget"]["time_to_train_days_interval"]
+    assert lo < hi and hi > top["budget"]["time_to_train_days"]
+    res = d["ties"]["resolution"]
+    for p in d["plans"]:
+        for k in p["tied_with"]:
+            other = d["plans"][k - 1]
+            apart = abs(math.log(p["throughput"]["tokens_per_s"] / other["throughput"]["tokens_per_s"]))
+            assert apart <= res and p["rank"] in other["tied_with"]
+    text = cli(*args, "--explain")
+    lines = text.out.splitlines()
+    assert "MFU % (80%)" in text.out and "days (" in text.out and "80% interval of #1" in text.out
+    if d["plans"][0]["tied_with"]:
+        assert any(line.startswith("1=") or line.lstrip().startswith("1=") for line in lines)
+        assert "#1 and #2 are tied (" in text.out and "#1 preferred: " in text.out
+
+
+def _est(tps: float, headroom_gib: float, tp: int = 4, pp: int = 2, dp: int = 4) -> SimpleNamespace:
+    plan = SimpleNamespace(tp=tp, pp=pp, dp=dp, cp=1, ep=1, vpp=1, zero=1, recompute="none")
+    return SimpleNamespace(plan=plan, throughput=SimpleNamespace(tokens_per_s=tps),
+                           memory=SimpleNamespace(headroom=headroom_gib * GIB),
+                           cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)))
+
+
+def test_tied_plans_rank_the_more_robust_first():
+    # #2 is 1% slower but keeps 6 GiB more free: inside a 3% resolution they are tied, and it goes first;
+    # #3 is 10% slower: not tied, stays last.
+    ranked = [_est(100.0, 4.0), _est(99.0, 10.0), _est(90.0, 30.0)]
+    order, tied_with, notes = resolve(ranked, math.log(1.03))
+    assert order == [1, 0, 2]
+    assert tied_with == [[2], [1], []]
+    assert len(notes) == 1 and notes[0].upper == 1 and notes[0].rule == "6.0 GiB more memory headroom"
+    # TP across the node loses to TP inside it, before headroom is looked at
+    ranked = [_est(100.0, 20.0, tp=16, dp=2), _est(99.5, 4.0)]
+    order, _, notes = resolve(ranked, math.log(1.03))
+    assert order == [1, 0] and notes[0].rule == "TP inside the NVLink domain"
+    # outside the resolution nothing moves
+    assert resolve([_est(100.0, 4.0), _est(90.0, 10.0)], math.log(1.03))[0] == [0, 1]
+
+
+def test_serving_estimate_carries_ttft_tpot_and_throughput_intervals(cli):
+    r = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    v = d["interval"]
+    assert v["ttft_s"][0] < d["ttft_s"] < v["ttft_s"][1] and v["tpot_s"][0] < d["tpot_s"] < v["tpot_s"][1]
+    assert v["tokens_per_s"][0] < d["throughput"]["tokens_per_s"] < v["tokens_per_s"][1]
+    assert "TensorRT-LLM" in v["basis"]
+
+
+def test_calibrate_anchor_reproduces_the_measured_run(cli, tmp_path):
+    args = ("--model", "llama-3.1-70b", "--nodes", "8", "--tp", "4", "--pp", "4", "--zero", "1",
+            "--global-batch", "512")
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", "--hardware", "dgx-h100", *args, "--save", plan).code == 0
+    before = cli("estimate", "--hardware", "dgx-h100", *args, "--json").json()
+    for factor in (1.2, 0.95):  # a run slower, then faster, than predicted
+        measured = factor * before["time"]["step_s"]
+        out = tmp_path / f"cal{factor}.yaml"
+        r = cli("calibrate", "--plan", plan, "--step-time", f"{measured:.6f}", "--memory-gib", "70", "-o", out,
+                "--json")
+        assert r.code == 0, r.err
+        d = r.json()
+        keys = {c["key"] for c in d["changes"]}
+        assert {"gpu.sustained_clock_fraction", "nic_efficiency", "gpu.hbm_reserve_gib"} <= keys
+        doc = yaml.safe_load(out.read_text())
+        assert doc["base"] == "dgx-h100" and "sustained_clock_fraction" in doc["gpu"]
+        after = cli("estimate", "--hardware", out, *args, "--json").json()
+        assert after["time"]["step_s"] == pytest.approx(measured, rel=0.01)
+        # the measured peak: headroom as if 70 GiB were in use
+        hbm = builtin_systems()["dgx-h100"].gpu.hbm_gib
+        assert after["memory"]["headroom"] == pytest.approx((hbm - 70) * GIB, rel=0.01)
+        assert after["calibrated"].startswith("anchored to plan.json")
+    text = cli("calibrate", "--plan", plan, "--step-time", "30", "-o", tmp_path / "cal1.2.yaml")
+    assert text.code == 2 and "already exists; pass --force" in text.err
+
+
+def test_calibrate_anchor_bad_input(cli, tmp_path):
+    r = cli("calibrate", "--step-time", "3")
+    assert r.code == 2 and "add --plan PLAN.json" in r.err and "Traceback" not in r.err
+    plan = tmp_path / "plan.json"
+    cli(*EST, "--save", plan)
+    r = cli("calibrate", "--plan", plan, "-o", tmp_path / "x.yaml")
+    assert r.code == 2 and "--plan needs --step-time" in r.err
+    r = cli("calibrate", "--plan", plan, "--step-time", "-1", "-o", tmp_path / "x.yaml")
+    assert r.code == 2 and "above 0" in r.err
+    r = cli("calibrate", "--plan", plan, "--step-time", "1e-4", "-o", tmp_path / "x.yaml")
+    assert r.code == 2 and "faster than llmplan can price" in r.err
+    r = cli("calibrate", "results.json")
+    assert r.code == 2 and "--hardware and --output" in r.err
+
+
+def test_wheel_ships_the_residuals(tmp_path):
+    """A non-editable build puts llmplan/data/residuals.json inside the package."""
+    pytest.importorskip("hatchling")
+    from hatchling.builders.wheel import WheelBuilder
+
+    wheel = next(WheelBuilder(str(ROOT)).build(directory=str(tmp_path), versions=["standard"]))
+    assert "llmplan/data/residuals.json" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_search_table_fits_80_columns():
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "llmplan", "search", "--model", "llama-3.1-70b", "--hardware",
+                        "dgx-h100", "--nodes", "8", "--explain"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
