@@ -287,3 +287,49 @@ def test_each_mode_keeps_its_own_flags(cli):
     assert r.json()["plan"]["weight_dtype"] == "nvfp4"
     r = cli("estimate", *CLUSTER, "--zero", "1", "--precision", "fp8-blockwise", "--seq-len", "2048", "--json")
     assert r.code == 0, r.err
+
+
+DEEP = {"name": "deep", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 4096,
+        "num_attention_heads": 16, "vocab_size": 32000, "max_position_embeddings": 4096}
+
+
+def test_explicit_stage_list_costs_about_the_even_split(cli, tmp_path):
+    # --pp 4096 --pp-layers 1,1,... took 41 s against 1.5 s for the even split: every stage listed every layer's
+    # attention window (O(pp x layers)). CPU time, so that a loaded machine does not decide the test.
+    model = write(tmp_path, "deep.yaml", json.dumps(DEEP))
+    args = ("estimate", "--model", model, "--hardware", "dgx-h100", "--nodes", "512", "--pp", "4096", "--json")
+    t0 = time.process_time()
+    even = cli(*args)
+    t1 = time.process_time()
+    listed = cli(*args, "--pp-layers", ",".join(["1"] * 4096))
+    t2 = time.process_time()
+    assert even.code == 0 and listed.code == 0, (even.err, listed.err)
+    assert listed.json()["time"]["step_s"] == pytest.approx(even.json()["time"]["step_s"], rel=1e-9)
+    assert t2 - t1 < 4 * (t1 - t0) + 2, (t2 - t1, t1 - t0)
+
+
+def test_report_of_a_deep_pipeline_draws_a_bounded_schedule(cli, tmp_path):
+    # A valid pp 1000 plan held 2.7 GB and did not finish in 120 s (every slot of 2p micro-batches simulated,
+    # 1,000 rows of bars, a per-stage sum over all slots).
+    pytest.importorskip("matplotlib")
+    import html as html_lib
+    import re
+
+    model = write(tmp_path, "deep.yaml", json.dumps(DEEP))
+    plan = tmp_path / "pp1000.json"
+    r = cli("estimate", "--model", model, "--hardware", "dgx-h100", "--nodes", "125", "--pp", "1000",
+            "--pp-first-layers", "100", "--global-batch", "4000", "--save", plan, "--json")
+    assert r.code == 0, r.err
+    out = tmp_path / "r.html"
+    t0 = time.process_time()
+    r = cli("report", plan, "-o", out)
+    assert r.code == 0, r.err
+    assert time.process_time() - t0 < 30
+    text = out.read_text()
+    figures = {m.group(1): json.loads(html_lib.unescape(m.group(2)))
+               for m in re.finditer(r'<figure id="(\w+)" data-values="([^"]*)"', text)}
+    sched = figures["schedule"]
+    assert sched["stages"] == 1000 and sched["stages_shown"] == 48 and sched["microbatches"] == 4000
+    assert 1 <= sched["microbatches_shown"] <= 10  # 20,000 slots at most: 2 x 1000 stages x 10 micro-batches
+    assert len(figures["memory"]["stages"]) == 1000  # the data keeps every stage; the picture bounds itself
+    assert "48 of the 1000 stages drawn" in text

@@ -64,9 +64,18 @@ class StepTime(Breakdown):
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[Any, StageCompute, Any, Any]]:
     """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage."""
+    same: dict[tuple, StageCompute] = {}  # an explicit per-stage list repeats its layer counts stage after stage
+
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)
-        return stage, stage_compute(m, plan, gpu, n_dense, n_moe, stage == plan.pp - 1), n_dense + n_moe, n_moe
+        last = stage == plan.pp - 1
+        key = (n_dense, n_moe, last) if isinstance(stage, int) else None
+        sc = same.get(key) if key else None
+        if sc is None:
+            sc = stage_compute(m, plan, gpu, n_dense, n_moe, last)
+            if key:
+                same[key] = sc
+        return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)
 

@@ -42,18 +42,39 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg"):]  # drop the XML prolog and doctype: the SVG sits inside HTML
 
 
+MAX_DRAWN_STAGES = 48
+"""Most pipeline stages a figure draws one by one (bars, schedule rows): beyond it the memory figure draws the
+stages as stacked areas and the schedule draws evenly spaced stages, first and last included, so that a
+pp 1000 plan is a readable picture drawn in seconds, not 1,000 rows of bars."""
+MAX_SCHEDULE_SLOTS = 20_000
+"""Most forward/backward slots the schedule figure simulates (2 x stages x chunks per micro-batch): fewer
+micro-batches are drawn when the pipeline is deep, and the figure's data says how many."""
+
+
+def drawn_stages(p: int) -> list[int]:
+    """The stages a figure draws: all of them up to MAX_DRAWN_STAGES, else evenly spaced ones, first and last
+    included."""
+    if p <= MAX_DRAWN_STAGES:
+        return list(range(p))
+    return sorted({round(k * (p - 1) / (MAX_DRAWN_STAGES - 1)) for k in range(MAX_DRAWN_STAGES)})
+
+
 def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
-    """Memory per GPU of every pipeline stage, stacked by part, against the GPU's capacity."""
+    """Memory per GPU of every pipeline stage, stacked by part, against the GPU's capacity (stacked areas when
+    there are more stages than MAX_DRAWN_STAGES bars)."""
     fig = _figure(7.5, 3.2)
     ax = fig.add_subplot()
     x = list(range(len(stages)))
-    bottom = [0.0] * len(stages)
-    for part in MEMORY_PARTS:
-        vals = [float(getattr(s.memory, part)) / GIB for s in stages]
-        ax.bar(x, vals, bottom=bottom, color=COLORS[part], label=part)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+    parts = {part: [float(getattr(s.memory, part)) / GIB for s in stages] for part in MEMORY_PARTS}
+    if len(stages) <= MAX_DRAWN_STAGES:
+        bottom = [0.0] * len(stages)
+        for part, vals in parts.items():
+            ax.bar(x, vals, bottom=bottom, color=COLORS[part], label=part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16 else [str(s.stage) for s in stages])
+    else:
+        ax.stackplot(x, *parts.values(), colors=[COLORS[p] for p in parts], labels=list(parts), step="mid")
     ax.axhline(capacity / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
-    ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16 else [str(s.stage) for s in stages])
     ax.set_xlabel("pipeline stage (layers)")
     ax.set_ylabel("GiB per GPU")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
@@ -64,33 +85,40 @@ def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
 
 
 def schedule_figure(stages: list[StageView], microbatches: int, vpp: int) -> tuple[Any, dict]:
-    """The pipeline schedule of one step, drawn for its first micro-batches (at least two rounds of p)."""
+    """The pipeline schedule of one step, drawn for its first micro-batches (two rounds of p where
+    MAX_SCHEDULE_SLOTS allows, fewer in a deep pipeline) and for drawn_stages' stages."""
     p = len(stages)
     shown = min(microbatches, max(2 * p, 4))
     if vpp > 1 and shown % p:  # interleaving groups micro-batches by p
         shown = min(microbatches, shown + p - shown % p)
+    shown = max(1, min(shown, MAX_SCHEDULE_SLOTS // (2 * p * vpp)))
     slots = pipeline_schedule([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp)
-    fig = _figure(7.5, min(0.3 * p, 6.0) + 1.2)
+    rows = drawn_stages(p)
+    row_of = {stage: r for r, stage in enumerate(rows)}
+    fig = _figure(7.5, min(0.3 * len(rows), 6.0) + 1.2)
     ax = fig.add_subplot()
-    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}  # one bar collection per kind, chunk, stage
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}  # one bar collection per kind, chunk, row
+    busy = [0.0] * p
     for s in slots:
-        groups.setdefault((s.kind, s.chunk, s.stage), []).append((s.start, s.end - s.start))
-    for (kind, chunk, stage), bars in groups.items():
+        busy[s.stage] += s.end - s.start
+        if s.stage in row_of:
+            groups.setdefault((s.kind, s.chunk, row_of[s.stage]), []).append((s.start, s.end - s.start))
+    for (kind, chunk, row), bars in groups.items():
         shade = 1.0 - 0.5 * chunk / max(vpp - 1, 1)
-        ax.broken_barh(bars, (stage - 0.4, 0.8), facecolors=COLORS[kind], alpha=shade, edgecolor="white",
+        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLORS[kind], alpha=shade, edgecolor="white",
                        linewidth=0.3, rasterized=len(slots) > 400)  # many slots: a bitmap inside the SVG
     if len(slots) <= 160:
         for s in slots:
-            ax.text((s.start + s.end) / 2, s.stage, str(s.microbatch + 1), ha="center", va="center", fontsize=6,
-                    color="white")
+            ax.text((s.start + s.end) / 2, row_of[s.stage], str(s.microbatch + 1), ha="center", va="center",
+                    fontsize=6, color="white")
     makespan = max(s.end for s in slots)
-    busy = [sum(s.end - s.start for s in slots if s.stage == i) for i in range(p)]
-    ax.set_yticks(range(p), [f"stage {i}" for i in range(p)] if p <= 16 else [str(i) for i in range(p)])
+    ax.set_yticks(range(len(rows)), [f"stage {i}" for i in rows] if len(rows) <= 16 else [str(i) for i in rows])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (forward blue, backward orange" + (", lighter: later chunks" if vpp > 1 else "")
                   + "; gaps are the bubble)")
     ax.set_xlim(0, makespan)
     data = {"microbatches": microbatches, "microbatches_shown": shown, "vpp": vpp, "makespan_s": makespan,
+            "stages_shown": len(rows), "stages": p,
             "bubble_s": [makespan - b for b in busy], "forward_s": [s.forward_s for s in stages],
             "backward_s": [s.backward_s for s in stages]}
     return fig, data
@@ -181,12 +209,16 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
     """The HTML page of a training plan: memory per stage, schedule, step parts, communication, and the
     search's throughput/headroom scatter when the plan came from a search."""
     p = e.plan
+    schedule = schedule_figure(stages, int(p.num_microbatches), p.vpp)
     sections = [
         _section("memory", "Memory per GPU, by pipeline stage", *memory_figure(stages, float(e.memory.capacity)),
                  f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "
                  f"{float(e.memory.capacity) / GIB:.2f} GiB."),
-        _section("schedule", "Pipeline schedule", *schedule_figure(stages, int(p.num_microbatches), p.vpp),
-                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step (the first ones drawn), "
+        _section("schedule", "Pipeline schedule", *schedule,
+                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step (the first "
+                 f"{schedule[1]['microbatches_shown']} drawn"
+                 + (f"; {schedule[1]['stages_shown']} of the {p.pp} stages drawn, evenly spaced" if
+                    schedule[1]["stages_shown"] < p.pp else "") + "), "
                  f"{'interleaved over ' + str(p.vpp) + ' chunks' if p.vpp > 1 else '1F1B'}; point-to-point "
                  "transfers not drawn."),
         _section("step", "Step time by part", *step_figure(e),
