@@ -183,7 +183,7 @@ def test_estimate_prints_the_goodput_line_in_80_columns(cli):
     r = cli(*ESTIMATE)
     assert r.code == 0, r.err
     lines = [ln for ln in r.out.splitlines() if "goodput" in ln or "checkpoint " in ln]
-    assert any(ln.startswith("goodput ") and "MTBF" in ln for ln in lines)
+    assert any(ln.startswith("goodput ") and "MTBF" in ln and "1T tokens in" in ln for ln in lines)
     assert any("every" in ln and "restart" in ln for ln in lines)
     assert all(len(ln) <= 80 for ln in lines)
 
@@ -194,6 +194,8 @@ def test_estimate_json_goodput_keys(cli):
     assert set(g) >= {"mtbf_h", "checkpoint_bytes", "checkpoint_s", "interval_s", "restart_s", "goodput"}
     assert 0 < g["goodput"] < 1 and g["mode"] == "sync"
     assert sum(g["shares"].values()) == pytest.approx(1.0)
+    assert g["effective_tokens_per_s"] == pytest.approx(doc["throughput"]["tokens_per_s"] * g["goodput"])
+    assert g["effective_days_per_trillion_tokens"] == pytest.approx(1e12 / g["effective_tokens_per_s"] / 86400)
     fast = cli(*ESTIMATE, "--json", "--checkpoint", "async", "--checkpoint-interval", "600").json()["goodput"]
     assert fast["mode"] == "async" and fast["interval_s"] == 600
     none = cli(*ESTIMATE, "--json", "--failure-rate", "0").json()["goodput"]
@@ -236,3 +238,18 @@ def test_advice_offers_the_checkpointing_changes_that_raise_goodput():
                                                                                             interval_s=36000.0))
     flags = [x.flags for x in advise_training(hourly)]
     assert any(f[0] == "--checkpoint-interval" and float(f[1]) < 36000 for f in flags)
+
+
+def test_a_cluster_profile_overrides_the_failure_rates_and_storage(cli, tmp_path):
+    prof = tmp_path / "my-h100.yaml"
+    prof.write_text("base: dgx-h100\nfailures_per_node_hour: 2.0e-4\ncheckpoint_gb_per_s: 100\n"
+                    "gpu:\n  failures_per_gpu_hour: 5.0e-5\n")
+    ours = cli(*ESTIMATE[:4], str(prof), *ESTIMATE[5:], "--json").json()["goodput"]
+    base = cli(*ESTIMATE, "--json").json()["goodput"]
+    s = S["dgx-h100"]
+    assert ours["mtbf_h"] == pytest.approx(1 / (64 * 5e-5 + 8 * 2e-4 + 64 * s.failures_per_nic_hour), rel=1e-12)
+    assert ours["mtbf_h"] < base["mtbf_h"] and ours["goodput"] < base["goodput"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: dgx-h100\ncheckpoint_gb_per_s: -1\n")
+    r = cli(*ESTIMATE[:4], str(bad), *ESTIMATE[5:])
+    assert r.code == 2 and "checkpoint_gb_per_s" in r.err and "Traceback" not in r.err

@@ -91,13 +91,16 @@ def throughput_json(tp: Throughput, st: StepTime) -> dict[str, Any]:
             "model_flops_per_step": float(st.model_flops), "hardware_flops_per_step": float(st.hardware_flops)}
 
 
-def goodput_json(g: Goodput) -> dict[str, Any]:
-    """The goodput block of a training plan (docs/formulas.md#goodput.fraction); seconds and bytes."""
+def goodput_json(g: Goodput, tokens_per_s: float | None = None) -> dict[str, Any]:
+    """The goodput block of a training plan (docs/formulas.md#goodput.fraction); seconds and bytes. With the
+    plan's tokens/s: the tokens/s that survive failures and the wall-clock days per trillion tokens."""
     f = float
+    eff = {} if tokens_per_s is None else {"effective_tokens_per_s": tokens_per_s * f(g.useful),
+                                           "effective_days_per_trillion_tokens": _days_per_trillion(tokens_per_s, g)}
     return {"mtbf_h": f(g.mtbf_s) / 3600, "checkpoint_bytes": f(g.checkpoint_bytes), "checkpoint_s": f(g.checkpoint_s),
             "interval_s": f(g.interval_s), "restart_s": f(g.restart_s), "goodput": f(g.useful), "mode": g.mode,
             "checkpoint_rank_bytes": f(g.rank_bytes), "blocking_s": f(g.blocking_s), "lost_s": f(g.lost_s),
-            "shares": {k: f(getattr(g, k)) for k in g.PARTS}}
+            "shares": {k: f(getattr(g, k)) for k in g.PARTS}, **eff}
 
 
 def duration(seconds: float) -> str:
@@ -108,11 +111,17 @@ def duration(seconds: float) -> str:
         f"{seconds / 3600:.1f} h"
 
 
-def goodput_lines(g: Goodput) -> list[str]:
-    """Two lines under 80 columns: the goodput and the failure rate; the checkpoint and the restart."""
+def _days_per_trillion(tokens_per_s: float, g: Goodput) -> float:
+    share = float(g.useful)
+    return 1e12 / (tokens_per_s * share) / 86400 if share > 0 and tokens_per_s > 0 else float("inf")
+
+
+def goodput_lines(g: Goodput, tokens_per_s: float) -> list[str]:
+    """Two lines under 80 columns: the goodput, the failure rate and the effective time per trillion tokens;
+    the checkpoint and the restart."""
     where = {"sync": "storage", "async": "storage, async", "memory": "peer memory"}[g.mode]
-    return [f"goodput {100 * float(g.useful):.1f}%: job MTBF {duration(float(g.mtbf_s))}, {g.mode} checkpoints "
-            f"(goodput.fraction)",
+    return [f"goodput {100 * float(g.useful):.1f}% (job MTBF {duration(float(g.mtbf_s))}, {g.mode} checkpoints): "
+            f"1T tokens in {_days_per_trillion(tokens_per_s, g):,.1f} days",
             f"  checkpoint {float(g.checkpoint_bytes) / 1e12:,.2f} TB to {where} in "
             f"{duration(float(g.checkpoint_s))} every {duration(float(g.interval_s))}; restart "
             f"{duration(float(g.restart_s))}"]
@@ -147,7 +156,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
-        **({"goodput": goodput_json(e.goodput)} if e.goodput is not None else {}),
+        **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
 
 
@@ -192,7 +201,7 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
                           f"{e.cluster.system.gpu.name} does not list; falls back to {u.fallback}{cost}")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
-    for line in goodput_lines(e.goodput) if e.goodput is not None else ():
+    for line in goodput_lines(e.goodput, float(e.throughput.tokens_per_s)) if e.goodput is not None else ():
         console.print(line, highlight=False)
     if advice:
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
