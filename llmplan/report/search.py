@@ -251,9 +251,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                       f"({dlo:,.1f}-{dhi:,.1f}), {b['gpu_hours']:,.0f} GPU-hours ({hlo:,.0f}-{hhi:,.0f}; 80% "
                       "intervals)")
         (elo, ehi) = b["effective_time_to_train_days_interval"]
-        console.print(f"  at {100 * b['goodput']:.1f}% goodput: {b['effective_time_to_train_days']:,.1f} days "
-                      f"({elo:,.1f}-{ehi:,.1f}), {b['effective_gpu_hours']:,.0f} GPU-hours "
-                      f"({res.ranked[0].checkpoint.mode} checkpoints)")
+        console.print(f"  at {100 * b['goodput']:.1f}% goodput ({res.ranked[0].checkpoint.mode} checkpoints): "
+                      f"{b['effective_time_to_train_days']:,.1f} days ({elo:,.1f}-{ehi:,.1f})", highlight=False)
         console.print(interval_line(res.ranked[0]))
         best = res.ranked[0]
         console.print(placement_line(best, cluster))
