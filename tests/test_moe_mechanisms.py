@@ -173,3 +173,25 @@ def test_expert_gemms_take_the_most_loaded_ranks_rows():
     flat = plan.model_copy(update={"moe_routing": "contiguous"})
     (f1, b1), (f0, b0) = layer_gemm_seconds(m, plan, gpu, True), layer_gemm_seconds(m, flat, gpu, True)
     assert f0 < f1 < f0 * routing_imbalance(m, plan)  # only the expert matmuls scale
+
+
+def test_few_rows_per_expert_are_bound_by_the_weights_reads():
+    # Roofline's memory side: at 64 rows per expert (DeepSeek-V3, 256 tokens on EP 8: 32 local experts) the
+    # grouped GEMM reads each expert's 2 x 2048 x 7168 fc1 and 7168 x 2048 fc2 weights for 64 rows and takes
+    # the weights' HBM time, above its FLOPs at the tensor cores' peak; 16x the tokens take less than 16x.
+    from llmplan.cost.compute import grouped_gemm_bytes, layer_gemms
+
+    m, gpu = M["deepseek-v3"], S["dgx-h100"].gpu
+    bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    small = ParallelPlan(dp=8, ep=8, etp=1, seq_len=256, micro_batch=1, global_batch=8, moe_routing="contiguous")
+    gemms = layer_gemms(m, small, True)
+    (f1, M1, N1, K1, _), (f2, M2, N2, K2, _) = gemms[-3], gemms[-2]
+    assert M1 == M2 == 64
+    weights_s = (grouped_gemm_bytes("bf16", M1, N1, K1, 32) + grouped_gemm_bytes("bf16", M2, N2, K2, 32)) / bw
+    peak_s = (f1 + f2) / gpu.sustained_flops("bf16")
+    assert weights_s > 2 * peak_s
+    fwd, _ = layer_gemm_seconds(m, small, gpu, True)
+    assert fwd > weights_s
+    big = small.model_copy(update={"seq_len": 4096})
+    fwd_big, _ = layer_gemm_seconds(m, big, gpu, True)
+    assert fwd_big < 16 * fwd

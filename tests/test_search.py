@@ -280,13 +280,11 @@ def test_power_of_two_share_of_an_nvl72_domain():
 
 
 def test_search_tries_a_power_of_two_share_of_nvl72_domains(cli):
-    # DeepSeek-V3 in MXFP8 on 32 GB300 NVL72 racks at EP 64: with 64 of each rack's 72 GPUs, EP 64 stays
-    # inside one NVLink domain and the search shows that layout, saying what all 72 would give; a dense model
-    # (no EP degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share. (EP is pinned:
-    # priced as one grouped GEMM, 256 local experts of etp 4 run at full waves, and unpinned the search now
-    # ranks an EP 1 layout first, for which the whole rack is the better share.)
+    # DeepSeek-V3 in MXFP8 on 32 GB300 NVL72 racks: with 64 of each rack's 72 GPUs, EP 64 stays inside one
+    # NVLink domain and the search shows that layout, saying what all 72 would give; a dense model (no EP
+    # degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share.
     r = cli("search", "--model", "deepseek-v3", "--hardware", "gb300-nvl72", "--nodes", "576", "--precision",
-            "mxfp8", "--ep", "64", "--json")
+            "mxfp8", "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert d["domain"]["used_per_domain"] == 64 and d["gpus"] == 2048

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import minimum, where
+from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
@@ -52,6 +52,20 @@ def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, gr
     tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * TILE * TILE)
     wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
     return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
+
+
+GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "fp4": 0.5 + 1 / 16}
+"""Bytes per element of a GEMM operand in each tensor-core format, block scales included (MXFP8: an E8M0
+scale per 32; NVFP4: an E4M3 scale per 16). Derived: docs/formulas.md#compute.gemm"""
+
+
+def grouped_gemm_bytes(fmt: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
+    """HBM bytes of one grouped GEMM of `groups` experts: every expert's N x K weights and M x K inputs read in
+    the format, its M x N output written in bf16. At a few rows per expert the weights dominate and the GEMM is
+    bound by HBM, not by the tensor cores: a small expert batch runs far below peak (the roofline's memory
+    side; Williams, Waterman and Patterson 2009, "Roofline"). Derived: docs/formulas.md#compute.gemm"""
+    b = GEMM_OPERAND_BYTES.get(fmt, 2.0)
+    return groups * (b * (N * K + M * K) + 2.0 * M * N)
 
 
 def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
@@ -233,17 +247,19 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
 
     def seconds(fmt: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
-        for (f, M, N, K, role), x, g in zip(gemms, pad, groups):
-            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g)
+        scale = flops / total / gpu.sustained_flops(fmt)
+        for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
+            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
+            if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
+                whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
-                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K)
-                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K)
+                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K) * scale
+                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) * scale
                 bwd = bwd + dgrad + whole
             else:
                 fwd, bwd = fwd + whole, bwd + 2 * whole
-        scale = flops / total / gpu.sustained_flops(fmt)
-        return fwd * scale, bwd * scale
+        return fwd, bwd
 
     share = plan.low_precision_layer_fraction
     low = seconds(plan.gemm_format)
