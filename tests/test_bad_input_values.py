@@ -333,3 +333,14 @@ def test_report_of_a_deep_pipeline_draws_a_bounded_schedule(cli, tmp_path):
     assert 1 <= sched["microbatches_shown"] <= 10  # 20,000 slots at most: 2 x 1000 stages x 10 micro-batches
     assert len(figures["memory"]["stages"]) == 1000  # the data keeps every stage; the picture bounds itself
     assert "48 of the 1000 stages drawn" in text
+
+
+def test_expert_tp_on_a_dense_model(cli):
+    # Found by the extended fuzz test: search --etp 2 on a dense model was an internal error (an expert group
+    # grid with zero groups); estimate accepted a meaningless expert tp.
+    needle = "expert tp (2) applies to mixture-of-experts layers; llama-3.1-8b is dense: drop --etp"
+    bad(cli, "estimate", *CLUSTER, "--etp", "2", needle=needle)
+    r = cli("search", *CLUSTER, "--etp", "2", "--json")
+    assert r.code in (0, 3) and "internal error" not in r.err, r.err
+    assert r.json()["pruned"].get("etp_dense", 0) > 0
+    assert all(p["plan"]["tp"] == 2 for p in r.json()["plans"])

@@ -139,3 +139,115 @@ def test_any_command_line_ends_cleanly(cli, tmp_path_factory, data):
     assert time.perf_counter() - t0 < 10
     if "--json" in args and r.out.strip():
         json.loads(r.out)
+
+
+# --- issue 34: search's pinned axes, and spec values written as the wrong type -------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN_FLAGS = ["--tp", "--pp", "--cp", "--ep", "--etp", "--vpp", "--micro-batch", "--zero", "--pp-first-layers",
+             "--pp-last-layers", "--max-tp", "--max-pp", "--max-cp", "--top", "--global-batch", "--seq-len"]
+PIN_VALUES = st.one_of(
+    st.integers(-2, 70_000),
+    st.sampled_from([4095, 4096, 4097, 65535, 65536, 65537, 1 << 20, (1 << 20) + 1, 1 << 30, (1 << 30) + 1,
+                     10**20, 10**40, 2**63]),
+    st.sampled_from(["1e20", "nan", "inf", "-0", "8.0", "0x10", " 8"]),
+)
+
+
+@st.composite
+def pinned_searches(draw):
+    args = ["search", "--model", draw(st.sampled_from(["llama-3.1-8b", "mixtral-8x7b"])), "--hardware",
+            draw(st.sampled_from(["dgx-h100", "gb200-nvl72"])), "--nodes", str(draw(st.sampled_from([1, 2])))]
+    if draw(st.booleans()):
+        args += ["--mode", "infer"]
+    for flag in draw(st.lists(st.sampled_from(PIN_FLAGS), min_size=1, max_size=3, unique=True)):
+        args += [flag, str(draw(PIN_VALUES))]
+    if draw(st.booleans()):
+        args.append("--json")
+    return args
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(args=pinned_searches())
+def test_search_with_any_pinned_axes_ends_cleanly(cli, args):
+    """Pinned axes anywhere around their bounds: a plan, no fit (3) or one short line (2), never an internal
+    error (search --cp 1e20, --tp 70000 and --vpp 5000 were)."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(10)
+    try:
+        r = cli(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r.code in (0, 2, 3), (args, r.code, r.err[-500:])
+    assert "internal error" not in r.err + r.out, (args, r.err[-500:])
+    if r.code == 2:
+        assert 0 < len(r.err) < 2000, (args, r.err[:500])
+    if "--json" in args and r.out.strip():
+        json.loads(r.out)
+
+
+def _documents() -> dict[str, tuple[str, dict, list[tuple[str, ...]]]]:
+    """Valid documents of each kind llmplan reads, with the paths of the numbers it reads in them."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text())
+    bloom = json.loads((PLANS.parent / "hf" / "bloom-176b.config.json").read_text())
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+            "n_positions": 1024, "n_inner": 3072, "attn_pdrop": 0.1}
+    cluster = {"base": "dgx-h100", "nics_per_node": 8, "nic_gbit_per_s": 400, "oversubscription": 1.0,
+               "gpus_per_node": 8, "gpu": {"sustained_clock_fraction": 0.8, "hbm_gib": 80, "sm_count": 132}}
+    numbers = lambda d: [(k,) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]  # noqa: E731
+    return {
+        "spec": ("--model", spec, numbers(spec)),
+        "bloom": ("--model", bloom, [(k,) for k in ("hidden_size", "n_head", "n_layer", "vocab_size",
+                                                     "attention_dropout", "hidden_dropout")]),
+        "gpt2": ("--model", gpt2, numbers(gpt2)),
+        "cluster": ("--hardware", cluster, numbers(cluster) + [("gpu", k) for k in cluster["gpu"]]),
+    }
+
+
+DOCUMENTS = _documents()
+RETYPED = st.one_of(st.sampled_from(["str", "spaced", "true", "false", "list", "dict", "null", "float", "huge"]))
+
+
+def _retype(value, how: str):
+    return {"str": str(value), "spaced": f" {value} ", "true": True, "false": False, "list": [value],
+            "dict": {"value": value}, "null": None, "float": float(value), "huge": 10**30}[how]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_spec_numbers_of_the_wrong_type_are_refused(cli, tmp_path_factory, data):
+    """A number llmplan reads, written as text ("768"), as true/false, a list, a mapping, null or 10^30, in a
+    model spec, a Hugging Face config.json or a cluster profile: text and true/false are always refused with
+    the key named (pydantic's lax mode would have read "20000000" and true as numbers after the bounds);
+    nothing is an internal error or a hang."""
+    kind = data.draw(st.sampled_from(sorted(DOCUMENTS)))
+    flag, doc, paths = DOCUMENTS[kind]
+    path = data.draw(st.sampled_from(paths))
+    how = data.draw(RETYPED)
+    doc = json.loads(json.dumps(doc))
+    holder = doc
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = _retype(holder[path[-1]], how)
+    suffix = data.draw(st.sampled_from([".json", ".yaml"]))
+    target = tmp_path_factory.mktemp("retyped") / (("config" if kind in ("bloom", "gpt2") else kind) + suffix)
+    target.write_text(json.dumps(doc))  # JSON is YAML: "768" stays text in both
+    other = ("--hardware", "dgx-h100") if flag == "--model" else ("--model", "llama-3.1-8b")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(10)
+    try:
+        r = cli("estimate", flag, target, *other, "--json")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r.code in (0, 2, 3), (kind, path, how, r.code, r.err[-500:])
+    assert "internal error" not in r.err + r.out, (kind, path, how, r.err[-500:])
+    if how in ("str", "spaced", "true", "false"):
+        assert r.code == 2 and path[-1] in r.err, (kind, path, how, r.code, r.err[-300:])
+    if r.code == 2:
+        assert len(r.err) < 2000 and json.loads(r.out)["error"]["code"] == 2

@@ -243,6 +243,9 @@ RULES: tuple[Rule, ...] = (
                          f"--micro-batch, or use --vpp 1"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
+    Rule("etp_dense", lambda m, p, c: _moe(m) | (p.etp_resolved == p.tp),
+         lambda m, p, c: f"expert tp ({p.etp_resolved}) applies to mixture-of-experts layers; {m.name} is dense: "
+                         f"drop --etp (dense layers use tp, {p.tp})"),
     Rule("ep_experts", lambda m, p, c: (not _moe(m)) | (max(m.num_experts, 1) % p.ep == 0),
          lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}; "
                          f"valid ep: {_fmt(divisors(m.num_experts))}"),
