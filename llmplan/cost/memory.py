@@ -128,16 +128,28 @@ def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, s
     return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe) - _fp8_saving(m, plan, moe)
 
 
+SAVED_INPUT_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
+                     "nvfp4": 0.5 + 1 / 16}
+"""Bytes per element of a GEMM input that a low-precision recipe keeps for backward (the quantised copy the
+wgrad GEMM reads, in place of the bf16 input's 2): one fp8 byte (per-tensor; torchao rowwise), with an fp32
+scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits and an E4M3 scale per 16
+(NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
+the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
+(arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
+
+
 def _fp8_saving(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
-    """fp8 training saves the fp8 casts of the GEMM inputs for backward (1 byte instead of 2): the QKV and
-    fc1 inputs (h each), the output-projection input (a·d_v/t) and the fc2 input (f/t) of every token.
-    Derived: docs/formulas.md#mem.activations (Transformer Engine keeps the fp8 tensors it multiplied)."""
+    """Low-precision training saves the quantised casts of the GEMM inputs for backward (SAVED_INPUT_BYTES
+    instead of 2): the QKV and fc1 inputs (h each), the output-projection input (a·d_v/t) and the fc2 input
+    (f/t) of every token, on the layers the recipe quantises (NVFP4: low_precision_layer_fraction).
+    Derived: docs/formulas.md#mem.activations (Transformer Engine keeps the quantised tensors it multiplied)."""
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = m.v_head_dim if m.is_mla else m.d_head
-    return s * b * (2 * h / linear_input_split(plan) + (m.num_attention_heads * d_v + f) / t)
+    per_element = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction
+    return per_element * s * b * (2 * h / linear_input_split(plan) + (m.num_attention_heads * d_v + f) / t)
 
 
 def linear_input_split(plan: ParallelPlan) -> Any:
