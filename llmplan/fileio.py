@@ -95,6 +95,9 @@ def exists(path: Path) -> bool:
         raise LlmplanError(f"cannot use {excerpt(str(path), 60)}: {e.strerror or e}") from None
 
 
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO then returns at once (Windows has no FIFOs)
+
+
 def read_bytes(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     """The file's bytes: only a regular file (a device, pipe, socket or folder is refused before it is opened
     for reading, and again on the open descriptor, so nothing blocks or streams forever), never more than
@@ -102,14 +105,15 @@ def read_bytes(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     path = Path(path)
     try:
         _refuse_special(path, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             st = os.fstat(fd)
             _refuse_special(path, st.st_mode)  # swapped for a FIFO or a device since the stat above
             if st.st_size > limit:
                 raise LlmplanError(f"{path} is {st.st_size / 2**20:.1f} MiB; llmplan reads specs, profiles and plan "
                                    f"files of at most {limit // 2**20} MiB")
-            os.set_blocking(fd, True)
+            if _NONBLOCK:
+                os.set_blocking(fd, True)
             chunks, size = [], 0
             while size <= limit:
                 chunk = os.read(fd, min(limit + 1 - size, 2**20))

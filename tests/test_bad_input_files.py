@@ -86,6 +86,28 @@ def test_plan_whose_model_ref_is_special_fails_its_check(tmp_path, plan, ref):
     assert not finding["ok"] and "not a regular file" in finding["message"]
 
 
+def test_a_fifo_swapped_in_after_the_stat_is_refused_on_the_descriptor(tmp_path, monkeypatch):
+    # The race between the check and the open: the path passes os.stat as a regular file, then is a FIFO.
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    regular = os.stat(__file__)
+    real_stat = os.stat
+    monkeypatch.setattr(fileio.os, "stat", lambda p, *a, **k: regular if str(p) == str(fifo) else real_stat(p, *a, **k))
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            fileio.read_bytes(fifo)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            failure.append(e)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(10), "opening the FIFO blocked"
+    assert isinstance(failure[0], LlmplanError) and "is a pipe (FIFO), not a regular file" in str(failure[0])
+
+
 def test_never_more_than_the_cap_is_read():
     # /proc files are regular files whose size reads 0: only the bounded read stops them.
     assert os.stat("/proc/self/maps").st_size == 0
