@@ -2,7 +2,7 @@
 calls the library and hands the result to the report layer.
 
 Exit codes: 0 success, 2 bad input (one line on stderr; LLMPLAN_DEBUG=1 shows the traceback), 3 when no plan
-fits (check: 1 when a check fails).
+fits (check: 1 when a check fails), 130 / 143 on SIGINT / SIGTERM (128 + the signal, `llmplan: interrupted`).
 """
 
 from __future__ import annotations
@@ -16,20 +16,11 @@ import threading
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _write_interrupted(signum: int, json_mode: bool) -> int:
-    """The answer to Ctrl-C or a kill: one line on stderr (and with --json the error document); 128 + signal."""
-    code = 128 + signum
-    try:
-        sys.stdout.flush()  # what the command printed comes first
-        if json_mode:
-            os.write(1, (json.dumps(_error_doc(code, "interrupted", signum)) + "\n").encode())
-    except (OSError, ValueError):
-        pass
-    try:
-        os.write(2, b"llmplan: interrupted\n")
-    except OSError:
-        pass
-    return code
+INTERRUPTED = "llmplan: interrupted\n"
+
+
+def _interrupted_doc(signum: int) -> str:
+    return json.dumps(_error_doc(128 + signum, "interrupted", signum)) + "\n"
 
 
 def _error_doc(code: int, message: str, signum: int | None = None) -> dict:
@@ -40,7 +31,14 @@ def _error_doc(code: int, message: str, signum: int | None = None) -> dict:
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
-    os._exit(_write_interrupted(signum, "--json" in sys.argv[1:]))
+    """The answer to Ctrl-C or a kill before the commands are imported: written straight to the descriptors."""
+    for fd, text in ((1, _interrupted_doc(signum) if "--json" in sys.argv[1:] else ""), (2, INTERRUPTED)):
+        try:
+            if text:
+                os.write(fd, text.encode())
+        except OSError:
+            pass
+    os._exit(128 + signum)
 
 
 # Until the commands are imported (half a second), a signal ends the process at once with the same answer.
@@ -93,14 +91,24 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = _run(args)
         if _caught:
-            code = _write_interrupted(_caught[0], "--json" in args)
-        code = _flush(code)
+            code = _interrupted(_caught[0], args)
     except KeyboardInterrupt:
-        code = _write_interrupted(_caught[0] if _caught else signal.SIGINT, "--json" in args)
+        code = _interrupted(_caught[0] if _caught else signal.SIGINT, args)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    sys.exit(code)
+    sys.exit(_flush(code))
+
+
+def _interrupted(signum: int, args: list[str]) -> int:
+    """The answer to Ctrl-C or a kill: one line on stderr (and with --json the error document); 128 + signal."""
+    if "--json" in args:
+        try:
+            sys.stdout.write(_interrupted_doc(signum))
+        except BrokenPipeError:
+            _stdout_closed(0)
+    sys.stderr.write(INTERRUPTED)
+    return 128 + signum
 
 
 def _run(args: list[str]) -> int:
