@@ -222,8 +222,17 @@ def check_target(path: Path, force: bool = False) -> None:
         raise LlmplanError(f"cannot write {path}: {e.strerror or e}") from None
     if stat.S_ISDIR(st.st_mode) or (stat.S_ISLNK(st.st_mode) and path.is_dir()):
         raise LlmplanError(f"{path} is a folder; give a file name")
+    _refuse_to_replace(path, st.st_mode)
     if not force:
         raise LlmplanError(f"{path} already exists; pass --force to overwrite it")
+
+
+def _refuse_to_replace(path: Path, mode: int) -> None:
+    """Even with --force, only a regular file (or a symbolic link, which is replaced itself) is replaced:
+    never a device such as /dev/null, a pipe or a socket."""
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise LlmplanError(f"{path} is {_file_kind(mode)}, not a regular file; llmplan replaces only regular files "
+                           "(--force included); give a file name")
 
 
 def write_atomic(path: Path, text: str, force: bool = False) -> None:
@@ -299,6 +308,10 @@ def _publish_one(tmp: str, path: Path, force: bool) -> str | None:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # no hard links: claim it
                 os.replace(tmp, path)
             return None
+        try:
+            _refuse_to_replace(path, os.lstat(path).st_mode)  # again: it may have changed since the check
+        except FileNotFoundError:
+            pass
         backup = _keep_old(path)
         os.replace(tmp, path)
         return backup

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -210,6 +211,28 @@ def test_a_file_that_appears_while_writing_is_left_alone(tmp_path, monkeypatch):
         fileio.write_atomic(target, "mine")
     assert target.read_text() == "the other writer's plan"
     _no_temporaries(tmp_path)
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_special_file_is_never_replaced(tmp_path, force):
+    # --save /dev/null --force used to replace the device with a regular file (as root); a FIFO stands in here.
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    r = llmplan("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", fifo,
+                *(["--force"] if force else []), timeout=60)
+    assert r.returncode == 2
+    assert "is a pipe (FIFO), not a regular file; llmplan replaces only regular files" in one_line(r.stderr)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    _no_temporaries(tmp_path)
+
+
+def test_force_replaces_a_symbolic_link_itself_not_its_target(tmp_path):
+    target = tmp_path / "target.json"
+    target.write_text("kept")
+    (tmp_path / "link.json").symlink_to(target)
+    fileio.write_atomic(tmp_path / "link.json", "new", force=True)
+    assert target.read_text() == "kept" and not (tmp_path / "link.json").is_symlink()
+    assert (tmp_path / "link.json").read_text() == "new"
 
 
 @pytest.mark.parametrize("length", [250, 251, 255])
