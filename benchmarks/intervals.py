@@ -301,7 +301,7 @@ def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float
             step = float(estimate_training(acc.model_for(a, fam), cluster, plan).time.total)
             try:
                 anchor = anchored_system(acc.model_for(a, fam), cluster, plan, None, DEFAULT_ORDER, step * pred / meas)
-            except LlmplanError:
+            except (LlmplanError, ValueError):  # outside what the profile's bounds can reproduce
                 continue
             # the same moves on the uncapped shipped system (ratios for rates, the overhead as set)
             gpu_upd, sys_upd = {}, {}

@@ -118,18 +118,30 @@ class Anchor:
     """(predicted peak bytes, measured peak bytes) when --memory-gib was given."""
 
 
+def _clamp(model: Any, key: str, value: float) -> float:
+    """`value` held inside the bounds of field `key` of `model` (ge / gt / le; gt as 1% above it)."""
+    lo, hi = -float("inf"), float("inf")
+    for m in model.model_fields[key].metadata:
+        if getattr(m, "ge", None) is not None:
+            lo = max(lo, float(m.ge))
+        if getattr(m, "gt", None) is not None:
+            lo = max(lo, float(m.gt) + 0.01)
+        if getattr(m, "le", None) is not None:
+            hi = min(hi, float(m.le))
+    return min(hi, max(lo, value))
+
+
 def scaled_system(system: SystemSpec, s: float, overhead: float | None = None) -> SystemSpec:
     """The system with its sustained clock and collective efficiencies times s (each held inside its field's
     bounds) and, if given, the GPU's step overhead."""
     gpu = system.gpu
-    upd: dict[str, Any] = {"sustained_clock_fraction": min(1.0, gpu.sustained_clock_fraction * s)}
+    upd: dict[str, Any] = {"sustained_clock_fraction": _clamp(type(gpu), "sustained_clock_fraction",
+                                                              gpu.sustained_clock_fraction * s)}
     if overhead is not None:
         upd["step_overhead_s"] = overhead
-    limits = {k: SystemSpec.model_fields[k].metadata for k in COMM_KEYS}
     sys_upd: dict[str, Any] = {"gpu": gpu.model_copy(update=upd)}
     for k in COMM_KEYS:
-        top = next((float(m.le) for m in limits[k] if getattr(m, "le", None) is not None), 1.5)
-        sys_upd[k] = min(top, getattr(system, k) * s)
+        sys_upd[k] = _clamp(SystemSpec, k, getattr(system, k) * s)
     return system.model_copy(update=sys_upd)
 
 
@@ -170,8 +182,9 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
     new = scaled_system(system, math.exp(hi))
     after = step(new)
     if abs(after / step_s - 1) > ANCHOR_TOLERANCE:
-        raise LlmplanError(f"could not reproduce the measured step {step_s:g} s within "
-                           f"{100 * ANCHOR_TOLERANCE:g}% (best {after:.4g} s)")
+        raise LlmplanError(f"measured step {step_s:g} s is slower than llmplan can price this plan with the "
+                           f"clock and collective efficiencies at their lowest ({after:.4g} s): check --step-time "
+                           "(seconds per optimizer step, the whole global batch) and the plan file")
     memory = None
     if memory_gib is not None:
         e = estimate_training(model, cluster.model_copy(update={"system": new}), plan, allowance, order)

@@ -173,6 +173,8 @@ def test_calibrate_anchor_bad_input(cli, tmp_path):
     assert r.code == 2 and "above 0" in r.err
     r = cli("calibrate", "--plan", plan, "--step-time", "1e-4", "-o", tmp_path / "x.yaml")
     assert r.code == 2 and "faster than llmplan can price" in r.err
+    r = cli("calibrate", "--plan", plan, "--step-time", "1e5", "-o", tmp_path / "x.yaml")
+    assert r.code == 2 and "slower than llmplan can price" in r.err and "Traceback" not in r.err
     r = cli("calibrate", "results.json")
     assert r.code == 2 and "--hardware and --output" in r.err
 
