@@ -52,7 +52,7 @@ def estimate(
                                        "(continuous batching at full load), capped by --batch if given."),
     save: Optional[Path] = typer.Option(None, "--save", help="Write this plan to a plan file (for export, check)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --save's file if it exists."),
-    ctx: typer.Context = None,  # type: ignore[assignment]  (typer passes the context)
+    ctx: typer.Context = None,  # type: ignore[assignment]
     **options: object,
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
@@ -75,7 +75,7 @@ def _flag(param: Any, value: object) -> str:
     return f"{opts[0]} {excerpt(str(value), 20)}"
 
 
-def checked_pins(cls: type, pins: dict) -> dict:
+def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
     """The axes `search` pins, checked against the bounds of the plan they will become (cls: ParallelPlan or
     ServePlan, whose Field bounds `estimate` applies too), so that a pinned --tp 70000 is the same clear error
     in both commands; None (free) axes are not checked."""

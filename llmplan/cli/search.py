@@ -77,7 +77,7 @@ def search(
     max_batch: int = typer.Option(1024, "--max-batch", min=1, help="Inference: most concurrent sequences per replica."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate",
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
-    ctx: typer.Context = None,  # type: ignore[assignment]  (typer passes the context)
+    ctx: typer.Context = None,  # type: ignore[assignment]
     **options: object,
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
