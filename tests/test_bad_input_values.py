@@ -344,3 +344,11 @@ def test_expert_tp_on_a_dense_model(cli):
     assert r.code in (0, 3) and "internal error" not in r.err, r.err
     assert r.json()["pruned"].get("etp_dense", 0) > 0
     assert all(p["plan"]["tp"] == 2 for p in r.json()["plans"])
+
+
+def test_check_of_a_folder_without_any_spec(cli, tmp_path):
+    (tmp_path / "notes.yaml").write_text("title: not a spec\n")  # YAML, but no model, GPU, system or plan
+    bad(cli, "check", tmp_path, needle="no spec, profile or plan files found in")
+    (tmp_path / "m.yaml").write_text(json.dumps(SPEC))
+    r = cli("check", tmp_path, "--format", "json")
+    assert r.code == 0, (r.out, r.err)

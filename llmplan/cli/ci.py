@@ -54,8 +54,9 @@ def check(
     findings = run_checks(targets, plans, limits.min_headroom_gib, limits.tolerance, limits.param_tolerance)
     if not findings:  # an empty folder or a wrong path in CI must not pass as "all checks passed"
         where = bounded_list([*(str(t) for t in targets), *([f"--plans {plans}"] if plans else [])])
-        raise LlmplanError(f"no spec, profile or plan files (*.yaml, *.yml, *.json) found in {where}; give the "
-                           f"folders that hold them (e.g. llmplan check model_specs/ --plans plans/)")
+        raise LlmplanError(f"no spec, profile or plan files found in {where} (a *.yaml, *.yml or *.json file "
+                           f"holding a model, GPU, system or plan); give the folders that hold them (e.g. llmplan "
+                           f"check model_specs/ --plans plans/)")
     diff = None
     if base is not None:
         files = discover(targets)
