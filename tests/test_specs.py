@@ -140,8 +140,11 @@ def test_hf_configs_without_layer_types_get_their_architecture_s_windows(tmp_pat
     path.write_text(json.dumps(cfg))
     m = load_model_file(path)
     assert m.sliding_window == window
-    kept = layer_windows(m)
-    assert kept == ([window if w else None for w in windowed] if windowed else [None] * m.num_hidden_layers)
+    kept = layer_windows(m)  # (window, layers) pairs, counted once per kind
+    sliding = sum(windowed) if windowed else 0
+    assert kept == tuple((w, n) for w, n in ((None, m.num_hidden_layers - sliding), (window, sliding)) if n)
+    if windowed:
+        assert [t == "sliding_attention" for t in m.layer_types] == windowed
     # the KV cache of a 32k-token sequence keeps min(32k, window) tokens on the windowed layers
     full = m.model_copy(update={"layer_types": None})
     ratio = kv_bytes_per_seq_gpu(m, ServePlan(), 32768) / kv_bytes_per_seq_gpu(full, ServePlan(), 32768)

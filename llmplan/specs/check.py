@@ -243,7 +243,9 @@ RULES: tuple[Rule, ...] = (
                          f"--micro-batch, or use --vpp 1"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
-    Rule("etp_dense", lambda m, p, c: _moe(m) | (p.etp_resolved == p.tp),
+    # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
+    # default (tp) is harmless; any other value describes no layer and leaves no expert group grid to place.
+    Rule("etp_dense", lambda m, p, c: _moe(m) | (p.etp_resolved == p.tp) | (p.etp_resolved == 1),
          lambda m, p, c: f"expert tp ({p.etp_resolved}) applies to mixture-of-experts layers; {m.name} is dense: "
                          f"drop --etp (dense layers use tp, {p.tp})"),
     Rule("ep_experts", lambda m, p, c: (not _moe(m)) | (max(m.num_experts, 1) % p.ep == 0),
