@@ -253,3 +253,19 @@ def test_a_cluster_profile_overrides_the_failure_rates_and_storage(cli, tmp_path
     bad.write_text("base: dgx-h100\ncheckpoint_gb_per_s: -1\n")
     r = cli(*ESTIMATE[:4], str(bad), *ESTIMATE[5:])
     assert r.code == 2 and "checkpoint_gb_per_s" in r.err and "Traceback" not in r.err
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(nodes=st.sampled_from([8, 64, 512, 2048]), bw=st.floats(10.0, 1e4), restart=st.floats(0.0, 3600.0),
+       mode=st.sampled_from(["sync", "async", "memory"]))
+def test_faster_storage_never_lowers_and_slower_restarts_never_raise_goodput(nodes, bw, restart, mode):
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, pp=1, dp=nodes, sp=True, zero=1, micro_batch=1, global_batch=4096, seq_len=4096)
+    policy = CheckpointPolicy(mode=mode)
+
+    def at(**keys: float) -> float:
+        system = S["dgx-h100"].model_copy(update={"checkpoint_gb_per_s": bw, "restart_overhead_s": restart, **keys})
+        return float(plan_goodput(m, ClusterSpec(system=system, num_nodes=nodes), plan, 5.0, policy).useful)
+
+    assert at(checkpoint_gb_per_s=2 * bw) >= at() - 1e-12
+    assert at(restart_overhead_s=restart + 600) <= at() + 1e-12
