@@ -146,6 +146,8 @@ def search_train(o: dict) -> None:
         for v in switch_variants(base, o["grad_dtype"] is not None, o["fp8_params"] is not None):
             wv, ov = Workload(**{**base.fields(), **v}), dict(o)
             res = run(full_cluster, say, wv)
+            if res is None:  # only a straddling space can be empty; the full one never is
+                continue
             used = power_of_two_domain(full_cluster.system)
             c = full_cluster
             if used and o["domain_gpus"] is None and o["gpus_per_node"] is None and o["objective"] != "headroom":
