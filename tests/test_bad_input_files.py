@@ -505,6 +505,27 @@ def test_bench_removes_its_temporary_folder(cli, tmp_path, monkeypatch):
     assert not list(tmp_path.glob("llmplan-bench-*"))
 
 
+def test_ctrl_c_during_a_bench_stops_its_workers_and_removes_its_folder(tmp_path):
+    _torch()
+    env = {**ENV, "TMPDIR": str(tmp_path), "LLMPLAN_BENCH_HANG_RANK": "0"}
+    p = subprocess.Popen([sys.executable, "-m", "llmplan", "bench", "--model", "llama-3.1-8b", "--nproc", "1",
+                          "--seq-len", "64", "--components", "collectives", "--sizes", "64KiB", "--timeout", "300"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = threading.Event()
+    for _ in range(600):  # until the worker reports its first phase (torch takes seconds to import)
+        if list(tmp_path.glob("llmplan-bench-*/progress-rank0.json")) or p.poll() is not None:
+            break
+        deadline.wait(0.1)
+    assert p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.endswith("llmplan: interrupted\n"), err
+    assert not list(tmp_path.glob("llmplan-bench-*"))
+    deadline.wait(0.5)
+    alive = subprocess.run(["pgrep", "-f", f"llmplan.bench.worker {tmp_path}"], capture_output=True, text=True)
+    assert not alive.stdout.split()
+
+
 # --- 12. signals and a closed stdout --------------------------------------------------------------------------------
 
 
