@@ -470,8 +470,9 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
 
 
 # Constants fitted here (docs/validation.md#constants): the sustained tensor-core clock per GPU generation,
-# the attention-kernel efficiency, the GEMM reduction half-length and the fixed per-step overhead.
-GLOBAL_CONSTANTS = ("attention_efficiency", "gemm_k_half", "step_overhead_s")
+# the attention-kernel efficiency and the GEMM reduction half-length. The fixed per-step overhead
+# (step_overhead_s) is no longer fitted: its parts are priced (docs/formulas.md#step.overhead).
+GLOBAL_CONSTANTS = ("attention_efficiency", "gemm_k_half")
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
     return tuple(round(lo + i * step, 3) for i in range(round((hi - lo) / step) + 1))
 
@@ -483,8 +484,7 @@ GRID = {
     "clock_a100": _steps(0.75, 1.0, 0.025),
     "clock_h100": _steps(0.7, 1.0, 0.025),
     "attention_efficiency": _steps(0.4, 1.0, 0.05),
-    "gemm_k_half": (128.0, 512.0),
-    "step_overhead_s": (0.0, 0.05, 0.1, 0.15, 0.2),
+    "gemm_k_half": (128.0, 256.0, 512.0, 1024.0),
 }
 CLOCK_GROUPS = ("a100", "h100")
 

@@ -7,6 +7,8 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,7 +16,8 @@ import numpy as np
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
-    StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step, stage_compute,
+    KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,
+    stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import ep_exposed
@@ -22,6 +25,21 @@ from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+
+GPU_SPEED_SPREAD = 0.012
+"""Standard deviation of one GPU's sustained speed around its fleet's mean, as a fraction. Sinha et al. 2022
+("Not All GPUs Are Created Equal", SC'22, abstract) measure an 8% average performance variation (22% at most)
+among the identical GPUs of each of five clusters of hundreds to thousands of GPUs; read as the range of
+about 1,000 normal draws (2 x 3.24 standard deviations, expected_max_normal), that is 1.2%.
+Derived: docs/formulas.md#step.overhead"""
+BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
+"""Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
+.bucket_size: "larger DP sizes need larger buckets to ensure collectives do not become latency-bound")."""
+LAYER_KERNELS = 12
+"""Kernels one transformer layer launches in a forward pass with fused kernels: four GEMMs (QKV, output
+projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
+memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
+(two per layer). Backward launches about twice as many, recompute one forward more."""
 
 BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
 
@@ -53,13 +71,17 @@ class StepTime(Breakdown):
     optimizer: Any
     """Optimizer step and gradient clipping."""
     overhead: Any
-    """Fixed time per step outside the model's kernels (GpuSpec.step_overhead_s)."""
+    """Time per step outside the model's kernels and collectives: the sum of `overheads`."""
     exposed: dict[str, Any]
     """Exposed seconds per axis (tp, pp, dp, cp, ep); they sum to comm_exposed."""
     stage: StageCompute
     """Per-micro-batch compute of the slowest stage."""
     model_flops: Any
     hardware_flops: Any
+    overheads: dict[str, Any]
+    """The parts of `overhead` (they sum to it): host (kernel launches the GPU waits for), stragglers (the
+    slowest of the job's GPUs sets the pace) and measured (GpuSpec.step_overhead_s, 0 unless a fleet's
+    profile sets it)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[Any, StageCompute, Any, Any]]:
@@ -137,18 +159,23 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 
 
-def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
+def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
+                      layers: Any = 1) -> Any:
     """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
     backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
-    so their times add before the window hides them. Switching an overlap off exposes that collective.
+    so their times add before the window hides them. Switching an overlap off exposes that collective. Each
+    layer is gathered and reduced on its own (one FSDP unit per layer of the stage's `layers`): the first
+    layer's forward gather has no compute before it and the last layer's reduce-scatter none after it, so
+    those two are exposed even with overlap.
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
     n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
     ag = where((plan.zero >= 3) & flat, comm.dp_gather / (2 * n), 0.0)
     rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
-    hide_f = where(plan.overlap_param_gather, ag, 0.0)
-    hide_b = hide_f + where(plan.overlap_grad_reduce, rs, 0.0)
+    edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
+    hide_f = where(plan.overlap_param_gather, ag * edge, 0.0)
+    hide_b = where(plan.overlap_param_gather, ag, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
     return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
 
 
@@ -167,20 +194,72 @@ def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
     return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
 
 
-def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float) -> Any:
+def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
+    """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
+    (BUCKET_PARAMS) of the stage's parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
+    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+    return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
+
+
+def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
+                        params_on_rank: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
     hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
-    first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window).
-    Derived: docs/formulas.md#step.dp"""
+    first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
+    last bucket starts when the backward is over and the gather of the first bucket must end before the
+    forward starts, so one bucket of each (bucket_share) is exposed even with overlap.
+    Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
+    in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
+    share = bucket_share(plan, params_on_rank)
+    last, first = comm.dp_reduce * share, comm.dp_gather * share
     reduce = where(plan.overlap_grad_reduce,
-                   overlap(comm.dp_reduce, chunked_sync_window(plan, comm.dp_reduce, backward), kappa),
+                   last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
+                                  kappa),
                    comm.dp_reduce)
     gather = where(plan.overlap_param_gather & (plan.zero >= 1),
-                   overlap(comm.dp_gather, chunked_sync_window(plan, comm.dp_gather, sc.forward), kappa),
+                   first + overlap(comm.dp_gather - first,
+                                   chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
                    comm.dp_gather)
     flat = plan.pp == 1
     return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
+
+
+@lru_cache(maxsize=4096)
+def _expected_max(n: int) -> float:
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+def expected_max_normal(n: Any) -> Any:
+    """Expected largest of n independent standard normal draws, by Blom's approximation
+    Phi^-1((n - 0.375) / (n + 0.25)) (within 5% of the exact value at n = 2, 1% from n = 10): 0 for one draw,
+    1.03 for 4, 2.33 for 64, 3.20 for 1,024, 3.85 for 12,288; it grows as sqrt(2 ln n).
+    Source: Blom 1958, Statistical Estimates and Transformed Beta-Variables (normal order statistics)."""
+    arr = np.asarray(n)
+    if arr.ndim == 0:
+        return _expected_max(int(arr))
+    values, index = np.unique(arr, return_inverse=True)
+    return np.array([_expected_max(int(v)) for v in values])[index].reshape(arr.shape)
+
+
+def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
+    """Time the job loses to its slowest GPU: every collective waits for the last rank to arrive, and the
+    GPUs of one type differ in sustained speed by GPU_SPEED_SPREAD (one standard deviation), so a step whose
+    GPUs compute for `busy` seconds takes busy x spread x E[max of N normal draws] longer with N GPUs.
+    Derived: docs/formulas.md#step.overhead"""
+    return busy * GPU_SPEED_SPREAD * expected_max_normal(plan.num_gpus)
+
+
+def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any) -> Any:
+    """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
+    the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
+    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, twice
+    that in backward, once more under recompute; KERNEL_LAUNCH_S each) take beyond the GPU's `per_mb`.
+    Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
+    synchronises). Derived: docs/formulas.md#step.overhead"""
+    per_layer = (LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    launches = per_layer * layers * (3 + r)
+    return per_layer + plan.num_microbatches * maximum(launches - per_mb, 0.0)
 
 
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:
@@ -202,7 +281,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
         cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
         ep_i = ep_exposed(plan, comm.ep / n * moe_layers / moe_max, sc.total, kappa)  # cost.moe
-        z3_i = dp_exposed_per_mb(plan, comm, sc, kappa)
+        z3_i = dp_exposed_per_mb(plan, comm, sc, kappa, layers)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
@@ -219,14 +298,20 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     # Derived: docs/formulas.md#step.overlap
     waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
     pp_exposed = waited * p2p + overlap((2 * n * v - waited) * p2p, n * sc.total, kappa)
-    exposed = {"tp": n * tp_mb, "pp": pp_exposed, "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa),
+    exposed = {"tp": n * tp_mb, "pp": pp_exposed,
+               "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa, params_on_rank),
                "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
     bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
+    # Derived: docs/formulas.md#step.overhead
+    overheads = {"host": host_seconds(plan, l_max, worst, recomputed_share(plan, l_max)),
+                 "stragglers": straggler_seconds(plan, n * sc.total + bubble),
+                 "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=gpu.step_overhead_s + 0 * n,
+        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=sum(overheads.values()),
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
+        overheads=overheads,
     )
 
 

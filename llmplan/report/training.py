@@ -79,6 +79,7 @@ def time_json(st: StepTime) -> dict[str, Any]:
     return {"step_s": float(st.total), "compute_s": float(st.compute), "bubble_s": float(st.bubble),
             "comm_exposed_s": float(st.comm_exposed), "optimizer_s": float(st.optimizer),
             "overhead_s": float(st.overhead),
+            "overheads_s": {k: float(v) for k, v in st.overheads.items()},
             "exposed_s": {k: float(v) for k, v in st.exposed.items()},
             "compute_split_s": {"gemm": float(st.stage.gemm), "attention": float(st.stage.attention),
                                 "memory_bound": float(st.stage.memory_bound), "per": "micro-batch"}}
@@ -207,6 +208,10 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 
 
+OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
+                  "measured": "measured per-step overhead"}
+
+
 def time_table(e: TrainingEstimate) -> Table:
     st, tp = e.time, e.throughput
     t = ReportTable(title="Step time (most-loaded stage)")
@@ -217,7 +222,7 @@ def time_table(e: TrainingEstimate) -> Table:
     rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
             *((f"exposed {a.upper()} communication", v, "step.time") for a, v in st.exposed.items() if v > 0),
             ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
-            ("fixed per-step overhead", st.overhead, "step.overhead")]
+            *((f"{OVERHEAD_NAMES[k]}", v, "step.overhead") for k, v in st.overheads.items() if v > 0)]
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")

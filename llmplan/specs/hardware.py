@@ -129,11 +129,11 @@ class GpuSpec(Spec):
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
     16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
-    step_overhead_s: float = Field(default=0.15, ge=0, le=60)
-    """Fixed time per training step outside the model's kernels (data loader, gradient-norm all-reduce and
-    clipping launch, logging, optimizer bookkeeping), seconds; fitted by leave-one-family-out in
-    benchmarks/accuracy.py (the ten left-out fits land on 0.1-0.2 s; docs/validation.md#constants says why 0.15
-    ships where the all-family fit ties it with 0.2)."""
+    step_overhead_s: float = Field(default=0.0, ge=0, le=60)
+    """A measured host time per training step that the step-time model does not price (a fleet's data loader,
+    logging or checkpoint hooks), seconds, added to every step; 0 in the shipped profiles. The launch waits,
+    the exposed DP buckets, the optimizer step and the stragglers are priced from the plan
+    (docs/formulas.md#step.overhead); the fitted 0.15 s that stood in for them until this release is gone."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
