@@ -275,13 +275,14 @@ def test_torchtitan_h100_runs_unseen_by_the_fit(published_runs):
         measured = rows[rid]["measured"]["tokens_per_s_per_gpu"]
         assert pred[rid] == pytest.approx(measured, rel=0.10), rid
     # Tables 1 and 3 (bf16, op-level selective checkpointing, --recompute op): torch.compile beats eager as
-    # measured, and the compiled rows (6,667 and 6,514 tokens/s per GPU) are predicted within 5%.
+    # measured, and the compiled rows (6,667 and 6,514 tokens/s per GPU) are predicted within 7.5%: +4.0% and
+    # +5.6% since the fitted 0.15 s per-step constant is gone (issue 32; -0.6% and +2.4% with it, 2.5 s steps).
     for table, gpus in (("t1", 8), ("t3", 128)):
         rid = f"{t}{table}-llama31-8b-{gpus}gpu-fsdp"
         assert accuracy.plan_for(rows[rid], "torchtitan", gpus).recompute == "op"
         assert pred[rid + "-compile"] > pred[rid]
         assert pred[rid + "-compile"] == pytest.approx(rows[rid + "-compile"]["measured"]["tokens_per_s_per_gpu"],
-                                                       rel=0.05)
+                                                       rel=0.075)
 
 
 def test_automodel_h100_bf16_runs(published_runs):

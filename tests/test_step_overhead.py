@@ -152,3 +152,40 @@ def test_zero3_pipeline_step_parts_sum_to_the_step():
     t = step_time(m, plan, H100.gpu, comm_seconds(e.comm, H100), e.memory.params_on_rank)
     parts = t.compute + t.bubble + t.comm_exposed + t.optimizer + t.overhead
     assert float(parts) == pytest.approx(float(t.total))
+
+
+# MegaScale (Jiang et al. 2024, NSDI'24, Table 2): GPT-175B (TP8 PP8 VPP6) with Megatron-LM on A100, strong
+# scaling at batch 768 (256 -> 1,024 GPUs) and at batch 6,144 (3,072 -> 12,288 GPUs). Records megascale-t2-*.
+BASELINE = "megascale-t2-175b-megatron-lm-{}gpu"
+
+
+def _mfu(acc, published_runs, gpus: int) -> tuple[float, float]:
+    rec = published_runs[BASELINE.format(gpus)]
+    (quantity, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
+    assert quantity == "MFU"
+    return pred, meas
+
+
+def test_megascale_12288_gpu_row_within_10_percent(published_runs):
+    # 12,288 A100, DP 192: measured 41.2% MFU (Table 2). Tolerance 10%, issue 32's per-family target.
+    import accuracy
+
+    pred, meas = _mfu(accuracy, published_runs, 12288)
+    assert meas == 0.412
+    assert pred == pytest.approx(meas, rel=0.10)
+
+
+@pytest.mark.parametrize("small,large", [(256, 1024), (3072, 12288)])
+def test_megascale_efficiency_falls_with_scale_as_measured(published_runs, small, large):
+    # Measured MFU falls 15.7% from 256 to 1,024 GPUs (53.0 -> 44.7%) and 15.4% from 3,072 to 12,288
+    # (48.7 -> 41.2%). The baseline reduces its DP buckets after the backward (MegaScale adds "DP overlap",
+    # Table 3), so the exposed reduction stays while the step shrinks; with the stragglers of 4x more GPUs the
+    # predicted fall must be at least half the measured one (with the 0.15 s constant and the reduction
+    # overlapped it was 4.6% and 6.7%, under a third and under a half).
+    import accuracy
+
+    p_small, m_small = _mfu(accuracy, published_runs, small)
+    p_large, m_large = _mfu(accuracy, published_runs, large)
+    measured_fall, predicted_fall = 1 - m_large / m_small, 1 - p_large / p_small
+    assert measured_fall == pytest.approx(0.155, abs=0.005)
+    assert measured_fall / 2 <= predicted_fall <= measured_fall * 1.25
