@@ -172,7 +172,9 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "nominal": iv.choose_nominal(training),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
         "constants": consts,
-        "resolution": tie_resolution(training),
+        "resolution": {**tie_resolution(training),
+                       "dense": tie_resolution([r for r in training if not r["moe"]])["value"],
+                       "moe": tie_resolution([r for r in training if r["moe"]])["value"]},
         "training": training,
         "memory": memory_residuals(records),
         "serving": serving_residuals(records),
@@ -233,7 +235,8 @@ def report(doc: dict, nested: bool = True) -> None:
     res = doc["resolution"]
     print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs in "
           f"{res['groups']} measured groups (each group alike): {100 * (math.exp(res['value']) - 1):.1f}% "
-          f"(log {res['value']:.4f})")
+          f"(log {res['value']:.4f})" + "".join(f"; {k} groups only {100 * (math.exp(res[k]) - 1):.1f}%"
+                                                 for k in ("dense", "moe") if k in res))
     for name, data in (("memory", doc["memory"]), ("serving", doc["serving"])):
         if len(data) >= 2:
             lo, hi = np.quantile([r["r"] for r in data], [0.1, 0.9])

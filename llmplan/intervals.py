@@ -195,9 +195,12 @@ def serving_band(data: dict[str, Any] | None = None) -> Band | None:
                 f"each scored with constants fitted without it); TTFT and TPOT scaled as times")
 
 
-def resolution(data: dict[str, Any] | None = None) -> float:
-    """The tie resolution: the LEVEL quantile of |r_i - r_j| within measured groups (log units)."""
-    return float((data or shipped())["resolution"]["value"])
+def resolution(data: dict[str, Any] | None = None, moe: bool | None = None) -> float:
+    """The tie resolution: the LEVEL quantile of |r_i - r_j| within measured groups (log units); with `moe`,
+    from the dense or the MoE groups only where the file has them."""
+    res = (data or shipped())["resolution"]
+    key = None if moe is None else ("moe" if moe else "dense")
+    return float(res.get(key, res["value"]) if key else res["value"])
 
 
 def tied(rate_a: float, rate_b: float, res: float | None = None) -> bool:

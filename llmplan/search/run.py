@@ -299,7 +299,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         from llmplan.intervals import resolution as model_resolution
         from llmplan.search.ties import resolve
 
-        resolution = model_resolution()
+        resolution = model_resolution(moe=bool(m.num_experts))
         new, tied_with, notes = resolve(ranked, resolution)
         ranked, counts = [ranked[i] for i in new], [counts[i] for i in new]
     return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
