@@ -32,6 +32,7 @@ from llmplan.cost.compute import layer_flops, model_flops_per_step
 from llmplan.cost.params import padded_vocab
 from llmplan.specs.check import balanced_split
 from llmplan.specs.model import ModelSpec
+from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -444,8 +445,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     gpus = hw.get("gpus") or 1
     if nvlink_segment_gpus(rec, system):
         system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
-    per_node = min(gpus, system.gpus_per_node)
-    cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+    cluster = cluster_of(system, gpus)
     plan = plan_for(rec, fam, gpus)
     if plan.num_gpus != cluster.num_gpus:
         return []
@@ -728,8 +728,7 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
         system = builtin_systems()[system_for(str(hw.get("gpu", ""))) or "dgx-a100"]
         gpus = hw.get("gpus") or 8
         plan = plan_for(r, fam, gpus)
-        per_node = min(gpus, system.gpus_per_node)
-        cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+        cluster = cluster_of(system, gpus)
         if plan.num_gpus != cluster.num_gpus:
             continue
         model = model_for(r, fam)
@@ -748,14 +747,19 @@ def memory_report(records: list[dict]) -> list[tuple[str, str, float, float]]:
     return out
 
 
+def cluster_of(system: SystemSpec, gpus: int) -> ClusterSpec:
+    """A record's cluster: whole nodes of the system, or one partly used node for a run smaller than a node."""
+    per_node = min(gpus, system.gpus_per_node)
+    return ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+
+
 def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
     """[(record, what, predicted, measured)] for a run that logs its peak memory per GPU (BLOOM's prequel
     tables: the largest of the first and last stage, as the logs print it, read as GiB)."""
     fam, hw = family(r["id"]), r["hardware"]
     system = builtin_systems()[system_for(str(hw.get("gpu", ""))) or "dgx-a100"]
     gpus = hw["gpus"]
-    per_node = min(gpus, system.gpus_per_node)
-    cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+    cluster = cluster_of(system, gpus)
     plan = plan_for(r, fam, gpus)
     if plan.num_gpus != cluster.num_gpus:
         return []
@@ -1046,8 +1050,7 @@ def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, floa
         rec, fam = by_id[rid], family(rid)
         system = builtin_systems()[system_for(str(rec["hardware"]["gpu"])) or "dgx-h100"]
         gpus = rec["hardware"]["gpus"]
-        per_node = min(gpus, system.gpus_per_node)
-        cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+        cluster = cluster_of(system, gpus)
         plan = plan_for(rec, fam, gpus)
         e8 = estimate_training(model_for(rec, fam), cluster, plan)
         bf16 = plan.model_copy(update={"dtype": "bf16", "recipe": "tensorwise", "fp8_params": False})

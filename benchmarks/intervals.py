@@ -279,7 +279,6 @@ def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float
     calibrated profile, and compare their median |error| with the shipped profile's. Returns (group, runs,
     median over anchors of the others' median |error| before, after, anchors that improved it)."""
     from llmplan.calibrate import anchored_system
-    from llmplan.specs.plan import ClusterSpec
 
     shipped = builtin_systems()
     out = []
@@ -298,8 +297,7 @@ def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float
             if a["hardware"].get("power_limit_w"):
                 system = system.model_copy(update={"gpu": system.gpu.at_power_limit(a["hardware"]["power_limit_w"])})
             gpus = a["hardware"].get("gpus") or 1
-            per_node = min(gpus, system.gpus_per_node)
-            cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
+            cluster = acc.cluster_of(system, gpus)
             plan = acc.plan_for(a, fam, gpus)
             step = float(estimate_training(acc.model_for(a, fam), cluster, plan).time.total)
             try:
