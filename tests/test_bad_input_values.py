@@ -352,3 +352,14 @@ def test_check_of_a_folder_without_any_spec(cli, tmp_path):
     (tmp_path / "m.yaml").write_text(json.dumps(SPEC))
     r = cli("check", tmp_path, "--format", "json")
     assert r.code == 0, (r.out, r.err)
+
+
+def test_a_lone_surrogate_in_a_spec_is_one_clear_line(cli, tmp_path):
+    # Found by a 10,000-line generated sweep (stop 41): a YAML "\ud800" escape is a lone surrogate, and printing
+    # the error that names it raised UnicodeEncodeError (an internal error) instead of exit 2.
+    spec = tmp_path / "m.yaml"
+    spec.write_text('name: "\\ud800\\udc00"\nmodel_type: "\\ud800"\n')
+    r = cli("estimate", "--model", str(spec), "--hardware", "dgx-h100")
+    assert r.code == 2, r.err
+    assert r.err.startswith("error: ") and "\\ud800" in r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err

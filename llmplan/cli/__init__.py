@@ -180,6 +180,9 @@ def _stdout_closed(code: int) -> int:
 
 
 def _fail(args: list[str], code: int, message: str) -> int:
+    # A value read from the user's file may hold text the terminal cannot encode (a YAML "\ud800" escape is a
+    # lone surrogate): show it escaped rather than fail while saying what is wrong.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     if "--json" in args:
         _json_error(code, message)
     sys.stderr.write(f"error: {message}\n")
