@@ -6,13 +6,11 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
 
 from __future__ import annotations
 
-from functools import lru_cache
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from llmplan.cost.arith import minimum, where
+from llmplan.cost.arith import expected_max_normal, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -22,16 +20,6 @@ EP_OVERLAP_HIDDEN = 0.2
 Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP) runs 20.1 s per step where llmplan
 prices 21.1 s with the all-to-alls exposed and 16.2 s with them hidden in full, (21.1 - 20.1) / (21.1 - 16.2)
 = 0.20. One published run; docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
-
-
-@lru_cache(maxsize=256)
-def expected_max_normal(n: int) -> float:
-    """Expected largest of n independent standard normal draws, Blom's approximation
-    Phi^-1((n - 0.375) / (n + 0.25)) (0 for n = 1). Source: Blom 1958, Statistical Estimates and Transformed
-    Beta-Variables (plotting positions of normal order statistics)."""
-    if n <= 1:
-        return 0.0
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -52,8 +40,7 @@ def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
     E, k = m.num_experts, m.num_experts_per_tok
     tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
     ep = np.asarray(plan.ep)
-    values, index = np.unique(ep, return_inverse=True)
-    z = np.array([expected_max_normal(int(e)) for e in values])[index].reshape(ep.shape)
+    z = expected_max_normal(ep)
     spread = np.sqrt((1 - 1 / ep) * (E - k) / max(E - 1, 1) / np.maximum(tokens * k, 1.0))
     out = 1.0 + z * spread
     return float(out) if np.ndim(out) == 0 else out

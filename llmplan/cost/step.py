@@ -7,13 +7,11 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from statistics import NormalDist
 from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, minimum, where
+from llmplan.cost.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,
@@ -223,23 +221,6 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
                    comm.dp_gather)
     flat = plan.pp == 1
     return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
-
-
-@lru_cache(maxsize=4096)
-def _expected_max(n: int) -> float:
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
-
-
-def expected_max_normal(n: Any) -> Any:
-    """Expected largest of n independent standard normal draws, by Blom's approximation
-    Phi^-1((n - 0.375) / (n + 0.25)) (within 5% of the exact value at n = 2, 1% from n = 10): 0 for one draw,
-    1.03 for 4, 2.33 for 64, 3.20 for 1,024, 3.85 for 12,288; it grows as sqrt(2 ln n).
-    Source: Blom 1958, Statistical Estimates and Transformed Beta-Variables (normal order statistics)."""
-    arr = np.asarray(n)
-    if arr.ndim == 0:
-        return _expected_max(int(arr))
-    values, index = np.unique(arr, return_inverse=True)
-    return np.array([_expected_max(int(v)) for v in values])[index].reshape(arr.shape)
 
 
 def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
