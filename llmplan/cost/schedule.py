@@ -1,6 +1,6 @@
 """The pipeline schedule as a timeline: when each stage runs each micro-batch's forward and backward.
 
-The step-time model prices the schedule in closed form (docs/formulas.md#step.pipeline); this simulation
+The step-time model prices the schedule in closed form (docs/formulas.md#step.time); this simulation
 lays the same schedule out slot by slot so that `llmplan report` can draw it, interleaving included. It
 ignores point-to-point transfer time (drawn schedules show compute and bubbles).
 """
