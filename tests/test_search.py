@@ -155,6 +155,11 @@ def test_search_cli_json_and_save(cli, tmp_path):
     again = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--global-batch",
                 "128", "--save", out)
     assert again.code == 2 and "already exists; pass --force" in again.err
+    assert again.out.strip() == ""  # refused before searching: no table printed, then an error (issue 39)
+    infer = cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", out)
+    assert infer.code == 2 and "already exists; pass --force" in infer.err and infer.out.strip() == ""
+    est = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", out)
+    assert est.code == 2 and "already exists; pass --force" in est.err and est.out.strip() == ""
     forced = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--global-batch",
                  "128", "--save", out, "--force")
     assert forced.code == 0 and "saved the best plan" in forced.out

@@ -15,6 +15,7 @@ from llmplan.cli.inputs import (make_allowance, make_checkpoint, make_cluster, m
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
+from llmplan.fileio import check_target
 from llmplan.estimate import estimate_training
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.serving import at_max_load, estimate_serving
@@ -61,6 +62,8 @@ def estimate(
         raise LlmplanError(f"--mode {mode}: use train or infer")
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp"})
     given = {k: v for k, v in locals().items() if k not in ("options", "ctx")}
+    if save is not None:  # refuse an existing --save file before printing the estimate, not after
+        check_target(save, force)
     (estimate_infer if mode == "infer" else estimate_train)({**given, **options})
 
 

@@ -17,6 +17,7 @@ from llmplan.cli.inputs import (checked_pins, make_allowance, make_checkpoint, m
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.fileio import check_target
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
@@ -86,6 +87,8 @@ def search(
         raise LlmplanError(f"--mode {mode}: use train or infer")
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top"})
     given = {k: v for k, v in locals().items() if k not in ("options", "ctx")}
+    if save is not None:  # refuse an existing --save file before the search, not after it ran and printed
+        check_target(save, force)
     (search_infer if mode == "infer" else search_train)({**given, **options})
 
 
