@@ -305,7 +305,8 @@ def test_explicit_stage_list_costs_about_the_even_split(cli, tmp_path):
     t2 = time.process_time()
     assert even.code == 0 and listed.code == 0, (even.err, listed.err)
     assert listed.json()["time"]["step_s"] == pytest.approx(even.json()["time"]["step_s"], rel=1e-9)
-    assert t2 - t1 < 4 * (t1 - t0) + 2, (t2 - t1, t1 - t0)
+    # 3.4 s against 0.2 s was measured on a 2-core machine on the landed code; the quadratic version took 41 s.
+    assert t2 - t1 < 4 * (t1 - t0) + 6, (t2 - t1, t1 - t0)
 
 
 def test_report_of_a_deep_pipeline_draws_a_bounded_schedule(cli, tmp_path):
