@@ -15,8 +15,8 @@ from llmplan.cli.inputs import (make_allowance, make_checkpoint, make_cluster, m
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
-from llmplan.fileio import check_target
 from llmplan.estimate import estimate_training
+from llmplan.fileio import check_target
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.defaults import default_seq_len
