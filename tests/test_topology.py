@@ -257,6 +257,27 @@ def test_collective_cli_json(cli):
     assert "busbw" in r.out
 
 
+@pytest.mark.parametrize("system", ["dgx-h100", "dgx-b200", "mi300x-8"])
+def test_two_node_ring_stripes_its_channels_over_every_nic_of_the_node(cli, system):
+    # NCCL builds one ring per channel and each ring leaves the node through a different GPU's NIC, so the data
+    # of a 2-node ring all-reduce crosses on all of a node's NICs (NVIDIA/nccl issues #43 and #601; Hu et al.
+    # 2025, "Demystifying NCCL"): its busbw is bounded by the node's aggregate NIC rate x nic_efficiency and by
+    # the per-GPU scale-up rate, not by one NIC (37.5 GB/s on dgx-h100 before the fix).
+    s = SYS[system]
+    n = 2 * s.gpus_per_node
+    r = cli("collective", "--op", "all-reduce", "--size", "4GiB", "--gpus", str(n), "--hardware", system,
+            "--algorithm", "ring", "--json")
+    assert r.code == 0, r.err
+    busbw = r.json()["busbw_gbps"] * 1e9
+    one_nic = s.nic_bytes_per_s * s.nic_efficiency
+    node_nics = s.nics_per_node * one_nic
+    assert busbw <= node_nics * (1 + 1e-9)
+    assert busbw > 4 * one_nic
+    # at 4 GiB the ring's 2(n-1) network latencies are under 1% of the time: it runs at the slower bound
+    scale_up = collective_time("all-reduce", 4 * GIB, span(system, s.gpus_per_node), s, nvls=False).busbw
+    assert busbw == pytest.approx(min(node_nics, scale_up), rel=0.01)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--op", "all-reduse", "--hardware", "dgx-h100"], "--op all-reduse is not a collective"),
     (["--size", "12 parsecs", "--hardware", "dgx-h100"], "size '12 parsecs' is not a positive size"),

@@ -136,6 +136,11 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     k = span.domains
     g = max(1, n // k)
     flat_bw = min(L.intra_bw, L.inter_bw)
+    # NCCL runs one ring per channel and enters / leaves each domain on a different GPU's NIC per channel, so
+    # a flat ring's domain-crossing edges share the g NICs of the group's ranks there, not one.
+    # Source: NVIDIA/nccl issues #43 and #601 (one ring per NIC; NVLink splits the data over the N NICs);
+    # Hu et al. 2025, "Demystifying NCCL" (arXiv 2507.04786), channels. Derived: docs/formulas.md#comm.collective
+    ring_bw = min(L.intra_bw, g * L.inter_bw)
     if op == "send-recv":
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
@@ -150,7 +155,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     intra_alpha = phases * (g - 1) * L.intra_alpha
     intra_beta = phases * (g - 1) / g / L.intra_bw
     inter_beta = bus_factor(op, k) / g / L.inter_bw
-    cands = [_ring(op, n, flat_bw, L.inter_alpha),
+    cands = [_ring(op, n, ring_bw, L.inter_alpha),
              Coeff("hierarchical", intra_alpha + phases * (k - 1) * L.inter_alpha, max(intra_beta, inter_beta))]
     if op == "all-reduce":  # double binary tree between domains: log latency, at best the ring's bandwidth
         cands.append(Coeff("tree", intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha,
