@@ -37,3 +37,24 @@ def parse_size(text: str) -> float:
     if not value < MAX_SIZE:
         raise LlmplanError(f"size '{text[:40]}' is beyond anything llmplan plans for (at most {MAX_SIZE:.0e})")
     return value
+
+
+_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str, option: str) -> float:
+    """A token count: '4M' -> 4e6, '1T' -> 1e12, '4194304', '4e6' (decimal k, M, B or G, T). Byte units are
+    refused: a count of tokens has none. Raises LlmplanError naming `option` on anything else."""
+    import re
+
+    from llmplan.errors import LlmplanError
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _COUNT_UNITS or float(match.group(1)) <= 0:
+        raise LlmplanError(f"{option} '{text[:40]}' is not a token count; write a number of tokens, e.g. 4M, "
+                           "4194304 or 4e6 (suffixes k, M, B, T: thousands to trillions)")
+    value = float(match.group(1)) * _COUNT_UNITS[unit]
+    if not value < MAX_SIZE:
+        raise LlmplanError(f"{option} '{text[:40]}' is beyond anything llmplan plans for (at most {MAX_SIZE:.0e})")
+    return value

@@ -102,6 +102,21 @@ def test_plan_file_fields_of_the_wrong_type(cli, tmp_path, edit, needle):
     assert r.code == 1 and needle in r.out
 
 
+@pytest.mark.parametrize("flag,value", [("--batch-tokens", "4X"), ("--batch-tokens", "1GiB"),
+                                        ("--train-tokens", "15X"), ("--train-tokens", "2MB")])
+def test_token_counts_are_asked_for_as_token_counts(cli, flag, value):
+    # issue 39: "--batch-tokens 4X" answered with byte units ("write e.g. 1GiB, 256MiB"); a token count has none.
+    # Refused before the search runs (nothing printed), with the flag named and a token count's shape.
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", flag, value)
+    assert r.code == 2 and not r.out.strip(), r.out
+    assert f"{flag} '{value}' is not a token count" in r.err and "4M" in r.err and "4194304" in r.err
+    hint = r.err.replace(value, "")  # the suggestion, not the echoed value
+    assert "GiB" not in hint and "bytes" not in hint
+    ok = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--batch-tokens", "4194304",
+             "--train-tokens", "15T", "--tp", "1", "--pp", "1", "--top", "1", "--json")
+    assert ok.code == 0, ok.err
+
+
 # --- numbers beyond range -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,needle", [

@@ -30,7 +30,7 @@ from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import parse_order
-from llmplan.units import parse_size
+from llmplan.units import parse_count
 
 
 @app.command()
@@ -132,6 +132,7 @@ def search_train(o: dict) -> None:
     order = parse_order(o["axis_order"])
     build(CheckThresholds, {"min_headroom_gib": o["min_headroom"]}, "--min-headroom")  # the range check uses
     base = search_workload(m, o)
+    tokens = parse_count(o["train_tokens"], "--train-tokens")  # before the search, not after it
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     checkpoint = make_checkpoint(o["checkpoint"], o["checkpoint_interval"], o["failure_rate"])
 
@@ -161,7 +162,6 @@ def search_train(o: dict) -> None:
     o["domain_gpus"] = chosen_o["domain_gpus"]
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
-    tokens = parse_size(o["train_tokens"])
     console = Console(width=max(out.width, 160)) if o["wide"] else out
     advice = advise_training(res.ranked[0], allowance, order) if o["explain_opt"] and res.ranked else None
     emit(report.search_json(res, w, cluster, m, tokens, advice), o["json_mode"],
@@ -208,7 +208,7 @@ def search_workload(m, o: dict) -> Workload:
     seq = o["seq_len"] if o["seq_len"] is not None else default_seq_len(m)
     global_batch = o["global_batch"]
     if global_batch is None:
-        tokens = parse_size(o["batch_tokens"]) if o["batch_tokens"] else DEFAULT_BATCH_TOKENS
+        tokens = parse_count(o["batch_tokens"], "--batch-tokens") if o["batch_tokens"] else DEFAULT_BATCH_TOKENS
         global_batch = global_batch_from_tokens(tokens, seq)
     grad = o["grad_dtype"] if o["grad_dtype"] is not None else ParallelPlan.model_fields["grad_dtype"].default
     params = o["fp8_params"] if o["fp8_params"] is not None else ParallelPlan.model_fields["fp8_params"].default
