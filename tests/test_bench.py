@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from llmplan.bench.run import BenchConfig, OPS, compare, launch  # noqa: E402
+from llmplan.bench.run import BenchConfig, OPS, bench_notes, compare, launch  # noqa: E402
 from llmplan.specs.model import ModelSpec  # noqa: E402
 from llmplan.specs.plan import ClusterSpec, ParallelPlan  # noqa: E402
 from llmplan.specs.registry import resolve_system  # noqa: E402
@@ -161,6 +161,13 @@ def test_cpu_times_are_not_scored(cli):
             "--components", "gemm,collectives", "--sizes", "64KiB")
     assert r.code == 0, r.err
     assert "n/a on CPU" in r.out
+
+
+def test_cpu_note_says_what_a_cpu_run_still_checks():
+    # issue 39: the note stopped at "saved bytes and bytes sent are"; it is a whole sentence now.
+    note = [n for n in bench_notes(config(2)) if n.startswith("CPU run")]
+    assert len(note) == 1 and not note[0].rstrip().endswith(" are")
+    assert note[0].endswith("saved bytes and bytes sent are the same on any backend and are checked as on GPUs")
 
 
 def test_attention_pair_runs_and_prices_the_head_dim_curve(cli):

@@ -413,7 +413,8 @@ def bench_notes(cfg: "BenchConfig") -> list[str]:
     if p.tp != cfg.nproc:
         notes.append(f"the plan has tp {p.tp}; the layer and collectives run over the {cfg.nproc} processes here")
     if cfg.backend == "gloo":
-        notes.append("CPU run: times are not comparable with the GPU profile; saved bytes and bytes sent are")
+        notes.append("CPU run: times are not comparable with the GPU profile; saved bytes and bytes sent are "
+                     "the same on any backend and are checked as on GPUs")
     sh = layer_shape(cfg)
     per_proc = 60 * sh["s"] * sh["b"] * sh["h"] + 30 * sh["a"] * sh["s"] ** 2 * sh["b"] / cfg.nproc
     try:
