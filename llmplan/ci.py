@@ -9,6 +9,7 @@ names the file, the spec field that changed and its line, for text, JSON, GitHub
 
 from __future__ import annotations
 
+import os
 import posixpath
 import subprocess
 from dataclasses import dataclass
@@ -38,6 +39,21 @@ from llmplan.units import GIB
 
 
 
+def shown_path(path: str | Path) -> str:
+    """A file as findings and CI annotations name it: '..' hops folded (os.path.normpath: a plan's
+    '../model_specs/x.yaml' read from plans/ is model_specs/x.yaml), relative to the working directory when it
+    lies inside it (GitHub resolves an annotation's file from the checkout root, where CI runs)."""
+    p = os.path.normpath(str(path))
+    if os.path.isabs(p):
+        try:
+            rel = os.path.relpath(p)
+        except ValueError:  # another drive (Windows)
+            return p
+        if rel != ".." and not rel.startswith(".." + os.sep):
+            return rel
+    return p
+
+
 @dataclass
 class Finding:
     """One check: what was checked, where, and whether it passed."""
@@ -49,6 +65,9 @@ class Finding:
     line: int | None = None
     field: str | None = None
     details: dict[str, Any] = dc_field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.file = shown_path(self.file)
 
 
 def field_line(path: Path, name: str | None) -> int | None:

@@ -174,3 +174,36 @@ def test_check_says_does_not_fit_when_nothing_changed(cli, tmp_path):
                "8", "--save", plan).code == 0
     r = cli("check", plan, "--min-headroom", "200", "--format", "json")
     assert r.code == 1 and "does not fit with 200" in r.out and "no longer" not in r.out
+
+
+def test_plans_takes_one_plan_file(repo, cli):
+    # issue 39: `check --plans FILE` said "not a folder"; one plan file is checked as the folder's would be.
+    plan = next((repo / "plans").glob("*.json"))
+    r = cli("check", "--plans", plan, "--format", "json")
+    assert r.code == 0, r.err + r.out
+    doc = r.json()
+    assert doc["passed"] == 1 and doc["failed"] == 0 and doc["checks"][0]["name"] == f"plan {plan.name}"
+    edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 64")
+    assert cli("check", "--plans", plan).code == 1
+    r = cli("check", "--plans", repo / "nowhere.json")
+    assert r.code == 2 and "does not exist" in r.err
+
+
+def test_annotation_paths_are_normalised_from_the_checkout(repo, cli, monkeypatch):
+    # issue 39: a plan's model_ref "../model_specs/team-8b.yaml", read from plans/, printed as
+    # "plans/../model_specs/team-8b.yaml"; GitHub wants the path from the checkout root, where CI runs.
+    spec = edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 64")
+    line = next(i for i, l in enumerate(spec.read_text().splitlines(), 1) if l.startswith("num_hidden_layers"))
+    monkeypatch.chdir(repo)
+    gh = cli("check", "model_specs", "--plans", "plans", "--format", "github")
+    assert gh.code == 1
+    ann = [l for l in gh.out.splitlines() if l.startswith("::error")]
+    assert len(ann) == 1 and ann[0].startswith(f"::error file=model_specs/team-8b.yaml,line={line},"), ann
+    js = cli("check", "model_specs", "--plans", "plans", "--format", "json").json()
+    assert {c["file"] for c in js["checks"]} == {"model_specs/team-8b.yaml"}
+    # an absolute path inside the working directory is shown from it too; one outside keeps its full path
+    js = cli("check", repo / "model_specs", "--plans", repo / "plans", "--format", "json").json()
+    assert {c["file"] for c in js["checks"]} == {"model_specs/team-8b.yaml"}
+    monkeypatch.chdir(repo / "plans")
+    js = cli("check", repo / "model_specs", "--format", "json").json()
+    assert js["checks"][0]["file"] == str(repo / "model_specs" / "team-8b.yaml")

@@ -30,7 +30,7 @@ from llmplan.topology.placement import DEFAULT_ORDER
 @app.command()
 def check(
     paths: list[Path] = typer.Argument(None, help="Spec, profile or plan files, or folders of them."),
-    plans: Optional[Path] = typer.Option(None, "--plans", help="Folder of plan files to re-check."),
+    plans: Optional[Path] = typer.Option(None, "--plans", help="Folder of plan files (or one plan file) to re-check."),
     min_headroom: Optional[float] = typer.Option(
         None, "--min-headroom", min=0.0, help="GiB each plan must leave free per GPU (default: 5% of its memory, as search)."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed step-time regression (0.05 = 5%)."),
@@ -45,8 +45,8 @@ def check(
     targets = list(paths or [])
     if not targets and plans is None:
         raise LlmplanError("give spec / plan paths or --plans DIR (e.g. llmplan check model_specs/ --plans plans/)")
-    if plans is not None and not (exists(plans) and plans.is_dir()):
-        raise LlmplanError(f"--plans {plans} is not a folder")
+    if plans is not None and not exists(plans):
+        raise LlmplanError(f"--plans {plans} does not exist; give a folder of plan files or one plan file")
     if base is not None:
         check_base(base)
     limits = build(CheckThresholds, {"tolerance": tolerance, "param_tolerance": param_tolerance,
