@@ -231,11 +231,16 @@ def serving_bound(e: ServeEstimate) -> str:
 
 
 def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
-    """The best few single changes for a serving plan: chunked prefill and prefix caching for TTFT, more TP
-    and an fp8 KV cache for TPOT and capacity, more replicas for throughput."""
+    """The best few single changes for a serving plan, the cheapest first: those on the same GPUs (a larger
+    batch where the SLOs allow one, chunked prefill and prefix caching for TTFT, an fp8 KV cache), by predicted
+    gain, then those that need more GPUs (more TP, more replicas), by gain."""
     p, j = e.plan, e.job
     bound = serving_bound(e)
-    cands: list[tuple[str, dict, dict]] = [
+    cands: list[tuple[str, dict, dict]] = []
+    if bound != "ttft" and e.slo_batch and e.slo_batch > j.batch:  # printed with the SLOs: the cheapest change
+        cands.append((f"the SLOs allow {e.slo_batch:,} concurrent sequences per replica (now {j.batch:,}): a "
+                      "larger batch on the same GPUs", {}, {"batch": e.slo_batch}))
+    cands += [
         ("more TP ranks split the weights and the KV cache", {"tp": p.tp * 2}, {}),
         ("an fp8 KV cache holds twice the tokens", {"kv_dtype": "fp8"} if p.kv_dtype != "fp8" else {}, {}),
     ]
@@ -263,13 +268,19 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
         if gain <= 1e-6:
             continue
         flags = sum((_flag(k.replace("_", "-"), v) for k, v in {**plan_change, **job_change}.items()), ())
+        if job_change.get("batch", 0) > j.batch and (not new.memory.fits or (
+                j.tpot_slo_s is not None and float(new.timing.tpot) > j.tpot_slo_s) or (
+                j.ttft_slo_s is not None and float(new.timing.ttft) > j.ttft_slo_s)):
+            continue  # a larger batch is advised only where it fits and keeps the SLOs
         if cluster is not e.cluster:  # the change needs another number of GPUs
             flags = ("--nodes", str(cluster.num_nodes), "--gpus-per-node", str(cluster.gpus_per_node_used),
                      *(() if "dp" in plan_change else ("--dp", str(plan.dp))), *flags)
+            why += f" ({plan.num_gpus} GPUs instead of {p.num_gpus})"
         items.append(Advice(f"{bound}-bound: {why}", flags, {
             "ttft_s": float(new.timing.ttft), "tpot_s": float(new.timing.tpot), "tokens_per_s": new.tokens_per_s,
-            "max_concurrent_seqs": float(new.memory.max_concurrent_seqs)}, gain))
-    return _best(items)
+            "max_concurrent_seqs": float(new.memory.max_concurrent_seqs), "gpus": float(plan.num_gpus),
+            "tokens_per_s_per_gpu": new.tokens_per_s / plan.num_gpus}, gain))
+    return sorted(_best(items), key=lambda a: a.predicted["gpus"] > p.num_gpus)  # stable: by gain within each
 
 
 def _cluster_for(e: ServeEstimate, plan: Any) -> Any:

@@ -152,3 +152,28 @@ def test_a_tight_plan_with_an_eager_loss_is_advised_a_fused_one(cli):
     assert item["predicted"]["memory_gib"] == pytest.approx(again["memory"]["total"] / 2**30, rel=1e-3)
     assert item["predicted"]["memory_gib"] < doc["memory"]["total"] / 2**30 - 20
 
+
+
+def test_serving_advice_offers_the_batch_the_slos_allow_before_more_gpus(cli):
+    # issue 39: a TPOT-bound plan meeting its SLOs at 16 sequences per replica, whose "SLOs: up to N concurrent
+    # sequences" line sits two lines above the advice, was advised to double its GPUs. The cheapest change comes
+    # first: the larger batch on the same GPUs; every change that needs more GPUs after every one that does not.
+    base = ["--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "4", "--batch", "16",
+            "--tpot-slo", "0.05", "--ttft-slo", "2"]
+    doc = cli("estimate", *base, "--json").json()
+    slo, advice = doc["slo"], doc["advice"]
+    assert slo["max_batch"] > 16 and doc["tpot_s"] < 0.05
+    first = advice[0]
+    assert first["flags"] == ["--batch", str(slo["max_batch"])] and "larger batch on the same GPUs" in first["change"]
+    assert first["predicted"]["tokens_per_s"] == pytest.approx(slo["tokens_per_s"], rel=1e-9)
+    more = [a["predicted"]["gpus"] > doc["gpus"] for a in advice]
+    assert more == sorted(more) and any(more), advice  # the GPU-adding changes are all last
+    for a in advice:  # each change, added to the same command, predicts what the advice says
+        again = cli("estimate", *base, *a["flags"], "--json")
+        assert again.code == 0, (a, again.err)
+        got = again.json()
+        assert got["throughput"]["tokens_per_s"] == pytest.approx(a["predicted"]["tokens_per_s"], rel=1e-3)
+        assert got["gpus"] == a["predicted"]["gpus"]
+    got = cli("estimate", *base, *first["flags"], "--json").json()
+    assert got["tpot_s"] <= 0.05 and got["ttft_s"] <= 2 and got["memory"]["fits"]
+    assert f"--batch {slo['max_batch']}" in cli("estimate", *base).out  # the text view's first row
