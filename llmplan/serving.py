@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from llmplan.cost.inference import (
     ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_compute_format,
     serve_memory, serve_timing,
@@ -73,9 +75,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     system = cluster.system
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
-    missing = {u.kernel for u in uses if not u.available}
-    runs = plan.model_copy(update={"mla_latent_cache": False}) if "mla" in missing else \
-        plan.model_copy(update={"fused_attention": False}) if "flash_attention" in missing else plan
+    runs = running_plan(plan, uses)
     mem = serve_memory(m, runs, job, system.gpu.hbm_bytes, allowance)
     timing = serve_timing(m, runs, system, spans, job, job.batch)
     extra = (0.0, 0.0, 0.0)
@@ -97,6 +97,54 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
         operators=tuple(uses), fallback_cost=extra,
     )
+
+
+def running_plan(plan: ServePlan, uses: list[OperatorUse]) -> ServePlan:
+    """The plan as the engine runs it on this GPU: without an MLA kernel the KV cache is expanded per head,
+    without a fused attention kernel the scores are materialised (cost.operators)."""
+    missing = {u.kernel for u in uses if not u.available}
+    return plan.model_copy(update={"mla_latent_cache": False}) if "mla" in missing else \
+        plan.model_copy(update={"fused_attention": False}) if "flash_attention" in missing else plan
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """The plan at one concurrency per replica (every replica equally loaded)."""
+
+    concurrency: int
+    ttft_s: float
+    tpot_s: float
+    tokens_per_s_per_gpu: float
+    """Output tokens per second of the deployment over its GPU count."""
+    meets_slos: bool
+    """TTFT and TPOT within the job's SLOs (True when it sets none)."""
+
+
+LOAD_POINTS = 96
+"""Concurrencies of a load curve, geometrically spaced (as max_batch_under_slo's search)."""
+
+
+def load_curve(e: ServeEstimate) -> list[LoadPoint]:
+    """Throughput per GPU, TTFT and TPOT of the plan from 1 concurrent sequence per replica up to what its KV
+    cache admits, the job's batch and the SLOs' largest concurrency among them: the curve of throughput per
+    GPU against concurrency and against TPOT. Empty when not one sequence fits. The same timing as
+    estimate_serving at each concurrency. Derived: docs/formulas.md#infer.throughput"""
+    limit = e.memory.max_concurrent_seqs
+    if limit < 1:
+        return []
+    extra = [b for b in (e.job.batch, e.slo_batch) if b and b <= limit]
+    grid = np.unique(np.concatenate([np.round(np.geomspace(1, limit, LOAD_POINTS)), extra])).astype(float)
+    runs = running_plan(e.plan, serving_operator_uses(e.model, e.cluster.system.gpu))
+    t = serve_timing(e.model, runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
+    ttft, tpot = np.broadcast_to(t.ttft, grid.shape), np.broadcast_to(t.tpot, grid.shape)
+    ok = np.ones(grid.shape, dtype=bool)
+    if e.job.ttft_slo_s is not None:
+        ok &= ttft <= e.job.ttft_slo_s
+    if e.job.tpot_slo_s is not None:
+        ok &= tpot <= e.job.tpot_slo_s
+    per_gpu = np.asarray(t.tokens_per_s_replica) * e.plan.dp / e.plan.num_gpus
+    return [LoadPoint(int(b), float(f), float(d), float(r), bool(k))
+            for b, f, d, r, k in zip(grid, ttft, tpot, per_gpu, ok)]
 
 
 def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,

@@ -92,10 +92,44 @@ def test_uneven_stages_and_serving_plans_have_reports(cli, tmp_path):
     out = tmp_path / "serve.html"
     assert cli("report", serve, "-o", out).code == 0
     figures = parse(out).figures
-    assert set(figures) == {"memory", "latency"}
+    assert set(figures) == {"memory", "latency", "load"}
     pred = json.loads(serve.read_text())["predictions"]
     assert figures["memory"][0]["total"] == pytest.approx(pred["memory"]["total"], rel=1e-9)
     assert figures["latency"][0]["tpot_s"] == pytest.approx(pred["tpot_s"], rel=1e-9)
+
+
+def test_serving_report_plots_throughput_per_gpu_against_concurrency_and_tpot(cli, tmp_path):
+    # issue 39: the curve a serving engineer reads, with the SLO lines. Every point is the plan's own timing at
+    # that concurrency: the plan's batch is its saved prediction, the last point what the KV cache admits, and
+    # the points that meet the SLOs are exactly those up to the SLOs' largest concurrency the plan reports.
+    serve = tmp_path / "serve.json"
+    r = cli("estimate", "--mode", "infer", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "4",
+            "--batch", "16", "--tpot-slo", "0.03", "--ttft-slo", "0.1", "--save", serve, "--json")
+    assert r.code == 0, r.err
+    pred = json.loads(serve.read_text())["predictions"]
+    out = tmp_path / "serve.html"
+    r = cli("report", serve, "-o", out, "--json")
+    assert r.code == 0 and r.json()["figures"] == 3, r.err
+    load, svgs = parse(out).figures["load"]
+    assert svgs == 1
+    points = load["points"]
+    here = next(p for p in points if p["concurrency"] == 16)
+    assert here["tokens_per_s_per_gpu"] == pytest.approx(pred["throughput"]["tokens_per_s_per_gpu"], rel=1e-9)
+    assert here["tpot_s"] == pytest.approx(pred["tpot_s"], rel=1e-9)
+    assert here["ttft_s"] == pytest.approx(pred["ttft_s"], rel=1e-9)
+    assert points[0]["concurrency"] == 1 and points[-1]["concurrency"] == pred["max_concurrent_seqs"]
+    limit = pred["slo"]["max_batch"]
+    assert 16 < limit < pred["max_concurrent_seqs"] and load["slo_batch"] == limit
+    assert [p["meets_slos"] for p in points] == [p["concurrency"] <= limit for p in points]
+    for p in points:  # the SLO flag is the SLOs applied to the point's own latencies
+        assert p["meets_slos"] == (p["tpot_s"] <= 0.03 and p["ttft_s"] <= 0.1)
+    assert (load["tpot_slo_s"], load["ttft_slo_s"]) == (0.03, 0.1)
+    per_gpu = [p["tokens_per_s_per_gpu"] for p in points]
+    assert per_gpu == sorted(per_gpu) and per_gpu[-1] > 2 * here["tokens_per_s_per_gpu"]
+    page = out.read_text()
+    figure = page[page.index('<figure id="load"'):]
+    figure = figure[:figure.index("</figure>")]
+    assert f"SLO limit ({limit})" in figure and "TPOT SLO" in figure and "TPOT, ms" in figure  # the lines, labelled
 
 
 def test_report_never_overwrites_without_force(cli, tmp_path):

@@ -12,7 +12,7 @@ from llmplan.estimate import estimate_training, goodput_scaling, stage_views
 from llmplan.fileio import check_target, write_atomic
 from llmplan.planfile import load_plan
 from llmplan.report.html import serving_report, training_report
-from llmplan.serving import estimate_serving
+from llmplan.serving import estimate_serving, load_curve
 from llmplan.specs.registry import build
 from llmplan.specs.resilience import CheckpointPolicy
 
@@ -26,11 +26,12 @@ def report(
 ) -> None:
     """One HTML page with the plan's pictures: memory per stage, pipeline schedule, step time by part,
     communication per axis, goodput against GPU count, and for a saved search its throughput vs headroom
-    front."""
+    front; for a serving plan, memory, latency and throughput per GPU against concurrency and TPOT."""
     pf = load_plan(plan_file)
     check_target(output, force)  # refuse before drawing (drawing takes a second or two)
     if pf.mode == "infer":
-        page = serving_report(estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance))
+        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
+        page = serving_report(se, load_curve(se))
     else:
         saved = pf.document.checkpoint if pf.document is not None else None
         checkpoint = build(CheckpointPolicy, saved, f"{plan_file} (checkpoint)") if saved is not None else None

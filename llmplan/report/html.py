@@ -198,6 +198,47 @@ def scatter_figure(points: dict) -> tuple[Any, dict]:
     return fig, points
 
 
+def load_figure(curve: list, batch: int, ttft_slo: float | None, tpot_slo: float | None,
+                slo_batch: int | None) -> tuple[Any, dict]:
+    """Throughput per GPU against concurrency per replica (left) and against TPOT (right), from 1 sequence to
+    what the KV cache admits: the SLO lines dashed (the SLOs' largest concurrency on the left, the TPOT SLO on
+    the right), the points that miss an SLO hollow, the plan's own batch a star."""
+    fig = _figure(7.5, 3.2)
+    left, right = fig.subplots(1, 2, sharey=True)
+    x = [p.concurrency for p in curve]
+    y = [p.tokens_per_s_per_gpu for p in curve]
+    tpot_ms = [1e3 * p.tpot_s for p in curve]
+    ok = [p.meets_slos for p in curve]
+    slos = ttft_slo is not None or tpot_slo is not None
+    for ax, xs in ((left, x), (right, tpot_ms)):
+        ax.plot(xs, y, "-", color="#4c72b0", linewidth=1)
+        ax.scatter([a for a, k in zip(xs, ok) if k], [b for b, k in zip(y, ok) if k], s=10, color="#4c72b0",
+                   label="meets the SLOs" if slos and ax is left else None)
+        if not all(ok):
+            ax.scatter([a for a, k in zip(xs, ok) if not k], [b for b, k in zip(y, ok) if not k], s=10,
+                       facecolors="none", edgecolors="#c44e52", label="misses an SLO" if ax is left else None)
+    here = next((p for p in curve if p.concurrency == batch), None)
+    if here is not None:
+        left.scatter([here.concurrency], [here.tokens_per_s_per_gpu], marker="*", s=120, color="black", zorder=3,
+                     label=f"this plan ({batch})")
+        right.scatter([1e3 * here.tpot_s], [here.tokens_per_s_per_gpu], marker="*", s=120, color="black", zorder=3)
+    if slo_batch:
+        left.axvline(slo_batch, color="black", linestyle="--", linewidth=1, label=f"SLO limit ({slo_batch})")
+    if tpot_slo is not None:
+        right.axvline(1e3 * tpot_slo, color="black", linestyle="--", linewidth=1, label="TPOT SLO")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("concurrent sequences per replica")
+    left.set_ylabel("output tokens/s per GPU")
+    right.set_xlabel("TPOT, ms")
+    left.legend(fontsize=7, loc="upper left")
+    if tpot_slo is not None:
+        right.legend(fontsize=7, loc="lower right")
+    data = {"batch": batch, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo, "slo_batch": slo_batch,
+            "points": [{"concurrency": p.concurrency, "ttft_s": p.ttft_s, "tpot_s": p.tpot_s,
+                        "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "meets_slos": p.meets_slos} for p in curve]}
+    return fig, data
+
+
 def _section(fid: str, title: str, fig: Any, data: dict, caption: str) -> str:
     values = html.escape(json.dumps(data, allow_nan=False), quote=True)
     return (f'<figure id="{fid}" data-values="{values}">\n<h2>{html.escape(title)}</h2>\n{_svg(fig)}\n'
@@ -240,8 +281,9 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
     return _page(title, sections)
 
 
-def serving_report(e: Any) -> str:
-    """The HTML page of a serving plan: memory per GPU by part and the latencies against the SLOs."""
+def serving_report(e: Any, curve: list | None = None) -> str:
+    """The HTML page of a serving plan: memory per GPU by part, the latencies against the SLOs, and with its
+    load curve (serving.load_curve) the throughput per GPU against concurrency and against TPOT."""
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     parts = {k: float(getattr(mem, k)) for k in ("weights", "kv_cache", "activations", "other")}
     fig = _figure(7.5, 1.8)
@@ -270,6 +312,15 @@ def serving_report(e: Any) -> str:
         _section("latency", "Latency", fig2, {**lat, "ttft_slo_s": j.ttft_slo_s, "tpot_slo_s": j.tpot_slo_s},
                  f"{e.tokens_per_s:,.0f} output tokens/s over {p.dp} replica(s)."),
     ]
+    if curve:
+        slo = (f"; the SLOs allow up to {e.slo_batch:,} per replica, "
+               f"{e.slo_tokens_per_s / p.num_gpus:,.0f} tokens/s per GPU" if e.slo_batch else
+               "; no concurrency meets the SLOs" if e.slo_batch == 0 else "")
+        sections.append(_section(
+            "load", "Throughput per GPU against concurrency and TPOT",
+            *load_figure(curve, j.batch, j.ttft_slo_s, j.tpot_slo_s, e.slo_batch),
+            f"From 1 to {curve[-1].concurrency:,} concurrent sequences per replica (what the KV cache admits); "
+            f"this plan runs {j.batch:,} at {e.tokens_per_s / p.num_gpus:,.0f} tokens/s per GPU{slo}."))
     return _page(f"{e.model.name} serving on {e.cluster.num_nodes} x {e.cluster.system.name}: tp {p.tp} pp {p.pp} "
                  f"replicas {p.dp} ep {p.ep}", sections)
 
