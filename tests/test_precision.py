@@ -23,8 +23,8 @@ S = builtin_systems()
 # "AMD's MI355X is a 1.4 kW liquid-cooled monster built to battle Nvidia's Blackwell" (2025-06-12). B300 / GB300: NVIDIA's per-GPU table
 # restated by Verda ("NVIDIA GB300 NVL72: GPU Architecture & Performance"); H20: NVIDIA's H20 specification
 # as reported (148 / 296 TFLOP/s, 96 GB, 4.0 TB/s); MI355X: AMD at ISSCC 2026 (FP8 5 PF) and ISC 2025
-# (288 GB HBM3e, 8 TB/s, 1,400 W); MI350X: AMD's dense peaks as Tom's Hardware reports them (ISC 2025: 288 GB,
-# 8 TB/s, 1,000 W, MXFP4 18.45 PF sparse = 9.2 PF dense; FP8 4.6 PF, BF16 2.3 PF); H100 SXM 96 GB: the torchtitan team's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s,
+# (288 GB HBM3e, 8 TB/s, 1,400 W); MI350X: Tom's Hardware at ISC 2025 (288 GB, 8 TB/s, 1,000 W, MXFP4 18.45 PF
+# sparse = 9.2 PF dense), FP8 = 256 CUs x 8,192 FLOP/clock x 2.2 GHz (Hot Chips 2025) = 4.61 PF, BF16 half; H100 SXM 96 GB: the torchtitan team's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s,
 # 500 W default, 700 W TDP; pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md), the H100 SXM5 die's
 # peaks. GB = 10^9 bytes, GiB = 2^30 (the 96 GB part counts GiB, as the 80 GB one: 96 GiB less 0.4).
 @pytest.mark.parametrize("gpu,bf16,fp8,fp4,gib,gbps,watts", [
@@ -52,7 +52,7 @@ def test_new_gpu_profiles_match_their_sources(gpu, bf16, fp8, fp4, gib, gbps, wa
 def test_mi350x_is_the_air_cooled_mi355x_at_its_lower_clock(cli):
     # AMD at Hot Chips 2025 (Wccftech, 2025-08-26): MI350X and MI355X are one die (256 CUs), 2.2 GHz / 1,000 W
     # against 2.4 GHz / 1,400 W, so every peak is MI355X's x 2.2/2.4 (The Register: "about 8 percent" lower).
-    # The profiles round as AMD does (2.3 / 4.6 / 9.2 PF against 2.5 / 5 / 10 PF): within 1% of the clock ratio.
+    # The profiles round to two digits (2.3 / 4.6 / 9.2 PF against 2.5 / 5 / 10 PF): within 1% of the clock ratio.
     a, b = S["mi350x-8"], S["mi355x-8"]
     for dtype in ("bf16", "fp8", "mxfp4"):
         assert a.gpu.tflops[dtype] / b.gpu.tflops[dtype] == pytest.approx(2.2 / 2.4, rel=0.01)
