@@ -366,6 +366,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else
                                                                 ("op" if rc.startswith("op") else "none"))
     modules = mbridge_recompute_modules(rec)  # the preset's selective recompute modules (Megatron-Bridge)
+    if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
+        # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
+        # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
+        modules = ("layernorm", "mla_up_proj")
     recompute = "selective" if modules else recompute
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))

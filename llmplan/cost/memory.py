@@ -127,13 +127,16 @@ class LayerActivationParts(Breakdown):
     the bytes the recipe stores (low-precision GEMM inputs at SAVED_INPUT_BYTES); parts sum to the total.
     Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "qkv", "attn_out", "scores", "mlp_input", "mlp")
+    PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
+                                        "mlp")
     residual: Any
     """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
     attn_input: Any
     """The input norm's output: the QKV (MLA: down-projection) input."""
+    latents: Any
+    """MLA: the compressed Q and KV latents and the shared RoPE key (the up-projections' inputs); else 0."""
     qkv: Any
-    """Q, K and V as the attention core keeps them (MLA: the up-projected heads and the latents)."""
+    """Q, K and V as the attention core keeps them (MLA: the up-projected heads)."""
     attn_out: Any
     """The attention core's output, the output projection's input."""
     scores: Any
@@ -157,9 +160,10 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     per_score = 5 if m.attention_dropout > 0 else 2
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     out = 2 * s * b * a * (m.v_head_dim if m.is_mla else m.d_head) / t
+    latents = 2 * s * b * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0.0
     return LayerActivationParts(
-        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp, attn_input=linear_in,
-        qkv=_attention_stored(m, plan) - out, attn_out=out * (1 - saved / 2),
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp, attn_input=linear_in, latents=latents,
+        qkv=_attention_stored(m, plan) - out - latents, attn_out=out * (1 - saved / 2),
         scores=where(no_scores, 0.0, per_score * a * s * s * b / t), mlp_input=linear_in,
         mlp=_mlp_stored(m, plan, moe) - saved * s * b * f / t)
 
