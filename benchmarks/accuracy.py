@@ -120,7 +120,8 @@ ASSUMPTIONS = {
                   "destination rank), its forced load balancing as random routing and its EP overlap "
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
-                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360): its own DeepEP-style all-to-all "
+                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm and MLA up-projections "
+                "recomputed, as --recompute-modules layernorm mla_up_proj): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
@@ -136,7 +137,8 @@ ASSUMPTIONS = {
                    "GPT-OSS 120B): as mbridge-dense, with expert TP 1 (the recipes' expert_tensor_parallel_size), the "
                    "tables' forced load balancing as random routing, the dispatcher and EP overlap of the release's "
                    "performance presets (mbridge_moe_recipe: HybridEP read as deepep), GB200 / GB300 jobs in the NVLink "
-                   "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), DeepSeek-V3 with "
+                   "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
+                   "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows; Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
