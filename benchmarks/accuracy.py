@@ -310,7 +310,8 @@ MBRIDGE_RECOMPUTE_MODULES = {
     # (model, release, GPU) -> recompute_modules; release (25, 11) = v0.2.0, (26, 2) = v0.3.0, (26, 4) = v0.4.0,
     # (26, 4, 1) = v0.4.2, (26, 6) = v0.5.0. GPT-OSS 120B: GB200 / B200 / H100 presets (BF16 and their FP8
     # aliases) from v0.3.0; GB300 / B300 set none; at v0.5.0 the MXFP8 V2 presets set [].
-    **{("gpt-oss", r, g): ("layernorm", "moe_act") for r in ((26, 2), (26, 4), (26, 4, 1)) for g in ("gb200", "b200", "h100")},
+    **{("gpt-oss", r, g): ("layernorm", "moe_act") for r in ((26, 2), (26, 4), (26, 4, 1))
+       for g in ("gb200", "b200", "h100")},
     # DeepSeek-V3, MXFP8 / BF16 presets of each release.
     **{("deepseekv3", (25, 11), g): m for g, m in (("gb300", ("moe_act",)), ("gb200", ("mla_up_proj",)),
                                                    ("b200", ("mla_up_proj",)))},
@@ -326,8 +327,8 @@ MBRIDGE_RECOMPUTE_MODULES = {
 each release's container; the presets' layouts match the table rows). Left out, so no module is recomputed:
 GPT-OSS at 25.11 (v0.2.0's set_recompute_overrides sets the modules but not recompute_granularity, which the
 GPT-OSS recipe leaves None, so Megatron-Core applies none), DeepSeek-V3 on GB300 at 26.06 (its MXFP8 presets
-set []), 25.09 (its presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not read) and Qwen3 (no preset sets
-any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
+set []), 25.09 (its presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not
+read) and Qwen3 (no preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
 
 
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmplan.cost.compute import layer_flops, module_recompute_flops
+from llmplan.cost.compute import module_recompute_flops
 from llmplan.cost.memory import layer_activation_bytes, training_memory
 from llmplan.estimate import estimate_training
 from llmplan.export import render_all
