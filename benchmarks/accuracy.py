@@ -120,7 +120,8 @@ ASSUMPTIONS = {
                   "destination rank), its forced load balancing as random routing and its EP overlap "
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
-                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360): its own DeepEP-style all-to-all "
+                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm and MLA up-projections "
+                "recomputed, as --recompute-modules layernorm mla_up_proj): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
@@ -136,7 +137,8 @@ ASSUMPTIONS = {
                    "GPT-OSS 120B): as mbridge-dense, with expert TP 1 (the recipes' expert_tensor_parallel_size), the "
                    "tables' forced load balancing as random routing, the dispatcher and EP overlap of the release's "
                    "performance presets (mbridge_moe_recipe: HybridEP read as deepep), GB200 / GB300 jobs in the NVLink "
-                   "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), DeepSeek-V3 with "
+                   "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
+                   "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows; Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
@@ -304,6 +306,43 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     return False, False
 
 
+MBRIDGE_RECOMPUTE_MODULES = {
+    # (model, release, GPU) -> recompute_modules; release (25, 11) = v0.2.0, (26, 2) = v0.3.0, (26, 4) = v0.4.0,
+    # (26, 4, 1) = v0.4.2, (26, 6) = v0.5.0. GPT-OSS 120B: GB200 / B200 / H100 presets (BF16 and their FP8
+    # aliases) from v0.3.0; GB300 / B300 set none; at v0.5.0 the MXFP8 V2 presets set [].
+    **{("gpt-oss", r, g): ("layernorm", "moe_act") for r in ((26, 2), (26, 4), (26, 4, 1))
+       for g in ("gb200", "b200", "h100")},
+    # DeepSeek-V3, MXFP8 / BF16 presets of each release.
+    **{("deepseekv3", (25, 11), g): m for g, m in (("gb300", ("moe_act",)), ("gb200", ("mla_up_proj",)),
+                                                   ("b200", ("mla_up_proj",)))},
+    **{("deepseekv3", (26, 2), g): ("mla_up_proj",) for g in ("gb300", "gb200", "b300", "b200")},
+    **{("deepseekv3", r, g): ("mla_up_proj",) for r in ((26, 4), (26, 4, 1)) for g in ("gb300", "b300", "b200")},
+    **{("deepseekv3", r, "gb200"): ("mlp",) for r in ((26, 4), (26, 4, 1))},
+    ("deepseekv3", (26, 4, 1), "b200"): ("mla_up_proj", "mlp"),
+    **{("deepseekv3", (26, 6), g): m for g, m in (("gb200", ("mla_up_proj",)), ("b300", ("mla_up_proj",)),
+                                                  ("b200", ("mla_up_proj", "mlp")))},
+}
+"""Megatron's selective recompute modules of the Megatron-Bridge performance presets
+(scripts/performance/configs/{gpt_oss,deepseek}/*workload_base_configs.py, recompute_modules=, at the tag of
+each release's container; the presets' layouts match the table rows). Left out, so no module is recomputed:
+GPT-OSS at 25.11 (v0.2.0's set_recompute_overrides sets the modules but not recompute_granularity, which the
+GPT-OSS recipe leaves None, so Megatron-Core applies none), DeepSeek-V3 on GB300 at 26.06 (its MXFP8 presets
+set []), 25.09 (its presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not
+read) and Qwen3 (no preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
+
+
+def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
+    """The recompute_modules of an mbridge MoE row's preset (MBRIDGE_RECOMPUTE_MODULES; () elsewhere)."""
+    if family(rec["id"]) != "mbridge-moe":
+        return ()
+    rid = rec["id"]
+    gpu = rid.split("-dgx-")[1].split("-")[0] if "-dgx-" in rid else ""
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
+    model = "gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else None
+    return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
+
+
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
     """GPUs of each NVLink domain an mbridge MoE row on a multi-node NVLink system (GB200 / GB300 NVL72) uses:
     Megatron-Bridge's Slurm executor asks for `--segment` = the largest number of 4-GPU nodes <= 18 that
@@ -329,6 +368,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     mbridge = fam in ("mbridge-dense", "mbridge-moe")
     recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else
                                                                 ("op" if rc.startswith("op") else "none"))
+    modules = mbridge_recompute_modules(rec)  # the preset's selective recompute modules (Megatron-Bridge)
+    if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
+        # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
+        # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
+        modules = ("layernorm", "mla_up_proj")
+    recompute = "selective" if modules else recompute
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
     zero = par.get("zero_stage") or (3 if par.get("fsdp") else 1 if par.get("distributed_optimizer")
@@ -363,7 +408,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # (42, 23, 16, 12, 7). Every row has 4 x pp micro-batches, as the schedule's n % pp == 0 rule allows.
         vpp = layers // pp
     return ParallelPlan(
-        recompute_layers=par.get("recompute_layers"),
+        recompute_layers=par.get("recompute_layers"), recompute_modules=modules,
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,

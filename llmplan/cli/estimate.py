@@ -112,7 +112,7 @@ def estimate_train(o: dict) -> None:
                    o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
                    o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
                    o["recompute_layers"], o["fused_loss"], o["tp_impl"], o["fp32_param_shards"],
-                   o["moe_dispatcher"], o["moe_routing"]),
+                   o["moe_dispatcher"], o["moe_routing"], o["recompute_modules"]),
     }, "plan options")
     allowance = make_allowance(o["overhead_gib"], o["fragmentation"])
     checkpoint = make_checkpoint(o["checkpoint"], o["checkpoint_interval"], o["failure_rate"])

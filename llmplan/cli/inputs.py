@@ -11,8 +11,8 @@ from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
 from llmplan.fileio import excerpt
 from llmplan.specs.check import accounted_split
-from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, TP_IMPLS, ClusterSpec,
-                                MemoryAllowance)
+from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
+                                TP_IMPLS, ClusterSpec, MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, WeightDtype
@@ -89,7 +89,7 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
              pp_schedule: str = "1f1b", attention_kernel: str = "native",
              recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron",
              fp32_param_shards: bool = False, moe_dispatcher: str = "alltoall",
-             moe_routing: str = "random") -> dict:
+             moe_routing: str = "random", recompute_modules: str | None = None) -> dict:
     """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
     names the dtype and its recipe at once (PRECISIONS)."""
     recipe = "tensorwise"
@@ -118,7 +118,18 @@ def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: boo
             "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
             "pp_schedule": pp_schedule, "attention_kernel": attention_kernel, "recompute_layers": recompute_layers,
             "fused_loss": fused_loss, "tp_impl": tp_impl, "fp32_param_shards": fp32_param_shards,
-            "moe_dispatcher": moe_dispatcher, "moe_routing": moe_routing}
+            "moe_dispatcher": moe_dispatcher, "moe_routing": moe_routing,
+            "recompute_modules": parse_recompute_modules(recompute_modules)}
+
+
+def parse_recompute_modules(text: str | None) -> tuple[str, ...]:
+    """--recompute-modules "layernorm,moe_act" -> ("layernorm", "moe_act"); an unknown name is an error."""
+    names = tuple(x.strip() for x in (text or "").replace(" ", ",").split(",") if x.strip())
+    unknown = [x for x in names if x not in RECOMPUTE_MODULES]
+    if unknown:
+        raise LlmplanError(f"--recompute-modules {', '.join(unknown)}: not a Megatron recompute module llmplan "
+                           f"prices; use a comma-separated list of {', '.join(RECOMPUTE_MODULES)}")
+    return names
 
 
 

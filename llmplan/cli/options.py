@@ -41,6 +41,10 @@ FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
                                 help="With --recompute full: recompute only the first N layers of each virtual "
                                      "pipeline chunk (Megatron's block method).")
+RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
+                                 help="With --recompute selective: the Megatron modules to recompute, comma-separated "
+                                      "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts; "
+                                      "default core_attn).")
 ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
                                 help="Fused attention kernel: native (cuDNN / FlashAttention-3 on Hopper+) | flash2.")
 FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
@@ -105,6 +109,7 @@ TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE),
                      ("flash_attention", bool, FLASH_ATTENTION),
                      ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS), ("tp_impl", str, TP_IMPL),
                      ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
+                     ("recompute_modules", Optional[str], RECOMPUTE_MODULES),
                      ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
                      ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP),
                      ("moe_dispatcher", str, MOE_DISPATCHER), ("moe_routing", str, MOE_ROUTING),

@@ -216,7 +216,7 @@ def search_workload(m, o: dict) -> Workload:
                      o["overlap_param_gather"], o["tp_comm_overlap"], o["ep_comm_overlap"], o["precision"],
                    o["moe_capacity_factor"], o["pp_schedule"], o["attention_kernel"],
                    o["recompute_layers"], o["fused_loss"], o["tp_impl"], o["fp32_param_shards"],
-                   o["moe_dispatcher"], o["moe_routing"])
+                   o["moe_dispatcher"], o["moe_routing"], o["recompute_modules"])
     build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 

@@ -160,7 +160,9 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)
-    core = m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention
+    core = where(plan.recomputes("core_attn"), m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention,
+                 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
+        + m.num_moe_layers * module_recompute_flops(m, plan, True)
     op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
     per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))
     return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
@@ -336,6 +338,28 @@ def op_matmul_widths(m: ModelSpec) -> list[tuple[int, int]]:
     return [(h, a * d), (h, K * d), (h, K * d), (a * d, h)] + mlp
 
 
+def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """Forward matmul FLOPs (one layer, micro-batch and rank) that Megatron's selective recompute_modules run
+    again in backward: mla_up_proj MLA's Q and KV up-projections, mlp a dense layer's MLP, moe an MoE
+    layer's router, experts and shared experts, shared_experts the shared MLP (2·tokens·weights each, as
+    layer_flops); layernorm, moe_act and core_attn add no matmul (core_attn's attention pass is counted with
+    the attention). Source: Megatron-LM transformer_config.py recompute_modules.
+    Derived: docs/formulas.md#mem.recompute_modules"""
+    if not plan.recompute_modules:
+        return 0.0
+    T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
+    up = 0.0
+    if m.is_mla:
+        a, nope, rope, v = m.num_attention_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        up = where(plan.recomputes("mla_up_proj"), 2 * T * ((m.q_lora_rank or 0) * a * (nope + rope)
+                                                              + m.kv_lora_rank * a * (nope + v)) / t, 0.0)
+    if not moe:
+        return up + where(plan.recomputes("mlp"), 2 * T * mlp_params(m, m.intermediate_size) / t, 0.0)
+    shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
+    whole = 2 * T * (m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts) / t + shared
+    return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
+
+
 def op_recomputed_share(m: ModelSpec) -> float:
     """Share of a dense layer's forward matmul FLOPs that op-level checkpointing recomputes: the layer's
     second, fourth, ... matmul (Llama: wk, wo, w3). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
@@ -370,14 +394,17 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     op = where(plan.op, 1.0, 0.0)  # op-level checkpointing: every other matmul and the memory-bound ops again
     q = op * op_recomputed_share(m)
     passes = 3 + r + op
-    attn_passes = 3 + (where(plan.full | plan.selective, 1, 0) if plan.recompute_layers is None
-                       else where(plan.selective, 1, r))
+    core = plan.recomputes("core_attn")
+    attn_passes = 3 + (where(plan.full | core, 1, 0) if plan.recompute_layers is None else where(core, 1, r))
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:
             continue
         (g1, g_back), a1, mb1 = per_layer[moe]
-        gemm = gemm + n * (g1 * (1 + r + q) + g_back)
+        # Selective recompute_modules: the share of the layer's forward matmuls they run again.
+        modules = (module_recompute_flops(m, plan, moe) / layer_flops(m, plan, moe).gemm
+                   if plan.recompute_modules else 0.0)
+        gemm = gemm + n * (g1 * (1 + r + q + modules) + g_back)
         attention = attention + n * a1 * attn_passes
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)

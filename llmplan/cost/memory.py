@@ -92,7 +92,9 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     in docs/formulas.md#mem.activations."""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     sp = where(plan.sp, plan.tp, 1)
-    kept = where(plan.op, op_checkpoint_bytes(m, plan), layer_activation_no_recompute(m, plan, moe, scores=True))
+    parts = layer_activation_parts(m, plan, moe, scores=True)
+    selective = parts.total - recomputed_module_bytes(m, plan, moe, parts)
+    kept = where(plan.op, op_checkpoint_bytes(m, plan), selective)
     return where(plan.full, 2 * s * b * h / sp, kept)
 
 
@@ -116,16 +118,81 @@ def op_checkpoint_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> Any:
     """One layer's activations without full recompute (selective recompute or fused attention drop the
     attention-score term when `scores`; the working set of a fully recomputed layer keeps it)."""
+    return layer_activation_parts(m, plan, moe, scores).total
+
+
+@dataclass(frozen=True)
+class LayerActivationParts(Breakdown):
+    """One layer's activations for backward (one micro-batch, one rank) by the module that keeps them, each at
+    the bytes the recipe stores (low-precision GEMM inputs at SAVED_INPUT_BYTES); parts sum to the total.
+    Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
+                                        "mlp")
+    residual: Any
+    """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
+    attn_input: Any
+    """The input norm's output: the QKV (MLA: down-projection) input."""
+    latents: Any
+    """MLA: the compressed Q and KV latents and the shared RoPE key (the up-projections' inputs); else 0."""
+    qkv: Any
+    """Q, K and V as the attention core keeps them (MLA: the up-projected heads)."""
+    attn_out: Any
+    """The attention core's output, the output projection's input."""
+    scores: Any
+    """Softmax scores (and dropout) of an unfused attention core."""
+    mlp_input: Any
+    """The pre-MLP norm's output: the MLP's (MoE: the router's and shared experts') input."""
+    mlp: Any
+    """Inside the MLP: fc1 and activation outputs; MoE: dispatched rows, experts, router probabilities."""
+
+
+def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
+    """One layer's stored activations by module (LayerActivationParts). Derived: docs/formulas.md#mem.activations"""
     s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
     sp = where(plan.sp, t, 1)
-    # Two norm inputs (4sbh), QKV input (2sbh), MLP input (2sbh), two 1-byte dropout masks (2sbh) when the
-    # model uses hidden dropout. DTensor TP keeps the QKV and MLP inputs gathered (tp_impl).
-    replicated = (4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp + 4 * s * b * h / linear_input_split(plan)
-    no_scores = plan.flash_attention | plan.selective if scores else plan.flash_attention
+    # Two norm inputs (4sbh), two 1-byte dropout masks (2sbh) when the model uses hidden dropout; the QKV and
+    # MLP inputs (2sbh each): DTensor TP keeps them gathered (tp_impl).
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction if plan.low_precision else 0.0
+    linear_in = (2.0 - saved) * s * b * h / linear_input_split(plan)
+    no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
-    score_bytes = where(no_scores, 0.0, per_score * a * s * s * b / t)
-    return replicated + _attention_stored(m, plan) + score_bytes + _mlp_stored(m, plan, moe) - _fp8_saving(m, plan, moe)
+    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    out = 2 * s * b * a * (m.v_head_dim if m.is_mla else m.d_head) / t
+    latents = 2 * s * b * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0.0
+    return LayerActivationParts(
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp, attn_input=linear_in, latents=latents,
+        qkv=_attention_stored(m, plan) - out - latents, attn_out=out * (1 - saved / 2),
+        scores=where(no_scores, 0.0, per_score * a * s * s * b / t), mlp_input=linear_in,
+        mlp=_mlp_stored(m, plan, moe) - saved * s * b * f / t)
+
+
+def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: LayerActivationParts) -> Any:
+    """Bytes of one layer's activations that the selective recompute_modules drop (beyond core_attn's scores,
+    which `parts` already leaves out): layernorm the outputs of the norms not fused into a linear (Transformer
+    Engine fuses the others into LayerNormLinear: MLA's input norm and an MoE layer's pre-MLP norm are
+    separate), mla_up_proj MLA's Q, K, V, mlp / moe the whole MLP but its input (normal checkpointing),
+    moe_act the experts' activation output (fc2's input, bf16 or quantised: Megatron makes fc2 save the
+    original input and discards it), shared_experts the shared MLP's insides. Source: Megatron-LM
+    transformer_config.py (recompute_modules), transformer_layer.py, moe/experts.py, multi_latent_attention.py;
+    gpt_layer_specs.py (which norms are fused). Derived: docs/formulas.md#mem.recompute_modules"""
+    if not m.is_mla and not moe:
+        return where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
+    attn = where(plan.recomputes("layernorm") & m.is_mla, parts.attn_input, 0.0) \
+        + where(plan.recomputes("mla_up_proj") & m.is_mla, parts.qkv, 0.0)
+    if not moe:
+        return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction if plan.low_precision else 0.0
+    tokens = s * b / where(plan.sp, t, 1)
+    routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
+    act = maximum(2 * routed_rows * m.expert_ffn / plan.etp_resolved - saved * s * b * m.expert_ffn
+                  * m.num_experts_per_tok / t, 0.0)
+    shared = ((6 if m.gated_mlp else 4) - saved) * s * b * m.shared_ffn / t
+    parts_of_moe = where(plan.recomputes("layernorm"), parts.mlp_input, 0.0) \
+        + where(plan.recomputes("moe_act"), act, 0.0) + where(plan.recomputes("shared_experts"), shared, 0.0)
+    return attn + where(plan.recomputes("moe"), parts.mlp_input + parts.mlp, parts_of_moe)
 
 
 SAVED_INPUT_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
@@ -136,20 +203,6 @@ scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits a
 (NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
 the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
 (arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
-
-
-def _fp8_saving(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
-    """Low-precision training saves the quantised casts of the GEMM inputs for backward (SAVED_INPUT_BYTES
-    instead of 2): the QKV and fc1 inputs (h each), the output-projection input (a·d_v/t) and the fc2 input
-    (f/t) of every token, on the layers the recipe quantises (NVFP4: low_precision_layer_fraction).
-    Derived: docs/formulas.md#mem.activations (Transformer Engine keeps the quantised tensors it multiplied)."""
-    if not plan.low_precision:
-        return 0.0
-    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
-    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
-    d_v = m.v_head_dim if m.is_mla else m.d_head
-    per_element = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction
-    return per_element * s * b * (2 * h / linear_input_split(plan) + (m.num_attention_heads * d_v + f) / t)
 
 
 def linear_input_split(plan: ParallelPlan) -> Any:
@@ -211,7 +264,8 @@ class ActivationBytes(Breakdown):
     layers: Any
     """Transformer layers x micro-batches in flight."""
     recompute_working: Any
-    """Full recompute: one layer's activations rebuilt during its backward."""
+    """Full recompute: one layer's activations rebuilt during its backward (selective recompute_modules: the
+    parts of one layer they dropped)."""
     embedding: Any
     """First stage: embedding dropout masks of the micro-batches in flight."""
     output: Any
@@ -230,6 +284,9 @@ class LayerActivations:
     kept_dense: Any = 0.0
     """A dense layer that full recompute leaves out (block method): all its activations stay."""
     kept_moe: Any = 0.0
+    rebuilt_dense: Any = 0.0
+    """Selective recompute_modules: what a dense layer's backward rebuilds (recomputed_module_bytes)."""
+    rebuilt_moe: Any = 0.0
 
 
 def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
@@ -237,11 +294,21 @@ def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
     working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
     block = plan.recompute_layers is not None  # only block recompute keeps some layers whole
     kept_dense = layer_activation_no_recompute(m, plan, False, scores=True) if block else 0.0
+    rebuilt_dense = _rebuilt(m, plan, False)
     if not m.is_moe:
-        return LayerActivations(dense, 0.0, working_dense, working_dense, kept_dense, kept_dense)
+        return LayerActivations(dense, 0.0, working_dense, working_dense, kept_dense, kept_dense,
+                                rebuilt_dense, rebuilt_dense)
     return LayerActivations(dense, layer_activation_bytes(m, plan, True), working_dense,
                             layer_activation_no_recompute(m, plan, True, scores=False), kept_dense,
-                            layer_activation_no_recompute(m, plan, True, scores=True) if block else 0.0)
+                            layer_activation_no_recompute(m, plan, True, scores=True) if block else 0.0,
+                            rebuilt_dense, _rebuilt(m, plan, True))
+
+
+def _rebuilt(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """The activations selective recompute_modules rebuild in one layer's backward (0 without them)."""
+    if not plan.recompute_modules:
+        return 0.0
+    return recomputed_module_bytes(m, plan, moe, layer_activation_parts(m, plan, moe, scores=True))
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
@@ -260,7 +327,10 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         r = recomputed_share(plan, n_dense + n_moe)
         per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
     inflight = inflight_microbatches(plan, stage)
-    working = where(plan.full | plan.op, where(n_moe > 0, la.working_moe, la.working_dense), 0.0)
+    # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
+    # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
+    rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)
+    working = where(plan.full | plan.op, where(n_moe > 0, la.working_moe, la.working_dense), rebuilt)
     embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)

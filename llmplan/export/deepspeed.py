@@ -30,6 +30,8 @@ def check(pf: PlanFile) -> None:
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
+        (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
+         bool(p.recompute_modules), "re-plan without --recompute-modules or export to megatron"),
         (f"recompute of the first {p.recompute_layers} layers only (DeepSpeed's activation checkpointing is set in "
          "model code)", p.recompute_layers is not None, "re-plan without --recompute-layers or export to megatron"),
         ("uneven pipeline stages (PipelineModule's partition_method is 'uniform', 'parameters' or 'type:REGEX'; "

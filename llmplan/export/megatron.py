@@ -71,7 +71,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
         pairs += [("--moe-expert-capacity-factor", f"{p.moe_capacity_factor:g}"),
                   ("--moe-pad-expert-input-to-capacity", True)]
     if p.recompute == "selective":
-        pairs.append(("--recompute-granularity", "selective"))
+        pairs += [("--recompute-granularity", "selective"), *recompute_module_pairs(pf)]
     elif p.recompute == "full" and p.recompute_layers is not None:  # the first N layers of each virtual chunk
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                   ("--recompute-num-layers", p.recompute_layers)]
@@ -86,6 +86,14 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
     return as_flags(pairs)
+
+
+def recompute_module_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The modules selective recompute covers, as Megatron-LM's --recompute-modules takes them (space-separated
+    after the flag, e.g. `--recompute-modules mla_up_proj layernorm moe_act`, Megatron-LM
+    megatron/core/transformer/moe/README.md); none for the default (core_attn alone)."""
+    modules = pf.plan.recompute_modules
+    return [("--recompute-modules", " ".join(modules))] if modules else []
 
 
 def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:

@@ -208,6 +208,12 @@ def _moe(m: ModelSpec) -> bool:
     return m.is_moe
 
 
+def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
+    """The plan's recompute_modules that name a kind of layer the model lacks."""
+    has = {"mla_up_proj": m.is_mla, "moe": m.is_moe, "moe_act": m.is_moe, "shared_experts": bool(m.shared_ffn)}
+    return [x for x in p.recompute_modules if not has.get(x, True)]
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
          lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
@@ -271,6 +277,17 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
                          "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
                          "what runs; use --recompute full or none, or --dtype bf16"),
+    Rule("recompute_modules", lambda m, p, c: (not p.recompute_modules) | p.selective,
+         lambda m, p, c: f"recompute_modules ({', '.join(p.recompute_modules)}) are Megatron's selective recompute "
+                         f"(--recompute-granularity selective), but the plan recomputes {p.recompute}; use "
+                         "--recompute selective or drop --recompute-modules"),
+    Rule("recompute_modules_model", lambda m, p, c: not _foreign_modules(m, p),
+         lambda m, p, c: f"recompute_modules {', '.join(_foreign_modules(m, p))} describe layers {m.name} does not "
+                         "have (mla_up_proj: MLA attention; moe, moe_act: expert layers; shared_experts: shared "
+                         "experts; Megatron TransformerConfig rules); drop them from --recompute-modules"),
+    Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
+         lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
+                         "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
     Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "

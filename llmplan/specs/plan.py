@@ -14,6 +14,11 @@ from llmplan.specs.model import SPEC_CONFIG, Spec
 
 Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act",
+                                      "shared_experts")
+"""Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
+Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,12 @@ class PlanQuantities:
     def op(self) -> Any:
         """Op-level selective checkpointing (torchtitan's per-op policy: every other matmul recomputed)."""
         return self.recompute_code == 3  # type: ignore[attr-defined]
+
+    def recomputes(self, module: str) -> Any:
+        """Whether selective recompute covers Megatron module `module`: the listed recompute_modules, or
+        core_attn alone when none are listed (Megatron-Core's default ["core_attn"])."""
+        modules = self.recompute_modules or ("core_attn",)  # type: ignore[attr-defined]
+        return self.selective & (module in modules)
 
     @property
     def num_gpus(self) -> Any:
@@ -178,6 +189,14 @@ class ParallelPlan(PlanQuantities, Spec):
     """With full recompute, recompute only the first N layers of each virtual pipeline chunk and keep the
     others' activations (Megatron --recompute-method block --recompute-num-layers N); None: every layer.
     A plan with it and another recompute mode fails check_plan (rule recompute-layers)."""
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), max_length=len(RECOMPUTE_MODULES))
+    """With recompute selective, the modules whose activations are dropped in forward and rebuilt in backward
+    (Megatron --recompute-granularity selective --recompute-modules): core_attn (the attention core),
+    layernorm (the norms not fused into a linear: MLA's input norm, the MoE layers' pre-MLP norm), mla_up_proj
+    (MLA's Q/K/V up-projections and RoPE), mlp (the dense layers' MLP), moe (the whole MoE layer), moe_act
+    (the experts' activation function) and shared_experts; empty means Megatron's default, core_attn alone
+    (docs/formulas.md#mem.recompute_modules). Given without recompute selective it fails check_plan (rule
+    recompute_modules)."""
     micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
     global_batch: int = Field(default=1, ge=1, le=1 << 30)
@@ -271,6 +290,13 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"global_batch ({self.global_batch:,}) x seq_len ({self.seq_len:,}) = {tokens:,} tokens "
                              f"per step is beyond any training run (at most {MAX_TOKENS_PER_STEP:,}); lower "
                              f"--global-batch to at most {MAX_TOKENS_PER_STEP // self.seq_len:,}")
+        return self
+
+    @model_validator(mode="after")
+    def _modules_once(self) -> "ParallelPlan":
+        twice = sorted({x for x in self.recompute_modules if self.recompute_modules.count(x) > 1})
+        if twice:
+            raise ValueError(f"recompute_modules lists {', '.join(twice)} more than once; name each module once")
         return self
 
     @model_validator(mode="after")
