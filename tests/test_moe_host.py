@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,3 +147,19 @@ def test_megatron_export_names_the_graphs_in_megatrons_flags():
     assert ns.moe_use_grouped_tensor
     ns, _ = parse_megatron(render_all(base, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.cuda_graph_impl is None
+
+
+def test_vectorised_search_agrees_with_the_scalar_host_terms():
+    # The search's plan arrays read cuda_graphs from the workload; pipeline stages with uneven MoE layers too.
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import from_plan
+
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    for upd in ({}, {"cuda_graphs": "layers"}, {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep"},
+                {"moe_capacity_factor": 1.25}, {"pp": 2, "dp": 8, "ep": 8, "recompute": "full"}):
+        plan = ParallelPlan(dp=16, ep=16, etp=1, global_batch=256, micro_batch=1, seq_len=4096).model_copy(update=upd)
+        scalar = estimate_training(m, cluster, plan)
+        vec = evaluate(m, cluster, from_plan(plan))
+        assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9), upd
+        assert float(np.asarray(vec.step.overheads["host"])[0]) == pytest.approx(
+            float(scalar.time.overheads["host"]), rel=1e-9), upd

@@ -251,12 +251,14 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
     MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
     each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds). Per-layer
-    CUDA graphs leave GRAPHED_LAYER_KERNELS launches per MoE layer; a full-iteration graph none inside the step.
+    CUDA graphs leave 2 launches per dense layer (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a
+    full-iteration graph none inside the step.
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
-    per_layer = (LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
-    per_moe = where(plan.cuda_graphs == "layers", GRAPHED_LAYER_KERNELS - LAYER_KERNELS, MOE_LAYER_KERNELS)
-    launches = (per_layer * layers + per_moe * KERNEL_LAUNCH_S * moe_layers) * (3 + r)
+    graphed = plan.cuda_graphs == "layers"
+    per_layer = where(graphed, 2, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    per_moe = where(graphed, GRAPHED_LAYER_KERNELS - 2, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
+    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     sync = host_sync_seconds(plan, moe_layers, r, syncs_per_layer)
     return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
