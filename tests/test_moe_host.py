@@ -99,9 +99,9 @@ def test_only_dropless_eager_moe_layers_wait_for_the_host():
 
 def test_each_wait_idles_the_gpu_for_a_wake_up_and_a_launch_per_forward_pass():
     plan = _moe_plan()
-    one = float(host_sync_seconds(plan, 48, 0, 1.0))
+    one = float(host_sync_seconds(48, 0, 1.0))
     assert one == pytest.approx(48 * (HOST_SYNC_S + KERNEL_LAUNCH_S))
-    assert float(host_sync_seconds(plan, 48, 1, 1.0)) == pytest.approx(2 * one)  # recompute waits again
+    assert float(host_sync_seconds(48, 1, 1.0)) == pytest.approx(2 * one)  # recompute waits again
     # A long micro-batch hides every launch; what stays is the step start and the waits
     start = float(host_seconds(plan, 48, 10.0, 0))
     waits = float(host_seconds(plan, 48, 10.0, 0, 48, 1.0)) - start

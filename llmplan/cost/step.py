@@ -260,18 +260,17 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     per_moe = where(graphed, GRAPHED_LAYER_KERNELS - 2, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
-    sync = host_sync_seconds(plan, moe_layers, r, syncs_per_layer)
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer)
     return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
 
 
-def host_sync_seconds(plan: ParallelPlan, moe_layers: Any, r: Any, syncs_per_layer: Any) -> Any:
+def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any) -> Any:
     """GPU idle time of one micro-batch's host waits: each MoE layer's forward (once more under recompute) waits
     `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer); the host cannot run
     ahead past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S) and the launch of the
     next kernel (KERNEL_LAUNCH_S). Backward reuses the forward's counts and does not wait.
     Source: CUDA C++ Programming Guide (a device-to-host copy into pageable memory, or a wait on its event,
     blocks the host until the GPU has reached it). Derived: docs/formulas.md#step.host_sync"""
-    del plan  # the plan's switches are in syncs_per_layer
     return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + KERNEL_LAUNCH_S)
 
 
