@@ -343,6 +343,26 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
 
 
+def mbridge_cuda_graphs(rec: dict) -> str:
+    """The CUDA graphs of an mbridge MoE row's preset (ParallelPlan.cuda_graphs), at the release tags of
+    mbridge_moe_recipe: full-iteration (cuda_graph_impl "full_iteration", with the MoE layers' static
+    moe_expert_rank_capacity_factor) for the MXFP8 presets on Blackwell from 26.06, the releases that add the EP
+    overlap with it; layers (cuda_graph_impl "transformer_engine", scope attn / moe_router / moe_preprocess) for
+    Qwen3-30B-A3B off H100, Qwen3-235B-A22B, DeepSeek-V3 and GPT-OSS on GB200 / GB300, and GPT-OSS on B300
+    (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0); none for the rest and for
+    other families."""
+    if family(rec["id"]) != "mbridge-moe":
+        return "none"
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu:
+        return "full-iteration"
+    gb = gpu.startswith("gb")
+    layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
+              or ("gpt-oss" in rid and (gb or "b300" in gpu)))
+    return "layers" if layers else "none"
+
+
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
     """GPUs of each NVLink domain an mbridge MoE row on a multi-node NVLink system (GB200 / GB300 NVL72) uses:
     Megatron-Bridge's Slurm executor asks for `--segment` = the largest number of 4-GPU nodes <= 18 that
@@ -435,6 +455,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      or mbridge_moe_recipe(rec)[0] else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
+        cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),
         pp_schedule=par.get("pp_schedule", "1f1b"),

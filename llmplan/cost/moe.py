@@ -55,3 +55,28 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float) -> Any:
     share = where(plan.pp_schedule == "dualpipe", 1.0, where(plan.ep_comm_overlap, EP_OVERLAP_HIDDEN, 0.0))
     hidden = share * minimum(ep, window)
     return ep - hidden * (1.0 - kappa)
+
+
+HOST_SYNC_S = 6e-6
+"""Time the GPU idles at one host synchronisation besides the launch that follows it: the copy's event
+completes, the waiting host thread wakes and returns to Python. NVIDIA Technical Blog, "Getting Started with
+CUDA Graphs" (A. Gray, 2019): a stream of 20 short kernels ran at 3.8 us per kernel with one synchronisation per
+iteration and 9.6 us with one after every kernel, about 6 us per synchronisation.
+Derived: docs/formulas.md#step.host_sync"""
+
+
+def host_syncs_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Host synchronisations of one MoE layer's forward (recompute runs it again): 1 where the layer is dropless
+    and not inside a full-iteration CUDA graph, else 0. Dropless, the rows each rank sends and each local expert
+    computes are known only on the GPU: Megatron-Core's alltoall dispatcher copies the token counts to the host
+    and waits at `cuda_sync_point` (before the all-to-all with EP, before returning without) to size the
+    all-to-all and the permute buffers; the flex dispatcher (DeepEP, HybridEP) reads the received counts back to
+    size its output; the grouped GEMM takes host split sizes (`tokens_per_expert.tolist()`). Padded to capacity
+    (--moe-pad-expert-input-to-capacity) every count is known on the host; a full-iteration graph runs with a
+    static per-rank budget (--moe-expert-rank-capacity-factor) and never waits. Per-layer graphs
+    (cuda_graphs "layers") capture the router and preprocessing, not the wait.
+    Source: Megatron-LM megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher.preprocess,
+    _HybridEPManager.dispatch) and moe/experts.py (TEGroupedMLP.forward) at d98e8a6.
+    Derived: docs/formulas.md#step.host_sync"""
+    synced = (plan.moe_capacity_factor is None) & (plan.cuda_graphs != "full-iteration")
+    return where(synced, 1.0, 0.0) if m.is_moe else 0.0

@@ -18,7 +18,7 @@ from llmplan.cost.compute import (
     stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.moe import ep_exposed
+from llmplan.cost.moe import HOST_SYNC_S, ep_exposed, host_syncs_per_layer
 from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -38,6 +38,19 @@ LAYER_KERNELS = 12
 projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
 memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
 (two per layer). Backward launches about twice as many, recompute one forward more."""
+
+MOE_LAYER_KERNELS = 14
+"""Kernels a dropless MoE layer's forward launches beyond a dense layer's LAYER_KERNELS, in Megatron-Core with
+the fused router, permute and grouped GEMM: the router GEMM, the fused top-k and its auxiliary loss (2), the
+token counts and their gather over the EP group (2), the copy of the counts to the host, the permute, the two
+all-to-alls, the sort of the received rows by local expert and its inverse, the unpermute, and the quantisation
+of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
+places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
+d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
+GRAPHED_LAYER_KERNELS = 2 + 8
+"""Launches left per MoE layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the graphed
+attention part and the graphed router and preprocessing are one launch each; the permute, all-to-alls,
+grouped GEMMs, activation and unpermute after the host's wait stay eager (8)."""
 
 BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
 
@@ -231,16 +244,34 @@ def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
     return busy * GPU_SPEED_SPREAD * expected_max_normal(plan.num_gpus)
 
 
-def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any) -> Any:
+def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
+                 syncs_per_layer: Any = 0.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
-    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, twice
-    that in backward, once more under recompute; KERNEL_LAUNCH_S each) take beyond the GPU's `per_mb`.
+    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
+    MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
+    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds). Per-layer
+    CUDA graphs leave 2 launches per dense layer (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a
+    full-iteration graph none inside the step.
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
-    synchronises). Derived: docs/formulas.md#step.overhead"""
-    per_layer = (LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
-    launches = per_layer * layers * (3 + r)
-    return per_layer + plan.num_microbatches * maximum(launches - per_mb, 0.0)
+    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
+    graphed = plan.cuda_graphs == "layers"
+    per_layer = where(graphed, 2, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    per_moe = where(graphed, GRAPHED_LAYER_KERNELS - 2, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
+    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
+    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer)
+    return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
+
+
+def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any) -> Any:
+    """GPU idle time of one micro-batch's host waits: each MoE layer's forward (once more under recompute) waits
+    `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer); the host cannot run
+    ahead past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S) and the launch of the
+    next kernel (KERNEL_LAUNCH_S). Backward reuses the forward's counts and does not wait.
+    Source: CUDA C++ Programming Guide (a device-to-host copy into pageable memory, or a wait on its event,
+    blocks the host until the GPU has reached it). Derived: docs/formulas.md#step.host_sync"""
+    return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + KERNEL_LAUNCH_S)
 
 
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:
@@ -254,9 +285,10 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     stages = stage_times(m, plan, gpu)
     n, v, kappa = plan.num_microbatches, plan.vpp, gpu.contention
     l_max = maximum(max_stage_layers(m, plan), 1)
-    moe_max = 1
+    moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
-        moe_max = maximum(moe_max, s[3])
+        moe_top = maximum(moe_top, s[3])
+    moe_max = maximum(moe_top, 1)
     per_mb, parts = [], []
     for _, sc, layers, moe_layers in stages:
         tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
@@ -285,7 +317,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     model = model_flops_per_step(m, plan)
     bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
     # Derived: docs/formulas.md#step.overhead
-    overheads = {"host": host_seconds(plan, l_max, worst, recomputed_share(plan, l_max)),
+    overheads = {"host": host_seconds(plan, l_max, worst, recomputed_share(plan, l_max), moe_top,
+                                      host_syncs_per_layer(m, plan)),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(

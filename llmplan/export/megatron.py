@@ -46,7 +46,8 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
                   # for --moe-flex-dispatcher-backend deepep)
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
-                  ("--moe-flex-dispatcher-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
+                  ("--moe-flex-dispatcher-backend", None if p.moe_dispatcher != "deepep" else
+                   "hybridep" if p.cuda_graphs == "full-iteration" else "deepep"),  # cuda_graph_pairs
                   ("--moe-grouped-gemm", True)]
     return as_flags(pairs)
 
@@ -85,7 +86,26 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
-    return as_flags(pairs)
+    return as_flags(pairs + cuda_graph_pairs(pf))
+
+
+def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The plan's CUDA graphs in Megatron-Core's vocabulary (TransformerConfig.cuda_graph_impl and
+    cuda_graph_modules at d98e8a6): layers = Transformer Engine's per-layer graphs of the attention, and of a
+    dropless MoE layer's router and preprocessing (a dense layer's MLP too); full-iteration = one graph of the
+    forward-backward, which needs the NaN check off and, for a dropless MoE layer, the static per-rank budget
+    (--moe-expert-rank-capacity-factor, 1.5 as Megatron-Bridge's performance presets set it with HybridEP; it
+    needs the HybridEP backend and Transformer Engine's grouped-tensor GEMMs, whose split sizes stay on the GPU)."""
+    p, m = pf.plan, pf.model
+    if p.cuda_graphs == "layers":
+        modules = "attn moe_router moe_preprocess" if m.is_moe else "attn mlp"
+        return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-modules", modules)]
+    if p.cuda_graphs == "full-iteration":
+        budget = m.is_moe and p.moe_capacity_factor is None
+        return [("--cuda-graph-impl", "full_iteration"), ("--no-check-for-nan-in-loss-and-grad", True),
+                ("--moe-expert-rank-capacity-factor", "1.5" if budget else None),
+                ("--moe-use-grouped-tensor", budget)]  # split sizes on the GPU (TransformerConfig rule)
+    return []
 
 
 def recompute_module_pairs(pf: PlanFile) -> list[tuple[str, object]]:

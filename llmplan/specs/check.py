@@ -292,6 +292,22 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
                          "rule); drop --moe-capacity-factor or use --moe-dispatcher alltoall"),
+    # Megatron-Core TransformerConfig (d98e8a6): moe_expert_rank_capacity_factor, the static per-rank budget a
+    # dropless MoE layer needs inside a full-iteration graph, requires the flex dispatcher's hybridep backend;
+    # the alltoall dispatcher waits for its token counts on the host (token_dispatcher.py, cuda_sync_point)
+    Rule("cuda_graphs_moe",
+         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not _moe(m)) | (p.moe_dispatcher != "alltoall")
+         | (p.moe_capacity_factor is not None),
+         lambda m, p, c: f"cuda_graphs full-iteration with a dropless alltoall MoE dispatcher ({m.name}): the "
+                         "alltoall dispatcher copies each layer's token counts to the host and waits for them, "
+                         "which a CUDA graph cannot capture (Megatron's static per-rank budget, "
+                         "--moe-expert-rank-capacity-factor, needs the flex dispatcher); use --moe-dispatcher "
+                         "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
+    # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
+    Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
+         lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
+                         "with selective or no recompute (full recompute needs the full-iteration graph); use "
+                         "cuda_graphs full-iteration or none, or --recompute selective"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

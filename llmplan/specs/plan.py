@@ -125,6 +125,11 @@ MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 MoeRouting = Literal["random", "contiguous"]
 MOE_ROUTINGS: tuple[str, ...] = ("random", "contiguous")
 """--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
+CudaGraphs = Literal["none", "layers", "full-iteration"]
+CUDA_GRAPHS: tuple[str, ...] = ("none", "layers", "full-iteration")
+"""cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
+layer (transformer_engine / local with --cuda-graph-modules), or one graph of the whole forward-backward
+(--cuda-graph-impl full_iteration)."""
 PRECISIONS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -266,6 +271,15 @@ class ParallelPlan(PlanQuantities, Spec):
     drawn uniformly) or contiguous (k consecutive experts from a multiple of k, NeMo AutoModel's
     FakeBalancedGate, the benchmark gate of its performance tables). The alltoall dispatcher sends k copies
     either way."""
+    cuda_graphs: CudaGraphs = "none"
+    """Which CUDA graphs replay the training step's kernels (Megatron-Core's cuda_graph_impl): none, every kernel
+    launched by the host one by one; layers, per-layer graphs of the attention and the MoE router and
+    preprocessing (--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess):
+    each captured part is one launch, but a dropless MoE layer still copies its tokens per expert to the host
+    and waits for them every forward; full-iteration, one graph of the whole forward-backward
+    (--cuda-graph-impl full_iteration) with the MoE layers' static buffers (Megatron-Bridge's presets set
+    --moe-expert-rank-capacity-factor with it): no launches and no host waits inside the step
+    (docs/formulas.md#step.host_sync)."""
     fp32_param_shards: bool = False
     """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
     optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed

@@ -1,0 +1,165 @@
+"""MoE layers' host waits and the plan's CUDA graphs (issue 32): a dropless MoE layer's forward waits for its
+token counts on the host unless a full-iteration graph with a static budget replaces it; per-layer graphs cut
+launches; check_plan's rules and the Megatron-LM flags; golden rows from Megatron-Bridge's performance tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.compute import KERNEL_LAUNCH_S
+from llmplan.cost.moe import HOST_SYNC_S, host_syncs_per_layer
+from llmplan.cost.step import host_seconds, host_sync_seconds
+from llmplan.estimate import estimate_training
+from llmplan.export import render_all
+from llmplan.planfile import load_plan
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_export import PLANS, parse_megatron  # noqa: E402  (the recorded Megatron-LM parser at d98e8a6)
+
+M = builtin_models()
+S = builtin_systems()
+
+
+@pytest.fixture(scope="module")
+def acc():
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    return accuracy
+
+
+def _row(acc, rec: dict) -> tuple[float, float]:
+    (_, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
+    return pred, meas
+
+
+# Golden rows (Megatron-Bridge performance summary tables, the releases named in the ids; tokens/s per GPU as
+# published). Tolerance 15%: issue 32's target for the MoE rows of mbridge.
+# Small experts under a full-iteration graph: Qwen3-30B-A3B (128 experts of FFN 768, top-8) on 8 B300, 26.06,
+# MXFP8, micro-batch 8 (preset: cuda_graph_impl full_iteration, moe_expert_rank_capacity_factor 1.5).
+SMALL_FULL = "mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-b300-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs8"
+# Large experts under per-layer graphs: Qwen3-235B-A22B (FFN 1,536 on hidden 4,096) on 256 GB300, 26.04, MXFP8,
+# PP4 VP12 EP32 (preset: cuda_graph_impl transformer_engine, attn / moe_router / moe_preprocess): every MoE
+# layer's forward waits for its token counts.
+LARGE_LAYERS = "mbridge-26.04-pretrain-qwen3-235b-a22b-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep32vp12gbs8192mbs2"
+# The same small-expert layout as SMALL_FULL's on GB300, 26.04 (per-layer graphs, host waits): published 31,470
+# against 45,275 in 26.06. llmplan predicts about 39,100 (+24%): the host waits it prices are 0.1% of that step,
+# so what 26.06 gained lies elsewhere (docs/validation.md#moe-host).
+SMALL_LAYERS = "mbridge-26.04-pretrain-qwen3-30b-a3b-dgx-gb300-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs8"
+
+
+def test_small_expert_full_iteration_row_within_15_percent(published_runs, acc):
+    rec = published_runs[SMALL_FULL]
+    assert acc.mbridge_cuda_graphs(rec) == "full-iteration"
+    pred, meas = _row(acc, rec)
+    assert meas == 40769
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+def test_large_expert_per_layer_graphs_row_within_15_percent(published_runs, acc):
+    rec = published_runs[LARGE_LAYERS]
+    assert acc.mbridge_cuda_graphs(rec) == "layers"
+    pred, meas = _row(acc, rec)
+    assert meas == 6994
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+@pytest.mark.xfail(strict=True, reason="26.04's small-expert rows run 30% slower than llmplan prices; the host "
+                   "waits explain 0.1% (docs/validation.md#moe-host)")
+def test_small_expert_per_layer_graphs_row_within_15_percent(published_runs, acc):
+    rec = published_runs[SMALL_LAYERS]
+    assert acc.mbridge_cuda_graphs(rec) == "layers"
+    pred, meas = _row(acc, rec)
+    assert meas == 31470
+    assert pred == pytest.approx(meas, rel=0.15)
+
+
+def _moe_plan(**kw) -> ParallelPlan:
+    base = dict(ep=8, dp=8, etp=1, micro_batch=1, global_batch=64, seq_len=4096, zero=1)
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_only_dropless_eager_moe_layers_wait_for_the_host():
+    m = M["qwen3-30b-a3b"]
+    assert host_syncs_per_layer(m, _moe_plan()) == 1.0
+    assert host_syncs_per_layer(m, _moe_plan(cuda_graphs="layers")) == 1.0  # the wait is not captured
+    assert host_syncs_per_layer(m, _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep")) == 0.0
+    assert host_syncs_per_layer(m, _moe_plan(moe_capacity_factor=1.25)) == 0.0  # counts known on the host
+    assert host_syncs_per_layer(M["qwen3-8b"], ParallelPlan(dp=8, global_batch=64)) == 0.0
+
+
+def test_each_wait_idles_the_gpu_for_a_wake_up_and_a_launch_per_forward_pass():
+    plan = _moe_plan()
+    one = float(host_sync_seconds(48, 0, 1.0))
+    assert one == pytest.approx(48 * (HOST_SYNC_S + KERNEL_LAUNCH_S))
+    assert float(host_sync_seconds(48, 1, 1.0)) == pytest.approx(2 * one)  # recompute waits again
+    # A long micro-batch hides every launch; what stays is the step start and the waits
+    start = float(host_seconds(plan, 48, 10.0, 0))
+    waits = float(host_seconds(plan, 48, 10.0, 0, 48, 1.0)) - start
+    assert waits == pytest.approx(plan.num_microbatches * one)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(mb=st.sampled_from([1, 2, 4, 8]), ep=st.sampled_from([1, 2, 4, 8]))
+def test_more_graphed_never_slower(mb, ep):
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-b200"], num_nodes=1)
+    times = []
+    for graphs in ("none", "layers", "full-iteration"):
+        plan = ParallelPlan(ep=ep, dp=8, etp=1, micro_batch=mb, global_batch=64, seq_len=4096, zero=1,
+                            moe_dispatcher="deepep", cuda_graphs=graphs)
+        times.append(float(estimate_training(m, cluster, plan).time.total))
+    assert times[0] >= times[1] >= times[2]
+
+
+def test_check_plan_refuses_a_full_iteration_graph_around_the_alltoall_dispatchers_wait():
+    m = M["qwen3-30b-a3b"]
+    rules = {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration"))}
+    assert "cuda_graphs_moe" in rules
+    assert "cuda_graphs_moe" not in {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration",
+                                                                               moe_dispatcher="deepep"))}
+    assert "cuda_graphs_moe" not in {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration",
+                                                                               moe_capacity_factor=1.0))}
+    dense = {v.rule for v in check_plan(M["qwen3-8b"], ParallelPlan(dp=8, global_batch=64, recompute="full",
+                                                                        cuda_graphs="layers"))}
+    assert "cuda_graphs_recompute" in dense
+
+
+def test_megatron_export_names_the_graphs_in_megatrons_flags():
+    base = load_plan(PLANS / "moe_train.json")
+    layers = dataclasses.replace(base, plan=base.plan.model_copy(update={"cuda_graphs": "layers"}))
+    ns, _ = parse_megatron(render_all(layers, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.cuda_graph_impl == "transformer_engine"
+    assert ns.cuda_graph_modules == ["attn", "moe_router", "moe_preprocess"]
+    full = dataclasses.replace(base, plan=base.plan.model_copy(update={"cuda_graphs": "full-iteration",
+                                                                       "moe_dispatcher": "deepep"}))
+    ns, _ = parse_megatron(render_all(full, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.cuda_graph_impl == "full_iteration" and ns.no_check_for_nan_in_loss_and_grad
+    assert ns.moe_flex_dispatcher_backend == "hybridep" and float(ns.moe_expert_rank_capacity_factor) == 1.5
+    assert ns.moe_use_grouped_tensor
+    ns, _ = parse_megatron(render_all(base, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.cuda_graph_impl is None
+
+
+def test_vectorised_search_agrees_with_the_scalar_host_terms():
+    # The search's plan arrays read cuda_graphs from the workload; pipeline stages with uneven MoE layers too.
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import from_plan
+
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    for upd in ({}, {"cuda_graphs": "layers"}, {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep"},
+                {"moe_capacity_factor": 1.25}, {"pp": 2, "dp": 8, "ep": 8, "recompute": "full"}):
+        plan = ParallelPlan(dp=16, ep=16, etp=1, global_batch=256, micro_batch=1, seq_len=4096).model_copy(update=upd)
+        scalar = estimate_training(m, cluster, plan)
+        vec = evaluate(m, cluster, from_plan(plan))
+        assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9), upd
+        assert float(np.asarray(vec.step.overheads["host"])[0]) == pytest.approx(
+            float(scalar.time.overheads["host"]), rel=1e-9), upd
