@@ -47,8 +47,39 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # for --moe-flex-dispatcher-backend deepep)
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
                   ("--moe-flex-dispatcher-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
-                  ("--moe-grouped-gemm", True)]
+                  ("--moe-grouped-gemm", True), *router_pairs(pf)]
     return as_flags(pairs)
+
+
+def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The model's router and multi-token prediction as Megatron-Core routes (moe_utils.py,
+    topk_routing_with_score_function): softmax after top-k renormalises, --moe-router-pre-softmax keeps the
+    softmax over all experts; sigmoid scores are renormalised whenever top-k > 1; the expert bias picks
+    experts only; the group limit sums each group's top k/t scores (DeepSeek-V3's rule)."""
+    m = pf.model
+    return [("--moe-router-score-function", m.scoring_func),
+            ("--moe-router-pre-softmax", m.scoring_func == "softmax" and not m.norm_topk_prob),
+            ("--moe-router-num-groups", m.n_group), ("--moe-router-group-topk", m.topk_group),
+            ("--moe-router-topk-scaling-factor", f"{m.routed_scaling_factor:g}" if m.routed_scaling_factor != 1
+             else None),
+            ("--moe-router-enable-expert-bias", m.expert_bias),
+            # DeepSeek-V3 scores in fp32 (HF modeling_deepseek_v3 gate); Megatron-Core warns without it at >= 32
+            ("--moe-router-dtype", "fp32" if m.expert_bias else None),
+            ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+
+
+def check_router(pf: PlanFile) -> None:
+    """What Megatron-Core's router cannot run (TransformerConfig: expert bias with sigmoid / sqrtsoftplus only;
+    sigmoid weights always renormalised above top-1)."""
+    m = pf.model
+    if not m.is_moe:
+        return
+    if m.expert_bias and m.scoring_func != "sigmoid":
+        raise refuse(TARGET, f"an expert bias with {m.scoring_func} scores ({m.name}; Megatron-Core's aux-loss-free "
+                     "bias takes sigmoid scores)", "set scoring_func sigmoid or expert_bias false in the model spec")
+    if m.scoring_func == "sigmoid" and not m.norm_topk_prob and m.num_experts_per_tok > 1:
+        raise refuse(TARGET, f"sigmoid routing weights without renormalisation ({m.name}; Megatron-Core "
+                     "renormalises sigmoid top-k weights)", "set norm_topk_prob true in the model spec")
 
 
 def parallel_flags(pf: PlanFile) -> list[str]:
@@ -108,6 +139,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
+    check_router(pf)
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
