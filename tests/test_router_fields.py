@@ -95,3 +95,13 @@ def test_megatron_refuses_routers_megatron_core_cannot_run(changes, needle):
 def test_plan_file_embeds_the_router():
     doc = json.loads((PLANS / "deepseek_train.json").read_text())
     assert {k: doc["model"][k] for k in PUBLISHED_V3_ROUTER} == PUBLISHED_V3_ROUTER
+
+
+def test_megatron_layout_places_the_mtp_layer_before_the_loss():
+    # Megatron-Core's PipelineParallelLayerLayout: the count of m must equal --mtp-num-layers, on the last stage.
+    pf = load_plan(PLANS / "deepseek_train.json")
+    pf = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"pp_first": 0, "pp_last": 0,
+                                                                  "pp_layers": (7, 8, 8, 8, 8, 8, 8, 6)}))
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    layout = ns.pipeline_model_parallel_layout.strip('"')
+    assert layout.startswith("Et*7|") and layout.endswith("|t*6,m,L") and int(ns.mtp_num_layers) == 1

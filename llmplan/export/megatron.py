@@ -68,6 +68,12 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
 
 
+def mtp_tail(pf: PlanFile) -> str:
+    """The end of a layout string: one m per MTP layer before the loss (Megatron-Core's
+    PipelineParallelLayerLayout counts m against --mtp-num-layers and wants them on the last stage)."""
+    return ",m" * pf.model.num_nextn_predict_layers + ",L"
+
+
 def check_router(pf: PlanFile) -> None:
     """What Megatron-Core's router cannot run (TransformerConfig: expert bias with sigmoid / sqrtsoftplus only;
     sigmoid weights always renormalised above top-1)."""
@@ -127,7 +133,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (",L" if s == len(stages) - 1 else "")
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (mtp_tail(pf) if s == len(stages) - 1 else "")
                  for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:
