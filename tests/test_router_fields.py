@@ -105,3 +105,19 @@ def test_megatron_layout_places_the_mtp_layer_before_the_loss():
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     layout = ns.pipeline_model_parallel_layout.strip('"')
     assert layout.startswith("Et*7|") and layout.endswith("|t*6,m,L") and int(ns.mtp_num_layers) == 1
+
+
+def test_megatron_ep_overlap_is_written_or_refused():
+    # --overlap-moe-expert-parallel-comm (recorded parser); Megatron-Core asserts vpp with pp > 1 and no full
+    # recompute for it (TransformerConfig.__post_init__).
+    pf = load_plan(PLANS / "deepseek_train.json")
+    ok = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True, "recompute": "selective",
+                                                                  "pp_first": 0, "pp_last": 0, "vpp": 2,
+                                                                  "pp_layers": (7, 8, 8, 8, 8, 8, 8, 6)}))
+    ns, _ = parse_megatron(render_all(ok, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.overlap_moe_expert_parallel_comm
+    with pytest.raises(CannotExpress, match="full recompute"):
+        render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True, "vpp": 1,
+                                                                           "pp": 1})), "megatron")
+    with pytest.raises(CannotExpress, match="pp > 1 without virtual stages"):
+        render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True})), "megatron")

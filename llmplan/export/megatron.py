@@ -47,7 +47,8 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # for --moe-flex-dispatcher-backend deepep)
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
                   ("--moe-flex-dispatcher-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
-                  ("--moe-grouped-gemm", True), *router_pairs(pf)]
+                  ("--moe-grouped-gemm", True), *router_pairs(pf),
+                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
     return as_flags(pairs)
 
 
@@ -66,6 +67,20 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # DeepSeek-V3 scores in fp32 (HF modeling_deepseek_v3 gate); Megatron-Core warns without it at >= 32
             ("--moe-router-dtype", "fp32" if m.expert_bias else None),
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+
+
+def check_ep_overlap(pf: PlanFile) -> None:
+    """The EP all-to-all overlap's requirements (TransformerConfig, overlap_moe_expert_parallel_comm): EP > 1,
+    interleaved stages when PP > 1, no full recompute."""
+    p = pf.plan
+    if not (pf.model.is_moe and p.ep_comm_overlap):
+        return
+    why = ("ep 1" if p.ep == 1 else "pp > 1 without virtual stages" if p.pp > 1 and p.vpp == 1
+           else "full recompute" if p.recompute == "full" else None)
+    if why:
+        raise refuse(TARGET, f"the EP all-to-all overlap with {why} (Megatron-Core's "
+                     "--overlap-moe-expert-parallel-comm needs ep > 1, vpp > 1 with pp > 1, no full recompute)",
+                     "re-plan with --no-ep-comm-overlap, or meet those conditions")
 
 
 def mtp_tail(pf: PlanFile) -> str:
@@ -146,6 +161,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     check_router(pf)
+    check_ep_overlap(pf)
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
