@@ -44,6 +44,15 @@ def test_deepseek_v3_router_from_config_json_and_the_builtin_spec():
     assert builtin_models()["mixtral-8x7b"].routing_fields_set == []
 
 
+def test_router_values_from_config_json_are_typed_as_written():
+    with pytest.raises(ValueError, match="without quotes"):
+        from_hf_config({**DEEPSEEK_V3, "routed_scaling_factor": "2.5"}, "x")
+    with pytest.raises(ValueError, match="true or false without quotes"):
+        from_hf_config({**DEEPSEEK_V3, "norm_topk_prob": "true"}, "x")
+    dense = from_hf_config({**DEEPSEEK_V3, "n_routed_experts": 0, "n_group": None, "topk_group": None}, "x")
+    assert not {"routed_scaling_factor", "norm_topk_prob", "scoring_func", "expert_bias"} & set(dense)
+
+
 @pytest.mark.parametrize("changes,needle", [
     ({"scoring_func": "sigmoid"}, "set on a dense model"),
     ({"expert_bias": True}, "set on a dense model"),
