@@ -220,3 +220,13 @@ def test_cli_refuses_with_one_line_and_writes_nothing(cli, tmp_path):
     assert len(r.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
     assert cli("export", PLANS / "dense_train.json", "--to", "megatron-bridge", "-o", tmp_path / "ok").code == 0
     assert os.access(tmp_path / "ok" / SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize("target,name", [("torchrun", "torchrun.sh"), ("slurm", "job.sbatch")])
+def test_torchrun_and_slurm_wrap_megatron_bridge(target, name):
+    files, _ = render_all(load_plan(PLANS / "deepseek_train.json"), target, "megatron-bridge")
+    text = files[name]
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    assert "run_recipe.py" in text and array(text, "OVERRIDES") == array(script("deepseek_train"), "OVERRIDES")
+    with pytest.raises(CannotExpress, match="no pretrain recipe"):
+        render_all(load_plan(PLANS / "moe_train.json"), target, "megatron-bridge")

@@ -178,10 +178,28 @@ def hydra_value(value: object) -> str:
     return str(value)
 
 
-def render(pf: PlanFile) -> dict[str, str]:
+BRIDGE_ENTRY = '"$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" "${TRAIN[@]}" "${OVERRIDES[@]}"'
+
+
+def arrays(pf: PlanFile) -> str:
+    """The shell lines that define the recipe, its training length and the overrides (checked first)."""
     check(pf)
-    c = pf.cluster
     args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
+    note = ""
+    if pf.plan.dtype == "fp8" and pf.plan.recipe == "tensorwise":
+        note = ("# bf16_with_fp8_current_scaling_mixed keeps the first and the last transformer layer in bf16 "
+                "(Megatron-Bridge's preset)\n")
+    return note + "\n".join([
+        "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
+        f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
+        "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
+        "TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})",
+        "OVERRIDES=(", *(f"    '{a}'" for a in args), ")"])
+
+
+def render(pf: PlanFile) -> dict[str, str]:
+    defs = arrays(pf)
+    c = pf.cluster
     lines = [
         "set -euo pipefail",
         "",
@@ -190,22 +208,11 @@ def render(pf: PlanFile) -> dict[str, str]:
         "NODE_RANK=${NODE_RANK:-0}",
         "MASTER_ADDR=${MASTER_ADDR:-localhost}",
         "MASTER_PORT=${MASTER_PORT:-6000}",
-        "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
-        f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
-        "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
-        "TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})",
-        "OVERRIDES=(",
-        *(f"    '{a}'" for a in args),
-        ")",
+        defs,
         "",
         "torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
         "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\",
-        "    \"$MEGATRON_BRIDGE/scripts/training/run_recipe.py\" \"${RECIPE[@]}\" \"${TRAIN[@]}\" \"${OVERRIDES[@]}\"",
+        "    " + BRIDGE_ENTRY,
     ]
-    note = ""
-    if pf.plan.dtype == "fp8" and pf.plan.recipe == "tensorwise":
-        note = ("# bf16_with_fp8_current_scaling_mixed keeps the first and the last transformer layer in bf16 "
-                "(Megatron-Bridge's preset)\n")
     return {"megatron_bridge_pretrain.sh": sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe "
-                                                         f"{RECIPES[pf.model.name]})") + note
-            + "\n".join(lines) + "\n"}
+                                                         f"{RECIPES[pf.model.name]})") + "\n".join(lines) + "\n"}
