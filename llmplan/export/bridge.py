@@ -83,9 +83,10 @@ def check(pf: PlanFile) -> None:
          "re-plan with --recompute selective or full, or export to torchtitan"),
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
          "re-plan with --moe-routing random"),
-        (f"the {p.attention_kernel} attention kernel (model.attention_backend holds an AttnBackend enum, which "
-         "a KEY=VALUE override sets as text)", not p.flash_attention or p.attention_kernel != "native",
-         "re-plan with the native kernel, or export to megatron"),
+        (f"the {p.attention_kernel if p.flash_attention else 'unfused'} attention kernel (model.attention_backend "
+         "holds an AttnBackend enum, which a KEY=VALUE override would set as text)",
+         not p.flash_attention or p.attention_kernel != "native",
+         "re-plan with --flash-attention --attention-kernel native, or export to megatron"),
         ("TP / EP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object and a "
          "userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
