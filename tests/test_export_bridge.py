@@ -113,6 +113,8 @@ def test_recipes_and_command_line_are_megatron_bridges():
     text = script("dense_train")
     flags = [a for a in array(text, "RECIPE") if a.startswith("--")]
     assert set(flags) <= set(RECORD["run_recipe_flags"]) and "--recipe" in flags
+    # run_recipe.py's _collect_overrides: what its parser leaves must be KEY=VALUE, not an option
+    assert all("=" in a and not a.startswith("-") for a in overrides(text))
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
