@@ -20,7 +20,8 @@ def export(
     to: str = typer.Option(..., "--to", help=f"{' | '.join(TARGETS)} | all"),
     out_dir: Path = typer.Option(Path("."), "--out", "-o", help="Folder for the files (created if missing)."),
     wrap: Optional[str] = typer.Option(None, "--wrap", help="Training target torchrun / slurm launch "
-                                       "(megatron | torchtitan | deepspeed; default: the first that fits the plan)."),
+                                       "(megatron | torchtitan | deepspeed | megatron-bridge; default: the first "
+                                       "that fits the plan)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
     json_mode: bool = opt.JSON,
 ) -> None:

@@ -9,21 +9,22 @@ from pathlib import Path
 from typing import Callable
 
 from llmplan.errors import LlmplanError
-from llmplan.export import deepspeed, megatron, torchtitan
+from llmplan.export import bridge, deepspeed, megatron, torchtitan
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
 from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
 
-TRAIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
+TRAIN_TARGETS = ("megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 
 
 def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[str, str]]:
     table: dict[str, Callable[[PlanFile], dict[str, str]]] = {
-        "megatron": megatron.render, "deepspeed": deepspeed.render, "torchtitan": torchtitan.render,
+        "megatron": megatron.render, "megatron-bridge": bridge.render, "deepspeed": deepspeed.render,
+        "torchtitan": torchtitan.render,
         "torchtitan-0.2": torchtitan.render_legacy,
         "torchrun": lambda pf: render_torchrun(pf, wrap), "slurm": lambda pf: render_slurm(pf, wrap),
         "vllm": render_vllm, "sglang": render_sglang,

@@ -1,13 +1,13 @@
-"""torchrun and SLURM: launch any training target (Megatron-LM, torchtitan, a DeepSpeed script) on the
-plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: torch.distributed.run (torchrun) documentation)."""
+"""torchrun and SLURM: launch any training target (Megatron-LM, torchtitan, a DeepSpeed script,
+Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: torch.distributed.run (torchrun) documentation)."""
 
 from __future__ import annotations
 
-from llmplan.export import deepspeed, megatron, torchtitan
+from llmplan.export import bridge, deepspeed, megatron, torchtitan
 from llmplan.export.common import need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 
-WRAPPABLE = ("megatron", "torchtitan", "deepspeed")
+WRAPPABLE = ("megatron", "torchtitan", "deepspeed", "megatron-bridge")
 
 
 def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
@@ -25,6 +25,8 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
         files = deepspeed.render(pf)
         files.pop("deepspeed_launch.sh")
         return '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json', files, ""
+    if wrap == "megatron-bridge":
+        return bridge.BRIDGE_ENTRY, {}, bridge.arrays(pf)
     raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
 
 

@@ -48,8 +48,60 @@ def model_flags(pf: PlanFile) -> list[str]:
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
                   ("--moe-flex-dispatcher-backend", None if p.moe_dispatcher != "deepep" else
                    "hybridep" if p.cuda_graphs == "full-iteration" else "deepep"),  # cuda_graph_pairs
-                  ("--moe-grouped-gemm", True)]
+                  ("--moe-grouped-gemm", True), *router_pairs(pf),
+                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
     return as_flags(pairs)
+
+
+def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The model's router and multi-token prediction as Megatron-Core routes (moe_utils.py,
+    topk_routing_with_score_function): softmax after top-k renormalises, --moe-router-pre-softmax keeps the
+    softmax over all experts; sigmoid scores are renormalised whenever top-k > 1; the expert bias picks
+    experts only; the group limit sums each group's top k/t scores (DeepSeek-V3's rule)."""
+    m = pf.model
+    return [("--moe-router-score-function", m.scoring_func),
+            ("--moe-router-pre-softmax", m.scoring_func == "softmax" and not m.norm_topk_prob),
+            ("--moe-router-num-groups", m.n_group), ("--moe-router-group-topk", m.topk_group),
+            ("--moe-router-topk-scaling-factor", f"{m.routed_scaling_factor:g}" if m.routed_scaling_factor != 1
+             else None),
+            ("--moe-router-enable-expert-bias", m.expert_bias),
+            # DeepSeek-V3 scores in fp32 (HF modeling_deepseek_v3 gate); Megatron-Core warns without it at >= 32
+            ("--moe-router-dtype", "fp32" if m.expert_bias else None),
+            ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+
+
+def check_ep_overlap(pf: PlanFile) -> None:
+    """The EP all-to-all overlap's requirements (TransformerConfig, overlap_moe_expert_parallel_comm): EP > 1,
+    interleaved stages when PP > 1, no full recompute."""
+    p = pf.plan
+    if not (pf.model.is_moe and p.ep_comm_overlap):
+        return
+    why = ("ep 1" if p.ep == 1 else "pp > 1 without virtual stages" if p.pp > 1 and p.vpp == 1
+           else "full recompute" if p.recompute == "full" else None)
+    if why:
+        raise refuse(TARGET, f"the EP all-to-all overlap with {why} (Megatron-Core's "
+                     "--overlap-moe-expert-parallel-comm needs ep > 1, vpp > 1 with pp > 1, no full recompute)",
+                     "re-plan with --no-ep-comm-overlap, or meet those conditions")
+
+
+def mtp_tail(pf: PlanFile) -> str:
+    """The end of a layout string: one m per MTP layer before the loss (Megatron-Core's
+    PipelineParallelLayerLayout counts m against --mtp-num-layers and wants them on the last stage)."""
+    return ",m" * pf.model.num_nextn_predict_layers + ",L"
+
+
+def check_router(pf: PlanFile) -> None:
+    """What Megatron-Core's router cannot run (TransformerConfig: expert bias with sigmoid / sqrtsoftplus only;
+    sigmoid weights always renormalised above top-1)."""
+    m = pf.model
+    if not m.is_moe:
+        return
+    if m.expert_bias and m.scoring_func != "sigmoid":
+        raise refuse(TARGET, f"an expert bias with {m.scoring_func} scores ({m.name}; Megatron-Core's aux-loss-free "
+                     "bias takes sigmoid scores)", "set scoring_func sigmoid or expert_bias false in the model spec")
+    if m.scoring_func == "sigmoid" and not m.norm_topk_prob and m.num_experts_per_tok > 1:
+        raise refuse(TARGET, f"sigmoid routing weights without renormalisation ({m.name}; Megatron-Core "
+                     "renormalises sigmoid top-k weights)", "set norm_topk_prob true in the model spec")
 
 
 def parallel_flags(pf: PlanFile) -> list[str]:
@@ -124,7 +176,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (",L" if s == len(stages) - 1 else "")
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (mtp_tail(pf) if s == len(stages) - 1 else "")
                  for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:
@@ -136,6 +188,8 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
+    check_router(pf)
+    check_ep_overlap(pf)
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "

@@ -16,7 +16,8 @@ COMMON = (
     "rope_theta", "rope_scaling", "sliding_window", "layer_types", "first_k_dense_replace", "q_lora_rank",
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
     "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
-    "hidden_dropout", "num_nextn_predict_layers", "n_group", "topk_group",
+    "hidden_dropout", "num_nextn_predict_layers", "n_group", "topk_group", "routed_scaling_factor",
+    "norm_topk_prob",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -53,9 +54,11 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         if mt in ("mixtral", "gpt_oss"):  # intermediate_size is the per-expert width
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         _check_sparse_layout(cfg)
+        out.update(_router(cfg, mt))
     else:
         for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
-                  "shared_expert_intermediate_size", "n_group", "topk_group"):
+                  "shared_expert_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
+                  "norm_topk_prob"):
             out.pop(k, None)
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
@@ -100,6 +103,20 @@ def _attention_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     else:
         return {}
     return {"layer_types": tuple("sliding_attention" if x else "full_attention" for x in windowed)}
+
+
+def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """scoring_func, norm_topk_prob and expert_bias as the architecture routes when config.json leaves them
+    out (transformers' configuration_*.py and modeling_*.py): DeepSeek-V3 scores with a sigmoid, adds the
+    e_score_correction_bias (topk_method "noaux_tc") and renormalises; Qwen2/3-MoE's config classes default
+    norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
+    chosen experts (renormalised, no key)."""
+    deepseek = mt == "deepseek_v3"
+    norm_default = mt not in ("qwen2_moe", "qwen3_moe")
+    return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
+            "norm_topk_prob": cfg.get("norm_topk_prob", norm_default) if mt != "mixtral" and mt != "gpt_oss"
+            else True,
+            "expert_bias": (cfg.get("topk_method") or ("noaux_tc" if deepseek else "greedy")) == "noaux_tc"}
 
 
 ALIASES: dict[str, dict[str, str]] = {

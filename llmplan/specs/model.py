@@ -92,9 +92,15 @@ MODEL_LIMITS: dict[str, float] = {
     "max_position_embeddings": 1 << 30, "sliding_window": 1 << 30, "num_experts": 65_536,
     "num_experts_per_tok": 1_024, "moe_intermediate_size": 4_194_304, "n_shared_experts": 1_024,
     "shared_expert_intermediate_size": 4_194_304, "first_k_dense_replace": 4_096, "q_lora_rank": 262_144,
-    "kv_lora_rank": 262_144, "num_nextn_predict_layers": 16, "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
+    "kv_lora_rank": 262_144, "num_nextn_predict_layers": 16, "routed_scaling_factor": 100,
+    "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
     "declared_params": 1e15,
 }
+
+
+ROUTING_FIELDS = ("scoring_func", "norm_topk_prob", "routed_scaling_factor", "expert_bias")
+"""How a MoE router scores, picks and weights experts, beyond top-k and the group limit (defaults: softmax,
+renormalised weights, factor 1, no bias)."""
 
 
 def beyond_limits(data: dict[str, Any]) -> str | None:
@@ -198,6 +204,18 @@ class ModelSpec(Spec):
     groups in order; None: routing over all experts."""
     topk_group: int | None = Field(default=None, ge=1)
     """Groups a token's experts may come from under group-limited routing (HF name; DeepSeek-V3: 4)."""
+    scoring_func: Literal["softmax", "sigmoid"] = "softmax"
+    """Router score function (HF name; DeepSeek-V3: sigmoid, each expert's affinity scored on its own; softmax
+    over the experts otherwise)."""
+    norm_topk_prob: bool = True
+    """Whether a token's top-k routing weights are renormalised to sum to 1 (HF name). True for Mixtral,
+    gpt-oss and Qwen3-MoE (softmax over the chosen experts) and DeepSeek-V3; Qwen1.5/2-MoE keep the softmax
+    over all experts (false)."""
+    routed_scaling_factor: float = Field(default=1.0, gt=0, le=100)
+    """Factor on the routed experts' weights (HF name; DeepSeek-V3: 2.5)."""
+    expert_bias: bool = False
+    """llmplan key: auxiliary-loss-free balancing, a learned per-expert bias added to the scores to pick the
+    experts, not to weight them (DeepSeek-V3's e_score_correction_bias; HF topk_method "noaux_tc")."""
     num_nextn_predict_layers: int = Field(default=0, ge=0, le=16)
     """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
@@ -259,6 +277,9 @@ class ModelSpec(Spec):
                 )
         elif self.num_experts_per_tok or self.n_shared_experts or self.n_group or self.topk_group:
             raise ValueError("num_experts_per_tok / n_shared_experts / n_group / topk_group need num_experts > 0")
+        elif self.routing_fields_set:
+            raise ValueError(f"{', '.join(self.routing_fields_set)} set on a dense model; routing fields need "
+                             "num_experts > 0 (leave them out)")
         if self.kv_lora_rank is not None:
             missing = [
                 f for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if getattr(self, f) is None
@@ -281,6 +302,11 @@ class ModelSpec(Spec):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def routing_fields_set(self) -> list[str]:
+        """Router fields given a value other than their default (plain softmax top-k routing)."""
+        return [f for f in ROUTING_FIELDS if getattr(self, f) != type(self).model_fields[f].default]
 
     @property
     def is_mla(self) -> bool:

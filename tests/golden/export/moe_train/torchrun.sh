@@ -39,6 +39,7 @@ MODEL_ARGS=(
     --moe-ffn-hidden-size 14336
     --moe-token-dispatcher-type alltoall
     --moe-grouped-gemm
+    --moe-router-score-function softmax
 )
 PARALLEL_ARGS=(
     --tensor-model-parallel-size 2

@@ -1,0 +1,219 @@
+"""Megatron-Bridge: its library pretrain recipe for the model, run by `scripts/training/run_recipe.py` with the
+plan as trailing KEY=VALUE ConfigContainer overrides (Hydra override syntax, applied to the recipe's
+ConfigContainer in OmegaConf struct mode: megatron/bridge/training/utils/omegaconf_utils.py).
+
+Megatron-Bridge 0.6.2 (PyPI; scripts from its r0.6.0 branch, 6124fbe). tests/test_export_bridge.py checks every
+override key against the fields recorded by tools/bridge_fields.py (tests/data/launchers/megatron-bridge.json).
+The recipe builds the model from its Hugging Face config (AutoBridge), so the overrides carry the plan only;
+a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a recipe stem, not a model id)."""
+
+from __future__ import annotations
+
+from llmplan.cost.params import stage_layer_list
+from llmplan.export.common import need_mode, refuse, sh_header, virtual_stage_layers
+from llmplan.planfile import PlanFile
+
+TARGET = "megatron-bridge"
+VERSION = "0.6.2"
+
+RECIPES: dict[str, str] = {
+    "llama-2-7b": "llama2_7b_pretrain_config",          # meta-llama/Llama-2-7b-hf
+    "llama-3.1-8b": "llama31_8b_pretrain_config",       # meta-llama/Meta-Llama-3.1-8B
+    "llama-3.1-70b": "llama31_70b_pretrain_config",     # meta-llama/Meta-Llama-3.1-70B
+    "llama-3.1-405b": "llama31_405b_pretrain_config",   # meta-llama/Meta-Llama-3.1-405B
+    "qwen2.5-72b": "qwen25_72b_pretrain_config",        # Qwen/Qwen2.5-72B
+    "qwen3-8b": "qwen3_8b_pretrain_config",             # Qwen/Qwen3-8B
+    "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",   # Qwen/Qwen3-30B-A3B
+    "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config",  # Qwen/Qwen3-235B-A22B
+    "deepseek-v3": "deepseek_v3_pretrain_config",       # deepseek-ai/DeepSeek-V3
+    "gpt-oss-20b": "gpt_oss_20b_pretrain_config",       # openai/gpt-oss-20b
+    "gpt-oss-120b": "gpt_oss_120b_pretrain_config",     # openai/gpt-oss-120b
+    "gpt3-175b": "gpt3_175b_pretrain_32gpu_h100_bf16_config",  # GPTModelProvider(96 layers, h 12288)
+}
+"""Built-in model -> Megatron-Bridge 0.6.2 library recipe (megatron.bridge.recipes, or its h100 module where
+the package exports no short name; the model it builds)."""
+
+PRESETS: dict[tuple[str, str], tuple[str, bool, bool]] = {
+    ("bf16", ""): ("bf16_mixed", False, True),
+    ("fp16", ""): ("fp16_mixed", False, False),
+    ("fp8", "tensorwise"): ("bf16_with_fp8_current_scaling_mixed", True, True),
+    ("fp8", "blockwise"): ("bf16_with_fp8_subchannel_scaling_mixed", False, True),
+    ("fp8", "mxfp8"): ("bf16_with_mxfp8_mixed", True, True),
+    ("fp4", "nvfp4"): ("bf16_with_nvfp4_mixed", True, True),
+}
+"""(dtype, recipe) -> (mixed-precision preset, weights kept in the low-precision format, gradients reduced in
+fp32), as megatron/bridge/training/mixed_precision.py defines each preset (fp8_param_gather / fp4_param_gather,
+grad_reduce_in_fp32). The preset's values reach the model, optimizer and DDP configs at setup (it overwrites
+their fields of the same name), so the plan must match them."""
+
+
+def preset(pf: PlanFile) -> str:
+    p = pf.plan
+    key = (p.dtype, p.recipe if p.dtype in ("fp8", "fp4") else "")
+    if key not in PRESETS:
+        what = "fp32 training" if p.dtype == "fp32" else f"{p.dtype} {p.recipe} scaling"
+        raise refuse(TARGET, f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, "
+                     "blockwise, mxfp8, nvfp4)", "re-plan with --precision bf16 or fp8-tensorwise, or export to "
+                     "torchtitan")
+    name, low_weights, grad_fp32 = PRESETS[key]
+    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights:
+        flag = "--fp8-params" if low_weights else "--no-fp8-params"
+        raise refuse(TARGET, f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} "
+                     f"(its preset {name} sets {p.dtype}_param_gather {str(low_weights).lower()})",
+                     f"re-plan with {flag}")
+    if (p.grad_dtype == "fp32") != grad_fp32:
+        raise refuse(TARGET, f"{p.grad_dtype} gradient reduction with {p.dtype} (its preset {name} sets "
+                     f"grad_reduce_in_fp32 {str(grad_fp32).lower()})",
+                     f"re-plan with --grad-dtype {'fp32' if grad_fp32 else 'bf16'}")
+    return name
+
+
+def check(pf: PlanFile) -> None:
+    need_mode(pf, "train", TARGET)
+    p, m = pf.plan, pf.model
+    if m.name not in RECIPES:
+        raise refuse(TARGET, f"Megatron-Bridge {VERSION} has no pretrain recipe for {m.name} (recipes for "
+                     f"{', '.join(sorted(RECIPES))})", "export to megatron")
+    rules = [
+        (f"ZeRO stage {p.zero} (this export runs Megatron-Core's distributed optimizer, ZeRO-1)", p.zero >= 2,
+         "re-plan with --zero 1 (or 0), or export to torchtitan"),
+        (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
+         p.pp_schedule != "1f1b", "re-plan with --pp-schedule 1f1b"),
+        ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",
+         "re-plan with --recompute selective or full, or export to torchtitan"),
+        ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
+         "re-plan with --moe-routing random"),
+        (f"the {p.attention_kernel if p.flash_attention else 'unfused'} attention kernel (model.attention_backend "
+         "holds an AttnBackend enum, which a KEY=VALUE override would set as text)",
+         not p.flash_attention or p.attention_kernel != "native",
+         "re-plan with --flash-attention --attention-kernel native, or export to megatron"),
+        ("TP / EP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object and a "
+         "userbuffers shape, which this export does not write)",
+         (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
+         "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+    ]
+    for what, bad, fix in rules:
+        if bad:
+            raise refuse(TARGET, what, fix)
+    preset(pf)
+
+
+def overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """(ConfigContainer key, value) for the plan: parallelism, stages, batch, length, recompute, MoE dispatch,
+    DDP / optimizer and precision. The recipe's own settings for these are overwritten, not inherited."""
+    p, m = pf.plan, pf.model
+    out: list[tuple[str, object]] = [
+        ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
+        ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
+        ("model.context_parallel_size", p.cp), ("model.sequence_parallel", p.sp),
+        *stage_overrides(pf),
+    ]
+    if m.is_moe:
+        flex = p.moe_dispatcher == "deepep"
+        out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
+                ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
+                ("model.moe_flex_dispatcher_backend", "deepep" if flex else None),
+                ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
+                ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None)]
+        if flex:
+            out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
+    if m.num_nextn_predict_layers:
+        out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
+    out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
+            ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
+            ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
+            ("ddp.use_distributed_optimizer", p.zero == 1), ("optimizer.use_distributed_optimizer", p.zero == 1),
+            ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
+            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+            # fp32 master weights and Adam moments, as llmplan costs them (DeepSeek-V3's recipe keeps bf16 ones)
+            ("optimizer.use_precision_aware_optimizer", False),
+            *((f"optimizer.{k}", "float32") for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype",
+                                                      "exp_avg_sq_dtype")),
+            ("comm_overlap", None), ("mixed_precision", preset(pf))]
+    return out
+
+
+def stage_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The stage layout llmplan evaluated, in one of Megatron-Core's exclusive forms (TransformerConfig: a
+    layout excludes first/last stage counts and the embedding / loss accounting): an explicit layout string
+    (E embedding, t layer, m MTP, L loss; stages split by '|', no commas, which Hydra reads as a sweep), first
+    and last stage layers, or an even split. All are set, so a recipe's own layout does not survive."""
+    p, m = pf.plan, pf.model
+    even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
+    layout = first = last = None
+    if p.pp > 1 and (p.pp_layers is not None or not even_chunks):
+        stages = virtual_stage_layers(pf)
+        tail = "m" * m.num_nextn_predict_layers + "L"
+        layout = "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+                          + (tail if s == len(stages) - 1 else "") for s, n in enumerate(stages))
+    elif p.pp > 1:
+        first, last = p.pp_first or None, p.pp_last or None
+    return [("model.pipeline_model_parallel_layout", f'"{layout}"' if layout else None),
+            ("model.num_layers_in_first_pipeline_stage", first), ("model.num_layers_in_last_pipeline_stage", last),
+            ("model.account_for_embedding_in_pipeline_split", False),
+            ("model.account_for_loss_in_pipeline_split", False)]
+
+
+def recompute_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """llmplan's selective recompute is Megatron-Core's core_attn module; full recomputes whole layers
+    (uniform, one per group) or the first N of each chunk (block)."""
+    p = pf.plan
+    granularity, method, layers, modules = None, None, None, None
+    if p.recompute == "selective":
+        granularity, modules = "selective", "[core_attn]"
+    elif p.recompute == "full":
+        granularity = "full"
+        method, layers = ("block", p.recompute_layers) if p.recompute_layers is not None else ("uniform", 1)
+    return [("model.recompute_granularity", granularity), ("model.recompute_method", method),
+            ("model.recompute_num_layers", layers), ("model.recompute_modules", modules)]
+
+
+def hydra_value(value: object) -> str:
+    """A value in Hydra's override grammar: null, true/false, numbers as written, text as is."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+BRIDGE_ENTRY = '"$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" "${TRAIN[@]}" "${OVERRIDES[@]}"'
+
+
+def arrays(pf: PlanFile) -> str:
+    """The shell lines that define the recipe, its training length and the overrides (checked first)."""
+    check(pf)
+    args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
+    note = ""
+    if pf.plan.dtype == "fp8" and pf.plan.recipe == "tensorwise":
+        note = ("# bf16_with_fp8_current_scaling_mixed keeps the first and the last transformer layer in bf16 "
+                "(Megatron-Bridge's preset)\n")
+    return note + "\n".join([
+        "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
+        f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
+        "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
+        "TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})",
+        "OVERRIDES=(", *(f"    '{a}'" for a in args), ")"])
+
+
+def render(pf: PlanFile) -> dict[str, str]:
+    defs = arrays(pf)
+    c = pf.cluster
+    lines = [
+        "set -euo pipefail",
+        "",
+        f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
+        f"NNODES=${{NNODES:-{c.num_nodes}}}",
+        "NODE_RANK=${NODE_RANK:-0}",
+        "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+        "MASTER_PORT=${MASTER_PORT:-6000}",
+        defs,
+        "",
+        "torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
+        "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\",
+        "    " + BRIDGE_ENTRY,
+    ]
+    return {"megatron_bridge_pretrain.sh": sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe "
+                                                         f"{RECIPES[pf.model.name]})") + "\n".join(lines) + "\n"}

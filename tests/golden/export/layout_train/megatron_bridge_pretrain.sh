@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe llama31_8b_pretrain_config)
+# plan: tp 2 pp 3 dp 1 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 24 seq 4096 bf16
+# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
+# hardware: 1 x dgx-h100 = 6 x h100-sxm
+# predicted: 33.7 of 79.6 GiB per GPU; step 1.938 s, MFU 44.0%, 50,735 tokens/s
+set -euo pipefail
+
+GPUS_PER_NODE=${GPUS_PER_NODE:-6}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-6000}
+MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}
+RECIPE=(--recipe llama31_8b_pretrain_config --mode pretrain --dataset mock)   # real data: --dataset megatron-indexed dataset.data_path=PREFIX
+TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})
+OVERRIDES=(
+    'model.tensor_model_parallel_size=2'
+    'model.pipeline_model_parallel_size=3'
+    'model.virtual_pipeline_model_parallel_size=null'
+    'model.context_parallel_size=1'
+    'model.sequence_parallel=true'
+    'model.pipeline_model_parallel_layout="Et*10|t*11|t*11L"'
+    'model.num_layers_in_first_pipeline_stage=null'
+    'model.num_layers_in_last_pipeline_stage=null'
+    'model.account_for_embedding_in_pipeline_split=false'
+    'model.account_for_loss_in_pipeline_split=false'
+    'model.recompute_granularity=null'
+    'model.recompute_method=null'
+    'model.recompute_num_layers=null'
+    'model.recompute_modules=null'
+    'model.cross_entropy_loss_fusion=true'
+    'model.seq_length=4096'
+    'dataset.seq_length=4096'
+    'train.micro_batch_size=1'
+    'train.global_batch_size=24'
+    'ddp.use_distributed_optimizer=true'
+    'optimizer.use_distributed_optimizer=true'
+    'ddp.use_megatron_fsdp=false'
+    'ddp.overlap_grad_reduce=true'
+    'ddp.overlap_param_gather=true'
+    'optimizer.use_precision_aware_optimizer=false'
+    'optimizer.main_params_dtype=float32'
+    'optimizer.main_grads_dtype=float32'
+    'optimizer.exp_avg_dtype=float32'
+    'optimizer.exp_avg_sq_dtype=float32'
+    'comm_overlap=null'
+    'mixed_precision=bf16_mixed'
+)
+
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    "$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" "${TRAIN[@]}" "${OVERRIDES[@]}"

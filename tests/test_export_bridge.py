@@ -1,0 +1,234 @@
+"""`llmplan export --to megatron-bridge`: golden scripts for a dense (llama-3.1-70b) and a MoE (deepseek-v3) plan,
+every override a field of Megatron-Bridge's ConfigContainer with a value of its type, the overrides applied
+as Megatron-Bridge applies them (Hydra's override parser on an OmegaConf struct config), values that
+reproduce the plan, and refusals.
+
+The field list is tests/data/launchers/megatron-bridge.json, recorded by tools/bridge_fields.py from the
+megatron-bridge 0.6.2 wheel (PyPI) and the Megatron-LM commit its r0.6.0 branch pins (cd4afff); the command
+line is scripts/training/run_recipe.py of that branch (6124fbe). Regenerate the goldens after an intended
+change with `LLMPLAN_UPDATE_GOLDEN=1 python -m pytest tests/test_export_bridge.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmplan import __version__
+from llmplan.export import render_all
+from llmplan.export.bridge import RECIPES
+from llmplan.export.common import CannotExpress
+from llmplan.planfile import load_plan
+
+HERE = Path(__file__).parent
+PLANS = HERE / "data" / "plans"
+GOLDEN = HERE / "golden" / "export" / "megatron-bridge"
+RECORD = json.loads((HERE / "data" / "launchers" / "megatron-bridge.json").read_text())
+SCRIPT = "megatron_bridge_pretrain.sh"
+CASES = ["dense_train", "deepseek_train", "layout_train", "uneven_train"]
+
+
+def script(case: str, **changes) -> str:
+    pf = load_plan(PLANS / f"{case}.json")
+    if changes:
+        pf = dataclasses.replace(pf, plan=pf.plan.model_copy(update=changes))
+    return render_all(pf, "megatron-bridge")[0][SCRIPT]
+
+
+def array(text: str, name: str) -> list[str]:
+    block = re.search(rf"^{name}=\((.*?)\)[ \t]*(?:#[^\n]*)?$", text, re.S | re.M).group(1)
+    return shlex.split(block.replace("${TRAIN_ITERS:-1000}", "1000"), comments=True)
+
+
+def overrides(text: str) -> list[str]:
+    return array(text, "TRAIN") + array(text, "OVERRIDES")
+
+
+@pytest.mark.parametrize("case", ["dense_train", "deepseek_train"])
+def test_golden_scripts(case):
+    text = script(case).replace(f"llmplan {__version__}", "llmplan VERSION")
+    path = GOLDEN / case / SCRIPT
+    if os.environ.get("LLMPLAN_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def annotation_accepts(note: str, value: str) -> bool:
+    """Whether a Hydra override value fits a field annotation as recorded (text of the Python annotation)."""
+    if value == "null":
+        return "Optional" in note or "None" in note
+    literals = re.findall(r"Literal\[([^\]]*)\]", note)
+    if literals:
+        choices = [c.strip().strip("'\"") for c in literals[0].split(",")]
+        return value in choices
+    if note.startswith(("int", "Optional[int]")):
+        return value.lstrip("-").isdigit()
+    if note.startswith(("float", "Optional[float]")):
+        return re.fullmatch(r"-?\d+(\.\d*)?(e-?\d+)?", value) is not None
+    if note in ("bool", "Optional[bool]"):
+        return value in ("true", "false")
+    if "List[str]" in note or "list[str]" in note:
+        return value.startswith("[") and value.endswith("]")
+    if "dtype" in note:
+        return value in ("float32", "bfloat16", "float16")
+    return "str" in note
+
+
+# Where Megatron-Bridge itself stores a value outside the annotation: its flex-dispatcher fallback clears the
+# backend to None (training/flex_dispatcher_backend.py, _fallback_to_alltoall).
+SET_BY_BRIDGE = {("model.moe_flex_dispatcher_backend", "null")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_override_is_a_recorded_field_of_its_type(case):
+    for arg in overrides(script(case)):
+        key, value = arg.split("=", 1)
+        parts = key.split(".")
+        if len(parts) == 1:
+            assert key in RECORD["container"], f"ConfigContainer has no {key}"
+            note = RECORD["container"][key]
+            ok = value in RECORD["mixed_precision_presets"] if key == "mixed_precision" else value == "null"
+        else:
+            section, field = parts
+            fields = RECORD["sections"][section]["fields"]
+            assert field in fields, f"{RECORD['sections'][section]['class']} ({section}) has no field {field}"
+            note = fields[field]
+            ok = annotation_accepts(note, value.strip('"')) or (key, value) in SET_BY_BRIDGE
+        assert ok, f"{key}={value} does not fit {note}"
+    # the check bites: a name Megatron-Bridge does not define is not in the record
+    assert "tensor_parallel_size" not in RECORD["sections"]["model"]["fields"]
+    assert not annotation_accepts("Optional[int]", "true")
+
+
+def test_recipes_and_command_line_are_megatron_bridges():
+    assert set(RECIPES.values()) <= set(RECORD["recipes"])
+    text = script("dense_train")
+    flags = [a for a in array(text, "RECIPE") if a.startswith("--")]
+    assert set(flags) <= set(RECORD["run_recipe_flags"]) and "--recipe" in flags
+    # run_recipe.py's _collect_overrides: what its parser leaves must be KEY=VALUE, not an option
+    assert all("=" in a and not a.startswith("-") for a in overrides(text))
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def hydra_applied(args: list[str], mixed_precision_as_dataclass: bool) -> dict:
+    """The overrides applied as Megatron-Bridge applies them (omegaconf_utils.parse_hydra_overrides: OmegaConf
+    struct mode, Hydra's OverridesParser, ConfigLoaderImpl._apply_overrides_to_config) to a config with every
+    recorded field: a key that is not a field, or a value Hydra's grammar rejects, fails here."""
+    omegaconf = pytest.importorskip("omegaconf", reason="hydra-core not installed: pip install '.[launchers]'")
+    pytest.importorskip("hydra")
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    base: dict = {s: {f: None for f in v["fields"]} for s, v in RECORD["sections"].items()}
+    # recipes hold a MixedPrecisionConfig / CommOverlapConfig object (a dict here) or the preset name / None
+    if not mixed_precision_as_dataclass:
+        base["mixed_precision"], base["comm_overlap"] = "bf16_mixed", None
+    cfg = omegaconf.OmegaConf.create(base)
+    omegaconf.OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=OverridesParser.create().parse_overrides(args), cfg=cfg)
+    return omegaconf.OmegaConf.to_container(cfg)
+
+
+@pytest.mark.parametrize("as_dataclass", [True, False])
+@pytest.mark.parametrize("case", CASES)
+def test_overrides_apply_as_megatron_bridge_applies_them_and_reproduce_the_plan(case, as_dataclass):
+    pf = load_plan(PLANS / f"{case}.json")
+    cfg = hydra_applied(overrides(script(case)), as_dataclass)
+    p, m, model = pf.plan, pf.model, cfg["model"]
+    tp, pp, cp = model["tensor_model_parallel_size"], model["pipeline_model_parallel_size"], \
+        model["context_parallel_size"]
+    env = {k: int(v) for k, v in re.findall(r"^(NNODES|GPUS_PER_NODE)=\$\{\w+:-(\d+)\}", script(case), re.M)}
+    dp = env["NNODES"] * env["GPUS_PER_NODE"] // (tp * pp * cp)  # ConfigContainer.get_data_parallel_size
+    assert (tp, pp, dp, cp) == (p.tp, p.pp, p.dp, p.cp)
+    assert (model["virtual_pipeline_model_parallel_size"] or 1) == p.vpp and model["sequence_parallel"] == p.sp
+    assert (cfg["train"]["micro_batch_size"], cfg["train"]["global_batch_size"]) == (p.micro_batch, p.global_batch)
+    assert model["seq_length"] == cfg["dataset"]["seq_length"] == p.seq_len
+    assert cfg["ddp"]["use_distributed_optimizer"] == cfg["optimizer"]["use_distributed_optimizer"] == (p.zero == 1)
+    assert cfg["mixed_precision"] == "bf16_mixed" and cfg["comm_overlap"] is None
+    assert (model["num_layers_in_first_pipeline_stage"] or 0, model["num_layers_in_last_pipeline_stage"] or 0) \
+        == (p.pp_first, p.pp_last)
+    if m.is_moe:
+        assert (model["expert_model_parallel_size"], model["expert_tensor_parallel_size"]) == (p.ep, p.etp_resolved)
+    recompute = {"selective": ("selective", ["core_attn"]), "full": ("full", None), "none": (None, None)}
+    assert (model["recompute_granularity"], model["recompute_modules"]) == recompute[p.recompute]
+    layout = model["pipeline_model_parallel_layout"]
+    if p.pp_layers is not None:  # Megatron-Core's layout string: decoder layers per stage, E first, L last
+        stages = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), layout).split("|")
+        assert [s.count("t") for s in stages] == list(p.pp_layers)
+        assert stages[0].startswith("E") and stages[-1].endswith("L")
+    else:
+        assert layout is None
+
+
+def test_deepseek_v3_plan_keeps_mtp_and_the_stage_split():
+    # DeepSeek-V3's config.json: num_nextn_predict_layers 1 (Megatron-Bridge's recipe: mtp_num_layers 1); the
+    # plan's 7 + 6 x 8 + 6 layer split over pp 8 replaces the recipe's own layout.
+    cfg = hydra_applied(overrides(script("deepseek_train")), True)["model"]
+    assert cfg["mtp_num_layers"] == 1 and cfg["pipeline_model_parallel_layout"] is None
+    assert (cfg["num_layers_in_first_pipeline_stage"], cfg["num_layers_in_last_pipeline_stage"]) == (7, 6)
+    assert (cfg["moe_token_dispatcher_type"], cfg["moe_flex_dispatcher_backend"]) == ("alltoall", None)
+    flex = hydra_applied(overrides(script("deepseek_train", moe_dispatcher="deepep")), True)["model"]
+    assert (flex["moe_token_dispatcher_type"], flex["moe_flex_dispatcher_backend"]) == ("flex", "deepep")
+
+
+def test_mtp_goes_into_an_explicit_layout():
+    pf = load_plan(PLANS / "deepseek_train.json")
+    pf = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"pp_first": 0, "pp_last": 0,
+                                                                  "pp_layers": (7, 8, 8, 8, 8, 8, 8, 6)}))
+    layout = hydra_applied(overrides(render_all(pf, "megatron-bridge")[0][SCRIPT]), True)["model"][
+        "pipeline_model_parallel_layout"]
+    assert layout.startswith("Et*7|") and layout.endswith("|t*6mL")  # Megatron-Core: m = MTP, before the loss
+
+
+@pytest.mark.parametrize("dtype,recipe,fp8_params,preset", [
+    ("fp8", "tensorwise", True, "bf16_with_fp8_current_scaling_mixed"),
+    ("fp8", "blockwise", False, "bf16_with_fp8_subchannel_scaling_mixed"),
+    ("fp8", "mxfp8", True, "bf16_with_mxfp8_mixed"),
+    ("fp4", "nvfp4", True, "bf16_with_nvfp4_mixed"),
+])
+def test_precision_presets(dtype, recipe, fp8_params, preset):
+    args = overrides(script("dense_train", dtype=dtype, recipe=recipe, fp8_params=fp8_params))
+    assert f"mixed_precision={preset}" in args and preset in RECORD["mixed_precision_presets"]
+
+
+@pytest.mark.parametrize("case,changes,needle", [
+    ("moe_train", {}, "has no pretrain recipe for mixtral-8x7b"),
+    ("fsdp_train", {}, "ZeRO stage 3"),
+    ("dense_train", {"dtype": "fp8", "recipe": "tensorwise"}, "re-plan with --fp8-params"),
+    ("dense_train", {"dtype": "fp8", "recipe": "rowwise"}, "fp8 rowwise scaling"),
+    ("dense_train", {"grad_dtype": "bf16"}, "re-plan with --grad-dtype fp32"),
+    ("dense_train", {"tp_comm_overlap": True}, "TP / EP communication overlap"),
+    ("dense_train", {"attention_kernel": "flash2"}, "flash2 attention kernel"),
+    ("dense_train", {"pp_schedule": "zero-bubble"}, "zero-bubble pipeline schedule"),
+])
+def test_refusals(case, changes, needle):
+    pf = load_plan(PLANS / f"{case}.json")
+    pf = dataclasses.replace(pf, plan=pf.plan.model_copy(update=changes))
+    with pytest.raises(CannotExpress, match=needle):
+        render_all(pf, "megatron-bridge")
+
+
+def test_cli_refuses_with_one_line_and_writes_nothing(cli, tmp_path):
+    r = cli("export", PLANS / "moe_train.json", "--to", "megatron-bridge", "-o", tmp_path / "out")
+    assert r.code == 2 and "no pretrain recipe for mixtral-8x7b" in r.err and "export to megatron" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert cli("export", PLANS / "dense_train.json", "--to", "megatron-bridge", "-o", tmp_path / "ok").code == 0
+    assert os.access(tmp_path / "ok" / SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize("target,name", [("torchrun", "torchrun.sh"), ("slurm", "job.sbatch")])
+def test_torchrun_and_slurm_wrap_megatron_bridge(target, name):
+    files, _ = render_all(load_plan(PLANS / "deepseek_train.json"), target, "megatron-bridge")
+    text = files[name]
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    assert "run_recipe.py" in text and array(text, "OVERRIDES") == array(script("deepseek_train"), "OVERRIDES")
+    with pytest.raises(CannotExpress, match="no pretrain recipe"):
+        render_all(load_plan(PLANS / "moe_train.json"), target, "megatron-bridge")
