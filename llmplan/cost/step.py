@@ -19,7 +19,7 @@ from llmplan.cost.compute import (
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import ep_exposed
-from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.params import explicit_stages, max_stage_layers, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -109,7 +109,7 @@ def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
     """Sum over all pipeline stages of one micro-batch's time, from the candidate stages' times (first,
     second, heaviest MoE, last; every stage for an explicit per-stage list): the middle stages take the
     slower of the second and the heaviest MoE stage."""
-    if getattr(plan, "pp_layers", None) is not None:
+    if explicit_stages(plan) is not None:
         return sum(per_mb)
     p = plan.pp
     return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])

@@ -103,6 +103,8 @@ def split_text(m: ModelSpec, p: int) -> str:
 def _split_ok(m: ModelSpec, p: Any) -> Any:
     """The stage layer counts add up to the layers, with at least one layer on every stage."""
     L = m.num_hidden_layers
+    if getattr(p, "pp_layout", None) is not None:
+        return True  # rule pp_layout holds a layout's own rules
     if getattr(p, "pp_layers", None) is not None:
         return sum(p.pp_layers) == L and min(p.pp_layers) >= 1
     f, l = p.pp_first, p.pp_last
@@ -154,6 +156,8 @@ def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
 
 
 def _vpp_ok(m: ModelSpec, p: Any) -> Any:
+    if getattr(p, "pp_layout", None) is not None:
+        return True  # the layout sets every chunk (rule pp_layout: its chunks are pp x vpp)
     if getattr(p, "pp_layers", None) is not None:
         counts = p.pp_layers
         return (all(n % p.vpp == 0 for n in counts[1:-1]) and bool(vpp_fits(counts[0], counts[0], counts[-1], 0, p.vpp))
@@ -172,6 +176,40 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
             f"pp {p.pp}); valid vpp: {_fmt(valid)}")
+
+
+def _layout_problem(m: ModelSpec, p: Any) -> str | None:
+    """The first of Megatron-LM's rules a pp_layout breaks, as one line (None: it keeps them all).
+    Source: Megatron-LM megatron/training/arguments.py (chunks divisible by pp) and PipelineParallelLayerLayout
+    .validate_layer_layout (megatron/core/transformer/pipeline_parallel_layer_layout.py at d98e8a6)."""
+    chunks = getattr(p, "pp_layout", None)
+    if chunks is None:
+        return None
+    n, pp, v = len(chunks), p.pp, p.vpp
+    flat = "".join(chunks)
+    t, mtp, mtp_want = flat.count("t"), flat.count("m"), m.num_nextn_predict_layers
+    head = f"pp_layout ({n} chunks, pp {pp}, vpp {v})"
+    with_m = [k for k, c in enumerate(chunks) if "m" in c]
+    fix = None
+    if n != pp * v:
+        fix = (f"has {n} chunks but pp x vpp is {pp} x {v} = {pp * v} (chunk k runs on rank k mod pp); "
+               + (f"use --vpp {n // pp}" if n % pp == 0 else f"give a multiple of {pp} chunks"))
+    elif not flat.startswith("E") or flat.count("E") != 1:
+        fix = f"must begin with the embedding E and hold it once (it holds {flat.count('E')}); e.g. start it with 'Et'"
+    elif not flat.endswith("L") or flat.count("L") != 1:
+        fix = f"must end with the loss L and hold it once (it holds {flat.count('L')}); e.g. end it with 'tL'"
+    elif t != m.num_hidden_layers:
+        fix = (f"holds {t} transformer layers (t) but {m.name} has num_hidden_layers {m.num_hidden_layers}; "
+               f"{'add' if t < m.num_hidden_layers else 'remove'} {abs(m.num_hidden_layers - t)} t")
+    elif mtp != mtp_want:
+        fix = (f"holds {mtp} MTP layers (m) but {m.name} has num_nextn_predict_layers {mtp_want}; "
+               + (f"put {'m' * mtp_want} before the final L" if mtp_want else "drop the m symbols"))
+    elif mtp and "t" in flat[flat.index("m"):]:
+        fix = "places a transformer layer (t) after an MTP layer (m); MTP layers follow every decoder layer"
+    elif mtp and (len(with_m) > 1 or with_m[0] // pp != v - 1):
+        fix = (f"puts MTP layers in chunk(s) {', '.join(map(str, with_m))}; Megatron-LM wants all of them in one "
+               f"chunk that is its rank's last (chunk index >= {(v - 1) * pp})")
+    return f"{head} {fix}" if fix else None
 
 
 Pred = Callable[[ModelSpec, Any, Any], Any]
@@ -226,6 +264,7 @@ RULES: tuple[Rule, ...] = (
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
     Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
+    Rule("pp_layout", lambda m, p, c: _layout_problem(m, p) is None, lambda m, p, c: _layout_problem(m, p) or ""),
     Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | (p.pp_schedule == "1f1b"),
          lambda m, p, c: f"the {p.pp_schedule} schedule runs one stage per rank (vpp {p.vpp} interleaves 1F1B); "
                          "set vpp 1 or --pp-schedule 1f1b"),
