@@ -319,9 +319,12 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {_fmt([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
-    Rule("seq_len_context", lambda m, p, c: p.seq_len <= m.max_position_embeddings,
+    # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
+    # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
+    Rule("seq_len_context", lambda m, p, c: (p.seq_len <= m.max_position_embeddings) | (not m.learned_position_embeddings),
          lambda m, p, c: f"seq_len ({p.seq_len}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
-                         f"{m.name}{f' (rope_scaling: {m.rope_scaling})' if m.rope_scaling else ''}; lower --seq-len"),
+                         f"{m.name}, whose learned position embeddings hold one row per position (only RoPE models "
+                         "extend their context by scaling); lower --seq-len"),
     Rule("global_batch", lambda m, p, c: p.global_batch % (p.micro_batch * p.dp) == 0,
          lambda m, p, c: f"global_batch ({p.global_batch}) must be divisible by micro_batch x dp ({p.micro_batch} x "
                          f"{p.dp} = {p.micro_batch * p.dp}); valid micro_batch: "
