@@ -14,8 +14,8 @@ from llmplan.cost.memory import activation_bytes, inflight_microbatches, stage_m
 from llmplan.cost.params import layout_grid, rank_params, stage_layers
 from llmplan.cost.schedule import makespan, pipeline_schedule
 from llmplan.errors import LlmplanError
-from llmplan.export.layout import format_layout, parse_layout
-from llmplan.specs.check import check_plan
+from llmplan.specs.layout import balanced_layout, format_layout, parse_layout
+from llmplan.specs.check import _layout_problem, check_plan
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import builtin_models
 
@@ -64,6 +64,21 @@ def test_bad_strings_are_one_line(text, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def test_balanced_layout_is_megatron_bridges_for_deepseek_pp8_vpp4():
+    assert balanced_layout(61, 8, 4, 1) == parse_layout(DSV3_PP8_VPP4)
+
+
+@given(st.integers(1, 130), st.integers(1, 16), st.integers(1, 6), st.sampled_from(["llama-3.1-8b", "deepseek-v3"]))
+def test_balanced_layouts_keep_megatrons_rules(L, pp, vpp, name):
+    m = builtin_models()[name]
+    m = m.model_copy(update={"num_hidden_layers": L, "first_k_dense_replace": min(m.first_k_dense_replace, L)})
+    chunks = balanced_layout(L, pp, vpp, m.num_nextn_predict_layers)
+    plan = ParallelPlan(pp=pp, vpp=vpp, global_batch=pp * 4, pp_layout=chunks)
+    assert _layout_problem(m, plan) is None
+    counts = [c.count("t") for c in chunks]
+    assert max(counts) - min(counts[1:-1] or counts) <= 1 if len(counts) > 2 else True
+
+
 # --- estimate ---------------------------------------------------------------------------------------------------
 
 def test_deepseek_v3_pp8_vpp4_layout_is_accepted(cli):
@@ -77,6 +92,16 @@ def test_deepseek_v3_pp8_vpp4_layout_is_accepted(cli):
     text = cli("estimate", *DSV3_ARGS, "--pp-layout", DSV3_PP8_VPP4)
     assert text.code == 0 and "32 virtual chunks (pp 8 x vpp 4)" in text.out
     assert max(len(line) for line in text.out.splitlines()) <= 80
+
+
+def test_balanced_layout_from_the_command_line(cli):
+    r = cli("estimate", *DSV3_ARGS, "--vpp", "4")  # 61 layers: no first/last split interleaves 4 ways on 8 stages
+    assert r.code == 2 and "--pp-layout balanced" in r.err
+    r = cli("estimate", *DSV3_ARGS, "--vpp", "4", "--pp-layout", "balanced", "--json")
+    assert r.code == 0 and tuple(r.json()["plan"]["pp_layout"]) == parse_layout(DSV3_PP8_VPP4)
+    r = cli("estimate", *DSV3_ARGS[:-6], "--pp-first-layers", "7", "--pp-last-layers", "6", "--vpp", "4",
+            "--global-batch", "8192")
+    assert r.code == 2 and '--pp-layout balanced (here "Et|(tt|)*30,mL")' in r.err
 
 
 def test_layout_is_refused_beside_other_splits_and_vpp(cli):
@@ -214,6 +239,10 @@ def test_megatron_export_writes_the_layout(cli, tmp_path):
     assert "--num-layers-per-virtual-pipeline-stage" not in script and "--num-virtual-stages" not in script
     r = cli("export", plan, "--to", "torchtitan", "-o", tmp_path / "tt")
     assert r.code == 2 and not (tmp_path / "tt").exists()
+    # the report draws the layout's chunks (each its own share of the stage's time)
+    assert cli("report", plan, "-o", tmp_path / "r.html").code == 0
+    values = re.search(r'<figure id="schedule" data-values="([^"]+)"', (tmp_path / "r.html").read_text()).group(1)
+    assert json.loads(values.replace("&quot;", '"'))["vpp"] == 4
 
 
 def test_torchtitan_refuses_chunks_without_a_layer(tmp_path):

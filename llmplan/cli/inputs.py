@@ -9,9 +9,9 @@ from pydantic import BaseModel, ValidationError
 
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
-from llmplan.export.layout import parse_layout
 from llmplan.fileio import excerpt
 from llmplan.specs.check import accounted_split
+from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, TP_IMPLS, ClusterSpec,
                                 MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
@@ -29,7 +29,7 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     if len(ways) > 1:
         raise LlmplanError(f"{' and '.join(ways)} each set the pipeline split; give one of them")
     if layout is not None:
-        return layout_split(layout, pp, vpp)
+        return layout_split(m, layout, pp, vpp)
     if layers is not None:
         try:
             counts = tuple(int(x) for x in layers.replace(" ", "").split(",") if x != "")
@@ -45,9 +45,12 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     return {"pp_first": first, "pp_last": last}
 
 
-def layout_split(text: str, pp: int, vpp: int) -> dict:
-    """pp_layout from Megatron's --pipeline-model-parallel-layout string, and vpp = chunks / pp as Megatron
-    infers it when --vpp is left at 1 (a --vpp that disagrees is check_plan's rule pp_layout)."""
+def layout_split(m, text: str, pp: int, vpp: int) -> dict:
+    """pp_layout from Megatron's --pipeline-model-parallel-layout string ('balanced': specs.layout.
+    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is left at 1
+    (a --vpp that disagrees is check_plan's rule pp_layout)."""
+    if text.strip() == "balanced":
+        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, vpp, m.num_nextn_predict_layers), "vpp": vpp}
     chunks = parse_layout(text)
     inferred = len(chunks) // pp if len(chunks) % pp == 0 else vpp
     return {"pp_layout": chunks, "vpp": inferred if vpp == 1 else vpp}

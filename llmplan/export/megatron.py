@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import virtual_stage_layers, as_flags, need_mode, refuse, sh_header
-from llmplan.export.layout import format_layout
+from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 
@@ -100,7 +100,8 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (",L" if s == len(stages) - 1 else "")
+        tail = "," + "m" * built_mtp(pf) + "L"
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (tail if s == len(stages) - 1 else "")
                  for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:
@@ -128,9 +129,17 @@ def layout_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     (--mtp-num-layers among the model flags): Megatron-LM requires the layout's m count to equal
     mtp_num_layers, or none without it (PipelineParallelLayerLayout.validate_layer_layout)."""
     chunks = pf.plan.pp_layout
-    if not any("--mtp-num-layers" in f for f in model_flags(pf)):
+    if not built_mtp(pf):
         chunks = tuple(c.replace("m", "") for c in chunks)
     return [("--pipeline-model-parallel-layout", f'"{format_layout(chunks)}"')]
+
+
+def built_mtp(pf: PlanFile) -> int:
+    """MTP layers the script builds (its --mtp-num-layers; 0 without the flag), which a layout must list."""
+    for flag in model_flags(pf):
+        if flag.startswith("--mtp-num-layers "):
+            return int(flag.split()[1])
+    return 0
 
 
 def check(pf: PlanFile) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmplan.errors import LlmplanError, bounded_list
+from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 
@@ -134,8 +135,8 @@ def _split_message(m: ModelSpec, p: ParallelPlan) -> str:
                 f"layers of {m.name} for {middle} other stage(s), which must share them evenly (at least one "
                 f"each); for example {example}")
     return (f"pp ({p.pp}) does not divide num_hidden_layers ({L}) of {m.name}: give an uneven split, for example "
-            f"{example}, or --pp-layers with one count per stage; even splits: pp in "
-            f"{_fmt(divisors(L))}")
+            f"{example}, --pp-layers with one count per stage, or --pp-layout balanced (every virtual chunk); even "
+            f"splits: pp in {_fmt(divisors(L))}")
 
 
 def _stage_counts(m: ModelSpec, p: Any) -> tuple[tuple[Any, Any, Any], Any]:
@@ -175,7 +176,8 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     valid = [v for v in range(1, max(counts) + 1) if _vpp_ok(m, p.model_copy(update={"vpp": v}))]
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
-            f"pp {p.pp}); valid vpp: {_fmt(valid)}")
+            f"pp {p.pp}); valid vpp: {_fmt(valid)}, or give every chunk: --pp-layout balanced "
+            f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}\")")
 
 
 def _layout_problem(m: ModelSpec, p: Any) -> str | None:

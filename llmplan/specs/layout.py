@@ -1,4 +1,5 @@
-"""Megatron-LM's pipeline layout string (--pipeline-model-parallel-layout) <-> ParallelPlan.pp_layout.
+"""The text form of ParallelPlan.pp_layout (llmplan's --pp-layout), which is Megatron-LM's pipeline layout
+string (--pipeline-model-parallel-layout), and the balanced layout of a pipeline shape.
 
 The grammar, as Megatron-LM's PipelineParallelLayerLayout.parse_str_to_list reads it (megatron/core/
 transformer/pipeline_parallel_layer_layout.py at d98e8a6, and docs/user-guide/features/
@@ -79,3 +80,33 @@ def format_layout(chunks: tuple[str, ...] | list[str]) -> str:
             parts.append(text)
     out = "".join(parts)
     return out[:-1] if out.endswith(",") else out
+
+
+def balanced_layout(L: int, pp: int, vpp: int, mtp: int = 0) -> tuple[str, ...]:
+    """A layout of L layers over pp x vpp chunks as even as a layout can be: the embedding and the loss each
+    take one layer's slot (as Megatron's --account-for-embedding/loss-in-pipeline-split count them), the
+    L + 2 slots split evenly with the remainder to the middle chunks, the MTP layers with the loss. For
+    DeepSeek-V3 at PP8 VPP4 it is Megatron-Bridge's H100 layout "Et|(tt|)*30mL".
+    Derived: docs/formulas.md#pipeline.layout"""
+    n = pp * vpp
+    if n == 1:
+        return ("E" + "t" * L + "m" * mtp + "L",)
+    base, extra = divmod(L + 2, n)
+    slots = [base] * n
+    for i in list(range(1, n - 1)) + [0, n - 1]:  # the remainder to the middle chunks first
+        if extra == 0:
+            break
+        slots[i] += 1
+        extra -= 1
+    slots[0] -= 1
+    slots[-1] -= 1
+    deficit = -min(slots[0], 0) - min(slots[-1], 0)  # fewer slots than chunks: an end chunk had none to give
+    slots[0], slots[-1] = max(slots[0], 0), max(slots[-1], 0)
+    for i in range(n - 2, 0, -1):  # ... so the middle chunks give those layers back, from the last
+        take = min(slots[i], deficit)
+        slots[i] -= take
+        deficit -= take
+    chunks = ["t" * k for k in slots]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] = chunks[-1] + "m" * mtp + "L"
+    return tuple(chunks)
