@@ -135,7 +135,7 @@ def _split_message(m: ModelSpec, p: ParallelPlan) -> str:
                 f"layers of {m.name} for {middle} other stage(s), which must share them evenly (at least one "
                 f"each); for example {example}")
     return (f"pp ({p.pp}) does not divide num_hidden_layers ({L}) of {m.name}: give an uneven split, for example "
-            f"{example}, --pp-layers with one count per stage, or --pp-layout balanced (every virtual chunk); even "
+            f"{example}, --pp-layers with one count per stage, or (estimate) --pp-layout balanced; even "
             f"splits: pp in {_fmt(divisors(L))}")
 
 
@@ -176,7 +176,7 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     valid = [v for v in range(1, max(counts) + 1) if _vpp_ok(m, p.model_copy(update={"vpp": v}))]
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
-            f"pp {p.pp}); valid vpp: {_fmt(valid)}, or give every chunk: --pp-layout balanced "
+            f"pp {p.pp}); valid vpp: {_fmt(valid)}, or place every chunk: estimate --pp-layout balanced "
             f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}\")")
 
 
