@@ -137,7 +137,8 @@ ASSUMPTIONS = {
                    "tables' forced load balancing as random routing, the dispatcher and EP overlap of the release's "
                    "performance presets (mbridge_moe_recipe: HybridEP read as deepep), GB200 / GB300 jobs in the NVLink "
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), DeepSeek-V3 with "
-                   "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
+                   "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
+                   "Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "

@@ -296,3 +296,15 @@ def test_learned_positions_cannot_extend(cli):
     r = cli("estimate", "--model", "gpt3-175b", "--hardware", "dgx-h100", "--nodes", "64", "--tp", "8", "--pp", "8",
             "--seq-len", "4096")
     assert r.code == 2 and "learned position embeddings hold one row per position" in r.err
+
+
+def test_megatron_refuses_a_second_rope_scaling(cli, tmp_path):
+    # DeepSeek-V3's MLA already runs YaRN over its 163,840 positions (config.json rope_scaling): the export does
+    # not stack another scaling on it
+    plan = tmp_path / "ds-long.json"
+    r = cli("estimate", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "128", "--tp", "8", "--pp",
+            "16", "--cp", "8", "--ep", "8", "--etp", "1", "--pp-first-layers", "3", "--pp-last-layers", "2",
+            "--seq-len", "262144", "--global-batch", "16", "--zero", "1", "--recompute", "full", "--save", plan)
+    assert r.code == 0, r.err
+    r = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 2 and "already scales RoPE (MLA YaRN" in r.err and not (tmp_path / "out").exists()

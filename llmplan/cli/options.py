@@ -90,7 +90,8 @@ PP_LAST_LAYERS = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-nu
                          help="Layers on the last pipeline stage (0: an even share).")
 PP_LAYOUT = typer.Option(None, "--pp-layout", "--pipeline-model-parallel-layout",
                          help="Megatron's layout of every virtual chunk, e.g. \"Et|(tt|)*30mL\" (E embedding, t "
-                              "layer, m MTP, L loss, | between chunks; sets vpp = chunks / pp), or balanced (for --pp x --vpp).")
+                              "layer, m MTP, L loss, | between chunks; sets vpp = chunks / pp), or balanced "
+                              "(for --pp x --vpp).")
 EMBEDDING_IN_SPLIT = typer.Option(False, "--account-for-embedding-in-pipeline-split",
                                  help="Count the embedding as a layer of the first stage (Megatron).")
 LOSS_IN_SPLIT = typer.Option(False, "--account-for-loss-in-pipeline-split",

@@ -101,8 +101,8 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
         tail = "," + "m" * built_mtp(pf) + "L"
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (tail if s == len(stages) - 1 else "")
-                 for s, n in enumerate(stages)]
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "")
+                 + (tail if s == len(stages) - 1 else "") for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:
         return [("--decoder-first-pipeline-num-layers", p.pp_first or None),
@@ -150,8 +150,9 @@ def check(pf: PlanFile) -> None:
                      "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
-                     f"of {pf.model.name}, which already scales RoPE ({'MLA YaRN' if pf.model.is_mla else 'rope_scaling'};"
-                     " Megatron-LM takes one scaling)", "re-plan with --seq-len at most max_position_embeddings")
+                     f"of {pf.model.name}, which already scales RoPE "
+                     f"({'MLA YaRN' if pf.model.is_mla else 'rope_scaling'}; Megatron-LM takes one scaling)",
+                     "re-plan with --seq-len at most max_position_embeddings")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
     if p.pp_schedule != "1f1b":

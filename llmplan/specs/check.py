@@ -177,7 +177,8 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
             f"pp {p.pp}); valid vpp: {_fmt(valid)}, or place every chunk: estimate --pp-layout balanced "
-            f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}\")")
+            f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}"
+            f"\")")
 
 
 def _layout_problem(m: ModelSpec, p: Any) -> str | None:
@@ -323,7 +324,8 @@ RULES: tuple[Rule, ...] = (
                          f"valid cp: {_fmt([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
     # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
     # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
-    Rule("seq_len_context", lambda m, p, c: (p.seq_len <= m.max_position_embeddings) | (not m.learned_position_embeddings),
+    Rule("seq_len_context",
+         lambda m, p, c: (p.seq_len <= m.max_position_embeddings) | (not m.learned_position_embeddings),
          lambda m, p, c: f"seq_len ({p.seq_len}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                          f"{m.name}, whose learned position embeddings hold one row per position (only RoPE models "
                          "extend their context by scaling); lower --seq-len"),
