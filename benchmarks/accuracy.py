@@ -139,7 +139,8 @@ ASSUMPTIONS = {
                    "performance presets (mbridge_moe_recipe: HybridEP read as deepep), GB200 / GB300 jobs in the NVLink "
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
                    "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
-                   "its MTP layer except the 25.11 'w/o MTP' rows; Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
+                   "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
+                   "Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
@@ -376,6 +377,25 @@ def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
     return segment * system.gpus_per_node
 
 
+def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
+    """The pipeline layout of a Megatron-Bridge DeepSeek-V3 row (None for other rows): its recipes set one for
+    every PP x VP they run, by the number of chunks (pp x vpp): 4, 8 and 16 from _get_deepseek_v3_pipeline_layout
+    (src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py at 067f987: the embedding with a full chunk, the
+    last chunk the remainder with the MTP layer and the loss), 16 at PP2 VP8 from the GB300 presets
+    ("Et*4|(t*4|)*14tmL") and 32 from the H100 PP8 VP4 preset ("Et|(tt|)*30mL", perf_recipes/deepseek/).
+    No MTP layer in the 25.11 'w/o MTP' rows."""
+    if family(rec["id"]) != "mbridge-moe" or "deepseekv3" not in rec["id"] or pp * vpp == 1:
+        return None
+    tail = ("" if "-w-o-mtp-" in rec["id"] else "m") + "L"
+    full = {4: 16, 8: 8, 16: 4}.get(pp * vpp)
+    if full is not None:
+        n = pp * vpp
+        return ("E" + "t" * full,) + ("t" * full,) * (n - 2) + ("t" * (rec["model"]["layers"] - full * (n - 1)) + tail,)
+    if pp * vpp == 32:
+        return ("Et",) + ("tt",) * 30 + (tail,)
+    return None
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = rec["parallel"]
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -427,7 +447,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # only --num-layers-per-virtual-pipeline-stage that divides every PP > 1 row's layers per stage
         # (42, 23, 16, 12, 7). Every row has 4 x pp micro-batches, as the schedule's n % pp == 0 rule allows.
         vpp = layers // pp
+    layout = mbridge_layout(rec, pp, vpp)
+    if layout is not None:
+        first = last = 0
     return ParallelPlan(
+        pp_layout=layout,
         recompute_layers=par.get("recompute_layers"), recompute_modules=modules,
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,

@@ -94,12 +94,12 @@ def _more_pp(e: TrainingEstimate) -> dict[str, Any]:
     if pp > m.num_hidden_layers or p.dp % 2:
         return {}
     first, last = balanced_split(m.num_hidden_layers, pp)
-    return {"pp": pp, "dp": p.dp // 2, "pp_first": first, "pp_last": last, "pp_layers": None}
+    return {"pp": pp, "dp": p.dp // 2, "pp_first": first, "pp_last": last, "pp_layers": None, "pp_layout": None}
 
 
 def _uneven(e: TrainingEstimate) -> dict[str, Any]:
     p, m = e.plan, e.model
-    if p.pp < 2 or p.pp_first or p.pp_last or p.pp_layers:
+    if p.pp < 2 or p.pp_first or p.pp_last or p.pp_layers or p.pp_layout:
         return {}
     L = m.num_hidden_layers + 2
     if L % p.pp:
@@ -116,7 +116,7 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
              "moe_dispatcher": "moe-dispatcher"}
     out: tuple[str, ...] = ()
     for k, v in change.items():
-        if k == "pp_layers":
+        if k in ("pp_layers", "pp_layout"):
             continue
         out += _flag(names.get(k, k), v)
     if {"micro_batch", "dp", "tp", "cp", "pp"} & set(change):  # the CLI's default global batch follows them

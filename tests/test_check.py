@@ -107,8 +107,11 @@ def test_batch_sp_cp_context():
     assert "valid micro_batch: 1, 2, 4, 8, 16" in msg
     assert "sp_needs_tp" in rules("llama-3.1-8b", sp=True)
     assert "2*cp (8)" in rules("llama-3.1-8b", cp=4, seq_len=4100)["cp_seq"]
-    msg = rules("llama-2-7b", seq_len=8192)["seq_len_context"]
-    assert "exceeds max_position_embeddings (4096) of llama-2-7b" in msg
+    # RoPE models train past max_position_embeddings by scaling RoPE (context extension, issue 39); learned
+    # absolute positions (GPT-3: 2048, Brown et al. 2020) have no row past it
+    assert "seq_len_context" not in rules("llama-2-7b", seq_len=8192)
+    msg = rules("gpt3-175b", seq_len=4096)["seq_len_context"]
+    assert "exceeds max_position_embeddings (2048) of gpt3-175b" in msg
 
 
 def test_cluster_rules():

@@ -113,7 +113,7 @@ def test_megatron_layout_places_the_mtp_layer_before_the_loss():
                                                                   "pp_layers": (7, 8, 8, 8, 8, 8, 8, 6)}))
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     layout = ns.pipeline_model_parallel_layout.strip('"')
-    assert layout.startswith("Et*7|") and layout.endswith("|t*6,m,L") and int(ns.mtp_num_layers) == 1
+    assert layout.startswith("Et*7|") and layout.endswith("|t*6,mL") and int(ns.mtp_num_layers) == 1
 
 
 def test_megatron_ep_overlap_is_written_or_refused():

@@ -38,6 +38,7 @@ def estimate(
     vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
     pp_layers: Optional[str] = typer.Option(None, "--pp-layers",
                                             help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven split)."),
+    pp_layout: Optional[str] = opt.PP_LAYOUT,
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
     recompute: str = typer.Option("none", "--recompute",
@@ -104,7 +105,7 @@ def estimate_train(o: dict) -> None:
     plan = build(ParallelPlan, {
         "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": o["ep"], "etp": o["etp"], "vpp": o["vpp"],
         **pipeline_split(m, pp, o["pp_first"], o["pp_last"], o["pp_layers"], o["embedding_in_split"],
-                         o["loss_in_split"]),
+                         o["loss_in_split"], o["pp_layout"], o["vpp"]),
         "sp": (tp > 1) if o["sp"] is None else o["sp"], "zero": o["zero"], "recompute": o["recompute"],
         "micro_batch": mb, "global_batch": o["global_batch"] if o["global_batch"] is not None else mb * dp,
         "seq_len": o["seq_len"] if o["seq_len"] is not None else default_seq_len(m),

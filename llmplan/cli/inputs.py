@@ -11,6 +11,7 @@ from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
 from llmplan.fileio import excerpt
 from llmplan.specs.check import accounted_split
+from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance)
 from llmplan.specs.registry import build, resolve_system
@@ -20,12 +21,15 @@ from llmplan.topology.graph import validate
 
 
 def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
-                   loss: bool) -> dict:
+                   loss: bool, layout: Optional[str] = None, vpp: int = 1) -> dict:
     """The plan's stage layout from the pipeline options (one way at a time)."""
     ways = [name for name, on in (("--pp-layers", layers is not None), ("--pp-first-layers/--pp-last-layers",
-                                  bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss)) if on]
+                                  bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss),
+                                  ("--pp-layout", layout is not None)) if on]
     if len(ways) > 1:
         raise LlmplanError(f"{' and '.join(ways)} each set the pipeline split; give one of them")
+    if layout is not None:
+        return layout_split(m, layout, pp, vpp)
     if layers is not None:
         try:
             counts = tuple(int(x) for x in layers.replace(" ", "").split(",") if x != "")
@@ -39,6 +43,17 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     if embedding or loss:
         first, last = accounted_split(m, pp, embedding, loss)
     return {"pp_first": first, "pp_last": last}
+
+
+def layout_split(m, text: str, pp: int, vpp: int) -> dict:
+    """pp_layout from Megatron's --pipeline-model-parallel-layout string ('balanced': specs.layout.
+    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is left at 1
+    (a --vpp that disagrees is check_plan's rule pp_layout)."""
+    if text.strip() == "balanced":
+        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, vpp, m.num_nextn_predict_layers), "vpp": vpp}
+    chunks = parse_layout(text)
+    inferred = len(chunks) // pp if len(chunks) % pp == 0 else vpp
+    return {"pp_layout": chunks, "vpp": inferred if vpp == 1 else vpp}
 
 
 def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> None:

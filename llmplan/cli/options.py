@@ -92,6 +92,10 @@ PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline
                           help="Layers on the first pipeline stage (0: an even share).")
 PP_LAST_LAYERS = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-num-layers", min=0,
                          help="Layers on the last pipeline stage (0: an even share).")
+PP_LAYOUT = typer.Option(None, "--pp-layout", "--pipeline-model-parallel-layout",
+                         help="Megatron's layout of every virtual chunk, e.g. \"Et|(tt|)*30mL\" (E embedding, t "
+                              "layer, m MTP, L loss, | between chunks; sets vpp = chunks / pp), or balanced "
+                              "(for --pp x --vpp).")
 EMBEDDING_IN_SPLIT = typer.Option(False, "--account-for-embedding-in-pipeline-split",
                                  help="Count the embedding as a layer of the first stage (Megatron).")
 LOSS_IN_SPLIT = typer.Option(False, "--account-for-loss-in-pipeline-split",

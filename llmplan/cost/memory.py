@@ -13,9 +13,10 @@ from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
 from llmplan.cost.params import (
-    RankParams, heaviest_moe_stage, kv_heads_per_rank, padded_vocab, rank_params, recomputed_share, stage_layer_count,
-    stage_layers,
+    RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, padded_vocab, rank_params,
+    recomputed_share, stage_layer_count, stage_layers,
 )
+from llmplan.cost.schedule import stage_order
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.units import GIB
@@ -255,6 +256,21 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     return where(v == 1, plain * 1.0, interleaved)
 
 
+def layout_peak_layers(m: ModelSpec, plan: ParallelPlan, stage: int, dense_b: Any, moe_b: Any) -> Any:
+    """Activation bytes of the layers pipeline rank `stage` of an interleaved pp_layout plan holds at its peak:
+    walking its schedule (stage_order), each chunk forward adds that chunk's dense and MoE layers
+    (dense_b / moe_b bytes each, one micro-batch), each backward frees them. With equal chunks the peak is the
+    warm-up's, inflight_microbatches x the stage's layers; with unequal chunks it is where the heavy chunks
+    overlap. Derived: docs/formulas.md#pipeline.layout"""
+    chunks = layout_chunk_layers(m, plan)[stage]
+    held = peak = 0.0 * dense_b
+    for kind, _, c in stage_order(plan.pp, plan.num_microbatches, len(chunks), stage):
+        d, e = chunks[c]
+        held = held + (1 if kind == "forward" else -1) * (d * dense_b + e * moe_b)
+        peak = maximum(peak, held)
+    return peak
+
+
 @dataclass(frozen=True)
 class ActivationBytes(Breakdown):
     """Activation memory of one rank; parts sum to total."""
@@ -322,11 +338,16 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     la = per_layer or layer_activations(m, plan)
     n_dense, n_moe = stage_layers(m, plan, stage)
     if plan.recompute_layers is None:  # every layer alike (la.dense / la.moe already follow the recompute mode)
-        per_mb = n_dense * la.dense + n_moe * la.moe
+        dense_b, moe_b = la.dense, la.moe
     else:  # block recompute: the layers it leaves out keep all their activations
         r = recomputed_share(plan, n_dense + n_moe)
-        per_mb = n_dense * (r * la.dense + (1 - r) * la.kept_dense) + n_moe * (r * la.moe + (1 - r) * la.kept_moe)
+        dense_b, moe_b = r * la.dense + (1 - r) * la.kept_dense, r * la.moe + (1 - r) * la.kept_moe
+    per_mb = n_dense * dense_b + n_moe * moe_b
     inflight = inflight_microbatches(plan, stage)
+    if getattr(plan, "pp_layout", None) is not None and plan.vpp > 1:  # unequal chunks: walk the schedule
+        held = layout_peak_layers(m, plan, int(stage), dense_b, moe_b)
+    else:
+        held = inflight * per_mb
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
     rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)
@@ -336,7 +357,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
-    return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
+    return ActivationBytes(layers=held, recompute_working=working, embedding=embedding, output=output)
 
 
 @dataclass(frozen=True)
@@ -407,7 +428,7 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
     layers (MoE models with leading dense layers), the last (output layer, logits). Other middle stages
     hold as many layers as the second and fewer micro-batches (tests check this). An explicit per-stage
     list (one plan, not arrays) is evaluated stage by stage."""
-    if getattr(plan, "pp_layers", None) is not None:
+    if explicit_stages(plan) is not None:
         return tuple(range(plan.pp))
     second = minimum(1, plan.pp - 1)
     moe = heaviest_moe_stage(m, plan) if m.is_moe and m.first_k_dense_replace else second

@@ -156,18 +156,48 @@ def _layer_split(L: int, plan: ParallelPlan) -> tuple[Any, Any, Any]:
     return where(f > 0, f, mid), mid, where(l > 0, l, mid)
 
 
+def explicit_stages(plan: ParallelPlan) -> tuple[int, ...] | None:
+    """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
+    of each rank summed); None for a first/last or even split and for plan arrays."""
+    if getattr(plan, "pp_layout", None) is not None:
+        return tuple(sum(c.count("t") for c in row) for row in layout_grid(plan))
+    return getattr(plan, "pp_layers", None)
+
+
+def layout_grid(plan: ParallelPlan) -> list[list[str]]:
+    """pp_layout as [stage][virtual chunk] symbol runs: chunk k of the list is rank k mod pp's chunk k // pp.
+    Source: Megatron-LM PipelineParallelLayerLayout (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    chunks, p = plan.pp_layout, plan.pp
+    v = max(1, len(chunks) // p)
+    return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
+
+
+def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+    """(dense, MoE) layers of every [stage][virtual chunk] of a pp_layout plan: the t symbols are the model's
+    layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
+    (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
+    k = m.first_k_dense_replace if m.is_moe else 0
+    p, start, out = plan.pp, 0, [[] for _ in range(plan.pp)]
+    for i, chunk in enumerate(plan.pp_layout[: len(layout_grid(plan)[0]) * p]):
+        n, mtp = chunk.count("t"), chunk.count("m")
+        dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
+        out[i % p].append((dense, n + mtp - dense))
+        start += n
+    return out
+
+
 def stage_layer_count(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
     """Transformer layers held by pipeline rank `stage` (all its virtual chunks together)."""
-    if getattr(plan, "pp_layers", None) is not None:
-        return plan.pp_layers[int(stage)]
+    if explicit_stages(plan) is not None:
+        return explicit_stages(plan)[int(stage)]
     first, mid, last = layer_split(m, plan)
     return where(stage == 0, first, where(stage == plan.pp - 1, last, mid))
 
 
 def layers_before(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
     """Transformer layers held by the pipeline ranks before `stage`."""
-    if getattr(plan, "pp_layers", None) is not None:
-        return sum(plan.pp_layers[: int(stage)])
+    if explicit_stages(plan) is not None:
+        return sum(explicit_stages(plan)[: int(stage)])
     first, mid, _ = layer_split(m, plan)
     return where(stage == 0, 0, first + (stage - 1) * mid)
 
@@ -179,8 +209,8 @@ def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
 
 def max_stage_layers(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Layers of the pipeline rank that holds the most."""
-    if getattr(plan, "pp_layers", None) is not None:
-        return max(plan.pp_layers)
+    if explicit_stages(plan) is not None:
+        return max(explicit_stages(plan))
     first, mid, last = layer_split(m, plan)
     return maximum(first, maximum(where(plan.pp > 2, mid, 0), last))
 
@@ -196,6 +226,9 @@ def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any
 
 
 def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
+    if getattr(plan, "pp_layout", None) is not None:  # the layout places every layer and MTP module itself
+        chunks = layout_chunk_layers(m, plan)[int(stage)]
+        return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)
     mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage
     if not m.is_moe:
@@ -216,7 +249,7 @@ def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
     micro-batches among such ranks); 0 for models without leading dense layers."""
     if not m.is_moe or not m.first_k_dense_replace:
         return 0 * plan.pp
-    if getattr(plan, "pp_layers", None) is not None:
+    if explicit_stages(plan) is not None:
         return next((i for i in range(plan.pp) if stage_layers(m, plan, i)[0] == 0), plan.pp - 1)
     first, mid, _ = layer_split(m, plan)
     kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp

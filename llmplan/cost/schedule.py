@@ -50,11 +50,14 @@ def _after(kind: str, i: int, mb: int, c: int, p: int, v: int) -> tuple[str, int
     return ("backward", 0, mb, c + 1) if c < v - 1 else ("forward", p - 1, mb, c)
 
 
-def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1) -> list[Slot]:
+def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
+                      chunk_share: list[list[float]] | None = None) -> list[Slot]:
     """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
-    together), n the micro-batches, v the virtual stages per rank. Each stage runs its slots in stage_order,
-    a slot starting when the stage is free and its input has arrived."""
+    together), n the micro-batches, v the virtual stages per rank, chunk_share[i][c] the share of stage i's
+    time its chunk c takes (default 1/v each; a custom pipeline layout's chunks differ). Each stage runs its
+    slots in stage_order, a slot starting when the stage is free and its input has arrived."""
     p = len(forward_s)
+    share = chunk_share or [[1 / v] * v for _ in range(p)]
     orders = [stage_order(p, n, v, i) for i in range(p)]
     nxt, free, done, slots = [0] * p, [0.0] * p, {}, []
     while any(nxt[i] < len(orders[i]) for i in range(p)):
@@ -66,9 +69,15 @@ def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v
                 if dep is not None and dep not in done:
                     break
                 start = max(free[i], done[dep] if dep is not None else 0.0)
-                end = start + (forward_s[i] if kind == "forward" else backward_s[i]) / v
+                end = start + (forward_s[i] if kind == "forward" else backward_s[i]) * share[i][c]
                 done[(kind, i, mb, c)], free[i], nxt[i], moved = end, end, nxt[i] + 1, True
                 slots.append(Slot(i, kind, mb, c, start, end))
         if not moved:
             raise RuntimeError(f"pipeline schedule deadlocked (p={p}, n={n}, v={v})")  # a bug, not user input
     return sorted(slots, key=lambda s: (s.stage, s.start))
+
+
+def makespan(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
+             chunk_share: list[list[float]] | None = None) -> float:
+    """Seconds from the first forward to the last backward of pipeline_schedule."""
+    return max(slot.end for slot in pipeline_schedule(forward_s, backward_s, n, v, chunk_share))

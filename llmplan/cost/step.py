@@ -19,7 +19,8 @@ from llmplan.cost.compute import (
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import HOST_SYNC_S, ep_exposed, host_syncs_per_layer
-from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.params import explicit_stages, layout_chunk_layers, max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -122,10 +123,35 @@ def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
     """Sum over all pipeline stages of one micro-batch's time, from the candidate stages' times (first,
     second, heaviest MoE, last; every stage for an explicit per-stage list): the middle stages take the
     slower of the second and the heaviest MoE stage."""
-    if getattr(plan, "pp_layers", None) is not None:
+    if explicit_stages(plan) is not None:
         return sum(per_mb)
     p = plan.pp
     return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])
+
+
+def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[list[list[float]], list[float]]:
+    """([stage][chunk] share of the stage's micro-batch compute, [stage] forward share of it) of a pp_layout
+    plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one).
+    Derived: docs/formulas.md#pipeline.layout"""
+    v, share, forward = plan.vpp, [], []
+    for i, row in enumerate(layout_chunk_layers(m, plan)):
+        times = [stage_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1) for c, (d, e) in enumerate(row)]
+        total = sum(float(t.total) for t in times)
+        share.append([float(t.total) / total if total else 1 / v for t in times])
+        forward.append(sum(float(t.forward) for t in times) / total if total else 1 / 3)
+    return share, forward
+
+
+def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> float:
+    """Bubble of an interleaved pp_layout plan, whose chunks differ: the schedule simulation (cost.schedule)
+    with each stage's micro-batch time (per_mb, every stage) split over its chunks as layout_chunk_shares,
+    minus the n micro-batches of the slowest stage. With equal stages and chunks it is the closed form's
+    (p - 1)t/v. Derived: docs/formulas.md#pipeline.layout"""
+    share, forward = layout_chunk_shares(m, plan, gpu)
+    fwd = [float(t) * f for t, f in zip(per_mb, forward)]
+    bwd = [float(t) * (1 - f) for t, f in zip(per_mb, forward)]
+    n = plan.num_microbatches
+    return max(makespan(fwd, bwd, n, plan.vpp, share) - n * float(worst), 0.0)
 
 
 def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
@@ -316,6 +342,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
     bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
+    if getattr(plan, "pp_layout", None) is not None and v > 1:  # unequal chunks: simulate the schedule
+        bubble = layout_bubble(m, plan, gpu, per_mb, worst)
     # Derived: docs/formulas.md#step.overhead
     overheads = {"host": host_seconds(plan, l_max, worst, recomputed_share(plan, l_max), moe_top,
                                       host_syncs_per_layer(m, plan)),

@@ -85,6 +85,8 @@ def virtual_stage_layers(pf: PlanFile) -> list[int]:
     s mod pp as its chunk s // pp (Megatron's and torchtitan's interleaved assignment). A first or last rank one
     layer short of an even split gives up that layer in its outer chunk (where the embedding / loss sit)."""
     p = pf.plan
+    if p.pp_layout is not None:  # the plan lists its chunks (in model order already)
+        return [c.count("t") for c in p.pp_layout]
     per_rank = stage_layer_list(pf.model, p)
     chunks = []
     for rank, n in enumerate(per_rank):

@@ -5,6 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import virtual_stage_layers, as_flags, need_mode, refuse, sh_header
+from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 
@@ -18,7 +19,7 @@ def model_flags(pf: PlanFile) -> list[str]:
         ("--num-layers", m.num_hidden_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
         ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
-        ("--max-position-embeddings", m.max_position_embeddings),
+        ("--max-position-embeddings", max(m.max_position_embeddings, p.seq_len)),  # Megatron: >= --seq-length
     ]
     if m.is_mla:
         pairs += [("--multi-latent-attention", True), ("--q-lora-rank", m.q_lora_rank),
@@ -29,7 +30,8 @@ def model_flags(pf: PlanFile) -> list[str]:
     if m.learned_position_embeddings:
         pairs.append(("--position-embedding-type", "learned_absolute"))
     else:
-        pairs += [("--position-embedding-type", "rope"), ("--rotary-base", int(m.rope_theta or 10000))]
+        pairs += [("--position-embedding-type", "yarn" if context_pairs(pf) else "rope"),
+                  ("--rotary-base", int(m.rope_theta or 10000)), *context_pairs(pf)]
         if (m.rope_scaling or {}).get("rope_type") == "llama3":
             pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", m.rope_scaling.get("factor", 8.0))]
     pairs += [("--swiglu", m.gated_mlp), ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
@@ -82,12 +84,6 @@ def check_ep_overlap(pf: PlanFile) -> None:
         raise refuse(TARGET, f"the EP all-to-all overlap with {why} (Megatron-Core's "
                      "--overlap-moe-expert-parallel-comm needs ep > 1, vpp > 1 with pp > 1, no full recompute)",
                      "re-plan with --no-ep-comm-overlap, or meet those conditions")
-
-
-def mtp_tail(pf: PlanFile) -> str:
-    """The end of a layout string: one m per MTP layer before the loss (Megatron-Core's
-    PipelineParallelLayerLayout counts m against --mtp-num-layers and wants them on the last stage)."""
-    return ",m" * pf.model.num_nextn_predict_layers + ",L"
 
 
 def check_router(pf: PlanFile) -> None:
@@ -173,17 +169,51 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     first/last stage layers with virtual stages per rank, or an explicit --pipeline-model-parallel-layout
     (E embedding, t layer, L loss; stages split by '|', virtual stages in model order)."""
     p, m = pf.plan, pf.model
+    if p.pp_layout is not None:
+        return layout_pairs(pf)
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     if p.pp_layers is not None or not even_chunks:
         stages = virtual_stage_layers(pf)
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "") + (mtp_tail(pf) if s == len(stages) - 1 else "")
-                 for s, n in enumerate(stages)]
+        tail = "," + "m" * built_mtp(pf) + "L"
+        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "")
+                 + (tail if s == len(stages) - 1 else "") for s, n in enumerate(stages)]
         return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
     if p.pp_first or p.pp_last:
         return [("--decoder-first-pipeline-num-layers", p.pp_first or None),
                 ("--decoder-last-pipeline-num-layers", p.pp_last or None),
                 ("--num-virtual-stages-per-pipeline-rank", p.vpp if p.vpp > 1 else None)]
     return [("--num-layers-per-virtual-pipeline-stage", m.num_hidden_layers // (p.pp * p.vpp) if p.vpp > 1 else None)]
+
+
+def context_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """Training past the model's max_position_embeddings (context extension): YaRN over the model's context,
+    scaled by seq_len / max_position_embeddings (Megatron-LM --position-embedding-type yarn,
+    --yarn-original-max-position-embeddings, and --rotary-scaling-factor, which argument_utils.py maps to
+    yarn_rotary_scaling_factor for non-MLA models). Empty within the model's context."""
+    p, m = pf.plan, pf.model
+    if p.seq_len <= m.max_position_embeddings:
+        return []
+    return [("--yarn-original-max-position-embeddings", m.max_position_embeddings),
+            ("--rotary-scaling-factor", f"{p.seq_len / m.max_position_embeddings:g}")]
+
+
+def layout_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """A plan's pp_layout as --pipeline-model-parallel-layout (Megatron-LM infers vpp from its chunk count, and
+    refuses it beside the other split flags). MTP layers (m) are written only when the script builds them
+    (--mtp-num-layers among the model flags): Megatron-LM requires the layout's m count to equal
+    mtp_num_layers, or none without it (PipelineParallelLayerLayout.validate_layer_layout)."""
+    chunks = pf.plan.pp_layout
+    if not built_mtp(pf):
+        chunks = tuple(c.replace("m", "") for c in chunks)
+    return [("--pipeline-model-parallel-layout", f'"{format_layout(chunks)}"')]
+
+
+def built_mtp(pf: PlanFile) -> int:
+    """MTP layers the script builds (its --mtp-num-layers; 0 without the flag), which a layout must list."""
+    for flag in model_flags(pf):
+        if flag.startswith("--mtp-num-layers "):
+            return int(flag.split()[1])
+    return 0
 
 
 def check(pf: PlanFile) -> None:
@@ -194,6 +224,11 @@ def check(pf: PlanFile) -> None:
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
                      "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
+    if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
+        raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
+                     f"of {pf.model.name}, which already scales RoPE "
+                     f"({'MLA YaRN' if pf.model.is_mla else 'rope_scaling'}; Megatron-LM takes one scaling)",
+                     "re-plan with --seq-len at most max_position_embeddings")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
     if p.pp_schedule != "1f1b":

@@ -97,6 +97,18 @@ def check(pf: PlanFile) -> None:
                      "EP borrows ranks from data x tensor parallelism and experts are not TP-sharded)",
                      "re-plan with --etp 1")
     _check_tp_impl(pf, TARGET)
+    _check_layout(pf, TARGET)
+
+
+def _check_layout(pf: PlanFile, target: str) -> None:
+    """torchtitan states a layout as the modules of each model part (module_fqns_per_model_part): every part
+    needs a transformer layer, and its models have no MTP modules to place."""
+    chunks = pf.plan.pp_layout or ()
+    bare = [k for k, c in enumerate(chunks) if "t" not in c]
+    if bare:
+        raise refuse(target, f"pipeline layout chunk(s) {', '.join(map(str, bare[:8]))} without a transformer layer "
+                     "(a torchtitan model part is a list of modules; the embedding, loss and MTP are not parts of "
+                     "their own)", "re-plan with a --pp-layout whose every chunk holds a t, or export to megatron")
 
 
 def _check_tp_impl(pf: PlanFile, target: str) -> None:
@@ -113,6 +125,7 @@ def _check_tp_impl(pf: PlanFile, target: str) -> None:
 def check_legacy(pf: PlanFile) -> None:
     """What torchtitan v0.2.2's TOML cannot express."""
     _check_common(pf, LEGACY_TARGET)
+    _check_layout(pf, LEGACY_TARGET)
     p, m = pf.plan, pf.model
     if m.name not in FLAVORS:
         raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from llmplan.cost.schedule import pipeline_schedule
+from llmplan.cost.step import layout_chunk_shares
 from llmplan.errors import LlmplanError
 from llmplan.estimate import ScalePoint, StageView, TrainingEstimate
 from llmplan.report.search import plan_label
@@ -84,15 +85,18 @@ def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
     return fig, data
 
 
-def schedule_figure(stages: list[StageView], microbatches: int, vpp: int) -> tuple[Any, dict]:
+def schedule_figure(stages: list[StageView], microbatches: int, vpp: int,
+                    chunk_share: list[list[float]] | None = None) -> tuple[Any, dict]:
     """The pipeline schedule of one step, drawn for its first micro-batches (two rounds of p where
-    MAX_SCHEDULE_SLOTS allows, fewer in a deep pipeline) and for drawn_stages' stages."""
+    MAX_SCHEDULE_SLOTS allows, fewer in a deep pipeline) and for drawn_stages' stages; chunk_share: each
+    stage's split of its time over its chunks (a custom pipeline layout's; default even)."""
     p = len(stages)
     shown = min(microbatches, max(2 * p, 4))
     if vpp > 1 and shown % p:  # interleaving groups micro-batches by p
         shown = min(microbatches, shown + p - shown % p)
     shown = max(1, min(shown, MAX_SCHEDULE_SLOTS // (2 * p * vpp)))
-    slots = pipeline_schedule([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp)
+    slots = pipeline_schedule([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp,
+                              chunk_share)
     rows = drawn_stages(p)
     row_of = {stage: r for r, stage in enumerate(rows)}
     fig = _figure(7.5, min(0.3 * len(rows), 6.0) + 1.2)
@@ -250,7 +254,8 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
     """The HTML page of a training plan: memory per stage, schedule, step parts, communication, and the
     search's throughput/headroom scatter when the plan came from a search."""
     p = e.plan
-    schedule = schedule_figure(stages, int(p.num_microbatches), p.vpp)
+    share = layout_chunk_shares(e.model, p, e.cluster.system.gpu)[0] if p.pp_layout is not None else None
+    schedule = schedule_figure(stages, int(p.num_microbatches), p.vpp, share)
     sections = [
         _section("memory", "Memory per GPU, by pipeline stage", *memory_figure(stages, float(e.memory.capacity)),
                  f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "

@@ -157,8 +157,27 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
+        **({"context_extension": context_extension(e.model, e.plan)} if context_extension(e.model, e.plan) else {}),
         **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
+
+
+def context_extension(m: Any, plan: ParallelPlan) -> dict[str, Any] | None:
+    """A training sequence past the model's max_position_embeddings (context extension, RoPE scaled): its
+    lengths and their ratio, the least RoPE scaling factor that covers it; None within the model's context."""
+    if plan.seq_len <= m.max_position_embeddings:
+        return None
+    return {"seq_len": plan.seq_len, "max_position_embeddings": m.max_position_embeddings,
+            "factor": plan.seq_len / m.max_position_embeddings, "rope_scaling": m.rope_scaling}
+
+
+def context_note(m: Any, plan: ParallelPlan) -> str | None:
+    """One line on context extension for the text views (None within the model's context)."""
+    ext = context_extension(m, plan)
+    if ext is None:
+        return None
+    return (f"note: seq_len {plan.seq_len:,} > max_position_embeddings {m.max_position_embeddings:,} of {m.name}: "
+            f"context extension, RoPE scaled >= {ext['factor']:.3g}x (e.g. YaRN; exported where the launcher takes it)")
 
 
 def split_text(layers: tuple[int, ...] | list[int]) -> str:
@@ -194,6 +213,12 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
     memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
     if len(set(e.stage_layers)) > 1:
         console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
+    if e.plan.pp_layout is not None:
+        chunks = [c.count("t") for c in e.plan.pp_layout]
+        console.print(f"pipeline layout: {len(chunks)} virtual chunks (pp {e.plan.pp} x vpp {e.plan.vpp}) of "
+                      f"{split_text(chunks)} layers in model order")
+    if context_note(e.model, e.plan):
+        console.print(context_note(e.model, e.plan))
     for u in e.operators:
         if not u.available:
             cost = (f": +{e.fallback_cost[0] / GIB:,.2f} GiB per GPU, +{e.fallback_cost[1]:,.3f} s per step"

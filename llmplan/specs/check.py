@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmplan.errors import LlmplanError, bounded_list
+from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 
@@ -103,6 +104,8 @@ def split_text(m: ModelSpec, p: int) -> str:
 def _split_ok(m: ModelSpec, p: Any) -> Any:
     """The stage layer counts add up to the layers, with at least one layer on every stage."""
     L = m.num_hidden_layers
+    if getattr(p, "pp_layout", None) is not None:
+        return True  # rule pp_layout holds a layout's own rules
     if getattr(p, "pp_layers", None) is not None:
         return sum(p.pp_layers) == L and min(p.pp_layers) >= 1
     f, l = p.pp_first, p.pp_last
@@ -132,8 +135,8 @@ def _split_message(m: ModelSpec, p: ParallelPlan) -> str:
                 f"layers of {m.name} for {middle} other stage(s), which must share them evenly (at least one "
                 f"each); for example {example}")
     return (f"pp ({p.pp}) does not divide num_hidden_layers ({L}) of {m.name}: give an uneven split, for example "
-            f"{example}, or --pp-layers with one count per stage; even splits: pp in "
-            f"{_fmt(divisors(L))}")
+            f"{example}, --pp-layers with one count per stage, or (estimate) --pp-layout balanced; even "
+            f"splits: pp in {_fmt(divisors(L))}")
 
 
 def _stage_counts(m: ModelSpec, p: Any) -> tuple[tuple[Any, Any, Any], Any]:
@@ -154,6 +157,8 @@ def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
 
 
 def _vpp_ok(m: ModelSpec, p: Any) -> Any:
+    if getattr(p, "pp_layout", None) is not None:
+        return True  # the layout sets every chunk (rule pp_layout: its chunks are pp x vpp)
     if getattr(p, "pp_layers", None) is not None:
         counts = p.pp_layers
         return (all(n % p.vpp == 0 for n in counts[1:-1]) and bool(vpp_fits(counts[0], counts[0], counts[-1], 0, p.vpp))
@@ -171,7 +176,43 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     valid = [v for v in range(1, max(counts) + 1) if _vpp_ok(m, p.model_copy(update={"vpp": v}))]
     return (f"vpp ({p.vpp}) must divide the layers of every pipeline stage of {m.name} (the first and last may be "
             f"one short, for the embedding and the loss) ({bounded_list(counts)} layers per stage with "
-            f"pp {p.pp}); valid vpp: {_fmt(valid)}")
+            f"pp {p.pp}); valid vpp: {_fmt(valid)}, or place every chunk: estimate --pp-layout balanced "
+            f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}"
+            f"\")")
+
+
+def _layout_problem(m: ModelSpec, p: Any) -> str | None:
+    """The first of Megatron-LM's rules a pp_layout breaks, as one line (None: it keeps them all).
+    Source: Megatron-LM megatron/training/arguments.py (chunks divisible by pp) and PipelineParallelLayerLayout
+    .validate_layer_layout (megatron/core/transformer/pipeline_parallel_layer_layout.py at d98e8a6)."""
+    chunks = getattr(p, "pp_layout", None)
+    if chunks is None:
+        return None
+    n, pp, v = len(chunks), p.pp, p.vpp
+    flat = "".join(chunks)
+    t, mtp, mtp_want = flat.count("t"), flat.count("m"), m.num_nextn_predict_layers
+    head = f"pp_layout ({n} chunks, pp {pp}, vpp {v})"
+    with_m = [k for k, c in enumerate(chunks) if "m" in c]
+    fix = None
+    if n != pp * v:
+        fix = (f"has {n} chunks but pp x vpp is {pp} x {v} = {pp * v} (chunk k runs on rank k mod pp); "
+               + (f"use --vpp {n // pp}" if n % pp == 0 else f"give a multiple of {pp} chunks"))
+    elif not flat.startswith("E") or flat.count("E") != 1:
+        fix = f"must begin with the embedding E and hold it once (it holds {flat.count('E')}); e.g. start it with 'Et'"
+    elif not flat.endswith("L") or flat.count("L") != 1:
+        fix = f"must end with the loss L and hold it once (it holds {flat.count('L')}); e.g. end it with 'tL'"
+    elif t != m.num_hidden_layers:
+        fix = (f"holds {t} transformer layers (t) but {m.name} has num_hidden_layers {m.num_hidden_layers}; "
+               f"{'add' if t < m.num_hidden_layers else 'remove'} {abs(m.num_hidden_layers - t)} t")
+    elif mtp != mtp_want:
+        fix = (f"holds {mtp} MTP layers (m) but {m.name} has num_nextn_predict_layers {mtp_want}; "
+               + (f"put {'m' * mtp_want} before the final L" if mtp_want else "drop the m symbols"))
+    elif mtp and "t" in flat[flat.index("m"):]:
+        fix = "places a transformer layer (t) after an MTP layer (m); MTP layers follow every decoder layer"
+    elif mtp and (len(with_m) > 1 or with_m[0] // pp != v - 1):
+        fix = (f"puts MTP layers in chunk(s) {', '.join(map(str, with_m))}; Megatron-LM wants all of them in one "
+               f"chunk that is its rank's last (chunk index >= {(v - 1) * pp})")
+    return f"{head} {fix}" if fix else None
 
 
 Pred = Callable[[ModelSpec, Any, Any], Any]
@@ -232,6 +273,7 @@ RULES: tuple[Rule, ...] = (
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
     Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
+    Rule("pp_layout", lambda m, p, c: _layout_problem(m, p) is None, lambda m, p, c: _layout_problem(m, p) or ""),
     Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | (p.pp_schedule == "1f1b"),
          lambda m, p, c: f"the {p.pp_schedule} schedule runs one stage per rank (vpp {p.vpp} interleaves 1F1B); "
                          "set vpp 1 or --pp-schedule 1f1b"),
@@ -313,9 +355,13 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {_fmt([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
-    Rule("seq_len_context", lambda m, p, c: p.seq_len <= m.max_position_embeddings,
+    # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
+    # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
+    Rule("seq_len_context",
+         lambda m, p, c: (p.seq_len <= m.max_position_embeddings) | (not m.learned_position_embeddings),
          lambda m, p, c: f"seq_len ({p.seq_len}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
-                         f"{m.name}{f' (rope_scaling: {m.rope_scaling})' if m.rope_scaling else ''}; lower --seq-len"),
+                         f"{m.name}, whose learned position embeddings hold one row per position (only RoPE models "
+                         "extend their context by scaling); lower --seq-len"),
     Rule("global_batch", lambda m, p, c: p.global_batch % (p.micro_batch * p.dp) == 0,
          lambda m, p, c: f"global_batch ({p.global_batch}) must be divisible by micro_batch x dp ({p.micro_batch} x "
                          f"{p.dp} = {p.micro_batch * p.dp}); valid micro_batch: "

@@ -181,6 +181,13 @@ class ParallelPlan(PlanQuantities, Spec):
                                                                              max_length=4_096)
     """Transformer layers on every pipeline stage, first to last (an explicit uneven split, as Megatron's
     --pipeline-model-parallel-layout); None means pp_first / pp_last or an even split."""
+    pp_layout: Optional[tuple[Annotated[str, Field(pattern=r"^[EtmL]*$", max_length=65_536)], ...]] = Field(
+        default=None, min_length=1, max_length=65_536)
+    """Every virtual pipeline chunk in model order, each a run of symbols: E the embedding, t a transformer
+    layer, m an MTP layer, L the loss ('' an empty chunk); chunk k runs on pipeline rank k mod pp as its virtual
+    chunk k // pp, so there are pp x vpp chunks (Megatron-LM --pipeline-model-parallel-layout, unrolled;
+    docs/formulas.md#pipeline.layout). None means pp_layers, pp_first / pp_last or an even split. check_plan
+    holds Megatron's rules for it (rule pp_layout)."""
     sp: bool = False
     """Megatron sequence parallelism (norm/dropout activations split over tp)."""
     zero: int = Field(default=0, ge=0, le=3)
@@ -317,6 +324,9 @@ class ParallelPlan(PlanQuantities, Spec):
     def _one_way_to_split(self) -> "ParallelPlan":
         if self.pp_layers is not None and (self.pp_first or self.pp_last):
             raise ValueError("give either pp_layers (every stage) or pp_first / pp_last, not both")
+        if self.pp_layout is not None and (self.pp_layers is not None or self.pp_first or self.pp_last):
+            raise ValueError("give either pp_layout (every virtual chunk) or pp_layers / pp_first / pp_last, not "
+                             "both (Megatron-LM refuses --pipeline-model-parallel-layout with the other split flags)")
         if self.pp_layers is not None and len(self.pp_layers) != self.pp:
             raise ValueError(f"pp_layers lists {len(self.pp_layers)} stages but pp is {self.pp}; give one layer "
                              f"count per pipeline stage")
