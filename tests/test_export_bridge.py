@@ -232,3 +232,16 @@ def test_torchrun_and_slurm_wrap_megatron_bridge(target, name):
     assert "run_recipe.py" in text and array(text, "OVERRIDES") == array(script("deepseek_train"), "OVERRIDES")
     with pytest.raises(CannotExpress, match="no pretrain recipe"):
         render_all(load_plan(PLANS / "moe_train.json"), target, "megatron-bridge")
+
+
+def test_a_plans_pipeline_layout_reaches_the_bridge_recipe():
+    # Megatron-Bridge's DeepSeek-V3 H100 preset layout (PP 8, VPP 4; set_deepseek_v3_pipeline_model_parallel_layout
+    # "Et|(tt|)*30mL" at 067f987): a plan holding it must not fall back to the even split or the recipe's own.
+    from llmplan.specs.layout import parse_layout
+    pf = load_plan(PLANS / "deepseek_train.json")
+    chunks = parse_layout("Et|(tt|)*30mL")
+    pf = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"pp_first": 0, "pp_last": 0, "vpp": 4,
+                                                                  "pp_layout": chunks}))
+    layout = hydra_applied(overrides(render_all(pf, "megatron-bridge")[0][SCRIPT]), True)["model"][
+        "pipeline_model_parallel_layout"]
+    assert "," not in layout and parse_layout(layout) == chunks

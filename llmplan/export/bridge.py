@@ -12,6 +12,7 @@ from __future__ import annotations
 from llmplan.cost.params import stage_layer_list
 from llmplan.export.common import need_mode, refuse, sh_header, virtual_stage_layers
 from llmplan.planfile import PlanFile
+from llmplan.specs.layout import format_layout
 
 TARGET = "megatron-bridge"
 VERSION = "0.6.2"
@@ -141,7 +142,9 @@ def stage_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     p, m = pf.plan, pf.model
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     layout = first = last = None
-    if p.pp > 1 and (p.pp_layers is not None or not even_chunks):
+    if p.pp_layout is not None:  # the plan's own layout; commas are cosmetic to Megatron-Core and a sweep to Hydra
+        layout = format_layout(p.pp_layout).replace(",", "")
+    elif p.pp > 1 and (p.pp_layers is not None or not even_chunks):
         stages = virtual_stage_layers(pf)
         tail = "m" * m.num_nextn_predict_layers + "L"
         layout = "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
