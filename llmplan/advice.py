@@ -13,6 +13,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
 from llmplan.specs.defaults import min_headroom_bytes
+from llmplan.units import GIB
 
 COMMUNICATION = ("tp", "pp", "dp", "cp", "ep")
 COMPUTE = ("compute", "attention", "memory-bound", "optimizer", "overhead")
@@ -204,7 +205,7 @@ def _default_order() -> tuple[str, ...]:
 
 def _training_numbers(e: TrainingEstimate) -> dict[str, float]:
     return {"step_s": float(e.time.total), "tokens_per_s": float(e.throughput.tokens_per_s),
-            "mfu": float(e.throughput.mfu), "memory_gib": float(e.memory.total) / 2**30,
+            "mfu": float(e.throughput.mfu), "memory_gib": float(e.memory.total) / GIB,
             "fits": float(bool(e.memory.fits))}
 
 

@@ -6,18 +6,6 @@ GIB = 1024**3
 GB = 1e9  # decimal gigabyte, as vendors print bandwidths
 TERA = 1e12
 
-# Bytes per element of each numeric format llmplan knows.
-DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0,
-    "tf32": 4.0,
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 0.5,
-}
-
-
 MAX_SIZE = 1e18  # bytes or tokens: a quintillion is past any buffer, batch or training budget
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB, "g": 1e9,
                "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": 1024**4}

@@ -24,6 +24,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.topology.collectives import bus_factor, collective_time
 from llmplan.topology.placement import GroupSpan, span_of_ranks
+from llmplan.units import GIB
 
 COMPONENTS = ("gemm", "collectives", "layer", "attention")
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -423,6 +424,6 @@ def bench_notes(cfg: "BenchConfig") -> list[str]:
         ram = None
     if ram and per_proc * cfg.nproc > 0.5 * ram:
         raise LlmplanError(f"one layer of {m.name} at seq {sh['s']} x micro-batch {sh['b']} needs about "
-                           f"{per_proc / 2**30:.1f} GiB per process; this machine has {ram / 2**30:.0f} GiB: lower "
+                           f"{per_proc / GIB:.1f} GiB per process; this machine has {ram / GIB:.0f} GiB: lower "
                            "--seq-len or --micro-batch, or run on GPUs")
     return notes

@@ -14,7 +14,7 @@ import numpy as np
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio,
                                   layer_windows, moe_routing_bytes)
-from llmplan.cost.params import mlp_params, padded_vocab, param_counts, rank_params
+from llmplan.cost.params import mlp_params, padded_vocab, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
@@ -220,12 +220,6 @@ class Spans:
     tp: GroupSpan
     pp: GroupSpan
     ep: GroupSpan
-
-
-def _active_linear_params(m: ModelSpec) -> float:
-    """Matmul weights one token passes through (active parameters without the embedding lookup)."""
-    pc = param_counts(m)
-    return float(pc.active - pc.embedding)
 
 
 def _expert_fraction_touched(m: ModelSpec, tokens: Any) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmplan.specs.hardware import KERNELS, GpuSpec
+from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 
 
@@ -61,6 +61,3 @@ def with_fallbacks(plan: Any, uses: list[OperatorUse]) -> Any:
         update["fused_kernels"] = False
     return plan.model_copy(update=update) if update else plan
 
-
-def kernel_description(kernel: str) -> str:
-    return KERNELS.get(kernel, kernel)

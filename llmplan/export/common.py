@@ -8,6 +8,7 @@ from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
+from llmplan.units import GIB
 
 
 class CannotExpress(LlmplanError):
@@ -21,7 +22,7 @@ def refuse(target: str, what: str, fix: str) -> CannotExpress:
 def header_lines(pf: PlanFile, target: str) -> list[str]:
     """The comment every exported file starts with: plan, model, hardware, predictions."""
     c, pred = pf.cluster, pf.predictions
-    gib = 2**30
+    gib = GIB
     mem = pred.get("memory", {})
     if pf.mode == "infer":
         p = pf.plan

@@ -6,6 +6,7 @@ import math
 
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
+from llmplan.units import GIB
 
 
 def _model_var(pf: PlanFile) -> str:
@@ -32,7 +33,7 @@ def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
     hbm = pf.cluster.system.gpu.hbm_bytes
     used = mem["weights"] + mem["kv_available"] + (mem["activations"] + mem["other"] if engine == "vllm" else 0.0)
     fraction = math.floor(1000 * used / hbm) / 1000
-    return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem['kv_available'] / 2**30:.1f} GiB per "
+    return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem['kv_available'] / GIB:.1f} GiB per "
                       f"GPU planned with {j.engine}'s rule (its fraction {j.gpu_memory_utilization:g})\n")
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.report.common import ReportTable, SCHEMA, human_bytes
+from llmplan.units import GIB
 
 
 
@@ -75,6 +76,6 @@ def anchor_view(console: Console, anchor: Any, output: str) -> None:
     console.print(t)
     if anchor.memory:
         p, m = anchor.memory
-        console.print(f"memory: predicted {p / 2**30:,.2f} GiB, measured {m / 2**30:,.2f} GiB per GPU; "
+        console.print(f"memory: predicted {p / GIB:,.2f} GiB, measured {m / GIB:,.2f} GiB per GPU; "
                       "gpu.hbm_reserve_gib holds the difference (usable memory is HBM less it)")
     console.print(f"wrote {output}: search or estimate with --hardware {output} to rank plans against your stack")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmplan.specs.model import ModelSpec
+from llmplan.units import GIB
 
 DEFAULT_SEQ_LEN = 4096
 """Training sequence length when none is given (capped by the model's context)."""
@@ -44,4 +45,4 @@ def min_headroom_bytes(min_headroom_gib: float | None, capacity_bytes: float) ->
     """--min-headroom in bytes: the value given (GiB), or the default fraction of the GPU's memory."""
     if min_headroom_gib is None:
         return DEFAULT_MIN_HEADROOM_FRACTION * capacity_bytes
-    return min_headroom_gib * 2**30
+    return min_headroom_gib * GIB
