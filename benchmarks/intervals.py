@@ -23,7 +23,6 @@ import json
 import math
 import statistics
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -212,7 +211,6 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
     training = training_residuals(records, consts)
     doc = {
         "generated_by": COMMAND + (" --reuse-fit" if reuse else ""),
-        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "runs": len(records),
         "level": iv.LEVEL,
         "nominal": iv.choose_nominal(training),
@@ -245,11 +243,12 @@ def report(doc: dict, nested: bool = True) -> None:
     training = doc["training"]
     nominal = doc["nominal"]
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
-          f"records ({doc['generated_by']}, {doc['generated']})")
+          f"records ({doc['generated_by']})")
     pools = iv.left_out_pools(training)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
-          "per\ncentral probability tried (the shipped file takes the one nearest 80%, mean over families):")
+          "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
+          "per\nfamily, else the one nearest 80% over families):")
     for q in iv.NOMINAL_CHOICES:
         cov = iv.coverage(training, q, pools)
         inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())

@@ -44,6 +44,22 @@ def test_coverage_is_counted_from_the_other_families_quantiles():
     assert iv.choose_nominal(recs) in iv.NOMINAL_CHOICES
 
 
+def test_the_shipped_pair_is_the_narrowest_inside_the_target(monkeypatch):
+    # coverage (inside, records) per pair: 0.9 is under 75% per record, 0.95 and 0.975 are inside 75-85% both
+    # ways, 0.99 is nearest 80% over families: the narrowest inside the target (0.95) is shipped
+    table = {0.8: (60, 70), 0.85: (65, 72), 0.9: (70, 74), 0.95: (77, 77), 0.975: (79, 79), 0.99: (85, 80)}
+
+    def fake(records, q, pools=None):  # one entry: (inside of 100 records, 100, family mean in %)
+        per_record, fam_mean = table[q]
+        return {"a": (per_record, 100, fam_mean)}
+
+    monkeypatch.setattr(iv, "coverage", fake)
+    monkeypatch.setattr(iv, "mean_coverage", lambda cov: cov["a"][2] / 100)
+    assert iv.choose_nominal([], {}) == 0.95
+    table.update({0.95: (74, 77), 0.975: (86, 84)})  # none inside both ways: nearest 80% over families
+    assert iv.choose_nominal([], {}) == 0.99
+
+
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
     hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))
@@ -174,6 +190,7 @@ def test_calibrate_anchor_reproduces_the_measured_run(cli, tmp_path):
                 "--json")
         assert r.code == 0, r.err
         d = r.json()
+        assert sum(d["attribution"].values()) == pytest.approx(1.0)
         keys = {c["key"] for c in d["changes"]}
         assert {"gpu.sustained_clock_fraction", "nic_efficiency", "gpu.hbm_reserve_gib"} <= keys
         doc = yaml.safe_load(out.read_text())
@@ -184,6 +201,8 @@ def test_calibrate_anchor_reproduces_the_measured_run(cli, tmp_path):
         hbm = builtin_systems()["dgx-h100"].gpu.hbm_gib
         assert after["memory"]["headroom"] == pytest.approx((hbm - 70) * GIB, rel=0.01)
         assert after["calibrated"].startswith("anchored to plan.json")
+    text = cli("calibrate", "--plan", plan, "--step-time", "30", "-o", tmp_path / "cal_text.yaml")
+    assert text.code == 0 and "% exposed communication" in text.out
     text = cli("calibrate", "--plan", plan, "--step-time", "30", "-o", tmp_path / "cal1.2.yaml")
     assert text.code == 2 and "already exists; pass --force" in text.err
 
