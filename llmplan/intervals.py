@@ -6,12 +6,11 @@ with its regime tags in llmplan/data/residuals.json. Here a plan's interval is b
 its regime: the empirical 10th and 90th percentiles of their residuals (numpy.quantile) scale the predicted
 rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the records:
 
-1. the records sharing all five tags of the plan: dense or MoE, GPU generation, framework family (PyTorch
-   FSDP-style stacks: fp32 parameter shards or DTensor TP; else Megatron-style), stack era (flash attention,
-   as every stack since 2023 runs it, or the 2020-22 Megatron-LM / Megatron-DeepSpeed stacks without it) and
-   scale (<= 64, <= 512, > 512 GPUs);
-2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then stack, then framework, then GPU
-   generation, then dense/MoE);
+1. the records sharing all four tags of the plan: dense or MoE, GPU generation, framework family (PyTorch
+   FSDP-style stacks: fp32 parameter shards or DTensor TP; else Megatron-style) and scale (<= 64, <= 512,
+   > 512 GPUs);
+2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then framework, then GPU generation,
+   then dense/MoE);
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
@@ -43,9 +42,9 @@ LEVEL = 0.8
 """Probability the interval is meant to hold (the 10th to the 90th percentile of left-out residuals)."""
 MIN_RECORDS = 10
 """Fewest records an interval is built from."""
-TAGS = ("moe", "generation", "framework", "stack", "scale")
+TAGS = ("moe", "generation", "framework", "scale")
 """The regime tags, in the order the basis names them."""
-RELAX_ORDER = ("scale", "stack", "framework", "generation", "moe")
+RELAX_ORDER = ("scale", "framework", "generation", "moe")
 """The order the regime tags are dropped in when too few records match."""
 UNCOVERED = ("generation", "moe")
 """Tags whose loss means that no validation family covers the plan's regime."""
@@ -60,10 +59,6 @@ class Regime:
     generation: str
     framework: str
     gpus: int
-    stack: str = "flash"
-    """'flash' for stacks that run flash attention (every stack since 2023; the plan default);
-    'no-flash' for the 2020-22 Megatron-LM / Megatron-DeepSpeed stacks without it, whose left-out errors are
-    their own (docs/validation.md#intervals)."""
 
     @property
     def scale(self) -> str:
@@ -74,8 +69,7 @@ class Regime:
 
     def describe(self, tags: Iterable[str]) -> str:
         words = {"moe": "MoE" if self.moe else "dense", "generation": self.generation,
-                 "framework": f"{self.framework}-style", "scale": f"{self.scale} GPUs",
-                 "stack": "flash-attention stacks" if self.stack == "flash" else "stacks without flash attention"}
+                 "framework": f"{self.framework}-style", "scale": f"{self.scale} GPUs"}
         return ", ".join(words[t] for t in TAGS if t in tags)
 
 
@@ -103,20 +97,14 @@ def framework(plan: Any) -> str:
         else "megatron"
 
 
-def stack(plan: Any) -> str:
-    """'flash' when the plan runs flash attention (every stack since 2023), else 'no-flash' (the 2020-22
-    Megatron-LM and Megatron-DeepSpeed stacks the validation prices without it)."""
-    return "flash" if getattr(plan, "flash_attention", True) else "no-flash"
-
-
 def regime_of(model: Any, plan: Any, cluster: Any) -> Regime:
     return Regime(moe=bool(model.num_experts), generation=generation(cluster.system.gpu.name),
-                  framework=framework(plan), gpus=int(cluster.num_gpus), stack=stack(plan))
+                  framework=framework(plan), gpus=int(cluster.num_gpus))
 
 
 def record_regime(rec: dict[str, Any]) -> Regime:
     return Regime(moe=bool(rec["moe"]), generation=rec["generation"], framework=rec["framework"],
-                  gpus=int(rec["gpus"]), stack=rec.get("stack", "flash"))
+                  gpus=int(rec["gpus"]))
 
 
 @lru_cache(maxsize=1)

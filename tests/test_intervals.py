@@ -64,31 +64,14 @@ def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
     hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))
     assert len(hits) == 12 and dropped == ()
-    # 3 Blackwell runs are too few: scale, stack, framework, then the generation are dropped -> widened
+    # 3 Blackwell runs are too few: scale, framework, then the generation are dropped -> widened
     want = iv.Regime(moe=False, generation="blackwell", framework="megatron", gpus=8)
     hits, dropped = iv.select(recs, want)
-    assert dropped == ("scale", "stack", "framework", "generation") and len(hits) == 15
+    assert dropped == ("scale", "framework", "generation") and len(hits) == 15
     band = iv.training_band(want, {"training": recs, "nominal": 0.8})
     raw = iv.quantile_band([r["r"] for r in recs], "", False, 0.8)
     assert band.widened and "no validation family covers blackwell" in band.basis
     assert band.hi - band.lo == pytest.approx(iv.WIDEN * (raw.hi - raw.lo))
-
-
-def test_stack_era_keeps_pre_flash_attention_runs_out_of_a_current_plans_pool():
-    # 12 runs of a current (flash-attention) stack near 0, 12 of a 2020-22 stack 20% slower than predicted:
-    # a plan with flash attention (the default) takes only the first, one without it only the second; the
-    # stack is relaxed right after the scale (before the framework) when too few runs match.
-    recs = ([_rec("new", 0.01 * i, i) for i in range(12)]
-            + [{**_rec("old", -0.2 + 0.01 * i, i), "stack": "no-flash"} for i in range(12)])
-    flash = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8)
-    assert {r["family"] for r in iv.select(recs, flash)[0]} == {"new"}
-    old = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8, stack="no-flash")
-    assert {r["family"] for r in iv.select(recs, old)[0]} == {"old"}
-    hits, dropped = iv.select(recs[:12] + recs[12:15], old)
-    assert dropped == ("scale", "stack") and len(hits) == 15
-    assert iv.stack(SimpleNamespace(flash_attention=False)) == "no-flash"
-    assert iv.stack(SimpleNamespace(flash_attention=True)) == "flash"
-    assert "flash-attention stacks" in iv.training_band(flash, {"training": recs, "nominal": 0.8}).basis
 
 
 def test_shipped_residuals_carry_every_tag_and_a_same_job_resolution():
