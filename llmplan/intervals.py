@@ -23,9 +23,9 @@ script reports the coverage with the pair itself chosen without the family it sc
 serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
 
 Two plans' difference is known far better than either plan: errors a family shares (its clock, its software)
-cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of records measured in one group
-(one source, one cluster: Narayanan Table 2, MPT scans, torchtitan tables, ...); two plans whose predicted
-rates differ by less than that (in log) are tied.
+cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of layouts of one job (one source and
+software stack, the same model, GPUs, global batch, sequence length and format: the alternatives a search
+ranks); two plans whose predicted rates differ by less than that (in log) are tied.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ def serving_band(data: dict[str, Any] | None = None) -> Band | None:
 
 
 def resolution(data: dict[str, Any] | None = None, moe: bool | None = None) -> float:
-    """The tie resolution: the LEVEL quantile of |r_i - r_j| within measured groups (log units); with `moe`,
-    from the dense or the MoE groups only where the file has them."""
+    """The tie resolution: the LEVEL quantile of |r_i - r_j| between layouts of one job (log units); with `moe`,
+    from the dense or the MoE jobs only where the file has them."""
     res = (data or shipped())["resolution"]
     key = None if moe is None else ("moe" if moe else "dense")
     return float(res.get(key, res["value"]) if key else res["value"])
