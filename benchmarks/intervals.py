@@ -11,7 +11,8 @@ never enter the fit, take the all-family fit) and stores r = log(measured rate /
 iteration time counts as 1 / rate) with the record's regime tags (llmplan.intervals.Regime). Memory: the
 published peaks (Korthikanti et al. 2022 Table 5 parts, torchtitan's reserved peak); serving: the TensorRT-LLM
 records, each model scored with the serving constants fitted without it. The tie resolution is the 0.8
-quantile of |r_i - r_j| over pairs in accuracy.ranking_groups (one source, one cluster).
+quantile of |r_i - r_j| over pairs of layouts of one job (same model, GPU type and count, global batch,
+sequence length and format, one source): the alternatives a search ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import json
 import math
 import statistics
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,35 @@ def tags(rec: dict, fam: str) -> dict:
     plan = acc.plan_for(rec, fam, gpus)
     system = builtin_systems()[acc.system_for(str(rec["hardware"]["gpu"]))]
     return {"moe": bool(acc.model_for(rec, fam).num_experts), "generation": iv.generation(system.gpu.name),
-            "framework": iv.framework(plan), "gpus": int(gpus)}
+            "framework": iv.framework(plan), "gpus": int(gpus),
+            # not a selection tag (docs/validation.md#intervals: as one it narrowed the 2020-22 families' bands
+            # by losing their coverage); the report's current-stack line counts by it
+            "stack": "flash" if plan.flash_attention else "no-flash"}
+
+
+OTHER_STACK = {("narayanan2021", 3): "DeepSpeed ZeRO-3"}
+"""(family, ZeRO stage) of rows a source ran on another software stack than the rest of its family: Narayanan
+et al. 2021 section 5.2 compares Megatron-LM's PTD-P with DeepSpeed's ZeRO-3 (Table 2)."""
+
+
+def stack_of(rec: dict, fam: str) -> str:
+    """The software stack a record ran on, where its family mixes two (OTHER_STACK), else its family."""
+    return OTHER_STACK.get((fam, rec["parallel"].get("zero_stage")), fam)
+
+
+def job_of(rec: dict, fam: str) -> tuple[str, str]:
+    """(job, layout) of a training record: the job is what a search holds fixed (source family and software
+    stack, model, GPU type and count, global batch, sequence length, number format), the layout is the rest of
+    the plan (TP, PP, DP, CP, EP, VPP, micro-batch, ZeRO stage, recompute, overlaps, kernels). Records of one
+    job with different layouts are the alternatives a search ranks; the tie resolution is measured on them."""
+    gpus = rec["hardware"].get("gpus") or 1
+    p = acc.plan_for(rec, fam, gpus)
+    m = rec["model"]
+    job = (f"{stack_of(rec, fam)} | {m.get('name')} L{m.get('layers')} h{m.get('hidden')} | "
+           f"{rec['hardware']['gpu']} x{gpus} | gbs {p.global_batch} s {p.seq_len} | {p.dtype}/{p.recipe}")
+    fixed = {"global_batch", "seq_len", "dtype", "recipe"}
+    layout = json.dumps({k: v for k, v in p.model_dump(mode="json").items() if k not in fixed}, sort_keys=True)
+    return job, layout
 
 
 def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dict]:
@@ -92,8 +120,9 @@ def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dic
         got = residual(rec, fam, consts_for(rec, consts[fam]))
         if got is None:
             continue
+        job, layout = job_of(rec, fam)
         out.append({"id": rec["id"], "family": fam, "r": round(got[0], 5), "quantity": got[1],
-                    **tags(rec, fam), "group": group_of.get(rec["id"])})
+                    **tags(rec, fam), "group": group_of.get(rec["id"]), "job": job, "layout": layout})
     return out
 
 
@@ -144,20 +173,39 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
     return float(np.interp(q, (np.cumsum(w) - w / 2) / w.sum(), v))
 
 
+def same_job_groups(training: list[dict]) -> dict[str, list[dict]]:
+    """The records of each job (job_of) measured in two or more layouts, one record per layout (the first
+    by id: a layout re-measured in a later release is the same alternative, not another one)."""
+    groups: dict[str, dict[str, dict]] = {}
+    for r in sorted(training, key=lambda x: x["id"]):
+        if r.get("job"):
+            groups.setdefault(r["job"], {}).setdefault(r["layout"], r)
+    return {k: list(v.values()) for k, v in sorted(groups.items()) if len(v) >= 2}
+
+
 def tie_resolution(training: list[dict]) -> dict:
-    """The LEVEL quantile of |r_i - r_j| over the pairs of each measured group, every group weighted alike
-    (an MPT scan of 14 runs has 91 pairs, a torchtitan table one)."""
-    groups: dict[str, list[float]] = {}
-    for r in training:
-        if r["group"]:
-            groups.setdefault(r["group"], []).append(r["r"])
+    """The LEVEL quantile of |r_i - r_j| over the pairs of layouts of one job (same_job_groups), every job
+    weighted alike (a 26-layout BLOOM search has 325 pairs, a Korthikanti recompute pair one)."""
+    groups = same_job_groups(training)
     diffs, weights = [], []
-    for rs in groups.values():
-        pairs = [abs(a - b) for a, b in itertools.combinations(rs, 2)]
+    for recs in groups.values():
+        pairs = [abs(a["r"] - b["r"]) for a, b in itertools.combinations(recs, 2)]
         diffs += pairs
         weights += [1 / len(pairs)] * len(pairs)
+    if not diffs:
+        return {"quantile": iv.LEVEL, "value": 0.0, "pairs": 0, "groups": 0, "weighting": "each job alike"}
     return {"quantile": iv.LEVEL, "value": round(weighted_quantile(diffs, weights, iv.LEVEL), 5),
-            "pairs": len(diffs), "groups": len(groups), "weighting": "each group alike"}
+            "pairs": len(diffs), "groups": len(groups), "weighting": "each job alike",
+            "basis": "layouts of one job (same model, GPUs, global batch, sequence, format; one source)"}
+
+
+def resolutions(training: list[dict]) -> dict:
+    """The tie resolution over every job, and over the dense and the MoE jobs apart (search uses the one of
+    the plan's model kind)."""
+    dense = tie_resolution([r for r in training if not r["moe"]])
+    moe = tie_resolution([r for r in training if r["moe"]])
+    return {**tie_resolution(training), "dense": dense["value"], "moe": moe["value"],
+            "dense_groups": dense["groups"], "moe_groups": moe["groups"]}
 
 
 def write(records: list[dict], reuse: bool, path: Path) -> dict:
@@ -166,15 +214,12 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
     training = training_residuals(records, consts)
     doc = {
         "generated_by": COMMAND + (" --reuse-fit" if reuse else ""),
-        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "runs": len(records),
         "level": iv.LEVEL,
         "nominal": iv.choose_nominal(training),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
         "constants": consts,
-        "resolution": {**tie_resolution(training),
-                       "dense": tie_resolution([r for r in training if not r["moe"]])["value"],
-                       "moe": tie_resolution([r for r in training if r["moe"]])["value"]},
+        "resolution": resolutions(training),
         "training": training,
         "memory": memory_residuals(records),
         "serving": serving_residuals(records),
@@ -201,11 +246,12 @@ def report(doc: dict, nested: bool = True) -> None:
     training = doc["training"]
     nominal = doc["nominal"]
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
-          f"records ({doc['generated_by']}, {doc['generated']})")
+          f"records ({doc['generated_by']})")
     pools = iv.left_out_pools(training)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
-          "per\ncentral probability tried (the shipped file takes the one nearest 80%, mean over families):")
+          "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
+          "per\nfamily, else the one nearest 80% over families):")
     for q in iv.NOMINAL_CHOICES:
         cov = iv.coverage(training, q, pools)
         inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())
@@ -222,20 +268,29 @@ def report(doc: dict, nested: bool = True) -> None:
         print(f"nested (the pair chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
               f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; pairs chosen "
               + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
-    dense = [r for r in training if not r["moe"] and r["framework"] == "megatron"
-             and r["generation"] in ("ampere", "hopper")]
-    halves = []
-    for r in dense:
-        values, widen = pools[r["id"]]
-        b = iv.quantile_band(values, "", widen, nominal)
-        halves.append((math.exp(b.hi) - math.exp(b.lo)) / 2)
-    if halves:
-        print(f"dense Megatron-style training on A100 / H100 ({len(halves)} records, each family left out): "
-              f"median half-width {100 * statistics.median(halves):.1f}% (target <= 12%)")
+    def dense_megatron(r: dict) -> bool:
+        return not r["moe"] and r["framework"] == "megatron" and r["generation"] in ("ampere", "hopper")
+
+    for label, keep in (("", lambda r: True),
+                        (", flash-attention stacks (what search plans)", lambda r: r.get("stack", "flash") == "flash")):
+        halves, inside = [], []
+        for r in training:
+            if dense_megatron(r) and keep(r):
+                values, widen = pools[r["id"]]
+                b = iv.quantile_band(values, "", widen, nominal)
+                halves.append((math.exp(b.hi) - math.exp(b.lo)) / 2)
+                inside.append(b.lo <= r["r"] <= b.hi)
+        if halves:
+            print(f"dense Megatron-style training on A100 / H100{label} ({len(halves)} records, "
+                  f"{len({r['family'] for r in training if dense_megatron(r) and keep(r)})} families, each left "
+                  f"out): median half-width {100 * statistics.median(halves):.1f}% (target <= 12%), coverage "
+                  f"{100 * statistics.mean(inside):.1f}%")
     res = doc["resolution"]
-    print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs in "
-          f"{res['groups']} measured groups (each group alike): {100 * (math.exp(res['value']) - 1):.1f}% "
-          f"(log {res['value']:.4f})" + "".join(f"; {k} groups only {100 * (math.exp(res[k]) - 1):.1f}%"
+    print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs of layouts in "
+          f"{res['groups']} jobs measured in two or more layouts (each job alike): "
+          f"{100 * (math.exp(res['value']) - 1):.1f}% "
+          f"(log {res['value']:.4f})" + "".join(f"; {k} jobs only {100 * (math.exp(res[k]) - 1):.1f}%"
+                                                 f" ({res.get(k + '_groups', '?')} jobs)"
                                                  for k in ("dense", "moe") if k in res))
     for name, data in (("memory", doc["memory"]), ("serving", doc["serving"])):
         if len(data) >= 2:
@@ -245,10 +300,15 @@ def report(doc: dict, nested: bool = True) -> None:
 
 
 def anchor_groups(records: list[dict]) -> dict[str, list[dict]]:
-    """Runs measured on one cluster: accuracy.ranking_groups (Narayanan Table 2, Korthikanti Table 5, MPT scans,
-    torchtitan tables) and, for families it does not group, one group per family, GPU and model (a source's
+    """Runs measured on one cluster with one software stack: accuracy.ranking_groups (Narayanan Table 2 split
+    into Megatron-LM's PTD-P rows and DeepSpeed's ZeRO-3 rows, Korthikanti Table 5, MPT scans, torchtitan
+    tables) and, for families it does not group, one group per family, GPU and model (a source's
     table of layouts for one model on one machine type)."""
-    groups = dict(acc.ranking_groups(records))
+    groups: dict[str, list[dict]] = {}
+    for name, recs in acc.ranking_groups(records).items():  # one software stack per group (OTHER_STACK)
+        for r in recs:
+            stack = stack_of(r, acc.family(r["id"]))
+            groups.setdefault(name + ("" if stack == acc.family(r["id"]) else f" ({stack})"), []).append(r)
     grouped = {r["id"] for recs in groups.values() for r in recs}
     for r in records:
         fam = acc.family(r["id"])
@@ -273,7 +333,8 @@ def _rate(rec: dict, fam: str) -> tuple[float, float] | None:
     return (1 / pred, 1 / meas) if q == "iteration s" else (pred, meas)
 
 
-def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float, int]]:
+def calibration_report(records: list[dict], only: str | None = None,
+                       exclude: str | None = None) -> list[tuple[str, int, float, float, int]]:
     """Per group: calibrate on each run in turn as `llmplan calibrate --plan --step-time` does
     (llmplan.calibrate.anchored_system on the run's plan and measured step), predict the others with the
     calibrated profile, and compare their median |error| with the shipped profile's. Returns (group, runs,
@@ -283,6 +344,10 @@ def calibration_report(records: list[dict]) -> list[tuple[str, int, float, float
     shipped = builtin_systems()
     out = []
     for name, recs in sorted(anchor_groups(records).items()):
+        if only and not any(w.lower() in name.lower() for w in only.split(",")):
+            continue
+        if exclude and any(w.lower() in name.lower() for w in exclude.split(",")):
+            continue
         fam = acc.family(recs[0]["id"])
         rates = {r["id"]: _rate(r, fam) for r in recs}
         recs = [r for r in recs if rates[r["id"]]]
@@ -340,15 +405,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--calibration", action="store_true",
                     help="also: calibrate on one run of each group measured on one cluster, predict the rest")
+    ap.add_argument("--groups", default=None, metavar="TEXT",
+                    help="with --calibration: only the groups whose name contains one of TEXT's comma-separated "
+                         "words (e.g. narayanan2021,bloom)")
+    ap.add_argument("--exclude", default=None, metavar="TEXT",
+                    help="with --calibration: leave out the groups whose name contains one of these words")
+    ap.add_argument("--no-report", action="store_true", help="skip the coverage report (with --calibration)")
     args = ap.parse_args(argv)
     if args.write:
         doc = write(load_runs(args.runs), args.reuse_fit, args.out)
         print(f"wrote {args.out}")
     else:
         doc = json.loads(args.out.read_text(encoding="utf-8"))
-    report(doc)
+    if not args.no_report:
+        report(doc)
     if args.calibration:
-        rows = calibration_report(load_runs(args.runs))
+        rows = calibration_report(load_runs(args.runs), args.groups, args.exclude)
         print("\nanchoring to one measured run (`llmplan calibrate --plan --step-time`, shipped profiles): per group")
         print("measured on one cluster, each run in turn the anchor; the other runs' median |error| before and after")
         print("(median over anchors), and how many anchors lowered it:")

@@ -116,6 +116,8 @@ class Anchor:
     """The measured step time."""
     memory: tuple[float, float] | None = None
     """(predicted peak bytes, measured peak bytes) when --memory-gib was given."""
+    shares: dict[str, float] | None = None
+    """The predicted step's shares (time_shares) the gap was attributed by."""
 
 
 def _clamp(model: Any, key: str, value: float) -> float:
@@ -131,55 +133,89 @@ def _clamp(model: Any, key: str, value: float) -> float:
     return min(hi, max(lo, value))
 
 
-def scaled_system(system: SystemSpec, s: float, overhead: float | None = None) -> SystemSpec:
-    """The system with its sustained clock and collective efficiencies times s (each held inside its field's
-    bounds) and, if given, the GPU's step overhead."""
+def scaled_system(system: SystemSpec, clock: float, comm: float | None = None,
+                  overhead: float | None = None) -> SystemSpec:
+    """The system with its sustained clock times `clock` and its collective efficiencies times `comm` (default
+    `clock`; each held inside its field's bounds) and, if given, the GPU's step overhead."""
     gpu = system.gpu
+    comm = clock if comm is None else comm
     upd: dict[str, Any] = {"sustained_clock_fraction": _clamp(type(gpu), "sustained_clock_fraction",
-                                                              gpu.sustained_clock_fraction * s)}
+                                                              gpu.sustained_clock_fraction * clock)}
     if overhead is not None:
         upd["step_overhead_s"] = overhead
     sys_upd: dict[str, Any] = {"gpu": gpu.model_copy(update=upd)}
     for k in COMM_KEYS:
-        sys_upd[k] = _clamp(SystemSpec, k, getattr(system, k) * s)
+        sys_upd[k] = _clamp(SystemSpec, k, getattr(system, k) * comm)
     return system.model_copy(update=sys_upd)
+
+
+def time_shares(time: Any) -> dict[str, float]:
+    """Shares of a predicted step (StepTime): `clock` for what the sustained clock prices (compute, the
+    pipeline bubble it leaves idle, the optimizer), `communication` for the exposed collectives, `overhead`
+    for the rest (host launches, stragglers, a measured step overhead). They sum to 1."""
+    total = float(time.total)
+    clock = float(time.compute) + float(time.bubble) + float(time.optimizer)
+    comm = float(time.comm_exposed)
+    return {"clock": clock / total, "communication": comm / total, "overhead": 1 - (clock + comm) / total}
+
+
+def attribution(shares: dict[str, float]) -> tuple[float, float]:
+    """(clock weight, communication weight) of the measured gap: each constant moves (in log) in proportion
+    to its part of the predicted step, the least change that reproduces the run when every constant is as
+    uncertain as the others (minimum-norm solution of d log T = -sum_k share_k d log s_k). A run that is 95%
+    compute says almost nothing about the collectives and moves the clock; a communication-bound run moves
+    the collective efficiencies (docs/validation.md#intervals)."""
+    c, m = shares["clock"], shares["communication"]
+    if c + m <= 0:
+        return 0.5, 0.5
+    return c / (c + m), m / (c + m)
 
 
 def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: tuple[str, ...], step_s: float,
                     memory_gib: float | None = None) -> Anchor:
-    """The profile that reproduces a measured step time (and peak memory) of `plan`: one factor on the
-    sustained clock fraction and the collective efficiencies (bisection on its log: the run cannot tell
-    compute from exposed communication apart, so both move alike), the step overhead lowered when the
-    factor hits the fields' limits, and hbm_reserve_gib = measured - predicted peak for --memory-gib."""
+    """The profile that reproduces a measured step time (and peak memory) of `plan`: the sustained clock
+    fraction and the collective efficiencies move by factors e^(t w_clock) and e^(t w_comm), the weights the
+    constants' shares of the predicted step (attribution), t found by bisection; the step overhead lowered
+    when both reach their fields' limits; hbm_reserve_gib = measured - predicted peak for --memory-gib."""
     import math
 
     from llmplan.estimate import estimate_training
 
     system = cluster.system
 
-    def step(sys_: SystemSpec) -> float:
-        return float(estimate_training(model, cluster.model_copy(update={"system": sys_}), plan, allowance,
-                                       order).time.total)
+    def estimate(sys_: SystemSpec) -> Any:
+        return estimate_training(model, cluster.model_copy(update={"system": sys_}), plan, allowance, order)
 
-    before = step(system)
-    lo, hi = -3.0, 3.0  # factor between e^-3 and e^3
-    if step(scaled_system(system, math.exp(hi))) > step_s:  # faster than the caps allow: lower the overhead too
-        fast = scaled_system(system, math.exp(hi))
+    def step(sys_: SystemSpec) -> float:
+        return float(estimate(sys_).time.total)
+
+    first = estimate(system)
+    before = float(first.time.total)
+    shares = time_shares(first.time)
+    w_clock, w_comm = attribution(shares)
+    reach = 3.0 / max(min(w_clock, w_comm), 0.01)  # t at which both factors pass e^3 (past every field's limit)
+
+    def at(sys_: SystemSpec, t: float, overhead: float | None = None) -> SystemSpec:
+        return scaled_system(sys_, math.exp(min(t * w_clock, 50.0)), math.exp(min(t * w_comm, 50.0)), overhead)
+
+    lo, hi = -reach, reach
+    if step(at(system, hi)) > step_s:  # faster than the caps allow: lower the overhead too
+        fast = at(system, hi)
         need = step(fast) - step_s
         if need >= fast.gpu.step_overhead_s:
             raise LlmplanError(f"measured step {step_s:g} s is faster than llmplan can price this plan with the "
                                f"clock at 100% of peak, collectives at their limits and no step overhead "
-                               f"({step(scaled_system(system, math.exp(hi), 0.0)):.4g} s): check --step-time (seconds per "
+                               f"({step(at(system, hi, 0.0)):.4g} s): check --step-time (seconds per "
                                "optimizer step, the whole global batch) and the plan file")
         system = system.model_copy(update={"gpu": system.gpu.model_copy(
             update={"step_overhead_s": fast.gpu.step_overhead_s - need})})
-    for _ in range(60):
+    for _ in range(80):
         mid = (lo + hi) / 2
-        if step(scaled_system(system, math.exp(mid))) > step_s:
+        if step(at(system, mid)) > step_s:
             lo = mid
         else:
             hi = mid
-    new = scaled_system(system, math.exp(hi))
+    new = at(system, hi)
     after = step(new)
     if abs(after / step_s - 1) > ANCHOR_TOLERANCE:
         raise LlmplanError(f"measured step {step_s:g} s is slower than llmplan can price this plan with the "
@@ -187,8 +223,7 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
                            "(seconds per optimizer step, the whole global batch) and the plan file")
     memory = None
     if memory_gib is not None:
-        e = estimate_training(model, cluster.model_copy(update={"system": new}), plan, allowance, order)
-        pred = float(e.memory.total)
+        pred = float(estimate(new).memory.total)
         reserve = memory_gib - pred / 2**30
         new = new.model_copy(update={"gpu": new.gpu.model_copy(
             update={"hbm_reserve_gib": round(system.gpu.hbm_reserve_gib + reserve, 3)})})
@@ -197,7 +232,7 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
                for k in ("sustained_clock_fraction", "step_overhead_s", "hbm_reserve_gib")]
     changes += [(k, float(getattr(cluster.system, k)), float(getattr(new, k))) for k in COMM_KEYS]
     changes = [c for c in changes if abs(c[2] - c[1]) > 1e-9]
-    return Anchor(new, changes, before, after, step_s, memory)
+    return Anchor(new, changes, before, after, step_s, memory, shares)
 
 
 def anchor_profile_text(anchor: Anchor, base: str | None, note: str) -> str:

@@ -14,17 +14,18 @@ rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the recor
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
-The quantiles taken are the file's `nominal` pair: of NOMINAL_CHOICES (10th/90th, 7.5th/92.5th, 5th/95th,
-2.5th/97.5th percentiles) the one whose coverage on families left out one at a time is nearest LEVEL. A
+The quantiles taken are the file's `nominal` pair: of NOMINAL_CHOICES (10th/90th up to 0.5th/99.5th
+percentiles) the narrowest whose coverage on families left out one at a time is inside TARGET (75-85%) both
+per record and per family (else the one nearest LEVEL). A
 family's residuals share its bias, so residuals pooled from other families under-cover it at their own 10th
 and 90th percentiles; choosing the pair by left-out coverage is split-conformal calibration, and the residual
 script reports the coverage with the pair itself chosen without the family it scores (nested). Memory and
 serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
 
 Two plans' difference is known far better than either plan: errors a family shares (its clock, its software)
-cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of records measured in one group
-(one source, one cluster: Narayanan Table 2, MPT scans, torchtitan tables, ...); two plans whose predicted
-rates differ by less than that (in log) are tied.
+cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of layouts of one job (one source and
+software stack, the same model, GPUs, global batch, sequence length and format: the alternatives a search
+ranks); two plans whose predicted rates differ by less than that (in log) are tied.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ LEVEL = 0.8
 """Probability the interval is meant to hold (the 10th to the 90th percentile of left-out residuals)."""
 MIN_RECORDS = 10
 """Fewest records an interval is built from."""
+TAGS = ("moe", "generation", "framework", "scale")
+"""The regime tags, in the order the basis names them."""
 RELAX_ORDER = ("scale", "framework", "generation", "moe")
 """The order the regime tags are dropped in when too few records match."""
 UNCOVERED = ("generation", "moe")
@@ -67,7 +70,7 @@ class Regime:
     def describe(self, tags: Iterable[str]) -> str:
         words = {"moe": "MoE" if self.moe else "dense", "generation": self.generation,
                  "framework": f"{self.framework}-style", "scale": f"{self.scale} GPUs"}
-        return ", ".join(words[t] for t in ("moe", "generation", "framework", "scale") if t in tags)
+        return ", ".join(words[t] for t in TAGS if t in tags)
 
 
 def scale_bucket(gpus: int) -> str:
@@ -157,10 +160,10 @@ def select(records: list[dict[str, Any]], want: Regime,
 def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_family: str | None = None) -> Band:
     """The rate band of a training plan in regime `want` (exclude_family: as if that family were unpublished,
     for the coverage test). Its quantiles are the file's `nominal` pair (docs/validation.md#intervals: the
-    pair whose left-out coverage is nearest LEVEL)."""
+    pair choose_nominal picks by left-out coverage)."""
     data = data or shipped()
     hits, dropped = select(data["training"], want, exclude_family)
-    kept = [t for t in ("moe", "generation", "framework", "scale") if t not in dropped]
+    kept = [t for t in TAGS if t not in dropped]
     widen = any(t in UNCOVERED for t in dropped)
     fams = sorted({r["family"] for r in hits})
     basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
@@ -196,8 +199,8 @@ def serving_band(data: dict[str, Any] | None = None) -> Band | None:
 
 
 def resolution(data: dict[str, Any] | None = None, moe: bool | None = None) -> float:
-    """The tie resolution: the LEVEL quantile of |r_i - r_j| within measured groups (log units); with `moe`,
-    from the dense or the MoE groups only where the file has them."""
+    """The tie resolution: the LEVEL quantile of |r_i - r_j| between layouts of one job (log units); with `moe`,
+    from the dense or the MoE jobs only where the file has them."""
     res = (data or shipped())["resolution"]
     key = None if moe is None else ("moe" if moe else "dense")
     return float(res.get(key, res["value"]) if key else res["value"])
@@ -209,8 +212,10 @@ def tied(rate_a: float, rate_b: float, res: float | None = None) -> bool:
     return abs(float(np.log(rate_a / rate_b))) <= res
 
 
-NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.95)
+NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.95, 0.975, 0.99)
 """The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
+TARGET = (0.75, 0.85)
+"""The left-out coverage an 80% interval is meant to reach (issue 33)."""
 
 
 def left_out_pools(records: list[dict[str, Any]],
@@ -252,9 +257,19 @@ def mean_coverage(cov: dict[str, tuple[int, int, float]]) -> float:
 
 def choose_nominal(records: list[dict[str, Any]],
                    pools: dict[str, tuple[np.ndarray, bool]] | None = None) -> float:
-    """The NOMINAL_CHOICES pair whose left-out coverage (mean over families) is nearest LEVEL."""
+    """The narrowest NOMINAL_CHOICES pair whose left-out coverage is inside TARGET both per record and with
+    every family weighted alike; when none is, the one whose mean over families is nearest LEVEL."""
     pools = pools if pools is not None else left_out_pools(records)
-    return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(coverage(records, q, pools)) - LEVEL))
+    covs = {q: coverage(records, q, pools) for q in NOMINAL_CHOICES}
+
+    def per_record(cov: dict[str, tuple[int, int, float]]) -> float:
+        return sum(c[0] for c in cov.values()) / max(1, sum(c[1] for c in cov.values()))
+
+    inside = [q for q, cov in covs.items()
+              if all(TARGET[0] <= x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))]
+    if inside:
+        return min(inside)
+    return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(covs[q]) - LEVEL))
 
 
 def best_published_mfu(gpu: Any, dtype: str) -> float | None:

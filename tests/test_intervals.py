@@ -44,6 +44,22 @@ def test_coverage_is_counted_from_the_other_families_quantiles():
     assert iv.choose_nominal(recs) in iv.NOMINAL_CHOICES
 
 
+def test_the_shipped_pair_is_the_narrowest_inside_the_target(monkeypatch):
+    # coverage (inside, records) per pair: 0.9 is under 75% per record, 0.95 and 0.975 are inside 75-85% both
+    # ways, 0.99 is nearest 80% over families: the narrowest inside the target (0.95) is shipped
+    table = {0.8: (60, 70), 0.85: (65, 72), 0.9: (70, 74), 0.95: (77, 77), 0.975: (79, 79), 0.99: (85, 80)}
+
+    def fake(records, q, pools=None):  # one entry: (inside of 100 records, 100, family mean in %)
+        per_record, fam_mean = table[q]
+        return {"a": (per_record, 100, fam_mean)}
+
+    monkeypatch.setattr(iv, "coverage", fake)
+    monkeypatch.setattr(iv, "mean_coverage", lambda cov: cov["a"][2] / 100)
+    assert iv.choose_nominal([], {}) == 0.95
+    table.update({0.95: (74, 77), 0.975: (86, 84)})  # none inside both ways: nearest 80% over families
+    assert iv.choose_nominal([], {}) == 0.99
+
+
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
     hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))
@@ -56,6 +72,15 @@ def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     raw = iv.quantile_band([r["r"] for r in recs], "", False, 0.8)
     assert band.widened and "no validation family covers blackwell" in band.basis
     assert band.hi - band.lo == pytest.approx(iv.WIDEN * (raw.hi - raw.lo))
+
+
+def test_shipped_residuals_carry_every_tag_and_a_same_job_resolution():
+    d = iv.shipped()
+    for r in d["training"]:
+        assert {"moe", "generation", "framework", "stack", "gpus", "job", "layout"} <= set(r)
+    res = d["resolution"]
+    assert res["weighting"] == "each job alike" and res["dense_groups"] >= 10
+    assert 0 < res["dense"] <= res["moe"]  # llmplan tells dense layouts apart better than MoE ones
 
 
 def test_estimate_json_and_text_carry_the_interval(cli):
@@ -148,6 +173,7 @@ def test_calibrate_anchor_reproduces_the_measured_run(cli, tmp_path):
                 "--json")
         assert r.code == 0, r.err
         d = r.json()
+        assert sum(d["attribution"].values()) == pytest.approx(1.0)
         keys = {c["key"] for c in d["changes"]}
         assert {"gpu.sustained_clock_fraction", "nic_efficiency", "gpu.hbm_reserve_gib"} <= keys
         doc = yaml.safe_load(out.read_text())
@@ -158,8 +184,44 @@ def test_calibrate_anchor_reproduces_the_measured_run(cli, tmp_path):
         hbm = builtin_systems()["dgx-h100"].gpu.hbm_gib
         assert after["memory"]["headroom"] == pytest.approx((hbm - 70) * GIB, rel=0.01)
         assert after["calibrated"].startswith("anchored to plan.json")
+    text = cli("calibrate", "--plan", plan, "--step-time", "30", "-o", tmp_path / "cal_text.yaml")
+    assert text.code == 0 and "% exposed communication" in text.out
     text = cli("calibrate", "--plan", plan, "--step-time", "30", "-o", tmp_path / "cal1.2.yaml")
     assert text.code == 2 and "already exists; pass --force" in text.err
+
+
+def _anchor_moves(cli, tmp_path, args: tuple[str, ...], factor: float):
+    """(shares, log change of the clock, log change of the NIC efficiency, anchor) of anchoring the plan of
+    `args` to `factor` x its predicted step."""
+    from llmplan.calibrate import anchored_system
+    from llmplan.planfile import load_plan
+
+    plan = tmp_path / "p.json"
+    assert cli("estimate", "--hardware", "dgx-h100", *args, "--save", plan, "--force").code == 0
+    pf = load_plan(plan)
+    before = cli("estimate", "--hardware", "dgx-h100", *args, "--json").json()["time"]["step_s"]
+    a = anchored_system(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order, factor * before)
+    moved = {k: math.log(after / b) for k, b, after in a.changes}
+    return a.shares, moved["gpu.sustained_clock_fraction"], moved["nic_efficiency"], a
+
+
+def test_calibrate_attributes_the_gap_by_the_predicted_breakdown(cli, tmp_path):
+    # One run cannot tell a slow clock from slow collectives; the least change that reproduces it moves each
+    # constant in proportion to its share of the predicted step. Before this, both moved by one factor, so a
+    # compute-bound anchor rewrote the collectives (and a DeepSpeed ZeRO-3 anchor the clock of PTD-P plans).
+    dense = ("--model", "llama-3.1-70b", "--nodes", "8", "--tp", "4", "--pp", "4", "--zero", "1",
+             "--global-batch", "512")
+    shares, clock, nic, a = _anchor_moves(cli, tmp_path, dense, 1.2)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["clock"] > shares["communication"] > 0
+    assert a.calibrated_s == pytest.approx(a.measured_s, rel=0.01)
+    assert clock < nic < 0  # slower than predicted: both lower, the clock (the larger share) by more
+    assert clock / nic == pytest.approx(shares["clock"] / shares["communication"], rel=0.02)
+    # a plan with a larger exposed-communication share moves the collectives by a larger fraction of the gap
+    comm = ("--model", "llama-3.1-8b", "--nodes", "8", "--tp", "8", "--global-batch", "64")  # 43% exposed
+    shares2, clock2, nic2, _ = _anchor_moves(cli, tmp_path, comm, 1.2)
+    assert shares2["communication"] > shares["communication"]
+    assert nic2 / clock2 > nic / clock
 
 
 def test_calibrate_anchor_bad_input(cli, tmp_path):
@@ -177,6 +239,38 @@ def test_calibrate_anchor_bad_input(cli, tmp_path):
     assert r.code == 2 and "slower than llmplan can price" in r.err and "Traceback" not in r.err
     r = cli("calibrate", "results.json")
     assert r.code == 2 and "--hardware and --output" in r.err
+
+
+def test_same_job_groups_count_each_layout_once_and_weigh_jobs_alike():
+    import intervals as bench  # benchmarks/intervals.py (conftest puts benchmarks/ on the path)
+
+    def row(i: int, job: str, layout: str, r: float, moe: bool = False) -> dict:
+        return {"id": f"x-{i:02d}", "job": job, "layout": layout, "r": r, "moe": moe}
+
+    # job A: three layouts, one of them re-measured (a later release of the same plan: not an alternative);
+    # job B: one layout only (no pair); job C: two layouts 0.5 apart
+    rows = [row(0, "A", "tp1", 0.0), row(1, "A", "tp1", 0.3), row(2, "A", "tp2", 0.02), row(3, "A", "tp4", 0.04),
+            row(4, "B", "tp1", 0.9), row(5, "C", "tp1", 0.0), row(6, "C", "tp8", 0.5)]
+    groups = bench.same_job_groups(rows)
+    assert sorted(groups) == ["A", "C"] and [r["id"] for r in groups["A"]] == ["x-00", "x-02", "x-03"]
+    res = bench.tie_resolution(rows)
+    assert res["pairs"] == 4 and res["groups"] == 2
+    # A's 3 pairs weigh 1/3 each, C's one pair 1: the weighted 0.8 quantile lies inside C's 0.5
+    assert res["value"] == pytest.approx(bench.weighted_quantile([0.02, 0.04, 0.02, 0.5], [1 / 3] * 3 + [1], 0.8))
+    assert res["value"] > 0.04
+
+
+def test_same_job_layouts_of_narayanan_table_2_keep_the_stacks_apart(published_runs):
+    import accuracy as acc  # benchmarks/ (conftest)
+    import intervals as bench
+
+    rows = published_runs
+    ptdp = bench.job_of(rows["narayanan2021-t2-ptdp-174.6b-384gpu"], "narayanan2021")
+    zero3 = bench.job_of(rows["narayanan2021-t2-zero3-174.6b-384gpu"], "narayanan2021")
+    # same model, GPUs, batch and sequence, but Megatron-LM against DeepSpeed (Narayanan et al. 2021 section 5.2):
+    # two jobs, not two layouts of one
+    assert ptdp[0] != zero3[0] and "DeepSpeed ZeRO-3" in zero3[0]
+    assert acc.family("narayanan2021-t2-zero3-174.6b-384gpu") == "narayanan2021"
 
 
 def test_wheel_ships_the_residuals(tmp_path):

@@ -60,6 +60,7 @@ def anchor_json(anchor: Any, output: str, base: str | None) -> dict[str, Any]:
             "calibrated_error": anchor.calibrated_s / anchor.measured_s - 1,
             "changes": [{"key": k, "before": b, "after": a, "ratio": a / b if b else None}
                         for k, b, a in anchor.changes],
+            **({"attribution": anchor.shares} if anchor.shares else {}),
             **({"memory": {"predicted_bytes": mem[0], "measured_bytes": mem[1]}} if mem else {})}
 
 
@@ -67,6 +68,11 @@ def anchor_view(console: Console, anchor: Any, output: str) -> None:
     console.print(f"measured {anchor.measured_s:,.4g} s per step; llmplan predicted {anchor.predicted_s:,.4g} s "
                   f"({100 * (anchor.predicted_s / anchor.measured_s - 1):+.1f}%); the calibrated profile gives "
                   f"{anchor.calibrated_s:,.4g} s ({100 * (anchor.calibrated_s / anchor.measured_s - 1):+.2f}%)")
+    if anchor.shares:
+        sh = anchor.shares
+        console.print(f"the predicted step is {100 * sh['clock']:.0f}% compute (the clock), "
+                      f"{100 * sh['communication']:.0f}% exposed communication, {100 * sh['overhead']:.0f}% "
+                      "overhead; the gap moves each constant by its share")
     t = ReportTable(title="Constants the run moved")
     for col in ("constant", "before", "after", "change"):
         t.add_column(col, justify="left" if col == "constant" else "right")
