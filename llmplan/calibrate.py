@@ -16,6 +16,7 @@ from llmplan.errors import LlmplanError
 from llmplan.fileio import write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.topology.collectives import NVLS_MIN_GPUS, bus_factor
+from llmplan.units import GIB
 
 LARGE_MESSAGE = 64 * 2**20  # bus bandwidth saturates above ~64 MiB-1 GiB (nccl-tests busbw measurements in ml-engineering network/README.md)
 
@@ -224,10 +225,10 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
     memory = None
     if memory_gib is not None:
         pred = float(estimate(new).memory.total)
-        reserve = memory_gib - pred / 2**30
+        reserve = memory_gib - pred / GIB
         new = new.model_copy(update={"gpu": new.gpu.model_copy(
             update={"hbm_reserve_gib": round(system.gpu.hbm_reserve_gib + reserve, 3)})})
-        memory = (pred, memory_gib * 2**30)
+        memory = (pred, memory_gib * GIB)
     changes = [(f"gpu.{k}", float(getattr(cluster.system.gpu, k)), float(getattr(new.gpu, k)))
                for k in ("sustained_clock_fraction", "step_overhead_s", "hbm_reserve_gib")]
     changes += [(k, float(getattr(cluster.system, k)), float(getattr(new, k))) for k in COMM_KEYS]
