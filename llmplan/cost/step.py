@@ -19,7 +19,7 @@ from llmplan.cost.compute import (
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import HOST_SYNC_S, ep_exposed, host_syncs_per_layer
-from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.params import max_stage_layers, rank_params, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -323,10 +323,23 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                  "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=sum(overheads.values()),
+        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,
+                                         _expert_on_rank(m, plan, stages, params_on_rank)),
+        overhead=sum(overheads.values()),
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
         overheads=overheads,
     )
+
+
+def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
+    """Routed-expert parameters of the rank whose optimizer step is priced: the most of any candidate stage
+    (two stages' worth under DualPipe, as memory counts them), at most the rank's parameters."""
+    if not m.is_moe:
+        return 0.0
+    expert = 0.0
+    for stage, *_ in stages:
+        expert = maximum(expert, rank_params(m, plan, stage).expert)
+    return minimum(where(plan.pp_schedule == "dualpipe", 2, 1) * expert, params_on_rank)
 
 
 @dataclass(frozen=True)
