@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.compute import KERNEL_LAUNCH_S
-from llmplan.cost.moe import HOST_SYNC_S, host_syncs_per_layer
+from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, host_syncs_per_layer
 from llmplan.cost.step import host_seconds, host_sync_seconds
 from llmplan.estimate import estimate_training
 from llmplan.export import render_all
@@ -97,15 +96,47 @@ def test_only_dropless_eager_moe_layers_wait_for_the_host():
     assert host_syncs_per_layer(M["qwen3-8b"], ParallelPlan(dp=8, global_batch=64)) == 0.0
 
 
-def test_each_wait_idles_the_gpu_for_a_wake_up_and_a_launch_per_forward_pass():
+def test_each_wait_idles_the_gpu_for_a_wake_up_and_one_eager_op_when_the_layer_outlasts_the_host():
     plan = _moe_plan()
-    one = float(host_sync_seconds(48, 0, 1.0))
-    assert one == pytest.approx(48 * (HOST_SYNC_S + KERNEL_LAUNCH_S))
-    assert float(host_sync_seconds(48, 1, 1.0)) == pytest.approx(2 * one)  # recompute waits again
+    one = float(host_sync_seconds(48, 0, 1.0, MOE_CYCLE_HOST_OPS, 1.0))  # a 1 s layer: the host is ahead at once
+    assert one == pytest.approx(48 * (HOST_SYNC_S + EAGER_OP_HOST_S))
+    assert float(host_sync_seconds(48, 1, 1.0, MOE_CYCLE_HOST_OPS, 1.0)) == pytest.approx(2 * one)  # recompute
     # A long micro-batch hides every launch; what stays is the step start and the waits
     start = float(host_seconds(plan, 48, 10.0, 0))
-    waits = float(host_seconds(plan, 48, 10.0, 0, 48, 1.0)) - start
+    waits = float(host_seconds(plan, 48, 10.0, 0, 48, 1.0, 1.0)) - start
     assert waits == pytest.approx(plan.num_microbatches * one)
+
+
+def _simulated_idle(host_ops: int, h: float, gpu_s: float) -> float:
+    """GPU idle time after a wait that empties the queue: the host issues one op every h seconds, the GPU runs
+    each (gpu_s / host_ops seconds) when it has been issued and the previous one is done."""
+    g = gpu_s / host_ops
+    end = 0.0
+    for j in range(1, host_ops + 1):
+        end = max(j * h, end) + g
+    return end - gpu_s
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(ops=st.integers(1, 200), gpu_us=st.floats(0.0, 5000.0))
+def test_paced_idle_matches_a_simulated_queue_within_one_op(ops, gpu_us):
+    # The closed form max(h, n h - G) is the simulated queue's idle time to within one op's GPU time.
+    gpu = gpu_us * 1e-6
+    closed = float(host_sync_seconds(1, 0, 1.0, ops, gpu)) - HOST_SYNC_S
+    sim = _simulated_idle(ops, EAGER_OP_HOST_S, gpu)
+    assert closed <= sim + 1e-12
+    assert sim <= closed + gpu / ops + 1e-12
+
+
+def test_short_layers_run_at_the_hosts_pace_and_per_layer_graphs_cut_it():
+    # A layer whose forward takes 100 us on the GPU: after each wait the host needs 80 ops x 8 us = 640 us.
+    eager = float(host_sync_seconds(1, 0, 1.0, MOE_CYCLE_HOST_OPS, 100e-6))
+    assert eager == pytest.approx(HOST_SYNC_S + MOE_CYCLE_HOST_OPS * EAGER_OP_HOST_S - 100e-6)
+    plan, layers = _moe_plan(), _moe_plan(cuda_graphs="layers")
+    full = _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep")
+    t = [float(host_seconds(p, 48, 10.0, 0, 48, host_syncs_per_layer(M["qwen3-30b-a3b"], p), 100e-6))
+         for p in (plan, layers, full)]
+    assert t[0] > t[1] > t[2] == pytest.approx(float(host_seconds(full, 48, 10.0, 0)))  # the step start only
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

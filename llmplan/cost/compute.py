@@ -484,11 +484,16 @@ def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return 16 * plan.seq_len / plan.cp * plan.micro_batch * padded_vocab(m.vocab_size, plan.tp) / plan.tp
 
 
-def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0) -> Any:
     """Gradient clipping and the Adam update, memory-bound: read the gradients for their norm, read and write
     them to scale them; read fp32 master, moments and the gradient, write them back and the bf16 copy:
-    (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard.
+    (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard. The rank's
+    `expert_on_rank` routed-expert parameters are sharded over the expert data-parallel group,
+    world / (etp x ep x pp) ranks (as cost.memory.stage_memory), the rest over dp x cp.
+    Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
-    shard = where(plan.zero >= 1, plan.zero_shard, 1)
-    return params_on_rank * per_param / shard / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+    edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
+    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.zero_shard + expert_on_rank / edp,
+                    params_on_rank)
+    return sharded * per_param / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)

@@ -65,6 +65,32 @@ iteration and 9.6 us with one after every kernel, about 6 us per synchronisation
 Derived: docs/formulas.md#step.host_sync"""
 
 
+EAGER_OP_HOST_S = 8e-6
+"""Host time to issue one eager PyTorch operator on CUDA tensors from Python (argument parsing, the dispatcher,
+autograd recording, the launch), while the GPU's queue is empty. Measured: FlagOS Torch-FL pull request 27
+(github.com/flagos-ai/Torch-FL/pull/27, "dispatch-overhead microbenchmark": torch.add on 512x512 CUDA tensors,
+A100, ops issued back to back and synchronised once: 8 us per op on PyTorch's own CUDA path); PyTorch issue
+41383 (2020: about 7 us per elementwise op with autograd recording, 5 us without). Taken as published, not
+fitted. Derived: docs/formulas.md#step.host_sync"""
+MOE_CYCLE_HOST_OPS = 80
+"""Eager operators the host issues from one MoE layer's token-count wait to the next MoE layer's (a transformer
+layer's forward with the alltoall dispatcher, EP > 1, fused router and permute, auxiliary loss on), counted along
+Megatron-LM's code path at d98e8a6: after the wait (moe/token_dispatcher.py token_dispatch .. combine_postprocess,
+moe/experts.py TEGroupedMLP.forward) the two dispatch all-to-alls with their output buffers (4), sort by local
+expert (2), the quantisation padding and probs reshape (3), the two grouped linears (3 each besides the per-expert
+GEMMs, which compute.layer_seconds prices as launches), the weighted SwiGLU (2), the unsort (2), the combine
+all-to-all (2), the unpermute and reshape (2), the residual add (2): about 25; then the next layer's attention
+half (two norms, QKV and output projections with their casts, rotary, the attention kernel and its wrappers, the
+residual: about 15), the router (gating GEMM, fused top-k, scores and auxiliary loss with its all-reduce and
+tracker: about 14), the dispatcher's preprocess (token counts, their all-gather over the EP group, the splits:
+about 14), the device-to-host copies on the side stream (7) and the permute (3). Derived:
+docs/formulas.md#step.host_sync"""
+MOE_POST_SYNC_HOST_OPS = 25
+"""Of MOE_CYCLE_HOST_OPS, those after the wait: what stays eager under per-layer CUDA graphs (Megatron's
+attn / moe_router / moe_preprocess graphs replay the rest as 2 graph launches). Derived:
+docs/formulas.md#step.host_sync"""
+
+
 def host_syncs_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Host synchronisations of one MoE layer's forward (recompute runs it again): 1 where the layer is dropless
     and not inside a full-iteration CUDA graph, else 0. Dropless, the rows each rank sends and each local expert

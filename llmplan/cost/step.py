@@ -18,8 +18,11 @@ from llmplan.cost.compute import (
     stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.moe import HOST_SYNC_S, ep_exposed, host_syncs_per_layer
-from llmplan.cost.params import explicit_stages, layout_chunk_layers, max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.moe import (
+    EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
+)
+from llmplan.cost.params import (explicit_stages, layout_chunk_layers, max_stage_layers, rank_params, recomputed_share,
+                                 stage_layers)
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -271,14 +274,14 @@ def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
-                 syncs_per_layer: Any = 0.0) -> Any:
+                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
     MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
-    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds). Per-layer
-    CUDA graphs leave 2 launches per dense layer (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a
-    full-iteration graph none inside the step.
+    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
+    `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
+    (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
     graphed = plan.cuda_graphs == "layers"
@@ -286,18 +289,26 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     per_moe = where(graphed, GRAPHED_LAYER_KERNELS - 2, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
-    sync = host_sync_seconds(moe_layers, r, syncs_per_layer)
+    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + 2, MOE_CYCLE_HOST_OPS)
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
     return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
 
 
-def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any) -> Any:
-    """GPU idle time of one micro-batch's host waits: each MoE layer's forward (once more under recompute) waits
-    `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer); the host cannot run
-    ahead past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S) and the launch of the
-    next kernel (KERNEL_LAUNCH_S). Backward reuses the forward's counts and does not wait.
-    Source: CUDA C++ Programming Guide (a device-to-host copy into pageable memory, or a wait on its event,
-    blocks the host until the GPU has reached it). Derived: docs/formulas.md#step.host_sync"""
-    return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + KERNEL_LAUNCH_S)
+def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,
+                      layer_gpu_s: Any = 0.0) -> Any:
+    """GPU idle time of one micro-batch's host waits. Each MoE layer's forward (once more under recompute) waits
+    `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer): the host cannot
+    queue work past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S); from there on
+    the GPU runs at the host's pace. With the host issuing ops at h_i and the GPU running them in g_i, the GPU
+    idles max_j(h_1 + .. + h_j - g_1 - .. - g_(j-1)) until the next wait drains the queue again; over the
+    `cycle_ops` eager ops (EAGER_OP_HOST_S each) between two waits and one layer's forward on the GPU
+    (`layer_gpu_s`), that is at least the first op's issue and at least the cycle's host time beyond its GPU
+    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S - layer_gpu_s) per wait. Backward is
+    driven by autograd's C++ engine with the forward's counts and does not wait.
+    Source: CUDA C++ Programming Guide (a wait on an event blocks the host until the GPU has reached it).
+    Derived: docs/formulas.md#step.host_sync"""
+    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S - layer_gpu_s)
+    return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)
 
 
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:
@@ -345,16 +356,31 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     if getattr(plan, "pp_layout", None) is not None and v > 1:  # unequal chunks: simulate the schedule
         bubble = layout_bubble(m, plan, gpu, per_mb, worst)
     # Derived: docs/formulas.md#step.overhead
-    overheads = {"host": host_seconds(plan, l_max, worst, recomputed_share(plan, l_max), moe_top,
-                                      host_syncs_per_layer(m, plan)),
+    r_max = recomputed_share(plan, l_max)
+    layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine
+    overheads = {"host": host_seconds(plan, l_max, worst, r_max, moe_top, host_syncs_per_layer(m, plan),
+                                      layer_gpu),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu), overhead=sum(overheads.values()),
+        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,
+                                         _expert_on_rank(m, plan, stages, params_on_rank)),
+        overhead=sum(overheads.values()),
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
         overheads=overheads,
     )
+
+
+def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
+    """Routed-expert parameters of the rank whose optimizer step is priced: the most of any candidate stage
+    (two stages' worth under DualPipe, as memory counts them), at most the rank's parameters."""
+    if not m.is_moe:
+        return 0.0
+    expert = 0.0
+    for stage, *_ in stages:
+        expert = maximum(expert, rank_params(m, plan, stage).expert)
+    return minimum(where(plan.pp_schedule == "dualpipe", 2, 1) * expert, params_on_rank)
 
 
 @dataclass(frozen=True)
