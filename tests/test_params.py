@@ -43,6 +43,7 @@ PUBLISHED = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, 2, "Qwen3 model card"),
     "qwen3-235b-a22b": (235e9, 22e9, 2, "Qwen3 model card"),
     "deepseek-v3": (671e9, 37e9, 2, "DeepSeek-V3 README / technical report"),
+    "kimi-k2": (1e12, 32e9, 2, "moonshotai/Kimi-K2-Instruct model card (1T total, 32B activated)"),
     "gpt-oss-120b": (116.83e9, 5.13e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
     "gpt-oss-20b": (20.91e9, 3.61e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
 }
@@ -58,7 +59,8 @@ def printed(x: float, digits: int) -> set[float]:
     return {round(x / e) * e, math.floor(x / e) * e}
 
 
-TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2}  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
+TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
+                        "kimi-k2": 1}  # the model card prints "1T"
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
