@@ -61,10 +61,17 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
 
     def spans_of(axis: str) -> tuple[list, np.ndarray]:
         """The distinct spans of an axis over all layouts (a few), and each layout's index among them."""
-        if axis not in span_index:
-            ids: dict[object, int] = {}
-            idx = np.asarray([ids.setdefault(sp[axis], len(ids)) for sp in spans])
-            span_index[axis] = (list(ids), idx)
+        if axis not in span_index:  # by identity: placement returns one cached object per distinct span
+            ids: dict[int, int] = {}
+            objs: list = []
+            idx = np.empty(len(spans), dtype=np.int64)
+            for i, sp in enumerate(spans):
+                o = sp[axis]
+                j = ids.setdefault(id(o), len(ids))
+                if j == len(objs):
+                    objs.append(o)
+                idx[i] = j
+            span_index[axis] = (objs, idx)
         return span_index[axis]
 
     def seconds(op: str, axis: str, calls: Any, message: Any, dispatch: Any = None) -> np.ndarray:
@@ -78,10 +85,13 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
             for i, cs in enumerate(per_span):
                 for j, c in enumerate(cs):
                     A[i, j], B[i, j] = c.alpha, c.beta
-            coeff_cache[key] = A, B, idx[inv]
+            coeff_cache[key] = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T), idx[inv]
         A, B, row = coeff_cache[key]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        t = (A[row] + size[:, None] * B[row]).min(axis=1)
+        t = None  # the fastest algorithm per plan, one algorithm column at a time (no plans x algorithms array)
+        for a, b in zip(A, B):
+            t_k = (a[0] if len(a) == 1 else a[row]) + size * (b[0] if len(b) == 1 else b[row])
+            t = t_k if t is None else np.minimum(t, t_k)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
         return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.cost.memory import ACTIVATION_AXES
+from llmplan.cost.params import LAYOUT_AXES
 from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
@@ -192,6 +194,18 @@ class PlanArrays(PlanQuantities):
             sub_stage = stage
         return _gather(f(sub, sub_stage), inv)
 
+    def seed_distinct(self, columns: tuple[str, ...], group: np.ndarray) -> None:
+        """Record a grouping of the plans whose members are equal in `columns` (a group index per plan, known
+        from how the plans were built), so that on_distinct(columns, ...) needs no search for distinct rows."""
+        n = len(group)
+        rep_of = np.full(int(group.max()) + 1 if n else 0, n, dtype=np.int64)
+        rep_of[group] = np.arange(n)  # some member of each group
+        used = np.flatnonzero(rep_of < n)
+        slot = np.zeros(len(rep_of), dtype=np.int64)
+        slot[used] = np.arange(len(used))
+        rep = rep_of[used]
+        self.memo[("distinct", columns)] = (self.take(rep), rep, slot[group])
+
     def take(self, idx: np.ndarray) -> "PlanArrays":
         """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
         same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
@@ -262,13 +276,26 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     grids = np.meshgrid(*axes, indexing="ij")
     cols = [g.ravel() for g in grids]
     tp, lay, cp, ep, etp, sp, zero, rc, mb = cols
+    # Groups of plans known to be equal in the columns a cost function depends on (on_distinct), from each
+    # plan's place in the product: the pipeline layout (params.LAYOUT_AXES), with tp, ep and etp (rank_params),
+    # and every axis but the ZeRO stage (memory.ACTIVATION_AXES).
+    dims = [len(a) for a in axes]
+    flat = np.arange(len(tp))
+    at = lambda k: flat // int(np.prod(dims[k + 1:])) % dims[k]  # noqa: E731  (index along axis k)
+    inner = dims[7] * dims[8]
+    groups = {LAYOUT_AXES: lay, LAYOUT_AXES + ("tp", "ep", "etp_resolved"): ((lay * dims[0] + at(0)) * dims[3] + at(3)) * dims[4] + at(4),
+              ACTIVATION_AXES: flat // (dims[6] * inner) * inner + flat % inner}
     if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
         keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])
         tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
+        groups = {k: g[keep] for k, g in groups.items()}
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
-    return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp), vpp=vpp,
-                      pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+    plans = PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp),
+                       vpp=vpp, pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+    for columns, group in groups.items():
+        plans.seed_distinct(columns, group)
+    return plans
 
 
 def from_plan(plan: ParallelPlan) -> PlanArrays:
