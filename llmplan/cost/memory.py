@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
@@ -369,10 +371,24 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     allowance = allowance or MemoryAllowance()
     results = each_stage(candidate_stages(m, plan),
                          lambda stage: stage_memory(m, plan, stage, allowance, capacity, None, fp8_tn_only))
+    totals = [r.total for r in results]
+    if any(isinstance(t, np.ndarray) for t in totals):  # plan arrays: the first stage with the largest total
+        return _choose(np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0), results)
     best = results[0]
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)
     return best
+
+
+def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
+    """Fieldwise results[which] over breakdowns of plan arrays (what the chain of _pick selects, in one pass)."""
+    flat = which * len(which) + np.arange(len(which))  # the chosen element in the stages' stacked values
+    pick = lambda get: np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)  # noqa: E731
+    act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
+                            for f in ("layers", "recompute_working", "embedding", "output")))
+    fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
+    return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in fields}, activation_parts=act,
+                          capacity=results[0].capacity)
 
 
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
