@@ -280,11 +280,8 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     # plan's place in the product: the pipeline layout (params.LAYOUT_AXES), with tp, ep and etp (rank_params),
     # and every axis but the ZeRO stage (memory.ACTIVATION_AXES).
     dims = [len(a) for a in axes]
-    flat = np.arange(len(tp))
-    at = lambda k: flat // int(np.prod(dims[k + 1:])) % dims[k]  # noqa: E731  (index along axis k)
-    inner = dims[7] * dims[8]
-    groups = {LAYOUT_AXES: lay, LAYOUT_AXES + ("tp", "ep", "etp_resolved"): ((lay * dims[0] + at(0)) * dims[3] + at(3)) * dims[4] + at(4),
-              ACTIVATION_AXES: flat // (dims[6] * inner) * inner + flat % inner}
+    groups = {LAYOUT_AXES: lay, LAYOUT_AXES + ("tp", "ep", "etp_resolved"): _combination(dims, (0, 1, 3, 4)),
+              ACTIVATION_AXES: _combination(dims, tuple(k for k in range(len(dims)) if k != 6))}
     if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
         keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])
         tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
@@ -296,6 +293,13 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     for columns, group in groups.items():
         plans.seed_distinct(columns, group)
     return plans
+
+
+def _combination(dims: list[int], kept: tuple[int, ...]) -> np.ndarray:
+    """For every element of the product of axes of lengths `dims` (C order, as np.meshgrid with indexing 'ij'
+    ravels it), the index of its combination of the `kept` axes."""
+    shape = [d if k in kept else 1 for k, d in enumerate(dims)]
+    return np.broadcast_to(np.arange(int(np.prod(shape))).reshape(shape), dims).ravel()
 
 
 def from_plan(plan: ParallelPlan) -> PlanArrays:

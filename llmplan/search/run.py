@@ -211,8 +211,8 @@ def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray
 def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
-    order = np.lexsort((-headroom, -throughput))
-    order = order[throughput[order] >= within * throughput.max()]  # best throughput first, down to the floor
+    near = np.flatnonzero(throughput >= within * throughput.max())  # down to the floor (a stable sort of these
+    order = near[np.lexsort((-headroom[near], -throughput[near]))]  # alone orders them as a sort of all would)
     h = headroom[order]
     before = np.concatenate(([-np.inf], np.maximum.accumulate(h)[:-1]))  # the most headroom of every faster plan
     out = [int(i) for i in order[h > before]]
