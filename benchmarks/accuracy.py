@@ -833,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     ap.add_argument("--family", action="append")
     ap.add_argument("--quiet", action="store_true", help="only the per-family summary")
-    ap.add_argument("--no-fit", action="store_true", help="skip the leave-one-family-out fit (about 20 s)")
+    ap.add_argument("--no-fit", action="store_true", help="skip the leave-one-family-out fit (about a second)")
     args = ap.parse_args(argv)
     records = yaml.safe_load(args.runs.read_text())
     errors: dict[str, list[float]] = {}
