@@ -209,12 +209,19 @@ class PlanArrays(PlanQuantities):
     def take(self, idx: np.ndarray) -> "PlanArrays":
         """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
         same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
-        harmless: their results are never gathered)."""
+        harmless: their results are never gathered; when they are most of them, they are dropped, so that
+        nothing is computed for them)."""
         out = PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
                          w=self.w)
         idx = np.asarray(idx)
         for key, (sub, _, inv) in ((k, v) for k, v in self.memo.items() if isinstance(k, tuple) and k[0] == "distinct"):
             new_inv = inv[idx]
+            present = np.zeros(len(sub), dtype=bool)
+            present[new_inv] = True
+            if 2 * int(present.sum()) < len(sub):  # most distinct rows unused (the rules cut their plans): drop them
+                used = np.flatnonzero(present)
+                slot = np.cumsum(present) - 1
+                sub, new_inv = sub.take(used), slot[new_inv]
             rep = np.zeros(len(sub), dtype=np.int64)
             rep[new_inv] = np.arange(len(idx))  # a representative of each distinct row among the subset
             out.memo[key] = (sub, rep, new_inv)
