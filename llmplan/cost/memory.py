@@ -15,7 +15,7 @@ from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
 from llmplan.cost.params import (
-    RankParams, heaviest_moe_stage, kv_heads_per_rank, memoized, padded_vocab, per_distinct, rank_params,
+    ALL_BUT_ZERO, RankParams, heaviest_moe_stage, kv_heads_per_rank, memoized, padded_vocab, per_distinct, rank_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
 from llmplan.specs.model import ModelSpec
@@ -271,13 +271,6 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     return ActivationBytes(layers=inflight * per_mb, recompute_working=working, embedding=embedding, output=output)
 
 
-ACTIVATION_AXES = ("tp", "pp", "dp", "cp", "ep", "etp_resolved", "vpp", "pp_first", "pp_last", "sp", "recompute_code",
-                   "micro_batch")
-"""The searched plan fields activation memory depends on (every one but the ZeRO stage): on plan arrays it is
-computed once per distinct combination of them (cost.params.per_distinct; a search seeds the grouping as it
-enumerates, search.grid.enumerate_plans)."""
-
-
 @dataclass(frozen=True)
 class TrainingMemory(Breakdown):
     """Memory of the most-loaded rank; weights + gradients + optimizer + activations + other = total."""
@@ -321,7 +314,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
     expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)
-    act = per_distinct(plan, ACTIVATION_AXES, stage, lambda p, s: activation_bytes(
+    act = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, s: activation_bytes(
         m, p, s, per_layer if p is plan and per_layer is not None
         else memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
     cache = low_precision_weight_cache(m, plan, rp, stage, fp8_tn_only)

@@ -19,7 +19,7 @@ from llmplan.cost.compute import (
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import ep_exposed
-from llmplan.cost.params import max_stage_layers, recomputed_share, stage_layers
+from llmplan.cost.params import ALL_BUT_ZERO, max_stage_layers, per_distinct, recomputed_share, stage_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -91,8 +91,10 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[An
         last = stage == plan.pp - 1
         key = (n_dense, n_moe, last) if isinstance(stage, int) else None
         sc = same.get(key) if key else None
-        if sc is None:
-            sc = stage_compute(m, plan, gpu, n_dense, n_moe, last)
+        if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
+            sc = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, i: stage_compute(
+                m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1) if p is not plan
+                else stage_compute(m, plan, gpu, n_dense, n_moe, last))
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.memory import ACTIVATION_AXES
-from llmplan.cost.params import LAYOUT_AXES
+from llmplan.cost.params import ALL_BUT_ZERO, LAYOUT_AXES
 from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
@@ -285,10 +284,10 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     tp, lay, cp, ep, etp, sp, zero, rc, mb = cols
     # Groups of plans known to be equal in the columns a cost function depends on (on_distinct), from each
     # plan's place in the product: the pipeline layout (params.LAYOUT_AXES), with tp, ep and etp (rank_params),
-    # and every axis but the ZeRO stage (memory.ACTIVATION_AXES).
+    # and every axis but the ZeRO stage (params.ALL_BUT_ZERO).
     dims = [len(a) for a in axes]
     groups = {LAYOUT_AXES: lay, LAYOUT_AXES + ("tp", "ep", "etp_resolved"): _combination(dims, (0, 1, 3, 4)),
-              ACTIVATION_AXES: _combination(dims, tuple(k for k in range(len(dims)) if k != 6))}
+              ALL_BUT_ZERO: _combination(dims, tuple(k for k in range(len(dims)) if k != 6))}
     if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
         keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])
         tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
