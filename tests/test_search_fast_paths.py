@@ -7,6 +7,7 @@ from the columns) gives the same JSON, and the one-gather pick is the chain of s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -79,3 +80,24 @@ def test_one_gather_picks_what_the_chain_of_selections_picks(seed, stages):
         assert np.array_equal(getattr(got, f), getattr(chain, f)), f
     for f in ("layers", "recompute_working", "embedding", "output"):
         assert np.array_equal(getattr(got.activation_parts, f), getattr(chain.activation_parts, f)), f
+
+
+@pytest.mark.parametrize("name,system,nodes,gbs", CASES + [("llama-3.1-405b", "dgx-h100", 64, 1024)])
+def test_layout_rules_once_per_layout_agree_with_every_plan(name, system, nodes, gbs):
+    from llmplan.cost.params import LAYOUT_AXES
+    from llmplan.search.run import LAYOUT_RULES
+    from llmplan.specs.check import RULES
+
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=gbs, seq_len=4096)
+    space = default_space(m, cluster, w)  # with layouts the rules refuse: uneven, unsplittable, too many stages
+    space = dataclasses.replace(space, pipeline=space.pipeline + tuple(
+        (p, v, f, 0) for p in (2, 3, 5, 7, 8, 200) for v in (1, 2, 3) for f in (0, 1, 5)))
+    plans = enumerate_plans(space, cluster, w)
+    for rule in (r for r in RULES if r.name in LAYOUT_RULES):
+        once = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _: rule.ok(m, p, cluster))
+        fresh = enumerate_plans(space, cluster, w)
+        fresh.memo.clear()
+        every = np.broadcast_to(np.asarray(rule.ok(m, fresh, cluster), dtype=bool), len(plans))
+        assert np.array_equal(np.broadcast_to(np.asarray(once, dtype=bool), len(plans)), every), rule.name
+        assert every.any() and not every.all()  # the check has something to agree on
