@@ -1044,7 +1044,7 @@ def reference_report() -> list[tuple[str, str, float, float, float]]:
             cmd = [sys.executable, "-m", "llmplan", "search", "--model", model, "--hardware", system,
                    "--nodes", str(nodes), "--json", *extra]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          preexec_fn=die_with_parent(os.getpid())))
+                                          preexec_fn=die_with_parent(os.getpid())))  # noqa: PLW1509
         results = [p.communicate() for p in procs]
     finally:
         for p in procs:
@@ -1074,7 +1074,7 @@ def die_with_parent(parent: int):
     """A subprocess preexec_fn: the child is sent SIGTERM when `parent` (this process) dies, however it dies
     (a timeout's SIGKILL included), and exits at once if the parent died before the request took effect; on
     systems without prctl the child runs to its end."""
-    def setup() -> None:
+    def setup() -> None:  # between fork and exec: one system call on a library loaded before, no lock taken
         if _LIBC is not None:
             _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:

@@ -95,7 +95,7 @@ def test_layout_rules_once_per_layout_agree_with_every_plan(name, system, nodes,
         (p, v, f, 0) for p in (2, 3, 5, 7, 8, 200) for v in (1, 2, 3) for f in (0, 1, 5)))
     plans = enumerate_plans(space, cluster, w)
     for rule in (r for r in RULES if r.name in LAYOUT_RULES):
-        once = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _: rule.ok(m, p, cluster))
+        once = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster))
         fresh = enumerate_plans(space, cluster, w)
         fresh.memo.clear()
         every = np.broadcast_to(np.asarray(rule.ok(m, fresh, cluster), dtype=bool), len(plans))

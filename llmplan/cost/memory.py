@@ -376,7 +376,10 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
 def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
     """Fieldwise results[which] over breakdowns of plan arrays (what the chain of _pick selects, in one pass)."""
     flat = which * len(which) + np.arange(len(which))  # the chosen element in the stages' stacked values
-    pick = lambda get: np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)  # noqa: E731
+
+    def pick(get: Any) -> np.ndarray:
+        return np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)
+
     act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
                             for f in ("layers", "recompute_working", "embedding", "output")))
     fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")

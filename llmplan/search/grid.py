@@ -286,7 +286,8 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     # plan's place in the product: the pipeline layout (params.LAYOUT_AXES), with tp, ep and etp (rank_params),
     # and every axis but the ZeRO stage (params.ALL_BUT_ZERO).
     dims = [len(a) for a in axes]
-    groups = {LAYOUT_AXES: lay, LAYOUT_AXES + ("tp", "ep", "etp_resolved"): _combination(dims, (0, 1, 3, 4)),
+    groups = {LAYOUT_AXES: lay,
+              LAYOUT_AXES + ("tp", "ep", "etp_resolved"): _combination(dims, (0, 1, 3, 4)),
               ALL_BUT_ZERO: _combination(dims, tuple(k for k in range(len(dims)) if k != 6))}
     if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
         keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])

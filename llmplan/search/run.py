@@ -249,7 +249,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     pruned: list[Pruned] = []
     say("pruning")
     for rule in (r for r in RULES if not r.serve_only):
-        ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _: rule.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
+        ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
         ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
         cut = keep & ~ok
