@@ -16,27 +16,36 @@ reference searches' top plans against the best published MFU, and the leave-one-
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import yaml
 from typing import Any
 
-from llmplan.errors import LlmplanError
+from llmplan.cost.comm import comm_seconds, step_comm
+from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.operators import operator_uses, with_fallbacks
+from llmplan.cost.step import StepTime, Throughput, step_time, throughput
+from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
 from llmplan.cost.compute import layer_flops, model_flops_per_step
 from llmplan.cost.params import padded_vocab
-from llmplan.specs.check import balanced_split
+from llmplan.specs.check import balanced_split, check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.topology.placement import DEFAULT_ORDER, place
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import runs_path  # noqa: E402
@@ -517,7 +526,9 @@ def with_constants(system, consts: dict | None):
 
 def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, float, float]]:
     """[(quantity, predicted, measured)] for one record, with the fitted constants `consts` (None: the shipped
-    profiles)."""
+    profiles). Constants given as equal-length arrays (a grid of them, fit_table) predict every grid point
+    at once: the quantity comes back as an array, each element what the same call with that point's scalars
+    gives (grid_estimate)."""
     if fam == "trtllm":
         return predict_serving(rec)
     hw = rec.get("hardware", {})
@@ -539,28 +550,61 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     plan = plan_for(rec, fam, gpus)
     if plan.num_gpus != cluster.num_gpus:
         return []
-    e = estimate_training(model_for(rec, fam), cluster, plan)
+    grid = any(isinstance(v, np.ndarray) for v in (consts or {}).values())
+    e = grid_estimate(model_for(rec, fam), cluster, plan) if grid else estimate_training(model_for(rec, fam), cluster,
+                                                                                          plan)
+    num = (lambda x: np.asarray(x, dtype=float)) if grid else float  # noqa: E731
     meas = rec["measured"]
     peak = system.gpu.peak_flops(plan.mfu_format) / 1e12
     out: list[tuple[str, float, float]] = []
     if fam in ("narayanan2021", "megatron2020") and "tflops_per_gpu" in meas:
-        out.append(("hw TFLOP/s", float(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))
+        out.append(("hw TFLOP/s", num(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))
     if meas.get("outcome") == "OOM":  # an attempt that ran out of memory: must be predicted not to fit
         return [("fits", float(bool(e.memory.fits)), 0.0)]
     if fam in ("korthikanti2022", "bloom", "mtnlg") and "iteration_time_s" in meas:
-        out.append(("iteration s", float(e.time.total), meas["iteration_time_s"]))
+        out.append(("iteration s", num(e.time.total), meas["iteration_time_s"]))
     if fam in ("megatron", "mpt", "megascale", "megascale-opt") and "mfu" in meas:
         # Composer's MFU for amp_fp8 divides by the fp8 peak (its GPU_AVAILABLE_FLOPS table); llmplan's
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
-        out.append(("MFU", float(mfu), meas["mfu"]))
+        out.append(("MFU", num(mfu), meas["mfu"]))
     elif fam in BRIDGE_FAMILIES + ("bridgecard", "torchtitan", "automodel", "deepseek"):
-        out.append(("tok/s/GPU", float(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
+        out.append(("tok/s/GPU", num(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
-        out.append(("model TFLOP/s", float(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
+        out.append(("model TFLOP/s", num(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
     if out:  # a run that was measured ran, so it fit (memory-only records show what does not fit)
         out.append(("fits", float(bool(e.memory.fits)), 1.0))
     return out
+
+
+@dataclass(frozen=True)
+class GridEstimate:
+    """What predict reads of a TrainingEstimate, for a GPU whose fitted constants are arrays (one element per
+    grid point): memory (no fitted constant enters it), step time and throughput (arrays)."""
+
+    memory: TrainingMemory
+    time: StepTime
+    throughput: Throughput
+
+
+def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> GridEstimate:
+    """estimate_training's memory, step time and throughput, once for every grid point of the constants that
+    `cluster`'s GPU holds as arrays. The rules, the kernel fallbacks, memory and communication read none of the
+    fitted constants (sustained clock, attention efficiency, GEMM K half-length), so they are evaluated once on
+    the GPU as shipped; the cost functions are elementwise (cost/arith.py), so the step time on the array GPU
+    is, element by element, the scalar estimate's (tests/test_accuracy_fit.py compares the two)."""
+    gpu = cluster.system.gpu
+    fitted = {k: float(v.flat[0]) for k, v in gpu.__dict__.items() if isinstance(v, np.ndarray)}
+    one = cluster.model_copy(update={"system": cluster.system.model_copy(
+        update={"gpu": gpu.model_copy(update=fitted)})})  # the first grid point: for what reads no constant
+    violations = check_plan(m, plan, one)
+    if violations:
+        raise PlanViolationError(violations)
+    runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
+    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only)
+    comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
+    st = step_time(m, runs, gpu, comm, mem.params_on_rank)
+    return GridEstimate(mem, st, throughput(runs, gpu, st))
 
 
 # Constants fitted here (docs/validation.md#constants): the sustained tensor-core clock per GPU generation,
@@ -613,25 +657,21 @@ def combos(gpu_key: str) -> list[dict]:
     return [{**b, gpu_key: c} for b in base for c in GRID[gpu_key]]
 
 
-def _grid_errors(job: tuple[str, dict, list[dict]]) -> tuple[str, dict, dict[str, float]]:
-    gen, consts, recs = job
-    return gen, consts, throughput_errors(recs, consts)
-
-
 def fit_table(records: list[dict]) -> tuple[list[tuple], dict[tuple, dict]]:
     """Median |error| of every training family for every grid point, as {key: {family: array over the group
-    clocks}} (family_medians; a record sees only its group's clock); the grid points run in parallel."""
-    from concurrent.futures import ProcessPoolExecutor
-    import os
-
+    clocks}} (family_medians; a record sees only its group's clock). Each record is predicted once for all
+    the grid points of its clock group (the constants as arrays: predict, grid_estimate)."""
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
     by_group = {g: [r for r in train if clock_group(r) == g] for g in CLOCK_GROUPS}
-    jobs = [(g, c, recs) for g, recs in by_group.items() if recs for c in combos(f"clock_{g}")]
     raw: dict[tuple, dict] = {}
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for g, c, errs in pool.map(_grid_errors, jobs, chunksize=8):
+    for g, recs in by_group.items():
+        if not recs:
+            continue
+        grid = combos(f"clock_{g}")
+        errs = throughput_errors(recs, {k: np.array([c[k] for c in grid]) for k in grid[0]})
+        for j, c in enumerate(grid):
             key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
-            raw.setdefault(key, {}).setdefault(g, {})[c[f"clock_{g}"]] = errs
+            raw.setdefault(key, {}).setdefault(g, {})[c[f"clock_{g}"]] = {i: float(e[j]) for i, e in errs.items()}
     table: dict[tuple, dict] = {}
     for key, groups in raw.items():
         fams: dict[str, dict[str, np.ndarray]] = {}
@@ -883,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     ap.add_argument("--family", action="append")
     ap.add_argument("--quiet", action="store_true", help="only the per-family summary")
-    ap.add_argument("--no-fit", action="store_true", help="skip the leave-one-family-out fit (about 20 s)")
+    ap.add_argument("--no-fit", action="store_true", help="skip the leave-one-family-out fit (about a second)")
     args = ap.parse_args(argv)
     records = yaml.safe_load(args.runs.read_text())
     errors: dict[str, list[float]] = {}
@@ -1086,12 +1126,25 @@ def best_published_report(records: list[dict]) -> list[tuple[str, str, str, floa
 def reference_report() -> list[tuple[str, str, float, float, float]]:
     """(search, top plan, its predicted MFU, the GPU's best published bf16 MFU, the top plan's MFU with causal
     attention halved) of each reference search, run as a user runs it: the `llmplan search` command with
-    --json."""
+    --json (all of them at once, each in its own process, which dies with this one: die_with_parent)."""
     out = []
-    for model, system, nodes, extra in REFERENCE_SEARCHES:
-        cmd = [sys.executable, "-m", "llmplan", "search", "--model", model, "--hardware", system,
-               "--nodes", str(nodes), "--json", *extra]
-        top = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["plans"][0]
+    procs = []
+    try:
+        for model, system, nodes, extra in REFERENCE_SEARCHES:
+            cmd = [sys.executable, "-m", "llmplan", "search", "--model", model, "--hardware", system,
+                   "--nodes", str(nodes), "--json", *extra]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          preexec_fn=die_with_parent(os.getpid())))  # noqa: PLW1509
+        results = [p.communicate() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for (model, system, nodes, extra), proc, (stdout, stderr) in zip(REFERENCE_SEARCHES, procs, results):
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, stdout, stderr)
+        top = json.loads(stdout)["plans"][0]
         p = top["plan"]
         plan = (f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} vpp{p['vpp']} z{p['zero']} {p['recompute']} "
                 f"mb{p['micro_batch']}")
@@ -1100,6 +1153,23 @@ def reference_report() -> list[tuple[str, str, float, float, float]]:
         share = causal_share(builtin_models()[model], ParallelPlan(seq_len=p["seq_len"], global_batch=1))
         out.append((f"{model} on {nodes} {system}", plan, mfu, float(best), mfu * share))
     return out
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux prctl option: the signal a process receives when its parent dies (man 2 prctl)."""
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def die_with_parent(parent: int):
+    """A subprocess preexec_fn: the child is sent SIGTERM when `parent` (this process) dies, however it dies
+    (a timeout's SIGKILL included), and exits at once if the parent died before the request took effect; on
+    systems without prctl the child runs to its end."""
+    def setup() -> None:  # between fork and exec: one system call on a library loaded before, no lock taken
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+    return setup
 
 
 AMORTISATION_SERIES = ("megatron-core-r0.8-strong-177b-96gpu", "megatron-core-r0.8-weak-177b",

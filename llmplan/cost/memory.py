@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.cost.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
 from llmplan.cost.params import (
-    RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, padded_vocab, rank_params,
+    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, memoized,
+    padded_vocab, per_distinct, rank_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
 from llmplan.cost.schedule import stage_order
@@ -403,7 +406,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
     expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)
-    act = activation_bytes(m, plan, stage, per_layer)
+    act = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, s: activation_bytes(
+        m, p, s, per_layer if p is plan and per_layer is not None
+        else memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
     cache = low_precision_weight_cache(m, plan, rp, stage, fp8_tn_only)
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
@@ -449,13 +454,29 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not)."""
     allowance = allowance or MemoryAllowance()
-    la = layer_activations(m, plan)
     results = each_stage(candidate_stages(m, plan),
-                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, la, fp8_tn_only))
+                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, None, fp8_tn_only))
+    totals = [r.total for r in results]
+    if any(isinstance(t, np.ndarray) for t in totals):  # plan arrays: the first stage with the largest total
+        return _choose(np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0), results)
     best = results[0]
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)
     return best
+
+
+def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
+    """Fieldwise results[which] over breakdowns of plan arrays (what the chain of _pick selects, in one pass)."""
+    flat = which * len(which) + np.arange(len(which))  # the chosen element in the stages' stacked values
+
+    def pick(get: Any) -> np.ndarray:
+        return np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)
+
+    act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
+                            for f in ("layers", "recompute_working", "embedding", "output")))
+    fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
+    return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in fields}, activation_parts=act,
+                          capacity=results[0].capacity)
 
 
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:

@@ -122,6 +122,11 @@ def memoized(plan: Any, key: tuple, compute: Any) -> Any:
 
 LAYOUT_AXES = ("pp", "vpp", "pp_first", "pp_last")
 """The plan fields that fix which layers each pipeline stage holds."""
+ALL_BUT_ZERO = ("tp", "pp", "dp", "cp", "ep", "etp_resolved", "vpp", "pp_first", "pp_last", "sp", "recompute_code",
+                "micro_batch")
+"""Every searched plan field but the ZeRO stage: what activation memory and a stage's compute time depend on
+(on plan arrays they are computed once per distinct combination of these; a search seeds the grouping as it
+enumerates, search.grid.enumerate_plans)."""
 
 
 def per_distinct(plan: Any, columns: tuple[str, ...], stage: Any, f: Any) -> Any:

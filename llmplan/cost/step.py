@@ -21,8 +21,8 @@ from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
     EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
 )
-from llmplan.cost.params import (explicit_stages, layout_chunk_layers, max_stage_layers, rank_params, recomputed_share,
-                                 stage_layers)
+from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_layers, max_stage_layers, per_distinct,
+                                 rank_params, recomputed_share, stage_layers)
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -108,8 +108,10 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[An
         last = stage == plan.pp - 1
         key = (n_dense, n_moe, last) if isinstance(stage, int) else None
         sc = same.get(key) if key else None
-        if sc is None:
-            sc = stage_compute(m, plan, gpu, n_dense, n_moe, last)
+        if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
+            sc = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, i: stage_compute(
+                m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1) if p is not plan
+                else stage_compute(m, plan, gpu, n_dense, n_moe, last))
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe
@@ -132,29 +134,36 @@ def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
     return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])
 
 
-def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[list[list[float]], list[float]]:
+def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[list[list[Any]], list[Any]]:
     """([stage][chunk] share of the stage's micro-batch compute, [stage] forward share of it) of a pp_layout
-    plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one).
-    Derived: docs/formulas.md#pipeline.layout"""
+    plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one). Elementwise
+    where the GPU's constants are arrays. Derived: docs/formulas.md#pipeline.layout"""
     v, share, forward = plan.vpp, [], []
     for i, row in enumerate(layout_chunk_layers(m, plan)):
         times = [stage_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1) for c, (d, e) in enumerate(row)]
-        total = sum(float(t.total) for t in times)
-        share.append([float(t.total) / total if total else 1 / v for t in times])
-        forward.append(sum(float(t.forward) for t in times) / total if total else 1 / 3)
+        total = sum(t.total for t in times)
+        some = total > 0
+        share.append([where(some, t.total / where(some, total, 1.0), 1 / v) for t in times])
+        forward.append(where(some, sum(t.forward for t in times) / where(some, total, 1.0), 1 / 3))
     return share, forward
 
 
-def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> float:
+def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> Any:
     """Bubble of an interleaved pp_layout plan, whose chunks differ: the schedule simulation (cost.schedule)
     with each stage's micro-batch time (per_mb, every stage) split over its chunks as layout_chunk_shares,
     minus the n micro-batches of the slowest stage. With equal stages and chunks it is the closed form's
-    (p - 1)t/v. Derived: docs/formulas.md#pipeline.layout"""
+    (p - 1)t/v. The simulation is scalar: where the times are arrays (a GPU whose constants are arrays) it runs
+    once per element. Derived: docs/formulas.md#pipeline.layout"""
     share, forward = layout_chunk_shares(m, plan, gpu)
-    fwd = [float(t) * f for t, f in zip(per_mb, forward)]
-    bwd = [float(t) * (1 - f) for t, f in zip(per_mb, forward)]
     n = plan.num_microbatches
-    return max(makespan(fwd, bwd, n, plan.vpp, share) - n * float(worst), 0.0)
+    shape = np.broadcast(*per_mb, worst, *forward, *(x for row in share for x in row)).shape
+    out = np.empty(shape)
+    for k in np.ndindex(shape):
+        at = lambda x: float(np.broadcast_to(x, shape)[k])  # noqa: E731
+        fwd = [at(t) * at(f) for t, f in zip(per_mb, forward)]
+        bwd = [at(t) * (1 - at(f)) for t, f in zip(per_mb, forward)]
+        out[k] = max(makespan(fwd, bwd, n, plan.vpp, [[at(x) for x in row] for row in share]) - n * at(worst), 0.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:

@@ -19,7 +19,7 @@ from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
 from llmplan.topology.collectives import collective_coeffs
-from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, place
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,23 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved], axis=1)
     uniq, inv = unique_rows(layout)
-    spans = [place(Degrees(int(t), int(p), int(d), int(c), int(e), int(x)), cluster, order)
-             for t, p, d, c, e, x in uniq]
+    degrees = [Degrees(int(t), int(p), int(d), int(c), int(e), int(x)) for t, p, d, c, e, x in uniq]
+    misfit = next((d for d in degrees if d.num_gpus != cluster.num_gpus), None)
+    if misfit is not None:
+        place(misfit, cluster, order)  # says why its groups cannot be placed
+    dims = [axis_dims(d, order) for d in degrees]
     system = cluster.system
     coeff_cache: dict[tuple[str, str, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     span_index: dict[str, tuple[list, np.ndarray]] = {}
 
     def spans_of(axis: str) -> tuple[list, np.ndarray]:
-        """The distinct spans of an axis over all layouts (a few), and each layout's index among them."""
+        """The distinct spans of an axis over all layouts (a few), and each layout's index among them: what
+        placement gives each layout's groups of that axis (topology.placement.place), placed once per
+        distinct rank layout of the axis."""
         if axis not in span_index:
-            ids: dict[object, int] = {}
-            idx = np.asarray([ids.setdefault(sp[axis], len(ids)) for sp in spans])
-            span_index[axis] = (list(ids), idx)
+            ids: dict[tuple, int] = {}
+            idx = np.asarray([ids.setdefault(d[axis], len(ids)) for d in dims], dtype=np.int64)
+            span_index[axis] = ([axis_span(axis, cluster.num_gpus, key, cluster) for key in ids], idx)
         return span_index[axis]
 
     def seconds(op: str, axis: str, calls: Any, message: Any, dispatch: Any = None) -> np.ndarray:
@@ -78,10 +83,13 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
             for i, cs in enumerate(per_span):
                 for j, c in enumerate(cs):
                     A[i, j], B[i, j] = c.alpha, c.beta
-            coeff_cache[key] = A, B, idx[inv]
+            coeff_cache[key] = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T), idx[inv]
         A, B, row = coeff_cache[key]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        t = (A[row] + size[:, None] * B[row]).min(axis=1)
+        t = None  # the fastest algorithm per plan, one algorithm column at a time (no plans x algorithms array)
+        for a, b in zip(A, B):
+            t_k = (a[0] if len(a) == 1 else a[row]) + size * (b[0] if len(b) == 1 else b[row])
+            t = t_k if t is None else np.minimum(t, t_k)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
         return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 

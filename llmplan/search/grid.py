@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.cost.params import ALL_BUT_ZERO, LAYOUT_AXES
 from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
@@ -192,15 +193,34 @@ class PlanArrays(PlanQuantities):
             sub_stage = stage
         return _gather(f(sub, sub_stage), inv)
 
+    def seed_distinct(self, columns: tuple[str, ...], group: np.ndarray) -> None:
+        """Record a grouping of the plans whose members are equal in `columns` (a group index per plan, known
+        from how the plans were built), so that on_distinct(columns, ...) needs no search for distinct rows."""
+        n = len(group)
+        rep_of = np.full(int(group.max()) + 1 if n else 0, n, dtype=np.int64)
+        rep_of[group] = np.arange(n)  # some member of each group
+        used = np.flatnonzero(rep_of < n)
+        slot = np.zeros(len(rep_of), dtype=np.int64)
+        slot[used] = np.arange(len(used))
+        rep = rep_of[used]
+        self.memo[("distinct", columns)] = (self.take(rep), rep, slot[group])
+
     def take(self, idx: np.ndarray) -> "PlanArrays":
         """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
         same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
-        harmless: their results are never gathered)."""
+        harmless: their results are never gathered; when they are most of them, they are dropped, so that
+        nothing is computed for them)."""
         out = PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
                          w=self.w)
         idx = np.asarray(idx)
         for key, (sub, _, inv) in ((k, v) for k, v in self.memo.items() if isinstance(k, tuple) and k[0] == "distinct"):
             new_inv = inv[idx]
+            present = np.zeros(len(sub), dtype=bool)
+            present[new_inv] = True
+            if 2 * int(present.sum()) < len(sub):  # most distinct rows unused (the rules cut their plans): drop them
+                used = np.flatnonzero(present)
+                slot = np.cumsum(present) - 1
+                sub, new_inv = sub.take(used), slot[new_inv]
             rep = np.zeros(len(sub), dtype=np.int64)
             rep[new_inv] = np.arange(len(idx))  # a representative of each distinct row among the subset
             out.memo[key] = (sub, rep, new_inv)
@@ -262,13 +282,31 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
     grids = np.meshgrid(*axes, indexing="ij")
     cols = [g.ravel() for g in grids]
     tp, lay, cp, ep, etp, sp, zero, rc, mb = cols
+    # Groups of plans known to be equal in the columns a cost function depends on (on_distinct), from each
+    # plan's place in the product: the pipeline layout (params.LAYOUT_AXES), with tp, ep and etp (rank_params),
+    # and every axis but the ZeRO stage (params.ALL_BUT_ZERO).
+    dims = [len(a) for a in axes]
+    groups = {LAYOUT_AXES: lay,
+              LAYOUT_AXES + ("tp", "ep", "etp_resolved"): _combination(dims, (0, 1, 3, 4)),
+              ALL_BUT_ZERO: _combination(dims, tuple(k for k in range(len(dims)) if k != 6))}
     if ETP_SAME_AS_TP in space.etp and len(space.etp) > 1:  # etp 'tp' equal to another listed degree: once
         keep = (etp != ETP_SAME_AS_TP) | ~np.isin(tp, [e for e in space.etp if e != ETP_SAME_AS_TP])
         tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
+        groups = {k: g[keep] for k, g in groups.items()}
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
-    return PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp), vpp=vpp,
-                      pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+    plans = PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp),
+                       vpp=vpp, pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+    for columns, group in groups.items():
+        plans.seed_distinct(columns, group)
+    return plans
+
+
+def _combination(dims: list[int], kept: tuple[int, ...]) -> np.ndarray:
+    """For every element of the product of axes of lengths `dims` (C order, as np.meshgrid with indexing 'ij'
+    ravels it), the index of its combination of the `kept` axes."""
+    shape = [d if k in kept else 1 for k, d in enumerate(dims)]
+    return np.broadcast_to(np.arange(int(np.prod(shape))).reshape(shape), dims).ravel()
 
 
 def from_plan(plan: ParallelPlan) -> PlanArrays:

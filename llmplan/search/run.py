@@ -11,6 +11,7 @@ import numpy as np
 
 from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.operators import operator_uses, with_fallbacks
+from llmplan.cost.params import LAYOUT_AXES
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
@@ -24,6 +25,10 @@ from llmplan.topology.placement import DEFAULT_ORDER
 from llmplan.units import GIB
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
+LAYOUT_RULES = frozenset({"pp_layers", "vpp_layers"})
+"""check_plan rules that read only the model and the pipeline layout (pp, vpp, the first and last stage's
+layers; params.LAYOUT_AXES): the search evaluates them once per distinct layout, not per plan
+(tests/test_search_fast_paths.py checks that this agrees with the rule on every plan)."""
 TOP_SORTED = 500
 """Plans the ranking sorts in full (the rest cannot reach the table)."""
 MAX_PLANS = 8_000_000
@@ -211,8 +216,8 @@ def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray
 def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
-    order = np.lexsort((-headroom, -throughput))
-    order = order[throughput[order] >= within * throughput.max()]  # best throughput first, down to the floor
+    near = np.flatnonzero(throughput >= within * throughput.max())  # down to the floor (a stable sort of these
+    order = near[np.lexsort((-headroom[near], -throughput[near]))]  # alone orders them as a sort of all would)
     h = headroom[order]
     before = np.concatenate(([-np.inf], np.maximum.accumulate(h)[:-1]))  # the most headroom of every faster plan
     out = [int(i) for i in order[h > before]]
@@ -244,7 +249,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     pruned: list[Pruned] = []
     say("pruning")
     for rule in (r for r in RULES if not r.serve_only):
-        ok = np.broadcast_to(np.asarray(rule.ok(m, plans, cluster), dtype=bool), keep.shape)
+        ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
+            else rule.ok(m, plans, cluster)
+        ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
         cut = keep & ~ok
         n = int(cut.sum())
         if n:
