@@ -89,9 +89,10 @@ def with_layout(m: ModelSpec, plan: ParallelPlan, v: int) -> ParallelPlan:
                            "pp_layout": layout})
 
 
-def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins) -> list[ParallelPlan]:
+def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins, top: int) -> list[ParallelPlan]:
     """The balanced-layout plans to price: for each of the SHAPES best distinct pipelined shapes of the
-    ranking that has a degree to try (layout_degrees), its best-ranked plan at each such degree."""
+    ranking that has a degree to try (layout_degrees), its best-ranked plan at each such degree; with a
+    pinned --vpp whose stand-ins these are, `top` shapes if more (they are the only plans shown)."""
     L, seen, out, shapes = m.num_hidden_layers, set(), [], 0
     cols = [getattr(plans, a) for a in SHAPE_AXES]
     for i in ranking:
@@ -108,7 +109,7 @@ def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins) 
         p = plans.plan(int(i))
         out += [with_layout(m, p, v) for v in vs]
         shapes += 1
-        if shapes == SHAPES:
+        if shapes == (max(SHAPES, top) if pins.stand_ins else SHAPES):
             break
     return out
 
@@ -140,7 +141,7 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
                 allowance: Any, order: tuple[str, ...], checkpoint: Any, min_headroom: float, top: int) -> Any:
     """The search result `res` (search.run.SearchResult) with the balanced-layout plans of the best shapes
     merged into its ranking (and the vpp-1 stand-ins of a pinned --vpp taken out of it)."""
-    tried = candidates(m, plans, ranking, pins)
+    tried = candidates(m, plans, ranking, pins, top)
     if not tried and not pins.stand_ins:
         return res
     fit = price(m, cluster, tried, allowance, order, checkpoint, min_headroom)
@@ -149,18 +150,34 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
     counted = {} if pins.stand_ins else {"considered": res.considered + len(tried),
                                          "feasible": res.feasible + len(fit)}
     pool = [(e, n) for e, n in zip(res.ranked, res.equivalents) if not stand_in(e)] + [(e, 0) for e in fit]
-    if not pool:
-        return dataclasses.replace(res, ranked=[], equivalents=[], tied_with=[], tie_notes=[],
-                                   pareto=[e for e in res.pareto if not stand_in(e)], **counted)
-    best = max(abs(score(e, res.objective)) for e, _ in pool) or 1.0
-    pool.sort(key=lambda en: -round(score(en[0], res.objective) / best, 4))  # stable: the vectorised order
-    pool = pool[:top]
-    ranked, counts = [e for e, _ in pool], [n for _, n in pool]
-    tied_with, notes = [], []
-    if res.resolution is not None:
-        from llmplan.search.ties import resolve
-
-        new, tied_with, notes = resolve(ranked, res.resolution)
-        ranked, counts = [ranked[i] for i in new], [counts[i] for i in new]
+    ranked, counts, tied_with, notes = _rank(pool, res.objective, res.resolution, top)
     return dataclasses.replace(res, ranked=ranked, equivalents=counts, tied_with=tied_with, tie_notes=notes,
-                               pareto=[e for e in res.pareto if not stand_in(e)], **counted)
+                               pareto=_front([e for e in res.pareto if not stand_in(e)] + fit), **counted)
+
+
+def _rank(pool: list[tuple[TrainingEstimate, int]], objective: str, resolution: float | None,
+          top: int) -> tuple[list[TrainingEstimate], list[int], list[list[int]], list[Any]]:
+    """The first `top` of (estimate, equivalents) pairs by score (to 4 significant digits, as search.run
+    ranks; stable, so the vectorised order stands among equals), then ties resolved (search.ties)."""
+    if not pool:
+        return [], [], [], []
+    best = max(abs(score(e, objective)) for e, _ in pool) or 1.0
+    pool = sorted(pool, key=lambda en: -round(score(en[0], objective) / best, 4))[:top]
+    ranked, counts = [e for e, _ in pool], [n for _, n in pool]
+    if resolution is None:
+        return ranked, counts, [], []
+    from llmplan.search.ties import resolve
+
+    new, tied_with, notes = resolve(ranked, resolution)
+    return [ranked[i] for i in new], [counts[i] for i in new], tied_with, notes
+
+
+def _front(estimates: list[TrainingEstimate]) -> list[TrainingEstimate]:
+    """The Pareto front (search.run.pareto_front) of the vectorised front and the layout plans that fit."""
+    if not estimates:
+        return []
+    from llmplan.search.run import pareto_front
+
+    tokens = np.asarray([float(e.throughput.tokens_per_s) for e in estimates])
+    headroom = np.asarray([float(e.memory.headroom) for e in estimates])
+    return [estimates[i] for i in pareto_front(tokens, headroom)]
