@@ -96,3 +96,9 @@ def test_even_shapes_get_no_layout_plans(cli):
 def test_pinned_vpp_beyond_the_layers_is_still_refused(cli):
     r = cli("search", *DSV3, "--no-cp", "--vpp", "8")  # 64 chunks for 61 layers, the embedding and the loss
     assert r.code == 2 and "vpp" in r.err
+
+
+def test_pinned_vpp_with_a_partial_micro_batch_group_says_why(cli):
+    # 640 / 64 = 10 micro-batches on 8 stages: the layout schedule simulation needs whole groups of pp
+    r = cli("search", *DSV3[:DSV3.index("--global-batch")], "--global-batch", "640", "--sp", "--no-cp", "--vpp", "4")
+    assert r.code == 2 and "--vpp 4" in r.err and "10 micro-batches" in r.err and "Traceback" not in r.err

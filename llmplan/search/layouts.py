@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.errors import LlmplanError, bounded_list
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.specs.check import balanced_split, check_plan, vpp_fits
 from llmplan.specs.layout import balanced_layout
@@ -147,11 +148,23 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
     if not tried and not pins.stand_ins:
         return res
     fit = price(m, cluster, tried, allowance, order, checkpoint, min_headroom)
+    if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
+        raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
     stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731
     pool = [(e, n) for e, n in zip(res.ranked, res.equivalents) if not stand_in(e)] + [(e, 0) for e in fit]
     ranked, counts, tied_with, notes = _rank(pool, res.objective, res.resolution, top)
     return dataclasses.replace(res, ranked=ranked, equivalents=counts, tied_with=tied_with, tie_notes=notes,
                                pareto=_front([e for e in res.pareto if not stand_in(e)] + fit))
+
+
+def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int) -> str:
+    """Why a pinned --vpp that only a balanced layout can take left no plan."""
+    n, pp = int(plans.num_microbatches[ranking[0]]), int(plans.pp[ranking[0]])
+    why = (f"none of the {tried} balanced-layout plans priced keeps the rules and fits" if tried else
+           f"the {n} micro-batches per step are not a multiple of pp ({pp}), which llmplan's simulation of an "
+           f"interleaved layout schedule needs")
+    return (f"--vpp {pins.vpp}: the even split cannot take it on pp {bounded_list(sorted(pins.stand_ins))} and "
+            f"{why}; change --global-batch or --micro-batch, try another --vpp, or unpin it")
 
 
 def _rank(pool: list[tuple[TrainingEstimate, int]], objective: str, resolution: float | None,
