@@ -142,7 +142,8 @@ def search_train(o: dict) -> None:
         if space is None:
             return None
         return run_search(m, c, space, wv, o["objective"], o["top"], allowance, order, progress=say,
-                          min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes), checkpoint=checkpoint)
+                          min_headroom=min_headroom_bytes(o["min_headroom"], c.system.gpu.hbm_bytes), checkpoint=checkpoint,
+                          vpp_pin=o["vpp"])
 
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, dict]] = []

@@ -41,43 +41,61 @@ def stage_order(p: int, n: int, v: int, i: int) -> list[tuple[str, int, int]]:
     return ops
 
 
-def _after(kind: str, i: int, mb: int, c: int, p: int, v: int) -> tuple[str, int, int, int] | None:
-    """The slot that must finish before (kind, stage i, mb, chunk c) can start."""
-    if kind == "forward":
-        return ("forward", i - 1, mb, c) if i > 0 else (("forward", p - 1, mb, c - 1) if c > 0 else None)
-    if i < p - 1:
-        return ("backward", i + 1, mb, c)
-    return ("backward", 0, mb, c + 1) if c < v - 1 else ("forward", p - 1, mb, c)
-
-
 def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
                       chunk_share: list[list[float]] | None = None) -> list[Slot]:
     """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
     together), n the micro-batches, v the virtual stages per rank, chunk_share[i][c] the share of stage i's
     time its chunk c takes (default 1/v each; a custom pipeline layout's chunks differ). Each stage runs its
     slots in stage_order, a slot starting when the stage is free and its input has arrived."""
+    slots: list[Slot] = []
+    _simulate(forward_s, backward_s, n, v, chunk_share, slots)
+    return sorted(slots, key=lambda s: (s.stage, s.start))
+
+
+def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
+              chunk_share: list[list[float]] | None, slots: list[Slot] | None) -> list[float]:
+    """Each stage's end time under pipeline_schedule's rules (appending every slot to `slots` when given).
+    Finish times live in per-stage lists indexed by micro-batch x v + chunk (-1: not run yet). A forward waits
+    for the previous stage's forward of its chunk (stage 0's chunk c > 0: the last stage's chunk c - 1); a
+    backward for the next stage's backward (the last stage's chunk c < v - 1: stage 0's chunk c + 1; its last
+    chunk: its own forward)."""
     p = len(forward_s)
     share = chunk_share or [[1 / v] * v for _ in range(p)]
     orders = [stage_order(p, n, v, i) for i in range(p)]
-    nxt, free, done, slots = [0] * p, [0.0] * p, {}, []
-    while any(nxt[i] < len(orders[i]) for i in range(p)):
+    fdone = [[-1.0] * (n * v) for _ in range(p)]
+    bdone = [[-1.0] * (n * v) for _ in range(p)]
+    nxt, free = [0] * p, [0.0] * p
+    left = sum(len(o) for o in orders)
+    while left:
         moved = False
         for i in range(p):
-            while nxt[i] < len(orders[i]):
-                kind, mb, c = orders[i][nxt[i]]
-                dep = _after(kind, i, mb, c, p, v)
-                if dep is not None and dep not in done:
+            order, k = orders[i], nxt[i]
+            while k < len(order):
+                kind, mb, c = order[k]
+                j = mb * v + c
+                if kind == "forward":
+                    dep = fdone[i - 1][j] if i > 0 else (fdone[p - 1][j - 1] if c > 0 else 0.0)
+                else:
+                    dep = bdone[i + 1][j] if i < p - 1 else (bdone[0][j + 1] if c < v - 1 else fdone[p - 1][j])
+                if dep < 0:
                     break
-                start = max(free[i], done[dep] if dep is not None else 0.0)
+                start = max(free[i], dep)
                 end = start + (forward_s[i] if kind == "forward" else backward_s[i]) * share[i][c]
-                done[(kind, i, mb, c)], free[i], nxt[i], moved = end, end, nxt[i] + 1, True
-                slots.append(Slot(i, kind, mb, c, start, end))
+                (fdone if kind == "forward" else bdone)[i][j] = end
+                free[i] = end
+                k += 1
+                if slots is not None:
+                    slots.append(Slot(i, kind, mb, c, start, end))
+            if k > nxt[i]:
+                left -= k - nxt[i]
+                nxt[i], moved = k, True
         if not moved:
             raise RuntimeError(f"pipeline schedule deadlocked (p={p}, n={n}, v={v})")  # a bug, not user input
-    return sorted(slots, key=lambda s: (s.stage, s.start))
+    return free
 
 
 def makespan(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
              chunk_share: list[list[float]] | None = None) -> float:
-    """Seconds from the first forward to the last backward of pipeline_schedule."""
-    return max(slot.end for slot in pipeline_schedule(forward_s, backward_s, n, v, chunk_share))
+    """Seconds from the first forward to the last backward of pipeline_schedule (a stage's slots end in order,
+    so its last one ends latest)."""
+    return max(_simulate(forward_s, backward_s, n, v, chunk_share, None))

@@ -15,6 +15,7 @@ from llmplan.intervals import training_interval
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
+from llmplan.specs.layout import format_layout
 from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -25,7 +26,8 @@ from llmplan.units import GIB
 def plan_cells(p: ParallelPlan) -> list[str]:
     etp = f"/{p.etp_resolved}" if p.ep > 1 else ""
     uneven = "*" if (p.pp_first or p.pp_last or p.pp_layers) else ""
-    return [str(p.tp), f"{p.pp}{uneven}", str(p.dp), str(p.cp), f"{p.ep}{etp}", str(p.vpp), "on" if p.sp else "off",
+    return [str(p.tp), f"{p.pp}{uneven}", str(p.dp), str(p.cp), f"{p.ep}{etp}", f"{p.vpp}{'^' if p.pp_layout else ''}",
+            "on" if p.sp else "off",
             str(p.zero), p.recompute, str(p.micro_batch)]
 
 
@@ -53,14 +55,19 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
         same = equivalents[i - 1] if equivalents and i <= len(equivalents) else 0
         tie = "=" if tied_with and i <= len(tied_with) and tied_with[i - 1] else ""
         rank = f"{i}{tie}" + (f" +{same}" if same else "")
-        plan = plan_cells(e.plan) if wide else [plan_label(e.plan) + ("*" if len(set(e.stage_layers)) > 1 else "")]
+        plan = plan_cells(e.plan) if wide else [plan_label(e.plan) + _marks(e)]
         nums = [gib(m.total), gib(m.headroom)] if wide else [gib(m.total)]
         t.add_row(rank, *plan, *nums, f"{float(e.time.total):,.3f}", f"{float(tp.tokens_per_s):,.0f}",
                   mfu_cell(e), e.bottleneck)
     notes = []
-    uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1) if len(set(e.stage_layers)) > 1]
+    uneven = [f"#{i} {split_text(e.stage_layers)}" for i, e in enumerate(rows, 1)
+              if len(set(e.stage_layers)) > 1 and e.plan.pp_layout is None]
     if uneven:
         notes.append("* uneven pipeline stages (layers, first to last): " + ", ".join(uneven))
+    laid = [f"#{i} {split_text([c.count('t') for c in e.plan.pp_layout])} (--pp-layout "
+            f"\"{format_layout(e.plan.pp_layout)}\")" for i, e in enumerate(rows, 1) if e.plan.pp_layout is not None]
+    if laid:
+        notes.append("^ balanced pipeline layout, virtual chunks' layers in model order: " + ", ".join(laid))
     if equivalents and any(equivalents):
         notes.append("+N: N more plans with the same predicted throughput and memory, or the same layout at a "
                      "higher ZeRO stage (the one shown is preferred: smaller cp, lower ZeRO stage, fewer stages, "
@@ -73,12 +80,19 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
     return t
 
 
+def _marks(e: TrainingEstimate) -> str:
+    """'^' after a plan with a pipeline layout, '*' after one with uneven stages otherwise."""
+    if e.plan.pp_layout is not None:
+        return "^"
+    return "*" if len(set(e.stage_layers)) > 1 else ""
+
+
 def plan_label(p: ParallelPlan) -> str:
     """The plan in one short string: degrees above 1, ZeRO stage, recompute, micro-batch."""
     ep = f" ep{p.ep}" + (f"/etp{p.etp_resolved}" if p.etp_resolved != p.tp else "") if p.ep > 1 else ""
     return (f"tp{p.tp}" + (" sp" if p.sp and p.tp > 1 else "") + f" pp{p.pp} dp{p.dp}"
             + (f" cp{p.cp}" if p.cp > 1 else "") + ep + (f" vpp{p.vpp}" if p.vpp > 1 else "")
-            + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
+            + (" layout" if p.pp_layout is not None else "") + f" zero{p.zero} {p.recompute} mb{p.micro_batch}")
 
 
 def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:

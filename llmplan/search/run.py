@@ -230,9 +230,14 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
-           checkpoint: CheckpointPolicy | None = None) -> SearchResult:
+           checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
-    `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses)."""
+    `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
+    pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
+    (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it)."""
+    from llmplan.search import layouts
+
+    space, pins = layouts.stand_in_space(m, space, vpp_pin)
     if min_headroom is None:
         min_headroom = min_headroom_bytes(None, cluster.system.gpu.hbm_bytes)
     t0 = time.perf_counter()
@@ -309,11 +314,13 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         resolution = model_resolution(moe=bool(m.num_experts))
         new, tied_with, notes = resolve(ranked, resolution)
         ranked, counts = [ranked[i] for i in new], [counts[i] for i in new]
-    return SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                        ranked=ranked, pareto=[est(i) for i in front],
-                        seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
-                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
-                        cloud=cloud, tied_with=tied_with, tie_notes=notes, resolution=resolution)
+    res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
+                       ranked=ranked, pareto=[est(i) for i in front],
+                       seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
+                       conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
+                       cloud=cloud, tied_with=tied_with, tie_notes=notes, resolution=resolution)
+    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, top)
+    return dataclasses.replace(res, seconds=time.perf_counter() - t0)
 
 
 def _take_mem(mem: Any, idx: np.ndarray) -> Any:

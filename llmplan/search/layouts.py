@@ -1,0 +1,195 @@
+"""Balanced pipeline layouts in `search`: the interleave degrees the vectorised pass cannot express.
+
+The vectorised pass (search.grid) tries an interleave degree v only where it splits every stage's layers
+evenly (check.vpp_fits), since its plan arrays carry no per-plan layout and an uneven-chunk schedule is
+simulated plan by plan. So DeepSeek-V3's 61 layers on 8 stages never interleave 4 ways there, which is what
+Megatron-Bridge's recipes run (--pipeline-model-parallel-layout "Et|(tt|)*30mL"). This second pass takes the
+best few pipelined shapes the vectorised pass ranked and prices each with the balanced layout
+(specs.layout.balanced_layout) at the degrees it could not try, with the scalar estimate (the one `estimate
+--pp-layout balanced` prints), and merges those that keep the rules and fit into the ranking.
+Derived: docs/formulas.md#pipeline.layout
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmplan.errors import LlmplanError, bounded_list
+from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.specs.check import balanced_split, check_plan, vpp_fits
+from llmplan.specs.layout import balanced_layout
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+
+SHAPES = 3
+"""Distinct pipelined shapes (tp, pp, dp, cp, ep, recompute, micro-batch) of the ranking that get a balanced
+layout, best first (each at its best-ranked plan's ZeRO stage, sp and etp: the same layout at another ZeRO
+stage is the same plan with more shards, as search.run.collapse_equivalent counts it)."""
+DEGREES = 2
+"""Interleave degrees tried per shape: the smallest ones the even split cannot take (the bubble shrinks as
+1/v, so each further degree gains less; the vectorised pass already tried the even ones)."""
+SHAPE_AXES = ("tp", "pp", "dp", "cp", "ep", "recompute_code", "micro_batch")
+
+
+@dataclass(frozen=True)
+class LayoutPins:
+    """What the layout pass needs to know of the pins: a pinned --vpp, and the stage counts whose even split
+    cannot take it (searched at vpp 1 as stand-ins, then priced with the balanced layout at the pin)."""
+
+    vpp: int | None = None
+    stand_ins: frozenset[int] = frozenset()
+
+
+def _even_split(L: int, pp: int) -> tuple[tuple[int, int, int], int]:
+    """((first, middle, last) stage layers, middle stages) of the search's split of L layers over pp."""
+    first, last = balanced_split(L, pp)
+    middle = pp - (first > 0) - (last > 0)
+    mid = (L - first - last) // max(middle, 1)
+    return (first or mid, mid, last or mid), middle
+
+
+def layout_degrees(L: int, pp: int, first: int, last: int, pin: int | None) -> list[int]:
+    """Interleave degrees v > 1 of a pp-stage pipeline that the even split rejects (check.vpp_fits) and a
+    balanced layout holds with every one of its pp x v chunks non-empty (pp x v <= L + 2: the embedding and
+    the loss take a slot each); only the pin when --vpp is pinned, else the DEGREES smallest. None for a
+    pinned first/last split (the layout would override it)."""
+    if pp < 2 or (first, last) != balanced_split(L, pp):
+        return []
+    (f, mid, l), middle = _even_split(L, pp)
+    vs = [pin] if pin is not None else range(2, (L + 2) // pp + 1)
+    out = [v for v in vs if v > 1 and pp * v <= L + 2 and not vpp_fits(f, mid, l, middle, v)]
+    return out if pin is not None else out[:DEGREES]
+
+
+def stand_in_space(m: ModelSpec, space: Any, vpp: int | None) -> tuple[Any, LayoutPins]:
+    """`space` with each pinned-vpp pipeline entry that only a balanced layout can take replaced by the same
+    stages at vpp 1 (its stand-in in the vectorised ranking), and the pins for layout_pass."""
+    if vpp is None or vpp == 1:
+        return space, LayoutPins(vpp)
+    L = m.num_hidden_layers
+    pipeline, stand_ins = [], set()
+    for pp, v, first, last in space.pipeline:
+        if v == vpp and layout_degrees(L, pp, first, last, vpp):
+            pipeline.append((pp, 1, first, last))
+            stand_ins.add(pp)
+        else:
+            pipeline.append((pp, v, first, last))
+    if not stand_ins:
+        return space, LayoutPins(vpp)
+    return dataclasses.replace(space, pipeline=tuple(pipeline)), LayoutPins(vpp, frozenset(stand_ins))
+
+
+def with_layout(m: ModelSpec, plan: ParallelPlan, v: int) -> ParallelPlan:
+    """The plan with v virtual chunks per stage placed by the balanced layout."""
+    layout = balanced_layout(m.num_hidden_layers, plan.pp, v, m.num_nextn_predict_layers)
+    return ParallelPlan(**{**plan.model_dump(), "vpp": v, "pp_first": 0, "pp_last": 0, "pp_layers": None,
+                           "pp_layout": layout})
+
+
+def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins, top: int) -> list[ParallelPlan]:
+    """The balanced-layout plans to price: for each of the SHAPES best distinct pipelined shapes of the
+    ranking that has a degree to try (layout_degrees), its best-ranked plan at each such degree; with a
+    pinned --vpp whose stand-ins these are, `top` shapes if more (they are the only plans shown)."""
+    L, seen, out, shapes = m.num_hidden_layers, set(), [], 0
+    cols = [getattr(plans, a) for a in SHAPE_AXES]
+    for i in ranking:
+        pp = int(plans.pp[i])
+        if pp < 2 or (pins.vpp is not None and (pp not in pins.stand_ins or int(plans.vpp[i]) != 1)):
+            continue
+        key = tuple(int(c[i]) for c in cols)
+        if key in seen:
+            continue
+        seen.add(key)
+        vs = layout_degrees(L, pp, int(plans.pp_first[i]), int(plans.pp_last[i]), pins.vpp)
+        p = plans.plan(int(i))
+        # cost.schedule simulates whole groups of pp micro-batches only (it deadlocks on a partial group, which
+        # check_plan's vpp_microbatches allows): leave such shapes to the vectorised pass
+        if not vs or p.num_microbatches % pp:
+            continue
+        out += [with_layout(m, p, v) for v in vs]
+        shapes += 1
+        if shapes == (max(SHAPES, top) if pins.stand_ins else SHAPES):
+            break
+    return out
+
+
+def score(e: TrainingEstimate, objective: str) -> float:
+    """A priced plan's objective score, as search.run.objective_score ranks the vectorised ones."""
+    if objective == "headroom":
+        return float(e.memory.headroom)
+    tokens = float(e.throughput.tokens_per_s)
+    if objective in ("time-to-train", "gpu-hours") and e.goodput is not None:
+        return tokens * float(e.goodput.useful)
+    return tokens
+
+
+def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowance: Any, order: tuple[str, ...],
+          checkpoint: Any, min_headroom: float) -> list[TrainingEstimate]:
+    """The scalar estimate of each plan that keeps check_plan's rules and leaves min_headroom free."""
+    out = []
+    for p in plans:
+        if check_plan(m, p, cluster):
+            continue
+        e = estimate_training(m, cluster, p, allowance, order, checkpoint)
+        if float(e.memory.total) + min_headroom <= float(e.memory.capacity):
+            out.append(e)
+    return out
+
+
+def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, plans: Any, ranking: np.ndarray,
+                allowance: Any, order: tuple[str, ...], checkpoint: Any, min_headroom: float, top: int) -> Any:
+    """The search result `res` (search.run.SearchResult) with the balanced-layout plans of the best shapes
+    merged into its ranking (and the vpp-1 stand-ins of a pinned --vpp taken out of it)."""
+    tried = candidates(m, plans, ranking, pins, top)
+    if not tried and not pins.stand_ins:
+        return res
+    fit = price(m, cluster, tried, allowance, order, checkpoint, min_headroom)
+    if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
+        raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
+    stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731
+    pool = [(e, n) for e, n in zip(res.ranked, res.equivalents) if not stand_in(e)] + [(e, 0) for e in fit]
+    ranked, counts, tied_with, notes = _rank(pool, res.objective, res.resolution, top)
+    return dataclasses.replace(res, ranked=ranked, equivalents=counts, tied_with=tied_with, tie_notes=notes,
+                               pareto=_front([e for e in res.pareto if not stand_in(e)] + fit))
+
+
+def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int) -> str:
+    """Why a pinned --vpp that only a balanced layout can take left no plan."""
+    n, pp = int(plans.num_microbatches[ranking[0]]), int(plans.pp[ranking[0]])
+    why = (f"none of the {tried} balanced-layout plans priced keeps the rules and fits" if tried else
+           f"the {n} micro-batches per step are not a multiple of pp ({pp}), which llmplan's simulation of an "
+           f"interleaved layout schedule needs")
+    return (f"--vpp {pins.vpp}: the even split cannot take it on pp {bounded_list(sorted(pins.stand_ins))} and "
+            f"{why}; change --global-batch or --micro-batch, try another --vpp, or unpin it")
+
+
+def _rank(pool: list[tuple[TrainingEstimate, int]], objective: str, resolution: float | None,
+          top: int) -> tuple[list[TrainingEstimate], list[int], list[list[int]], list[Any]]:
+    """The first `top` of (estimate, equivalents) pairs by score (to 4 significant digits, as search.run
+    ranks; stable, so the vectorised order stands among equals), then ties resolved (search.ties)."""
+    if not pool:
+        return [], [], [], []
+    best = max(abs(score(e, objective)) for e, _ in pool) or 1.0
+    pool = sorted(pool, key=lambda en: -round(score(en[0], objective) / best, 4))[:top]
+    ranked, counts = [e for e, _ in pool], [n for _, n in pool]
+    if resolution is None:
+        return ranked, counts, [], []
+    from llmplan.search.ties import resolve
+
+    new, tied_with, notes = resolve(ranked, resolution)
+    return [ranked[i] for i in new], [counts[i] for i in new], tied_with, notes
+
+
+def _front(estimates: list[TrainingEstimate]) -> list[TrainingEstimate]:
+    """The Pareto front (search.run.pareto_front) of the vectorised front and the layout plans that fit."""
+    if not estimates:
+        return []
+    from llmplan.search.run import pareto_front
+
+    tokens = np.asarray([float(e.throughput.tokens_per_s) for e in estimates])
+    headroom = np.asarray([float(e.memory.headroom) for e in estimates])
+    return [estimates[i] for i in pareto_front(tokens, headroom)]
