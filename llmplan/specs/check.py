@@ -179,7 +179,7 @@ def _pp_multiple_message(p: ParallelPlan) -> str:
     below, above = p.pp - p.pp % k, p.pp + k - p.pp % k
     need = "even" if k == 2 else f"a multiple of {k}"
     return (f"{schedule_of(p).pp_multiple_reason}, so pp ({p.pp}) must be {need}; valid pp: "
-            f"{below if below >= k else k}, {above}")
+            f"{max(below, k)}, {above}")
 
 
 def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
