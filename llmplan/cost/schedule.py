@@ -265,3 +265,12 @@ def dualpipe_schedule(forward_s: list[float], backward_s: list[float], n: int) -
         return {"forward": forward_s[i], "backward": backward_s[i]}.get(op[0], backward_s[i] / 2)
 
     return simulate([dualpipe_order(p, n, r) for r in range(p)], seconds, dep)
+
+
+ORDERS: dict[str, Callable[..., list[Slot]]] = {
+    "1f1b": pipeline_schedule,
+    "zb-h1": lambda forward_s, backward_s, n, v=1, chunk_share=None: zero_bubble_schedule(forward_s, backward_s, n),
+    "dualpipe": lambda forward_s, backward_s, n, v=1, chunk_share=None: dualpipe_schedule(forward_s, backward_s, n),
+}
+"""Slot layout of each drawing a schedule's record names (specs.schedule.Schedule.drawing), all called as
+pipeline_schedule (forward_s, backward_s, n, v, chunk_share)."""

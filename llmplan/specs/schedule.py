@@ -50,7 +50,7 @@ class Schedule(Spec):
 
 SCHEDULES: dict[str, Schedule] = {
     "1f1b": Schedule(
-        title="1F1B", caption="1F1B: one forward, one backward", bubble_pipes=1, bubble_backward=1,
+        title="1F1B", caption="1F1B", bubble_pipes=1, bubble_backward=1,
         bubble_weight=0, extra_inflight=0, param_copies=1, interleaves=True, hides_ep=False, pp_multiple=1,
         drawing="1f1b"),
     "zero-bubble": Schedule(
