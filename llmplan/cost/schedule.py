@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Union
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v
     p = len(forward_s)
     share = chunk_share or [[1 / v] * v for _ in range(p)]
     orders = [stage_order(p, n, v, i) for i in range(p)]
-    nxt, free, done, slots = [0] * p, [0.0] * p, {}, []
+    nxt, free, slots = [0] * p, [0.0] * p, []
+    done: dict[tuple[str, int, int, int], float] = {}
     while any(nxt[i] < len(orders[i]) for i in range(p)):
         moved = False
         for i in range(p):
@@ -101,22 +102,23 @@ WEIGHT: Op = ("backward-weight", -1, -1)
 _CLASS = {"forward": "F", "backward": "B", "backward-input": "B", "backward-weight": "W"}
 
 
-Entry = "Op | tuple[Op, Op]"
+Entry = Union[Op, tuple[Op, Op]]
 """One entry of a rank's order: a pass, or a forward and a backward that run as one unit (DualPipe's paired
 F&B: it starts once both inputs have arrived)."""
 
 
 @dataclass
 class _Rank:
-    order: list[Any]
+    """Where one rank is in its order while simulate runs."""
+
+    order: list[Entry]
     k: int = 0
+    """Next entry of order."""
     free: float = 0.0
     held: int = 0
-    """Micro-batches forwarded whose weight pass has not run."""
-    waiting: deque = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.waiting = deque()
+    """Micro-batches forwarded whose last backward pass has not run."""
+    waiting: deque[Op] = field(default_factory=deque)
+    """Weight passes whose input-gradient pass has run, oldest first."""
 
 
 def _next(r: _Rank, ready: float | None, cap: int) -> tuple[float, bool] | None:
@@ -132,21 +134,23 @@ def _next(r: _Rank, ready: float | None, cap: int) -> tuple[float, bool] | None:
     return None if ready is None else (max(r.free, ready), False)
 
 
-def _ready(entry: Any, done: dict[Key, float], dep: Callable[[int, Op], Key | None], i: int) -> float | None:
+def _ready(entry: Entry, done: dict[Key, float], dep: Callable[[int, Op], Key | None], i: int) -> float | None:
     """When every input of rank i's order entry has arrived (0 for none); None while one is not yet known."""
     times = [0.0 if d is None else done.get(d) for d in (dep(i, op) for op in _passes(entry))]
     return None if None in times else max(t for t in times if t is not None)
 
 
-def _passes(entry: Any) -> list[Op]:
+def _passes(entry: Entry) -> list[Op]:
+    """The passes of an order entry, one or a pair."""
     return list(entry) if isinstance(entry[0], tuple) else [entry]
 
 
-def simulate(orders: list[list[Any]], seconds: Callable[[int, Op], float],
+def simulate(orders: list[list[Entry]], seconds: Callable[[int, Op], float],
              dep: Callable[[int, Op], Key | None], cap: int = 0) -> list[Slot]:
     """Every slot of orders[i] on rank i: a pass (or pair, Entry) starts when its rank is free and its inputs
-    (dep: the pass it waits for, None for none) have finished; the rank that can start earliest goes first,
-    so a weight pass that fills a gap (cap > 0, _next) never delays a pass whose input had arrived."""
+    (dep: the pass it waits for, None for none) have finished; of all ranks, the pass that can start earliest
+    goes first, so that a rank knows, when it is free, whether its next input has arrived (_next).
+    Derived: docs/formulas.md#pipeline.schedule"""
     ranks = [_Rank(o) for o in orders]
     done: dict[Key, float] = {}
     slots: list[Slot] = []
@@ -187,8 +191,8 @@ def zero_bubble_schedule(forward_s: list[float], backward_s: list[float], n: int
     Source: Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §3.1 and Figure 3 (ZB-H1).
     Derived: docs/formulas.md#pipeline.schedule"""
     p = len(forward_s)
-    orders = [[("backward-input" if k == "backward" else k, mb, 0) for k, mb, _ in stage_order(p, n, 1, i)]
-              for i in range(p)]
+    orders: list[list[Entry]] = [[("backward-input" if k == "backward" else k, mb, 0)
+                                  for k, mb, _ in stage_order(p, n, 1, i)] for i in range(p)]
 
     def dep(i: int, op: Op) -> Key | None:
         if op[0] == "forward":
@@ -201,7 +205,7 @@ def zero_bubble_schedule(forward_s: list[float], backward_s: list[float], n: int
     return simulate(orders, seconds, dep, cap=p)
 
 
-def dualpipe_order(p: int, n: int, rank: int) -> list[Any]:
+def dualpipe_order(p: int, n: int, rank: int) -> list[Entry]:
     """The passes of one DualPipe rank in order, for p ranks (even) and n micro-batches (even, at least 2p):
     half enter at rank 0 (direction 0) and half at rank p-1 (direction 1), and rank r holds stage r of the
     first pipeline and stage p-1-r of the second. Its "near" pipeline is the one whose stage on it sits h =
@@ -225,7 +229,7 @@ def dualpipe_order(p: int, n: int, rank: int) -> list[Any]:
         count[1][d] += 1
         return "backward-input" if split else "backward", d * m + count[1][d] - 1, d
 
-    ops: list[Any] = [f(0) for _ in range(2 * (half - h - 1))]
+    ops: list[Entry] = [f(0) for _ in range(2 * (half - h - 1))]
     for _ in range(h + 1):
         ops += [f(0), f(1)]
     for _ in range(half - h - 1):
