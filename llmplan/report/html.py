@@ -270,8 +270,10 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
                  f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "
                  f"{float(e.memory.capacity) / GIB:.2f} GiB."),
         _section("schedule", "Pipeline schedule", *schedule,
-                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step (the first "
-                 f"{schedule[1]['microbatches_shown']} drawn"
+                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step ("
+                 + (f"the first {schedule[1]['microbatches_shown']} drawn"
+                    if schedule[1]["microbatches_shown"] <= p.num_microbatches else
+                    f"drawn with {schedule[1]['microbatches_shown']}, the fewest {schedule_of(p).title} runs")
                  + (f"; {schedule[1]['stages_shown']} of the {p.pp} stages drawn, evenly spaced" if
                     schedule[1]["stages_shown"] < p.pp else "") + "), "
                  f"{'interleaved over ' + str(p.vpp) + ' chunks' if p.vpp > 1 else schedule_of(p).caption}; "

@@ -9,7 +9,7 @@ half, over one micro-batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -76,6 +76,6 @@ else:
 """A --pp-schedule name: the registry's keys."""
 
 
-def schedule_of(plan: object) -> Schedule:
+def schedule_of(plan: Any) -> Schedule:
     """The record of a plan's (or plan array's: one schedule for all) pp_schedule."""
-    return SCHEDULES[getattr(plan, "pp_schedule", "1f1b")]
+    return SCHEDULES[plan.pp_schedule]
