@@ -22,6 +22,7 @@ from llmplan.cost.params import (
 from llmplan.cost.schedule import stage_order
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
@@ -253,7 +254,7 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     stage each, which for i = 0 is L·(1 + (pp-1)/(pp·vpp)) layers' worth (Korthikanti et al. 2022, §4.2.3).
     Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
-    extra = 1 if plan.pp_schedule == "dualpipe" else 0  # DualPipe keeps PP + 1 (DeepSeek-V3 Table 2)
+    extra = schedule_of(plan).extra_inflight  # DualPipe keeps PP + 1 (DeepSeek-V3 Table 2)
     plain = minimum(p - stage + extra, n)
     interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
     return where(v == 1, plain * 1.0, interleaved)
@@ -401,8 +402,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - 4.0, optim_b)
     rp = rank_params(m, plan, stage)
-    if plan.pp_schedule == "dualpipe":  # each rank holds stages i and pp-1-i: two copies' worth of parameters
-        rp = RankParams(dense=2 * rp.dense, expert=2 * rp.expert)
+    copies = schedule_of(plan).param_copies  # DualPipe: each rank holds stages i and pp-1-i
+    if copies != 1:
+        rp = RankParams(dense=copies * rp.dense, expert=copies * rp.expert)
     edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
     expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)

@@ -13,6 +13,7 @@ import numpy as np
 from llmplan.cost.arith import expected_max_normal, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.schedule import schedule_of
 
 EP_OVERLAP_HIDDEN = 0.2
 """Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
@@ -52,7 +53,7 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float) -> Any:
     (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full); with Megatron-Core's
     EP overlap, only EP_OVERLAP_HIDDEN of what fits in the window hides (as measured), the rest stays exposed.
     Derived: docs/formulas.md#moe.overlap"""
-    share = where(plan.pp_schedule == "dualpipe", 1.0, where(plan.ep_comm_overlap, EP_OVERLAP_HIDDEN, 0.0))
+    share = 1.0 if schedule_of(plan).hides_ep else where(plan.ep_comm_overlap, EP_OVERLAP_HIDDEN, 0.0)
     hidden = share * minimum(ep, window)
     return ep - hidden * (1.0 - kappa)
 

@@ -27,6 +27,7 @@ from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.schedule import schedule_of
 
 GPU_SPEED_SPREAD = 0.012
 """Standard deviation of one GPU's sustained speed around its fleet's mean, as a fraction. Sinha et al. 2022
@@ -156,7 +157,7 @@ def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[A
     once per element. Derived: docs/formulas.md#pipeline.layout"""
     share, forward = layout_chunk_shares(m, plan, gpu)
     n = plan.num_microbatches
-    shape = np.broadcast(*per_mb, worst, *forward, *(x for row in share for x in row)).shape
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (*per_mb, worst, *forward, *(y for row in share for y in row))))
     out = np.empty(shape)
     for k in np.ndindex(shape):
         at = lambda x: float(np.broadcast_to(x, shape)[k])  # noqa: E731
@@ -168,18 +169,18 @@ def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[A
 
 def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
     """The schedule's bubble over 1F1B's (p - 1)(F + B), with F the forward and B the backward of a
-    micro-batch on a stage and W = B/2 its weight-gradient half: zero-bubble (ZB1P) (p - 1)(F + B - 2W);
-    DualPipe (p/2 - 1)(F&B + B - 3W) with F&B = F + B (a paired forward and backward). 1 for 1F1B.
-    Source: DeepSeek-V3 technical report (Liu et al. 2024), Table 2; Qi et al. 2024 (zero bubble)."""
-    if plan.pp_schedule == "1f1b":
-        return 1.0
+    micro-batch on a stage and W = B/2 its weight-gradient half, from the schedule's record (specs.schedule):
+    (p/pipes - 1)(F + b·B - w·W). 1F1B (pipes 1, b 1, w 0): 1; zero-bubble (ZB1P) (p - 1)(F + B - 2W);
+    DualPipe (p/2 - 1)(F&B + B - 3W) with F&B = F + B (a paired forward and backward).
+    Source: DeepSeek-V3 technical report (Liu et al. 2024), Table 2; Qi et al. 2024 (zero bubble).
+    Derived: docs/formulas.md#step.schedule"""
+    s = schedule_of(plan)
     F = sc.forward
     B = sc.total - sc.forward
     W = B / 2
-    if plan.pp_schedule == "zero-bubble":
-        return (F + B - 2 * W) / maximum(F + B, 1e-30)
     p = plan.pp
-    return maximum(p / 2 - 1, 0) * ((F + B) + B - 3 * W) / maximum((p - 1) * (F + B), 1e-30)
+    stages = maximum(p / s.bubble_pipes - 1, 0) / maximum(p - 1, 1)
+    return stages * (F + s.bubble_backward * B - s.bubble_weight * W) / maximum(F + B, 1e-30)
 
 
 def overlap(comm: Any, window: Any, kappa: float) -> Any:
@@ -383,13 +384,13 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
     """Routed-expert parameters of the rank whose optimizer step is priced: the most of any candidate stage
-    (two stages' worth under DualPipe, as memory counts them), at most the rank's parameters."""
+    (the schedule's parameter copies, two under DualPipe, as memory counts them), at most the rank's parameters."""
     if not m.is_moe:
         return 0.0
     expert = 0.0
     for stage, *_ in stages:
         expert = maximum(expert, rank_params(m, plan, stage).expert)
-    return minimum(where(plan.pp_schedule == "dualpipe", 2, 1) * expert, params_on_rank)
+    return minimum(schedule_of(plan).param_copies * expert, params_on_rank)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import need_mode, refuse, sh_header, virtual_stage_layers
+from llmplan.export.common import launcher_schedule, need_mode, refuse, sh_header, virtual_stage_layers
 from llmplan.planfile import PlanFile
 from llmplan.specs.layout import format_layout
 
@@ -79,7 +79,7 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export runs Megatron-Core's distributed optimizer, ZeRO-1)", p.zero >= 2,
          "re-plan with --zero 1 (or 0), or export to torchtitan"),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
-         p.pp_schedule != "1f1b", "re-plan with --pp-schedule 1f1b"),
+         launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",
          "re-plan with --recompute selective or full, or export to torchtitan"),
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",

@@ -19,6 +19,29 @@ def refuse(target: str, what: str, fix: str) -> CannotExpress:
     return CannotExpress(f"{target} cannot express this plan: {what}; {fix}")
 
 
+LAUNCHER_SCHEDULES: dict[str, dict[str, tuple[str, str | None] | None]] = {
+    # Megatron-LM / Megatron-Core: 1F1B by default, interleaved with virtual stages (no schedule flag);
+    # pipeline_parallel/schedules.py has neither zero-bubble nor DualPipe.
+    "megatron": {"1f1b": ("1F1B", "interleaved 1F1B"), "zero-bubble": None, "dualpipe": None},
+    "megatron-bridge": {"1f1b": ("1F1B", "interleaved 1F1B"), "zero-bubble": None, "dualpipe": None},
+    # torchtitan --parallelism.pipeline-parallel-schedule (torch.distributed.pipelining schedule classes);
+    # its ZBVZeroBubble and DualPipeV need two V-shaped stages per rank, which this export does not write.
+    "torchtitan": {"1f1b": ("1F1B", "Interleaved1F1B"), "zero-bubble": None, "dualpipe": None},
+    # DeepSpeed's pipeline engine (deepspeed.runtime.pipe.schedule.TrainSchedule): 1F1B, no virtual stages.
+    "deepspeed": {"1f1b": ("1F1B", None), "zero-bubble": None, "dualpipe": None},
+}
+"""Launcher -> --pp-schedule name -> what the launcher calls it (one stage per rank, interleaved; None where
+it cannot interleave), or None where the export cannot express the schedule (it refuses). Every launcher has
+an entry for every schedule of specs.schedule.SCHEDULES (tested)."""
+
+
+def launcher_schedule(launcher: str, schedule: str, vpp: int = 1) -> str | None:
+    """What `launcher` calls `schedule` at `vpp` virtual stages per rank; None: it cannot express it (a
+    schedule missing from LAUNCHER_SCHEDULES is refused too)."""
+    names = LAUNCHER_SCHEDULES[launcher].get(schedule)
+    return None if names is None else names[1] if vpp > 1 else names[0]
+
+
 def header_lines(pf: PlanFile, target: str) -> list[str]:
     """The comment every exported file starts with: plan, model, hardware, predictions."""
     c, pred = pf.cluster, pf.predictions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import header_lines, is_uneven, need_mode, refuse, sh_header
+from llmplan.export.common import header_lines, is_uneven, launcher_schedule, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -23,7 +23,8 @@ def check(pf: PlanFile) -> None:
         (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
         (f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"),
         ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
-        (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)", p.pp_schedule != "1f1b",
+        (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",
+         launcher_schedule("deepspeed", p.pp_schedule) is None,
          "re-plan with --pp-schedule 1f1b"),
         (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
          "export to megatron"),

@@ -4,7 +4,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
-from llmplan.export.common import virtual_stage_layers, as_flags, need_mode, refuse, sh_header
+from llmplan.export.common import virtual_stage_layers, as_flags, launcher_schedule, need_mode, refuse, sh_header
 from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -231,7 +231,7 @@ def check(pf: PlanFile) -> None:
                      "re-plan with --seq-len at most max_position_embeddings")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
-    if p.pp_schedule != "1f1b":
+    if launcher_schedule("megatron", p.pp_schedule) is None:
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")
     if p.recompute == "op":

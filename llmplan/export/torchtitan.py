@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import header_lines, hf_repo, need_mode, refuse, sh_header, virtual_stage_layers
+from llmplan.export.common import (header_lines, hf_repo, launcher_schedule, need_mode, refuse, sh_header,
+                                   virtual_stage_layers)
 from llmplan.planfile import PlanFile
 
 TARGET = "torchtitan"
@@ -48,7 +49,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
-    if p.pp_schedule != "1f1b":
+    if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
     if p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")):
@@ -197,7 +198,7 @@ def overrides(pf: PlanFile) -> list[str]:
         f"--parallelism.context-parallel-degree {p.cp}", f"--parallelism.expert-parallel-degree {p.ep}",
     ]
     if p.pp > 1:
-        args += [f"--parallelism.pipeline-parallel-schedule {'Interleaved1F1B' if p.vpp > 1 else '1F1B'}",
+        args += [f"--parallelism.pipeline-parallel-schedule {launcher_schedule('torchtitan', p.pp_schedule, p.vpp)}",
                  f"--parallelism.pipeline-parallel-microbatch-size {p.micro_batch}",
                  "--parallelism.module-fqns-per-model-part " + " ".join(",".join(x) for x in stage_modules(pf)),
                  "--training.disable-cuda-graphs   # torchtitan 0.3 has no CUDA graphs with pipeline parallelism"]
@@ -237,7 +238,7 @@ def toml_text(pf: PlanFile) -> str:
     name, flavor = FLAVORS[m.name]
     replicate, shard, reshard = _fsdp(pf)
     local_batch = p.global_batch // p.dp
-    schedule = "Interleaved1F1B" if p.vpp > 1 else "1F1B"
+    schedule = launcher_schedule("torchtitan", p.pp_schedule, p.vpp)
     lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)")]
     lines += [
         f"# torchtitan version: {LEGACY_VERSION}, the last release that reads TOML job configs (0.3 takes "

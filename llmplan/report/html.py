@@ -12,16 +12,18 @@ import io
 import json
 from typing import Any
 
-from llmplan.cost.schedule import pipeline_schedule
+from llmplan.cost.schedule import ORDERS
 from llmplan.cost.step import layout_chunk_shares
 from llmplan.errors import LlmplanError
 from llmplan.estimate import ScalePoint, StageView, TrainingEstimate
 from llmplan.report.search import plan_label
+from llmplan.specs.schedule import SCHEDULES, Schedule, schedule_of
 from llmplan.units import GIB
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
 COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",
-          "other": "#999999", "kv_cache": "#dd8452", "forward": "#4c72b0", "backward": "#dd8452"}
+          "other": "#999999", "kv_cache": "#dd8452", "forward": "#4c72b0", "backward": "#dd8452",
+          "backward-input": "#dd8452", "backward-weight": "#55a868"}
 
 
 def _figure(width: float, height: float) -> Any:
@@ -86,17 +88,20 @@ def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
 
 
 def schedule_figure(stages: list[StageView], microbatches: int, vpp: int,
-                    chunk_share: list[list[float]] | None = None) -> tuple[Any, dict]:
-    """The pipeline schedule of one step, drawn for its first micro-batches (two rounds of p where
-    MAX_SCHEDULE_SLOTS allows, fewer in a deep pipeline) and for drawn_stages' stages; chunk_share: each
-    stage's split of its time over its chunks (a custom pipeline layout's; default even)."""
+                    chunk_share: list[list[float]] | None = None, schedule: Schedule = SCHEDULES["1f1b"]
+                    ) -> tuple[Any, dict]:
+    """The pipeline schedule of one step as it runs (schedule.drawing's slot order: 1F1B, ZB-H1's split
+    backward, DualPipe's two directions), drawn for its first micro-batches (two rounds of p where
+    MAX_SCHEDULE_SLOTS allows, fewer in a deep pipeline; DualPipe at least its 2p) and for drawn_stages'
+    stages; chunk_share: each stage's split of its time over its chunks (a custom pipeline layout's)."""
     p = len(stages)
     shown = min(microbatches, max(2 * p, 4))
     if vpp > 1 and shown % p:  # interleaving groups micro-batches by p
         shown = min(microbatches, shown + p - shown % p)
     shown = max(1, min(shown, MAX_SCHEDULE_SLOTS // (2 * p * vpp)))
-    slots = pipeline_schedule([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp,
-                              chunk_share)
+    slots = ORDERS[schedule.drawing]([s.forward_s for s in stages], [s.backward_s for s in stages], shown, vpp,
+                                     chunk_share)
+    shown = len({s.microbatch for s in slots})
     rows = drawn_stages(p)
     row_of = {stage: r for r, stage in enumerate(rows)}
     fig = _figure(7.5, min(0.3 * len(rows), 6.0) + 1.2)
@@ -107,8 +112,9 @@ def schedule_figure(stages: list[StageView], microbatches: int, vpp: int,
         busy[s.stage] += s.end - s.start
         if s.stage in row_of:
             groups.setdefault((s.kind, s.chunk, row_of[s.stage]), []).append((s.start, s.end - s.start))
+    chunks = max(vpp, 1 + max(s.chunk for s in slots))  # DualPipe: its two directions
     for (kind, chunk, row), bars in groups.items():
-        shade = 1.0 - 0.5 * chunk / max(vpp - 1, 1)
+        shade = 1.0 - 0.5 * chunk / max(chunks - 1, 1)
         ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLORS[kind], alpha=shade, edgecolor="white",
                        linewidth=0.3, rasterized=len(slots) > 400)  # many slots: a bitmap inside the SVG
     if len(slots) <= 160:
@@ -118,10 +124,13 @@ def schedule_figure(stages: list[StageView], microbatches: int, vpp: int,
     makespan = max(s.end for s in slots)
     ax.set_yticks(range(len(rows)), [f"stage {i}" for i in rows] if len(rows) <= 16 else [str(i) for i in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("seconds (forward blue, backward orange" + (", lighter: later chunks" if vpp > 1 else "")
-                  + "; gaps are the bubble)")
+    split = any(s.kind == "backward-weight" for s in slots)
+    ax.set_xlabel("seconds (forward blue, backward orange" + (", weight green" if split else "")
+                  + (", lighter: later chunks" if vpp > 1 else ", lighter: reverse pipe" if chunks > 1 else "")
+                  + ("; gaps: bubble)" if split else "; gaps are the bubble)"))
     ax.set_xlim(0, makespan)
     data = {"microbatches": microbatches, "microbatches_shown": shown, "vpp": vpp, "makespan_s": makespan,
+            "drawing": schedule.drawing,
             "stages_shown": len(rows), "stages": p,
             "bubble_s": [makespan - b for b in busy], "forward_s": [s.forward_s for s in stages],
             "backward_s": [s.backward_s for s in stages]}
@@ -255,17 +264,20 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
     search's throughput/headroom scatter when the plan came from a search."""
     p = e.plan
     share = layout_chunk_shares(e.model, p, e.cluster.system.gpu)[0] if p.pp_layout is not None else None
-    schedule = schedule_figure(stages, int(p.num_microbatches), p.vpp, share)
+    schedule = schedule_figure(stages, int(p.num_microbatches), p.vpp, share, schedule_of(p))
     sections = [
         _section("memory", "Memory per GPU, by pipeline stage", *memory_figure(stages, float(e.memory.capacity)),
                  f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "
                  f"{float(e.memory.capacity) / GIB:.2f} GiB."),
         _section("schedule", "Pipeline schedule", *schedule,
-                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step (the first "
-                 f"{schedule[1]['microbatches_shown']} drawn"
+                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step ("
+                 + (f"the first {schedule[1]['microbatches_shown']} drawn"
+                    if schedule[1]["microbatches_shown"] <= p.num_microbatches else
+                    f"drawn with {schedule[1]['microbatches_shown']}, the fewest {schedule_of(p).title} runs")
                  + (f"; {schedule[1]['stages_shown']} of the {p.pp} stages drawn, evenly spaced" if
                     schedule[1]["stages_shown"] < p.pp else "") + "), "
-                 f"{'interleaved over ' + str(p.vpp) + ' chunks' if p.vpp > 1 else '1F1B'}; point-to-point "
+                 f"{'interleaved over ' + str(p.vpp) + ' chunks' if p.vpp > 1 else schedule_of(p).caption}; "
+                 "point-to-point "
                  "transfers not drawn."),
         _section("step", "Step time by part", *step_figure(e),
                  f"{float(e.throughput.tokens_per_s):,.0f} tokens/s, MFU {100 * float(e.throughput.mfu):.1f}%, "

@@ -15,6 +15,7 @@ from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.schedule import SCHEDULES, schedule_of
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,20 @@ def _vpp_ok(m: ModelSpec, p: Any) -> Any:
     return vpp_fits(first, mid, last, middle, p.vpp)
 
 
+def _interleaving() -> str:
+    """The --pp-schedule names that interleave (for the fix of a non-interleaving schedule with vpp > 1)."""
+    return " or ".join(name for name, s in SCHEDULES.items() if s.interleaves)
+
+
+def _pp_multiple_message(p: ParallelPlan) -> str:
+    """pp is not a multiple of what the plan's schedule needs: why, and the nearest valid pp either side."""
+    k = schedule_of(p).pp_multiple
+    below, above = p.pp - p.pp % k, p.pp + k - p.pp % k
+    need = "even" if k == 2 else f"a multiple of {k}"
+    return (f"{schedule_of(p).pp_multiple_reason}, so pp ({p.pp}) must be {need}; valid pp: "
+            f"{max(below, k)}, {above}")
+
+
 def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
     if p.pp_layers is not None:
         counts = sorted(set(p.pp_layers))
@@ -274,12 +289,11 @@ RULES: tuple[Rule, ...] = (
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
     Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
     Rule("pp_layout", lambda m, p, c: _layout_problem(m, p) is None, lambda m, p, c: _layout_problem(m, p) or ""),
-    Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | (p.pp_schedule == "1f1b"),
+    Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | schedule_of(p).interleaves,
          lambda m, p, c: f"the {p.pp_schedule} schedule runs one stage per rank (vpp {p.vpp} interleaves 1F1B); "
-                         "set vpp 1 or --pp-schedule 1f1b"),
-    Rule("dualpipe_even_pp", lambda m, p, c: (p.pp_schedule != "dualpipe") | (p.pp % 2 == 0),
-         lambda m, p, c: f"DualPipe pairs stage i with stage pp-1-i, so pp ({p.pp}) must be even; valid pp: "
-                         f"{p.pp - 1 if p.pp > 1 else 2}, {p.pp + 1}"),
+                         f"set vpp 1 or --pp-schedule {_interleaving()}"),
+    Rule("dualpipe_even_pp", lambda m, p, c: p.pp % schedule_of(p).pp_multiple == 0,
+         lambda m, p, c: _pp_multiple_message(p)),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from llmplan.cost.arith import maximum
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.schedule import ScheduleName
 
 Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
@@ -254,7 +255,7 @@ class ParallelPlan(PlanQuantities, Spec):
     DTensor as torchtitan applies it: PrepareModuleInput to Replicate before wq/wk/wv and w1/w3, and before
     the output layer) lets autograd save the gathered full-sequence input, so backward gathers nothing again
     and issues its collectives in line (docs/formulas.md#mem.activations, #comm.tp, #step.tp)."""
-    pp_schedule: Literal["1f1b", "zero-bubble", "dualpipe"] = "1f1b"
+    pp_schedule: ScheduleName = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
     directions, twice the parameters per rank, and the EP all-to-alls hidden behind the paired micro-batch)."""
