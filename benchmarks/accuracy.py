@@ -149,7 +149,7 @@ ASSUMPTIONS = {
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
                    "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
-                   "Nemotron-3, DeepSeek-V4 and Kimi-K2 listed as "
+                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); Nemotron-3 and DeepSeek-V4 listed as "
                    "skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
@@ -194,7 +194,6 @@ def family(record_id: str) -> str:
 MBRIDGE_SKIP = (
     ("nemotron", "Nemotron-3 hybrid (Mamba-2 + attention + MoE layers): Mamba layers are not modelled"),
     ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
-    ("kimi-k2", "Kimi-K2: no built-in spec (a DeepSeek-V3-style MLA model with 384 experts and 64 heads)"),
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
@@ -307,6 +306,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     gb = gpu.startswith("gb")
     if "deepseekv3" in rid:
         return True, mx_overlap
+    if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
+        return True, False
     if "qwen3-30b" in rid:
         return True, mx_overlap
     if "qwen3-235b" in rid:
@@ -331,6 +332,8 @@ MBRIDGE_RECOMPUTE_MODULES = {
     ("deepseekv3", (26, 4, 1), "b200"): ("mla_up_proj", "mlp"),
     **{("deepseekv3", (26, 6), g): m for g, m in (("gb200", ("mla_up_proj",)), ("b300", ("mla_up_proj",)),
                                                   ("b200", ("mla_up_proj", "mlp")))},
+    # Kimi-K2 on GB300 (scripts/performance/configs/kimi/kimi_workload_base_configs.py, v0.3.1 ... v0.5.0)
+    **{("kimi-k2", r, "gb300"): ("mla_up_proj",) for r in ((26, 2), (26, 4), (26, 4, 1), (26, 6))},
 }
 """Megatron's selective recompute modules of the Megatron-Bridge performance presets
 (scripts/performance/configs/{gpt_oss,deepseek}/*workload_base_configs.py, recompute_modules=, at the tag of
@@ -349,7 +352,8 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     gpu = rid.split("-dgx-")[1].split("-")[0] if "-dgx-" in rid else ""
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
-    model = "gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else None
+    model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
+             "kimi-k2" if "kimi-k2" in rid else None)
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
 
 
@@ -361,7 +365,7 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     Qwen3-30B-A3B off H100, Qwen3-235B-A22B, DeepSeek-V3 and GPT-OSS on GB200 / GB300, and GPT-OSS on B300
     (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0); none for the rest and for
     other families."""
-    if family(rec["id"]) != "mbridge-moe":
+    if family(rec["id"]) != "mbridge-moe" or "kimi-k2" in rec["id"]:  # Kimi-K2's GB300 preset: cuda_graph_scope []
         return "none"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
@@ -392,7 +396,11 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
     (src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py at 067f987: the embedding with a full chunk, the
     last chunk the remainder with the MTP layer and the loss), 16 at PP2 VP8 from the GB300 presets
     ("Et*4|(t*4|)*14tmL") and 32 from the H100 PP8 VP4 preset ("Et|(tt|)*30mL", perf_recipes/deepseek/).
-    No MTP layer in the 25.11 'w/o MTP' rows."""
+    No MTP layer in the 25.11 'w/o MTP' rows. Kimi-K2's rows run its recipe's 16-chunk layout."""
+    if family(rec["id"]) == "mbridge-moe" and "kimi-k2" in rec["id"] and pp * vpp == 16:
+        # Kimi-K2 (61 layers, no MTP): _get_kimi_k2_pipeline_layout (recipes/kimi/kimi_k2.py), PP4 VP4, PP8 VP2,
+        # PP16 and PP2 VP8: the embedding with 4 layers, 14 chunks of 4, the last layer with the loss
+        return ("Etttt",) + ("tttt",) * 14 + ("tL",)
     if family(rec["id"]) != "mbridge-moe" or "deepseekv3" not in rec["id"] or pp * vpp == 1:
         return None
     tail = ("" if "-w-o-mtp-" in rec["id"] else "m") + "L"
