@@ -244,7 +244,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     say = progress or (lambda _: None)
     if space.size > MAX_PLANS:
         raise LlmplanError(f"the search space has {space.size:,} plans, more than the {MAX_PLANS:,} one search "
-                           f"evaluates at once (about {MAX_PLANS * PLAN_BYTES / 2**30:.0f} GiB); pin an axis "
+                           f"evaluates at once (about {MAX_PLANS * PLAN_BYTES / GIB:.0f} GiB); pin an axis "
                            "(--tp, --pp, --cp, --ep, --micro-batch) or bound one (--max-tp, --max-pp, --max-cp)")
     say("enumerating")
     w = runs_on(m, cluster, w)
