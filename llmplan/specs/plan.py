@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from llmplan.cost.arith import maximum
+from llmplan.arith import maximum
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.schedule import ScheduleName
