@@ -253,7 +253,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    for rule in (r for r in RULES if not r.serve_only):
+    for rule in RULES:
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
         ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
