@@ -313,8 +313,8 @@ RULES: tuple[Rule, ...] = (
     Rule("expert_grid", lambda m, p, c: (not _moe(m)) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
          lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
                          f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
-                         f"expert tp {'defaults to tp (Megatron)' if p.etp == ETP_SAME_AS_TP else 'is set by --etp'}: most MoE "
-                         f"recipes use --etp 1, or lower --ep"),
+                         f"expert tp {'defaults to tp (Megatron)' if p.etp == ETP_SAME_AS_TP else 'is set by --etp'}"
+                         ": most MoE recipes use --etp 1, or lower --ep"),
     Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
@@ -425,7 +425,8 @@ SERVE_RULES: tuple[Rule, ...] = (
 """The rules of a serving plan (ServePlan: tp, pp, dp replicas, ep) beside its context and EP rules below."""
 
 
-def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob, cluster: ClusterSpec | None = None) -> list[Violation]:
+def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
+                     cluster: ClusterSpec | None = None) -> list[Violation]:
     """All violations of a serving plan (ServePlan + ServeJob): head, FFN and layer divisibility, experts and
     GPU count (SERVE_RULES), plus the context limit and the EP group size."""
     out = [Violation(r.name, r.message(m, plan, cluster)) for r in SERVE_RULES

@@ -388,6 +388,14 @@ class ParallelPlan(PlanQuantities, Spec):
     def degrees(self) -> Degrees:
         return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved)
 
+    def describe(self, batch: bool = False) -> str:
+        """The plan in one line, every degree and switch named (search's pruning notes, the estimate view,
+        export headers); `batch` adds the global batch, the sequence length and the dtype."""
+        text = (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} ep {self.ep} vpp {self.vpp} "
+                f"sp {'on' if self.sp else 'off'} zero {self.zero} recompute {self.recompute} "
+                f"micro-batch {self.micro_batch}")
+        return f"{text} global batch {self.global_batch} seq {self.seq_len} {self.dtype}" if batch else text
+
     @property
     def recompute_code(self) -> int:
         """Index of `recompute` in RECOMPUTE (the plan arrays store this code)."""
