@@ -118,7 +118,7 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
-    total = 0.0
+    total: Any = 0.0  # an array when `context` is one
     for window, layers in layer_windows(m):
         tokens = context if window is None else np.minimum(context, window)
         total = total + layers * np.ceil(np.asarray(tokens) / block_size) * block_size * per_layer

@@ -61,7 +61,7 @@ class Workload:
         """The fixed part of a plan."""
         return cls(**{k: getattr(plan, k) for k in WORKLOAD_FIELDS})
 
-    def plan(self, **axes: object) -> ParallelPlan:
+    def plan(self, **axes: Any) -> ParallelPlan:
         """A ParallelPlan with this workload and the given axis values."""
         return ParallelPlan(**self.fields(), **axes)
 
@@ -118,7 +118,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
     max_tp = max_tp or cluster.system.domain_gpus
     max_cp = max_cp or 32
-    values = {
+    values: dict[str, tuple[Any, ...]] = {
         "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
         "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
