@@ -324,7 +324,8 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     experts = 0.0
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
-        experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / (max(plan.ep, 1) if plan.ep > 1 else t) / p
+        shards = plan.ep * plan.etp_resolved  # whole experts over EP ranks, or each expert split by TP
+        experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / shards / p
         weights = weights - experts
         experts = experts * _expert_fraction_touched(m, tokens)
     bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
