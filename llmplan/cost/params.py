@@ -172,7 +172,7 @@ def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
 def layout_grid(plan: ParallelPlan) -> list[list[str]]:
     """pp_layout as [stage][virtual chunk] symbol runs: chunk k of the list is rank k mod pp's chunk k // pp.
     Source: Megatron-LM PipelineParallelLayerLayout (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
-    chunks, p = plan.pp_layout, plan.pp
+    chunks, p = plan.pp_layout or (), plan.pp
     v = max(1, len(chunks) // p)
     return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
 
@@ -182,8 +182,9 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
     layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
     (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
     k = m.first_k_dense_replace if m.is_moe else 0
-    p, start, out = plan.pp, 0, [[] for _ in range(plan.pp)]
-    for i, chunk in enumerate(plan.pp_layout[: len(layout_grid(plan)[0]) * p]):
+    p, start = plan.pp, 0
+    out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
         dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
         out[i % p].append((dense, n + mtp - dense))
@@ -193,16 +194,18 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
 
 def stage_layer_count(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Transformer layers held by pipeline rank `stage` (all its virtual chunks together)."""
-    if explicit_stages(plan) is not None:
-        return explicit_stages(plan)[int(stage)]
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return stages[int(stage)]
     first, mid, last = layer_split(m, plan)
     return where(stage == 0, first, where(stage == plan.pp - 1, last, mid))
 
 
 def layers_before(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Transformer layers held by the pipeline ranks before `stage`."""
-    if explicit_stages(plan) is not None:
-        return sum(explicit_stages(plan)[: int(stage)])
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return sum(stages[: int(stage)])
     first, mid, _ = layer_split(m, plan)
     return where(stage == 0, 0, first + (stage - 1) * mid)
 
@@ -214,8 +217,9 @@ def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
 
 def max_stage_layers(m: ModelSpec, plan: PlanLike) -> Any:
     """Layers of the pipeline rank that holds the most."""
-    if explicit_stages(plan) is not None:
-        return max(explicit_stages(plan))
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return max(stages)
     first, mid, last = layer_split(m, plan)
     return maximum(first, maximum(where(plan.pp > 2, mid, 0), last))
 
