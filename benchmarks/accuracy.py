@@ -599,7 +599,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     """estimate_training's memory, step time and throughput, once for every grid point of the constants that
     `cluster`'s GPU holds as arrays. The rules, the kernel fallbacks, memory and communication read none of the
     fitted constants (sustained clock, attention efficiency, GEMM K half-length), so they are evaluated once on
-    the GPU as shipped; the cost functions are elementwise (cost/arith.py), so the step time on the array GPU
+    the GPU as shipped; the cost functions are elementwise (llmplan/arith.py), so the step time on the array GPU
     is, element by element, the scalar estimate's (tests/test_accuracy_fit.py compares the two)."""
     gpu = cluster.system.gpu
     fitted = {k: float(v.flat[0]) for k, v in gpu.__dict__.items() if isinstance(v, np.ndarray)}

@@ -147,6 +147,13 @@ class PlanFile:
     document: PlanDocument | None = None
     """The file as read."""
 
+    @property
+    def serve_job(self) -> ServeJob:
+        """The serving workload of a serving plan file (mode infer always holds one)."""
+        if self.job is None:
+            raise LlmplanError(f"{self.path or 'the plan file'} holds a training plan, not a serving plan")
+        return self.job
+
 
 def spec_ref(ref: str, plan_path: Path) -> str:
     """How a plan file names its model / hardware: a built-in name as given, or a path relative to the plan
@@ -266,7 +273,7 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
 def plan_violations(pf: PlanFile) -> list:
     """The rules the plan breaks for its model on its cluster."""
     if pf.mode == "infer":
-        return check_serve_plan(pf.model, pf.plan, pf.job, pf.cluster)
+        return check_serve_plan(pf.model, pf.plan, pf.serve_job, pf.cluster)
     return check_plan(pf.model, pf.plan, pf.cluster)
 
 

@@ -39,6 +39,23 @@ def test_serving_may_replicate_kv_heads():
     assert not [x for x in v if x.rule.startswith("tp_")]
 
 
+def test_serving_rules_speak_of_serving():
+    """A serving plan's violations name its own knobs (replicas, an even split), never a training flag or cp."""
+    from llmplan.specs.check import check_serve_plan
+    from llmplan.specs.serve import ServeJob, ServePlan
+
+    cluster = ClusterSpec(system=H100, num_nodes=2)
+    v = {x.rule: x.message for x in check_serve_plan(M["llama-3.1-70b"], ServePlan(tp=8, pp=3), ServeJob(), cluster)}
+    assert "pp (3) must divide num_hidden_layers (80) of llama-3.1-70b" in v["pp_layers"]
+    assert "tp x pp (8 x 3 = 24) must divide the 16 GPUs (2 nodes x 8)" in v["gpus_model_parallel"]
+    v = {x.rule: x.message for x in check_serve_plan(M["llama-3.1-70b"], ServePlan(tp=4, dp=2), ServeJob(), cluster)}
+    assert "tp x pp x replicas (4 x 2 = 8) must equal the 16 GPUs; --dp (replicas) must be 4" in v["gpus_dp"]
+    v = check_serve_plan(M["llama-3.1-8b"], ServePlan(tp=3, pp=5, ep=2), ServeJob(), cluster)
+    assert {x.rule for x in v} >= {"tp_heads", "pp_layers", "ep_dense", "gpus_model_parallel"}
+    for x in v:
+        assert "cp" not in x.message.split() and "--pp-first-layers" not in x.message and "--etp" not in x.message
+
+
 def test_even_pp_and_vpp():
     assert rules("llama-3.1-70b", pp=4, vpp=5, global_batch=8) == {}
     msg = rules("llama-3.1-70b", pp=4, vpp=3, global_batch=8)["vpp_layers"]

@@ -158,3 +158,21 @@ def test_layer_types_must_name_every_layer():
                   vocab_size=100, max_position_embeddings=128, sliding_window=16)
     with pytest.raises(ValidationError, match=r"layer_types lists 2 layers but num_hidden_layers is 4"):
         ModelSpec(**fields, layer_types=("sliding_attention", "full_attention"))
+
+
+def test_one_etp_encoding():
+    """'Expert TP as wide as tp' is ETP_SAME_AS_TP in the plan record and in the search's arrays, and one
+    resolver reads both; an unset --etp (None) means the same; serving splits experts by EP, else by TP."""
+    import numpy as np
+
+    from llmplan.search.grid import from_plan
+    from llmplan.specs.plan import ETP_SAME_AS_TP, ParallelPlan, resolve_etp
+    from llmplan.specs.serve import ServePlan
+
+    assert ParallelPlan(tp=4).etp == ParallelPlan(tp=4, etp=None).etp == ETP_SAME_AS_TP
+    assert (ParallelPlan(tp=4).etp_resolved, ParallelPlan(tp=4, etp=2).etp_resolved) == (4, 2)
+    assert list(resolve_etp(np.array([ETP_SAME_AS_TP, 1, 2]), np.array([8, 8, 8]))) == [8, 1, 2]
+    for plan in (ParallelPlan(tp=4, dp=2, ep=8), ParallelPlan(tp=4, dp=2, ep=8, etp=1)):
+        assert int(from_plan(plan).etp_resolved[0]) == plan.etp_resolved == plan.degrees.etp
+    assert (ServePlan(tp=4).etp_resolved, ServePlan(tp=4, ep=4).etp_resolved) == (4, 1)
+    assert ServePlan(tp=4, ep=4).degrees.etp == 1

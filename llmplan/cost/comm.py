@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.arith import where
+from llmplan.arith import where
 from llmplan.cost.params import (heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, recomputed_share,
                                  stage_layers)
 from llmplan.cost.moe import routing_imbalance

@@ -1,7 +1,7 @@
 """FLOPs and compute time: model and hardware FLOPs per step, GEMM time from peak x a shape-dependent
 efficiency, memory-bound operators from HBM bandwidth, and the optimizer step.
 
-Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,

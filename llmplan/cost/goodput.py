@@ -1,7 +1,7 @@
 """Goodput at scale: failures, checkpoints and restarts (docs/formulas.md#goodput.failures ...).
 
 The pure functions work on one ParallelPlan (Python numbers) and, unchanged, on search.grid.PlanArrays
-(numpy arrays), as the other cost functions do (cost/arith.py). Seconds and bytes throughout.
+(numpy arrays), as the other cost functions do (llmplan/arith.py). Seconds and bytes throughout.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.params import param_counts, rank_params

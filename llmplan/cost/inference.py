@@ -17,7 +17,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attentio
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.collectives import collective_time
 from llmplan.topology.placement import GroupSpan
@@ -81,20 +81,14 @@ def weight_bytes_per_param(dtype: str, group: int) -> float:
             "int8": 1.0 + 4 / group, "int4": 0.5 + 4 / group}[dtype]
 
 
-def _as_train_plan(plan: ServePlan) -> ParallelPlan:
-    """The same sharding as a ParallelPlan, for the parameter-shard functions (experts: EP, else TP)."""
-    return ParallelPlan(tp=plan.tp, pp=plan.pp, ep=plan.ep, etp=1 if plan.ep > 1 else plan.tp)
-
-
 def serve_weight_bytes(m: ModelSpec, plan: ServePlan) -> float:
     """Weight bytes on the most-loaded GPU: linear layers in the weight dtype, the embedding and output layer
     in 16 bits (servers keep them unquantised). Derived: docs/formulas.md#infer.weights"""
-    tp_plan = _as_train_plan(plan)
     V = padded_vocab(m.vocab_size, plan.tp)
     wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
     worst = 0.0
     for stage in {0, plan.pp - 1}:
-        rp = rank_params(m, tp_plan, stage)
+        rp = rank_params(m, plan, stage)
         embed = (V * m.hidden_size / plan.tp) * ((stage == 0) + (stage == plan.pp - 1 and
                                                                  (not m.tie_word_embeddings or plan.pp > 1)))
         worst = max(worst, (float(rp.total) - embed) * wpp + embed * 2.0)
@@ -124,7 +118,7 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
-    total = 0.0
+    total: Any = 0.0  # an array when `context` is one
     for window, layers in layer_windows(m):
         tokens = context if window is None else np.minimum(context, window)
         total = total + layers * np.ceil(np.asarray(tokens) / block_size) * block_size * per_layer
@@ -248,7 +242,7 @@ def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[
     if f:
         out += [(1.0, "tokens", c * f / t, h), (1.0, "tokens", h, f / t)]
     if moe:
-        split = t if plan.ep == 1 else 1  # experts split by TP, or whole experts on each EP rank
+        split = plan.etp_resolved  # experts split by TP, or whole experts on each EP rank
         share = m.num_experts_per_tok * split / t  # rows each GPU runs per token, over its experts
         out += [(1.0, "tokens", m.num_experts, h),
                 (share, "experts", c * m.expert_ffn / split, h), (share, "experts", h, m.expert_ffn / split)]
@@ -330,7 +324,8 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     experts = 0.0
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
-        experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / (max(plan.ep, 1) if plan.ep > 1 else t) / p
+        shards = plan.ep * plan.etp_resolved  # whole experts over EP ranks, or each expert split by TP
+        experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / shards / p
         weights = weights - experts
         experts = experts * _expert_fraction_touched(m, tokens)
     bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency

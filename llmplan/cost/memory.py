@@ -1,7 +1,7 @@
 """Training memory per GPU: weights, gradients, optimizer states, activations and the stated allowance.
 
 All functions are pure and return bytes. They work on one ParallelPlan (Python numbers) and, unchanged, on
-search.grid.PlanArrays (numpy arrays of many plans): see cost/arith.py.
+search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
 from llmplan.cost.params import (

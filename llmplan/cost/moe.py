@@ -1,7 +1,7 @@
 """Mixture-of-experts mechanisms shared by compute, communication and the step: how unevenly the router loads
 the expert-parallel ranks, and how much of the expert all-to-alls an overlapped schedule hides.
 
-Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.arith import expected_max_normal, minimum, where
+from llmplan.arith import expected_max_normal, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ParallelPlan, PlanLike
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def layer_split(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+def layer_split(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any]:
     """Transformer layers on the first stage, on each middle stage and on the last stage.
 
     Megatron's --decoder-first/last-pipeline-num-layers pin the first and last stage; the other stages share
@@ -154,17 +154,17 @@ def layer_split(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
     return memoized(plan, ("split", m.num_hidden_layers), lambda: _layer_split(m.num_hidden_layers, plan))
 
 
-def _layer_split(L: int, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+def _layer_split(L: int, plan: PlanLike) -> tuple[Any, Any, Any]:
     p, f, l = plan.pp, plan.pp_first, plan.pp_last
     middle_stages = p - where(f > 0, 1, 0) - where(l > 0, 1, 0)
     mid = (L - f - l) // maximum(middle_stages, 1)
     return where(f > 0, f, mid), mid, where(l > 0, l, mid)
 
 
-def explicit_stages(plan: ParallelPlan) -> tuple[int, ...] | None:
+def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
     """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
-    of each rank summed); None for a first/last or even split and for plan arrays."""
-    if getattr(plan, "pp_layout", None) is not None:
+    of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
+    if isinstance(plan, ParallelPlan) and plan.pp_layout is not None:
         return tuple(sum(c.count("t") for c in row) for row in layout_grid(plan))
     return getattr(plan, "pp_layers", None)
 
@@ -172,7 +172,7 @@ def explicit_stages(plan: ParallelPlan) -> tuple[int, ...] | None:
 def layout_grid(plan: ParallelPlan) -> list[list[str]]:
     """pp_layout as [stage][virtual chunk] symbol runs: chunk k of the list is rank k mod pp's chunk k // pp.
     Source: Megatron-LM PipelineParallelLayerLayout (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
-    chunks, p = plan.pp_layout, plan.pp
+    chunks, p = plan.pp_layout or (), plan.pp
     v = max(1, len(chunks) // p)
     return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
 
@@ -182,8 +182,9 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
     layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
     (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
     k = m.first_k_dense_replace if m.is_moe else 0
-    p, start, out = plan.pp, 0, [[] for _ in range(plan.pp)]
-    for i, chunk in enumerate(plan.pp_layout[: len(layout_grid(plan)[0]) * p]):
+    p, start = plan.pp, 0
+    out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
         dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
         out[i % p].append((dense, n + mtp - dense))
@@ -191,18 +192,20 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
     return out
 
 
-def stage_layer_count(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+def stage_layer_count(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Transformer layers held by pipeline rank `stage` (all its virtual chunks together)."""
-    if explicit_stages(plan) is not None:
-        return explicit_stages(plan)[int(stage)]
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return stages[int(stage)]
     first, mid, last = layer_split(m, plan)
     return where(stage == 0, first, where(stage == plan.pp - 1, last, mid))
 
 
-def layers_before(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+def layers_before(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Transformer layers held by the pipeline ranks before `stage`."""
-    if explicit_stages(plan) is not None:
-        return sum(explicit_stages(plan)[: int(stage)])
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return sum(stages[: int(stage)])
     first, mid, _ = layer_split(m, plan)
     return where(stage == 0, 0, first + (stage - 1) * mid)
 
@@ -212,15 +215,16 @@ def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
     return [int(stage_layer_count(m, plan, i)) for i in range(plan.pp)]
 
 
-def max_stage_layers(m: ModelSpec, plan: ParallelPlan) -> Any:
+def max_stage_layers(m: ModelSpec, plan: PlanLike) -> Any:
     """Layers of the pipeline rank that holds the most."""
-    if explicit_stages(plan) is not None:
-        return max(explicit_stages(plan))
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return max(stages)
     first, mid, last = layer_split(m, plan)
     return maximum(first, maximum(where(plan.pp > 2, mid, 0), last))
 
 
-def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
+def stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     """(dense layers, MoE layers) held by pipeline rank `stage`.
 
     With vpp virtual stages every rank's layers form vpp equal chunks; virtual round j holds chunk j of
@@ -230,8 +234,8 @@ def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any
                     lambda: per_distinct(plan, LAYOUT_AXES, stage, lambda p, i: _stage_layers(m, p, i)))
 
 
-def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
-    if getattr(plan, "pp_layout", None) is not None:  # the layout places every layer and MTP module itself
+def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
+    if isinstance(plan, ParallelPlan) and plan.pp_layout is not None:  # it places every layer and MTP module
         chunks = layout_chunk_layers(m, plan)[int(stage)]
         return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)
@@ -249,7 +253,7 @@ def _stage_layers(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, An
     return dense, n - dense + mtp
 
 
-def heaviest_moe_stage(m: ModelSpec, plan: ParallelPlan) -> Any:
+def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
     micro-batches among such ranks); 0 for models without leading dense layers."""
     if not m.is_moe or not m.first_k_dense_replace:
@@ -301,12 +305,12 @@ def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     return -(-V // unit) * unit  # ceil division; elementwise on arrays
 
 
-def rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+def rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage` (see _rank_params)."""
     return per_distinct(plan, LAYOUT_AXES + ("tp", "ep", "etp_resolved"), stage, lambda p, i: _rank_params(m, p, i))
 
 
-def _rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
     replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer
     on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).
@@ -320,7 +324,7 @@ def _rank_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
     return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
 
 
-def _rank_param_parts(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any, Any, Any]:
+def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any]:
     """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
     the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
     t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size

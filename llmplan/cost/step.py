@@ -1,7 +1,7 @@
 """Step time of a training plan: compute, pipeline bubble, exposed communication and optimizer step, and
 the throughput that follows (tokens/s, TFLOP/s per GPU, MFU, HFU).
 
-Works on one ParallelPlan and, elementwise, on plan arrays (see cost/arith.py).
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.cost.arith import expected_max_normal, maximum, minimum, where
+from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,

@@ -48,15 +48,11 @@ def header_lines(pf: PlanFile, target: str) -> list[str]:
     gib = GIB
     mem = pred.get("memory", {})
     if pf.mode == "infer":
-        p = pf.plan
-        shape = f"tp {p.tp} pp {p.pp} replicas {p.dp} ep {p.ep}, weights {p.weight_dtype}, KV {p.kv_dtype}"
+        shape = pf.plan.describe()
         perf = (f"TTFT {pred.get('ttft_s', 0) * 1e3:.1f} ms, TPOT {pred.get('tpot_s', 0) * 1e3:.2f} ms, "
                 f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} output tokens/s")
     else:
-        p = pf.plan
-        shape = (f"tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp} sp {'on' if p.sp else 'off'} "
-                 f"zero {p.zero} recompute {p.recompute} micro-batch {p.micro_batch} global batch {p.global_batch} "
-                 f"seq {p.seq_len} {p.dtype}")
+        shape = pf.plan.describe(batch=True)
         t = pred.get("time", {})
         perf = (f"step {t.get('step_s', 0):.3f} s, MFU {100 * pred.get('throughput', {}).get('mfu', 0):.1f}%, "
                 f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} tokens/s")

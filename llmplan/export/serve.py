@@ -15,7 +15,7 @@ def _model_var(pf: PlanFile) -> str:
 
 def context_note(pf: PlanFile, flag: str) -> str:
     """Where the context limit comes from, said in the file."""
-    j, m = pf.job, pf.model
+    j, m = pf.serve_job, pf.model
     return (f"# {flag} {j.context}: the planned input ({j.input_len}) + output ({j.output_len}) tokens, for which the "
             f"KV capacity was predicted; {m.name} accepts up to {m.max_position_embeddings:,}: re-plan with longer "
             "--input-len / --output-len to serve longer requests\n")
@@ -26,7 +26,7 @@ def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
     comment line when it differs from the planned engine's (whose fraction means something else):
     vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / HBM, rounded down.
     Derived: docs/formulas.md#infer.capacity"""
-    j = pf.job
+    j = pf.serve_job
     mem = pf.predictions.get("memory", {})
     if j.engine == engine or not all(k in mem for k in ("weights", "activations", "other", "kv_available")):
         return j.gpu_memory_utilization, ""
@@ -39,7 +39,7 @@ def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
 
 def render_vllm(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "vllm")
-    p, j = pf.plan, pf.job
+    p, j = pf.plan, pf.serve_job
     fraction, fraction_note = memory_fraction(pf, "vllm")
     if p.ep > 1 and p.ep != p.tp * p.dp:
         raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * p.dp})",
@@ -67,7 +67,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
 
 def render_sglang(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "sglang")
-    p, j = pf.plan, pf.job
+    p, j = pf.plan, pf.serve_job
     fraction, fraction_note = memory_fraction(pf, "sglang")
     note = fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):

@@ -338,8 +338,8 @@ def serving_report(e: Any, curve: list | None = None) -> str:
             *load_figure(curve, j.batch, j.ttft_slo_s, j.tpot_slo_s, e.slo_batch),
             f"From 1 to {curve[-1].concurrency:,} concurrent sequences per replica (what the KV cache admits); "
             f"this plan runs {j.batch:,} at {e.tokens_per_s / p.num_gpus:,.0f} tokens/s per GPU{slo}."))
-    return _page(f"{e.model.name} serving on {e.cluster.num_nodes} x {e.cluster.system.name}: tp {p.tp} pp {p.pp} "
-                 f"replicas {p.dp} ep {p.ep}", sections)
+    return _page(f"{e.model.name} serving on {e.cluster.num_nodes} x {e.cluster.system.name}: {p.describe()}",
+                 sections)
 
 
 def _page(title: str, sections: list[str]) -> str:

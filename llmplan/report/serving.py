@@ -53,7 +53,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
-                  f"tp {p.tp} pp {p.pp} replicas {p.dp} ep {p.ep}, weights {p.weight_dtype}, KV {p.kv_dtype}; "
+                  f"{p.describe()}; "
                   f"{j.input_len} in / {j.output_len} out tokens, {j.batch} concurrent sequences per replica")
     for w in e.warnings:
         console.print(f"[yellow]warning[/]: {w}")

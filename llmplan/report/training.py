@@ -272,9 +272,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
-        f"{cluster.system.gpu.name}{power_text(cluster)})  tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp}  "
-        f"sp {'on' if p.sp else 'off'}  zero {p.zero}  recompute {p.recompute}  micro-batch {p.micro_batch}  "
-        f"global batch {p.global_batch} ({p.num_microbatches} micro-batches/replica)  seq {p.seq_len}  {p.dtype}")
+        f"{cluster.system.gpu.name}{power_text(cluster)})  {p.describe(batch=True)}, {p.num_microbatches} "
+        "micro-batches per replica")
     if cluster.system.calibrated:
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "

@@ -14,14 +14,11 @@ import numpy as np
 from llmplan.cost.params import ALL_BUT_ZERO, LAYOUT_AXES
 from llmplan.specs.check import balanced_split, divisors, vpp_fits
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities
+from llmplan.specs.plan import ETP_SAME_AS_TP, RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities, resolve_etp
 
 SEARCHED_RECOMPUTE = ("none", "selective", "full")
 """Recompute modes a search tries unless --recompute pins one: op-level checkpointing (torchtitan's policy)
 runs only when asked for, as its plans export to torchtitan alone."""
-
-ETP_SAME_AS_TP = 0
-"""In Space.etp: expert TP equal to each plan's tp."""
 
 
 AXES = frozenset({"tp", "pp", "dp", "cp", "ep", "etp", "vpp", "pp_first", "pp_last", "pp_layers", "sp", "zero",
@@ -64,7 +61,7 @@ class Workload:
         """The fixed part of a plan."""
         return cls(**{k: getattr(plan, k) for k in WORKLOAD_FIELDS})
 
-    def plan(self, **axes: object) -> ParallelPlan:
+    def plan(self, **axes: Any) -> ParallelPlan:
         """A ParallelPlan with this workload and the given axis values."""
         return ParallelPlan(**self.fields(), **axes)
 
@@ -121,7 +118,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
     max_tp = max_tp or cluster.system.domain_gpus
     max_cp = max_cp or 32
-    values = {
+    values: dict[str, tuple[Any, ...]] = {
         "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
         "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
@@ -295,8 +292,8 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
         groups = {k: g[keep] for k, g in groups.items()}
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
-    plans = PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=np.where(etp == ETP_SAME_AS_TP, tp, etp),
-                       vpp=vpp, pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
+    plans = PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=resolve_etp(etp, tp), vpp=vpp,
+                       pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
     for columns, group in groups.items():
         plans.seed_distinct(columns, group)
     return plans

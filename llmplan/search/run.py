@@ -253,7 +253,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    for rule in (r for r in RULES if not r.serve_only):
+    for rule in RULES:
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
         ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
@@ -276,7 +276,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         return _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective)
     if (~fits).any():
         i = int(np.argmin(np.where(~fits, mem.total, np.inf)))
-        pruned.append(Pruned("memory", int((~fits).sum()), f"{_describe(plans.plan(i))} needs "
+        pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(i).describe()} needs "
                              f"{float(mem.total[i]) / GIB:.1f} GiB of {float(mem.capacity) / GIB:.1f} GiB per GPU"
                              + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
     idx = np.flatnonzero(fits)
@@ -336,17 +336,12 @@ def _take_mem(mem: Any, idx: np.ndarray) -> Any:
     )
 
 
-def _describe(p) -> str:
-    return (f"tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp} ep {p.ep} vpp {p.vpp} sp {'on' if p.sp else 'off'} "
-            f"zero {p.zero} recompute {p.recompute} micro-batch {p.micro_batch}")
-
-
 def _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective) -> SearchResult:
     total = np.asarray(mem.total, dtype=float)
     i = int(np.argmin(total))
     closest = estimate_training(m, cluster, plans.plan(i), allowance, order)
     need, cap = float(total[i]), float(mem.capacity)
-    pruned.append(Pruned("memory", len(plans), f"{_describe(plans.plan(i))} needs {need / GIB:.1f} GiB of "
+    pruned.append(Pruned("memory", len(plans), f"{plans.plan(i).describe()} needs {need / GIB:.1f} GiB of "
                          f"{cap / GIB:.1f} GiB per GPU"))
     tips = []  # savings the search was not allowed to try (pinned options), then more nodes
     if "full" not in space.recompute:

@@ -13,7 +13,8 @@ from llmplan.serving import ServeEstimate, estimate_serving, replica_spans
 from llmplan.specs.check import check_serve_plan, divisors, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import KvDtype, ServeJob, ServePlan, WeightDtype
+from llmplan.units import GIB
 
 SERVE_OBJECTIVES = ("throughput", "min-gpus")
 
@@ -68,7 +69,7 @@ def serve_layouts(m: ModelSpec, cluster: ClusterSpec, pins: dict) -> list[tuple[
     return out
 
 
-def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: str, kv_dtype: str,
+def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                    objective: str = "throughput", top: int = 5, request_rate: float | None = None,
                    allowance: MemoryAllowance | None = None, pins: dict | None = None) -> ServeSearchResult:
     t0 = time.perf_counter()
@@ -92,7 +93,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
             continue
         mem = serve_memory(m, plan, job, cluster.system.gpu.hbm_bytes, allowance)
         if mem.max_concurrent_seqs < 1:
-            _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / 2**30:.1f} GiB "
+            _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
                    f"for the KV cache, not one sequence of {job.context} tokens")
             continue
         limit = min(job.batch, mem.max_concurrent_seqs)

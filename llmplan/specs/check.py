@@ -14,8 +14,9 @@ from typing import Any, Callable
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
 from llmplan.specs.schedule import SCHEDULES, schedule_of
+from llmplan.specs.serve import ServeJob, ServePlan
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def _layout_problem(m: ModelSpec, p: Any) -> str | None:
 
 
 Pred = Callable[[ModelSpec, Any, Any], Any]
-Msg = Callable[[ModelSpec, ParallelPlan, Any], str]
+Msg = Callable[[ModelSpec, Any, Any], str]
 
 
 @dataclass(frozen=True)
@@ -241,8 +242,6 @@ class Rule:
     """True (elementwise) where the plan keeps the rule."""
     message: Msg
     needs_cluster: bool = False
-    serve_only: bool = False
-    """Checked for serving plans only (check_serve_plan)."""
 
 
 def _ffn_ok(m: ModelSpec, t: Any) -> Any:
@@ -278,11 +277,6 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0),
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} (Megatron's "
                          f"num_query_groups rule: training does not replicate KV heads); valid tp: {_fmt(valid_tp(m))}"),
-    Rule("tp_kv_heads_serve",
-         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | (p.tp % m.kv_heads == 0),
-         lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
-                         f"of it (serving engines then replicate KV heads); valid tp: "
-                         f"{_fmt(valid_tp(m, replicate_kv=True))}", serve_only=True),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
@@ -319,8 +313,8 @@ RULES: tuple[Rule, ...] = (
     Rule("expert_grid", lambda m, p, c: (not _moe(m)) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
          lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
                          f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
-                         f"expert tp {'defaults to tp (Megatron)' if p.etp is None else 'is set by --etp'}: most MoE "
-                         f"recipes use --etp 1, or lower --ep"),
+                         f"expert tp {'defaults to tp (Megatron)' if p.etp == ETP_SAME_AS_TP else 'is set by --etp'}"
+                         ": most MoE recipes use --etp 1, or lower --ep"),
     Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
@@ -399,21 +393,44 @@ RULES: tuple[Rule, ...] = (
 def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[Violation]:
     """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid)."""
     return [Violation(r.name, r.message(m, plan, cluster)) for r in RULES
-            if (cluster is not None or not r.needs_cluster) and not r.serve_only and not bool(r.ok(m, plan, cluster))]
+            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]
 
 
-SERVE_RULES = ("tp_heads", "tp_kv_heads_serve", "tp_ffn", "pp_layers", "ep_dense", "ep_experts", "gpus_model_parallel",
-               "gpus_dp")
+def _training_rules(*names: str) -> tuple[Rule, ...]:
+    """The training rules that read only a plan's tp and ep, and so hold for a serving plan as written."""
+    return tuple(r for r in RULES if r.name in names)
 
 
-def check_serve_plan(m: ModelSpec, plan: Any, job: Any, cluster: ClusterSpec | None = None) -> list[Violation]:
-    """All violations of a serving plan (ServePlan + ServeJob): the training rules that apply to serving
-    (head, FFN and layer divisibility, experts, GPU count), plus the context limit and the EP group size."""
-    as_train = ParallelPlan(tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, etp=1, global_batch=plan.dp)
-    out = [Violation(r.name, r.message(m, as_train, cluster).replace("tp x pp x cp", "tp x pp")
-                     .replace(" x cp (", " (").replace(" x 1 = ", " = "))
-           for r in RULES if r.name in SERVE_RULES and (cluster is not None or not r.needs_cluster)
-           and not bool(r.ok(m, as_train, cluster))]
+SERVE_RULES: tuple[Rule, ...] = (
+    *_training_rules("tp_heads"),
+    Rule("tp_kv_heads_serve",
+         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | (p.tp % m.kv_heads == 0),
+         lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
+                         f"of it (serving engines then replicate KV heads); valid tp: "
+                         f"{_fmt(valid_tp(m, replicate_kv=True))}"),
+    *_training_rules("tp_ffn"),
+    Rule("pp_layers", lambda m, p, c: m.num_hidden_layers % p.pp == 0,
+         lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}: a serving "
+                         f"plan gives every pipeline stage an equal share of the layers; valid pp: "
+                         f"{_fmt(divisors(m.num_hidden_layers))}"),
+    *_training_rules("ep_dense", "ep_experts"),
+    Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp) == 0,
+         lambda m, p, c: f"tp x pp ({p.tp} x {p.pp} = {p.tp * p.pp}) must divide the {c.num_gpus} GPUs "
+                         f"({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used}): each replica "
+                         "takes tp x pp of them", needs_cluster=True),
+    Rule("gpus_dp", lambda m, p, c: (c.num_gpus % (p.tp * p.pp) != 0) | (p.num_gpus == c.num_gpus),
+         lambda m, p, c: f"tp x pp x replicas ({p.tp * p.pp} x {p.dp} = {p.num_gpus}) must equal the {c.num_gpus} "
+                         f"GPUs; --dp (replicas) must be {c.num_gpus // (p.tp * p.pp)}", needs_cluster=True),
+)
+"""The rules of a serving plan (ServePlan: tp, pp, dp replicas, ep) beside its context and EP rules below."""
+
+
+def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
+                     cluster: ClusterSpec | None = None) -> list[Violation]:
+    """All violations of a serving plan (ServePlan + ServeJob): head, FFN and layer divisibility, experts and
+    GPU count (SERVE_RULES), plus the context limit and the EP group size."""
+    out = [Violation(r.name, r.message(m, plan, cluster)) for r in SERVE_RULES
+           if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]
     if plan.ep > 1 and plan.ep > plan.tp * plan.dp:
         out.append(Violation("ep_serve", f"ep ({plan.ep}) cannot exceed tp x dp ({plan.tp * plan.dp}): serving "
                              "engines spread experts over the TP ranks of all replicas"))

@@ -4,11 +4,11 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from llmplan.cost.arith import maximum
+from llmplan.arith import maximum, where
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.schedule import ScheduleName
@@ -20,6 +20,17 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
                                       "shared_experts")
 """Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
 Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
+
+
+ETP_SAME_AS_TP = 0
+"""The expert tensor-parallel degree that stands for 'as wide as tp' (Megatron's default): in
+ParallelPlan.etp and in the search's etp axis alike (an integer, so plan arrays hold it too)."""
+
+
+def resolve_etp(etp: Any, tp: Any) -> Any:
+    """The expert tensor-parallel degree a plan runs: `etp`, or `tp` where etp is ETP_SAME_AS_TP (Python
+    numbers or numpy arrays of plans)."""
+    return where(etp == ETP_SAME_AS_TP, tp, etp)
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,36 @@ class Degrees:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
+
+
+class PlanLike(Protocol):
+    """What the layer-split, parameter and serving cost functions and the shape rules read of a plan, in
+    whichever record it comes: a ParallelPlan or a ServePlan (Python numbers) or search.grid.PlanArrays (numpy
+    arrays of many plans)."""
+
+    @property
+    def tp(self) -> Any: ...
+
+    @property
+    def pp(self) -> Any: ...
+
+    @property
+    def dp(self) -> Any: ...
+
+    @property
+    def ep(self) -> Any: ...
+
+    @property
+    def etp_resolved(self) -> Any: ...
+
+    @property
+    def vpp(self) -> Any: ...
+
+    @property
+    def pp_first(self) -> Any: ...
+
+    @property
+    def pp_last(self) -> Any: ...
 
 
 class PlanQuantities:
@@ -168,8 +209,9 @@ class ParallelPlan(PlanQuantities, Spec):
     """Context-parallel degree (sequence split for attention)."""
     ep: int = Field(default=1, ge=1, le=65_536)
     """Expert-parallel degree (experts split over ranks; carved out of dp * cp * tp)."""
-    etp: int | None = Field(default=None, ge=1, le=65_536)
-    """Expert tensor-parallel degree; None means equal to tp (Megatron's default)."""
+    etp: int = Field(default=ETP_SAME_AS_TP, ge=0, le=65_536)
+    """Expert tensor-parallel degree; ETP_SAME_AS_TP (0) means equal to tp (Megatron's default); None (no
+    --etp given) reads as 0."""
     vpp: int = Field(default=1, ge=1, le=4_096)
     """Virtual pipeline stages per rank (interleaved 1F1B); 1 = plain 1F1B."""
     pp_first: int = Field(default=0, ge=0, le=4_096)
@@ -333,13 +375,26 @@ class ParallelPlan(PlanQuantities, Spec):
                              f"count per pipeline stage")
         return self
 
+    @field_validator("etp", mode="before")
+    @classmethod
+    def _etp_unset(cls, v: Any) -> Any:
+        return ETP_SAME_AS_TP if v is None else v
+
     @property
     def etp_resolved(self) -> int:
-        return self.etp if self.etp is not None else self.tp
+        return int(resolve_etp(self.etp, self.tp))
 
     @property
     def degrees(self) -> Degrees:
         return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved)
+
+    def describe(self, batch: bool = False) -> str:
+        """The plan in one line, every degree and switch named (search's pruning notes, the estimate view,
+        export headers); `batch` adds the global batch, the sequence length and the dtype."""
+        text = (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} ep {self.ep} vpp {self.vpp} "
+                f"sp {'on' if self.sp else 'off'} zero {self.zero} recompute {self.recompute} "
+                f"micro-batch {self.micro_batch}")
+        return f"{text} global batch {self.global_batch} seq {self.seq_len} {self.dtype}" if batch else text
 
     @property
     def recompute_code(self) -> int:

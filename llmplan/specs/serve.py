@@ -52,9 +52,34 @@ class ServePlan(Spec):
         return self.tp * self.pp * self.dp
 
     @property
+    def etp_resolved(self) -> int:
+        """Expert tensor-parallel degree: with EP each rank holds whole experts (1); without it the experts
+        are split by TP as the other linear layers (vLLM's FusedMoE: TP unless --enable-expert-parallel)."""
+        return 1 if self.ep > 1 else self.tp
+
+    # The pipeline split the cost functions read of any plan (specs.plan.PlanLike): serving engines give every
+    # stage an equal share of the layers (check_serve_plan requires pp to divide them), one chunk per rank.
+    @property
+    def vpp(self) -> int:
+        return 1
+
+    @property
+    def pp_first(self) -> int:
+        return 0
+
+    @property
+    def pp_last(self) -> int:
+        return 0
+
+    @property
     def degrees(self) -> Degrees:
-        """Where the replicas' groups sit: experts are not tensor-split when serving (etp 1)."""
-        return Degrees(self.tp, self.pp, self.dp, 1, self.ep, 1)
+        """Where the replicas' groups sit."""
+        return Degrees(self.tp, self.pp, self.dp, 1, self.ep, self.etp_resolved)
+
+    def describe(self) -> str:
+        """The plan in one line (the serving view, its HTML report and export headers)."""
+        return (f"tp {self.tp} pp {self.pp} replicas {self.dp} ep {self.ep}, weights {self.weight_dtype}, "
+                f"KV {self.kv_dtype}")
 
 
 class ServeJob(Spec):
