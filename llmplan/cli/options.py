@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
-import click
 import typer
 from pydantic import BaseModel
 from typer.core import TyperCommand
@@ -276,7 +276,7 @@ class SectionedCommand(TyperCommand):
     plain layout: it wraps help text to the terminal and never cuts an option name (rich's tables cut
     `--account-for-embedding-in-pipeline-split` to fit 80 columns)."""
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(self, ctx: Any, formatter: Any) -> None:
         sections: dict[str, list[tuple[str, str]]] = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)

@@ -114,8 +114,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     pinned = search_pins(m, pins, split)
 
     def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None) -> SearchResult | None:
-        space = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
-        space = straddling_space(space, full) if full else space
+        whole = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
+        space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
         return run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
@@ -171,7 +171,7 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     if alt is None:  # no expert-parallel degree that the full domain cannot hold (dense models)
         return res, cluster, c
     full = cluster.system.domain_gpus
-    best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0  # noqa: E731
+    best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0
     pick_alt = best(alt) > best(res)
     choice = DomainChoice(full=full, used=used if pick_alt else full,
                           gpus={full: cluster.num_gpus, used: alt_cluster.num_gpus},
