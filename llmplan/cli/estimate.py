@@ -11,7 +11,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
 from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                refuse_other_mode, switches, with_hardware_options)
+                                refuse_other_mode, reported, switches, with_hardware_options)
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError
 from llmplan.estimate import estimate_training
@@ -87,18 +87,18 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
 def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchOptions,
                   split: PipelineSplitOptions) -> ParallelPlan:
     """The ParallelPlan estimate's options describe: p's degrees and batch (--tp -> PlanOptions.tp ->
-    ParallelPlan.tp), s's switches, split's stage layout."""
+    ParallelPlan.tp), s's switches, split's stage layout (a --pp-layout may set vpp)."""
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
-    return build(ParallelPlan, {
-        "tp": p.tp, "pp": p.pp, "dp": dp, "cp": p.cp, "ep": p.ep, "etp": p.etp, "vpp": p.vpp,
-        **pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
-                         split.loss_in_split, p.pp_layout, p.vpp),
-        "sp": (p.tp > 1) if p.sp is None else p.sp, "zero": p.zero, "recompute": p.recompute,
-        "micro_batch": p.micro_batch,
-        "global_batch": p.global_batch if p.global_batch is not None else p.micro_batch * dp,
-        "seq_len": s.seq_len if s.seq_len is not None else default_seq_len(m),
-        **switches(s),
-    }, "plan options")
+    stages = pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
+                            split.loss_in_split, p.pp_layout, p.vpp)
+    vpp = stages.pop("vpp", p.vpp)
+    with reported("plan options"):
+        return ParallelPlan(
+            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=vpp, **stages,
+            sp=(p.tp > 1) if p.sp is None else p.sp, zero=p.zero, micro_batch=p.micro_batch,
+            recompute=p.recompute,  # type: ignore[arg-type]  # a str: ParallelPlan's Literal is the rule, reported
+            global_batch=p.global_batch if p.global_batch is not None else p.micro_batch * dp,
+            seq_len=s.seq_len if s.seq_len is not None else default_seq_len(m), **switches(s))
 
 
 def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: PipelineSplitOptions,
