@@ -13,8 +13,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from llmplan import report
 from llmplan.planfile import save_plan
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Parallelism planner for large language models.")
+"""Help in click's plain layout (rich_markup_mode=None): it wraps to the terminal and never cuts an option
+name, which rich's option tables do at 80 columns."""
 
 
 class _Console(Console):

@@ -3,6 +3,8 @@ clear line (exit 2)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -12,9 +14,10 @@ from llmplan.errors import LlmplanError
 from llmplan.fileio import excerpt
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
+from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
-                                TP_IMPLS, ClusterSpec, MemoryAllowance)
-from llmplan.specs.registry import build, resolve_system
+                                TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
+from llmplan.specs.registry import build, resolve_system, validation_message
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, WeightDtype
 from llmplan.topology.graph import validate
@@ -90,6 +93,16 @@ def _flag(param: Any, value: object) -> str:
     return f"{opts[0]} {excerpt(str(value), 20)}"
 
 
+@contextmanager
+def reported(origin: str) -> Iterator[None]:
+    """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
+    and a type checker can follow field by field); a ValidationError is the one clear line `build` gives."""
+    try:
+        yield
+    except ValidationError as e:
+        raise LlmplanError(validation_message(origin, e)) from None
+
+
 def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
     """The axes `search` pins, checked against the bounds of the plan they will become (cls: ParallelPlan or
     ServePlan, whose Field bounds `estimate` applies too), so that a pinned --tp 70000 is the same clear error
@@ -98,43 +111,36 @@ def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
     return pins
 
 
-def switches(dtype: str, grad_dtype: str, fp8_params: bool, flash_attention: bool, overlap_grad_reduce: bool,
-             overlap_param_gather: bool, tp_comm_overlap: bool, ep_comm_overlap: bool = False,
-             precision: str | None = None, moe_capacity_factor: float | None = None,
-             pp_schedule: str = "1f1b", attention_kernel: str = "native",
-             recompute_layers: int | None = None, fused_loss: bool = True, tp_impl: str = "megatron",
-             fp32_param_shards: bool = False, moe_dispatcher: str = "alltoall",
-             moe_routing: str = "random", recompute_modules: str | None = None) -> dict:
-    """The training switches estimate and search share (ParallelPlan / Workload field names); --precision
-    names the dtype and its recipe at once (PRECISIONS)."""
-    recipe = "tensorwise"
-    if precision is not None:
-        if precision not in PRECISIONS:
-            raise LlmplanError(f"--precision {precision} is not a recipe; use one of {', '.join(PRECISIONS)}")
-        implied, recipe = PRECISIONS[precision]
+def switches(s: SwitchOptions) -> dict:
+    """The training switches estimate and search share, as ParallelPlan / Workload fields (a grad_dtype or
+    fp8_params that search leaves free, None, takes ParallelPlan's default: search tries the other too);
+    --precision names the dtype and its recipe at once (PRECISIONS)."""
+    grad_dtype = s.grad_dtype if s.grad_dtype is not None else ParallelPlan.model_fields["grad_dtype"].default
+    fp8_params = s.fp8_params if s.fp8_params is not None else ParallelPlan.model_fields["fp8_params"].default
+    dtype, recipe = s.dtype, "tensorwise"
+    if s.precision is not None:
+        if s.precision not in PRECISIONS:
+            raise LlmplanError(f"--precision {s.precision} is not a recipe; use one of {', '.join(PRECISIONS)}")
+        implied, recipe = PRECISIONS[s.precision]
         if dtype not in ("bf16", implied):
-            raise LlmplanError(f"--dtype {dtype} contradicts --precision {precision} (dtype {implied}); give one")
+            raise LlmplanError(f"--dtype {dtype} contradicts --precision {s.precision} (dtype {implied}); give one")
         dtype = implied
     elif dtype == "fp4":
         recipe = "nvfp4"
-    if attention_kernel not in ATTENTION_KERNELS:
-        raise LlmplanError(f"--attention-kernel {attention_kernel} is not a kernel; use one of "
-                           f"{', '.join(ATTENTION_KERNELS)}")
-    if tp_impl not in TP_IMPLS:
-        raise LlmplanError(f"--tp-impl {tp_impl} is not a TP implementation; use one of {', '.join(TP_IMPLS)}")
-    if moe_dispatcher not in MOE_DISPATCHERS:
-        raise LlmplanError(f"--moe-dispatcher {moe_dispatcher} is not an MoE dispatcher; use one of "
-                           f"{', '.join(MOE_DISPATCHERS)}")
-    if moe_routing not in MOE_ROUTINGS:
-        raise LlmplanError(f"--moe-routing {moe_routing} is not a routing; use one of {', '.join(MOE_ROUTINGS)}")
+    for flag, value, allowed, what in (("--attention-kernel", s.attention_kernel, ATTENTION_KERNELS, "a kernel"),
+                                       ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
+                                       ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
+                                       ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing")):
+        if value not in allowed:
+            raise LlmplanError(f"{flag} {value} is not {what}; use one of {', '.join(allowed)}")
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
-            "flash_attention": flash_attention, "overlap_grad_reduce": overlap_grad_reduce,
-            "overlap_param_gather": overlap_param_gather, "tp_comm_overlap": tp_comm_overlap,
-            "ep_comm_overlap": ep_comm_overlap, "moe_capacity_factor": moe_capacity_factor,
-            "pp_schedule": pp_schedule, "attention_kernel": attention_kernel, "recompute_layers": recompute_layers,
-            "fused_loss": fused_loss, "tp_impl": tp_impl, "fp32_param_shards": fp32_param_shards,
-            "moe_dispatcher": moe_dispatcher, "moe_routing": moe_routing,
-            "recompute_modules": parse_recompute_modules(recompute_modules)}
+            "flash_attention": s.flash_attention, "overlap_grad_reduce": s.overlap_grad_reduce,
+            "overlap_param_gather": s.overlap_param_gather, "tp_comm_overlap": s.tp_comm_overlap,
+            "ep_comm_overlap": s.ep_comm_overlap, "moe_capacity_factor": s.moe_capacity_factor,
+            "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
+            "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
+            "fp32_param_shards": s.fp32_param_shards, "moe_dispatcher": s.moe_dispatcher,
+            "moe_routing": s.moe_routing, "recompute_modules": parse_recompute_modules(s.recompute_modules)}
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:
@@ -148,15 +154,15 @@ def parse_recompute_modules(text: str | None) -> tuple[str, ...]:
 
 
 
-def with_hardware_options(o: dict) -> dict[str, dict[str, float]]:
+def with_hardware_options(c: ClusterOptions) -> dict[str, dict[str, float]]:
     """The plan-file key recording the --power-limit / --domain-gpus a plan was made with (empty without
     them), so that `check` applies them to the hardware spec as it is now."""
-    opts = {k: o[k] for k in ("power_limit", "domain_gpus") if o.get(k) is not None}
+    opts = {k: v for k, v in (("power_limit", c.power_limit), ("domain_gpus", c.domain_gpus)) if v is not None}
     return {"hardware_options": opts} if opts else {}
 
 
-def make_allowance(overhead_gib: float, fragmentation: float) -> MemoryAllowance:
-    return build(MemoryAllowance, {"fixed_gib": overhead_gib, "fragmentation": fragmentation},
+def make_allowance(m: MemoryOptions) -> MemoryAllowance:
+    return build(MemoryAllowance, {"fixed_gib": m.overhead_gib, "fragmentation": m.fragmentation},
                  "memory allowance options")
 
 
@@ -164,25 +170,33 @@ CHECKPOINT_FLAGS = {"mode": "--checkpoint", "interval_s": "--checkpoint-interval
                     "failures_per_gpu_hour": "--failure-rate"}
 
 
-def make_checkpoint(mode: str, interval_s: float | None, failure_rate: float | None) -> CheckpointPolicy:
+def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
     """--checkpoint, --checkpoint-interval and --failure-rate as a CheckpointPolicy (its Field bounds are the
     rule); a bad value is one line naming the flag."""
     try:
-        return CheckpointPolicy(mode=mode, interval_s=interval_s, failures_per_gpu_hour=failure_rate)  # type: ignore[arg-type]
+        return CheckpointPolicy(mode=c.checkpoint, interval_s=c.checkpoint_interval,  # type: ignore[arg-type]
+                                failures_per_gpu_hour=c.failure_rate)
     except ValidationError as e:
         err = e.errors()[0]
         flag = CHECKPOINT_FLAGS.get(str(err["loc"][0]), str(err["loc"][0]))
         raise LlmplanError(f"{flag} {err['input']}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
-def make_job(input_len, output_len, batch, prefix_hit_rate, ttft_slo, tpot_slo, util, block_size, max_tokens,
-             engine="vllm", cuda_graphs=True, request_rate=None):
-    return build(ServeJob, {"input_len": input_len, "output_len": output_len, "batch": batch,
-                            "prefix_hit_rate": prefix_hit_rate, "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
-                            "gpu_memory_utilization": util, "block_size": block_size,
-                            "max_num_batched_tokens": max_tokens, "engine": engine, "cuda_graphs": cuda_graphs,
-                            "request_rate": request_rate},
+def make_job(s: ServingOptions, batch: int, request_rate: float | None = None) -> ServeJob:
+    """The serving workload: the serving options with the command's load (estimate --batch, search
+    --max-batch and --request-rate)."""
+    return build(ServeJob, {"input_len": s.input_len, "output_len": s.output_len, "batch": batch,
+                            "prefix_hit_rate": s.prefix_hit_rate, "ttft_slo_s": s.ttft_slo, "tpot_slo_s": s.tpot_slo,
+                            "gpu_memory_utilization": s.gpu_memory_utilization, "block_size": s.block_size,
+                            "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
+                            "cuda_graphs": s.cuda_graphs, "request_rate": request_rate},
                  "inference workload options")
+
+
+def cluster_of(c: ClusterOptions, nodes: int | None = None, domain_gpus: int | None = None) -> ClusterSpec:
+    """make_cluster from the cluster options (nodes and domain_gpus, when given, replace theirs)."""
+    return make_cluster(c.hardware, c.nodes if nodes is None else nodes, c.gpus_per_node if nodes is None else None,
+                        c.power_limit, c.domain_gpus if domain_gpus is None else domain_gpus)
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_limit: float | None = None,

@@ -3,12 +3,18 @@ their defaults taken from the specs."""
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 import typer
+from pydantic import BaseModel
+from typer.core import TyperCommand
 
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
+from llmplan.specs.options import ClusterOptions, MemoryOptions, OutputOptions, ServingOptions
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -104,29 +110,6 @@ AXIS_ORDER = typer.Option("-".join(DEFAULT_ORDER), "--axis-order",
                         help="Rank placement, innermost axis first (Megatron: tp-cp-ep-dp-pp).")
 
 
-# Option groups several commands take, as (name, type, option): `with_options` adds them to a command's
-# signature, so that each group is written once; the command receives them in **options.
-CLUSTER = [("model", str, MODEL), ("hardware", str, HARDWARE), ("nodes", int, NODES),
-           ("gpus_per_node", Optional[int], GPUS_PER_NODE)]
-TRAINING_SWITCHES = [("seq_len", Optional[int], SEQ_LEN), ("dtype", str, DTYPE), ("precision", Optional[str], PRECISION),
-                     ("moe_capacity_factor", Optional[float], MOE_CAPACITY_FACTOR), ("pp_schedule", str, PP_SCHEDULE),
-                     ("flash_attention", bool, FLASH_ATTENTION),
-                     ("attention_kernel", str, ATTENTION_KERNEL), ("fused_loss", bool, FUSED_LOSS), ("tp_impl", str, TP_IMPL),
-                     ("recompute_layers", Optional[int], RECOMPUTE_LAYERS),
-                     ("recompute_modules", Optional[str], RECOMPUTE_MODULES),
-                     ("overlap_grad_reduce", bool, OVERLAP_GRAD_REDUCE),
-                     ("overlap_param_gather", bool, OVERLAP_PARAM_GATHER), ("ep_comm_overlap", bool, EP_COMM_OVERLAP),
-                     ("moe_dispatcher", str, MOE_DISPATCHER), ("moe_routing", str, MOE_ROUTING),
-                     ("fp32_param_shards", bool, FP32_PARAM_SHARDS)]
-STATE_SWITCHES = [("grad_dtype", str, GRAD_DTYPE), ("fp8_params", bool, FP8_PARAMS)]
-"""estimate takes these as given; search declares its own (unpinned: it tries both)."""
-PIPELINE_SPLIT = [("pp_first", int, PP_FIRST_LAYERS), ("pp_last", int, PP_LAST_LAYERS),
-                  ("embedding_in_split", bool, EMBEDDING_IN_SPLIT), ("loss_in_split", bool, LOSS_IN_SPLIT)]
-SERVING = [("input_len", int, INPUT_LEN), ("output_len", int, OUTPUT_LEN), ("kv_dtype", str, KV_DTYPE),
-           ("ttft_slo", Optional[float], TTFT_SLO), ("tpot_slo", Optional[float], TPOT_SLO),
-           ("prefix_hit_rate", float, PREFIX_HIT_RATE), ("gpu_memory_utilization", float, GPU_MEMORY_UTILIZATION),
-           ("block_size", int, BLOCK_SIZE), ("max_num_batched_tokens", int, MAX_NUM_BATCHED_TOKENS),
-           ("engine", str, ENGINE), ("cuda_graphs", bool, CUDA_GRAPHS)]
 DOMAIN_GPUS = typer.Option(None, "--domain-gpus", min=1,
                            help="Use this many GPUs of each NVLink domain (e.g. 64 of a 72-GPU rack), whole nodes.")
 POWER_LIMIT = typer.Option(None, "--power-limit", min=1,
@@ -139,16 +122,106 @@ CHECKPOINT_INTERVAL = typer.Option(None, "--checkpoint-interval",
 FAILURE_RATE = typer.Option(None, "--failure-rate",
                             help="Job-interrupting failures per GPU-hour, all causes (default: the hardware "
                                  "profile's per-GPU, per-node and per-NIC rates, from Llama 3's 16K-GPU run).")
-RESILIENCE = [("checkpoint", str, CHECKPOINT), ("checkpoint_interval", Optional[float], CHECKPOINT_INTERVAL),
-              ("failure_rate", Optional[float], FAILURE_RATE)]
-RUNTIME = [("power_limit", Optional[float], POWER_LIMIT), ("domain_gpus", Optional[int], DOMAIN_GPUS), ("overhead_gib", float, OVERHEAD_GIB), ("fragmentation", float, FRAGMENTATION),
-           ("axis_order", str, AXIS_ORDER), ("json_mode", bool, JSON)]
+SAVE = typer.Option(None, "--save", help="Write the plan (search: the best) to this plan file (for export, check).")
+FORCE = typer.Option(False, "--force", help="Overwrite --save's file if it exists.")
 
 
-SERVING_ONLY = frozenset({name for name, _, _ in SERVING} | {"batch", "max_load", "max_batch", "request_rate"})
+@dataclass(frozen=True)
+class Flags:
+    """The flags of one option group (specs.options): the typer option of each of its fields, by field name,
+    and the help section they are listed under."""
+
+    panel: str
+    options: dict[str, Any]
+
+
+CLUSTER = Flags("Cluster", {"model": MODEL, "hardware": HARDWARE, "nodes": NODES, "gpus_per_node": GPUS_PER_NODE,
+                            "power_limit": POWER_LIMIT, "domain_gpus": DOMAIN_GPUS})
+MEMORY = Flags("Memory allowance", {"overhead_gib": OVERHEAD_GIB, "fragmentation": FRAGMENTATION})
+CHECKPOINTS = Flags("Goodput (training)", {"checkpoint": CHECKPOINT, "checkpoint_interval": CHECKPOINT_INTERVAL,
+                                           "failure_rate": FAILURE_RATE})
+OUTPUT = Flags("Output", {"json_mode": JSON, "save": SAVE, "force": FORCE})
+SWITCHES = Flags("Training switches", {
+    "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
+    "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
+    "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "recompute_layers": RECOMPUTE_LAYERS,
+    "recompute_modules": RECOMPUTE_MODULES, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
+    "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
+    "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
+    "fp32_param_shards": FP32_PARAM_SHARDS, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
+    "axis_order": AXIS_ORDER})
+SEARCH_SWITCHES = Flags(SWITCHES.panel, {
+    **SWITCHES.options,
+    "grad_dtype": typer.Option(None, "--grad-dtype", help="Pin the gradient buffer dtype: fp32 | bf16 (default: "
+                                                          "both tried, the better shown)."),
+    "fp8_params": typer.Option(None, "--fp8-params/--no-fp8-params",
+                               help="Pin primary weights in the fp8 / NVFP4 recipe's format (default: both tried "
+                                    "where the recipe allows)."),
+    "tp_comm_overlap": typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                    help="Overlap TP comm with GEMMs where sp is on (default on, as Megatron-Bridge "
+                                         "/ NeMo performance recipes set it).")})
+PIPELINE_SPLIT = Flags("Pipeline split", {"pp_first": PP_FIRST_LAYERS, "pp_last": PP_LAST_LAYERS,
+                                          "embedding_in_split": EMBEDDING_IN_SPLIT, "loss_in_split": LOSS_IN_SPLIT})
+PLAN = Flags("Plan", {
+    "tp": typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
+    "pp": typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages."),
+    "dp": typer.Option(None, "--dp", min=1, help="Data-parallel degree (default: GPUs / (tp*pp*cp))."),
+    "cp": typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
+    "ep": typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
+    "etp": typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
+    "vpp": typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    "pp_layers": typer.Option(None, "--pp-layers", help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven "
+                                                        "split)."),
+    "pp_layout": PP_LAYOUT,
+    "sp": typer.Option(None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."),
+    "zero": typer.Option(0, "--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)."),
+    "recompute": typer.Option("none", "--recompute", help="none | selective | full | op (torchtitan's per-op "
+                                                          "policy)."),
+    "micro_batch": typer.Option(1, "--micro-batch", min=1, help="Sequences per micro-batch."),
+    "global_batch": typer.Option(None, "--global-batch", min=1, help="Sequences per step (default: micro-batch x "
+                                                                     "dp)."),
+})
+SEARCH_PINS = Flags("Search space", {
+    "tp": typer.Option(None, "--tp", min=1, help="Pin the tensor-parallel degree."),
+    "pp": typer.Option(None, "--pp", min=1, help="Pin the pipeline stages."),
+    "cp": typer.Option(None, "--cp", min=1, help="Pin the context-parallel degree."),
+    "ep": typer.Option(None, "--ep", min=1, help="Pin the expert-parallel degree."),
+    "etp": typer.Option(None, "--etp", min=1, help="Pin the expert tensor-parallel degree (e.g. 1)."),
+    "vpp": typer.Option(None, "--vpp", min=1, help="Pin the virtual pipeline stages."),
+    "sp": typer.Option(None, "--sp/--no-sp", help="Pin sequence parallelism on or off."),
+    "zero": typer.Option(None, "--zero", help="Pin the ZeRO stage."),
+    "recompute": typer.Option(None, "--recompute", help="Pin recompute: none | selective | full | op (torchtitan's "
+                                                        "per-op policy; searched only when pinned)."),
+    "micro_batch": typer.Option(None, "--micro-batch", min=1, help="Pin the micro-batch."),
+    "max_tp": typer.Option(None, "--max-tp", min=1, help="Largest TP to try (default: the NVLink domain)."),
+    "max_pp": typer.Option(None, "--max-pp", min=1, help="Largest PP to try."),
+    "max_cp": typer.Option(None, "--max-cp", min=1, help="Largest CP to try (default 32)."),
+    "no_cp": typer.Option(False, "--no-cp", help="Do not use context parallelism."),
+    "global_batch": typer.Option(None, "--global-batch", min=1, help="Sequences per step."),
+    "batch_tokens": typer.Option(None, "--batch-tokens", help="Tokens per step instead of --global-batch (e.g. "
+                                                              "16M); default 4M."),
+})
+SEARCH_GOAL = Flags("Ranking", {
+    "objective": typer.Option("throughput", "--objective", help="throughput | time-to-train | gpu-hours | headroom."),
+    "train_tokens": typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
+    "top": typer.Option(5, "--top", min=1, help="How many plans to show."),
+    "min_headroom": typer.Option(None, "--min-headroom", min=0.0,
+                                 help="Training: GiB each plan must leave free per GPU beyond the allowance."),
+    "wide": typer.Option(False, "--wide", help="Tables with a column per degree (wider than 80 columns)."),
+    "explain_opt": typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
+})
+SERVING = Flags("Serving (--mode infer)", {
+    "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,
+    "tpot_slo": TPOT_SLO, "prefix_hit_rate": PREFIX_HIT_RATE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
+    "block_size": BLOCK_SIZE, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "engine": ENGINE,
+    "cuda_graphs": CUDA_GRAPHS})
+MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
+
+
+SERVING_ONLY = frozenset(ServingOptions.model_fields) | {"batch", "max_load", "max_batch", "request_rate"}
 """Options only the serving paths (--mode infer) read: given in training mode they are an error."""
-SERVING_READS = frozenset({name for name, _, _ in CLUSTER} | {"tp", "pp", "ep", "dtype", "power_limit", "domain_gpus",
-                           "overhead_gib", "fragmentation", "json_mode", "save", "force", "mode"}) | SERVING_ONLY
+SERVING_READS = (frozenset(ClusterOptions.model_fields) | frozenset(MemoryOptions.model_fields)
+                 | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode"} | SERVING_ONLY)
 """Options the serving paths of estimate and search read (each command adds its own: estimate --dp, search
 --objective and --top); any other option given with --mode infer is a training option, and an error."""
 SERVING_INSTEAD = {
@@ -160,18 +233,55 @@ SERVING_INSTEAD = {
 """What to give instead of a training option in --mode infer, where serving has a counterpart."""
 
 
-def with_options(*groups: list[tuple[str, Any, Any]], lead: list[tuple[str, Any, Any]] = CLUSTER) -> Callable:
-    """Add option groups to a typer command: they join its signature (typer reads it; `lead` first, so
-    --model and --hardware head the help) and reach the function as keyword arguments."""
-    def param(name: str, kind: Any, option: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+def grouped(fn: Callable) -> Callable:
+    """Let a typer command take typed option groups: a parameter annotated `Annotated[Group, flags]` (Group a
+    specs.options model, flags its Flags) is shown to typer as one option per field, listed under the group's
+    help section, and reaches the command as one Group built from those options. Other parameters pass as
+    they are."""
+    hints = get_type_hints(fn, include_extras=True)
+    groups: dict[str, tuple[type[BaseModel], Flags]] = {}
+    params: list[inspect.Parameter] = []
+    for p in inspect.signature(fn).parameters.values():
+        hint = hints.get(p.name, p.annotation)
+        if get_origin(hint) is not Annotated or not isinstance(get_args(hint)[1], Flags):
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hint))
+            continue
+        model, flags = get_args(hint)[0], get_args(hint)[1]
+        if set(model.model_fields) != set(flags.options):
+            raise TypeError(f"{fn.__name__}: {model.__name__}'s fields and its flags differ: "
+                            f"{sorted(set(model.model_fields) ^ set(flags.options))}")
+        groups[p.name] = (model, flags)
+        for field, option in flags.options.items():
+            if option.rich_help_panel is None:
+                option.rich_help_panel = flags.panel
+            params.append(inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=model.model_fields[field].annotation))
+    names = [p.name for p in params]
+    if len(names) != len(set(names)):
+        raise TypeError(f"{fn.__name__}: two option groups share a field: {names}")
 
-    def decorate(fn: Callable) -> Callable:
-        sig = inspect.signature(fn)
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()
-               if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        first = [param(*spec) for spec in lead]
-        rest = [param(*spec) for group in groups for spec in group]
-        fn.__signature__ = sig.replace(parameters=[*first, *own, *rest])  # type: ignore[attr-defined]
-        return fn
-    return decorate
+    @functools.wraps(fn)
+    def command(**given: Any) -> Any:
+        typed = {name: model(**{f: given.pop(f) for f in model.model_fields}) for name, (model, _) in groups.items()}
+        return fn(**given, **typed)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    del command.__wrapped__  # typer reads the signature above, not fn's
+    return command
+
+
+class SectionedCommand(TyperCommand):
+    """A command whose --help lists its options in sections, one per option group (Flags.panel), in click's
+    plain layout: it wraps help text to the terminal and never cuts an option name (rich's tables cut
+    `--account-for-embedding-in-pipeline-split` to fit 80 columns)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        for name, records in sections.items():
+            with formatter.section(name):
+                formatter.write_dl(records)

@@ -1,0 +1,245 @@
+"""The command line's option groups as typed records: the CLI builds one per group from its flags and hands
+them on (cli/options.py names each field's flag). They hold the values as given; the spec each becomes
+(ClusterSpec, ParallelPlan, MemoryAllowance, CheckpointPolicy, ServeJob) holds the bounds and the rules, so
+that a bad value is reported once, by the spec that owns it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+OPTIONS_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ClusterOptions(BaseModel):
+    """Which model on which cluster (--model, --hardware, --nodes, ...): becomes a ModelSpec and a ClusterSpec."""
+
+    model_config = OPTIONS_CONFIG
+    model: str
+    """Built-in model name or path to a model spec / Hugging Face config.json."""
+    hardware: str
+    """Built-in system name or path to a system profile."""
+    nodes: int
+    """Number of nodes (ClusterSpec.num_nodes)."""
+    gpus_per_node: int | None
+    """GPUs used per node; None: all of the system's."""
+    power_limit: float | None
+    """Board power limit per GPU, W; None: the profile's default cap."""
+    domain_gpus: int | None
+    """GPUs used of each NVLink domain; None: all."""
+
+
+class MemoryOptions(BaseModel):
+    """The per-GPU memory allowance (--overhead-gib, --fragmentation): becomes a MemoryAllowance."""
+
+    model_config = OPTIONS_CONFIG
+    overhead_gib: float
+    """Fixed runtime allowance per GPU, GiB (MemoryAllowance.fixed_gib)."""
+    fragmentation: float
+    """Allocator fragmentation, a fraction of tensor memory (MemoryAllowance.fragmentation)."""
+
+
+class CheckpointOptions(BaseModel):
+    """Goodput's inputs (--checkpoint, --checkpoint-interval, --failure-rate): becomes a CheckpointPolicy."""
+
+    model_config = OPTIONS_CONFIG
+    checkpoint: str
+    """sync | async | memory (CheckpointPolicy.mode)."""
+    checkpoint_interval: float | None
+    """Seconds between checkpoints; None: the optimal (CheckpointPolicy.interval_s)."""
+    failure_rate: float | None
+    """Failures per GPU-hour; None: the profile's (CheckpointPolicy.failures_per_gpu_hour)."""
+
+
+class OutputOptions(BaseModel):
+    """Where the answer goes (--json, --save, --force)."""
+
+    model_config = OPTIONS_CONFIG
+    json_mode: bool
+    """One JSON document on stdout instead of tables."""
+    save: Path | None
+    """The plan file to write; None: none."""
+    force: bool
+    """Overwrite an existing --save file."""
+
+
+class SwitchOptions(BaseModel):
+    """The training switches estimate and search share (ParallelPlan / Workload fields, cli.inputs.switches);
+    dtype is also the serving weights' dtype."""
+
+    model_config = OPTIONS_CONFIG
+    seq_len: int | None
+    """Tokens per sequence (ParallelPlan.seq_len); None: min(default, the model's context)."""
+    dtype: str
+    """Compute dtype (ParallelPlan.dtype; serving: ServePlan.weight_dtype)."""
+    precision: str | None
+    """A training recipe naming dtype and scaling at once (specs.plan.PRECISIONS); None: from dtype."""
+    moe_capacity_factor: float | None
+    """ParallelPlan.moe_capacity_factor; None: dropless."""
+    pp_schedule: str
+    """ParallelPlan.pp_schedule."""
+    flash_attention: bool
+    """ParallelPlan.flash_attention."""
+    attention_kernel: str
+    """ParallelPlan.attention_kernel."""
+    fused_loss: bool
+    """ParallelPlan.fused_loss."""
+    tp_impl: str
+    """ParallelPlan.tp_impl."""
+    recompute_layers: int | None
+    """ParallelPlan.recompute_layers."""
+    recompute_modules: str | None
+    """Comma-separated Megatron recompute modules (ParallelPlan.recompute_modules); None: the default."""
+    overlap_grad_reduce: bool
+    """ParallelPlan.overlap_grad_reduce."""
+    overlap_param_gather: bool
+    """ParallelPlan.overlap_param_gather."""
+    tp_comm_overlap: bool
+    """ParallelPlan.tp_comm_overlap."""
+    ep_comm_overlap: bool
+    """ParallelPlan.ep_comm_overlap."""
+    moe_dispatcher: str
+    """ParallelPlan.moe_dispatcher."""
+    moe_routing: str
+    """ParallelPlan.moe_routing."""
+    fp32_param_shards: bool
+    """ParallelPlan.fp32_param_shards."""
+    grad_dtype: str | None
+    """ParallelPlan.grad_dtype; None (search only): both tried."""
+    fp8_params: bool | None
+    """ParallelPlan.fp8_params; None (search only): both tried where the recipe allows."""
+    axis_order: str
+    """Rank placement, innermost axis first (topology.placement.parse_order)."""
+
+
+class PipelineSplitOptions(BaseModel):
+    """How layers split over pipeline stages, Megatron's uneven-split flags (cli.inputs.pipeline_split)."""
+
+    model_config = OPTIONS_CONFIG
+    pp_first: int
+    """Layers on the first stage (ParallelPlan.pp_first); 0: an even share."""
+    pp_last: int
+    """Layers on the last stage (ParallelPlan.pp_last); 0: an even share."""
+    embedding_in_split: bool
+    """Count the embedding as a layer of the first stage."""
+    loss_in_split: bool
+    """Count the loss as a layer of the last stage."""
+
+
+class PlanOptions(BaseModel):
+    """estimate's training plan: its degrees and batch, each the ParallelPlan field of the same name."""
+
+    model_config = OPTIONS_CONFIG
+    tp: int
+    """ParallelPlan.tp (serving: ServePlan.tp)."""
+    pp: int
+    """ParallelPlan.pp (serving: ServePlan.pp)."""
+    dp: int | None
+    """ParallelPlan.dp; None: GPUs / (tp * pp * cp)."""
+    cp: int
+    """ParallelPlan.cp."""
+    ep: int
+    """ParallelPlan.ep (serving: ServePlan.ep)."""
+    etp: int | None
+    """ParallelPlan.etp; None: tp."""
+    vpp: int
+    """ParallelPlan.vpp."""
+    pp_layers: str | None
+    """Comma-separated layers of every stage (ParallelPlan.pp_layers); None: pipeline split options."""
+    pp_layout: str | None
+    """Megatron's pipeline layout string or 'balanced' (ParallelPlan.pp_layout); None: none."""
+    sp: bool | None
+    """ParallelPlan.sp; None: on when tp > 1."""
+    zero: int
+    """ParallelPlan.zero."""
+    recompute: str
+    """ParallelPlan.recompute."""
+    micro_batch: int
+    """ParallelPlan.micro_batch."""
+    global_batch: int | None
+    """ParallelPlan.global_batch; None: micro_batch x dp."""
+
+
+class SearchPins(BaseModel):
+    """search's space: the axes pinned (None: searched), the limits of the free ones and the batch."""
+
+    model_config = OPTIONS_CONFIG
+    tp: int | None
+    """Pinned ParallelPlan.tp (serving: ServePlan.tp)."""
+    pp: int | None
+    """Pinned ParallelPlan.pp (serving: ServePlan.pp)."""
+    cp: int | None
+    """Pinned ParallelPlan.cp."""
+    ep: int | None
+    """Pinned ParallelPlan.ep (serving: ServePlan.ep)."""
+    etp: int | None
+    """Pinned ParallelPlan.etp."""
+    vpp: int | None
+    """Pinned ParallelPlan.vpp."""
+    sp: bool | None
+    """Pinned ParallelPlan.sp."""
+    zero: int | None
+    """Pinned ParallelPlan.zero."""
+    recompute: str | None
+    """Pinned ParallelPlan.recompute."""
+    micro_batch: int | None
+    """Pinned ParallelPlan.micro_batch."""
+    max_tp: int | None
+    """Largest tp tried; None: the NVLink domain."""
+    max_pp: int | None
+    """Largest pp tried."""
+    max_cp: int | None
+    """Largest cp tried."""
+    no_cp: bool
+    """Pin cp to 1."""
+    global_batch: int | None
+    """Sequences per step; None: from batch_tokens."""
+    batch_tokens: str | None
+    """Tokens per step (e.g. 16M); None: the default."""
+
+
+class SearchGoal(BaseModel):
+    """What search ranks by and shows."""
+
+    model_config = OPTIONS_CONFIG
+    objective: str
+    """search.run.OBJECTIVES (serving: search.serve.SERVE_OBJECTIVES)."""
+    train_tokens: str
+    """Token budget for time-to-train / gpu-hours (e.g. 1T)."""
+    top: int
+    """Plans shown."""
+    min_headroom: float | None
+    """GiB each plan must leave free per GPU (CheckThresholds.min_headroom_gib)."""
+    wide: bool
+    """Tables with a column per degree."""
+    explain_opt: bool
+    """Explain why #1 beats #2 and the conventional plan."""
+
+
+class ServingOptions(BaseModel):
+    """The serving workload and engine (--mode infer): with each command's load flags, becomes a ServeJob."""
+
+    model_config = OPTIONS_CONFIG
+    input_len: int
+    """ServeJob.input_len."""
+    output_len: int
+    """ServeJob.output_len."""
+    kv_dtype: str
+    """ServePlan.kv_dtype."""
+    ttft_slo: float | None
+    """ServeJob.ttft_slo_s."""
+    tpot_slo: float | None
+    """ServeJob.tpot_slo_s."""
+    prefix_hit_rate: float
+    """ServeJob.prefix_hit_rate."""
+    gpu_memory_utilization: float
+    """ServeJob.gpu_memory_utilization."""
+    block_size: int
+    """ServeJob.block_size."""
+    max_num_batched_tokens: int
+    """ServeJob.max_num_batched_tokens."""
+    engine: str
+    """ServeJob.engine."""
+    cuda_graphs: bool
+    """ServeJob.cuda_graphs."""
