@@ -99,10 +99,13 @@ def test_bad_layouts_name_the_rule():
 
 
 def test_interleaving_needs_as_many_microbatches_as_stages():
-    # Megatron's interleaved schedule: n >= p. 4 micro-batches over 4 stages pass, 2 do not.
+    # Megatron-Core's interleaved schedule: whole groups of p micro-batches (schedules.py at d98e8a6 raises on a
+    # partial last group). 4 and 8 micro-batches over 4 stages pass; 2 and 6 do not.
     assert "vpp_microbatches" not in rules("llama-3.1-70b", pp=4, vpp=2, global_batch=4)
+    assert "vpp_microbatches" not in rules("llama-3.1-70b", pp=4, vpp=2, global_batch=8)
     msg = rules("llama-3.1-70b", pp=4, vpp=2, global_batch=2)["vpp_microbatches"]
-    assert "needs at least pp (4) micro-batches" in msg and "gives 2" in msg
+    assert "whole number of groups of pp (4) micro-batches" in msg and "gives 2" in msg
+    assert "gives 6" in rules("llama-3.1-70b", pp=4, vpp=2, global_batch=6)["vpp_microbatches"]
     # Any interleave the layout allows: 126 layers, pp 18, vpp 7 (one layer per virtual stage).
     assert rules("llama-3.1-405b", pp=18, vpp=7, global_batch=18) == {}
     assert "valid vpp: 1, 7" in rules("llama-3.1-405b", pp=18, vpp=2, global_batch=18)["vpp_layers"]

@@ -308,3 +308,15 @@ def test_megatron_refuses_a_second_rope_scaling(cli, tmp_path):
     assert r.code == 0, r.err
     r = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out")
     assert r.code == 2 and "already scales RoPE (MLA YaRN" in r.err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("--pp", "8", "--vpp", "3", "--pp-layout", "balanced", "--global-batch", "12"),  # a balanced layout, 12 of 8
+    ("--pp", "4", "--vpp", "3", "--global-batch", "10"),  # the even split, 5 micro-batches of 4 stages
+])
+def test_a_partial_last_group_of_micro_batches_is_one_clear_error(cli, args):
+    # Megatron-Core's interleaved schedule raises when the last group of pp micro-batches is partial
+    # (pipeline_parallel/schedules.py at d98e8a6); the schedule simulation deadlocked on these plans and
+    # `estimate` printed "internal error: RuntimeError: pipeline schedule deadlocked".
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", *args)
+    assert r.code == 2 and "whole number of groups of pp" in r.err and "internal error" not in r.err, r.err

@@ -38,8 +38,8 @@ def test_bubble_with_fewer_microbatches_than_stages_is_exact():
     t = [float(stage_compute(m, plan, gpu, *stage_layers(m, plan, i), i == 3).total) for i in range(4)]
     e = estimate_training(m, cluster, plan)
     assert float(e.time.compute + e.time.bubble) == pytest.approx(sum(t), rel=1e-9)
-    # Interleaving does not shorten a one-micro-batch pipeline: it is refused (Megatron needs n >= p).
-    with pytest.raises(Exception, match="needs at least pp"):
+    # Interleaving does not shorten a one-micro-batch pipeline: it is refused (Megatron needs whole groups of p).
+    with pytest.raises(Exception, match="whole number of groups of pp"):
         estimate_training(m, cluster, plan.model_copy(update={"vpp": 2}))
 
 

@@ -3,7 +3,6 @@ exporters and the report read a schedule's record, and the report draws each sch
 
 import json
 from collections import Counter
-from types import SimpleNamespace
 
 from typing import get_args
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from llmplan.cost.params import ParamCounts
-from llmplan.report.common import ReportTable, SCHEMA, billions
+from llmplan.report.common import ReportTable, SCHEMA
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 

@@ -161,8 +161,8 @@ def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int)
     """Why a pinned --vpp that only a balanced layout can take left no plan."""
     n, pp = int(plans.num_microbatches[ranking[0]]), int(plans.pp[ranking[0]])
     why = (f"none of the {tried} balanced-layout plans priced keeps the rules and fits" if tried else
-           f"the {n} micro-batches per step are not a multiple of pp ({pp}), which llmplan's simulation of an "
-           f"interleaved layout schedule needs")
+           f"the {n} micro-batches per step are not a multiple of pp ({pp}), which Megatron-Core's interleaved "
+           f"schedule needs")
     return (f"--vpp {pins.vpp}: the even split cannot take it on pp {bounded_list(sorted(pins.stand_ins))} and "
             f"{why}; change --global-batch or --micro-batch, try another --vpp, or unpin it")
 

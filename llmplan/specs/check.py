@@ -292,11 +292,16 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),
          lambda m, p, c: _vpp_message(m, p)),
-    Rule("vpp_microbatches", lambda m, p, c: (p.vpp == 1) | (p.num_microbatches >= p.pp),
-         lambda m, p, c: f"interleaving (vpp {p.vpp}) needs at least pp ({p.pp}) micro-batches per step, and "
-                         f"global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x {p.dp}) gives "
-                         f"{p.num_microbatches} (Megatron's interleaved schedule); raise --global-batch, lower "
-                         f"--micro-batch, or use --vpp 1"),
+    # Megatron-Core's interleaved schedule runs micro-batches through the chunks in groups of pp
+    # (microbatch_group_size_per_vp_stage, default pp) and raises when the last group is partial
+    # (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving, at d98e8a6)
+    Rule("vpp_microbatches", lambda m, p, c: (p.vpp == 1) | ((p.num_microbatches >= p.pp)
+                                                             & (p.num_microbatches % p.pp == 0)),
+         lambda m, p, c: f"interleaving (vpp {p.vpp}) needs a whole number of groups of pp ({p.pp}) micro-batches "
+                         f"per step, and global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x "
+                         f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
+                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or use "
+                         f"--vpp 1"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
