@@ -10,7 +10,7 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import launcher_schedule, need_mode, refuse, sh_header, virtual_stage_layers
+from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header, virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.layout import format_layout
 
@@ -203,15 +203,8 @@ def arrays(pf: PlanFile) -> str:
 
 def render(pf: PlanFile) -> dict[str, str]:
     defs = arrays(pf)
-    c = pf.cluster
     lines = [
-        "set -euo pipefail",
-        "",
-        f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
-        f"NNODES=${{NNODES:-{c.num_nodes}}}",
-        "NODE_RANK=${NODE_RANK:-0}",
-        "MASTER_ADDR=${MASTER_ADDR:-localhost}",
-        "MASTER_PORT=${MASTER_PORT:-6000}",
+        *rendezvous_lines(pf),
         defs,
         "",
         "torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "

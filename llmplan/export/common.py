@@ -69,6 +69,15 @@ def sh_header(pf: PlanFile, target: str) -> str:
     return "#!/usr/bin/env bash\n" + "".join(f"# {line}\n" for line in header_lines(pf, target))
 
 
+def rendezvous_lines(pf: PlanFile) -> list[str]:
+    """The start of a torchrun script's body: strict bash, then the node and rendezvous variables, each
+    overridable from the environment."""
+    c = pf.cluster
+    return ["set -euo pipefail", "", f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
+            f"NNODES=${{NNODES:-{c.num_nodes}}}", "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+            "MASTER_PORT=${MASTER_PORT:-6000}"]
+
+
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:
     if pf.mode != mode:
         kind = "serving" if mode == "infer" else "training"

@@ -4,7 +4,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
-from llmplan.export.common import virtual_stage_layers, as_flags, launcher_schedule, need_mode, refuse, sh_header
+from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header, virtual_stage_layers)
 from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -249,16 +249,10 @@ def check(pf: PlanFile) -> None:
 
 def script_body(pf: PlanFile, launcher: str) -> str:
     """The shared body: node/rendezvous variables, argument arrays; `launcher` is the command that runs."""
-    p, c = pf.plan, pf.cluster
+    p = pf.plan
     arrays = {"MODEL_ARGS": model_flags(pf), "PARALLEL_ARGS": parallel_flags(pf)}
     lines = [
-        "set -euo pipefail",
-        "",
-        f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
-        f"NNODES=${{NNODES:-{c.num_nodes}}}",
-        "NODE_RANK=${NODE_RANK:-0}",
-        "MASTER_ADDR=${MASTER_ADDR:-localhost}",
-        "MASTER_PORT=${MASTER_PORT:-6000}",
+        *rendezvous_lines(pf),
         "MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}",
         f"DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size {pf.model.vocab_size})"
         "   # real data: --data-path \"$DATA_PATH\" --tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\"",
