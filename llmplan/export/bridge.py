@@ -10,7 +10,8 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header, virtual_stage_layers)
+from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
+                                   virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.layout import format_layout
 

@@ -74,8 +74,8 @@ def rendezvous_lines(pf: PlanFile) -> list[str]:
     overridable from the environment."""
     c = pf.cluster
     return ["set -euo pipefail", "", f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
-            f"NNODES=${{NNODES:-{c.num_nodes}}}", "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-localhost}",
-            "MASTER_PORT=${MASTER_PORT:-6000}"]
+            f"NNODES=${{NNODES:-{c.num_nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
+            "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}"]
 
 
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:
