@@ -488,7 +488,13 @@ def test_bench_removes_its_temporary_folder(cli, tmp_path, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    r = cli("bench", "--model", "llama-3.1-8b", "--nproc", "1", "--seq-len", "64", "--gemm-tokens", "64",
+    # A small model: the folder's removal does not depend on it, and an 8B model's GEMMs took 15 s on CPU.
+    tiny = tmp_path / "spec" / "tiny.yaml"
+    tiny.parent.mkdir()
+    tiny.write_text("name: tiny\nmodel_type: llama\nhidden_size: 256\nintermediate_size: 704\n"
+                    "num_hidden_layers: 2\nnum_attention_heads: 8\nnum_key_value_heads: 4\nvocab_size: 1024\n"
+                    "max_position_embeddings: 4096\n")
+    r = cli("bench", "--model", tiny, "--nproc", "1", "--seq-len", "64", "--gemm-tokens", "64",
             "--components", "gemm", "--timeout", "120")
     assert r.code == 0, r.err
     assert not list(tmp_path.glob("llmplan-bench-*"))

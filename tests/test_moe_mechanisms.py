@@ -91,7 +91,9 @@ def test_grouped_gemm_fills_the_waves_with_every_local_expert():
 
 def test_routing_imbalance_matches_a_seeded_simulation_of_forced_balancing():
     # Megatron's --moe-router-force-load-balancing: random logits, each token's top-k a uniform k-subset of
-    # the E experts. The most-loaded of ep ranks (E/ep experts each), averaged over 200 draws.
+    # the E experts. The most-loaded of ep ranks (E/ep experts each), averaged over 200 draws. How many of a
+    # token's k picks land on each rank is multivariate hypergeometric (k draws without replacement from ep
+    # colours of E/ep experts): the same distribution as sorting E random keys per token, drawn 30x faster.
     rng = np.random.default_rng(0)
     for name, ep, tokens in (("qwen3-30b-a3b", 8, 512), ("deepseek-v3", 64, 256)):
         m = M[name]
@@ -99,8 +101,8 @@ def test_routing_imbalance_matches_a_seeded_simulation_of_forced_balancing():
         plan = ParallelPlan(dp=ep, ep=ep, etp=1, seq_len=tokens, micro_batch=1, global_batch=ep)
         worst = []
         for _ in range(200):
-            picks = np.argsort(rng.random((ep * tokens, E)), axis=1)[:, :k]
-            per_rank = np.bincount((picks // (E // ep)).ravel(), minlength=ep)
+            per_rank = rng.multivariate_hypergeometric([E // ep] * ep, k, size=ep * tokens, method="count").sum(axis=0)
+            assert per_rank.sum() == ep * tokens * k
             worst.append(per_rank.max() / (tokens * k))
         assert routing_imbalance(m, plan) == pytest.approx(np.mean(worst), abs=0.01)
     # The benchmark tables' case is small: DeepSeek-V3, one 4,096-token micro-batch, EP64 within 1.5%.

@@ -289,9 +289,11 @@ def test_power_of_two_share_of_an_nvl72_domain():
 def test_search_tries_a_power_of_two_share_of_nvl72_domains(cli):
     # DeepSeek-V3 in MXFP8 on 32 GB300 NVL72 racks: with 64 of each rack's 72 GPUs, EP 64 stays inside one
     # NVLink domain and the search shows that layout, saying what all 72 would give; a dense model (no EP
-    # degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share.
+    # degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share. The gradient dtype and
+    # fp8 weights are pinned to the variant a free search picks (bf16, on): each of the 4 variants makes its
+    # own domain choice, and trying all 4 (tests/test_memory_switches.py) made this test search 8 times.
     r = cli("search", "--model", "deepseek-v3", "--hardware", "gb300-nvl72", "--nodes", "576", "--precision",
-            "mxfp8", "--json")
+            "mxfp8", "--grad-dtype", "bf16", "--fp8-params", "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert d["domain"]["used_per_domain"] == 64 and d["gpus"] == 2048
