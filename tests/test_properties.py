@@ -29,10 +29,12 @@ def valid_plans(draw):
     dp = ep * draw(st.sampled_from([1, 2, 4]))
     mb = draw(st.sampled_from([1, 2]))
     seq = draw(st.sampled_from([s for s in (1024, 2048, 4096) if s <= m.max_position_embeddings]))
+    n = draw(st.sampled_from([1, 4, 16]))  # micro-batches per step
     plan = ParallelPlan(
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, ep=ep, etp=1, vpp=vpp, sp=tp > 1 and draw(st.booleans()),
         zero=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "full"])),
-        micro_batch=mb, global_batch=mb * dp * max(pp if vpp > 1 else 1, draw(st.sampled_from([1, 4, 16]))),
+        # interleaving takes whole groups of pp micro-batches (rule vpp_microbatches): the smallest multiple
+        micro_batch=mb, global_batch=mb * dp * (-(-n // pp) * pp if vpp > 1 else n),
         seq_len=seq,
         flash_attention=draw(st.booleans()), grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
     )
