@@ -493,7 +493,6 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
-    edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
-    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.zero_shard + expert_on_rank / edp,
+    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.zero_shard + expert_on_rank / plan.expert_dp,
                     params_on_rank)
     return sharded * per_param / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)

@@ -57,9 +57,8 @@ def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     distributed save assigns them (Megatron-LM dist_checkpointing, fully_parallel_save). Derived:
     docs/formulas.md#goodput.checkpoint"""
     per = checkpoint_bytes_per_param(plan)
-    edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     shares = each_stage(candidate_stages(m, plan),
-                        lambda s: (lambda rp: rp.dense / plan.zero_shard + rp.expert / edp)(rank_params(m, plan, s)))
+                        lambda s: (lambda rp: rp.dense / plan.zero_shard + rp.expert / plan.expert_dp)(rank_params(m, plan, s)))
     best = shares[0]
     for s in shares[1:]:
         best = maximum(best, s)

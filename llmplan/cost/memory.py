@@ -393,8 +393,7 @@ class TrainingMemory(Breakdown):
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
-                 capacity: float, per_layer: LayerActivations | None = None,
-                 fp8_tn_only: bool = True) -> TrainingMemory:
+                 capacity: float, fp8_tn_only: bool = True) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
@@ -405,12 +404,10 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     copies = schedule_of(plan).param_copies  # DualPipe: each rank holds stages i and pp-1-i
     if copies != 1:
         rp = RankParams(dense=copies * rp.dense, expert=copies * rp.expert)
-    edp = maximum(1, plan.num_gpus // (plan.etp_resolved * plan.ep * plan.pp))
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
-    expert = model_state_bytes(rp.expert, edp, plan.zero, state_w, grad_b, state_o)
+    expert = model_state_bytes(rp.expert, plan.expert_dp, plan.zero, state_w, grad_b, state_o)
     act = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, s: activation_bytes(
-        m, p, s, per_layer if p is plan and per_layer is not None
-        else memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
+        m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
     cache = low_precision_weight_cache(m, plan, rp, stage, fp8_tn_only)
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
@@ -457,7 +454,7 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not)."""
     allowance = allowance or MemoryAllowance()
     results = each_stage(candidate_stages(m, plan),
-                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, None, fp8_tn_only))
+                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only))
     totals = [r.total for r in results]
     if any(isinstance(t, np.ndarray) for t in totals):  # plan arrays: the first stage with the largest total
         return _choose(np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0), results)

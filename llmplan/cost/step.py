@@ -111,8 +111,7 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[An
         sc = same.get(key) if key else None
         if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
             sc = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, i: stage_compute(
-                m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1) if p is not plan
-                else stage_compute(m, plan, gpu, n_dense, n_moe, last))
+                m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1))
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe

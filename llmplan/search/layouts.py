@@ -106,8 +106,8 @@ def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins, 
         seen.add(key)
         vs = layout_degrees(L, pp, int(plans.pp_first[i]), int(plans.pp_last[i]), pins.vpp)
         p = plans.plan(int(i))
-        # cost.schedule simulates whole groups of pp micro-batches only (it deadlocks on a partial group, which
-        # check_plan's vpp_microbatches allows): leave such shapes to the vectorised pass
+        # check_plan's vpp_microbatches refuses a partial last group of pp micro-batches once interleaved:
+        # skip such shapes here so that they take no slot of the SHAPES priced
         if not vs or p.num_microbatches % pp:
             continue
         out += [with_layout(m, p, v) for v in vs]
@@ -118,13 +118,10 @@ def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins, 
 
 
 def score(e: TrainingEstimate, objective: str) -> float:
-    """A priced plan's objective score, as search.run.objective_score ranks the vectorised ones."""
-    if objective == "headroom":
-        return float(e.memory.headroom)
-    tokens = float(e.throughput.tokens_per_s)
-    if objective in ("time-to-train", "gpu-hours") and e.goodput is not None:
-        return tokens * float(e.goodput.useful)
-    return tokens
+    """A priced plan's objective score: search.run.objective_score of its estimate."""
+    from llmplan.search.run import objective_score
+
+    return float(objective_score(e, objective, e.goodput.useful if e.goodput is not None else None))  # type: ignore[arg-type]
 
 
 def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowance: Any, order: tuple[str, ...],

@@ -144,6 +144,12 @@ class PlanQuantities:
         return self.dp * self.cp  # type: ignore[attr-defined]
 
     @property
+    def expert_dp(self) -> Any:
+        """Ranks that share one routed expert's optimizer/gradient shards and its checkpoint share: Megatron-Core's
+        expert data-parallel group, world / (etp x ep x pp) (parallel_state.py, expt_dp_group)."""
+        return maximum(1, self.num_gpus // (self.etp_resolved * self.ep * self.pp))  # type: ignore[attr-defined]
+
+    @property
     def num_microbatches(self) -> Any:
         """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
         memo = getattr(self, "memo", None)  # plan arrays keep it once
