@@ -21,7 +21,7 @@ from llmplan.cost.params import (
 )
 from llmplan.cost.schedule import stage_order
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import MemoryAllowance, ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
@@ -348,7 +348,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         dense_b, moe_b = r * la.dense + (1 - r) * la.kept_dense, r * la.moe + (1 - r) * la.kept_moe
     per_mb = n_dense * dense_b + n_moe * moe_b
     inflight = inflight_microbatches(plan, stage)
-    if getattr(plan, "pp_layout", None) is not None and plan.vpp > 1:  # unequal chunks: walk the schedule
+    if has_layout(plan) and plan.vpp > 1:  # unequal chunks: walk the schedule
         held = layout_peak_layers(m, plan, int(stage), dense_b, moe_b)
     else:
         held = inflight * per_mb

@@ -14,7 +14,7 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan, PlanLike
+from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def _layer_split(L: int, plan: PlanLike) -> tuple[Any, Any, Any]:
 def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
     """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
     of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
-    if isinstance(plan, ParallelPlan) and plan.pp_layout is not None:
+    if has_layout(plan):
         return tuple(sum(c.count("t") for c in row) for row in layout_grid(plan))
     return getattr(plan, "pp_layers", None)
 
@@ -235,7 +235,7 @@ def stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 
 def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
-    if isinstance(plan, ParallelPlan) and plan.pp_layout is not None:  # it places every layer and MTP module
+    if has_layout(plan):  # it places every layer and MTP module
         chunks = layout_chunk_layers(m, plan)[int(stage)]
         return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)

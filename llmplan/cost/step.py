@@ -26,7 +26,7 @@ from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_lay
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
 
 GPU_SPEED_SPREAD = 0.012
@@ -52,10 +52,14 @@ all-to-alls, the sort of the received rows by local expert and its inverse, the 
 of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
 places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
 d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
-GRAPHED_LAYER_KERNELS = 2 + 8
-"""Launches left per MoE layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the graphed
-attention part and the graphed router and preprocessing are one launch each; the permute, all-to-alls,
-grouped GEMMs, activation and unpermute after the host's wait stay eager (8)."""
+GRAPH_LAUNCHES = 2
+"""Graph launches per layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the attention part and
+the MLP (a dense layer) or the router and preprocessing (a MoE layer), one launch each."""
+GRAPHED_MOE_EAGER = 8
+"""Kernels of a MoE layer's forward that stay eager under per-layer CUDA graphs: the permute, all-to-alls, grouped
+GEMMs, activation and unpermute after the host's wait."""
+GRAPHED_LAYER_KERNELS = GRAPH_LAUNCHES + GRAPHED_MOE_EAGER
+"""Launches left per MoE layer's forward under per-layer CUDA graphs."""
 
 BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
 
@@ -294,11 +298,11 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
     graphed = plan.cuda_graphs == "layers"
-    per_layer = where(graphed, 2, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
-    per_moe = where(graphed, GRAPHED_LAYER_KERNELS - 2, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
+    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
-    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + 2, MOE_CYCLE_HOST_OPS)
+    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
     return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
 
@@ -361,9 +365,10 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa, params_on_rank),
                "cp": n * cp_mb, "ep": n * ep_mb}
     model = model_flops_per_step(m, plan)
-    bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
-    if getattr(plan, "pp_layout", None) is not None and v > 1:  # unequal chunks: simulate the schedule
+    if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
         bubble = layout_bubble(m, plan, gpu, per_mb, worst)
+    else:
+        bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
     # Derived: docs/formulas.md#step.overhead
     r_max = recomputed_share(plan, l_max)
     layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, has_layout
 from llmplan.specs.schedule import SCHEDULES, schedule_of
 from llmplan.specs.serve import ServeJob, ServePlan
 
@@ -106,7 +106,7 @@ def split_text(m: ModelSpec, p: int) -> str:
 def _split_ok(m: ModelSpec, p: Any) -> Any:
     """The stage layer counts add up to the layers, with at least one layer on every stage."""
     L = m.num_hidden_layers
-    if getattr(p, "pp_layout", None) is not None:
+    if has_layout(p):
         return True  # rule pp_layout holds a layout's own rules
     if getattr(p, "pp_layers", None) is not None:
         return sum(p.pp_layers) == L and min(p.pp_layers) >= 1
@@ -159,7 +159,7 @@ def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
 
 
 def _vpp_ok(m: ModelSpec, p: Any) -> Any:
-    if getattr(p, "pp_layout", None) is not None:
+    if has_layout(p):
         return True  # the layout sets every chunk (rule pp_layout: its chunks are pp x vpp)
     if getattr(p, "pp_layers", None) is not None:
         counts = p.pp_layers

@@ -81,6 +81,12 @@ class PlanLike(Protocol):
     def pp_last(self) -> Any: ...
 
 
+def has_layout(plan: Any) -> bool:
+    """Whether the plan lists its pipeline's virtual chunks (ParallelPlan.pp_layout); plan arrays and serving
+    plans never do."""
+    return getattr(plan, "pp_layout", None) is not None
+
+
 class PlanQuantities:
     """The quantities derived from a plan's degrees, written once for one ParallelPlan (Python numbers) and
     for search.grid.PlanArrays (numpy arrays of many plans): both provide tp, pp, dp, cp, micro_batch,
