@@ -208,6 +208,8 @@ def test_precision_presets(dtype, recipe, fp8_params, preset):
     ("dense_train", {"tp_comm_overlap": True}, "TP / EP communication overlap"),
     ("dense_train", {"attention_kernel": "flash2"}, "flash2 attention kernel"),
     ("dense_train", {"pp_schedule": "zero-bubble"}, "zero-bubble pipeline schedule"),
+    ("dense_train", {"cuda_graphs": "layers"}, "CUDA graphs"),  # was dropped without a word
+    ("dense_train", {"seq_len": 262144}, "past llama-3.1-70b's max_position_embeddings"),  # YaRN was dropped
 ])
 def test_refusals(case, changes, needle):
     pf = load_plan(PLANS / f"{case}.json")
@@ -245,3 +247,10 @@ def test_a_plans_pipeline_layout_reaches_the_bridge_recipe():
     layout = hydra_applied(overrides(render_all(pf, "megatron-bridge")[0][SCRIPT]), True)["model"][
         "pipeline_model_parallel_layout"]
     assert "," not in layout and parse_layout(layout) == chunks
+
+
+def test_a_plans_recompute_modules_reach_the_bridge_recipe():
+    # The plan's Megatron modules, not always core_attn (they were dropped: the script said [core_attn])
+    args = overrides(script("dense_train", recompute="selective", recompute_modules=("layernorm", "mlp")))
+    cfg = hydra_applied(args, True)["model"]
+    assert cfg["recompute_granularity"] == "selective" and list(cfg["recompute_modules"]) == ["layernorm", "mlp"]

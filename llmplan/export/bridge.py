@@ -93,6 +93,11 @@ def check(pf: PlanFile) -> None:
          "userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
          "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+        (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
+         "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
+        (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
+         "the context extension's RoPE scaling, which this export does not write", p.seq_len > m.max_position_embeddings,
+         "export to megatron (it writes YaRN), or re-plan with --seq-len at most max_position_embeddings"),
     ]
     for what, bad, fix in rules:
         if bad:
@@ -159,12 +164,12 @@ def stage_overrides(pf: PlanFile) -> list[tuple[str, object]]:
 
 
 def recompute_overrides(pf: PlanFile) -> list[tuple[str, object]]:
-    """llmplan's selective recompute is Megatron-Core's core_attn module; full recomputes whole layers
-    (uniform, one per group) or the first N of each chunk (block)."""
+    """Selective recompute is Megatron-Core's recompute_modules (the plan's, core_attn when it names none); full
+    recomputes whole layers (uniform, one per group) or the first N of each chunk (block)."""
     p = pf.plan
     granularity, method, layers, modules = None, None, None, None
     if p.recompute == "selective":
-        granularity, modules = "selective", "[core_attn]"
+        granularity, modules = "selective", "[" + ",".join(p.recompute_modules or ("core_attn",)) + "]"
     elif p.recompute == "full":
         granularity = "full"
         method, layers = ("block", p.recompute_layers) if p.recompute_layers is not None else ("uniform", 1)
