@@ -134,7 +134,7 @@ def load_curve(e: ServeEstimate) -> list[LoadPoint]:
         return []
     extra = [b for b in (e.job.batch, e.slo_batch) if b and b <= limit]
     grid = np.unique(np.concatenate([np.round(np.geomspace(1, limit, LOAD_POINTS)), extra])).astype(float)
-    runs = running_plan(e.plan, serving_operator_uses(e.model, e.cluster.system.gpu))
+    runs = running_plan(e.plan, list(e.operators))
     t = serve_timing(e.model, runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
     ttft, tpot = np.broadcast_to(t.ttft, grid.shape), np.broadcast_to(t.tpot, grid.shape)
     ok = np.ones(grid.shape, dtype=bool)

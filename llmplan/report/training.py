@@ -157,7 +157,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
-        **({"context_extension": context_extension(e.model, e.plan)} if context_extension(e.model, e.plan) else {}),
+        **({"context_extension": ext} if (ext := context_extension(e.model, e.plan)) else {}),
         **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
 
@@ -217,8 +217,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         chunks = [c.count("t") for c in e.plan.pp_layout]
         console.print(f"pipeline layout: {len(chunks)} virtual chunks (pp {e.plan.pp} x vpp {e.plan.vpp}) of "
                       f"{split_text(chunks)} layers in model order")
-    if context_note(e.model, e.plan):
-        console.print(context_note(e.model, e.plan))
+    if note := context_note(e.model, e.plan):
+        console.print(note)
     for u in e.operators:
         if not u.available:
             cost = (f": +{e.fallback_cost[0] / GIB:,.2f} GiB per GPU, +{e.fallback_cost[1]:,.3f} s per step"

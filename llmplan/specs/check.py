@@ -334,7 +334,7 @@ RULES: tuple[Rule, ...] = (
                          "what runs; use --recompute full or none, or --dtype bf16"),
     Rule("recompute_modules", lambda m, p, c: (not p.recompute_modules) | p.selective,
          lambda m, p, c: f"recompute_modules ({', '.join(p.recompute_modules)}) are Megatron's selective recompute "
-                         f"(--recompute-granularity selective), but the plan recomputes {p.recompute}; use "
+                         f"modules, but the plan recomputes {p.recompute}; use "
                          "--recompute selective or drop --recompute-modules"),
     Rule("recompute_modules_model", lambda m, p, c: not _foreign_modules(m, p),
          lambda m, p, c: f"recompute_modules {', '.join(_foreign_modules(m, p))} describe layers {m.name} does not "
