@@ -18,6 +18,7 @@ sequence length and format, one source): the alternatives a search ranks.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import math
@@ -97,7 +98,7 @@ def stack_of(rec: dict, fam: str) -> str:
 
 def job_of(rec: dict, fam: str) -> tuple[str, str]:
     """(job, layout) of a training record: the job is what a search holds fixed (source family and software
-    stack, model, GPU type and count, global batch, sequence length, number format), the layout is the rest of
+    stack, model, GPU type and count, global batch, sequence length, number format), the layout is a hash of the rest of
     the plan (TP, PP, DP, CP, EP, VPP, micro-batch, ZeRO stage, recompute, overlaps, kernels). Records of one
     job with different layouts are the alternatives a search ranks; the tie resolution is measured on them."""
     gpus = rec["hardware"].get("gpus") or 1
@@ -107,11 +108,10 @@ def job_of(rec: dict, fam: str) -> tuple[str, str]:
            f"{rec['hardware']['gpu']} x{gpus} | gbs {p.global_batch} s {p.seq_len} | {p.dtype}/{p.recipe}")
     fixed = {"global_batch", "seq_len", "dtype", "recipe"}
     layout = json.dumps({k: v for k, v in p.model_dump(mode="json").items() if k not in fixed}, sort_keys=True)
-    return job, layout
+    return job, hashlib.sha256(layout.encode()).hexdigest()[:16]  # compared for equality only (same_job_groups)
 
 
 def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dict]:
-    group_of = {r["id"]: name for name, recs in acc.ranking_groups(records).items() for r in recs}
     out = []
     for rec in records:
         fam = acc.family(rec["id"])
@@ -122,7 +122,7 @@ def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dic
             continue
         job, layout = job_of(rec, fam)
         out.append({"id": rec["id"], "family": fam, "r": round(got[0], 5), "quantity": got[1],
-                    **tags(rec, fam), "group": group_of.get(rec["id"]), "job": job, "layout": layout})
+                    **tags(rec, fam), "job": job, "layout": layout})
     return out
 
 
