@@ -174,6 +174,23 @@ def _interleaving() -> str:
     return " or ".join(name for name, s in SCHEDULES.items() if s.interleaves)
 
 
+def _schedule_microbatches_ok(p: ParallelPlan) -> Any:
+    """Micro-batches per step meet the schedule's floor (a multiple of pp) and multiple (DualPipe: even, >= 2 pp)."""
+    s, n = schedule_of(p), p.num_microbatches
+    return (n >= s.min_microbatches_per_stage * p.pp) & (n % s.microbatch_multiple == 0)
+
+
+def _schedule_microbatches_message(p: ParallelPlan) -> str:
+    """The step has too few or an odd number of micro-batches for its schedule: the values and the fix."""
+    s, n = schedule_of(p), p.num_microbatches
+    least = max(s.min_microbatches_per_stage * p.pp, s.microbatch_multiple)
+    even = "an even number of " if s.microbatch_multiple == 2 else ""
+    return (f"the {s.title} schedule needs {even}micro-batches per step, at least "
+            f"{s.min_microbatches_per_stage} x pp ({p.pp}) = {least}; global_batch / (micro_batch x dp) = "
+            f"{p.global_batch} / ({p.micro_batch} x {p.dp}) gives {n}: make it "
+            f"{even.replace(' of ', '')}{' ' if even else ''}{least} or more with --global-batch or --micro-batch")
+
+
 def _pp_multiple_message(p: ParallelPlan) -> str:
     """pp is not a multiple of what the plan's schedule needs: why, and the nearest valid pp either side."""
     k = schedule_of(p).pp_multiple
@@ -288,6 +305,8 @@ RULES: tuple[Rule, ...] = (
                          f"set vpp 1 or --pp-schedule {_interleaving()}"),
     Rule("dualpipe_even_pp", lambda m, p, c: p.pp % schedule_of(p).pp_multiple == 0,
          lambda m, p, c: _pp_multiple_message(p)),
+    Rule("schedule_microbatches", lambda m, p, c: _schedule_microbatches_ok(p),
+         lambda m, p, c: _schedule_microbatches_message(p)),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),
