@@ -120,7 +120,7 @@ def systems_json(cmp: Comparison, model: ModelSpec, shown: Mapping[str, tuple[Wo
     """The comparison: "systems" ranked, each with its best plan's run priced (point and 80% interval ends) and
     its whole search (as `search --json` on that system); "plans" the best plan of each, ranked, as search's
     plans are."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, r in enumerate(cmp.systems, 1):
         w, cluster = shown[r.name]
         doc = search_json(r.result, w, cluster, model, cmp.tokens)

@@ -94,6 +94,12 @@ def figure(b: RunBudget, tokens_per_s: float, objective: str) -> float:
     return b.cost_usd if b.cost_usd is not None else math.inf
 
 
+def ranked_figure(r: SystemBest, objective: str) -> float:
+    """figure() of a system whose best plan fits."""
+    assert r.budget is not None and r.tokens_per_s is not None  # compare ranks the rows that fit only
+    return figure(r.budget, r.tokens_per_s[0], objective)
+
+
 def priced(name: str, res: SearchResult, price: Price | None, tokens: float) -> SystemBest:
     """The system's best plan priced for the run at its point and at its 80% interval's ends."""
     if not res.ranked:
@@ -115,14 +121,14 @@ def compare(names: Sequence[str], prices: Sequence[Price | None], search_one: Ca
     the ranked figure)."""
     t0 = time.perf_counter()
     rows = [priced(n, search_one(n), p, tokens) for n, p in zip(names, prices)]
-    fit = [r for r in rows if r.budget is not None and r.tokens_per_s is not None]
+    fit = [r for r in rows if r.budget is not None]
     sign = -1.0 if objective == "throughput" else 1.0
-    fit.sort(key=lambda r: sign * figure(r.budget, r.tokens_per_s[0], objective))  # type: ignore[arg-type,index]
+    fit.sort(key=lambda r: sign * ranked_figure(r, objective))
     ranked = fit + [r for r in rows if r.budget is None]
     if not fit:
         return Comparison(objective, tokens, ranked, [[] for _ in ranked], None, time.perf_counter() - t0)
     res = model_resolution(moe=bool(fit[0].result.ranked[0].model.num_experts))
-    figs = [figure(r.budget, r.tokens_per_s[0], objective) for r in fit]  # type: ignore[arg-type,index]
+    figs = [ranked_figure(r, objective) for r in fit]
     tied = [[j + 1 for j, g in enumerate(figs) if j != i and tied_figures(f, g, res)] for i, f in enumerate(figs)]
     return Comparison(objective, tokens, ranked, tied + [[] for _ in ranked[len(fit):]], res,
                       time.perf_counter() - t0)
