@@ -126,12 +126,11 @@ def test_table_fits_80_columns_and_marks_the_interval(cli) -> None:
     (("--hardware", "dgx-h100,dgx-h100"), "more than once"),
     (("--hardware", "dgx-h100,dgx-b200", "--domain-gpus", "8"), "one system's node shape"),
     (("--hardware", "dgx-h100,dgx-b200", "--explain"), "alone"),
+    (("--hardware", "dgx-h100,dgx-b200", "--mode", "infer"), "one system at a time"),
 ])
 def test_bad_comparison_input_is_one_line_exit_2(cli, args, needle) -> None:
     base = ["search", "--model", "llama-3.1-8b", *args]
-    if "--nodes" not in args and "--budget-gpus" not in args:
-        base += ["--budget-gpus", "16"]
-    elif "--nodes" in args:
+    if "--budget-gpus" not in args and "infer" not in args:
         base += ["--budget-gpus", "16"]
     r = cli(*base)
     assert r.code == 2, (r.code, r.err, r.out[:300])

@@ -12,7 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
-from llmplan.cli.systems import search_systems, wants_comparison
+from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
@@ -64,6 +64,7 @@ def search(
     if output.save is not None:  # refuse an existing --save file before the search, not after it ran and printed
         check_target(output.save, output.force)
     if mode == "infer":
+        refuse_serving_comparison(cluster)
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output)
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output)

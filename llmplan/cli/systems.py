@@ -38,6 +38,13 @@ def wants_comparison(c: ClusterOptions, goal: SearchGoal) -> bool:
     return "," in c.hardware or goal.budget_gpus is not None or goal.price is not None or goal.objective == "cost"
 
 
+def refuse_serving_comparison(c: ClusterOptions) -> None:
+    """Several systems in --hardware compare training runs; serving searches one system at a time."""
+    if "," in c.hardware:
+        raise LlmplanError(f"--hardware {c.hardware} with --mode infer: comparing systems ranks training runs; "
+                           "search serving on one system at a time")
+
+
 def parse_prices(text: str | None, names: list[str]) -> dict[str, float]:
     """--price SYSTEM=USD,...: a non-negative price per GPU-hour for systems of --hardware."""
     prices: dict[str, float] = {}
