@@ -137,7 +137,7 @@ def systems_json(cmp: Comparison, model: ModelSpec, shown: Mapping[str, tuple[Wo
                                                         "fast": run_json(r.fast)} if e else None,
             "best": doc["plans"][0] if doc["plans"] else None, "search": doc})
     fits = [row for row in rows if row["best"] is not None]
-    return {"schema": SCHEMA, "mode": "train", "model": model.name, "hardware": [r.name for r in cmp.systems],
+    return {"schema": SCHEMA, "mode": "train", "model": model.name, "hardware": list(shown),
             "budget_gpus": budget_gpus, "objective": cmp.objective, "train_tokens": cmp.tokens,
             "resolution": cmp.resolution, "search_s": cmp.seconds,
             "considered": sum(r.result.considered for r in cmp.systems),
