@@ -136,3 +136,18 @@ def test_bad_comparison_input_is_one_line_exit_2(cli, args, needle) -> None:
     assert r.code == 2, (r.code, r.err, r.out[:300])
     assert needle in r.err, r.err
     assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+
+
+def test_a_system_where_nothing_fits_ranks_last_and_all_unfit_exits_3(cli) -> None:
+    # Llama-3.1-70B training needs more than 8 x 80 GB (weights, gradients and Adam alone: 16 bytes x 70.6B
+    # parameters = 1.13 TB); 8 x 180 GB B200 hold it sharded.
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100,dgx-b200", "--budget-gpus", "8",
+            "--top", "1", "--json")
+    assert r.code == 0, r.err
+    rows = r.json()["systems"]
+    assert [(s["system"], s["fits"]) for s in rows] == [("dgx-b200", True), ("dgx-h100", False)]
+    assert rows[1]["rank"] is None and rows[1]["run"] is None and rows[1]["run_interval"] is None
+    assert [p["system"] for p in r.json()["plans"]] == ["dgx-b200"]
+    none = cli("search", "--model", "llama-3.1-405b", "--hardware", "dgx-h100,dgx-b200", "--budget-gpus", "8",
+               "--top", "1", "--json")
+    assert none.code == 3 and "no plan fits" in none.err and none.json()["plans"] == []

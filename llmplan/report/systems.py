@@ -110,7 +110,8 @@ def run_json(b: RunBudget | None) -> dict[str, Any] | None:
     if b is None:
         return None
     return {"tokens_per_s": b.tokens / b.seconds, "time_to_train_s": b.seconds,
-            "effective_time_to_train_s": b.effective_seconds, "effective_time_to_train_days": b.effective_seconds / 86400,
+            "effective_time_to_train_s": b.effective_seconds,
+            "effective_time_to_train_days": b.effective_seconds / 86400,
             "gpu_hours": b.gpu_hours, "effective_gpu_hours": b.effective_gpu_hours, "cost_usd": b.cost_usd,
             "energy_kwh": b.energy_kwh}
 
@@ -125,16 +126,19 @@ def systems_json(cmp: Comparison, model: ModelSpec, shown: Mapping[str, tuple[Wo
         w, cluster = shown[r.name]
         doc = search_json(r.result, w, cluster, model, cmp.tokens)
         e = r.result.ranked[0] if r.result.ranked else None
+        used = e.cluster if e else cluster  # the domain share the search chose, where it did
+        interval = {"level": training_interval(e)["level"], "slow": run_json(r.slow), "fast": run_json(r.fast)} \
+            if e else None
         rows.append({
-            "rank": i if r.budget is not None else None, "system": r.name, "nodes": (e.cluster if e else cluster).num_nodes,
-            "gpus": (e.cluster if e else cluster).num_gpus, "fits": r.budget is not None,
+            "rank": i if r.budget is not None else None, "system": r.name, "nodes": used.num_nodes,
+            "gpus": used.num_gpus, "fits": r.budget is not None,
             "tied_with": cmp.tied_with[i - 1] if i <= len(cmp.tied_with) else [],
-            "price_per_gpu_hour": r.price.usd if r.price else None, "price_source": r.price.source if r.price else None,
+            "price_per_gpu_hour": r.price.usd if r.price else None,
+            "price_source": r.price.source if r.price else None,
             "power_per_gpu_w": e.cluster.system.gpu.power_limit_w if e else None,
             "power_basis": "board power limit (TDP unless capped): an upper bound for the GPUs; hosts, network and "
                            "cooling not counted",
-            "run": run_json(r.budget), "run_interval": {"level": training_interval(e)["level"], "slow": run_json(r.slow),
-                                                        "fast": run_json(r.fast)} if e else None,
+            "run": run_json(r.budget), "run_interval": interval,
             "best": doc["plans"][0] if doc["plans"] else None, "search": doc})
     fits = [row for row in rows if row["best"] is not None]
     return {"schema": SCHEMA, "mode": "train", "model": model.name, "hardware": list(shown),
