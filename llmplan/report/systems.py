@@ -76,9 +76,9 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
     console.print(systems_table(cmp))
     for i, r in enumerate(cmp.systems, 1):
         if r.budget is None:
-            console.print(f"{r.name}: no plan fits on {shown[r.name][1].num_gpus:,} GPUs "
-                          + (f"(it would fit with {'; '.join(r.result.suggestions)})" if r.result.suggestions
-                             else "(search it alone for the closest plan)"), highlight=False)
+            hint = (f"(it would fit with {'; '.join(r.result.suggestions)})" if r.result.suggestions and not budget_gpus
+                    else "(search it alone for the closest plan and what would make it fit)")
+            console.print(f"{r.name}: no plan fits on {shown[r.name][1].num_gpus:,} GPUs {hint}", highlight=False)
             continue
         e = r.result.ranked[0]
         iv = training_interval(e)
