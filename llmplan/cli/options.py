@@ -202,13 +202,19 @@ SEARCH_PINS = Flags("Search space", {
                                                               "16M); default 4M."),
 })
 SEARCH_GOAL = Flags("Ranking", {
-    "objective": typer.Option("throughput", "--objective", help="throughput | time-to-train | gpu-hours | headroom."),
+    "objective": typer.Option("throughput", "--objective", help="throughput | time-to-train | gpu-hours | headroom "
+                                                                "| cost (comparing systems: no headroom)."),
     "train_tokens": typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
     "top": typer.Option(5, "--top", min=1, help="How many plans to show."),
     "min_headroom": typer.Option(None, "--min-headroom", min=0.0,
                                  help="Training: GiB each plan must leave free per GPU beyond the allowance."),
     "wide": typer.Option(False, "--wide", help="Tables with a column per degree (wider than 80 columns)."),
     "explain_opt": typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
+    "budget_gpus": typer.Option(None, "--budget-gpus", min=1,
+                                help="Training: GPUs to rent on each system of --hardware A,B,C (whole nodes "
+                                     "within it), instead of --nodes; ranks the systems by the objective."),
+    "price": typer.Option(None, "--price", help="Training: US dollars per GPU-hour, SYSTEM=USD,... (default: "
+                                                "the profile's cited price, if any); prices the run."),
 })
 SERVING = Flags("Serving (--mode infer)", {
     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,

@@ -215,6 +215,10 @@ class SearchGoal(BaseModel):
     """Tables with a column per degree."""
     explain_opt: bool
     """Explain why #1 beats #2 and the conventional plan."""
+    budget_gpus: int | None = None
+    """Training: GPUs to rent on each system of --hardware (whole nodes within it); None: --nodes."""
+    price: str | None = None
+    """Training: prices per GPU-hour, 'SYSTEM=USD,...', over the profiles' (search.systems)."""
 
 
 class ServingOptions(BaseModel):
