@@ -129,12 +129,12 @@ ASSUMPTIONS = {
                   "destination rank), its forced load balancing as random routing and its EP overlap "
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
-                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm and MLA up-projections "
-                "recomputed, as --recompute-modules layernorm mla_up_proj): its own DeepEP-style all-to-all "
+                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
+                "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
-                "RMSNorm and the MLA up-projections only); predicts tokens/s per GPU, the report's 180K GPU hours "
+                "RMSNorm, the MLA up-projections and the SwiGLU output only); predicts tokens/s per GPU, the report's 180K GPU hours "
                 "per trillion tokens; scored, not fitted (no H800 clock is fitted)",
     "mbridge-dense": "Megatron-Bridge performance tables 25.09-26.08 (dense Llama 3 / 3.1 rows): as the bridge family "
                      "reads its recipes (the distributed optimizer, Megatron-FSDP where FSDP > 0, bf16 gradient "
@@ -445,7 +445,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
         # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
         # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
-        modules = ("layernorm", "mla_up_proj")
+        # ... and §3.3.2, "Low-Precision Storage": the SwiGLU operator's input is cached and its output
+        # recomputed in the backward pass, Megatron's moe_act module
+        modules = ("layernorm", "mla_up_proj", "moe_act")
     recompute = "selective" if modules else recompute
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))

@@ -26,3 +26,22 @@ def test_completed_mbridge_runs_are_predicted_to_fit(published_runs, rid, preset
         assert (plan.pp, plan.vpp, plan.micro_batch) == preset
     rows = dict((q, (p, m)) for q, p, m in accuracy.predict(rec, fam))
     assert rows["fits"] == (1.0, 1.0)
+
+
+def test_moe_experts_keep_their_dispatched_rows_quantised():
+    # Transformer Engine's GroupedLinear saves the quantised cast of each (token, expert) row for its wgrad GEMM
+    # (grouped_linear.py: the inputmats saved with columnwise usage), and Megatron's fused permute keeps only its
+    # index map; the router reads the pre-MLP norm's output unquantised. So in fp8 an MoE layer keeps its T.k
+    # dispatched rows at 1 byte per element where bf16 keeps 2, its fc2 inputs likewise, and the norm output
+    # (the router's input) at 2 bytes in both.
+    from llmplan.cost.memory import layer_activation_parts
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+
+    m = builtin_models()["qwen3-30b-a3b"]
+    kw = dict(tp=1, dp=8, ep=8, etp=1, seq_len=4096, micro_batch=2, global_batch=16)
+    bf16 = layer_activation_parts(m, ParallelPlan(**kw), True)
+    fp8 = layer_activation_parts(m, ParallelPlan(**kw, dtype="fp8", recipe="tensorwise"), True)
+    T, k, h, f = 4096 * 2, m.num_experts_per_tok, m.hidden_size, m.expert_ffn
+    assert float(bf16.mlp - fp8.mlp) == pytest.approx(T * k * h * (2 - 1) + T * k * f * (2 - 1), rel=1e-12)
+    assert float(fp8.mlp_input) == float(bf16.mlp_input) == 2 * T * h
