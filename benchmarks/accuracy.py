@@ -445,7 +445,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
         # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
         # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
-        # ... and §3.3.2, "Low-Precision Storage": the SwiGLU operator's input is cached and its output
+        # ... and §3.3.3, "Low-Precision Storage": the SwiGLU operator's input is cached and its output
         # recomputed in the backward pass, Megatron's moe_act module
         modules = ("layernorm", "mla_up_proj", "moe_act")
     recompute = "selective" if modules else recompute
