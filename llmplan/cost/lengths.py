@@ -62,6 +62,12 @@ def points(d: LengthDistribution) -> tuple[np.ndarray, np.ndarray]:
     return np.exp(_mu(d) + d.sigma * np.sqrt(2.0) * z), w / np.sqrt(np.pi)
 
 
+def mean_length(d: LengthDistribution) -> float:
+    """The distribution's mean (a lognormal's is its parameter; a histogram's its weighted mean)."""
+    x, w = points(d)
+    return float(d.mean) if d.mean is not None else float(w @ x)
+
+
 def quantile(d: LengthDistribution, u: float) -> float:
     """Length at probability u: exp(mu + sigma Phi^-1(u)) for a lognormal; the smallest histogram length whose
     cumulative weight reaches u. Derived: docs/formulas.md#infer.lengths"""

@@ -15,19 +15,7 @@ from llmplan.cost.inference import Spans, decode_tpot, kv_bytes_per_seq_gpu, ser
 from llmplan.cost.params import padded_vocab
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.serve import ServeJob, ServePlan, SpeculativeSpec
-
-ACCEPTANCE: dict[str, float] = {
-    # Source: DeepSeek-V3 Technical Report (arXiv 2412.19437) §5.4.3: "the acceptance rate of the second token
-    # prediction ranges between 85% and 90%" (the lower end taken).
-    "mtp": 0.85,
-    # Source: Li et al. 2024, EAGLE (ICML 2024, arXiv 2401.15077) §5: acceptance rates n-alpha of chain drafts
-    # on MT-bench of about 0.7-0.8 (Vicuna 7B), the middle taken.
-    "eagle": 0.75,
-}
-"""Published acceptance rate per method, used when the job gives none. n-gram has none: its acceptance is
-how much of the output repeats the prompt (vLLM docs, N-Gram speculation), so the user must give it."""
-
+from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan, SpeculativeSpec
 
 def acceptance_of(spec: SpeculativeSpec) -> float:
     """The job's acceptance rate, else the method's published default (ACCEPTANCE); check_serve_plan refuses

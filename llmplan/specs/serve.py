@@ -84,6 +84,17 @@ class ServePlan(Spec):
 
 SpeculativeMethod = Literal["mtp", "eagle", "ngram"]
 
+ACCEPTANCE: dict[str, float] = {
+    # Source: DeepSeek-V3 Technical Report (arXiv 2412.19437) §5.4.3: "the acceptance rate of the second token
+    # prediction ranges between 85% and 90%" (the lower end taken).
+    "mtp": 0.85,
+    # Source: Li et al. 2024, EAGLE (ICML 2024, arXiv 2401.15077) §5: acceptance rates n-alpha of chain drafts
+    # on MT-bench of about 0.7-0.8 (Vicuna 7B), the middle taken.
+    "eagle": 0.75,
+}
+"""Published acceptance rate per speculative method, used when the job gives none. n-gram has none: its
+acceptance is how much of the output repeats the prompt (vLLM docs, N-Gram speculation), so it must be given."""
+
 
 class SpeculativeSpec(Spec):
     """Speculative decoding: a cheap proposer drafts k tokens per sequence, the target verifies them in one
