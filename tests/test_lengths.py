@@ -26,7 +26,8 @@ def _one_point(n: int) -> LengthDistribution:
 @pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
 @pytest.mark.parametrize("spec", [None, SpeculativeSpec(method="eagle", num_speculative_tokens=3)])
 def test_one_point_distribution_gives_todays_numbers(engine, spec):
-    job = ServeJob(input_len=3000, output_len=400, batch=48, engine=engine, speculative=spec)
+    job = ServeJob(input_len=3000, output_len=400, batch=48, engine=engine, speculative=spec, ttft_slo_s=0.5,
+                   tpot_slo_s=0.04)
     today = estimate_serving(LLAMA70B, CLUSTER, PLAN, job)
     for dists in ({"input_len_dist": _one_point(3000), "output_len_dist": _one_point(400)},
                   {"input_len_dist": LengthDistribution(kind="lognormal", mean=3000, sigma=0.0)}):
@@ -40,6 +41,7 @@ def test_one_point_distribution_gives_todays_numbers(engine, spec):
         assert s.tpot_mean_s == pytest.approx(float(today.timing.tpot), rel=1e-9)
         assert s.tokens_per_s_replica == pytest.approx(float(today.timing.tokens_per_s_replica), rel=1e-9)
         assert s.max_concurrent_seqs == today.memory.max_concurrent_seqs
+        assert s.slo_batch == today.slo_batch
 
 
 @settings(max_examples=20, deadline=None)
@@ -56,6 +58,7 @@ def test_percentiles_rise_and_spread_costs_capacity(mean_in, mean_out, sigma):
     # Long outputs stay longer in the batch: E[O^2]/E[O] >= E[O], so a running sequence holds more than
     # E[I] + E[O]/2 and fewer fit than at the mean lengths (Jensen).
     assert s.held_tokens >= mean_in + mean_out / 2 - 1e-6
+    assert s.slo_batch is None
     fixed = estimate_serving(LLAMA70B, CLUSTER, PLAN, job.model_copy(update={"input_len_dist": None,
                                                                            "output_len_dist": None}))
     assert s.max_concurrent_seqs <= fixed.memory.max_concurrent_seqs + 1
@@ -77,6 +80,16 @@ def test_trace_shapes_carry_their_published_means():
     assert TRACE_SHAPES["sharegpt"][:2] == (161.31, 337.99)
     assert TRACE_SHAPES["lmsys-chat"][:2] == (69.5, 214.5)
     assert TRACE_SHAPES["rag-long"][:2] == (7590.0, 182.0)
+
+
+def test_long_prompt_tail_lowers_the_slo_concurrency():
+    # A TTFT SLO met at the mean prompt can fail at its p99: the distribution's SLO concurrency is never above
+    # the mean's when the p99 prompt is longer than the mean.
+    job = ServeJob(input_len=4000, output_len=256, batch=16, ttft_slo_s=1.0, tpot_slo_s=0.05,
+                   input_len_dist=LengthDistribution(kind="lognormal", mean=4000, sigma=0.8))
+    e = estimate_serving(LLAMA70B, CLUSTER, PLAN, job)
+    assert e.lengths is not None and e.slo_batch is not None and e.slo_batch > 0
+    assert e.lengths.slo_batch is not None and e.lengths.slo_batch < e.slo_batch
 
 
 def test_histogram_quantile_and_mean():

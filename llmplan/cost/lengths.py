@@ -131,6 +131,8 @@ class LengthStats:
     """TPOT at the length-weighted mean context (the throughput's)."""
     max_concurrent_seqs: int
     tokens_per_s_replica: float
+    slo_batch: int | None = None
+    """Largest concurrency whose p99 TTFT and mean TPOT meet the job's SLOs (None without SLOs)."""
 
 
 def ttft_percentiles(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -159,6 +161,23 @@ def tpot_percentiles(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     return {p: float(np.percentile(steps, p)) for p in PERCENTILES}
 
 
+def slo_batch(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
+              limit: int) -> int:
+    """Largest concurrency (up to `limit`) whose TTFT at the p99 prompt and TPOT at the length-weighted mean
+    context meet the job's SLOs (0 if none does), on max_batch_under_slo's grid.
+    Derived: docs/formulas.md#infer.lengths"""
+    if limit < 1:
+        return 0
+    grid = np.unique(np.round(np.geomspace(1, limit, 96))).astype(float)
+    ok = np.ones(grid.shape, dtype=bool)
+    if job.ttft_slo_s is not None:
+        p99 = job.model_copy(update={"input_len": quantile(lengths_of(job)[0], 0.99)})
+        ok &= np.asarray(prefill_seconds(m, plan, system, spans, p99, grid)) <= job.ttft_slo_s
+    if job.tpot_slo_s is not None:
+        ok &= np.asarray(job_tpot(m, plan, system, spans, job, grid, held_tokens(job)[1])) <= job.tpot_slo_s
+    return int(grid[ok].max()) if ok.any() else 0
+
+
 def length_stats(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
                  kv_available: float) -> LengthStats:
     """TTFT/TPOT percentiles, KV capacity and throughput under the job's distributions at job.batch: capacity
@@ -178,8 +197,10 @@ def length_stats(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
                for x, w in zip(xi, wi))
     out_mean = float(wo @ xo)
     ttft, ttft_mean = ttft_percentiles(m, plan, system, spans, job, b)
+    seqs = max(0, int(kv_available // per_seq)) if per_seq else 0
+    slos = job.ttft_slo_s is not None or job.tpot_slo_s is not None
     return LengthStats(
         input_mean=float(wi @ xi), output_mean=out_mean, held_tokens=held, ttft_s=ttft, ttft_mean_s=ttft_mean,
         tpot_s=tpot_percentiles(m, plan, system, spans, job, b), tpot_mean_s=tpot,
-        max_concurrent_seqs=max(0, int(kv_available // per_seq)) if per_seq else 0,
-        tokens_per_s_replica=b * out_mean / (out_mean * tpot + b * work))
+        max_concurrent_seqs=seqs, tokens_per_s_replica=b * out_mean / (out_mean * tpot + b * work),
+        slo_batch=slo_batch(m, plan, system, spans, job, seqs) if slos else None)

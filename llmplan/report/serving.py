@@ -81,7 +81,7 @@ def lengths_json(e: ServeEstimate) -> dict[str, Any]:
             "input_mean": st.input_mean, "output_mean": st.output_mean, "held_tokens_per_seq": st.held_tokens,
             "ttft_s": {f"p{p}": v for p, v in st.ttft_s.items()}, "ttft_mean_s": st.ttft_mean_s,
             "tpot_s": {f"p{p}": v for p, v in st.tpot_s.items()}, "tpot_mean_s": st.tpot_mean_s,
-            "max_concurrent_seqs": st.max_concurrent_seqs,
+            "max_concurrent_seqs": st.max_concurrent_seqs, "slo_max_batch_p99_ttft": st.slo_batch,
             "tokens_per_s": st.tokens_per_s_replica * e.plan.dp,
             "tokens_per_s_per_gpu": st.tokens_per_s_replica * e.plan.dp / e.plan.num_gpus}
 
@@ -167,14 +167,19 @@ def lengths_view(console: Console, e: ServeEstimate) -> None:
     """Percentiles and capacity under the length distributions, against the fixed mean lengths above."""
     d = lengths_json(e)
     t, p = d["ttft_s"], d["tpot_s"]
-    console.print(f"length distribution: mean {d['input_mean']:,.0f} in / {d['output_mean']:,.0f} out tokens, "
-                  f"{d['held_tokens_per_seq']:,.0f} held per running sequence")
+    console.print(f"length distribution: mean {d['input_mean']:,.0f} in / {d['output_mean']:,.0f} out; "
+                  f"{d['held_tokens_per_seq']:,.0f} tokens held per sequence")
     console.print(f"  TTFT p50/p90/p99 {t['p50'] * 1e3:,.1f} / {t['p90'] * 1e3:,.1f} / {t['p99'] * 1e3:,.1f} ms "
                   f"(at the mean length {float(e.timing.ttft) * 1e3:,.1f})")
     console.print(f"  TPOT p50/p90/p99 {p['p50'] * 1e3:,.2f} / {p['p90'] * 1e3:,.2f} / {p['p99'] * 1e3:,.2f} ms "
                   f"(steps of {e.job.batch} sequences)")
     console.print(f"  at most {d['max_concurrent_seqs']:,} running sequences; {d['tokens_per_s']:,.0f} output "
                   f"tokens/s ({d['tokens_per_s_per_gpu']:,.0f} per GPU)")
+    if st_batch := d["slo_max_batch_p99_ttft"]:
+        console.print(f"  SLOs at the p99 prompt: up to {st_batch:,} concurrent sequences per replica "
+                      f"(vs {e.slo_batch or 0:,} at the mean lengths)")
+    elif d["slo_max_batch_p99_ttft"] == 0:
+        console.print("  [bold red]no concurrency meets the SLOs at the p99 prompt[/]")
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
