@@ -139,3 +139,27 @@ def test_cli_bad_histogram_file_exits_2(cli, tmp_path):
     zero.write_text("500,0\n")
     r = cli(*BASE, "--input-len-dist", str(zero))
     assert r.code == 2 and "not all 0" in r.err
+
+
+@pytest.mark.parametrize("target,program,flag", [("vllm", "vllm serve", "max_model_len"),
+                                                 ("sglang", "python -m sglang.launch_server", "context_length")])
+def test_export_context_limit_covers_the_p99_request(target, program, flag):
+    # The engines refuse a request longer than the context limit: with distributions it is the p99 prompt +
+    # the p99 output (a lognormal's p99 is its median x exp(2.326 sigma)), not the means.
+    import dataclasses
+
+    from llmplan.export import render_all
+    from llmplan.planfile import load_plan
+    from test_export import PLANS, command_argv, recorded_parser
+
+    base = load_plan(PLANS / "serve.json")
+    d = LengthDistribution(kind="lognormal", mean=2048, sigma=0.8)
+    pf = dataclasses.replace(base, job=base.serve_job.model_copy(update={"input_len_dist": d}))
+    script = next(iter(render_all(pf, target)[0].values()))
+    ap, _ = recorded_parser(target)
+    if target == "vllm":
+        ap.add_argument("model_tag", nargs="?")
+    ns, unknown = ap.parse_known_args(command_argv(script, program))
+    assert not unknown
+    p99 = 2048 / np.exp(0.8 ** 2 / 2) * np.exp(0.8 * 2.3263478740)
+    assert int(getattr(ns, flag)) == int(np.ceil(p99 + 512))

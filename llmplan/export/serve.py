@@ -7,6 +7,7 @@ import math
 import shlex
 from typing import Any
 
+from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.units import GIB
@@ -16,9 +17,22 @@ def _model_var(pf: PlanFile) -> str:
     return f'MODEL=${{MODEL:-{hf_repo(pf.model.name)}}}'
 
 
+def context_limit(pf: PlanFile) -> int:
+    """The context limit the launch line sets: the planned input + output, or with length distributions the
+    sum of their p99 lengths (longer requests would be refused), at most max_position_embeddings."""
+    j = pf.serve_job
+    if j.input_len_dist is None and j.output_len_dist is None:
+        return j.context
+    d_in, d_out = lengths_of(j)
+    return min(math.ceil(quantile(d_in, 0.99) + quantile(d_out, 0.99)), pf.model.max_position_embeddings)
+
+
 def context_note(pf: PlanFile, flag: str) -> str:
     """Where the context limit comes from, said in the file."""
     j, m = pf.serve_job, pf.model
+    if context_limit(pf) != j.context:
+        return (f"# {flag} {context_limit(pf)}: the p99 input + p99 output of the planned length distributions "
+                f"(means {j.input_len} + {j.output_len}); {m.name} accepts up to {m.max_position_embeddings:,}\n")
     return (f"# {flag} {j.context}: the planned input ({j.input_len}) + output ({j.output_len}) tokens, for which the "
             f"KV capacity was predicted; {m.name} accepts up to {m.max_position_embeddings:,}: re-plan with longer "
             "--input-len / --output-len to serve longer requests\n")
@@ -90,7 +104,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                      f"re-plan with --ep {p.tp * p.dp} or --ep 1")
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
-        ("--enable-expert-parallel", p.ep > 1), ("--max-model-len", j.context),
+        ("--enable-expert-parallel", p.ep > 1), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", j.batch),
         ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
@@ -118,7 +132,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
     flags = as_flags([
         ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp), ("--ep-size", p.ep if p.ep > 1 else None),
-        ("--context-length", j.context), ("--mem-fraction-static", fraction),
+        ("--context-length", context_limit(pf)), ("--mem-fraction-static", fraction),
         ("--max-running-requests", j.batch), ("--chunked-prefill-size", j.max_num_batched_tokens),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
