@@ -52,7 +52,7 @@ def test_tokens_per_step_ends():
 
 @settings(max_examples=25, deadline=None)
 @given(batch=st.integers(1, 512), context=st.integers(64, 32_768), k=st.integers(1, 6),
-       method=st.sampled_from(["mtp", "eagle"]))
+       method=st.sampled_from(["mtp", "eagle", "eagle3"]))
 def test_zero_acceptance_gives_no_speedup_and_costs_the_draft(batch, context, k, method):
     m = DSV3 if method == "mtp" else LLAMA70B
     plan = ServePlan(tp=8, weight_dtype="fp8")
@@ -133,7 +133,8 @@ def test_cli_speculative_json_adds_keys(cli):
     (["--model", "llama-3.1-70b", "--tp", "8", "--speculative", "eagle", "--spec-tokens", "3", "--draft-model",
       "qwen3-30b-a3b"], "must share the target's vocabulary"),
     (["--model", "llama-3.1-8b", "--speculative", "ngram", "--spec-tokens", "3", "--acceptance", "0.5",
-      "--draft-model", "llama-3.1-8b"], "a draft model is used by method eagle"),
+      "--draft-model", "llama-3.1-8b"], "a draft model is used by methods eagle and eagle3"),
+    (["--model", "llama-3.1-8b", "--speculative", "eagle3", "--spec-tokens", "3"], "acceptance lengths of tree"),
     (["--model", "llama-3.1-8b", "--speculative", "eagle", "--spec-tokens", "3", "--pp", "2"], "use --pp 1"),
 ])
 def test_cli_bad_speculative_input_exits_2(cli, args, needle):
@@ -148,6 +149,7 @@ def test_cli_bad_speculative_input_exits_2(cli, args, needle):
     SpeculativeSpec(method="eagle", num_speculative_tokens=4),
     SpeculativeSpec(method="eagle", num_speculative_tokens=3, draft_model="llama-3.1-8b", draft=LLAMA8B),
     SpeculativeSpec(method="ngram", num_speculative_tokens=5, acceptance_rate=0.4),
+    SpeculativeSpec(method="eagle3", num_speculative_tokens=5, acceptance_rate=0.8),
 ])
 @pytest.mark.parametrize("target,program", [("vllm", "vllm serve"), ("sglang", "python -m sglang.launch_server")])
 def test_speculative_flags_parse_with_the_launchers_parsers(spec, target, program):
@@ -164,10 +166,11 @@ def test_speculative_flags_parse_with_the_launchers_parsers(spec, target, progra
     if target == "vllm":
         config = json.loads(ns.speculative_config)
         assert config["method"] == spec.method and config["num_speculative_tokens"] == k
-        assert ("model" in config) == (spec.method == "eagle")
+        assert ("model" in config) == spec.method.startswith("eagle")
     else:
-        assert ns.speculative_algorithm == {"mtp": "NEXTN", "eagle": "EAGLE", "ngram": "NGRAM"}[spec.method]
+        assert ns.speculative_algorithm == {"mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3",
+                                            "ngram": "NGRAM"}[spec.method]
         assert int(ns.speculative_num_draft_tokens) == k + 1
         if spec.method != "ngram":
             assert (int(ns.speculative_num_steps), int(ns.speculative_eagle_topk)) == (k, 1)
-        assert (ns.speculative_draft_model_path is not None) == (spec.method == "eagle")
+        assert (ns.speculative_draft_model_path is not None) == spec.method.startswith("eagle")

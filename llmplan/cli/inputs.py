@@ -210,7 +210,7 @@ def speculative_of(s: ServingOptions) -> SpeculativeSpec | None:
                                 ("--draft-model", s.draft_model)) if v is not None]
         if alone:
             raise LlmplanError(f"{', '.join(alone)} {'apply' if len(alone) > 1 else 'applies'} to speculative "
-                               "decoding; add --speculative mtp|eagle|ngram or drop "
+                               "decoding; add --speculative mtp|eagle|eagle3|ngram or drop "
                                f"{'them' if len(alone) > 1 else 'it'}")
         return None
     methods = get_args(SpeculativeMethod)

@@ -94,15 +94,15 @@ CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs"
                            help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
 BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
 SPECULATIVE = typer.Option(None, "--speculative",
-                           help="Inference: speculative decoding mtp | eagle | ngram (MTP layers, an EAGLE head "
-                                "or --draft-model, prompt lookup).")
+                           help="Inference: speculative decoding mtp | eagle | eagle3 | ngram (MTP layers, an "
+                                "EAGLE head or --draft-model, prompt lookup).")
 SPEC_TOKENS = typer.Option(None, "--spec-tokens", min=1, max=64,
                            help="Inference: draft tokens per sequence per step (k) with --speculative.")
 ACCEPTANCE = typer.Option(None, "--acceptance", min=0.0, max=1.0,
                           help="Inference: acceptance rate of a draft token (0-1; default: the method's "
-                               "published one: mtp 0.85, eagle 0.75; ngram has none).")
+                               "published one: mtp 0.85, eagle 0.75; eagle3 and ngram have none).")
 DRAFT_MODEL = typer.Option(None, "--draft-model",
-                           help="Inference: draft model (built-in name or config path) for --speculative eagle "
+                           help="Inference: draft model (built-in name or config path) for --speculative eagle(3) "
                                 "(default: a one-layer EAGLE head of the target's shape).")
 INPUT_LEN_DIST = typer.Option(None, "--input-len-dist",
                               help="Inference: prompt lengths as a distribution: lognormal:mean=M,sigma=S | "

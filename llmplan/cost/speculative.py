@@ -53,8 +53,8 @@ def _draft_plan(plan: ServePlan) -> ServePlan:
 
 def draft_weight_bytes(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec) -> float:
     """Draft weights per GPU beyond the target's: 0 for MTP (the MTP layers are already counted on the last
-    stage, params.rank_params) and n-gram; an EAGLE head's layer and its 2h -> h input projection (the
-    embedding and output head shared); a named draft model's weights in full.
+    stage, params.rank_params) and n-gram; an EAGLE head's layer and its 2h -> h input projection (3h -> h for
+    EAGLE-3; the embedding and output head shared); a named draft model's weights in full.
     Derived: docs/formulas.md#infer.speculative"""
     draft = draft_model(m, spec)
     if draft is None or spec.method == "mtp":
@@ -63,8 +63,9 @@ def draft_weight_bytes(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec) -> 
     if spec.draft is not None:
         return total
     shared = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp * 2.0 * (2 - m.tie_word_embeddings)
-    fc = 2 * m.hidden_size * m.hidden_size / plan.tp * weight_bytes_per_param(plan.weight_dtype,
-                                                                               plan.quant_group_size)
+    fused = 3 if spec.method == "eagle3" else 2  # EAGLE-3 fuses three layers' features, EAGLE one + the token
+    fc = fused * m.hidden_size * m.hidden_size / plan.tp * weight_bytes_per_param(plan.weight_dtype,
+                                                                                   plan.quant_group_size)
     return total - shared + fc
 
 

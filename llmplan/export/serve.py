@@ -58,12 +58,12 @@ def draft_repo(pf: PlanFile) -> tuple[str | None, str]:
     """The draft checkpoint a launch line names (None for MTP and n-gram, which need none) and a comment
     line when it is a placeholder (an EAGLE head of the target's shape was planned, not a named draft)."""
     spec = pf.serve_job.speculative
-    if spec is None or spec.method != "eagle":
+    if spec is None or spec.method not in ("eagle", "eagle3"):
         return None, ""
     if spec.draft is not None:
         return hf_repo(spec.draft.name), ""
-    repo = f"path/to/{pf.model.name}-eagle-head"
-    return repo, (f"# speculative eagle: planned with a one-layer EAGLE head of {pf.model.name}'s shape; replace "
+    repo = f"path/to/{pf.model.name}-{spec.method}-head"
+    return repo, (f"# speculative {spec.method}: planned with a one-layer head of {pf.model.name}'s shape; replace "
                   f"{repo} with the EAGLE checkpoint trained for it\n")
 
 
@@ -80,15 +80,15 @@ def vllm_speculative(pf: PlanFile) -> tuple[list[tuple[str, Any]], str]:
 
 
 def sglang_speculative(pf: PlanFile) -> tuple[list[tuple[str, Any]], str]:
-    """SGLang's speculative flags for a chain draft (top-k 1): NEXTN (the model's MTP layers), EAGLE with the
-    draft's path, NGRAM; k draft steps and k + 1 tokens verified (the drafts and the target's own): SGLang
+    """SGLang's speculative flags for a chain draft (top-k 1): NEXTN (the model's MTP layers), EAGLE or EAGLE3
+    with the draft's path, NGRAM; k draft steps and k + 1 tokens verified (the drafts and the target's own): SGLang
     server arguments and its Speculative Decoding docs."""
     spec = pf.serve_job.speculative
     if spec is None:
         return [], ""
     repo, note = draft_repo(pf)
     k = spec.num_speculative_tokens
-    algorithm = {"mtp": "NEXTN", "eagle": "EAGLE", "ngram": "NGRAM"}[spec.method]
+    algorithm = {"mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM"}[spec.method]
     chain = spec.method != "ngram"
     return [("--speculative-algorithm", algorithm), ("--speculative-num-steps", k if chain else None),
             ("--speculative-eagle-topk", 1 if chain else None), ("--speculative-num-draft-tokens", k + 1),

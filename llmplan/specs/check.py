@@ -459,9 +459,11 @@ def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list
                              f"prediction layers, but {m.name} has num_nextn_predict_layers 0; use --speculative "
                              "eagle or ngram"))
     if s.acceptance_rate is None and s.method not in ACCEPTANCE:
+        why = ("it depends on how much of each output repeats its prompt" if s.method == "ngram" else
+               "its paper reports acceptance lengths of tree drafts, not a per-token rate")
         out.append(Violation("speculative_acceptance", f"speculative method {s.method} has no published "
-                             "acceptance rate (it depends on how much of each output repeats its prompt); give "
-                             "--acceptance P, the fraction of draft tokens accepted (0-1)"))
+                             f"acceptance rate ({why}); give --acceptance P, the fraction of draft tokens accepted "
+                             "(0-1)"))
     if s.draft is not None and s.draft.vocab_size != m.vocab_size:
         out.append(Violation("speculative_vocab", f"draft model {s.draft.name} has vocab_size "
                              f"{s.draft.vocab_size} but {m.name} has {m.vocab_size}; the draft must share the "

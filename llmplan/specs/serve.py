@@ -82,7 +82,7 @@ class ServePlan(Spec):
                 f"KV {self.kv_dtype}")
 
 
-SpeculativeMethod = Literal["mtp", "eagle", "ngram"]
+SpeculativeMethod = Literal["mtp", "eagle", "eagle3", "ngram"]
 
 ACCEPTANCE: dict[str, float] = {
     # Source: DeepSeek-V3 Technical Report (arXiv 2412.19437) §5.4.3: "the acceptance rate of the second token
@@ -93,7 +93,8 @@ ACCEPTANCE: dict[str, float] = {
     "eagle": 0.75,
 }
 """Published acceptance rate per speculative method, used when the job gives none. n-gram has none: its
-acceptance is how much of the output repeats the prompt (vLLM docs, N-Gram speculation), so it must be given."""
+acceptance is how much of the output repeats the prompt (vLLM docs, N-Gram speculation), so it must be given;
+EAGLE-3's paper reports acceptance lengths of its tree drafts, not a per-token rate for chains, so it too."""
 
 
 class SpeculativeSpec(Spec):
@@ -105,7 +106,8 @@ class SpeculativeSpec(Spec):
     method: SpeculativeMethod
     """mtp: the model's own multi-token-prediction layers (num_nextn_predict_layers, DeepSeek-V3) draft, run
     k times; eagle: an EAGLE head (one decoder layer on the target's hidden states, sharing its embedding and
-    output head) or the named draft model; ngram: prompt lookup on the host (no GPU work, no weights)."""
+    output head) or the named draft model; eagle3: the same with EAGLE-3's fusion of three layers' features
+    (a 3h -> h input projection); ngram: prompt lookup on the host (no GPU work, no weights)."""
     num_speculative_tokens: int = Field(ge=1, le=64)
     """Draft tokens per sequence per step (k; vLLM num_speculative_tokens, SGLang --speculative-num-steps)."""
     acceptance_rate: float | None = Field(default=None, ge=0, le=1)
@@ -121,8 +123,8 @@ class SpeculativeSpec(Spec):
     def _draft_given_whole(self) -> "SpeculativeSpec":
         if (self.draft is None) != (self.draft_model is None):
             raise ValueError("draft_model and draft are given together (the name and its resolved spec)")
-        if self.draft is not None and self.method != "eagle":
-            raise ValueError(f"a draft model is used by method eagle, not {self.method}")
+        if self.draft is not None and self.method not in ("eagle", "eagle3"):
+            raise ValueError(f"a draft model is used by methods eagle and eagle3, not {self.method}")
         return self
 
 
