@@ -174,3 +174,10 @@ def test_speculative_flags_parse_with_the_launchers_parsers(spec, target, progra
         if spec.method != "ngram":
             assert (int(ns.speculative_num_steps), int(ns.speculative_eagle_topk)) == (k, 1)
         assert (ns.speculative_draft_model_path is not None) == spec.method.startswith("eagle")
+
+
+def test_speculative_flags_in_training_mode_exit_2(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--speculative",
+            "eagle", "--spec-tokens", "3", "--input-len-dist", "sharegpt")
+    assert r.code == 2
+    assert "--speculative" in r.err and "--input-len-dist" in r.err and "add --mode infer" in r.err
