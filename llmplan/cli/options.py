@@ -93,6 +93,22 @@ ENGINE = typer.Option(_job("engine"), "--engine",
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",
                            help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
 BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
+SPECULATIVE = typer.Option(None, "--speculative",
+                           help="Inference: speculative decoding mtp | eagle | eagle3 | ngram (MTP layers, an "
+                                "EAGLE head or --draft-model, prompt lookup).")
+SPEC_TOKENS = typer.Option(None, "--spec-tokens", min=1, max=64,
+                           help="Inference: draft tokens per sequence per step (k) with --speculative.")
+ACCEPTANCE = typer.Option(None, "--acceptance", min=0.0, max=1.0,
+                          help="Inference: acceptance rate of a draft token (0-1; default: the method's "
+                               "published one: mtp 0.85, eagle 0.75; eagle3 and ngram have none).")
+DRAFT_MODEL = typer.Option(None, "--draft-model",
+                           help="Inference: draft model (built-in name or config path) for --speculative eagle(3) "
+                                "(default: a one-layer EAGLE head of the target's shape).")
+INPUT_LEN_DIST = typer.Option(None, "--input-len-dist",
+                              help="Inference: prompt lengths as a distribution: lognormal:mean=M,sigma=S | "
+                                   "sharegpt | lmsys-chat | rag-long | a histogram file (length,weight lines).")
+OUTPUT_LEN_DIST = typer.Option(None, "--output-len-dist",
+                               help="Inference: output lengths as a distribution (as --input-len-dist).")
 MAX_NUM_BATCHED_TOKENS = typer.Option(_job("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
 PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
                           help="Layers on the first pipeline stage (0: an even share).")
@@ -220,7 +236,8 @@ SERVING = Flags("Serving (--mode infer)", {
     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,
     "tpot_slo": TPOT_SLO, "prefix_hit_rate": PREFIX_HIT_RATE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
     "block_size": BLOCK_SIZE, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "engine": ENGINE,
-    "cuda_graphs": CUDA_GRAPHS})
+    "cuda_graphs": CUDA_GRAPHS, "speculative": SPECULATIVE, "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
+    "draft_model": DRAFT_MODEL, "input_len_dist": INPUT_LEN_DIST, "output_len_dist": OUTPUT_LEN_DIST})
 MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
 
 

@@ -191,6 +191,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     allowance = allowance or MemoryAllowance()
     rule = ENGINES[job.engine]
     weights = serve_weight_bytes(m, plan)
+    if job.speculative is not None:  # the draft's weights beyond the target's
+        from llmplan.cost.speculative import draft_weight_bytes  # builds on this module
+        weights = weights + draft_weight_bytes(m, plan, job.speculative)
     act = activation_peak_bytes(m, plan, job)
     other = allowance.fixed_gib * GIB
     available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
@@ -199,6 +202,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     else:
         cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
+    if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
+        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
         weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
@@ -368,16 +374,30 @@ def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0) -> Any:
+                overhead: float = 0.0, queries: int = 1) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
+    `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
     Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     kv = b * kv_bytes_per_seq_gpu(m, plan, context)
-    stage = step_seconds(m, plan, system, spans, b, b * attended_keys(m, context), kv)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * b, spans.pp) if plan.pp > 1 else 0.0
+    q = b * queries
+    stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv)
+    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * q, spans.pp) if plan.pp > 1 else 0.0
     return plan.pp * (stage + hop) + overhead
+
+
+def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob, batch: Any,
+             context: Any) -> Any:
+    """TPOT of the job's decoding at `batch` sequences of average `context`: one token per step, or under
+    speculative decoding the step of draft + verification over the tokens it yields (cost.speculative).
+    Derived: docs/formulas.md#infer.decode"""
+    overhead = step_host_seconds(m, plan, job)
+    if job.speculative is None:
+        return decode_tpot(m, plan, system, spans, batch, context, overhead)
+    from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
+    return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 
 
 def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -429,7 +449,7 @@ def serve_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     batch x output_len / (output_len x TPOT + batch x batched prefill time per request).
     Derived: docs/formulas.md#infer.throughput"""
     context = job.input_len + job.output_len / 2
-    tpot = decode_tpot(m, plan, system, spans, batch, context, step_host_seconds(m, plan, job))
+    tpot = job_tpot(m, plan, system, spans, job, batch, context)
     ttft = prefill_seconds(m, plan, system, spans, job, batch)
     b = np.asarray(batch, dtype=float)
     period = job.output_len * tpot + b * prefill_work_seconds(m, plan, system, spans, job)

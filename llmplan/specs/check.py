@@ -16,7 +16,7 @@ from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, has_layout
 from llmplan.specs.schedule import SCHEDULES, schedule_of
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 
 
 @dataclass(frozen=True)
@@ -463,4 +463,31 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
+    return out + speculative_violations(m, plan, job)
+
+
+def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list[Violation]:
+    """Speculative decoding's rules: MTP needs the model's MTP layers, a method without a published
+    acceptance rate needs one given, the draft shares the target's vocabulary, one pipeline stage."""
+    s = job.speculative
+    if s is None:
+        return []
+    out = []
+    if s.method == "mtp" and m.num_nextn_predict_layers == 0:
+        out.append(Violation("speculative_mtp", f"speculative method mtp drafts with the model's multi-token-"
+                             f"prediction layers, but {m.name} has num_nextn_predict_layers 0; use --speculative "
+                             "eagle or ngram"))
+    if s.acceptance_rate is None and s.method not in ACCEPTANCE:
+        why = ("it depends on how much of each output repeats its prompt" if s.method == "ngram" else
+               "its paper reports acceptance lengths of tree drafts, not a per-token rate")
+        out.append(Violation("speculative_acceptance", f"speculative method {s.method} has no published "
+                             f"acceptance rate ({why}); give --acceptance P, the fraction of draft tokens accepted "
+                             "(0-1)"))
+    if s.draft is not None and s.draft.vocab_size != m.vocab_size:
+        out.append(Violation("speculative_vocab", f"draft model {s.draft.name} has vocab_size "
+                             f"{s.draft.vocab_size} but {m.name} has {m.vocab_size}; the draft must share the "
+                             "target's vocabulary: name a draft of the same family"))
+    if plan.pp > 1:
+        out.append(Violation("speculative_pp", f"speculative decoding is priced on one pipeline stage, the plan "
+                             f"has pp {plan.pp}; use --pp 1 (raise --tp instead)"))
     return out

@@ -247,3 +247,15 @@ class ServingOptions(BaseModel):
     """ServeJob.engine."""
     cuda_graphs: bool
     """ServeJob.cuda_graphs."""
+    speculative: str | None = None
+    """SpeculativeSpec.method (None: no speculative decoding)."""
+    spec_tokens: int | None = None
+    """SpeculativeSpec.num_speculative_tokens."""
+    acceptance: float | None = None
+    """SpeculativeSpec.acceptance_rate."""
+    draft_model: str | None = None
+    """SpeculativeSpec.draft_model (resolved to SpeculativeSpec.draft)."""
+    input_len_dist: str | None = None
+    """ServeJob.input_len_dist, as written on the command line."""
+    output_len_dist: str | None = None
+    """ServeJob.output_len_dist, as written on the command line."""
