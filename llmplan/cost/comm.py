@@ -206,8 +206,8 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute).
     Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism. Derived: docs/formulas.md#comm.cp"""
     s, b, t, cp = plan.seq_len / plan.cp, plan.micro_batch, plan.tp, plan.cp
-    if m.is_mla:
-        kv_width = m.num_attention_heads / t * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    if (mla := m.mla) is not None:
+        kv_width = m.num_attention_heads / t * (mla.qk_head_dim + mla.v_head_dim)
     else:
         kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
     S = ACT_BYTES * s * b * kv_width
