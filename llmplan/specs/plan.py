@@ -4,7 +4,7 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, Protocol
+from typing import Annotated, Any, Literal, Optional, Protocol, TypeGuard
 
 from pydantic import Field, field_validator, model_validator
 
@@ -81,9 +81,9 @@ class PlanLike(Protocol):
     def pp_last(self) -> Any: ...
 
 
-def has_layout(plan: Any) -> bool:
+def has_layout(plan: object) -> TypeGuard[ParallelPlan]:
     """Whether the plan lists its pipeline's virtual chunks (ParallelPlan.pp_layout); plan arrays and serving
-    plans never do."""
+    plans never do, so a plan that does is a ParallelPlan (the guard tells the type checker so)."""
     return getattr(plan, "pp_layout", None) is not None
 
 
