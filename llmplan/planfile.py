@@ -262,6 +262,7 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
                     f"{where} (cluster)")
     allowance = build(MemoryAllowance, doc.allowance, f"{where} (allowance)")
     order = parse_order(doc.axis_order)
+    plan: ServePlan | ParallelPlan
     if doc.mode == "infer":
         plan = build(ServePlan, doc.plan, f"{where} (plan)")
         job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
