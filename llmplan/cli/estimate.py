@@ -91,7 +91,7 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
     stages = pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
                             split.loss_in_split, p.pp_layout, p.vpp)
-    vpp = stages.pop("vpp", p.vpp)
+    vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
     with reported("plan options"):
         return ParallelPlan(
             tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp, **stages,

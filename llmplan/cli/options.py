@@ -169,7 +169,8 @@ PLAN = Flags("Plan", {
     "cp": typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
     "ep": typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
     "etp": typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
-    "vpp": typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    "vpp": typer.Option(None, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule; "
+                                                   "default 1, or a --pp-layout's chunks / pp)."),
     "pp_layers": typer.Option(None, "--pp-layers", help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven "
                                                         "split)."),
     "pp_layout": PP_LAYOUT,
