@@ -46,7 +46,7 @@ def estimate(
                                   help="Inference: as many concurrent sequences as the engine's KV cache admits "
                                        "(continuous batching at full load), capped by --batch if given."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan."""

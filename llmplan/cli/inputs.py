@@ -176,6 +176,7 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
     """--checkpoint, --checkpoint-interval and --failure-rate as a CheckpointPolicy (its Field bounds are the
     rule); a bad value is one line naming the flag."""
     try:
+        # mode is the flag's str: CheckpointPolicy's Literal is the rule, and a bad value is reported below
         return CheckpointPolicy(mode=c.checkpoint, interval_s=c.checkpoint_interval,  # type: ignore[arg-type]
                                 failures_per_gpu_hour=c.failure_rate)
     except ValidationError as e:

@@ -266,7 +266,7 @@ def grouped(fn: Callable) -> Callable:
         typed = {name: model(**{f: given.pop(f) for f in model.model_fields}) for name, (model, _) in groups.items()}
         return fn(**given, **typed)
 
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect and typer
     command.__annotations__ = {p.name: p.annotation for p in params}
     del command.__wrapped__  # typer reads the signature above, not fn's
     return command

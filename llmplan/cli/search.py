@@ -53,7 +53,7 @@ def search(
     request_rate: Optional[float] = typer.Option(None, "--request-rate", rich_help_panel=opt.SERVING.panel,
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""

@@ -78,6 +78,7 @@ class ReportTable(Table):
         kwargs.setdefault("pad_edge", False)
         super().__init__(*args, **kwargs)
 
+    # Rich's keyword-typed signature is passed through *args/**kwargs unchanged; the headers here are text.
     def add_column(self, header: str = "", *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         if kwargs.get("justify") == "right":
             kwargs.setdefault("no_wrap", True)

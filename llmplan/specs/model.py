@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llmplan.errors import bounded_list
 from llmplan.fileio import excerpt
 
-SUPPORTED_MODEL_TYPES = (
+ModelType = Literal[
     "gpt",
     "gpt2",
     "llama",
@@ -28,7 +28,9 @@ SUPPORTED_MODEL_TYPES = (
     "phi3",
     "gpt_oss",
     "bloom",
-)
+]
+"""The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
 
 LayerType = Literal["sliding_attention", "full_attention"]
 """The per-layer attention kinds llmplan models (Hugging Face layer_types values)."""
@@ -160,7 +162,7 @@ class ModelSpec(Spec):
     """llmplan key: the name users pass to --model."""
     source: str = ""
     """llmplan key: where the dimensions come from (paper, config.json URL, model card)."""
-    model_type: Literal[SUPPORTED_MODEL_TYPES] = "gpt"  # type: ignore[valid-type]
+    model_type: ModelType = "gpt"
     """Architecture family, as Hugging Face names it ('gpt' = plain Megatron-style GPT)."""
 
     hidden_size: int = Field(gt=0)
