@@ -94,7 +94,8 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
     with reported("plan options"):
         return ParallelPlan(
-            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp, **stages,
+            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp,
+            **stages,
             sp=(p.tp > 1) if p.sp is None else p.sp, zero=p.zero, micro_batch=p.micro_batch,
             recompute=p.recompute,  # type: ignore[arg-type]  # a str: ParallelPlan's Literal is the rule, reported
             global_batch=p.global_batch if p.global_batch is not None else p.micro_batch * dp,

@@ -78,8 +78,8 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     job = make_job(s, max_batch, request_rate)
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
-    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top, job.request_rate,
-                         allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
+    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
+                         job.request_rate, allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
     emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:
