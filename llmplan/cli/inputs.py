@@ -26,7 +26,7 @@ from llmplan.topology.graph import validate
 
 
 def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
-                   loss: bool, layout: Optional[str] = None, vpp: int = 1) -> dict:
+                   loss: bool, layout: Optional[str] = None, vpp: Optional[int] = None) -> dict:
     """The plan's stage layout from the pipeline options (one way at a time)."""
     ways = [name for name, on in (("--pp-layers", layers is not None), ("--pp-first-layers/--pp-last-layers",
                                   bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss),
@@ -50,15 +50,17 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     return {"pp_first": first, "pp_last": last}
 
 
-def layout_split(m, text: str, pp: int, vpp: int) -> dict:
+def layout_split(m, text: str, pp: int, vpp: Optional[int]) -> dict:
     """pp_layout from Megatron's --pipeline-model-parallel-layout string ('balanced': specs.layout.
-    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is left at 1
-    (a --vpp that disagrees is check_plan's rule pp_layout)."""
+    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is not given;
+    a --vpp given (1 included) is kept, and one that disagrees with the chunks is check_plan's rule pp_layout."""
     if text.strip() == "balanced":
-        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, vpp, m.num_nextn_predict_layers), "vpp": vpp}
+        v = vpp or 1
+        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, v, m.num_nextn_predict_layers), "vpp": v}
     chunks = parse_layout(text)
-    inferred = len(chunks) // pp if len(chunks) % pp == 0 else vpp
-    return {"pp_layout": chunks, "vpp": inferred if vpp == 1 else vpp}
+    if vpp is None:
+        vpp = len(chunks) // pp if len(chunks) % pp == 0 else 1
+    return {"pp_layout": chunks, "vpp": vpp}
 
 
 def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> None:
@@ -176,6 +178,7 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
     """--checkpoint, --checkpoint-interval and --failure-rate as a CheckpointPolicy (its Field bounds are the
     rule); a bad value is one line naming the flag."""
     try:
+        # mode is the flag's str: CheckpointPolicy's Literal is the rule, and a bad value is reported below
         return CheckpointPolicy(mode=c.checkpoint, interval_s=c.checkpoint_interval,  # type: ignore[arg-type]
                                 failures_per_gpu_hour=c.failure_rate)
     except ValidationError as e:

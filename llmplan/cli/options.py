@@ -185,7 +185,8 @@ PLAN = Flags("Plan", {
     "cp": typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
     "ep": typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
     "etp": typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
-    "vpp": typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    "vpp": typer.Option(None, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule; "
+                                                   "default 1, or a --pp-layout's chunks / pp)."),
     "pp_layers": typer.Option(None, "--pp-layers", help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven "
                                                         "split)."),
     "pp_layout": PP_LAYOUT,
@@ -288,7 +289,7 @@ def grouped(fn: Callable) -> Callable:
         typed = {name: model(**{f: given.pop(f) for f in model.model_fields}) for name, (model, _) in groups.items()}
         return fn(**given, **typed)
 
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect and typer
     command.__annotations__ = {p.name: p.annotation for p in params}
     del command.__wrapped__  # typer reads the signature above, not fn's
     return command

@@ -54,7 +54,7 @@ def search(
     request_rate: Optional[float] = typer.Option(None, "--request-rate", rich_help_panel=opt.SERVING.panel,
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
@@ -78,10 +78,10 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate)
-    build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
-    res = search_serving(m, cluster, job, dtype, s.kv_dtype, goal.objective, goal.top, job.request_rate,
-                         allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
+    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
+                         job.request_rate, allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
     emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:

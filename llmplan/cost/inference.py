@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio,
-                                  layer_windows, moe_routing_bytes)
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
+                                  head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -101,11 +101,12 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
     rank, or, without an MLA kernel (`latent` False), the rank's expanded per-head K and V.
     Source: vLLM vllm/config/cache.py (block size, page size)."""
     b = KV_BYTES[kv_dtype]
-    if m.is_mla and not latent:
+    mla = m.mla
+    if mla is not None and not latent:
         heads = max(m.num_attention_heads / tp, 1.0)
-        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b
-    if m.is_mla:
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        return heads * (mla.qk_head_dim + mla.v_head_dim) * b
+    if mla is not None:
+        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
 
 
@@ -301,7 +302,7 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
-    d_v = m.v_head_dim if m.is_mla else m.d_head
+    d_v = attention_head_dims(m)[1]
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
     cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
@@ -321,8 +322,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
     L = m.num_hidden_layers
-    qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.d_head
-    v = m.v_head_dim if m.is_mla else m.d_head
+    qk, v = attention_head_dims(m)
     attn_flops = 2 * attn_pairs * m.num_attention_heads * (qk + v) * L / (t * p)
     # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
     # the experts only those the step's tokens touch.

@@ -214,6 +214,14 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
             f"\")")
 
 
+def _no_interleave_fix(p: Any) -> str:
+    """How to run the plan without virtual stages: --vpp 1, or with a pp_layout (whose chunks set vpp) a layout
+    of one chunk per stage."""
+    if has_layout(p):
+        return f"give a --pp-layout of pp ({p.pp}) chunks, one per stage"
+    return "--vpp 1"
+
+
 def _layout_problem(m: ModelSpec, p: Any) -> str | None:
     """The first of Megatron-LM's rules a pp_layout breaks, as one line (None: it keeps them all).
     Source: Megatron-LM megatron/training/arguments.py (chunks divisible by pp) and PipelineParallelLayerLayout
@@ -319,8 +327,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"interleaving (vpp {p.vpp}) needs a whole number of groups of pp ({p.pp}) micro-batches "
                          f"per step, and global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x "
                          f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
-                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or use "
-                         f"--vpp 1"),
+                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or do not "
+                         f"interleave: {_no_interleave_fix(p)}"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the

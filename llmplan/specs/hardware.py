@@ -168,7 +168,7 @@ class GpuSpec(Spec):
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
-        return self.tflops[dtype] * TERA  # type: ignore[index]
+        return self.tflops[dtype] * TERA  # type: ignore[index]  # any format name: a missing one is the KeyError
 
     def has_kernel(self, kernel: str) -> bool:
         return self.kernels is None or kernel in self.kernels

@@ -143,8 +143,8 @@ class PlanOptions(BaseModel):
     """ParallelPlan.ep (serving: ServePlan.ep)."""
     etp: int | None
     """ParallelPlan.etp; None: tp."""
-    vpp: int
-    """ParallelPlan.vpp."""
+    vpp: int | None
+    """ParallelPlan.vpp; None: 1, or the chunks of a --pp-layout over pp (as Megatron-LM infers it)."""
     pp_layers: str | None
     """Comma-separated layers of every stage (ParallelPlan.pp_layers); None: pipeline split options."""
     pp_layout: str | None
