@@ -11,6 +11,7 @@ from llmplan.cost.inference import (
     serve_memory, serve_timing,
 )
 from llmplan.cost.operators import OperatorUse
+from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
@@ -39,6 +40,8 @@ class ServeEstimate:
     fallback_cost: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """(extra bytes per GPU at the job's batch, extra seconds per output token, extra seconds to the first
     token) of the missing kernels."""
+    phase: PhaseTiming | None = None
+    """The plan's phase priced on its own when it is one pool of a disaggregated deployment (plan.phase)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -95,7 +98,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
         warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
-        operators=tuple(uses), fallback_cost=extra,
+        operators=tuple(uses), fallback_cost=extra, phase=phase_timing(m, runs, system, spans, job),
     )
 
 

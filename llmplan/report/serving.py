@@ -47,7 +47,41 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
                           "ttft_s": e.fallback_cost[2]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
+        **({"phase": phase_json(e)} if e.phase is not None else {}),
     }
+
+
+def phase_json(e: ServeEstimate) -> dict[str, Any]:
+    """The pool's one phase (estimate --phase prefill|decode): rates per GPU, latency, KV capacity per GPU."""
+    ph = e.phase
+    assert ph is not None  # callers check
+    return {"name": ph.phase, "step_s": ph.step_s, "expert_exchange_s": ph.exchange_s,
+            "tokens_per_step": ph.tokens_per_step, "context_tokens": ph.context, "ttft_s": ph.ttft_s,
+            "tpot_s": ph.tpot_s, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+            "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu,
+            "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
+            "max_concurrent_seqs": e.memory.max_concurrent_seqs,
+            "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request}
+
+
+def phase_lines(e: ServeEstimate) -> list[str]:
+    """The phase block of the serving view, each line within 80 columns."""
+    ph = e.phase
+    if ph is None:
+        return []
+    kv = f"KV cache per GPU: {e.memory.kv_blocks * e.job.block_size:,} tokens"
+    if ph.phase == "prefill":
+        return [f"prefill pool: {ph.tokens_per_step:,.0f} prompt tokens per batch per replica, "
+                f"{ph.context:,.0f}-token prompts",
+                f"  {ph.input_tokens_per_s_per_gpu:,.0f} input tokens/s per GPU; TTFT {(ph.ttft_s or 0) * 1e3:,.1f} ms "
+                f"(no queueing); step {ph.step_s * 1e3:,.1f} ms",
+                f"  expert dispatch + combine {ph.exchange_s * 1e3:,.1f} ms per step; {kv}",
+                f"  KV sent to decode: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB per request"]
+    return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
+            "context",
+            f"  {ph.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU; TPOT {(ph.tpot_s or 0) * 1e3:,.2f} ms",
+            f"  expert dispatch + combine {ph.exchange_s * 1e3:,.2f} ms per step; {kv}",
+            f"  KV received per request: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB"]
 
 
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
@@ -86,10 +120,14 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
                       f"GiB; at most {mem.max_concurrent_seqs} fit")
-    console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
-                  f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
-                  f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
-    iv = serving_interval(e)
+    if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
+        for line in phase_lines(e):
+            console.print(line)
+    else:
+        console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
+                      f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
+                      f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+    iv = serving_interval(e) if e.phase is None else None
     if iv is not None:
         (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
         console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
