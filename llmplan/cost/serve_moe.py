@@ -155,9 +155,9 @@ def overlapped_step(compute: Any, exchange: Any, half_compute: Any, half_exchang
 
 def comm_sm_slowdown(plan: ServePlan, gpu: Any, decode_only: bool) -> float:
     """How much slower compute runs beside DeepEP's normal kernels (which hold DEEPEP_NORMAL_SMS SMs):
-    sm_count / (sm_count - 20); 1 for the low-latency kernels (decode), whose sends are issued by the GPU's
-    NIC-driving threads and receive through hooks (DeepEP README: no SM occupied while data arrives), and for
-    the plain all-to-all, priced with the GPU's NCCL contention elsewhere. Derived: docs/formulas.md#serve.tbo"""
+    sm_count / (sm_count - 20); 1 for the low-latency kernels (decode), which free every SM once their RDMA
+    messages are issued (deepseek-ai/profile-data README, Decoding), and for the plain all-to-all.
+    Derived: docs/formulas.md#serve.tbo"""
     if plan.moe_dispatcher != "deepep" or decode_only:
         return 1.0
     return gpu.sm_count / max(gpu.sm_count - DEEPEP_NORMAL_SMS, 1)

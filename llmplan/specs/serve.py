@@ -15,12 +15,14 @@ Engine = Literal["vllm", "trtllm", "sglang"]
 Phase = Literal["both", "prefill", "decode"]
 ServeDispatcher = Literal["alltoall", "deepep"]
 
-EP_IMBALANCE_DEFAULT = 1.18
-"""Default max/mean expert load of the busiest EP rank under a trained router with EPLB: SGLang's DeepSeek-V3
-prefill on 4 x 8 H100 (EP32, 4,096-token prompts, 16,384 tokens per GPU) ran 50,302 tokens/s per node with
-its EPLB placement and 59,337 with routing made perfectly balanced, 59,337 / 50,302 = 1.18.
-Source: LMSYS blog 2025-05-05 "Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on
-96 H100 GPUs", Profile Results, Overall Throughput table."""
+EP_IMBALANCE_DEFAULT = 1.5
+"""Default max/mean expert load of the busiest EP rank under a trained router with EPLB. Published: SGLang's
+DeepSeek-V3 prefill on 4 x 8 H100 (EP32, 4,096-token prompts, 16,384 tokens per GPU) ran 50,302 tokens/s per
+node with its EPLB placement and 59,337 with routing made perfectly balanced, 1.18x (LMSYS blog 2025-05-05
+"Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs", Profile
+Results, Overall Throughput table). Derived: the load ratio at which llmplan's own prefill price of that pool
+slows by the same 1.18x (1.5; 1.18 at 1.0 per rank would slow it 1.06x, since only the expert GEMMs and the
+dispatch wait on the busiest rank). docs/formulas.md#serve.moe"""
 
 
 class ServePlan(Spec):
