@@ -219,3 +219,44 @@ def test_pool_launch_lines_parse_with_the_launchers_parsers(cli, tmp_path, args,
             assert int(ns.data_parallel_size) == dp and int(ns.tensor_parallel_size) == 1 and ns.enable_expert_parallel
             assert ns.all2all_backend == ("deepep_low_latency" if phase == "decode" else "deepep_high_throughput")
             assert ns.enable_dbo and ns.enable_eplb and "NixlConnector" in ns.kv_transfer_config
+
+
+# --- disaggregated search ------------------------------------------------------------------------------------
+
+def test_disaggregated_search_json_and_split(cli):
+    import time
+    t0 = time.perf_counter()
+    r = cli("search", "--mode", "infer", "--disaggregated", "-m", "deepseek-v3", "--hardware", "gb200-nvl72",
+            "--nodes", "18", "--dtype", "fp8", "--engine", "sglang", "--input-len", "2000", "--output-len", "100",
+            "--ttft-slo", "5", "--tpot-slo", "0.1", "--json")
+    assert r.code == 0, r.err
+    assert time.perf_counter() - t0 < 5.0  # issue 36: 18 GB200 NVL72 trays in under 5 s
+    doc = r.json()
+    assert doc["winner"] in ("disaggregated", "co-located") and doc["why"]
+    for plan in doc["plans"]:
+        pre, dec, kv = plan["prefill"], plan["decode"], plan["kv_transfer"]
+        assert pre["gpus"] + dec["gpus"] == plan["gpus"] <= 72
+        assert plan["pd_ratio"] == f"{pre['gpus']}:{dec['gpus']}"
+        # the split sustains the smaller pool's request rate
+        req_p = pre["input_tokens_per_s_per_gpu"] * pre["gpus"] / 2000
+        req_d = dec["output_tokens_per_s_per_gpu"] * dec["gpus"] / 100
+        assert plan["requests_per_s"] == pytest.approx(min(req_p, req_d))
+        assert kv["bytes_per_request"] == pytest.approx(61 * (512 + 64) * 2 * 2000)  # MLA latent + rope key, bf16
+        assert plan["ttft_s"] == pytest.approx(pre["ttft_s"] + kv["seconds"]) and plan["ttft_s"] <= 5
+        assert plan["tpot_s"] <= 0.1
+
+
+def test_disaggregated_is_serving_only(cli):
+    r = cli("search", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--disaggregated")
+    assert r.code == 2 and "--disaggregated" in r.err
+
+
+def test_disaggregated_search_on_12_dgx_h100_is_fast_and_fits_80_columns(cli):
+    import time
+    t0 = time.perf_counter()
+    r = cli("search", "--mode", "infer", "--disaggregated", "-m", "deepseek-v3", "--hardware", "dgx-h100",
+            "--nodes", "12", "--dtype", "fp8", "--engine", "sglang", "--input-len", "2000", "--output-len", "100",
+            "--ttft-slo", "5", "--tpot-slo", "0.1")
+    assert r.code == 0, r.err
+    assert time.perf_counter() - t0 < 5.0  # issue 36: 12 DGX H100 nodes in under 5 s
+    assert "P:D GPUs" in r.out and max(len(line) for line in r.out.splitlines()) <= 80

@@ -246,7 +246,7 @@ MOE_SERVING = Flags("Phases and MoE serving (--mode infer)", {
 
 
 SERVING_ONLY = (frozenset(ServingOptions.model_fields) | frozenset(MoeServingOptions.model_fields)
-                | {"batch", "max_load", "max_batch", "request_rate"})
+                | {"batch", "max_load", "max_batch", "request_rate", "disaggregated"})
 """Options only the serving paths (--mode infer) read: given in training mode they are an error."""
 SERVING_READS = (frozenset(ClusterOptions.model_fields) | frozenset(MemoryOptions.model_fields)
                  | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode"} | SERVING_ONLY)

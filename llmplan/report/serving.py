@@ -13,6 +13,7 @@ from llmplan.intervals import serving_interval
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
+from llmplan.search.disagg import DisaggResult, Pool
 from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
@@ -212,3 +213,75 @@ def misses_table(res: ServeSearchResult, job: ServeJob) -> Table:
                                         if lim is not None and v > lim))
         t.add_row(str(x.tp), str(x.pp), str(x.ep), f"{x.ttft_s:.3g}", f"{x.tpot_s:.3g}", why)
     return t
+
+
+def _pool_json(pool: Pool) -> dict[str, Any]:
+    e, ph = pool.estimate, pool.estimate.phase
+    assert ph is not None
+    p = e.plan
+    doc: dict[str, Any] = {"tp": p.tp, "pp": p.pp, "ep": p.ep, "dp_attention": p.dp_attention,
+                           "moe_dispatcher": p.moe_dispatcher, "two_batch_overlap": p.two_batch_overlap,
+                           "redundant_experts": p.redundant_experts, "gpus_per_instance": pool.gpus_per_instance,
+                           "instances": pool.instances, "gpus": pool.gpus}
+    if ph.phase == "prefill":
+        doc.update({"tokens_per_batch": ph.tokens_per_step, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+                    "ttft_s": ph.ttft_s})
+    else:
+        doc.update({"batch_per_replica": ph.tokens_per_step,
+                    "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s})
+    return doc
+
+
+def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> dict[str, Any]:
+    """`search --mode infer --disaggregated --json`: each plan's "prefill", "decode" and "kv_transfer", the P:D
+    split, and the best co-located plan it is compared with."""
+    co = res.colocated
+    return {"schema": SCHEMA, "mode": "infer", "disaggregated": True, "model": model.name,
+            "hardware": cluster.system.name, "gpus": cluster.num_gpus, "workload": job.model_dump(mode="json"),
+            "considered": res.considered, "search_s": res.seconds,
+            "plans": [{"rank": i, "prefill": _pool_json(x.prefill), "decode": _pool_json(x.decode),
+                       "kv_transfer": {"bytes_per_request": x.kv_bytes_per_request, "seconds": x.kv_seconds,
+                                       "link": x.kv_link},
+                       "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
+                       "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
+                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
+                      for i, x in enumerate(res.plans, 1)],
+            "colocated": None if co is None else {
+                "plan": co.plan.model_dump(mode="json"), "gpus": co.plan.num_gpus, "batch": co.job.batch,
+                "tokens_per_s": co.tokens_per_s, "tokens_per_s_per_gpu": co.tokens_per_s / co.plan.num_gpus,
+                "ttft_s": float(co.timing.ttft), "tpot_s": float(co.timing.tpot)},
+            "winner": res.winner, "why": res.why}
+
+
+def _layout(pool: Pool) -> str:
+    p = pool.estimate.plan
+    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    return f"{one} x{pool.instances}"
+
+
+def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> None:
+    slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
+    console.print(f"[bold]{model.name}[/] disaggregated serving on up to {cluster.num_gpus} x "
+                  f"{cluster.system.gpu.name}: {job.input_len} in / {job.output_len} out tokens{slo}")
+    console.print(f"priced {res.considered} instance layouts in {res.seconds:.2f} s")
+    if res.plans:
+        t = ReportTable(title="Best prefill / decode splits")
+        t.add_column("#", justify="right")
+        t.add_column("prefill")
+        t.add_column("decode")
+        for col in ("P:D GPUs", "TTFT ms", "TPOT ms", "per GPU"):
+            t.add_column(col, justify="right")
+        for i, x in enumerate(res.plans, 1):
+            t.add_row(str(i), _layout(x.prefill), _layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
+                      f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
+        t.caption = ("dpa: DP attention + wide EP (DeepEP); x instances; TTFT: prefill + KV transfer, no "
+                     "queueing; per GPU: output tokens/s")
+        console.print(t)
+        b = res.plans[0]
+        console.print(f"KV transfer: {b.kv_bytes_per_request / 2**20:,.1f} MiB per request, "
+                      f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
+    co = res.colocated
+    if co is not None:
+        console.print(f"best co-located: tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}, "
+                      f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
+    console.print(f"[bold]{res.winner}[/]: {res.why}")
