@@ -82,7 +82,10 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
                              "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **(moe or {})},
                  "serving plan options")
-    job = make_job(s, batch or 64)
+    # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
+    # by default, as many as one batch of --max-num-batched-tokens tokens takes.
+    prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if (moe or {}).get("phase") == "prefill" else 64
+    job = make_job(s, batch or prefill_seqs)
     allowance = make_allowance(memory)
     if max_load:
         job = at_max_load(m, cluster, plan, job, allowance, cap=batch)
@@ -90,7 +93,8 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     if output.json_mode:
         for warning in se.warnings:
             sys.stderr.write(f"warning: {warning}\n")
-    advice = advise_serving(se, allowance)
+    # The advice ranks changes by co-located throughput and TTFT; a one-phase pool is priced on its own phase.
+    advice = advise_serving(se, allowance) if plan.phase == "both" else None
     emit(report.serve_json(se, advice), output.json_mode, lambda: report.serve_view(out, se, advice))
     if output.save is not None:
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))

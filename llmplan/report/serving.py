@@ -70,7 +70,7 @@ def phase_lines(e: ServeEstimate) -> list[str]:
     ph = e.phase
     if ph is None:
         return []
-    kv = f"KV cache per GPU: {e.memory.kv_blocks * e.job.block_size:,} tokens"
+    kv = f"KV per GPU {e.memory.kv_blocks * e.job.block_size:,} tokens"
     if ph.phase == "prefill":
         return [f"prefill pool: {ph.tokens_per_step:,.0f} prompt tokens per batch per replica, "
                 f"{ph.context:,.0f}-token prompts",
