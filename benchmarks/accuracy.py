@@ -1053,6 +1053,7 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
             print(f"  {rid:52s} predicted {pred:6.1f} GiB reserved {meas:6.1f} GiB {100 * (pred - meas) / meas:+6.1f}%")
         print(f"  median signed {statistics.median(100 * (p - m) / m for _, p, m in res):+.1f}%")
     serving_report(records, no_fit)
+    summary.update({f"{k}_median_abs_pct": v for k, v in wide_ep_report().items()})
     print("\nreference searches (`llmplan search`, shipped profiles): the top plan against the best published")
     print("bf16 MFU of its GPU (the profile's best_published_mfu); target: at most 5 points above")
     for name, plan, mfu, best, halved in reference_report():
@@ -1331,6 +1332,55 @@ def serving_report(records: list[dict], no_fit: bool) -> None:
     shipped = {n: statistics.median(abs(e) for name, _, e in rows if name == n) for n in models}
     print(f"  shipped constants: mean of the models' medians {statistics.mean(shipped.values()):.1f}%, worst "
           f"{max(shipped.values()):.1f}% ({max(shipped, key=shipped.get)})")
+
+
+WIDE_EP_RUNS = Path(__file__).resolve().parent / "data" / "wide_ep_serving.yaml"
+"""Published wide-EP disaggregated DeepSeek-V3/R1 pools (family wideep), each with its source URL."""
+
+
+def predict_wide_ep(rec: dict) -> tuple[float, float, str]:
+    """(predicted, measured, quantity) of one wideep record: the pool's phase priced on its own at the
+    record's layout and load (`estimate --mode infer --phase ...`); tokens per GPU per second."""
+    system = builtin_systems()[rec["system"]]
+    cluster = ClusterSpec(system=system, num_nodes=rec["nodes"], gpus_per_node=rec.get("gpus_per_node"))
+    par = dict(rec["plan"])
+    plan = ServePlan(tp=1, pp=1, dp=par["ep"], **par)
+    wl = rec["workload"]
+    job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], engine="sglang",
+                   batch=wl["batch"] if isinstance(wl.get("batch"), int) else 1,
+                   max_num_batched_tokens=wl.get("tokens_per_batch", 8192))
+    m = builtin_models()["deepseek-v3"]
+    if wl.get("batch") == "max-load":
+        job = at_max_load(m, cluster, plan, job)
+    e = estimate_serving(m, cluster, plan, job)
+    assert e.phase is not None
+    key = "input_tokens_per_s_per_gpu" if plan.phase == "prefill" else "output_tokens_per_s_per_gpu"
+    return getattr(e.phase, key), rec["measured"][key], key
+
+
+def wide_ep_report(path: Path = WIDE_EP_RUNS) -> dict:
+    """The wideep family: per record predicted vs measured, median |error| per GPU type; excluded records
+    listed with their reason. Returns the summary entries."""
+    records = yaml.safe_load(path.read_text())
+    print("\nwide-EP disaggregated serving (family wideep, benchmarks/data/wide_ep_serving.yaml; one phase per "
+          "pool,\n`estimate --mode infer --phase`, shipped profiles):")
+    by_gpu: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.get("excluded"):
+            print(f"  {rec['id']:42s} excluded: {' '.join(rec['excluded'].split())}")
+            continue
+        pred, meas, key = predict_wide_ep(rec)
+        err = 100 * (pred - meas) / meas
+        gpu = builtin_systems()[rec["system"]].gpu.name
+        by_gpu.setdefault(gpu, []).append(abs(err))
+        print(f"  {rec['id']:42s} {key.split('_')[0]:6s} tok/s/GPU predicted {pred:8.0f} measured {meas:8.0f} "
+              f"{err:+6.1f}%")
+    allerr = [e for errs in by_gpu.values() for e in errs]
+    for gpu, errs in by_gpu.items():
+        print(f"  {gpu:12s} {len(errs):2d} records, median |err| {statistics.median(errs):.1f}%, max {max(errs):.1f}%")
+    if allerr:
+        print(f"  all          {len(allerr):2d} records, median |err| {statistics.median(allerr):.1f}%")
+    return {"wideep": round(statistics.median(allerr), 1)} if allerr else {}
 
 
 def _fmt_consts(c: dict) -> str:

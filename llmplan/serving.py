@@ -13,6 +13,7 @@ from llmplan.cost.inference import (
 from llmplan.cost.lengths import LengthStats, length_stats
 from llmplan.cost.operators import OperatorUse
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
+from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
@@ -62,6 +63,8 @@ class ServeEstimate:
     """Speculative decoding's step and its effect against plain decoding (None without it)."""
     lengths: LengthStats | None = None
     """Percentiles, capacity and throughput under the job's length distributions (None without them)."""
+    phase: PhaseTiming | None = None
+    """The plan's phase priced on its own when it is one pool of a disaggregated deployment (plan.phase)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -122,6 +125,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
         warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
         operators=tuple(uses), fallback_cost=extra, speculative=spec, lengths=lengths,
+        phase=phase_timing(m, runs, system, spans, job),
     )
 
 

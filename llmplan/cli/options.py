@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from typer.core import TyperCommand
 
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
-from llmplan.specs.options import ClusterOptions, MemoryOptions, OutputOptions, ServingOptions
+from llmplan.specs.options import ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions, ServingOptions
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -242,7 +242,35 @@ SERVING = Flags("Serving (--mode infer)", {
 MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
 
 
-SERVING_ONLY = frozenset(ServingOptions.model_fields) | {"batch", "max_load", "max_batch", "request_rate"}
+
+def _serve_plan(field: str):
+    return ServePlan.model_fields[field].default
+
+
+MOE_SERVING = Flags("Phases and MoE serving (--mode infer)", {
+    "phase": typer.Option(_serve_plan("phase"), "--phase",
+                          help="Inference: both (co-located) | prefill | decode (one pool of a disaggregated "
+                               "deployment, priced on its own: prefill at --max-num-batched-tokens prompt tokens "
+                               "per batch, decode at --batch sequences per replica)."),
+    "dp_attention": typer.Option(_serve_plan("dp_attention"), "--dp-attention/--no-dp-attention",
+                                 help="Inference, MoE: attention and dense layers whole on every GPU, routed "
+                                      "experts over --ep (= the GPUs; --tp 1)."),
+    "two_batch_overlap": typer.Option(_serve_plan("two_batch_overlap"), "--two-batch-overlap/--no-two-batch-overlap",
+                                      help="Inference, MoE: overlap one micro-batch's dispatch/combine with the "
+                                           "other's compute."),
+    "redundant_experts": typer.Option(_serve_plan("redundant_experts"), "--redundant-experts", min=0,
+                                      help="Inference, MoE: extra expert replicas (EPLB) spread over the EP ranks."),
+    "ep_imbalance": typer.Option(_serve_plan("ep_imbalance"), "--ep-imbalance", min=1.0,
+                                 help="Inference, MoE with --dp-attention: busiest EP rank's expert load over the "
+                                      "mean (default: measured with EPLB, SGLang on H100)."),
+    "expert_dtype": typer.Option(None, "--expert-dtype",
+                                 help="Inference, MoE: routed experts' weight dtype when it differs from --dtype "
+                                      "(fp8, nvfp4...)."),
+})
+
+
+SERVING_ONLY = (frozenset(ServingOptions.model_fields) | frozenset(MoeServingOptions.model_fields)
+                | {"batch", "max_load", "max_batch", "request_rate", "disaggregated"})
 """Options only the serving paths (--mode infer) read: given in training mode they are an error."""
 SERVING_READS = (frozenset(ClusterOptions.model_fields) | frozenset(MemoryOptions.model_fields)
                  | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode"} | SERVING_ONLY)

@@ -23,6 +23,7 @@ from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants)
 from llmplan.search.run import search as run_search
+from llmplan.search.disagg import search_disaggregated
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -54,17 +55,23 @@ def search(
     request_rate: Optional[float] = typer.Option(None, "--request-rate", rich_help_panel=opt.SERVING.panel,
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
     output: Annotated[OutputOptions, opt.OUTPUT],
+    disaggregated: bool = typer.Option(False, "--disaggregated", rich_help_panel=opt.SERVING.panel,
+                                       help="Inference: a prefill pool and a decode pool (P:D split, KV transfer), "
+                                            "against the best co-located plan."),
     ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top"})
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated"})
     if output.save is not None:  # refuse an existing --save file before the search, not after it ran and printed
         check_target(output.save, output.force)
     if mode == "infer":
         refuse_serving_comparison(cluster)
+    if mode == "infer" and disaggregated:
+        search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output)
+    elif mode == "infer":
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output)
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output)
@@ -93,6 +100,25 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
         save_best(output.save, {**serve_plan_document(best, allowance, report.serve_json(best), refs),
                                 **with_hardware_options(c)}, output.force, output.json_mode)
+
+
+def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOptions, max_batch: int,
+                  request_rate: float | None, memory: MemoryOptions, output: OutputOptions) -> None:
+    """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg)."""
+    if output.save is not None:
+        raise LlmplanError("--save with --disaggregated: a plan file holds one pool; save each pool with "
+                           "`estimate --mode infer --phase prefill|decode ... --save`")
+    m = resolve_model(c.model)
+    cluster = cluster_of(c)
+    job = make_job(s, max_batch, request_rate)
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
+                               make_allowance(memory))
+    emit(report.disagg_json(res, m, cluster, job), output.json_mode,
+         lambda: report.disagg_view(out, res, m, cluster, job))
+    if not res.plans:
+        sys.stderr.write(f"error: no prefill / decode split of {cluster.num_gpus} GPUs fits and meets the SLOs\n")
+        raise typer.Exit(EXIT_NO_FIT)
 
 
 class TrainSearch(NamedTuple):

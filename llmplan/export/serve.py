@@ -104,7 +104,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                      f"re-plan with --ep {p.tp * p.dp} or --ep 1")
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
-        ("--enable-expert-parallel", p.ep > 1), ("--max-model-len", context_limit(pf)),
+        ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", j.batch),
         ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
@@ -116,6 +116,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     if p.weight_dtype in ("mxfp8", "nvfp4"):
         note += (f"# {p.weight_dtype} weights: point MODEL at a pre-quantised {p.weight_dtype} checkpoint (e.g. "
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
+    note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
             + fraction_note + vllm_speculative(pf)[1] + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
@@ -130,10 +131,18 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     note = fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
+    note += moe_notes(pf)
+    # SGLang's --tp-size counts every GPU of the instance; with DP attention --dp-size splits them into
+    # attention ranks (attention TP = tp-size / dp-size) while the experts spread over --ep-size.
     flags = as_flags([
-        ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp), ("--ep-size", p.ep if p.ep > 1 else None),
+        ("--tp-size", p.tp * p.dp if p.dp_attention else p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp),
+        ("--ep-size", p.ep if p.ep > 1 else None), *sglang_moe_flags(pf),
         ("--context-length", context_limit(pf)), ("--mem-fraction-static", fraction),
-        ("--max-running-requests", j.batch), ("--chunked-prefill-size", j.max_num_batched_tokens),
+        # With DP attention SGLang counts running requests and chunked-prefill tokens over all attention ranks
+        # (server_args.py _handle_data_parallelism and the pool configurator divide them by --dp-size), so the
+        # per-rank plan values are multiplied by dp.
+        ("--max-running-requests", j.batch * (p.dp if p.dp_attention else 1)),
+        ("--chunked-prefill-size", j.max_num_batched_tokens * (p.dp if p.dp_attention else 1)),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
     ] + sglang_speculative(pf)[0])
@@ -143,3 +152,51 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
             + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"sglang_serve.sh": text}
+
+
+DEEPEP_MODE = {"prefill": "normal", "decode": "low_latency", "both": "auto"}
+"""SGLang --deepep-mode per phase: normal kernels for prefill, low-latency for decode, auto (each batch picks)
+when co-located."""
+
+
+def sglang_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
+    """SGLang server arguments of the phase and MoE deployment (SGLang expert-parallelism and PD
+    disaggregation docs): --disaggregation-mode, --enable-dp-attention with the dense layers and LM head
+    data-parallel too, --moe-a2a-backend deepep with its --deepep-mode, --enable-two-batch-overlap,
+    --ep-num-redundant-experts."""
+    p = pf.plan
+    return [("--disaggregation-mode", p.phase if p.phase != "both" else None),
+            ("--enable-dp-attention", p.dp_attention), ("--moe-dense-tp-size", 1 if p.dp_attention else None),
+            ("--enable-dp-lm-head", p.dp_attention),
+            ("--moe-a2a-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
+            ("--deepep-mode", DEEPEP_MODE[p.phase] if p.moe_dispatcher == "deepep" else None),
+            ("--enable-two-batch-overlap", p.two_batch_overlap),
+            ("--ep-num-redundant-experts", p.redundant_experts or None)]
+
+
+def vllm_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
+    """vLLM engine arguments of the phase and MoE deployment (vLLM expert-parallel deployment and NixlConnector
+    docs): DP attention is vLLM's data parallelism with --enable-expert-parallel; DeepEP's high-throughput
+    kernels for prefill and co-located serving, its low-latency kernels for decode (--all2all-backend);
+    dual-batch overlap (--enable-dbo); EPLB with its redundant experts; the NIXL KV connector for a pool of a
+    disaggregated deployment."""
+    p = pf.plan
+    a2a = None if p.moe_dispatcher != "deepep" else \
+        "deepep_low_latency" if p.phase == "decode" else "deepep_high_throughput"
+    eplb = "'" + json.dumps({"num_redundant_experts": p.redundant_experts}) + "'" if p.redundant_experts else None
+    kv = "'" + json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}) + "'" if p.phase != "both" else None
+    return [("--all2all-backend", a2a), ("--enable-dbo", p.two_batch_overlap),
+            ("--enable-eplb", bool(p.redundant_experts)), ("--eplb-config", eplb), ("--kv-transfer-config", kv)]
+
+
+def moe_notes(pf: PlanFile) -> str:
+    """Comment lines for what the launch line cannot say: the other pool, the expert checkpoint."""
+    p = pf.plan
+    out = ""
+    if p.phase != "both":
+        other = "decode" if p.phase == "prefill" else "prefill"
+        out += (f"# {p.phase} pool of a disaggregated deployment: start the {other} pool and a router that sends "
+                "each request to both (the KV cache moves between them)\n")
+    if p.expert_dtype:
+        out += f"# routed experts in {p.expert_dtype}: point MODEL at a checkpoint whose experts are {p.expert_dtype}\n"
+    return out

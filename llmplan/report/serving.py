@@ -13,6 +13,7 @@ from llmplan.intervals import serving_interval
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
+from llmplan.search.disagg import DisaggResult, Pool
 from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
@@ -49,6 +50,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"speculative": speculative_json(e)} if e.speculative is not None else {}),
         **({"length_distribution": lengths_json(e)} if e.lengths is not None else {}),
+        **({"phase": phase_json(e)} if e.phase is not None else {}),
     }
 
 
@@ -84,6 +86,39 @@ def lengths_json(e: ServeEstimate) -> dict[str, Any]:
             "max_concurrent_seqs": st.max_concurrent_seqs, "slo_max_batch_p99_ttft": st.slo_batch,
             "tokens_per_s": st.tokens_per_s_replica * e.plan.dp,
             "tokens_per_s_per_gpu": st.tokens_per_s_replica * e.plan.dp / e.plan.num_gpus}
+
+
+def phase_json(e: ServeEstimate) -> dict[str, Any]:
+    """The pool's one phase (estimate --phase prefill|decode): rates per GPU, latency, KV capacity per GPU."""
+    ph = e.phase
+    assert ph is not None  # callers check
+    return {"name": ph.phase, "step_s": ph.step_s, "expert_exchange_s": ph.exchange_s,
+            "tokens_per_step": ph.tokens_per_step, "context_tokens": ph.context, "ttft_s": ph.ttft_s,
+            "tpot_s": ph.tpot_s, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+            "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu,
+            "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
+            "max_concurrent_seqs": e.memory.max_concurrent_seqs,
+            "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request}
+
+
+def phase_lines(e: ServeEstimate) -> list[str]:
+    """The phase block of the serving view, each line within 80 columns."""
+    ph = e.phase
+    if ph is None:
+        return []
+    kv = f"KV per GPU {e.memory.kv_blocks * e.job.block_size:,} tokens"
+    if ph.phase == "prefill":
+        return [f"prefill pool: {ph.tokens_per_step:,.0f} prompt tokens per batch per replica, "
+                f"{ph.context:,.0f}-token prompts",
+                f"  {ph.input_tokens_per_s_per_gpu:,.0f} input tokens/s per GPU; TTFT {(ph.ttft_s or 0) * 1e3:,.1f} ms "
+                f"(no queueing); step {ph.step_s * 1e3:,.1f} ms",
+                f"  expert dispatch + combine {ph.exchange_s * 1e3:,.1f} ms per step; {kv}",
+                f"  KV sent to decode: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB per request"]
+    return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
+            "context",
+            f"  {ph.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU; TPOT {(ph.tpot_s or 0) * 1e3:,.2f} ms",
+            f"  expert dispatch + combine {ph.exchange_s * 1e3:,.2f} ms per step; {kv}",
+            f"  KV received per request: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB"]
 
 
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
@@ -122,10 +157,14 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
                       f"GiB; at most {mem.max_concurrent_seqs} fit")
-    console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
-                  f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
-                  f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
-    iv = serving_interval(e)
+    if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
+        for line in phase_lines(e):
+            console.print(line)
+    else:
+        console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
+                      f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
+                      f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+    iv = serving_interval(e) if e.phase is None else None
     if iv is not None:
         (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
         console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
@@ -250,3 +289,75 @@ def misses_table(res: ServeSearchResult, job: ServeJob) -> Table:
                                         if lim is not None and v > lim))
         t.add_row(str(x.tp), str(x.pp), str(x.ep), f"{x.ttft_s:.3g}", f"{x.tpot_s:.3g}", why)
     return t
+
+
+def _pool_json(pool: Pool) -> dict[str, Any]:
+    e, ph = pool.estimate, pool.estimate.phase
+    assert ph is not None
+    p = e.plan
+    doc: dict[str, Any] = {"tp": p.tp, "pp": p.pp, "ep": p.ep, "dp_attention": p.dp_attention,
+                           "moe_dispatcher": p.moe_dispatcher, "two_batch_overlap": p.two_batch_overlap,
+                           "redundant_experts": p.redundant_experts, "gpus_per_instance": pool.gpus_per_instance,
+                           "instances": pool.instances, "gpus": pool.gpus}
+    if ph.phase == "prefill":
+        doc.update({"tokens_per_batch": ph.tokens_per_step, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+                    "ttft_s": ph.ttft_s})
+    else:
+        doc.update({"batch_per_replica": ph.tokens_per_step,
+                    "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s})
+    return doc
+
+
+def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> dict[str, Any]:
+    """`search --mode infer --disaggregated --json`: each plan's "prefill", "decode" and "kv_transfer", the P:D
+    split, and the best co-located plan it is compared with."""
+    co = res.colocated
+    return {"schema": SCHEMA, "mode": "infer", "disaggregated": True, "model": model.name,
+            "hardware": cluster.system.name, "gpus": cluster.num_gpus, "workload": job.model_dump(mode="json"),
+            "considered": res.considered, "search_s": res.seconds,
+            "plans": [{"rank": i, "prefill": _pool_json(x.prefill), "decode": _pool_json(x.decode),
+                       "kv_transfer": {"bytes_per_request": x.kv_bytes_per_request, "seconds": x.kv_seconds,
+                                       "link": x.kv_link},
+                       "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
+                       "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
+                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
+                      for i, x in enumerate(res.plans, 1)],
+            "colocated": None if co is None else {
+                "plan": co.plan.model_dump(mode="json"), "gpus": co.plan.num_gpus, "batch": co.job.batch,
+                "tokens_per_s": co.tokens_per_s, "tokens_per_s_per_gpu": co.tokens_per_s / co.plan.num_gpus,
+                "ttft_s": float(co.timing.ttft), "tpot_s": float(co.timing.tpot)},
+            "winner": res.winner, "why": res.why}
+
+
+def _layout(pool: Pool) -> str:
+    p = pool.estimate.plan
+    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    return f"{one} x{pool.instances}"
+
+
+def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> None:
+    slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
+    console.print(f"[bold]{model.name}[/] disaggregated serving on up to {cluster.num_gpus} x "
+                  f"{cluster.system.gpu.name}: {job.input_len} in / {job.output_len} out tokens{slo}")
+    console.print(f"priced {res.considered} instance layouts in {res.seconds:.2f} s")
+    if res.plans:
+        t = ReportTable(title="Best prefill / decode splits")
+        t.add_column("#", justify="right")
+        t.add_column("prefill")
+        t.add_column("decode")
+        for col in ("P:D GPUs", "TTFT ms", "TPOT ms", "per GPU"):
+            t.add_column(col, justify="right")
+        for i, x in enumerate(res.plans, 1):
+            t.add_row(str(i), _layout(x.prefill), _layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
+                      f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
+        t.caption = ("dpa: DP attention + wide EP (DeepEP); x instances; TTFT: prefill + KV transfer, no "
+                     "queueing; per GPU: output tokens/s")
+        console.print(t)
+        b = res.plans[0]
+        console.print(f"KV transfer: {b.kv_bytes_per_request / 2**20:,.1f} MiB per request, "
+                      f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
+    co = res.colocated
+    if co is not None:
+        console.print(f"best co-located: tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}, "
+                      f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
+    console.print(f"[bold]{res.winner}[/]: {res.why}")

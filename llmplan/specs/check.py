@@ -433,6 +433,29 @@ def _training_rules(*names: str) -> tuple[Rule, ...]:
     return tuple(r for r in RULES if r.name in names)
 
 
+SERVE_MOE_RULES: tuple[Rule, ...] = (
+    Rule("dp_attention_moe", lambda m, p, c: (not p.dp_attention) | _moe(m),
+         lambda m, p, c: f"--dp-attention shards the routed experts over the attention ranks; {m.name} is dense: "
+                         "drop --dp-attention (replicas already run attention data-parallel)"),
+    Rule("dp_attention_layout", lambda m, p, c: (not p.dp_attention) | ((p.tp == 1) & (p.pp == 1)),
+         lambda m, p, c: f"--dp-attention runs attention whole on every GPU (tp 1, pp 1), but the plan has tp {p.tp} "
+                         f"pp {p.pp}; use --tp 1 --pp 1 with --dp and --ep set to the GPUs of the pool"),
+    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp),
+         lambda m, p, c: f"--dp-attention shards the experts over every GPU of the pool: ep ({p.ep}) must equal the "
+                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp); use --ep {p.tp * p.pp * p.dp}"),
+    Rule("moe_serving_needs_ep",
+         lambda m, p, c: (p.ep > 1) | ((p.moe_dispatcher == "alltoall") & (not p.two_batch_overlap)
+                                       & (p.redundant_experts == 0)),
+         lambda m, p, c: "--moe-dispatcher deepep, --two-batch-overlap and --redundant-experts act on the expert-"
+                         f"parallel all-to-all and its ranks, but ep is {p.ep}; raise --ep or drop them"),
+    Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | _moe(m),
+         lambda m, p, c: f"--expert-dtype {p.expert_dtype} applies to routed experts; {m.name} is dense: drop it "
+                         "(the weights take --dtype)"),
+)
+"""Serving rules of the MoE deployment options (ServePlan.dp_attention, moe_dispatcher, two_batch_overlap,
+redundant_experts, expert_dtype)."""
+
+
 SERVE_RULES: tuple[Rule, ...] = (
     *_training_rules("tp_heads"),
     Rule("tp_kv_heads_serve",
@@ -445,7 +468,16 @@ SERVE_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}: a serving "
                          f"plan gives every pipeline stage an equal share of the layers; valid pp: "
                          f"{_fmt(divisors(m.num_hidden_layers))}"),
-    *_training_rules("ep_dense", "ep_experts"),
+    *_training_rules("ep_dense"),
+    # EPLB's redundant experts join the routed ones before they are spread over the EP ranks (SGLang
+    # --ep-num-redundant-experts: 256 + 32 = 288 experts make EP 72 or 96 possible).
+    Rule("ep_experts", lambda m, p, c: (not _moe(m)) | ((max(m.num_experts, 1) + p.redundant_experts) % p.ep == 0),
+         lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}"
+                         + (f" plus the {p.redundant_experts} redundant ones ({m.num_experts + p.redundant_experts})"
+                            if p.redundant_experts else "")
+                         + f"; valid ep: {_fmt(divisors(m.num_experts + p.redundant_experts))}"
+                         + ("" if p.redundant_experts else " (or add --redundant-experts so that ep divides the sum)")),
+    *SERVE_MOE_RULES,
     Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp) == 0,
          lambda m, p, c: f"tp x pp ({p.tp} x {p.pp} = {p.tp * p.pp}) must divide the {c.num_gpus} GPUs "
                          f"({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used}): each replica "

@@ -259,3 +259,21 @@ class ServingOptions(BaseModel):
     """ServeJob.input_len_dist, as written on the command line."""
     output_len_dist: str | None = None
     """ServeJob.output_len_dist, as written on the command line."""
+
+
+class MoeServingOptions(BaseModel):
+    """One phase on its own and the MoE deployment of serving (estimate --mode infer): become ServePlan fields."""
+
+    model_config = OPTIONS_CONFIG
+    phase: str
+    """ServePlan.phase."""
+    dp_attention: bool
+    """ServePlan.dp_attention."""
+    two_batch_overlap: bool
+    """ServePlan.two_batch_overlap."""
+    redundant_experts: int
+    """ServePlan.redundant_experts."""
+    ep_imbalance: float
+    """ServePlan.ep_imbalance."""
+    expert_dtype: str | None
+    """ServePlan.expert_dtype."""

@@ -12,6 +12,17 @@ from llmplan.specs.plan import Degrees
 WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
+Phase = Literal["both", "prefill", "decode"]
+ServeDispatcher = Literal["alltoall", "deepep"]
+
+EP_IMBALANCE_DEFAULT = 1.5
+"""Default max/mean expert load of the busiest EP rank under a trained router with EPLB. Published: SGLang's
+DeepSeek-V3 prefill on 4 x 8 H100 (EP32, 4,096-token prompts, 16,384 tokens per GPU) ran 50,302 tokens/s per
+node with its EPLB placement and 59,337 with routing made perfectly balanced, 1.18x (LMSYS blog 2025-05-05
+"Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs", Profile
+Results, Overall Throughput table). Derived: the load ratio at which llmplan's own prefill price of that pool
+slows by the same 1.18x (1.5; 1.18 at 1.0 per rank would slow it 1.06x, since only the expert GEMMs and the
+dispatch wait on the busiest rank). docs/formulas.md#serve.moe"""
 
 
 class ServePlan(Spec):
@@ -42,6 +53,33 @@ class ServePlan(Spec):
     fused_attention: bool = True
     """Fused (flash) attention; False writes and reads the attention scores through memory, as engines do on
     GPUs without a flash-attention kernel."""
+    phase: Phase = "both"
+    """Which phases the deployment serves: both (prefill and decode co-located), or one pool of a disaggregated
+    deployment: prefill (prompts only; the KV cache leaves for the decode pool) or decode (KV received)."""
+    dp_attention: bool = False
+    """Data-parallel attention for MoE models: every GPU runs attention, the dense layers and the LM head on its
+    own sequences (tp x pp = 1 per attention rank, dp ranks), and the routed experts are sharded over ep = dp
+    GPUs; the experts of every MoE layer see the tokens of all dp ranks."""
+    moe_dispatcher: ServeDispatcher = "alltoall"
+    """How tokens reach their experts' ranks: alltoall (every routed copy in 16 bits) or deepep (DeepEP: fp8
+    dispatch, 16-bit combine; prefill steps use the normal kernels, one copy per destination node over the
+    network, bandwidth-bound; decode steps the low-latency kernels, each routed copy sent directly)."""
+    two_batch_overlap: bool = False
+    """Split each step into two micro-batches so that one's dispatch / combine runs while the other computes
+    (DeepSeek's dual micro-batch overlap; SGLang two-batch overlap)."""
+    redundant_experts: int = Field(default=0, ge=0, le=65_536)
+    """Extra expert replicas (EPLB) over the EP ranks: each rank holds (experts + redundant) / ep experts."""
+    ep_imbalance: float = Field(default=EP_IMBALANCE_DEFAULT, ge=1.0, le=64.0)
+    """Expert load of the busiest EP rank over the mean under the trained router (with EPLB when redundant
+    experts are set): the expert GEMMs and the dispatch / combine wait on that rank. Applies with dp_attention."""
+    expert_dtype: WeightDtype | None = None
+    """Dtype of the routed experts' weights when it differs from weight_dtype (fp8 attention with NVFP4 experts);
+    None: weight_dtype."""
+
+    @property
+    def expert_dtype_resolved(self) -> str:
+        """The routed experts' weight dtype."""
+        return self.expert_dtype or self.weight_dtype
 
     @property
     def gpus_per_replica(self) -> int:
@@ -78,8 +116,14 @@ class ServePlan(Spec):
 
     def describe(self) -> str:
         """The plan in one line (the serving view, its HTML report and export headers)."""
+        moe = "".join((f", {self.phase} pool" if self.phase != "both" else "",
+                       ", DP attention" if self.dp_attention else "",
+                       f", {self.moe_dispatcher}" if self.moe_dispatcher != "alltoall" else "",
+                       ", two-batch overlap" if self.two_batch_overlap else "",
+                       f", {self.redundant_experts} redundant experts" if self.redundant_experts else "",
+                       f", experts {self.expert_dtype}" if self.expert_dtype else ""))
         return (f"tp {self.tp} pp {self.pp} replicas {self.dp} ep {self.ep}, weights {self.weight_dtype}, "
-                f"KV {self.kv_dtype}")
+                f"KV {self.kv_dtype}" + moe)
 
 
 SpeculativeMethod = Literal["mtp", "eagle", "eagle3", "ngram"]
