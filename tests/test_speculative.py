@@ -122,6 +122,10 @@ def test_cli_speculative_json_adds_keys(cli):
     assert d["tokens_per_step"] == pytest.approx(1.85)
     assert d["step_s"] == pytest.approx(d["draft_s"] + d["verify_s"])
     assert r.json()["tpot_s"] < d["tpot_without_s"]
+    # the serving interval comes from TensorRT-LLM runs without speculation: withheld here, with the reason
+    assert "interval" not in r.json() and "speculative" in r.json()["interval_withheld"]
+    plain = cli(*BASE, "--model", "deepseek-v3", "--tp", "8", "--dtype", "fp8", "--json").json()
+    assert "interval" in plain and "interval_withheld" not in plain
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.advice import advice_json
-from llmplan.intervals import serving_interval
+from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
@@ -43,6 +43,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                          "ttft_without_cache_s": e.ttft_without_prefix_cache},
         "warnings": list(e.warnings),
         **({"interval": iv} if (iv := serving_interval(e)) is not None else {}),
+        **({"interval_withheld": why} if (why := serving_interval_withheld(e)) is not None else {}),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
@@ -170,6 +171,8 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
                       f"{phi * 1e3:,.2f} ms, {rlo:,.0f}-{rhi:,.0f} output tokens/s (from {iv['records']} "
                       "left-out TensorRT-LLM runs)")
+    elif (why := serving_interval_withheld(e)) is not None:
+        console.print(f"no 80% interval: {why}")
     if j.prefix_hit_rate:
         console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
                       f"{float(t.ttft) * 1e3:,.1f} ms instead of {e.ttft_without_prefix_cache * 1e3:,.1f} ms")
