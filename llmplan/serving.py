@@ -93,11 +93,21 @@ def hardware_warnings(plan: ServePlan, cluster: ClusterSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
+    """The model as the engines load it for the job: without its multi-token-prediction modules unless the job
+    decodes speculatively with them (vLLM's DeepSeek loader skips the spec-decode layers for the main model,
+    vllm/model_executor/models/deepseek_v2.py load_weights; SGLang loads them only in its NEXTN draft worker)."""
+    if m.num_nextn_predict_layers and (job.speculative is None or job.speculative.method != "mtp"):
+        return m.model_copy(update={"num_nextn_predict_layers": 0})
+    return m
+
+
 def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
                      allowance: MemoryAllowance | None = None) -> ServeEstimate:
     violations = check_serve_plan(m, plan, job, cluster)
     if violations:
         raise PlanViolationError(violations)
+    spec_m, m = m, loaded_model(m, job)
     system = cluster.system
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
@@ -119,7 +129,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     lengths = length_stats(m, runs, system, spans, job, mem.kv_available) \
         if job.input_len_dist is not None or job.output_len_dist is not None else None
     return ServeEstimate(
-        model=m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
+        model=spec_m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
@@ -135,8 +145,8 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     assert job.speculative is not None  # the caller's branch
     system = cluster.system
     plain = job.model_copy(update={"speculative": None})
-    base = serve_timing(m, plan, system, spans, plain, job.batch)
-    mem, base_mem = (serve_memory(m, plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
+    base = serve_timing(loaded_model(m, plain), plan, system, spans, plain, job.batch)
+    mem, base_mem = (serve_memory(loaded_model(m, j), plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
     context = job.input_len + job.output_len / 2
     step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
                             step_host_seconds(m, plan, job))
@@ -183,7 +193,7 @@ def load_curve(e: ServeEstimate) -> list[LoadPoint]:
     extra = [b for b in (e.job.batch, e.slo_batch) if b and b <= limit]
     grid = np.unique(np.concatenate([np.round(np.geomspace(1, limit, LOAD_POINTS)), extra])).astype(float)
     runs = running_plan(e.plan, list(e.operators))
-    t = serve_timing(e.model, runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
+    t = serve_timing(loaded_model(e.model, e.job), runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
     ttft, tpot = np.broadcast_to(t.ttft, grid.shape), np.broadcast_to(t.tpot, grid.shape)
     ok = np.ones(grid.shape, dtype=bool)
     if e.job.ttft_slo_s is not None:

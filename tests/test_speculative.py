@@ -102,6 +102,20 @@ def test_mtp_adds_no_weights_but_its_layer_cache_and_draft_slots():
         pytest.approx(62 / 61, rel=0.01)  # 2,253 tokens fill the same 141 blocks of 16 as 2,250
 
 
+def test_engines_load_the_mtp_modules_only_for_mtp_decoding():
+    # vLLM's DeepSeek loader skips the spec-decode layers for the main model (deepseek_v2.py load_weights):
+    # plain decoding holds the weights of the model without its MTP module; MTP decoding holds them too.
+    plain = ServeJob(input_len=2000, output_len=500, batch=32)
+    mtp = plain.model_copy(update={"speculative": SpeculativeSpec(method="mtp", num_speculative_tokens=1)})
+    plan = ServePlan(tp=8, weight_dtype="fp8")
+    bare = DSV3.model_copy(update={"num_nextn_predict_layers": 0})
+    w = {k: float(_estimate(m, "dgx-h200", 1, plan, j).memory.weights)
+         for k, m, j in (("plain", DSV3, plain), ("bare", bare, plain), ("mtp", DSV3, mtp))}
+    assert w["plain"] == pytest.approx(w["bare"], rel=1e-12)
+    assert w["mtp"] > w["plain"] * 1.01  # the MTP module is ~2% of DeepSeek-V3's weights
+    assert _estimate(DSV3, "dgx-h200", 1, plan, plain).model.num_nextn_predict_layers == 1  # the spec is kept
+
+
 def test_ngram_has_no_draft_cost():
     job = ServeJob(batch=8, speculative=SpeculativeSpec(method="ngram", num_speculative_tokens=3,
                                                         acceptance_rate=0.5))

@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.search.serve import search_serving
-from llmplan.serving import ServeEstimate, estimate_serving, replica_spans
+from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -138,12 +138,13 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     sub = sub_cluster(cluster, plan.num_gpus)
     if sub.num_gpus != plan.num_gpus or check_serve_plan(m, plan, job, sub):
         return None
-    limit = min(job.batch, serve_memory(m, plan, job, cluster.system.gpu.hbm_bytes, allowance).max_concurrent_seqs)
+    lm = loaded_model(m, job)
+    limit = min(job.batch, serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance).max_concurrent_seqs)
     if limit < 1:
         return None
     grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
-    tpot = np.asarray(decode_tpot(m, plan, cluster.system, replica_spans(plan, sub), grid,
-                                  job.input_len + job.output_len / 2, step_host_seconds(m, plan, job)))
+    tpot = np.asarray(decode_tpot(lm, plan, cluster.system, replica_spans(plan, sub), grid,
+                                  job.input_len + job.output_len / 2, step_host_seconds(lm, plan, job)))
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None
