@@ -155,7 +155,7 @@ def _replicas(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAl
                                                allowance, order, checkpoint)))
     if len(parts) == 1:
         e = parts[0][1]
-        return HeteroEstimate(e, hp, (_use(pc, parts[0][0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
+        return HeteroEstimate(e, hp, (pool_use(pc, parts[0][0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
     grad = max(float(e.memory.params_on_rank) for _, e in parts) * plan.grad_bytes
     cross = cross_pool_reduce_seconds(grad, list(hp.replica_pools or ()), pc.fabric)
     g_slow, slow = max(parts, key=lambda x: float(x[1].time.total))
@@ -163,7 +163,7 @@ def _replicas(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAl
     st = dataclasses.replace(st, comm_exposed=st.comm_exposed + cross, exposed={**st.exposed, "dp": st.exposed["dp"]
                                                                                  + cross})
     return _combine(m, pc, hp, slow, st, [(g, e, e.plan.num_gpus) for g, e in parts], cross,
-                    [_use(pc, g, e, tuple(range(plan.pp)), e.plan.dp, e.plan.global_batch) for g, e in parts])
+                    [pool_use(pc, g, e, tuple(range(plan.pp)), e.plan.dp, e.plan.global_batch) for g, e in parts])
 
 
 def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllowance | None,
@@ -173,7 +173,7 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     if len(used) == 1:  # all on one pool: the single-system estimate
         e = estimate_training(m, pool_cluster(pc.pools[used[0]].system, plan.num_gpus), plan, allowance, order,
                               checkpoint)
-        return HeteroEstimate(e, hp, (_use(pc, used[0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
+        return HeteroEstimate(e, hp, (pool_use(pc, used[0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
     clusters = {g: pool_cluster(pc.pools[g].system, plan.num_gpus) for g in used}
     for c in clusters.values():
         violations = check_plan(m, plan, c)
@@ -213,7 +213,7 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     return _combine(m, pc, hp, e, st, [(u.pool, e, u.gpus) for u in uses], cross, uses)
 
 
-def _use(pc: PoolCluster, g: int, e: TrainingEstimate, stages: tuple[int, ...], replicas: int,
+def pool_use(pc: PoolCluster, g: int, e: TrainingEstimate, stages: tuple[int, ...], replicas: int,
          batch: int) -> PoolUse:
     return PoolUse(g, pc.pools[g].name, pc.pools[g].system.name, e.plan.num_gpus, stages, replicas, batch,
                    e.stage_layers, e.memory, float(e.time.compute), float(e.time.total))

@@ -12,6 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
+from llmplan.cli.pools import search_pools_cli
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
@@ -28,7 +29,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import parse_order
@@ -97,6 +98,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                  output: OutputOptions) -> None:
     """The training path of `search`."""
+    if is_pool_file(c.hardware):  # a cluster of several pools: cli.pools
+        return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
