@@ -86,7 +86,8 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
                     continue
                 feasible += 1
                 cands.append(got)
-    cands.sort(key=lambda h: -float(h.estimate.throughput.tokens_per_s))
+    if len(pc.pools) > 1:  # one pool keeps the single-system search's ranking (search.rank's tie rules)
+        cands.sort(key=lambda h: -float(h.estimate.throughput.tokens_per_s))
     out: list[HeteroEstimate] = []
     seen: set = set()
     for h in cands:

@@ -193,7 +193,10 @@ def load_pool_file(path: Path) -> PoolCluster:
         if looks_like_path(ref) and exists(Path(ref)) and is_pool_file(ref):
             raise LlmplanError(f"{path}: pool {i + 1}'s system {pool['system']} is itself a cluster of pools; "
                                f"give one system per pool")
-        system = resolve_system(ref)
+        try:
+            system = resolve_system(ref)
+        except LlmplanError as e:
+            raise LlmplanError(f"{path}: pool {i + 1}: {e}") from None
         built.append({**pool, "system": system, "name": pool.get("name", system.name)})
     return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
                                "fabric": data["fabric"], **{k: v for k, v in data.items()
