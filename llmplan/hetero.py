@@ -237,8 +237,8 @@ def _combine(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, base: TrainingEstima
         mfu=model_flops / (step * peak), hfu=hardware_flops / (step * peak),
         mfu_low_precision=model_flops / (step * low) if low else None)
     worst = max(uses, key=lambda u: (float(u.memory.total / u.memory.capacity), -u.pool))
-    e = dataclasses.replace(base, plan=plan, memory=worst.memory, time=st, throughput=thr,
-                            bottleneck=str(bottleneck(st)))
+    e = dataclasses.replace(base, cluster=pool_cluster(base.cluster.system, plan.num_gpus), plan=plan,
+                            memory=worst.memory, time=st, throughput=thr, bottleneck=str(bottleneck(st)))
     return HeteroEstimate(e, hp, tuple(uses), cross)
 
 

@@ -74,5 +74,6 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
         best = res.ranked[0]
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
         doc = plan_document(best.estimate, allowance, order, hetero_json(best), refs)
+        doc.pop("hardware_ref", None)  # the cluster file is no one system: the snapshot stands for it
         doc["pools"] = {"cluster": pc.model_dump(mode="json"), "plan": best.hetero.model_dump(mode="json")}
         save_best(output.save, doc, output.force, output.json_mode)

@@ -72,8 +72,8 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
         if pc.num_gpus % per == 0:
             for e in run(ClusterSpec(system=fastest.system, num_nodes=pc.num_gpus // per)):
                 shapes.setdefault(_shape_key(e.plan), e.plan)
-        for e in list(cands):  # the single pools' shapes too, with more replicas
-            shapes.setdefault(_shape_key(e.hetero.plan), e.hetero.plan)
+        for h in list(cands):  # the single pools' shapes too, with more replicas
+            shapes.setdefault(_shape_key(h.hetero.plan), h.hetero.plan)
         for plan in list(shapes.values())[:SHAPES * (len(pc.pools) + 1)]:
             for hp_or_rule in _assignments(m, pc, plan, allowance, order):
                 considered += 1
