@@ -311,3 +311,70 @@ def test_search_json_says_which_pool_holds_what(cli, tmp_path: Path):
             assert {"name", "system", "gpus", "stages", "replicas", "global_batch", "memory", "time"} <= set(u)
             assert {"step_s", "compute_s"} <= set(u["time"]) and "total" in u["memory"]
     assert any(len(p["pools"]["by_pool"]) > 1 for p in doc["plans"])
+
+
+# --- export -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_plan(tmp_path_factory):
+    """The best plan of Llama-3.1-70B on 4 DGX H100 + 4 DGX A100, saved (a pipeline over both pools)."""
+    from llmplan.cli import main
+
+    folder = tmp_path_factory.mktemp("pools")
+    (folder / "cluster.yaml").write_text(GOOD)
+    try:
+        main(["search", "--model", "llama-3.1-70b", "--hardware", str(folder / "cluster.yaml"), "--save",
+              str(folder / "plan.json"), "--json"])
+    except SystemExit as e:
+        assert not e.code
+    return folder / "plan.json"
+
+
+def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: Path):
+    import json
+
+    doc = json.loads(saved_plan.read_text())
+    assert doc["pools"]["plan"]["assignment"] == "stages"
+    r = cli("export", saved_plan, "--to", "slurm", "-o", tmp_path)
+    assert r.code == 0, r.err
+    sbatch = (tmp_path / "job.sbatch").read_text()
+    assert sbatch.count("#SBATCH hetjob") == 1 and "srun --het-group=0,1 " in sbatch
+    assert "NODE_RANK=$SLURM_PROCID" in sbatch
+    assert "--pipeline-model-parallel-layout" in (tmp_path / "megatron_pretrain.sh").read_text()
+    rows = (tmp_path / "pool_ranks.csv").read_text().splitlines()[1:]
+    plan = doc["plan"]
+    width = plan["tp"] * plan["cp"] * plan["dp"]
+    ranks = []
+    for row in rows:
+        pool, system, gpu, first_node, nodes, first, last, stages, layers = row.split(",")
+        ranks += list(range(int(first), int(last) + 1))
+        a, b = map(int, stages.split("-"))
+        assert int(first) == a * width and int(last) == (b + 1) * width - 1 and int(first_node) * 8 == int(first)
+    assert ranks == list(range(plan["tp"] * plan["pp"] * plan["cp"] * plan["dp"]))
+    r = cli("export", saved_plan, "--to", "torchrun", "-o", tmp_path / "t")
+    assert r.code == 0 and "NODE_RANK=$((FIRST + POOL_NODE))" in (tmp_path / "t" / "torchrun_pools.sh").read_text()
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "megatron-bridge"])
+def test_launchers_that_cannot_run_mixed_pools_refuse_with_the_reason(cli, saved_plan, tmp_path: Path, target):
+    r = cli("export", saved_plan, "--to", target, "-o", tmp_path)
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "pools of different GPUs" in lines[0], r.err
+    assert not list(tmp_path.iterdir())
+
+
+def test_replicas_with_unequal_batches_are_refused_everywhere(cli, saved_plan, tmp_path: Path):
+    import json
+
+    doc = json.loads(saved_plan.read_text())
+    p = doc["plan"]
+    n = p["global_batch"] // (p["micro_batch"] * p["dp"])
+    share = (n // 2 + 1) * p["micro_batch"] * (p["dp"] // 2)
+    doc["pools"]["plan"] = {"plan": {k: v for k, v in p.items()}, "assignment": "replicas",
+                            "replica_pools": [p["dp"] // 2, p["dp"] // 2],
+                            "replica_batches": [share, p["global_batch"] - share]}
+    f = tmp_path / "replicas.json"
+    f.write_text(json.dumps(doc))
+    r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 2 and "different shares of the global batch" in r.err, r.err
