@@ -69,8 +69,8 @@ def where_cell(h: HeteroEstimate) -> str:
 
 
 def pool_search_view(console: Console, res: PoolSearchResult, pc: PoolCluster, m: ModelSpec) -> None:
-    console.print(f"{m.name} on {pc.name}: " + ", ".join(f"{p.nodes} x {p.system.name} ({p.name})"
-                                                         for p in pc.pools)
+    console.print(f"{m.name} on {pc.name}: " + ", ".join(
+        f"{p.nodes} x {p.system.name}" + (f" ({p.name})" if p.name != p.system.name else "") for p in pc.pools)
                   + f"; {pc.fabric.gb_per_s:g} GB/s per GPU between pools")
     t = Table(title=f"{len(res.ranked)} best plans", show_edge=False, pad_edge=False)
     for col in ("#", "plan / where", "tok/s", "step s", "MFU", "GiB max"):

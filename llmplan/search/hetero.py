@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from llmplan.errors import PlanViolationError
+from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import TrainingEstimate
 from llmplan.hetero import (HeteroEstimate, estimate_hetero, pool_cluster, pool_use, replica_counts, replica_plan,
                             stage_counts, stage_plan)
@@ -39,7 +39,7 @@ class PoolSearchResult:
     pruned: dict[str, int] = field(default_factory=dict)
     """Plans over several pools cut, per rule (check_pools / check_plan rule names, `memory`, `batch_split`)."""
     alone: dict[str, float] = field(default_factory=dict)
-    """Best tokens/s of each pool alone (0 where nothing fits)."""
+    """Highest tokens/s of the plans of each pool alone the single-system search ranked (0 where none fits)."""
     seconds: float = 0.0
 
 
@@ -59,7 +59,7 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
     shapes: dict[tuple, ParallelPlan] = {}
     for g, pool in enumerate(pc.pools):
         ranked = run(pool.cluster)
-        alone[pool.name] = float(ranked[0].throughput.tokens_per_s) if ranked else 0.0
+        alone[pool.name] = max((float(e.throughput.tokens_per_s) for e in ranked), default=0.0)
         for e in ranked:
             hp = HeteroPlan(plan=e.plan, assignment="stages", stage_pools=(g,) * e.plan.pp)
             cands.append(HeteroEstimate(e, hp, (pool_use(pc, g, e, tuple(range(e.plan.pp)), e.plan.dp,
@@ -117,6 +117,8 @@ def _assignments(m: ModelSpec, pc: PoolCluster, plan: ParallelPlan, allowance: M
             out.append(hp if hp is not None else "batch_split")
         except PlanViolationError as e:
             out.append(e.violations[0].rule)
+        except LlmplanError:
+            out.append("pool_placement")
     return out
 
 
@@ -130,6 +132,8 @@ def _fitting(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAll
             e = estimate_hetero(m, pc, hp, allowance, order, checkpoint)
         except PlanViolationError as err:
             return err.violations[0].rule
+        except LlmplanError:  # a shape the pool's node size cannot place (e.g. part of a node)
+            return "pool_placement"
         over = {u.pool for u in e.pools if float(u.memory.capacity - u.memory.total)
                 < headroom(float(u.memory.capacity))}
         if not over:

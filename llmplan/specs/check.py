@@ -486,7 +486,7 @@ def check_pools(m: ModelSpec, hp: HeteroPlan, pc: PoolCluster) -> list[Violation
             out.append(Violation("pool_gpus", f"the plan puts {gpus} GPUs on pool {pool.name}, which has "
                                               f"{pool.num_gpus} ({pool.nodes} x {per_node}); a pool's part must "
                                               f"fit it in whole nodes"))
-        if p.tp * p.cp > pool.system.domain_gpus and p.tp > pool.system.domain_gpus:
+        if p.tp > pool.system.domain_gpus:
             out.append(Violation("pool_tp", f"tp ({p.tp}) exceeds the {pool.system.domain_gpus}-GPU NVLink "
                                             f"domain of pool {pool.name}; keep tp within one node of the pool"))
     return out
