@@ -23,8 +23,9 @@ from pydantic import ValidationError
 from llmplan.errors import LlmplanError
 from llmplan.fileio import MAX_INPUT_BYTES, excerpt, exists, parse_document, read_text
 from llmplan.estimate import estimate_training
+from llmplan.hetero import estimate_hetero
 from llmplan.planfile import (
-    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document,
+    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document, saved_pools,
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.check import check_plan
@@ -199,7 +200,13 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
                         + "; ".join(v.message for v in bad), sc.line, sc.field)]
     if pf.mode == "infer":
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
-    e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+    try:
+        pools = saved_pools(pf)  # a plan over several pools is re-priced over them (llmplan.hetero)
+        e = estimate_hetero(pf.model, *pools, pf.allowance, pf.axis_order).estimate if pools is not None \
+            else estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+    except LlmplanError as err:
+        return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: {err}", sc.line,
+                        sc.field)]
     head = float(e.memory.headroom) / GIB
     min_headroom_gib = min_headroom_bytes(min_headroom_gib, pf.cluster.system.gpu.hbm_bytes) / GIB
     old_step = doc.predictions.time.step_s

@@ -323,9 +323,13 @@ def saved_plan(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("pools")
     (folder / "cluster.yaml").write_text(GOOD)
+    import contextlib
+    import io
+
     try:
-        main(["search", "--model", "llama-3.1-70b", "--hardware", str(folder / "cluster.yaml"), "--save",
-              str(folder / "plan.json"), "--json"])
+        with contextlib.redirect_stdout(io.StringIO()):  # not into the output a test using it reads
+            main(["search", "--model", "llama-3.1-70b", "--hardware", str(folder / "cluster.yaml"), "--save",
+                  str(folder / "plan.json"), "--json"])
     except SystemExit as e:
         assert not e.code
     return folder / "plan.json"
@@ -378,3 +382,20 @@ def test_replicas_with_unequal_batches_are_refused_everywhere(cli, saved_plan, t
     f.write_text(json.dumps(doc))
     r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
     assert r.code == 2 and "different shares of the global batch" in r.err, r.err
+
+
+def test_check_reprices_a_plan_over_pools_over_its_pools(cli, saved_plan, tmp_path: Path):
+    """`check` re-prices a saved plan over pools with the pools (a single-system re-estimate on the slowest
+    pool would report a regression that is not there)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    shutil.copy(saved_plan, folder / "plan.json")
+    r = cli("check", "--plans", folder, "--format", "json")
+    doc = json.loads(r.out)
+    finding = next(f for f in doc["checks"] if "plan.json" in f["name"])
+    assert finding["ok"], finding
+    saved = json.loads(saved_plan.read_text())["predictions"]["time"]["step_s"]
+    assert close(finding["details"]["step_s"], saved)

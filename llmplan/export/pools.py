@@ -20,25 +20,18 @@ from __future__ import annotations
 
 from llmplan.export import megatron
 from llmplan.export.common import CannotExpress, refuse, sh_header
-from llmplan.planfile import PlanFile
+from llmplan.planfile import PlanFile, saved_pools
 from llmplan.specs.pools import HeteroPlan, PoolCluster
-from llmplan.specs.registry import build
 
 MIXED_TARGETS = ("megatron", "torchrun", "slurm")
 """Targets that can run a pipeline over pools: Megatron-LM itself, and torchrun / SLURM wrapping it."""
 
 
 def pool_plan(pf: PlanFile) -> tuple[PoolCluster, HeteroPlan] | None:
-    """The pools and the plan's assignment saved with the plan, when it spans two or more pools; None for a
-    plan on one system."""
-    extra = (pf.document.model_extra or {}) if pf.document is not None else {}
-    raw = extra.get("pools")
-    if not isinstance(raw, dict):
-        return None
-    where = str(pf.path or "plan file")
-    pc = build(PoolCluster, raw.get("cluster") or {}, f"{where} (pools.cluster)")
-    hp = build(HeteroPlan, raw.get("plan") or {}, f"{where} (pools.plan)")
-    return (pc, hp) if len(hp.pools_used()) > 1 else None
+    """The pools and the plan's assignment saved with the plan (planfile.saved_pools), when it spans two or
+    more pools; None for a plan on one system."""
+    saved = saved_pools(pf)
+    return saved if saved is not None and len(saved[1].pools_used()) > 1 else None
 
 
 def check(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, HeteroPlan]) -> None:
