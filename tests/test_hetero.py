@@ -399,3 +399,15 @@ def test_check_reprices_a_plan_over_pools_over_its_pools(cli, saved_plan, tmp_pa
     assert finding["ok"], finding
     saved = json.loads(saved_plan.read_text())["predictions"]["time"]["step_s"]
     assert close(finding["details"]["step_s"], saved)
+
+
+def test_cluster_file_of_one_pool_is_the_single_system_search(cli, tmp_path: Path):
+    f = tmp_path / "one.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 2}\nfabric: {gb_per_s: 50}\n")
+    got = cli("search", "--model", "llama-3.1-8b", "--hardware", f, "--json")
+    want = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--json")
+    assert got.code == want.code == 0, got.err
+    a, b = got.json()["plans"], want.json()["plans"]
+    assert [p["plan"] for p in a] == [p["plan"] for p in b]
+    assert all(close(x["time"]["step_s"], y["time"]["step_s"]) and close(x["memory"]["total"], y["memory"]["total"])
+               for x, y in zip(a, b))

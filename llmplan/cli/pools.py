@@ -22,7 +22,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec
-from llmplan.specs.registry import load_pool_file, resolve_model
+from llmplan.specs.registry import load_pool_file, resolve_model, single_pool
 from llmplan.topology.placement import parse_order
 
 
@@ -34,9 +34,19 @@ def refuse_single_system_flags(c: ClusterOptions, goal: SearchGoal) -> None:
     if given:
         raise LlmplanError(f"{c.hardware} lists pools with their nodes; drop {', '.join(given)} (set each pool's "
                            f"nodes, or its system file's keys, in the cluster file)")
-    if goal.objective != "throughput":
+    if goal.objective != "throughput" and len(load_pool_file(Path(c.hardware)).pools) > 1:
         raise LlmplanError(f"--objective {goal.objective} with a cluster of several pools: only throughput is "
                            f"ranked over pools; drop --objective")
+
+
+def single_pool_options(c: ClusterOptions, goal: SearchGoal) -> ClusterOptions | None:
+    """The cluster options of a cluster file that lists one pool, as --hardware SYSTEM --nodes N (the
+    single-system search, exactly); None for a file of several pools."""
+    refuse_single_system_flags(c, goal)
+    single = single_pool(Path(c.hardware))
+    if single is None:
+        return None
+    return c.model_copy(update={"hardware": single[0], "nodes": single[1]})
 
 
 def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,

@@ -12,7 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
-from llmplan.cli.pools import search_pools_cli
+from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
@@ -98,8 +98,11 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                  output: OutputOptions) -> None:
     """The training path of `search`."""
-    if is_pool_file(c.hardware):  # a cluster of several pools: cli.pools
-        return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
+    if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
+        one = single_pool_options(c, goal)
+        if one is None:
+            return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
+        c = one
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:

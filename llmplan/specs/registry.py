@@ -184,12 +184,7 @@ def load_pool_file(path: Path) -> PoolCluster:
                            f"1.0e-5}} (bandwidth per GPU across pools, one direction, and latency)")
     built = []
     for i, pool in enumerate(pools):
-        if not isinstance(pool, dict) or not isinstance(pool.get("system"), str):
-            raise LlmplanError(f"{path}: pool {i + 1} is {excerpt(repr(pool), 60)}; each pool is a mapping with "
-                               f"`system` (a built-in name or a system file) and `nodes`")
-        ref = pool["system"]
-        if looks_like_path(ref) and not Path(ref).is_absolute():
-            ref = str(Path(path).parent / ref)
+        ref = pool_system_ref(path, i, pool)
         if looks_like_path(ref) and exists(Path(ref)) and is_pool_file(ref):
             raise LlmplanError(f"{path}: pool {i + 1}'s system {pool['system']} is itself a cluster of pools; "
                                f"give one system per pool")
@@ -201,3 +196,24 @@ def load_pool_file(path: Path) -> PoolCluster:
     return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
                                "fabric": data["fabric"], **{k: v for k, v in data.items()
                                                             if k not in ("name", "pools", "fabric")}}, str(path))
+
+
+def pool_system_ref(path: Path, i: int, pool: Any) -> str:
+    """Pool i's `system` as --hardware takes it: a built-in name, or a system file's path (relative to the
+    cluster file's folder)."""
+    if not isinstance(pool, dict) or not isinstance(pool.get("system"), str):
+        raise LlmplanError(f"{path}: pool {i + 1} is {excerpt(repr(pool), 60)}; each pool is a mapping with "
+                           f"`system` (a built-in name or a system file) and `nodes`")
+    ref = pool["system"]
+    if looks_like_path(ref) and not Path(ref).is_absolute():
+        ref = str(Path(path).parent / ref)
+    return ref
+
+
+def single_pool(path: Path) -> tuple[str, int] | None:
+    """(the system's --hardware reference, nodes) of a cluster file that lists one pool (checked as
+    load_pool_file checks it); None when it lists several."""
+    pc = load_pool_file(path)
+    if len(pc.pools) != 1:
+        return None
+    return pool_system_ref(path, 0, read_document(Path(path))["pools"][0]), pc.pools[0].nodes
