@@ -220,6 +220,20 @@ def test_speed_split_keeps_quota_and_sums(slots, seconds):
         assert abs(k - slots / t / total) < 1.0 + 1e-9
 
 
+@given(st.integers(2, 24), st.lists(st.sampled_from([1.0, 1.5, 2.0, 3.17]), min_size=2, max_size=4))
+def test_speed_split_is_the_fastest_quota_split(slots, seconds):
+    """Among every split that keeps each stage within one slot of its quota, none has a faster slowest stage
+    (brute force over the floor / ceiling choices)."""
+    import itertools
+
+    got = speed_split(slots, seconds)
+    total = sum(1 / t for t in seconds)
+    quota = [slots / t / total for t in seconds]
+    options = [sorted({math.floor(q + 1e-9), math.ceil(q - 1e-9)}) for q in quota]
+    best = min(max(k * t for k, t in zip(ks, seconds)) for ks in itertools.product(*options) if sum(ks) == slots)
+    assert math.isclose(max(k * t for k, t in zip(got, seconds)), best)
+
+
 @given(st.lists(st.tuples(st.integers(1, 8), st.floats(0.5, 50.0)), min_size=1, max_size=4),
        st.integers(1, 64))
 def test_batch_shares_are_whole_micro_batches_summing_to_the_batch(pools, groups):
@@ -289,7 +303,9 @@ def test_pool_file_refused_where_one_system_is_needed(cli, tmp_path: Path):
     f.write_text(GOOD)
     for args in (("estimate", "--model", "llama-3.1-8b", "--hardware", f),
                  ("search", "--model", "llama-3.1-8b", "--hardware", f, "--nodes", "4"),
-                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--objective", "time-to-train")):
+                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--objective", "time-to-train"),
+                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--wide"),
+                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--mode", "infer")):
         r = cli(*args)
         lines = r.err.strip().splitlines()
         assert r.code == 2 and len(lines) == 1, (args, r.err)

@@ -34,9 +34,12 @@ def refuse_single_system_flags(c: ClusterOptions, goal: SearchGoal) -> None:
     if given:
         raise LlmplanError(f"{c.hardware} lists pools with their nodes; drop {', '.join(given)} (set each pool's "
                            f"nodes, or its system file's keys, in the cluster file)")
-    if goal.objective != "throughput" and len(load_pool_file(Path(c.hardware)).pools) > 1:
-        raise LlmplanError(f"--objective {goal.objective} with a cluster of several pools: only throughput is "
-                           f"ranked over pools; drop --objective")
+    if len(load_pool_file(Path(c.hardware)).pools) > 1:
+        unread = [flag for flag, v in (("--objective", goal.objective != "throughput"), ("--wide", goal.wide),
+                                       ("--explain", goal.explain_opt)) if v]
+        if unread:
+            raise LlmplanError(f"{', '.join(unread)} with a cluster of several pools: the search over pools ranks "
+                               f"by throughput in its own table; drop {', '.join(unread)}")
 
 
 def single_pool_options(c: ClusterOptions, goal: SearchGoal) -> ClusterOptions | None:
