@@ -287,6 +287,17 @@ def saved_pools(pf: PlanFile) -> tuple[PoolCluster, HeteroPlan] | None:
     return pc, hp
 
 
+def refuse_mixed_pools(pf: PlanFile, what: str) -> None:
+    """Refuse, in one line, a command that prices a plan on one system when the plan spans several pools."""
+    saved = saved_pools(pf)
+    if saved is not None and len(saved[1].pools_used()) > 1:
+        pc, hp = saved
+        names = ", ".join(pc.pools[g].name for g in hp.pools_used())
+        raise LlmplanError(f"{pf.path or 'the plan file'} runs over the pools {names} of {pc.name}, and {what} "
+                           f"prices a plan on one system; `llmplan check` re-prices it over its pools and "
+                           f"`search --json` gives each pool's memory and time (pools.by_pool)")
+
+
 def plan_violations(pf: PlanFile) -> list:
     """The rules the plan breaks for its model on its cluster."""
     if pf.mode == "infer":

@@ -427,3 +427,21 @@ def test_cluster_file_of_one_pool_is_the_single_system_search(cli, tmp_path: Pat
     assert [p["plan"] for p in a] == [p["plan"] for p in b]
     assert all(close(x["time"]["step_s"], y["time"]["step_s"]) and close(x["memory"]["total"], y["memory"]["total"])
                for x, y in zip(a, b))
+
+
+def test_lock_keeps_a_plan_over_pools_and_report_refuses_it(cli, saved_plan, tmp_path: Path):
+    import json
+    import shutil
+
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    shutil.copy(saved_plan, folder / "plan.json")
+    assert cli("lock", "--plans", folder).code == 0
+    doc = json.loads((folder / "plan.json").read_text())
+    assert doc["pools"]["plan"]["assignment"] == "stages" and "hardware_ref" not in doc
+    assert close(doc["predictions"]["time"]["step_s"],
+                 json.loads(saved_plan.read_text())["predictions"]["time"]["step_s"])
+    r = cli("report", folder / "plan.json", "-o", tmp_path / "r.html")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "runs over the pools" in lines[0]
+    assert not (tmp_path / "r.html").exists()
