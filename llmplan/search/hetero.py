@@ -1,7 +1,7 @@
 """Search over a cluster of several pools (specs.pools): the best plan of each pool alone (the single-system
 search), then the plans that spread over pools, built from the best shapes of the single-system search on
-all the cluster's GPUs: pipeline stages placed on pools in consecutive blocks (every order of the pools, every
-count of stages per pool that fits) with the layers split by pool speed, and data-parallel replicas on every
+all the cluster's GPUs: pipeline stages placed on pools in consecutive blocks (every order of the pools, the
+SPLITS counts of stages per pool nearest the pools' capacity) with the layers split by pool speed, and data-parallel replicas on every
 pool with batch shares by speed. Each is priced by llmplan.hetero.estimate_hetero and ranked by tokens/s."""
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from llmplan.topology.placement import DEFAULT_ORDER
 
 SHAPES = 8
 """Distinct plan shapes of the single-system searches that are spread over pools (the best by tokens/s)."""
+SPLITS = 4
+"""Stage counts per pool order tried for one shape: those nearest to each pool's share of the stages its GPUs
+could hold (a pipeline over pools gains most from GPUs it uses; the speed split balances the rest)."""
 SPLIT_TRIES = 8
 """Times a stage split that does not fit is retried with one layer fewer on the pools that overflow."""
 
@@ -103,9 +106,13 @@ def _assignments(m: ModelSpec, pc: PoolCluster, plan: ParallelPlan, allowance: M
     """Every spread of `plan`'s shape over two or more pools (a rule name where one cannot be built)."""
     out: list[HeteroPlan | str] = []
     n = len(pc.pools)
+    width = plan.tp * plan.cp * plan.dp
     for k in range(2, n + 1):
         for pools in itertools.permutations(range(n), k):
-            for stages in stage_counts(pc, plan, pools) if plan.pp >= k else ():
+            room = [pc.pools[g].num_gpus // width for g in pools]
+            near = sorted(stage_counts(pc, plan, pools) if plan.pp >= k else (),
+                          key=lambda sp: sum(abs(sp.count(g) - plan.pp * r / sum(room)) for g, r in zip(pools, room)))
+            for stages in near[:SPLITS]:
                 try:
                     out.append(stage_plan(m, pc, plan, stages))
                 except ValueError:
