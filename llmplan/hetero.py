@@ -17,13 +17,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from llmplan.cost.comm import CommSeconds, comm_seconds, step_comm
+from llmplan.cost.comm import comm_seconds, step_comm
 from llmplan.cost.compute import stage_compute
-from llmplan.cost.hetero import (batch_shares, cross_pool_p2p_seconds, cross_pool_reduce_seconds, speed_layout)
+from llmplan.cost.goodput import plan_goodput
+from llmplan.cost.hetero import (
+    batch_shares,
+    cross_pool_p2p_seconds,
+    cross_pool_reduce_seconds,
+    speed_layout,
+)
 from llmplan.cost.memory import TrainingMemory, stage_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.cost.params import param_counts, stage_layer_list, stage_layers
-from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.step import bottleneck, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import TrainingEstimate, estimate_training
@@ -158,7 +163,7 @@ def _replicas(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAl
         return HeteroEstimate(e, hp, (pool_use(pc, parts[0][0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
     grad = max(float(e.memory.params_on_rank) for _, e in parts) * plan.grad_bytes
     cross = cross_pool_reduce_seconds(grad, list(hp.replica_pools or ()), pc.fabric)
-    g_slow, slow = max(parts, key=lambda x: float(x[1].time.total))
+    _, slow = max(parts, key=lambda x: float(x[1].time.total))
     st = slow.time
     st = dataclasses.replace(st, comm_exposed=st.comm_exposed + cross, exposed={**st.exposed, "dp": st.exposed["dp"]
                                                                                  + cross})

@@ -10,12 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmplan.cost.comm import comm_seconds, step_comm
-from llmplan.cost.hetero import batch_shares, cross_pool_reduce_seconds, speed_layout, speed_split
+from llmplan.cost.hetero import (
+    batch_shares,
+    cross_pool_reduce_seconds,
+    speed_layout,
+    speed_split,
+)
 from llmplan.cost.memory import training_memory
 from llmplan.cost.step import step_time
 from llmplan.errors import PlanViolationError
 from llmplan.estimate import estimate_training
-from llmplan.hetero import estimate_hetero, pool_cluster, replica_plan, stage_plan
+from llmplan.hetero import estimate_hetero, replica_plan, stage_plan
 from llmplan.search.grid import Workload, default_space
 from llmplan.search.hetero import search_pools
 from llmplan.search.run import search as run_search
@@ -135,7 +140,7 @@ def mixed_search():
 
 
 def test_best_mixed_plan_is_at_least_as_fast_as_the_h100_pool_alone(mixed_search):
-    m, pc, res = mixed_search
+    _, pc, res = mixed_search
     mixed = [h for h in res.ranked if len(h.pools) > 1]
     assert mixed, "no plan spreads over both pools"
     assert float(mixed[0].estimate.throughput.tokens_per_s) >= res.alone[pc.pools[0].name]
@@ -162,7 +167,7 @@ def test_stage_split_puts_layers_in_proportion_to_published_peak_speed():
 
 
 def test_best_mixed_stage_split_puts_more_layers_on_h100(mixed_search):
-    m, pc, res = mixed_search
+    _, _, res = mixed_search
     best = next(h for h in res.ranked if h.hetero.assignment == "stages" and len(h.pools) > 1)
     stages = best.hetero.stage_pools
     h100 = [n for g, n in zip(stages, best.estimate.stage_layers) if g == 0]
@@ -171,7 +176,7 @@ def test_best_mixed_stage_split_puts_more_layers_on_h100(mixed_search):
 
 
 def test_every_plan_says_which_pool_holds_what(mixed_search):
-    m, pc, res = mixed_search
+    _, _, res = mixed_search
     for h in res.ranked:
         p = h.hetero.plan
         assert sum(u.gpus for u in h.pools) == p.num_gpus
@@ -367,7 +372,7 @@ def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: 
     width = plan["tp"] * plan["cp"] * plan["dp"]
     ranks = []
     for row in rows:
-        pool, system, gpu, first_node, nodes, first, last, stages, layers = row.split(",")
+        _, _, _, first_node, _, first, last, stages, _ = row.split(",")
         ranks += list(range(int(first), int(last) + 1))
         a, b = map(int, stages.split("-"))
         assert int(first) == a * width and int(last) == (b + 1) * width - 1 and int(first_node) * 8 == int(first)

@@ -19,8 +19,16 @@ from llmplan.search.hetero import search_pools
 from llmplan.search.run import search as run_search
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
-                                   PipelineSplitOptions, SearchGoal, SearchPins, SwitchOptions)
+from llmplan.specs.options import (
+    CheckpointOptions,
+    ClusterOptions,
+    MemoryOptions,
+    OutputOptions,
+    PipelineSplitOptions,
+    SearchGoal,
+    SearchPins,
+    SwitchOptions,
+)
 from llmplan.specs.plan import ClusterSpec
 from llmplan.specs.registry import load_pool_file, resolve_model, single_pool
 from llmplan.topology.placement import parse_order
@@ -56,7 +64,10 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
                      split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                      output: OutputOptions) -> None:
     """The training search over a cluster file of several pools."""
-    from llmplan.cli.search import search_pins, search_workload  # the single-system path's option handling
+    from llmplan.cli.search import (  # the single-system path's option handling
+        search_pins,
+        search_workload,
+    )
 
     refuse_single_system_flags(c, goal)
     pc = load_pool_file(Path(c.hardware))

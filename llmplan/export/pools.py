@@ -87,7 +87,7 @@ def mapping_text(pf: PlanFile, pools: tuple[PoolCluster, HeteroPlan]) -> str:
 def render(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, HeteroPlan]) -> dict[str, str]:
     """The target's files, each header naming the pools (not the one system the plan file snapshots)."""
     files = _render(pf, target, wrap, pools)
-    c, (pc, hp) = pf.cluster, pools
+    c, (pc, _) = pf.cluster, pools
     one = f"# hardware: {c.num_nodes} x {c.system.name} = {c.num_gpus} x {c.system.gpu.name}\n"
     mixed = "# hardware: " + " + ".join(f"{n} x {pc.pools[g].system.name} ({pc.pools[g].name})"
                                         for g, _, n, _ in node_ranges(pf, pools)) + " (pool_ranks.csv)\n"

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import TrainingEstimate
-from llmplan.hetero import (HeteroEstimate, estimate_hetero, pool_cluster, pool_use, replica_counts, replica_plan,
-                            stage_counts, stage_plan)
+from llmplan.hetero import (
+    HeteroEstimate,
+    estimate_hetero,
+    pool_use,
+    replica_counts,
+    replica_plan,
+    stage_counts,
+    stage_plan,
+)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.pools import HeteroPlan, PoolCluster
@@ -75,7 +82,7 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
         if pc.num_gpus % per == 0:
             for e in run(ClusterSpec(system=fastest.system, num_nodes=pc.num_gpus // per)):
                 shapes.setdefault(_shape_key(e.plan), e.plan)
-        for h in list(cands):  # the single pools' shapes too, with more replicas
+        for h in cands:  # the single pools' shapes too, with more replicas
             shapes.setdefault(_shape_key(h.hetero.plan), h.hetero.plan)
         for plan in list(shapes.values())[:SHAPES * (len(pc.pools) + 1)]:
             for hp_or_rule in _assignments(m, pc, plan, allowance, order):

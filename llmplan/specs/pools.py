@@ -4,7 +4,7 @@ replicas). A cluster of one system stays a ClusterSpec; these describe mixed fle
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -71,7 +71,7 @@ class PoolCluster(Spec):
     """The network between pools."""
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "PoolCluster":
+    def _unique_names(self) -> PoolCluster:
         names = [p.name for p in self.pools]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -101,15 +101,15 @@ class HeteroPlan(Spec):
     """The shape (dp: all replicas, on every pool together)."""
     assignment: Assignment
     """What is split over pools: pipeline stages or data-parallel replicas."""
-    stage_pools: Optional[tuple[int, ...]] = None
+    stage_pools: tuple[int, ...] | None = None
     """assignment stages: the pool index (into PoolCluster.pools) of every pipeline stage, first to last."""
-    replica_pools: Optional[tuple[int, ...]] = None
+    replica_pools: tuple[int, ...] | None = None
     """assignment replicas: data-parallel replicas on each pool (one entry per pool, 0 for an unused pool)."""
-    replica_batches: Optional[tuple[int, ...]] = None
+    replica_batches: tuple[int, ...] | None = None
     """assignment replicas: sequences of the global batch each pool's replicas take together per step."""
 
     @model_validator(mode="after")
-    def _one_assignment(self) -> "HeteroPlan":
+    def _one_assignment(self) -> HeteroPlan:
         p = self.plan
         if self.assignment == "stages":
             if self.stage_pools is None or self.replica_pools is not None or self.replica_batches is not None:
