@@ -110,7 +110,7 @@ def record_regime(rec: dict[str, Any]) -> Regime:
 @lru_cache(maxsize=1)
 def shipped() -> dict[str, Any]:
     """The residual file shipped in the package (llmplan/data/residuals.json)."""
-    return json.loads(resources.files("llmplan").joinpath("data", DATA).read_text(encoding="utf-8"))
+    return json.loads((resources.files("llmplan") / "data" / DATA).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)

@@ -142,11 +142,11 @@ class PlanFile:
     axis_order: tuple[str, ...]
     mode: str
     predictions: dict[str, Any]
+    document: PlanDocument
+    """The file as read."""
     path: Path | None = None
     job: ServeJob | None = None
     """The serving workload (mode infer)."""
-    document: PlanDocument | None = None
-    """The file as read."""
 
     @property
     def serve_job(self) -> ServeJob:
@@ -165,7 +165,7 @@ def spec_ref(ref: str, plan_path: Path) -> str:
 
 
 def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
-                  predictions: dict[str, Any], refs: tuple[str, str] | None = None) -> dict[str, Any]:
+                  predictions: dict[str, Any], refs: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
     c = e.cluster
     return {
         "schema": PLAN_SCHEMA, "kind": KIND, "mode": "train", "llmplan_version": __version__,
@@ -183,7 +183,7 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
 
 
 def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any],
-                        refs: tuple[str, str] | None = None) -> dict[str, Any]:
+                        refs: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
     """An inference plan file: the ServePlan and ServeJob instead of a ParallelPlan."""
     c = e.cluster
     return {
@@ -263,12 +263,13 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
                     f"{where} (cluster)")
     allowance = build(MemoryAllowance, doc.allowance, f"{where} (allowance)")
     order = parse_order(doc.axis_order)
+    plan: ServePlan | ParallelPlan
     if doc.mode == "infer":
         plan = build(ServePlan, doc.plan, f"{where} (plan)")
         job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
     else:
         plan, job = build(ParallelPlan, doc.plan, f"{where} (plan)"), None
-    return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), path, job, doc)
+    return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), doc, path, job)
 
 
 def saved_pools(pf: PlanFile) -> tuple[PoolCluster, HeteroPlan] | None:

@@ -10,7 +10,7 @@ import typer
 
 from llmplan import report
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, emit, out
+from llmplan.cli.app import app, emit, out, print_each
 from llmplan.cli.inputs import make_cluster
 from llmplan.ci import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
@@ -98,7 +98,7 @@ def lock(
             model_now = pf.model
             cluster = pf.cluster
             if pf.mode == "infer":
-                se = estimate_serving(model_now, cluster, pf.plan, pf.job, pf.allowance)
+                se = estimate_serving(model_now, cluster, pf.plan, pf.serve_job, pf.allowance)
                 new = serve_plan_document(se, pf.allowance, report.serve_json(se), refs if refs[0] else None)
             elif (pools := saved_pools(pf)) is not None:  # a plan over pools: re-priced over them, pools kept
                 h = estimate_hetero(model_now, *pools, pf.allowance, pf.axis_order)
@@ -145,6 +145,6 @@ def lock(
         raise LlmplanError(f"nothing to lock: no plan files in {plans} and no model specs given "
                            "(llmplan lock model_specs/ --plans DIR --hardware H --nodes N)")
     emit({"schema": 1, "written": written, "failed": failed}, json_mode,
-         lambda: [out.print(f"locked {w}") for w in written] + [out.print(f"[red]failed[/] {f}") for f in failed])
+         lambda: print_each([f"locked {w}" for w in written] + [f"[red]failed[/] {f}" for f in failed]))
     if failed:
         raise typer.Exit(1)

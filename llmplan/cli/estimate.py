@@ -22,7 +22,7 @@ from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
 from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.placement import parse_order
@@ -46,7 +46,7 @@ def estimate(
                                   help="Inference: as many concurrent sequences as the engine's KV cache admits "
                                        "(continuous batching at full load), capped by --batch if given."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan."""
@@ -91,10 +91,11 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
     stages = pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
                             split.loss_in_split, p.pp_layout, p.vpp)
-    vpp = stages.pop("vpp", p.vpp)
+    vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
     with reported("plan options"):
         return ParallelPlan(
-            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=vpp, **stages,
+            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp,
+            **stages,
             sp=(p.tp > 1) if p.sp is None else p.sp, zero=p.zero, micro_batch=p.micro_batch,
             recompute=p.recompute,  # type: ignore[arg-type]  # a str: ParallelPlan's Literal is the rule, reported
             global_batch=p.global_batch if p.global_batch is not None else p.micro_batch * dp,

@@ -31,7 +31,7 @@ def report(
     refuse_mixed_pools(pf, "report")
     check_target(output, force)  # refuse before drawing (drawing takes a second or two)
     if pf.mode == "infer":
-        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
+        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.serve_job, pf.allowance)
         page = serving_report(se, load_curve(se))
     else:
         saved = pf.document.checkpoint if pf.document is not None else None

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio,
-                                  layer_windows, moe_routing_bytes)
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
+                                  head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -101,11 +101,12 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
     rank, or, without an MLA kernel (`latent` False), the rank's expanded per-head K and V.
     Source: vLLM vllm/config/cache.py (block size, page size)."""
     b = KV_BYTES[kv_dtype]
-    if m.is_mla and not latent:
+    mla = m.mla
+    if mla is not None and not latent:
         heads = max(m.num_attention_heads / tp, 1.0)
-        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b
-    if m.is_mla:
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        return heads * (mla.qk_head_dim + mla.v_head_dim) * b
+    if mla is not None:
+        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
 
 
@@ -191,6 +192,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     allowance = allowance or MemoryAllowance()
     rule = ENGINES[job.engine]
     weights = serve_weight_bytes(m, plan)
+    if job.speculative is not None:  # the draft's weights beyond the target's
+        from llmplan.cost.speculative import draft_weight_bytes  # builds on this module
+        weights = weights + draft_weight_bytes(m, plan, job.speculative)
     act = activation_peak_bytes(m, plan, job)
     other = allowance.fixed_gib * GIB
     available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
@@ -199,6 +203,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     else:
         cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
+    if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
+        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
         weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
@@ -295,7 +302,7 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
-    d_v = m.v_head_dim if m.is_mla else m.d_head
+    d_v = attention_head_dims(m)[1]
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
     cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
@@ -315,8 +322,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
     L = m.num_hidden_layers
-    qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.d_head
-    v = m.v_head_dim if m.is_mla else m.d_head
+    qk, v = attention_head_dims(m)
     attn_flops = 2 * attn_pairs * m.num_attention_heads * (qk + v) * L / (t * p)
     # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
     # the experts only those the step's tokens touch.
@@ -368,16 +374,30 @@ def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0) -> Any:
+                overhead: float = 0.0, queries: int = 1) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
+    `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
     Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     kv = b * kv_bytes_per_seq_gpu(m, plan, context)
-    stage = step_seconds(m, plan, system, spans, b, b * attended_keys(m, context), kv)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * b, spans.pp) if plan.pp > 1 else 0.0
+    q = b * queries
+    stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv)
+    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * q, spans.pp) if plan.pp > 1 else 0.0
     return plan.pp * (stage + hop) + overhead
+
+
+def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob, batch: Any,
+             context: Any) -> Any:
+    """TPOT of the job's decoding at `batch` sequences of average `context`: one token per step, or under
+    speculative decoding the step of draft + verification over the tokens it yields (cost.speculative).
+    Derived: docs/formulas.md#infer.decode"""
+    overhead = step_host_seconds(m, plan, job)
+    if job.speculative is None:
+        return decode_tpot(m, plan, system, spans, batch, context, overhead)
+    from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
+    return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 
 
 def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -429,7 +449,7 @@ def serve_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     batch x output_len / (output_len x TPOT + batch x batched prefill time per request).
     Derived: docs/formulas.md#infer.throughput"""
     context = job.input_len + job.output_len / 2
-    tpot = decode_tpot(m, plan, system, spans, batch, context, step_host_seconds(m, plan, job))
+    tpot = job_tpot(m, plan, system, spans, job, batch, context)
     ttft = prefill_seconds(m, plan, system, spans, job, batch)
     b = np.asarray(batch, dtype=float)
     period = job.output_len * tpot + b * prefill_work_seconds(m, plan, system, spans, job)

@@ -17,7 +17,7 @@ from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
-from llmplan.specs.serve import ServeJob
+from llmplan.specs.serve import LengthDistribution, ServeJob
 from llmplan.units import GIB
 
 
@@ -47,7 +47,43 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
                           "ttft_s": e.fallback_cost[2]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
+        **({"speculative": speculative_json(e)} if e.speculative is not None else {}),
+        **({"length_distribution": lengths_json(e)} if e.lengths is not None else {}),
     }
+
+
+def speculative_json(e: ServeEstimate) -> dict[str, Any]:
+    """Speculative decoding's step and its effect (seconds, tokens/s, bytes per GPU)."""
+    sp, spec = e.speculative, e.job.speculative
+    assert sp is not None and spec is not None  # the caller's branch
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_rate": sp.step.acceptance_rate, "acceptance_default": spec.acceptance_rate is None,
+            "draft_model": spec.draft_model, "tokens_per_step": sp.step.tokens_per_step,
+            "step_s": float(sp.step.total), "draft_s": float(sp.step.draft), "verify_s": float(sp.step.verify),
+            "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
+            "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
+            "tokens_per_s_without": sp.tokens_per_s_without,
+            "throughput_speedup": e.tokens_per_s / sp.tokens_per_s_without if sp.tokens_per_s_without else None,
+            "draft_weight_bytes": sp.draft_weight_bytes, "kv_bytes_per_seq": sp.kv_bytes_per_seq,
+            "kv_bytes_per_seq_without": sp.kv_bytes_per_seq_without,
+            "max_concurrent_seqs_without": sp.max_concurrent_seqs_without}
+
+
+def _dist_json(d: LengthDistribution | None, fixed: int) -> dict[str, Any]:
+    return {"fixed": fixed} if d is None else d.model_dump(mode="json", exclude_defaults=True)
+
+
+def lengths_json(e: ServeEstimate) -> dict[str, Any]:
+    """The plan under the job's length distributions: percentiles keyed p50/p90/p99, seconds."""
+    st, j = e.lengths, e.job
+    assert st is not None  # the caller's branch
+    return {"input": _dist_json(j.input_len_dist, j.input_len), "output": _dist_json(j.output_len_dist, j.output_len),
+            "input_mean": st.input_mean, "output_mean": st.output_mean, "held_tokens_per_seq": st.held_tokens,
+            "ttft_s": {f"p{p}": v for p, v in st.ttft_s.items()}, "ttft_mean_s": st.ttft_mean_s,
+            "tpot_s": {f"p{p}": v for p, v in st.tpot_s.items()}, "tpot_mean_s": st.tpot_mean_s,
+            "max_concurrent_seqs": st.max_concurrent_seqs, "slo_max_batch_p99_ttft": st.slo_batch,
+            "tokens_per_s": st.tokens_per_s_replica * e.plan.dp,
+            "tokens_per_s_per_gpu": st.tokens_per_s_replica * e.plan.dp / e.plan.num_gpus}
 
 
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
@@ -102,8 +138,48 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch} concurrent "
                       f"sequences per replica, {e.slo_tokens_per_s or 0:,.0f} output tokens/s"
                       if e.slo_batch else "[bold red]no concurrency meets the SLOs[/]")
+    if e.speculative is not None:
+        speculative_view(console, e)
+    if e.lengths is not None:
+        lengths_view(console, e)
     if advice:
         console.print(advice_table(advice, e.tokens_per_s, serving=True))
+
+
+def speculative_view(console: Console, e: ServeEstimate) -> None:
+    """Speculative decoding in a few lines under 80 columns."""
+    d = speculative_json(e)
+    rate = f"{d['acceptance_rate']:g}" + (" (published default)" if d["acceptance_default"] else "")
+    console.print(f"speculative {d['method']}: k {d['num_speculative_tokens']}, acceptance {rate}, "
+                  f"{d['tokens_per_step']:.2f} tokens per step")
+    console.print(f"  step {d['step_s'] * 1e3:,.2f} ms = draft {d['draft_s'] * 1e3:,.2f} + verify "
+                  f"{d['verify_s'] * 1e3:,.2f} ({d['verify_tokens_per_seq']} tokens per sequence)")
+    speed = f"x{d['throughput_speedup']:.2f}" if d["throughput_speedup"] else "n/a"
+    console.print(f"  TPOT {float(e.timing.tpot) * 1e3:,.2f} ms vs {d['tpot_without_s'] * 1e3:,.2f} ms without "
+                  f"(x{d['tpot_speedup']:.2f}); throughput {speed}")
+    console.print(f"  draft weights {gib(d['draft_weight_bytes'])} GiB per GPU; KV per sequence "
+                  f"{d['kv_bytes_per_seq'] / 2**20:,.1f} MiB vs {d['kv_bytes_per_seq_without'] / 2**20:,.1f} MiB")
+    console.print(f"  (draft cache + {d['num_speculative_tokens']} draft slots): {e.memory.max_concurrent_seqs:,} "
+                  f"sequences fit vs {d['max_concurrent_seqs_without']:,} without")
+
+
+def lengths_view(console: Console, e: ServeEstimate) -> None:
+    """Percentiles and capacity under the length distributions, against the fixed mean lengths above."""
+    d = lengths_json(e)
+    t, p = d["ttft_s"], d["tpot_s"]
+    console.print(f"length distribution: mean {d['input_mean']:,.0f} in / {d['output_mean']:,.0f} out; "
+                  f"{d['held_tokens_per_seq']:,.0f} tokens held per sequence")
+    console.print(f"  TTFT p50/p90/p99 {t['p50'] * 1e3:,.1f} / {t['p90'] * 1e3:,.1f} / {t['p99'] * 1e3:,.1f} ms "
+                  f"(at the mean length {float(e.timing.ttft) * 1e3:,.1f})")
+    console.print(f"  TPOT p50/p90/p99 {p['p50'] * 1e3:,.2f} / {p['p90'] * 1e3:,.2f} / {p['p99'] * 1e3:,.2f} ms "
+                  f"(steps of {e.job.batch} sequences)")
+    console.print(f"  at most {d['max_concurrent_seqs']:,} running sequences; {d['tokens_per_s']:,.0f} output "
+                  f"tokens/s ({d['tokens_per_s_per_gpu']:,.0f} per GPU)")
+    if st_batch := d["slo_max_batch_p99_ttft"]:
+        console.print(f"  SLOs at the p99 prompt: up to {st_batch:,} concurrent sequences per replica "
+                      f"(vs {e.slo_batch or 0:,} at the mean lengths)")
+    elif d["slo_max_batch_p99_ttft"] == 0:
+        console.print("  [bold red]no concurrency meets the SLOs at the p99 prompt[/]")
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:

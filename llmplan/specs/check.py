@@ -17,7 +17,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, has_layout
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.schedule import SCHEDULES, schedule_of
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,23 @@ def _interleaving() -> str:
     return " or ".join(name for name, s in SCHEDULES.items() if s.interleaves)
 
 
+def _schedule_microbatches_ok(p: ParallelPlan) -> Any:
+    """Micro-batches per step meet the schedule's floor (a multiple of pp) and multiple (DualPipe: even, >= 2 pp)."""
+    s, n = schedule_of(p), p.num_microbatches
+    return (n >= s.min_microbatches_per_stage * p.pp) & (n % s.microbatch_multiple == 0)
+
+
+def _schedule_microbatches_message(p: ParallelPlan) -> str:
+    """The step has too few or an odd number of micro-batches for its schedule: the values and the fix."""
+    s, n = schedule_of(p), p.num_microbatches
+    least = max(s.min_microbatches_per_stage * p.pp, s.microbatch_multiple)
+    even = "an even number of " if s.microbatch_multiple == 2 else ""
+    return (f"the {s.title} schedule needs {even}micro-batches per step, at least "
+            f"{s.min_microbatches_per_stage} x pp ({p.pp}) = {least}; global_batch / (micro_batch x dp) = "
+            f"{p.global_batch} / ({p.micro_batch} x {p.dp}) gives {n}: make it "
+            f"{even.replace(' of ', '')}{' ' if even else ''}{least} or more with --global-batch or --micro-batch")
+
+
 def _pp_multiple_message(p: ParallelPlan) -> str:
     """pp is not a multiple of what the plan's schedule needs: why, and the nearest valid pp either side."""
     k = schedule_of(p).pp_multiple
@@ -196,6 +213,14 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
             f"pp {p.pp}); valid vpp: {_fmt(valid)}, or place every chunk: estimate --pp-layout balanced "
             f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}"
             f"\")")
+
+
+def _no_interleave_fix(p: Any) -> str:
+    """How to run the plan without virtual stages: --vpp 1, or with a pp_layout (whose chunks set vpp) a layout
+    of one chunk per stage."""
+    if has_layout(p):
+        return f"give a --pp-layout of pp ({p.pp}) chunks, one per stage"
+    return "--vpp 1"
 
 
 def _layout_problem(m: ModelSpec, p: Any) -> str | None:
@@ -289,6 +314,8 @@ RULES: tuple[Rule, ...] = (
                          f"set vpp 1 or --pp-schedule {_interleaving()}"),
     Rule("dualpipe_even_pp", lambda m, p, c: p.pp % schedule_of(p).pp_multiple == 0,
          lambda m, p, c: _pp_multiple_message(p)),
+    Rule("schedule_microbatches", lambda m, p, c: _schedule_microbatches_ok(p),
+         lambda m, p, c: _schedule_microbatches_message(p)),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),
@@ -301,8 +328,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"interleaving (vpp {p.vpp}) needs a whole number of groups of pp ({p.pp}) micro-batches "
                          f"per step, and global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x "
                          f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
-                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or use "
-                         f"--vpp 1"),
+                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or do not "
+                         f"interleave: {_no_interleave_fix(p)}"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
@@ -445,6 +472,33 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
+    return out + speculative_violations(m, plan, job)
+
+
+def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list[Violation]:
+    """Speculative decoding's rules: MTP needs the model's MTP layers, a method without a published
+    acceptance rate needs one given, the draft shares the target's vocabulary, one pipeline stage."""
+    s = job.speculative
+    if s is None:
+        return []
+    out = []
+    if s.method == "mtp" and m.num_nextn_predict_layers == 0:
+        out.append(Violation("speculative_mtp", f"speculative method mtp drafts with the model's multi-token-"
+                             f"prediction layers, but {m.name} has num_nextn_predict_layers 0; use --speculative "
+                             "eagle or ngram"))
+    if s.acceptance_rate is None and s.method not in ACCEPTANCE:
+        why = ("it depends on how much of each output repeats its prompt" if s.method == "ngram" else
+               "its paper reports acceptance lengths of tree drafts, not a per-token rate")
+        out.append(Violation("speculative_acceptance", f"speculative method {s.method} has no published "
+                             f"acceptance rate ({why}); give --acceptance P, the fraction of draft tokens accepted "
+                             "(0-1)"))
+    if s.draft is not None and s.draft.vocab_size != m.vocab_size:
+        out.append(Violation("speculative_vocab", f"draft model {s.draft.name} has vocab_size "
+                             f"{s.draft.vocab_size} but {m.name} has {m.vocab_size}; the draft must share the "
+                             "target's vocabulary: name a draft of the same family"))
+    if plan.pp > 1:
+        out.append(Violation("speculative_pp", f"speculative decoding is priced on one pipeline stage, the plan "
+                             f"has pp {plan.pp}; use --pp 1 (raise --tp instead)"))
     return out
 
 

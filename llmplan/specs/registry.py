@@ -7,7 +7,7 @@ import difflib
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -44,7 +44,11 @@ def validation_message(origin: str, err: ValidationError) -> str:
     return f"{origin}: " + "; ".join(parts) + more
 
 
-def build(cls: type[BaseModel], data: dict[str, Any], origin: str) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def build(cls: type[M], data: Any, origin: str) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
     try:
         return cls.model_validate(data)
     except ValidationError as e:
