@@ -22,9 +22,10 @@ from pydantic import ValidationError
 
 from llmplan.errors import LlmplanError
 from llmplan.fileio import MAX_INPUT_BYTES, excerpt, exists, parse_document, read_text
-from llmplan.estimate import estimate_training
+from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.hetero import estimate_hetero
 from llmplan.planfile import (
-    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document,
+    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document, saved_pools,
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.check import check_plan
@@ -199,7 +200,11 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
                         + "; ".join(v.message for v in bad), sc.line, sc.field)]
     if pf.mode == "infer":
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
-    est = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+    priced = _reprice(pf)
+    if isinstance(priced, str):
+        return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: {priced}", sc.line,
+                        sc.field)]
+    est = priced
     head = float(est.memory.headroom) / GIB
     min_headroom_gib = min_headroom_bytes(min_headroom_gib, pf.cluster.system.gpu.hbm_bytes) / GIB
     old_step = doc.predictions.time.step_s
@@ -216,6 +221,18 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
                         f"({old_step:.3f} -> {step:.3f} s, tolerance {100 * tolerance:.0f}%){sc.because}",
                         sc.line, sc.field, details)]
     return [Finding(name, str(path), True, f"fits with {head:.1f} GiB headroom, step {step:.3f} s", details=details)]
+
+
+def _reprice(pf: PlanFile) -> TrainingEstimate | str:
+    """The training estimate of a plan file as its specs are now (a plan over several pools over its pools,
+    llmplan.hetero), or why it cannot be priced."""
+    try:
+        pools = saved_pools(pf)
+        if pools is not None:
+            return estimate_hetero(pf.model, *pools, pf.allowance, pf.axis_order).estimate
+        return estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+    except LlmplanError as err:
+        return str(err)
 
 
 def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, min_headroom_gib: float | None,

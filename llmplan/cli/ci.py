@@ -16,7 +16,10 @@ from llmplan.ci import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import exists, make_folder
 from llmplan.estimate import estimate_training
-from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
+from llmplan.hetero import estimate_hetero
+from llmplan.planfile import (load_plan, plan_document, read_plan_document, save_plan, saved_pools,
+                              serve_plan_document, spec_ref)
+from llmplan.report.pools import hetero_json
 from llmplan.search.grid import Workload, default_space
 from llmplan.search.run import search as run_search
 from llmplan.serving import estimate_serving
@@ -97,6 +100,12 @@ def lock(
             if pf.mode == "infer":
                 se = estimate_serving(model_now, cluster, pf.plan, pf.serve_job, pf.allowance)
                 new = serve_plan_document(se, pf.allowance, report.serve_json(se), refs if refs[0] else None)
+            elif (pools := saved_pools(pf)) is not None:  # a plan over pools: re-priced over them, pools kept
+                h = estimate_hetero(model_now, *pools, pf.allowance, pf.axis_order)
+                new = {**plan_document(h.estimate, pf.allowance, pf.axis_order, hetero_json(h)),
+                       **({"model_ref": refs[0]} if refs[0] else {}),  # no hardware_ref: the snapshot stands
+                       "pools": {"cluster": pools[0].model_dump(mode="json"),
+                                 "plan": pools[1].model_dump(mode="json")}}
             else:
                 e = estimate_training(model_now, cluster, pf.plan, pf.allowance, pf.axis_order)
                 new = plan_document(e, pf.allowance, pf.axis_order, report.estimate_json(e), refs if refs[0] else None)

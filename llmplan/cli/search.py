@@ -12,6 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
+from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
@@ -30,7 +31,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
-from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import parse_order
@@ -191,6 +192,11 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                  output: OutputOptions) -> None:
     """The training path of `search`: one system (train_search) or, with several, which to rent (cli.systems)."""
+    if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
+        one = single_pool_options(c, goal)
+        if one is None:
+            return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
+        c = one
     if wants_comparison(c, goal):
         return search_systems(c, goal, output, lambda cv, g: train_search(cv, pins, g, s, split, memory,
                                                                           checkpoints, output))

@@ -15,6 +15,7 @@ from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, has_layout
+from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.schedule import SCHEDULES, schedule_of
 from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 
@@ -530,4 +531,48 @@ def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list
     if plan.pp > 1:
         out.append(Violation("speculative_pp", f"speculative decoding is priced on one pipeline stage, the plan "
                              f"has pp {plan.pp}; use --pp 1 (raise --tp instead)"))
+    return out
+
+
+def check_pools(m: ModelSpec, hp: HeteroPlan, pc: PoolCluster) -> list[Violation]:
+    """The rules of a plan placed on a cluster of several pools (specs.pools.HeteroPlan), beside check_plan's
+    rules that every pool's part keeps: each pool named exists and holds the GPUs its part takes in whole nodes;
+    a pool's pipeline stages are consecutive (its ranks one block: one SLURM het-group); and every TP, CP and
+    EP group stays inside one pool (stages: a stage's groups lie in its pool; replicas: each pool holds whole EP
+    groups), so no per-layer collective crosses the inter-pool fabric."""
+    p, n = hp.plan, len(pc.pools)
+    out: list[Violation] = []
+    if hp.stage_pools is not None:
+        bad = sorted({g for g in hp.stage_pools if g >= n})
+        if bad:
+            return [Violation("pool_index", f"stage_pools names pool(s) {bad}; the cluster has {n} pools "
+                                            f"(0..{n - 1})")]
+        runs = [g for i, g in enumerate(hp.stage_pools) if i == 0 or hp.stage_pools[i - 1] != g]
+        if len(runs) != len(set(runs)):
+            out.append(Violation("pool_stages_consecutive",
+                                 f"stage_pools {list(hp.stage_pools)}: each pool's stages must be consecutive "
+                                 f"(one block of ranks per pool); e.g. {sorted(hp.stage_pools)}"))
+        used = {g: hp.stage_pools.count(g) * p.tp * p.cp * p.dp for g in set(hp.stage_pools)}
+    else:
+        pools = hp.replica_pools or ()
+        if len(pools) != n:
+            return [Violation("pool_index", f"replica_pools lists {len(pools)} pools; the cluster has {n}")]
+        used = {g: r * p.tp * p.pp * p.cp for g, r in enumerate(pools) if r}
+        group = p.ep * p.etp_resolved
+        for g, r in enumerate(pools):
+            if r and (r * p.cp * p.tp) % group:
+                out.append(Violation("pool_ep", f"pool {pc.pools[g].name} holds {r} replicas x cp {p.cp} x tp "
+                                                f"{p.tp} = {r * p.cp * p.tp} ranks per stage, not a multiple of "
+                                                f"ep x etp ({group}): an expert-parallel group would span two "
+                                                f"pools; give each pool a multiple of {group} such ranks"))
+    for g, gpus in sorted(used.items()):
+        pool = pc.pools[g]
+        per_node = pool.system.gpus_per_node
+        if gpus > pool.num_gpus or (gpus % per_node and gpus > per_node):
+            out.append(Violation("pool_gpus", f"the plan puts {gpus} GPUs on pool {pool.name}, which has "
+                                              f"{pool.num_gpus} ({pool.nodes} x {per_node}); a pool's part must "
+                                              f"fit it in whole nodes"))
+        if p.tp > pool.system.domain_gpus:
+            out.append(Violation("pool_tp", f"tp ({p.tp}) exceeds the {pool.system.domain_gpus}-GPU NVLink "
+                                            f"domain of pool {pool.name}; keep tp within one node of the pool"))
     return out
