@@ -117,7 +117,7 @@ def test_h100_prefill_a100_decode_sustains_the_better_single_pool_s_rate(h100_a1
 
 
 def test_each_phase_stays_on_its_pool_and_the_kv_crosses_the_fabric(h100_a100):
-    m, pc, res = h100_a100
+    _, pc, res = h100_a100
     for x in res.plans:
         s = x.split
         assert s.prefill.estimate.cluster.system == pc.pools[x.prefill_pool].system

@@ -13,9 +13,24 @@ from llmplan.cli.app import emit, out
 from llmplan.cli.inputs import checked_pins, make_allowance, make_job
 from llmplan.cli.pools import refuse_single_system_flags
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.report.pools_serve import pools_disagg_json, pools_disagg_view, pools_serve_json, pools_serve_view
-from llmplan.search.hetero_serve import search_colocated_pools, search_disaggregated_pools
-from llmplan.specs.options import ClusterOptions, MemoryOptions, OutputOptions, SearchGoal, SearchPins, ServingOptions
+from llmplan.report.pools_serve import (
+    pools_disagg_json,
+    pools_disagg_view,
+    pools_serve_json,
+    pools_serve_view,
+)
+from llmplan.search.hetero_serve import (
+    search_colocated_pools,
+    search_disaggregated_pools,
+)
+from llmplan.specs.options import (
+    ClusterOptions,
+    MemoryOptions,
+    OutputOptions,
+    SearchGoal,
+    SearchPins,
+    ServingOptions,
+)
 from llmplan.specs.registry import build, load_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
 
