@@ -196,6 +196,8 @@ def test_disaggregated_json_says_which_pool_holds_each_phase(cli, tmp_path: Path
         assert p["kv_transfer"]["crosses_pools"] == apart and (p["kv_transfer"]["link"] == INTER_POOL) == apart
     assert any(p["kv_transfer"]["crosses_pools"] for p in doc["plans"])
     assert doc["winner"] in ("disaggregated", "co-located") and doc["colocated"]["by_pool"]
+    text = cli(*BASE, "--disaggregated", "--hardware", f)
+    assert text.code == 0 and max(len(x) for x in text.out.splitlines()) <= 80 and "dgx-a100 tp" in text.out
 
 
 def test_colocated_json_per_pool(cli, tmp_path: Path):

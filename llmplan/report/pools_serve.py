@@ -118,6 +118,10 @@ def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, p
     rate = f" at {res.request_rate:g} requests/s" if res.request_rate is not None else " at capacity"
     console.print(f"searched {len(pc.pools)} pools in {res.seconds:.2f} s; together they sustain "
                   f"{res.capacity_requests_per_s:,.2f} requests/s")
+    for g, r in enumerate(res.per_pool):
+        if not r.ranked:
+            console.print(f"{pc.pools[g].name}: no layout fits and meets the SLOs ("
+                          + ", ".join(f"{p.count} {p.rule}" for p in r.pruned) + " pruned)")
     if not res.shares:
         return
     t = ReportTable(title=f"Replicas per pool{rate}")
