@@ -23,6 +23,23 @@ prices 21.1 s with the all-to-alls exposed and 16.2 s with them hidden in full, 
 = 0.20. One published run; docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
 
 
+DEEPEP_NUM_SMS = 20
+"""SMs the deepep dispatcher's kernels run on where the plan gives none: Megatron-Core's default for DeepEP
+(moe_deepep_num_sms 20; at 2026 HEAD megatron/core/transformer/moe/token_dispatcher.py sets 20 when
+moe_flex_dispatcher_num_sms is unset). Derived: docs/formulas.md#comm.ep_sms"""
+
+
+def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> float:
+    """Fraction by which compute slows while the expert all-to-alls run beside it: the deepep dispatcher's
+    kernels hold their SMs (moe_dispatch_sms) for the whole dispatch or combine, so the compute overlapped with
+    them runs on the rest, sms / sm_count (at most half, as GpuSpec.contention); NCCL's alltoall takes the
+    GPU's nccl_sms (kappa). Source: DeepSeek-V3 technical report §3.2.2 (20 of the H800's 132 SMs given to
+    communication). Derived: docs/formulas.md#comm.ep_sms"""
+    if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
+        return kappa
+    return min((plan.moe_dispatch_sms or DEEPEP_NUM_SMS) / sm_count, 0.5)
+
+
 def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Rows the most-loaded EP rank computes and receives over the mean, per MoE layer and micro-batch
     (the slowest rank sets the pace of the grouped GEMM and of the all-to-all that waits on it):

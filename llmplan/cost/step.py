@@ -19,7 +19,8 @@ from llmplan.cost.compute import (
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
-    EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
+    EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, dispatch_contention, ep_exposed,
+    host_syncs_per_layer,
 )
 from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_layers, max_stage_layers, per_distinct,
                                  rank_params, recomputed_share, stage_layers)
@@ -334,6 +335,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     ZeRO 0-2 are per step. Derived: docs/formulas.md#step.time"""
     stages = stage_times(m, plan, gpu)
     n, v, kappa = plan.num_microbatches, plan.vpp, gpu.contention
+    ep_kappa = dispatch_contention(plan, gpu.sm_count, kappa)  # cost.moe
     l_max = maximum(max_stage_layers(m, plan), 1)
     moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
@@ -343,7 +345,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     for _, sc, layers, moe_layers in stages:
         tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
         cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
-        ep_i = ep_exposed(plan, comm.ep / n * moe_layers / moe_max, sc.total, kappa)  # cost.moe
+        ep_i = ep_exposed(plan, comm.ep / n * moe_layers / moe_max, sc.total, ep_kappa)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, comm, sc, kappa, layers)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
