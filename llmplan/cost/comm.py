@@ -110,11 +110,12 @@ class CommBreakdown:
 
 
 DISPATCH_SM_BYTES_PER_S = (494e9 / 24, 420e9 / 24)
-"""Bytes per second one SM moves in DeepEP's dispatch and combine kernels (received rows x hidden x 2 bytes
-over the kernel's time, per SM): GB200 intranode, 24 SMs, 169 GB/s dispatch and 135 GB/s combine, below what
-the NVLink could carry (deepseek-ai/DeepEP issue 394, "Unable to saturate NVL BW w/ intranode on GB200").
-HybridEP on two 8-GPU B300 nodes at 24 SMs measures 149 / 136 GB/s over NVLink (DeepEP issue 590): 6.2 / 5.7
-per SM against these 7.0 / 5.6. Derived: docs/formulas.md#comm.ep_sms"""
+"""Bytes per second one SM moves in DeepEP's normal (training) dispatch and combine, BF16: B200, 8 ranks, 4,096
+tokens of hidden 7,168, top-8 of 64 experts, 24 SMs, 494 GB/s dispatch and 420 GB/s combine through the torch
+API (algorithm bandwidth), 20.6 / 17.5 GB/s per SM; the same table rises about in proportion from 16 SMs
+(348 / 302) to 32 (619 / 524) and levels off near 640 / 586 at 48, the NVLink's rate (deepseek-ai/DeepEP
+docs/README_Hybrid-EP.md, "B200 Platform"; GB200 at 8 ranks and 24 SMs: 513 / 426). Derived:
+docs/formulas.md#comm.ep_sms"""
 
 
 def dispatch_sm_beta(d: Dispatch | None) -> float:
@@ -122,7 +123,8 @@ def dispatch_sm_beta(d: Dispatch | None) -> float:
     (the forward's dispatch, the backward's combine-gradient) and half combines, each moving the whole send
     buffer through `sms` SMs at DISPATCH_SM_BYTES_PER_S; 0 where no SM budget is given (NCCL's alltoall).
     The kernel's time is the larger of this and the links' (dispatch_coeffs).
-    Source: deepseek-ai/DeepEP issue 394 (GB200, 24 SMs). Derived: docs/formulas.md#comm.ep_sms"""
+    Source: deepseek-ai/DeepEP docs/README_Hybrid-EP.md (B200, DeepEP at 16-48 SMs). Derived:
+    docs/formulas.md#comm.ep_sms"""
     if d is None or d.sms <= 0:
         return 0.0
     r_dispatch, r_combine = DISPATCH_SM_BYTES_PER_S
