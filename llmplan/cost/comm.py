@@ -134,7 +134,7 @@ def dispatch_sm_beta(d: Dispatch | None) -> float:
 def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
     """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
     Derived: docs/formulas.md#comm.ep_sms"""
-    floor = dispatch_sm_beta(d)
+    floor = dispatch_sm_beta(d) if span.size > 1 else 0.0  # a group of one sends nothing
     return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor))
                  for c in collective_coeffs(op, span, system, shares=a2a_shares(d, span)))
 
