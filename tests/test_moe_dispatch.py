@@ -126,6 +126,10 @@ def test_megatron_exports_deepep_as_the_flex_dispatcher_and_torchtitan_refuses_i
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"moe_dispatcher": "deepep"}))
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == "deepep"
+    assert ns.moe_flex_dispatcher_num_sms is None  # the plan leaves Megatron's default
+    sms = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"moe_dispatch_sms": 32}))
+    ns, _ = parse_megatron(render_all(sms, "megatron")[0]["megatron_pretrain.sh"])
+    assert int(ns.moe_flex_dispatcher_num_sms) == 32
     ns, _ = parse_megatron(render_all(base, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.moe_token_dispatcher_type == "alltoall"
     fsdp = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"zero": 3}))

@@ -140,9 +140,13 @@ def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | 
 
 
 def transfer_seconds(t: Transfer, system: SystemSpec) -> float:
-    if t.group.size <= 1 or t.message <= 0:
+    """Seconds of a placed transfer's calls (the scalar path; search.evaluate costs axis names itself)."""
+    span = t.group
+    if isinstance(span, str):
+        raise TypeError(f"transfer_seconds needs a placed group, not the axis name {span!r}")
+    if span.size <= 1 or t.message <= 0:
         return 0.0
-    best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, t.group, system, t.dispatch))
+    best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, span, system, t.dispatch))
     return t.calls * best
 
 

@@ -120,6 +120,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
                 ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
                 ("model.moe_flex_dispatcher_backend", "deepep" if flex else None),
+                ("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms if flex else None),
                 ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None)]
         if flex:
