@@ -120,11 +120,12 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
                 ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
                 ("model.moe_flex_dispatcher_backend", "deepep" if flex else None),
-                ("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms if flex else None),
                 ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None)]
         if flex:
             out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
+        if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)
+            out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
     if m.num_nextn_predict_layers:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
