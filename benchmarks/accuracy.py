@@ -514,6 +514,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      or mbridge_moe_recipe(rec)[0] else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
+        # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
+        # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
+        moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),
         cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),

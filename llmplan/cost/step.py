@@ -14,15 +14,33 @@ import numpy as np
 from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
-    KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,
+    KERNEL_LAUNCH_S,
+    StageCompute,
+    model_flops_per_step,
+    optimizer_step_seconds,
+    recompute_flops_per_step,
     stage_compute,
 )
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
-    EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
+    EAGER_OP_HOST_S,
+    HOST_SYNC_S,
+    MOE_CYCLE_HOST_OPS,
+    MOE_POST_SYNC_HOST_OPS,
+    dispatch_contention,
+    ep_exposed,
+    host_syncs_per_layer,
 )
-from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_layers, max_stage_layers, per_distinct,
-                                 rank_params, recomputed_share, stage_layers)
+from llmplan.cost.params import (
+    ALL_BUT_ZERO,
+    explicit_stages,
+    layout_chunk_layers,
+    max_stage_layers,
+    per_distinct,
+    rank_params,
+    recomputed_share,
+    stage_layers,
+)
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -167,7 +185,7 @@ def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[A
     shape = np.broadcast_shapes(*(np.shape(x) for x in (*per_mb, worst, *forward, *(y for row in share for y in row))))
     out = np.empty(shape)
     for k in np.ndindex(shape):
-        at = lambda x: float(np.broadcast_to(x, shape)[k])  # noqa: E731
+        at = lambda x: float(np.broadcast_to(x, shape)[k])
         fwd = [at(t) * at(f) for t, f in zip(per_mb, forward)]
         bwd = [at(t) * (1 - at(f)) for t, f in zip(per_mb, forward)]
         out[k] = max(makespan(fwd, bwd, n, plan.vpp, [[at(x) for x in row] for row in share]) - n * at(worst), 0.0)
@@ -355,7 +373,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         k_i = g_i.contention
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
         cp_i = overlap(c_i.cp / n * layers / l_max, sc.attention, k_i)
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, k_i)  # cost.moe
+        ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))

@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import a2a_shares, cp_transfers, dp_transfers, ep_transfers, pp_transfers, tp_transfers
+from llmplan.cost.comm import cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers, pp_transfers, tp_transfers
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
-from llmplan.topology.collectives import collective_coeffs
 from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, place
 
 
@@ -76,7 +75,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         key = (op, axis, dispatch)
         if key not in coeff_cache:  # cost each distinct (collective, span) once, then gather by layout
             distinct, idx = spans_of(axis)
-            per_span = [collective_coeffs(op, span, system, shares=a2a_shares(dispatch, span)) for span in distinct]
+            per_span = [dispatch_coeffs(op, span, system, dispatch) for span in distinct]
             width = max(len(c) for c in per_span)
             A = np.full((len(distinct), width), np.inf)
             B = np.zeros((len(distinct), width))
