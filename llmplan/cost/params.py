@@ -7,6 +7,7 @@ L layers, E routed experts, k experts per token, t tensor-parallel degree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -177,19 +178,24 @@ def layout_grid(plan: ParallelPlan) -> list[list[str]]:
     return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
 
 
-def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> tuple[tuple[tuple[int, int], ...], ...]:
     """(dense, MoE) layers of every [stage][virtual chunk] of a pp_layout plan: the t symbols are the model's
     layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
     (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
-    k = m.first_k_dense_replace if m.is_moe else 0
-    p, start = plan.pp, 0
+    return _chunk_layers(m.first_k_dense_replace if m.is_moe else 0, m.is_moe, plan.pp, tuple(plan.pp_layout or ()))
+
+
+@lru_cache(maxsize=256)
+def _chunk_layers(k: int, is_moe: bool, p: int, layout: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """layout_chunk_layers of a layout, once per process (a plan's memory and step time read it per stage)."""
+    v, start = max(1, len(layout) // p), 0
     out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-    for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
+    for i, chunk in enumerate(layout[: v * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
-        dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
+        dense = max(0, min(start + n, k) - start) if is_moe else n + mtp
         out[i % p].append((dense, n + mtp - dense))
         start += n
-    return out
+    return tuple(tuple(row) for row in out)
 
 
 def stage_layer_count(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
