@@ -68,38 +68,49 @@ def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
     """Each stage's end time under pipeline_schedule's rules (appending every slot to `slots` when given).
     A forward waits for the previous stage's forward of its chunk (stage 0's chunk c > 0: the last stage's
     chunk c - 1); a backward for the next stage's backward (the last stage's chunk c < v - 1: stage 0's chunk
-    c + 1; its last chunk: its own forward). Finish times live in one list (_steps: where each pass's finish
-    and its input's go; -1: not run yet), each stage running its passes in order while their inputs are done."""
+    c + 1; its last chunk: its own forward). Each pass starts when its stage is free and its input is done, in
+    an order where both are known (_pass_order, from the dependencies alone)."""
     p = len(forward_s)
     share = chunk_share or [[1 / v] * v for _ in range(p)]
+    passes, last = _pass_order(p, n, v)
+    # seconds of each stage's pass kinds: stage i's forward of chunk c at 2vi + c, its backward at 2vi + v + c
+    took = [t * share[i][c] for i in range(p) for t in (forward_s[i], backward_s[i]) for c in range(v)]
+    done = [0.0] * (2 * p * n * v + 1)  # finish times; the last entry: the input of a pass that waits for nothing
+    for own, prev, dep, kind in passes:
+        free, ready = done[prev], done[dep]
+        done[own] = (free if free >= ready else ready) + took[kind]
+    if slots is not None:
+        for own, prev, dep, kind in passes:
+            i, (mb, c) = own // (n * v) % p, divmod(own % (n * v), v)
+            start = max(done[prev], done[dep])
+            slots.append(Slot(i, "forward" if kind % (2 * v) < v else "backward", mb, c, start, done[own]))
+    return [done[k] for k in last]
+
+
+@lru_cache(maxsize=256)
+def _pass_order(p: int, n: int, v: int) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[int, ...]]:
+    """Every pass of the schedule as (where its finish time goes, where its stage's previous pass's is, where
+    its input's is, its kind's index in _simulate's seconds), in the order the stages can run them: sweeps over
+    the stages, each running its passes in stage_order while their inputs are done; and each stage's last pass."""
     steps = _steps(p, n, v)
-    done = [-1.0] * (2 * p * n * v) + [0.0]  # the last entry: the input of a pass that waits for nothing
-    # seconds of each stage's pass kinds: the forward of chunk c at c, its backward at v + c
-    took_by_stage = [[forward_s[i] * share[i][c] for c in range(v)] + [backward_s[i] * share[i][c] for c in range(v)]
-                     for i in range(p)]
-    nxt, free = [0] * p, [0.0] * p
-    left = sum(len(o) for o in steps)
-    while left:
+    zero = 2 * p * n * v
+    finished = [False] * zero + [True]
+    nxt, prev = [0] * p, [zero] * p
+    out: list[tuple[int, int, int, int]] = []
+    while len(out) < zero:
         moved = False
         for i in range(p):
-            order, k, at, took = steps[i], nxt[i], free[i], took_by_stage[i]
-            while k < len(order):
-                own, dep_at, kind = order[k]
-                dep = done[dep_at]
-                if dep < 0:
-                    break
-                start = max(at, dep)
-                at = done[own] = start + took[kind]
+            order, k = steps[i], nxt[i]
+            while k < len(order) and finished[order[k][1]]:
+                own, dep, kind = order[k]
+                out.append((own, prev[i], dep, 2 * v * i + kind))
+                finished[own], prev[i] = True, own
                 k += 1
-                if slots is not None:
-                    mb, c = divmod(own % (n * v), v)
-                    slots.append(Slot(i, "forward" if kind < v else "backward", mb, c, start, at))
-            if k > nxt[i]:
-                left -= k - nxt[i]
-                nxt[i], free[i], moved = k, at, True
+            moved = moved or k > nxt[i]
+            nxt[i] = k
         if not moved:
             raise RuntimeError(f"pipeline schedule deadlocked (p={p}, n={n}, v={v})")  # a bug, not user input
-    return free
+    return tuple(out), tuple(prev)
 
 
 @lru_cache(maxsize=256)
