@@ -166,8 +166,15 @@ def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
     """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
     of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
     if has_layout(plan):
-        return tuple(sum(c.count("t") for c in row) for row in layout_grid(plan))
+        return _layout_stages(plan.pp, tuple(plan.pp_layout or ()))
     return getattr(plan, "pp_layers", None)
+
+
+@lru_cache(maxsize=256)
+def _layout_stages(p: int, layout: tuple[str, ...]) -> tuple[int, ...]:
+    """Transformer layers of every rank of a layout (its chunks' t symbols), once per layout in a process."""
+    v = max(1, len(layout) // p)
+    return tuple(sum(layout[c * p + i].count("t") for c in range(v)) for i in range(p))
 
 
 def layout_grid(plan: ParallelPlan) -> list[list[str]]:
