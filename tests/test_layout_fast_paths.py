@@ -90,3 +90,23 @@ def test_layout_activation_peak_equals_the_walk():
             arrays = rng.uniform(1e6, 1e9, size=(2, 7))  # a grid of GPU constants: elementwise
             assert np.array_equal(layout_peak_layers(m, plan, stage, arrays[0], arrays[1]),
                                   walked_peak(m, plan, stage, arrays[0], arrays[1]))
+
+
+def test_stage_layer_list_is_each_stages_count():
+    from llmplan.cost.params import stage_layer_count, stage_layer_list
+    from llmplan.specs.check import balanced_split
+
+    checked = 0
+    for name in ("deepseek-v3", "llama-3.1-405b", "gpt3-175b"):
+        m = M[name]
+        for pp in range(1, 40):
+            for first, last in {(0, 0), balanced_split(m.num_hidden_layers, pp)}:
+                if (m.num_hidden_layers - first - last) % max(pp - (first > 0) - (last > 0), 1):
+                    continue
+                plan = ParallelPlan(pp=pp, pp_first=first, pp_last=last, global_batch=pp * 4)
+                assert stage_layer_list(m, plan) == [int(stage_layer_count(m, plan, i)) for i in range(pp)]
+                checked += 1
+        layout = balanced_layout(m.num_hidden_layers, 8, 3, m.num_nextn_predict_layers)
+        plan = ParallelPlan(pp=8, vpp=3, global_batch=32, pp_layout=layout)
+        assert stage_layer_list(m, plan) == [int(stage_layer_count(m, plan, i)) for i in range(8)]
+    assert checked > 50

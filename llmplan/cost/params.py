@@ -225,7 +225,11 @@ def layers_before(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
 
 def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
     """Transformer layers of every pipeline stage, first to last (one plan)."""
-    return [int(stage_layer_count(m, plan, i)) for i in range(plan.pp)]
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return list(stages)
+    first, mid, last = (int(x) for x in layer_split(m, plan))  # stage_layer_count of each stage, split read once
+    return [first if i == 0 else last if i == plan.pp - 1 else mid for i in range(plan.pp)]
 
 
 def max_stage_layers(m: ModelSpec, plan: PlanLike) -> Any:
