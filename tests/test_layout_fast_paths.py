@@ -110,3 +110,24 @@ def test_stage_layer_list_is_each_stages_count():
         plan = ParallelPlan(pp=8, vpp=3, global_batch=32, pp_layout=layout)
         assert stage_layer_list(m, plan) == [int(stage_layer_count(m, plan, i)) for i in range(8)]
     assert checked > 50
+
+
+def test_a_plans_memo_never_crosses_models_or_gpus():
+    """A single plan's memoized parts (cost.params.memoized) are keyed by the model and GPU they were priced
+    with: the same plan object priced on another GPU or model equals a fresh copy's estimate."""
+    import json
+
+    from llmplan import report
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+
+    S = builtin_systems()
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096, micro_batch=1, recompute="selective")
+    runs = [(M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=8)),
+            (M["llama-3.1-70b"], ClusterSpec(system=S["dgx-a100"], num_nodes=8)),
+            (M["qwen2.5-72b"], ClusterSpec(system=S["dgx-a100"], num_nodes=8))]
+    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)  # noqa: E731
+    for m, cluster in runs:
+        shared = as_json(estimate_training(m, cluster, plan))
+        assert shared == as_json(estimate_training(m, cluster, plan.model_copy(deep=True))), (m.name, cluster)

@@ -6,6 +6,7 @@ L layers, E routed experts, k experts per token, t tensor-parallel degree.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -107,18 +108,44 @@ def param_counts(m: ModelSpec) -> ParamCounts:
 
 
 def memoized(plan: Any, key: tuple, compute: Any) -> Any:
-    """compute() once per plan-arrays object and key (the arrays path evaluates the same split and stage
-    layers for several candidate stages); single plans compute directly. Keys hold the objects they depend on,
-    compared by identity."""
-    memo = getattr(plan, "memo", None)
+    """compute() once per plan and key (the arrays path evaluates the same split and stage layers for several
+    candidate stages; a single plan's estimate reads its layer times and split once per stage). Keys hold the
+    objects they depend on, compared by identity (and numbers and strings by value). A single plan's results
+    live as long as the plan object (_plan_memo)."""
+    memo = getattr(plan, "__dict__", {}).get("memo")  # plan arrays carry theirs (not pydantic's __getattr__)
+    same = _same
     if memo is None:
-        return compute()
+        memo, same = _plan_memo(plan), _same_value
+        if memo is None:
+            return compute()
     for k, value in memo.get(key[0], ()):
-        if len(k) == len(key) and all(_same(a, b) for a, b in zip(k, key)):
+        if len(k) == len(key) and all(same(a, b) for a, b in zip(k, key)):
             return value
     value = compute()
     memo.setdefault(key[0], []).append((key, value))
     return value
+
+
+_PLAN_MEMOS: dict[int, dict] = {}
+"""memoized's results of single plans, by id(plan); an entry goes when its plan is collected (weakref.finalize),
+so an id is never reused while its entry lives. Specs hold no cache themselves."""
+
+
+def _plan_memo(plan: Any) -> dict | None:
+    memo = _PLAN_MEMOS.get(id(plan))
+    if memo is None:
+        try:
+            weakref.finalize(plan, _PLAN_MEMOS.pop, id(plan), None)
+        except TypeError:  # an object without weak references: no memo
+            return None
+        memo = _PLAN_MEMOS[id(plan)] = {}
+    return memo
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Key parts of a single plan's memo: the same object, or equal numbers / strings (never __eq__ of specs,
+    whose array-valued fields, as in accuracy's grid, have no truth value)."""
+    return a is b or (type(a) is type(b) and type(a) in (int, float, str, bool) and a == b)
 
 
 LAYOUT_AXES = ("pp", "vpp", "pp_first", "pp_last")
@@ -134,8 +161,8 @@ def per_distinct(plan: Any, columns: tuple[str, ...], stage: Any, f: Any) -> Any
     """f(plan, stage), computed once per distinct combination of `columns` on plan arrays (search.grid
     PlanArrays.on_distinct): a stage's layers and parameters depend on a few axes, so a few hundred
     evaluations stand for hundreds of thousands of plans. Single plans compute directly."""
-    on_distinct = getattr(plan, "on_distinct", None)
-    return f(plan, stage) if on_distinct is None else on_distinct(columns, stage, f)
+    on_distinct = getattr(type(plan), "on_distinct", None)  # on the class: no pydantic __getattr__ per call
+    return f(plan, stage) if on_distinct is None else on_distinct(plan, columns, stage, f)
 
 
 def _same(a: Any, b: Any) -> bool:
