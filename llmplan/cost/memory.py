@@ -16,7 +16,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import attention_head_dims, op_matmul_widths
 from llmplan.cost.params import (
-    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, memoized,
+    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
@@ -290,7 +290,7 @@ def layout_peak_layers(m: ModelSpec, plan: ParallelPlan, stage: int, dense_b: An
     (dense_b / moe_b bytes each, one micro-batch), each backward frees them. With equal chunks the peak is the
     warm-up's, inflight_microbatches x the stage's layers; with unequal chunks it is where the heavy chunks
     overlap. Derived: docs/formulas.md#pipeline.layout"""
-    chunks = layout_chunk_layers(m, plan)[stage]
+    chunks = chunk_layers(m, plan)[stage]
     sign, chunk = _order_steps(plan.pp, plan.num_microbatches, len(chunks), stage)
     per_chunk = np.stack(np.broadcast_arrays(*(d * dense_b + e * moe_b for d, e in chunks)))
     # The running sum of the order's steps (np.cumsum adds in order, as a walk would) and its largest value.

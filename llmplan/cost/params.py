@@ -193,7 +193,7 @@ def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
     """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
     of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
     if has_layout(plan):
-        return _layout_stages(plan.pp, tuple(plan.pp_layout or ()))
+        return _layout_stages(plan.pp, tuple(getattr(plan, "pp_layout", None) or ()))  # has_layout: a ParallelPlan
     return getattr(plan, "pp_layers", None)
 
 
@@ -212,24 +212,24 @@ def layout_grid(plan: ParallelPlan) -> list[list[str]]:
     return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
 
 
-def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> tuple[tuple[tuple[int, int], ...], ...]:
+def chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+    """layout_chunk_layers, once per plan (a plan's memory and step time read it stage by stage)."""
+    return memoized(plan, ("layout_chunk_layers", m), lambda: layout_chunk_layers(m, plan))
+
+
+def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
     """(dense, MoE) layers of every [stage][virtual chunk] of a pp_layout plan: the t symbols are the model's
     layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
     (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
-    return _chunk_layers(m.first_k_dense_replace if m.is_moe else 0, m.is_moe, plan.pp, tuple(plan.pp_layout or ()))
-
-
-@lru_cache(maxsize=256)
-def _chunk_layers(k: int, is_moe: bool, p: int, layout: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """layout_chunk_layers of a layout, once per process (a plan's memory and step time read it per stage)."""
-    v, start = max(1, len(layout) // p), 0
+    k = m.first_k_dense_replace if m.is_moe else 0
+    p, start = plan.pp, 0
     out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-    for i, chunk in enumerate(layout[: v * p]):
+    for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
-        dense = max(0, min(start + n, k) - start) if is_moe else n + mtp
+        dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
         out[i % p].append((dense, n + mtp - dense))
         start += n
-    return tuple(tuple(row) for row in out)
+    return out
 
 
 def stage_layer_count(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
@@ -280,7 +280,7 @@ def stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     if has_layout(plan):  # it places every layer and MTP module
-        chunks = layout_chunk_layers(m, plan)[int(stage)]
+        chunks = chunk_layers(m, plan)[int(stage)]
         return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)
     mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage

@@ -21,7 +21,7 @@ from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
     EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
 )
-from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_layers, max_stage_layers, per_distinct,
+from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, chunk_layers, max_stage_layers, per_distinct,
                                  rank_params, recomputed_share, stage_layers)
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
@@ -144,7 +144,7 @@ def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     where the GPU's constants are arrays. Derived: docs/formulas.md#pipeline.layout"""
     v, share, forward = plan.vpp, [], []
     same: dict[tuple[int, int, bool], StageCompute] = {}  # chunks of equal layer counts: priced once
-    for i, row in enumerate(layout_chunk_layers(m, plan)):
+    for i, row in enumerate(chunk_layers(m, plan)):
         times = [chunk_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1, same)
                  for c, (d, e) in enumerate(row)]
         total = sum(t.total for t in times)

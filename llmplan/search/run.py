@@ -256,9 +256,12 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     for rule in RULES:
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
-        ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
+        ok = np.asarray(ok, dtype=bool)
+        if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
+            continue
+        ok = np.broadcast_to(ok, keep.shape)
         cut = keep & ~ok
-        n = int(cut.sum())
+        n = int(np.count_nonzero(cut))
         if n:
             i = int(np.argmax(cut))
             pruned.append(Pruned(rule.name, n, rule.message(m, plans.plan(i), cluster)))
