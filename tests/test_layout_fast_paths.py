@@ -127,7 +127,7 @@ def test_a_plans_memo_never_crosses_models_or_gpus():
     runs = [(M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=8)),
             (M["llama-3.1-70b"], ClusterSpec(system=S["dgx-a100"], num_nodes=8)),
             (M["qwen2.5-72b"], ClusterSpec(system=S["dgx-a100"], num_nodes=8))]
-    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)  # noqa: E731
+    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)
     for m, cluster in runs:
         shared = as_json(estimate_training(m, cluster, plan))
         assert shared == as_json(estimate_training(m, cluster, plan.model_copy(deep=True))), (m.name, cluster)

@@ -150,7 +150,7 @@ def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nod
     """Every plan a search shows (ranked, Pareto, the conventional one) reads exactly what the scalar estimate
     of a fresh copy gives with no single-plan memo (cost.params._plan_memo: each part computed where it is
     read): the screened memory, the memo and the layout pass's shortcuts change no number."""
-    import llmplan.cost.params as params
+    from llmplan.cost import params
     from llmplan.estimate import estimate_training
 
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
@@ -158,7 +158,7 @@ def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nod
     res = search(m, cluster, default_space(m, cluster, w), w, top=5)
     shown = res.ranked + res.pareto + ([res.conventional] if res.conventional else [])
     assert res.ranked
-    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)  # noqa: E731
+    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)
     got = [as_json(e) for e in shown]
     monkeypatch.setattr(params, "_plan_memo", lambda plan: None)
     for e, seen in zip(shown, got):

@@ -78,7 +78,7 @@ def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
     done = [0.0] * (2 * p * n * v + 1)  # finish times; the last entry: the input of a pass that waits for nothing
     for own, prev, dep, kind in passes:
         free, ready = done[prev], done[dep]
-        done[own] = (free if free >= ready else ready) + took[kind]
+        done[own] = max(free, ready) + took[kind]
     if slots is not None:
         for own, prev, dep, kind in passes:
             i, (mb, c) = own // (n * v) % p, divmod(own % (n * v), v)

@@ -131,7 +131,7 @@ def link_profile(system: SystemSpec) -> LinkProfile:
     return prof
 
 
-_BY_OBJECT: dict[int, tuple[SystemSpec, "LinkProfile"]] = {}
+_BY_OBJECT: dict[int, tuple[SystemSpec, LinkProfile]] = {}
 
 
 @lru_cache(maxsize=64)
