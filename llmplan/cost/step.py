@@ -33,8 +33,8 @@ from llmplan.cost.moe import (
 )
 from llmplan.cost.params import (
     ALL_BUT_ZERO,
+    chunk_layers,
     explicit_stages,
-    layout_chunk_layers,
     max_stage_layers,
     per_distinct,
     rank_params,
@@ -165,13 +165,23 @@ def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one). Elementwise
     where the GPU's constants are arrays. Derived: docs/formulas.md#pipeline.layout"""
     v, share, forward = plan.vpp, [], []
-    for i, row in enumerate(layout_chunk_layers(m, plan)):
-        times = [stage_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1) for c, (d, e) in enumerate(row)]
+    same: dict[tuple[int, int, bool], StageCompute] = {}  # chunks of equal layer counts: priced once
+    for i, row in enumerate(chunk_layers(m, plan)):
+        times = [chunk_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1, same)
+                 for c, (d, e) in enumerate(row)]
         total = sum(t.total for t in times)
         some = total > 0
         share.append([where(some, t.total / where(some, total, 1.0), 1 / v) for t in times])
         forward.append(where(some, sum(t.forward for t in times) / where(some, total, 1.0), 1 / 3))
     return share, forward
+
+
+def chunk_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, d: int, e: int, last: bool,
+                  same: dict[tuple[int, int, bool], StageCompute]) -> StageCompute:
+    """stage_compute of a chunk of d dense and e MoE layers (with the loss when `last`), once per such chunk."""
+    if (d, e, last) not in same:
+        same[(d, e, last)] = stage_compute(m, plan, gpu, d, e, last)
+    return same[(d, e, last)]
 
 
 def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> Any:
