@@ -275,7 +275,8 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
     fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
-    # With DP attention the experts see the tokens of every attention rank (cost.serve_moe.expert_token_factor).
+    # When the EP group spans replicas (DP attention, vLLM's DP + EP) the experts see the tokens of all of them
+    # (cost.serve_moe.expert_token_factor).
     G = T * expert_token_factor(plan)
     touched = np.maximum(_expert_fraction_touched(m, G) * max(m.num_experts, 1), 1e-12)
     rows = {"tokens": T, "experts": np.maximum(G * m.num_experts_per_tok / touched, 1.0)}
@@ -288,7 +289,7 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
     peak = gpu.sustained_flops(dtype)
     head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
-    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 without DP attention).
+    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 when EP stays inside a replica).
     return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
 
 
@@ -370,8 +371,15 @@ def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
     if plan.moe_dispatcher == "deepep":
         return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
-    return 2 * (m.num_moe_layers / plan.pp) * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp,
-                                                     spans.ep)
+    layers = m.num_moe_layers / plan.pp
+    if not plan.dp_attention and plan.ep > plan.tp:
+        # vLLM's DP + EP (its default all2all backend, allgather_reducescatter): every rank gathers the hidden
+        # states of all ep / tp replicas in the group, runs its experts on them, and reduce-scatters the outputs
+        # back. Source: vLLM docs, Expert Parallel Deployment (backend selection guide).
+        gathered = act * expert_token_factor(plan)
+        return layers * (_coll(system, "all-gather", gathered, spans.ep)
+                         + _coll(system, "reduce-scatter", gathered, spans.ep))
+    return 2 * layers * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp, spans.ep)
 
 
 def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
