@@ -71,3 +71,46 @@ def test_ep_across_replicas_with_sglang_exits_2(cli):
             "--tp", "1", "--dp", "16", "--ep", "16", "--dtype", "fp8", "--engine", "sglang")
     assert r.code == 2, r.out
     assert "--dp-attention" in r.err and "Traceback" not in r.err
+
+
+# --- 2. the serving search: wide-EP layouts and the MoE serving options --------------------------------------
+
+SEARCH = ("search", "--mode", "infer", "-m", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "4", "--dtype",
+          "fp8", "--input-len", "2000", "--output-len", "500", "--json")
+
+
+def test_serving_search_ranks_dp_attention_wide_ep_layouts_for_moe(cli):
+    """DeepSeek-V3 in fp8 does not fit a TP-8 replica on H100 with room for the KV cache (LMSYS 2025-05-05
+    serve it with DP attention and EP 32 on 4 nodes): the search must reach the wide-EP layouts."""
+    r = cli(*SEARCH)
+    assert r.code == 0, r.err
+    plans = r.json()["plans"]
+    assert plans and all(p["plan"]["dp_attention"] for p in plans)
+    assert {p["plan"]["ep"] for p in plans} >= {32}
+    assert all(p["plan"]["moe_dispatcher"] == "deepep" for p in plans)
+
+
+def test_serving_search_honours_the_moe_serving_options(cli):
+    base = cli(*SEARCH).json()["plans"]
+    r = cli(*SEARCH, "--no-two-batch-overlap", "--ep-imbalance", "2.5", "--redundant-experts", "32",
+            "--expert-dtype", "fp8")
+    assert r.code == 0, r.err
+    given = r.json()["plans"]
+    for p in given:
+        assert p["plan"]["two_batch_overlap"] is False and p["plan"]["redundant_experts"] == 32
+        assert p["plan"]["ep_imbalance"] == 2.5 and p["plan"]["expert_dtype"] == "fp8"
+    per_gpu = {p["plan"]["ep"]: p["throughput"]["tokens_per_s"] / p["plan"]["dp"] for p in base}
+    assert all(p["throughput"]["tokens_per_s"] / p["plan"]["dp"] < per_gpu[p["plan"]["ep"]] for p in given)
+    r = cli(*SEARCH, "--no-dp-attention")
+    assert r.code == 3 and all(not p["plan"]["dp_attention"] for p in r.json()["plans"])
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--phase", "prefill"), "estimate --mode infer --phase prefill"),
+    (("--expert-dtype", "fp9"), "expert_dtype"),
+])
+def test_serving_search_refuses_bad_moe_options(cli, extra, needle):
+    r = cli(*SEARCH, *extra)
+    assert r.code == 2 and needle in r.err and "Traceback" not in r.err
+    r = cli("search", "--mode", "infer", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--two-batch-overlap")
+    assert r.code == 2 and "dense" in r.err

@@ -234,7 +234,9 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
         t.add_column(col, justify="right")
     for i, e in enumerate(rows, 1):
         p = e.plan
-        layout = f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+        layout = (f"dpa{p.dp} ep{p.ep}" if p.dp_attention else f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1
+                                                                                                else ""))
+        layout += " tbo" if p.two_batch_overlap else ""
         t.add_row(str(i), layout, str(p.num_gpus), f"{e.job.batch:,}/{e.memory.max_concurrent_seqs:,}",
                   f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
@@ -242,7 +244,10 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
     iv = serving_interval(rows[0]) if rows else None
     band = (f"; 80% interval: tokens/s x{iv['tokens_per_s'][0] / rows[0].tokens_per_s:.2f}-"
             f"{iv['tokens_per_s'][1] / rows[0].tokens_per_s:.2f}, TTFT/TPOT inversely" if iv else "")
-    t.caption = ("layout: tp, pp, x replicas, ep; batch: running sequences / the most the KV cache admits" + band
+    wide = any(e.plan.dp_attention or e.plan.two_batch_overlap for e in rows)
+    t.caption = ("layout: tp, pp, x replicas, ep" + ("; dpaN: DP attention on N GPUs, experts over them; tbo: "
+                                                     "two-batch overlap" if wide else "")
+                 + "; batch: running sequences / the most the KV cache admits" + band
                  + (f"; weights {rows[0].plan.weight_dtype}, KV {rows[0].plan.kv_dtype}" if len(dtypes) == 1 else ""))
     return t
 

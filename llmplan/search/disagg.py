@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
-from llmplan.search.serve import search_serving
+from llmplan.search.serve import search_serving, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
@@ -113,6 +113,11 @@ def instance_plans(m: ModelSpec, cluster: ClusterSpec, weight_dtype: WeightDtype
     return out
 
 
+def moe_plans(m: ModelSpec, plans: list[ServePlan], moe: dict | None) -> list[ServePlan]:
+    """The instance layouts under the MoE serving options given (search.serve.with_moe_options)."""
+    return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
+
+
 def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
     """The first `gpus` GPUs of the cluster (whole nodes, or part of one)."""
     gpn = cluster.gpus_per_node_used
@@ -191,15 +196,15 @@ def best_split(p: Pool, d: Pool, budget: int, new_input: float, output_len: int,
 
 def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype,
                          kv_dtype: KvDtype, top: int = 5, request_rate: float | None = None,
-                         allowance: MemoryAllowance | None = None) -> DisaggResult:
+                         allowance: MemoryAllowance | None = None, moe: dict | None = None) -> DisaggResult:
     """Every pair of a prefill instance layout and a decode instance layout, split over the GPUs (best_split),
     TTFT (prefill + KV transfer) and TPOT within the SLOs, ranked by output tokens/s per GPU (or, with a
     request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison."""
     t0 = time.perf_counter()
     prefills = [e for e in (price_prefill(m, cluster, p, job, allowance)
-                            for p in instance_plans(m, cluster, weight_dtype, kv_dtype, "prefill")) if e is not None]
+                            for p in moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, "prefill"), moe)) if e is not None]
     decodes = [e for e in (price_decode(m, cluster, p, job, allowance)
-                           for p in instance_plans(m, cluster, weight_dtype, kv_dtype, "decode")) if e is not None]
+                           for p in moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, "decode"), moe)) if e is not None]
     new_input = max(job.uncached_input, 1.0)
     plans = []
     for ep_ in prefills:
@@ -219,7 +224,7 @@ def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weig
         plans.sort(key=lambda x: (x.gpus, -x.tokens_per_s))
     else:
         plans.sort(key=lambda x: -x.tokens_per_s / x.gpus)
-    co = search_serving(m, cluster, job, weight_dtype, kv_dtype, "throughput", 1, None, allowance)
+    co = search_serving(m, cluster, job, weight_dtype, kv_dtype, "throughput", 1, None, allowance, moe=moe)
     colocated = co.ranked[0] if co.ranked else None
     winner, why = verdict(plans[0] if plans else None, colocated)
     return DisaggResult(plans[:top], colocated, len(prefills) + len(decodes), time.perf_counter() - t0, winner, why)
