@@ -166,3 +166,38 @@ def comm_sm_slowdown(plan: ServePlan, gpu: Any, decode_only: bool) -> float:
     if plan.moe_dispatcher != "deepep" or decode_only:
         return 1.0
     return gpu.sm_count / max(gpu.sm_count - DEEPEP_NORMAL_SMS, 1)
+
+
+def tbo_prefill_seconds(rest: Any, routed: Any, exchange: Any, moe_layers: float, dense_layers: float,
+                        dispatch_share: float, slowdown: float) -> Any:
+    """A prefill step under SGLang's two-batch overlap, from one half-batch's compute outside the routed
+    experts (`rest`), its routed experts (`routed`) and its DeepEP exchange. Each MoE layer runs, per
+    micro-batch, stage X: [wait own combine] shared expert, output, next attention and gate, launch dispatch;
+    stage Y: [wait own dispatch] expert GEMMs, launch combine; in the order A.X B.X A.Y B.Y on one compute
+    stream, the exchanges in launch order on DeepEP's stream, so a dispatch hides only under the other
+    micro-batch's stage X and a combine under its stage Y; compute slowed by the SMs DeepEP holds (`slowdown`).
+    Dense layers run both halves without an exchange. Simulated for up to 3 layers, then the last layer's
+    period repeats. Source: sgl-project/sglang operations_strategy.py (_compute_moe_deepseek_blog_prefill:
+    tbo_delta_stages 0, yields after dispatch_a and combine_a, DeepGEMM on sm_count - DeepEP's SMs).
+    Derived: docs/formulas.md#serve.tbo"""
+    n_layers = moe_layers + dense_layers
+    r = np.asarray(rest, dtype=float) / n_layers * slowdown
+    e = np.asarray(routed, dtype=float) / max(moe_layers, 1.0) * slowdown
+    d = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) * dispatch_share
+    c = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) - d
+    t = q = np.zeros_like(r)  # compute stream, communication stream
+    disp, comb = [t, t], [t, t]
+    ends = []
+    for _ in range(int(min(moe_layers, 3))):
+        for i in (0, 1):
+            t = np.maximum(t, comb[i]) + r
+            q = np.maximum(q, t) + d
+            disp[i] = q
+        for i in (0, 1):
+            t = np.maximum(t, disp[i]) + e
+            q = np.maximum(q, t) + c
+            comb[i] = q
+        ends.append(t)
+    tail = (moe_layers - len(ends)) * (ends[-1] - ends[-2] if len(ends) > 1 else ends[-1])
+    last = np.maximum(ends[-1], np.maximum(comb[0], comb[1]))  # the output waits for the last combines
+    return last + tail + dense_layers * 2 * np.asarray(rest, dtype=float) / n_layers
