@@ -219,3 +219,13 @@ def test_lmsys_h100_prefill_records_within_12_percent():
         if rec["id"].startswith("wideep-lmsys-h100-prefill"):
             pred, meas, _ = accuracy.predict_wide_ep(rec)
             assert abs(pred - meas) / meas <= 0.12, (rec["id"], pred, meas)
+
+
+def test_min_gpus_adds_replicas_until_the_queued_ttft_meets_the_slo(cli):
+    """At 60 requests/s five tp1 replicas of Llama-3.1-8B sustain the rate, but their prefill queue puts TTFT
+    above a 100 ms SLO; the search must add replicas (the queue shrinks) rather than offer a plan that misses."""
+    r = cli(*RATED, "--request-rate", "60", "--ttft-slo", "0.1", "--json")
+    assert r.code == 0, r.err
+    plans = r.json()["plans"]
+    assert plans and all(p["ttft_s"] <= 0.1 for p in plans)
+    assert all(p["queue_wait_s"] > 0 for p in plans)

@@ -229,10 +229,27 @@ def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int,
             over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "gpus", float(e.timing.ttft), float(e.timing.tpot),
                              replicas * e.plan.gpus_per_replica))
         else:
-            plan = e.plan.model_copy(update={"dp": replicas})
-            cluster = ClusterSpec(system=e.cluster.system,
-                                  num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
-                                  gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
-            if cluster.num_gpus == plan.num_gpus:
-                out.append(estimate_serving(e.model, cluster, plan, e.job, allowance))
+            est = _at_replicas(e, replicas, allowance)
+            # The queue before prefill shrinks as replicas are added: add them, within the budget, until the
+            # queued TTFT meets the SLO (cost.queueing).
+            more = iter(range(replicas + 1, budget // e.plan.gpus_per_replica + 1))
+            while est is not None and _queued_miss(est) and (r := next(more, None)) is not None:
+                est = _at_replicas(e, r, allowance) or est
+            if est is not None and _queued_miss(est):
+                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "slo", float(est.timing.ttft), float(est.timing.tpot)))
+            elif est is not None:
+                out.append(est)
     return out, over
+
+
+def _queued_miss(e: ServeEstimate) -> bool:
+    """The TTFT, queueing included, misses the job's TTFT SLO."""
+    return e.job.ttft_slo_s is not None and not float(e.timing.ttft) <= e.job.ttft_slo_s
+
+
+def _at_replicas(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate | None:
+    """The estimate's layout with `replicas` replicas (None when they do not fill whole nodes)."""
+    plan = e.plan.model_copy(update={"dp": replicas})
+    cluster = ClusterSpec(system=e.cluster.system, num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
+                          gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
+    return estimate_serving(e.model, cluster, plan, e.job, allowance) if cluster.num_gpus == plan.num_gpus else None
