@@ -381,6 +381,8 @@ def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: 
                       f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
     co = res.colocated
     if co is not None:
-        console.print(f"best co-located: tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}, "
+        layout = (f"dpa{co.plan.dp} ep{co.plan.ep}" if co.plan.dp_attention
+                  else f"tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}")
+        console.print(f"best co-located: {layout}, "
                       f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
     console.print(f"[bold]{res.winner}[/]: {res.why}")
