@@ -266,7 +266,7 @@ def serve_search_json(res: ServeSearchResult, model: ModelSpec, cluster: Cluster
 def queue_note(wait_s: float | None, rate: float | None) -> str:
     """What the TTFT shown includes: the mean queueing wait at the request rate, or nothing (idle server)."""
     if wait_s is None or rate is None:
-        return "TTFT: an idle server's (no queueing; give --request-rate to add it)"
+        return "TTFT: an idle server's, no queueing (search --request-rate adds the wait)"
     return (f"TTFT includes the mean queueing wait before prefill at {rate:g} requests/s "
             f"({wait_s * 1e3:,.1f} ms; M/G/1)")
 
