@@ -99,8 +99,8 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
     res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
-                         job.request_rate, allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}),
-                         moe)
+                         job.request_rate, allowance,
+                         checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}), moe)
     emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:

@@ -15,9 +15,9 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
                                   head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
-from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds, dispatch_bytes_per_element,
-                                    expert_token_factor, overlapped_step, redundant_expert_params, serve_ep_imbalance,
-                                    tbo_prefill_seconds)
+from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
+                                    dispatch_bytes_per_element, expert_token_factor, overlapped_step,
+                                    redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance

@@ -76,7 +76,8 @@ class DisaggPlan:
     @property
     def ttft_s(self) -> float:
         """Queueing before prefill (with a request rate), prefill TTFT and the KV transfer."""
-        return self.queue_s + float(self.prefill.estimate.phase.ttft_s or 0.0) + self.kv_seconds  # type: ignore[union-attr]
+        ph = self.prefill.estimate.phase
+        return self.queue_s + (float(ph.ttft_s or 0.0) if ph is not None else 0.0) + self.kv_seconds
 
     @property
     def tpot_s(self) -> float:
@@ -223,10 +224,10 @@ def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weig
     request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison."""
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
-    prefills = [e for e in (price_prefill(m, cluster, p, job, allowance)
-                            for p in moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, "prefill"), moe)) if e is not None]
-    decodes = [e for e in (price_decode(m, cluster, p, job, allowance)
-                           for p in moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, "decode"), moe)) if e is not None]
+    plans_of = {ph: moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, ph), moe)
+                for ph in ("prefill", "decode")}
+    prefills = [e for e in (price_prefill(m, cluster, p, job, allowance) for p in plans_of["prefill"]) if e is not None]
+    decodes = [e for e in (price_decode(m, cluster, p, job, allowance) for p in plans_of["decode"]) if e is not None]
     new_input = max(job.uncached_input, 1.0)
     plans = []
     for ep_ in prefills:

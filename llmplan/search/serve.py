@@ -144,7 +144,8 @@ def serve_candidates(m: ModelSpec, cluster: ClusterSpec, pins: dict, weight_dtyp
     and, for MoE models, the DP-attention wide-EP layouts (wide_ep_plans), under the MoE serving options
     given (with_moe_options)."""
     base = ServePlan(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    plans = [base.model_copy(update={"tp": tp, "pp": pp, "ep": ep, "dp": pins.get("dp") or cluster.num_gpus // (tp * pp)})
+    plans = [base.model_copy(update={"tp": tp, "pp": pp, "ep": ep,
+                                     "dp": pins.get("dp") or cluster.num_gpus // (tp * pp)})
              for tp, pp, ep in serve_layouts(m, cluster, pins)] + wide_ep_plans(m, cluster, pins, base, moe or {})
     return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
 
@@ -236,7 +237,8 @@ def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int,
             while est is not None and _queued_miss(est) and (r := next(more, None)) is not None:
                 est = _at_replicas(e, r, allowance) or est
             if est is not None and _queued_miss(est):
-                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "slo", float(est.timing.ttft), float(est.timing.tpot)))
+                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "slo", float(est.timing.ttft),
+                                 float(est.timing.tpot)))
             elif est is not None:
                 out.append(est)
     return out, over

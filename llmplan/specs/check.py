@@ -503,7 +503,8 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         # (moe_ep_size x moe_tp_size = tp_size); only vLLM's DP + EP spans replicas without attention DP.
         out.append(Violation("ep_serve_engine", f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several "
                              f"replicas, which {job.engine} does only with attention data parallel; add "
-                             f"--dp-attention (tp 1, ep = GPUs), lower --ep to at most {plan.tp}, or use --engine vllm"))
+                             f"--dp-attention (tp 1, ep = GPUs), lower --ep to at most {plan.tp}, or use "
+                             "--engine vllm"))
     if job.context > m.max_position_embeddings:
         scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
