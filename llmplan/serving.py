@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from llmplan.cost.inference import (
 )
 from llmplan.cost.lengths import LengthStats, length_stats
 from llmplan.cost.operators import OperatorUse
+from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.errors import PlanViolationError
@@ -65,6 +66,9 @@ class ServeEstimate:
     """Percentiles, capacity and throughput under the job's length distributions (None without them)."""
     phase: PhaseTiming | None = None
     """The plan's phase priced on its own when it is one pool of a disaggregated deployment (plan.phase)."""
+    queue_wait_s: float | None = None
+    """Mean wait before prefill at job.request_rate spread over the replicas (cost.queueing), included in
+    timing.ttft, timing.e2e and the TTFT percentiles; None without a request rate (TTFT of an idle server)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,8 +132,16 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     spec = speculative_summary(m, cluster, runs, job, allowance, spans) if job.speculative is not None else None
     lengths = length_stats(m, runs, system, spans, job, mem.kv_available) \
         if job.input_len_dist is not None or job.output_len_dist is not None else None
+    wait = None
+    if job.request_rate is not None:
+        # Each replica (attention rank under DP attention) is one prefill server; the rate spreads evenly.
+        wait = prefill_queue_seconds(m, runs, system, spans, job, job.request_rate / plan.dp)
+        timing = replace(timing, ttft=timing.ttft + wait, e2e=timing.e2e + wait)
+        if lengths is not None:
+            lengths = replace(lengths, ttft_s={p: v + wait for p, v in lengths.ttft_s.items()},
+                              ttft_mean_s=lengths.ttft_mean_s + wait)
     return ServeEstimate(
-        model=spec_m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
+        model=spec_m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing, queue_wait_s=wait,
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),

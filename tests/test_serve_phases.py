@@ -93,9 +93,10 @@ def test_nvfp4_experts_halve_expert_weights_and_dispatch_bytes():
     assert dispatch_bytes_per_element(fp4, builtin_systems()["dgx-h100"].gpu) == dispatch_bytes_per_element(plan, gpu)
 
 
-def test_imbalance_is_one_without_dp_attention_and_grows_with_the_input():
+def test_imbalance_is_one_with_ep_inside_a_replica_and_grows_with_the_input():
     _, plan = pool("dgx-h100", 9, 72, "decode")
-    assert serve_ep_imbalance(DSV3, plan.model_copy(update={"dp_attention": False, "dp": 72}), 256) == 1.0
+    inside = ServePlan(tp=8, dp=9, ep=8, weight_dtype="fp8")  # EP over each replica's own TP ranks
+    assert serve_ep_imbalance(DSV3, inside, 256) == 1.0
     assert serve_ep_imbalance(DSV3, plan, 256) > plan.ep_imbalance
     assert serve_ep_imbalance(DSV3, plan, 16) > serve_ep_imbalance(DSV3, plan, 4096)
 

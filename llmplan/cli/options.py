@@ -264,8 +264,8 @@ MOE_SERVING = Flags("Phases and MoE serving (--mode infer)", {
     "redundant_experts": typer.Option(_serve_plan("redundant_experts"), "--redundant-experts", min=0,
                                       help="Inference, MoE: extra expert replicas (EPLB) spread over the EP ranks."),
     "ep_imbalance": typer.Option(_serve_plan("ep_imbalance"), "--ep-imbalance", min=1.0,
-                                 help="Inference, MoE with --dp-attention: busiest EP rank's expert load over the "
-                                      "mean (default: measured with EPLB, SGLang on H100)."),
+                                 help="Inference, MoE with --dp-attention or --ep above --tp: busiest EP rank's "
+                                      "expert load over the mean (default: measured with EPLB, SGLang on H100)."),
     "expert_dtype": typer.Option(None, "--expert-dtype",
                                  help="Inference, MoE: routed experts' weight dtype when it differs from --dtype "
                                       "(fp8, nvfp4...)."),

@@ -26,10 +26,10 @@ from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchCh
                                 power_of_two_domain, straddling_space, switch_variants)
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
-from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
+from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
+from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import build, is_pool_file, resolve_model
@@ -52,6 +52,7 @@ def search(
     memory: Annotated[MemoryOptions, opt.MEMORY],
     checkpoints: Annotated[CheckpointOptions, opt.CHECKPOINTS],
     serving: Annotated[ServingOptions, opt.SERVING],
+    moe_serving: Annotated[MoeServingOptions, opt.MOE_SERVING],
     max_batch: int = typer.Option(1024, "--max-batch", min=1, rich_help_panel=opt.SERVING.panel,
                                   help="Inference: most concurrent sequences per replica."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate", rich_help_panel=opt.SERVING.panel,
@@ -78,25 +79,36 @@ def search(
                                         memory, output, disaggregated)
         cluster = one
     if mode == "infer" and disaggregated:
-        search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output)
+        search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output,
+                      given_moe(ctx, moe_serving))
     elif mode == "infer":
-        search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output)
+        search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
+                     given_moe(ctx, moe_serving))
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output)
 
 
+def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
+    """The MoE serving options given on the command line (the search's own choices stand for the others)."""
+    return {f: getattr(o, f) for f in MoeServingOptions.model_fields
+            if getattr(ctx.get_parameter_source(f), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+
+
 def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: str, s: ServingOptions,
-                 max_batch: int, request_rate: float | None, memory: MemoryOptions, output: OutputOptions) -> None:
+                 max_batch: int, request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
+                 moe: dict[str, object] | None = None) -> None:
     """The serving path of `search`: pins' tp, pp and ep, the serving options, --max-batch and --request-rate."""
     if goal.objective not in SERVE_OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate)
+    moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
     res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
-                         job.request_rate, allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
+                         job.request_rate, allowance,
+                         checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}), moe)
     emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:
@@ -111,7 +123,8 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
 
 
 def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOptions, max_batch: int,
-                  request_rate: float | None, memory: MemoryOptions, output: OutputOptions) -> None:
+                  request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
+                  moe: dict[str, object] | None = None) -> None:
     """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg)."""
     if output.save is not None:
         raise LlmplanError("--save with --disaggregated: a plan file holds one pool; save each pool with "
@@ -121,7 +134,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
     job = make_job(s, max_batch, request_rate)
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
-                               make_allowance(memory))
+                               make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))
     emit(report.disagg_json(res, m, cluster, job), output.json_mode,
          lambda: report.disagg_view(out, res, m, cluster, job))
     if not res.plans:

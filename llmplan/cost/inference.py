@@ -15,8 +15,9 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
                                   head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
-from llmplan.cost.serve_moe import (comm_sm_slowdown, deepep_exchange_seconds, expert_token_factor, overlapped_step, redundant_expert_params,
-                                    serve_ep_imbalance)
+from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
+                                    dispatch_bytes_per_element, expert_token_factor, overlapped_step,
+                                    redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -275,7 +276,8 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
     fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
-    # With DP attention the experts see the tokens of every attention rank (cost.serve_moe.expert_token_factor).
+    # When the EP group spans replicas (DP attention, vLLM's DP + EP) the experts see the tokens of all of them
+    # (cost.serve_moe.expert_token_factor).
     G = T * expert_token_factor(plan)
     touched = np.maximum(_expert_fraction_touched(m, G) * max(m.num_experts, 1), 1e-12)
     rows = {"tokens": T, "experts": np.maximum(G * m.num_experts_per_tok / touched, 1.0)}
@@ -288,7 +290,7 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
     peak = gpu.sustained_flops(dtype)
     head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
-    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 without DP attention).
+    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 when EP stays inside a replica).
     return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
 
 
@@ -333,16 +335,23 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
     (cost.serve_moe.overlapped_step). Derived: docs/formulas.md#infer.step"""
-    def parts(share: float) -> tuple[Any, Any]:
+    def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
         exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only)
-        return step_compute_seconds(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
-                                    np.asarray(kv_read) * share, decode_only), exchange
+        rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
+                                          np.asarray(kv_read) * share, decode_only)
+        return rest, routed, exchange
 
-    compute, exchange = parts(1.0)
-    half_compute, half_exchange = parts(0.5) if plan.two_batch_overlap else (0.0, 0.0)
-    return overlapped_step(compute, exchange, half_compute, half_exchange, plan.two_batch_overlap,
-                           comm_sm_slowdown(plan, system.gpu, decode_only))
+    slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
+    if plan.two_batch_overlap and not decode_only and m.is_moe and plan.moe_dispatcher == "deepep":
+        # SGLang's prefill (extend) schedule: three stages per MoE layer and micro-batch (serve_moe.tbo_prefill_seconds)
+        rest, routed, exchange = parts(0.5)
+        b = dispatch_bytes_per_element(plan, system.gpu)
+        return tbo_prefill_seconds(rest, routed, exchange, m.num_moe_layers / plan.pp, m.num_dense_layers / plan.pp,
+                                   b / (b + COMBINE_BYTES), slowdown)
+    rest, routed, exchange = parts(1.0)
+    half = parts(0.5) if plan.two_batch_overlap else (0.0, 0.0, 0.0)
+    return overlapped_step(rest + routed, exchange, half[0] + half[1], half[2], plan.two_batch_overlap, slowdown)
 
 
 def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tuple[float, float]:
@@ -370,14 +379,29 @@ def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
     if plan.moe_dispatcher == "deepep":
         return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
-    return 2 * (m.num_moe_layers / plan.pp) * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp,
-                                                     spans.ep)
+    layers = m.num_moe_layers / plan.pp
+    if not plan.dp_attention and plan.ep > plan.tp:
+        # vLLM's DP + EP (its default all2all backend, allgather_reducescatter): every rank gathers the hidden
+        # states of all ep / tp replicas in the group, runs its experts on them, and reduce-scatters the outputs
+        # back. Source: vLLM docs, Expert Parallel Deployment (backend selection guide).
+        gathered = act * expert_token_factor(plan)
+        return layers * (_coll(system, "all-gather", gathered, spans.ep)
+                         + _coll(system, "reduce-scatter", gathered, spans.ep))
+    return 2 * layers * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp, spans.ep)
 
 
 def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                          attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
     """A step's work on one GPU beside its expert exchange: max(matmuls, weights read) + max(attention core,
     KV read) + memory-bound operators + the TP all-reduces (2 per layer). Derived: docs/formulas.md#infer.step"""
+    rest, routed = step_compute_parts(m, plan, system, spans, tokens, attn_pairs, kv_read, decode_only)
+    return rest + routed
+
+
+def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                       attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> tuple[Any, Any]:
+    """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
+    step_compute_seconds: the parts a two-batch-overlap schedule places apart. Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
@@ -403,7 +427,8 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
     # weights, the touched experts, the KV cache), and they run one after the other.
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
-    gemm = np.maximum(dense_s, weights / bandwidth) + np.maximum(expert_s, experts / bandwidth)
+    routed = np.maximum(expert_s, experts / bandwidth)
+    gemm = np.maximum(dense_s, weights / bandwidth)
     head = head_dim_attention_ratio(m, gpu.attention_softmax_head_dim) if plan.fused_attention else 1.0
     attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
                                          * gpu.softmax_attention_ratio * head),
@@ -414,7 +439,7 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
     tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
-    return gemm + attention + elementwise / bandwidth + scores + tp_comm
+    return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
 
 
 SERVE_COLLECTIVE_FLOOR_S = 0.0

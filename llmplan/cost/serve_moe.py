@@ -30,11 +30,14 @@ COMBINE_BYTES = 2.0
 """Bytes per element of a combine (bf16 expert outputs)."""
 
 
-def expert_token_factor(plan: ServePlan) -> int:
-    """Attention ranks whose tokens meet at each rank's experts: with DP attention all ep ranks send their
-    tokens to the experts (so an expert GEMM sees ep x the rank's own tokens); otherwise the replica's own.
+def expert_token_factor(plan: ServePlan) -> float:
+    """Attention groups whose tokens meet at each rank's experts: ep / tp when the EP group spans several
+    replicas (DP attention: ep ranks of tp 1; vLLM --enable-expert-parallel with --data-parallel-size, whose
+    EP group is every DP x TP rank and whose DP ranks step together), so an expert GEMM sees that many times
+    one replica's tokens; 1 when EP stays inside a replica (ep <= tp: SGLang's and TensorRT-LLM's EP without
+    attention DP). Source: vLLM docs, Expert Parallel Deployment (EP size = TP x DP).
     Derived: docs/formulas.md#serve.moe"""
-    return plan.ep if plan.dp_attention else 1
+    return max(plan.ep / plan.tp, 1.0)
 
 
 def redundant_expert_params(m: ModelSpec, plan: ServePlan) -> float:
@@ -47,14 +50,16 @@ def redundant_expert_params(m: ModelSpec, plan: ServePlan) -> float:
 
 
 def serve_ep_imbalance(m: ModelSpec, plan: ServePlan, tokens: Any) -> Any:
-    """Expert rows of the busiest EP rank over the mean, with DP attention: the trained router's (and EPLB's)
-    imbalance (plan.ep_imbalance) times the spread of random top-k draws over the ep ranks, each of which
-    receives T·k rows on average: 1 + z(n)·sqrt((1 - 1/n)(E - k)/((E - 1)·T·k)) (cost.moe.routing_imbalance);
-    1 without DP attention. Derived: docs/formulas.md#serve.moe"""
-    if not (m.is_moe and plan.dp_attention and plan.ep > 1):
+    """Expert rows of the busiest EP rank over the mean when the EP group gathers the tokens of several
+    attention groups (expert_token_factor > 1: DP attention, or vLLM's DP + EP): the trained router's (and
+    EPLB's) imbalance (plan.ep_imbalance) times the spread of random top-k draws over the n = ep ranks, each
+    of which receives R = T·k·(ep/tp)/ep rows on average: 1 + z(n)·sqrt((1 - 1/n)(E - k)/((E - 1)·R))
+    (cost.moe.routing_imbalance); 1 when EP stays inside a replica. Derived: docs/formulas.md#serve.moe"""
+    factor = expert_token_factor(plan)
+    if not (m.is_moe and plan.ep > 1 and factor > 1):
         return 1.0
     E, k, n = m.num_experts, m.num_experts_per_tok, plan.ep
-    rows = np.maximum(np.asarray(tokens, dtype=float) * k, 1.0)
+    rows = np.maximum(np.asarray(tokens, dtype=float) * k * factor / n, 1.0)
     spread = np.sqrt((1 - 1 / n) * (E - k) / max(E - 1, 1) / rows)
     return plan.ep_imbalance * (1.0 + float(expected_max_normal(n)) * spread)
 
@@ -161,3 +166,38 @@ def comm_sm_slowdown(plan: ServePlan, gpu: Any, decode_only: bool) -> float:
     if plan.moe_dispatcher != "deepep" or decode_only:
         return 1.0
     return gpu.sm_count / max(gpu.sm_count - DEEPEP_NORMAL_SMS, 1)
+
+
+def tbo_prefill_seconds(rest: Any, routed: Any, exchange: Any, moe_layers: float, dense_layers: float,
+                        dispatch_share: float, slowdown: float) -> Any:
+    """A prefill step under SGLang's two-batch overlap, from one half-batch's compute outside the routed
+    experts (`rest`), its routed experts (`routed`) and its DeepEP exchange. Each MoE layer runs, per
+    micro-batch, stage X: [wait own combine] shared expert, output, next attention and gate, launch dispatch;
+    stage Y: [wait own dispatch] expert GEMMs, launch combine; in the order A.X B.X A.Y B.Y on one compute
+    stream, the exchanges in launch order on DeepEP's stream, so a dispatch hides only under the other
+    micro-batch's stage X and a combine under its stage Y; compute slowed by the SMs DeepEP holds (`slowdown`).
+    Dense layers run both halves without an exchange. Simulated for up to 3 layers, then the last layer's
+    period repeats. Source: sgl-project/sglang operations_strategy.py (_compute_moe_deepseek_blog_prefill:
+    tbo_delta_stages 0, yields after dispatch_a and combine_a, DeepGEMM on sm_count - DeepEP's SMs).
+    Derived: docs/formulas.md#serve.tbo"""
+    n_layers = moe_layers + dense_layers
+    r = np.asarray(rest, dtype=float) / n_layers * slowdown
+    e = np.asarray(routed, dtype=float) / max(moe_layers, 1.0) * slowdown
+    d = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) * dispatch_share
+    c = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) - d
+    t = q = np.zeros_like(r)  # compute stream, communication stream
+    disp, comb = [t, t], [t, t]
+    ends = []
+    for _ in range(int(min(moe_layers, 3))):
+        for i in (0, 1):
+            t = np.maximum(t, comb[i]) + r
+            q = np.maximum(q, t) + d
+            disp[i] = q
+        for i in (0, 1):
+            t = np.maximum(t, disp[i]) + e
+            q = np.maximum(q, t) + c
+            comb[i] = q
+        ends.append(t)
+    tail = (moe_layers - len(ends)) * (ends[-1] - ends[-2] if len(ends) > 1 else ends[-1])
+    last = np.maximum(ends[-1], np.maximum(comb[0], comb[1]))  # the output waits for the last combines
+    return last + tail + dense_layers * 2 * np.asarray(rest, dtype=float) / n_layers

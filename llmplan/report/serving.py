@@ -35,6 +35,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
+        "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
                        "tokens_per_s_per_gpu": e.tokens_per_s / p.num_gpus},
         "slo": {"ttft_s": j.ttft_slo_s, "tpot_s": j.tpot_slo_s, "max_batch": e.slo_batch,
@@ -165,6 +166,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
                       f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
                       f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+        console.print(queue_note(e.queue_wait_s, e.job.request_rate))
     iv = serving_interval(e) if e.phase is None else None
     if iv is not None:
         (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
@@ -234,7 +236,9 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
         t.add_column(col, justify="right")
     for i, e in enumerate(rows, 1):
         p = e.plan
-        layout = f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+        layout = (f"dpa{p.dp} ep{p.ep}" if p.dp_attention else f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1
+                                                                                                else ""))
+        layout += " tbo" if p.two_batch_overlap else ""
         t.add_row(str(i), layout, str(p.num_gpus), f"{e.job.batch:,}/{e.memory.max_concurrent_seqs:,}",
                   f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
@@ -242,7 +246,10 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
     iv = serving_interval(rows[0]) if rows else None
     band = (f"; 80% interval: tokens/s x{iv['tokens_per_s'][0] / rows[0].tokens_per_s:.2f}-"
             f"{iv['tokens_per_s'][1] / rows[0].tokens_per_s:.2f}, TTFT/TPOT inversely" if iv else "")
-    t.caption = ("layout: tp, pp, x replicas, ep; batch: running sequences / the most the KV cache admits" + band
+    wide = any(e.plan.dp_attention or e.plan.two_batch_overlap for e in rows)
+    t.caption = ("layout: tp, pp, x replicas, ep" + ("; dpaN: DP attention on N GPUs, experts over them; tbo: "
+                                                     "two-batch overlap" if wide else "")
+                 + "; batch: running sequences / the most the KV cache admits" + band
                  + (f"; weights {rows[0].plan.weight_dtype}, KV {rows[0].plan.kv_dtype}" if len(dtypes) == 1 else ""))
     return t
 
@@ -256,6 +263,14 @@ def serve_search_json(res: ServeSearchResult, model: ModelSpec, cluster: Cluster
             "misses": [asdict(x) for x in res.misses]}
 
 
+def queue_note(wait_s: float | None, rate: float | None) -> str:
+    """What the TTFT shown includes: the mean queueing wait at the request rate, or nothing (idle server)."""
+    if wait_s is None or rate is None:
+        return "TTFT: an idle server's, no queueing (search --request-rate adds the wait)"
+    return (f"TTFT includes the mean queueing wait before prefill at {rate:g} requests/s "
+            f"({wait_s * 1e3:,.1f} ms; M/G/1)")
+
+
 def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec, cluster: ClusterSpec,
                       job: ServeJob) -> None:
     slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
@@ -265,6 +280,8 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
     console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
     if res.ranked:
         console.print(serve_search_table("Best serving plans", res.ranked))
+        console.print(queue_note(res.ranked[0].queue_wait_s, res.ranked[0].job.request_rate)
+                      .replace("TTFT includes", "TTFT (#1) includes"))
     if not res.ranked and res.misses:
         console.print(misses_table(res, job))
     if not res.pruned:
@@ -323,7 +340,8 @@ def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: 
                                        "link": x.kv_link},
                        "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
                        "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
-                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
+                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s,
+                       "queue_wait_s": x.queue_s}
                       for i, x in enumerate(res.plans, 1)],
             "colocated": None if co is None else {
                 "plan": co.plan.model_dump(mode="json"), "gpus": co.plan.num_gpus, "batch": co.job.batch,
@@ -353,14 +371,18 @@ def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: 
         for i, x in enumerate(res.plans, 1):
             t.add_row(str(i), _layout(x.prefill), _layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
                       f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
-        t.caption = ("dpa: DP attention + wide EP (DeepEP); x instances; TTFT: prefill + KV transfer, no "
-                     "queueing; per GPU: output tokens/s")
+        queue = (f"mean queueing wait at {res_rate:g} requests/s (M/G/1) + " if (res_rate := job.request_rate)
+                 else "")
+        t.caption = (f"dpa: DP attention + wide EP (DeepEP); x instances; TTFT: {queue}prefill + KV transfer"
+                     + ("" if queue else " (idle pool, no queueing)") + "; per GPU: output tokens/s")
         console.print(t)
         b = res.plans[0]
         console.print(f"KV transfer: {b.kv_bytes_per_request / 2**20:,.1f} MiB per request, "
                       f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
     co = res.colocated
     if co is not None:
-        console.print(f"best co-located: tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}, "
+        layout = (f"dpa{co.plan.dp} ep{co.plan.ep}" if co.plan.dp_attention
+                  else f"tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}")
+        console.print(f"best co-located: {layout}, "
                       f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
     console.print(f"[bold]{res.winner}[/]: {res.why}")

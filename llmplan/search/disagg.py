@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
-from llmplan.search.serve import search_serving
+from llmplan.cost.queueing import prefill_queue_seconds
+from llmplan.search.serve import search_serving, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
@@ -61,6 +62,8 @@ class DisaggPlan:
     requests_per_s: float
     """What the split sustains: the smaller of the pools' request rates."""
     output_len: int
+    queue_s: float = 0.0
+    """Mean wait before prefill at the request rate asked (cost.queueing; 0 without one: an idle pool)."""
 
     @property
     def gpus(self) -> int:
@@ -72,8 +75,9 @@ class DisaggPlan:
 
     @property
     def ttft_s(self) -> float:
-        """Prefill TTFT (no queueing) plus the KV transfer."""
-        return float(self.prefill.estimate.phase.ttft_s or 0.0) + self.kv_seconds  # type: ignore[union-attr]
+        """Queueing before prefill (with a request rate), prefill TTFT and the KV transfer."""
+        ph = self.prefill.estimate.phase
+        return self.queue_s + (float(ph.ttft_s or 0.0) if ph is not None else 0.0) + self.kv_seconds
 
     @property
     def tpot_s(self) -> float:
@@ -111,6 +115,11 @@ def instance_plans(m: ModelSpec, cluster: ClusterSpec, weight_dtype: WeightDtype
                                  kv_dtype=kv_dtype))
         g *= 2
     return out
+
+
+def moe_plans(m: ModelSpec, plans: list[ServePlan], moe: dict | None) -> list[ServePlan]:
+    """The instance layouts under the MoE serving options given (search.serve.with_moe_options)."""
+    return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
 
 
 def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
@@ -195,17 +204,36 @@ def best_split(p: Pool, d: Pool, budget: int, new_input: float, output_len: int,
     return out
 
 
+def queued_split(m: ModelSpec, e: ServeEstimate, split: tuple[int, int], decode_gpus: int, budget: int,
+                 job: ServeJob, idle_ttft: float, rate: float | None) -> tuple[int | None, float]:
+    """(prefill instances, mean queueing wait) of a split at the request rate: each prefill replica is an
+    M/G/1 server of rate / (instances x replicas) requests/s (cost.queueing); instances are added, within
+    the GPU budget, until the queue is stable and the queued TTFT meets the SLO (None when none does).
+    Without a rate: no queue."""
+    if rate is None:
+        return split[0], 0.0
+    x = split[0]
+    while x * e.plan.num_gpus + split[1] * decode_gpus <= budget:
+        wait = prefill_queue_seconds(loaded_model(m, job), e.plan, e.cluster.system, replica_spans(e.plan, e.cluster),
+                                     job, rate / (x * e.plan.dp))
+        if math.isfinite(wait) and (job.ttft_slo_s is None or idle_ttft + wait <= job.ttft_slo_s):
+            return x, wait
+        x += 1
+    return None, 0.0
+
+
 def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype,
                          kv_dtype: KvDtype, top: int = 5, request_rate: float | None = None,
-                         allowance: MemoryAllowance | None = None) -> DisaggResult:
+                         allowance: MemoryAllowance | None = None, moe: dict | None = None) -> DisaggResult:
     """Every pair of a prefill instance layout and a decode instance layout, split over the GPUs (best_split),
     TTFT (prefill + KV transfer) and TPOT within the SLOs, ranked by output tokens/s per GPU (or, with a
     request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison."""
     t0 = time.perf_counter()
-    prefills = [e for e in (price_prefill(m, cluster, p, job, allowance)
-                            for p in instance_plans(m, cluster, weight_dtype, kv_dtype, "prefill")) if e is not None]
-    decodes = [e for e in (price_decode(m, cluster, p, job, allowance)
-                           for p in instance_plans(m, cluster, weight_dtype, kv_dtype, "decode")) if e is not None]
+    rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
+    plans_of = {ph: moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, ph), moe)
+                for ph in ("prefill", "decode")}
+    prefills = [e for e in (price_prefill(m, cluster, p, job, allowance) for p in plans_of["prefill"]) if e is not None]
+    decodes = [e for e in (price_decode(m, cluster, p, job, allowance) for p in plans_of["decode"]) if e is not None]
     new_input = max(job.uncached_input, 1.0)
     plans = []
     for ep_ in prefills:
@@ -218,14 +246,17 @@ def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weig
             split = best_split(p, d, cluster.num_gpus, new_input, job.output_len, request_rate)
             if split is None:
                 continue
-            p, d = Pool(ep_, split[0]), Pool(ed, split[1])
+            x, wait = queued_split(m, ep_, split, d.gpus_per_instance, cluster.num_gpus, job, ttft, request_rate)
+            if x is None:
+                continue
+            p, d = Pool(ep_, x), Pool(ed, split[1])
             req = min(p.rate_per_gpu * p.gpus / new_input, d.rate_per_gpu * d.gpus / job.output_len)
-            plans.append(DisaggPlan(p, d, size, kv_s, link, req, job.output_len))
+            plans.append(DisaggPlan(p, d, size, kv_s, link, req, job.output_len, wait))
     if request_rate is not None:
         plans.sort(key=lambda x: (x.gpus, -x.tokens_per_s))
     else:
         plans.sort(key=lambda x: -x.tokens_per_s / x.gpus)
-    co = search_serving(m, cluster, job, weight_dtype, kv_dtype, "throughput", 1, None, allowance)
+    co = search_serving(m, cluster, rated, weight_dtype, kv_dtype, "throughput", 1, None, allowance, moe=moe)
     colocated = co.ranked[0] if co.ranked else None
     winner, why = verdict(plans[0] if plans else None, colocated)
     return DisaggResult(plans[:top], colocated, len(prefills) + len(decodes), time.perf_counter() - t0, winner, why)

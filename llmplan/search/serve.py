@@ -8,10 +8,12 @@ import time
 from dataclasses import dataclass, field
 
 from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timing
+from llmplan.errors import LlmplanError
 from llmplan.search.run import Pruned
 from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, divisors, valid_tp
 from llmplan.specs.model import ModelSpec
+from llmplan.specs.registry import build
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import KvDtype, ServeJob, ServePlan, WeightDtype
 from llmplan.units import GIB
@@ -69,18 +71,98 @@ def serve_layouts(m: ModelSpec, cluster: ClusterSpec, pins: dict) -> list[tuple[
     return out
 
 
+MOE_SEARCH_FIELDS = ("dp_attention", "two_batch_overlap", "redundant_experts", "ep_imbalance", "expert_dtype")
+"""The MoE serving options (ServePlan fields) the serving search honours when they are given."""
+
+WIDE_EP_REDUNDANT = (0, 32)
+"""EPLB redundant experts tried for a wide-EP layout whose GPUs do not divide the experts (DeepSeek's and
+SGLang's 32: 256 + 32 = 288 experts over EP 72 or 144)."""
+
+
+def wide_ep_sizes(cluster: ClusterSpec) -> list[int]:
+    """GPUs of the DP-attention wide-EP layouts tried: whole nodes, doubling, and the whole budget."""
+    n, g, out = cluster.num_gpus, cluster.gpus_per_node_used, []
+    while 1 < g <= n:
+        out.append(g)
+        g *= 2
+    return out + ([n] if n > 1 and n not in out else [])
+
+
+def wide_ep_plans(m: ModelSpec, cluster: ClusterSpec, pins: dict, base: ServePlan, moe: dict) -> list[ServePlan]:
+    """DP-attention wide-EP layouts of a MoE model (as the disaggregated search's instances): tp 1, attention on
+    every GPU of g, experts over ep = g with DeepEP, two-batch overlap when the group leaves the NVLink domain,
+    EPLB's redundant experts (the given number, else 0 or 32) where they make ep divide the experts."""
+    if not m.is_moe or pins.get("tp") not in (None, 1) or pins.get("pp") not in (None, 1):
+        return []
+    out = []
+    for g in wide_ep_sizes(cluster):
+        given = moe.get("redundant_experts")
+        red = given if given is not None else next(
+            (r for r in WIDE_EP_REDUNDANT if (m.num_experts + r) % g == 0), None)
+        if red is None or pins.get("ep") not in (None, g):
+            continue
+        out.append(base.model_copy(update={"tp": 1, "pp": 1, "dp": g, "ep": g, "dp_attention": True,
+                                           "moe_dispatcher": "deepep", "redundant_experts": red,
+                                           "two_batch_overlap": g > cluster.system.domain_gpus}))
+    return out
+
+
+def with_moe_options(m: ModelSpec, plan: ServePlan, moe: dict | None) -> ServePlan | None:
+    """A candidate layout under the MoE serving options the user gave (MOE_SEARCH_FIELDS), or None when they
+    exclude it: --dp-attention keeps only DP-attention layouts, --no-dp-attention drops them;
+    --two-batch-overlap and --redundant-experts apply to layouts with ep > 1; --ep-imbalance and
+    --expert-dtype to every layout of a MoE model."""
+    moe = moe or {}
+    if "dp_attention" in moe and bool(moe["dp_attention"]) != plan.dp_attention:
+        return None
+    keys = (("ep_imbalance", "expert_dtype") if m.is_moe else ()) + (
+        ("two_batch_overlap", "redundant_experts") if plan.ep > 1 else ())
+    update = {k: moe[k] for k in keys if k in moe}
+    return plan.model_copy(update=update) if update else plan
+
+
+def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict) -> dict:
+    """The MoE serving options given to a serving search, checked: --phase is estimate's (the search chooses
+    the phases), the MoE options need a MoE model, and each value must be one a ServePlan takes. Returns the
+    MoE options (MOE_SEARCH_FIELDS) given."""
+    if moe.get("phase", "both") != "both":
+        raise LlmplanError(f"--phase {moe['phase']} with search --mode infer: the search chooses the phases "
+                           "(co-located, or prefill and decode pools with --disaggregated); price one pool with "
+                           f"`estimate --mode infer --phase {moe['phase']}`")
+    given = {k: v for k, v in moe.items() if k in MOE_SEARCH_FIELDS}
+    if not m.is_moe and any(v not in (None, False) for v in given.values()):
+        flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in (None, False))
+        raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
+    build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+                      **{k: v for k, v in given.items() if k != "dp_attention"}}, "MoE serving options")
+    return given
+
+
+def serve_candidates(m: ModelSpec, cluster: ClusterSpec, pins: dict, weight_dtype: WeightDtype, kv_dtype: KvDtype,
+                     moe: dict | None = None) -> list[ServePlan]:
+    """Every layout the serving search prices: the TP / PP / EP replicas of serve_layouts filling the budget
+    and, for MoE models, the DP-attention wide-EP layouts (wide_ep_plans), under the MoE serving options
+    given (with_moe_options)."""
+    base = ServePlan(weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    plans = [base.model_copy(update={"tp": tp, "pp": pp, "ep": ep,
+                                     "dp": pins.get("dp") or cluster.num_gpus // (tp * pp)})
+             for tp, pp, ep in serve_layouts(m, cluster, pins)] + wide_ep_plans(m, cluster, pins, base, moe or {})
+    return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
+
+
 def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                    objective: str = "throughput", top: int = 5, request_rate: float | None = None,
-                   allowance: MemoryAllowance | None = None, pins: dict | None = None) -> ServeSearchResult:
+                   allowance: MemoryAllowance | None = None, pins: dict | None = None,
+                   moe: dict | None = None) -> ServeSearchResult:
+    """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given."""
     t0 = time.perf_counter()
     pins = pins or {}
     pruned: dict[str, list] = {}
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
-    layouts = serve_layouts(m, cluster, pins)
-    for tp, pp, ep in layouts:
-        dp = pins.get("dp") or cluster.num_gpus // (tp * pp)
-        plan = ServePlan(tp=tp, pp=pp, dp=dp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    for plan in layouts:
+        tp, pp, ep, dp = plan.tp, plan.pp, plan.ep, plan.dp
         sub = ClusterSpec(system=cluster.system, num_nodes=math.ceil(plan.num_gpus / cluster.gpus_per_node_used),
                           gpus_per_node=min(cluster.gpus_per_node_used, plan.num_gpus))
         if sub.num_gpus != plan.num_gpus:
@@ -137,14 +219,39 @@ def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int,
     for e in found:
         per_replica = float(e.timing.tokens_per_s_replica) / e.job.output_len  # requests/s
         replicas = max(1, math.ceil(rate / per_replica)) if rate else 1
+        if e.plan.dp_attention:  # one wide-EP instance: its attention ranks are its EP group, fixed by the layout
+            if replicas > e.plan.dp:
+                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "gpus", float(e.timing.ttft),
+                                 float(e.timing.tpot), replicas))
+            else:
+                out.append(e)
+            continue
         if replicas * e.plan.gpus_per_replica > budget:
             over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "gpus", float(e.timing.ttft), float(e.timing.tpot),
                              replicas * e.plan.gpus_per_replica))
         else:
-            plan = e.plan.model_copy(update={"dp": replicas})
-            cluster = ClusterSpec(system=e.cluster.system,
-                                  num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
-                                  gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
-            if cluster.num_gpus == plan.num_gpus:
-                out.append(estimate_serving(e.model, cluster, plan, e.job, allowance))
+            est = _at_replicas(e, replicas, allowance)
+            # The queue before prefill shrinks as replicas are added: add them, within the budget, until the
+            # queued TTFT meets the SLO (cost.queueing).
+            more = iter(range(replicas + 1, budget // e.plan.gpus_per_replica + 1))
+            while est is not None and _queued_miss(est) and (r := next(more, None)) is not None:
+                est = _at_replicas(e, r, allowance) or est
+            if est is not None and _queued_miss(est):
+                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "slo", float(est.timing.ttft),
+                                 float(est.timing.tpot)))
+            elif est is not None:
+                out.append(est)
     return out, over
+
+
+def _queued_miss(e: ServeEstimate) -> bool:
+    """The TTFT, queueing included, misses the job's TTFT SLO."""
+    return e.job.ttft_slo_s is not None and not float(e.timing.ttft) <= e.job.ttft_slo_s
+
+
+def _at_replicas(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate | None:
+    """The estimate's layout with `replicas` replicas (None when they do not fill whole nodes)."""
+    plan = e.plan.model_copy(update={"dp": replicas})
+    cluster = ClusterSpec(system=e.cluster.system, num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
+                          gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
+    return estimate_serving(e.model, cluster, plan, e.job, allowance) if cluster.num_gpus == plan.num_gpus else None

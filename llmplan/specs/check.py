@@ -499,6 +499,13 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
     if plan.ep > 1 and plan.ep > plan.tp * plan.dp:
         out.append(Violation("ep_serve", f"ep ({plan.ep}) cannot exceed tp x dp ({plan.tp * plan.dp}): serving "
                              "engines spread experts over the TP ranks of all replicas"))
+    if m.is_moe and plan.ep > plan.tp and not plan.dp_attention and job.engine != "vllm":
+        # SGLang splits its TP ranks into EP groups (--ep-size divides --tp-size) and TensorRT-LLM its TP ranks
+        # (moe_ep_size x moe_tp_size = tp_size); only vLLM's DP + EP spans replicas without attention DP.
+        out.append(Violation("ep_serve_engine", f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several "
+                             f"replicas, which {job.engine} does only with attention data parallel; add "
+                             f"--dp-attention (tp 1, ep = GPUs), lower --ep to at most {plan.tp}, or use "
+                             "--engine vllm"))
     if job.context > m.max_position_embeddings:
         scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "

@@ -38,7 +38,8 @@ class ServePlan(Spec):
     """Replicas (data parallel)."""
     ep: int = Field(default=1, ge=1, le=65_536)
     """Expert-parallel degree for MoE layers (vLLM --enable-expert-parallel makes it tp x dp); 1: experts
-    are split by TP instead."""
+    are split by TP instead. Above tp the experts see the tokens of ep / tp replicas (vLLM only without
+    dp_attention)."""
     weight_dtype: WeightDtype = "bf16"
     """Dtype of the linear-layer weights (embeddings and norms stay 16-bit): fp8 (per-tensor or 128x128 block
     scales), mxfp8 (E8M0 scale per 32) and nvfp4 (E4M3 scale per 16) run on the GPU's tensor cores of that
@@ -71,7 +72,8 @@ class ServePlan(Spec):
     """Extra expert replicas (EPLB) over the EP ranks: each rank holds (experts + redundant) / ep experts."""
     ep_imbalance: float = Field(default=EP_IMBALANCE_DEFAULT, ge=1.0, le=64.0)
     """Expert load of the busiest EP rank over the mean under the trained router (with EPLB when redundant
-    experts are set): the expert GEMMs and the dispatch / combine wait on that rank. Applies with dp_attention."""
+    experts are set): the expert GEMMs and the dispatch / combine wait on that rank. Applies when the EP group
+    spans replicas (dp_attention, or ep > tp: vLLM's DP + EP)."""
     expert_dtype: WeightDtype | None = None
     """Dtype of the routed experts' weights when it differs from weight_dtype (fp8 attention with NVFP4 experts);
     None: weight_dtype."""
