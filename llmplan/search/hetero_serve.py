@@ -25,6 +25,7 @@ from llmplan.search.disagg import (
     kv_transfer,
     price_decode,
     price_prefill,
+    queued_split,
 )
 from llmplan.search.serve import ServeSearchResult, search_serving
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -188,6 +189,7 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
     TTFT (prefill + KV transfer) and TPOT within the SLOs. Ranked as search.disagg ranks: output tokens/s per
     GPU, or with a request rate the fewest GPUs; compared with the co-located search over the same pools."""
     t0 = time.perf_counter()
+    rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)
                              for x in instance_plans(m, p.cluster, weight_dtype, kv_dtype, "prefill")) if e is not None]
                 for p in pc.pools]
@@ -214,15 +216,20 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
                     if split is None:
                         continue
                     top_rate = max_rate(p, d, new_input, job.output_len, pi.num_gpus, None if i == j else pj.num_gpus)
-                    p, d = Pool(ep_, split[0]), Pool(ed, split[1])
+                    # the prefill queue as search.disagg prices it; on its own pool, prefill has that pool's GPUs
+                    x, wait = queued_split(m, ep_, split, d.gpus_per_instance if i == j else 0, pi.num_gpus, job,
+                                           ttft, request_rate)
+                    if x is None:
+                        continue
+                    p, d = Pool(ep_, x), Pool(ed, split[1])
                     req = min(p.rate_per_gpu * p.gpus / new_input, d.rate_per_gpu * d.gpus / job.output_len)
-                    plans.append(PoolDisaggPlan(DisaggPlan(p, d, size, kv_s, link, req, job.output_len), i, j,
+                    plans.append(PoolDisaggPlan(DisaggPlan(p, d, size, kv_s, link, req, job.output_len, wait), i, j,
                                                 top_rate))
     if request_rate is not None:
         plans.sort(key=lambda x: (x.split.gpus, -x.split.tokens_per_s))
     else:
         plans.sort(key=lambda x: -x.split.tokens_per_s / x.split.gpus)
-    co = search_colocated_pools(m, pc, job, weight_dtype, kv_dtype, request_rate, allowance)
+    co = search_colocated_pools(m, pc, rated, weight_dtype, kv_dtype, request_rate, allowance)
     winner, why = pools_verdict(plans[0] if plans else None, co)
     considered = sum(len(x) for x in prefills) + sum(len(x) for x in decodes)
     return PoolDisaggResult(plans[:top], co, considered, time.perf_counter() - t0, winner, why)
