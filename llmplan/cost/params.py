@@ -13,6 +13,7 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, norms_per_layer, recurrent_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
 
@@ -22,7 +23,7 @@ class ParamCounts(Breakdown):
     """Parameters of the whole model by part; the parts sum to `total`."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("embedding", "output", "attention", "dense_mlp", "routed_experts",
-                                        "shared_experts", "router", "norms")
+                                        "shared_experts", "router", "norms", "recurrent_mixers")
 
     embedding: int
     """Input token embedding (+ learned position embedding)."""
@@ -40,6 +41,8 @@ class ParamCounts(Breakdown):
     """Router (gate) matrices."""
     norms: int
     """Layer norms of all layers and the final norm."""
+    recurrent_mixers: int
+    """Mamba-2 and Gated DeltaNet mixers of a hybrid model's recurrent layers (0 for a transformer)."""
     experts_per_token_fraction: float
     """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
 
@@ -60,7 +63,7 @@ def attention_params(m: ModelSpec) -> int:
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
         return q + kv + a * v * h
-    n = h * a * d + 2 * h * K * d + a * d * h
+    n = h * a * d * (2 if m.attention_output_gate else 1) + 2 * h * K * d + a * d * h
     if m.attention_bias or m.qkv_bias:
         n += a * d + 2 * K * d
     if m.attention_bias:
@@ -86,21 +89,24 @@ def norm_params(m: ModelSpec) -> int:
 
 
 def param_counts(m: ModelSpec) -> ParamCounts:
-    """Whole-model parameter counts by part.
+    """Whole-model parameter counts by part: attention in the attention layers, the recurrent mixers in the
+    others, a pre-norm per sub-block (mixer, MLP) and the final norm.
 
-    Source: Hugging Face modeling code (MixtralSparseMoeBlock, DeepseekV3MoE: E experts + router)."""
+    Source: Hugging Face modeling code (MixtralSparseMoeBlock, DeepseekV3MoE: E experts + router;
+    NemotronHBlock: one norm and one mixer or MLP per block)."""
     h, V, L = m.hidden_size, m.vocab_size, m.num_hidden_layers
     E, n_moe = m.num_experts, m.num_moe_layers
     pos = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     return ParamCounts(
         embedding=V * h + pos,
         output=0 if m.tie_word_embeddings else V * h,
-        attention=L * attention_params(m),
-        dense_mlp=m.num_dense_layers * mlp_params(m, m.intermediate_size),
+        attention=m.num_attention_layers * attention_params(m),
+        dense_mlp=m.num_mlp_layers * mlp_params(m, m.intermediate_size),
         routed_experts=n_moe * E * mlp_params(m, m.expert_ffn),
         shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
         router=n_moe * (h * E + (E if m.mlp_bias else 0)),
-        norms=(2 * L + 1) * norm_params(m),
+        norms=(L - m.count_layers("none") + m.num_mlp_layers + n_moe + 1) * norm_params(m),
+        recurrent_mixers=recurrent_params(m),
         experts_per_token_fraction=(m.num_experts_per_tok / E) if E else 1.0,
     )
 
@@ -328,8 +334,11 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
     the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
     t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size
-    attn = attention_params_per_rank(m, t) + 2 * norm_params(m)
-    dense_layer = attn + mlp_params(m, m.intermediate_size) / t
+    # A hybrid stack's average layer: its share of attention, its mean recurrent mixer (split by t, as
+    # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
+    attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
+        + norms_per_layer(m) * norm_params(m)
+    dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
     moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0)
     expert_layer = (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * t
     V = padded_vocab(m.vocab_size, t)
