@@ -14,6 +14,7 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import op_matmul_widths
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import (
     ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -133,7 +134,7 @@ class LayerActivationParts(Breakdown):
     Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
-                                        "mlp")
+                                        "mlp", "recurrent")
     residual: Any
     """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
     attn_input: Any
@@ -150,6 +151,8 @@ class LayerActivationParts(Breakdown):
     """The pre-MLP norm's output: the MLP's (MoE: the router's and shared experts') input."""
     mlp: Any
     """Inside the MLP: fc1 and activation outputs; MoE: dispatched rows, experts, router probabilities."""
+    recurrent: Any
+    """A hybrid's recurrent mixers (Mamba-2, Gated DeltaNet), per average layer (mixers.py); 0 otherwise."""
 
 
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
@@ -166,11 +169,14 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     out = 2 * s * b * a * (m.v_head_dim if m.is_mla else m.d_head) / t
     latents = 2 * s * b * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0.0
+    # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
+    at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
-        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp, attn_input=linear_in, latents=latents,
-        qkv=_attention_stored(m, plan) - out - latents, attn_out=out * (1 - saved / 2),
-        scores=where(no_scores, 0.0, per_score * a * s * s * b / t), mlp_input=linear_in,
-        mlp=_mlp_stored(m, plan, moe) - saved * s * b * f / t)
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks, attn_input=linear_in * at,
+        latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
+        attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
+        mlp_input=linear_in * ff, mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t) * ff,
+        recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
 
 
 def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: LayerActivationParts) -> Any:

@@ -365,10 +365,11 @@ class ModelSpec(Spec):
             missing = [f for f in fields if getattr(self, f) is None]
             if kind in kinds and missing:
                 raise ValueError(f"layer_types lists {kind} layers, which also need {', '.join(missing)}")
-        if "mamba" in kinds and (self.mamba_num_heads % self.n_groups):
+        if "mamba" in kinds and self.mamba_num_heads and self.n_groups and self.mamba_num_heads % self.n_groups:
             raise ValueError(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of n_groups "
                              f"({self.n_groups}): the heads split into equal groups")
-        if "linear_attention" in kinds and self.linear_num_value_heads % self.linear_num_key_heads:
+        Hv, Hk = self.linear_num_value_heads, self.linear_num_key_heads
+        if "linear_attention" in kinds and Hv and Hk and Hv % Hk:
             raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.linear_num_key_heads})")
         if "chunked_attention" in kinds and self.attention_chunk_size is None:

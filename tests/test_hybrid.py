@@ -1,0 +1,139 @@
+"""Hybrid layer stacks (Mamba-2, Gated DeltaNet and attention layers, mixer-only and MLP-only blocks): the
+config readers, the per-kind costs and the serving state that replaces the KV cache.
+
+Published figures: Nemotron-H / Nemotron-3 layer patterns from Megatron-Bridge's NemotronH providers and the
+Hugging Face configs; formulas from Dao & Gu 2024 (Mamba-2, SSD) and Yang et al. 2024 (Gated DeltaNet).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.compute import attention_keys, layer_flops
+from llmplan.cost.inference import kv_bytes_per_seq_gpu, kv_bytes_per_token, serve_memory
+from llmplan.cost.memory import layer_activation_parts
+from llmplan.cost.mixers import (decode_scan_flops, gdn_scan_flops, mamba_params, mamba_scan_flops,
+                                 recurrent_state_bytes)
+from llmplan.cost.params import param_counts
+from llmplan.specs.check import check_plan
+from llmplan.specs.hf import from_hf_config
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_models
+from llmplan.specs.serve import ServeJob, ServePlan
+
+NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # Megatron-Bridge Nemotron3NanoProvider
+NANO_CONFIG = {"model_type": "nemotron_h", "hidden_size": 2688, "intermediate_size": 1856, "num_hidden_layers": 52,
+               "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 131072,
+               "max_position_embeddings": 262144, "hybrid_override_pattern": NANO_PATTERN, "mamba_num_heads": 64,
+               "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+               "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+               "moe_shared_expert_intermediate_size": 3712, "n_group": 1, "topk_group": 1,
+               "routed_scaling_factor": 2.5, "norm_topk_prob": True, "mlp_hidden_act": "relu2"}
+
+
+def test_nemotron_h_config_reads_its_pattern_into_layer_kinds():
+    m = ModelSpec(**from_hf_config(NANO_CONFIG, "nano"))
+    # The Nemotron-3 Nano model card: 23 Mamba-2 and 23 MoE layers, 6 attention layers.
+    assert (m.count_layers("mamba"), m.num_moe_layers, m.num_attention_layers) == (23, 23, 6)
+    assert m.num_mlp_layers == 0 and not m.gated_mlp and m.scoring_func == "sigmoid"
+    built_in = builtin_models()["nemotron-3-nano"]
+    assert (m.layer_types, m.mlp_layer_types) == (built_in.layer_types, built_in.mlp_layer_types)
+    assert param_counts(m) == param_counts(built_in)
+
+
+def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
+    with pytest.raises(ValueError, match=r"hybrid_override_pattern holds 'G'"):
+        from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": NANO_PATTERN[:-1] + "G"}, "x")
+    with pytest.raises(ValueError, match="51 symbols but num_hidden_layers is 52"):
+        from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": NANO_PATTERN[:-1]}, "x")
+
+
+def test_qwen3_next_config_places_full_attention_every_fourth_layer():
+    cfg = {"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120, "num_hidden_layers": 48,
+           "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 151936,
+           "max_position_embeddings": 262144, "num_experts": 512, "num_experts_per_tok": 10,
+           "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
+           "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+           "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    m = ModelSpec(**from_hf_config(cfg, "q"))
+    assert m.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert m.num_attention_layers == 12 and m.num_moe_layers == 48 and m.attention_output_gate
+    assert param_counts(m).total == param_counts(builtin_models()["qwen3-next-80b-a3b"]).total
+
+
+def test_mamba_mixer_params_follow_megatron_shapes():
+    # Nemotron-H 8B (Megatron-Bridge NemotronHModelProvider8B): h 4096, 128 heads of 64, state 128, 8 groups,
+    # conv 4: in_proj 4096 x (2·8192 + 2·8·128 + 128), conv (8192 + 2048) x (4 + 1), 3 x 128, norm 8192,
+    # out_proj 8192 x 4096.
+    m = builtin_models()["nemotron-h-8b"]
+    assert mamba_params(m) == 4096 * 18560 + 10240 * 5 + 384 + 8192 + 8192 * 4096
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(s=st.sampled_from([1024, 4096, 16384, 65536]))
+def test_recurrent_scans_are_linear_in_sequence_length(s):
+    # Dao & Gu 2024 §6 and Yang et al. 2024 §3.3: the chunked scans cost a fixed amount per token, while
+    # attention's score FLOPs per token grow with s.
+    m = builtin_models()["qwen3-next-80b-a3b"]
+    short = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=s)
+    long_ = short.model_copy(update={"seq_len": 2 * s})
+    scan = m.count_layers("linear_attention") * gdn_scan_flops(m) / m.num_hidden_layers
+    attn_short = layer_flops(m, short, True).attention - s * scan
+    attn_long = layer_flops(m, long_, True).attention - 2 * s * scan
+    assert attn_long == pytest.approx(4 * attn_short)  # attention: s² per sequence
+    assert mamba_scan_flops(builtin_models()["nemotron-h-8b"]) > 0
+
+
+def test_attention_keys_count_only_attention_layers():
+    m = builtin_models()["nemotron-h-8b"]  # 4 attention layers of 52
+    assert attention_keys(m, 8192) == pytest.approx(8192 * 4 / 52)
+
+
+def test_hybrid_activation_parts_sum_and_include_the_recurrent_mixers():
+    m = builtin_models()["nemotron-h-8b"]
+    plan = ParallelPlan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=4096, sp=True)
+    parts = layer_activation_parts(m, plan, False)
+    assert parts.recurrent > 0
+    assert parts.total == pytest.approx(sum(getattr(parts, k) for k in parts.PARTS))
+
+
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b"])
+def test_recurrent_state_is_separate_from_the_kv_cache_and_does_not_grow_with_context(name):
+    m = builtin_models()[name]
+    plan = ServePlan(tp=1, pp=1, dp=1)
+    short = ServeJob(input_len=2048, output_len=256, batch=4)
+    long_ = ServeJob(input_len=6144, output_len=256, batch=4)
+    a, b = serve_memory(m, plan, short, 141e9), serve_memory(m, plan, long_, 141e9)
+    assert a.recurrent_state == b.recurrent_state == 4 * recurrent_state_bytes(m, 2.0, 1) > 0
+    assert b.kv_cache > a.kv_cache
+    assert a.total == pytest.approx(sum(getattr(a, k) for k in a.PARTS))
+    # The KV cache holds only the attention layers.
+    assert kv_bytes_per_token(m) == m.num_attention_layers * 2 * m.kv_heads * m.d_head * 2
+    assert float(kv_bytes_per_seq_gpu(m, plan, 1000)) == pytest.approx(1000 * kv_bytes_per_token(m))
+
+
+def test_gdn_state_matches_vllm_shapes():
+    # vLLM MambaStateShapeCalculator.gated_delta_net_state_shape: conv (2·16·128 + 32·128, 3) and temporal
+    # (32, 128, 128) per layer for Qwen3-Next at tp 1; 36 linear-attention layers, bf16.
+    m = builtin_models()["qwen3-next-80b-a3b"]
+    assert recurrent_state_bytes(m, 2.0, 1) == 36 * 2 * (8192 * 3 + 32 * 128 * 128)
+    assert decode_scan_flops(m) == 36 * 32 * 6 * 128 * 128
+
+
+def test_tp_and_cp_follow_megatron_mamba_sharding():
+    m = builtin_models()["nemotron-3-nano"]  # 64 Mamba heads, 8 groups, 2 KV heads
+    plan = ParallelPlan(tp=4, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=4096)
+    assert "tp_recurrent_heads" in {v.rule for v in check_plan(m, plan.model_copy(update={"tp": 16}))}
+    ok = ParallelPlan(tp=2, cp=16, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=4096)
+    assert "cp_recurrent_heads" not in {v.rule for v in check_plan(m, ok)}  # 32 heads, 4 groups per TP rank
+    bad = ok.model_copy(update={"cp": 64})
+    assert "cp_recurrent_heads" in {v.rule for v in check_plan(m, bad)}
+
+
+def test_dense_transformers_are_priced_as_before():
+    m = builtin_models()["llama-3.1-8b"]
+    assert param_counts(m).recurrent_mixers == 0 and not m.is_hybrid
+    assert param_counts(m).total == 8_030_261_248  # meta-llama/Llama-3.1-8B safetensors total
