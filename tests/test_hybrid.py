@@ -137,3 +137,26 @@ def test_dense_transformers_are_priced_as_before():
     m = builtin_models()["llama-3.1-8b"]
     assert param_counts(m).recurrent_mixers == 0 and not m.is_hybrid
     assert param_counts(m).total == 8_030_261_248  # meta-llama/Llama-3.1-8B safetensors total
+
+
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b"])
+def test_vectorised_search_agrees_with_the_scalar_estimate_on_hybrids(name):
+    import numpy as np
+
+    from llmplan.estimate import estimate_training
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans, from_plan
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+
+    m, cluster = builtin_models()[name], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=256, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    rng = np.random.default_rng(3)
+    picked = [p for p in (plans.plan(int(i)) for i in rng.permutation(len(plans))[:400])
+              if not check_plan(m, p, cluster)][:8]
+    assert picked
+    for plan in picked:
+        scalar, vec = estimate_training(m, cluster, plan), evaluate(m, cluster, from_plan(plan))
+        assert float(vec.memory.total[0]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+        assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)

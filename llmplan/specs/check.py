@@ -48,11 +48,11 @@ def _fmt(values: list[int]) -> str:
 
 def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
     """TP degrees that split the query heads, split the KV heads (or, serving, replicate them: `replicate_kv`),
-    and split the FFNs."""
+    split the FFNs and a hybrid's recurrent heads and groups."""
     a, K = m.num_attention_heads, m.kv_heads
-    ffns = [f for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f]
+    ffns = [f for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f]
     return [t for t in divisors(a) if (K % t == 0 or (replicate_kv and t % K == 0)) and all(f % t == 0 for f in ffns)
-            and (max_tp is None or t <= max_tp)]
+            and (max_tp is None or t <= max_tp) and bool(_mamba_ok(m, t)) and bool(_gdn_ok(m, t))]
 
 
 def balanced_split(L: int, p: int) -> tuple[int, int]:
@@ -246,7 +246,7 @@ class Rule:
 
 def _ffn_ok(m: ModelSpec, t: Any) -> Any:
     ok = True
-    for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn):
+    for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn):
         if f:
             ok = ok & (f % t == 0)
     return ok
@@ -310,12 +310,12 @@ RULES: tuple[Rule, ...] = (
                          f"num_query_groups rule: training does not replicate KV heads); valid tp: {_fmt(valid_tp(m))}"),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
-                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
+                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
     Rule("tp_recurrent_heads", lambda m, p, c: _mamba_ok(m, p.tp) & _gdn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the recurrent mixers' heads and groups ({_mixer_heads(m)}) of "
                          f"{m.name}: Megatron-LM shards them over TP; valid tp: "
-                         f"{_fmt([t for t in valid_tp(m) if _mamba_ok(m, t) and _gdn_ok(m, t)])}"),
+                         f"{_fmt(valid_tp(m))}"),
     Rule("cp_recurrent_heads", lambda m, p, c: ~_as_bool(_mamba_ok(m, p.tp) & _gdn_ok(m, p.tp))
          | (_mamba_ok(m, p.tp, p.cp) & _gdn_ok(m, p.tp, p.cp)),
          lambda m, p, c: f"cp ({p.cp}) must divide each TP rank's recurrent heads ({_mixer_heads(m)}, over tp "
