@@ -193,6 +193,8 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
     for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
         dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
+        if m.is_moe and m.mlp_layer_types is not None:
+            dense = n - moe_layers_between(m, start, start + n)
         out[i % p].append((dense, n + mtp - dense))
         start += n
     return out
@@ -250,6 +252,12 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
         return n + mtp, 0 * n
     v, k = plan.vpp, m.first_k_dense_replace
     chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    if m.mlp_layer_types is not None:  # MoE layers anywhere in the stack (a hybrid pattern): count them
+        moe = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            moe = moe + where(j < v, moe_layers_between(m, start, start + chunk), 0)
+        return n - moe, moe + mtp
     dense = 0 * n
     # Only virtual rounds that start before layer k can hold dense layers: round j starts at j·L/vpp or later.
     rounds = min(int(np.max(v)), int(np.ceil(k / max(1, int(np.min(round_))))) + 1)
@@ -257,6 +265,17 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
         start = j * round_ + offset
         dense = dense + where(j < v, maximum(0, minimum(start + chunk, k) - start), 0)
     return dense, n - dense + mtp
+
+
+def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
+    """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
+    flags = [x == "moe" for x in (m.mlp_layer_types or ())]
+    prefix = np.concatenate([[0], np.cumsum(flags)]).astype(int)
+    L = len(flags)
+    lo = np.clip(np.asarray(start, dtype=int), 0, L)
+    hi = np.clip(np.asarray(end, dtype=int), 0, L)
+    out = prefix[hi] - prefix[lo]
+    return int(out) if np.ndim(out) == 0 else out
 
 
 def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
