@@ -160,3 +160,18 @@ def test_vectorised_search_agrees_with_the_scalar_estimate_on_hybrids(name):
         scalar, vec = estimate_training(m, cluster, plan), evaluate(m, cluster, from_plan(plan))
         assert float(vec.memory.total[0]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
         assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 1), (4, 1), (2, 2)])
+def test_pipeline_stages_hold_the_pattern_s_moe_layers(pp, vpp):
+    # Nemotron-3 Nano's pattern holds 23 MoE blocks among 52; whatever the split, the stages hold them all, and
+    # each stage the MoE blocks of its own layers (Megatron-LM assigns consecutive layers to a stage).
+    from llmplan.cost.params import stage_layers
+
+    m = builtin_models()["nemotron-3-nano"]
+    plan = ParallelPlan(tp=1, pp=pp, vpp=vpp, dp=1, micro_batch=1, global_batch=pp * 4, seq_len=4096)
+    per_stage = [stage_layers(m, plan, i) for i in range(pp)]
+    assert sum(int(moe) for _, moe in per_stage) == 23
+    assert sum(int(d) + int(e) for d, e in per_stage) == 52
+    if (pp, vpp) == (2, 1):  # layers 0-25 and 26-51 of the pattern
+        assert [int(e) for _, e in per_stage] == [NANO_PATTERN[:26].count("E"), NANO_PATTERN[26:].count("E")]

@@ -13,8 +13,8 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_params, mean_scan_flops,
-                                 norms_per_layer, recurrent_gemm_shapes)
+from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
+                                 mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
                                  recomputed_share)
@@ -312,7 +312,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = moe_routing_bytes(m) * T / sp if moe else 0.0
-    return norms_residual + rope + act + scores + routing + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
+    return norms_residual + rope + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:

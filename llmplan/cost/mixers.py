@@ -139,6 +139,41 @@ def mean_recurrent_activation_bytes(m: ModelSpec, tokens: Any, t: Any, sp: Any) 
     return tokens * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn) / L
 
 
+def mamba_memory_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one Mamba-2 layer's memory-bound kernels, forward, all heads (divide by t): the
+    causal convolution reads and writes x, B, C (4(HP + 2GN)); the SSD scan's kernels read x twice and B and C
+    twice (4HP + 8GN), write y (2HP), write and read the fp32 chunk states (8HPN/Q) and the groups' chunk
+    scores C B^T (8GQ); the gated RMSNorm reads y and z and writes its output (6HP).
+    Source: Dao & Gu 2024 §6 (the SSD algorithm's four steps); mamba_ssm ops/triton/ssd_combined.py
+    (mamba_chunk_scan_combined: chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan kernels).
+    Derived: docs/formulas.md#mixers.hybrid"""
+    H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
+        m.mamba_chunk_size
+    d_in = H * P
+    return 4 * (d_in + 2 * G * N) + 4 * d_in + 8 * G * N + 2 * d_in + 8 * d_in * N / Q + 8 * G * Q + 6 * d_in
+
+
+def gdn_memory_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one Gated DeltaNet layer's memory-bound kernels, forward (divide by t): the
+    convolution reads and writes q, k, v (4c, c = 2H_k d_k + H_v d_v); the L2 norms of q and k (8 H_k d_k); the
+    WY transform reads k and v and writes and rereads w and u (2c + 4H_v(d_k + d_v)); the output kernel reads
+    q, k and v and writes o (2c + 2H_v d_v); the fp32 chunk states are written and read (8 H_v d_k d_v / C);
+    the gated RMSNorm reads o and z and writes its output (6 H_v d_v).
+    Source: Yang et al. 2024 (Gated Delta Networks) §3.3; flash-linear-attention ops/gated_delta_rule/chunk.py
+    (chunk_gated_delta_rule_fwd: WY representation, chunk states, output). Derived: docs/formulas.md#mixers.hybrid"""
+    Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    c = 2 * Hk * dk + Hv * dv
+    return 4 * c + 8 * Hk * dk + 2 * c + 4 * Hv * (dk + dv) + 2 * c + 2 * Hv * dv + 8 * Hv * dk * dv / GDN_CHUNK \
+        + 6 * Hv * dv
+
+
+def mean_recurrent_memory_bytes(m: ModelSpec) -> float:
+    """Memory-bound HBM bytes per token of the average layer's recurrent mixer, forward, all heads."""
+    return (m.count_layers("mamba") * mamba_memory_bytes(m)
+            + m.count_layers("linear_attention") * gdn_memory_bytes(m)) / m.num_hidden_layers
+
+
 def recurrent_gemm_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any, float]]:
     """(K, N, layer share) of the recurrent mixers' projections on one of t TP ranks: in- and out-projection of
     the Mamba-2 and Gated DeltaNet layers, each weighted by the share of layers of its kind."""
