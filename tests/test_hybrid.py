@@ -175,3 +175,86 @@ def test_pipeline_stages_hold_the_pattern_s_moe_layers(pp, vpp):
     assert sum(int(d) + int(e) for d, e in per_stage) == 52
     if (pp, vpp) == (2, 1):  # layers 0-25 and 26-51 of the pattern
         assert [int(e) for _, e in per_stage] == [NANO_PATTERN[:26].count("E"), NANO_PATTERN[26:].count("E")]
+
+
+def _hybrid_plan_file(name, **plan):
+    import dataclasses
+
+    from llmplan.planfile import load_plan
+    from pathlib import Path
+
+    base = load_plan(Path(__file__).parent / "data" / "plans" / "moe_train.json")
+    fields = dict(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=64, seq_len=4096)
+    fields.update(plan)
+    return dataclasses.replace(base, model=builtin_models()[name], plan=ParallelPlan(**fields))
+
+
+@pytest.mark.parametrize("name,pp,vpp,pattern", [
+    ("nemotron-3-nano", 1, 1, NANO_PATTERN),
+    ("nemotron-3-nano", 2, 2, "|".join([NANO_PATTERN[:13], NANO_PATTERN[13:26], NANO_PATTERN[26:39],
+                                        NANO_PATTERN[39:]])),
+    ("qwen3-next-80b-a3b", 1, 1, "GEGEGE*E" * 12),
+])
+def test_megatron_export_writes_the_hybrid_layer_pattern(name, pp, vpp, pattern):
+    # Megatron-LM (d98e8a6) hybrid_layer_allocation.Symbols: M mamba, G gdn, * attention, - mlp, E moe, '|'
+    # between pipeline segments; pretrain_hybrid.py; every flag parses with Megatron-LM's recorded parser.
+    from test_export import parse_megatron
+
+    from llmplan.export import render_all
+
+    pf = _hybrid_plan_file(name, pp=pp, vpp=vpp, dp=8 // pp, global_batch=64)
+    script = render_all(pf, "megatron")[0]["megatron_pretrain.sh"]
+    ns, _ = parse_megatron(script)
+    assert ns.hybrid_layer_pattern.strip('"') == pattern
+    assert int(ns.num_layers) == len(pattern.replace("|", ""))
+    assert "pretrain_hybrid.py" in script and ns.num_layers_per_virtual_pipeline_stage is None
+    assert ns.moe_layer_freq is None and ns.pipeline_model_parallel_layout is None
+    if name == "qwen3-next-80b-a3b":
+        assert ns.attention_output_gate and int(ns.linear_num_value_heads) == 32
+    else:
+        assert int(ns.mamba_num_heads) == 64 and ns.squared_relu and ns.position_embedding_type == "none"
+
+
+def test_megatron_export_refuses_chunked_attention_in_a_hybrid():
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    m = builtin_models()["nemotron-h-8b"]
+    kinds = tuple("chunked_attention" if k == "full_attention" else k for k in m.layer_types)
+    pf = _hybrid_plan_file("nemotron-h-8b", ep=1)
+    pf = pf.__class__(**{**pf.__dict__, "model": m.model_copy(update={"layer_types": kinds,
+                                                                      "attention_chunk_size": 8192})})
+    with pytest.raises(CannotExpress, match="chunked_attention layers in a hybrid stack"):
+        render_all(pf, "megatron")
+
+
+@pytest.mark.parametrize("target,program,flag", [("vllm", "vllm serve", "--mamba-ssm-cache-dtype"),
+                                                 ("sglang", "python -m sglang.launch_server", "--mamba-ssm-dtype")])
+def test_serving_exports_state_the_recurrent_state_dtype_the_memory_assumed(target, program, flag):
+    # vLLM's --mamba-ssm-cache-dtype / SGLang's --mamba-ssm-dtype (recorded parsers in tests/data/launchers):
+    # the serving memory prices the state in bf16, so the command says so.
+    import dataclasses
+    from pathlib import Path
+
+    from test_export import command_argv, recorded_parser
+
+    from llmplan.export import render_all
+    from llmplan.planfile import load_plan
+
+    base = load_plan(Path(__file__).parent / "data" / "plans" / "serve.json")
+    pf = dataclasses.replace(base, model=builtin_models()["qwen3-next-80b-a3b"], plan=ServePlan(tp=2, pp=1, dp=1))
+    script = next(iter(render_all(pf, target)[0].values()))
+    ap, _ = recorded_parser(target)
+    if target == "vllm":
+        ap.add_argument("model_tag", nargs="?")
+    ns, unknown = ap.parse_known_args(command_argv(script, program))
+    assert not unknown
+    assert getattr(ns, flag.lstrip("-").replace("-", "_")) == "bfloat16"
+
+
+def test_torchtitan_export_refuses_a_hybrid_stack():
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    with pytest.raises(CannotExpress, match="hybrid layer stack"):
+        render_all(_hybrid_plan_file("nemotron-h-8b", ep=1), "torchtitan")
