@@ -12,10 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.compute import attention_keys, layer_flops
-from llmplan.cost.inference import kv_bytes_per_seq_gpu, kv_bytes_per_token, serve_memory
+from llmplan.cost.inference import (
+    kv_bytes_per_seq_gpu,
+    kv_bytes_per_token,
+    serve_memory,
+)
 from llmplan.cost.memory import layer_activation_parts
-from llmplan.cost.mixers import (decode_scan_flops, gdn_scan_flops, mamba_params, mamba_scan_flops,
-                                 recurrent_state_bytes)
+from llmplan.cost.mixers import (
+    decode_scan_flops,
+    gdn_scan_flops,
+    mamba_params,
+    mamba_scan_flops,
+    recurrent_state_bytes,
+)
 from llmplan.cost.params import param_counts
 from llmplan.specs.check import check_plan
 from llmplan.specs.hf import from_hf_config
@@ -179,12 +188,12 @@ def test_pipeline_stages_hold_the_pattern_s_moe_layers(pp, vpp):
 
 def _hybrid_plan_file(name, **plan):
     import dataclasses
-
-    from llmplan.planfile import load_plan
     from pathlib import Path
 
+    from llmplan.planfile import load_plan
+
     base = load_plan(Path(__file__).parent / "data" / "plans" / "moe_train.json")
-    fields = dict(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=64, seq_len=4096)
+    fields = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "seq_len": 4096}
     fields.update(plan)
     return dataclasses.replace(base, model=builtin_models()[name], plan=ParallelPlan(**fields))
 
