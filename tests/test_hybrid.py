@@ -267,3 +267,26 @@ def test_torchtitan_export_refuses_a_hybrid_stack():
 
     with pytest.raises(CannotExpress, match="hybrid layer stack"):
         render_all(_hybrid_plan_file("nemotron-h-8b", ep=1), "torchtitan")
+
+
+def test_hybrid_stages_are_priced_at_the_kinds_they_hold():
+    # Nemotron-3 Nano over 4 stages of 13 blocks: stages 0 and 2 hold two attention blocks, 1 and 3 one. At
+    # 32k tokens attention costs more than the Mamba-2 / mixer-less blocks it displaces, so the balanced
+    # pricing moves time to stages 0 and 2; the pipeline's total over the stages is unchanged (the average
+    # layer is the mean of the stages' layers).
+    from llmplan.cost.compute import stage_compute
+    from llmplan.cost.hybrid_stage import balanced_stage_compute
+    from llmplan.cost.params import stage_kind_counts, stage_layers
+    from llmplan.specs.registry import builtin_systems
+
+    m, gpu = builtin_models()["nemotron-3-nano"], builtin_systems()["dgx-h100"].gpu
+    plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, seq_len=32768)
+    avg, bal = [], []
+    for i in range(4):
+        d, e = stage_layers(m, plan, i)
+        assert sum(stage_kind_counts(m, plan, i).values()) == d + e
+        avg.append(stage_compute(m, plan, gpu, d, e, i == 3).total)
+        bal.append(balanced_stage_compute(m, plan, gpu, i, d, e, i == 3).total)
+    assert [stage_kind_counts(m, plan, i)["full_attention"] for i in range(4)] == [2, 1, 2, 1]
+    assert sum(bal) == pytest.approx(sum(avg), rel=1e-6)  # linear in the shares up to the GEMM-efficiency mix
+    assert bal[0] > avg[0] and bal[2] > avg[2] and bal[1] < avg[1] and bal[3] < avg[3]

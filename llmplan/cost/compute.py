@@ -270,7 +270,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
 
     def seconds(fmt: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
-        scale = flops / total / gpu.sustained_flops(fmt)
+        # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
+        scale = where(total > 0, flops / where(total > 0, total, 1.0), 0.0) / gpu.sustained_flops(fmt)
         for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
             if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time

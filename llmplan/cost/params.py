@@ -269,7 +269,32 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
     """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
-    flags = [x == "moe" for x in (m.mlp_layer_types or ())]
+    return _flagged_between([x == "moe" for x in (m.mlp_layer_types or ())], start, end)
+
+
+def kind_layers_between(m: ModelSpec, kind: str, start: Any, end: Any) -> Any:
+    """Layers whose mixer is `kind` among layers [start, end) (elementwise)."""
+    return _flagged_between([x == kind for x in (m.layer_types or ())], start, end)
+
+
+def stage_kind_counts(m: ModelSpec, plan: PlanLike, stage: Any) -> dict[str, Any]:
+    """Layers of each mixer kind (layer_types) that pipeline rank `stage` holds, all its virtual chunks
+    together (the chunks of _stage_layers: chunk j of rank i starts at j·L/vpp + layers before i / vpp).
+    Elementwise on plan arrays; a stage's kinds sum to its layers."""
+    n = stage_layer_count(m, plan, stage)
+    v = plan.vpp
+    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    out: dict[str, Any] = {}
+    for kind in dict.fromkeys(m.layer_types or ()):
+        count = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            count = count + where(j < v, kind_layers_between(m, kind, start, start + chunk), 0)
+        out[kind] = count
+    return out
+
+
+def _flagged_between(flags: list[bool], start: Any, end: Any) -> Any:
     prefix = np.concatenate([[0], np.cumsum(flags)]).astype(int)
     L = len(flags)
     lo = np.clip(np.asarray(start, dtype=int), 0, L)

@@ -17,6 +17,7 @@ from llmplan.cost.compute import (
     KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,
     stage_compute,
 )
+from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
     EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
@@ -108,14 +109,18 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[An
     """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage."""
     same: dict[tuple, StageCompute] = {}  # an explicit per-stage list repeats its layer counts stage after stage
 
+    # A hybrid stack's stage is priced at the mixer kinds it holds (cost.hybrid_stage); stages with equal layer
+    # counts may then differ.
+    compute = (lambda p, i: balanced_stage_compute(m, p, gpu, i, *stage_layers(m, p, i), i == p.pp - 1)) \
+        if m.is_hybrid else (lambda p, i: stage_compute(m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1))
+
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)
         last = stage == plan.pp - 1
-        key = (n_dense, n_moe, last) if isinstance(stage, int) else None
+        key = (n_dense, n_moe, last) if isinstance(stage, int) and not m.is_hybrid else None
         sc = same.get(key) if key else None
         if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
-            sc = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, i: stage_compute(
-                m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1))
+            sc = per_distinct(plan, ALL_BUT_ZERO, stage, compute)
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe
