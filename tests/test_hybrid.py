@@ -290,3 +290,44 @@ def test_hybrid_stages_are_priced_at_the_kinds_they_hold():
     assert [stage_kind_counts(m, plan, i)["full_attention"] for i in range(4)] == [2, 1, 2, 1]
     assert sum(bal) == pytest.approx(sum(avg), rel=1e-6)  # linear in the shares up to the GEMM-efficiency mix
     assert bal[0] > avg[0] and bal[2] > avg[2] and bal[1] < avg[1] and bal[3] < avg[3]
+
+
+LLAMA4_TEXT = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+               "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "max_position_embeddings": 1048576,
+               "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+               "attention_chunk_size": 8192, "tie_word_embeddings": False}  # Llama-4-Maverick text_config
+
+
+def test_llama4_config_interleaves_moe_and_chunked_attention():
+    # transformers Llama4TextConfig: moe_layers every interleave_moe_layer_step-th layer, no_rope_layers (global,
+    # full attention) every 4th, chunked attention elsewhere; Maverick's card: 400B total, 17B active.
+    m = ModelSpec(**from_hf_config({"model_type": "llama4", "text_config": LLAMA4_TEXT}, "maverick"))
+    assert m.mlp_layer_types[:4] == ("dense", "moe", "dense", "moe") and m.num_moe_layers == 24
+    assert m.layer_types[:4] == ("chunked_attention",) * 3 + ("full_attention",)
+    assert (m.expert_ffn, m.intermediate_size, m.shared_ffn) == (8192, 16384, 8192)
+    p = param_counts(m)
+    assert p.total == pytest.approx(400e9, rel=0.005) and round(p.active / 1e9) == 17
+    assert param_counts(builtin_models()["llama-4-maverick"]).total == p.total
+    # Scout (16 experts in every layer): 17B active; its card's 109B total counts the vision encoder too.
+    scout = ModelSpec(**from_hf_config({**LLAMA4_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1},
+                                       "scout"))
+    assert scout.num_moe_layers == 48 and round(param_counts(scout).active / 1e9) == 17
+
+
+def test_chunked_attention_counts_keys_within_the_chunk():
+    m = builtin_models()["llama-4-maverick"]  # 36 chunked layers (8192), 12 full
+    assert attention_keys(m, 32768) == pytest.approx((36 * 8192 + 12 * 32768) / 48)
+    assert attention_keys(m, 4096) == pytest.approx(4096)
+    plan = ServePlan(tp=8, pp=1, dp=1)
+    per_token = kv_bytes_per_token(m) / 48  # every layer caches K and V
+    assert float(kv_bytes_per_seq_gpu(m, plan, 32768)) == pytest.approx((36 * 8192 + 12 * 32768) * per_token / 8)
+
+
+def test_megatron_export_refuses_chunked_attention():
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    pf = _hybrid_plan_file("llama-4-maverick", tp=8, dp=1, ep=1)
+    with pytest.raises(CannotExpress, match="chunked local attention"):
+        render_all(pf, "megatron")

@@ -49,6 +49,8 @@ PUBLISHED = {
     "nemotron-h-8b": (8e9, None, None, "nvidia/Nemotron-H-8B-Base-8K model card (8B)"),
     "nemotron-3-nano": (31.6e9, 3.2e9, 2, "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, "
                         "about 3.2B active (3.6B including embeddings)"),
+    "llama-4-maverick": (400e9, 17e9, 2, "meta-llama/Llama-4-Maverick-17B-128E model card: 17B active, 400B "
+                         "total parameters"),
     "qwen3-next-80b-a3b": (80e9, 3e9, 1, "Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total and 3B "
                            "activated"),
 }

@@ -48,6 +48,8 @@ def model_flags(pf: PlanFile) -> list[str]:
     if m.is_moe:
         freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
             else None  # a hybrid pattern places its E layers itself
+        if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
+            freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
         pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
                   ("--moe-ffn-hidden-size", m.expert_ffn),
                   ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
@@ -230,6 +232,10 @@ def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if is_hybrid_export(pf.model):
         check_hybrid(pf)
+    if pf.model.count_layers("chunked_attention"):
+        raise refuse(TARGET, f"chunked local attention ({pf.model.name}: Megatron-LM at d98e8a6 has a sliding window, "
+                     "--window-size, whose keys cross chunk boundaries, and no chunked attention)",
+                     "export to a launcher that runs the model's own attention, or a spec with full attention")
     check_router(pf)
     check_ep_overlap(pf)
     p = pf.plan

@@ -29,11 +29,15 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     """Fields for ModelSpec from a config.json mapping. Raises ValueError for unsupported architectures."""
     if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
         cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
+    if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
+        cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
     cfg = _checked(cfg, mt)
+    if mt == "llama4":
+        cfg = _llama4(cfg)
     if mt == "gpt2":
         cfg = _gpt2(cfg)
     if mt == "bloom":
@@ -58,7 +62,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
             out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
-        if mt not in ("nemotron_h", "qwen3_next"):  # their layer lists place the MoE layers (_hybrid_layers)
+        if mt not in ("nemotron_h", "qwen3_next", "llama4"):  # their layer lists place the MoE layers
             _check_sparse_layout(cfg)
         out.update(_router(cfg, mt))
     else:
@@ -123,6 +127,29 @@ Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py 
 Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
 
 
+def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Llama 4's text model (transformers' Llama4TextConfig): intermediate_size is the expert width and
+    intermediate_size_mlp the dense layers'; MoE layers every interleave_moe_layer_step-th (moe_layers when
+    given), each with one shared expert of the expert width; chunked attention (attention_chunk_size) except on
+    the no-RoPE layers (no_rope_layers 0; by default every 4th), which attend to the whole context; a sigmoid
+    top-k router whose weights are not renormalised."""
+    n, step = cfg.get("num_hidden_layers"), int(cfg.get("interleave_moe_layer_step") or 1)
+    if not isinstance(n, int) or n <= 0:
+        return cfg
+    moe = cfg.get("moe_layers") if isinstance(cfg.get("moe_layers"), list) else list(range(step - 1, n, step))
+    rope = cfg.get("no_rope_layers") if isinstance(cfg.get("no_rope_layers"), list) else \
+        [int((i + 1) % 4 != 0) for i in range(n)]
+    chunked = cfg.get("attention_chunk_size") is not None
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else \
+        ["chunked_attention" if r and chunked else "full_attention" for r in rope]
+    experts = cfg.get("num_local_experts") or 0
+    return {**cfg, "intermediate_size": cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size"),
+            "moe_intermediate_size": cfg.get("intermediate_size"),
+            "shared_expert_intermediate_size": cfg.get("intermediate_size") if experts else None,
+            "layer_types": kinds, "_mlp_layer_types": ["moe" if i in moe and experts else "dense" for i in range(n)],
+            "scoring_func": "sigmoid", "norm_topk_prob": False}
+
+
 def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     """layer_types and mlp_layer_types of the hybrid architectures: Nemotron-H's hybrid_override_pattern, one
     symbol per block (NEMOTRON_H_BLOCKS); Qwen3-Next's layer_types, or every full_attention_interval-th layer
@@ -143,6 +170,8 @@ def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
                              "give one symbol per layer")
         return {"layer_types": tuple(NEMOTRON_H_BLOCKS[c][0] for c in pattern),
                 "mlp_layer_types": tuple(NEMOTRON_H_BLOCKS[c][1] for c in pattern)}
+    if mt == "llama4" and isinstance(cfg.get("_mlp_layer_types"), list):
+        return {"layer_types": tuple(cfg["layer_types"]), "mlp_layer_types": tuple(cfg["_mlp_layer_types"])}
     if mt == "qwen3_next" and isinstance(n, int):
         if not isinstance(cfg.get("layer_types"), list):
             every = int(cfg.get("full_attention_interval") or 4)
@@ -162,6 +191,8 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
     chosen experts (renormalised, no key)."""
     deepseek = mt in ("deepseek_v3", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
+    if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
+        return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
     return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
             "norm_topk_prob": cfg.get("norm_topk_prob", norm_default) if mt != "mixtral" and mt != "gpt_oss"
@@ -182,7 +213,8 @@ PRECEDENCE = {("bloom", "hidden_size")}
 HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": int, "decoder_sparse_step": int,
                             "num_local_experts": int, "num_experts": int, "n_routed_experts": int,
                             "use_sliding_window": bool, "full_attention_interval": int, "chunk_size": int,
-                            "moe_shared_expert_intermediate_size": int}
+                            "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
+                            "intermediate_size_mlp": int}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
 REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """Sizes every architecture's arithmetic needs (gpt2 / bloom derive intermediate_size from hidden_size)."""

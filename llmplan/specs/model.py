@@ -29,6 +29,7 @@ SUPPORTED_MODEL_TYPES = (
     "bloom",
     "nemotron_h",
     "qwen3_next",
+    "llama4",
 )
 
 LayerType = Literal["sliding_attention", "full_attention", "chunked_attention", "linear_attention", "mamba", "none"]
