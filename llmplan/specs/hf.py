@@ -136,7 +136,8 @@ def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
     n, step = cfg.get("num_hidden_layers"), int(cfg.get("interleave_moe_layer_step") or 1)
     if not isinstance(n, int) or n <= 0:
         return cfg
-    moe = cfg.get("moe_layers") if isinstance(cfg.get("moe_layers"), list) else list(range(step - 1, n, step))
+    given = cfg.get("moe_layers")
+    moe: set[Any] = set(given) if isinstance(given, list) else set(range(step - 1, n, step))
     rope = cfg.get("no_rope_layers") if isinstance(cfg.get("no_rope_layers"), list) else \
         [int((i + 1) % 4 != 0) for i in range(n)]
     chunked = cfg.get("attention_chunk_size") is not None
