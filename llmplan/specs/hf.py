@@ -138,8 +138,8 @@ def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
         return cfg
     given = cfg.get("moe_layers")
     moe: set[Any] = set(given) if isinstance(given, list) else set(range(step - 1, n, step))
-    rope = cfg.get("no_rope_layers") if isinstance(cfg.get("no_rope_layers"), list) else \
-        [int((i + 1) % 4 != 0) for i in range(n)]
+    listed = cfg.get("no_rope_layers")
+    rope: list[Any] = listed if isinstance(listed, list) else [int((i + 1) % 4 != 0) for i in range(n)]
     chunked = cfg.get("attention_chunk_size") is not None
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else \
         ["chunked_attention" if r and chunked else "full_attention" for r in rope]
