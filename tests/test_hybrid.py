@@ -331,3 +331,49 @@ def test_megatron_export_refuses_chunked_attention():
     pf = _hybrid_plan_file("llama-4-maverick", tp=8, dp=1, ep=1)
     with pytest.raises(CannotExpress, match="chunked local attention"):
         render_all(pf, "megatron")
+
+
+def test_deepseek_sparse_attention_prices_top_k_keys_and_the_indexer():
+    # DeepSeek-V3.2-Exp report §2.1: the MLA core attends to index_topk (2,048) keys chosen by a lightning
+    # indexer (64 heads of 128) that scores every preceding key; its key cache is fp8 with an fp32 scale per 128.
+    from llmplan.cost.sparse import indexer_cache_bytes, indexer_flops_per_pair, indexer_params
+
+    dense, sparse = builtin_models()["deepseek-v3"], builtin_models()["deepseek-v3.2"]
+    assert indexer_params(sparse) == 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
+    s = 131072
+    assert attention_keys(sparse, s) == pytest.approx(2 * 2048 - 2048 ** 2 / s)  # top-k as a k-token window
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=s)
+    d, sp = layer_flops(dense, plan, True).attention, layer_flops(sparse, plan, True).attention
+    assert sp == pytest.approx(d * attention_keys(sparse, s) / s + s * s * indexer_flops_per_pair(sparse))
+    assert sp < d / 4  # at 128k tokens the indexer's fp8 heads cost far less than dense MLA attention
+    # Serving: the whole latent cache stays (any key may be picked), plus the indexer's keys.
+    assert kv_bytes_per_token(sparse) == pytest.approx(61 * ((512 + 64) * 2 + 128 + 4))
+    assert indexer_cache_bytes(dense) == 0
+
+
+def test_deepseek_v32_config_is_read():
+    from llmplan.specs.registry import builtin_models as bm
+
+    ref = bm()["deepseek-v3.2"]
+    cfg = {"model_type": "deepseek_v32", **{k: v for k, v in ref.model_dump().items()
+                                            if k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                     "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                                     "max_position_embeddings", "moe_intermediate_size",
+                                                     "n_shared_experts", "first_k_dense_replace", "n_group",
+                                                     "topk_group", "q_lora_rank", "kv_lora_rank",
+                                                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                                     "num_experts_per_tok", "routed_scaling_factor",
+                                                     "index_topk", "index_n_heads", "index_head_dim")},
+           "n_routed_experts": 256}
+    m = ModelSpec(**from_hf_config(cfg, "v32"))
+    assert m.is_sparse_attention and m.is_mla and m.expert_bias and m.scoring_func == "sigmoid"
+    assert param_counts(m).total == param_counts(ref).total
+
+
+def test_megatron_export_refuses_sparse_attention_rather_than_write_dense_mla():
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    pf = _hybrid_plan_file("deepseek-v3.2", tp=8, dp=1, ep=1)
+    with pytest.raises(CannotExpress, match="DeepSeek Sparse Attention"):
+        render_all(pf, "megatron")

@@ -43,6 +43,8 @@ PUBLISHED = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, 2, "Qwen3 model card"),
     "qwen3-235b-a22b": (235e9, 22e9, 2, "Qwen3 model card"),
     "deepseek-v3": (671e9, 37e9, 2, "DeepSeek-V3 README / technical report"),
+    "deepseek-v3.2": (671e9, 37e9, 2, "deepseek-ai/DeepSeek-V3.2-Exp README (DeepSeek-V3.1-Terminus continued: "
+                      "671B total, 37B activated per the DeepSeek-V3 report; the indexer adds 0.13%)"),
     "kimi-k2": (1e12, 32e9, 2, "moonshotai/Kimi-K2-Instruct model card (1T total, 32B activated)"),
     "gpt-oss-120b": (116.83e9, 5.13e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
     "gpt-oss-20b": (20.91e9, 3.61e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
@@ -85,6 +87,10 @@ def test_param_counts_match_published(name):
         assert p.active == p.total
         return
     computed = p.active
+    if name == "deepseek-v3.2":  # 37B is V3's count; the sparse-attention indexer (not in it) adds 0.85B
+        from llmplan.cost.sparse import indexer_params
+        m = builtin_models()[name]
+        computed -= m.num_hidden_layers * indexer_params(m)
     if name.startswith(ACTIVE_WITHOUT_EMBEDDING):  # the card counts the unembedding, not the embedding lookup
         computed -= p.embedding
         if name.startswith("gpt-oss-"):

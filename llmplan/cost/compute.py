@@ -16,6 +16,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
                                  mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
 from llmplan.cost.moe import routing_imbalance
+from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
                                  recomputed_share)
 from llmplan.specs.hardware import GpuSpec
@@ -113,7 +114,10 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     qk, v = attention_head_dims(m)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
     attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
-    return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t)
+    # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
+    # its heads whole on every TP rank (cost.sparse)
+    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m)
+    return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
 
 
 def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
@@ -128,6 +132,8 @@ def attention_groups(m: ModelSpec) -> tuple[tuple[str, int | None, int], ...]:
     (None: all), sliding (the window; full when the model gives none) and chunked (the chunk). A hybrid's
     recurrent and mixer-less layers are not listed."""
     full = m.count_layers("full_attention") + (0 if m.sliding_window else m.count_layers("sliding_attention"))
+    if m.is_sparse_attention:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
+        return (("sparse", m.index_topk, full),)
     groups = (("full", None, full), ("sliding", m.sliding_window, m.count_layers("sliding_attention")
                                     if m.sliding_window else 0),
               ("chunked", m.attention_chunk_size, m.count_layers("chunked_attention")))
@@ -139,7 +145,7 @@ def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
     the chunk for chunked ones, None (all) for the others; only the attention layers. Counted once, not listed
     per layer, so that a cost evaluated per pipeline stage stays linear in the stages (4,096 stages of a
     4,096-layer model took 41 s listing every layer per stage)."""
-    return tuple((w, n) for _, w, n in attention_groups(m))
+    return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
 
 
 def attention_keys(m: ModelSpec, s: Any) -> Any:
@@ -148,7 +154,7 @@ def attention_keys(m: ModelSpec, s: Any) -> Any:
     same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
     so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
     average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
-    groups = attention_groups(m)
+    groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
     if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
         return s
     s = np.asarray(s, dtype=float)
@@ -455,7 +461,7 @@ def attended_keys(m: ModelSpec, keys: Any) -> Any:
     """Keys a query attends to, averaged over the layers, when `keys` precede it: min(keys, w) on a
     sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
     prefill and decode). Derived: docs/formulas.md#compute.flops"""
-    windows = layer_windows(m)
+    windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
     if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
         return keys
     return sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) / m.num_hidden_layers

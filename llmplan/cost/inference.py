@@ -16,6 +16,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attentio
                                   layer_windows, moe_routing_bytes)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes, recurrent_state_bytes
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
+from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -104,9 +105,9 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
     b = KV_BYTES[kv_dtype]
     if m.is_mla and not latent:
         heads = max(m.num_attention_heads / tp, 1.0)
-        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b
-    if m.is_mla:
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b + indexer_cache_bytes(m)
+    if m.is_mla:  # with DeepSeek Sparse Attention also the indexer's fp8 keys (cost.sparse)
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + indexer_cache_bytes(m)
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
 
 

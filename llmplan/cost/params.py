@@ -13,6 +13,7 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.sparse import indexer_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, norms_per_layer, recurrent_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
@@ -62,7 +63,7 @@ def attention_params(m: ModelSpec) -> int:
         q_r = m.q_lora_rank
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
-        return q + kv + a * v * h
+        return q + kv + a * v * h + indexer_params(m)  # DeepSeek Sparse Attention's indexer (cost.sparse)
     n = h * a * d * (2 if m.attention_output_gate else 1) + 2 * h * K * d + a * d * h
     if m.attention_bias or m.qkv_bias:
         n += a * d + 2 * K * d
@@ -341,7 +342,7 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
     if m.is_mla:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
         rope, kv_r, q_r = m.qk_rope_head_dim, m.kv_lora_rank, m.q_lora_rank
-        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r
+        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
     full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads

@@ -232,6 +232,11 @@ def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if is_hybrid_export(pf.model):
         check_hybrid(pf)
+    if pf.model.is_sparse_attention:
+        raise refuse(TARGET, f"DeepSeek Sparse Attention ({pf.model.name}: Megatron-LM at d98e8a6 builds it as its "
+                     "hybrid pattern's D layers with the --dsa-indexer-* flags, which this export does not write; "
+                     "writing the model as dense MLA would train another model)",
+                     "export the dense deepseek-v3 spec, or write the DSA flags by hand")
     if pf.model.count_layers("chunked_attention"):
         raise refuse(TARGET, f"chunked local attention ({pf.model.name}: Megatron-LM at d98e8a6 has a sliding window, "
                      "--window-size, whose keys cross chunk boundaries, and no chunked attention)",

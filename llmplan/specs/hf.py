@@ -19,7 +19,7 @@ COMMON = (
     "hidden_dropout", "num_nextn_predict_layers", "n_group", "topk_group", "routed_scaling_factor",
     "norm_topk_prob", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_conv_kernel_dim", "attention_chunk_size",
+    "linear_conv_kernel_dim", "attention_chunk_size", "index_topk", "index_n_heads", "index_head_dim",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -86,7 +86,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt == "gpt_oss":
         out["attention_bias"] = True
         out["mlp_bias"] = True
-    if mt != "deepseek_v3":
+    if mt not in ("deepseek_v3", "deepseek_v32"):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             out.pop(k, None)
     return out
@@ -191,7 +191,7 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     e_score_correction_bias (topk_method "noaux_tc") and renormalises; Qwen2/3-MoE's config classes default
     norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
     chosen experts (renormalised, no key)."""
-    deepseek = mt in ("deepseek_v3", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
+    deepseek = mt in ("deepseek_v3", "deepseek_v32", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
     if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
         return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")

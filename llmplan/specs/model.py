@@ -30,6 +30,7 @@ SUPPORTED_MODEL_TYPES = (
     "nemotron_h",
     "qwen3_next",
     "llama4",
+    "deepseek_v32",
 )
 
 LayerType = Literal["sliding_attention", "full_attention", "chunked_attention", "linear_attention", "mamba", "none"]
@@ -112,7 +113,8 @@ MODEL_LIMITS: dict[str, float] = {
     "mamba_num_heads": 65_536, "mamba_head_dim": 8_192, "ssm_state_size": 65_536, "n_groups": 65_536,
     "conv_kernel": 1_024, "linear_num_key_heads": 65_536, "linear_num_value_heads": 65_536,
     "linear_key_head_dim": 8_192, "linear_value_head_dim": 8_192, "linear_conv_kernel_dim": 1_024,
-    "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536,
+    "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536, "index_topk": 1 << 30, "index_n_heads": 4_096,
+    "index_head_dim": 8_192,
 }
 
 
@@ -214,6 +216,14 @@ class ModelSpec(Spec):
     attention_output_gate: bool = False
     """llmplan key: a sigmoid gate on the attention output computed by the query projection (Qwen3-Next's
     gated attention: q_proj is twice as wide)."""
+
+    index_topk: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention (HF deepseek_v32 name): keys each query attends to, chosen by the lightning
+    indexer from all preceding keys; None: dense attention."""
+    index_n_heads: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention: heads of the lightning indexer."""
+    index_head_dim: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention: head dimension of the lightning indexer (its key cache per token)."""
 
     mamba_num_heads: int | None = Field(default=None, gt=0)
     """Mamba-2: SSM heads H (HF nemotron_h name)."""
@@ -373,6 +383,10 @@ class ModelSpec(Spec):
         if "linear_attention" in kinds and Hv and Hk and Hv % Hk:
             raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.linear_num_key_heads})")
+        sparse = [f for f in ("index_topk", "index_n_heads", "index_head_dim") if getattr(self, f) is None]
+        if len(sparse) not in (0, 3) or (not sparse and not self.is_mla):
+            raise ValueError("DeepSeek Sparse Attention needs index_topk, index_n_heads and index_head_dim together, "
+                             "on a multi-head latent attention model (kv_lora_rank set)")
         if "chunked_attention" in kinds and self.attention_chunk_size is None:
             raise ValueError("layer_types lists chunked_attention layers, which also need attention_chunk_size")
 
@@ -382,6 +396,11 @@ class ModelSpec(Spec):
         if self.layer_types is None:
             return self.num_hidden_layers if kind == "full_attention" else 0
         return self.layer_types.count(kind)
+
+    @property
+    def is_sparse_attention(self) -> bool:
+        """DeepSeek Sparse Attention: a lightning indexer picks index_topk keys per query."""
+        return self.index_topk is not None
 
     @property
     def is_hybrid(self) -> bool:
