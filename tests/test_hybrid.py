@@ -336,7 +336,11 @@ def test_megatron_export_refuses_chunked_attention():
 def test_deepseek_sparse_attention_prices_top_k_keys_and_the_indexer():
     # DeepSeek-V3.2-Exp report §2.1: the MLA core attends to index_topk (2,048) keys chosen by a lightning
     # indexer (64 heads of 128) that scores every preceding key; its key cache is fp8 with an fp32 scale per 128.
-    from llmplan.cost.sparse import indexer_cache_bytes, indexer_flops_per_pair, indexer_params
+    from llmplan.cost.sparse import (
+        indexer_cache_bytes,
+        indexer_flops_per_pair,
+        indexer_params,
+    )
 
     dense, sparse = builtin_models()["deepseek-v3"], builtin_models()["deepseek-v3.2"]
     assert indexer_params(sparse) == 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
