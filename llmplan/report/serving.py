@@ -76,6 +76,9 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     tb.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"{100 * mem.total / mem.capacity:.1f}%", "")
     tb.add_row(f"usable ({j.engine} memory fraction {j.gpu_memory_utilization:g})", gib(mem.capacity), "100.0%", "")
     console.print(tb)
+    if mem.recurrent_state:
+        console.print(f"Recurrent state: {mem.recurrent_state / j.batch / 2**20:,.1f} MiB per sequence per GPU, "
+                      "whatever its length (Mamba-2 / Gated DeltaNet layers hold it instead of a KV cache)")
     console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
                   f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
                   f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "
