@@ -129,12 +129,12 @@ ASSUMPTIONS = {
                   "destination rank), its forced load balancing as random routing and its EP overlap "
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
-                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm and MLA up-projections "
-                "recomputed, as --recompute-modules layernorm mla_up_proj): its own DeepEP-style all-to-all "
+                "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
+                "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
-                "RMSNorm and the MLA up-projections only); predicts tokens/s per GPU, the report's 180K GPU hours "
+                "RMSNorm, the MLA up-projections and the SwiGLU output only); predicts tokens/s per GPU, the report's 180K GPU hours "
                 "per trillion tokens; scored, not fitted (no H800 clock is fitted)",
     "mbridge-dense": "Megatron-Bridge performance tables 25.09-26.08 (dense Llama 3 / 3.1 rows): as the bridge family "
                      "reads its recipes (the distributed optimizer, Megatron-FSDP where FSDP > 0, bf16 gradient "
@@ -222,6 +222,22 @@ def skip_reason(rec: dict) -> str | None:
                 "gb200" in rid or "gb300" in rid or ("-b200-" in rid and "fp8" in rid and "70b" in rid)):
             return MBRIDGE_OFFLOAD
     return None
+
+
+MBRIDGE_ERRATA = {
+    # The 25.11 table's H100 GPT-OSS row lists MBS 4 with GA 2, which its own GBS 512 over DP 16 contradicts
+    # (512 / (16 x 4) = 8); the release's preset (v0.2.0 scripts/performance/configs/gpt_oss/
+    # workload_base_configs.py, GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs micro-batch 1, as the 26.02.01 table's
+    # H100 row lists.
+    "mbridge-25.11-pretrain-gpt-oss-120b-dgx-h100-64gpu-bf16-tp1pp4cp1ep8vp1gbs512mbs4": {"micro_batch": 1},
+    # The 26.02.01 table's GB300 NVFP4 / MXFP8 Llama 3 70B rows list TP1 PP1 MBS 2 (the FP8 Megatron-FSDP row's
+    # layout, with FSDP 0) and PP4 MBS 2 without VP; the release's presets (v0.3.1 llama3_workload_base_configs.py,
+    # LLAMA3_70B_PRETRAIN_CONFIG_GB300_{NVFP4,FP8_MX}_V2) and the 26.02 and 26.04 tables run PP4 VP5 MBS 1.
+    **{f"mbridge-26.02.01-pretrain-llama3-70b-dgx-gb300-64gpu-{p}-tp1pp{pp}cp1epnavpnagbs256mbs2": {
+        "pp": 4, "vpp": 5, "dp": 16, "micro_batch": 1} for p, pp in (("nvfp4", 1), ("mxfp8", 4))},
+}
+"""mbridge rows whose table layout contradicts itself or its release's preset, read as the preset runs them
+(the override, by id, with the evidence); every other row as the table lists it."""
 
 
 BRIDGE_PRECISION = {"fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -434,7 +450,7 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
 
 
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
-    par = rec["parallel"]
+    par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
     cp = par.get("cp", 1)
     dp = par.get("dp") or gpus // (tp * pp * cp)
@@ -449,7 +465,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
         # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
         # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
-        modules = ("layernorm", "mla_up_proj")
+        # ... and §3.3.3, "Low-Precision Storage": the SwiGLU operator's input is cached and its output
+        # recomputed in the backward pass, Megatron's moe_act module
+        modules = ("layernorm", "mla_up_proj", "moe_act")
     recompute = "selective" if modules else recompute
     precision = str(par.get("precision", "bf16")).lower()
     dtype, recipe = BRIDGE_PRECISION.get(precision, ("fp8" if "fp8" in precision else "bf16", "tensorwise"))
@@ -1057,6 +1075,7 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
             print(f"  {rid:52s} predicted {pred:6.1f} GiB reserved {meas:6.1f} GiB {100 * (pred - meas) / meas:+6.1f}%")
         print(f"  median signed {statistics.median(100 * (p - m) / m for _, p, m in res):+.1f}%")
     serving_report(records, no_fit)
+    summary.update({f"{k}_median_abs_pct": v for k, v in wide_ep_report().items()})
     print("\nreference searches (`llmplan search`, shipped profiles): the top plan against the best published")
     print("bf16 MFU of its GPU (the profile's best_published_mfu); target: at most 5 points above")
     for name, plan, mfu, best, halved in reference_report():
@@ -1335,6 +1354,55 @@ def serving_report(records: list[dict], no_fit: bool) -> None:
     shipped = {n: statistics.median(abs(e) for name, _, e in rows if name == n) for n in models}
     print(f"  shipped constants: mean of the models' medians {statistics.mean(shipped.values()):.1f}%, worst "
           f"{max(shipped.values()):.1f}% ({max(shipped, key=shipped.get)})")
+
+
+WIDE_EP_RUNS = Path(__file__).resolve().parent / "data" / "wide_ep_serving.yaml"
+"""Published wide-EP disaggregated DeepSeek-V3/R1 pools (family wideep), each with its source URL."""
+
+
+def predict_wide_ep(rec: dict) -> tuple[float, float, str]:
+    """(predicted, measured, quantity) of one wideep record: the pool's phase priced on its own at the
+    record's layout and load (`estimate --mode infer --phase ...`); tokens per GPU per second."""
+    system = builtin_systems()[rec["system"]]
+    cluster = ClusterSpec(system=system, num_nodes=rec["nodes"], gpus_per_node=rec.get("gpus_per_node"))
+    par = dict(rec["plan"])
+    plan = ServePlan(tp=1, pp=1, dp=par["ep"], **par)
+    wl = rec["workload"]
+    job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], engine="sglang",
+                   batch=wl["batch"] if isinstance(wl.get("batch"), int) else 1,
+                   max_num_batched_tokens=wl.get("tokens_per_batch", 8192))
+    m = builtin_models()["deepseek-v3"]
+    if wl.get("batch") == "max-load":
+        job = at_max_load(m, cluster, plan, job)
+    e = estimate_serving(m, cluster, plan, job)
+    assert e.phase is not None
+    key = "input_tokens_per_s_per_gpu" if plan.phase == "prefill" else "output_tokens_per_s_per_gpu"
+    return getattr(e.phase, key), rec["measured"][key], key
+
+
+def wide_ep_report(path: Path = WIDE_EP_RUNS) -> dict:
+    """The wideep family: per record predicted vs measured, median |error| per GPU type; excluded records
+    listed with their reason. Returns the summary entries."""
+    records = yaml.safe_load(path.read_text())
+    print("\nwide-EP disaggregated serving (family wideep, benchmarks/data/wide_ep_serving.yaml; one phase per "
+          "pool,\n`estimate --mode infer --phase`, shipped profiles):")
+    by_gpu: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.get("excluded"):
+            print(f"  {rec['id']:42s} excluded: {' '.join(rec['excluded'].split())}")
+            continue
+        pred, meas, key = predict_wide_ep(rec)
+        err = 100 * (pred - meas) / meas
+        gpu = builtin_systems()[rec["system"]].gpu.name
+        by_gpu.setdefault(gpu, []).append(abs(err))
+        print(f"  {rec['id']:42s} {key.split('_')[0]:6s} tok/s/GPU predicted {pred:8.0f} measured {meas:8.0f} "
+              f"{err:+6.1f}%")
+    allerr = [e for errs in by_gpu.values() for e in errs]
+    for gpu, errs in by_gpu.items():
+        print(f"  {gpu:12s} {len(errs):2d} records, median |err| {statistics.median(errs):.1f}%, max {max(errs):.1f}%")
+    if allerr:
+        print(f"  all          {len(allerr):2d} records, median |err| {statistics.median(allerr):.1f}%")
+    return {"wideep": round(statistics.median(allerr), 1)} if allerr else {}
 
 
 def _fmt_consts(c: dict) -> str:

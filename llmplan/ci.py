@@ -22,9 +22,10 @@ from pydantic import ValidationError
 
 from llmplan.errors import LlmplanError
 from llmplan.fileio import MAX_INPUT_BYTES, excerpt, exists, parse_document, read_text
-from llmplan.estimate import estimate_training
+from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.hetero import estimate_hetero
 from llmplan.planfile import (
-    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document,
+    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document, saved_pools,
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.check import check_plan
@@ -199,17 +200,21 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
                         + "; ".join(v.message for v in bad), sc.line, sc.field)]
     if pf.mode == "infer":
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
-    e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
-    head = float(e.memory.headroom) / GIB
+    priced = _reprice(pf)
+    if isinstance(priced, str):
+        return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: {priced}", sc.line,
+                        sc.field)]
+    est = priced
+    head = float(est.memory.headroom) / GIB
     min_headroom_gib = min_headroom_bytes(min_headroom_gib, pf.cluster.system.gpu.hbm_bytes) / GIB
     old_step = doc.predictions.time.step_s
-    step = float(e.time.total)
-    details = {"memory_gib": float(e.memory.total) / GIB, "headroom_gib": head, "step_s": step,
+    step = float(est.time.total)
+    details = {"memory_gib": float(est.memory.total) / GIB, "headroom_gib": head, "step_s": step,
                "locked_step_s": old_step, "changes": {k: list(v) for k, v in sc.changes.items()}}
     if head < min_headroom_gib:
         verb = "no longer fits" if sc.changes else "does not fit"
         return [Finding(name, sc.where, False, f"{path.name} {verb} with {min_headroom_gib:g} GiB headroom: "
-                        f"{float(e.memory.total) / GIB:.1f} of {float(e.memory.capacity) / GIB:.1f} GiB per GPU"
+                        f"{float(est.memory.total) / GIB:.1f} of {float(est.memory.capacity) / GIB:.1f} GiB per GPU"
                         f"{sc.because}", sc.line, sc.field, details)]
     if old_step and step > old_step * (1 + tolerance):
         return [Finding(name, sc.where, False, f"{path.name} step time regressed {100 * (step / old_step - 1):.1f}% "
@@ -218,16 +223,29 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
     return [Finding(name, str(path), True, f"fits with {head:.1f} GiB headroom, step {step:.3f} s", details=details)]
 
 
+def _reprice(pf: PlanFile) -> TrainingEstimate | str:
+    """The training estimate of a plan file as its specs are now (a plan over several pools over its pools,
+    llmplan.hetero), or why it cannot be priced."""
+    try:
+        pools = saved_pools(pf)
+        if pools is not None:
+            return estimate_hetero(pf.model, *pools, pf.allowance, pf.axis_order).estimate
+        return estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order)
+    except LlmplanError as err:
+        return str(err)
+
+
 def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, min_headroom_gib: float | None,
                    tolerance: float) -> Finding:
     # Serving plans are sized by the engine's memory fraction; only an explicit --min-headroom applies.
     min_headroom_gib = min_headroom_gib or 0.0
-    e = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
+    job = pf.serve_job
+    e = estimate_serving(pf.model, pf.cluster, pf.plan, job, pf.allowance)
     head = (e.memory.capacity - e.memory.total) / GIB
     old = doc.predictions.throughput.tokens_per_s
     if not e.memory.fits or head < min_headroom_gib:
         verb = "no longer fits" if sc.changes else "does not fit"
-        return Finding(name, sc.where, False, f"{verb} {pf.job.batch} sequences with {min_headroom_gib} GiB "
+        return Finding(name, sc.where, False, f"{verb} {job.batch} sequences with {min_headroom_gib} GiB "
                        f"headroom{sc.because}", sc.line, sc.field)
     if old and e.tokens_per_s < old * (1 - tolerance):
         return Finding(name, sc.where, False, f"throughput regressed {100 * (1 - e.tokens_per_s / old):.1f}% "

@@ -110,7 +110,7 @@ def record_regime(rec: dict[str, Any]) -> Regime:
 @lru_cache(maxsize=1)
 def shipped() -> dict[str, Any]:
     """The residual file shipped in the package (llmplan/data/residuals.json)."""
-    return json.loads(resources.files("llmplan").joinpath("data", DATA).read_text(encoding="utf-8"))
+    return json.loads((resources.files("llmplan") / "data" / DATA).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
@@ -305,10 +305,22 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
             "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}
 
 
+def serving_interval_withheld(e: Any) -> str | None:
+    """Why a serving estimate gets no interval: its plan is outside the regime of the residuals' records
+    (TensorRT-LLM runs of one co-located pool without speculative decoding or DP attention); None if inside."""
+    if getattr(e, "speculative", None) is not None:
+        return "no published speculative-decoding run is among the interval's records"
+    if getattr(e.plan, "dp_attention", False) or getattr(e, "phase", None) is not None:
+        return ("the interval's records are co-located TensorRT-LLM pools; wide-EP and one-phase pools are "
+                "scored apart (benchmarks/accuracy.py, family wideep)")
+    return None
+
+
 def serving_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The LEVEL interval of a serving estimate's TTFT, TPOT and throughput (TensorRT-LLM residuals)."""
+    """The LEVEL interval of a serving estimate's TTFT, TPOT and throughput (TensorRT-LLM residuals), None when
+    the residuals do not cover the plan (serving_interval_withheld)."""
     band = serving_band(data)
-    if band is None:
+    if band is None or serving_interval_withheld(e) is not None:
         return None
     t = e.timing
     return {"level": LEVEL, "ttft_s": band.time(float(t.ttft)), "tpot_s": band.time(float(t.tpot)),

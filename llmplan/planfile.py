@@ -23,6 +23,7 @@ from llmplan.specs.check import check_plan, check_serve_plan
 from llmplan.specs.registry import (
     build, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
 )
+from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import DEFAULT_ORDER, parse_order
 
@@ -141,11 +142,11 @@ class PlanFile:
     axis_order: tuple[str, ...]
     mode: str
     predictions: dict[str, Any]
+    document: PlanDocument
+    """The file as read."""
     path: Path | None = None
     job: ServeJob | None = None
     """The serving workload (mode infer)."""
-    document: PlanDocument | None = None
-    """The file as read."""
 
     @property
     def serve_job(self) -> ServeJob:
@@ -164,7 +165,7 @@ def spec_ref(ref: str, plan_path: Path) -> str:
 
 
 def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
-                  predictions: dict[str, Any], refs: tuple[str, str] | None = None) -> dict[str, Any]:
+                  predictions: dict[str, Any], refs: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
     c = e.cluster
     return {
         "schema": PLAN_SCHEMA, "kind": KIND, "mode": "train", "llmplan_version": __version__,
@@ -182,7 +183,7 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
 
 
 def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any],
-                        refs: tuple[str, str] | None = None) -> dict[str, Any]:
+                        refs: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
     """An inference plan file: the ServePlan and ServeJob instead of a ParallelPlan."""
     c = e.cluster
     return {
@@ -262,12 +263,40 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
                     f"{where} (cluster)")
     allowance = build(MemoryAllowance, doc.allowance, f"{where} (allowance)")
     order = parse_order(doc.axis_order)
+    plan: ServePlan | ParallelPlan
     if doc.mode == "infer":
         plan = build(ServePlan, doc.plan, f"{where} (plan)")
         job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
     else:
         plan, job = build(ParallelPlan, doc.plan, f"{where} (plan)"), None
-    return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), path, job, doc)
+    return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), doc, path, job)
+
+
+def saved_pools(pf: PlanFile) -> tuple[PoolCluster, HeteroPlan] | None:
+    """The cluster of several pools and the plan's place on them that `search --hardware cluster.yaml --save`
+    recorded (key `pools`), the plan as the file holds it now; None for a plan of one system."""
+    extra = (pf.document.model_extra or {}) if pf.document is not None else {}
+    raw = extra.get("pools")
+    if raw is None or pf.mode != "train":
+        return None
+    where = str(pf.path or "plan file")
+    if not isinstance(raw, dict):
+        raise LlmplanError(f"{where}: pools is {excerpt(repr(raw), 40)}; it holds `cluster` and `plan` as "
+                           f"`llmplan search --save` writes them; re-create the plan")
+    pc = build(PoolCluster, raw.get("cluster") or {}, f"{where} (pools.cluster)")
+    hp = build(HeteroPlan, {**(raw.get("plan") or {}), "plan": pf.plan.model_dump()}, f"{where} (pools.plan)")
+    return pc, hp
+
+
+def refuse_mixed_pools(pf: PlanFile, what: str) -> None:
+    """Refuse, in one line, a command that prices a plan on one system when the plan spans several pools."""
+    saved = saved_pools(pf)
+    if saved is not None and len(saved[1].pools_used()) > 1:
+        pc, hp = saved
+        names = ", ".join(pc.pools[g].name for g in hp.pools_used())
+        raise LlmplanError(f"{pf.path or 'the plan file'} runs over the pools {names} of {pc.name}, and {what} "
+                           f"prices a plan on one system; `llmplan check` re-prices it over its pools and "
+                           f"`search --json` gives each pool's memory and time (pools.by_pool)")
 
 
 def plan_violations(pf: PlanFile) -> list:

@@ -8,15 +8,35 @@ import numpy as np
 
 from llmplan.cost.inference import (
     ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_compute_format,
-    serve_memory, serve_timing,
+    serve_memory, serve_timing, step_host_seconds,
 )
+from llmplan.cost.lengths import LengthStats, length_stats
 from llmplan.cost.operators import OperatorUse
+from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
+from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import place
+
+
+@dataclass(frozen=True)
+class SpeculativeSummary:
+    """Speculative decoding at the job's batch against the same plan decoding one token per step."""
+
+    step: SpeculativeStep
+    """One speculative step (draft + verification seconds, tokens per step, acceptance rate)."""
+    tpot_without_s: float
+    tokens_per_s_without: float
+    """Output tokens per second of the deployment without speculation."""
+    max_concurrent_seqs_without: int
+    draft_weight_bytes: float
+    """Draft weights per GPU beyond the target's (included in memory.weights)."""
+    kv_bytes_per_seq: float
+    """KV bytes per running sequence per GPU with the draft's cache and the k draft slots."""
+    kv_bytes_per_seq_without: float
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,12 @@ class ServeEstimate:
     fallback_cost: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """(extra bytes per GPU at the job's batch, extra seconds per output token, extra seconds to the first
     token) of the missing kernels."""
+    speculative: SpeculativeSummary | None = None
+    """Speculative decoding's step and its effect against plain decoding (None without it)."""
+    lengths: LengthStats | None = None
+    """Percentiles, capacity and throughput under the job's length distributions (None without them)."""
+    phase: PhaseTiming | None = None
+    """The plan's phase priced on its own when it is one pool of a disaggregated deployment (plan.phase)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,11 +93,21 @@ def hardware_warnings(plan: ServePlan, cluster: ClusterSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
+    """The model as the engines load it for the job: without its multi-token-prediction modules unless the job
+    decodes speculatively with them (vLLM's DeepSeek loader skips the spec-decode layers for the main model,
+    vllm/model_executor/models/deepseek_v2.py load_weights; SGLang loads them only in its NEXTN draft worker)."""
+    if m.num_nextn_predict_layers and (job.speculative is None or job.speculative.method != "mtp"):
+        return m.model_copy(update={"num_nextn_predict_layers": 0})
+    return m
+
+
 def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
                      allowance: MemoryAllowance | None = None) -> ServeEstimate:
     violations = check_serve_plan(m, plan, job, cluster)
     if violations:
         raise PlanViolationError(violations)
+    spec_m, m = m, loaded_model(m, job)
     system = cluster.system
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
@@ -89,14 +125,36 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         slo_tps = float(serve_timing(m, runs, system, spans, job, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})
+    spec = speculative_summary(m, cluster, runs, job, allowance, spans) if job.speculative is not None else None
+    lengths = length_stats(m, runs, system, spans, job, mem.kv_available) \
+        if job.input_len_dist is not None or job.output_len_dist is not None else None
     return ServeEstimate(
-        model=m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
+        model=spec_m, cluster=cluster, plan=plan, job=job, memory=mem, timing=timing,
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
         warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
-        operators=tuple(uses), fallback_cost=extra,
+        operators=tuple(uses), fallback_cost=extra, speculative=spec, lengths=lengths,
+        phase=phase_timing(m, runs, system, spans, job),
     )
+
+
+def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
+                        allowance: MemoryAllowance | None, spans: Spans) -> SpeculativeSummary:
+    """The speculative step at the job's batch and the same job without speculation (TPOT, throughput, KV)."""
+    assert job.speculative is not None  # the caller's branch
+    system = cluster.system
+    plain = job.model_copy(update={"speculative": None})
+    base = serve_timing(loaded_model(m, plain), plan, system, spans, plain, job.batch)
+    mem, base_mem = (serve_memory(loaded_model(m, j), plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
+    context = job.input_len + job.output_len / 2
+    step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
+                            step_host_seconds(m, plan, job))
+    return SpeculativeSummary(
+        step=step, tpot_without_s=float(base.tpot), tokens_per_s_without=float(base.tokens_per_s_replica) * plan.dp,
+        max_concurrent_seqs_without=base_mem.max_concurrent_seqs,
+        draft_weight_bytes=draft_weight_bytes(m, plan, job.speculative),
+        kv_bytes_per_seq=mem.kv_cache / job.batch, kv_bytes_per_seq_without=base_mem.kv_cache / job.batch)
 
 
 def running_plan(plan: ServePlan, uses: list[OperatorUse]) -> ServePlan:
@@ -135,7 +193,7 @@ def load_curve(e: ServeEstimate) -> list[LoadPoint]:
     extra = [b for b in (e.job.batch, e.slo_batch) if b and b <= limit]
     grid = np.unique(np.concatenate([np.round(np.geomspace(1, limit, LOAD_POINTS)), extra])).astype(float)
     runs = running_plan(e.plan, list(e.operators))
-    t = serve_timing(e.model, runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
+    t = serve_timing(loaded_model(e.model, e.job), runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
     ttft, tpot = np.broadcast_to(t.ttft, grid.shape), np.broadcast_to(t.tpot, grid.shape)
     ok = np.ones(grid.shape, dtype=bool)
     if e.job.ttft_slo_s is not None:

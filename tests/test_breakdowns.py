@@ -15,7 +15,7 @@ from llmplan.estimate import estimate_training
 from llmplan.serving import estimate_serving
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import ServeJob, ServePlan, SpeculativeSpec
 
 M, S = builtin_models(), builtin_systems()
 
@@ -31,6 +31,10 @@ def instances() -> list[Breakdown]:
         out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4)]
     one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
     out.append(estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob()).memory)
+    spec = SpeculativeSpec(method="eagle", num_speculative_tokens=3)
+    speculative = estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob(speculative=spec)).speculative
+    assert speculative is not None
+    out.append(speculative.step)
     return out
 
 

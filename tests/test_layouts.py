@@ -320,3 +320,37 @@ def test_a_partial_last_group_of_micro_batches_is_one_clear_error(cli, args):
     # `estimate` printed "internal error: RuntimeError: pipeline schedule deadlocked".
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", *args)
     assert r.code == 2 and "whole number of groups of pp" in r.err and "internal error" not in r.err, r.err
+
+
+# gpt-1.7b has 24 layers: eight chunks of three on pp 4 interleave two ways (issue 35).
+EIGHT_CHUNKS = "Et*3|t*3|t*3|t*3|t*3|t*3|t*3|t*3L"
+GPT_PP4 = ("--model", "gpt-1.7b", "--hardware", "dgx-h100", "--nodes", "1", "--pp", "4", "--dp", "2",
+           "--micro-batch", "1")
+
+
+def test_an_explicit_vpp_1_beside_a_layout_is_checked_not_replaced(cli):
+    r = cli("estimate", *GPT_PP4, "--global-batch", "8", "--pp-layout", EIGHT_CHUNKS, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["plan"]["vpp"] == 2  # not given: chunks / pp, as Megatron-LM infers it
+    r = cli("estimate", *GPT_PP4, "--global-batch", "8", "--pp-layout", EIGHT_CHUNKS, "--vpp", "1")
+    assert r.code == 2 and "has 8 chunks but pp x vpp is 4 x 1 = 4" in r.err and "use --vpp 2" in r.err
+
+
+def test_partial_microbatch_group_fix_fits_the_split(cli):
+    # 6 / (1 x 2) = 3 micro-batches: not a whole group of pp 4. Without a layout --vpp 1 is the way out; with
+    # one, the layout sets vpp, so the way out is a layout of one chunk per stage.
+    r = cli("estimate", *GPT_PP4, "--global-batch", "6", "--vpp", "2")
+    assert r.code == 2 and "or do not interleave: --vpp 1" in r.err
+    r = cli("estimate", *GPT_PP4, "--global-batch", "6", "--pp-layout", EIGHT_CHUNKS)
+    assert r.code == 2 and "give a --pp-layout of pp (4) chunks, one per stage" in r.err and "--vpp 1" not in r.err
+    r = cli("estimate", *GPT_PP4, "--global-batch", "6", "--pp-layout", "Et*5|t*6|t*6|t*7L")
+    assert r.code == 0, r.err  # the fix it names runs
+
+
+def test_one_micro_batch_is_singular(cli):
+    r = cli("estimate", "--model", "gpt-1.7b", "--hardware", "dgx-h100", "--nodes", "1", "--global-batch", "8",
+            "--micro-batch", "1")
+    assert r.code == 0 and "1 micro-batch per replica" in " ".join(r.out.split())
+    r = cli("estimate", "--model", "gpt-1.7b", "--hardware", "dgx-h100", "--nodes", "1", "--global-batch", "16",
+            "--micro-batch", "1")
+    assert r.code == 0 and "2 micro-batches per replica" in " ".join(r.out.split())

@@ -89,6 +89,13 @@ def test_schedule_rules_and_exports(cli, tmp_path):
     bad = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
               "--pp", "7", "--pp-schedule", "dualpipe", "--global-batch", "64")
     assert bad.code == 2 and "pp (7) must be even" in bad.err
+    # DualPipe.step asserts num_chunks even and >= 2 x ranks (deepseek-ai/DualPipe, dualpipe/dualpipe.py)
+    for gb in ("8", "17"):
+        few = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
+                  "--pp", "8", "--pp-schedule", "dualpipe", "--global-batch", gb)
+        assert few.code == 2 and "even number of micro-batches per step, at least 2 x pp (8) = 16" in few.err
+        assert f"gives {gb}" in few.err
+        assert "make it an even number 16 or more with --global-batch or --micro-batch" in few.err
     inter = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "8",
                 "--pp", "8", "--vpp", "2", "--pp-schedule", "zero-bubble", "--global-batch", "64")
     assert inter.code == 2 and "one stage per rank" in inter.err

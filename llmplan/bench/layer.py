@@ -167,6 +167,9 @@ class LayerShape:
 
 
 class ReferenceLayer(torch.nn.Module):
+    mask: torch.Tensor
+    """The causal mask, a non-persistent buffer (register_buffer), typed for the checker."""
+
     def __init__(self, shape: LayerShape, dtype: torch.dtype) -> None:
         super().__init__()
         c = shape

@@ -14,14 +14,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from llmplan.cost.comm import tp_transfers
 from llmplan.cost.compute import attention_fraction, attention_head_dims, gemm_efficiency, head_dim_attention_ratio
 from llmplan.cost.memory import layer_activation_bytes
 from llmplan.errors import LlmplanError
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import AttentionKernel, ClusterSpec, ParallelPlan
 from llmplan.topology.collectives import bus_factor, collective_time
 from llmplan.topology.placement import GroupSpan, span_of_ranks
 from llmplan.units import GIB
@@ -52,7 +52,21 @@ class BenchConfig:
     gemm_tokens: int | None = None
 
 
-def layer_shape(cfg: BenchConfig) -> dict[str, int | bool]:
+class LayerDims(TypedDict):
+    """The reference layer's shape as the bench report writes it (layer_shape): sequence and micro-batch per
+    rank, width, heads, KV heads, head dimension, FFN width, and whether the MLP is gated."""
+
+    s: int
+    b: int
+    h: int
+    a: int
+    kv: int
+    d: int
+    f: int
+    gated: bool
+
+
+def layer_shape(cfg: BenchConfig) -> LayerDims:
     m, p = cfg.model, cfg.plan
     return {"s": p.seq_len // p.cp, "b": p.micro_batch, "h": m.hidden_size, "a": m.num_attention_heads,
             "kv": m.kv_heads, "d": m.d_head, "f": m.intermediate_size if m.num_dense_layers else m.expert_ffn,
@@ -385,8 +399,8 @@ def attention_rows(cfg: BenchConfig, measured: list[dict[str, Any]], on_gpu: boo
         if c.get("error"):
             rows.append(Row("attention", label, 0.0, 0.0, "s", None, c["error"][:60]))
             continue
-        kernel = "flash2" if c["kernel"] == "flash2" else "native"
-        plan = ParallelPlan(attention_kernel=kernel, seq_len=c["s"])
+        kind: AttentionKernel = "flash2" if c["kernel"] == "flash2" else "native"
+        plan = ParallelPlan(attention_kernel=kind, seq_len=c["s"])
         frac = float(attention_fraction(gpu, plan, _case_model(cfg, c)))
         predicted = 3 * attention_flops(c) / (gpu.sustained_flops("bf16") * frac)
         rows.append(Row("attention", label, predicted, c["seconds"], "s", 0.25 if on_gpu else None,

@@ -127,11 +127,12 @@ def _run(args: list[str]) -> int:
             return _stdout_closed(0)  # typer's and rich's answer to a closed stdout (exit 1)
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Exception as e:  # usage errors (typer's click) and anything unexpected: never a bare traceback
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+        exit_code = getattr(e, "exit_code", None)
+        if hasattr(e, "show") and isinstance(exit_code, int):
             if "--json" in args:
-                _json_error(e.exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
+                _json_error(exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
             e.show()
-            return e.exit_code
+            return exit_code
         if type(e).__name__ == "Abort":
             return _fail(args, 130, "interrupted")
         if os.environ.get("LLMPLAN_DEBUG"):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -30,11 +32,18 @@ class _Console(Console):
 out = _Console()  # the terminal's width; 80 columns when piped unless COLUMNS says otherwise
 
 
-def emit(doc: dict, json_mode: bool, view) -> None:
+def emit(doc: dict, json_mode: bool, view: Callable[[], object]) -> None:
+    """The JSON document with --json, else the view (a function that prints it)."""
     if json_mode:
         sys.stdout.write(report.dump_json(doc) + "\n")
     else:
         view()
+
+
+def print_each(items: list[Any]) -> None:
+    """Print each renderable (a table, a markup line) in turn: the view of commands that list."""
+    for item in items:
+        out.print(item)
 
 
 def save_best(path: Path, doc: dict, force: bool, json_mode: bool, what: str = "the best plan") -> None:

@@ -18,7 +18,7 @@ from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.fileio import check_target, write_atomic
-from llmplan.planfile import load_plan
+from llmplan.planfile import load_plan, refuse_mixed_pools
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import build, read_document, resolve_model, resolve_system
 from llmplan.units import parse_size
@@ -153,6 +153,7 @@ def calibrate_anchor(plan_file: Path, step_time: float | None, memory_gib: float
     pf = load_plan(plan_file)
     if pf.mode != "train":
         raise LlmplanError(f"{plan_file} is a serving plan; --step-time anchors a training plan")
+    refuse_mixed_pools(pf, "calibrate --plan")
     cluster = pf.cluster
     if hardware is not None:
         cluster = cluster.model_copy(update={"system": resolve_system(hardware)})

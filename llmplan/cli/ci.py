@@ -10,13 +10,16 @@ import typer
 
 from llmplan import report
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, emit, out
+from llmplan.cli.app import app, emit, out, print_each
 from llmplan.cli.inputs import make_cluster
 from llmplan.ci import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import exists, make_folder
 from llmplan.estimate import estimate_training
-from llmplan.planfile import load_plan, plan_document, read_plan_document, save_plan, serve_plan_document, spec_ref
+from llmplan.hetero import estimate_hetero
+from llmplan.planfile import (load_plan, plan_document, read_plan_document, save_plan, saved_pools,
+                              serve_plan_document, spec_ref)
+from llmplan.report.pools import hetero_json
 from llmplan.search.grid import Workload, default_space
 from llmplan.search.run import search as run_search
 from llmplan.serving import estimate_serving
@@ -95,8 +98,14 @@ def lock(
             model_now = pf.model
             cluster = pf.cluster
             if pf.mode == "infer":
-                se = estimate_serving(model_now, cluster, pf.plan, pf.job, pf.allowance)
+                se = estimate_serving(model_now, cluster, pf.plan, pf.serve_job, pf.allowance)
                 new = serve_plan_document(se, pf.allowance, report.serve_json(se), refs if refs[0] else None)
+            elif (pools := saved_pools(pf)) is not None:  # a plan over pools: re-priced over them, pools kept
+                h = estimate_hetero(model_now, *pools, pf.allowance, pf.axis_order)
+                new = {**plan_document(h.estimate, pf.allowance, pf.axis_order, hetero_json(h)),
+                       **({"model_ref": refs[0]} if refs[0] else {}),  # no hardware_ref: the snapshot stands
+                       "pools": {"cluster": pools[0].model_dump(mode="json"),
+                                 "plan": pools[1].model_dump(mode="json")}}
             else:
                 e = estimate_training(model_now, cluster, pf.plan, pf.allowance, pf.axis_order)
                 new = plan_document(e, pf.allowance, pf.axis_order, report.estimate_json(e), refs if refs[0] else None)
@@ -136,6 +145,6 @@ def lock(
         raise LlmplanError(f"nothing to lock: no plan files in {plans} and no model specs given "
                            "(llmplan lock model_specs/ --plans DIR --hardware H --nodes N)")
     emit({"schema": 1, "written": written, "failed": failed}, json_mode,
-         lambda: [out.print(f"locked {w}") for w in written] + [out.print(f"[red]failed[/] {f}") for f in failed])
+         lambda: print_each([f"locked {w}" for w in written] + [f"[red]failed[/] {f}" for f in failed]))
     if failed:
         raise typer.Exit(1)

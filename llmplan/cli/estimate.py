@@ -20,9 +20,9 @@ from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
+from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
 from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.placement import parse_order
@@ -46,29 +46,46 @@ def estimate(
                                   help="Inference: as many concurrent sequences as the engine's KV cache admits "
                                        "(continuous batching at full load), capped by --batch if given."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    moe_serving: Annotated[MoeServingOptions, opt.MOE_SERVING],
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp"})
+    # --moe-dispatcher is shared with training: serving reads it too (alltoall | deepep)
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp", "moe_dispatcher"} | set(MoeServingOptions.model_fields))
     if output.save is not None:  # refuse an existing --save file before printing the estimate, not after
         check_target(output.save, output.force)
     if mode == "infer":
-        estimate_infer(cluster, plan, training.dtype, serving, batch, max_load, memory, output)
+        estimate_infer(cluster, plan, training.dtype, serving, batch, max_load, memory, output,
+                       moe_plan_fields(moe_serving, training.moe_dispatcher))
     else:
         estimate_train(cluster, plan, training, split, memory, checkpoints, output)
 
 
+def moe_plan_fields(o: MoeServingOptions, dispatcher: str) -> dict[str, object]:
+    """The ServePlan fields of the phase and MoE serving options (--phase, --dp-attention, ...) and of the
+    shared --moe-dispatcher."""
+    return {"phase": o.phase, "dp_attention": o.dp_attention, "moe_dispatcher": dispatcher,
+            "two_batch_overlap": o.two_batch_overlap, "redundant_experts": o.redundant_experts,
+            "ep_imbalance": o.ep_imbalance, "expert_dtype": o.expert_dtype}
+
+
 def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOptions, batch: int | None,
-                   max_load: bool, memory: MemoryOptions, output: OutputOptions) -> None:
-    """The serving path of `estimate`: p's tp, pp, dp and ep, the serving options and --batch / --max-load."""
+                   max_load: bool, memory: MemoryOptions, output: OutputOptions,
+                   moe: dict[str, object] | None = None) -> None:
+    """The serving path of `estimate`: p's tp, pp, dp and ep, the serving options and --batch / --max-load;
+    `moe` the phase and MoE deployment fields (moe_plan_fields)."""
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
-                             "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving plan options")
-    job = make_job(s, batch or 64)
+                             "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **(moe or {})},
+                 "serving plan options")
+    # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
+    # by default, as many as one batch of --max-num-batched-tokens tokens takes.
+    prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if (moe or {}).get("phase") == "prefill" else 64
+    job = make_job(s, batch or prefill_seqs)
     allowance = make_allowance(memory)
     if max_load:
         job = at_max_load(m, cluster, plan, job, allowance, cap=batch)
@@ -76,7 +93,8 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     if output.json_mode:
         for warning in se.warnings:
             sys.stderr.write(f"warning: {warning}\n")
-    advice = advise_serving(se, allowance)
+    # The advice ranks changes by co-located throughput and TTFT; a one-phase pool is priced on its own phase.
+    advice = advise_serving(se, allowance) if plan.phase == "both" else None
     emit(report.serve_json(se, advice), output.json_mode, lambda: report.serve_view(out, se, advice))
     if output.save is not None:
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
@@ -91,10 +109,11 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
     stages = pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
                             split.loss_in_split, p.pp_layout, p.vpp)
-    vpp = stages.pop("vpp", p.vpp)
+    vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
     with reported("plan options"):
         return ParallelPlan(
-            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=vpp, **stages,
+            tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp,
+            **stages,
             sp=(p.tp > 1) if p.sp is None else p.sp, zero=p.zero, micro_batch=p.micro_batch,
             recompute=p.recompute,  # type: ignore[arg-type]  # a str: ParallelPlan's Literal is the rule, reported
             global_batch=p.global_batch if p.global_batch is not None else p.micro_batch * dp,

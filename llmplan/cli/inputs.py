@@ -5,26 +5,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Optional, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
-from llmplan.fileio import excerpt
+from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA, mean_length
+from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
-from llmplan.specs.registry import build, resolve_system, validation_message
+from llmplan.specs.registry import build, resolve_model, resolve_system, validation_message
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.specs.serve import ServeJob, WeightDtype
+from llmplan.specs.serve import LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
 from llmplan.topology.graph import validate
 
 
 def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
-                   loss: bool, layout: Optional[str] = None, vpp: int = 1) -> dict:
+                   loss: bool, layout: Optional[str] = None, vpp: Optional[int] = None) -> dict:
     """The plan's stage layout from the pipeline options (one way at a time)."""
     ways = [name for name, on in (("--pp-layers", layers is not None), ("--pp-first-layers/--pp-last-layers",
                                   bool(first or last)), ("--account-for-*-in-pipeline-split", embedding or loss),
@@ -48,15 +50,17 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
     return {"pp_first": first, "pp_last": last}
 
 
-def layout_split(m, text: str, pp: int, vpp: int) -> dict:
+def layout_split(m, text: str, pp: int, vpp: Optional[int]) -> dict:
     """pp_layout from Megatron's --pipeline-model-parallel-layout string ('balanced': specs.layout.
-    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is left at 1
-    (a --vpp that disagrees is check_plan's rule pp_layout)."""
+    balanced_layout of pp x vpp chunks), and vpp = chunks / pp as Megatron infers it when --vpp is not given;
+    a --vpp given (1 included) is kept, and one that disagrees with the chunks is check_plan's rule pp_layout."""
     if text.strip() == "balanced":
-        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, vpp, m.num_nextn_predict_layers), "vpp": vpp}
+        v = vpp or 1
+        return {"pp_layout": balanced_layout(m.num_hidden_layers, pp, v, m.num_nextn_predict_layers), "vpp": v}
     chunks = parse_layout(text)
-    inferred = len(chunks) // pp if len(chunks) % pp == 0 else vpp
-    return {"pp_layout": chunks, "vpp": inferred if vpp == 1 else vpp}
+    if vpp is None:
+        vpp = len(chunks) // pp if len(chunks) % pp == 0 else 1
+    return {"pp_layout": chunks, "vpp": vpp}
 
 
 def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> None:
@@ -174,6 +178,7 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
     """--checkpoint, --checkpoint-interval and --failure-rate as a CheckpointPolicy (its Field bounds are the
     rule); a bad value is one line naming the flag."""
     try:
+        # mode is the flag's str: CheckpointPolicy's Literal is the rule, and a bad value is reported below
         return CheckpointPolicy(mode=c.checkpoint, interval_s=c.checkpoint_interval,  # type: ignore[arg-type]
                                 failures_per_gpu_hour=c.failure_rate)
     except ValidationError as e:
@@ -184,13 +189,93 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
 
 def make_job(s: ServingOptions, batch: int, request_rate: float | None = None) -> ServeJob:
     """The serving workload: the serving options with the command's load (estimate --batch, search
-    --max-batch and --request-rate)."""
+    --max-batch and --request-rate); with a length distribution, input_len / output_len are its mean."""
+    dists = {side: length_distribution(f"--{side}-len-dist", text, side, given)
+             for side, text, given in (("input", s.input_len_dist, s.input_len), ("output", s.output_len_dist,
+                                                                                  s.output_len))
+             if text is not None}
+    lengths = {f"{side}_len": max(1, round(mean_length(d))) for side, d in dists.items()}
     return build(ServeJob, {"input_len": s.input_len, "output_len": s.output_len, "batch": batch,
                             "prefix_hit_rate": s.prefix_hit_rate, "ttft_slo_s": s.ttft_slo, "tpot_slo_s": s.tpot_slo,
                             "gpu_memory_utilization": s.gpu_memory_utilization, "block_size": s.block_size,
                             "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
-                            "cuda_graphs": s.cuda_graphs, "request_rate": request_rate},
+                            "cuda_graphs": s.cuda_graphs, "request_rate": request_rate, **lengths,
+                            "speculative": speculative_of(s),
+                            **{f"{side}_len_dist": d for side, d in dists.items()}},
                  "inference workload options")
+
+
+def speculative_of(s: ServingOptions) -> SpeculativeSpec | None:
+    """--speculative, --spec-tokens, --acceptance and --draft-model as a SpeculativeSpec (None without
+    --speculative; the others alone are refused)."""
+    if s.speculative is None:
+        alone = [f for f, v in (("--spec-tokens", s.spec_tokens), ("--acceptance", s.acceptance),
+                                ("--draft-model", s.draft_model)) if v is not None]
+        if alone:
+            raise LlmplanError(f"{', '.join(alone)} {'apply' if len(alone) > 1 else 'applies'} to speculative "
+                               "decoding; add --speculative mtp|eagle|eagle3|ngram or drop "
+                               f"{'them' if len(alone) > 1 else 'it'}")
+        return None
+    methods = get_args(SpeculativeMethod)
+    if s.speculative not in methods:
+        raise LlmplanError(f"--speculative {s.speculative}: use one of {' | '.join(methods)}")
+    if s.spec_tokens is None:
+        raise LlmplanError(f"--speculative {s.speculative} needs --spec-tokens K, the draft tokens per sequence per "
+                           "step (e.g. 1 for DeepSeek-V3's one MTP layer, 3-5 for EAGLE)")
+    draft = resolve_model(s.draft_model) if s.draft_model is not None else None
+    return build(SpeculativeSpec, {"method": s.speculative, "num_speculative_tokens": s.spec_tokens,
+                                   "acceptance_rate": s.acceptance, "draft_model": s.draft_model, "draft": draft},
+                 "speculative decoding options (--speculative, --spec-tokens, --acceptance, --draft-model)")
+
+
+def length_distribution(flag: str, text: str, side: str, fixed: int) -> LengthDistribution:
+    """A length distribution from its flag: lognormal:mean=M,sigma=S, a named trace shape (its published mean
+    for this side, lognormal of TRACE_SIGMA), or a histogram file of `length,weight` lines. A --input-len /
+    --output-len other than the default alongside it is refused (the distribution sets the mean)."""
+    if fixed != ServeJob.model_fields[f"{side}_len"].default:
+        raise LlmplanError(f"{flag} {text} and --{side}-len {fixed} both set the {side} length; give one of them")
+    if text in TRACE_SHAPES:
+        mean_in, mean_out, source = TRACE_SHAPES[text]
+        return build(LengthDistribution, {"kind": "lognormal", "mean": mean_in if side == "input" else mean_out,
+                                          "sigma": TRACE_SIGMA, "name": f"{text}: {source}"}, flag)
+    if text.startswith("lognormal:"):
+        fields: dict[str, Any] = {}
+        for part in text.removeprefix("lognormal:").split(","):
+            key, _, value = part.partition("=")
+            try:
+                fields[key.strip()] = float(value)
+            except ValueError:
+                fields[key.strip()] = value
+        if set(fields) != {"mean", "sigma"}:
+            raise LlmplanError(f"{flag} {text}: write lognormal:mean=M,sigma=S (M the mean tokens, S the "
+                               "standard deviation of log length, e.g. lognormal:mean=2000,sigma=0.8)")
+        return build(LengthDistribution, {"kind": "lognormal", **fields, "name": text}, flag)
+    path = Path(text)
+    if not path.exists():
+        raise LlmplanError(f"{flag} {text}: not lognormal:mean=M,sigma=S, a trace shape "
+                           f"({' | '.join(TRACE_SHAPES)}) or an existing histogram file")
+    return build(LengthDistribution, {"kind": "histogram", **histogram_rows(flag, path), "name": text}, flag)
+
+
+def histogram_rows(flag: str, path: Path) -> dict[str, list[Any]]:
+    """`length,weight` per line (blank lines, `#` comments and a non-numeric header line skipped)."""
+    lengths: list[Any] = []
+    weights: list[Any] = []
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        row = line.split("#")[0].strip()
+        if not row:
+            continue
+        cells = [c.strip() for c in row.split(",")]
+        try:
+            length, weight = int(cells[0]), float(cells[1])
+        except (ValueError, IndexError):
+            if not lengths and not weights and n == 1:
+                continue  # a header
+            raise LlmplanError(f"{flag} {path} line {n}: {excerpt(line)!r} is not `length,weight` (a whole number "
+                               "of tokens and a weight)") from None
+        lengths.append(length)
+        weights.append(weight)
+    return {"lengths": lengths, "weights": weights}
 
 
 def cluster_of(c: ClusterOptions, nodes: int | None = None, domain_gpus: int | None = None) -> ClusterSpec:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmplan import report
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, emit, out
+from llmplan.cli.app import app, emit, out, print_each
 from llmplan.estimate import model_summaries
 from llmplan.specs.registry import builtin_gpus, builtin_systems
 
@@ -22,4 +22,4 @@ def hardware(json_mode: bool = opt.JSON) -> None:
     gpus = sorted(builtin_gpus().values(), key=lambda g: g.name)
     systems = sorted(builtin_systems().values(), key=lambda s: s.name)
     emit(report.hardware_json(gpus, systems), json_mode,
-         lambda: [out.print(t) for t in report.hardware_tables(gpus, systems)])
+         lambda: print_each(report.hardware_tables(gpus, systems)))

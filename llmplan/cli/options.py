@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from typer.core import TyperCommand
 
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
-from llmplan.specs.options import ClusterOptions, MemoryOptions, OutputOptions, ServingOptions
+from llmplan.specs.options import ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions, ServingOptions
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -93,6 +93,22 @@ ENGINE = typer.Option(_job("engine"), "--engine",
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",
                            help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
 BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
+SPECULATIVE = typer.Option(None, "--speculative",
+                           help="Inference: speculative decoding mtp | eagle | eagle3 | ngram (MTP layers, an "
+                                "EAGLE head or --draft-model, prompt lookup).")
+SPEC_TOKENS = typer.Option(None, "--spec-tokens", min=1, max=64,
+                           help="Inference: draft tokens per sequence per step (k) with --speculative.")
+ACCEPTANCE = typer.Option(None, "--acceptance", min=0.0, max=1.0,
+                          help="Inference: acceptance rate of a draft token (0-1; default: the method's "
+                               "published one: mtp 0.85, eagle 0.75; eagle3 and ngram have none).")
+DRAFT_MODEL = typer.Option(None, "--draft-model",
+                           help="Inference: draft model (built-in name or config path) for --speculative eagle(3) "
+                                "(default: a one-layer EAGLE head of the target's shape).")
+INPUT_LEN_DIST = typer.Option(None, "--input-len-dist",
+                              help="Inference: prompt lengths as a distribution: lognormal:mean=M,sigma=S | "
+                                   "sharegpt | lmsys-chat | rag-long | a histogram file (length,weight lines).")
+OUTPUT_LEN_DIST = typer.Option(None, "--output-len-dist",
+                               help="Inference: output lengths as a distribution (as --input-len-dist).")
 MAX_NUM_BATCHED_TOKENS = typer.Option(_job("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
 PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
                           help="Layers on the first pipeline stage (0: an even share).")
@@ -169,7 +185,8 @@ PLAN = Flags("Plan", {
     "cp": typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
     "ep": typer.Option(1, "--ep", min=1, help="Expert-parallel degree."),
     "etp": typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (default: tp)."),
-    "vpp": typer.Option(1, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    "vpp": typer.Option(None, "--vpp", min=1, help="Virtual pipeline stages per rank (interleaved schedule; "
+                                                   "default 1, or a --pp-layout's chunks / pp)."),
     "pp_layers": typer.Option(None, "--pp-layers", help="Layers of every pipeline stage, e.g. 7,8,8,...,7 (uneven "
                                                         "split)."),
     "pp_layout": PP_LAYOUT,
@@ -202,23 +219,58 @@ SEARCH_PINS = Flags("Search space", {
                                                               "16M); default 4M."),
 })
 SEARCH_GOAL = Flags("Ranking", {
-    "objective": typer.Option("throughput", "--objective", help="throughput | time-to-train | gpu-hours | headroom."),
+    "objective": typer.Option("throughput", "--objective", help="throughput | time-to-train | gpu-hours | headroom "
+                                                                "| cost (comparing systems: no headroom)."),
     "train_tokens": typer.Option("1T", "--train-tokens", help="Token budget for time-to-train / gpu-hours."),
     "top": typer.Option(5, "--top", min=1, help="How many plans to show."),
     "min_headroom": typer.Option(None, "--min-headroom", min=0.0,
                                  help="Training: GiB each plan must leave free per GPU beyond the allowance."),
     "wide": typer.Option(False, "--wide", help="Tables with a column per degree (wider than 80 columns)."),
     "explain_opt": typer.Option(False, "--explain", help="Why #1 beats #2 and the conventional plan, part by part."),
+    "budget_gpus": typer.Option(None, "--budget-gpus", min=1,
+                                help="Training: GPUs to rent on each system of --hardware A,B,C (whole nodes "
+                                     "within it), instead of --nodes; ranks the systems by the objective."),
+    "price": typer.Option(None, "--price", help="Training: US dollars per GPU-hour, SYSTEM=USD,... (default: "
+                                                "the profile's cited price, if any); prices the run."),
 })
 SERVING = Flags("Serving (--mode infer)", {
     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,
     "tpot_slo": TPOT_SLO, "prefix_hit_rate": PREFIX_HIT_RATE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
     "block_size": BLOCK_SIZE, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "engine": ENGINE,
-    "cuda_graphs": CUDA_GRAPHS})
+    "cuda_graphs": CUDA_GRAPHS, "speculative": SPECULATIVE, "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
+    "draft_model": DRAFT_MODEL, "input_len_dist": INPUT_LEN_DIST, "output_len_dist": OUTPUT_LEN_DIST})
 MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
 
 
-SERVING_ONLY = frozenset(ServingOptions.model_fields) | {"batch", "max_load", "max_batch", "request_rate"}
+
+def _serve_plan(field: str):
+    return ServePlan.model_fields[field].default
+
+
+MOE_SERVING = Flags("Phases and MoE serving (--mode infer)", {
+    "phase": typer.Option(_serve_plan("phase"), "--phase",
+                          help="Inference: both (co-located) | prefill | decode (one pool of a disaggregated "
+                               "deployment, priced on its own: prefill at --max-num-batched-tokens prompt tokens "
+                               "per batch, decode at --batch sequences per replica)."),
+    "dp_attention": typer.Option(_serve_plan("dp_attention"), "--dp-attention/--no-dp-attention",
+                                 help="Inference, MoE: attention and dense layers whole on every GPU, routed "
+                                      "experts over --ep (= the GPUs; --tp 1)."),
+    "two_batch_overlap": typer.Option(_serve_plan("two_batch_overlap"), "--two-batch-overlap/--no-two-batch-overlap",
+                                      help="Inference, MoE: overlap one micro-batch's dispatch/combine with the "
+                                           "other's compute."),
+    "redundant_experts": typer.Option(_serve_plan("redundant_experts"), "--redundant-experts", min=0,
+                                      help="Inference, MoE: extra expert replicas (EPLB) spread over the EP ranks."),
+    "ep_imbalance": typer.Option(_serve_plan("ep_imbalance"), "--ep-imbalance", min=1.0,
+                                 help="Inference, MoE with --dp-attention: busiest EP rank's expert load over the "
+                                      "mean (default: measured with EPLB, SGLang on H100)."),
+    "expert_dtype": typer.Option(None, "--expert-dtype",
+                                 help="Inference, MoE: routed experts' weight dtype when it differs from --dtype "
+                                      "(fp8, nvfp4...)."),
+})
+
+
+SERVING_ONLY = (frozenset(ServingOptions.model_fields) | frozenset(MoeServingOptions.model_fields)
+                | {"batch", "max_load", "max_batch", "request_rate", "disaggregated"})
 """Options only the serving paths (--mode infer) read: given in training mode they are an error."""
 SERVING_READS = (frozenset(ClusterOptions.model_fields) | frozenset(MemoryOptions.model_fields)
                  | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode"} | SERVING_ONLY)
@@ -265,7 +317,7 @@ def grouped(fn: Callable) -> Callable:
         typed = {name: model(**{f: given.pop(f) for f in model.model_fields}) for name, (model, _) in groups.items()}
         return fn(**given, **typed)
 
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect and typer
     command.__annotations__ = {p.name: p.annotation for p in params}
     del command.__wrapped__  # typer reads the signature above, not fn's
     return command

@@ -10,7 +10,7 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
 from llmplan.estimate import estimate_training, goodput_scaling, stage_views
 from llmplan.fileio import check_target, write_atomic
-from llmplan.planfile import load_plan
+from llmplan.planfile import load_plan, refuse_mixed_pools
 from llmplan.report.html import serving_report, training_report
 from llmplan.serving import estimate_serving, load_curve
 from llmplan.specs.registry import build
@@ -28,9 +28,10 @@ def report(
     communication per axis, goodput against GPU count, and for a saved search its throughput vs headroom
     front; for a serving plan, memory, latency and throughput per GPU against concurrency and TPOT."""
     pf = load_plan(plan_file)
+    refuse_mixed_pools(pf, "report")
     check_target(output, force)  # refuse before drawing (drawing takes a second or two)
     if pf.mode == "infer":
-        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.job, pf.allowance)
+        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.serve_job, pf.allowance)
         page = serving_report(se, load_curve(se))
     else:
         saved = pf.document.checkpoint if pf.document is not None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -12,6 +12,8 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
+from llmplan.cli.pools import search_pools_cli, single_pool_options
+from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
@@ -22,13 +24,14 @@ from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants)
 from llmplan.search.run import search as run_search
+from llmplan.search.disagg import search_disaggregated
 from llmplan.search.serve import SERVE_OBJECTIVES, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.specs.thresholds import CheckThresholds
 from llmplan.topology.placement import parse_order
@@ -53,16 +56,23 @@ def search(
     request_rate: Optional[float] = typer.Option(None, "--request-rate", rich_help_panel=opt.SERVING.panel,
                                                  help="Inference, --objective min-gpus: requests/s to sustain."),
     output: Annotated[OutputOptions, opt.OUTPUT],
-    ctx: typer.Context = None,  # type: ignore[assignment]
+    disaggregated: bool = typer.Option(False, "--disaggregated", rich_help_panel=opt.SERVING.panel,
+                                       help="Inference: a prefill pool and a decode pool (P:D split, KV transfer), "
+                                            "against the best co-located plan."),
+    ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top"})
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated"})
     if output.save is not None:  # refuse an existing --save file before the search, not after it ran and printed
         check_target(output.save, output.force)
     if mode == "infer":
+        refuse_serving_comparison(cluster)
+    if mode == "infer" and disaggregated:
+        search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output)
+    elif mode == "infer":
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output)
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output)
@@ -76,10 +86,10 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate)
-    build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
-    res = search_serving(m, cluster, job, dtype, s.kv_dtype, goal.objective, goal.top, job.request_rate,
-                         allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
+    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
+                         job.request_rate, allowance, checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}))
     emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
          lambda: report.serve_search_view(out, res, m, cluster, job))
     if not res.ranked:
@@ -93,10 +103,44 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
                                 **with_hardware_options(c)}, output.force, output.json_mode)
 
 
-def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
+def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOptions, max_batch: int,
+                  request_rate: float | None, memory: MemoryOptions, output: OutputOptions) -> None:
+    """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg)."""
+    if output.save is not None:
+        raise LlmplanError("--save with --disaggregated: a plan file holds one pool; save each pool with "
+                           "`estimate --mode infer --phase prefill|decode ... --save`")
+    m = resolve_model(c.model)
+    cluster = cluster_of(c)
+    job = make_job(s, max_batch, request_rate)
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
+                               make_allowance(memory))
+    emit(report.disagg_json(res, m, cluster, job), output.json_mode,
+         lambda: report.disagg_view(out, res, m, cluster, job))
+    if not res.plans:
+        sys.stderr.write(f"error: no prefill / decode split of {cluster.num_gpus} GPUs fits and meets the SLOs\n")
+        raise typer.Exit(EXIT_NO_FIT)
+
+
+class TrainSearch(NamedTuple):
+    """One system's training search as `search` shows it (train_search)."""
+
+    model: ModelSpec
+    result: SearchResult
+    cluster: ClusterSpec
+    workload: Workload
+    options: ClusterOptions
+    """The cluster options that made the shown result (domain_gpus set when a domain share won)."""
+    allowance: MemoryAllowance
+    order: tuple[str, ...]
+    tokens: float
+
+
+def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
-                 output: OutputOptions) -> None:
-    """The training path of `search`."""
+                 output: OutputOptions) -> TrainSearch:
+    """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
+    tried, the best kept."""
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
@@ -141,6 +185,23 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
+    return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)
+
+
+def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
+                 split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
+                 output: OutputOptions) -> None:
+    """The training path of `search`: one system (train_search) or, with several, which to rent (cli.systems)."""
+    if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
+        one = single_pool_options(c, goal)
+        if one is None:
+            return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
+        c = one
+    if wants_comparison(c, goal):
+        return search_systems(c, goal, output, lambda cv, g: train_search(cv, pins, g, s, split, memory,
+                                                                          checkpoints, output))
+    m, res, cluster, w, chosen, allowance, order, tokens = train_search(c, pins, goal, s, split, memory,
+                                                                        checkpoints, output)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
     emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import comb
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -55,8 +55,13 @@ class Dispatch:
     groups: tuple[int, int] | None
 
 
+G = TypeVar("G", GroupSpan, str)
+"""A transfer's group: its GroupSpan (the scalar path) or its axis name (the vectorised path: search.evaluate
+resolves the name to the spans of its plans)."""
+
+
 @dataclass(frozen=True)
-class Transfer:
+class Transfer(Generic[G]):
     """Repeated calls of one collective with one message size over one group."""
 
     collective: str
@@ -64,13 +69,13 @@ class Transfer:
     """Calls per step."""
     message: float
     """Bytes of the full buffer of one call (nccl-tests convention)."""
-    group: GroupSpan | str
+    group: G
     """The group's span (scalar path) or its axis name (vectorised path: search.evaluate resolves it)."""
     dispatch: Dispatch | None = None
     """DeepEP's all-to-all: across nodes it sends a token once per node over the network (a2a_shares)."""
 
     @property
-    def bytes(self) -> float:
+    def bytes(self: Transfer[GroupSpan]) -> float:
         """Bytes one GPU sends per step."""
         return self.calls * self.message * bus_factor(self.collective, self.group.size)
 
@@ -80,7 +85,7 @@ class AxisComm:
     """One axis's communication per step; `bytes` and `seconds` are the sums over its transfers."""
 
     axis: str
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[Transfer[GroupSpan], ...]
     seconds: float
 
     @property
@@ -107,7 +112,7 @@ class CommBreakdown:
         return sum(a.seconds for a in self.axes.values())
 
 
-def transfer_seconds(t: Transfer, system: SystemSpec) -> float:
+def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
     shares = a2a_shares(t.dispatch, t.group)
     return t.calls * collective_time(t.collective, t.message, t.group, system, shares=shares).seconds
 
@@ -128,7 +133,7 @@ def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | Non
     return (g - 1) / g, nodes * (D - 1) / D / ranks
 
 
-def _timed(axis: str, transfers: list[Transfer], system: SystemSpec) -> AxisComm:
+def _timed(axis: str, transfers: list[Transfer[GroupSpan]], system: SystemSpec) -> AxisComm:
     """Scalar path: keep the transfers that happen, and time them."""
     live = tuple(t for t in transfers if t.calls > 0 and t.group.size > 1 and t.message > 0)
     return AxisComm(axis, live, sum(transfer_seconds(t, system) for t in live))
@@ -145,7 +150,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
     )
 
 
-def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per layer and micro-batch: 2 all-reduces of sbh in forward and 2 in backward (2 more under full
     recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer, and
     the backward all-gathers the two saved sequence shards again for the weight gradients (Megatron-LM keeps
@@ -171,7 +176,7 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
             Transfer("reduce-scatter", with_sp, S, group)]
 
 
-def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
     with SP (Megatron's scatter-gather). Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
@@ -179,7 +184,7 @@ def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 
 
-def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, expert_group: GroupSpan) -> list[Transfer]:
+def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group: G) -> list[Transfer[G]]:
     """Gradient synchronisation over dp x cp (dense) and expert-dp (experts): all-reduce of the gradients;
     with ZeRO-1 (distributed optimizer) one reduce-scatter of the accumulated gradients + all-gather of the
     updated weights per step; ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
@@ -193,7 +198,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, exper
     flat = plan.pp == 1
     reduce_calls = where((z >= 2) & flat, n, where(z >= 1, 1, 0))  # sharded gradients: every backward
     gather_calls = where((z >= 3) & flat, 2 * n, where(z >= 1, 1, 0))
-    out: list[Transfer] = []
+    out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
         out += [Transfer("all-reduce", where(z == 0, 1, 0), g * params, group),
                 Transfer("reduce-scatter", reduce_calls, g * params, group),
@@ -201,13 +206,13 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: GroupSpan, exper
     return out
 
 
-def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Ring attention: per layer and micro-batch, each rank passes its K/V chunk cp-1 times forward and
     K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute).
     Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism. Derived: docs/formulas.md#comm.cp"""
     s, b, t, cp = plan.seq_len / plan.cp, plan.micro_batch, plan.tp, plan.cp
-    if m.is_mla:
-        kv_width = m.num_attention_heads / t * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    if (mla := m.mla) is not None:
+        kv_width = m.num_attention_heads / t * (mla.qk_head_dim + mla.v_head_dim)
     else:
         kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
     S = ACT_BYTES * s * b * kv_width
@@ -216,7 +221,7 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Tra
     return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
 
 
-def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: GroupSpan) -> list[Transfer]:
+def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
     dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute), sized for the
     most-loaded rank (cost.moe.routing_imbalance).

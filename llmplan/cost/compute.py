@@ -122,8 +122,8 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
 
 def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
     """(query-key, value) head dimensions: MLA's nope + rope and v dims, else d_head for both."""
-    if m.is_mla:
-        return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    if (mla := m.mla) is not None:
+        return mla.qk_head_dim, mla.v_head_dim
     return m.d_head, m.d_head
 
 
@@ -196,9 +196,10 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
     Derived: docs/formulas.md#compute.gemm"""
     h, a_t = m.hidden_size, m.num_attention_heads / t
-    if m.is_mla:
-        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        q = [(h, m.q_lora_rank), (m.q_lora_rank, a_t * (nope + rope))] if m.q_lora_rank else [(h, a_t * (nope + rope))]
+    if (mla := m.mla) is not None:
+        nope, rope, v, kv_r, q_r = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank,
+                                    mla.q_lora_rank)
+        q = [(h, q_r), (q_r, a_t * (nope + rope))] if q_r else [(h, a_t * (nope + rope))]
         return q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
@@ -352,7 +353,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
-    d_v = m.v_head_dim if m.is_mla else m.d_head
+    d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     per_element = (CAST_BYTES[plan.recipe] + transposed) * plan.low_precision_layer_fraction
     return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
@@ -378,10 +379,10 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         return 0.0
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     up = 0.0
-    if m.is_mla:
-        a, nope, rope, v = m.num_attention_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-        up = where(plan.recomputes("mla_up_proj"), 2 * T * ((m.q_lora_rank or 0) * a * (nope + rope)
-                                                              + m.kv_lora_rank * a * (nope + v)) / t, 0.0)
+    if (mla := m.mla) is not None:
+        a, nope, rope, v = m.num_attention_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
+                                                              + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
     if not moe:
         mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
         return up + where(plan.recomputes("mlp"), mlp, 0.0)

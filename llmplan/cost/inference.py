@@ -12,10 +12,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_shapes, head_dim_attention_ratio,
-                                  layer_windows, moe_routing_bytes)
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
+                                  head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes, recurrent_state_bytes
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
+from llmplan.cost.serve_moe import (comm_sm_slowdown, deepep_exchange_seconds, expert_token_factor, overlapped_step, redundant_expert_params,
+                                    serve_ep_imbalance)
 from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -88,12 +90,15 @@ def serve_weight_bytes(m: ModelSpec, plan: ServePlan) -> float:
     in 16 bits (servers keep them unquantised). Derived: docs/formulas.md#infer.weights"""
     V = padded_vocab(m.vocab_size, plan.tp)
     wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
+    # Routed experts in their own dtype (expert_dtype), with EPLB's redundant replicas (cost.serve_moe).
+    wpp_e = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)
     worst = 0.0
     for stage in {0, plan.pp - 1}:
         rp = rank_params(m, plan, stage)
         embed = (V * m.hidden_size / plan.tp) * ((stage == 0) + (stage == plan.pp - 1 and
                                                                  (not m.tie_word_embeddings or plan.pp > 1)))
-        worst = max(worst, (float(rp.total) - embed) * wpp + embed * 2.0)
+        experts = float(rp.expert) + redundant_expert_params(m, plan)
+        worst = max(worst, (float(rp.total) - float(rp.expert) - embed) * wpp + experts * wpp_e + embed * 2.0)
     return worst
 
 
@@ -103,11 +108,12 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
     rank, or, without an MLA kernel (`latent` False), the rank's expanded per-head K and V.
     Source: vLLM vllm/config/cache.py (block size, page size)."""
     b = KV_BYTES[kv_dtype]
-    if m.is_mla and not latent:
+    mla = m.mla
+    if mla is not None and not latent:
         heads = max(m.num_attention_heads / tp, 1.0)
-        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * b + indexer_cache_bytes(m)
-    if m.is_mla:  # with DeepSeek Sparse Attention also the indexer's fp8 keys (cost.sparse)
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + indexer_cache_bytes(m)
+        return heads * (mla.qk_head_dim + mla.v_head_dim) * b + indexer_cache_bytes(m)
+    if mla is not None:  # with DeepSeek Sparse Attention also the indexer's fp8 keys (cost.sparse)
+        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b + indexer_cache_bytes(m)
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
 
 
@@ -204,6 +210,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     allowance = allowance or MemoryAllowance()
     rule = ENGINES[job.engine]
     weights = serve_weight_bytes(m, plan)
+    if job.speculative is not None:  # the draft's weights beyond the target's
+        from llmplan.cost.speculative import draft_weight_bytes  # builds on this module
+        weights = weights + draft_weight_bytes(m, plan, job.speculative)
     act = activation_peak_bytes(m, plan, job)
     other = allowance.fixed_gib * GIB
     available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
@@ -213,6 +222,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
         cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
     state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
+    if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
+        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
         weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
@@ -281,17 +293,21 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
     GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
     fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
-    touched = np.maximum(_expert_fraction_touched(m, T) * max(m.num_experts, 1), 1e-12)
-    rows = {"tokens": T, "experts": np.maximum(T * m.num_experts_per_tok / touched, 1.0)}
-    peak = gpu.sustained_flops(dtype)
+    # With DP attention the experts see the tokens of every attention rank (cost.serve_moe.expert_token_factor).
+    G = T * expert_token_factor(plan)
+    touched = np.maximum(_expert_fraction_touched(m, G) * max(m.num_experts, 1), 1e-12)
+    rows = {"tokens": T, "experts": np.maximum(G * m.num_experts_per_tok / touched, 1.0)}
+    fmt = {"tokens": dtype, "experts": expert_compute_format(plan, gpu) if plan.expert_dtype else dtype}
     parts = {"tokens": 0.0, "experts": 0.0}
     for layers, moe in ((m.num_dense_layers, False), (m.num_moe_layers, True)):
         for share, kind, N, K in layer_linear_shapes(m, plan, moe) if layers else ():
-            eff = serve_gemm_efficiency(gpu, dtype, rows[kind], N, K)
-            parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (peak * eff)
+            eff = serve_gemm_efficiency(gpu, fmt[kind], rows[kind], N, K)
+            parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (gpu.sustained_flops(fmt[kind]) * eff)
     V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
+    peak = gpu.sustained_flops(dtype)
     head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
-    return (parts["tokens"] + head) / plan.pp, parts["experts"] / plan.pp
+    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 without DP attention).
+    return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
 
 
 SERVE_FORMATS = {"fp8": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
@@ -305,6 +321,12 @@ def serve_compute_format(plan: ServePlan, gpu: Any) -> str:
     return fmt if fmt is not None and fmt in gpu.tflops else "bf16"
 
 
+def expert_compute_format(plan: ServePlan, gpu: Any) -> str:
+    """The routed experts' GEMM format: their own dtype's where the GPU has those tensor cores, else bf16."""
+    fmt = SERVE_FORMATS.get(plan.expert_dtype_resolved)
+    return fmt if fmt is not None and fmt in gpu.tflops else "bf16"
+
+
 def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -> float:
     """HBM bytes per token per layer of a serving step's memory-bound operators on one GPU, in 16 bits: two
     norms (read + write h each) and two residual adds (read 2h, write h), which every TP rank repeats on the
@@ -313,7 +335,7 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
     Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
-    d_v = m.v_head_dim if m.is_mla else m.d_head
+    d_v = attention_head_dims(m)[1]
     norms_adds = 2 * (2 * h + 3 * h) * 2.0
     act = (3 if m.gated_mlp else 2) * f / t * 2.0
     cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
@@ -323,29 +345,75 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                 attn_pairs: Any, kv_read: Any) -> Any:
+                 attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
-    pairs of attention, `kv_read` KV bytes read on this GPU. Time = max(matmuls, weights read) +
-    max(attention core, KV read) + the TP all-reduces (2 per layer) and, with EP, the
-    dispatch and combine all-to-alls of each TP rank's 1/t share of the tokens (2 per MoE layer).
-    Derived: docs/formulas.md#infer.step"""
+    pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
+    DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
+    expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
+    (cost.serve_moe.overlapped_step). Derived: docs/formulas.md#infer.step"""
+    def parts(share: float) -> tuple[Any, Any]:
+        T = np.asarray(tokens, dtype=float) * share
+        exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only)
+        return step_compute_seconds(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
+                                    np.asarray(kv_read) * share, decode_only), exchange
+
+    compute, exchange = parts(1.0)
+    half_compute, half_exchange = parts(0.5) if plan.two_batch_overlap else (0.0, 0.0)
+    return overlapped_step(compute, exchange, half_compute, half_exchange, plan.two_batch_overlap,
+                           comm_sm_slowdown(plan, system.gpu, decode_only))
+
+
+def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tuple[float, float]:
+    """(query-key, value) width per head of one attention pair: the head's own dims, or for MLA decoding from
+    its latent cache the absorbed form, where every head scores against the latent plus the rope key
+    (kv_lora_rank + qk_rope_head_dim) and sums the latent values (kv_lora_rank), 3.4x the expanded form's work
+    for DeepSeek-V3. Source: DeepSeek-V2 report §2.1 (absorbing W^UK and W^UV at inference); deepseek-ai/FlashMLA
+    README (decode on the 576-wide latent cache, 512-wide values). Derived: docs/formulas.md#infer.step"""
+    if m.is_mla:  # is_mla: the MLA dims are set
+        c, r = float(m.kv_lora_rank or 0), float(m.qk_rope_head_dim or 0)
+        if decode_only and plan.mla_latent_cache:
+            return c + r, c
+        return float(m.qk_nope_head_dim or 0) + r, float(m.v_head_dim or 0)
+    return float(m.d_head), float(m.d_head)
+
+
+def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                            decode_only: bool) -> Any:
+    """The EP token exchange of a step: with EP each TP rank dispatches its 1/t share of the tokens (the
+    attention all-reduce becomes a reduce-scatter + all-gather around the MoE block) to the experts' ranks and
+    combines them back, two all-to-alls of the k routed 16-bit copies per MoE layer, waiting on the busiest
+    rank (serve_ep_imbalance); with DeepEP, its kernels (cost.serve_moe). Derived: docs/formulas.md#infer.step"""
+    if plan.ep <= 1 or not m.is_moe:
+        return 0.0
+    if plan.moe_dispatcher == "deepep":
+        return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
+    act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
+    return 2 * (m.num_moe_layers / plan.pp) * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp,
+                                                     spans.ep)
+
+
+def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                         attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
+    """A step's work on one GPU beside its expert exchange: max(matmuls, weights read) + max(attention core,
+    KV read) + memory-bound operators + the TP all-reduces (2 per layer). Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
     L = m.num_hidden_layers
-    qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.d_head
-    v = m.v_head_dim if m.is_mla else m.d_head
+    qk, v = attention_pair_dims(m, plan, decode_only)
     attn_flops = 2 * attn_pairs * m.num_attention_heads * (qk + v) * L / (t * p)
     # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
-    # the experts only those the step's tokens touch.
+    # the experts (EPLB's replicas included) only those the step's tokens touch; with DP attention the tokens
+    # of every attention rank reach them (cost.serve_moe.expert_token_factor).
     weights = serve_weight_bytes(m, plan) - padded_vocab(m.vocab_size, t) * m.hidden_size / t * 2.0 / p
     experts = 0.0
     if m.is_moe:
-        wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
+        wpp = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)
         shards = plan.ep * plan.etp_resolved  # whole experts over EP ranks, or each expert split by TP
-        experts = m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / shards / p
+        experts = (m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / shards / p
+                   + redundant_expert_params(m, plan) * wpp)
         weights = weights - experts
-        experts = experts * _expert_fraction_touched(m, tokens)
+        experts = experts * _expert_fraction_touched(m, np.asarray(tokens, dtype=float) * expert_token_factor(plan))
     bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
     elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
     # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
@@ -364,11 +432,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
     tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
-    # With EP each TP rank dispatches its 1/t share of the tokens (the attention all-reduce becomes a
-    # reduce-scatter + all-gather around the MoE block) to the experts' ranks and combines them back.
-    ep_comm = 2 * (m.num_moe_layers / p) * _coll(system, "all-to-all", act * m.num_experts_per_tok / t, spans.ep) \
-        if plan.ep > 1 else 0.0
-    return gemm + attention + elementwise / bandwidth + scores + tp_comm + ep_comm
+    return gemm + attention + elementwise / bandwidth + scores + tp_comm
 
 
 SERVE_COLLECTIVE_FLOOR_S = 0.0
@@ -386,17 +450,31 @@ def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0) -> Any:
+                overhead: float = 0.0, queries: int = 1) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
+    `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
     Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
-    stage = step_seconds(m, plan, system, spans, b, b * attended_keys(m, context), kv)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * b, spans.pp) if plan.pp > 1 else 0.0
+    q = b * queries
+    stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True)
+    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * q, spans.pp) if plan.pp > 1 else 0.0
     return plan.pp * (stage + hop) + overhead
+
+
+def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob, batch: Any,
+             context: Any) -> Any:
+    """TPOT of the job's decoding at `batch` sequences of average `context`: one token per step, or under
+    speculative decoding the step of draft + verification over the tokens it yields (cost.speculative).
+    Derived: docs/formulas.md#infer.decode"""
+    overhead = step_host_seconds(m, plan, job)
+    if job.speculative is None:
+        return decode_tpot(m, plan, system, spans, batch, context, overhead)
+    from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
+    return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 
 
 def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -448,7 +526,7 @@ def serve_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     batch x output_len / (output_len x TPOT + batch x batched prefill time per request).
     Derived: docs/formulas.md#infer.throughput"""
     context = job.input_len + job.output_len / 2
-    tpot = decode_tpot(m, plan, system, spans, batch, context, step_host_seconds(m, plan, job))
+    tpot = job_tpot(m, plan, system, spans, job, batch, context)
     ttft = prefill_seconds(m, plan, system, spans, job, batch)
     b = np.asarray(batch, dtype=float)
     period = job.output_len * tpot + b * prefill_work_seconds(m, plan, system, spans, job)

@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import op_matmul_widths
+from llmplan.cost.compute import attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import (
     ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, memoized,
@@ -167,16 +167,41 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
-    out = 2 * s * b * a * (m.v_head_dim if m.is_mla else m.d_head) / t
-    latents = 2 * s * b * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0.0
+    out = 2 * s * b * a * attention_head_dims(m)[1] / t
+    mla = m.mla
+    latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else 0.0
+    # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
+    # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
+    mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
     # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
     at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
         residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks, attn_input=linear_in * at,
         latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
         attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
-        mlp_input=linear_in * ff, mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t) * ff,
+        mlp_input=mlp_input * ff,
+        mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
         recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
+
+
+def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes an MoE layer's experts save below bf16 on their dispatched rows, one micro-batch, one rank: the
+    grouped fc1 keeps each (token, expert) row's input as the recipe's quantised cast for its weight-gradient
+    GEMM (SAVED_INPUT_BYTES), not the bf16 rows it received; the permute keeps only its index map. bf16: 0.
+    Source: Transformer Engine pytorch/module/grouped_linear.py (forward saves the quantised inputmats,
+    columnwise usage, for backward); Megatron-LM moe/moe_utils.py permute (fused: saves row_id_map).
+    Derived: docs/formulas.md#mem.activations"""
+    if not plan.low_precision:
+        return 0.0
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction
+    return saved * dispatched_rows(m, plan) * m.hidden_size
+
+
+def dispatched_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """(token, expert) rows of one MoE layer's experts on one rank, one micro-batch: the rank's T = sb/t_sp
+    tokens x k x etp, padded to capacity when a capacity factor is set. Derived: docs/formulas.md#mem.activations"""
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
+    return tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
 
 
 def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: LayerActivationParts) -> Any:
@@ -229,10 +254,9 @@ def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Q, K, V and the attention output (input of the output projection), 2 bytes each, on one TP rank."""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     heads = m.num_attention_heads / t
-    if m.is_mla:
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        latents = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
-        return 2 * s * b * (heads * (2 * qk + 2 * m.v_head_dim) + latents)
+    if (mla := m.mla) is not None:
+        latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
+        return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
     d, kvh = m.d_head, kv_heads_per_rank(m, t)
     return 2 * s * b * d * (2 * heads + 2 * kvh)
 

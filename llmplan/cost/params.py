@@ -58,9 +58,9 @@ def attention_params(m: ModelSpec) -> int:
 
     Source: Hugging Face modeling code (LlamaAttention projection shapes; DeepseekV3Attention for MLA)."""
     h, a, K, d = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head
-    if m.is_mla:
-        nope, rope, v, kv_r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        q_r = m.q_lora_rank
+    if (mla := m.mla) is not None:
+        nope, rope, v, kv_r = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
+        q_r = mla.q_lora_rank
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
         return q + kv + a * v * h + indexer_params(m)  # DeepSeek Sparse Attention's indexer (cost.sparse)
@@ -339,9 +339,9 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
 
     Derived: docs/formulas.md#params.rank"""
     h, d = m.hidden_size, m.d_head
-    if m.is_mla:
+    if (mla := m.mla) is not None:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
-        rope, kv_r, q_r = m.qk_rope_head_dim, m.kv_lora_rank, m.q_lora_rank
+        rope, kv_r, q_r = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)

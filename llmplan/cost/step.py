@@ -105,22 +105,28 @@ class StepTime(Breakdown):
     profile sets it)."""
 
 
-def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> list[tuple[Any, StageCompute, Any, Any]]:
-    """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage."""
+def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
+                stage_gpus: tuple[GpuSpec, ...] | None = None) -> list[tuple[Any, StageCompute, Any, Any]]:
+    """(stage, per-micro-batch compute, its layers, its MoE layers) of every candidate stage; `stage_gpus`
+    (a plan that lists its stages, one GPU per stage: a pipeline over pools of different GPUs, cost.hetero)
+    runs each stage on its own GPU."""
     same: dict[tuple, StageCompute] = {}  # an explicit per-stage list repeats its layer counts stage after stage
 
-    # A hybrid stack's stage is priced at the mixer kinds it holds (cost.hybrid_stage); stages with equal layer
-    # counts may then differ.
-    compute = (lambda p, i: balanced_stage_compute(m, p, gpu, i, *stage_layers(m, p, i), i == p.pp - 1)) \
-        if m.is_hybrid else (lambda p, i: stage_compute(m, p, gpu, *stage_layers(m, p, i), i == p.pp - 1))
+    def priced(g: GpuSpec) -> Any:
+        """A stage's compute on GPU g: a hybrid stack's stage at the mixer kinds it holds (cost.hybrid_stage),
+        so stages with equal layer counts may differ."""
+        if m.is_hybrid:
+            return lambda p, i: balanced_stage_compute(m, p, g, i, *stage_layers(m, p, i), i == p.pp - 1)
+        return lambda p, i: stage_compute(m, p, g, *stage_layers(m, p, i), i == p.pp - 1)
 
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)
         last = stage == plan.pp - 1
-        key = (n_dense, n_moe, last) if isinstance(stage, int) and not m.is_hybrid else None
+        g = stage_gpus[stage] if stage_gpus is not None else gpu
+        key = (n_dense, n_moe, last, id(g)) if isinstance(stage, int) and not m.is_hybrid else None
         sc = same.get(key) if key else None
         if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
-            sc = per_distinct(plan, ALL_BUT_ZERO, stage, compute)
+            sc = per_distinct(plan, ALL_BUT_ZERO, stage, priced(g))
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe
@@ -329,15 +335,21 @@ def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: 
     return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)
 
 
-def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any) -> StepTime:
+def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any,
+              per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None = None) -> StepTime:
     """Pipeline schedule with its bubble and the overlap of each axis's communication.
 
     1F1B over stages of per-micro-batch times t_i takes n·max(t) + (sum(t) - max(t)) for any n >= 1
     (Narayanan et al. 2021 §2.2 with equal stages: (n + p - 1)·t); interleaving divides the fill and drain
     by v and needs n >= p (check_plan). Each stage's micro-batch time is its compute plus the exposed part of
     the TP, CP, EP and ZeRO-3 communication inside it (tp_exposed, overlap); the DP reduction and gather of
-    ZeRO 0-2 are per step. Derived: docs/formulas.md#step.time"""
-    stages = stage_times(m, plan, gpu)
+    ZeRO 0-2 are per step. `per_stage` (one (GPU, communication) per stage of a plan that lists its stages:
+    stages on pools of different GPUs, cost.hetero) prices each stage's compute and its TP, CP, EP and ZeRO-3
+    traffic on its own pool; `gpu` and `comm` then price the per-step parts (the caller passes the slowest
+    pool's). Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages"""
+    if per_stage is not None and (explicit_stages(plan) is None or len(per_stage) != plan.pp):
+        raise ValueError("per_stage needs a plan that lists its stages (pp_layout or pp_layers), one per stage")
+    stages = stage_times(m, plan, gpu, tuple(g for g, _ in per_stage) if per_stage is not None else None)
     n, v, kappa = plan.num_microbatches, plan.vpp, gpu.contention
     l_max = maximum(max_stage_layers(m, plan), 1)
     moe_top = 0  # MoE layers of the stage that has most
@@ -345,11 +357,13 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         moe_top = maximum(moe_top, s[3])
     moe_max = maximum(moe_top, 1)
     per_mb, parts = [], []
-    for _, sc, layers, moe_layers in stages:
-        tp_i = tp_exposed(plan, comm.tp / n * layers / l_max, sc, kappa, recomputed_share(plan, layers))
-        cp_i = overlap(comm.cp / n * layers / l_max, sc.attention, kappa)
-        ep_i = ep_exposed(plan, comm.ep / n * moe_layers / moe_max, sc.total, kappa)  # cost.moe
-        z3_i = dp_exposed_per_mb(plan, comm, sc, kappa, layers)
+    for stage, sc, layers, moe_layers in stages:
+        g_i, c_i = per_stage[stage] if per_stage is not None else (gpu, comm)
+        k_i = g_i.contention
+        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
+        cp_i = overlap(c_i.cp / n * layers / l_max, sc.attention, k_i)
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, k_i)  # cost.moe
+        z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from llmplan.errors import LlmplanError
-from llmplan.export import bridge, deepspeed, megatron, torchtitan
+from llmplan.export import bridge, deepspeed, megatron, pools, torchtitan
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
@@ -39,6 +39,10 @@ def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict
     torchrun and slurm wrap `wrap`, or by default the first training target that can express the plan."""
     if wrap is not None and wrap not in WRAPPABLE:
         raise LlmplanError(f"--wrap {wrap}: use one of {', '.join(WRAPPABLE)}")
+    mixed = pools.pool_plan(pf)
+    if mixed is not None:  # a pipeline over pools of different GPUs: export.pools
+        renderer(target) if target != "all" else None  # an unknown target is named first
+        return pools.render_all(pf, target, wrap or "megatron", mixed, TRAIN_TARGETS)
     if wrap is None:
         wrap = next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
     if target != "all":

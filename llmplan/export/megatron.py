@@ -24,10 +24,10 @@ def model_flags(pf: PlanFile) -> list[str]:
         ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
         ("--max-position-embeddings", max(m.max_position_embeddings, p.seq_len)),  # Megatron: >= --seq-length
     ]
-    if m.is_mla:
-        pairs += [("--multi-latent-attention", True), ("--q-lora-rank", m.q_lora_rank),
-                  ("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.qk_nope_head_dim),
-                  ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim)]
+    if (mla := m.mla) is not None:
+        pairs += [("--multi-latent-attention", True), ("--q-lora-rank", mla.q_lora_rank),
+                  ("--kv-lora-rank", mla.kv_lora_rank), ("--qk-head-dim", mla.qk_nope_head_dim),
+                  ("--qk-pos-emb-head-dim", mla.qk_rope_head_dim), ("--v-head-dim", mla.v_head_dim)]
     elif m.kv_heads != m.num_attention_heads:
         pairs += [("--group-query-attention", True), ("--num-query-groups", m.kv_heads)]
     if m.learned_position_embeddings:
@@ -37,8 +37,9 @@ def model_flags(pf: PlanFile) -> list[str]:
     else:
         pairs += [("--position-embedding-type", "yarn" if context_pairs(pf) else "rope"),
                   ("--rotary-base", int(m.rope_theta or 10000)), *context_pairs(pf)]
-        if (m.rope_scaling or {}).get("rope_type") == "llama3":
-            pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", m.rope_scaling.get("factor", 8.0))]
+        scaling = m.rope_scaling or {}
+        if scaling.get("rope_type") == "llama3":
+            pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", scaling.get("factor", 8.0))]
     pairs += [("--swiglu", m.gated_mlp), ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
               ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
               ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
+from typing import Any
 
+from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.units import GIB
@@ -13,9 +17,22 @@ def _model_var(pf: PlanFile) -> str:
     return f'MODEL=${{MODEL:-{hf_repo(pf.model.name)}}}'
 
 
+def context_limit(pf: PlanFile) -> int:
+    """The context limit the launch line sets: the planned input + output, or with length distributions the
+    sum of their p99 lengths (longer requests would be refused), at most max_position_embeddings."""
+    j = pf.serve_job
+    if j.input_len_dist is None and j.output_len_dist is None:
+        return j.context
+    d_in, d_out = lengths_of(j)
+    return min(math.ceil(quantile(d_in, 0.99) + quantile(d_out, 0.99)), pf.model.max_position_embeddings)
+
+
 def context_note(pf: PlanFile, flag: str) -> str:
     """Where the context limit comes from, said in the file."""
     j, m = pf.serve_job, pf.model
+    if context_limit(pf) != j.context:
+        return (f"# {flag} {context_limit(pf)}: the p99 input + p99 output of the planned length distributions "
+                f"(means {j.input_len} + {j.output_len}); {m.name} accepts up to {m.max_position_embeddings:,}\n")
     return (f"# {flag} {j.context}: the planned input ({j.input_len}) + output ({j.output_len}) tokens, for which the "
             f"KV capacity was predicted; {m.name} accepts up to {m.max_position_embeddings:,}: re-plan with longer "
             "--input-len / --output-len to serve longer requests\n")
@@ -45,6 +62,47 @@ def recurrent_state_dtype(pf: PlanFile) -> str | None:
     return "bfloat16" if m.count_layers("mamba") or m.count_layers("linear_attention") else None
 
 
+def draft_repo(pf: PlanFile) -> tuple[str | None, str]:
+    """The draft checkpoint a launch line names (None for MTP and n-gram, which need none) and a comment
+    line when it is a placeholder (an EAGLE head of the target's shape was planned, not a named draft)."""
+    spec = pf.serve_job.speculative
+    if spec is None or spec.method not in ("eagle", "eagle3"):
+        return None, ""
+    if spec.draft is not None:
+        return hf_repo(spec.draft.name), ""
+    repo = f"path/to/{pf.model.name}-{spec.method}-head"
+    return repo, (f"# speculative {spec.method}: planned with a one-layer head of {pf.model.name}'s shape; replace "
+                  f"{repo} with the EAGLE checkpoint trained for it\n")
+
+
+def vllm_speculative(pf: PlanFile) -> tuple[list[tuple[str, Any]], str]:
+    """vLLM's --speculative-config JSON (method, num_speculative_tokens, the draft model for eagle): vLLM docs,
+    Speculative Decoding (MTP, EAGLE, N-Gram)."""
+    spec = pf.serve_job.speculative
+    if spec is None:
+        return [], ""
+    repo, note = draft_repo(pf)
+    config = {"method": spec.method, **({"model": repo} if repo else {}),
+              "num_speculative_tokens": spec.num_speculative_tokens}
+    return [("--speculative-config", shlex.quote(json.dumps(config, separators=(",", ":"))))], note
+
+
+def sglang_speculative(pf: PlanFile) -> tuple[list[tuple[str, Any]], str]:
+    """SGLang's speculative flags for a chain draft (top-k 1): NEXTN (the model's MTP layers), EAGLE or EAGLE3
+    with the draft's path, NGRAM; k draft steps and k + 1 tokens verified (the drafts and the target's own): SGLang
+    server arguments and its Speculative Decoding docs."""
+    spec = pf.serve_job.speculative
+    if spec is None:
+        return [], ""
+    repo, note = draft_repo(pf)
+    k = spec.num_speculative_tokens
+    algorithm = {"mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM"}[spec.method]
+    chain = spec.method != "ngram"
+    return [("--speculative-algorithm", algorithm), ("--speculative-num-steps", k if chain else None),
+            ("--speculative-eagle-topk", 1 if chain else None), ("--speculative-num-draft-tokens", k + 1),
+            ("--speculative-draft-model-path", repo)], note
+
+
 def render_vllm(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "vllm")
     p, j = pf.plan, pf.serve_job
@@ -54,21 +112,22 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                      f"re-plan with --ep {p.tp * p.dp} or --ep 1")
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
-        ("--enable-expert-parallel", p.ep > 1), ("--max-model-len", j.context),
+        ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", j.batch),
         ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
         ("--mamba-ssm-cache-dtype", recurrent_state_dtype(pf)), ("--mamba-cache-dtype", recurrent_state_dtype(pf)),
-    ])
+    ] + vllm_speculative(pf)[0])
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
     if p.weight_dtype in ("mxfp8", "nvfp4"):
         note += (f"# {p.weight_dtype} weights: point MODEL at a pre-quantised {p.weight_dtype} checkpoint (e.g. "
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
+    note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
-            + fraction_note + context_note(pf, "--max-model-len")
+            + fraction_note + vllm_speculative(pf)[1] + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
@@ -81,16 +140,73 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     note = fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
+    note += moe_notes(pf)
+    # SGLang's --tp-size counts every GPU of the instance; with DP attention --dp-size splits them into
+    # attention ranks (attention TP = tp-size / dp-size) while the experts spread over --ep-size.
     flags = as_flags([
-        ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp), ("--ep-size", p.ep if p.ep > 1 else None),
-        ("--context-length", j.context), ("--mem-fraction-static", fraction),
-        ("--max-running-requests", j.batch), ("--chunked-prefill-size", j.max_num_batched_tokens),
+        ("--tp-size", p.tp * p.dp if p.dp_attention else p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp),
+        ("--ep-size", p.ep if p.ep > 1 else None), *sglang_moe_flags(pf),
+        ("--context-length", context_limit(pf)), ("--mem-fraction-static", fraction),
+        # With DP attention SGLang counts running requests and chunked-prefill tokens over all attention ranks
+        # (server_args.py _handle_data_parallelism and the pool configurator divide them by --dp-size), so the
+        # per-rank plan values are multiplied by dp.
+        ("--max-running-requests", j.batch * (p.dp if p.dp_attention else 1)),
+        ("--chunked-prefill-size", j.max_num_batched_tokens * (p.dp if p.dp_attention else 1)),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
-    ])
+    ] + sglang_speculative(pf)[0])
+    note += sglang_speculative(pf)[1]
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
             + context_note(pf, "--context-length") + _model_var(pf)
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
             + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"sglang_serve.sh": text}
+
+
+DEEPEP_MODE = {"prefill": "normal", "decode": "low_latency", "both": "auto"}
+"""SGLang --deepep-mode per phase: normal kernels for prefill, low-latency for decode, auto (each batch picks)
+when co-located."""
+
+
+def sglang_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
+    """SGLang server arguments of the phase and MoE deployment (SGLang expert-parallelism and PD
+    disaggregation docs): --disaggregation-mode, --enable-dp-attention with the dense layers and LM head
+    data-parallel too, --moe-a2a-backend deepep with its --deepep-mode, --enable-two-batch-overlap,
+    --ep-num-redundant-experts."""
+    p = pf.plan
+    return [("--disaggregation-mode", p.phase if p.phase != "both" else None),
+            ("--enable-dp-attention", p.dp_attention), ("--moe-dense-tp-size", 1 if p.dp_attention else None),
+            ("--enable-dp-lm-head", p.dp_attention),
+            ("--moe-a2a-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
+            ("--deepep-mode", DEEPEP_MODE[p.phase] if p.moe_dispatcher == "deepep" else None),
+            ("--enable-two-batch-overlap", p.two_batch_overlap),
+            ("--ep-num-redundant-experts", p.redundant_experts or None)]
+
+
+def vllm_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
+    """vLLM engine arguments of the phase and MoE deployment (vLLM expert-parallel deployment and NixlConnector
+    docs): DP attention is vLLM's data parallelism with --enable-expert-parallel; DeepEP's high-throughput
+    kernels for prefill and co-located serving, its low-latency kernels for decode (--all2all-backend);
+    dual-batch overlap (--enable-dbo); EPLB with its redundant experts; the NIXL KV connector for a pool of a
+    disaggregated deployment."""
+    p = pf.plan
+    a2a = None if p.moe_dispatcher != "deepep" else \
+        "deepep_low_latency" if p.phase == "decode" else "deepep_high_throughput"
+    eplb = "'" + json.dumps({"num_redundant_experts": p.redundant_experts}) + "'" if p.redundant_experts else None
+    kv = "'" + json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}) + "'" if p.phase != "both" else None
+    return [("--all2all-backend", a2a), ("--enable-dbo", p.two_batch_overlap),
+            ("--enable-eplb", bool(p.redundant_experts)), ("--eplb-config", eplb), ("--kv-transfer-config", kv)]
+
+
+def moe_notes(pf: PlanFile) -> str:
+    """Comment lines for what the launch line cannot say: the other pool, the expert checkpoint."""
+    p = pf.plan
+    out = ""
+    if p.phase != "both":
+        other = "decode" if p.phase == "prefill" else "prefill"
+        out += (f"# {p.phase} pool of a disaggregated deployment: start the {other} pool and a router that sends "
+                "each request to both (the KV cache moves between them)\n")
+    if p.expert_dtype:
+        out += f"# routed experts in {p.expert_dtype}: point MODEL at a checkpoint whose experts are {p.expert_dtype}\n"
+    return out

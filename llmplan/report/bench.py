@@ -23,7 +23,7 @@ def _fmt_value(v: float, unit: str) -> str:
 def bench_tables(rows: list, cpu: bool = False) -> list[Table]:
     """One table per component; on CPU (gloo) GEMM and collective times are not comparable with the GPU
     profile, so their error reads "n/a on CPU" instead of a percentage."""
-    tables = []
+    tables: list[Table] = []
     for component in dict.fromkeys(r.component for r in rows):
         t = ReportTable(title=component)
         for col in ("item", "predicted", "measured", "error", "verdict", "note"):

@@ -39,8 +39,8 @@ def check_junit(findings: list[Finding]) -> str:
     suite = ET.Element("testsuite", name="llmplan check", tests=str(len(findings)),
                        failures=str(sum(not f.ok for f in findings)), errors="0")
     for f in findings:
-        case = ET.SubElement(suite, "testcase", classname="llmplan.check", name=f.name, file=f.file,
-                             **({"line": str(f.line)} if f.line else {}))
+        case = ET.SubElement(suite, "testcase", {"line": str(f.line)} if f.line else {}, classname="llmplan.check",
+                             name=f.name, file=f.file)
         if not f.ok:
             fail = ET.SubElement(case, "failure", message=f.message)
             fail.text = f.message + (f"\nfield: {f.field}" if f.field else "")

@@ -43,6 +43,11 @@ def _finite(x: Any) -> Any:
 
 
 
+def counted(n: int, one: str, many: str) -> str:
+    """`n` and the noun in the number it takes: 1 micro-batch, 4 micro-batches."""
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def human_bytes(x: float) -> str:
     for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
         if x >= size:
@@ -73,6 +78,7 @@ class ReportTable(Table):
         kwargs.setdefault("pad_edge", False)
         super().__init__(*args, **kwargs)
 
+    # Rich's keyword-typed signature is passed through *args/**kwargs unchanged; the headers here are text.
     def add_column(self, header: str = "", *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         if kwargs.get("justify") == "right":
             kwargs.setdefault("no_wrap", True)

@@ -16,6 +16,7 @@ from llmplan.cost.schedule import ORDERS
 from llmplan.cost.step import layout_chunk_shares
 from llmplan.errors import LlmplanError
 from llmplan.estimate import ScalePoint, StageView, TrainingEstimate
+from llmplan.report.common import counted
 from llmplan.report.search import plan_label
 from llmplan.specs.schedule import SCHEDULES, Schedule, schedule_of
 from llmplan.units import GIB
@@ -270,7 +271,7 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
                  f"Most-loaded stage {int(e.memory.stage)}: {float(e.memory.total) / GIB:.2f} of "
                  f"{float(e.memory.capacity) / GIB:.2f} GiB."),
         _section("schedule", "Pipeline schedule", *schedule,
-                 f"{p.pp} stages, {int(p.num_microbatches)} micro-batches per step ("
+                 f"{p.pp} stages, {counted(int(p.num_microbatches), 'micro-batch', 'micro-batches')} per step ("
                  + (f"the first {schedule[1]['microbatches_shown']} drawn"
                     if schedule[1]["microbatches_shown"] <= p.num_microbatches else
                     f"drawn with {schedule[1]['microbatches_shown']}, the fewest {schedule_of(p).title} runs")

@@ -52,11 +52,11 @@ def hardware_tables(gpus: list[GpuSpec], systems: list[SystemSpec]) -> list[Tabl
         # the name (what --hardware takes) never wraps; the fabric descriptions fold first
         s.add_column(col, justify="left" if col in ("name", "GPU", "scale-up", "scale-out") else "right",
                      no_wrap=col in ("name", "GPU"))
-    for x in systems:
-        dom = f" ({x.domain_gpus}-GPU domain)" if x.domain_gpus != x.gpus_per_node else ""
-        out = f"{x.nics_per_node} x {x.nic_gbit_per_s:g} Gb/s {x.scaleout_fabric}" if x.nics_per_node else "-"
-        s.add_row(x.name, x.gpu.name, str(x.gpus_per_node), x.intra_node_fabric + dom,
-                  f"{x.intra_node_gb_per_s:g}", out)
+    for y in systems:
+        dom = f" ({y.domain_gpus}-GPU domain)" if y.domain_gpus != y.gpus_per_node else ""
+        out = f"{y.nics_per_node} x {y.nic_gbit_per_s:g} Gb/s {y.scaleout_fabric}" if y.nics_per_node else "-"
+        s.add_row(y.name, y.gpu.name, str(y.gpus_per_node), y.intra_node_fabric + dom,
+                  f"{y.intra_node_gb_per_s:g}", out)
     return [g, s]
 
 

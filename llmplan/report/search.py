@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
@@ -132,14 +133,14 @@ def pruned_table(res: SearchResult) -> Table:
 
 
 def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, Any]:
-    seconds = train_tokens / float(e.throughput.tokens_per_s)
     share = float(e.goodput.useful) if e.goodput is not None else 1.0
-    wall = seconds / share if share > 0 else float("inf")  # failures, checkpoints and restarts (cost.goodput)
+    run = run_budget(train_tokens, float(e.throughput.tokens_per_s), share, e.cluster.num_gpus)
+    seconds, wall = run.seconds, run.effective_seconds  # wall: failures, checkpoints and restarts (cost.goodput)
     lo, hi = training_interval(e)["tokens_per_s"]
     days = [train_tokens / hi / 86400, train_tokens / lo / 86400]
     return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
-            "gpu_hours": seconds * e.cluster.num_gpus / 3600, "goodput": share, "effective_time_to_train_s": wall,
-            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": wall * e.cluster.num_gpus / 3600,
+            "gpu_hours": run.gpu_hours, "goodput": share, "effective_time_to_train_s": wall,
+            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": run.effective_gpu_hours,
             "time_to_train_days_interval": days, "gpu_hours_interval": [d * 24 * e.cluster.num_gpus for d in days],
             "effective_time_to_train_days_interval": [d / share if share > 0 else float("inf") for d in days]}
 

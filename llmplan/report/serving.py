@@ -9,15 +9,16 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplan.advice import advice_json
-from llmplan.intervals import serving_interval
+from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
+from llmplan.search.disagg import DisaggResult, Pool
 from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
-from llmplan.specs.serve import ServeJob
+from llmplan.specs.serve import LengthDistribution, ServeJob
 from llmplan.units import GIB
 
 
@@ -43,12 +44,83 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                          "ttft_without_cache_s": e.ttft_without_prefix_cache},
         "warnings": list(e.warnings),
         **({"interval": iv} if (iv := serving_interval(e)) is not None else {}),
+        **({"interval_withheld": why} if (why := serving_interval_withheld(e)) is not None else {}),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
                        "modelled": u.modelled} for u in e.operators],
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "tpot_s": e.fallback_cost[1],
                           "ttft_s": e.fallback_cost[2]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
+        **({"speculative": speculative_json(e)} if e.speculative is not None else {}),
+        **({"length_distribution": lengths_json(e)} if e.lengths is not None else {}),
+        **({"phase": phase_json(e)} if e.phase is not None else {}),
     }
+
+
+def speculative_json(e: ServeEstimate) -> dict[str, Any]:
+    """Speculative decoding's step and its effect (seconds, tokens/s, bytes per GPU)."""
+    sp, spec = e.speculative, e.job.speculative
+    assert sp is not None and spec is not None  # the caller's branch
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_rate": sp.step.acceptance_rate, "acceptance_default": spec.acceptance_rate is None,
+            "draft_model": spec.draft_model, "tokens_per_step": sp.step.tokens_per_step,
+            "step_s": float(sp.step.total), "draft_s": float(sp.step.draft), "verify_s": float(sp.step.verify),
+            "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
+            "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
+            "tokens_per_s_without": sp.tokens_per_s_without,
+            "throughput_speedup": e.tokens_per_s / sp.tokens_per_s_without if sp.tokens_per_s_without else None,
+            "draft_weight_bytes": sp.draft_weight_bytes, "kv_bytes_per_seq": sp.kv_bytes_per_seq,
+            "kv_bytes_per_seq_without": sp.kv_bytes_per_seq_without,
+            "max_concurrent_seqs_without": sp.max_concurrent_seqs_without}
+
+
+def _dist_json(d: LengthDistribution | None, fixed: int) -> dict[str, Any]:
+    return {"fixed": fixed} if d is None else d.model_dump(mode="json", exclude_defaults=True)
+
+
+def lengths_json(e: ServeEstimate) -> dict[str, Any]:
+    """The plan under the job's length distributions: percentiles keyed p50/p90/p99, seconds."""
+    st, j = e.lengths, e.job
+    assert st is not None  # the caller's branch
+    return {"input": _dist_json(j.input_len_dist, j.input_len), "output": _dist_json(j.output_len_dist, j.output_len),
+            "input_mean": st.input_mean, "output_mean": st.output_mean, "held_tokens_per_seq": st.held_tokens,
+            "ttft_s": {f"p{p}": v for p, v in st.ttft_s.items()}, "ttft_mean_s": st.ttft_mean_s,
+            "tpot_s": {f"p{p}": v for p, v in st.tpot_s.items()}, "tpot_mean_s": st.tpot_mean_s,
+            "max_concurrent_seqs": st.max_concurrent_seqs, "slo_max_batch_p99_ttft": st.slo_batch,
+            "tokens_per_s": st.tokens_per_s_replica * e.plan.dp,
+            "tokens_per_s_per_gpu": st.tokens_per_s_replica * e.plan.dp / e.plan.num_gpus}
+
+
+def phase_json(e: ServeEstimate) -> dict[str, Any]:
+    """The pool's one phase (estimate --phase prefill|decode): rates per GPU, latency, KV capacity per GPU."""
+    ph = e.phase
+    assert ph is not None  # callers check
+    return {"name": ph.phase, "step_s": ph.step_s, "expert_exchange_s": ph.exchange_s,
+            "tokens_per_step": ph.tokens_per_step, "context_tokens": ph.context, "ttft_s": ph.ttft_s,
+            "tpot_s": ph.tpot_s, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+            "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu,
+            "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
+            "max_concurrent_seqs": e.memory.max_concurrent_seqs,
+            "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request}
+
+
+def phase_lines(e: ServeEstimate) -> list[str]:
+    """The phase block of the serving view, each line within 80 columns."""
+    ph = e.phase
+    if ph is None:
+        return []
+    kv = f"KV per GPU {e.memory.kv_blocks * e.job.block_size:,} tokens"
+    if ph.phase == "prefill":
+        return [f"prefill pool: {ph.tokens_per_step:,.0f} prompt tokens per batch per replica, "
+                f"{ph.context:,.0f}-token prompts",
+                f"  {ph.input_tokens_per_s_per_gpu:,.0f} input tokens/s per GPU; TTFT {(ph.ttft_s or 0) * 1e3:,.1f} ms "
+                f"(no queueing); step {ph.step_s * 1e3:,.1f} ms",
+                f"  expert dispatch + combine {ph.exchange_s * 1e3:,.1f} ms per step; {kv}",
+                f"  KV sent to decode: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB per request"]
+    return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
+            "context",
+            f"  {ph.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU; TPOT {(ph.tpot_s or 0) * 1e3:,.2f} ms",
+            f"  expert dispatch + combine {ph.exchange_s * 1e3:,.2f} ms per step; {kv}",
+            f"  KV received per request: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB"]
 
 
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
@@ -92,15 +164,21 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     else:
         console.print(f"[bold red]DOES NOT FIT[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
                       f"GiB; at most {mem.max_concurrent_seqs} fit")
-    console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
-                  f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
-                  f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
-    iv = serving_interval(e)
+    if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
+        for line in phase_lines(e):
+            console.print(line)
+    else:
+        console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
+                      f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
+                      f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
+    iv = serving_interval(e) if e.phase is None else None
     if iv is not None:
         (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
         console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
                       f"{phi * 1e3:,.2f} ms, {rlo:,.0f}-{rhi:,.0f} output tokens/s (from {iv['records']} "
                       "left-out TensorRT-LLM runs)")
+    elif (why := serving_interval_withheld(e)) is not None:
+        console.print(f"no 80% interval: {why}")
     if j.prefix_hit_rate:
         console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
                       f"{float(t.ttft) * 1e3:,.1f} ms instead of {e.ttft_without_prefix_cache * 1e3:,.1f} ms")
@@ -108,8 +186,48 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch} concurrent "
                       f"sequences per replica, {e.slo_tokens_per_s or 0:,.0f} output tokens/s"
                       if e.slo_batch else "[bold red]no concurrency meets the SLOs[/]")
+    if e.speculative is not None:
+        speculative_view(console, e)
+    if e.lengths is not None:
+        lengths_view(console, e)
     if advice:
         console.print(advice_table(advice, e.tokens_per_s, serving=True))
+
+
+def speculative_view(console: Console, e: ServeEstimate) -> None:
+    """Speculative decoding in a few lines under 80 columns."""
+    d = speculative_json(e)
+    rate = f"{d['acceptance_rate']:g}" + (" (published default)" if d["acceptance_default"] else "")
+    console.print(f"speculative {d['method']}: k {d['num_speculative_tokens']}, acceptance {rate}, "
+                  f"{d['tokens_per_step']:.2f} tokens per step")
+    console.print(f"  step {d['step_s'] * 1e3:,.2f} ms = draft {d['draft_s'] * 1e3:,.2f} + verify "
+                  f"{d['verify_s'] * 1e3:,.2f} ({d['verify_tokens_per_seq']} tokens per sequence)")
+    speed = f"x{d['throughput_speedup']:.2f}" if d["throughput_speedup"] else "n/a"
+    console.print(f"  TPOT {float(e.timing.tpot) * 1e3:,.2f} ms vs {d['tpot_without_s'] * 1e3:,.2f} ms without "
+                  f"(x{d['tpot_speedup']:.2f}); throughput {speed}")
+    console.print(f"  draft weights {gib(d['draft_weight_bytes'])} GiB per GPU; KV per sequence "
+                  f"{d['kv_bytes_per_seq'] / 2**20:,.1f} MiB vs {d['kv_bytes_per_seq_without'] / 2**20:,.1f} MiB")
+    console.print(f"  (draft cache + {d['num_speculative_tokens']} draft slots): {e.memory.max_concurrent_seqs:,} "
+                  f"sequences fit vs {d['max_concurrent_seqs_without']:,} without")
+
+
+def lengths_view(console: Console, e: ServeEstimate) -> None:
+    """Percentiles and capacity under the length distributions, against the fixed mean lengths above."""
+    d = lengths_json(e)
+    t, p = d["ttft_s"], d["tpot_s"]
+    console.print(f"length distribution: mean {d['input_mean']:,.0f} in / {d['output_mean']:,.0f} out; "
+                  f"{d['held_tokens_per_seq']:,.0f} tokens held per sequence")
+    console.print(f"  TTFT p50/p90/p99 {t['p50'] * 1e3:,.1f} / {t['p90'] * 1e3:,.1f} / {t['p99'] * 1e3:,.1f} ms "
+                  f"(at the mean length {float(e.timing.ttft) * 1e3:,.1f})")
+    console.print(f"  TPOT p50/p90/p99 {p['p50'] * 1e3:,.2f} / {p['p90'] * 1e3:,.2f} / {p['p99'] * 1e3:,.2f} ms "
+                  f"(steps of {e.job.batch} sequences)")
+    console.print(f"  at most {d['max_concurrent_seqs']:,} running sequences; {d['tokens_per_s']:,.0f} output "
+                  f"tokens/s ({d['tokens_per_s_per_gpu']:,.0f} per GPU)")
+    if st_batch := d["slo_max_batch_p99_ttft"]:
+        console.print(f"  SLOs at the p99 prompt: up to {st_batch:,} concurrent sequences per replica "
+                      f"(vs {e.slo_batch or 0:,} at the mean lengths)")
+    elif d["slo_max_batch_p99_ttft"] == 0:
+        console.print("  [bold red]no concurrency meets the SLOs at the p99 prompt[/]")
 
 
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
@@ -180,3 +298,75 @@ def misses_table(res: ServeSearchResult, job: ServeJob) -> Table:
                                         if lim is not None and v > lim))
         t.add_row(str(x.tp), str(x.pp), str(x.ep), f"{x.ttft_s:.3g}", f"{x.tpot_s:.3g}", why)
     return t
+
+
+def _pool_json(pool: Pool) -> dict[str, Any]:
+    e, ph = pool.estimate, pool.estimate.phase
+    assert ph is not None
+    p = e.plan
+    doc: dict[str, Any] = {"tp": p.tp, "pp": p.pp, "ep": p.ep, "dp_attention": p.dp_attention,
+                           "moe_dispatcher": p.moe_dispatcher, "two_batch_overlap": p.two_batch_overlap,
+                           "redundant_experts": p.redundant_experts, "gpus_per_instance": pool.gpus_per_instance,
+                           "instances": pool.instances, "gpus": pool.gpus}
+    if ph.phase == "prefill":
+        doc.update({"tokens_per_batch": ph.tokens_per_step, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
+                    "ttft_s": ph.ttft_s})
+    else:
+        doc.update({"batch_per_replica": ph.tokens_per_step,
+                    "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s})
+    return doc
+
+
+def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> dict[str, Any]:
+    """`search --mode infer --disaggregated --json`: each plan's "prefill", "decode" and "kv_transfer", the P:D
+    split, and the best co-located plan it is compared with."""
+    co = res.colocated
+    return {"schema": SCHEMA, "mode": "infer", "disaggregated": True, "model": model.name,
+            "hardware": cluster.system.name, "gpus": cluster.num_gpus, "workload": job.model_dump(mode="json"),
+            "considered": res.considered, "search_s": res.seconds,
+            "plans": [{"rank": i, "prefill": _pool_json(x.prefill), "decode": _pool_json(x.decode),
+                       "kv_transfer": {"bytes_per_request": x.kv_bytes_per_request, "seconds": x.kv_seconds,
+                                       "link": x.kv_link},
+                       "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
+                       "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
+                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
+                      for i, x in enumerate(res.plans, 1)],
+            "colocated": None if co is None else {
+                "plan": co.plan.model_dump(mode="json"), "gpus": co.plan.num_gpus, "batch": co.job.batch,
+                "tokens_per_s": co.tokens_per_s, "tokens_per_s_per_gpu": co.tokens_per_s / co.plan.num_gpus,
+                "ttft_s": float(co.timing.ttft), "tpot_s": float(co.timing.tpot)},
+            "winner": res.winner, "why": res.why}
+
+
+def _layout(pool: Pool) -> str:
+    p = pool.estimate.plan
+    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    return f"{one} x{pool.instances}"
+
+
+def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> None:
+    slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
+    console.print(f"[bold]{model.name}[/] disaggregated serving on up to {cluster.num_gpus} x "
+                  f"{cluster.system.gpu.name}: {job.input_len} in / {job.output_len} out tokens{slo}")
+    console.print(f"priced {res.considered} instance layouts in {res.seconds:.2f} s")
+    if res.plans:
+        t = ReportTable(title="Best prefill / decode splits")
+        t.add_column("#", justify="right")
+        t.add_column("prefill")
+        t.add_column("decode")
+        for col in ("P:D GPUs", "TTFT ms", "TPOT ms", "per GPU"):
+            t.add_column(col, justify="right")
+        for i, x in enumerate(res.plans, 1):
+            t.add_row(str(i), _layout(x.prefill), _layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
+                      f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
+        t.caption = ("dpa: DP attention + wide EP (DeepEP); x instances; TTFT: prefill + KV transfer, no "
+                     "queueing; per GPU: output tokens/s")
+        console.print(t)
+        b = res.plans[0]
+        console.print(f"KV transfer: {b.kv_bytes_per_request / 2**20:,.1f} MiB per request, "
+                      f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
+    co = res.colocated
+    if co is not None:
+        console.print(f"best co-located: tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}, "
+                      f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
+    console.print(f"[bold]{res.winner}[/]: {res.why}")

@@ -15,7 +15,8 @@ from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
 from llmplan.intervals import training_interval
-from llmplan.report.common import ReportTable, SCHEMA, billions, fabric_names, gib, human_bytes, power_text
+from llmplan.report.common import (ReportTable, SCHEMA, billions, counted, fabric_names, gib, human_bytes,
+                                   power_text)
 from llmplan.units import GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -272,8 +273,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
-        f"{cluster.system.gpu.name}{power_text(cluster)})  {p.describe(batch=True)}, {p.num_microbatches} "
-        "micro-batches per replica")
+        f"{cluster.system.gpu.name}{power_text(cluster)})  {p.describe(batch=True)}, "
+        f"{counted(p.num_microbatches, 'micro-batch', 'micro-batches')} per replica")
     if cluster.system.calibrated:
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "

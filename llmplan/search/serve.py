@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timing
 from llmplan.search.run import Pruned
-from llmplan.serving import ServeEstimate, estimate_serving, replica_spans
+from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, divisors, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -91,7 +91,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         if bad:
             _count(pruned, bad[0].rule, bad[0].message)
             continue
-        mem = serve_memory(m, plan, job, cluster.system.gpu.hbm_bytes, allowance)
+        mem = serve_memory(loaded_model(m, job), plan, job, cluster.system.gpu.hbm_bytes, allowance)
         if mem.max_concurrent_seqs < 1:
             _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
                    f"for the KV cache, not one sequence of {job.context} tokens")
@@ -99,9 +99,10 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-            batch = max_batch_under_slo(m, plan, cluster.system, replica_spans(plan, sub), job, limit)
+            batch = max_batch_under_slo(loaded_model(m, job), plan, cluster.system, replica_spans(plan, sub), job,
+                                        limit)
         if batch < 1:
-            one = serve_timing(m, plan, cluster.system, replica_spans(plan, sub), job, 1)
+            one = serve_timing(loaded_model(m, job), plan, cluster.system, replica_spans(plan, sub), job, 1)
             misses.append(Miss(tp, pp, ep, "slo", float(one.ttft), float(one.tpot)))
             _count(pruned, "slo", f"tp {tp} pp {pp}: at one sequence TTFT {float(one.ttft):.3g} s / TPOT "
                    f"{float(one.tpot):.3g} s, asked {slo_text(job)}")

@@ -15,8 +15,9 @@ from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, has_layout
+from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.schedule import SCHEDULES, schedule_of
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,23 @@ def _interleaving() -> str:
     return " or ".join(name for name, s in SCHEDULES.items() if s.interleaves)
 
 
+def _schedule_microbatches_ok(p: ParallelPlan) -> Any:
+    """Micro-batches per step meet the schedule's floor (a multiple of pp) and multiple (DualPipe: even, >= 2 pp)."""
+    s, n = schedule_of(p), p.num_microbatches
+    return (n >= s.min_microbatches_per_stage * p.pp) & (n % s.microbatch_multiple == 0)
+
+
+def _schedule_microbatches_message(p: ParallelPlan) -> str:
+    """The step has too few or an odd number of micro-batches for its schedule: the values and the fix."""
+    s, n = schedule_of(p), p.num_microbatches
+    least = max(s.min_microbatches_per_stage * p.pp, s.microbatch_multiple)
+    even = "an even number of " if s.microbatch_multiple == 2 else ""
+    return (f"the {s.title} schedule needs {even}micro-batches per step, at least "
+            f"{s.min_microbatches_per_stage} x pp ({p.pp}) = {least}; global_batch / (micro_batch x dp) = "
+            f"{p.global_batch} / ({p.micro_batch} x {p.dp}) gives {n}: make it "
+            f"{even.replace(' of ', '')}{' ' if even else ''}{least} or more with --global-batch or --micro-batch")
+
+
 def _pp_multiple_message(p: ParallelPlan) -> str:
     """pp is not a multiple of what the plan's schedule needs: why, and the nearest valid pp either side."""
     k = schedule_of(p).pp_multiple
@@ -195,6 +213,14 @@ def _vpp_message(m: ModelSpec, p: ParallelPlan) -> str:
             f"pp {p.pp}); valid vpp: {_fmt(valid)}, or place every chunk: estimate --pp-layout balanced "
             f"(here \"{format_layout(balanced_layout(m.num_hidden_layers, p.pp, p.vpp, m.num_nextn_predict_layers))}"
             f"\")")
+
+
+def _no_interleave_fix(p: Any) -> str:
+    """How to run the plan without virtual stages: --vpp 1, or with a pp_layout (whose chunks set vpp) a layout
+    of one chunk per stage."""
+    if has_layout(p):
+        return f"give a --pp-layout of pp ({p.pp}) chunks, one per stage"
+    return "--vpp 1"
 
 
 def _layout_problem(m: ModelSpec, p: Any) -> str | None:
@@ -328,6 +354,8 @@ RULES: tuple[Rule, ...] = (
                          f"set vpp 1 or --pp-schedule {_interleaving()}"),
     Rule("dualpipe_even_pp", lambda m, p, c: p.pp % schedule_of(p).pp_multiple == 0,
          lambda m, p, c: _pp_multiple_message(p)),
+    Rule("schedule_microbatches", lambda m, p, c: _schedule_microbatches_ok(p),
+         lambda m, p, c: _schedule_microbatches_message(p)),
     Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
          lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
     Rule("vpp_layers", lambda m, p, c: ~_as_bool(_split_ok(m, p)) | (p.pp == 1) | _vpp_ok(m, p),
@@ -340,8 +368,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"interleaving (vpp {p.vpp}) needs a whole number of groups of pp ({p.pp}) micro-batches "
                          f"per step, and global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x "
                          f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
-                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or use "
-                         f"--vpp 1"),
+                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or do not "
+                         f"interleave: {_no_interleave_fix(p)}"),
     Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
@@ -446,6 +474,29 @@ def _training_rules(*names: str) -> tuple[Rule, ...]:
     return tuple(r for r in RULES if r.name in names)
 
 
+SERVE_MOE_RULES: tuple[Rule, ...] = (
+    Rule("dp_attention_moe", lambda m, p, c: (not p.dp_attention) | _moe(m),
+         lambda m, p, c: f"--dp-attention shards the routed experts over the attention ranks; {m.name} is dense: "
+                         "drop --dp-attention (replicas already run attention data-parallel)"),
+    Rule("dp_attention_layout", lambda m, p, c: (not p.dp_attention) | ((p.tp == 1) & (p.pp == 1)),
+         lambda m, p, c: f"--dp-attention runs attention whole on every GPU (tp 1, pp 1), but the plan has tp {p.tp} "
+                         f"pp {p.pp}; use --tp 1 --pp 1 with --dp and --ep set to the GPUs of the pool"),
+    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp),
+         lambda m, p, c: f"--dp-attention shards the experts over every GPU of the pool: ep ({p.ep}) must equal the "
+                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp); use --ep {p.tp * p.pp * p.dp}"),
+    Rule("moe_serving_needs_ep",
+         lambda m, p, c: (p.ep > 1) | ((p.moe_dispatcher == "alltoall") & (not p.two_batch_overlap)
+                                       & (p.redundant_experts == 0)),
+         lambda m, p, c: "--moe-dispatcher deepep, --two-batch-overlap and --redundant-experts act on the expert-"
+                         f"parallel all-to-all and its ranks, but ep is {p.ep}; raise --ep or drop them"),
+    Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | _moe(m),
+         lambda m, p, c: f"--expert-dtype {p.expert_dtype} applies to routed experts; {m.name} is dense: drop it "
+                         "(the weights take --dtype)"),
+)
+"""Serving rules of the MoE deployment options (ServePlan.dp_attention, moe_dispatcher, two_batch_overlap,
+redundant_experts, expert_dtype)."""
+
+
 SERVE_RULES: tuple[Rule, ...] = (
     *_training_rules("tp_heads"),
     Rule("tp_kv_heads_serve",
@@ -458,7 +509,16 @@ SERVE_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}: a serving "
                          f"plan gives every pipeline stage an equal share of the layers; valid pp: "
                          f"{_fmt(divisors(m.num_hidden_layers))}"),
-    *_training_rules("ep_dense", "ep_experts"),
+    *_training_rules("ep_dense"),
+    # EPLB's redundant experts join the routed ones before they are spread over the EP ranks (SGLang
+    # --ep-num-redundant-experts: 256 + 32 = 288 experts make EP 72 or 96 possible).
+    Rule("ep_experts", lambda m, p, c: (not _moe(m)) | ((max(m.num_experts, 1) + p.redundant_experts) % p.ep == 0),
+         lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}"
+                         + (f" plus the {p.redundant_experts} redundant ones ({m.num_experts + p.redundant_experts})"
+                            if p.redundant_experts else "")
+                         + f"; valid ep: {_fmt(divisors(m.num_experts + p.redundant_experts))}"
+                         + ("" if p.redundant_experts else " (or add --redundant-experts so that ep divides the sum)")),
+    *SERVE_MOE_RULES,
     Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp) == 0,
          lambda m, p, c: f"tp x pp ({p.tp} x {p.pp} = {p.tp * p.pp}) must divide the {c.num_gpus} GPUs "
                          f"({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used}): each replica "
@@ -484,4 +544,75 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
+    return out + speculative_violations(m, plan, job)
+
+
+def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list[Violation]:
+    """Speculative decoding's rules: MTP needs the model's MTP layers, a method without a published
+    acceptance rate needs one given, the draft shares the target's vocabulary, one pipeline stage."""
+    s = job.speculative
+    if s is None:
+        return []
+    out = []
+    if s.method == "mtp" and m.num_nextn_predict_layers == 0:
+        out.append(Violation("speculative_mtp", f"speculative method mtp drafts with the model's multi-token-"
+                             f"prediction layers, but {m.name} has num_nextn_predict_layers 0; use --speculative "
+                             "eagle or ngram"))
+    if s.acceptance_rate is None and s.method not in ACCEPTANCE:
+        why = ("it depends on how much of each output repeats its prompt" if s.method == "ngram" else
+               "its paper reports acceptance lengths of tree drafts, not a per-token rate")
+        out.append(Violation("speculative_acceptance", f"speculative method {s.method} has no published "
+                             f"acceptance rate ({why}); give --acceptance P, the fraction of draft tokens accepted "
+                             "(0-1)"))
+    if s.draft is not None and s.draft.vocab_size != m.vocab_size:
+        out.append(Violation("speculative_vocab", f"draft model {s.draft.name} has vocab_size "
+                             f"{s.draft.vocab_size} but {m.name} has {m.vocab_size}; the draft must share the "
+                             "target's vocabulary: name a draft of the same family"))
+    if plan.pp > 1:
+        out.append(Violation("speculative_pp", f"speculative decoding is priced on one pipeline stage, the plan "
+                             f"has pp {plan.pp}; use --pp 1 (raise --tp instead)"))
+    return out
+
+
+def check_pools(m: ModelSpec, hp: HeteroPlan, pc: PoolCluster) -> list[Violation]:
+    """The rules of a plan placed on a cluster of several pools (specs.pools.HeteroPlan), beside check_plan's
+    rules that every pool's part keeps: each pool named exists and holds the GPUs its part takes in whole nodes;
+    a pool's pipeline stages are consecutive (its ranks one block: one SLURM het-group); and every TP, CP and
+    EP group stays inside one pool (stages: a stage's groups lie in its pool; replicas: each pool holds whole EP
+    groups), so no per-layer collective crosses the inter-pool fabric."""
+    p, n = hp.plan, len(pc.pools)
+    out: list[Violation] = []
+    if hp.stage_pools is not None:
+        bad = sorted({g for g in hp.stage_pools if g >= n})
+        if bad:
+            return [Violation("pool_index", f"stage_pools names pool(s) {bad}; the cluster has {n} pools "
+                                            f"(0..{n - 1})")]
+        runs = [g for i, g in enumerate(hp.stage_pools) if i == 0 or hp.stage_pools[i - 1] != g]
+        if len(runs) != len(set(runs)):
+            out.append(Violation("pool_stages_consecutive",
+                                 f"stage_pools {list(hp.stage_pools)}: each pool's stages must be consecutive "
+                                 f"(one block of ranks per pool); e.g. {sorted(hp.stage_pools)}"))
+        used = {g: hp.stage_pools.count(g) * p.tp * p.cp * p.dp for g in set(hp.stage_pools)}
+    else:
+        pools = hp.replica_pools or ()
+        if len(pools) != n:
+            return [Violation("pool_index", f"replica_pools lists {len(pools)} pools; the cluster has {n}")]
+        used = {g: r * p.tp * p.pp * p.cp for g, r in enumerate(pools) if r}
+        group = p.ep * p.etp_resolved
+        for g, r in enumerate(pools):
+            if r and (r * p.cp * p.tp) % group:
+                out.append(Violation("pool_ep", f"pool {pc.pools[g].name} holds {r} replicas x cp {p.cp} x tp "
+                                                f"{p.tp} = {r * p.cp * p.tp} ranks per stage, not a multiple of "
+                                                f"ep x etp ({group}): an expert-parallel group would span two "
+                                                f"pools; give each pool a multiple of {group} such ranks"))
+    for g, gpus in sorted(used.items()):
+        pool = pc.pools[g]
+        per_node = pool.system.gpus_per_node
+        if gpus > pool.num_gpus or (gpus % per_node and gpus > per_node):
+            out.append(Violation("pool_gpus", f"the plan puts {gpus} GPUs on pool {pool.name}, which has "
+                                              f"{pool.num_gpus} ({pool.nodes} x {per_node}); a pool's part must "
+                                              f"fit it in whole nodes"))
+        if p.tp > pool.system.domain_gpus:
+            out.append(Violation("pool_tp", f"tp ({p.tp}) exceeds the {pool.system.domain_gpus}-GPU NVLink "
+                                            f"domain of pool {pool.name}; keep tp within one node of the pool"))
     return out

@@ -168,7 +168,7 @@ class GpuSpec(Spec):
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
-        return self.tflops[dtype] * TERA  # type: ignore[index]
+        return self.tflops[dtype] * TERA  # type: ignore[index]  # any format name: a missing one is the KeyError
 
     def has_kernel(self, kernel: str) -> bool:
         return self.kernels is None or kernel in self.kernels
@@ -296,6 +296,14 @@ class SystemSpec(Spec):
     """Latency of one step across the scale-out network, seconds (approximate)."""
     calibrated: str | None = None
     """Where and when the efficiencies were measured (set by `llmplan calibrate`); None: defaults."""
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, le=10_000)
+    """What one GPU of this system costs to rent for an hour, US dollars (a provider's on-demand or list rate,
+    read on the date price_source gives): `search --objective cost` and the cost column of a comparison of
+    systems multiply GPU-hours by it. None: no public price is cited, and the user supplies one (`search
+    --price SYSTEM=USD`). A rate differs by provider, region, commitment and cluster size; it is no property of
+    the hardware, so a cited one is an example, not a quote."""
+    price_source: str = ""
+    """Where and when price_per_gpu_hour was read (provider page, offering, date); required with a price."""
 
     @model_validator(mode="after")
     def _rules(self) -> "SystemSpec":
@@ -308,6 +316,9 @@ class SystemSpec(Spec):
             problem = self.gpu.power_limit_problem(self.default_power_limit_w)
             if problem:  # the rule every command applies to this default (GpuSpec.at_power_limit)
                 raise ValueError(f"default_power_limit_w: {problem}")
+        if self.price_per_gpu_hour is not None and not self.price_source.strip():
+            raise ValueError("price_per_gpu_hour needs price_source: the provider page, offering and date it was "
+                             "read from")
         if self.nics_per_node and self.nic_gbit_per_s <= 0:
             raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
         for i, j in self.intra_node_links or ():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llmplan.errors import bounded_list
 from llmplan.fileio import excerpt
 
-SUPPORTED_MODEL_TYPES = (
+ModelType = Literal[
     "gpt",
     "gpt2",
     "llama",
@@ -31,7 +32,9 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_next",
     "llama4",
     "deepseek_v32",
-)
+]
+"""The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
 
 LayerType = Literal["sliding_attention", "full_attention", "chunked_attention", "linear_attention", "mamba", "none"]
 """The per-layer token mixers llmplan models: Hugging Face layer_types values (full, sliding-window and Gated
@@ -149,6 +152,34 @@ def _unknown_kinds(field: str, kinds: Any, known: tuple[str, ...]) -> str | None
             f"{', '.join(known)}")
 
 
+@dataclass(frozen=True, slots=True)
+class MLA:
+    """Multi-head latent attention's dimensions as ints (ModelSpec.mla, present only on an MLA model): the
+    optional ModelSpec fields narrowed once, so cost functions read ints. Names as in Hugging Face's
+    DeepseekV3Config."""
+
+    q_lora_rank: int | None
+    """Rank of the compressed query; None: queries are not compressed (full h -> a * qk_head_dim)."""
+    kv_lora_rank: int
+    """Rank of the compressed key/value latent."""
+    qk_nope_head_dim: int
+    """Per-head query/key dimension without rotary embedding."""
+    qk_rope_head_dim: int
+    """Per-head query/key dimension with rotary embedding (the key part is shared by all heads)."""
+    v_head_dim: int
+    """Per-head value dimension."""
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head query/key dimension: nope + rope."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def q_rank(self) -> int:
+        """The query latent's width, 0 when queries are not compressed."""
+        return self.q_lora_rank or 0
+
+
 class ModelSpec(Spec):
     """A decoder-only transformer. Field names follow Hugging Face config.json; llmplan keys are marked."""
 
@@ -156,7 +187,7 @@ class ModelSpec(Spec):
     """llmplan key: the name users pass to --model."""
     source: str = ""
     """llmplan key: where the dimensions come from (paper, config.json URL, model card)."""
-    model_type: Literal[SUPPORTED_MODEL_TYPES] = "gpt"  # type: ignore[valid-type]
+    model_type: ModelType = "gpt"
     """Architecture family, as Hugging Face names it ('gpt' = plain Megatron-style GPT)."""
 
     hidden_size: int = Field(gt=0)
@@ -329,9 +360,10 @@ class ModelSpec(Spec):
                 )
             if (self.n_group is None) != (self.topk_group is None):
                 raise ValueError("group-limited routing needs both n_group and topk_group (or neither)")
-            if self.n_group is not None and (self.num_experts % self.n_group or self.topk_group > self.n_group
-                                             or self.topk_group * self.num_experts // self.n_group
-                                             < self.num_experts_per_tok):
+            n_group, topk_group = self.n_group, self.topk_group
+            if n_group is not None and topk_group is not None and (
+                    self.num_experts % n_group or topk_group > n_group
+                    or topk_group * self.num_experts // n_group < self.num_experts_per_tok):
                 raise ValueError(
                     f"n_group ({self.n_group}) must divide num_experts ({self.num_experts}), and topk_group "
                     f"({self.topk_group}) groups must hold at least num_experts_per_tok "
@@ -442,6 +474,16 @@ class ModelSpec(Spec):
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def mla(self) -> MLA | None:
+        """The MLA dimensions as ints, or None when the model has no multi-head latent attention."""
+        kv_r, nope, rope, v = self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        if kv_r is None:
+            return None
+        if nope is None or rope is None or v is None:  # refused by _cross_field_rules; model_construct skips it
+            raise ValueError("MLA (kv_lora_rank set) also needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+        return MLA(self.q_lora_rank, kv_r, nope, rope, v)
 
     @property
     def expert_ffn(self) -> int:

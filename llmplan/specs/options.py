@@ -143,8 +143,8 @@ class PlanOptions(BaseModel):
     """ParallelPlan.ep (serving: ServePlan.ep)."""
     etp: int | None
     """ParallelPlan.etp; None: tp."""
-    vpp: int
-    """ParallelPlan.vpp."""
+    vpp: int | None
+    """ParallelPlan.vpp; None: 1, or the chunks of a --pp-layout over pp (as Megatron-LM infers it)."""
     pp_layers: str | None
     """Comma-separated layers of every stage (ParallelPlan.pp_layers); None: pipeline split options."""
     pp_layout: str | None
@@ -215,6 +215,10 @@ class SearchGoal(BaseModel):
     """Tables with a column per degree."""
     explain_opt: bool
     """Explain why #1 beats #2 and the conventional plan."""
+    budget_gpus: int | None = None
+    """Training: GPUs to rent on each system of --hardware (whole nodes within it); None: --nodes."""
+    price: str | None = None
+    """Training: prices per GPU-hour, 'SYSTEM=USD,...', over the profiles' (search.systems)."""
 
 
 class ServingOptions(BaseModel):
@@ -243,3 +247,33 @@ class ServingOptions(BaseModel):
     """ServeJob.engine."""
     cuda_graphs: bool
     """ServeJob.cuda_graphs."""
+    speculative: str | None = None
+    """SpeculativeSpec.method (None: no speculative decoding)."""
+    spec_tokens: int | None = None
+    """SpeculativeSpec.num_speculative_tokens."""
+    acceptance: float | None = None
+    """SpeculativeSpec.acceptance_rate."""
+    draft_model: str | None = None
+    """SpeculativeSpec.draft_model (resolved to SpeculativeSpec.draft)."""
+    input_len_dist: str | None = None
+    """ServeJob.input_len_dist, as written on the command line."""
+    output_len_dist: str | None = None
+    """ServeJob.output_len_dist, as written on the command line."""
+
+
+class MoeServingOptions(BaseModel):
+    """One phase on its own and the MoE deployment of serving (estimate --mode infer): become ServePlan fields."""
+
+    model_config = OPTIONS_CONFIG
+    phase: str
+    """ServePlan.phase."""
+    dp_attention: bool
+    """ServePlan.dp_attention."""
+    two_batch_overlap: bool
+    """ServePlan.two_batch_overlap."""
+    redundant_experts: int
+    """ServePlan.redundant_experts."""
+    ep_imbalance: float
+    """ServePlan.ep_imbalance."""
+    expert_dtype: str | None
+    """ServePlan.expert_dtype."""

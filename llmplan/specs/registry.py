@@ -7,7 +7,7 @@ import difflib
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -16,6 +16,7 @@ from llmplan.fileio import excerpt, exists, read_document
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
+from llmplan.specs.pools import PoolCluster
 
 
 def data_dir(name: str) -> Path:
@@ -43,7 +44,11 @@ def validation_message(origin: str, err: ValidationError) -> str:
     return f"{origin}: " + "; ".join(parts) + more
 
 
-def build(cls: type[BaseModel], data: dict[str, Any], origin: str) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def build(cls: type[M], data: Any, origin: str) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -148,6 +153,9 @@ def resolve_system(ref: str) -> SystemSpec:
     if looks_like_path(ref):
         if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
+        if is_pool_file(ref):
+            raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training) plans a "
+                               f"cluster of several pools; give one system here, e.g. the pool's system name")
         return load_system_file(Path(ref))
     systems = builtin_systems()
     if ref in systems:
@@ -157,3 +165,59 @@ def resolve_system(ref: str) -> SystemSpec:
         raise LlmplanError(f"'{ref}' is a GPU, not a system; --hardware takes a node shape: "
                            f"{', '.join(with_gpu) or ', '.join(sorted(systems))}")
     raise _unknown("hardware", ref, list(systems))
+
+
+def is_pool_file(ref: str) -> bool:
+    """Whether --hardware names a cluster file of several pools (a mapping with a `pools` key)."""
+    if not looks_like_path(ref) or not exists(Path(ref)):
+        return False
+    return "pools" in read_document(Path(ref))
+
+
+def load_pool_file(path: Path) -> PoolCluster:
+    """A cluster of several pools: `pools: [{system: dgx-h100, nodes: 8}, ...]` (each system a built-in name or
+    a system file; `name` optional, defaulting to the system's) and `fabric: {gb_per_s, latency_s}` between
+    them. Each problem is one line naming the file and the pool."""
+    data = dict(read_document(path))
+    pools = data.get("pools")
+    if not isinstance(pools, list) or not pools:
+        raise LlmplanError(f"{path}: pools is {excerpt(repr(pools), 40)}; give a list of pools, e.g. pools: "
+                           f"[{{system: dgx-h100, nodes: 8}}, {{system: dgx-a100, nodes: 16}}]")
+    if "fabric" not in data:
+        raise LlmplanError(f"{path}: no fabric between the pools; add e.g. fabric: {{gb_per_s: 50, latency_s: "
+                           f"1.0e-5}} (bandwidth per GPU across pools, one direction, and latency)")
+    built = []
+    for i, pool in enumerate(pools):
+        ref = pool_system_ref(path, i, pool)
+        if looks_like_path(ref) and exists(Path(ref)) and is_pool_file(ref):
+            raise LlmplanError(f"{path}: pool {i + 1}'s system {pool['system']} is itself a cluster of pools; "
+                               f"give one system per pool")
+        try:
+            system = resolve_system(ref)
+        except LlmplanError as e:
+            raise LlmplanError(f"{path}: pool {i + 1}: {e}") from None
+        built.append({**pool, "system": system, "name": pool.get("name", system.name)})
+    return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
+                               "fabric": data["fabric"], **{k: v for k, v in data.items()
+                                                            if k not in ("name", "pools", "fabric")}}, str(path))
+
+
+def pool_system_ref(path: Path, i: int, pool: Any) -> str:
+    """Pool i's `system` as --hardware takes it: a built-in name, or a system file's path (relative to the
+    cluster file's folder)."""
+    if not isinstance(pool, dict) or not isinstance(pool.get("system"), str):
+        raise LlmplanError(f"{path}: pool {i + 1} is {excerpt(repr(pool), 60)}; each pool is a mapping with "
+                           f"`system` (a built-in name or a system file) and `nodes`")
+    ref = pool["system"]
+    if looks_like_path(ref) and not Path(ref).is_absolute():
+        ref = str(Path(path).parent / ref)
+    return ref
+
+
+def single_pool(path: Path) -> tuple[str, int] | None:
+    """(the system's --hardware reference, nodes) of a cluster file that lists one pool (checked as
+    load_pool_file checks it); None when it lists several."""
+    pc = load_pool_file(path)
+    if len(pc.pools) != 1:
+        return None
+    return pool_system_ref(path, 0, read_document(Path(path))["pools"][0]), pc.pools[0].nodes

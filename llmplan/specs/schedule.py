@@ -44,6 +44,10 @@ class Schedule(Spec):
     """pp must be a multiple of this (DualPipe pairs stage i with pp-1-i: 2)."""
     pp_multiple_reason: str = ""
     """Why, for check_plan's message."""
+    min_microbatches_per_stage: int = Field(default=0, ge=0, le=8)
+    """Micro-batches per step must be at least this times pp (DualPipe: 2; 0 for no bound)."""
+    microbatch_multiple: int = Field(default=1, ge=1, le=8)
+    """Micro-batches per step must be a multiple of this (DualPipe feeds half from each end: 2)."""
     drawing: Literal["1f1b", "zb-h1", "dualpipe"]
     """Which slot order cost.schedule lays out for the report (cost.schedule.ORDERS)."""
 
@@ -65,7 +69,8 @@ SCHEDULES: dict[str, Schedule] = {
                 "stage); paired forward and backward, weight passes (green) fill the ends",
         bubble_pipes=2, bubble_backward=2, bubble_weight=3, extra_inflight=1, param_copies=2, interleaves=False,
         hides_ep=True, pp_multiple=2, pp_multiple_reason="DualPipe pairs stage i with stage pp-1-i",
-        drawing="dualpipe"),
+        # Source: deepseek-ai/DualPipe, dualpipe/dualpipe.py DualPipe.step (num_chunks even, >= 2 x ranks)
+        min_microbatches_per_stage=2, microbatch_multiple=2, drawing="dualpipe"),
 }
 """Every pipeline schedule llmplan prices, by its --pp-schedule name."""
 

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.model import SPEC_CONFIG, ModelSpec, Spec
 from llmplan.specs.plan import Degrees
 
 WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
+Phase = Literal["both", "prefill", "decode"]
+ServeDispatcher = Literal["alltoall", "deepep"]
+
+EP_IMBALANCE_DEFAULT = 1.5
+"""Default max/mean expert load of the busiest EP rank under a trained router with EPLB. Published: SGLang's
+DeepSeek-V3 prefill on 4 x 8 H100 (EP32, 4,096-token prompts, 16,384 tokens per GPU) ran 50,302 tokens/s per
+node with its EPLB placement and 59,337 with routing made perfectly balanced, 1.18x (LMSYS blog 2025-05-05
+"Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs", Profile
+Results, Overall Throughput table). Derived: the load ratio at which llmplan's own prefill price of that pool
+slows by the same 1.18x (1.5; 1.18 at 1.0 per rank would slow it 1.06x, since only the expert GEMMs and the
+dispatch wait on the busiest rank). docs/formulas.md#serve.moe"""
 
 
 class ServePlan(Spec):
@@ -42,6 +53,33 @@ class ServePlan(Spec):
     fused_attention: bool = True
     """Fused (flash) attention; False writes and reads the attention scores through memory, as engines do on
     GPUs without a flash-attention kernel."""
+    phase: Phase = "both"
+    """Which phases the deployment serves: both (prefill and decode co-located), or one pool of a disaggregated
+    deployment: prefill (prompts only; the KV cache leaves for the decode pool) or decode (KV received)."""
+    dp_attention: bool = False
+    """Data-parallel attention for MoE models: every GPU runs attention, the dense layers and the LM head on its
+    own sequences (tp x pp = 1 per attention rank, dp ranks), and the routed experts are sharded over ep = dp
+    GPUs; the experts of every MoE layer see the tokens of all dp ranks."""
+    moe_dispatcher: ServeDispatcher = "alltoall"
+    """How tokens reach their experts' ranks: alltoall (every routed copy in 16 bits) or deepep (DeepEP: fp8
+    dispatch, 16-bit combine; prefill steps use the normal kernels, one copy per destination node over the
+    network, bandwidth-bound; decode steps the low-latency kernels, each routed copy sent directly)."""
+    two_batch_overlap: bool = False
+    """Split each step into two micro-batches so that one's dispatch / combine runs while the other computes
+    (DeepSeek's dual micro-batch overlap; SGLang two-batch overlap)."""
+    redundant_experts: int = Field(default=0, ge=0, le=65_536)
+    """Extra expert replicas (EPLB) over the EP ranks: each rank holds (experts + redundant) / ep experts."""
+    ep_imbalance: float = Field(default=EP_IMBALANCE_DEFAULT, ge=1.0, le=64.0)
+    """Expert load of the busiest EP rank over the mean under the trained router (with EPLB when redundant
+    experts are set): the expert GEMMs and the dispatch / combine wait on that rank. Applies with dp_attention."""
+    expert_dtype: WeightDtype | None = None
+    """Dtype of the routed experts' weights when it differs from weight_dtype (fp8 attention with NVFP4 experts);
+    None: weight_dtype."""
+
+    @property
+    def expert_dtype_resolved(self) -> str:
+        """The routed experts' weight dtype."""
+        return self.expert_dtype or self.weight_dtype
 
     @property
     def gpus_per_replica(self) -> int:
@@ -78,8 +116,93 @@ class ServePlan(Spec):
 
     def describe(self) -> str:
         """The plan in one line (the serving view, its HTML report and export headers)."""
+        moe = "".join((f", {self.phase} pool" if self.phase != "both" else "",
+                       ", DP attention" if self.dp_attention else "",
+                       f", {self.moe_dispatcher}" if self.moe_dispatcher != "alltoall" else "",
+                       ", two-batch overlap" if self.two_batch_overlap else "",
+                       f", {self.redundant_experts} redundant experts" if self.redundant_experts else "",
+                       f", experts {self.expert_dtype}" if self.expert_dtype else ""))
         return (f"tp {self.tp} pp {self.pp} replicas {self.dp} ep {self.ep}, weights {self.weight_dtype}, "
-                f"KV {self.kv_dtype}")
+                f"KV {self.kv_dtype}" + moe)
+
+
+SpeculativeMethod = Literal["mtp", "eagle", "eagle3", "ngram"]
+
+ACCEPTANCE: dict[str, float] = {
+    # Source: DeepSeek-V3 Technical Report (arXiv 2412.19437) §5.4.3: "the acceptance rate of the second token
+    # prediction ranges between 85% and 90%" (the lower end taken).
+    "mtp": 0.85,
+    # Source: Li et al. 2024, EAGLE (ICML 2024, arXiv 2401.15077) §5: acceptance rates n-alpha of chain drafts
+    # on MT-bench of about 0.7-0.8 (Vicuna 7B), the middle taken.
+    "eagle": 0.75,
+}
+"""Published acceptance rate per speculative method, used when the job gives none. n-gram has none: its
+acceptance is how much of the output repeats the prompt (vLLM docs, N-Gram speculation), so it must be given;
+EAGLE-3's paper reports acceptance lengths of its tree drafts, not a per-token rate for chains, so it too."""
+
+
+class SpeculativeSpec(Spec):
+    """Speculative decoding: a cheap proposer drafts k tokens per sequence, the target verifies them in one
+    step of k + 1 tokens and keeps the accepted prefix plus one token of its own."""
+
+    model_config = SPEC_CONFIG
+
+    method: SpeculativeMethod
+    """mtp: the model's own multi-token-prediction layers (num_nextn_predict_layers, DeepSeek-V3) draft, run
+    k times; eagle: an EAGLE head (one decoder layer on the target's hidden states, sharing its embedding and
+    output head) or the named draft model; eagle3: the same with EAGLE-3's fusion of three layers' features
+    (a 3h -> h input projection); ngram: prompt lookup on the host (no GPU work, no weights)."""
+    num_speculative_tokens: int = Field(ge=1, le=64)
+    """Draft tokens per sequence per step (k; vLLM num_speculative_tokens, SGLang --speculative-num-steps)."""
+    acceptance_rate: float | None = Field(default=None, ge=0, le=1)
+    """Probability that a draft token is accepted given the ones before it were (alpha); None: the method's
+    published default (cost.speculative.ACCEPTANCE)."""
+    draft_model: str | None = Field(default=None, min_length=1, max_length=4096)
+    """The draft model as the user named it (a built-in name or a config path), for the launch line; None:
+    the model's own MTP layers (mtp) or an EAGLE head of the target's shape (eagle)."""
+    draft: ModelSpec | None = None
+    """The draft model's spec (resolved from draft_model by the CLI); None with draft_model None."""
+
+    @model_validator(mode="after")
+    def _draft_given_whole(self) -> "SpeculativeSpec":
+        if (self.draft is None) != (self.draft_model is None):
+            raise ValueError("draft_model and draft are given together (the name and its resolved spec)")
+        if self.draft is not None and self.method not in ("eagle", "eagle3"):
+            raise ValueError(f"a draft model is used by methods eagle and eagle3, not {self.method}")
+        return self
+
+
+class LengthDistribution(Spec):
+    """Request lengths (tokens) as a distribution instead of one value: a lognormal of the given mean and
+    log-space sigma, or a histogram of (length, weight) points. Named public trace shapes are lognormals of
+    their published mean (cost.lengths.TRACE_SHAPES)."""
+
+    model_config = SPEC_CONFIG
+
+    kind: Literal["lognormal", "histogram"]
+    """lognormal (mean, sigma) or histogram (lengths, weights)."""
+    mean: float | None = Field(default=None, ge=1, le=1 << 30)
+    """lognormal: mean length in tokens."""
+    sigma: float | None = Field(default=None, ge=0, le=4)
+    """lognormal: standard deviation of log(length); 0 is one fixed length."""
+    lengths: tuple[int, ...] = Field(default=(), max_length=100_000)
+    """histogram: the lengths (tokens, >= 1)."""
+    weights: tuple[float, ...] = Field(default=(), max_length=100_000)
+    """histogram: each length's weight (>= 0, not all 0; normalised)."""
+    name: str | None = Field(default=None, max_length=4096)
+    """Where it came from (a trace shape's name or a histogram file), for the report."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> "LengthDistribution":
+        if self.kind == "lognormal" and (self.mean is None or self.sigma is None):
+            raise ValueError("a lognormal distribution needs mean and sigma")
+        if self.kind == "histogram":
+            if not self.lengths or len(self.lengths) != len(self.weights):
+                raise ValueError(f"a histogram needs as many weights as lengths (got {len(self.lengths)} "
+                                 f"lengths, {len(self.weights)} weights, at least one)")
+            if min(self.lengths) < 1 or min(self.weights) < 0 or sum(self.weights) <= 0:
+                raise ValueError("histogram lengths must be >= 1 and weights >= 0, not all 0")
+        return self
 
 
 class ServeJob(Spec):
@@ -117,6 +240,12 @@ class ServeJob(Spec):
     request_rate: float | None = Field(default=None, gt=0, le=1e9)
     """Requests per second the deployment must sustain (search --objective min-gpus); None: no rate. Positive
     and finite (NaN compared false with every rate and passed every plan), at most 10^9 requests/s."""
+    speculative: SpeculativeSpec | None = None
+    """Speculative decoding (cost.speculative); None: one token per sequence per decode step."""
+    input_len_dist: LengthDistribution | None = None
+    """Prompt lengths as a distribution (cost.lengths); input_len is then its mean, rounded."""
+    output_len_dist: LengthDistribution | None = None
+    """Output lengths as a distribution (cost.lengths); output_len is then its mean, rounded."""
 
     @property
     def context(self) -> int:

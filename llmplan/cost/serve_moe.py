@@ -1,0 +1,163 @@
+"""MoE serving with data-parallel attention and wide expert parallelism: how many tokens each rank's experts
+see, the busiest rank's load, EPLB's redundant experts, and DeepEP's dispatch / combine in prefill (normal
+kernels) and decode (low-latency kernels), with or without two-batch overlap.
+
+Symbols: T tokens of a step on one attention rank, k experts per token, E routed experts, R redundant experts,
+h hidden size, n EP ranks (ep).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmplan.arith import expected_max_normal
+from llmplan.cost.comm import Dispatch, a2a_shares, expert_groups, ranks_per_token
+from llmplan.cost.params import mlp_params
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.serve import ServePlan
+from llmplan.topology.collectives import collective_time, group_links
+from llmplan.topology.placement import GroupSpan
+
+DEEPEP_SCALE_GROUP = 128
+"""Elements per fp32 scale of DeepEP's fp8 dispatch (per-token, per-128-channel scales, as DeepGEMM reads
+them). Source: DeepEP README (FP8 dispatching, BF16 combining); DeepSeek-V3 report §3.3.2 (1x128 tiles)."""
+
+COMBINE_BYTES = 2.0
+"""Bytes per element of a combine (bf16 expert outputs)."""
+
+
+def expert_token_factor(plan: ServePlan) -> int:
+    """Attention ranks whose tokens meet at each rank's experts: with DP attention all ep ranks send their
+    tokens to the experts (so an expert GEMM sees ep x the rank's own tokens); otherwise the replica's own.
+    Derived: docs/formulas.md#serve.moe"""
+    return plan.ep if plan.dp_attention else 1
+
+
+def redundant_expert_params(m: ModelSpec, plan: ServePlan) -> float:
+    """Parameters of the redundant expert replicas (EPLB) one EP rank holds: R / ep experts per MoE layer.
+    Source: DeepSeek-V3 report §3.4 (redundant experts); SGLang --ep-num-redundant-experts.
+    Derived: docs/formulas.md#serve.moe"""
+    if not m.is_moe or plan.redundant_experts == 0:
+        return 0.0
+    return m.num_moe_layers * plan.redundant_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.pp
+
+
+def serve_ep_imbalance(m: ModelSpec, plan: ServePlan, tokens: Any) -> Any:
+    """Expert rows of the busiest EP rank over the mean, with DP attention: the trained router's (and EPLB's)
+    imbalance (plan.ep_imbalance) times the spread of random top-k draws over the ep ranks, each of which
+    receives T·k rows on average: 1 + z(n)·sqrt((1 - 1/n)(E - k)/((E - 1)·T·k)) (cost.moe.routing_imbalance);
+    1 without DP attention. Derived: docs/formulas.md#serve.moe"""
+    if not (m.is_moe and plan.dp_attention and plan.ep > 1):
+        return 1.0
+    E, k, n = m.num_experts, m.num_experts_per_tok, plan.ep
+    rows = np.maximum(np.asarray(tokens, dtype=float) * k, 1.0)
+    spread = np.sqrt((1 - 1 / n) * (E - k) / max(E - 1, 1) / rows)
+    return plan.ep_imbalance * (1.0 + float(expected_max_normal(n)) * spread)
+
+
+def dispatch_bytes_per_element(plan: ServePlan, gpu: Any) -> float:
+    """Bytes per element of a token in a dispatch: DeepEP sends fp8 with one fp32 scale per 128 elements, or
+    NVFP4 (one E4M3 scale per 16) when the experts run NVFP4 GEMMs on a GPU with fp4 tensor cores; the plain
+    all-to-all sends 16 bits. Source: DeepEP README; LMSYS blog 2025-09-25 (GB200 part II: NVFP4 fused in
+    DeepEP's dispatch halves its traffic). Derived: docs/formulas.md#serve.moe"""
+    if plan.moe_dispatcher != "deepep":
+        return 2.0
+    if plan.expert_dtype_resolved == "nvfp4" and "fp4" in gpu.tflops:
+        return 0.5 + 1 / 16
+    return 1.0 + 4.0 / DEEPEP_SCALE_GROUP
+
+
+@dataclass(frozen=True)
+class DispatchTime:
+    """One MoE layer's token exchange on the busiest rank: dispatch + combine = total (seconds)."""
+
+    dispatch: Any
+    combine: Any
+
+    @property
+    def total(self) -> Any:
+        return self.dispatch + self.combine
+
+
+def deepep_normal(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: GroupSpan, tokens: float,
+                  imbalance: float) -> DispatchTime:
+    """DeepEP's normal (high-throughput) kernels, used for prefill: a token goes once to each EP rank holding
+    any of its experts (ranks_per_token), and across nodes once per remote node over the network, then over
+    NVLink (a2a_shares); bandwidth-bound, timed as an all-to-all of that buffer on the links the group spans,
+    waiting on the busiest rank. Source: DeepEP README (normal kernels: NVLink and RDMA forwarding).
+    Derived: docs/formulas.md#serve.moe"""
+    groups = expert_groups(m)
+    rows = ranks_per_token(m.num_experts, m.num_experts_per_tok, plan.ep, "random", groups)
+    shares = a2a_shares(Dispatch(m.num_experts, m.num_experts_per_tok, "random", groups), span)
+    buffer = tokens * rows * m.hidden_size * imbalance
+    send = collective_time("all-to-all", buffer * dispatch_bytes_per_element(plan, system.gpu), span, system,
+                           shares=shares).seconds
+    back = collective_time("all-to-all", buffer * COMBINE_BYTES, span, system, shares=shares).seconds
+    return DispatchTime(send, back)
+
+
+def deepep_low_latency(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: GroupSpan, tokens: Any,
+                       imbalance: Any) -> DispatchTime:
+    """DeepEP's low-latency kernels, used for decode: every routed copy (k per token) is written straight
+    into its expert's buffer on the destination rank, over the network when the group leaves the NVLink
+    domain (pure RDMA, no NVLink forwarding) and over NVLink inside one; all peers at once, so one latency
+    per call plus the busiest rank's bytes over its link. Source: DeepEP README (low-latency kernels with
+    pure RDMA, IBGDA). Derived: docs/formulas.md#serve.moe"""
+    n = span.size
+    if n <= 1:
+        return DispatchTime(0.0, 0.0)
+    L = group_links(system, span)
+    bw, alpha = (L.inter_bw, L.inter_alpha) if span.uses_nic else (L.intra_bw, L.intra_alpha)
+    copies = np.asarray(tokens, dtype=float) * m.num_experts_per_tok * m.hidden_size * imbalance * (n - 1) / n
+    return DispatchTime(alpha + copies * dispatch_bytes_per_element(plan, system.gpu) / bw,
+                        alpha + copies * COMBINE_BYTES / bw)
+
+
+def deepep_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: GroupSpan, tokens: Any,
+                        decode_only: bool) -> Any:
+    """DeepEP's dispatch + combine of every MoE layer of a stage for a step of `tokens` tokens per attention
+    rank: the low-latency kernels for decode-only steps and the normal kernels for steps that prefill (SGLang
+    --deepep-mode auto picks them so). Derived: docs/formulas.md#serve.moe"""
+    if not m.is_moe or plan.ep <= 1:
+        return 0.0
+    layers = m.num_moe_layers / plan.pp
+    T = np.asarray(tokens, dtype=float)
+    imb = serve_ep_imbalance(m, plan, T)
+    if decode_only:
+        return layers * deepep_low_latency(m, plan, system, span, T, imb).total
+    flat = np.atleast_1d(T)
+    imbs = np.broadcast_to(np.asarray(imb, dtype=float), flat.shape)
+    out = np.array([deepep_normal(m, plan, system, span, float(t), float(i)).total for t, i in zip(flat, imbs)])
+    return layers * (out if np.ndim(T) else float(out[0]))
+
+
+DEEPEP_NORMAL_SMS = 20
+"""SMs DeepEP's normal (high-throughput) kernels occupy while they run (deep_ep.Buffer.num_sms default).
+Source: deepseek-ai/DeepEP deep_ep/buffer.py (V1, the release SGLang's 2025 deployments ran)."""
+
+
+def overlapped_step(compute: Any, exchange: Any, half_compute: Any, half_exchange: Any, tbo: bool,
+                    slowdown: float = 1.0) -> Any:
+    """Step time from its compute and its expert exchange: one after the other, or with two-batch overlap two
+    micro-batches of half the tokens, one's exchange running while the other computes, so each half-period
+    lasts the longer of the two: 2 x max(compute(T/2) x slowdown, exchange(T/2)), `slowdown` the compute's
+    loss to the SMs the communication kernels hold (sm_count / (sm_count - their SMs)). Source: DeepSeek
+    inference system overview (2025-03-01: dual micro-batch overlap); LMSYS blog 2025-05-05 (two-batch overlap).
+    Derived: docs/formulas.md#serve.tbo"""
+    if not tbo:
+        return compute + exchange
+    return 2 * np.maximum(half_compute * slowdown, half_exchange)
+
+
+def comm_sm_slowdown(plan: ServePlan, gpu: Any, decode_only: bool) -> float:
+    """How much slower compute runs beside DeepEP's normal kernels (which hold DEEPEP_NORMAL_SMS SMs):
+    sm_count / (sm_count - 20); 1 for the low-latency kernels (decode), which free every SM once their RDMA
+    messages are issued (deepseek-ai/profile-data README, Decoding), and for the plain all-to-all.
+    Derived: docs/formulas.md#serve.tbo"""
+    if plan.moe_dispatcher != "deepep" or decode_only:
+        return 1.0
+    return gpu.sm_count / max(gpu.sm_count - DEEPEP_NORMAL_SMS, 1)

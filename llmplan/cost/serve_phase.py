@@ -1,0 +1,86 @@
+"""One pool serving one phase (a disaggregated deployment's prefill or decode instances): input tokens/s per
+GPU and TTFT of a prefill pool, output tokens/s per GPU and TPOT of a decode pool, and the KV cache a prefill
+hands over per request.
+
+Symbols: T prompt tokens per prefill batch (per replica), s input tokens, B sequences per replica, c context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmplan.cost.inference import (Spans, decode_tpot, expert_exchange_seconds, kv_bytes_per_token,
+                                    prefill_work_seconds, step_host_seconds)
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.serve import ServeJob, ServePlan
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """One phase served on its own by every replica of the plan, at full load."""
+
+    phase: str
+    """prefill or decode."""
+    step_s: float
+    """One engine step: a batch of T prompt tokens (prefill) or one token for each of B sequences (decode)."""
+    exchange_s: float
+    """The step's expert dispatch + combine, exposed or not (part of step_s unless two-batch overlap hides it)."""
+    tokens_per_step: float
+    """Prompt tokens per prefill batch, or sequences per decode step, per replica."""
+    context: float
+    """Tokens each sequence attends to: the prompt (prefill), input + output/2 on average (decode)."""
+    ttft_s: float | None
+    """Prefill: the steps one prompt's uncached tokens take (its batch's, or its chunks'), no queueing."""
+    tpot_s: float | None
+    """Decode: time per output token at B sequences per replica."""
+    input_tokens_per_s_per_gpu: float
+    """Prefill: uncached prompt tokens processed per second per GPU (0 for decode)."""
+    output_tokens_per_s_per_gpu: float
+    """Decode: tokens generated per second per GPU (prefill: the first token of each prompt)."""
+    kv_transfer_bytes_per_request: float
+    """KV cache of one request's prompt (every layer, all heads): what a prefill pool sends to a decode pool."""
+
+
+def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
+    """A prefill pool: each replica runs batches of T = max_num_batched_tokens uncached prompt tokens (several
+    prompts, or chunks of one long prompt), each token attending to the cached prefix and half its prompt
+    on average; input tokens/s per GPU = T / step / GPUs per replica; TTFT = ceil(s_new / T) steps.
+    Derived: docs/formulas.md#serve.phase"""
+    T = float(job.max_num_batched_tokens)
+    new = max(job.uncached_input, 1.0)
+    step = prefill_work_seconds(m, plan, system, spans, job) * T / new
+    exchange = float(expert_exchange_seconds(m, plan, system, spans, T, False)) * plan.pp
+    gpus = plan.gpus_per_replica
+    return PhaseTiming(
+        phase="prefill", step_s=step, exchange_s=exchange, tokens_per_step=T, context=float(job.input_len),
+        ttft_s=math.ceil(new / T) * step, tpot_s=None, input_tokens_per_s_per_gpu=T / step / gpus,
+        output_tokens_per_s_per_gpu=T / step / gpus / new,
+        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len)
+
+
+def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
+    """A decode pool: each replica decodes B = job.batch sequences of average context input + output/2 (their
+    KV received from the prefill pool), one token each per step (decode_tpot, DeepEP's low-latency kernels);
+    output tokens/s per GPU = B / TPOT / GPUs per replica. Derived: docs/formulas.md#serve.phase"""
+    B = float(job.batch)
+    context = job.input_len + job.output_len / 2
+    tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job)))
+    b = max(B / plan.pp, 1.0)
+    exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True)) * plan.pp
+    return PhaseTiming(
+        phase="decode", step_s=tpot, exchange_s=exchange, tokens_per_step=B, context=float(context),
+        ttft_s=None, tpot_s=tpot, input_tokens_per_s_per_gpu=0.0,
+        output_tokens_per_s_per_gpu=B / tpot / plan.gpus_per_replica,
+        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len)
+
+
+def phase_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming | None:
+    """The plan's phase on its own (None when it serves both, co-located)."""
+    if plan.phase == "prefill":
+        return prefill_phase(m, plan, system, spans, job)
+    if plan.phase == "decode":
+        return decode_phase(m, plan, system, spans, job)
+    return None
+

@@ -1,0 +1,118 @@
+"""Speculative decoding: the draft's cost per step, the target's verification step of k + 1 tokens per
+sequence, the accepted tokens per step, and the draft's weights and KV cache.
+
+Symbols: k draft tokens per sequence per step, alpha the acceptance rate of a draft token given the ones
+before it were accepted, E the tokens a sequence gains per step, B concurrent sequences, c context tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.inference import Spans, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.params import padded_vocab
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan, SpeculativeSpec
+
+def acceptance_of(spec: SpeculativeSpec) -> float:
+    """The job's acceptance rate, else the method's published default (ACCEPTANCE); check_serve_plan refuses
+    a method without one."""
+    return spec.acceptance_rate if spec.acceptance_rate is not None else ACCEPTANCE[spec.method]
+
+
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens a sequence gains per verification step with k draft tokens accepted one after another
+    with probability alpha each: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha); 1 at alpha 0
+    (only the target's own token), k + 1 at alpha 1.
+    Source: Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding, eq. (1)."""
+    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def draft_model(m: ModelSpec, spec: SpeculativeSpec) -> ModelSpec | None:
+    """The model the draft runs, one token per sequence per draft step: the target's MTP layers (one
+    transformer layer each, MoE when the model is), an EAGLE head (one dense decoder layer of the target's
+    shape) unless a draft model is named, nothing for n-gram (host-side lookup). The derived drafts keep the
+    target's embedding and output head, which they share. Derived: docs/formulas.md#infer.speculative"""
+    if spec.method == "ngram":
+        return None
+    if spec.draft is not None:
+        return spec.draft
+    layers = m.num_nextn_predict_layers if spec.method == "mtp" else 1
+    dense = 0 if spec.method == "mtp" else layers  # MTP layers are MoE where the model is; an EAGLE head is dense
+    return m.model_copy(update={"num_hidden_layers": layers, "first_k_dense_replace": dense if m.is_moe else 0,
+                                "num_nextn_predict_layers": 0, "layer_types": None})
+
+
+def _draft_plan(plan: ServePlan) -> ServePlan:
+    """The draft runs on the target's TP (and EP) ranks, in one stage."""
+    return plan.model_copy(update={"pp": 1})
+
+
+def draft_weight_bytes(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec) -> float:
+    """Draft weights per GPU beyond the target's: 0 for MTP (the MTP layers are already counted on the last
+    stage, params.rank_params) and n-gram; an EAGLE head's layer and its 2h -> h input projection (3h -> h for
+    EAGLE-3; the embedding and output head shared); a named draft model's weights in full.
+    Derived: docs/formulas.md#infer.speculative"""
+    draft = draft_model(m, spec)
+    if draft is None or spec.method == "mtp":
+        return 0.0
+    total = serve_weight_bytes(draft, _draft_plan(plan))
+    if spec.draft is not None:
+        return total
+    shared = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp * 2.0 * (2 - m.tie_word_embeddings)
+    fused = 3 if spec.method == "eagle3" else 2  # EAGLE-3 fuses three layers' features, EAGLE one + the token
+    fc = fused * m.hidden_size * m.hidden_size / plan.tp * weight_bytes_per_param(plan.weight_dtype,
+                                                                                   plan.quant_group_size)
+    return total - shared + fc
+
+
+def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec, tokens: Any,
+                           block_size: int) -> Any:
+    """KV bytes one sequence holds on one GPU under speculation: the target's cache for its tokens plus the k
+    draft tokens written before verification, and the draft's own cache (its layers) for the same tokens.
+    Derived: docs/formulas.md#infer.speculative"""
+    held = tokens + spec.num_speculative_tokens
+    draft = draft_model(m, spec)
+    own = kv_bytes_per_seq_gpu(m, plan, held, block_size)
+    return own if draft is None else own + kv_bytes_per_seq_gpu(draft, _draft_plan(plan), held, block_size)
+
+
+@dataclass(frozen=True)
+class SpeculativeStep(Breakdown):
+    """One speculative step of a replica: k draft steps + one verification step of k + 1 tokens per
+    sequence; draft + verify = total seconds, in which each sequence gains tokens_per_step tokens."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("draft", "verify")
+
+    draft: Any
+    verify: Any
+    tokens_per_step: float
+    acceptance_rate: float
+
+
+def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, spec: SpeculativeSpec,
+                     batch: Any, context: Any, overhead: float) -> SpeculativeStep:
+    """The draft runs k steps of one token per sequence through draft_model (the same MTP layer again for k
+    beyond num_nextn_predict_layers, as vLLM and SGLang do); the target then runs one step of k + 1 tokens
+    per sequence (the last token and the k drafts) over the same KV cache, with the engine's host time.
+    Derived: docs/formulas.md#infer.speculative"""
+    k = spec.num_speculative_tokens
+    draft = draft_model(m, spec)
+    draft_s: Any = 0.0 if draft is None else \
+        k * decode_tpot(draft, _draft_plan(plan), system, spans, batch, context)
+    verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1)
+    alpha = acceptance_of(spec)
+    return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
+                           acceptance_rate=alpha)
+
+
+def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
+                     batch: Any, context: Any, overhead: float) -> Any:
+    """Time per output token under speculation: one speculative step over the tokens it yields per sequence.
+    Derived: docs/formulas.md#infer.speculative"""
+    assert job.speculative is not None  # the caller's branch; not user input
+    step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead)
+    return step.total / step.tokens_per_step
