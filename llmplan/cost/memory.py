@@ -465,7 +465,8 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
     if explicit_stages(plan) is not None:
         return tuple(range(plan.pp))
     second = minimum(1, plan.pp - 1)
-    moe = heaviest_moe_stage(m, plan) if m.is_moe and m.first_k_dense_replace else second
+    placed = m.first_k_dense_replace or m.mlp_layer_types is not None  # MoE layers not on every stage alike
+    moe = heaviest_moe_stage(m, plan) if m.is_moe and placed else second
     return 0 * plan.pp, second, moe, plan.pp - 1
 
 

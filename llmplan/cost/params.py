@@ -306,7 +306,11 @@ def _flagged_between(flags: list[bool], start: Any, end: Any) -> Any:
 
 def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
-    micro-batches among such ranks); 0 for models without leading dense layers."""
+    micro-batches among such ranks); 0 for models without leading dense layers. A model whose
+    mlp_layer_types places its MoE layers (Llama 4 Maverick every other layer, a hybrid pattern): the first
+    middle rank that holds the most of them."""
+    if m.is_moe and m.mlp_layer_types is not None:
+        return _most_moe_middle_stage(m, plan)
     if not m.is_moe or not m.first_k_dense_replace:
         return 0 * plan.pp
     if explicit_stages(plan) is not None:
@@ -315,6 +319,19 @@ def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp
     i = where(kv <= first, 1, 1 - (-(kv - first) // maximum(mid, 1)))
     return minimum(i, plan.pp - 1)
+
+
+def _most_moe_middle_stage(m: ModelSpec, plan: PlanLike) -> Any:
+    """The first of ranks 1 .. pp-2 holding the most MoE layers (rank 1, or pp-1 when pp <= 2); elementwise."""
+    best = minimum(1, plan.pp - 1) + 0 * plan.pp
+    if explicit_stages(plan) is not None:
+        return best
+    count = stage_layers(m, plan, 1)[1] if int(np.max(plan.pp)) > 1 else 0 * plan.pp
+    for i in range(2, int(np.max(plan.pp)) - 1):
+        n = stage_layers(m, plan, i)[1]
+        better = (i < plan.pp - 1) & (n > count)
+        best, count = where(better, i, best), where(better, n, count)
+    return best
 
 
 @dataclass(frozen=True)
