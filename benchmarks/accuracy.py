@@ -275,7 +275,8 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
         m = builtin_models()[named]
         return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 0))})
     h = md["hidden"]
-    for m in builtin_models().values():
+    # DeepSeek-V3.2 shares DeepSeek-V3's dimensions: a row is V3 (dense MLA) unless named otherwise.
+    for m in sorted(builtin_models().values(), key=lambda x: x.is_sparse_attention):
         if (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == \
                 (md["layers"], h, md["heads"], md["vocab"]) and m.model_type != "gpt":
             update = {"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 2048))}
