@@ -535,6 +535,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      or mbridge_moe_recipe(rec)[0] else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
+        # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
+        # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
+        moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),
         cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),
@@ -749,19 +752,34 @@ def family_medians(fams: dict) -> dict[str, np.ndarray]:
     return out
 
 
+FIT_TIE_PCT = 0.1
+"""Grid points whose mean of family medians is within this many percentage points of the least are tied: far
+below what the medians resolve (one record moves a family's median by more), so the fit does not let a
+0.01-point difference pick a corner of the grid (docs/validation.md#lofo)."""
+
+
 def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
-    """The grid point with the lowest mean over `families` of the per-family median |error|."""
-    best, best_s = None, float("inf")
+    """The grid point with the lowest mean over `families` of the per-family median |error|; among points tied
+    with it (FIT_TIE_PCT), the one nearest the tied points' centroid (grid steps as the unit), so that a flat
+    optimum gives its middle rather than whichever edge the rounding favours."""
+    points: list[tuple[dict, float]] = []
     for key, med in table.items():
         kept = [med[f] for f in sorted(families) if f in med]
         if not kept:
             continue
         mean = np.mean(np.broadcast_arrays(*kept), axis=0)
-        i = np.unravel_index(int(np.argmin(mean)), mean.shape)
-        if mean[i] < best_s:
-            best_s = float(mean[i])
-            best = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}}
-    return best, best_s
+        for i in np.ndindex(mean.shape):
+            points.append(({**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}},
+                           float(mean[i])))
+    if not points:
+        return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
+    least = min(v for _, v in points)
+    tied = [c for c, v in points if v <= least + FIT_TIE_PCT]
+    steps = {k: np.array([GRID[k].index(c[k]) for c in tied], dtype=float) for k in GRID}
+    centre = {k: float(v.mean()) for k, v in steps.items()}
+    near = int(np.argmin(sum((v - centre[k]) ** 2 for k, v in steps.items())))
+    best = tied[near]
+    return best, next(v for c, v in points if c is best)
 
 
 def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:

@@ -177,6 +177,8 @@ def test_deepseek_v3_plan_keeps_mtp_and_the_stage_split():
     assert (cfg["moe_token_dispatcher_type"], cfg["moe_flex_dispatcher_backend"]) == ("alltoall", None)
     flex = hydra_applied(overrides(script("deepseek_train", moe_dispatcher="deepep")), True)["model"]
     assert (flex["moe_token_dispatcher_type"], flex["moe_flex_dispatcher_backend"]) == ("flex", "deepep")
+    sms = hydra_applied(overrides(script("deepseek_train", moe_dispatcher="deepep", moe_dispatch_sms=32)), True)
+    assert sms["model"]["moe_flex_dispatcher_num_sms"] == 32  # the plan's dispatcher SMs (cost.comm.ep_sms)
 
 
 def test_mtp_goes_into_an_explicit_layout():

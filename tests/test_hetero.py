@@ -309,8 +309,7 @@ def test_pool_file_refused_where_one_system_is_needed(cli, tmp_path: Path):
     for args in (("estimate", "--model", "llama-3.1-8b", "--hardware", f),
                  ("search", "--model", "llama-3.1-8b", "--hardware", f, "--nodes", "4"),
                  ("search", "--model", "llama-3.1-8b", "--hardware", f, "--objective", "time-to-train"),
-                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--wide"),
-                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--mode", "infer")):
+                 ("search", "--model", "llama-3.1-8b", "--hardware", f, "--wide")):
         r = cli(*args)
         lines = r.err.strip().splitlines()
         assert r.code == 2 and len(lines) == 1, (args, r.err)

@@ -126,6 +126,10 @@ def test_megatron_exports_deepep_as_the_flex_dispatcher_and_torchtitan_refuses_i
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"moe_dispatcher": "deepep"}))
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == "deepep"
+    assert ns.moe_flex_dispatcher_num_sms is None  # the plan leaves Megatron's default
+    sms = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"moe_dispatch_sms": 32}))
+    ns, _ = parse_megatron(render_all(sms, "megatron")[0]["megatron_pretrain.sh"])
+    assert int(ns.moe_flex_dispatcher_num_sms) == 32
     ns, _ = parse_megatron(render_all(base, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.moe_token_dispatcher_type == "alltoall"
     fsdp = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"zero": 3}))
@@ -184,3 +188,42 @@ def test_deepep_across_nodes_sends_a_token_once_per_node_over_the_network():
     assert times["deepep"] / times["alltoall"] == pytest.approx(nodes / 8, rel=1e-9)
     shares = a2a_shares(Dispatch(256, 8, "random", (8, 4)), t.group)
     assert shares[0] == pytest.approx(7 / 8)
+
+
+@pytest.mark.parametrize("sms,dispatch_gbps,combine_gbps", [(16, 348, 302), (24, 494, 420), (32, 619, 524)])
+def test_deepep_all_to_all_is_bound_by_its_sms(sms, dispatch_gbps, combine_gbps):
+    # Published: deepseek-ai/DeepEP docs/README_Hybrid-EP.md, "B200 Platform", DeepEP through the torch API
+    # (8 ranks, 4,096 tokens of hidden 7,168, top-8, BF16; algorithm bandwidth = the rows' bytes / time).
+    # A dispatch and a combine of those bytes, priced on 8 B200 over NVLink at `sms` SMs, take what the table's
+    # two rates give, within 10% (the 24-SM point is the source of the per-SM rate; 16 and 32 are checks).
+    # Without the SM bound they would take the NVLink's time, 27-58% less.
+    from llmplan.cost.comm import Transfer
+    cluster = ClusterSpec(system=builtin_systems()["dgx-b200"], num_nodes=1)
+    plan = ParallelPlan(dp=8, ep=8, etp=1, global_batch=8, seq_len=4096, moe_dispatcher="deepep",
+                        moe_dispatch_sms=sms)
+    e = estimate_training(builtin_models()["qwen3-30b-a3b"], cluster, plan)
+    group = e.comm.axes["ep"].transfers[0].group
+    S = 4096 * 7168 * 2.0 * 8  # a large buffer: the latency term is negligible
+    t = Transfer("all-to-all", 2, S, group, Dispatch(64, 8, "random", None, sms))
+    published = S / (dispatch_gbps * 1e9) + S / (combine_gbps * 1e9)
+    assert transfer_seconds(t, cluster.system) == pytest.approx(published, rel=0.10)
+    unbound = Transfer("all-to-all", 2, S, group, Dispatch(64, 8, "random", None, 0))
+    assert transfer_seconds(unbound, cluster.system) < 0.75 * published
+
+
+def test_dispatch_sms_slow_the_overlapped_compute():
+    # The deepep kernels hold their SMs while they run beside compute: the overlapped compute slows by
+    # sms / sm_count (DeepSeek-V3 report §3.2.2: 20 of 132), not by the NCCL channels' share; more SMs price a
+    # Blackwell NVLink all-to-all faster, and the plan's field reaches the estimate.
+    from llmplan.cost.moe import DEEPEP_NUM_SMS, dispatch_contention
+    deepep = ParallelPlan(dp=8, ep=8, etp=1, global_batch=8, moe_dispatcher="deepep", moe_dispatch_sms=32)
+    assert dispatch_contention(deepep, 148, 0.1) == pytest.approx(32 / 148)
+    assert dispatch_contention(deepep.model_copy(update={"moe_dispatch_sms": None}), 132, 0.1) == \
+        pytest.approx(DEEPEP_NUM_SMS / 132)
+    assert dispatch_contention(deepep.model_copy(update={"moe_dispatcher": "alltoall"}), 148, 0.1) == 0.1
+    assert dispatch_contention(deepep.model_copy(update={"moe_dispatch_sms": 512}), 148, 0.1) == 0.5
+    cluster = ClusterSpec(system=builtin_systems()["dgx-b200"], num_nodes=1)
+    m = builtin_models()["qwen3-30b-a3b"]
+    ep = {n: float(estimate_training(m, cluster, deepep.model_copy(update={"moe_dispatch_sms": n})).comm.axes["ep"].seconds)
+          for n in (16, 32, 64)}
+    assert ep[16] > ep[32] > ep[64]

@@ -358,6 +358,23 @@ def test_constant_fit_takes_each_family_median_over_its_clock_groups():
                                        "clock_h100": grid["h100"][ih]}, {"mpt"}) == {"mpt": pytest.approx(2.5)}
 
 
+def test_fit_ties_resolve_to_the_middle_of_a_flat_optimum():
+    # A ridge of clock_h100 values all within FIT_TIE_PCT of the least (the least at its upper end by 0.01
+    # point): the fit takes the ridge's middle, not the edge a 0.01-point difference favours.
+    import accuracy
+
+    na, nh = (len(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS)
+    med = np.full((na, nh), 9.0)
+    med[2, 3:8] = 5.0
+    med[2, 7] = 4.99
+    key = tuple((k, v[0]) for k, v in accuracy.GRID.items() if not k.startswith("clock_"))
+    best, score = accuracy.best_fit({key: {"mpt": med}}, {"mpt"})
+    assert best["clock_h100"] == accuracy.GRID["clock_h100"][5] and best["clock_a100"] == accuracy.GRID["clock_a100"][2]
+    assert score == pytest.approx(5.0)
+    med[2, 7] = 4.5  # a real optimum (0.5 point) is kept
+    assert accuracy.best_fit({key: {"mpt": med}}, {"mpt"})[0]["clock_h100"] == accuracy.GRID["clock_h100"][7]
+
+
 def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved():
     # ASSUMPTIONS["megatron"]: the r0.8 README overlaps pipeline communication, which r0.8 does only in the
     # interleaved schedule; one layer per virtual stage.

@@ -101,3 +101,66 @@ def test_layout_rules_once_per_layout_agree_with_every_plan(name, system, nodes,
         every = np.broadcast_to(np.asarray(rule.ok(m, fresh, cluster), dtype=bool), len(plans))
         assert np.array_equal(np.broadcast_to(np.asarray(once, dtype=bool), len(plans)), every), rule.name
         assert every.any() and not every.all()  # the check has something to agree on
+
+
+@pytest.mark.parametrize("name,system,nodes,gbs,headroom_gib", [
+    ("deepseek-v3", "dgx-h800", 32, 1024, 4.0), ("mixtral-8x7b", "dgx-h100", 4, 256, 0.0),
+    ("llama-3.1-8b", "dgx-h100", 2, 512, 20.0), ("llama-3.1-405b", "dgx-h100", 4, 64, 0.0),  # none fits
+    ("llama-3.1-8b", "dgx-h100", 1, 64, 0.0), ("gpt-1.7b", "dgx-h100", 1, 64, 0.0)])
+def test_screened_memory_is_the_full_memory_model(name, system, nodes, gbs, headroom_gib):
+    """Screening by one stage's memory (search.evaluate.screened_memory) gives the full model's verdict on
+    every plan, the full model's memory of each plan that fits and the least-memory misfit."""
+    from llmplan.search.evaluate import screened_memory
+    from llmplan.specs.check import RULES
+    from llmplan.units import GIB
+
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=gbs, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    keep = np.ones(len(plans), dtype=bool)
+    for rule in RULES:
+        keep &= np.broadcast_to(np.asarray(rule.ok(m, plans, cluster), dtype=bool), keep.shape)
+    plans = plans.take(np.flatnonzero(keep))
+    gpu, headroom = cluster.system.gpu, headroom_gib * GIB
+    full = training_memory(m, enumerate_plans(default_space(m, cluster, w), cluster, w).take(np.flatnonzero(keep)),
+                           gpu.hbm_bytes, None, gpu.fp8_tn_only)
+    total = np.asarray(full.total, dtype=float)
+    fits = total + headroom <= gpu.hbm_bytes
+    got = screened_memory(m, cluster, plans, None, headroom)
+    assert np.array_equal(got.fits, fits)
+    if (~fits).any():
+        least = int(np.argmin(np.where(~fits, total, np.inf)))
+        assert (got.least, got.least_total) == (least, float(total[least]))
+    else:
+        assert got.least is None
+    if not fits.any():
+        assert got.memory is None
+        return
+    idx = np.flatnonzero(fits)
+    assert got.memory is not None
+    for f in ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other", "total"):
+        assert np.array_equal(getattr(got.memory, f), np.asarray(getattr(full, f))[idx]), f
+    for f in ("layers", "recompute_working", "embedding", "output"):
+        assert np.array_equal(getattr(got.memory.activation_parts, f),
+                              np.broadcast_to(getattr(full.activation_parts, f), total.shape)[idx]), f
+
+
+@pytest.mark.parametrize("name,system,nodes,gbs", [CASES[0], ("llama-3.1-405b", "dgx-h100", 64, 1024)])
+def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nodes, gbs):
+    """Every plan a search shows (ranked, Pareto, the conventional one) reads exactly what the scalar estimate
+    of a fresh copy gives with no single-plan memo (cost.params._plan_memo: each part computed where it is
+    read): the screened memory, the memo and the layout pass's shortcuts change no number."""
+    from llmplan.cost import params
+    from llmplan.estimate import estimate_training
+
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=gbs, seq_len=4096, tp_comm_overlap=True)
+    res = search(m, cluster, default_space(m, cluster, w), w, top=5)
+    shown = res.ranked + res.pareto + ([res.conventional] if res.conventional else [])
+    assert res.ranked
+    as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)
+    got = [as_json(e) for e in shown]
+    monkeypatch.setattr(params, "_plan_memo", lambda plan: None)
+    for e, seen in zip(shown, got):
+        plain = estimate_training(m, cluster, e.plan.model_copy(deep=True), None, checkpoint=e.checkpoint)
+        assert seen == as_json(plain), e.plan.describe()

@@ -144,7 +144,7 @@ def switches(s: SwitchOptions) -> dict:
             "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
             "fp32_param_shards": s.fp32_param_shards, "moe_dispatcher": s.moe_dispatcher,
-            "moe_routing": s.moe_routing, "recompute_modules": parse_recompute_modules(s.recompute_modules)}
+            "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules)}
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:

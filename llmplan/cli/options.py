@@ -75,6 +75,9 @@ MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
 MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
                            help="How tokens spread over experts, for deepep's volume: random (a balanced router) | "
                                 "contiguous (k consecutive experts: NeMo AutoModel's benchmark gate).")
+MOE_DISPATCH_SMS = typer.Option(None, "--moe-dispatch-sms", min=1, max=1024,
+                                help="SMs of deepep's dispatch / combine kernels (Megatron "
+                                     "moe_flex_dispatcher_num_sms; default 20).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
@@ -164,7 +167,7 @@ SWITCHES = Flags("Training switches", {
     "recompute_modules": RECOMPUTE_MODULES, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
-    "fp32_param_shards": FP32_PARAM_SHARDS, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

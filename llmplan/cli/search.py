@@ -13,6 +13,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.pools import search_pools_cli, single_pool_options
+from llmplan.cli.pools_serve import search_pools_serving
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 refuse_other_mode, switches, with_hardware_options)
@@ -70,6 +71,12 @@ def search(
         check_target(output.save, output.force)
     if mode == "infer":
         refuse_serving_comparison(cluster)
+    if mode == "infer" and is_pool_file(cluster.hardware):  # one pool is that system's search; several, pools'
+        one = single_pool_options(cluster, goal)
+        if one is None:
+            return search_pools_serving(cluster, pins, goal, training.dtype, serving, max_batch, request_rate,
+                                        memory, output, disaggregated)
+        cluster = one
     if mode == "infer" and disaggregated:
         search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output)
     elif mode == "infer":

@@ -15,14 +15,20 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from llmplan.arith import where
-from llmplan.cost.params import (heaviest_moe_stage, kv_heads_per_rank, max_stage_layers, rank_params, recomputed_share,
-                                 stage_layers)
-from llmplan.cost.moe import routing_imbalance
+from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
+from llmplan.cost.params import (
+    heaviest_moe_stage,
+    kv_heads_per_rank,
+    max_stage_layers,
+    rank_params,
+    recomputed_share,
+    stage_layers,
+)
 from llmplan.cost.step import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
-from llmplan.topology.collectives import bus_factor, collective_time
+from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs
 from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
@@ -53,6 +59,8 @@ class Dispatch:
     top_k: int
     routing: str
     groups: tuple[int, int] | None
+    sms: int = 0
+    """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -112,9 +120,43 @@ class CommBreakdown:
         return sum(a.seconds for a in self.axes.values())
 
 
+DISPATCH_SM_BYTES_PER_S = (494e9 / 24, 420e9 / 24)
+"""Bytes per second one SM moves in DeepEP's normal (training) dispatch and combine, BF16: B200, 8 ranks, 4,096
+tokens of hidden 7,168, top-8 of 64 experts, 24 SMs, 494 GB/s dispatch and 420 GB/s combine through the torch
+API (algorithm bandwidth), 20.6 / 17.5 GB/s per SM; the same table rises about in proportion from 16 SMs
+(348 / 302) to 32 (619 / 524) and levels off near 640 / 586 at 48, the NVLink's rate (deepseek-ai/DeepEP
+docs/README_Hybrid-EP.md, "B200 Platform"; GB200 at 8 ranks and 24 SMs: 513 / 426). Derived:
+docs/formulas.md#comm.ep_sms"""
+
+
+def dispatch_sm_beta(d: Dispatch | None) -> float:
+    """Seconds per byte of a DeepEP all-to-all bound by the SMs it runs on: half its calls are dispatches
+    (the forward's dispatch, the backward's combine-gradient) and half combines, each moving the whole send
+    buffer through `sms` SMs at DISPATCH_SM_BYTES_PER_S; 0 where no SM budget is given (NCCL's alltoall).
+    The kernel's time is the larger of this and the links' (dispatch_coeffs).
+    Source: deepseek-ai/DeepEP docs/README_Hybrid-EP.md (B200, DeepEP at 16-48 SMs). Derived:
+    docs/formulas.md#comm.ep_sms"""
+    if d is None or d.sms <= 0:
+        return 0.0
+    r_dispatch, r_combine = DISPATCH_SM_BYTES_PER_S
+    return 0.5 * (1 / r_dispatch + 1 / r_combine) / d.sms
+
+
+def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
+    """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
+    Derived: docs/formulas.md#comm.ep_sms"""
+    floor = dispatch_sm_beta(d) if span.size > 1 else 0.0  # a group of one sends nothing
+    return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor))
+                 for c in collective_coeffs(op, span, system, shares=a2a_shares(d, span)))
+
+
 def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
-    shares = a2a_shares(t.dispatch, t.group)
-    return t.calls * collective_time(t.collective, t.message, t.group, system, shares=shares).seconds
+    """Seconds of a placed transfer's calls (the scalar path; search.evaluate costs axis names itself)."""
+    span = t.group
+    if span.size <= 1 or t.message <= 0:
+        return 0.0
+    best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, span, system, t.dispatch))
+    return t.calls * best
 
 
 def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | None:
@@ -234,7 +276,8 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
     dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
     per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
-    deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m)) \
+    deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
+                      plan.moe_dispatch_sms or DEEPEP_NUM_SMS) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
 

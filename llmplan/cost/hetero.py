@@ -98,3 +98,10 @@ def cross_pool_p2p_seconds(message_bytes: float, fabric: InterPoolFabric) -> flo
     """One pipeline send (activations forward, their gradient backward) from a stage on one pool to the next
     stage on another, over the inter-pool fabric. Derived: docs/formulas.md#hetero.stages"""
     return message_bytes / fabric.bytes_per_s + fabric.latency_s
+
+
+def cross_pool_kv_seconds(kv_bytes: float, shards: int, fabric: InterPoolFabric) -> float:
+    """One request's KV cache from a prefill instance on one pool to a decode instance on another: each of the
+    `shards` ranks holding a distinct shard sends its part over its own GPU's share of the inter-pool fabric,
+    in parallel. Derived: docs/formulas.md#serve.pools"""
+    return kv_bytes / shards / fabric.bytes_per_s + fabric.latency_s

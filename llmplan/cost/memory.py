@@ -7,6 +7,7 @@ search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,11 +17,11 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import (
-    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, layout_chunk_layers, memoized,
+    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
-from llmplan.cost.schedule import stage_order
+from llmplan.cost.schedule import stage_order_cached
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
@@ -296,13 +297,23 @@ def layout_peak_layers(m: ModelSpec, plan: ParallelPlan, stage: int, dense_b: An
     (dense_b / moe_b bytes each, one micro-batch), each backward frees them. With equal chunks the peak is the
     warm-up's, inflight_microbatches x the stage's layers; with unequal chunks it is where the heavy chunks
     overlap. Derived: docs/formulas.md#pipeline.layout"""
-    chunks = layout_chunk_layers(m, plan)[stage]
-    held = peak = 0.0 * dense_b
-    for kind, _, c in stage_order(plan.pp, plan.num_microbatches, len(chunks), stage):
-        d, e = chunks[c]
-        held = held + (1 if kind == "forward" else -1) * (d * dense_b + e * moe_b)
-        peak = maximum(peak, held)
-    return peak
+    chunks = chunk_layers(m, plan)[stage]
+    sign, chunk = _order_steps(plan.pp, plan.num_microbatches, len(chunks), stage)
+    per_chunk = np.stack(np.broadcast_arrays(*(d * dense_b + e * moe_b for d, e in chunks)))
+    # The running sum of the order's steps (np.cumsum adds in order, as a walk would) and its largest value.
+    held = np.cumsum(sign.reshape(-1, *[1] * (per_chunk.ndim - 1)) * per_chunk[chunk], axis=0)
+    return maximum(0.0 * dense_b, held.max(axis=0))
+
+
+@lru_cache(maxsize=1024)
+def _order_steps(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """(+1 per forward / -1 per backward, chunk) of each step of stage i's order (schedule.stage_order)."""
+    order = stage_order_cached(p, n, v, i)
+    sign = np.asarray([1.0 if kind == "forward" else -1.0 for kind, _, _ in order])
+    chunk = np.asarray([c for _, _, c in order], dtype=np.intp)
+    sign.setflags(write=False)
+    chunk.setflags(write=False)
+    return sign, chunk
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,30 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.2
+EP_OVERLAP_HIDDEN = 0.28
 """Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
 (`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, as measured: Megatron-Bridge's
-Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP) runs 20.1 s per step where llmplan
-prices 21.1 s with the all-to-alls exposed and 16.2 s with them hidden in full, (21.1 - 20.1) / (21.1 - 16.2)
-= 0.20. One published run; docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
+Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP) runs 20.15 s per step where llmplan
+prices 21.48 s with the all-to-alls exposed and 16.66 s with them hidden in full, (21.48 - 20.15) /
+(21.48 - 16.66) = 0.28 (re-read with the dispatcher's SMs priced: comm.ep_sms; 0.20 under the pricing it was
+first read with). One published run; docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
+
+
+DEEPEP_NUM_SMS = 20
+"""SMs the deepep dispatcher's kernels run on where the plan gives none: Megatron-Core's default for DeepEP
+(moe_deepep_num_sms 20; at 2026 HEAD megatron/core/transformer/moe/token_dispatcher.py sets 20 when
+moe_flex_dispatcher_num_sms is unset). Derived: docs/formulas.md#comm.ep_sms"""
+
+
+def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> float:
+    """Fraction by which compute slows while the expert all-to-alls run beside it: the deepep dispatcher's
+    kernels hold their SMs (moe_dispatch_sms) for the whole dispatch or combine, so the compute overlapped with
+    them runs on the rest, sms / sm_count (at most half, as GpuSpec.contention); NCCL's alltoall takes the
+    GPU's nccl_sms (kappa). Source: DeepSeek-V3 technical report §3.2.2 (20 of the H800's 132 SMs given to
+    communication). Derived: docs/formulas.md#comm.ep_sms"""
+    if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
+        return kappa
+    return min((plan.moe_dispatch_sms or DEEPEP_NUM_SMS) / sm_count, 0.5)
 
 
 def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -6,7 +6,9 @@ L layers, E routed experts, k experts per token, t tensor-parallel degree.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -113,18 +115,44 @@ def param_counts(m: ModelSpec) -> ParamCounts:
 
 
 def memoized(plan: Any, key: tuple, compute: Any) -> Any:
-    """compute() once per plan-arrays object and key (the arrays path evaluates the same split and stage
-    layers for several candidate stages); single plans compute directly. Keys hold the objects they depend on,
-    compared by identity."""
-    memo = getattr(plan, "memo", None)
+    """compute() once per plan and key (the arrays path evaluates the same split and stage layers for several
+    candidate stages; a single plan's estimate reads its layer times and split once per stage). Keys hold the
+    objects they depend on, compared by identity (and numbers and strings by value). A single plan's results
+    live as long as the plan object (_plan_memo)."""
+    memo = getattr(plan, "__dict__", {}).get("memo")  # plan arrays carry theirs (not pydantic's __getattr__)
+    same = _same
     if memo is None:
-        return compute()
+        memo, same = _plan_memo(plan), _same_value
+        if memo is None:
+            return compute()
     for k, value in memo.get(key[0], ()):
-        if len(k) == len(key) and all(_same(a, b) for a, b in zip(k, key)):
+        if len(k) == len(key) and all(same(a, b) for a, b in zip(k, key)):
             return value
     value = compute()
     memo.setdefault(key[0], []).append((key, value))
     return value
+
+
+_PLAN_MEMOS: dict[int, dict] = {}
+"""memoized's results of single plans, by id(plan); an entry goes when its plan is collected (weakref.finalize),
+so an id is never reused while its entry lives. Specs hold no cache themselves."""
+
+
+def _plan_memo(plan: Any) -> dict | None:
+    memo = _PLAN_MEMOS.get(id(plan))
+    if memo is None:
+        try:
+            weakref.finalize(plan, _PLAN_MEMOS.pop, id(plan), None)
+        except TypeError:  # an object without weak references: no memo
+            return None
+        memo = _PLAN_MEMOS[id(plan)] = {}
+    return memo
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Key parts of a single plan's memo: the same object, or equal numbers / strings (never __eq__ of specs,
+    whose array-valued fields, as in accuracy's grid, have no truth value)."""
+    return a is b or (type(a) is type(b) and type(a) in (int, float, str, bool) and a == b)
 
 
 LAYOUT_AXES = ("pp", "vpp", "pp_first", "pp_last")
@@ -140,8 +168,8 @@ def per_distinct(plan: Any, columns: tuple[str, ...], stage: Any, f: Any) -> Any
     """f(plan, stage), computed once per distinct combination of `columns` on plan arrays (search.grid
     PlanArrays.on_distinct): a stage's layers and parameters depend on a few axes, so a few hundred
     evaluations stand for hundreds of thousands of plans. Single plans compute directly."""
-    on_distinct = getattr(plan, "on_distinct", None)
-    return f(plan, stage) if on_distinct is None else on_distinct(columns, stage, f)
+    on_distinct = getattr(type(plan), "on_distinct", None)  # on the class: no pydantic __getattr__ per call
+    return f(plan, stage) if on_distinct is None else on_distinct(plan, columns, stage, f)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -172,8 +200,15 @@ def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
     """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
     of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
     if has_layout(plan):
-        return tuple(sum(c.count("t") for c in row) for row in layout_grid(plan))
+        return _layout_stages(plan.pp, tuple(getattr(plan, "pp_layout", None) or ()))  # has_layout: a ParallelPlan
     return getattr(plan, "pp_layers", None)
+
+
+@lru_cache(maxsize=256)
+def _layout_stages(p: int, layout: tuple[str, ...]) -> tuple[int, ...]:
+    """Transformer layers of every rank of a layout (its chunks' t symbols), once per layout in a process."""
+    v = max(1, len(layout) // p)
+    return tuple(sum(layout[c * p + i].count("t") for c in range(v)) for i in range(p))
 
 
 def layout_grid(plan: ParallelPlan) -> list[list[str]]:
@@ -182,6 +217,11 @@ def layout_grid(plan: ParallelPlan) -> list[list[str]]:
     chunks, p = plan.pp_layout or (), plan.pp
     v = max(1, len(chunks) // p)
     return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
+
+
+def chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+    """layout_chunk_layers, once per plan (a plan's memory and step time read it stage by stage)."""
+    return memoized(plan, ("layout_chunk_layers", m), lambda: layout_chunk_layers(m, plan))
 
 
 def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
@@ -221,7 +261,11 @@ def layers_before(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
 
 def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
     """Transformer layers of every pipeline stage, first to last (one plan)."""
-    return [int(stage_layer_count(m, plan, i)) for i in range(plan.pp)]
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return list(stages)
+    first, mid, last = (int(x) for x in layer_split(m, plan))  # stage_layer_count of each stage, split read once
+    return [first if i == 0 else last if i == plan.pp - 1 else mid for i in range(plan.pp)]
 
 
 def max_stage_layers(m: ModelSpec, plan: PlanLike) -> Any:
@@ -245,7 +289,7 @@ def stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     if has_layout(plan):  # it places every layer and MTP module
-        chunks = layout_chunk_layers(m, plan)[int(stage)]
+        chunks = chunk_layers(m, plan)[int(stage)]
         return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)
     mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage

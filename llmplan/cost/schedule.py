@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Union
 
 
@@ -44,6 +45,13 @@ def stage_order(p: int, n: int, v: int, i: int) -> list[tuple[str, int, int]]:
     return ops
 
 
+@lru_cache(maxsize=1024)
+def stage_order_cached(p: int, n: int, v: int, i: int) -> tuple[tuple[str, int, int], ...]:
+    """stage_order as a tuple, built once per (p, n, v, i) in a process: the search's layout pass prices
+    several plans of one pipeline shape, each walking every stage's order for its memory and its schedule."""
+    return tuple(stage_order(p, n, v, i))
+
+
 def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
                       chunk_share: list[list[float]] | None = None) -> list[Slot]:
     """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
@@ -58,43 +66,74 @@ def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v
 def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
               chunk_share: list[list[float]] | None, slots: list[Slot] | None) -> list[float]:
     """Each stage's end time under pipeline_schedule's rules (appending every slot to `slots` when given).
-    Finish times live in per-stage lists indexed by micro-batch x v + chunk (-1: not run yet). A forward waits
-    for the previous stage's forward of its chunk (stage 0's chunk c > 0: the last stage's chunk c - 1); a
-    backward for the next stage's backward (the last stage's chunk c < v - 1: stage 0's chunk c + 1; its last
-    chunk: its own forward)."""
+    A forward waits for the previous stage's forward of its chunk (stage 0's chunk c > 0: the last stage's
+    chunk c - 1); a backward for the next stage's backward (the last stage's chunk c < v - 1: stage 0's chunk
+    c + 1; its last chunk: its own forward). Each pass starts when its stage is free and its input is done, in
+    an order where both are known (_pass_order, from the dependencies alone)."""
     p = len(forward_s)
     share = chunk_share or [[1 / v] * v for _ in range(p)]
-    orders = [stage_order(p, n, v, i) for i in range(p)]
-    fdone = [[-1.0] * (n * v) for _ in range(p)]
-    bdone = [[-1.0] * (n * v) for _ in range(p)]
-    nxt, free = [0] * p, [0.0] * p
-    left = sum(len(o) for o in orders)
-    while left:
+    passes, last = _pass_order(p, n, v)
+    # seconds of each stage's pass kinds: stage i's forward of chunk c at 2vi + c, its backward at 2vi + v + c
+    took = [t * share[i][c] for i in range(p) for t in (forward_s[i], backward_s[i]) for c in range(v)]
+    done = [0.0] * (2 * p * n * v + 1)  # finish times; the last entry: the input of a pass that waits for nothing
+    for own, prev, dep, kind in passes:
+        free, ready = done[prev], done[dep]
+        done[own] = max(free, ready) + took[kind]
+    if slots is not None:
+        for own, prev, dep, kind in passes:
+            i, (mb, c) = own // (n * v) % p, divmod(own % (n * v), v)
+            start = max(done[prev], done[dep])
+            slots.append(Slot(i, "forward" if kind % (2 * v) < v else "backward", mb, c, start, done[own]))
+    return [done[k] for k in last]
+
+
+@lru_cache(maxsize=256)
+def _pass_order(p: int, n: int, v: int) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[int, ...]]:
+    """Every pass of the schedule as (where its finish time goes, where its stage's previous pass's is, where
+    its input's is, its kind's index in _simulate's seconds), in the order the stages can run them: sweeps over
+    the stages, each running its passes in stage_order while their inputs are done; and each stage's last pass."""
+    steps = _steps(p, n, v)
+    zero = 2 * p * n * v
+    finished = [False] * zero + [True]
+    nxt, prev = [0] * p, [zero] * p
+    out: list[tuple[int, int, int, int]] = []
+    while len(out) < zero:
         moved = False
         for i in range(p):
-            order, k = orders[i], nxt[i]
-            while k < len(order):
-                kind, mb, c = order[k]
-                j = mb * v + c
-                if kind == "forward":
-                    dep = fdone[i - 1][j] if i > 0 else (fdone[p - 1][j - 1] if c > 0 else 0.0)
-                else:
-                    dep = bdone[i + 1][j] if i < p - 1 else (bdone[0][j + 1] if c < v - 1 else fdone[p - 1][j])
-                if dep < 0:
-                    break
-                start = max(free[i], dep)
-                end = start + (forward_s[i] if kind == "forward" else backward_s[i]) * share[i][c]
-                (fdone if kind == "forward" else bdone)[i][j] = end
-                free[i] = end
+            order, k = steps[i], nxt[i]
+            while k < len(order) and finished[order[k][1]]:
+                own, dep, kind = order[k]
+                out.append((own, prev[i], dep, 2 * v * i + kind))
+                finished[own], prev[i] = True, own
                 k += 1
-                if slots is not None:
-                    slots.append(Slot(i, kind, mb, c, start, end))
-            if k > nxt[i]:
-                left -= k - nxt[i]
-                nxt[i], moved = k, True
+            moved = moved or k > nxt[i]
+            nxt[i] = k
         if not moved:
             raise RuntimeError(f"pipeline schedule deadlocked (p={p}, n={n}, v={v})")  # a bug, not user input
-    return free
+    return tuple(out), tuple(prev)
+
+
+@lru_cache(maxsize=256)
+def _steps(p: int, n: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per stage, its passes in stage_order as (where its finish time goes, where its input's is, pass kind:
+    c for a forward of chunk c, v + c for a backward) in _simulate's list: stage i's forward of micro-batch
+    mb, chunk c at i·n·v + mb·v + c, its backward p·n·v further, 2·p·n·v for no input."""
+    nv = n * v
+    fwd = lambda i, j: i * nv + j  # noqa: E731
+    bwd = lambda i, j: (p + i) * nv + j  # noqa: E731
+    out = []
+    for i in range(p):
+        row = []
+        for kind, mb, c in stage_order_cached(p, n, v, i):
+            j = mb * v + c
+            if kind == "forward":
+                dep = fwd(i - 1, j) if i > 0 else (fwd(p - 1, j - 1) if c > 0 else 2 * p * nv)
+                row.append((fwd(i, j), dep, c))
+            else:
+                dep = bwd(i + 1, j) if i < p - 1 else (bwd(0, j + 1) if c < v - 1 else fwd(p - 1, j))
+                row.append((bwd(i, j), dep, v + c))
+        out.append(tuple(row))
+    return tuple(out)
 
 
 def makespan(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,

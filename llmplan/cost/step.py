@@ -14,16 +14,34 @@ import numpy as np
 from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
-    KERNEL_LAUNCH_S, StageCompute, model_flops_per_step, optimizer_step_seconds, recompute_flops_per_step,
+    KERNEL_LAUNCH_S,
+    StageCompute,
+    model_flops_per_step,
+    optimizer_step_seconds,
+    recompute_flops_per_step,
     stage_compute,
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
-    EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS, ep_exposed, host_syncs_per_layer,
+    EAGER_OP_HOST_S,
+    HOST_SYNC_S,
+    MOE_CYCLE_HOST_OPS,
+    MOE_POST_SYNC_HOST_OPS,
+    dispatch_contention,
+    ep_exposed,
+    host_syncs_per_layer,
 )
-from llmplan.cost.params import (ALL_BUT_ZERO, explicit_stages, layout_chunk_layers, max_stage_layers, per_distinct,
-                                 rank_params, recomputed_share, stage_layers)
+from llmplan.cost.params import (
+    ALL_BUT_ZERO,
+    chunk_layers,
+    explicit_stages,
+    max_stage_layers,
+    per_distinct,
+    rank_params,
+    recomputed_share,
+    stage_layers,
+)
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -154,13 +172,23 @@ def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one). Elementwise
     where the GPU's constants are arrays. Derived: docs/formulas.md#pipeline.layout"""
     v, share, forward = plan.vpp, [], []
-    for i, row in enumerate(layout_chunk_layers(m, plan)):
-        times = [stage_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1) for c, (d, e) in enumerate(row)]
+    same: dict[tuple[int, int, bool], StageCompute] = {}  # chunks of equal layer counts: priced once
+    for i, row in enumerate(chunk_layers(m, plan)):
+        times = [chunk_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1, same)
+                 for c, (d, e) in enumerate(row)]
         total = sum(t.total for t in times)
         some = total > 0
         share.append([where(some, t.total / where(some, total, 1.0), 1 / v) for t in times])
         forward.append(where(some, sum(t.forward for t in times) / where(some, total, 1.0), 1 / 3))
     return share, forward
+
+
+def chunk_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, d: int, e: int, last: bool,
+                  same: dict[tuple[int, int, bool], StageCompute]) -> StageCompute:
+    """stage_compute of a chunk of d dense and e MoE layers (with the loss when `last`), once per such chunk."""
+    if (d, e, last) not in same:
+        same[(d, e, last)] = stage_compute(m, plan, gpu, d, e, last)
+    return same[(d, e, last)]
 
 
 def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> Any:
@@ -174,7 +202,7 @@ def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[A
     shape = np.broadcast_shapes(*(np.shape(x) for x in (*per_mb, worst, *forward, *(y for row in share for y in row))))
     out = np.empty(shape)
     for k in np.ndindex(shape):
-        at = lambda x: float(np.broadcast_to(x, shape)[k])  # noqa: E731
+        at = lambda x: float(np.broadcast_to(x, shape)[k])
         fwd = [at(t) * at(f) for t, f in zip(per_mb, forward)]
         bwd = [at(t) * (1 - at(f)) for t, f in zip(per_mb, forward)]
         out[k] = max(makespan(fwd, bwd, n, plan.vpp, [[at(x) for x in row] for row in share]) - n * at(worst), 0.0)
@@ -362,7 +390,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         k_i = g_i.contention
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
         cp_i = overlap(c_i.cp / n * layers / l_max, sc.attention, k_i)
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, k_i)  # cost.moe
+        ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))

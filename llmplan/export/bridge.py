@@ -124,6 +124,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None)]
         if flex:
             out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
+        if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)
+            out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
     if m.num_nextn_predict_layers:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),

@@ -59,6 +59,8 @@ def model_flags(pf: PlanFile) -> list[str]:
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
                   ("--moe-flex-dispatcher-backend", None if p.moe_dispatcher != "deepep" else
                    "hybridep" if p.cuda_graphs == "full-iteration" else "deepep"),  # cuda_graph_pairs
+                  # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
+                  ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
                   ("--moe-grouped-gemm", True), *router_pairs(pf),
                   ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
     if hybrid:

@@ -163,9 +163,15 @@ def kv_transfer(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJ
     gpn = cluster.gpus_per_node_used
     inside = cluster.num_gpus <= cluster.system.domain_gpus
     span = span_of_ranks([0, 1] if inside or cluster.num_gpus <= gpn else [0, gpn], cluster)
-    shards = 1 if (m.is_mla or plan.dp_attention) else min(plan.tp, m.kv_heads)
+    shards = kv_shards(m, plan)
     seconds = collective_time("send-recv", size / shards, span, cluster.system).seconds
     return size, seconds, "NVLink" if not span.uses_nic else "network"
+
+
+def kv_shards(m: ModelSpec, plan: ServePlan) -> int:
+    """Ranks of a prefill instance holding distinct shards of a request's KV cache, which send in parallel: one
+    for MLA's replicated latent or DP attention, min(tp, KV heads) otherwise. Derived: docs/formulas.md#serve.disagg"""
+    return 1 if (m.is_mla or plan.dp_attention) else min(plan.tp, m.kv_heads)
 
 
 def best_split(p: Pool, d: Pool, budget: int, new_input: float, output_len: int,

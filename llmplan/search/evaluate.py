@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import a2a_shares, cp_transfers, dp_transfers, ep_transfers, pp_transfers, tp_transfers
-from llmplan.cost.memory import TrainingMemory, training_memory
+from llmplan.cost.comm import (cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers, pp_transfers,
+                                tp_transfers)
+from llmplan.cost.memory import ActivationBytes, TrainingMemory, candidate_stages, stage_memory, training_memory
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
-from llmplan.topology.collectives import collective_coeffs
 from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, place
 
 
@@ -34,6 +34,70 @@ def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
     gpu = cluster.system.gpu
     return training_memory(m, plans, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)  # type: ignore[arg-type]
+
+
+SCREEN_STAGE = 2
+"""The candidate stage (cost.memory.candidate_stages: first, second, first all-MoE, last) whose memory screens
+the plans before the full memory model: the one that rules out the most on the reference searches (DeepSeek-V3
+on 256 H800: 66% of the plans, the first stage 64%, the last 63%)."""
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The memory of the plans that fit, found by screening (screened_memory)."""
+
+    fits: np.ndarray
+    """Per plan of the input: it leaves the headroom free (the full memory model's verdict)."""
+    memory: TrainingMemory | None
+    """training_memory of the plans that fit, in their order (None when none fits)."""
+    least: int | None
+    """The plan that does not fit with the least memory (the memory rule's example), None when all fit."""
+    least_total: float
+    """Its memory per GPU, bytes."""
+
+
+def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None,
+                    headroom: float) -> Screened:
+    """Which plans fit and the memory of those, with the full model (every candidate stage) run only where
+    one stage alone leaves the headroom: a stage's memory is at most the most-loaded stage's, which is the
+    plan's (training_memory), so a plan whose SCREEN_STAGE is already too big cannot fit. The same answer as
+    training_memory on every plan, elementwise: the least-memory misfit too, its rivals computed in full
+    where their screening stage is below the least found (tests/test_search_fast_paths.py)."""
+    gpu = cluster.system.gpu
+    stage = candidate_stages(m, plans)[SCREEN_STAGE]  # type: ignore[arg-type]  # plan arrays stand for plans
+    bound = np.asarray(stage_memory(m, plans, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,  # type: ignore[arg-type]
+                                    gpu.fp8_tn_only).total, dtype=np.float64)
+    maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
+    fits = np.zeros(len(plans), dtype=bool)
+    known = np.full(len(plans), np.inf)  # exact memory where computed
+    memory = None
+    if len(maybe):
+        mem = evaluate_memory(m, cluster, plans.take(maybe), allowance)
+        total = np.asarray(mem.total, dtype=np.float64)
+        ok = total + headroom <= mem.capacity
+        fits[maybe[ok]] = True
+        known[maybe] = total
+        memory = take_memory(mem, np.flatnonzero(ok))
+    least_seen = float(np.min(known[~fits])) if (~fits).any() else np.inf
+    rivals = np.flatnonzero(~fits & np.isinf(known) & (bound <= least_seen))
+    if len(rivals):
+        known[rivals] = np.asarray(evaluate_memory(m, cluster, plans.take(rivals), allowance).total, dtype=np.float64)
+    if fits.all():
+        return Screened(fits, memory, None, 0.0)
+    least = int(np.argmin(np.where(~fits, known, np.inf)))
+    return Screened(fits, memory, least, float(known[least]))
+
+
+def take_memory(mem: TrainingMemory, idx: np.ndarray) -> TrainingMemory:
+    """The memory breakdown of the plans at idx."""
+    a = mem.activation_parts
+    pick = lambda v: v[idx] if isinstance(v, np.ndarray) and v.shape else v  # noqa: E731
+    return TrainingMemory(
+        stage=pick(mem.stage), params_on_rank=pick(mem.params_on_rank), weights=pick(mem.weights),
+        gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
+        other=pick(mem.other), capacity=mem.capacity,
+        activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output)),
+    )
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +140,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         key = (op, axis, dispatch)
         if key not in coeff_cache:  # cost each distinct (collective, span) once, then gather by layout
             distinct, idx = spans_of(axis)
-            per_span = [collective_coeffs(op, span, system, shares=a2a_shares(dispatch, span)) for span in distinct]
+            per_span = [dispatch_coeffs(op, span, system, dispatch) for span in distinct]
             width = max(len(c) for c in per_span)
             A = np.full((len(distinct), width), np.inf)
             B = np.zeros((len(distinct), width))

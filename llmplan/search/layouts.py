@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.cost.memory import training_memory
+from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.specs.check import balanced_split, check_plan, vpp_fits
@@ -126,10 +128,15 @@ def score(e: TrainingEstimate, objective: str) -> float:
 
 def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowance: Any, order: tuple[str, ...],
           checkpoint: Any, min_headroom: float) -> list[TrainingEstimate]:
-    """The scalar estimate of each plan that keeps check_plan's rules and leaves min_headroom free."""
-    out = []
+    """The scalar estimate of each plan that keeps check_plan's rules and leaves min_headroom free (its memory,
+    as the estimate computes it, first: most layout plans of the reference searches do not fit)."""
+    out, gpu = [], cluster.system.gpu
     for p in plans:
         if check_plan(m, p, cluster):
+            continue
+        mem = training_memory(m, with_fallbacks(p, operator_uses(m, p, gpu)), gpu.hbm_bytes, allowance,
+                              gpu.fp8_tn_only)
+        if float(mem.total) + min_headroom > float(mem.capacity):
             continue
         e = estimate_training(m, cluster, p, allowance, order, checkpoint)
         if float(e.memory.total) + min_headroom <= float(e.memory.capacity):

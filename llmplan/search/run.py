@@ -14,7 +14,7 @@ from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.cost.params import LAYOUT_AXES
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
-from llmplan.search.evaluate import Evaluation, evaluate, evaluate_memory
+from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
@@ -256,9 +256,12 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     for rule in RULES:
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
-        ok = np.broadcast_to(np.asarray(ok, dtype=bool), keep.shape)
+        ok = np.asarray(ok, dtype=bool)
+        if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
+            continue
+        ok = np.broadcast_to(ok, keep.shape)
         cut = keep & ~ok
-        n = int(cut.sum())
+        n = int(np.count_nonzero(cut))
         if n:
             i = int(np.argmax(cut))
             pruned.append(Pruned(rule.name, n, rule.message(m, plans.plan(i), cluster)))
@@ -270,19 +273,17 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     say("evaluating memory")
-    mem = evaluate_memory(m, cluster, plans, allowance)
-    fits = np.asarray(mem.total + min_headroom <= mem.capacity, dtype=bool)
-    if not fits.any():
-        return _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective)
-    if (~fits).any():
-        i = int(np.argmin(np.where(~fits, mem.total, np.inf)))
-        pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(i).describe()} needs "
-                             f"{float(mem.total[i]) / GIB:.1f} GiB of {float(mem.capacity) / GIB:.1f} GiB per GPU"
+    screen = screened_memory(m, cluster, plans, allowance, min_headroom)
+    fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
+    if screen.memory is None:
+        return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective)
+    if screen.least is not None:
+        pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(screen.least).describe()} needs "
+                             f"{screen.least_total / GIB:.1f} GiB of {capacity / GIB:.1f} GiB per GPU"
                              + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
-    idx = np.flatnonzero(fits)
-    plans = plans.take(idx)
+    plans = plans.take(np.flatnonzero(fits))
     say("evaluating step time")
-    ev = evaluate(m, cluster, plans, allowance, order, memory=_take_mem(mem, idx))
+    ev = evaluate(m, cluster, plans, allowance, order, memory=screen.memory)
     survives = None
     if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
         survives = plan_goodput(m, cluster, plans, ev.step.total, checkpoint).useful  # type: ignore[arg-type]
@@ -323,24 +324,10 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return dataclasses.replace(res, seconds=time.perf_counter() - t0)
 
 
-def _take_mem(mem: Any, idx: np.ndarray) -> Any:
-    from llmplan.cost.memory import ActivationBytes, TrainingMemory
-
-    a = mem.activation_parts
-    pick = lambda v: v[idx] if isinstance(v, np.ndarray) and v.shape else v  # noqa: E731
-    return TrainingMemory(
-        stage=pick(mem.stage), params_on_rank=pick(mem.params_on_rank), weights=pick(mem.weights),
-        gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
-        other=pick(mem.other), capacity=mem.capacity,
-        activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output)),
-    )
-
-
-def _nothing_fits(m, cluster, space, plans, mem, considered, pruned, allowance, order, t0, objective) -> SearchResult:
-    total = np.asarray(mem.total, dtype=float)
-    i = int(np.argmin(total))
+def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective) -> SearchResult:
+    i = screen.least  # none fits: the plan that needs the least memory
     closest = estimate_training(m, cluster, plans.plan(i), allowance, order)
-    need, cap = float(total[i]), float(mem.capacity)
+    need, cap = screen.least_total, float(cluster.system.gpu.hbm_bytes)
     pruned.append(Pruned("memory", len(plans), f"{plans.plan(i).describe()} needs {need / GIB:.1f} GiB of "
                          f"{cap / GIB:.1f} GiB per GPU"))
     tips = []  # savings the search was not allowed to try (pinned options), then more nodes

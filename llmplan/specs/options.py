@@ -103,6 +103,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_dispatcher."""
     moe_routing: str
     """ParallelPlan.moe_routing."""
+    moe_dispatch_sms: int | None
+    """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     grad_dtype: str | None

@@ -368,6 +368,10 @@ class ParallelPlan(PlanQuantities, Spec):
     dispatcher with the deepep backend, NeMo AutoModel's deepep dispatcher) sends a token once to each EP
     rank that holds at least one of its experts, and the combine returns one row per rank, the rank's expert
     outputs already summed (docs/formulas.md#comm.ep)."""
+    moe_dispatch_sms: Optional[int] = Field(default=None, ge=1, le=1024)
+    """SMs the deepep dispatcher's dispatch and combine kernels run on (Megatron's moe_flex_dispatcher_num_sms,
+    formerly moe_deepep_num_sms / moe_hybridep_num_sms); its kernels move at most this many SMs' worth of bytes
+    a second (docs/formulas.md#comm.ep_sms). None: Megatron-Core's default, 20 (DeepEP). Unused by alltoall."""
     moe_routing: MoeRouting = "random"
     """How the router spreads each token's k experts, which sets how many EP ranks a deepep dispatch reaches:
     random (a trained, balanced router, or Megatron's --moe-router-force-load-balancing: k distinct experts
