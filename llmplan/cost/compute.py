@@ -16,9 +16,9 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
                                  mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
 from llmplan.cost.moe import routing_imbalance
-from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
                                  recomputed_share)
+from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -105,6 +105,7 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     dense MLP. Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     T = s * b
+    mlp: float
     if moe:
         mlp = m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts
         mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)

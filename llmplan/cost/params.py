@@ -15,8 +15,14 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.mixers import (
+    attention_share,
+    dense_mlp_share,
+    mean_recurrent_params,
+    norms_per_layer,
+    recurrent_params,
+)
 from llmplan.cost.sparse import indexer_params
-from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, norms_per_layer, recurrent_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
 
