@@ -149,8 +149,10 @@ ASSUMPTIONS = {
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
                    "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
-                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); Nemotron-3 and DeepSeek-V4 listed as "
-                   "skipped; predicts tokens/s per GPU",
+                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); "
+                   "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
+                   "presets (hybridep, no EP overlap, CUDA graphs or recompute); Nemotron-3 Super / Ultra / 3.5 "
+                   "Lightning and DeepSeek-V4 listed as skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
@@ -192,7 +194,12 @@ def family(record_id: str) -> str:
 
 
 MBRIDGE_SKIP = (
-    ("nemotron", "Nemotron-3 hybrid (Mamba-2 + attention + MoE layers): Mamba layers are not modelled"),
+    ("nemotron-3-super", "Nemotron-3 Super: latent MoE (experts run in a projected latent width, moe_latent_size) "
+                         "and its MTP layers are not modelled"),
+    ("nemotron-3-ultra", "Nemotron-3 Ultra: latent MoE (moe_latent_size) is not modelled and its config is not "
+                         "public"),
+    ("nemotron-3-5-lightning", "Nemotron-3.5 Lightning: the table gives no architecture and llmplan has no spec "
+                               "for it"),
     ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
@@ -254,12 +261,22 @@ def system_for(gpu: str) -> str | None:
     return None
 
 
+MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano"}
+"""Megatron-Bridge table model names whose rows record no dimensions -> the built-in spec of that model
+(Megatron-Bridge Nemotron3NanoProvider: the nemotron-3-nano built-in's pattern and widths)."""
+
+
 def model_for(rec: dict, fam: str) -> ModelSpec:
     """The record's model: a built-in with the same layers, width and heads (Llama, GPT-3 shapes), else a
     plain GPT of the record's dimensions (MPT: no biases, ALiBi instead of learned positions)."""
     md = rec["model"]
+    named = MBRIDGE_NAMED_MODELS.get(md.get("name", ""))
+    if named is not None:  # a row without dimensions (model_dims not recorded): the built-in of its name
+        m = builtin_models()[named]
+        return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 0))})
     h = md["hidden"]
-    for m in builtin_models().values():
+    # DeepSeek-V3.2 shares DeepSeek-V3's dimensions: a row is V3 (dense MLA) unless named otherwise.
+    for m in sorted(builtin_models().values(), key=lambda x: x.is_sparse_attention):
         if (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == \
                 (md["layers"], h, md["heads"], md["vocab"]) and m.model_type != "gpt":
             update = {"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 2048))}
@@ -324,6 +341,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, mx_overlap
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
+    if "nemotron-3-nano" in rid:  # nemotronh/nemotron_3_nano_workload_base_configs.py: hybridep on every GPU, no
+        return True, False        # moe_a2a_overlap
     if "qwen3-30b" in rid:
         return True, mx_overlap
     if "qwen3-235b" in rid:
@@ -382,6 +401,8 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0); none for the rest and for
     other families."""
     if family(rec["id"]) != "mbridge-moe" or "kimi-k2" in rec["id"]:  # Kimi-K2's GB300 preset: cuda_graph_scope []
+        return "none"
+    if "nemotron-3-nano" in rec["id"]:  # nemotron_3_nano_llm_pretrain.py: the presets set no CUDA graphs
         return "none"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
@@ -471,7 +492,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     mb = par.get("micro_batch", local)
     if not isinstance(gbs, int):
         gbs = mb * dp
-    layers = rec["model"]["layers"]
+    layers = rec["model"].get("layers") or model_for(rec, fam).num_hidden_layers
     first, last = balanced_split(layers, pp) if pp <= layers else (0, 0)
     if fam == "torchtitan" and pp > 1:
         first, last = torchtitan_split(layers, pp, par.get("vpp", 1) or 1)
@@ -563,7 +584,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     hw = rec.get("hardware", {})
     system_name = system_for(str(hw.get("gpu", "")))
     par = rec.get("parallel", {})
-    if system_name is None or "layers" not in rec.get("model", {}) or "tp" not in par or "pp" not in par:
+    described = "layers" in rec.get("model", {}) or rec.get("model", {}).get("name") in MBRIDGE_NAMED_MODELS
+    if system_name is None or not described or "tp" not in par or "pp" not in par:
         return []  # no profile for the GPU, or the source does not give the parallel layout
     if "-lora-" in rec["id"]:
         return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
@@ -824,7 +846,8 @@ def mbridge_configs(records: list[dict]) -> dict[str, list[dict]]:
         p = r["parallel"]
         precision = str(p.get("precision", "")).lower().split()[0].replace("-cs", "").replace("fp8cs", "fp8")
         precision = {"fp8-mx": "mxfp8"}.get(precision, precision)
-        job = (r["model"]["layers"], r["model"]["hidden"], r["model"].get("moe", {}).get("num_experts", 0),
+        md = r["model"]  # rows without dimensions (MBRIDGE_NAMED_MODELS) are keyed by the model's name
+        job = (md.get("layers", md.get("name")), md.get("hidden", 0), md.get("moe", {}).get("num_experts", 0),
                str(r["hardware"]["gpu"]).split()[0].lower(), r["hardware"]["gpus"], precision)
         layout = tuple(p.get(k) or 0 for k in ("tp", "pp", "cp", "vpp", "ep", "fsdp", "micro_batch", "global_batch"))
         if (job, layout) not in newest or release(r) > release(newest[(job, layout)]):

@@ -113,11 +113,19 @@ def test_sliding_window_true_is_not_a_one_token_window(cli, tmp_path):
 
 
 def test_unknown_layer_types_are_refused_with_the_known_ones(cli, tmp_path):
+    kinds = ["lightning_attention", "full_attention"] * 2048
+    p = write(tmp_path, "config.json", {**LLAMA, "num_hidden_layers": 4096, "layer_types": kinds})
+    r = bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100",
+            needle=("'lightning_attention'", "sliding_attention, full_attention", "linear_attention, mamba"))
+    assert r.err.count("lightning_attention") == 1  # named once, not once per layer
+
+
+def test_linear_attention_layers_without_their_dimensions_are_refused(cli, tmp_path):
     kinds = ["linear_attention", "full_attention"] * 2048
     p = write(tmp_path, "config.json", {**LLAMA, "num_hidden_layers": 4096, "layer_types": kinds})
     r = bad(cli, "estimate", "--model", p, "--hardware", "dgx-h100",
-            needle=("'linear_attention'", "sliding_attention, full_attention"))
-    assert r.err.count("linear_attention") == 1  # named once, not once per layer
+            needle=("linear_attention layers, which also need linear_num_key_heads",))
+    assert r.err.count("lists linear_attention") == 1  # named once, not once per layer
 
 
 # --- root cause 6: search's pinned axes get estimate's bounds (ParallelPlan / ServePlan Field bounds) ------------

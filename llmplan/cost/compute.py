@@ -13,9 +13,12 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
+                                 mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
                                  recomputed_share)
+from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -90,25 +93,32 @@ class LayerFlops(Breakdown):
     gemm: Any
     """Projections and MLP/expert matmuls."""
     attention: Any
-    """QK^T and attention-over-V (the s² terms), as counted for MFU (no causal halving)."""
+    """QK^T and attention-over-V (the s² terms), as counted for MFU (no causal halving), and a hybrid's
+    recurrent scans (linear in s)."""
 
 
 def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     """Forward FLOPs of one layer, one micro-batch, one rank: 2·tokens·weights for every matmul; attention
     4·b·s²·a·d (QK^T and AV). Source: Narayanan et al. 2021 Eq. 3 (per-layer 24bsh² + 4bs²h, MHA, 4h MLP),
-    generalised to GQA, MLA, gated MLP and MoE (top-k experts). Derived: docs/formulas.md#compute.flops"""
+    generalised to GQA, MLA, gated MLP and MoE (top-k experts). A hybrid stack's average layer (mixers.py)
+    holds its share of attention, its mean recurrent mixer and scan, and, without experts, its share of
+    dense MLP. Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     T = s * b
+    mlp: float
     if moe:
         mlp = m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts
         mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
     else:
-        mlp = mlp_params(m, m.intermediate_size)
-    gemm = 2 * T * (attention_params(m) + mlp) / t
+        mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
+    gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
     qk, v = attention_head_dims(m)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
     attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
-    return LayerFlops(gemm=gemm, attention=attn)
+    # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
+    # its heads whole on every TP rank (cost.sparse)
+    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m)
+    return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
 
 
 def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
@@ -118,26 +128,40 @@ def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
     return m.d_head, m.d_head
 
 
+def attention_groups(m: ModelSpec) -> tuple[tuple[str, int | None, int], ...]:
+    """(kind, tokens a layer attends to at most, number of such layers) of the softmax-attention layers: full
+    (None: all), sliding (the window; full when the model gives none) and chunked (the chunk). A hybrid's
+    recurrent and mixer-less layers are not listed."""
+    full = m.count_layers("full_attention") + (0 if m.sliding_window else m.count_layers("sliding_attention"))
+    if m.is_sparse_attention:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
+        return (("sparse", m.index_topk, full),)
+    groups = (("full", None, full), ("sliding", m.sliding_window, m.count_layers("sliding_attention")
+                                    if m.sliding_window else 0),
+              ("chunked", m.attention_chunk_size, m.count_layers("chunked_attention")))
+    return tuple(g for g in groups if g[2])
+
+
 def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
     """(tokens a layer attends to, number of such layers): the sliding window for the sliding-attention layers,
-    None (all) for the others. Counted once, not listed per layer, so that a cost evaluated per pipeline stage
-    stays linear in the stages (4,096 stages of a 4,096-layer model took 41 s listing every layer per stage)."""
-    L = m.num_hidden_layers
-    sliding = m.layer_types.count("sliding_attention") if m.layer_types and m.sliding_window else 0
-    return tuple((w, n) for w, n in ((None, L - sliding), (m.sliding_window, sliding)) if n)
+    the chunk for chunked ones, None (all) for the others; only the attention layers. Counted once, not listed
+    per layer, so that a cost evaluated per pipeline stage stays linear in the stages (4,096 stages of a
+    4,096-layer model took 41 s listing every layer per stage)."""
+    return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
 
 
 def attention_keys(m: ModelSpec, s: Any) -> Any:
     """Keys per query counted in the attention FLOPs of a sequence of s tokens, averaged over the layers. A
     full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts the
     same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
-    so it counts 2w - w²/s (s when w >= s). Derived: docs/formulas.md#compute.flops"""
-    windows = layer_windows(m)
-    if all(w is None for w, _ in windows):
+    so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
+    average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
+    groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
+    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
         return s
     s = np.asarray(s, dtype=float)
-    counted = [n * (s if w is None else np.where(w < s, 2.0 * w - w * w / s, s)) for w, n in windows]
-    return sum(counted) / m.num_hidden_layers
+    counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
+                    else np.where(w < s, 2.0 * w - w * w / s, s)) for kind, w, n in groups]
+    return sum(counted, 0.0 * s) / m.num_hidden_layers
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -192,11 +216,15 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, 
     c = 2 if m.gated_mlp else 1
     shapes = attention_shapes(m, t)
     roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
-    out = [(2 * T * k * n, T, n, k, role) for (k, n), role in zip(shapes, roles)]
+    a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
+    out = [(2 * T * k * n * a_share, T, n, k, role) for (k, n), role in zip(shapes, roles)]
+    out += [(2 * T * k * n * share, T, n, k, role)
+            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
     dense_f = m.shared_ffn if moe else m.intermediate_size
-    if dense_f:
-        out += [(2 * T * h * c * dense_f / t, T, c * dense_f / t, h, "ag"),
-                (2 * T * dense_f / t * h, T, h, dense_f / t, "rs")]
+    f_share = 1.0 if moe else dense_mlp_share(m)
+    if dense_f and f_share:
+        out += [(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag"),
+                (2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs")]
     if moe:
         etp, f_e, k_top = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok
         # Rows per local expert (padded to capacity when a capacity factor is set).
@@ -250,7 +278,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
 
     def seconds(fmt: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
-        scale = flops / total / gpu.sustained_flops(fmt)
+        # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
+        scale = where(total > 0, flops / where(total > 0, total, 1.0), 0.0) / gpu.sustained_flops(fmt)
         for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
             if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
@@ -284,15 +313,16 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # Unfused (fused_kernels False): a norm reads its input twice and writes and re-reads the normalised tensor
     # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
     unfused = where(plan.fused_kernels, 1, 3)
-    norms_residual = (8 * unfused + 12) * T * h / sp
+    norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
     rope = 0 if m.learned_position_embeddings else 4 * unfused * T * m.d_head * (
-        m.num_attention_heads / t + kv_heads_per_rank(m, t))
-    f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size
+        m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = moe_routing_bytes(m) * T / sp if moe else 0.0
-    return norms_residual + rope + act + scores + routing + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
+    return norms_residual + rope + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -355,7 +385,8 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
                                                               + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
     if not moe:
-        return up + where(plan.recomputes("mlp"), 2 * T * mlp_params(m, m.intermediate_size) / t, 0.0)
+        mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
+        return up + where(plan.recomputes("mlp"), mlp, 0.0)
     shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
     whole = 2 * T * (m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts) / t + shared
     return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
@@ -430,9 +461,10 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
 
 def attended_keys(m: ModelSpec, keys: Any) -> Any:
     """Keys a query attends to, averaged over the layers, when `keys` precede it: min(keys, w) on a
-    sliding-window layer (serving's prefill and decode). Derived: docs/formulas.md#compute.flops"""
-    windows = layer_windows(m)
-    if all(w is None for w, _ in windows):
+    sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
+    prefill and decode). Derived: docs/formulas.md#compute.flops"""
+    windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
+    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
         return keys
     return sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) / m.num_hidden_layers
 

@@ -14,10 +14,12 @@ import numpy as np
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
                                   head_dim_attention_ratio, layer_windows, moe_routing_bytes)
+from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes, recurrent_state_bytes
 from llmplan.cost.params import mlp_params, padded_vocab, rank_params
 from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
                                     dispatch_bytes_per_element, expert_token_factor, overlapped_step,
                                     redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
+from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -110,15 +112,23 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
     mla = m.mla
     if mla is not None and not latent:
         heads = max(m.num_attention_heads / tp, 1.0)
-        return heads * (mla.qk_head_dim + mla.v_head_dim) * b
-    if mla is not None:
-        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b
+        return heads * (mla.qk_head_dim + mla.v_head_dim) * b + indexer_cache_bytes(m)
+    if mla is not None:  # with DeepSeek Sparse Attention also the indexer's fp8 keys (cost.sparse)
+        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b + indexer_cache_bytes(m)
     return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
 
 
 def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
-    """KV bytes per token of the whole model, one sequence (every layer, all heads)."""
-    return m.num_hidden_layers * kv_layer_bytes(m, kv_dtype)
+    """KV bytes per token of the whole model, one sequence (every attention layer, all heads; a hybrid's
+    recurrent layers keep a fixed state instead: recurrent_state_bytes)."""
+    return m.num_attention_layers * kv_layer_bytes(m, kv_dtype)
+
+
+def recurrent_state_per_seq_gpu(m: ModelSpec, plan: ServePlan) -> float:
+    """Recurrent-state bytes one sequence holds on one GPU: its TP shard of the states of its stage's share of
+    the recurrent layers, in bf16 (vLLM's mamba cache dtype 'auto': the model's dtype). Derived:
+    docs/formulas.md#mixers.state"""
+    return recurrent_state_bytes(m, 2.0, plan.tp) / plan.pp
 
 
 def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
@@ -151,7 +161,7 @@ class ServeMemory(Breakdown):
     """Memory of one GPU at `batch` running sequences, each holding the KV tokens the engine's rule keeps for it
     (admitted_tokens); weights + kv_cache + activations + other = total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache", "activations", "other")
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache", "activations", "other", "recurrent_state")
 
     weights: float
     kv_cache: float
@@ -164,6 +174,9 @@ class ServeMemory(Breakdown):
     max_concurrent_seqs: int
     """Sequences that run at once at full load: kv_available over the tokens each holds (admitted_tokens)."""
     kv_blocks: int
+    recurrent_state: float = 0.0
+    """A hybrid's recurrent-layer states of the `batch` sequences (fixed per sequence, whatever its length;
+    cost.mixers.recurrent_state_bytes), held in the same pool as the KV cache; 0 for a transformer."""
 
     @property
     def fits(self) -> bool:
@@ -208,6 +221,7 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
         cap = weights + act + other + max(available, 0.0)
     else:
         cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
+    state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
         from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
@@ -215,8 +229,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
         weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
-        kv_available=available, max_concurrent_seqs=max(0, int(available // per_seq)) if per_seq else 0,
-        kv_blocks=max(0, int(available // block)) if block else 0,
+        kv_available=available,
+        max_concurrent_seqs=max(0, int(available // (per_seq + state))) if per_seq + state else 0,
+        kv_blocks=max(0, int(available // block)) if block else 0, recurrent_state=job.batch * state,
     )
 
 
@@ -249,11 +264,14 @@ def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[
     the routed experts (their rows per expert; split by TP, or whole on EP ranks): an entry's FLOPs are
     2·factor·tokens·N·K. Derived: docs/formulas.md#infer.step"""
     h, t = m.hidden_size, plan.tp
-    out = [(1.0, "tokens", n, k) for k, n in attention_shapes(m, t)]
+    # A hybrid's average layer (cost.mixers): its share of attention, of each recurrent mixer, of dense MLP.
+    out = [(attention_share(m), "tokens", n, k) for k, n in attention_shapes(m, t)]
+    out += [(share, "tokens", n, k) for k, n, share in recurrent_gemm_shapes(m, t)]
     c = 2 if m.gated_mlp else 1
     f = m.shared_ffn if moe else m.intermediate_size
-    if f:
-        out += [(1.0, "tokens", c * f / t, h), (1.0, "tokens", h, f / t)]
+    f_share = 1.0 if moe else dense_mlp_share(m)
+    if f and f_share:
+        out += [(f_share, "tokens", c * f / t, h), (f_share, "tokens", h, f / t)]
     if moe:
         split = plan.etp_resolved  # experts split by TP, or whole experts on each EP rank
         share = m.num_experts_per_tok * split / t  # rows each GPU runs per token, over its experts
@@ -464,7 +482,8 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
     Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
-    kv = b * kv_bytes_per_seq_gpu(m, plan, context)
+    # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
+    kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True)
     hop = _coll(system, "send-recv", 2.0 * m.hidden_size * q, spans.pp) if plan.pp > 1 else 0.0

@@ -15,6 +15,7 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import attention_head_dims, op_matmul_widths
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import (
     ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, kv_heads_per_rank, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -134,7 +135,7 @@ class LayerActivationParts(Breakdown):
     Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
-                                        "mlp")
+                                        "mlp", "recurrent")
     residual: Any
     """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
     attn_input: Any
@@ -151,6 +152,8 @@ class LayerActivationParts(Breakdown):
     """The pre-MLP norm's output: the MLP's (MoE: the router's and shared experts') input."""
     mlp: Any
     """Inside the MLP: fc1 and activation outputs; MoE: dispatched rows, experts, router probabilities."""
+    recurrent: Any
+    """A hybrid's recurrent mixers (Mamba-2, Gated DeltaNet), per average layer (mixers.py); 0 otherwise."""
 
 
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
@@ -171,11 +174,15 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
     # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
     mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
+    # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
+    at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
-        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp, attn_input=linear_in, latents=latents,
-        qkv=_attention_stored(m, plan) - out - latents, attn_out=out * (1 - saved / 2),
-        scores=where(no_scores, 0.0, per_score * a * s * s * b / t), mlp_input=mlp_input,
-        mlp=_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0))
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks, attn_input=linear_in * at,
+        latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
+        attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
+        mlp_input=mlp_input * ff,
+        mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
+        recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
 
 
 def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -469,7 +476,8 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
     if explicit_stages(plan) is not None:
         return tuple(range(plan.pp))
     second = minimum(1, plan.pp - 1)
-    moe = heaviest_moe_stage(m, plan) if m.is_moe and m.first_k_dense_replace else second
+    placed = m.first_k_dense_replace or m.mlp_layer_types is not None  # MoE layers not on every stage alike
+    moe = heaviest_moe_stage(m, plan) if m.is_moe and placed else second
     return 0 * plan.pp, second, moe, plan.pp - 1
 
 

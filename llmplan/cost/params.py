@@ -15,6 +15,14 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.mixers import (
+    attention_share,
+    dense_mlp_share,
+    mean_recurrent_params,
+    norms_per_layer,
+    recurrent_params,
+)
+from llmplan.cost.sparse import indexer_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
 
@@ -24,7 +32,7 @@ class ParamCounts(Breakdown):
     """Parameters of the whole model by part; the parts sum to `total`."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("embedding", "output", "attention", "dense_mlp", "routed_experts",
-                                        "shared_experts", "router", "norms")
+                                        "shared_experts", "router", "norms", "recurrent_mixers")
 
     embedding: int
     """Input token embedding (+ learned position embedding)."""
@@ -42,6 +50,8 @@ class ParamCounts(Breakdown):
     """Router (gate) matrices."""
     norms: int
     """Layer norms of all layers and the final norm."""
+    recurrent_mixers: int
+    """Mamba-2 and Gated DeltaNet mixers of a hybrid model's recurrent layers (0 for a transformer)."""
     experts_per_token_fraction: float
     """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
 
@@ -61,8 +71,8 @@ def attention_params(m: ModelSpec) -> int:
         q_r = mla.q_lora_rank
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
-        return q + kv + a * v * h
-    n = h * a * d + 2 * h * K * d + a * d * h
+        return q + kv + a * v * h + indexer_params(m)  # DeepSeek Sparse Attention's indexer (cost.sparse)
+    n = h * a * d * (2 if m.attention_output_gate else 1) + 2 * h * K * d + a * d * h
     if m.attention_bias or m.qkv_bias:
         n += a * d + 2 * K * d
     if m.attention_bias:
@@ -88,21 +98,24 @@ def norm_params(m: ModelSpec) -> int:
 
 
 def param_counts(m: ModelSpec) -> ParamCounts:
-    """Whole-model parameter counts by part.
+    """Whole-model parameter counts by part: attention in the attention layers, the recurrent mixers in the
+    others, a pre-norm per sub-block (mixer, MLP) and the final norm.
 
-    Source: Hugging Face modeling code (MixtralSparseMoeBlock, DeepseekV3MoE: E experts + router)."""
+    Source: Hugging Face modeling code (MixtralSparseMoeBlock, DeepseekV3MoE: E experts + router;
+    NemotronHBlock: one norm and one mixer or MLP per block)."""
     h, V, L = m.hidden_size, m.vocab_size, m.num_hidden_layers
     E, n_moe = m.num_experts, m.num_moe_layers
     pos = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     return ParamCounts(
         embedding=V * h + pos,
         output=0 if m.tie_word_embeddings else V * h,
-        attention=L * attention_params(m),
-        dense_mlp=m.num_dense_layers * mlp_params(m, m.intermediate_size),
+        attention=m.num_attention_layers * attention_params(m),
+        dense_mlp=m.num_mlp_layers * mlp_params(m, m.intermediate_size),
         routed_experts=n_moe * E * mlp_params(m, m.expert_ffn),
         shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
         router=n_moe * (h * E + (E if m.mlp_bias else 0)),
-        norms=(2 * L + 1) * norm_params(m),
+        norms=(L - m.count_layers("none") + m.num_mlp_layers + n_moe + 1) * norm_params(m),
+        recurrent_mixers=recurrent_params(m),
         experts_per_token_fraction=(m.num_experts_per_tok / E) if E else 1.0,
     )
 
@@ -227,6 +240,8 @@ def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int
     for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
         n, mtp = chunk.count("t"), chunk.count("m")
         dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
+        if m.is_moe and m.mlp_layer_types is not None:
+            dense = n - moe_layers_between(m, start, start + n)
         out[i % p].append((dense, n + mtp - dense))
         start += n
     return out
@@ -288,6 +303,12 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
         return n + mtp, 0 * n
     v, k = plan.vpp, m.first_k_dense_replace
     chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    if m.mlp_layer_types is not None:  # MoE layers anywhere in the stack (a hybrid pattern): count them
+        moe = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            moe = moe + where(j < v, moe_layers_between(m, start, start + chunk), 0)
+        return n - moe, moe + mtp
     dense = 0 * n
     # Only virtual rounds that start before layer k can hold dense layers: round j starts at j·L/vpp or later.
     rounds = min(int(np.max(v)), int(np.ceil(k / max(1, int(np.min(round_))))) + 1)
@@ -297,9 +318,49 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     return dense, n - dense + mtp
 
 
+def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
+    """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
+    return _flagged_between([x == "moe" for x in (m.mlp_layer_types or ())], start, end)
+
+
+def kind_layers_between(m: ModelSpec, kind: str, start: Any, end: Any) -> Any:
+    """Layers whose mixer is `kind` among layers [start, end) (elementwise)."""
+    return _flagged_between([x == kind for x in (m.layer_types or ())], start, end)
+
+
+def stage_kind_counts(m: ModelSpec, plan: PlanLike, stage: Any) -> dict[str, Any]:
+    """Layers of each mixer kind (layer_types) that pipeline rank `stage` holds, all its virtual chunks
+    together (the chunks of _stage_layers: chunk j of rank i starts at j·L/vpp + layers before i / vpp).
+    Elementwise on plan arrays; a stage's kinds sum to its layers."""
+    n = stage_layer_count(m, plan, stage)
+    v = plan.vpp
+    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    out: dict[str, Any] = {}
+    for kind in dict.fromkeys(m.layer_types or ()):
+        count = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            count = count + where(j < v, kind_layers_between(m, kind, start, start + chunk), 0)
+        out[kind] = count
+    return out
+
+
+def _flagged_between(flags: list[bool], start: Any, end: Any) -> Any:
+    prefix = np.concatenate([[0], np.cumsum(flags)]).astype(int)
+    L = len(flags)
+    lo = np.clip(np.asarray(start, dtype=int), 0, L)
+    hi = np.clip(np.asarray(end, dtype=int), 0, L)
+    out = prefix[hi] - prefix[lo]
+    return int(out) if np.ndim(out) == 0 else out
+
+
 def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
-    micro-batches among such ranks); 0 for models without leading dense layers."""
+    micro-batches among such ranks); 0 for models without leading dense layers. A model whose
+    mlp_layer_types places its MoE layers (Llama 4 Maverick every other layer, a hybrid pattern): the first
+    middle rank that holds the most of them."""
+    if m.is_moe and m.mlp_layer_types is not None:
+        return _most_moe_middle_stage(m, plan)
     if not m.is_moe or not m.first_k_dense_replace:
         return 0 * plan.pp
     if explicit_stages(plan) is not None:
@@ -308,6 +369,19 @@ def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp
     i = where(kv <= first, 1, 1 - (-(kv - first) // maximum(mid, 1)))
     return minimum(i, plan.pp - 1)
+
+
+def _most_moe_middle_stage(m: ModelSpec, plan: PlanLike) -> Any:
+    """The first of ranks 1 .. pp-2 holding the most MoE layers (rank 1, or pp-1 when pp <= 2); elementwise."""
+    best = minimum(1, plan.pp - 1) + 0 * plan.pp
+    if explicit_stages(plan) is not None:
+        return best
+    count = stage_layers(m, plan, 1)[1] if int(np.max(plan.pp)) > 1 else 0 * plan.pp
+    for i in range(2, int(np.max(plan.pp)) - 1):
+        n = stage_layers(m, plan, i)[1]
+        better = (i < plan.pp - 1) & (n > count)
+        best, count = where(better, i, best), where(better, n, count)
+    return best
 
 
 @dataclass(frozen=True)
@@ -335,7 +409,7 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
     if (mla := m.mla) is not None:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
         rope, kv_r, q_r = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
-        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r
+        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
     full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads
@@ -372,8 +446,11 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
     the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
     t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size
-    attn = attention_params_per_rank(m, t) + 2 * norm_params(m)
-    dense_layer = attn + mlp_params(m, m.intermediate_size) / t
+    # A hybrid stack's average layer: its share of attention, its mean recurrent mixer (split by t, as
+    # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
+    attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
+        + norms_per_layer(m) * norm_params(m)
+    dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
     moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0)
     expert_layer = (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * t
     V = padded_vocab(m.vocab_size, t)

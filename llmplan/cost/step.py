@@ -21,6 +21,7 @@ from llmplan.cost.compute import (
     recompute_flops_per_step,
     stage_compute,
 )
+from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.moe import (
     EAGER_OP_HOST_S,
@@ -129,15 +130,21 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
     runs each stage on its own GPU."""
     same: dict[tuple, StageCompute] = {}  # an explicit per-stage list repeats its layer counts stage after stage
 
+    def priced(g: GpuSpec) -> Any:
+        """A stage's compute on GPU g: a hybrid stack's stage at the mixer kinds it holds (cost.hybrid_stage),
+        so stages with equal layer counts may differ."""
+        if m.is_hybrid:
+            return lambda p, i: balanced_stage_compute(m, p, g, i, *stage_layers(m, p, i), i == p.pp - 1)
+        return lambda p, i: stage_compute(m, p, g, *stage_layers(m, p, i), i == p.pp - 1)
+
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)
         last = stage == plan.pp - 1
         g = stage_gpus[stage] if stage_gpus is not None else gpu
-        key = (n_dense, n_moe, last, id(g)) if isinstance(stage, int) else None
+        key = (n_dense, n_moe, last, id(g)) if isinstance(stage, int) and not m.is_hybrid else None
         sc = same.get(key) if key else None
         if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
-            sc = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, i: stage_compute(
-                m, p, g, *stage_layers(m, p, i), i == p.pp - 1))
+            sc = per_distinct(plan, ALL_BUT_ZERO, stage, priced(g))
             if key:
                 same[key] = sc
         return stage, sc, n_dense + n_moe, n_moe

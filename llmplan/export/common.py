@@ -94,7 +94,9 @@ def hf_repo(model_name: str) -> str:
         "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x22b": "mistralai/Mixtral-8x22B-Instruct-v0.1",
         "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
         "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-        "gpt-oss-120b": "openai/gpt-oss-120b",
+        "gpt-oss-120b": "openai/gpt-oss-120b", "nemotron-h-8b": "nvidia/Nemotron-H-8B-Base-8K",
+        "nemotron-3-nano": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
     }
     return known.get(model_name, f"path/to/{model_name}")
 

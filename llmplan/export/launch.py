@@ -17,7 +17,7 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
         body = megatron.script_body(pf, "").rstrip("\n")
         body = "\n".join(line for line in body.splitlines() if not line.startswith(("GPUS_PER_NODE", "NNODES",
                                                                                    "NODE_RANK", "MASTER_")))
-        return megatron.MEGATRON_ENTRY, {}, body.replace("set -euo pipefail\n", "")
+        return megatron.entry_command(pf), {}, body.replace("set -euo pipefail\n", "")
     if wrap == "torchtitan":
         torchtitan.check(pf)
         return torchtitan.TORCHTITAN_ENTRY, {}, torchtitan.args_array(pf)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
                                    virtual_stage_layers)
+from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, is_hybrid_export, megatron_layer_count
 from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -16,8 +17,9 @@ TARGET = "megatron"
 def model_flags(pf: PlanFile) -> list[str]:
     m, p = pf.model, pf.plan
     llama_like = m.model_type != "gpt" and m.model_type != "gpt2"
+    hybrid = is_hybrid_export(m)  # one Megatron layer per pattern symbol (export/hybrid.py)
     pairs: list[tuple[str, object]] = [
-        ("--num-layers", m.num_hidden_layers), ("--hidden-size", m.hidden_size),
+        ("--num-layers", megatron_layer_count(m) if hybrid else m.num_hidden_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
         ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
         ("--max-position-embeddings", max(m.max_position_embeddings, p.seq_len)),  # Megatron: >= --seq-length
@@ -30,6 +32,8 @@ def model_flags(pf: PlanFile) -> list[str]:
         pairs += [("--group-query-attention", True), ("--num-query-groups", m.kv_heads)]
     if m.learned_position_embeddings:
         pairs.append(("--position-embedding-type", "learned_absolute"))
+    elif m.model_type == "nemotron_h":  # its attention layers take no position embedding (Megatron-Bridge NemotronH)
+        pairs.append(("--position-embedding-type", "none"))
     else:
         pairs += [("--position-embedding-type", "yarn" if context_pairs(pf) else "rope"),
                   ("--rotary-base", int(m.rope_theta or 10000)), *context_pairs(pf)]
@@ -43,7 +47,10 @@ def model_flags(pf: PlanFile) -> list[str]:
               # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
               ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
     if m.is_moe:
-        freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace else None
+        freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
+            else None  # a hybrid pattern places its E layers itself
+        if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
+            freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
         pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
                   ("--moe-ffn-hidden-size", m.expert_ffn),
                   ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
@@ -56,6 +63,8 @@ def model_flags(pf: PlanFile) -> list[str]:
                   ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
                   ("--moe-grouped-gemm", True), *router_pairs(pf),
                   ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
+    if hybrid:
+        pairs += hybrid_model_pairs(pf)
     return as_flags(pairs)
 
 
@@ -173,6 +182,8 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     first/last stage layers with virtual stages per rank, or an explicit --pipeline-model-parallel-layout
     (E embedding, t layer, L loss; stages split by '|', virtual stages in model order)."""
     p, m = pf.plan, pf.model
+    if is_hybrid_export(m):  # the '|' segments of --hybrid-layer-pattern say it (Megatron refuses the others)
+        return []
     if p.pp_layout is not None:
         return layout_pairs(pf)
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
@@ -222,6 +233,17 @@ def built_mtp(pf: PlanFile) -> int:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
+    if is_hybrid_export(pf.model):
+        check_hybrid(pf)
+    if pf.model.is_sparse_attention:
+        raise refuse(TARGET, f"DeepSeek Sparse Attention ({pf.model.name}: Megatron-LM at d98e8a6 builds it as its "
+                     "hybrid pattern's D layers with the --dsa-indexer-* flags, which this export does not write; "
+                     "writing the model as dense MLA would train another model)",
+                     "export the dense deepseek-v3 spec, or write the DSA flags by hand")
+    if pf.model.count_layers("chunked_attention"):
+        raise refuse(TARGET, f"chunked local attention ({pf.model.name}: Megatron-LM at d98e8a6 has a sliding window, "
+                     "--window-size, whose keys cross chunk boundaries, and no chunked attention)",
+                     "export to a launcher that runs the model's own attention, or a spec with full attention")
     check_router(pf)
     check_ep_overlap(pf)
     p = pf.plan
@@ -277,9 +299,20 @@ MEGATRON_ENTRY = ('"$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL
                   '"${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"')
 
 
+def entry_script(pf: PlanFile) -> str:
+    """Megatron-LM's training script for the model: pretrain_hybrid.py for a hybrid stack, else pretrain_gpt.py."""
+    return "pretrain_hybrid.py" if is_hybrid_export(pf.model) else "pretrain_gpt.py"
+
+
+def entry_command(pf: PlanFile) -> str:
+    """MEGATRON_ENTRY with the model's training script."""
+    return MEGATRON_ENTRY.replace("pretrain_gpt.py", entry_script(pf))
+
+
 def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
+    entry = entry_script(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
-                "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + MEGATRON_ENTRY)
-    return {"megatron_pretrain.sh": sh_header(pf, "Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)")
+                "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
+    return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)")
             + script_body(pf, launcher)}

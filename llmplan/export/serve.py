@@ -54,6 +54,14 @@ def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
                       f"GPU planned with {j.engine}'s rule (its fraction {j.gpu_memory_utilization:g})\n")
 
 
+def recurrent_state_dtype(pf: PlanFile) -> str | None:
+    """The recurrent-state dtype the serving memory was predicted with (bf16: cost.inference
+    recurrent_state_per_seq_gpu) for a model with Mamba-2 / Gated DeltaNet layers, written out so that the
+    engine's own default (SGLang: float32) does not double the state; None for a transformer."""
+    m = pf.model
+    return "bfloat16" if m.count_layers("mamba") or m.count_layers("linear_attention") else None
+
+
 def draft_repo(pf: PlanFile) -> tuple[str | None, str]:
     """The draft checkpoint a launch line names (None for MTP and n-gram, which need none) and a comment
     line when it is a placeholder (an EAGLE head of the target's shape was planned, not a named draft)."""
@@ -110,6 +118,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
+        ("--mamba-ssm-cache-dtype", recurrent_state_dtype(pf)), ("--mamba-cache-dtype", recurrent_state_dtype(pf)),
     ] + vllm_speculative(pf)[0])
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
@@ -145,6 +154,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--chunked-prefill-size", j.max_num_batched_tokens * (p.dp if p.dp_attention else 1)),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
+        ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
     ] + sglang_speculative(pf)[0])
     note += sglang_speculative(pf)[1]
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note

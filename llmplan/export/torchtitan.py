@@ -43,6 +43,9 @@ FLAVORS = {
 
 def _check_common(pf: PlanFile, target: str) -> None:
     need_mode(pf, "train", target)
+    if pf.model.is_hybrid:
+        raise refuse(target, f"the hybrid layer stack of {pf.model.name} (Mamba-2 / Gated DeltaNet / mixer-only "
+                     "layers: torchtitan's models are transformers of one layer kind)", "export to megatron")
     p = pf.plan
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",

@@ -31,7 +31,8 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         "plan": p.model_dump(mode="json"), "workload": j.model_dump(mode="json"),
         "memory": {"weights": mem.weights, "kv_cache": mem.kv_cache, "activations": mem.activations,
                    "other": mem.other, "total": mem.total, "capacity": mem.capacity, "fits": mem.fits,
-                   "kv_available": mem.kv_available, "kv_blocks": mem.kv_blocks},
+                   "kv_available": mem.kv_available, "kv_blocks": mem.kv_blocks,
+                   "recurrent_state": mem.recurrent_state},
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
@@ -139,13 +140,18 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     tb = ReportTable(title="Memory per GPU")
     for col in ("part", "GiB", "% of usable", "formula"):
         tb.add_column(col, justify="right" if col in ("GiB", "% of usable") else "left")
+    state = (("recurrent state (fixed per sequence)", mem.recurrent_state, "mixers.state"),) \
+        if mem.recurrent_state else ()
     for name, val, ref in (("weights", mem.weights, "infer.weights"), ("KV cache", mem.kv_cache, "infer.kv"),
-                           ("activations", mem.activations, "infer.activations"),
+                           *state, ("activations", mem.activations, "infer.activations"),
                            ("other (CUDA graphs, NCCL, runtime)", mem.other, "mem.other")):
         tb.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
     tb.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"{100 * mem.total / mem.capacity:.1f}%", "")
     tb.add_row(f"usable ({j.engine} memory fraction {j.gpu_memory_utilization:g})", gib(mem.capacity), "100.0%", "")
     console.print(tb)
+    if mem.recurrent_state:
+        console.print(f"Recurrent state: {mem.recurrent_state / j.batch / 2**20:,.1f} MiB per sequence per GPU, "
+                      "whatever its length (Mamba-2 / Gated DeltaNet layers hold it instead of a KV cache)")
     console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
                   f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
                   f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "

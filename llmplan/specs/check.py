@@ -49,11 +49,11 @@ def _fmt(values: list[int]) -> str:
 
 def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
     """TP degrees that split the query heads, split the KV heads (or, serving, replicate them: `replicate_kv`),
-    and split the FFNs."""
+    split the FFNs and a hybrid's recurrent heads and groups."""
     a, K = m.num_attention_heads, m.kv_heads
-    ffns = [f for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f]
+    ffns = [f for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f]
     return [t for t in divisors(a) if (K % t == 0 or (replicate_kv and t % K == 0)) and all(f % t == 0 for f in ffns)
-            and (max_tp is None or t <= max_tp)]
+            and (max_tp is None or t <= max_tp) and bool(_mamba_ok(m, t)) and bool(_gdn_ok(m, t))]
 
 
 def balanced_split(L: int, p: int) -> tuple[int, int]:
@@ -272,7 +272,7 @@ class Rule:
 
 def _ffn_ok(m: ModelSpec, t: Any) -> Any:
     ok = True
-    for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn):
+    for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn):
         if f:
             ok = ok & (f % t == 0)
     return ok
@@ -295,6 +295,37 @@ def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     return [x for x in p.recompute_modules if not has.get(x, True)]
 
 
+def _mamba_ok(m: ModelSpec, t: Any, cp: Any = 1) -> Any:
+    """Megatron-LM's MambaMixer splits the heads and the groups over TP (both divisible by tp) and its all-to-all
+    CP splits each rank's heads over cp, the groups divided among or replicated across the cp ranks.
+    Source: Megatron-LM megatron/core/ssm/mamba_mixer.py (asserts on ngroups and nheads % tp) and
+    mamba_context_parallel.py (nheads_local_tp % cp_size; ngroups_local_tp and cp_size divide one another)."""
+    if not m.count_layers("mamba"):
+        return True
+    H, G = m.mamba_num_heads or 1, m.n_groups or 1
+    g_local = G // t
+    groups_cp = (g_local > 0) & ((g_local % cp == 0) | (cp % (g_local + (g_local == 0)) == 0))  # no 0 divisor
+    return (H % t == 0) & (G % t == 0) & ((H // t) % cp == 0) & groups_cp
+
+
+def _gdn_ok(m: ModelSpec, t: Any, cp: Any = 1) -> Any:
+    """Megatron-LM's GatedDeltaNet splits the key and value heads over TP and each rank's value heads over CP.
+    Source: Megatron-LM megatron/core/ssm/gated_delta_net.py (num_key_heads and num_value_heads % tp_size,
+    (num_value_heads // tp_size) % cp_size)."""
+    if not m.count_layers("linear_attention"):
+        return True
+    Hk, Hv = m.linear_num_key_heads or 1, m.linear_num_value_heads or 1
+    return (Hk % t == 0) & (Hv % t == 0) & ((Hv // t) % cp == 0)
+
+
+def _mixer_heads(m: ModelSpec) -> str:
+    parts = [f"mamba_num_heads {m.mamba_num_heads} and n_groups {m.n_groups}"] if m.count_layers("mamba") else []
+    if m.count_layers("linear_attention"):
+        parts.append(f"linear_num_key_heads {m.linear_num_key_heads} and linear_num_value_heads "
+                     f"{m.linear_num_value_heads}")
+    return "; ".join(parts)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
          lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
@@ -305,8 +336,17 @@ RULES: tuple[Rule, ...] = (
                          f"num_query_groups rule: training does not replicate KV heads); valid tp: {_fmt(valid_tp(m))}"),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
-                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_dense_layers else 0, m.shared_ffn) if f)}) "
+                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f)}) "
                          f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
+    Rule("tp_recurrent_heads", lambda m, p, c: _mamba_ok(m, p.tp) & _gdn_ok(m, p.tp),
+         lambda m, p, c: f"tp ({p.tp}) must divide the recurrent mixers' heads and groups ({_mixer_heads(m)}) of "
+                         f"{m.name}: Megatron-LM shards them over TP; valid tp: "
+                         f"{_fmt(valid_tp(m))}"),
+    Rule("cp_recurrent_heads", lambda m, p, c: ~_as_bool(_mamba_ok(m, p.tp) & _gdn_ok(m, p.tp))
+         | (_mamba_ok(m, p.tp, p.cp) & _gdn_ok(m, p.tp, p.cp)),
+         lambda m, p, c: f"cp ({p.cp}) must divide each TP rank's recurrent heads ({_mixer_heads(m)}, over tp "
+                         f"{p.tp}) of {m.name}: Megatron-LM's context parallelism for Mamba-2 and Gated DeltaNet "
+                         "layers trades the sequence split for a head split (all-to-all); lower --cp"),
     Rule("pp_layers", lambda m, p, c: _split_ok(m, p), lambda m, p, c: _split_message(m, p)),
     Rule("pp_layout", lambda m, p, c: _layout_problem(m, p) is None, lambda m, p, c: _layout_problem(m, p) or ""),
     Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | schedule_of(p).interleaves,
@@ -464,7 +504,7 @@ SERVE_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
                          f"of it (serving engines then replicate KV heads); valid tp: "
                          f"{_fmt(valid_tp(m, replicate_kv=True))}"),
-    *_training_rules("tp_ffn"),
+    *_training_rules("tp_ffn", "tp_recurrent_heads"),
     Rule("pp_layers", lambda m, p, c: m.num_hidden_layers % p.pp == 0,
          lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}: a serving "
                          f"plan gives every pipeline stage an equal share of the layers; valid pp: "

@@ -17,7 +17,9 @@ COMMON = (
     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts_per_tok",
     "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size", "attention_dropout",
     "hidden_dropout", "num_nextn_predict_layers", "n_group", "topk_group", "routed_scaling_factor",
-    "norm_topk_prob",
+    "norm_topk_prob", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim", "attention_chunk_size", "index_topk", "index_n_heads", "index_head_dim",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -27,11 +29,15 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     """Fields for ModelSpec from a config.json mapping. Raises ValueError for unsupported architectures."""
     if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
         cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
+    if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
+        cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
     cfg = _checked(cfg, mt)
+    if mt == "llama4":
+        cfg = _llama4(cfg)
     if mt == "gpt2":
         cfg = _gpt2(cfg)
     if mt == "bloom":
@@ -46,6 +52,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out["rope_scaling"] = cfg["rope_parameters"]
         out = {k: v for k, v in out.items() if v is not None}
     out.update(_attention_layers(cfg, mt))
+    out.update(_hybrid_layers(cfg, mt))
     if out.get("sliding_window") is None:
         out.pop("sliding_window", None)
     experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0)
@@ -53,7 +60,10 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out["num_experts"] = experts
         if mt in ("mixtral", "gpt_oss"):  # intermediate_size is the per-expert width
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
-        _check_sparse_layout(cfg)
+        if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
+            out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
+        if mt not in ("nemotron_h", "qwen3_next", "llama4"):  # their layer lists place the MoE layers
+            _check_sparse_layout(cfg)
         out.update(_router(cfg, mt))
     else:
         for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
@@ -66,12 +76,17 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False)
     if mt == "qwen2":
         out["qkv_bias"] = True
-    if mt in ("qwen3", "qwen3_moe"):
+    if mt in ("qwen3", "qwen3_moe", "qwen3_next"):
         out["qk_norm"] = True
+    if mt == "qwen3_next":
+        out["attention_output_gate"] = True
+    if mt == "nemotron_h":  # squared-ReLU MLP (up and down projections), no biases, no position embeddings
+        out.update(gated_mlp=cfg.get("mlp_hidden_act", "relu2") not in ("relu2", "relu", "gelu"),
+                   mamba_chunk_size=cfg.get("chunk_size") or 128)
     if mt == "gpt_oss":
         out["attention_bias"] = True
         out["mlp_bias"] = True
-    if mt != "deepseek_v3":
+    if mt not in ("deepseek_v3", "deepseek_v32"):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             out.pop(k, None)
     return out
@@ -105,14 +120,81 @@ def _attention_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     return {"layer_types": tuple("sliding_attention" if x else "full_attention" for x in windowed)}
 
 
+NEMOTRON_H_BLOCKS = {"M": ("mamba", "none"), "*": ("full_attention", "none"), "-": ("none", "dense"),
+                     "E": ("none", "moe")}
+"""Nemotron-H's hybrid_override_pattern symbols -> (mixer, MLP) of the block: Mamba-2, attention, MLP, MoE.
+Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py (layers_block_type);
+Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
+
+
+def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Llama 4's text model (transformers' Llama4TextConfig): intermediate_size is the expert width and
+    intermediate_size_mlp the dense layers'; MoE layers every interleave_moe_layer_step-th (moe_layers when
+    given), each with one shared expert of the expert width; chunked attention (attention_chunk_size) except on
+    the no-RoPE layers (no_rope_layers 0; by default every 4th), which attend to the whole context; a sigmoid
+    top-k router whose weights are not renormalised."""
+    n, step = cfg.get("num_hidden_layers"), int(cfg.get("interleave_moe_layer_step") or 1)
+    if not isinstance(n, int) or n <= 0:
+        return cfg
+    given = cfg.get("moe_layers")
+    moe: set[Any] = set(given) if isinstance(given, list) else set(range(step - 1, n, step))
+    listed = cfg.get("no_rope_layers")
+    rope: list[Any] = listed if isinstance(listed, list) else [int((i + 1) % 4 != 0) for i in range(n)]
+    chunked = cfg.get("attention_chunk_size") is not None
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else \
+        ["chunked_attention" if r and chunked else "full_attention" for r in rope]
+    experts = cfg.get("num_local_experts") or 0
+    return {**cfg, "intermediate_size": cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size"),
+            "moe_intermediate_size": cfg.get("intermediate_size"),
+            "shared_expert_intermediate_size": cfg.get("intermediate_size") if experts else None,
+            "layer_types": kinds, "_mlp_layer_types": ["moe" if i in moe and experts else "dense" for i in range(n)],
+            "scoring_func": "sigmoid", "norm_topk_prob": False}
+
+
+def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """layer_types and mlp_layer_types of the hybrid architectures: Nemotron-H's hybrid_override_pattern, one
+    symbol per block (NEMOTRON_H_BLOCKS); Qwen3-Next's layer_types, or every full_attention_interval-th layer
+    full attention and the others Gated DeltaNet (transformers' Qwen3NextConfig default), every layer MoE
+    unless decoder_sparse_step / mlp_only_layers say otherwise."""
+    n = cfg.get("num_hidden_layers")
+    if mt == "nemotron_h":
+        pattern = cfg.get("hybrid_override_pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError("the nemotron_h config has no hybrid_override_pattern; a config.json of this "
+                             "architecture states it (one of M, *, -, E per layer)")
+        bad = sorted(set(pattern) - set(NEMOTRON_H_BLOCKS))
+        if bad:
+            raise ValueError(f"hybrid_override_pattern holds {', '.join(repr(c) for c in bad)}; llmplan models "
+                             f"the blocks {', '.join(NEMOTRON_H_BLOCKS)} (Mamba-2, attention, MLP, MoE)")
+        if len(pattern) != n:
+            raise ValueError(f"hybrid_override_pattern has {len(pattern)} symbols but num_hidden_layers is {n}; "
+                             "give one symbol per layer")
+        return {"layer_types": tuple(NEMOTRON_H_BLOCKS[c][0] for c in pattern),
+                "mlp_layer_types": tuple(NEMOTRON_H_BLOCKS[c][1] for c in pattern)}
+    if mt == "llama4" and isinstance(cfg.get("_mlp_layer_types"), list):
+        return {"layer_types": tuple(cfg["layer_types"]), "mlp_layer_types": tuple(cfg["_mlp_layer_types"])}
+    if mt == "qwen3_next" and isinstance(n, int):
+        if not isinstance(cfg.get("layer_types"), list):
+            every = int(cfg.get("full_attention_interval") or 4)
+            kinds = tuple("full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n))
+        else:
+            kinds = tuple(cfg["layer_types"])
+        step, dense = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+        moe = [i not in dense and cfg.get("num_experts", 0) > 0 and (i + 1) % step == 0 for i in range(n)]
+        return {"layer_types": kinds, "mlp_layer_types": tuple("moe" if x else "dense" for x in moe)}
+    return {}
+
+
 def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     """scoring_func, norm_topk_prob and expert_bias as the architecture routes when config.json leaves them
     out (transformers' configuration_*.py and modeling_*.py): DeepSeek-V3 scores with a sigmoid, adds the
     e_score_correction_bias (topk_method "noaux_tc") and renormalises; Qwen2/3-MoE's config classes default
     norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
     chosen experts (renormalised, no key)."""
-    deepseek = mt == "deepseek_v3"
-    norm_default = mt not in ("qwen2_moe", "qwen3_moe")
+    deepseek = mt in ("deepseek_v3", "deepseek_v32", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
+    if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
+        return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
+    norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
     return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
             "norm_topk_prob": cfg.get("norm_topk_prob", norm_default) if mt != "mixtral" and mt != "gpt_oss"
             else True,
@@ -131,7 +213,9 @@ PRECEDENCE = {("bloom", "hidden_size")}
 """(model_type, key) where the common name wins over the alias (BLOOM's hidden_size over the older n_embed)."""
 HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": int, "decoder_sparse_step": int,
                             "num_local_experts": int, "num_experts": int, "n_routed_experts": int,
-                            "use_sliding_window": bool}
+                            "use_sliding_window": bool, "full_attention_interval": int, "chunk_size": int,
+                            "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
+                            "intermediate_size_mlp": int}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
 REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """Sizes every architecture's arithmetic needs (gpt2 / bloom derive intermediate_size from hidden_size)."""

@@ -28,12 +28,27 @@ ModelType = Literal[
     "phi3",
     "gpt_oss",
     "bloom",
+    "nemotron_h",
+    "qwen3_next",
+    "llama4",
+    "deepseek_v32",
 ]
 """The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
 
-LayerType = Literal["sliding_attention", "full_attention"]
-"""The per-layer attention kinds llmplan models (Hugging Face layer_types values)."""
+LayerType = Literal["sliding_attention", "full_attention", "chunked_attention", "linear_attention", "mamba", "none"]
+"""The per-layer token mixers llmplan models: Hugging Face layer_types values (full, sliding-window and Gated
+DeltaNet linear attention as Qwen3-Next names it), chunked local attention (Llama 4), a Mamba-2 SSM mixer
+(Nemotron-H's 'M' blocks) and none (a layer that is only an MLP or MoE: Nemotron-H's '-' and 'E' blocks)."""
+MlpType = Literal["dense", "moe", "none"]
+"""What follows a layer's mixer: a dense MLP, the routed experts (+ shared), or nothing (Nemotron-H's 'M' and
+'*' blocks are mixer-only)."""
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+"""layer_types that are softmax attention over cached keys (they hold a KV cache in serving)."""
+RECURRENT_KINDS = ("mamba", "linear_attention")
+"""layer_types whose mixer is a recurrence: a fixed-size state per sequence replaces the KV cache."""
+MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups")
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -98,6 +113,11 @@ MODEL_LIMITS: dict[str, float] = {
     "kv_lora_rank": 262_144, "num_nextn_predict_layers": 16, "routed_scaling_factor": 100,
     "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
     "declared_params": 1e15,
+    "mamba_num_heads": 65_536, "mamba_head_dim": 8_192, "ssm_state_size": 65_536, "n_groups": 65_536,
+    "conv_kernel": 1_024, "linear_num_key_heads": 65_536, "linear_num_value_heads": 65_536,
+    "linear_key_head_dim": 8_192, "linear_value_head_dim": 8_192, "linear_conv_kernel_dim": 1_024,
+    "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536, "index_topk": 1 << 30, "index_n_heads": 4_096,
+    "index_head_dim": 8_192,
 }
 
 
@@ -119,11 +139,16 @@ def unknown_layer_types(kinds: Any) -> str | None:
     """A message naming the layer_types entries llmplan does not model (one line, whatever the layer count)."""
     if not isinstance(kinds, (list, tuple)):
         return None
-    known = get_args(LayerType)
+    return _unknown_kinds("layer_types", kinds, get_args(LayerType))
+
+
+def _unknown_kinds(field: str, kinds: Any, known: tuple[str, ...]) -> str | None:
+    if not isinstance(kinds, (list, tuple)):
+        return None
     unknown = list(dict.fromkeys(excerpt(repr(k), 40) for k in kinds if k not in known))
     if not unknown:
         return None
-    return (f"layer_types holds {bounded_list(unknown)}, which llmplan does not model; each layer must be one of "
+    return (f"{field} holds {bounded_list(unknown)}, which llmplan does not model; each layer must be one of "
             f"{', '.join(known)}")
 
 
@@ -211,8 +236,48 @@ class ModelSpec(Spec):
     sliding_window: int | None = Field(default=None, gt=0)
     """Sliding-window size of windowed attention layers, if any."""
     layer_types: tuple[LayerType, ...] | None = Field(default=None, max_length=4_096)
-    """Per-layer attention kind ('sliding_attention' / 'full_attention') where the model alternates; other
-    kinds (linear attention, chunked attention) are not modelled and are refused."""
+    """Per-layer token mixer (LayerType) where the model mixes kinds: sliding / full / chunked attention,
+    linear_attention (Gated DeltaNet), mamba (Mamba-2) or none; None: every layer is full attention."""
+    mlp_layer_types: tuple[MlpType, ...] | None = Field(default=None, max_length=4_096)
+    """llmplan key: per-layer block after the mixer (dense MLP, moe, none) where the model mixes them beyond
+    leading dense layers (Nemotron-H's pattern, Llama 4's interleaved MoE); None: first_k_dense_replace dense
+    layers, then MoE (all dense for a dense model)."""
+    attention_chunk_size: int | None = Field(default=None, gt=0)
+    """Chunk of chunked local attention (HF Llama 4 name): a query sees the keys of its own chunk only."""
+    attention_output_gate: bool = False
+    """llmplan key: a sigmoid gate on the attention output computed by the query projection (Qwen3-Next's
+    gated attention: q_proj is twice as wide)."""
+
+    index_topk: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention (HF deepseek_v32 name): keys each query attends to, chosen by the lightning
+    indexer from all preceding keys; None: dense attention."""
+    index_n_heads: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention: heads of the lightning indexer."""
+    index_head_dim: int | None = Field(default=None, gt=0)
+    """DeepSeek Sparse Attention: head dimension of the lightning indexer (its key cache per token)."""
+
+    mamba_num_heads: int | None = Field(default=None, gt=0)
+    """Mamba-2: SSM heads H (HF nemotron_h name)."""
+    mamba_head_dim: int | None = Field(default=None, gt=0)
+    """Mamba-2: head dimension P; the inner width is H x P."""
+    ssm_state_size: int | None = Field(default=None, gt=0)
+    """Mamba-2: state dimension N per group (HF name)."""
+    n_groups: int | None = Field(default=None, gt=0)
+    """Mamba-2: groups G sharing the B and C projections (HF name; the heads split into G equal groups)."""
+    conv_kernel: int = Field(default=4, gt=0)
+    """Mamba-2: width of the short causal convolution (HF name)."""
+    mamba_chunk_size: int = Field(default=128, gt=0)
+    """Mamba-2: chunk length Q of the SSD scan (HF chunk_size; Megatron-LM's default 128)."""
+    linear_num_key_heads: int | None = Field(default=None, gt=0)
+    """Gated DeltaNet: query/key heads (HF qwen3_next name)."""
+    linear_num_value_heads: int | None = Field(default=None, gt=0)
+    """Gated DeltaNet: value heads (each holds one d_k x d_v state)."""
+    linear_key_head_dim: int | None = Field(default=None, gt=0)
+    """Gated DeltaNet: query/key head dimension d_k."""
+    linear_value_head_dim: int | None = Field(default=None, gt=0)
+    """Gated DeltaNet: value head dimension d_v."""
+    linear_conv_kernel_dim: int = Field(default=4, gt=0)
+    """Gated DeltaNet: width of the short convolution on q, k and v (HF name)."""
 
     declared_params: float | None = Field(default=None, gt=0)
     """llmplan key: the published total parameter count; `llmplan check` fails when the count computed
@@ -266,8 +331,9 @@ class ModelSpec(Spec):
     @model_validator(mode="before")
     @classmethod
     def _within_any_model(cls, data: Any) -> Any:
-        problem = (beyond_limits(data) or unknown_layer_types(data.get("layer_types"))) if isinstance(data, dict) \
-            else None
+        problem = (beyond_limits(data) or unknown_layer_types(data.get("layer_types"))
+                   or _unknown_kinds("mlp_layer_types", data.get("mlp_layer_types"), get_args(MlpType))) \
+            if isinstance(data, dict) else None
         if problem:
             raise ValueError(problem)
         return data
@@ -285,6 +351,7 @@ class ModelSpec(Spec):
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is "
                              f"{self.num_hidden_layers}; give one attention kind per layer")
+        self._hybrid_rules()
         if self.num_experts:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
@@ -320,7 +387,71 @@ class ModelSpec(Spec):
                 raise ValueError(f"MLA (kv_lora_rank set) also needs {', '.join(missing)}")
         return self
 
+    def _hybrid_rules(self) -> None:
+        """The per-layer lists agree with the layer count and the dimensions each kind needs are given."""
+        kinds = self.layer_types or ()
+        if self.mlp_layer_types is not None:
+            if len(self.mlp_layer_types) != self.num_hidden_layers:
+                raise ValueError(f"mlp_layer_types lists {len(self.mlp_layer_types)} layers but num_hidden_layers "
+                                 f"is {self.num_hidden_layers}; give one of dense, moe, none per layer")
+            if ("moe" in self.mlp_layer_types) != bool(self.num_experts):
+                raise ValueError("mlp_layer_types lists moe layers but num_experts is 0 (or the reverse); give "
+                                 "num_experts with moe layers")
+            if self.first_k_dense_replace:
+                raise ValueError("give either mlp_layer_types or first_k_dense_replace, not both (list the "
+                                 "leading dense layers in mlp_layer_types)")
+            empty = [i for i, (k, f) in enumerate(zip(kinds, self.mlp_layer_types)) if k == "none" and f == "none"]
+            if empty:
+                raise ValueError(f"layer {empty[0]} has neither a mixer nor an MLP (layer_types none and "
+                                 "mlp_layer_types none); drop the layer")
+        for kind, fields in (("mamba", MAMBA_FIELDS), ("linear_attention", LINEAR_FIELDS)):
+            missing = [f for f in fields if getattr(self, f) is None]
+            if kind in kinds and missing:
+                raise ValueError(f"layer_types lists {kind} layers, which also need {', '.join(missing)}")
+        if "mamba" in kinds and self.mamba_num_heads and self.n_groups and self.mamba_num_heads % self.n_groups:
+            raise ValueError(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of n_groups "
+                             f"({self.n_groups}): the heads split into equal groups")
+        Hv, Hk = self.linear_num_value_heads, self.linear_num_key_heads
+        if "linear_attention" in kinds and Hv and Hk and Hv % Hk:
+            raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                             f"linear_num_key_heads ({self.linear_num_key_heads})")
+        sparse = [f for f in ("index_topk", "index_n_heads", "index_head_dim") if getattr(self, f) is None]
+        if len(sparse) not in (0, 3) or (not sparse and not self.is_mla):
+            raise ValueError("DeepSeek Sparse Attention needs index_topk, index_n_heads and index_head_dim together, "
+                             "on a multi-head latent attention model (kv_lora_rank set)")
+        if "chunked_attention" in kinds and self.attention_chunk_size is None:
+            raise ValueError("layer_types lists chunked_attention layers, which also need attention_chunk_size")
+
     # Derived quantities (no state is stored twice: these are computed from the fields).
+    def count_layers(self, kind: str) -> int:
+        """Layers whose mixer is `kind` (every layer is full attention when layer_types is None)."""
+        if self.layer_types is None:
+            return self.num_hidden_layers if kind == "full_attention" else 0
+        return self.layer_types.count(kind)
+
+    @property
+    def is_sparse_attention(self) -> bool:
+        """DeepSeek Sparse Attention: a lightning indexer picks index_topk keys per query."""
+        return self.index_topk is not None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layer's mixer is not softmax attention, or some layer lacks a mixer or an MLP."""
+        kinds = self.layer_types or ()
+        return any(k not in ATTENTION_KINDS for k in kinds) or "none" in (self.mlp_layer_types or ())
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with softmax attention (full, sliding or chunked): the layers that keep a KV cache."""
+        return sum(self.count_layers(k) for k in ATTENTION_KINDS)
+
+    @property
+    def num_mlp_layers(self) -> int:
+        """Layers with a dense MLP after the mixer."""
+        if self.mlp_layer_types is not None:
+            return self.mlp_layer_types.count("dense")
+        return self.num_dense_layers
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads, defaulting to the query heads."""
@@ -368,8 +499,12 @@ class ModelSpec(Spec):
 
     @property
     def num_moe_layers(self) -> int:
+        if self.mlp_layer_types is not None:
+            return self.mlp_layer_types.count("moe")
         return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
 
     @property
     def num_dense_layers(self) -> int:
+        """Layers without routed experts (a hybrid's mixer-only layers among them; num_mlp_layers counts
+        the ones with a dense MLP)."""
         return self.num_hidden_layers - self.num_moe_layers

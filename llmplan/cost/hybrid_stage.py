@@ -1,0 +1,47 @@
+"""Pipeline balance of a hybrid layer stack: a stage priced at the mixer kinds it holds, not the model's average.
+
+The cost functions price a hybrid's average layer (cost.mixers); a stage of mostly Mamba-2 layers and one of
+the attention layers then cost the same. A stage's compute is linear in its layers' mixer shares, so with
+SC(m_k) the stage's compute were every layer's mixer of kind k (its MLPs unchanged), the stage holding c_k of
+its n layers of kind k costs SC(m) + sum_k (c_k / n - share_k) SC(m_k), share_k the model's share of kind k.
+Derived: docs/formulas.md#mixers.balance
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.arith import maximum, where
+from llmplan.cost.compute import StageCompute, stage_compute
+from llmplan.cost.params import memoized, stage_kind_counts, stage_layer_count
+from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+PARTS = ("gemm", "attention", "memory_bound", "forward")
+
+
+def single_kind(m: ModelSpec, kind: str) -> ModelSpec:
+    """The model with every layer's mixer of `kind` (its MLPs, widths and layer count unchanged; built without
+    re-validation: a layer may then hold neither mixer nor MLP, which prices as nothing)."""
+    return m.model_copy(update={"layer_types": (kind,) * m.num_hidden_layers})
+
+
+def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any, n_dense: Any, n_moe: Any,
+                           last: Any) -> StageCompute:
+    """stage_compute of pipeline rank `stage` at the mixer kinds it holds (stage_kind_counts); the average-layer
+    stage_compute for a model whose layers share one mixer kind. Derived: docs/formulas.md#mixers.balance"""
+    base = stage_compute(m, plan, gpu, n_dense, n_moe, last)
+    kinds = tuple(dict.fromkeys(m.layer_types or ()))
+    if len(kinds) < 2:
+        return base
+    counts = stage_kind_counts(m, plan, stage)
+    n = maximum(stage_layer_count(m, plan, stage), 1)
+    parts = {f: getattr(base, f) for f in PARTS}
+    for kind in kinds:
+        variant = memoized(plan, ("single_kind", m, kind), lambda k=kind: single_kind(m, k))
+        sc = stage_compute(variant, plan, gpu, n_dense, n_moe, False)  # the output layer cancels: sum_k = 0
+        weight = counts[kind] / n - m.count_layers(kind) / m.num_hidden_layers
+        for f in PARTS:
+            parts[f] = parts[f] + weight * getattr(sc, f)
+    return StageCompute(**{f: where(parts[f] > 0, parts[f], 0.0) for f in PARTS})

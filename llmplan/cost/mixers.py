@@ -1,0 +1,203 @@
+"""Token mixers other than softmax attention: Mamba-2 (SSD) and Gated DeltaNet linear attention, and the
+per-kind shares a hybrid layer stack prices its average layer with.
+
+Symbols follow the papers: h hidden, H SSM heads, P head dim, N state size, G groups, k convolution width,
+Q scan chunk (Dao & Gu 2024); H_k / H_v key / value heads of dims d_k / d_v, C chunk (Yang et al. 2024);
+t tensor-parallel degree, L layers.
+
+A hybrid model's layers are priced as their average: every layer holds the model's mean mixer (the share
+of attention layers x an attention block + the mean recurrent mixer) and, in the layers without experts,
+the share of them that has a dense MLP. The whole-model totals are exact; a pipeline stage is priced at
+the average composition (stage_mixer_counts gives the exact one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.specs.model import ATTENTION_KINDS, ModelSpec
+
+SSD_CHUNK = 128
+"""Chunk length Q of Mamba-2's SSD scan kernel (mamba_chunk_scan_combined; Megatron-LM MambaMixer chunk_size)."""
+GDN_CHUNK = 64
+"""Chunk length C of the chunkwise gated delta rule (flash-linear-attention chunk_gated_delta_rule)."""
+
+
+def mamba_params(m: ModelSpec) -> int:
+    """One Mamba-2 mixer: in_proj h x (2HP + 2GN + H) (z, x, B, C, dt), the depthwise convolution over x, B, C
+    with its bias, dt_bias, A_log and D per head, the gated RMSNorm over HP, out_proj HP x h.
+    Source: Megatron-LM megatron/core/ssm/mamba_mixer.py (MambaMixer.__init__); Dao & Gu 2024 §7 (Mamba-2 block)."""
+    h, H, P, N, G, k = (m.hidden_size, m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0,
+                        m.n_groups or 0, m.conv_kernel)
+    d_in, conv = H * P, H * P + 2 * G * N
+    return h * (2 * d_in + 2 * G * N + H) + conv * (k + 1) + 3 * H + d_in + d_in * h
+
+
+def gdn_params(m: ModelSpec) -> int:
+    """One Gated DeltaNet mixer: in_proj_qkvz h x (2 H_k d_k + 2 H_v d_v), in_proj_ba h x 2H_v, the depthwise
+    convolution over q, k, v (no bias), dt_bias and A_log per value head, the gated RMSNorm over d_v, out_proj
+    H_v d_v x h. Source: Hugging Face transformers models/qwen3_next/modeling_qwen3_next.py
+    (Qwen3NextGatedDeltaNet); Yang et al. 2024 (Gated Delta Networks) §3."""
+    h, Hk, Hv = m.hidden_size, m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv, k = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0, m.linear_conv_kernel_dim
+    return h * (2 * Hk * dk + 2 * Hv * dv) + h * 2 * Hv + (2 * Hk * dk + Hv * dv) * k + 2 * Hv + dv + Hv * dv * h
+
+
+def recurrent_params(m: ModelSpec) -> int:
+    """Parameters of all the model's recurrent mixers (Mamba-2 and Gated DeltaNet layers)."""
+    return m.count_layers("mamba") * mamba_params(m) + m.count_layers("linear_attention") * gdn_params(m)
+
+
+def attention_share(m: ModelSpec) -> float:
+    """Share of the layers that hold softmax attention (1 for a plain transformer)."""
+    return m.num_attention_layers / m.num_hidden_layers
+
+
+def dense_mlp_share(m: ModelSpec) -> float:
+    """Share of the layers without experts that hold a dense MLP (1 unless some layer is mixer-only)."""
+    return m.num_mlp_layers / m.num_dense_layers if m.num_dense_layers else 0.0
+
+
+def norms_per_layer(m: ModelSpec) -> float:
+    """Pre-norms of the average layer: one per sub-block (mixer, MLP) it holds; 2 for a plain transformer."""
+    L = m.num_hidden_layers
+    return (L - m.count_layers("none") + m.num_mlp_layers + m.num_moe_layers) / L
+
+
+def mean_recurrent_params(m: ModelSpec) -> float:
+    """Recurrent-mixer parameters of the average layer. Derived: docs/formulas.md#mixers.hybrid"""
+    return recurrent_params(m) / m.num_hidden_layers
+
+
+def mamba_scan_flops(m: ModelSpec) -> float:
+    """Forward FLOPs per token of one Mamba-2 layer's SSD scan (beyond its projections): within each chunk of
+    Q tokens the G groups' C B^T scores (2QN) and their product with every head's x (2QP), then per head the
+    chunk state B^T x (2NP) and the output from the carried state C h (2NP). Linear in the sequence length,
+    full chunks counted as attention's MFU count is (no causal halving).
+    Source: Dao & Gu 2024 (Transformers are SSMs), §6 (SSD algorithm: block decomposition, Q-chunk)."""
+    H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
+        m.mamba_chunk_size
+    return G * 2 * Q * N + H * (2 * Q * P + 4 * N * P)
+
+
+def gdn_scan_flops(m: ModelSpec) -> float:
+    """Forward FLOPs per token of one Gated DeltaNet layer's chunkwise delta rule (beyond its projections): per
+    value head, the chunk's Q K^T and K K^T (2C d_k each, the latter for the WY/UT transform) and their
+    product with the values (2C d_v), and with the carried d_k x d_v state: K S for the delta correction, Q S
+    for the output and the state update K^T U (2 d_k d_v each). Linear in the sequence length.
+    Source: Yang et al. 2024 (Gated Delta Networks: Improving Mamba2 with Delta Rule) §3.3 (chunkwise
+    parallel form); Yang et al. 2024 (Parallelizing Linear Transformers with the Delta Rule) §3."""
+    Hv, dk, dv, C = m.linear_num_value_heads or 0, m.linear_key_head_dim or 0, m.linear_value_head_dim or 0, \
+        GDN_CHUNK
+    return Hv * (2 * C * (2 * dk + dv) + 6 * dk * dv)
+
+
+def mean_scan_flops(m: ModelSpec) -> float:
+    """Recurrent-mixer scan FLOPs per token of the average layer (forward). Derived: docs/formulas.md#mixers.hybrid"""
+    return (m.count_layers("mamba") * mamba_scan_flops(m)
+            + m.count_layers("linear_attention") * gdn_scan_flops(m)) / m.num_hidden_layers
+
+
+def decode_scan_flops(m: ModelSpec) -> float:
+    """Recurrent FLOPs per generated token of the whole model (serving's decode step): a Mamba-2 head decays
+    and updates its P x N state and reads it out (4NP), a Gated DeltaNet value head reads, corrects and reads
+    out its d_k x d_v state (6 d_k d_v). Constant in the context length.
+    Source: Dao & Gu 2024 §3 (recurrent mode); Yang et al. 2024 (Gated Delta Networks) Eq. 10."""
+    mamba = (m.mamba_num_heads or 0) * 4 * (m.ssm_state_size or 0) * (m.mamba_head_dim or 0)
+    gdn = (m.linear_num_value_heads or 0) * 6 * (m.linear_key_head_dim or 0) * (m.linear_value_head_dim or 0)
+    return m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn
+
+
+def recurrent_state_bytes(m: ModelSpec, state_bytes: float = 2.0, tp: int = 1) -> float:
+    """Bytes of the recurrent state one sequence keeps on one TP rank in serving (all its recurrent layers):
+    per Mamba-2 layer the SSM state H x P x N and the convolution's last k - 1 inputs of x, B, C; per Gated
+    DeltaNet layer the H_v states of d_k x d_v and the convolution's last k - 1 inputs of q, k, v. Fixed per
+    sequence, whatever its length: it replaces the KV cache of those layers.
+    Source: vLLM vllm/model_executor/layers/mamba/mamba_utils.py (MambaStateShapeCalculator: mamba2 and
+    gated_delta_net state shapes). Derived: docs/formulas.md#mixers.state"""
+    H, P, N, G = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0
+    mamba = H * P * N / tp + (H * P + 2 * G * N) / tp * (m.conv_kernel - 1)
+    Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    gdn = Hv * dk * dv / tp + (2 * Hk * dk + Hv * dv) / tp * (m.linear_conv_kernel_dim - 1)
+    return state_bytes * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn)
+
+
+def mean_recurrent_activation_bytes(m: ModelSpec, tokens: Any, t: Any, sp: Any) -> Any:
+    """Activation bytes the average layer's recurrent mixer keeps for backward, for `tokens` tokens on one TP
+    rank, 2 bytes each: the in-projection's input (the norm output, h wide, split by sp), Mamba-2's z, x, B, C,
+    dt projection (the fused conv + scan kernel recomputes the rest) and its fp32 chunk states (H P N per Q
+    tokens); Gated DeltaNet's q, k, v, z, the gates, the convolution input and the fp32 chunk states (H_v d_k
+    d_v per C tokens); and the out-projection's input. Derived: docs/formulas.md#mixers.activations"""
+    h, L = m.hidden_size, m.num_hidden_layers
+    H, P, N, G = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0
+    mamba = 2 * h / sp + (2 * (2 * H * P + 2 * G * N + H) + 2 * H * P + 4 * H * P * N / m.mamba_chunk_size) / t
+    Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    conv = 2 * Hk * dk + Hv * dv
+    gdn = 2 * h / sp + (2 * (conv + Hv * dv + 2 * Hv) + 2 * conv + 2 * Hv * dv + 4 * Hv * dk * dv / GDN_CHUNK) / t
+    return tokens * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn) / L
+
+
+def mamba_memory_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one Mamba-2 layer's memory-bound kernels, forward, all heads (divide by t): the
+    causal convolution reads and writes x, B, C (4(HP + 2GN)); the SSD scan's kernels read x twice and B and C
+    twice (4HP + 8GN), write y (2HP), write and read the fp32 chunk states (8HPN/Q) and the groups' chunk
+    scores C B^T (8GQ); the gated RMSNorm reads y and z and writes its output (6HP).
+    Source: Dao & Gu 2024 §6 (the SSD algorithm's four steps); mamba_ssm ops/triton/ssd_combined.py
+    (mamba_chunk_scan_combined: chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan kernels).
+    Derived: docs/formulas.md#mixers.hybrid"""
+    H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
+        m.mamba_chunk_size
+    d_in = H * P
+    return 4 * (d_in + 2 * G * N) + 4 * d_in + 8 * G * N + 2 * d_in + 8 * d_in * N / Q + 8 * G * Q + 6 * d_in
+
+
+def gdn_memory_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one Gated DeltaNet layer's memory-bound kernels, forward (divide by t): the
+    convolution reads and writes q, k, v (4c, c = 2H_k d_k + H_v d_v); the L2 norms of q and k (8 H_k d_k); the
+    WY transform reads k and v and writes and rereads w and u (2c + 4H_v(d_k + d_v)); the output kernel reads
+    q, k and v and writes o (2c + 2H_v d_v); the fp32 chunk states are written and read (8 H_v d_k d_v / C);
+    the gated RMSNorm reads o and z and writes its output (6 H_v d_v).
+    Source: Yang et al. 2024 (Gated Delta Networks) §3.3; flash-linear-attention ops/gated_delta_rule/chunk.py
+    (chunk_gated_delta_rule_fwd: WY representation, chunk states, output). Derived: docs/formulas.md#mixers.hybrid"""
+    Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    c = 2 * Hk * dk + Hv * dv
+    return 4 * c + 8 * Hk * dk + 2 * c + 4 * Hv * (dk + dv) + 2 * c + 2 * Hv * dv + 8 * Hv * dk * dv / GDN_CHUNK \
+        + 6 * Hv * dv
+
+
+def mean_recurrent_memory_bytes(m: ModelSpec) -> float:
+    """Memory-bound HBM bytes per token of the average layer's recurrent mixer, forward, all heads."""
+    return (m.count_layers("mamba") * mamba_memory_bytes(m)
+            + m.count_layers("linear_attention") * gdn_memory_bytes(m)) / m.num_hidden_layers
+
+
+def recurrent_gemm_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any, float]]:
+    """(K, N, layer share) of the recurrent mixers' projections on one of t TP ranks: in- and out-projection of
+    the Mamba-2 and Gated DeltaNet layers, each weighted by the share of layers of its kind."""
+    h, L = m.hidden_size, m.num_hidden_layers
+    out: list[tuple[Any, Any, float]] = []
+    n_mamba, n_gdn = m.count_layers("mamba"), m.count_layers("linear_attention")
+    if n_mamba:
+        H, P, N, G = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0
+        out += [(h, (2 * H * P + 2 * G * N + H) / t, n_mamba / L), (H * P / t, h, n_mamba / L)]
+    if n_gdn:
+        Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+        dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+        out += [(h, (2 * Hk * dk + 2 * Hv * dv + 2 * Hv) / t, n_gdn / L), (Hv * dv / t, h, n_gdn / L)]
+    return out
+
+
+def stage_mixer_counts(m: ModelSpec, first_layer: int, layers: int) -> dict[str, int]:
+    """Layers of each mixer kind among `layers` consecutive layers from `first_layer` (a pipeline stage's
+    exact composition, for balance reports)."""
+    kinds = m.layer_types or ("full_attention",) * m.num_hidden_layers
+    chunk = kinds[first_layer:first_layer + layers]
+    return {k: chunk.count(k) for k in dict.fromkeys(kinds)}
+
+
+def is_attention(kind: str) -> bool:
+    """Whether a layer_types entry is softmax attention (holds a KV cache)."""
+    return kind in ATTENTION_KINDS
