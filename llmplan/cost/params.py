@@ -131,12 +131,19 @@ def memoized(plan: Any, key: tuple, compute: Any) -> Any:
         memo, same = _plan_memo(plan), _same_value
         if memo is None:
             return compute()
-    for k, value in memo.get(key[0], ()):
+    bucket = _bucket(key)  # a hashable digest: the scan below runs over keys with the same numbers and strings
+    for k, value in memo.get(bucket, ()):
         if len(k) == len(key) and all(same(a, b) for a, b in zip(k, key)):
             return value
     value = compute()
-    memo.setdefault(key[0], []).append((key, value))
+    memo.setdefault(bucket, []).append((key, value))
     return value
+
+
+def _bucket(key: tuple) -> tuple:
+    """memoized's dictionary key for `key`: its numbers and strings by value, any other part by its type (so that
+    a plan listing 4,096 stages finds stage i's entry at once, not after scanning the others)."""
+    return ("memoized",) + tuple(k if type(k) in (int, float, str, bool) else type(k).__name__ for k in key)
 
 
 _PLAN_MEMOS: dict[int, dict] = {}
