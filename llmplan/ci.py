@@ -26,6 +26,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.hetero import estimate_hetero
 from llmplan.planfile import (
     KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document, saved_pools,
+    snapshot_system,
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.check import check_plan
@@ -432,7 +433,7 @@ def _plan_row(pf: Path, spec: Path, old: ModelSpec, new: ModelSpec) -> dict[str,
     ref_path = pdoc.model_ref
     if not ref_path or (pf.parent / ref_path).resolve() != spec.resolve() or pdoc.mode == "infer":
         return None
-    base_pf = plan_file(pdoc, old, build(SystemSpec, pdoc.hardware, f"{pf} (hardware)"), pf)
+    base_pf = plan_file(pdoc, old, snapshot_system(pdoc, pf), pf)
     cluster, plan = base_pf.cluster, base_pf.plan
     row: dict[str, Any] = {"plan": str(pf)}
     for label, m in (("base", old), ("now", new)):
