@@ -12,7 +12,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, print_each
 from llmplan.cli.inputs import make_cluster
-from llmplan.ci import check_base, diff_against, discover, run_checks
+from llmplan.plancheck import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import exists, make_folder
 from llmplan.estimate import estimate_training
