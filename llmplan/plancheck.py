@@ -1,4 +1,5 @@
-"""`llmplan check` and `llmplan lock`: guard saved plans against changes to the specs they rely on.
+"""`llmplan check`: guard saved plans against changes to the specs they rely on (`llmplan lock`, planlock.py,
+refreshes them).
 
 A plan file records which model and hardware it was planned for (`model_ref`, `hardware_ref`: a built-in
 name, or a path relative to the plan file) next to a snapshot of both. `check` re-reads the referenced specs
