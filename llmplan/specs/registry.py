@@ -4,6 +4,8 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -51,12 +53,22 @@ def validation_message(origin: str, err: ValidationError) -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-def build(cls: type[M], data: Any, origin: str) -> M:
-    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+@contextmanager
+def reported(origin: str) -> Iterator[None]:
+    """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
+    and a type checker can follow field by field); a ValidationError is one LlmplanError naming `origin` and
+    the fields (validation_message): the one path of every spec built from user input."""
     try:
-        return cls.model_validate(data)
+        yield
     except ValidationError as e:
         raise LlmplanError(validation_message(origin, e)) from None
+
+
+def build(cls: type[M], data: Any, origin: str) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+    with reported(origin):
+        built = cls.model_validate(data)
+    return built
 
 
 def _yaml_files(folder: Path) -> list[Path]:
