@@ -14,7 +14,8 @@ from llmplan.cli.app import app, emit, out, print_each
 from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import exists, make_folder
-from llmplan.plancheck import check_base, diff_against, discover, run_checks
+from llmplan.plancheck import discover, run_checks
+from llmplan.plandiff import check_base, diff_against
 from llmplan.planlock import NewPlans, Predictions, lock as lock_plans
 from llmplan.report.pools import hetero_json
 from llmplan.specs.registry import build
