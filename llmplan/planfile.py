@@ -29,6 +29,10 @@ from llmplan.topology.placement import DEFAULT_ORDER, parse_order
 
 PLAN_SCHEMA = 1
 KIND = "llmplan-plan"
+SNAPSHOT_GPU_DEFAULTS: dict[str, float] = {"sustained_clock_fraction": 1.0, "sm_count": 132}
+"""What a plan file's hardware snapshot saved before these GPU keys were required (hardware.REQUIRED_KEYS) was
+priced at: GpuSpec's defaults of that time, so the plan reproduces its saved predictions and exports. A profile
+file gets no such fallback."""
 
 
 class StepPredictions(BaseModel):
@@ -238,8 +242,16 @@ def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec,
         except (TypeError, ValueError) as e:
             raise LlmplanError(f"{path}: hardware_options {doc.hardware_options} no longer apply to "
                                f"{system.name}: {e}") from None
-    system = system or build(SystemSpec, doc.hardware, f"{path} (hardware)")
+    system = system or snapshot_system(doc, path)
     return model, system, model_file, system_file
+
+
+def snapshot_system(doc: PlanDocument, path: Path) -> SystemSpec:
+    """The hardware a plan file snapshots, with SNAPSHOT_GPU_DEFAULTS for a GPU saved without those keys."""
+    hardware = dict(doc.hardware)
+    if isinstance(hardware.get("gpu"), dict):
+        hardware["gpu"] = {**SNAPSHOT_GPU_DEFAULTS, **hardware["gpu"]}
+    return build(SystemSpec, hardware, f"{path} (hardware)")
 
 
 def _resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path | None]:
@@ -315,7 +327,7 @@ def load_plan(path: Path, current: bool = False) -> PlanFile:
         model, system, _, _ = current_specs(doc, path)
     else:
         model = build(ModelSpec, doc.model, f"{path} (model)")
-        system = build(SystemSpec, doc.hardware, f"{path} (hardware)")
+        system = snapshot_system(doc, path)
     pf = plan_file(doc, model, system, path)
     violations = plan_violations(pf)
     if violations:

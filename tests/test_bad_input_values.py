@@ -181,6 +181,24 @@ def test_sustained_clock_fraction_has_a_floor(cli, tmp_path):
         needle=("sustained_clock_fraction", "greater than or equal to 0.1", "1e-12"))
 
 
+OLD_GPU = ("name: my-node\ngpus_per_node: 8\nintra_node_gb_per_s: 450\ngpu:\n  name: my-gpu\n"
+           "  tflops: {bf16: 989}\n  hbm_gib: 80\n  hbm_gb_per_s: 3350\n")
+
+
+@pytest.mark.parametrize("key,present,needle", [
+    ("sustained_clock_fraction", "  sm_count: 132\n", ("training load", "0.875", "docs/validation.md#constants")),
+    ("sm_count", "  sustained_clock_fraction: 0.875\n", ("streaming multiprocessors", "H100 SXM 132", "whitepaper"))])
+def test_old_gpu_profile_without_a_fitted_key(cli, tmp_path, key, present, needle):
+    # sustained_clock_fraction once defaulted to 1.0 (every shipped profile says 0.85-0.875: ~14% too fast)
+    # and sm_count to H100's 132; a profile written then now names the key, its meaning and a typical value.
+    p = write(tmp_path, "old.yaml", OLD_GPU + present)
+    r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p,
+            needle=(f"field 'gpu.{key}' is missing", "add it to the profile") + needle)
+    assert len(r.err.strip().splitlines()) == 1, r.err
+    p.write_text(OLD_GPU + "  sm_count: 132\n  sustained_clock_fraction: 0.875\n")
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", p).code == 0
+
+
 @pytest.mark.parametrize("value,needle", [("'16'", "gpus_per_node is the text '16', not a number"),
                                           ("16.0", "gpus_per_node (16) exceeds the 8 GPU slots of a dgx-h100 node")])
 def test_gpus_per_node_on_a_base_system(cli, tmp_path, value, needle):

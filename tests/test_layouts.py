@@ -15,7 +15,8 @@ from llmplan.cost.params import layout_grid, rank_params, stage_layers
 from llmplan.cost.schedule import makespan, pipeline_schedule
 from llmplan.errors import LlmplanError
 from llmplan.specs.layout import balanced_layout, format_layout, parse_layout
-from llmplan.specs.check import _layout_problem, check_plan
+from llmplan.specs.check import check_plan
+from llmplan.specs.stages import layout_problem as _layout_problem
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.registry import builtin_models
 

@@ -186,7 +186,7 @@ def test_a_plan_that_fits_in_mxfp8_and_not_in_bf16():
 
 
 def test_nvfp4_keeps_a_share_of_layers_in_bf16_and_mfu_is_against_bf16(monkeypatch):
-    import llmplan.specs.plan as plan_module
+    import llmplan.specs.quantities as plan_module  # PlanQuantities reads the fraction there
 
     m, gpu = M["llama-3.1-70b"], S["dgx-b200"].gpu
     p4 = plan(dtype="fp4", recipe="nvfp4", tp=8, dp=1, sp=True)

@@ -10,7 +10,8 @@ import typer
 
 from llmplan import report
 from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS
-from llmplan.bench.run import BenchConfig, bench_notes, check_machine, check_run_options, compare, launch, require_torch
+from llmplan.bench.compare import compare
+from llmplan.bench.run import BenchConfig, bench_notes, check_machine, check_run_options, launch, require_torch
 from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, bench_progress, emit, out

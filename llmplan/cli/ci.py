@@ -12,22 +12,14 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, print_each
 from llmplan.cli.inputs import make_cluster
-from llmplan.ci import check_base, diff_against, discover, run_checks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.fileio import exists, make_folder
-from llmplan.estimate import estimate_training
-from llmplan.hetero import estimate_hetero
-from llmplan.planfile import (load_plan, plan_document, read_plan_document, save_plan, saved_pools,
-                              serve_plan_document, spec_ref)
+from llmplan.plancheck import discover, run_checks
+from llmplan.plandiff import check_base, diff_against
+from llmplan.planlock import NewPlans, Predictions, lock as lock_plans
 from llmplan.report.pools import hetero_json
-from llmplan.search.grid import Workload, default_space
-from llmplan.search.run import search as run_search
-from llmplan.serving import estimate_serving
-from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens
-from llmplan.specs.plan import MemoryAllowance
-from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.registry import build
 from llmplan.specs.thresholds import CheckThresholds
-from llmplan.topology.placement import DEFAULT_ORDER
 
 
 @app.command()
@@ -89,58 +81,11 @@ def lock(
 ) -> None:
     """Refresh every plan in --plans with current predictions; plan the given specs that have none."""
     make_folder(plans)
-    written, failed = [], []
-    for pf_path in sorted(plans.glob("*.json")):
-        try:
-            pf = load_plan(pf_path, current=True)
-            doc = pf.document
-            refs = (doc.model_ref, doc.hardware_ref)
-            model_now = pf.model
-            cluster = pf.cluster
-            if pf.mode == "infer":
-                se = estimate_serving(model_now, cluster, pf.plan, pf.serve_job, pf.allowance)
-                new = serve_plan_document(se, pf.allowance, report.serve_json(se), refs if refs[0] else None)
-            elif (pools := saved_pools(pf)) is not None:  # a plan over pools: re-priced over them, pools kept
-                h = estimate_hetero(model_now, *pools, pf.allowance, pf.axis_order)
-                new = {**plan_document(h.estimate, pf.allowance, pf.axis_order, hetero_json(h)),
-                       **({"model_ref": refs[0]} if refs[0] else {}),  # no hardware_ref: the snapshot stands
-                       "pools": {"cluster": pools[0].model_dump(mode="json"),
-                                 "plan": pools[1].model_dump(mode="json")}}
-            else:
-                e = estimate_training(model_now, cluster, pf.plan, pf.allowance, pf.axis_order)
-                new = plan_document(e, pf.allowance, pf.axis_order, report.estimate_json(e), refs if refs[0] else None)
-            if doc.hardware_options:
-                new = {**new, "hardware_options": doc.hardware_options}
-            save_plan(pf_path, new, force=True)
-            written.append(str(pf_path))
-        except LlmplanError as exc:
-            failed.append(f"{pf_path}: {exc}")
-    locked = set()
-    for path in plans.glob("*.json"):
-        try:
-            locked.add(read_plan_document(path).model_ref)
-        except LlmplanError:
-            pass  # already reported in `failed` above
-    for spec in discover(list(paths or [])):
-        ref = spec_ref(str(spec), plans / "x.json")
-        if ref in locked:
-            continue
-        if hardware is None:
-            failed.append(f"{spec}: no plan in {plans}; give --hardware and --nodes to create one")
-            continue
-        m = resolve_model(str(spec))
-        cluster = make_cluster(hardware, nodes, None)
-        seq = seq_len or default_seq_len(m)
-        w = Workload(global_batch=global_batch or global_batch_from_tokens(DEFAULT_BATCH_TOKENS, seq), seq_len=seq)
-        res = run_search(m, cluster, default_space(m, cluster, w), w, top=1)
-        if not res.ranked:
-            failed.append(f"{spec}: no plan fits on {nodes} x {cluster.system.name}")
-            continue
-        target = plans / f"{m.name}.{cluster.system.name}.plan.json"
-        best = res.ranked[0]
-        save_plan(target, plan_document(best, MemoryAllowance(), DEFAULT_ORDER, report.estimate_json(best),
-                                        (spec_ref(str(spec), target), spec_ref(hardware, target))), force=True)
-        written.append(str(target))
+    predictions = Predictions(training=report.estimate_json, serving=report.serve_json, pools=hetero_json)
+    new_plans = None if hardware is None else NewPlans(hardware, nodes, lambda: make_cluster(hardware, nodes, None),
+                                                       global_batch, seq_len)
+    result = lock_plans(plans, list(paths or []), predictions, new_plans)
+    written, failed = result.written, result.failed
     if not written and not failed:
         raise LlmplanError(f"nothing to lock: no plan files in {plans} and no model specs given "
                            "(llmplan lock model_specs/ --plans DIR --hardware H --nodes N)")

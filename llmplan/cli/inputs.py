@@ -3,8 +3,6 @@ clear line (exit 2)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, get_args
 
@@ -19,7 +17,8 @@ from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
-from llmplan.specs.registry import build, resolve_model, resolve_system, validation_message
+from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
+# commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
 from llmplan.topology.graph import validate
@@ -95,16 +94,6 @@ def _flag(param: Any, value: object) -> str:
         secondary = getattr(param, "secondary_opts", [])
         return opts[0] if value or not secondary else secondary[0]
     return f"{opts[0]} {excerpt(str(value), 20)}"
-
-
-@contextmanager
-def reported(origin: str) -> Iterator[None]:
-    """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
-    and a type checker can follow field by field); a ValidationError is the one clear line `build` gives."""
-    try:
-        yield
-    except ValidationError as e:
-        raise LlmplanError(validation_message(origin, e)) from None
 
 
 def checked_pins(cls: type[BaseModel], pins: dict) -> dict:

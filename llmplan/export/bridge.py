@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   virtual_stage_layers)
+                                   megatron_layout)
 from llmplan.planfile import PlanFile
-from llmplan.specs.layout import format_layout
 
 TARGET = "megatron-bridge"
 VERSION = "0.6.2"
@@ -150,13 +149,8 @@ def stage_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     p, m = pf.plan, pf.model
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     layout = first = last = None
-    if p.pp_layout is not None:  # the plan's own layout; commas are cosmetic to Megatron-Core and a sweep to Hydra
-        layout = format_layout(p.pp_layout).replace(",", "")
-    elif p.pp > 1 and (p.pp_layers is not None or not even_chunks):
-        stages = virtual_stage_layers(pf)
-        tail = "m" * m.num_nextn_predict_layers + "L"
-        layout = "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
-                          + (tail if s == len(stages) - 1 else "") for s, n in enumerate(stages))
+    if p.pp_layout is not None or (p.pp > 1 and (p.pp_layers is not None or not even_chunks)):
+        layout = megatron_layout(pf, m.num_nextn_predict_layers, commas=False)
     elif p.pp > 1:
         first, last = p.pp_first or None, p.pp_last or None
     return [("model.pipeline_model_parallel_layout", f'"{layout}"' if layout else None),

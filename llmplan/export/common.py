@@ -8,6 +8,7 @@ from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
+from llmplan.specs.layout import format_layout
 from llmplan.units import GIB
 
 
@@ -109,6 +110,24 @@ def as_flags(pairs: list[tuple[str, Any]]) -> list[str]:
             continue
         out.append(flag if value is True else f"{flag} {value}")
     return out
+
+
+def megatron_layout(pf: PlanFile, mtp: int, commas: bool = True) -> str:
+    """The plan's stage layout as Megatron-Core's pipeline layout string (PipelineParallelLayerLayout: E
+    embedding, t transformer layer, m MTP layer, L loss; virtual stages in model order split by '|'): the
+    plan's own pp_layout, or E, t*n and, on the last stage, `mtp` m's and L over virtual_stage_layers. `mtp` is
+    the MTP layers the launcher builds (a pp_layout's m's are dropped when it builds none: Megatron-LM requires
+    the layout's m count to equal mtp_num_layers). Commas are cosmetic to Megatron; `commas=False` leaves them
+    out for Hydra, which reads them as a sweep."""
+    if pf.plan.pp_layout is not None:
+        text = format_layout(pf.plan.pp_layout if mtp else tuple(c.replace("m", "") for c in pf.plan.pp_layout))
+    else:
+        stages = virtual_stage_layers(pf)
+        tail = "," + "m" * mtp + "L"
+        text = "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + (tail if s == len(stages) - 1
+                                                                                       else "")
+                        for s, n in enumerate(stages))
+    return text if commas else text.replace(",", "")
 
 
 def virtual_stage_layers(pf: PlanFile) -> list[int]:

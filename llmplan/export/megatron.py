@@ -5,9 +5,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   virtual_stage_layers)
+                                   megatron_layout)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, is_hybrid_export, megatron_layer_count
-from llmplan.specs.layout import format_layout
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 
@@ -188,11 +187,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
         return layout_pairs(pf)
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     if p.pp_layers is not None or not even_chunks:
-        stages = virtual_stage_layers(pf)
-        tail = "," + "m" * built_mtp(pf) + "L"
-        parts = [("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" if n else "")
-                 + (tail if s == len(stages) - 1 else "") for s, n in enumerate(stages)]
-        return [("--pipeline-model-parallel-layout", f'"{"|".join(parts)}"')]
+        return [("--pipeline-model-parallel-layout", f'"{megatron_layout(pf, built_mtp(pf))}"')]
     if p.pp_first or p.pp_last:
         return [("--decoder-first-pipeline-num-layers", p.pp_first or None),
                 ("--decoder-last-pipeline-num-layers", p.pp_last or None),
@@ -217,10 +212,7 @@ def layout_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     refuses it beside the other split flags). MTP layers (m) are written only when the script builds them
     (--mtp-num-layers among the model flags): Megatron-LM requires the layout's m count to equal
     mtp_num_layers, or none without it (PipelineParallelLayerLayout.validate_layer_layout)."""
-    chunks = pf.plan.pp_layout
-    if not built_mtp(pf):
-        chunks = tuple(c.replace("m", "") for c in chunks)
-    return [("--pipeline-model-parallel-layout", f'"{format_layout(chunks)}"')]
+    return [("--pipeline-model-parallel-layout", f'"{megatron_layout(pf, built_mtp(pf))}"')]
 
 
 def built_mtp(pf: PlanFile) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from llmplan.ci import Finding
+from llmplan.plancheck import Finding
 from llmplan.report.common import ReportTable, SCHEMA
 
 

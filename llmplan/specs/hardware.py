@@ -35,6 +35,17 @@ Capping": PowerLimitWatts AllowableMin), so below a quarter no datacenter GPU ac
 and the cube-root clock law of at_power_limit has no data there."""
 
 
+REQUIRED_KEYS: dict[str, str] = {
+    "sustained_clock_fraction": "the tensor-core clock sustained under training load as a fraction of the boost "
+                                "clock the peak assumes; typical 0.85 (A100) to 0.875 (H100 SXM), fitted on "
+                                "published training runs (docs/validation.md#constants)",
+    "sm_count": "streaming multiprocessors (NVIDIA) or compute units (AMD) per GPU, from the vendor's "
+                "architecture whitepaper (H100 SXM 132, A100 108, MI300X 304)",
+}
+"""GPU profile keys with no default, since a default would stand for one GPU's fitted or datasheet value, and
+what each means with a sourced typical value: the error for a profile that lacks one (registry.validation_message)."""
+
+
 class GpuSpec(Spec):
     """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
 
@@ -93,7 +104,9 @@ class GpuSpec(Spec):
     Blackwell Ultra doubles that rate and measures about 35% more FP8 attention-forward throughput, NVIDIA
     technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra"); 1 elsewhere."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
-    """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads)."""
+    """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads): an assumption
+    shared by every shipped profile, neither fitted nor measured here (docs/formulas.md#infer.decode); a
+    profile sets it from a measured copy kernel."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
@@ -103,14 +116,16 @@ class GpuSpec(Spec):
     kernels: tuple[Kernel, ...] | None = None
     """Fused kernels the GPU's software stack ships (KERNELS); None means all of them. A model operator whose
     kernel is missing falls back to the unfused path (docs/formulas.md#operators)."""
-    sm_count: int = Field(default=132, ge=1, le=4096)
+    sm_count: int = Field(ge=1, le=4096)
     """Streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles of one GEMM wave, and what NCCL's
-    kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap)."""
-    sustained_clock_fraction: float = Field(default=1.0, ge=0.1, le=1)
+    kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap). Required: a datasheet fact that
+    differs by GPU (REQUIRED_KEYS)."""
+    sustained_clock_fraction: float = Field(ge=0.1, le=1)
     """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
     (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak.
     At least 0.1: the lowest power cap a GPU accepts (MIN_POWER_LIMIT_FRACTION) keeps about two thirds of the
-    clock by at_power_limit's cube-root law, so a tenth is far below any running GPU (1e-12 is a typo)."""
+    clock by at_power_limit's cube-root law, so a tenth is far below any running GPU (1e-12 is a typo).
+    Required (REQUIRED_KEYS): a fitted value, and the 1.0 it once defaulted to predicted about 14% too fast."""
     power_limit_w: float | None = Field(default=None, gt=0, le=5000)
     """Board power limit the sustained clock belongs to (W; the vendor's default TDP in the shipped profiles);
     `at_power_limit` derives a capped GPU from it."""
@@ -128,7 +143,8 @@ class GpuSpec(Spec):
     it, so predicted headroom matches the measured run."""
     nccl_sms: int = Field(default=16, ge=0, le=256)
     """SMs NCCL's kernels occupy while a collective runs beside compute (one CTA per channel; NCCL uses
-    16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count."""
+    16-32 channels on NVLink/IB systems): the compute under communication slows by nccl_sms / sm_count. An
+    assumption (the low end of that range), not fitted; NCCL_MAX_CTAS / NCCL_MIN_CTAS set the real count."""
     step_overhead_s: float = Field(default=0.0, ge=0, le=60)
     """A measured host time per training step that the step-time model does not price (a fleet's data loader,
     logging or checkpoint hooks), seconds, added to every step; 0 in the shipped profiles. The launch waits,

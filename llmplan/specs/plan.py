@@ -3,14 +3,16 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Protocol, TypeGuard
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from llmplan.arith import maximum, where
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
+    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, has_layout,
+    resolve_etp,
+)
 from llmplan.specs.schedule import ScheduleName
 
 Recompute = Literal["none", "selective", "full", "op"]
@@ -22,190 +24,6 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
 Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
 
 
-ETP_SAME_AS_TP = 0
-"""The expert tensor-parallel degree that stands for 'as wide as tp' (Megatron's default): in
-ParallelPlan.etp and in the search's etp axis alike (an integer, so plan arrays hold it too)."""
-
-
-def resolve_etp(etp: Any, tp: Any) -> Any:
-    """The expert tensor-parallel degree a plan runs: `etp`, or `tp` where etp is ETP_SAME_AS_TP (Python
-    numbers or numpy arrays of plans)."""
-    return where(etp == ETP_SAME_AS_TP, tp, etp)
-
-
-@dataclass(frozen=True)
-class Degrees:
-    """The parallel degrees that decide where a plan's groups sit (all placement needs); training and serving
-    plans both give theirs."""
-
-    tp: int
-    pp: int
-    dp: int
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    """Expert tensor-parallel degree (resolved: never 'same as tp')."""
-
-    @property
-    def num_gpus(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
-
-
-class PlanLike(Protocol):
-    """What the layer-split, parameter and serving cost functions and the shape rules read of a plan, in
-    whichever record it comes: a ParallelPlan or a ServePlan (Python numbers) or search.grid.PlanArrays (numpy
-    arrays of many plans)."""
-
-    @property
-    def tp(self) -> Any: ...
-
-    @property
-    def pp(self) -> Any: ...
-
-    @property
-    def dp(self) -> Any: ...
-
-    @property
-    def ep(self) -> Any: ...
-
-    @property
-    def etp_resolved(self) -> Any: ...
-
-    @property
-    def vpp(self) -> Any: ...
-
-    @property
-    def pp_first(self) -> Any: ...
-
-    @property
-    def pp_last(self) -> Any: ...
-
-
-def has_layout(plan: object) -> TypeGuard[ParallelPlan]:
-    """Whether the plan lists its pipeline's virtual chunks (ParallelPlan.pp_layout); plan arrays and serving
-    plans never do, so a plan that does is a ParallelPlan (the guard tells the type checker so)."""
-    return getattr(plan, "pp_layout", None) is not None
-
-
-class PlanQuantities:
-    """The quantities derived from a plan's degrees, written once for one ParallelPlan (Python numbers) and
-    for search.grid.PlanArrays (numpy arrays of many plans): both provide tp, pp, dp, cp, micro_batch,
-    global_batch and recompute_code."""
-
-    if TYPE_CHECKING:  # what the properties read, declared for the type checker only: ParallelPlan's fields and
-        # properties, PlanArrays' arrays and its workload (PlanArrays.__getattr__); not attributes at run time.
-        @property
-        def tp(self) -> Any: ...
-
-        @property
-        def pp(self) -> Any: ...
-
-        @property
-        def dp(self) -> Any: ...
-
-        @property
-        def cp(self) -> Any: ...
-
-        @property
-        def ep(self) -> Any: ...
-
-        @property
-        def etp_resolved(self) -> Any: ...
-
-        @property
-        def micro_batch(self) -> Any: ...
-
-        @property
-        def global_batch(self) -> Any: ...
-
-        @property
-        def recompute_code(self) -> Any: ...
-
-        @property
-        def recompute_modules(self) -> Any: ...
-
-        @property
-        def moe_capacity_factor(self) -> Any: ...
-
-        @property
-        def dtype(self) -> Any: ...
-
-        @property
-        def recipe(self) -> Any: ...
-
-    @property
-    def full(self) -> Any:
-        """Full activation recompute."""
-        return self.recompute_code == 2
-
-    @property
-    def selective(self) -> Any:
-        """Selective (attention-core) recompute."""
-        return self.recompute_code == 1
-
-    @property
-    def op(self) -> Any:
-        """Op-level selective checkpointing (torchtitan's per-op policy: every other matmul recomputed)."""
-        return self.recompute_code == 3
-
-    def recomputes(self, module: str) -> Any:
-        """Whether selective recompute covers Megatron module `module`: the listed recompute_modules, or
-        core_attn alone when none are listed (Megatron-Core's default ["core_attn"])."""
-        modules = self.recompute_modules or ("core_attn",)
-        return self.selective & (module in modules)
-
-    @property
-    def num_gpus(self) -> Any:
-        return self.tp * self.pp * self.cp * self.dp
-
-    @property
-    def expert_padding(self) -> float:
-        """Factor on the routed tokens each expert computes and receives: the capacity factor when tokens are
-        padded to capacity, 1 when dropless."""
-        return self.moe_capacity_factor or 1.0
-
-    @property
-    def low_precision(self) -> bool:
-        """GEMMs in an 8- or 4-bit recipe (the workload's dtype is one value for every plan)."""
-        return self.dtype in ("fp8", "fp4")
-
-    @property
-    def gemm_format(self) -> str:
-        """The tensor-core format of the layers' GEMMs (a GpuSpec.tflops key)."""
-        return RECIPE_GEMM_FORMAT[self.recipe] if self.low_precision else self.dtype
-
-    @property
-    def low_precision_layer_fraction(self) -> float:
-        """Share of the transformer layers whose GEMMs run in the low format."""
-        return NVFP4_LAYER_FRACTION if self.low_precision and self.recipe == "nvfp4" else 1.0
-
-    @property
-    def mfu_format(self) -> str:
-        """The peak MFU is reported against: bf16 for the low-precision recipes (as most tables report),
-        else the dtype's own."""
-        return "bf16" if self.low_precision else self.dtype
-
-    @property
-    def zero_shard(self) -> Any:
-        """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
-        return self.dp * self.cp
-
-    @property
-    def expert_dp(self) -> Any:
-        """Ranks that share one routed expert's optimizer/gradient shards and its checkpoint share: Megatron-Core's
-        expert data-parallel group, world / (etp x ep x pp) (parallel_state.py, expt_dp_group)."""
-        return maximum(1, self.num_gpus // (self.etp_resolved * self.ep * self.pp))
-
-    @property
-    def num_microbatches(self) -> Any:
-        """Micro-batches per step per replica (gradient-accumulation steps); check_plan ensures it divides."""
-        memo = getattr(self, "memo", None)  # plan arrays keep it once
-        if memo is not None and "num_microbatches" in memo:
-            return memo["num_microbatches"]
-        n = maximum(1, self.global_batch // (self.micro_batch * self.dp))
-        if memo is not None:
-            memo["num_microbatches"] = n
-        return n
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
 Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
 AttentionKernel = Literal["native", "flash2"]
@@ -230,12 +48,6 @@ PRECISIONS: dict[str, tuple[str, str]] = {
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
 }
 """--precision NAME -> (dtype, recipe) (docs/formulas.md#precision)."""
-RECIPE_GEMM_FORMAT = {"tensorwise": "fp8", "rowwise": "fp8", "blockwise": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
-"""The tensor-core format (GpuSpec.tflops key) a recipe's GEMMs run in."""
-NVFP4_LAYER_FRACTION = 0.85
-"""Share of the transformer layers whose GEMMs run in NVFP4; the last ones stay in bf16. Source: NVIDIA,
-"Pretraining Large Language Models with NVFP4" (arXiv 2509.25149, a few final layers kept in BF16) and
-torchtitan 0.3's `*_first_85_pct_layers_nvfp4` configs."""
 
 
 MAX_TOKENS_PER_STEP = 1 << 30

@@ -4,6 +4,8 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list
 from llmplan.fileio import excerpt, exists, read_document
-from llmplan.specs.hardware import GpuSpec, SystemSpec
+from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
@@ -32,12 +34,16 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def validation_message(origin: str, err: ValidationError) -> str:
-    """One line per field problem: file, field, what pydantic found."""
+    """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
+    what it means and a typical value."""
     parts = []
     errors = err.errors()
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing" and e["loc"] and e["loc"][-1] in REQUIRED_KEYS:
+            parts.append(f"field '{field}' is missing: {REQUIRED_KEYS[str(e['loc'][-1])]}; add it to the profile")
+            continue
         got = f" (got {excerpt(e['input'])})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
@@ -47,12 +53,22 @@ def validation_message(origin: str, err: ValidationError) -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-def build(cls: type[M], data: Any, origin: str) -> M:
-    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+@contextmanager
+def reported(origin: str) -> Iterator[None]:
+    """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
+    and a type checker can follow field by field); a ValidationError is one LlmplanError naming `origin` and
+    the fields (validation_message): the one path of every spec built from user input."""
     try:
-        return cls.model_validate(data)
+        yield
     except ValidationError as e:
         raise LlmplanError(validation_message(origin, e)) from None
+
+
+def build(cls: type[M], data: Any, origin: str) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+    with reported(origin):
+        built = cls.model_validate(data)
+    return built
 
 
 def _yaml_files(folder: Path) -> list[Path]:
