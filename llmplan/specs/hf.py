@@ -20,6 +20,7 @@ COMMON = (
     "norm_topk_prob", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
     "linear_conv_kernel_dim", "attention_chunk_size", "index_topk", "index_n_heads", "index_head_dim",
+    "moe_latent_size",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -68,7 +69,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     else:
         for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
                   "shared_expert_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
-                  "norm_topk_prob"):
+                  "norm_topk_prob", "moe_latent_size"):
             out.pop(k, None)
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)

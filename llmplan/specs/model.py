@@ -117,7 +117,7 @@ MODEL_LIMITS: dict[str, float] = {
     "conv_kernel": 1_024, "linear_num_key_heads": 65_536, "linear_num_value_heads": 65_536,
     "linear_key_head_dim": 8_192, "linear_value_head_dim": 8_192, "linear_conv_kernel_dim": 1_024,
     "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536, "index_topk": 1 << 30, "index_n_heads": 4_096,
-    "index_head_dim": 8_192,
+    "index_head_dim": 8_192, "moe_latent_size": 262_144,
 }
 
 
@@ -293,6 +293,12 @@ class ModelSpec(Spec):
     """Shared experts (DeepSeek), each of width moe_intermediate_size, seen by every token."""
     shared_expert_intermediate_size: int | None = Field(default=None, gt=0)
     """Total FFN width of the shared expert (Qwen2-MoE); overrides n_shared_experts x moe_intermediate_size."""
+    moe_latent_size: int | None = Field(default=None, gt=0)
+    """Latent MoE (HF / Megatron-LM name; Nemotron-3 Super: 1024 of h = 4096): each MoE layer projects its
+    tokens h -> moe_latent_size before dispatch and back after combine (two h x latent matrices, replicated
+    across TP), so the routed experts' GEMMs and the all-to-all run at this width; the router and the shared
+    expert read the full-width token. None: experts at hidden_size. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj)."""
     first_k_dense_replace: int = Field(default=0, ge=0)
     """Number of leading layers that use a dense MLP instead of experts (DeepSeek)."""
     n_group: int | None = Field(default=None, ge=1)
@@ -374,6 +380,9 @@ class ModelSpec(Spec):
                     f"first_k_dense_replace ({self.first_k_dense_replace}) must be below "
                     f"num_hidden_layers ({self.num_hidden_layers})"
                 )
+        elif self.moe_latent_size is not None:
+            raise ValueError(f"moe_latent_size ({self.moe_latent_size}) is set on a dense model; the latent "
+                             "projections wrap routed experts (give num_experts, or leave moe_latent_size out)")
         elif self.num_experts_per_tok or self.n_shared_experts or self.n_group or self.topk_group:
             raise ValueError("num_experts_per_tok / n_shared_experts / n_group / topk_group need num_experts > 0")
         elif self.routing_fields_set:
@@ -489,6 +498,12 @@ class ModelSpec(Spec):
     def expert_ffn(self) -> int:
         """FFN width of one routed expert."""
         return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def expert_width(self) -> int:
+        """Width of the routed experts' input and output, and of the tokens the all-to-all moves: the latent
+        width of a latent MoE (moe_latent_size), else hidden_size."""
+        return self.moe_latent_size or self.hidden_size
 
     @property
     def shared_ffn(self) -> int:
