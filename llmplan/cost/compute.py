@@ -437,7 +437,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
             continue
         (g1, g_back), a1, mb1 = per_layer[moe]
         # Selective recompute_modules: the share of the layer's forward matmuls they run again.
-        modules = (module_recompute_flops(m, plan, moe) / layer_flops(m, plan, moe).gemm
+        # (a layer without matmuls, as a hybrid's mixer-only variants in cost.hybrid_stage price it: none)
+        layer_gemm = layer_flops(m, plan, moe).gemm
+        modules = (where(layer_gemm > 0, module_recompute_flops(m, plan, moe) / maximum(layer_gemm, 1.0), 0.0)
                    if plan.recompute_modules else 0.0)
         gemm = gemm + n * (g1 * (1 + r + q + modules) + g_back)
         attention = attention + n * a1 * attn_passes

@@ -100,7 +100,7 @@ def expert_params(m: ModelSpec) -> int:
     """One routed expert: an MLP of width f_e on the expert width (the latent width of a latent MoE).
 
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (the experts read the
-    fc1_latent_proj output)."""
+    fc1_latent_proj output). Derived: docs/formulas.md#moe.latent"""
     return mlp_params(m, m.expert_ffn, m.expert_width)
 
 
@@ -109,7 +109,8 @@ def latent_proj_params(m: ModelSpec) -> int:
     where the model has them); 0 without a latent width. Megatron-LM replicates them on every TP rank
     (parallel_mode "duplicated") and counts them with the layer's non-expert weights.
 
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj)."""
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj).
+    Derived: docs/formulas.md#moe.latent"""
     l, h = m.moe_latent_size, m.hidden_size
     return 2 * h * l + ((l + h) if m.mlp_bias else 0) if l else 0
 
