@@ -196,8 +196,8 @@ def family(record_id: str) -> str:
 
 
 MBRIDGE_SKIP = (
-    ("nemotron-3-ultra", "Nemotron-3 Ultra: latent MoE (moe_latent_size) is not modelled and its config is not "
-                         "public"),
+    ("nemotron-3-ultra", "Nemotron-3 Ultra: its config is not public (a latent MoE like Super's, moe_latent_size, "
+                         "at dimensions the table does not give)"),
     ("nemotron-3-5-lightning", "Nemotron-3.5 Lightning: the table gives no architecture and llmplan has no spec "
                                "for it"),
     ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
