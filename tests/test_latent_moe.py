@@ -155,3 +155,58 @@ def test_torchtitan_export_refuses_a_latent_moe():
     m = builtin_models()["qwen3-30b-a3b"].model_copy(update={"moe_latent_size": 512})
     with pytest.raises(CannotExpress, match="latent MoE"):
         render_all(_plan_file(m), "torchtitan")
+
+
+# MiniMax-M1 (lightning attention, the linear_attention kind under linear_attention_rule "lightning")
+# MiniMaxAI/MiniMax-M1-80k config.json (the keys llmplan reads)
+MINIMAX_CONFIG = {
+    "model_type": "minimax_m1", "hidden_size": 6144, "intermediate_size": 9216, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 200064,
+    "max_position_embeddings": 10240000, "rope_theta": 10000000, "num_local_experts": 32, "num_experts_per_tok": 2,
+    "attn_type_list": [0, 0, 0, 0, 0, 0, 0, 1] * 10, "tie_word_embeddings": False, "shared_intermediate_size": 0,
+}
+
+
+def test_minimax_config_reads_lightning_layers_and_matches_the_builtin():
+    m = ModelSpec(**from_hf_config(MINIMAX_CONFIG, "m1"))
+    assert m.linear_attention_rule == "lightning"
+    assert (m.count_layers("linear_attention"), m.count_layers("full_attention"), m.num_moe_layers) == (70, 10, 80)
+    built_in = builtin_models()["minimax-m1"]
+    keys = ("layer_types", "num_experts", "moe_intermediate_size", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_attention_rule", "num_key_value_heads")
+    assert {k: getattr(m, k) for k in keys} == {k: getattr(built_in, k) for k in keys}
+    text01 = ModelSpec(**from_hf_config({**MINIMAX_CONFIG, "model_type": "minimax_text_01"}, "t01"))
+    assert param_counts(text01).total == param_counts(m).total
+
+
+def test_minimax_attn_type_list_of_the_wrong_length_is_refused():
+    with pytest.raises(ValueError, match="attn_type_list must give 0 .lightning. or 1"):
+        from_hf_config({**MINIMAX_CONFIG, "attn_type_list": [0, 1]}, "x")
+
+
+def test_lightning_mixer_follows_minimax_shapes():
+    # MiniMaxM1LightningAttention: qkv_proj h x 3Hd, output_gate h x Hd, norm Hd, out_proj Hd x h
+    from llmplan.cost.mixers import decode_scan_flops, lightning_params, recurrent_state_bytes
+
+    m = builtin_models()["minimax-m1"]
+    h, Hd = 6144, 64 * 128
+    assert lightning_params(m) == 3 * h * Hd + h * Hd + Hd + Hd * h
+    # the state is 64 heads of 128 x 128 per lightning layer, no convolution; constant per sequence
+    assert recurrent_state_bytes(m, 4.0) == 4.0 * 70 * 64 * 128 * 128
+    assert decode_scan_flops(m) == 70 * 64 * 4 * 128 * 128
+
+
+def test_lightning_rule_needs_one_head_count():
+    m = builtin_models()["minimax-m1"]
+    with pytest.raises(ValueError, match="lightning attention has one head count"):
+        ModelSpec(**{**m.model_dump(), "linear_num_key_heads": 32})
+
+
+def test_megatron_export_refuses_lightning_attention():
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    pf = _plan_file(builtin_models()["minimax-m1"])
+    pf = dataclasses.replace(pf, plan=ParallelPlan(tp=8, dp=8, ep=8, global_batch=64, seq_len=4096))
+    with pytest.raises(CannotExpress, match="lightning-attention layers"):
+        render_all(pf, "megatron")

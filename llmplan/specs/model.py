@@ -32,6 +32,8 @@ ModelType = Literal[
     "qwen3_next",
     "llama4",
     "deepseek_v32",
+    "minimax_m1",
+    "minimax_text_01",
 ]
 """The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
@@ -278,6 +280,13 @@ class ModelSpec(Spec):
     """Gated DeltaNet: value head dimension d_v."""
     linear_conv_kernel_dim: int = Field(default=4, gt=0)
     """Gated DeltaNet: width of the short convolution on q, k and v (HF name)."""
+    linear_attention_rule: Literal["gated_delta", "lightning"] = "gated_delta"
+    """llmplan key: the recurrence of the linear_attention layers. gated_delta: Gated DeltaNet (Qwen3-Next;
+    Yang et al. 2024), a gated delta-rule update of each value head's d_k x d_v state after a short
+    convolution. lightning: MiniMax's lightning attention (MiniMax-01, arXiv 2501.08313 §2.2), plain linear
+    attention with a fixed per-head decay, S_t = λ S_{t-1} + k_t^T v_t, computed in blocks of 256 (intra-block
+    masked QK^T V, inter-block Q S); one head count for q, k and v (linear_num_key_heads =
+    linear_num_value_heads), an output gate and an RMSNorm, no convolution."""
 
     declared_params: float | None = Field(default=None, gt=0)
     """llmplan key: the published total parameter count; `llmplan check` fails when the count computed
@@ -421,6 +430,9 @@ class ModelSpec(Spec):
             raise ValueError(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of n_groups "
                              f"({self.n_groups}): the heads split into equal groups")
         Hv, Hk = self.linear_num_value_heads, self.linear_num_key_heads
+        if "linear_attention" in kinds and self.linear_attention_rule == "lightning" and Hv != Hk:
+            raise ValueError(f"lightning attention has one head count for q, k and v; linear_num_value_heads ({Hv}) "
+                             f"must equal linear_num_key_heads ({Hk})")
         if "linear_attention" in kinds and Hv and Hk and Hv % Hk:
             raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.linear_num_key_heads})")
