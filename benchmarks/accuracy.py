@@ -151,7 +151,9 @@ ASSUMPTIONS = {
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
                    "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); "
                    "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
-                   "presets (hybridep, no EP overlap, CUDA graphs or recompute); Nemotron-3 Super / Ultra / 3.5 "
+                   "presets (hybridep, no EP overlap, CUDA graphs or recompute); Nemotron-3 Super (a built-in latent-MoE "
+                   "hybrid from 2026-12, its MTP module) in the Super presets (hybridep / deepep, no EP overlap, TE "
+                   "CUDA graphs but on B200, GB200 / B200 recompute modules but NVFP4); Nemotron-3 Ultra / 3.5 "
                    "Lightning and DeepSeek-V4 listed as skipped; predicts tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
@@ -194,10 +196,8 @@ def family(record_id: str) -> str:
 
 
 MBRIDGE_SKIP = (
-    ("nemotron-3-super", "Nemotron-3 Super: latent MoE (experts run in a projected latent width, moe_latent_size) "
-                         "and its MTP layers are not modelled"),
-    ("nemotron-3-ultra", "Nemotron-3 Ultra: latent MoE (moe_latent_size) is not modelled and its config is not "
-                         "public"),
+    ("nemotron-3-ultra", "Nemotron-3 Ultra: its config is not public (a latent MoE like Super's, moe_latent_size, "
+                         "at dimensions the table does not give)"),
     ("nemotron-3-5-lightning", "Nemotron-3.5 Lightning: the table gives no architecture and llmplan has no spec "
                                "for it"),
     ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
@@ -261,9 +261,11 @@ def system_for(gpu: str) -> str | None:
     return None
 
 
-MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano"}
+MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super"}
 """Megatron-Bridge table model names whose rows record no dimensions -> the built-in spec of that model
-(Megatron-Bridge Nemotron3NanoProvider: the nemotron-3-nano built-in's pattern and widths)."""
+(Megatron-Bridge Nemotron3NanoProvider: the nemotron-3-nano built-in's pattern and widths; the Super recipe
+nemotron_3_super_pretrain_config reads nvidia/NVIDIA-Nemotron-3-Super-120B-A12B, the nemotron-3-super built-in:
+latent MoE and its MTP module)."""
 
 
 def model_for(rec: dict, fam: str) -> ModelSpec:
@@ -343,6 +345,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, False
     if "nemotron-3-nano" in rid:  # nemotronh/nemotron_3_nano_workload_base_configs.py: hybridep on every GPU, no
         return True, False        # moe_a2a_overlap
+    if "nemotron-3-super" in rid:  # nemotronh/nemotron_3_workload_base_configs.py (Super): hybridep / deepep on
+        return True, False         # every GPU, no moe_a2a_overlap
     if "qwen3-30b" in rid:
         return True, mx_overlap
     if "qwen3-235b" in rid:
@@ -367,6 +371,12 @@ MBRIDGE_RECOMPUTE_MODULES = {
     ("deepseekv3", (26, 4, 1), "b200"): ("mla_up_proj", "mlp"),
     **{("deepseekv3", (26, 6), g): m for g, m in (("gb200", ("mla_up_proj",)), ("b300", ("mla_up_proj",)),
                                                   ("b200", ("mla_up_proj", "mlp")))},
+    # Nemotron-3 Super (scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py at 06e8da4e,
+    # read for every release: the versions per tag were not read): GB200 and B200 BF16 / MXFP8 presets
+    **{("nemotron-3-super", r, "gb200"): ("moe_act", "layernorm", "core_attn", "moe")
+       for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
+    **{("nemotron-3-super", r, "b200"): ("moe_act", "layernorm", "core_attn")
+       for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
     # Kimi-K2 on GB300 (scripts/performance/configs/kimi/kimi_workload_base_configs.py, v0.3.1 ... v0.5.0)
     **{("kimi-k2", r, "gb300"): ("mla_up_proj",) for r in ((26, 2), (26, 4), (26, 4, 1), (26, 6))},
 }
@@ -388,7 +398,9 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
-             "kimi-k2" if "kimi-k2" in rid else None)
+             "kimi-k2" if "kimi-k2" in rid else "nemotron-3-super" if "nemotron-3-super" in rid else None)
+    if model == "nemotron-3-super" and "nvfp4" in rid:  # the NVFP4 presets are the base config (no recompute)
+        return ()
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
 
 
@@ -404,6 +416,8 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         return "none"
     if "nemotron-3-nano" in rec["id"]:  # nemotron_3_nano_llm_pretrain.py: the presets set no CUDA graphs
         return "none"
+    if "nemotron-3-super" in rec["id"]:  # nemotron_3_workload_base_configs.py: TE graphs (attn, mamba, router /
+        return "none" if "-b200-" in rec["id"] else "layers"  # preprocess scopes) but on B200 (cuda_graph_impl none)
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
     if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu:

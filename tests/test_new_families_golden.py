@@ -65,13 +65,15 @@ def test_ranking_counts_each_megatron_bridge_config_once(published_runs, acc):
 
 
 def test_unscored_mbridge_rows_say_why(published_runs, acc):
-    # Nemotron-3 Nano is scored since the nemotron-3-nano built-in (issue 40); Super / Ultra (latent MoE) and
-    # 3.5 Lightning (no architecture) say why they are not.
+    # Nemotron-3 Nano and Super are scored since their built-ins (issue 40: hybrid layers, latent MoE); Ultra (no
+    # public config) and 3.5 Lightning (no architecture) say why they are not.
     nemotron = [r for rid, r in published_runs.items() if rid.startswith("mbridge-") and "nemotron" in rid]
-    unscored = [r for r in nemotron if "nemotron-3-nano" not in r["id"]]
+    scored = ("nemotron-3-nano", "nemotron-3-super")
+    unscored = [r for r in nemotron if not any(s in r["id"] for s in scored)]
     assert unscored and all(acc.skip_reason(r) for r in unscored)
-    assert all("latent MoE" in acc.skip_reason(r) for r in unscored if "super" in r["id"] or "ultra" in r["id"])
-    assert all(acc.skip_reason(r) is None for r in nemotron if "nemotron-3-nano" in r["id"])
+    assert all("not public" in acc.skip_reason(r) for r in unscored if "ultra" in r["id"])
+    assert all(acc.skip_reason(r) is None for r in nemotron if any(s in r["id"] for s in scored))
+    assert sum("nemotron-3-super" in r["id"] for r in nemotron) == 30
     deepseek_v4 = [r for rid, r in published_runs.items() if rid.startswith("mbridge-") and "deepseekv4" in rid]
     assert deepseek_v4 and all("DeepSeek-V4" in acc.skip_reason(r) for r in deepseek_v4)
 

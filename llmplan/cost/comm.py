@@ -266,11 +266,11 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
     dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute), sized for the
-    most-loaded rank (cost.moe.routing_imbalance).
-    Derived: docs/formulas.md#comm.ep"""
+    most-loaded rank (cost.moe.routing_imbalance); rows of the expert width (a latent MoE's moe_latent_size:
+    Megatron-LM projects before dispatch and after combine, moe_layer.py). Derived: docs/formulas.md#comm.ep"""
     if not m.is_moe:
         return []
-    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
     tokens = s * b / where(plan.sp, plan.tp, 1)
     # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
     S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)

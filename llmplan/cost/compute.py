@@ -16,8 +16,8 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
                                  mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
 from llmplan.cost.moe import routing_imbalance
-from llmplan.cost.params import (attention_params, kv_heads_per_rank, memoized, mlp_params, padded_vocab,
-                                 recomputed_share)
+from llmplan.cost.params import (attention_params, expert_params, kv_heads_per_rank, latent_proj_params,
+                                 memoized, mlp_params, padded_vocab, recomputed_share)
 from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -107,7 +107,7 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     T = s * b
     mlp: float
     if moe:
-        mlp = m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts
+        mlp = m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts + latent_proj_params(m)
         mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
     else:
         mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
@@ -226,12 +226,14 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, 
         out += [(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag"),
                 (2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs")]
     if moe:
-        etp, f_e, k_top = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok
+        etp, f_e, k_top, w = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok, m.expert_width
         # Rows per local expert (padded to capacity when a capacity factor is set).
         rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
-        routed = 2 * T * k_top * 3 * h * f_e / t if m.gated_mlp else 2 * T * k_top * 2 * h * f_e / t
-        out += [(routed * c / (c + 1), rows, c * f_e / etp, h, ""), (routed / (c + 1), rows, h, f_e / etp, ""),
+        routed = 2 * T * k_top * (c + 1) * w * f_e / t  # the experts read and write the expert width w
+        out += [(routed * c / (c + 1), rows, c * f_e / etp, w, ""), (routed / (c + 1), rows, w, f_e / etp, ""),
                 (2 * T * h * m.num_experts / t, T, m.num_experts, h, "")]
+        if m.moe_latent_size:  # a latent MoE's h -> l and l -> h projections, replicated across TP
+            out += [(2 * T * h * w / t, T, w, h, ""), (2 * T * w * h / t, T, h, w, "")]
     return out
 
 
@@ -328,9 +330,9 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
 def moe_routing_bytes(m: ModelSpec) -> float:
     """HBM bytes per token of one MoE layer's routing, forward, in 16 bits: the router's fp32 scores over the
     E experts (softmax and top-k: read and write 8E) and the permute of the token into its k expert copies
-    and back (read and write the k copies each way: 8kh). Training and serving alike.
+    and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
     Derived: docs/formulas.md#compute.memory_bound"""
-    return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.hidden_size
+    return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
 
 
 CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
@@ -388,7 +390,8 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
         return up + where(plan.recomputes("mlp"), mlp, 0.0)
     shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
-    whole = 2 * T * (m.num_experts_per_tok * mlp_params(m, m.expert_ffn) + m.hidden_size * m.num_experts) / t + shared
+    whole = 2 * T * (m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts
+                     + latent_proj_params(m)) / t + shared
     return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
 
 
@@ -434,7 +437,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
             continue
         (g1, g_back), a1, mb1 = per_layer[moe]
         # Selective recompute_modules: the share of the layer's forward matmuls they run again.
-        modules = (module_recompute_flops(m, plan, moe) / layer_flops(m, plan, moe).gemm
+        # (a layer without matmuls, as a hybrid's mixer-only variants in cost.hybrid_stage price it: none)
+        layer_gemm = layer_flops(m, plan, moe).gemm
+        modules = (where(layer_gemm > 0, module_recompute_flops(m, plan, moe) / maximum(layer_gemm, 1.0), 0.0)
                    if plan.recompute_modules else 0.0)
         gemm = gemm + n * (g1 * (1 + r + q + modules) + g_back)
         attention = attention + n * a1 * attn_passes

@@ -15,7 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attended_keys, attention_head_dims, attention_shapes,
                                   head_dim_attention_ratio, layer_windows, moe_routing_bytes)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes, recurrent_state_bytes
-from llmplan.cost.params import mlp_params, padded_vocab, rank_params
+from llmplan.cost.params import expert_params, padded_vocab, rank_params
 from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
                                     dispatch_bytes_per_element, expert_token_factor, overlapped_step,
                                     redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
@@ -275,8 +275,11 @@ def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[
     if moe:
         split = plan.etp_resolved  # experts split by TP, or whole experts on each EP rank
         share = m.num_experts_per_tok * split / t  # rows each GPU runs per token, over its experts
+        w = m.expert_width  # a latent MoE's experts run at its latent width, between two replicated projections
         out += [(1.0, "tokens", m.num_experts, h),
-                (share, "experts", c * m.expert_ffn / split, h), (share, "experts", h, m.expert_ffn / split)]
+                (share, "experts", c * m.expert_ffn / split, w), (share, "experts", w, m.expert_ffn / split)]
+        if m.moe_latent_size:
+            out += [(1.0, "tokens", w, h), (1.0, "tokens", h, w)]
     return out
 
 
@@ -396,7 +399,7 @@ def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
         return 0.0
     if plan.moe_dispatcher == "deepep":
         return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
-    act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
+    act = 2.0 * m.expert_width * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
     layers = m.num_moe_layers / plan.pp
     if not plan.dp_attention and plan.ep > plan.tp:
         # vLLM's DP + EP (its default all2all backend, allgather_reducescatter): every rank gathers the hidden
@@ -434,7 +437,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)
         shards = plan.ep * plan.etp_resolved  # whole experts over EP ranks, or each expert split by TP
-        experts = (m.num_moe_layers * m.num_experts * mlp_params(m, m.expert_ffn) * wpp / shards / p
+        experts = (m.num_moe_layers * m.num_experts * expert_params(m) * wpp / shards / p
                    + redundant_expert_params(m, plan) * wpp)
         weights = weights - experts
         experts = experts * _expert_fraction_touched(m, np.asarray(tokens, dtype=float) * expert_token_factor(plan))

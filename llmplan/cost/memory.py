@@ -195,7 +195,7 @@ def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     if not plan.low_precision:
         return 0.0
     saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction
-    return saved * dispatched_rows(m, plan) * m.hidden_size
+    return saved * dispatched_rows(m, plan) * m.expert_width
 
 
 def dispatched_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -266,16 +266,19 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     """MLP activations: 4sbf/t for GELU (fc1 output + GELU output), 6sbf/t gated (fc1 output 2f + product f).
 
     MoE: each of the rank's input tokens goes to k experts; every (token, expert) row keeps its dispatched
-    input (2h) and the expert's fc1/activation outputs (c·f_e/etp), plus fp32 router probabilities."""
-    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    input (2h; h the latent width of a latent MoE, which also keeps the combined latent rows 2l per token for
+    its l -> h projection) and the expert's fc1/activation outputs (c·f_e/etp), plus fp32 router
+    probabilities."""
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     c = 6 if m.gated_mlp else 4
     if not moe:
         return c * s * b * m.intermediate_size / t
     etp = plan.etp_resolved
     tokens = s * b / where(plan.sp, t, 1)
     rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
-    routed = rows * (2 * h + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
-    return routed + c * s * b * m.shared_ffn / t
+    routed = rows * (2 * m.expert_width + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
+    latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
+    return routed + latent + c * s * b * m.shared_ffn / t
 
 
 def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Token mixers other than softmax attention: Mamba-2 (SSD) and Gated DeltaNet linear attention, and the
+"""Token mixers other than softmax attention: Mamba-2 (SSD), Gated DeltaNet and lightning linear attention, and the
 per-kind shares a hybrid layer stack prices its average layer with.
 
 Symbols follow the papers: h hidden, H SSM heads, P head dim, N state size, G groups, k convolution width,
@@ -21,6 +21,8 @@ SSD_CHUNK = 128
 """Chunk length Q of Mamba-2's SSD scan kernel (mamba_chunk_scan_combined; Megatron-LM MambaMixer chunk_size)."""
 GDN_CHUNK = 64
 """Chunk length C of the chunkwise gated delta rule (flash-linear-attention chunk_gated_delta_rule)."""
+LIGHTNING_BLOCK = 256
+"""Block length B of lightning attention (MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py BLOCK; MiniMax-01 §2.2)."""
 
 
 def mamba_params(m: ModelSpec) -> int:
@@ -43,9 +45,28 @@ def gdn_params(m: ModelSpec) -> int:
     return h * (2 * Hk * dk + 2 * Hv * dv) + h * 2 * Hv + (2 * Hk * dk + Hv * dv) * k + 2 * Hv + dv + Hv * dv * h
 
 
+def lightning(m: ModelSpec) -> bool:
+    """Whether the model's linear_attention layers are lightning attention (else Gated DeltaNet)."""
+    return m.linear_attention_rule == "lightning"
+
+
+def lightning_params(m: ModelSpec) -> int:
+    """One lightning-attention mixer: qkv_proj h x H(2d_k + d_v), output_gate h x H d_v, the RMSNorm over
+    H d_v, out_proj H d_v x h (no biases, no convolution). Source: MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py
+    (MiniMaxM1LightningAttention); MiniMax-01 (arXiv 2501.08313) §2.2. Derived: docs/formulas.md#mixers.hybrid"""
+    h, H = m.hidden_size, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    return h * H * (2 * dk + dv) + h * H * dv + H * dv + H * dv * h
+
+
+def linear_params(m: ModelSpec) -> int:
+    """One linear_attention mixer under the model's rule (lightning or Gated DeltaNet)."""
+    return lightning_params(m) if lightning(m) else gdn_params(m)
+
+
 def recurrent_params(m: ModelSpec) -> int:
-    """Parameters of all the model's recurrent mixers (Mamba-2 and Gated DeltaNet layers)."""
-    return m.count_layers("mamba") * mamba_params(m) + m.count_layers("linear_attention") * gdn_params(m)
+    """Parameters of all the model's recurrent mixers (Mamba-2 and linear-attention layers)."""
+    return m.count_layers("mamba") * mamba_params(m) + m.count_layers("linear_attention") * linear_params(m)
 
 
 def attention_share(m: ModelSpec) -> float:
@@ -92,10 +113,22 @@ def gdn_scan_flops(m: ModelSpec) -> float:
     return Hv * (2 * C * (2 * dk + dv) + 6 * dk * dv)
 
 
+def lightning_scan_flops(m: ModelSpec) -> float:
+    """Forward FLOPs per token of one lightning-attention layer beyond its projections: per head, within its
+    block of B tokens the decay-masked Q K^T (2B d_k) and its product with V (2B d_v); across blocks the
+    output from the carried d_k x d_v state Q S (2 d_k d_v) and the state update K^T V (2 d_k d_v). Full
+    blocks counted (no causal halving), linear in the sequence length.
+    Source: MiniMax-01 (arXiv 2501.08313) §2.2.1, Algorithm 1 (intra- and inter-block lightning attention)."""
+    H, dk, dv, B = m.linear_num_value_heads or 0, m.linear_key_head_dim or 0, m.linear_value_head_dim or 0, \
+        LIGHTNING_BLOCK
+    return H * (2 * B * (dk + dv) + 4 * dk * dv)
+
+
 def mean_scan_flops(m: ModelSpec) -> float:
     """Recurrent-mixer scan FLOPs per token of the average layer (forward). Derived: docs/formulas.md#mixers.hybrid"""
+    linear = lightning_scan_flops(m) if lightning(m) else gdn_scan_flops(m)
     return (m.count_layers("mamba") * mamba_scan_flops(m)
-            + m.count_layers("linear_attention") * gdn_scan_flops(m)) / m.num_hidden_layers
+            + m.count_layers("linear_attention") * linear) / m.num_hidden_layers
 
 
 def decode_scan_flops(m: ModelSpec) -> float:
@@ -104,7 +137,8 @@ def decode_scan_flops(m: ModelSpec) -> float:
     out its d_k x d_v state (6 d_k d_v). Constant in the context length.
     Source: Dao & Gu 2024 §3 (recurrent mode); Yang et al. 2024 (Gated Delta Networks) Eq. 10."""
     mamba = (m.mamba_num_heads or 0) * 4 * (m.ssm_state_size or 0) * (m.mamba_head_dim or 0)
-    gdn = (m.linear_num_value_heads or 0) * 6 * (m.linear_key_head_dim or 0) * (m.linear_value_head_dim or 0)
+    per_head = 4 if lightning(m) else 6  # lightning: decay and add k^T v, read out q S (MiniMax-01 §2.2)
+    gdn = (m.linear_num_value_heads or 0) * per_head * (m.linear_key_head_dim or 0) * (m.linear_value_head_dim or 0)
     return m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn
 
 
@@ -119,7 +153,8 @@ def recurrent_state_bytes(m: ModelSpec, state_bytes: float = 2.0, tp: int = 1) -
     mamba = H * P * N / tp + (H * P + 2 * G * N) / tp * (m.conv_kernel - 1)
     Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
     dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
-    gdn = Hv * dk * dv / tp + (2 * Hk * dk + Hv * dv) / tp * (m.linear_conv_kernel_dim - 1)
+    conv = 0 if lightning(m) else m.linear_conv_kernel_dim - 1  # lightning attention has no convolution
+    gdn = Hv * dk * dv / tp + (2 * Hk * dk + Hv * dv) / tp * conv
     return state_bytes * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn)
 
 
@@ -136,6 +171,8 @@ def mean_recurrent_activation_bytes(m: ModelSpec, tokens: Any, t: Any, sp: Any) 
     dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
     conv = 2 * Hk * dk + Hv * dv
     gdn = 2 * h / sp + (2 * (conv + Hv * dv + 2 * Hv) + 2 * conv + 2 * Hv * dv + 4 * Hv * dk * dv / GDN_CHUNK) / t
+    if lightning(m):  # q, k, v and the output gate, the out-projection's input, fp32 block states
+        gdn = 2 * h / sp + (2 * (conv + Hv * dv) + 2 * Hv * dv + 4 * Hv * dk * dv / LIGHTNING_BLOCK) / t
     return tokens * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn) / L
 
 
@@ -168,10 +205,22 @@ def gdn_memory_bytes(m: ModelSpec) -> float:
         + 6 * Hv * dv
 
 
+def lightning_memory_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one lightning-attention layer's memory-bound kernels, forward (divide by t): the
+    SiLU on q, k, v reads and writes them (4c, c = H(2d_k + d_v)); the block kernels read q, k, v and write o
+    (2c + 2H d_v); the fp32 block states are written and read (8 H d_k d_v / B); the RMSNorm and the sigmoid
+    output gate read o and the gate and write the output (6 H d_v). Source: MiniMaxAI/MiniMax-M1
+    modeling_minimax_m1.py (act, lightning attention, norm, output_gate). Derived: docs/formulas.md#mixers.hybrid"""
+    H, dk, dv = m.linear_num_value_heads or 0, m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    c = H * (2 * dk + dv)
+    return 4 * c + 2 * c + 2 * H * dv + 8 * H * dk * dv / LIGHTNING_BLOCK + 6 * H * dv
+
+
 def mean_recurrent_memory_bytes(m: ModelSpec) -> float:
     """Memory-bound HBM bytes per token of the average layer's recurrent mixer, forward, all heads."""
+    linear = lightning_memory_bytes(m) if lightning(m) else gdn_memory_bytes(m)
     return (m.count_layers("mamba") * mamba_memory_bytes(m)
-            + m.count_layers("linear_attention") * gdn_memory_bytes(m)) / m.num_hidden_layers
+            + m.count_layers("linear_attention") * linear) / m.num_hidden_layers
 
 
 def recurrent_gemm_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any, float]]:
@@ -186,7 +235,8 @@ def recurrent_gemm_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any, float]]:
     if n_gdn:
         Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
         dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
-        out += [(h, (2 * Hk * dk + 2 * Hv * dv + 2 * Hv) / t, n_gdn / L), (Hv * dv / t, h, n_gdn / L)]
+        gates = 0 if lightning(m) else 2 * Hv  # Gated DeltaNet's in_proj_ba; lightning's gate is in 2 Hv dv
+        out += [(h, (2 * Hk * dk + 2 * Hv * dv + gates) / t, n_gdn / L), (Hv * dv / t, h, n_gdn / L)]
     return out
 
 

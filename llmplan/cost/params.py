@@ -32,7 +32,8 @@ class ParamCounts(Breakdown):
     """Parameters of the whole model by part; the parts sum to `total`."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("embedding", "output", "attention", "dense_mlp", "routed_experts",
-                                        "shared_experts", "router", "norms", "recurrent_mixers")
+                                        "shared_experts", "router", "norms", "recurrent_mixers",
+                                        "latent_projections")
 
     embedding: int
     """Input token embedding (+ learned position embedding)."""
@@ -52,6 +53,8 @@ class ParamCounts(Breakdown):
     """Layer norms of all layers and the final norm."""
     recurrent_mixers: int
     """Mamba-2 and Gated DeltaNet mixers of a hybrid model's recurrent layers (0 for a transformer)."""
+    latent_projections: int
+    """A latent MoE's h -> latent and latent -> h projections around the routed experts (0 without one)."""
     experts_per_token_fraction: float
     """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
 
@@ -82,14 +85,34 @@ def attention_params(m: ModelSpec) -> int:
     return n
 
 
-def mlp_params(m: ModelSpec, f: int) -> int:
-    """Parameters of one MLP of width f: 3·h·f gated (SwiGLU), 2·h·f plain; biases where the model has them.
+def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
+    """Parameters of one MLP of width f on inputs of `width` (default h): 3·h·f gated (SwiGLU), 2·h·f plain;
+    biases where the model has them.
 
     Source: Hugging Face modeling code (LlamaMLP: gate, up and down projections)."""
-    h = m.hidden_size
+    h = width or m.hidden_size
     if m.gated_mlp:
         return 3 * h * f + ((2 * f + h) if m.mlp_bias else 0)
     return 2 * h * f + ((f + h) if m.mlp_bias else 0)
+
+
+def expert_params(m: ModelSpec) -> int:
+    """One routed expert: an MLP of width f_e on the expert width (the latent width of a latent MoE).
+
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (the experts read the
+    fc1_latent_proj output). Derived: docs/formulas.md#moe.latent"""
+    return mlp_params(m, m.expert_ffn, m.expert_width)
+
+
+def latent_proj_params(m: ModelSpec) -> int:
+    """A latent MoE layer's two projections, h -> l before dispatch and l -> h after combine (2·h·l, biases
+    where the model has them); 0 without a latent width. Megatron-LM replicates them on every TP rank
+    (parallel_mode "duplicated") and counts them with the layer's non-expert weights.
+
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj).
+    Derived: docs/formulas.md#moe.latent"""
+    l, h = m.moe_latent_size, m.hidden_size
+    return 2 * h * l + ((l + h) if m.mlp_bias else 0) if l else 0
 
 
 def norm_params(m: ModelSpec) -> int:
@@ -111,11 +134,12 @@ def param_counts(m: ModelSpec) -> ParamCounts:
         output=0 if m.tie_word_embeddings else V * h,
         attention=m.num_attention_layers * attention_params(m),
         dense_mlp=m.num_mlp_layers * mlp_params(m, m.intermediate_size),
-        routed_experts=n_moe * E * mlp_params(m, m.expert_ffn),
+        routed_experts=n_moe * E * expert_params(m),
         shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
         router=n_moe * (h * E + (E if m.mlp_bias else 0)),
         norms=(L - m.count_layers("none") + m.num_mlp_layers + n_moe + 1) * norm_params(m),
         recurrent_mixers=recurrent_params(m),
+        latent_projections=n_moe * latent_proj_params(m),
         experts_per_token_fraction=(m.num_experts_per_tok / E) if E else 1.0,
     )
 
@@ -458,8 +482,9 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m)
     dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
-    moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0)
-    expert_layer = (m.num_experts / plan.ep) * mlp_params(m, m.expert_ffn) / etp if m.is_moe else 0 * t
+    moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+        + latent_proj_params(m)  # replicated on every TP rank
+    expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
     V = padded_vocab(m.vocab_size, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)

@@ -15,7 +15,7 @@ import numpy as np
 
 from llmplan.arith import expected_max_normal
 from llmplan.cost.comm import Dispatch, a2a_shares, expert_groups, ranks_per_token
-from llmplan.cost.params import mlp_params
+from llmplan.cost.params import expert_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServePlan
@@ -46,7 +46,7 @@ def redundant_expert_params(m: ModelSpec, plan: ServePlan) -> float:
     Derived: docs/formulas.md#serve.moe"""
     if not m.is_moe or plan.redundant_experts == 0:
         return 0.0
-    return m.num_moe_layers * plan.redundant_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.pp
+    return m.num_moe_layers * plan.redundant_experts / plan.ep * expert_params(m) / plan.pp
 
 
 def serve_ep_imbalance(m: ModelSpec, plan: ServePlan, tokens: Any) -> Any:
@@ -98,7 +98,7 @@ def deepep_normal(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: Group
     groups = expert_groups(m)
     rows = ranks_per_token(m.num_experts, m.num_experts_per_tok, plan.ep, "random", groups)
     shares = a2a_shares(Dispatch(m.num_experts, m.num_experts_per_tok, "random", groups), span)
-    buffer = tokens * rows * m.hidden_size * imbalance
+    buffer = tokens * rows * m.expert_width * imbalance  # latent-width rows for a latent MoE
     send = collective_time("all-to-all", buffer * dispatch_bytes_per_element(plan, system.gpu), span, system,
                            shares=shares).seconds
     back = collective_time("all-to-all", buffer * COMBINE_BYTES, span, system, shares=shares).seconds
@@ -117,7 +117,7 @@ def deepep_low_latency(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: 
         return DispatchTime(0.0, 0.0)
     L = group_links(system, span)
     bw, alpha = (L.inter_bw, L.inter_alpha) if span.uses_nic else (L.intra_bw, L.intra_alpha)
-    copies = np.asarray(tokens, dtype=float) * m.num_experts_per_tok * m.hidden_size * imbalance * (n - 1) / n
+    copies = np.asarray(tokens, dtype=float) * m.num_experts_per_tok * m.expert_width * imbalance * (n - 1) / n
     return DispatchTime(alpha + copies * dispatch_bytes_per_element(plan, system.gpu) / bw,
                         alpha + copies * COMBINE_BYTES / bw)
 

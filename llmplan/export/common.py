@@ -98,6 +98,7 @@ def hf_repo(model_name: str) -> str:
         "gpt-oss-120b": "openai/gpt-oss-120b", "nemotron-h-8b": "nvidia/Nemotron-H-8B-Base-8K",
         "nemotron-3-nano": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
         "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+        "nemotron-3-super": "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "minimax-m1": "MiniMaxAI/MiniMax-M1-80k",
     }
     return known.get(model_name, f"path/to/{model_name}")
 

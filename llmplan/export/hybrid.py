@@ -39,6 +39,9 @@ def check_hybrid(pf: PlanFile) -> None:
         raise refuse(TARGET, f"{', '.join(odd)} layers in a hybrid stack (Megatron-LM's --hybrid-layer-pattern has "
                      "symbols for Mamba-2, Gated DeltaNet, full attention, MLA, MLP and MoE layers only)",
                      "export a model whose attention layers are full attention")
+    if m.count_layers("linear_attention") and m.linear_attention_rule == "lightning":
+        raise refuse(TARGET, f"the lightning-attention layers of {m.name} (Megatron-LM's linear-attention symbol G "
+                     "is Gated DeltaNet; it has no lightning attention mixer)", "export to vllm or sglang to serve it")
     if m.num_nextn_predict_layers:
         raise refuse(TARGET, f"MTP layers of a hybrid model ({m.name}: Megatron-LM describes them by a '/' pattern "
                      "of their own, which llmplan does not derive)", "set num_nextn_predict_layers 0 in the spec")

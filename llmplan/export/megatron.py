@@ -52,6 +52,9 @@ def model_flags(pf: PlanFile) -> list[str]:
             freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
         pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
                   ("--moe-ffn-hidden-size", m.expert_ffn),
+                  # TransformerConfig.moe_latent_size (a flag through ArgumentGroupFactory; NVIDIA/Megatron-LM
+                  # examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh)
+                  ("--moe-latent-size", m.moe_latent_size),
                   ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
                   # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
                   # for --moe-flex-dispatcher-backend deepep)

@@ -46,6 +46,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if pf.model.is_hybrid:
         raise refuse(target, f"the hybrid layer stack of {pf.model.name} (Mamba-2 / Gated DeltaNet / mixer-only "
                      "layers: torchtitan's models are transformers of one layer kind)", "export to megatron")
+    if pf.model.moe_latent_size:
+        raise refuse(target, f"the latent MoE of {pf.model.name} (moe_latent_size {pf.model.moe_latent_size}: "
+                     "torchtitan's MoE has no latent projections around its experts)", "export to megatron")
     p = pf.plan
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",

@@ -20,6 +20,7 @@ COMMON = (
     "norm_topk_prob", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
     "linear_conv_kernel_dim", "attention_chunk_size", "index_topk", "index_n_heads", "index_head_dim",
+    "moe_latent_size",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -38,6 +39,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     cfg = _checked(cfg, mt)
     if mt == "llama4":
         cfg = _llama4(cfg)
+    if mt in ("minimax_m1", "minimax_text_01"):
+        cfg = _minimax(cfg)
     if mt == "gpt2":
         cfg = _gpt2(cfg)
     if mt == "bloom":
@@ -58,7 +61,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0)
     if experts:
         out["num_experts"] = experts
-        if mt in ("mixtral", "gpt_oss"):  # intermediate_size is the per-expert width
+        if mt in ("mixtral", "gpt_oss", "minimax_m1", "minimax_text_01"):  # intermediate_size: per-expert width
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
             out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
@@ -68,7 +71,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     else:
         for k in ("num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace",
                   "shared_expert_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
-                  "norm_topk_prob"):
+                  "norm_topk_prob", "moe_latent_size"):
             out.pop(k, None)
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
@@ -83,6 +86,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt == "nemotron_h":  # squared-ReLU MLP (up and down projections), no biases, no position embeddings
         out.update(gated_mlp=cfg.get("mlp_hidden_act", "relu2") not in ("relu2", "relu", "gelu"),
                    mamba_chunk_size=cfg.get("chunk_size") or 128)
+    if mt in ("minimax_m1", "minimax_text_01"):
+        out["linear_attention_rule"] = "lightning"
     if mt == "gpt_oss":
         out["attention_bias"] = True
         out["mlp_bias"] = True
@@ -151,6 +156,26 @@ def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
             "scoring_func": "sigmoid", "norm_topk_prob": False}
 
 
+MINIMAX_ATTN_TYPES = {0: "linear_attention", 1: "full_attention"}
+"""MiniMax-Text-01 / M1 attn_type_list entries -> layer_types: 0 lightning attention, 1 softmax attention.
+Source: MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py (MiniMaxM1DecoderLayer: attn_type 0 builds
+MiniMaxM1LightningAttention); MiniMax-01 (arXiv 2501.08313) §2 (a softmax layer after every 7 lightning)."""
+
+
+def _minimax(cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniMax-Text-01 / M1 (configuration_minimax_m1.py): attn_type_list gives each layer's mixer; the lightning
+    layers have num_attention_heads heads of head_dim for q, k and v; every layer is MoE (num_local_experts,
+    intermediate_size the expert width, softmax top-k renormalised as Mixtral)."""
+    n, kinds = cfg.get("num_hidden_layers"), cfg.get("attn_type_list")
+    if not isinstance(kinds, list) or len(kinds) != n or any(k not in MINIMAX_ATTN_TYPES for k in kinds):
+        raise ValueError(f"the {cfg.get('model_type')} config's attn_type_list must give 0 (lightning) or 1 "
+                         f"(softmax attention) for each of its num_hidden_layers ({n}) layers")
+    heads = cfg["num_attention_heads"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return {**cfg, "layer_types": [MINIMAX_ATTN_TYPES[k] for k in kinds], "linear_num_key_heads": heads,
+            "linear_num_value_heads": heads, "linear_key_head_dim": d, "linear_value_head_dim": d}
+
+
 def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     """layer_types and mlp_layer_types of the hybrid architectures: Nemotron-H's hybrid_override_pattern, one
     symbol per block (NEMOTRON_H_BLOCKS); Qwen3-Next's layer_types, or every full_attention_interval-th layer
@@ -196,8 +221,8 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
         return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
     return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
-            "norm_topk_prob": cfg.get("norm_topk_prob", norm_default) if mt != "mixtral" and mt != "gpt_oss"
-            else True,
+            "norm_topk_prob": cfg.get("norm_topk_prob", norm_default)
+            if mt not in ("mixtral", "gpt_oss", "minimax_m1", "minimax_text_01") else True,
             "expert_bias": (cfg.get("topk_method") or ("noaux_tc" if deepseek else "greedy")) == "noaux_tc"}
 
 

@@ -32,6 +32,8 @@ ModelType = Literal[
     "qwen3_next",
     "llama4",
     "deepseek_v32",
+    "minimax_m1",
+    "minimax_text_01",
 ]
 """The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
@@ -117,7 +119,7 @@ MODEL_LIMITS: dict[str, float] = {
     "conv_kernel": 1_024, "linear_num_key_heads": 65_536, "linear_num_value_heads": 65_536,
     "linear_key_head_dim": 8_192, "linear_value_head_dim": 8_192, "linear_conv_kernel_dim": 1_024,
     "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536, "index_topk": 1 << 30, "index_n_heads": 4_096,
-    "index_head_dim": 8_192,
+    "index_head_dim": 8_192, "moe_latent_size": 262_144,
 }
 
 
@@ -278,6 +280,13 @@ class ModelSpec(Spec):
     """Gated DeltaNet: value head dimension d_v."""
     linear_conv_kernel_dim: int = Field(default=4, gt=0)
     """Gated DeltaNet: width of the short convolution on q, k and v (HF name)."""
+    linear_attention_rule: Literal["gated_delta", "lightning"] = "gated_delta"
+    """llmplan key: the recurrence of the linear_attention layers. gated_delta: Gated DeltaNet (Qwen3-Next;
+    Yang et al. 2024), a gated delta-rule update of each value head's d_k x d_v state after a short
+    convolution. lightning: MiniMax's lightning attention (MiniMax-01, arXiv 2501.08313 §2.2), plain linear
+    attention with a fixed per-head decay, S_t = λ S_{t-1} + k_t^T v_t, computed in blocks of 256 (intra-block
+    masked QK^T V, inter-block Q S); one head count for q, k and v (linear_num_key_heads =
+    linear_num_value_heads), an output gate and an RMSNorm, no convolution."""
 
     declared_params: float | None = Field(default=None, gt=0)
     """llmplan key: the published total parameter count; `llmplan check` fails when the count computed
@@ -293,6 +302,12 @@ class ModelSpec(Spec):
     """Shared experts (DeepSeek), each of width moe_intermediate_size, seen by every token."""
     shared_expert_intermediate_size: int | None = Field(default=None, gt=0)
     """Total FFN width of the shared expert (Qwen2-MoE); overrides n_shared_experts x moe_intermediate_size."""
+    moe_latent_size: int | None = Field(default=None, gt=0)
+    """Latent MoE (HF / Megatron-LM name; Nemotron-3 Super: 1024 of h = 4096): each MoE layer projects its
+    tokens h -> moe_latent_size before dispatch and back after combine (two h x latent matrices, replicated
+    across TP), so the routed experts' GEMMs and the all-to-all run at this width; the router and the shared
+    expert read the full-width token. None: experts at hidden_size. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj)."""
     first_k_dense_replace: int = Field(default=0, ge=0)
     """Number of leading layers that use a dense MLP instead of experts (DeepSeek)."""
     n_group: int | None = Field(default=None, ge=1)
@@ -374,6 +389,9 @@ class ModelSpec(Spec):
                     f"first_k_dense_replace ({self.first_k_dense_replace}) must be below "
                     f"num_hidden_layers ({self.num_hidden_layers})"
                 )
+        elif self.moe_latent_size is not None:
+            raise ValueError(f"moe_latent_size ({self.moe_latent_size}) is set on a dense model; the latent "
+                             "projections wrap routed experts (give num_experts, or leave moe_latent_size out)")
         elif self.num_experts_per_tok or self.n_shared_experts or self.n_group or self.topk_group:
             raise ValueError("num_experts_per_tok / n_shared_experts / n_group / topk_group need num_experts > 0")
         elif self.routing_fields_set:
@@ -412,6 +430,9 @@ class ModelSpec(Spec):
             raise ValueError(f"mamba_num_heads ({self.mamba_num_heads}) must be a multiple of n_groups "
                              f"({self.n_groups}): the heads split into equal groups")
         Hv, Hk = self.linear_num_value_heads, self.linear_num_key_heads
+        if "linear_attention" in kinds and self.linear_attention_rule == "lightning" and Hv != Hk:
+            raise ValueError(f"lightning attention has one head count for q, k and v; linear_num_value_heads ({Hv}) "
+                             f"must equal linear_num_key_heads ({Hk})")
         if "linear_attention" in kinds and Hv and Hk and Hv % Hk:
             raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.linear_num_key_heads})")
@@ -489,6 +510,12 @@ class ModelSpec(Spec):
     def expert_ffn(self) -> int:
         """FFN width of one routed expert."""
         return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def expert_width(self) -> int:
+        """Width of the routed experts' input and output, and of the tokens the all-to-all moves: the latent
+        width of a latent MoE (moe_latent_size), else hidden_size."""
+        return self.moe_latent_size or self.hidden_size
 
     @property
     def shared_ffn(self) -> int:
