@@ -210,3 +210,13 @@ def test_megatron_export_refuses_lightning_attention():
     pf = dataclasses.replace(pf, plan=ParallelPlan(tp=8, dp=8, ep=8, global_batch=64, seq_len=4096))
     with pytest.raises(CannotExpress, match="lightning-attention layers"):
         render_all(pf, "megatron")
+
+
+@pytest.mark.parametrize("model,tp,kind", [("minimax-m1", "8", "lightning attention"),
+                                           ("qwen3-next-80b-a3b", "2", "Gated DeltaNet")])
+def test_serving_view_names_the_layers_that_hold_the_recurrent_state(cli, model, tp, kind):
+    r = cli("estimate", "--mode", "infer", "--model", model, "--hardware", "dgx-h200", "--nodes", "1", "--tp", tp,
+            "--batch", "8")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert f"({kind} layers hold it instead of a KV cache)" in text

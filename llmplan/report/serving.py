@@ -124,6 +124,13 @@ def phase_lines(e: ServeEstimate) -> list[str]:
             f"  KV received per request: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB"]
 
 
+def recurrent_kinds(m: ModelSpec) -> str:
+    """The recurrent layer kinds a model has, as the view names them (Mamba-2, Gated DeltaNet, lightning)."""
+    linear = "lightning attention" if m.linear_attention_rule == "lightning" else "Gated DeltaNet"
+    kinds = [n for k, n in (("mamba", "Mamba-2"), ("linear_attention", linear)) if m.count_layers(k)]
+    return " and ".join(kinds) or "recurrent"
+
+
 def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
@@ -151,7 +158,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     console.print(tb)
     if mem.recurrent_state:
         console.print(f"Recurrent state: {mem.recurrent_state / j.batch / 2**20:,.1f} MiB per sequence per GPU, "
-                      "whatever its length (Mamba-2 / Gated DeltaNet layers hold it instead of a KV cache)")
+                      f"whatever its length ({recurrent_kinds(e.model)} layers hold it instead of a KV cache)")
     console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
                   f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
                   f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "
