@@ -183,6 +183,10 @@ Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and f
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
 
+BY_MODEL = ("trtllm", "mbridge-moe")
+"""Families whose errors the report also gives per model (models of one family differ in what they exercise)."""
+
+
 def family(record_id: str) -> str:
     """The family of a record id: its prefix, with the mbridge rows split into dense and MoE models and
     MegaScale's optimised-stack rows apart from its Megatron-LM baseline."""
@@ -1037,8 +1041,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             err = 100 * (pred - meas) / meas
             errors.setdefault(fam, []).append(abs(err))
-            if fam == "trtllm":
-                per_model.setdefault(rec["model"]["name"], []).append(abs(err))
+            if fam in BY_MODEL:
+                per_model.setdefault((fam, rec["model"]["name"]), []).append(err)
             if not args.quiet:
                 print(f"{rec['id']:58s} {quantity:14s} predicted {pred:10.3f} measured {meas:10.3f} {err:+7.1f}%")
     print()
@@ -1054,8 +1058,10 @@ def main(argv: list[str] | None = None) -> int:
         mx = f"{max(e):.1f}%" if e else "-"
         print(f"{fam:16s} {len(e):7d} {med:>13s} {mx:>10s} {len(misfit.get(fam, [])):8d} "
               f"{len(oom_fit.get(fam, [])):8d} {skipped.get(fam, 0):8d}")
-    for name, e in per_model.items():
-        print(f"  trtllm {name:34s} {len(e):3d} records, median |err| {statistics.median(e):.1f}%, max {max(e):.1f}%")
+    for (fam, name), e in sorted(per_model.items()):
+        a = [abs(x) for x in e]
+        print(f"  {fam} {name:28s} {len(e):3d} records, median |err| {statistics.median(a):.1f}% (signed "
+              f"{statistics.median(e):+.1f}%), max {max(a):.1f}%")
     for fam, ids in misfit.items():
         print(f"ran, predicted not to fit ({fam}): {', '.join(ids)}")
     for fam, ids in oom_fit.items():
