@@ -124,3 +124,10 @@ def test_cli_estimate_prices_the_moment_dtype_and_rejects_an_unknown_one():
     bad = _cli("estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer-moment-dtype", "fp4")
     assert bad.returncode == 2 and "--optimizer-moment-dtype fp4 is not an optimizer moment dtype" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_cli_refuses_low_precision_states_with_fp32_training_in_one_line():
+    r = _cli("estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dtype", "fp32",
+             "--optimizer-moment-dtype", "bf16")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "optimizer_moment_dtype bf16 with dtype fp32" in r.stderr and len(r.stderr.strip().splitlines()) == 1
