@@ -84,7 +84,9 @@ ASSUMPTIONS = {
            "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
            "bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
-                "gradient buckets) and sequence parallelism with TP, as its performance recipes set; LoRA rows skipped (PEFT not modelled); "
+                "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
+                "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
+                "rows' fp8 weights and virtual stages (RECIPE_SETTINGS); LoRA rows skipped (PEFT not modelled); "
                 "predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
@@ -130,7 +132,8 @@ ASSUMPTIONS = {
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
-                "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act): its own DeepEP-style all-to-all "
+                "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act; bf16 Adam moments, "
+                "§3.3.3, --optimizer-moment-dtype bf16): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
@@ -226,6 +229,30 @@ def skip_reason(rec: dict) -> str | None:
                 "gb200" in rid or "gb300" in rid or ("-b200-" in rid and "fp8" in rid and "70b" in rid)):
             return MBRIDGE_OFFLOAD
     return None
+
+
+RECIPE_SETTINGS = {
+    # NeMo 24.07 (NVIDIA/NeMo-Framework-Launcher tag 24.07): the Nemotron-4 340B config
+    # (launcher_scripts/conf/training/nemotron/nemotron_340b.yaml) runs distributed_fused_adam with optim.dtype
+    # bf16 and no fp8_params, so NeMo r2.0.0rc1's MegatronBaseModel.setup_optimization stores no master copy
+    # (store_params False: the optimizer dtype equals the bf16 model's) and Apex's DistributedFusedAdam keeps
+    # both moments in bf16.
+    "nemo2407-pretrain-nemotron-340b-128gpu-gbs32": {"optimizer_master_dtype": "none",
+                                                     "optimizer_moment_dtype": "bf16"},
+    # The SFT rows are the 24.07 examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh scripts (same TP /
+    # PP / GBS as the table): fp8 with fp8_params (so store_params True, the master in optim.dtype) and
+    # peft/llama/sft.yaml's optim.dtype bf16, and the virtual stages the table omits (13B: 10, 70B: 20).
+    "nemo2407-sft-llama2-7b-8gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
+                                    "optimizer_moment_dtype": "bf16"},
+    "nemo2407-sft-llama2-13b-8gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
+                                     "optimizer_moment_dtype": "bf16", "vpp": 10},
+    "nemo2407-sft-llama2-70b-16gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
+                                      "optimizer_moment_dtype": "bf16", "vpp": 20},
+    # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
+    # FP32 master weights and gradients.
+    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16"},
+}
+"""Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
 
 MBRIDGE_ERRATA = {
@@ -469,7 +496,7 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
 
 
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
-    par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {})}
+    par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {}), **RECIPE_SETTINGS.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
     cp = par.get("cp", 1)
     dp = par.get("dp") or gpus // (tp * pp * cp)
@@ -564,6 +591,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # MegaScale's Megatron-LM baseline reduces and gathers the DP buckets after the backward, not beside it:
         # "DP overlap" is one of the optimisations MegaScale adds (Jiang et al. 2024, Table 3, +1.2 MFU points)
         overlap_grad_reduce=fam != "megascale", overlap_param_gather=fam != "megascale",
+        optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
+        optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
     )
 
 

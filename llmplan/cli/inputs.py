@@ -15,7 +15,8 @@ from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
-from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, PRECISIONS, RECOMPUTE_MODULES,
+from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
+                                OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
@@ -123,7 +124,11 @@ def switches(s: SwitchOptions) -> dict:
     for flag, value, allowed, what in (("--attention-kernel", s.attention_kernel, ATTENTION_KERNELS, "a kernel"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
-                                       ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing")):
+                                       ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
+                                       ("--optimizer-master-dtype", s.optimizer_master_dtype,
+                                        OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
+                                       ("--optimizer-moment-dtype", s.optimizer_moment_dtype,
+                                        OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype")):
         if value not in allowed:
             raise LlmplanError(f"{flag} {value} is not {what}; use one of {', '.join(allowed)}")
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
@@ -133,7 +138,8 @@ def switches(s: SwitchOptions) -> dict:
             "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
             "fp32_param_shards": s.fp32_param_shards, "moe_dispatcher": s.moe_dispatcher,
-            "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules)}
+            "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
+            "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype}
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:

@@ -42,6 +42,10 @@ PP_SCHEDULE = typer.Option(_plan("pp_schedule"), "--pp-schedule",
 PRECISION = typer.Option(None, "--precision",
                          help="Training recipe: bf16 | fp8-tensorwise | fp8-rowwise | fp8-blockwise | mxfp8 | nvfp4.")
 GRAD_DTYPE = typer.Option(_plan("grad_dtype"), "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
+OPTIMIZER_MASTER_DTYPE = typer.Option(_plan("optimizer_master_dtype"), "--optimizer-master-dtype",
+                                      help="Adam master weights: fp32 | fp16 | bf16 | none (the model's own).")
+OPTIMIZER_MOMENT_DTYPE = typer.Option(_plan("optimizer_moment_dtype"), "--optimizer-moment-dtype",
+                                      help="Adam moments: fp32 | bf16 | fp16 | fp8 (DeepSeek-V3: bf16).")
 FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
 FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
@@ -168,6 +172,7 @@ SWITCHES = Flags("Training switches", {
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
+    "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

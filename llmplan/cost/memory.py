@@ -51,7 +51,8 @@ def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, g
 
     Source: Rajbhandari et al. 2020 (ZeRO), Section 5: 2Ψ+2Ψ+KΨ with K=12; stage 1 shards K, stage 2 also the
     gradients, stage 3 also the parameters. Megatron's distributed optimizer is stage 1 with fp32 gradients
-    (6 + 12/d bytes/param, Megatron-LM docs)."""
+    (6 + 12/d bytes/param, Megatron-LM docs). K is ParallelPlan.optimizer_bytes: master + two moments in their
+    dtypes (8 with bf16 moments, DeepSeek-V3 report §3.3.3). Derived: docs/formulas.md#mem.model_states"""
     return ModelStateBytes(
         weights=n_params * weight_bytes / where(zero >= 3, shard, 1),
         gradients=n_params * grad_bytes / where(zero >= 2, shard, 1),
@@ -443,7 +444,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
     # Source: PyTorch torch.distributed.fsdp.MixedPrecisionPolicy docstring. Derived: docs/formulas.md#mem.model_states
     fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
-    state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - 4.0, optim_b)
+    state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
     rp = rank_params(m, plan, stage)
     copies = schedule_of(plan).param_copies  # DualPipe: each rank holds stages i and pp-1-i
     if copies != 1:

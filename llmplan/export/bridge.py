@@ -92,6 +92,12 @@ def check(pf: PlanFile) -> None:
          "userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
          "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+        (f"optimizer master weights {p.optimizer_master_dtype} (Megatron-Core's main_params_dtype is float32 "
+         "or float16)", p.optimizer_master_dtype in ("bf16", "none"),
+         "re-plan with --optimizer-master-dtype fp32 or fp16, or export to megatron"),
+        ("fp8 Adam moments (OptimizerConfig.exp_avg_dtype holds a torch dtype, which a KEY=VALUE override "
+         "would set as text; Megatron-LM's --exp-avg-dtype fp8 maps it to uint8)", p.optimizer_moment_dtype == "fp8",
+         "export to megatron"),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -104,10 +110,15 @@ def check(pf: PlanFile) -> None:
     preset(pf)
 
 
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""llmplan's optimizer state dtypes as the torch.dtype names Megatron-Core's OptimizerConfig holds."""
+
+
 def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """(ConfigContainer key, value) for the plan: parallelism, stages, batch, length, recompute, MoE dispatch,
     DDP / optimizer and precision. The recipe's own settings for these are overwritten, not inherited."""
     p, m = pf.plan, pf.model
+    low_states = p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32"
     out: list[tuple[str, object]] = [
         ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
         ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
@@ -133,10 +144,13 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("ddp.use_distributed_optimizer", p.zero == 1), ("optimizer.use_distributed_optimizer", p.zero == 1),
             ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
             ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
-            # fp32 master weights and Adam moments, as llmplan costs them (DeepSeek-V3's recipe keeps bf16 ones)
-            ("optimizer.use_precision_aware_optimizer", False),
-            *((f"optimizer.{k}", "float32") for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype",
-                                                      "exp_avg_sq_dtype")),
+            # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
+            # Transformer Engine's precision-aware FusedAdam when either is below fp32
+            ("optimizer.use_precision_aware_optimizer", low_states),
+            ("optimizer.main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
+            ("optimizer.main_grads_dtype", "float32"),
+            *((f"optimizer.{k}", TORCH_DTYPES[p.optimizer_moment_dtype]) for k in ("exp_avg_dtype",
+                                                                                   "exp_avg_sq_dtype")),
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
     return out
 

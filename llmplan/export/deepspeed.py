@@ -29,6 +29,11 @@ def check(pf: PlanFile) -> None:
         (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
          "export to megatron"),
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
+        (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (this export "
+         "writes DeepSpeed's fp32 master and moments; its bf16 section keeps bf16 states only together with bf16 "
+         "master weights and gradients, bf16_master_weights_and_grads)",
+         p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
+         "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

@@ -148,8 +148,23 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
-              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32")]
+              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf)]
     return as_flags(pairs + cuda_graph_pairs(pf))
+
+
+def optimizer_state_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """Adam's state dtypes through Transformer Engine's precision-aware FusedAdam (Megatron-LM arguments.py:
+    --use-precision-aware-optimizer with --main-params-dtype fp32|fp16 and --exp-avg-dtype / --exp-avg-sq-dtype
+    fp32|fp16|bf16|fp8); nothing when every state is fp32. With a bf16 model, no fp8 recipe past delayed scaling
+    and an fp32 master, Megatron-Core then keeps only the master's low 16 bits beside the bf16 weights
+    (OptimizerConfig.store_param_remainders, on by default): 2 bytes less than llmplan prices."""
+    p = pf.plan
+    if p.optimizer_master_dtype == "fp32" and p.optimizer_moment_dtype == "fp32":
+        return []
+    return [("--use-precision-aware-optimizer", True),
+            ("--main-params-dtype", p.optimizer_master_dtype if p.optimizer_master_dtype != "fp32" else None),
+            ("--exp-avg-dtype", p.optimizer_moment_dtype if p.optimizer_moment_dtype != "fp32" else None),
+            ("--exp-avg-sq-dtype", p.optimizer_moment_dtype if p.optimizer_moment_dtype != "fp32" else None)]
 
 
 def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -262,6 +277,9 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
+    if p.optimizer_master_dtype in ("bf16", "none"):
+        raise refuse(TARGET, f"optimizer master weights {p.optimizer_master_dtype} (Megatron-LM's "
+                     "--main-params-dtype takes fp32 or fp16)", "re-plan with --optimizer-master-dtype fp32 or fp16")
     if p.dtype == "fp8" and p.recipe == "rowwise":
         raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
                      "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "

@@ -62,6 +62,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
+    if p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32":
+        raise refuse(target, f"optimizer states master {p.optimizer_master_dtype} / moments "
+                     f"{p.optimizer_moment_dtype} (torchtitan's AdamW keeps its states in the fp32 parameter "
+                     "shards' dtype)", "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, "
+                     "or export to megatron")
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")

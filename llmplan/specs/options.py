@@ -109,6 +109,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.fp32_param_shards."""
     grad_dtype: str | None
     """ParallelPlan.grad_dtype; None (search only): both tried."""
+    optimizer_master_dtype: str
+    """ParallelPlan.optimizer_master_dtype."""
+    optimizer_moment_dtype: str
+    """ParallelPlan.optimizer_moment_dtype."""
     fp8_params: bool | None
     """ParallelPlan.fp8_params; None (search only): both tried where the recipe allows."""
     axis_order: str

@@ -43,6 +43,14 @@ CUDA_GRAPHS: tuple[str, ...] = ("none", "layers", "full-iteration")
 """cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
 layer (transformer_engine / local with --cuda-graph-modules), or one graph of the whole forward-backward
 (--cuda-graph-impl full_iteration)."""
+OptimizerMasterDtype = Literal["fp32", "bf16", "fp16", "none"]
+OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "none")
+"""--optimizer-master-dtype values: the dtype of Adam's master weights, or none (the model's weights are updated)."""
+OptimizerMomentDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
+"""--optimizer-moment-dtype values (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype choices)."""
+OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
+"""Bytes per parameter of one optimizer state tensor in each dtype ('none': not kept)."""
 PRECISIONS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
     "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
@@ -132,6 +140,17 @@ class ParallelPlan(PlanQuantities, Spec):
     scales; fp4 only)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
+    optimizer_master_dtype: OptimizerMasterDtype = "fp32"
+    """Adam's master copy of the weights: fp32 (Megatron's default), fp16 (Megatron --use-precision-aware-optimizer
+    --main-params-dtype fp16), bf16 (Apex DistributedFusedAdam with dtype bf16 and stored params, as NeMo 1.x sets it
+    with fp8_params) or none (no copy: the optimizer updates the model's own weights, as NeMo 1.x's distributed
+    Adam does when its state dtype equals the model's). Pure fp32 training keeps no separate copy whatever this
+    says; a master below fp32 with dtype fp32 fails validation (docs/formulas.md#mem.model_states)."""
+    optimizer_moment_dtype: OptimizerMomentDtype = "fp32"
+    """Dtype of Adam's first and second moments: fp32 (default), bf16 (DeepSeek-V3 report §3.3.3; Megatron
+    --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; NeMo 1.x optim.dtype bf16), fp16
+    or fp8 (Megatron's --exp-avg-dtype choices; a per-tensor fp32 scale, negligible). Below fp32 needs dtype
+    below fp32 (docs/formulas.md#mem.model_states)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"
@@ -217,6 +236,16 @@ class ParallelPlan(PlanQuantities, Spec):
         return self
 
     @model_validator(mode="after")
+    def _optimizer_states_below_compute(self) -> "ParallelPlan":
+        low = [f"{k} {v}" for k, v in (("optimizer_master_dtype", self.optimizer_master_dtype),
+                                       ("optimizer_moment_dtype", self.optimizer_moment_dtype)) if v != "fp32"]
+        if self.dtype == "fp32" and low:
+            raise ValueError(f"{' and '.join(low)} with dtype fp32: low-precision optimizer states are a mixed-"
+                             "precision option (the fp32 weights are the master copy); train in bf16 / fp16 / fp8, "
+                             "or keep the optimizer states in fp32")
+        return self
+
+    @model_validator(mode="after")
     def _tokens_per_step(self) -> "ParallelPlan":
         tokens = self.global_batch * self.seq_len
         if tokens > MAX_TOKENS_PER_STEP:
@@ -287,9 +316,21 @@ class ParallelPlan(PlanQuantities, Spec):
         return 4.0 if self.dtype == "fp32" or self.grad_dtype == "fp32" else 2.0
 
     @property
+    def master_bytes(self) -> float:
+        """Bytes per parameter of Adam's master weights (optimizer_master_dtype); 0 in pure fp32 training, whose
+        weights are the master copy. Source: Megatron-LM megatron/core/optimizer/optimizer_config.py
+        (main_params_dtype); Apex DistributedFusedAdam (store_params)."""
+        if self.dtype == "fp32":
+            return 0.0
+        return OPTIMIZER_STATE_BYTES[self.optimizer_master_dtype]
+
+    @property
     def optimizer_bytes(self) -> float:
-        """Adam: fp32 master weights + two moments (12 B); pure fp32 training needs no master copy (8 B)."""
-        return 8.0 if self.dtype == "fp32" else 12.0
+        """Adam: master weights + first and second moments (12 B with fp32 states; 8 B in pure fp32 training,
+        which needs no master copy). Source: Rajbhandari et al. 2020 (ZeRO) §3.1 (K = 12); DeepSeek-V3 report
+        §3.3.3 (bf16 moments); Megatron-LM optimizer_config.py (exp_avg_dtype, exp_avg_sq_dtype).
+        Derived: docs/formulas.md#mem.model_states"""
+        return self.master_bytes + 2 * OPTIMIZER_STATE_BYTES[self.optimizer_moment_dtype]
 
 
 MAX_GPUS = 2_000_000
