@@ -167,6 +167,20 @@ def command_argv(script: str, program: str) -> list[str]:
     return shlex.split(line.replace('"$MODEL"', "org/model"))[len(shlex.split(program)):]
 
 
+SERVE_PROGRAMS = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server"}
+"""The launch command of each serving engine's exported script."""
+
+
+def parse_serve_export(pf, target: str) -> tuple[argparse.Namespace, list[str]]:
+    """The serving export of `pf` for `target` parsed by the engine's recorded parser: (namespace, flags the
+    parser does not define), with vLLM's positional model tag allowed."""
+    script = next(iter(render_all(pf, target)[0].values()))
+    ap, _ = recorded_parser(target)
+    if target == "vllm":
+        ap.add_argument("model_tag", nargs="?")
+    return ap.parse_known_args(command_argv(script, SERVE_PROGRAMS[target]))
+
+
 @pytest.mark.parametrize("target,program,changes", [
     ("vllm", "vllm serve", {}), ("sglang", "python -m sglang.launch_server", {}),
     ("vllm", "vllm serve", {"kv_dtype": "bf16", "weight_dtype": "bf16"}),

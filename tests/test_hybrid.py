@@ -245,18 +245,13 @@ def test_serving_exports_state_the_recurrent_state_dtype_the_memory_assumed(targ
     import dataclasses
     from pathlib import Path
 
-    from test_export import command_argv, recorded_parser
+    from test_export import parse_serve_export
 
-    from llmplan.export import render_all
     from llmplan.planfile import load_plan
 
     base = load_plan(Path(__file__).parent / "data" / "plans" / "serve.json")
     pf = dataclasses.replace(base, model=builtin_models()["qwen3-next-80b-a3b"], plan=ServePlan(tp=2, pp=1, dp=1))
-    script = next(iter(render_all(pf, target)[0].values()))
-    ap, _ = recorded_parser(target)
-    if target == "vllm":
-        ap.add_argument("model_tag", nargs="?")
-    ns, unknown = ap.parse_known_args(command_argv(script, program))
+    ns, unknown = parse_serve_export(pf, target)
     assert not unknown
     assert getattr(ns, flag.lstrip("-").replace("-", "_")) == "bfloat16"
 

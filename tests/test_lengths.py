@@ -148,18 +148,13 @@ def test_export_context_limit_covers_the_p99_request(target, program, flag):
     # the p99 output (a lognormal's p99 is its median x exp(2.326 sigma)), not the means.
     import dataclasses
 
-    from llmplan.export import render_all
     from llmplan.planfile import load_plan
-    from test_export import PLANS, command_argv, recorded_parser
+    from test_export import PLANS, parse_serve_export
 
     base = load_plan(PLANS / "serve.json")
     d = LengthDistribution(kind="lognormal", mean=2048, sigma=0.8)
     pf = dataclasses.replace(base, job=base.serve_job.model_copy(update={"input_len_dist": d}))
-    script = next(iter(render_all(pf, target)[0].values()))
-    ap, _ = recorded_parser(target)
-    if target == "vllm":
-        ap.add_argument("model_tag", nargs="?")
-    ns, unknown = ap.parse_known_args(command_argv(script, program))
+    ns, unknown = parse_serve_export(pf, target)
     assert not unknown
     p99 = 2048 / np.exp(0.8 ** 2 / 2) * np.exp(0.8 * 2.3263478740)
     assert int(getattr(ns, flag)) == int(np.ceil(p99 + 512))

@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 from llmplan.cli.inputs import make_cluster
 from llmplan.cost.inference import decode_tpot
 from llmplan.cost.speculative import speculative_step, tokens_per_step
-from llmplan.export import render_all
 from llmplan.planfile import load_plan
 from llmplan.serving import estimate_serving, replica_spans
 from llmplan.specs.registry import resolve_model
 from llmplan.specs.serve import ServeJob, ServePlan, SpeculativeSpec
-from test_export import PLANS, command_argv, recorded_parser
+from test_export import PLANS, parse_serve_export
 
 DSV3 = resolve_model("deepseek-v3")
 LLAMA8B = resolve_model("llama-3.1-8b")
@@ -174,12 +173,8 @@ def test_speculative_flags_parse_with_the_launchers_parsers(spec, target, progra
     # vLLM 0.33.0's and SGLang 0.5.23's recorded parsers (tests/data/launchers) define every flag written.
     base = load_plan(PLANS / "serve.json")
     pf = dataclasses.replace(base, job=base.serve_job.model_copy(update={"speculative": spec}))
-    script = next(iter(render_all(pf, target)[0].values()))
-    ap, rec = recorded_parser(target)
-    if target == "vllm":
-        ap.add_argument("model_tag", nargs="?")
-    ns, unknown = ap.parse_known_args(command_argv(script, program))
-    assert not unknown, f"flags {rec['launcher']} {rec['version']} does not define: {unknown}"
+    ns, unknown = parse_serve_export(pf, target)
+    assert not unknown, f"flags {program} does not define: {unknown}"
     k = spec.num_speculative_tokens
     if target == "vllm":
         config = json.loads(ns.speculative_config)
