@@ -1340,7 +1340,7 @@ def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, floa
 
 
 SERVE_GRID = {"SERVE_GEMM_M_HALF": (0.0, 64.0, 128.0, 192.0, 256.0), "SERVE_COLLECTIVE_FLOOR_S": (0.0, 1e-5, 2e-5)}
-"""The serving constants (llmplan.cost.inference) and the values leave-one-model-out tries."""
+"""The serving constants (llmplan.cost.serve_step) and the values leave-one-model-out tries."""
 
 
 def precision_pairs(records: list[dict]) -> list[tuple[str, float, float]]:
@@ -1369,12 +1369,12 @@ def shape(rec: dict) -> str:
 
 def serving_errors(records: list[dict], consts: dict | None = None) -> list[tuple[str, str, float]]:
     """(model, shape, signed % error) of every serving record, with the serving constants `consts`."""
-    import llmplan.cost.inference as inference
+    import llmplan.cost.serve_step as serve_step  # where the serving step reads its constants
 
-    saved = {k: getattr(inference, k) for k in SERVE_GRID}
+    saved = {k: getattr(serve_step, k) for k in SERVE_GRID}
     try:
         for k, v in (consts or {}).items():
-            setattr(inference, k, v)
+            setattr(serve_step, k, v)
         out = []
         for rec in records:
             if family(rec["id"]) == "trtllm":
@@ -1383,7 +1383,7 @@ def serving_errors(records: list[dict], consts: dict | None = None) -> list[tupl
         return out
     finally:
         for k, v in saved.items():
-            setattr(inference, k, v)
+            setattr(serve_step, k, v)
 
 
 def serving_report(records: list[dict], no_fit: bool) -> None:

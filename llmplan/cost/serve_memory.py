@@ -1,0 +1,218 @@
+"""Serving memory per GPU: the engines' rules (ENGINES), weight bytes, KV-cache and recurrent-state bytes per
+sequence, the activation peak, the KV capacity and the concurrency it admits (ServeMemory).
+
+Symbols: B concurrent sequences, c context tokens, L layers, K KV heads, d head dim, t TP, p PP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compute import layer_windows
+from llmplan.cost.mixers import recurrent_state_bytes
+from llmplan.cost.params import padded_vocab, rank_params
+from llmplan.cost.serve_moe import redundant_expert_params
+from llmplan.cost.sparse import indexer_cache_bytes
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import MemoryAllowance
+from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.units import GIB
+
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """How a serving engine sizes its KV cache and admits sequences, and what one engine step costs beyond
+    the GPU work."""
+
+    fraction_of_free: bool
+    """True: the memory fraction applies to what the weights, activations and runtime leave (TensorRT-LLM);
+    False: to the whole GPU."""
+    activations_inside: bool
+    """Whether the activation peak and runtime memory come out of the fraction (vLLM, TensorRT-LLM) or out of
+    the rest of the GPU (SGLang: the fraction holds only the weights and the KV pool)."""
+    reserve_whole_context: bool
+    """True: a request is admitted only with blocks for its whole input + output (TensorRT-LLM's default
+    GUARANTEED_NO_EVICT); False: blocks are allocated as it grows, so on average input + output/2 are held."""
+    step_overhead_s: float
+    """Host time per engine step outside the GPU kernels (scheduling, sampling, launch with CUDA graphs)."""
+    source: str
+
+
+ENGINES = {
+    # Source: vLLM docs, "gpu_memory_utilization" (fraction of the whole GPU for weights, activations and KV
+    # cache; blocks allocated on demand, preemption when full); async scheduling overlaps the host's work.
+    "vllm": EngineRule(False, True, False, 0.0, "vLLM EngineArgs gpu_memory_utilization; PagedAttention"),
+    # Source: TensorRT-LLM docs, KvCacheConfig.free_gpu_memory_fraction and "Useful Runtime Options"
+    # (GUARANTEED_NO_EVICT is the default capacity scheduler policy); the overlap scheduler hides host time.
+    "trtllm": EngineRule(True, True, True, 0.0, "TensorRT-LLM KvCacheConfig free_gpu_memory_fraction"),
+    # Source: SGLang server arguments, --mem-fraction-static (model weights and KV cache pool); its overlap
+    # scheduler hides host time.
+    "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static"),
+}
+"""Per-engine rules. step_overhead_s: 0 for the three, whose schedulers overlap host work with the GPU (the
+fit on the TensorRT-LLM runs also lands on 0, docs/validation.md#serving); without CUDA graphs every kernel
+launch is added (step_host_seconds)."""
+
+
+def weight_bytes_per_param(dtype: str, group: int) -> float:
+    """Bytes per linear-layer weight, scale overhead included: group quantisation keeps an fp16 scale and an
+    fp16 zero point per `group` weights (AWQ/GPTQ style, 4/group bytes); fp8 keeps one scale per 128x128
+    block (DeepSeek-V3 style, negligible); MXFP8 one E8M0 byte per 32 weights and NVFP4 one E4M3 byte per
+    16 (OCP Microscaling spec; NVIDIA NVFP4 format). Derived: docs/formulas.md#infer.weights"""
+    return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / 16384, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+            "int8": 1.0 + 4 / group, "int4": 0.5 + 4 / group}[dtype]
+
+
+def serve_weight_bytes(m: ModelSpec, plan: ServePlan) -> float:
+    """Weight bytes on the most-loaded GPU: linear layers in the weight dtype, the embedding and output layer
+    in 16 bits (servers keep them unquantised). Derived: docs/formulas.md#infer.weights"""
+    V = padded_vocab(m.vocab_size, plan.tp)
+    wpp = weight_bytes_per_param(plan.weight_dtype, plan.quant_group_size)
+    # Routed experts in their own dtype (expert_dtype), with EPLB's redundant replicas (cost.serve_moe).
+    wpp_e = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)
+    worst = 0.0
+    for stage in {0, plan.pp - 1}:
+        rp = rank_params(m, plan, stage)
+        embed = (V * m.hidden_size / plan.tp) * ((stage == 0) + (stage == plan.pp - 1 and
+                                                                 (not m.tie_word_embeddings or plan.pp > 1)))
+        experts = float(rp.expert) + redundant_expert_params(m, plan)
+        worst = max(worst, (float(rp.total) - float(rp.expert) - embed) * wpp + experts * wpp_e + embed * 2.0)
+    return worst
+
+
+def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True) -> float:
+    """KV bytes per token of one layer on one TP rank: K and V of the rank's KV heads (K/t, at least one
+    head, replicated when t > K); MLA caches one compressed latent plus the rope key, replicated on every
+    rank, or, without an MLA kernel (`latent` False), the rank's expanded per-head K and V.
+    Source: vLLM vllm/config/cache.py (block size, page size)."""
+    b = KV_BYTES[kv_dtype]
+    mla = m.mla
+    if mla is not None and not latent:
+        heads = max(m.num_attention_heads / tp, 1.0)
+        return heads * (mla.qk_head_dim + mla.v_head_dim) * b + indexer_cache_bytes(m)
+    if mla is not None:  # with DeepSeek Sparse Attention also the indexer's fp8 keys (cost.sparse)
+        return (mla.kv_lora_rank + mla.qk_rope_head_dim) * b + indexer_cache_bytes(m)
+    return 2 * max(m.kv_heads / tp, 1.0) * m.d_head * b
+
+
+def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
+    """KV bytes per token of the whole model, one sequence (every attention layer, all heads; a hybrid's
+    recurrent layers keep a fixed state instead: recurrent_state_bytes)."""
+    return m.num_attention_layers * kv_layer_bytes(m, kv_dtype)
+
+
+def recurrent_state_per_seq_gpu(m: ModelSpec, plan: ServePlan) -> float:
+    """Recurrent-state bytes one sequence holds on one GPU: its TP shard of the states of its stage's share of
+    the recurrent layers, in bf16 (vLLM's mamba cache dtype 'auto': the model's dtype). Derived:
+    docs/formulas.md#mixers.state"""
+    return recurrent_state_bytes(m, 2.0, plan.tp) / plan.pp
+
+
+def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
+    """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
+    keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
+    per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
+    total: Any = 0.0  # an array when `context` is one
+    for window, layers in layer_windows(m):
+        tokens = context if window is None else np.minimum(context, window)
+        total = total + layers * np.ceil(np.asarray(tokens) / block_size) * block_size * per_layer
+    return total / plan.pp
+
+
+def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
+    """Activation workspace of the largest engine step (max_num_batched_tokens tokens) on one GPU: hidden
+    states, QKV, MLP intermediates (gate and up, then the product) in 16 bits, and fp32 logits of the
+    sequences sampled; without fused attention, one layer's scores and probabilities for a prompt of T tokens.
+    Derived: docs/formulas.md#infer.activations (vLLM measures this by profiling)."""
+    T, h, t = job.max_num_batched_tokens, m.hidden_size, plan.tp
+    qkv = (m.num_attention_heads * m.d_head + 2 * max(m.kv_heads, t) * m.d_head) / t
+    f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
+    mlp = (3 if m.gated_mlp else 2) * f / t
+    logits = min(job.batch, T) * padded_vocab(m.vocab_size, t) / t * 4
+    scores = 0.0 if plan.fused_attention else 2 * 2.0 * m.num_attention_heads / t * T * T  # S and P, 16-bit
+    return 2 * T * (2 * h + qkv + mlp) + logits + scores
+
+
+@dataclass(frozen=True)
+class ServeMemory(Breakdown):
+    """Memory of one GPU at `batch` running sequences, each holding the KV tokens the engine's rule keeps for it
+    (admitted_tokens); weights + kv_cache + activations + other = total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache", "activations", "other", "recurrent_state")
+
+    weights: float
+    kv_cache: float
+    activations: float
+    other: float
+    capacity: float
+    """Memory the engine may use on the GPU (its memory fraction, by the engine's rule)."""
+    kv_available: float
+    """Memory the engine gives the KV cache (kv_capacity_bytes; may be < 0)."""
+    max_concurrent_seqs: int
+    """Sequences that run at once at full load: kv_available over the tokens each holds (admitted_tokens)."""
+    kv_blocks: int
+    recurrent_state: float = 0.0
+    """A hybrid's recurrent-layer states of the `batch` sequences (fixed per sequence, whatever its length;
+    cost.mixers.recurrent_state_bytes), held in the same pool as the KV cache; 0 for a transformer."""
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity and self.kv_available > 0
+
+
+def kv_capacity_bytes(job: ServeJob, hbm_bytes: float, weights: float, activations: float, other: float) -> float:
+    """Bytes the engine gives the KV cache on one GPU (may be < 0 when the weights do not fit):
+    vLLM u·HBM - weights - activations - other; TensorRT-LLM u·(HBM - weights - activations - other);
+    SGLang u·HBM - weights. Derived: docs/formulas.md#infer.capacity"""
+    rule, u = ENGINES[job.engine], job.gpu_memory_utilization
+    if rule.fraction_of_free:
+        free = hbm_bytes - weights - activations - other
+        return u * free if free > 0 else free
+    if not rule.activations_inside:
+        return u * hbm_bytes - weights
+    return u * hbm_bytes - weights - activations - other
+
+
+def admitted_tokens(job: ServeJob) -> float:
+    """KV tokens the engine holds per running sequence at full load: the whole context where the scheduler
+    reserves it at admission (TensorRT-LLM), else input + output/2 on average (blocks grow with the sequence).
+    Derived: docs/formulas.md#infer.capacity"""
+    return float(job.context) if ENGINES[job.engine].reserve_whole_context else job.input_len + job.output_len / 2
+
+
+def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
+                 allowance: MemoryAllowance | None = None) -> ServeMemory:
+    """Memory per GPU and KV capacity by the engine's rule (kv_capacity_bytes); concurrency at full load from
+    the tokens each running sequence holds (admitted_tokens), in whole blocks of block_size tokens per layer.
+    Source: vLLM / TensorRT-LLM / SGLang memory settings (ENGINES)."""
+    allowance = allowance or MemoryAllowance()
+    rule = ENGINES[job.engine]
+    weights = serve_weight_bytes(m, plan)
+    if job.speculative is not None:  # the draft's weights beyond the target's
+        from llmplan.cost.speculative import draft_weight_bytes  # builds on this module
+        weights = weights + draft_weight_bytes(m, plan, job.speculative)
+    act = activation_peak_bytes(m, plan, job)
+    other = allowance.fixed_gib * GIB
+    available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
+    if rule.fraction_of_free:
+        cap = weights + act + other + max(available, 0.0)
+    else:
+        cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
+    state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
+    per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
+    if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
+        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
+    block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
+    return ServeMemory(
+        weights=weights, kv_cache=job.batch * per_seq, activations=act, other=other, capacity=min(cap, hbm_bytes),
+        kv_available=available,
+        max_concurrent_seqs=max(0, int(available // (per_seq + state))) if per_seq + state else 0,
+        kv_blocks=max(0, int(available // block)) if block else 0, recurrent_state=job.batch * state,
+    )

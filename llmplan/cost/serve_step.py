@@ -1,0 +1,282 @@
+"""Serving engine step: one step's time on one GPU of a pipeline stage (matmuls at their small-M GEMM
+efficiency, attention, memory-bound operators, TP all-reduces, the expert exchange) and the engine's host time
+per step.
+
+Symbols: t TP, p PP, L layers, T tokens of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attention_head_dims, attention_shapes,
+                                  head_dim_attention_ratio, moe_routing_bytes)
+from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
+from llmplan.cost.params import expert_params, padded_vocab
+from llmplan.cost.serve_memory import ENGINES, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
+                                    dispatch_bytes_per_element, expert_token_factor, overlapped_step,
+                                    redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
+from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.topology.collectives import collective_time
+from llmplan.topology.placement import GroupSpan
+
+
+def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
+    """Host time per engine step: the engine's own (ENGINES) and, without CUDA graphs, one launch per kernel:
+    the layer's GEMMs, attention, about six memory-bound kernels (norms, adds, rotary, activation) and the two
+    TP all-reduces, for the stage's layers. Derived: docs/formulas.md#infer.step"""
+    rule = ENGINES[job.engine]
+    if job.cuda_graphs:
+        return rule.step_overhead_s
+    per_layer = len(layer_linear_shapes(m, plan, m.is_moe)) + 1 + 6 + (2 if plan.tp > 1 else 0)
+    return rule.step_overhead_s + per_layer * m.num_hidden_layers / plan.pp * KERNEL_LAUNCH_S
+
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Where a replica's TP, PP and EP groups sit."""
+
+    tp: GroupSpan
+    pp: GroupSpan
+    ep: GroupSpan
+
+
+def _expert_fraction_touched(m: ModelSpec, tokens: Any) -> Any:
+    """Expected fraction of a layer's experts a step's tokens visit (independent top-k routing):
+    1 - (1 - k/E)^tokens. Derived: docs/formulas.md#infer.decode"""
+    if not m.is_moe:
+        return 1.0
+    return 1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** np.asarray(tokens, dtype=float)
+
+
+SERVE_GEMM_M_HALF = 192.0
+"""Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
+pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM
+runs (benchmarks/accuracy.py; docs/validation.md#serving). Training GEMMs (thousands of rows) leave it out."""
+
+
+def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[float, str, float, float]]:
+    """(weights x tokens factor, row kind, N, K) of each matmul of one layer on one GPU, for `tokens` rows:
+    attention projections (MLA's down and up projections), the dense or shared-expert MLP, the router, and
+    the routed experts (their rows per expert; split by TP, or whole on EP ranks): an entry's FLOPs are
+    2·factor·tokens·N·K. Derived: docs/formulas.md#infer.step"""
+    h, t = m.hidden_size, plan.tp
+    # A hybrid's average layer (cost.mixers): its share of attention, of each recurrent mixer, of dense MLP.
+    out = [(attention_share(m), "tokens", n, k) for k, n in attention_shapes(m, t)]
+    out += [(share, "tokens", n, k) for k, n, share in recurrent_gemm_shapes(m, t)]
+    c = 2 if m.gated_mlp else 1
+    f = m.shared_ffn if moe else m.intermediate_size
+    f_share = 1.0 if moe else dense_mlp_share(m)
+    if f and f_share:
+        out += [(f_share, "tokens", c * f / t, h), (f_share, "tokens", h, f / t)]
+    if moe:
+        split = plan.etp_resolved  # experts split by TP, or whole experts on each EP rank
+        share = m.num_experts_per_tok * split / t  # rows each GPU runs per token, over its experts
+        w = m.expert_width  # a latent MoE's experts run at its latent width, between two replicated projections
+        out += [(1.0, "tokens", m.num_experts, h),
+                (share, "experts", c * m.expert_ffn / split, w), (share, "experts", w, m.expert_ffn / split)]
+        if m.moe_latent_size:
+            out += [(1.0, "tokens", w, h), (1.0, "tokens", h, w)]
+    return out
+
+
+def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> Any:
+    """Fraction of peak of one serving GEMM: the best large-GEMM fraction x M / (M + SERVE_GEMM_M_HALF) (few
+    rows: small-M kernels pick small tiles, so no 128-row tile padding, but fill their pipelines poorly) x
+    N-tile quantisation x K / (K + gemm_k_half). Derived: docs/formulas.md#infer.step"""
+    n_fill = N / (np.ceil(N / TILE) * TILE)
+    return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half)
+
+
+def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any) -> tuple[Any, Any]:
+    """(dense, expert) compute time of one GPU's matmuls for `tokens` rows through its share of the layers
+    and the output layer, each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
+    GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
+    fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
+    T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    # When the EP group spans replicas (DP attention, vLLM's DP + EP) the experts see the tokens of all of them
+    # (cost.serve_moe.expert_token_factor).
+    G = T * expert_token_factor(plan)
+    touched = np.maximum(_expert_fraction_touched(m, G) * max(m.num_experts, 1), 1e-12)
+    rows = {"tokens": T, "experts": np.maximum(G * m.num_experts_per_tok / touched, 1.0)}
+    fmt = {"tokens": dtype, "experts": expert_compute_format(plan, gpu) if plan.expert_dtype else dtype}
+    parts = {"tokens": 0.0, "experts": 0.0}
+    for layers, moe in ((m.num_dense_layers, False), (m.num_moe_layers, True)):
+        for share, kind, N, K in layer_linear_shapes(m, plan, moe) if layers else ():
+            eff = serve_gemm_efficiency(gpu, fmt[kind], rows[kind], N, K)
+            parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (gpu.sustained_flops(fmt[kind]) * eff)
+    V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
+    peak = gpu.sustained_flops(dtype)
+    head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
+    # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 when EP stays inside a replica).
+    return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
+
+
+SERVE_FORMATS = {"fp8": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
+"""Weight dtype -> the tensor-core format its GEMMs run in when the GPU has it (activations quantised on the
+fly, W8A8 / W4A4); otherwise the weights are dequantised to bf16."""
+
+
+def serve_compute_format(plan: ServePlan, gpu: Any) -> str:
+    """The GEMM format of a serving step: the weights' own where the GPU has those tensor cores, else bf16."""
+    fmt = SERVE_FORMATS.get(plan.weight_dtype)
+    return fmt if fmt is not None and fmt in gpu.tflops else "bf16"
+
+
+def expert_compute_format(plan: ServePlan, gpu: Any) -> str:
+    """The routed experts' GEMM format: their own dtype's where the GPU has those tensor cores, else bf16."""
+    fmt = SERVE_FORMATS.get(plan.expert_dtype_resolved)
+    return fmt if fmt is not None and fmt in gpu.tflops else "bf16"
+
+
+def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -> float:
+    """HBM bytes per token per layer of a serving step's memory-bound operators on one GPU, in 16 bits: two
+    norms (read + write h each) and two residual adds (read 2h, write h), which every TP rank repeats on the
+    whole hidden state; the gated activation (read 2f/t, write f/t); with fp8 GEMMs, the cast of each GEMM
+    input (read 2, write 1 per element); MoE routing and the permute / unpermute of the k copies.
+    Derived: docs/formulas.md#infer.step"""
+    h, t = m.hidden_size, plan.tp
+    f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
+    d_v = attention_head_dims(m)[1]
+    norms_adds = 2 * (2 * h + 3 * h) * 2.0
+    act = (3 if m.gated_mlp else 2) * f / t * 2.0
+    cast = 3.0 * (2 * h + m.num_attention_heads * d_v / t + f / t) if compute_dtype in ("fp8", "mxfp8", "fp4") else 0.0
+    # MoE: routing and the permutes (moe_routing_bytes), on the MoE layers' share of the layers.
+    routing = (m.num_moe_layers / m.num_hidden_layers) * moe_routing_bytes(m) if m.is_moe else 0.0
+    return norms_adds + act + cast + routing
+
+
+def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                 attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
+    """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
+    pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
+    DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
+    expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
+    (cost.serve_moe.overlapped_step). Derived: docs/formulas.md#infer.step"""
+    def parts(share: float) -> tuple[Any, Any, Any]:
+        T = np.asarray(tokens, dtype=float) * share
+        exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only)
+        rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
+                                          np.asarray(kv_read) * share, decode_only)
+        return rest, routed, exchange
+
+    slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
+    if plan.two_batch_overlap and not decode_only and m.is_moe and plan.moe_dispatcher == "deepep":
+        # SGLang's prefill (extend) schedule: three stages per MoE layer and micro-batch (serve_moe.tbo_prefill_seconds)
+        rest, routed, exchange = parts(0.5)
+        b = dispatch_bytes_per_element(plan, system.gpu)
+        return tbo_prefill_seconds(rest, routed, exchange, m.num_moe_layers / plan.pp, m.num_dense_layers / plan.pp,
+                                   b / (b + COMBINE_BYTES), slowdown)
+    rest, routed, exchange = parts(1.0)
+    half = parts(0.5) if plan.two_batch_overlap else (0.0, 0.0, 0.0)
+    return overlapped_step(rest + routed, exchange, half[0] + half[1], half[2], plan.two_batch_overlap, slowdown)
+
+
+def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tuple[float, float]:
+    """(query-key, value) width per head of one attention pair: the head's own dims, or for MLA decoding from
+    its latent cache the absorbed form, where every head scores against the latent plus the rope key
+    (kv_lora_rank + qk_rope_head_dim) and sums the latent values (kv_lora_rank), 3.4x the expanded form's work
+    for DeepSeek-V3. Source: DeepSeek-V2 report §2.1 (absorbing W^UK and W^UV at inference); deepseek-ai/FlashMLA
+    README (decode on the 576-wide latent cache, 512-wide values). Derived: docs/formulas.md#infer.step"""
+    if m.is_mla:  # is_mla: the MLA dims are set
+        c, r = float(m.kv_lora_rank or 0), float(m.qk_rope_head_dim or 0)
+        if decode_only and plan.mla_latent_cache:
+            return c + r, c
+        return float(m.qk_nope_head_dim or 0) + r, float(m.v_head_dim or 0)
+    return float(m.d_head), float(m.d_head)
+
+
+def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                            decode_only: bool) -> Any:
+    """The EP token exchange of a step: with EP each TP rank dispatches its 1/t share of the tokens (the
+    attention all-reduce becomes a reduce-scatter + all-gather around the MoE block) to the experts' ranks and
+    combines them back, two all-to-alls of the k routed 16-bit copies per MoE layer, waiting on the busiest
+    rank (serve_ep_imbalance); with DeepEP, its kernels (cost.serve_moe). Derived: docs/formulas.md#infer.step"""
+    if plan.ep <= 1 or not m.is_moe:
+        return 0.0
+    if plan.moe_dispatcher == "deepep":
+        return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
+    act = 2.0 * m.expert_width * np.asarray(tokens, dtype=float) * serve_ep_imbalance(m, plan, tokens)
+    layers = m.num_moe_layers / plan.pp
+    if not plan.dp_attention and plan.ep > plan.tp:
+        # vLLM's DP + EP (its default all2all backend, allgather_reducescatter): every rank gathers the hidden
+        # states of all ep / tp replicas in the group, runs its experts on them, and reduce-scatters the outputs
+        # back. Source: vLLM docs, Expert Parallel Deployment (backend selection guide).
+        gathered = act * expert_token_factor(plan)
+        return layers * (_coll(system, "all-gather", gathered, spans.ep)
+                         + _coll(system, "reduce-scatter", gathered, spans.ep))
+    return 2 * layers * _coll(system, "all-to-all", act * m.num_experts_per_tok / plan.tp, spans.ep)
+
+
+def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                         attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
+    """A step's work on one GPU beside its expert exchange: max(matmuls, weights read) + max(attention core,
+    KV read) + memory-bound operators + the TP all-reduces (2 per layer). Derived: docs/formulas.md#infer.step"""
+    rest, routed = step_compute_parts(m, plan, system, spans, tokens, attn_pairs, kv_read, decode_only)
+    return rest + routed
+
+
+def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
+                       attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> tuple[Any, Any]:
+    """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
+    step_compute_seconds: the parts a two-batch-overlap schedule places apart. Derived: docs/formulas.md#infer.step"""
+    gpu = system.gpu
+    t, p = plan.tp, plan.pp
+    compute_dtype = serve_compute_format(plan, gpu)
+    L = m.num_hidden_layers
+    qk, v = attention_pair_dims(m, plan, decode_only)
+    attn_flops = 2 * attn_pairs * m.num_attention_heads * (qk + v) * L / (t * p)
+    # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
+    # the experts (EPLB's replicas included) only those the step's tokens touch; with DP attention the tokens
+    # of every attention rank reach them (cost.serve_moe.expert_token_factor).
+    weights = serve_weight_bytes(m, plan) - padded_vocab(m.vocab_size, t) * m.hidden_size / t * 2.0 / p
+    experts = 0.0
+    if m.is_moe:
+        wpp = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)
+        shards = plan.ep * plan.etp_resolved  # whole experts over EP ranks, or each expert split by TP
+        experts = (m.num_moe_layers * m.num_experts * expert_params(m) * wpp / shards / p
+                   + redundant_expert_params(m, plan) * wpp)
+        weights = weights - experts
+        experts = experts * _expert_fraction_touched(m, np.asarray(tokens, dtype=float) * expert_token_factor(plan))
+    bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
+    # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
+    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * np.asarray(tokens, dtype=float) / p
+    # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
+    # weights, the touched experts, the KV cache), and they run one after the other.
+    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
+    routed = np.maximum(expert_s, experts / bandwidth)
+    gemm = np.maximum(dense_s, weights / bandwidth)
+    head = head_dim_attention_ratio(m, gpu.attention_softmax_head_dim) if plan.fused_attention else 1.0
+    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
+                                         * gpu.softmax_attention_ratio * head),
+                           np.asarray(kv_read, dtype=float) / bandwidth)
+    # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
+    # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
+    # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
+    scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
+    act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
+    tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
+    return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
+
+
+SERVE_COLLECTIVE_FLOOR_S = 0.0
+"""Least time of one collective in a serving step: a kernel that synchronises the group's GPUs (NCCL or the
+engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
+runs (docs/validation.md#serving): 0 in the current fit, where the latency term of collective_time already
+prices the small messages of decode."""
+
+
+def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
+    sizes = np.atleast_1d(np.asarray(size, dtype=float))
+    out = np.array([max(collective_time(op, float(s), span, system).seconds, SERVE_COLLECTIVE_FLOOR_S)
+                    if span.size > 1 else 0.0 for s in sizes])
+    return out if np.ndim(size) else float(out[0])
+
