@@ -197,7 +197,7 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer, and
     the backward all-gathers the two saved sequence shards again for the weight gradients (Megatron-LM keeps
     only the shard), so SP adds 2 all-gathers per layer; DTensor TP (tp_impl) saves the gathered inputs instead
-    (cost.memory.linear_input_split) and adds none.
+    (cost.activations.linear_input_split) and adds none.
     In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
     Transformer Engine, the forward ones of DTensor's with torchao float8 (its backward gathers of output
     gradients stay bf16 here).

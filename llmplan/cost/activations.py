@@ -1,0 +1,250 @@
+"""Training activations of one transformer layer: the bytes one micro-batch keeps for backward on one rank, by
+module, under each recompute mode (none, selective, recompute_modules, op-level, full) and low-precision recipe.
+
+All functions are pure and return bytes. They work on one ParallelPlan (Python numbers) and, unchanged, on
+search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from llmplan.arith import maximum, where
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compute import attention_head_dims, op_matmul_widths
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
+from llmplan.cost.params import kv_heads_per_rank
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """Activation bytes one transformer layer keeps for backward, per micro-batch, on one rank.
+
+    Source: Korthikanti et al. 2022, Table 2 (sbh(10 + 24/t + 5as/ht); SP divides the 10; selective
+    recompute drops 5as²b/t; full recompute keeps 2sbh), generalised to GQA/MLA, gated MLP, MoE and CP
+    in docs/formulas.md#mem.activations."""
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    sp = where(plan.sp, plan.tp, 1)
+    parts = layer_activation_parts(m, plan, moe, scores=True)
+    selective = parts.total - recomputed_module_bytes(m, plan, moe, parts)
+    kept = where(plan.op, op_checkpoint_bytes(m, plan), selective)
+    return where(plan.full, 2 * s * b * h / sp, kept)
+
+
+def op_checkpoint_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """What op-level checkpointing keeps of one dense layer: its input (2sbh), the bf16 outputs of the odd-
+    numbered matmuls in torchtitan's order (Llama: wq, wv, w1, w2; op_matmul_widths) and of the fused attention
+    with its fp32 log-sum-exp per head. Row-parallel outputs count at full width under TP (the partial sums
+    the mm writes before the reduce-scatter). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
+    (SelectiveAC save list); PyTorch SDPA flash / efficient kernels return the log-sum-exp for backward.
+    Derived: docs/formulas.md#mem.activations"""
+    s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
+    sp = where(plan.sp, t, 1)
+    widths = op_matmul_widths(m)
+    per_rank = [n / t for _, n in widths]
+    per_rank[1] = per_rank[2] = kv_heads_per_rank(m, t) * m.d_head  # K and V: at least one KV head per rank
+    per_rank[3] = per_rank[-1] = h  # wo and w2 (row-parallel): h wide on every rank
+    saved = sum(n for i, n in enumerate(per_rank) if i % 2 == 0)
+    return 2 * s * b * h / sp + 2 * s * b * saved + s * b * a / t * (2 * m.d_head + 4)
+
+
+def layer_activation_no_recompute(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> Any:
+    """One layer's activations without full recompute (selective recompute or fused attention drop the
+    attention-score term when `scores`; the working set of a fully recomputed layer keeps it)."""
+    return layer_activation_parts(m, plan, moe, scores).total
+
+
+@dataclass(frozen=True)
+class LayerActivationParts(Breakdown):
+    """One layer's activations for backward (one micro-batch, one rank) by the module that keeps them, each at
+    the bytes the recipe stores (low-precision GEMM inputs at SAVED_INPUT_BYTES); parts sum to the total.
+    Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
+                                        "mlp", "recurrent")
+    residual: Any
+    """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
+    attn_input: Any
+    """The input norm's output: the QKV (MLA: down-projection) input."""
+    latents: Any
+    """MLA: the compressed Q and KV latents and the shared RoPE key (the up-projections' inputs); else 0."""
+    qkv: Any
+    """Q, K and V as the attention core keeps them (MLA: the up-projected heads)."""
+    attn_out: Any
+    """The attention core's output, the output projection's input."""
+    scores: Any
+    """Softmax scores (and dropout) of an unfused attention core."""
+    mlp_input: Any
+    """The pre-MLP norm's output: the MLP's (MoE: the router's and shared experts') input."""
+    mlp: Any
+    """Inside the MLP: fc1 and activation outputs; MoE: dispatched rows, experts, router probabilities."""
+    recurrent: Any
+    """A hybrid's recurrent mixers (Mamba-2, Gated DeltaNet), per average layer (mixers.py); 0 otherwise."""
+
+
+def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
+    """One layer's stored activations by module (LayerActivationParts). Derived: docs/formulas.md#mem.activations"""
+    s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
+    sp = where(plan.sp, t, 1)
+    # Two norm inputs (4sbh), two 1-byte dropout masks (2sbh) when the model uses hidden dropout; the QKV and
+    # MLP inputs (2sbh each): DTensor TP keeps them gathered (tp_impl).
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction if plan.low_precision else 0.0
+    linear_in = (2.0 - saved) * s * b * h / linear_input_split(plan)
+    no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
+    # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
+    per_score = 5 if m.attention_dropout > 0 else 2
+    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    out = 2 * s * b * a * attention_head_dims(m)[1] / t
+    mla = m.mla
+    latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else 0.0
+    # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
+    # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
+    mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
+    # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
+    at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
+    return LayerActivationParts(
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks, attn_input=linear_in * at,
+        latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
+        attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
+        mlp_input=mlp_input * ff,
+        mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
+        recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
+
+
+def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes an MoE layer's experts save below bf16 on their dispatched rows, one micro-batch, one rank: the
+    grouped fc1 keeps each (token, expert) row's input as the recipe's quantised cast for its weight-gradient
+    GEMM (SAVED_INPUT_BYTES), not the bf16 rows it received; the permute keeps only its index map. bf16: 0.
+    Source: Transformer Engine pytorch/module/grouped_linear.py (forward saves the quantised inputmats,
+    columnwise usage, for backward); Megatron-LM moe/moe_utils.py permute (fused: saves row_id_map).
+    Derived: docs/formulas.md#mem.activations"""
+    if not plan.low_precision:
+        return 0.0
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction
+    return saved * dispatched_rows(m, plan) * m.expert_width
+
+
+def dispatched_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """(token, expert) rows of one MoE layer's experts on one rank, one micro-batch: the rank's T = sb/t_sp
+    tokens x k x etp, padded to capacity when a capacity factor is set. Derived: docs/formulas.md#mem.activations"""
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
+    return tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
+
+
+def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: LayerActivationParts) -> Any:
+    """Bytes of one layer's activations that the selective recompute_modules drop (beyond core_attn's scores,
+    which `parts` already leaves out): layernorm the outputs of the norms not fused into a linear (Transformer
+    Engine fuses the others into LayerNormLinear: MLA's input norm and an MoE layer's pre-MLP norm are
+    separate), mla_up_proj MLA's Q, K, V, mlp / moe the whole MLP but its input (normal checkpointing),
+    moe_act the experts' activation output (fc2's input, bf16 or quantised: Megatron makes fc2 save the
+    original input and discards it), shared_experts the shared MLP's insides. Source: Megatron-LM
+    transformer_config.py (recompute_modules), transformer_layer.py, moe/experts.py, multi_latent_attention.py;
+    gpt_layer_specs.py (which norms are fused). Derived: docs/formulas.md#mem.recompute_modules"""
+    if not m.is_mla and not moe:
+        return where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
+    attn = where(plan.recomputes("layernorm") & m.is_mla, parts.attn_input, 0.0) \
+        + where(plan.recomputes("mla_up_proj") & m.is_mla, parts.qkv, 0.0)
+    if not moe:
+        return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction if plan.low_precision else 0.0
+    tokens = s * b / where(plan.sp, t, 1)
+    routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
+    act = maximum(2 * routed_rows * m.expert_ffn / plan.etp_resolved - saved * s * b * m.expert_ffn
+                  * m.num_experts_per_tok / t, 0.0)
+    shared = ((6 if m.gated_mlp else 4) - saved) * s * b * m.shared_ffn / t
+    parts_of_moe = where(plan.recomputes("layernorm"), parts.mlp_input, 0.0) \
+        + where(plan.recomputes("moe_act"), act, 0.0) + where(plan.recomputes("shared_experts"), shared, 0.0)
+    return attn + where(plan.recomputes("moe"), parts.mlp_input + parts.mlp, parts_of_moe)
+
+
+SAVED_INPUT_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
+                     "nvfp4": 0.5 + 1 / 16}
+"""Bytes per element of a GEMM input that a low-precision recipe keeps for backward (the quantised copy the
+wgrad GEMM reads, in place of the bf16 input's 2): one fp8 byte (per-tensor; torchao rowwise), with an fp32
+scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits and an E4M3 scale per 16
+(NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
+the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
+(arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
+
+
+def linear_input_split(plan: ParallelPlan) -> Any:
+    """How many ways the saved input of a column-parallel linear (QKV, fc1, the output layer) is split across
+    the TP group: tp with sequence parallelism as Megatron-LM keeps it (the sequence shard, gathered again in
+    backward), 1 under DTensor TP, whose autograd saves the all-gathered input (torchtitan's
+    PrepareModuleInput to Replicate), and 1 without SP. Source: Korthikanti et al. 2022 §4.2.2; PyTorch
+    torch.distributed.tensor.parallel (ColwiseParallel), torchtitan parallelize_llama.py apply_tp."""
+    return where(plan.sp & (plan.tp_impl == "megatron"), plan.tp, 1)
+
+
+def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Q, K, V and the attention output (input of the output projection), 2 bytes each, on one TP rank."""
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+    heads = m.num_attention_heads / t
+    if (mla := m.mla) is not None:
+        latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
+        return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
+    d, kvh = m.d_head, kv_heads_per_rank(m, t)
+    return 2 * s * b * d * (2 * heads + 2 * kvh)
+
+
+def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """MLP activations: 4sbf/t for GELU (fc1 output + GELU output), 6sbf/t gated (fc1 output 2f + product f).
+
+    MoE: each of the rank's input tokens goes to k experts; every (token, expert) row keeps its dispatched
+    input (2h; h the latent width of a latent MoE, which also keeps the combined latent rows 2l per token for
+    its l -> h projection) and the expert's fc1/activation outputs (c·f_e/etp), plus fp32 router
+    probabilities."""
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+    c = 6 if m.gated_mlp else 4
+    if not moe:
+        return c * s * b * m.intermediate_size / t
+    etp = plan.etp_resolved
+    tokens = s * b / where(plan.sp, t, 1)
+    rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
+    routed = rows * (2 * m.expert_width + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
+    latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
+    return routed + latent + c * s * b * m.shared_ffn / t
+
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Per-layer activation bytes of one micro-batch, the same on every stage (computed once per plan)."""
+
+    dense: Any
+    moe: Any
+    working_dense: Any
+    """Full recompute: a dense layer's activations rebuilt in its backward."""
+    working_moe: Any
+    kept_dense: Any = 0.0
+    """A dense layer that full recompute leaves out (block method): all its activations stay."""
+    kept_moe: Any = 0.0
+    rebuilt_dense: Any = 0.0
+    """Selective recompute_modules: what a dense layer's backward rebuilds (recomputed_module_bytes)."""
+    rebuilt_moe: Any = 0.0
+
+
+def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
+    dense = layer_activation_bytes(m, plan, False)
+    working_dense = layer_activation_no_recompute(m, plan, False, scores=False)
+    block = plan.recompute_layers is not None  # only block recompute keeps some layers whole
+    kept_dense = layer_activation_no_recompute(m, plan, False, scores=True) if block else 0.0
+    rebuilt_dense = _rebuilt(m, plan, False)
+    if not m.is_moe:
+        return LayerActivations(dense, 0.0, working_dense, working_dense, kept_dense, kept_dense,
+                                rebuilt_dense, rebuilt_dense)
+    return LayerActivations(dense, layer_activation_bytes(m, plan, True), working_dense,
+                            layer_activation_no_recompute(m, plan, True, scores=False), kept_dense,
+                            layer_activation_no_recompute(m, plan, True, scores=True) if block else 0.0,
+                            rebuilt_dense, _rebuilt(m, plan, True))
+
+
+def _rebuilt(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """The activations selective recompute_modules rebuild in one layer's backward (0 without them)."""
+    if not plan.recompute_modules:
+        return 0.0
+    return recomputed_module_bytes(m, plan, moe, layer_activation_parts(m, plan, moe, scores=True))
+

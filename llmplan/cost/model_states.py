@@ -1,0 +1,76 @@
+"""Training model states per GPU: weights, gradients and optimizer states under ZeRO, and the low-precision
+weight copies a recipe caches across micro-batches.
+
+All functions are pure and return bytes. They work on one ParallelPlan (Python numbers) and, unchanged, on
+search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from llmplan.arith import maximum, where
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.params import RankParams, padded_vocab
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
+
+
+@dataclass(frozen=True)
+class ModelStateBytes(Breakdown):
+    """Weights, gradients and optimizer states of one rank; parts sum to total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer")
+    weights: Any
+    gradients: Any
+    optimizer: Any
+
+
+def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, grad_bytes: Any,
+                      optim_bytes: Any = ADAM_STATE_BYTES) -> ModelStateBytes:
+    """Mixed-precision Adam model states of n_params replicated parameters under ZeRO over `shard` ranks.
+
+    Source: Rajbhandari et al. 2020 (ZeRO), Section 5: 2Ψ+2Ψ+KΨ with K=12; stage 1 shards K, stage 2 also the
+    gradients, stage 3 also the parameters. Megatron's distributed optimizer is stage 1 with fp32 gradients
+    (6 + 12/d bytes/param, Megatron-LM docs). K is ParallelPlan.optimizer_bytes: master + two moments in their
+    dtypes (8 with bf16 moments, DeepSeek-V3 report §3.3.3). Derived: docs/formulas.md#mem.model_states"""
+    return ModelStateBytes(
+        weights=n_params * weight_bytes / where(zero >= 3, shard, 1),
+        gradients=n_params * grad_bytes / where(zero >= 2, shard, 1),
+        optimizer=n_params * optim_bytes / where(zero >= 1, shard, 1),
+    )
+
+
+LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
+                              "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
+"""Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a
+step (Transformer Engine casts once, on the first micro-batch): an fp8 copy and its transpose (per-tensor,
+blockwise with an fp32 scale per 128x128 block) on a GPU whose FP8 GEMMs take only the TN layout (Hopper),
+the copy alone elsewhere (FP8_TRANSPOSE); MXFP8 a rowwise and a columnwise copy with an E8M0 scale per 32
+each; NVFP4 two 4-bit copies with an E4M3 scale per 16. torchao's rowwise recipe casts inside each GEMM and
+keeps none. Derived: docs/formulas.md#precision (Transformer Engine docs: is_first_microbatch weight
+caching, MXFP8 / NVFP4 recipes; torchao float8 README)."""
+FP8_TRANSPOSE = {"tensorwise": 1.0, "blockwise": 1.0 + 4 / 128**2}
+"""The transposed fp8 copy within LOW_PRECISION_WEIGHT_CACHE, kept only where FP8 GEMMs are TN-only
+(GpuSpec.fp8_tn_only). Source: Transformer Engine pytorch/csrc/quantizer.cpp (Float8 quantizers create the
+columnwise transpose only when `!nvte_is_non_tn_fp8_gemm_supported()`, false on Blackwell)."""
+
+
+def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any,
+                               fp8_tn_only: bool = True) -> Any:
+    """Bytes of the recipe's cached low-precision weight copies on one rank of `stage`: its linear weights
+    (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
+    GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
+    (fp8_params: 1 byte, or NVFP4's 4 bits and scales); none under ZeRO-3 / FSDP, which gathers and frees each
+    layer, unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
+    if not plan.low_precision:
+        return 0.0
+    cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
+    per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
+    vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
+    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
+    linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction
+    return where((plan.zero >= 3) & (plan.pp == 1), 0.0, linear * max(per_weight, 0.0))
