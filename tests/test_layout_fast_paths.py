@@ -113,7 +113,7 @@ def test_stage_layer_list_is_each_stages_count():
 
 
 def test_a_plans_memo_never_crosses_models_or_gpus():
-    """A single plan's memoized parts (cost.params.memoized) are keyed by the model and GPU they were priced
+    """A single plan's memoized parts (cost.memo.memoized) are keyed by the model and GPU they were priced
     with: the same plan object priced on another GPU or model equals a fresh copy's estimate."""
     import json
 

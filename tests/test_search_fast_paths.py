@@ -148,9 +148,9 @@ def test_screened_memory_is_the_full_memory_model(name, system, nodes, gbs, head
 @pytest.mark.parametrize("name,system,nodes,gbs", [CASES[0], ("llama-3.1-405b", "dgx-h100", 64, 1024)])
 def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nodes, gbs):
     """Every plan a search shows (ranked, Pareto, the conventional one) reads exactly what the scalar estimate
-    of a fresh copy gives with no single-plan memo (cost.params._plan_memo: each part computed where it is
+    of a fresh copy gives with no single-plan memo (cost.memo._plan_memo: each part computed where it is
     read): the screened memory, the memo and the layout pass's shortcuts change no number."""
-    from llmplan.cost import params
+    from llmplan.cost import memo
     from llmplan.estimate import estimate_training
 
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
@@ -160,7 +160,7 @@ def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nod
     assert res.ranked
     as_json = lambda e: json.dumps(report.estimate_json(e), sort_keys=True, default=str)
     got = [as_json(e) for e in shown]
-    monkeypatch.setattr(params, "_plan_memo", lambda plan: None)
+    monkeypatch.setattr(memo, "_plan_memo", lambda plan: None)
     for e, seen in zip(shown, got):
         plain = estimate_training(m, cluster, e.plan.model_copy(deep=True), None, checkpoint=e.checkpoint)
         assert seen == as_json(plain), e.plan.describe()

@@ -1,6 +1,8 @@
-"""FLOPs and compute time: model and hardware FLOPs per step, GEMM time from peak x a shape-dependent
-efficiency, memory-bound operators from HBM bandwidth, and the optimizer step.
+"""Compute time: a stage's forward and backward seconds per micro-batch (GEMMs, attention, memory-bound
+operators, recompute), the attention kernels' achieved fraction of peak, the memory-bound operators' HBM
+traffic, the output layer and loss, and the optimizer step.
 
+FLOPs live in cost.flops and GEMM efficiency and time in cost.gemm; their names are re-exported here.
 Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
 """
 
@@ -9,298 +11,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-
-from llmplan.arith import maximum, minimum, where
+from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.mixers import (attention_share, dense_mlp_share, mean_recurrent_memory_bytes, mean_recurrent_params,
-                                 mean_scan_flops, norms_per_layer, recurrent_gemm_shapes)
-from llmplan.cost.moe import routing_imbalance
-from llmplan.cost.params import (attention_params, expert_params, kv_heads_per_rank, latent_proj_params,
-                                 memoized, mlp_params, padded_vocab, recomputed_share)
-from llmplan.cost.sparse import indexer_flops_per_pair
+from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
+    LayerFlops,
+    attended_keys,
+    attention_groups,
+    attention_head_dims,
+    attention_keys,
+    layer_flops,
+    layer_windows,
+    logits_flops,
+    model_flops_per_step,
+    module_recompute_flops,
+    op_matmul_widths,
+    op_recomputed_share,
+    recompute_flops_per_step,
+)
+from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this module)
+    GEMM_HALF_DIM,
+    GEMM_OPERAND_BYTES,
+    TE_PIPELINE_SPLITS,
+    TILE,
+    attention_shapes,
+    chunk_rows,
+    gemm_efficiency,
+    gemm_shape_efficiency,
+    grouped_gemm_bytes,
+    grouped_gemm_efficiency,
+    layer_gemm_seconds,
+    layer_gemms,
+)
+from llmplan.cost.memo import memoized
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_memory_bytes, norms_per_layer
+from llmplan.cost.params import kv_heads_per_rank, padded_vocab
+from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-GEMM_HALF_DIM = 512.0  # serving's default curve: efficiency reaches half its best at a smallest dimension of 512
 KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microseconds; CUDA Programming Guide)
-TILE = 128  # output tile edge of the large-GEMM kernels (cuBLAS / CUTLASS 128 x 128 .. 256 x 128 tiles)
-
-
-def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> Any:
-    """Achieved fraction of peak of one M x N x K GEMM from its own shape: the best large-GEMM fraction, times
-    tile quantisation (M and N padded to whole 128-tiles), wave quantisation (the tiles over the SMs, the last
-    wave partly idle) and a short-reduction term K / (K + gemm_k_half). Large GEMMs of TP4 and TP8 run alike; a GEMM
-    with few rows (small micro-batch, an expert's share of the tokens) pays for its idle tiles and SMs.
-    Source: NVIDIA Matrix Multiplication Background User's Guide (tile and wave quantization).
-    Derived: docs/formulas.md#compute.gemm"""
-    return grouped_gemm_efficiency(gpu, dtype, M, N, K, 1)
-
-
-def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
-    """Achieved fraction of peak of a grouped GEMM: `groups` experts' M x N x K matmuls in one launch (a rank's
-    local experts, M its rows per expert). Each expert's rows start a new row of output tiles, so tile
-    quantisation is the expert's own (M and N padded to whole 128-tiles: DeepGEMM's contiguous layout aligns
-    every expert's segment to the M block); the tiles of all the experts fill the SMs together, so wave
-    quantisation counts groups x tiles; the short-reduction term is the expert's K. groups = 1 is
-    gemm_shape_efficiency. Small experts pay where their N or K are short (Qwen3-30B-A3B: f_e 768), not for
-    waves. Source: Gale et al. 2023 (MegaBlocks) §5 (all experts' blocks in one kernel); DeepGEMM README
-    (m-grouped contiguous layout); NVIDIA Matrix Multiplication Background (tile and wave quantization).
-    Derived: docs/formulas.md#compute.gemm"""
-    if gpu.gemm_efficiency:  # a calibrated profile measured the curve by smallest dimension
-        return gemm_efficiency(gpu, dtype, minimum(M, minimum(N, K)))
-    tm, tn = np.ceil(np.maximum(M, 1) / TILE), np.ceil(np.maximum(N, 1) / TILE)
-    tiles = tm * tn * groups
-    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * TILE * TILE)
-    wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
-    return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
-
-
-GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "fp4": 0.5 + 1 / 16}
-"""Bytes per element of a GEMM operand in each tensor-core format, block scales included (MXFP8: an E8M0
-scale per 32; NVFP4: an E4M3 scale per 16). Derived: docs/formulas.md#compute.gemm"""
-
-
-def grouped_gemm_bytes(fmt: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
-    """HBM bytes of one grouped GEMM of `groups` experts: every expert's N x K weights and M x K inputs read in
-    the format, its M x N output written in bf16. At a few rows per expert the weights dominate and the GEMM is
-    bound by HBM, not by the tensor cores: a small expert batch runs far below peak (the roofline's memory
-    side; Williams, Waterman and Patterson 2009, "Roofline"). Derived: docs/formulas.md#compute.gemm"""
-    b = GEMM_OPERAND_BYTES.get(fmt, 2.0)
-    return groups * (b * (N * K + M * K) + 2.0 * M * N)
-
-
-def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
-    """Achieved fraction of peak for a GEMM whose smallest dimension is d_min (serving's decode and prefill
-    steps; training uses gemm_shape_efficiency).
-
-    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (Stas Bekman, ml-engineering compute/accelerator/README.md:
-    A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
-    log d). Derived: docs/formulas.md#compute.gemm"""
-    if gpu.gemm_efficiency:
-        d, e = zip(*sorted(gpu.gemm_efficiency))
-        return np.interp(np.log(np.maximum(d_min, 1.0)), np.log(d), e)
-    return gpu.max_gemm_fraction(dtype) * d_min / (d_min + GEMM_HALF_DIM)
-
-
-@dataclass(frozen=True)
-class LayerFlops(Breakdown):
-    """Forward FLOPs of one layer for one micro-batch on one rank, by kind of work."""
-
-    PARTS: ClassVar[tuple[str, ...]] = ("gemm", "attention")
-
-    gemm: Any
-    """Projections and MLP/expert matmuls."""
-    attention: Any
-    """QK^T and attention-over-V (the s² terms), as counted for MFU (no causal halving), and a hybrid's
-    recurrent scans (linear in s)."""
-
-
-def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
-    """Forward FLOPs of one layer, one micro-batch, one rank: 2·tokens·weights for every matmul; attention
-    4·b·s²·a·d (QK^T and AV). Source: Narayanan et al. 2021 Eq. 3 (per-layer 24bsh² + 4bs²h, MHA, 4h MLP),
-    generalised to GQA, MLA, gated MLP and MoE (top-k experts). A hybrid stack's average layer (mixers.py)
-    holds its share of attention, its mean recurrent mixer and scan, and, without experts, its share of
-    dense MLP. Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
-    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
-    T = s * b
-    mlp: float
-    if moe:
-        mlp = m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts + latent_proj_params(m)
-        mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
-    else:
-        mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
-    gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
-    qk, v = attention_head_dims(m)
-    keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
-    attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
-    # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
-    # its heads whole on every TP rank (cost.sparse)
-    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m)
-    return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
-
-
-def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
-    """(query-key, value) head dimensions: MLA's nope + rope and v dims, else d_head for both."""
-    if (mla := m.mla) is not None:
-        return mla.qk_head_dim, mla.v_head_dim
-    return m.d_head, m.d_head
-
-
-def attention_groups(m: ModelSpec) -> tuple[tuple[str, int | None, int], ...]:
-    """(kind, tokens a layer attends to at most, number of such layers) of the softmax-attention layers: full
-    (None: all), sliding (the window; full when the model gives none) and chunked (the chunk). A hybrid's
-    recurrent and mixer-less layers are not listed."""
-    full = m.count_layers("full_attention") + (0 if m.sliding_window else m.count_layers("sliding_attention"))
-    if m.is_sparse_attention:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
-        return (("sparse", m.index_topk, full),)
-    groups = (("full", None, full), ("sliding", m.sliding_window, m.count_layers("sliding_attention")
-                                    if m.sliding_window else 0),
-              ("chunked", m.attention_chunk_size, m.count_layers("chunked_attention")))
-    return tuple(g for g in groups if g[2])
-
-
-def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
-    """(tokens a layer attends to, number of such layers): the sliding window for the sliding-attention layers,
-    the chunk for chunked ones, None (all) for the others; only the attention layers. Counted once, not listed
-    per layer, so that a cost evaluated per pipeline stage stays linear in the stages (4,096 stages of a
-    4,096-layer model took 41 s listing every layer per stage)."""
-    return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
-
-
-def attention_keys(m: ModelSpec, s: Any) -> Any:
-    """Keys per query counted in the attention FLOPs of a sequence of s tokens, averaged over the layers. A
-    full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts the
-    same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
-    so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
-    average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
-    groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
-    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
-        return s
-    s = np.asarray(s, dtype=float)
-    counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
-                    else np.where(w < s, 2.0 * w - w * w / s, s)) for kind, w, n in groups]
-    return sum(counted, 0.0 * s) / m.num_hidden_layers
-
-
-def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t."""
-    return 2 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size * m.vocab_size / plan.tp
-
-
-def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Model FLOPs of one step over all GPUs: 3 x forward (backward = 2 x forward), no recompute.
-    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU)."""
-    per_rank_mb = (m.num_dense_layers * layer_flops(m, plan, False).total
-                   + m.num_moe_layers * layer_flops(m, plan, True).total + logits_flops(m, plan))
-    replicas_per_mb = plan.tp * plan.cp  # ranks that share one micro-batch
-    return 3 * per_rank_mb * replicas_per_mb * plan.global_batch / plan.micro_batch
-
-
-def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
-    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share)."""
-    dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
-    full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
-        plan, m.num_hidden_layers / plan.pp)
-    core = where(plan.recomputes("core_attn"), m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention,
-                 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
-        + m.num_moe_layers * module_recompute_flops(m, plan, True)
-    op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
-    per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))
-    return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
-
-
-def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
-    """(K, N) of each attention projection on one of t TP ranks: fused QKV and output (the rank's heads, at
-    least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
-    Derived: docs/formulas.md#compute.gemm"""
-    h, a_t = m.hidden_size, m.num_attention_heads / t
-    if (mla := m.mla) is not None:
-        nope, rope, v, kv_r, q_r = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank,
-                                    mla.q_lora_rank)
-        q = [(h, q_r), (q_r, a_t * (nope + rope))] if q_r else [(h, a_t * (nope + rope))]
-        return q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
-    return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
-
-
-def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any, str]]:
-    """(FLOPs, M, N, K, tp_role) of each matmul of one layer's forward on one rank, one micro-batch: the
-    attention projections, the MLP (or the router, the rank's experts at their rows per expert, the shared
-    experts). tp_role: "ag" for a column-parallel matmul whose input TP gathers (QKV, MLP up), "rs" for a
-    row-parallel one whose output TP reduces (attention output, MLP down), "" for the rest.
-    Derived: docs/formulas.md#compute.gemm"""
-    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
-    T = s * b
-    c = 2 if m.gated_mlp else 1
-    shapes = attention_shapes(m, t)
-    roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
-    a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
-    out = [(2 * T * k * n * a_share, T, n, k, role) for (k, n), role in zip(shapes, roles)]
-    out += [(2 * T * k * n * share, T, n, k, role)
-            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
-    dense_f = m.shared_ffn if moe else m.intermediate_size
-    f_share = 1.0 if moe else dense_mlp_share(m)
-    if dense_f and f_share:
-        out += [(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag"),
-                (2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs")]
-    if moe:
-        etp, f_e, k_top, w = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok, m.expert_width
-        # Rows per local expert (padded to capacity when a capacity factor is set).
-        rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
-        routed = 2 * T * k_top * (c + 1) * w * f_e / t  # the experts read and write the expert width w
-        out += [(routed * c / (c + 1), rows, c * f_e / etp, w, ""), (routed / (c + 1), rows, w, f_e / etp, ""),
-                (2 * T * h * m.num_experts / t, T, m.num_experts, h, "")]
-        if m.moe_latent_size:  # a latent MoE's h -> l and l -> h projections, replicated across TP
-            out += [(2 * T * h * w / t, T, w, h, ""), (2 * T * w * h / t, T, h, w, "")]
-    return out
-
-
-TE_PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for its "pipeline" GEMM + reduce-scatter overlap
-
-
-def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
-    """Rows of each GEMM call in the forward and in the backward's input-gradient matmul when chunked TP
-    overlap (tp_comm_overlap with sp) splits a matmul beside its collective; the weight-gradient matmul
-    always runs whole. Megatron-LM (Transformer Engine userbuffers, default methods): ring exchange, one
-    chunk per TP rank, for the forward of "ag" matmuls and the input gradient of "rs" ones; the forward
-    "rs" reduce-scatter in TE_PIPELINE_SPLITS chunks; the "ag" input gradients overlap in bulk (whole).
-    DTensor async TP splits every gathered and reduce-scattered matmul per rank, in both passes.
-    Source: Transformer Engine v1.8, pytorch/module/base.py initialize_ub (methods and num_splits);
-    PyTorch symmetric_memory fused_all_gather_matmul / fused_matmul_reduce_scatter. Derived:
-    docs/formulas.md#compute.gemm"""
-    if not role or not plan.tp_comm_overlap:  # a workload switch: one value for all plans of a search
-        return M, M
-    dtensor = plan.tp_impl == "dtensor"  # likewise
-    per_rank = M / plan.tp
-    fwd = per_rank if role == "ag" or dtensor else M / TE_PIPELINE_SPLITS
-    dgrad = per_rank if role == "rs" or dtensor else None  # None: the bulk-overlapped call runs whole
-    return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
-
-
-def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
-    """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
-    harmonic mean of the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the
-    layers in bf16: the average layer mixes both). The backward is an input-gradient and a weight-gradient
-    matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
-    the call (chunk_rows). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
-    gemms = layer_gemms(m, plan, moe)
-    total = sum(g[0] for g in gemms)
-    flops = layer_flops(m, plan, moe).gemm
-
-    # The two expert matmuls (entries 1-2 from the end of a MoE layer's list; the router is last) run as one
-    # grouped GEMM over the rank's E/ep experts, and the most-loaded rank computes routing_imbalance x the
-    # mean routed rows (capacity padding: the factor).
-    experts = (len(gemms) - 3, len(gemms) - 2) if moe else ()
-    load = routing_imbalance(m, plan) if moe else 1.0
-    pad = [load if i in experts else 1.0 for i in range(len(gemms))]
-    groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
-    split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
-
-    def seconds(fmt: str) -> tuple[Any, Any]:
-        fwd = bwd = 0.0
-        # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
-        scale = where(total > 0, flops / where(total > 0, total, 1.0), 0.0) / gpu.sustained_flops(fmt)
-        for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
-            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
-            if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
-                whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
-            if split and role:
-                f_rows, d_rows = chunk_rows(plan, M, role)
-                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K) * scale
-                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) * scale
-                bwd = bwd + dgrad + whole
-            else:
-                fwd, bwd = fwd + whole, bwd + 2 * whole
-        return fwd, bwd
-
-    share = plan.low_precision_layer_fraction
-    low = seconds(plan.gemm_format)
-    if share == 1.0:
-        return low
-    high = seconds("bf16")
-    return share * low[0] + (1 - share) * high[0], share * low[1] + (1 - share) * high[1]
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -362,48 +112,6 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 
-def op_matmul_widths(m: ModelSpec) -> list[tuple[int, int]]:
-    """(K, N) of a dense layer's matmuls in the order torchtitan's modules run them: wq, wk, wv, wo, then w1,
-    w3, w2 (gated MLP: w2(silu(w1(x)) * w3(x))) or w1, w2. Source: torchtitan models/common attention.py and
-    feed_forward.py (release 0.3.0)."""
-    h, a, K, d, f = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head, m.intermediate_size
-    mlp = [(h, f), (h, f), (f, h)] if m.gated_mlp else [(h, f), (f, h)]
-    return [(h, a * d), (h, K * d), (h, K * d), (a * d, h)] + mlp
-
-
-def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
-    """Forward matmul FLOPs (one layer, micro-batch and rank) that Megatron's selective recompute_modules run
-    again in backward: mla_up_proj MLA's Q and KV up-projections, mlp a dense layer's MLP, moe an MoE
-    layer's router, experts and shared experts, shared_experts the shared MLP (2·tokens·weights each, as
-    layer_flops); layernorm, moe_act and core_attn add no matmul (core_attn's attention pass is counted with
-    the attention). Source: Megatron-LM transformer_config.py recompute_modules.
-    Derived: docs/formulas.md#mem.recompute_modules"""
-    if not plan.recompute_modules:
-        return 0.0
-    T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
-    up = 0.0
-    if (mla := m.mla) is not None:
-        a, nope, rope, v = m.num_attention_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
-        up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
-                                                              + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
-    if not moe:
-        mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
-        return up + where(plan.recomputes("mlp"), mlp, 0.0)
-    shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
-    whole = 2 * T * (m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts
-                     + latent_proj_params(m)) / t + shared
-    return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
-
-
-def op_recomputed_share(m: ModelSpec) -> float:
-    """Share of a dense layer's forward matmul FLOPs that op-level checkpointing recomputes: the layer's
-    second, fourth, ... matmul (Llama: wk, wo, w3). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
-    (SelectiveAC saves the compute-intensive ops' outputs except every second mm). Derived:
-    docs/formulas.md#compute.time"""
-    widths = op_matmul_widths(m)
-    return sum(k * n for i, (k, n) in enumerate(widths) if i % 2 == 1) / sum(k * n for k, n in widths)
-
-
 @dataclass(frozen=True)
 class StageCompute(Breakdown):
     """Compute time of one micro-batch on one pipeline stage (forward + backward, recompute included);
@@ -462,16 +170,6 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
-
-
-def attended_keys(m: ModelSpec, keys: Any) -> Any:
-    """Keys a query attends to, averaged over the layers, when `keys` precede it: min(keys, w) on a
-    sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
-    prefill and decode). Derived: docs/formulas.md#compute.flops"""
-    windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
-    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
-        return keys
-    return sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) / m.num_hidden_layers
 
 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:

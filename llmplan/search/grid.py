@@ -155,7 +155,7 @@ class PlanArrays(PlanQuantities):
     micro_batch: np.ndarray
     w: Workload
     memo: dict = field(default_factory=dict, compare=False, repr=False)
-    """Results the cost functions reuse within one evaluation (cost.params.memoized); a new PlanArrays
+    """Results the cost functions reuse within one evaluation (cost.memo.memoized); a new PlanArrays
     (take) starts empty."""
     pp_layers = None  # explicit per-stage lists exist for single plans only
 

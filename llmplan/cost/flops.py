@@ -1,0 +1,183 @@
+"""FLOPs: a layer's forward FLOPs by kind of work (matmuls, attention scores, recurrent scans), the keys a
+query attends to (full, sliding-window, chunked, sparse attention), the model and recompute FLOPs of a step,
+and the matmuls selective and op-level recompute run again.
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py). Split out of cost.compute,
+which re-exports its names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llmplan.arith import where
+from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, mean_scan_flops
+from llmplan.cost.params import attention_params, expert_params, latent_proj_params, mlp_params
+from llmplan.cost.sparse import indexer_flops_per_pair
+from llmplan.cost.stages import recomputed_share
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+@dataclass(frozen=True)
+class LayerFlops(Breakdown):
+    """Forward FLOPs of one layer for one micro-batch on one rank, by kind of work."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("gemm", "attention")
+
+    gemm: Any
+    """Projections and MLP/expert matmuls."""
+    attention: Any
+    """QK^T and attention-over-V (the s² terms), as counted for MFU (no causal halving), and a hybrid's
+    recurrent scans (linear in s)."""
+
+
+def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
+    """Forward FLOPs of one layer, one micro-batch, one rank: 2·tokens·weights for every matmul; attention
+    4·b·s²·a·d (QK^T and AV). Source: Narayanan et al. 2021 Eq. 3 (per-layer 24bsh² + 4bs²h, MHA, 4h MLP),
+    generalised to GQA, MLA, gated MLP and MoE (top-k experts). A hybrid stack's average layer (mixers.py)
+    holds its share of attention, its mean recurrent mixer and scan, and, without experts, its share of
+    dense MLP. Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
+    s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
+    T = s * b
+    mlp: float
+    if moe:
+        mlp = m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts + latent_proj_params(m)
+        mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
+    else:
+        mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
+    gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
+    qk, v = attention_head_dims(m)
+    keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
+    attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
+    # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
+    # its heads whole on every TP rank (cost.sparse)
+    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m)
+    return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
+
+
+def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
+    """(query-key, value) head dimensions: MLA's nope + rope and v dims, else d_head for both."""
+    if (mla := m.mla) is not None:
+        return mla.qk_head_dim, mla.v_head_dim
+    return m.d_head, m.d_head
+
+
+def attention_groups(m: ModelSpec) -> tuple[tuple[str, int | None, int], ...]:
+    """(kind, tokens a layer attends to at most, number of such layers) of the softmax-attention layers: full
+    (None: all), sliding (the window; full when the model gives none) and chunked (the chunk). A hybrid's
+    recurrent and mixer-less layers are not listed."""
+    full = m.count_layers("full_attention") + (0 if m.sliding_window else m.count_layers("sliding_attention"))
+    if m.is_sparse_attention:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
+        return (("sparse", m.index_topk, full),)
+    groups = (("full", None, full), ("sliding", m.sliding_window, m.count_layers("sliding_attention")
+                                    if m.sliding_window else 0),
+              ("chunked", m.attention_chunk_size, m.count_layers("chunked_attention")))
+    return tuple(g for g in groups if g[2])
+
+
+def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
+    """(tokens a layer attends to, number of such layers): the sliding window for the sliding-attention layers,
+    the chunk for chunked ones, None (all) for the others; only the attention layers. Counted once, not listed
+    per layer, so that a cost evaluated per pipeline stage stays linear in the stages (4,096 stages of a
+    4,096-layer model took 41 s listing every layer per stage)."""
+    return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
+
+
+def attention_keys(m: ModelSpec, s: Any) -> Any:
+    """Keys per query counted in the attention FLOPs of a sequence of s tokens, averaged over the layers. A
+    full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts the
+    same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
+    so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
+    average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
+    groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
+    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
+        return s
+    s = np.asarray(s, dtype=float)
+    counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
+                    else np.where(w < s, 2.0 * w - w * w / s, s)) for kind, w, n in groups]
+    return sum(counted, 0.0 * s) / m.num_hidden_layers
+
+
+def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t."""
+    return 2 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size * m.vocab_size / plan.tp
+
+
+def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Model FLOPs of one step over all GPUs: 3 x forward (backward = 2 x forward), no recompute.
+    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU)."""
+    per_rank_mb = (m.num_dense_layers * layer_flops(m, plan, False).total
+                   + m.num_moe_layers * layer_flops(m, plan, True).total + logits_flops(m, plan))
+    replicas_per_mb = plan.tp * plan.cp  # ranks that share one micro-batch
+    return 3 * per_rank_mb * replicas_per_mb * plan.global_batch / plan.micro_batch
+
+
+def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
+    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share)."""
+    dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
+    full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
+        plan, m.num_hidden_layers / plan.pp)
+    core = where(plan.recomputes("core_attn"), m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention,
+                 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
+        + m.num_moe_layers * module_recompute_flops(m, plan, True)
+    op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
+    per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))
+    return per_rank_mb * plan.tp * plan.cp * plan.global_batch / plan.micro_batch
+
+
+def op_matmul_widths(m: ModelSpec) -> list[tuple[int, int]]:
+    """(K, N) of a dense layer's matmuls in the order torchtitan's modules run them: wq, wk, wv, wo, then w1,
+    w3, w2 (gated MLP: w2(silu(w1(x)) * w3(x))) or w1, w2. Source: torchtitan models/common attention.py and
+    feed_forward.py (release 0.3.0)."""
+    h, a, K, d, f = m.hidden_size, m.num_attention_heads, m.kv_heads, m.d_head, m.intermediate_size
+    mlp = [(h, f), (h, f), (f, h)] if m.gated_mlp else [(h, f), (f, h)]
+    return [(h, a * d), (h, K * d), (h, K * d), (a * d, h)] + mlp
+
+
+def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """Forward matmul FLOPs (one layer, micro-batch and rank) that Megatron's selective recompute_modules run
+    again in backward: mla_up_proj MLA's Q and KV up-projections, mlp a dense layer's MLP, moe an MoE
+    layer's router, experts and shared experts, shared_experts the shared MLP (2·tokens·weights each, as
+    layer_flops); layernorm, moe_act and core_attn add no matmul (core_attn's attention pass is counted with
+    the attention). Source: Megatron-LM transformer_config.py recompute_modules.
+    Derived: docs/formulas.md#mem.recompute_modules"""
+    if not plan.recompute_modules:
+        return 0.0
+    T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
+    up = 0.0
+    if (mla := m.mla) is not None:
+        a, nope, rope, v = m.num_attention_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
+                                                              + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
+    if not moe:
+        mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
+        return up + where(plan.recomputes("mlp"), mlp, 0.0)
+    shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
+    whole = 2 * T * (m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts
+                     + latent_proj_params(m)) / t + shared
+    return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
+
+
+def op_recomputed_share(m: ModelSpec) -> float:
+    """Share of a dense layer's forward matmul FLOPs that op-level checkpointing recomputes: the layer's
+    second, fourth, ... matmul (Llama: wk, wo, w3). Source: torchtitan 0.3.0 distributed/activation_checkpoint.py
+    (SelectiveAC saves the compute-intensive ops' outputs except every second mm). Derived:
+    docs/formulas.md#compute.time"""
+    widths = op_matmul_widths(m)
+    return sum(k * n for i, (k, n) in enumerate(widths) if i % 2 == 1) / sum(k * n for k, n in widths)
+
+
+def attended_keys(m: ModelSpec, keys: Any) -> Any:
+    """Keys a query attends to, averaged over the layers, when `keys` precede it: min(keys, w) on a
+    sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
+    prefill and decode). Derived: docs/formulas.md#compute.flops"""
+    windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
+    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
+        return keys
+    return sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) / m.num_hidden_layers

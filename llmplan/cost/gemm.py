@@ -1,0 +1,192 @@
+"""GEMM time: a matmul's achieved fraction of peak from its shape (tile and wave quantisation, grouped expert
+GEMMs, the HBM-bound side of a few rows per expert), the matmuls of one layer with their shapes, and one
+layer's forward and backward GEMM seconds (chunked TP overlap included).
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py). Split out of cost.compute,
+which re-exports its names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmplan.arith import maximum, minimum, where
+from llmplan.cost.flops import layer_flops
+from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
+from llmplan.cost.moe import routing_imbalance
+from llmplan.cost.params import kv_heads_per_rank
+from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+GEMM_HALF_DIM = 512.0  # serving's default curve: efficiency reaches half its best at a smallest dimension of 512
+TILE = 128  # output tile edge of the large-GEMM kernels (cuBLAS / CUTLASS 128 x 128 .. 256 x 128 tiles)
+
+
+def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> Any:
+    """Achieved fraction of peak of one M x N x K GEMM from its own shape: the best large-GEMM fraction, times
+    tile quantisation (M and N padded to whole 128-tiles), wave quantisation (the tiles over the SMs, the last
+    wave partly idle) and a short-reduction term K / (K + gemm_k_half). Large GEMMs of TP4 and TP8 run alike; a GEMM
+    with few rows (small micro-batch, an expert's share of the tokens) pays for its idle tiles and SMs.
+    Source: NVIDIA Matrix Multiplication Background User's Guide (tile and wave quantization).
+    Derived: docs/formulas.md#compute.gemm"""
+    return grouped_gemm_efficiency(gpu, dtype, M, N, K, 1)
+
+
+def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
+    """Achieved fraction of peak of a grouped GEMM: `groups` experts' M x N x K matmuls in one launch (a rank's
+    local experts, M its rows per expert). Each expert's rows start a new row of output tiles, so tile
+    quantisation is the expert's own (M and N padded to whole 128-tiles: DeepGEMM's contiguous layout aligns
+    every expert's segment to the M block); the tiles of all the experts fill the SMs together, so wave
+    quantisation counts groups x tiles; the short-reduction term is the expert's K. groups = 1 is
+    gemm_shape_efficiency. Small experts pay where their N or K are short (Qwen3-30B-A3B: f_e 768), not for
+    waves. Source: Gale et al. 2023 (MegaBlocks) §5 (all experts' blocks in one kernel); DeepGEMM README
+    (m-grouped contiguous layout); NVIDIA Matrix Multiplication Background (tile and wave quantization).
+    Derived: docs/formulas.md#compute.gemm"""
+    if gpu.gemm_efficiency:  # a calibrated profile measured the curve by smallest dimension
+        return gemm_efficiency(gpu, dtype, minimum(M, minimum(N, K)))
+    tm, tn = np.ceil(np.maximum(M, 1) / TILE), np.ceil(np.maximum(N, 1) / TILE)
+    tiles = tm * tn * groups
+    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * TILE * TILE)
+    wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
+    return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
+
+
+GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "fp4": 0.5 + 1 / 16}
+"""Bytes per element of a GEMM operand in each tensor-core format, block scales included (MXFP8: an E8M0
+scale per 32; NVFP4: an E4M3 scale per 16). Derived: docs/formulas.md#compute.gemm"""
+
+
+def grouped_gemm_bytes(fmt: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
+    """HBM bytes of one grouped GEMM of `groups` experts: every expert's N x K weights and M x K inputs read in
+    the format, its M x N output written in bf16. At a few rows per expert the weights dominate and the GEMM is
+    bound by HBM, not by the tensor cores: a small expert batch runs far below peak (the roofline's memory
+    side; Williams, Waterman and Patterson 2009, "Roofline"). Derived: docs/formulas.md#compute.gemm"""
+    b = GEMM_OPERAND_BYTES.get(fmt, 2.0)
+    return groups * (b * (N * K + M * K) + 2.0 * M * N)
+
+
+def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
+    """Achieved fraction of peak for a GEMM whose smallest dimension is d_min (serving's decode and prefill
+    steps; training uses gemm_shape_efficiency).
+
+    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (Stas Bekman, ml-engineering compute/accelerator/README.md:
+    A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
+    log d). Derived: docs/formulas.md#compute.gemm"""
+    if gpu.gemm_efficiency:
+        d, e = zip(*sorted(gpu.gemm_efficiency))
+        return np.interp(np.log(np.maximum(d_min, 1.0)), np.log(d), e)
+    return gpu.max_gemm_fraction(dtype) * d_min / (d_min + GEMM_HALF_DIM)
+
+
+def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
+    """(K, N) of each attention projection on one of t TP ranks: fused QKV and output (the rank's heads, at
+    least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
+    Derived: docs/formulas.md#compute.gemm"""
+    h, a_t = m.hidden_size, m.num_attention_heads / t
+    if (mla := m.mla) is not None:
+        nope, rope, v, kv_r, q_r = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank,
+                                    mla.q_lora_rank)
+        q = [(h, q_r), (q_r, a_t * (nope + rope))] if q_r else [(h, a_t * (nope + rope))]
+        return q + [(h, kv_r + rope), (kv_r, a_t * (nope + v)), (a_t * v, h)]
+    return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
+
+
+def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any, str]]:
+    """(FLOPs, M, N, K, tp_role) of each matmul of one layer's forward on one rank, one micro-batch: the
+    attention projections, the MLP (or the router, the rank's experts at their rows per expert, the shared
+    experts). tp_role: "ag" for a column-parallel matmul whose input TP gathers (QKV, MLP up), "rs" for a
+    row-parallel one whose output TP reduces (attention output, MLP down), "" for the rest.
+    Derived: docs/formulas.md#compute.gemm"""
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    T = s * b
+    c = 2 if m.gated_mlp else 1
+    shapes = attention_shapes(m, t)
+    roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
+    a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
+    out = [(2 * T * k * n * a_share, T, n, k, role) for (k, n), role in zip(shapes, roles)]
+    out += [(2 * T * k * n * share, T, n, k, role)
+            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
+    dense_f = m.shared_ffn if moe else m.intermediate_size
+    f_share = 1.0 if moe else dense_mlp_share(m)
+    if dense_f and f_share:
+        out += [(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag"),
+                (2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs")]
+    if moe:
+        etp, f_e, k_top, w = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok, m.expert_width
+        # Rows per local expert (padded to capacity when a capacity factor is set).
+        rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
+        routed = 2 * T * k_top * (c + 1) * w * f_e / t  # the experts read and write the expert width w
+        out += [(routed * c / (c + 1), rows, c * f_e / etp, w, ""), (routed / (c + 1), rows, w, f_e / etp, ""),
+                (2 * T * h * m.num_experts / t, T, m.num_experts, h, "")]
+        if m.moe_latent_size:  # a latent MoE's h -> l and l -> h projections, replicated across TP
+            out += [(2 * T * h * w / t, T, w, h, ""), (2 * T * w * h / t, T, h, w, "")]
+    return out
+
+
+TE_PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for its "pipeline" GEMM + reduce-scatter overlap
+
+
+def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
+    """Rows of each GEMM call in the forward and in the backward's input-gradient matmul when chunked TP
+    overlap (tp_comm_overlap with sp) splits a matmul beside its collective; the weight-gradient matmul
+    always runs whole. Megatron-LM (Transformer Engine userbuffers, default methods): ring exchange, one
+    chunk per TP rank, for the forward of "ag" matmuls and the input gradient of "rs" ones; the forward
+    "rs" reduce-scatter in TE_PIPELINE_SPLITS chunks; the "ag" input gradients overlap in bulk (whole).
+    DTensor async TP splits every gathered and reduce-scattered matmul per rank, in both passes.
+    Source: Transformer Engine v1.8, pytorch/module/base.py initialize_ub (methods and num_splits);
+    PyTorch symmetric_memory fused_all_gather_matmul / fused_matmul_reduce_scatter. Derived:
+    docs/formulas.md#compute.gemm"""
+    if not role or not plan.tp_comm_overlap:  # a workload switch: one value for all plans of a search
+        return M, M
+    dtensor = plan.tp_impl == "dtensor"  # likewise
+    per_rank = M / plan.tp
+    fwd = per_rank if role == "ag" or dtensor else M / TE_PIPELINE_SPLITS
+    dgrad = per_rank if role == "rs" or dtensor else None  # None: the bulk-overlapped call runs whole
+    return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
+
+
+def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
+    """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
+    harmonic mean of the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the
+    layers in bf16: the average layer mixes both). The backward is an input-gradient and a weight-gradient
+    matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
+    the call (chunk_rows). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
+    gemms = layer_gemms(m, plan, moe)
+    total = sum(g[0] for g in gemms)
+    flops = layer_flops(m, plan, moe).gemm
+
+    # The two expert matmuls (entries 1-2 from the end of a MoE layer's list; the router is last) run as one
+    # grouped GEMM over the rank's E/ep experts, and the most-loaded rank computes routing_imbalance x the
+    # mean routed rows (capacity padding: the factor).
+    experts = (len(gemms) - 3, len(gemms) - 2) if moe else ()
+    load = routing_imbalance(m, plan) if moe else 1.0
+    pad = [load if i in experts else 1.0 for i in range(len(gemms))]
+    groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
+    split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
+
+    def seconds(fmt: str) -> tuple[Any, Any]:
+        fwd = bwd = 0.0
+        # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
+        scale = where(total > 0, flops / where(total > 0, total, 1.0), 0.0) / gpu.sustained_flops(fmt)
+        for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
+            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
+            if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
+                whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
+            if split and role:
+                f_rows, d_rows = chunk_rows(plan, M, role)
+                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K) * scale
+                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) * scale
+                bwd = bwd + dgrad + whole
+            else:
+                fwd, bwd = fwd + whole, bwd + 2 * whole
+        return fwd, bwd
+
+    share = plan.low_precision_layer_fraction
+    low = seconds(plan.gemm_format)
+    if share == 1.0:
+        return low
+    high = seconds("bf16")
+    return share * low[0] + (1 - share) * high[0], share * low[1] + (1 - share) * high[1]

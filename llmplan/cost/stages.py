@@ -1,0 +1,226 @@
+"""Which transformer layers each pipeline stage holds: the first / middle / last split, explicit pp_layers and
+pp_layout stages, the (dense, MoE) layers and mixer kinds of a stage (virtual chunks included), the heaviest
+MoE stage, and the share of a stage's layers full recompute repeats.
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py). Split out of cost.params,
+which re-exports its names.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from llmplan.arith import maximum, minimum, where
+from llmplan.cost.memo import LAYOUT_AXES, memoized, per_distinct
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
+
+
+def layer_split(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any]:
+    """Transformer layers on the first stage, on each middle stage and on the last stage.
+
+    Megatron's --decoder-first/last-pipeline-num-layers pin the first and last stage; the other stages share
+    the rest evenly (0 pins nothing: an even split). Source: Megatron-LM arguments.py (validate_args checks
+    that the remaining layers divide the remaining stages); check_plan enforces it here."""
+    return memoized(plan, ("split", m.num_hidden_layers), lambda: _layer_split(m.num_hidden_layers, plan))
+
+
+def _layer_split(L: int, plan: PlanLike) -> tuple[Any, Any, Any]:
+    p, f, l = plan.pp, plan.pp_first, plan.pp_last
+    middle_stages = p - where(f > 0, 1, 0) - where(l > 0, 1, 0)
+    mid = (L - f - l) // maximum(middle_stages, 1)
+    return where(f > 0, f, mid), mid, where(l > 0, l, mid)
+
+
+def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:
+    """Transformer layers of every pipeline stage when the plan lists them (pp_layers, or the pp_layout chunks
+    of each rank summed); None for a first/last or even split, for plan arrays and for serving plans."""
+    if has_layout(plan):
+        return _layout_stages(plan.pp, tuple(getattr(plan, "pp_layout", None) or ()))  # has_layout: a ParallelPlan
+    return getattr(plan, "pp_layers", None)
+
+
+@lru_cache(maxsize=256)
+def _layout_stages(p: int, layout: tuple[str, ...]) -> tuple[int, ...]:
+    """Transformer layers of every rank of a layout (its chunks' t symbols), once per layout in a process."""
+    v = max(1, len(layout) // p)
+    return tuple(sum(layout[c * p + i].count("t") for c in range(v)) for i in range(p))
+
+
+def layout_grid(plan: ParallelPlan) -> list[list[str]]:
+    """pp_layout as [stage][virtual chunk] symbol runs: chunk k of the list is rank k mod pp's chunk k // pp.
+    Source: Megatron-LM PipelineParallelLayerLayout (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    chunks, p = plan.pp_layout or (), plan.pp
+    v = max(1, len(chunks) // p)
+    return [[chunks[c * p + i] for c in range(v)] for i in range(p)]
+
+
+def chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+    """layout_chunk_layers, once per plan (a plan's memory and step time read it stage by stage)."""
+    return memoized(plan, ("layout_chunk_layers", m), lambda: layout_chunk_layers(m, plan))
+
+
+def layout_chunk_layers(m: ModelSpec, plan: ParallelPlan) -> list[list[tuple[int, int]]]:
+    """(dense, MoE) layers of every [stage][virtual chunk] of a pp_layout plan: the t symbols are the model's
+    layers in list order (the first first_k_dense_replace of them dense), the m symbols its MTP modules
+    (priced as MoE layers, as _stage_layers does). Derived: docs/formulas.md#pipeline.layout"""
+    k = m.first_k_dense_replace if m.is_moe else 0
+    p, start = plan.pp, 0
+    out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    for i, chunk in enumerate((plan.pp_layout or ())[: len(layout_grid(plan)[0]) * p]):
+        n, mtp = chunk.count("t"), chunk.count("m")
+        dense = max(0, min(start + n, k) - start) if m.is_moe else n + mtp
+        if m.is_moe and m.mlp_layer_types is not None:
+            dense = n - moe_layers_between(m, start, start + n)
+        out[i % p].append((dense, n + mtp - dense))
+        start += n
+    return out
+
+
+def stage_layer_count(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """Transformer layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return stages[int(stage)]
+    first, mid, last = layer_split(m, plan)
+    return where(stage == 0, first, where(stage == plan.pp - 1, last, mid))
+
+
+def layers_before(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """Transformer layers held by the pipeline ranks before `stage`."""
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return sum(stages[: int(stage)])
+    first, mid, _ = layer_split(m, plan)
+    return where(stage == 0, 0, first + (stage - 1) * mid)
+
+
+def stage_layer_list(m: ModelSpec, plan: ParallelPlan) -> list[int]:
+    """Transformer layers of every pipeline stage, first to last (one plan)."""
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return list(stages)
+    first, mid, last = (int(x) for x in layer_split(m, plan))  # stage_layer_count of each stage, split read once
+    return [first if i == 0 else last if i == plan.pp - 1 else mid for i in range(plan.pp)]
+
+
+def max_stage_layers(m: ModelSpec, plan: PlanLike) -> Any:
+    """Layers of the pipeline rank that holds the most."""
+    stages = explicit_stages(plan)
+    if stages is not None:
+        return max(stages)
+    first, mid, last = layer_split(m, plan)
+    return maximum(first, maximum(where(plan.pp > 2, mid, 0), last))
+
+
+def stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
+    """(dense layers, MoE layers) held by pipeline rank `stage`.
+
+    With vpp virtual stages every rank's layers form vpp equal chunks; virtual round j holds chunk j of
+    every rank in order, so rank i's chunk j starts at j·L/vpp + (layers before rank i)/vpp (Megatron's
+    interleaved assignment, uneven first/last stages included). Works elementwise on plan arrays."""
+    return memoized(plan, ("stage_layers", m, stage),
+                    lambda: per_distinct(plan, LAYOUT_AXES, stage, lambda p, i: _stage_layers(m, p, i)))
+
+
+def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
+    if has_layout(plan):  # it places every layer and MTP module
+        chunks = chunk_layers(m, plan)[int(stage)]
+        return sum(d for d, _ in chunks), sum(e for _, e in chunks)
+    n = stage_layer_count(m, plan, stage)
+    mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage
+    if not m.is_moe:
+        return n + mtp, 0 * n
+    v, k = plan.vpp, m.first_k_dense_replace
+    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    if m.mlp_layer_types is not None:  # MoE layers anywhere in the stack (a hybrid pattern): count them
+        moe = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            moe = moe + where(j < v, moe_layers_between(m, start, start + chunk), 0)
+        return n - moe, moe + mtp
+    dense = 0 * n
+    # Only virtual rounds that start before layer k can hold dense layers: round j starts at j·L/vpp or later.
+    rounds = min(int(np.max(v)), int(np.ceil(k / max(1, int(np.min(round_))))) + 1)
+    for j in range(rounds):
+        start = j * round_ + offset
+        dense = dense + where(j < v, maximum(0, minimum(start + chunk, k) - start), 0)
+    return dense, n - dense + mtp
+
+
+def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
+    """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
+    return _flagged_between([x == "moe" for x in (m.mlp_layer_types or ())], start, end)
+
+
+def kind_layers_between(m: ModelSpec, kind: str, start: Any, end: Any) -> Any:
+    """Layers whose mixer is `kind` among layers [start, end) (elementwise)."""
+    return _flagged_between([x == kind for x in (m.layer_types or ())], start, end)
+
+
+def stage_kind_counts(m: ModelSpec, plan: PlanLike, stage: Any) -> dict[str, Any]:
+    """Layers of each mixer kind (layer_types) that pipeline rank `stage` holds, all its virtual chunks
+    together (the chunks of _stage_layers: chunk j of rank i starts at j·L/vpp + layers before i / vpp).
+    Elementwise on plan arrays; a stage's kinds sum to its layers."""
+    n = stage_layer_count(m, plan, stage)
+    v = plan.vpp
+    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    out: dict[str, Any] = {}
+    for kind in dict.fromkeys(m.layer_types or ()):
+        count = 0 * n
+        for j in range(int(np.max(v))):
+            start = j * round_ + offset
+            count = count + where(j < v, kind_layers_between(m, kind, start, start + chunk), 0)
+        out[kind] = count
+    return out
+
+
+def _flagged_between(flags: list[bool], start: Any, end: Any) -> Any:
+    prefix = np.concatenate([[0], np.cumsum(flags)]).astype(int)
+    L = len(flags)
+    lo = np.clip(np.asarray(start, dtype=int), 0, L)
+    hi = np.clip(np.asarray(end, dtype=int), 0, L)
+    out = prefix[hi] - prefix[lo]
+    return int(out) if np.ndim(out) == 0 else out
+
+
+def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
+    """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
+    micro-batches among such ranks); 0 for models without leading dense layers. A model whose
+    mlp_layer_types places its MoE layers (Llama 4 Maverick every other layer, a hybrid pattern): the first
+    middle rank that holds the most of them."""
+    if m.is_moe and m.mlp_layer_types is not None:
+        return _most_moe_middle_stage(m, plan)
+    if not m.is_moe or not m.first_k_dense_replace:
+        return 0 * plan.pp
+    if explicit_stages(plan) is not None:
+        return next((i for i in range(plan.pp) if stage_layers(m, plan, i)[0] == 0), plan.pp - 1)
+    first, mid, _ = layer_split(m, plan)
+    kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp
+    i = where(kv <= first, 1, 1 - (-(kv - first) // maximum(mid, 1)))
+    return minimum(i, plan.pp - 1)
+
+
+def _most_moe_middle_stage(m: ModelSpec, plan: PlanLike) -> Any:
+    """The first of ranks 1 .. pp-2 holding the most MoE layers (rank 1, or pp-1 when pp <= 2); elementwise."""
+    best = minimum(1, plan.pp - 1) + 0 * plan.pp
+    if explicit_stages(plan) is not None:
+        return best
+    count = stage_layers(m, plan, 1)[1] if int(np.max(plan.pp)) > 1 else 0 * plan.pp
+    for i in range(2, int(np.max(plan.pp)) - 1):
+        n = stage_layers(m, plan, i)[1]
+        better = (i < plan.pp - 1) & (n > count)
+        best, count = where(better, i, best), where(better, n, count)
+    return best
+
+
+def recomputed_share(plan: ParallelPlan, layers: Any) -> Any:
+    """Share of a stage's `layers` whose forward full recompute repeats: every layer, or with
+    recompute_layers N the first N of each of the stage's vpp virtual chunks (Megatron's block method); 0
+    without full recompute. Source: Megatron-LM --recompute-method block. Derived: docs/formulas.md#mem.activations"""
+    if plan.recompute_layers is None:
+        return where(plan.full, 1, 0)
+    return where(plan.full, minimum(plan.recompute_layers * plan.vpp / maximum(layers, 1), 1.0), 0.0)
