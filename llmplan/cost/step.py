@@ -11,26 +11,44 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmplan.arith import expected_max_normal, maximum, minimum, where
+from llmplan.arith import (  # noqa: F401  (expected_max_normal: re-exported, tests import it from here)
+    expected_max_normal,
+    maximum,
+    minimum,
+    where,
+)
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
-    KERNEL_LAUNCH_S,
     StageCompute,
     model_flops_per_step,
     optimizer_step_seconds,
     recompute_flops_per_step,
     stage_compute,
 )
+from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was this module)
+    BUCKET_PARAMS,
+    BUCKET_PARAMS_PER_DP,
+    CommSeconds,
+    bucket_share,
+    chunked_sync_window,
+    dp_exposed_per_mb,
+    dp_exposed_per_step,
+    overlap,
+    tp_exposed,
+)
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.moe import (
-    EAGER_OP_HOST_S,
-    HOST_SYNC_S,
-    MOE_CYCLE_HOST_OPS,
-    MOE_POST_SYNC_HOST_OPS,
-    dispatch_contention,
-    ep_exposed,
-    host_syncs_per_layer,
+from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
+from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
+    GPU_SPEED_SPREAD,
+    GRAPH_LAUNCHES,
+    GRAPHED_LAYER_KERNELS,
+    GRAPHED_MOE_EAGER,
+    LAYER_KERNELS,
+    MOE_LAYER_KERNELS,
+    host_seconds,
+    host_sync_seconds,
+    straggler_seconds,
 )
 from llmplan.cost.params import (
     ALL_BUT_ZERO,
@@ -48,52 +66,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
 
-GPU_SPEED_SPREAD = 0.012
-"""Standard deviation of one GPU's sustained speed around its fleet's mean, as a fraction. Sinha et al. 2022
-("Not All GPUs Are Created Equal", SC'22, abstract) measure an 8% average performance variation (22% at most)
-among the identical GPUs of each of five clusters of hundreds to thousands of GPUs; read as the range of
-about 1,000 normal draws (2 x 3.24 standard deviations, expected_max_normal), that is 1.2%.
-Derived: docs/formulas.md#step.overhead"""
-BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
-"""Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
-.bucket_size: "larger DP sizes need larger buckets to ensure collectives do not become latency-bound")."""
-LAYER_KERNELS = 12
-"""Kernels one transformer layer launches in a forward pass with fused kernels: four GEMMs (QKV, output
-projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
-memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
-(two per layer). Backward launches about twice as many, recompute one forward more."""
-
-MOE_LAYER_KERNELS = 14
-"""Kernels a dropless MoE layer's forward launches beyond a dense layer's LAYER_KERNELS, in Megatron-Core with
-the fused router, permute and grouped GEMM: the router GEMM, the fused top-k and its auxiliary loss (2), the
-token counts and their gather over the EP group (2), the copy of the counts to the host, the permute, the two
-all-to-alls, the sort of the received rows by local expert and its inverse, the unpermute, and the quantisation
-of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
-places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
-d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
-GRAPH_LAUNCHES = 2
-"""Graph launches per layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the attention part and
-the MLP (a dense layer) or the router and preprocessing (a MoE layer), one launch each."""
-GRAPHED_MOE_EAGER = 8
-"""Kernels of a MoE layer's forward that stay eager under per-layer CUDA graphs: the permute, all-to-alls, grouped
-GEMMs, activation and unpermute after the host's wait."""
-GRAPHED_LAYER_KERNELS = GRAPH_LAUNCHES + GRAPHED_MOE_EAGER
-"""Launches left per MoE layer's forward under per-layer CUDA graphs."""
-
 BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
-
-
-@dataclass(frozen=True)
-class CommSeconds:
-    """Per-step communication time of each axis (all calls, before overlap); dp split into the gradient
-    reduction and the weight gather."""
-
-    tp: Any
-    pp: Any
-    cp: Any
-    ep: Any
-    dp_reduce: Any
-    dp_gather: Any
 
 
 @dataclass(frozen=True)
@@ -223,144 +196,6 @@ def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
     p = plan.pp
     stages = maximum(p / s.bubble_pipes - 1, 0) / maximum(p - 1, 1)
     return stages * (F + s.bubble_backward * B - s.bubble_weight * W) / maximum(F + B, 1e-30)
-
-
-def overlap(comm: Any, window: Any, kappa: float) -> Any:
-    """Time a transfer of `comm` seconds adds when it runs beside `window` seconds of compute: what does not
-    fit in the window, plus the compute it slows while they share the GPU (kappa of the overlapped time).
-    Never less than without overlap's zero, never more than comm (1 + kappa).
-    Derived: docs/formulas.md#step.overlap"""
-    return maximum(0.0, comm - window) + kappa * minimum(comm, window)
-
-
-def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None) -> Any:
-    """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
-    collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
-    GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
-    --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
-    first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
-    gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
-    r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
-    # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
-    # (the input-gradient reduce-scatters and the row-parallel gradient gathers), by the compiler's scheduling.
-    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 4 / (8 + 4 * r))
-    backward = where(plan.sp, sp_share, 2 / (4 + 2 * r)) * tp
-    wgrad = sc.gemm / (3 + r)
-    default = tp - backward + overlap(backward, wgrad, kappa)
-    chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)
-    return where(plan.tp_comm_overlap & plan.sp, chunked, default)
-
-
-def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                      layers: Any = 1) -> Any:
-    """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
-    backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
-    so their times add before the window hides them. Switching an overlap off exposes that collective. Each
-    layer is gathered and reduced on its own (one FSDP unit per layer of the stage's `layers`): the first
-    layer's forward gather has no compute before it and the last layer's reduce-scatter none after it, so
-    those two are exposed even with overlap.
-    Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
-    docs/formulas.md#step.dp"""
-    n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
-    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (2 * n), 0.0)
-    rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
-    backward = sc.total - sc.forward
-    edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
-    hide_f = where(plan.overlap_param_gather, ag * edge, 0.0)
-    hide_b = where(plan.overlap_param_gather, ag, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
-    return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
-
-
-def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
-    """Compute that one step's DP synchronisation of `sync` seconds can hide behind, given `per_mb`, one
-    micro-batch's backward (reduction) or forward (gather) over the whole stage. Without interleaving: that one
-    pass. Interleaved over v chunks, Megatron-LM syncs each chunk on its own: a chunk's gradients are reduced
-    once its last backward is done, which is p chunk-passes before the next chunk's, and a chunk's weights are
-    gathered while the chunk before it runs its first p micro-batches. On one link in order, what stays
-    exposed is the larger of the last chunk's share beyond its own pass (sync/v - w) and the whole sync beyond
-    the (v-1)p + 1 chunk-passes it can start before (w = per_mb / v); at v = 1 both are sync - per_mb.
-    Source: Megatron-LM core/pipeline_parallel/schedules.py, interleaved schedule (grad_sync_func and
-    param_sync_func per model chunk). Derived: docs/formulas.md#step.dp"""
-    v, p = plan.vpp, plan.pp
-    w = per_mb / v
-    return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
-
-
-def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
-    """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
-    (BUCKET_PARAMS) of the stage's parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
-    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
-    return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
-
-
-def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                        params_on_rank: Any = 0.0) -> Any:
-    """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
-    hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
-    first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
-    last bucket starts when the backward is over and the gather of the first bucket must end before the
-    forward starts, so one bucket of each (bucket_share) is exposed even with overlap.
-    Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
-    in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
-    backward = sc.total - sc.forward
-    share = bucket_share(plan, params_on_rank)
-    last, first = comm.dp_reduce * share, comm.dp_gather * share
-    reduce = where(plan.overlap_grad_reduce,
-                   last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
-                                  kappa),
-                   comm.dp_reduce)
-    gather = where(plan.overlap_param_gather & (plan.zero >= 1),
-                   first + overlap(comm.dp_gather - first,
-                                   chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
-                   comm.dp_gather)
-    flat = plan.pp == 1
-    return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
-
-
-def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
-    """Time the job loses to its slowest GPU: every collective waits for the last rank to arrive, and the
-    GPUs of one type differ in sustained speed by GPU_SPEED_SPREAD (one standard deviation), so a step whose
-    GPUs compute for `busy` seconds takes busy x spread x E[max of N normal draws] longer with N GPUs.
-    Derived: docs/formulas.md#step.overhead"""
-    return busy * GPU_SPEED_SPREAD * expected_max_normal(plan.num_gpus)
-
-
-def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
-                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
-    """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
-    the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
-    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
-    MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
-    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
-    `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
-    (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
-    Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
-    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
-    graphed = plan.cuda_graphs == "layers"
-    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
-    per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
-    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
-    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
-    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
-    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
-    return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
-
-
-def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,
-                      layer_gpu_s: Any = 0.0) -> Any:
-    """GPU idle time of one micro-batch's host waits. Each MoE layer's forward (once more under recompute) waits
-    `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer): the host cannot
-    queue work past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S); from there on
-    the GPU runs at the host's pace. With the host issuing ops at h_i and the GPU running them in g_i, the GPU
-    idles max_j(h_1 + .. + h_j - g_1 - .. - g_(j-1)) until the next wait drains the queue again; over the
-    `cycle_ops` eager ops (EAGER_OP_HOST_S each) between two waits and one layer's forward on the GPU
-    (`layer_gpu_s`), that is at least the first op's issue and at least the cycle's host time beyond its GPU
-    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S - layer_gpu_s) per wait. Backward is
-    driven by autograd's C++ engine with the forward's counts and does not wait.
-    Source: CUDA C++ Programming Guide (a wait on an event blocks the host until the GPU has reached it).
-    Derived: docs/formulas.md#step.host_sync"""
-    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S - layer_gpu_s)
-    return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)
 
 
 def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any,

@@ -2,184 +2,34 @@
 
 from __future__ import annotations
 
-import types
-from dataclasses import dataclass
-from functools import cache
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from llmplan.errors import bounded_list
-from llmplan.fileio import excerpt
-
-ModelType = Literal[
-    "gpt",
-    "gpt2",
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "deepseek_v3",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-    "gpt_oss",
-    "bloom",
-    "nemotron_h",
-    "qwen3_next",
-    "llama4",
-    "deepseek_v32",
-    "minimax_m1",
-    "minimax_text_01",
-]
-"""The model_type values llmplan models (Hugging Face names; 'gpt': a plain Megatron-style GPT)."""
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
-
-LayerType = Literal["sliding_attention", "full_attention", "chunked_attention", "linear_attention", "mamba", "none"]
-"""The per-layer token mixers llmplan models: Hugging Face layer_types values (full, sliding-window and Gated
-DeltaNet linear attention as Qwen3-Next names it), chunked local attention (Llama 4), a Mamba-2 SSM mixer
-(Nemotron-H's 'M' blocks) and none (a layer that is only an MLP or MoE: Nemotron-H's '-' and 'E' blocks)."""
-MlpType = Literal["dense", "moe", "none"]
-"""What follows a layer's mixer: a dense MLP, the routed experts (+ shared), or nothing (Nemotron-H's 'M' and
-'*' blocks are mixer-only)."""
-ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
-"""layer_types that are softmax attention over cached keys (they hold a KV cache in serving)."""
-RECURRENT_KINDS = ("mamba", "linear_attention")
-"""layer_types whose mixer is a recurrence: a fixed-size state per sequence replaces the KV cache."""
-MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups")
-LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-
-SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-
-
-def number_kind(annotation: Any) -> type | None:
-    """int, float or bool for a field that holds one of them (or None), else None."""
-    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-    kinds = [a for a in args if a is not type(None)]
-    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, bool) else None
-
-
-def loose_value(name: str, value: Any, kind: type | None) -> str | None:
-    """Why `value` is not written as the `kind` a field holds, or None: a quoted number ("768"), true/false
-    for a number, a quoted true/false. Pydantic's lax mode would turn them into numbers (true into 1: a
-    one-token window) after any check on the raw mapping, so they are refused with the fix instead."""
-    if kind in (int, float) and isinstance(value, bool):
-        return f"{name} is {str(value).lower()}, not a number; give {name} as a number or leave it out"
-    if kind in (int, float) and isinstance(value, str):
-        try:
-            number = float(value)
-            shown = int(number) if number.is_integer() and abs(number) < 1e18 else number
-            fix = f"write it as a plain number, without quotes ({name}: {shown})"
-        except (ValueError, OverflowError):
-            fix = f"give {name} as a number"
-        return f"{name} is the text {value[:40]!r}, not a number; {fix}"
-    if kind is bool and isinstance(value, str):
-        return f"{name} is the text {value[:40]!r}; write true or false without quotes"
-    return None
-
-
-class Spec(BaseModel):
-    """Base of every spec: frozen, no unknown keys, no NaN/inf, and values typed as written (no quoted
-    numbers, no true/false for a number: loose_value), so that every bound applies to the value meant."""
-
-    model_config = SPEC_CONFIG
-
-    @classmethod
-    @cache
-    def _scalar_fields(cls) -> dict[str, type]:
-        kinds = {name: number_kind(f.annotation) for name, f in cls.model_fields.items()}
-        return {name: k for name, k in kinds.items() if k is not None}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _typed_as_written(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, kind in cls._scalar_fields().items():
-                problem = loose_value(name, data.get(name), kind)
-                if problem:
-                    raise ValueError(problem)
-        return data
-
-
-# Sizes beyond any real model: a value above these is a typo or a broken file, refused with the field named.
-MODEL_LIMITS: dict[str, float] = {
-    "hidden_size": 262_144, "intermediate_size": 4_194_304, "num_hidden_layers": 4_096,
-    "num_attention_heads": 4_096, "num_key_value_heads": 4_096, "head_dim": 8_192, "vocab_size": 16_777_216,
-    "max_position_embeddings": 1 << 30, "sliding_window": 1 << 30, "num_experts": 65_536,
-    "num_experts_per_tok": 1_024, "moe_intermediate_size": 4_194_304, "n_shared_experts": 1_024,
-    "shared_expert_intermediate_size": 4_194_304, "first_k_dense_replace": 4_096, "q_lora_rank": 262_144,
-    "kv_lora_rank": 262_144, "num_nextn_predict_layers": 16, "routed_scaling_factor": 100,
-    "qk_nope_head_dim": 8_192, "qk_rope_head_dim": 8_192, "v_head_dim": 8_192,
-    "declared_params": 1e15,
-    "mamba_num_heads": 65_536, "mamba_head_dim": 8_192, "ssm_state_size": 65_536, "n_groups": 65_536,
-    "conv_kernel": 1_024, "linear_num_key_heads": 65_536, "linear_num_value_heads": 65_536,
-    "linear_key_head_dim": 8_192, "linear_value_head_dim": 8_192, "linear_conv_kernel_dim": 1_024,
-    "attention_chunk_size": 1 << 30, "mamba_chunk_size": 65_536, "index_topk": 1 << 30, "index_n_heads": 4_096,
-    "index_head_dim": 8_192, "moe_latent_size": 262_144,
-}
-
-
-ROUTING_FIELDS = ("scoring_func", "norm_topk_prob", "routed_scaling_factor", "expert_bias")
-"""How a MoE router scores, picks and weights experts, beyond top-k and the group limit (defaults: softmax,
-renormalised weights, factor 1, no bias)."""
-
-
-def beyond_limits(data: dict[str, Any]) -> str | None:
-    """The first size in `data` beyond MODEL_LIMITS, as a message; None when all are within."""
-    for key, limit in MODEL_LIMITS.items():
-        value = data.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
-            return f"{key} {value:.3g} is beyond any model llmplan plans for (at most {limit:,.0f})"
-    return None
-
-
-def unknown_layer_types(kinds: Any) -> str | None:
-    """A message naming the layer_types entries llmplan does not model (one line, whatever the layer count)."""
-    if not isinstance(kinds, (list, tuple)):
-        return None
-    return _unknown_kinds("layer_types", kinds, get_args(LayerType))
-
-
-def _unknown_kinds(field: str, kinds: Any, known: tuple[str, ...]) -> str | None:
-    if not isinstance(kinds, (list, tuple)):
-        return None
-    unknown = list(dict.fromkeys(excerpt(repr(k), 40) for k in kinds if k not in known))
-    if not unknown:
-        return None
-    return (f"{field} holds {bounded_list(unknown)}, which llmplan does not model; each layer must be one of "
-            f"{', '.join(known)}")
-
-
-@dataclass(frozen=True, slots=True)
-class MLA:
-    """Multi-head latent attention's dimensions as ints (ModelSpec.mla, present only on an MLA model): the
-    optional ModelSpec fields narrowed once, so cost functions read ints. Names as in Hugging Face's
-    DeepseekV3Config."""
-
-    q_lora_rank: int | None
-    """Rank of the compressed query; None: queries are not compressed (full h -> a * qk_head_dim)."""
-    kv_lora_rank: int
-    """Rank of the compressed key/value latent."""
-    qk_nope_head_dim: int
-    """Per-head query/key dimension without rotary embedding."""
-    qk_rope_head_dim: int
-    """Per-head query/key dimension with rotary embedding (the key part is shared by all heads)."""
-    v_head_dim: int
-    """Per-head value dimension."""
-
-    @property
-    def qk_head_dim(self) -> int:
-        """Per-head query/key dimension: nope + rope."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def q_rank(self) -> int:
-        """The query latent's width, 0 when queries are not compressed."""
-        return self.q_lora_rank or 0
+from llmplan.specs.base import (  # noqa: F401  (re-exported: their home was this module)
+    SPEC_CONFIG,
+    Spec,
+    loose_value,
+    number_kind,
+)
+from llmplan.specs.mla import MLA
+from llmplan.specs.model_kinds import (  # noqa: F401  (re-exported: their home was this module)
+    ATTENTION_KINDS,
+    LINEAR_FIELDS,
+    MAMBA_FIELDS,
+    RECURRENT_KINDS,
+    ROUTING_FIELDS,
+    SUPPORTED_MODEL_TYPES,
+    LayerType,
+    MlpType,
+    ModelType,
+)
+from llmplan.specs.model_limits import (  # noqa: F401  (re-exported: their home was this module)
+    MODEL_LIMITS,
+    _unknown_kinds,
+    beyond_limits,
+    unknown_layer_types,
+)
 
 
 class ModelSpec(Spec):

@@ -1,0 +1,123 @@
+"""Communication exposed beside compute in a training step: the overlap of a transfer with the compute it runs
+beside, and the exposed TP, ZeRO / FSDP and DP-bucket time of a stage (called by cost.step.step_time).
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmplan.arith import maximum, minimum, where
+from llmplan.cost.compute import StageCompute
+from llmplan.specs.plan import ParallelPlan
+
+BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
+"""Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
+.bucket_size: "larger DP sizes need larger buckets to ensure collectives do not become latency-bound")."""
+
+
+@dataclass(frozen=True)
+class CommSeconds:
+    """Per-step communication time of each axis (all calls, before overlap); dp split into the gradient
+    reduction and the weight gather."""
+
+    tp: Any
+    pp: Any
+    cp: Any
+    ep: Any
+    dp_reduce: Any
+    dp_gather: Any
+
+
+def overlap(comm: Any, window: Any, kappa: float) -> Any:
+    """Time a transfer of `comm` seconds adds when it runs beside `window` seconds of compute: what does not
+    fit in the window, plus the compute it slows while they share the GPU (kappa of the overlapped time).
+    Never less than without overlap's zero, never more than comm (1 + kappa).
+    Derived: docs/formulas.md#step.overlap"""
+    return maximum(0.0, comm - window) + kappa * minimum(comm, window)
+
+
+def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None) -> Any:
+    """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
+    collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
+    GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
+    --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
+    first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
+    gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
+    r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
+    # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
+    # (the input-gradient reduce-scatters and the row-parallel gradient gathers), by the compiler's scheduling.
+    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 4 / (8 + 4 * r))
+    backward = where(plan.sp, sp_share, 2 / (4 + 2 * r)) * tp
+    wgrad = sc.gemm / (3 + r)
+    default = tp - backward + overlap(backward, wgrad, kappa)
+    chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)
+    return where(plan.tp_comm_overlap & plan.sp, chunked, default)
+
+
+def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
+                      layers: Any = 1) -> Any:
+    """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
+    backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
+    so their times add before the window hides them. Switching an overlap off exposes that collective. Each
+    layer is gathered and reduced on its own (one FSDP unit per layer of the stage's `layers`): the first
+    layer's forward gather has no compute before it and the last layer's reduce-scatter none after it, so
+    those two are exposed even with overlap.
+    Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
+    docs/formulas.md#step.dp"""
+    n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
+    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (2 * n), 0.0)
+    rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
+    backward = sc.total - sc.forward
+    edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
+    hide_f = where(plan.overlap_param_gather, ag * edge, 0.0)
+    hide_b = where(plan.overlap_param_gather, ag, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
+    return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
+
+
+def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
+    """Compute that one step's DP synchronisation of `sync` seconds can hide behind, given `per_mb`, one
+    micro-batch's backward (reduction) or forward (gather) over the whole stage. Without interleaving: that one
+    pass. Interleaved over v chunks, Megatron-LM syncs each chunk on its own: a chunk's gradients are reduced
+    once its last backward is done, which is p chunk-passes before the next chunk's, and a chunk's weights are
+    gathered while the chunk before it runs its first p micro-batches. On one link in order, what stays
+    exposed is the larger of the last chunk's share beyond its own pass (sync/v - w) and the whole sync beyond
+    the (v-1)p + 1 chunk-passes it can start before (w = per_mb / v); at v = 1 both are sync - per_mb.
+    Source: Megatron-LM core/pipeline_parallel/schedules.py, interleaved schedule (grad_sync_func and
+    param_sync_func per model chunk). Derived: docs/formulas.md#step.dp"""
+    v, p = plan.vpp, plan.pp
+    w = per_mb / v
+    return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
+
+
+def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
+    """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
+    (BUCKET_PARAMS) of the stage's parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
+    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+    return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
+
+
+def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
+                        params_on_rank: Any = 0.0) -> Any:
+    """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
+    hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
+    first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
+    last bucket starts when the backward is over and the gather of the first bucket must end before the
+    forward starts, so one bucket of each (bucket_share) is exposed even with overlap.
+    Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
+    in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
+    backward = sc.total - sc.forward
+    share = bucket_share(plan, params_on_rank)
+    last, first = comm.dp_reduce * share, comm.dp_gather * share
+    reduce = where(plan.overlap_grad_reduce,
+                   last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
+                                  kappa),
+                   comm.dp_reduce)
+    gather = where(plan.overlap_param_gather & (plan.zero >= 1),
+                   first + overlap(comm.dp_gather - first,
+                                   chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
+                   comm.dp_gather)
+    flat = plan.pp == 1
+    return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)

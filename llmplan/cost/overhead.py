@@ -1,0 +1,89 @@
+"""Time per training step outside the model's kernels and collectives: the host's kernel launches and waits
+the GPU idles for, and the stragglers of a large job (step overhead; called by cost.step.step_time).
+
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.arith import expected_max_normal, maximum, where
+from llmplan.cost.compute import KERNEL_LAUNCH_S
+from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
+from llmplan.specs.plan import ParallelPlan
+
+GPU_SPEED_SPREAD = 0.012
+"""Standard deviation of one GPU's sustained speed around its fleet's mean, as a fraction. Sinha et al. 2022
+("Not All GPUs Are Created Equal", SC'22, abstract) measure an 8% average performance variation (22% at most)
+among the identical GPUs of each of five clusters of hundreds to thousands of GPUs; read as the range of
+about 1,000 normal draws (2 x 3.24 standard deviations, expected_max_normal), that is 1.2%.
+Derived: docs/formulas.md#step.overhead"""
+LAYER_KERNELS = 12
+"""Kernels one transformer layer launches in a forward pass with fused kernels: four GEMMs (QKV, output
+projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
+memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
+(two per layer). Backward launches about twice as many, recompute one forward more."""
+
+MOE_LAYER_KERNELS = 14
+"""Kernels a dropless MoE layer's forward launches beyond a dense layer's LAYER_KERNELS, in Megatron-Core with
+the fused router, permute and grouped GEMM: the router GEMM, the fused top-k and its auxiliary loss (2), the
+token counts and their gather over the EP group (2), the copy of the counts to the host, the permute, the two
+all-to-alls, the sort of the received rows by local expert and its inverse, the unpermute, and the quantisation
+of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
+places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
+d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
+GRAPH_LAUNCHES = 2
+"""Graph launches per layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the attention part and
+the MLP (a dense layer) or the router and preprocessing (a MoE layer), one launch each."""
+GRAPHED_MOE_EAGER = 8
+"""Kernels of a MoE layer's forward that stay eager under per-layer CUDA graphs: the permute, all-to-alls, grouped
+GEMMs, activation and unpermute after the host's wait."""
+GRAPHED_LAYER_KERNELS = GRAPH_LAUNCHES + GRAPHED_MOE_EAGER
+"""Launches left per MoE layer's forward under per-layer CUDA graphs."""
+
+
+def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
+    """Time the job loses to its slowest GPU: every collective waits for the last rank to arrive, and the
+    GPUs of one type differ in sustained speed by GPU_SPEED_SPREAD (one standard deviation), so a step whose
+    GPUs compute for `busy` seconds takes busy x spread x E[max of N normal draws] longer with N GPUs.
+    Derived: docs/formulas.md#step.overhead"""
+    return busy * GPU_SPEED_SPREAD * expected_max_normal(plan.num_gpus)
+
+
+def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
+                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
+    """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
+    the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
+    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
+    MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
+    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
+    `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
+    (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
+    Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
+    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
+    graphed = plan.cuda_graphs == "layers"
+    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
+    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
+    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
+    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
+    return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
+
+
+def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,
+                      layer_gpu_s: Any = 0.0) -> Any:
+    """GPU idle time of one micro-batch's host waits. Each MoE layer's forward (once more under recompute) waits
+    `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer): the host cannot
+    queue work past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S); from there on
+    the GPU runs at the host's pace. With the host issuing ops at h_i and the GPU running them in g_i, the GPU
+    idles max_j(h_1 + .. + h_j - g_1 - .. - g_(j-1)) until the next wait drains the queue again; over the
+    `cycle_ops` eager ops (EAGER_OP_HOST_S each) between two waits and one layer's forward on the GPU
+    (`layer_gpu_s`), that is at least the first op's issue and at least the cycle's host time beyond its GPU
+    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S - layer_gpu_s) per wait. Backward is
+    driven by autograd's C++ engine with the forward's counts and does not wait.
+    Source: CUDA C++ Programming Guide (a wait on an event blocks the host until the GPU has reached it).
+    Derived: docs/formulas.md#step.host_sync"""
+    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S - layer_gpu_s)
+    return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)

@@ -1,0 +1,60 @@
+"""Spec: the base of every llmplan spec (frozen, no unknown keys, no NaN/inf, values typed as written)."""
+
+from __future__ import annotations
+
+import types
+from functools import cache
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+def number_kind(annotation: Any) -> type | None:
+    """int, float or bool for a field that holds one of them (or None), else None."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    kinds = [a for a in args if a is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, bool) else None
+
+
+def loose_value(name: str, value: Any, kind: type | None) -> str | None:
+    """Why `value` is not written as the `kind` a field holds, or None: a quoted number ("768"), true/false
+    for a number, a quoted true/false. Pydantic's lax mode would turn them into numbers (true into 1: a
+    one-token window) after any check on the raw mapping, so they are refused with the fix instead."""
+    if kind in (int, float) and isinstance(value, bool):
+        return f"{name} is {str(value).lower()}, not a number; give {name} as a number or leave it out"
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            number = float(value)
+            shown = int(number) if number.is_integer() and abs(number) < 1e18 else number
+            fix = f"write it as a plain number, without quotes ({name}: {shown})"
+        except (ValueError, OverflowError):
+            fix = f"give {name} as a number"
+        return f"{name} is the text {value[:40]!r}, not a number; {fix}"
+    if kind is bool and isinstance(value, str):
+        return f"{name} is the text {value[:40]!r}; write true or false without quotes"
+    return None
+
+
+class Spec(BaseModel):
+    """Base of every spec: frozen, no unknown keys, no NaN/inf, and values typed as written (no quoted
+    numbers, no true/false for a number: loose_value), so that every bound applies to the value meant."""
+
+    model_config = SPEC_CONFIG
+
+    @classmethod
+    @cache
+    def _scalar_fields(cls) -> dict[str, type]:
+        kinds = {name: number_kind(f.annotation) for name, f in cls.model_fields.items()}
+        return {name: k for name, k in kinds.items() if k is not None}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_as_written(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, kind in cls._scalar_fields().items():
+                problem = loose_value(name, data.get(name), kind)
+                if problem:
+                    raise ValueError(problem)
+        return data
