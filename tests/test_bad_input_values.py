@@ -390,3 +390,12 @@ def test_a_lone_surrogate_in_a_spec_is_one_clear_line(cli, tmp_path):
     assert r.code == 2, r.err
     assert r.err.startswith("error: ") and "\\ud800" in r.err
     assert "internal error" not in r.err and "Traceback" not in r.err
+
+
+def test_mla_fields_without_kv_lora_rank_are_refused(cli, tmp_path):
+    # Without kv_lora_rank the model is priced as plain attention: MLA fields beside it would be ignored.
+    spec = {**DEEP, "num_hidden_layers": 8, "q_lora_rank": 512, "qk_rope_head_dim": 64}
+    r = cli("estimate", "--model", write(tmp_path, "mla.yaml", json.dumps(spec)), "--hardware", "dgx-h100",
+            "--nodes", "1")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "q_lora_rank, qk_rope_head_dim set without kv_lora_rank" in r.err and "leave the MLA fields out" in r.err

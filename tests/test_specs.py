@@ -94,6 +94,7 @@ def test_spec_rejects_unknown_keys_and_is_frozen():
     (dict(num_attention_heads=5), "divisible by num_attention_heads"),
     (dict(num_experts=8, num_experts_per_tok=9), "num_experts_per_tok (9) must be between 1 and num_experts (8)"),
     (dict(kv_lora_rank=512), "MLA (kv_lora_rank set) also needs qk_nope_head_dim"),
+    (dict(qk_rope_head_dim=64, v_head_dim=128), "qk_rope_head_dim, v_head_dim set without kv_lora_rank"),
 ])
 def test_cross_field_rules(extra, needle):
     fields = dict(name="x", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

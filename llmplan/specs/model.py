@@ -253,6 +253,12 @@ class ModelSpec(Spec):
             ]
             if missing:
                 raise ValueError(f"MLA (kv_lora_rank set) also needs {', '.join(missing)}")
+        else:
+            stray = [f for f in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                     if getattr(self, f) is not None]
+            if stray:  # without kv_lora_rank the model is priced as plain attention and these would be ignored
+                raise ValueError(f"{', '.join(stray)} set without kv_lora_rank: multi-head latent attention needs "
+                                 "kv_lora_rank (give it, or leave the MLA fields out for plain attention)")
         return self
 
     def _hybrid_rules(self) -> None:
