@@ -265,6 +265,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days "
                       f"({dlo:,.1f}-{dhi:,.1f}), {b['gpu_hours']:,.0f} GPU-hours ({hlo:,.0f}-{hhi:,.0f}; 80% "
                       "intervals)")
+        if b["time_to_train_days"] < dlo:  # the interval is capped at the best published MFU; the point is not
+            console.print("  (the point is faster than its interval: the interval stops at the best published "
+                          "MFU of the GPU, which the point exceeds)")
         (elo, ehi) = b["effective_time_to_train_days_interval"]
         console.print(f"  at {100 * b['goodput']:.1f}% goodput ({res.ranked[0].checkpoint.mode} checkpoints): "
                       f"{b['effective_time_to_train_days']:,.1f} days ({elo:,.1f}-{ehi:,.1f})", highlight=False)
