@@ -122,6 +122,9 @@ def test_search_marks_intervals_ties_and_time_to_train_range(cli):
     text = cli(*args, "--explain")
     lines = text.out.splitlines()
     assert "MFU % (80%)" in text.out and "days (" in text.out and "80% interval of #1" in text.out
+    # the capped interval leaves the point outside it, and the view says why
+    outside = top["budget"]["time_to_train_days"] < lo
+    assert ("the point is faster than its interval" in " ".join(text.out.split())) == outside
     if d["plans"][0]["tied_with"]:
         assert any(line.startswith("1=") or line.lstrip().startswith("1=") for line in lines)
         assert "#1 and #2 are tied (" in text.out and "#1 preferred: " in text.out
