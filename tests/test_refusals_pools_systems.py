@@ -56,3 +56,21 @@ def test_system_comparison_refuses_bad_flags_in_one_line(cli, extra, words):
 def test_serving_search_refuses_several_systems(cli):
     line = one_line(cli(*SEARCH, "--mode", "infer", "--hardware", "dgx-h100,dgx-a100"))
     assert "comparing systems ranks training runs" in line, line
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--hardware", "dgx-h100", "--mode", "serve"), "--mode serve: use train or infer"),
+    (("--hardware", "dgx-h100", "--objective", "fastest"), "--objective fastest: use one of throughput"),
+    (("--hardware", "dgx-h100", "--mode", "infer", "--objective", "gpu-hours"),
+     "--objective gpu-hours with --mode infer: use one of throughput, min-gpus"),
+    (("--hardware", "dgx-h100", "--recompute", "most"), "--recompute most: use one of"),
+    (("--hardware", "dgx-h100", "--zero", "4"), "--zero 4: ZeRO stages are 0, 1, 2 and 3"),
+    (("--hardware", "dgx-h100", "--account-for-embedding-in-pipeline-split"), "needs --pp"),
+    (("--hardware", "dgx-h100", "--mode", "infer", "--disaggregated", "--save", "SAVE"),
+     "--save with --disaggregated"),
+])
+def test_search_refuses_bad_options_in_one_line(cli, tmp_path: Path, extra, words):
+    extra = tuple(str(tmp_path / "p.json") if x == "SAVE" else x for x in extra)
+    line = one_line(cli(*SEARCH, *extra))
+    assert words in line, line
+    assert not (tmp_path / "p.json").exists()
