@@ -473,3 +473,17 @@ def test_export_over_pools_to_torchrun_needs_the_megatron_wrap(cli, saved_plan, 
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
     assert "pools of different GPUs" in lines[0] and "--wrap megatron" in lines[0]
+
+
+def test_a_saved_plan_with_a_negative_pool_index_exits_2_naming_it(cli, saved_plan, tmp_path: Path):
+    import json
+
+    doc = json.loads(saved_plan.read_text())
+    pools = doc["pools"]["plan"]["stage_pools"]
+    doc["pools"]["plan"]["stage_pools"] = [-1] + pools[1:]
+    f = tmp_path / "negative.json"
+    f.write_text(json.dumps(doc))
+    r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "stage_pools [-1" in lines[0] and "0 or more" in lines[0]
