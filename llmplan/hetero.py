@@ -39,6 +39,7 @@ from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.units import GIB
 
 
 @dataclass(frozen=True)
@@ -280,5 +281,5 @@ def stage_counts(pc: PoolCluster, plan: ParallelPlan, order: tuple[int, ...]) ->
 
 def no_fit(e: HeteroEstimate) -> LlmplanError:
     over = [u for u in e.pools if not bool(u.memory.fits)]
-    return LlmplanError(", ".join(f"pool {u.name} needs {float(u.memory.total) / 2**30:.1f} GiB of "
-                                  f"{float(u.memory.capacity) / 2**30:.1f}" for u in over))
+    return LlmplanError(", ".join(f"pool {u.name} needs {float(u.memory.total) / GIB:.1f} GiB of "
+                                  f"{float(u.memory.capacity) / GIB:.1f}" for u in over))

@@ -449,3 +449,41 @@ def test_lock_keeps_a_plan_over_pools_and_report_refuses_it(cli, saved_plan, tmp
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "runs over the pools" in lines[0]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_export_over_pools_refuses_a_rank_order_without_the_pipeline_outermost(cli, saved_plan, tmp_path: Path):
+    """A pool's ranks are one block of nodes only when the pipeline stages are the outermost axis."""
+    import json
+
+    doc = json.loads(saved_plan.read_text())
+    axes = doc["axis_order"].split("-")
+    assert axes[-1] == "pp"
+    axes[-2], axes[-1] = axes[-1], axes[-2]  # the pipeline one axis in
+    doc["axis_order"] = "-".join(axes)
+    f = tmp_path / "order.json"
+    f.write_text(json.dumps(doc))
+    r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "does not put the pipeline stages outermost" in lines[0] and "--axis-order" in lines[0]
+
+
+def test_export_over_pools_to_torchrun_needs_the_megatron_wrap(cli, saved_plan, tmp_path: Path):
+    r = cli("export", saved_plan, "--to", "torchrun", "--wrap", "torchtitan", "-o", tmp_path / "out")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "pools of different GPUs" in lines[0] and "--wrap megatron" in lines[0]
+
+
+def test_a_saved_plan_with_a_negative_pool_index_exits_2_naming_it(cli, saved_plan, tmp_path: Path):
+    import json
+
+    doc = json.loads(saved_plan.read_text())
+    pools = doc["pools"]["plan"]["stage_pools"]
+    doc["pools"]["plan"]["stage_pools"] = [-1] + pools[1:]
+    f = tmp_path / "negative.json"
+    f.write_text(json.dumps(doc))
+    r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "stage_pools [-1" in lines[0] and "0 or more" in lines[0]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOUR_S = 3600.0
+from llmplan.cost.goodput import HOUR
+
 KWH_J = 3.6e6
+"""Joules in a kilowatt-hour."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ def run_budget(tokens: float, tokens_per_s: float, goodput: float, gpus: int,
     """The run's time, GPU-hours, cost and GPU energy. Derived: docs/formulas.md#budget.run"""
     seconds = tokens / tokens_per_s
     wall = seconds / goodput if goodput > 0 else float("inf")
-    gpu_hours = seconds * gpus / HOUR_S
-    effective = wall * gpus / HOUR_S
+    gpu_hours = seconds * gpus / HOUR
+    effective = wall * gpus / HOUR
     cost = effective * price_per_gpu_hour if price_per_gpu_hour is not None else None
     energy = wall * gpus * watts_per_gpu / KWH_J if watts_per_gpu is not None else None
     return RunBudget(tokens, gpus, seconds, wall, gpu_hours, effective, cost, energy)

@@ -57,7 +57,8 @@ def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v
     """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
     together), n the micro-batches, v the virtual stages per rank, chunk_share[i][c] the share of stage i's
     time its chunk c takes (default 1/v each; a custom pipeline layout's chunks differ). Each stage runs its
-    slots in stage_order, a slot starting when the stage is free and its input has arrived."""
+    slots in stage_order, a slot starting when the stage is free and its input has arrived.
+    Derived: docs/formulas.md#pipeline.schedule"""
     slots: list[Slot] = []
     _simulate(forward_s, backward_s, n, v, chunk_share, slots)
     return sorted(slots, key=lambda s: (s.stage, s.start))
@@ -139,7 +140,7 @@ def _steps(p: int, n: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ..
 def makespan(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
              chunk_share: list[list[float]] | None = None) -> float:
     """Seconds from the first forward to the last backward of pipeline_schedule (a stage's slots end in order,
-    so its last one ends latest)."""
+    so its last one ends latest). Derived: docs/formulas.md#pipeline.schedule"""
     return max(_simulate(forward_s, backward_s, n, v, chunk_share, None))
 
 

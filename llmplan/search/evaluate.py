@@ -33,7 +33,7 @@ class Evaluation:
 def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
     gpu = cluster.system.gpu
-    return training_memory(m, plans, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)  # type: ignore[arg-type]
+    return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)
 
 
 SCREEN_STAGE = 2
@@ -64,8 +64,8 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     training_memory on every plan, elementwise: the least-memory misfit too, its rivals computed in full
     where their screening stage is below the least found (tests/test_search_fast_paths.py)."""
     gpu = cluster.system.gpu
-    stage = candidate_stages(m, plans)[SCREEN_STAGE]  # type: ignore[arg-type]  # plan arrays stand for plans
-    bound = np.asarray(stage_memory(m, plans, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,  # type: ignore[arg-type]
+    stage = candidate_stages(m, plans.as_plan)[SCREEN_STAGE]
+    bound = np.asarray(stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,
                                     gpu.fp8_tn_only).total, dtype=np.float64)
     maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
     fits = np.zeros(len(plans), dtype=bool)
@@ -161,12 +161,12 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) for x in transfers),
                    np.zeros(len(plans)))
 
-    dp = dp_transfers(m, plans, "dpcp", "edp")  # type: ignore[arg-type]
+    dp = dp_transfers(m, plans.as_plan, "dpcp", "edp")
     return CommSeconds(
-        tp=total(tp_transfers(m, plans, "tp")),  # type: ignore[arg-type]
-        pp=total(pp_transfers(m, plans, "pp")),  # type: ignore[arg-type]
-        cp=total(cp_transfers(m, plans, "cp")),  # type: ignore[arg-type]
-        ep=total(ep_transfers(m, plans, "ep")),  # type: ignore[arg-type]
+        tp=total(tp_transfers(m, plans.as_plan, "tp")),
+        pp=total(pp_transfers(m, plans.as_plan, "pp")),
+        cp=total(cp_transfers(m, plans.as_plan, "cp")),
+        ep=total(ep_transfers(m, plans.as_plan, "ep")),
         dp_reduce=total([x for x in dp if x.collective != "all-gather"]),
         dp_gather=total([x for x in dp if x.collective == "all-gather"]),
     )
@@ -177,5 +177,5 @@ def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: M
     """Memory, step time and throughput of every plan (arrays)."""
     mem = memory if memory is not None else evaluate_memory(m, cluster, plans, allowance)
     gpu = cluster.system.gpu
-    st = step_time(m, plans, gpu, comm_seconds_arrays(m, cluster, plans, order), mem.params_on_rank)  # type: ignore[arg-type]
-    return Evaluation(plans, mem, st, throughput(plans, gpu, st))  # type: ignore[arg-type]
+    st = step_time(m, plans.as_plan, gpu, comm_seconds_arrays(m, cluster, plans, order), mem.params_on_rank)
+    return Evaluation(plans, mem, st, throughput(plans.as_plan, gpu, st))

@@ -7,7 +7,7 @@ check_plan rules evaluate every plan at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -222,6 +222,13 @@ class PlanArrays(PlanQuantities):
             rep[new_inv] = np.arange(len(idx))  # a representative of each distinct row among the subset
             out.memo[key] = (sub, rep, new_inv)
         return out
+
+    @property
+    def as_plan(self) -> ParallelPlan:
+        """These plans, typed as the ParallelPlan the cost functions declare: they read a plan only through
+        the attributes PlanArrays gives as arrays (and PlanQuantities derives alike), so the same functions
+        price one plan or many (the vectorised search's premise). A typing view only: the object is self."""
+        return cast(ParallelPlan, self)
 
     def plan(self, i: int) -> ParallelPlan:
         """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""

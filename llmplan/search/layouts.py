@@ -123,7 +123,7 @@ def score(e: TrainingEstimate, objective: str) -> float:
     """A priced plan's objective score: search.run.objective_score of its estimate."""
     from llmplan.search.run import objective_score
 
-    return float(objective_score(e, objective, e.goodput.useful if e.goodput is not None else None))  # type: ignore[arg-type]
+    return float(objective_score(e, objective, e.goodput.useful if e.goodput is not None else None))
 
 
 def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowance: Any, order: tuple[str, ...],

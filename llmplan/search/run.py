@@ -162,8 +162,9 @@ def nodes_using(cluster: ClusterSpec, used: int) -> int:
     return domains * per_used + min(rest, per_used)
 
 
-def objective_score(ev: Evaluation, objective: str, goodput: Any = None) -> np.ndarray:
-    """Higher is better. Time-to-train and GPU-hours rank by the tokens/s that survive failures (throughput x
+def objective_score(ev: Evaluation | TrainingEstimate, objective: str, goodput: Any = None) -> np.ndarray:
+    """Higher is better (many plans' Evaluation, or one priced plan's TrainingEstimate: both give memory and
+    throughput). Time-to-train and GPU-hours rank by the tokens/s that survive failures (throughput x
     goodput, cost.goodput) on a fixed cluster; throughput by tokens/s alone."""
     if objective == "headroom":
         return np.asarray(ev.memory.headroom, dtype=float)
@@ -286,7 +287,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     ev = evaluate(m, cluster, plans, allowance, order, memory=screen.memory)
     survives = None
     if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
-        survives = plan_goodput(m, cluster, plans, ev.step.total, checkpoint).useful  # type: ignore[arg-type]
+        survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful
     score = objective_score(ev, objective, survives)
     ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")

@@ -114,8 +114,11 @@ class HeteroPlan(Spec):
         if self.assignment == "stages":
             if self.stage_pools is None or self.replica_pools is not None or self.replica_batches is not None:
                 raise ValueError("assignment stages takes stage_pools (a pool per stage) and no replica_pools")
-            if len(self.stage_pools) != p.pp or min(self.stage_pools) < 0:
+            if len(self.stage_pools) != p.pp:
                 raise ValueError(f"stage_pools lists {len(self.stage_pools)} pools; the plan has {p.pp} stages")
+            if min(self.stage_pools) < 0:
+                raise ValueError(f"stage_pools {list(self.stage_pools)}: a pool index is its place in the cluster's "
+                                 "pools, 0 or more")
         else:
             if self.replica_pools is None or self.replica_batches is None or self.stage_pools is not None:
                 raise ValueError("assignment replicas takes replica_pools and replica_batches, no stage_pools")
