@@ -16,6 +16,7 @@ from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
+from llmplan.search.ties import TIE_POOL
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -301,7 +302,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved, plans.vpp,
                        plans.pp_first, plans.pp_last, plans.sp, plans.recompute_code, plans.micro_batch], axis=1)
-    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), top, layout)
+    # ties are resolved among the best `pool` plans, the first `top` shown: what leads does not hang on --top
+    pool = max(top, TIE_POOL)
+    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), pool, layout)
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
     cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
                       np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
@@ -321,8 +324,15 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
                        cloud=cloud, tied_with=tied_with, tie_notes=notes, resolution=resolution)
-    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, top)
-    return dataclasses.replace(res, seconds=time.perf_counter() - t0)
+    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
+    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+
+
+def shown(res: SearchResult, top: int) -> SearchResult:
+    """The result with its first `top` ranked plans, their ties and tie notes among those shown."""
+    return dataclasses.replace(res, ranked=res.ranked[:top], equivalents=res.equivalents[:top],
+                               tied_with=[[k for k in t if k <= top] for t in res.tied_with[:top]],
+                               tie_notes=[n for n in res.tie_notes if n.lower <= top])
 
 
 def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective) -> SearchResult:

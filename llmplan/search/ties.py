@@ -9,6 +9,10 @@ from typing import Any
 
 from llmplan.units import GIB
 
+TIE_POOL = 10
+"""Distinct plans priced for the tie rules beyond those shown: the robust preference is decided among the best
+max(top, TIE_POOL), so the first plans shown do not depend on --top (up to TIE_POOL)."""
+
 HEADROOM_STEP = 2 * GIB
 """Smallest memory headroom difference that decides between tied plans (bytes)."""
 
@@ -91,3 +95,4 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
             notes.append(TieNote(k + 1, k + 2, apart(a, b), rule if sign < 0 else
                                  "faster prediction (no robustness rule prefers the other)"))
     return order, tied_with, notes
+
