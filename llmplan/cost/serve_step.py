@@ -185,12 +185,10 @@ def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tup
     (kv_lora_rank + qk_rope_head_dim) and sums the latent values (kv_lora_rank), 3.4x the expanded form's work
     for DeepSeek-V3. Source: DeepSeek-V2 report §2.1 (absorbing W^UK and W^UV at inference); deepseek-ai/FlashMLA
     README (decode on the 576-wide latent cache, 512-wide values). Derived: docs/formulas.md#infer.step"""
-    if m.is_mla:  # is_mla: the MLA dims are set
-        c, r = float(m.kv_lora_rank or 0), float(m.qk_rope_head_dim or 0)
-        if decode_only and plan.mla_latent_cache:
-            return c + r, c
-        return float(m.qk_nope_head_dim or 0) + r, float(m.v_head_dim or 0)
-    return float(m.d_head), float(m.d_head)
+    if (mla := m.mla) is not None and decode_only and plan.mla_latent_cache:
+        return float(mla.kv_lora_rank + mla.qk_rope_head_dim), float(mla.kv_lora_rank)
+    qk, v = attention_head_dims(m)
+    return float(qk), float(v)
 
 
 def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
