@@ -272,6 +272,14 @@ runs (docs/validation.md#serving): 0 in the current fit, where the latency term 
 prices the small messages of decode."""
 
 
+def stage_hop_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any) -> Any:
+    """Passing a step's `tokens` 16-bit hidden states from one pipeline stage to the next (0 without PP).
+    Derived: docs/formulas.md#infer.decode"""
+    if plan.pp <= 1:
+        return 0.0
+    return _coll(system, "send-recv", 2.0 * m.hidden_size * np.asarray(tokens, dtype=float), spans.pp)
+
+
 def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:
     sizes = np.atleast_1d(np.asarray(size, dtype=float))
     out = np.array([max(collective_time(op, float(s), span, system).seconds, SERVE_COLLECTIVE_FLOOR_S)
