@@ -64,8 +64,10 @@ def points(d: LengthDistribution) -> tuple[np.ndarray, np.ndarray]:
 
 def mean_length(d: LengthDistribution) -> float:
     """The distribution's mean (a lognormal's is its parameter; a histogram's its weighted mean)."""
+    if d.mean is not None:
+        return float(d.mean)
     x, w = points(d)
-    return float(d.mean) if d.mean is not None else float(w @ x)
+    return float(w @ x)
 
 
 def quantile(d: LengthDistribution, u: float) -> float:
