@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.cost.queueing import prefill_queue_seconds
-from llmplan.search.serve import search_serving, with_moe_options
+from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
@@ -120,12 +120,6 @@ def instance_plans(m: ModelSpec, cluster: ClusterSpec, weight_dtype: WeightDtype
 def moe_plans(m: ModelSpec, plans: list[ServePlan], moe: dict | None) -> list[ServePlan]:
     """The instance layouts under the MoE serving options given (search.serve.with_moe_options)."""
     return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
-
-
-def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
-    """The first `gpus` GPUs of the cluster (whole nodes, or part of one)."""
-    gpn = cluster.gpus_per_node_used
-    return ClusterSpec(system=cluster.system, num_nodes=math.ceil(gpus / gpn), gpus_per_node=min(gpn, gpus))
 
 
 def price_prefill(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,

@@ -27,10 +27,10 @@ from llmplan.search.disagg import (
     price_prefill,
     queued_split,
 )
-from llmplan.search.serve import ServeSearchResult, search_serving
+from llmplan.search.serve import ServeSearchResult, search_serving, sub_cluster
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.pools import PoolCluster
 from llmplan.specs.serve import KvDtype, ServeJob, WeightDtype
 
@@ -141,8 +141,7 @@ def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) 
     if replicas * gpr > gpn:
         replicas = min(e.plan.dp, math.ceil(replicas * gpr / gpn) * gpn // gpr)
     plan = e.plan.model_copy(update={"dp": replicas})
-    sub = ClusterSpec(system=e.cluster.system, num_nodes=math.ceil(plan.num_gpus / gpn),
-                      gpus_per_node=min(gpn, plan.num_gpus))
+    sub = sub_cluster(e.cluster, plan.num_gpus)
     return e if sub.num_gpus != plan.num_gpus else estimate_serving(e.model, sub, plan, e.job, allowance)
 
 
