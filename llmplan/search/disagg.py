@@ -206,10 +206,9 @@ def queued_split(m: ModelSpec, e: ServeEstimate, split: tuple[int, int], decode_
     Without a rate: no queue."""
     if rate is None:
         return split[0], 0.0
-    x = split[0]
+    x, lm, spans = split[0], loaded_model(m, job), replica_spans(e.plan, e.cluster)
     while x * e.plan.num_gpus + split[1] * decode_gpus <= budget:
-        wait = prefill_queue_seconds(loaded_model(m, job), e.plan, e.cluster.system, replica_spans(e.plan, e.cluster),
-                                     job, rate / (x * e.plan.dp))
+        wait = prefill_queue_seconds(lm, e.plan, e.cluster.system, spans, job, rate / (x * e.plan.dp))
         if math.isfinite(wait) and (job.ttft_slo_s is None or idle_ttft + wait <= job.ttft_slo_s):
             return x, wait
         x += 1
