@@ -19,7 +19,6 @@ from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
 from llmplan.specs.serve import LengthDistribution, ServeJob
-from llmplan.units import GIB
 
 
 
@@ -140,7 +139,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"[yellow]warning[/]: {w}")
     for u in e.operators:
         if not u.available:
-            cost = (f": +{e.fallback_cost[0] / GIB:,.2f} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
+            cost = (f": +{gib(e.fallback_cost[0])} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
                     f"output token, +{e.fallback_cost[2] * 1e3:,.1f} ms to the first token" if u.modelled else "")
             console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
                           f"{e.cluster.system.gpu.name} does not list; {u.fallback}{cost}")
