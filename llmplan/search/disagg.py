@@ -50,6 +50,11 @@ class Pool:
         assert ph is not None
         return ph.input_tokens_per_s_per_gpu if ph.phase == "prefill" else ph.output_tokens_per_s_per_gpu
 
+    def requests_per_s(self, tokens_per_request: float) -> float:
+        """Requests/s one instance sustains when each brings `tokens_per_request` tokens of its phase (the
+        uncached prompt for prefill, the output for decode)."""
+        return self.rate_per_gpu * self.gpus_per_instance / tokens_per_request
+
 
 @dataclass(frozen=True)
 class DisaggPlan:
@@ -182,8 +187,7 @@ def best_split(p: Pool, d: Pool, budget: int, new_input: float, output_len: int,
     """(prefill instances, decode instances) within `budget` GPUs: with a request rate, the fewest GPUs that
     sustain it; otherwise the split whose smaller pool rate is largest per GPU used."""
     gp, gd = p.gpus_per_instance, d.gpus_per_instance
-    req_p = p.rate_per_gpu * gp / new_input  # requests/s one prefill instance sustains
-    req_d = d.rate_per_gpu * gd / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if rate is not None:
         x, y = math.ceil(rate / req_p), math.ceil(rate / req_d)
         return (x, y) if x * gp + y * gd <= budget else None

@@ -149,8 +149,7 @@ def max_rate(p: Pool, d: Pool, new_input: float, output_len: int, gpus_p: int, g
     """Requests/s one prefill layout and one decode layout sustain: on two pools (gpus_d given) every instance
     of each, the smaller of the two rates; on one pool of gpus_p GPUs, the best split of it.
     Derived: docs/formulas.md#serve.pools"""
-    req_p = p.rate_per_gpu * p.gpus_per_instance / new_input
-    req_d = d.rate_per_gpu * d.gpus_per_instance / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if gpus_d is not None:
         return min(gpus_p // p.gpus_per_instance * req_p, gpus_d // d.gpus_per_instance * req_d)
     return max((min(x * req_p, (gpus_p - x * p.gpus_per_instance) // d.gpus_per_instance * req_d)
@@ -163,7 +162,7 @@ def split_across(p: Pool, d: Pool, gpus_p: int, gpus_d: int, new_input: float, o
     sustain it within each pool's GPUs; otherwise the split whose smaller rate is largest per GPU used (for
     each prefill count, the decode counts either side of the balance)."""
     gp, gd = p.gpus_per_instance, d.gpus_per_instance
-    req_p, req_d = p.rate_per_gpu * gp / new_input, d.rate_per_gpu * gd / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if rate is not None:
         x, y = math.ceil(rate / req_p), math.ceil(rate / req_d)
         return (x, y) if x * gp <= gpus_p and y * gd <= gpus_d else None
