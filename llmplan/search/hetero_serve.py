@@ -125,7 +125,7 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     shares: list[PoolShare] = []
     if best and (request_rate is None or request_rate <= total):
         rates = caps if request_rate is None else rate_shares(request_rate, caps)
-        for (g, e), cap, r in zip(best, caps, rates):
+        for (g, e), cap, r in zip(best, caps, rates, strict=True):
             per_replica = cap / e.plan.dp
             replicas = e.plan.dp if request_rate is None else min(e.plan.dp, max(1, math.ceil(r / per_replica
                                                                                              - 1e-12)))
