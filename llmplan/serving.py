@@ -214,7 +214,7 @@ def load_curve(e: ServeEstimate) -> list[LoadPoint]:
         ok &= tpot <= e.job.tpot_slo_s
     per_gpu = np.asarray(t.tokens_per_s_replica) * e.plan.dp / e.plan.num_gpus
     return [LoadPoint(int(b), float(f), float(d), float(r), bool(k))
-            for b, f, d, r, k in zip(grid, ttft, tpot, per_gpu, ok)]
+            for b, f, d, r, k in zip(grid, ttft, tpot, per_gpu, ok, strict=True)]
 
 
 def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,

@@ -73,18 +73,17 @@ def moe_plan_fields(o: MoeServingOptions, dispatcher: str) -> dict[str, object]:
 
 
 def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOptions, batch: int | None,
-                   max_load: bool, memory: MemoryOptions, output: OutputOptions,
-                   moe: dict[str, object] | None = None) -> None:
+                   max_load: bool, memory: MemoryOptions, output: OutputOptions, moe: dict[str, object]) -> None:
     """The serving path of `estimate`: p's tp, pp, dp and ep, the serving options and --batch / --max-load;
     `moe` the phase and MoE deployment fields (moe_plan_fields)."""
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
-                             "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **(moe or {})},
+                             "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **moe},
                  "serving plan options")
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
-    prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if (moe or {}).get("phase") == "prefill" else 64
+    prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if plan.phase == "prefill" else 64
     job = make_job(s, batch or prefill_seqs)
     allowance = make_allowance(memory)
     if max_load:

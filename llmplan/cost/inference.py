@@ -20,9 +20,9 @@ from llmplan.cost.serve_memory import (  # noqa: F401  (re-exported: their home 
 # The engine step, re-exported likewise. Its fitted constants SERVE_GEMM_M_HALF and SERVE_COLLECTIVE_FLOOR_S
 # are read in cost.serve_step: set them there (benchmarks/accuracy.py does).
 from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home was this module)
-    SERVE_FORMATS, Spans, _coll, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
+    SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, layer_linear_shapes, linear_seconds, serve_compute_format, serve_gemm_efficiency,
-    step_compute_parts, step_compute_seconds, step_host_seconds, step_seconds,
+    stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds, step_seconds,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -41,7 +41,7 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * q, spans.pp) if plan.pp > 1 else 0.0
+    hop = stage_hop_seconds(m, plan, system, spans, q)
     return plan.pp * (stage + hop) + overhead
 
 
@@ -73,7 +73,7 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     kv = decodes * kv_bytes_per_seq_gpu(m, plan, job.input_len + job.output_len / 2)
     stage = step_seconds(m, plan, system, spans, chunk + decodes,
                          pairs + decodes * attended_keys(m, job.context / 2), kv)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * chunk, spans.pp) if plan.pp > 1 else 0.0
+    hop = stage_hop_seconds(m, plan, system, spans, chunk)
     return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
 
 
@@ -85,7 +85,7 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0)
-    hop = _coll(system, "send-recv", 2.0 * m.hidden_size * T, spans.pp) if plan.pp > 1 else 0.0
+    hop = stage_hop_seconds(m, plan, system, spans, T)
     return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
 
 

@@ -64,8 +64,10 @@ def points(d: LengthDistribution) -> tuple[np.ndarray, np.ndarray]:
 
 def mean_length(d: LengthDistribution) -> float:
     """The distribution's mean (a lognormal's is its parameter; a histogram's its weighted mean)."""
+    if d.mean is not None:
+        return float(d.mean)
     x, w = points(d)
-    return float(d.mean) if d.mean is not None else float(w @ x)
+    return float(w @ x)
 
 
 def quantile(d: LengthDistribution, u: float) -> float:
@@ -145,7 +147,8 @@ def ttft_percentiles(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
         return float(prefill_seconds(m, plan, system, spans, job.model_copy(update={"input_len": n}), batch))
 
     x, w = points(d)
-    return {p: ttft(quantile(d, p / 100)) for p in PERCENTILES}, float(sum(wi * ttft(xi) for xi, wi in zip(x, w)))
+    mean = float(sum(wi * ttft(xi) for xi, wi in zip(x, w, strict=True)))
+    return {p: ttft(quantile(d, p / 100)) for p in PERCENTILES}, mean
 
 
 def tpot_percentiles(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
@@ -194,7 +197,7 @@ def length_stats(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     b = job.batch
     tpot = float(job_tpot(m, plan, system, spans, job, b, context))
     work = sum(w * prefill_work_seconds(m, plan, system, spans, job.model_copy(update={"input_len": x}))
-               for x, w in zip(xi, wi))
+               for x, w in zip(xi, wi, strict=True))
     out_mean = float(wo @ xo)
     ttft, ttft_mean = ttft_percentiles(m, plan, system, spans, job, b)
     seqs = max(0, int(kv_available // per_seq)) if per_seq else 0

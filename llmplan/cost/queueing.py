@@ -34,8 +34,8 @@ def prefill_service_moments(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
     point for a fixed length): S(x) = prefill_work_seconds at input x. Derived: docs/formulas.md#infer.queue"""
     x, w = points(lengths_of(job)[0])
     s = [prefill_work_seconds(m, plan, system, spans, job.model_copy(update={"input_len": float(xi)})) for xi in x]
-    mean = float(sum(wi * si for wi, si in zip(w, s)))
-    return mean, float(sum(wi * si * si for wi, si in zip(w, s)))
+    mean = float(sum(wi * si for wi, si in zip(w, s, strict=True)))
+    return mean, float(sum(wi * si * si for wi, si in zip(w, s, strict=True)))
 
 
 def prefill_queue_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,

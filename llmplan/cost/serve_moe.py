@@ -136,7 +136,8 @@ def deepep_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
         return layers * deepep_low_latency(m, plan, system, span, T, imb).total
     flat = np.atleast_1d(T)
     imbs = np.broadcast_to(np.asarray(imb, dtype=float), flat.shape)
-    out = np.array([deepep_normal(m, plan, system, span, float(t), float(i)).total for t, i in zip(flat, imbs)])
+    out = np.array([deepep_normal(m, plan, system, span, float(t), float(i)).total
+                    for t, i in zip(flat, imbs, strict=True)])
     return layers * (out if np.ndim(T) else float(out[0]))
 
 

@@ -185,12 +185,10 @@ def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tup
     (kv_lora_rank + qk_rope_head_dim) and sums the latent values (kv_lora_rank), 3.4x the expanded form's work
     for DeepSeek-V3. Source: DeepSeek-V2 report §2.1 (absorbing W^UK and W^UV at inference); deepseek-ai/FlashMLA
     README (decode on the 576-wide latent cache, 512-wide values). Derived: docs/formulas.md#infer.step"""
-    if m.is_mla:  # is_mla: the MLA dims are set
-        c, r = float(m.kv_lora_rank or 0), float(m.qk_rope_head_dim or 0)
-        if decode_only and plan.mla_latent_cache:
-            return c + r, c
-        return float(m.qk_nope_head_dim or 0) + r, float(m.v_head_dim or 0)
-    return float(m.d_head), float(m.d_head)
+    if (mla := m.mla) is not None and decode_only and plan.mla_latent_cache:
+        return float(mla.kv_lora_rank + mla.qk_rope_head_dim), float(mla.kv_lora_rank)
+    qk, v = attention_head_dims(m)
+    return float(qk), float(v)
 
 
 def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
@@ -272,6 +270,14 @@ SERVE_COLLECTIVE_FLOOR_S = 0.0
 engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
 runs (docs/validation.md#serving): 0 in the current fit, where the latency term of collective_time already
 prices the small messages of decode."""
+
+
+def stage_hop_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any) -> Any:
+    """Passing a step's `tokens` 16-bit hidden states from one pipeline stage to the next (0 without PP).
+    Derived: docs/formulas.md#infer.decode"""
+    if plan.pp <= 1:
+        return 0.0
+    return _coll(system, "send-recv", 2.0 * m.hidden_size * np.asarray(tokens, dtype=float), spans.pp)
 
 
 def _coll(system: SystemSpec, op: str, size: Any, span: GroupSpan) -> Any:

@@ -107,6 +107,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "vllm")
     p, j = pf.plan, pf.serve_job
     fraction, fraction_note = memory_fraction(pf, "vllm")
+    spec_flags, spec_note = vllm_speculative(pf)
     if p.ep > 1 and p.ep != p.tp * p.dp:
         raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * p.dp})",
                      f"re-plan with --ep {p.tp * p.dp} or --ep 1")
@@ -119,7 +120,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
         ("--mamba-ssm-cache-dtype", recurrent_state_dtype(pf)), ("--mamba-cache-dtype", recurrent_state_dtype(pf)),
-    ] + vllm_speculative(pf)[0])
+    ] + spec_flags)
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
     if p.weight_dtype in ("mxfp8", "nvfp4"):
@@ -127,7 +128,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
     note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
-            + fraction_note + vllm_speculative(pf)[1] + context_note(pf, "--max-model-len")
+            + fraction_note + spec_note + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
@@ -137,6 +138,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     need_mode(pf, "infer", "sglang")
     p, j = pf.plan, pf.serve_job
     fraction, fraction_note = memory_fraction(pf, "sglang")
+    spec_flags, spec_note = sglang_speculative(pf)
     note = fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
@@ -155,8 +157,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
-    ] + sglang_speculative(pf)[0])
-    note += sglang_speculative(pf)[1]
+    ] + spec_flags)
+    note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
             + context_note(pf, "--context-length") + _model_var(pf)
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'

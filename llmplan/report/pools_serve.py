@@ -9,9 +9,9 @@ from rich.console import Console
 
 from llmplan.report.common import SCHEMA, ReportTable
 from llmplan.report.pools import cluster_json
-from llmplan.report.serving import _pool_json, serve_json
+from llmplan.report.serving import serve_json, split_json
 from llmplan.search.disagg import Pool
-from llmplan.search.hetero_serve import PoolDisaggResult, PoolServeResult
+from llmplan.search.hetero_serve import PoolDisaggPlan, PoolDisaggResult, PoolServeResult
 from llmplan.search.serve import slo_text
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
@@ -30,20 +30,19 @@ def pools_disagg_json(res: PoolDisaggResult, model: ModelSpec, pc: PoolCluster, 
     return {"schema": SCHEMA, "mode": "infer", "disaggregated": True, "model": model.name, "hardware": pc.name,
             "gpus": pc.num_gpus, "cluster": cluster_json(pc), "workload": job.model_dump(mode="json"),
             "considered": res.considered, "search_s": res.seconds,
-            "plans": [{"rank": i,
-                       "prefill": {**_pool_json(x.split.prefill), **_where(pc, x.prefill_pool)},
-                       "decode": {**_pool_json(x.split.decode), **_where(pc, x.decode_pool)},
-                       "kv_transfer": {"bytes_per_request": x.split.kv_bytes_per_request,
-                                       "seconds": x.split.kv_seconds, "link": x.split.kv_link,
-                                       "crosses_pools": x.prefill_pool != x.decode_pool},
-                       "pd_ratio": f"{x.split.prefill.gpus}:{x.split.decode.gpus}", "gpus": x.split.gpus,
-                       "requests_per_s": x.split.requests_per_s, "max_requests_per_s": x.max_requests_per_s,
-                       "tokens_per_s": x.split.tokens_per_s,
-                       "tokens_per_s_per_gpu": x.split.tokens_per_s / x.split.gpus, "ttft_s": x.split.ttft_s,
-                       "tpot_s": x.split.tpot_s}
-                      for i, x in enumerate(res.plans, 1)],
+            "plans": [_pool_split_json(i, x, pc) for i, x in enumerate(res.plans, 1)],
             "colocated": pools_serve_summary(res.colocated, pc),
             "winner": res.winner, "why": res.why}
+
+
+def _pool_split_json(rank: int, x: PoolDisaggPlan, pc: PoolCluster) -> dict[str, Any]:
+    """The single-system split's keys, each phase's pool, whether the KV crosses pools, and the split's
+    "max_requests_per_s"."""
+    doc = split_json(x.split)
+    return {"rank": rank, **doc, "prefill": {**doc["prefill"], **_where(pc, x.prefill_pool)},
+            "decode": {**doc["decode"], **_where(pc, x.decode_pool)},
+            "kv_transfer": {**doc["kv_transfer"], "crosses_pools": x.prefill_pool != x.decode_pool},
+            "max_requests_per_s": x.max_requests_per_s}
 
 
 def pools_serve_summary(res: PoolServeResult, pc: PoolCluster) -> dict[str, Any]:

@@ -13,13 +13,12 @@ from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
-from llmplan.search.disagg import DisaggResult, Pool
+from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
 from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
 from llmplan.specs.serve import LengthDistribution, ServeJob
-from llmplan.units import GIB
 
 
 
@@ -140,7 +139,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"[yellow]warning[/]: {w}")
     for u in e.operators:
         if not u.available:
-            cost = (f": +{e.fallback_cost[0] / GIB:,.2f} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
+            cost = (f": +{gib(e.fallback_cost[0])} GiB per GPU, +{e.fallback_cost[1] * 1e3:,.2f} ms per "
                     f"output token, +{e.fallback_cost[2] * 1e3:,.1f} ms to the first token" if u.modelled else "")
             console.print(f"[yellow]kernel missing[/]: {u.operator} needs '{u.kernel}', which "
                           f"{e.cluster.system.gpu.name} does not list; {u.fallback}{cost}")
@@ -324,7 +323,8 @@ def misses_table(res: ServeSearchResult, job: ServeJob) -> Table:
     return t
 
 
-def _pool_json(pool: Pool) -> dict[str, Any]:
+def pool_json(pool: Pool) -> dict[str, Any]:
+    """One phase's pool of a disaggregated plan: its instance's layout, instances, GPUs and load point."""
     e, ph = pool.estimate, pool.estimate.phase
     assert ph is not None
     p = e.plan
@@ -341,6 +341,17 @@ def _pool_json(pool: Pool) -> dict[str, Any]:
     return doc
 
 
+def split_json(x: DisaggPlan) -> dict[str, Any]:
+    """One P:D split of the disaggregated search: each phase's pool, the KV transfer between them, totals."""
+    return {"prefill": pool_json(x.prefill), "decode": pool_json(x.decode),
+            "kv_transfer": {"bytes_per_request": x.kv_bytes_per_request, "seconds": x.kv_seconds,
+                            "link": x.kv_link},
+            "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
+            "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
+            "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s,
+            "queue_wait_s": x.queue_s}
+
+
 def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> dict[str, Any]:
     """`search --mode infer --disaggregated --json`: each plan's "prefill", "decode" and "kv_transfer", the P:D
     split, and the best co-located plan it is compared with."""
@@ -348,14 +359,7 @@ def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: 
     return {"schema": SCHEMA, "mode": "infer", "disaggregated": True, "model": model.name,
             "hardware": cluster.system.name, "gpus": cluster.num_gpus, "workload": job.model_dump(mode="json"),
             "considered": res.considered, "search_s": res.seconds,
-            "plans": [{"rank": i, "prefill": _pool_json(x.prefill), "decode": _pool_json(x.decode),
-                       "kv_transfer": {"bytes_per_request": x.kv_bytes_per_request, "seconds": x.kv_seconds,
-                                       "link": x.kv_link},
-                       "pd_ratio": f"{x.prefill.gpus}:{x.decode.gpus}", "gpus": x.gpus,
-                       "requests_per_s": x.requests_per_s, "tokens_per_s": x.tokens_per_s,
-                       "tokens_per_s_per_gpu": x.tokens_per_s / x.gpus, "ttft_s": x.ttft_s, "tpot_s": x.tpot_s,
-                       "queue_wait_s": x.queue_s}
-                      for i, x in enumerate(res.plans, 1)],
+            "plans": [{"rank": i, **split_json(x)} for i, x in enumerate(res.plans, 1)],
             "colocated": None if co is None else {
                 "plan": co.plan.model_dump(mode="json"), "gpus": co.plan.num_gpus, "batch": co.job.batch,
                 "tokens_per_s": co.tokens_per_s, "tokens_per_s_per_gpu": co.tokens_per_s / co.plan.num_gpus,

@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.cost.queueing import prefill_queue_seconds
-from llmplan.search.serve import search_serving, with_moe_options
+from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
@@ -49,6 +49,11 @@ class Pool:
         ph = self.estimate.phase
         assert ph is not None
         return ph.input_tokens_per_s_per_gpu if ph.phase == "prefill" else ph.output_tokens_per_s_per_gpu
+
+    def requests_per_s(self, tokens_per_request: float) -> float:
+        """Requests/s one instance sustains when each brings `tokens_per_request` tokens of its phase (the
+        uncached prompt for prefill, the output for decode)."""
+        return self.rate_per_gpu * self.gpus_per_instance / tokens_per_request
 
 
 @dataclass(frozen=True)
@@ -122,12 +127,6 @@ def moe_plans(m: ModelSpec, plans: list[ServePlan], moe: dict | None) -> list[Se
     return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
 
 
-def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
-    """The first `gpus` GPUs of the cluster (whole nodes, or part of one)."""
-    gpn = cluster.gpus_per_node_used
-    return ClusterSpec(system=cluster.system, num_nodes=math.ceil(gpus / gpn), gpus_per_node=min(gpn, gpus))
-
-
 def price_prefill(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
                   allowance: MemoryAllowance | None) -> ServeEstimate | None:
     """A prefill instance at one prompt per replica in flight (its batch of T tokens), or None when it breaks a
@@ -188,8 +187,7 @@ def best_split(p: Pool, d: Pool, budget: int, new_input: float, output_len: int,
     """(prefill instances, decode instances) within `budget` GPUs: with a request rate, the fewest GPUs that
     sustain it; otherwise the split whose smaller pool rate is largest per GPU used."""
     gp, gd = p.gpus_per_instance, d.gpus_per_instance
-    req_p = p.rate_per_gpu * gp / new_input  # requests/s one prefill instance sustains
-    req_d = d.rate_per_gpu * gd / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if rate is not None:
         x, y = math.ceil(rate / req_p), math.ceil(rate / req_d)
         return (x, y) if x * gp + y * gd <= budget else None
@@ -212,10 +210,9 @@ def queued_split(m: ModelSpec, e: ServeEstimate, split: tuple[int, int], decode_
     Without a rate: no queue."""
     if rate is None:
         return split[0], 0.0
-    x = split[0]
+    x, lm, spans = split[0], loaded_model(m, job), replica_spans(e.plan, e.cluster)
     while x * e.plan.num_gpus + split[1] * decode_gpus <= budget:
-        wait = prefill_queue_seconds(loaded_model(m, job), e.plan, e.cluster.system, replica_spans(e.plan, e.cluster),
-                                     job, rate / (x * e.plan.dp))
+        wait = prefill_queue_seconds(lm, e.plan, e.cluster.system, spans, job, rate / (x * e.plan.dp))
         if math.isfinite(wait) and (job.ttft_slo_s is None or idle_ttft + wait <= job.ttft_slo_s):
             return x, wait
         x += 1

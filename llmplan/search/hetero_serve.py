@@ -27,10 +27,10 @@ from llmplan.search.disagg import (
     price_prefill,
     queued_split,
 )
-from llmplan.search.serve import ServeSearchResult, search_serving
+from llmplan.search.serve import ServeSearchResult, search_serving, sub_cluster
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.pools import PoolCluster
 from llmplan.specs.serve import KvDtype, ServeJob, WeightDtype
 
@@ -125,7 +125,7 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     shares: list[PoolShare] = []
     if best and (request_rate is None or request_rate <= total):
         rates = caps if request_rate is None else rate_shares(request_rate, caps)
-        for (g, e), cap, r in zip(best, caps, rates):
+        for (g, e), cap, r in zip(best, caps, rates, strict=True):
             per_replica = cap / e.plan.dp
             replicas = e.plan.dp if request_rate is None else min(e.plan.dp, max(1, math.ceil(r / per_replica
                                                                                              - 1e-12)))
@@ -141,8 +141,7 @@ def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) 
     if replicas * gpr > gpn:
         replicas = min(e.plan.dp, math.ceil(replicas * gpr / gpn) * gpn // gpr)
     plan = e.plan.model_copy(update={"dp": replicas})
-    sub = ClusterSpec(system=e.cluster.system, num_nodes=math.ceil(plan.num_gpus / gpn),
-                      gpus_per_node=min(gpn, plan.num_gpus))
+    sub = sub_cluster(e.cluster, plan.num_gpus)
     return e if sub.num_gpus != plan.num_gpus else estimate_serving(e.model, sub, plan, e.job, allowance)
 
 
@@ -150,8 +149,7 @@ def max_rate(p: Pool, d: Pool, new_input: float, output_len: int, gpus_p: int, g
     """Requests/s one prefill layout and one decode layout sustain: on two pools (gpus_d given) every instance
     of each, the smaller of the two rates; on one pool of gpus_p GPUs, the best split of it.
     Derived: docs/formulas.md#serve.pools"""
-    req_p = p.rate_per_gpu * p.gpus_per_instance / new_input
-    req_d = d.rate_per_gpu * d.gpus_per_instance / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if gpus_d is not None:
         return min(gpus_p // p.gpus_per_instance * req_p, gpus_d // d.gpus_per_instance * req_d)
     return max((min(x * req_p, (gpus_p - x * p.gpus_per_instance) // d.gpus_per_instance * req_d)
@@ -164,7 +162,7 @@ def split_across(p: Pool, d: Pool, gpus_p: int, gpus_d: int, new_input: float, o
     sustain it within each pool's GPUs; otherwise the split whose smaller rate is largest per GPU used (for
     each prefill count, the decode counts either side of the balance)."""
     gp, gd = p.gpus_per_instance, d.gpus_per_instance
-    req_p, req_d = p.rate_per_gpu * gp / new_input, d.rate_per_gpu * gd / output_len
+    req_p, req_d = p.requests_per_s(new_input), d.requests_per_s(output_len)
     if rate is not None:
         x, y = math.ceil(rate / req_p), math.ceil(rate / req_d)
         return (x, y) if x * gp <= gpus_p and y * gd <= gpus_d else None

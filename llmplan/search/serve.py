@@ -150,6 +150,12 @@ def serve_candidates(m: ModelSpec, cluster: ClusterSpec, pins: dict, weight_dtyp
     return [q for q in (with_moe_options(m, p, moe) for p in plans) if q is not None]
 
 
+def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
+    """The first `gpus` GPUs of the cluster (whole nodes, or part of one)."""
+    gpn = cluster.gpus_per_node_used
+    return ClusterSpec(system=cluster.system, num_nodes=math.ceil(gpus / gpn), gpus_per_node=min(gpn, gpus))
+
+
 def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                    objective: str = "throughput", top: int = 5, request_rate: float | None = None,
                    allowance: MemoryAllowance | None = None, pins: dict | None = None,
@@ -161,10 +167,10 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
     layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    lm = loaded_model(m, job)
     for plan in layouts:
         tp, pp, ep, dp = plan.tp, plan.pp, plan.ep, plan.dp
-        sub = ClusterSpec(system=cluster.system, num_nodes=math.ceil(plan.num_gpus / cluster.gpus_per_node_used),
-                          gpus_per_node=min(cluster.gpus_per_node_used, plan.num_gpus))
+        sub = sub_cluster(cluster, plan.num_gpus)
         if sub.num_gpus != plan.num_gpus:
             _count(pruned, "gpus", f"tp {tp} x pp {pp} x {dp} replicas = {plan.num_gpus} GPUs do not fill whole nodes "
                    f"of {cluster.gpus_per_node_used}")
@@ -173,7 +179,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         if bad:
             _count(pruned, bad[0].rule, bad[0].message)
             continue
-        mem = serve_memory(loaded_model(m, job), plan, job, cluster.system.gpu.hbm_bytes, allowance)
+        mem = serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance)
         if mem.max_concurrent_seqs < 1:
             _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
                    f"for the KV cache, not one sequence of {job.context} tokens")
@@ -181,10 +187,9 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-            batch = max_batch_under_slo(loaded_model(m, job), plan, cluster.system, replica_spans(plan, sub), job,
-                                        limit)
+            batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), job, limit)
         if batch < 1:
-            one = serve_timing(loaded_model(m, job), plan, cluster.system, replica_spans(plan, sub), job, 1)
+            one = serve_timing(lm, plan, cluster.system, replica_spans(plan, sub), job, 1)
             misses.append(Miss(tp, pp, ep, "slo", float(one.ttft), float(one.tpot)))
             _count(pruned, "slo", f"tp {tp} pp {pp}: at one sequence TTFT {float(one.ttft):.3g} s / TPOT "
                    f"{float(one.tpot):.3g} s, asked {slo_text(job)}")
@@ -252,6 +257,5 @@ def _queued_miss(e: ServeEstimate) -> bool:
 def _at_replicas(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate | None:
     """The estimate's layout with `replicas` replicas (None when they do not fill whole nodes)."""
     plan = e.plan.model_copy(update={"dp": replicas})
-    cluster = ClusterSpec(system=e.cluster.system, num_nodes=math.ceil(plan.num_gpus / e.cluster.gpus_per_node_used),
-                          gpus_per_node=min(e.cluster.gpus_per_node_used, plan.num_gpus))
+    cluster = sub_cluster(e.cluster, plan.num_gpus)
     return estimate_serving(e.model, cluster, plan, e.job, allowance) if cluster.num_gpus == plan.num_gpus else None
