@@ -102,3 +102,13 @@ def test_pinned_vpp_with_a_partial_micro_batch_group_says_why(cli):
     # 640 / 64 = 10 micro-batches on 8 stages: the layout schedule simulation needs whole groups of pp
     r = cli("search", *DSV3[:DSV3.index("--global-batch")], "--global-batch", "640", "--sp", "--no-cp", "--vpp", "4")
     assert r.code == 2 and "--vpp 4" in r.err and "10 micro-batches" in r.err and "Traceback" not in r.err
+
+
+def test_the_leading_plans_do_not_depend_on_top(cli):
+    # Ties are resolved among the best max(top, TIE_POOL) plans: with the tie pool cut at --top, 70B on 8 DGX-H100
+    # led with tp2 pp4 cp2 at --top 3 and tp4 pp2 at --top 6.
+    args = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--json")
+    runs = {t: cli(*args, "--top", str(t)) for t in (2, 6)}
+    assert all(r.code == 0 for r in runs.values())
+    lead = {t: [p["plan"] for p in r.json()["plans"][:2]] for t, r in runs.items()}
+    assert lead[2] == lead[6]
