@@ -5,6 +5,7 @@ MIB = 1024**2
 GIB = 1024**3
 GB = 1e9  # decimal gigabyte, as vendors print bandwidths
 TERA = 1e12
+DAY = 86_400.0  # seconds
 
 MAX_SIZE = 1e18  # bytes or tokens: a quintillion is past any buffer, batch or training budget
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB, "g": 1e9,

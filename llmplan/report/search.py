@@ -20,7 +20,7 @@ from llmplan.specs.layout import format_layout
 from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.units import GIB
+from llmplan.units import DAY, GIB
 
 
 
@@ -137,10 +137,10 @@ def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, Any]:
     run = run_budget(train_tokens, float(e.throughput.tokens_per_s), share, e.cluster.num_gpus)
     seconds, wall = run.seconds, run.effective_seconds  # wall: failures, checkpoints and restarts (cost.goodput)
     lo, hi = training_interval(e)["tokens_per_s"]
-    days = [train_tokens / hi / 86400, train_tokens / lo / 86400]
-    return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / 86400,
+    days = [train_tokens / hi / DAY, train_tokens / lo / DAY]
+    return {"train_tokens": train_tokens, "time_to_train_s": seconds, "time_to_train_days": seconds / DAY,
             "gpu_hours": run.gpu_hours, "goodput": share, "effective_time_to_train_s": wall,
-            "effective_time_to_train_days": wall / 86400, "effective_gpu_hours": run.effective_gpu_hours,
+            "effective_time_to_train_days": wall / DAY, "effective_gpu_hours": run.effective_gpu_hours,
             "time_to_train_days_interval": days, "gpu_hours_interval": [d * 24 * e.cluster.num_gpus for d in days],
             "effective_time_to_train_days_interval": [d / share if share > 0 else float("inf") for d in days]}
 

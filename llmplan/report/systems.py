@@ -16,6 +16,7 @@ from llmplan.search.grid import Workload
 from llmplan.search.systems import Comparison, SystemBest
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
+from llmplan.units import DAY
 
 COLUMN = {"throughput": "tok/s", "time-to-train": "days", "gpu-hours": "GPU-h", "cost": "cost"}
 """The column each objective ranks by (it carries the 80% interval)."""
@@ -34,7 +35,7 @@ def compact(x: float | None) -> str:
 
 def _values(r: SystemBest, b: RunBudget) -> dict[str, float | None]:
     """A run's figures under each column (tokens/s from the run: tokens / seconds)."""
-    return {"tok/s": b.tokens / b.seconds, "days": b.effective_seconds / 86400, "GPU-h": b.effective_gpu_hours,
+    return {"tok/s": b.tokens / b.seconds, "days": b.effective_seconds / DAY, "GPU-h": b.effective_gpu_hours,
             "cost": b.cost_usd, "MWh": b.energy_kwh / 1000 if b.energy_kwh is not None else None}
 
 
@@ -111,7 +112,7 @@ def run_json(b: RunBudget | None) -> dict[str, Any] | None:
         return None
     return {"tokens_per_s": b.tokens / b.seconds, "time_to_train_s": b.seconds,
             "effective_time_to_train_s": b.effective_seconds,
-            "effective_time_to_train_days": b.effective_seconds / 86400,
+            "effective_time_to_train_days": b.effective_seconds / DAY,
             "gpu_hours": b.gpu_hours, "effective_gpu_hours": b.effective_gpu_hours, "cost_usd": b.cost_usd,
             "energy_kwh": b.energy_kwh}
 

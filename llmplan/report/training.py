@@ -17,7 +17,7 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.intervals import training_interval
 from llmplan.report.common import (ReportTable, SCHEMA, billions, counted, fabric_names, gib, human_bytes,
                                    power_text)
-from llmplan.units import GIB
+from llmplan.units import DAY, GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -115,7 +115,7 @@ def duration(seconds: float) -> str:
 
 def _days_per_trillion(tokens_per_s: float, g: Goodput) -> float:
     share = float(g.useful)
-    return 1e12 / (tokens_per_s * share) / 86400 if share > 0 and tokens_per_s > 0 else float("inf")
+    return 1e12 / (tokens_per_s * share) / DAY if share > 0 and tokens_per_s > 0 else float("inf")
 
 
 def goodput_lines(g: Goodput, tokens_per_s: float) -> list[str]:
