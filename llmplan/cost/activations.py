@@ -196,7 +196,8 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     MoE: each of the rank's input tokens goes to k experts; every (token, expert) row keeps its dispatched
     input (2h; h the latent width of a latent MoE, which also keeps the combined latent rows 2l per token for
     its l -> h projection) and the expert's fc1/activation outputs (c·f_e/etp), plus fp32 router
-    probabilities."""
+    probabilities. Source: Korthikanti et al. 2022, Table 2 (fc1 and GeLU outputs, 8sbh each at f = 4h).
+    Derived: docs/formulas.md#mem.activations"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     c = 6 if m.gated_mlp else 4
     if not moe:

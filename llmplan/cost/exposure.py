@@ -94,7 +94,9 @@ def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
 
 def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
     """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
-    (BUCKET_PARAMS) of the stage's parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
+    (BUCKET_PARAMS; dp is the gradient's reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the
+    data-parallel group with context parallel) of the stage's parameters, at most all of them.
+    Derived: docs/formulas.md#step.dp"""
     bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
     return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
 

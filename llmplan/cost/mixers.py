@@ -8,14 +8,14 @@ t tensor-parallel degree, L layers.
 A hybrid model's layers are priced as their average: every layer holds the model's mean mixer (the share
 of attention layers x an attention block + the mean recurrent mixer) and, in the layers without experts,
 the share of them that has a dense MLP. The whole-model totals are exact; a pipeline stage is priced at
-the average composition (stage_mixer_counts gives the exact one).
+the average composition (cost.stages.stage_kind_counts gives the exact one; cost.hybrid_stage prices it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from llmplan.specs.model import ATTENTION_KINDS, ModelSpec
+from llmplan.specs.model import ModelSpec
 
 SSD_CHUNK = 128
 """Chunk length Q of Mamba-2's SSD scan kernel (mamba_chunk_scan_combined; Megatron-LM MambaMixer chunk_size)."""
@@ -239,15 +239,3 @@ def recurrent_gemm_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any, float]]:
         out += [(h, (2 * Hk * dk + 2 * Hv * dv + gates) / t, n_gdn / L), (Hv * dv / t, h, n_gdn / L)]
     return out
 
-
-def stage_mixer_counts(m: ModelSpec, first_layer: int, layers: int) -> dict[str, int]:
-    """Layers of each mixer kind among `layers` consecutive layers from `first_layer` (a pipeline stage's
-    exact composition, for balance reports)."""
-    kinds = m.layer_types or ("full_attention",) * m.num_hidden_layers
-    chunk = kinds[first_layer:first_layer + layers]
-    return {k: chunk.count(k) for k in dict.fromkeys(kinds)}
-
-
-def is_attention(kind: str) -> bool:
-    """Whether a layer_types entry is softmax attention (holds a KV cache)."""
-    return kind in ATTENTION_KINDS

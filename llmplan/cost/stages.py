@@ -17,6 +17,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.memo import LAYOUT_AXES, memoized, per_distinct
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, PlanLike, has_layout
+from llmplan.specs.stages import pinned_split
 
 
 def layer_split(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any]:
@@ -25,14 +26,8 @@ def layer_split(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any]:
     Megatron's --decoder-first/last-pipeline-num-layers pin the first and last stage; the other stages share
     the rest evenly (0 pins nothing: an even split). Source: Megatron-LM arguments.py (validate_args checks
     that the remaining layers divide the remaining stages); check_plan enforces it here."""
-    return memoized(plan, ("split", m.num_hidden_layers), lambda: _layer_split(m.num_hidden_layers, plan))
-
-
-def _layer_split(L: int, plan: PlanLike) -> tuple[Any, Any, Any]:
-    p, f, l = plan.pp, plan.pp_first, plan.pp_last
-    middle_stages = p - where(f > 0, 1, 0) - where(l > 0, 1, 0)
-    mid = (L - f - l) // maximum(middle_stages, 1)
-    return where(f > 0, f, mid), mid, where(l > 0, l, mid)
+    return memoized(plan, ("split", m.num_hidden_layers),
+                    lambda: pinned_split(m.num_hidden_layers, plan.pp, plan.pp_first, plan.pp_last)[0])
 
 
 def explicit_stages(plan: PlanLike) -> tuple[int, ...] | None:

@@ -16,11 +16,6 @@ MIXER_SYMBOLS = {"mamba": "M", "linear_attention": "G", "full_attention": "*", "
 FFN_SYMBOLS = {"dense": "-", "moe": "E", "none": ""}
 
 
-def is_hybrid_export(m: ModelSpec) -> bool:
-    """Whether the model needs Megatron-LM's hybrid stack (a recurrent mixer or a mixer-less / MLP-less layer)."""
-    return m.is_hybrid
-
-
 def layer_symbols(m: ModelSpec) -> list[str]:
     """Megatron symbols of each llmplan layer: its mixer's (MLA attention: +), then its MLP's."""
     kinds = m.layer_types or ("full_attention",) * m.num_hidden_layers

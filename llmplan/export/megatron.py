@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
                                    megatron_layout)
-from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, is_hybrid_export, megatron_layer_count
+from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 
@@ -16,7 +16,7 @@ TARGET = "megatron"
 def model_flags(pf: PlanFile) -> list[str]:
     m, p = pf.model, pf.plan
     llama_like = m.model_type != "gpt" and m.model_type != "gpt2"
-    hybrid = is_hybrid_export(m)  # one Megatron layer per pattern symbol (export/hybrid.py)
+    hybrid = m.is_hybrid  # Megatron-LM's hybrid stack: one Megatron layer per pattern symbol (export/hybrid.py)
     pairs: list[tuple[str, object]] = [
         ("--num-layers", megatron_layer_count(m) if hybrid else m.num_hidden_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
@@ -199,7 +199,7 @@ def pipeline_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     first/last stage layers with virtual stages per rank, or an explicit --pipeline-model-parallel-layout
     (E embedding, t layer, L loss; stages split by '|', virtual stages in model order)."""
     p, m = pf.plan, pf.model
-    if is_hybrid_export(m):  # the '|' segments of --hybrid-layer-pattern say it (Megatron refuses the others)
+    if m.is_hybrid:  # the '|' segments of --hybrid-layer-pattern say it (Megatron refuses the others)
         return []
     if p.pp_layout is not None:
         return layout_pairs(pf)
@@ -243,7 +243,7 @@ def built_mtp(pf: PlanFile) -> int:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
-    if is_hybrid_export(pf.model):
+    if pf.model.is_hybrid:
         check_hybrid(pf)
     if pf.model.is_sparse_attention:
         raise refuse(TARGET, f"DeepSeek Sparse Attention ({pf.model.name}: Megatron-LM at d98e8a6 builds it as its "
@@ -314,7 +314,7 @@ MEGATRON_ENTRY = ('"$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL
 
 def entry_script(pf: PlanFile) -> str:
     """Megatron-LM's training script for the model: pretrain_hybrid.py for a hybrid stack, else pretrain_gpt.py."""
-    return "pretrain_hybrid.py" if is_hybrid_export(pf.model) else "pretrain_gpt.py"
+    return "pretrain_hybrid.py" if pf.model.is_hybrid else "pretrain_gpt.py"
 
 
 def entry_command(pf: PlanFile) -> str:

@@ -35,10 +35,6 @@ class Violation:
     """What is wrong, the values, the rule and the fix."""
 
 
-def _fmt(values: list[int]) -> str:
-    return bounded_list(values)
-
-
 def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
     """TP degrees that split the query heads, split the KV heads (or, serving, replicate them: `replicate_kv`),
     split the FFNs and a hybrid's recurrent heads and groups."""
@@ -74,10 +70,6 @@ def _as_bool(x: Any) -> Any:
     import numpy as np
 
     return np.asarray(x, dtype=bool)
-
-
-def _moe(m: ModelSpec) -> bool:
-    return m.is_moe
 
 
 def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
@@ -120,19 +112,20 @@ def _mixer_heads(m: ModelSpec) -> str:
 RULES: tuple[Rule, ...] = (
     Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
          lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
-                         f"valid tp: {_fmt(valid_tp(m))}"),
+                         f"valid tp: {bounded_list(valid_tp(m))}"),
     Rule("tp_kv_heads",
          lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0),
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} (Megatron's "
-                         f"num_query_groups rule: training does not replicate KV heads); valid tp: {_fmt(valid_tp(m))}"),
+                         "num_query_groups rule: training does not replicate KV heads); valid tp: "
+                         f"{bounded_list(valid_tp(m))}"),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
                          f"({', '.join(str(f) for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f)}) "
-                         f"of {m.name}; valid tp: {_fmt(valid_tp(m))}"),
+                         f"of {m.name}; valid tp: {bounded_list(valid_tp(m))}"),
     Rule("tp_recurrent_heads", lambda m, p, c: _mamba_ok(m, p.tp) & _gdn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the recurrent mixers' heads and groups ({_mixer_heads(m)}) of "
                          f"{m.name}: Megatron-LM shards them over TP; valid tp: "
-                         f"{_fmt(valid_tp(m))}"),
+                         f"{bounded_list(valid_tp(m))}"),
     Rule("cp_recurrent_heads", lambda m, p, c: ~_as_bool(_mamba_ok(m, p.tp) & _gdn_ok(m, p.tp))
          | (_mamba_ok(m, p.tp, p.cp) & _gdn_ok(m, p.tp, p.cp)),
          lambda m, p, c: f"cp ({p.cp}) must divide each TP rank's recurrent heads ({_mixer_heads(m)}, over tp "
@@ -161,20 +154,20 @@ RULES: tuple[Rule, ...] = (
                          f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
                          f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or do not "
                          f"interleave: {no_interleave_fix(p)}"),
-    Rule("ep_dense", lambda m, p, c: _moe(m) | (p.ep == 1),
+    Rule("ep_dense", lambda m, p, c: m.is_moe | (p.ep == 1),
          lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
     # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
     # default (tp) is harmless; any other value describes no layer and leaves no expert group grid to place.
-    Rule("etp_dense", lambda m, p, c: _moe(m) | (p.etp_resolved == p.tp) | (p.etp_resolved == 1),
+    Rule("etp_dense", lambda m, p, c: m.is_moe | (p.etp_resolved == p.tp) | (p.etp_resolved == 1),
          lambda m, p, c: f"expert tp ({p.etp_resolved}) applies to mixture-of-experts layers; {m.name} is dense: "
                          f"drop --etp (dense layers use tp, {p.tp})"),
-    Rule("ep_experts", lambda m, p, c: (not _moe(m)) | (max(m.num_experts, 1) % p.ep == 0),
+    Rule("ep_experts", lambda m, p, c: (not m.is_moe) | (max(m.num_experts, 1) % p.ep == 0),
          lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}; "
-                         f"valid ep: {_fmt(divisors(m.num_experts))}"),
-    Rule("etp_ffn", lambda m, p, c: (not _moe(m)) | (m.expert_ffn % p.etp_resolved == 0),
+                         f"valid ep: {bounded_list(divisors(m.num_experts))}"),
+    Rule("etp_ffn", lambda m, p, c: (not m.is_moe) | (m.expert_ffn % p.etp_resolved == 0),
          lambda m, p, c: f"expert tp ({p.etp_resolved}) must divide the expert FFN width ({m.expert_ffn}) of "
-                         f"{m.name}; valid: {_fmt(divisors(m.expert_ffn)[:8])}"),
-    Rule("expert_grid", lambda m, p, c: (not _moe(m)) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
+                         f"{m.name}; valid: {bounded_list(divisors(m.expert_ffn)[:8])}"),
+    Rule("expert_grid", lambda m, p, c: (not m.is_moe) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
          lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
                          f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
                          f"expert tp {'defaults to tp (Megatron)' if p.etp == ETP_SAME_AS_TP else 'is set by --etp'}"
@@ -183,10 +176,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
                          "--recompute-layers"),
-    Rule("recompute_op", lambda m, p, c: (p.op == 0) | (not _moe(m) and not m.is_mla),
+    Rule("recompute_op", lambda m, p, c: (p.op == 0) | (not m.is_moe and not m.is_mla),
          lambda m, p, c: f"recompute op (torchtitan's per-op checkpointing, priced by the order of a dense "
                          f"layer's matmuls) is modelled for dense attention + MLP layers; {m.name} has "
-                         f"{'expert' if _moe(m) else 'MLA'} layers: use --recompute full, selective or none"),
+                         f"{'expert' if m.is_moe else 'MLA'} layers: use --recompute full, selective or none"),
     Rule("recompute_op_dtype", lambda m, p, c: (p.op == 0) | (not p.low_precision),
          lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
                          "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
@@ -210,7 +203,7 @@ RULES: tuple[Rule, ...] = (
     # dropless MoE layer needs inside a full-iteration graph, requires the flex dispatcher's hybridep backend;
     # the alltoall dispatcher waits for its token counts on the host (token_dispatcher.py, cuda_sync_point)
     Rule("cuda_graphs_moe",
-         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not _moe(m)) | (p.moe_dispatcher != "alltoall")
+         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not m.is_moe) | (p.moe_dispatcher != "alltoall")
          | (p.moe_capacity_factor is not None),
          lambda m, p, c: f"cuda_graphs full-iteration with a dropless alltoall MoE dispatcher ({m.name}): the "
                          "alltoall dispatcher copies each layer's token counts to the host and waits for them, "
@@ -226,7 +219,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
-                         f"valid cp: {_fmt([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
+                         f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
     # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
     # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
     Rule("seq_len_context",
@@ -237,7 +230,7 @@ RULES: tuple[Rule, ...] = (
     Rule("global_batch", lambda m, p, c: p.global_batch % (p.micro_batch * p.dp) == 0,
          lambda m, p, c: f"global_batch ({p.global_batch}) must be divisible by micro_batch x dp ({p.micro_batch} x "
                          f"{p.dp} = {p.micro_batch * p.dp}); valid micro_batch: "
-                         f"{_fmt([b for b in divisors(p.global_batch) if p.global_batch % (b * p.dp) == 0])}"),
+                         f"{bounded_list([b for b in divisors(p.global_batch) if p.global_batch % (b * p.dp) == 0])}"),
     Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp * p.cp) == 0,
          lambda m, p, c: f"tp x pp x cp ({p.tp} x {p.pp} x {p.cp} = {p.tp * p.pp * p.cp}) must divide the "
                          f"{c.num_gpus} GPUs ({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used})",
@@ -266,7 +259,7 @@ def _training_rules(*names: str) -> tuple[Rule, ...]:
 
 
 SERVE_MOE_RULES: tuple[Rule, ...] = (
-    Rule("dp_attention_moe", lambda m, p, c: (not p.dp_attention) | _moe(m),
+    Rule("dp_attention_moe", lambda m, p, c: (not p.dp_attention) | m.is_moe,
          lambda m, p, c: f"--dp-attention shards the routed experts over the attention ranks; {m.name} is dense: "
                          "drop --dp-attention (replicas already run attention data-parallel)"),
     Rule("dp_attention_layout", lambda m, p, c: (not p.dp_attention) | ((p.tp == 1) & (p.pp == 1)),
@@ -280,7 +273,7 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
                                        & (p.redundant_experts == 0)),
          lambda m, p, c: "--moe-dispatcher deepep, --two-batch-overlap and --redundant-experts act on the expert-"
                          f"parallel all-to-all and its ranks, but ep is {p.ep}; raise --ep or drop them"),
-    Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | _moe(m),
+    Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | m.is_moe,
          lambda m, p, c: f"--expert-dtype {p.expert_dtype} applies to routed experts; {m.name} is dense: drop it "
                          "(the weights take --dtype)"),
 )
@@ -294,20 +287,20 @@ SERVE_RULES: tuple[Rule, ...] = (
          lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | (p.tp % m.kv_heads == 0),
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} or be a multiple "
                          f"of it (serving engines then replicate KV heads); valid tp: "
-                         f"{_fmt(valid_tp(m, replicate_kv=True))}"),
+                         f"{bounded_list(valid_tp(m, replicate_kv=True))}"),
     *_training_rules("tp_ffn", "tp_recurrent_heads"),
     Rule("pp_layers", lambda m, p, c: m.num_hidden_layers % p.pp == 0,
          lambda m, p, c: f"pp ({p.pp}) must divide num_hidden_layers ({m.num_hidden_layers}) of {m.name}: a serving "
                          f"plan gives every pipeline stage an equal share of the layers; valid pp: "
-                         f"{_fmt(divisors(m.num_hidden_layers))}"),
+                         f"{bounded_list(divisors(m.num_hidden_layers))}"),
     *_training_rules("ep_dense"),
     # EPLB's redundant experts join the routed ones before they are spread over the EP ranks (SGLang
     # --ep-num-redundant-experts: 256 + 32 = 288 experts make EP 72 or 96 possible).
-    Rule("ep_experts", lambda m, p, c: (not _moe(m)) | ((max(m.num_experts, 1) + p.redundant_experts) % p.ep == 0),
+    Rule("ep_experts", lambda m, p, c: (not m.is_moe) | ((max(m.num_experts, 1) + p.redundant_experts) % p.ep == 0),
          lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}"
                          + (f" plus the {p.redundant_experts} redundant ones ({m.num_experts + p.redundant_experts})"
                             if p.redundant_experts else "")
-                         + f"; valid ep: {_fmt(divisors(m.num_experts + p.redundant_experts))}"
+                         + f"; valid ep: {bounded_list(divisors(m.num_experts + p.redundant_experts))}"
                          + ("" if p.redundant_experts else " (or add --redundant-experts so that ep divides the sum)")),
     *SERVE_MOE_RULES,
     Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp) == 0,

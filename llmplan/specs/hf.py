@@ -242,6 +242,9 @@ HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": 
                             "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
                             "intermediate_size_mlp": int}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
+LAYER_LISTS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
+"""config.json keys holding a list of whole numbers, one per layer or per layer index (Qwen3-Next's dense
+layers, Llama 4's MoE layers and its no-RoPE flags), checked before sets and per-layer lists are made of them."""
 REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """Sizes every architecture's arithmetic needs (gpt2 / bloom derive intermediate_size from hidden_size)."""
 
@@ -260,6 +263,12 @@ def _checked(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
             problem = f"{key} is {excerpt(repr(value), 40)}, not a number; give {key} as a number"
         if problem:
             raise ValueError(problem)
+    for key in LAYER_LISTS:
+        value = cfg.get(key)
+        if value is not None and (not isinstance(value, list)
+                                  or any(not isinstance(x, int) or isinstance(x, bool) for x in value)):
+            raise ValueError(f"{key} is {excerpt(repr(value), 40)}, not a list of whole numbers; give {key} as a "
+                             "list such as [0, 3]")
     out = dict(cfg)
     for alias, name in aliases.items():
         if cfg.get(alias) is not None and not ((mt, name) in PRECEDENCE and cfg.get(name) is not None):

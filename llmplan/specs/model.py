@@ -26,8 +26,8 @@ from llmplan.specs.model_kinds import (  # noqa: F401  (re-exported: their home 
 )
 from llmplan.specs.model_limits import (  # noqa: F401  (re-exported: their home was this module)
     MODEL_LIMITS,
-    _unknown_kinds,
     beyond_limits,
+    unknown_kinds,
     unknown_layer_types,
 )
 
@@ -197,7 +197,7 @@ class ModelSpec(Spec):
     @classmethod
     def _within_any_model(cls, data: Any) -> Any:
         problem = (beyond_limits(data) or unknown_layer_types(data.get("layer_types"))
-                   or _unknown_kinds("mlp_layer_types", data.get("mlp_layer_types"), get_args(MlpType))) \
+                   or unknown_kinds("mlp_layer_types", data.get("mlp_layer_types"), get_args(MlpType))) \
             if isinstance(data, dict) else None
         if problem:
             raise ValueError(problem)

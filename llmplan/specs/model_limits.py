@@ -38,12 +38,11 @@ def beyond_limits(data: dict[str, Any]) -> str | None:
 
 def unknown_layer_types(kinds: Any) -> str | None:
     """A message naming the layer_types entries llmplan does not model (one line, whatever the layer count)."""
-    if not isinstance(kinds, (list, tuple)):
-        return None
-    return _unknown_kinds("layer_types", kinds, get_args(LayerType))
+    return unknown_kinds("layer_types", kinds, get_args(LayerType))
 
 
-def _unknown_kinds(field: str, kinds: Any, known: tuple[str, ...]) -> str | None:
+def unknown_kinds(field: str, kinds: Any, known: tuple[str, ...]) -> str | None:
+    """A message naming the entries of list field `field` that are not among `known` (None when all are)."""
     if not isinstance(kinds, (list, tuple)):
         return None
     unknown = list(dict.fromkeys(excerpt(repr(k), 40) for k in kinds if k not in known))

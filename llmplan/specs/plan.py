@@ -3,7 +3,7 @@ MemoryAllowance (the stated allowance for buffers and fragmentation)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,10 +16,9 @@ from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home w
 from llmplan.specs.schedule import ScheduleName
 
 Recompute = Literal["none", "selective", "full", "op"]
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full", "op")
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
-RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act",
-                                      "shared_experts")
+RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 """Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
 Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
 
@@ -27,27 +26,27 @@ Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not mo
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
 Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
 AttentionKernel = Literal["native", "flash2"]
-ATTENTION_KERNELS: tuple[str, ...] = ("native", "flash2")
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 """--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
 TpImpl = Literal["megatron", "dtensor"]
-TP_IMPLS: tuple[str, ...] = ("megatron", "dtensor")
+TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
 """--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
 MoeDispatcher = Literal["alltoall", "deepep"]
-MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
 MoeRouting = Literal["random", "contiguous"]
-MOE_ROUTINGS: tuple[str, ...] = ("random", "contiguous")
+MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
 """--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
 CudaGraphs = Literal["none", "layers", "full-iteration"]
-CUDA_GRAPHS: tuple[str, ...] = ("none", "layers", "full-iteration")
+CUDA_GRAPHS: tuple[str, ...] = get_args(CudaGraphs)
 """cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
 layer (transformer_engine / local with --cuda-graph-modules), or one graph of the whole forward-backward
 (--cuda-graph-impl full_iteration)."""
 OptimizerMasterDtype = Literal["fp32", "bf16", "fp16", "none"]
-OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "none")
+OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = get_args(OptimizerMasterDtype)
 """--optimizer-master-dtype values: the dtype of Adam's master weights, or none (the model's weights are updated)."""
 OptimizerMomentDtype = Literal["fp32", "bf16", "fp16", "fp8"]
-OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
+OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = get_args(OptimizerMomentDtype)
 """--optimizer-moment-dtype values (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype choices)."""
 OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
 """Bytes per parameter of one optimizer state tensor in each dtype ('none': not kept)."""

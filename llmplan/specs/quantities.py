@@ -85,30 +85,13 @@ def has_layout(plan: object) -> TypeGuard[ParallelPlan]:
     return getattr(plan, "pp_layout", None) is not None
 
 
-class PlanQuantities:
-    """The quantities derived from a plan's degrees, written once for one ParallelPlan (Python numbers) and
-    for search.grid.PlanArrays (numpy arrays of many plans): both provide tp, pp, dp, cp, micro_batch,
-    global_batch and recompute_code."""
-
-    if TYPE_CHECKING:  # what the properties read, declared for the type checker only: ParallelPlan's fields and
-        # properties, PlanArrays' arrays and its workload (PlanArrays.__getattr__); not attributes at run time.
-        @property
-        def tp(self) -> Any: ...
-
-        @property
-        def pp(self) -> Any: ...
-
-        @property
-        def dp(self) -> Any: ...
+if TYPE_CHECKING:
+    class _QuantityInputs(PlanLike):
+        """What PlanQuantities' properties read besides PlanLike's, declared for the type checker only:
+        ParallelPlan's fields and properties, PlanArrays' arrays and its workload (PlanArrays.__getattr__)."""
 
         @property
         def cp(self) -> Any: ...
-
-        @property
-        def ep(self) -> Any: ...
-
-        @property
-        def etp_resolved(self) -> Any: ...
 
         @property
         def micro_batch(self) -> Any: ...
@@ -130,6 +113,14 @@ class PlanQuantities:
 
         @property
         def recipe(self) -> Any: ...
+else:
+    _QuantityInputs = object  # not a base at run time: its empty properties would hide the plans' own values
+
+
+class PlanQuantities(_QuantityInputs):
+    """The quantities derived from a plan's degrees, written once for one ParallelPlan (Python numbers) and
+    for search.grid.PlanArrays (numpy arrays of many plans): both provide tp, pp, dp, cp, micro_batch,
+    global_batch and recompute_code."""
 
     @property
     def full(self) -> Any:

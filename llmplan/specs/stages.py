@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.arith import maximum, where
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.specs.layout import balanced_layout, format_layout
 from llmplan.specs.model import ModelSpec
@@ -83,7 +84,7 @@ def split_ok(m: ModelSpec, p: Any) -> Any:
     if getattr(p, "pp_layers", None) is not None:
         return sum(p.pp_layers) == L and min(p.pp_layers) >= 1
     f, l = p.pp_first, p.pp_last
-    middle = p.pp - (f > 0) * 1 - (l > 0) * 1
+    middle = pinned_split(L, p.pp, f, l)[1]
     rest = L - f - l
     pinned_ok = ((f == 0) & (l == 0)) | (p.pp > 1)
     return pinned_ok & (p.pp <= L) & (rest >= middle) & (
@@ -113,12 +114,20 @@ def split_message(m: ModelSpec, p: ParallelPlan) -> str:
             f"splits: pp in {bounded_list(divisors(L))}")
 
 
+def pinned_split(L: int, pp: Any, first: Any, last: Any) -> tuple[tuple[Any, Any, Any], Any]:
+    """((first, middle, last) stage layer counts, number of middle stages) of L layers over pp stages with the
+    first and last stage pinned to `first` and `last` layers (0 pins nothing); the other stages share the rest
+    evenly. Arithmetic only: one plan's numbers or, elementwise, plan arrays.
+    Source: Megatron-LM arguments.py (--decoder-first/last-pipeline-num-layers; validate_args checks that the
+    remaining layers divide the remaining stages)."""
+    middle = pp - where(first > 0, 1, 0) - where(last > 0, 1, 0)
+    mid = (L - first - last) // maximum(middle, 1)
+    return (where(first > 0, first, mid), mid, where(last > 0, last, mid)), middle
+
+
 def stage_counts(m: ModelSpec, p: Any) -> tuple[tuple[Any, Any, Any], Any]:
-    """(first, middle, last) stage layer counts of a first/last split, and the number of middle stages."""
-    L, f, l = m.num_hidden_layers, p.pp_first, p.pp_last
-    middle = p.pp - (f > 0) * 1 - (l > 0) * 1
-    mid = (L - f - l) // (middle + (middle == 0))
-    return (f + (f == 0) * mid, mid, l + (l == 0) * mid), middle
+    """(first, middle, last) stage layer counts of a plan's first/last split, and the number of middle stages."""
+    return pinned_split(m.num_hidden_layers, p.pp, p.pp_first, p.pp_last)
 
 
 def vpp_fits(first: Any, mid: Any, last: Any, middle: Any, v: Any) -> Any:
