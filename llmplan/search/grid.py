@@ -12,7 +12,8 @@ from typing import Any, cast
 import numpy as np
 
 from llmplan.cost.params import ALL_BUT_ZERO, LAYOUT_AXES
-from llmplan.specs.check import balanced_split, divisors, vpp_fits
+from llmplan.specs.check import divisors
+from llmplan.specs.stages import balanced_split, pinned_split, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities, resolve_etp
 
@@ -102,9 +103,7 @@ def pipeline_layouts(L: int, n_gpus: int, max_pp: int, pins: dict[str, Any]) -> 
             first, last = pins.get("pp_first", 0), pins.get("pp_last", 0)
         else:
             first, last = balanced_split(L, p) if p <= L else (0, 0)
-        middle = p - (first > 0) - (last > 0)
-        mid = (L - first - last) // max(middle, 1)
-        f, l = first or mid, last or mid
+        (f, mid, l), middle = pinned_split(L, p, first, last)
         vpps = [pins["vpp"]] if "vpp" in pins else (
             [v for v in range(1, max(f, mid, l) + 1) if vpp_fits(f, mid, l, middle, v)] if p > 1 else [1])
         out += [(p, v, first, last) for v in vpps]

@@ -22,7 +22,8 @@ from llmplan.cost.memory import training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.errors import LlmplanError, bounded_list
 from llmplan.estimate import TrainingEstimate, estimate_training
-from llmplan.specs.check import balanced_split, check_plan, vpp_fits
+from llmplan.specs.check import check_plan
+from llmplan.specs.stages import balanced_split, pinned_split, vpp_fits
 from llmplan.specs.layout import balanced_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -48,10 +49,7 @@ class LayoutPins:
 
 def _even_split(L: int, pp: int) -> tuple[tuple[int, int, int], int]:
     """((first, middle, last) stage layers, middle stages) of the search's split of L layers over pp."""
-    first, last = balanced_split(L, pp)
-    middle = pp - (first > 0) - (last > 0)
-    mid = (L - first - last) // max(middle, 1)
-    return (first or mid, mid, last or mid), middle
+    return pinned_split(L, pp, *balanced_split(L, pp))
 
 
 def layout_degrees(L: int, pp: int, first: int, last: int, pin: int | None) -> list[int]:
