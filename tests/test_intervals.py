@@ -291,3 +291,13 @@ def test_search_table_fits_80_columns():
                         "dgx-h100", "--nodes", "8", "--explain"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_fewer_axes_decide_before_headroom():
+    # Every plan shown keeps the search's minimum headroom: a plan with one axis fewer (dp8 against dp2 cp4 on
+    # 8B) goes first even where the other keeps more memory free.
+    a = _est(100.0, 4.0, tp=1, pp=1, dp=8)
+    b = _est(99.5, 20.0, tp=1, pp=1, dp=2)
+    b.plan.cp = 4
+    order, _, notes = resolve([b, a], math.log(1.03))
+    assert order == [1, 0] and notes[0].rule == "fewer parallel axes (1 vs 2)"

@@ -42,17 +42,18 @@ def _tp_crosses_node(e: Any) -> bool:
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
     faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
-    domain; at least HEADROOM_STEP more memory headroom; fewer parallel axes; lower ZeRO stage; less
-    recompute."""
+    domain; fewer parallel axes; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less
+    recompute. Axes come before headroom: every plan shown already keeps the search's minimum headroom free,
+    while each extra axis (a CP ring at a 4k sequence, say) adds communication and a way to fail."""
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
         return (1 if ca else -1), "TP inside the NVLink domain"
-    ha, hb = float(a.memory.headroom), float(b.memory.headroom)
-    if abs(ha - hb) >= HEADROOM_STEP:
-        return (-1 if ha > hb else 1), f"{abs(ha - hb) / GIB:.1f} GiB more memory headroom"
     xa, xb = _axes(a.plan), _axes(b.plan)
     if xa != xb:
         return (-1 if xa < xb else 1), f"fewer parallel axes ({min(xa, xb)} vs {max(xa, xb)})"
+    ha, hb = float(a.memory.headroom), float(b.memory.headroom)
+    if abs(ha - hb) >= HEADROOM_STEP:
+        return (-1 if ha > hb else 1), f"{abs(ha - hb) / GIB:.1f} GiB more memory headroom"
     if a.plan.zero != b.plan.zero:
         return (-1 if a.plan.zero < b.plan.zero else 1), "lower ZeRO stage (fewer shards to gather)"
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
