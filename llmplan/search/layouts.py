@@ -171,19 +171,21 @@ def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int)
 
 def _rank(pool: list[tuple[TrainingEstimate, int]], objective: str, resolution: float | None,
           top: int) -> tuple[list[TrainingEstimate], list[int], list[list[int]], list[Any]]:
-    """The first `top` of (estimate, equivalents) pairs by score (to 4 significant digits, as search.run
-    ranks; stable, so the vectorised order stands among equals), then ties resolved (search.ties)."""
+    """(estimate, equivalents) pairs by score (to 4 significant digits, as search.run ranks; stable, so the
+    vectorised order stands among equals), ties resolved among all of them (search.ties), the first `top` kept."""
     if not pool:
         return [], [], [], []
     best = max(abs(score(e, objective)) for e, _ in pool) or 1.0
-    pool = sorted(pool, key=lambda en: -round(score(en[0], objective) / best, 4))[:top]
+    pool = sorted(pool, key=lambda en: -round(score(en[0], objective) / best, 4))
     ranked, counts = [e for e, _ in pool], [n for _, n in pool]
     if resolution is None:
-        return ranked, counts, [], []
+        return ranked[:top], counts[:top], [], []
     from llmplan.search.ties import resolve
 
+    # ties resolved over every priced plan (all are estimated already), then the first `top` kept
     new, tied_with, notes = resolve(ranked, resolution)
-    return [ranked[i] for i in new], [counts[i] for i in new], tied_with, notes
+    return ([ranked[i] for i in new][:top], [counts[i] for i in new][:top],
+            [[k for k in t if k <= top] for t in tied_with[:top]], [n for n in notes if n.lower <= top])
 
 
 def _front(estimates: list[TrainingEstimate]) -> list[TrainingEstimate]:

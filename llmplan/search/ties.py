@@ -9,9 +9,11 @@ from typing import Any
 
 from llmplan.units import GIB
 
-TIE_POOL = 10
-"""Distinct plans priced for the tie rules beyond those shown: the robust preference is decided among the best
-max(top, TIE_POOL), so the first plans shown do not depend on --top (up to TIE_POOL)."""
+TIE_POOL = 5
+"""Distinct plans of the vectorised ranking estimated for the tie rules when fewer are shown (the default --top):
+ties are resolved among these and every balanced-layout plan priced, then the first --top are shown, so the
+leading plans do not change with --top up to TIE_POOL (a wider --top widens the pool, and may reorder ties).
+More would cost a scalar estimate each (about 20 ms for DeepSeek-V3)."""
 
 HEADROOM_STEP = 2 * GIB
 """Smallest memory headroom difference that decides between tied plans (bytes)."""
