@@ -217,6 +217,7 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "runs": len(records),
         "level": iv.LEVEL,
         "nominal": iv.choose_nominal(training),
+        "pools": iv.choose_pools(training, default=iv.choose_nominal(training)),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
         "constants": consts,
         "resolution": resolutions(training),
@@ -229,17 +230,58 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
 
 
 def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, float]]:
-    """Per family: the coverage it gets when the quantile pair is itself chosen without it (choose_nominal on
-    the other families), with that pair: (inside, records, median half-width, pair)."""
+    """Per family: the coverage it gets when the quantile pairs (the all-regime one and the pools' own) are
+    themselves chosen without it (choose_nominal, choose_pools on the other families), with those pairs:
+    (inside, records, median half-width, the all-regime pair)."""
     pools = iv.left_out_pools(training)
     out = {}
     for fam in sorted({r["family"] for r in training}):
-        nominal = iv.choose_nominal([r for r in training if r["family"] != fam],
-                                    iv.left_out_pools(training, without=fam))
-        inside, n, half = iv.coverage([r for r in training if r["family"] == fam], nominal,
-                                      {k: v for k, v in pools.items()})[fam]
+        others = [r for r in training if r["family"] != fam]
+        without = iv.left_out_pools(training, without=fam)
+        nominal = iv.choose_nominal(others, without)
+        pair = iv.pair_of({"nominal": nominal, "pools": iv.choose_pools(others, without, nominal)})
+        inside, n, half = iv.coverage([r for r in training if r["family"] == fam], pair, pools)[fam]
         out[fam] = (inside, n, half, nominal)
     return out
+
+
+def _bands(training: list[dict], pools: dict, pair) -> dict[str, tuple[bool, float]]:
+    """Per record: (inside its left-out band, the band's half-width as a fraction of the point)."""
+    out = {}
+    for r in training:
+        values, widen = pools[r["id"]]
+        b = iv.quantile_band(values, "", widen, pair(r) if callable(pair) else pair)
+        out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
+    return out
+
+
+def pool_report(training: list[dict], doc: dict, pools: dict) -> None:
+    """Per regime pool (llmplan.intervals.POOLS): its pair, and its left-out coverage and median half-width with
+    that pair and with the all-regime one."""
+    nominal = doc["nominal"]
+    own, at = _bands(training, pools, iv.pair_of(doc)), _bands(training, pools, nominal)
+    print(f"per regime pool (its own pair where it has {iv.POOL_MIN_FAMILIES}+ families of {iv.POOL_MIN_RECORDS}+ "
+          f"runs, a pair inside 75-85% and\nthe nested coverage of that choice inside 75-85% too, else the "
+          f"all-regime {nominal:g} pair):")
+    print(f"  {'pool':22s} {'fams':>4s} {'runs':>4s} {'pair':>5s} {'runs in':>7s} {'fams in':>7s} {'median half':>11s}")
+    for name in iv.POOLS:
+        mine = [r for r in training if iv.pool_of(iv.record_regime(r)) == name]
+        if not mine:
+            continue
+        info = doc["pools"].get(name, {})
+        fams: dict[str, list[bool]] = {}
+        for r in mine:
+            fams.setdefault(r["family"], []).append(own[r["id"]][0])
+        q = info.get("nominal")
+        print(f"  {name:22s} {info.get('families', 0):4d} {len(mine):4d} {(f'{q:g}' if q else 'all'):>5s} "
+              f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
+              f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
+              f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
+        if info.get("why"):
+            print(f"    {info['why']}")
+        if info.get("nested"):
+            print(f"    nested coverage of its own pair: {100 * info['nested'][0]:.1f}% of runs, "
+                  f"{100 * info['nested'][1]:.1f}% per family")
 
 
 def report(doc: dict, nested: bool = True) -> None:
@@ -248,6 +290,10 @@ def report(doc: dict, nested: bool = True) -> None:
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
           f"records ({doc['generated_by']})")
     pools = iv.left_out_pools(training)
+    if "pools" not in doc:  # a file written before the regime pools: their pairs as --write would choose them
+        doc = {**doc, "pools": iv.choose_pools(training, pools, doc["nominal"])}
+        print("(the file has no regime pools: their pairs chosen now, as --write would)")
+    pair = iv.pair_of(doc)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
@@ -257,31 +303,36 @@ def report(doc: dict, nested: bool = True) -> None:
         inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())
         print(f"  {q:.3g}: {100 * inside / n:5.1f}% of {n} records, mean over families "
               f"{100 * iv.mean_coverage(cov):5.1f}%" + ("  <- shipped" if q == nominal else ""))
-    print(f"with the shipped pair ({nominal:g}):")
+    cov = iv.coverage(training, pair, pools)
+    print(f"with the shipped pairs (the regime pools' own, else {nominal:g}): {100 * iv.per_record(cov):.1f}% of "
+          f"{sum(c[1] for c in cov.values())} records, mean over families {100 * iv.mean_coverage(cov):.1f}%")
+    pool_report(training, doc, pools)
     print(f"  {'family':16s} {'inside':>7s} {'records':>8s} {'coverage':>9s} {'median half-width':>18s}")
-    cov = iv.coverage(training, nominal, pools)
     for fam, (inside, n, half) in cov.items():
         print(f"  {fam:16s} {inside:7d} {n:8d} {100 * inside / n:8.1f}% {100 * half:17.1f}%")
     if nested:
         nest = nested_coverage(training)
         inside, n = sum(c[0] for c in nest.values()), sum(c[1] for c in nest.values())
-        print(f"nested (the pair chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
-              f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; pairs chosen "
-              + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
+        print(f"nested (the pairs chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
+              f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; all-regime "
+              "pairs chosen " + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
     def dense_megatron(r: dict) -> bool:
         return not r["moe"] and r["framework"] == "megatron" and r["generation"] in ("ampere", "hopper")
 
-    for label, keep in (("", lambda r: True),
-                        (", flash-attention stacks (what search plans)", lambda r: r.get("stack", "flash") == "flash")):
+    for label, keep in (("A100 / H100", lambda r: True),
+                        ("A100 / H100, flash-attention stacks (what search plans)",
+                         lambda r: r.get("stack", "flash") == "flash"),
+                        ("H100-class (Hopper), flash-attention stacks",
+                         lambda r: r.get("stack", "flash") == "flash" and r["generation"] == "hopper")):
         halves, inside = [], []
         for r in training:
             if dense_megatron(r) and keep(r):
                 values, widen = pools[r["id"]]
-                b = iv.quantile_band(values, "", widen, nominal)
+                b = iv.quantile_band(values, "", widen, pair(r))
                 halves.append((math.exp(b.hi) - math.exp(b.lo)) / 2)
                 inside.append(b.lo <= r["r"] <= b.hi)
         if halves:
-            print(f"dense Megatron-style training on A100 / H100{label} ({len(halves)} records, "
+            print(f"dense Megatron-style training on {label} ({len(halves)} records, "
                   f"{len({r['family'] for r in training if dense_megatron(r) and keep(r)})} families, each left "
                   f"out): median half-width {100 * statistics.median(halves):.1f}% (target <= 12%), coverage "
                   f"{100 * statistics.mean(inside):.1f}%")

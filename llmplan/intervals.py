@@ -14,9 +14,12 @@ rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the recor
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
-The quantiles taken are the file's `nominal` pair: of NOMINAL_CHOICES (10th/90th up to 0.5th/99.5th
-percentiles) the narrowest whose coverage on families left out one at a time is inside TARGET (75-85%) both
-per record and per family (else the one nearest LEVEL). A
+The quantiles taken are the plan's regime pool's pair (POOLS: dense Megatron-style with and without flash
+attention, dense FSDP-style, MoE; the file's `pools`), else the file's `nominal` pair: of NOMINAL_CHOICES
+(10th/90th up to 0.5th/99.5th percentiles) the narrowest whose coverage on families left out one at a time is
+inside TARGET (75-85%) both per record and per family, over the pool's runs (a pool with fewer than
+POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no pair inside the target, takes the all-regime
+pair, chosen the same way over every run, else the one nearest LEVEL). A
 family's residuals share its bias, so residuals pooled from other families under-cover it at their own 10th
 and 90th percentiles; choosing the pair by left-out coverage is split-conformal calibration, and the residual
 script reports the coverage with the pair itself chosen without the family it scores (nested). Memory and
@@ -34,7 +37,8 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterable
+from collections import Counter
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -59,6 +63,8 @@ class Regime:
     generation: str
     framework: str
     gpus: int
+    flash: bool = True
+    """Flash attention (the plan's flash_attention): not a selection tag, it picks the regime pool (POOLS)."""
 
     @property
     def scale(self) -> str:
@@ -99,12 +105,47 @@ def framework(plan: Any) -> str:
 
 def regime_of(model: Any, plan: Any, cluster: Any) -> Regime:
     return Regime(moe=bool(model.num_experts), generation=generation(cluster.system.gpu.name),
-                  framework=framework(plan), gpus=int(cluster.num_gpus))
+                  framework=framework(plan), gpus=int(cluster.num_gpus),
+                  flash=bool(getattr(plan, "flash_attention", True)))
 
 
 def record_regime(rec: dict[str, Any]) -> Regime:
     return Regime(moe=bool(rec["moe"]), generation=rec["generation"], framework=rec["framework"],
-                  gpus=int(rec["gpus"]))
+                  gpus=int(rec["gpus"]), flash=rec.get("stack", "flash") == "flash")
+
+
+POOLS = {"dense-megatron": "dense Megatron-style with flash attention",
+         "dense-megatron-noflash": "dense Megatron-style without flash attention (the 2020-22 stacks)",
+         "dense-fsdp": "dense FSDP-style", "moe": "MoE"}
+"""The regime pools whose quantile pair is calibrated on their own left-out coverage (Mondrian conformal
+prediction: Vovk, Gammerman and Shafer, Algorithmic Learning in a Random World, 2005, ch. 4), by what a plan
+has: experts, the framework family its flags imply, flash attention."""
+POOL_MIN_FAMILIES = 3
+"""Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
+POOL_MIN_RECORDS = 3
+
+
+def pool_of(regime: Regime) -> str:
+    """The regime pool (POOLS) of a plan or a record."""
+    if regime.moe:
+        return "moe"
+    if regime.framework == "fsdp":
+        return "dense-fsdp"
+    return "dense-megatron" if regime.flash else "dense-megatron-noflash"
+
+
+def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str]:
+    """The quantile pair (central probability) of a plan's band and where it comes from: its pool's own pair,
+    else the all-regime pair with the reason the pool has none."""
+    pool = pool_of(want)
+    info = data.get("pools", {}).get(pool)
+    default = float(data.get("nominal", LEVEL))
+    if info is None:
+        return default, ""
+    if info.get("nominal") is not None:
+        return float(info["nominal"]), (f"the {100 * info['nominal']:g}% pair, the narrowest whose left-out "
+                                        f"coverage over the {info['families']} {POOLS[pool]} families is 75-85%")
+    return default, (f"the all-regime {100 * default:g}% pair: the {POOLS[pool]} pool {info['why']}")
 
 
 @lru_cache(maxsize=1)
@@ -124,6 +165,10 @@ class Band:
     widened: bool = False
     short: str = ""
     """The basis in a few words, for text output."""
+    pool: str = ""
+    """The regime pool (POOLS) whose runs' coverage chose the quantile pair, or "" (the all-regime pair)."""
+    nominal: float = LEVEL
+    """The quantile pair taken, as its central probability."""
 
     def rate(self, x: float) -> list[float]:
         return [float(x * np.exp(self.lo)), float(x * np.exp(self.hi))]
@@ -159,23 +204,26 @@ def select(records: list[dict[str, Any]], want: Regime,
 
 def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_family: str | None = None) -> Band:
     """The rate band of a training plan in regime `want` (exclude_family: as if that family were unpublished,
-    for the coverage test). Its quantiles are the file's `nominal` pair (docs/validation.md#intervals: the
-    pair choose_nominal picks by left-out coverage)."""
+    for the coverage test). Its quantiles are the pair of the plan's regime pool where the file gives it one,
+    else the file's `nominal` pair (docs/validation.md#intervals: the pairs choose_pools and choose_nominal
+    pick by left-out coverage); the basis says which, and why a pool has none."""
     data = data or shipped()
     hits, dropped = select(data["training"], want, exclude_family)
     kept = [t for t in TAGS if t not in dropped]
     widen = any(t in UNCOVERED for t in dropped)
     fams = sorted({r["family"] for r in hits})
+    nominal, how = nominal_of(data, want)
     basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
-             + (f" matching {want.describe(kept)}" if kept else ""))
+             + (f" matching {want.describe(kept)}" if kept else "") + (f"; quantiles: {how}" if how else ""))
     if widen:
         uncovered = [t for t in dropped if t in UNCOVERED]
         basis += f"; no validation family covers {want.describe(uncovered)}: widened {WIDEN:g}x"
-    band = quantile_band((r["r"] for r in hits), basis, widen, float(data.get("nominal", LEVEL)))
+    band = quantile_band((r["r"] for r in hits), basis, widen, nominal)
     short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
     if widen:
         short += f", widened {WIDEN:g}x: no family covers {want.describe([t for t in dropped if t in UNCOVERED])}"
-    return Band(band.lo, band.hi, band.n, basis, widen, short)
+    own = data.get("pools", {}).get(pool_of(want), {}).get("nominal") is not None
+    return Band(band.lo, band.hi, band.n, basis, widen, short, pool_of(want) if own else "", nominal)
 
 
 def memory_band(data: dict[str, Any] | None = None) -> Band | None:
@@ -212,19 +260,19 @@ def tied(rate_a: float, rate_b: float, res: float | None = None) -> bool:
     return abs(float(np.log(rate_a / rate_b))) <= res
 
 
-NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.95, 0.975, 0.99)
+NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
 """The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
 TARGET = (0.75, 0.85)
 """The left-out coverage an 80% interval is meant to reach (issue 33)."""
 
 
-def left_out_pools(records: list[dict[str, Any]],
-                   without: str | None = None) -> dict[str, tuple[np.ndarray, bool]]:
-    """Per record (id): the residuals select() gives it with its own family (and `without`) left out, and
-    whether its band is widened."""
+def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
+                   ids: set[str] | None = None) -> dict[str, tuple[np.ndarray, bool]]:
+    """Per record (id; only `ids` when given): the residuals select() gives it with its own family (and
+    `without`) left out, and whether its band is widened."""
     out = {}
     for r in records:
-        if r["family"] == without:
+        if r["family"] == without or (ids is not None and r["id"] not in ids):
             continue
         pool = [x for x in records if x["family"] != without]
         hits, dropped = select(pool, record_regime(r), exclude_family=r["family"])
@@ -232,18 +280,23 @@ def left_out_pools(records: list[dict[str, Any]],
     return out
 
 
-def coverage(records: list[dict[str, Any]], nominal: float,
+def coverage(records: list[dict[str, Any]], nominal: float | Callable[[dict[str, Any]], float],
              pools: dict[str, tuple[np.ndarray, bool]] | None = None) -> dict[str, tuple[int, int, float]]:
     """Per family left out: (records inside, records, median half-width as a fraction of the point) of the
-    band each of its records gets from the other families' residuals by the rule above."""
+    band each of its records gets from the other families' residuals by the rule above (`nominal`: one pair,
+    or the pair of each record)."""
     pools = pools if pools is not None else left_out_pools(records)
+
+    def pair(r: dict[str, Any]) -> float:
+        return float(nominal(r)) if callable(nominal) else float(nominal)
+
     out: dict[str, tuple[int, int, float]] = {}
     for fam in sorted({r["family"] for r in records if r["id"] in pools}):
         inside, halves = 0, []
         mine = [r for r in records if r["family"] == fam and r["id"] in pools]
         for r in mine:
             values, widen = pools[r["id"]]
-            b = quantile_band(values, "", widen, nominal)
+            b = quantile_band(values, "", widen, pair(r))
             inside += int(b.lo <= r["r"] <= b.hi)
             halves.append(float(np.exp(b.hi) - np.exp(b.lo)) / 2)
         out[fam] = (inside, len(mine), float(np.median(halves)))
@@ -255,21 +308,76 @@ def mean_coverage(cov: dict[str, tuple[int, int, float]]) -> float:
     return float(np.mean([i / n for i, n, _ in cov.values()]))
 
 
+def per_record(cov: dict[str, tuple[int, int, float]]) -> float:
+    """Coverage with every record weighted alike."""
+    return sum(c[0] for c in cov.values()) / max(1, sum(c[1] for c in cov.values()))
+
+
+def inside_target(cov: dict[str, tuple[int, int, float]]) -> bool:
+    return all(TARGET[0] <= x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
+
+
 def choose_nominal(records: list[dict[str, Any]],
                    pools: dict[str, tuple[np.ndarray, bool]] | None = None) -> float:
     """The narrowest NOMINAL_CHOICES pair whose left-out coverage is inside TARGET both per record and with
     every family weighted alike; when none is, the one whose mean over families is nearest LEVEL."""
     pools = pools if pools is not None else left_out_pools(records)
     covs = {q: coverage(records, q, pools) for q in NOMINAL_CHOICES}
-
-    def per_record(cov: dict[str, tuple[int, int, float]]) -> float:
-        return sum(c[0] for c in cov.values()) / max(1, sum(c[1] for c in cov.values()))
-
-    inside = [q for q, cov in covs.items()
-              if all(TARGET[0] <= x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))]
+    inside = [q for q, cov in covs.items() if inside_target(cov)]
     if inside:
         return min(inside)
     return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(covs[q]) - LEVEL))
+
+
+def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, tuple[np.ndarray, bool]]) -> float | None:
+    inside = [q for q in NOMINAL_CHOICES if inside_target(coverage(records, q, pools))]
+    return min(inside) if inside else None
+
+
+def choose_pools(records: list[dict[str, Any]], pools: dict[str, tuple[np.ndarray, bool]] | None = None,
+                 default: float | None = None, nested: bool = True) -> dict[str, dict[str, Any]]:
+    """Per regime pool (POOLS): its own pair, the narrowest NOMINAL_CHOICES pair whose left-out coverage over
+    the pool's runs is inside TARGET both per record and per family, kept only when that choice is stable: with
+    the pair chosen the same way without each family in turn, the coverage of the family left out (nested)
+    is inside TARGET too. None (the all-regime pair, `default`) when the pool has fewer than
+    POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, no pair is inside the target, or the nested coverage
+    is not; "why" says which."""
+    pools = pools if pools is not None else left_out_pools(records)
+    default = default if default is not None else choose_nominal(records, pools)
+    out: dict[str, dict[str, Any]] = {}
+    for name in POOLS:
+        mine = [r for r in records if r["id"] in pools and pool_of(record_regime(r)) == name]
+        fams = sum(n >= POOL_MIN_RECORDS for n in Counter(r["family"] for r in mine).values())
+        info: dict[str, Any] = {"nominal": None, "families": fams, "records": len(mine)}
+        out[name] = info
+        if fams < POOL_MIN_FAMILIES:
+            info["why"] = (f"has {fams} famil{'y' if fams == 1 else 'ies'} of {POOL_MIN_RECORDS}+ runs (fewer than "
+                           f"{POOL_MIN_FAMILIES})")
+            continue
+        own = _narrowest_inside(mine, pools)
+        if own is None:
+            info["why"] = "has no pair whose left-out coverage is 75-85% both per run and per family"
+            continue
+        if nested:
+            chosen: dict[str, float] = {}
+            for fam in sorted({r["family"] for r in mine}):
+                rest = [r for r in mine if r["family"] != fam]
+                q = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
+                chosen[fam] = default if q is None else q
+            cov = coverage(mine, lambda r: chosen[r["family"]], pools)
+            info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
+            if not inside_target(cov):
+                info["why"] = (f"has its own {100 * own:g}% pair, but chosen without the family it scores that pair "
+                               f"covers {100 * per_record(cov):.1f}% of the runs ({100 * mean_coverage(cov):.1f}% "
+                               "per family), outside 75-85%")
+                continue
+        info["nominal"] = own
+    return out
+
+
+def pair_of(data: dict[str, Any]) -> Callable[[dict[str, Any]], float]:
+    """The quantile pair each record's band takes under the file's pools (nominal_of)."""
+    return lambda r: nominal_of(data, record_regime(r))[0]
 
 
 def best_published_mfu(gpu: Any, dtype: str) -> float | None:
@@ -282,7 +390,8 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
     """The LEVEL interval of a training estimate's step time, tokens/s, MFU and memory per GPU, with its
     basis. An upper bound above the best published MFU of the GPU in the plan's format is capped there
     (`ceiling`): no published run reached more, and when the point itself is above, the basis says so."""
-    band = training_band(regime_of(e.model, e.plan, e.cluster), data)
+    regime = regime_of(e.model, e.plan, e.cluster)
+    band = training_band(regime, data)
     step, tps, mfu = float(e.time.total), float(e.throughput.tokens_per_s), float(e.throughput.mfu)
     hi_factor = float(np.exp(band.hi))
     basis = band.basis
@@ -302,6 +411,7 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
             "tokens_per_s": [tps * lo_factor, tps * hi_factor], "mfu": [mfu * lo_factor, mfu * hi_factor],
             "memory_bytes": mem.rate(total) if mem is not None else None, "basis": basis,
             "records": band.n, "widened": band.widened, "ceiling_mfu": ceiling,
+            "pool": pool_of(regime), "pool_pair": bool(band.pool), "quantile_pair": band.nominal,
             "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}
 
 

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EST = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--global-batch", "16")
 
 
-def _rec(fam: str, r: float, i: int, gen: str = "hopper", moe: bool = False) -> dict:
+def _rec(fam: str, r: float, i: int, gen: str = "hopper", moe: bool = False, stack: str = "flash") -> dict:
     return {"id": f"{fam}-{i}", "family": fam, "r": r, "moe": moe, "generation": gen, "framework": "megatron",
-            "gpus": 8}
+            "gpus": 8, "stack": stack}
 
 
 def test_coverage_is_counted_from_the_other_families_quantiles():
@@ -47,7 +47,8 @@ def test_coverage_is_counted_from_the_other_families_quantiles():
 def test_the_shipped_pair_is_the_narrowest_inside_the_target(monkeypatch):
     # coverage (inside, records) per pair: 0.9 is under 75% per record, 0.95 and 0.975 are inside 75-85% both
     # ways, 0.99 is nearest 80% over families: the narrowest inside the target (0.95) is shipped
-    table = {0.8: (60, 70), 0.85: (65, 72), 0.9: (70, 74), 0.95: (77, 77), 0.975: (79, 79), 0.99: (85, 80)}
+    table = {0.8: (60, 70), 0.85: (65, 72), 0.9: (70, 74), 0.925: (72, 75), 0.95: (77, 77), 0.975: (79, 79),
+             0.99: (85, 80)}
 
     def fake(records, q, pools=None):  # one entry: (inside of 100 records, 100, family mean in %)
         per_record, fam_mean = table[q]
@@ -58,6 +59,31 @@ def test_the_shipped_pair_is_the_narrowest_inside_the_target(monkeypatch):
     assert iv.choose_nominal([], {}) == 0.95
     table.update({0.95: (74, 77), 0.975: (86, 84)})  # none inside both ways: nearest 80% over families
     assert iv.choose_nominal([], {}) == 0.99
+
+
+def test_a_regime_pool_takes_its_own_pair_only_with_enough_families_and_a_stable_choice():
+    # Four flash-attention families drawn from one distribution (seeded): left out, each is covered by the
+    # others' quantiles at a pair inside 75-85%, whichever family the choice leaves out. The no-flash pool has
+    # two families: too few, so it takes the all-regime pair, and the basis says why.
+    rng = np.random.default_rng(3)
+    recs = ([_rec(f, x, i) for f in "abcd" for i, x in enumerate(rng.normal(0, 0.05, 20))]
+            + [_rec(f, x, i, stack="no-flash") for f in "ef" for i, x in enumerate(rng.normal(0, 0.05, 20))])
+    pools = iv.choose_pools(recs, default=0.99)
+    flash, old = pools["dense-megatron"], pools["dense-megatron-noflash"]
+    assert flash["families"] == 4 and flash["nominal"] in iv.NOMINAL_CHOICES
+    mine = [r for r in recs if r["stack"] == "flash"]
+    assert iv.inside_target(iv.coverage(mine, flash["nominal"]))
+    assert all(iv.TARGET[0] <= x <= iv.TARGET[1] for x in flash["nested"])
+    assert old["nominal"] is None and "2 families" in old["why"]
+    data = {"training": recs, "nominal": 0.99, "pools": pools}
+    flash_band = iv.training_band(iv.Regime(False, "hopper", "megatron", 8, flash=True), data)
+    old_band = iv.training_band(iv.Regime(False, "hopper", "megatron", 8, flash=False), data)
+    assert flash_band.pool == "dense-megatron" and flash_band.nominal == flash["nominal"]
+    assert old_band.pool == "" and old_band.nominal == 0.99
+    assert "all-regime 99% pair" in old_band.basis and "2 families" in old_band.basis
+    # a family whose bias the others do not share (+35%): no pair covers the pool 75-85%, it falls back
+    shifted = [dict(r, r=r["r"] + 0.3) if r["family"] == "a" else r for r in recs]
+    assert "no pair" in iv.choose_pools(shifted, default=0.99)["dense-megatron"]["why"]
 
 
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
