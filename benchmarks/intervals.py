@@ -12,7 +12,9 @@ iteration time counts as 1 / rate) with the record's regime tags (llmplan.interv
 published peaks (Korthikanti et al. 2022 Table 5 parts, torchtitan's reserved peak); serving: the TensorRT-LLM
 records, each model scored with the serving constants fitted without it. The tie resolution is the 0.8
 quantile of |r_i - r_j| over pairs of layouts of one job (same model, GPU type and count, global batch,
-sequence length and format, one source): the alternatives a search ranks.
+sequence length and format, one source): the alternatives a search ranks. The quantile pairs: the all-regime
+one (`nominal`) and each regime pool's own where its left-out coverage, nested too, allows (`pools`,
+llmplan.intervals.choose_pools); the report gives coverage and half-width per pool and per family.
 """
 
 from __future__ import annotations
