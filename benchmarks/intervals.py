@@ -214,12 +214,14 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
     old = json.loads(path.read_text()) if reuse and path.exists() else None
     consts = lofo_constants(records, old["constants"] if old else None)
     training = training_residuals(records, consts)
+    pools = iv.left_out_pools(training)
+    nominal = iv.choose_nominal(training, pools)
     doc = {
         "generated_by": COMMAND + (" --reuse-fit" if reuse else ""),
         "runs": len(records),
         "level": iv.LEVEL,
-        "nominal": iv.choose_nominal(training),
-        "pools": iv.choose_pools(training, default=iv.choose_nominal(training)),
+        "nominal": nominal,
+        "pools": iv.choose_pools(training, pools, nominal),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
         "constants": consts,
         "resolution": resolutions(training),
