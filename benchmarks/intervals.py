@@ -283,7 +283,7 @@ def pool_report(training: list[dict], doc: dict, pools: dict) -> None:
               f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
         if info.get("why"):
             print(f"    {info['why']}")
-        if info.get("nested"):
+        elif info.get("nested"):
             print(f"    nested coverage of its own pair: {100 * info['nested'][0]:.1f}% of runs, "
                   f"{100 * info['nested'][1]:.1f}% per family")
 
