@@ -72,7 +72,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    routing = (moe_routing_bytes(m) + expert_bias_bytes(m)) * T / sp if moe else 0.0
+    routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
     return norms_residual + rope + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
@@ -85,20 +85,21 @@ def moe_routing_bytes(m: ModelSpec) -> float:
     return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
 
 
-def expert_bias_bytes(m: ModelSpec) -> float:
+def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """HBM bytes per token of an MoE layer's expert output bias (models with mlp_bias: GPT-OSS), in the
     forward-equivalent units of elementwise_bytes (the stage charges three times them). Megatron-Core builds the
-    grouped fc2 with skip_bias_add and adds the bias outside the GEMM, expert by expert, as t + b * p with the
-    router's fp32 probabilities, then concatenates and casts back: on each of the k output copies of width w,
-    forward writes b * p (4 bytes), reads t and it and writes the fp32 sum (10), copies it into the
-    concatenation (8) and casts it to bf16 (6): 28 bytes an element; autograd's backward casts the gradient to
-    fp32 (6) and back for t (6) and forms and reduces grad * p for the bias and grad * b for the
-    probabilities (12 + 12): 36. The fc1 bias rides the grouped GEMM (skip_bias_add False).
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py, TEGroupedMLP._apply_bias
-    (core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.expert_bias"""
+    grouped fc2 with skip_bias_add and adds the bias outside the GEMM, expert by expert, as t + b * p, then
+    concatenates and casts back, on the k output copies of width w. With fp32 probabilities p (DeepEP and
+    HybridEP take only fp32 probs) forward writes b * p (4 bytes an element), reads t and it and writes the
+    fp32 sum (10), copies it into the concatenation (8) and casts it to bf16 (6): 28; backward casts the
+    gradient to fp32 (6) and back for t (6) and forms and reduces grad * p and grad * b (12 + 12): 36. With the
+    alltoall dispatcher p stays in the router's bf16: 2 + 6 + 4 forward (the cast is a no-op), 6 + 6 backward.
+    The fc1 bias rides the grouped GEMM (skip_bias_add False). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py TEGroupedMLP._apply_bias, token_dispatcher.py ("DeepEP only
+    supports float32 probs") (core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.expert_bias"""
     if not (m.is_moe and m.mlp_bias):
         return 0.0
-    forward, backward = 28.0, 36.0
+    forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
