@@ -55,7 +55,8 @@ KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microsecon
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
-    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k, the MLP activation
+    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
+    per-head norms (read + write each), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
     and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
     dropout). Derived: docs/formulas.md#compute.memory_bound"""
@@ -66,15 +67,16 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
     unfused = where(plan.fused_kernels, 1, 3)
     norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
-    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * m.d_head * (
-        m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * qk_width
+    qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
-    return norms_residual + rope + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
