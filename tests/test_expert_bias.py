@@ -9,9 +9,10 @@ from llmplan.cost.compute import elementwise_bytes, expert_bias_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-TINY = dict(name="tiny-moe", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-            vocab_size=1000, max_position_embeddings=4096, learned_position_embeddings=True, num_experts=16,
-            num_experts_per_tok=2, moe_intermediate_size=128)
+TINY: dict = {"name": "tiny-moe", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096,
+              "learned_position_embeddings": True, "num_experts": 16, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 128}
 
 
 @pytest.mark.parametrize("dispatcher, fwd, bwd", [

@@ -9,8 +9,9 @@ from llmplan.cost.compute import elementwise_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
-DENSE = dict(name="tiny", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
+DENSE: dict = {"name": "tiny", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+               "max_position_embeddings": 4096}
 
 
 @pytest.mark.parametrize("fused, per_element", [(True, 4), (False, 12)])
