@@ -55,7 +55,8 @@ KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microsecon
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
-    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k, the MLP activation
+    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
+    per-head norms (read + write each), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
     and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
     dropout). Derived: docs/formulas.md#compute.memory_bound"""
@@ -66,15 +67,16 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
     unfused = where(plan.fused_kernels, 1, 3)
     norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
-    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * m.d_head * (
-        m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * qk_width
+    qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    routing = moe_routing_bytes(m) * T / sp if moe else 0.0
+    routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
-    return norms_residual + rope + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -83,6 +85,24 @@ def moe_routing_bytes(m: ModelSpec) -> float:
     and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
     Derived: docs/formulas.md#compute.memory_bound"""
     return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
+
+
+def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """HBM bytes per token of an MoE layer's expert output bias (models with mlp_bias: GPT-OSS), in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them). Megatron-Core builds the
+    grouped fc2 with skip_bias_add and adds the bias outside the GEMM, expert by expert, as t + b * p, then
+    concatenates and casts back, on the k output copies of width w. With fp32 probabilities p (DeepEP and
+    HybridEP take only fp32 probs) forward writes b * p (4 bytes an element), reads t and it and writes the
+    fp32 sum (10), copies it into the concatenation (8) and casts it to bf16 (6): 28; backward casts the
+    gradient to fp32 (6) and back for t (6) and forms and reduces grad * p and grad * b (12 + 12): 36. With the
+    alltoall dispatcher p stays in the router's bf16: 2 + 6 + 4 forward (the cast is a no-op), 6 + 6 backward.
+    The fc1 bias rides the grouped GEMM (skip_bias_add False). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py TEGroupedMLP._apply_bias, token_dispatcher.py ("DeepEP only
+    supports float32 probs") (core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.expert_bias"""
+    if not (m.is_moe and m.mlp_bias):
+        return 0.0
+    forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
+    return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
 CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
