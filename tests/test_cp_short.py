@@ -127,3 +127,15 @@ def test_published_cp_runs(published_runs, acc, rid, tolerance):
     assert rec["parallel"]["cp"] > 1
     (_, pred, meas), *_ = acc.predict(rec, acc.family(rid))
     assert pred == pytest.approx(meas, rel=tolerance)
+
+
+def test_each_ring_step_launches_its_send_attention_and_merges():
+    # Transformer Engine's ring forward launches, per step, the K/V send/receive, the attention call and the
+    # log-sum-exp and output merges (CP_STEP_KERNELS) where a cp = 1 layer launches one attention kernel:
+    # cp x 4 - 1 more launches per layer forward, three passes per micro-batch (backward twice the forward).
+    from llmplan.cost.compute import KERNEL_LAUNCH_S
+    from llmplan.cost.overhead import CP_STEP_KERNELS, host_seconds
+    one, ring = (float(host_seconds(ParallelPlan(cp=cp, dp=1), 1, 0.0, 0)) for cp in (1, 8))
+    assert ring - one == pytest.approx((CP_STEP_KERNELS * 8 - 1) * KERNEL_LAUNCH_S * (1 + 3))
+    # the launches are hidden where the GPU's micro-batch takes longer than the host's
+    assert float(host_seconds(ParallelPlan(cp=8, dp=1), 1, 1.0, 0)) == pytest.approx(ring / 4)
