@@ -221,7 +221,8 @@ def cp_attention_ratio(m: ModelSpec, plan: ParallelPlan, sms: int) -> Any:
     first kind and cp - 1 - r of the second, and every rank waits for the slowest at the layer's end: cp - 1
     times the slower kind. Forward (CTAs over query tiles) once, backward (CTAs over key tiles) twice.
     Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step sections);
-    Megatron-LM docs context_parallel.html (load balancing). Derived: docs/formulas.md#compute.cp_attention"""
+    Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds chunks r and
+    2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
     k_fwd, k_bwd = ATTENTION_FIXED_KEYS["flash2" if plan.attention_kernel == "flash2" else "native"]
