@@ -217,9 +217,10 @@ def cp_attention_ratio(m: ModelSpec, plan: ParallelPlan, sms: int) -> Any:
     pass, one causal call on its own 2c x 2c and cp - 1 ring steps on c x 2c halves: steps i <= rank take the
     first half of the received K/V (queries 2c x keys c), the others the second half of the queries (c x 2c).
     The same tiles are computed as in one causal call over s, but in short calls: fewer keys per CTA
-    (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the GPU has SMs, idle SMs. Rank r runs r calls of the
-    first kind and cp - 1 - r of the second, and every rank waits for the slowest at the layer's end: cp - 1
-    times the slower kind. Forward (CTAs over query tiles) once, backward (CTAs over key tiles) twice.
+    (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the GPU has SMs, idle SMs. Rank r
+    runs r calls of the first kind and cp - 1 - r of the second, and every rank waits for the slowest at the
+    layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles) once, backward (over key tiles)
+    twice. The kernel's k0 is H100's (FA3 for the native kernel, FA2 for flash2) on every GPU.
     Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step sections);
     Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds chunks r and
     2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
