@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
@@ -183,13 +185,78 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        peak_attn = gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype) * attention_fraction(gpu, plan, m)
+        split = where(plan.flash_attention, cp_attention_ratio(m, plan, gpu.sm_count), 1.0)  # CP's short calls
+        peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
+                     * attention_fraction(gpu, plan, m) * split)
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
+
+
+ATTENTION_TILE = 128
+"""Rows of a fused attention kernel's tile at head dim 128: FlashAttention-3's Hopper forward and backward
+(kBlockM = kBlockN = 128, Dao-AILab/flash-attention hopper/tile_size.h) and FlashAttention-2's forward. A
+forward CTA owns one query tile of one head (of one sequence) and loops over the key tiles; a backward CTA
+owns one key tile and loops over the query tiles."""
+
+ATTENTION_FIXED_KEYS = {"native": (237.0, 420.0), "flash2": (105.0, 271.0)}
+"""(forward, backward) keys' worth of time a fused attention kernel spends per CTA outside its loop over the
+other side's tiles (loading its own tile, filling the pipeline, the epilogue: the output and log-sum-exp, or
+dK and dV), so that a CTA looping over k keys (queries, in backward) runs at k / (k + k0) of the kernel's rate.
+Solved from two published rates on H100 (bf16, head dim 128, batch x sequence = 16k tokens, so the CTA count
+is the same at every length) at 512 and 16k tokens, k0 = 512·16384·(1 - r) / (r·16384 - 512) with r their
+ratio. FlashAttention-3 (the native kernel on Hopper): forward 430.3 and 620.7 TFLOP/s (pytorch/benchmark PR
+#2391, commit ff65cb6), backward 316 and 561 (Shah et al. 2024, FlashAttention-3, Figure 6). FlashAttention-2:
+forward 309 and 370, backward 214 and 322 (Shah et al. 2024, Figures 5-6). The same form gives the 1k-8k points
+within 5% (tests/test_cp_short.py). Derived: docs/formulas.md#compute.cp_attention"""
+
+
+def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_keys: float) -> Any:
+    """Time of one fused-attention call, in key-tile iterations of one SM: `rows` CTAs (query tiles x heads x
+    sequences in forward, key tiles x ... in backward) that together run `work` tile iterations, the longest
+    CTA `longest` of them, each CTA fixed_keys / ATTENTION_TILE iterations more (ATTENTION_FIXED_KEYS), one CTA
+    per SM at a time. The call takes its share of the SMs' time, rows / sms waves of the mean CTA, but never
+    less than its longest CTA: a call of fewer CTAs than SMs leaves SMs idle, and a causal call's last query
+    tile sees every key tile. (A partly filled last wave is not charged: Transformer Engine runs successive
+    ring steps' attention on two alternating streams, so the next call's CTAs fill it.)
+    Source: Dao 2023, FlashAttention-2 §3.2 (one thread block per query block and head; the backward per key
+    block); Transformer Engine context_parallel.py (flash_attn_streams). Derived:
+    docs/formulas.md#compute.cp_attention"""
+    rows = maximum(rows, 1.0)
+    fixed = fixed_keys / ATTENTION_TILE
+    return maximum(rows / sms * (work / rows + fixed), longest + fixed)
+
+
+def cp_attention_ratio(m: ModelSpec, plan: ParallelPlan, sms: int) -> Any:
+    """The fused attention kernel's rate on a context-parallel rank over its rate on the whole sequence (1 at
+    cp = 1, where attention_efficiency is fitted). CP with load balancing (Megatron / Transformer Engine's
+    zigzag, torchtitan's round-robin) gives each rank two chunks of c = s/2cp tokens and runs, per layer and
+    pass, one causal call on its own 2c x 2c and cp - 1 ring steps on c x 2c halves: steps i <= rank take the
+    first half of the received K/V (queries 2c x keys c), the others the second half of the queries (c x 2c).
+    The same tiles are computed as in one causal call over s, but in short calls: fewer keys per CTA
+    (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the GPU has SMs, idle SMs. Rank r
+    runs r calls of the first kind and cp - 1 - r of the second, and every rank waits for the slowest at the
+    layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles) once, backward (over key tiles)
+    twice. The kernel's k0 is H100's (FA3 for the native kernel, FA2 for flash2) on every GPU.
+    Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step sections);
+    Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds chunks r and
+    2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
+    H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
+    n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
+    k_fwd, k_bwd = ATTENTION_FIXED_KEYS["flash2" if plan.attention_kernel == "flash2" else "native"]
+
+    def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
+        return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
+                + 2 * attention_call_seconds(k * H, tiles * H, k_loop, sms, k_bwd))
+
+    halves = maximum(passes(2 * n, n, 2 * n * n, n, 2 * n), passes(n, 2 * n, 2 * n * n, 2 * n, n))
+    ring = passes(2 * n, 2 * n, 2 * n * n + n, 2 * n, 2 * n) + (plan.cp - 1) * halves
+    N = np.ceil(plan.seq_len / ATTENTION_TILE)
+    whole = passes(N, N, N * (N + 1) / 2, N, N) / plan.cp  # a rank's share of one causal call over s
+    return where(plan.cp > 1, whole / ring, 1.0)
 
 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:

@@ -39,6 +39,18 @@ def overlap(comm: Any, window: Any, kappa: float) -> Any:
     return maximum(0.0, comm - window) + kappa * minimum(comm, window)
 
 
+def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float) -> Any:
+    """Exposed ring-attention time of one micro-batch on one stage, `cp` seconds of sends beside `attention`
+    seconds of attention kernels. Per layer and pass a rank runs cp attention calls and cp - 1 ring steps:
+    step i's send of the next K/V (and, in backward, of the K/V gradients) runs beside call i, and call i + 1
+    waits for its receive; the last call has no send beside it. So the sends hide behind (cp - 1)/cp of the
+    attention, one call each, and what a step's send takes beyond its call is exposed.
+    Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: send_recv_reqs waited
+    at the start of the next step; no send after the last). Derived: docs/formulas.md#step.cp"""
+    window = attention * maximum(plan.cp - 1, 0) / maximum(plan.cp, 1)
+    return overlap(cp, window, kappa)
+
+
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient

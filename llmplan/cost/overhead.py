@@ -25,6 +25,14 @@ projection, the two MLP GEMMs; the gate fused with the up projection), the atten
 memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
 (two per layer). Backward launches about twice as many, recompute one forward more."""
 
+CP_STEP_KERNELS = 4
+"""Launches per ring step of a context-parallel attention forward, in place of the one attention kernel: the
+send and receive of the next K/V (one NCCL group call), the step's attention kernel, the merge of its
+log-sum-exp and the merge of its partial output into the layer's. Source: Transformer Engine attention
+context_parallel.py (AttnFuncWithCPAndKVP2P.forward: flash_attn_p2p_communicate, the per-step attention
+call, flash_attn_fwd_softmax_lse_correction, flash_attn_fwd_out_correction), counted along one step.
+Derived: docs/formulas.md#step.overhead"""
+
 MOE_LAYER_KERNELS = 14
 """Kernels a dropless MoE layer's forward launches beyond a dense layer's LAYER_KERNELS, in Megatron-Core with
 the fused router, permute and grouped GEMM: the router GEMM, the fused top-k and its auxiliary loss (2), the
@@ -55,15 +63,17 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
                  syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
-    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives, and
-    MOE_LAYER_KERNELS more per MoE layer; twice that in backward, once more under recompute; KERNEL_LAUNCH_S
+    micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
+    CP, CP_STEP_KERNELS per ring step for the attention kernel, and MOE_LAYER_KERNELS more per MoE layer; twice
+    that in backward, once more under recompute; KERNEL_LAUNCH_S
     each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
     graphed = plan.cuda_graphs == "layers"
-    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0)) * KERNEL_LAUNCH_S
+    ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
+    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0) + ring) * KERNEL_LAUNCH_S
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)

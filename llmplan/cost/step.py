@@ -31,6 +31,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     CommSeconds,
     bucket_share,
     chunked_sync_window,
+    cp_exposed,
     dp_exposed_per_mb,
     dp_exposed_per_step,
     overlap,
@@ -224,7 +225,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         g_i, c_i = per_stage[stage] if per_stage is not None else (gpu, comm)
         k_i = g_i.contention
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
-        cp_i = overlap(c_i.cp / n * layers / l_max, sc.attention, k_i)
+        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
