@@ -109,7 +109,8 @@ def test_hybrid_activation_parts_sum_and_include_the_recurrent_mixers():
     assert parts.total == pytest.approx(sum(getattr(parts, k) for k in parts.PARTS))
 
 
-@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b"])
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b", "nemotron-3-super",
+                                  "minimax-m1"])
 def test_recurrent_state_is_separate_from_the_kv_cache_and_does_not_grow_with_context(name):
     m = builtin_models()[name]
     plan = ServePlan(tp=1, pp=1, dp=1)
@@ -317,6 +318,20 @@ def test_chunked_attention_counts_keys_within_the_chunk():
     plan = ServePlan(tp=8, pp=1, dp=1)
     per_token = kv_bytes_per_token(m) / 48  # every layer caches K and V
     assert float(kv_bytes_per_seq_gpu(m, plan, 32768)) == pytest.approx((36 * 8192 + 12 * 32768) * per_token / 8)
+
+
+def test_scout_chunked_cache_stops_growing_at_the_chunk_and_holds_no_recurrent_state():
+    # Llama 4 Scout: 36 chunked layers (8192 tokens) and 12 full-attention layers, no recurrent mixer. Past the
+    # chunk only the 12 full layers' cache grows with the context; below it every layer's cache does.
+    m = builtin_models()["llama-4-scout"]
+    plan = ServePlan(tp=8, pp=1, dp=1)
+    per_layer_token = kv_bytes_per_token(m) / 48
+    kv = [float(kv_bytes_per_seq_gpu(m, plan, s)) for s in (4096, 8192, 32768, 65536)]
+    assert kv[1] - kv[0] == pytest.approx(48 * 4096 * per_layer_token / 8)
+    assert kv[3] - kv[2] == pytest.approx(12 * 32768 * per_layer_token / 8)
+    mems = [serve_memory(m, plan, ServeJob(input_len=s, output_len=256, batch=2), 141e9) for s in (16384, 65536)]
+    assert mems[0].recurrent_state == mems[1].recurrent_state == 0
+    assert mems[1].kv_cache > mems[0].kv_cache
 
 
 def test_megatron_export_refuses_chunked_attention():
