@@ -51,8 +51,9 @@ PUBLISHED = {
     "nemotron-h-8b": (8e9, None, None, "nvidia/Nemotron-H-8B-Base-8K model card (8B)"),
     "nemotron-3-nano": (31.6e9, 3.2e9, 2, "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, "
                         "about 3.2B active (3.6B including embeddings)"),
-    "nemotron-3-super": (120e9, 12e9, 2, "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 model card: Total Parameters "
-                         "120B (12B active); the MTP module (num_nextn_predict_layers) is not in the count"),
+    "nemotron-3-super": (120.6e9, 12.7e9, 3, "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 model card: Total "
+                         "parameters 120.6B, Active parameters 12.7B (the name's '120B' rounds it); the MTP module "
+                         "(num_nextn_predict_layers) is not in the count"),
     "minimax-m1": (456e9, 45.9e9, 3, "MiniMaxAI/MiniMax-M1-80k model card: 456 billion parameters, 45.9 billion "
                    "activated per token (without the embedding and output layers)"),
     "llama-4-maverick": (400e9, 17e9, 2, "meta-llama/Llama-4-Maverick-17B-128E model card: 17B active, 400B "
@@ -76,8 +77,7 @@ def printed(x: float, digits: int) -> set[float]:
 
 TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
                         "kimi-k2": 1,  # the model card prints "1T"
-                        "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2,  # "8B", "80B"
-                        "nemotron-3-super": 3}  # "120B": 120.67B computed, 0.56% above the printed figure
+                        "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2}  # "8B", "80B"
 
 
 def llama4_vision_params() -> int:
@@ -95,8 +95,9 @@ def llama4_vision_params() -> int:
 
 WITH_VISION_ENCODER = ("llama-4-",)
 """Model cards whose total counts the vision encoder (Llama 4: "text and image" models)."""
-ACTIVE_WITHOUT_EMBEDDING = ("gpt-oss-", "nemotron-3-")
-"""Model cards whose active count leaves out the input embedding (it counts the unembedding)."""
+ACTIVE_WITHOUT_EMBEDDING = ("gpt-oss-", "nemotron-3-nano")
+"""Model cards whose active count leaves out the input embedding (it counts the unembedding). Nemotron-3 Super's
+12.7B counts it (12.77B with it, 12.23B without)."""
 ACTIVE_WITHOUT_EMBEDDINGS = ("minimax-m1",)
 """Model cards whose active count leaves out the input embedding and the output layer (MiniMax-M1's 45.9B)."""
 
@@ -159,3 +160,31 @@ def test_llama_4_scout_matches_its_model_card():
     assert p.total + llama4_vision_params() == pytest.approx(109e9, rel=0.005)
     assert round(p.active / 1e9) == 17
     assert p.total < 109e9 * 0.99  # the card's total is not the language model's alone
+
+
+# Hugging Face checkpoints whose exact element count is published (the MTP module included), each as
+# Megatron-Bridge's model verification card states it after a bit-exact round trip
+# (examples/model_verification_cards/<model>/card.yaml, NVIDIA-NeMo/Megatron-Bridge).
+CHECKPOINT_ELEMENTS = {
+    "nemotron-3-super": (123_611_033_088, "nemotron-3-super-120b-a12b card: all 42,683 source tensors and "
+                         "123,611,033,088 elements, including the 41 FP32 router correction-bias tensors"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_ELEMENTS))
+def test_checkpoint_element_count_is_the_model_and_its_mtp_modules(name):
+    # Tolerance 1e-6: the count is exact; it holds the expert biases (40 x 512 for Super) that a count without
+    # them misses by 20,480.
+    from llmplan.cost.params import mtp_module_params
+    m = builtin_models()[name]
+    published, source = CHECKPOINT_ELEMENTS[name]
+    computed = param_counts(m).total + m.num_nextn_predict_layers * mtp_module_params(m)
+    assert computed == pytest.approx(published, rel=1e-6), source
+
+
+def test_nemotron_3_super_total_is_within_half_a_percent_of_the_model_card():
+    # The model card's 120.6B (12.7B active): 120.67B computed (+0.06%); the 0.56% the count was off before was
+    # against "120B", the rounded figure in the model's name, not a mis-counted part.
+    p = param_counts(builtin_models()["nemotron-3-super"])
+    assert p.total == pytest.approx(120.6e9, rel=0.005)
+    assert p.active == pytest.approx(12.7e9, rel=0.0075)  # 12.77B: the card truncates to 12.7B
