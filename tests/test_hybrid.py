@@ -53,6 +53,20 @@ def test_nemotron_h_config_reads_its_pattern_into_layer_kinds():
     assert param_counts(m) == param_counts(built_in)
 
 
+def test_nemotron_h_config_listing_its_blocks_reads_as_the_pattern():
+    # Nemotron-3 Ultra's config.json lists layers_block_type (mamba / moe / attention) with num_hidden_layers null
+    # (NVIDIA-NeMo/Nemotron create_ultra_new_to_old_overlay.py converts it to hybrid_override_pattern).
+    names = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    listed = {**NANO_CONFIG, "hybrid_override_pattern": None, "num_hidden_layers": None,
+              "layers_block_type": [names[c] for c in NANO_PATTERN]}
+    m = ModelSpec(**from_hf_config(listed, "nano"))
+    built_in = builtin_models()["nemotron-3-nano"]
+    assert (m.num_hidden_layers, m.layer_types, m.mlp_layer_types) == (52, built_in.layer_types,
+                                                                      built_in.mlp_layer_types)
+    with pytest.raises(ValueError, match=r"layers_block_type holds 'gdn'"):
+        from_hf_config({**listed, "layers_block_type": ["mamba", "gdn"]}, "x")
+
+
 def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
     with pytest.raises(ValueError, match=r"hybrid_override_pattern holds 'G'"):
         from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": NANO_PATTERN[:-1] + "G"}, "x")
@@ -110,7 +124,7 @@ def test_hybrid_activation_parts_sum_and_include_the_recurrent_mixers():
 
 
 @pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b", "nemotron-3-super",
-                                  "minimax-m1"])
+                                  "nemotron-3-ultra", "minimax-m1"])
 def test_recurrent_state_is_separate_from_the_kv_cache_and_does_not_grow_with_context(name):
     m = builtin_models()[name]
     plan = ServePlan(tp=1, pp=1, dp=1)

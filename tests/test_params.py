@@ -54,6 +54,10 @@ PUBLISHED = {
     "nemotron-3-super": (120.6e9, 12.7e9, 3, "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 model card: Total "
                          "parameters 120.6B, Active parameters 12.7B (the name's '120B' rounds it); the MTP module "
                          "(num_nextn_predict_layers) is not in the count"),
+    "nemotron-3-ultra": (550e9, 55e9, 2, "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16 model card: 550B total, 55B "
+                         "active (without the embedding); the MTP module is not in the count"),
+    "nemotron-3.5-lightning": (30e9, 3e9, 1, "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16 model card: 30B total, "
+                               "3B active (the Nano architecture: 31.6B, 3.2B active without the embedding)"),
     "minimax-m1": (456e9, 45.9e9, 3, "MiniMaxAI/MiniMax-M1-80k model card: 456 billion parameters, 45.9 billion "
                    "activated per token (without the embedding and output layers)"),
     "llama-4-maverick": (400e9, 17e9, 2, "meta-llama/Llama-4-Maverick-17B-128E model card: 17B active, 400B "
@@ -77,7 +81,8 @@ def printed(x: float, digits: int) -> set[float]:
 
 TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
                         "kimi-k2": 1,  # the model card prints "1T"
-                        "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2}  # "8B", "80B"
+                        "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2,  # "8B", "80B"
+                        "nemotron-3.5-lightning": 1}  # "30B": its name's class, the Nano architecture's 31.6B
 
 
 def llama4_vision_params() -> int:
@@ -95,9 +100,9 @@ def llama4_vision_params() -> int:
 
 WITH_VISION_ENCODER = ("llama-4-",)
 """Model cards whose total counts the vision encoder (Llama 4: "text and image" models)."""
-ACTIVE_WITHOUT_EMBEDDING = ("gpt-oss-", "nemotron-3-nano")
+ACTIVE_WITHOUT_EMBEDDING = ("gpt-oss-", "nemotron-3-nano", "nemotron-3-ultra", "nemotron-3.5-lightning")
 """Model cards whose active count leaves out the input embedding (it counts the unembedding). Nemotron-3 Super's
-12.7B counts it (12.77B with it, 12.23B without)."""
+12.7B counts it (12.77B with it, 12.23B without); Ultra's 55B does not (54.99B without it, 56.06B with it)."""
 ACTIVE_WITHOUT_EMBEDDINGS = ("minimax-m1",)
 """Model cards whose active count leaves out the input embedding and the output layer (MiniMax-M1's 45.9B)."""
 
@@ -168,6 +173,8 @@ def test_llama_4_scout_matches_its_model_card():
 CHECKPOINT_ELEMENTS = {
     "nemotron-3-super": (123_611_033_088, "nemotron-3-super-120b-a12b card: all 42,683 source tensors and "
                          "123,611,033,088 elements, including the 41 FP32 router correction-bias tensors"),
+    "nemotron-3.5-lightning": (32_913_266_240, "nemotron-3.5-lightning card: all 6,513 tensors and 32,913,266,240 "
+                               "parameters match the pinned source, including the MTP layers"),
 }
 
 
@@ -188,3 +195,14 @@ def test_nemotron_3_super_total_is_within_half_a_percent_of_the_model_card():
     p = param_counts(builtin_models()["nemotron-3-super"])
     assert p.total == pytest.approx(120.6e9, rel=0.005)
     assert p.active == pytest.approx(12.7e9, rel=0.0075)  # 12.77B: the card truncates to 12.7B
+
+
+def test_nemotron_3_ultra_matches_its_model_card_and_checkpoint():
+    # Model card: 550B total, 55B active. 549.31B computed (-0.13%); active 54.99B without the embedding. The
+    # checkpoint with its MTP module (attention + MoE): 560.5B, which Hugging Face's model page prints as 561B.
+    from llmplan.cost.params import mtp_module_params
+    m = builtin_models()["nemotron-3-ultra"]
+    p = param_counts(m)
+    assert p.total == pytest.approx(550e9, rel=0.005)
+    assert p.active - p.embedding == pytest.approx(55e9, rel=0.005)
+    assert round((p.total + mtp_module_params(m)) / 1e9) == 561
