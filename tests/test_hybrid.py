@@ -405,3 +405,17 @@ def test_megatron_export_refuses_sparse_attention_rather_than_write_dense_mla():
     pf = _hybrid_plan_file("deepseek-v3.2", tp=8, dp=1, ep=1)
     with pytest.raises(CannotExpress, match="DeepSeek Sparse Attention"):
         render_all(pf, "megatron")
+
+
+def test_deepseek_v4_config_is_refused_with_the_reason(cli, tmp_path):
+    # deepseek-ai/DeepSeek-V4-Flash config.json keys (model_type deepseek_v4, hc_mult 4, compress_ratios,
+    # num_hash_layers 3, o_groups): architecture llmplan does not price, refused in one line with exit 2.
+    cfg = {"model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
+           "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "moe_intermediate_size": 2048,
+           "n_routed_experts": 256, "num_experts_per_tok": 6, "hc_mult": 4, "num_hash_layers": 3, "o_groups": 8}
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(cfg))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert "model_type 'deepseek_v4' is not supported: DeepSeek-V4 adds 4-stream hyper-connection" in r.err
+    assert len(r.err.strip().splitlines()) == 1

@@ -33,6 +33,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
         cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
     mt = cfg.get("model_type")
+    if mt in BEYOND_THE_MODEL:
+        raise ValueError(f"model_type '{mt}' is not supported: {BEYOND_THE_MODEL[mt]}")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
@@ -132,6 +134,16 @@ NEMOTRON_H_BLOCKS = {"M": ("mamba", "none"), "*": ("full_attention", "none"), "-
 """Nemotron-H's hybrid_override_pattern symbols -> (mixer, MLP) of the block: Mamba-2, attention, MLP, MoE.
 Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py (layers_block_type);
 Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
+
+
+BEYOND_THE_MODEL = {
+    "deepseek_v4": "DeepSeek-V4 adds 4-stream hyper-connection residuals (hc_mult), compressed sparse attention "
+                   "per layer (compress_ratios, with its own indexer and sliding window), hash-routed MoE layers "
+                   "(num_hash_layers) and a grouped low-rank output projection (o_groups), none of which llmplan "
+                   "prices; a DeepSeek-V3 / V3.2 spec of the same widths would misstate its memory and time",
+}
+"""Published architectures the reader refuses with the reason (Megatron-Bridge docs/models/deepseek/deepseek-v4.md:
+mHC, Compressed Sparse Attention with a DSA indexer, hash-routed MoE, o_groups output projection)."""
 
 
 NEMOTRON_H_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
