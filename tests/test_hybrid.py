@@ -323,6 +323,8 @@ def test_llama4_config_interleaves_moe_and_chunked_attention():
     scout = ModelSpec(**from_hf_config({**LLAMA4_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1},
                                        "scout"))
     assert scout.num_moe_layers == 48 and round(param_counts(scout).active / 1e9) == 17
+    assert param_counts(builtin_models()["llama-4-scout"]) == param_counts(scout)
+    assert builtin_models()["llama-4-scout"].layer_types == scout.layer_types
 
 
 def test_chunked_attention_counts_keys_within_the_chunk():
