@@ -156,8 +156,12 @@ ASSUMPTIONS = {
                    "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
                    "presets (hybridep, no EP overlap, CUDA graphs or recompute); Nemotron-3 Super (a built-in latent-MoE "
                    "hybrid from 2026-12, its MTP module) in the Super presets (hybridep / deepep, no EP overlap, TE "
-                   "CUDA graphs but on B200, GB200 / B200 recompute modules but NVFP4); Nemotron-3 Ultra / 3.5 "
-                   "Lightning and DeepSeek-V4 listed as skipped; predicts tokens/s per GPU",
+                   "CUDA graphs but on B200, GB200 / B200 recompute modules but NVFP4); Nemotron-3 Ultra (a "
+                   "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
+                   "moe_act recomputed, MTP depth 2, no CUDA graphs; its expert-MLP offload to the CPU not modelled) "
+                   "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
+                   "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 listed as skipped; predicts "
+                   "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
@@ -203,16 +207,25 @@ def family(record_id: str) -> str:
 
 
 MBRIDGE_SKIP = (
-    ("nemotron-3-ultra", "Nemotron-3 Ultra: its config is not public (a latent MoE like Super's, moe_latent_size, "
-                         "at dimensions the table does not give)"),
-    ("nemotron-3-5-lightning", "Nemotron-3.5 Lightning: the table gives no architecture and llmplan has no spec "
-                               "for it"),
-    ("deepseekv4", "DeepSeek-V4: the table gives no architecture and llmplan has no spec for it"),
+    ("deepseekv4", "DeepSeek-V4: its architecture is public (deepseek-ai/DeepSeek-V4-Flash config.json, model_type "
+                   "deepseek_v4; Megatron-Bridge deepseek_v4_bridge.py) but outside what llmplan models: "
+                   "4-stream hyper-connection residuals (hc_mult 4), compressed sparse attention per layer "
+                   "(compress_ratios, its own indexer, a 128-token window), hash-routed MoE in the first layers, a "
+                   "sqrtsoftplus router and a grouped low-rank output projection (o_groups); the reader refuses "
+                   "the config with that reason"),
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
 MBRIDGE_OFFLOAD = "Megatron-FSDP row of Llama 3 70B / 3.1 405B on GB200 / GB300 (or 70B FP8 on B200): the recipe " \
     "presets offload activations to the CPU (cpu_offloading_num_layers), which llmplan does not model"
+
+
+MBRIDGE_OFFLOADED_ACTIVATIONS = ("nemotron-3-ultra",)
+"""mbridge rows whose throughput is scored but not their memory: the Nemotron-3 Ultra presets offload the
+expert MLP's fc1 output to the CPU (fine_grained_activation_offloading, offload_modules fused_group_mlp,
+min_offloaded_tensor_size 350-500 M elements; perf_recipes/nemotronh/{gb200,gb300}/nemotronh.py at 067f987d),
+which llmplan does not model, and shard the parameters and gradients over 64-GPU domains (HSDP), priced over the
+whole data-parallel group: on GB300 it prices 269.5 GiB (223.3 GiB of activations) against 259.8 GiB."""
 
 
 def skip_reason(rec: dict) -> str | None:
@@ -251,6 +264,17 @@ RECIPE_SETTINGS = {
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients.
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16"},
+    # Megatron-Bridge 26.08 Nemotron-3 Ultra presets (src/megatron/bridge/perf_recipes/nemotronh/common.py at
+    # 067f987d, _apply_nemotron_3_ultra_fsdp_hsdp): Megatron-FSDP, optim_grads_params, sharded within each
+    # 64-GPU NVLink domain with the optimizer state sharded across domains (read as ZeRO-3 over the
+    # data-parallel group: the parameters and gradients, sharded over 64 GPUs in the run, are priced sharded
+    # over all of it).
+    **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1": {"fsdp": True}
+       for g, t in (("gb300", 1), ("gb200", 2))},
+    # Nemotron-3.5 Lightning's GB200 MXFP8 preset (perf_recipes/nemotronh/gb200/nemotronh.py at 067f987d,
+    # _build_nemotron_3_5_lightning_gb200_mxfp8): moe_hybridep_num_sms 16.
+    "mbridge-26.08-pretrain-nemotron-3-5-lightning-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2":
+        {"moe_dispatch_sms": 16},
 }
 """Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
@@ -292,11 +316,18 @@ def system_for(gpu: str) -> str | None:
     return None
 
 
-MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super"}
+MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
+                        "Nemotron_3_Ultra": "nemotron-3-ultra", "Nemotron_3_5_Lightning": "nemotron-3.5-lightning"}
 """Megatron-Bridge table model names whose rows record no dimensions -> the built-in spec of that model
 (Megatron-Bridge Nemotron3NanoProvider: the nemotron-3-nano built-in's pattern and widths; the Super recipe
 nemotron_3_super_pretrain_config reads nvidia/NVIDIA-Nemotron-3-Super-120B-A12B, the nemotron-3-super built-in:
-latent MoE and its MTP module)."""
+latent MoE and its MTP module; the Ultra recipe reads nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16 and the
+Lightning presets are the Nano presets with an MTP module, their built-ins)."""
+MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2}
+"""MTP depth the recipes train with where it differs from the checkpoint's num_nextn_predict_layers:
+Megatron-Bridge recipes/nemotronh/h100/nemotron_3_ultra.py and perf_recipes/nemotronh (Lightning) set
+mtp_num_layers 2 with mtp_use_repeated_layer, one module run twice (priced as two modules: its weights are
+counted twice)."""
 
 
 def model_for(rec: dict, fam: str) -> ModelSpec:
@@ -306,7 +337,9 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
     named = MBRIDGE_NAMED_MODELS.get(md.get("name", ""))
     if named is not None:  # a row without dimensions (model_dims not recorded): the built-in of its name
         m = builtin_models()[named]
-        return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 0))})
+        depth = MBRIDGE_MTP_DEPTH.get(md.get("name", ""), m.num_nextn_predict_layers)
+        return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 0)),
+                                    "num_nextn_predict_layers": depth})
     h = md["hidden"]
     # DeepSeek-V3.2 shares DeepSeek-V3's dimensions: a row is V3 (dense MLA) unless named otherwise.
     for m in sorted(builtin_models().values(), key=lambda x: x.is_sparse_attention):
@@ -378,6 +411,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, False        # moe_a2a_overlap
     if "nemotron-3-super" in rid:  # nemotronh/nemotron_3_workload_base_configs.py (Super): hybridep / deepep on
         return True, False         # every GPU, no moe_a2a_overlap
+    if "nemotron-3-ultra" in rid or "nemotron-3-5-lightning" in rid:  # perf_recipes/nemotronh (Bridge 067f987d):
+        return True, False  # flex dispatcher, hybridep backend; no moe_a2a_overlap
     if "qwen3-30b" in rid:
         return True, mx_overlap
     if "qwen3-235b" in rid:
@@ -408,6 +443,9 @@ MBRIDGE_RECOMPUTE_MODULES = {
        for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
     **{("nemotron-3-super", r, "b200"): ("moe_act", "layernorm", "core_attn")
        for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
+    # Nemotron-3 Ultra, 26.08 (src/megatron/bridge/perf_recipes/nemotronh/{gb200,gb300}/nemotronh.py at
+    # 067f987d: recompute_modules ["moe_act"], the fc1 output offloaded to the CPU)
+    **{("nemotron-3-ultra", (26, 8), g): ("moe_act",) for g in ("gb200", "gb300")},
     # Kimi-K2 on GB300 (scripts/performance/configs/kimi/kimi_workload_base_configs.py, v0.3.1 ... v0.5.0)
     **{("kimi-k2", r, "gb300"): ("mla_up_proj",) for r in ((26, 2), (26, 4), (26, 4, 1), (26, 6))},
 }
@@ -429,7 +467,8 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
-             "kimi-k2" if "kimi-k2" in rid else "nemotron-3-super" if "nemotron-3-super" in rid else None)
+             "kimi-k2" if "kimi-k2" in rid else "nemotron-3-super" if "nemotron-3-super" in rid else
+             "nemotron-3-ultra" if "nemotron-3-ultra" in rid else None)
     if model == "nemotron-3-super" and "nvfp4" in rid:  # the NVFP4 presets are the base config (no recompute)
         return ()
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
@@ -447,6 +486,10 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         return "none"
     if "nemotron-3-nano" in rec["id"]:  # nemotron_3_nano_llm_pretrain.py: the presets set no CUDA graphs
         return "none"
+    if "nemotron-3-ultra" in rec["id"]:  # perf_recipes/nemotronh/common.py: cuda_graph_impl "none"
+        return "none"
+    if "nemotron-3-5-lightning" in rec["id"]:  # the Nano GB200 MXFP8 builder: TE graphs (attn, mamba, moe_router,
+        return "layers"                        # moe_preprocess)
     if "nemotron-3-super" in rec["id"]:  # nemotron_3_workload_base_configs.py: TE graphs (attn, mamba, router /
         return "none" if "-b200-" in rec["id"] else "layers"  # preprocess scopes) but on B200 (cuda_graph_impl none)
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
@@ -670,8 +713,8 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         out.append(("tok/s/GPU", num(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", num(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))
-    if out:  # a run that was measured ran, so it fit (memory-only records show what does not fit)
-        out.append(("fits", float(bool(e.memory.fits)), 1.0))
+    if out and not any(k in rec["id"] for k in MBRIDGE_OFFLOADED_ACTIVATIONS):
+        out.append(("fits", float(bool(e.memory.fits)), 1.0))  # a run that was measured ran, so it fit
     return out
 
 

@@ -53,6 +53,20 @@ def test_nemotron_h_config_reads_its_pattern_into_layer_kinds():
     assert param_counts(m) == param_counts(built_in)
 
 
+def test_nemotron_h_config_listing_its_blocks_reads_as_the_pattern():
+    # Nemotron-3 Ultra's config.json lists layers_block_type (mamba / moe / attention) with num_hidden_layers null
+    # (NVIDIA-NeMo/Nemotron create_ultra_new_to_old_overlay.py converts it to hybrid_override_pattern).
+    names = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    listed = {**NANO_CONFIG, "hybrid_override_pattern": None, "num_hidden_layers": None,
+              "layers_block_type": [names[c] for c in NANO_PATTERN]}
+    m = ModelSpec(**from_hf_config(listed, "nano"))
+    built_in = builtin_models()["nemotron-3-nano"]
+    assert (m.num_hidden_layers, m.layer_types, m.mlp_layer_types) == (52, built_in.layer_types,
+                                                                      built_in.mlp_layer_types)
+    with pytest.raises(ValueError, match=r"layers_block_type holds 'gdn'"):
+        from_hf_config({**listed, "layers_block_type": ["mamba", "gdn"]}, "x")
+
+
 def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
     with pytest.raises(ValueError, match=r"hybrid_override_pattern holds 'G'"):
         from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": NANO_PATTERN[:-1] + "G"}, "x")
@@ -109,7 +123,8 @@ def test_hybrid_activation_parts_sum_and_include_the_recurrent_mixers():
     assert parts.total == pytest.approx(sum(getattr(parts, k) for k in parts.PARTS))
 
 
-@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b"])
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "qwen3-next-80b-a3b", "nemotron-h-8b", "nemotron-3-super",
+                                  "nemotron-3-ultra", "minimax-m1"])
 def test_recurrent_state_is_separate_from_the_kv_cache_and_does_not_grow_with_context(name):
     m = builtin_models()[name]
     plan = ServePlan(tp=1, pp=1, dp=1)
@@ -308,6 +323,8 @@ def test_llama4_config_interleaves_moe_and_chunked_attention():
     scout = ModelSpec(**from_hf_config({**LLAMA4_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1},
                                        "scout"))
     assert scout.num_moe_layers == 48 and round(param_counts(scout).active / 1e9) == 17
+    assert param_counts(builtin_models()["llama-4-scout"]) == param_counts(scout)
+    assert builtin_models()["llama-4-scout"].layer_types == scout.layer_types
 
 
 def test_chunked_attention_counts_keys_within_the_chunk():
@@ -317,6 +334,20 @@ def test_chunked_attention_counts_keys_within_the_chunk():
     plan = ServePlan(tp=8, pp=1, dp=1)
     per_token = kv_bytes_per_token(m) / 48  # every layer caches K and V
     assert float(kv_bytes_per_seq_gpu(m, plan, 32768)) == pytest.approx((36 * 8192 + 12 * 32768) * per_token / 8)
+
+
+def test_scout_chunked_cache_stops_growing_at_the_chunk_and_holds_no_recurrent_state():
+    # Llama 4 Scout: 36 chunked layers (8192 tokens) and 12 full-attention layers, no recurrent mixer. Past the
+    # chunk only the 12 full layers' cache grows with the context; below it every layer's cache does.
+    m = builtin_models()["llama-4-scout"]
+    plan = ServePlan(tp=8, pp=1, dp=1)
+    per_layer_token = kv_bytes_per_token(m) / 48
+    kv = [float(kv_bytes_per_seq_gpu(m, plan, s)) for s in (4096, 8192, 32768, 65536)]
+    assert kv[1] - kv[0] == pytest.approx(48 * 4096 * per_layer_token / 8)
+    assert kv[3] - kv[2] == pytest.approx(12 * 32768 * per_layer_token / 8)
+    mems = [serve_memory(m, plan, ServeJob(input_len=s, output_len=256, batch=2), 141e9) for s in (16384, 65536)]
+    assert mems[0].recurrent_state == mems[1].recurrent_state == 0
+    assert mems[1].kv_cache > mems[0].kv_cache
 
 
 def test_megatron_export_refuses_chunked_attention():
@@ -376,3 +407,17 @@ def test_megatron_export_refuses_sparse_attention_rather_than_write_dense_mla():
     pf = _hybrid_plan_file("deepseek-v3.2", tp=8, dp=1, ep=1)
     with pytest.raises(CannotExpress, match="DeepSeek Sparse Attention"):
         render_all(pf, "megatron")
+
+
+def test_deepseek_v4_config_is_refused_with_the_reason(cli, tmp_path):
+    # deepseek-ai/DeepSeek-V4-Flash config.json keys (model_type deepseek_v4, hc_mult 4, compress_ratios,
+    # num_hash_layers 3, o_groups): architecture llmplan does not price, refused in one line with exit 2.
+    cfg = {"model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
+           "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "moe_intermediate_size": 2048,
+           "n_routed_experts": 256, "num_experts_per_tok": 6, "hc_mult": 4, "num_hash_layers": 3, "o_groups": 8}
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(cfg))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert "model_type 'deepseek_v4' is not supported: DeepSeek-V4 adds 4-stream hyper-connection" in r.err
+    assert len(r.err.strip().splitlines()) == 1

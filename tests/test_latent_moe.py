@@ -72,14 +72,15 @@ def test_latent_width_on_a_dense_model_is_refused_with_the_fix():
 
 def test_parameters_follow_megatron_shapes():
     # Per MoE layer (Megatron-LM moe_layer.py / experts): 512 experts of fc1 l x f and fc2 f x l (squared ReLU,
-    # no gate), the two projections h x l, the router h x E, the shared expert h x f_s x 2.
+    # no gate), the two projections h x l, the router h x E and its E-entry expert bias (the checkpoint's
+    # e_score_correction_bias), the shared expert h x f_s x 2.
     m = _super()
     h, l, f, E, fs = 4096, 1024, 2688, 512, 5376
     p = param_counts(m)
     assert p.routed_experts == 40 * E * 2 * l * f
     assert p.latent_projections == 40 * 2 * h * l
     assert p.shared_experts == 40 * 2 * h * fs
-    assert p.router == 40 * h * E
+    assert p.router == 40 * (h * E + E)
     # The same experts at full width would hold 4x the routed weights
     assert param_counts(_full_width(m)).routed_experts == 4 * p.routed_experts
 

@@ -70,7 +70,7 @@ class ParamCounts(Breakdown):
     shared_experts: int
     """Shared experts of all MoE layers."""
     router: int
-    """Router (gate) matrices."""
+    """Router (gate) matrices, with the per-expert selection bias where the model has one."""
     norms: int
     """Layer norms of all layers and the final norm."""
     recurrent_mixers: int
@@ -137,6 +137,35 @@ def latent_proj_params(m: ModelSpec) -> int:
     return 2 * h * l + ((l + h) if m.mlp_bias else 0) if l else 0
 
 
+def router_params(m: ModelSpec) -> int:
+    """One MoE layer's router: the h x E gate (and its E biases where the MLP has biases), plus the E-entry
+    selection bias of auxiliary-loss-free balancing (expert_bias: a parameter tensor in the checkpoint).
+
+    Source: Hugging Face modeling code (DeepseekV3TopkRouter and NemotronHTopkRouter: weight and
+    e_score_correction_bias); Megatron-LM megatron/core/transformer/moe/router.py (expert_bias)."""
+    E = m.num_experts
+    return m.hidden_size * E + (E if m.mlp_bias else 0) + (E if m.expert_bias else 0)
+
+
+def moe_block_params(m: ModelSpec) -> int:
+    """One MoE layer's MLP part: its routed experts, shared expert, router and latent projections."""
+    return (m.num_experts * expert_params(m) + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
+            + router_params(m) + latent_proj_params(m))
+
+
+def mtp_module_params(m: ModelSpec) -> int:
+    """One multi-token-prediction module, which the published counts leave out: an attention block and an MLP
+    block (MoE where the model has experts) with their pre-norms, the 2h -> h projection eh_proj and the
+    enorm, hnorm and final norms; the embedding and the output head are shared with the model.
+
+    Source: DeepSeek-V3 report §2.2 (Figure 3: M_k, the projection and the block); Hugging Face
+    NemotronHMultiTokenPredictorLayer (mtp_hybrid_override_pattern "*E": eh_proj, enorm, hnorm,
+    final_layernorm)."""
+    h = m.hidden_size
+    mlp = moe_block_params(m) if m.is_moe else mlp_params(m, m.intermediate_size)
+    return attention_params(m) + mlp + 2 * h * h + 5 * norm_params(m)
+
+
 def norm_params(m: ModelSpec) -> int:
     """One norm: h weights (RMSNorm) or h weights + h biases (LayerNorm)."""
     return m.hidden_size * (2 if m.norm_type == "layernorm" else 1)
@@ -158,7 +187,7 @@ def param_counts(m: ModelSpec) -> ParamCounts:
         dense_mlp=m.num_mlp_layers * mlp_params(m, m.intermediate_size),
         routed_experts=n_moe * E * expert_params(m),
         shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
-        router=n_moe * (h * E + (E if m.mlp_bias else 0)),
+        router=n_moe * router_params(m),
         norms=(L - m.count_layers("none") + m.num_mlp_layers + n_moe + 1) * norm_params(m),
         recurrent_mixers=recurrent_params(m),
         latent_projections=n_moe * latent_proj_params(m),
@@ -233,7 +262,7 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m)
     dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
-    moe_layer = attn + h * m.num_experts + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+    moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
     expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
     V = padded_vocab(m.vocab_size, t)

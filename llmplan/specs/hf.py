@@ -33,9 +33,13 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
         cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
     mt = cfg.get("model_type")
+    if mt in BEYOND_THE_MODEL:
+        raise ValueError(f"model_type '{mt}' is not supported: {BEYOND_THE_MODEL[mt]}")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
+    if mt == "nemotron_h":
+        cfg = _nemotron_h_blocks(cfg)
     cfg = _checked(cfg, mt)
     if mt == "llama4":
         cfg = _llama4(cfg)
@@ -130,6 +134,37 @@ NEMOTRON_H_BLOCKS = {"M": ("mamba", "none"), "*": ("full_attention", "none"), "-
 """Nemotron-H's hybrid_override_pattern symbols -> (mixer, MLP) of the block: Mamba-2, attention, MLP, MoE.
 Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py (layers_block_type);
 Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
+
+
+BEYOND_THE_MODEL = {
+    "deepseek_v4": "DeepSeek-V4 adds 4-stream hyper-connection residuals (hc_mult), compressed sparse attention "
+                   "per layer (compress_ratios, with its own indexer and sliding window), hash-routed MoE layers "
+                   "(num_hash_layers) and a grouped low-rank output projection (o_groups), none of which llmplan "
+                   "prices; a DeepSeek-V3 / V3.2 spec of the same widths would misstate its memory and time",
+}
+"""Published architectures the reader refuses with the reason (Megatron-Bridge docs/models/deepseek/deepseek-v4.md:
+mHC, Compressed Sparse Attention with a DSA indexer, hash-routed MoE, o_groups output projection)."""
+
+
+NEMOTRON_H_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+"""Nemotron-H's layers_block_type entries -> their hybrid_override_pattern symbol. Source: Hugging Face
+transformers models/nemotron_h/configuration_nemotron_h.py (layers_block_type); NVIDIA-NeMo/Nemotron
+usage-cookbook/Nemotron-3-Ultra/RL/create_ultra_new_to_old_overlay.py (BLOCK_TO_PATTERN)."""
+
+
+def _nemotron_h_blocks(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A nemotron_h config.json that lists its blocks (layers_block_type, num_hidden_layers null: the
+    Nemotron-3 Ultra files) in the pattern form the reader prices: one symbol per block, the list's length as
+    num_hidden_layers. A config with hybrid_override_pattern is read as it is."""
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("hybrid_override_pattern") or not isinstance(blocks, list) or not blocks:
+        return cfg
+    unknown = sorted({str(b) for b in blocks} - set(NEMOTRON_H_BLOCK_NAMES))
+    if unknown:
+        raise ValueError(f"layers_block_type holds {', '.join(repr(b) for b in unknown)}; llmplan models the "
+                         f"blocks {', '.join(NEMOTRON_H_BLOCK_NAMES)} (Mamba-2, attention, MLP, MoE)")
+    return {**cfg, "hybrid_override_pattern": "".join(NEMOTRON_H_BLOCK_NAMES[str(b)] for b in blocks),
+            "num_hidden_layers": len(blocks)}
 
 
 def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
