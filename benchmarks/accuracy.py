@@ -249,8 +249,8 @@ RECIPE_SETTINGS = {
     "nemo2407-sft-llama2-70b-16gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
                                       "optimizer_moment_dtype": "bf16", "vpp": 20},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
-    # FP32 master weights and gradients.
-    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16"},
+    # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
+    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
 }
 """Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
@@ -593,6 +593,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         overlap_grad_reduce=fam != "megascale", overlap_param_gather=fam != "megascale",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
+        swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
     )
 
 
