@@ -133,7 +133,7 @@ ASSUMPTIONS = {
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
                 "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act; bf16 Adam moments, "
-                "§3.3.3, --optimizer-moment-dtype bf16): its own DeepEP-style all-to-all "
+                "§3.3.3, --optimizer-moment-dtype bf16) and its MoE SwiGLU inputs cached in FP8 (§3.3.3, --swiglu-fp8-input): its own DeepEP-style all-to-all "
                 "(--moe-dispatcher deepep: a token once per node over InfiniBand, at most 4 nodes with its "
                 "group-limited routing) and the model's router (random routing); micro-batch 1, llmplan's balanced "
                 "split of 61 layers over 16 stages and no recompute where the report does not say (it recomputes "
@@ -262,8 +262,8 @@ RECIPE_SETTINGS = {
     "nemo2407-sft-llama2-70b-16gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
                                       "optimizer_moment_dtype": "bf16", "vpp": 20},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
-    # FP32 master weights and gradients.
-    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16"},
+    # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
+    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
     # Megatron-Bridge 26.08 Nemotron-3 Ultra presets (src/megatron/bridge/perf_recipes/nemotronh/common.py at
     # 067f987d, _apply_nemotron_3_ultra_fsdp_hsdp): Megatron-FSDP, optim_grads_params, sharded within each
     # 64-GPU NVLink domain with the optimizer state sharded across domains (read as ZeRO-3 over the
@@ -601,7 +601,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
         # BLOOM's fp16 runs keep fp16 gradients (DeepSpeed ZeRO-1 in fp16); its bf16 runs accumulate them in fp32
-        # (Megatron-DeepSpeed's BF16_Optimizer)
+        # (Megatron-DeepSpeed's BF16_Optimizer). Caveat (issue 32): chronicles-prequel.md, 'Rebalancing layers'
+        # (02-28), says the BF16 optimizer accumulating in fp32 was "just written" then, so the published rows
+        # (02-17 .. 02-27) kept 16-bit gradients (DeepSpeed v0.5.10 stage_1_and_2.py: param.grad in the model
+        # dtype, an fp32 copy of the rank's partition only at step); with 16-bit gradients llmplan is ~22% low on
+        # every row and calls the TP2 PP6 DP32 out-of-memory attempt a fit, so the fp32 reading stands in for
+        # memory llmplan does not price yet (nvidia-smi's reserved + context); see docs/validation.md.
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16") else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
@@ -636,6 +641,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         overlap_grad_reduce=fam != "megascale", overlap_param_gather=fam != "megascale",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
+        swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
     )
 
 

@@ -79,10 +79,43 @@ def test_zero_bubble_and_dualpipe_bubbles_follow_table_2():
 def test_dualpipe_memory_and_ep_overlap():
     e = _schedules()
     one, dual = e["1f1b"].memory, e["dualpipe"].memory
-    assert float(dual.optimizer) == pytest.approx(2 * float(one.optimizer), rel=1e-9)  # two copies of params
-    assert float(dual.activations) > float(one.activations)  # PP + 1 micro-batches in flight
+    # each rank holds stages i and pp-1-i (deepseek-ai/DualPipe): rank 0 the embedding and the output layer
+    from llmplan.cost.params import rank_params
+    from llmplan.specs.registry import builtin_models
+
+    plan, m = e["dualpipe"].plan, builtin_models()["llama-3.1-70b"]
+    pair = rank_params(m, plan, 0).total + rank_params(m, plan, plan.pp - 1).total
+    assert float(dual.params_on_rank) == pytest.approx(float(pair), rel=1e-12)
+    assert float(dual.optimizer) == pytest.approx(2 * float(one.optimizer), rel=1e-3)  # two stages' params
+    # PP + 1 stage-micro-batches of activations on a rank (Table 2), 1F1B's first stage PP (equal stages here)
+    p = plan.pp
+    assert float(dual.activation_parts.layers) == pytest.approx(float(one.activation_parts.layers) * (p + 1) / p,
+                                                                rel=1e-12)
     moe = _schedules(model="mixtral-8x7b", ep=8, etp=1)
     assert float(moe["dualpipe"].time.exposed["ep"]) < float(moe["1f1b"].time.exposed["ep"])
+
+
+def test_dualpipe_rank_holds_a_tied_embedding_once_and_every_rank_pp_plus_one_stage_batches():
+    # DeepSeek-V3 report §3.2.3: with DualPipe the embedding and the output head sit on one rank, which shares
+    # them physically; Table 2: PP + 1 micro-batches of activations per rank, middle ranks included
+    # (DualPipe.step: pp - i forwards of stage i and i + 1 of stage pp-1-i before the first backward of stage i).
+    from llmplan.cost.memory import stage_memory
+    from llmplan.cost.params import padded_vocab, rank_params
+    from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+    from llmplan.specs.registry import builtin_models
+
+    m = builtin_models()["gpt3-175b"]
+    assert m.tie_word_embeddings
+    plan = ParallelPlan(tp=8, pp=8, dp=1, global_batch=32, seq_len=2048, recompute="full", pp_schedule="dualpipe")
+    rank0 = stage_memory(m, plan, 0, MemoryAllowance(), 80 * 2**30)
+    both = rank_params(m, plan, 0).total + rank_params(m, plan, 7).total
+    assert float(rank0.params_on_rank) == pytest.approx(float(both) - padded_vocab(m.vocab_size, 8) * m.hidden_size / 8,
+                                                        rel=1e-12)
+    one = ParallelPlan(**{**plan.model_dump(), "pp_schedule": "1f1b"})
+    per_stage_batch = float(stage_memory(m, one, 7, MemoryAllowance(), 1.0).activation_parts.layers)  # 1 in flight
+    for i in (1, 3):
+        held = stage_memory(m, plan, i, MemoryAllowance(), 1.0).activation_parts.layers
+        assert float(held) == pytest.approx((plan.pp + 1) * per_stage_batch, rel=1e-12)
 
 
 def test_schedule_rules_and_exports(cli, tmp_path):

@@ -71,6 +71,9 @@ TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no
 FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shards/--no-fp32-param-shards",
                                  help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
+SWIGLU_FP8_INPUT = typer.Option(_plan("swiglu_fp8_input"), "--swiglu-fp8-input/--no-swiglu-fp8-input",
+                                help="Keep the SwiGLU input for backward in fp8 (Megatron "
+                                     "--activation-func-fp8-input-store; DeepSeek-V3's MoE SwiGLU inputs).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
@@ -171,7 +174,8 @@ SWITCHES = Flags("Training switches", {
     "recompute_modules": RECOMPUTE_MODULES, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
-    "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {

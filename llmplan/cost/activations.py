@@ -154,7 +154,7 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
     act = maximum(2 * routed_rows * m.expert_ffn / plan.etp_resolved - saved * s * b * m.expert_ffn
                   * m.num_experts_per_tok / t, 0.0)
-    shared = ((6 if m.gated_mlp else 4) - saved) * s * b * m.shared_ffn / t
+    shared = (mlp_inner_bytes(m, plan) - saved) * s * b * m.shared_ffn / t
     parts_of_moe = where(plan.recomputes("layernorm"), parts.mlp_input, 0.0) \
         + where(plan.recomputes("moe_act"), act, 0.0) + where(plan.recomputes("shared_experts"), shared, 0.0)
     return attn + where(plan.recomputes("moe"), parts.mlp_input + parts.mlp, parts_of_moe)
@@ -168,6 +168,27 @@ scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits a
 (NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
 the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
 (arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
+
+
+def swiglu_input_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes per element of the activation's input (the first linear's 2f-wide output) that a gated MLP keeps for
+    backward: 2 (bf16), or with swiglu_fp8_input one fp8 byte, with the recipe's scale where it quantises in
+    blocks (blockwise: an fp32 scale per 1x128 tile, DeepSeek-V3's format; MXFP8: E8M0 per 32; NVFP4 recipes
+    still cast this input to fp8). Source: Megatron-LM megatron/core/fusions/fused_bias_swiglu.py
+    (fp8_input_store saves input.to(torch.float8_e4m3fn) and casts it back in backward, since core_v0.10.0);
+    DeepSeek-V3 report (arXiv 2412.19437) §3.3.3 Low-Precision Activation (2). Derived:
+    docs/formulas.md#mem.swiglu_fp8_input"""
+    if not (plan.swiglu_fp8_input and m.gated_mlp):
+        return 2.0
+    return max(SAVED_INPUT_BYTES[plan.recipe], 1.0) if plan.low_precision else 1.0
+
+
+def mlp_inner_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes an MLP keeps per (token, ffn column) beside its input: GELU the fc1 and GELU outputs (2 + 2);
+    gated the 2f-wide fc1 output (the SwiGLU input, swiglu_input_bytes each) and the product (2): 6 in bf16.
+    Source: Korthikanti et al. 2022, Table 2 (fc1 and GeLU outputs, 8sbh each at f = 4h).
+    Derived: docs/formulas.md#mem.swiglu_fp8_input"""
+    return 2 * swiglu_input_bytes(m, plan) + 2.0 if m.gated_mlp else 4.0
 
 
 def linear_input_split(plan: ParallelPlan) -> Any:
@@ -199,7 +220,7 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     probabilities. Source: Korthikanti et al. 2022, Table 2 (fc1 and GeLU outputs, 8sbh each at f = 4h).
     Derived: docs/formulas.md#mem.activations"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
-    c = 6 if m.gated_mlp else 4
+    c = mlp_inner_bytes(m, plan)
     if not moe:
         return c * s * b * m.intermediate_size / t
     etp = plan.etp_resolved

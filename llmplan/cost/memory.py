@@ -27,7 +27,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.params import (
-    ALL_BUT_ZERO, RankParams, explicit_stages, heaviest_moe_stage, chunk_layers, memoized,
+    ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
@@ -50,10 +50,12 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
 
     1F1B: min(pp - i, m). Interleaved: (2(pp-i-1) + (vpp-1)·pp + 1) chunk micro-batches of 1/vpp of the
     stage each, which for i = 0 is L·(1 + (pp-1)/(pp·vpp)) layers' worth (Korthikanti et al. 2022, §4.2.3).
-    Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules)."""
+    A paired schedule (DualPipe) feeds half the micro-batches from each end; the rank holding stage i holds
+    pp - i of them for it (min(pp - i, m/2)), and stage_memory adds the paired stage's.
+    Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules; DualPipe.step)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
-    extra = schedule_of(plan).extra_inflight  # DualPipe keeps PP + 1 (DeepSeek-V3 Table 2)
-    plain = minimum(p - stage + extra, n)
+    sched = schedule_of(plan)
+    plain = minimum(p - stage + sched.extra_inflight, n / sched.param_copies)
     interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
     return where(v == 1, plain * 1.0, interleaved)
 
@@ -134,6 +136,15 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     return ActivationBytes(layers=held, recompute_working=working, embedding=embedding, output=output)
 
 
+def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:
+    """Activations of a rank that holds two stages (DualPipe: i and pp-1-i), each with its own micro-batches in
+    flight (inflight_microbatches): their layers, embedding and output parts add; one layer is recomputed at a
+    time, so the larger recompute working set counts once. Derived: docs/formulas.md#mem.inflight"""
+    return ActivationBytes(layers=a.layers + b.layers, recompute_working=maximum(a.recompute_working,
+                                                                              b.recompute_working),
+                           embedding=a.embedding + b.embedding, output=a.output + b.output)
+
+
 @dataclass(frozen=True)
 class TrainingMemory(Breakdown):
     """Memory of the most-loaded rank; weights + gradients + optimizer + activations + other = total."""
@@ -170,15 +181,20 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # Source: PyTorch torch.distributed.fsdp.MixedPrecisionPolicy docstring. Derived: docs/formulas.md#mem.model_states
     fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
-    rp = rank_params(m, plan, stage)
-    copies = schedule_of(plan).param_copies  # DualPipe: each rank holds stages i and pp-1-i
-    if copies != 1:
-        rp = RankParams(dense=copies * rp.dense, expert=copies * rp.expert)
+    paired = schedule_of(plan).param_copies == 2  # DualPipe: each rank holds stages i and pp-1-i
+    rp = paired_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
     expert = model_state_bytes(rp.expert, plan.expert_dp, plan.zero, state_w, grad_b, state_o)
-    act = per_distinct(plan, ALL_BUT_ZERO, stage, lambda p, s: activation_bytes(
-        m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
-    cache = low_precision_weight_cache(m, plan, rp, stage, fp8_tn_only)
+
+    def stage_act(s: Any) -> ActivationBytes:
+        return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(
+            m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
+    act = stage_act(stage)
+    cache = low_precision_weight_cache(m, plan, rank_params(m, plan, stage), stage, fp8_tn_only)
+    if paired:
+        mirror = plan.pp - 1 - stage
+        act = paired_activations(act, stage_act(mirror))
+        cache = cache + low_precision_weight_cache(m, plan, rank_params(m, plan, mirror), mirror, fp8_tn_only)
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)

@@ -239,6 +239,21 @@ def rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     return per_distinct(plan, LAYOUT_AXES + ("tp", "ep", "etp_resolved"), stage, lambda p, i: _rank_params(m, p, i))
 
 
+def paired_rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
+    """Parameters of the rank that holds stage `stage` and stage pp-1-stage (a schedule with param_copies 2,
+    DualPipe): both stages' layers; the rank of stages 0 and pp-1 holds the embedding and the output layer
+    side by side, and a tied embedding once (one tensor serves both ends, as DeepSeek-V3's MTP module shares
+    the main model's embedding and output head on that rank). Source: DeepSeek-V3 report (arXiv 2412.19437)
+    §3.2.3 "Shared Embedding and Output Head for Multi-Token Prediction"; deepseek-ai/DualPipe README.
+    Derived: docs/formulas.md#mem.inflight"""
+    mirror = plan.pp - 1 - stage
+    a, b = rank_params(m, plan, stage), rank_params(m, plan, mirror)
+    ends = (stage == 0) | (mirror == 0)
+    tied = where(ends, padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp, 0) \
+        * (1 if m.tie_word_embeddings else 0)
+    return RankParams(dense=a.dense + b.dense - tied, expert=a.expert + b.expert)
+
+
 def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
     replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer

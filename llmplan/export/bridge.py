@@ -138,6 +138,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
     if m.num_nextn_predict_layers:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
+    if p.swiglu_fp8_input:  # TransformerConfig.activation_func_fp8_input_store (Megatron-Core, SwiGLU only)
+        out.append(("model.activation_func_fp8_input_store", True))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),

@@ -270,6 +270,10 @@ def check(pf: PlanFile) -> None:
     if launcher_schedule("megatron", p.pp_schedule) is None:
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")
+    if p.swiglu_fp8_input:
+        raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
+                     "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
+                     "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",

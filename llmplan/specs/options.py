@@ -107,6 +107,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
+    swiglu_fp8_input: bool
+    """ParallelPlan.swiglu_fp8_input."""
     grad_dtype: str | None
     """ParallelPlan.grad_dtype; None (search only): both tried."""
     optimizer_master_dtype: str

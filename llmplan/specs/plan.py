@@ -217,6 +217,11 @@ class ParallelPlan(PlanQuantities, Spec):
     (--cuda-graph-impl full_iteration) with the MoE layers' static buffers (Megatron-Bridge's presets set
     --moe-expert-rank-capacity-factor with it): no launches and no host waits inside the step
     (docs/formulas.md#step.host_sync)."""
+    swiglu_fp8_input: bool = False
+    """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
+    in the backward pass: Megatron-Core --activation-func-fp8-input-store (one float8_e4m3fn byte, no scale;
+    SwiGLU only), DeepSeek-V3's MoE SwiGLU inputs in its 1x128-tile FP8 (report §3.3.3). Off: bf16, 2 bytes
+    (docs/formulas.md#mem.swiglu_fp8_input)."""
     fp32_param_shards: bool = False
     """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
     optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed

@@ -33,9 +33,11 @@ class Schedule(Spec):
     bubble_weight: float = Field(ge=0, le=4)
     """Weight-gradient halves W the schedule moves into the bubble (Table 2: 0, 2 for ZB1P, 3 for DualPipe)."""
     extra_inflight: int = Field(ge=0, le=4)
-    """Micro-batches a stage holds beyond 1F1B's pp - i (Table 2: DualPipe PP + 1)."""
+    """Micro-batches a stage holds beyond 1F1B's pp - i."""
     param_copies: int = Field(ge=1, le=2)
-    """Stages' parameters each rank holds (DualPipe: stages i and pp-1-i, Table 2's 2x)."""
+    """Stages each rank holds: 2 pairs stage i with stage pp-1-i (DualPipe, Table 2's 2x parameters), each
+    with its own direction's micro-batches in flight: pp - i of stage i, i + 1 of stage pp-1-i, so PP + 1 in
+    all on every rank (Table 2; deepseek-ai/DualPipe dualpipe.py DualPipe.step, steps 1-4)."""
     interleaves: bool
     """Whether it runs several virtual stages per rank (vpp > 1)."""
     hides_ep: bool
@@ -67,7 +69,7 @@ SCHEDULES: dict[str, Schedule] = {
         title="DualPipe",
         caption="DualPipe: micro-batches enter from both ends (darker: from stage 0, lighter: from the last "
                 "stage); paired forward and backward, weight passes (green) fill the ends",
-        bubble_pipes=2, bubble_backward=2, bubble_weight=3, extra_inflight=1, param_copies=2, interleaves=False,
+        bubble_pipes=2, bubble_backward=2, bubble_weight=3, extra_inflight=0, param_copies=2, interleaves=False,
         hides_ep=True, pp_multiple=2, pp_multiple_reason="DualPipe pairs stage i with stage pp-1-i",
         # Source: deepseek-ai/DualPipe, dualpipe/dualpipe.py DualPipe.step (num_chunks even, >= 2 x ranks)
         min_microbatches_per_stage=2, microbatch_multiple=2, drawing="dualpipe"),
