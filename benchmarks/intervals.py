@@ -260,10 +260,10 @@ def _bands(training: list[dict], pools: dict, pair) -> dict[str, tuple[bool, flo
 
 
 def pool_report(training: list[dict], doc: dict, pools: dict) -> None:
-    """Per regime pool (llmplan.intervals.POOLS): its pair, and its left-out coverage and median half-width with
-    that pair and with the all-regime one."""
+    """Per regime pool (llmplan.intervals.POOLS): its pair (its own, or the all-regime one it falls back to), and
+    its left-out coverage and median half-width with that pair."""
     nominal = doc["nominal"]
-    own, at = _bands(training, pools, iv.pair_of(doc)), _bands(training, pools, nominal)
+    own = _bands(training, pools, iv.pair_of(doc))
     print(f"per regime pool (its own pair where it has {iv.POOL_MIN_FAMILIES}+ families of {iv.POOL_MIN_RECORDS}+ "
           f"runs, a pair inside 75-85% and\nthe nested coverage of that choice inside 75-85% too, else the "
           f"all-regime {nominal:g} pair):")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmplan.cost.inference import Spans, expert_exchange_seconds, step_compute_seconds
+from llmplan.cost.inference import expert_exchange_seconds, step_compute_seconds
 from llmplan.serving import replica_spans
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.plan import ClusterSpec
