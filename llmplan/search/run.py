@@ -277,7 +277,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
-    if screen.memory is None:
+    if screen.memory is None or not fits.any():  # none screened in, or every one screened in is still too big
         return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective)
     if screen.least is not None:
         pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(screen.least).describe()} needs "
