@@ -327,3 +327,14 @@ def test_fewer_axes_decide_before_headroom():
     b.plan.cp = 4
     order, _, notes = resolve([b, a], math.log(1.03))
     assert order == [1, 0] and notes[0].rule == "fewer parallel axes (1 vs 2)"
+
+
+def test_smaller_cp_decides_before_headroom():
+    # 405B on 16,384 H100 at 8k: tp8 pp8 dp128 cp2 and tp4 pp16 dp32 cp8 are tied with as many axes; the cp8
+    # plan keeps 16 GiB more free but splits each sequence into 512-token chunks; the cp2 plan goes first.
+    a = _est(100.0, 20.0, tp=4, pp=16, dp=32)
+    a.plan.cp = 8
+    b = _est(98.4, 4.0, tp=8, pp=8, dp=128)
+    b.plan.cp = 2
+    order, _, notes = resolve([a, b], math.log(1.03))
+    assert order == [1, 0] and notes[0].rule.startswith("smaller CP degree (2 vs 8")

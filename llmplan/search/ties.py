@@ -44,15 +44,20 @@ def _tp_crosses_node(e: Any) -> bool:
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
     faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
-    domain; fewer parallel axes; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less
-    recompute. Axes come before headroom: every plan shown already keeps the search's minimum headroom free,
-    while each extra axis (a CP ring at a 4k sequence, say) adds communication and a way to fail."""
+    domain; fewer parallel axes; a smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO
+    stage; less recompute. Axes and the CP degree come before headroom: every plan shown already keeps the
+    search's minimum headroom free, while each extra axis (a CP ring at a 4k sequence, say) adds communication
+    and a way to fail, and a wider ring splits the sequence into shorter chunks, whose steps the model prices
+    least well (docs/formulas.md#compute.cp_attention)."""
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
         return (1 if ca else -1), "TP inside the NVLink domain"
     xa, xb = _axes(a.plan), _axes(b.plan)
     if xa != xb:
         return (-1 if xa < xb else 1), f"fewer parallel axes ({min(xa, xb)} vs {max(xa, xb)})"
+    if a.plan.cp != b.plan.cp:
+        return (-1 if a.plan.cp < b.plan.cp else 1), f"smaller CP degree ({min(a.plan.cp, b.plan.cp)} vs " \
+            f"{max(a.plan.cp, b.plan.cp)}: longer sequence chunks per rank)"
     ha, hb = float(a.memory.headroom), float(b.memory.headroom)
     if abs(ha - hb) >= HEADROOM_STEP:
         return (-1 if ha > hb else 1), f"{abs(ha - hb) / GIB:.1f} GiB more memory headroom"
