@@ -212,17 +212,25 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if gather_bytes(plan) != ACT_BYTES else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
+    # Without SP a pipeline stage receives 1/t of the boundary tensor per TP rank (pp_transfers) and gathers
+    # it over the TP group: the activation forward, its gradient backward, per micro-batch and model chunk.
+    # Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization)
+    pp_gathers = where(plan.sp, 0, where(plan.pp > 1, 2 * plan.num_microbatches * plan.vpp, 0))
     return [Transfer("all-reduce", without, S, group),
             Transfer("all-gather", quantised, gather_bytes(plan) * s * b * h, group),
-            Transfer("all-gather", bf16_gathers, S, group),
+            Transfer("all-gather", bf16_gathers + pp_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group)]
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
-    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
-    with SP (Megatron's scatter-gather). Derived: docs/formulas.md#comm.pp"""
+    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank:
+    with SP the tensor is already split along the sequence; without it each TP rank sends its 1/t slice and
+    the receiving stage gathers the slices over NVLink (tp_transfers), as Megatron-LM's
+    scatter_gather_tensors_in_pipeline and DeepSpeed's pipeline engine (is_pipe_partitioned and
+    is_grad_partitioned with TP > 1) do. Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization).
+    Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    S = ACT_BYTES * s * b * h / where(plan.sp, plan.tp, 1)
+    S = ACT_BYTES * s * b * h / plan.tp
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 
 
