@@ -100,6 +100,18 @@ def test_dp_volume_per_step():
     z1 = plan.model_copy(update={"zero": 1})
     zero1 = sum(x.bytes for x in dp_transfers(m, z1, spans["dpcp"], spans["edp"]))
     assert zero1 == pytest.approx((4 * P + 2 * P) * (n - 1) / n)
+    # DeepSpeed's BF16_Optimizer under its pipeline engine: all-reduce of the fp32 gradients, then the gather
+    # (microsoft/DeepSpeed runtime/pipe/engine.py _bf16_reduce_grads; bf16_optimizer.py update_lp_params)
+    whole = plan.model_copy(update={"zero": 1, "grad_reduce": "all-reduce"})
+    calls = {x.collective: x.calls for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"])[:3]}
+    assert calls == {"all-reduce": 1, "reduce-scatter": 0, "all-gather": 1}
+    zero1_whole = sum(x.bytes for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"]))
+    assert zero1_whole == pytest.approx((2 * 4 * P + 2 * P) * (n - 1) / n)
+
+
+def test_grad_reduce_all_reduce_needs_zero_below_2():
+    with pytest.raises(ValueError, match="ZeRO-2/3 keep only their gradient shard"):
+        ParallelPlan(tp=2, dp=8, global_batch=8, zero=2, grad_reduce="all-reduce")
 
 
 def test_zero3_under_a_pipeline_gathers_and_reduces_once_per_step():

@@ -242,15 +242,21 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     every forward and backward of every micro-batch. Under a pipeline, ZeRO-2/3 keep the stage gathered and
     its gradients unsharded until the last micro-batch (PyTorch pipelining with FSDP2: no resharding, no
     gradient sync before the last backward), so they gather and reduce once per step, as ZeRO-1.
-    Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
+    ZeRO-1 with grad_reduce all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine) all-reduces the
+    whole gradient, twice a reduce-scatter's traffic, before each rank steps its shard and gathers the weights.
+    Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume); microsoft/DeepSpeed
+    runtime/pipe/engine.py _bf16_reduce_grads (buffered_allreduce_fallback of the optimizer's fp32 gradients).
+    Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
     flat = plan.pp == 1
-    reduce_calls = where((z >= 2) & flat, n, where(z >= 1, 1, 0))  # sharded gradients: every backward
+    whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
+    # sharded gradients: every backward
+    reduce_calls = where((z >= 2) & flat, n, where((z >= 1) & np.logical_not(whole), 1, 0))
     gather_calls = where((z >= 3) & flat, 2 * n, where(z >= 1, 1, 0))
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
-        out += [Transfer("all-reduce", where(z == 0, 1, 0), g * params, group),
+        out += [Transfer("all-reduce", where(whole, 1, 0), g * params, group),
                 Transfer("reduce-scatter", reduce_calls, g * params, group),
                 Transfer("all-gather", gather_calls, w * params, group)]
     return out
