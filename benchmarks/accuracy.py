@@ -613,6 +613,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # compute (deepspeed/runtime/pipe/schedule.py TrainSchedule; engine.py _exec_reduce_grads)
         overlap_grad_reduce=fam not in DEEPSPEED_PIPE + ("megascale",),
         overlap_param_gather=fam not in DEEPSPEED_PIPE + ("megascale",),
+        # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
+        # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
+        launch_blocking=fam == "bloom",
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and precision == "bf16" and zero == 1
         else "reduce-scatter",

@@ -164,6 +164,10 @@ class ParallelPlan(PlanQuantities, Spec):
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done, so the GPU idles while
+    the host returns, runs the next op's Python and launches it (BigScience's tr11-176B-ml.slurm exports it
+    against NCCL hangs on Jean Zay). docs/formulas.md#step.overhead"""
     grad_reduce: Literal["reduce-scatter", "all-reduce"] = "reduce-scatter"
     """How ZeRO-1 reduces the gradients over DP: reduce-scatter (Megatron's distributed optimizer: each rank
     receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
