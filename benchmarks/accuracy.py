@@ -164,8 +164,11 @@ ASSUMPTIONS = {
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
-             "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
-             "priced as the dgx-a100 profile's; predicts iteration time; the logged peak memory (read as GiB) in "
+             "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; DeepSpeed's "
+             "pipeline engine: the DP reduction after the schedule and the weight gather in the optimizer step, "
+             "neither overlapped, the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
+             "all-reduce); on the jean-zay-a100 profile (4 x 100 Gb/s Omni-Path per node, BLOOM paper Section "
+             "3.4.1), not the dgx-a100 one; predicts iteration time; the logged peak memory (read as GiB) in "
              "the memory report; out-of-memory attempts must be predicted not to fit",
     "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
@@ -176,7 +179,8 @@ ASSUMPTIONS = {
                      "recompute and the DP reduction and gather overlapped; its parallel transformer block, sliding-window attention, LAMB and fused operators "
                      "are not described; predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
-             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; predicts iteration time",
+             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; DeepSpeed's pipeline "
+             "engine's DP reduction and gather not overlapped (as bloom); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -314,6 +318,20 @@ def system_for(gpu: str) -> str | None:
     if "h800" in g:
         return "dgx-h800"
     return None
+
+
+DEEPSPEED_PIPE = ("bloom", "mtnlg")
+"""Families trained with DeepSpeed's pipeline engine (Megatron-DeepSpeed) whose plan prices its DP timing."""
+
+
+def record_system(rec: dict) -> str | None:
+    """The built-in system a record ran on: Jean Zay's A100 partition where the record names it (BLOOM: 4 x 100
+    Gb/s Omni-Path per node, not a DGX A100's 8 x 200 Gb/s InfiniBand; hardware_profiles/systems/
+    jean-zay-a100.yaml), else the DGX / HGX system of its GPU (system_for)."""
+    hw = rec.get("hardware", {})
+    if "jean zay" in str(hw.get("interconnect", "")).lower() and "a100" in str(hw.get("gpu", "")).lower():
+        return "jean-zay-a100"
+    return system_for(str(hw.get("gpu", "")))
 
 
 MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
@@ -638,7 +656,17 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
         # MegaScale's Megatron-LM baseline reduces and gathers the DP buckets after the backward, not beside it:
         # "DP overlap" is one of the optimisations MegaScale adds (Jiang et al. 2024, Table 3, +1.2 MFU points)
-        overlap_grad_reduce=fam != "megascale", overlap_param_gather=fam != "megascale",
+        # DeepSpeed's pipeline engine (BLOOM, MT-NLG) reduces the gradients in its ReduceGrads instruction after the
+        # last backward of the schedule and gathers the updated weights in the optimizer step, neither beside
+        # compute (deepspeed/runtime/pipe/schedule.py TrainSchedule; engine.py _exec_reduce_grads)
+        overlap_grad_reduce=fam not in DEEPSPEED_PIPE + ("megascale",),
+        overlap_param_gather=fam not in DEEPSPEED_PIPE + ("megascale",),
+        # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
+        # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
+        launch_blocking=fam == "bloom",
+        # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
+        grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and precision == "bf16" and zero == 1
+        else "reduce-scatter",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
@@ -678,7 +706,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     if fam == "trtllm":
         return predict_serving(rec)
     hw = rec.get("hardware", {})
-    system_name = system_for(str(hw.get("gpu", "")))
+    system_name = record_system(rec)
     par = rec.get("parallel", {})
     described = "layers" in rec.get("model", {}) or rec.get("model", {}).get("name") in MBRIDGE_NAMED_MODELS
     if system_name is None or not described or "tp" not in par or "pp" not in par:
@@ -1050,7 +1078,7 @@ def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
     """[(record, what, predicted, measured)] for a run that logs its peak memory per GPU (BLOOM's prequel
     tables: the largest of the first and last stage, as the logs print it, read as GiB)."""
     fam, hw = family(r["id"]), r["hardware"]
-    system = builtin_systems()[system_for(str(hw.get("gpu", ""))) or "dgx-a100"]
+    system = builtin_systems()[record_system(r) or "dgx-a100"]
     gpus = hw["gpus"]
     cluster = cluster_of(system, gpus)
     plan = plan_for(r, fam, gpus)

@@ -411,7 +411,7 @@ def calibration_report(records: list[dict], only: str | None = None,
         befores, afters, better = [], [], 0
         for a in recs:
             pred, meas = rates[a["id"]]
-            sysname = acc.system_for(str(a["hardware"]["gpu"]))
+            sysname = acc.record_system(a)
             base = shipped[sysname]
             system = base
             if a["hardware"].get("power_limit_w"):

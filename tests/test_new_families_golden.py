@@ -162,7 +162,7 @@ def _bloom_estimate(acc, rec: dict):
     from llmplan.estimate import estimate_training
     from llmplan.specs.plan import ClusterSpec
 
-    system = builtin_systems()[acc.system_for(rec["hardware"]["gpu"])]
+    system = builtin_systems()[acc.record_system(rec)]
     gpus = rec["hardware"]["gpus"]
     cluster = ClusterSpec(system=system, num_nodes=gpus // 8, gpus_per_node=8)
     return estimate_training(acc.model_for(rec, "bloom"), cluster, acc.plan_for(rec, "bloom", gpus))
@@ -186,3 +186,52 @@ def test_bloom_published_peak_below_capacity_within_10_percent(published_runs, a
     e = _bloom_estimate(acc, rec)
     assert e.memory.fits
     assert float(e.memory.total) / GIB == pytest.approx(55, rel=0.10)
+
+
+def test_bloom_runs_on_jean_zay_omni_path(published_runs, acc):
+    # BLOOM paper (arXiv:2211.05100) Section 3.4.1 and bigscience train/tr11-176B-ml/README.md: 8 A100 80GB per
+    # node, 4 Omni-Path 100 Gb/s links per node (a DGX A100 has 8 x 200 Gb/s InfiniBand).
+    rec = published_runs["bloom-176b-final-run"]
+    system = builtin_systems()[acc.record_system(rec)]
+    assert (system.name, system.gpus_per_node, system.nics_per_node, system.nic_gbit_per_s) == \
+        ("jean-zay-a100", 8, 4, 100)
+    assert acc.record_system(published_runs["mtnlg-530b-2240gpu"]) == "dgx-a100"
+
+
+def test_bloom_final_run_iteration_time_within_10_percent(published_runs, acc):
+    # bigscience train/tr11-176B-ml/README.md, first-epoch log line: 104.7 s per iteration (TP4 PP12 DP8,
+    # micro-batch 2, global batch 2048, bf16, 384 A100 80GB on Jean Zay). Tolerance 10%: issue 32's target.
+    pred, meas = _throughput(acc, published_runs["bloom-176b-final-run"])
+    assert meas == 104.7
+    assert pred == pytest.approx(meas, rel=0.10)
+
+
+def test_bloom_wide_data_parallel_layout_within_10_percent(published_runs, acc):
+    # chronicles-prequel.md 'GBS Variations' (2022-02-25): TP8 PP2 DP24, micro-batch 2 ran at 136.13 s per
+    # iteration, the slowest DP of the section's 48-node layouts: its 11B parameters per GPU are all-reduced
+    # in fp32 over 24 nodes of 4 x 100 Gb/s Omni-Path after the pipeline's last backward. Tolerance 10%.
+    pred, meas = _throughput(
+        acc, published_runs["bloom-prequel-gbs-and-tp-variations-L72h14336a64-dp24tp8pp2mbs2gbs2016z1"])
+    assert meas == 136.13
+    assert pred == pytest.approx(meas, rel=0.10)
+
+
+def test_bloom_launch_blocking_costs_no_more_than_bigscience_measured(acc):
+    # chronicles-prequel.md 'dealing with JZ hanging' (2022-02): the 200B candidate (80 layers, hidden 14,400,
+    # 96 heads) at TP8 PP10 on 80 A100s, global batch 512, ran at 97.20 TFLOP/s asynchronous and 91.04 with
+    # CUDA_LAUNCH_BLOCKING=1 (6.8% longer; at 160 GPUs the two were within 0.2%). The launches' share of that,
+    # which launch_blocking prices, must be positive and no more than the measured slowdown, which also holds
+    # the overlaps blocking removes.
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec, ParallelPlan
+
+    rec = {"id": "bloom-prequel-hanging-200b", "model": {"layers": 80, "hidden": 14400, "heads": 96,
+                                                          "vocab": 250880, "seq_len": 2048}}
+    model = acc.model_for(rec, "bloom")
+    cluster = ClusterSpec(system=builtin_systems()["jean-zay-a100"], num_nodes=10, gpus_per_node=8)
+    times = []
+    for blocking in (False, True):
+        plan = ParallelPlan(tp=8, pp=10, dp=1, micro_batch=1, global_batch=512, seq_len=2048, zero=1,
+                            recompute="full", sp=False, flash_attention=False, launch_blocking=blocking)
+        times.append(float(estimate_training(model, cluster, plan).time.total))
+    assert 0 < times[1] / times[0] - 1 <= 97.20 / 91.04 - 1

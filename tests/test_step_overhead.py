@@ -94,6 +94,20 @@ def test_host_launches_wait_only_where_the_gpu_outruns_the_host():
     assert short > start + 8 * 1e-3
 
 
+def test_blocking_launches_idle_the_gpu_for_every_kernel_however_long_the_micro_batch():
+    # CUDA_LAUNCH_BLOCKING=1 (CUDA C++ Programming Guide): nothing is queued, so even a long micro-batch pays,
+    # per kernel, the host's wake-up, its next op and the launch: (12 + 2 TP) kernels x (3 + 1 recompute)
+    # passes x 32 layers, 8 micro-batches.
+    from llmplan.cost.compute import KERNEL_LAUNCH_S
+    from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S
+
+    plan = ParallelPlan(tp=2, dp=1, global_batch=8, seq_len=4096, recompute="full")
+    queued = float(host_seconds(plan, 32, 1.0, 1))
+    blocking = float(host_seconds(plan.model_copy(update={"launch_blocking": True}), 32, 1.0, 1))
+    kernels = (12 + 2) * (3 + 1) * 32 * plan.num_microbatches
+    assert blocking - queued == pytest.approx(kernels * (HOST_SYNC_S + EAGER_OP_HOST_S + KERNEL_LAUNCH_S))
+
+
 def test_vectorised_overheads_agree_with_scalar():
     m, cluster = M["llama-3.1-70b"], ClusterSpec(system=H100, num_nodes=8)
     w = Workload(global_batch=256, seq_len=4096)

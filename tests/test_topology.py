@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.comm import dp_transfers, step_comm, tp_transfers
+from llmplan.cost.comm import dp_transfers, pp_transfers, step_comm, tp_transfers
 from llmplan.cost.params import rank_params
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -55,18 +55,37 @@ def test_ring_allreduce_volume_is_hand_derived():
 
 
 def test_tp_volume_per_step():
-    """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute)."""
+    """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute), and under
+    a pipeline the receiving stage's gathers of the 1/t slices (activation and gradient, per micro-batch:
+    Narayanan et al. 2021 §4.1); with SP the boundary tensor is already split and nothing is gathered."""
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
     spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
     s, b, h, L, mbs, t = 4096, 1, 8192, 80 // 4, 8, 8
     expected = mbs * L * 4 * (2 * (t - 1) / t) * (2 * s * b * h)
-    assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected)
+    pp_gathers = mbs * 2 * ((t - 1) / t) * (2 * s * b * h)
+    assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected + pp_gathers)
+    flat = plan.model_copy(update={"pp": 1, "dp": 8})  # no pipeline: nothing to gather (2 micro-batches, 80 layers)
+    assert sum(x.bytes for x in tp_transfers(m, flat, spans["tp"])) == pytest.approx(
+        2 * 80 * 4 * (2 * (t - 1) / t) * (2 * s * b * h))
     sp_plan = plan.model_copy(update={"sp": True})
     regather = mbs * L * 2 * ((t - 1) / t) * (2 * s * b * h)  # Megatron re-gathers the 2 saved shards in backward
     assert sum(x.bytes for x in tp_transfers(m, sp_plan, spans["tp"])) == pytest.approx(expected + regather)
     full = plan.model_copy(update={"recompute": "full"})
-    assert sum(x.bytes for x in tp_transfers(m, full, spans["tp"])) == pytest.approx(expected * 6 / 4)
+    assert sum(x.bytes for x in tp_transfers(m, full, spans["tp"])) == pytest.approx(expected * 6 / 4 + pp_gathers)
+
+
+def test_pp_sends_one_tp_slice_per_rank():
+    """Each TP rank sends 2sbh/t per boundary, micro-batch and direction, with or without SP: Megatron-LM's
+    scatter/gather (Narayanan et al. 2021 §4.1: each of the t ranks sends its 1/t of the tensor), which
+    DeepSpeed's pipeline engine also does with TP (is_pipe_partitioned, is_grad_partitioned)."""
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
+    spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
+    s, b, h, mbs, t = 4096, 1, 8192, 8, 8
+    for sp in (False, True):
+        (x,) = pp_transfers(m, plan.model_copy(update={"sp": sp}), spans["pp"])
+        assert (x.collective, x.calls, x.message) == ("send-recv", 2 * mbs, pytest.approx(2 * s * b * h / t))
 
 
 def test_dp_volume_per_step():
@@ -81,6 +100,18 @@ def test_dp_volume_per_step():
     z1 = plan.model_copy(update={"zero": 1})
     zero1 = sum(x.bytes for x in dp_transfers(m, z1, spans["dpcp"], spans["edp"]))
     assert zero1 == pytest.approx((4 * P + 2 * P) * (n - 1) / n)
+    # DeepSpeed's BF16_Optimizer under its pipeline engine: all-reduce of the fp32 gradients, then the gather
+    # (microsoft/DeepSpeed runtime/pipe/engine.py _bf16_reduce_grads; bf16_optimizer.py update_lp_params)
+    whole = plan.model_copy(update={"zero": 1, "grad_reduce": "all-reduce"})
+    calls = {x.collective: x.calls for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"])[:3]}
+    assert calls == {"all-reduce": 1, "reduce-scatter": 0, "all-gather": 1}
+    zero1_whole = sum(x.bytes for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"]))
+    assert zero1_whole == pytest.approx((2 * 4 * P + 2 * P) * (n - 1) / n)
+
+
+def test_grad_reduce_all_reduce_needs_zero_below_2():
+    with pytest.raises(ValueError, match="ZeRO-2/3 keep only their gradient shard"):
+        ParallelPlan(tp=2, dp=8, global_batch=8, zero=2, grad_reduce="all-reduce")
 
 
 def test_zero3_under_a_pipeline_gathers_and_reduces_once_per_step():

@@ -212,17 +212,25 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if gather_bytes(plan) != ACT_BYTES else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
+    # Without SP a pipeline stage receives 1/t of the boundary tensor per TP rank (pp_transfers) and gathers
+    # it over the TP group: the activation forward, its gradient backward, per micro-batch and model chunk.
+    # Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization)
+    pp_gathers = where(plan.sp, 0, where(plan.pp > 1, 2 * plan.num_microbatches * plan.vpp, 0))
     return [Transfer("all-reduce", without, S, group),
             Transfer("all-gather", quantised, gather_bytes(plan) * s * b * h, group),
-            Transfer("all-gather", bf16_gathers, S, group),
+            Transfer("all-gather", bf16_gathers + pp_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group)]
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
-    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
-    with SP (Megatron's scatter-gather). Derived: docs/formulas.md#comm.pp"""
+    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank:
+    with SP the tensor is already split along the sequence; without it each TP rank sends its 1/t slice and
+    the receiving stage gathers the slices over NVLink (tp_transfers), as Megatron-LM's
+    scatter_gather_tensors_in_pipeline and DeepSpeed's pipeline engine (is_pipe_partitioned and
+    is_grad_partitioned with TP > 1) do. Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization).
+    Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    S = ACT_BYTES * s * b * h / where(plan.sp, plan.tp, 1)
+    S = ACT_BYTES * s * b * h / plan.tp
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 
 
@@ -234,15 +242,21 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     every forward and backward of every micro-batch. Under a pipeline, ZeRO-2/3 keep the stage gathered and
     its gradients unsharded until the last micro-batch (PyTorch pipelining with FSDP2: no resharding, no
     gradient sync before the last backward), so they gather and reduce once per step, as ZeRO-1.
-    Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume). Derived: docs/formulas.md#comm.dp"""
+    ZeRO-1 with grad_reduce all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine) all-reduces the
+    whole gradient, twice a reduce-scatter's traffic, before each rank steps its shard and gathers the weights.
+    Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume); microsoft/DeepSpeed
+    runtime/pipe/engine.py _bf16_reduce_grads (buffered_allreduce_fallback of the optimizer's fp32 gradients).
+    Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
     flat = plan.pp == 1
-    reduce_calls = where((z >= 2) & flat, n, where(z >= 1, 1, 0))  # sharded gradients: every backward
+    whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
+    # sharded gradients: every backward
+    reduce_calls = where((z >= 2) & flat, n, where((z >= 1) & np.logical_not(whole), 1, 0))
     gather_calls = where((z >= 3) & flat, 2 * n, where(z >= 1, 1, 0))
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
-        out += [Transfer("all-reduce", where(z == 0, 1, 0), g * params, group),
+        out += [Transfer("all-reduce", where(whole, 1, 0), g * params, group),
                 Transfer("reduce-scatter", reduce_calls, g * params, group),
                 Transfer("all-gather", gather_calls, w * params, group)]
     return out

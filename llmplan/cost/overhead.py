@@ -79,7 +79,18 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
-    return per_layer + plan.num_microbatches * (maximum(launches - per_mb, 0.0) + sync)
+    queued = maximum(launches - per_mb, 0.0)
+    return per_layer + plan.num_microbatches * (where(plan.launch_blocking, blocking_seconds(launches), queued)
+                                                + sync)
+
+
+def blocking_seconds(launches: Any) -> Any:
+    """GPU idle time of kernels launched with CUDA_LAUNCH_BLOCKING=1 (plan.launch_blocking), given `launches`,
+    their asynchronous launch time (KERNEL_LAUNCH_S each): nothing is queued, so after each kernel the GPU waits
+    for the host to wake from the launch's wait (HOST_SYNC_S), run the next op (EAGER_OP_HOST_S) and launch it.
+    Source: CUDA C++ Programming Guide (CUDA_LAUNCH_BLOCKING: launches become synchronous).
+    Derived: docs/formulas.md#step.overhead"""
+    return launches / KERNEL_LAUNCH_S * (HOST_SYNC_S + EAGER_OP_HOST_S + KERNEL_LAUNCH_S)
 
 
 def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,

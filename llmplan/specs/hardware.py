@@ -253,8 +253,8 @@ class SystemSpec(Spec):
     """Scale-out NICs per node for the compute fabric (0: single-node system)."""
     nic_gbit_per_s: float = Field(default=0.0, ge=0, le=1e6)
     """Rate of one NIC, Gb/s (bits), one direction."""
-    scaleout_fabric: Literal["infiniband", "roce", "efa", "none"] = "infiniband"
-    """Scale-out network kind."""
+    scaleout_fabric: Literal["infiniband", "roce", "efa", "omnipath", "none"] = "infiniband"
+    """Scale-out network kind (omnipath: Intel Omni-Path, which NCCL drives through its IB verbs transport)."""
     rail_optimized: bool = True
     """GPU i of every node sits on leaf switch i (NCCL rings stay on one rail)."""
     default_power_limit_w: float | None = Field(default=None, gt=0, le=5000)

@@ -164,6 +164,15 @@ class ParallelPlan(PlanQuantities, Spec):
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done, so the GPU idles while
+    the host returns, runs the next op's Python and launches it (BigScience's tr11-176B-ml.slurm exports it
+    against NCCL hangs on Jean Zay). docs/formulas.md#step.overhead"""
+    grad_reduce: Literal["reduce-scatter", "all-reduce"] = "reduce-scatter"
+    """How ZeRO-1 reduces the gradients over DP: reduce-scatter (Megatron's distributed optimizer: each rank
+    receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
+    (DeepSpeed's BF16_Optimizer under its pipeline engine, Megatron-DeepSpeed as BLOOM ran it:
+    engine.py _bf16_reduce_grads all-reduces the fp32 gradients). docs/formulas.md#comm.dp"""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     fused_kernels: bool = True
@@ -247,6 +256,14 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"{' and '.join(low)} with dtype fp32: low-precision optimizer states are a mixed-"
                              "precision option (the fp32 weights are the master copy); train in bf16 / fp16 / fp8, "
                              "or keep the optimizer states in fp32")
+        return self
+
+    @model_validator(mode="after")
+    def _grad_reduce_with_zero1(self) -> "ParallelPlan":
+        if self.grad_reduce == "all-reduce" and self.zero >= 2:
+            raise ValueError(f"grad_reduce all-reduce with zero {self.zero}: ZeRO-2/3 keep only their gradient "
+                             "shard, so they reduce-scatter; use zero 1 (or 0, which all-reduces anyway) or "
+                             "grad_reduce reduce-scatter")
         return self
 
     @model_validator(mode="after")
