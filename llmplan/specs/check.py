@@ -207,8 +207,8 @@ RULES: tuple[Rule, ...] = (
                                                                         & (not p.fp8_params)),
          lambda m, p, c: f"param_remainders with zero {p.zero}{' and fp8_params' if p.fp8_params else ''}: "
                          "Megatron-Core keeps the master as 16-bit remainders only in its distributed optimizer "
-                         "(zero 1 or 2) beside bf16 weights; use --zero 1, --no-fp8-params, or drop "
-                         "--param-remainders"),
+                         "(zero 1 or 2) beside bf16 weights; "
+                         f"{'use --no-fp8-params' if p.fp8_params else 'use --zero 1'} or drop --param-remainders"),
     Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
