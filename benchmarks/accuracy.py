@@ -669,6 +669,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         else "reduce-scatter",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
+        # Megatron-Bridge's performance scripts turn the precision-aware optimizer on for every bf16 run with Adam
+        # (scripts/performance/run_script.py at v0.1.0rc4; utils/helpers.py at v0.2.0; utils/overrides.py at
+        # v0.3.0-v0.5.0; run_script.py at v0.6.0), off under Megatron-FSDP (through v0.5.0), on Megatron-Core
+        # >= 0.14 (pyproject.toml), whose OptimizerConfig.store_param_remainders (default True) then keeps the
+        # fp32 master as 16-bit remainders beside the bf16 weights (docs/formulas.md#mem.param_remainders)
+        param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
+                          and par.get("optimizer_master_dtype", "fp32") == "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
     )
 

@@ -10,6 +10,7 @@ import pytest
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import layer_flops
 from llmplan.cost.memory import layer_activation_parts, model_state_bytes
+from llmplan.cost.model_states import optimizer_parts
 from llmplan.cost.params import rank_params
 from llmplan.estimate import estimate_training
 from llmplan.serving import estimate_serving
@@ -28,7 +29,8 @@ def instances() -> list[Breakdown]:
         e = estimate_training(M[name], cluster, plan)
         out += [e.params, e.memory, e.memory.activation_parts, e.time, e.time.stage, e.goodput,
                 layer_flops(M[name], plan, M[name].is_moe), layer_activation_parts(M[name], plan, M[name].is_moe)]
-        out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4)]
+        out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4),
+                optimizer_parts(plan, e.memory.optimizer)]
     one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
     out.append(estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob()).memory)
     spec = SpeculativeSpec(method="eagle", num_speculative_tokens=3)

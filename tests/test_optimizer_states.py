@@ -91,7 +91,10 @@ def test_megatron_takes_the_state_dtypes_through_the_precision_aware_optimizer()
     from llmplan.export import render_all
     from test_export import parse_megatron
 
-    ns, _ = parse_megatron(render_all(_pf({"optimizer_moment_dtype": "bf16"}), "megatron")[0]["megatron_pretrain.sh"])
+    # with bf16 weights Megatron-Core then keeps the master as remainders, which the plan must price
+    # (tests/test_param_remainders.py)
+    ns, _ = parse_megatron(render_all(_pf({"optimizer_moment_dtype": "bf16", "param_remainders": True}),
+                                      "megatron")[0]["megatron_pretrain.sh"])
     assert ns.use_precision_aware_optimizer and ns.exp_avg_dtype == ns.exp_avg_sq_dtype == "bf16"
     assert ns.main_params_dtype is None  # Megatron's default, fp32
     ns, _ = parse_megatron(render_all(_pf({}), "megatron")[0]["megatron_pretrain.sh"])

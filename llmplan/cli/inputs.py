@@ -139,7 +139,8 @@ def switches(s: SwitchOptions) -> dict:
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
             "fp32_param_shards": s.fp32_param_shards, "swiglu_fp8_input": s.swiglu_fp8_input, "moe_dispatcher": s.moe_dispatcher,
             "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
-            "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype}
+            "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype,
+            "param_remainders": s.param_remainders}
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:

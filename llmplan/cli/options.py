@@ -46,6 +46,9 @@ OPTIMIZER_MASTER_DTYPE = typer.Option(_plan("optimizer_master_dtype"), "--optimi
                                       help="Adam master weights: fp32 | fp16 | bf16 | none (the model's own).")
 OPTIMIZER_MOMENT_DTYPE = typer.Option(_plan("optimizer_moment_dtype"), "--optimizer-moment-dtype",
                                       help="Adam moments: fp32 | bf16 | fp16 | fp8 (DeepSeek-V3: bf16).")
+PARAM_REMAINDERS = typer.Option(_plan("param_remainders"), "--param-remainders/--no-param-remainders",
+                                help="Keep Adam's fp32 master as 16-bit remainders beside bf16 weights "
+                                     "(Megatron-Core store_param_remainders: 2 B/param, not 4).")
 FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
 FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
@@ -177,7 +180,7 @@ SWITCHES = Flags("Training switches", {
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
-    "axis_order": AXIS_ORDER})
+    "param_remainders": PARAM_REMAINDERS, "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,
     "grad_dtype": typer.Option(None, "--grad-dtype", help="Pin the gradient buffer dtype: fp32 | bf16 (default: "

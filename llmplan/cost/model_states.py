@@ -44,6 +44,28 @@ def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, g
     )
 
 
+@dataclass(frozen=True)
+class OptimizerParts(Breakdown):
+    """The optimizer states of one rank: Adam's master weights and its two moments; parts sum to total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("master", "moments")
+    master: Any
+    """Master weights: fp32 (4 B/param), the 16-bit remainder beside bf16 weights (param_remainders, 2 B),
+    fp16 / bf16, or none; 0 where FSDP's fp32 parameter shard is the master (counted in the weights)."""
+    moments: Any
+
+
+def optimizer_parts(plan: ParallelPlan, optimizer: Any) -> OptimizerParts:
+    """Split a rank's optimizer bytes (TrainingMemory.optimizer) into master weights and moments, in the ratio
+    of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks).
+    Derived: docs/formulas.md#mem.param_remainders"""
+    fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
+    moments_b = plan.optimizer_bytes - plan.master_bytes
+    master_b = where(fp32_shards, 0.0, plan.master_bytes)
+    share = where(master_b + moments_b > 0, master_b / maximum(master_b + moments_b, 1e-30), 0.0)
+    return OptimizerParts(master=optimizer * share, moments=optimizer - optimizer * share)
+
+
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
                               "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
 """Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a

@@ -12,6 +12,7 @@ from __future__ import annotations
 from llmplan.cost.params import stage_layer_list
 from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
                                    megatron_layout)
+from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 
 TARGET = "megatron-bridge"
@@ -92,6 +93,8 @@ def check(pf: PlanFile) -> None:
          "userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
          "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+        ("the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero 0 (Megatron-Core "
+         "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
         (f"optimizer master weights {p.optimizer_master_dtype} (Megatron-Core's main_params_dtype is float32 "
          "or float16)", p.optimizer_master_dtype in ("bf16", "none"),
          "re-plan with --optimizer-master-dtype fp32 or fp16, or export to megatron"),
@@ -118,7 +121,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """(ConfigContainer key, value) for the plan: parallelism, stages, batch, length, recompute, MoE dispatch,
     DDP / optimizer and precision. The recipe's own settings for these are overwritten, not inherited."""
     p, m = pf.plan, pf.model
-    low_states = p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32"
+    low_states = precision_aware(p)
     out: list[tuple[str, object]] = [
         ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
         ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
@@ -154,6 +157,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             *((f"optimizer.{k}", TORCH_DTYPES[p.optimizer_moment_dtype]) for k in ("exp_avg_dtype",
                                                                                    "exp_avg_sq_dtype")),
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
+    if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
+        out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
     return out
 
 

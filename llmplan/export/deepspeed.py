@@ -34,6 +34,8 @@ def check(pf: PlanFile) -> None:
          "master weights and gradients, bf16_master_weights_and_grads)",
          p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
          "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron"),
+        ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
+         "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
          "re-plan with --no-swiglu-fp8-input or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",

@@ -9,6 +9,7 @@ from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refus
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
+from llmplan.specs.plan import ParallelPlan
 
 TARGET = "megatron"
 
@@ -152,14 +153,32 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     return as_flags(pairs + cuda_graph_pairs(pf))
 
 
+def stores_remainders(p: ParallelPlan) -> bool:
+    """Whether Megatron-Core, given --use-precision-aware-optimizer, keeps the plan's fp32 master as 16-bit
+    remainders: OptimizerConfig.store_param_remainders is on by default (core_v0.13+; hard-wired on in
+    core_v0.11-0.12) and takes effect with bf16 weights whose optimizer Transformer Engine's FusedAdam runs
+    (main_params_dtype fp32 and no fp8 recipe past delayed scaling: optimizer_config.py
+    use_precision_aware_optimizer_no_fp8_or_ds_fp8; distrib_optimizer.py: an int16 master with bf16).
+    fp8 primary weights are left out: the remainder completes a bf16 weight (TE fused_adam.py)."""
+    return (p.dtype in ("bf16", "fp8", "fp4") and not p.fp8_params and p.recipe in ("tensorwise", "nvfp4")
+            and p.optimizer_master_dtype == "fp32" and p.zero >= 1)
+
+
+def precision_aware(p: ParallelPlan) -> bool:
+    """Whether the export turns on Transformer Engine's precision-aware FusedAdam: for Adam states below fp32
+    or for the master kept as remainders (param_remainders)."""
+    return p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32" or p.param_remainders
+
+
 def optimizer_state_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """Adam's state dtypes through Transformer Engine's precision-aware FusedAdam (Megatron-LM arguments.py:
     --use-precision-aware-optimizer with --main-params-dtype fp32|fp16 and --exp-avg-dtype / --exp-avg-sq-dtype
-    fp32|fp16|bf16|fp8); nothing when every state is fp32. With a bf16 model, no fp8 recipe past delayed scaling
-    and an fp32 master, Megatron-Core then keeps only the master's low 16 bits beside the bf16 weights
-    (OptimizerConfig.store_param_remainders, on by default): 2 bytes less than llmplan prices."""
+    fp32|fp16|bf16|fp8); nothing when every state is fp32 and the master is whole. With it Megatron-Core keeps
+    the master as 16-bit remainders where stores_remainders says so, and Megatron-LM has no flag to stop it
+    (training.py builds OptimizerConfig from the arguments, none of which is store_param_remainders), so
+    such a plan must say param_remainders (refusals)."""
     p = pf.plan
-    if p.optimizer_master_dtype == "fp32" and p.optimizer_moment_dtype == "fp32":
+    if not precision_aware(p):
         return []
     return [("--use-precision-aware-optimizer", True),
             ("--main-params-dtype", p.optimizer_master_dtype if p.optimizer_master_dtype != "fp32" else None),
@@ -281,6 +300,14 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
+    if precision_aware(p) and p.zero == 0:
+        raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
+                     "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
+    if precision_aware(p) and stores_remainders(p) and not p.param_remainders:
+        raise refuse(TARGET, f"an fp32 master with moments {p.optimizer_moment_dtype}: Megatron-LM's "
+                     "--use-precision-aware-optimizer then keeps the master as 16-bit remainders "
+                     "(store_param_remainders, on by default, no flag to turn it off), 2 bytes per parameter "
+                     "less than this plan prices", "re-plan with --param-remainders, or export to megatron-bridge")
     if p.optimizer_master_dtype in ("bf16", "none"):
         raise refuse(TARGET, f"optimizer master weights {p.optimizer_master_dtype} (Megatron-LM's "
                      "--main-params-dtype takes fp32 or fp16)", "re-plan with --optimizer-master-dtype fp32 or fp16")

@@ -67,6 +67,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      f"{p.optimizer_moment_dtype} (torchtitan's AdamW keeps its states in the fp32 parameter "
                      "shards' dtype)", "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, "
                      "or export to megatron")
+    if p.param_remainders:
+        raise refuse(target, "the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; "
+                     "torchtitan's fp32 parameter shards are the master)",
+                     "re-plan with --no-param-remainders, or export to megatron")
     if p.swiglu_fp8_input:
         raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
                      "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")

@@ -10,6 +10,7 @@ from rich.table import Table
 from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.goodput import Goodput
 from llmplan.cost.memory import TrainingMemory
+from llmplan.cost.model_states import optimizer_parts
 from llmplan.cost.params import ParamCounts
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
@@ -34,10 +35,12 @@ def plan_json(plan: ParallelPlan) -> dict[str, Any]:
             **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 
 
-def memory_json(mem: TrainingMemory) -> dict[str, Any]:
+def memory_json(mem: TrainingMemory, plan: ParallelPlan | None = None) -> dict[str, Any]:
     a = mem.activation_parts
     f = float
-    return {"weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
+    parts = None if plan is None else optimizer_parts(plan, mem.optimizer)
+    opt = {} if parts is None else {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)}}
+    return {**opt, "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
@@ -148,7 +151,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "plan": plan_json(e.plan),
         "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
-        "memory": memory_json(e.memory),
+        "memory": memory_json(e.memory, e.plan),
         "time": {**time_json(e.time), "sustained_fraction": sustained_fraction(e)},
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
@@ -285,10 +288,15 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     t.add_column("% of capacity", justify="right")
     t.add_column("formula", style="dim")
     a = mem.activation_parts
+    opt = optimizer_parts(p, mem.optimizer)
     rows = [
         ("weights", mem.weights, "mem.model_states"),
         ("gradients", mem.gradients, "mem.model_states"),
         ("optimizer states", mem.optimizer, "mem.model_states"),
+        ("  master as remainders" if p.param_remainders else f"  master weights ({p.optimizer_master_dtype})",
+         opt.master,
+         "mem.param_remainders" if p.param_remainders else "mem.model_states"),
+        ("  Adam moments", opt.moments, "mem.model_states"),
         ("activations", mem.activations, "mem.activations"),
         ("  transformer layers", a.layers, "mem.activations, mem.inflight"),
         ("  recompute working set", a.recompute_working, "mem.activations"),

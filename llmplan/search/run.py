@@ -105,7 +105,8 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool) -> list
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
     primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties)."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
-    allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES
+    # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
+    allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
     return [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
 

@@ -199,6 +199,16 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
                          "--swiglu-fp8-input"),
+    # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
+    # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
+    # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
+    # param type is BF16")
+    Rule("param_remainders", lambda m, p, c: (not p.param_remainders) | ((p.zero >= 1) & (p.zero <= 2)
+                                                                        & (not p.fp8_params)),
+         lambda m, p, c: f"param_remainders with zero {p.zero}{' and fp8_params' if p.fp8_params else ''}: "
+                         "Megatron-Core keeps the master as 16-bit remainders only in its distributed optimizer "
+                         "(zero 1 or 2) beside bf16 weights; "
+                         f"{'use --no-fp8-params' if p.fp8_params else 'use --zero 1'} or drop --param-remainders"),
     Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "

@@ -150,6 +150,14 @@ class ParallelPlan(PlanQuantities, Spec):
     --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; NeMo 1.x optim.dtype bf16), fp16
     or fp8 (Megatron's --exp-avg-dtype choices; a per-tensor fp32 scale, negligible). Below fp32 needs dtype
     below fp32 (docs/formulas.md#mem.model_states)."""
+    param_remainders: bool = False
+    """Megatron-Core's distributed optimizer keeps the fp32 master weights as the 16 low bits the bf16 weights
+    lack (OptimizerConfig.store_param_remainders, on by default since core_v0.11.0 whenever
+    --use-precision-aware-optimizer runs with bf16 weights; Transformer Engine >= 2.1 FusedAdam): 2 bytes per
+    master weight instead of 4. Needs an fp32 master, bf16 weights (dtype bf16, or fp8 / fp4 without
+    fp8_params) and a recipe whose optimizer Transformer Engine runs (tensorwise or nvfp4: Megatron-Core keeps
+    its own fp32 master for blockwise and MXFP8); check_plan also needs zero 1 or 2 (the distributed
+    optimizer) (docs/formulas.md#mem.param_remainders)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"
@@ -267,6 +275,23 @@ class ParallelPlan(PlanQuantities, Spec):
         return self
 
     @model_validator(mode="after")
+    def _remainders_need_bf16_weights(self) -> "ParallelPlan":
+        if not self.param_remainders:
+            return self
+        # Source: Megatron-Core optimizer_config.py (use_precision_aware_optimizer_no_fp8_or_ds_fp8) and
+        # distrib_optimizer.py (int16 master with bf16); Transformer Engine fused_adam.py (store_param_remainders)
+        why = ("an fp32 master (optimizer_master_dtype is " + self.optimizer_master_dtype + ")"
+               if self.optimizer_master_dtype != "fp32" else
+               f"bf16 weights (dtype is {self.dtype})" if self.dtype not in ("bf16", "fp8", "fp4") else
+               f"a recipe whose master Transformer Engine keeps (recipe {self.recipe}: Megatron-Core keeps its "
+               "own fp32 master for blockwise and MXFP8)" if self.recipe in ("blockwise", "mxfp8", "rowwise") else
+               None)
+        if why:
+            raise ValueError(f"param_remainders needs {why}: the 16-bit remainder rebuilds an fp32 master from "
+                             "bf16 weights only (Megatron-Core store_param_remainders); drop --param-remainders")
+        return self
+
+    @model_validator(mode="after")
     def _tokens_per_step(self) -> "ParallelPlan":
         tokens = self.global_batch * self.seq_len
         if tokens > MAX_TOKENS_PER_STEP:
@@ -339,10 +364,14 @@ class ParallelPlan(PlanQuantities, Spec):
     @property
     def master_bytes(self) -> float:
         """Bytes per parameter of Adam's master weights (optimizer_master_dtype); 0 in pure fp32 training, whose
-        weights are the master copy. Source: Megatron-LM megatron/core/optimizer/optimizer_config.py
-        (main_params_dtype); Apex DistributedFusedAdam (store_params)."""
+        weights are the master copy; 2 with param_remainders (an int16 remainder beside the bf16 weights).
+        Source: Megatron-LM megatron/core/optimizer/optimizer_config.py (main_params_dtype,
+        store_param_remainders); Apex DistributedFusedAdam (store_params)."""
         if self.dtype == "fp32":
             return 0.0
+        if self.param_remainders:
+            # Source: Megatron-Core optimizer_config.py store_param_remainders (16 low bits of the fp32 master)
+            return OPTIMIZER_STATE_BYTES["bf16"]
         return OPTIMIZER_STATE_BYTES[self.optimizer_master_dtype]
 
     @property
