@@ -53,8 +53,9 @@ from runs import runs_path  # noqa: E402
 DEFAULT_RUNS = runs_path()
 TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo2407", "megatron2020", "bridge",
                   "torchtitan", "nemocp", "automodel", "mbridge-dense", "mbridge-moe", "bloom", "megascale", "mtnlg")
-FAMILIES = TRAIN_FAMILIES + ("megascale-opt", "bridgecard", "deepseek", "trtllm")
-"""Scored, not fitted: deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
+FAMILIES = TRAIN_FAMILIES + ("megascale-opt", "bridgecard", "deepseek", "dgxc", "trtllm")
+"""Scored, not fitted: dgxc, NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B step times, the only published runs of
+a dense Mamba-2 hybrid (no MoE), kept out of the fit so that they test the Mamba-2 pricing out of sample; deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
 Megatron-Bridge verification run, kept out of the fit so that its error stays out of sample (it is the H100
 profile's best published bf16 MFU); megascale-opt, MegaScale's optimised stack (parallel transformer block,
 sliding-window attention, LAMB, fused operators: changes llmplan cannot describe), reported beside its
@@ -130,6 +131,11 @@ ASSUMPTIONS = {
                   "loss); MoE rows with the recipe's dispatcher (HybridEP read as deepep: a token once per "
                   "destination rank), its forced load balancing as random routing and its EP overlap "
                   "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
+    "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
+            "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
+            "distributed optimizer, bf16 gradient reduction, sequence parallelism and TP communication overlap, "
+            "CUDA graphs where the launch script sets them; predicts tokens/s per GPU from the printed step time; "
+            "scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
                 "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act; bf16 Adam moments, "
@@ -188,7 +194,7 @@ ASSUMPTIONS = {
 
 
 TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "bridgecard", "nemocp", "mbridge-dense",
-                  "mbridge-moe")
+                  "mbridge-moe", "dgxc")
 """Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
@@ -583,7 +589,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                                      else 0)
     if isinstance(zero, str):
         zero = 3 if "fsdp" in zero.lower() else 1
-    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan", "nemocp", "mbridge-dense", "mbridge-moe",
+    sp_default = tp > 1 and fam in ("megatron", "nemo2407", "torchtitan", "nemocp", "mbridge-dense", "mbridge-moe", "dgxc",
                                     "megascale", "megascale-opt")
     gbs = par.get("global_batch")
     # Megatron-LM's 2020 --batch-size was the per-replica batch with no gradient accumulation ("Batch size
@@ -750,7 +756,7 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
         # mfu is against bf16 for low-precision recipes, with mfu_low_precision against the recipe's format.
         mfu = e.throughput.mfu_low_precision if plan.low_precision else e.throughput.mfu
         out.append(("MFU", num(mfu), meas["mfu"]))
-    elif fam in BRIDGE_FAMILIES + ("bridgecard", "torchtitan", "automodel", "deepseek"):
+    elif fam in BRIDGE_FAMILIES + ("bridgecard", "torchtitan", "automodel", "deepseek", "dgxc"):
         out.append(("tok/s/GPU", num(e.throughput.tokens_per_s) / cluster.num_gpus, meas["tokens_per_s_per_gpu"]))
     elif fam in ("megatron", "nemo2407", "nemocp") and "tflops_per_gpu" in meas:
         out.append(("model TFLOP/s", num(e.throughput.tflops_per_gpu), meas["tflops_per_gpu"]))

@@ -49,6 +49,7 @@ PUBLISHED = {
     "gpt-oss-120b": (116.83e9, 5.13e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
     "gpt-oss-20b": (20.91e9, 3.61e9, 3, "gpt-oss model card, parameter table (active excludes the embedding)"),
     "nemotron-h-8b": (8e9, None, None, "nvidia/Nemotron-H-8B-Base-8K model card (8B)"),
+    "nemotron-h-56b": (56e9, None, None, "nvidia/Nemotron-H-56B-Base-8K model card (56B)"),
     "nemotron-3-nano": (31.6e9, 3.2e9, 2, "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, "
                         "about 3.2B active (3.6B including embeddings)"),
     "nemotron-3-super": (120.6e9, 12.7e9, 3, "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 model card: Total "
@@ -82,6 +83,7 @@ def printed(x: float, digits: int) -> set[float]:
 TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 3.6 for 1.65B and 3.56B
                         "kimi-k2": 1,  # the model card prints "1T"
                         "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2,  # "8B", "80B"
+                        "nemotron-h-56b": 2,  # "56B" for 56.32B
                         "nemotron-3.5-lightning": 1}  # "30B": its name's class, the Nano architecture's 31.6B
 
 

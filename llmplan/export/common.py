@@ -96,6 +96,7 @@ def hf_repo(model_name: str) -> str:
         "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
         "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "deepseek-v3": "deepseek-ai/DeepSeek-V3",
         "gpt-oss-120b": "openai/gpt-oss-120b", "nemotron-h-8b": "nvidia/Nemotron-H-8B-Base-8K",
+        "nemotron-h-56b": "nvidia/Nemotron-H-56B-Base-8K",
         "nemotron-3-nano": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
         "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
         "nemotron-3-super": "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "minimax-m1": "MiniMaxAI/MiniMax-M1-80k",

@@ -1,0 +1,79 @@
+"""How much of the Nemotron-3 rows' error the Mamba-2 mixer can hold, bounded by the dense hybrid's published
+step times (records dgxc-*, Nemotron-H 56B; docs/validation.md#mamba-dense-hybrid).
+
+Prints, per Mamba-2 layer and micro-batch (forward and backward), the time llmplan prices for the mixer's scan
+and traffic (the step with that cost at x1 minus x0) beside what the row leaves unplaced (measured minus
+predicted step, over its micro-batches and Mamba-2 layers); then the median signed tokens/s error per model
+when llmplan's whole Mamba-2 cost (cost.mixers.mamba_scan_flops and mamba_memory_bytes) is scaled by k. The
+scaling is an experiment on the shipped functions, not a pricing.
+
+    python benchmarks/mamba_bound.py
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+from unittest import mock
+
+import accuracy as A
+import llmplan.cost.mixers as mixers
+from llmplan.estimate import estimate_training
+from runs import load_runs
+
+ROWS = ("dgxc-2510-pretrain-nemotron-h-56b-gb200-128gpu-fp8-tp4pp1mbs2gbs384",
+        "mbridge-26.06-pretrain-nemotron-3-nano-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2",
+        "dgxc-2508-pretrain-nemotron-h-56b-h100-128gpu-fp8-tp8pp1mbs1gbs384",
+        "mbridge-26.06-pretrain-nemotron-3-nano-dgx-h100-16gpu-fp8-tp1pp1cp1ep8vpnagbs1024mbs1")
+GROUPS = (("nano", "mbridge-", "nemotron-3-nano"), ("super", "mbridge-", "nemotron-3-super"),
+          ("56b", "dgxc-", "nemotron-h-56b"), ("deepseek-v3", "mbridge-", "deepseekv3"), ("qwen3", "mbridge-", "qwen3"))
+"""(name, id prefix, id part) of the rows whose median error is printed."""
+SCAN, TRAFFIC = mixers.mamba_scan_flops, mixers.mamba_memory_bytes
+
+
+def scaled(k: float) -> Any:
+    """Patch the Mamba-2 scan FLOPs and traffic to k times the shipped functions."""
+    return mock.patch.multiple(mixers, mamba_scan_flops=lambda m: k * SCAN(m),
+                               mamba_memory_bytes=lambda m: k * TRAFFIC(m))
+
+
+def step(rec: dict) -> tuple[float, int, int, float]:
+    """(predicted step s, micro-batches per step, Mamba-2 layers, measured step s) of a tokens/s record."""
+    rid, fam = rec["id"], A.family(rec["id"])
+    name = A.record_system(rec)
+    assert name is not None, rid  # the ROWS and GROUPS records all name a GPU with a profile
+    m, system, gpus = A.model_for(rec, fam), A.builtin_systems()[name], rec["hardware"]["gpus"]
+    if A.nvlink_segment_gpus(rec, system):
+        system = system.with_options(domain_gpus=A.nvlink_segment_gpus(rec, system))
+    plan = A.plan_for(rec, fam, gpus)
+    e = estimate_training(m, A.cluster_of(system, gpus), plan)
+    measured = plan.global_batch * plan.seq_len / (rec["measured"]["tokens_per_s_per_gpu"] * gpus)
+    return float(e.time.total), plan.global_batch // (plan.dp * plan.micro_batch), m.count_layers("mamba"), measured
+
+
+def group(rid: str) -> str | None:
+    return next((name for name, prefix, part in GROUPS if rid.startswith(prefix) and part in rid), None)
+
+
+def main() -> None:
+    runs = {r["id"]: r for r in load_runs()}
+    print("per Mamba-2 layer and micro-batch, fwd+bwd: priced | unplaced")
+    for rid in ROWS:
+        with scaled(0.0):
+            without, *_ = step(runs[rid])
+        pred, n_mb, layers, measured = step(runs[rid])
+        print(f"  {rid[:64]:64s} {(pred - without) / n_mb / layers * 1e3:6.2f} ms | "
+              f"{(measured - pred) / n_mb / layers * 1e3:+6.2f} ms")
+    for k in (1.0, 2.0, 4.0, 8.0):
+        errors: dict[str, list[float]] = {}
+        with scaled(k):
+            for rid, rec in runs.items():
+                g = group(rid)
+                for quantity, pred, meas in A.predict(rec, A.family(rid)) if g else ():
+                    if quantity == "tok/s/GPU":
+                        errors.setdefault(g or "", []).append((pred / meas - 1) * 100)
+        print(f"k={k:g}: " + ", ".join(f"{g} {statistics.median(v):+.1f}% ({len(v)})" for g, v in errors.items()))
+
+
+if __name__ == "__main__":
+    main()
