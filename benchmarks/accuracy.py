@@ -186,6 +186,14 @@ Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and f
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
 
+PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
+"""Families whose pipeline sends are split over the TP ranks without SP and all-gathered on receipt
+(ParallelPlan.pp_scatter_gather): Megatron-LM 2021-22 (--no-scatter-gather-tensors-in-pipeline opted out:
+NVIDIA/Megatron-LM megatron/arguments.py and p2p_communication.py at 50a4b5fa02, Narayanan et al. 2021 §4.1)
+and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_model_parallel
+since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
+
+
 BY_MODEL = ("trtllm", "mbridge-moe")
 """Families whose errors the report also gives per model (models of one family differ in what they exercise)."""
 
@@ -575,6 +583,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
                          or mbridge) and tp > 1,
+        # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
+        # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
+        # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
+        pp_scatter_gather=fam in PP_SCATTER_GATHER,
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))

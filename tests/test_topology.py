@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.comm import dp_transfers, step_comm, tp_transfers
+from llmplan.cost.comm import dp_transfers, pp_transfers, step_comm, tp_transfers
 from llmplan.cost.params import rank_params
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -301,3 +301,26 @@ def test_estimate_has_comm_part(cli):
     assert comm["ep"]["collective"] == "all-to-all"
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--axis-order", "tp-pp")
     assert r.code == 2 and "axis order 'tp-pp'" in r.err
+
+
+def test_pp_scatter_gather_volume():
+    """Pipeline scatter/gather without SP (Narayanan et al. 2021 §4.1): each TP rank sends 2sbh/t per
+    micro-batch and direction instead of 2sbh, and the receiving stage all-gathers the 2sbh over TP (2 per
+    micro-batch); with SP the sends are already split and the switch adds nothing."""
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
+    spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-a100"], num_nodes=8))
+    s, b, h, mbs, t = 4096, 1, 8192, 8, 8
+    whole = [(x.calls, x.message) for x in pp_transfers(m, plan, spans["pp"])]
+    assert whole == [(2 * mbs, 2 * s * b * h)]
+    sg = plan.model_copy(update={"pp_scatter_gather": True})
+    assert [(x.calls, x.message) for x in pp_transfers(m, sg, spans["pp"])] == [(2 * mbs, 2 * s * b * h / t)]
+    added = sum(x.bytes for x in tp_transfers(m, sg, spans["tp"])) - sum(x.bytes for x in tp_transfers(m, plan, spans["tp"]))
+    assert added == pytest.approx(2 * mbs * (t - 1) / t * (2 * s * b * h))
+    sp = plan.model_copy(update={"sp": True})
+    for f, g in ((pp_transfers, "pp"), (tp_transfers, "tp")):
+        assert (sum(x.bytes for x in f(m, sp.model_copy(update={"pp_scatter_gather": True}), spans[g]))
+                == sum(x.bytes for x in f(m, sp, spans[g])))
+    # one stage's slice crosses its own network card: the send over InfiniBand takes about 1/t of the time
+    pp_s = {p.pp_scatter_gather: step_comm(m, p, spans, SYS["dgx-a100"]).axes["pp"].seconds for p in (plan, sg)}
+    assert pp_s[True] < pp_s[False] / 4

@@ -166,6 +166,12 @@ class ParallelPlan(PlanQuantities, Spec):
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    pp_scatter_gather: bool = False
+    """Without sp, each TP rank sends only its 1/tp slice of a stage's output (and of its gradient) to the next
+    pipeline stage, and the receiving stage all-gathers it over its TP group (Narayanan et al. 2021 §4.1:
+    Megatron-LM from 2021-02 until the pipeline moved into Megatron-Core in 2023, on by default; DeepSpeed's
+    pipeline engine, is_pipe_partitioned). Megatron-Core sends the whole replicated tensor from every TP rank
+    (docs/formulas.md#comm.pp)."""
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
