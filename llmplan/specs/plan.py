@@ -166,6 +166,12 @@ class ParallelPlan(PlanQuantities, Spec):
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    tp_backward_overlap: bool = True
+    """The backward TP collectives of the input gradients run beside the weight-gradient GEMMs (Megatron-LM's
+    asynchronous all-reduce, --async-tensor-model-parallel-allreduce, on by default since 2021-09; with sp,
+    the re-gather and reduce-scatter, Korthikanti et al. 2022 §4.2.2). False: every TP collective is
+    synchronous, as in Megatron-LM before 2021-09 and the Megatron-DeepSpeed forks of 2021-22
+    (docs/formulas.md#step.tp)."""
     pp_scatter_gather: bool = False
     """Without sp, each TP rank sends only its 1/tp slice of a stage's output (and of its gradient) to the next
     pipeline stage, and the receiving stage all-gathers it over its TP group (Narayanan et al. 2021 §4.1:
