@@ -324,3 +324,16 @@ def test_pp_scatter_gather_volume():
     # one stage's slice crosses its own network card: the send over InfiniBand takes about 1/t of the time
     pp_s = {p.pp_scatter_gather: step_comm(m, p, spans, SYS["dgx-a100"]).axes["pp"].seconds for p in (plan, sg)}
     assert pp_s[True] < pp_s[False] / 4
+
+
+def test_stack_generation_switches_on_the_cli(cli):
+    """--pp-scatter-gather and --no-tp-backward-overlap reach the plan (JSON keys) and the comm breakdown: the
+    pipeline sends shrink t-fold, the TP axis gains the receivers' all-gathers."""
+    args = ("estimate", "--model", "gpt3-175b", "--hardware", "dgx-a100", "--nodes", "16", "--tp", "8", "--pp", "8",
+            "--no-sp", "--recompute", "full", "--global-batch", "512", "--seq-len", "2048", "--json")
+    base, new = cli(*args), cli(*args, "--pp-scatter-gather", "--no-tp-backward-overlap")
+    assert base.code == 0 and new.code == 0, new.err
+    assert (base.json()["plan"]["pp_scatter_gather"], new.json()["plan"]["pp_scatter_gather"]) == (False, True)
+    assert new.json()["plan"]["tp_backward_overlap"] is False
+    assert new.json()["comm"]["pp"]["bytes"] == pytest.approx(base.json()["comm"]["pp"]["bytes"] / 8)
+    assert new.json()["comm"]["tp"]["bytes"] > base.json()["comm"]["tp"]["bytes"]
