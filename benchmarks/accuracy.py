@@ -66,8 +66,8 @@ MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
-                     "Table 1 does not say; predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
-    "korthikanti2022": "no fused attention (2022); Table 3 settings; predicts iteration time, and MFU/HFU",
+                     "Table 1 does not say; pipeline scatter/gather (PP_SCATTER_GATHER); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+    "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
                 "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; "
@@ -161,7 +161,7 @@ ASSUMPTIONS = {
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
-             "priced as the dgx-a100 profile's; predicts iteration time; the logged peak memory (read as GiB) in "
+             "priced as the dgx-a100 profile's; DeepSpeed's partitioned pipeline sends (PP_SCATTER_GATHER); predicts iteration time; the logged peak memory (read as GiB) in "
              "the memory report; out-of-memory attempts must be predicted not to fit",
     "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
@@ -172,7 +172,8 @@ ASSUMPTIONS = {
                      "recompute and the DP reduction and gather overlapped; its parallel transformer block, sliding-window attention, LAMB and fused operators "
                      "are not described; predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
-             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; predicts iteration time",
+             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions, DeepSpeed's partitioned pipeline sends "
+             "(PP_SCATTER_GATHER); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
