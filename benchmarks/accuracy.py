@@ -66,7 +66,7 @@ MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
-                     "Table 1 does not say; pipeline scatter/gather (PP_SCATTER_GATHER); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+                     "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
@@ -90,7 +90,7 @@ ASSUMPTIONS = {
                 "predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention; predicts hardware TFLOP/s",
+                    "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
@@ -161,7 +161,7 @@ ASSUMPTIONS = {
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; the network "
-             "priced as the dgx-a100 profile's; DeepSpeed's partitioned pipeline sends (PP_SCATTER_GATHER); predicts iteration time; the logged peak memory (read as GiB) in "
+             "priced as the dgx-a100 profile's; DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, SYNC_TP); predicts iteration time; the logged peak memory (read as GiB) in "
              "the memory report; out-of-memory attempts must be predicted not to fit",
     "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
@@ -172,8 +172,8 @@ ASSUMPTIONS = {
                      "recompute and the DP reduction and gather overlapped; its parallel transformer block, sliding-window attention, LAMB and fused operators "
                      "are not described; predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
-             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions, DeepSpeed's partitioned pipeline sends "
-             "(PP_SCATTER_GATHER); predicts iteration time",
+             "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions, DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, "
+             "SYNC_TP); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -193,6 +193,14 @@ PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
 NVIDIA/Megatron-LM megatron/arguments.py and p2p_communication.py at 50a4b5fa02, Narayanan et al. 2021 §4.1)
 and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_model_parallel
 since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
+
+
+SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
+"""Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
+the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
+50a4b5fa02, the release of Narayanan et al. 2021) and the Megatron-DeepSpeed forks of BLOOM
+(bigscience-workshop/Megatron-DeepSpeed megatron/mpu/layers.py: ColumnParallelLinear's backward all-reduce in
+copy_to_tensor_model_parallel_region) and MT-NLG (microsoft/Megatron-DeepSpeed, which merged it in 2023-07)."""
 
 
 BY_MODEL = ("trtllm", "mbridge-moe")
@@ -588,6 +596,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
+        # Megatron-LM's asynchronous backward TP all-reduce (--async-tensor-model-parallel-allreduce) exists from
+        # 2021-09-02 (3f65246911); the 2020 and April-2021 releases and the Megatron-DeepSpeed forks (bigscience's
+        # mpu/layers.py at 119a0d2d, microsoft's until f90b8877, 2023-07) run every TP collective synchronously
+        tp_backward_overlap=fam not in SYNC_TP,
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
