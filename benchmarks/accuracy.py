@@ -203,6 +203,14 @@ the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f6524691
 copy_to_tensor_model_parallel_region) and MT-NLG (microsoft/Megatron-DeepSpeed, which merged it in 2023-07)."""
 
 
+STEP_END_DP = ("megascale", "bloom", "mtnlg")
+"""Families whose data-parallel gradient reduction and weight gather run after the step's last backward, beside
+no compute (overlap_grad_reduce and overlap_param_gather off): MegaScale's Megatron-LM baseline ("DP overlap" is
+one of the optimisations MegaScale adds, Jiang et al. 2024, Table 3) and DeepSpeed's pipeline engine, whose
+TrainSchedule issues ReduceTiedGrads, ReduceGrads and OptimizerStep after the last step's backward
+(deepspeed/runtime/pipe/schedule.py), for Megatron-DeepSpeed's BLOOM and MT-NLG."""
+
+
 BY_MODEL = ("trtllm", "mbridge-moe")
 """Families whose errors the report also gives per model (models of one family differ in what they exercise)."""
 
@@ -614,8 +622,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         pp_schedule=par.get("pp_schedule", "1f1b"),
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
         # MegaScale's Megatron-LM baseline reduces and gathers the DP buckets after the backward, not beside it:
-        # "DP overlap" is one of the optimisations MegaScale adds (Jiang et al. 2024, Table 3, +1.2 MFU points)
-        overlap_grad_reduce=fam != "megascale", overlap_param_gather=fam != "megascale",
+        # "DP overlap" is one of the optimisations MegaScale adds (Jiang et al. 2024, Table 3, +1.2 MFU points);
+        # DeepSpeed's pipeline engine reduces after the last backward (STEP_END_DP)
+        overlap_grad_reduce=fam not in STEP_END_DP, overlap_param_gather=fam not in STEP_END_DP,
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
     )
