@@ -67,8 +67,8 @@ MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
-                     "Table 1 does not say; predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
-    "korthikanti2022": "no fused attention (2022); Table 3 settings; predicts iteration time, and MFU/HFU",
+                     "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+    "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
                 "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; "
@@ -91,7 +91,7 @@ ASSUMPTIONS = {
                 "predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention; predicts hardware TFLOP/s",
+                    "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
@@ -172,7 +172,8 @@ ASSUMPTIONS = {
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; DeepSpeed's "
              "pipeline engine: the DP reduction after the schedule and the weight gather in the optimizer step, "
-             "neither overlapped, the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
+             "neither overlapped, DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, "
+             "SYNC_TP), the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
              "all-reduce); on the jean-zay-a100 profile (4 x 100 Gb/s Omni-Path per node, BLOOM paper Section "
              "3.4.1), not the dgx-a100 one; predicts iteration time; the logged peak memory (read as GiB) in "
              "the memory report; out-of-memory attempts must be predicted not to fit",
@@ -186,7 +187,8 @@ ASSUMPTIONS = {
                      "are not described; predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
              "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; DeepSpeed's pipeline "
-             "engine's DP reduction and gather not overlapped (as bloom); predicts iteration time",
+             "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends and "
+             "synchronous TP (PP_SCATTER_GATHER, SYNC_TP); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -198,6 +200,30 @@ TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "bridge
 """Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
+
+
+PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
+"""Families whose pipeline sends are split over the TP ranks without SP and all-gathered on receipt
+(ParallelPlan.pp_scatter_gather): Megatron-LM 2021-22 (--no-scatter-gather-tensors-in-pipeline opted out:
+NVIDIA/Megatron-LM megatron/arguments.py and p2p_communication.py at 50a4b5fa02, Narayanan et al. 2021 §4.1)
+and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_model_parallel
+since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
+
+
+SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
+"""Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
+the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
+50a4b5fa02, the release of Narayanan et al. 2021) and the Megatron-DeepSpeed forks of BLOOM
+(bigscience-workshop/Megatron-DeepSpeed megatron/mpu/layers.py: ColumnParallelLinear's backward all-reduce in
+copy_to_tensor_model_parallel_region) and MT-NLG (microsoft/Megatron-DeepSpeed, which merged it in 2023-07)."""
+
+
+STEP_END_DP = ("megascale", "bloom", "mtnlg")
+"""Families whose data-parallel gradient reduction and weight gather run after the step's last backward, beside
+no compute (overlap_grad_reduce and overlap_param_gather off): MegaScale's Megatron-LM baseline ("DP overlap" is
+one of the optimisations MegaScale adds, Jiang et al. 2024, Table 3) and DeepSpeed's pipeline engine, whose
+TrainSchedule issues ReduceTiedGrads, ReduceGrads and OptimizerStep after the last step's backward
+(deepspeed/runtime/pipe/schedule.py), for Megatron-DeepSpeed's BLOOM and MT-NLG."""
 
 
 BY_MODEL = ("trtllm", "mbridge-moe")
@@ -647,6 +673,14 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
                          or mbridge) and tp > 1,
+        # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
+        # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
+        # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
+        pp_scatter_gather=fam in PP_SCATTER_GATHER,
+        # Megatron-LM's asynchronous backward TP all-reduce (--async-tensor-model-parallel-allreduce) exists from
+        # 2021-09-02 (3f65246911); the 2020 and April-2021 releases and the Megatron-DeepSpeed forks (bigscience's
+        # mpu/layers.py at 119a0d2d, microsoft's until f90b8877, 2023-07) run every TP collective synchronously
+        tp_backward_overlap=fam not in SYNC_TP,
         # AutoModel's MoE rows: DeepEP (one row per destination rank) and its FakeBalancedGate, which gives token
         # i the experts i*k .. i*k+k-1 (nemo_automodel/components/moe/layers.py at 36044ad3d)
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
@@ -665,8 +699,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # DeepSpeed's pipeline engine (BLOOM, MT-NLG) reduces the gradients in its ReduceGrads instruction after the
         # last backward of the schedule and gathers the updated weights in the optimizer step, neither beside
         # compute (deepspeed/runtime/pipe/schedule.py TrainSchedule; engine.py _exec_reduce_grads)
-        overlap_grad_reduce=fam not in DEEPSPEED_PIPE + ("megascale",),
-        overlap_param_gather=fam not in DEEPSPEED_PIPE + ("megascale",),
+        overlap_grad_reduce=fam not in STEP_END_DP, overlap_param_gather=fam not in STEP_END_DP,
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",

@@ -251,3 +251,18 @@ def test_op_checkpointing_recomputes_every_other_matmul():
     assert extra == pytest.approx(L * layer_flops(m, op, False).gemm * 19456 / 53248, rel=1e-12)
     full = estimate_training(m, cluster, ParallelPlan(recompute="full", **kw)).time.total
     assert estimate_training(m, cluster, none).time.total < estimate_training(m, cluster, op).time.total < full
+
+
+def test_synchronous_tp_exposes_every_collective():
+    """tp_backward_overlap off (Megatron-LM before its asynchronous backward all-reduce of 2021-09, the
+    Megatron-DeepSpeed forks of 2021-22): no TP collective hides, so the exposed TP time is all of the TP time;
+    on, the input-gradient all-reduces (2 of the 6 per layer under full recompute) hide partly."""
+    m, cluster = M["gpt3-175b"], ClusterSpec(system=S["dgx-a100"], num_nodes=8)
+    base = ParallelPlan(tp=8, pp=8, dp=1, sp=False, recompute="full", global_batch=64, seq_len=2048,
+                        dtype="fp16", flash_attention=False)
+    on = estimate_training(m, cluster, base)
+    off = estimate_training(m, cluster, base.model_copy(update={"tp_backward_overlap": False}))
+    assert float(off.time.exposed["tp"]) == pytest.approx(float(off.comm.axes["tp"].seconds))
+    assert float(on.time.exposed["tp"]) < float(off.time.exposed["tp"])
+    assert float(off.comm.axes["tp"].seconds) == pytest.approx(float(on.comm.axes["tp"].seconds))
+    assert off.time.total > on.time.total

@@ -55,37 +55,23 @@ def test_ring_allreduce_volume_is_hand_derived():
 
 
 def test_tp_volume_per_step():
-    """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute), and under
-    a pipeline the receiving stage's gathers of the 1/t slices (activation and gradient, per micro-batch:
-    Narayanan et al. 2021 §4.1); with SP the boundary tensor is already split and nothing is gathered."""
+    """TP without SP: 4 all-reduces of 2sbh bytes per layer and micro-batch (6 with full recompute); with SP the
+    boundary tensor is already split and Megatron re-gathers the saved shards. Pipeline scatter/gather's gathers
+    (off by default, Megatron-Core's behaviour) are tested in test_pp_scatter_gather_volume."""
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
     spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
     s, b, h, L, mbs, t = 4096, 1, 8192, 80 // 4, 8, 8
     expected = mbs * L * 4 * (2 * (t - 1) / t) * (2 * s * b * h)
-    pp_gathers = mbs * 2 * ((t - 1) / t) * (2 * s * b * h)
-    assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected + pp_gathers)
-    flat = plan.model_copy(update={"pp": 1, "dp": 8})  # no pipeline: nothing to gather (2 micro-batches, 80 layers)
+    assert sum(x.bytes for x in tp_transfers(m, plan, spans["tp"])) == pytest.approx(expected)
+    flat = plan.model_copy(update={"pp": 1, "dp": 8})  # no pipeline (2 micro-batches, 80 layers)
     assert sum(x.bytes for x in tp_transfers(m, flat, spans["tp"])) == pytest.approx(
         2 * 80 * 4 * (2 * (t - 1) / t) * (2 * s * b * h))
     sp_plan = plan.model_copy(update={"sp": True})
     regather = mbs * L * 2 * ((t - 1) / t) * (2 * s * b * h)  # Megatron re-gathers the 2 saved shards in backward
     assert sum(x.bytes for x in tp_transfers(m, sp_plan, spans["tp"])) == pytest.approx(expected + regather)
     full = plan.model_copy(update={"recompute": "full"})
-    assert sum(x.bytes for x in tp_transfers(m, full, spans["tp"])) == pytest.approx(expected * 6 / 4 + pp_gathers)
-
-
-def test_pp_sends_one_tp_slice_per_rank():
-    """Each TP rank sends 2sbh/t per boundary, micro-batch and direction, with or without SP: Megatron-LM's
-    scatter/gather (Narayanan et al. 2021 §4.1: each of the t ranks sends its 1/t of the tensor), which
-    DeepSpeed's pipeline engine also does with TP (is_pipe_partitioned, is_grad_partitioned)."""
-    m = M["llama-3.1-70b"]
-    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
-    spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-h100"], num_nodes=8))
-    s, b, h, mbs, t = 4096, 1, 8192, 8, 8
-    for sp in (False, True):
-        (x,) = pp_transfers(m, plan.model_copy(update={"sp": sp}), spans["pp"])
-        assert (x.collective, x.calls, x.message) == ("send-recv", 2 * mbs, pytest.approx(2 * s * b * h / t))
+    assert sum(x.bytes for x in tp_transfers(m, full, spans["tp"])) == pytest.approx(expected * 6 / 4)
 
 
 def test_dp_volume_per_step():
@@ -332,3 +318,39 @@ def test_estimate_has_comm_part(cli):
     assert comm["ep"]["collective"] == "all-to-all"
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--axis-order", "tp-pp")
     assert r.code == 2 and "axis order 'tp-pp'" in r.err
+
+
+def test_pp_scatter_gather_volume():
+    """Pipeline scatter/gather without SP (Narayanan et al. 2021 §4.1): each TP rank sends 2sbh/t per
+    micro-batch and direction instead of 2sbh, and the receiving stage all-gathers the 2sbh over TP (2 per
+    micro-batch); with SP the sends are already split and the switch adds nothing."""
+    m = M["llama-3.1-70b"]
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=16, seq_len=4096, sp=False)
+    spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-a100"], num_nodes=8))
+    s, b, h, mbs, t = 4096, 1, 8192, 8, 8
+    whole = [(x.calls, x.message) for x in pp_transfers(m, plan, spans["pp"])]
+    assert whole == [(2 * mbs, 2 * s * b * h)]
+    sg = plan.model_copy(update={"pp_scatter_gather": True})
+    assert [(x.calls, x.message) for x in pp_transfers(m, sg, spans["pp"])] == [(2 * mbs, 2 * s * b * h / t)]
+    added = sum(x.bytes for x in tp_transfers(m, sg, spans["tp"])) - sum(x.bytes for x in tp_transfers(m, plan, spans["tp"]))
+    assert added == pytest.approx(2 * mbs * (t - 1) / t * (2 * s * b * h))
+    sp = plan.model_copy(update={"sp": True})
+    for f, g in ((pp_transfers, "pp"), (tp_transfers, "tp")):
+        assert (sum(x.bytes for x in f(m, sp.model_copy(update={"pp_scatter_gather": True}), spans[g]))
+                == sum(x.bytes for x in f(m, sp, spans[g])))
+    # one stage's slice crosses its own network card: the send over InfiniBand takes about 1/t of the time
+    pp_s = {p.pp_scatter_gather: step_comm(m, p, spans, SYS["dgx-a100"]).axes["pp"].seconds for p in (plan, sg)}
+    assert pp_s[True] < pp_s[False] / 4
+
+
+def test_stack_generation_switches_on_the_cli(cli):
+    """--pp-scatter-gather and --no-tp-backward-overlap reach the plan (JSON keys) and the comm breakdown: the
+    pipeline sends shrink t-fold, the TP axis gains the receivers' all-gathers."""
+    args = ("estimate", "--model", "gpt3-175b", "--hardware", "dgx-a100", "--nodes", "16", "--tp", "8", "--pp", "8",
+            "--no-sp", "--recompute", "full", "--global-batch", "512", "--seq-len", "2048", "--json")
+    base, new = cli(*args), cli(*args, "--pp-scatter-gather", "--no-tp-backward-overlap")
+    assert base.code == 0 and new.code == 0, new.err
+    assert (base.json()["plan"]["pp_scatter_gather"], new.json()["plan"]["pp_scatter_gather"]) == (False, True)
+    assert new.json()["plan"]["tp_backward_overlap"] is False
+    assert new.json()["comm"]["pp"]["bytes"] == pytest.approx(base.json()["comm"]["pp"]["bytes"] / 8)
+    assert new.json()["comm"]["tp"]["bytes"] > base.json()["comm"]["tp"]["bytes"]

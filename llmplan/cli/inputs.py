@@ -134,6 +134,7 @@ def switches(s: SwitchOptions) -> dict:
     return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "flash_attention": s.flash_attention, "overlap_grad_reduce": s.overlap_grad_reduce,
             "overlap_param_gather": s.overlap_param_gather, "tp_comm_overlap": s.tp_comm_overlap,
+            "pp_scatter_gather": s.pp_scatter_gather, "tp_backward_overlap": s.tp_backward_overlap,
             "ep_comm_overlap": s.ep_comm_overlap, "moe_capacity_factor": s.moe_capacity_factor,
             "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,

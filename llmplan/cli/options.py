@@ -71,6 +71,12 @@ OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
 TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+TP_BACKWARD_OVERLAP = typer.Option(_plan("tp_backward_overlap"), "--tp-backward-overlap/--no-tp-backward-overlap",
+                                   help="Run the input gradients' TP collectives beside the weight-gradient GEMMs "
+                                        "(Megatron-LM since 2021-09); off: all TP collectives synchronous.")
+PP_SCATTER_GATHER = typer.Option(_plan("pp_scatter_gather"), "--pp-scatter-gather/--no-pp-scatter-gather",
+                                 help="Without sp: send 1/tp of a stage's output per TP rank and all-gather it "
+                                      "(Megatron-LM 2021-22, DeepSpeed's pipeline engine).")
 FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shards/--no-fp32-param-shards",
                                  help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
@@ -176,6 +182,7 @@ SWITCHES = Flags("Training switches", {
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
+    "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,

@@ -201,6 +201,8 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
     Transformer Engine, the forward ones of DTensor's with torchao float8 (its backward gathers of output
     gradients stay bf16 here).
+    Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
+    receives, 2 per micro-batch and model chunk (pp_gathers).
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
@@ -212,25 +214,36 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if gather_bytes(plan) != ACT_BYTES else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
-    # Without SP a pipeline stage receives 1/t of the boundary tensor per TP rank (pp_transfers) and gathers
-    # it over the TP group: the activation forward, its gradient backward, per micro-batch and model chunk.
-    # Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization)
-    pp_gathers = where(plan.sp, 0, where(plan.pp > 1, 2 * plan.num_microbatches * plan.vpp, 0))
     return [Transfer("all-reduce", without, S, group),
             Transfer("all-gather", quantised, gather_bytes(plan) * s * b * h, group),
-            Transfer("all-gather", bf16_gathers + pp_gathers, S, group),
-            Transfer("reduce-scatter", with_sp, S, group)]
+            Transfer("all-gather", bf16_gathers, S, group),
+            Transfer("reduce-scatter", with_sp, S, group),
+            Transfer("all-gather", pp_gathers(plan), S, group)]
+
+
+def pp_scattered(plan: ParallelPlan) -> Any:
+    """Whether a stage's output crosses to the next stage split over the TP ranks: with SP it is already
+    split; without, when pipeline scatter/gather is on (ParallelPlan.pp_scatter_gather).
+    Source: Narayanan et al. 2021 §4.1 (scatter/gather communication optimization). Derived:
+    docs/formulas.md#comm.pp"""
+    return where(plan.sp, True, where(plan.pp_scatter_gather, True, False))
+
+
+def pp_gathers(plan: ParallelPlan) -> Any:
+    """All-gathers over TP that pipeline scatter/gather adds without SP: the receiving stage rebuilds each
+    activation (forward) and gradient (backward) from the TP ranks' 1/t slices, 2 per micro-batch and chunk
+    (Megatron-LM p2p_communication.py at 50a4b5fa02, gather_split_1d_tensor; DeepSpeed PartitionedTensor.full).
+    Derived: docs/formulas.md#comm.pp"""
+    scattered = where(plan.sp, False, where(plan.pp_scatter_gather, True, False))
+    return where(scattered & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
-    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank:
-    with SP the tensor is already split along the sequence; without it each TP rank sends its 1/t slice and
-    the receiving stage gathers the slices over NVLink (tp_transfers), as Megatron-LM's
-    scatter_gather_tensors_in_pipeline and DeepSpeed's pipeline engine (is_pipe_partitioned and
-    is_grad_partitioned with TP > 1) do. Source: Narayanan et al. 2021 §4.1 (scatter/gather optimization).
+    """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
+    with SP or pipeline scatter/gather (pp_scattered), sbh from every TP rank otherwise.
     Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
-    S = ACT_BYTES * s * b * h / plan.tp
+    S = ACT_BYTES * s * b * h / where(pp_scattered(plan), plan.tp, 1)
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 
 

@@ -56,13 +56,16 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
     GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
     --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
-    first chunk. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async
-    gradient communication); Wang et al. 2022 (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
+    first chunk. With tp_backward_overlap off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2;
+    Megatron-LM tensor_parallel/layers.py (async gradient communication, 3f65246911); Wang et al. 2022
+    (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
     # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
     # (the input-gradient reduce-scatters and the row-parallel gradient gathers), by the compiler's scheduling.
     sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 4 / (8 + 4 * r))
-    backward = where(plan.sp, sp_share, 2 / (4 + 2 * r)) * tp
+    # without the asynchronous backward collectives (tp_backward_overlap off: Megatron-LM before 2021-09, the
+    # Megatron-DeepSpeed forks of 2021-22) every collective waits for its GEMM and blocks the next
+    backward = where(plan.tp_backward_overlap, where(plan.sp, sp_share, 2 / (4 + 2 * r)), 0.0) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
     chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)

@@ -97,6 +97,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.overlap_param_gather."""
     tp_comm_overlap: bool
     """ParallelPlan.tp_comm_overlap."""
+    tp_backward_overlap: bool
+    """ParallelPlan.tp_backward_overlap."""
+    pp_scatter_gather: bool
+    """ParallelPlan.pp_scatter_gather."""
     ep_comm_overlap: bool
     """ParallelPlan.ep_comm_overlap."""
     moe_dispatcher: str

@@ -183,6 +183,18 @@ class ParallelPlan(PlanQuantities, Spec):
     engine.py _bf16_reduce_grads all-reduces the fp32 gradients). docs/formulas.md#comm.dp"""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    tp_backward_overlap: bool = True
+    """The backward TP collectives of the input gradients run beside the weight-gradient GEMMs (Megatron-LM's
+    asynchronous all-reduce, --async-tensor-model-parallel-allreduce, on by default since 2021-09; with sp,
+    the re-gather and reduce-scatter, Korthikanti et al. 2022 §4.2.2). False: every TP collective is
+    synchronous, as in Megatron-LM before 2021-09 and the Megatron-DeepSpeed forks of 2021-22
+    (docs/formulas.md#step.tp)."""
+    pp_scatter_gather: bool = False
+    """Without sp, each TP rank sends only its 1/tp slice of a stage's output (and of its gradient) to the next
+    pipeline stage, and the receiving stage all-gathers it over its TP group (Narayanan et al. 2021 §4.1:
+    Megatron-LM from 2021-02 until the pipeline moved into Megatron-Core in 2023, on by default; DeepSpeed's
+    pipeline engine, is_pipe_partitioned). Megatron-Core sends the whole replicated tensor from every TP rank
+    (docs/formulas.md#comm.pp)."""
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
