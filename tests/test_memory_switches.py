@@ -43,7 +43,7 @@ def test_nvfp4_primary_weights_hold_four_bits_and_a_scale_per_16():
     plan = ParallelPlan(pp=4, tp=8, dtype="fp4", recipe="nvfp4", global_batch=64, seq_len=4096)
     kept = plan.model_copy(update={"fp8_params": True})
     assert plan.weight_bytes == 2.0 and kept.weight_bytes == pytest.approx(0.5 + 1 / 16)
-    share = plan.low_precision_layer_fraction
+    share = plan.low_precision_layer_fraction(80)
     assert _cache_per_linear_weight(plan, False) == pytest.approx(share * (1 + 2 / 16), rel=1e-12)
     assert _cache_per_linear_weight(kept, False) == pytest.approx(share * (0.5 + 1 / 16), rel=1e-12)
 
@@ -133,5 +133,5 @@ def test_low_precision_keeps_the_quantised_gemm_inputs_for_backward(dtype, recip
     low = ParallelPlan(**base, dtype=dtype, recipe=recipe)
     s, h, t = 4096, m.hidden_size, 8
     elements = s * (2 * h / t + (m.num_attention_heads * m.d_head + m.intermediate_size) / t)
-    share = low.low_precision_layer_fraction
+    share = low.low_precision_layer_fraction(m.num_hidden_layers)
     assert float(bf16 - layer_activation_bytes(m, low, False)) == pytest.approx((2 - kept) * share * elements)

@@ -139,6 +139,7 @@ def switches(s: SwitchOptions) -> dict:
             "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
             "fp32_param_shards": s.fp32_param_shards, "swiglu_fp8_input": s.swiglu_fp8_input, "moe_dispatcher": s.moe_dispatcher,
+            "bf16_layers_start": s.bf16_layers_start, "bf16_layers_end": s.bf16_layers_end,
             "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype,
             "param_remainders": s.param_remainders}

@@ -94,6 +94,13 @@ MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
 MOE_DISPATCH_SMS = typer.Option(None, "--moe-dispatch-sms", min=1, max=1024,
                                 help="SMs of deepep's dispatch / combine kernels (Megatron "
                                      "moe_flex_dispatcher_num_sms; default 20).")
+BF16_LAYERS_START = typer.Option(None, "--bf16-layers-start", min=0, max=1 << 16,
+                                 help="With --precision fp8-* / mxfp8 / nvfp4: layers at the start of the stack "
+                                      "kept in bf16 (Megatron --num-layers-at-start-in-bf16; default: the "
+                                      "recipe's, NVFP4 the last 15%, fp8 none).")
+BF16_LAYERS_END = typer.Option(None, "--bf16-layers-end", min=0, max=1 << 16,
+                               help="Layers at the end of the stack kept in bf16 (Megatron "
+                                    "--num-layers-at-end-in-bf16); one of the two given: the other is 0.")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
@@ -185,6 +192,7 @@ SWITCHES = Flags("Training switches", {
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "axis_order": AXIS_ORDER})

@@ -130,7 +130,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
-    per_element = (CAST_BYTES[plan.recipe] + transposed) * plan.low_precision_layer_fraction
+    per_element = (CAST_BYTES[plan.recipe] + transposed) * plan.low_precision_layer_fraction(m.num_hidden_layers)
     return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
 
 

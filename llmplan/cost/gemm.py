@@ -184,7 +184,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                 fwd, bwd = fwd + whole, bwd + 2 * whole
         return fwd, bwd
 
-    share = plan.low_precision_layer_fraction
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     low = seconds(plan.gemm_format)
     if share == 1.0:
         return low

@@ -94,5 +94,5 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams,
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
     vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
-    linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction
+    linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
     return where((plan.zero >= 3) & (plan.pp == 1), 0.0, linear * max(per_weight, 0.0))

@@ -72,6 +72,13 @@ def _as_bool(x: Any) -> Any:
     return np.asarray(x, dtype=bool)
 
 
+def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
+    """Each pinned bf16 layer count within one pipeline stage's share of the layers (num_layers // pp), as
+    Megatron-Core's TransformerConfig requires; elementwise over the search's arrays."""
+    per_stage = m.num_hidden_layers // p.pp
+    return ((p.bf16_layers_start or 0) <= per_stage) & ((p.bf16_layers_end or 0) <= per_stage)
+
+
 def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     """The plan's recompute_modules that name a kind of layer the model lacks."""
     has = {"mla_up_proj": m.is_mla, "moe": m.is_moe, "moe_act": m.is_moe, "shared_experts": bool(m.shared_ffn)}
@@ -209,6 +216,16 @@ RULES: tuple[Rule, ...] = (
                          "Megatron-Core keeps the master as 16-bit remainders only in its distributed optimizer "
                          "(zero 1 or 2) beside bf16 weights; "
                          f"{'use --no-fp8-params' if p.fp8_params else 'use --zero 1'} or drop --param-remainders"),
+    Rule("bf16_layers", lambda m, p, c: (p.bf16_layers_start or 0) + (p.bf16_layers_end or 0) <= m.num_hidden_layers,
+         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) + bf16_layers_end ({p.bf16_layers_end or 0}) "
+                         f"exceeds {m.name}'s {m.num_hidden_layers} layers: the layers kept in bf16 are counted within "
+                         f"the stack; give at most {m.num_hidden_layers} in all with --bf16-layers-start / "
+                         "--bf16-layers-end"),
+    Rule("bf16_layers_stage", lambda m, p, c: _bf16_stage_ok(m, p),
+         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) / bf16_layers_end ({p.bf16_layers_end or 0}) "
+                         f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "
+                         f"layers / pp {p.pp}): Megatron-Core keeps each count within one stage (TransformerConfig "
+                         "num_layers_at_start_in_bf16 / _end_); lower them or use a smaller --pp"),
     Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "

@@ -111,6 +111,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
+    bf16_layers_start: int | None
+    """ParallelPlan.bf16_layers_start; None: the recipe's default."""
+    bf16_layers_end: int | None
+    """ParallelPlan.bf16_layers_end; None: the recipe's default."""
     swiglu_fp8_input: bool
     """ParallelPlan.swiglu_fp8_input."""
     grad_dtype: str | None

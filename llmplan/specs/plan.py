@@ -10,8 +10,8 @@ from pydantic import Field, field_validator, model_validator
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
-    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, has_layout,
-    resolve_etp,
+    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
+    has_layout, resolve_etp,
 )
 from llmplan.specs.schedule import ScheduleName
 
@@ -137,6 +137,15 @@ class ParallelPlan(PlanQuantities, Spec):
     delayed or current scaling), rowwise (torchao), blockwise (1x128 activations, 128x128 weights,
     DeepSeek-V3 style), MXFP8 (32-element blocks, E8M0 scales; Blackwell) or NVFP4 (16-element blocks, E4M3
     scales; fp4 only)."""
+    bf16_layers_start: Optional[int] = Field(default=None, ge=0, le=1 << 16)
+    """With dtype fp8 / fp4, transformer layers at the start of the stack whose GEMMs stay in bf16 (Megatron
+    --first-last-layers-bf16 --num-layers-at-start-in-bf16 N). None, with bf16_layers_end None too: the recipe's
+    default (NVFP4 keeps the last 15% of the layers in bf16, arXiv 2509.25149; the fp8 recipes none, as
+    Megatron-Core); one of the two pinned: the other is 0 (docs/formulas.md#precision)."""
+    bf16_layers_end: Optional[int] = Field(default=None, ge=0, le=1 << 16)
+    """With dtype fp8 / fp4, transformer layers at the end of the stack whose GEMMs stay in bf16 (Megatron
+    --num-layers-at-end-in-bf16 N; Megatron-Bridge's Nemotron-3 Super NVFP4 preset keeps 14). None: as
+    bf16_layers_start says."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     optimizer_master_dtype: OptimizerMasterDtype = "fp32"
@@ -266,6 +275,11 @@ class ParallelPlan(PlanQuantities, Spec):
                              "fp8-blockwise, mxfp8")
         if self.recipe != "tensorwise" and not self.low_precision:
             raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
+        pinned = [f"{k} {v}" for k, v in (("bf16_layers_start", self.bf16_layers_start),
+                                          ("bf16_layers_end", self.bf16_layers_end)) if v]
+        if pinned and not self.low_precision:
+            raise ValueError(f"{' and '.join(pinned)} with dtype {self.dtype}: layers kept in bf16 are an exception "
+                             "to an fp8 / fp4 recipe; give --precision (e.g. nvfp4, mxfp8) or drop the bf16 layers")
         return self
 
     @model_validator(mode="after")

@@ -15,9 +15,24 @@ if TYPE_CHECKING:
 RECIPE_GEMM_FORMAT = {"tensorwise": "fp8", "rowwise": "fp8", "blockwise": "fp8", "mxfp8": "mxfp8", "nvfp4": "fp4"}
 """The tensor-core format (GpuSpec.tflops key) a recipe's GEMMs run in."""
 NVFP4_LAYER_FRACTION = 0.85
-"""Share of the transformer layers whose GEMMs run in NVFP4; the last ones stay in bf16. Source: NVIDIA,
-"Pretraining Large Language Models with NVFP4" (arXiv 2509.25149, a few final layers kept in BF16) and
-torchtitan 0.3's `*_first_85_pct_layers_nvfp4` configs."""
+"""Share of the transformer layers whose GEMMs run in NVFP4 when the plan pins no bf16 layers (the recipe's
+default): the last round(15% x L) stay in bf16. Source: NVIDIA, "Pretraining Large Language Models with NVFP4"
+(arXiv 2509.25149, ~16% of the linear layers, the final blocks, kept in BF16) and torchtitan 0.3's
+`*_first_85_pct_layers_nvfp4` configs."""
+
+
+def bf16_layer_counts(plan: Any, num_layers: int) -> tuple[int, int]:
+    """(layers at the start, layers at the end) of the stack whose GEMMs stay in bf16 under the plan's fp8 /
+    fp4 recipe: the plan's bf16_layers_start / bf16_layers_end where pinned, else the recipe's default (NVFP4
+    the last round(15% x L), the fp8 recipes none: Megatron-Core's first_last_layers_bf16 is off by default).
+    (0, 0) without a low-precision recipe. Source: Megatron-LM transformer_config.py (first_last_layers_bf16,
+    num_layers_at_start_in_bf16, num_layers_at_end_in_bf16); arXiv 2509.25149 for the NVFP4 default."""
+    if plan.dtype not in ("fp8", "fp4"):
+        return 0, 0
+    start, end = plan.bf16_layers_start, plan.bf16_layers_end
+    pinned = start is not None or end is not None  # one pinned: the other is 0, as the launchers read it
+    default_end = 0 if pinned or plan.recipe != "nvfp4" else int(round(num_layers * (1 - NVFP4_LAYER_FRACTION)))
+    return (0 if start is None else int(start)), (default_end if end is None else int(end))
 
 
 ETP_SAME_AS_TP = 0
@@ -163,10 +178,12 @@ class PlanQuantities(_QuantityInputs):
         """The tensor-core format of the layers' GEMMs (a GpuSpec.tflops key)."""
         return RECIPE_GEMM_FORMAT[self.recipe] if self.low_precision else self.dtype
 
-    @property
-    def low_precision_layer_fraction(self) -> float:
-        """Share of the transformer layers whose GEMMs run in the low format."""
-        return NVFP4_LAYER_FRACTION if self.low_precision and self.recipe == "nvfp4" else 1.0
+    def low_precision_layer_fraction(self, num_layers: int) -> float:
+        """Share of the model's `num_layers` transformer layers whose GEMMs run in the low format: all but
+        the bf16 layers at the start and end of the stack (bf16_layer_counts); the average layer mixes both.
+        Derived: docs/formulas.md#precision"""
+        start, end = bf16_layer_counts(self, num_layers)
+        return max(0.0, 1.0 - (start + end) / num_layers) if num_layers > 0 else 1.0
 
     @property
     def mfu_format(self) -> str:
