@@ -14,6 +14,7 @@ from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezv
                                    megatron_layout)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
+from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "megatron-bridge"
 VERSION = "0.6.2"
@@ -49,6 +50,21 @@ grad_reduce_in_fp32). The preset's values reach the model, optimizer and DDP con
 their fields of the same name), so the plan must match them."""
 
 
+PRESET_BF16_LAYERS: dict[str, tuple[int, int]] = {
+    "bf16_with_fp8_current_scaling_mixed": (1, 1), "nemotron_h_bf16_with_fp8_current_scaling_mixed": (2, 2),
+    "nemotron_3_super_bf16_with_nvfp4_mixed": (0, 14),
+}
+"""Transformer layers at the start / end each preset keeps in bf16 (first_last_layers_bf16 with
+num_layers_at_start_in_bf16 / _end_in_bf16 in megatron/bridge/training/mixed_precision.py at 067f987d; the
+presets not listed keep none)."""
+ALTERNATE_PRESETS: dict[tuple[str, str, int, int], str] = {
+    ("fp8", "tensorwise", 2, 2): "nemotron_h_bf16_with_fp8_current_scaling_mixed",
+    ("fp4", "nvfp4", 0, 14): "nemotron_3_super_bf16_with_nvfp4_mixed",
+}
+"""(dtype, recipe, bf16 layers at the start, at the end) -> the preset that keeps those layers in bf16 where the
+base preset of PRESETS keeps others (same weights and gradient settings)."""
+
+
 def preset(pf: PlanFile) -> str:
     p = pf.plan
     key = (p.dtype, p.recipe if p.dtype in ("fp8", "fp4") else "")
@@ -67,6 +83,14 @@ def preset(pf: PlanFile) -> str:
         raise refuse(TARGET, f"{p.grad_dtype} gradient reduction with {p.dtype} (its preset {name} sets "
                      f"grad_reduce_in_fp32 {str(grad_fp32).lower()})",
                      f"re-plan with --grad-dtype {'fp32' if grad_fp32 else 'bf16'}")
+    counts = bf16_layer_counts(p, pf.model.num_hidden_layers)
+    name = ALTERNATE_PRESETS.get((*key, *counts), name)
+    kept = PRESET_BF16_LAYERS.get(name, (0, 0))
+    if p.dtype in ("fp8", "fp4") and counts != kept:
+        raise refuse(TARGET, f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} "
+                     f"{p.recipe} (its preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field "
+                     "override)", f"re-plan with --bf16-layers-start {kept[0]} --bf16-layers-end {kept[1]}, or "
+                     "export to megatron (--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
     return name
 
 
@@ -212,11 +236,7 @@ def arrays(pf: PlanFile) -> str:
     """The shell lines that define the recipe, its training length and the overrides (checked first)."""
     check(pf)
     args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
-    note = ""
-    if pf.plan.dtype == "fp8" and pf.plan.recipe == "tensorwise":
-        note = ("# bf16_with_fp8_current_scaling_mixed keeps the first and the last transformer layer in bf16 "
-                "(Megatron-Bridge's preset)\n")
-    return note + "\n".join([
+    return "\n".join([
         "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
         f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
         "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",

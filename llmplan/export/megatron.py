@@ -10,6 +10,7 @@ from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_lay
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "megatron"
 
@@ -143,13 +144,16 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe) if p.dtype == "fp8" else None
+    if p.dtype == "fp8" and recipe is None and bf16_layer_pairs(pf):  # Megatron-Core refuses bf16 layers with
+        recipe = "tensorwise"                                         # delayed scaling: current scaling
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
               ("--fp8-recipe", recipe),
               ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
-              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf)]
+              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
+              *bf16_layer_pairs(pf)]
     return as_flags(pairs + cuda_graph_pairs(pf))
 
 
@@ -168,6 +172,17 @@ def precision_aware(p: ParallelPlan) -> bool:
     """Whether the export turns on Transformer Engine's precision-aware FusedAdam: for Adam states below fp32
     or for the master kept as remainders (param_remainders)."""
     return p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32" or p.param_remainders
+
+
+def bf16_layer_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The layers the plan keeps in bf16 under its fp8 / fp4 recipe (TransformerConfig.first_last_layers_bf16,
+    num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, Megatron-LM at d98e8a6; both counts written, as
+    Megatron-Core's default for each is 1)."""
+    start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
+    if not start + end:
+        return []
+    return [("--first-last-layers-bf16", True), ("--num-layers-at-start-in-bf16", start),
+            ("--num-layers-at-end-in-bf16", end)]
 
 
 def optimizer_state_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -262,6 +277,13 @@ def built_mtp(pf: PlanFile) -> int:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
+    start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
+    per_stage = pf.model.num_hidden_layers // pf.plan.pp
+    if max(start, end) > per_stage:
+        raise refuse(TARGET, f"{start} / {end} layers kept in bf16 at the start / end with pp {pf.plan.pp} "
+                     f"(Megatron-Core keeps each count within one stage's {per_stage} layers; the NVFP4 default is "
+                     "the last 15% of the stack)", f"re-plan with --bf16-layers-end {per_stage} (or fewer) or a "
+                     "smaller --pp")
     if pf.model.is_hybrid:
         check_hybrid(pf)
     if pf.model.is_sparse_attention:

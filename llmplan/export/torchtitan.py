@@ -15,6 +15,7 @@ from __future__ import annotations
 from llmplan.export.common import (header_lines, hf_repo, launcher_schedule, need_mode, refuse, sh_header,
                                    virtual_stage_layers)
 from llmplan.planfile import PlanFile
+from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "torchtitan"
 AC_MODE = {"none": "none", "full": "full", "op": "selective"}
@@ -71,6 +72,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; "
                      "torchtitan's fp32 parameter shards are the master)",
                      "re-plan with --no-param-remainders, or export to megatron")
+    if sum(bf16_layer_counts(p, pf.model.num_hidden_layers)):
+        raise refuse(target, "transformer layers kept in bf16 under the fp8 recipe (Megatron's "
+                     "--first-last-layers-bf16; this export writes no per-layer float8 filter)",
+                     "re-plan with --bf16-layers-start 0 --bf16-layers-end 0, or export to megatron")
     if p.swiglu_fp8_input:
         raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
                      "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
