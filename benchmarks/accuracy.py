@@ -508,6 +508,26 @@ set []), 25.09 (its presets were not read), 26.08 (v0.6.0 moved the presets out 
 read) and Qwen3 (no preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
 
 
+def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int | None]:
+    """(start, end) layers a Megatron-Bridge performance preset keeps in bf16 under its fp8 / fp4 recipe
+    (ParallelPlan.bf16_layers_start / _end; (None, None), the recipe's default, for other rows). The performance
+    scripts turn the current-scaling preset's 1 / 1 off (scripts/performance/utils/helpers.py, 'Disable BF16
+    Transformer layers in the performance config', from 3135dc04 before v0.1.0rc4; utils/precision.py and
+    perf_recipes/_common.py _perf_precision at 067f987d); bf16_with_mxfp8_mixed, the subchannel and
+    bf16_with_nvfp4_mixed presets keep none (training/mixed_precision.py at 067f987d). Nemotron-3 Super's NVFP4
+    presets keep the last 14 (nemotron_3_super_bf16_with_nvfp4_mixed: num_layers_at_end_in_bf16 = 14, start 0,
+    from 53d40d1b, v0.4.0; perf_recipes/nemotronh/common.py _nemotron_3_super_nvfp4_precision), GPT-OSS 20B's
+    the last 4 (perf_recipes/gpt_oss/common.py _gpt_oss_20b_nvfp4_precision)."""
+    if fam not in BRIDGE_FAMILIES or dtype not in ("fp8", "fp4"):
+        return None, None
+    rid = rec["id"]
+    if dtype == "fp4" and "nemotron-3-super" in rid:
+        return 0, 14
+    if dtype == "fp4" and "gpt-oss-20b" in rid:
+        return 0, 4
+    return 0, 0
+
+
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     """The recompute_modules of an mbridge MoE row's preset (MBRIDGE_RECOMPUTE_MODULES; () elsewhere)."""
     if family(rec["id"]) != "mbridge-moe":
@@ -716,6 +736,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
+        bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
     )
 
 
