@@ -691,8 +691,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
+        # Megatron-Bridge's Llama 3 / 3.1 NVFP4 presets turn the TP overlap off (scripts/performance/configs/llama/
+        # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";
+        # perf_recipes/llama/*/llama3*.py at 067f987d: tp_comm_overlap False in the NVFP4 builders)
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
-                         or mbridge) and tp > 1,
+                         or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
+                                                         and "llama" in rec["id"]),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
