@@ -21,7 +21,7 @@ from llmplan.report.common import (ReportTable, SCHEMA, billions, counted, fabri
 from llmplan.units import DAY, GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan, bf16_layer_counts
 
 PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "micro_batch", "global_batch",
              "seq_len", "dtype")
@@ -162,8 +162,17 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"context_extension": ext} if (ext := context_extension(e.model, e.plan)) else {}),
+        **({"bf16_layers": bf16_layers_json(e.model, e.plan)} if e.plan.low_precision else {}),
         **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
+
+
+def bf16_layers_json(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
+    """The layers a low-precision plan keeps in bf16 as priced: the pinned counts or the recipe's default, and
+    the share of the layers whose GEMMs run in the recipe's format (docs/formulas.md#precision)."""
+    start, end = bf16_layer_counts(plan, m.num_hidden_layers)
+    return {"start": start, "end": end, "pinned": plan.bf16_layers_start is not None or plan.bf16_layers_end is not None,
+            "low_precision_layer_fraction": plan.low_precision_layer_fraction(m.num_hidden_layers)}
 
 
 def context_extension(m: Any, plan: ParallelPlan) -> dict[str, Any] | None:
