@@ -41,7 +41,7 @@ gather_along_first_dim gathers delayed / current-scaling fp8, blockwise, MXFP8 a
 PrepareFloat8ModuleInput casts before the forward gather). torchao's rowwise recipe gathers in bf16."""
 
 
-def gather_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+def gather_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes per element of the TP all-gathers of a low-precision plan's quantised GEMM inputs (its layers
     kept in bf16 gather bf16). Derived: docs/formulas.md#comm.tp"""
     if not plan.low_precision or plan.recipe not in QUANTIZED_GATHER_BYTES:
@@ -212,7 +212,7 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
-    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if gather_bytes(m, plan) != ACT_BYTES else 0
+    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(gather_bytes(m, plan) != ACT_BYTES) else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
     return [Transfer("all-reduce", without, S, group),
             Transfer("all-gather", quantised, gather_bytes(m, plan) * s * b * h, group),

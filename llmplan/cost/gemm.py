@@ -186,7 +186,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
 
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     low = seconds(plan.gemm_format)
-    if share == 1.0:
+    if np.all(share == 1.0):
         return low
     high = seconds("bf16")
     return share * low[0] + (1 - share) * high[0], share * low[1] + (1 - share) * high[1]

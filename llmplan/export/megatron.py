@@ -277,13 +277,6 @@ def built_mtp(pf: PlanFile) -> int:
 
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
-    start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
-    per_stage = pf.model.num_hidden_layers // pf.plan.pp
-    if max(start, end) > per_stage:
-        raise refuse(TARGET, f"{start} / {end} layers kept in bf16 at the start / end with pp {pf.plan.pp} "
-                     f"(Megatron-Core keeps each count within one stage's {per_stage} layers; the NVFP4 default is "
-                     "the last 15% of the stack)", f"re-plan with --bf16-layers-end {per_stage} (or fewer) or a "
-                     "smaller --pp")
     if pf.model.is_hybrid:
         check_hybrid(pf)
     if pf.model.is_sparse_attention:

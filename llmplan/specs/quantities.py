@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-from llmplan.arith import maximum, where
+from llmplan.arith import maximum, minimum, where
 
 if TYPE_CHECKING:
     from llmplan.specs.plan import ParallelPlan
@@ -21,17 +21,20 @@ default): the last round(15% x L) stay in bf16. Source: NVIDIA, "Pretraining Lar
 `*_first_85_pct_layers_nvfp4` configs."""
 
 
-def bf16_layer_counts(plan: Any, num_layers: int) -> tuple[int, int]:
+def bf16_layer_counts(plan: Any, num_layers: int) -> tuple[Any, Any]:
     """(layers at the start, layers at the end) of the stack whose GEMMs stay in bf16 under the plan's fp8 /
     fp4 recipe: the plan's bf16_layers_start / bf16_layers_end where pinned, else the recipe's default (NVFP4
-    the last round(15% x L), the fp8 recipes none: Megatron-Core's first_last_layers_bf16 is off by default).
+    the last round(15% x L), at most one pipeline stage's L // pp, the bound Megatron-Core puts on each count;
+    the fp8 recipes none: Megatron-Core's first_last_layers_bf16 is off by default). Python ints for one plan,
+    arrays over the search's plans where the default follows their pp.
     (0, 0) without a low-precision recipe. Source: Megatron-LM transformer_config.py (first_last_layers_bf16,
     num_layers_at_start_in_bf16, num_layers_at_end_in_bf16); arXiv 2509.25149 for the NVFP4 default."""
     if plan.dtype not in ("fp8", "fp4"):
         return 0, 0
     start, end = plan.bf16_layers_start, plan.bf16_layers_end
     pinned = start is not None or end is not None  # one pinned: the other is 0, as the launchers read it
-    default_end = 0 if pinned or plan.recipe != "nvfp4" else int(round(num_layers * (1 - NVFP4_LAYER_FRACTION)))
+    default_end = (0 if pinned or plan.recipe != "nvfp4" else
+                   minimum(int(round(num_layers * (1 - NVFP4_LAYER_FRACTION))), num_layers // plan.pp))
     return (0 if start is None else int(start)), (default_end if end is None else int(end))
 
 
@@ -178,12 +181,12 @@ class PlanQuantities(_QuantityInputs):
         """The tensor-core format of the layers' GEMMs (a GpuSpec.tflops key)."""
         return RECIPE_GEMM_FORMAT[self.recipe] if self.low_precision else self.dtype
 
-    def low_precision_layer_fraction(self, num_layers: int) -> float:
+    def low_precision_layer_fraction(self, num_layers: int) -> Any:
         """Share of the model's `num_layers` transformer layers whose GEMMs run in the low format: all but
         the bf16 layers at the start and end of the stack (bf16_layer_counts); the average layer mixes both.
         Derived: docs/formulas.md#precision"""
         start, end = bf16_layer_counts(self, num_layers)
-        return max(0.0, 1.0 - (start + end) / num_layers) if num_layers > 0 else 1.0
+        return maximum(0.0, 1.0 - (start + end) / num_layers) if num_layers > 0 else 1.0
 
     @property
     def mfu_format(self) -> str:
