@@ -741,6 +741,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
+        # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
+        # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at
+        # 067f987d): attention (linear_qkv, linear_proj) and latent projections in BF16; its MTP in BF16 and Mamba
+        # out_proj in MXFP8 are not priced
+        bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
+        and "nemotron-3-super" in rec["id"] else (),
     )
 
 

@@ -107,7 +107,7 @@ def test_megatron_export_writes_the_flags_megatron_parses():
 
 
 def test_launchers_without_the_switch_refuse_in_one_line():
-    with pytest.raises(CannotExpress, match="layers kept in bf16"):
+    with pytest.raises(CannotExpress, match="layers or modules kept in bf16"):
         render_all(_plan_file(dtype="fp8", recipe="rowwise", zero=2, bf16_layers_end=2), "torchtitan")
     with pytest.raises(CannotExpress, match="keeps 0 / 0"):  # bf16_with_mxfp8_mixed keeps none
         render_all(_plan_file(dtype="fp8", recipe="mxfp8", fp8_params=True, bf16_layers_end=2), "megatron-bridge")
@@ -154,3 +154,42 @@ def test_the_search_prices_them_as_the_scalar_estimate(pins):
         scalar = estimate_training(m, cluster, plans.plan(int(i)))
         assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
         assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+
+
+def test_modules_kept_in_bf16_price_their_gemms_in_bf16():
+    # Megatron-Bridge's Nemotron-3 Super NVFP4 presets (te_quant.cfg, v0.4.0 - v0.6.0): *.linear_qkv,
+    # *.linear_proj and *mlp.fc[12]_latent_proj in BF16, the other linears in NVFP4.
+    m, gpu = M["nemotron-3-super"], S["gb300-nvl72"].gpu
+    base = {**PLAN, "tp": 1, "dp": 8, "ep": 8, "bf16_layers_end": 0}
+    t = {mods: float(sum(layer_gemm_seconds(m, nvfp4(**base, bf16_modules=mods), gpu, True)))
+         for mods in ((), ("attention",), ("latent_proj",), ("attention", "latent_proj"))}
+    both = t[("attention", "latent_proj")] - t[()]
+    assert 0 < t[("attention",)] - t[()] < both and 0 < t[("latent_proj",)] - t[()] < both
+    assert both == pytest.approx((t[("attention",)] - t[()]) + (t[("latent_proj",)] - t[()]), rel=1e-9)
+    t_bf16 = float(sum(layer_gemm_seconds(m, ParallelPlan(**{**base, "bf16_layers_end": None}), gpu, True)))
+    assert t[("attention", "latent_proj")] < t_bf16
+    # a model without the module: check_plan names it
+    assert "bf16_modules" in [v.rule for v in check_plan(M["llama-3.1-70b"], nvfp4(bf16_modules=("latent_proj",)))]
+    assert "bf16_modules" not in [v.rule for v in check_plan(m, nvfp4(**base, bf16_modules=("latent_proj",)))]
+
+
+def test_modules_on_the_command_line_and_in_the_megatron_export(cli):
+    import yaml
+
+    from test_export import parse_megatron
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "nvfp4",
+            "--global-batch", "64", "--bf16-modules", "attention", "--json")
+    assert r.code == 0 and r.json()["plan"]["bf16_modules"] == ["attention"], r.err
+    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "nvfp4",
+              "--bf16-modules", "router")
+    assert bad.code == 2 and "--bf16-modules router" in bad.err and len(bad.err.strip().splitlines()) == 1
+    pf = _plan_file(dtype="fp4", recipe="nvfp4", fp8_params=True, bf16_modules=("attention",))
+    files, _ = render_all(pf, "megatron")
+    ns, _ = parse_megatron(files["megatron_pretrain.sh"])
+    assert ns.te_precision_config_file.endswith("/te_precision.yaml")
+    cfg = yaml.safe_load(files["te_precision.yaml"])  # Megatron-Core's quantization recipe format
+    assert cfg["configs"]["bf16"]["training_recipe"] == {}
+    assert sorted(x["pattern"] for x in cfg["matchers"].values()) == ["*.linear_proj", "*.linear_qkv"]
+    with pytest.raises(CannotExpress, match="model.quant_recipe"):
+        render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"bf16_layers_end": 0})),
+                   "megatron-bridge")

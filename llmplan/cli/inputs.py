@@ -16,7 +16,7 @@ from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
-                                OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES,
+                                OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, BF16_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
@@ -139,10 +139,20 @@ def switches(s: SwitchOptions) -> dict:
             "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
             "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
             "fp32_param_shards": s.fp32_param_shards, "swiglu_fp8_input": s.swiglu_fp8_input, "moe_dispatcher": s.moe_dispatcher,
-            "bf16_layers_start": s.bf16_layers_start, "bf16_layers_end": s.bf16_layers_end,
+            "bf16_layers_start": s.bf16_layers_start, "bf16_layers_end": s.bf16_layers_end, "bf16_modules": parse_bf16_modules(s.bf16_modules),
             "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype,
             "param_remainders": s.param_remainders}
+
+
+def parse_bf16_modules(text: str | None) -> tuple[str, ...]:
+    """--bf16-modules "attention,latent_proj" -> ("attention", "latent_proj"); an unknown name is an error."""
+    names = tuple(x.strip() for x in (text or "").replace(" ", ",").split(",") if x.strip())
+    unknown = [x for x in names if x not in BF16_MODULES]
+    if unknown:
+        raise LlmplanError(f"--bf16-modules {', '.join(unknown)}: not a module llmplan can keep in bf16; use a "
+                           f"comma-separated list of {', '.join(BF16_MODULES)}")
+    return names
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:

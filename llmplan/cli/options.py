@@ -101,6 +101,9 @@ BF16_LAYERS_START = typer.Option(None, "--bf16-layers-start", min=0, max=1 << 16
 BF16_LAYERS_END = typer.Option(None, "--bf16-layers-end", min=0, max=1 << 16,
                                help="Layers at the end of the stack kept in bf16 (Megatron "
                                     "--num-layers-at-end-in-bf16); one of the two given: the other is 0.")
+BF16_MODULES = typer.Option(None, "--bf16-modules",
+                            help="With --precision fp8-* / mxfp8 / nvfp4: modules kept in bf16 in every layer, "
+                                 "comma-separated (attention, latent_proj; Megatron --te-precision-config-file).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
@@ -192,7 +195,7 @@ SWITCHES = Flags("Training switches", {
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
-    "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END,
+    "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "axis_order": AXIS_ORDER})

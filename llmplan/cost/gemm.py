@@ -148,6 +148,20 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
+def bf16_module_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool, n: int) -> frozenset[int]:
+    """Indices into layer_gemms' list (of n) of the matmuls plan.bf16_modules keeps in bf16 under a low-precision
+    recipe: the attention projections (the list's first entries) and a latent MoE's two projections (its last).
+    Derived: docs/formulas.md#precision"""
+    if not plan.low_precision or not plan.bf16_modules:
+        return frozenset()
+    kept: set[int] = set()
+    if "attention" in plan.bf16_modules and attention_share(m):
+        kept |= set(range(len(attention_shapes(m, 1))))
+    if "latent_proj" in plan.bf16_modules and moe and m.moe_latent_size:
+        kept |= {n - 2, n - 1}
+    return frozenset(kept)
+
+
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
     """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
     harmonic mean of the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the
@@ -167,11 +181,15 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
 
-    def seconds(fmt: str) -> tuple[Any, Any]:
+    kept = bf16_module_gemms(m, plan, moe, len(gemms))
+
+    def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
         # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
-        scale = where(total > 0, flops / where(total > 0, total, 1.0), 0.0) / gpu.sustained_flops(fmt)
+        per_flop = where(total > 0, flops / where(total > 0, total, 1.0), 0.0)
         for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
+            fmt = "bf16" if i in kept else low
+            scale = per_flop / gpu.sustained_flops(fmt)
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
             if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
                 whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))

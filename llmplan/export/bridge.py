@@ -125,6 +125,9 @@ def check(pf: PlanFile) -> None:
         ("fp8 Adam moments (OptimizerConfig.exp_avg_dtype holds a torch dtype, which a KEY=VALUE override "
          "would set as text; Megatron-LM's --exp-avg-dtype fp8 maps it to uint8)", p.optimizer_moment_dtype == "fp8",
          "export to megatron"),
+        (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, a "
+         "RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
+         "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules"),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "

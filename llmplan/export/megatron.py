@@ -174,15 +174,35 @@ def precision_aware(p: ParallelPlan) -> bool:
     return p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32" or p.param_remainders
 
 
+MODULE_PATTERNS = {"attention": ("*.linear_qkv", "*.linear_proj"), "latent_proj": ("*mlp.fc[12]_latent_proj",)}
+"""llmplan's bf16_modules -> the module-name globs of Megatron-Core's quantization recipe (the matchers of
+megatron/core/extensions/TransformerEngineMixedPrecision.md and Megatron-Bridge's Nemotron-3 Super te_quant.cfg)."""
+TE_PRECISION_FILE = "te_precision.yaml"
+
+
+def te_precision_config(pf: PlanFile) -> str:
+    """The --te-precision-config-file YAML that keeps the plan's bf16_modules in bf16 (a 'bf16' config with an
+    empty training recipe, one glob matcher per module name), as Megatron-LM's load_quantization_recipe reads it."""
+    lines = ["configs:", "  bf16:", '    transformer_engine_config_type: "TEQuantizationParams"',
+             "    training_recipe: {}", "matchers:"]
+    for module in pf.plan.bf16_modules:
+        for i, pattern in enumerate(MODULE_PATTERNS[module]):
+            lines += [f"  {module}_{i}_bf16:", '    config: "bf16"', '    type: "glob"', f'    pattern: "{pattern}"',
+                      "    enabled: true"]
+    return "\n".join(lines) + "\n"
+
+
 def bf16_layer_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """The layers the plan keeps in bf16 under its fp8 / fp4 recipe (TransformerConfig.first_last_layers_bf16,
     num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, Megatron-LM at d98e8a6; both counts written, as
     Megatron-Core's default for each is 1)."""
     start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
+    modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"$(dirname "$0")/{TE_PRECISION_FILE}"')]
+                                         if pf.plan.bf16_modules else [])
     if not start + end:
-        return []
+        return modules
     return [("--first-last-layers-bf16", True), ("--num-layers-at-start-in-bf16", start),
-            ("--num-layers-at-end-in-bf16", end)]
+            ("--num-layers-at-end-in-bf16", end), *modules]
 
 
 def optimizer_state_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -373,5 +393,8 @@ def render(pf: PlanFile) -> dict[str, str]:
     entry = entry_script(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
-    return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)")
-            + script_body(pf, launcher)}
+    files = {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
+                                                   "core_v0.19.0)") + script_body(pf, launcher)}
+    if pf.plan.bf16_modules and pf.plan.low_precision:
+        files[TE_PRECISION_FILE] = te_precision_config(pf)
+    return files

@@ -72,10 +72,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; "
                      "torchtitan's fp32 parameter shards are the master)",
                      "re-plan with --no-param-remainders, or export to megatron")
-    if sum(bf16_layer_counts(p, pf.model.num_hidden_layers)):
-        raise refuse(target, "transformer layers kept in bf16 under the fp8 recipe (Megatron's "
-                     "--first-last-layers-bf16; this export writes no per-layer float8 filter)",
-                     "re-plan with --bf16-layers-start 0 --bf16-layers-end 0, or export to megatron")
+    if sum(bf16_layer_counts(p, pf.model.num_hidden_layers)) or p.bf16_modules:
+        raise refuse(target, "layers or modules kept in bf16 under the fp8 recipe (Megatron's "
+                     "--first-last-layers-bf16, --te-precision-config-file; this export writes no float8 filter)",
+                     "re-plan with --bf16-layers-start 0 --bf16-layers-end 0 and no --bf16-modules, or export to "
+                     "megatron")
     if p.swiglu_fp8_input:
         raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
                      "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")

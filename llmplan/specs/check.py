@@ -72,6 +72,12 @@ def _as_bool(x: Any) -> Any:
     return np.asarray(x, dtype=bool)
 
 
+def _absent_bf16_modules(m: ModelSpec, p: Any) -> list[str]:
+    """The plan's bf16_modules the model does not have."""
+    has = {"attention": m.num_attention_layers > 0, "latent_proj": bool(m.moe_latent_size)}
+    return [x for x in p.bf16_modules if not has.get(x, False)]
+
+
 def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
     """Each pinned bf16 layer count within one pipeline stage's share of the layers (num_layers // pp), as
     Megatron-Core's TransformerConfig requires; elementwise over the search's arrays."""
@@ -221,6 +227,10 @@ RULES: tuple[Rule, ...] = (
                          f"exceeds {m.name}'s {m.num_hidden_layers} layers: the layers kept in bf16 are counted within "
                          f"the stack; give at most {m.num_hidden_layers} in all with --bf16-layers-start / "
                          "--bf16-layers-end"),
+    Rule("bf16_modules", lambda m, p, c: not _absent_bf16_modules(m, p),
+         lambda m, p, c: f"bf16_modules {', '.join(_absent_bf16_modules(m, p))}: {m.name} has no such module "
+                         "(attention: attention layers; latent_proj: a latent MoE, moe_latent_size); drop them "
+                         "from --bf16-modules"),
     Rule("bf16_layers_stage", lambda m, p, c: _bf16_stage_ok(m, p),
          lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) / bf16_layers_end ({p.bf16_layers_end or 0}) "
                          f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "

@@ -115,6 +115,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.bf16_layers_start; None: the recipe's default."""
     bf16_layers_end: int | None
     """ParallelPlan.bf16_layers_end; None: the recipe's default."""
+    bf16_modules: str | None
+    """Comma-separated modules kept in bf16 (ParallelPlan.bf16_modules); None: none."""
     swiglu_fp8_input: bool
     """ParallelPlan.swiglu_fp8_input."""
     grad_dtype: str | None

@@ -19,6 +19,9 @@ Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+Bf16Module = Literal["attention", "latent_proj"]
+BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
+"""Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""
 """Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
 Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
 
@@ -146,6 +149,12 @@ class ParallelPlan(PlanQuantities, Spec):
     """With dtype fp8 / fp4, transformer layers at the end of the stack whose GEMMs stay in bf16 (Megatron
     --num-layers-at-end-in-bf16 N; Megatron-Bridge's Nemotron-3 Super NVFP4 preset keeps 14). None: as
     bf16_layers_start says."""
+    bf16_modules: tuple[Bf16Module, ...] = ()
+    """With dtype fp8 / fp4, modules whose GEMMs stay in bf16 in every layer: attention (the QKV and output
+    projections) and latent_proj (a latent MoE's h -> l and l -> h projections). Megatron-Core's quantization
+    recipe (--te-precision-config-file; matchers *.linear_qkv, *.linear_proj, *mlp.fc[12]_latent_proj), as
+    Megatron-Bridge's Nemotron-3 Super NVFP4 presets set them (te_quant.cfg). Priced in the GEMM time only
+    (docs/formulas.md#precision)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     optimizer_master_dtype: OptimizerMasterDtype = "fp32"
@@ -277,6 +286,8 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
         pinned = [f"{k} {v}" for k, v in (("bf16_layers_start", self.bf16_layers_start),
                                           ("bf16_layers_end", self.bf16_layers_end)) if v]
+        if self.bf16_modules and not self.low_precision:
+            pinned.append(f"bf16_modules {','.join(self.bf16_modules)}")
         if pinned and not self.low_precision:
             raise ValueError(f"{' and '.join(pinned)} with dtype {self.dtype}: layers kept in bf16 are an exception "
                              "to an fp8 / fp4 recipe; give --precision (e.g. nvfp4, mxfp8) or drop the bf16 layers")
