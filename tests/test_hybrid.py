@@ -67,6 +67,24 @@ def test_nemotron_h_config_listing_its_blocks_reads_as_the_pattern():
         from_hf_config({**listed, "layers_block_type": ["mamba", "gdn"]}, "x")
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"layers_block_type": ["mamba", "gdn"]}, "layers_block_type holds 'gdn'; llmplan models the blocks mamba, "
+                                              "attention, mlp, moe"),
+    ({"layers_block_type": "mamba"}, "layers_block_type is 'mamba', not a list of block names"),
+    ({"layers_block_type": ["mamba", "moe", "attention"], "num_hidden_layers": 4},
+     "layers_block_type lists 3 blocks but num_hidden_layers is 4; give one name per layer"),
+])
+def test_malformed_nemotron_h_block_list_is_one_line_and_exit_2(cli, tmp_path, change, message):
+    # A user's nemotron_h config.json in the Nemotron-3 Ultra form (layers_block_type, no pattern), malformed:
+    # the CLI names the key, the value and the rule in one line and exits 2.
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps({**NANO_CONFIG, "hybrid_override_pattern": None,
+                                              "num_hidden_layers": None, **change}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert message in r.err
+
+
 def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
     with pytest.raises(ValueError, match=r"hybrid_override_pattern holds 'G'"):
         from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": NANO_PATTERN[:-1] + "G"}, "x")

@@ -155,14 +155,21 @@ usage-cookbook/Nemotron-3-Ultra/RL/create_ultra_new_to_old_overlay.py (BLOCK_TO_
 def _nemotron_h_blocks(cfg: dict[str, Any]) -> dict[str, Any]:
     """A nemotron_h config.json that lists its blocks (layers_block_type, num_hidden_layers null: the
     Nemotron-3 Ultra files) in the pattern form the reader prices: one symbol per block, the list's length as
-    num_hidden_layers. A config with hybrid_override_pattern is read as it is."""
+    num_hidden_layers (a stated one must agree). A config with hybrid_override_pattern is read as it is."""
     blocks = cfg.get("layers_block_type")
-    if cfg.get("hybrid_override_pattern") or not isinstance(blocks, list) or not blocks:
+    if cfg.get("hybrid_override_pattern") or blocks is None:
         return cfg
+    if not isinstance(blocks, list) or not blocks:
+        raise ValueError(f"layers_block_type is {excerpt(repr(blocks))}, not a list of block names; give one name per "
+                         f"layer, such as [\"mamba\", \"moe\", \"attention\"], or hybrid_override_pattern")
     unknown = sorted({str(b) for b in blocks} - set(NEMOTRON_H_BLOCK_NAMES))
     if unknown:
         raise ValueError(f"layers_block_type holds {', '.join(repr(b) for b in unknown)}; llmplan models the "
                          f"blocks {', '.join(NEMOTRON_H_BLOCK_NAMES)} (Mamba-2, attention, MLP, MoE)")
+    n = cfg.get("num_hidden_layers")
+    if n is not None and n != len(blocks):
+        raise ValueError(f"layers_block_type lists {len(blocks)} blocks but num_hidden_layers is {excerpt(repr(n))}; "
+                         "give one name per layer")
     return {**cfg, "hybrid_override_pattern": "".join(NEMOTRON_H_BLOCK_NAMES[str(b)] for b in blocks),
             "num_hidden_layers": len(blocks)}
 
