@@ -345,6 +345,28 @@ def test_llama4_config_interleaves_moe_and_chunked_attention():
     assert builtin_models()["llama-4-scout"].layer_types == scout.layer_types
 
 
+def test_scout_config_with_an_empty_no_rope_list_reads_as_the_built_in_spec():
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config: "no_rope_layers": [], "interleave_moe_layer_step": 1;
+    # transformers' Llama4TextConfig takes an empty list as the default (every 4th layer without RoPE).
+    text = {**LLAMA4_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1, "no_rope_layers": []}
+    scout = ModelSpec(**from_hf_config({"model_type": "llama4", "text_config": text}, "scout"))
+    built_in = builtin_models()["llama-4-scout"]
+    assert scout.layer_types == built_in.layer_types and param_counts(scout) == param_counts(built_in)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"moe_layers": [0, 99]}, "moe_layers holds [99], outside layers 0-47 (num_hidden_layers 48)"),
+    ({"no_rope_layers": [1, 0, 1]}, "no_rope_layers lists 3 layers but num_hidden_layers is 48"),
+    ({"interleave_moe_layer_step": -2}, "interleave_moe_layer_step is -2; it must be a whole number >= 1"),
+])
+def test_malformed_llama4_config_is_one_line_and_exit_2(cli, tmp_path, change, message):
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps({"model_type": "llama4", "text_config": {**LLAMA4_TEXT, **change}}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert message in r.err
+
+
 def test_chunked_attention_counts_keys_within_the_chunk():
     m = builtin_models()["llama-4-maverick"]  # 36 chunked layers (8192), 12 full
     assert attention_keys(m, 32768) == pytest.approx((36 * 8192 + 12 * 32768) / 48)
