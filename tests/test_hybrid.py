@@ -7,6 +7,8 @@ Hugging Face configs; formulas from Dao & Gu 2024 (Mamba-2, SSD) and Yang et al.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,7 +80,7 @@ def test_malformed_nemotron_h_block_list_is_one_line_and_exit_2(cli, tmp_path, c
     # A user's nemotron_h config.json in the Nemotron-3 Ultra form (layers_block_type, no pattern), malformed:
     # the CLI names the key, the value and the rule in one line and exits 2.
     path = tmp_path / "config.json"
-    path.write_text(__import__("json").dumps({**NANO_CONFIG, "hybrid_override_pattern": None,
+    path.write_text(json.dumps({**NANO_CONFIG, "hybrid_override_pattern": None,
                                               "num_hidden_layers": None, **change}))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
     assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
@@ -361,7 +363,7 @@ def test_scout_config_with_an_empty_no_rope_list_reads_as_the_built_in_spec():
 ])
 def test_malformed_llama4_config_is_one_line_and_exit_2(cli, tmp_path, change, message):
     path = tmp_path / "config.json"
-    path.write_text(__import__("json").dumps({"model_type": "llama4", "text_config": {**LLAMA4_TEXT, **change}}))
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": {**LLAMA4_TEXT, **change}}))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
     assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
     assert message in r.err
@@ -456,7 +458,7 @@ def test_deepseek_v4_config_is_refused_with_the_reason(cli, tmp_path):
            "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "moe_intermediate_size": 2048,
            "n_routed_experts": 256, "num_experts_per_tok": 6, "hc_mult": 4, "num_hash_layers": 3, "o_groups": 8}
     path = tmp_path / "config.json"
-    path.write_text(__import__("json").dumps(cfg))
+    path.write_text(json.dumps(cfg))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8")
     assert r.code == 2 and "Traceback" not in r.err
     assert "model_type 'deepseek_v4' is not supported: DeepSeek-V4 adds 4-stream hyper-connection" in r.err
