@@ -123,6 +123,7 @@ has: experts, the framework family its flags imply, flash attention."""
 POOL_MIN_FAMILIES = 3
 """Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
 POOL_MIN_RECORDS = 3
+"""Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
 
 
 def pool_of(regime: Regime) -> str:
