@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -249,21 +250,20 @@ def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, fl
     return out
 
 
-def _bands(training: list[dict], pools: dict, pair) -> dict[str, tuple[bool, float]]:
+def _bands(training: list[dict], pools: dict, pair: Callable[[dict], float]) -> dict[str, tuple[bool, float]]:
     """Per record: (inside its left-out band, the band's half-width as a fraction of the point)."""
     out = {}
     for r in training:
         values, widen = pools[r["id"]]
-        b = iv.quantile_band(values, "", widen, pair(r) if callable(pair) else pair)
+        b = iv.quantile_band(values, "", widen, pair(r))
         out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
     return out
 
 
-def pool_report(training: list[dict], doc: dict, pools: dict) -> None:
+def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
     """Per regime pool (llmplan.intervals.POOLS): its pair (its own, or the all-regime one it falls back to), and
-    its left-out coverage and median half-width with that pair."""
+    its left-out coverage and median half-width with that pair (`own`: _bands under the file's pairs)."""
     nominal = doc["nominal"]
-    own = _bands(training, pools, iv.pair_of(doc))
     print(f"per regime pool (its own pair where it has {iv.POOL_MIN_FAMILIES}+ families of {iv.POOL_MIN_RECORDS}+ "
           f"runs, a pair inside 75-85% and\nthe nested coverage of that choice inside 75-85% too, else the "
           f"all-regime {nominal:g} pair):")
@@ -298,6 +298,7 @@ def report(doc: dict, nested: bool = True) -> None:
         doc = {**doc, "pools": iv.choose_pools(training, pools, doc["nominal"])}
         print("(the file has no regime pools: their pairs chosen now, as --write would)")
     pair = iv.pair_of(doc)
+    bands = _bands(training, pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
@@ -310,7 +311,7 @@ def report(doc: dict, nested: bool = True) -> None:
     cov = iv.coverage(training, pair, pools)
     print(f"with the shipped pairs (the regime pools' own, else {nominal:g}): {100 * iv.per_record(cov):.1f}% of "
           f"{sum(c[1] for c in cov.values())} records, mean over families {100 * iv.mean_coverage(cov):.1f}%")
-    pool_report(training, doc, pools)
+    pool_report(training, doc, bands)
     print(f"  {'family':16s} {'inside':>7s} {'records':>8s} {'coverage':>9s} {'median half-width':>18s}")
     for fam, (inside, n, half) in cov.items():
         print(f"  {fam:16s} {inside:7d} {n:8d} {100 * inside / n:8.1f}% {100 * half:17.1f}%")
@@ -320,6 +321,7 @@ def report(doc: dict, nested: bool = True) -> None:
         print(f"nested (the pairs chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
               f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; all-regime "
               "pairs chosen " + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
+
     def dense_megatron(r: dict) -> bool:
         return not r["moe"] and r["framework"] == "megatron" and r["generation"] in ("ampere", "hopper")
 
@@ -328,13 +330,8 @@ def report(doc: dict, nested: bool = True) -> None:
                          lambda r: r.get("stack", "flash") == "flash"),
                         ("H100-class (Hopper), flash-attention stacks",
                          lambda r: r.get("stack", "flash") == "flash" and r["generation"] == "hopper")):
-        halves, inside = [], []
-        for r in training:
-            if dense_megatron(r) and keep(r):
-                values, widen = pools[r["id"]]
-                b = iv.quantile_band(values, "", widen, pair(r))
-                halves.append((math.exp(b.hi) - math.exp(b.lo)) / 2)
-                inside.append(b.lo <= r["r"] <= b.hi)
+        chosen = [bands[r["id"]] for r in training if dense_megatron(r) and keep(r)]
+        halves, inside = [half for _, half in chosen], [ok for ok, _ in chosen]
         if halves:
             print(f"dense Megatron-style training on {label} ({len(halves)} records, "
                   f"{len({r['family'] for r in training if dense_megatron(r) and keep(r)})} families, each left "

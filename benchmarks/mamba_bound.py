@@ -18,7 +18,6 @@ from unittest import mock
 
 import accuracy as A
 import llmplan.cost.mixers as mixers
-from llmplan.estimate import estimate_training
 from runs import load_runs
 
 ROWS = ("dgxc-2510-pretrain-nemotron-h-56b-gb200-128gpu-fp8-tp4pp1mbs2gbs384",
@@ -38,17 +37,14 @@ def scaled(k: float) -> Any:
 
 
 def step(rec: dict) -> tuple[float, int, int, float]:
-    """(predicted step s, micro-batches per step, Mamba-2 layers, measured step s) of a tokens/s record."""
-    rid, fam = rec["id"], A.family(rec["id"])
-    name = A.record_system(rec)
-    assert name is not None, rid  # the ROWS and GROUPS records all name a GPU with a profile
-    m, system, gpus = A.model_for(rec, fam), A.builtin_systems()[name], rec["hardware"]["gpus"]
-    if A.nvlink_segment_gpus(rec, system):
-        system = system.with_options(domain_gpus=A.nvlink_segment_gpus(rec, system))
+    """(predicted step s, micro-batches per step, Mamba-2 layers, measured step s) of a tokens/s record, from
+    accuracy.predict's tokens/s (the step moves global batch x sequence tokens over all GPUs)."""
+    fam, gpus = A.family(rec["id"]), rec["hardware"]["gpus"]
     plan = A.plan_for(rec, fam, gpus)
-    e = estimate_training(m, A.cluster_of(system, gpus), plan)
-    measured = plan.global_batch * plan.seq_len / (rec["measured"]["tokens_per_s_per_gpu"] * gpus)
-    return float(e.time.total), plan.global_batch // (plan.dp * plan.micro_batch), m.count_layers("mamba"), measured
+    pred, meas = next((p, m) for quantity, p, m in A.predict(rec, fam) if quantity == "tok/s/GPU")
+    tokens = plan.global_batch * plan.seq_len
+    return (tokens / (pred * gpus), plan.global_batch // (plan.dp * plan.micro_batch),
+            A.model_for(rec, fam).count_layers("mamba"), tokens / (meas * gpus))
 
 
 def group(rid: str) -> str | None:

@@ -34,10 +34,10 @@ ranks); two plans whose predicted rates differ by less than that (in log) are ti
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from collections import Counter
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -123,6 +123,7 @@ has: experts, the framework family its flags imply, flash attention."""
 POOL_MIN_FAMILIES = 3
 """Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
 POOL_MIN_RECORDS = 3
+"""Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
 
 
 def pool_of(regime: Regime) -> str:
@@ -134,18 +135,19 @@ def pool_of(regime: Regime) -> str:
     return "dense-megatron" if regime.flash else "dense-megatron-noflash"
 
 
-def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str]:
-    """The quantile pair (central probability) of a plan's band and where it comes from: its pool's own pair,
-    else the all-regime pair with the reason the pool has none."""
+def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str]:
+    """The quantile pair (central probability) of a plan's band, where it comes from (its pool's own pair, else
+    the all-regime pair with the reason the pool has none; "" for a file without pools) and the pool whose own
+    pair it is ("" for the all-regime pair)."""
     pool = pool_of(want)
     info = data.get("pools", {}).get(pool)
     default = float(data.get("nominal", LEVEL))
     if info is None:
-        return default, ""
+        return default, "", ""
     if info.get("nominal") is not None:
         return float(info["nominal"]), (f"the {100 * info['nominal']:g}% pair, the narrowest whose left-out "
-                                        f"coverage over the {info['families']} {POOLS[pool]} families is 75-85%")
-    return default, (f"the all-regime {100 * default:g}% pair: the {POOLS[pool]} pool {info['why']}")
+                                        f"coverage over the {info['families']} {POOLS[pool]} families is 75-85%"), pool
+    return default, f"the all-regime {100 * default:g}% pair: the {POOLS[pool]} pool {info['why']}", ""
 
 
 @lru_cache(maxsize=1)
@@ -212,7 +214,7 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     kept = [t for t in TAGS if t not in dropped]
     widen = any(t in UNCOVERED for t in dropped)
     fams = sorted({r["family"] for r in hits})
-    nominal, how = nominal_of(data, want)
+    nominal, how, own = nominal_of(data, want)
     basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
              + (f" matching {want.describe(kept)}" if kept else "") + (f"; quantiles: {how}" if how else ""))
     if widen:
@@ -222,8 +224,7 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
     if widen:
         short += f", widened {WIDEN:g}x: no family covers {want.describe([t for t in dropped if t in UNCOVERED])}"
-    own = data.get("pools", {}).get(pool_of(want), {}).get("nominal") is not None
-    return Band(band.lo, band.hi, band.n, basis, widen, short, pool_of(want) if own else "", nominal)
+    return Band(band.lo, band.hi, band.n, basis, widen, short, own, nominal)
 
 
 def memory_band(data: dict[str, Any] | None = None) -> Band | None:
@@ -334,6 +335,18 @@ def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, tuple[np.n
     return min(inside) if inside else None
 
 
+def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]],
+                     pools: dict[str, tuple[np.ndarray, bool]], default: float) -> dict[str, tuple[int, int, float]]:
+    """Coverage of a pool's runs (`mine`) when each family's pair is chosen as choose_pools does, without that
+    family (its pool's other families; `default` where none of their pairs is inside the target)."""
+    chosen: dict[str, float] = {}
+    for fam in sorted({r["family"] for r in mine}):
+        rest = [r for r in mine if r["family"] != fam]
+        q = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
+        chosen[fam] = default if q is None else q
+    return coverage(mine, lambda r: chosen[r["family"]], pools)
+
+
 def choose_pools(records: list[dict[str, Any]], pools: dict[str, tuple[np.ndarray, bool]] | None = None,
                  default: float | None = None, nested: bool = True) -> dict[str, dict[str, Any]]:
     """Per regime pool (POOLS): its own pair, the narrowest NOMINAL_CHOICES pair whose left-out coverage over
@@ -359,12 +372,7 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, tuple[np.ndarra
             info["why"] = "has no pair whose left-out coverage is 75-85% both per run and per family"
             continue
         if nested:
-            chosen: dict[str, float] = {}
-            for fam in sorted({r["family"] for r in mine}):
-                rest = [r for r in mine if r["family"] != fam]
-                q = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
-                chosen[fam] = default if q is None else q
-            cov = coverage(mine, lambda r: chosen[r["family"]], pools)
+            cov = _nested_coverage(records, mine, pools, default)
             info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
             if not inside_target(cov):
                 info["why"] = (f"has its own {100 * own:g}% pair, but chosen without the family it scores that pair "

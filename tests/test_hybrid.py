@@ -7,6 +7,8 @@ Hugging Face configs; formulas from Dao & Gu 2024 (Mamba-2, SSD) and Yang et al.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,6 +67,24 @@ def test_nemotron_h_config_listing_its_blocks_reads_as_the_pattern():
                                                                       built_in.mlp_layer_types)
     with pytest.raises(ValueError, match=r"layers_block_type holds 'gdn'"):
         from_hf_config({**listed, "layers_block_type": ["mamba", "gdn"]}, "x")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"layers_block_type": ["mamba", "gdn"]}, "layers_block_type holds 'gdn'; llmplan models the blocks mamba, "
+                                              "attention, mlp, moe"),
+    ({"layers_block_type": "mamba"}, "layers_block_type is 'mamba', not a list of block names"),
+    ({"layers_block_type": ["mamba", "moe", "attention"], "num_hidden_layers": 4},
+     "layers_block_type lists 3 blocks but num_hidden_layers is 4; give one name per layer"),
+])
+def test_malformed_nemotron_h_block_list_is_one_line_and_exit_2(cli, tmp_path, change, message):
+    # A user's nemotron_h config.json in the Nemotron-3 Ultra form (layers_block_type, no pattern), malformed:
+    # the CLI names the key, the value and the rule in one line and exits 2.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**NANO_CONFIG, "hybrid_override_pattern": None,
+                                              "num_hidden_layers": None, **change}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert message in r.err
 
 
 def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
@@ -327,6 +347,28 @@ def test_llama4_config_interleaves_moe_and_chunked_attention():
     assert builtin_models()["llama-4-scout"].layer_types == scout.layer_types
 
 
+def test_scout_config_with_an_empty_no_rope_list_reads_as_the_built_in_spec():
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config: "no_rope_layers": [], "interleave_moe_layer_step": 1;
+    # transformers' Llama4TextConfig takes an empty list as the default (every 4th layer without RoPE).
+    text = {**LLAMA4_TEXT, "num_local_experts": 16, "interleave_moe_layer_step": 1, "no_rope_layers": []}
+    scout = ModelSpec(**from_hf_config({"model_type": "llama4", "text_config": text}, "scout"))
+    built_in = builtin_models()["llama-4-scout"]
+    assert scout.layer_types == built_in.layer_types and param_counts(scout) == param_counts(built_in)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"moe_layers": [0, 99]}, "moe_layers holds [99], outside layers 0-47 (num_hidden_layers 48)"),
+    ({"no_rope_layers": [1, 0, 1]}, "no_rope_layers lists 3 layers but num_hidden_layers is 48"),
+    ({"interleave_moe_layer_step": -2}, "interleave_moe_layer_step is -2; it must be a whole number >= 1"),
+])
+def test_malformed_llama4_config_is_one_line_and_exit_2(cli, tmp_path, change, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": {**LLAMA4_TEXT, **change}}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert message in r.err
+
+
 def test_chunked_attention_counts_keys_within_the_chunk():
     m = builtin_models()["llama-4-maverick"]  # 36 chunked layers (8192), 12 full
     assert attention_keys(m, 32768) == pytest.approx((36 * 8192 + 12 * 32768) / 48)
@@ -416,7 +458,7 @@ def test_deepseek_v4_config_is_refused_with_the_reason(cli, tmp_path):
            "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "moe_intermediate_size": 2048,
            "n_routed_experts": 256, "num_experts_per_tok": 6, "hc_mult": 4, "num_hash_layers": 3, "o_groups": 8}
     path = tmp_path / "config.json"
-    path.write_text(__import__("json").dumps(cfg))
+    path.write_text(json.dumps(cfg))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8")
     assert r.code == 2 and "Traceback" not in r.err
     assert "model_type 'deepseek_v4' is not supported: DeepSeek-V4 adds 4-stream hyper-connection" in r.err

@@ -86,6 +86,20 @@ def test_a_regime_pool_takes_its_own_pair_only_with_enough_families_and_a_stable
     assert "no pair" in iv.choose_pools(shifted, default=0.99)["dense-megatron"]["why"]
 
 
+def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
+    # README's interval keys: pool (a POOLS key, by experts, framework and flash attention), pool_pair (the pool's
+    # own pair taken), quantile_pair (the pair taken: the pool's own, else the shipped all-regime one).
+    data = iv.shipped()
+    for flags, pool in (((), "dense-megatron"), (("--no-flash-attention",), "dense-megatron-noflash")):
+        r = cli(*EST, *flags, "--json")
+        assert r.code == 0, r.err
+        v = r.json()["interval"]
+        assert v["pool"] == pool and isinstance(v["pool_pair"], bool)
+        own = data.get("pools", {}).get(pool, {}).get("nominal")
+        assert v["pool_pair"] == (own is not None)
+        assert v["quantile_pair"] == (own if own is not None else data["nominal"])
+
+
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
     hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))

@@ -342,16 +342,12 @@ def test_op_checkpointing_is_searched_only_when_pinned(cli):
         assert float(vec.throughput.hfu[j]) == pytest.approx(float(scalar.throughput.hfu), rel=1e-9)
 
 
-def test_pass_where_every_screened_plan_is_too_big_falls_through_to_the_next():
+def test_pass_where_every_screened_plan_is_too_big_falls_through_to_the_next(cli):
     """Mixtral-8x22B on 4 DGX H100 at 4k: in the first memory-switch pass some plans pass the one-stage screen
     but none fits in full. That pass used to evaluate zero plans and exit 1 ('internal error: zero-size
     array'); it must report nothing fitting and let the passes that do fit (full recompute) rank."""
-    from typer.testing import CliRunner
-
-    from llmplan.cli import app
-
-    r = CliRunner().invoke(app, ["search", "--model", "mixtral-8x22b", "--hardware", "dgx-h100", "--nodes", "4",
-                                 "--seq-len", "4096", "--json"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    r = cli("search", "--model", "mixtral-8x22b", "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
+            "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
     assert out["plans"] and all(p["memory"]["fits"] for p in out["plans"])

@@ -153,17 +153,24 @@ def moe_block_params(m: ModelSpec) -> int:
             + router_params(m) + latent_proj_params(m))
 
 
+def mtp_projection_params(m: ModelSpec, t: Any = 1) -> Any:
+    """One multi-token-prediction module's own projection on a rank of TP degree t: eh_proj (2h -> h, no bias,
+    split by TP) and its two input norms enorm and hnorm (replicated). Source: DeepSeek-V3 report §2.2 (M_k and
+    the RMSNorms before it); Hugging Face NemotronHMultiTokenPredictorLayer (eh_proj, enorm, hnorm)."""
+    h = m.hidden_size
+    return 2 * h * h / t + 2 * norm_params(m)
+
+
 def mtp_module_params(m: ModelSpec) -> int:
     """One multi-token-prediction module, which the published counts leave out: an attention block and an MLP
-    block (MoE where the model has experts) with their pre-norms, the 2h -> h projection eh_proj and the
-    enorm, hnorm and final norms; the embedding and the output head are shared with the model.
+    block (MoE where the model has experts) with their pre-norms, its projection (mtp_projection_params: eh_proj,
+    enorm, hnorm) and the final norm; the embedding and the output head are shared with the model.
 
     Source: DeepSeek-V3 report §2.2 (Figure 3: M_k, the projection and the block); Hugging Face
     NemotronHMultiTokenPredictorLayer (mtp_hybrid_override_pattern "*E": eh_proj, enorm, hnorm,
     final_layernorm)."""
-    h = m.hidden_size
     mlp = moe_block_params(m) if m.is_moe else mlp_params(m, m.intermediate_size)
-    return attention_params(m) + mlp + 2 * h * h + 5 * norm_params(m)
+    return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m)
 
 
 def norm_params(m: ModelSpec) -> int:
@@ -283,6 +290,6 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     V = padded_vocab(m.vocab_size, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
-    mtp_proj = m.num_nextn_predict_layers * (2 * h * h / t + 2 * norm_params(m))  # eh_proj and its two norms
+    mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
     head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj
     return dense_layer, moe_layer, expert_layer, V * h / t + positions, head

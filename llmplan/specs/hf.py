@@ -155,14 +155,21 @@ usage-cookbook/Nemotron-3-Ultra/RL/create_ultra_new_to_old_overlay.py (BLOCK_TO_
 def _nemotron_h_blocks(cfg: dict[str, Any]) -> dict[str, Any]:
     """A nemotron_h config.json that lists its blocks (layers_block_type, num_hidden_layers null: the
     Nemotron-3 Ultra files) in the pattern form the reader prices: one symbol per block, the list's length as
-    num_hidden_layers. A config with hybrid_override_pattern is read as it is."""
+    num_hidden_layers (a stated one must agree). A config with hybrid_override_pattern is read as it is."""
     blocks = cfg.get("layers_block_type")
-    if cfg.get("hybrid_override_pattern") or not isinstance(blocks, list) or not blocks:
+    if cfg.get("hybrid_override_pattern") or blocks is None:
         return cfg
+    if not isinstance(blocks, list) or not blocks:
+        raise ValueError(f"layers_block_type is {excerpt(repr(blocks))}, not a list of block names; give one name per "
+                         f"layer, such as [\"mamba\", \"moe\", \"attention\"], or hybrid_override_pattern")
     unknown = sorted({str(b) for b in blocks} - set(NEMOTRON_H_BLOCK_NAMES))
     if unknown:
         raise ValueError(f"layers_block_type holds {', '.join(repr(b) for b in unknown)}; llmplan models the "
                          f"blocks {', '.join(NEMOTRON_H_BLOCK_NAMES)} (Mamba-2, attention, MLP, MoE)")
+    n = cfg.get("num_hidden_layers")
+    if n is not None and n != len(blocks):
+        raise ValueError(f"layers_block_type lists {len(blocks)} blocks but num_hidden_layers is {excerpt(repr(n))}; "
+                         "give one name per layer")
     return {**cfg, "hybrid_override_pattern": "".join(NEMOTRON_H_BLOCK_NAMES[str(b)] for b in blocks),
             "num_hidden_layers": len(blocks)}
 
@@ -171,14 +178,25 @@ def _llama4(cfg: dict[str, Any]) -> dict[str, Any]:
     """Llama 4's text model (transformers' Llama4TextConfig): intermediate_size is the expert width and
     intermediate_size_mlp the dense layers'; MoE layers every interleave_moe_layer_step-th (moe_layers when
     given), each with one shared expert of the expert width; chunked attention (attention_chunk_size) except on
-    the no-RoPE layers (no_rope_layers 0; by default every 4th), which attend to the whole context; a sigmoid
-    top-k router whose weights are not renormalised."""
-    n, step = cfg.get("num_hidden_layers"), int(cfg.get("interleave_moe_layer_step") or 1)
+    the no-RoPE layers (no_rope_layers 0; by default, or when the list is empty, every 4th: Llama4TextConfig
+    `no_rope_layers if no_rope_layers else default`), which attend to the whole context; a sigmoid top-k router
+    whose weights are not renormalised."""
+    n, step = cfg.get("num_hidden_layers"), cfg.get("interleave_moe_layer_step") or 1
     if not isinstance(n, int) or n <= 0:
         return cfg
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"interleave_moe_layer_step is {excerpt(repr(step))}; it must be a whole number >= 1 "
+                         "(every step-th layer is MoE)")
     given = cfg.get("moe_layers")
     moe: set[Any] = set(given) if isinstance(given, list) else set(range(step - 1, n, step))
-    listed = cfg.get("no_rope_layers")
+    outside = sorted(i for i in moe if not 0 <= i < n)
+    if outside:
+        raise ValueError(f"moe_layers holds {excerpt(repr(outside))}, outside layers 0-{n - 1} "
+                         f"(num_hidden_layers {n}); give layer indices below num_hidden_layers")
+    listed = cfg.get("no_rope_layers") or None  # [] (the published Scout file): the default, as transformers reads it
+    if isinstance(listed, list) and len(listed) != n:
+        raise ValueError(f"no_rope_layers lists {len(listed)} layers but num_hidden_layers is {n}; give one 0 or 1 "
+                         "per layer")
     rope: list[Any] = listed if isinstance(listed, list) else [int((i + 1) % 4 != 0) for i in range(n)]
     chunked = cfg.get("attention_chunk_size") is not None
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else \

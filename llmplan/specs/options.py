@@ -125,7 +125,7 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.optimizer_master_dtype."""
     optimizer_moment_dtype: str
     """ParallelPlan.optimizer_moment_dtype."""
-    param_remainders: bool = False
+    param_remainders: bool
     """ParallelPlan.param_remainders."""
     fp8_params: bool | None
     """ParallelPlan.fp8_params; None (search only): both tried where the recipe allows."""
