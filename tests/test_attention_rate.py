@@ -4,9 +4,16 @@ Golden tests against the published curves, relative to their 16k point, within a
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from llmplan.cost.compute import ATTENTION_FIXED_KEYS, ATTENTION_TILE, attention_call_seconds, attention_rate_ratio
+from llmplan.cost.compute import (
+    ATTENTION_FIXED_KEYS,
+    ATTENTION_TILE,
+    attention_call_seconds,
+    attention_rate_ratio,
+)
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -53,7 +60,7 @@ def test_causal_call_rate_follows_the_published_curve(kernel, sms, direction):
 def test_the_layer_s_ratio_rises_with_the_sequence_and_stays_below_the_asymptote():
     m, gpu = M["llama-3.1-8b"], S["dgx-h100"].gpu
     ratios = [float(attention_rate_ratio(m, ParallelPlan(tp=2, seq_len=s), gpu)) for s in LENGTHS + (131072,)]
-    assert all(a < b for a, b in zip(ratios, ratios[1:])), ratios
+    assert all(a < b for a, b in itertools.pairwise(ratios)), ratios
     assert ratios[-1] < 1.0 and ratios[-1] > 0.99
     # the same function prices the ring: cp 2 at 8k runs below cp 1 at 8k
     assert float(attention_rate_ratio(m, ParallelPlan(tp=2, cp=2, seq_len=8192), gpu)) < ratios[4]
