@@ -14,7 +14,7 @@ from llmplan.cost.compute import (
     ATTENTION_FIXED_KEYS,
     ATTENTION_TILE,
     attention_call_seconds,
-    cp_attention_ratio,
+    attention_rate_ratio,
 )
 from llmplan.cost.exposure import cp_exposed
 from llmplan.estimate import estimate_training
@@ -24,6 +24,7 @@ from llmplan.specs.registry import builtin_models, builtin_systems
 M = builtin_models()
 S = builtin_systems()
 H100_SMS = 132
+H100 = S["dgx-h100"].gpu
 
 # Published H100 rates (bf16, head dim 128, batch x sequence = 16k tokens, so every length launches the same
 # number of CTAs), TFLOP/s by sequence length. FA3 forward: pytorch/benchmark PR #2391 (commit ff65cb6, the
@@ -55,13 +56,15 @@ def test_short_call_rate_follows_the_published_kernel_curve(kernel, direction):
         assert _rate(s, k0) / _rate(16384, k0) == pytest.approx(tflops / pub[16384], rel=0.05), s
 
 
-def test_cp1_is_the_fitted_rate_and_short_chunks_run_slower():
+def test_cp_runs_below_the_whole_call_and_long_chunks_near_it():
     m = M["llama-3.1-405b"]
-    assert float(cp_attention_ratio(m, ParallelPlan(tp=4, cp=1, seq_len=8192), H100_SMS)) == 1.0
-    ratios = [float(cp_attention_ratio(m, ParallelPlan(tp=4, cp=cp, seq_len=8192), H100_SMS)) for cp in (2, 4, 8)]
-    assert 1.0 > ratios[0] > ratios[1] > ratios[2]
+    whole = float(attention_rate_ratio(m, ParallelPlan(tp=4, cp=1, seq_len=8192), H100))
+    assert 0.8 < whole < 1.0  # one causal call of 8k tokens: below the kernel's asymptote
+    ratios = [float(attention_rate_ratio(m, ParallelPlan(tp=4, cp=cp, seq_len=8192), H100)) for cp in (2, 4, 8)]
+    assert whole > ratios[0] > ratios[1] > ratios[2]
     # at 128k tokens the chunks are 8k-32k long and the ring runs near the whole call's rate
-    assert float(cp_attention_ratio(m, ParallelPlan(tp=4, cp=8, seq_len=131072), H100_SMS)) > 0.95
+    ring, one = (float(attention_rate_ratio(m, ParallelPlan(tp=4, cp=cp, seq_len=131072), H100)) for cp in (8, 1))
+    assert ring > 0.95 * one
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -71,7 +74,7 @@ def test_the_ring_s_attention_rate_never_rises_as_the_sequence_shortens(name, tp
     m = M[name]
     if m.num_attention_heads % tp:
         return
-    ratios = [float(cp_attention_ratio(m, ParallelPlan(tp=tp, cp=cp, seq_len=s, micro_batch=b), H100_SMS))
+    ratios = [float(attention_rate_ratio(m, ParallelPlan(tp=tp, cp=cp, seq_len=s, micro_batch=b), H100))
               for s in (2048, 4096, 8192, 16384, 32768, 131072)]
     assert all(r <= 1.0 + 1e-9 for r in ratios)
     assert np.all(np.diff(ratios) >= -1e-9), ratios

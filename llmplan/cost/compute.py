@@ -185,7 +185,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        split = where(plan.flash_attention, cp_attention_ratio(m, plan, gpu.sm_count), 1.0)  # CP's short calls
+        split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
         peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
                      * attention_fraction(gpu, plan, m) * split)
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
@@ -230,23 +230,31 @@ def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_k
     return maximum(rows / sms * (work / rows + fixed), longest + fixed)
 
 
-def cp_attention_ratio(m: ModelSpec, plan: ParallelPlan, sms: int) -> Any:
-    """The fused attention kernel's rate on a context-parallel rank over its rate on the whole sequence (1 at
-    cp = 1, where attention_efficiency is fitted). CP with load balancing (Megatron / Transformer Engine's
-    zigzag, torchtitan's round-robin) gives each rank two chunks of c = s/2cp tokens and runs, per layer and
-    pass, one causal call on its own 2c x 2c and cp - 1 ring steps on c x 2c halves: steps i <= rank take the
-    first half of the received K/V (queries 2c x keys c), the others the second half of the queries (c x 2c).
-    The same tiles are computed as in one causal call over s, but in short calls: fewer keys per CTA
-    (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the GPU has SMs, idle SMs. Rank r
-    runs r calls of the first kind and cp - 1 - r of the second, and every rank waits for the slowest at the
-    layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles) once, backward (over key tiles)
-    twice. The kernel's k0 is H100's (FA3 for the native kernel, FA2 for flash2) on every GPU.
-    Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step sections);
-    Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds chunks r and
-    2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
+def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """The fused attention kernel's rate on a rank's calls of one layer over its asymptotic rate
+    (GpuSpec.attention_efficiency: one long causal call, the per-CTA fixed work amortised, every SM busy).
+    At cp = 1 a rank runs one causal call over s: its diagonal tiles are computed whole (masked) and each CTA
+    pays ATTENTION_FIXED_KEYS once, so short sequences run below the asymptote. With context parallelism and
+    load balancing (Megatron / Transformer Engine's zigzag, torchtitan's round-robin) each rank holds two
+    chunks of c = s/2cp tokens and runs, per layer and pass, one causal call on its own 2c x 2c and cp - 1 ring
+    steps on c x 2c halves: steps i <= rank take the first half of the received K/V (queries 2c x keys c),
+    the others the second half of the queries (c x 2c). The same tiles as one causal call over s, in short
+    calls: fewer keys per CTA (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the
+    GPU has SMs, idle SMs. Rank r runs r calls of the first kind and cp - 1 - r of the second, and every rank
+    waits for the slowest at the layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles)
+    once, backward (over key tiles) twice. The asymptote is a rank's share of s^2/2 useful (query, key) pairs
+    per head at one tile iteration per SM, no fixed work. k0 is H100's (FA3 for the native kernel, FA2 for
+    flash2 and where the native kernel is FA2) on every GPU.
+    Source: Dao 2023, FlashAttention-2 §3.2 (causal: blocks above the diagonal skipped, the diagonal block
+    masked); Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step
+    sections); Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds
+    chunks r and 2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
+    sms = gpu.sm_count
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
-    k_fwd, k_bwd = ATTENTION_FIXED_KEYS["flash2" if plan.attention_kernel == "flash2" else "native"]
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
+    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
         return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
@@ -255,27 +263,29 @@ def cp_attention_ratio(m: ModelSpec, plan: ParallelPlan, sms: int) -> Any:
     halves = maximum(passes(2 * n, n, 2 * n * n, n, 2 * n), passes(n, 2 * n, 2 * n * n, 2 * n, n))
     ring = passes(2 * n, 2 * n, 2 * n * n + n, 2 * n, 2 * n) + (plan.cp - 1) * halves
     N = np.ceil(plan.seq_len / ATTENTION_TILE)
-    whole = passes(N, N, N * (N + 1) / 2, N, N) / plan.cp  # a rank's share of one causal call over s
-    return where(plan.cp > 1, whole / ring, 1.0)
+    whole = passes(N, N, N * (N + 1) / 2, N, N)  # one causal call over s
+    useful = 3 * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
+    return useful / plan.cp / where(plan.cp > 1, ring, whole)
 
 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
-    """Achieved fraction of the sustained peak on the attention-score FLOPs: the GPU's fused-kernel efficiency,
-    times FlashAttention-2's ratio to the native kernel when the plan runs FA2 (unfused attention is priced
-    by its score traffic in elementwise_bytes), times the GPU's softmax (exp-rate) ratio, times the fused
-    kernel's rate at the model's head dimension (head_dim_attention_ratio). Source: Shah et al.
-    2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra".
-    Derived: docs/formulas.md#compute.attention"""
+    """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
+    native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
+    plan runs FA2, times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
+    dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
+    attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
+    elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
+    Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    head = where(plan.flash_attention, head_dim_attention_ratio(m, d0), 1.0)
-    return gpu.attention_efficiency * ratio * gpu.softmax_attention_ratio * head
+    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
+    return where(plan.flash_attention, fused, gpu.unfused_attention_efficiency) * ratio * gpu.softmax_attention_ratio
 
 
 def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
     """A fused attention kernel's rate at the model's head dimension d relative to d = 128 (where
-    attention_efficiency is fitted). Per (query, key) pair the kernel does 4d matmul FLOPs and a fixed amount
+    attention_efficiency is measured). Per (query, key) pair the kernel does 4d matmul FLOPs and a fixed amount
     of softmax work (the exponential on the special-function units, the scale, max and sum), so its rate
     goes as d / (d + d0), d0 the head dimension at which the two take as long. MLA's d is the mean of its
     query-key and value dims. Source: Shah et al. 2024 (FlashAttention-3), Figures 5-6 (H100, 4k tokens:

@@ -77,11 +77,21 @@ class GpuSpec(Spec):
     of fp8 plans."""
     best_published_mfu_fp4: float | None = Field(default=None, gt=0, le=8)
     """As best_published_mfu_fp8, for NVFP4 runs."""
-    attention_efficiency: float = Field(default=0.7, gt=0, le=1)
-    """Achieved fraction of the sustained peak on the attention-score FLOPs counted for MFU (QK^T and AV, no
-    causal halving, so a causal kernel at 35% of peak scores 0.7) by the GPU's native fused kernel: fitted by
+    attention_efficiency: float = Field(default=0.7, gt=0, le=2)
+    """Asymptotic rate of the GPU's native fused attention kernel, forward and backward, as a fraction of the
+    sustained peak on the attention-score FLOPs llmplan counts (QK^T and AV, no causal halving, backward
+    twice the forward: a causal kernel doing its real work at 50% of peak scores 1.0, hence the bound 2): one
+    long causal call, the per-CTA fixed work amortised and every SM busy. Shorter calls run below it
+    (cost.compute.attention_rate_ratio, docs/formulas.md#compute.cp_attention). Fitted by
     leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
     calibrate`."""
+    unfused_attention_efficiency: float = Field(default=0.7, gt=0, le=1)
+    """Achieved fraction of the sustained peak of the unfused attention path's score matmuls (batched QK^T and
+    AV over all s x s scores: no causal skipping, so the counted FLOPs are the work done). Not measured: the
+    0.7 that attention_efficiency was fitted to when one constant served both paths (docs/validation.md#constants)."""
+    native_attention_flash2: bool = False
+    """The native fused attention kernel is FlashAttention-2 (Ampere): its per-CTA fixed work
+    (ATTENTION_FIXED_KEYS["flash2"]) prices its short calls."""
     flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
