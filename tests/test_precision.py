@@ -129,6 +129,34 @@ def test_hopper_fp8_casts_write_the_transposed_copy_too():
     assert fp8_cast_bytes(m, row, False, True) == fp8_cast_bytes(m, row, False, False)
 
 
+def test_fp8_casts_by_hand_with_and_without_sequence_parallelism():
+    # Each GEMM input cast once in forward and each output gradient once in backward (read 2 bytes, write 1,
+    # plus the transposed copy on Hopper); under SP the h-wide tensors TP gathers (QKV / fc1 inputs, output
+    # projection / fc2 output gradients) are quantised on the rank's h/t shard before the gather and, per-tensor
+    # fp8 gathering row-wise data only, transposed after it (read 1, write 1): Transformer Engine
+    # pytorch/module/linear.py ("If data is in FP8, we compute FP8 transposes manually"). Hand counts per token
+    # and layer over the step, Llama 3.1 70B (h 8192, 64 heads of 128, 8 KV heads, gated f 28,672):
+    from llmplan.cost.compute import fp8_cast_bytes
+    m, s = M["llama-3.1-70b"], 4096
+    held = (8192 + 28672) / 4 + (16 + 2 * 2) * 128 + 2 * 28672 / 4  # proj / fc2 inputs, QKV / fc1 gradients
+    cases = {  # (tp, sp, Hopper, tp_impl): bytes per token
+        (4, True, True, "megatron"): 4 * held + 2 * 8192 * 2 * (3 / 4 + 2),
+        (4, True, False, "megatron"): 3 * held + 2 * 8192 * 2 * (3 / 4),
+        (4, False, True, "megatron"): 4 * held + 2 * 8192 * 2 * 4,
+        (4, True, True, "dtensor"): 4 * held + 2 * 8192 * ((3 / 4 + 2) + 4),  # bf16-gathered gradients: whole
+    }
+    for (tp, sp, hopper, impl), want in cases.items():
+        p = plan(tp=tp, dp=2, sp=sp, seq_len=s, dtype="fp8", recipe="tensorwise", tp_impl=impl)
+        assert fp8_cast_bytes(m, p, False, hopper) * 3 / s == pytest.approx(want)
+    # TP1 (Llama 3.1 8B): no gather, every cast whole; 278,528 bytes a token and layer on H100
+    one = plan(seq_len=s, dtype="fp8", recipe="tensorwise")
+    assert fp8_cast_bytes(M["llama-3.1-8b"], one, False, True) * 3 / s == pytest.approx(
+        4 * ((4096 + 14336) + (32 + 16) * 128 + 2 * 14336) + 2 * 4096 * 2 * 4) == pytest.approx(278528)
+    # SP shrinks the casts to at most what the same plan without SP casts
+    sp_on, sp_off = (plan(tp=8, dp=1, sp=x, seq_len=s, dtype="fp8", recipe=r) for x, r in ((True, "mxfp8"), (False, "mxfp8")))
+    assert fp8_cast_bytes(m, sp_on, False, True) < fp8_cast_bytes(m, sp_off, False, True)
+
+
 def test_nvl72_racks_and_dgx_b300():
     for name, nic in (("gb200-nvl72", 400), ("gb300-nvl72", 800)):
         s = S[name]

@@ -117,21 +117,43 @@ Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documen
 
 
 def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
-    """fp8 training casts every GEMM input to fp8 before the GEMM (read 2 bytes, write 1, plus the amax
-    reduction it fuses): the QKV, output-projection, fc1 and fc2 inputs in forward; backward casts the output
-    gradients likewise (stage_compute counts backward traffic as twice the forward). Weights are cast once
-    per step and left out. On a GPU whose FP8 GEMMs take only the TN layout (Hopper) the per-tensor and
-    blockwise casts also write the transposed copy (one byte more per element). Source: Transformer Engine
-    fp8 primer (per-tensor scaling, cast before each GEMM); cuBLASLt FP8 TN requirement and Transformer
-    Engine's column-wise data (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
+    """HBM bytes of one layer's fp8 casts per pass (the step's forward and backward casts over the 3 passes that
+    stage_compute counts the memory-bound traffic in), one micro-batch, one rank. Every GEMM input is cast before
+    its GEMM (read 2 bytes, write the recipe's copies: CAST_BYTES; on Hopper, `fp8_tn_only`, the per-tensor and
+    blockwise casts also write the transposed copy): forward the QKV and fc1 inputs (h each per token) and the
+    output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
+    and of QKV and fc1. Weights are cast once per step and left out. Under sequence parallelism the h-wide
+    tensors that TP all-gathers (the two inputs, the two gradients; DTensor gathers its gradients in bf16) are
+    cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
+    tensor gathers its row-wise data only, so on Hopper the transposed copy of each gathered tensor, wanted by
+    the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer and a hybrid stack keep
+    the earlier count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts'
+    inputs are k permuted rows per token, and the Mamba mixers' projections have casts of their own, which
+    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then
+    gather_along_first_dim; backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8
+    TN requirement (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0
+    # imported here: cost.comm imports this module (through cost.step)
+    from llmplan.cost.comm import QUANTIZED_GATHER_BYTES
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
-    per_element = (CAST_BYTES[plan.recipe] + transposed) * plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return per_element * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t)
+    cast = CAST_BYTES[plan.recipe] + transposed
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    if moe or m.is_hybrid:
+        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t) * share
+    # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
+    # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
+    qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
+    local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
+    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_BYTES)
+    grads_sp = sp & (plan.tp_impl == "megatron")
+    # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
+    shard = (CAST_BYTES[plan.recipe] / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
+    gathered = 2 * h * (where(sp, shard, cast) + where(grads_sp, shard, cast))
+    return (cast * local + gathered) * s * b * share / 3
 
 
 @dataclass(frozen=True)
