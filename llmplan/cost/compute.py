@@ -128,9 +128,9 @@ def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
     tensor for both (nvte_hadamard_transform_amax). The casts then read it again and write the rowwise copy and
     the columnwise copy of the 16x16-transformed tensor (NVFP4_COPY_BYTES each): in one fused kernel (TE 2.15
     on: 2 + 2 + 2 x 0.5625 = 5.125 B) or, with plan.nvfp4_rht_cast_fusion False, in two kernels that each read
-    it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the cast
-    (16 multiply-adds an element, a few microseconds a layer) and the gradients' stochastic rounding in the
-    conversion instruction: neither adds traffic.
+    it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the amax
+    pass and the cast (a 16x16 matrix on each 16 elements: 32 FLOP an element, against the 2N of a GEMM of N
+    output columns) and the gradients' stochastic rounding in the conversion instruction: neither adds traffic.
     Source: NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/quantizer.cpp NVFP4Quantizer::quantize_impl
     (v2.12: nvte_quantize_v2 then nvte_hadamard_transform_cast_fusion_columnwise; v2.16:
     nvte_quantize_with_hadamard_transform), common/recipe/__init__.py NVFP4BlockScaling (RHT on fp4_quant_fwd_inp
