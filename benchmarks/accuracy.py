@@ -747,7 +747,18 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # out_proj in MXFP8 are not priced
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
+        nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
     )
+
+
+def bridge_release(rec: dict) -> tuple[int, int]:
+    """(year, month) of a Megatron-Bridge table row's release (bridge-2602-... -> (26, 2); mbridge-26.04.01-...
+    -> (26, 4)). The Transformer Engine its lockfile pins decides how NVFP4 inputs are quantised
+    (ParallelPlan.nvfp4_rht_cast_fusion): uv.lock pins TE 2.9 at v0.2.2, 2.12 at v0.3.0 / v0.3.1, 2.14 at
+    v0.4.0 - v0.4.2 (releases 25.11 - 26.04, before the fused row-cast / RHT / column-cast kernel of
+    NVIDIA/TransformerEngine#2555, first in TE 2.15), 2.16 at v0.5.0 (26.06) and 2.17 at v0.6.0 (26.08)."""
+    rel = rec["id"].split("-")[1]
+    return (int(rel[:2]), int(rel[2:4])) if rel.isdigit() else (int(rel.split(".")[0]), int(rel.split(".")[1]))
 
 
 def predict_serving(rec: dict) -> list[tuple[str, float, float]]:

@@ -107,13 +107,42 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
+NVFP4_COPY_BYTES = 0.5 + 1 / 16
+"""Bytes per element of one NVFP4 copy: a 4-bit E2M1 value and an E4M3 scale per 16 elements (the FP32
+per-tensor scale is one number). Source: Transformer Engine docs, features/low_precision_training/nvfp4."""
+
 CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
-              "nvfp4": 5.0 + 2 / 16}
+              "nvfp4": 2 * 2.0 + 2 * NVFP4_COPY_BYTES}
 """HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
 with their scales: one fp8 copy (per-tensor, rowwise; blockwise + an fp32 scale per 128); MXFP8 a rowwise
-and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each; NVFP4 two 4-bit copies with an
-E4M3 scale per 16, plus the random Hadamard transform's read and write of the wgrad operand (2 + 2).
-Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
+and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each; NVFP4 (fused kernel,
+nvfp4_quantize_bytes) a first read for the per-tensor amaxes and a second that writes the rowwise and the
+Hadamard-transformed columnwise 4-bit copies. Derived: docs/formulas.md#precision (Transformer Engine /
+torchao recipe documentation)."""
+
+
+def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
+    """HBM bytes per element to quantise one NVFP4 GEMM input as Transformer Engine does (an activation or an
+    output gradient: the recipe gives both the random Hadamard transform on their wgrad copy). Its per-tensor
+    scale needs the tensor's amax before any cast, and the RHT copy's amax too: one pass reads the bf16
+    tensor for both (nvte_hadamard_transform_amax). The casts then read it again and write the rowwise copy and
+    the columnwise copy of the 16x16-transformed tensor (NVFP4_COPY_BYTES each): in one fused kernel (TE 2.15
+    on: 2 + 2 + 2 x 0.5625 = 5.125 B) or, with plan.nvfp4_rht_cast_fusion False, in two kernels that each read
+    it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the amax
+    pass and the cast (a 16x16 matrix on each 16 elements: 32 FLOP an element, against the 2N of a GEMM of N
+    output columns) and the gradients' stochastic rounding in the conversion instruction: neither adds traffic.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/quantizer.cpp NVFP4Quantizer::quantize_impl
+    (v2.12: nvte_quantize_v2 then nvte_hadamard_transform_cast_fusion_columnwise; v2.16:
+    nvte_quantize_with_hadamard_transform), common/recipe/__init__.py NVFP4BlockScaling (RHT on fp4_quant_fwd_inp
+    and fp4_quant_bwd_grad). Derived: docs/formulas.md#precision"""
+    reads = where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
+    return 2.0 * reads + 2 * NVFP4_COPY_BYTES
+
+
+def quantize_bytes(plan: ParallelPlan) -> Any:
+    """HBM bytes per element to quantise one GEMM input under the plan's recipe (CAST_BYTES; NVFP4 as its
+    kernels run, nvfp4_quantize_bytes). Derived: docs/formulas.md#precision"""
+    return nvfp4_quantize_bytes(plan) if plan.recipe == "nvfp4" else CAST_BYTES[plan.recipe]
 
 
 def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -140,7 +169,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
-    cast = CAST_BYTES[plan.recipe] + transposed
+    cast = quantize_bytes(plan) + transposed
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     if moe or m.is_hybrid:
         return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t) * share
@@ -151,7 +180,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_BYTES)
     grads_sp = sp & (plan.tp_impl == "megatron")
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
-    shard = (CAST_BYTES[plan.recipe] / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
+    shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     gathered = 2 * h * (where(sp, shard, cast) + where(grads_sp, shard, cast))
     return (cast * local + gathered) * s * b * share / 3
 

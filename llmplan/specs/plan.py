@@ -216,6 +216,12 @@ class ParallelPlan(PlanQuantities, Spec):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    nvfp4_rht_cast_fusion: bool = True
+    """With the NVFP4 recipe, Transformer Engine quantises each GEMM input (an activation or an output gradient)
+    in one kernel after its amax pass: the rowwise 4-bit copy and, after the 16x16 random Hadamard transform, the
+    columnwise copy the weight-gradient GEMM reads (TE 2.15 on, NVIDIA/TransformerEngine#2555). False: TE 2.9 -
+    2.14, whose rowwise cast and RHT-columnwise cast are two kernels that each read the bf16 tensor (as
+    Megatron-Bridge v0.2.2 - v0.4.2 pin TE). Priced in the casts' bytes (docs/formulas.md#precision)."""
     fused_loss: bool = True
     """The loss runs fused on the logits (Megatron's vocab-parallel cross entropy, a compiled loss): one fp32
     copy of the logits per rank. False: PyTorch's eager cross_entropy on logits cast to fp32 (torchtitan up
