@@ -8,7 +8,7 @@ which re-exports its names.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -94,35 +94,60 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
 
-def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[tuple[Any, Any, Any, Any, str]]:
-    """(FLOPs, M, N, K, tp_role) of each matmul of one layer's forward on one rank, one micro-batch: the
-    attention projections, the MLP (or the router, the rank's experts at their rows per expert, the shared
-    experts). tp_role: "ag" for a column-parallel matmul whose input TP gathers (QKV, MLP up), "rs" for a
-    row-parallel one whose output TP reduces (attention output, MLP down), "" for the rest.
-    Derived: docs/formulas.md#compute.gemm"""
+GemmModule = Literal["attention", "recurrent", "mlp", "shared_expert", "expert", "router", "latent_proj"]
+"""What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
+
+
+class Gemm(NamedTuple):
+    """One matmul of one layer's forward on one rank, one micro-batch (layer_gemms)."""
+
+    flops: Any
+    """FLOPs of the matmul on the rank."""
+    M: Any
+    """Rows (tokens; a routed expert's rows per local expert)."""
+    N: Any
+    """Output columns."""
+    K: Any
+    """Reduction length."""
+    tp_role: str
+    """"ag": column-parallel, its input gathered by TP; "rs": row-parallel, its output reduce-scattered; ""."""
+    module: GemmModule
+    """What the matmul computes: "expert" marks the routed experts' grouped GEMMs."""
+
+
+def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
+    """(FLOPs, M, N, K, tp_role, module) of each matmul of one layer's forward on one rank, one micro-batch:
+    the attention projections, the MLP (or the shared experts, the rank's experts at their rows per expert,
+    the router, a latent MoE's two projections). tp_role: "ag" for a column-parallel matmul whose input TP
+    gathers (QKV, MLP up), "rs" for a row-parallel one whose output TP reduces (attention output, MLP down),
+    "" for the rest. module tags what each matmul is, for the pricing that treats some apart (the routed
+    experts' grouped GEMM, the modules kept in bf16). Derived: docs/formulas.md#compute.gemm"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     c = 2 if m.gated_mlp else 1
     shapes = attention_shapes(m, t)
     roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
     a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
-    out = [(2 * T * k * n * a_share, T, n, k, role) for (k, n), role in zip(shapes, roles)]
-    out += [(2 * T * k * n * share, T, n, k, role)
+    out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles)]
+    out += [Gemm(2 * T * k * n * share, T, n, k, role, "recurrent")
             for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
     dense_f = m.shared_ffn if moe else m.intermediate_size
     f_share = 1.0 if moe else dense_mlp_share(m)
     if dense_f and f_share:
-        out += [(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag"),
-                (2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs")]
+        mod: GemmModule = "shared_expert" if moe else "mlp"
+        out += [Gemm(2 * T * h * c * dense_f / t * f_share, T, c * dense_f / t, h, "ag", mod),
+                Gemm(2 * T * dense_f / t * h * f_share, T, h, dense_f / t, "rs", mod)]
     if moe:
         etp, f_e, k_top, w = plan.etp_resolved, m.expert_ffn, m.num_experts_per_tok, m.expert_width
         # Rows per local expert (padded to capacity when a capacity factor is set).
         rows = T / where(plan.sp, t, 1) * k_top * etp * plan.ep / m.num_experts * plan.expert_padding
         routed = 2 * T * k_top * (c + 1) * w * f_e / t  # the experts read and write the expert width w
-        out += [(routed * c / (c + 1), rows, c * f_e / etp, w, ""), (routed / (c + 1), rows, w, f_e / etp, ""),
-                (2 * T * h * m.num_experts / t, T, m.num_experts, h, "")]
+        out += [Gemm(routed * c / (c + 1), rows, c * f_e / etp, w, "", "expert"),
+                Gemm(routed / (c + 1), rows, w, f_e / etp, "", "expert"),
+                Gemm(2 * T * h * m.num_experts / t, T, m.num_experts, h, "", "router")]
         if m.moe_latent_size:  # a latent MoE's h -> l and l -> h projections, replicated across TP
-            out += [(2 * T * h * w / t, T, w, h, ""), (2 * T * w * h / t, T, h, w, "")]
+            out += [Gemm(2 * T * h * w / t, T, w, h, "", "latent_proj"),
+                    Gemm(2 * T * w * h / t, T, h, w, "", "latent_proj")]
     return out
 
 
@@ -148,18 +173,13 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
-def bf16_module_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool, n: int) -> frozenset[int]:
-    """Indices into layer_gemms' list (of n) of the matmuls plan.bf16_modules keeps in bf16 under a low-precision
-    recipe: the attention projections (the list's first entries) and a latent MoE's two projections (its last).
+def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
+    """Indices into layer_gemms' list of the matmuls plan.bf16_modules keeps in bf16 under a low-precision
+    recipe: those whose module tag is named (the attention projections; a latent MoE's two projections).
     Derived: docs/formulas.md#precision"""
     if not plan.low_precision or not plan.bf16_modules:
         return frozenset()
-    kept: set[int] = set()
-    if "attention" in plan.bf16_modules and attention_share(m):
-        kept |= set(range(len(attention_shapes(m, 1))))
-    if "latent_proj" in plan.bf16_modules and moe and m.moe_latent_size:
-        kept |= {n - 2, n - 1}
-    return frozenset(kept)
+    return frozenset(i for i, g in enumerate(gemms) if g.module in plan.bf16_modules)
 
 
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
@@ -172,22 +192,21 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     total = sum(g[0] for g in gemms)
     flops = layer_flops(m, plan, moe).gemm
 
-    # The two expert matmuls (entries 1-2 from the end of a MoE layer's list; the router is last) run as one
-    # grouped GEMM over the rank's E/ep experts, and the most-loaded rank computes routing_imbalance x the
-    # mean routed rows (capacity padding: the factor).
-    experts = (len(gemms) - 3, len(gemms) - 2) if moe else ()
+    # The routed experts' two matmuls (module "expert") run as one grouped GEMM over the rank's E/ep experts,
+    # and the most-loaded rank computes routing_imbalance x the mean routed rows (capacity padding: the factor).
+    experts = frozenset(i for i, g in enumerate(gemms) if g.module == "expert")
     load = routing_imbalance(m, plan) if moe else 1.0
     pad = [load if i in experts else 1.0 for i in range(len(gemms))]
     groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
 
-    kept = bf16_module_gemms(m, plan, moe, len(gemms))
+    kept = bf16_module_gemms(plan, gemms)
 
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
         # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
         per_flop = where(total > 0, flops / where(total > 0, total, 1.0), 0.0)
-        for i, ((f, M, N, K, role), x, g) in enumerate(zip(gemms, pad, groups)):
+        for i, ((f, M, N, K, role, _), x, g) in enumerate(zip(gemms, pad, groups)):
             fmt = "bf16" if i in kept else low
             scale = per_flop / gpu.sustained_flops(fmt)
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
