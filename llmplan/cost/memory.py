@@ -55,7 +55,7 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules; DualPipe.step)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
     sched = schedule_of(plan)
-    plain = minimum(p - stage + sched.extra_inflight, n / sched.param_copies)
+    plain = minimum(p - stage, n / sched.param_copies)
     interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
     return where(v == 1, plain * 1.0, interleaved)
 
