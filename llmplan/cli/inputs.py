@@ -142,7 +142,7 @@ def switches(s: SwitchOptions) -> dict:
             "bf16_layers_start": s.bf16_layers_start, "bf16_layers_end": s.bf16_layers_end, "bf16_modules": parse_bf16_modules(s.bf16_modules),
             "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype,
-            "param_remainders": s.param_remainders}
+            "param_remainders": s.param_remainders, "grad_reduce": s.grad_reduce, "launch_blocking": s.launch_blocking}
 
 
 def parse_bf16_modules(text: str | None) -> tuple[str, ...]:
