@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 
 def test_one_broken_rule_is_one_line(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--param-remainders", "--zero", "0")
@@ -10,3 +15,121 @@ def test_one_broken_rule_is_one_line(cli):
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert len(lines) == 1, r.err
     assert "the plan breaks a rule: param_remainders with zero 0" in lines[0] and "use --zero 1" in lines[0]
+
+
+PLANS = Path(__file__).parent / "data" / "plans"
+
+
+def edited(tmp_path: Path, case: str, **plan: object) -> Path:
+    """A shipped plan file with some plan fields changed (the file is re-checked on export)."""
+    doc = json.loads((PLANS / f"{case}.json").read_text())
+    doc["plan"].update(plan)
+    path = tmp_path / f"{case}-edited.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# dense_train: tp 8, pp 4, sp, zero 1, bf16 (Megatron-LM's flags at d98e8a6; Megatron-Bridge 0.6.2;
+# torchtitan 0.3).
+@pytest.mark.parametrize("changes,target,needle", [
+    ({"grad_reduce": "all-reduce"}, "megatron", "ZeRO-1 gradients all-reduced whole"),
+    ({"grad_reduce": "all-reduce"}, "megatron-bridge", "ZeRO-1 gradients all-reduced whole"),
+    ({"tp_backward_overlap": False}, "megatron", "synchronous backward TP collectives"),
+    ({"tp_backward_overlap": False}, "megatron-bridge", "synchronous backward TP collectives"),
+
+    ({"pp_scatter_gather": True, "sp": False}, "megatron", "pipeline scatter/gather without sp (tp 8, pp 4"),
+    ({"pp_scatter_gather": True, "sp": False}, "megatron-bridge", "pipeline scatter/gather without sp"),
+    ({"pp_scatter_gather": True, "sp": False}, "torchrun", "pipeline scatter/gather without sp"),
+])
+def test_switch_refusals_exit_2_with_one_line(cli, tmp_path, changes, target, needle):
+    refused(cli, tmp_path, "dense_train", changes, target, needle)
+
+
+# fsdp_train: tp 1, pp 1, zero 3, dp 16, bf16.
+@pytest.mark.parametrize("changes,target,needle", [
+    ({"tp": 2, "dp": 8, "sp": True, "tp_backward_overlap": False}, "torchtitan", "synchronous backward TP collectives"),
+    ({"launch_blocking": True}, "torchtitan-0.2", "CUDA_LAUNCH_BLOCKING=1"),
+])
+def test_torchtitan_switch_refusals_exit_2_with_one_line(cli, tmp_path, changes, target, needle):
+    refused(cli, tmp_path, "fsdp_train", changes, target, needle)
+
+
+def test_one_rule_a_plan_file_breaks_is_one_line(cli, tmp_path):
+    r = cli("export", edited(tmp_path, "dense_train", vpp=5, pp=1, dp=8, pp_layers=None), "--to", "megatron",
+            "-o", tmp_path / "out")
+    assert r.code == 2
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "the plan no longer passes its rules: vpp (5) needs pp > 1" in lines[0], r.err
+
+
+def refused(cli, tmp_path: Path, case: str, changes: dict, target: str, needle: str) -> None:
+    r = cli("export", edited(tmp_path, case, **changes), "--to", target, "-o", tmp_path / "out")
+    assert r.code == 2, r.out + r.err
+    assert "Traceback" not in r.err + r.out
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "cannot express this plan" in lines[0], r.err
+
+
+def test_pp_scatter_gather_with_sp_changes_nothing_and_exports(cli, tmp_path):
+    """With sp a stage's output is already split over the TP ranks (comm.pp_scattered): nothing to refuse."""
+    r = cli("export", edited(tmp_path, "dense_train", pp_scatter_gather=True), "--to", "megatron",
+            "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+
+
+@pytest.mark.parametrize("target,script", [
+    ("megatron", "megatron_pretrain.sh"), ("megatron-bridge", "megatron_bridge_pretrain.sh"),
+    ("deepspeed", "deepspeed_launch.sh"), ("torchrun", "torchrun.sh"), ("slurm", "job.sbatch"),
+])
+def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_path, target, script):
+    case = "fsdp_train" if target == "deepspeed" else "dense_train"
+    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1} if target == "deepspeed" else {}))
+    r = cli("export", plan, "--to", target, "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    text = (tmp_path / "out" / script).read_text()
+    exports = [x for x in text.splitlines() if x.startswith("export CUDA_LAUNCH_BLOCKING=1")]
+    assert len(exports) == 1, text
+    # sbatch reads #SBATCH lines only before the first command
+    assert text.index("export CUDA_LAUNCH_BLOCKING") > text.index("set -euo pipefail")
+    if target == "deepspeed":  # its multi-node runner passes on the variables of .deepspeed_env (2 nodes here)
+        assert (tmp_path / "out" / ".deepspeed_env").read_text() == "CUDA_LAUNCH_BLOCKING=1\n"
+    plain = cli("export", PLANS / f"{case}.json", "--to", target, "-o", tmp_path / "plain")
+    assert plain.code in (0, 2) and "CUDA_LAUNCH_BLOCKING" not in "".join(
+        p.read_text() for p in (tmp_path / "plain").glob("*") if p.is_file())
+
+
+def test_deepspeed_grad_reduce_sets_reduce_scatter(cli, tmp_path):
+    """DeepSpeed's zero_optimization.reduce_scatter: false averages the gradients with all-reduce (DeepSpeed
+    config-json docs, ZeRO optimizations)."""
+    for value, expected in (("all-reduce", False), ("reduce-scatter", True)):
+        out = tmp_path / value
+        r = cli("export", edited(tmp_path, "fsdp_train", grad_reduce=value, zero=1), "--to", "deepspeed", "-o", out)
+        assert r.code == 0, r.err
+        assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["reduce_scatter"] is expected
+
+
+def test_grad_reduce_and_launch_blocking_flags_reach_the_plan(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
+            "--grad-reduce", "all-reduce", "--launch-blocking", "--json")
+    assert r.code == 0, r.err
+    plan = r.json()["plan"]
+    assert plan["grad_reduce"] == "all-reduce" and plan["launch_blocking"] is True
+    base = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1", "--json")
+    assert base.json()["plan"]["grad_reduce"] == "reduce-scatter" and base.json()["plan"]["launch_blocking"] is False
+    # CUDA_LAUNCH_BLOCKING idles the GPU between launches, and the whole gradient all-reduce moves more bytes
+    assert r.json()["time"]["step_s"] > base.json()["time"]["step_s"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "2",
+      "--grad-reduce", "all-reduce"], "grad_reduce all-reduce with zero 2: ZeRO-2/3 keep only their gradient shard"),
+    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--grad-reduce", "allreduce"],
+     "'reduce-scatter' or 'all-reduce' (got allreduce)"),
+    (["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--grad-reduce", "all-reduce"],
+     "--grad-reduce all-reduce with a free --zero: ZeRO-2/3 keep only their gradient shard"),
+])
+def test_grad_reduce_errors_exit_2_with_one_line(cli, args, needle):
+    r = cli(*args)
+    assert r.code == 2
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.err
