@@ -87,8 +87,9 @@ FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shard
                                  help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
 SWIGLU_FP8_INPUT = typer.Option(_plan("swiglu_fp8_input"), "--swiglu-fp8-input/--no-swiglu-fp8-input",
-                                help="Keep the SwiGLU input for backward in fp8 (Megatron "
-                                     "--activation-func-fp8-input-store; DeepSeek-V3's MoE SwiGLU inputs).")
+                                help="Keep the SwiGLU input for backward in fp8 (Megatron-Core "
+                                     "activation_func_fp8_input_store, a Megatron-Bridge override; "
+                                     "DeepSeek-V3's MoE SwiGLU inputs).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",

@@ -38,7 +38,7 @@ def check(pf: PlanFile) -> None:
         ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
          "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
-         "re-plan with --no-swiglu-fp8-input or export to megatron-bridge"),
+         "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
