@@ -143,9 +143,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe) if p.dtype == "fp8" else None
-    if p.dtype == "fp8" and recipe is None and bf16_layer_pairs(pf):  # Megatron-Core refuses bf16 layers with
-        recipe = "tensorwise"                                         # delayed scaling: current scaling
+    recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
               ("--fp8-recipe", recipe),
@@ -157,15 +155,28 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     return as_flags(pairs + cuda_graph_pairs(pf))
 
 
-def stores_remainders(p: ParallelPlan) -> bool:
+def fp8_recipe(pf: PlanFile) -> str | None:
+    """The --fp8-recipe the export writes: None (Megatron-LM's default, delayed scaling) for the per-tensor
+    recipes, but tensorwise (current scaling) where layers or modules stay in bf16 (bf16_layer_pairs), which
+    Megatron-Core refuses with delayed scaling."""
+    p = pf.plan
+    if p.dtype != "fp8":
+        return None
+    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe)
+    return "tensorwise" if recipe is None and bf16_layer_pairs(pf) else recipe
+
+
+def stores_remainders(pf: PlanFile) -> bool:
     """Whether Megatron-Core, given --use-precision-aware-optimizer, keeps the plan's fp32 master as 16-bit
     remainders: OptimizerConfig.store_param_remainders is on by default (core_v0.13+; hard-wired on in
     core_v0.11-0.12) and takes effect with bf16 weights whose optimizer Transformer Engine's FusedAdam runs
     (main_params_dtype fp32 and no fp8 recipe past delayed scaling: optimizer_config.py
     use_precision_aware_optimizer_no_fp8_or_ds_fp8; distrib_optimizer.py: an int16 master with bf16).
-    fp8 primary weights are left out: the remainder completes a bf16 weight (TE fused_adam.py)."""
+    fp8 primary weights are left out: the remainder completes a bf16 weight (TE fused_adam.py); so is fp8 current
+    scaling (fp8_recipe tensorwise), for which Megatron-Core keeps its own fp32 master."""
+    p = pf.plan
     return (p.dtype in ("bf16", "fp8", "fp4") and not p.fp8_params and p.recipe in ("tensorwise", "nvfp4")
-            and p.optimizer_master_dtype == "fp32" and p.zero >= 1)
+            and fp8_recipe(pf) is None and p.optimizer_master_dtype == "fp32" and p.zero >= 1)
 
 
 def precision_aware(p: ParallelPlan) -> bool:
@@ -344,7 +355,11 @@ def check(pf: PlanFile) -> None:
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
-    if precision_aware(p) and stores_remainders(p) and not p.param_remainders:
+    if p.param_remainders and not stores_remainders(pf):
+        raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
+                     f"{fp8_recipe(pf)}, which the bf16 layers need: Megatron-Core keeps its own fp32 master "
+                     "unless the fp8 recipe is delayed scaling)", "re-plan with --no-param-remainders")
+    if precision_aware(p) and stores_remainders(pf) and not p.param_remainders:
         raise refuse(TARGET, f"an fp32 master with moments {p.optimizer_moment_dtype}: Megatron-LM's "
                      "--use-precision-aware-optimizer then keeps the master as 16-bit remainders "
                      "(store_param_remainders, on by default, no flag to turn it off), 2 bytes per parameter "
