@@ -150,3 +150,27 @@ def test_megatron_refuses_remainders_under_fp8_current_scaling(cli, tmp_path):
     assert ok.code == 0, ok.err
     script = (tmp_path / "ok" / "megatron_pretrain.sh").read_text()
     assert "--use-precision-aware-optimizer" in script and "--fp8-recipe" not in script
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "gpt-1.7b", "--swiglu-fp8-input"], "swiglu_fp8_input with gpt-1.7b, whose MLP is not gated"),
+    (["--model", "llama-3.1-8b", "--bf16-modules", "attention,mlp"],
+     "--bf16-modules mlp: not a module llmplan can keep in bf16; use a comma-separated list of attention, "
+     "latent_proj"),
+    (["--model", "llama-3.1-8b", "--precision", "fp8-tensorwise", "--bf16-modules", "latent_proj"],
+     "bf16_modules latent_proj: llama-3.1-8b has no such module"),
+    (["--model", "llama-3.1-8b", "--bf16-modules", "attention", "--bf16-layers-end", "2"],
+     "bf16_layers_end 2 and bf16_modules attention with dtype bf16: layers kept in bf16 are an exception"),
+    (["--model", "llama-3.1-8b", "--precision", "fp8-tensorwise", "--bf16-layers-start", "20", "--bf16-layers-end", "20"],
+     "bf16_layers_start (20) + bf16_layers_end (20) exceeds llama-3.1-8b's 32 layers"),
+    (["--model", "llama-3.1-8b", "--precision", "fp8-tensorwise", "--pp", "4", "--dp", "2", "--bf16-layers-end", "9"],
+     "bf16_layers_end (9) above the 8 layers of a pipeline stage"),
+    (["--model", "llama-3.1-8b", "--precision", "fp8-blockwise", "--param-remainders", "--zero", "1"],
+     "param_remainders needs a recipe whose master Transformer Engine keeps (recipe blockwise"),
+])
+def test_switch_errors_exit_2_with_one_line(cli, args, needle):
+    r = cli("estimate", "--hardware", "dgx-h100", *args)
+    assert r.code == 2, r.out
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.err
+    assert "Traceback" not in r.err + r.out

@@ -284,10 +284,13 @@ class ParallelPlan(PlanQuantities, Spec):
                              "fp8-blockwise, mxfp8")
         if self.recipe != "tensorwise" and not self.low_precision:
             raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
+        return self
+
+    @model_validator(mode="after")
+    def _bf16_layers_need_low_precision(self) -> "ParallelPlan":
         pinned = [f"{k} {v}" for k, v in (("bf16_layers_start", self.bf16_layers_start),
-                                          ("bf16_layers_end", self.bf16_layers_end)) if v]
-        if self.bf16_modules and not self.low_precision:
-            pinned.append(f"bf16_modules {','.join(self.bf16_modules)}")
+                                          ("bf16_layers_end", self.bf16_layers_end),
+                                          ("bf16_modules", ",".join(self.bf16_modules))) if v]
         if pinned and not self.low_precision:
             raise ValueError(f"{' and '.join(pinned)} with dtype {self.dtype}: layers kept in bf16 are an exception "
                              "to an fp8 / fp4 recipe; give --precision (e.g. nvfp4, mxfp8) or drop the bf16 layers")
