@@ -174,3 +174,15 @@ def test_switch_errors_exit_2_with_one_line(cli, args, needle):
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert len(lines) == 1 and needle in lines[0], r.err
     assert "Traceback" not in r.err + r.out
+
+
+def test_every_switch_option_reaches_the_plan():
+    """A switch added to SwitchOptions (and its flag) but not passed on to ParallelPlan would be silently ignored."""
+    from llmplan.cli.inputs import SWITCHES_AS_GIVEN
+    from llmplan.specs.options import SwitchOptions
+    from llmplan.specs.plan import ParallelPlan
+
+    parsed = {"dtype", "grad_dtype", "fp8_params", "bf16_modules", "recompute_modules"}
+    elsewhere = {"seq_len", "precision", "axis_order"}  # the plan's length, dtype + recipe, rank placement
+    assert set(SwitchOptions.model_fields) == set(SWITCHES_AS_GIVEN) | parsed | elsewhere
+    assert set(SWITCHES_AS_GIVEN) | parsed <= set(ParallelPlan.model_fields)

@@ -39,7 +39,8 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan) -> dict[str, Any]:
     a = mem.activation_parts
     f = float
     parts = optimizer_parts(plan, mem.optimizer)
-    return {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)}, "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
+    return {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)},
+            "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),

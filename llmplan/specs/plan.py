@@ -267,8 +267,8 @@ class ParallelPlan(PlanQuantities, Spec):
     swiglu_fp8_input: bool = False
     """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
     in the backward pass: Megatron-Core TransformerConfig.activation_func_fp8_input_store (one float8_e4m3fn
-    byte, no scale; SwiGLU only; Megatron-LM has no flag for it, Megatron-Bridge sets it), DeepSeek-V3's MoE SwiGLU inputs in its 1x128-tile FP8 (report §3.3.3). Off: bf16, 2 bytes
-    (docs/formulas.md#mem.swiglu_fp8_input)."""
+    byte, no scale; SwiGLU only; Megatron-LM has no flag for it, Megatron-Bridge sets it), DeepSeek-V3's MoE
+    SwiGLU inputs in its 1x128-tile FP8 (report §3.3.3). Off: bf16, 2 bytes (docs/formulas.md#mem.swiglu_fp8_input)."""
     fp32_param_shards: bool = False
     """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
     optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed
