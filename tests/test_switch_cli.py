@@ -116,7 +116,11 @@ def test_grad_reduce_and_launch_blocking_flags_reach_the_plan(cli):
     assert plan["grad_reduce"] == "all-reduce" and plan["launch_blocking"] is True
     base = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1", "--json")
     assert base.json()["plan"]["grad_reduce"] == "reduce-scatter" and base.json()["plan"]["launch_blocking"] is False
-    # CUDA_LAUNCH_BLOCKING idles the GPU between launches, and the whole gradient all-reduce moves more bytes
+    # an all-reduce moves twice a reduce-scatter's bytes (ring: 2(n-1)/n vs (n-1)/n of the gradient)
+    dp, base_dp = r.json()["comm"]["dp"]["transfers"][0], base.json()["comm"]["dp"]["transfers"][0]
+    assert (dp["collective"], base_dp["collective"]) == ("all-reduce", "reduce-scatter")
+    assert dp["bytes"] == pytest.approx(2 * base_dp["bytes"])
+    # CUDA_LAUNCH_BLOCKING idles the GPU between launches
     assert r.json()["time"]["step_s"] > base.json()["time"]["step_s"]
 
 
