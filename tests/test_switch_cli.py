@@ -121,7 +121,9 @@ def test_grad_reduce_and_launch_blocking_flags_reach_the_plan(cli):
     assert (dp["collective"], base_dp["collective"]) == ("all-reduce", "reduce-scatter")
     assert dp["bytes"] == pytest.approx(2 * base_dp["bytes"])
     # CUDA_LAUNCH_BLOCKING idles the GPU between launches
-    assert r.json()["time"]["step_s"] > base.json()["time"]["step_s"]
+    blocking = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
+                   "--launch-blocking", "--json")
+    assert blocking.json()["time"]["step_s"] > base.json()["time"]["step_s"]
 
 
 @pytest.mark.parametrize("args,needle", [
