@@ -192,3 +192,18 @@ def test_every_switch_option_reaches_the_plan():
     elsewhere = {"seq_len", "precision", "axis_order"}  # the plan's length, dtype + recipe, rank placement
     assert set(SwitchOptions.model_fields) == set(SWITCHES_AS_GIVEN) | parsed | elsewhere
     assert set(SWITCHES_AS_GIVEN) | parsed <= set(ParallelPlan.model_fields)
+
+
+@pytest.mark.parametrize("target,script,folder", [
+    ("megatron", "megatron_pretrain.sh", '"$(dirname "$0")/te_precision.yaml"'),
+    ("torchrun", "torchrun.sh", '"$(dirname "$0")/te_precision.yaml"'),
+    # sbatch runs a spool copy of the batch script: the file is read from the submit folder
+    ("slurm", "job.sbatch", '"${SLURM_SUBMIT_DIR:-.}/te_precision.yaml"'),
+])
+def test_bf16_modules_file_travels_with_every_megatron_script(cli, tmp_path, target, script, folder):
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
+               "--precision", "fp8-tensorwise", "--bf16-modules", "attention", "--save", tmp_path / "p.json").code == 0
+    r = cli("export", tmp_path / "p.json", "--to", target, "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    assert f"--te-precision-config-file {folder}" in (tmp_path / "out" / script).read_text()
+    assert 'pattern: "*.linear_qkv"' in (tmp_path / "out" / "te_precision.yaml").read_text()

@@ -18,7 +18,7 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
         body = megatron.script_body(pf, "").rstrip("\n")
         body = "\n".join(line for line in body.splitlines() if not line.startswith(("GPUS_PER_NODE", "NNODES",
                                                                                    "NODE_RANK", "MASTER_")))
-        return megatron.entry_command(pf), {}, body.replace("set -euo pipefail\n", "")
+        return megatron.entry_command(pf), megatron.companion_files(pf), body.replace("set -euo pipefail\n", "")
     env = "".join(f"{line}\n" for line in launch_env_lines(pf))
     if wrap == "torchtitan":
         torchtitan.check(pf)
@@ -50,6 +50,7 @@ def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
 def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
     need_mode(pf, "train", "slurm")
     entry, files, defs = _entry(pf, wrap)
+    defs = defs.replace(megatron.SCRIPT_DIR, "${SLURM_SUBMIT_DIR:-.}")  # sbatch runs a spool copy of the script
     c = pf.cluster
     header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})")
     script = (header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)

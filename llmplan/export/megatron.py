@@ -189,6 +189,9 @@ MODULE_PATTERNS = {"attention": ("*.linear_qkv", "*.linear_proj"), "latent_proj"
 """llmplan's bf16_modules -> the module-name globs of Megatron-Core's quantization recipe (the matchers of
 megatron/core/extensions/TransformerEngineMixedPrecision.md and Megatron-Bridge's Nemotron-3 Super te_quant.cfg)."""
 TE_PRECISION_FILE = "te_precision.yaml"
+SCRIPT_DIR = '$(dirname "$0")'
+"""The folder of the running script, where its companion files lie (a SLURM batch script runs from a spool copy:
+launch.render_slurm reads them from the submit folder instead)."""
 
 
 def te_precision_config(pf: PlanFile) -> str:
@@ -208,7 +211,7 @@ def bf16_layer_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, Megatron-LM at d98e8a6; both counts written, as
     Megatron-Core's default for each is 1)."""
     start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
-    modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"$(dirname "$0")/{TE_PRECISION_FILE}"')]
+    modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"{SCRIPT_DIR}/{TE_PRECISION_FILE}"')]
                                          if pf.plan.bf16_modules else [])
     if not start + end:
         return modules
@@ -414,8 +417,10 @@ def render(pf: PlanFile) -> dict[str, str]:
     entry = entry_script(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
-    files = {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
-                                                   "core_v0.19.0)") + script_body(pf, launcher)}
-    if pf.plan.bf16_modules and pf.plan.low_precision:
-        files[TE_PRECISION_FILE] = te_precision_config(pf)
-    return files
+    return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
+                                                   "core_v0.19.0)") + script_body(pf, launcher), **companion_files(pf)}
+
+
+def companion_files(pf: PlanFile) -> dict[str, str]:
+    """The files the script's flags read beside it: the --te-precision-config-file YAML for bf16_modules."""
+    return {TE_PRECISION_FILE: te_precision_config(pf)} if pf.plan.bf16_modules else {}
