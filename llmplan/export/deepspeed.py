@@ -95,6 +95,8 @@ def render(pf: PlanFile) -> dict[str, str]:
               f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} --hostfile \"${{HOSTFILE:-hostfile}}\" "
               f"\"${{TRAIN_SCRIPT:-train.py}}\" --deepspeed --deepspeed_config ds_config.json\n")
     files = {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}
-    if env and c.num_nodes > 1:  # the multi-node runner passes on only the variables listed in .deepspeed_env
+    # DeepSpeed's multi-node runner forwards only NCCL_*, PYTHON*, ... and the lines of ./.deepspeed_env
+    # (deepspeed/launcher/runner.py: EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_NAME); it runs from this folder
+    if env and c.num_nodes > 1:
         files[".deepspeed_env"] = "CUDA_LAUNCH_BLOCKING=1\n"
     return files
