@@ -15,10 +15,14 @@ class LlmplanError(Exception):
 
 
 class PlanViolationError(LlmplanError):
-    """A plan breaks one or more rules of check_plan; each violation is listed."""
+    """A plan breaks one or more rules of check_plan: one violation is the one line of bad input, several are
+    listed one a line."""
 
     def __init__(self, violations: list) -> None:
         self.violations = list(violations)
+        if len(self.violations) == 1:
+            super().__init__(f"the plan breaks a rule: {self.violations[0].message}")
+            return
         lines = "\n".join(f"  - {v.message}" for v in self.violations)
         super().__init__(f"the plan breaks {len(self.violations)} rule(s):\n{lines}")
 

@@ -331,6 +331,7 @@ def load_plan(path: Path, current: bool = False) -> PlanFile:
     pf = plan_file(doc, model, system, path)
     violations = plan_violations(pf)
     if violations:
-        raise LlmplanError(f"{path}: the plan no longer passes its rules:\n"
-                           + "\n".join(f"  - {v.message}" for v in violations))
+        listed = (f" {violations[0].message}" if len(violations) == 1 else  # one line, as every bad input
+                  "\n" + "\n".join(f"  - {v.message}" for v in violations))
+        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}")
     return pf

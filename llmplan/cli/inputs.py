@@ -131,18 +131,18 @@ def switches(s: SwitchOptions) -> dict:
                                         OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype")):
         if value not in allowed:
             raise LlmplanError(f"{flag} {value} is not {what}; use one of {', '.join(allowed)}")
-    return {"dtype": dtype, "recipe": recipe, "grad_dtype": grad_dtype, "fp8_params": fp8_params,
-            "flash_attention": s.flash_attention, "overlap_grad_reduce": s.overlap_grad_reduce,
-            "overlap_param_gather": s.overlap_param_gather, "tp_comm_overlap": s.tp_comm_overlap,
-            "pp_scatter_gather": s.pp_scatter_gather, "tp_backward_overlap": s.tp_backward_overlap,
-            "ep_comm_overlap": s.ep_comm_overlap, "moe_capacity_factor": s.moe_capacity_factor,
-            "pp_schedule": s.pp_schedule, "attention_kernel": s.attention_kernel,
-            "recompute_layers": s.recompute_layers, "fused_loss": s.fused_loss, "tp_impl": s.tp_impl,
-            "fp32_param_shards": s.fp32_param_shards, "swiglu_fp8_input": s.swiglu_fp8_input, "moe_dispatcher": s.moe_dispatcher,
-            "bf16_layers_start": s.bf16_layers_start, "bf16_layers_end": s.bf16_layers_end, "bf16_modules": parse_bf16_modules(s.bf16_modules),
-            "moe_routing": s.moe_routing, "moe_dispatch_sms": s.moe_dispatch_sms, "recompute_modules": parse_recompute_modules(s.recompute_modules),
-            "optimizer_master_dtype": s.optimizer_master_dtype, "optimizer_moment_dtype": s.optimizer_moment_dtype,
-            "param_remainders": s.param_remainders}
+    return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
+            "grad_dtype": grad_dtype, "fp8_params": fp8_params, "bf16_modules": parse_bf16_modules(s.bf16_modules),
+            "recompute_modules": parse_recompute_modules(s.recompute_modules)}
+
+
+SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                     "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
+                     "pp_schedule", "attention_kernel", "recompute_layers", "fused_loss", "tp_impl",
+                     "fp32_param_shards", "swiglu_fp8_input", "moe_dispatcher", "bf16_layers_start", "bf16_layers_end",
+                     "moe_routing", "moe_dispatch_sms", "optimizer_master_dtype", "optimizer_moment_dtype",
+                     "param_remainders", "grad_reduce", "launch_blocking")
+"""The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 
 def parse_bf16_modules(text: str | None) -> tuple[str, ...]:

@@ -68,6 +68,12 @@ TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
                             "in backward) | dtensor (PyTorch DTensor / torchtitan: saves the gathered input).")
 OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
+GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
+                           help="ZeRO-1's DP gradient reduction: reduce-scatter (Megatron's distributed optimizer) "
+                                "| all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine).")
+LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
+                               help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
+                                    "while the host launches the next).")
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
 TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
@@ -81,8 +87,9 @@ FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shard
                                  help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
 SWIGLU_FP8_INPUT = typer.Option(_plan("swiglu_fp8_input"), "--swiglu-fp8-input/--no-swiglu-fp8-input",
-                                help="Keep the SwiGLU input for backward in fp8 (Megatron "
-                                     "--activation-func-fp8-input-store; DeepSeek-V3's MoE SwiGLU inputs).")
+                                help="Keep the SwiGLU input for backward in fp8 (Megatron-Core "
+                                     "activation_func_fp8_input_store, a Megatron-Bridge override; "
+                                     "DeepSeek-V3's MoE SwiGLU inputs).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
@@ -198,7 +205,8 @@ SWITCHES = Flags("Training switches", {
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
-    "param_remainders": PARAM_REMAINDERS, "axis_order": AXIS_ORDER})
+    "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "launch_blocking": LAUNCH_BLOCKING,
+    "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,
     "grad_dtype": typer.Option(None, "--grad-dtype", help="Pin the gradient buffer dtype: fp32 | bf16 (default: "

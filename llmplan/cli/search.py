@@ -270,6 +270,10 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
         tokens = parse_count(pins.batch_tokens, "--batch-tokens") if pins.batch_tokens else DEFAULT_BATCH_TOKENS
         global_batch = global_batch_from_tokens(tokens, seq)
     flags = switches(s)
+    if flags["grad_reduce"] == "all-reduce" and (pins.zero is None or pins.zero >= 2):
+        zero = "a free --zero" if pins.zero is None else f"--zero {pins.zero}"
+        raise LlmplanError(f"--grad-reduce all-reduce with {zero}: ZeRO-2/3 keep only their gradient shard, so "
+                           "they reduce-scatter; pin --zero 1 (or 0) or drop --grad-reduce")
     build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 

@@ -90,7 +90,7 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     sp = where(plan.sp, t, 1)
     # Two norm inputs (4sbh), two 1-byte dropout masks (2sbh) when the model uses hidden dropout; the QKV and
     # MLP inputs (2sbh each): DTensor TP keeps them gathered (tp_impl).
-    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction(m.num_hidden_layers) if plan.low_precision else 0.0
+    saved = saved_input_discount(m, plan)
     linear_in = (2.0 - saved) * s * b * h / linear_input_split(plan)
     no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
@@ -120,10 +120,7 @@ def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Source: Transformer Engine pytorch/module/grouped_linear.py (forward saves the quantised inputmats,
     columnwise usage, for backward); Megatron-LM moe/moe_utils.py permute (fused: saves row_id_map).
     Derived: docs/formulas.md#mem.activations"""
-    if not plan.low_precision:
-        return 0.0
-    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return saved * dispatched_rows(m, plan) * m.expert_width
+    return saved_input_discount(m, plan) * dispatched_rows(m, plan) * m.expert_width
 
 
 def dispatched_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -149,7 +146,7 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     if not moe:
         return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
-    saved = (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction(m.num_hidden_layers) if plan.low_precision else 0.0
+    saved = saved_input_discount(m, plan)
     tokens = s * b / where(plan.sp, t, 1)
     routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
     act = maximum(2 * routed_rows * m.expert_ffn / plan.etp_resolved - saved * s * b * m.expert_ffn
@@ -168,6 +165,15 @@ scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits a
 (NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
 the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
 (arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
+
+
+def saved_input_discount(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes per element a low-precision recipe saves below bf16 on a GEMM input it keeps for backward, averaged
+    over the layers: (2 - SAVED_INPUT_BYTES) on the share of layers in the low format (the bf16 layers keep 2);
+    0 in bf16. Derived: docs/formulas.md#mem.activations"""
+    if not plan.low_precision:
+        return 0.0
+    return (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction(m.num_hidden_layers)
 
 
 def swiglu_input_bytes(m: ModelSpec, plan: ParallelPlan) -> float:

@@ -26,6 +26,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
+from llmplan.cost.model_states import fp32_shards_are_master
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -55,7 +56,7 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     Derived: docs/formulas.md#mem.inflight (warm-up counts of Megatron-LM's schedules; DualPipe.step)."""
     p, v, n = plan.pp, plan.vpp, plan.num_microbatches
     sched = schedule_of(plan)
-    plain = minimum(p - stage + sched.extra_inflight, n / sched.param_copies)
+    plain = minimum(p - stage, n / sched.param_copies)
     interleaved = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, n * v) / v
     return where(v == 1, plain * 1.0, interleaved)
 
@@ -177,9 +178,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
                  capacity: float, fp8_tn_only: bool = True) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
-    # FSDP's fp32 parameter shard is the optimizer's master copy: no separate compute-dtype shard.
-    # Source: PyTorch torch.distributed.fsdp.MixedPrecisionPolicy docstring. Derived: docs/formulas.md#mem.model_states
-    fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
+    fp32_shards = fp32_shards_are_master(plan)  # FSDP's fp32 shard: the master, no compute-dtype shard
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
     paired = schedule_of(plan).param_copies == 2  # DualPipe: each rank holds stages i and pp-1-i
     rp = paired_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)

@@ -55,11 +55,18 @@ class OptimizerParts(Breakdown):
     moments: Any
 
 
+def fp32_shards_are_master(plan: ParallelPlan) -> Any:
+    """Whether FSDP's fp32 parameter shard is the optimizer's master copy (ZeRO-3 with fp32_param_shards in mixed
+    precision): no compute-dtype shard beside it and no separate master. Elementwise over the search's arrays.
+    Source: PyTorch torch.distributed.fsdp.MixedPrecisionPolicy docstring. Derived: docs/formulas.md#mem.model_states"""
+    return (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
+
+
 def optimizer_parts(plan: ParallelPlan, optimizer: Any) -> OptimizerParts:
     """Split a rank's optimizer bytes (TrainingMemory.optimizer) into master weights and moments, in the ratio
     of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks).
     Derived: docs/formulas.md#mem.param_remainders"""
-    fp32_shards = (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
+    fp32_shards = fp32_shards_are_master(plan)
     moments_b = plan.optimizer_bytes - plan.master_bytes
     master_b = where(fp32_shards, 0.0, plan.master_bytes)
     share = where(master_b + moments_b > 0, master_b / maximum(master_b + moments_b, 1e-30), 0.0)

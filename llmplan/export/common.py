@@ -76,7 +76,33 @@ def rendezvous_lines(pf: PlanFile) -> list[str]:
     c = pf.cluster
     return ["set -euo pipefail", "", f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
             f"NNODES=${{NNODES:-{c.num_nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
-            "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}"]
+            "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", *launch_env_lines(pf)]
+
+
+def launch_env_lines(pf: PlanFile) -> list[str]:
+    """The environment the plan prices, exported before the launcher (its workers inherit it): CUDA_LAUNCH_BLOCKING=1
+    with launch_blocking (every kernel launch returns when the kernel is done; CUDA C++ Programming Guide,
+    "Concurrent Execution between Host and Device")."""
+    return (["export CUDA_LAUNCH_BLOCKING=1   # the plan's launch_blocking (priced: the GPU idles between launches)"]
+            if pf.plan.launch_blocking else [])
+
+
+def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for the TP / pipeline switches a Megatron-Core or torchtitan launch
+    cannot turn: synchronous backward TP collectives (tp_backward_overlap off: Megatron-LM's
+    --async-tensor-model-parallel-allreduce is gone, the overlap always on; DTensor's are scheduled by the
+    compiler) and pipeline scatter/gather without sp (Megatron-Core's p2p sends a stage's whole output from every
+    TP rank; Megatron-LM dropped scatter/gather when the pipeline moved into Megatron-Core)."""
+    p = pf.plan
+    return [
+        ("synchronous backward TP collectives (tp_backward_overlap off; the launcher always overlaps the "
+         "input-gradient collectives with the weight-gradient GEMMs)",
+         not p.tp_backward_overlap and p.tp > 1 and not (p.tp_comm_overlap and p.sp),
+         "re-plan with --tp-backward-overlap"),
+        (f"pipeline scatter/gather without sp (tp {p.tp}, pp {p.pp}; the launcher sends a stage's whole output "
+         "from every TP rank)", p.pp_scatter_gather and p.pp > 1 and p.tp > 1 and not p.sp,
+         "re-plan with --no-pp-scatter-gather, or with --sp"),
+    ]
 
 
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:

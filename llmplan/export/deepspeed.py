@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import header_lines, is_uneven, launcher_schedule, need_mode, refuse, sh_header
+from llmplan.export.common import (header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode, refuse,
+                                   sh_header)
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -37,7 +38,7 @@ def check(pf: PlanFile) -> None:
         ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
          "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
-         "re-plan with --no-swiglu-fp8-input or export to megatron-bridge"),
+         "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
@@ -55,7 +56,8 @@ def check(pf: PlanFile) -> None:
 def config(pf: PlanFile) -> dict:
     p = pf.plan
     zero = {"stage": p.zero, "overlap_comm": p.overlap_grad_reduce, "contiguous_gradients": True,
-            "reduce_scatter": True, "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
+            "reduce_scatter": p.grad_reduce == "reduce-scatter", "reduce_bucket_size": int(5e8),
+            "allgather_bucket_size": int(5e8)}
     if p.zero == 3:
         zero.update({"stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
                      "stage3_max_live_parameters": int(1e9)})
@@ -82,8 +84,9 @@ def config(pf: PlanFile) -> dict:
 def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     c, p = pf.cluster, pf.plan
-    launch = (sh_header(pf, "DeepSpeed launcher") + "set -euo pipefail\n"
-              f"# train_batch_size {p.global_batch} = micro-batch {p.micro_batch} x gradient accumulation "
+    env = launch_env_lines(pf)
+    launch = (sh_header(pf, "DeepSpeed launcher") + "set -euo pipefail\n" + "".join(f"{line}\n" for line in env)
+              + f"# train_batch_size {p.global_batch} = micro-batch {p.micro_batch} x gradient accumulation "
               f"{p.num_microbatches} x data parallel {p.dp}\n"
               + (f"# pipeline stages ({p.pp}) are set in the training script: PipelineModule(num_stages={p.pp}, "
                  f"partition_method=\"type:<transformer block class>\") splits the {pf.model.num_hidden_layers} "
@@ -91,4 +94,9 @@ def render(pf: PlanFile) -> dict[str, str]:
               +
               f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} --hostfile \"${{HOSTFILE:-hostfile}}\" "
               f"\"${{TRAIN_SCRIPT:-train.py}}\" --deepspeed --deepspeed_config ds_config.json\n")
-    return {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}
+    files = {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}
+    # DeepSpeed's multi-node runner forwards only NCCL_*, PYTHON*, ... and the lines of ./.deepspeed_env
+    # (deepspeed/launcher/runner.py: EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_NAME); it runs from this folder
+    if env and c.num_nodes > 1:
+        files[".deepspeed_env"] = "CUDA_LAUNCH_BLOCKING=1\n"
+    return files

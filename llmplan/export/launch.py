@@ -4,29 +4,32 @@ Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node S
 from __future__ import annotations
 
 from llmplan.export import bridge, deepspeed, megatron, torchtitan
-from llmplan.export.common import need_mode, refuse, sh_header
+from llmplan.export.common import launch_env_lines, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 
 WRAPPABLE = ("megatron", "torchtitan", "deepspeed", "megatron-bridge")
 
 
 def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
-    """(command after torchrun's flags, extra files, shell lines that define the arguments)."""
-    if wrap == "megatron":
+    """(command after torchrun's flags, extra files, shell lines that define the arguments and, but for megatron
+    whose script body has them, the plan's environment)."""
+    if wrap == "megatron":  # its body exports the plan's environment (common.rendezvous_lines)
         megatron.check(pf)
         body = megatron.script_body(pf, "").rstrip("\n")
         body = "\n".join(line for line in body.splitlines() if not line.startswith(("GPUS_PER_NODE", "NNODES",
                                                                                    "NODE_RANK", "MASTER_")))
-        return megatron.entry_command(pf), {}, body.replace("set -euo pipefail\n", "")
+        return megatron.entry_command(pf), megatron.companion_files(pf), body.replace("set -euo pipefail\n", "")
+    env = "".join(f"{line}\n" for line in launch_env_lines(pf))
     if wrap == "torchtitan":
         torchtitan.check(pf)
-        return torchtitan.TORCHTITAN_ENTRY, {}, torchtitan.args_array(pf)
+        return torchtitan.TORCHTITAN_ENTRY, {}, env + torchtitan.args_array(pf)
     if wrap == "deepspeed":
         files = deepspeed.render(pf)
         files.pop("deepspeed_launch.sh")
-        return '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json', files, ""
+        files.pop(".deepspeed_env", None)  # torchrun starts the workers: they inherit the exported variables
+        return '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json', files, env.rstrip("\n")
     if wrap == "megatron-bridge":
-        return bridge.BRIDGE_ENTRY, {}, bridge.arrays(pf)
+        return bridge.BRIDGE_ENTRY, {}, env + bridge.arrays(pf)
     raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
 
 
@@ -47,6 +50,7 @@ def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
 def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
     need_mode(pf, "train", "slurm")
     entry, files, defs = _entry(pf, wrap)
+    defs = defs.replace(megatron.SCRIPT_DIR, "${SLURM_SUBMIT_DIR:-.}")  # sbatch runs a spool copy of the script
     c = pf.cluster
     header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})")
     script = (header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)

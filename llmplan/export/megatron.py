@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_layout)
+                                   megatron_layout, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -143,9 +143,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe) if p.dtype == "fp8" else None
-    if p.dtype == "fp8" and recipe is None and bf16_layer_pairs(pf):  # Megatron-Core refuses bf16 layers with
-        recipe = "tensorwise"                                         # delayed scaling: current scaling
+    recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
               ("--fp8-recipe", recipe),
@@ -157,15 +155,28 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     return as_flags(pairs + cuda_graph_pairs(pf))
 
 
-def stores_remainders(p: ParallelPlan) -> bool:
+def fp8_recipe(pf: PlanFile) -> str | None:
+    """The --fp8-recipe the export writes: None (Megatron-LM's default, delayed scaling) for the per-tensor
+    recipes, but tensorwise (current scaling) where layers or modules stay in bf16 (bf16_layer_pairs), which
+    Megatron-Core refuses with delayed scaling."""
+    p = pf.plan
+    if p.dtype != "fp8":
+        return None
+    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe)
+    return "tensorwise" if recipe is None and bf16_layer_pairs(pf) else recipe
+
+
+def stores_remainders(pf: PlanFile) -> bool:
     """Whether Megatron-Core, given --use-precision-aware-optimizer, keeps the plan's fp32 master as 16-bit
     remainders: OptimizerConfig.store_param_remainders is on by default (core_v0.13+; hard-wired on in
     core_v0.11-0.12) and takes effect with bf16 weights whose optimizer Transformer Engine's FusedAdam runs
     (main_params_dtype fp32 and no fp8 recipe past delayed scaling: optimizer_config.py
     use_precision_aware_optimizer_no_fp8_or_ds_fp8; distrib_optimizer.py: an int16 master with bf16).
-    fp8 primary weights are left out: the remainder completes a bf16 weight (TE fused_adam.py)."""
+    fp8 primary weights are left out: the remainder completes a bf16 weight (TE fused_adam.py); so is fp8 current
+    scaling (fp8_recipe tensorwise), for which Megatron-Core keeps its own fp32 master."""
+    p = pf.plan
     return (p.dtype in ("bf16", "fp8", "fp4") and not p.fp8_params and p.recipe in ("tensorwise", "nvfp4")
-            and p.optimizer_master_dtype == "fp32" and p.zero >= 1)
+            and fp8_recipe(pf) is None and p.optimizer_master_dtype == "fp32" and p.zero >= 1)
 
 
 def precision_aware(p: ParallelPlan) -> bool:
@@ -178,6 +189,9 @@ MODULE_PATTERNS = {"attention": ("*.linear_qkv", "*.linear_proj"), "latent_proj"
 """llmplan's bf16_modules -> the module-name globs of Megatron-Core's quantization recipe (the matchers of
 megatron/core/extensions/TransformerEngineMixedPrecision.md and Megatron-Bridge's Nemotron-3 Super te_quant.cfg)."""
 TE_PRECISION_FILE = "te_precision.yaml"
+SCRIPT_DIR = '$(dirname "$0")'
+"""The folder of the running script, where its companion files lie (a SLURM batch script runs from a spool copy:
+launch.render_slurm reads them from the submit folder instead)."""
 
 
 def te_precision_config(pf: PlanFile) -> str:
@@ -197,7 +211,7 @@ def bf16_layer_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, Megatron-LM at d98e8a6; both counts written, as
     Megatron-Core's default for each is 1)."""
     start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
-    modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"$(dirname "$0")/{TE_PRECISION_FILE}"')]
+    modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"{SCRIPT_DIR}/{TE_PRECISION_FILE}"')]
                                          if pf.plan.bf16_modules else [])
     if not start + end:
         return modules
@@ -335,10 +349,20 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
+    for what, bad, fix in tp_refusals(pf):
+        if bad:
+            raise refuse(TARGET, what, fix)
+    if p.grad_reduce == "all-reduce" and p.zero == 1:
+        raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
+                     "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
-    if precision_aware(p) and stores_remainders(p) and not p.param_remainders:
+    if p.param_remainders and not stores_remainders(pf):
+        raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
+                     f"{fp8_recipe(pf)}, which the bf16 layers need: Megatron-Core keeps its own fp32 master "
+                     "unless the fp8 recipe is delayed scaling)", "re-plan with --no-param-remainders")
+    if precision_aware(p) and stores_remainders(pf) and not p.param_remainders:
         raise refuse(TARGET, f"an fp32 master with moments {p.optimizer_moment_dtype}: Megatron-LM's "
                      "--use-precision-aware-optimizer then keeps the master as 16-bit remainders "
                      "(store_param_remainders, on by default, no flag to turn it off), 2 bytes per parameter "
@@ -393,8 +417,10 @@ def render(pf: PlanFile) -> dict[str, str]:
     entry = entry_script(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
-    files = {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
-                                                   "core_v0.19.0)") + script_body(pf, launcher)}
-    if pf.plan.bf16_modules and pf.plan.low_precision:
-        files[TE_PRECISION_FILE] = te_precision_config(pf)
-    return files
+    return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
+                                                   "core_v0.19.0)") + script_body(pf, launcher), **companion_files(pf)}
+
+
+def companion_files(pf: PlanFile) -> dict[str, str]:
+    """The files the script's flags read beside it: the --te-precision-config-file YAML for bf16_modules."""
+    return {TE_PRECISION_FILE: te_precision_config(pf)} if pf.plan.bf16_modules else {}

@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import (header_lines, hf_repo, launcher_schedule, need_mode, refuse, sh_header,
+from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode, refuse,
+                                   sh_header, tp_refusals,
                                    virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -56,6 +57,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    for what, bad, fix in tp_refusals(pf):
+        if bad:
+            raise refuse(target, what, fix)
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
@@ -160,6 +164,9 @@ def check_legacy(pf: PlanFile) -> None:
                      "norms with TP)", "re-plan with --sp, or export to torchtitan (0.3)")
     if p.ep > 1 and p.etp_resolved not in (1, p.tp):
         raise refuse(LEGACY_TARGET, f"expert TP {p.etp_resolved} (torchtitan takes 1 or tp)", "re-plan with --etp 1")
+    if p.launch_blocking:
+        raise refuse(LEGACY_TARGET, "CUDA_LAUNCH_BLOCKING=1 (launch_blocking: an environment variable, and this "
+                     "export writes only the TOML)", "export to torchtitan (0.3), or re-plan with --no-launch-blocking")
     _check_tp_impl(pf, LEGACY_TARGET)
 
 
@@ -248,6 +255,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     c = pf.cluster
     script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)")
               + "set -euo pipefail\n\n"
+              + "".join(f"{line}\n" for line in launch_env_lines(pf))
               + f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\nNNODES=${{NNODES:-{c.num_nodes}}}\n"
               "NODE_RANK=${NODE_RANK:-0}\nMASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\n"
               + args_array(pf) + "\n\n"

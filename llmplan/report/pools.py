@@ -14,6 +14,7 @@ from llmplan.report.training import estimate_json, memory_json
 from llmplan.search.hetero import PoolSearchResult
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
+from llmplan.specs.plan import ParallelPlan
 from llmplan.units import GIB
 
 
@@ -25,10 +26,10 @@ def cluster_json(pc: PoolCluster) -> dict[str, Any]:
                        "efficiency": pc.fabric.efficiency}}
 
 
-def pool_use_json(u: PoolUse) -> dict[str, Any]:
+def pool_use_json(u: PoolUse, plan: ParallelPlan) -> dict[str, Any]:
     return {"pool": u.pool, "name": u.name, "system": u.system, "gpus": u.gpus, "stages": list(u.stages),
             "replicas": u.replicas, "global_batch": u.global_batch, "stage_layers": list(u.layers),
-            "memory": memory_json(u.memory), "time": {"step_s": u.step_s, "compute_s": u.compute_s}}
+            "memory": memory_json(u.memory, plan), "time": {"step_s": u.step_s, "compute_s": u.compute_s}}
 
 
 def pools_json(h: HeteroEstimate) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def pools_json(h: HeteroEstimate) -> dict[str, Any]:
             "stage_pools": list(hp.stage_pools) if hp.stage_pools is not None else None,
             "replica_pools": list(hp.replica_pools) if hp.replica_pools is not None else None,
             "replica_batches": list(hp.replica_batches) if hp.replica_batches is not None else None,
-            "cross_pool_s": h.cross_pool_s, "by_pool": [pool_use_json(u) for u in h.pools]}
+            "cross_pool_s": h.cross_pool_s, "by_pool": [pool_use_json(u, h.estimate.plan) for u in h.pools]}
 
 
 def hetero_json(h: HeteroEstimate) -> dict[str, Any]:

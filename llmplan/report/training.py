@@ -35,12 +35,12 @@ def plan_json(plan: ParallelPlan) -> dict[str, Any]:
             **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 
 
-def memory_json(mem: TrainingMemory, plan: ParallelPlan | None = None) -> dict[str, Any]:
+def memory_json(mem: TrainingMemory, plan: ParallelPlan) -> dict[str, Any]:
     a = mem.activation_parts
     f = float
-    parts = None if plan is None else optimizer_parts(plan, mem.optimizer)
-    opt = {} if parts is None else {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)}}
-    return {**opt, "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
+    parts = optimizer_parts(plan, mem.optimizer)
+    return {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)},
+            "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),

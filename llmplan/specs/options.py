@@ -127,6 +127,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.optimizer_moment_dtype."""
     param_remainders: bool
     """ParallelPlan.param_remainders."""
+    grad_reduce: str
+    """ParallelPlan.grad_reduce."""
+    launch_blocking: bool
+    """ParallelPlan.launch_blocking."""
     fp8_params: bool | None
     """ParallelPlan.fp8_params; None (search only): both tried where the recipe allows."""
     axis_order: str

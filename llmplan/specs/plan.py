@@ -272,9 +272,9 @@ class ParallelPlan(PlanQuantities, Spec):
     (docs/formulas.md#step.host_sync)."""
     swiglu_fp8_input: bool = False
     """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
-    in the backward pass: Megatron-Core --activation-func-fp8-input-store (one float8_e4m3fn byte, no scale;
-    SwiGLU only), DeepSeek-V3's MoE SwiGLU inputs in its 1x128-tile FP8 (report §3.3.3). Off: bf16, 2 bytes
-    (docs/formulas.md#mem.swiglu_fp8_input)."""
+    in the backward pass: Megatron-Core TransformerConfig.activation_func_fp8_input_store (one float8_e4m3fn
+    byte, no scale; SwiGLU only; Megatron-LM has no flag for it, Megatron-Bridge sets it), DeepSeek-V3's MoE
+    SwiGLU inputs in its 1x128-tile FP8 (report §3.3.3). Off: bf16, 2 bytes (docs/formulas.md#mem.swiglu_fp8_input)."""
     fp32_param_shards: bool = False
     """Under ZeRO-3 with mixed precision, each rank keeps only the fp32 shard of its parameters, which the
     optimizer updates in place, and all-gathers it in the compute dtype (PyTorch FSDP / FSDP2 with a mixed
@@ -290,10 +290,13 @@ class ParallelPlan(PlanQuantities, Spec):
                              "fp8-blockwise, mxfp8")
         if self.recipe != "tensorwise" and not self.low_precision:
             raise ValueError(f"recipe {self.recipe} needs dtype fp8 or fp4 (got {self.dtype}); use --precision")
+        return self
+
+    @model_validator(mode="after")
+    def _bf16_layers_need_low_precision(self) -> "ParallelPlan":
         pinned = [f"{k} {v}" for k, v in (("bf16_layers_start", self.bf16_layers_start),
-                                          ("bf16_layers_end", self.bf16_layers_end)) if v]
-        if self.bf16_modules and not self.low_precision:
-            pinned.append(f"bf16_modules {','.join(self.bf16_modules)}")
+                                          ("bf16_layers_end", self.bf16_layers_end),
+                                          ("bf16_modules", ",".join(self.bf16_modules))) if v]
         if pinned and not self.low_precision:
             raise ValueError(f"{' and '.join(pinned)} with dtype {self.dtype}: layers kept in bf16 are an exception "
                              "to an fp8 / fp4 recipe; give --precision (e.g. nvfp4, mxfp8) or drop the bf16 layers")

@@ -32,8 +32,6 @@ class Schedule(Spec):
     """Backwards B in one bubble slot (Table 2: 1 for 1F1B and ZB1P, 2 for DualPipe's F&B + B)."""
     bubble_weight: float = Field(ge=0, le=4)
     """Weight-gradient halves W the schedule moves into the bubble (Table 2: 0, 2 for ZB1P, 3 for DualPipe)."""
-    extra_inflight: int = Field(ge=0, le=4)
-    """Micro-batches a stage holds beyond 1F1B's pp - i."""
     param_copies: int = Field(ge=1, le=2)
     """Stages each rank holds: 2 pairs stage i with stage pp-1-i (DualPipe, Table 2's 2x parameters), each
     with its own direction's micro-batches in flight: pp - i of stage i, i + 1 of stage pp-1-i, so PP + 1 in
@@ -57,19 +55,19 @@ class Schedule(Spec):
 SCHEDULES: dict[str, Schedule] = {
     "1f1b": Schedule(
         title="1F1B", caption="1F1B", bubble_pipes=1, bubble_backward=1,
-        bubble_weight=0, extra_inflight=0, param_copies=1, interleaves=True, hides_ep=False, pp_multiple=1,
+        bubble_weight=0, param_copies=1, interleaves=True, hides_ep=False, pp_multiple=1,
         drawing="1f1b"),
     "zero-bubble": Schedule(
         title="zero-bubble (ZB-H1)",
         caption="zero bubble (ZB-H1): backward split into input (orange) and weight (green) passes; the "
                 "weight passes fill the bubble",
-        bubble_pipes=1, bubble_backward=1, bubble_weight=2, extra_inflight=0, param_copies=1, interleaves=False,
+        bubble_pipes=1, bubble_backward=1, bubble_weight=2, param_copies=1, interleaves=False,
         hides_ep=False, pp_multiple=1, drawing="zb-h1"),
     "dualpipe": Schedule(
         title="DualPipe",
         caption="DualPipe: micro-batches enter from both ends (darker: from stage 0, lighter: from the last "
                 "stage); paired forward and backward, weight passes (green) fill the ends",
-        bubble_pipes=2, bubble_backward=2, bubble_weight=3, extra_inflight=0, param_copies=2, interleaves=False,
+        bubble_pipes=2, bubble_backward=2, bubble_weight=3, param_copies=2, interleaves=False,
         hides_ep=True, pp_multiple=2, pp_multiple_reason="DualPipe pairs stage i with stage pp-1-i",
         # Source: deepseek-ai/DualPipe, dualpipe/dualpipe.py DualPipe.step (num_chunks even, >= 2 x ranks)
         min_microbatches_per_stage=2, microbatch_multiple=2, drawing="dualpipe"),
