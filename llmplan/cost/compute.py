@@ -111,14 +111,12 @@ NVFP4_COPY_BYTES = 0.5 + 1 / 16
 """Bytes per element of one NVFP4 copy: a 4-bit E2M1 value and an E4M3 scale per 16 elements (the FP32
 per-tensor scale is one number). Source: Transformer Engine docs, features/low_precision_training/nvfp4."""
 
-CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
-              "nvfp4": 2 * 2.0 + 2 * NVFP4_COPY_BYTES}
+CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32}
 """HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
 with their scales: one fp8 copy (per-tensor, rowwise; blockwise + an fp32 scale per 128); MXFP8 a rowwise
-and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each; NVFP4 (fused kernel,
-nvfp4_quantize_bytes) a first read for the per-tensor amaxes and a second that writes the rowwise and the
-Hadamard-transformed columnwise 4-bit copies. Derived: docs/formulas.md#precision (Transformer Engine /
-torchao recipe documentation)."""
+and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each. NVFP4's passes depend on the
+plan's kernels: nvfp4_quantize_bytes (quantize_bytes picks). Derived: docs/formulas.md#precision
+(Transformer Engine / torchao recipe documentation)."""
 
 
 def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
