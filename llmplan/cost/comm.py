@@ -226,7 +226,7 @@ def pp_scattered(plan: ParallelPlan) -> Any:
     split; without, when pipeline scatter/gather is on (ParallelPlan.pp_scatter_gather).
     Source: Narayanan et al. 2021 §4.1 (scatter/gather communication optimization). Derived:
     docs/formulas.md#comm.pp"""
-    return where(plan.sp, True, where(plan.pp_scatter_gather, True, False))
+    return where(plan.sp, True, plan.pp_scatter_gather)
 
 
 def pp_gathers(plan: ParallelPlan) -> Any:
@@ -234,8 +234,8 @@ def pp_gathers(plan: ParallelPlan) -> Any:
     activation (forward) and gradient (backward) from the TP ranks' 1/t slices, 2 per micro-batch and chunk
     (Megatron-LM p2p_communication.py at 50a4b5fa02, gather_split_1d_tensor; DeepSpeed PartitionedTensor.full).
     Derived: docs/formulas.md#comm.pp"""
-    scattered = where(plan.sp, False, where(plan.pp_scatter_gather, True, False))
-    return where(scattered & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
+    rebuilt = where(plan.sp, False, plan.pp_scatter_gather)  # with SP the layers take it split (sequence shards)
+    return where(rebuilt & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
