@@ -107,16 +107,20 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
-NVFP4_COPY_BYTES = 0.5 + 1 / 16
-"""Bytes per element of one NVFP4 copy: a 4-bit E2M1 value and an E4M3 scale per 16 elements (the FP32
-per-tensor scale is one number). Source: Transformer Engine docs, features/low_precision_training/nvfp4."""
+QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
+                        "nvfp4": 0.5 + 1 / 16}
+"""Bytes per element of one low-precision copy of a tensor under each recipe, scales included: one fp8 byte
+(per-tensor; torchao rowwise), with an fp32 scale per 128 (blockwise) or an E8M0 scale per 32 (MXFP8); NVFP4 a
+4-bit E2M1 value and an E4M3 scale per 16 (the FP32 per-tensor scale is one number). Source: Transformer
+Engine docs, features/low_precision_training (fp8 current / blockwise scaling, MXFP8, NVFP4); OCP
+Microscaling spec; torchao float8 README (rowwise)."""
 
-CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32}
+CAST_BYTES = {r: 2.0 + copies * QUANTIZED_COPY_BYTES[r]
+              for r, copies in (("tensorwise", 1), ("rowwise", 1), ("blockwise", 1), ("mxfp8", 2))}
 """HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
-with their scales: one fp8 copy (per-tensor, rowwise; blockwise + an fp32 scale per 128); MXFP8 a rowwise
-and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each. NVFP4's passes depend on the
-plan's kernels: nvfp4_quantize_bytes (quantize_bytes picks). Derived: docs/formulas.md#precision
-(Transformer Engine / torchao recipe documentation)."""
+(QUANTIZED_COPY_BYTES): one fp8 copy (per-tensor, rowwise, blockwise); MXFP8 a rowwise and a columnwise copy
+(the wgrad operand). NVFP4's passes depend on the plan's kernels: nvfp4_quantize_bytes (quantize_bytes
+picks). Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
 
 
 def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
@@ -124,7 +128,7 @@ def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
     output gradient: the recipe gives both the random Hadamard transform on their wgrad copy). Its per-tensor
     scale needs the tensor's amax before any cast, and the RHT copy's amax too: one pass reads the bf16
     tensor for both (nvte_hadamard_transform_amax). The casts then read it again and write the rowwise copy and
-    the columnwise copy of the 16x16-transformed tensor (NVFP4_COPY_BYTES each): in one fused kernel (TE 2.15
+    the columnwise copy of the 16x16-transformed tensor (QUANTIZED_COPY_BYTES each): in one fused kernel (TE 2.15
     on: 2 + 2 + 2 x 0.5625 = 5.125 B) or, with plan.nvfp4_rht_cast_fusion False, in two kernels that each read
     it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the amax
     pass and the cast (a 16x16 matrix on each 16 elements: 32 FLOP an element, against the 2N of a GEMM of N
@@ -134,7 +138,7 @@ def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
     nvte_quantize_with_hadamard_transform), common/recipe/__init__.py NVFP4BlockScaling (RHT on fp4_quant_fwd_inp
     and fp4_quant_bwd_grad). Derived: docs/formulas.md#precision"""
     reads = where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
-    return 2.0 * reads + 2 * NVFP4_COPY_BYTES
+    return 2.0 * reads + 2 * QUANTIZED_COPY_BYTES["nvfp4"]
 
 
 def quantize_bytes(plan: ParallelPlan) -> Any:
