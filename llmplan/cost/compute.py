@@ -253,7 +253,7 @@ ATTENTION_TILE = 128
 """Rows of a fused attention kernel's tile at head dim 128: FlashAttention-3's Hopper forward and backward
 (kBlockM = kBlockN = 128, Dao-AILab/flash-attention hopper/tile_size.h) and FlashAttention-2's forward. A
 forward CTA owns one query tile of one head (of one sequence) and loops over the key tiles; a backward CTA
-owns one key tile and loops over the query tiles."""
+owns one key tile and loops over the query tiles. Derived: docs/formulas.md#compute.cp_attention"""
 
 ATTENTION_FIXED_KEYS = {"native": (237.0, 420.0), "flash2": (105.0, 271.0)}
 """(forward, backward) keys' worth of time a fused attention kernel spends per CTA outside its loop over the
