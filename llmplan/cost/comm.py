@@ -214,10 +214,12 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
-    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(gather_bytes(m, plan) != ACT_BYTES) else 0
+    q = gather_bytes(m, plan)
+    # DTensor's backward gathers of output gradients stay bf16 (torchao float8 casts the forward inputs only)
+    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(q != ACT_BYTES) else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
     return [Transfer("all-reduce", without, S, group),
-            Transfer("all-gather", quantised, gather_bytes(m, plan) * s * b * h, group),
+            Transfer("all-gather", quantised, q * s * b * h, group),
             Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
