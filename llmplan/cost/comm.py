@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from llmplan.arith import where
-from llmplan.cost.compute import QUANTIZED_COPY_BYTES
+from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -34,13 +34,9 @@ from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
-QUANTIZED_GATHER_BYTES = {r: QUANTIZED_COPY_BYTES[r] for r in ("tensorwise", "blockwise", "mxfp8", "nvfp4")}
-"""Bytes per element of a TP all-gather that low-precision training sends quantised (one copy, scales included:
-QUANTIZED_COPY_BYTES), by the recipes that do: the
-input is cast before the gather, not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8
-output and gathers it, grad_output_preprocess casts then gathers the output gradient; current TE
-gather_along_first_dim gathers delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's
-PrepareFloat8ModuleInput casts before the forward gather). torchao's rowwise recipe gathers in bf16."""
+QUANTIZED_GATHER_BYTES = {r: QUANTIZED_COPY_BYTES[r] for r in QUANTIZED_GATHER_RECIPES}
+"""Bytes per element of a TP all-gather that low-precision training sends quantised (one copy, scales
+included: QUANTIZED_COPY_BYTES), by the recipes that cast before the gather (QUANTIZED_GATHER_RECIPES)."""
 
 
 def gather_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

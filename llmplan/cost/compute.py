@@ -115,6 +115,13 @@ QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 
 Engine docs, features/low_precision_training (fp8 current / blockwise scaling, MXFP8, NVFP4); OCP
 Microscaling spec; torchao float8 README (rowwise)."""
 
+QUANTIZED_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8", "nvfp4")
+"""Recipes whose TP all-gathers of GEMM inputs move the quantised copy: the input is cast before the gather,
+not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8 output and gathers it,
+grad_output_preprocess casts then gathers the output gradient; current TE gather_along_first_dim gathers
+delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's PrepareFloat8ModuleInput casts
+before the forward gather). torchao's rowwise recipe gathers in bf16. Derived: docs/formulas.md#comm.tp"""
+
 CAST_BYTES = {r: 2.0 + copies * QUANTIZED_COPY_BYTES[r]
               for r, copies in (("tensorwise", 1), ("rowwise", 1), ("blockwise", 1), ("mxfp8", 2))}
 """HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
@@ -165,8 +172,6 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     TN requirement (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0
-    # imported here: cost.comm imports this module (through cost.step)
-    from llmplan.cost.comm import QUANTIZED_GATHER_BYTES
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = attention_head_dims(m)[1]
@@ -179,7 +184,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
     local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
-    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_BYTES)
+    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_RECIPES)
     grads_sp = sp & (plan.tp_impl == "megatron")
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
