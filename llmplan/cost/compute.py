@@ -78,7 +78,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -167,9 +168,10 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer and a hybrid stack keep
     the earlier count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts'
     inputs are k permuted rows per token, and the Mamba mixers' projections have casts of their own, which
-    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then
-    gather_along_first_dim; backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8
-    TN requirement (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
+    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
+    layernorm_linear.py (quantise, then gather_along_first_dim; backward: "If data is in FP8, we compute FP8
+    transposes manually"); cuBLASLt FP8 TN requirement (common/gemm/cublaslt_gemm.cu).
+    Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
