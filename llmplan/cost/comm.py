@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from llmplan.arith import where
+from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -33,12 +34,9 @@ from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
-QUANTIZED_GATHER_BYTES = {"tensorwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
-"""Bytes per element of a TP all-gather that low-precision training sends quantised, scales included: the
-input is cast before the gather, not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8
-output and gathers it, grad_output_preprocess casts then gathers the output gradient; current TE
-gather_along_first_dim gathers delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's
-PrepareFloat8ModuleInput casts before the forward gather). torchao's rowwise recipe gathers in bf16."""
+QUANTIZED_GATHER_BYTES = {r: QUANTIZED_COPY_BYTES[r] for r in QUANTIZED_GATHER_RECIPES}
+"""Bytes per element of a TP all-gather that low-precision training sends quantised (one copy, scales
+included: QUANTIZED_COPY_BYTES), by the recipes that cast before the gather (QUANTIZED_GATHER_RECIPES)."""
 
 
 def gather_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -212,10 +210,12 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
-    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(gather_bytes(m, plan) != ACT_BYTES) else 0
+    q = gather_bytes(m, plan)
+    # DTensor's backward gathers of output gradients stay bf16 (torchao float8 casts the forward inputs only)
+    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(q != ACT_BYTES) else 0
     quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
     return [Transfer("all-reduce", without, S, group),
-            Transfer("all-gather", quantised, gather_bytes(m, plan) * s * b * h, group),
+            Transfer("all-gather", quantised, q * s * b * h, group),
             Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
@@ -226,7 +226,7 @@ def pp_scattered(plan: ParallelPlan) -> Any:
     split; without, when pipeline scatter/gather is on (ParallelPlan.pp_scatter_gather).
     Source: Narayanan et al. 2021 §4.1 (scatter/gather communication optimization). Derived:
     docs/formulas.md#comm.pp"""
-    return where(plan.sp, True, where(plan.pp_scatter_gather, True, False))
+    return where(plan.sp, True, plan.pp_scatter_gather)
 
 
 def pp_gathers(plan: ParallelPlan) -> Any:
@@ -234,8 +234,8 @@ def pp_gathers(plan: ParallelPlan) -> Any:
     activation (forward) and gradient (backward) from the TP ranks' 1/t slices, 2 per micro-batch and chunk
     (Megatron-LM p2p_communication.py at 50a4b5fa02, gather_split_1d_tensor; DeepSpeed PartitionedTensor.full).
     Derived: docs/formulas.md#comm.pp"""
-    scattered = where(plan.sp, False, where(plan.pp_scatter_gather, True, False))
-    return where(scattered & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
+    rebuilt = where(plan.sp, False, plan.pp_scatter_gather)  # with SP the layers take it split (sequence shards)
+    return where(rebuilt & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:

@@ -78,7 +78,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -107,18 +108,27 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
-NVFP4_COPY_BYTES = 0.5 + 1 / 16
-"""Bytes per element of one NVFP4 copy: a 4-bit E2M1 value and an E4M3 scale per 16 elements (the FP32
-per-tensor scale is one number). Source: Transformer Engine docs, features/low_precision_training/nvfp4."""
+QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
+                        "nvfp4": 0.5 + 1 / 16}
+"""Bytes per element of one low-precision copy of a tensor under each recipe, scales included: one fp8 byte
+(per-tensor; torchao rowwise), with an fp32 scale per 128 (blockwise) or an E8M0 scale per 32 (MXFP8); NVFP4 a
+4-bit E2M1 value and an E4M3 scale per 16 (the FP32 per-tensor scale is one number). Source: Transformer
+Engine docs, features/low_precision_training (fp8 current / blockwise scaling, MXFP8, NVFP4); OCP
+Microscaling spec; torchao float8 README (rowwise)."""
 
-CAST_BYTES = {"tensorwise": 3.0, "rowwise": 3.0, "blockwise": 3.0 + 4 / 128, "mxfp8": 4.0 + 2 / 32,
-              "nvfp4": 2 * 2.0 + 2 * NVFP4_COPY_BYTES}
+QUANTIZED_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8", "nvfp4")
+"""Recipes whose TP all-gathers of GEMM inputs move the quantised copy: the input is cast before the gather,
+not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8 output and gathers it,
+grad_output_preprocess casts then gathers the output gradient; current TE gather_along_first_dim gathers
+delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's PrepareFloat8ModuleInput casts
+before the forward gather). torchao's rowwise recipe gathers in bf16. Derived: docs/formulas.md#comm.tp"""
+
+CAST_BYTES = {r: 2.0 + copies * QUANTIZED_COPY_BYTES[r]
+              for r, copies in (("tensorwise", 1), ("rowwise", 1), ("blockwise", 1), ("mxfp8", 2))}
 """HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
-with their scales: one fp8 copy (per-tensor, rowwise; blockwise + an fp32 scale per 128); MXFP8 a rowwise
-and a columnwise copy (the wgrad operand) with an E8M0 scale per 32 each; NVFP4 (fused kernel,
-nvfp4_quantize_bytes) a first read for the per-tensor amaxes and a second that writes the rowwise and the
-Hadamard-transformed columnwise 4-bit copies. Derived: docs/formulas.md#precision (Transformer Engine /
-torchao recipe documentation)."""
+(QUANTIZED_COPY_BYTES): one fp8 copy (per-tensor, rowwise, blockwise); MXFP8 a rowwise and a columnwise copy
+(the wgrad operand). NVFP4's passes depend on the plan's kernels: nvfp4_quantize_bytes (quantize_bytes
+picks). Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
 
 
 def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
@@ -126,7 +136,7 @@ def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
     output gradient: the recipe gives both the random Hadamard transform on their wgrad copy). Its per-tensor
     scale needs the tensor's amax before any cast, and the RHT copy's amax too: one pass reads the bf16
     tensor for both (nvte_hadamard_transform_amax). The casts then read it again and write the rowwise copy and
-    the columnwise copy of the 16x16-transformed tensor (NVFP4_COPY_BYTES each): in one fused kernel (TE 2.15
+    the columnwise copy of the 16x16-transformed tensor (QUANTIZED_COPY_BYTES each): in one fused kernel (TE 2.15
     on: 2 + 2 + 2 x 0.5625 = 5.125 B) or, with plan.nvfp4_rht_cast_fusion False, in two kernels that each read
     it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the amax
     pass and the cast (a 16x16 matrix on each 16 elements: 32 FLOP an element, against the 2N of a GEMM of N
@@ -136,7 +146,7 @@ def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
     nvte_quantize_with_hadamard_transform), common/recipe/__init__.py NVFP4BlockScaling (RHT on fp4_quant_fwd_inp
     and fp4_quant_bwd_grad). Derived: docs/formulas.md#precision"""
     reads = where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
-    return 2.0 * reads + 2 * NVFP4_COPY_BYTES
+    return 2.0 * reads + 2 * QUANTIZED_COPY_BYTES["nvfp4"]
 
 
 def quantize_bytes(plan: ParallelPlan) -> Any:
@@ -158,13 +168,12 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer and a hybrid stack keep
     the earlier count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts'
     inputs are k permuted rows per token, and the Mamba mixers' projections have casts of their own, which
-    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then
-    gather_along_first_dim; backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8
-    TN requirement (common/gemm/cublaslt_gemm.cu). Derived: docs/formulas.md#compute.memory_bound"""
+    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
+    layernorm_linear.py (quantise, then gather_along_first_dim; backward: "If data is in FP8, we compute FP8
+    transposes manually"); cuBLASLt FP8 TN requirement (common/gemm/cublaslt_gemm.cu).
+    Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0
-    # imported here: cost.comm imports this module (through cost.step)
-    from llmplan.cost.comm import QUANTIZED_GATHER_BYTES
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     d_v = attention_head_dims(m)[1]
@@ -177,7 +186,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
     local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
-    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_BYTES)
+    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_RECIPES)
     grads_sp = sp & (plan.tp_impl == "megatron")
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
@@ -251,7 +260,7 @@ ATTENTION_TILE = 128
 """Rows of a fused attention kernel's tile at head dim 128: FlashAttention-3's Hopper forward and backward
 (kBlockM = kBlockN = 128, Dao-AILab/flash-attention hopper/tile_size.h) and FlashAttention-2's forward. A
 forward CTA owns one query tile of one head (of one sequence) and loops over the key tiles; a backward CTA
-owns one key tile and loops over the query tiles."""
+owns one key tile and loops over the query tiles. Derived: docs/formulas.md#compute.cp_attention"""
 
 ATTENTION_FIXED_KEYS = {"native": (237.0, 420.0), "flash2": (105.0, 271.0)}
 """(forward, backward) keys' worth of time a fused attention kernel spends per CTA outside its loop over the

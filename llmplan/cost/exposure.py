@@ -47,7 +47,7 @@ def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float) -> Any
     attention, one call each, and what a step's send takes beyond its call is exposed.
     Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: send_recv_reqs waited
     at the start of the next step; no send after the last). Derived: docs/formulas.md#step.cp"""
-    window = attention * maximum(plan.cp - 1, 0) / maximum(plan.cp, 1)
+    window = attention * (plan.cp - 1) / plan.cp
     return overlap(cp, window, kappa)
 
 

@@ -184,33 +184,29 @@ def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
 
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
     """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
-    harmonic mean of the efficiencies of its own matmuls, in the recipe's format (NVFP4 keeps a share of the
-    layers in bf16: the average layer mixes both). The backward is an input-gradient and a weight-gradient
+    harmonic mean of the efficiencies of its own matmuls, in the recipe's format (the plan's bf16 layers,
+    low_precision_layer_fraction, in bf16: the average layer mixes both; bf16_module_gemms in bf16 in every
+    layer). The backward is an input-gradient and a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
     the call (chunk_rows). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
     gemms = layer_gemms(m, plan, moe)
-    total = sum(g[0] for g in gemms)
-    flops = layer_flops(m, plan, moe).gemm
-
+    total = sum(g.flops for g in gemms)
+    # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
+    per_flop = where(total > 0, layer_flops(m, plan, moe).gemm / where(total > 0, total, 1.0), 0.0)
     # The routed experts' two matmuls (module "expert") run as one grouped GEMM over the rank's E/ep experts,
     # and the most-loaded rank computes routing_imbalance x the mean routed rows (capacity padding: the factor).
-    experts = frozenset(i for i, g in enumerate(gemms) if g.module == "expert")
     load = routing_imbalance(m, plan) if moe else 1.0
-    pad = [load if i in experts else 1.0 for i in range(len(gemms))]
-    groups = [m.num_experts / plan.ep if i in experts else 1 for i in range(len(gemms))]
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
-
     kept = bf16_module_gemms(plan, gemms)
 
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
-        # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
-        per_flop = where(total > 0, flops / where(total > 0, total, 1.0), 0.0)
-        for i, ((f, M, N, K, role, _), x, g) in enumerate(zip(gemms, pad, groups)):
+        for i, (f, M, N, K, role, module) in enumerate(gemms):
             fmt = "bf16" if i in kept else low
             scale = per_flop / gpu.sustained_flops(fmt)
+            x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
-            if i in experts:  # few rows per expert: the weights' reads, not the tensor cores, set the time
+            if module == "expert":  # few rows per expert: the weights' reads, not the tensor cores, set the time
                 whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
