@@ -229,3 +229,17 @@ def test_an_attention_backend_without_a_kernel_is_reported_on_its_row(tmp_path):
     assert len(got) == 2 and all(c.get("error") for c in got)
     rows = attention_rows(cfg, got, on_gpu=True)
     assert [r.verdict for r in rows] == ["n/a", "n/a"] and all(r.note for r in rows)
+
+
+def test_attention_row_prices_the_kernel_rate_curve():
+    # One call of 512 tokens runs below the kernel's long-sequence rate (docs/formulas.md#compute.cp_attention):
+    # the price per FLOP of a short case is higher than of a 16k case of the same heads (it was equal before the
+    # curve reached bench's rows).
+    from llmplan.bench.compare import attention_rows
+    from llmplan.bench.run import attention_flops
+
+    cfg = config(1, components=("attention",))
+    cases = [{"name": "model", "kernel": "native", "b": 1, "a": 32, "kv": 8, "s": s, "qk": 128, "v": 128,
+              "seconds": 1.0} for s in (512, 16384)]
+    short, long_ = (r for r in attention_rows(cfg, cases, on_gpu=False) if r.component == "attention")
+    assert short.predicted / attention_flops(cases[0]) > 1.1 * long_.predicted / attention_flops(cases[1])

@@ -8,7 +8,7 @@ from typing import Any
 
 from llmplan.bench.run import BenchConfig, BenchRun, attention_flops, layer_shape
 from llmplan.cost.comm import tp_transfers
-from llmplan.cost.compute import attention_fraction, gemm_efficiency, head_dim_attention_ratio
+from llmplan.cost.compute import attention_fraction, attention_rate_ratio, gemm_efficiency, head_dim_attention_ratio
 from llmplan.cost.memory import layer_activation_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import AttentionKernel, ParallelPlan
@@ -122,8 +122,8 @@ def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
 
 def attention_rows(cfg: BenchConfig, measured: list[dict[str, Any]], on_gpu: bool) -> list[Row]:
     """Each timed attention case (forward + backward) against llmplan's price of it, 3 x its forward FLOPs at
-    the kernel's rate (attention_fraction); per kernel, the measured rate ratio of the model's head dimension to
-    the reference one against head_dim_attention_ratio's. Cases a backend could not run say why."""
+    the kernel's rate (attention_fraction) on one call of its length (attention_rate_ratio); per kernel, the
+    measured rate ratio of the model's head dimension to the reference one against head_dim_attention_ratio's. Cases a backend could not run say why."""
     gpu = cfg.cluster.system.gpu
     rows: list[Row] = []
     rates: dict[str, dict[str, float]] = {}
@@ -133,8 +133,9 @@ def attention_rows(cfg: BenchConfig, measured: list[dict[str, Any]], on_gpu: boo
             rows.append(Row("attention", label, 0.0, 0.0, "s", None, c["error"][:60]))
             continue
         kind: AttentionKernel = "flash2" if c["kernel"] == "flash2" else "native"
-        plan = ParallelPlan(attention_kernel=kind, seq_len=c["s"])
-        frac = float(attention_fraction(gpu, plan, _case_model(cfg, c)))
+        plan = ParallelPlan(attention_kernel=kind, seq_len=c["s"], micro_batch=c["b"], global_batch=c["b"])
+        m = _case_model(cfg, c)  # the kernel's asymptote times its rate on one call of s tokens (the curve)
+        frac = float(attention_fraction(gpu, plan, m) * attention_rate_ratio(m, plan, gpu))
         predicted = 3 * attention_flops(c) / (gpu.sustained_flops("bf16") * frac)
         rows.append(Row("attention", label, predicted, c["seconds"], "s", 0.25 if on_gpu else None,
                         f"{3 * attention_flops(c) / c['seconds'] / 1e12:.0f} TFLOP/s counted" if on_gpu else ""))
