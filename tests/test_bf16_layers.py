@@ -193,3 +193,18 @@ def test_modules_on_the_command_line_and_in_the_megatron_export(cli):
     with pytest.raises(CannotExpress, match="model.quant_recipe"):
         render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"bf16_layers_end": 0})),
                    "megatron-bridge")
+
+
+def test_mla_attention_kept_in_bf16_matches_every_projection_llmplan_prices():
+    # An MLA model has no linear_qkv: its q / kv down- and up-projections are what cost.gemm tags "attention"
+    # and prices in bf16, so the TE precision file must match them too (Megatron-Core MLASelfAttention names).
+    import yaml
+
+    from llmplan.specs.registry import builtin_models
+    pf = _plan_file(dtype="fp4", recipe="nvfp4", fp8_params=True, bf16_modules=("attention",))
+    pf = dataclasses.replace(pf, model=builtin_models()["deepseek-v3"])
+    files, _ = render_all(pf, "megatron")
+    patterns = sorted(x["pattern"] for x in yaml.safe_load(files["te_precision.yaml"])["matchers"].values())
+    assert "*.linear_qkv" not in patterns
+    assert {"*.linear_q_down_proj", "*.linear_q_up_proj", "*.linear_kv_down_proj", "*.linear_kv_up_proj",
+            "*.linear_proj"} <= set(patterns)

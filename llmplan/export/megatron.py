@@ -188,6 +188,10 @@ def precision_aware(p: ParallelPlan) -> bool:
 MODULE_PATTERNS = {"attention": ("*.linear_qkv", "*.linear_proj"), "latent_proj": ("*mlp.fc[12]_latent_proj",)}
 """llmplan's bf16_modules -> the module-name globs of Megatron-Core's quantization recipe (the matchers of
 megatron/core/extensions/TransformerEngineMixedPrecision.md and Megatron-Bridge's Nemotron-3 Super te_quant.cfg)."""
+MLA_ATTENTION_PATTERNS = ("*.linear_q_proj", "*.linear_q_down_proj", "*.linear_q_up_proj", "*.linear_kv_down_proj",
+                          "*.linear_kv_up_proj", "*.linear_proj")
+"""The attention projections of an MLA model (Megatron-Core multi_latent_attention.py, MLASelfAttention: no
+linear_qkv), all of which llmplan prices in bf16 under bf16_modules attention (cost.gemm's attention tag)."""
 TE_PRECISION_FILE = "te_precision.yaml"
 SCRIPT_DIR = '$(dirname "$0")'
 """The folder of the running script, where its companion files lie (a SLURM batch script runs from a spool copy:
@@ -200,7 +204,8 @@ def te_precision_config(pf: PlanFile) -> str:
     lines = ["configs:", "  bf16:", '    transformer_engine_config_type: "TEQuantizationParams"',
              "    training_recipe: {}", "matchers:"]
     for module in pf.plan.bf16_modules:
-        for i, pattern in enumerate(MODULE_PATTERNS[module]):
+        mla = module == "attention" and pf.model.is_mla
+        for i, pattern in enumerate(MLA_ATTENTION_PATTERNS if mla else MODULE_PATTERNS[module]):
             lines += [f"  {module}_{i}_bf16:", '    config: "bf16"', '    type: "glob"', f'    pattern: "{pattern}"',
                       "    enabled: true"]
     return "\n".join(lines) + "\n"
