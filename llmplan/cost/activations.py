@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compute import attention_head_dims, op_matmul_widths
+from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank
 from llmplan.specs.model import ModelSpec
@@ -157,12 +157,11 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     return attn + where(plan.recomputes("moe"), parts.mlp_input + parts.mlp, parts_of_moe)
 
 
-SAVED_INPUT_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
-                     "nvfp4": 0.5 + 1 / 16}
+SAVED_INPUT_BYTES = QUANTIZED_COPY_BYTES
 """Bytes per element of a GEMM input that a low-precision recipe keeps for backward (the quantised copy the
-wgrad GEMM reads, in place of the bf16 input's 2): one fp8 byte (per-tensor; torchao rowwise), with an fp32
-scale per 128 (blockwise 1x128 tiles), an E8M0 scale per 32 (MXFP8), or 4 bits and an E4M3 scale per 16
-(NVFP4, on the share of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
+wgrad GEMM reads, in place of the bf16 input's 2): one quantised copy of the recipe (cost.compute.
+QUANTIZED_COPY_BYTES: one fp8 byte, with its block scales; NVFP4 4 bits and an E4M3 scale per 16, on the share
+of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
 the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining
 (arXiv 2509.25149). Derived: docs/formulas.md#mem.activations"""
 
