@@ -154,7 +154,8 @@ def test_megatron_round_trip(case):
 def test_deepspeed_batch_identity():
     files, _ = render_all(load_plan(PLANS / "dense_train.json").__class__(
         **{**load_plan(PLANS / "dense_train.json").__dict__,
-           "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1})}), "deepspeed")
+           "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce"})}),
+        "deepspeed")
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
@@ -323,7 +324,11 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
         reason="DeepSpeed not installed: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8")
     base = load_plan(PLANS / "fsdp_train.json")
     gpus = base.plan.num_gpus
-    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp}))
+    # gradients as DeepSpeed runs them (tests/test_export_deepspeed_grads.py): ZeRO-1's fp32 gradients are
+    # all-reduced (BF16_Optimizer), and without ZeRO they are kept in the model's bf16
+    grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce"}}.get(zero, {})
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp,
+                                                                     **grads}))
     cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as on rank 0 of a running job
 
@@ -338,6 +343,8 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     c = ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp))
     assert (c.train_batch_size, c.train_micro_batch_size_per_gpu) == (p.global_batch, p.micro_batch)
     assert c.zero_optimization_stage == p.zero
+    want = {"fp32": ds_config.torch.float32, "bf16": ds_config.torch.bfloat16}[grads.get("grad_dtype", "fp32")]
+    assert (c.grad_accum_dtype, c.communication_data_type) == (cfg["data_types"]["grad_accum_dtype"], want)
     assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == tp
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp * 2))  # the wrong world is refused: the check bites

@@ -83,7 +83,7 @@ def test_pp_scatter_gather_with_sp_changes_nothing_and_exports(cli, tmp_path):
 ])
 def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_path, target, script):
     case = "fsdp_train" if target == "deepspeed" else "dense_train"
-    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1} if target == "deepspeed" else {}))
+    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce"} if target == "deepspeed" else {}))
     r = cli("export", plan, "--to", target, "-o", tmp_path / "out")
     assert r.code == 0, r.err
     text = (tmp_path / "out" / script).read_text()
@@ -100,10 +100,12 @@ def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_pa
 
 def test_deepspeed_grad_reduce_sets_reduce_scatter(cli, tmp_path):
     """DeepSpeed's zero_optimization.reduce_scatter: false averages the gradients with all-reduce (DeepSpeed
-    config-json docs, ZeRO optimizations)."""
+    config-json docs, ZeRO optimizations). bf16 gradients: with fp32 ones ZeRO-1 runs DeepSpeed's BF16_Optimizer,
+    which all-reduces whatever the key says (tests/test_export_deepspeed_grads.py)."""
     for value, expected in (("all-reduce", False), ("reduce-scatter", True)):
         out = tmp_path / value
-        r = cli("export", edited(tmp_path, "fsdp_train", grad_reduce=value, zero=1), "--to", "deepspeed", "-o", out)
+        r = cli("export", edited(tmp_path, "fsdp_train", grad_reduce=value, zero=1, grad_dtype="bf16"), "--to",
+                "deepspeed", "-o", out)
         assert r.code == 0, r.err
         assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["reduce_scatter"] is expected
 

@@ -51,6 +51,52 @@ def check(pf: PlanFile) -> None:
     ):
         if bad:
             raise refuse(TARGET, what, fix)
+    check_grads(pf)
+
+
+# DeepSpeed 0.19.8 picks the optimizer wrapper from (model dtype, data_types.grad_accum_dtype, ZeRO stage,
+# pipeline engine) in deepspeed/runtime/engine.py DeepSpeedEngine._do_optimizer_sanity_check:
+#  - bf16 + fp32 accumulation + ZeRO stage 1 -> BF16_Optimizer (runtime/bf16_optimizer.py): a whole fp32
+#    gradient buffer, all-reduced whole over DP (engine.buffered_allreduce_fallback; under the pipeline engine
+#    PipelineEngine._bf16_reduce_grads), the fp32 master partitioned, the bf16 weights all-gathered after step;
+#  - any other ZeRO stage -> the ZeRO optimizer (runtime/zero/stage_1_and_2.py, stage3.py): gradients kept in
+#    grad_accum_dtype (ZeRO-2/3 in a partition of that dtype), reduced per zero_optimization.reduce_scatter;
+#  - no ZeRO: the model dtype must equal grad_accum_dtype (else NotImplementedError); bf16 -> DDP_BFLOAT16
+#    (FP16_Optimizer: whole fp32 master, bf16 gradients all-reduced), or under the pipeline engine
+#    BF16_Optimizer (its fp32 master partitioned over DP and the weights all-gathered: ZeRO-1's pattern).
+# The gradients cross the wire in communication_data_type (default: the model dtype; engine.allreduce_bucket
+# casts to it), so the export writes it as the plan's gradient dtype.
+_RULE = "DeepSpeed 0.19.8 runtime/engine.py _do_optimizer_sanity_check"
+
+
+def grad_accum_dtype(pf: PlanFile) -> str:
+    """DeepSpeed's name of the dtype the plan keeps and reduces its gradients in."""
+    p = pf.plan
+    if p.dtype == "fp32" or p.grad_dtype == "fp32":
+        return "fp32"
+    return "fp16" if p.dtype == "fp16" else "bf16"
+
+
+def check_grads(pf: PlanFile) -> None:
+    """Refuse the plans whose gradient dtype / reduction DeepSpeed would run otherwise than llmplan prices."""
+    p = pf.plan
+    if p.dtype not in ("bf16", "fp16"):
+        return
+    g = grad_accum_dtype(pf)
+    if p.zero == 0 and g != p.dtype:
+        raise refuse(TARGET, f"{g} gradients with {p.dtype} weights and ZeRO stage 0 ({_RULE}: without ZeRO the "
+                     "gradient accumulation dtype must equal the model dtype, else 'unsupported mix')",
+                     "re-plan with --grad-dtype bf16 (16-bit gradients), or --zero 1 --grad-reduce all-reduce")
+    if p.zero == 0 and p.dtype == "bf16" and p.pp > 1 and p.dp > 1:
+        raise refuse(TARGET, f"ZeRO stage 0 with bf16 under the pipeline engine (pp {p.pp}, dp {p.dp}; {_RULE}: "
+                     "this runs BF16_Optimizer, which partitions the fp32 master over DP and all-gathers the "
+                     "weights after each step, i.e. ZeRO-1)", "re-plan with --zero 1 --grad-reduce all-reduce")
+    if p.zero == 1 and p.dtype == "bf16" and g == "fp32" and p.grad_reduce != "all-reduce":
+        raise refuse(TARGET, f"ZeRO-1 fp32 gradients reduce-scattered (grad_dtype fp32, grad_reduce "
+                     f"{p.grad_reduce}; {_RULE}: bf16 + fp32 grad_accum_dtype + ZeRO stage 1 runs BF16_Optimizer, "
+                     "which all-reduces the whole fp32 gradient)",
+                     "re-plan with --grad-reduce all-reduce (as DeepSpeed runs it) or --grad-dtype bf16 "
+                     "(the ZeRO optimizer)")
 
 
 def config(pf: PlanFile) -> dict:
@@ -72,6 +118,9 @@ def config(pf: PlanFile) -> dict:
         "zero_optimization": zero,
         "steps_per_print": 10,
     }
+    if p.dtype in ("bf16", "fp16"):  # DeepSpeed's defaults for both are the model dtype
+        cfg["data_types"] = {"grad_accum_dtype": grad_accum_dtype(pf)}
+        cfg["communication_data_type"] = grad_accum_dtype(pf)
     if p.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": p.tp > 1, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False, "number_checkpoints": None,
