@@ -145,24 +145,24 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 
+def _module_list(text: str | None, flag: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A comma- or space-separated list of module names for `flag`; a name outside `allowed` is an error."""
+    names = tuple(x.strip() for x in (text or "").replace(" ", ",").split(",") if x.strip())
+    unknown = [x for x in names if x not in allowed]
+    if unknown:
+        raise LlmplanError(f"{flag} {', '.join(unknown)}: not {what}; use a comma-separated list of "
+                           f"{', '.join(allowed)}")
+    return names
+
+
 def parse_bf16_modules(text: str | None) -> tuple[str, ...]:
     """--bf16-modules "attention,latent_proj" -> ("attention", "latent_proj"); an unknown name is an error."""
-    names = tuple(x.strip() for x in (text or "").replace(" ", ",").split(",") if x.strip())
-    unknown = [x for x in names if x not in BF16_MODULES]
-    if unknown:
-        raise LlmplanError(f"--bf16-modules {', '.join(unknown)}: not a module llmplan can keep in bf16; use a "
-                           f"comma-separated list of {', '.join(BF16_MODULES)}")
-    return names
+    return _module_list(text, "--bf16-modules", BF16_MODULES, "a module llmplan can keep in bf16")
 
 
 def parse_recompute_modules(text: str | None) -> tuple[str, ...]:
     """--recompute-modules "layernorm,moe_act" -> ("layernorm", "moe_act"); an unknown name is an error."""
-    names = tuple(x.strip() for x in (text or "").replace(" ", ",").split(",") if x.strip())
-    unknown = [x for x in names if x not in RECOMPUTE_MODULES]
-    if unknown:
-        raise LlmplanError(f"--recompute-modules {', '.join(unknown)}: not a Megatron recompute module llmplan "
-                           f"prices; use a comma-separated list of {', '.join(RECOMPUTE_MODULES)}")
-    return names
+    return _module_list(text, "--recompute-modules", RECOMPUTE_MODULES, "a Megatron recompute module llmplan prices")
 
 
 
