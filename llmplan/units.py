@@ -7,6 +7,12 @@ GB = 1e9  # decimal gigabyte, as vendors print bandwidths
 TERA = 1e12
 DAY = 86_400.0  # seconds
 
+MXFP8_BYTES = 1.0 + 1 / 32
+"""Bytes per element of an MXFP8 tensor: one fp8 byte and an E8M0 scale per 32 (OCP Microscaling spec v1.0)."""
+NVFP4_BYTES = 0.5 + 1 / 16
+"""Bytes per element of an NVFP4 tensor: a 4-bit E2M1 value and an E4M3 scale per 16 (the FP32 per-tensor scale
+is one number) (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", 2025)."""
+
 MAX_SIZE = 1e18  # bytes or tokens: a quintillion is past any buffer, batch or training budget
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB, "g": 1e9,
                "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": 1024**4}

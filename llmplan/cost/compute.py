@@ -51,6 +51,7 @@ from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
 
 KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microseconds; CUDA Programming Guide)
 
@@ -108,8 +109,8 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
 
-QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": 1.0 + 1 / 32,
-                        "nvfp4": 0.5 + 1 / 16}
+QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,
+                        "nvfp4": NVFP4_BYTES}
 """Bytes per element of one low-precision copy of a tensor under each recipe, scales included: one fp8 byte
 (per-tensor; torchao rowwise), with an fp32 scale per 128 (blockwise) or an E8M0 scale per 32 (MXFP8); NVFP4 a
 4-bit E2M1 value and an E4M3 scale per 16 (the FP32 per-tensor scale is one number). Source: Transformer

@@ -20,7 +20,7 @@ from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.serve import ServeJob, ServePlan
-from llmplan.units import GIB
+from llmplan.units import GIB, MXFP8_BYTES, NVFP4_BYTES
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
@@ -65,7 +65,7 @@ def weight_bytes_per_param(dtype: str, group: int) -> float:
     fp16 zero point per `group` weights (AWQ/GPTQ style, 4/group bytes); fp8 keeps one scale per 128x128
     block (DeepSeek-V3 style, negligible); MXFP8 one E8M0 byte per 32 weights and NVFP4 one E4M3 byte per
     16 (OCP Microscaling spec; NVIDIA NVFP4 format). Derived: docs/formulas.md#infer.weights"""
-    return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / 16384, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+    return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / 16384, "mxfp8": MXFP8_BYTES, "nvfp4": NVFP4_BYTES,
             "int8": 1.0 + 4 / group, "int4": 0.5 + 4 / group}[dtype]
 
 

@@ -21,6 +21,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.collectives import collective_time, group_links
 from llmplan.topology.placement import GroupSpan
+from llmplan.units import NVFP4_BYTES
 
 DEEPEP_SCALE_GROUP = 128
 """Elements per fp32 scale of DeepEP's fp8 dispatch (per-token, per-128-channel scales, as DeepGEMM reads
@@ -72,7 +73,7 @@ def dispatch_bytes_per_element(plan: ServePlan, gpu: Any) -> float:
     if plan.moe_dispatcher != "deepep":
         return 2.0
     if plan.expert_dtype_resolved == "nvfp4" and "fp4" in gpu.tflops:
-        return 0.5 + 1 / 16
+        return NVFP4_BYTES
     return 1.0 + 4.0 / DEEPEP_SCALE_GROUP
 
 

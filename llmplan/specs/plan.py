@@ -14,6 +14,7 @@ from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home w
     has_layout, resolve_etp,
 )
 from llmplan.specs.schedule import ScheduleName
+from llmplan.units import NVFP4_BYTES
 
 Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -400,7 +401,7 @@ class ParallelPlan(PlanQuantities, Spec):
         if self.dtype == "fp32":
             return 4.0
         if self.fp8_params and self.dtype in ("fp8", "fp4"):
-            return 1.0 if self.dtype == "fp8" else 0.5 + 1 / 16
+            return 1.0 if self.dtype == "fp8" else NVFP4_BYTES
         return 2.0
 
     @property
