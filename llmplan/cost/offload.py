@@ -55,7 +55,8 @@ def offload_exposed(m: ModelSpec, plan: ParallelPlan, copy_s: Any, pass_s: Any) 
     n = min(int(plan.offload_layers), L - 1)
     t = pass_s / L
     gap = L - n - 1
-    end, free, waited, done = 0.0 * t, 0.0 * t, 0.0 * t, []
+    end, free, waited = 0.0 * t, 0.0 * t, 0.0 * t
+    done: list[Any] = []  # when each copy is done
     for k in range(L if n > 0 else 0):
         if 0 <= k - gap - 1 < n:  # this layer waits for copy k - gap - 1
             late = maximum(done[k - gap - 1] - end, 0.0)
