@@ -148,7 +148,8 @@ ASSUMPTIONS = {
     "mbridge-dense": "Megatron-Bridge performance tables 25.09-26.08 (dense Llama 3 / 3.1 rows): as the bridge family "
                      "reads its recipes (the distributed optimizer, Megatron-FSDP where FSDP > 0, bf16 gradient "
                      "reduction, fp8 weights for FP8 / FP8-CS / MXFP8, sequence parallelism and TP overlap with TP, "
-                     "native fused attention), no recompute where the table does not say; plain 'FP8' read as current "
+                     "native fused attention), no recompute where the table does not say, the Megatron-FSDP Llama "
+                     "presets' activation offload (MBRIDGE_OFFLOAD_LAYERS, --offload-activations-layers); plain 'FP8' read as current "
                      "scaling (the 25.09 footnote); predicts tokens/s per GPU (the tables' TFLOP/s halve causal "
                      "attention); only H100 rows enter the constant fit",
     "mbridge-moe": "Megatron-Bridge performance tables 25.09-26.08 (MoE rows: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
