@@ -17,6 +17,7 @@ import numpy as np
 from llmplan.arith import where
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
+from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
     kv_heads_per_rank,
@@ -108,6 +109,9 @@ class CommBreakdown:
     """Per-axis communication of the most-loaded rank; total bytes and seconds are the sums over axes."""
 
     axes: dict[str, AxisComm]
+    host_layer_bytes: Any = 0.0
+    """Bytes one offloaded layer copies to host memory per micro-batch, each way (not a collective: the
+    GPU's own link to host memory; cost.offload). 0 without activation offload."""
 
     @property
     def bytes(self) -> float:
@@ -187,6 +191,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         ep=comm.axes["ep"].seconds,
         dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
+        host=comm.host_layer_bytes / system.host_bytes_per_s,
     )
 
 
@@ -380,4 +385,4 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "dp": _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"]), system),
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
-    })
+    }, host_layer_bytes=offload_layer_bytes(m, plan))

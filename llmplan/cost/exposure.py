@@ -29,6 +29,9 @@ class CommSeconds:
     ep: Any
     dp_reduce: Any
     dp_gather: Any
+    host: Any = 0.0
+    """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
+    over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""
 
 
 def overlap(comm: Any, window: Any, kappa: float) -> Any:

@@ -297,8 +297,16 @@ class SystemSpec(Spec):
     Storage read reaches per DGX H100 node on the SuperPOD storage fabric (NVIDIA DGX SuperPOD H100 reference
     architecture; writes taken at half the reads). docs/formulas.md#goodput.checkpoint"""
     host_copy_gb_per_s: float = Field(default=25.0, gt=0, le=1e4)
-    """Device-to-host copy bandwidth per GPU, GB/s, what an asynchronous or in-memory checkpoint blocks on:
-    PCIe Gen4 x16 (32 GB/s line rate, about 25 measured); Gen5 hosts reach about twice it."""
+    """The link between one GPU and host memory, GB/s, one direction: what an asynchronous or in-memory
+    checkpoint's device-to-host copy and activation offload (ParallelPlan.offload_layers) move over. Default
+    PCIe Gen4 x16 (32 GB/s line rate, about 25 measured); PCIe Gen5 x16 64 (x86 DGX B200 / H100, 128 GB/s
+    both directions), NVLink-C2C 450 (Grace: 900 GB/s both directions per GPU link; Transformer Engine
+    docs/features/other_optimizations/cpu_offloading, NVIDIA Grace Blackwell datasheets)."""
+    host_memory_gb_per_s: float | None = Field(default=None, gt=0, le=1e6)
+    """Bandwidth of the node's CPU memory, GB/s, all sockets together, which the node's GPUs share when they
+    copy to host memory at once (Grace LPDDR5X: up to 512 GB/s per Grace CPU; Megatron-Bridge's performance
+    guide: offload efficiency depends on the GPU-host link and the host memory bandwidth). None: not
+    limiting. docs/formulas.md#mem.offload"""
     failure_detection_s: float = Field(default=120.0, ge=0, le=1e6)
     """Seconds from a failure to the job knowing of it: a crash is seen at once, a hang waits for the NCCL
     watchdog (PyTorch's default process-group timeout is 10 min); an assumption, overridable."""
@@ -383,6 +391,15 @@ class SystemSpec(Spec):
     def domain_gpus(self) -> int:
         """GPUs in one scale-up (NVLink) domain."""
         return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def host_bytes_per_s(self) -> float:
+        """One GPU's copy rate to (or from) host memory, bytes/s, while every GPU of the node copies at once:
+        its host link, or its share of the node's CPU memory bandwidth where that is lower.
+        Derived: docs/formulas.md#mem.offload"""
+        share = (self.host_memory_gb_per_s / self.gpus_per_node if self.host_memory_gb_per_s is not None
+                 else self.host_copy_gb_per_s)
+        return min(self.host_copy_gb_per_s, share) * GB
 
     @property
     def intra_node_bytes_per_s(self) -> float:
