@@ -87,8 +87,9 @@ ASSUMPTIONS = {
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
                 "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
-                "rows' fp8 weights and virtual stages (RECIPE_SETTINGS); LoRA rows skipped (PEFT not modelled); "
-                "predicts model TFLOP/s per GPU",
+                "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
+                "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
+                "skipped (PEFT not modelled); predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
@@ -317,6 +318,14 @@ RECIPE_SETTINGS = {
                                      "optimizer_moment_dtype": "bf16", "vpp": 10},
     "nemo2407-sft-llama2-70b-16gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
                                       "optimizer_moment_dtype": "bf16", "vpp": 20},
+    # NeMo 24.07's launcher configs (NVIDIA/NeMo-Framework-Launcher tag 24.07, launcher_scripts/conf/training/
+    # {gpt3/20b,llama/llama2_70b,llama/llama3_70b,nemotron/nemotron_8b,nemotron/nemotron_22b}.yaml) set
+    # ub_tp_comm_overlap true (the 70B ones with tp_overlap/ub_cfg_h100_h8192_tp4_*: ring-exchange all-gathers,
+    # pipelined forward reduce-scatters, bulk backward, Transformer Engine's default methods); GPT-3 175B and
+    # Nemotron-4 340B set it false.
+    **{f"nemo2407-pretrain-{r}": {"tp_comm_overlap": True}
+       for r in ("gpt3-20b-64gpu-gbs256", "llama2-70b-64gpu-gbs128", "llama3-70b-64gpu-gbs128",
+                 "nemotron-8b-64gpu-gbs256", "nemotron-22b-64gpu-gbs256")},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
@@ -715,6 +724,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";
         # perf_recipes/llama/*/llama3*.py at 067f987d: tp_comm_overlap False in the NVFP4 builders)
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
+                         or bool(par.get("tp_comm_overlap"))
                          or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
                                                          and "llama" in rec["id"]),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved

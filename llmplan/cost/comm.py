@@ -26,7 +26,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.step import CommSeconds
+from llmplan.cost.exposure import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -224,6 +224,15 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
             Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
+
+
+def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+    """Share of a stage's TP seconds (tp_transfers, Megatron-LM with SP) in its forward and recompute
+    reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside 6 + 2r all-gathers of
+    gather_bytes each (r the stage's recomputed share). By bytes: every one is a collective over the same
+    group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
+    rs = (2 + 2 * r) * ACT_BYTES
+    return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:

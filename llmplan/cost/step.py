@@ -37,6 +37,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     overlap,
     tp_exposed,
 )
+from llmplan.cost.comm import tp_forward_rs_share
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.offload import offload_exposed
@@ -227,7 +228,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     for stage, sc, layers, moe_layers in stages:
         g_i, c_i = per_stage[stage] if per_stage is not None else (gpu, comm)
         k_i = g_i.contention
-        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
+        r_i = recomputed_share(plan, layers)
+        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i))
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
