@@ -16,6 +16,7 @@ from llmplan.cost.compute import layer_windows
 from llmplan.cost.mixers import recurrent_state_bytes
 from llmplan.cost.params import padded_vocab, rank_params
 from llmplan.cost.serve_moe import redundant_expert_params
+from llmplan.cost.compressed import compressed_cache_bytes_per_token, window_cache_bytes
 from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -103,7 +104,10 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
 
 def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
     """KV bytes per token of the whole model, one sequence (every attention layer, all heads; a hybrid's
-    recurrent layers keep a fixed state instead: recurrent_state_bytes)."""
+    recurrent layers keep a fixed state instead: recurrent_state_bytes). DeepSeek-V4: the compressed keys a
+    token of context adds (its windows are per sequence: cost.compressed.window_cache_bytes)."""
+    if m.compressed_layers:
+        return compressed_cache_bytes_per_token(m, KV_BYTES[kv_dtype])
     return m.num_attention_layers * kv_layer_bytes(m, kv_dtype)
 
 
@@ -117,6 +121,10 @@ def recurrent_state_per_seq_gpu(m: ModelSpec, plan: ServePlan) -> float:
 def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
+    if m.compressed_layers:  # DeepSeek-V4: every layer's window and buffers, the compressed keys (replicated)
+        b = KV_BYTES[plan.kv_dtype]
+        return (window_cache_bytes(m, context, b) + np.asarray(context) * compressed_cache_bytes_per_token(m, b)) \
+            / plan.pp
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
     total: Any = 0.0  # an array when `context` is one
     for window, layers in layer_windows(m):

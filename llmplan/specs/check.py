@@ -87,7 +87,8 @@ def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
 
 def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     """The plan's recompute_modules that name a kind of layer the model lacks."""
-    has = {"mla_up_proj": m.is_mla, "moe": m.is_moe, "moe_act": m.is_moe, "shared_experts": bool(m.shared_ffn)}
+    has = {"mla_up_proj": m.is_mla or bool(m.q_lora_rank), "moe": m.is_moe, "moe_act": m.is_moe,
+           "shared_experts": bool(m.shared_ffn)}
     return [x for x in p.recompute_modules if not has.get(x, True)]
 
 
