@@ -106,7 +106,8 @@ def attention_keys(m: ModelSpec, s: Any) -> Any:
     so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
     average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
     groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
-    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
+    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers \
+            and not m.compressed_layers:
         return s
     s = np.asarray(s, dtype=float)
     counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
@@ -192,7 +193,8 @@ def attended_keys(m: ModelSpec, keys: Any) -> Any:
     sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
     prefill and decode). Derived: docs/formulas.md#compute.flops"""
     windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
-    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
+    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers \
+            and not m.compressed_layers:
         return keys
     compressed = attended_compressed_keys(m, keys) if m.compressed_layers else 0.0  # DeepSeek-V4
     return (sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) + compressed) \

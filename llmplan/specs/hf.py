@@ -172,7 +172,8 @@ def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         raise ValueError(f"the deepseek_v4 config gives no compress_ratios for its {n} layers (nor layer_types); "
                          "DeepSeek-V4 needs one compression ratio per layer (0, 4 or 128)")
-    rates = cfg.get("compress_rates") if isinstance(cfg.get("compress_rates"), dict) else {}
+    given = cfg.get("compress_rates")
+    rates: dict[str, Any] = given if isinstance(given, dict) else {}
     hash_layers = cfg.get("num_hash_layers")
     if hash_layers is None and isinstance(cfg.get("mlp_layer_types"), list):
         hash_layers = sum(1 for _ in takewhile(lambda k: k == "hash_moe", cfg["mlp_layer_types"]))
