@@ -136,3 +136,13 @@ def test_flash_layer_mix_and_mtp_layer():
     assert kinds[:2] == ("sliding_attention",) * 2 and kinds.count("compressed_sparse_attention") == 21
     assert FLASH.compressed_layers == 41 and FLASH.num_nextn_predict_layers == 1
     assert math.isclose(param_counts(FLASH).total / 1e9, 284.3, abs_tol=0.05)
+
+
+def test_pipeline_stages_send_every_residual_stream():
+    # Between layers DeepSeek-V4 carries [s, b, hc_mult, h] (transformers DeepseekV4DecoderLayer): a pipeline
+    # stage sends hc_mult times a plain residual's bytes forward and its gradient back.
+    from llmplan.cost.comm import pp_transfers
+    plan = _plan(pp=2, dp=32, ep=32, global_batch=32)
+    plain = FLASH.model_copy(update={"hc_mult": 1})
+    (streams,), (single,) = pp_transfers(FLASH, plan, "pp"), pp_transfers(plain, plan, "pp")
+    assert streams.message == 4 * single.message and streams.calls == single.calls
