@@ -146,3 +146,36 @@ def test_pipeline_stages_send_every_residual_stream():
     plain = FLASH.model_copy(update={"hc_mult": 1})
     (streams,), (single,) = pp_transfers(FLASH, plan, "pp"), pp_transfers(plain, plan, "pp")
     assert streams.message == 4 * single.message and streams.calls == single.calls
+
+
+def _plan_file(**plan: object):
+    import dataclasses
+    from pathlib import Path
+
+    from llmplan.planfile import load_plan
+
+    base = load_plan(Path(__file__).parent / "data" / "plans" / "moe_train.json")
+    fields = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "seq_len": 4096}
+    fields.update(plan)
+    return dataclasses.replace(base, model=FLASH, plan=ParallelPlan(**fields))
+
+
+def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
+    # Megatron-LM has no command-line flags for DSv4 attention or hyper-connections (Megatron-Core's dev-branch
+    # modules, set by Megatron-Bridge's provider): refused, pointing at megatron-bridge. Megatron-Bridge 0.6.2's
+    # recipes/deepseek/deepseek_v4.py (6124fbe) has deepseek_v4_flash_pretrain_config; at PP > 1 the export
+    # writes the layout the hash-routed layers need, and it refuses TP > 1 and core_attn recompute, which
+    # Megatron-Core's DSv4HybridAttention asserts against.
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+
+    with pytest.raises(CannotExpress, match="DeepSeek-V4's compressed attention and hyper-connections"):
+        render_all(_plan_file(), "megatron")
+    files, _ = render_all(_plan_file(pp=2, dp=4, ep=4, pp_first=22, pp_last=21), "megatron-bridge")
+    script = "\n".join(files.values())
+    assert "--recipe deepseek_v4_flash_pretrain_config" in script
+    assert "model.pipeline_model_parallel_layout=\"Et*22|t*21mL\"" in script and "model.mtp_num_layers=1" in script
+    with pytest.raises(CannotExpress, match="DSv4HybridAttention asserts a TP size of 1"):
+        render_all(_plan_file(tp=2, dp=4, ep=8), "megatron-bridge")
+    with pytest.raises(CannotExpress, match="core_attn recompute"):
+        render_all(_plan_file(recompute="selective"), "megatron-bridge")
