@@ -18,7 +18,12 @@ from llmplan.cost.compressed import (
     indexer_scores_per_token,
     window_cache_bytes,
 )
-from llmplan.cost.compute import attended_keys, attention_head_dims, elementwise_bytes, layer_flops
+from llmplan.cost.compute import (
+    attended_keys,
+    attention_head_dims,
+    elementwise_bytes,
+    layer_flops,
+)
 from llmplan.cost.memory import layer_activation_parts
 from llmplan.cost.params import param_counts, router_params
 from llmplan.cost.serve_memory import kv_bytes_per_seq_gpu, kv_bytes_per_token
@@ -34,7 +39,8 @@ V32 = builtin_models()["deepseek-v3.2"]
 
 
 def _plan(**kw: object) -> ParallelPlan:
-    base = dict(tp=1, pp=1, dp=64, ep=64, micro_batch=1, global_batch=64, seq_len=4096, dtype="bf16")
+    base = {"tp": 1, "pp": 1, "dp": 64, "ep": 64, "micro_batch": 1, "global_batch": 64, "seq_len": 4096,
+            "dtype": "bf16"}
     return ParallelPlan(**{**base, **kw})
 
 

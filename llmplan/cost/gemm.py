@@ -13,8 +13,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.flops import layer_flops
 from llmplan.cost.compressed import compressor_gemm_widths
+from llmplan.cost.flops import layer_flops
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import kv_heads_per_rank

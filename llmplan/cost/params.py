@@ -14,18 +14,18 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
-    ALL_BUT_ZERO,
-    LAYOUT_AXES,
-    memoized,
-    per_distinct,
-)
 from llmplan.cost.compressed import (
     compressor_params,
     hc_head_params,
     hc_params,
     hyper_connection_params,
     v4_attention_params,
+)
+from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
+    ALL_BUT_ZERO,
+    LAYOUT_AXES,
+    memoized,
+    per_distinct,
 )
 from llmplan.cost.mixers import (
     attention_share,

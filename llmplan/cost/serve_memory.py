@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compressed import compressed_cache_bytes_per_token, window_cache_bytes
 from llmplan.cost.compute import layer_windows
 from llmplan.cost.mixers import recurrent_state_bytes
 from llmplan.cost.params import padded_vocab, rank_params
 from llmplan.cost.serve_moe import redundant_expert_params
-from llmplan.cost.compressed import compressed_cache_bytes_per_token, window_cache_bytes
 from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -215,7 +215,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
-        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        from llmplan.cost.speculative import (
+            speculative_kv_per_seq,  # builds on this module
+        )
         per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(
