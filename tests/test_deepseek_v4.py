@@ -185,3 +185,21 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
         render_all(_plan_file(tp=2, dp=4, ep=8), "megatron-bridge")
     with pytest.raises(CannotExpress, match="core_attn recompute"):
         render_all(_plan_file(recompute="selective"), "megatron-bridge")
+
+
+def test_mhc_recompute_drops_the_streams_and_reruns_their_projections():
+    # Megatron-Bridge's DeepSeek-V4 Pro preset recomputes ["mla_up_proj", "mhc"] (perf_recipes/deepseek/gb300/
+    # deepseek_v4.py at 4ab94dfad): mhc drops what the hyper-connections keep and runs their projections again.
+    from llmplan.cost.activations import recomputed_module_bytes
+    from llmplan.cost.compressed import hc_activation_bytes
+    from llmplan.cost.flops import module_recompute_flops
+    from llmplan.specs.check import check_plan
+    base = _plan(recompute="selective", recompute_modules=("mla_up_proj",))
+    mhc = _plan(recompute="selective", recompute_modules=("mla_up_proj", "mhc"))
+    parts = layer_activation_parts(FLASH, base, True)
+    dropped = recomputed_module_bytes(FLASH, mhc, True, parts) - recomputed_module_bytes(FLASH, base, True, parts)
+    assert dropped == pytest.approx(hc_activation_bytes(FLASH) * 4096)
+    extra = module_recompute_flops(FLASH, mhc, True) - module_recompute_flops(FLASH, base, True)
+    assert extra == pytest.approx(2 * 4096 * 2 * hc_params(FLASH))
+    plain = builtin_models()["deepseek-v3"]
+    assert any("mhc" in v.message for v in check_plan(plain, mhc.model_copy(update={"recompute_modules": ("mhc",)})))

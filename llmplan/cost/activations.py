@@ -139,14 +139,17 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     Engine fuses the others into LayerNormLinear: MLA's input norm and an MoE layer's pre-MLP norm are
     separate), mla_up_proj MLA's Q, K, V, mlp / moe the whole MLP but its input (normal checkpointing),
     moe_act the experts' activation output (fc2's input, bf16 or quantised: Megatron makes fc2 save the
-    original input and discards it), shared_experts the shared MLP's insides. Source: Megatron-LM
+    original input and discards it), shared_experts the shared MLP's insides, mhc the hyper-connections'
+    streams and weights (hc_activation_bytes). Source: Megatron-LM
     transformer_config.py (recompute_modules), transformer_layer.py, moe/experts.py, multi_latent_attention.py;
     gpt_layer_specs.py (which norms are fused). Derived: docs/formulas.md#mem.recompute_modules"""
-    if not m.is_mla and not moe:
+    if not m.is_mla and not moe and m.hc_mult == 1 and not m.q_lora_rank:
         return where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
     up = m.is_mla or bool(m.q_lora_rank)  # DeepSeek-V4 recomputes its query up-projection under mla_up_proj
     attn = where(plan.recomputes("layernorm") & m.is_mla, parts.attn_input, 0.0) \
-        + where(plan.recomputes("mla_up_proj") & up, parts.qkv, 0.0)
+        + where(plan.recomputes("mla_up_proj") & up, parts.qkv, 0.0) \
+        + where(plan.recomputes("mhc"), hc_activation_bytes(m) * plan.seq_len / plan.cp * plan.micro_batch
+                / where(plan.sp, plan.tp, 1), 0.0)  # the hyper-connections' streams and weights
     if not moe:
         return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp

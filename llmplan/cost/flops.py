@@ -170,6 +170,8 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         a, nope, rope, v = m.num_attention_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
                                                               + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
+    # mhc: the two hyper-connection projections run again (their memory-bound passes are not repriced)
+    up = up + where(plan.recomputes("mhc"), 2 * T * 2 * hc_params(m), 0.0)
     if not moe:
         mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
         return up + where(plan.recomputes("mlp"), mlp, 0.0)
