@@ -168,7 +168,9 @@ ASSUMPTIONS = {
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs; its expert-MLP offload to the CPU not modelled) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
-                   "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 listed as skipped; predicts "
+                   "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
+                   "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
+                   "no EP overlap, full-iteration CUDA graphs, mla_up_proj recomputed, bf16 Adam moments); predicts "
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
@@ -245,12 +247,6 @@ def family(record_id: str) -> str:
 
 
 MBRIDGE_SKIP = (
-    ("deepseekv4", "DeepSeek-V4: its architecture is public (deepseek-ai/DeepSeek-V4-Flash config.json, model_type "
-                   "deepseek_v4; Megatron-Bridge deepseek_v4_bridge.py) but outside what llmplan models: "
-                   "4-stream hyper-connection residuals (hc_mult 4), compressed sparse attention per layer "
-                   "(compress_ratios, its own indexer, a 128-token window), hash-routed MoE in the first layers, a "
-                   "sqrtsoftplus router and a grouped low-rank output projection (o_groups); the reader refuses "
-                   "the config with that reason"),
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
@@ -340,6 +336,11 @@ RECIPE_SETTINGS = {
     # _build_nemotron_3_5_lightning_gb200_mxfp8): moe_hybridep_num_sms 16.
     "mbridge-26.08-pretrain-nemotron-3-5-lightning-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2":
         {"moe_dispatch_sms": 16},
+    # Megatron-Bridge 26.08 DeepSeek-V4 Flash presets (perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad;
+    # the GB300 one reuses it): the precision-aware optimizer with exp_avg_dtype / exp_avg_sq_dtype bf16 and fp32
+    # main parameters and gradients.
+    **{f"mbridge-26.08-pretrain-deepseekv4-flash-dgx-{g}-128gpu-mxfp8-tp1pp1cp1ep64vpnagbs2048mbs1":
+       {"optimizer_moment_dtype": "bf16"} for g in ("gb300", "gb200")},
 }
 """Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
@@ -396,12 +397,15 @@ def record_system(rec: dict) -> str | None:
 
 
 MBRIDGE_NAMED_MODELS = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
-                        "Nemotron_3_Ultra": "nemotron-3-ultra", "Nemotron_3_5_Lightning": "nemotron-3.5-lightning"}
+                        "Nemotron_3_Ultra": "nemotron-3-ultra", "Nemotron_3_5_Lightning": "nemotron-3.5-lightning",
+                        "DeepSeekV4 Flash": "deepseek-v4-flash"}
 """Megatron-Bridge table model names whose rows record no dimensions -> the built-in spec of that model
 (Megatron-Bridge Nemotron3NanoProvider: the nemotron-3-nano built-in's pattern and widths; the Super recipe
 nemotron_3_super_pretrain_config reads nvidia/NVIDIA-Nemotron-3-Super-120B-A12B, the nemotron-3-super built-in:
 latent MoE and its MTP module; the Ultra recipe reads nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16 and the
-Lightning presets are the Nano presets with an MTP module, their built-ins)."""
+Lightning presets are the Nano presets with an MTP module, their built-ins; the DeepSeek-V4 Flash presets build
+their model from deepseek-ai/DeepSeek-V4-Flash's config.json through AutoBridge, the deepseek-v4-flash built-in
+with its MTP layer: recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad)."""
 MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2}
 """MTP depth the recipes train with where it differs from the checkpoint's num_nextn_predict_layers:
 Megatron-Bridge recipes/nemotronh/h100/nemotron_3_ultra.py and perf_recipes/nemotronh (Lightning) set
@@ -486,6 +490,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, mx_overlap
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
+    if "deepseekv4" in rid:  # perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad (26.08; GB300 reuses it):
+        return True, False   # flex dispatcher, hybridep backend, overlap_moe_expert_parallel_comm False
     if "nemotron-3-nano" in rid:  # nemotronh/nemotron_3_nano_workload_base_configs.py: hybridep on every GPU, no
         return True, False        # moe_a2a_overlap
     if "nemotron-3-super" in rid:  # nemotronh/nemotron_3_workload_base_configs.py (Super): hybridep / deepep on
@@ -527,6 +533,9 @@ MBRIDGE_RECOMPUTE_MODULES = {
     **{("nemotron-3-ultra", (26, 8), g): ("moe_act",) for g in ("gb200", "gb300")},
     # Kimi-K2 on GB300 (scripts/performance/configs/kimi/kimi_workload_base_configs.py, v0.3.1 ... v0.5.0)
     **{("kimi-k2", r, "gb300"): ("mla_up_proj",) for r in ((26, 2), (26, 4), (26, 4, 1), (26, 6))},
+    # DeepSeek-V4 Flash, 26.08 (perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad, which the GB300 preset
+    # reuses: recompute_granularity selective, recompute_modules ["mla_up_proj"], the query up-projection)
+    **{("deepseekv4", (26, 8), g): ("mla_up_proj",) for g in ("gb200", "gb300")},
 }
 """Megatron's selective recompute modules of the Megatron-Bridge performance presets
 (scripts/performance/configs/{gpt_oss,deepseek}/*workload_base_configs.py, recompute_modules=, at the tag of
@@ -566,6 +575,7 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
+             "deepseekv4" if "deepseekv4" in rid else
              "kimi-k2" if "kimi-k2" in rid else "nemotron-3-super" if "nemotron-3-super" in rid else
              "nemotron-3-ultra" if "nemotron-3-ultra" in rid else None)
     if model == "nemotron-3-super" and "nvfp4" in rid:  # the NVFP4 presets are the base config (no recompute)

@@ -451,15 +451,34 @@ def test_megatron_export_refuses_sparse_attention_rather_than_write_dense_mla():
         render_all(pf, "megatron")
 
 
-def test_deepseek_v4_config_is_refused_with_the_reason(cli, tmp_path):
-    # deepseek-ai/DeepSeek-V4-Flash config.json keys (model_type deepseek_v4, hc_mult 4, compress_ratios,
-    # num_hash_layers 3, o_groups): architecture llmplan does not price, refused in one line with exit 2.
-    cfg = {"model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
-           "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "moe_intermediate_size": 2048,
-           "n_routed_experts": 256, "num_experts_per_tok": 6, "hc_mult": 4, "num_hash_layers": 3, "o_groups": 8}
+DEEPSEEK_V4_FLASH_CONFIG = {
+    # deepseek-ai/DeepSeek-V4-Flash config.json (model_type deepseek_v4): compress_ratios 0, 0, then 4 and 128
+    # alternating, and 0 for its MTP layer (the 44th entry); no intermediate_size (the shared expert's width is
+    # moe_intermediate_size)
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280,
+    "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": 43, "num_attention_heads": 64,
+    "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024, "qk_rope_head_dim": 64, "o_lora_rank": 1024,
+    "o_groups": 8, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6, "num_hash_layers": 3,
+    "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 1.5,
+    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 43)] + [0],
+    "compress_rope_theta": 160000, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+    "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "rope_theta": 10000,
+    "tie_word_embeddings": False, "swiglu_limit": 10.0}
+
+
+def test_deepseek_v4_config_reads_as_the_built_in(cli, tmp_path):
+    # The published config.json gives the deepseek-v4-flash built-in's fields and parameter count (284.3B against
+    # the model card's 284B); a file without its per-layer compression ratios is refused in one line, exit 2.
+    from llmplan.specs.hf import from_hf_config
+    m = ModelSpec(**from_hf_config(DEEPSEEK_V4_FLASH_CONFIG, "DeepSeek-V4-Flash"))
+    built_in = builtin_models()["deepseek-v4-flash"]
+    same = {"name", "source", "declared_params"}
+    assert {k for k in type(m).model_fields if getattr(m, k) != getattr(built_in, k)} <= same
+    assert param_counts(m).total == param_counts(built_in).total == pytest.approx(284e9, rel=0.005)
+    assert m.count_layers("compressed_sparse_attention") == 21 and m.count_layers("heavily_compressed_attention") == 20
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8")
+    path.write_text(json.dumps({k: v for k, v in DEEPSEEK_V4_FLASH_CONFIG.items() if k != "compress_ratios"}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1", "--ep", "8")
     assert r.code == 2 and "Traceback" not in r.err
-    assert "model_type 'deepseek_v4' is not supported: DeepSeek-V4 adds 4-stream hyper-connection" in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert "gives no compress_ratios" in r.err and len(r.err.strip().splitlines()) == 1

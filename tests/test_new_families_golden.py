@@ -64,15 +64,38 @@ def test_ranking_counts_each_megatron_bridge_config_once(published_runs, acc):
     assert sum(len(v) for v in groups.values()) < sum(1 for rid in published_runs if "bridge-" in rid) / 2
 
 
-def test_unscored_mbridge_rows_say_why(published_runs, acc):
-    # Every Nemotron-3 row is scored since the built-ins of issue 40 (Nano, Super, Ultra, 3.5 Lightning); the
-    # DeepSeek-V4 rows say why they are not: a public architecture beyond what llmplan prices.
+def test_no_mbridge_row_is_skipped_for_its_architecture(published_runs, acc):
+    # Every Nemotron-3 row is scored since the built-ins of issue 40 (Nano, Super, Ultra, 3.5 Lightning), and the
+    # two DeepSeek-V4 Flash rows since the deepseek-v4-flash built-in (issue 40's target: 0 rows skipped for
+    # architecture); the rows still skipped say why, for a recipe setting, not a model.
     nemotron = [r for rid, r in published_runs.items() if rid.startswith("mbridge-") and "nemotron" in rid]
     assert nemotron and all(acc.skip_reason(r) is None for r in nemotron)
     assert sum("nemotron-3-super" in r["id"] for r in nemotron) == 30
     deepseek_v4 = [r for rid, r in published_runs.items() if rid.startswith("mbridge-") and "deepseekv4" in rid]
-    assert len(deepseek_v4) == 2
-    assert all("hyper-connection" in acc.skip_reason(r) and "public" in acc.skip_reason(r) for r in deepseek_v4)
+    assert len(deepseek_v4) == 2 and all(acc.skip_reason(r) is None for r in deepseek_v4)
+    reasons = {acc.skip_reason(r) for rid, r in published_runs.items() if rid.startswith("mbridge-")} - {None}
+    assert reasons and all("architecture" not in why and "DeepSeek-V4" not in why for why in reasons)
+
+
+def test_deepseek_v4_flash_rows_are_scored_with_the_published_flop_count(published_runs, acc):
+    # Megatron-Bridge 26.08 table: DeepSeek-V4 Flash on 128 GB300 and 128 GB200 (TP1 PP1 EP64, MXFP8, micro-batch
+    # 1, batch 2,048 x 4,096): 8,224 and 7,776 tokens/s per GPU at 748 and 706 model TFLOP/s per GPU, so 90.95 and
+    # 90.79 GFLOP per token as Megatron-Bridge counts them (training/utils/flop_utils.py dsv4_hybrid). llmplan's
+    # count (compressed attention, the CSA indexers, hyper-connection projections, the MTP layer) within 1.5% of
+    # both. Both runs fit and are predicted to. Throughput measured at this commit: +51.9% and +54.5%, the
+    # over-prediction of the family's other full-iteration-graph MXFP8 MoE rows (GPT-OSS 120B +50.6% median):
+    # bounded at 60% here so that a change which moves them is seen.
+    rows = [r for rid, r in published_runs.items() if "deepseekv4-flash" in rid]
+    assert len(rows) == 2
+    for r in rows:
+        meas, plan = r["measured"], acc.plan_for(r, "mbridge-moe", r["hardware"]["gpus"])
+        per_token = model_flops_per_step(acc.model_for(r, "mbridge-moe"), plan) / (plan.global_batch * plan.seq_len)
+        published = meas["tflops_per_gpu"] * 1e12 / meas["tokens_per_s_per_gpu"]
+        assert per_token == pytest.approx(published, rel=0.015), r["id"]
+        got = {q: (p, m) for q, p, m in acc.predict(r, "mbridge-moe")}
+        p, m = got["tok/s/GPU"]
+        assert abs(p / m - 1) < 0.60, (r["id"], p, m)
+        assert got["fits"] == (1.0, 1.0)
 
 
 def test_nemotron_3_ultra_and_lightning_rows_are_scored_within_the_moe_rows_error(published_runs, acc):

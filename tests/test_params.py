@@ -65,6 +65,9 @@ PUBLISHED = {
                          "total parameters (text and image: with the vision encoder)"),
     "llama-4-scout": (109e9, 17e9, 2, "meta-llama/Llama-4-Scout-17B-16E model card: 17B (Activated), 109B (Total) "
                       "(text and image: with the vision encoder)"),
+    "deepseek-v4-flash": (284e9, 13e9, 2, "deepseek-ai/DeepSeek-V4-Flash model card: 284B total, 13B activated "
+                          "(the MTP layer not in the count)"),
+    "deepseek-v4-pro": (1.6e12, 49e9, 2, "deepseek-ai/DeepSeek-V4-Pro model card: 1.6T total, 49B activated"),
     "qwen3-next-80b-a3b": (80e9, 3e9, 1, "Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total and 3B "
                            "activated"),
 }
@@ -84,7 +87,8 @@ TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 
                         "kimi-k2": 1,  # the model card prints "1T"
                         "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2,  # "8B", "80B"
                         "nemotron-h-56b": 2,  # "56B" for 56.32B
-                        "nemotron-3.5-lightning": 1}  # "30B": its name's class, the Nano architecture's 31.6B
+                        "nemotron-3.5-lightning": 1,
+                        "deepseek-v4-pro": 2}  # "1.6T"  # "30B": its name's class, the Nano architecture's 31.6B
 
 
 def llama4_vision_params() -> int:

@@ -130,9 +130,11 @@ def test_check_plan_rules_for_recompute_modules():
 
 def test_every_priced_module_is_one_megatron_accepts():
     # Megatron-LM transformer_config.py (recompute_modules docstring / allowed_modules) lists these seven
-    # besides the Gated-DeltaNet and hyper-connection modules.
+    # besides the Gated-DeltaNet and hyper-connection modules; the hyper-connections' is "mhc" as Megatron-Bridge's
+    # DeepSeek-V4 recipes name it (perf_recipes/deepseek/gb300/deepseek_v4.py at 4ab94dfad: ["mla_up_proj",
+    # "mhc"]; recipes/deepseek/h100/deepseek_v4.py: ["moe_act", "mhc"]).
     assert set(RECOMPUTE_MODULES) == {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-                                      "shared_experts"}
+                                      "shared_experts", "mhc"}
 
 
 def test_cli_takes_recompute_modules_and_refuses_bad_ones(cli):

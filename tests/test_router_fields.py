@@ -58,7 +58,7 @@ def test_router_values_from_config_json_are_typed_as_written():
     ({"expert_bias": True}, "set on a dense model"),
     ({"routed_scaling_factor": 0.0}, "greater than 0"),
     ({"routed_scaling_factor": 1e6}, "beyond any model"),
-    ({"scoring_func": "sqrtsoftplus"}, "'softmax' or 'sigmoid'"),
+    ({"scoring_func": "relu"}, "'softmax', 'sigmoid' or 'sqrtsoftplus'"),
 ])
 def test_router_fields_are_bounded(changes, needle):
     base = builtin_models()["llama-3.1-8b"].model_dump()

@@ -59,7 +59,7 @@ OFFLOAD_LAYERS = typer.Option(_plan("offload_layers"), "--offload-activations-la
                                    "beside compute (Megatron --cpu-offloading-num-layers; pp 1, no recompute).")
 RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                  help="With --recompute selective: the Megatron modules to recompute, comma-separated "
-                                      "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts; "
+                                      "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts, mhc; "
                                       "default core_attn).")
 ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
                                 help="Fused attention kernel: native (cuDNN / FlashAttention-3 on Hopper+) | flash2.")

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank
@@ -98,14 +99,16 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
     out = 2 * s * b * a * attention_head_dims(m)[1] / t
     mla = m.mla
-    latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else 0.0
+    latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else \
+        2 * s * b * (m.q_lora_rank or 0)  # DeepSeek-V4's query latent, the up-projection's input
     # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
     # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
     mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
     # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
     at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
-        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks, attn_input=linear_in * at,
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks
+        + hc_activation_bytes(m) * s * b / sp, attn_input=linear_in * at,  # hyper-connection streams
         latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
         attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
         mlp_input=mlp_input * ff,
@@ -136,13 +139,17 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     Engine fuses the others into LayerNormLinear: MLA's input norm and an MoE layer's pre-MLP norm are
     separate), mla_up_proj MLA's Q, K, V, mlp / moe the whole MLP but its input (normal checkpointing),
     moe_act the experts' activation output (fc2's input, bf16 or quantised: Megatron makes fc2 save the
-    original input and discards it), shared_experts the shared MLP's insides. Source: Megatron-LM
+    original input and discards it), shared_experts the shared MLP's insides, mhc the hyper-connections'
+    streams and weights (hc_activation_bytes). Source: Megatron-LM
     transformer_config.py (recompute_modules), transformer_layer.py, moe/experts.py, multi_latent_attention.py;
     gpt_layer_specs.py (which norms are fused). Derived: docs/formulas.md#mem.recompute_modules"""
-    if not m.is_mla and not moe:
+    if not m.is_mla and not moe and m.hc_mult == 1 and not m.q_lora_rank:
         return where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
+    up = m.is_mla or bool(m.q_lora_rank)  # DeepSeek-V4 recomputes its query up-projection under mla_up_proj
     attn = where(plan.recomputes("layernorm") & m.is_mla, parts.attn_input, 0.0) \
-        + where(plan.recomputes("mla_up_proj") & m.is_mla, parts.qkv, 0.0)
+        + where(plan.recomputes("mla_up_proj") & up, parts.qkv, 0.0) \
+        + where(plan.recomputes("mhc"), hc_activation_bytes(m) * plan.seq_len / plan.cp * plan.micro_batch
+                / where(plan.sp, plan.tp, 1), 0.0)  # the hyper-connections' streams and weights
     if not moe:
         return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
@@ -213,6 +220,13 @@ def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
         latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
         return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
     d, kvh = m.d_head, kv_heads_per_rank(m, t)
+    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:
+        # DeepSeek-V4: q, the shared key/value head, the output and its group projection's output, the query
+        # latent, and the compressors' series per average layer (cost.compressed)
+        kv = d if m.shared_key_value else 2 * d * kvh
+        grouped = (m.o_groups or 0) * (m.o_lora_rank or 0) / t
+        return 2 * s * b * (2 * heads * d + kv + grouped + (m.q_lora_rank or 0)) \
+            + s * b * compressor_token_bytes(m) / m.num_hidden_layers
     return 2 * s * b * d * (2 * heads + 2 * kvh)
 
 

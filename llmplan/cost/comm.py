@@ -254,9 +254,10 @@ def pp_gathers(plan: ParallelPlan) -> Any:
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per micro-batch and model chunk: the activation forward and its gradient backward, sbh/t per TP rank
-    with SP or pipeline scatter/gather (pp_scattered), sbh from every TP rank otherwise.
-    Derived: docs/formulas.md#comm.pp"""
-    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
+    with SP or pipeline scatter/gather (pp_scattered), sbh from every TP rank otherwise; a model with
+    hyper-connections sends its hc_mult residual streams (n·h per token: DeepSeek-V4's [s, b, n, h] between
+    layers, transformers DeepseekV4DecoderLayer). Derived: docs/formulas.md#comm.pp"""
+    s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size * m.hc_mult
     S = ACT_BYTES * s * b * h / where(pp_scattered(plan), plan.tp, 1)
     return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
 

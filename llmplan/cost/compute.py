@@ -44,6 +44,7 @@ from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this
     layer_gemm_seconds,
     layer_gemms,
 )
+from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
 from llmplan.cost.memo import memoized
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_memory_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, padded_vocab
@@ -80,7 +81,10 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts
+    # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
+    # projected series, per average layer (cost.compressed)
+    v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:

@@ -15,6 +15,13 @@ import numpy as np
 
 from llmplan.arith import where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compressed import (
+    attended_compressed_keys,
+    compressed_keys,
+    compressor_params,
+    hc_params,
+    indexer_scores_per_token,
+)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, mean_scan_flops
 from llmplan.cost.params import attention_params, expert_params, latent_proj_params, mlp_params
 from llmplan.cost.sparse import indexer_flops_per_pair
@@ -51,12 +58,16 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     else:
         mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
     gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
+    # DeepSeek-V4: the mean layer's compressors and indexer and its two hyper-connection projections, whole on
+    # every TP rank (cost.compressed)
+    gemm = gemm + 2 * T * (compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m))
     qk, v = attention_head_dims(m)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
     attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
     # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
     # its heads whole on every TP rank (cost.sparse)
-    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m)
+    index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m) if m.is_dsa else \
+        T * indexer_scores_per_token(m, plan.seq_len) / m.num_hidden_layers  # DeepSeek-V4's CSA indexers
     return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
 
 
@@ -72,7 +83,7 @@ def attention_groups(m: ModelSpec) -> tuple[tuple[str, int | None, int], ...]:
     (None: all), sliding (the window; full when the model gives none) and chunked (the chunk). A hybrid's
     recurrent and mixer-less layers are not listed."""
     full = m.count_layers("full_attention") + (0 if m.sliding_window else m.count_layers("sliding_attention"))
-    if m.is_sparse_attention:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
+    if m.is_dsa:  # DeepSeek Sparse Attention: top-k keys of all the cached ones (cost.sparse)
         return (("sparse", m.index_topk, full),)
     groups = (("full", None, full), ("sliding", m.sliding_window, m.count_layers("sliding_attention")
                                     if m.sliding_window else 0),
@@ -95,12 +106,14 @@ def attention_keys(m: ModelSpec, s: Any) -> Any:
     so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
     average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
     groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
-    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers:
+    if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers \
+            and not m.compressed_layers:
         return s
     s = np.asarray(s, dtype=float)
     counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
                     else np.where(w < s, 2.0 * w - w * w / s, s)) for kind, w, n in groups]
-    return sum(counted, 0.0 * s) / m.num_hidden_layers
+    compressed = compressed_keys(m, s) if m.compressed_layers else 0.0  # DeepSeek-V4 (cost.compressed)
+    return (sum(counted, 0.0 * s) + compressed) / m.num_hidden_layers
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -151,10 +164,14 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         return 0.0
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     up = 0.0
+    if m.mla is None and m.q_lora_rank:  # DeepSeek-V4: the query up-projection (Megatron-LM DSv4 recompute_up_proj)
+        up = where(plan.recomputes("mla_up_proj"), 2 * T * m.q_lora_rank * m.num_attention_heads * m.d_head / t, 0.0)
     if (mla := m.mla) is not None:
         a, nope, rope, v = m.num_attention_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         up = where(plan.recomputes("mla_up_proj"), 2 * T * (mla.q_rank * a * (nope + rope)
                                                               + mla.kv_lora_rank * a * (nope + v)) / t, 0.0)
+    # mhc: the two hyper-connection projections run again (their memory-bound passes are not repriced)
+    up = up + where(plan.recomputes("mhc"), 2 * T * 2 * hc_params(m), 0.0)
     if not moe:
         mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
         return up + where(plan.recomputes("mlp"), mlp, 0.0)
@@ -178,6 +195,9 @@ def attended_keys(m: ModelSpec, keys: Any) -> Any:
     sliding-window layer, at most the chunk on a chunked one, none on a layer without attention (serving's
     prefill and decode). Derived: docs/formulas.md#compute.flops"""
     windows = tuple((w, n) for _, w, n in attention_groups(m))  # a sparse layer attends to its top k
-    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers:
+    if all(w is None for w, _ in windows) and m.num_attention_layers == m.num_hidden_layers \
+            and not m.compressed_layers:
         return keys
-    return sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) / m.num_hidden_layers
+    compressed = attended_compressed_keys(m, keys) if m.compressed_layers else 0.0  # DeepSeek-V4
+    return (sum(n * (keys if w is None else np.minimum(keys, w)) for w, n in windows) + compressed) \
+        / m.num_hidden_layers

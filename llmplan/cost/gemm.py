@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from llmplan.arith import maximum, minimum, where
+from llmplan.cost.compressed import compressor_gemm_widths
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.moe import routing_imbalance
@@ -87,6 +88,14 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
     Derived: docs/formulas.md#compute.gemm"""
     h, a_t = m.hidden_size, m.num_attention_heads / t
+    if m.q_lora_rank and m.mla is None or m.o_lora_rank or m.shared_key_value:
+        # DeepSeek-V4 (cost.compressed): query down / up, the shared key/value head, the grouped output
+        # projection as one matmul of its FLOPs (a·d -> d_g) and the g·d_g -> h mix
+        d, r_q, d_g, g = m.d_head, m.q_lora_rank, m.o_lora_rank, m.o_groups or 1
+        q = [(h, r_q), (r_q, a_t * d)] if r_q else [(h, a_t * d)]
+        kv = [(h, d)] if m.shared_key_value else [(h, 2 * kv_heads_per_rank(m, t) * d)]
+        out = [(a_t * d, d_g), (g * d_g / t, h)] if d_g else [(a_t * d, h)]
+        return q + kv + out
     if (mla := m.mla) is not None:
         nope, rope, v, kv_r, q_r = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank,
                                     mla.q_lora_rank)
@@ -95,7 +104,8 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
 
-GemmModule = Literal["attention", "recurrent", "mlp", "shared_expert", "expert", "router", "latent_proj"]
+GemmModule = Literal["attention", "recurrent", "mlp", "shared_expert", "expert", "router", "latent_proj",
+                     "compressor", "hyper_connection"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
 
 
@@ -127,11 +137,17 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     T = s * b
     c = 2 if m.gated_mlp else 1
     shapes = attention_shapes(m, t)
-    roles = ["ag", "rs"] if not m.is_mla else [""] * (len(shapes) - 1) + ["rs"]
+    roles = ["ag", "rs"] if len(shapes) == 2 else [""] * (len(shapes) - 1) + ["rs"]
     a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
     out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles)]
     out += [Gemm(2 * T * k * n * share, T, n, k, role, "recurrent")
             for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
+    # DeepSeek-V4's compressors and indexer (their share of the layers) and the two hyper-connection
+    # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
+    out += [Gemm(2 * T * k * n * share, T, n, k, "", "compressor") for k, n, share in compressor_gemm_widths(m)]
+    if m.hc_mult > 1:
+        nh, w = m.hc_mult * h, (2 + m.hc_mult) * m.hc_mult
+        out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
     dense_f = m.shared_ffn if moe else m.intermediate_size
     f_share = 1.0 if moe else dense_mlp_share(m)
     if dense_f and f_share:

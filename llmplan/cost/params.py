@@ -14,6 +14,13 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compressed import (
+    compressor_params,
+    hc_head_params,
+    hc_params,
+    hyper_connection_params,
+    v4_attention_params,
+)
 from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
     ALL_BUT_ZERO,
     LAYOUT_AXES,
@@ -55,7 +62,7 @@ class ParamCounts(Breakdown):
 
     PARTS: ClassVar[tuple[str, ...]] = ("embedding", "output", "attention", "dense_mlp", "routed_experts",
                                         "shared_experts", "router", "norms", "recurrent_mixers",
-                                        "latent_projections")
+                                        "latent_projections", "hyper_connections")
 
     embedding: int
     """Input token embedding (+ learned position embedding)."""
@@ -77,6 +84,9 @@ class ParamCounts(Breakdown):
     """Mamba-2 and Gated DeltaNet mixers of a hybrid model's recurrent layers (0 for a transformer)."""
     latent_projections: int
     """A latent MoE's h -> latent and latent -> h projections around the routed experts (0 without one)."""
+    hyper_connections: int
+    """Hyper-connection weights over the hc_mult residual streams: two per layer and the final collapse
+    (cost.compressed; 0 with a plain residual)."""
     experts_per_token_fraction: float
     """k / E: the fraction of routed-expert weights one token uses (1.0 for dense models)."""
 
@@ -97,6 +107,8 @@ def attention_params(m: ModelSpec) -> int:
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
         return q + kv + a * v * h + indexer_params(m)  # DeepSeek Sparse Attention's indexer (cost.sparse)
+    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:  # DeepSeek-V4's block (cost.compressed)
+        return v4_attention_params(m)
     n = h * a * d * (2 if m.attention_output_gate else 1) + 2 * h * K * d + a * d * h
     if m.attention_bias or m.qkv_bias:
         n += a * d + 2 * K * d
@@ -170,7 +182,8 @@ def mtp_module_params(m: ModelSpec) -> int:
     NemotronHMultiTokenPredictorLayer (mtp_hybrid_override_pattern "*E": eh_proj, enorm, hnorm,
     final_layernorm)."""
     mlp = moe_block_params(m) if m.is_moe else mlp_params(m, m.intermediate_size)
-    return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m)
+    hc = 2 * hc_params(m) + hc_head_params(m)  # DeepSeek-V4's MTP block keeps its own streams and collapse
+    return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m) + hc
 
 
 def norm_params(m: ModelSpec) -> int:
@@ -190,14 +203,15 @@ def param_counts(m: ModelSpec) -> ParamCounts:
     return ParamCounts(
         embedding=V * h + pos,
         output=0 if m.tie_word_embeddings else V * h,
-        attention=m.num_attention_layers * attention_params(m),
+        attention=m.num_attention_layers * attention_params(m) + compressor_params(m),
         dense_mlp=m.num_mlp_layers * mlp_params(m, m.intermediate_size),
         routed_experts=n_moe * E * expert_params(m),
         shared_experts=n_moe * (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0),
-        router=n_moe * router_params(m),
+        router=n_moe * router_params(m) - (m.num_hash_layers * E if m.expert_bias else 0),  # hash: no bias
         norms=(L - m.count_layers("none") + m.num_mlp_layers + n_moe + 1) * norm_params(m),
         recurrent_mixers=recurrent_params(m),
         latent_projections=n_moe * latent_proj_params(m),
+        hyper_connections=hyper_connection_params(m),
         experts_per_token_fraction=(m.num_experts_per_tok / E) if E else 1.0,
     )
 
@@ -228,6 +242,10 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
         rope, kv_r, q_r = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
+        return down + (attention_params(m) - down) / t
+    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:
+        # DeepSeek-V4: the query down-projection and the one shared key/value head replicated, the rest by heads
+        down = (h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0) + (h * d + d if m.shared_key_value else 0)
         return down + (attention_params(m) - down) / t
     kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
     full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads
@@ -282,7 +300,8 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     # A hybrid stack's average layer: its share of attention, its mean recurrent mixer (split by t, as
     # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
-        + norms_per_layer(m) * norm_params(m)
+        + norms_per_layer(m) * norm_params(m) \
+        + (compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m))  # replicated (cost.compressed)
     dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
     moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
@@ -291,5 +310,5 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
-    head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj
+    head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj + hc_head_params(m)
     return dense_layer, moe_layer, expert_layer, V * h / t + positions, head

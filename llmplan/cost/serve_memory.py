@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.compressed import compressed_cache_bytes_per_token, window_cache_bytes
 from llmplan.cost.compute import layer_windows
 from llmplan.cost.mixers import recurrent_state_bytes
 from llmplan.cost.params import padded_vocab, rank_params
@@ -103,7 +104,10 @@ def kv_layer_bytes(m: ModelSpec, kv_dtype: str, tp: int = 1, latent: bool = True
 
 def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
     """KV bytes per token of the whole model, one sequence (every attention layer, all heads; a hybrid's
-    recurrent layers keep a fixed state instead: recurrent_state_bytes)."""
+    recurrent layers keep a fixed state instead: recurrent_state_bytes). DeepSeek-V4: the compressed keys a
+    token of context adds (its windows are per sequence: cost.compressed.window_cache_bytes)."""
+    if m.compressed_layers:
+        return compressed_cache_bytes_per_token(m, KV_BYTES[kv_dtype])
     return m.num_attention_layers * kv_layer_bytes(m, kv_dtype)
 
 
@@ -117,6 +121,10 @@ def recurrent_state_per_seq_gpu(m: ModelSpec, plan: ServePlan) -> float:
 def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size: int = 1) -> Any:
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
+    if m.compressed_layers:  # DeepSeek-V4: every layer's window and buffers, the compressed keys (replicated)
+        b = KV_BYTES[plan.kv_dtype]
+        return (window_cache_bytes(m, context, b) + np.asarray(context) * compressed_cache_bytes_per_token(m, b)) \
+            / plan.pp
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
     total: Any = 0.0  # an array when `context` is one
     for window, layers in layer_windows(m):
@@ -207,7 +215,9 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
-        from llmplan.cost.speculative import speculative_kv_per_seq  # builds on this module
+        from llmplan.cost.speculative import (
+            speculative_kv_per_seq,  # builds on this module
+        )
         per_seq = float(speculative_kv_per_seq(m, plan, job.speculative, admitted_tokens(job), job.block_size))
     block = float(kv_bytes_per_seq_gpu(m, plan, job.block_size, job.block_size))
     return ServeMemory(

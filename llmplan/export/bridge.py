@@ -32,6 +32,10 @@ RECIPES: dict[str, str] = {
     "gpt-oss-20b": "gpt_oss_20b_pretrain_config",       # openai/gpt-oss-20b
     "gpt-oss-120b": "gpt_oss_120b_pretrain_config",     # openai/gpt-oss-120b
     "gpt3-175b": "gpt3_175b_pretrain_32gpu_h100_bf16_config",  # GPTModelProvider(96 layers, h 12288)
+    # deepseek-ai/DeepSeek-V4-Flash and -Pro (recipes/deepseek/deepseek_v4.py at 6124fbe: the h100 32-GPU and
+    # gb300 32-GPU bf16 recipes); their DSv4 attention and hyper-connections need Megatron-Core's dev branch
+    "deepseek-v4-flash": "deepseek_v4_flash_pretrain_config",
+    "deepseek-v4-pro": "deepseek_v4_pro_pretrain_config",
 }
 """Built-in model -> Megatron-Bridge 0.6.2 library recipe (megatron.bridge.recipes, or its h100 module where
 the package exports no short name; the model it builds)."""
@@ -132,6 +136,12 @@ def check(pf: PlanFile) -> None:
         (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, a "
          "RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
          "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules"),
+        (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
+         m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
+        ("core_attn recompute with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts that core "
+         "attention is not checkpointed)", m.compressed_layers > 0 and p.recompute == "selective"
+         and "core_attn" in (p.recompute_modules or ("core_attn",)),
+         "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -207,7 +217,9 @@ def stage_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     p, m = pf.plan, pf.model
     even_chunks = p.vpp == 1 or all(n % p.vpp == 0 for n in stage_layer_list(m, p))
     layout = first = last = None
-    if p.pp_layout is not None or (p.pp > 1 and (p.pp_layers is not None or not even_chunks)):
+    # DeepSeek-V4's hash-routed layers need an explicit layout at PP > 1 (Megatron-Bridge deepseek_v4_bridge.py,
+    # set_deepseek_v4_pipeline_model_parallel_layout): written whenever the model has them
+    if p.pp_layout is not None or (p.pp > 1 and (p.pp_layers is not None or not even_chunks or m.num_hash_layers)):
         layout = megatron_layout(pf, m.num_nextn_predict_layers, commas=False)
     elif p.pp > 1:
         first, last = p.pp_first or None, p.pp_last or None

@@ -320,6 +320,11 @@ def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
         check_hybrid(pf)
+    if pf.model.compressed_layers or pf.model.hc_mult > 1:
+        raise refuse(TARGET, f"DeepSeek-V4's compressed attention and hyper-connections ({pf.model.name}: Megatron-Core "
+                     "builds them as DSv4HybridSelfAttention and HyperConnectionModule from its dev branch, configured "
+                     "by Megatron-Bridge's model provider (csa_compress_ratios, o_groups, hc_mult), not by "
+                     "Megatron-LM command-line flags)", "export to megatron-bridge (its deepseek_v4 recipes)")
     if pf.model.is_sparse_attention:
         raise refuse(TARGET, f"DeepSeek Sparse Attention ({pf.model.name}: Megatron-LM at d98e8a6 builds it as its "
                      "hybrid pattern's D layers with the --dsa-indexer-* flags, which this export does not write; "

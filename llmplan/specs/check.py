@@ -87,7 +87,8 @@ def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
 
 def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     """The plan's recompute_modules that name a kind of layer the model lacks."""
-    has = {"mla_up_proj": m.is_mla, "moe": m.is_moe, "moe_act": m.is_moe, "shared_experts": bool(m.shared_ffn)}
+    has = {"mla_up_proj": m.is_mla or bool(m.q_lora_rank), "moe": m.is_moe, "moe_act": m.is_moe,
+           "shared_experts": bool(m.shared_ffn), "mhc": m.hc_mult > 1}
     return [x for x in p.recompute_modules if not has.get(x, True)]
 
 
@@ -203,8 +204,9 @@ RULES: tuple[Rule, ...] = (
                          "--recompute selective or drop --recompute-modules"),
     Rule("recompute_modules_model", lambda m, p, c: not _foreign_modules(m, p),
          lambda m, p, c: f"recompute_modules {', '.join(_foreign_modules(m, p))} describe layers {m.name} does not "
-                         "have (mla_up_proj: MLA attention; moe, moe_act: expert layers; shared_experts: shared "
-                         "experts; Megatron TransformerConfig rules); drop them from --recompute-modules"),
+                         "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
+                         "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
+                         "rules); drop them from --recompute-modules"),
     Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
          lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
                          "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),

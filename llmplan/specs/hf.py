@@ -5,6 +5,7 @@ Field names per architecture: Hugging Face transformers configuration_*.py field
 
 from __future__ import annotations
 
+from itertools import takewhile
 from typing import Any
 
 from llmplan.fileio import excerpt
@@ -40,6 +41,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
     if mt == "nemotron_h":
         cfg = _nemotron_h_blocks(cfg)
+    if mt == "deepseek_v4" and cfg.get("intermediate_size") is None:  # the shared expert's width is the MoE one
+        cfg = {**cfg, "intermediate_size": cfg.get("moe_intermediate_size")}
     cfg = _checked(cfg, mt)
     if mt == "llama4":
         cfg = _llama4(cfg)
@@ -58,7 +61,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out["rope_theta"] = cfg["rope_parameters"].get("rope_theta")
         out["rope_scaling"] = cfg["rope_parameters"]
         out = {k: v for k, v in out.items() if v is not None}
-    out.update(_attention_layers(cfg, mt))
+    out.update(_attention_layers(cfg, mt) if mt != "deepseek_v4" else _deepseek_v4(cfg))
     out.update(_hybrid_layers(cfg, mt))
     if out.get("sliding_window") is None:
         out.pop("sliding_window", None)
@@ -69,7 +72,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
             out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
-        if mt not in ("nemotron_h", "qwen3_next", "llama4"):  # their layer lists place the MoE layers
+        if mt not in ("nemotron_h", "qwen3_next", "llama4", "deepseek_v4"):  # their layer lists place the MoE layers
             _check_sparse_layout(cfg)
         out.update(_router(cfg, mt))
     else:
@@ -95,9 +98,12 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt == "gpt_oss":
         out["attention_bias"] = True
         out["mlp_bias"] = True
-    if mt not in ("deepseek_v3", "deepseek_v32"):
-        for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+    if mt not in ("deepseek_v3", "deepseek_v32"):  # DeepSeek-V4 keeps its query rank (a plain-attention field)
+        for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + \
+                (("q_lora_rank",) if mt != "deepseek_v4" else ()):
             out.pop(k, None)
+    if mt == "deepseek_v4":
+        out = {k: v for k, v in out.items() if v is not None}
     return out
 
 
@@ -136,14 +142,46 @@ Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py 
 Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
 
 
-BEYOND_THE_MODEL = {
-    "deepseek_v4": "DeepSeek-V4 adds 4-stream hyper-connection residuals (hc_mult), compressed sparse attention "
-                   "per layer (compress_ratios, with its own indexer and sliding window), hash-routed MoE layers "
-                   "(num_hash_layers) and a grouped low-rank output projection (o_groups), none of which llmplan "
-                   "prices; a DeepSeek-V3 / V3.2 spec of the same widths would misstate its memory and time",
-}
-"""Published architectures the reader refuses with the reason (Megatron-Bridge docs/models/deepseek/deepseek-v4.md:
-mHC, Compressed Sparse Attention with a DSA indexer, hash-routed MoE, o_groups output projection)."""
+BEYOND_THE_MODEL: dict[str, str] = {}
+"""Published architectures the reader refuses with the reason (none at present: DeepSeek-V4, once refused for its
+hyper-connections and compressed attention, is read by _deepseek_v4)."""
+
+
+DEEPSEEK_V4_RATIOS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+"""DeepSeek-V4's compress_ratios entries -> the layer kind (transformers configuration_deepseek_v4.py
+_COMPRESS_RATIO_TO_LAYER_TYPE; Megatron-Bridge deepseek_v4_bridge.py supports the same three)."""
+
+
+def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V4's config.json (transformers configuration_deepseek_v4.py, Megatron-Bridge deepseek_v4_bridge.py
+    at 4ab94dfad): the per-layer compress_ratios (0 sliding window only, 4 compressed sparse, 128 heavily
+    compressed; entries past num_hidden_layers are the MTP layers') or the newer layer_types and compress_rates,
+    num_hash_layers (or mlp_layer_types' leading hash_moe), one shared key/value head, the grouped output
+    projection and the hyper-connection streams; the MoE width is also the shared expert's (no
+    intermediate_size in the file)."""
+    n = int(cfg["num_hidden_layers"])
+    ratios = cfg.get("compress_ratios")
+    if isinstance(cfg.get("layer_types"), list):
+        kinds = tuple(cfg["layer_types"])[:n]
+    elif isinstance(ratios, list) and len(ratios) >= n:
+        unknown = sorted({r for r in ratios[:n] if r not in DEEPSEEK_V4_RATIOS}, key=str)
+        if unknown:
+            raise ValueError(f"compress_ratios holds {unknown}, which DeepSeek-V4 does not define; each layer's "
+                             "ratio must be 0 (sliding window), 4 (compressed sparse) or 128 (heavily compressed)")
+        kinds = tuple(DEEPSEEK_V4_RATIOS[r] for r in ratios[:n])
+    else:
+        raise ValueError(f"the deepseek_v4 config gives no compress_ratios for its {n} layers (nor layer_types); "
+                         "DeepSeek-V4 needs one compression ratio per layer (0, 4 or 128)")
+    given = cfg.get("compress_rates")
+    rates: dict[str, Any] = given if isinstance(given, dict) else {}
+    hash_layers = cfg.get("num_hash_layers")
+    if hash_layers is None and isinstance(cfg.get("mlp_layer_types"), list):
+        hash_layers = sum(1 for _ in takewhile(lambda k: k == "hash_moe", cfg["mlp_layer_types"]))
+    return {"layer_types": kinds, "shared_key_value": True, "num_hash_layers": int(hash_layers or 0),
+            "hc_mult": int(cfg.get("hc_mult") or 1), "o_groups": cfg.get("o_groups"),
+            "o_lora_rank": cfg.get("o_lora_rank"),
+            "compress_rate_csa": int(rates.get("compressed_sparse_attention") or cfg.get("compress_rate_csa") or 4),
+            "compress_rate_hca": int(rates.get("heavily_compressed_attention") or cfg.get("compress_rate_hca") or 128)}
 
 
 NEMOTRON_H_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
@@ -269,7 +307,7 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     e_score_correction_bias (topk_method "noaux_tc") and renormalises; Qwen2/3-MoE's config classes default
     norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
     chosen experts (renormalised, no key)."""
-    deepseek = mt in ("deepseek_v3", "deepseek_v32", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
+    deepseek = mt in ("deepseek_v3", "deepseek_v32", "deepseek_v4", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
     if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
         return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
@@ -293,7 +331,8 @@ HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": 
                             "num_local_experts": int, "num_experts": int, "n_routed_experts": int,
                             "use_sliding_window": bool, "full_attention_interval": int, "chunk_size": int,
                             "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
-                            "intermediate_size_mlp": int}
+                            "intermediate_size_mlp": int, "hc_mult": int, "o_groups": int, "o_lora_rank": int,
+                            "num_hash_layers": int}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
 LAYER_LISTS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
 """config.json keys holding a list of whole numbers, one per layer or per layer index (Qwen3-Next's dense

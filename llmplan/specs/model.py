@@ -15,6 +15,7 @@ from llmplan.specs.base import (  # noqa: F401  (re-exported: their home was thi
 from llmplan.specs.mla import MLA
 from llmplan.specs.model_kinds import (  # noqa: F401  (re-exported: their home was this module)
     ATTENTION_KINDS,
+    COMPRESSED_KINDS,
     LINEAR_FIELDS,
     MAMBA_FIELDS,
     RECURRENT_KINDS,
@@ -108,6 +109,30 @@ class ModelSpec(Spec):
     index_head_dim: int | None = Field(default=None, gt=0)
     """DeepSeek Sparse Attention: head dimension of the lightning indexer (its key cache per token)."""
 
+    compress_rate_csa: int = Field(default=4, gt=1, le=65_536)
+    """DeepSeek-V4 compressed sparse attention (HF deepseek_v4 name): tokens pooled into one compressed key of a
+    compressed_sparse_attention layer (4), over overlapping windows of twice that; the indexer (index_topk,
+    index_n_heads, index_head_dim) picks index_topk of them per query."""
+    compress_rate_hca: int = Field(default=128, gt=1, le=65_536)
+    """DeepSeek-V4 heavily compressed attention (HF deepseek_v4 name): tokens pooled into one compressed key of a
+    heavily_compressed_attention layer (128), every compressed key attended."""
+    shared_key_value: bool = False
+    """llmplan key: one key/value head whose key and value are the same projection, read as both (DeepSeek-V4's
+    shared-KV multi-query attention: kv_proj h -> head_dim and its RMSNorm); needs num_key_value_heads 1."""
+    o_lora_rank: int | None = Field(default=None, gt=0)
+    """Grouped low-rank output projection (HF deepseek_v4 name): the width d_g each of the o_groups head groups
+    is projected to before one o_groups·d_g -> h projection; None: the full a·d -> h output projection."""
+    o_groups: int | None = Field(default=None, gt=0)
+    """Grouped low-rank output projection: head groups g, each of a·d/g inputs (HF deepseek_v4 name)."""
+    hc_mult: int = Field(default=1, ge=1, le=64)
+    """Manifold-constrained hyper-connections (HF deepseek_v4 name; DeepSeek-V4: 4): residual streams n of width h
+    each token carries; each sub-block reads a learned mix of them (pre), and writes its output into all of
+    them (post) after mixing them by a doubly stochastic n x n matrix (comb). 1: a plain residual."""
+    num_hash_layers: int = Field(default=0, ge=0, le=4_096)
+    """Leading MoE layers whose experts are chosen by a fixed token-id -> experts table (HF deepseek_v4 name;
+    tid2eid, a buffer): their router still scores the experts to weight the chosen ones, without top-k or
+    selection bias."""
+
     mamba_num_heads: int | None = Field(default=None, gt=0)
     """Mamba-2: SSM heads H (HF nemotron_h name)."""
     mamba_head_dim: int | None = Field(default=None, gt=0)
@@ -165,9 +190,9 @@ class ModelSpec(Spec):
     groups in order; None: routing over all experts."""
     topk_group: int | None = Field(default=None, ge=1)
     """Groups a token's experts may come from under group-limited routing (HF name; DeepSeek-V3: 4)."""
-    scoring_func: Literal["softmax", "sigmoid"] = "softmax"
-    """Router score function (HF name; DeepSeek-V3: sigmoid, each expert's affinity scored on its own; softmax
-    over the experts otherwise)."""
+    scoring_func: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    """Router score function (HF name; DeepSeek-V3: sigmoid, each expert's affinity scored on its own;
+    DeepSeek-V4: sqrtsoftplus, sqrt(softplus(x)), also per expert; softmax over the experts otherwise)."""
     norm_topk_prob: bool = True
     """Whether a token's top-k routing weights are renormalised to sum to 1 (HF name). True for Mixtral,
     gpt-oss and Qwen3-MoE (softmax over the chosen experts) and DeepSeek-V3; Qwen1.5/2-MoE keep the softmax
@@ -254,12 +279,27 @@ class ModelSpec(Spec):
             if missing:
                 raise ValueError(f"MLA (kv_lora_rank set) also needs {', '.join(missing)}")
         else:
-            stray = [f for f in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-                     if getattr(self, f) is not None]
+            stray = [f for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if getattr(self, f) is not None]
             if stray:  # without kv_lora_rank the model is priced as plain attention and these would be ignored
                 raise ValueError(f"{', '.join(stray)} set without kv_lora_rank: multi-head latent attention needs "
                                  "kv_lora_rank (give it, or leave the MLA fields out for plain attention)")
+        self._deepseek_v4_rules()
         return self
+
+    def _deepseek_v4_rules(self) -> None:
+        """The grouped output projection, the shared key/value head and hash routing fit the model's widths."""
+        if (self.o_lora_rank is None) != (self.o_groups is None):
+            raise ValueError("the grouped output projection needs o_lora_rank and o_groups together (or neither)")
+        a, d = self.num_attention_heads, self.d_head
+        if self.o_groups is not None and (a * d) % self.o_groups:
+            raise ValueError(f"o_groups ({self.o_groups}) must divide num_attention_heads x head_dim ({a * d}): "
+                             "each group projects an equal share of the heads")
+        if self.shared_key_value and (self.kv_heads != 1 or self.is_mla):
+            raise ValueError(f"shared_key_value reads one projection as key and value: it needs num_key_value_heads "
+                             f"1 (got {self.kv_heads}) and no multi-head latent attention")
+        if self.num_hash_layers > self.num_moe_layers:
+            raise ValueError(f"num_hash_layers ({self.num_hash_layers}) must be at most the MoE layers "
+                             f"({self.num_moe_layers}): hash routing picks experts")
 
     def _hybrid_rules(self) -> None:
         """The per-layer lists agree with the layer count and the dimensions each kind needs are given."""
@@ -293,9 +333,14 @@ class ModelSpec(Spec):
             raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.linear_num_key_heads})")
         sparse = [f for f in ("index_topk", "index_n_heads", "index_head_dim") if getattr(self, f) is None]
-        if len(sparse) not in (0, 3) or (not sparse and not self.is_mla):
+        csa = "compressed_sparse_attention" in kinds
+        if len(sparse) not in (0, 3) or (not sparse and not self.is_mla and not csa) or (csa and sparse):
             raise ValueError("DeepSeek Sparse Attention needs index_topk, index_n_heads and index_head_dim together, "
-                             "on a multi-head latent attention model (kv_lora_rank set)")
+                             "on a multi-head latent attention model (kv_lora_rank set) or for the indexer of "
+                             "compressed_sparse_attention layers")
+        if any(k in kinds for k in COMPRESSED_KINDS) and self.sliding_window is None:
+            raise ValueError("compressed attention layers attend to a sliding window of recent tokens besides the "
+                             "compressed keys; give sliding_window")
         if "chunked_attention" in kinds and self.attention_chunk_size is None:
             raise ValueError("layer_types lists chunked_attention layers, which also need attention_chunk_size")
 
@@ -310,6 +355,17 @@ class ModelSpec(Spec):
     def is_sparse_attention(self) -> bool:
         """DeepSeek Sparse Attention: a lightning indexer picks index_topk keys per query."""
         return self.index_topk is not None
+
+    @property
+    def is_dsa(self) -> bool:
+        """DeepSeek-V3.2's sparse attention: the indexer on every (MLA) attention layer over all preceding keys
+        (DeepSeek-V4 puts its indexer on the compressed_sparse_attention layers only)."""
+        return self.is_sparse_attention and self.is_mla
+
+    @property
+    def compressed_layers(self) -> int:
+        """Layers with compressed attention (DeepSeek-V4's CSA and HCA)."""
+        return sum(self.count_layers(k) for k in COMPRESSED_KINDS)
 
     @property
     def is_hybrid(self) -> bool:

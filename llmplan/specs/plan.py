@@ -18,7 +18,7 @@ from llmplan.units import NVFP4_BYTES
 
 Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
-RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts"]
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "mhc"]
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 Bf16Module = Literal["attention", "latent_proj"]
 BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
@@ -125,7 +125,8 @@ class ParallelPlan(PlanQuantities, Spec):
     (Megatron --recompute-granularity selective --recompute-modules): core_attn (the attention core),
     layernorm (the norms not fused into a linear: MLA's input norm, the MoE layers' pre-MLP norm), mla_up_proj
     (MLA's Q/K/V up-projections and RoPE), mlp (the dense layers' MLP), moe (the whole MoE layer), moe_act
-    (the experts' activation function) and shared_experts; empty means Megatron's default, core_attn alone
+    (the experts' activation function), shared_experts and mhc (the hyper-connections' kept streams and
+    weights, Megatron-Bridge's DeepSeek-V4 recipes); empty means Megatron's default, core_attn alone
     (docs/formulas.md#mem.recompute_modules). Given without recompute selective it fails check_plan (rule
     recompute_modules)."""
     offload_layers: int = Field(default=0, ge=0, le=1 << 16)
