@@ -119,3 +119,23 @@ def test_backward_moves_more_than_twice_the_forward(heads, head_dim, state, grou
         "mamba_num_heads": heads, "mamba_head_dim": head_dim, "ssm_state_size": state, "n_groups": groups})
     assert mamba_backward_bytes(m, b) > 2 * mamba_forward_bytes(m, b)
     assert mamba_memory_bytes(m, b) > mamba_forward_bytes(m, b)
+
+
+def test_a_hybrid_layer_runs_one_sub_block_of_tp_collectives():
+    # Megatron's hybrid stack: an M, -, * or E layer holds one block (mamba_mixer.py: in_proj column-parallel,
+    # out_proj row-parallel; the MLP and attention layers likewise). Under TP with SP, per layer and
+    # micro-batch: forward the in_proj input all-gather and the out_proj reduce-scatter, backward their
+    # gradients (a reduce-scatter and an all-gather) and the re-gather of the saved input shard for the weight
+    # gradient: 3 all-gathers and 2 reduce-scatters, half a transformer layer's (attention + MLP).
+    from llmplan.cost.comm import tp_transfers
+    from llmplan.specs.plan import ParallelPlan
+
+    m = builtin_models()["nemotron-h-56b"]
+    plan = ParallelPlan(tp=4, pp=1, dp=32, sp=True, micro_batch=2, global_batch=384, seq_len=8192, zero=1)
+    n = plan.num_microbatches * m.num_hidden_layers
+    calls = {}
+    for t in tp_transfers(m, plan, "tp"):
+        calls[t.collective] = calls.get(t.collective, 0) + t.calls
+    assert calls["all-gather"] == 3 * n and calls["reduce-scatter"] == 2 * n
+    dense = m.model_copy(update={"layer_types": None, "mlp_layer_types": None})
+    assert sum(t.calls for t in tp_transfers(dense, plan, "tp") if t.collective == "reduce-scatter") == 4 * n

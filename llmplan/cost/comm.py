@@ -16,6 +16,7 @@ import numpy as np
 
 from llmplan.arith import where
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
+from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -201,10 +202,14 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     gradients stay bf16 here).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
-    Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
+    A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
+    column- and a row-parallel linear: its collectives are norms_per_layer / 2 of a transformer layer's.
+    Source: Korthikanti et al. 2022 §4.2.2 (Figure 5); Megatron-LM megatron/core/ssm/mamba_mixer.py (in_proj
+    column-, out_proj row-parallel), moe/shared_experts.py (the shared expert's gather and reduce-scatter).
+    Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    per_layer = plan.num_microbatches * layers
+    per_layer = plan.num_microbatches * layers * norms_per_layer(m) / 2  # sub-blocks: 1 a hybrid layer, 2
     r = recomputed_share(plan, layers)
     calls = per_layer * (4 + 2 * r)
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
