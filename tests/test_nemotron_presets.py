@@ -59,3 +59,25 @@ def test_super_trains_its_mtp_module_twice(published_runs, acc):
     # nemotron_3_super_pretrain_config: mtp_num_layers = 2, mtp_use_repeated_layer = True (v0.4.0 on).
     rec = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
     assert acc.model_for(rec, "mbridge-moe").num_nextn_predict_layers == 2
+
+
+def test_recomputing_the_moe_block_runs_its_all_to_alls_again():
+    # Megatron-LM moe_layer.py: with "moe" in recompute_modules the layer's whole forward (router, dispatch,
+    # experts, combine) is checkpointed, so backward dispatches and combines once more: 6 all-to-alls per MoE
+    # layer and micro-batch instead of 4. moe_act alone recomputes the activation, no communication.
+    from llmplan.cost.comm import ep_transfers
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+
+    m = builtin_models()["nemotron-3-nano"]
+    base = {"tp": 1, "pp": 1, "dp": 16, "ep": 8, "etp": 1, "micro_batch": 1, "global_batch": 1024,
+            "seq_len": 8192, "zero": 1, "moe_dispatcher": "deepep"}
+    n = 1024 // 16 * m.num_moe_layers
+
+    def calls(**kw) -> float:
+        (t,) = ep_transfers(m, ParallelPlan(**base, **kw), "ep")
+        return t.calls
+
+    assert calls() == 4 * n
+    assert calls(recompute="selective", recompute_modules=("moe_act", "layernorm")) == 4 * n
+    assert calls(recompute="selective", recompute_modules=("moe", "layernorm", "core_attn", "moe_act")) == 6 * n
