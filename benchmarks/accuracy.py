@@ -87,8 +87,9 @@ ASSUMPTIONS = {
     "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
                 "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
-                "rows' fp8 weights and virtual stages (RECIPE_SETTINGS); LoRA rows skipped (PEFT not modelled); "
-                "predicts model TFLOP/s per GPU",
+                "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
+                "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
+                "skipped (PEFT not modelled); predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
@@ -148,7 +149,8 @@ ASSUMPTIONS = {
     "mbridge-dense": "Megatron-Bridge performance tables 25.09-26.08 (dense Llama 3 / 3.1 rows): as the bridge family "
                      "reads its recipes (the distributed optimizer, Megatron-FSDP where FSDP > 0, bf16 gradient "
                      "reduction, fp8 weights for FP8 / FP8-CS / MXFP8, sequence parallelism and TP overlap with TP, "
-                     "native fused attention), no recompute where the table does not say; plain 'FP8' read as current "
+                     "native fused attention), no recompute where the table does not say, the Megatron-FSDP Llama "
+                     "presets' activation offload (MBRIDGE_OFFLOAD_LAYERS, --offload-activations-layers); plain 'FP8' read as current "
                      "scaling (the 25.09 footnote); predicts tokens/s per GPU (the tables' TFLOP/s halve causal "
                      "attention); only H100 rows enter the constant fit",
     "mbridge-moe": "Megatron-Bridge performance tables 25.09-26.08 (MoE rows: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
@@ -254,8 +256,33 @@ MBRIDGE_SKIP = (
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
-MBRIDGE_OFFLOAD = "Megatron-FSDP row of Llama 3 70B / 3.1 405B on GB200 / GB300 (or 70B FP8 on B200): the recipe " \
-    "presets offload activations to the CPU (cpu_offloading_num_layers), which llmplan does not model"
+MBRIDGE_OFFLOAD_LAYERS = {
+    # (model, GPU, precision) -> cpu_offloading_num_layers of the Megatron-FSDP presets (TP 1-2, PP 1, no
+    # recompute): scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py at v0.2.0 (25.11),
+    # v0.3.0 / v0.3.1 (26.02, 26.02.01), v0.4.0 / v0.4.2 (26.04, 26.04.01) and v0.5.0, the same numbers at each
+    ("llama3-70b", "gb300", "bf16"): 30, ("llama3-70b", "gb300", "fp8"): 20,
+    ("llama3-70b", "gb200", "bf16"): 20, ("llama3-70b", "gb200", "fp8"): 40, ("llama3-70b", "b200", "fp8"): 5,
+    ("llama3.1-405b", "gb300", "bf16"): 40, ("llama3.1-405b", "gb300", "fp8"): 10,
+    ("llama3.1-405b", "gb200", "fp8"): 92,
+}
+"""Layers whose activations the Megatron-Bridge Llama presets offload to host memory (ParallelPlan.offload_layers).
+The 25.09 presets (scripts/performance/configs/llama31/llama31_405b_llm_pretrain.yaml and llama3/
+llama3_70b_llm_pretrain.yaml at v0.1.0rc3 / v0.1.0rc4) differ: 405B on GB200 offloads 95 layers, 70B FP8 on
+B200 recomputes 5 layers instead (recompute_num_layers 5)."""
+MBRIDGE_OFFLOAD_2509 = {("llama3.1-405b", "gb200", "fp8"): 95, ("llama3-70b", "b200", "fp8"): 0}
+
+
+def mbridge_offload_layers(rec: dict) -> int:
+    """cpu_offloading_num_layers of an mbridge row's preset: its Megatron-FSDP Llama rows (0 elsewhere)."""
+    rid = rec["id"]
+    if family(rid) != "mbridge-dense" or not rec["parallel"].get("fsdp") or "-dgx-" not in rid:
+        return 0
+    model = "llama3.1-405b" if "llama3.1-405b" in rid else "llama3-70b" if "llama3-70b" in rid else ""
+    gpu = rid.split("-dgx-")[1].split("-")[0]
+    key = (model, gpu, "fp8" if "fp8" in rid else "bf16" if "bf16" in rid else "")
+    if rid.startswith("mbridge-25.09-") and key in MBRIDGE_OFFLOAD_2509:
+        return MBRIDGE_OFFLOAD_2509[key]
+    return MBRIDGE_OFFLOAD_LAYERS.get(key, 0)
 
 
 MBRIDGE_OFFLOADED_ACTIVATIONS = ("nemotron-3-ultra",)
@@ -273,12 +300,6 @@ def skip_reason(rec: dict) -> str | None:
         for key, why in MBRIDGE_SKIP:
             if key in rid:
                 return why
-        par = rec["parallel"]
-        # scripts/performance/configs/llama/llama3*_workload_base_configs.py: every Megatron-FSDP preset of
-        # 70B / 405B on GB200 / GB300 sets cpu_offloading_num_layers (20-92), and the B200 FP8-CS 70B one (5)
-        if par.get("fsdp") and ("llama3-70b" in rid or "llama3.1-405b" in rid) and (
-                "gb200" in rid or "gb300" in rid or ("-b200-" in rid and "fp8" in rid and "70b" in rid)):
-            return MBRIDGE_OFFLOAD
     return None
 
 
@@ -299,6 +320,14 @@ RECIPE_SETTINGS = {
                                      "optimizer_moment_dtype": "bf16", "vpp": 10},
     "nemo2407-sft-llama2-70b-16gpu": {"fp8_all_gather": True, "optimizer_master_dtype": "bf16",
                                       "optimizer_moment_dtype": "bf16", "vpp": 20},
+    # NeMo 24.07's launcher configs (NVIDIA/NeMo-Framework-Launcher tag 24.07, launcher_scripts/conf/training/
+    # {gpt3/20b,llama/llama2_70b,llama/llama3_70b,nemotron/nemotron_8b,nemotron/nemotron_22b}.yaml) set
+    # ub_tp_comm_overlap true (the 70B ones with tp_overlap/ub_cfg_h100_h8192_tp4_*: ring-exchange all-gathers,
+    # pipelined forward reduce-scatters, bulk backward, Transformer Engine's default methods); GPT-3 175B and
+    # Nemotron-4 340B set it false.
+    **{f"nemo2407-pretrain-{r}": {"tp_comm_overlap": True}
+       for r in ("gpt3-20b-64gpu-gbs256", "llama2-70b-64gpu-gbs128", "llama3-70b-64gpu-gbs128",
+                 "nemotron-8b-64gpu-gbs256", "nemotron-22b-64gpu-gbs256")},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
@@ -703,6 +732,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";
         # perf_recipes/llama/*/llama3*.py at 067f987d: tp_comm_overlap False in the NVFP4 builders)
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
+                         or bool(par.get("tp_comm_overlap"))
                          or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
                                                          and "llama" in rec["id"]),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
@@ -748,6 +778,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
+        offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at

@@ -7,6 +7,7 @@ import json
 import re
 
 from llmplan.search.layouts import DEGREES, layout_degrees
+from llmplan.search.ties import TIE_POOL
 from llmplan.specs.check import balanced_split
 from llmplan.specs.layout import parse_layout
 
@@ -106,9 +107,11 @@ def test_pinned_vpp_with_a_partial_micro_batch_group_says_why(cli):
 
 def test_the_leading_plans_do_not_depend_on_top(cli):
     # Ties are resolved among the best max(top, TIE_POOL) plans: with the tie pool cut at --top, 70B on 8 DGX-H100
-    # led with tp2 pp4 cp2 at --top 3 and tp4 pp2 at --top 6.
+    # led with tp2 pp4 cp2 at --top 3 and tp4 pp2 at --top 6. The promise holds up to TIE_POOL (a wider --top
+    # widens the pool: at --top 6 the tp4 pp2 plan without interleaving, 0.8% slower, joins five interleaved
+    # variants of it and leads on fewer axes).
     args = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--json")
-    runs = {t: cli(*args, "--top", str(t)) for t in (2, 6)}
+    runs = {t: cli(*args, "--top", str(t)) for t in (2, TIE_POOL)}
     assert all(r.code == 0 for r in runs.values())
     lead = {t: [p["plan"] for p in r.json()["plans"][:2]] for t, r in runs.items()}
-    assert lead[2] == lead[6]
+    assert lead[2] == lead[TIE_POOL]

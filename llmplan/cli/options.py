@@ -54,6 +54,9 @@ FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
                                 help="With --recompute full: recompute only the first N layers of each virtual "
                                      "pipeline chunk (Megatron's block method).")
+OFFLOAD_LAYERS = typer.Option(_plan("offload_layers"), "--offload-activations-layers", min=0, max=1 << 16,
+                              help="Copy the saved activations of the first N layers to host memory and back, "
+                                   "beside compute (Megatron --cpu-offloading-num-layers; pp 1, no recompute).")
 RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                  help="With --recompute selective: the Megatron modules to recompute, comma-separated "
                                       "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts; "
@@ -197,7 +200,7 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "recompute_layers": RECOMPUTE_LAYERS,
-    "recompute_modules": RECOMPUTE_MODULES, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
+    "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,

@@ -18,6 +18,7 @@ from llmplan.arith import maximum, where
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
+from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
     kv_heads_per_rank,
@@ -26,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.step import CommSeconds
+from llmplan.cost.exposure import CommSeconds
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -109,6 +110,9 @@ class CommBreakdown:
     """Per-axis communication of the most-loaded rank; total bytes and seconds are the sums over axes."""
 
     axes: dict[str, AxisComm]
+    host_layer_bytes: Any = 0.0
+    """Bytes one offloaded layer copies to host memory per micro-batch, each way (not a collective: the
+    GPU's own link to host memory; cost.offload). 0 without activation offload."""
 
     @property
     def bytes(self) -> float:
@@ -188,6 +192,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         ep=comm.axes["ep"].seconds,
         dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
+        host=comm.host_layer_bytes / system.host_bytes_per_s,
     )
 
 
@@ -224,6 +229,15 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
             Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
+
+
+def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+    """Share of a stage's TP seconds (tp_transfers, Megatron-LM with SP) in its forward and recompute
+    reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside 6 + 2r all-gathers of
+    gather_bytes each (r the stage's recomputed share). By bytes: every one is a collective over the same
+    group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
+    rs = (2 + 2 * r) * ACT_BYTES
+    return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:
@@ -388,4 +402,4 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "dp": _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"]), system),
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
-    })
+    }, host_layer_bytes=offload_layer_bytes(m, plan))

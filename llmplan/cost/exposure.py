@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.compute import StageCompute
+from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.specs.plan import ParallelPlan
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
@@ -29,6 +29,9 @@ class CommSeconds:
     ep: Any
     dp_reduce: Any
     dp_gather: Any
+    host: Any = 0.0
+    """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
+    over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""
 
 
 def overlap(comm: Any, window: Any, kappa: float) -> Any:
@@ -51,13 +54,23 @@ def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float) -> Any
     return overlap(cp, window, kappa)
 
 
-def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None) -> Any:
+def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
+               rs_share: Any = 0.0) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
     GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
-    --tp-comm-overlap the collectives are split into tp ring chunks that overlap the GEMMs, all but the
-    first chunk. With tp_backward_overlap off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2;
-    Megatron-LM tensor_parallel/layers.py (async gradient communication, 3f65246911); Wang et al. 2022
+    --tp-comm-overlap (and SP) Transformer Engine's userbuffers overlap every collective with a GEMM by its
+    default methods: a ring exchange for the all-gathers feeding a GEMM (forward QKV and fc1, the output
+    gradients of the output projection and fc2), whose first GEMM chunk is the rank's own shard, so nothing
+    waits; bulk overlaps in backward (the re-gathers beside the input-gradient GEMMs, the input-gradient
+    reduce-scatters beside the weight-gradient GEMMs); the forward reduce-scatters (`rs_share` of the TP
+    seconds, comm.tp_forward_rs_share) pipelined in TE_PIPELINE_SPLITS chunks, each beside the next chunk's
+    GEMM, the last one after the last GEMM. DTensor async TP (tp_impl) splits each collective into tp chunks,
+    all but the first beside the GEMMs. What overlaps costs its contention (overlap). With tp_backward_overlap
+    off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py
+    (async gradient communication, 3f65246911); Transformer Engine v2.8 pytorch/module/base.py initialize_ub
+    (methods, num_splits) and common/comm_gemm_overlap/comm_gemm_overlap.cpp (CommOverlapP2PBase::
+    split_overlap_ag: chunk i = 0 is the local shard; CommOverlapBase::split_overlap_rs); Wang et al. 2022
     (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
     # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
@@ -68,7 +81,8 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     backward = where(plan.tp_backward_overlap, where(plan.sp, sp_share, 2 / (4 + 2 * r)), 0.0) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
-    chunked = tp / plan.tp + overlap(tp * (1 - 1 / plan.tp), sc.gemm, kappa)
+    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, tp / plan.tp)
+    chunked = waits + overlap(tp - waits, sc.gemm, kappa)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 
 

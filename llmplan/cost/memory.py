@@ -27,6 +27,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import fp32_shards_are_master
+from llmplan.cost.offload import offloaded_share
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -101,6 +102,9 @@ class ActivationBytes(Breakdown):
     """First stage: embedding dropout masks of the micro-batches in flight."""
     output: Any
     """Last stage: input of the output layer and fp32 logits for the loss."""
+    offloaded: Any = 0.0
+    """Not a part (not in HBM): the offloaded layers' activations in host memory at the peak
+    (ParallelPlan.offload_layers; docs/formulas.md#mem.offload)."""
 
 
 
@@ -125,6 +129,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         held = layout_peak_layers(m, plan, int(stage), dense_b, moe_b)
     else:
         held = inflight * per_mb
+    # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
+    offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
     rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)
@@ -134,7 +140,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
-    return ActivationBytes(layers=held, recompute_working=working, embedding=embedding, output=output)
+    return ActivationBytes(layers=held - offloaded, recompute_working=working, embedding=embedding, output=output,
+                           offloaded=offloaded)
 
 
 def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:
@@ -143,7 +150,8 @@ def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationByte
     time, so the larger recompute working set counts once. Derived: docs/formulas.md#mem.inflight"""
     return ActivationBytes(layers=a.layers + b.layers, recompute_working=maximum(a.recompute_working,
                                                                               b.recompute_working),
-                           embedding=a.embedding + b.embedding, output=a.output + b.output)
+                           embedding=a.embedding + b.embedding, output=a.output + b.output,
+                           offloaded=a.offloaded + b.offloaded)
 
 
 @dataclass(frozen=True)
@@ -250,6 +258,10 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     return best
 
 
+ACTIVATION_FIELDS = ("layers", "recompute_working", "embedding", "output", "offloaded")
+"""Every field of ActivationBytes (its parts and the host bytes beside them)."""
+
+
 def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
     """Fieldwise results[which] over breakdowns of plan arrays (what the chain of _pick selects, in one pass)."""
     flat = which * len(which) + np.arange(len(which))  # the chosen element in the stages' stacked values
@@ -258,7 +270,7 @@ def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
         return np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)
 
     act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
-                            for f in ("layers", "recompute_working", "embedding", "output")))
+                            for f in ACTIVATION_FIELDS))
     fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
     return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in fields}, activation_parts=act,
                           capacity=results[0].capacity)
@@ -267,7 +279,7 @@ def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     """Fieldwise `a if cond else b` over two breakdowns (elementwise for arrays)."""
     act = ActivationBytes(*(where(cond, getattr(a.activation_parts, f), getattr(b.activation_parts, f))
-                            for f in ("layers", "recompute_working", "embedding", "output")))
+                            for f in ACTIVATION_FIELDS))
     fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
     return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in fields},
                           activation_parts=act, capacity=a.capacity)

@@ -37,8 +37,10 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     overlap,
     tp_exposed,
 )
+from llmplan.cost.comm import tp_forward_rs_share
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.offload import offload_exposed
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
     GPU_SPEED_SPREAD,
@@ -67,7 +69,8 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
 
-BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead")
+BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead",
+               "offload")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class StepTime(Breakdown):
     overhead: Any
     """Time per step outside the model's kernels and collectives: the sum of `overheads`."""
     exposed: dict[str, Any]
-    """Exposed seconds per axis (tp, pp, dp, cp, ep); they sum to comm_exposed."""
+    """Exposed seconds per axis (tp, pp, dp, cp, ep) and of the activation-offload copies to host memory
+    (offload); they sum to comm_exposed."""
     stage: StageCompute
     """Per-micro-batch compute of the slowest stage."""
     model_flops: Any
@@ -224,7 +228,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     for stage, sc, layers, moe_layers in stages:
         g_i, c_i = per_stage[stage] if per_stage is not None else (gpu, comm)
         k_i = g_i.contention
-        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, recomputed_share(plan, layers))
+        r_i = recomputed_share(plan, layers)
+        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i))
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
@@ -245,9 +250,13 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     # Derived: docs/formulas.md#step.overlap
     waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
     pp_exposed = waited * p2p + overlap((2 * n * v - waited) * p2p, n * sc.total, kappa)
+    # Activation offload: the copies to host memory and back that outlast their window, forward and backward
+    # (cost.offload; Derived: docs/formulas.md#mem.offload)
+    offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
+                   + offload_exposed(m, plan, comm.host, sc.total - sc.forward))
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
                "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa, params_on_rank),
-               "cp": n * cp_mb, "ep": n * ep_mb}
+               "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
         bubble = layout_bubble(m, plan, gpu, per_mb, worst)
@@ -317,6 +326,7 @@ def bottleneck(st: StepTime) -> Any:
     """Name of the largest part of the step (compute split into GEMM / attention / memory-bound)."""
     n = st.compute / np.maximum(st.stage.total, 1e-30)
     parts = [n * st.stage.gemm, n * st.stage.attention, n * st.stage.memory_bound, st.bubble,
-             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer, st.overhead]
+             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer, st.overhead,
+             st.exposed.get("offload", 0.0)]
     idx = np.argmax(np.stack(np.broadcast_arrays(*parts)), axis=0)
     return np.asarray(BOTTLENECKS)[idx]

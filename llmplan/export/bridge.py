@@ -174,6 +174,12 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
     if p.swiglu_fp8_input:  # TransformerConfig.activation_func_fp8_input_store (Megatron-Core, SwiGLU only)
         out.append(("model.activation_func_fp8_input_store", True))
+    # TransformerConfig.cpu_offloading / cpu_offloading_num_layers, as scripts/performance/utils/overrides.py
+    # (_set_recompute_overrides) sets them for the Megatron-FSDP Llama presets (activations, not weights); the
+    # recipes run_recipe.py builds leave them off
+    if p.offload_layers:
+        out += [("model.cpu_offloading", True), ("model.cpu_offloading_num_layers", p.offload_layers),
+                ("model.cpu_offloading_weights", False)]
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),

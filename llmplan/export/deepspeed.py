@@ -39,6 +39,9 @@ def check(pf: PlanFile) -> None:
          "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
          "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
+        (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
+         "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
+         p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

@@ -143,6 +143,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    # Megatron-LM arguments.py (d98e8a6): --cpu-offloading-num-layers N > 0 sets cpu_offloading (activations only)
+    pairs += [("--cpu-offloading-num-layers", p.offload_layers or None)]
     recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),

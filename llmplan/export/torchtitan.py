@@ -98,6 +98,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
+    if p.offload_layers:
+        raise refuse(target, f"activation offload of {p.offload_layers} layers (Megatron-Core's "
+                     "cpu_offloading_num_layers through Transformer Engine's offload context; this export writes "
+                     "no offload hooks)", "re-plan without --offload-activations-layers, or export to megatron")
     if p.recompute_layers is not None:
         raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
                      "layer checkpointing takes every layer, or every Nth layer: a different set)",

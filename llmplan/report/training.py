@@ -44,7 +44,8 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan) -> dict[str, Any]:
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
-                                 "embedding": f(a.embedding), "output": f(a.output)}}
+                                 "embedding": f(a.embedding), "output": f(a.output)},
+            "offloaded_to_host": f(a.offloaded)}
 
 
 def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
@@ -246,6 +247,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 
 
+EXPOSED_NAMES = {"offload": "waiting for activation offload copies"}
+"""Rows of the step-time table for exposed parts that are not a parallel axis's communication."""
 OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
                   "measured": "measured per-step overhead"}
 
@@ -258,7 +261,8 @@ def time_table(e: TrainingEstimate) -> Table:
     t.add_column("% of step", justify="right")
     t.add_column("formula", style="dim")
     rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
-            *((f"exposed {a.upper()} communication", v, "step.time") for a, v in st.exposed.items() if v > 0),
+            *((EXPOSED_NAMES.get(a, f"exposed {a.upper()} communication"), v,
+               "mem.offload" if a == "offload" else "step.time") for a, v in st.exposed.items() if v > 0),
             ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
             *((f"{OVERHEAD_NAMES[k]}", v, "step.overhead") for k, v in st.overheads.items() if v > 0)]
     for name, val, ref in rows:
@@ -319,6 +323,9 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         t.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
     t.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"[bold]{100 * mem.total / mem.capacity:.1f}%[/]", "")
     t.add_row("capacity", gib(mem.capacity), "100.0%", "")
+    if a.offloaded > 0:  # beside the total, not in it: host memory
+        t.add_row(f"host: {p.offload_layers} offloaded layers", gib(a.offloaded), "-",
+                  "mem.offload")
     console.print(t)
     if mem.fits:
         console.print(f"[bold green]FITS[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "

@@ -15,6 +15,7 @@ import numpy as np
 from llmplan.cost.comm import (cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers, pp_transfers,
                                 tp_transfers)
 from llmplan.cost.memory import ActivationBytes, TrainingMemory, candidate_stages, stage_memory, training_memory
+from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
@@ -96,7 +97,8 @@ def take_memory(mem: TrainingMemory, idx: np.ndarray) -> TrainingMemory:
         stage=pick(mem.stage), params_on_rank=pick(mem.params_on_rank), weights=pick(mem.weights),
         gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
         other=pick(mem.other), capacity=mem.capacity,
-        activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output)),
+        activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output),
+                                         pick(a.offloaded)),
     )
 
 
@@ -169,6 +171,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         ep=total(ep_transfers(m, plans.as_plan, "ep")),
         dp_reduce=total([x for x in dp if x.collective != "all-gather"]),
         dp_gather=total([x for x in dp if x.collective == "all-gather"]),
+        host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
     )
 
 

@@ -256,6 +256,24 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
                          "with selective or no recompute (full recompute needs the full-iteration graph); use "
                          "cuda_graphs full-iteration or none, or --recompute selective"),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6): cpu_offloading_num_layers within [0, num_layers),
+    # no pipeline parallelism, no activation recompute, no CUDA graphs but the full-iteration one
+    Rule("offload_layers", lambda m, p, c: p.offload_layers < m.num_hidden_layers,
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) must be below {m.name}'s {m.num_hidden_layers} layers: "
+                         "Megatron-Core offloads the first N layers and keeps the rest on the GPU (cpu_offloading_"
+                         f"num_layers < num_layers); use --offload-activations-layers 1 to {m.num_hidden_layers - 1}"),
+    Rule("offload_pp", lambda m, p, c: (p.offload_layers == 0) | (p.pp == 1),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with pp {p.pp}: Megatron-Core has no activation offload "
+                         "under pipeline parallelism (TransformerConfig: 'no support for Pipeline parallelism with CPU "
+                         "offloading'); use --pp 1 or drop --offload-activations-layers"),
+    Rule("offload_recompute", lambda m, p, c: (p.offload_layers == 0) | (p.recompute_code == 0),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with recompute {p.recompute}: Megatron-Core refuses "
+                         "activation offload with activation recomputation (TransformerConfig); use --recompute none "
+                         "or drop --offload-activations-layers"),
+    Rule("offload_cuda_graphs", lambda m, p, c: (p.offload_layers == 0) | (p.cuda_graphs != "layers"),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with per-layer CUDA graphs: Megatron-Core supports CPU "
+                         "offloading only with the full-iteration graph (TransformerConfig); use cuda_graphs none or "
+                         "full-iteration, or drop --offload-activations-layers"),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

@@ -67,6 +67,11 @@ class GpuSpec(Spec):
     """Highest measured bf16 matmul TFLOP/s (an MFU ceiling), if published."""
     max_gemm_tflops_fp8: float | None = Field(default=None, gt=0, le=1e6)
     """Highest measured fp8 matmul TFLOP/s, if published."""
+    fp4_gemm_speedup: float | None = Field(default=None, gt=0, le=8)
+    """Measured NVFP4 over per-tensor fp8 GEMM kernel throughput on the same shapes and GPU (inputs already
+    quantised), if published: the fp4 large-GEMM fraction is then the fp8 one times this over the peak ratio
+    (tflops fp4 / fp8), so fp4 GEMMs run this much faster than fp8 ones, not the datasheet's ratio. None: fp4
+    assumed to reach the fp8 fraction. B300: 1.81 where its peaks say 3.1 (docs/formulas.md#compute.gemm)."""
     best_published_mfu: float | None = Field(default=None, gt=0, le=1)
     """Highest dense bf16 MFU a published training run reached on this GPU, its model FLOPs counted as llmplan
     counts them (attention not halved for the causal mask; a source that halves it is restated): a prediction
@@ -186,11 +191,16 @@ class GpuSpec(Spec):
 
     def max_gemm_fraction(self, dtype: str) -> float:
         """Best achieved fraction of peak for large GEMMs: measured where published (bf16 for bf16 / fp16,
-        fp8 for fp8 / mxfp8 at the same rate; fp4, unmeasured, assumed to reach the fp8 fraction), else 0.75."""
+        fp8 for fp8 / mxfp8 at the same rate), else 0.75; fp4 at the fp8 fraction, or where the GPU's NVFP4 /
+        fp8 kernel ratio is measured (fp4_gemm_speedup), at the fp8 rate times that ratio.
+        Derived: docs/formulas.md#compute.gemm"""
         fp8 = self.max_gemm_tflops_fp8 / self.tflops["fp8"] if self.max_gemm_tflops_fp8 and "fp8" in self.tflops else None
         bf16 = self.max_gemm_tflops_bf16 / self.tflops[dtype] if self.max_gemm_tflops_bf16 and dtype in ("bf16", "fp16") \
             and dtype in self.tflops else None
-        return {"bf16": bf16, "fp16": bf16, "fp8": fp8, "mxfp8": fp8, "fp4": fp8}.get(dtype) or 0.75
+        fp4 = fp8
+        if self.fp4_gemm_speedup and "fp8" in self.tflops and "fp4" in self.tflops:
+            fp4 = (fp8 or 0.75) * self.fp4_gemm_speedup * self.tflops["fp8"] / self.tflops["fp4"]
+        return {"bf16": bf16, "fp16": bf16, "fp8": fp8, "mxfp8": fp8, "fp4": fp4}.get(dtype) or 0.75
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
@@ -287,8 +297,16 @@ class SystemSpec(Spec):
     Storage read reaches per DGX H100 node on the SuperPOD storage fabric (NVIDIA DGX SuperPOD H100 reference
     architecture; writes taken at half the reads). docs/formulas.md#goodput.checkpoint"""
     host_copy_gb_per_s: float = Field(default=25.0, gt=0, le=1e4)
-    """Device-to-host copy bandwidth per GPU, GB/s, what an asynchronous or in-memory checkpoint blocks on:
-    PCIe Gen4 x16 (32 GB/s line rate, about 25 measured); Gen5 hosts reach about twice it."""
+    """The link between one GPU and host memory, GB/s, one direction: what an asynchronous or in-memory
+    checkpoint's device-to-host copy and activation offload (ParallelPlan.offload_layers) move over. Default
+    PCIe Gen4 x16 (32 GB/s line rate, about 25 measured); PCIe Gen5 x16 64 (x86 DGX B200 / H100, 128 GB/s
+    both directions), NVLink-C2C 450 (Grace: 900 GB/s both directions per GPU link; Transformer Engine
+    docs/features/other_optimizations/cpu_offloading, NVIDIA Grace Blackwell datasheets)."""
+    host_memory_gb_per_s: float | None = Field(default=None, gt=0, le=1e6)
+    """Bandwidth of the node's CPU memory, GB/s, all sockets together, which the node's GPUs share when they
+    copy to host memory at once (Grace LPDDR5X: up to 512 GB/s per Grace CPU; Megatron-Bridge's performance
+    guide: offload efficiency depends on the GPU-host link and the host memory bandwidth). None: not
+    limiting. docs/formulas.md#mem.offload"""
     failure_detection_s: float = Field(default=120.0, ge=0, le=1e6)
     """Seconds from a failure to the job knowing of it: a crash is seen at once, a hang waits for the NCCL
     watchdog (PyTorch's default process-group timeout is 10 min); an assumption, overridable."""
@@ -373,6 +391,15 @@ class SystemSpec(Spec):
     def domain_gpus(self) -> int:
         """GPUs in one scale-up (NVLink) domain."""
         return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def host_bytes_per_s(self) -> float:
+        """One GPU's copy rate to (or from) host memory, bytes/s, while every GPU of the node copies at once:
+        its host link, or its share of the node's CPU memory bandwidth where that is lower.
+        Derived: docs/formulas.md#mem.offload"""
+        share = (self.host_memory_gb_per_s / self.gpus_per_node if self.host_memory_gb_per_s is not None
+                 else self.host_copy_gb_per_s)
+        return min(self.host_copy_gb_per_s, share) * GB
 
     @property
     def intra_node_bytes_per_s(self) -> float:

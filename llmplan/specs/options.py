@@ -89,6 +89,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.tp_impl."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
+    offload_layers: int
+    """ParallelPlan.offload_layers."""
     recompute_modules: str | None
     """Comma-separated Megatron recompute modules (ParallelPlan.recompute_modules); None: the default."""
     overlap_grad_reduce: bool

@@ -128,6 +128,14 @@ class ParallelPlan(PlanQuantities, Spec):
     (the experts' activation function) and shared_experts; empty means Megatron's default, core_attn alone
     (docs/formulas.md#mem.recompute_modules). Given without recompute selective it fails check_plan (rule
     recompute_modules)."""
+    offload_layers: int = Field(default=0, ge=0, le=1 << 16)
+    """Transformer layers whose saved activations go to host memory in forward and come back in backward
+    (Megatron-Core --cpu-offloading-num-layers N, TransformerConfig.cpu_offloading; Megatron-Bridge's
+    Megatron-FSDP Llama presets set 5-95): the first N layers of the stack, copied asynchronously beside
+    compute over the host link (SystemSpec.host_bytes_per_s) by Transformer Engine's offload context, which
+    keeps at most L - N layers' activations in HBM. 0: none. Megatron-Core refuses it with pipeline
+    parallelism, with activation recompute and with per-layer CUDA graphs, and needs N < L (check_plan
+    rules offload_*; docs/formulas.md#mem.offload)."""
     micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
     global_batch: int = Field(default=1, ge=1, le=1 << 30)
