@@ -162,9 +162,11 @@ ASSUMPTIONS = {
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
                    "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); "
                    "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
-                   "presets (hybridep, no EP overlap, CUDA graphs or recompute); Nemotron-3 Super (a built-in latent-MoE "
-                   "hybrid from 2026-12, its MTP module) in the Super presets (hybridep / deepep, no EP overlap, TE "
-                   "CUDA graphs but on B200, GB200 / B200 recompute modules but NVFP4); Nemotron-3 Ultra (a "
+                   "presets (hybridep, no EP overlap, TE CUDA graphs; on H100 the MoE block, norms, attention core "
+                   "and activation recomputed); Nemotron-3 Super (a built-in latent-MoE "
+                   "hybrid from 2026-12, its MTP module run twice) in the Super presets per release (hybridep, no EP "
+                   "overlap, TE CUDA graphs but on B200 MXFP8, moe_act and layernorm recomputed on B200 MXFP8 and "
+                   "B300 NVFP4); Nemotron-3 Ultra (a "
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs; its expert-MLP offload to the CPU not modelled) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
@@ -406,11 +408,12 @@ latent MoE and its MTP module; the Ultra recipe reads nvidia/NVIDIA-Nemotron-3-U
 Lightning presets are the Nano presets with an MTP module, their built-ins; the DeepSeek-V4 Flash presets build
 their model from deepseek-ai/DeepSeek-V4-Flash's config.json through AutoBridge, the deepseek-v4-flash built-in
 with its MTP layer: recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad)."""
-MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2}
+MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2, "Nemotron_3_Super": 2}
 """MTP depth the recipes train with where it differs from the checkpoint's num_nextn_predict_layers:
 Megatron-Bridge recipes/nemotronh/h100/nemotron_3_ultra.py and perf_recipes/nemotronh (Lightning) set
 mtp_num_layers 2 with mtp_use_repeated_layer, one module run twice (priced as two modules: its weights are
-counted twice)."""
+counted twice); so does the Super recipe the Super presets start from (recipes/nemotronh/nemotron_3_super.py
+nemotron_3_super_pretrain_config at v0.4.0 - v0.5.0, recipes/nemotronh/h100/nemotron_3_super.py at v0.6.0)."""
 
 
 def model_for(rec: dict, fam: str) -> ModelSpec:
@@ -522,12 +525,16 @@ MBRIDGE_RECOMPUTE_MODULES = {
     ("deepseekv3", (26, 4, 1), "b200"): ("mla_up_proj", "mlp"),
     **{("deepseekv3", (26, 6), g): m for g, m in (("gb200", ("mla_up_proj",)), ("b300", ("mla_up_proj",)),
                                                   ("b200", ("mla_up_proj", "mlp")))},
-    # Nemotron-3 Super (scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py at 06e8da4e,
-    # read for every release: the versions per tag were not read): GB200 and B200 BF16 / MXFP8 presets
-    **{("nemotron-3-super", r, "gb200"): ("moe_act", "layernorm", "core_attn", "moe")
-       for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
-    **{("nemotron-3-super", r, "b200"): ("moe_act", "layernorm", "core_attn")
-       for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
+    # Nemotron-3 Super, MXFP8 / NVFP4 presets (scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py
+    # at v0.4.0, v0.4.2, v0.5.0; perf_recipes/nemotronh/{b200,b300}/nemotronh.py at v0.6.0, the same): B200 MXFP8
+    # and B300 NVFP4 recompute moe_act and layernorm; GB300, GB200 (TP2), B300 MXFP8 and B200 NVFP4 (TP2) none
+    **{("nemotron-3-super-mxfp8", r, "b200"): ("moe_act", "layernorm") for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
+    **{("nemotron-3-super-nvfp4", r, "b300"): ("moe_act", "layernorm") for r in ((26, 4), (26, 4, 1), (26, 6), (26, 8))},
+    # Nemotron-3 Nano on H100, FP8 current scaling (nemotron_3_nano_workload_base_configs.py at v0.3.1,
+    # nemotron_3_workload_base_configs.py at v0.4.0 - v0.5.0, NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1;
+    # perf_recipes/nemotronh/h100/nemotronh.py at v0.6.0): the whole MoE block, norms, attention core, activation
+    **{("nemotron-3-nano", r, "h100"): ("moe", "layernorm", "core_attn", "moe_act")
+       for r in ((26, 2), (26, 4), (26, 4, 1), (26, 6), (26, 8))},
     # Nemotron-3 Ultra, 26.08 (src/megatron/bridge/perf_recipes/nemotronh/{gb200,gb300}/nemotronh.py at
     # 067f987d: recompute_modules ["moe_act"], the fc1 output offloaded to the CPU)
     **{("nemotron-3-ultra", (26, 8), g): ("moe_act",) for g in ("gb200", "gb300")},
@@ -576,10 +583,10 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
              "deepseekv4" if "deepseekv4" in rid else
-             "kimi-k2" if "kimi-k2" in rid else "nemotron-3-super" if "nemotron-3-super" in rid else
-             "nemotron-3-ultra" if "nemotron-3-ultra" in rid else None)
-    if model == "nemotron-3-super" and "nvfp4" in rid:  # the NVFP4 presets are the base config (no recompute)
-        return ()
+             "kimi-k2" if "kimi-k2" in rid else
+             "nemotron-3-super-" + ("nvfp4" if "nvfp4" in rid else "mxfp8") if "nemotron-3-super" in rid else
+             "nemotron-3-ultra" if "nemotron-3-ultra" in rid else
+             "nemotron-3-nano" if "nemotron-3-nano" in rid else None)
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
 
 
@@ -593,14 +600,15 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     other families."""
     if family(rec["id"]) != "mbridge-moe" or "kimi-k2" in rec["id"]:  # Kimi-K2's GB300 preset: cuda_graph_scope []
         return "none"
-    if "nemotron-3-nano" in rec["id"]:  # nemotron_3_nano_llm_pretrain.py: the presets set no CUDA graphs
-        return "none"
+    if "nemotron-3-nano" in rec["id"]:  # the Nano presets (v0.3.1 - v0.6.0) override the recipe's "none": TE graphs
+        return "layers"                 # (attn, mamba, moe_router, moe_preprocess; H100 FP8: mamba)
     if "nemotron-3-ultra" in rec["id"]:  # perf_recipes/nemotronh/common.py: cuda_graph_impl "none"
         return "none"
     if "nemotron-3-5-lightning" in rec["id"]:  # the Nano GB200 MXFP8 builder: TE graphs (attn, mamba, moe_router,
         return "layers"                        # moe_preprocess)
-    if "nemotron-3-super" in rec["id"]:  # nemotron_3_workload_base_configs.py: TE graphs (attn, mamba, router /
-        return "none" if "-b200-" in rec["id"] else "layers"  # preprocess scopes) but on B200 (cuda_graph_impl none)
+    if "nemotron-3-super" in rec["id"]:  # nemotron_3_workload_base_configs.py (v0.4.0 - v0.5.0), perf_recipes: TE graphs
+        # (attn, mamba, router / preprocess scopes) but on B200 MXFP8 (cuda_graph_impl none; B200 NVFP4 has them)
+        return "none" if "-b200-" in rec["id"] and "nvfp4" not in rec["id"] else "layers"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
     if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu:

@@ -33,7 +33,7 @@ SCAN, TRAFFIC = mixers.mamba_scan_flops, mixers.mamba_memory_bytes
 def scaled(k: float) -> Any:
     """Patch the Mamba-2 scan FLOPs and traffic to k times the shipped functions."""
     return mock.patch.multiple(mixers, mamba_scan_flops=lambda m: k * SCAN(m),
-                               mamba_memory_bytes=lambda m: k * TRAFFIC(m))
+                               mamba_memory_bytes=lambda m, b=1: k * TRAFFIC(m, b))
 
 
 def step(rec: dict) -> tuple[float, int, int, float]:

@@ -14,8 +14,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from llmplan.arith import where
+from llmplan.arith import maximum, where
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
+from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
@@ -206,10 +207,14 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     gradients stay bf16 here).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
-    Source: Korthikanti et al. 2022 §4.2.2 (Figure 5). Derived: docs/formulas.md#comm.tp"""
+    A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
+    column- and a row-parallel linear: its collectives are norms_per_layer / 2 of a transformer layer's.
+    Source: Korthikanti et al. 2022 §4.2.2 (Figure 5); Megatron-LM megatron/core/ssm/mamba_mixer.py (in_proj
+    column-, out_proj row-parallel), moe/shared_experts.py (the shared expert's gather and reduce-scatter).
+    Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    per_layer = plan.num_microbatches * layers
+    per_layer = plan.num_microbatches * layers * norms_per_layer(m) / 2  # sub-blocks: 1 a hybrid layer, 2
     r = recomputed_share(plan, layers)
     calls = per_layer * (4 + 2 * r)
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
@@ -307,9 +312,11 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
-    dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute), sized for the
-    most-loaded rank (cost.moe.routing_imbalance); rows of the expert width (a latent MoE's moe_latent_size:
-    Megatron-LM projects before dispatch and after combine, moe_layer.py). Derived: docs/formulas.md#comm.ep"""
+    dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute, or when the
+    selective recompute_modules hold "moe": Megatron-LM checkpoints the MoE layer's whole forward, router,
+    dispatch, experts and combine, moe_layer.py moe_layer_recompute), sized for the most-loaded rank
+    (cost.moe.routing_imbalance); rows of the expert width (a latent MoE's moe_latent_size: Megatron-LM projects
+    before dispatch and after combine, moe_layer.py). Derived: docs/formulas.md#comm.ep"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
@@ -317,7 +324,8 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
     S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
     dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
-    per_layer = 4 + 2 * recomputed_share(plan, dense_layers + moe_layers)
+    again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
+    per_layer = 4 + 2 * again
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
                       plan.moe_dispatch_sms or DEEPEP_NUM_SMS) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search

@@ -79,7 +79,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
-    recurrent = mean_recurrent_memory_bytes(m) * T / t  # a hybrid's convolutions, scans and gated norms
+    recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
     # projected series, per average layer (cost.compressed)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.arith import where
 from llmplan.specs.model import ModelSpec
 
 SSD_CHUNK = 128
@@ -176,18 +177,62 @@ def mean_recurrent_activation_bytes(m: ModelSpec, tokens: Any, t: Any, sp: Any) 
     return tokens * (m.count_layers("mamba") * mamba + m.count_layers("linear_attention") * gdn) / L
 
 
-def mamba_memory_bytes(m: ModelSpec) -> float:
-    """HBM bytes per token of one Mamba-2 layer's memory-bound kernels, forward, all heads (divide by t): the
-    causal convolution reads and writes x, B, C (4(HP + 2GN)); the SSD scan's kernels read x twice and B and C
-    twice (4HP + 8GN), write y (2HP), write and read the fp32 chunk states (8HPN/Q) and the groups' chunk
-    scores C B^T (8GQ); the gated RMSNorm reads y and z and writes its output (6HP).
-    Source: Dao & Gu 2024 §6 (the SSD algorithm's four steps); mamba_ssm ops/triton/ssd_combined.py
-    (mamba_chunk_scan_combined: chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan kernels).
-    Derived: docs/formulas.md#mixers.hybrid"""
+def mamba_memory_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
+    """HBM bytes per token of one Mamba-2 layer's memory-bound kernels, all heads (divide by t), forward and
+    backward together in the forward-equivalent units of compute.elementwise_bytes (the stage charges three
+    times them): (mamba_forward_bytes + mamba_backward_bytes) / 3. Derived: docs/formulas.md#mixers.traffic"""
+    return (mamba_forward_bytes(m, micro_batch) + mamba_backward_bytes(m, micro_batch)) / 3
+
+
+def _mamba_widths(m: ModelSpec) -> tuple[float, float, float, float, float]:
+    """(d, g, S, GQ, H) per token of one Mamba-2 layer: the heads' width HP (x, z, y), one of B / C (GN), the
+    chunk-state elements HPN/Q, the chunk-score elements GQ and the heads H."""
     H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
         m.mamba_chunk_size
-    d_in = H * P
-    return 4 * (d_in + 2 * G * N) + 4 * d_in + 8 * G * N + 2 * d_in + 8 * d_in * N / Q + 8 * G * Q + 6 * d_in
+    return H * P, G * N, H * P * N / Q, G * Q, H
+
+
+def mamba_transpose_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
+    """HBM bytes per token of the layout copies Megatron-LM's MambaMixer makes around the fused kernel, in one
+    pass (forward, or backward for their gradients): zxBCdt from (s, b) to (b, s) order and y back (read and
+    write 2 + 2 bytes each of 2d + 2g + H and d elements). With one sequence per micro-batch the transposed view
+    is already contiguous and .contiguous() copies nothing. Source: NVIDIA/Megatron-LM
+    megatron/core/ssm/mamba_mixer.py (_ssm_training, core_v0.15.0 - core_v0.19.0: rearrange(...).contiguous())."""
+    d, g, _, _, H = _mamba_widths(m)
+    copies = 4 * (2 * d + 2 * g + H) + 4 * d
+    return where(micro_batch > 1, copies, 0.0)
+
+
+def mamba_forward_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
+    """HBM bytes per token of one Mamba-2 layer's memory-bound forward, all heads, as Megatron-LM runs it
+    (mamba_split_conv1d_scan_combined, then its RMSNorm): the causal convolution reads and writes x, B, C
+    (4d + 8g); chunk_cumsum reads dt and writes dt and dA_cumsum in fp32 (10H); chunk_state reads B, x, dt and
+    dA and writes the fp32 chunk states (2g + 2d + 8H + 4S); state_passing reads them and writes bf16 states
+    (6S); bmm_chunk writes C B^T in fp32 (4g + 4GQ); chunk_scan reads C B^T, x, C, z, the states, dt and dA
+    and writes the gated output and the ungated one it saves (4GQ + 8d + 2g + 2S + 8H); the RMSNorm reads and
+    writes y (4d); plus the layout copies (mamba_transpose_bytes). d, g, S, GQ, H: _mamba_widths.
+    Source: state-spaces/mamba mamba_ssm/ops/triton/ssd_combined.py (MambaSplitConv1dScanCombinedFn.forward,
+    _mamba_chunk_scan_combined_fwd; at e9594ce, structure unchanged since v2.0); Megatron-LM mamba_mixer.py
+    (_ssm_training). Derived: docs/formulas.md#mixers.traffic"""
+    d, g, S, GQ, H = _mamba_widths(m)
+    return 18 * d + 16 * g + 12 * S + 8 * GQ + 26 * H + mamba_transpose_bytes(m, micro_batch)
+
+
+def mamba_backward_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
+    """HBM bytes per token of one Mamba-2 layer's memory-bound backward, all heads: the norm's backward (6d);
+    the convolution, chunk_cumsum, C B^T, chunk states and fp32 state passing recomputed (4d + 8g, 10H,
+    4g + 4GQ, 2d + 2g + 8H + 4S, 8S); chunk_scan_bwd_dz (12d); the fp32 state gradients (2g + 2d + 4H + 4S)
+    and their passing back, written in bf16 with the states (12S); dx (6d + 2g + 4GQ + 2S + 12H); dB and dC,
+    each written in fp32 and summed over the head splits (2d + 14g + 2S + 8H; 2d + 14g + 2S); the chunk-score
+    gradient in fp32 and its sum (4d + 12GQ + 8H) and its two products with B and C (16g + 8GQ); ddA
+    (4d + 4GQ + 8H); the dt gradients (12H); the convolution's backward (6d + 12g); plus the layout copies of
+    the gradients (mamba_transpose_bytes). Source: state-spaces/mamba ssd_combined.py
+    (MambaSplitConv1dScanCombinedFn.backward, _mamba_chunk_scan_combined_bwd: _chunk_scan_bwd_dz,
+    _chunk_scan_bwd_dstates, _state_passing_bwd, _chunk_scan_chunk_state_bwd_dx, _chunk_state_bwd_db,
+    _chunk_scan_bwd_dC, _chunk_scan_bwd_dcb, _bmm_chunk_bwd, _chunk_scan_bwd_ddAcs_stable, _chunk_cumsum_bwd;
+    causal_conv1d_bwd). Derived: docs/formulas.md#mixers.traffic"""
+    d, g, S, GQ, H = _mamba_widths(m)
+    return 50 * d + 74 * g + 34 * S + 32 * GQ + 70 * H + mamba_transpose_bytes(m, micro_batch)
 
 
 def gdn_memory_bytes(m: ModelSpec) -> float:
@@ -216,10 +261,12 @@ def lightning_memory_bytes(m: ModelSpec) -> float:
     return 4 * c + 2 * c + 2 * H * dv + 8 * H * dk * dv / LIGHTNING_BLOCK + 6 * H * dv
 
 
-def mean_recurrent_memory_bytes(m: ModelSpec) -> float:
-    """Memory-bound HBM bytes per token of the average layer's recurrent mixer, forward, all heads."""
+def mean_recurrent_memory_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
+    """Memory-bound HBM bytes per token of the average layer's recurrent mixer, all heads, in forward-equivalent
+    units (Mamba-2: forward and backward counted apart, mamba_memory_bytes; the linear-attention kinds: their
+    forward, the stage charging backward at twice it)."""
     linear = lightning_memory_bytes(m) if lightning(m) else gdn_memory_bytes(m)
-    return (m.count_layers("mamba") * mamba_memory_bytes(m)
+    return (m.count_layers("mamba") * mamba_memory_bytes(m, micro_batch)
             + m.count_layers("linear_attention") * linear) / m.num_hidden_layers
 
 

@@ -1,0 +1,83 @@
+"""The Nemotron-3 validation rows read in the Megatron-Bridge performance presets of their release (the tag of each
+table's container: 26.02.01 = v0.3.1, 26.04 = v0.4.0, 26.04.01 = v0.4.2, 26.06 = v0.5.0, 26.08 = v0.6.0).
+Expected values are copied from those files, not from the code under test:
+scripts/performance/configs/nemotronh/nemotron_3_nano_workload_base_configs.py (v0.3.1),
+nemotron_3_workload_base_configs.py (v0.4.0 - v0.5.0), src/megatron/bridge/perf_recipes/nemotronh/*/nemotronh.py
+(v0.6.0) and src/megatron/bridge/recipes/nemotronh/nemotron_3_super.py (mtp_num_layers)."""
+
+from __future__ import annotations
+
+import pytest
+
+NANO_H100 = "mbridge-26.04-pretrain-nemotron-3-nano-dgx-h100-16gpu-fp8-tp1pp1cp1ep8vpnagbs1024mbs1"
+NANO_GB300 = "mbridge-26.06-pretrain-nemotron-3-nano-dgx-gb300-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs4"
+SUPER = "mbridge-26.06-pretrain-nemotron-3-super-dgx-{}-64gpu-{}-tp{}pp1cp1ep{}vpnagbs512mbs1"
+
+
+@pytest.fixture(scope="module")
+def acc():
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    return accuracy
+
+
+def test_nano_presets_run_te_graphs_and_recompute_the_moe_block_on_h100(published_runs, acc):
+    # BASE_NEMOTRON_3_NANO_CONFIG: cuda_graph_impl "transformer_engine", scope attn, mamba, moe_router,
+    # moe_preprocess (overriding the recipe's "none"); NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1: scope
+    # mamba, recompute_modules ["moe", "layernorm", "core_attn", "moe_act"].
+    h100, gb300 = published_runs[NANO_H100], published_runs[NANO_GB300]
+    assert acc.mbridge_cuda_graphs(h100) == acc.mbridge_cuda_graphs(gb300) == "layers"
+    assert set(acc.mbridge_recompute_modules(h100)) == {"moe", "layernorm", "core_attn", "moe_act"}
+    assert acc.mbridge_recompute_modules(gb300) == ()
+
+
+@pytest.mark.parametrize("gpu,precision,tp,ep,modules,graphs", [
+    ("gb300", "mxfp8", 1, 64, (), "layers"),
+    ("gb200", "mxfp8", 2, 64, (), "layers"),      # BASE_NEMOTRON_3_SUPER_CONFIG_GB200: TP2 only
+    ("b300", "mxfp8", 1, 8, (), "layers"),
+    ("b300", "nvfp4", 1, 8, ("moe_act", "layernorm"), "layers"),  # = the B300 BF16 preset
+])
+def test_super_presets_per_gpu_and_precision(published_runs, acc, gpu, precision, tp, ep, modules, graphs):
+    rec = published_runs[SUPER.format(gpu, precision, tp, ep)]
+    assert set(acc.mbridge_recompute_modules(rec)) == set(modules)
+    assert acc.mbridge_cuda_graphs(rec) == graphs
+
+
+def test_super_b200_presets(published_runs, acc):
+    # BASE_NEMOTRON_3_SUPER_CONFIG_B200 (MXFP8): no graphs, moe_act + layernorm; the NVFP4 one: TP2, TE graphs,
+    # recompute_modules None.
+    mx = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-nemotron-3-super-dgx-b200")
+              and "mxfp8" in r["id"])
+    fp4 = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-nemotron-3-super-dgx-b200")
+               and "nvfp4" in r["id"])
+    assert set(acc.mbridge_recompute_modules(mx)) == {"moe_act", "layernorm"}
+    assert acc.mbridge_cuda_graphs(mx) == "none"
+    assert acc.mbridge_recompute_modules(fp4) == () and acc.mbridge_cuda_graphs(fp4) == "layers"
+
+
+def test_super_trains_its_mtp_module_twice(published_runs, acc):
+    # nemotron_3_super_pretrain_config: mtp_num_layers = 2, mtp_use_repeated_layer = True (v0.4.0 on).
+    rec = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
+    assert acc.model_for(rec, "mbridge-moe").num_nextn_predict_layers == 2
+
+
+def test_recomputing_the_moe_block_runs_its_all_to_alls_again():
+    # Megatron-LM moe_layer.py: with "moe" in recompute_modules the layer's whole forward (router, dispatch,
+    # experts, combine) is checkpointed, so backward dispatches and combines once more: 6 all-to-alls per MoE
+    # layer and micro-batch instead of 4. moe_act alone recomputes the activation, no communication.
+    from llmplan.cost.comm import ep_transfers
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+
+    m = builtin_models()["nemotron-3-nano"]
+    base = {"tp": 1, "pp": 1, "dp": 16, "ep": 8, "etp": 1, "micro_batch": 1, "global_batch": 1024,
+            "seq_len": 8192, "zero": 1, "moe_dispatcher": "deepep"}
+    n = 1024 // 16 * m.num_moe_layers
+
+    def calls(**kw) -> float:
+        (t,) = ep_transfers(m, ParallelPlan(**base, **kw), "ep")
+        return t.calls
+
+    assert calls() == 4 * n
+    assert calls(recompute="selective", recompute_modules=("moe_act", "layernorm")) == 4 * n
+    assert calls(recompute="selective", recompute_modules=("moe", "layernorm", "core_attn", "moe_act")) == 6 * n
