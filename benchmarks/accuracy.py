@@ -463,10 +463,21 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, False         # every GPU, no moe_a2a_overlap
     if "nemotron-3-ultra" in rid or "nemotron-3-5-lightning" in rid:  # perf_recipes/nemotronh (Bridge 067f987d):
         return True, False  # flex dispatcher, hybridep backend; no moe_a2a_overlap
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    early = (25, 11) <= ref < (26, 2, 1)  # v0.2.0 and v0.3.0, before v0.3.1 gave every Qwen3 preset a backend
     if "qwen3-30b" in rid:
+        # v0.2.0 / v0.3.0 (configs/qwen3/workload_base_configs.py, configs/qwen/qwen3_workload_base_configs.py):
+        # the B200 presets and v0.2.0's H100 ones set no moe_flex_dispatcher_backend, so the Qwen3 MoE provider's
+        # alltoall dispatcher runs (models/qwen/qwen_provider.py moe_token_dispatcher_type "alltoall");
+        # the H100 presets set moe_a2a_overlap (and deepep at v0.3.0); v0.3.1 on: hybridep, no H100 overlap
+        if early and gpu.startswith("b200"):
+            return False, mx_overlap
+        if early and "h100" in gpu:
+            return ref >= (26, 2), True
         return True, mx_overlap
-    if "qwen3-235b" in rid:
-        return gb or ("b300" in gpu and release >= (26, 6)), "h100" in gpu or (mx_overlap and gb)
+    if "qwen3-235b" in rid:  # v0.3.0's B300 V1 / V2 presets set moe_a2a_overlap (v0.3.1: False)
+        return (gb or ("b300" in gpu and release >= (26, 6)),
+                "h100" in gpu or (mx_overlap and gb) or ("b300" in gpu and ref == (26, 2)))
     if "gpt-oss" in rid:
         return "h100" not in gpu, (mx_overlap and gb) or ("gb200" in gpu and "bf16" in rid)
     return False, False
