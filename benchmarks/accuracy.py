@@ -583,6 +583,25 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     return "layers" if layers else "none"
 
 
+def mbridge_fp8_attention(rec: dict) -> bool:
+    """Whether an mbridge MoE row's preset runs FP8 dot-product attention (ParallelPlan.fp8_attention): the
+    MXFP8 full-iteration presets from 26.06 that set fp8_dot_product_attention (scripts/performance/configs/qwen/
+    qwen3_workload_base_configs.py at v0.5.0: Qwen3-30B-A3B on GB300 / GB200 / B300, Qwen3-235B-A22B on GB300 /
+    GB200; configs/deepseek/deepseek_workload_base_configs.py: DeepSeek-V3 on GB300 only; v0.6.0 (26.08):
+    perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8 for every Qwen3 MXFP8 recipe,
+    perf_recipes/deepseek/{gb300,b300}/deepseek_v3.py). GPT-OSS's presets set it too (gpt_oss_workload_base_
+    configs.py, GB300 / GB200 MXFP8 V2) and are left to its attention's own reading. False elsewhere."""
+    if family(rec["id"]) != "mbridge-moe" or mbridge_cuda_graphs(rec) != "full-iteration":
+        return False
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    if "qwen3-30b" in rid or "qwen3-235b" in rid:
+        return True
+    if "deepseekv3" in rid:
+        return gpu.startswith("gb300") or (gpu.startswith("b300") and release >= (26, 8))
+    return False
+
+
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
     """GPUs of each NVLink domain an mbridge MoE row on a multi-node NVLink system (GB200 / GB300 NVL72) uses:
     Megatron-Bridge's Slurm executor asks for `--segment` = the largest number of 4-GPU nodes <= 18 that
@@ -751,6 +770,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
+        fp8_attention=mbridge_fp8_attention(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at

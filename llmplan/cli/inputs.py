@@ -139,7 +139,8 @@ def switches(s: SwitchOptions) -> dict:
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "recompute_layers", "fused_loss", "tp_impl",
-                     "fp32_param_shards", "swiglu_fp8_input", "moe_dispatcher", "bf16_layers_start", "bf16_layers_end",
+                     "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher", "bf16_layers_start",
+                     "bf16_layers_end",
                      "moe_routing", "moe_dispatch_sms", "optimizer_master_dtype", "optimizer_moment_dtype",
                      "param_remainders", "grad_reduce", "launch_blocking")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""

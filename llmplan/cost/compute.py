@@ -248,7 +248,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     def compute() -> tuple[Any, Any, Any]:
         split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
         peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
-                     * attention_fraction(gpu, plan, m) * split)
+                     * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         # Without a grouped GEMM every local expert's two matmuls are separate launches.
         launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
@@ -342,6 +342,18 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
     fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
     return where(plan.flash_attention, fused, gpu.unfused_attention_efficiency) * ratio * gpu.softmax_attention_ratio
+
+
+def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's head dimension d: per
+    (query, key) pair the kernel's 4d matmul FLOPs run at twice the tensor rate and its softmax work (d0, the GPU's
+    attention_softmax_head_dim, as in head_dim_attention_ratio) at the same, so the rate goes from d / (d + d0) to
+    d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
+    (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
+    1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
+    qk, v = attention_head_dims(m)
+    d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
+    return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
 
 
 def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:

@@ -39,6 +39,8 @@ def check(pf: PlanFile) -> None:
          "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
          "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
+        ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", p.fp8_attention,
+         "re-plan without fp8_attention, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

@@ -119,6 +119,8 @@ class SwitchOptions(BaseModel):
     """Comma-separated modules kept in bf16 (ParallelPlan.bf16_modules); None: none."""
     swiglu_fp8_input: bool
     """ParallelPlan.swiglu_fp8_input."""
+    fp8_attention: bool
+    """ParallelPlan.fp8_attention."""
     grad_dtype: str | None
     """ParallelPlan.grad_dtype; None (search only): both tried."""
     optimizer_master_dtype: str

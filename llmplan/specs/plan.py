@@ -271,6 +271,11 @@ class ParallelPlan(PlanQuantities, Spec):
     (--cuda-graph-impl full_iteration) with the MoE layers' static buffers (Megatron-Bridge's presets set
     --moe-expert-rank-capacity-factor with it): no launches and no host waits inside the step
     (docs/formulas.md#step.host_sync)."""
+    fp8_attention: bool = False
+    """Run the fused attention's matmuls in FP8 (Transformer Engine's FP8 dot-product attention, cuDNN's FP8
+    fused attention: Megatron --fp8-dot-product-attention, Megatron-Bridge mixed_precision.fp8_dot_product_attention)
+    under the fp8 recipes. Its QK^T and PV run at twice the bf16 tensor rate, its softmax does not speed up
+    (docs/formulas.md#compute.fp8_attention). Off: the attention in bf16."""
     swiglu_fp8_input: bool = False
     """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
     in the backward pass: Megatron-Core TransformerConfig.activation_func_fp8_input_store (one float8_e4m3fn
