@@ -326,6 +326,12 @@ MBRIDGE_ERRATA = {
     # LLAMA3_70B_PRETRAIN_CONFIG_GB300_{NVFP4,FP8_MX}_V2) and the 26.02 and 26.04 tables run PP4 VP5 MBS 1.
     **{f"mbridge-26.02.01-pretrain-llama3-70b-dgx-gb300-64gpu-{p}-tp1pp{pp}cp1epnavpnagbs256mbs2": {
         "pp": 4, "vpp": 5, "dp": 16, "micro_batch": 1} for p, pp in (("nvfp4", 1), ("mxfp8", 4))},
+    # The 26.02.01 table's H100 Qwen3-30B-A3B row repeats 26.02's PP2 VP12 EP8; the release's preset (v0.3.1
+    # qwen3_workload_base_configs.py, QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1, changed by "Update Qwen3 30B
+    # H100 Base Configs with HybridEP", f29a269f8) runs PP1 EP16 with HybridEP and no EP overlap, as the 26.04
+    # table lists it; its 9,058 tokens/s per GPU is the 26.04 EP16 rows' 8,901 - 8,960, not 26.02's 5,113.
+    "mbridge-26.02.01-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp2cp1ep8vp12gbs1024mbs1": {
+        "pp": 1, "vpp": 1, "ep": 16, "dp": 16},
 }
 """mbridge rows whose table layout contradicts itself or its release's preset, read as the preset runs them
 (the override, by id, with the evidence); every other row as the table lists it."""
@@ -445,16 +451,24 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     destination rank) for DeepSeek-V3 and Qwen3-30B-A3B everywhere, Qwen3-235B-A22B on GB200 / GB300 (and B300
     from 26.06) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
     (--ep-comm-overlap) for Qwen3-235B on H100 and GPT-OSS bf16 on GB200, and from 26.06 for the MXFP8 rows on
-    Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). (False, False) for
-    other families."""
+    Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). Exceptions read from the
+    presets: 25.09's token-drop rows run alltoall; the 25.11 and 26.02 presets on x86 left Qwen3 and DeepSeek-V3
+    (25.11) B200 without a flex backend (alltoall), ran Qwen3-30B's H100 rows with moe_a2a_overlap (deepep at
+    26.02) and Qwen3-235B's B300 rows with it at 26.02 (v0.3.1's "qwen x86 flex backend", 5c38201c9, and
+    6f5e31aab changed them). (False, False) for other families."""
     if family(rec["id"]) != "mbridge-moe":
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
     mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
     gb = gpu.startswith("gb")
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
+        return False, False   # dispatcher ("Using token drop, disabling DeepEP"); no EP overlap for these
     if "deepseekv3" in rid:
-        return True, mx_overlap
+        # v0.2.0 (25.11) configs/deepseek/workload_base_configs.py: the B200 preset sets no flex backend, so the
+        # DeepSeek provider's alltoall dispatcher runs (models/deepseek/deepseek_provider.py); hybridep from v0.3.0
+        return not (ref[:2] == (25, 11) and gpu.startswith("b200")), mx_overlap
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
     if "nemotron-3-nano" in rid:  # nemotronh/nemotron_3_nano_workload_base_configs.py: hybridep on every GPU, no
@@ -463,7 +477,6 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, False         # every GPU, no moe_a2a_overlap
     if "nemotron-3-ultra" in rid or "nemotron-3-5-lightning" in rid:  # perf_recipes/nemotronh (Bridge 067f987d):
         return True, False  # flex dispatcher, hybridep backend; no moe_a2a_overlap
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     early = (25, 11) <= ref < (26, 2, 1)  # v0.2.0 and v0.3.0, before v0.3.1 gave every Qwen3 preset a backend
     if "qwen3-30b" in rid:
         # v0.2.0 / v0.3.0 (configs/qwen3/workload_base_configs.py, configs/qwen/qwen3_workload_base_configs.py):
@@ -769,6 +782,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # fp32 master as 16-bit remainders beside the bf16 weights (docs/formulas.md#mem.param_remainders)
         param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
+        # Megatron-Bridge 25.09's token-drop rows: apply_moe_token_drop (v0.1.0rc3 / rc4 run_script.py and
+        # training/utils/moe_token_drop.py): capacity factor 1.0, each expert's input padded to capacity
+        moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         fp8_attention=mbridge_fp8_attention(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],

@@ -103,8 +103,21 @@ def test_short_small_expert_layers_run_at_the_hosts_pace(published_runs, acc):
     ("mbridge-26.02-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp2cp1ep8vp12gbs1024mbs1", True, True),
     # v0.3.0's Qwen3-235B B300 presets: moe_a2a_overlap=True (v0.3.1 sets False)
     ("mbridge-26.02-pretrain-qwen3-235b-a22b-dgx-b300-256gpu-mxfp8-tp1pp8cp1ep8vp4gbs8192mbs1", False, True),
+    # v0.2.0's DeepSeek-V3 B200 preset: no flex backend (the DeepSeek provider's alltoall); GB200 hybridep
+    ("mbridge-25.11-pretrain-deepseekv3-w-mtp-dgx-b200-256gpu-fp8mx-tp1pp16cp1ep8vp1gbs2048mbs1", False, False),
+    ("mbridge-25.11-pretrain-deepseekv3-w-o-mtp-dgx-gb200-256gpu-fp8mx-tp1pp8cp1ep32vp4gbs4096mbs1", True, False),
+    # 25.09's token-drop runs: apply_moe_token_drop asserts the alltoall dispatcher (v0.1.0rc3 run_script.py)
+    ("mbridge-25.09-pretrain-qwen3-30b-a3b-tokendrop-dgx-gb200-8gpu-fp8-tp1pp1cp1ep8vp1gbs512mbs4", False, False),
     # v0.3.1 (26.02.01) on: hybridep on B200 (BASE config deepep, the B200 preset hybridep)
     ("mbridge-26.02.01-pretrain-qwen3-30b-a3b-dgx-b200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs4", True, False),
 ])
 def test_qwen3_presets_per_release(published_runs, acc, rid, flex, overlap):
     assert acc.mbridge_moe_recipe(published_runs[rid]) == (flex, overlap)
+
+
+def test_token_drop_rows_pad_every_expert_to_capacity_one(published_runs, acc):
+    # moe_token_drop.py (v0.1.0rc3): moe_expert_capacity_factor 1.0, moe_pad_expert_input_to_capacity True
+    rid = "mbridge-25.09-pretrain-qwen3-30b-a3b-tokendrop-dgx-b200-8gpu-fp8-tp1pp1cp1ep8vp1gbs512mbs1"
+    assert acc.plan_for(published_runs[rid], "mbridge-moe", 8).moe_capacity_factor == 1.0
+    dropless = "mbridge-25.11-pretrain-qwen3-30b-a3b-dgx-b200-8gpu-fp8mx-tp1pp1cp1ep8vp1gbs512mbs1"
+    assert acc.plan_for(published_runs[dropless], "mbridge-moe", 8).moe_capacity_factor is None
