@@ -596,6 +596,18 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     return "layers" if layers else "none"
 
 
+def mbridge_expert_gemm(rec: dict) -> str:
+    """How an mbridge MoE row's experts run their GEMMs (ParallelPlan.expert_gemm): per-expert (Megatron-Core's
+    TEGroupedMLP on Transformer Engine's GroupedLinear, one cuBLASLt GEMM per local expert) unless the preset
+    selects TE's fused grouped MLP: cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1,
+    use_transformer_engine_op_fuser) in the MXFP8 full-iteration presets from 26.06 (scripts/performance/configs/
+    {qwen,deepseek,gpt_oss}/*workload_base_configs.py and utils/overrides.py at v0.5.0; v0.6.0 perf_recipes
+    {qwen,deepseek,gpt_oss}/common.py), grouped there. Other families: grouped (as priced before)."""
+    if family(rec["id"]) != "mbridge-moe":
+        return "grouped"
+    return "grouped" if mbridge_cuda_graphs(rec) == "full-iteration" else "per-expert"
+
+
 def mbridge_fp8_attention(rec: dict) -> bool:
     """Whether an mbridge MoE row's preset runs FP8 dot-product attention (ParallelPlan.fp8_attention): the
     MXFP8 full-iteration presets from 26.06 that set fp8_dot_product_attention (scripts/performance/configs/qwen/
@@ -787,6 +799,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         fp8_attention=mbridge_fp8_attention(rec),
+        expert_gemm=mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.arith import expected_max_normal, maximum, minimum, where
+from llmplan.arith import expected_max_normal, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
@@ -108,33 +108,6 @@ MOE_POST_SYNC_HOST_OPS = 25
 """Of MOE_CYCLE_HOST_OPS, those after the wait: what stays eager under per-layer CUDA graphs (Megatron's
 attn / moe_router / moe_preprocess graphs replay the rest as 2 graph launches). Derived:
 docs/formulas.md#step.host_sync"""
-
-
-EXPERT_GEMM_HOST_S = 33e-6
-"""Host time of one local expert's GEMM in Transformer Engine's grouped linear (te.GroupedLinear, Megatron-Core's
-TEGroupedMLP): general_grouped_gemm issues one cuBLASLt matmul per expert (nvte_multi_tensor_gemm, spread over
-its compute streams with an event per stream), each with its own descriptors, scaling-factor setup and launch.
-Measured: NVIDIA/TransformerEngine pull request 3134 (SM100, benchmarks/linear/benchmark_grouped_linear.py, "pure"
-rows, kernel for kernel): 8 experts of 128 rows (N = K = 2048) take 0.267 ms on this multi-stream path and 0.069 ms
-as one CUTLASS launch; at 128 rows the GEMMs' own work is a few microseconds, so the path costs 0.267 / 8 = 33 us
-per expert GEMM. Taken as published, not fitted. Derived: docs/formulas.md#step.expert_gemms"""
-EXPERT_GEMMS_FWD = 2
-"""Per-expert GEMMs of a MoE layer's forward in the grouped linears: the first (gate and up) and the second
-expert linear, each one call per local expert; backward runs two per forward GEMM (input and weight gradients)."""
-
-
-def expert_gemm_host_seconds(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any]:
-    """(forward, forward + backward) host time of one MoE layer's per-expert GEMM calls per micro-batch
-    (EXPERT_GEMM_HOST_S each): EXPERT_GEMMS_FWD per local expert (E / ep) in forward, twice that in backward, once
-    more per recomputed forward (`r`, the recomputed share; the expert MLP's own modules, moe or mlp, count in
-    full). None inside a full-iteration CUDA graph (the graph replays the calls).
-    Derived: docs/formulas.md#step.expert_gemms"""
-    if not m.is_moe:
-        return 0.0, 0.0
-    local = m.num_experts / np.asarray(plan.ep)
-    again = maximum(r, where(plan.recomputes("moe") | plan.recomputes("mlp"), 1.0, 0.0))
-    fwd = where(plan.cuda_graphs == "full-iteration", 0.0, EXPERT_GEMMS_FWD * local * EXPERT_GEMM_HOST_S)
-    return fwd, fwd * (3 + again)
 
 
 def host_syncs_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:

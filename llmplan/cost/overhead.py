@@ -60,7 +60,7 @@ def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
-                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, expert_s: tuple[Any, Any] = (0.0, 0.0)) -> Any:
+                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
@@ -69,18 +69,16 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
-    `expert_s`, (forward, forward + backward) of one MoE layer's per-expert GEMM calls on the host
-    (cost.moe.expert_gemm_host_seconds), joins the launches, and its forward part the host's work after each wait.
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
-    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync, #step.expert_gemms"""
+    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
     graphed = plan.cuda_graphs == "layers"
     ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
     per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0) + ring) * KERNEL_LAUNCH_S
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
-    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches) + expert_s[1] * moe_layers
+    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
-    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, expert_s[0])
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
     queued = maximum(launches - per_mb, 0.0)
     return per_layer + plan.num_microbatches * (where(plan.launch_blocking, blocking_seconds(launches), queued)
                                                 + sync)
@@ -96,7 +94,7 @@ def blocking_seconds(launches: Any) -> Any:
 
 
 def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,
-                      layer_gpu_s: Any = 0.0, cycle_host_s: Any = 0.0) -> Any:
+                      layer_gpu_s: Any = 0.0) -> Any:
     """GPU idle time of one micro-batch's host waits. Each MoE layer's forward (once more under recompute) waits
     `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer): the host cannot
     queue work past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S); from there on
@@ -104,11 +102,9 @@ def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: 
     idles max_j(h_1 + .. + h_j - g_1 - .. - g_(j-1)) until the next wait drains the queue again; over the
     `cycle_ops` eager ops (EAGER_OP_HOST_S each) between two waits and one layer's forward on the GPU
     (`layer_gpu_s`), that is at least the first op's issue and at least the cycle's host time beyond its GPU
-    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S + cycle_host_s - layer_gpu_s) per wait,
-    `cycle_host_s` the cycle's host time besides its eager ops (the per-expert GEMM calls after the wait,
-    cost.moe.expert_gemm_host_seconds). Backward is driven by autograd's C++ engine with the forward's counts and
-    does not wait.
+    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S - layer_gpu_s) per wait. Backward is
+    driven by autograd's C++ engine with the forward's counts and does not wait.
     Source: CUDA C++ Programming Guide (a wait on an event blocks the host until the GPU has reached it).
     Derived: docs/formulas.md#step.host_sync"""
-    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S + cycle_host_s - layer_gpu_s)
+    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S - layer_gpu_s)
     return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)

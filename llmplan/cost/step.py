@@ -39,7 +39,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.moe import dispatch_contention, ep_exposed, expert_gemm_host_seconds, host_syncs_per_layer
+from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
     GPU_SPEED_SPREAD,
     GRAPH_LAUNCHES,
@@ -257,7 +257,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     r_max = recomputed_share(plan, l_max)
     layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine
     overheads = {"host": host_seconds(plan, l_max, worst, r_max, moe_top, host_syncs_per_layer(m, plan),
-                                      layer_gpu, expert_gemm_host_seconds(m, plan, r_max)),
+                                      layer_gpu),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(

@@ -41,6 +41,9 @@ MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 MoeRouting = Literal["random", "contiguous"]
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
 """--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
+ExpertGemm = Literal["grouped", "per-expert"]
+EXPERT_GEMMS: tuple[str, ...] = get_args(ExpertGemm)
+"""expert_gemm values: one grouped kernel over the local experts, or one GEMM call per local expert."""
 CudaGraphs = Literal["none", "layers", "full-iteration"]
 CUDA_GRAPHS: tuple[str, ...] = get_args(CudaGraphs)
 """cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
@@ -271,6 +274,13 @@ class ParallelPlan(PlanQuantities, Spec):
     (--cuda-graph-impl full_iteration) with the MoE layers' static buffers (Megatron-Bridge's presets set
     --moe-expert-rank-capacity-factor with it): no launches and no host waits inside the step
     (docs/formulas.md#step.host_sync)."""
+    expert_gemm: ExpertGemm = "grouped"
+    """How the routed experts' matmuls run with fused kernels: grouped, one kernel over all the rank's local
+    experts (DeepGEMM's m-grouped GEMM, torch._grouped_mm, Transformer Engine's fused grouped MLP that
+    Megatron-Bridge's cutedsl_fused_grouped_mlp presets select); per-expert, Transformer Engine's GroupedLinear
+    (Megatron-Core's TEGroupedMLP), one cuBLASLt GEMM per local expert over its streams, each costing
+    EXPERT_GEMM_S more than its share of one grouped kernel (docs/formulas.md#compute.expert_gemms). Without
+    fused kernels every expert's matmuls are separate eager launches either way."""
     fp8_attention: bool = False
     """Run the fused attention's matmuls in FP8 (Transformer Engine's FP8 dot-product attention, cuDNN's FP8
     fused attention: Megatron --fp8-dot-product-attention, Megatron-Bridge mixed_precision.fp8_dot_product_attention)
