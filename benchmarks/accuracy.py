@@ -460,7 +460,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
+    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu \
+        and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6))  # its BF16 V2 preset
     gb = gpu.startswith("gb")
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
@@ -588,11 +589,18 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         return "none" if "-b200-" in rec["id"] else "layers"  # preprocess scopes) but on B200 (cuda_graph_impl none)
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu:
+    # v0.5.0's DeepSeek-V3 B300 MXFP8 preset is its BF16 V2 one (TE graphs of attn / moe_router /
+    # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
+    # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
+    ds_b300_26_06 = "deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)
+    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06:
         return "full-iteration"
     gb = gpu.startswith("gb")
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
-              or ("gpt-oss" in rid and (gb or "b300" in gpu)))
+              or ("gpt-oss" in rid and (gb or "b300" in gpu))
+              # DeepSeek-V3's B300 V2 preset (PP8, micro-batch 2) from v0.4.2 (26.04.01) to v0.5.0 (26.06)
+              or ("deepseekv3" in rid and gpu.startswith("b300") and (26, 4, 1) <= ref < (26, 8)))
     return "layers" if layers else "none"
 
 

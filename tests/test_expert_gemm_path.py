@@ -135,3 +135,12 @@ def test_token_drop_rows_pad_every_expert_to_capacity_one(published_runs, acc):
     assert acc.plan_for(published_runs[rid], "mbridge-moe", 8).moe_capacity_factor == 1.0
     dropless = "mbridge-25.11-pretrain-qwen3-30b-a3b-dgx-b200-8gpu-fp8mx-tp1pp1cp1ep8vp1gbs512mbs1"
     assert acc.plan_for(published_runs[dropless], "mbridge-moe", 8).moe_capacity_factor is None
+
+
+def test_deepseek_b300_26_06_runs_its_bf16_preset(published_runs, acc):
+    # v0.5.0 deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2 = the BF16 V2 preset (TE
+    # graphs of attn / moe_router / moe_preprocess, moe_a2a_overlap False, no fused grouped MLP, no FP8 attention)
+    rec = published_runs["mbridge-26.06-pretrain-deepseekv3-dgx-b300-256gpu-mxfp8-tp1pp8cp1ep8vpnagbs4096mbs2"]
+    assert acc.mbridge_cuda_graphs(rec) == "layers"
+    assert acc.mbridge_moe_recipe(rec) == (True, False)
+    assert acc.mbridge_expert_gemm(rec) == "per-expert" and not acc.mbridge_fp8_attention(rec)
