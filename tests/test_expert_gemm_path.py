@@ -144,3 +144,14 @@ def test_deepseek_b300_26_06_runs_its_bf16_preset(published_runs, acc):
     assert acc.mbridge_cuda_graphs(rec) == "layers"
     assert acc.mbridge_moe_recipe(rec) == (True, False)
     assert acc.mbridge_expert_gemm(rec) == "per-expert" and not acc.mbridge_fp8_attention(rec)
+
+
+def test_cli_switch_reaches_the_plan_and_the_step(cli):
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-b200", "--ep", "8", "--global-batch", "64",
+            "--json")
+    grouped, per_expert = cli(*args), cli(*args, "--expert-gemm", "per-expert")
+    assert grouped.code == 0 and per_expert.code == 0, per_expert.err
+    assert per_expert.json()["plan"]["expert_gemm"] == "per-expert" and grouped.json()["plan"]["expert_gemm"] == "grouped"
+    assert per_expert.json()["time"]["step_s"] > grouped.json()["time"]["step_s"]
+    bad = cli(*args, "--expert-gemm", "loop")
+    assert bad.code == 2 and "--expert-gemm loop" in bad.err and "Traceback" not in bad.err

@@ -99,6 +99,10 @@ EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
                               help="MoE token dispatch: alltoall (every routed copy travels) | deepep (a token once "
                                    "per destination EP rank: DeepEP, Megatron's flex dispatcher).")
+EXPERT_GEMM = typer.Option(_plan("expert_gemm"), "--expert-gemm",
+                           help="MoE expert matmuls: grouped (one kernel over the local experts) | per-expert "
+                                "(Transformer Engine's GroupedLinear, Megatron-Core's TEGroupedMLP: one GEMM per "
+                                "local expert).")
 MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
                            help="How tokens spread over experts, for deepep's volume: random (a balanced router) | "
                                 "contiguous (k consecutive experts: NeMo AutoModel's benchmark gate).")
@@ -205,6 +209,7 @@ SWITCHES = Flags("Training switches", {
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
+    "expert_gemm": EXPERT_GEMM,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,

@@ -105,6 +105,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.ep_comm_overlap."""
     moe_dispatcher: str
     """ParallelPlan.moe_dispatcher."""
+    expert_gemm: str
+    """ParallelPlan.expert_gemm."""
     moe_routing: str
     """ParallelPlan.moe_routing."""
     moe_dispatch_sms: int | None
