@@ -358,6 +358,12 @@ MBRIDGE_ERRATA = {
     # LLAMA3_70B_PRETRAIN_CONFIG_GB300_{NVFP4,FP8_MX}_V2) and the 26.02 and 26.04 tables run PP4 VP5 MBS 1.
     **{f"mbridge-26.02.01-pretrain-llama3-70b-dgx-gb300-64gpu-{p}-tp1pp{pp}cp1epnavpnagbs256mbs2": {
         "pp": 4, "vpp": 5, "dp": 16, "micro_batch": 1} for p, pp in (("nvfp4", 1), ("mxfp8", 4))},
+    # The 26.02.01 table's H100 Qwen3-30B-A3B row repeats 26.02's PP2 VP12 EP8; the release's preset (v0.3.1
+    # qwen3_workload_base_configs.py, QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1, changed by "Update Qwen3 30B
+    # H100 Base Configs with HybridEP", f29a269f8) runs PP1 EP16 with HybridEP and no EP overlap, as the 26.04
+    # table lists it; its 9,058 tokens/s per GPU is the 26.04 EP16 rows' 8,901 - 8,960, not 26.02's 5,113.
+    "mbridge-26.02.01-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp2cp1ep8vp12gbs1024mbs1": {
+        "pp": 1, "vpp": 1, "ep": 16, "dp": 16},
 }
 """mbridge rows whose table layout contradicts itself or its release's preset, read as the preset runs them
 (the override, by id, with the evidence); every other row as the table lists it."""
@@ -481,16 +487,25 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     destination rank) for DeepSeek-V3 and Qwen3-30B-A3B everywhere, Qwen3-235B-A22B on GB200 / GB300 (and B300
     from 26.06) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
     (--ep-comm-overlap) for Qwen3-235B on H100 and GPT-OSS bf16 on GB200, and from 26.06 for the MXFP8 rows on
-    Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). (False, False) for
-    other families."""
+    Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). Exceptions read from the
+    presets: 25.09's token-drop rows run alltoall; the 25.11 and 26.02 presets on x86 left Qwen3 and DeepSeek-V3
+    (25.11) B200 without a flex backend (alltoall), ran Qwen3-30B's H100 rows with moe_a2a_overlap (deepep at
+    26.02) and Qwen3-235B's B300 rows with it at 26.02 (v0.3.1's "qwen x86 flex backend", 5c38201c9, and
+    6f5e31aab changed them). (False, False) for other families."""
     if family(rec["id"]) != "mbridge-moe":
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
+    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu \
+        and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6))  # its BF16 V2 preset
     gb = gpu.startswith("gb")
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
+        return False, False   # dispatcher ("Using token drop, disabling DeepEP"); no EP overlap for these
     if "deepseekv3" in rid:
-        return True, mx_overlap
+        # v0.2.0 (25.11) configs/deepseek/workload_base_configs.py: the B200 preset sets no flex backend, so the
+        # DeepSeek provider's alltoall dispatcher runs (models/deepseek/deepseek_provider.py); hybridep from v0.3.0
+        return not (ref[:2] == (25, 11) and gpu.startswith("b200")), mx_overlap
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
     if "deepseekv4" in rid:  # perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad (26.08; GB300 reuses it):
@@ -501,10 +516,20 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return True, False         # every GPU, no moe_a2a_overlap
     if "nemotron-3-ultra" in rid or "nemotron-3-5-lightning" in rid:  # perf_recipes/nemotronh (Bridge 067f987d):
         return True, False  # flex dispatcher, hybridep backend; no moe_a2a_overlap
+    early = (25, 11) <= ref < (26, 2, 1)  # v0.2.0 and v0.3.0, before v0.3.1 gave every Qwen3 preset a backend
     if "qwen3-30b" in rid:
+        # v0.2.0 / v0.3.0 (configs/qwen3/workload_base_configs.py, configs/qwen/qwen3_workload_base_configs.py):
+        # the B200 presets and v0.2.0's H100 ones set no moe_flex_dispatcher_backend, so the Qwen3 MoE provider's
+        # alltoall dispatcher runs (models/qwen/qwen_provider.py moe_token_dispatcher_type "alltoall");
+        # the H100 presets set moe_a2a_overlap (and deepep at v0.3.0); v0.3.1 on: hybridep, no H100 overlap
+        if early and gpu.startswith("b200"):
+            return False, mx_overlap
+        if early and "h100" in gpu:
+            return ref >= (26, 2), True
         return True, mx_overlap
-    if "qwen3-235b" in rid:
-        return gb or ("b300" in gpu and release >= (26, 6)), "h100" in gpu or (mx_overlap and gb)
+    if "qwen3-235b" in rid:  # v0.3.0's B300 V1 / V2 presets set moe_a2a_overlap (v0.3.1: False)
+        return (gb or ("b300" in gpu and release >= (26, 6)),
+                "h100" in gpu or (mx_overlap and gb) or ("b300" in gpu and ref == (26, 2)))
     if "gpt-oss" in rid:
         return "h100" not in gpu, (mx_overlap and gb) or ("gb200" in gpu and "bf16" in rid)
     return False, False
@@ -611,12 +636,50 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         return "none" if "-b200-" in rec["id"] and "nvfp4" not in rec["id"] else "layers"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu:
+    # v0.5.0's DeepSeek-V3 B300 MXFP8 preset is its BF16 V2 one (TE graphs of attn / moe_router /
+    # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
+    # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
+    ds_b300_26_06 = "deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)
+    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06:
         return "full-iteration"
     gb = gpu.startswith("gb")
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
-              or ("gpt-oss" in rid and (gb or "b300" in gpu)))
+              or ("gpt-oss" in rid and (gb or "b300" in gpu))
+              # DeepSeek-V3's B300 V2 preset (PP8, micro-batch 2) from v0.4.2 (26.04.01) to v0.5.0 (26.06)
+              or ("deepseekv3" in rid and gpu.startswith("b300") and (26, 4, 1) <= ref < (26, 8)))
     return "layers" if layers else "none"
+
+
+def mbridge_expert_gemm(rec: dict) -> str:
+    """How an mbridge MoE row's experts run their GEMMs (ParallelPlan.expert_gemm): per-expert (Megatron-Core's
+    TEGroupedMLP on Transformer Engine's GroupedLinear, one cuBLASLt GEMM per local expert) unless the preset
+    selects TE's fused grouped MLP: cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1,
+    use_transformer_engine_op_fuser) in the MXFP8 full-iteration presets from 26.06 (scripts/performance/configs/
+    {qwen,deepseek,gpt_oss}/*workload_base_configs.py and utils/overrides.py at v0.5.0; v0.6.0 perf_recipes
+    {qwen,deepseek,gpt_oss}/common.py), grouped there. Other families: grouped (as priced before)."""
+    if family(rec["id"]) != "mbridge-moe":
+        return "grouped"
+    return "grouped" if mbridge_cuda_graphs(rec) == "full-iteration" else "per-expert"
+
+
+def mbridge_fp8_attention(rec: dict) -> bool:
+    """Whether an mbridge MoE row's preset runs FP8 dot-product attention (ParallelPlan.fp8_attention): the
+    MXFP8 full-iteration presets from 26.06 that set fp8_dot_product_attention (scripts/performance/configs/qwen/
+    qwen3_workload_base_configs.py at v0.5.0: Qwen3-30B-A3B on GB300 / GB200 / B300, Qwen3-235B-A22B on GB300 /
+    GB200; configs/deepseek/deepseek_workload_base_configs.py: DeepSeek-V3 on GB300 only; v0.6.0 (26.08):
+    perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8 for every Qwen3 MXFP8 recipe,
+    perf_recipes/deepseek/{gb300,b300}/deepseek_v3.py). GPT-OSS's presets set it too (gpt_oss_workload_base_
+    configs.py, GB300 / GB200 MXFP8 V2) and are left to its attention's own reading. False elsewhere."""
+    if family(rec["id"]) != "mbridge-moe" or mbridge_cuda_graphs(rec) != "full-iteration":
+        return False
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    if "qwen3-30b" in rid or "qwen3-235b" in rid:
+        return True
+    if "deepseekv3" in rid:
+        return gpu.startswith("gb300") or (gpu.startswith("b300") and release >= (26, 8))
+    return False
 
 
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
@@ -787,8 +850,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # fp32 master as 16-bit remainders beside the bf16 weights (docs/formulas.md#mem.param_remainders)
         param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
                           and par.get("optimizer_master_dtype", "fp32") == "fp32"),
+        # Megatron-Bridge 25.09's token-drop rows: apply_moe_token_drop (v0.1.0rc3 / rc4 run_script.py and
+        # training/utils/moe_token_drop.py): capacity factor 1.0, each expert's input padded to capacity
+        moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
+        fp8_attention=mbridge_fp8_attention(rec),
+        expert_gemm=mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at

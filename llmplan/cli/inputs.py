@@ -15,8 +15,8 @@ from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
-from llmplan.specs.plan import (ATTENTION_KERNELS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
-                                OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, BF16_MODULES,
+from llmplan.specs.plan import (ATTENTION_KERNELS, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS,
+                                OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES,
                                 TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
@@ -125,6 +125,7 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
+                                       ("--expert-gemm", s.expert_gemm, EXPERT_GEMMS, "an expert GEMM path"),
                                        ("--optimizer-master-dtype", s.optimizer_master_dtype,
                                         OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
                                        ("--optimizer-moment-dtype", s.optimizer_moment_dtype,
@@ -139,9 +140,10 @@ def switches(s: SwitchOptions) -> dict:
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "recompute_layers", "fused_loss", "tp_impl",
-                     "fp32_param_shards", "swiglu_fp8_input", "moe_dispatcher", "bf16_layers_start", "bf16_layers_end",
-                     "moe_routing", "moe_dispatch_sms", "optimizer_master_dtype", "optimizer_moment_dtype",
-                     "param_remainders", "grad_reduce", "launch_blocking", "offload_layers")
+                     "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher", "bf16_layers_start",
+                     "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "optimizer_master_dtype",
+                     "optimizer_moment_dtype", "param_remainders", "grad_reduce", "launch_blocking",
+                     "offload_layers")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 

@@ -93,11 +93,19 @@ SWIGLU_FP8_INPUT = typer.Option(_plan("swiglu_fp8_input"), "--swiglu-fp8-input/-
                                 help="Keep the SwiGLU input for backward in fp8 (Megatron-Core "
                                      "activation_func_fp8_input_store, a Megatron-Bridge override; "
                                      "DeepSeek-V3's MoE SwiGLU inputs).")
+FP8_ATTENTION = typer.Option(_plan("fp8_attention"), "--fp8-attention/--no-fp8-attention",
+                             help="Run the fused attention's matmuls in FP8 under an fp8 --precision (Transformer "
+                                  "Engine FP8 dot-product attention, Megatron-Bridge "
+                                  "mixed_precision.fp8_dot_product_attention).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
                               help="MoE token dispatch: alltoall (every routed copy travels) | deepep (a token once "
                                    "per destination EP rank: DeepEP, Megatron's flex dispatcher).")
+EXPERT_GEMM = typer.Option(_plan("expert_gemm"), "--expert-gemm",
+                           help="MoE expert matmuls: grouped (one kernel over the local experts) | per-expert "
+                                "(Transformer Engine's GroupedLinear, Megatron-Core's TEGroupedMLP: one GEMM per "
+                                "local expert).")
 MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
                            help="How tokens spread over experts, for deepep's volume: random (a balanced router) | "
                                 "contiguous (k consecutive experts: NeMo AutoModel's benchmark gate).")
@@ -204,9 +212,11 @@ SWITCHES = Flags("Training switches", {
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
+    "expert_gemm": EXPERT_GEMM,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
-    "swiglu_fp8_input": SWIGLU_FP8_INPUT, "grad_dtype": GRAD_DTYPE, "fp8_params": FP8_PARAMS,
+    "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
+    "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "launch_blocking": LAUNCH_BLOCKING,
     "axis_order": AXIS_ORDER})

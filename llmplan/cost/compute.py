@@ -246,15 +246,37 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                         forward=fwd + out + loss / 3)
 
 
+EXPERT_GEMM_S = 24.75e-6
+"""Time one local expert's GEMM costs on Transformer Engine's per-expert grouped-GEMM path (ParallelPlan.expert_gemm
+"per-expert": GroupedLinear's general_grouped_gemm, one cuBLASLt matmul per expert over its compute streams) beyond
+its share of one grouped kernel, at rows too few for the matmul itself to matter. Measured: NVIDIA/
+TransformerEngine pull request 3134 (SM100, benchmarks/linear/benchmark_grouped_linear.py, kernel-for-kernel
+"pure" rows): 8 experts of 128 rows (N = K = 2048) take 0.267 ms on the multi-stream path and 0.069 ms as one
+CUTLASS grouped launch, (0.267 - 0.069) / 8 = 24.75 us per expert GEMM. Taken as published, not fitted.
+Derived: docs/formulas.md#compute.expert_gemms"""
+
+
+def expert_gemm_seconds(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Forward time one MoE layer's expert GEMMs cost per micro-batch beyond the grouped GEMM the FLOPs are priced
+    as (layer_gemm_seconds), per call: its two expert matmuls once per local expert (E / ep), as launches
+    (KERNEL_LAUNCH_S) without fused kernels, EXPERT_GEMM_S each on Transformer Engine's per-expert path, nothing in
+    one grouped kernel. Charged with the memory-bound time, so the stage counts it once per pass (3 + r: the
+    backward's input- and weight-gradient GEMMs per forward GEMM). Derived: docs/formulas.md#compute.expert_gemms"""
+    calls = 2 * m.num_experts / plan.ep
+    per_call = where(plan.fused_kernels, where(plan.expert_gemm == "per-expert", EXPERT_GEMM_S, 0.0),
+                     KERNEL_LAUNCH_S)
+    return calls * per_call
+
+
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
         split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
         peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
-                     * attention_fraction(gpu, plan, m) * split)
-        # Without a grouped GEMM every local expert's two matmuls are separate launches.
-        launches = where(plan.fused_kernels, 0.0, 2 * m.num_experts / plan.ep * KERNEL_LAUNCH_S) if moe else 0.0
+                     * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
+        # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
+        launches = expert_gemm_seconds(m, plan) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)
@@ -346,6 +368,18 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
     fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
     return where(plan.flash_attention, fused, gpu.unfused_attention_efficiency) * ratio * gpu.softmax_attention_ratio
+
+
+def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's head dimension d: per
+    (query, key) pair the kernel's 4d matmul FLOPs run at twice the tensor rate and its softmax work (d0, the GPU's
+    attention_softmax_head_dim, as in head_dim_attention_ratio) at the same, so the rate goes from d / (d + d0) to
+    d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
+    (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
+    1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
+    qk, v = attention_head_dims(m)
+    d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
+    return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
 
 
 def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:

@@ -206,6 +206,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
     if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
         out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
+    if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
+        out.append(("mixed_precision.fp8_dot_product_attention", True))
     return out
 
 

@@ -42,6 +42,8 @@ def check(pf: PlanFile) -> None:
         (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
          "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
          p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
+        ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", p.fp8_attention,
+         "re-plan without fp8_attention, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

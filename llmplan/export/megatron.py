@@ -354,6 +354,10 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
+    if p.fp8_attention:
+        raise refuse(TARGET, "FP8 dot-product attention (Megatron-Core's TransformerConfig.fp8_dot_product_attention; "
+                     "Megatron-LM's arguments.py at d98e8a6 has no flag for it)",
+                     "export to megatron-bridge, or re-plan without fp8_attention")
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",

@@ -84,6 +84,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.swiglu_fp8_input:
         raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
                      "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+    if p.fp8_attention:
+        raise refuse(target, "FP8 dot-product attention (Transformer Engine's fp8_dpa; torchao's float8 covers the "
+                     "linear layers)", "re-plan without fp8_attention, or export to megatron-bridge")
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")

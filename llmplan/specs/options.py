@@ -107,6 +107,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.ep_comm_overlap."""
     moe_dispatcher: str
     """ParallelPlan.moe_dispatcher."""
+    expert_gemm: str
+    """ParallelPlan.expert_gemm."""
     moe_routing: str
     """ParallelPlan.moe_routing."""
     moe_dispatch_sms: int | None
@@ -121,6 +123,8 @@ class SwitchOptions(BaseModel):
     """Comma-separated modules kept in bf16 (ParallelPlan.bf16_modules); None: none."""
     swiglu_fp8_input: bool
     """ParallelPlan.swiglu_fp8_input."""
+    fp8_attention: bool
+    """ParallelPlan.fp8_attention."""
     grad_dtype: str | None
     """ParallelPlan.grad_dtype; None (search only): both tried."""
     optimizer_master_dtype: str

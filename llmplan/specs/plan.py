@@ -41,6 +41,9 @@ MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 MoeRouting = Literal["random", "contiguous"]
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
 """--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
+ExpertGemm = Literal["grouped", "per-expert"]
+EXPERT_GEMMS: tuple[str, ...] = get_args(ExpertGemm)
+"""expert_gemm values: one grouped kernel over the local experts, or one GEMM call per local expert."""
 CudaGraphs = Literal["none", "layers", "full-iteration"]
 CUDA_GRAPHS: tuple[str, ...] = get_args(CudaGraphs)
 """cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
@@ -280,6 +283,18 @@ class ParallelPlan(PlanQuantities, Spec):
     (--cuda-graph-impl full_iteration) with the MoE layers' static buffers (Megatron-Bridge's presets set
     --moe-expert-rank-capacity-factor with it): no launches and no host waits inside the step
     (docs/formulas.md#step.host_sync)."""
+    expert_gemm: ExpertGemm = "grouped"
+    """How the routed experts' matmuls run with fused kernels: grouped, one kernel over all the rank's local
+    experts (DeepGEMM's m-grouped GEMM, torch._grouped_mm, Transformer Engine's fused grouped MLP that
+    Megatron-Bridge's cutedsl_fused_grouped_mlp presets select); per-expert, Transformer Engine's GroupedLinear
+    (Megatron-Core's TEGroupedMLP), one cuBLASLt GEMM per local expert over its streams, each costing
+    EXPERT_GEMM_S more than its share of one grouped kernel (docs/formulas.md#compute.expert_gemms). Without
+    fused kernels every expert's matmuls are separate eager launches either way."""
+    fp8_attention: bool = False
+    """Run the fused attention's matmuls in FP8 (Transformer Engine's FP8 dot-product attention, cuDNN's FP8
+    fused attention: Megatron --fp8-dot-product-attention, Megatron-Bridge mixed_precision.fp8_dot_product_attention)
+    under the fp8 recipes. Its QK^T and PV run at twice the bf16 tensor rate, its softmax does not speed up
+    (docs/formulas.md#compute.fp8_attention). Off: the attention in bf16."""
     swiglu_fp8_input: bool = False
     """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
     in the backward pass: Megatron-Core TransformerConfig.activation_func_fp8_input_store (one float8_e4m3fn
