@@ -348,8 +348,8 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
 CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16
 """cuBLAS's alignment for its tensor-core kernels at full speed: the leading dimensions, the contiguous
 extents and the pointers of a GEMM a multiple of 16 bytes (NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core
-Usage"). Since cuBLAS 11.0 other shapes may still run, but not those kernels. Derived:
-docs/formulas.md#compute.unaligned_bmm"""
+Usage": "the best performance when using Tensor Cores"; since cuBLAS 11.0 other shapes may still use them, at
+a rate it does not give). Derived: docs/formulas.md#compute.unaligned_bmm"""
 
 
 def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float:
@@ -359,7 +359,9 @@ def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float
     matmuls over heads whose inner or outer extent is the head dimension d, each batch starting d x 3
     elements further into the fused QKV projection (an odd multiple of d), so d x element bytes off a
     multiple of 16 breaks the contiguous extent and every other batch's pointer: BLOOM's 128-head
-    h = 13,824 (d = 108) trials. NVIDIA GPUs only (cuBLAS); 1 where the profile lists no fp32 peak.
+    h = 13,824 (d = 108) trials. Priced at the rate of a kernel without tensor cores (cuBLAS does not
+    document the rate of its unaligned tensor-core paths). NVIDIA GPUs only (cuBLAS); 1 where the profile
+    lists no fp32 peak.
     Source: NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core Usage"; NVIDIA/Megatron-LM
     megatron/model/transformer.py ParallelAttention (torch.baddbmm / torch.bmm over [b * np, s, hn]).
     Derived: docs/formulas.md#compute.unaligned_bmm"""
