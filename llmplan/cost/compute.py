@@ -345,6 +345,27 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 
 
+def grad_accumulation_bytes(plan: ParallelPlan) -> float:
+    """HBM bytes per parameter that one micro-batch's gradient accumulation moves outside the weight-gradient
+    GEMM (ParallelPlan.grad_accumulation): fused 0 (the GEMM accumulates into the main gradient); add reads
+    the micro-batch's gradient (2 bytes; 4 in fp32 training) and reads and writes the accumulated one (grad
+    dtype g): 2 + 2g; cast-add first writes and reads the gradient cast to the accumulated dtype: 2 + 4g.
+    Source: NVIDIA/Megatron-LM megatron/model/distributed.py at 50a4b5fa02 (param_hook:
+    param.main_grad.add_(param.grad.data)), gradient accumulation fusion from 83b1e42f30 (2022-02-16);
+    microsoft/DeepSpeed runtime/bf16_optimizer.py update_hp_grads at v0.6.3 (hp_grad.add_(lp.grad.to(fp32)),
+    called after every micro-batch's backward by runtime/pipe/engine.py). Derived:
+    docs/formulas.md#step.grad_accumulation"""
+    new = 4.0 if plan.dtype == "fp32" else 2.0
+    g = plan.grad_bytes
+    return {"fused": 0.0, "add": new + 2 * g, "cast-add": new + 4 * g}[plan.grad_accumulation]
+
+
+def grad_accumulation_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Time of one micro-batch's gradient accumulation on a rank holding `params_on_rank` parameters: their
+    grad_accumulation_bytes at the GPU's achieved HBM bandwidth. Derived: docs/formulas.md#step.grad_accumulation"""
+    return params_on_rank * grad_accumulation_bytes(plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+
+
 CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16
 """cuBLAS's alignment for its tensor-core kernels at full speed: the leading dimensions, the contiguous
 extents and the pointers of a GEMM a multiple of 16 bytes (NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core
