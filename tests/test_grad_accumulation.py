@@ -83,3 +83,18 @@ def test_megatron_export_turns_fusion_off_for_add_and_refuses_cast_add(cli, tmp_
             assert ("--no-gradient-accumulation-fusion" in text) == (mode == "add")
         else:
             assert "grad-accumulation" in r.err and not out.exists()
+
+
+def test_zero3_without_a_pipeline_accumulates_only_its_shard():
+    # FSDP / ZeRO-3 reduce-scatter each micro-batch's gradient and accumulate their 1/N shard (cost.memory holds
+    # the same: whole gradients only under a pipeline), so the pass is 1/dp of ZeRO-1's.
+    model = builtin_models()["llama-3.1-8b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2, gpus_per_node=8)
+
+    def extra(zero: int) -> float:
+        mb = [float(estimate_training(model, cluster, _plan(tp=1, pp=1, dp=16, global_batch=64, zero=zero,
+                                                            grad_dtype="fp32", grad_accumulation=a)).time.stage
+                    .memory_bound) for a in ("fused", "cast-add")]
+        return mb[1] - mb[0]
+
+    assert extra(3) == pytest.approx(extra(1) / 16, rel=1e-9)

@@ -125,8 +125,10 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
                 same[key] = sc
         if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
             held = rank_params(m, plan, stage)
+            # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
+            shard = where((plan.zero >= 2) & (plan.pp == 1), plan.zero_shard, 1)
             sc = StageCompute(gemm=sc.gemm, attention=sc.attention, forward=sc.forward, memory_bound=sc.memory_bound
-                              + grad_accumulation_seconds(held.dense + held.expert, plan, g))
+                              + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)
