@@ -67,7 +67,8 @@ MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
-                     "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+                     "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
+                     "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
@@ -180,7 +181,8 @@ ASSUMPTIONS = {
              "pipeline engine: the DP reduction after the schedule and the weight gather in the optimizer step, "
              "neither overlapped, DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, "
              "SYNC_TP), the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
-             "all-reduce); on the jean-zay-a100 profile (4 x 100 Gb/s Omni-Path per node, BLOOM paper Section "
+             "all-reduce) and casting and adding each micro-batch's gradient (GRAD_ACCUMULATION; fp16 runs: autograd's "
+             "add); on the jean-zay-a100 profile (4 x 100 Gb/s Omni-Path per node, BLOOM paper Section "
              "3.4.1), not the dgx-a100 one; predicts iteration time; the logged peak memory (read as GiB) in "
              "the memory report; out-of-memory attempts must be predicted not to fit",
     "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
@@ -194,7 +196,8 @@ ASSUMPTIONS = {
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
              "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; DeepSpeed's pipeline "
              "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends and "
-             "synchronous TP (PP_SCATTER_GATHER, SYNC_TP); predicts iteration time",
+             "synchronous TP (PP_SCATTER_GATHER, SYNC_TP), the fp32 accumulation as BF16_Optimizer casts and adds each "
+             "micro-batch's gradient (GRAD_ACCUMULATION cast-add); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -222,6 +225,18 @@ the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f6524691
 50a4b5fa02, the release of Narayanan et al. 2021) and the Megatron-DeepSpeed forks of BLOOM
 (bigscience-workshop/Megatron-DeepSpeed megatron/mpu/layers.py: ColumnParallelLinear's backward all-reduce in
 copy_to_tensor_model_parallel_region) and MT-NLG (microsoft/Megatron-DeepSpeed, which merged it in 2023-07)."""
+
+
+GRAD_ACCUMULATION = {"narayanan2021": {"fp16 mixed precision": "add"},
+                     "bloom": {"bf16": "cast-add", "fp16": "add"},
+                     "mtnlg": {"mixed precision (fp16/bf16)": "cast-add"}}
+"""Families whose micro-batch gradients are accumulated outside the weight-gradient GEMM, by the record's
+precision (ParallelPlan.grad_accumulation): Megatron-LM at 50a4b5fa02 (Narayanan et al. 2021) adds each
+micro-batch's gradient into main_grad in its DDP hook (fp16 main grads; gradient accumulation fusion arrived
+2022-02-16, 83b1e42f30); DeepSpeed's BF16_Optimizer under the pipeline engine casts the bf16 gradient to fp32 and
+adds it after every backward (bf16_optimizer.py update_hp_grads, pipe/engine.py, v0.6.x; BLOOM's bf16 runs, and
+MT-NLG's bf16 run with fp32 accumulation, the only public DeepSpeed code that accumulates so), and its fp16 ZeRO-1
+leaves autograd to add into the fp16 param.grad (BLOOM's fp16 runs)."""
 
 
 STEP_END_DP = ("megascale", "bloom", "mtnlg")
@@ -838,6 +853,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",
+        # How each micro-batch's gradient joins the accumulated one (GRAD_ACCUMULATION): outside the GEMM for the
+        # 2021-22 stacks, fused into it from Megatron-LM's gradient accumulation fusion (2022-02) on
+        # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
+        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(precision, "fused") if zero < 2 else "fused",
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and precision == "bf16" and zero == 1
         else "reduce-scatter",

@@ -74,6 +74,10 @@ OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad
 GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
                            help="ZeRO-1's DP gradient reduction: reduce-scatter (Megatron's distributed optimizer) "
                                 "| all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine).")
+GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulation",
+                                 help="How micro-batch gradients are accumulated: fused (in the weight-gradient "
+                                      "GEMM) | add (Megatron-LM before 2022-02, autograd) | cast-add (DeepSpeed's "
+                                      "BF16_Optimizer).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -218,7 +222,8 @@ SWITCHES = Flags("Training switches", {
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
-    "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "launch_blocking": LAUNCH_BLOCKING,
+    "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
+    "launch_blocking": LAUNCH_BLOCKING,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -367,7 +367,57 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
     fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
-    return where(plan.flash_attention, fused, gpu.unfused_attention_efficiency) * ratio * gpu.softmax_attention_ratio
+    unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
+    return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
+
+
+def grad_accumulation_bytes(plan: ParallelPlan) -> float:
+    """HBM bytes per parameter that one micro-batch's gradient accumulation moves outside the weight-gradient
+    GEMM (ParallelPlan.grad_accumulation): fused 0 (the GEMM accumulates into the main gradient); add reads
+    the micro-batch's gradient (2 bytes; 4 in fp32 training) and reads and writes the accumulated one (grad
+    dtype g): 2 + 2g; cast-add first writes and reads the gradient cast to the accumulated dtype: 2 + 4g.
+    Source: NVIDIA/Megatron-LM megatron/model/distributed.py at 50a4b5fa02 (param_hook:
+    param.main_grad.add_(param.grad.data)), gradient accumulation fusion from 83b1e42f30 (2022-02-16);
+    microsoft/DeepSpeed runtime/bf16_optimizer.py update_hp_grads at v0.6.3 (hp_grad.add_(lp.grad.to(fp32)),
+    called after every micro-batch's backward by runtime/pipe/engine.py). Derived:
+    docs/formulas.md#step.grad_accumulation"""
+    new = 4.0 if plan.dtype == "fp32" else 2.0
+    g = plan.grad_bytes
+    return {"fused": 0.0, "add": new + 2 * g, "cast-add": new + 4 * g}[plan.grad_accumulation]
+
+
+def grad_accumulation_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Time of one micro-batch's gradient accumulation on a rank holding `params_on_rank` parameters: their
+    grad_accumulation_bytes at the GPU's achieved HBM bandwidth. Derived: docs/formulas.md#step.grad_accumulation"""
+    return params_on_rank * grad_accumulation_bytes(plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+
+
+CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16
+"""cuBLAS's alignment for its tensor-core kernels at full speed: the leading dimensions, the contiguous
+extents and the pointers of a GEMM a multiple of 16 bytes (NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core
+Usage": "the best performance when using Tensor Cores"; since cuBLAS 11.0 other shapes may still use them, at
+a rate it does not give). Derived: docs/formulas.md#compute.unaligned_bmm"""
+
+
+def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float:
+    """The unfused attention's score matmuls' rate relative to their tensor-core rate: 1 when the head
+    dimension meets cuBLAS's 16-byte alignment, else the GPU's CUDA-core (fp32) peak over its tensor-core peak
+    of the compute dtype. Megatron's unfused path (2020-22) runs QK^T, AV and their gradients as batched
+    matmuls over heads whose inner or outer extent is the head dimension d, each batch starting d x 3
+    elements further into the fused QKV projection (an odd multiple of d), so d x element bytes off a
+    multiple of 16 breaks the contiguous extent and every other batch's pointer: BLOOM's 128-head
+    h = 13,824 (d = 108) trials. Priced at the rate of a kernel without tensor cores (cuBLAS does not
+    document the rate of its unaligned tensor-core paths). NVIDIA GPUs only (cuBLAS); 1 where the profile
+    lists no fp32 peak.
+    Source: NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core Usage"; NVIDIA/Megatron-LM
+    megatron/model/transformer.py ParallelAttention (torch.baddbmm / torch.bmm over [b * np, s, hn]).
+    Derived: docs/formulas.md#compute.unaligned_bmm"""
+    dtype = "bf16" if plan.low_precision else plan.dtype
+    size = 4 if dtype == "fp32" else 2  # low-precision recipes run the unfused scores in bf16
+    aligned = all(d * size % CUBLAS_TENSOR_CORE_ALIGN_BYTES == 0 for d in attention_head_dims(m))
+    if aligned or gpu.vendor != "nvidia" or "fp32" not in gpu.tflops or dtype not in gpu.tflops:
+        return 1.0
+    return min(1.0, gpu.peak_flops("fp32") / gpu.peak_flops(dtype))
 
 
 def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:

@@ -20,6 +20,8 @@ from llmplan.arith import (  # noqa: F401  (expected_max_normal: re-exported, te
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     StageCompute,
+    grad_accumulation_bytes,
+    grad_accumulation_seconds,
     model_flops_per_step,
     optimizer_step_seconds,
     recompute_flops_per_step,
@@ -125,6 +127,12 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             sc = per_distinct(plan, ALL_BUT_ZERO, stage, priced(g))
             if key:
                 same[key] = sc
+        if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
+            held = rank_params(m, plan, stage)
+            # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
+            shard = where((plan.zero >= 2) & (plan.pp == 1), plan.zero_shard, 1)
+            sc = StageCompute(gemm=sc.gemm, attention=sc.attention, forward=sc.forward, memory_bound=sc.memory_bound
+                              + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)

@@ -128,6 +128,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+              # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
+              ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
               # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
               # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
               ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
@@ -368,6 +370,10 @@ def check(pf: PlanFile) -> None:
     for what, bad, fix in tp_refusals(pf):
         if bad:
             raise refuse(TARGET, what, fix)
+    if p.grad_accumulation == "cast-add":
+        raise refuse(TARGET, "gradients cast and then added after each micro-batch (grad_accumulation cast-add, "
+                     "DeepSpeed's BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
+                     "re-plan with --grad-accumulation fused or add")
     if p.grad_reduce == "all-reduce" and p.zero == 1:
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")

@@ -135,6 +135,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.param_remainders."""
     grad_reduce: str
     """ParallelPlan.grad_reduce."""
+    grad_accumulation: str
+    """ParallelPlan.grad_accumulation."""
     launch_blocking: bool
     """ParallelPlan.launch_blocking."""
     fp8_params: bool | None

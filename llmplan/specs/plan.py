@@ -212,6 +212,12 @@ class ParallelPlan(PlanQuantities, Spec):
     receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
     (DeepSpeed's BF16_Optimizer under its pipeline engine, Megatron-DeepSpeed as BLOOM ran it:
     engine.py _bf16_reduce_grads all-reduces the fp32 gradients). docs/formulas.md#comm.dp"""
+    grad_accumulation: Literal["fused", "add", "cast-add"] = "fused"
+    """How each micro-batch's weight gradient joins the accumulated one: fused (inside the weight-gradient GEMM:
+    Megatron-LM's --gradient-accumulation-fusion since 2022-02, Transformer Engine), add (a separate in-place
+    add: Megatron-LM's DDP hook main_grad.add_(param.grad) before that, autograd's accumulation into
+    param.grad) or cast-add (the gradient cast to the accumulated dtype first, then added: DeepSpeed's
+    BF16_Optimizer update_hp_grads). docs/formulas.md#step.grad_accumulation"""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_backward_overlap: bool = True

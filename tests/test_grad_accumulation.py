@@ -1,0 +1,100 @@
+"""Micro-batch gradient accumulation outside the weight-gradient GEMM (docs/formulas.md#step.grad_accumulation)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, seed, settings, strategies as st
+
+from llmplan.cost.compute import grad_accumulation_bytes
+from llmplan.estimate import estimate_training
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+
+def _plan(**kw: object) -> ParallelPlan:
+    base = dict(tp=8, pp=4, dp=1, micro_batch=1, global_batch=16, seq_len=2048, recompute="full", zero=1,
+                overlap_param_gather=False, overlap_grad_reduce=False)
+    base.update(kw)
+    return ParallelPlan(**base)  # type: ignore[arg-type]
+
+
+def test_bytes_per_parameter_by_hand():
+    # Megatron-LM 50a4b5fa02 param_hook: main_grad.add_(grad): read 2 (bf16 grad) + read g + write g.
+    assert grad_accumulation_bytes(_plan(grad_accumulation="add", grad_dtype="bf16")) == 2 + 2 + 2
+    assert grad_accumulation_bytes(_plan(grad_accumulation="add", grad_dtype="fp32")) == 2 + 4 + 4
+    # DeepSpeed BF16_Optimizer update_hp_grads: lp.grad.to(fp32) (read 2, write 4), hp.add_ (read 4 + 4, write 4).
+    assert grad_accumulation_bytes(_plan(grad_accumulation="cast-add", grad_dtype="fp32")) == 2 + 4 + 4 + 4 + 4
+    assert grad_accumulation_bytes(_plan(grad_dtype="fp32")) == 0  # fused into the GEMM: the default
+
+
+@seed(32)
+@settings(max_examples=12, deadline=None)
+@given(gbs=st.sampled_from([4, 8, 16, 32]), pp=st.sampled_from([1, 2, 4]))
+def test_each_micro_batch_pays_the_pass_once_and_fused_pays_nothing(gbs, pp):
+    # The three readings cost fused < add < cast-add, and the extra time grows with the number of micro-batches:
+    # it is paid once per micro-batch (and in the bubble, as the rest of a stage's micro-batch time).
+    model = builtin_models()["llama-3.1-8b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=pp, gpus_per_node=8)
+    t = {a: float(estimate_training(model, cluster, _plan(pp=pp, global_batch=gbs, grad_accumulation=a,
+                                                          grad_dtype="fp32")).time.total)
+         for a in ("fused", "add", "cast-add")}
+    assert t["fused"] < t["add"] < t["cast-add"]
+    small = {a: float(estimate_training(model, cluster, _plan(pp=pp, global_batch=2, grad_accumulation=a,
+                                                              grad_dtype="fp32")).time.total)
+             for a in ("fused", "cast-add")}
+    assert t["cast-add"] - t["fused"] > small["cast-add"] - small["fused"]
+
+
+def test_mt_nlg_iteration_time_within_10_percent(published_runs):
+    # Smith et al. 2022 (arXiv:2201.11990), system throughput: batch 1920 on 280 DGX A100 (TP8 PP35 DP8), 60.1 s
+    # per iteration, bf16 (DeepSpeed's pipeline engine, fp32 gradient accumulation: cast-add). Tolerance 10%:
+    # issue 32's per-family target (it was -17.6% without the accumulation pass).
+    import accuracy  # benchmarks/accuracy.py
+
+    rec = published_runs["mtnlg-530b-2240gpu"]
+    (_, pred, meas), *_ = accuracy.predict(rec, "mtnlg")
+    assert meas == 60.1
+    assert float(pred) == pytest.approx(meas, rel=0.10)
+
+
+def test_cli_takes_the_switch_and_refuses_an_unknown_value(cli):
+    common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--nodes", "2", "--tp", "8",
+              "--pp", "2", "--global-batch", "16", "--json")
+    fused = cli(*common)
+    cast = cli(*common, "--grad-accumulation", "cast-add")
+    assert fused.code == 0 and cast.code == 0
+    bad = cli(*common, "--grad-accumulation", "sum")
+    assert bad.code == 2 and "grad_accumulation" in bad.err.replace("-", "_") and "Traceback" not in bad.err
+
+
+def test_megatron_export_turns_fusion_off_for_add_and_refuses_cast_add(cli, tmp_path):
+    # Megatron-LM (megatron/training/arguments.py): --no-gradient-accumulation-fusion runs the DDP hook's
+    # main_grad.add_; it has no cast-then-add path (DeepSpeed's BF16_Optimizer), so that plan is refused.
+    common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--nodes", "2", "--tp", "8",
+              "--pp", "2", "--global-batch", "16")
+    for mode, code in (("fused", 0), ("add", 0), ("cast-add", 2)):
+        plan = tmp_path / f"{mode}.json"
+        assert cli(*common, "--grad-accumulation", mode, "--save", plan).code == 0
+        out = tmp_path / f"out-{mode}"
+        r = cli("export", plan, "--to", "megatron", "-o", out)
+        assert r.code == code, r.err
+        if code == 0:
+            text = "\n".join(f.read_text() for f in out.iterdir() if f.is_file())
+            assert ("--no-gradient-accumulation-fusion" in text) == (mode == "add")
+        else:
+            assert "grad-accumulation" in r.err and not out.exists()
+
+
+def test_zero3_without_a_pipeline_accumulates_only_its_shard():
+    # FSDP / ZeRO-3 reduce-scatter each micro-batch's gradient and accumulate their 1/N shard (cost.memory holds
+    # the same: whole gradients only under a pipeline), so the pass is 1/dp of ZeRO-1's.
+    model = builtin_models()["llama-3.1-8b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2, gpus_per_node=8)
+
+    def extra(zero: int) -> float:
+        mb = [float(estimate_training(model, cluster, _plan(tp=1, pp=1, dp=16, global_batch=64, zero=zero,
+                                                            grad_dtype="fp32", grad_accumulation=a)).time.stage
+                    .memory_bound) for a in ("fused", "cast-add")]
+        return mb[1] - mb[0]
+
+    assert extra(3) == pytest.approx(extra(1) / 16, rel=1e-9)
