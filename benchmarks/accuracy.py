@@ -321,6 +321,11 @@ MBRIDGE_ERRATA = {
     # workload_base_configs.py, GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs micro-batch 1, as the 26.02.01 table's
     # H100 row lists.
     "mbridge-25.11-pretrain-gpt-oss-120b-dgx-h100-64gpu-bf16-tp1pp4cp1ep8vp1gbs512mbs4": {"micro_batch": 1},
+    # The 25.11 table's B200 GPT-OSS row lists EP 8; the release's preset (v0.2.0 - v0.2.2 workload_base_configs.py,
+    # GPT_OSS_120B_B200_BF16_BASE_CONFIG: expert_model_parallel_size 64, micro-batch 4, global batch 512, the
+    # row's batch sizes) runs EP 64, as the 26.02 table's B200 EP64 GBS 512 row (the V1 preset) does; its 8,213
+    # tokens/s/GPU sits with that row's 8,047, not with the EP8 rows' 13,000-14,000.
+    "mbridge-25.11-pretrain-gpt-oss-120b-dgx-b200-64gpu-bf16-tp1pp1cp1ep8vp1gbs512mbs4": {"ep": 64},
     # The 26.02.01 table's GB300 NVFP4 / MXFP8 Llama 3 70B rows list TP1 PP1 MBS 2 (the FP8 Megatron-FSDP row's
     # layout, with FSDP 0) and PP4 MBS 2 without VP; the release's presets (v0.3.1 llama3_workload_base_configs.py,
     # LLAMA3_70B_PRETRAIN_CONFIG_GB300_{NVFP4,FP8_MX}_V2) and the 26.02 and 26.04 tables run PP4 VP5 MBS 1.
@@ -748,6 +753,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
+        # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
+        # components/moe/experts.py at 36044ad3d); Megatron-Core (the Bridge rows) clamps eagerly before it
+        glu_clamp_fusion=fam == "automodel",
     )
 
 

@@ -75,6 +75,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
+    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
+        act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
@@ -107,6 +109,34 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
         return 0.0
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
+
+
+GLU_CLAMP_BYTES = (16.0, 20.0)
+"""(forward, backward) HBM bytes per (token, expert) row and expert-FFN column of a gated MLP's eager clamp
+(Megatron-Core weighted_bias_quick_geglu_impl with activation_func_clamp_value), in bf16 over the 2f-wide fc1
+output: forward the two clamps read and write their halves (8) and torch.cat copies them together (8);
+backward each clamp's gradient reads the incoming gradient and its saved input and writes the masked
+gradient (12), and the chunk's backward concatenates the two halves' gradients (8).
+Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+(core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml (clamp: clamp_backward(grad, self, min,
+max); split / chunk: split_backward concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+
+
+def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column that the routed experts' activation costs beyond
+    the fused kernel's one pass (read 2f, write f: the `act` term of elementwise_bytes), in its
+    forward-equivalent units (the stage charges three times them): the eager clamp of a clamped GLU
+    (ModelSpec.swiglu_limit without ParallelPlan.glu_clamp_fusion: GLU_CLAMP_BYTES), and with moe_act in the
+    recompute modules the activation's forward once more in backward, the clamp's forward with it (Megatron-Core
+    checkpoints bias_act_func with CheckpointWithoutOutput and reruns it before fc2's backward).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward (activation_recompute,
+    core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.glu_clamp"""
+    if not m.is_moe:
+        return 0.0
+    rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
+    clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
+    clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
+    return (clamp + rerun * (6.0 if m.gated_mlp else 4.0)) / 3
 
 
 QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,
