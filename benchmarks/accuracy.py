@@ -756,6 +756,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
         # components/moe/experts.py at 36044ad3d); Megatron-Core (the Bridge rows) clamps eagerly before it
         glu_clamp_fusion=fam == "automodel",
+        # Megatron-Bridge turns RoPE fusion off for GPT-OSS's YaRN embedding (models/gpt_provider.py calls
+        # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
+        # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
+        rope_fusion=not (mbridge and "gpt-oss" in rec["id"]),
     )
 
 

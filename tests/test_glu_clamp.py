@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.activations import glu_clamp_saved_bytes, layer_activation_parts, recomputed_module_bytes
-from llmplan.cost.compute import GLU_CLAMP_BYTES, elementwise_bytes, expert_activation_extra_bytes
+from llmplan.cost.compute import EAGER_ROPE_BYTES, GLU_CLAMP_BYTES, elementwise_bytes, expert_activation_extra_bytes
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -102,3 +102,38 @@ def test_bridge_rows_clamp_eagerly_and_automodel_fused(published_runs):
     auto = published_runs["automodel-h100-bf16-gpt-oss-20b-8gpu-gbs256"]
     assert accuracy.plan_for(bridge, "mbridge-moe", 64).glu_clamp_fusion is False
     assert accuracy.plan_for(auto, "automodel", 8).glu_clamp_fusion is True
+
+
+def test_eager_rotary_bytes_counted_from_the_operations():
+    # Megatron-Core _apply_rotary_pos_emb_bshd on a bf16 q or k (rot_dim = head dim, t_pass empty), per
+    # element. Forward: t * cos_ (read 2, write 2); _rotate_half: -x2 on half the elements (read 2, write 2
+    # each: 2 an element) and torch.cat((-x2, x1)) (read 2, write 2); * sin_ (4); the sum (read 2 + 2, write
+    # 2); torch.cat((t, t_pass)) copies t (4). Backward: grad * sin_ and grad * cos_ (4 each; freqs need no
+    # gradient), the negation's gradient on half (2), chunk's split_backward concatenation (4), the two
+    # branches accumulated (read 4, write 2), slice_backward into a zero-filled full-size tensor (write 2,
+    # read 2, write 2).
+    fwd = 4 + 2 + 4 + 4 + 6 + 4
+    bwd = 4 + 4 + 2 + 4 + 6 + 6
+    assert EAGER_ROPE_BYTES == (fwd, bwd)
+    m = ModelSpec(**{**TINY, "num_key_value_heads": 2})
+    fused, eager = ParallelPlan(seq_len=1024, micro_batch=2), ParallelPlan(seq_len=1024, micro_batch=2,
+                                                                          rope_fusion=False)
+    qk = 1024 * 2 * (256 // 4) * (4 + 2)  # tokens x head dim x (query + key heads)
+    # the fused kernel: read and write q and k once forward (4 bytes), twice that backward; the stage
+    # charges three times the forward-equivalent bytes
+    extra = elementwise_bytes(m, eager, False) - elementwise_bytes(m, fused, False)
+    assert extra == pytest.approx((fwd + bwd - 3 * 4) / 3 * qk)
+    # learned positions: no rotary either way
+    learned = ModelSpec(**{**TINY, "learned_position_embeddings": True})
+    assert elementwise_bytes(learned, eager, False) == elementwise_bytes(learned, fused, False)
+
+
+def test_bridge_gpt_oss_rows_run_the_eager_rotary(published_runs):
+    # Megatron-Bridge gpt_provider.py: validate_rope_fusion_compatibility is False for position_embedding_type
+    # "yarn" (GPT-OSS), so apply_rope_fusion = False; other Bridge rows (Qwen3 "rope") keep TE's fused RoPE
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    oss = published_runs["mbridge-26.04.01-pretrain-gpt-oss-120b-dgx-b200-64gpu-bf16-tp1pp1cp1ep8vpnagbs1280mbs4"]
+    assert accuracy.plan_for(oss, "mbridge-moe", 64).rope_fusion is False
+    auto = published_runs["automodel-h100-bf16-gpt-oss-20b-8gpu-gbs256"]
+    assert accuracy.plan_for(auto, "automodel", 8).rope_fusion is True  # AutoModel's recipe: rope_fusion true

@@ -71,7 +71,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     unfused = where(plan.fused_kernels, 1, 3)
     norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
     qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
-    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * qk_width
+    rope_pass = where(plan.rope_fusion, 4 * unfused, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
+    rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
@@ -110,6 +111,16 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
     return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
 
+
+EAGER_ROPE_BYTES = (24.0, 26.0)
+"""(forward, backward) HBM bytes per element of q and k of Megatron-Core's eager rotary in bf16 (ParallelPlan.
+rope_fusion False), against the fused kernel's 4 + 8: forward t * cos (read 2, write 2), rotate-half's negated
+half (2 an element) and its concatenation (4), the product with sin (4), the sum (read 4, write 2) and the
+final torch.cat with the empty pass-through part (4); backward the two products' gradients (4 + 4), the
+negation (2) and the chunk's concatenation (4), the two branches summed (6) and the slice t[..., :rot_dim]
+scattered into a zeroed full-size gradient (6). Source: NVIDIA/Megatron-LM megatron/core/models/common/
+embeddings/rope_utils.py _apply_rotary_pos_emb_bshd, _rotate_half (core_v0.15.0 - core_v0.19.0); PyTorch
+tools/autograd/derivatives.yaml (slice_backward, split). Derived: docs/formulas.md#compute.memory_bound"""
 
 GLU_CLAMP_BYTES = (16.0, 20.0)
 """(forward, backward) HBM bytes per (token, expert) row and expert-FFN column of a gated MLP's eager clamp

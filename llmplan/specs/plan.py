@@ -217,6 +217,12 @@ class ParallelPlan(PlanQuantities, Spec):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    rope_fusion: bool = True
+    """Rotary position embedding in one fused kernel on q and k (Transformer Engine's fused RoPE, NeMo AutoModel's
+    rope_fusion). False: Megatron-Core's eager rotary (_apply_rotary_pos_emb_bshd: multiplies, a rotate-half
+    copy, an add and a concatenation), which Megatron-Bridge runs for YaRN position embeddings (GPT-OSS:
+    validate_rope_fusion_compatibility turns apply_rope_fusion off for any embedding but "rope") and
+    Megatron-Core whenever the YaRN concentration is not 1 (docs/formulas.md#compute.memory_bound)."""
     glu_clamp_fusion: bool = False
     """With a model whose gated MLP clamps its halves (ModelSpec.swiglu_limit: GPT-OSS), the clamp runs inside
     the experts' fused activation kernel (True: Transformer Engine's ScaledClampedQGeGLU op in Megatron-Core's
