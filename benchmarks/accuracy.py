@@ -533,6 +533,20 @@ def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int
     return 0, 0
 
 
+def mbridge_op_fuser(rec: dict) -> bool:
+    """Whether an mbridge GPT-OSS row's preset runs the experts through Megatron-Core's Transformer Engine op
+    fuser (use_transformer_engine_op_fuser: fc1, the clamped GLU (ScaledClampedQGeGLU) and fc2 with its bias as
+    TE ops): the GB200 / GB300 MXFP8 presets from 26.06 (v0.5.0 gpt_oss_workload_base_configs.py,
+    GPT_OSS_120B_PRETRAIN_CONFIG_GB{200,300}_FP8_MX_V2 cutedsl_fused_grouped_mlp, which utils/overrides.py turns
+    into the op fuser; v0.6.0 perf_recipes _apply_gpt_oss_120b_full_iter_fp8mx_configs); Megatron-Core at
+    v0.5.0's pin (d0b3b775) builds the fused ops from TE 2.14 (TE 2.16 pinned). Not the B300 / B200 presets."""
+    if family(rec["id"]) != "mbridge-moe" or "gpt-oss" not in rec["id"]:
+        return False
+    gpu = str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    return ("mxfp8" in rec["id"] or "fp8mx" in rec["id"]) and gpu.startswith("gb") and release >= (26, 6)
+
+
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     """The recompute_modules of an mbridge MoE row's preset (MBRIDGE_RECOMPUTE_MODULES; () elsewhere)."""
     if family(rec["id"]) != "mbridge-moe":
@@ -754,8 +768,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
-        # components/moe/experts.py at 36044ad3d); Megatron-Core (the Bridge rows) clamps eagerly before it
-        glu_clamp_fusion=fam == "automodel",
+        # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser
+        # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser)
+        glu_clamp_fusion=fam == "automodel" or mbridge_op_fuser(rec),
+        expert_bias_fusion=mbridge_op_fuser(rec),
         # Megatron-Bridge turns RoPE fusion off for GPT-OSS's YaRN embedding (models/gpt_provider.py calls
         # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary

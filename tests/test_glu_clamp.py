@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.activations import glu_clamp_saved_bytes, layer_activation_parts, recomputed_module_bytes
-from llmplan.cost.compute import EAGER_ROPE_BYTES, GLU_CLAMP_BYTES, elementwise_bytes, expert_activation_extra_bytes
+from llmplan.cost.compute import (
+    EAGER_ROPE_BYTES,
+    GLU_CLAMP_BYTES,
+    elementwise_bytes,
+    expert_activation_extra_bytes,
+    expert_bias_bytes,
+)
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -23,15 +29,19 @@ MOE_ACT = {"recompute": "selective", "recompute_modules": ("moe_act",)}
 def test_clamp_bytes_counted_from_the_operations():
     # Per (row, FFN column) the fc1 output holds 2 bf16 elements (gate and linear half). Forward:
     # x_glu.clamp(max=l) and x_linear.clamp(-l, l) each read and write their half; torch.cat reads both halves
-    # and writes the 2f-wide copy. Backward: each clamp's gradient (clamp_backward(grad, self, min, max)) reads
-    # the gradient and its saved input and writes the masked gradient; the chunk's backward (split_backward)
-    # concatenates the two halves' gradients into the fc1 output's gradient.
-    elem, per_row_col = 2, 2
+    # and writes the 2f-wide copy. Backward (PyTorch FunctionsManual.cpp clamp_backward): the gate's
+    # where(self <= max, grad, 0) reads its saved input, writes a 1-byte mask, then reads mask and gradient and
+    # writes the result; the linear half's where((self >= min).logical_and_(self <= max), grad, 0) makes two
+    # masks, ANDs them in place and selects; the chunk's backward (split_backward) concatenates the two halves'
+    # gradients into the fc1 output's gradient.
+    elem, mask, per_row_col = 2, 1, 2
     clamps_fwd = per_row_col * (elem + elem)
     cat_fwd = per_row_col * (elem + elem)
-    clamps_bwd = per_row_col * (elem + elem + elem)
+    where = mask + elem + elem
+    gate_bwd = (elem + mask) + where
+    linear_bwd = 2 * (elem + mask) + (mask + mask + mask) + where
     split_bwd = per_row_col * (elem + elem)
-    assert GLU_CLAMP_BYTES == (clamps_fwd + cat_fwd, clamps_bwd + split_bwd)
+    assert GLU_CLAMP_BYTES == (clamps_fwd + cat_fwd, gate_bwd + linear_bwd + split_bwd)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -137,3 +147,29 @@ def test_bridge_gpt_oss_rows_run_the_eager_rotary(published_runs):
     assert accuracy.plan_for(oss, "mbridge-moe", 64).rope_fusion is False
     auto = published_runs["automodel-h100-bf16-gpt-oss-20b-8gpu-gbs256"]
     assert accuracy.plan_for(auto, "automodel", 8).rope_fusion is True  # AutoModel's recipe: rope_fusion true
+
+
+def test_te_op_fuser_adds_the_expert_bias_in_the_gemm():
+    # Megatron-Core's op-fuser path builds fc2 as Transformer Engine's GroupedLinear op with the bias
+    # (experts.py _make_fused_ops): no eager _apply_bias passes
+    m = ModelSpec(**TINY, mlp_bias=True)
+    eager = ParallelPlan(seq_len=1024, micro_batch=2, moe_dispatcher="deepep")
+    fused = eager.model_copy(update={"expert_bias_fusion": True})
+    assert expert_bias_bytes(m, eager) > 0
+    assert expert_bias_bytes(m, fused) == 0.0
+    assert elementwise_bytes(m, fused, True) == pytest.approx(elementwise_bytes(ModelSpec(**TINY), fused, True))
+
+
+def test_bridge_gb_mxfp8_presets_run_the_op_fuser(published_runs):
+    # Megatron-Bridge v0.5.0 GPT_OSS_120B_PRETRAIN_CONFIG_GB{200,300}_FP8_MX_V2 set cutedsl_fused_grouped_mlp
+    # (utils/overrides.py: use_transformer_engine_op_fuser True); v0.6.0 _apply_gpt_oss_120b_full_iter_fp8mx_configs
+    # sets the op fuser; the B300 MXFP8 preset (= its BF16 V2) and every BF16 preset do not
+    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
+
+    on = ["mbridge-26.06-pretrain-gpt-oss-120b-dgx-gb300-64gpu-mxfp8-tp1pp1cp1ep16vpnagbs1280mbs4",
+          "mbridge-26.08-pretrain-gpt-oss-120b-dgx-gb200-64gpu-mxfp8-tp1pp1cp1ep64vpnagbs1280mbs4"]
+    off = ["mbridge-26.06-pretrain-gpt-oss-120b-dgx-b300-64gpu-mxfp8-tp1pp1cp1ep8vpnagbs1280mbs4",
+           "mbridge-26.04.01-pretrain-gpt-oss-120b-dgx-gb300-64gpu-bf16-tp1pp1cp1ep64vpnagbs1280mbs4"]
+    for rid in on + off:
+        plan = accuracy.plan_for(published_runs[rid], "mbridge-moe", 64)
+        assert (plan.glu_clamp_fusion, plan.expert_bias_fusion) == ((True, True) if rid in on else (False, False))

@@ -109,7 +109,8 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     if not (m.is_moe and m.mlp_bias):
         return 0.0
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
-    return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
+    # TE's op-fuser GroupedLinear adds the bias in the GEMM (ParallelPlan.expert_bias_fusion)
+    return where(plan.expert_bias_fusion, 0.0, (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width)
 
 
 EAGER_ROPE_BYTES = (24.0, 26.0)
@@ -122,15 +123,17 @@ scattered into a zeroed full-size gradient (6). Source: NVIDIA/Megatron-LM megat
 embeddings/rope_utils.py _apply_rotary_pos_emb_bshd, _rotate_half (core_v0.15.0 - core_v0.19.0); PyTorch
 tools/autograd/derivatives.yaml (slice_backward, split). Derived: docs/formulas.md#compute.memory_bound"""
 
-GLU_CLAMP_BYTES = (16.0, 20.0)
+GLU_CLAMP_BYTES = (16.0, 30.0)
 """(forward, backward) HBM bytes per (token, expert) row and expert-FFN column of a gated MLP's eager clamp
 (Megatron-Core weighted_bias_quick_geglu_impl with activation_func_clamp_value), in bf16 over the 2f-wide fc1
 output: forward the two clamps read and write their halves (8) and torch.cat copies them together (8);
-backward each clamp's gradient reads the incoming gradient and its saved input and writes the masked
-gradient (12), and the chunk's backward concatenates the two halves' gradients (8).
+backward the gate's one-sided clamp gradient compares its saved input (read 2, write a 1-byte mask) and
+selects the gradient (read 1 + 2, write 2): 8; the linear half's two-sided one makes two masks, ANDs them
+and selects: 14; the chunk's backward concatenates the two halves' gradients (8).
 Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
-(core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml (clamp: clamp_backward(grad, self, min,
-max); split / chunk: split_backward concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+(core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp clamp_backward
+(where(self <= max, grad, 0); where((self >= min).logical_and_(self <= max), grad, 0)), split_backward
+(concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
 
 
 def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

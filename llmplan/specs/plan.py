@@ -230,6 +230,10 @@ class ParallelPlan(PlanQuantities, Spec):
     it by default (core_v0.15 - core_v0.19, weighted_bias_quick_geglu_impl): two eager clamps and a
     concatenation before the compiled activation, priced as extra HBM passes and one more saved copy of the
     fc1 output (docs/formulas.md#moe.glu_clamp)."""
+    expert_bias_fusion: bool = False
+    """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc2 bias is scaled and added inside the grouped
+    GEMM (Transformer Engine's GroupedLinear op in Megatron-Core's op-fuser path, use_transformer_engine_op_fuser,
+    with TE >= 2.14). False: Megatron-Core's eager TEGroupedMLP._apply_bias (docs/formulas.md#moe.expert_bias)."""
     nvfp4_rht_cast_fusion: bool = True
     """With the NVFP4 recipe, Transformer Engine quantises each GEMM input (an activation or an output gradient)
     in one kernel after its amax pass: the rowwise 4-bit copy and, after the 16x16 random Hadamard transform, the
