@@ -368,6 +368,11 @@ MBRIDGE_ERRATA = {
     # workload_base_configs.py, GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs micro-batch 1, as the 26.02.01 table's
     # H100 row lists.
     "mbridge-25.11-pretrain-gpt-oss-120b-dgx-h100-64gpu-bf16-tp1pp4cp1ep8vp1gbs512mbs4": {"micro_batch": 1},
+    # The 25.11 table's B200 GPT-OSS row lists EP 8; the release's preset (v0.2.0 - v0.2.2 workload_base_configs.py,
+    # GPT_OSS_120B_B200_BF16_BASE_CONFIG: expert_model_parallel_size 64, micro-batch 4, global batch 512, the
+    # row's batch sizes) runs EP 64, as the 26.02 table's B200 EP64 GBS 512 row (the V1 preset) does; its 8,213
+    # tokens/s/GPU sits with that row's 8,047, not with the EP8 rows' 13,000-14,000.
+    "mbridge-25.11-pretrain-gpt-oss-120b-dgx-b200-64gpu-bf16-tp1pp1cp1ep8vp1gbs512mbs4": {"ep": 64},
     # The 26.02.01 table's GB300 NVFP4 / MXFP8 Llama 3 70B rows list TP1 PP1 MBS 2 (the FP8 Megatron-FSDP row's
     # layout, with FSDP 0) and PP4 MBS 2 without VP; the release's presets (v0.3.1 llama3_workload_base_configs.py,
     # LLAMA3_70B_PRETRAIN_CONFIG_GB300_{NVFP4,FP8_MX}_V2) and the 26.02 and 26.04 tables run PP4 VP5 MBS 1.
@@ -611,6 +616,20 @@ def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int
     if dtype == "fp4" and "gpt-oss-20b" in rid:
         return 0, 4
     return 0, 0
+
+
+def mbridge_op_fuser(rec: dict) -> bool:
+    """Whether an mbridge GPT-OSS row's preset runs the experts through Megatron-Core's Transformer Engine op
+    fuser (use_transformer_engine_op_fuser: fc1, the clamped GLU (ScaledClampedQGeGLU) and fc2 with its bias as
+    TE ops): the GB200 / GB300 MXFP8 presets from 26.06 (v0.5.0 gpt_oss_workload_base_configs.py,
+    GPT_OSS_120B_PRETRAIN_CONFIG_GB{200,300}_FP8_MX_V2 cutedsl_fused_grouped_mlp, which utils/overrides.py turns
+    into the op fuser; v0.6.0 perf_recipes _apply_gpt_oss_120b_full_iter_fp8mx_configs); Megatron-Core at
+    v0.5.0's pin (d0b3b775) builds the fused ops from TE 2.14 (TE 2.16 pinned). Not the B300 / B200 presets."""
+    if family(rec["id"]) != "mbridge-moe" or "gpt-oss" not in rec["id"]:
+        return False
+    gpu = str(rec["hardware"]["gpu"]).lower()
+    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    return ("mxfp8" in rec["id"] or "fp8mx" in rec["id"]) and gpu.startswith("gb") and release >= (26, 6)
 
 
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
@@ -884,6 +903,15 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
+        # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
+        # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser
+        # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser)
+        glu_clamp_fusion=fam == "automodel" or mbridge_op_fuser(rec),
+        expert_bias_fusion=mbridge_op_fuser(rec),
+        # Megatron-Bridge turns RoPE fusion off for GPT-OSS's YaRN embedding (models/gpt_provider.py calls
+        # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
+        # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
+        rope_fusion=not (mbridge and "gpt-oss" in rec["id"]),
     )
 
 

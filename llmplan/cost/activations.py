@@ -156,8 +156,8 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     saved = saved_input_discount(m, plan)
     tokens = s * b / where(plan.sp, t, 1)
     routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
-    act = maximum(2 * routed_rows * m.expert_ffn / plan.etp_resolved - saved * s * b * m.expert_ffn
-                  * m.num_experts_per_tok / t, 0.0)
+    act = maximum((2 + glu_clamp_saved_bytes(m, plan)) * routed_rows * m.expert_ffn / plan.etp_resolved
+                  - saved * s * b * m.expert_ffn * m.num_experts_per_tok / t, 0.0)
     shared = (mlp_inner_bytes(m, plan) - saved) * s * b * m.shared_ffn / t
     parts_of_moe = where(plan.recomputes("layernorm"), parts.mlp_input, 0.0) \
         + where(plan.recomputes("moe_act"), act, 0.0) + where(plan.recomputes("shared_experts"), shared, 0.0)
@@ -203,6 +203,20 @@ def mlp_inner_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return 2 * swiglu_input_bytes(m, plan) + 2.0 if m.gated_mlp else 4.0
 
 
+def glu_clamp_saved_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes per (token, expert) row and expert-FFN column that the routed experts' eager clamp keeps beyond the
+    fused activation's saved input: each clamp saves its input for its backward (the 2f-wide fc1 output, 4
+    bytes) while the compiled activation saves the clamped concatenation, a second 2f-wide copy. 0 without a
+    clamp (ModelSpec.swiglu_limit) or with it fused (ParallelPlan.glu_clamp_fusion); moe_act recompute drops
+    it with the activation's output (recomputed_module_bytes). Source: NVIDIA/Megatron-LM
+    megatron/core/fusions/fused_bias_geglu.py (weighted_bias_quick_geglu_impl, WeightedQuickGeGLUFunction
+    save_for_backward), core_v0.15.0 - core_v0.19.0; PyTorch derivatives.yaml (clamp saves self).
+    Derived: docs/formulas.md#moe.glu_clamp"""
+    if not (m.is_moe and m.gated_mlp and m.swiglu_limit is not None):
+        return 0.0
+    return where(plan.glu_clamp_fusion, 0.0, 4.0)
+
+
 def linear_input_split(plan: ParallelPlan) -> Any:
     """How many ways the saved input of a column-parallel linear (QKV, fc1, the output layer) is split across
     the TP group: tp with sequence parallelism as Megatron-LM keeps it (the sequence shard, gathered again in
@@ -245,7 +259,8 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     etp = plan.etp_resolved
     tokens = s * b / where(plan.sp, t, 1)
     rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
-    routed = rows * (2 * m.expert_width + c * m.expert_ffn / etp) + tokens * m.num_experts * 4
+    routed = rows * (2 * m.expert_width + (c + glu_clamp_saved_bytes(m, plan)) * m.expert_ffn / etp) \
+        + tokens * m.num_experts * 4
     latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
     return routed + latent + c * s * b * m.shared_ffn / t
 

@@ -72,10 +72,13 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     unfused = where(plan.fused_kernels, 1, 3)
     norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
     qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
-    rope = 0 if m.learned_position_embeddings else 4 * unfused * T * qk_width
+    rope_pass = where(plan.rope_fusion, 4 * unfused, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
+    rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = (6 if m.gated_mlp else 4) * T * f / t
+    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
+        act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
@@ -110,7 +113,48 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     if not (m.is_moe and m.mlp_bias):
         return 0.0
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
-    return (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width
+    # TE's op-fuser GroupedLinear adds the bias in the GEMM (ParallelPlan.expert_bias_fusion)
+    return where(plan.expert_bias_fusion, 0.0, (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width)
+
+
+EAGER_ROPE_BYTES = (24.0, 26.0)
+"""(forward, backward) HBM bytes per element of q and k of Megatron-Core's eager rotary in bf16 (ParallelPlan.
+rope_fusion False), against the fused kernel's 4 + 8: forward t * cos (read 2, write 2), rotate-half's negated
+half (2 an element) and its concatenation (4), the product with sin (4), the sum (read 4, write 2) and the
+final torch.cat with the empty pass-through part (4); backward the two products' gradients (4 + 4), the
+negation (2) and the chunk's concatenation (4), the two branches summed (6) and the slice t[..., :rot_dim]
+scattered into a zeroed full-size gradient (6). Source: NVIDIA/Megatron-LM megatron/core/models/common/
+embeddings/rope_utils.py _apply_rotary_pos_emb_bshd, _rotate_half (core_v0.15.0 - core_v0.19.0); PyTorch
+tools/autograd/derivatives.yaml (slice_backward, split). Derived: docs/formulas.md#compute.memory_bound"""
+
+GLU_CLAMP_BYTES = (16.0, 30.0)
+"""(forward, backward) HBM bytes per (token, expert) row and expert-FFN column of a gated MLP's eager clamp
+(Megatron-Core weighted_bias_quick_geglu_impl with activation_func_clamp_value), in bf16 over the 2f-wide fc1
+output: forward the two clamps read and write their halves (8) and torch.cat copies them together (8);
+backward the gate's one-sided clamp gradient compares its saved input (read 2, write a 1-byte mask) and
+selects the gradient (read 1 + 2, write 2): 8; the linear half's two-sided one makes two masks, ANDs them
+and selects: 14; the chunk's backward concatenates the two halves' gradients (8).
+Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+(core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp clamp_backward
+(where(self <= max, grad, 0); where((self >= min).logical_and_(self <= max), grad, 0)), split_backward
+(concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+
+
+def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column that the routed experts' activation costs beyond
+    the fused kernel's one pass (read 2f, write f: the `act` term of elementwise_bytes), in its
+    forward-equivalent units (the stage charges three times them): the eager clamp of a clamped GLU
+    (ModelSpec.swiglu_limit without ParallelPlan.glu_clamp_fusion: GLU_CLAMP_BYTES), and with moe_act in the
+    recompute modules the activation's forward once more in backward, the clamp's forward with it (Megatron-Core
+    checkpoints bias_act_func with CheckpointWithoutOutput and reruns it before fc2's backward).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward (activation_recompute,
+    core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.glu_clamp"""
+    if not m.is_moe:
+        return 0.0
+    rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
+    clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
+    clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
+    return (clamp + rerun * (6.0 if m.gated_mlp else 4.0)) / 3
 
 
 QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,

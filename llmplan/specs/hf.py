@@ -21,7 +21,7 @@ COMMON = (
     "norm_topk_prob", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
     "linear_conv_kernel_dim", "attention_chunk_size", "index_topk", "index_n_heads", "index_head_dim",
-    "moe_latent_size",
+    "moe_latent_size", "swiglu_limit",
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")

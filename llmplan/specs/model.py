@@ -74,6 +74,9 @@ class ModelSpec(Spec):
     """Biases on the q, k and v projections only (Qwen2)."""
     mlp_bias: bool = False
     """Biases on the MLP (and expert) projections."""
+    swiglu_limit: float | None = Field(default=None, gt=0, le=1e6)
+    """Clamp on the gated MLP's two halves before the activation (HF GPT-OSS name): the gate at most the
+    limit, the linear half within +/- the limit (GPT-OSS: 7.0); None: no clamp."""
     qk_norm: bool = False
     """llmplan key: RMSNorm on queries and keys per head (Qwen3)."""
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)

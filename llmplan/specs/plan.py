@@ -235,6 +235,23 @@ class ParallelPlan(PlanQuantities, Spec):
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
     lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    rope_fusion: bool = True
+    """Rotary position embedding in one fused kernel on q and k (Transformer Engine's fused RoPE, NeMo AutoModel's
+    rope_fusion). False: Megatron-Core's eager rotary (_apply_rotary_pos_emb_bshd: multiplies, a rotate-half
+    copy, an add and a concatenation), which Megatron-Bridge runs for YaRN position embeddings (GPT-OSS:
+    validate_rope_fusion_compatibility turns apply_rope_fusion off for any embedding but "rope") and
+    Megatron-Core whenever the YaRN concentration is not 1 (docs/formulas.md#compute.memory_bound)."""
+    glu_clamp_fusion: bool = False
+    """With a model whose gated MLP clamps its halves (ModelSpec.swiglu_limit: GPT-OSS), the clamp runs inside
+    the experts' fused activation kernel (True: Transformer Engine's ScaledClampedQGeGLU op in Megatron-Core's
+    op-fuser path, NeMo AutoModel's compiled quick_geglu_deepep). False: as Megatron-Core's TEGroupedMLP runs
+    it by default (core_v0.15 - core_v0.19, weighted_bias_quick_geglu_impl): two eager clamps and a
+    concatenation before the compiled activation, priced as extra HBM passes and one more saved copy of the
+    fc1 output (docs/formulas.md#moe.glu_clamp)."""
+    expert_bias_fusion: bool = False
+    """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc2 bias is scaled and added inside the grouped
+    GEMM (Transformer Engine's GroupedLinear op in Megatron-Core's op-fuser path, use_transformer_engine_op_fuser,
+    with TE >= 2.14). False: Megatron-Core's eager TEGroupedMLP._apply_bias (docs/formulas.md#moe.expert_bias)."""
     nvfp4_rht_cast_fusion: bool = True
     """With the NVFP4 recipe, Transformer Engine quantises each GEMM input (an activation or an output gradient)
     in one kernel after its amax pass: the rowwise 4-bit copy and, after the 16x16 random Hadamard transform, the
