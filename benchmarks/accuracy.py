@@ -1451,8 +1451,8 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
     print("family's median |error| under them, and under the fit on all families:")
-    print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only; ties go to the shipped")
-    print("values; a constant the fit cannot identify is held at its shipped value and named)")
+    print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
+    print("ties go to the shipped values; a constant no fit identifies is held there)")
     fitted, scored = fit_tables(records)
     full = fit_constants(fitted, set(TRAIN_FAMILIES))
     assert full is not None
