@@ -1084,31 +1084,48 @@ def combos(gpu_key: str) -> list[dict]:
     return [{**b, gpu_key: c} for b in base for c in GRID[gpu_key]]
 
 
-def fit_table(records: list[dict]) -> tuple[list[tuple], dict[tuple, dict]]:
-    """Median |error| of every training family for every grid point, as {key: {family: array over the group
-    clocks}} (family_medians; a record sees only its group's clock). Each record is predicted once for all
-    the grid points of its clock group (the constants as arrays: predict, grid_estimate)."""
+def fit_row(rec: dict) -> bool:
+    """Whether a training record enters the constant fit (docs/validation.md#lofo, rule 1): a dense model's
+    (no routed experts). A MoE model's record is scored under the fitted constants but not fitted: its layers
+    carry mechanisms not all priced yet, which a grid constant would otherwise absorb."""
+    return model_for(rec, family(rec["id"])).num_experts == 0
+
+
+def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
+    """(fitted, scored): median |error| of every training family for every grid point, as {key: {family:
+    array over the group clocks}} (family_medians; a record sees only its group's clock), over the records
+    that enter the fit (fit_row) and over every scored record. Each record is predicted once for all the grid
+    points of its clock group (the constants as arrays: predict, grid_estimate)."""
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
     by_group = {g: [r for r in train if clock_group(r) == g] for g in CLOCK_GROUPS}
     raw: dict[tuple, dict] = {}
+    fitted_ids: set[str] = set()
     for g, recs in by_group.items():
         if not recs:
             continue
         grid = combos(f"clock_{g}")
         errs = throughput_errors(recs, {k: np.array([c[k] for c in grid]) for k in grid[0]})
+        fitted_ids |= {r["id"] for r in recs if r["id"] in errs and fit_row(r)}
         for j, c in enumerate(grid):
             key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
             raw.setdefault(key, {}).setdefault(g, {})[c[f"clock_{g}"]] = {i: float(e[j]) for i, e in errs.items()}
-    table: dict[tuple, dict] = {}
-    for key, groups in raw.items():
-        fams: dict[str, dict[str, np.ndarray]] = {}
-        for g, by_clock in groups.items():
-            ids = sorted(set().union(*by_clock.values()))
-            for f in sorted({family(i) for i in ids}):
-                mine = [i for i in ids if family(i) == f]
-                fams.setdefault(f, {})[g] = np.array(
-                    [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
-        table[key] = family_medians(fams)
+    tables: tuple[dict[tuple, dict], dict[tuple, dict]] = ({}, {})
+    for table, keep in zip(tables, (fitted_ids.__contains__, lambda i: True)):
+        for key, groups in raw.items():
+            fams: dict[str, dict[str, np.ndarray]] = {}
+            for g, by_clock in groups.items():
+                ids = sorted(i for i in set().union(*by_clock.values()) if keep(i))
+                for f in sorted({family(i) for i in ids}):
+                    mine = [i for i in ids if family(i) == f]
+                    fams.setdefault(f, {})[g] = np.array(
+                        [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
+            table[key] = family_medians(fams)
+    return tables
+
+
+def fit_table(records: list[dict]) -> tuple[list[tuple], dict[tuple, dict]]:
+    """The grid keys and the table the constants are fitted on (fit_tables' first: fitted records only)."""
+    table = fit_tables(records)[0]
     return list(table), table
 
 
@@ -1134,10 +1151,36 @@ below what the medians resolve (one record moves a family's median by more), so 
 0.01-point difference pick a corner of the grid (docs/validation.md#lofo)."""
 
 
-def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
-    """The grid point with the lowest mean over `families` of the per-family median |error|; among points tied
-    with it (FIT_TIE_PCT), the one nearest the tied points' centroid (grid steps as the unit), so that a flat
-    optimum gives its middle rather than whichever edge the rounding favours."""
+def fit_prior() -> dict[str, float]:
+    """The shipped values of the fitted constants (docs/validation.md#lofo, rule 2): the A100 and H100
+    profiles' sustained clocks and GpuSpec's attention asymptote and GEMM half-length (as the H100 profile
+    holds them). Each must lie on GRID, or the fit could never keep it."""
+    gpus = {g: builtin_systems()[f"dgx-{g}"].gpu for g in CLOCK_GROUPS}
+    prior = {**{k: float(getattr(gpus["h100"], k)) for k in GLOBAL_CONSTANTS},
+             **{f"clock_{g}": float(gpu.sustained_clock_fraction) for g, gpu in gpus.items()}}
+    off = {k: v for k, v in prior.items() if v not in GRID[k]}
+    if off:
+        raise ValueError(f"shipped constants {off} are not on the fit's grid (GRID); add them to GRID")
+    return prior
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One constant fit: the grid point, its mean of family medians, and the constants held at their shipped
+    values because the fit cannot identify them (docs/validation.md#lofo, rule 3)."""
+
+    consts: dict
+    objective: float
+    held: tuple[str, ...]
+
+
+def fit_constants(table: dict, families: set[str], prior: dict[str, float] | None = None) -> Fit | None:
+    """The grid point with the lowest mean over `families` of the per-family median |error|
+    (docs/validation.md#lofo). A constant whose profile (least mean with it at each grid value) varies by no
+    more than FIT_TIE_PCT is not identified and is held at `prior` (the shipped values, fit_prior); among the
+    remaining points within FIT_TIE_PCT of the least, the one nearest `prior` in grid steps. None when no
+    family of the set has a fitted record."""
+    prior = fit_prior() if prior is None else prior
     points: list[tuple[dict, float]] = []
     for key, med in table.items():
         kept = [med[f] for f in sorted(families) if f in med]
@@ -1148,14 +1191,27 @@ def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
             points.append(({**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}},
                            float(mean[i])))
     if not points:
-        return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
+        return None
+    held = []
+    for k in GRID:  # every profile on the whole grid (the other constants free), before any is held
+        profile = [min(v for c, v in points if c[k] == x) for x in GRID[k] if any(c[k] == x for c, _ in points)]
+        if max(profile) - min(profile) <= FIT_TIE_PCT and any(c[k] == prior[k] for c, _ in points):
+            held.append(k)
+    points = [(c, v) for c, v in points if all(c[k] == prior[k] for k in held)]
     least = min(v for _, v in points)
-    tied = [c for c, v in points if v <= least + FIT_TIE_PCT]
-    steps = {k: np.array([GRID[k].index(c[k]) for c in tied], dtype=float) for k in GRID}
-    centre = {k: float(v.mean()) for k, v in steps.items()}
-    near = int(np.argmin(sum((v - centre[k]) ** 2 for k, v in steps.items())))
-    best = tied[near]
-    return best, next(v for c, v in points if c is best)
+    tied = [(c, v) for c, v in points if v <= least + FIT_TIE_PCT]
+    dist = [sum((GRID[k].index(c[k]) - GRID[k].index(prior[k])) ** 2 for k in GRID) for c, _ in tied]
+    best, value = min(zip(tied, dist), key=lambda t: (t[1], t[0][1]))[0]
+    return Fit(best, value, tuple(held))
+
+
+def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
+    """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
+    fitted record)."""
+    fit = fit_constants(table, families)
+    if fit is None:
+        return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
+    return fit.consts, fit.objective
 
 
 def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:
@@ -1165,15 +1221,18 @@ def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:
     return {f: float(m[at]) for f, m in table[key].items() if f in families}
 
 
-def lofo(table: dict) -> list[tuple[str, dict, float, float]]:
-    """Leave-one-family-out: constants fitted without each family, its median |error| under them, and under
-    the all-family fit."""
+def lofo(fitted: dict, scored: dict) -> list[tuple[str, Fit, float, float]]:
+    """Leave-one-family-out: the fit without each training family (on `fitted`, fit_tables' first), its median
+    |error| under it and under the all-family fit (on `scored`, every scored record). A family with no fitted
+    record (every row a MoE model's) is left out of every fit; its left-out error is its error under the fit."""
     fams = set(TRAIN_FAMILIES)
-    full, _ = best_fit(table, fams)
+    full = fit_constants(fitted, fams)
+    assert full is not None  # the training set has dense records
     out = []
     for f in TRAIN_FAMILIES:
-        c, _ = best_fit(table, fams - {f})
-        out.append((f, c, score(table, c, {f}).get(f), score(table, full, {f}).get(f)))
+        c = fit_constants(fitted, fams - {f})
+        assert c is not None
+        out.append((f, c, score(scored, c.consts, {f}).get(f), score(scored, full.consts, {f}).get(f)))
     return out
 
 
@@ -1507,15 +1566,22 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
     print("family's median |error| under them, and under the fit on all families:")
-    _, table = fit_table(records)
-    full, _ = best_fit(table, set(TRAIN_FAMILIES))
-    print(f"  all families -> {_fmt_consts(full)}")
+    print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
+    print("ties go to the shipped values; a constant no fit identifies is held there)")
+    fitted, scored = fit_tables(records)
+    full = fit_constants(fitted, set(TRAIN_FAMILIES))
+    assert full is not None
+    print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}")
     summary["lofo"] = {}
-    for fam, consts, left, inside in lofo(table):
+    summary["lofo_held"] = {}
+    for fam, fit, left, inside in lofo(fitted, scored):
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
-              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: {_fmt_consts(consts)}")
+              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: "
+              f"{_fmt_consts(fit.consts)}{_fmt_held(fit)}")
         if left is not None and left == left:
             summary["lofo"][fam] = round(left, 1)
+        if fit.held:
+            summary["lofo_held"][fam] = list(fit.held)
     return summary
 
 
@@ -1804,6 +1870,10 @@ def wide_ep_report(path: Path = WIDE_EP_RUNS) -> dict:
 
 def _fmt_consts(c: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in c.items())
+
+
+def _fmt_held(fit: Fit) -> str:
+    return f"; held at shipped (not identified): {', '.join(fit.held)}" if fit.held else ""
 
 
 if __name__ == "__main__":

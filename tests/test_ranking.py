@@ -371,21 +371,57 @@ def test_constant_fit_takes_each_family_median_over_its_clock_groups():
                                        "clock_h100": grid["h100"][ih]}, {"mpt"}) == {"mpt": pytest.approx(2.5)}
 
 
-def test_fit_ties_resolve_to_the_middle_of_a_flat_optimum():
-    # A ridge of clock_h100 values all within FIT_TIE_PCT of the least (the least at its upper end by 0.01
-    # point): the fit takes the ridge's middle, not the edge a 0.01-point difference favours.
+def test_fit_ties_resolve_toward_the_shipped_values():
+    # docs/validation.md#lofo, rule 2: a ridge of clock_h100 values all within FIT_TIE_PCT of the least (the
+    # least at its far end by 0.01 point): the fit takes the tied point nearest the shipped value (the prior),
+    # not the edge a 0.01-point difference favours; a real optimum (0.5 point) is kept.
     import accuracy
 
     na, nh = (len(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS)
+    prior = accuracy.fit_prior()
+    ph = accuracy.GRID["clock_h100"].index(prior["clock_h100"])
+    assert ph >= 4  # the ridge below lies wholly under the shipped H100 clock
     med = np.full((na, nh), 9.0)
-    med[2, 3:8] = 5.0
-    med[2, 7] = 4.99
+    med[2, ph - 4:ph - 1] = 5.0
+    med[2, ph - 4] = 4.99
     key = tuple((k, v[0]) for k, v in accuracy.GRID.items() if not k.startswith("clock_"))
     best, score = accuracy.best_fit({key: {"mpt": med}}, {"mpt"})
-    assert best["clock_h100"] == accuracy.GRID["clock_h100"][5] and best["clock_a100"] == accuracy.GRID["clock_a100"][2]
+    assert best["clock_h100"] == accuracy.GRID["clock_h100"][ph - 2]
+    assert best["clock_a100"] == accuracy.GRID["clock_a100"][2]
     assert score == pytest.approx(5.0)
-    med[2, 7] = 4.5  # a real optimum (0.5 point) is kept
-    assert accuracy.best_fit({key: {"mpt": med}}, {"mpt"})[0]["clock_h100"] == accuracy.GRID["clock_h100"][7]
+    med[2, ph - 4] = 4.5
+    assert accuracy.best_fit({key: {"mpt": med}}, {"mpt"})[0]["clock_h100"] == accuracy.GRID["clock_h100"][ph - 4]
+
+
+def test_a_constant_the_fit_cannot_identify_is_held_at_its_shipped_value():
+    # docs/validation.md#lofo, rule 3: no record informs the A100 clock (the family's medians do not vary
+    # along it), so it is held at the shipped value and named, whatever the H100 clock does.
+    import accuracy
+
+    na, nh = (len(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS)
+    prior = accuracy.fit_prior()
+    med = np.broadcast_to(np.abs(np.arange(nh) - 3.0)[None, :], (na, nh)).copy()
+    med[0, 3] -= 0.05  # a difference below FIT_TIE_PCT at the grid's edge does not identify it
+    key = tuple((k, v[0]) for k, v in accuracy.GRID.items() if not k.startswith("clock_"))
+    fit = accuracy.fit_constants({key: {"mpt": med}}, {"mpt"})
+    assert fit is not None and "clock_a100" in fit.held and "clock_h100" not in fit.held
+    assert fit.consts["clock_a100"] == prior["clock_a100"]
+    assert fit.consts["clock_h100"] == accuracy.GRID["clock_h100"][3]
+    med[0, 3] -= 1.0  # one A100 clock a point better: identified, and taken
+    fit = accuracy.fit_constants({key: {"mpt": med}}, {"mpt"})
+    assert fit is not None and "clock_a100" not in fit.held
+    assert fit.consts["clock_a100"] == accuracy.GRID["clock_a100"][0]
+
+
+def test_only_dense_models_records_enter_the_constant_fit():
+    # docs/validation.md#lofo, rule 1: by model structure, not by error.
+    import accuracy
+
+    runs = accuracy.yaml.safe_load(accuracy.DEFAULT_RUNS.read_text())
+    moe = [r for r in runs if accuracy.family(r["id"]) == "mbridge-moe"]
+    dense = [r for r in runs if accuracy.family(r["id"]) == "mbridge-dense"]
+    assert moe and dense
+    assert not any(accuracy.fit_row(r) for r in moe[:5]) and all(accuracy.fit_row(r) for r in dense[:5])
 
 
 def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved():
