@@ -289,7 +289,8 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
             print(f"    {info['why']}")
         elif info.get("nested"):
             print(f"    nested coverage of its own choice: {100 * info['nested'][0]:.1f}% of runs, "
-                  f"{100 * info['nested'][1]:.1f}% per family")
+                  f"{100 * info['nested'][1]:.1f}% per family"
+                  + (f", median half-width {100 * info['nested_half']:.1f}%" if "nested_half" in info else ""))
 
 
 def report(doc: dict, nested: bool = True) -> None:

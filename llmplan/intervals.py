@@ -425,15 +425,18 @@ def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, LeftOut]) 
 
 
 def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]], pools: dict[str, LeftOut],
-                     default: float) -> dict[str, tuple[int, int, float]]:
+                     default: float) -> tuple[dict[str, tuple[int, int, float]], float]:
     """Coverage of a pool's runs (`mine`) when each family's choice is made as choose_pools does, without that
-    family (its pool's other families; `default` where none of their choices is inside the target)."""
+    family (its pool's other families; `default` where none of their choices is inside the target), and the
+    median half-width of those bands over the runs."""
     chosen: dict[str, Choice] = {}
     for fam in sorted({r["family"] for r in mine}):
         rest = [r for r in mine if r["family"] != fam]
         c = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
         chosen[fam] = as_choice(default) if c is None else c
-    return coverage(mine, lambda r: chosen[r["family"]], pools)
+    bands = [left_out_band(pools[r["id"]], chosen[r["family"]]) for r in mine if r["id"] in pools]
+    half = float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands])) if bands else 0.0
+    return coverage(mine, lambda r: chosen[r["family"]], pools), half
 
 
 def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None,
@@ -464,8 +467,9 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
             info["why"] = "has no pair whose left-out coverage is 75-85% both per run and per family"
             continue
         if nested:
-            cov = _nested_coverage(records, mine, pools, default)
+            cov, half = _nested_coverage(records, mine, pools, default)
             info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
+            info["nested_half"] = round(half, 4)
             if not inside_target(cov):
                 info["why"] = (f"has its own {100 * own[0]:g}% pair ({own[1]}-weighted), but chosen without the "
                                f"family it scores that choice covers {100 * per_record(cov):.1f}% of the runs "

@@ -133,7 +133,7 @@ def test_a_regime_cell_takes_its_own_choice_before_its_pool_and_the_narrowest_in
     hopper = [r for r in recs if r["generation"] == "hopper"]
     own = (cell["nominal"], cell["weighting"])
     assert iv.inside_target(iv.coverage(hopper, own, pools))
-    assert all(iv.TARGET[0] <= x <= iv.TARGET[1] for x in cell["nested"])
+    assert all(iv.TARGET[0] <= x <= iv.TARGET[1] for x in cell["nested"]) and cell["nested_half"] > 0
     # no choice inside the target is narrower (median half-width) than the one taken
     for c in iv.POOL_CHOICES:
         if iv.inside_target(iv.coverage(hopper, c, pools)):
