@@ -157,8 +157,9 @@ def describe_key(key: str) -> str:
 WEIGHTINGS = ("run", "family")
 """How a band's quantiles weigh the runs it is drawn from: every run alike (numpy.quantile), or every family
 alike (each run 1 / its family's runs among them; weighted_quantile). A plan from a new software stack is one
-draw of a family bias, so weighing families alike keeps one large family (NeMo 24.07's 14 runs among 25) from
-setting the band's edges by itself; which one a pool takes is chosen by left-out coverage like the pair."""
+draw of a family bias, so weighing families alike keeps one large family (NeMo 24.07: 11 of the 28 Hopper
+<= 64-GPU runs) from setting the band's edges by itself; which one a pool takes is chosen by left-out
+coverage like the pair."""
 
 Choice = tuple[float, str]
 """(quantile pair as its central probability, weighting): what a band is drawn with."""
@@ -481,7 +482,11 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
 
 def pair_of(data: dict[str, Any]) -> Callable[[dict[str, Any]], Choice]:
     """The (pair, weighting) choice each record's band takes under the file's pools and cells (nominal_of)."""
-    return lambda r: (lambda n: (n[0], n[1]))(nominal_of(data, record_regime(r)))
+    def choice(r: dict[str, Any]) -> Choice:
+        nominal, weighting, _, _ = nominal_of(data, record_regime(r))
+        return nominal, weighting
+
+    return choice
 
 
 def best_published_mfu(gpu: Any, dtype: str) -> float | None:
