@@ -183,7 +183,10 @@ def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str
     info = pools.get(pool)
     if info is None:
         return default, "run", "", ""
-    return default, "run", f"the all-regime {100 * default:g}% pair: the {POOLS[pool]} pool {info['why']}", ""
+    cell = pools.get(cell_of(want), {}).get("why")
+    return default, "run", (f"the all-regime {100 * default:g}% pair: "
+                            + (f"the {want.generation} cell {cell}; " if cell else "")
+                            + f"the {POOLS[pool]} pool {info['why']}"), ""
 
 
 @lru_cache(maxsize=1)

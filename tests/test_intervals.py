@@ -142,7 +142,14 @@ def test_a_regime_cell_takes_its_own_choice_before_its_pool_and_the_narrowest_in
         "dense-megatron/blackwell"]["why"]
     data = {"training": recs, "nominal": 0.99, "pools": chosen}
     assert iv.nominal_of(data, iv.Regime(False, "hopper", "megatron", 8))[3] == "dense-megatron/hopper"
-    assert iv.nominal_of(data, iv.Regime(False, "blackwell", "megatron", 8))[3] in ("dense-megatron", "")
+    # the Blackwell cell has no choice: a Blackwell plan takes the pool's (here the pool has one), else the
+    # all-regime pair, whose basis gives the cell's reason, then the pool's
+    blackwell = iv.Regime(False, "blackwell", "megatron", 8)
+    assert chosen["dense-megatron"]["nominal"] is not None and iv.nominal_of(data, blackwell)[3] == "dense-megatron"
+    no_pool = {**data, "pools": {**chosen, "dense-megatron": {"nominal": None, "why": "has no pair (test)"}}}
+    nominal, weighting, how, key = iv.nominal_of(no_pool, blackwell)
+    assert (nominal, weighting, key) == (0.99, "run", "")
+    assert "the blackwell cell has 2 families" in how and how.endswith("pool has no pair (test)")
 
 
 def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
