@@ -169,11 +169,9 @@ def serving_residuals(records: list[dict]) -> list[dict]:
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """The q quantile of `values` with `weights` (midpoint rule on the weighted empirical distribution)."""
-    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
-    order = np.argsort(v)
-    v, w = v[order], w[order]
-    return float(np.interp(q, (np.cumsum(w) - w / 2) / w.sum(), v))
+    """The q quantile of `values` with `weights` (llmplan.intervals.weighted_quantile: midpoint rule on the
+    weighted empirical distribution)."""
+    return iv.weighted_quantile(values, weights, q)
 
 
 def same_job_groups(training: list[dict]) -> dict[str, list[dict]]:
@@ -222,6 +220,7 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "runs": len(records),
         "level": iv.LEVEL,
         "nominal": nominal,
+        "pool_rule": iv.POOL_RULE,
         "pools": iv.choose_pools(training, pools, nominal),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
         "constants": consts,
@@ -250,26 +249,30 @@ def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, fl
     return out
 
 
-def _bands(training: list[dict], pools: dict, pair: Callable[[dict], float]) -> dict[str, tuple[bool, float]]:
+def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice]) -> dict[str, tuple[bool, float]]:
     """Per record: (inside its left-out band, the band's half-width as a fraction of the point)."""
     out = {}
     for r in training:
-        values, widen = pools[r["id"]]
-        b = iv.quantile_band(values, "", widen, pair(r))
+        b = iv.left_out_band(pools[r["id"]], pair(r))
         out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
     return out
 
 
 def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
-    """Per regime pool (llmplan.intervals.POOLS): its pair (its own, or the all-regime one it falls back to), and
-    its left-out coverage and median half-width with that pair (`own`: _bands under the file's pairs)."""
+    """Per regime pool (llmplan.intervals.POOLS) and cell (a pool on one GPU generation): its choice (its own pair
+    and weighting, or the all-regime pair it falls back to), and its left-out coverage and median half-width
+    with the choice each run takes (`own`: _bands under the file's choices)."""
     nominal = doc["nominal"]
-    print(f"per regime pool (its own pair where it has {iv.POOL_MIN_FAMILIES}+ families of {iv.POOL_MIN_RECORDS}+ "
-          f"runs, a pair inside 75-85% and\nthe nested coverage of that choice inside 75-85% too, else the "
-          f"all-regime {nominal:g} pair):")
-    print(f"  {'pool':22s} {'fams':>4s} {'runs':>4s} {'pair':>5s} {'runs in':>7s} {'fams in':>7s} {'median half':>11s}")
-    for name in iv.POOLS:
-        mine = [r for r in training if iv.pool_of(iv.record_regime(r)) == name]
+    print(f"per regime pool and cell (its own pair and weighting where it has {iv.POOL_MIN_FAMILIES}+ families of "
+          f"{iv.POOL_MIN_RECORDS}+ runs,\na choice inside 75-85% and the nested coverage of that choice inside 75-85% "
+          f"too; a run takes its\ncell's, else its pool's, else the all-regime {nominal:g} pair; /fam: every family "
+          "weighted alike):")
+    print(f"  {'pool / cell':30s} {'fams':>4s} {'runs':>4s} {'own':>9s} {'runs in':>7s} {'fams in':>7s} "
+          f"{'median half':>11s}")
+    names = [*iv.POOLS, *sorted(k for k in doc["pools"] if "/" in k)]
+    for name in names:
+        key = iv.cell_of if "/" in name else iv.pool_of
+        mine = [r for r in training if key(iv.record_regime(r)) == name]
         if not mine:
             continue
         info = doc["pools"].get(name, {})
@@ -277,15 +280,17 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
         for r in mine:
             fams.setdefault(r["family"], []).append(own[r["id"]][0])
         q = info.get("nominal")
-        print(f"  {name:22s} {info.get('families', 0):4d} {len(mine):4d} {(f'{q:g}' if q else 'all'):>5s} "
+        label = "-" if not q else f"{q:g}" + ("/fam" if info.get("weighting") == "family" else "")
+        print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {label:>9s} "
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
               f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
         if info.get("why"):
             print(f"    {info['why']}")
         elif info.get("nested"):
-            print(f"    nested coverage of its own pair: {100 * info['nested'][0]:.1f}% of runs, "
-                  f"{100 * info['nested'][1]:.1f}% per family")
+            print(f"    nested coverage of its own choice: {100 * info['nested'][0]:.1f}% of runs, "
+                  f"{100 * info['nested'][1]:.1f}% per family"
+                  + (f", median half-width {100 * info['nested_half']:.1f}%" if "nested_half" in info else ""))
 
 
 def report(doc: dict, nested: bool = True) -> None:
@@ -294,9 +299,10 @@ def report(doc: dict, nested: bool = True) -> None:
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
           f"records ({doc['generated_by']})")
     pools = iv.left_out_pools(training)
-    if "pools" not in doc:  # a file written before the regime pools: their pairs as --write would choose them
+    if doc.get("pool_rule") != iv.POOL_RULE:  # pools chosen by an older rule: choose them now, as --write would
         doc = {**doc, "pools": iv.choose_pools(training, pools, doc["nominal"])}
-        print("(the file has no regime pools: their pairs chosen now, as --write would)")
+        print(f"(the file's regime pools predate rule {iv.POOL_RULE}, cells and weightings: chosen now, as --write "
+              "would)")
     pair = iv.pair_of(doc)
     bands = _bands(training, pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "

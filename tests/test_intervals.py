@@ -72,13 +72,16 @@ def test_a_regime_pool_takes_its_own_pair_only_with_enough_families_and_a_stable
     flash, old = pools["dense-megatron"], pools["dense-megatron-noflash"]
     assert flash["families"] == 4 and flash["nominal"] in iv.NOMINAL_CHOICES
     mine = [r for r in recs if r["stack"] == "flash"]
-    assert iv.inside_target(iv.coverage(mine, flash["nominal"]))
+    assert iv.inside_target(iv.coverage(mine, (flash["nominal"], flash["weighting"])))
     assert all(iv.TARGET[0] <= x <= iv.TARGET[1] for x in flash["nested"])
     assert old["nominal"] is None and "2 families" in old["why"]
+    # every run is on Hopper: the pool's one cell holds the same runs and makes the same choice, and goes first
+    cell = pools["dense-megatron/hopper"]
+    assert (cell["nominal"], cell["weighting"]) == (flash["nominal"], flash["weighting"])
     data = {"training": recs, "nominal": 0.99, "pools": pools}
     flash_band = iv.training_band(iv.Regime(False, "hopper", "megatron", 8, flash=True), data)
     old_band = iv.training_band(iv.Regime(False, "hopper", "megatron", 8, flash=False), data)
-    assert flash_band.pool == "dense-megatron" and flash_band.nominal == flash["nominal"]
+    assert flash_band.pool == "dense-megatron/hopper" and flash_band.nominal == flash["nominal"]
     assert old_band.pool == "" and old_band.nominal == 0.99
     assert "all-regime 99% pair" in old_band.basis and "2 families" in old_band.basis
     # a family whose bias the others do not share (+35%): no pair covers the pool 75-85%, it falls back
@@ -86,18 +89,85 @@ def test_a_regime_pool_takes_its_own_pair_only_with_enough_families_and_a_stable
     assert "no pair" in iv.choose_pools(shifted, default=0.99)["dense-megatron"]["why"]
 
 
+def test_family_weighting_weighs_each_family_alike():
+    # 20 runs of one family at 0 and two families of 2 runs at -0.1 and +0.1: every run alike, the 80% band is
+    # the big family's (0.1 and 0.9 quantiles inside its 20 runs); every family alike, each side family weighs a
+    # third and the band reaches towards them (midpoint rule: the 0.1 quantile lies between -0.1 at cumulative
+    # 1/12 and -0.1 at 3/12, i.e. at -0.1).
+    recs = ([_rec("big", 0.0, i) for i in range(20)] + [_rec("lo", -0.1, i) for i in range(2)]
+            + [_rec("hi", 0.1, i) for i in range(2)])
+    w = iv.family_weights(r["family"] for r in recs)
+    assert w.sum() == pytest.approx(3) and w[0] == pytest.approx(1 / 20) and w[-1] == pytest.approx(1 / 2)
+    run = iv.quantile_band([r["r"] for r in recs], "", False, 0.8)
+    fam = iv.quantile_band([r["r"] for r in recs], "", False, 0.8, w)
+    assert (run.lo, run.hi) == (0.0, 0.0)
+    assert fam.lo == pytest.approx(-0.1) and fam.hi == pytest.approx(0.1)
+    # equal weights: the midpoint rule is numpy's 'hazen' quantile
+    x = np.random.default_rng(1).normal(size=31)
+    for q in (0.1, 0.5, 0.9):
+        assert iv.weighted_quantile(x, np.ones(31), q) == pytest.approx(float(np.quantile(x, q, method="hazen")))
+    # a file whose cell chose family weighting: the band takes it and says so
+    data = {"training": recs, "nominal": 0.8, "pools": {"dense-megatron/hopper": {
+        "nominal": 0.8, "weighting": "family", "families": 3}}}
+    band = iv.training_band(iv.Regime(False, "hopper", "megatron", 8), data)
+    assert band.weighting == "family" and band.pool == "dense-megatron/hopper"
+    assert (band.lo, band.hi) == pytest.approx((fam.lo, fam.hi))
+    assert "every family weighted alike" in band.basis and "on hopper" in band.basis
+
+
+def test_a_regime_cell_takes_its_own_choice_before_its_pool_and_the_narrowest_inside_the_target():
+    # Hopper: six families of 20 runs (seeded) with biases spread over -0.03 .. +0.03 and one of 40 runs at 0.
+    # Blackwell: two families shifted by +0.3 (too few for a cell of their own). The Hopper cell has a choice
+    # inside 75-85% left out and nested, the narrowest by median half-width (here every family alike at the 80%
+    # pair, narrower than the 85% pair every run alike, the narrowest pair the run weighting has inside the
+    # target); a Blackwell plan gets no cell choice.
+    rng = np.random.default_rng(7)
+    recs = [_rec("n", x, i) for i, x in enumerate(rng.normal(0, 0.02, 40))]
+    for f, b in zip("abcdef", (-0.03, -0.015, -0.005, 0.005, 0.015, 0.03)):
+        recs += [_rec(f, b + x, i) for i, x in enumerate(rng.normal(0, 0.04, 20))]
+    recs += [_rec(f, 0.3 + x, i, gen="blackwell") for f in "yz" for i, x in enumerate(rng.normal(0, 0.03, 10))]
+    pools = iv.left_out_pools(recs)
+    chosen = iv.choose_pools(recs, pools, default=0.99)
+    cell = chosen["dense-megatron/hopper"]
+    assert cell["nominal"] is not None, cell
+    hopper = [r for r in recs if r["generation"] == "hopper"]
+    own = (cell["nominal"], cell["weighting"])
+    assert iv.inside_target(iv.coverage(hopper, own, pools))
+    assert all(iv.TARGET[0] <= x <= iv.TARGET[1] for x in cell["nested"]) and cell["nested_half"] > 0
+    # no choice inside the target is narrower (median half-width) than the one taken
+    for c in iv.POOL_CHOICES:
+        if iv.inside_target(iv.coverage(hopper, c, pools)):
+            assert iv.median_half(hopper, c, pools) >= iv.median_half(hopper, own, pools) - 1e-9
+    assert chosen["dense-megatron/blackwell"]["nominal"] is None and "2 families" in chosen[
+        "dense-megatron/blackwell"]["why"]
+    data = {"training": recs, "nominal": 0.99, "pools": chosen}
+    assert iv.nominal_of(data, iv.Regime(False, "hopper", "megatron", 8))[3] == "dense-megatron/hopper"
+    # the Blackwell cell has no choice: a Blackwell plan takes the pool's (here the pool has one), else the
+    # all-regime pair, whose basis gives the cell's reason, then the pool's
+    blackwell = iv.Regime(False, "blackwell", "megatron", 8)
+    assert chosen["dense-megatron"]["nominal"] is not None and iv.nominal_of(data, blackwell)[3] == "dense-megatron"
+    no_pool = {**data, "pools": {**chosen, "dense-megatron": {"nominal": None, "why": "has no pair (test)"}}}
+    nominal, weighting, how, key = iv.nominal_of(no_pool, blackwell)
+    assert (nominal, weighting, key) == (0.99, "run", "")
+    assert "the blackwell cell has 2 families" in how and how.endswith("pool has no pair (test)")
+
+
 def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
     # README's interval keys: pool (a POOLS key, by experts, framework and flash attention), pool_pair (the pool's
     # own pair taken), quantile_pair (the pair taken: the pool's own, else the shipped all-regime one).
+    # pool_cell: the cell (the pool on the plan's GPU generation, first) or pool whose own choice is taken, else "";
+    # quantile_weighting: run or family.
     data = iv.shipped()
     for flags, pool in (((), "dense-megatron"), (("--no-flash-attention",), "dense-megatron-noflash")):
         r = cli(*EST, *flags, "--json")
         assert r.code == 0, r.err
         v = r.json()["interval"]
         assert v["pool"] == pool and isinstance(v["pool_pair"], bool)
-        own = data.get("pools", {}).get(pool, {}).get("nominal")
-        assert v["pool_pair"] == (own is not None)
-        assert v["quantile_pair"] == (own if own is not None else data["nominal"])
+        pools = data.get("pools", {})
+        key = next((k for k in (f"{pool}/hopper", pool) if pools.get(k, {}).get("nominal") is not None), "")
+        assert v["pool_pair"] == bool(key) and v["pool_cell"] == key
+        assert v["quantile_pair"] == (pools[key]["nominal"] if key else data["nominal"])
+        assert v["quantile_weighting"] == (pools[key].get("weighting", "run") if key else "run")
 
 
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
