@@ -179,3 +179,10 @@ def test_a_profile_can_change_the_usable_share(cli, tmp_path):
     tight = cli(*args, "--offload-activations-layers", "40")
     assert tight.code == 2 and "50% usable" in tight.err
     assert math.isfinite(float(tight.err.split("GiB per GPU")[0].rsplit("(", 1)[1]))
+
+
+def test_pipeline_plans_get_one_violation_not_two():
+    # offload with pp > 1 is refused by offload_pp; the host rule does not add a second line about the same plan
+    plan = ParallelPlan(**{**FSDP_70B, "pp": 2, "dp": 32, "offload_layers": 79})
+    rules = [v.rule for v in check_plan(M["llama-3.1-70b"], plan, ClusterSpec(system=S["gb200-nvl72"], num_nodes=16))]
+    assert "offload_pp" in rules and "offload_host_memory" not in rules

@@ -141,7 +141,7 @@ def _host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
     if c.system.host_usable_bytes is None or not np.any(np.asarray(p.offload_layers) > 0):
         return True
     used, share = _host_bytes(m, p, c)
-    return used <= share
+    return (p.pp != 1) | (used <= share)  # with pipeline stages rule offload_pp refuses the plan already
 
 
 def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
