@@ -66,3 +66,12 @@ def offload_exposed(m: ModelSpec, plan: ParallelPlan, copy_s: Any, pass_s: Any) 
             free = maximum(free, end) + copy_s
             done.append(free)
     return waited
+
+
+def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes of host memory one GPU's offloaded activations take at the peak (the end of the forward pass): N of
+    the L layers at offload_layer_bytes each, one micro-batch in flight (offload runs without pipeline stages,
+    check_plan). Equals ActivationBytes.offloaded of training_memory (tested); the GPUs of a node share its
+    host memory (SystemSpec.host_usable_bytes, check_plan rule offload_host_memory).
+    Derived: docs/formulas.md#mem.host"""
+    return offload_layer_bytes(m, plan) * minimum(plan.offload_layers, m.num_hidden_layers)

@@ -35,11 +35,22 @@ def plan_json(plan: ParallelPlan) -> dict[str, Any]:
             **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 
 
-def memory_json(mem: TrainingMemory, plan: ParallelPlan) -> dict[str, Any]:
+def host_json(mem: TrainingMemory, cluster: ClusterSpec) -> dict[str, Any]:
+    """The node's host memory against what activation offload puts there (bytes; None where not known)."""
+    s, g = cluster.system, cluster.gpus_per_node_used
+    per_node = float(mem.activation_parts.offloaded) * g
+    usable = s.host_usable_bytes
+    return {"offloaded_per_node": per_node, "gpus_per_node": g, "host_memory_gb": s.host_memory_gb,
+            "usable_fraction": s.host_memory_usable_fraction, "usable_per_node": usable,
+            "fits": None if usable is None else bool(per_node <= usable)}
+
+
+def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> dict[str, Any]:
     a = mem.activation_parts
     f = float
     parts = optimizer_parts(plan, mem.optimizer)
-    return {"optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)},
+    host = {"host": host_json(mem, cluster)} if cluster is not None else {}
+    return {**host, "optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)},
             "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
@@ -152,7 +163,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "plan": plan_json(e.plan),
         "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
-        "memory": memory_json(e.memory, e.plan),
+        "memory": memory_json(e.memory, e.plan, c),
         "time": {**time_json(e.time), "sustained_fraction": sustained_fraction(e)},
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
@@ -323,10 +334,18 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         t.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
     t.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"[bold]{100 * mem.total / mem.capacity:.1f}%[/]", "")
     t.add_row("capacity", gib(mem.capacity), "100.0%", "")
-    if a.offloaded > 0:  # beside the total, not in it: host memory
-        t.add_row(f"host: {p.offload_layers} offloaded layers", gib(a.offloaded), "-",
-                  "mem.offload")
+    share = None if cluster.system.host_usable_bytes is None else \
+        cluster.system.host_usable_bytes / cluster.gpus_per_node_used
+    if a.offloaded > 0:  # beside the total, not in it: host memory, against this GPU's share of the node's
+        t.add_row(f"host: {p.offload_layers} offloaded layers", gib(a.offloaded),
+                  "-" if share is None else f"{100 * a.offloaded / share:.1f}% of host", "mem.offload, mem.host")
     console.print(t)
+    if a.offloaded > 0:
+        h = host_json(mem, cluster)
+        used = f"host: {h['offloaded_per_node'] / GIB:,.1f} GiB offloaded per node ({h['gpus_per_node']} GPUs)"
+        console.print(used + (", host memory not known (host_memory_gb)" if share is None else
+                              f" of {h['usable_per_node'] / GIB:,.0f} GiB usable ({h['host_memory_gb']:g} GB x "
+                              f"{h['usable_fraction']:.0%})"))
     if mem.fits:
         console.print(f"[bold green]FITS[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "
                       f"headroom {gib(mem.headroom)} GiB")

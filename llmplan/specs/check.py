@@ -23,6 +23,7 @@ from llmplan.specs.stages import (  # noqa: F401  (accounted_split, balanced_spl
     pp_multiple_message, schedule_microbatches_message, schedule_microbatches_ok, split_message, split_ok, split_text,
     vpp_fits, vpp_message, vpp_ok,
 )
+from llmplan.units import GIB
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,39 @@ def _mixer_heads(m: ModelSpec) -> str:
         parts.append(f"linear_num_key_heads {m.linear_num_key_heads} and linear_num_value_heads "
                      f"{m.linear_num_value_heads}")
     return "; ".join(parts)
+
+
+def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
+    """Offloaded activation bytes per GPU and the host bytes each GPU may take (the node's usable host memory over
+    the GPUs used of it). The bytes are priced in cost/offload.py, which imports specs: imported at call time."""
+    from llmplan.cost.offload import host_offload_bytes
+
+    usable = c.system.host_usable_bytes
+    return host_offload_bytes(m, p), (usable or 0.0) / c.gpus_per_node_used
+
+
+def _host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
+    """Offloaded activations of the node's GPUs within the usable host memory (ParallelPlan.offload_layers,
+    SystemSpec.host_memory_gb); no offload or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
+    import numpy as np
+
+    if c.system.host_usable_bytes is None or not np.any(np.asarray(p.offload_layers) > 0):
+        return True
+    used, share = _host_bytes(m, p, c)
+    return (p.pp != 1) | (used <= share)  # with pipeline stages rule offload_pp refuses the plan already
+
+
+def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
+    used, share = _host_bytes(m, p, c)
+    s, g = c.system, c.gpus_per_node_used
+    per_layer = float(used) / max(min(p.offload_layers, m.num_hidden_layers), 1)
+    most = int(share // per_layer) if per_layer > 0 else p.offload_layers
+    fix = (f"offload at most {most} layers (--offload-activations-layers {most})" if most > 0
+           else "drop --offload-activations-layers")
+    return (f"offloaded activations ({float(used) / GIB:.1f} GiB per GPU, {float(used) * g / GIB:.0f} GiB per node of "
+            f"{g} GPUs) exceed host memory ({s.host_memory_gb:g} GB per {s.name} node, "
+            f"{s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); {fix}, lower --micro-batch, "
+            "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
 
 
 RULES: tuple[Rule, ...] = (
@@ -282,6 +316,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"offload_layers ({p.offload_layers}) with per-layer CUDA graphs: Megatron-Core supports CPU "
                          "offloading only with the full-iteration graph (TransformerConfig); use cuda_graphs none or "
                          "full-iteration, or drop --offload-activations-layers"),
+    Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
+         needs_cluster=True),
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

@@ -307,6 +307,19 @@ class SystemSpec(Spec):
     copy to host memory at once (Grace LPDDR5X: up to 512 GB/s per Grace CPU; Megatron-Bridge's performance
     guide: offload efficiency depends on the GPU-host link and the host memory bandwidth). None: not
     limiting. docs/formulas.md#mem.offload"""
+    host_memory_gb: float | None = Field(default=None, gt=0, le=1e7)
+    """CPU (host) memory of one node, GB (1e9 bytes), all sockets together: where activation offload
+    (ParallelPlan.offload_layers) puts the offloaded layers' activations of every GPU of the node (DGX H100 /
+    H200 / B200: 2 TB of DDR5; a GB200 / GB300 compute tray: 2 Grace CPUs of 480 GB LPDDR5X). None: not
+    known, and the host capacity is not checked. docs/formulas.md#mem.host"""
+    host_memory_source: str = ""
+    """Where host_memory_gb comes from (vendor guide, datasheet, cloud instance page); required with it."""
+    host_memory_usable_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Share of host_memory_gb the job's offloaded activations may take; the rest is left to the OS, the
+    framework's pinned staging buffers, the data loader's workers and an asynchronous checkpoint's host copy.
+    An assumption (no public measurement of that rest was found), not a measured value: set it in a profile
+    (--hardware FILE) to what a cluster leaves free. check_plan rule offload_host_memory;
+    docs/formulas.md#mem.host"""
     failure_detection_s: float = Field(default=120.0, ge=0, le=1e6)
     """Seconds from a failure to the job knowing of it: a crash is seen at once, a hang waits for the NCCL
     watchdog (PyTorch's default process-group timeout is 10 min); an assumption, overridable."""
@@ -363,6 +376,9 @@ class SystemSpec(Spec):
         if self.price_per_gpu_hour is not None and not self.price_source.strip():
             raise ValueError("price_per_gpu_hour needs price_source: the provider page, offering and date it was "
                              "read from")
+        if self.host_memory_gb is not None and not self.host_memory_source.strip():
+            raise ValueError("host_memory_gb needs host_memory_source: the vendor guide, datasheet or instance page it "
+                             "was read from")
         if self.nics_per_node and self.nic_gbit_per_s <= 0:
             raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
         for i, j in self.intra_node_links or ():
@@ -400,6 +416,14 @@ class SystemSpec(Spec):
         share = (self.host_memory_gb_per_s / self.gpus_per_node if self.host_memory_gb_per_s is not None
                  else self.host_copy_gb_per_s)
         return min(self.host_copy_gb_per_s, share) * GB
+
+    @property
+    def host_usable_bytes(self) -> float | None:
+        """Host memory bytes of one node that offloaded activations may take: host_memory_gb times
+        host_memory_usable_fraction; None where host_memory_gb is not known. Derived: docs/formulas.md#mem.host"""
+        if self.host_memory_gb is None:
+            return None
+        return self.host_memory_gb * GB * self.host_memory_usable_fraction
 
     @property
     def intra_node_bytes_per_s(self) -> float:
