@@ -142,6 +142,9 @@ def check(pf: PlanFile) -> None:
          "attention is not checkpointed)", m.compressed_layers > 0 and p.recompute == "selective"
          and "core_attn" in (p.recompute_modules or ("core_attn",)),
          "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
+        ("gradients cast and then added after each micro-batch (grad_accumulation cast-add, DeepSpeed's "
+         "BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
+         p.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add"),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -190,6 +193,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     if p.offload_layers:
         out += [("model.cpu_offloading", True), ("model.cpu_offloading_num_layers", p.offload_layers),
                 ("model.cpu_offloading_weights", False)]
+    if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
+        out.append(("model.gradient_accumulation_fusion", False))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),

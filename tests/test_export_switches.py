@@ -1,0 +1,45 @@
+"""Each plan switch reaches every export as the launcher's own setting or as a refusal that names it: none is
+dropped silently (Megatron-LM arguments.py and Megatron-Core TransformerConfig at d98e8a6; Megatron-Bridge
+ConfigContainer overrides of the TransformerConfig fields)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64")
+
+
+def saved(cli: Any, tmp_path: Path, *extra: str, **plan: object) -> Path:
+    """A plan file made by the CLI, with `plan` fields then set in its JSON (switches without a flag)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "plan.json"
+    made = cli(*ARGS, *extra, "--save", path)
+    assert made.code == 0, made.err
+    if plan:
+        doc = json.loads(path.read_text())
+        doc["plan"].update(plan)
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def export(cli: Any, plan: Path, target: str, out: Path) -> tuple[int, str, str]:
+    """(exit code, the files' text, stderr) of `llmplan export PLAN --to TARGET`."""
+    r = cli("export", plan, "--to", target, "-o", out)
+    files = "\n".join(f.read_text() for f in out.rglob("*") if f.is_file()) if out.exists() else ""
+    return r.code, files, r.err
+
+
+def test_bridge_turns_gradient_accumulation_fusion_off_for_add_and_refuses_cast_add(cli, tmp_path):
+    # Megatron-Core ModelParallelConfig.gradient_accumulation_fusion (default True in the recipes): off, the DDP
+    # hook adds each micro-batch's gradient into main_grad; no Megatron path casts and then adds (DeepSpeed's).
+    for mode in ("fused", "add"):
+        code, files, err = export(cli, saved(cli, tmp_path / mode, "--grad-accumulation", mode), "megatron-bridge",
+                                  tmp_path / f"b-{mode}")
+        assert code == 0, err
+        assert ("model.gradient_accumulation_fusion=false" in files.lower()) == (mode == "add")
+    code, files, err = export(cli, saved(cli, tmp_path / "cast", "--grad-accumulation", "cast-add"),
+                              "megatron-bridge", tmp_path / "b-cast")
+    assert code == 2 and "grad_accumulation cast-add" in err and "--grad-accumulation" in err
+    assert "Traceback" not in err and files == ""
