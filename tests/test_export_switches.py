@@ -43,3 +43,16 @@ def test_bridge_turns_gradient_accumulation_fusion_off_for_add_and_refuses_cast_
                               "megatron-bridge", tmp_path / "b-cast")
     assert code == 2 and "grad_accumulation cast-add" in err and "--grad-accumulation" in err
     assert "Traceback" not in err and files == ""
+
+
+def test_rope_fusion_off_is_written_or_refused(cli, tmp_path):
+    # Megatron-LM arguments.py (d98e8a6): --no-rope-fusion stores apply_rope_fusion False, as
+    # TransformerConfig.apply_rope_fusion does for Megatron-Bridge; torchtitan compiles the model for fused kernels.
+    on, off = saved(cli, tmp_path / "on"), saved(cli, tmp_path / "off", rope_fusion=False)
+    for plan, want in ((on, False), (off, True)):
+        code, files, err = export(cli, plan, "megatron", plan.parent / "m")
+        assert code == 0 and ("--no-rope-fusion" in files) == want, err
+        code, files, err = export(cli, plan, "megatron-bridge", plan.parent / "b")
+        assert code == 0 and ("model.apply_rope_fusion=false" in files.lower()) == want, err
+    code, files, err = export(cli, off, "torchtitan", tmp_path / "t")
+    assert code == 2 and "rope_fusion off" in err and "Traceback" not in err and files == ""

@@ -195,6 +195,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.cpu_offloading_weights", False)]
     if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
         out.append(("model.gradient_accumulation_fusion", False))
+    if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
+        out.append(("model.apply_rope_fusion", False))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),

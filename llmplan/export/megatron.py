@@ -130,6 +130,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
+              ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
               # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
               # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
               ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"

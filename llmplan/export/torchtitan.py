@@ -87,6 +87,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.fp8_attention:
         raise refuse(target, "FP8 dot-product attention (Transformer Engine's fp8_dpa; torchao's float8 covers the "
                      "linear layers)", "re-plan without fp8_attention, or export to megatron-bridge")
+    if p.fused_kernels and not p.rope_fusion:
+        raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
+                     "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
+                     "set rope_fusion true in the plan, or export to megatron")
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")
