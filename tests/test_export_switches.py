@@ -56,3 +56,23 @@ def test_rope_fusion_off_is_written_or_refused(cli, tmp_path):
         assert code == 0 and ("model.apply_rope_fusion=false" in files.lower()) == want, err
     code, files, err = export(cli, off, "torchtitan", tmp_path / "t")
     assert code == 2 and "rope_fusion off" in err and "Traceback" not in err and files == ""
+
+
+def test_fused_expert_clamp_and_bias_are_refused_by_every_export(cli, tmp_path):
+    # Megatron-Core moe/experts.py (d98e8a6): the clamped GLU and the fc2 bias run inside Transformer Engine's
+    # grouped MLP ops only on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),
+    # which no export writes; GPT-OSS has both the clamp (swiglu_limit 7) and the expert biases.
+    args = ("--model", "gpt-oss-20b", "--hardware", "dgx-h100")
+    path = tmp_path / "plan.json"
+    made = cli("estimate", *args, "--global-batch", "64", "--save", path)
+    assert made.code == 0, made.err
+    eager = json.loads(path.read_text())
+    for field in ("glu_clamp_fusion", "expert_bias_fusion"):
+        fused = tmp_path / f"{field}.json"
+        fused.write_text(json.dumps({**eager, "plan": {**eager["plan"], field: True}}))
+        for target in ("megatron", "megatron-bridge", "torchtitan", "deepspeed"):
+            code, files, err = export(cli, fused, target, tmp_path / f"{field}-{target}")
+            assert code == 2 and "Traceback" not in err and files == "", (target, err)
+            assert "glu_clamp_fusion / expert_bias_fusion" in err, (target, err)
+    code, _, err = export(cli, path, "megatron", tmp_path / "eager")
+    assert code == 0, err

@@ -10,8 +10,8 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header, tp_refusals,
-                                   megatron_layout)
+from llmplan.export.common import (launcher_schedule, megatron_layout, need_mode, op_fuser_refusals, refuse,
+                                   rendezvous_lines, sh_header, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -110,7 +110,7 @@ def check(pf: PlanFile) -> None:
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1,
          "re-plan with --grad-reduce reduce-scatter"),
-        *tp_refusals(pf),
+        *tp_refusals(pf), *op_fuser_refusals(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",

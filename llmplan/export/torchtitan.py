@@ -12,9 +12,8 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode, refuse,
-                                   sh_header, tp_refusals,
-                                   virtual_stage_layers)
+from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode,
+                                   op_fuser_refusals, refuse, sh_header, tp_refusals, virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -57,7 +56,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
-    for what, bad, fix in tp_refusals(pf):
+    for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
         if bad:
             raise refuse(target, what, fix)
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
