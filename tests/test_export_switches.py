@@ -76,3 +76,17 @@ def test_fused_expert_clamp_and_bias_are_refused_by_every_export(cli, tmp_path):
             assert "glu_clamp_fusion / expert_bias_fusion" in err, (target, err)
     code, _, err = export(cli, path, "megatron", tmp_path / "eager")
     assert code == 0, err
+
+
+def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_path):
+    # Megatron-Core (d98e8a6): --moe-grouped-gemm builds TEGroupedMLP on Transformer Engine's GroupedLinear, one
+    # GEMM per local expert; torchtitan's GroupedExperts call torch._grouped_mm (use_grouped_mm, a model arg).
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--global-batch", "64")
+    path = tmp_path / "plan.json"
+    made = cli(*args, "--expert-gemm", "per-expert", "--save", path)
+    assert made.code == 0, made.err
+    code, files, err = export(cli, path, "megatron", tmp_path / "m")
+    assert code == 0 and "--moe-grouped-gemm" in files, err
+    code, files, err = export(cli, path, "torchtitan", tmp_path / "t")
+    assert code == 2 and "expert_gemm per-expert" in err and "--expert-gemm grouped" in err and files == ""
+    assert "Traceback" not in err

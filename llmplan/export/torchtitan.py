@@ -99,6 +99,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "recomputes every other matmul instead, at other memory and time",
                      "re-plan with --recompute op (torchtitan's policy), --recompute none (the same memory "
                      "with fused attention) or --recompute full")
+    if pf.model.is_moe and p.expert_gemm == "per-expert":
+        raise refuse(target, "one GEMM per local expert (expert_gemm per-expert, Transformer Engine's GroupedLinear; "
+                     "torchtitan's GroupedExperts run one torch._grouped_mm, use_grouped_mm in the model's config "
+                     "function, which this export does not write)", "re-plan with --expert-gemm grouped, or export "
+                     "to megatron")
     if pf.model.is_moe and (p.moe_dispatcher != "alltoall" or p.moe_routing != "random"):
         raise refuse(target, f"MoE dispatch {p.moe_dispatcher} with {p.moe_routing} routing (torchtitan selects "
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
