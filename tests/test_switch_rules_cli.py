@@ -1,0 +1,24 @@
+"""check_plan's rules for the newer switches reach the command line as one line and exit code 2, naming the
+values, the rule and the flag that fixes it."""
+
+from __future__ import annotations
+
+import pytest
+
+ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--global-batch", "64")
+
+
+@pytest.mark.parametrize("extra, needles", [
+    # Transformer Engine's FP8 dot-product attention is its fused (cuDNN) attention under an fp8 recipe
+    (("--precision", "mxfp8", "--no-flash-attention", "--fp8-attention"),
+     ("fp8_attention with dtype fp8 and unfused attention", "drop --fp8-attention")),
+    (("--fp8-attention",), ("fp8_attention with dtype bf16", "use an fp8 --precision")),
+    # Megatron-Bridge's DeepSeek-V4 recipes recompute "mhc", the hyper-connections a plain model lacks
+    (("--recompute", "selective", "--recompute-modules", "mhc"),
+     ("recompute_modules mhc", "mhc: hyper-connections", "drop them from --recompute-modules")),
+])
+def test_bad_switch_combinations_exit_2_with_one_line(cli, extra, needles):
+    bad = cli(*ARGS, *extra)
+    assert bad.code == 2 and "Traceback" not in bad.err, bad.err
+    for needle in needles:
+        assert needle in bad.err, bad.err
