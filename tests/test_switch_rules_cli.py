@@ -22,3 +22,11 @@ def test_bad_switch_combinations_exit_2_with_one_line(cli, extra, needles):
     assert bad.code == 2 and "Traceback" not in bad.err, bad.err
     for needle in needles:
         assert needle in bad.err, bad.err
+
+
+def test_offload_wait_is_one_row_of_the_step_table(cli):
+    out = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--seq-len", "8192", "--tp", "2",
+              "--global-batch", "8", "--offload-activations-layers", "16")
+    assert out.code == 0, out.err
+    row = next(line for line in out.out.splitlines() if "offload copies" in line)
+    assert "waiting for offload copies" in row and "mem.offload" in row and len(row) <= 80

@@ -247,7 +247,7 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 
 
-EXPOSED_ROWS = {"offload": ("waiting for activation offload copies", "mem.offload")}
+EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
 """(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
 OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
                   "measured": "measured per-step overhead"}
