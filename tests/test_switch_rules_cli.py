@@ -3,7 +3,10 @@ values, the rule and the flag that fixes it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from test_hybrid import DEEPSEEK_V4_FLASH_CONFIG
 
 ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--global-batch", "64")
 
@@ -30,3 +33,13 @@ def test_offload_wait_is_one_row_of_the_step_table(cli):
     assert out.code == 0, out.err
     row = next(line for line in out.out.splitlines() if "offload copies" in line)
     assert "waiting for offload copies" in row and "mem.offload" in row and len(row) <= 80
+
+
+@pytest.mark.parametrize("ratios, needle", [([8] * 44, "compress_ratios holds 8,"), ([[4]] * 44, "holds [4],"),
+                                            ([True] * 44, "holds True,")])
+def test_deepseek_v4_config_with_unknown_ratios_exits_2(cli, tmp_path, ratios, needle):
+    # transformers configuration_deepseek_v4.py maps compress_ratios 0 / 4 / 128 to the layer kinds, nothing else
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**DEEPSEEK_V4_FLASH_CONFIG, "compress_ratios": ratios}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "1", "--ep", "8")
+    assert r.code == 2 and needle in r.err and "must be 0 (sliding window)" in r.err and "Traceback" not in r.err
