@@ -43,3 +43,13 @@ def test_deepseek_v4_config_with_unknown_ratios_exits_2(cli, tmp_path, ratios, n
     path.write_text(json.dumps({**DEEPSEEK_V4_FLASH_CONFIG, "compress_ratios": ratios}))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "1", "--ep", "8")
     assert r.code == 2 and needle in r.err and "must be 0 (sliding window)" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("extra", [{"compress_rates": {"compressed_sparse_attention": "x"}},
+                                   {"compress_rate_hca": "x"}])
+def test_deepseek_v4_config_with_a_textual_rate_names_the_field(cli, tmp_path, extra):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**DEEPSEEK_V4_FLASH_CONFIG, **extra}))
+    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "1", "--ep", "8")
+    assert r.code == 2 and "compress_rate_" in r.err and "Traceback" not in r.err
+    assert len(r.err.strip().splitlines()) == 1

@@ -182,8 +182,9 @@ def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"layer_types": kinds, "shared_key_value": True, "num_hash_layers": int(hash_layers or 0),
             "hc_mult": int(cfg.get("hc_mult") or 1), "o_groups": cfg.get("o_groups"),
             "o_lora_rank": cfg.get("o_lora_rank"),
-            "compress_rate_csa": int(rates.get("compressed_sparse_attention") or cfg.get("compress_rate_csa") or 4),
-            "compress_rate_hca": int(rates.get("heavily_compressed_attention") or cfg.get("compress_rate_hca") or 128)}
+            # as given: ModelSpec's fields check them (an int() here would fail on text without naming the key)
+            "compress_rate_csa": rates.get("compressed_sparse_attention") or cfg.get("compress_rate_csa") or 4,
+            "compress_rate_hca": rates.get("heavily_compressed_attention") or cfg.get("compress_rate_hca") or 128}
 
 
 NEMOTRON_H_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
