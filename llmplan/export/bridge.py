@@ -10,8 +10,8 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header, tp_refusals,
-                                   megatron_layout)
+from llmplan.export.common import (launcher_schedule, megatron_layout, need_mode, op_fuser_refusals, refuse,
+                                   rendezvous_lines, sh_header, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -110,7 +110,7 @@ def check(pf: PlanFile) -> None:
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1,
          "re-plan with --grad-reduce reduce-scatter"),
-        *tp_refusals(pf),
+        *tp_refusals(pf), *op_fuser_refusals(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",
@@ -142,6 +142,9 @@ def check(pf: PlanFile) -> None:
          "attention is not checkpointed)", m.compressed_layers > 0 and p.recompute == "selective"
          and "core_attn" in (p.recompute_modules or ("core_attn",)),
          "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
+        ("gradients cast and then added after each micro-batch (grad_accumulation cast-add, DeepSpeed's "
+         "BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
+         p.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add"),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -190,6 +193,10 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     if p.offload_layers:
         out += [("model.cpu_offloading", True), ("model.cpu_offloading_num_layers", p.offload_layers),
                 ("model.cpu_offloading_weights", False)]
+    if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
+        out.append(("model.gradient_accumulation_fusion", False))
+    if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
+        out.append(("model.apply_rope_fusion", False))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),

@@ -105,6 +105,20 @@ def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     ]
 
 
+def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for the routed experts' clamp and fc2 bias fused into Transformer
+    Engine's grouped MLP ops (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, on a model with the clamp or the
+    biases): Megatron-Core's op-fuser expert path (TransformerConfig.use_transformer_engine_op_fuser with
+    NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, moe/experts.py at d98e8a6), which no export writes."""
+    p, m = pf.plan, pf.model
+    clamp = p.glu_clamp_fusion and m.is_moe and m.gated_mlp and m.swiglu_limit is not None
+    bias = p.expert_bias_fusion and m.is_moe and m.mlp_bias
+    return [("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
+             "(glu_clamp_fusion / expert_bias_fusion: Megatron-Core's use_transformer_engine_op_fuser with "
+             "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, which this export does not write)", bool(clamp or bias),
+             "set glu_clamp_fusion and expert_bias_fusion false in the plan (Megatron-Core's eager clamp and bias)")]
+
+
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:
     if pf.mode != mode:
         kind = "serving" if mode == "infer" else "training"

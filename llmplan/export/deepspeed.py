@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import (header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode, refuse,
-                                   sh_header)
+from llmplan.export.common import (header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode,
+                                   op_fuser_refusals, refuse, sh_header)
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -53,6 +53,7 @@ def check(pf: PlanFile) -> None:
         ("uneven pipeline stages (PipelineModule's partition_method is 'uniform', 'parameters' or 'type:REGEX'; "
          "none pins a layer count per stage)", is_uneven(pf),
          "re-plan with a pp that divides the layers, or export to megatron / torchtitan"),
+        *op_fuser_refusals(pf),
     ):
         if bad:
             raise refuse(TARGET, what, fix)

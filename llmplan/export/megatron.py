@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_layout, tp_refusals)
+                                   megatron_layout, op_fuser_refusals, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -130,6 +130,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
+              ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
               # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
               # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
               ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
@@ -367,7 +368,7 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    for what, bad, fix in tp_refusals(pf):
+    for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_accumulation == "cast-add":

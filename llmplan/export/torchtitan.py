@@ -12,9 +12,8 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode, refuse,
-                                   sh_header, tp_refusals,
-                                   virtual_stage_layers)
+from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode,
+                                   op_fuser_refusals, refuse, sh_header, tp_refusals, virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -57,7 +56,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
-    for what, bad, fix in tp_refusals(pf):
+    for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
         if bad:
             raise refuse(target, what, fix)
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
@@ -87,6 +86,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.fp8_attention:
         raise refuse(target, "FP8 dot-product attention (Transformer Engine's fp8_dpa; torchao's float8 covers the "
                      "linear layers)", "re-plan without fp8_attention, or export to megatron-bridge")
+    if p.fused_kernels and not p.rope_fusion:
+        raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
+                     "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
+                     "set rope_fusion true in the plan, or export to megatron")
     if p.grad_dtype != "fp32":
         raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
                      "re-plan with --grad-dtype fp32")
@@ -96,6 +99,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "recomputes every other matmul instead, at other memory and time",
                      "re-plan with --recompute op (torchtitan's policy), --recompute none (the same memory "
                      "with fused attention) or --recompute full")
+    if pf.model.is_moe and p.expert_gemm == "per-expert":
+        raise refuse(target, "one GEMM per local expert (expert_gemm per-expert, Transformer Engine's GroupedLinear; "
+                     "torchtitan's GroupedExperts run one torch._grouped_mm, use_grouped_mm in the model's config "
+                     "function, which this export does not write)", "re-plan with --expert-gemm grouped, or export "
+                     "to megatron")
     if pf.model.is_moe and (p.moe_dispatcher != "alltoall" or p.moe_routing != "random"):
         raise refuse(target, f"MoE dispatch {p.moe_dispatcher} with {p.moe_routing} routing (torchtitan selects "
                      "DeepEP in a model's config function, which this export does not write, and routes with the "

@@ -258,8 +258,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
 
 
-EXPOSED_NAMES = {"offload": "waiting for activation offload copies"}
-"""Rows of the step-time table for exposed parts that are not a parallel axis's communication."""
+EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
+"""(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
 OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
                   "measured": "measured per-step overhead"}
 
@@ -272,8 +272,8 @@ def time_table(e: TrainingEstimate) -> Table:
     t.add_column("% of step", justify="right")
     t.add_column("formula", style="dim")
     rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
-            *((EXPOSED_NAMES.get(a, f"exposed {a.upper()} communication"), v,
-               "mem.offload" if a == "offload" else "step.time") for a, v in st.exposed.items() if v > 0),
+            *((name, v, ref) for a, v in st.exposed.items() if v > 0
+              for name, ref in [EXPOSED_ROWS.get(a, (f"exposed {a.upper()} communication", "step.time"))]),
             ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
             *((f"{OVERHEAD_NAMES[k]}", v, "step.overhead") for k, v in st.overheads.items() if v > 0)]
     for name, val, ref in rows:

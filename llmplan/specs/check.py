@@ -247,9 +247,9 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8_attention", lambda m, p, c: (not p.fp8_attention) | ((p.dtype == "fp8") & p.flash_attention),
          lambda m, p, c: f"fp8_attention with dtype {p.dtype}"
                          f"{'' if p.flash_attention else ' and unfused attention'}: FP8 dot-product attention is "
-                         "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron "
-                         "--fp8-dot-product-attention needs --fp8-format); use an fp8 --precision with fused "
-                         "attention, or drop fp8_attention"),
+                         "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron-Core "
+                         "TransformerConfig.fp8_dot_product_attention with fp8 set); use an fp8 --precision with "
+                         "fused attention, or drop --fp8-attention"),
     Rule("swiglu_fp8_input", lambda m, p, c: (not p.swiglu_fp8_input) | m.gated_mlp,
          lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "

@@ -164,10 +164,12 @@ def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(cfg.get("layer_types"), list):
         kinds = tuple(cfg["layer_types"])[:n]
     elif isinstance(ratios, list) and len(ratios) >= n:
-        unknown = sorted({r for r in ratios[:n] if r not in DEEPSEEK_V4_RATIOS}, key=str)
+        # an entry may be any JSON value (a list is unhashable, true equals 1): named by its repr
+        unknown = sorted({repr(r) for r in ratios[:n] if type(r) is not int or r not in DEEPSEEK_V4_RATIOS})
         if unknown:
-            raise ValueError(f"compress_ratios holds {unknown}, which DeepSeek-V4 does not define; each layer's "
-                             "ratio must be 0 (sliding window), 4 (compressed sparse) or 128 (heavily compressed)")
+            raise ValueError(f"compress_ratios holds {', '.join(unknown)}, which DeepSeek-V4 does not define; each "
+                             "layer's ratio must be 0 (sliding window), 4 (compressed sparse) or 128 (heavily "
+                             "compressed)")
         kinds = tuple(DEEPSEEK_V4_RATIOS[r] for r in ratios[:n])
     else:
         raise ValueError(f"the deepseek_v4 config gives no compress_ratios for its {n} layers (nor layer_types); "
@@ -180,8 +182,9 @@ def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"layer_types": kinds, "shared_key_value": True, "num_hash_layers": int(hash_layers or 0),
             "hc_mult": int(cfg.get("hc_mult") or 1), "o_groups": cfg.get("o_groups"),
             "o_lora_rank": cfg.get("o_lora_rank"),
-            "compress_rate_csa": int(rates.get("compressed_sparse_attention") or cfg.get("compress_rate_csa") or 4),
-            "compress_rate_hca": int(rates.get("heavily_compressed_attention") or cfg.get("compress_rate_hca") or 128)}
+            # as given: ModelSpec's fields check them (an int() here would fail on text without naming the key)
+            "compress_rate_csa": rates.get("compressed_sparse_attention") or cfg.get("compress_rate_csa") or 4,
+            "compress_rate_hca": rates.get("heavily_compressed_attention") or cfg.get("compress_rate_hca") or 128}
 
 
 NEMOTRON_H_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}

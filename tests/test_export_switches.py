@@ -1,0 +1,92 @@
+"""Each plan switch reaches every export as the launcher's own setting or as a refusal that names it: none is
+dropped silently (Megatron-LM arguments.py and Megatron-Core TransformerConfig at d98e8a6; Megatron-Bridge
+ConfigContainer overrides of the TransformerConfig fields)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64")
+
+
+def saved(cli: Any, tmp_path: Path, *extra: str, **plan: object) -> Path:
+    """A plan file made by the CLI, with `plan` fields then set in its JSON (switches without a flag)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "plan.json"
+    made = cli(*ARGS, *extra, "--save", path)
+    assert made.code == 0, made.err
+    if plan:
+        doc = json.loads(path.read_text())
+        doc["plan"].update(plan)
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def export(cli: Any, plan: Path, target: str, out: Path) -> tuple[int, str, str]:
+    """(exit code, the files' text, stderr) of `llmplan export PLAN --to TARGET`."""
+    r = cli("export", plan, "--to", target, "-o", out)
+    files = "\n".join(f.read_text() for f in out.rglob("*") if f.is_file()) if out.exists() else ""
+    return r.code, files, r.err
+
+
+def test_bridge_turns_gradient_accumulation_fusion_off_for_add_and_refuses_cast_add(cli, tmp_path):
+    # Megatron-Core ModelParallelConfig.gradient_accumulation_fusion (default True in the recipes): off, the DDP
+    # hook adds each micro-batch's gradient into main_grad; no Megatron path casts and then adds (DeepSpeed's).
+    for mode in ("fused", "add"):
+        code, files, err = export(cli, saved(cli, tmp_path / mode, "--grad-accumulation", mode), "megatron-bridge",
+                                  tmp_path / f"b-{mode}")
+        assert code == 0, err
+        assert ("model.gradient_accumulation_fusion=false" in files.lower()) == (mode == "add")
+    code, files, err = export(cli, saved(cli, tmp_path / "cast", "--grad-accumulation", "cast-add"),
+                              "megatron-bridge", tmp_path / "b-cast")
+    assert code == 2 and "grad_accumulation cast-add" in err and "--grad-accumulation" in err
+    assert "Traceback" not in err and files == ""
+
+
+def test_rope_fusion_off_is_written_or_refused(cli, tmp_path):
+    # Megatron-LM arguments.py (d98e8a6): --no-rope-fusion stores apply_rope_fusion False, as
+    # TransformerConfig.apply_rope_fusion does for Megatron-Bridge; torchtitan compiles the model for fused kernels.
+    on, off = saved(cli, tmp_path / "on"), saved(cli, tmp_path / "off", rope_fusion=False)
+    for plan, want in ((on, False), (off, True)):
+        code, files, err = export(cli, plan, "megatron", plan.parent / "m")
+        assert code == 0 and ("--no-rope-fusion" in files) == want, err
+        code, files, err = export(cli, plan, "megatron-bridge", plan.parent / "b")
+        assert code == 0 and ("model.apply_rope_fusion=false" in files.lower()) == want, err
+    code, files, err = export(cli, off, "torchtitan", tmp_path / "t")
+    assert code == 2 and "rope_fusion off" in err and "Traceback" not in err and files == ""
+
+
+def test_fused_expert_clamp_and_bias_are_refused_by_every_export(cli, tmp_path):
+    # Megatron-Core moe/experts.py (d98e8a6): the clamped GLU and the fc2 bias run inside Transformer Engine's
+    # grouped MLP ops only on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),
+    # which no export writes; GPT-OSS has both the clamp (swiglu_limit 7) and the expert biases.
+    args = ("--model", "gpt-oss-20b", "--hardware", "dgx-h100")
+    path = tmp_path / "plan.json"
+    made = cli("estimate", *args, "--global-batch", "64", "--save", path)
+    assert made.code == 0, made.err
+    eager = json.loads(path.read_text())
+    for field in ("glu_clamp_fusion", "expert_bias_fusion"):
+        fused = tmp_path / f"{field}.json"
+        fused.write_text(json.dumps({**eager, "plan": {**eager["plan"], field: True}}))
+        for target in ("megatron", "megatron-bridge", "torchtitan", "deepspeed"):
+            code, files, err = export(cli, fused, target, tmp_path / f"{field}-{target}")
+            assert code == 2 and "Traceback" not in err and files == "", (target, err)
+            assert "glu_clamp_fusion / expert_bias_fusion" in err, (target, err)
+    code, _, err = export(cli, path, "megatron", tmp_path / "eager")
+    assert code == 0, err
+
+
+def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_path):
+    # Megatron-Core (d98e8a6): --moe-grouped-gemm builds TEGroupedMLP on Transformer Engine's GroupedLinear, one
+    # GEMM per local expert; torchtitan's GroupedExperts call torch._grouped_mm (use_grouped_mm, a model arg).
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--global-batch", "64")
+    path = tmp_path / "plan.json"
+    made = cli(*args, "--expert-gemm", "per-expert", "--save", path)
+    assert made.code == 0, made.err
+    code, files, err = export(cli, path, "megatron", tmp_path / "m")
+    assert code == 0 and "--moe-grouped-gemm" in files, err
+    code, files, err = export(cli, path, "torchtitan", tmp_path / "t")
+    assert code == 2 and "expert_gemm per-expert" in err and "--expert-gemm grouped" in err and files == ""
+    assert "Traceback" not in err
