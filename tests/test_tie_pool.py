@@ -1,0 +1,69 @@
+"""The tie pool (search.ties.resolve_pool) and layout codes (search.variants): properties (issue 33's ties)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from llmplan.search.ties import TIE_POOL, resolve_pool
+from llmplan.search.variants import layout_codes
+from llmplan.units import GIB
+
+DEGREES = st.sampled_from([1, 2, 4, 8])
+
+
+@st.composite
+def ranked_plans(draw):  # type: ignore[no-untyped-def]
+    """Fake estimates, fastest first: the fields the tie rules (ties.decide) read."""
+    n = draw(st.integers(1, 12))
+    rates = sorted(draw(st.lists(st.floats(1e3, 1e5), min_size=n, max_size=n)), reverse=True)
+    out = []
+    for r in rates:
+        plan = SimpleNamespace(tp=draw(DEGREES), pp=draw(DEGREES), dp=draw(DEGREES), cp=draw(DEGREES), ep=1,
+                               vpp=draw(st.sampled_from([1, 2, 4])), zero=draw(st.integers(0, 3)),
+                               recompute=draw(st.sampled_from(["none", "selective", "full"])))
+        out.append(SimpleNamespace(plan=plan, cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                                   memory=SimpleNamespace(headroom=draw(st.floats(0, 40)) * GIB),
+                                   throughput=SimpleNamespace(tokens_per_s=r)))
+    return out
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(ranked_plans(), st.floats(0.0, 0.5), st.integers(1, 12))
+def test_a_shorter_ranking_is_a_prefix_of_a_longer_one(ranked, resolution, top):
+    # --top only cuts the list resolve_pool sees (at max(top, TIE_POOL)): the order and the ties of the rows
+    # shown must be the first rows of the longest one's
+    full_order, full_ties, full_notes = resolve_pool(ranked, resolution)
+    cut = max(top, TIE_POOL)
+    order, ties, notes = resolve_pool(ranked[:cut], resolution)
+    k = min(top, len(ranked))
+    assert order[:k] == full_order[:k]
+    assert [[j for j in t if j <= k] for t in ties[:k]] == [[j for j in t if j <= k] for t in full_ties[:k]]
+    assert [n for n in notes if n.lower <= k] == [n for n in full_notes if n.lower <= k]
+    # below the pool the predicted order stands
+    assert full_order[TIE_POOL:] == list(range(min(TIE_POOL, len(ranked)), len(ranked)))
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(DEGREES, DEGREES, st.integers(1, 300), DEGREES, DEGREES, DEGREES,
+                          st.sampled_from([1, 2, 3, 4, 20])), min_size=1, max_size=40))
+def test_layout_codes_are_equal_exactly_when_layouts_are(rows):
+    a = np.asarray(rows, dtype=np.int64)
+    plans = SimpleNamespace(**{k: a[:, j] for j, k in enumerate(("tp", "pp", "dp", "cp", "ep", "etp_resolved",
+                                                                  "vpp"))})
+    codes = layout_codes(_Sized(plans, len(rows)))
+    key = [(*r[:6], r[6] > 1) for r in rows]
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (codes[i] == codes[j]) == (key[i] == key[j])
+
+
+class _Sized:
+    def __init__(self, ns: SimpleNamespace, n: int) -> None:
+        self.__dict__.update(vars(ns))
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
