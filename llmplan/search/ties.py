@@ -78,7 +78,8 @@ def apart(a: Any, b: Any) -> float:
 def resolve_pool(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
     """resolve() over the first TIE_POOL of `ranked` (one plan per layout, best first); the rest follow in
     their predicted order. Per new rank: the ranks it is tied with (within the resolution, pool or not)."""
-    head, notes = list(range(len(ranked))), []
+    head: list[int] = list(range(len(ranked)))
+    notes: list[TieNote] = []
     if ranked:
         head, _, notes = resolve(ranked[:TIE_POOL], resolution)
     order = head + list(range(len(head), len(ranked)))
