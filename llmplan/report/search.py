@@ -105,8 +105,10 @@ def variants_note(variants: list[Variants]) -> str:
         if v.near:
             what = [f"{k} {spans(xs)}" for k, xs in (("vpp", v.vpp), ("mb", v.micro_batch)) if len(xs) > 1]
             parts.append(f"#{i} {v.near}" + (f" ({'; '.join(what)})" if what else ""))
-    return ("one row per layout (tp pp dp cp ep, interleaved or not), its best plan; its other plans (vpp, mb, "
-            "recompute, sp, ZeRO) within the resolution: " + (", ".join(parts) or "none"))
+    head = "one row per layout (tp pp dp cp ep, interleaved or not), its best plan; "
+    if not parts:  # no resolution (the headroom objective), or none near
+        return head + f"{sum(v.count for v in variants):,} other plans of these layouts (vpp, mb, recompute, sp, ZeRO)"
+    return head + "its other plans (vpp, mb, recompute, sp, ZeRO) within the resolution: " + ", ".join(parts)
 
 
 def _marks(e: TrainingEstimate) -> str:
