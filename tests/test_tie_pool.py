@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from llmplan.search.ties import TIE_POOL, resolve_pool
-from llmplan.search.variants import layout_codes
+from llmplan.search.variants import best_layouts, layout_codes
 from llmplan.units import GIB
 
 DEGREES = st.sampled_from([1, 2, 4, 8])
@@ -67,3 +67,19 @@ class _Sized:
 
     def __len__(self) -> int:
         return self._n
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(1.0, 100.0)), min_size=1, max_size=30),
+       st.integers(0, 30), st.integers(1, 8))
+def test_best_layouts_takes_each_layouts_best_plan_in_ranked_order(rows, sorted_part, n):
+    # the search's ranking sorts only its best plans (TOP_SORTED): layouts it does not reach are found by score
+    codes = np.asarray([c for c, _ in rows], dtype=np.int64)
+    score = np.asarray([s for _, s in rows])
+    ranking = np.argsort(-score, kind="stable")[:sorted_part]
+    picked = best_layouts(ranking, codes, score, n)
+    assert len(picked) == min(n, len(set(codes.tolist())))
+    assert len({int(codes[i]) for i in picked}) == len(picked)  # one plan per layout
+    for i in picked:  # each is the best plan of its layout
+        assert score[i] == score[codes == codes[i]].max()
+    assert [score[i] for i in picked] == sorted((score[i] for i in picked), reverse=True)
