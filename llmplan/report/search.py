@@ -105,7 +105,8 @@ def variants_note(variants: list[Variants]) -> str:
         if v.near:
             what = [f"{k} {spans(xs)}" for k, xs in (("vpp", v.vpp), ("mb", v.micro_batch)) if len(xs) > 1]
             parts.append(f"#{i} {v.near}" + (f" ({'; '.join(what)})" if what else ""))
-    head = "one row per layout (tp pp dp cp ep, interleaved or not), its best plan; "
+    head = ("one row per layout (tp pp dp cp ep, interleaved or not): its best plan or a more robust one tied "
+            "with it; ")
     if not parts:  # no resolution (the headroom objective), or none near
         return head + f"{sum(v.count for v in variants):,} other plans of these layouts (vpp, mb, recompute, sp, ZeRO)"
     return head + "its other plans (vpp, mb, recompute, sp, ZeRO) within the resolution: " + ", ".join(parts)
@@ -184,12 +185,12 @@ def ties_json(res: SearchResult) -> dict[str, Any]:
 
 
 POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, pp, dp, cp, ep, interleaved or not; "
-             "each its best variant), whatever --top is; rows below them follow in predicted order")
+             "each placed by its best plan), whatever --top is; rows below them follow in predicted order")
 
 
 def variant_json(v: Variants) -> dict[str, Any]:
     return {"count": v.count, "within_resolution": v.near, "vpp": list(v.vpp), "micro_batch": list(v.micro_batch),
-            "slowest_within_percent": 100 * (math.exp(v.worst) - 1)}
+            "farthest_within_percent": 100 * (math.exp(v.worst) - 1), "layout_best_score": v.best}
 
 
 def tie_lines(res: SearchResult) -> list[str]:

@@ -172,13 +172,15 @@ def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int)
 
 
 def rank(res: Any, pool: int) -> Any:
-    """The result's layouts (one estimate each, search.variants) by score (to 4 significant digits, as
+    """The result's layouts (one estimate each, search.variants) by their best score (to 4 significant digits, as
     search.run ranks; stable, so the vectorised order stands among equals), the first `pool` kept, ties
     resolved among the first TIE_POOL of them (search.ties.resolve_pool)."""
     if not res.ranked:
         return res
-    best = max(abs(score(e, res.objective)) for e in res.ranked) or 1.0
-    idx = sorted(range(len(res.ranked)), key=lambda i: -round(score(res.ranked[i], res.objective) / best, 4))[:pool]
+    # each layout placed by its best plan's score (the one shown may be a more robust one tied with it)
+    lead = [max(v.best, score(e, res.objective)) for e, v in zip(res.ranked, res.variants)]
+    best = max(abs(x) for x in lead) or 1.0
+    idx = sorted(range(len(res.ranked)), key=lambda i: -round(lead[i] / best, 4))[:pool]
     tied_with: list[list[int]] = []
     notes: list[Any] = []
     if res.resolution is not None:

@@ -17,7 +17,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
-from llmplan.search.variants import Variants, best_layouts, layout_codes, variants_of
+from llmplan.search.variants import Variants, best_layouts, layout_codes, representative, variants_of
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -315,7 +315,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     # is, so the rows at any --top are the first rows of one ranking (search.variants, search.ties)
     pool = max(top, TIE_POOL)
     codes = layout_codes(plans)
-    picked = best_layouts(ranking, codes, score, pool)
+    headroom = np.asarray(ev.memory.headroom, dtype=float)
+    picked = [representative(i, codes, score, headroom, plans, resolution)
+              for i in best_layouts(ranking, codes, score, pool)]
     memory = np.asarray(ev.memory.total, dtype=float)
     counted = [variants_of(i, codes, score, memory, layout, plans,
                            resolution) for i in picked]
