@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from llmplan.search.ties import TIE_POOL, resolve_pool
-from llmplan.search.variants import best_layouts, layout_codes
+from llmplan.search.variants import best_layouts, layout_codes, robust_pick
 from llmplan.units import GIB
 
 DEGREES = st.sampled_from([1, 2, 4, 8])
@@ -83,3 +83,23 @@ def test_best_layouts_takes_each_layouts_best_plan_in_ranked_order(rows, sorted_
     for i in picked:  # each is the best plan of its layout
         assert score[i] == score[codes == codes[i]].max()
     assert [score[i] for i in picked] == sorted((score[i] for i in picked), reverse=True)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12))
+def test_robust_pick_applies_the_tie_rules_as_decide_does(rows):
+    # plans of one layout (same degrees): only headroom, ZeRO and recompute can separate them in ties.decide
+    from llmplan.search.ties import decide
+    from llmplan.specs.plan import RECOMPUTE
+
+    headroom = np.asarray([h * GIB for h, _, _ in rows])
+    zero = np.asarray([z for _, z, _ in rows])
+    code = np.asarray([c for _, _, c in rows])
+    fake = [SimpleNamespace(plan=SimpleNamespace(tp=4, pp=2, dp=8, cp=1, ep=1, vpp=1, zero=z, recompute=RECOMPUTE[c]),
+                            cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                            memory=SimpleNamespace(headroom=h * GIB)) for h, z, c in rows]
+    k = 0
+    for j in range(1, len(rows)):
+        if decide(fake[j], fake[k])[0] < 0:
+            k = j
+    assert robust_pick(np.arange(len(rows)), headroom, zero, code) == k
