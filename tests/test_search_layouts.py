@@ -52,8 +52,11 @@ def test_free_vpp_adds_layout_plans_to_the_ranking(cli):
     r = cli("search", *DSV3, "--no-cp", "--top", "8", "--json")
     assert r.code == 0, r.err
     doc = r.json()
-    laid = [p for p in _plans(doc) if p["pp_layout"] is not None]
-    assert {p["vpp"] for p in laid} == {3, 4}  # the two degrees 7+8x6+6 cannot interleave evenly
+    laid = [p for p in doc["plans"] if p["plan"]["pp_layout"] is not None]
+    # the two degrees 7+8x6+6 cannot interleave evenly, priced with the layout: one row for the interleaved
+    # layout (its best variant), the other degree counted among its variants (search.variants)
+    assert len(laid) == 1 and laid[0]["plan"]["vpp"] in (3, 4)
+    assert {3, 4} <= set(laid[0]["variants"]["vpp"])
     even = [p for p in _plans(doc) if p["pp_layout"] is None]
     assert {p["vpp"] for p in even} <= {1, 2}
     assert all(p["pp_layout"] is None or p["pp_first"] == p["pp_last"] == 0 for p in _plans(doc))
@@ -105,13 +108,55 @@ def test_pinned_vpp_with_a_partial_micro_batch_group_says_why(cli):
     assert r.code == 2 and "--vpp 4" in r.err and "10 micro-batches" in r.err and "Traceback" not in r.err
 
 
+LLAMA70 = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--json")
+
+
+def _layout(p: dict) -> tuple:
+    return (p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["vpp"] > 1)
+
+
 def test_the_leading_plans_do_not_depend_on_top(cli):
-    # Ties are resolved among the best max(top, TIE_POOL) plans: with the tie pool cut at --top, 70B on 8 DGX-H100
-    # led with tp2 pp4 cp2 at --top 3 and tp4 pp2 at --top 6. The promise holds up to TIE_POOL (a wider --top
-    # widens the pool: at --top 6 the tp4 pp2 plan without interleaving, 0.8% slower, joins five interleaved
-    # variants of it and leads on fewer axes).
-    args = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--json")
-    runs = {t: cli(*args, "--top", str(t)) for t in (2, TIE_POOL)}
-    assert all(r.code == 0 for r in runs.values())
-    lead = {t: [p["plan"] for p in r.json()["plans"][:2]] for t, r in runs.items()}
-    assert lead[2] == lead[TIE_POOL]
+    # Ties were resolved among the best max(top, TIE_POOL) plans, five of them interleaved variants of one
+    # layout: 70B on 8 DGX-H100 led with tp4 pp2 vpp6 up to --top 5 and with the non-interleaved tp4 pp2 plan,
+    # 0.8% slower, from --top 6. Now the pool holds TIE_POOL distinct layouts whatever --top is, so the rows at
+    # any --top are the first rows of the one ranking, with the same ties.
+    runs = {t: cli(*LLAMA70, "--top", str(t)) for t in (1, 2, TIE_POOL, TIE_POOL + 3)}
+    assert all(r.code == 0 for r in runs.values()), [r.err for r in runs.values()]
+    docs = {t: r.json() for t, r in runs.items()}
+    full = docs[TIE_POOL + 3]
+    assert len(full["plans"]) == TIE_POOL + 3
+    for t, doc in docs.items():
+        assert [p["plan"] for p in doc["plans"]] == [p["plan"] for p in full["plans"][:t]], t
+        assert [p["tied_with"] for p in doc["plans"]] == [[k for k in p["tied_with"] if k <= t]
+                                                         for p in full["plans"][:t]], t
+        assert doc["ties"]["decided"] == [d for d in full["ties"]["decided"] if d["lower"] <= t], t
+
+
+def test_each_row_is_a_distinct_layout_with_its_variants_counted(cli):
+    doc = cli(*LLAMA70, "--top", "8").json()
+    layouts = [_layout(p["plan"]) for p in doc["plans"]]
+    assert len(set(layouts)) == len(layouts)  # no layout fills two rows
+    res = 1 + doc["ties"]["resolution_percent"] / 100
+    for p in doc["plans"]:
+        v = p["variants"]
+        assert 0 <= v["within_resolution"] <= v["count"] and 1 + v["farthest_within_percent"] / 100 <= res + 1e-9
+        assert p["plan"]["vpp"] in v["vpp"] and p["plan"]["micro_batch"] in v["micro_batch"]
+        assert (len(v["vpp"]) > 1) <= (p["plan"]["vpp"] > 1)  # vpp 1 and vpp > 1 are different layouts
+        # the row is its layout's best plan or a more robust one tied with it
+        tokens = p["throughput"]["tokens_per_s"]
+        assert tokens <= v["layout_best_score"] * (1 + 1e-9) and v["layout_best_score"] <= tokens * res
+    # no plan of the Pareto front beats the best of its layout
+    best = {_layout(p["plan"]): p["variants"]["layout_best_score"] for p in doc["plans"]}
+    for p in doc["pareto"]:
+        if _layout(p["plan"]) in best:
+            assert p["throughput"]["tokens_per_s"] <= best[_layout(p["plan"])] * (1 + 1e-6)
+    assert doc["ties"]["pool"] == TIE_POOL and "layouts" in doc["ties"]["pool_rule"]
+
+
+def test_explain_names_the_tie_pool_rule_within_80_columns(cli):
+    r = cli(*LLAMA70[:-1], "--top", "8", "--explain")
+    assert r.code == 0, r.err
+    flat = " ".join(r.out.split())
+    assert f"ties are decided among the {TIE_POOL} best layouts" in flat and "whatever --top is" in flat
+    assert "one row per layout" in flat
+    assert max(len(line) for line in r.out.splitlines()) <= 80

@@ -16,6 +16,8 @@ from llmplan.intervals import training_interval
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
+from llmplan.search.ties import TIE_POOL
+from llmplan.search.variants import Variants
 from llmplan.specs.layout import format_layout
 from llmplan.topology.placement import place
 from llmplan.specs.model import ModelSpec
@@ -42,7 +44,8 @@ def mfu_cell(e: TrainingEstimate) -> str:
 
 
 def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None,
-                 wide: bool = False, tied_with: list[list[int]] | None = None) -> Table:
+                 wide: bool = False, tied_with: list[list[int]] | None = None,
+                 variants: list[Variants] | None = None) -> Table:
     """The ranked plans: by default one plan string per row (fits 80 columns); wide: a column per degree.
     MFU carries its 80% interval (llmplan.intervals); '=' marks plans tied with another shown one."""
     t = ReportTable(title=title)
@@ -73,12 +76,40 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
         notes.append("+N: N more plans with the same predicted throughput and memory, or the same layout at a "
                      "higher ZeRO stage (the one shown is preferred: smaller cp, lower ZeRO stage, fewer stages, "
                      "smaller micro-batch and TP)")
+    if variants and any(v.count for v in variants):
+        notes.append(variants_note(variants))
     if tied_with and any(tied_with):
         ties = [f"#{i}" for i, w in enumerate(tied_with, 1) if w]
-        notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of each other; the "
-                     "more robust is ranked first (--explain says why)")
+        notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of each other; "
+                     f"among the best {TIE_POOL} layouts the more robust is ranked first (--explain says why)")
     t.caption = "\n".join(notes) or None
     return t
+
+
+def spans(xs: tuple[int, ...]) -> str:
+    """'2-6, 8, 10' for (2, 3, 4, 5, 6, 8, 10)."""
+    out: list[str] = []
+    for x in xs:
+        if out and out[-1].split("-")[-1] == str(x - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ", ".join(out)
+
+
+def variants_note(variants: list[Variants]) -> str:
+    """Each row is the best plan of its layout; how many other plans of it are within the resolution, with
+    their interleave degrees and micro-batches where those differ: '... #1 3, #2 33 (vpp 3-6, 8, 10)'."""
+    parts = []
+    for i, v in enumerate(variants, 1):
+        if v.near:
+            what = [f"{k} {spans(xs)}" for k, xs in (("vpp", v.vpp), ("mb", v.micro_batch)) if len(xs) > 1]
+            parts.append(f"#{i} {v.near}" + (f" ({'; '.join(what)})" if what else ""))
+    head = ("one row per layout (tp pp dp cp ep, interleaved or not): its best plan or a more robust one tied "
+            "with it; ")
+    if not parts:  # no resolution (the headroom objective), or none near
+        return head + f"{sum(v.count for v in variants):,} other plans of these layouts (vpp, mb, recompute, sp, ZeRO)"
+    return head + "its other plans (vpp, mb, recompute, sp, ZeRO) within the resolution: " + ", ".join(parts)
 
 
 def _marks(e: TrainingEstimate) -> str:
@@ -147,18 +178,28 @@ def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, Any]:
 
 def ties_json(res: SearchResult) -> dict[str, Any]:
     """The tie resolution and, for each adjacent tied pair, the rule that ranked the upper one first."""
-    return {"resolution": res.resolution,
+    return {"resolution": res.resolution, "pool": TIE_POOL, "pool_rule": POOL_RULE,
             "resolution_percent": 100 * (math.exp(res.resolution) - 1) if res.resolution is not None else None,
             "decided": [{"upper": n.upper, "lower": n.lower, "apart_percent": 100 * (math.exp(n.apart) - 1),
                          "rule": n.rule} for n in res.tie_notes]}
 
 
+POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, pp, dp, cp, ep, interleaved or not; "
+             "each placed by its best plan), whatever --top is; rows below them follow in predicted order")
+
+
+def variant_json(v: Variants) -> dict[str, Any]:
+    return {"count": v.count, "within_resolution": v.near, "vpp": list(v.vpp), "micro_batch": list(v.micro_batch),
+            "farthest_within_percent": 100 * (math.exp(v.worst) - 1), "layout_best_score": v.best}
+
+
 def tie_lines(res: SearchResult) -> list[str]:
-    """'#1 and #2 are tied (0.1% apart, resolution 11.0%); #1 preferred: 6.1 GiB more memory headroom'."""
+    """'#1 and #2 are tied (0.1% apart, resolution 11.0%); #1 preferred: 6.1 GiB more memory headroom',
+    after the rule that bounds the pool the ties are decided in."""
     if res.resolution is None:
         return []
     pct = 100 * (math.exp(res.resolution) - 1)
-    return [f"#{n.upper} and #{n.lower} are tied ({100 * (math.exp(n.apart) - 1):.1f}% apart, resolution "
+    return [POOL_RULE] * bool(res.tie_notes) + [f"#{n.upper} and #{n.lower} are tied ({100 * (math.exp(n.apart) - 1):.1f}% apart, resolution "
             f"{pct:.1f}%); #{n.upper} preferred: {n.rule}" for n in res.tie_notes]
 
 
@@ -175,7 +216,8 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "warnings": [w for w in (ceiling_warning(res.ranked[0], cluster),) if w] if res.ranked else [],
         "plans": [{"rank": i, **estimate_json(e), "budget": budget_json(e, train_tokens),
                    "equivalent": res.equivalents[i - 1] if i <= len(res.equivalents) else 0,
-                   "tied_with": res.tied_with[i - 1] if i <= len(res.tied_with) else []}
+                   "tied_with": res.tied_with[i - 1] if i <= len(res.tied_with) else [],
+                   **({"variants": variant_json(res.variants[i - 1])} if i <= len(res.variants) else {})}
                   for i, e in enumerate(res.ranked, 1)],
         "ties": ties_json(res),
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
@@ -259,7 +301,7 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                   f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
-        console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with))
+        console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with, res.variants))
         b = budget_json(res.ranked[0], train_tokens)
         (dlo, dhi), (hlo, hhi) = b["time_to_train_days_interval"], b["gpu_hours_interval"]
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days "

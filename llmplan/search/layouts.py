@@ -27,6 +27,7 @@ from llmplan.specs.stages import balanced_split, pinned_split, vpp_fits
 from llmplan.specs.layout import balanced_layout
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.search.variants import Group, merge
 
 SHAPES = 3
 """Distinct pipelined shapes (tp, pp, dp, cp, ep, recompute, micro-batch) of the ranking that get a balanced
@@ -153,9 +154,10 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
     if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
         raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
     stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731
-    pool = [(e, n) for e, n in zip(res.ranked, res.equivalents) if not stand_in(e)] + [(e, 0) for e in fit]
-    ranked, counts, tied_with, notes = _rank(pool, res.objective, res.resolution, top)
-    return dataclasses.replace(res, ranked=ranked, equivalents=counts, tied_with=tied_with, tie_notes=notes,
+    groups = [Group(e, n, v) for e, n, v in zip(res.ranked, res.equivalents, res.variants) if not stand_in(e)]
+    groups = merge(groups, fit, lambda e: score(e, res.objective), res.resolution)
+    return dataclasses.replace(res, ranked=[g.estimate for g in groups], equivalents=[g.equivalents for g in groups],
+                               variants=[g.variants for g in groups],
                                pareto=_front([e for e in res.pareto if not stand_in(e)] + fit))
 
 
@@ -169,23 +171,25 @@ def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int)
             f"{why}; change --global-batch or --micro-batch, try another --vpp, or unpin it")
 
 
-def _rank(pool: list[tuple[TrainingEstimate, int]], objective: str, resolution: float | None,
-          top: int) -> tuple[list[TrainingEstimate], list[int], list[list[int]], list[Any]]:
-    """(estimate, equivalents) pairs by score (to 4 significant digits, as search.run ranks; stable, so the
-    vectorised order stands among equals), ties resolved among all of them (search.ties), the first `top` kept."""
-    if not pool:
-        return [], [], [], []
-    best = max(abs(score(e, objective)) for e, _ in pool) or 1.0
-    pool = sorted(pool, key=lambda en: -round(score(en[0], objective) / best, 4))
-    ranked, counts = [e for e, _ in pool], [n for _, n in pool]
-    if resolution is None:
-        return ranked[:top], counts[:top], [], []
-    from llmplan.search.ties import resolve
+def rank(res: Any, pool: int) -> Any:
+    """The result's layouts (one estimate each, search.variants) by their best score (to 4 significant digits, as
+    search.run ranks; stable, so the vectorised order stands among equals), the first `pool` kept, ties
+    resolved among the first TIE_POOL of them (search.ties.resolve_pool)."""
+    if not res.ranked:
+        return res
+    # each layout placed by its best plan's score (the one shown may be a more robust one tied with it)
+    lead = [max(v.best, score(e, res.objective)) for e, v in zip(res.ranked, res.variants)]
+    best = max(abs(x) for x in lead) or 1.0
+    idx = sorted(range(len(res.ranked)), key=lambda i: -round(lead[i] / best, 4))[:pool]
+    tied_with: list[list[int]] = []
+    notes: list[Any] = []
+    if res.resolution is not None:
+        from llmplan.search.ties import resolve_pool
 
-    # ties resolved over every priced plan (all are estimated already), then the first `top` kept
-    new, tied_with, notes = resolve(ranked, resolution)
-    return ([ranked[i] for i in new][:top], [counts[i] for i in new][:top],
-            [[k for k in t if k <= top] for t in tied_with[:top]], [n for n in notes if n.lower <= top])
+        new, tied_with, notes = resolve_pool([res.ranked[i] for i in idx], res.resolution)
+        idx = [idx[k] for k in new]
+    return dataclasses.replace(res, ranked=[res.ranked[i] for i in idx], equivalents=[res.equivalents[i] for i in idx],
+                               variants=[res.variants[i] for i in idx], tied_with=tied_with, tie_notes=notes)
 
 
 def _front(estimates: list[TrainingEstimate]) -> list[TrainingEstimate]:

@@ -17,6 +17,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
+from llmplan.search.variants import Variants, best_layouts, layout_codes, representative, variants_of
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -76,6 +77,8 @@ class SearchResult:
     """For each adjacent tied pair: which robustness rule put the upper one first (ties.TieNote)."""
     resolution: float | None = None
     """The tie resolution used (|log| of a tokens/s ratio); None when ties were not resolved (headroom)."""
+    variants: list[Variants] = field(default_factory=list)
+    """Per ranked plan: the other plans of its layout (search.variants; each row is its layout's best)."""
 
 
 CLOUD_POINTS = 2000
@@ -303,35 +306,37 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved, plans.vpp,
                        plans.pp_first, plans.pp_last, plans.sp, plans.recompute_code, plans.micro_batch], axis=1)
-    # ties are resolved among the best `pool` plans, the first `top` shown: what leads does not hang on --top
-    pool = max(top, TIE_POOL)
-    picked, counts = collapse_equivalent(ranking, score, np.asarray(ev.memory.total, dtype=float), pool, layout)
-    sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
-    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
-                      np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
-    ranked = [est(i) for i in picked]
-    tied_with: list[list[int]] = []
-    notes: list[Any] = []
     resolution = None
     if objective != "headroom":  # throughput-like objectives: plans inside the resolution are tied
         from llmplan.intervals import resolution as model_resolution
-        from llmplan.search.ties import resolve
 
         resolution = model_resolution(moe=bool(m.num_experts))
-        new, tied_with, notes = resolve(ranked, resolution)
-        ranked, counts = [ranked[i] for i in new], [counts[i] for i in new]
+    # one row per layout (its best variant); ties are resolved among the TIE_POOL best layouts whatever --top
+    # is, so the rows at any --top are the first rows of one ranking (search.variants, search.ties)
+    pool = max(top, TIE_POOL)
+    codes = layout_codes(plans)
+    headroom = np.asarray(ev.memory.headroom, dtype=float)
+    picked = [representative(i, codes, score, headroom, plans, resolution)
+              for i in best_layouts(ranking, codes, score, pool)]
+    memory = np.asarray(ev.memory.total, dtype=float)
+    counted = [variants_of(i, codes, score, memory, layout, plans,
+                           resolution) for i in picked]
+    sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
+    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
+                      np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
     res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                       ranked=ranked, pareto=[est(i) for i in front],
-                       seconds=time.perf_counter() - t0, objective=objective, equivalents=counts,
+                       ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
+                       seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],
                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
-                       cloud=cloud, tied_with=tied_with, tie_notes=notes, resolution=resolution)
+                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
-    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+    return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:
     """The result with its first `top` ranked plans, their ties and tie notes among those shown."""
     return dataclasses.replace(res, ranked=res.ranked[:top], equivalents=res.equivalents[:top],
+                               variants=res.variants[:top],
                                tied_with=[[k for k in t if k <= top] for t in res.tied_with[:top]],
                                tie_notes=[n for n in res.tie_notes if n.lower <= top])
 

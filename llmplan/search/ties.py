@@ -10,9 +10,9 @@ from typing import Any
 from llmplan.units import GIB
 
 TIE_POOL = 5
-"""Distinct plans of the vectorised ranking estimated for the tie rules when fewer are shown (the default --top):
-ties are resolved among these and every balanced-layout plan priced, then the first --top are shown, so the
-leading plans do not change with --top up to TIE_POOL (a wider --top widens the pool, and may reorder ties).
+"""Distinct layouts (search.variants: degrees, interleaved or not; each represented by its best variant) among
+which ties are resolved: the TIE_POOL best, whatever --top is, so the ranking at any --top is the first --top
+rows of the same ranking (a plan below the pool is shown in predicted order, and marked tied where it is).
 More would cost a scalar estimate each (about 20 ms for DeepSeek-V3)."""
 
 HEADROOM_STEP = 2 * GIB
@@ -73,6 +73,19 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
 def apart(a: Any, b: Any) -> float:
     """|log| of the two plans' predicted tokens/s ratio."""
     return abs(math.log(float(a.throughput.tokens_per_s) / float(b.throughput.tokens_per_s)))
+
+
+def resolve_pool(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
+    """resolve() over the first TIE_POOL of `ranked` (one plan per layout, best first); the rest follow in
+    their predicted order. Per new rank: the ranks it is tied with (within the resolution, pool or not)."""
+    head: list[int] = list(range(len(ranked)))
+    notes: list[TieNote] = []
+    if ranked:
+        head, _, notes = resolve(ranked[:TIE_POOL], resolution)
+    order = head + list(range(len(head), len(ranked)))
+    tied_with = [[k + 1 for k, j in enumerate(order) if j != i and apart(ranked[i], ranked[j]) <= resolution]
+                 for i in order]
+    return order, tied_with, notes
 
 
 def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:

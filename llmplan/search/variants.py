@@ -1,0 +1,201 @@
+"""Layouts and their variants in `search`: the ranked table and the tie pool hold one row per distinct layout.
+
+A layout is what the tie rules (search.ties.decide) look at: the degrees (tp, pp, dp, cp, ep and the expert
+TP) and whether the pipeline is interleaved (an interleaved schedule is one more axis there). Plans of one
+layout that differ only in the interleave degree, the pipeline split or layout, the micro-batch, ZeRO stage,
+recompute or sequence parallelism are its variants: the best-scoring one represents the layout and the rest
+are counted beside it (Variants). Without this, the five interleave degrees of one layout, 0.1% apart,
+filled the tie pool and a different layout 0.8% slower entered it, and then led on fewer axes, only once
+--top was wider than the pool (issue 33's ties)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmplan.units import GIB
+
+LAYOUT_KEY = ("tp", "pp", "dp", "cp", "ep", "etp_resolved")
+"""Degrees that make a layout (with interleaved or not)."""
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The other plans that fit of a shown plan's layout (same degrees, interleaved or not alike)."""
+
+    count: int = 0
+    """Other plans of the layout that fit, its equivalents (identical predictions) not counted."""
+    near: int = 0
+    """Of those, how many are predicted within the tie resolution of the shown one."""
+    vpp: tuple[int, ...] = ()
+    """Interleave degrees of the shown plan and its near variants (ascending)."""
+    micro_batch: tuple[int, ...] = ()
+    """Micro-batch sizes of the shown plan and its near variants (ascending)."""
+    worst: float = 0.0
+    """The largest |log| of the score ratio of the shown plan to a near variant."""
+    best: float = 0.0
+    """The best score of any plan of the layout (the shown one is the more robust of those tied with it):
+    what places the layout in the ranking and the tie pool."""
+
+
+@dataclass
+class Group:
+    """One layout while the ranking is assembled: its best estimate, equivalents and variants."""
+
+    estimate: Any
+    equivalents: int
+    variants: Variants = field(default_factory=Variants)
+
+
+def layout_codes(plans: Any) -> np.ndarray:
+    """One integer per plan naming its layout (LAYOUT_KEY degrees and vpp > 1), equal exactly when the layouts
+    are (mixed radix over the degrees' ranges)."""
+    code = np.zeros(len(plans), dtype=np.int64)
+    for a in LAYOUT_KEY:
+        col = np.asarray(getattr(plans, a), dtype=np.int64)
+        code = code * (int(col.max(initial=0)) + 1) + col
+    return code * 2 + (np.asarray(plans.vpp) > 1)
+
+
+def plan_code(p: Any) -> tuple[int, ...]:
+    """The layout of one ParallelPlan, as a tuple (for plans priced outside the plan arrays)."""
+    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.etp_resolved, int(p.vpp > 1))
+
+
+def best_layouts(ranking: np.ndarray, codes: np.ndarray, score: np.ndarray, n: int) -> list[int]:
+    """The best-ranked plan of each of the first n distinct layouts: from the sorted `ranking` (whose order
+    among equal scores stands), then, when it holds fewer layouts, the best plan by score of each further one."""
+    seen: dict[int, int] = {}
+    for i in ranking:
+        c = int(codes[i])
+        if c not in seen:
+            seen[c] = int(i)
+            if len(seen) == n:
+                return list(seen.values())
+    rest = np.flatnonzero(~np.isin(codes, np.fromiter(seen, dtype=np.int64, count=len(seen))))
+    if len(rest):
+        by = rest[np.lexsort((-score[rest], codes[rest]))]  # per layout, best score first
+        first = by[np.concatenate(([True], codes[by][1:] != codes[by][:-1]))]
+        extra = first[np.argsort(-score[first], kind="stable")][:n - len(seen)]
+        return list(seen.values()) + [int(i) for i in extra]
+    return list(seen.values())
+
+
+RECOMPUTE_RANK = (0, 1, 3, 2)
+"""Recompute codes (specs.plan.RECOMPUTE: none, selective, full, op) in ties.decide's order of less recompute."""
+
+
+def robust_pick(near: np.ndarray, headroom: np.ndarray, zero: np.ndarray, recompute: np.ndarray) -> int:
+    """The plan of one layout that search.ties.decide prefers among `near` (its plans tied with its best one,
+    best score first): the rules that can separate plans of one layout (TP placement, the axes and the CP
+    degree are the layout's), applied as decide applies them, each plan against the one kept so far."""
+    from llmplan.search.ties import HEADROOM_STEP
+
+    h, z, r = headroom[near].tolist(), zero[near].tolist(), [RECOMPUTE_RANK[int(c)] for c in recompute[near]]
+    k = 0
+    for j in range(1, len(h)):
+        if abs(h[j] - h[k]) >= HEADROOM_STEP:
+            better = h[j] > h[k]
+        else:
+            better = (z[j], r[j]) < (z[k], r[k])
+        if better:
+            k = j
+    return int(near[k])
+
+
+def representative(best: int, codes: np.ndarray, score: np.ndarray, headroom: np.ndarray, plans: Any,
+                   resolution: float | None) -> int:
+    """The plan shown for the layout of plan `best` (its best-scoring one): the more robust of the layout's
+    plans tied with it (robust_pick), `best` itself when ties are not resolved (the headroom objective)."""
+    if resolution is None or score[best] <= 0:
+        return best
+    same = np.flatnonzero(codes == codes[best])
+    near = same[np.log(score[best] / np.maximum(score[same], 1e-300)) <= resolution]
+    near = np.concatenate(([best], near[near != best][np.argsort(-score[near[near != best]], kind="stable")]))
+    return robust_pick(near, headroom, np.asarray(plans.zero), np.asarray(plans.recompute_code))
+
+
+def variants_of(i: int, codes: np.ndarray, score: np.ndarray, memory: np.ndarray, full: np.ndarray,
+                plans: Any, resolution: float | None) -> tuple[int, Variants]:
+    """(equivalents, variants) of plan i among the plans of its layout: equivalents predict the same score
+    (to 1e-4) and memory (to 0.05 GiB) or are the same plan at another ZeRO stage (`full`: every axis but
+    ZeRO), as search.run.collapse_equivalent counts them; the rest are variants, near when within
+    `resolution` (|log| of the score ratio, either way) of plan i."""
+    same = np.flatnonzero(codes == codes[i])
+    same = same[same != i]
+    s, s0 = score[same], float(score[i])
+    twin = (np.abs(s - s0) <= 1e-4 * abs(s0)) & ((np.abs(memory[same] - memory[i]) <= 0.05 * GIB)
+                                                   | (full[same] == full[i]).all(axis=1))
+    other = same[~twin]
+    if resolution is None or s0 <= 0:
+        return int(twin.sum()), Variants(count=len(other))
+    ratio = np.abs(np.log(s0 / np.maximum(score[other], 1e-300)))
+    near = other[ratio <= resolution]
+    worst = float(ratio[ratio <= resolution].max(initial=0.0))
+    vpp = tuple(sorted({int(plans.vpp[i]), *map(int, plans.vpp[near])}))
+    mb = tuple(sorted({int(plans.micro_batch[i]), *map(int, plans.micro_batch[near])}))
+    best = max(s0, float(score[same].max(initial=s0)))
+    return int(twin.sum()), Variants(len(other), len(near), vpp, mb, worst, best)
+
+
+def absorb(kept: Variants, e: Any, score_kept: float, score_e: float, resolution: float | None) -> Variants:
+    """`kept`'s variants with one more plan of its layout (estimate e, priced outside the plan arrays)."""
+    best = max(kept.best, score_e)
+    if resolution is None or score_kept <= 0:
+        return Variants(kept.count + 1, best=best)
+    gap = abs(math.log(score_kept / max(score_e, 1e-300)))
+    if gap > resolution:
+        return Variants(kept.count + 1, kept.near, kept.vpp, kept.micro_batch, kept.worst, best)
+    return Variants(kept.count + 1, kept.near + 1, tuple(sorted({*kept.vpp, e.plan.vpp})),
+                    tuple(sorted({*kept.micro_batch, e.plan.micro_batch})), max(kept.worst, gap), best)
+
+
+def takes_over(e: Any, shown: Any, score_e: float, score_shown: float, resolution: float | None) -> bool:
+    """Whether plan e (priced outside the plan arrays) is shown for its layout instead of `shown`: when
+    faster beyond the resolution, else when search.ties.decide prefers it, else when faster."""
+    from llmplan.search.ties import decide
+
+    if resolution is None or score_shown <= 0 or score_e <= 0 or abs(math.log(score_e / score_shown)) > resolution:
+        return score_e > score_shown
+    sign, _ = decide(e, shown)
+    return sign < 0 or (sign == 0 and score_e > score_shown)
+
+
+def merge(groups: list[Group], extra: list[Any], score: Any, resolution: float | None) -> list[Group]:
+    """`groups` (one per layout) with the priced plans `extra` joined to their layout: a plan preferred to its
+    layout's shown one (takes_over) takes its place, the shown one becoming a variant; another becomes a
+    variant; a plan of a layout not yet shown starts its own group."""
+    out = list(groups)
+    for e in extra:
+        k = next((j for j, g in enumerate(out) if plan_code(g.estimate.plan) == plan_code(e.plan)), None)
+        se = float(score(e))
+        if k is None:
+            out.append(Group(e, 0, Variants(best=se) if resolution is None else
+                             Variants(0, 0, (e.plan.vpp,), (e.plan.micro_batch,), 0.0, se)))
+            continue
+        g, sg = out[k], float(score(out[k].estimate))
+        if takes_over(e, g.estimate, se, sg, resolution):
+            out[k] = Group(e, g.equivalents, replaced(g.variants, g.estimate, e, abs(math.log(se / sg))
+                                                      if sg > 0 and se > 0 else math.inf, resolution, se))
+        else:
+            out[k] = Group(g.estimate, g.equivalents, absorb(g.variants, e, sg, se, resolution))
+    return out
+
+
+def replaced(old: Variants, was: Any, new: Any, gap: float, resolution: float | None, score_new: float) -> Variants:
+    """The variants of a layout whose shown plan `was` gives way to `new`, `gap` (|log|) apart: `was` joins
+    them; its near variants stay near when the farthest of them still is (else only `was` is counted near, a
+    lower bound: the variants priced in arrays are not kept one by one)."""
+    best = max(old.best, score_new)
+    if resolution is None:
+        return Variants(old.count + 1, best=best)
+    if old.worst + gap <= resolution:
+        return Variants(old.count + 1, old.near + 1, tuple(sorted({*old.vpp, new.plan.vpp})),
+                        tuple(sorted({*old.micro_batch, new.plan.micro_batch})), old.worst + gap, best)
+    if gap <= resolution:
+        return Variants(old.count + 1, 1, tuple(sorted({was.plan.vpp, new.plan.vpp})),
+                        tuple(sorted({was.plan.micro_batch, new.plan.micro_batch})), gap, best)
+    return Variants(old.count + 1, 0, (new.plan.vpp,), (new.plan.micro_batch,), 0.0, best)

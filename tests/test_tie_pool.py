@@ -1,0 +1,105 @@
+"""The tie pool (search.ties.resolve_pool) and layout codes (search.variants): properties (issue 33's ties)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from llmplan.search.ties import TIE_POOL, resolve_pool
+from llmplan.search.variants import best_layouts, layout_codes, robust_pick
+from llmplan.units import GIB
+
+DEGREES = st.sampled_from([1, 2, 4, 8])
+
+
+@st.composite
+def ranked_plans(draw):  # type: ignore[no-untyped-def]
+    """Fake estimates, fastest first: the fields the tie rules (ties.decide) read."""
+    n = draw(st.integers(1, 12))
+    rates = sorted(draw(st.lists(st.floats(1e3, 1e5), min_size=n, max_size=n)), reverse=True)
+    out = []
+    for r in rates:
+        plan = SimpleNamespace(tp=draw(DEGREES), pp=draw(DEGREES), dp=draw(DEGREES), cp=draw(DEGREES), ep=1,
+                               vpp=draw(st.sampled_from([1, 2, 4])), zero=draw(st.integers(0, 3)),
+                               recompute=draw(st.sampled_from(["none", "selective", "full"])))
+        out.append(SimpleNamespace(plan=plan, cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                                   memory=SimpleNamespace(headroom=draw(st.floats(0, 40)) * GIB),
+                                   throughput=SimpleNamespace(tokens_per_s=r)))
+    return out
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(ranked_plans(), st.floats(0.0, 0.5), st.integers(1, 12))
+def test_a_shorter_ranking_is_a_prefix_of_a_longer_one(ranked, resolution, top):
+    # --top only cuts the list resolve_pool sees (at max(top, TIE_POOL)): the order and the ties of the rows
+    # shown must be the first rows of the longest one's
+    full_order, full_ties, full_notes = resolve_pool(ranked, resolution)
+    cut = max(top, TIE_POOL)
+    order, ties, notes = resolve_pool(ranked[:cut], resolution)
+    k = min(top, len(ranked))
+    assert order[:k] == full_order[:k]
+    assert [[j for j in t if j <= k] for t in ties[:k]] == [[j for j in t if j <= k] for t in full_ties[:k]]
+    assert [n for n in notes if n.lower <= k] == [n for n in full_notes if n.lower <= k]
+    # below the pool the predicted order stands
+    assert full_order[TIE_POOL:] == list(range(min(TIE_POOL, len(ranked)), len(ranked)))
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(DEGREES, DEGREES, st.integers(1, 300), DEGREES, DEGREES, DEGREES,
+                          st.sampled_from([1, 2, 3, 4, 20])), min_size=1, max_size=40))
+def test_layout_codes_are_equal_exactly_when_layouts_are(rows):
+    a = np.asarray(rows, dtype=np.int64)
+    plans = SimpleNamespace(**{k: a[:, j] for j, k in enumerate(("tp", "pp", "dp", "cp", "ep", "etp_resolved",
+                                                                  "vpp"))})
+    codes = layout_codes(_Sized(plans, len(rows)))
+    key = [(*r[:6], r[6] > 1) for r in rows]
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (codes[i] == codes[j]) == (key[i] == key[j])
+
+
+class _Sized:
+    def __init__(self, ns: SimpleNamespace, n: int) -> None:
+        self.__dict__.update(vars(ns))
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(1.0, 100.0)), min_size=1, max_size=30),
+       st.integers(0, 30), st.integers(1, 8))
+def test_best_layouts_takes_each_layouts_best_plan_in_ranked_order(rows, sorted_part, n):
+    # the search's ranking sorts only its best plans (TOP_SORTED): layouts it does not reach are found by score
+    codes = np.asarray([c for c, _ in rows], dtype=np.int64)
+    score = np.asarray([s for _, s in rows])
+    ranking = np.argsort(-score, kind="stable")[:sorted_part]
+    picked = best_layouts(ranking, codes, score, n)
+    assert len(picked) == min(n, len(set(codes.tolist())))
+    assert len({int(codes[i]) for i in picked}) == len(picked)  # one plan per layout
+    for i in picked:  # each is the best plan of its layout
+        assert score[i] == score[codes == codes[i]].max()
+    assert [score[i] for i in picked] == sorted((score[i] for i in picked), reverse=True)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12))
+def test_robust_pick_applies_the_tie_rules_as_decide_does(rows):
+    # plans of one layout (same degrees): only headroom, ZeRO and recompute can separate them in ties.decide
+    from llmplan.search.ties import decide
+    from llmplan.specs.plan import RECOMPUTE
+
+    headroom = np.asarray([h * GIB for h, _, _ in rows])
+    zero = np.asarray([z for _, z, _ in rows])
+    code = np.asarray([c for _, _, c in rows])
+    fake = [SimpleNamespace(plan=SimpleNamespace(tp=4, pp=2, dp=8, cp=1, ep=1, vpp=1, zero=z, recompute=RECOMPUTE[c]),
+                            cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                            memory=SimpleNamespace(headroom=h * GIB)) for h, z, c in rows]
+    k = 0
+    for j in range(1, len(rows)):
+        if decide(fake[j], fake[k])[0] < 0:
+            k = j
+    assert robust_pick(np.arange(len(rows)), headroom, zero, code) == k
