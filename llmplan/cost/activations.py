@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes
+from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank
@@ -234,7 +234,7 @@ def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
         latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
         return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
     d, kvh = m.d_head, kv_heads_per_rank(m, t)
-    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:
+    if is_v4_attention(m):
         # DeepSeek-V4: q, the shared key/value head, the output and its group projection's output, the query
         # latent, and the compressors' series per average layer (cost.compressed)
         kv = d if m.shared_key_value else 2 * d * kvh

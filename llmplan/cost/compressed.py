@@ -25,6 +25,12 @@ COMPRESSED_KEY_BYTES = 2.0
 """Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them)."""
 
 
+def is_v4_attention(m: ModelSpec) -> bool:
+    """Whether the attention block is DeepSeek-V4's (priced by v4_attention_params and its callers): no
+    multi-head latent attention, and a query LoRA rank, a grouped output projection or a shared key/value head."""
+    return m.mla is None and bool(m.q_lora_rank or m.o_lora_rank or m.shared_key_value)
+
+
 def v4_attention_params(m: ModelSpec) -> int:
     """One DeepSeek-V4 attention block without its compressor: q_a h x r_q and its norm, q_b r_q x a·d (h x a·d
     without a query rank), the one shared key/value projection h x d and its norm (shared_key_value; else K
