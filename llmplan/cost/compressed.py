@@ -105,6 +105,12 @@ def hyper_connection_params(m: ModelSpec) -> int:
     return 2 * m.num_hidden_layers * hc_params(m) + hc_head_params(m)
 
 
+def replicated_layer_params(m: ModelSpec) -> float:
+    """Parameters of the average layer that every TP rank holds whole: its share of the compressors and
+    indexers (compressor_params over the layers) and its two hyper-connections (0 for other models)."""
+    return compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m)
+
+
 def compressed_keys(m: ModelSpec, s: Any) -> Any:
     """Keys per query counted in training's attention FLOPs for a sequence of s tokens, summed over the
     compressed layers (MFU's count: twice the mean a causal query sees). Every layer's window: query i sees

@@ -20,6 +20,7 @@ from llmplan.cost.compressed import (
     hc_params,
     hyper_connection_params,
     is_v4_attention,
+    replicated_layer_params,
     v4_attention_params,
 )
 from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
@@ -302,7 +303,7 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m) \
-        + (compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m))  # replicated (cost.compressed)
+        + replicated_layer_params(m)  # DeepSeek-V4's compressors and hyper-connections (cost.compressed)
     dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
     moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
