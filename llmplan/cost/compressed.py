@@ -85,12 +85,20 @@ def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
     return out
 
 
-def hc_params(m: ModelSpec) -> int:
-    """One hyper-connection (two per layer, one before each sub-block): fn (2+n)n x n·h, base (2+n)n, three
-    scales; 0 with a plain residual (n = 1). Source: transformers modeling_deepseek_v4.py
+def hc_fn_shape(m: ModelSpec) -> tuple[int, int]:
+    """(K, N) of one hyper-connection's fn projection: the n streams flattened (n·h) to the (2+n)n mixing
+    weights (n pre, n post, n x n comb). Source: transformers modeling_deepseek_v4.py
     (DeepseekV4HyperConnection)."""
     n = m.hc_mult
-    return (2 + n) * n * n * m.hidden_size + (2 + n) * n + 3 if n > 1 else 0
+    return n * m.hidden_size, (2 + n) * n
+
+
+def hc_params(m: ModelSpec) -> int:
+    """One hyper-connection (two per layer, one before each sub-block): fn (2+n)n x n·h (hc_fn_shape), base
+    (2+n)n, three scales; 0 with a plain residual (n = 1). Source: transformers modeling_deepseek_v4.py
+    (DeepseekV4HyperConnection)."""
+    nh, w = hc_fn_shape(m)
+    return w * nh + w + 3 if m.hc_mult > 1 else 0
 
 
 def hc_head_params(m: ModelSpec) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.compressed import compressor_gemm_widths, is_v4_attention
+from llmplan.cost.compressed import compressor_gemm_widths, hc_fn_shape, is_v4_attention
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.moe import routing_imbalance
@@ -146,7 +146,7 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
     out += [Gemm(2 * T * k * n * share, T, n, k, "", "compressor") for k, n, share in compressor_gemm_widths(m)]
     if m.hc_mult > 1:
-        nh, w = m.hc_mult * h, (2 + m.hc_mult) * m.hc_mult
+        nh, w = hc_fn_shape(m)
         out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
     dense_f = m.shared_ffn if moe else m.intermediate_size
     f_share = 1.0 if moe else dense_mlp_share(m)
