@@ -76,7 +76,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
-    act = (6 if m.gated_mlp else 4) * T * f / t
+    act = activation_pass_bytes(m) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
         act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
@@ -88,6 +88,12 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
     return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
+
+
+def activation_pass_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token and MLP column of the fused activation's one pass in bf16: gated, read the 2f-wide
+    fc1 output and write f (6); GELU, read f and write f (4). Derived: docs/formulas.md#compute.memory_bound"""
+    return 6.0 if m.gated_mlp else 4.0
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -154,7 +160,7 @@ def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
     clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
     clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
-    return (clamp + rerun * (6.0 if m.gated_mlp else 4.0)) / 3
+    return (clamp + rerun * activation_pass_bytes(m)) / 3
 
 
 QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,
