@@ -318,12 +318,18 @@ def expert_gemm_seconds(m: ModelSpec, plan: ParallelPlan) -> Any:
     return calls * per_call
 
 
+def bf16_kernel_format(plan: ParallelPlan) -> str:
+    """The format of the kernels a low-precision recipe leaves in bf16 (attention, the output layer): bf16
+    under one, else the plan's dtype (the same rule as ParallelPlan.mfu_format, for another reason)."""
+    return "bf16" if plan.low_precision else plan.dtype
+
+
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
         split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
-        peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
+        peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
         launches = expert_gemm_seconds(m, plan) if moe else 0.0
@@ -462,8 +468,8 @@ def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float
     Source: NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core Usage"; NVIDIA/Megatron-LM
     megatron/model/transformer.py ParallelAttention (torch.baddbmm / torch.bmm over [b * np, s, hn]).
     Derived: docs/formulas.md#compute.unaligned_bmm"""
-    dtype = "bf16" if plan.low_precision else plan.dtype
-    size = 4 if dtype == "fp32" else 2  # low-precision recipes run the unfused scores in bf16
+    dtype = bf16_kernel_format(plan)  # low-precision recipes run the unfused scores in bf16
+    size = 4 if dtype == "fp32" else 2
     aligned = all(d * size % CUBLAS_TENSOR_CORE_ALIGN_BYTES == 0 for d in attention_head_dims(m))
     if aligned or gpu.vendor != "nvidia" or "fp32" not in gpu.tflops or dtype not in gpu.tflops:
         return 1.0
@@ -501,7 +507,7 @@ def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any,
     decoder layers only; torchtitan's float8 / MX converters skip the output layer)."""
     def compute() -> tuple[Any, Any]:
         s, b = plan.seq_len / plan.cp, plan.micro_batch
-        fmt = "bf16" if plan.low_precision else plan.dtype
+        fmt = bf16_kernel_format(plan)
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
         return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff),
