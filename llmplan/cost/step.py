@@ -6,7 +6,7 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -131,16 +131,15 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             held = rank_params(m, plan, stage)
             # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
             shard = where((plan.zero >= 2) & (plan.pp == 1), plan.zero_shard, 1)
-            sc = StageCompute(gemm=sc.gemm, attention=sc.attention, forward=sc.forward, memory_bound=sc.memory_bound
-                              + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
+            sc = replace(sc, memory_bound=sc.memory_bound
+                         + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)
 
 
 def _pick_stage(cond: Any, a: StageCompute, b: StageCompute) -> StageCompute:
-    return StageCompute(*(where(cond, getattr(a, f), getattr(b, f)) for f in ("gemm", "attention", "memory_bound",
-                                                                                "forward")))
+    return StageCompute(*(where(cond, getattr(a, f.name), getattr(b, f.name)) for f in fields(StageCompute)))
 
 
 def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
