@@ -72,7 +72,8 @@ def compressor_params(m: ModelSpec) -> int:
 def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
     """(K, N, layer share) of the compressors' and indexer's projections over every token of a layer: CSA kv
     and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head weights (h -> H_I);
-    HCA kv and gate (h -> 2d)."""
+    HCA kv and gate (h -> 2d). Source: transformers modeling_deepseek_v4.py (DeepseekV4CSACompressor,
+    DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear layers)."""
     h, d, L = m.hidden_size, m.d_head, m.num_hidden_layers
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
     n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
@@ -115,7 +116,8 @@ def hyper_connection_params(m: ModelSpec) -> int:
 
 def replicated_layer_params(m: ModelSpec) -> float:
     """Parameters of the average layer that every TP rank holds whole: its share of the compressors and
-    indexers (compressor_params over the layers) and its two hyper-connections (0 for other models)."""
+    indexers (compressor_params over the layers) and its two hyper-connections (0 for other models).
+    Derived: docs/formulas.md#compressed.attention"""
     return compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m)
 
 
@@ -143,7 +145,8 @@ def indexer_scores_per_token(m: ModelSpec, s: Any) -> Any:
 
 def attended_compressed_keys(m: ModelSpec, keys: Any) -> Any:
     """Keys a query attends to, summed over the compressed layers, when `keys` precede it (serving): the window
-    min(keys, w) in each, plus min(keys/m, k) in a CSA layer and keys/m' in an HCA one."""
+    min(keys, w) in each, plus min(keys/m, k) in a CSA layer and keys/m' in an HCA one.
+    Derived: docs/formulas.md#compressed.attention"""
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
     n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
     return (n_csa + n_hca) * np.minimum(keys, w) + n_csa * np.minimum(np.asarray(keys) / c, k) \
