@@ -349,8 +349,9 @@ def throughput(plan: ParallelPlan, gpu: GpuSpec, st: StepTime) -> Throughput:
 def bottleneck(st: StepTime) -> Any:
     """Name of the largest part of the step (compute split into GEMM / attention / memory-bound)."""
     n = st.compute / np.maximum(st.stage.total, 1e-30)
-    parts = [n * st.stage.gemm, n * st.stage.attention, n * st.stage.memory_bound, st.bubble,
-             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer, st.overhead,
-             st.exposed.get("offload", 0.0)]
+    named = {"compute": n * st.stage.gemm, "attention": n * st.stage.attention,
+             "memory-bound": n * st.stage.memory_bound, "bubble": st.bubble, "optimizer": st.optimizer,
+             "overhead": st.overhead, **st.exposed}  # exposed: tp, pp, dp, cp, ep, offload
+    parts = [named[name] for name in BOTTLENECKS]  # in BOTTLENECKS' order: a tie goes to the earlier name
     idx = np.argmax(np.stack(np.broadcast_arrays(*parts)), axis=0)
     return np.asarray(BOTTLENECKS)[idx]
