@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
@@ -133,6 +134,17 @@ def test_a_spec_that_breaks_the_v4_rules_is_refused():
                            ({"index_topk": None}, "index_topk, index_n_heads and index_head_dim together")):
         with pytest.raises(ValueError, match=needle):
             ModelSpec(**{**base, **change})
+
+
+@pytest.mark.parametrize("change,needle", [({"o_groups": 7}, "o_groups (7) must divide num_attention_heads x head_dim"),
+                                           ({"num_key_value_heads": 2}, "it needs num_key_value_heads 1 (got 2)"),
+                                           ({"num_hash_layers": 44}, "num_hash_layers (44) must be at most")])
+def test_cli_refuses_a_v4_model_file_that_breaks_the_rules_in_one_line(cli, tmp_path, change, needle):
+    path = tmp_path / "v4.yaml"
+    path.write_text(yaml.safe_dump({**FLASH.model_dump(exclude_none=True), **change}))
+    bad = cli("estimate", "--model", path, "--hardware", "dgx-b200")
+    assert bad.code == 2 and needle in bad.err and str(path) in bad.err, bad.err
+    assert "Traceback" not in bad.err and len(bad.err.strip().splitlines()) == 1
 
 
 def test_flash_layer_mix_and_mtp_layer():

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes
+from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank
@@ -107,13 +107,20 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
     at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
-        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks
-        + hc_activation_bytes(m) * s * b / sp, attn_input=linear_in * at,  # hyper-connection streams
+        residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks + hc_saved_bytes(m, plan),
+        attn_input=linear_in * at,
         latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
         attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
         mlp_input=mlp_input * ff,
         mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
         recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
+
+
+def hc_saved_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes one layer's hyper-connections keep for backward (part of the residual), one micro-batch, one rank:
+    hc_activation_bytes per token, split over the TP ranks with SP as the residual stream is (0 for a plain
+    residual). Derived: docs/formulas.md#compressed.hyper_connections"""
+    return hc_activation_bytes(m) * (plan.seq_len / plan.cp) * plan.micro_batch / where(plan.sp, plan.tp, 1)
 
 
 def moe_saved_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -148,8 +155,7 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     up = m.is_mla or bool(m.q_lora_rank)  # DeepSeek-V4 recomputes its query up-projection under mla_up_proj
     attn = where(plan.recomputes("layernorm") & m.is_mla, parts.attn_input, 0.0) \
         + where(plan.recomputes("mla_up_proj") & up, parts.qkv, 0.0) \
-        + where(plan.recomputes("mhc"), hc_activation_bytes(m) * plan.seq_len / plan.cp * plan.micro_batch
-                / where(plan.sp, plan.tp, 1), 0.0)  # the hyper-connections' streams and weights
+        + where(plan.recomputes("mhc"), hc_saved_bytes(m, plan), 0.0)  # the hyper-connections' streams, weights
     if not moe:
         return attn + where(plan.recomputes("mlp"), parts.mlp_input + parts.mlp, 0.0)
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
@@ -234,7 +240,7 @@ def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
         latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
         return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
     d, kvh = m.d_head, kv_heads_per_rank(m, t)
-    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:
+    if is_v4_attention(m):
         # DeepSeek-V4: q, the shared key/value head, the output and its group projection's output, the query
         # latent, and the compressors' series per average layer (cost.compressed)
         kv = d if m.shared_key_value else 2 * d * kvh

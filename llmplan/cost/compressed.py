@@ -25,6 +25,12 @@ COMPRESSED_KEY_BYTES = 2.0
 """Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them)."""
 
 
+def is_v4_attention(m: ModelSpec) -> bool:
+    """Whether the attention block is DeepSeek-V4's (priced by v4_attention_params and its callers): no
+    multi-head latent attention, and a query LoRA rank, a grouped output projection or a shared key/value head."""
+    return m.mla is None and bool(m.q_lora_rank or m.o_lora_rank or m.shared_key_value)
+
+
 def v4_attention_params(m: ModelSpec) -> int:
     """One DeepSeek-V4 attention block without its compressor: q_a h x r_q and its norm, q_b r_q x a·d (h x a·d
     without a query rank), the one shared key/value projection h x d and its norm (shared_key_value; else K
@@ -66,7 +72,8 @@ def compressor_params(m: ModelSpec) -> int:
 def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
     """(K, N, layer share) of the compressors' and indexer's projections over every token of a layer: CSA kv
     and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head weights (h -> H_I);
-    HCA kv and gate (h -> 2d)."""
+    HCA kv and gate (h -> 2d). Source: transformers modeling_deepseek_v4.py (DeepseekV4CSACompressor,
+    DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear layers)."""
     h, d, L = m.hidden_size, m.d_head, m.num_hidden_layers
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
     n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
@@ -79,12 +86,20 @@ def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
     return out
 
 
-def hc_params(m: ModelSpec) -> int:
-    """One hyper-connection (two per layer, one before each sub-block): fn (2+n)n x n·h, base (2+n)n, three
-    scales; 0 with a plain residual (n = 1). Source: transformers modeling_deepseek_v4.py
+def hc_fn_shape(m: ModelSpec) -> tuple[int, int]:
+    """(K, N) of one hyper-connection's fn projection: the n streams flattened (n·h) to the (2+n)n mixing
+    weights (n pre, n post, n x n comb). Source: transformers modeling_deepseek_v4.py
     (DeepseekV4HyperConnection)."""
     n = m.hc_mult
-    return (2 + n) * n * n * m.hidden_size + (2 + n) * n + 3 if n > 1 else 0
+    return n * m.hidden_size, (2 + n) * n
+
+
+def hc_params(m: ModelSpec) -> int:
+    """One hyper-connection (two per layer, one before each sub-block): fn (2+n)n x n·h (hc_fn_shape), base
+    (2+n)n, three scales; 0 with a plain residual (n = 1). Source: transformers modeling_deepseek_v4.py
+    (DeepseekV4HyperConnection)."""
+    nh, w = hc_fn_shape(m)
+    return w * nh + w + 3 if m.hc_mult > 1 else 0
 
 
 def hc_head_params(m: ModelSpec) -> int:
@@ -97,6 +112,13 @@ def hc_head_params(m: ModelSpec) -> int:
 def hyper_connection_params(m: ModelSpec) -> int:
     """All hyper-connection parameters of the main model: two per layer and the head collapse."""
     return 2 * m.num_hidden_layers * hc_params(m) + hc_head_params(m)
+
+
+def replicated_layer_params(m: ModelSpec) -> float:
+    """Parameters of the average layer that every TP rank holds whole: its share of the compressors and
+    indexers (compressor_params over the layers) and its two hyper-connections (0 for other models).
+    Derived: docs/formulas.md#compressed.attention"""
+    return compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m)
 
 
 def compressed_keys(m: ModelSpec, s: Any) -> Any:
@@ -123,7 +145,8 @@ def indexer_scores_per_token(m: ModelSpec, s: Any) -> Any:
 
 def attended_compressed_keys(m: ModelSpec, keys: Any) -> Any:
     """Keys a query attends to, summed over the compressed layers, when `keys` precede it (serving): the window
-    min(keys, w) in each, plus min(keys/m, k) in a CSA layer and keys/m' in an HCA one."""
+    min(keys, w) in each, plus min(keys/m, k) in a CSA layer and keys/m' in an HCA one.
+    Derived: docs/formulas.md#compressed.attention"""
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
     n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
     return (n_csa + n_hca) * np.minimum(keys, w) + n_csa * np.minimum(np.asarray(keys) / c, k) \

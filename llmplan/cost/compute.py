@@ -76,7 +76,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
-    act = (6 if m.gated_mlp else 4) * T * f / t
+    act = activation_pass_bytes(m) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
         act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
@@ -88,6 +88,12 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
     return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
+
+
+def activation_pass_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token and MLP column of the fused activation's one pass in bf16: gated, read the 2f-wide
+    fc1 output and write f (6); GELU, read f and write f (4). Derived: docs/formulas.md#compute.memory_bound"""
+    return 6.0 if m.gated_mlp else 4.0
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
@@ -154,7 +160,7 @@ def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
     clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
     clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
-    return (clamp + rerun * (6.0 if m.gated_mlp else 4.0)) / 3
+    return (clamp + rerun * activation_pass_bytes(m)) / 3
 
 
 QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,
@@ -312,12 +318,20 @@ def expert_gemm_seconds(m: ModelSpec, plan: ParallelPlan) -> Any:
     return calls * per_call
 
 
+def bf16_kernel_format(plan: ParallelPlan) -> str:
+    """The format of the kernels a low-precision recipe leaves in bf16 (attention, the output layer): bf16
+    under one, else the plan's dtype (the same rule as ParallelPlan.mfu_format, for another reason).
+    Source: NVIDIA/TransformerEngine transformer_engine/common/recipe/__init__.py (fp8_dpa False by default in
+    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer)."""
+    return "bf16" if plan.low_precision else plan.dtype
+
+
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
         split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
-        peak_attn = (gpu.sustained_flops("bf16" if plan.low_precision else plan.dtype)
+        peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
         launches = expert_gemm_seconds(m, plan) if moe else 0.0
@@ -456,8 +470,8 @@ def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float
     Source: NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core Usage"; NVIDIA/Megatron-LM
     megatron/model/transformer.py ParallelAttention (torch.baddbmm / torch.bmm over [b * np, s, hn]).
     Derived: docs/formulas.md#compute.unaligned_bmm"""
-    dtype = "bf16" if plan.low_precision else plan.dtype
-    size = 4 if dtype == "fp32" else 2  # low-precision recipes run the unfused scores in bf16
+    dtype = bf16_kernel_format(plan)  # low-precision recipes run the unfused scores in bf16
+    size = 4 if dtype == "fp32" else 2
     aligned = all(d * size % CUBLAS_TENSOR_CORE_ALIGN_BYTES == 0 for d in attention_head_dims(m))
     if aligned or gpu.vendor != "nvidia" or "fp32" not in gpu.tflops or dtype not in gpu.tflops:
         return 1.0
@@ -495,7 +509,7 @@ def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any,
     decoder layers only; torchtitan's float8 / MX converters skip the output layer)."""
     def compute() -> tuple[Any, Any]:
         s, b = plan.seq_len / plan.cp, plan.micro_batch
-        fmt = "bf16" if plan.low_precision else plan.dtype
+        fmt = bf16_kernel_format(plan)
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
         return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff),

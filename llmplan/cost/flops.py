@@ -18,9 +18,9 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import (
     attended_compressed_keys,
     compressed_keys,
-    compressor_params,
     hc_params,
     indexer_scores_per_token,
+    replicated_layer_params,
 )
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, mean_scan_flops
 from llmplan.cost.params import attention_params, expert_params, latent_proj_params, mlp_params
@@ -60,7 +60,7 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
     # DeepSeek-V4: the mean layer's compressors and indexer and its two hyper-connection projections, whole on
     # every TP rank (cost.compressed)
-    gemm = gemm + 2 * T * (compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m))
+    gemm = gemm + 2 * T * replicated_layer_params(m)
     qk, v = attention_head_dims(m)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
     attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys

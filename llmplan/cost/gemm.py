@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.compressed import compressor_gemm_widths
+from llmplan.cost.compressed import compressor_gemm_widths, hc_fn_shape, is_v4_attention
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.moe import routing_imbalance
@@ -88,7 +88,7 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     least one KV head), or MLA's query down/up, KV down (latent + rope key, replicated) and up, and output.
     Derived: docs/formulas.md#compute.gemm"""
     h, a_t = m.hidden_size, m.num_attention_heads / t
-    if m.q_lora_rank and m.mla is None or m.o_lora_rank or m.shared_key_value:
+    if is_v4_attention(m):
         # DeepSeek-V4 (cost.compressed): query down / up, the shared key/value head, the grouped output
         # projection as one matmul of its FLOPs (a·d -> d_g) and the g·d_g -> h mix
         d, r_q, d_g, g = m.d_head, m.q_lora_rank, m.o_lora_rank, m.o_groups or 1
@@ -146,7 +146,7 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
     out += [Gemm(2 * T * k * n * share, T, n, k, "", "compressor") for k, n, share in compressor_gemm_widths(m)]
     if m.hc_mult > 1:
-        nh, w = m.hc_mult * h, (2 + m.hc_mult) * m.hc_mult
+        nh, w = hc_fn_shape(m)
         out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
     dense_f = m.shared_ffn if moe else m.intermediate_size
     f_share = 1.0 if moe else dense_mlp_share(m)

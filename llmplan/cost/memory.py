@@ -9,7 +9,7 @@ search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -258,8 +258,9 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     return best
 
 
-ACTIVATION_FIELDS = ("layers", "recompute_working", "embedding", "output", "offloaded")
-"""Every field of ActivationBytes (its parts and the host bytes beside them)."""
+def _field_names(cls: type, *skip: str) -> tuple[str, ...]:
+    """The dataclass's field names but `skip`, in their order: what _choose and _pick select fieldwise."""
+    return tuple(f.name for f in fields(cls) if f.name not in skip)
 
 
 def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
@@ -270,16 +271,16 @@ def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
         return np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)
 
     act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
-                            for f in ACTIVATION_FIELDS))
-    fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
-    return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in fields}, activation_parts=act,
+                            for f in _field_names(ActivationBytes)))
+    picked = _field_names(TrainingMemory, "activation_parts", "capacity")
+    return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in picked}, activation_parts=act,
                           capacity=results[0].capacity)
 
 
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     """Fieldwise `a if cond else b` over two breakdowns (elementwise for arrays)."""
     act = ActivationBytes(*(where(cond, getattr(a.activation_parts, f), getattr(b.activation_parts, f))
-                            for f in ACTIVATION_FIELDS))
-    fields = ("stage", "params_on_rank", "weights", "gradients", "optimizer", "activations", "other")
-    return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in fields},
+                            for f in _field_names(ActivationBytes)))
+    picked = _field_names(TrainingMemory, "activation_parts", "capacity")
+    return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in picked},
                           activation_parts=act, capacity=a.capacity)

@@ -264,7 +264,7 @@ def lightning_memory_bytes(m: ModelSpec) -> float:
 def mean_recurrent_memory_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
     """Memory-bound HBM bytes per token of the average layer's recurrent mixer, all heads, in forward-equivalent
     units (Mamba-2: forward and backward counted apart, mamba_memory_bytes; the linear-attention kinds: their
-    forward, the stage charging backward at twice it)."""
+    forward, the stage charging backward at twice it). Derived: docs/formulas.md#mixers.traffic"""
     linear = lightning_memory_bytes(m) if lightning(m) else gdn_memory_bytes(m)
     return (m.count_layers("mamba") * mamba_memory_bytes(m, micro_batch)
             + m.count_layers("linear_attention") * linear) / m.num_hidden_layers

@@ -19,6 +19,8 @@ from llmplan.cost.compressed import (
     hc_head_params,
     hc_params,
     hyper_connection_params,
+    is_v4_attention,
+    replicated_layer_params,
     v4_attention_params,
 )
 from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
@@ -107,7 +109,7 @@ def attention_params(m: ModelSpec) -> int:
         q = (h * q_r + q_r + q_r * a * (nope + rope)) if q_r else h * a * (nope + rope)
         kv = h * (kv_r + rope) + kv_r + kv_r * a * (nope + v)
         return q + kv + a * v * h + indexer_params(m)  # DeepSeek Sparse Attention's indexer (cost.sparse)
-    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:  # DeepSeek-V4's block (cost.compressed)
+    if is_v4_attention(m):  # DeepSeek-V4's block (cost.compressed)
         return v4_attention_params(m)
     n = h * a * d * (2 if m.attention_output_gate else 1) + 2 * h * K * d + a * d * h
     if m.attention_bias or m.qkv_bias:
@@ -243,7 +245,7 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         rope, kv_r, q_r = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
-    if m.q_lora_rank or m.o_lora_rank or m.shared_key_value:
+    if is_v4_attention(m):
         # DeepSeek-V4: the query down-projection and the one shared key/value head replicated, the rest by heads
         down = (h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0) + (h * d + d if m.shared_key_value else 0)
         return down + (attention_params(m) - down) / t
@@ -301,7 +303,7 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m) \
-        + (compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m))  # replicated (cost.compressed)
+        + replicated_layer_params(m)  # DeepSeek-V4's compressors and hyper-connections (cost.compressed)
     dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
     moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank

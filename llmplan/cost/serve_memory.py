@@ -122,9 +122,9 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
     """KV bytes one sequence of `context` tokens holds on one GPU: its stage's share of the layers, each
     keeping min(context, window) tokens rounded up to whole blocks. Derived: docs/formulas.md#infer.kv"""
     if m.compressed_layers:  # DeepSeek-V4: every layer's window and buffers, the compressed keys (replicated)
-        b = KV_BYTES[plan.kv_dtype]
-        return (window_cache_bytes(m, context, b) + np.asarray(context) * compressed_cache_bytes_per_token(m, b)) \
-            / plan.pp
+        value = KV_BYTES[plan.kv_dtype]  # bytes per cached value
+        return (window_cache_bytes(m, context, value)
+                + np.asarray(context) * compressed_cache_bytes_per_token(m, value)) / plan.pp
     per_layer = kv_layer_bytes(m, plan.kv_dtype, plan.tp, plan.mla_latent_cache)
     total: Any = 0.0  # an array when `context` is one
     for window, layers in layer_windows(m):

@@ -6,7 +6,7 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -131,16 +131,15 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             held = rank_params(m, plan, stage)
             # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
             shard = where((plan.zero >= 2) & (plan.pp == 1), plan.zero_shard, 1)
-            sc = StageCompute(gemm=sc.gemm, attention=sc.attention, forward=sc.forward, memory_bound=sc.memory_bound
-                              + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
+            sc = replace(sc, memory_bound=sc.memory_bound
+                         + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)
 
 
 def _pick_stage(cond: Any, a: StageCompute, b: StageCompute) -> StageCompute:
-    return StageCompute(*(where(cond, getattr(a, f), getattr(b, f)) for f in ("gemm", "attention", "memory_bound",
-                                                                                "forward")))
+    return StageCompute(*(where(cond, getattr(a, f.name), getattr(b, f.name)) for f in fields(StageCompute)))
 
 
 def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
@@ -231,33 +230,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
         moe_top = maximum(moe_top, s[3])
-    moe_max = maximum(moe_top, 1)
-    per_mb, parts = [], []
-    for stage, sc, layers, moe_layers in stages:
-        g_i, c_i = per_stage[stage] if per_stage is not None else (gpu, comm)
-        k_i = g_i.contention
-        r_i = recomputed_share(plan, layers)
-        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i))
-        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
-        ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
-        z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
-        per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
-        parts.append((sc, tp_i, cp_i, ep_i, z3_i))
-    sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
-    worst = per_mb[0]
-    for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:]):
-        c = t > worst
-        sc, tp_mb, cp_mb, ep_mb, z3_mb = (_pick_stage(c, sc_i, sc), where(c, tp_i, tp_mb), where(c, cp_i, cp_mb),
-                                          where(c, ep_i, ep_mb), where(c, z3_i, z3_mb))
-        worst = maximum(worst, t)
-    p2p = comm.pp / maximum(2 * n * v, 1)
-    p = plan.pp
-    # The fill and drain sends wait on the pipeline; the steady-state sends run beside compute and slow it
-    # by the contention factor like every overlapped transfer (interleaving multiplies them by v).
-    # Derived: docs/formulas.md#step.overlap
-    waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
-    pp_exposed = waited * p2p + overlap((2 * n * v - waited) * p2p, n * sc.total, kappa)
+    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
+                                                                            l_max, maximum(moe_top, 1))
+    pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa)
     # Activation offload: the copies to host memory and back that outlast their window, forward and backward
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
@@ -285,6 +260,47 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
         overheads=overheads,
     )
+
+
+def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[Any, StageCompute, Any, Any]],
+                         default: tuple[GpuSpec, CommSeconds],
+                         per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None, l_max: Any,
+                         moe_max: Any) -> tuple[list[Any], Any, tuple[StageCompute, Any, Any, Any, Any]]:
+    """Each candidate stage's micro-batch time (its compute and the exposed TP, CP, EP and ZeRO-3 traffic
+    inside it: step_time's docstring), the slowest one's, and that stage's (compute, tp, cp, ep, zero-3)
+    parts, picked elementwise; a stage runs on its own (GPU, communication) of `per_stage`, else on `default`'s."""
+    n = plan.num_microbatches
+    per_mb, parts = [], []
+    for stage, sc, layers, moe_layers in stages:
+        g_i, c_i = per_stage[stage] if per_stage is not None else default
+        k_i = g_i.contention
+        r_i = recomputed_share(plan, layers)
+        tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i))
+        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
+        ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
+        z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
+        per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
+        parts.append((sc, tp_i, cp_i, ep_i, z3_i))
+    sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
+    worst = per_mb[0]
+    for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:]):
+        c = t > worst
+        sc, tp_mb, cp_mb, ep_mb, z3_mb = (_pick_stage(c, sc_i, sc), where(c, tp_i, tp_mb), where(c, cp_i, cp_mb),
+                                          where(c, ep_i, ep_mb), where(c, z3_i, z3_mb))
+        worst = maximum(worst, t)
+    return per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb)
+
+
+def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float) -> Any:
+    """Exposed seconds of a step's pipeline sends (pp_seconds, 2nv sends of one micro-batch's activation or
+    gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the slowest
+    stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
+    transfer (interleaving multiplies them by v). Derived: docs/formulas.md#step.overlap"""
+    n, v, p = plan.num_microbatches, plan.vpp, plan.pp
+    p2p = pp_seconds / maximum(2 * n * v, 1)
+    waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
+    return waited * p2p + overlap((2 * n * v - waited) * p2p, n * stage_total, kappa)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
@@ -333,8 +349,9 @@ def throughput(plan: ParallelPlan, gpu: GpuSpec, st: StepTime) -> Throughput:
 def bottleneck(st: StepTime) -> Any:
     """Name of the largest part of the step (compute split into GEMM / attention / memory-bound)."""
     n = st.compute / np.maximum(st.stage.total, 1e-30)
-    parts = [n * st.stage.gemm, n * st.stage.attention, n * st.stage.memory_bound, st.bubble,
-             *(st.exposed[a] for a in ("tp", "pp", "dp", "cp", "ep")), st.optimizer, st.overhead,
-             st.exposed.get("offload", 0.0)]
+    named = {"compute": n * st.stage.gemm, "attention": n * st.stage.attention,
+             "memory-bound": n * st.stage.memory_bound, "bubble": st.bubble, "optimizer": st.optimizer,
+             "overhead": st.overhead, **st.exposed}  # exposed: tp, pp, dp, cp, ep, offload
+    parts = [named[name] for name in BOTTLENECKS]  # in BOTTLENECKS' order: a tie goes to the earlier name
     idx = np.argmax(np.stack(np.broadcast_arrays(*parts)), axis=0)
     return np.asarray(BOTTLENECKS)[idx]
