@@ -175,8 +175,10 @@ def test_unfused_loss_keeps_three_fp32_logit_copies():
 def test_torchtitan_8b_long_sequence_memory_against_its_reserved_peak(published_runs):
     # torchtitan's Llama 3.1 8B FSDP + CP rows (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md,
     # Table 2: 32,768 tokens per GPU, full AC, 83.9-84.5 GiB) log PyTorch's *reserved* peak, which bounds
-    # the allocated peak from above: the prediction sits at most 6% below it (the allocator's cached slack;
-    # 2-3% until FSDP2's fp32 parameter shards were priced without a bf16 copy beside them, 1.9 GiB here).
+    # the allocated peak from above: the prediction sits at most 8% below it (the allocator's cached slack;
+    # 2-3% until FSDP2's fp32 parameter shards were priced without a bf16 copy beside them, 1.9 GiB here; 5%
+    # with a stated 1.5 GiB runtime allowance, 6.5-7.2% since the CUDA context and NCCL's buffers, which
+    # the allocator does not hold, are priced and left out of this comparison: docs/formulas.md#mem.runtime).
     # The eager loss's fp32 logits (4.2 G of them) are most of it: with a fused loss the prediction would be
     # ~33 GiB lower.
     import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
@@ -184,7 +186,7 @@ def test_torchtitan_8b_long_sequence_memory_against_its_reserved_peak(published_
     rows = [r for rid, r in published_runs.items() if rid.startswith("torchtitan-2412-t2-")]
     assert len(rows) == 4
     for rid, predicted, reserved in accuracy.reserved_report(rows):
-        assert 0.94 * reserved <= predicted <= reserved, rid
+        assert 0.92 * reserved <= predicted <= reserved, rid
 
 
 def test_fsdp_fp32_param_shards_hold_no_bf16_copy():
