@@ -217,6 +217,10 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
+    # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
+    # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
+    gathered = gathered + where(fp32_shards & (plan.pp == 1),
+                                rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib
     runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading) if stated is None else None
