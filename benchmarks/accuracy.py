@@ -413,6 +413,11 @@ def system_for(gpu: str) -> str | None:
 DEEPSPEED_PIPE = ("bloom", "mtnlg")
 """Families trained with DeepSpeed's pipeline engine (Megatron-DeepSpeed) whose plan prices its DP timing."""
 
+EAGER_MODULE_LOADING = ("megatron2020", "narayanan2021", "korthikanti2022", "bloom", "mtnlg")
+"""Families whose runs predate CUDA 11.7 (May 2022, the first release with lazy module loading; PyTorch made it
+the default in 1.13, pytorch/pytorch PR #86509): every kernel image sits in the CUDA context
+(ParallelPlan.cuda_lazy_loading False, docs/formulas.md#mem.runtime). BLOOM's prequel tables are from February 2022."""
+
 
 def record_system(rec: dict) -> str | None:
     """The built-in system a record ran on: Jean Zay's A100 partition where the record names it (BLOOM: 4 x 100
@@ -872,6 +877,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",
+        cuda_lazy_loading=fam not in EAGER_MODULE_LOADING,
         # How each micro-batch's gradient joins the accumulated one (GRAD_ACCUMULATION): outside the GEMM for the
         # 2021-22 stacks, fused into it from Megatron-LM's gradient accumulation fusion (2022-02) on
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
@@ -1028,7 +1034,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     if violations:
         raise PlanViolationError(violations)
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
-    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only)
+    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
     st = step_time(m, runs, gpu, comm, mem.params_on_rank)
     return GridEstimate(mem, st, throughput(runs, gpu, st))
@@ -1402,7 +1408,9 @@ def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
 def reserved_report(records: list[dict]) -> list[tuple[str, float, float]]:
     """Predicted peak per GPU against the peak *reserved* by PyTorch's caching allocator where a source logs
     that (torchtitan: reserved_bytes.all.peak). Reserved memory includes freed blocks the allocator keeps
-    cached, so it bounds the allocated peak from above: reported apart from the allocated-memory table."""
+    cached, so it bounds the allocated peak from above: reported apart from the allocated-memory table. The CUDA
+    context and NCCL's buffers sit outside the allocator (NCCL allocates its own), so the prediction here leaves
+    those runtime parts out (docs/formulas.md#mem.runtime); the cuBLAS workspace is the allocator's."""
     out = []
     for r in records:
         if "max_reserved_gib" not in r.get("measured", {}):
@@ -1416,7 +1424,9 @@ def reserved_report(records: list[dict]) -> list[tuple[str, float, float]]:
         cluster = ClusterSpec(system=system, num_nodes=max(1, gpus // system.gpus_per_node),
                               gpus_per_node=min(gpus, system.gpus_per_node))
         e = estimate_training(model_for(r, fam), cluster, plan_for(r, fam, gpus))
-        out.append((r["id"], float(e.memory.total) / 2**30, r["measured"]["max_reserved_gib"]))
+        rt = e.memory.runtime
+        outside = 0.0 if rt is None else float(rt.context + rt.nccl)
+        out.append((r["id"], (float(e.memory.total) - outside) / 2**30, r["measured"]["max_reserved_gib"]))
     return out
 
 

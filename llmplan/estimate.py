@@ -68,7 +68,7 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,
               order: tuple[str, ...]) -> tuple[TrainingMemory, CommBreakdown, StepTime]:
     gpu = cluster.system.gpu
-    mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)
+    mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
 

@@ -31,6 +31,8 @@ def instances() -> list[Breakdown]:
                 layer_flops(M[name], plan, M[name].is_moe), layer_activation_parts(M[name], plan, M[name].is_moe)]
         out += [rank_params(M[name], plan, 0), model_state_bytes(1e9, 8, 1, 2, 4),
                 optimizer_parts(plan, e.memory.optimizer)]
+        assert e.memory.runtime is not None  # priced by default (no --overhead-gib)
+        out.append(e.memory.runtime)
     one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
     out.append(estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob()).memory)
     spec = SpeculativeSpec(method="eagle", num_speculative_tokens=3)

@@ -127,7 +127,8 @@ BF16_MODULES = typer.Option(None, "--bf16-modules",
                             help="With --precision fp8-* / mxfp8 / nvfp4: modules kept in bf16 in every layer, "
                                  "comma-separated (attention, latent_proj; Megatron --te-precision-config-file).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
-                           help="Fixed per-GPU runtime allowance (CUDA context, NCCL, workspaces).")
+                           help="Fixed per-GPU runtime allowance in GiB (CUDA context, NCCL, workspaces); "
+                                "default: priced from the plan (training), 1.5 (serving).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                        help="Allocator fragmentation allowance, fraction of tensor memory.")
 INPUT_LEN = typer.Option(_job("input_len"), "--input-len", min=1, help="Inference: prompt tokens per request.")

@@ -28,6 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
 )
 from llmplan.cost.model_states import fp32_shards_are_master
 from llmplan.cost.offload import offloaded_share
+from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -169,9 +170,13 @@ class TrainingMemory(Breakdown):
     optimizer: Any
     activations: Any
     other: Any
-    """The stated allowance: fixed runtime bytes, fragmentation, ZeRO-3 gathered-layer buffers."""
+    """Runtime bytes (the priced CUDA context, cuBLAS workspace and NCCL buffers, or the stated fixed
+    allowance), fragmentation, ZeRO-3 gathered-layer buffers."""
     activation_parts: ActivationBytes
     capacity: float
+    runtime: RuntimeBytes | None = None
+    """The runtime bytes inside `other` where they are priced (MemoryAllowance.fixed_gib None); None where
+    the stated fixed allowance stands in for them."""
 
     @property
     def fits(self) -> Any:
@@ -183,8 +188,9 @@ class TrainingMemory(Breakdown):
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
-                 capacity: float, fp8_tn_only: bool = True) -> TrainingMemory:
-    """Memory of one rank of pipeline stage `stage`. Derived: docs/formulas.md#mem.total"""
+                 capacity: float, fp8_tn_only: bool = True, nccl_channels: int = 16) -> TrainingMemory:
+    """Memory of one rank of pipeline stage `stage`; `nccl_channels`: the GPU's GpuSpec.nccl_sms.
+    Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     fp32_shards = fp32_shards_are_master(plan)  # FSDP's fp32 shard: the master, no compute-dtype shard
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
@@ -211,11 +217,19 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
-    other = allowance.fixed_gib * GIB + allowance.fragmentation * (tensors + gathered) + gathered
+    # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
+    # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
+    gathered = gathered + where(fp32_shards & (plan.pp == 1),
+                                rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
+    # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
+    stated = allowance.fixed_gib
+    runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading) if stated is None else None
+    fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
+    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
-        activations=act.total, other=other, activation_parts=act, capacity=capacity,
+        activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
     )
 
 
@@ -243,12 +257,15 @@ def each_stage(stages: tuple[Any, ...], f: Any) -> list[Any]:
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
-                    allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True) -> TrainingMemory:
+                    allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True,
+                    nccl_channels: int = 16) -> TrainingMemory:
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
-    GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not)."""
+    GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not); `nccl_channels`:
+    its GpuSpec.nccl_sms."""
     allowance = allowance or MemoryAllowance()
     results = each_stage(candidate_stages(m, plan),
-                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only))
+                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
+                                                    nccl_channels))
     totals = [r.total for r in results]
     if any(isinstance(t, np.ndarray) for t in totals):  # plan arrays: the first stage with the largest total
         return _choose(np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0), results)
@@ -272,15 +289,19 @@ def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
 
     act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
                             for f in _field_names(ActivationBytes)))
-    picked = _field_names(TrainingMemory, "activation_parts", "capacity")
+    picked = _field_names(TrainingMemory, "activation_parts", "capacity", "runtime")
+    runtime = None if results[0].runtime is None else RuntimeBytes(
+        *(pick(lambda r, f=f: getattr(r.runtime, f)) for f in _field_names(RuntimeBytes)))
     return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in picked}, activation_parts=act,
-                          capacity=results[0].capacity)
+                          capacity=results[0].capacity, runtime=runtime)
 
 
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     """Fieldwise `a if cond else b` over two breakdowns (elementwise for arrays)."""
     act = ActivationBytes(*(where(cond, getattr(a.activation_parts, f), getattr(b.activation_parts, f))
                             for f in _field_names(ActivationBytes)))
-    picked = _field_names(TrainingMemory, "activation_parts", "capacity")
+    picked = _field_names(TrainingMemory, "activation_parts", "capacity", "runtime")
+    runtime = None if a.runtime is None or b.runtime is None else RuntimeBytes(
+        *(where(cond, getattr(a.runtime, f), getattr(b.runtime, f)) for f in _field_names(RuntimeBytes)))
     return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in picked},
-                          activation_parts=act, capacity=a.capacity)
+                          activation_parts=act, capacity=a.capacity, runtime=runtime)

@@ -24,6 +24,9 @@ from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.units import GIB, MXFP8_BYTES, NVFP4_BYTES
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+SERVE_RUNTIME_GIB = 1.5
+"""The stated per-GPU allowance for a serving engine's runtime (CUDA context, NCCL, CUDA graphs) where
+--overhead-gib is not given (docs/formulas.md#mem.other): the training side prices its runtime instead."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
         from llmplan.cost.speculative import draft_weight_bytes  # builds on this module
         weights = weights + draft_weight_bytes(m, plan, job.speculative)
     act = activation_peak_bytes(m, plan, job)
-    other = allowance.fixed_gib * GIB
+    other = (SERVE_RUNTIME_GIB if allowance.fixed_gib is None else allowance.fixed_gib) * GIB
     available = kv_capacity_bytes(job, hbm_bytes, weights, act, other)
     if rule.fraction_of_free:
         cap = weights + act + other + max(available, 0.0)

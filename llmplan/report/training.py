@@ -56,7 +56,10 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
                                  "embedding": f(a.embedding), "output": f(a.output)},
-            "offloaded_to_host": f(a.offloaded)}
+            "offloaded_to_host": f(a.offloaded),
+            "runtime_parts": None if mem.runtime is None else {
+                "context": f(mem.runtime.context), "cublas": f(mem.runtime.cublas), "nccl": f(mem.runtime.nccl),
+                "nccl_communicators": int(mem.runtime.communicators)}}
 
 
 def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
@@ -328,6 +331,10 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  output + logits (last stage)", a.output, "mem.activations"),
         ("other (buffers, fragmentation)", mem.other, "mem.other"),
     ]
+    if mem.runtime is not None:  # the priced runtime bytes inside other
+        rows += [("  CUDA context", mem.runtime.context, "mem.runtime"),
+                 ("  cuBLAS workspace", mem.runtime.cublas, "mem.runtime"),
+                 (f"  NCCL buffers ({int(mem.runtime.communicators)} comms)", mem.runtime.nccl, "mem.runtime")]
     for name, val, ref in rows:
         if name.startswith("  ") and val == 0:
             continue

@@ -357,7 +357,9 @@ def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowanc
     mem_c = closest.memory
     states = float(mem_c.weights + mem_c.gradients + mem_c.optimizer)
     frag = (allowance or MemoryAllowance()).fragmentation
-    room = cap / (1 + frag) - float(mem_c.activations) - (allowance or MemoryAllowance()).fixed_gib * GIB
+    fixed = (allowance or MemoryAllowance()).fixed_gib
+    runtime = fixed * GIB if fixed is not None else float(mem_c.runtime.total if mem_c.runtime else 0.0)
+    room = cap / (1 + frag) - float(mem_c.activations) - runtime
     if room > 0:  # model states shrink about linearly with more GPUs (more pp / dp sharding)
         tips.append(f"about {int(np.ceil(cluster.num_nodes * states / room))} nodes instead of "
                     f"{cluster.num_nodes} (--nodes)")
@@ -398,7 +400,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
             if check_plan(m, plan, cluster):
                 continue
             gpu = cluster.system.gpu
-            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only)
+            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
             if float(mem.headroom) >= min_headroom:
                 return estimate_training(m, cluster, plan, allowance, order, checkpoint)
     return None

@@ -34,8 +34,9 @@ class MemoryOptions(BaseModel):
     """The per-GPU memory allowance (--overhead-gib, --fragmentation): becomes a MemoryAllowance."""
 
     model_config = OPTIONS_CONFIG
-    overhead_gib: float
-    """Fixed runtime allowance per GPU, GiB (MemoryAllowance.fixed_gib)."""
+    overhead_gib: float | None
+    """Fixed runtime allowance per GPU, GiB (MemoryAllowance.fixed_gib); None: priced (training) or the serving
+    allowance."""
     fragmentation: float
     """Allocator fragmentation, a fraction of tensor memory (MemoryAllowance.fragmentation)."""
 

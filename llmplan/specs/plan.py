@@ -207,6 +207,10 @@ class ParallelPlan(PlanQuantities, Spec):
     """CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done, so the GPU idles while
     the host returns, runs the next op's Python and launches it (BigScience's tr11-176B-ml.slurm exports it
     against NCCL hangs on Jean Zay). docs/formulas.md#step.overhead"""
+    cuda_lazy_loading: bool = True
+    """CUDA loads kernel images into the context as kernels first run (CUDA_MODULE_LOADING=LAZY, CUDA >= 11.7,
+    PyTorch's default from 1.13); False: every image at start (older stacks), a larger context
+    (docs/formulas.md#mem.runtime)."""
     grad_reduce: Literal["reduce-scatter", "all-reduce"] = "reduce-scatter"
     """How ZeRO-1 reduces the gradients over DP: reduce-scatter (Megatron's distributed optimizer: each rank
     receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
@@ -519,7 +523,8 @@ class MemoryAllowance(Spec):
 
     model_config = SPEC_CONFIG
 
-    fixed_gib: float = Field(default=1.5, ge=0, le=65_536)
-    """Per-GPU bytes outside the tensors: CUDA context, cuBLAS workspace, NCCL communicator buffers (GiB)."""
+    fixed_gib: float | None = Field(default=None, ge=0, le=65_536)
+    """Per-GPU bytes outside the tensors (CUDA context, cuBLAS workspace, NCCL communicator buffers), GiB, when
+    stated; None: priced from the plan (cost.runtime_memory, docs/formulas.md#mem.runtime)."""
     fragmentation: float = Field(default=0.05, ge=0, le=1)
     """Fraction added to the tensor memory for caching-allocator fragmentation."""

@@ -1,0 +1,80 @@
+"""Per-GPU memory the framework's runtime holds outside the model's tensors: the CUDA context with its loaded
+kernel images, cuBLAS workspaces and NCCL's communicator buffers (docs/formulas.md#mem.runtime).
+
+All functions are pure and return bytes; they work on one ParallelPlan and, elementwise, on plan arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from llmplan.arith import where
+from llmplan.cost.breakdown import Breakdown
+from llmplan.specs.plan import ParallelPlan
+
+CUDA_CONTEXT_LAZY_BYTES = 287_047_680.0
+"""Device memory of a PyTorch process's CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, the
+default from PyTorch 1.13 with CUDA >= 11.7): pytorch/pytorch PR #86509, cudaMemGetInfo after one small tensor."""
+CUDA_CONTEXT_EAGER_BYTES = 666_632_192.0
+"""The same with every kernel image loaded when the library loads (CUDA_MODULE_LOADING=DEFAULT; CUDA before
+11.7 had only this): pytorch/pytorch PR #86509, same measurement."""
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS workspace PyTorch gives each (handle, stream) through its caching allocator when
+CUBLAS_WORKSPACE_CONFIG is unset (":4096:2:16:8", aten/src/ATen/cuda/CublasHandlePool.cpp
+parseChosenWorkspaceSize; sm90 and later take 32 MiB, which GpuSpec does not tell apart: 24 MiB per stream)."""
+NCCL_CONNECTION_BYTES = float((1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)
+"""Buffers of one NCCL connection per channel, one per protocol: Simple DEFAULT_BUFFSIZE (4 MiB, NCCL_BUFFSIZE),
+LL128 DEFAULT_LL128_BUFFSIZE (NCCL_LL128_ELEMS_PER_THREAD 120 x NCCL_LL128_MAX_NTHREADS 640 x NCCL_STEPS 8 x 8 B)
+and LL DEFAULT_LL_BUFFSIZE (8 lines x 512 threads x 8 steps x 16 B): NVIDIA/nccl src/init.cc."""
+TREE_CONNECTIONS = 2
+"""Tree connections per channel that receive into a rank's buffers in a chain (one from the parent, one from the
+child: NCCL's trees are chains inside a node); the ring adds one (from the previous rank)."""
+
+
+@dataclass(frozen=True)
+class RuntimeBytes(Breakdown):
+    """Runtime memory of one rank outside the tensors; parts sum to total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("context", "cublas", "nccl")
+
+    context: Any
+    """CUDA context and the kernel images loaded into it (eager or lazy module loading)."""
+    cublas: Any
+    """cuBLAS workspace of the compute stream (held in the caching allocator)."""
+    nccl: Any
+    """NCCL buffers of every communicator the rank belongs to."""
+    communicators: Any = 0
+    """Not a part: the number of NCCL communicators counted."""
+
+
+def nccl_communicators(plan: ParallelPlan, stage: Any) -> Any:
+    """NCCL communicators a rank of pipeline stage `stage` holds, one per process group it runs collectives
+    in: TP, CP and EP groups of more than one rank, the gradient group over DP x CP (Megatron's dp_cp group,
+    torchtitan's dp_shard_cp mesh); under a pipeline, one two-rank communicator per neighbouring stage it
+    sends to or receives from (PyTorch's ProcessGroupNCCL keys send / recv communicators by the peer pair,
+    getKeySendRecv), the first and last stages' embedding group (Megatron's tied-embedding all-reduce), and
+    with TP as well the model-parallel group (TP x PP) of the gradient norm.
+    Derived: docs/formulas.md#mem.runtime"""
+    p = plan.pp
+    piped = p > 1
+    ends = (stage == 0) | (stage == p - 1)
+    p2p = where(piped, where(ends | (p == 2), 1, 2), 0)
+    embedding = where(piped & ends, 1, 0)
+    model_parallel = where(piped & (plan.tp > 1), 1, 0)
+    groups = where(plan.tp > 1, 1, 0) + where(plan.cp > 1, 1, 0) + where(plan.ep > 1, 1, 0) \
+        + where(plan.dp * plan.cp > 1, 1, 0)
+    return groups + p2p + embedding + model_parallel
+
+
+def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool) -> RuntimeBytes:
+    """Runtime bytes of a rank of stage `stage`: the CUDA context, one cuBLAS workspace, and per NCCL
+    communicator `channels x (1 ring + 2 tree) x` one connection's protocol buffers (NCCL before 2.22 connects
+    rings and trees at init; from 2.22, NCCL_RUNTIME_CONNECT, at the first collective that uses them, which a
+    training step runs). Channels: GpuSpec.nccl_sms (one CTA per channel).
+    Source: NVIDIA/nccl src/init.cc (DEFAULT_*_BUFFSIZE); pytorch/pytorch PR #86509 (context)"""
+    context = CUDA_CONTEXT_LAZY_BYTES if lazy_loading else CUDA_CONTEXT_EAGER_BYTES
+    comms = nccl_communicators(plan, stage)
+    nccl = comms * nccl_channels * (1 + TREE_CONNECTIONS) * NCCL_CONNECTION_BYTES
+    return RuntimeBytes(context=context + 0.0 * comms, cublas=CUBLAS_WORKSPACE_BYTES + 0.0 * comms,
+                        nccl=nccl * 1.0, communicators=comms)

@@ -1,0 +1,97 @@
+"""Runtime memory outside the tensors (docs/formulas.md#mem.runtime): CUDA context, cuBLAS workspace, NCCL
+buffers, priced per plan and shown as parts of `other`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.memory import training_memory
+from llmplan.cost.runtime_memory import (
+    CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_EAGER_BYTES, CUDA_CONTEXT_LAZY_BYTES, NCCL_CONNECTION_BYTES,
+    nccl_communicators, runtime_bytes,
+)
+from llmplan.specs.plan import MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models
+from llmplan.units import GIB
+
+MIB = 2**20
+
+
+def test_nccl_connection_is_nccl_s_three_protocol_buffers() -> None:
+    # NVIDIA/nccl src/init.cc: DEFAULT_BUFFSIZE 1 << 22 ("4MiB"); LL128 120 elems x 640 threads x 8 steps x 8 B
+    # = 4,915,200 B; LL 8 lines x 512 threads x 8 steps x 16 B = 524,288 B (512 KiB).
+    assert NCCL_CONNECTION_BYTES == 4 * MIB + 4_915_200 + 512 * 1024
+
+
+def test_context_sizes_are_the_measured_ones() -> None:
+    # pytorch/pytorch PR #86509: cudaMemGetInfo shows 287,047,680 bytes used with CUDA_MODULE_LOADING=LAZY and
+    # 666,632,192 with DEFAULT (eager) after one small tensor; PyTorch's default cuBLAS workspace config
+    # ":4096:2:16:8" is 2 x 4 MiB + 8 x 16 KiB (CublasHandlePool.cpp).
+    assert (CUDA_CONTEXT_LAZY_BYTES, CUDA_CONTEXT_EAGER_BYTES) == (287_047_680, 666_632_192)
+    assert CUBLAS_WORKSPACE_BYTES == 8 * MIB + 128 * 1024
+
+
+def _plan(**kw: object) -> ParallelPlan:
+    base = dict(tp=8, pp=4, pp_first=20, pp_last=20, dp=2, micro_batch=1, global_batch=64, seq_len=4096)
+    base.update(kw)
+    return ParallelPlan(**base)  # type: ignore[arg-type]
+
+
+def test_communicators_counted_per_group() -> None:
+    plan = _plan()
+    # first stage: TP, DP, one pipeline neighbour, the embedding group, the model-parallel (TP x PP) group
+    assert int(nccl_communicators(plan, 0)) == 5
+    # a middle stage: TP, DP, two neighbours, model-parallel group; no embedding group
+    assert int(nccl_communicators(plan, 1)) == 5
+    assert int(nccl_communicators(_plan(tp=1, pp=1, pp_first=0, pp_last=0, dp=64), 0)) == 1
+    assert int(nccl_communicators(_plan(tp=1, pp=1, pp_first=0, pp_last=0, dp=1), 0)) == 0
+
+
+def test_nccl_bytes_hand_computed() -> None:
+    # 16 channels x (1 ring + 2 tree connections) x 9,633,792 B, per communicator: 441 MiB
+    r = runtime_bytes(_plan(tp=8, pp=1, pp_first=0, pp_last=0, dp=1), 0, 16, True)
+    assert float(r.nccl) == 16 * 3 * NCCL_CONNECTION_BYTES
+    assert abs(float(r.nccl) / MIB - 441.0) < 0.1
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 8]),
+       channels=st.integers(1, 64), lazy=st.booleans(), stage=st.integers(0, 3))
+def test_runtime_parts_sum_and_grow_with_channels(tp: int, pp: int, dp: int, channels: int, lazy: bool,
+                                                  stage: int) -> None:
+    plan = _plan(tp=tp, pp=pp, pp_first=0, pp_last=0, dp=dp)
+    s = min(stage, pp - 1)
+    r = runtime_bytes(plan, s, channels, lazy)
+    assert float(r.total) == float(r.context + r.cublas + r.nccl)
+    assert float(runtime_bytes(plan, s, channels + 1, lazy).nccl) >= float(r.nccl)
+    assert float(runtime_bytes(plan, s, channels, False).total) > float(runtime_bytes(plan, s, channels, True).total)
+
+
+def test_runtime_is_inside_other_and_a_stated_allowance_replaces_it() -> None:
+    m = builtin_models()["llama-3.1-70b"]
+    plan = _plan()
+    priced = training_memory(m, plan, 80 * GIB, MemoryAllowance(), nccl_channels=16)
+    assert priced.runtime is not None
+    frag = MemoryAllowance().fragmentation
+    tensors = priced.weights + priced.gradients + priced.optimizer + priced.activations
+    assert np.isclose(float(priced.other), float(priced.runtime.total + frag * tensors))
+    stated = training_memory(m, plan, 80 * GIB, MemoryAllowance(fixed_gib=1.5), nccl_channels=16)
+    assert stated.runtime is None
+    assert np.isclose(float(stated.other - priced.other), 1.5 * GIB - float(priced.runtime.total))
+
+
+def test_cli_json_shows_runtime_parts() -> None:
+    out = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-70b", "--hardware",
+                          "dgx-h100", "--nodes", "4", "--tp", "8", "--pp", "2", "--dp", "2", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode in (0, 1), out.stderr
+    mem = json.loads(out.stdout)["memory"]
+    parts = mem["runtime_parts"]
+    assert parts["nccl_communicators"] == 5
+    assert parts["context"] + parts["cublas"] + parts["nccl"] < mem["other"]
