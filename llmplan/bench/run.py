@@ -97,7 +97,7 @@ later, its flash backend = FlashAttention-2); on CPU whatever SDPA picks, for th
 def attention_cases(cfg: BenchConfig) -> list[dict[str, Any]]:
     """One rank's causal attention at the plan's shape (heads / tp, tokens / cp, the micro-batch) and the model's
     head dimensions, plus the same heads x head-dim width at head dim 128 (64 where the model has 128): the
-    pair measures the kernel's head-dimension curve (cost.compute.head_dim_attention_ratio)."""
+    pair measures the kernel's head-dimension curve (cost.attention_rate.head_dim_attention_ratio)."""
     m, p = cfg.model, cfg.plan
     qk, v = attention_head_dims(m)
     a, kv = max(m.num_attention_heads // p.tp, 1), max(m.kv_heads // p.tp, 1)

@@ -172,7 +172,7 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
 
 SAVED_INPUT_BYTES = QUANTIZED_COPY_BYTES
 """Bytes per element of a GEMM input that a low-precision recipe keeps for backward (the quantised copy the
-wgrad GEMM reads, in place of the bf16 input's 2): one quantised copy of the recipe (cost.compute.
+wgrad GEMM reads, in place of the bf16 input's 2): one quantised copy of the recipe (cost.quantize.
 QUANTIZED_COPY_BYTES: one fp8 byte, with its block scales; NVFP4 4 bits and an E4M3 scale per 16, on the share
 of layers the recipe quantises). Source: Transformer Engine (the Linear modules save
 the quantised input, columnwise usage only, for backward); OCP Microscaling spec; NVIDIA NVFP4 pretraining

@@ -179,7 +179,7 @@ def mean_recurrent_activation_bytes(m: ModelSpec, tokens: Any, t: Any, sp: Any) 
 
 def mamba_memory_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
     """HBM bytes per token of one Mamba-2 layer's memory-bound kernels, all heads (divide by t), forward and
-    backward together in the forward-equivalent units of compute.elementwise_bytes (the stage charges three
+    backward together in the forward-equivalent units of elementwise.elementwise_bytes (the stage charges three
     times them): (mamba_forward_bytes + mamba_backward_bytes) / 3. Derived: docs/formulas.md#mixers.traffic"""
     return (mamba_forward_bytes(m, micro_batch) + mamba_backward_bytes(m, micro_batch)) / 3
 

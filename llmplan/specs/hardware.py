@@ -87,7 +87,7 @@ class GpuSpec(Spec):
     sustained peak on the attention-score FLOPs llmplan counts (QK^T and AV, no causal halving, backward
     twice the forward: a causal kernel doing its real work at 50% of peak scores 1.0, hence the bound 2): one
     long causal call, the per-CTA fixed work amortised and every SM busy. Shorter calls run below it
-    (cost.compute.attention_rate_ratio, docs/formulas.md#compute.cp_attention). Fitted by
+    (cost.attention_rate.attention_rate_ratio, docs/formulas.md#compute.cp_attention). Fitted by
     leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
     calibrate`."""
     unfused_attention_efficiency: float = Field(default=0.7, gt=0, le=1)

@@ -1,0 +1,158 @@
+"""The attention kernels' achieved rate: a fused kernel's fraction of peak (its kernel, the head dimension, the
+softmax), its rate on a rank's calls against their length and context parallelism (attention_rate_ratio), FP8
+attention's speed-up, and the unfused path's unaligned batched matmuls. Split out of cost.compute (issue 35),
+which re-exports these names. Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmplan.arith import maximum, where
+from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.quantize import bf16_kernel_format
+from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+ATTENTION_TILE = 128
+"""Rows of a fused attention kernel's tile at head dim 128: FlashAttention-3's Hopper forward and backward
+(kBlockM = kBlockN = 128, Dao-AILab/flash-attention hopper/tile_size.h) and FlashAttention-2's forward. A
+forward CTA owns one query tile of one head (of one sequence) and loops over the key tiles; a backward CTA
+owns one key tile and loops over the query tiles. Derived: docs/formulas.md#compute.cp_attention"""
+
+ATTENTION_FIXED_KEYS = {"native": (237.0, 420.0), "flash2": (105.0, 271.0)}
+"""(forward, backward) keys' worth of time a fused attention kernel spends per CTA outside its loop over the
+other side's tiles (loading its own tile, filling the pipeline, the epilogue: the output and log-sum-exp, or
+dK and dV), so that a CTA looping over k keys (queries, in backward) runs at k / (k + k0) of the kernel's rate.
+Solved from two published rates on H100 (bf16, head dim 128, batch x sequence = 16k tokens, so the CTA count
+is the same at every length) at 512 and 16k tokens, k0 = 512·16384·(1 - r) / (r·16384 - 512) with r their
+ratio. FlashAttention-3 (the native kernel on Hopper): forward 430.3 and 620.7 TFLOP/s (pytorch/benchmark PR
+#2391, commit ff65cb6), backward 316 and 561 (Shah et al. 2024, FlashAttention-3, Figure 6). FlashAttention-2:
+forward 309 and 370, backward 214 and 322 (Shah et al. 2024, Figures 5-6). The same form gives the 1k-8k points
+within 5% (tests/test_cp_short.py). Derived: docs/formulas.md#compute.cp_attention"""
+
+
+def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_keys: float) -> Any:
+    """Time of one fused-attention call, in key-tile iterations of one SM: `rows` CTAs (query tiles x heads x
+    sequences in forward, key tiles x ... in backward) that together run `work` tile iterations, the longest
+    CTA `longest` of them, each CTA fixed_keys / ATTENTION_TILE iterations more (ATTENTION_FIXED_KEYS), one CTA
+    per SM at a time. The call takes its share of the SMs' time, rows / sms waves of the mean CTA, but never
+    less than its longest CTA: a call of fewer CTAs than SMs leaves SMs idle, and a causal call's last query
+    tile sees every key tile. (A partly filled last wave is not charged: Transformer Engine runs successive
+    ring steps' attention on two alternating streams, so the next call's CTAs fill it.)
+    Source: Dao 2023, FlashAttention-2 §3.2 (one thread block per query block and head; the backward per key
+    block); Transformer Engine context_parallel.py (flash_attn_streams). Derived:
+    docs/formulas.md#compute.cp_attention"""
+    rows = maximum(rows, 1.0)
+    fixed = fixed_keys / ATTENTION_TILE
+    return maximum(rows / sms * (work / rows + fixed), longest + fixed)
+
+
+def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """The fused attention kernel's rate on a rank's calls of one layer over its asymptotic rate
+    (GpuSpec.attention_efficiency: one long causal call, the per-CTA fixed work amortised, every SM busy).
+    At cp = 1 a rank runs one causal call over s: its diagonal tiles are computed whole (masked) and each CTA
+    pays ATTENTION_FIXED_KEYS once, so short sequences run below the asymptote. With context parallelism and
+    load balancing (Megatron / Transformer Engine's zigzag, torchtitan's round-robin) each rank holds two
+    chunks of c = s/2cp tokens and runs, per layer and pass, one causal call on its own 2c x 2c and cp - 1 ring
+    steps on c x 2c halves: steps i <= rank take the first half of the received K/V (queries 2c x keys c),
+    the others the second half of the queries (c x 2c). The same tiles as one causal call over s, in short
+    calls: fewer keys per CTA (ATTENTION_FIXED_KEYS weighs more) and, once a call has fewer CTAs than the
+    GPU has SMs, idle SMs. Rank r runs r calls of the first kind and cp - 1 - r of the second, and every rank
+    waits for the slowest at the layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles)
+    once, backward (over key tiles) twice. The asymptote is a rank's share of s^2/2 useful (query, key) pairs
+    per head at one tile iteration per SM, no fixed work. k0 is H100's (FA3 for the native kernel, FA2 for
+    flash2 and where the native kernel is FA2) on every GPU.
+    Source: Dao 2023, FlashAttention-2 §3.2 (causal: blocks above the diagonal skipped, the diagonal block
+    masked); Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step
+    sections); Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds
+    chunks r and 2cp - 1 - r). Derived: docs/formulas.md#compute.cp_attention"""
+    sms = gpu.sm_count
+    H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
+    n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
+    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+
+    def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
+        return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
+                + 2 * attention_call_seconds(k * H, tiles * H, k_loop, sms, k_bwd))
+
+    halves = maximum(passes(2 * n, n, 2 * n * n, n, 2 * n), passes(n, 2 * n, 2 * n * n, 2 * n, n))
+    ring = passes(2 * n, 2 * n, 2 * n * n + n, 2 * n, 2 * n) + (plan.cp - 1) * halves
+    N = np.ceil(plan.seq_len / ATTENTION_TILE)
+    whole = passes(N, N, N * (N + 1) / 2, N, N)  # one causal call over s
+    useful = 3 * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
+    return useful / plan.cp / where(plan.cp > 1, ring, whole)
+
+
+def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
+    """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
+    native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
+    plan runs FA2, times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
+    dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
+    attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
+    elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
+    Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""
+    flash2 = plan.attention_kernel == "flash2"
+    ratio = gpu.flash2_attention_ratio if flash2 else 1.0
+    d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
+    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
+    unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
+    return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
+
+
+CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16
+"""cuBLAS's alignment for its tensor-core kernels at full speed: the leading dimensions, the contiguous
+extents and the pointers of a GEMM a multiple of 16 bytes (NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core
+Usage": "the best performance when using Tensor Cores"; since cuBLAS 11.0 other shapes may still use them, at
+a rate it does not give). Derived: docs/formulas.md#compute.unaligned_bmm"""
+
+
+def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float:
+    """The unfused attention's score matmuls' rate relative to their tensor-core rate: 1 when the head
+    dimension meets cuBLAS's 16-byte alignment, else the GPU's CUDA-core (fp32) peak over its tensor-core peak
+    of the compute dtype. Megatron's unfused path (2020-22) runs QK^T, AV and their gradients as batched
+    matmuls over heads whose inner or outer extent is the head dimension d, each batch starting d x 3
+    elements further into the fused QKV projection (an odd multiple of d), so d x element bytes off a
+    multiple of 16 breaks the contiguous extent and every other batch's pointer: BLOOM's 128-head
+    h = 13,824 (d = 108) trials. Priced at the rate of a kernel without tensor cores (cuBLAS does not
+    document the rate of its unaligned tensor-core paths). NVIDIA GPUs only (cuBLAS); 1 where the profile
+    lists no fp32 peak.
+    Source: NVIDIA cuBLAS documentation, 2.1.11 "Tensor Core Usage"; NVIDIA/Megatron-LM
+    megatron/model/transformer.py ParallelAttention (torch.baddbmm / torch.bmm over [b * np, s, hn]).
+    Derived: docs/formulas.md#compute.unaligned_bmm"""
+    dtype = bf16_kernel_format(plan)  # low-precision recipes run the unfused scores in bf16
+    size = 4 if dtype == "fp32" else 2
+    aligned = all(d * size % CUBLAS_TENSOR_CORE_ALIGN_BYTES == 0 for d in attention_head_dims(m))
+    if aligned or gpu.vendor != "nvidia" or "fp32" not in gpu.tflops or dtype not in gpu.tflops:
+        return 1.0
+    return min(1.0, gpu.peak_flops("fp32") / gpu.peak_flops(dtype))
+
+
+def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's head dimension d: per
+    (query, key) pair the kernel's 4d matmul FLOPs run at twice the tensor rate and its softmax work (d0, the GPU's
+    attention_softmax_head_dim, as in head_dim_attention_ratio) at the same, so the rate goes from d / (d + d0) to
+    d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
+    (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
+    1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
+    qk, v = attention_head_dims(m)
+    d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
+    return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
+
+
+def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
+    """A fused attention kernel's rate at the model's head dimension d relative to d = 128 (where
+    attention_efficiency is measured). Per (query, key) pair the kernel does 4d matmul FLOPs and a fixed amount
+    of softmax work (the exponential on the special-function units, the scale, max and sum), so its rate
+    goes as d / (d + d0), d0 the head dimension at which the two take as long. MLA's d is the mean of its
+    query-key and value dims. Source: Shah et al. 2024 (FlashAttention-3), Figures 5-6 (H100, 4k tokens:
+    head dim 64 runs forward + backward at 0.79x (cuDNN), 0.81x (FA3), 0.89x (FA2) of head dim 128).
+    Derived: docs/formulas.md#compute.attention"""
+    qk, v = attention_head_dims(m)
+    d = (qk + v) / 2
+    return (d / (d + d0)) / (128 / (128 + d0))

@@ -1,0 +1,130 @@
+"""Memory-bound operators' HBM traffic: one layer's norms, residual adds, rotary, activation, MoE routing and
+expert bias, unfused attention scores, a hybrid's recurrent passes and the fp8 casts (elementwise_bytes), and
+the output layer's loss (loss_bytes). Split out of cost.compute (issue 35), which re-exports these names.
+Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.arith import where
+from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
+from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_memory_bytes, norms_per_layer
+from llmplan.cost.params import kv_heads_per_rank, padded_vocab
+from llmplan.cost.quantize import fp8_cast_bytes
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
+    """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
+    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
+    per-head norms (read + write each), the MLP activation
+    (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
+    and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
+    dropout). Derived: docs/formulas.md#compute.memory_bound"""
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    T = s * b
+    sp = where(plan.sp, t, 1)
+    # Unfused (fused_kernels False): a norm reads its input twice and writes and re-reads the normalised tensor
+    # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
+    unfused = where(plan.fused_kernels, 1, 3)
+    norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
+    qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
+    rope_pass = where(plan.rope_fusion, 4 * unfused, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
+    rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
+    qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
+    f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
+    act = activation_pass_bytes(m) * T * f / t
+    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
+        act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
+    per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
+    scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
+    routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
+    recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
+    casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
+    # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
+    # projected series, per average layer (cost.compressed)
+    v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
+
+
+def activation_pass_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token and MLP column of the fused activation's one pass in bf16: gated, read the 2f-wide
+    fc1 output and write f (6); GELU, read f and write f (4). Derived: docs/formulas.md#compute.memory_bound"""
+    return 6.0 if m.gated_mlp else 4.0
+
+
+def moe_routing_bytes(m: ModelSpec) -> float:
+    """HBM bytes per token of one MoE layer's routing, forward, in 16 bits: the router's fp32 scores over the
+    E experts (softmax and top-k: read and write 8E) and the permute of the token into its k expert copies
+    and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
+    Derived: docs/formulas.md#compute.memory_bound"""
+    return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
+
+
+def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """HBM bytes per token of an MoE layer's expert output bias (models with mlp_bias: GPT-OSS), in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them). Megatron-Core builds the
+    grouped fc2 with skip_bias_add and adds the bias outside the GEMM, expert by expert, as t + b * p, then
+    concatenates and casts back, on the k output copies of width w. With fp32 probabilities p (DeepEP and
+    HybridEP take only fp32 probs) forward writes b * p (4 bytes an element), reads t and it and writes the
+    fp32 sum (10), copies it into the concatenation (8) and casts it to bf16 (6): 28; backward casts the
+    gradient to fp32 (6) and back for t (6) and forms and reduces grad * p and grad * b (12 + 12): 36. With the
+    alltoall dispatcher p stays in the router's bf16: 2 + 6 + 4 forward (the cast is a no-op), 6 + 6 backward.
+    The fc1 bias rides the grouped GEMM (skip_bias_add False). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py TEGroupedMLP._apply_bias, token_dispatcher.py ("DeepEP only
+    supports float32 probs") (core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.expert_bias"""
+    if not (m.is_moe and m.mlp_bias):
+        return 0.0
+    forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
+    # TE's op-fuser GroupedLinear adds the bias in the GEMM (ParallelPlan.expert_bias_fusion)
+    return where(plan.expert_bias_fusion, 0.0, (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width)
+
+
+EAGER_ROPE_BYTES = (24.0, 26.0)
+"""(forward, backward) HBM bytes per element of q and k of Megatron-Core's eager rotary in bf16 (ParallelPlan.
+rope_fusion False), against the fused kernel's 4 + 8: forward t * cos (read 2, write 2), rotate-half's negated
+half (2 an element) and its concatenation (4), the product with sin (4), the sum (read 4, write 2) and the
+final torch.cat with the empty pass-through part (4); backward the two products' gradients (4 + 4), the
+negation (2) and the chunk's concatenation (4), the two branches summed (6) and the slice t[..., :rot_dim]
+scattered into a zeroed full-size gradient (6). Source: NVIDIA/Megatron-LM megatron/core/models/common/
+embeddings/rope_utils.py _apply_rotary_pos_emb_bshd, _rotate_half (core_v0.15.0 - core_v0.19.0); PyTorch
+tools/autograd/derivatives.yaml (slice_backward, split). Derived: docs/formulas.md#compute.memory_bound"""
+
+GLU_CLAMP_BYTES = (16.0, 30.0)
+"""(forward, backward) HBM bytes per (token, expert) row and expert-FFN column of a gated MLP's eager clamp
+(Megatron-Core weighted_bias_quick_geglu_impl with activation_func_clamp_value), in bf16 over the 2f-wide fc1
+output: forward the two clamps read and write their halves (8) and torch.cat copies them together (8);
+backward the gate's one-sided clamp gradient compares its saved input (read 2, write a 1-byte mask) and
+selects the gradient (read 1 + 2, write 2): 8; the linear half's two-sided one makes two masks, ANDs them
+and selects: 14; the chunk's backward concatenates the two halves' gradients (8).
+Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+(core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp clamp_backward
+(where(self <= max, grad, 0); where((self >= min).logical_and_(self <= max), grad, 0)), split_backward
+(concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+
+
+def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column that the routed experts' activation costs beyond
+    the fused kernel's one pass (read 2f, write f: the `act` term of elementwise_bytes), in its
+    forward-equivalent units (the stage charges three times them): the eager clamp of a clamped GLU
+    (ModelSpec.swiglu_limit without ParallelPlan.glu_clamp_fusion: GLU_CLAMP_BYTES), and with moe_act in the
+    recompute modules the activation's forward once more in backward, the clamp's forward with it (Megatron-Core
+    checkpoints bias_act_func with CheckpointWithoutOutput and reruns it before fc2's backward).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward (activation_recompute,
+    core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.glu_clamp"""
+    if not m.is_moe:
+        return 0.0
+    rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
+    clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
+    clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
+    return (clamp + rerun * activation_pass_bytes(m)) / 3
+
+
+def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM traffic of the output layer's loss, forward and backward, one micro-batch, one rank: the logits
+    written in bf16, read and turned into fp32 softmax, read again for the loss and the gradient, and the
+    gradient written: about 16 bytes per logit. Derived: docs/formulas.md#compute.memory_bound"""
+    return 16 * plan.seq_len / plan.cp * plan.micro_batch * padded_vocab(m.vocab_size, plan.tp) / plan.tp

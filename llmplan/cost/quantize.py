@@ -1,0 +1,109 @@
+"""Low-precision recipes' quantisation: the bytes of a tensor's quantised copies, the recipes whose TP gathers
+move them, the HBM traffic to quantise a GEMM input (NVFP4 as its kernels run) and one layer's casts per pass
+(fp8_cast_bytes), and the format of the kernels a recipe leaves in bf16. Split out of cost.compute (issue 35),
+which re-exports these names. Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.arith import where
+from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.gemm import attention_shapes
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
+
+QUANTIZED_COPY_BYTES = {"tensorwise": 1.0, "rowwise": 1.0, "blockwise": 1.0 + 4 / 128, "mxfp8": MXFP8_BYTES,
+                        "nvfp4": NVFP4_BYTES}
+"""Bytes per element of one low-precision copy of a tensor under each recipe, scales included: one fp8 byte
+(per-tensor; torchao rowwise), with an fp32 scale per 128 (blockwise) or an E8M0 scale per 32 (MXFP8); NVFP4 a
+4-bit E2M1 value and an E4M3 scale per 16 (the FP32 per-tensor scale is one number). Source: Transformer
+Engine docs, features/low_precision_training (fp8 current / blockwise scaling, MXFP8, NVFP4); OCP
+Microscaling spec; torchao float8 README (rowwise)."""
+
+QUANTIZED_GATHER_RECIPES = ("tensorwise", "blockwise", "mxfp8", "nvfp4")
+"""Recipes whose TP all-gathers of GEMM inputs move the quantised copy: the input is cast before the gather,
+not after (Transformer Engine v1.8 LayerNormLinear writes the norm's fp8 output and gathers it,
+grad_output_preprocess casts then gathers the output gradient; current TE gather_along_first_dim gathers
+delayed / current-scaling fp8, blockwise, MXFP8 and NVFP4 tensors; torchao's PrepareFloat8ModuleInput casts
+before the forward gather). torchao's rowwise recipe gathers in bf16. Derived: docs/formulas.md#comm.tp"""
+
+CAST_BYTES = {r: 2.0 + copies * QUANTIZED_COPY_BYTES[r]
+              for r, copies in (("tensorwise", 1), ("rowwise", 1), ("blockwise", 1), ("mxfp8", 2))}
+"""HBM bytes per element of a GEMM input to quantise it: read 2 (bf16) and write the low-precision copies
+(QUANTIZED_COPY_BYTES): one fp8 copy (per-tensor, rowwise, blockwise); MXFP8 a rowwise and a columnwise copy
+(the wgrad operand). NVFP4's passes depend on the plan's kernels: nvfp4_quantize_bytes (quantize_bytes
+picks). Derived: docs/formulas.md#precision (Transformer Engine / torchao recipe documentation)."""
+
+
+def nvfp4_quantize_bytes(plan: ParallelPlan) -> Any:
+    """HBM bytes per element to quantise one NVFP4 GEMM input as Transformer Engine does (an activation or an
+    output gradient: the recipe gives both the random Hadamard transform on their wgrad copy). Its per-tensor
+    scale needs the tensor's amax before any cast, and the RHT copy's amax too: one pass reads the bf16
+    tensor for both (nvte_hadamard_transform_amax). The casts then read it again and write the rowwise copy and
+    the columnwise copy of the 16x16-transformed tensor (QUANTIZED_COPY_BYTES each): in one fused kernel (TE 2.15
+    on: 2 + 2 + 2 x 0.5625 = 5.125 B) or, with plan.nvfp4_rht_cast_fusion False, in two kernels that each read
+    it (TE 2.9 - 2.14: 2 + 2 + 2 + 1.125 = 7.125 B). The transform runs on the tensor cores inside the amax
+    pass and the cast (a 16x16 matrix on each 16 elements: 32 FLOP an element, against the 2N of a GEMM of N
+    output columns) and the gradients' stochastic rounding in the conversion instruction: neither adds traffic.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/quantizer.cpp NVFP4Quantizer::quantize_impl
+    (v2.12: nvte_quantize_v2 then nvte_hadamard_transform_cast_fusion_columnwise; v2.16:
+    nvte_quantize_with_hadamard_transform), common/recipe/__init__.py NVFP4BlockScaling (RHT on fp4_quant_fwd_inp
+    and fp4_quant_bwd_grad). Derived: docs/formulas.md#precision"""
+    reads = where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
+    return 2.0 * reads + 2 * QUANTIZED_COPY_BYTES["nvfp4"]
+
+
+def quantize_bytes(plan: ParallelPlan) -> Any:
+    """HBM bytes per element to quantise one GEMM input under the plan's recipe (CAST_BYTES; NVFP4 as its
+    kernels run, nvfp4_quantize_bytes). Derived: docs/formulas.md#precision"""
+    return nvfp4_quantize_bytes(plan) if plan.recipe == "nvfp4" else CAST_BYTES[plan.recipe]
+
+
+def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
+    """HBM bytes of one layer's fp8 casts per pass (the step's forward and backward casts over the 3 passes that
+    stage_compute counts the memory-bound traffic in), one micro-batch, one rank. Every GEMM input is cast before
+    its GEMM (read 2 bytes, write the recipe's copies: CAST_BYTES; on Hopper, `fp8_tn_only`, the per-tensor and
+    blockwise casts also write the transposed copy): forward the QKV and fc1 inputs (h each per token) and the
+    output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
+    and of QKV and fc1. Weights are cast once per step and left out. Under sequence parallelism the h-wide
+    tensors that TP all-gathers (the two inputs, the two gradients; DTensor gathers its gradients in bf16) are
+    cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
+    tensor gathers its row-wise data only, so on Hopper the transposed copy of each gathered tensor, wanted by
+    the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer and a hybrid stack keep
+    the earlier count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts'
+    inputs are k permuted rows per token, and the Mamba mixers' projections have casts of their own, which
+    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
+    layernorm_linear.py (quantise, then gather_along_first_dim; backward: "If data is in FP8, we compute FP8
+    transposes manually"); cuBLASLt FP8 TN requirement (common/gemm/cublaslt_gemm.cu).
+    Derived: docs/formulas.md#compute.memory_bound"""
+    if not plan.low_precision:
+        return 0.0
+    s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
+    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    d_v = attention_head_dims(m)[1]
+    transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
+    cast = quantize_bytes(plan) + transposed
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    if moe or m.is_hybrid:
+        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t) * share
+    # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
+    # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
+    qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
+    local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
+    sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_RECIPES)
+    grads_sp = sp & (plan.tp_impl == "megatron")
+    # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
+    shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
+    gathered = 2 * h * (where(sp, shard, cast) + where(grads_sp, shard, cast))
+    return (cast * local + gathered) * s * b * share / 3
+
+
+def bf16_kernel_format(plan: ParallelPlan) -> str:
+    """The format of the kernels a low-precision recipe leaves in bf16 (attention, the output layer): bf16
+    under one, else the plan's dtype (the same rule as ParallelPlan.mfu_format, for another reason).
+    Source: NVIDIA/TransformerEngine transformer_engine/common/recipe/__init__.py (fp8_dpa False by default in
+    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer)."""
+    return "bf16" if plan.low_precision else plan.dtype
