@@ -6,7 +6,7 @@ anchoring to one measured run does (docs/validation.md#intervals).
     python benchmarks/intervals.py                # report from the shipped file (coverage, half-widths, groups)
 
 For every scored training record it runs accuracy.py's prediction with the constants fitted WITHOUT the
-record's family (accuracy.fit_table + best_fit, one grid pass for all families; scored-only families, which
+record's family (accuracy.fit_tables + best_fit, one grid pass for all families; scored-only families, which
 never enter the fit, take the all-family fit) and stores r = log(measured rate / predicted rate) (a measured
 iteration time counts as 1 / rate) with the record's regime tags (llmplan.intervals.Regime). Memory: the
 published peaks (Korthikanti et al. 2022 Table 5 parts, torchtitan's reserved peak); serving: the TensorRT-LLM
@@ -51,10 +51,10 @@ def lofo_constants(records: list[dict], reuse: dict | None) -> dict[str, dict]:
     """Per family: the constants fitted without it (scored-only families: the all-family fit)."""
     if reuse:
         return reuse
-    _, table = acc.fit_table(records)
+    table, _, jack = acc.fit_tables(records)
     fams = set(acc.TRAIN_FAMILIES)
-    full, _ = acc.best_fit(table, fams)
-    out = {f: acc.best_fit(table, fams - {f})[0] for f in acc.TRAIN_FAMILIES}
+    full, _ = acc.best_fit(table, fams, jack)
+    out = {f: acc.best_fit(table, fams - {f}, jack)[0] for f in acc.TRAIN_FAMILIES}
     return {**{f: full for f in SCORED if f not in out}, **out, "_all": full}
 
 
