@@ -62,6 +62,26 @@ sliding-window attention, LAMB, fused operators: changes llmplan cannot describe
 Megatron-LM baseline (`megascale`) on the same plans: the gap between the two is software."""
 BRIDGE_FAMILIES = ("bridge", "mbridge-dense", "mbridge-moe")
 """Megatron-Bridge performance-recipe rows: the repo's `bridge` records and the `mbridge` tables 25.09-26.08."""
+SOURCE_GROUPS = {
+    "megatron-bridge": ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard"),
+    "nemo-docs": ("nemo2407", "nemocp"),
+    "megatron-lm": ("narayanan2021", "korthikanti2022", "megatron2020", "megatron"),
+    "megascale": ("megascale", "megascale-opt"),
+}
+"""Families that share one publisher's measurement pipeline (docs/validation.md#lofo-source), by publisher and
+stack, not by error: Megatron-Bridge's performance summaries and model verification cards (NVIDIA-NeMo/
+Megatron-Bridge: its scripts/performance recipes); the NeMo docs' performance tables of 24.03-24.07
+(NVIDIA/NeMo docs/source/performance: performance_summary.md and performance_long_sequence.md); NVIDIA's
+Megatron-LM team's own runs (the Megatron-LM README tables of 2020 and r0.8, Narayanan et al. 2021 and
+Korthikanti et al. 2022 on Selene); MegaScale's baseline and optimised stacks (one paper, one cluster). Every
+other family is its own source. A left-out fit leaves out the whole group of the family it scores."""
+
+
+def source_group(fam: str) -> tuple[str, ...]:
+    """The families of `fam`'s source (SOURCE_GROUPS), or `fam` alone."""
+    return next((g for g in SOURCE_GROUPS.values() if fam in g), (fam,))
+
+
 MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
@@ -1311,16 +1331,18 @@ def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:
     return {f: float(m[at]) for f, m in table[key].items() if f in families}
 
 
-def lofo(fitted: dict, scored: dict, jackknife: dict | None = None) -> list[tuple[str, Fit, float, float]]:
-    """Leave-one-family-out: the fit without each training family (on `fitted`, fit_tables' first), its median
-    |error| under it and under the all-family fit (on `scored`, every scored record). A family with no fitted
-    record (every row a MoE model's) is left out of every fit; its left-out error is its error under the fit."""
+def lofo(fitted: dict, scored: dict, jackknife: dict | None = None,
+         by_source: bool = True) -> list[tuple[str, Fit, float, float]]:
+    """Leave-one-family-out: the fit without each training family (on `fitted`, fit_tables' first) and, with
+    `by_source`, without every family of its source (source_group), its median |error| under it and under the
+    all-family fit (on `scored`, every scored record). A family with no fitted record (every row a MoE model's)
+    is left out of every fit; its left-out error is its error under the fit without its source."""
     fams = set(TRAIN_FAMILIES)
     full = fit_constants(fitted, fams, jackknife=jackknife)
     assert full is not None  # the training set has dense records
     out = []
     for f in TRAIN_FAMILIES:
-        c = fit_constants(fitted, fams - {f}, jackknife=jackknife)
+        c = fit_constants(fitted, fams - set(source_group(f) if by_source else (f,)), jackknife=jackknife)
         assert c is not None
         out.append((f, c, score(scored, c.consts, {f}).get(f), score(scored, full.consts, {f}).get(f)))
     return out
@@ -1655,7 +1677,8 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
     if no_fit:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
-    print("family's median |error| under them, and under the fit on all families:")
+    print("family's median |error| under them, and under the fit on all families; the families of its source")
+    print("(SOURCE_GROUPS, docs/validation.md#lofo-source) are left out with it:")
     print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
     print("ties (within one jackknife standard error) go to the shipped values; a constant no fit identifies is held there)")
     fitted, scored, jackknife = fit_tables(records)
@@ -1664,14 +1687,20 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
     print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}")
     summary["lofo"] = {}
     summary["lofo_held"] = {}
+    summary["lofo_family"] = {}  # left out alone, its source's other families kept in the fit (optimistic)
+    alone = {fam: left for fam, _, left, _ in lofo(fitted, scored, jackknife, by_source=False)}
     for fam, fit, left, inside in lofo(fitted, scored, jackknife):
+        mates = [f for f in source_group(fam) if f != fam]
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
-              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: "
-              f"{_fmt_consts(fit.consts)}{_fmt_held(fit)}")
+              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it"
+              f"{' and ' + ', '.join(mates) if mates else ''}: {_fmt_consts(fit.consts)}{_fmt_held(fit)}"
+              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else ""))
         if left is not None and left == left:
             summary["lofo"][fam] = round(left, 1)
         if fit.held:
             summary["lofo_held"][fam] = list(fit.held)
+        if alone.get(fam) is not None and alone[fam] == alone[fam]:
+            summary["lofo_family"][fam] = round(alone[fam], 1)
     return summary
 
 

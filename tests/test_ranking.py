@@ -544,3 +544,57 @@ def test_low_precision_tp_gathers_move_the_quantised_inputs():
     assert dt_fp8["all-gather"] == pytest.approx(dt_bf16["all-gather"] * 3 / 4)
     rowwise = volume(base.model_copy(update={"dtype": "fp8", "recipe": "rowwise"}))
     assert rowwise["all-gather"] == pytest.approx(bf16["all-gather"])
+
+
+def test_source_groups_put_one_publishers_families_together():
+    # docs/validation.md#lofo-source: Megatron-Bridge's performance tables and verification cards are one
+    # source (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, examples/model_verification_cards).
+    import accuracy
+
+    bridge = {"bridge", "mbridge-dense", "mbridge-moe", "bridgecard"}
+    assert all(set(accuracy.source_group(f)) == bridge for f in bridge)
+    grouped = [f for g in accuracy.SOURCE_GROUPS.values() for f in g]
+    assert len(grouped) == len(set(grouped)) and set(grouped) <= set(accuracy.FAMILIES)
+    assert accuracy.source_group("mpt") == ("mpt",)
+
+
+def _two_source_table():
+    # bridge and mbridge-dense (one source) are exact at H100 clock index 2, mpt at index 8 and weakly so:
+    # any fit that keeps mbridge-dense lands at 2, one on mpt alone at 8.
+    import accuracy
+
+    na, nh = (len(accuracy.GRID[f"clock_{g}"]) for g in accuracy.CLOCK_GROUPS)
+    h = np.arange(nh, dtype=float)[None, :].repeat(na, axis=0)
+    key = tuple((k, v[0]) for k, v in accuracy.GRID.items() if not k.startswith("clock_"))
+    return {key: {"bridge": np.abs(h - 2), "mbridge-dense": np.abs(h - 2), "mpt": 0.5 * np.abs(h - 8)}}
+
+
+def test_left_out_fit_leaves_the_whole_source_out(monkeypatch):
+    # docs/validation.md#lofo-source: bridge left out alone is fitted on mbridge-dense, which shares its source
+    # and its bias, so it looks exact; left out with its source it is scored under the fit on mpt.
+    import accuracy
+
+    monkeypatch.setattr(accuracy, "TRAIN_FAMILIES", ("bridge", "mbridge-dense", "mpt"))
+    table = _two_source_table()
+    grid = accuracy.GRID["clock_h100"]
+    alone = {f: (fit.consts["clock_h100"], left) for f, fit, left, _ in accuracy.lofo(table, table, by_source=False)}
+    source = {f: (fit.consts["clock_h100"], left) for f, fit, left, _ in accuracy.lofo(table, table)}
+    assert alone["bridge"] == (grid[2], pytest.approx(0.0))
+    assert source["bridge"] == (grid[8], pytest.approx(6.0)) and source["mbridge-dense"] == source["bridge"]
+    assert source["mpt"] == alone["mpt"] == (grid[2], pytest.approx(3.0))
+
+
+def test_interval_residual_constants_leave_the_source_out(monkeypatch):
+    # benchmarks/intervals.py: the constants a record's residual is computed under are fitted without its
+    # source, scored-only families too (bridgecard is never fitted, but its source's families are).
+    import accuracy
+    import intervals as bench
+
+    table = _two_source_table()
+    monkeypatch.setattr(accuracy, "TRAIN_FAMILIES", ("bridge", "mbridge-dense", "mpt"))
+    monkeypatch.setattr(accuracy, "fit_tables", lambda records: (table, table, None))
+    consts = bench.lofo_constants([], None)
+    grid = accuracy.GRID["clock_h100"]
+    assert consts["_all"]["clock_h100"] == grid[2]
+    assert consts["bridgecard"]["clock_h100"] == consts["bridge"]["clock_h100"] == grid[8]
+    assert consts["mpt"]["clock_h100"] == grid[2] and consts["dgxc"] == consts["_all"]
