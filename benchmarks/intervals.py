@@ -129,7 +129,8 @@ def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dic
         if got is None:
             continue
         job, layout = job_of(rec, fam)
-        out.append({"id": rec["id"], "family": fam, "r": round(got[0], 5), "quantity": got[1],
+        source = next((k for k, g in acc.SOURCE_GROUPS.items() if fam in g), fam)
+        out.append({"id": rec["id"], "family": fam, "source": source, "r": round(got[0], 5), "quantity": got[1],
                     **tags(rec, fam), "job": job, "layout": layout})
     return out
 
