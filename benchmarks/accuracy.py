@@ -62,6 +62,26 @@ sliding-window attention, LAMB, fused operators: changes llmplan cannot describe
 Megatron-LM baseline (`megascale`) on the same plans: the gap between the two is software."""
 BRIDGE_FAMILIES = ("bridge", "mbridge-dense", "mbridge-moe")
 """Megatron-Bridge performance-recipe rows: the repo's `bridge` records and the `mbridge` tables 25.09-26.08."""
+SOURCE_GROUPS = {
+    "megatron-bridge": ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard"),
+    "nemo-docs": ("nemo2407", "nemocp"),
+    "megatron-lm": ("narayanan2021", "korthikanti2022", "megatron2020", "megatron"),
+    "megascale": ("megascale", "megascale-opt"),
+}
+"""Families that share one publisher's measurement pipeline (docs/validation.md#lofo-source), by publisher and
+stack, not by error: Megatron-Bridge's performance summaries and model verification cards (NVIDIA-NeMo/
+Megatron-Bridge: its scripts/performance recipes); the NeMo docs' performance tables of 24.03-24.07
+(NVIDIA/NeMo docs/source/performance: performance_summary.md and performance_long_sequence.md); NVIDIA's
+Megatron-LM team's own runs (the Megatron-LM README tables of 2020 and r0.8, Narayanan et al. 2021 and
+Korthikanti et al. 2022 on Selene); MegaScale's baseline and optimised stacks (one paper, one cluster). Every
+other family is its own source. A left-out fit leaves out the whole group of the family it scores."""
+
+
+def source_group(fam: str) -> tuple[str, ...]:
+    """The families of `fam`'s source (SOURCE_GROUPS), or `fam` alone."""
+    return next((g for g in SOURCE_GROUPS.values() if fam in g), (fam,))
+
+
 MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
@@ -1097,11 +1117,14 @@ def fit_row(rec: dict) -> bool:
     return model_for(rec, family(rec["id"])).num_experts == 0
 
 
-def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
-    """(fitted, scored): median |error| of every training family for every grid point, as {key: {family:
-    array over the group clocks}} (family_medians; a record sees only its group's clock), over the records
-    that enter the fit (fit_row) and over every scored record. Each record is predicted once for all the grid
-    points of its clock group (the constants as arrays: predict, grid_estimate)."""
+def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict], dict[tuple, dict]]:
+    """(fitted, scored, jackknife): median |error| of every training family for every grid point, as {key:
+    {family: array over the group clocks}} (family_medians; a record sees only its group's clock), over the
+    records that enter the fit (fit_row) and over every scored record; and, for the fitted records, each
+    family's median with each of its records deleted in turn ({key: {family: array (clocks..., record)}},
+    jackknife_medians), from which fit_constants takes the standard errors of its one-standard-error rule.
+    Each record is predicted once for all the grid points of its clock group (the constants as arrays:
+    predict, grid_estimate)."""
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
     by_group = {g: [r for r in train if clock_group(r) == g] for g in CLOCK_GROUPS}
     raw: dict[tuple, dict] = {}
@@ -1115,8 +1138,8 @@ def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict
         for j, c in enumerate(grid):
             key = tuple((k, c[k]) for k in GRID if not k.startswith("clock_"))
             raw.setdefault(key, {}).setdefault(g, {})[c[f"clock_{g}"]] = {i: float(e[j]) for i, e in errs.items()}
-    tables: tuple[dict[tuple, dict], dict[tuple, dict]] = ({}, {})
-    for table, keep in zip(tables, (fitted_ids.__contains__, lambda i: True)):
+    tables: tuple[dict[tuple, dict], dict[tuple, dict], dict[tuple, dict]] = ({}, {}, {})
+    for n, keep in enumerate((fitted_ids.__contains__, lambda i: True)):
         for key, groups in raw.items():
             fams: dict[str, dict[str, np.ndarray]] = {}
             for g, by_clock in groups.items():
@@ -1125,7 +1148,10 @@ def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict
                     mine = [i for i in ids if family(i) == f]
                     fams.setdefault(f, {})[g] = np.array(
                         [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
-            table[key] = family_medians(fams)
+            errors = family_errors(fams)
+            tables[n][key] = {f: np.nanmedian(e, axis=-1) for f, e in errors.items()}
+            if n == 0:
+                tables[2][key] = {f: jackknife_medians(e) for f, e in errors.items()}
     return tables
 
 
@@ -1135,9 +1161,10 @@ def fit_table(records: list[dict]) -> tuple[list[tuple], dict[tuple, dict]]:
     return list(table), table
 
 
-def family_medians(fams: dict) -> dict[str, np.ndarray]:
-    """Median |error| per family over every combination of the group clocks (axes in CLOCK_GROUPS order), from
-    {family: {group: |error| array (clock, record)}}."""
+def family_errors(fams: dict) -> dict[str, np.ndarray]:
+    """Per family, its records' |error| at every combination of the group clocks (axes in CLOCK_GROUPS order,
+    records last; a record varies only along its own group's clock), from {family: {group: |error| array
+    (clock, record)}}."""
     shape = [len(GRID[f"clock_{g}"]) for g in CLOCK_GROUPS]
     out = {}
     for f, groups in fams.items():
@@ -1147,14 +1174,47 @@ def family_medians(fams: dict) -> dict[str, np.ndarray]:
                 view = [1] * len(shape) + [groups[g].shape[1]]
                 view[axis] = shape[axis]
                 parts.append(np.broadcast_to(groups[g].reshape(view), shape + [groups[g].shape[1]]))
-        out[f] = np.nanmedian(np.concatenate(parts, axis=-1), axis=-1)
+        out[f] = np.concatenate(parts, axis=-1)
     return out
 
 
-FIT_TIE_PCT = 0.1
-"""Grid points whose mean of family medians is within this many percentage points of the least are tied: far
-below what the medians resolve (one record moves a family's median by more), so the fit does not let a
-0.01-point difference pick a corner of the grid (docs/validation.md#lofo)."""
+def family_medians(fams: dict) -> dict[str, np.ndarray]:
+    """Median |error| per family over every combination of the group clocks (axes in CLOCK_GROUPS order), from
+    {family: {group: |error| array (clock, record)}}."""
+    return {f: np.nanmedian(e, axis=-1) for f, e in family_errors(fams).items()}
+
+
+def jackknife_medians(errors: np.ndarray) -> np.ndarray:
+    """The median over the last axis (records) with each record deleted in turn: out[..., i] is the median of
+    the others (NaN for a family of one record, which then leaves the mean: fit_constants)."""
+    n = errors.shape[-1]
+    if n == 1:
+        return np.full(errors.shape, np.nan)
+    if np.isnan(errors).any():  # the general path (a record not predicted at some grid point)
+        return np.stack([np.nanmedian(np.delete(errors, i, axis=-1), axis=-1) for i in range(n)], axis=-1)
+    order = np.argsort(errors, axis=-1, kind="stable")
+    s = np.take_along_axis(errors, order, axis=-1)
+    rank = np.arange(n)
+    if n % 2 == 0:  # n - 1 left, odd: the middle one of the rest, s[m] above rank m, else s[m + 1]
+        m = (n - 2) // 2
+        by_rank = np.where(rank > m, s[..., m:m + 1], s[..., m + 1:m + 2])
+    else:  # n - 1 left, even: the mean of the rest's two middle ones (k - 1 and k)
+        k = (n - 1) // 2
+        lo = np.where(rank > k - 1, s[..., k - 1:k], s[..., k:k + 1])
+        hi = np.where(rank > k, s[..., k:k + 1], s[..., k + 1:k + 2])
+        by_rank = (lo + hi) / 2
+    out = np.empty_like(errors)
+    np.put_along_axis(out, order, by_rank, axis=-1)
+    return out
+
+
+FIT_SE = 1.0
+"""Grid points whose mean of family medians exceeds the least by no more than FIT_SE standard errors of that
+difference (a delete-one-record jackknife over the fit's records, computed per fit) are tied: the
+one-standard-error rule (Breiman et al. 1984, Classification and Regression Trees, section 3.4.3; Hastie,
+Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.10), which replaced a fixed
+0.1-point tolerance after the jackknife showed one record moving the gap between the two best basins by more
+(docs/validation.md#lofo-one-se)."""
 
 
 def fit_prior() -> dict[str, float]:
@@ -1180,41 +1240,91 @@ class Fit:
     held: tuple[str, ...]
 
 
-def fit_constants(table: dict, families: set[str], prior: dict[str, float] | None = None) -> Fit | None:
-    """The grid point with the lowest mean over `families` of the per-family median |error|
-    (docs/validation.md#lofo). A constant whose profile (least mean with it at each grid value) varies by no
-    more than FIT_TIE_PCT is not identified and is held at `prior` (the shipped values, fit_prior); among the
-    remaining points within FIT_TIE_PCT of the least, the one nearest `prior` in grid steps. None when no
-    family of the set has a fitted record."""
-    prior = fit_prior() if prior is None else prior
-    points: list[tuple[dict, float]] = []
+def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
+                ) -> dict[tuple, tuple[np.ndarray, np.ndarray | None]]:
+    """Per grid key: the mean over `families` of the family medians (clocks...) and each fitted record's
+    delete-one change to it (clocks..., record; None without `jackknife`). A family of one record leaves the
+    mean when its record is deleted."""
+    out = {}
     for key, med in table.items():
-        kept = [med[f] for f in sorted(families) if f in med]
+        kept = sorted(f for f in families if f in med)
         if not kept:
             continue
-        mean = np.mean(np.broadcast_arrays(*kept), axis=0)
-        for i in np.ndindex(mean.shape):
-            points.append(({**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}},
-                           float(mean[i])))
-    if not points:
+        meds = np.broadcast_arrays(*[med[f] for f in kept])
+        mean = np.mean(meds, axis=0)
+        delta = None
+        if jackknife is not None and key in jackknife:
+            k = len(kept)
+            parts = []
+            for f, m in zip(kept, meds):
+                jk = jackknife[key][f]
+                if jk.shape[-1] == 1:
+                    parts.append(((mean - m) / (k - 1) if k > 1 else np.zeros_like(mean))[..., None])
+                else:
+                    parts.append((jk - m[..., None]) / k)
+            delta = np.concatenate(parts, axis=-1)
+        out[key] = (mean, delta)
+    return out
+
+
+def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
+    """The grid points with the constants `held` at their values that lie within FIT_SE jackknife standard
+    errors of the least such point, with their means."""
+    def point(key: tuple, i: tuple) -> dict:
+        return {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}}
+
+    masks = {}
+    for key, (mean, _) in arrays.items():
+        mask = np.full(mean.shape, all(v == held[k] for k, v in key if k in held))
+        for axis, g in enumerate(CLOCK_GROUPS):
+            if f"clock_{g}" in held:
+                keep = np.array([c == held[f"clock_{g}"] for c in GRID[f"clock_{g}"]])
+                mask &= keep.reshape([-1 if a == axis else 1 for a in range(mean.ndim)])
+        masks[key] = mask
+    least, at = min(((float(mean[i]), (key, i)) for key, (mean, _) in arrays.items()
+                     for i in zip(*np.nonzero(masks[key]))), key=lambda t: t[0])
+    delta_best = arrays[at[0]][1]
+    tied = []
+    for key, (mean, delta) in arrays.items():
+        se = np.zeros(mean.shape)
+        if delta is not None and delta_best is not None:
+            d = delta - delta_best[at[1]]  # each deletion's change to the difference from the least
+            n = d.shape[-1]
+            se = np.sqrt((n - 1) / n * ((d - d.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1))
+        ok = masks[key] & (mean <= least + FIT_SE * se + 1e-12)
+        tied += [(point(key, i), float(mean[i])) for i in zip(*np.nonzero(ok))]
+    return tied
+
+
+def fit_constants(table: dict, families: set[str], prior: dict[str, float] | None = None,
+                  jackknife: dict | None = None) -> Fit | None:
+    """The constants fitted on `families` (docs/validation.md#lofo): the objective of a grid point is the mean
+    over the families of their median |error|. Points within FIT_SE standard errors of the least are tied (the
+    standard error of each point's difference from the least, by a delete-one-record jackknife over the fit's
+    records from `jackknife`, fit_tables' third; without it only exact ties). A constant every one of whose
+    grid values some tied point takes is not identified and is held at `prior` (the shipped values,
+    fit_prior); among the points tied then, the one nearest `prior` in grid steps (the one-standard-error
+    rule's simplest model). None when no family of the set has a fitted record."""
+    prior = fit_prior() if prior is None else prior
+    arrays = _fit_arrays(table, families, jackknife)
+    if not arrays:
         return None
-    held = []
-    for k in GRID:  # every profile on the whole grid (the other constants free), before any is held
-        profile = [min(v for c, v in points if c[k] == x) for x in GRID[k] if any(c[k] == x for c, _ in points)]
-        if max(profile) - min(profile) <= FIT_TIE_PCT and any(c[k] == prior[k] for c, _ in points):
-            held.append(k)
-    points = [(c, v) for c, v in points if all(c[k] == prior[k] for k in held)]
-    least = min(v for _, v in points)
-    tied = [(c, v) for c, v in points if v <= least + FIT_TIE_PCT]
+    tied = _tied(arrays, {})
+    held = tuple(k for k in GRID if {c[k] for c, _ in tied} >= set(GRID[k])
+                 and any(dict(key).get(k, prior[k]) == prior[k] for key in arrays))
+    if held:  # the tied points with the held constants at `prior` (some exist for each one alone; when none
+        # for all at once, the points within FIT_SE of the least of those that have them)
+        tied = [(c, v) for c, v in tied if all(c[k] == prior[k] for k in held)] or _tied(
+            arrays, {k: prior[k] for k in held})
     dist = [sum((GRID[k].index(c[k]) - GRID[k].index(prior[k])) ** 2 for k in GRID) for c, _ in tied]
     best, value = min(zip(tied, dist), key=lambda t: (t[1], t[0][1]))[0]
-    return Fit(best, value, tuple(held))
+    return Fit(best, value, held)
 
 
-def best_fit(table: dict, families: set[str]) -> tuple[dict, float]:
+def best_fit(table: dict, families: set[str], jackknife: dict | None = None) -> tuple[dict, float]:
     """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
     fitted record)."""
-    fit = fit_constants(table, families)
+    fit = fit_constants(table, families, jackknife=jackknife)
     if fit is None:
         return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
     return fit.consts, fit.objective
@@ -1227,16 +1337,18 @@ def score(table: dict, consts: dict, families: set[str]) -> dict[str, float]:
     return {f: float(m[at]) for f, m in table[key].items() if f in families}
 
 
-def lofo(fitted: dict, scored: dict) -> list[tuple[str, Fit, float, float]]:
-    """Leave-one-family-out: the fit without each training family (on `fitted`, fit_tables' first), its median
-    |error| under it and under the all-family fit (on `scored`, every scored record). A family with no fitted
-    record (every row a MoE model's) is left out of every fit; its left-out error is its error under the fit."""
+def lofo(fitted: dict, scored: dict, jackknife: dict | None = None,
+         by_source: bool = True) -> list[tuple[str, Fit, float, float]]:
+    """Leave-one-family-out: the fit without each training family (on `fitted`, fit_tables' first) and, with
+    `by_source`, without every family of its source (source_group), its median |error| under it and under the
+    all-family fit (on `scored`, every scored record). A family with no fitted record (every row a MoE model's)
+    is left out of every fit; its left-out error is its error under the fit without its source."""
     fams = set(TRAIN_FAMILIES)
-    full = fit_constants(fitted, fams)
+    full = fit_constants(fitted, fams, jackknife=jackknife)
     assert full is not None  # the training set has dense records
     out = []
     for f in TRAIN_FAMILIES:
-        c = fit_constants(fitted, fams - {f})
+        c = fit_constants(fitted, fams - set(source_group(f) if by_source else (f,)), jackknife=jackknife)
         assert c is not None
         out.append((f, c, score(scored, c.consts, {f}).get(f), score(scored, full.consts, {f}).get(f)))
     return out
@@ -1575,23 +1687,30 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
     if no_fit:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
-    print("family's median |error| under them, and under the fit on all families:")
+    print("family's median |error| under them, and under the fit on all families; the families of its source")
+    print("(SOURCE_GROUPS, docs/validation.md#lofo-source) are left out with it:")
     print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
-    print("ties go to the shipped values; a constant no fit identifies is held there)")
-    fitted, scored = fit_tables(records)
-    full = fit_constants(fitted, set(TRAIN_FAMILIES))
+    print("ties (within one jackknife standard error) go to the shipped values; a constant no fit identifies is held there)")
+    fitted, scored, jackknife = fit_tables(records)
+    full = fit_constants(fitted, set(TRAIN_FAMILIES), jackknife=jackknife)
     assert full is not None
     print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}")
     summary["lofo"] = {}
     summary["lofo_held"] = {}
-    for fam, fit, left, inside in lofo(fitted, scored):
+    summary["lofo_family"] = {}  # left out alone, its source's other families kept in the fit (optimistic)
+    alone = {fam: left for fam, _, left, _ in lofo(fitted, scored, jackknife, by_source=False)}
+    for fam, fit, left, inside in lofo(fitted, scored, jackknife):
+        mates = [f for f in source_group(fam) if f != fam]
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
-              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it: "
-              f"{_fmt_consts(fit.consts)}{_fmt_held(fit)}")
+              f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it"
+              f"{' and ' + ', '.join(mates) if mates else ''}: {_fmt_consts(fit.consts)}{_fmt_held(fit)}"
+              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else ""))
         if left is not None and left == left:
             summary["lofo"][fam] = round(left, 1)
         if fit.held:
             summary["lofo_held"][fam] = list(fit.held)
+        if alone.get(fam) is not None and alone[fam] == alone[fam]:
+            summary["lofo_family"][fam] = round(alone[fam], 1)
     return summary
 
 

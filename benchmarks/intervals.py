@@ -6,8 +6,8 @@ anchoring to one measured run does (docs/validation.md#intervals).
     python benchmarks/intervals.py                # report from the shipped file (coverage, half-widths, groups)
 
 For every scored training record it runs accuracy.py's prediction with the constants fitted WITHOUT the
-record's family (accuracy.fit_table + best_fit, one grid pass for all families; scored-only families, which
-never enter the fit, take the all-family fit) and stores r = log(measured rate / predicted rate) (a measured
+record's source (every family of accuracy.SOURCE_GROUPS that holds its family; accuracy.fit_tables + best_fit,
+one grid pass for all families; a scored-only family alone in its source takes the all-family fit) and stores r = log(measured rate / predicted rate) (a measured
 iteration time counts as 1 / rate) with the record's regime tags (llmplan.intervals.Regime). Memory: the
 published peaks (Korthikanti et al. 2022 Table 5 parts, torchtitan's reserved peak); serving: the TensorRT-LLM
 records, each model scored with the serving constants fitted without it. The tie resolution is the 0.8
@@ -48,14 +48,19 @@ COMMAND = "python benchmarks/intervals.py --write"
 
 
 def lofo_constants(records: list[dict], reuse: dict | None) -> dict[str, dict]:
-    """Per family: the constants fitted without it (scored-only families: the all-family fit)."""
+    """Per family: the constants fitted without every family of its source (accuracy.source_group; a
+    scored-only family alone in its source: the all-family fit)."""
     if reuse:
         return reuse
-    _, table = acc.fit_table(records)
+    table, _, jack = acc.fit_tables(records)
     fams = set(acc.TRAIN_FAMILIES)
-    full, _ = acc.best_fit(table, fams)
-    out = {f: acc.best_fit(table, fams - {f})[0] for f in acc.TRAIN_FAMILIES}
-    return {**{f: full for f in SCORED if f not in out}, **out, "_all": full}
+    full, _ = acc.best_fit(table, fams, jack)
+    fits: dict[tuple[str, ...], dict] = {}
+    for f in SCORED:
+        group = acc.source_group(f)
+        if group not in fits:
+            fits[group] = acc.best_fit(table, fams - set(group), jack)[0]
+    return {**{f: fits[acc.source_group(f)] for f in SCORED}, "_all": full}
 
 
 def consts_for(rec: dict, consts: dict) -> dict:
@@ -124,7 +129,8 @@ def training_residuals(records: list[dict], consts: dict[str, dict]) -> list[dic
         if got is None:
             continue
         job, layout = job_of(rec, fam)
-        out.append({"id": rec["id"], "family": fam, "r": round(got[0], 5), "quantity": got[1],
+        source = next((k for k, g in acc.SOURCE_GROUPS.items() if fam in g), fam)
+        out.append({"id": rec["id"], "family": fam, "source": source, "r": round(got[0], 5), "quantity": got[1],
                     **tags(rec, fam), "job": job, "layout": layout})
     return out
 
@@ -222,7 +228,8 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "nominal": nominal,
         "pool_rule": iv.POOL_RULE,
         "pools": iv.choose_pools(training, pools, nominal),
-        "residual": "log(measured rate / predicted rate), constants fitted without the record's family",
+        "residual": "log(measured rate / predicted rate), constants fitted without the record's source "
+                    "(its family's group in benchmarks/accuracy.py SOURCE_GROUPS)",
         "constants": consts,
         "resolution": resolutions(training),
         "training": training,

@@ -337,16 +337,24 @@ LeftOut = tuple[np.ndarray, np.ndarray, bool]
 """A record's left-out band material: the residuals select() gives it, their family weights, widened or not."""
 
 
+def source_of(record: dict[str, Any]) -> str:
+    """The source a residual's family shares with others (its `source` key: benchmarks/accuracy.py
+    SOURCE_GROUPS, docs/validation.md#lofo-source), else its family."""
+    return str(record.get("source", record["family"]))
+
+
 def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
                    ids: set[str] | None = None) -> dict[str, LeftOut]:
-    """Per record (id; only `ids` when given): the residuals select() gives it with its own family (and
-    `without`) left out, their family weights (family_weights) and whether its band is widened."""
+    """Per record (id; only `ids` when given): the residuals select() gives it with its own family and every
+    family of its source (source_of) left out (and `without`), their family weights (family_weights) and
+    whether its band is widened."""
     out = {}
     pool = [x for x in records if x["family"] != without]
     for r in records:
         if r["family"] == without or (ids is not None and r["id"] not in ids):
             continue
-        hits, dropped = select(pool, record_regime(r), exclude_family=r["family"])
+        others = [x for x in pool if source_of(x) != source_of(r)]
+        hits, dropped = select(others, record_regime(r), exclude_family=r["family"])
         out[r["id"]] = (np.array([h["r"] for h in hits]), family_weights(h["family"] for h in hits),
                         any(t in UNCOVERED for t in dropped))
     return out

@@ -422,3 +422,20 @@ def test_smaller_cp_decides_before_headroom():
     b.plan.cp = 2
     order, _, notes = resolve([a, b], math.log(1.03))
     assert order == [1, 0] and notes[0].rule.startswith("smaller CP degree (2 vs 8")
+
+
+def test_left_out_bands_leave_the_whole_source_out():
+    # docs/validation.md#lofo-source: bridge's band is not built from mbridge-dense's residuals when the two
+    # carry one source (benchmarks/intervals.py tags each residual with its SOURCE_GROUPS group); a file
+    # without the tag leaves out the family alone, as before.
+    recs = ([{**_rec("bridge", 0.2, i), "source": "mb"} for i in range(12)]
+            + [{**_rec("mbridge-dense", 0.2 + 0.01 * i, i), "source": "mb"} for i in range(12)]
+            + [{**_rec("mpt", -0.1 + 0.01 * i, i), "source": "mpt"} for i in range(12)])
+    pools = iv.left_out_pools(recs)
+    assert sorted(pools["bridge-0"][0]) == sorted(r["r"] for r in recs if r["family"] == "mpt")
+    assert sorted(pools["mpt-0"][0]) == sorted(r["r"] for r in recs if r["family"] != "mpt")
+    cov = iv.coverage(recs, 0.8, pools)
+    assert cov["bridge"][0] == 0  # +0.2 lies above every band built from mpt's -0.1 .. +0.01
+    untagged = [{k: v for k, v in r.items() if k != "source"} for r in recs]
+    pools = iv.left_out_pools(untagged)
+    assert len(pools["bridge-0"][0]) == 24 and iv.coverage(untagged, 0.8, pools)["bridge"][0] > 0
