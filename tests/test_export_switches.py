@@ -125,3 +125,27 @@ def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_pa
     code, files, err = export(cli, path, "torchtitan", tmp_path / "t")
     assert code == 2 and "expert_gemm per-expert" in err and "--expert-gemm grouped" in err and files == ""
     assert "Traceback" not in err
+
+
+def test_deepspeed_and_torchtitan_refuse_an_accumulation_they_do_not_run(cli, tmp_path):
+    # Neither fuses the accumulation into the weight-gradient GEMM. DeepSpeed (runtime/bf16_optimizer.py
+    # update_hp_grads) casts bf16 gradients to its fp32 accumulation buffer, then adds (ZeRO-1, fp32 grad_accum);
+    # ZeRO-2/3 add the reduced partition. torchtitan: FSDP2 adds each reduce-scattered shard; DDP trains fp32
+    # parameters under torch.autocast, so autocast's cast comes before autograd's add.
+    cases = [("deepspeed", {"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce"}, "cast-add"),
+             ("deepspeed", {"zero": 1, "grad_dtype": "bf16"}, "add"),
+             ("deepspeed", {"zero": 2, "grad_dtype": "fp32"}, "add"),
+             ("torchtitan", {"zero": 3, "grad_dtype": "fp32"}, "add"),
+             ("torchtitan", {"zero": 0, "grad_dtype": "fp32", "overlap_param_gather": False}, "cast-add"),
+             ("torchtitan-0.2", {"zero": 2, "grad_dtype": "fp32"}, "add")]
+    for k, (target, fields, runs) in enumerate(cases):
+        for planned in ("fused", "add", "cast-add"):
+            path = saved(cli, tmp_path / f"{k}-{planned}", "--tp", "1", "--pp", "1", "--cp", "1",
+                         **fields, grad_accumulation=planned)
+            code, files, err = export(cli, path, target, tmp_path / f"{k}-{planned}" / "out")
+            if planned == runs:
+                assert code == 0, (target, fields, err)
+            else:
+                assert code == 2 and files == "" and "Traceback" not in err, (target, fields, planned, err)
+                assert len(err.strip().splitlines()) == 1 and f"--grad-accumulation {runs}" in err, err
+                assert f"gradient accumulation {planned}" in err

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.export.common import (launcher_schedule, megatron_expert_refusals, megatron_layout, need_mode,
-                                   op_fuser, refuse, rendezvous_lines, sh_header, tp_refusals)
+                                   op_fuser, refuse, rendezvous_lines, sh_header, squared_relu, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -181,6 +181,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
                 # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)
                 ("model.use_transformer_engine_op_fuser", op_fuser(pf))]
+        if op_fuser(pf) and squared_relu(m):  # the fused grouped MLP's squared-ReLU kernel (common.op_fuser)
+            out.append(("model.use_fused_weighted_squared_relu", True))
         if flex:
             out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
         if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)

@@ -138,10 +138,15 @@ def op_fuser_env_lines(pf: PlanFile) -> list[str]:
              "fused grouped MLP, TE >= 2.14)"] if op_fuser(pf) and pf.model.gated_mlp else [])
 
 
+def squared_relu(m: Any) -> bool:
+    """Whether the Megatron exports run the model's MLP as squared ReLU (--squared-relu: Nemotron-H's ungated MLP)."""
+    return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
+
+
 def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for the routed-expert path of a Megatron-Core export: the fused
-    grouped MLP (op_fuser) runs without expert TP and only a gated MLP (SwiGLU / quick GEGLU) among the
-    activations the exports write, and it fuses the clamp and the fc2 bias (ScaledClampedQGeGLU, GroupedLinear
+    grouped MLP (op_fuser) runs without expert TP and only a gated MLP (SwiGLU / quick GEGLU) or the weighted
+    squared ReLU (use_fused_weighted_squared_relu, which the exports then write) among their activations, and it fuses the clamp and the fc2 bias (ScaledClampedQGeGLU, GroupedLinear
     scale_bias: ParallelPlan.glu_clamp_fusion, expert_bias_fusion); TEGroupedMLP (per-expert) fuses neither
     (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported)."""
     p, m = pf.plan, pf.model
@@ -155,8 +160,8 @@ def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [
         (grouped + f"which runs without expert tensor parallelism; etp {p.etp_resolved})",
          fuser and p.etp_resolved > 1, per_expert + ", or with expert TP 1"),
-        (grouped + "which fuses a gated MLP's activation; this model's MLP is not gated)",
-         fuser and not m.gated_mlp, per_expert),
+        (grouped + "which fuses a gated MLP's or squared ReLU's activation; this model's MLP is neither)",
+         fuser and not m.gated_mlp and not squared_relu(m), per_expert),
         (grouped + "which fuses the experts' clamp and fc2 bias, priced eager here: glu_clamp_fusion / "
          "expert_bias_fusion false)", fuser and bool(eager),
          "set glu_clamp_fusion and expert_bias_fusion true in the plan, or " + per_expert[0].lower()

@@ -5,7 +5,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_expert_refusals, megatron_layout, op_fuser, tp_refusals)
+                                   megatron_expert_refusals, megatron_layout, op_fuser, squared_relu,
+                                   tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -68,6 +69,7 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
                   # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
                   ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
+                  ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
                   *router_pairs(pf),
                   ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
     if hybrid:
