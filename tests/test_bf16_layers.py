@@ -201,7 +201,9 @@ def test_mla_attention_kept_in_bf16_matches_every_projection_llmplan_prices():
     import yaml
 
     from llmplan.specs.registry import builtin_models
-    pf = _plan_file(dtype="fp4", recipe="nvfp4", fp8_params=True, bf16_modules=("attention",))
+    # (expert TP 8 from the dense plan's tp: Megatron-Core's per-expert TEGroupedMLP, not the fused grouped MLP)
+    pf = _plan_file(dtype="fp4", recipe="nvfp4", fp8_params=True, bf16_modules=("attention",),
+                    expert_gemm="per-expert")
     pf = dataclasses.replace(pf, model=builtin_models()["deepseek-v3"])
     files, _ = render_all(pf, "megatron")
     patterns = sorted(x["pattern"] for x in yaml.safe_load(files["te_precision.yaml"])["matchers"].values())

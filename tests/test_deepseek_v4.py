@@ -173,7 +173,10 @@ def _plan_file(**plan: object):
     from llmplan.planfile import load_plan
 
     base = load_plan(Path(__file__).parent / "data" / "plans" / "moe_train.json")
-    fields = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "seq_len": 4096}
+    # the clamped SwiGLU fused, as Megatron-Bridge's DSv4 presets run it (use_transformer_engine_op_fuser with
+    # NVTE_CUTEDSL_FUSED_GROUPED_MLP=1: perf_recipes/deepseek/gb200/deepseek_v4.py)
+    fields = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "seq_len": 4096,
+              "glu_clamp_fusion": True}
     fields.update(plan)
     return dataclasses.replace(base, model=FLASH, plan=ParallelPlan(**fields))
 
@@ -194,7 +197,7 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
     assert "--recipe deepseek_v4_flash_pretrain_config" in script
     assert "model.pipeline_model_parallel_layout=\"Et*22|t*21mL\"" in script and "model.mtp_num_layers=1" in script
     with pytest.raises(CannotExpress, match="DSv4HybridAttention asserts a TP size of 1"):
-        render_all(_plan_file(tp=2, dp=4, ep=8), "megatron-bridge")
+        render_all(_plan_file(tp=2, dp=4, ep=8, etp=1), "megatron-bridge")
     with pytest.raises(CannotExpress, match="core_attn recompute"):
         render_all(_plan_file(recompute="selective"), "megatron-bridge")
 

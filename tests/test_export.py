@@ -154,7 +154,8 @@ def test_megatron_round_trip(case):
 def test_deepspeed_batch_identity():
     files, _ = render_all(load_plan(PLANS / "dense_train.json").__class__(
         **{**load_plan(PLANS / "dense_train.json").__dict__,
-           "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce"})}),
+           "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce",
+                                                                  "grad_accumulation": "cast-add"})}),
         "deepspeed")
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
@@ -270,8 +271,9 @@ def test_no_overwrite_without_force_and_no_temp_files(cli, tmp_path):
 
 def test_search_save_then_export_all(cli, tmp_path):
     plan = tmp_path / "p.json"
+    # --expert-gemm per-expert: the search's expert TP > 1 rules out Megatron-Core's fused grouped MLP
     assert cli("search", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "1",
-               "--global-batch", "64", "--save", plan).code == 0
+               "--global-batch", "64", "--expert-gemm", "per-expert", "--save", plan).code == 0
     r = cli("export", plan, "--to", "all", "-o", tmp_path / "o", "--json")
     assert r.code == 0 and "megatron_pretrain.sh" in " ".join(r.json()["files"])
     serve = tmp_path / "s.json"
@@ -326,7 +328,8 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     gpus = base.plan.num_gpus
     # gradients as DeepSpeed runs them (tests/test_export_deepspeed_grads.py): ZeRO-1's fp32 gradients are
     # all-reduced (BF16_Optimizer), and without ZeRO they are kept in the model's bf16
-    grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce"}}.get(zero, {})
+    # and BF16_Optimizer casts each micro-batch's gradient to fp32 and adds it (cast-add)
+    grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}}.get(zero, {})
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp,
                                                                      **grads}))
     cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
@@ -366,12 +369,14 @@ def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
     return load_plan(path)
 
 
+ADD = {"grad_accumulation": "add"}  # FSDP2 adds each micro-batch's reduce-scattered shard (DDP: autocast's cast first)
 TITAN_CASES = [
-    ("fsdp_train", {}), ("fsdp_train", {"zero": 0}), ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
-    ("dense_train", {"zero": 2, "recompute": "none", "tp_impl": "dtensor"}),
-    ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full", "tp_impl": "dtensor"}),
-    ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise", "tp_impl": "dtensor"}),
-    ("layout_train", {"zero": 2, "sp": False}),
+    ("fsdp_train", {}), ("fsdp_train", {"zero": 0, "grad_accumulation": "cast-add"}),
+    ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
+    ("dense_train", {"zero": 2, "recompute": "none", "tp_impl": "dtensor", **ADD}),
+    ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full", "tp_impl": "dtensor", **ADD}),
+    ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise", "tp_impl": "dtensor", **ADD}),
+    ("layout_train", {"zero": 2, "sp": False, **ADD}),
     ("fsdp_train", {"fused_loss": False}), ("fsdp_train", {"recompute": "op"}),
 ]
 
@@ -423,7 +428,8 @@ def test_torchtitan_moe_args_parsed_by_torchtitan(cli, tmp_path, monkeypatch):
     as_on_h100(monkeypatch)
     pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "1",
                     "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "64", "--etp", "1", "--zero", "2", "--recompute", "full",
-                    "--global-batch", "512", "--seq-len", "4096", "--precision", "fp8-rowwise")
+                    "--global-batch", "512", "--seq-len", "4096", "--precision", "fp8-rowwise",
+                    "--grad-accumulation", "add")
     argv = torchtitan_argv(render_all(pf, "torchtitan")[0]["torchtitan_train.sh"])
     assert argv[:4] == ["--module", "deepseek_v3", "--config", "deepseek_v3_671b_float8"]
     cfg = manager.ConfigManager().parse_args(argv)
@@ -466,7 +472,8 @@ def test_torchtitan_refuses_tp_costed_as_megatron(cli, tmp_path):
                 "-o", tmp_path / target)
         assert r.code == 2 and "TP costed as Megatron-LM's" in r.err and "--tp-impl dtensor" in r.err
         assert not (tmp_path / target).exists()
-        ok = edited(tmp_path, "dense_train", plan__zero=2, plan__recompute="none", plan__tp_impl="dtensor")
+        ok = edited(tmp_path, "dense_train", plan__zero=2, plan__recompute="none", plan__tp_impl="dtensor",
+                    plan__grad_accumulation="add")
         assert cli("export", ok, "--to", target, "-o", tmp_path / f"{target}-ok").code == 0
 
 
@@ -475,8 +482,8 @@ def test_torchtitan_refusals(cli, tmp_path):
     r = cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan-0.2",
             "-o", tmp_path / "a")
     assert r.code == 2 and "TP without sequence parallelism" in r.err and not (tmp_path / "a").exists()
-    assert cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False), "--to", "torchtitan",
-               "-o", tmp_path / "b").code == 0
+    assert cli("export", edited(tmp_path, "layout_train", plan__zero=2, plan__sp=False, plan__grad_accumulation="add"),
+               "--to", "torchtitan", "-o", tmp_path / "b").code == 0
     r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="rowwise"), "--to", "torchtitan",
             "-o", tmp_path / "c")
     assert r.code == 2 and "fp8 training of llama-3.1-8b" in r.err and "torchtitan-0.2" in r.err
@@ -515,8 +522,9 @@ def _toml_type_ok(value, declared: str) -> bool:
 
 
 @pytest.mark.parametrize("case,changes", [("fsdp_train", {}),
-                                          ("dense_train", {"zero": 2, "recompute": "full", "tp_impl": "dtensor"}),
-                                          ("uneven_train", {"zero": 3, "tp_impl": "dtensor"}),
+                                          ("dense_train", {"zero": 2, "recompute": "full", "tp_impl": "dtensor",
+                                                           **ADD}),
+                                          ("uneven_train", {"zero": 3, "tp_impl": "dtensor", **ADD}),
                                           ("fsdp_train", {"dtype": "fp8"}), ("fsdp_train", {"recompute": "op"})])
 def test_torchtitan_toml_matches_v022_job_config(case, changes):
     # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by

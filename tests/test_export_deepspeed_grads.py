@@ -29,12 +29,15 @@ def plan_file(tmp_path: Path, **plan: object) -> Path:
 
 
 PIPE = {"pp": 2, "dp": 8}
+CAST = {"grad_accumulation": "cast-add"}
 
 
 @pytest.mark.parametrize("plan,grad,reduce_scatter,optimizer", [
     # bf16 + fp32 accumulation + ZeRO-1: BF16_Optimizer, the whole fp32 gradient all-reduced in fp32
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce"}, "fp32", False, "BF16_Optimizer"),
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE}, "fp32", False, "BF16_Optimizer"),
+    # (and casts each micro-batch's bf16 gradient to fp32 before adding it: update_hp_grads, cast-add)
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **CAST}, "fp32", False, "BF16_Optimizer"),
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE, **CAST}, "fp32", False,
+     "BF16_Optimizer"),
     # bf16 gradients with ZeRO-1: the ZeRO optimizer, reduce-scatter or all-reduce as planned
     ({"zero": 1, "grad_dtype": "bf16"}, "bf16", True, "ZeRO"),
     ({"zero": 1, "grad_dtype": "bf16", "grad_reduce": "all-reduce"}, "bf16", False, "ZeRO"),
@@ -45,7 +48,7 @@ PIPE = {"pp": 2, "dp": 8}
     # no ZeRO, bf16 gradients, no pipeline: DDP_BFLOAT16
     ({"zero": 0, "grad_dtype": "bf16"}, "bf16", True, "DDP_BFLOAT16"),
     # fp16 with fp32 accumulation under ZeRO-1: the ZeRO optimizer's fp32 grad_accum buffers
-    ({"zero": 1, "dtype": "fp16", "grad_dtype": "fp32"}, "fp32", True, "ZeRO"),
+    ({"zero": 1, "dtype": "fp16", "grad_dtype": "fp32", **CAST}, "fp32", True, "ZeRO"),
     ({"zero": 1, "dtype": "fp16", "grad_dtype": "bf16"}, "fp16", True, "ZeRO"),
 ])
 def test_deepspeed_writes_the_gradient_dtype(cli, tmp_path, plan, grad, reduce_scatter, optimizer):
@@ -102,12 +105,21 @@ def test_search_then_export_deepspeed(cli, tmp_path):
               "--cp", "1")
     plan = tmp_path / "p.json"
     assert cli("search", *common, "--save", plan).code == 0
+    # the default accumulation is Megatron's, fused into the GEMM; DeepSpeed's autograd adds (one line, exit 2)
+    r = cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "a0")
+    assert r.code == 2 and "--grad-accumulation add" in r.err and len(r.err.strip().splitlines()) == 1
+    assert "Traceback" not in r.err and not (tmp_path / "a0").exists()
+    assert cli("search", *common, "--grad-accumulation", "add", "--save", plan, "--force").code == 0
     assert cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "a").code == 0
     assert cli("search", *common, "--grad-dtype", "fp32", "--save", plan, "--force").code == 0
     r = cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "b")
     assert r.code == 2 and "--grad-reduce all-reduce" in r.err
     assert cli("search", *common, "--grad-dtype", "fp32", "--grad-reduce", "all-reduce", "--save", plan,
                "--force").code == 0
+    r = cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "c")
+    assert r.code == 2 and "--grad-accumulation cast-add" in r.err  # BF16_Optimizer's cast-add
+    assert cli("search", *common, "--grad-dtype", "fp32", "--grad-reduce", "all-reduce", "--grad-accumulation",
+               "cast-add", "--save", plan, "--force").code == 0
     assert cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "c").code == 0
     cfg = json.loads((tmp_path / "c" / "ds_config.json").read_text())
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["zero_optimization"]["reduce_scatter"] is False

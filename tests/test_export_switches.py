@@ -58,10 +58,11 @@ def test_rope_fusion_off_is_written_or_refused(cli, tmp_path):
     assert code == 2 and "rope_fusion off" in err and "Traceback" not in err and files == ""
 
 
-def test_fused_expert_clamp_and_bias_are_refused_by_every_export(cli, tmp_path):
+def test_expert_clamp_and_bias_follow_the_expert_gemm_path(cli, tmp_path):
     # Megatron-Core moe/experts.py (d98e8a6): the clamped GLU and the fc2 bias run inside Transformer Engine's
-    # grouped MLP ops only on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),
-    # which no export writes; GPT-OSS has both the clamp (swiglu_limit 7) and the expert biases.
+    # grouped MLP ops on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),
+    # which the Megatron exports write for expert_gemm grouped, and eagerly in TEGroupedMLP (per-expert);
+    # torchtitan and DeepSpeed have no fused path. GPT-OSS has the clamp (swiglu_limit 7) and the expert biases.
     args = ("--model", "gpt-oss-20b", "--hardware", "dgx-h100")
     path = tmp_path / "plan.json"
     made = cli("estimate", *args, "--global-batch", "64", "--save", path)
@@ -73,9 +74,43 @@ def test_fused_expert_clamp_and_bias_are_refused_by_every_export(cli, tmp_path):
         for target in ("megatron", "megatron-bridge", "torchtitan", "deepspeed"):
             code, files, err = export(cli, fused, target, tmp_path / f"{field}-{target}")
             assert code == 2 and "Traceback" not in err and files == "", (target, err)
-            assert "glu_clamp_fusion / expert_bias_fusion" in err, (target, err)
-    code, _, err = export(cli, path, "megatron", tmp_path / "eager")
-    assert code == 0, err
+            assert "glu_clamp_fusion / expert_bias_fusion" in err and len(err.strip().splitlines()) == 1, (target, err)
+    # both fused with one grouped kernel: the op-fuser path, flag and environment
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({**eager, "plan": {**eager["plan"], "glu_clamp_fusion": True,
+                                                   "expert_bias_fusion": True}}))
+    code, files, err = export(cli, both, "megatron", tmp_path / "both-m")
+    assert code == 0 and "--use-transformer-engine-op-fuser" in files, err
+    assert "export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in files
+    # eager clamp and bias: TEGroupedMLP, one GEMM per expert, without the op fuser
+    per = tmp_path / "per.json"
+    per.write_text(json.dumps({**eager, "plan": {**eager["plan"], "expert_gemm": "per-expert"}}))
+    code, files, err = export(cli, per, "megatron", tmp_path / "per-m")
+    assert code == 0 and "--moe-grouped-gemm" in files and "op-fuser" not in files and "NVTE_CUTEDSL" not in files
+    # eager clamp and bias priced beside one grouped kernel: the op fuser would fuse them, so refused
+    code, files, err = export(cli, path, "megatron", tmp_path / "eager")
+    assert code == 2 and files == "" and "--expert-gemm per-expert" in err and "expert_bias_fusion true" in err
+
+
+def test_grouped_expert_gemms_write_the_op_fuser_or_are_refused(cli, tmp_path):
+    # Megatron-Core moe/experts.py (d98e8a6) _is_fused_impl_supported: the fused grouped MLP needs expert TP 1;
+    # --moe-grouped-gemm alone is TEGroupedMLP (one GEMM per local expert), so a grouped plan writes the op fuser.
+    base = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--global-batch", "64")
+    grouped = tmp_path / "g.json"
+    assert cli(*base, "--ep", "8", "--save", grouped).code == 0
+    for target in ("megatron", "megatron-bridge"):
+        code, files, err = export(cli, grouped, target, tmp_path / f"g-{target}")
+        assert code == 0, (target, err)
+        assert "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in files
+        assert ("--use-transformer-engine-op-fuser" if target == "megatron"
+                else "model.use_transformer_engine_op_fuser=true") in files
+    etp = tmp_path / "etp.json"
+    made = cli(*base, "--tp", "2", "--ep", "4", "--etp", "2", "--save", etp)
+    assert made.code == 0, made.err
+    for target in ("megatron", "megatron-bridge"):
+        code, files, err = export(cli, etp, target, tmp_path / f"etp-{target}")
+        assert code == 2 and files == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "etp 2" in err and "--expert-gemm per-expert" in err, err
 
 
 def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_path):
@@ -86,7 +121,31 @@ def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_pa
     made = cli(*args, "--expert-gemm", "per-expert", "--save", path)
     assert made.code == 0, made.err
     code, files, err = export(cli, path, "megatron", tmp_path / "m")
-    assert code == 0 and "--moe-grouped-gemm" in files, err
+    assert code == 0 and "--moe-grouped-gemm" in files and "--use-transformer-engine-op-fuser" not in files, err
     code, files, err = export(cli, path, "torchtitan", tmp_path / "t")
     assert code == 2 and "expert_gemm per-expert" in err and "--expert-gemm grouped" in err and files == ""
     assert "Traceback" not in err
+
+
+def test_deepspeed_and_torchtitan_refuse_an_accumulation_they_do_not_run(cli, tmp_path):
+    # Neither fuses the accumulation into the weight-gradient GEMM. DeepSpeed (runtime/bf16_optimizer.py
+    # update_hp_grads) casts bf16 gradients to its fp32 accumulation buffer, then adds (ZeRO-1, fp32 grad_accum);
+    # ZeRO-2/3 add the reduced partition. torchtitan: FSDP2 adds each reduce-scattered shard; DDP trains fp32
+    # parameters under torch.autocast, so autocast's cast comes before autograd's add.
+    cases = [("deepspeed", {"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce"}, "cast-add"),
+             ("deepspeed", {"zero": 1, "grad_dtype": "bf16"}, "add"),
+             ("deepspeed", {"zero": 2, "grad_dtype": "fp32"}, "add"),
+             ("torchtitan", {"zero": 3, "grad_dtype": "fp32"}, "add"),
+             ("torchtitan", {"zero": 0, "grad_dtype": "fp32", "overlap_param_gather": False}, "cast-add"),
+             ("torchtitan-0.2", {"zero": 2, "grad_dtype": "fp32"}, "add")]
+    for k, (target, fields, runs) in enumerate(cases):
+        for planned in ("fused", "add", "cast-add"):
+            path = saved(cli, tmp_path / f"{k}-{planned}", "--tp", "1", "--pp", "1", "--cp", "1",
+                         **fields, grad_accumulation=planned)
+            code, files, err = export(cli, path, target, tmp_path / f"{k}-{planned}" / "out")
+            if planned == runs:
+                assert code == 0, (target, fields, err)
+            else:
+                assert code == 2 and files == "" and "Traceback" not in err, (target, fields, planned, err)
+                assert len(err.strip().splitlines()) == 1 and f"--grad-accumulation {runs}" in err, err
+                assert f"gradient accumulation {planned}" in err

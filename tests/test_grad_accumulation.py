@@ -98,3 +98,27 @@ def test_zero3_without_a_pipeline_accumulates_only_its_shard():
         return mb[1] - mb[0]
 
     assert extra(3) == pytest.approx(extra(1) / 16, rel=1e-9)
+
+
+def test_zero2_accumulates_expert_gradients_over_the_expert_data_parallel_group():
+    # cost.memory shards the routed experts' gradients over the expert data-parallel group (world / (etp x ep x
+    # pp), Megatron-Core's expt_dp_group) and the dense ones over dp x cp; the accumulation pass reads and writes
+    # the same shards. Mixtral on 16 GPUs at dp 16, ep 8: dense over 16 ranks, experts over 2.
+    from llmplan.cost.params import rank_params
+    model = builtin_models()["mixtral-8x7b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2, gpus_per_node=8)
+
+    def plan(zero: int, a: str) -> ParallelPlan:
+        return _plan(tp=1, pp=1, dp=16, ep=8, global_batch=64, zero=zero, grad_dtype="fp32", grad_accumulation=a,
+                     recompute="full")
+
+    def extra(zero: int) -> float:
+        mb = [float(estimate_training(model, cluster, plan(zero, a)).time.stage.memory_bound)
+              for a in ("fused", "cast-add")]
+        return mb[1] - mb[0]
+
+    p = plan(2, "cast-add")
+    held = rank_params(model, p, 0)
+    assert p.zero_shard == 16 and p.expert_dp == 2
+    ratio = (float(held.dense) / 16 + float(held.expert) / 2) / (float(held.dense) + float(held.expert))
+    assert extra(2) == pytest.approx(extra(1) * ratio, rel=1e-9)

@@ -79,7 +79,8 @@ def _model():
 def test_exports_read_the_launcher_table(cli, tmp_path, monkeypatch):
     plan = tmp_path / "zb.json"
     assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--pp", "2",
-               "--zero", "2", "--pp-schedule", "zero-bubble", "--global-batch", "64", "--save", plan).code == 0
+               "--zero", "2", "--pp-schedule", "zero-bubble", "--global-batch", "64", "--grad-accumulation", "add",
+               "--save", plan).code == 0
     r = cli("export", plan, "--to", "torchtitan", "-o", tmp_path / "refused")
     assert r.code == 2 and "zero-bubble schedule" in r.err
     monkeypatch.setitem(LAUNCHER_SCHEDULES["torchtitan"], "zero-bubble", ("ScheduleZBTest", None))

@@ -83,7 +83,8 @@ def test_pp_scatter_gather_with_sp_changes_nothing_and_exports(cli, tmp_path):
 ])
 def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_path, target, script):
     case = "fsdp_train" if target == "deepspeed" else "dense_train"
-    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce"} if target == "deepspeed" else {}))
+    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}
+                                                              if target == "deepspeed" else {}))
     r = cli("export", plan, "--to", target, "-o", tmp_path / "out")
     assert r.code == 0, r.err
     text = (tmp_path / "out" / script).read_text()

@@ -130,9 +130,11 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
         if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
             held = rank_params(m, plan, stage)
             # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
-            shard = where((plan.zero >= 2) & (plan.pp == 1), plan.zero_shard, 1)
-            sc = replace(sc, memory_bound=sc.memory_bound
-                         + grad_accumulation_seconds((held.dense + held.expert) / shard, plan, g))
+            # (dense over dp x cp, routed experts over the expert data-parallel group, as cost.memory shards them)
+            sharded = (plan.zero >= 2) & (plan.pp == 1)
+            accumulated = (held.dense / where(sharded, plan.zero_shard, 1)
+                           + held.expert / where(sharded, plan.expert_dp, 1))
+            sc = replace(sc, memory_bound=sc.memory_bound + grad_accumulation_seconds(accumulated, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
     return each_stage(candidate_stages(m, plan), one)

@@ -10,8 +10,8 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, megatron_layout, need_mode, op_fuser_refusals, refuse,
-                                   rendezvous_lines, sh_header, tp_refusals)
+from llmplan.export.common import (launcher_schedule, megatron_expert_refusals, megatron_layout, need_mode,
+                                   op_fuser, refuse, rendezvous_lines, sh_header, squared_relu, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -110,7 +110,7 @@ def check(pf: PlanFile) -> None:
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1,
          "re-plan with --grad-reduce reduce-scatter"),
-        *tp_refusals(pf), *op_fuser_refusals(pf),
+        *tp_refusals(pf), *megatron_expert_refusals(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",
@@ -178,7 +178,11 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
                 ("model.moe_flex_dispatcher_backend", "deepep" if flex else None),
                 ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
-                ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None)]
+                ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
+                # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)
+                ("model.use_transformer_engine_op_fuser", op_fuser(pf))]
+        if op_fuser(pf) and squared_relu(m):  # the fused grouped MLP's squared-ReLU kernel (common.op_fuser)
+            out.append(("model.use_fused_weighted_squared_relu", True))
         if flex:
             out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
         if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)

@@ -71,12 +71,13 @@ def sh_header(pf: PlanFile, target: str) -> str:
 
 
 def rendezvous_lines(pf: PlanFile) -> list[str]:
-    """The start of a torchrun script's body: strict bash, then the node and rendezvous variables, each
-    overridable from the environment."""
+    """The start of a Megatron-Core torchrun script's body: strict bash, then the node and rendezvous variables,
+    each overridable from the environment, and the plan's environment (op_fuser_env_lines too)."""
     c = pf.cluster
     return ["set -euo pipefail", "", f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}",
             f"NNODES=${{NNODES:-{c.num_nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
-            "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", *launch_env_lines(pf)]
+            "MASTER_ADDR=${MASTER_ADDR:-localhost}", "MASTER_PORT=${MASTER_PORT:-6000}", *launch_env_lines(pf),
+            *op_fuser_env_lines(pf)]
 
 
 def launch_env_lines(pf: PlanFile) -> list[str]:
@@ -108,8 +109,8 @@ def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
 def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for the routed experts' clamp and fc2 bias fused into Transformer
     Engine's grouped MLP ops (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, on a model with the clamp or the
-    biases): Megatron-Core's op-fuser expert path (TransformerConfig.use_transformer_engine_op_fuser with
-    NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, moe/experts.py at d98e8a6), which no export writes."""
+    biases) on a launcher without Megatron-Core's op-fuser expert path (TransformerConfig.use_transformer_engine_op_fuser
+    with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, moe/experts.py at d98e8a6): torchtitan, DeepSpeed."""
     p, m = pf.plan, pf.model
     clamp = p.glu_clamp_fusion and m.is_moe and m.gated_mlp and m.swiglu_limit is not None
     bias = p.expert_bias_fusion and m.is_moe and m.mlp_bias
@@ -117,6 +118,60 @@ def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
              "(glu_clamp_fusion / expert_bias_fusion: Megatron-Core's use_transformer_engine_op_fuser with "
              "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, which this export does not write)", bool(clamp or bias),
              "set glu_clamp_fusion and expert_bias_fusion false in the plan (Megatron-Core's eager clamp and bias)")]
+
+
+def op_fuser(pf: PlanFile) -> bool:
+    """Whether a Megatron-Core export runs the routed experts on Transformer Engine's fused grouped MLP (one grouped
+    kernel, ParallelPlan.expert_gemm grouped): --moe-grouped-gemm alone builds TEGroupedMLP, whose GroupedLinear
+    issues one cuBLASLt GEMM per local expert (expert_gemm per-expert); the grouped kernel needs
+    use_transformer_engine_op_fuser and, for a GLU, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported; Megatron-Bridge's
+    cutedsl_fused_grouped_mlp performance overrides set both)."""
+    p = pf.plan
+    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped")
+
+
+def op_fuser_env_lines(pf: PlanFile) -> list[str]:
+    """The environment Megatron-Core's fused grouped MLP reads (op_fuser): Transformer Engine's CuTe DSL grouped
+    GLU kernel, without which _is_fused_impl_supported turns a GLU down and the experts' init asserts."""
+    return (["export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1   # the plan's expert_gemm grouped (Transformer Engine's "
+             "fused grouped MLP, TE >= 2.14)"] if op_fuser(pf) and pf.model.gated_mlp else [])
+
+
+def squared_relu(m: Any) -> bool:
+    """Whether the Megatron exports run the model's MLP as squared ReLU (--squared-relu: Nemotron-H's ungated MLP)."""
+    return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
+
+
+def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for the routed-expert path of a Megatron-Core export: the fused
+    grouped MLP (op_fuser) runs without expert TP and only a gated MLP (SwiGLU / quick GEGLU) or the weighted
+    squared ReLU (use_fused_weighted_squared_relu, which the exports then write) among their activations, and it fuses the clamp and the fc2 bias (ScaledClampedQGeGLU, GroupedLinear
+    scale_bias: ParallelPlan.glu_clamp_fusion, expert_bias_fusion); TEGroupedMLP (per-expert) fuses neither
+    (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported)."""
+    p, m = pf.plan, pf.model
+    fuser = op_fuser(pf)
+    clamp = m.is_moe and m.gated_mlp and m.swiglu_limit is not None
+    bias = m.is_moe and m.mlp_bias
+    eager = (clamp and not p.glu_clamp_fusion) or (bias and not p.expert_bias_fusion)
+    fused = (clamp and p.glu_clamp_fusion) or (bias and p.expert_bias_fusion)
+    grouped = "the routed experts in one grouped kernel (expert_gemm grouped: Megatron-Core's fused grouped MLP, "
+    per_expert = "re-plan with --expert-gemm per-expert (TEGroupedMLP: one GEMM per local expert)"
+    return [
+        (grouped + f"which runs without expert tensor parallelism; etp {p.etp_resolved})",
+         fuser and p.etp_resolved > 1, per_expert + ", or with expert TP 1"),
+        (grouped + "which fuses a gated MLP's or squared ReLU's activation; this model's MLP is neither)",
+         fuser and not m.gated_mlp and not squared_relu(m), per_expert),
+        (grouped + "which fuses the experts' clamp and fc2 bias, priced eager here: glu_clamp_fusion / "
+         "expert_bias_fusion false)", fuser and bool(eager),
+         "set glu_clamp_fusion and expert_bias_fusion true in the plan, or " + per_expert[0].lower()
+         + per_expert[1:]),
+        ("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
+         "(glu_clamp_fusion / expert_bias_fusion) beside one GEMM per local expert (expert_gemm per-expert: "
+         "TEGroupedMLP, which applies them eagerly)", not fuser and bool(fused),
+         "re-plan with --expert-gemm grouped (Megatron-Core's op-fuser path), or set glu_clamp_fusion and "
+         "expert_bias_fusion false in the plan"),
+    ]
 
 
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:

@@ -83,11 +83,36 @@ def grad_accum_dtype(pf: PlanFile) -> str:
     return "fp16" if p.dtype == "fp16" else "bf16"
 
 
-def check_grads(pf: PlanFile) -> None:
-    """Refuse the plans whose gradient dtype / reduction DeepSpeed would run otherwise than llmplan prices."""
+def accumulation(pf: PlanFile) -> tuple[str, str]:
+    """(ParallelPlan.grad_accumulation DeepSpeed runs, why): it has no gradient accumulation fusion. ZeRO-2/3
+    add each micro-batch's reduced partition into the grad_accum_dtype partition (runtime/zero/stage_1_and_2.py,
+    stage3.py); BF16_Optimizer (16-bit weights, fp32 accumulation, ZeRO <= 1) casts each micro-batch's gradient
+    to fp32 and adds it (runtime/bf16_optimizer.py update_hp_grads); otherwise autograd adds into param.grad."""
     p = pf.plan
-    if p.dtype not in ("bf16", "fp16"):
-        return
+    if p.zero >= 2:
+        return "add", "ZeRO-2/3 add each micro-batch's reduced partition into the accumulated one"
+    if p.dtype in ("bf16", "fp16") and grad_accum_dtype(pf) != p.dtype:
+        return "cast-add", ("each micro-batch's 16-bit gradient is cast to the fp32 accumulation dtype, then "
+                            "added (BF16_Optimizer update_hp_grads)")
+    return "add", "autograd adds each micro-batch's gradient into param.grad"
+
+
+def check_grads(pf: PlanFile) -> None:
+    """Refuse the plans whose gradient dtype / reduction / accumulation DeepSpeed would run otherwise than llmplan
+    prices (the accumulation last)."""
+    p = pf.plan
+    if p.dtype in ("bf16", "fp16"):
+        check_grad_dtype(pf)
+    runs, why = accumulation(pf)
+    if p.grad_accumulation != runs:
+        raise refuse(TARGET, f"gradient accumulation {p.grad_accumulation} (DeepSpeed has no accumulation fused "
+                     f"into the weight-gradient GEMM: {why}, i.e. {runs})",
+                     f"re-plan with --grad-accumulation {runs}")
+
+
+def check_grad_dtype(pf: PlanFile) -> None:
+    """The 16-bit plans' gradient dtype and reduction as DeepSpeed's optimizer wrapper runs them."""
+    p = pf.plan
     g = grad_accum_dtype(pf)
     if p.zero == 0 and g != p.dtype:
         raise refuse(TARGET, f"{g} gradients with {p.dtype} weights and ZeRO stage 0 ({_RULE}: without ZeRO the "

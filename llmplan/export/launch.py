@@ -4,7 +4,7 @@ Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node S
 from __future__ import annotations
 
 from llmplan.export import bridge, deepspeed, megatron, torchtitan
-from llmplan.export.common import launch_env_lines, need_mode, refuse, sh_header
+from llmplan.export.common import launch_env_lines, need_mode, op_fuser_env_lines, refuse, sh_header
 from llmplan.planfile import PlanFile
 
 WRAPPABLE = ("megatron", "torchtitan", "deepspeed", "megatron-bridge")
@@ -29,6 +29,7 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
         files.pop(".deepspeed_env", None)  # torchrun starts the workers: they inherit the exported variables
         return '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json', files, env.rstrip("\n")
     if wrap == "megatron-bridge":
+        env += "".join(f"{line}\n" for line in op_fuser_env_lines(pf))
         return bridge.BRIDGE_ENTRY, {}, env + bridge.arrays(pf)
     raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
 

@@ -5,7 +5,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_layout, op_fuser_refusals, tp_refusals)
+                                   megatron_expert_refusals, megatron_layout, op_fuser, squared_relu,
+                                   tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -65,7 +66,11 @@ def model_flags(pf: PlanFile) -> list[str]:
                    "hybridep" if p.cuda_graphs == "full-iteration" else "deepep"),  # cuda_graph_pairs
                   # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
                   ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
-                  ("--moe-grouped-gemm", True), *router_pairs(pf),
+                  # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
+                  # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
+                  ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
+                  ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
+                  *router_pairs(pf),
                   ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
     if hybrid:
         pairs += hybrid_model_pairs(pf)
@@ -368,7 +373,7 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
+    for what, bad, fix in tp_refusals(pf) + megatron_expert_refusals(pf):
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_accumulation == "cast-add":

@@ -42,6 +42,18 @@ FLAVORS = {
 """Built-in model -> (model name, flavour) of torchtitan v0.2.2's TOML [model] section."""
 
 
+def accumulation(pf: PlanFile) -> tuple[str, str]:
+    """(ParallelPlan.grad_accumulation torchtitan runs, why). FSDP2 (ZeRO-2/3) reduce-scatters every micro-batch's
+    gradient and adds the fp32 shard into the sharded gradient (torch.distributed.fsdp fully_shard,
+    foreach_reduce); DDP (ZeRO-0) trains fp32 parameters under torch.autocast (torchtitan config
+    mixed_precision_param: "via torch.autocast ... under DDP"), so each bf16 weight gradient is cast to fp32 by
+    the autocast cast's backward, then autograd's AccumulateGrad adds it into param.grad."""
+    if pf.plan.zero >= 2:
+        return "add", "FSDP2 adds each micro-batch's reduce-scattered fp32 shard into the sharded gradient"
+    return "cast-add", ("DDP's autocast casts each bf16 weight gradient to the fp32 parameter's dtype, then "
+                        "autograd adds it into param.grad")
+
+
 def _check_common(pf: PlanFile, target: str) -> None:
     need_mode(pf, "train", target)
     if pf.model.is_hybrid:
@@ -142,6 +154,17 @@ def check(pf: PlanFile) -> None:
                      "re-plan with --etp 1")
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
+    _check_accumulation(pf, TARGET)
+
+
+def _check_accumulation(pf: PlanFile, target: str) -> None:
+    """The plan's gradient accumulation as torchtitan runs it (accumulation); checked last, after the plan's
+    other refusals."""
+    runs, why = accumulation(pf)
+    if pf.plan.grad_accumulation != runs:
+        raise refuse(target, f"gradient accumulation {pf.plan.grad_accumulation} (torchtitan has no accumulation "
+                     f"fused into the weight-gradient GEMM: {why}, i.e. {runs})",
+                     f"re-plan with --grad-accumulation {runs}")
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
@@ -183,6 +206,7 @@ def check_legacy(pf: PlanFile) -> None:
         raise refuse(LEGACY_TARGET, "CUDA_LAUNCH_BLOCKING=1 (launch_blocking: an environment variable, and this "
                      "export writes only the TOML)", "export to torchtitan (0.3), or re-plan with --no-launch-blocking")
     _check_tp_impl(pf, LEGACY_TARGET)
+    _check_accumulation(pf, LEGACY_TARGET)
 
 
 def stage_modules(pf: PlanFile) -> list[list[str]]:

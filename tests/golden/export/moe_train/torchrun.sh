@@ -12,6 +12,7 @@ MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
 JOB_ID=${JOB_ID:-llmplan}
 
+export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1   # the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >= 2.14)
 MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
 DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 32000)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
 TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
@@ -39,6 +40,7 @@ MODEL_ARGS=(
     --moe-ffn-hidden-size 14336
     --moe-token-dispatcher-type alltoall
     --moe-grouped-gemm
+    --use-transformer-engine-op-fuser
     --moe-router-score-function softmax
 )
 PARALLEL_ARGS=(

@@ -11,6 +11,7 @@ NNODES=${NNODES:-32}
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
+export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1   # the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >= 2.14)
 MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}
 RECIPE=(--recipe deepseek_v3_pretrain_config --mode pretrain --dataset mock)   # real data: --dataset megatron-indexed dataset.data_path=PREFIX
 TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})
@@ -31,6 +32,7 @@ OVERRIDES=(
     'model.moe_flex_dispatcher_backend=null'
     'model.moe_expert_capacity_factor=null'
     'model.moe_pad_expert_input_to_capacity=false'
+    'model.use_transformer_engine_op_fuser=true'
     'model.mtp_num_layers=1'
     'model.recompute_granularity=full'
     'model.recompute_method=uniform'
