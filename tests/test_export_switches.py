@@ -128,6 +128,8 @@ def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_pa
 
 
 def test_deepspeed_and_torchtitan_refuse_an_accumulation_they_do_not_run(cli, tmp_path):
+    # A plan that names an accumulation the launcher does not run is refused; the default `fused` (what a search
+    # saves) exports, and every file's header says what the launcher runs and the flag that prices it.
     # Neither fuses the accumulation into the weight-gradient GEMM. DeepSpeed (runtime/bf16_optimizer.py
     # update_hp_grads) casts bf16 gradients to its fp32 accumulation buffer, then adds (ZeRO-1, fp32 grad_accum);
     # ZeRO-2/3 add the reduced partition. torchtitan: FSDP2 adds each reduce-scattered shard; DDP trains fp32
@@ -145,6 +147,11 @@ def test_deepspeed_and_torchtitan_refuse_an_accumulation_they_do_not_run(cli, tm
             code, files, err = export(cli, path, target, tmp_path / f"{k}-{planned}" / "out")
             if planned == runs:
                 assert code == 0, (target, fields, err)
+                assert "note: priced with gradient accumulation fused" not in files
+            elif planned == "fused":
+                assert code == 0, (target, fields, err)
+                assert (f"runs {runs} (" in files and f"re-plan with --grad-accumulation {runs} to price it" in files
+                        and "note: priced with gradient accumulation fused into the GEMM" in files), files[:400]
             else:
                 assert code == 2 and files == "" and "Traceback" not in err, (target, fields, planned, err)
                 assert len(err.strip().splitlines()) == 1 and f"--grad-accumulation {runs}" in err, err

@@ -43,8 +43,9 @@ def launcher_schedule(launcher: str, schedule: str, vpp: int = 1) -> str | None:
     return None if names is None else names[1] if vpp > 1 else names[0]
 
 
-def header_lines(pf: PlanFile, target: str) -> list[str]:
-    """The comment every exported file starts with: plan, model, hardware, predictions."""
+def header_lines(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> list[str]:
+    """The comment every exported file starts with: plan, model, hardware, predictions, and the target's `notes`
+    (where it runs something the plan priced otherwise, and by how much that matters)."""
     c, pred = pf.cluster, pf.predictions
     gib = GIB
     mem = pred.get("memory", {})
@@ -63,11 +64,22 @@ def header_lines(pf: PlanFile, target: str) -> list[str]:
         f"model: {pf.model.name} ({pf.model.source or 'no source given'})",
         f"hardware: {c.num_nodes} x {c.system.name} = {c.num_gpus} x {c.system.gpu.name}",
         f"predicted: {mem.get('total', 0) / gib:.1f} of {mem.get('capacity', 0) / gib:.1f} GiB per GPU; {perf}",
+        *notes,
     ]
 
 
-def sh_header(pf: PlanFile, target: str) -> str:
-    return "#!/usr/bin/env bash\n" + "".join(f"# {line}\n" for line in header_lines(pf, target))
+def sh_header(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> str:
+    return "#!/usr/bin/env bash\n" + "".join(f"# {line}\n" for line in header_lines(pf, target, notes))
+
+
+def accumulation_notes(pf: PlanFile, launcher: str, runs: str, why: str) -> tuple[str, ...]:
+    """The header note of a launcher without gradient accumulation fused into the weight-gradient GEMM, for a plan
+    priced with the default `fused` (ParallelPlan.grad_accumulation): it exports as the launcher runs it and says
+    so, with the flag that prices it; a plan that names another value the launcher does not run is refused."""
+    if pf.plan.grad_accumulation != "fused" or runs == "fused":
+        return ()
+    return (f"note: priced with gradient accumulation fused into the GEMM; {launcher} runs {runs} ({why}): "
+            f"re-plan with --grad-accumulation {runs} to price it",)
 
 
 def rendezvous_lines(pf: PlanFile) -> list[str]:

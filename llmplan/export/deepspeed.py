@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import (header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode,
+from llmplan.export.common import (accumulation_notes, header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode,
                                    op_fuser_refusals, refuse, sh_header)
 from llmplan.planfile import PlanFile
 
@@ -104,10 +104,15 @@ def check_grads(pf: PlanFile) -> None:
     if p.dtype in ("bf16", "fp16"):
         check_grad_dtype(pf)
     runs, why = accumulation(pf)
-    if p.grad_accumulation != runs:
+    if p.grad_accumulation not in ("fused", runs):  # the default fused: exported with a note (notes)
         raise refuse(TARGET, f"gradient accumulation {p.grad_accumulation} (DeepSpeed has no accumulation fused "
                      f"into the weight-gradient GEMM: {why}, i.e. {runs})",
                      f"re-plan with --grad-accumulation {runs}")
+
+
+def notes(pf: PlanFile) -> tuple[str, ...]:
+    """The export header's notes: the gradient accumulation DeepSpeed runs where the plan priced the default."""
+    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf))
 
 
 def check_grad_dtype(pf: PlanFile) -> None:
@@ -139,7 +144,7 @@ def config(pf: PlanFile) -> dict:
         zero.update({"stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
                      "stage3_max_live_parameters": int(1e9)})
     cfg = {
-        "comment": " | ".join(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)")),
+        "comment": " | ".join(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)", notes(pf))),
         "train_batch_size": p.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.num_microbatches,
@@ -165,7 +170,8 @@ def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     c, p = pf.cluster, pf.plan
     env = launch_env_lines(pf)
-    launch = (sh_header(pf, "DeepSpeed launcher") + "set -euo pipefail\n" + "".join(f"{line}\n" for line in env)
+    launch = (sh_header(pf, "DeepSpeed launcher", notes(pf))
+              + "set -euo pipefail\n" + "".join(f"{line}\n" for line in env)
               + f"# train_batch_size {p.global_batch} = micro-batch {p.micro_batch} x gradient accumulation "
               f"{p.num_microbatches} x data parallel {p.dp}\n"
               + (f"# pipeline stages ({p.pp}) are set in the training script: PipelineModule(num_stages={p.pp}, "

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import (header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode,
+from llmplan.export.common import (accumulation_notes, header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode,
                                    op_fuser_refusals, refuse, sh_header, tp_refusals, virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -161,10 +161,15 @@ def _check_accumulation(pf: PlanFile, target: str) -> None:
     """The plan's gradient accumulation as torchtitan runs it (accumulation); checked last, after the plan's
     other refusals."""
     runs, why = accumulation(pf)
-    if pf.plan.grad_accumulation != runs:
+    if pf.plan.grad_accumulation not in ("fused", runs):  # the default fused: exported with a note (notes)
         raise refuse(target, f"gradient accumulation {pf.plan.grad_accumulation} (torchtitan has no accumulation "
                      f"fused into the weight-gradient GEMM: {why}, i.e. {runs})",
                      f"re-plan with --grad-accumulation {runs}")
+
+
+def notes(pf: PlanFile) -> tuple[str, ...]:
+    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default."""
+    return accumulation_notes(pf, "torchtitan", *accumulation(pf))
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
@@ -292,7 +297,8 @@ def args_array(pf: PlanFile) -> str:
 def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     c = pf.cluster
-    script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)")
+    script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)",
+                        notes(pf))
               + "set -euo pipefail\n\n"
               + "".join(f"{line}\n" for line in launch_env_lines(pf))
               + f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\nNNODES=${{NNODES:-{c.num_nodes}}}\n"
@@ -310,7 +316,7 @@ def toml_text(pf: PlanFile) -> str:
     replicate, shard, reshard = _fsdp(pf)
     local_batch = p.global_batch // p.dp
     schedule = launcher_schedule("torchtitan", p.pp_schedule, p.vpp)
-    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)")]
+    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)", notes(pf))]
     lines += [
         f"# torchtitan version: {LEGACY_VERSION}, the last release that reads TOML job configs (0.3 takes "
         "--module/--config: export to torchtitan)",
