@@ -106,17 +106,21 @@ def test_drawn_idle_time_is_table_2s_bubble_with_equal_passes(p, n):
 @given(st.sampled_from([4, 6, 8]), st.integers(2, 4), st.floats(0.5, 2.0), st.floats(0.75, 1.5))
 def test_drawn_idle_fraction_is_near_table_2_with_unequal_passes(p, rounds, F, ratio):
     # A weight pass W = B/2 from 0.75 to 1.5 forwards (a transformer layer's backward is about twice its
-    # forward; three times with full recompute). Tolerance: 0.05 of the step. Table 2's closed forms assume
-    # the passes fit the gaps exactly; the drawing places the weight passes greedily (ZB-H1) or in DualPipe's
-    # fixed order, whose idle time differs from it by up to 0.042 (ZB) and 0.017 (DualPipe) of the step over
-    # this range (measured on a grid; 0.068 when W runs to 2F, which is why the range stops at 1.5).
+    # forward; three times with full recompute). Table 2's closed forms assume the passes fit the gaps exactly;
+    # the drawing places the weight passes greedily (ZB-H1) or in DualPipe's fixed order. Measured on a grid of
+    # this range (p 4/6/8, 2-4 rounds, F 0.5-2.0 in 16 steps, W/F 0.75-1.5 in 31): 1F1B matches to 1e-15, DualPipe
+    # differs by at most 0.0174 of the step, ZB-H1 by at most 0.0964 (p 8, 2 rounds, W = 1.5 F: few micro-batches
+    # leave the greedy weight passes gaps Table 2 does not have). An earlier coarser grid had put ZB at 0.042; a
+    # stored Hypothesis example (p 4, 2 rounds, F 1.45, W/F 1.375: 0.055) showed it was not the maximum. The
+    # tolerances are those maxima, rounded up.
     n, B = rounds * p, 2 * ratio * F
+    tolerance = {"1f1b": 1e-9, "dualpipe": 0.02, "zero-bubble": 0.1}
     for name, s in SCHEDULES.items():
         slots = ORDERS[s.drawing]([F] * p, [B] * p, n)
         end = max(x.end for x in slots)
         drawn = (end - n * (F + B)) / end
         bubble = TABLE_2[name](p, F, B, B / 2)
-        assert drawn == pytest.approx(bubble / (n * (F + B) + bubble), abs=0.05), name
+        assert drawn == pytest.approx(bubble / (n * (F + B) + bubble), abs=tolerance[name]), name
 
 
 def test_each_schedule_draws_its_own_slots():
