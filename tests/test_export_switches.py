@@ -71,10 +71,13 @@ def test_expert_clamp_and_bias_follow_the_expert_gemm_path(cli, tmp_path):
     for field in ("glu_clamp_fusion", "expert_bias_fusion"):
         fused = tmp_path / f"{field}.json"
         fused.write_text(json.dumps({**eager, "plan": {**eager["plan"], field: True}}))
-        for target in ("megatron", "megatron-bridge", "torchtitan", "deepspeed"):
+        for target in ("torchtitan", "deepspeed"):  # no fused path: refused
             code, files, err = export(cli, fused, target, tmp_path / f"{field}-{target}")
             assert code == 2 and "Traceback" not in err and files == "", (target, err)
             assert "glu_clamp_fusion / expert_bias_fusion" in err and len(err.strip().splitlines()) == 1, (target, err)
+        for target in ("megatron", "megatron-bridge"):  # the op-fuser path fuses both: the other one noted
+            code, files, err = export(cli, fused, target, tmp_path / f"{field}-{target}")
+            assert code == 0 and "note: priced with the experts' clamp / fc2 bias eager" in files, (target, err)
     # both fused with one grouped kernel: the op-fuser path, flag and environment
     both = tmp_path / "both.json"
     both.write_text(json.dumps({**eager, "plan": {**eager["plan"], "glu_clamp_fusion": True,
@@ -87,14 +90,23 @@ def test_expert_clamp_and_bias_follow_the_expert_gemm_path(cli, tmp_path):
     per.write_text(json.dumps({**eager, "plan": {**eager["plan"], "expert_gemm": "per-expert"}}))
     code, files, err = export(cli, per, "megatron", tmp_path / "per-m")
     assert code == 0 and "--moe-grouped-gemm" in files and "op-fuser" not in files and "NVTE_CUTEDSL" not in files
-    # eager clamp and bias priced beside one grouped kernel: the op fuser would fuse them, so refused
+    # eager clamp and bias priced beside one grouped kernel (the defaults a search saves): the op fuser fuses them,
+    # so the launch runs a little faster than priced, and the header says so
     code, files, err = export(cli, path, "megatron", tmp_path / "eager")
-    assert code == 2 and files == "" and "--expert-gemm per-expert" in err and "expert_bias_fusion true" in err
+    assert code == 0 and "--use-transformer-engine-op-fuser" in files, err
+    assert "note: priced with the experts' clamp / fc2 bias eager" in files
+    # fused beside one GEMM per expert (set in the plan, not a default): TEGroupedMLP applies them eagerly, refused
+    fused_per = tmp_path / "fused-per.json"
+    fused_per.write_text(json.dumps({**eager, "plan": {**eager["plan"], "expert_gemm": "per-expert",
+                                                        "glu_clamp_fusion": True, "expert_bias_fusion": True}}))
+    code, files, err = export(cli, fused_per, "megatron", tmp_path / "fused-per")
+    assert code == 2 and files == "" and "--expert-gemm grouped" in err and len(err.strip().splitlines()) == 1
 
 
-def test_grouped_expert_gemms_write_the_op_fuser_or_are_refused(cli, tmp_path):
+def test_grouped_expert_gemms_write_the_op_fuser_or_say_what_runs(cli, tmp_path):
     # Megatron-Core moe/experts.py (d98e8a6) _is_fused_impl_supported: the fused grouped MLP needs expert TP 1;
-    # --moe-grouped-gemm alone is TEGroupedMLP (one GEMM per local expert), so a grouped plan writes the op fuser.
+    # --moe-grouped-gemm alone is TEGroupedMLP (one GEMM per local expert), so a grouped plan writes the op fuser,
+    # and one with expert TP exports as TEGroupedMLP with a note naming the flag that prices it.
     base = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--global-batch", "64")
     grouped = tmp_path / "g.json"
     assert cli(*base, "--ep", "8", "--save", grouped).code == 0
@@ -109,8 +121,10 @@ def test_grouped_expert_gemms_write_the_op_fuser_or_are_refused(cli, tmp_path):
     assert made.code == 0, made.err
     for target in ("megatron", "megatron-bridge"):
         code, files, err = export(cli, etp, target, tmp_path / f"etp-{target}")
-        assert code == 2 and files == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
-        assert "etp 2" in err and "--expert-gemm per-expert" in err, err
+        assert code == 0, (target, err)
+        assert "NVTE_CUTEDSL" not in files and "use_transformer_engine_op_fuser=true" not in files
+        assert "--use-transformer-engine-op-fuser" not in files
+        assert "etp 2" in files and "re-plan with --expert-gemm per-expert to price it" in files, files[:600]
 
 
 def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_path):

@@ -10,7 +10,7 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, megatron_expert_refusals, megatron_layout, need_mode,
+from llmplan.export.common import (launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout, need_mode,
                                    op_fuser, refuse, rendezvous_lines, sh_header, squared_relu, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
@@ -293,4 +293,4 @@ def render(pf: PlanFile) -> dict[str, str]:
         "    " + BRIDGE_ENTRY,
     ]
     return {"megatron_bridge_pretrain.sh": sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe "
-                                                         f"{RECIPES[pf.model.name]})") + "\n".join(lines) + "\n"}
+                                                         f"{RECIPES[pf.model.name]})", megatron_expert_notes(pf)) + "\n".join(lines) + "\n"}

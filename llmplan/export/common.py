@@ -132,15 +132,50 @@ def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
              "set glu_clamp_fusion and expert_bias_fusion false in the plan (Megatron-Core's eager clamp and bias)")]
 
 
+def op_fuser_blocked(pf: PlanFile) -> str | None:
+    """Why Megatron-Core's fused grouped MLP cannot run a plan priced with the routed experts in one grouped kernel
+    (ParallelPlan.expert_gemm grouped, the default), so that a Megatron-Core launch runs TEGroupedMLP instead
+    (None: it can, or the plan is not grouped): the fused path runs without expert TP and fuses only a gated MLP's
+    or the weighted squared ReLU's activation (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at
+    d98e8a6, _is_fused_impl_supported)."""
+    p, m = pf.plan, pf.model
+    if not (m.is_moe and p.fused_kernels and p.expert_gemm == "grouped"):
+        return None
+    if p.etp_resolved > 1:
+        return f"it runs without expert tensor parallelism; etp {p.etp_resolved}"
+    if not m.gated_mlp and not squared_relu(m):
+        return "it fuses only a gated MLP's or squared ReLU's activation; this model's MLP is neither"
+    return None
+
+
 def op_fuser(pf: PlanFile) -> bool:
     """Whether a Megatron-Core export runs the routed experts on Transformer Engine's fused grouped MLP (one grouped
-    kernel, ParallelPlan.expert_gemm grouped): --moe-grouped-gemm alone builds TEGroupedMLP, whose GroupedLinear
-    issues one cuBLASLt GEMM per local expert (expert_gemm per-expert); the grouped kernel needs
-    use_transformer_engine_op_fuser and, for a GLU, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (NVIDIA/Megatron-LM
-    megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported; Megatron-Bridge's
-    cutedsl_fused_grouped_mlp performance overrides set both)."""
+    kernel, ParallelPlan.expert_gemm grouped, where op_fuser_blocked allows it): --moe-grouped-gemm alone builds
+    TEGroupedMLP, whose GroupedLinear issues one cuBLASLt GEMM per local expert (expert_gemm per-expert); the
+    grouped kernel needs use_transformer_engine_op_fuser and, for a GLU, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1
+    (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported;
+    Megatron-Bridge's cutedsl_fused_grouped_mlp performance overrides set both)."""
     p = pf.plan
-    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped")
+    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped") and op_fuser_blocked(pf) is None
+
+
+def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The export header's notes of a Megatron-Core launch that runs the routed experts otherwise than the plan
+    prices them, for the defaults a search saves (expert_gemm grouped; glu_clamp_fusion / expert_bias_fusion
+    false): exported as the launcher runs them, with the setting that prices it."""
+    p, m = pf.plan, pf.model
+    why = op_fuser_blocked(pf)
+    eager = ((m.is_moe and m.gated_mlp and m.swiglu_limit is not None and not p.glu_clamp_fusion)
+             or (m.is_moe and m.mlp_bias and not p.expert_bias_fusion))
+    notes = []
+    if why:
+        notes.append(f"note: priced with the routed experts in one grouped kernel (expert_gemm grouped); "
+                     f"Megatron-Core's fused grouped MLP cannot run here ({why}), so this runs TEGroupedMLP, one "
+                     "GEMM per local expert: re-plan with --expert-gemm per-expert to price it")
+    if op_fuser(pf) and eager:
+        notes.append("note: priced with the experts' clamp / fc2 bias eager (glu_clamp_fusion / expert_bias_fusion "
+                     "false); the fused grouped MLP this runs fuses them, so it runs a little faster than priced")
+    return tuple(notes)
 
 
 def op_fuser_env_lines(pf: PlanFile) -> list[str]:
@@ -156,33 +191,21 @@ def squared_relu(m: Any) -> bool:
 
 
 def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan needs it, fix) for the routed-expert path of a Megatron-Core export: the fused
-    grouped MLP (op_fuser) runs without expert TP and only a gated MLP (SwiGLU / quick GEGLU) or the weighted
-    squared ReLU (use_fused_weighted_squared_relu, which the exports then write) among their activations, and it fuses the clamp and the fc2 bias (ScaledClampedQGeGLU, GroupedLinear
-    scale_bias: ParallelPlan.glu_clamp_fusion, expert_bias_fusion); TEGroupedMLP (per-expert) fuses neither
-    (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported)."""
+    """(what, whether the plan needs it, fix) for the routed-expert path of a Megatron-Core export: the clamp and
+    the fc2 bias fused (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, set in the plan) beside one GEMM per
+    local expert (TEGroupedMLP applies them eagerly; only the fused grouped MLP fuses them: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py at d98e8a6). The defaults a search saves are exported with notes
+    instead (megatron_expert_notes)."""
     p, m = pf.plan, pf.model
-    fuser = op_fuser(pf)
     clamp = m.is_moe and m.gated_mlp and m.swiglu_limit is not None
     bias = m.is_moe and m.mlp_bias
-    eager = (clamp and not p.glu_clamp_fusion) or (bias and not p.expert_bias_fusion)
     fused = (clamp and p.glu_clamp_fusion) or (bias and p.expert_bias_fusion)
-    grouped = "the routed experts in one grouped kernel (expert_gemm grouped: Megatron-Core's fused grouped MLP, "
-    per_expert = "re-plan with --expert-gemm per-expert (TEGroupedMLP: one GEMM per local expert)"
     return [
-        (grouped + f"which runs without expert tensor parallelism; etp {p.etp_resolved})",
-         fuser and p.etp_resolved > 1, per_expert + ", or with expert TP 1"),
-        (grouped + "which fuses a gated MLP's or squared ReLU's activation; this model's MLP is neither)",
-         fuser and not m.gated_mlp and not squared_relu(m), per_expert),
-        (grouped + "which fuses the experts' clamp and fc2 bias, priced eager here: glu_clamp_fusion / "
-         "expert_bias_fusion false)", fuser and bool(eager),
-         "set glu_clamp_fusion and expert_bias_fusion true in the plan, or " + per_expert[0].lower()
-         + per_expert[1:]),
         ("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
-         "(glu_clamp_fusion / expert_bias_fusion) beside one GEMM per local expert (expert_gemm per-expert: "
-         "TEGroupedMLP, which applies them eagerly)", not fuser and bool(fused),
-         "re-plan with --expert-gemm grouped (Megatron-Core's op-fuser path), or set glu_clamp_fusion and "
-         "expert_bias_fusion false in the plan"),
+         "(glu_clamp_fusion / expert_bias_fusion) beside one GEMM per local expert (TEGroupedMLP, which applies "
+         "them eagerly)", not op_fuser(pf) and bool(fused),
+         "re-plan with --expert-gemm grouped and expert TP 1 (Megatron-Core's op-fuser path), or set "
+         "glu_clamp_fusion and expert_bias_fusion false in the plan"),
     ]
 
 

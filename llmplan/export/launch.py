@@ -4,7 +4,8 @@ Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node S
 from __future__ import annotations
 
 from llmplan.export import bridge, deepspeed, megatron, torchtitan
-from llmplan.export.common import launch_env_lines, need_mode, op_fuser_env_lines, refuse, sh_header
+from llmplan.export.common import (launch_env_lines, megatron_expert_notes, need_mode, op_fuser_env_lines, refuse,
+                                   sh_header)
 from llmplan.planfile import PlanFile
 
 WRAPPABLE = ("megatron", "torchtitan", "deepspeed", "megatron-bridge")
@@ -34,11 +35,20 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
     raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
 
 
+def _notes(pf: PlanFile, wrap: str) -> tuple[str, ...]:
+    """The wrapped launcher's header notes (where it runs something the plan priced otherwise)."""
+    if wrap in ("megatron", "megatron-bridge"):
+        return megatron_expert_notes(pf)
+    if wrap == "deepspeed":
+        return deepspeed.notes(pf)
+    return torchtitan.notes(pf) if wrap == "torchtitan" else ()
+
+
 def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
     need_mode(pf, "train", "torchrun")
     entry, files, defs = _entry(pf, wrap)
     c = pf.cluster
-    script = (sh_header(pf, f"torchrun (wrapping {wrap})") + "set -euo pipefail\n"
+    script = (sh_header(pf, f"torchrun (wrapping {wrap})", _notes(pf, wrap)) + "set -euo pipefail\n"
               "# run this on every node (same MASTER_ADDR / MASTER_PORT / JOB_ID everywhere)\n"
               f"NNODES=${{NNODES:-{c.num_nodes}}}\nGPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\n"
               "MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\nJOB_ID=${JOB_ID:-llmplan}\n"
@@ -53,7 +63,8 @@ def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
     entry, files, defs = _entry(pf, wrap)
     defs = defs.replace(megatron.SCRIPT_DIR, "${SLURM_SUBMIT_DIR:-.}")  # sbatch runs a spool copy of the script
     c = pf.cluster
-    header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})")
+    header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})",
+                       _notes(pf, wrap))
     script = (header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)
               + f"#SBATCH --job-name=llmplan-{pf.model.name}\n#SBATCH --nodes={c.num_nodes}\n"
               f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={c.gpus_per_node_used}\n"

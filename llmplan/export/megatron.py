@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_expert_refusals, megatron_layout, op_fuser, squared_relu,
+                                   megatron_expert_notes, megatron_expert_refusals, megatron_layout, op_fuser, squared_relu,
                                    tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
@@ -446,7 +446,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
-                                                   "core_v0.19.0)") + script_body(pf, launcher), **companion_files(pf)}
+                                                   "core_v0.19.0)", megatron_expert_notes(pf)) + script_body(pf, launcher), **companion_files(pf)}
 
 
 def companion_files(pf: PlanFile) -> dict[str, str]:
