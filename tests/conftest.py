@@ -46,3 +46,12 @@ def cli(capsys):
 def published_runs() -> dict[str, dict]:
     """The published runs (shipped in benchmarks/data, so the golden tests always run)."""
     return {r["id"]: r for r in load_runs(runs_path())}
+
+
+@pytest.fixture(scope="session")
+def acc():
+    """benchmarks/accuracy.py as a module (benchmarks/ is on the path): its readers and predict, for the golden
+    tests that score published rows as the validation report does."""
+    import accuracy
+
+    return accuracy

@@ -21,12 +21,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-    return accuracy
-
-
 @pytest.mark.parametrize("group", ["a100", "h100"])
 def test_grid_prediction_equals_the_scalar_one_at_every_sampled_point(acc, group):
     records = yaml.safe_load(acc.DEFAULT_RUNS.read_text())

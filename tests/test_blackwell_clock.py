@@ -38,13 +38,6 @@ def _tokens(acc, rid: str) -> float:
     return next(p for q, p, _ in acc.predict(rec, acc.family(rid)) if q == "tok/s/GPU")
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 @pytest.mark.parametrize("fast, slow, measured", [
     # Megatron-Bridge performance summary, 25.09 table: Llama 3 8B FP8, 8 GPUs, TP1 PP1, GBS 128, MBS 2,
     # B200 29,994 / GB200 31,357 tokens/s/GPU

@@ -108,13 +108,6 @@ def test_cp_s_throughput_against_cp1_falls_as_the_sequence_shortens(model_tp, cp
     assert np.all(np.diff(ratios) >= 0), ratios
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 @pytest.mark.parametrize("rid, tolerance", [
     # NVIDIA NeMo docs, Long Sequence Performance, Llama 2 7B fp8 on H100 'With CP' (16k-32k tokens per chunk)
     ("nemocp-h100-fp8-llama2-7b-s128k-128gpu", 0.06),

@@ -14,13 +14,6 @@ GB200 = "dgxc-2510-pretrain-nemotron-h-56b-gb200-128gpu-fp8-tp4pp1mbs2gbs384"
 NANO_GB200 = "mbridge-26.06-pretrain-nemotron-3-nano-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2"
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 def _tokens(acc, rec: dict) -> tuple[float, float]:
     (_, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
     return pred, meas

@@ -72,13 +72,6 @@ B200_MBS1 = "mbridge-26.02-pretrain-qwen3-30b-a3b-dgx-b200-8gpu-mxfp8-tp1pp1cp1e
 B200_MBS4 = "mbridge-26.02.01-pretrain-qwen3-30b-a3b-dgx-b200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs4"
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 def _row(acc, rec: dict) -> tuple[float, float]:
     (_, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
     return pred, meas

@@ -79,13 +79,6 @@ def test_megatron_bridge_writes_it_after_the_preset_and_megatron_lm_refuses_it(c
     assert lm.code == 2 and "FP8 dot-product attention" in lm.err and "Traceback" not in lm.err
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 @pytest.mark.parametrize("rid, on", [
     # v0.5.0 qwen3_workload_base_configs.py: QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB300,GB200,B300}_FP8_MX_V1
     ("mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-gb300-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs8", True),

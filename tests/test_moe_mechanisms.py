@@ -23,13 +23,6 @@ M = builtin_models()
 S = builtin_systems()
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 def _throughput(acc, rec: dict) -> tuple[float, float]:
     (_, pred, meas), *_ = acc.predict(rec, acc.family(rec["id"]))
     return pred, meas

@@ -14,13 +14,6 @@ NANO_GB300 = "mbridge-26.06-pretrain-nemotron-3-nano-dgx-gb300-8gpu-mxfp8-tp1pp1
 SUPER = "mbridge-26.06-pretrain-nemotron-3-super-dgx-{}-64gpu-{}-tp{}pp1cp1ep{}vpnagbs512mbs1"
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 def test_nano_presets_run_te_graphs_and_recompute_the_moe_block_on_h100(published_runs, acc):
     # BASE_NEMOTRON_3_NANO_CONFIG: cuda_graph_impl "transformer_engine", scope attn, mamba, moe_router,
     # moe_preprocess (overriding the recipe's "none"); NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1: scope

@@ -13,13 +13,6 @@ from llmplan.specs.registry import builtin_systems
 from llmplan.units import GIB
 
 
-@pytest.fixture(scope="module")
-def acc():
-    import accuracy  # benchmarks/accuracy.py (conftest puts benchmarks/ on the path)
-
-    return accuracy
-
-
 def _throughput(acc, rec: dict) -> tuple[float, float]:
     rows = acc.predict(rec, acc.family(rec["id"]))
     (_, pred, meas), *_ = rows
