@@ -75,7 +75,7 @@ class SwitchOptions(BaseModel):
     dtype: str
     """Compute dtype (ParallelPlan.dtype; serving: ServePlan.weight_dtype)."""
     precision: str | None
-    """A training recipe naming dtype and scaling at once (specs.plan.PRECISIONS); None: from dtype."""
+    """A training recipe naming dtype and scaling at once (specs.plan_choices.PRECISIONS); None: from dtype."""
     moe_capacity_factor: float | None
     """ParallelPlan.moe_capacity_factor; None: dropless."""
     pp_schedule: str

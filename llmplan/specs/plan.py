@@ -1,67 +1,28 @@
-"""ParallelPlan (how a training job is split over GPUs), ClusterSpec (how many of which nodes) and
-MemoryAllowance (the stated allowance for buffers and fragmentation)."""
+"""ParallelPlan (how a training job is split over GPUs). The choices of its switch fields live in
+specs/plan_choices.py, ClusterSpec (how many of which nodes) in specs/cluster.py and MemoryAllowance (the stated
+allowance for buffers and fragmentation) in specs/allowance.py; this module re-exports them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.allowance import MemoryAllowance  # noqa: F401  (re-exported: its home was this module)
+from llmplan.specs.cluster import MAX_GPUS, ClusterSpec  # noqa: F401  (re-exported: their home was this module)
 from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
+    ATTENTION_KERNELS, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
+    OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, TP_IMPLS, AttentionKernel,
+    Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeRouting, OptimizerMasterDtype, OptimizerMomentDtype, Recipe,
+    Recompute, RecomputeModule, TpImpl, TrainDtype,
+)
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
     has_layout, resolve_etp,
 )
 from llmplan.specs.schedule import ScheduleName
 from llmplan.units import NVFP4_BYTES
-
-Recompute = Literal["none", "selective", "full", "op"]
-RECOMPUTE: tuple[str, ...] = get_args(Recompute)
-RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "mhc"]
-RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
-Bf16Module = Literal["attention", "latent_proj"]
-BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
-"""Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""
-"""Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
-Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
-
-
-TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
-Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
-AttentionKernel = Literal["native", "flash2"]
-ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
-"""--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
-TpImpl = Literal["megatron", "dtensor"]
-TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
-"""--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
-MoeDispatcher = Literal["alltoall", "deepep"]
-MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
-"""--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
-MoeRouting = Literal["random", "contiguous"]
-MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
-"""--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
-ExpertGemm = Literal["grouped", "per-expert"]
-EXPERT_GEMMS: tuple[str, ...] = get_args(ExpertGemm)
-"""expert_gemm values: one grouped kernel over the local experts, or one GEMM call per local expert."""
-CudaGraphs = Literal["none", "layers", "full-iteration"]
-CUDA_GRAPHS: tuple[str, ...] = get_args(CudaGraphs)
-"""cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
-layer (transformer_engine / local with --cuda-graph-modules), or one graph of the whole forward-backward
-(--cuda-graph-impl full_iteration)."""
-OptimizerMasterDtype = Literal["fp32", "bf16", "fp16", "none"]
-OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = get_args(OptimizerMasterDtype)
-"""--optimizer-master-dtype values: the dtype of Adam's master weights, or none (the model's weights are updated)."""
-OptimizerMomentDtype = Literal["fp32", "bf16", "fp16", "fp8"]
-OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = get_args(OptimizerMomentDtype)
-"""--optimizer-moment-dtype values (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype choices)."""
-OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
-"""Bytes per parameter of one optimizer state tensor in each dtype ('none': not kept)."""
-PRECISIONS: dict[str, tuple[str, str]] = {
-    "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
-    "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
-}
-"""--precision NAME -> (dtype, recipe) (docs/formulas.md#precision)."""
 
 
 MAX_TOKENS_PER_STEP = 1 << 30
@@ -479,52 +440,3 @@ class ParallelPlan(PlanQuantities, Spec):
         §3.3.3 (bf16 moments); Megatron-LM optimizer_config.py (exp_avg_dtype, exp_avg_sq_dtype).
         Derived: docs/formulas.md#mem.model_states"""
         return self.master_bytes + 2 * OPTIMIZER_STATE_BYTES[self.optimizer_moment_dtype]
-
-
-MAX_GPUS = 2_000_000
-"""Largest cluster llmplan places ranks on (today's largest training clusters hold a few 100,000 GPUs)."""
-
-
-class ClusterSpec(Spec):
-    """A number of identical nodes of one system."""
-
-    model_config = SPEC_CONFIG
-
-    system: SystemSpec
-    """The node shape."""
-    num_nodes: int = Field(ge=1, le=1_000_000)
-    """Nodes in the job."""
-    gpus_per_node: int | None = Field(default=None, ge=1, le=4_096)
-    """GPUs used per node; None means all of the node's GPUs."""
-
-    @model_validator(mode="after")
-    def _fits_node(self) -> "ClusterSpec":
-        g = self.gpus_per_node
-        if self.num_gpus > MAX_GPUS:
-            raise ValueError(f"{self.num_nodes:,} nodes x {self.gpus_per_node_used} GPUs = {self.num_gpus:,} GPUs is "
-                             f"beyond any cluster llmplan plans for (at most {MAX_GPUS:,})")
-        if g is not None and g > self.system.gpus_per_node:
-            raise ValueError(
-                f"gpus_per_node ({g}) exceeds the {self.system.gpus_per_node} GPUs of a {self.system.name} node"
-            )
-        return self
-
-    @property
-    def gpus_per_node_used(self) -> int:
-        return self.gpus_per_node or self.system.gpus_per_node
-
-    @property
-    def num_gpus(self) -> int:
-        return self.num_nodes * self.gpus_per_node_used
-
-
-class MemoryAllowance(Spec):
-    """The stated allowance for what the formulas do not count (docs/formulas.md#mem.other)."""
-
-    model_config = SPEC_CONFIG
-
-    fixed_gib: float | None = Field(default=None, ge=0, le=65_536)
-    """Per-GPU bytes outside the tensors (CUDA context, cuBLAS workspace, NCCL communicator buffers), GiB, when
-    stated; None: priced from the plan (cost.runtime_memory, docs/formulas.md#mem.runtime)."""
-    fragmentation: float = Field(default=0.05, ge=0, le=1)
-    """Fraction added to the tensor memory for caching-allocator fragmentation."""

@@ -1,0 +1,53 @@
+"""The choices of ParallelPlan's switch fields (one Literal type per field, with its values as a tuple for
+the CLI and the search), the bytes per optimizer-state dtype and the --precision recipes."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Recompute = Literal["none", "selective", "full", "op"]
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "mhc"]
+RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+Bf16Module = Literal["attention", "latent_proj"]
+BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
+"""Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""
+"""Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
+Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
+
+
+TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
+Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
+AttentionKernel = Literal["native", "flash2"]
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+"""--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
+TpImpl = Literal["megatron", "dtensor"]
+TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
+"""--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
+"""--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
+MoeRouting = Literal["random", "contiguous"]
+MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
+"""--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
+ExpertGemm = Literal["grouped", "per-expert"]
+EXPERT_GEMMS: tuple[str, ...] = get_args(ExpertGemm)
+"""expert_gemm values: one grouped kernel over the local experts, or one GEMM call per local expert."""
+CudaGraphs = Literal["none", "layers", "full-iteration"]
+CUDA_GRAPHS: tuple[str, ...] = get_args(CudaGraphs)
+"""cuda_graphs values: no CUDA graphs (Megatron --cuda-graph-impl none), per-layer graphs of parts of each
+layer (transformer_engine / local with --cuda-graph-modules), or one graph of the whole forward-backward
+(--cuda-graph-impl full_iteration)."""
+OptimizerMasterDtype = Literal["fp32", "bf16", "fp16", "none"]
+OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = get_args(OptimizerMasterDtype)
+"""--optimizer-master-dtype values: the dtype of Adam's master weights, or none (the model's weights are updated)."""
+OptimizerMomentDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = get_args(OptimizerMomentDtype)
+"""--optimizer-moment-dtype values (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype choices)."""
+OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
+"""Bytes per parameter of one optimizer state tensor in each dtype ('none': not kept)."""
+PRECISIONS: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "tensorwise"), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise"),
+    "fp8-blockwise": ("fp8", "blockwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
+}
+"""--precision NAME -> (dtype, recipe) (docs/formulas.md#precision)."""
