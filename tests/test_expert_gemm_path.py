@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.compute import EXPERT_GEMM_S, KERNEL_LAUNCH_S, expert_gemm_seconds, stage_compute
+from llmplan.search.grid import from_plan
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -63,6 +64,21 @@ def test_vectorised_plans_agree_with_scalar_ones():
     t = expert_gemm_seconds(m, arr)
     for i, ep in enumerate(eps):
         assert t[i] == pytest.approx(float(expert_gemm_seconds(m, _plan(ep=int(ep), dp=16, expert_gemm="per-expert"))))
+
+
+
+def test_grouped_with_expert_tp_runs_per_expert_under_megatron_tp():
+    # NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported: the fused
+    # grouped MLP needs expert TP 1, so a grouped plan at etp > 1 builds TEGroupedMLP (one GEMM per local expert);
+    # torch._grouped_mm on DTensor shards (tp_impl dtensor) stays one kernel.
+    m = M["deepseek-v3"]  # 256 experts, all local at EP 1
+    etp4 = dict(tp=4, ep=1, dp=2, etp=4)
+    assert float(expert_gemm_seconds(m, _plan(**etp4))) == pytest.approx(2 * 256 * EXPERT_GEMM_S)
+    assert float(expert_gemm_seconds(m, _plan(**etp4, tp_impl="dtensor"))) == 0.0
+    assert float(expert_gemm_seconds(m, _plan(tp=4, ep=8, dp=2, etp=1))) == 0.0  # the fused path runs
+    for etp in (1, 2, 4):  # the search's plan arrays agree with the scalar plan
+        p = _plan(tp=4, ep=1, dp=2, etp=etp)
+        assert float(expert_gemm_seconds(m, from_plan(p))[0]) == pytest.approx(float(expert_gemm_seconds(m, p)))
 
 
 # Megatron-Bridge's Qwen3-30B-A3B on 8 B200 at micro-batch 1 (26.02 table: 9,691 tokens/s per GPU; 16 local

@@ -124,7 +124,7 @@ def test_grouped_expert_gemms_write_the_op_fuser_or_say_what_runs(cli, tmp_path)
         assert code == 0, (target, err)
         assert "NVTE_CUTEDSL" not in files and "use_transformer_engine_op_fuser=true" not in files
         assert "--use-transformer-engine-op-fuser" not in files
-        assert "etp 2" in files and "re-plan with --expert-gemm per-expert to price it" in files, files[:600]
+        assert "etp 2" in files and "one GEMM per local expert, as priced" in files, files[:600]
 
 
 def test_per_expert_gemms_go_to_megatron_and_torchtitan_refuses_them(cli, tmp_path):

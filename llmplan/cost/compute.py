@@ -148,9 +148,18 @@ def expert_gemm_seconds(m: ModelSpec, plan: ParallelPlan) -> Any:
     one grouped kernel. Charged with the memory-bound time, so the stage counts it once per pass (3 + r: the
     backward's input- and weight-gradient GEMMs per forward GEMM). Derived: docs/formulas.md#compute.expert_gemms"""
     calls = 2 * m.num_experts / plan.ep
-    per_call = where(plan.fused_kernels, where(plan.expert_gemm == "per-expert", EXPERT_GEMM_S, 0.0),
-                     KERNEL_LAUNCH_S)
+    per_call = where(plan.fused_kernels, where(runs_per_expert(plan), EXPERT_GEMM_S, 0.0), KERNEL_LAUNCH_S)
     return calls * per_call
+
+
+def runs_per_expert(plan: ParallelPlan) -> Any:
+    """Whether the routed experts run one GEMM per local expert with fused kernels: expert_gemm per-expert, or
+    grouped with expert tensor parallelism (etp > 1) under Megatron-Core's TP (tp_impl megatron), whose fused
+    grouped MLP runs only without expert TP, so the layer is TEGroupedMLP on GroupedLinear (the rule
+    export.common.op_fuser_blocked writes into the exports). torch._grouped_mm on DTensor shards (tp_impl
+    dtensor) stays one grouped kernel at any etp.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported"""
+    return (plan.expert_gemm == "per-expert") | ((plan.etp_resolved > 1) & (plan.tp_impl == "megatron"))
 
 
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:

@@ -168,7 +168,10 @@ def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     eager = ((m.is_moe and m.gated_mlp and m.swiglu_limit is not None and not p.glu_clamp_fusion)
              or (m.is_moe and m.mlp_bias and not p.expert_bias_fusion))
     notes = []
-    if why:
+    if why and p.etp_resolved > 1 and p.tp_impl == "megatron":  # priced so (cost.compute.runs_per_expert)
+        notes.append(f"note: Megatron-Core's fused grouped MLP cannot run here ({why}), so this runs "
+                     "TEGroupedMLP, one GEMM per local expert, as priced")
+    elif why:
         notes.append(f"note: priced with the routed experts in one grouped kernel (expert_gemm grouped); "
                      f"Megatron-Core's fused grouped MLP cannot run here ({why}), so this runs TEGroupedMLP, one "
                      "GEMM per local expert: re-plan with --expert-gemm per-expert to price it")

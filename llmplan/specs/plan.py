@@ -276,7 +276,8 @@ class ParallelPlan(PlanQuantities, Spec):
     experts (DeepGEMM's m-grouped GEMM, torch._grouped_mm, Transformer Engine's fused grouped MLP that
     Megatron-Bridge's cutedsl_fused_grouped_mlp presets select, and the Megatron exports write); per-expert, Transformer Engine's GroupedLinear
     (Megatron-Core's TEGroupedMLP), one cuBLASLt GEMM per local expert over its streams, each costing
-    EXPERT_GEMM_S more than its share of one grouped kernel (docs/formulas.md#compute.expert_gemms). Without
+    EXPERT_GEMM_S more than its share of one grouped kernel (docs/formulas.md#compute.expert_gemms); grouped at
+    etp > 1 with tp_impl megatron is priced per-expert (the fused grouped MLP needs expert TP 1). Without
     fused kernels every expert's matmuls are separate eager launches either way."""
     fp8_attention: bool = False
     """Run the fused attention's matmuls in FP8 (Transformer Engine's FP8 dot-product attention, cuDNN's FP8
