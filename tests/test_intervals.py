@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from llmplan import intervals as iv
+from llmplan.intervals import conformal
 from llmplan.search.ties import resolve
 from llmplan.specs.registry import builtin_systems
 from llmplan.units import GIB
@@ -54,8 +55,9 @@ def test_the_shipped_pair_is_the_narrowest_inside_the_target(monkeypatch):
         per_record, fam_mean = table[q]
         return {"a": (per_record, 100, fam_mean)}
 
-    monkeypatch.setattr(iv, "coverage", fake)
-    monkeypatch.setattr(iv, "mean_coverage", lambda cov: cov["a"][2] / 100)
+    # choose_nominal reads coverage and mean_coverage from the module it lives in (re-exported by iv)
+    monkeypatch.setattr(conformal, "coverage", fake)
+    monkeypatch.setattr(conformal, "mean_coverage", lambda cov: cov["a"][2] / 100)
     assert iv.choose_nominal([], {}) == 0.95
     table.update({0.95: (74, 77), 0.975: (86, 84)})  # none inside both ways: nearest 80% over families
     assert iv.choose_nominal([], {}) == 0.99

@@ -1,0 +1,183 @@
+"""Bands of left-out log-residuals (docs/validation.md#intervals): the shipped residual file, the records nearest
+a plan's regime (select), the quantile pair its band takes (nominal_of) and the training, memory and serving
+bands built from them (llmplan.intervals' module docstring states the rule)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable
+
+import numpy as np
+
+from llmplan.intervals.regimes import (POOLS, RELAX_ORDER, TAGS, UNCOVERED, Regime, cell_of, describe_key,
+                                       pool_of, record_regime)
+
+LEVEL = 0.8
+"""Probability the interval is meant to hold (the 10th to the 90th percentile of left-out residuals)."""
+MIN_RECORDS = 10
+"""Fewest records an interval is built from."""
+WIDEN = 1.5
+"""Width factor of an interval whose regime no family covers."""
+DATA = "residuals.json"
+
+
+WEIGHTINGS = ("run", "family")
+"""How a band's quantiles weigh the runs it is drawn from: every run alike (numpy.quantile), or every family
+alike (each run 1 / its family's runs among them; weighted_quantile). A plan from a new software stack is one
+draw of a family bias, so weighing families alike keeps one large family (NeMo 24.07: 11 of the 28 Hopper
+<= 64-GPU runs) from setting the band's edges by itself; which one a pool takes is chosen by left-out
+coverage like the pair."""
+
+Choice = tuple[float, str]
+"""(quantile pair as its central probability, weighting): what a band is drawn with."""
+
+
+def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str]:
+    """The quantile pair (central probability) of a plan's band, its weighting (WEIGHTINGS), where it comes from
+    (its regime cell's own choice, else its pool's, else the all-regime pair with the reason the pool has none;
+    "" for a file without pools) and the cell or pool whose own choice it is ("" for the all-regime pair)."""
+    pools = data.get("pools", {})
+    default = float(data.get("nominal", LEVEL))
+    pool = pool_of(want)
+    for key in (cell_of(want), pool):
+        info = pools.get(key)
+        if info is not None and info.get("nominal") is not None:
+            weighting = str(info.get("weighting", "run"))
+            how = "" if weighting == "run" else ", every family weighted alike"
+            return float(info["nominal"]), weighting, (
+                f"the {100 * info['nominal']:g}% pair{how}, the narrowest whose left-out coverage over the "
+                f"{info['families']} {describe_key(key)} families is 75-85%"), key
+    info = pools.get(pool)
+    if info is None:
+        return default, "run", "", ""
+    cell = pools.get(cell_of(want), {}).get("why")
+    return default, "run", (f"the all-regime {100 * default:g}% pair: "
+                            + (f"the {want.generation} cell {cell}; " if cell else "")
+                            + f"the {POOLS[pool]} pool {info['why']}"), ""
+
+
+@lru_cache(maxsize=1)
+def shipped() -> dict[str, Any]:
+    """The residual file shipped in the package (llmplan/data/residuals.json)."""
+    return json.loads((resources.files("llmplan") / "data" / DATA).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Log-residual quantiles: a rate's interval is [rate * exp(lo), rate * exp(hi)]."""
+
+    lo: float
+    hi: float
+    n: int
+    basis: str
+    widened: bool = False
+    short: str = ""
+    """The basis in a few words, for text output."""
+    pool: str = ""
+    """The regime cell or pool (cell_of, POOLS) whose runs' coverage chose the quantile pair, or "" (the
+    all-regime pair)."""
+    nominal: float = LEVEL
+    """The quantile pair taken, as its central probability."""
+    weighting: str = "run"
+    """How the quantiles weigh the runs (WEIGHTINGS)."""
+
+    def rate(self, x: float) -> list[float]:
+        return [float(x * np.exp(self.lo)), float(x * np.exp(self.hi))]
+
+    def time(self, x: float) -> list[float]:
+        return [float(x * np.exp(-self.hi)), float(x * np.exp(-self.lo))]
+
+
+def weighted_quantile(values: Iterable[float], weights: Iterable[float], q: float) -> float:
+    """The q quantile of `values` with `weights` (midpoint rule on the weighted empirical distribution: with
+    equal weights, numpy.quantile's 'hazen' method)."""
+    v, w = np.asarray(list(values), dtype=float), np.asarray(list(weights), dtype=float)
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    return float(np.interp(q, (np.cumsum(w) - w / 2) / w.sum(), v))
+
+
+def family_weights(families: Iterable[str]) -> np.ndarray:
+    """Each run's weight when every family weighs alike: 1 / its family's runs among `families`."""
+    fams = list(families)
+    n = Counter(fams)
+    return np.array([1 / n[f] for f in fams], dtype=float)
+
+
+def quantile_band(r: Iterable[float], basis: str, widen: bool = False, nominal: float = LEVEL,
+                  weights: Iterable[float] | None = None) -> Band:
+    """The band between the (1 - nominal) / 2 and (1 + nominal) / 2 quantiles of the residuals `r` (every run
+    alike, numpy.quantile; with `weights`, weighted_quantile), widened WIDEN x about its centre when `widen`."""
+    arr = np.asarray(list(r), dtype=float)
+    qs = [(1 - nominal) / 2, (1 + nominal) / 2]
+    if weights is None:
+        lo, hi = (float(v) for v in np.quantile(arr, qs))
+    else:
+        w = list(weights)
+        lo, hi = weighted_quantile(arr, w, qs[0]), weighted_quantile(arr, w, qs[1])
+    if widen:
+        mid, half = (lo + hi) / 2, WIDEN * (hi - lo) / 2
+        lo, hi = mid - half, mid + half
+    return Band(lo, hi, len(arr), basis, widen)
+
+
+def select(records: list[dict[str, Any]], want: Regime,
+           exclude_family: str | None = None) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The records nearest `want` (module docstring) and the tags dropped to reach MIN_RECORDS."""
+    pool = [r for r in records if r["family"] != exclude_family]
+    dropped: tuple[str, ...] = ()
+    for n in range(len(RELAX_ORDER) + 1):
+        dropped = RELAX_ORDER[:n]
+        keep = [t for t in RELAX_ORDER if t not in dropped]
+        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in keep)]
+        if len(hits) >= MIN_RECORDS or n == len(RELAX_ORDER):
+            return hits, dropped
+    return pool, dropped
+
+
+def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_family: str | None = None) -> Band:
+    """The rate band of a training plan in regime `want` (exclude_family: as if that family were unpublished,
+    for the coverage test). Its quantiles are the pair of the plan's regime pool where the file gives it one,
+    else the file's `nominal` pair (docs/validation.md#intervals: the pairs choose_pools and choose_nominal
+    pick by left-out coverage); the basis says which, and why a pool has none."""
+    data = data or shipped()
+    hits, dropped = select(data["training"], want, exclude_family)
+    kept = [t for t in TAGS if t not in dropped]
+    widen = any(t in UNCOVERED for t in dropped)
+    fams = sorted({r["family"] for r in hits})
+    nominal, weighting, how, own = nominal_of(data, want)
+    basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
+             + (f" matching {want.describe(kept)}" if kept else "") + (f"; quantiles: {how}" if how else ""))
+    if widen:
+        uncovered = [t for t in dropped if t in UNCOVERED]
+        basis += f"; no validation family covers {want.describe(uncovered)}: widened {WIDEN:g}x"
+    weights = family_weights(r["family"] for r in hits) if weighting == "family" else None
+    band = quantile_band((r["r"] for r in hits), basis, widen, nominal, weights)
+    short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
+    if widen:
+        short += f", widened {WIDEN:g}x: no family covers {want.describe([t for t in dropped if t in UNCOVERED])}"
+    return Band(band.lo, band.hi, band.n, basis, widen, short, own, nominal, weighting)
+
+
+def memory_band(data: dict[str, Any] | None = None) -> Band | None:
+    records = (data or shipped()).get("memory", [])
+    if len(records) < MIN_RECORDS:
+        return None
+    fams = sorted({r["family"] for r in records})
+    b = quantile_band((r["r"] for r in records), "")
+    return Band(b.lo, b.hi, b.n, f"{b.n} published memory peaks ({', '.join(fams)}; memory has no fitted "
+                f"constant)")
+
+
+def serving_band(data: dict[str, Any] | None = None) -> Band | None:
+    records = (data or shipped()).get("serving", [])
+    if len(records) < MIN_RECORDS:
+        return None
+    b = quantile_band((r["r"] for r in records), "")
+    models = len({r["model"] for r in records})
+    return Band(b.lo, b.hi, b.n, f"left-out residuals of {b.n} TensorRT-LLM throughput runs ({models} models, "
+                f"each scored with constants fitted without it); TTFT and TPOT scaled as times")

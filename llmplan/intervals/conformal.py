@@ -1,0 +1,195 @@
+"""Choosing a band's quantile pair by left-out coverage (split-conformal calibration; docs/validation.md#intervals):
+each record's band from the other families' (and sources') residuals, the coverage per family left out, the
+all-regime pair (choose_nominal) and the regime pools' and cells' own choices (choose_pools) that
+benchmarks/intervals.py writes into llmplan/data/residuals.json."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+
+from llmplan.intervals.bands import (LEVEL, UNCOVERED, WEIGHTINGS, Band, Choice, family_weights, nominal_of,
+                                     quantile_band, select)
+from llmplan.intervals.regimes import POOLS, cell_of, pool_of, record_regime
+
+POOL_MIN_FAMILIES = 3
+"""Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
+POOL_MIN_RECORDS = 3
+"""Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
+POOL_RULE = 2
+"""The rule the file's `pools` were chosen by (benchmarks/intervals.py writes it; its report rechooses older
+files' pools): 2 adds the regime cells (cell_of) and the choice of weighting (WEIGHTINGS)."""
+NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
+"""The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
+POOL_CHOICES: tuple[Choice, ...] = tuple((q, w) for w in WEIGHTINGS for q in NOMINAL_CHOICES)
+"""What a regime pool or cell chooses its own band from: every pair, with every run or every family alike."""
+TARGET = (0.75, 0.85)
+"""The left-out coverage an 80% interval is meant to reach (issue 33)."""
+
+LeftOut = tuple[np.ndarray, np.ndarray, bool]
+"""A record's left-out band material: the residuals select() gives it, their family weights, widened or not."""
+
+
+def source_of(record: dict[str, Any]) -> str:
+    """The source a residual's family shares with others (its `source` key: benchmarks/accuracy.py
+    SOURCE_GROUPS, docs/validation.md#lofo-source), else its family."""
+    return str(record.get("source", record["family"]))
+
+
+def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
+                   ids: set[str] | None = None) -> dict[str, LeftOut]:
+    """Per record (id; only `ids` when given): the residuals select() gives it with its own family and every
+    family of its source (source_of) left out (and `without`), their family weights (family_weights) and
+    whether its band is widened."""
+    out = {}
+    pool = [x for x in records if x["family"] != without]
+    for r in records:
+        if r["family"] == without or (ids is not None and r["id"] not in ids):
+            continue
+        others = [x for x in pool if source_of(x) != source_of(r)]
+        hits, dropped = select(others, record_regime(r), exclude_family=r["family"])
+        out[r["id"]] = (np.array([h["r"] for h in hits]), family_weights(h["family"] for h in hits),
+                        any(t in UNCOVERED for t in dropped))
+    return out
+
+
+def as_choice(x: float | Choice) -> Choice:
+    """A pair given as its central probability alone is run-weighted."""
+    return (float(x), "run") if isinstance(x, (int, float)) else (float(x[0]), str(x[1]))
+
+
+def left_out_band(material: LeftOut, choice: float | Choice) -> Band:
+    """A record's left-out band (left_out_pools) under a pair, or a (pair, weighting) choice."""
+    values, weights, widen = material
+    nominal, weighting = as_choice(choice)
+    return quantile_band(values, "", widen, nominal, weights if weighting == "family" else None)
+
+
+def coverage(records: list[dict[str, Any]],
+             nominal: float | Choice | Callable[[dict[str, Any]], float | Choice],
+             pools: dict[str, LeftOut] | None = None) -> dict[str, tuple[int, int, float]]:
+    """Per family left out: (records inside, records, median half-width as a fraction of the point) of the
+    band each of its records gets from the other families' residuals by the rule above (`nominal`: one pair or
+    (pair, weighting) choice, or the choice of each record)."""
+    pools = pools if pools is not None else left_out_pools(records)
+
+    def pair(r: dict[str, Any]) -> float | Choice:
+        return nominal(r) if callable(nominal) else nominal
+
+    out: dict[str, tuple[int, int, float]] = {}
+    for fam in sorted({r["family"] for r in records if r["id"] in pools}):
+        inside, halves = 0, []
+        mine = [r for r in records if r["family"] == fam and r["id"] in pools]
+        for r in mine:
+            b = left_out_band(pools[r["id"]], pair(r))
+            inside += int(b.lo <= r["r"] <= b.hi)
+            halves.append(float(np.exp(b.hi) - np.exp(b.lo)) / 2)
+        out[fam] = (inside, len(mine), float(np.median(halves)))
+    return out
+
+
+def median_half(records: list[dict[str, Any]], choice: float | Choice, pools: dict[str, LeftOut]) -> float:
+    """The median half-width (fraction of the point) of the left-out bands of `records` under `choice`."""
+    bands = [left_out_band(pools[r["id"]], choice) for r in records if r["id"] in pools]
+    return float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands]))
+
+
+def mean_coverage(cov: dict[str, tuple[int, int, float]]) -> float:
+    """Coverage with every family weighted alike (MPT's 216 scans count as one family)."""
+    return float(np.mean([i / n for i, n, _ in cov.values()]))
+
+
+def per_record(cov: dict[str, tuple[int, int, float]]) -> float:
+    """Coverage with every record weighted alike."""
+    return sum(c[0] for c in cov.values()) / max(1, sum(c[1] for c in cov.values()))
+
+
+def inside_target(cov: dict[str, tuple[int, int, float]]) -> bool:
+    return all(TARGET[0] <= x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
+
+
+def choose_nominal(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None) -> float:
+    """The narrowest NOMINAL_CHOICES pair (every run alike) whose left-out coverage is inside TARGET both per
+    record and with every family weighted alike; when none is, the one whose mean over families is nearest
+    LEVEL."""
+    pools = pools if pools is not None else left_out_pools(records)
+    covs = {q: coverage(records, q, pools) for q in NOMINAL_CHOICES}
+    inside = [q for q, cov in covs.items() if inside_target(cov)]
+    if inside:
+        return min(inside)
+    return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(covs[q]) - LEVEL))
+
+
+def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, LeftOut]) -> Choice | None:
+    """Of POOL_CHOICES whose left-out coverage over `records` is inside TARGET, the one with the narrowest
+    median half-width (ties: the smaller pair, then every run alike); None when none is."""
+    inside = [c for c in POOL_CHOICES if inside_target(coverage(records, c, pools))]
+    if not inside:
+        return None
+    return min(inside, key=lambda c: (round(median_half(records, c, pools), 6), c[0], WEIGHTINGS.index(c[1])))
+
+
+def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]], pools: dict[str, LeftOut],
+                     default: float) -> tuple[dict[str, tuple[int, int, float]], float]:
+    """Coverage of a pool's runs (`mine`) when each family's choice is made as choose_pools does, without that
+    family (its pool's other families; `default` where none of their choices is inside the target), and the
+    median half-width of those bands over the runs."""
+    chosen: dict[str, Choice] = {}
+    for fam in sorted({r["family"] for r in mine}):
+        rest = [r for r in mine if r["family"] != fam]
+        c = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
+        chosen[fam] = as_choice(default) if c is None else c
+    bands = [left_out_band(pools[r["id"]], chosen[r["family"]]) for r in mine if r["id"] in pools]
+    half = float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands])) if bands else 0.0
+    return coverage(mine, lambda r: chosen[r["family"]], pools), half
+
+
+def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None,
+                 default: float | None = None, nested: bool = True) -> dict[str, dict[str, Any]]:
+    """Per regime pool (POOLS) and per regime cell (cell_of: a pool on one GPU generation): its own choice, the
+    POOL_CHOICES pair and weighting of narrowest median half-width whose left-out coverage over its runs is
+    inside TARGET both per record and per family, kept only when that choice is stable: with the choice made the
+    same way without each family in turn, the coverage of the family left out (nested) is inside TARGET too.
+    None (the all-regime pair, `default`) when it has fewer than POOL_MIN_FAMILIES families of
+    POOL_MIN_RECORDS runs, no choice is inside the target, or the nested coverage is not; "why" says which.
+    Cells are listed only where some record falls in them."""
+    pools = pools if pools is not None else left_out_pools(records)
+    default = default if default is not None else choose_nominal(records, pools)
+    cells = sorted({cell_of(record_regime(r)) for r in records if r["id"] in pools})
+    out: dict[str, dict[str, Any]] = {}
+    for name in (*POOLS, *cells):
+        key = cell_of if "/" in name else pool_of
+        mine = [r for r in records if r["id"] in pools and key(record_regime(r)) == name]
+        fams = sum(n >= POOL_MIN_RECORDS for n in Counter(r["family"] for r in mine).values())
+        info: dict[str, Any] = {"nominal": None, "weighting": None, "families": fams, "records": len(mine)}
+        out[name] = info
+        if fams < POOL_MIN_FAMILIES:
+            info["why"] = (f"has {fams} famil{'y' if fams == 1 else 'ies'} of {POOL_MIN_RECORDS}+ runs (fewer than "
+                           f"{POOL_MIN_FAMILIES})")
+            continue
+        own = _narrowest_inside(mine, pools)
+        if own is None:
+            info["why"] = "has no pair whose left-out coverage is 75-85% both per run and per family"
+            continue
+        if nested:
+            cov, half = _nested_coverage(records, mine, pools, default)
+            info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
+            info["nested_half"] = round(half, 4)
+            if not inside_target(cov):
+                info["why"] = (f"has its own {100 * own[0]:g}% pair ({own[1]}-weighted), but chosen without the "
+                               f"family it scores that choice covers {100 * per_record(cov):.1f}% of the runs "
+                               f"({100 * mean_coverage(cov):.1f}% per family), outside 75-85%")
+                continue
+        info["nominal"], info["weighting"] = own
+    return out
+
+
+def pair_of(data: dict[str, Any]) -> Callable[[dict[str, Any]], Choice]:
+    """The (pair, weighting) choice each record's band takes under the file's pools and cells (nominal_of)."""
+    def choice(r: dict[str, Any]) -> Choice:
+        nominal, weighting, _, _ = nominal_of(data, record_regime(r))
+        return nominal, weighting
+
+    return choice
