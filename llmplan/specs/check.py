@@ -5,319 +5,37 @@ Each rule is a predicate written with arithmetic only, so it holds for one Paral
 for the numpy arrays of plans the search enumerates (the search counts how many plans each rule cuts).
 Search, estimate and export all call these rules. Each violation names the rule, the values and valid
 alternatives.
+
+The rules are grouped by concern in sibling modules (specs/check_heads.py: tensor- and context-parallel heads;
+check_pipeline.py: pipeline stages and schedules; check_experts.py: expert parallelism; check_switches.py:
+recompute, precision, MoE dispatcher, CUDA graphs and offload switches); RULES below assembles them in their
+order beside the sequence, batch and cluster rules, and check_plan runs them. Rule and Violation are in
+specs/rule.py. Names other modules import from here (Violation, valid_tp, divisors, balanced_split,
+accounted_split, vpp_fits, split_text) are re-exported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
-
 from llmplan.errors import bounded_list
+from llmplan.specs.check_experts import EXPERT_RULES
+from llmplan.specs.check_heads import HEAD_RULES, valid_tp
+from llmplan.specs.check_pipeline import PIPELINE_RULES
+from llmplan.specs.check_switches import SWITCH_RULES
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.pools import HeteroPlan, PoolCluster
-from llmplan.specs.schedule import schedule_of
+from llmplan.specs.rule import Rule, Violation
 from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 from llmplan.specs.stages import (  # noqa: F401  (accounted_split, balanced_split, split_text, vpp_fits: re-exported)
-    accounted_split, balanced_split, divisors, interleaving_schedules, layout_problem, no_interleave_fix,
-    pp_multiple_message, schedule_microbatches_message, schedule_microbatches_ok, split_message, split_ok, split_text,
-    vpp_fits, vpp_message, vpp_ok,
+    accounted_split, balanced_split, divisors, split_text, vpp_fits,
 )
-from llmplan.units import GIB
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule."""
-
-    rule: str
-    """Short identifier of the rule (stable; search counts pruned plans per rule)."""
-    message: str
-    """What is wrong, the values, the rule and the fix."""
-
-
-def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False) -> list[int]:
-    """TP degrees that split the query heads, split the KV heads (or, serving, replicate them: `replicate_kv`),
-    split the FFNs and a hybrid's recurrent heads and groups."""
-    a, K = m.num_attention_heads, m.kv_heads
-    ffns = [f for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f]
-    return [t for t in divisors(a) if (K % t == 0 or (replicate_kv and t % K == 0)) and all(f % t == 0 for f in ffns)
-            and (max_tp is None or t <= max_tp) and bool(_mamba_ok(m, t)) and bool(_gdn_ok(m, t))]
-
-
-Pred = Callable[[ModelSpec, Any, Any], Any]
-Msg = Callable[[ModelSpec, Any, Any], str]
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    ok: Pred
-    """True (elementwise) where the plan keeps the rule."""
-    message: Msg
-    needs_cluster: bool = False
-
-
-def _ffn_ok(m: ModelSpec, t: Any) -> Any:
-    ok = True
-    for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn):
-        if f:
-            ok = ok & (f % t == 0)
-    return ok
-
-
-def _as_bool(x: Any) -> Any:
-    """A predicate's value as a bool or bool array (so `~` negates it on both paths)."""
-    import numpy as np
-
-    return np.asarray(x, dtype=bool)
-
-
-def _absent_bf16_modules(m: ModelSpec, p: Any) -> list[str]:
-    """The plan's bf16_modules the model does not have."""
-    has = {"attention": m.num_attention_layers > 0, "latent_proj": bool(m.moe_latent_size)}
-    return [x for x in p.bf16_modules if not has.get(x, False)]
-
-
-def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
-    """Each pinned bf16 layer count within one pipeline stage's share of the layers (num_layers // pp), as
-    Megatron-Core's TransformerConfig requires; elementwise over the search's arrays."""
-    per_stage = m.num_hidden_layers // p.pp
-    return ((p.bf16_layers_start or 0) <= per_stage) & ((p.bf16_layers_end or 0) <= per_stage)
-
-
-def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
-    """The plan's recompute_modules that name a kind of layer the model lacks."""
-    has = {"mla_up_proj": m.is_mla or bool(m.q_lora_rank), "moe": m.is_moe, "moe_act": m.is_moe,
-           "shared_experts": bool(m.shared_ffn), "mhc": m.hc_mult > 1}
-    return [x for x in p.recompute_modules if not has.get(x, True)]
-
-
-def _mamba_ok(m: ModelSpec, t: Any, cp: Any = 1) -> Any:
-    """Megatron-LM's MambaMixer splits the heads and the groups over TP (both divisible by tp) and its all-to-all
-    CP splits each rank's heads over cp, the groups divided among or replicated across the cp ranks.
-    Source: Megatron-LM megatron/core/ssm/mamba_mixer.py (asserts on ngroups and nheads % tp) and
-    mamba_context_parallel.py (nheads_local_tp % cp_size; ngroups_local_tp and cp_size divide one another)."""
-    if not m.count_layers("mamba"):
-        return True
-    H, G = m.mamba_num_heads or 1, m.n_groups or 1
-    g_local = G // t
-    groups_cp = (g_local > 0) & ((g_local % cp == 0) | (cp % (g_local + (g_local == 0)) == 0))  # no 0 divisor
-    return (H % t == 0) & (G % t == 0) & ((H // t) % cp == 0) & groups_cp
-
-
-def _gdn_ok(m: ModelSpec, t: Any, cp: Any = 1) -> Any:
-    """Megatron-LM's GatedDeltaNet splits the key and value heads over TP and each rank's value heads over CP.
-    Source: Megatron-LM megatron/core/ssm/gated_delta_net.py (num_key_heads and num_value_heads % tp_size,
-    (num_value_heads // tp_size) % cp_size)."""
-    if not m.count_layers("linear_attention"):
-        return True
-    Hk, Hv = m.linear_num_key_heads or 1, m.linear_num_value_heads or 1
-    return (Hk % t == 0) & (Hv % t == 0) & ((Hv // t) % cp == 0)
-
-
-def _mixer_heads(m: ModelSpec) -> str:
-    parts = [f"mamba_num_heads {m.mamba_num_heads} and n_groups {m.n_groups}"] if m.count_layers("mamba") else []
-    if m.count_layers("linear_attention"):
-        parts.append(f"linear_num_key_heads {m.linear_num_key_heads} and linear_num_value_heads "
-                     f"{m.linear_num_value_heads}")
-    return "; ".join(parts)
-
-
-def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
-    """Offloaded activation bytes per GPU and the host bytes each GPU may take (the node's usable host memory over
-    the GPUs used of it). The bytes are priced in cost/offload.py, which imports specs: imported at call time."""
-    from llmplan.cost.offload import host_offload_bytes
-
-    usable = c.system.host_usable_bytes
-    return host_offload_bytes(m, p), (usable or 0.0) / c.gpus_per_node_used
-
-
-def _host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
-    """Offloaded activations of the node's GPUs within the usable host memory (ParallelPlan.offload_layers,
-    SystemSpec.host_memory_gb); no offload or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
-    import numpy as np
-
-    if c.system.host_usable_bytes is None or not np.any(np.asarray(p.offload_layers) > 0):
-        return True
-    used, share = _host_bytes(m, p, c)
-    return (p.pp != 1) | (used <= share)  # with pipeline stages rule offload_pp refuses the plan already
-
-
-def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
-    used, share = _host_bytes(m, p, c)
-    s, g = c.system, c.gpus_per_node_used
-    per_layer = float(used) / max(min(p.offload_layers, m.num_hidden_layers), 1)
-    most = int(share // per_layer) if per_layer > 0 else p.offload_layers
-    fix = (f"offload at most {most} layers (--offload-activations-layers {most})" if most > 0
-           else "drop --offload-activations-layers")
-    return (f"offloaded activations ({float(used) / GIB:.1f} GiB per GPU, {float(used) * g / GIB:.0f} GiB per node of "
-            f"{g} GPUs) exceed host memory ({s.host_memory_gb:g} GB per {s.name} node, "
-            f"{s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); {fix}, lower --micro-batch, "
-            "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
-         lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
-                         f"valid tp: {bounded_list(valid_tp(m))}"),
-    Rule("tp_kv_heads",
-         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0),
-         lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} (Megatron's "
-                         "num_query_groups rule: training does not replicate KV heads); valid tp: "
-                         f"{bounded_list(valid_tp(m))}"),
-    Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
-         lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
-                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f)}) "
-                         f"of {m.name}; valid tp: {bounded_list(valid_tp(m))}"),
-    Rule("tp_recurrent_heads", lambda m, p, c: _mamba_ok(m, p.tp) & _gdn_ok(m, p.tp),
-         lambda m, p, c: f"tp ({p.tp}) must divide the recurrent mixers' heads and groups ({_mixer_heads(m)}) of "
-                         f"{m.name}: Megatron-LM shards them over TP; valid tp: "
-                         f"{bounded_list(valid_tp(m))}"),
-    Rule("cp_recurrent_heads", lambda m, p, c: ~_as_bool(_mamba_ok(m, p.tp) & _gdn_ok(m, p.tp))
-         | (_mamba_ok(m, p.tp, p.cp) & _gdn_ok(m, p.tp, p.cp)),
-         lambda m, p, c: f"cp ({p.cp}) must divide each TP rank's recurrent heads ({_mixer_heads(m)}, over tp "
-                         f"{p.tp}) of {m.name}: Megatron-LM's context parallelism for Mamba-2 and Gated DeltaNet "
-                         "layers trades the sequence split for a head split (all-to-all); lower --cp"),
-    Rule("pp_layers", lambda m, p, c: split_ok(m, p), lambda m, p, c: split_message(m, p)),
-    Rule("pp_layout", lambda m, p, c: layout_problem(m, p) is None, lambda m, p, c: layout_problem(m, p) or ""),
-    Rule("schedule_no_interleave", lambda m, p, c: (p.vpp == 1) | schedule_of(p).interleaves,
-         lambda m, p, c: f"the {p.pp_schedule} schedule runs one stage per rank (vpp {p.vpp} interleaves 1F1B); "
-                         f"set vpp 1 or --pp-schedule {interleaving_schedules()}"),
-    Rule("dualpipe_even_pp", lambda m, p, c: p.pp % schedule_of(p).pp_multiple == 0,
-         lambda m, p, c: pp_multiple_message(p)),
-    Rule("schedule_microbatches", lambda m, p, c: schedule_microbatches_ok(p),
-         lambda m, p, c: schedule_microbatches_message(p)),
-    Rule("vpp_needs_pp", lambda m, p, c: (p.vpp == 1) | (p.pp > 1),
-         lambda m, p, c: f"vpp ({p.vpp}) needs pp > 1 (interleaving splits pipeline stages); set pp or vpp 1"),
-    Rule("vpp_layers", lambda m, p, c: ~_as_bool(split_ok(m, p)) | (p.pp == 1) | vpp_ok(m, p),
-         lambda m, p, c: vpp_message(m, p)),
-    # Megatron-Core's interleaved schedule runs micro-batches through the chunks in groups of pp
-    # (microbatch_group_size_per_vp_stage, default pp) and raises when the last group is partial
-    # (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving, at d98e8a6)
-    Rule("vpp_microbatches", lambda m, p, c: (p.vpp == 1) | ((p.num_microbatches >= p.pp)
-                                                             & (p.num_microbatches % p.pp == 0)),
-         lambda m, p, c: f"interleaving (vpp {p.vpp}) needs a whole number of groups of pp ({p.pp}) micro-batches "
-                         f"per step, and global_batch / (micro_batch x dp) = {p.global_batch} / ({p.micro_batch} x "
-                         f"{p.dp}) gives {p.num_microbatches} (Megatron-Core's interleaved schedule refuses a partial "
-                         f"last group); make it a multiple of {p.pp} with --global-batch or --micro-batch, or do not "
-                         f"interleave: {no_interleave_fix(p)}"),
-    Rule("ep_dense", lambda m, p, c: m.is_moe | (p.ep == 1),
-         lambda m, p, c: f"ep ({p.ep}) needs a mixture-of-experts model; {m.name} is dense: use ep 1"),
-    # A dense model has no expert layers: expert tp 1 (what MoE recipes set, and Megatron ignores) or the
-    # default (tp) is harmless; any other value describes no layer and leaves no expert group grid to place.
-    Rule("etp_dense", lambda m, p, c: m.is_moe | (p.etp_resolved == p.tp) | (p.etp_resolved == 1),
-         lambda m, p, c: f"expert tp ({p.etp_resolved}) applies to mixture-of-experts layers; {m.name} is dense: "
-                         f"drop --etp (dense layers use tp, {p.tp})"),
-    Rule("ep_experts", lambda m, p, c: (not m.is_moe) | (max(m.num_experts, 1) % p.ep == 0),
-         lambda m, p, c: f"ep ({p.ep}) must divide the {m.num_experts} experts of {m.name}; "
-                         f"valid ep: {bounded_list(divisors(m.num_experts))}"),
-    Rule("etp_ffn", lambda m, p, c: (not m.is_moe) | (m.expert_ffn % p.etp_resolved == 0),
-         lambda m, p, c: f"expert tp ({p.etp_resolved}) must divide the expert FFN width ({m.expert_ffn}) of "
-                         f"{m.name}; valid: {bounded_list(divisors(m.expert_ffn)[:8])}"),
-    Rule("expert_grid", lambda m, p, c: (not m.is_moe) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
-         lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
-                         f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
-                         f"expert tp {'defaults to tp (Megatron)' if p.etp == ETP_SAME_AS_TP else 'is set by --etp'}"
-                         ": most MoE recipes use --etp 1, or lower --ep"),
-    Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
-         lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
-                         f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
-                         "--recompute-layers"),
-    Rule("recompute_op", lambda m, p, c: (p.op == 0) | (not m.is_moe and not m.is_mla),
-         lambda m, p, c: f"recompute op (torchtitan's per-op checkpointing, priced by the order of a dense "
-                         f"layer's matmuls) is modelled for dense attention + MLP layers; {m.name} has "
-                         f"{'expert' if m.is_moe else 'MLA'} layers: use --recompute full, selective or none"),
-    Rule("recompute_op_dtype", lambda m, p, c: (p.op == 0) | (not p.low_precision),
-         lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
-                         "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
-                         "what runs; use --recompute full or none, or --dtype bf16"),
-    Rule("recompute_modules", lambda m, p, c: (not p.recompute_modules) | p.selective,
-         lambda m, p, c: f"recompute_modules ({', '.join(p.recompute_modules)}) are Megatron's selective recompute "
-                         f"modules, but the plan recomputes {p.recompute}; use "
-                         "--recompute selective or drop --recompute-modules"),
-    Rule("recompute_modules_model", lambda m, p, c: not _foreign_modules(m, p),
-         lambda m, p, c: f"recompute_modules {', '.join(_foreign_modules(m, p))} describe layers {m.name} does not "
-                         "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
-                         "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
-                         "rules); drop them from --recompute-modules"),
-    Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
-         lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
-                         "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
-    Rule("fp8_attention", lambda m, p, c: (not p.fp8_attention) | ((p.dtype == "fp8") & p.flash_attention),
-         lambda m, p, c: f"fp8_attention with dtype {p.dtype}"
-                         f"{'' if p.flash_attention else ' and unfused attention'}: FP8 dot-product attention is "
-                         "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron-Core "
-                         "TransformerConfig.fp8_dot_product_attention with fp8 set); use an fp8 --precision with "
-                         "fused attention, or drop --fp8-attention"),
-    Rule("swiglu_fp8_input", lambda m, p, c: (not p.swiglu_fp8_input) | m.gated_mlp,
-         lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
-                         "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
-                         "--swiglu-fp8-input"),
-    # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
-    # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
-    # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
-    # param type is BF16")
-    Rule("param_remainders", lambda m, p, c: (not p.param_remainders) | ((p.zero >= 1) & (p.zero <= 2)
-                                                                        & (not p.fp8_params)),
-         lambda m, p, c: f"param_remainders with zero {p.zero}{' and fp8_params' if p.fp8_params else ''}: "
-                         "Megatron-Core keeps the master as 16-bit remainders only in its distributed optimizer "
-                         "(zero 1 or 2) beside bf16 weights; "
-                         f"{'use --no-fp8-params' if p.fp8_params else 'use --zero 1'} or drop --param-remainders"),
-    Rule("bf16_layers", lambda m, p, c: (p.bf16_layers_start or 0) + (p.bf16_layers_end or 0) <= m.num_hidden_layers,
-         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) + bf16_layers_end ({p.bf16_layers_end or 0}) "
-                         f"exceeds {m.name}'s {m.num_hidden_layers} layers: the layers kept in bf16 are counted within "
-                         f"the stack; give at most {m.num_hidden_layers} in all with --bf16-layers-start / "
-                         "--bf16-layers-end"),
-    Rule("bf16_modules", lambda m, p, c: not _absent_bf16_modules(m, p),
-         lambda m, p, c: f"bf16_modules {', '.join(_absent_bf16_modules(m, p))}: {m.name} has no such module "
-                         "(attention: attention layers; latent_proj: a latent MoE, moe_latent_size); drop them "
-                         "from --bf16-modules"),
-    Rule("bf16_layers_stage", lambda m, p, c: _bf16_stage_ok(m, p),
-         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) / bf16_layers_end ({p.bf16_layers_end or 0}) "
-                         f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "
-                         f"layers / pp {p.pp}): Megatron-Core keeps each count within one stage (TransformerConfig "
-                         "num_layers_at_start_in_bf16 / _end_); lower them or use a smaller --pp"),
-    Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
-         lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
-                         "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
-                         "rule); drop --moe-capacity-factor or use --moe-dispatcher alltoall"),
-    # Megatron-Core TransformerConfig (d98e8a6): moe_expert_rank_capacity_factor, the static per-rank budget a
-    # dropless MoE layer needs inside a full-iteration graph, requires the flex dispatcher's hybridep backend;
-    # the alltoall dispatcher waits for its token counts on the host (token_dispatcher.py, cuda_sync_point)
-    Rule("cuda_graphs_moe",
-         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not m.is_moe) | (p.moe_dispatcher != "alltoall")
-         | (p.moe_capacity_factor is not None),
-         lambda m, p, c: f"cuda_graphs full-iteration with a dropless alltoall MoE dispatcher ({m.name}): the "
-                         "alltoall dispatcher copies each layer's token counts to the host and waits for them, "
-                         "which a CUDA graph cannot capture (Megatron's static per-rank budget, "
-                         "--moe-expert-rank-capacity-factor, needs the flex dispatcher); use --moe-dispatcher "
-                         "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
-    # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
-    Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
-         lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
-                         "with selective or no recompute (full recompute needs the full-iteration graph); use "
-                         "cuda_graphs full-iteration or none, or --recompute selective"),
-    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6): cpu_offloading_num_layers within [0, num_layers),
-    # no pipeline parallelism, no activation recompute, no CUDA graphs but the full-iteration one
-    Rule("offload_layers", lambda m, p, c: p.offload_layers < m.num_hidden_layers,
-         lambda m, p, c: f"offload_layers ({p.offload_layers}) must be below {m.name}'s {m.num_hidden_layers} layers: "
-                         "Megatron-Core offloads the first N layers and keeps the rest on the GPU (cpu_offloading_"
-                         f"num_layers < num_layers); use --offload-activations-layers 1 to {m.num_hidden_layers - 1}"),
-    Rule("offload_pp", lambda m, p, c: (p.offload_layers == 0) | (p.pp == 1),
-         lambda m, p, c: f"offload_layers ({p.offload_layers}) with pp {p.pp}: Megatron-Core has no activation offload "
-                         "under pipeline parallelism (TransformerConfig: 'no support for Pipeline parallelism with CPU "
-                         "offloading'); use --pp 1 or drop --offload-activations-layers"),
-    Rule("offload_recompute", lambda m, p, c: (p.offload_layers == 0) | (p.recompute_code == 0),
-         lambda m, p, c: f"offload_layers ({p.offload_layers}) with recompute {p.recompute}: Megatron-Core refuses "
-                         "activation offload with activation recomputation (TransformerConfig); use --recompute none "
-                         "or drop --offload-activations-layers"),
-    Rule("offload_cuda_graphs", lambda m, p, c: (p.offload_layers == 0) | (p.cuda_graphs != "layers"),
-         lambda m, p, c: f"offload_layers ({p.offload_layers}) with per-layer CUDA graphs: Megatron-Core supports CPU "
-                         "offloading only with the full-iteration graph (TransformerConfig); use cuda_graphs none or "
-                         "full-iteration, or drop --offload-activations-layers"),
-    Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
-         needs_cluster=True),
+    *HEAD_RULES,
+    *PIPELINE_RULES,
+    *EXPERT_RULES,
+    *SWITCH_RULES,
     Rule("sp_needs_tp", lambda m, p, c: (p.sp == 0) | (p.tp > 1),
          lambda m, p, c: "sequence parallelism (sp) needs tp > 1; use --no-sp or raise tp"),
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),

@@ -1,6 +1,7 @@
 """The pipeline-stage arithmetic of a plan and the predicates and messages of check_plan's pipeline rules
 (the uneven split, virtual stages, the schedule's micro-batches and pp multiple, a pp_layout's Megatron-LM
-rules). The rules themselves, and their order, stay in specs/check.py (RULES), which re-exports these names.
+rules). The rules themselves are in specs/check_pipeline.py and their order in specs/check.py (RULES), which
+re-exports these names.
 Each predicate is arithmetic only, so it holds for one ParallelPlan and, elementwise, for plan arrays."""
 
 from __future__ import annotations

@@ -1,0 +1,169 @@
+"""check_plan's rules on a training plan's feature switches, as Megatron-Core's TransformerConfig and optimizer
+combine them: activation recompute (recompute_layers, op, recompute_modules), precision (fp8 attention, SwiGLU
+fp8 input, parameter remainders, the layers and modules kept in bf16), the MoE dispatcher and CUDA graphs, and
+activation offload with the host memory it takes. RULES in specs/check.py runs them, in this order, after the
+expert rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.rule import Rule
+from llmplan.units import GIB
+
+
+def _absent_bf16_modules(m: ModelSpec, p: Any) -> list[str]:
+    """The plan's bf16_modules the model does not have."""
+    has = {"attention": m.num_attention_layers > 0, "latent_proj": bool(m.moe_latent_size)}
+    return [x for x in p.bf16_modules if not has.get(x, False)]
+
+
+def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
+    """Each pinned bf16 layer count within one pipeline stage's share of the layers (num_layers // pp), as
+    Megatron-Core's TransformerConfig requires; elementwise over the search's arrays."""
+    per_stage = m.num_hidden_layers // p.pp
+    return ((p.bf16_layers_start or 0) <= per_stage) & ((p.bf16_layers_end or 0) <= per_stage)
+
+
+def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
+    """The plan's recompute_modules that name a kind of layer the model lacks."""
+    has = {"mla_up_proj": m.is_mla or bool(m.q_lora_rank), "moe": m.is_moe, "moe_act": m.is_moe,
+           "shared_experts": bool(m.shared_ffn), "mhc": m.hc_mult > 1}
+    return [x for x in p.recompute_modules if not has.get(x, True)]
+
+
+def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
+    """Offloaded activation bytes per GPU and the host bytes each GPU may take (the node's usable host memory over
+    the GPUs used of it). The bytes are priced in cost/offload.py, which imports specs: imported at call time."""
+    from llmplan.cost.offload import host_offload_bytes
+
+    usable = c.system.host_usable_bytes
+    return host_offload_bytes(m, p), (usable or 0.0) / c.gpus_per_node_used
+
+
+def _host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
+    """Offloaded activations of the node's GPUs within the usable host memory (ParallelPlan.offload_layers,
+    SystemSpec.host_memory_gb); no offload or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
+    import numpy as np
+
+    if c.system.host_usable_bytes is None or not np.any(np.asarray(p.offload_layers) > 0):
+        return True
+    used, share = _host_bytes(m, p, c)
+    return (p.pp != 1) | (used <= share)  # with pipeline stages rule offload_pp refuses the plan already
+
+
+def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
+    used, share = _host_bytes(m, p, c)
+    s, g = c.system, c.gpus_per_node_used
+    per_layer = float(used) / max(min(p.offload_layers, m.num_hidden_layers), 1)
+    most = int(share // per_layer) if per_layer > 0 else p.offload_layers
+    fix = (f"offload at most {most} layers (--offload-activations-layers {most})" if most > 0
+           else "drop --offload-activations-layers")
+    return (f"offloaded activations ({float(used) / GIB:.1f} GiB per GPU, {float(used) * g / GIB:.0f} GiB per node of "
+            f"{g} GPUs) exceed host memory ({s.host_memory_gb:g} GB per {s.name} node, "
+            f"{s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); {fix}, lower --micro-batch, "
+            "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
+
+
+SWITCH_RULES: tuple[Rule, ...] = (
+    Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
+         lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
+                         f"which needs recompute full (got {p.recompute}); use --recompute full or drop "
+                         "--recompute-layers"),
+    Rule("recompute_op", lambda m, p, c: (p.op == 0) | (not m.is_moe and not m.is_mla),
+         lambda m, p, c: f"recompute op (torchtitan's per-op checkpointing, priced by the order of a dense "
+                         f"layer's matmuls) is modelled for dense attention + MLP layers; {m.name} has "
+                         f"{'expert' if m.is_moe else 'MLA'} layers: use --recompute full, selective or none"),
+    Rule("recompute_op_dtype", lambda m, p, c: (p.op == 0) | (not p.low_precision),
+         lambda m, p, c: f"recompute op with {p.dtype} matmuls: torchtitan's releases treat low-precision matmul "
+                         "outputs differently (v0.2.2 recomputes them, 0.3.0 saves them), so the plan does not say "
+                         "what runs; use --recompute full or none, or --dtype bf16"),
+    Rule("recompute_modules", lambda m, p, c: (not p.recompute_modules) | p.selective,
+         lambda m, p, c: f"recompute_modules ({', '.join(p.recompute_modules)}) are Megatron's selective recompute "
+                         f"modules, but the plan recomputes {p.recompute}; use "
+                         "--recompute selective or drop --recompute-modules"),
+    Rule("recompute_modules_model", lambda m, p, c: not _foreign_modules(m, p),
+         lambda m, p, c: f"recompute_modules {', '.join(_foreign_modules(m, p))} describe layers {m.name} does not "
+                         "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
+                         "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
+                         "rules); drop them from --recompute-modules"),
+    Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
+         lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
+                         "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
+    Rule("fp8_attention", lambda m, p, c: (not p.fp8_attention) | ((p.dtype == "fp8") & p.flash_attention),
+         lambda m, p, c: f"fp8_attention with dtype {p.dtype}"
+                         f"{'' if p.flash_attention else ' and unfused attention'}: FP8 dot-product attention is "
+                         "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron-Core "
+                         "TransformerConfig.fp8_dot_product_attention with fp8 set); use an fp8 --precision with "
+                         "fused attention, or drop --fp8-attention"),
+    Rule("swiglu_fp8_input", lambda m, p, c: (not p.swiglu_fp8_input) | m.gated_mlp,
+         lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
+                         "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
+                         "--swiglu-fp8-input"),
+    # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
+    # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
+    # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
+    # param type is BF16")
+    Rule("param_remainders", lambda m, p, c: (not p.param_remainders) | ((p.zero >= 1) & (p.zero <= 2)
+                                                                        & (not p.fp8_params)),
+         lambda m, p, c: f"param_remainders with zero {p.zero}{' and fp8_params' if p.fp8_params else ''}: "
+                         "Megatron-Core keeps the master as 16-bit remainders only in its distributed optimizer "
+                         "(zero 1 or 2) beside bf16 weights; "
+                         f"{'use --no-fp8-params' if p.fp8_params else 'use --zero 1'} or drop --param-remainders"),
+    Rule("bf16_layers", lambda m, p, c: (p.bf16_layers_start or 0) + (p.bf16_layers_end or 0) <= m.num_hidden_layers,
+         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) + bf16_layers_end ({p.bf16_layers_end or 0}) "
+                         f"exceeds {m.name}'s {m.num_hidden_layers} layers: the layers kept in bf16 are counted within "
+                         f"the stack; give at most {m.num_hidden_layers} in all with --bf16-layers-start / "
+                         "--bf16-layers-end"),
+    Rule("bf16_modules", lambda m, p, c: not _absent_bf16_modules(m, p),
+         lambda m, p, c: f"bf16_modules {', '.join(_absent_bf16_modules(m, p))}: {m.name} has no such module "
+                         "(attention: attention layers; latent_proj: a latent MoE, moe_latent_size); drop them "
+                         "from --bf16-modules"),
+    Rule("bf16_layers_stage", lambda m, p, c: _bf16_stage_ok(m, p),
+         lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) / bf16_layers_end ({p.bf16_layers_end or 0}) "
+                         f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "
+                         f"layers / pp {p.pp}): Megatron-Core keeps each count within one stage (TransformerConfig "
+                         "num_layers_at_start_in_bf16 / _end_); lower them or use a smaller --pp"),
+    Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
+         lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
+                         "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
+                         "rule); drop --moe-capacity-factor or use --moe-dispatcher alltoall"),
+    # Megatron-Core TransformerConfig (d98e8a6): moe_expert_rank_capacity_factor, the static per-rank budget a
+    # dropless MoE layer needs inside a full-iteration graph, requires the flex dispatcher's hybridep backend;
+    # the alltoall dispatcher waits for its token counts on the host (token_dispatcher.py, cuda_sync_point)
+    Rule("cuda_graphs_moe",
+         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not m.is_moe) | (p.moe_dispatcher != "alltoall")
+         | (p.moe_capacity_factor is not None),
+         lambda m, p, c: f"cuda_graphs full-iteration with a dropless alltoall MoE dispatcher ({m.name}): the "
+                         "alltoall dispatcher copies each layer's token counts to the host and waits for them, "
+                         "which a CUDA graph cannot capture (Megatron's static per-rank budget, "
+                         "--moe-expert-rank-capacity-factor, needs the flex dispatcher); use --moe-dispatcher "
+                         "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
+    # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
+    Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
+         lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
+                         "with selective or no recompute (full recompute needs the full-iteration graph); use "
+                         "cuda_graphs full-iteration or none, or --recompute selective"),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6): cpu_offloading_num_layers within [0, num_layers),
+    # no pipeline parallelism, no activation recompute, no CUDA graphs but the full-iteration one
+    Rule("offload_layers", lambda m, p, c: p.offload_layers < m.num_hidden_layers,
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) must be below {m.name}'s {m.num_hidden_layers} layers: "
+                         "Megatron-Core offloads the first N layers and keeps the rest on the GPU (cpu_offloading_"
+                         f"num_layers < num_layers); use --offload-activations-layers 1 to {m.num_hidden_layers - 1}"),
+    Rule("offload_pp", lambda m, p, c: (p.offload_layers == 0) | (p.pp == 1),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with pp {p.pp}: Megatron-Core has no activation offload "
+                         "under pipeline parallelism (TransformerConfig: 'no support for Pipeline parallelism with CPU "
+                         "offloading'); use --pp 1 or drop --offload-activations-layers"),
+    Rule("offload_recompute", lambda m, p, c: (p.offload_layers == 0) | (p.recompute_code == 0),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with recompute {p.recompute}: Megatron-Core refuses "
+                         "activation offload with activation recomputation (TransformerConfig); use --recompute none "
+                         "or drop --offload-activations-layers"),
+    Rule("offload_cuda_graphs", lambda m, p, c: (p.offload_layers == 0) | (p.cuda_graphs != "layers"),
+         lambda m, p, c: f"offload_layers ({p.offload_layers}) with per-layer CUDA graphs: Megatron-Core supports CPU "
+                         "offloading only with the full-iteration graph (TransformerConfig); use cuda_graphs none or "
+                         "full-iteration, or drop --offload-activations-layers"),
+    Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
+         needs_cluster=True),
+)
