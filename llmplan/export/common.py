@@ -6,6 +6,7 @@ from typing import Any
 
 from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
+from llmplan.cost.compute import runs_per_expert
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
 from llmplan.specs.layout import format_layout
@@ -168,7 +169,7 @@ def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     eager = ((m.is_moe and m.gated_mlp and m.swiglu_limit is not None and not p.glu_clamp_fusion)
              or (m.is_moe and m.mlp_bias and not p.expert_bias_fusion))
     notes = []
-    if why and p.etp_resolved > 1 and p.tp_impl == "megatron":  # priced so (cost.compute.runs_per_expert)
+    if why and runs_per_expert(p):  # priced as it runs
         notes.append(f"note: Megatron-Core's fused grouped MLP cannot run here ({why}), so this runs "
                      "TEGroupedMLP, one GEMM per local expert, as priced")
     elif why:
