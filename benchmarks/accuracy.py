@@ -112,7 +112,8 @@ ASSUMPTIONS = {
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
                 "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
                 "skipped (PEFT not modelled); predicts model TFLOP/s per GPU",
-    "megatron2020": "A100 rows only (no V100 profile): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
+    "megatron2020": "A100 rows only (no V100 profile), on A100 40GB (the records' gpu: the table of 2020-09-11 "
+                    "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
