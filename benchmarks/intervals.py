@@ -242,18 +242,20 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
 
 def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, float]]:
     """Per family: the coverage it gets when the quantile pairs (the all-regime one and the pools' own) are
-    themselves chosen without it (choose_nominal, choose_pools on the other families), with those pairs:
-    (inside, records, median half-width, the all-regime pair)."""
+    themselves chosen without its whole source (every family of its SOURCE_GROUPS group: choose_nominal,
+    choose_pools on the other sources' runs, their bands drawn without it too), with those pairs: (inside,
+    records, median half-width, the all-regime pair)."""
     pools = iv.left_out_pools(training)
     out = {}
-    for fam in sorted({r["family"] for r in training}):
-        others = [r for r in training if r["family"] != fam]
-        without = iv.left_out_pools(training, without=fam)
+    for src in sorted({iv.source_of(r) for r in training}):
+        others = [r for r in training if iv.source_of(r) != src]
+        without = iv.left_out_pools(training, without=src)
         nominal = iv.choose_nominal(others, without)
         pair = iv.pair_of({"nominal": nominal, "pools": iv.choose_pools(others, without, nominal)})
-        inside, n, half = iv.coverage([r for r in training if r["family"] == fam], pair, pools)[fam]
-        out[fam] = (inside, n, half, nominal)
-    return out
+        mine = [r for r in training if iv.source_of(r) == src]
+        for fam, (inside, n, half) in iv.coverage(mine, pair, pools).items():
+            out[fam] = (inside, n, half, nominal)
+    return dict(sorted(out.items()))
 
 
 def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice]) -> dict[str, tuple[bool, float]]:
@@ -331,7 +333,7 @@ def report(doc: dict, nested: bool = True) -> None:
     if nested:
         nest = nested_coverage(training)
         inside, n = sum(c[0] for c in nest.values()), sum(c[1] for c in nest.values())
-        print(f"nested (the pairs chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
+        print(f"nested (the pairs chosen without the source it scores): {100 * inside / n:.1f}% of {n} records, "
               f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; all-regime "
               "pairs chosen " + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
 
