@@ -267,6 +267,16 @@ def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice])
     return out
 
 
+def _by_source(training: list[dict], bands: dict[str, tuple[bool, float]]) -> str:
+    """Coverage per source (llmplan.intervals.source_of: what each band leaves out) of `training`'s runs, inside
+    / runs each, and the mean over sources."""
+    by: dict[str, list[bool]] = {}
+    for r in training:
+        by.setdefault(iv.source_of(r), []).append(bands[r["id"]][0])
+    return (", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in sorted(by.items()))
+            + f" (mean over sources {100 * statistics.mean(statistics.mean(v) for v in by.values()):.1f}%)")
+
+
 def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
     """Per regime pool (llmplan.intervals.POOLS) and cell (a pool on one GPU generation): its choice (its own pair
     and weighting, or the all-regime pair it falls back to), and its left-out coverage and median half-width
@@ -330,6 +340,7 @@ def report(doc: dict, nested: bool = True) -> None:
     print(f"  {'family':16s} {'inside':>7s} {'records':>8s} {'coverage':>9s} {'median half-width':>18s}")
     for fam, (inside, n, half) in cov.items():
         print(f"  {fam:16s} {inside:7d} {n:8d} {100 * inside / n:8.1f}% {100 * half:17.1f}%")
+    print("per source (the unit each band leaves out): " + _by_source(training, bands))
     if nested:
         nest = nested_coverage(training)
         inside, n = sum(c[0] for c in nest.values()), sum(c[1] for c in nest.values())
@@ -351,7 +362,8 @@ def report(doc: dict, nested: bool = True) -> None:
             print(f"dense Megatron-style training on {label} ({len(halves)} records, "
                   f"{len({r['family'] for r in training if dense_megatron(r) and keep(r)})} families, each left "
                   f"out): median half-width {100 * statistics.median(halves):.1f}% (target <= 12%), coverage "
-                  f"{100 * statistics.mean(inside):.1f}%")
+                  f"{100 * statistics.mean(inside):.1f}%; per source "
+                  + _by_source([r for r in training if dense_megatron(r) and keep(r)], bands))
     res = doc["resolution"]
     print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs of layouts in "
           f"{res['groups']} jobs measured in two or more layouts (each job alike): "
