@@ -325,7 +325,7 @@ def report(doc: dict, nested: bool = True) -> None:
     pair = iv.pair_of(doc)
     bands = _bands(training, pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
-          "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
+          "built\nfrom the other sources' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
           "per\nfamily, else the one nearest 80% over families):")
     for q in iv.NOMINAL_CHOICES:
