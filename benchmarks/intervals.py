@@ -242,18 +242,20 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
 
 def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, float]]:
     """Per family: the coverage it gets when the quantile pairs (the all-regime one and the pools' own) are
-    themselves chosen without it (choose_nominal, choose_pools on the other families), with those pairs:
-    (inside, records, median half-width, the all-regime pair)."""
+    themselves chosen without its whole source (every family of its SOURCE_GROUPS group: choose_nominal,
+    choose_pools on the other sources' runs, their bands drawn without it too), with those pairs: (inside,
+    records, median half-width, the all-regime pair)."""
     pools = iv.left_out_pools(training)
     out = {}
-    for fam in sorted({r["family"] for r in training}):
-        others = [r for r in training if r["family"] != fam]
-        without = iv.left_out_pools(training, without=fam)
+    for src in sorted({iv.source_of(r) for r in training}):
+        others = [r for r in training if iv.source_of(r) != src]
+        without = iv.left_out_pools(training, without=src)
         nominal = iv.choose_nominal(others, without)
         pair = iv.pair_of({"nominal": nominal, "pools": iv.choose_pools(others, without, nominal)})
-        inside, n, half = iv.coverage([r for r in training if r["family"] == fam], pair, pools)[fam]
-        out[fam] = (inside, n, half, nominal)
-    return out
+        mine = [r for r in training if iv.source_of(r) == src]
+        for fam, (inside, n, half) in iv.coverage(mine, pair, pools).items():
+            out[fam] = (inside, n, half, nominal)
+    return dict(sorted(out.items()))
 
 
 def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice]) -> dict[str, tuple[bool, float]]:
@@ -263,6 +265,16 @@ def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice])
         b = iv.left_out_band(pools[r["id"]], pair(r))
         out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
     return out
+
+
+def _by_source(training: list[dict], bands: dict[str, tuple[bool, float]]) -> str:
+    """Coverage per source (llmplan.intervals.source_of: what each band leaves out) of `training`'s runs, inside
+    / runs each, and the mean over sources."""
+    by: dict[str, list[bool]] = {}
+    for r in training:
+        by.setdefault(iv.source_of(r), []).append(bands[r["id"]][0])
+    return (", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in sorted(by.items()))
+            + f" (mean over sources {100 * statistics.mean(statistics.mean(v) for v in by.values()):.1f}%)")
 
 
 def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
@@ -313,7 +325,7 @@ def report(doc: dict, nested: bool = True) -> None:
     pair = iv.pair_of(doc)
     bands = _bands(training, pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
-          "built\nfrom the other families' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
+          "built\nfrom the other sources' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
           "per\nfamily, else the one nearest 80% over families):")
     for q in iv.NOMINAL_CHOICES:
@@ -328,10 +340,11 @@ def report(doc: dict, nested: bool = True) -> None:
     print(f"  {'family':16s} {'inside':>7s} {'records':>8s} {'coverage':>9s} {'median half-width':>18s}")
     for fam, (inside, n, half) in cov.items():
         print(f"  {fam:16s} {inside:7d} {n:8d} {100 * inside / n:8.1f}% {100 * half:17.1f}%")
+    print("per source (the unit each band leaves out): " + _by_source(training, bands))
     if nested:
         nest = nested_coverage(training)
         inside, n = sum(c[0] for c in nest.values()), sum(c[1] for c in nest.values())
-        print(f"nested (the pairs chosen without the family it scores): {100 * inside / n:.1f}% of {n} records, "
+        print(f"nested (the pairs chosen without the source it scores): {100 * inside / n:.1f}% of {n} records, "
               f"mean over families {100 * statistics.mean(c[0] / c[1] for c in nest.values()):.1f}%; all-regime "
               "pairs chosen " + ", ".join(f"{f} {c[3]:g}" for f, c in nest.items()))
 
@@ -349,7 +362,8 @@ def report(doc: dict, nested: bool = True) -> None:
             print(f"dense Megatron-style training on {label} ({len(halves)} records, "
                   f"{len({r['family'] for r in training if dense_megatron(r) and keep(r)})} families, each left "
                   f"out): median half-width {100 * statistics.median(halves):.1f}% (target <= 12%), coverage "
-                  f"{100 * statistics.mean(inside):.1f}%")
+                  f"{100 * statistics.mean(inside):.1f}%; per source "
+                  + _by_source([r for r in training if dense_megatron(r) and keep(r)], bands))
     res = doc["resolution"]
     print(f"\ntie resolution: {res['quantile']} quantile of |r_i - r_j| over {res['pairs']} pairs of layouts in "
           f"{res['groups']} jobs measured in two or more layouts (each job alike): "

@@ -441,3 +441,33 @@ def test_left_out_bands_leave_the_whole_source_out():
     untagged = [{k: v for k, v in r.items() if k != "source"} for r in recs]
     pools = iv.left_out_pools(untagged)
     assert len(pools["bridge-0"][0]) == 24 and iv.coverage(untagged, 0.8, pools)["bridge"][0] > 0
+
+
+def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
+    # docs/validation.md#intervals-source-nested: the choice that scores a family is made without every family of
+    # its source (bridge and mbridge-dense are two releases of one source), and their residuals leave the bands
+    # of that choice too; a file without sources leaves out the family alone, as before.
+    rng = np.random.default_rng(5)
+    recs = ([{**_rec(f, 0.1 + x, i), "source": "mb"} for f in ("bridge", "mbridge-dense")
+             for i, x in enumerate(rng.normal(0, 0.03, 6))]
+            + [{**_rec(f, x, i), "source": f} for f in "abc" for i, x in enumerate(rng.normal(0, 0.03, 6))])
+    without = iv.left_out_pools(recs, without="mb")
+    assert not any(i.startswith(("bridge", "mbridge")) for i in without)
+    assert all(len(v[0]) == 12 for v in without.values())  # each band: the two other plain sources' runs
+    seen: list[set[str]] = []
+    real = conformal._narrowest_inside
+
+    def spy(rest, pools):
+        seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in pools})
+        return real(rest, pools)
+
+    monkeypatch.setattr(conformal, "_narrowest_inside", spy)
+    mine = [r for r in recs]
+    conformal._nested_coverage(recs, mine, iv.left_out_pools(recs), 0.9)
+    assert len(seen) == 4  # one choice per source: mb, a, b, c
+    assert sum(not ({"bridge", "mbridge-dense"} & s) for s in seen) == 1  # the one scoring mb has neither
+    assert all({"bridge", "mbridge-dense"} <= s for s in seen if s & {"bridge", "mbridge-dense"})
+    untagged = [{k: v for k, v in r.items() if k != "source"} for r in recs]
+    seen.clear()
+    conformal._nested_coverage(untagged, untagged, iv.left_out_pools(untagged), 0.9)
+    assert len(seen) == 5  # one per family

@@ -18,9 +18,10 @@ POOL_MIN_FAMILIES = 3
 """Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
 POOL_MIN_RECORDS = 3
 """Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
-POOL_RULE = 2
+POOL_RULE = 3
 """The rule the file's `pools` were chosen by (benchmarks/intervals.py writes it; its report rechooses older
-files' pools): 2 adds the regime cells (cell_of) and the choice of weighting (WEIGHTINGS)."""
+files' pools): 2 adds the regime cells (cell_of) and the choice of weighting (WEIGHTINGS); 3 makes the nested
+check leave out the whole source (source_of), not only the family."""
 NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
 """The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
 POOL_CHOICES: tuple[Choice, ...] = tuple((q, w) for w in WEIGHTINGS for q in NOMINAL_CHOICES)
@@ -41,12 +42,13 @@ def source_of(record: dict[str, Any]) -> str:
 def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
                    ids: set[str] | None = None) -> dict[str, LeftOut]:
     """Per record (id; only `ids` when given): the residuals select() gives it with its own family and every
-    family of its source (source_of) left out (and `without`), their family weights (family_weights) and
-    whether its band is widened."""
+    family of its source (source_of) left out, their family weights (family_weights) and whether its band is
+    widened; `without` is a source (source_of: a family in a file without sources) whose every family is left
+    out of the records and of their bands, as if it were unpublished."""
     out = {}
-    pool = [x for x in records if x["family"] != without]
+    pool = [x for x in records if source_of(x) != without]
     for r in records:
-        if r["family"] == without or (ids is not None and r["id"] not in ids):
+        if source_of(r) == without or (ids is not None and r["id"] not in ids):
             continue
         others = [x for x in pool if source_of(x) != source_of(r)]
         hits, dropped = select(others, record_regime(r), exclude_family=r["family"])
@@ -133,17 +135,18 @@ def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, LeftOut]) 
 
 def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]], pools: dict[str, LeftOut],
                      default: float) -> tuple[dict[str, tuple[int, int, float]], float]:
-    """Coverage of a pool's runs (`mine`) when each family's choice is made as choose_pools does, without that
-    family (its pool's other families; `default` where none of their choices is inside the target), and the
-    median half-width of those bands over the runs."""
+    """Coverage of a pool's runs (`mine`) when the choice that scores each family is made as choose_pools does,
+    without every family of its source (source_of: the pool's runs of other sources, their bands drawn without
+    that source either; `default` where none of their choices is inside the target), and the median half-width
+    of those bands over the runs."""
     chosen: dict[str, Choice] = {}
-    for fam in sorted({r["family"] for r in mine}):
-        rest = [r for r in mine if r["family"] != fam]
-        c = _narrowest_inside(rest, left_out_pools(records, fam, {r["id"] for r in rest}))
-        chosen[fam] = as_choice(default) if c is None else c
-    bands = [left_out_band(pools[r["id"]], chosen[r["family"]]) for r in mine if r["id"] in pools]
+    for src in sorted({source_of(r) for r in mine}):
+        rest = [r for r in mine if source_of(r) != src]
+        c = _narrowest_inside(rest, left_out_pools(records, src, {r["id"] for r in rest})) if rest else None
+        chosen[src] = as_choice(default) if c is None else c
+    bands = [left_out_band(pools[r["id"]], chosen[source_of(r)]) for r in mine if r["id"] in pools]
     half = float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands])) if bands else 0.0
-    return coverage(mine, lambda r: chosen[r["family"]], pools), half
+    return coverage(mine, lambda r: chosen[source_of(r)], pools), half
 
 
 def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None,
@@ -151,7 +154,8 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
     """Per regime pool (POOLS) and per regime cell (cell_of: a pool on one GPU generation): its own choice, the
     POOL_CHOICES pair and weighting of narrowest median half-width whose left-out coverage over its runs is
     inside TARGET both per record and per family, kept only when that choice is stable: with the choice made the
-    same way without each family in turn, the coverage of the family left out (nested) is inside TARGET too.
+    same way without each source in turn (every family of it: source_of), the coverage of the runs left out
+    (nested, per run and per family) is inside TARGET too.
     None (the all-regime pair, `default`) when it has fewer than POOL_MIN_FAMILIES families of
     POOL_MIN_RECORDS runs, no choice is inside the target, or the nested coverage is not; "why" says which.
     Cells are listed only where some record falls in them."""
@@ -179,7 +183,7 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
             info["nested_half"] = round(half, 4)
             if not inside_target(cov):
                 info["why"] = (f"has its own {100 * own[0]:g}% pair ({own[1]}-weighted), but chosen without the "
-                               f"family it scores that choice covers {100 * per_record(cov):.1f}% of the runs "
+                               f"source it scores that choice covers {100 * per_record(cov):.1f}% of the runs "
                                f"({100 * mean_coverage(cov):.1f}% per family), outside 75-85%")
                 continue
         info["nominal"], info["weighting"] = own
