@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import maximum, where
-from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.flops import attention_head_dims, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -87,6 +87,59 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     whole = passes(N, N, N * (N + 1) / 2, N, N)  # one causal call over s
     useful = 3 * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
     return useful / plan.cp / where(plan.cp > 1, ring, whole)
+
+
+def window_call_tiles(N: Any, j: Any) -> Any:
+    """Key tiles (per head and sequence) a causal sliding-window call of N query tiles computes when a query
+    tile's window spans j key tiles: query tile i runs min(i + 1, j) of them, N·j - j(j - 1)/2 in all (j <= N).
+    In backward each key tile runs over the same number of query tiles. Derived:
+    docs/formulas.md#compute.window_attention"""
+    return N * j - j * (j - 1) / 2
+
+
+def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """A sliding-window layer's fused attention rate over the kernel's asymptote at cp = 1 (the windowed
+    counterpart of attention_rate_ratio's causal call). With Transformer Engine's window (w - 1, 0) query q sees
+    keys q - w + 1 .. q, so a query tile of T rows spans j = ceil((w - 1)/T) + 1 key tiles (2 at w = 128), the
+    tiles at both ends partly masked but computed whole; a forward CTA loops over j key tiles (a backward CTA
+    over j query tiles) and pays the kernel's fixed work (ATTENTION_FIXED_KEYS) once, so a short window runs far
+    below the asymptote: at w = T about a quarter of it on H100's FA3 constants. The asymptote does the
+    s·(w - w²/2s) useful (query, key) pairs per head at one tile iteration per SM. w >= s gives the causal
+    call's ratio. Source: Dao 2023, FlashAttention-2 §3.2 (one CTA per query block, blocks outside the mask
+    skipped, boundary blocks masked); NVIDIA/TransformerEngine transformer_engine/pytorch/attention/
+    dot_product_attention/utils.py at v2.9 (window_size: keys [i - window_size[0], i + window_size[1]]);
+    NVIDIA-NeMo/Megatron-Bridge models/gpt_oss/gpt_oss_bridge.py at v0.4.0 (window_size (sliding_window - 1, 0)).
+    Derived: docs/formulas.md#compute.window_attention"""
+    sms, T = gpu.sm_count, ATTENTION_TILE
+    w = float(m.sliding_window or 0)
+    s = np.asarray(plan.seq_len, dtype=float)
+    H = plan.micro_batch * m.num_attention_heads / plan.tp
+    N = np.ceil(s / T)
+    j = np.minimum(np.ceil((w - 1) / T) + 1, N)
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
+    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    work = window_call_tiles(N, j) * H
+    time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
+    mean_keys = np.where(w < s, w - w * w / (2 * s), s / 2)  # keys a query sees, on average (attention_keys / 2)
+    return 3 * H * (s / T) * (mean_keys / T) / sms / time
+
+
+def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any) -> Any:
+    """The rate of one layer's attention FLOPs (layer_flops(...).attention) over the kernel's asymptote: the
+    FLOP-weighted harmonic mean of the sliding-window layers' window_rate_ratio over their share of those
+    FLOPs (window_keys) and attention_rate_ratio over the rest. With context parallelism every call is priced
+    as attention_rate_ratio's ring (a window inside the ring's calls is not modelled). Derived:
+    docs/formulas.md#compute.window_attention"""
+    full = attention_rate_ratio(m, plan, gpu)
+    keys = window_keys(m, plan.seq_len)
+    if not np.any(keys):
+        return full
+    qk, v = attention_head_dims(m)
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    windowed = 2 * T * keys * m.num_attention_heads * (qk + v) / plan.tp
+    share = where(plan.cp > 1, 0.0, windowed / maximum(attention_flops, 1.0))
+    return 1.0 / ((1.0 - share) / full + share / window_rate_ratio(m, plan, gpu))
 
 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
