@@ -153,7 +153,7 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
+    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 
@@ -196,6 +196,20 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     qk, v = attention_head_dims(m)
     d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
     return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
+
+
+def exp_bound_softmax_head_dim(d0: float, gpu: GpuSpec) -> float:
+    """The head dimension at which a fused kernel's per-pair softmax work takes as long as its 4d matmul FLOPs
+    on a GPU whose exponentials run slower against its tensor cores than where d0 was measured (H100): the
+    softmax's share of a pair's time at d = 128 grows from d0/(128 + d0) until the whole pair takes 1/r as long
+    (r = GpuSpec.softmax_attention_ratio), so d0' = (128 + d0)/r - 128 (103 on B200 / GB200 from d0 = 43 and
+    r = 1/1.35; d0 where r = 1). At d = 128 the rate is r times H100's, as before; at d = 64 it falls further
+    (0.69 of d = 128 on B200 instead of 0.80), at d > 128 less. Check: B200's dense bf16 peak per SM is about 2x
+    H100's (2.25 PFLOP/s on 148 SMs against 0.99 on 132, at similar clocks) at the same 16 exp2 per SM and
+    clock (CUDA C++ Programming Guide, arithmetic instruction throughput, compute capabilities 9.0 and 10.0),
+    so the exponentials alone take d0 to about 2 x 43 = 86. Derived: docs/formulas.md#compute.attention"""
+    r = gpu.softmax_attention_ratio
+    return (128.0 + d0) / r - 128.0
 
 
 def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
