@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import maximum, where
-from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.flops import attention_head_dims, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -89,6 +89,59 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     return useful / plan.cp / where(plan.cp > 1, ring, whole)
 
 
+def window_call_tiles(N: Any, j: Any) -> Any:
+    """Key tiles (per head and sequence) a causal sliding-window call of N query tiles computes when a query
+    tile's window spans j key tiles: query tile i runs min(i + 1, j) of them, N·j - j(j - 1)/2 in all (j <= N).
+    In backward each key tile runs over the same number of query tiles. Derived:
+    docs/formulas.md#compute.window_attention"""
+    return N * j - j * (j - 1) / 2
+
+
+def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """A sliding-window layer's fused attention rate over the kernel's asymptote at cp = 1 (the windowed
+    counterpart of attention_rate_ratio's causal call). With Transformer Engine's window (w - 1, 0) query q sees
+    keys q - w + 1 .. q, so a query tile of T rows spans j = ceil((w - 1)/T) + 1 key tiles (2 at w = 128), the
+    tiles at both ends partly masked but computed whole; a forward CTA loops over j key tiles (a backward CTA
+    over j query tiles) and pays the kernel's fixed work (ATTENTION_FIXED_KEYS) once, so a short window runs far
+    below the asymptote: at w = T about a quarter of it on H100's FA3 constants. The asymptote does the
+    s·(w - w²/2s) useful (query, key) pairs per head at one tile iteration per SM. w >= s gives the causal
+    call's ratio. Source: Dao 2023, FlashAttention-2 §3.2 (one CTA per query block, blocks outside the mask
+    skipped, boundary blocks masked); NVIDIA/TransformerEngine transformer_engine/pytorch/attention/
+    dot_product_attention/utils.py at v2.9 (window_size: keys [i - window_size[0], i + window_size[1]]);
+    NVIDIA-NeMo/Megatron-Bridge models/gpt_oss/gpt_oss_bridge.py at v0.4.0 (window_size (sliding_window - 1, 0)).
+    Derived: docs/formulas.md#compute.window_attention"""
+    sms, T = gpu.sm_count, ATTENTION_TILE
+    w = float(m.sliding_window or 0)
+    s = np.asarray(plan.seq_len, dtype=float)
+    H = plan.micro_batch * m.num_attention_heads / plan.tp
+    N = np.ceil(s / T)
+    j = np.minimum(np.ceil((w - 1) / T) + 1, N)
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
+    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    work = window_call_tiles(N, j) * H
+    time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
+    mean_keys = np.where(w < s, w - w * w / (2 * s), s / 2)  # keys a query sees, on average (attention_keys / 2)
+    return 3 * H * (s / T) * (mean_keys / T) / sms / time
+
+
+def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any) -> Any:
+    """The rate of one layer's attention FLOPs (layer_flops(...).attention) over the kernel's asymptote: the
+    FLOP-weighted harmonic mean of the sliding-window layers' window_rate_ratio over their share of those
+    FLOPs (window_keys) and attention_rate_ratio over the rest. With context parallelism every call is priced
+    as attention_rate_ratio's ring (a window inside the ring's calls is not modelled). Derived:
+    docs/formulas.md#compute.window_attention"""
+    full = attention_rate_ratio(m, plan, gpu)
+    keys = window_keys(m, plan.seq_len)
+    if not np.any(keys):
+        return full
+    qk, v = attention_head_dims(m)
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    windowed = 2 * T * keys * m.num_attention_heads * (qk + v) / plan.tp
+    share = where(plan.cp > 1, 0.0, windowed / maximum(attention_flops, 1.0))
+    return 1.0 / ((1.0 - share) / full + share / window_rate_ratio(m, plan, gpu))
+
+
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
     native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
@@ -100,7 +153,7 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, d0)
+    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 
@@ -143,6 +196,20 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     qk, v = attention_head_dims(m)
     d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
     return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
+
+
+def exp_bound_softmax_head_dim(d0: float, gpu: GpuSpec) -> float:
+    """The head dimension at which a fused kernel's per-pair softmax work takes as long as its 4d matmul FLOPs
+    on a GPU whose exponentials run slower against its tensor cores than where d0 was measured (H100): the
+    softmax's share of a pair's time at d = 128 grows from d0/(128 + d0) until the whole pair takes 1/r as long
+    (r = GpuSpec.softmax_attention_ratio), so d0' = (128 + d0)/r - 128 (103 on B200 / GB200 from d0 = 43 and
+    r = 1/1.35; d0 where r = 1). At d = 128 the rate is r times H100's, as before; at d = 64 it falls further
+    (0.69 of d = 128 on B200 instead of 0.80), at d > 128 less. Check: B200's dense bf16 peak per SM is about 2x
+    H100's (2.25 PFLOP/s on 148 SMs against 0.99 on 132, at similar clocks) at the same 16 exp2 per SM and
+    clock (CUDA C++ Programming Guide, arithmetic instruction throughput, compute capabilities 9.0 and 10.0),
+    so the exponentials alone take d0 to about 2 x 43 = 86. Derived: docs/formulas.md#compute.attention"""
+    r = gpu.softmax_attention_ratio
+    return (128.0 + d0) / r - 128.0
 
 
 def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:

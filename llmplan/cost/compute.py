@@ -23,7 +23,10 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     attention_rate_ratio,
     fp8_attention_ratio,
     head_dim_attention_ratio,
+    layer_attention_rate_ratio,
     unaligned_bmm_ratio,
+    window_call_tiles,
+    window_rate_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
@@ -166,12 +169,14 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
     so computed once per plan arrays."""
     def compute() -> tuple[Any, Any, Any]:
-        split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)  # the calls' length
+        flops = layer_flops(m, plan, moe)
+        # the calls' length, and the sliding-window layers' short calls
+        split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, flops.attention), 1.0)
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
         launches = expert_gemm_seconds(m, plan) if moe else 0.0
-        return (layer_gemm_seconds(m, plan, gpu, moe), layer_flops(m, plan, moe).attention / peak_attn,
+        return (layer_gemm_seconds(m, plan, gpu, moe), flops.attention / peak_attn,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)

@@ -116,6 +116,18 @@ def attention_keys(m: ModelSpec, s: Any) -> Any:
     return (sum(counted, 0.0 * s) + compressed) / m.num_hidden_layers
 
 
+def window_keys(m: ModelSpec, s: Any) -> Any:
+    """The part of attention_keys (the same count, averaged over the layers) that the sliding-window layers
+    contribute, 2w - w²/s each (s when w >= s): the layers whose fused kernel runs one windowed causal call
+    (cost.attention_rate.window_rate_ratio). 0 for DeepSeek-V4, whose window keys join the compressed ones in
+    one sparse call (cost.compressed), and without sliding layers. Derived: docs/formulas.md#compute.window_attention"""
+    w, n = m.sliding_window, m.count_layers("sliding_attention")
+    if not w or not n or m.is_dsa or m.compressed_layers:
+        return 0.0 * np.asarray(s, dtype=float)
+    s = np.asarray(s, dtype=float)
+    return n * np.where(w < s, 2.0 * w - w * w / s, s) / m.num_hidden_layers
+
+
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t."""
     return 2 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size * m.vocab_size / plan.tp

@@ -12,14 +12,33 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.compute import (KERNEL_LAUNCH_S, TILE, attention_head_dims, attention_shapes,
-                                  head_dim_attention_ratio, moe_routing_bytes)
+from llmplan.cost.attention_rate import exp_bound_softmax_head_dim
+from llmplan.cost.compute import (
+    KERNEL_LAUNCH_S,
+    TILE,
+    attention_head_dims,
+    attention_shapes,
+    head_dim_attention_ratio,
+    moe_routing_bytes,
+)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.params import expert_params, padded_vocab
-from llmplan.cost.serve_memory import ENGINES, serve_weight_bytes, weight_bytes_per_param
-from llmplan.cost.serve_moe import (COMBINE_BYTES, comm_sm_slowdown, deepep_exchange_seconds,
-                                    dispatch_bytes_per_element, expert_token_factor, overlapped_step,
-                                    redundant_expert_params, serve_ep_imbalance, tbo_prefill_seconds)
+from llmplan.cost.serve_memory import (
+    ENGINES,
+    serve_weight_bytes,
+    weight_bytes_per_param,
+)
+from llmplan.cost.serve_moe import (
+    COMBINE_BYTES,
+    comm_sm_slowdown,
+    deepep_exchange_seconds,
+    dispatch_bytes_per_element,
+    expert_token_factor,
+    overlapped_step,
+    redundant_expert_params,
+    serve_ep_imbalance,
+    tbo_prefill_seconds,
+)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -252,7 +271,8 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
     routed = np.maximum(expert_s, experts / bandwidth)
     gemm = np.maximum(dense_s, weights / bandwidth)
-    head = head_dim_attention_ratio(m, gpu.attention_softmax_head_dim) if plan.fused_attention else 1.0
+    head = head_dim_attention_ratio(m, exp_bound_softmax_head_dim(gpu.attention_softmax_head_dim, gpu)) \
+        if plan.fused_attention else 1.0
     attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
                                          * gpu.softmax_attention_ratio * head),
                            np.asarray(kv_read, dtype=float) / bandwidth)
