@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -1233,14 +1233,38 @@ def fit_prior() -> dict[str, float]:
     return prior
 
 
+PUBLISHED_PRIOR = {"attention_efficiency": 0.98}
+"""The fit's prior (docs/validation.md#lofo-prior) where a published measurement gives the constant: the native
+fused attention kernel's forward + backward asymptote on H100 on llmplan's count, 0.98, the middle of
+FlashAttention-3 and cuDNN (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figures 5-6; derived in
+docs/validation.md#attention-rate), taken on GRID at its nearest value. The sustained clocks and gemm_k_half
+have no published measurement under training load (a datasheet gives boost clocks, not the clock held at the
+TDP): their prior is the fit on the fold's own families (independent_prior)."""
+
+
+def independent_prior(table: dict, families: set[str], jackknife: dict | None = None) -> dict[str, float]:
+    """The prior of a fit on `families` that no other family informs (docs/validation.md#lofo-prior): each
+    constant of PUBLISHED_PRIOR at its grid value nearest the published one; every other constant at the grid
+    point of least mean of family medians over `families` alone (the fit without the one-standard-error rule).
+    A left-out fit's prior thus never sees the left-out families, as the shipped values (fit_prior, earlier
+    all-family fits) did."""
+    arrays = _fit_arrays(table, families, jackknife)
+    _, key, at = min(((float(mean[i]), key, i) for key, (mean, _) in arrays.items() for i in np.ndindex(mean.shape)),
+                     key=lambda t: t[0])
+    prior = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, at)}}
+    published = {k: min(GRID[k], key=lambda g: abs(g - v)) for k, v in PUBLISHED_PRIOR.items()}
+    return {**prior, **published}
+
+
 @dataclass(frozen=True)
 class Fit:
-    """One constant fit: the grid point, its mean of family medians, and the constants held at their shipped
-    values because the fit cannot identify them (docs/validation.md#lofo, rule 3)."""
+    """One constant fit: the grid point, its mean of family medians, the constants held at the prior because
+    the fit cannot identify them (docs/validation.md#lofo, rule 3), and the prior (independent_prior)."""
 
     consts: dict
     objective: float
     held: tuple[str, ...]
+    prior: dict = field(default_factory=dict)
 
 
 def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
@@ -1305,13 +1329,14 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
     over the families of their median |error|. Points within FIT_SE standard errors of the least are tied (the
     standard error of each point's difference from the least, by a delete-one-record jackknife over the fit's
     records from `jackknife`, fit_tables' third; without it only exact ties). A constant every one of whose
-    grid values some tied point takes is not identified and is held at `prior` (the shipped values,
-    fit_prior); among the points tied then, the one nearest `prior` in grid steps (the one-standard-error
-    rule's simplest model). None when no family of the set has a fitted record."""
-    prior = fit_prior() if prior is None else prior
+    grid values some tied point takes is not identified and is held at `prior` (by default independent_prior:
+    published values, else the fit on `families` alone; docs/validation.md#lofo-prior); among the points tied
+    then, the one nearest `prior` in grid steps (the one-standard-error rule's simplest model). None when no
+    family of the set has a fitted record."""
     arrays = _fit_arrays(table, families, jackknife)
     if not arrays:
         return None
+    prior = independent_prior(table, families, jackknife) if prior is None else prior
     tied = _tied(arrays, {})
     held = tuple(k for k in GRID if {c[k] for c, _ in tied} >= set(GRID[k])
                  and any(dict(key).get(k, prior[k]) == prior[k] for key in arrays))
@@ -1321,13 +1346,14 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
             arrays, {k: prior[k] for k in held})
     dist = [sum((GRID[k].index(c[k]) - GRID[k].index(prior[k])) ** 2 for k in GRID) for c, _ in tied]
     best, value = min(zip(tied, dist), key=lambda t: (t[1], t[0][1]))[0]
-    return Fit(best, value, held)
+    return Fit(best, value, held, dict(prior))
 
 
-def best_fit(table: dict, families: set[str], jackknife: dict | None = None) -> tuple[dict, float]:
+def best_fit(table: dict, families: set[str], jackknife: dict | None = None,
+             prior: dict[str, float] | None = None) -> tuple[dict, float]:
     """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
     fitted record)."""
-    fit = fit_constants(table, families, jackknife=jackknife)
+    fit = fit_constants(table, families, prior, jackknife=jackknife)
     if fit is None:
         return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
     return fit.consts, fit.objective
@@ -1693,11 +1719,12 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
     print("family's median |error| under them, and under the fit on all families; the families of its source")
     print("(SOURCE_GROUPS, docs/validation.md#lofo-source) are left out with it:")
     print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
-    print("ties (within one jackknife standard error) go to the shipped values; a constant no fit identifies is held there)")
+    print("ties (within one jackknife standard error) go to the prior: published values, else the fit on the fold's")
+    print("own families, #lofo-prior; a constant no fit identifies is held there)")
     fitted, scored, jackknife = fit_tables(records)
     full = fit_constants(fitted, set(TRAIN_FAMILIES), jackknife=jackknife)
     assert full is not None
-    print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}")
+    print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}; prior {_fmt_consts(full.prior)}")
     summary["lofo"] = {}
     summary["lofo_held"] = {}
     summary["lofo_family"] = {}  # left out alone, its source's other families kept in the fit (optimistic)
@@ -1707,7 +1734,8 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
               f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it"
               f"{' and ' + ', '.join(mates) if mates else ''}: {_fmt_consts(fit.consts)}{_fmt_held(fit)}"
-              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else ""))
+              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else "")
+              + f"; prior {_fmt_consts(fit.prior)}")
         if left is not None and left == left:
             summary["lofo"][fam] = round(left, 1)
         if fit.held:
@@ -2005,7 +2033,7 @@ def _fmt_consts(c: dict) -> str:
 
 
 def _fmt_held(fit: Fit) -> str:
-    return f"; held at shipped (not identified): {', '.join(fit.held)}" if fit.held else ""
+    return f"; held at the prior (not identified): {', '.join(fit.held)}" if fit.held else ""
 
 
 if __name__ == "__main__":
