@@ -1713,6 +1713,16 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         print("\nthe same run in fp8 and in bf16 (MosaicML H100 tables): fp8 / bf16 throughput, predicted vs measured")
         for rid, pred, meas in pairs:
             print(f"  {rid:44s} predicted {pred:5.2f}x measured {meas:5.2f}x {100 * (pred - meas) / meas:+6.1f}%")
+    same = same_plan_across_sources(records)
+    if same:
+        print("\none plan (model, GPUs, layout, batch, fp8 or not) published by two sources:")
+        print("measured tokens/s per GPU and llmplan's signed error (shipped profiles;")
+        print("a per-plan mechanism predicts them alike):")
+        for key, rows in same:
+            print(f"  {key[0]} layers, {key[4]} {key[3]}, tp{key[5]} pp{key[6]} cp{key[7]} vpp{key[8]} "
+                  f"gbs {key[10]}{' fp8' if key[11] else ''}:")
+            for rid, tok, err in rows:
+                print(f"    {rid[:56]:56s} {tok:8.0f} {err:+6.1f}%")
     if no_fit:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
@@ -1891,6 +1901,34 @@ def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, floa
         layout = f"tp{plan.tp} pp{plan.pp} cp{plan.cp} vpp{plan.vpp} {plan.recompute}"
         out.append((rid, layout, float(e8.throughput.mfu) * meas / pred, 100 * (pred - meas) / meas,
                     float(eb.throughput.mfu)))
+    return out
+
+
+def same_plan_across_sources(records: list[dict]) -> list[tuple[tuple, list[tuple[str, float, float]]]]:
+    """Dense training runs of one model on one GPU type and count with the same layout, batch and precision
+    class, published by two or more sources (SOURCE_GROUPS): [(key, [(record, measured tokens/s per GPU,
+    llmplan's signed % error)])]. Whatever llmplan prices from the plan, it predicts such runs alike, so the
+    spread of their errors is what no per-plan mechanism can remove (docs/validation.md#lofo-prior)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        m, p, hw = r.get("model", {}), r.get("parallel", {}), r.get("hardware", {})
+        if family(r["id"]) not in TRAIN_FAMILIES or "layers" not in m or "moe" in m or "tp" not in p:
+            continue
+        fp8 = "fp8" in str(p.get("precision", "")).lower()
+        key = (m["layers"], m.get("hidden"), m.get("seq_len"), clock_group(r), hw.get("gpus"), p["tp"], p.get("pp"),
+               p.get("cp") or 1, p.get("vpp") or 1, p.get("micro_batch"), p.get("global_batch"), fp8)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key, recs in groups.items():
+        if len({source_group(family(r["id"])) for r in recs}) < 2:
+            continue
+        rows = []
+        for r in recs:
+            got = [(pred, meas) for q, pred, meas in predict(r, family(r["id"])) if q != "fits"]
+            if got:
+                rows.append((r["id"], float(r["measured"].get("tokens_per_s_per_gpu", float("nan"))),
+                             100 * (got[0][0] - got[0][1]) / got[0][1]))
+        out.append((key, rows))
     return out
 
 

@@ -461,6 +461,31 @@ def test_the_left_out_fit_s_prior_never_sees_the_left_out_families():
         assert refit is not None and refit.consts == fit.consts
 
 
+def test_same_plan_across_sources_groups_one_plan_from_two_publishers(monkeypatch):
+    # benchmarks/accuracy.py same_plan_across_sources (docs/validation.md#lofo-prior): runs of one plan are
+    # reported together only when two sources (SOURCE_GROUPS) publish it; another layout, or the same plan from
+    # one source only, is not a pair. Each row carries llmplan's signed error as predict gives it.
+    import accuracy
+
+    monkeypatch.setattr(accuracy, "predict", lambda rec, fam, consts=None: [
+        ("tok/s/GPU", 1.1 * rec["measured"]["tokens_per_s_per_gpu"], rec["measured"]["tokens_per_s_per_gpu"]),
+        ("fits", 1.0, 1.0)])
+
+    def run(rid: str, tok: float, tp: int = 1) -> dict:
+        return {"id": rid, "model": {"layers": 32, "hidden": 4096, "seq_len": 8192},
+                "hardware": {"gpu": "H100 SXM", "gpus": 8},
+                "parallel": {"tp": tp, "pp": 1, "cp": 2, "micro_batch": 1, "global_batch": 128, "precision": "fp8"},
+                "measured": {"tokens_per_s_per_gpu": tok}}
+
+    records = [run("megatron-a", 13812), run("nemo2407-b", 12273), run("nemocp-c", 12000), run("bridge-d", 9, tp=2),
+               run("bridge-e", 5, tp=2)]
+    out = accuracy.same_plan_across_sources(records)
+    assert len(out) == 1
+    key, rows = out[0]
+    assert [r[0] for r in rows] == ["megatron-a", "nemo2407-b", "nemocp-c"] and key[5] == 1
+    assert all(err == pytest.approx(10.0) for _, _, err in rows)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.integers(0, 6), min_size=2, max_size=9), st.integers(1, 3))
 def test_jackknife_medians_are_the_medians_with_each_record_deleted(values: list[int], cols: int):
