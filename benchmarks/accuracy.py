@@ -93,7 +93,9 @@ ASSUMPTIONS = {
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
-                "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; "
+                "not given, fp8 weights and bf16 gradient reduction in the examples/llama fp8 scripts (--fp8-param-gather, "
+                "--grad-reduce-in-bf16) and TP overlap on its 70B / 405B rows (NeMo's performance scripts, which its "
+                "README says it follows: RECIPE_SETTINGS), micro-batch 1 and no recompute where not given; "
                 "the r0.8 scaling runs with PP > 1 interleaved at one layer per virtual stage (the README overlaps "
                 "pipeline communication, which r0.8 does only in the interleaved schedule: megatron/training/"
                 "arguments.py sets overlap_p2p_comm False without it; one layer is the only virtual-stage size "
@@ -360,6 +362,11 @@ RECIPE_SETTINGS = {
     **{f"nemo2407-pretrain-{r}": {"tp_comm_overlap": True}
        for r in ("gpt3-20b-64gpu-gbs256", "llama2-70b-64gpu-gbs128", "llama3-70b-64gpu-gbs128",
                  "nemotron-8b-64gpu-gbs256", "nemotron-22b-64gpu-gbs256")},
+    # Megatron-LM's examples/llama FP8 table says its configuration follows NeMo's performance scripts
+    # (examples/llama/README.md at bf6e99859f, 2025-06-14); those enable Transformer Engine's TP overlap
+    # (userbuffers) for the H100 fp8 70B and 405B runs (NVIDIA/NeMo scripts/performance/llm/
+    # pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6a72, 2025-06-12: ub_cfg h100 fp8).
+    **{f"megatron-examples-fp8-llama3-{m}": {"tp_comm_overlap": True} for m in ("70b-64gpu", "405b-1024gpu")},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
@@ -847,7 +854,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # dtype, an fp32 copy of the rank's partition only at step); with 16-bit gradients llmplan is ~22% low on
         # every row and calls the TP2 PP6 DP32 out-of-memory attempt a fit, so the fp32 reading stands in for
         # memory llmplan does not price yet (nvidia-smi's reserved + context); see docs/validation.md.
-        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16") else "fp32",
+        # examples/llama's fp8 script reduces gradients in bf16 (--grad-reduce-in-bf16: NVIDIA/Megatron-LM
+        # examples/llama/train_llama3_8b_h100_fp8.sh at bf6e99859f), as NeMo's recipes it follows do
+        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16")
+        or rec["id"].startswith("megatron-examples-fp8") else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
