@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,9 @@ ASSUMPTIONS = {
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
-                "not given, fp8 weights in the examples/llama fp8 scripts (--fp8-param-gather), micro-batch 1 and no recompute where not given; "
+                "not given, fp8 weights and bf16 gradient reduction in the examples/llama fp8 scripts (--fp8-param-gather, "
+                "--grad-reduce-in-bf16) and TP overlap on its 70B / 405B rows (NeMo's performance scripts, which its "
+                "README says it follows: RECIPE_SETTINGS), micro-batch 1 and no recompute where not given; "
                 "the r0.8 scaling runs with PP > 1 interleaved at one layer per virtual stage (the README overlaps "
                 "pipeline communication, which r0.8 does only in the interleaved schedule: megatron/training/"
                 "arguments.py sets overlap_p2p_comm False without it; one layer is the only virtual-stage size "
@@ -361,6 +363,11 @@ RECIPE_SETTINGS = {
     **{f"nemo2407-pretrain-{r}": {"tp_comm_overlap": True}
        for r in ("gpt3-20b-64gpu-gbs256", "llama2-70b-64gpu-gbs128", "llama3-70b-64gpu-gbs128",
                  "nemotron-8b-64gpu-gbs256", "nemotron-22b-64gpu-gbs256")},
+    # Megatron-LM's examples/llama FP8 table says its configuration follows NeMo's performance scripts
+    # (examples/llama/README.md at bf6e99859f, 2025-06-14); those enable Transformer Engine's TP overlap
+    # (userbuffers) for the H100 fp8 70B and 405B runs (NVIDIA/NeMo scripts/performance/llm/
+    # pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6a72, 2025-06-12: ub_cfg h100 fp8).
+    **{f"megatron-examples-fp8-llama3-{m}": {"tp_comm_overlap": True} for m in ("70b-64gpu", "405b-1024gpu")},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
@@ -848,7 +855,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # dtype, an fp32 copy of the rank's partition only at step); with 16-bit gradients llmplan is ~22% low on
         # every row and calls the TP2 PP6 DP32 out-of-memory attempt a fit, so the fp32 reading stands in for
         # memory llmplan does not price yet (nvidia-smi's reserved + context); see docs/validation.md.
-        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16") else "fp32",
+        # examples/llama's fp8 script reduces gradients in bf16 (--grad-reduce-in-bf16: NVIDIA/Megatron-LM
+        # examples/llama/train_llama3_8b_h100_fp8.sh at bf6e99859f), as NeMo's recipes it follows do
+        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16")
+        or rec["id"].startswith("megatron-examples-fp8") else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
@@ -1234,14 +1244,38 @@ def fit_prior() -> dict[str, float]:
     return prior
 
 
+PUBLISHED_PRIOR = {"attention_efficiency": 0.98}
+"""The fit's prior (docs/validation.md#lofo-prior) where a published measurement gives the constant: the native
+fused attention kernel's forward + backward asymptote on H100 on llmplan's count, 0.98, the middle of
+FlashAttention-3 and cuDNN (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figures 5-6; derived in
+docs/validation.md#attention-rate), taken on GRID at its nearest value. The sustained clocks and gemm_k_half
+have no published measurement under training load (a datasheet gives boost clocks, not the clock held at the
+TDP): their prior is the fit on the fold's own families (independent_prior)."""
+
+
+def independent_prior(table: dict, families: set[str], jackknife: dict | None = None) -> dict[str, float]:
+    """The prior of a fit on `families` that no other family informs (docs/validation.md#lofo-prior): each
+    constant of PUBLISHED_PRIOR at its grid value nearest the published one; every other constant at the grid
+    point of least mean of family medians over `families` alone (the fit without the one-standard-error rule).
+    A left-out fit's prior thus never sees the left-out families, as the shipped values (fit_prior, earlier
+    all-family fits) did."""
+    arrays = _fit_arrays(table, families, jackknife)
+    _, key, at = min(((float(mean[i]), key, i) for key, (mean, _) in arrays.items() for i in np.ndindex(mean.shape)),
+                     key=lambda t: t[0])
+    prior = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, at)}}
+    published = {k: min(GRID[k], key=lambda g: abs(g - v)) for k, v in PUBLISHED_PRIOR.items()}
+    return {**prior, **published}
+
+
 @dataclass(frozen=True)
 class Fit:
-    """One constant fit: the grid point, its mean of family medians, and the constants held at their shipped
-    values because the fit cannot identify them (docs/validation.md#lofo, rule 3)."""
+    """One constant fit: the grid point, its mean of family medians, the constants held at the prior because
+    the fit cannot identify them (docs/validation.md#lofo, rule 3), and the prior (independent_prior)."""
 
     consts: dict
     objective: float
     held: tuple[str, ...]
+    prior: dict = field(default_factory=dict)
 
 
 def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
@@ -1306,13 +1340,14 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
     over the families of their median |error|. Points within FIT_SE standard errors of the least are tied (the
     standard error of each point's difference from the least, by a delete-one-record jackknife over the fit's
     records from `jackknife`, fit_tables' third; without it only exact ties). A constant every one of whose
-    grid values some tied point takes is not identified and is held at `prior` (the shipped values,
-    fit_prior); among the points tied then, the one nearest `prior` in grid steps (the one-standard-error
-    rule's simplest model). None when no family of the set has a fitted record."""
-    prior = fit_prior() if prior is None else prior
+    grid values some tied point takes is not identified and is held at `prior` (by default independent_prior:
+    published values, else the fit on `families` alone; docs/validation.md#lofo-prior); among the points tied
+    then, the one nearest `prior` in grid steps (the one-standard-error rule's simplest model). None when no
+    family of the set has a fitted record."""
     arrays = _fit_arrays(table, families, jackknife)
     if not arrays:
         return None
+    prior = independent_prior(table, families, jackknife) if prior is None else prior
     tied = _tied(arrays, {})
     held = tuple(k for k in GRID if {c[k] for c, _ in tied} >= set(GRID[k])
                  and any(dict(key).get(k, prior[k]) == prior[k] for key in arrays))
@@ -1322,13 +1357,14 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
             arrays, {k: prior[k] for k in held})
     dist = [sum((GRID[k].index(c[k]) - GRID[k].index(prior[k])) ** 2 for k in GRID) for c, _ in tied]
     best, value = min(zip(tied, dist), key=lambda t: (t[1], t[0][1]))[0]
-    return Fit(best, value, held)
+    return Fit(best, value, held, dict(prior))
 
 
-def best_fit(table: dict, families: set[str], jackknife: dict | None = None) -> tuple[dict, float]:
+def best_fit(table: dict, families: set[str], jackknife: dict | None = None,
+             prior: dict[str, float] | None = None) -> tuple[dict, float]:
     """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
     fitted record)."""
-    fit = fit_constants(table, families, jackknife=jackknife)
+    fit = fit_constants(table, families, prior, jackknife=jackknife)
     if fit is None:
         return None, float("inf")  # type: ignore[return-value]  # no family of the set has a record
     return fit.consts, fit.objective
@@ -1688,17 +1724,28 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         print("\nthe same run in fp8 and in bf16 (MosaicML H100 tables): fp8 / bf16 throughput, predicted vs measured")
         for rid, pred, meas in pairs:
             print(f"  {rid:44s} predicted {pred:5.2f}x measured {meas:5.2f}x {100 * (pred - meas) / meas:+6.1f}%")
+    same = same_plan_across_sources(records)
+    if same:
+        print("\none plan (model, GPUs, layout, batch, fp8 or not) published by two sources:")
+        print("measured tokens/s per GPU and llmplan's signed error (shipped profiles;")
+        print("a per-plan mechanism predicts them alike):")
+        for key, rows in same:
+            print(f"  {key[0]} layers, {key[4]} {key[3]}, tp{key[5]} pp{key[6]} cp{key[7]} vpp{key[8]} "
+                  f"gbs {key[10]}{' fp8' if key[11] else ''}:")
+            for rid, tok, err in rows:
+                print(f"    {rid[:56]:56s} {tok:8.0f} {err:+6.1f}%")
     if no_fit:
         return summary
     print("\nleave-one-family-out: constants fitted on the other training families (grid in GRID), the left-out")
     print("family's median |error| under them, and under the fit on all families; the families of its source")
     print("(SOURCE_GROUPS, docs/validation.md#lofo-source) are left out with it:")
     print("(docs/validation.md#lofo: dense models' records fitted, MoE models' scored only;")
-    print("ties (within one jackknife standard error) go to the shipped values; a constant no fit identifies is held there)")
+    print("ties (within one jackknife standard error) go to the prior: published values, else the fit on the fold's")
+    print("own families, #lofo-prior; a constant no fit identifies is held there)")
     fitted, scored, jackknife = fit_tables(records)
     full = fit_constants(fitted, set(TRAIN_FAMILIES), jackknife=jackknife)
     assert full is not None
-    print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}")
+    print(f"  all families -> {_fmt_consts(full.consts)}{_fmt_held(full)}; prior {_fmt_consts(full.prior)}")
     summary["lofo"] = {}
     summary["lofo_held"] = {}
     summary["lofo_family"] = {}  # left out alone, its source's other families kept in the fit (optimistic)
@@ -1708,7 +1755,8 @@ def extra_reports(records: list[dict], no_fit: bool) -> dict:
         print(f"  {fam:16s} left out {left if left is not None else float('nan'):6.1f}%  (in the fit "
               f"{inside if inside is not None else float('nan'):5.1f}%)  fitted without it"
               f"{' and ' + ', '.join(mates) if mates else ''}: {_fmt_consts(fit.consts)}{_fmt_held(fit)}"
-              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else ""))
+              + (f"; alone left out {alone[fam]:.1f}%" if mates and alone.get(fam) is not None else "")
+              + f"; prior {_fmt_consts(fit.prior)}")
         if left is not None and left == left:
             summary["lofo"][fam] = round(left, 1)
         if fit.held:
@@ -1867,6 +1915,34 @@ def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, floa
     return out
 
 
+def same_plan_across_sources(records: list[dict]) -> list[tuple[tuple, list[tuple[str, float, float]]]]:
+    """Dense training runs of one model on one GPU type and count with the same layout, batch and precision
+    class, published by two or more sources (SOURCE_GROUPS): [(key, [(record, measured tokens/s per GPU,
+    llmplan's signed % error)])]. Whatever llmplan prices from the plan, it predicts such runs alike, so the
+    spread of their errors is what no per-plan mechanism can remove (docs/validation.md#lofo-prior)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        m, p, hw = r.get("model", {}), r.get("parallel", {}), r.get("hardware", {})
+        if family(r["id"]) not in TRAIN_FAMILIES or "layers" not in m or "moe" in m or "tp" not in p:
+            continue
+        fp8 = "fp8" in str(p.get("precision", "")).lower()
+        key = (m["layers"], m.get("hidden"), m.get("seq_len"), clock_group(r), hw.get("gpus"), p["tp"], p.get("pp"),
+               p.get("cp") or 1, p.get("vpp") or 1, p.get("micro_batch"), p.get("global_batch"), fp8)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key, recs in groups.items():
+        if len({source_group(family(r["id"])) for r in recs}) < 2:
+            continue
+        rows = []
+        for r in recs:
+            got = [(pred, meas) for q, pred, meas in predict(r, family(r["id"])) if q != "fits"]
+            if got:
+                rows.append((r["id"], float(r["measured"].get("tokens_per_s_per_gpu", float("nan"))),
+                             100 * (got[0][0] - got[0][1]) / got[0][1]))
+        out.append((key, rows))
+    return out
+
+
 SERVE_GRID = {"SERVE_GEMM_M_HALF": (0.0, 64.0, 128.0, 192.0, 256.0), "SERVE_COLLECTIVE_FLOOR_S": (0.0, 1e-5, 2e-5)}
 """The serving constants (llmplan.cost.serve_step) and the values leave-one-model-out tries."""
 
@@ -2006,7 +2082,7 @@ def _fmt_consts(c: dict) -> str:
 
 
 def _fmt_held(fit: Fit) -> str:
-    return f"; held at shipped (not identified): {', '.join(fit.held)}" if fit.held else ""
+    return f"; held at the prior (not identified): {', '.join(fit.held)}" if fit.held else ""
 
 
 if __name__ == "__main__":

@@ -412,7 +412,7 @@ def test_fit_ties_are_one_jackknife_standard_error_and_resolve_toward_the_shippe
         errors[2, ph - 3:ph - 1] = base
         errors[2, ph - 4] = edge
         table, jack = _fit_from_records(errors)
-        best, score = accuracy.best_fit(table, {"mpt"}, jackknife=jack)
+        best, score = accuracy.best_fit(table, {"mpt"}, jackknife=jack, prior=prior)
         assert best["clock_a100"] == accuracy.GRID["clock_a100"][2]
         assert best["clock_h100"] == accuracy.GRID["clock_h100"][ph - 2 if tied else ph - 4]
         assert score == pytest.approx(float(np.median(base if tied else edge)))
@@ -431,10 +431,59 @@ def test_a_constant_the_fit_cannot_identify_is_held_at_its_shipped_value():
         errors = (np.abs(np.arange(nh) - 3.0)[None, :, None] + base[None, None, :]).repeat(na, axis=0)
         errors[0, 3] = edge
         table, jack = _fit_from_records(errors)
-        fit = accuracy.fit_constants(table, {"mpt"}, jackknife=jack)
+        fit = accuracy.fit_constants(table, {"mpt"}, prior, jackknife=jack)
         assert fit is not None and ("clock_a100" in fit.held) == held and "clock_h100" not in fit.held
         assert fit.consts["clock_a100"] == (prior["clock_a100"] if held else accuracy.GRID["clock_a100"][0])
         assert fit.consts["clock_h100"] == accuracy.GRID["clock_h100"][3]
+
+
+def test_the_left_out_fit_s_prior_never_sees_the_left_out_families():
+    # docs/validation.md#lofo-prior: the prior ties resolve toward is the published value where one exists
+    # (PUBLISHED_PRIOR, on GRID at its nearest value) and otherwise the least point of the fold's own families;
+    # a left-out family's errors, however they move, change neither the fold's prior nor its fit.
+    import accuracy
+
+    table = _two_source_table()
+    grid = accuracy.GRID["clock_h100"]
+    kept = {"mpt"}
+    prior = accuracy.independent_prior(table, kept)
+    assert prior["clock_h100"] == grid[8]  # mpt's own least, not the shipped H100 clock
+    for k, v in accuracy.PUBLISHED_PRIOR.items():
+        assert abs(prior[k] - v) <= min(abs(g - v) for g in accuracy.GRID[k]) + 1e-12
+    fit = accuracy.fit_constants(table, kept)
+    assert fit is not None and fit.prior == prior
+    for far in (0, len(grid) - 1):  # the left-out source's families now exact at either end of the grid
+        h = np.arange(len(grid), dtype=float)[None, :].repeat(len(accuracy.GRID["clock_a100"]), axis=0)
+        moved = {key: {**fams, "bridge": np.abs(h - far), "mbridge-dense": np.abs(h - far)}
+                 for key, fams in table.items()}
+        assert accuracy.independent_prior(moved, kept) == prior
+        refit = accuracy.fit_constants(moved, kept)
+        assert refit is not None and refit.consts == fit.consts
+
+
+def test_same_plan_across_sources_groups_one_plan_from_two_publishers(monkeypatch):
+    # benchmarks/accuracy.py same_plan_across_sources (docs/validation.md#lofo-prior): runs of one plan are
+    # reported together only when two sources (SOURCE_GROUPS) publish it; another layout, or the same plan from
+    # one source only, is not a pair. Each row carries llmplan's signed error as predict gives it.
+    import accuracy
+
+    monkeypatch.setattr(accuracy, "predict", lambda rec, fam, consts=None: [
+        ("tok/s/GPU", 1.1 * rec["measured"]["tokens_per_s_per_gpu"], rec["measured"]["tokens_per_s_per_gpu"]),
+        ("fits", 1.0, 1.0)])
+
+    def run(rid: str, tok: float, tp: int = 1) -> dict:
+        return {"id": rid, "model": {"layers": 32, "hidden": 4096, "seq_len": 8192},
+                "hardware": {"gpu": "H100 SXM", "gpus": 8},
+                "parallel": {"tp": tp, "pp": 1, "cp": 2, "micro_batch": 1, "global_batch": 128, "precision": "fp8"},
+                "measured": {"tokens_per_s_per_gpu": tok}}
+
+    records = [run("megatron-a", 13812), run("nemo2407-b", 12273), run("nemocp-c", 12000), run("bridge-d", 9, tp=2),
+               run("bridge-e", 5, tp=2)]
+    out = accuracy.same_plan_across_sources(records)
+    assert len(out) == 1
+    key, rows = out[0]
+    assert [r[0] for r in rows] == ["megatron-a", "nemo2407-b", "nemocp-c"] and key[5] == 1
+    assert all(err == pytest.approx(10.0) for _, _, err in rows)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
