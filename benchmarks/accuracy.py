@@ -910,7 +910,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # How each micro-batch's gradient joins the accumulated one (GRAD_ACCUMULATION): outside the GEMM for the
         # 2021-22 stacks, fused into it from Megatron-LM's gradient accumulation fusion (2022-02) on
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
-        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(precision, "fused") if zero < 2 else "fused",
+        # (BLOOM's prequel: autograd's add into the 16-bit param.grad, as its fp16 runs; the cast-add is the
+        # BF16_Optimizer's, which came after it)
+        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(
+            "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused",
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit
         # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so
