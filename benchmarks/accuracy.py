@@ -201,14 +201,19 @@ ASSUMPTIONS = {
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
-             "bf16 runs accumulate gradients in fp32 (BF16_Optimizer), fp16 runs keep fp16 gradients; DeepSpeed's "
+             "the final run accumulates gradients in fp32 (BF16_Optimizer); the prequel's search (02-17 .. 02-26, "
+             "before the BF16_Optimizer) keeps 16-bit gradients (DeepSpeed ZeRO-1, stage_1_and_2: all-reduced in "
+             "16 bits, the partition flattened and cast to fp32 at the step), Megatron-DeepSpeed's default dropout "
+             "(0.1: tr11-200B-ml.slurm sets none) and --embed-layernorm; DeepSpeed's "
              "pipeline engine: the DP reduction after the schedule and the weight gather in the optimizer step, "
              "neither overlapped, DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, "
              "SYNC_TP), the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
              "all-reduce) and casting and adding each micro-batch's gradient (GRAD_ACCUMULATION; fp16 runs: autograd's "
              "add); on the jean-zay-a100 profile (4 x 100 Gb/s Omni-Path per node, BLOOM paper Section "
-             "3.4.1), not the dgx-a100 one; predicts iteration time; the logged peak memory (read as GiB) in "
-             "the memory report; out-of-memory attempts must be predicted not to fit",
+             "3.4.1), not the dgx-a100 one; predicts iteration time; the logged peak memory (nvidia-smi, read as "
+             "GiB) in the memory report against nvidia_smi_bytes (the allocator's segments, with ZeRO-1's copies "
+             "after the backward beside the backward's; the CUDA context as BigScience measured it); out-of-memory "
+             "attempts must be predicted not to fit (the allocated peak)",
     "megascale": "MegaScale (NSDI'24) Megatron-LM baseline rows on A100 (read as 80 GB): the distributed optimizer, "
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
                  "2022; the measured 53% MFU leaves no room for full recompute), interleaving as listed, micro-batch "
@@ -499,13 +504,16 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
         raise ValueError(f"{rec['id']}: MoE model {md['name']!r} has no built-in spec")
     if fam == "bloom":
         # BLOOM (BigScience tr11): ALiBi, LayerNorm (and one after the embedding), GELU 4h MLP with biases,
-        # tied embeddings; no dropout in pre-training (arXiv:2211.05100, Section 3.5: dropout 0.0)
+        # tied embeddings; no dropout in pre-training (arXiv:2211.05100, Section 3.5: dropout 0.0). The prequel's
+        # topology search (02-17 .. 02-26) ran tr11-200B-ml.slurm (bigscience 8aff319 .. 523069f) with
+        # --embed-layernorm and no dropout flags: Megatron-DeepSpeed's defaults, 0.1 and 0.1 (arguments.py)
+        drop = 0.1 if rec["id"].startswith("bloom-prequel-") else 0.0
         return ModelSpec(
             name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
             num_hidden_layers=md["layers"], num_attention_heads=md["heads"], vocab_size=md["vocab"],
             max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=True,
             gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, attention_bias=True,
-            mlp_bias=True, attention_dropout=0.0, hidden_dropout=0.0)
+            mlp_bias=True, attention_dropout=drop, hidden_dropout=drop, embedding_norm=True)
     mpt = fam == "mpt"
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
@@ -848,16 +856,15 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
         zero=zero, recompute=recompute, micro_batch=mb, global_batch=gbs,
         seq_len=rec["model"].get("seq_len", 2048), dtype=dtype, recipe=recipe,
-        # BLOOM's fp16 runs keep fp16 gradients (DeepSpeed ZeRO-1 in fp16); its bf16 runs accumulate them in fp32
-        # (Megatron-DeepSpeed's BF16_Optimizer). Caveat (issue 32): chronicles-prequel.md, 'Rebalancing layers'
-        # (02-28), says the BF16 optimizer accumulating in fp32 was "just written" then, so the published rows
-        # (02-17 .. 02-27) kept 16-bit gradients (DeepSpeed v0.5.10 stage_1_and_2.py: param.grad in the model
-        # dtype, an fp32 copy of the rank's partition only at step); with 16-bit gradients llmplan is ~22% low on
-        # every row and calls the TP2 PP6 DP32 out-of-memory attempt a fit, so the fp32 reading stands in for
-        # memory llmplan does not price yet (nvidia-smi's reserved + context); see docs/validation.md.
+        # BLOOM's prequel (02-17 .. 02-26) ran DeepSpeed's ZeRO-1 (stage_1_and_2.py at 2151c787a), which keeps
+        # param.grad in the model's 16-bit dtype and casts only the rank's partition to fp32 at the step
+        # (cost.model_states.optimizer_copies); tr11-200B-ml.slurm (bigscience 8aff319 .. 523069f) ran --fp16.
+        # The BF16_Optimizer accumulating in fp32 came on 02-28 (chronicles-prequel.md 'Rebalancing layers':
+        # "just written ... The additional memory usage is 4bytes x params"): the final run's fp32 gradients.
         # examples/llama's fp8 script reduces gradients in bf16 (--grad-reduce-in-bf16: NVIDIA/Megatron-LM
         # examples/llama/train_llama3_8b_h100_fp8.sh at bf6e99859f), as NeMo's recipes it follows do
-        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and precision == "fp16")
+        grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and (precision == "fp16"
+                                                                      or rec["id"].startswith("bloom-prequel-")))
         or rec["id"].startswith("megatron-examples-fp8") else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
@@ -913,9 +920,15 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # How each micro-batch's gradient joins the accumulated one (GRAD_ACCUMULATION): outside the GEMM for the
         # 2021-22 stacks, fused into it from Megatron-LM's gradient accumulation fusion (2022-02) on
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
-        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(precision, "fused") if zero < 2 else "fused",
+        # (BLOOM's prequel: autograd's add into the 16-bit param.grad, as its fp16 runs; the cast-add is the
+        # BF16_Optimizer's, which came after it)
+        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(
+            "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused",
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
-        grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and precision == "bf16" and zero == 1
+        # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit
+        # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so
+        # reduce_ipg_grads takes buffered_reduce_fallback, an all_reduce of each flattened bucket)
+        grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1
         else "reduce-scatter",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
@@ -1543,9 +1556,29 @@ def cluster_of(system: SystemSpec, gpus: int) -> ClusterSpec:
     return ClusterSpec(system=system, num_nodes=max(1, gpus // per_node), gpus_per_node=per_node)
 
 
+JEAN_ZAY_CONTEXT_BYTES = 1573 * 2**20
+"""Device memory of a PyTorch process on Jean Zay's A100 after torch.ones(1).cuda(), as nvidia-smi showed it to
+BigScience ("40GB A100 takes 1573MiB for cuda kernels": bigscience-workshop/bigscience
+train/tr11-176B-ml/chronicles-prequel.md, 'Possible topologies for 200B')."""
+
+
+def nvidia_smi_bytes(mem: TrainingMemory) -> float:
+    """What nvidia-smi shows of a rank whose allocated peak is `mem`: the CUDA context as the source's stack loads
+    it (JEAN_ZAY_CONTEXT_BYTES in place of the priced one) and the caching allocator's reserved segments. PyTorch's
+    allocator keeps freed blocks cached and never merges blocks of different segments
+    (c10/cuda/CUDACachingAllocator.cpp), so DeepSpeed ZeRO-1's flat copies after the backward (a reduction bucket,
+    the partition's flat gradient and its fp32 cast: one tensor each, larger than any per-parameter gradient or
+    per-layer activation block the backward freed) take new segments beside the backward's, while memory lasts.
+    Derived: docs/formulas.md#mem.optimizer_copies"""
+    context = 0.0 if mem.runtime is None else float(mem.runtime.context)
+    return float(mem.total) - float(mem.after_backward) + float(mem.optimizer_copies) \
+        + JEAN_ZAY_CONTEXT_BYTES - context
+
+
 def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
     """[(record, what, predicted, measured)] for a run that logs its peak memory per GPU (BLOOM's prequel
-    tables: the largest of the first and last stage, as the logs print it, read as GiB)."""
+    tables: the largest of the first and last stage as nvidia-smi showed it, read as GiB: 'was quickly getting
+    the memory snapshot with ... nvidia-smi', chronicles-prequel.md), predicted as nvidia_smi_bytes."""
     fam, hw = family(r["id"]), r["hardware"]
     system = builtin_systems()[record_system(r) or "dgx-a100"]
     gpus = hw["gpus"]
@@ -1554,7 +1587,7 @@ def peak_memory(r: dict) -> list[tuple[str, str, float, float]]:
     if plan.num_gpus != cluster.num_gpus:
         return []
     e = estimate_training(model_for(r, fam), cluster, plan)
-    return [(r["id"], "peak GiB", float(e.memory.total) / 2**30, float(r["measured"]["memory_gb_max"]))]
+    return [(r["id"], "peak GiB", nvidia_smi_bytes(e.memory) / 2**30, float(r["measured"]["memory_gb_max"]))]
 
 
 def reserved_report(records: list[dict]) -> list[tuple[str, float, float]]:

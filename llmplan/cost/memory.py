@@ -23,8 +23,8 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
-    ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
-    model_state_bytes,
+    ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, OptimizerCopies,
+    low_precision_weight_cache, model_state_bytes, optimizer_copies,
 )
 from llmplan.cost.model_states import fp32_shards_are_master
 from llmplan.cost.offload import offloaded_share
@@ -136,7 +136,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
     rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)
     working = where(plan.full | plan.op, where(n_moe > 0, la.working_moe, la.working_dense), rebuilt)
-    embedding = where(stage == 0, inflight * s * b * h / sp, 0.0)
+    # The embedding dropout's mask (1 byte), and an embedding norm's saved 16-bit input (Megatron-DeepSpeed
+    # VocabParallelEmbedding self.norm at 99c8fe07). Derived: docs/formulas.md#mem.activations
+    embedding = where(stage == 0, inflight * s * b * h / sp * (3.0 if m.embedding_norm else 1.0), 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
@@ -177,6 +179,12 @@ class TrainingMemory(Breakdown):
     runtime: RuntimeBytes | None = None
     """The runtime bytes inside `other` where they are priced (MemoryAllowance.fixed_gib None); None where
     the stated fixed allowance stands in for them."""
+    optimizer_copies: Any = 0.0
+    """Not a part: the transient gradient copies DeepSpeed's ZeRO-1 optimizer makes after the backward
+    (cost.model_states.optimizer_copies: reduction bucket, flat partition, its fp32 cast), bytes."""
+    after_backward: Any = 0.0
+    """Not a part: bytes inside `other` by which the peak after the backward (the reduction with its bucket,
+    or the step with its copies) exceeds the backward's peak (docs/formulas.md#mem.optimizer_copies)."""
 
     @property
     def fits(self) -> Any:
@@ -221,15 +229,24 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
     gathered = gathered + where(fp32_shards & (plan.pp == 1),
                                 rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
+    # After the backward (activations freed): DeepSpeed ZeRO-1's reduction bucket beside the whole gradient, then
+    # its step's flat partition copies beside the partition's gradients. Derived: docs/formulas.md#mem.optimizer_copies
+    cd, ce = optimizer_copies(plan, rp.dense, plan.zero_shard), optimizer_copies(plan, rp.expert, plan.expert_dp)
+    states = dense.total + expert.total + cache
+    reduce_peak = states + cd.bucket + ce.bucket
+    step_peak = states - gradients + rp.dense * grad_b / plan.zero_shard + rp.expert * grad_b / plan.expert_dp \
+        + cd.flat + cd.cast + ce.flat + ce.cast
+    after = maximum(maximum(reduce_peak, step_peak) - tensors, 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib
     runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading) if stated is None else None
     fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
-    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered
+    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
+        optimizer_copies=cd.total + ce.total, after_backward=after,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from llmplan.arith import maximum, where
+from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.params import RankParams, padded_vocab
 from llmplan.specs.model import ModelSpec
@@ -71,6 +71,40 @@ def optimizer_parts(plan: ParallelPlan, optimizer: Any) -> OptimizerParts:
     master_b = where(fp32_shards, 0.0, plan.master_bytes)
     share = where(master_b + moments_b > 0, master_b / maximum(master_b + moments_b, 1e-30), 0.0)
     return OptimizerParts(master=optimizer * share, moments=optimizer - optimizer * share)
+
+
+REDUCE_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed's reduce_bucket_size default (elements): the ZeRO-1/2 optimizer flattens at most this many
+gradient elements into one tensor for each DP reduction (deepspeed/runtime/zero/constants.py,
+ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT; stage_1_and_2.py allreduce_bucket: self.flatten(bucket))."""
+
+
+@dataclass(frozen=True)
+class OptimizerCopies(Breakdown):
+    """Transient gradient copies of DeepSpeed's ZeRO-1 optimizer after the backward; parts sum to total."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("bucket", "flat", "cast")
+    bucket: Any
+    """The flattened reduction bucket (min(reduce_bucket_size, params) x grad bytes) the all-reduce runs on."""
+    flat: Any
+    """The step's flat 16-bit copy of the rank's gradient partition (grad bytes x params / shard)."""
+    cast: Any
+    """That copy cast to the master dtype (master bytes x params / shard) for the fp32 master's update."""
+
+
+def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> OptimizerCopies:
+    """The gradient copies DeepSpeed's ZeRO-1 (stage_1_and_2.py, grad_reduce all-reduce) makes after the
+    backward of a rank holding n_params replicated over `shard` ranks: each reduction bucket flattened
+    (allreduce_bucket), then at the step its partition's 16-bit gradients flattened and cast to the fp32
+    master's dtype (step: self.flatten(self.averaged_gradients[i]).to(fp32)); none where the gradients are
+    already in the master's dtype (BF16_Optimizer's fp32 gradients) or reduce-scattered (Megatron).
+    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (2022-02-18).
+    Derived: docs/formulas.md#mem.optimizer_copies"""
+    on = (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes)
+    part = n_params / shard
+    return OptimizerCopies(bucket=where(on, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
+                           flat=where(on, part * plan.grad_bytes, 0.0),
+                           cast=where(on, part * plan.master_bytes, 0.0))
 
 
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,

@@ -57,6 +57,7 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
                                  "embedding": f(a.embedding), "output": f(a.output)},
             "offloaded_to_host": f(a.offloaded),
+            "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "runtime_parts": None if mem.runtime is None else {
                 "context": f(mem.runtime.context), "cublas": f(mem.runtime.cublas), "nccl": f(mem.runtime.nccl),
                 "nccl_communicators": int(mem.runtime.communicators)}}
@@ -335,6 +336,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         rows += [("  CUDA context", mem.runtime.context, "mem.runtime"),
                  ("  cuBLAS workspace", mem.runtime.cublas, "mem.runtime"),
                  (f"  NCCL buffers ({int(mem.runtime.communicators)} comms)", mem.runtime.nccl, "mem.runtime")]
+    rows += [("  ZeRO-1 copies after backward", mem.after_backward, "mem.optimizer_copies")]
     for name, val, ref in rows:
         if name.startswith("  ") and val == 0:
             continue

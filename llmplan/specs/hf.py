@@ -83,7 +83,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt == "gpt2":
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
     if mt == "bloom":
-        out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False)
+        out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, embedding_norm=True)
     if mt == "qwen2":
         out["qkv_bias"] = True
     if mt in ("qwen3", "qwen3_moe", "qwen3_next"):

@@ -68,6 +68,10 @@ class ModelSpec(Spec):
     """llmplan key: RMSNorm (weight only) or LayerNorm (weight and bias)."""
     learned_position_embeddings: bool = False
     """llmplan key: learned absolute position embeddings (GPT-2/GPT-3) instead of RoPE."""
+    embedding_norm: bool = False
+    """A norm on the embedding output before the first layer (BLOOM's word_embeddings_layernorm; Megatron-DeepSpeed
+    --embed-layernorm): on the first stage it keeps its input for the backward, per micro-batch in flight (its 2h
+    weights are left out of the counts)."""
     attention_bias: bool = False
     """Biases on the q, k, v and output projections."""
     qkv_bias: bool = False
