@@ -194,8 +194,6 @@ def test_bloom_out_of_memory_attempt_is_predicted_not_to_fit(published_runs, acc
     assert float(e.memory.total) > 80 * GIB
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32: priced at 79.7 GiB allocated against 80 GiB (16-bit gradients, "
-                   "as DeepSpeed's ZeRO-1 kept them); what took it over is not found")
 def test_bloom_out_of_memory_attempt_at_micro_batch_1_is_predicted_not_to_fit(published_runs, acc):
     # Same table: the same layout at micro-batch 1 also ran out of memory.
     rec = published_runs["bloom-prequel-gbs-and-tp-variations-L72h14336a64-dp32tp2pp6mbs1gbs2048z1"]

@@ -60,7 +60,8 @@ class GpuSpec(Spec):
     tflops: dict[Dtype, float] = Field(min_length=1)
     """Peak dense (no 2:4 sparsity) TFLOP/s per dtype; a dtype that is absent is not supported."""
     hbm_gib: float = Field(gt=0, le=65_536)
-    """Memory per GPU in GiB."""
+    """Memory per GPU in GiB that CUDA can allocate (deviceQuery's total global memory, not nvidia-smi's, which
+    adds driver-reserved memory); the runtime's own buffers are charged against it. docs/formulas.md#mem.capacity"""
     hbm_gb_per_s: float = Field(gt=0, le=1e6)
     """Memory bandwidth in GB/s (decimal)."""
     max_gemm_tflops_bf16: float | None = Field(default=None, gt=0, le=1e6)
