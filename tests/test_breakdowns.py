@@ -10,7 +10,7 @@ import pytest
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import layer_flops
 from llmplan.cost.memory import layer_activation_parts, model_state_bytes
-from llmplan.cost.model_states import optimizer_parts
+from llmplan.cost.model_states import optimizer_copies, optimizer_parts
 from llmplan.cost.params import rank_params
 from llmplan.estimate import estimate_training
 from llmplan.serving import estimate_serving
@@ -33,6 +33,8 @@ def instances() -> list[Breakdown]:
                 optimizer_parts(plan, e.memory.optimizer)]
         assert e.memory.runtime is not None  # priced by default (no --overhead-gib)
         out.append(e.memory.runtime)
+    # DeepSpeed ZeRO-1's copies after the backward (16-bit gradients all-reduced, fp32 master)
+    out.append(optimizer_copies(ParallelPlan(dp=8, zero=1, grad_reduce="all-reduce", grad_dtype="bf16"), 1e9, 8))
     one = ClusterSpec(system=S["dgx-h100"], num_nodes=1)
     out.append(estimate_serving(M["llama-3.1-8b"], one, ServePlan(tp=8), ServeJob()).memory)
     spec = SpeculativeSpec(method="eagle", num_speculative_tokens=3)
