@@ -873,7 +873,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         attention_kernel="flash2" if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", "")) else "native",
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
-        fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", "")),
+        # Megatron-Core r0.8: --cross-entropy-loss-fusion off by default, and not among the README's flags
+        fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", ""))
+        and not rec["id"].startswith("megatron-core-r0.8-"),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels

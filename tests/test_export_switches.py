@@ -58,6 +58,16 @@ def test_rope_fusion_off_is_written_or_refused(cli, tmp_path):
     assert code == 2 and "rope_fusion off" in err and "Traceback" not in err and files == ""
 
 
+def test_fused_loss_is_asked_for_in_the_megatron_export(cli, tmp_path):
+    # Megatron-LM's default is the unfused vocab-parallel cross entropy (ModelParallelConfig
+    # cross_entropy_loss_fusion False at d98e8a6; --cross-entropy-loss-fusion turns it on): the export asks for the
+    # fused loss llmplan priced (docs/formulas.md#compute.loss), and leaves it off for a plan priced unfused.
+    on, off = saved(cli, tmp_path / "on"), saved(cli, tmp_path / "off", fused_loss=False)
+    for plan, want in ((on, True), (off, False)):
+        code, files, err = export(cli, plan, "megatron", plan.parent / "m")
+        assert code == 0 and ("--cross-entropy-loss-fusion" in files) == want, err
+
+
 def test_expert_clamp_and_bias_follow_the_expert_gemm_path(cli, tmp_path):
     # Megatron-Core moe/experts.py (d98e8a6): the clamped GLU and the fc2 bias run inside Transformer Engine's
     # grouped MLP ops on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),

@@ -123,8 +123,25 @@ def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return (clamp + rerun * activation_pass_bytes(m)) / 3
 
 
+FUSED_LOSS_BYTES = 16.0
+"""HBM bytes per logit of a fused loss, forward and backward: the logits written in bf16, read and turned into
+fp32 softmax, read again for the loss and the gradient, and the gradient written. Derived:
+docs/formulas.md#compute.loss"""
+
+UNFUSED_LOSS_BYTES = 54.0
+"""HBM bytes per logit of Megatron's unfused vocab-parallel cross-entropy (ParallelPlan.fused_loss False), each
+step a kernel over the whole logit tensor: the bf16 logits written (2), cast to fp32 (read 2, write 4), the max
+(read 4), the max subtracted in place (8), exp in place (8), the sum (read 4), the division into the softmax
+(8); backward the softmax scaled by the incoming gradient in place (8) and cast back to bf16 (read 4, write 2).
+PyTorch's eager cross_entropy on fp32-cast logits (torchtitan, AutoModel) counts 50 the same way
+(log_softmax's three reads and a write, nll_loss_backward's zeroed fp32 gradient, log_softmax_backward's row
+sum and its two reads and a write): priced at the same 54. Source: NVIDIA/Megatron-LM
+megatron/core/tensor_parallel/cross_entropy.py at core_r0.8.0 (_VocabParallelCrossEntropy, calculate_logits_max:
+vocab_parallel_logits.float()). Derived: docs/formulas.md#compute.loss"""
+
+
 def loss_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """HBM traffic of the output layer's loss, forward and backward, one micro-batch, one rank: the logits
-    written in bf16, read and turned into fp32 softmax, read again for the loss and the gradient, and the
-    gradient written: about 16 bytes per logit. Derived: docs/formulas.md#compute.memory_bound"""
-    return 16 * plan.seq_len / plan.cp * plan.micro_batch * padded_vocab(m.vocab_size, plan.tp) / plan.tp
+    """HBM traffic of the output layer's loss, forward and backward, one micro-batch, one rank: FUSED_LOSS_BYTES
+    per logit, UNFUSED_LOSS_BYTES without the fused loss. Derived: docs/formulas.md#compute.loss"""
+    per_logit = where(plan.fused_loss, FUSED_LOSS_BYTES, UNFUSED_LOSS_BYTES)
+    return per_logit * plan.seq_len / plan.cp * plan.micro_batch * padded_vocab(m.vocab_size, plan.tp) / plan.tp

@@ -136,6 +136,9 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
               ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
+              # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
+              # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
+              ("--cross-entropy-loss-fusion", p.fused_loss),
               # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
               # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
               ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"

@@ -47,6 +47,7 @@ PARALLEL_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
+    --cross-entropy-loss-fusion
     --micro-batch-size 1
     --global-batch-size 2048
     --bf16
