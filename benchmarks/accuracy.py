@@ -541,6 +541,18 @@ def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
     return per_rank[0], per_rank[-1]
 
 
+def mbridge_ds_b200_v2(rec: dict) -> bool:
+    """Whether an mbridge row is DeepSeek-V3's B200 MXFP8 V2 preset of v0.4.2 (26.04.01) / v0.5.0
+    (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2,
+    moe_flex_dispatcher_backend deepep, PP8 VP2 EP32, moe_a2a_overlap True (which utils/overrides.py turns into
+    overlap_moe_expert_parallel_comm and delay_wgrad_compute), pp_layout "Et*4|(t*4|)*14tmL", TE CUDA graphs of
+    attn / moe_router / moe_preprocess, recompute mla_up_proj and mlp); the table's PP8 VP2 EP32 B200 row is it.
+    v0.4.0 (26.04) and earlier ran B200 at PP16 EP8 without the overlap."""
+    rid = rec["id"]
+    return ("deepseekv3" in rid and "-dgx-b200-" in rid and ("mxfp8" in rid or "fp8mx" in rid)
+            and "pp8" in rid and "ep32" in rid and "vp2" in rid)
+
+
 def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     """(flex dispatcher, EP overlap) of an mbridge MoE row, from the Megatron-Bridge performance presets of its
     release (scripts/performance/configs/{deepseek,qwen,gpt_oss}/*workload_base_configs.py at the tags of the
@@ -567,7 +579,9 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     if "deepseekv3" in rid:
         # v0.2.0 (25.11) configs/deepseek/workload_base_configs.py: the B200 preset sets no flex backend, so the
         # DeepSeek provider's alltoall dispatcher runs (models/deepseek/deepseek_provider.py); hybridep from v0.3.0
-        return not (ref[:2] == (25, 11) and gpu.startswith("b200")), mx_overlap
+        # v0.4.2 (26.04.01) and v0.5.0: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 runs deepep at PP8 VP2 EP32
+        # with moe_a2a_overlap=True (mbridge_ds_b200_v2)
+        return not (ref[:2] == (25, 11) and gpu.startswith("b200")), mx_overlap or mbridge_ds_b200_v2(rec)
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
     if "deepseekv4" in rid:  # perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad (26.08; GB300 reuses it):
@@ -723,7 +737,8 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
               or ("gpt-oss" in rid and (gb or "b300" in gpu))
               # DeepSeek-V3's B300 V2 preset (PP8, micro-batch 2) from v0.4.2 (26.04.01) to v0.5.0 (26.06)
-              or ("deepseekv3" in rid and gpu.startswith("b300") and (26, 4, 1) <= ref < (26, 8)))
+              or ("deepseekv3" in rid and gpu.startswith("b300") and (26, 4, 1) <= ref < (26, 8))
+              or mbridge_ds_b200_v2(rec))  # its B200 MXFP8 V2 preset (PP8 VP2 EP32) at v0.4.2 / v0.5.0
     return "layers" if layers else "none"
 
 

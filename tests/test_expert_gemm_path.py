@@ -155,6 +155,19 @@ def test_deepseek_b300_26_06_runs_its_bf16_preset(published_runs, acc):
     assert acc.mbridge_expert_gemm(rec) == "per-expert" and not acc.mbridge_fp8_attention(rec)
 
 
+def test_deepseek_b200_26_04_01_runs_its_mxfp8_v2_preset(published_runs, acc):
+    # v0.4.2 deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 = deepep, PP8 VP2 EP32,
+    # moe_a2a_overlap=True, cuda_graph_impl transformer_engine (attn / moe_router / moe_preprocess), recompute
+    # mla_up_proj and mlp, pp_layout "Et*4|(t*4|)*14tmL"; the PP16 EP8 rows of 26.02 / 26.04 run the V1 preset
+    rec = published_runs["mbridge-26.04.01-pretrain-deepseekv3-dgx-b200-256gpu-mxfp8-tp1pp8cp1ep32vp2gbs4096mbs1"]
+    assert acc.mbridge_moe_recipe(rec) == (True, True)
+    assert acc.mbridge_cuda_graphs(rec) == "layers"
+    assert acc.mbridge_recompute_modules(rec) == ("mla_up_proj", "mlp")
+    assert acc.mbridge_layout(rec, 8, 2) == ("Etttt",) + ("tttt",) * 14 + ("tmL",)
+    pp16 = published_runs["mbridge-26.04-pretrain-deepseekv3-dgx-b200-256gpu-mxfp8-tp1pp16cp1ep8vpnagbs4096mbs1"]
+    assert acc.mbridge_moe_recipe(pp16) == (True, False) and acc.mbridge_cuda_graphs(pp16) == "none"
+
+
 def test_cli_switch_reaches_the_plan_and_the_step(cli):
     args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-b200", "--ep", "8", "--global-batch", "64",
             "--json")
