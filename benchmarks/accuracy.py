@@ -644,6 +644,19 @@ def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int
     return 0, 0
 
 
+def mbridge_without_tp_overlap(rec: dict) -> bool:
+    """Whether an mbridge row's recipe leaves Transformer Engine's TP communication overlap off at TP > 1: the
+    Nemotron-3 Super and Ultra rows (their TP2 GB200 / B200 presets). Their recipes set no comm_overlap
+    (Megatron-Bridge recipes/nemotronh/nemotron_3_super.py nemotron_3_super_pretrain_config at v0.4.0, v0.4.2 and
+    v0.5.0; recipes/nemotronh/h100/nemotron_3_{super,ultra}.py pretrain configs at v0.6.0 / 067f987d), recipes/
+    common.py _pretrain_common gives comm_overlap=None, the v0.4.0 - v0.5.0 performance scripts build a
+    CommOverlapConfig only for moe_a2a_overlap (utils/overrides.py _set_moe_a2a_overlap_overrides; False for
+    Super) and the v0.6.0 perf_recipes/nemotronh/{gb200,b200}/nemotronh.py Super / Ultra builders set none (the
+    Nano ones set comm_overlap.tp_comm_overlap = True): Megatron-Core's TransformerConfig.tp_comm_overlap stays
+    at its default, False. The SP collectives then run as cost.exposure.tp_exposed's default path."""
+    return family(rec["id"]) == "mbridge-moe" and ("nemotron-3-super" in rec["id"] or "nemotron-3-ultra" in rec["id"])
+
+
 def mbridge_op_fuser(rec: dict) -> bool:
     """Whether an mbridge GPT-OSS row's preset runs the experts through Megatron-Core's Transformer Engine op
     fuser (use_transformer_engine_op_fuser: fc1, the clamped GLU (ScaledClampedQGeGLU) and fc2 with its bias as
@@ -867,7 +880,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
                          or bool(par.get("tp_comm_overlap"))
                          or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
-                                                         and "llama" in rec["id"]),
+                                                         and "llama" in rec["id"])
+        and not mbridge_without_tp_overlap(rec),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive

@@ -74,3 +74,21 @@ def test_recomputing_the_moe_block_runs_its_all_to_alls_again():
     assert calls() == 4 * n
     assert calls(recompute="selective", recompute_modules=("moe_act", "layernorm")) == 4 * n
     assert calls(recompute="selective", recompute_modules=("moe", "layernorm", "core_attn", "moe_act")) == 6 * n
+
+
+def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs, acc):
+    # Megatron-Bridge recipes/nemotronh/nemotron_3_super.py (v0.4.0 - v0.5.0) and recipes/nemotronh/h100/
+    # nemotron_3_{super,ultra}.py (v0.6.0) set no comm_overlap (recipes/common.py: comm_overlap=None); the
+    # perf_recipes/nemotronh/gb200 Super / Ultra builders set none either, where the Nano builders set
+    # comm_overlap.tp_comm_overlap = True. Megatron-Core's tp_comm_overlap default is False.
+    rows = [r for r in published_runs.values() if acc.family(r["id"]) == "mbridge-moe" and "-tp2" in r["id"]
+            and ("nemotron-3-super" in r["id"] or "nemotron-3-ultra" in r["id"])]
+    assert len(rows) >= 10
+    for rec in rows:
+        plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+        assert plan.tp == 2 and plan.sp and not plan.tp_comm_overlap, rec["id"]
+    # Qwen3-235B-A22B on H100 (TP2, moe_a2a_overlap): utils/overrides.py _set_moe_a2a_overlap_overrides builds
+    # CommOverlapConfig(tp_comm_overlap=tp > 1), so it keeps the overlap
+    other = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-qwen3-235b")
+                 and "-h100-" in r["id"] and "-tp2" in r["id"])
+    assert acc.plan_for(other, "mbridge-moe", other["hardware"]["gpus"]).tp_comm_overlap
