@@ -188,9 +188,10 @@ ASSUMPTIONS = {
                    "and activation recomputed); Nemotron-3 Super (a built-in latent-MoE "
                    "hybrid from 2026-12, its MTP module run twice) in the Super presets per release (hybridep, no EP "
                    "overlap, TE CUDA graphs but on B200 MXFP8, moe_act and layernorm recomputed on B200 MXFP8 and "
-                   "B300 NVFP4); Nemotron-3 Ultra (a "
+                   "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
-                   "moe_act recomputed, MTP depth 2, no CUDA graphs; its expert-MLP offload to the CPU not modelled) "
+                   "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
+                   "communication overlap; its expert-MLP offload to the CPU not modelled) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
                    "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
                    "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
@@ -730,8 +731,15 @@ def mbridge_expert_gemm(rec: dict) -> str:
     selects TE's fused grouped MLP: cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1,
     use_transformer_engine_op_fuser) in the MXFP8 full-iteration presets from 26.06 (scripts/performance/configs/
     {qwen,deepseek,gpt_oss}/*workload_base_configs.py and utils/overrides.py at v0.5.0; v0.6.0 perf_recipes
-    {qwen,deepseek,gpt_oss}/common.py), grouped there. Other families: grouped (as priced before)."""
+    {qwen,deepseek,gpt_oss}/common.py), grouped there, and the Nemotron-3 Ultra presets (26.08). Other families:
+    grouped (as priced before)."""
     if family(rec["id"]) != "mbridge-moe":
+        return "grouped"
+    if "nemotron-3-ultra" in rec["id"]:
+        # v0.6.0 perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_perf_defaults: use_transformer_engine_op_fuser
+        # True after _benchmark_common (which would clear it), use_fused_weighted_squared_relu; the GB200 / GB300
+        # builders set NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 and offload "fused_group_mlp", the fused path's own offload;
+        # Megatron-LM at v0.6.0's pin (cd4afff) experts.py _is_fused_impl_supported takes the weighted squared ReLU
         return "grouped"
     return "grouped" if mbridge_cuda_graphs(rec) == "full-iteration" else "per-expert"
 

@@ -92,3 +92,15 @@ def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs,
     other = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-qwen3-235b")
                  and "-h100-" in r["id"] and "-tp2" in r["id"])
     assert acc.plan_for(other, "mbridge-moe", other["hardware"]["gpus"]).tp_comm_overlap
+
+
+def test_ultra_presets_run_the_fused_grouped_mlp(published_runs, acc):
+    # v0.6.0 perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_perf_defaults sets
+    # use_transformer_engine_op_fuser = True after _benchmark_common, and use_fused_weighted_squared_relu; the GB200
+    # / GB300 Ultra builders export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1. Megatron-LM at the v0.6.0 pin (cd4afff)
+    # fuses the weighted squared ReLU (experts.py _is_fused_impl_supported): one grouped kernel, not one GEMM
+    # per local expert. The Super presets of the same release set neither (their rows stay per-expert).
+    ultra = [r for r in published_runs.values() if "nemotron-3-ultra" in r["id"]]
+    assert len(ultra) == 2 and all(acc.mbridge_expert_gemm(r) == "grouped" for r in ultra)
+    sup = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
+    assert acc.mbridge_expert_gemm(sup) == "per-expert"
