@@ -104,3 +104,40 @@ def test_ultra_presets_run_the_fused_grouped_mlp(published_runs, acc):
     assert len(ultra) == 2 and all(acc.mbridge_expert_gemm(r) == "grouped" for r in ultra)
     sup = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
     assert acc.mbridge_expert_gemm(sup) == "per-expert"
+
+
+def test_a_hybrid_mtp_module_is_an_attention_and_moe_block_with_its_projection(published_runs, acc):
+    # Megatron-LM multi_token_prediction.py (cd4afff): a hybrid's MTP module builds its block from
+    # mtp_hybrid_override_pattern, "*E" in Nemotron-3 Super's config.json (attention, then the MoE layer), after
+    # eh_proj (2h -> h, column-parallel). So on the last stage one MTP module must cost what the same module
+    # costs in an all-attention copy of the model (where the average mixer is attention), whatever the
+    # hybrid's mix of Mamba-2 and attention, plus nothing else; and eh_proj's FLOPs are two per weight element
+    # of the rank's projection (cost.params.mtp_projection_params less its two norms) and token.
+    from llmplan.cost.compute import mtp_projection_seconds
+    from llmplan.cost.gemm import gemm_shape_efficiency
+    from llmplan.cost.hybrid_stage import balanced_stage_compute, single_kind
+    from llmplan.cost.params import mtp_projection_params, norm_params
+    from llmplan.cost.stages import stage_layers
+
+    rec = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
+    plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+    gpu = acc.builtin_systems()[acc.record_system(rec)].gpu
+    base = acc.model_for(rec, "mbridge-moe")
+
+    def mtp_cost(m):
+        with_mtp, without = (m.model_copy(update={"num_nextn_predict_layers": k}) for k in (1, 0))
+        total = [balanced_stage_compute(x, plan, gpu, 0, *stage_layers(x, plan, 0), True).total
+                 for x in (with_mtp, without)]
+        return total[0] - total[1]
+
+    attention_only = single_kind(base, "full_attention")
+    assert mtp_cost(base) == pytest.approx(mtp_cost(attention_only), rel=1e-6)  # the GEMM-efficiency mix
+    mamba_only = single_kind(base, "mamba")
+    assert mtp_cost(base) != pytest.approx(mtp_cost(mamba_only), rel=1e-3)  # a Mamba-2 mixer costs otherwise
+
+    one = base.model_copy(update={"num_nextn_predict_layers": 1})
+    T = plan.seq_len * plan.micro_batch
+    weights = mtp_projection_params(one, plan.tp) - 2 * norm_params(one)
+    eff = gemm_shape_efficiency(gpu, plan.gemm_format, T, one.hidden_size / plan.tp, 2 * one.hidden_size)
+    assert mtp_projection_seconds(one, plan, gpu) == pytest.approx(
+        2 * T * weights / (gpu.sustained_flops(plan.gemm_format) * eff), rel=1e-9)
