@@ -191,9 +191,10 @@ ASSUMPTIONS = {
                    "and activation recomputed); Nemotron-3 Super (a built-in latent-MoE "
                    "hybrid from 2026-12, its MTP module run twice) in the Super presets per release (hybridep, no EP "
                    "overlap, TE CUDA graphs but on B200 MXFP8, moe_act and layernorm recomputed on B200 MXFP8 and "
-                   "B300 NVFP4); Nemotron-3 Ultra (a "
+                   "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
-                   "moe_act recomputed, MTP depth 2, no CUDA graphs; its expert-MLP offload to the CPU not modelled) "
+                   "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
+                   "communication overlap; its expert-MLP offload to the CPU not modelled) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
                    "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
                    "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
@@ -674,6 +675,19 @@ def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int
     return 0, 0
 
 
+def mbridge_without_tp_overlap(rec: dict) -> bool:
+    """Whether an mbridge row's recipe leaves Transformer Engine's TP communication overlap off at TP > 1: the
+    Nemotron-3 Super and Ultra rows (their TP2 GB200 / B200 presets). Their recipes set no comm_overlap
+    (Megatron-Bridge recipes/nemotronh/nemotron_3_super.py nemotron_3_super_pretrain_config at v0.4.0, v0.4.2 and
+    v0.5.0; recipes/nemotronh/h100/nemotron_3_{super,ultra}.py pretrain configs at v0.6.0 / 067f987d), recipes/
+    common.py _pretrain_common gives comm_overlap=None, the v0.4.0 - v0.5.0 performance scripts build a
+    CommOverlapConfig only for moe_a2a_overlap (utils/overrides.py _set_moe_a2a_overlap_overrides; False for
+    Super) and the v0.6.0 perf_recipes/nemotronh/{gb200,b200}/nemotronh.py Super / Ultra builders set none (the
+    Nano ones set comm_overlap.tp_comm_overlap = True): Megatron-Core's TransformerConfig.tp_comm_overlap stays
+    at its default, False. The SP collectives then run as cost.exposure.tp_exposed's default path."""
+    return family(rec["id"]) == "mbridge-moe" and ("nemotron-3-super" in rec["id"] or "nemotron-3-ultra" in rec["id"])
+
+
 def mbridge_op_fuser(rec: dict) -> bool:
     """Whether an mbridge GPT-OSS row's preset runs the experts through Megatron-Core's Transformer Engine op
     fuser (use_transformer_engine_op_fuser: fc1, the clamped GLU (ScaledClampedQGeGLU) and fc2 with its bias as
@@ -748,8 +762,15 @@ def mbridge_expert_gemm(rec: dict) -> str:
     selects TE's fused grouped MLP: cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1,
     use_transformer_engine_op_fuser) in the MXFP8 full-iteration presets from 26.06 (scripts/performance/configs/
     {qwen,deepseek,gpt_oss}/*workload_base_configs.py and utils/overrides.py at v0.5.0; v0.6.0 perf_recipes
-    {qwen,deepseek,gpt_oss}/common.py), grouped there. Other families: grouped (as priced before)."""
+    {qwen,deepseek,gpt_oss}/common.py), grouped there, and the Nemotron-3 Ultra presets (26.08). Other families:
+    grouped (as priced before)."""
     if family(rec["id"]) != "mbridge-moe":
+        return "grouped"
+    if "nemotron-3-ultra" in rec["id"]:
+        # v0.6.0 perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_perf_defaults: use_transformer_engine_op_fuser
+        # True after _benchmark_common (which would clear it), use_fused_weighted_squared_relu; the GB200 / GB300
+        # builders set NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 and offload "fused_group_mlp", the fused path's own offload;
+        # Megatron-LM at v0.6.0's pin (cd4afff) experts.py _is_fused_impl_supported takes the weighted squared ReLU
         return "grouped"
     return "grouped" if mbridge_cuda_graphs(rec) == "full-iteration" else "per-expert"
 
@@ -902,7 +923,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_comm_overlap=("tp-comm-overlap" in str(par.get("comm_overlap", "")) or bool(par.get("async_tp"))
                          or bool(par.get("tp_comm_overlap"))
                          or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
-                                                         and "llama" in rec["id"]),
+                                                         and "llama" in rec["id"])
+        and not mbridge_without_tp_overlap(rec),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive

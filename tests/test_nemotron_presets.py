@@ -74,3 +74,70 @@ def test_recomputing_the_moe_block_runs_its_all_to_alls_again():
     assert calls() == 4 * n
     assert calls(recompute="selective", recompute_modules=("moe_act", "layernorm")) == 4 * n
     assert calls(recompute="selective", recompute_modules=("moe", "layernorm", "core_attn", "moe_act")) == 6 * n
+
+
+def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs, acc):
+    # Megatron-Bridge recipes/nemotronh/nemotron_3_super.py (v0.4.0 - v0.5.0) and recipes/nemotronh/h100/
+    # nemotron_3_{super,ultra}.py (v0.6.0) set no comm_overlap (recipes/common.py: comm_overlap=None); the
+    # perf_recipes/nemotronh/gb200 Super / Ultra builders set none either, where the Nano builders set
+    # comm_overlap.tp_comm_overlap = True. Megatron-Core's tp_comm_overlap default is False.
+    rows = [r for r in published_runs.values() if acc.family(r["id"]) == "mbridge-moe" and "-tp2" in r["id"]
+            and ("nemotron-3-super" in r["id"] or "nemotron-3-ultra" in r["id"])]
+    assert len(rows) >= 10
+    for rec in rows:
+        plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+        assert plan.tp == 2 and plan.sp and not plan.tp_comm_overlap, rec["id"]
+    # Qwen3-235B-A22B on H100 (TP2, moe_a2a_overlap): utils/overrides.py _set_moe_a2a_overlap_overrides builds
+    # CommOverlapConfig(tp_comm_overlap=tp > 1), so it keeps the overlap
+    other = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-qwen3-235b")
+                 and "-h100-" in r["id"] and "-tp2" in r["id"])
+    assert acc.plan_for(other, "mbridge-moe", other["hardware"]["gpus"]).tp_comm_overlap
+
+
+def test_ultra_presets_run_the_fused_grouped_mlp(published_runs, acc):
+    # v0.6.0 perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_perf_defaults sets
+    # use_transformer_engine_op_fuser = True after _benchmark_common, and use_fused_weighted_squared_relu; the GB200
+    # / GB300 Ultra builders export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1. Megatron-LM at the v0.6.0 pin (cd4afff)
+    # fuses the weighted squared ReLU (experts.py _is_fused_impl_supported): one grouped kernel, not one GEMM
+    # per local expert. The Super presets of the same release set neither (their rows stay per-expert).
+    ultra = [r for r in published_runs.values() if "nemotron-3-ultra" in r["id"]]
+    assert len(ultra) == 2 and all(acc.mbridge_expert_gemm(r) == "grouped" for r in ultra)
+    sup = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
+    assert acc.mbridge_expert_gemm(sup) == "per-expert"
+
+
+def test_a_hybrid_mtp_module_is_an_attention_and_moe_block_with_its_projection(published_runs, acc):
+    # Megatron-LM multi_token_prediction.py (cd4afff): a hybrid's MTP module builds its block from
+    # mtp_hybrid_override_pattern, "*E" in Nemotron-3 Super's config.json (attention, then the MoE layer), after
+    # eh_proj (2h -> h, column-parallel). So on the last stage one MTP module must cost what the same module
+    # costs in an all-attention copy of the model (where the average mixer is attention), whatever the
+    # hybrid's mix of Mamba-2 and attention, plus nothing else; and eh_proj's FLOPs are two per weight element
+    # of the rank's projection (cost.params.mtp_projection_params less its two norms) and token.
+    from llmplan.cost.compute import mtp_projection_seconds
+    from llmplan.cost.gemm import gemm_shape_efficiency
+    from llmplan.cost.hybrid_stage import balanced_stage_compute, single_kind
+    from llmplan.cost.params import mtp_projection_params, norm_params
+    from llmplan.cost.stages import stage_layers
+
+    rec = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
+    plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+    gpu = acc.builtin_systems()[acc.record_system(rec)].gpu
+    base = acc.model_for(rec, "mbridge-moe")
+
+    def mtp_cost(m):
+        with_mtp, without = (m.model_copy(update={"num_nextn_predict_layers": k}) for k in (1, 0))
+        total = [balanced_stage_compute(x, plan, gpu, 0, *stage_layers(x, plan, 0), True).total
+                 for x in (with_mtp, without)]
+        return total[0] - total[1]
+
+    attention_only = single_kind(base, "full_attention")
+    assert mtp_cost(base) == pytest.approx(mtp_cost(attention_only), rel=1e-6)  # the GEMM-efficiency mix
+    mamba_only = single_kind(base, "mamba")
+    assert mtp_cost(base) != pytest.approx(mtp_cost(mamba_only), rel=1e-3)  # a Mamba-2 mixer costs otherwise
+
+    one = base.model_copy(update={"num_nextn_predict_layers": 1})
+    T = plan.seq_len * plan.micro_batch
+    weights = mtp_projection_params(one, plan.tp) - 2 * norm_params(one)
+    eff = gemm_shape_efficiency(gpu, plan.gemm_format, T, one.hidden_size / plan.tp, 2 * one.hidden_size)
+    assert mtp_projection_seconds(one, plan, gpu) == pytest.approx(
+        2 * T * weights / (gpu.sustained_flops(plan.gemm_format) * eff), rel=1e-9)

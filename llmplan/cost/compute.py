@@ -204,17 +204,32 @@ def grad_accumulation_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuS
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
-    """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module). The
-    output layer stays in bf16 under every low-precision recipe (Megatron-Core's fp8 autocast covers the
-    decoder layers only; torchtitan's float8 / MX converters skip the output layer)."""
+    """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module, with the
+    module's eh_proj, 2h -> h split by TP, priced in the same format: mtp_projection_seconds). The output layer
+    stays in bf16 under every low-precision recipe (Megatron-Core's fp8 autocast covers the decoder layers only;
+    torchtitan's float8 / MX converters skip the output layer)."""
     def compute() -> tuple[Any, Any]:
         s, b = plan.seq_len / plan.cp, plan.micro_batch
         fmt = bf16_kernel_format(plan)
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
-        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff),
+        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff) + mtp_projection_seconds(m, plan, gpu),
                 heads * loss_bytes(m, plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
     return memoized(plan, ("output_seconds", m, gpu), compute)
+
+
+def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Forward seconds of the MTP modules' eh_proj on the last stage, one micro-batch: per module the
+    concatenated [norm(embedding), norm(hidden)] (2h) projected to h, column-parallel without gathering its
+    output, 2·s·b·2h·h/t FLOPs, inside the recipe's fp8 context but never in fp4 (Megatron-LM runs the MTP
+    modules under the global fp8 context and leaves FP4 out of them); stage_compute charges it three times, as
+    the head. Source: NVIDIA/Megatron-LM megatron/core/transformer/multi_token_prediction.py (eh_proj,
+    _proj_and_transformer_layer: "currently ignoring FP4 in MTP layers", cd4afff); DeepSeek-V3 report §2.2
+    (M_k). Derived: docs/formulas.md#mixers.mtp"""
+    T, h = plan.seq_len / plan.cp * plan.micro_batch, m.hidden_size
+    fmt = plan.gemm_format if plan.dtype == "fp8" else bf16_kernel_format(plan)
+    eff = gemm_shape_efficiency(gpu, fmt, T, h / plan.tp, 2 * h)
+    return m.num_nextn_predict_layers * 2 * T * 2 * h * h / plan.tp / (gpu.sustained_flops(fmt) * eff)
 
 
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0) -> Any:

@@ -4,7 +4,8 @@ The cost functions price a hybrid's average layer (cost.mixers); a stage of most
 the attention layers then cost the same. A stage's compute is linear in its layers' mixer shares, so with
 SC(m_k) the stage's compute were every layer's mixer of kind k (its MLPs unchanged), the stage holding c_k of
 its n layers of kind k costs SC(m) + sum_k (c_k / n - share_k) SC(m_k), share_k the model's share of kind k.
-Derived: docs/formulas.md#mixers.balance
+A multi-token-prediction module on the stage is one layer more whose mixer is attention (MTP_MIXER).
+Derived: docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from typing import Any
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import StageCompute, stage_compute
 from llmplan.cost.params import memoized, stage_kind_counts, stage_layer_count
+from llmplan.cost.stages import stage_mtp_modules
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 PARTS = ("gemm", "attention", "memory_bound", "forward")
+MTP_MIXER = "full_attention"
+"""The mixer of a hybrid's multi-token-prediction module: softmax attention before its MoE block (Nemotron-3's
+mtp_hybrid_override_pattern "*E"; Megatron-LM multi_token_prediction.py builds the module's HybridStack from that
+pattern, after its eh_proj). Derived: docs/formulas.md#mixers.mtp"""
 
 
 def single_kind(m: ModelSpec, kind: str) -> ModelSpec:
@@ -29,8 +35,9 @@ def single_kind(m: ModelSpec, kind: str) -> ModelSpec:
 
 def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any, n_dense: Any, n_moe: Any,
                            last: Any) -> StageCompute:
-    """stage_compute of pipeline rank `stage` at the mixer kinds it holds (stage_kind_counts); the average-layer
-    stage_compute for a model whose layers share one mixer kind. Derived: docs/formulas.md#mixers.balance"""
+    """stage_compute of pipeline rank `stage` at the mixer kinds it holds (stage_kind_counts), its MTP modules
+    (stage_mtp_modules, priced as MoE layers) with the MTP_MIXER; the average-layer stage_compute for a model whose
+    layers share one mixer kind. Derived: docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp"""
     base = stage_compute(m, plan, gpu, n_dense, n_moe, last)
     kinds = tuple(dict.fromkeys(m.layer_types or ()))
     if len(kinds) < 2:
@@ -38,10 +45,19 @@ def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage
     counts = stage_kind_counts(m, plan, stage)
     n = maximum(stage_layer_count(m, plan, stage), 1)
     parts = {f: getattr(base, f) for f in PARTS}
+    has_mtp = bool(m.num_nextn_predict_layers) and MTP_MIXER in kinds
+    mtp = stage_mtp_modules(m, plan, stage) if has_mtp else 0
     for kind in kinds:
         variant = memoized(plan, ("single_kind", m, kind), lambda k=kind: single_kind(m, k))
         sc = stage_compute(variant, plan, gpu, n_dense, n_moe, False)  # the output layer cancels: sum_k = 0
         weight = counts[kind] / n - m.count_layers(kind) / m.num_hidden_layers
+        # the stage's MTP modules (MoE layers of n_moe; dense ones without experts) hold attention, not the stage's
+        # mixer mix: one layer of the attention variant each, less what the average and weighted variants gave them
+        one = stage_compute(variant, plan, gpu, 0 if m.is_moe else 1, 1 if m.is_moe else 0, False) \
+            if has_mtp else None
         for f in PARTS:
             parts[f] = parts[f] + weight * getattr(sc, f)
+            if one is not None:
+                own = (1.0 if kind == MTP_MIXER else 0.0) - weight - m.count_layers(kind) / m.num_hidden_layers
+                parts[f] = parts[f] + mtp * own * getattr(one, f)
     return StageCompute(**{f: where(parts[f] > 0, parts[f], 0.0) for f in PARTS})

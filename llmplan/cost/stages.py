@@ -146,6 +146,14 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     return dense, n - dense + mtp
 
 
+def stage_mtp_modules(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """Multi-token-prediction modules held by pipeline rank `stage`: the m symbols of its pp_layout chunks, else
+    all of them on the last stage (as _stage_layers places them). Elementwise on plan arrays."""
+    if has_layout(plan):
+        return sum(chunk.count("m") for chunk in layout_grid(plan)[int(stage)])
+    return where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)
+
+
 def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
     """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
     return _flagged_between([x == "moe" for x in (m.mlp_layer_types or ())], start, end)
