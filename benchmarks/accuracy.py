@@ -607,8 +607,14 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     if "qwen3-235b" in rid:  # v0.3.0's B300 V1 / V2 presets set moe_a2a_overlap (v0.3.1: False)
         return (gb or ("b300" in gpu and release >= (26, 6)),
                 "h100" in gpu or (mx_overlap and gb) or ("b300" in gpu and ref == (26, 2)))
-    if "gpt-oss" in rid:
-        return "h100" not in gpu, (mx_overlap and gb) or ("gb200" in gpu and "bf16" in rid)
+    if "gpt-oss" in rid:  # gpt_oss_workload_base_configs.py per tag: no preset sets a flex backend or
+        # moe_a2a_overlap before v0.4.0 (the provider's alltoall dispatcher); the BF16 V2 presets then give GB200
+        # hybridep + moe_a2a_overlap (v0.4.0) or moe_a2a_overlap alone (v0.4.2, v0.5.0), B300 hybridep, B200
+        # hybridep at v0.4.0 only, GB300 neither; the GB MXFP8 V2 presets of v0.5.0 hybridep + overlap
+        mx = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6)
+        flex = (mx and gb) or ("b300" in gpu and not gb and ref >= (26, 4)) \
+            or (ref[:2] == (26, 4) and len(ref) == 2 and ("gb200" in gpu or gpu.startswith("b200")))
+        return flex, (mx_overlap and gb) or ("gb200" in gpu and ref >= (26, 4) and not mx)
     return False, False
 
 
@@ -749,7 +755,9 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     gb = gpu.startswith("gb")
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
-              or ("gpt-oss" in rid and (gb or "b300" in gpu))
+              # GPT-OSS: the GB300 / B300 presets set TE graphs; the GB200 / B200 ones leave the recipe's "none"
+              # (gpt_oss_workload_base_configs.py at v0.2.0 - v0.5.0: GB200 sets recompute_modules instead)
+              or ("gpt-oss" in rid and ("gb300" in gpu or "b300" in gpu))
               # DeepSeek-V3's B300 V2 preset (PP8, micro-batch 2) from v0.4.2 (26.04.01) to v0.5.0 (26.06)
               or ("deepseekv3" in rid and gpu.startswith("b300") and (26, 4, 1) <= ref < (26, 8))
               or mbridge_ds_b200_v2(rec))  # its B200 MXFP8 V2 preset (PP8 VP2 EP32) at v0.4.2 / v0.5.0

@@ -1,0 +1,47 @@
+"""GPT-OSS 120B's Megatron-Bridge performance presets as benchmarks/accuracy.py reads them, per release tag
+(docs/validation.md#gb-pairs). Source: NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/
+{workload_base_configs,gpt_oss_workload_base_configs}.py at v0.2.0 (25.11), v0.3.0 (26.02), v0.4.0 (26.04),
+v0.4.2 (26.04.01) and v0.5.0 (26.06): the GB300 / B300 BF16 presets set cuda_graph_impl "transformer_engine"
+(attn, moe_router, moe_preprocess), the GB200 / B200 ones leave the GPT-OSS recipe's "none" and set
+recompute_modules instead; no preset sets moe_flex_dispatcher_backend or moe_a2a_overlap before v0.4.0 (the
+provider's alltoall dispatcher, GPTOSSProvider.moe_token_dispatcher_type); the BF16 V2 presets then give GB200
+hybridep + moe_a2a_overlap (v0.4.0) or moe_a2a_overlap alone (v0.4.2, v0.5.0), B300 hybridep, B200 hybridep at
+v0.4.0 only, GB300 neither."""
+
+import pytest
+
+PREFIX = "mbridge-{rel}-pretrain-gpt-oss-120b-dgx-{gpu}-64gpu-bf16-tp1pp1cp1ep{ep}vpnagbs1280mbs4"
+
+
+@pytest.mark.parametrize("rel, gpu, ep, flex, overlap, graphs", [
+    ("26.02", "gb200", 64, False, False, "none"),
+    ("26.02", "gb300", 64, False, False, "layers"),
+    ("26.02.01", "b200", 8, False, False, "none"),
+    ("26.02.01", "b300", 8, False, False, "layers"),
+    ("26.04", "gb200", 64, True, True, "none"),
+    ("26.04", "gb300", 64, False, False, "layers"),
+    ("26.04", "b200", 8, True, False, "none"),
+    ("26.04", "b300", 8, True, False, "layers"),
+    ("26.04.01", "gb200", 64, False, True, "none"),
+    ("26.04.01", "gb300", 64, False, False, "layers"),
+    ("26.04.01", "b200", 8, False, False, "none"),
+    ("26.04.01", "b300", 8, True, False, "layers"),
+])
+def test_gpt_oss_bf16_rows_run_their_release_preset(published_runs, acc, rel, gpu, ep, flex, overlap, graphs):
+    rec = published_runs[PREFIX.format(rel=rel, gpu=gpu, ep=ep)]
+    assert acc.mbridge_moe_recipe(rec) == (flex, overlap)
+    assert acc.mbridge_cuda_graphs(rec) == graphs
+    plan = acc.plan_for(rec, "mbridge-moe", 64)
+    assert plan.moe_dispatcher == ("deepep" if flex else "alltoall")
+    assert plan.cuda_graphs == graphs
+
+
+def test_gpt_oss_mxfp8_gb_presets_run_hybridep_with_overlap(published_runs, acc):
+    # v0.5.0 GPT_OSS_120B_PRETRAIN_CONFIG_GB{300,200}_FP8_MX_V2: full_iteration graphs, hybridep, moe_a2a_overlap;
+    # the B300 MXFP8 preset is its BF16 V2 (hybridep, no overlap)
+    for gpu, ep in (("gb300", 16), ("gb200", 64)):
+        rec = published_runs[f"mbridge-26.06-pretrain-gpt-oss-120b-dgx-{gpu}-64gpu-mxfp8-tp1pp1cp1ep{ep}vpnagbs1280mbs4"]
+        assert acc.mbridge_moe_recipe(rec) == (True, True)
+        assert acc.mbridge_cuda_graphs(rec) == "full-iteration"
+    b300 = published_runs["mbridge-26.06-pretrain-gpt-oss-120b-dgx-b300-64gpu-mxfp8-tp1pp1cp1ep8vpnagbs1280mbs4"]
+    assert acc.mbridge_moe_recipe(b300) == (True, False)
