@@ -160,8 +160,8 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     if op in ("all-gather", "reduce-scatter"):
         return (nccl_ring(n, k, ring_bw, L),)
-    # Hierarchical (all-reduce only; the ops above returned): intra-domain reduce-scatter, inter-domain step on S/g per GPU,
-    # intra-domain all-gather.
+    # Hierarchical (all-reduce only; the other ops returned above): intra-domain reduce-scatter, inter-domain
+    # step on S/g per GPU, intra-domain all-gather.
     # NCCL pipelines the phases over chunks and channels, so the bandwidth terms overlap (the slowest one
     # sets the pace) while the latencies add up. Derived: docs/formulas.md#comm.hierarchical
     phases = 2 if op == "all-reduce" else 1
