@@ -80,14 +80,14 @@ def _step(dp: int, unit: str) -> float:
 
 def test_zero3_table2_efficiency_falls_with_scale():
     """The measured step stays about constant (82, 67, 67 s) as the GPUs double: per-tensor collectives whose
-    ring latency and host copies grow with every rank. Tolerance: the predicted 1,536-GPU step is at least
-    40% of the measured one (before this change 16 s of 67, 24%; now 29 s, 43%), and the predicted per-GPU
-    throughput at 1,536 GPUs is at most 60% of that at 384 (measured 31%, before 92%). What the 2021 stack
-    spent beyond that (DeepSpeed's per-rank Python loop) is not priced: docs/formulas.md#comm.zero3_unit."""
+    ring latency and per-rank host work grow with every rank. Tolerance: the predicted 1,536-GPU step is at
+    least half the measured one (before this change 16 s of 67, 24%; now 36 s, 54%), and the predicted
+    per-GPU throughput at 1,536 GPUs is at most 60% of that at 384 (measured 31%, before 92%, now 45%); the
+    rest is not priced (docs/formulas.md#comm.zero3_unit)."""
     F = _eq3_flops(1536, 2048, 96, 12288, 51200)
     measured = {dp: F / (tf * 1e12 * dp) for dp, tf in ZERO3_T2}
     predicted = {dp: _step(dp, "tensor") for dp, _ in ZERO3_T2}
-    assert predicted[1536] >= 0.4 * measured[1536]
+    assert predicted[1536] >= 0.5 * measured[1536]
     per_gpu = {dp: F / (predicted[dp] * dp) for dp in predicted}
     assert per_gpu[1536] <= 0.6 * per_gpu[384]
     for dp, _ in ZERO3_T2:  # never slower than measured: what is priced is part of what ran

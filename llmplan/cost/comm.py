@@ -17,7 +17,7 @@ import numpy as np
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
+from llmplan.cost.moe import DEEPEP_NUM_SMS, EAGER_OP_HOST_S, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -301,17 +301,20 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
 
 
 def zero3_host_seconds(plan: ParallelPlan) -> Any:
-    """Host seconds of one per-tensor ZeRO-3 collective (plan.zero3_unit tensor) that the GPU waits for: the
-    call passes a list of one tensor per rank, and PyTorch's NCCL process group copies each rank's slice
-    between the list and a flat buffer (after an all-gather, before a reduce-scatter), one copy launch per
-    rank of the dp x cp group; DeepSpeed's stage 3 of 2021 synchronises the device before each gather and
-    after each fetch (torch.cuda.synchronize in _allgather_param and _synchronize_communication), so the host
-    never runs ahead and the GPU waits out these launches. FSDP's flat buffers (zero3_unit layer): none.
-    Source: pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (allgather: "Copy the flattened
-    output tensors to the outputs"; reduce_scatter: flatten_for_scatter_gather); microsoft/DeepSpeed v0.3.13
-    runtime/zero/partition_parameters.py, stage3.py. Derived: docs/formulas.md#comm.zero3_unit"""
+    """Host seconds of one per-tensor ZeRO-3 collective (plan.zero3_unit tensor) that the GPU waits for, per
+    rank of the dp x cp group: DeepSpeed's Python loop takes one narrow view of the flat buffer per rank
+    (an eager op's host time less its launch, EAGER_OP_HOST_S - KERNEL_LAUNCH_S: a view launches nothing), and
+    PyTorch's NCCL process group copies each rank's slice between that list and its flat buffer (one copy
+    launch, KERNEL_LAUNCH_S). DeepSpeed's stage 3 of 2021 synchronises the device before each gather and after
+    each fetch, so the host never runs ahead and the GPU waits these out. FSDP's flat buffers (zero3_unit
+    layer): none. Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py (_allgather_param,
+    _reduce_scatter_gradient: torch.cuda.synchronize, `for i in range(self.world_size)` narrow), stage3.py
+    (_synchronize_communication); pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (allgather:
+    "Copy the flattened output tensors to the outputs"; reduce_scatter: flatten_for_scatter_gather).
+    Derived: docs/formulas.md#comm.zero3_unit"""
     ranks = plan.dp * plan.cp
-    return where((plan.zero3_unit == "tensor") & (ranks > 1), ranks * KERNEL_LAUNCH_S, 0.0)
+    per_rank = (EAGER_OP_HOST_S - KERNEL_LAUNCH_S) + KERNEL_LAUNCH_S
+    return where((plan.zero3_unit == "tensor") & (ranks > 1), ranks * per_rank, 0.0)
 
 
 ZERO3_TENSORS_PER_LAYER = 4
