@@ -89,7 +89,9 @@ TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
                      "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
-                     "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not); the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+                     "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
+                     "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
+                     "tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
