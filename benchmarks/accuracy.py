@@ -89,7 +89,9 @@ TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
                      "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
-                     "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+                     "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
+                     "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
+                     "tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
@@ -937,6 +939,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
+        # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
+        # tensor, each module's weights released after its forward and fetched again for the recompute
+        # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer
+        zero3_unit="tensor" if fam == "narayanan2021" and zero == 3 else "layer",
         # Megatron-LM's asynchronous backward TP all-reduce (--async-tensor-model-parallel-allreduce) exists from
         # 2021-09-02 (3f65246911); the 2020 and April-2021 releases and the Megatron-DeepSpeed forks (bigscience's
         # mpu/layers.py at 119a0d2d, microsoft's until f90b8877, 2023-07) run every TP collective synchronously

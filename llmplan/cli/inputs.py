@@ -143,7 +143,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher", "bf16_layers_start",
                      "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "optimizer_master_dtype",
                      "optimizer_moment_dtype", "param_remainders", "grad_reduce", "grad_accumulation", "launch_blocking",
-                     "offload_layers")
+                     "offload_layers", "zero3_unit")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 

@@ -78,6 +78,9 @@ GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulatio
                                  help="How micro-batch gradients are accumulated: fused (in the weight-gradient "
                                       "GEMM) | add (Megatron-LM before 2022-02, autograd) | cast-add (DeepSpeed's "
                                       "BF16_Optimizer).")
+ZERO3_UNIT = typer.Option(_plan("zero3_unit"), "--zero3-unit",
+                          help="What one ZeRO-3 collective carries: layer (FSDP units) | tensor (each weight "
+                               "on its own, gathered again for a recompute forward: DeepSpeed stage 3, 2021).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -224,7 +227,7 @@ SWITCHES = Flags("Training switches", {
     "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
-    "launch_blocking": LAUNCH_BLOCKING,
+    "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -15,9 +15,9 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from llmplan.arith import maximum, where
-from llmplan.cost.compute import QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
+from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.moe import DEEPEP_NUM_SMS, routing_imbalance
+from llmplan.cost.moe import DEEPEP_NUM_SMS, EAGER_OP_HOST_S, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -27,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import CommSeconds
+from llmplan.cost.exposure import CommSeconds, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -81,6 +81,8 @@ class Transfer(Generic[G]):
     """The group's span (scalar path) or its axis name (vectorised path: search.evaluate resolves it)."""
     dispatch: Dispatch | None = None
     """DeepEP's all-to-all: across nodes it sends a token once per node over the network (a2a_shares)."""
+    host_s: Any = 0.0
+    """Host seconds of one call that the GPU waits for (zero3_host_seconds; 0: the host runs ahead)."""
 
     @property
     def bytes(self: Transfer[GroupSpan]) -> float:
@@ -193,6 +195,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
+        dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
 
@@ -284,15 +287,51 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
     flat = plan.pp == 1
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
+    u = where((z >= 3) & flat, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
     # sharded gradients: every backward
-    reduce_calls = where((z >= 2) & flat, n, where((z >= 1) & np.logical_not(whole), 1, 0))
-    gather_calls = where((z >= 3) & flat, 2 * n, where(z >= 1, 1, 0))
+    reduce_calls = where((z >= 2) & flat, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
+    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers) * n * u, where(z >= 1, 1, 0))
+    host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
         out += [Transfer("all-reduce", where(whole, 1, 0), g * params, group),
-                Transfer("reduce-scatter", reduce_calls, g * params, group),
-                Transfer("all-gather", gather_calls, w * params, group)]
+                Transfer("reduce-scatter", reduce_calls, g * params / u, group, host_s=where(params > 0, host, 0.0)),
+                Transfer("all-gather", gather_calls, w * params / u, group, host_s=where(params > 0, host, 0.0))]
     return out
+
+
+def zero3_host_seconds(plan: ParallelPlan) -> Any:
+    """Host seconds of one per-tensor ZeRO-3 collective (plan.zero3_unit tensor) that the GPU waits for, per
+    rank of the dp x cp group: DeepSpeed's Python loop takes one narrow view of the flat buffer per rank
+    (an eager op's host time less its launch, EAGER_OP_HOST_S - KERNEL_LAUNCH_S: a view launches nothing), and
+    PyTorch's NCCL process group copies each rank's slice between that list and its flat buffer (one copy
+    launch, KERNEL_LAUNCH_S). DeepSpeed's stage 3 of 2021 synchronises the device before each gather and after
+    each fetch, so the host never runs ahead and the GPU waits these out. FSDP's flat buffers (zero3_unit
+    layer): none. Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py (_allgather_param,
+    _reduce_scatter_gradient: torch.cuda.synchronize, `for i in range(self.world_size)` narrow), stage3.py
+    (_synchronize_communication); pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (allgather:
+    "Copy the flattened output tensors to the outputs"; reduce_scatter: flatten_for_scatter_gather).
+    Derived: docs/formulas.md#comm.zero3_unit"""
+    ranks = plan.dp * plan.cp
+    per_rank = (EAGER_OP_HOST_S - KERNEL_LAUNCH_S) + KERNEL_LAUNCH_S
+    return where((plan.zero3_unit == "tensor") & (ranks > 1), ranks * per_rank, 0.0)
+
+
+ZERO3_TENSORS_PER_LAYER = 4
+"""Weight tensors of a transformer layer that ZeRO-3 gathers one at a time (zero3_unit tensor): Megatron-LM's
+fused query_key_value, the attention output dense, dense_h_to_4h and dense_4h_to_h; biases and norms (under
+100k elements) stay gathered (DeepSpeed stage3_param_persistence_threshold, default 100000 in 2021:
+deepspeed/runtime/zero/constants.py at v0.3.13)."""
+
+
+def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Collectives one ZeRO-3 gather (or gradient reduction) of the whole model splits into, each its own NCCL
+    call with its own ring latency (topology.collectives.nccl_ring): per tensor (plan.zero3_unit),
+    ZERO3_TENSORS_PER_LAYER per layer plus the input and output embeddings; per layer (FSDP units) priced as
+    one call, the units' latencies not counted (docs/formulas.md#comm.zero3_unit says why). Source:
+    microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py (_allgather_param and
+    _reduce_scatter_gradient: one torch.distributed call per parameter). Derived: docs/formulas.md#comm.zero3_unit"""
+    return where(plan.zero3_unit == "tensor", ZERO3_TENSORS_PER_LAYER * m.num_hidden_layers + 2, 1)
 
 
 def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:

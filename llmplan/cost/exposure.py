@@ -11,6 +11,7 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
+from llmplan.cost.stages import recomputed_share
 from llmplan.specs.plan import ParallelPlan
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
@@ -32,6 +33,9 @@ class CommSeconds:
     host: Any = 0.0
     """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
     over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""
+    dp_host: Any = 0.0
+    """Host seconds per step that the ZeRO-3 collectives spend launching their per-rank copies while the GPU
+    waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""
 
 
 def overlap(comm: Any, window: Any, kappa: float) -> Any:
@@ -97,13 +101,27 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
     n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
-    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (2 * n), 0.0)
+    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (zero3_gathers(plan, layers) * n), 0.0)
+    ag_b = ag * (zero3_gathers(plan, layers) - 1)  # the backward's gather, and a per-tensor recompute's
     rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
     edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
     hide_f = where(plan.overlap_param_gather, ag * edge, 0.0)
-    hide_b = where(plan.overlap_param_gather, ag, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
-    return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag + rs - hide_b) + overlap(hide_b, backward, kappa)
+    hide_b = where(plan.overlap_param_gather, ag_b, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
+    host = where((plan.zero >= 3) & flat, comm.dp_host / n, 0.0)  # serial with the GPU (zero3_host_seconds)
+    return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag_b + rs - hide_b) + overlap(hide_b, backward,
+                                                                                             kappa) + host
+
+
+def zero3_gathers(plan: ParallelPlan, layers: Any) -> Any:
+    """ZeRO-3 all-gathers of the weights per micro-batch: forward and backward; per tensor (plan.zero3_unit),
+    the recompute forward of the stage's recomputed layers gathers again, as each module's weights are
+    released after its forward (DeepSpeed stage 3 of 2021: release_sub_module after every forward, the
+    forward pre-hook fetching again; a 175B layer's tensors are farther apart than the default
+    stage3_max_reuse_distance keeps). Source: microsoft/DeepSpeed v0.3.13 runtime/zero/stage3.py
+    (pre_sub_module_forward_function / post_sub_module_forward_function, PartitionedParameterCoordinator).
+    Derived: docs/formulas.md#comm.zero3_unit"""
+    return 2 + where(plan.zero3_unit == "tensor", recomputed_share(plan, layers), 0.0)
 
 
 def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:

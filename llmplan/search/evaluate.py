@@ -172,6 +172,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         dp_reduce=total([x for x in dp if x.collective != "all-gather"]),
         dp_gather=total([x for x in dp if x.collective == "all-gather"]),
         host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
+        dp_host=sum((x.calls * x.host_s for x in dp), np.zeros(len(plans))),
     )
 
 

@@ -183,6 +183,12 @@ class ParallelPlan(PlanQuantities, Spec):
     add: Megatron-LM's DDP hook main_grad.add_(param.grad) before that, autograd's accumulation into
     param.grad) or cast-add (the gradient cast to the accumulated dtype first, then added: DeepSpeed's
     BF16_Optimizer update_hp_grads). docs/formulas.md#step.grad_accumulation"""
+    zero3_unit: Literal["layer", "tensor"] = "layer"
+    """What ZeRO-3 gathers and reduces in one collective: a layer (PyTorch FSDP / FSDP2 units, the default: the
+    recompute forward runs on the backward's gather) or each weight tensor on its own (DeepSpeed's stage 3 of
+    2021: each module's parameters fetched before it runs and released after, so a recompute forward gathers
+    again, three gathers per micro-batch under full recompute; each call copies one slice per rank on a host
+    that never runs ahead of the GPU). docs/formulas.md#comm.zero3_unit"""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_backward_overlap: bool = True

@@ -96,6 +96,16 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
     return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
 
 
+def nccl_ring(n: int, k: int, bw: float, L: Links) -> Coeff:
+    """All-gather or reduce-scatter over n ranks in k > 1 NVLink domains: NCCL runs these as a ring only (no
+    tree, no hierarchical variant), n - 1 steps of which k - 1 cross the network and n - k stay on NVLink, so
+    the latency grows with every rank, not only with every node. Source: NVIDIA/nccl src/graph/tuning.cc
+    (ncclTopoTuneModel, 2.8-2.9: "if (coll != ncclCollAllReduce && a != NCCL_ALGO_RING) continue"; ring
+    latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1, nInterSteps =
+    nNodes - 1). Derived: docs/formulas.md#comm.collective"""
+    return Coeff("ring", (n - k) * L.intra_alpha + (k - 1) * L.inter_alpha, bus_factor("all-gather", n) / bw)
+
+
 def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
     """Latency of an all-to-all over n ranks, g per NVLink domain: a pairwise exchange pays one step latency
     per peer, (g - 1) NVLink steps and (n - g) network steps; DeepEP's internode dispatch sends once per
@@ -148,7 +158,10 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
         return (Coeff("direct", a2a_latency(n, g, L, shares is not None), max(intra / L.intra_bw, inter / L.inter_bw)),)
     if op == "broadcast":
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
-    # Hierarchical: intra-domain reduce-scatter, inter-domain step on S/g per GPU, intra-domain all-gather.
+    if op in ("all-gather", "reduce-scatter"):
+        return (nccl_ring(n, k, ring_bw, L),)
+    # Hierarchical (all-reduce only; the other ops returned above): intra-domain reduce-scatter, inter-domain
+    # step on S/g per GPU, intra-domain all-gather.
     # NCCL pipelines the phases over chunks and channels, so the bandwidth terms overlap (the slowest one
     # sets the pace) while the latencies add up. Derived: docs/formulas.md#comm.hierarchical
     phases = 2 if op == "all-reduce" else 1
