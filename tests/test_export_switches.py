@@ -180,3 +180,18 @@ def test_deepspeed_and_torchtitan_refuse_an_accumulation_they_do_not_run(cli, tm
                 assert code == 2 and files == "" and "Traceback" not in err, (target, fields, planned, err)
                 assert len(err.strip().splitlines()) == 1 and f"--grad-accumulation {runs}" in err, err
                 assert f"gradient accumulation {planned}" in err
+
+
+def test_torchtitan_refuses_zero3_gathers_per_tensor(cli, tmp_path):
+    # torchtitan's FSDP2 (parallelize.py apply_fsdp: fully_shard per transformer block) gathers and reduces one
+    # layer at a time; a plan priced with DeepSpeed-2021-style per-tensor collectives (--zero3-unit tensor) does
+    # not run as priced there, so it is refused with the flag that re-plans it; DeepSpeed takes it.
+    path = saved(cli, tmp_path / "t", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--zero3-unit", "tensor")
+    code, files, err = export(cli, path, "torchtitan", tmp_path / "t" / "out")
+    assert code == 2 and "per tensor" in err and "--zero3-unit layer" in err and files == ""
+    assert "Traceback" not in err
+    code, _, err = export(cli, path, "deepspeed", tmp_path / "t" / "ds")
+    assert code == 0, err
+    layer = saved(cli, tmp_path / "l", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3")
+    code, _, err = export(cli, layer, "torchtitan", tmp_path / "l" / "out")
+    assert code == 0, err

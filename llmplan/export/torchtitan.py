@@ -152,6 +152,10 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"expert TP {p.etp_resolved} (torchtitan {TORCHTITAN_VERSION} has no expert TP: "
                      "EP borrows ranks from data x tensor parallelism and experts are not TP-sharded)",
                      "re-plan with --etp 1")
+    if p.zero >= 3 and p.zero3_unit != "layer":
+        raise refuse(TARGET, f"ZeRO-3 gathers per {p.zero3_unit} (torchtitan's FSDP2 applies fully_shard to each "
+                     "transformer block: one all-gather and one reduce-scatter per layer)",
+                     "re-plan with --zero3-unit layer, or export to deepspeed")
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
     _check_accumulation(pf, TARGET)
