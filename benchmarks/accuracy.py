@@ -786,6 +786,32 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
     return None
 
 
+ATTENTION_RELEASE_2024 = ("nemo2407", "nemocp")
+"""Families whose stack is of 2024 (NeMo 24.03's long-sequence table, NeMo 24.07) and, by id prefix below,
+Megatron-Core r0.8's table: read as cuDNN 9.1, the earliest release NVIDIA published a Hopper SDPA training
+rate for (NVIDIA/cudnn-frontend at b740542, May 2024). NeMo 24.03 predates it (cuDNN 9.1.0.70 is first in
+the NGC 24.05 frameworks, e.g. the MXNet / PaddlePaddle 24.05 release notes), so for nemocp it is an upper
+bound (docs/validation.md#attention-release)."""
+ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
+"""Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
+Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: read as
+cuDNN 9.19, the only later Hopper release with a published rate (cudnn-frontend at df73764, Feb 2026); newer
+than the 2025 containers' cuDNN, so an upper bound for them (docs/validation.md#attention-release)."""
+
+
+def attention_release_for(rec: dict, fam: str) -> str | None:
+    """The cuDNN release whose published attention rate the record's stack runs (ParallelPlan.attention_release),
+    by the stack's date (ATTENTION_RELEASE_2024 / _2026); None where the kernel is not cuDNN's (flash2 families,
+    unfused attention) or the record's GPU has no published rate for it (not Hopper)."""
+    rid = rec["id"]
+    release = ("cudnn-9.1" if fam in ATTENTION_RELEASE_2024 or rid.startswith("megatron-core-r0.8-") else
+               "cudnn-9.19" if fam in ATTENTION_RELEASE_2026 or rid.startswith("megatron-examples") else None)
+    name = record_system(rec)
+    if release is None or name is None or release not in builtin_systems()[name].gpu.attention_release_efficiency:
+        return None
+    return release
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {}), **RECIPE_SETTINGS.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -864,6 +890,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
                                     "megascale"),
         attention_kernel="flash2" if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", "")) else "native",
+        attention_release=None if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", ""))
+        else attention_release_for(rec, fam),
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
         fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", "")),
