@@ -795,7 +795,8 @@ for nemocp it is an upper bound (docs/validation.md#attention-release)."""
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under
---attention-releases date or newer read as cuDNN 9.19, the only later Hopper release with a published rate (cudnn-frontend at df73764, Feb 2026); newer
+--attention-releases date or newer read as cuDNN 9.19, the only later Hopper release with a published rate
+(cudnn-frontend at df73764, Feb 2026); newer
 than the 2025 containers' cuDNN, so an upper bound for them (docs/validation.md#attention-release)."""
 
 

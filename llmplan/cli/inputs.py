@@ -16,8 +16,8 @@ from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
-                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES,
-                                TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
+                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
+                                RECOMPUTE_MODULES, TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
@@ -142,11 +142,11 @@ def switches(s: SwitchOptions) -> dict:
 
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
-                     "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss", "tp_impl",
-                     "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher", "bf16_layers_start",
-                     "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "optimizer_master_dtype",
-                     "optimizer_moment_dtype", "param_remainders", "grad_reduce", "grad_accumulation", "launch_blocking",
-                     "offload_layers")
+                     "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
+                     "tp_impl", "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher",
+                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
+                     "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
+                     "grad_accumulation", "launch_blocking", "offload_layers")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 
