@@ -15,9 +15,9 @@ from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
-from llmplan.specs.plan import (ATTENTION_KERNELS, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS,
-                                OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES,
-                                TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
+from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
+                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
+                                RECOMPUTE_MODULES, TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
@@ -121,6 +121,9 @@ def switches(s: SwitchOptions) -> dict:
         dtype = implied
     elif dtype == "fp4":
         recipe = "nvfp4"
+    if s.attention_release is not None and s.attention_release not in ATTENTION_RELEASES:
+        raise LlmplanError(f"--attention-release {excerpt(s.attention_release)} is not a release with a published "
+                           f"attention rate; use one of {', '.join(ATTENTION_RELEASES)}")
     for flag, value, allowed, what in (("--attention-kernel", s.attention_kernel, ATTENTION_KERNELS, "a kernel"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
@@ -139,11 +142,11 @@ def switches(s: SwitchOptions) -> dict:
 
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
-                     "pp_schedule", "attention_kernel", "recompute_layers", "fused_loss", "tp_impl",
-                     "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher", "bf16_layers_start",
-                     "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "optimizer_master_dtype",
-                     "optimizer_moment_dtype", "param_remainders", "grad_reduce", "grad_accumulation", "launch_blocking",
-                     "offload_layers", "zero3_unit")
+                     "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
+                     "tp_impl", "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher",
+                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
+                     "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
+                     "grad_accumulation", "launch_blocking", "offload_layers", "zero3_unit")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 

@@ -63,6 +63,10 @@ RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                       "default core_attn).")
 ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
                                 help="Fused attention kernel: native (cuDNN / FlashAttention-3 on Hopper+) | flash2.")
+ATTENTION_RELEASE = typer.Option(None, "--attention-release",
+                                 help="The cuDNN release running native fused attention, where the stack names "
+                                      "it: cudnn-9.1 | cudnn-9.19 (its published rate on the GPU; default: the "
+                                      "GPU's attention_efficiency).")
 FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
                           help="Loss on one fp32 copy of the logits (Megatron, a compiled loss) or PyTorch's eager "
                                "cross_entropy on fp32 logits (three copies at its backward).")
@@ -215,6 +219,7 @@ OUTPUT = Flags("Output", {"json_mode": JSON, "save": SAVE, "force": FORCE})
 SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
+    "attention_release": ATTENTION_RELEASE,
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,

@@ -142,6 +142,18 @@ def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, a
     return 1.0 / ((1.0 - share) / full + share / window_rate_ratio(m, plan, gpu))
 
 
+def native_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
+    """The native fused kernel's asymptote (attention_fraction's base): the rate published for the plan's
+    attention release on this GPU (GpuSpec.attention_release_efficiency: cuDNN 9.1.0 0.95, 9.19.1 1.08 on the
+    GH100 die, from NVIDIA's own SDPA training benchmark), else the GPU's attention_efficiency. check_plan
+    refuses a release the GPU lists no rate for. Source: NVIDIA/cudnn-frontend benchmark results at b740542 and
+    df73764 (H200, bf16, causal, head dim 128). Derived: docs/formulas.md#compute.attention_release"""
+    release = plan.attention_release
+    if release is None:
+        return gpu.attention_efficiency
+    return gpu.attention_release_efficiency.get(release, gpu.attention_efficiency)
+
+
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
     native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
@@ -153,7 +165,7 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = gpu.attention_efficiency * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
+    fused = native_attention_asymptote(gpu, plan) * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 

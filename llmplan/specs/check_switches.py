@@ -27,6 +27,16 @@ def _bf16_stage_ok(m: ModelSpec, p: Any) -> Any:
     return ((p.bf16_layers_start or 0) <= per_stage) & ((p.bf16_layers_end or 0) <= per_stage)
 
 
+def _release_known(p: Any, c: ClusterSpec) -> bool:
+    """The plan names no attention release, or one the cluster's GPU has a published rate for."""
+    return p.attention_release is None or p.attention_release in c.system.gpu.attention_release_efficiency
+
+
+def _release_native(p: Any) -> Any:
+    """The plan names no attention release, or runs the native fused kernel (the release is cuDNN's)."""
+    return (p.attention_release is None) | (p.flash_attention & (p.attention_kernel == "native"))
+
+
 def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     """The plan's recompute_modules that name a kind of layer the model lacks."""
     has = {"mla_up_proj": m.is_mla or bool(m.q_lora_rank), "moe": m.is_moe, "moe_act": m.is_moe,
@@ -98,6 +108,17 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron-Core "
                          "TransformerConfig.fp8_dot_product_attention with fp8 set); use an fp8 --precision with "
                          "fused attention, or drop --fp8-attention"),
+    Rule("attention_release_kernel", lambda m, p, c: _release_native(p),
+         lambda m, p, c: f"attention_release {p.attention_release} with "
+                         f"{'unfused attention' if not p.flash_attention else 'attention_kernel flash2'}: the "
+                         "release is cuDNN's fused attention, which only the native kernel runs; drop "
+                         "--attention-release or use --attention-kernel native with fused attention"),
+    Rule("attention_release", lambda m, p, c: _release_known(p, c),
+         lambda m, p, c: f"attention_release {p.attention_release} on {c.system.gpu.name}: no published attention "
+                         f"rate of that release on this GPU (GpuSpec.attention_release_efficiency lists "
+                         f"{', '.join(c.system.gpu.attention_release_efficiency) or 'none'}); drop "
+                         "--attention-release or add the release's published rate to the GPU profile",
+         needs_cluster=True),
     Rule("swiglu_fp8_input", lambda m, p, c: (not p.swiglu_fp8_input) | m.gated_mlp,
          lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "

@@ -6,12 +6,13 @@ the properties convert them once, here, to bytes and bytes per second for the co
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from llmplan.errors import bounded_list
 from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.plan_choices import AttentionRelease
 from llmplan.units import GB, GIB, TERA
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4"]
@@ -91,6 +92,13 @@ class GpuSpec(Spec):
     (cost.attention_rate.attention_rate_ratio, docs/formulas.md#compute.cp_attention). Fitted by
     leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
     calibrate`."""
+    attention_release_efficiency: dict[AttentionRelease, Annotated[float, Field(gt=0, le=2)]] = Field(
+        default_factory=dict)
+    """The native fused attention kernel's asymptote (as attention_efficiency: llmplan's count, over the peak,
+    the rate curve at the benchmark's shape divided out) per software release (ParallelPlan.attention_release),
+    from that release's published training rate on this GPU or one of the same die and clock: a plan naming
+    the release runs attention at it instead of attention_efficiency. Empty: no release published
+    (docs/formulas.md#compute.attention_release)."""
     unfused_attention_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Achieved fraction of the sustained peak of the unfused attention path's score matmuls (batched QK^T and
     AV over all s x s scores: no causal skipping, so the counted FLOPs are the work done). Not measured: the

@@ -84,6 +84,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.flash_attention."""
     attention_kernel: str
     """ParallelPlan.attention_kernel."""
+    attention_release: str | None
+    """ParallelPlan.attention_release; None: the GPU's attention_efficiency."""
     fused_loss: bool
     """ParallelPlan.fused_loss."""
     tp_impl: str

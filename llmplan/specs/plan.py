@@ -14,6 +14,7 @@ from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
     ATTENTION_KERNELS, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
     OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, TP_IMPLS, AttentionKernel,
+    ATTENTION_RELEASES, AttentionRelease,
     Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeRouting, OptimizerMasterDtype, OptimizerMomentDtype, Recipe,
     Recompute, RecomputeModule, TpImpl, TrainDtype,
 )
@@ -157,6 +158,12 @@ class ParallelPlan(PlanQuantities, Spec):
     Hopper and later, FlashAttention-2 on Ampere) or FlashAttention-2 everywhere (the flash-attn 2 package;
     PyTorch SDPA's flash backend, which FSDP stacks such as torchtitan ran on H100 in 2024), which reaches a
     lower fraction of Hopper's peak (GpuSpec.flash2_attention_ratio)."""
+    attention_release: Optional[AttentionRelease] = None
+    """The software release of the native fused attention kernel (cuDNN's fused SDPA, which Transformer Engine
+    runs on Hopper), where the stack that runs the plan names it: its asymptote is then the rate published for
+    that release on the GPU (GpuSpec.attention_release_efficiency) instead of GpuSpec.attention_efficiency.
+    None: the GPU's attention_efficiency. check_plan refuses a release the GPU has no published rate for
+    (docs/formulas.md#compute.attention_release)."""
     fp8_params: bool = False
     """With dtype fp8 or fp4, keep the model's weight copy in the recipe's format: fp8 (Megatron
     --fp8-param-gather, NeMo fp8_params) or NVFP4 (Megatron --fp4-param-gather)."""
