@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmplan import __version__
@@ -203,7 +204,12 @@ def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[st
 
 
 def save_plan(path: Path, doc: dict[str, Any], force: bool = False) -> None:
-    write_atomic(Path(path), json.dumps(doc, indent=2) + "\n", force=force)
+    """Write the plan document as JSON, or as YAML where the name ends .yaml / .yml: PyYAML's dumper writes
+    floats its loader reads back (2.0e-05), where JSON's 2e-05 is a string to a YAML 1.1 reader."""
+    path = Path(path)
+    yaml_file = path.suffix.lower() in (".yaml", ".yml")
+    text = yaml.safe_dump(doc, sort_keys=False) if yaml_file else json.dumps(doc, indent=2) + "\n"
+    write_atomic(path, text, force=force)
 
 
 def read_plan_document(path: Path) -> PlanDocument:

@@ -196,3 +196,20 @@ def test_listings_fit_80_columns_with_every_name_whole():
         assert max(len(line) for line in lines) <= 80
         firsts = {line.split()[0] for line in lines if line.split()}
         assert set(names) <= firsts, sorted(set(names) - firsts)
+
+
+def test_a_plan_saved_as_yaml_exports(tmp_path):
+    # `--save x.yaml` writes YAML that llmplan reads back: JSON's 2e-05 is a string to a YAML 1.1 reader, which
+    # made `export x.yaml` refuse the saved hardware's failures_per_node_hour.
+    from typer.testing import CliRunner
+
+    from llmplan.cli.app import app
+
+    runner = CliRunner()
+    path = tmp_path / "x.yaml"
+    made = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", str(path)])
+    assert made.exit_code == 0, made.output
+    assert not path.read_text().lstrip().startswith("{")
+    r = runner.invoke(app, ["export", str(path), "--to", "megatron", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "megatron_pretrain.sh").exists()
