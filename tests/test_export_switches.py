@@ -195,3 +195,16 @@ def test_torchtitan_refuses_zero3_gathers_per_tensor(cli, tmp_path):
     layer = saved(cli, tmp_path / "l", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3")
     code, _, err = export(cli, layer, "torchtitan", tmp_path / "l" / "out")
     assert code == 0, err
+
+
+def test_embedding_norm_is_refused_by_the_megatron_export(cli, tmp_path):
+    # BLOOM's word_embeddings_layernorm is Megatron-DeepSpeed's --embed-layernorm; Megatron-LM's parser at d98e8a6
+    # (tests/data/launchers/megatron-lm.json) has no flag for a norm on the embedding output, so a script written
+    # without it would train another model: the export names the field and writes nothing.
+    path = saved(cli, tmp_path / "p")
+    doc = json.loads(path.read_text())
+    doc["model"]["embedding_norm"] = True
+    path.write_text(json.dumps(doc))
+    code, files, err = export(cli, path, "megatron", tmp_path / "m")
+    assert code == 2 and "norm on the embedding output" in err and "embedding_norm" in err, err
+    assert "Traceback" not in err and files == ""

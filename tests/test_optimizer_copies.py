@@ -3,6 +3,8 @@ embedding norm's saved input (docs/formulas.md#mem.activations)."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +83,18 @@ def test_bloom_config_has_the_embedding_norm() -> None:
     cfg = {"model_type": "bloom", "hidden_size": 1024, "n_layer": 24, "n_head": 16, "vocab_size": 250880,
            "seq_length": 2048}
     assert ModelSpec(**from_hf_config(cfg, "bloom-560m")).embedding_norm
+
+
+def test_cli_json_reports_the_copies_and_the_after_backward_excess_in_bytes(cli) -> None:
+    # stage_1_and_2.py at 2151c787a, one data-parallel rank (d = 1) of P parameters with bf16 gradients and an
+    # fp32 master: a bucket of min(5e8, P) x 2 bytes, the flat partition P x 2 and its cast P x 4; none with
+    # Megatron's reduce-scatter. after_backward is the part of `other` the copies add over the backward's peak.
+    args = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "8", "--dp", "1", "--zero",
+            "1", "--grad-dtype", "bf16", "--recompute", "full", "--global-batch", "8", "--json")
+    runs = {how: cli(*args, "--grad-reduce", how) for how in ("all-reduce", "reduce-scatter")}
+    assert all(r.code == 0 for r in runs.values()), [r.err for r in runs.values()]
+    on, off = (json.loads(runs[how].out) for how in ("all-reduce", "reduce-scatter"))
+    n = on["params"]["per_gpu"]
+    assert on["memory"]["optimizer_copies"] == min(REDUCE_BUCKET_ELEMENTS, n) * 2 + n * 6
+    assert 0 < on["memory"]["after_backward"] < on["memory"]["other"]
+    assert off["memory"]["optimizer_copies"] == off["memory"]["after_backward"] == 0

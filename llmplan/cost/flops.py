@@ -99,33 +99,38 @@ def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
     return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
 
 
+def window_key_count(w: Any, s: Any) -> Any:
+    """Keys per query counted for a causal sliding window of w keys over s tokens, the same multiple of what
+    its kernel computes as a full causal layer's s: query i sees min(i, w) keys, on average w - w²/(2s) for
+    w < s, so 2w - w²/s (s when w >= s). Derived: docs/formulas.md#compute.flops"""
+    return np.where(w < s, 2.0 * w - w * w / s, s)
+
+
 def attention_keys(m: ModelSpec, s: Any) -> Any:
     """Keys per query counted in the attention FLOPs of a sequence of s tokens, averaged over the layers. A
-    full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts the
-    same multiple of what its kernel computes: query i sees min(i, w) keys, on average w - w²/(2s) for w < s,
-    so it counts 2w - w²/s (s when w >= s); a chunked layer of chunk c sees the keys of its own chunk, on
+    full causal layer counts s (MFU's count, no causal halving); a sliding-window layer of window w counts
+    window_key_count(w, s); a chunked layer of chunk c sees the keys of its own chunk, on
     average c/2, so it counts min(c, s); a layer without attention counts 0. Derived: docs/formulas.md#compute.flops"""
     groups = attention_groups(m)  # a sparse layer's k selected keys count as a window of k (cost.sparse)
     if all(w is None for _, w, _ in groups) and m.num_attention_layers == m.num_hidden_layers \
             and not m.compressed_layers:
         return s
     s = np.asarray(s, dtype=float)
-    counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked"
-                    else np.where(w < s, 2.0 * w - w * w / s, s)) for kind, w, n in groups]
+    counted = [n * (s if w is None else np.minimum(w, s) if kind == "chunked" else window_key_count(w, s))
+               for kind, w, n in groups]
     compressed = compressed_keys(m, s) if m.compressed_layers else 0.0  # DeepSeek-V4 (cost.compressed)
     return (sum(counted, 0.0 * s) + compressed) / m.num_hidden_layers
 
 
 def window_keys(m: ModelSpec, s: Any) -> Any:
     """The part of attention_keys (the same count, averaged over the layers) that the sliding-window layers
-    contribute, 2w - w²/s each (s when w >= s): the layers whose fused kernel runs one windowed causal call
+    contribute, window_key_count each: the layers whose fused kernel runs one windowed causal call
     (cost.attention_rate.window_rate_ratio). 0 for DeepSeek-V4, whose window keys join the compressed ones in
     one sparse call (cost.compressed), and without sliding layers. Derived: docs/formulas.md#compute.window_attention"""
     w, n = m.sliding_window, m.count_layers("sliding_attention")
     if not w or not n or m.is_dsa or m.compressed_layers:
         return 0.0 * np.asarray(s, dtype=float)
-    s = np.asarray(s, dtype=float)
-    return n * np.where(w < s, 2.0 * w - w * w / s, s) / m.num_hidden_layers
+    return n * window_key_count(w, np.asarray(s, dtype=float)) / m.num_hidden_layers
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:

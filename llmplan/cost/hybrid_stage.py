@@ -50,14 +50,16 @@ def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage
     for kind in kinds:
         variant = memoized(plan, ("single_kind", m, kind), lambda k=kind: single_kind(m, k))
         sc = stage_compute(variant, plan, gpu, n_dense, n_moe, False)  # the output layer cancels: sum_k = 0
-        weight = counts[kind] / n - m.count_layers(kind) / m.num_hidden_layers
-        # the stage's MTP modules (MoE layers of n_moe; dense ones without experts) hold attention, not the stage's
-        # mixer mix: one layer of the attention variant each, less what the average and weighted variants gave them
-        one = stage_compute(variant, plan, gpu, 0 if m.is_moe else 1, 1 if m.is_moe else 0, False) \
-            if has_mtp else None
+        share = m.count_layers(kind) / m.num_hidden_layers
+        weight = counts[kind] / n - share
         for f in PARTS:
             parts[f] = parts[f] + weight * getattr(sc, f)
-            if one is not None:
-                own = (1.0 if kind == MTP_MIXER else 0.0) - weight - m.count_layers(kind) / m.num_hidden_layers
+        if has_mtp:
+            # the stage's MTP modules (MoE layers of n_moe; dense ones without experts) hold attention, not the
+            # stage's mixer mix: one layer of the attention variant each, less what the average and weighted
+            # variants gave them
+            one = stage_compute(variant, plan, gpu, 0 if m.is_moe else 1, 1 if m.is_moe else 0, False)
+            own = (1.0 if kind == MTP_MIXER else 0.0) - weight - share
+            for f in PARTS:
                 parts[f] = parts[f] + mtp * own * getattr(one, f)
     return StageCompute(**{f: where(parts[f] > 0, parts[f], 0.0) for f in PARTS})

@@ -23,10 +23,10 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
-    ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, OptimizerCopies,
-    low_precision_weight_cache, model_state_bytes, optimizer_copies,
+    ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
+    model_state_bytes,
 )
-from llmplan.cost.model_states import fp32_shards_are_master
+from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master
 from llmplan.cost.offload import offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes
 from llmplan.cost.params import (
@@ -231,12 +231,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
                                 rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
     # After the backward (activations freed): DeepSpeed ZeRO-1's reduction bucket beside the whole gradient, then
     # its step's flat partition copies beside the partition's gradients. Derived: docs/formulas.md#mem.optimizer_copies
-    cd, ce = optimizer_copies(plan, rp.dense, plan.zero_shard), optimizer_copies(plan, rp.expert, plan.expert_dp)
-    states = dense.total + expert.total + cache
-    reduce_peak = states + cd.bucket + ce.bucket
-    step_peak = states - gradients + rp.dense * grad_b / plan.zero_shard + rp.expert * grad_b / plan.expert_dp \
-        + cd.flat + cd.cast + ce.flat + ce.cast
-    after = maximum(maximum(reduce_peak, step_peak) - tensors, 0.0)
+    copies, peak = after_backward_peak(plan, rp, dense.total + expert.total + cache, gradients)
+    after = maximum(peak - tensors, 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib
     runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading) if stated is None else None
@@ -246,7 +242,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
-        optimizer_copies=cd.total + ce.total, after_backward=after,
+        optimizer_copies=copies, after_backward=after,
     )
 
 

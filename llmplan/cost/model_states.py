@@ -107,6 +107,20 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
                            cast=where(on, part * plan.master_bytes, 0.0))
 
 
+def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:
+    """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose
+    model states (weights, gradients, optimizer, weight caches) take `states` bytes, `gradients` of them: the
+    larger of the reduction's (the states beside each bucket) and the step's (the partition's gradients
+    beside its flat copy and its cast, the rest of the gradients freed). Derived:
+    docs/formulas.md#mem.optimizer_copies"""
+    cd, ce = optimizer_copies(plan, rp.dense, plan.zero_shard), optimizer_copies(plan, rp.expert, plan.expert_dp)
+    grad_b = plan.grad_bytes
+    reduce_peak = states + cd.bucket + ce.bucket
+    step_peak = states - gradients + rp.dense * grad_b / plan.zero_shard + rp.expert * grad_b / plan.expert_dp \
+        + cd.flat + cd.cast + ce.flat + ce.cast
+    return cd.total + ce.total, maximum(reduce_peak, step_peak)
+
+
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
                               "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
 """Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a

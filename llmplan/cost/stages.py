@@ -126,7 +126,7 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
         chunks = chunk_layers(m, plan)[int(stage)]
         return sum(d for d, _ in chunks), sum(e for _, e in chunks)
     n = stage_layer_count(m, plan, stage)
-    mtp = where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)  # MTP modules ride on the last stage
+    mtp = stage_mtp_modules(m, plan, stage)  # MTP modules ride on the last stage
     if not m.is_moe:
         return n + mtp, 0 * n
     v, k = plan.vpp, m.first_k_dense_replace
@@ -148,7 +148,8 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 def stage_mtp_modules(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Multi-token-prediction modules held by pipeline rank `stage`: the m symbols of its pp_layout chunks, else
-    all of them on the last stage (as _stage_layers places them). Elementwise on plan arrays."""
+    all of them on the last stage (_stage_layers counts them among the stage's layers). Elementwise on plan
+    arrays."""
     if has_layout(plan):
         return sum(chunk.count("m") for chunk in layout_grid(plan)[int(stage)])
     return where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)

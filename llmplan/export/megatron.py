@@ -345,6 +345,11 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"chunked local attention ({pf.model.name}: Megatron-LM at d98e8a6 has a sliding window, "
                      "--window-size, whose keys cross chunk boundaries, and no chunked attention)",
                      "export to a launcher that runs the model's own attention, or a spec with full attention")
+    if pf.model.embedding_norm:
+        raise refuse(TARGET, f"a norm on the embedding output ({pf.model.name}: Megatron-DeepSpeed's "
+                     "--embed-layernorm; Megatron-LM at d98e8a6 has no flag for it, so the script would train "
+                     "the model without it)", "export to deepspeed with a Megatron-DeepSpeed training script, "
+                     "or use a spec without embedding_norm")
     check_router(pf)
     check_ep_overlap(pf)
     p = pf.plan

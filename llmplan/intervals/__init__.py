@@ -20,13 +20,13 @@ file's `pools`), else the file's `nominal` pair. A cell's or pool's choice is, o
 NOMINAL_CHOICES pairs, 10th/90th up to 0.5th/99.5th percentiles, each with every run or every family weighted
 alike: WEIGHTINGS), the one of narrowest median half-width whose coverage on families left out one at a time
 is inside TARGET (75-85%) both per record and per family over its runs, and whose choice made without each
-source in turn (every family of it: source_of) still covers that source's runs 75-85% (nested). A cell or pool with fewer than POOL_MIN_FAMILIES
-families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the all-regime pair is the
-narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else the one nearest LEVEL. A
-family's residuals share its bias, so residuals pooled from other families under-cover it at their own 10th
-and 90th percentiles; choosing the pair by left-out coverage is split-conformal calibration, and the residual
-script reports the coverage with the pair itself chosen without the source it scores (nested). Memory and
-serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
+source in turn (every family of it: source_of) still covers that source's runs 75-85% (nested). A cell or pool
+with fewer than POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none;
+the all-regime pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run,
+else the one nearest LEVEL. A family's residuals share its bias, so residuals pooled from other families
+under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal
+calibration, and the residual script reports the coverage with the pair itself chosen without the source it
+scores (nested). Memory and serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
 
 Two plans' difference is known far better than either plan: errors a family shares (its clock, its software)
 cancel. The tie resolution is the 0.8 quantile of |r_i - r_j| over pairs of layouts of one job (one source and

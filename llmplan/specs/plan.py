@@ -238,11 +238,11 @@ class ParallelPlan(PlanQuantities, Spec):
     Megatron-Bridge v0.2.2 - v0.4.2 pin TE). Priced in the casts' bytes (docs/formulas.md#precision)."""
     fused_loss: bool = True
     """The loss runs fused on the logits (Megatron's --cross-entropy-loss-fusion, a compiled loss): one fp32
-    copy of the logits per rank, 16 bytes of traffic per logit. False: kernel by kernel on logits cast to fp32,
-    54 bytes per logit (docs/formulas.md#compute.loss): PyTorch's eager cross_entropy (torchtitan up to its loss
-    compilation), whose backward holds three fp32 copies at once (docs/formulas.md#mem.activations), or
-    Megatron's unfused vocab-parallel cross entropy (its default), priced with the same memory though it works
-    in place (about one fp32 copy: an over-count there)."""
+    copy of the logits per rank (its traffic: cost.elementwise.FUSED_LOSS_BYTES per logit). False: kernel by
+    kernel on logits cast to fp32 (UNFUSED_LOSS_BYTES per logit; docs/formulas.md#compute.loss): PyTorch's
+    eager cross_entropy (torchtitan up to its loss compilation), whose backward holds three fp32 copies at once
+    (docs/formulas.md#mem.activations), or Megatron's unfused vocab-parallel cross entropy (its default), priced
+    with the same memory though it works in place (about one fp32 copy: an over-count there)."""
     tp_impl: TpImpl = "megatron"
     """How tensor parallelism with sequence parallelism keeps the column-parallel linears' input: megatron
     (Megatron-LM, Transformer Engine) saves the sequence shard and all-gathers it again in backward for the
