@@ -21,7 +21,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
     (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
     per-head norms (read + write each), the MLP activation
-    (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
+    (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
+    layer's routing and permutes (moe_routing_bytes)
     and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
     dropout). Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
@@ -38,7 +39,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = activation_pass_bytes(m) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
-        act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
+        act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))
+                     * T * m.expert_ffn * m.num_experts_per_tok / t)
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
@@ -104,6 +106,29 @@ Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bi
 (core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp clamp_backward
 (where(self <= max, grad, 0); where((self >= min).logical_and_(self <= max), grad, 0)), split_backward
 (concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+
+
+EAGER_FC1_BIAS_BYTES = (8.0, 2.0)
+"""(forward, backward) HBM bytes per element of the routed experts' fc1 output (c·f_e wide, bf16) of a fc1 bias
+added after a grouped matmul that takes none (ParallelPlan.expert_fc1_bias_fusion False): forward the bias
+repeated to every routed row (write 2) and the add (read 2 + 2, write 2); backward the add passes the gradient
+through and the repeat's backward sums it per expert (read 2). Source: NVIDIA-NeMo/Automodel
+nemo_automodel/components/moe/experts.py at 36044ad3d (GroupedExpertsDeepEP.forward, _apply_bias:
+torch.repeat_interleave, flat_value + expanded_bias; _DeterministicBiasRepeatInterleave.backward); pytorch/torchtitan
+torchtitan/models/gpt_oss/model/moe.py at 09e93ca (_run_experts_grouped_mm: b1.repeat_interleave, h + b1).
+Derived: docs/formulas.md#moe.expert_fc1_bias"""
+
+
+def expert_fc1_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column of a biased expert's fc1 bias added outside the
+    grouped GEMM (EAGER_FC1_BIAS_BYTES over the c = 2 columns a gated MLP's fc1 writes per FFN column), in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them); 0 where the grouped GEMM
+    adds it (expert_fc1_bias_fusion, Transformer Engine's GroupedLinear) or the experts have no bias.
+    Derived: docs/formulas.md#moe.expert_fc1_bias"""
+    if not (m.is_moe and m.mlp_bias):
+        return 0.0
+    c = 2 if m.gated_mlp else 1
+    return where(plan.expert_fc1_bias_fusion, 0.0, c * sum(EAGER_FC1_BIAS_BYTES) / 3)
 
 
 def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
