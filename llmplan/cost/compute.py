@@ -30,10 +30,12 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
+    ALLTOALL_SORT_BYTES,
     EAGER_FC1_BIAS_BYTES,
     EAGER_ROPE_BYTES,
     GLU_CLAMP_BYTES,
     activation_pass_bytes,
+    alltoall_sort_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
     expert_bias_bytes,

@@ -43,7 +43,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
                      * T * m.expert_ffn * m.num_experts_per_tok / t)
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
+    routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
+               if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
@@ -64,6 +65,32 @@ def moe_routing_bytes(m: ModelSpec) -> float:
     and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
     Derived: docs/formulas.md#compute.memory_bound"""
     return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
+
+
+ALLTOALL_SORT_BYTES = 4.0
+"""HBM bytes per element of one received expert row (bf16) of one sort by local expert: read 2, write 2
+(ParallelPlan.moe_dispatcher alltoall with more than one local expert). Derived: docs/formulas.md#moe.alltoall_sort"""
+
+
+def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of an MoE layer's second permutation with Megatron-Core's alltoall dispatcher, in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them): the rows an EP rank
+    receives arrive grouped by source rank, so with more than one local expert (E / ep > 1) dispatch_postprocess
+    sorts them by local expert (sort_chunks_by_idxs: every received copy read and written once) and
+    combine_preprocess restores the order before the combine all-to-all; backward runs the inverse sort on each
+    gradient. On the k copies of width w per token (times the capacity factor when padded: drop_and_pad
+    transposes the padded buffer into a contiguous copy instead) that is ALLTOALL_SORT_BYTES x k x w per sort,
+    two sorts in forward and two in backward. The flex dispatcher (deepep) permutes straight into the local
+    experts' order and pays no sort; neither does one local expert. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess
+    ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.16.0.
+    Derived: docs/formulas.md#moe.alltoall_sort"""
+    if not m.is_moe:
+        return 0.0
+    sorted_rows = (plan.moe_dispatcher == "alltoall") & (m.num_experts / plan.ep > 1)
+    # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
+    per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
+    return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
 
 
 def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
