@@ -34,12 +34,13 @@ def test_two_sorts_each_way_over_every_received_copy(s, b, k, h, ep, capacity):
     extra = elementwise_bytes(m, a2a, True) - elementwise_bytes(m, flex, True)
     local = m.num_experts // ep
     # two sorts in forward (dispatch, combine) and their inverses in backward; the stage charges three forwards
-    expected = (4 * ALLTOALL_SORT_BYTES * k * h * (capacity or 1.0) / 3 * s * b) if local > 1 else 0.0
+    expected = (4 * ALLTOALL_SORT_BYTES * k * h * (capacity or 1.0) / 3 * s * b) if local > 1 and ep > 1 else 0.0
     assert extra == pytest.approx(expected)
     assert elementwise_bytes(m, a2a, False) == elementwise_bytes(m, flex, False)  # dense layers: no dispatcher
 
 
-def test_one_local_expert_needs_no_sort():
+def test_one_local_expert_or_no_expert_parallelism_needs_no_sort():
     m = ModelSpec(**TINY)
     assert alltoall_sort_bytes(m, ParallelPlan(ep=16, dp=16)) == 0.0
+    assert alltoall_sort_bytes(m, ParallelPlan()) == 0.0  # ep 1: no all-to-all, rows permuted into expert order
     assert alltoall_sort_bytes(m, ParallelPlan(ep=8, dp=8)) > 0.0

@@ -81,13 +81,15 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     gradient. On the k copies of width w per token (times the capacity factor when padded: drop_and_pad
     transposes the padded buffer into a contiguous copy instead) that is ALLTOALL_SORT_BYTES x k x w per sort,
     two sorts in forward and two in backward. The flex dispatcher (deepep) permutes straight into the local
-    experts' order and pays no sort; neither does one local expert. Source: NVIDIA/Megatron-LM
-    megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess
+    experts' order and pays no sort; neither does one local expert, nor a plan without expert parallelism (no
+    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.dispatch_postprocess
     ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.16.0.
     Derived: docs/formulas.md#moe.alltoall_sort"""
     if not m.is_moe:
         return 0.0
-    sorted_rows = (plan.moe_dispatcher == "alltoall") & (m.num_experts / plan.ep > 1)
+    sorted_rows = (plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
     # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
     per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
     return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
