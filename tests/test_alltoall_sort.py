@@ -1,7 +1,7 @@
 """Megatron-Core's alltoall dispatcher sorts the rows an EP rank receives by local expert and restores their order
 before the combine (MoEAlltoAllTokenDispatcher.dispatch_postprocess, "Permutation 2", and combine_preprocess,
 "Unpermutation 2": sort_chunks_by_idxs, NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py,
-core_r0.9.0 - core_v0.16.0) whenever a rank holds more than one expert: its HBM traffic, counted by hand, and
+core_r0.9.0 - core_v0.19.0) whenever a rank holds more than one expert: its HBM traffic, counted by hand, and
 where it is paid (docs/formulas.md#moe.alltoall_sort)."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
     MoEAlltoAllTokenDispatcher.dispatch_postprocess
-    ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.16.0.
+    ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.19.0.
     Derived: docs/formulas.md#moe.alltoall_sort"""
     if not m.is_moe:
         return 0.0
