@@ -34,6 +34,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     EAGER_FC1_BIAS_BYTES,
     EAGER_ROPE_BYTES,
     GLU_CLAMP_BYTES,
+    SINK_RESCALE_BYTES,
     activation_pass_bytes,
     alltoall_sort_bytes,
     elementwise_bytes,
@@ -42,6 +43,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     expert_fc1_bias_bytes,
     loss_bytes,
     moe_routing_bytes,
+    sink_rescale_bytes,
 )
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
     LayerFlops,

@@ -41,6 +41,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
         act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))
                      * T * m.expert_ffn * m.num_experts_per_tok / t)
+    # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
+    sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
@@ -50,7 +52,29 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks
+
+
+SINK_RESCALE_BYTES = (12.0, 34.0)
+"""(forward, backward) HBM bytes per element of the attention output (a·d per token) of attention sinks applied
+after a kernel run without them (ParallelPlan.sink_fusion False): forward the bf16 output times the fp32 row scale
+sigmoid(lse - sink), written in fp32 (read 2, write 4), and cast back to bf16 (read 4, write 2); backward the cast's
+gradient to fp32 (read 2, write 4), the output's gradient grad x scale in fp32 and cast to bf16 (read 4, write 4,
+read 4, write 2) and the scale's gradient, grad x output written in fp32 and summed over d (read 4 + 2, write 4,
+read 4). The per-row sigmoid is 1/d of that and not counted. Source: NVIDIA-NeMo/Automodel
+nemo_automodel/components/attention/flex_attention.py at 36044ad3d (FlexAttention.forward: out * attn_scale,
+out.to(q.dtype)); PyTorch tools/autograd/derivatives.yaml (mul, _to_copy).
+Derived: docs/formulas.md#compute.sink_rescale"""
+
+
+def sink_rescale_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per element of the attention output that sinks applied outside the attention kernel cost, in
+    the forward-equivalent units of elementwise_bytes (the stage charges three times them): SINK_RESCALE_BYTES
+    where the model has sinks and the plan does not fuse them (sink_fusion False), else 0.
+    Derived: docs/formulas.md#compute.sink_rescale"""
+    if not m.attention_sinks:
+        return 0.0
+    return where(plan.sink_fusion, 0.0, sum(SINK_RESCALE_BYTES) / 3)
 
 
 def activation_pass_bytes(m: ModelSpec) -> float:
