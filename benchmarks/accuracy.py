@@ -1056,6 +1056,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser)
         glu_clamp_fusion=fam == "automodel" or mbridge_op_fuser(rec),
         expert_bias_fusion=mbridge_op_fuser(rec),
+        # AutoModel's GroupedExpertsDeepEP adds the gate/up bias after grouped_gemm's gmm / torch._grouped_mm
+        # (nemo_automodel/components/moe/experts.py at 36044ad3d, _apply_bias); TE's GroupedLinear adds it
+        expert_fc1_bias_fusion=fam != "automodel",
+        # AutoModel's GPT-OSS attention runs FlexAttention without the sinks and rescales its output after it
+        # (components/attention/flex_attention.py at 36044ad3d); TE passes them to cuDNN (>= 2.9)
+        sink_fusion=fam != "automodel",
         # Megatron-Bridge turns RoPE fusion off for GPT-OSS's YaRN embedding (models/gpt_provider.py calls
         # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary

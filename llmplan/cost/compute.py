@@ -30,14 +30,20 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
+    ALLTOALL_SORT_BYTES,
+    EAGER_FC1_BIAS_BYTES,
     EAGER_ROPE_BYTES,
     GLU_CLAMP_BYTES,
+    SINK_RESCALE_BYTES,
     activation_pass_bytes,
+    alltoall_sort_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
     expert_bias_bytes,
+    expert_fc1_bias_bytes,
     loss_bytes,
     moe_routing_bytes,
+    sink_rescale_bytes,
 )
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
     LayerFlops,

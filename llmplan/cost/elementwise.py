@@ -21,7 +21,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
     (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
     per-head norms (read + write each), the MLP activation
-    (gated: read 2f, write f; GELU: read f, write f), an MoE layer's routing and permutes (moe_routing_bytes)
+    (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
+    layer's routing and permutes (moe_routing_bytes)
     and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
     dropout). Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
@@ -38,16 +39,42 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = activation_pass_bytes(m) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
-        act = act + expert_activation_extra_bytes(m, plan) * T * m.expert_ffn * m.num_experts_per_tok / t
+        act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))
+                     * T * m.expert_ffn * m.num_experts_per_tok / t)
+    # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
+    sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
-    routing = (moe_routing_bytes(m) + expert_bias_bytes(m, plan)) * T / sp if moe else 0.0
+    routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
+               if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks
+
+
+SINK_RESCALE_BYTES = (12.0, 34.0)
+"""(forward, backward) HBM bytes per element of the attention output (a·d per token) of attention sinks applied
+after a kernel run without them (ParallelPlan.sink_fusion False): forward the bf16 output times the fp32 row scale
+sigmoid(lse - sink), written in fp32 (read 2, write 4), and cast back to bf16 (read 4, write 2); backward the cast's
+gradient to fp32 (read 2, write 4), the output's gradient grad x scale in fp32 and cast to bf16 (read 4, write 4,
+read 4, write 2) and the scale's gradient, grad x output written in fp32 and summed over d (read 4 + 2, write 4,
+read 4). The per-row sigmoid is 1/d of that and not counted. Source: NVIDIA-NeMo/Automodel
+nemo_automodel/components/attention/flex_attention.py at 36044ad3d (FlexAttention.forward: out * attn_scale,
+out.to(q.dtype)); PyTorch tools/autograd/derivatives.yaml (mul, _to_copy).
+Derived: docs/formulas.md#compute.sink_rescale"""
+
+
+def sink_rescale_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per element of the attention output that sinks applied outside the attention kernel cost, in
+    the forward-equivalent units of elementwise_bytes (the stage charges three times them): SINK_RESCALE_BYTES
+    where the model has sinks and the plan does not fuse them (sink_fusion False), else 0.
+    Derived: docs/formulas.md#compute.sink_rescale"""
+    if not m.attention_sinks:
+        return 0.0
+    return where(plan.sink_fusion, 0.0, sum(SINK_RESCALE_BYTES) / 3)
 
 
 def activation_pass_bytes(m: ModelSpec) -> float:
@@ -62,6 +89,34 @@ def moe_routing_bytes(m: ModelSpec) -> float:
     and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
     Derived: docs/formulas.md#compute.memory_bound"""
     return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
+
+
+ALLTOALL_SORT_BYTES = 4.0
+"""HBM bytes per element of one received expert row (bf16) of one sort by local expert: read 2, write 2
+(ParallelPlan.moe_dispatcher alltoall with more than one local expert). Derived: docs/formulas.md#moe.alltoall_sort"""
+
+
+def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of an MoE layer's second permutation with Megatron-Core's alltoall dispatcher, in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them): the rows an EP rank
+    receives arrive grouped by source rank, so with more than one local expert (E / ep > 1) dispatch_postprocess
+    sorts them by local expert (sort_chunks_by_idxs: every received copy read and written once) and
+    combine_preprocess restores the order before the combine all-to-all; backward runs the inverse sort on each
+    gradient. On the k copies of width w per token (times the capacity factor when padded: drop_and_pad
+    transposes the padded buffer into a contiguous copy instead) that is ALLTOALL_SORT_BYTES x k x w per sort,
+    two sorts in forward and two in backward. The flex dispatcher (deepep) permutes straight into the local
+    experts' order and pays no sort; neither does one local expert, nor a plan without expert parallelism (no
+    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.dispatch_postprocess
+    ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.19.0.
+    Derived: docs/formulas.md#moe.alltoall_sort"""
+    if not m.is_moe:
+        return 0.0
+    sorted_rows = (plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
+    # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
+    per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
+    return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
 
 
 def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
@@ -104,6 +159,29 @@ Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py weighted_bi
 (core_v0.15.0 - core_v0.19.0); PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp clamp_backward
 (where(self <= max, grad, 0); where((self >= min).logical_and_(self <= max), grad, 0)), split_backward
 (concatenates). Derived: docs/formulas.md#moe.glu_clamp"""
+
+
+EAGER_FC1_BIAS_BYTES = (8.0, 2.0)
+"""(forward, backward) HBM bytes per element of the routed experts' fc1 output (c·f_e wide, bf16) of a fc1 bias
+added after a grouped matmul that takes none (ParallelPlan.expert_fc1_bias_fusion False): forward the bias
+repeated to every routed row (write 2) and the add (read 2 + 2, write 2); backward the add passes the gradient
+through and the repeat's backward sums it per expert (read 2). Source: NVIDIA-NeMo/Automodel
+nemo_automodel/components/moe/experts.py at 36044ad3d (GroupedExpertsDeepEP.forward, _apply_bias:
+torch.repeat_interleave, flat_value + expanded_bias; _DeterministicBiasRepeatInterleave.backward); pytorch/torchtitan
+torchtitan/models/gpt_oss/model/moe.py at 09e93ca (_run_experts_grouped_mm: b1.repeat_interleave, h + b1).
+Derived: docs/formulas.md#moe.expert_fc1_bias"""
+
+
+def expert_fc1_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column of a biased expert's fc1 bias added outside the
+    grouped GEMM (EAGER_FC1_BIAS_BYTES over the c = 2 columns a gated MLP's fc1 writes per FFN column), in the
+    forward-equivalent units of elementwise_bytes (the stage charges three times them); 0 where the grouped GEMM
+    adds it (expert_fc1_bias_fusion, Transformer Engine's GroupedLinear) or the experts have no bias.
+    Derived: docs/formulas.md#moe.expert_fc1_bias"""
+    if not (m.is_moe and m.mlp_bias):
+        return 0.0
+    c = 2 if m.gated_mlp else 1
+    return where(plan.expert_fc1_bias_fusion, 0.0, c * sum(EAGER_FC1_BIAS_BYTES) / 3)
 
 
 def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -95,9 +95,10 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
                    mamba_chunk_size=cfg.get("chunk_size") or 128)
     if mt in ("minimax_m1", "minimax_text_01"):
         out["linear_attention_rule"] = "lightning"
-    if mt == "gpt_oss":
+    if mt == "gpt_oss":  # transformers GptOssAttention: q/k/v/o biases, per-head sinks; biased experts
         out["attention_bias"] = True
         out["mlp_bias"] = True
+        out["attention_sinks"] = True
     if mt not in ("deepseek_v3", "deepseek_v32"):  # DeepSeek-V4 keeps its query rank (a plain-attention field)
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + \
                 (("q_lora_rank",) if mt != "deepseek_v4" else ()):

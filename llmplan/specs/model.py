@@ -78,6 +78,9 @@ class ModelSpec(Spec):
     """Biases on the q, k and v projections only (Qwen2)."""
     mlp_bias: bool = False
     """Biases on the MLP (and expert) projections."""
+    attention_sinks: bool = False
+    """A learned per-head logit in every attention softmax's denominator (GPT-OSS's "sinks", Megatron's
+    softmax_type "learnable"): the probabilities over the keys sum to less than one."""
     swiglu_limit: float | None = Field(default=None, gt=0, le=1e6)
     """Clamp on the gated MLP's two halves before the activation (HF GPT-OSS name): the gate at most the
     limit, the linear half within +/- the limit (GPT-OSS: 7.0); None: no clamp."""

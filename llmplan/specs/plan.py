@@ -230,6 +230,16 @@ class ParallelPlan(PlanQuantities, Spec):
     """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc2 bias is scaled and added inside the grouped
     GEMM (Transformer Engine's GroupedLinear op in Megatron-Core's op-fuser path, use_transformer_engine_op_fuser,
     with TE >= 2.14). False: Megatron-Core's eager TEGroupedMLP._apply_bias (docs/formulas.md#moe.expert_bias)."""
+    expert_fc1_bias_fusion: bool = True
+    """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc1 (gate / up) bias is added by the grouped GEMM
+    itself (Transformer Engine's GroupedLinear, which Megatron-Core builds with skip_bias_add False). False: the
+    grouped matmul takes no bias (torch._grouped_mm, grouped_gemm's gmm) and the bias is repeated per routed row
+    and added after it, as NeMo AutoModel and torchtitan run GPT-OSS (docs/formulas.md#moe.expert_fc1_bias)."""
+    sink_fusion: bool = True
+    """With attention sinks (ModelSpec.attention_sinks: GPT-OSS), the sink is in the fused attention kernel's
+    softmax (cuDNN's sink token through Transformer Engine >= 2.9). False: the kernel runs without it and the
+    output is rescaled after it by sigmoid(lse - sink) in fp32 and cast back, as NeMo AutoModel's FlexAttention
+    path does (docs/formulas.md#compute.sink_rescale)."""
     nvfp4_rht_cast_fusion: bool = True
     """With the NVFP4 recipe, Transformer Engine quantises each GEMM input (an activation or an output gradient)
     in one kernel after its amax pass: the rowwise 4-bit copy and, after the 16x16 random Hadamard transform, the
