@@ -208,3 +208,31 @@ def test_embedding_norm_is_refused_by_the_megatron_export(cli, tmp_path):
     code, files, err = export(cli, path, "megatron", tmp_path / "m")
     assert code == 2 and "norm on the embedding output" in err and "embedding_norm" in err, err
     assert "Traceback" not in err and files == ""
+
+
+def test_gpt_oss_fc1_bias_and_sink_switches_reach_the_exports_as_notes(cli, tmp_path):
+    # Megatron-Core (TE GroupedLinear with its bias, cuDNN attention with sinks) runs both fused: a plan priced
+    # with either unfused says it runs faster than priced; torchtitan adds the experts' fc1 bias after
+    # torch._grouped_mm, so a plan priced fused says it runs slower, with the plan setting that prices it.
+    def plan(name: str, **fields: object) -> Path:
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        path = tmp_path / name / "plan.json"
+        made = cli("estimate", "--model", "gpt-oss-120b", "--hardware", "dgx-h100", "--ep", "8", "--etp", "1",
+                   "--global-batch", "64", "--save", path)
+        assert made.code == 0, made.err
+        doc = json.loads(path.read_text())
+        doc["plan"].update(fields)
+        path.write_text(json.dumps(doc))
+        return path
+
+    unfused = plan("unfused", expert_fc1_bias_fusion=False, sink_fusion=False)
+    code, files, err = export(cli, unfused, "megatron", tmp_path / "unfused" / "out")
+    assert code == 0, err
+    assert "expert_fc1_bias_fusion false" in files and "sink_fusion false" in files
+    fused = plan("fused")
+    code, files, err = export(cli, fused, "megatron", tmp_path / "fused" / "out")
+    assert code == 0, err
+    assert "expert_fc1_bias_fusion" not in files and "sink_fusion" not in files
+    code, files, err = export(cli, fused, "torchtitan", tmp_path / "fused" / "tt")
+    assert code == 0, err
+    assert "set expert_fc1_bias_fusion false in the plan" in files

@@ -179,6 +179,14 @@ def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     if op_fuser(pf) and eager:
         notes.append("note: priced with the experts' clamp / fc2 bias eager (glu_clamp_fusion / expert_bias_fusion "
                      "false); the fused grouped MLP this runs fuses them, so it runs a little faster than priced")
+    if m.is_moe and m.mlp_bias and not p.expert_fc1_bias_fusion:
+        notes.append("note: priced with the experts' fc1 bias added after the grouped matmul "
+                     "(expert_fc1_bias_fusion false); Transformer Engine's GroupedLinear adds it in the GEMM, so "
+                     "this runs a little faster than priced")
+    if m.attention_sinks and not p.sink_fusion:
+        notes.append("note: priced with the attention sinks applied after the kernel (sink_fusion false); "
+                     "Transformer Engine's cuDNN attention takes them in its softmax, so this runs a little faster "
+                     "than priced")
     return tuple(notes)
 
 

@@ -172,8 +172,15 @@ def _check_accumulation(pf: PlanFile, target: str) -> None:
 
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
-    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default."""
-    return accumulation_notes(pf, "torchtitan", *accumulation(pf))
+    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default,
+    and biased experts' fc1 bias, which torchtitan's grouped matmul (torch._grouped_mm) takes no bias for and
+    adds after it, where the plan priced it inside the GEMM (ParallelPlan.expert_fc1_bias_fusion)."""
+    m, p = pf.model, pf.plan
+    bias = (("note: priced with the experts' fc1 bias inside the grouped GEMM (expert_fc1_bias_fusion true); "
+             "torchtitan adds it after torch._grouped_mm, so this runs a little slower than priced: set "
+             "expert_fc1_bias_fusion false in the plan to price it",)
+            if m.is_moe and m.mlp_bias and p.expert_fc1_bias_fusion else ())
+    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
