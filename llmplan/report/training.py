@@ -336,7 +336,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         rows += [("  CUDA context", mem.runtime.context, "mem.runtime"),
                  ("  cuBLAS workspace", mem.runtime.cublas, "mem.runtime"),
                  (f"  NCCL buffers ({int(mem.runtime.communicators)} comms)", mem.runtime.nccl, "mem.runtime")]
-    rows += [("  ZeRO-1 copies after backward", mem.after_backward, "mem.optimizer_copies")]
+    # the excess of the reduction / step peak (ZeRO-1 copies) over the backward's, not the copies themselves
+    rows += [("  ZeRO-1 step peak excess", mem.after_backward, "mem.optimizer_copies")]
     for name, val, ref in rows:
         if name.startswith("  ") and val == 0:
             continue
