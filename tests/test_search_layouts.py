@@ -54,9 +54,14 @@ def test_free_vpp_adds_layout_plans_to_the_ranking(cli):
     doc = r.json()
     laid = [p for p in doc["plans"] if p["plan"]["pp_layout"] is not None]
     # the two degrees 7+8x6+6 cannot interleave evenly, priced with the layout: one row for the interleaved
-    # layout (its best variant), the other degree counted among its variants (search.variants)
+    # layout (its best variant); the other degree is priced with a layout too (pinned below), and is counted
+    # among the row's variants only when it is within the model's resolution (the shipped residuals' width)
     assert len(laid) == 1 and laid[0]["plan"]["vpp"] in (3, 4)
-    assert {3, 4} <= set(laid[0]["variants"]["vpp"])
+    other = 7 - laid[0]["plan"]["vpp"]
+    pinned = cli("search", *DSV3, "--no-cp", "--vpp", str(other), "--json")
+    assert pinned.code == 0, pinned.err
+    assert all(p["vpp"] == other and p["pp_layout"] is not None for p in _plans(pinned.json()))
+    assert _plans(pinned.json())
     even = [p for p in _plans(doc) if p["pp_layout"] is None]
     assert {p["vpp"] for p in even} <= {1, 2}
     assert all(p["pp_layout"] is None or p["pp_first"] == p["pp_last"] == 0 for p in _plans(doc))
