@@ -354,3 +354,22 @@ def test_stack_generation_switches_on_the_cli(cli):
     assert new.json()["plan"]["tp_backward_overlap"] is False
     assert new.json()["comm"]["pp"]["bytes"] == pytest.approx(base.json()["comm"]["pp"]["bytes"] / 8)
     assert new.json()["comm"]["tp"]["bytes"] > base.json()["comm"]["tp"]["bytes"]
+
+
+def test_more_nics_than_gpus_gives_each_gpu_its_nics(cli, tmp_path):
+    # AWS p5en: 16 x 200 Gb/s EFA for 8 H200 (two NICs per GPU, 3,200 Gb/s a node). Each GPU owns two NICs on
+    # its rail, so 16 x 200 Gb/s carries what 8 x 400 Gb/s does; it used to divide by zero (0 GPUs per rail).
+    from llmplan.topology.graph import path_share
+
+    dgx = builtin_systems()["dgx-h100"]
+    p5 = dgx.model_copy(update={"name": "p5en-like", "nics_per_node": 16, "nic_gbit_per_s": 200})
+    for system in (dgx, p5):
+        g = build_graph(system, 2)
+        assert path_share(g, ("gpu", 0, 0), ("gpu", 1, 0)).bw > 0
+    g8, g16 = build_graph(dgx, 2), build_graph(p5, 2)
+    assert path_share(g16, ("gpu", 0, 3), ("gpu", 1, 3)).bw == pytest.approx(
+        path_share(g8, ("gpu", 0, 3), ("gpu", 1, 3)).bw)
+    path = tmp_path / "p5en.yaml"
+    path.write_text("base: dgx-h100\nname: p5en-like\nnics_per_node: 16\nnic_gbit_per_s: 200\n")
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", path, "--nodes", "2", "--dp", "16")
+    assert r.code == 0, r.err

@@ -35,12 +35,13 @@ def build_graph(system: SystemSpec, num_nodes: int) -> nx.Graph:
         _scale_out(g, s, n)
     n_leaves = -(-num_nodes // s.nodes_per_leaf)
     if s.nics_per_node and num_nodes > 1:
-        rails = s.nics_per_node if s.rail_optimized else 1
+        per, ports = nic_ports(s)
+        rails = ports if s.rail_optimized else 1
         for rail in range(rails):
             for leaf in range(n_leaves):
                 below = min(s.nodes_per_leaf, num_nodes - leaf * s.nodes_per_leaf)
-                nics_below = below * (1 if s.rail_optimized else s.nics_per_node)
-                gpus_below = below * (gpn // rails)
+                nics_below = below * (per if s.rail_optimized else s.nics_per_node)
+                gpus_below = below * max(1, gpn // rails)
                 g.add_edge(("leaf", rail, leaf), ("spine",), kind="spine",
                            bw=nics_below * s.nic_bytes_per_s / s.oversubscription, latency=s.inter_latency_s / 2,
                            sharers=gpus_below)
@@ -61,15 +62,23 @@ def _scale_up(g: nx.Graph, s: SystemSpec, n: int, nodes_per_domain: int) -> None
         g.add_edge(gpu(n, i), gpu(n, j), kind="mesh", bw=s.pair_bytes_per_s, latency=s.intra_latency_s, sharers=1)
 
 
+def nic_ports(s: SystemSpec) -> tuple[int, int]:
+    """(NICs per port, ports per node): a node with at least twice as many NICs as GPUs (AWS p5 / p5en: 32 or
+    16 EFA NICs for 8 GPUs) gives each GPU its own nics // gpus NICs, one port of their summed bandwidth on
+    its rail; otherwise each NIC is a port, shared by the GPUs mapped to it."""
+    per = max(1, s.nics_per_node // s.gpus_per_node)
+    return per, s.nics_per_node // per
+
+
 def _scale_out(g: nx.Graph, s: SystemSpec, n: int) -> None:
-    gpn, nics = s.gpus_per_node, s.nics_per_node
-    for i in range(nics):
+    gpn = s.gpus_per_node
+    per, ports = nic_ports(s) if s.nics_per_node else (1, 0)
+    bw, sharers = per * s.nic_bytes_per_s, max(1, gpn // ports) if ports else 1
+    for i in range(ports):
         leaf = ("leaf", i if s.rail_optimized else 0, n // s.nodes_per_leaf)
-        g.add_edge(("nic", n, i), leaf, kind="nic", bw=s.nic_bytes_per_s, latency=s.inter_latency_s / 2,
-                   sharers=max(1, gpn // nics))
-    for j in range(gpn if nics else 0):
-        g.add_edge(gpu(n, j), ("nic", n, j * nics // gpn), kind="pcie-nic", bw=s.nic_bytes_per_s, latency=0.0,
-                   sharers=max(1, gpn // nics))
+        g.add_edge(("nic", n, i), leaf, kind="nic", bw=bw, latency=s.inter_latency_s / 2, sharers=sharers)
+    for j in range(gpn if ports else 0):
+        g.add_edge(gpu(n, j), ("nic", n, j * ports // gpn), kind="pcie-nic", bw=bw, latency=0.0, sharers=sharers)
 
 
 def validate(system: SystemSpec, num_nodes: int) -> None:
