@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.cost.windows import window_key_count
 from llmplan.specs.model import ModelSpec
 
 COMPRESSED_KEY_BYTES = 2.0
@@ -124,11 +125,11 @@ def replicated_layer_params(m: ModelSpec) -> float:
 def compressed_keys(m: ModelSpec, s: Any) -> Any:
     """Keys per query counted in training's attention FLOPs for a sequence of s tokens, summed over the
     compressed layers (MFU's count: twice the mean a causal query sees). Every layer's window: query i sees
-    min(i, w) keys, 2w - w²/s (as a sliding layer). CSA: query i sees i/m compressed keys of which the indexer
+    min(i, w) keys, window_key_count (as a sliding layer). CSA: query i sees i/m compressed keys of which the indexer
     keeps k, 2k - k²m/s while s/m > k (else s/m); HCA: all i/m', s/m'. Derived: docs/formulas.md#compressed.attention"""
     s = np.asarray(s, dtype=float)
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
-    window = np.where(w < s, 2.0 * w - w * w / s, s)
+    window = window_key_count(w, s)
     csa = np.where(s / c > k, 2.0 * k - k * k * c / s, s / c)
     n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
     return (n_csa + n_hca) * window + n_csa * csa + n_hca * s / m.compress_rate_hca

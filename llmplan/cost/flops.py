@@ -22,10 +22,21 @@ from llmplan.cost.compressed import (
     indexer_scores_per_token,
     replicated_layer_params,
 )
-from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_params, mean_scan_flops
-from llmplan.cost.params import attention_params, expert_params, latent_proj_params, mlp_params
+from llmplan.cost.mixers import (
+    attention_share,
+    dense_mlp_share,
+    mean_recurrent_params,
+    mean_scan_flops,
+)
+from llmplan.cost.params import (
+    attention_params,
+    expert_params,
+    latent_proj_params,
+    mlp_params,
+)
 from llmplan.cost.sparse import indexer_flops_per_pair
 from llmplan.cost.stages import recomputed_share
+from llmplan.cost.windows import window_key_count
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -97,13 +108,6 @@ def layer_windows(m: ModelSpec) -> tuple[tuple[int | None, int], ...]:
     per layer, so that a cost evaluated per pipeline stage stays linear in the stages (4,096 stages of a
     4,096-layer model took 41 s listing every layer per stage)."""
     return tuple((None if kind == "sparse" else w, n) for kind, w, n in attention_groups(m))  # sparse: caches all
-
-
-def window_key_count(w: Any, s: Any) -> Any:
-    """Keys per query counted for a causal sliding window of w keys over s tokens, the same multiple of what
-    its kernel computes as a full causal layer's s: query i sees min(i, w) keys, on average w - w²/(2s) for
-    w < s, so 2w - w²/s (s when w >= s). Derived: docs/formulas.md#compute.flops"""
-    return np.where(w < s, 2.0 * w - w * w / s, s)
 
 
 def attention_keys(m: ModelSpec, s: Any) -> Any:
