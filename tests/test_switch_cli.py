@@ -210,3 +210,30 @@ def test_bf16_modules_file_travels_with_every_megatron_script(cli, tmp_path, tar
     assert r.code == 0, r.err
     assert f"--te-precision-config-file {folder}" in (tmp_path / "out" / script).read_text()
     assert 'pattern: "*.linear_qkv"' in (tmp_path / "out" / "te_precision.yaml").read_text()
+
+
+# The switches added with ZeRO-3 units, gradient accumulation, expert GEMMs, cuDNN releases and FP8 attention:
+# an unknown value is one line naming the flag's choices, exit code 2 (the real command, estimate and search).
+@pytest.mark.parametrize("command", ["estimate", "search"])
+@pytest.mark.parametrize("flag,value,choices", [
+    ("--zero3-unit", "module", ("layer", "tensor")),
+    ("--grad-accumulation", "sum", ("fused", "add", "cast-add")),
+    ("--expert-gemm", "loop", ("grouped", "per-expert")),
+    ("--attention-release", "cudnn-8.9", ("cudnn-9.1", "cudnn-9.19")),
+    ("--grad-reduce", "allreduce", ("reduce-scatter", "all-reduce")),
+])
+def test_unknown_switch_value_is_one_line_naming_the_choices(cli, command, flag, value, choices):
+    r = cli(command, "--model", "llama-3.1-8b", "--hardware", "dgx-h100", flag, value)
+    assert r.code == 2 and "Traceback" not in r.err + r.out
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1, r.err
+    assert value in lines[0] and flag.lstrip("-").replace("-", "_") in lines[0].replace("-", "_"), lines[0]
+    assert all(c in lines[0] for c in choices), lines[0]
+
+
+def test_fp8_attention_outside_an_fp8_recipe_is_one_line(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--fp8-attention")
+    assert r.code == 2 and "Traceback" not in r.err + r.out
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "fp8_attention with dtype bf16" in lines[0] and "--precision" in lines[0], r.err
+
