@@ -142,7 +142,7 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.grad_accumulation."""
     launch_blocking: bool
     """ParallelPlan.launch_blocking."""
-    zero3_unit: str = "layer"
+    zero3_unit: str
     """ParallelPlan.zero3_unit."""
     fp8_params: bool | None
     """ParallelPlan.fp8_params; None (search only): both tried where the recipe allows."""
