@@ -26,11 +26,16 @@ Msg = Callable[[ModelSpec, Any, Any], str]
 
 @dataclass(frozen=True)
 class Rule:
+    """One check_plan rule: a predicate over (model, plan, cluster) and the message when it fails."""
+
     name: str
+    """Short identifier (Violation.rule; stable: search counts pruned plans per rule)."""
     ok: Pred
     """True (elementwise) where the plan keeps the rule."""
     message: Msg
+    """What is wrong, the values, the rule and the fix, for one plan that breaks it."""
     needs_cluster: bool = False
+    """The rule reads the cluster (c): skipped when check_plan is given none."""
 
 
 def as_bool(x: Any) -> Any:
