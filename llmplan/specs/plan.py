@@ -12,11 +12,10 @@ from llmplan.specs.allowance import MemoryAllowance  # noqa: F401  (re-exported:
 from llmplan.specs.cluster import MAX_GPUS, ClusterSpec  # noqa: F401  (re-exported: their home was this module)
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
-    ATTENTION_KERNELS, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES,
-    OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, TP_IMPLS, AttentionKernel,
-    ATTENTION_RELEASES, AttentionRelease,
-    Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeRouting, OptimizerMasterDtype, OptimizerMomentDtype, Recipe,
-    Recompute, RecomputeModule, TpImpl, TrainDtype,
+    ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS,
+    OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
+    TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeRouting,
+    OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,

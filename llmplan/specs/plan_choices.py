@@ -9,11 +9,12 @@ Recompute = Literal["none", "selective", "full", "op"]
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "mhc"]
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+"""Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; mhc: the
+hyper-connections of Megatron-Bridge's DeepSeek-V4 recipes; the Gated-DeltaNet modules belong to layers llmplan
+does not model)."""
 Bf16Module = Literal["attention", "latent_proj"]
 BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
 """Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""
-"""Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; the
-Gated-DeltaNet and hyper-connection modules belong to layers llmplan does not model)."""
 
 
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
