@@ -299,8 +299,9 @@ class ParallelPlan(PlanQuantities, Spec):
     expert_gemm: ExpertGemm = "grouped"
     """How the routed experts' matmuls run with fused kernels: grouped, one kernel over all the rank's local
     experts (DeepGEMM's m-grouped GEMM, torch._grouped_mm, Transformer Engine's fused grouped MLP that
-    Megatron-Bridge's cutedsl_fused_grouped_mlp presets select, and the Megatron exports write); per-expert, Transformer Engine's GroupedLinear
-    (Megatron-Core's TEGroupedMLP), one cuBLASLt GEMM per local expert over its streams, each costing
+    Megatron-Bridge's cutedsl_fused_grouped_mlp presets select, and the Megatron exports write); per-expert,
+    Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP), one cuBLASLt GEMM per local expert over
+    its streams, each costing
     EXPERT_GEMM_S more than its share of one grouped kernel (docs/formulas.md#compute.expert_gemms); grouped at
     etp > 1 with tp_impl megatron is priced per-expert (the fused grouped MLP needs expert TP 1). Without
     fused kernels every expert's matmuls are separate eager launches either way."""
