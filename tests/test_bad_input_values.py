@@ -400,3 +400,18 @@ def test_mla_fields_without_kv_lora_rank_are_refused(cli, tmp_path):
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1
     # (q_lora_rank alone is a low-rank query on plain attention, DeepSeek-V4's: not named)
     assert "qk_rope_head_dim set without kv_lora_rank" in r.err and "leave the MLA fields out" in r.err
+
+
+# DeepSeek-V4's grouped output projection (ModelSpec.o_lora_rank, o_groups): a width beyond any model is refused
+# with the field and its bound, as q_lora_rank / kv_lora_rank (262,144) and the head count (4,096) are; it was
+# priced (an o_lora_rank of 10^12 gave an estimate).
+@pytest.mark.parametrize("key,value,bound", [("o_lora_rank", 10**12, "262144"), ("o_groups", 100_000, "4096")])
+def test_grouped_output_projection_beyond_any_model(cli, tmp_path, key, value, bound):
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "model_specs" / "deepseek-v4-flash.yaml").read_text())
+    r = cli("estimate", "--model", write(tmp_path, "v4.yaml", {**doc, key: value}), "--hardware", "dgx-h100",
+            "--nodes", "8")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert f"field '{key}': Input should be less than or equal to {bound} (got {value})" in lines[0]

@@ -129,10 +129,10 @@ class ModelSpec(Spec):
     shared_key_value: bool = False
     """llmplan key: one key/value head whose key and value are the same projection, read as both (DeepSeek-V4's
     shared-KV multi-query attention: kv_proj h -> head_dim and its RMSNorm); needs num_key_value_heads 1."""
-    o_lora_rank: int | None = Field(default=None, gt=0)
+    o_lora_rank: int | None = Field(default=None, gt=0, le=262_144)
     """Grouped low-rank output projection (HF deepseek_v4 name): the width d_g each of the o_groups head groups
     is projected to before one o_groups·d_g -> h projection; None: the full a·d -> h output projection."""
-    o_groups: int | None = Field(default=None, gt=0)
+    o_groups: int | None = Field(default=None, gt=0, le=4_096)
     """Grouped low-rank output projection: head groups g, each of a·d/g inputs (HF deepseek_v4 name)."""
     hc_mult: int = Field(default=1, ge=1, le=64)
     """Manifold-constrained hyper-connections (HF deepseek_v4 name; DeepSeek-V4: 4): residual streams n of width h
