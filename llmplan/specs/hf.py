@@ -34,8 +34,6 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
         cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
     mt = cfg.get("model_type")
-    if mt in BEYOND_THE_MODEL:
-        raise ValueError(f"model_type '{mt}' is not supported: {BEYOND_THE_MODEL[mt]}")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
         raise ValueError(f"model_type '{mt}' is not supported; supported Hugging Face model types: {supported}")
@@ -141,11 +139,6 @@ NEMOTRON_H_BLOCKS = {"M": ("mamba", "none"), "*": ("full_attention", "none"), "-
 """Nemotron-H's hybrid_override_pattern symbols -> (mixer, MLP) of the block: Mamba-2, attention, MLP, MoE.
 Source: Hugging Face transformers models/nemotron_h/configuration_nemotron_h.py (layers_block_type);
 Megatron-LM megatron/core/ssm/mamba_hybrid_layer_allocation.py (Symbols: M, *, -, E)."""
-
-
-BEYOND_THE_MODEL: dict[str, str] = {}
-"""Published architectures the reader refuses with the reason (none at present: DeepSeek-V4, once refused for its
-hyper-connections and compressed attention, is read by _deepseek_v4)."""
 
 
 DEEPSEEK_V4_RATIOS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
