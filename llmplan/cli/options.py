@@ -13,6 +13,7 @@ import typer
 from pydantic import BaseModel
 from typer.core import TyperCommand
 
+from llmplan.cost.serve_memory import SERVE_RUNTIME_GIB
 from llmplan.specs.defaults import DEFAULT_SEQ_LEN
 from llmplan.specs.options import ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions, ServingOptions
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
@@ -135,7 +136,7 @@ BF16_MODULES = typer.Option(None, "--bf16-modules",
                                  "comma-separated (attention, latent_proj; Megatron --te-precision-config-file).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance in GiB (CUDA context, NCCL, workspaces); "
-                                "default: priced from the plan (training), 1.5 (serving).")
+                                f"default: priced from the plan (training), {SERVE_RUNTIME_GIB:g} (serving).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                        help="Allocator fragmentation allowance, fraction of tensor memory.")
 INPUT_LEN = typer.Option(_job("input_len"), "--input-len", min=1, help="Inference: prompt tokens per request.")
