@@ -121,10 +121,9 @@ def switches(s: SwitchOptions) -> dict:
         dtype = implied
     elif dtype == "fp4":
         recipe = "nvfp4"
-    if s.attention_release is not None and s.attention_release not in ATTENTION_RELEASES:
-        raise LlmplanError(f"--attention-release {excerpt(s.attention_release)} is not a release with a published "
-                           f"attention rate; use one of {', '.join(ATTENTION_RELEASES)}")
     for flag, value, allowed, what in (("--attention-kernel", s.attention_kernel, ATTENTION_KERNELS, "a kernel"),
+                                       ("--attention-release", s.attention_release, ATTENTION_RELEASES,
+                                        "a release with a published attention rate"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
@@ -133,8 +132,8 @@ def switches(s: SwitchOptions) -> dict:
                                         OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
                                        ("--optimizer-moment-dtype", s.optimizer_moment_dtype,
                                         OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype")):
-        if value not in allowed:
-            raise LlmplanError(f"{flag} {value} is not {what}; use one of {', '.join(allowed)}")
+        if value is not None and value not in allowed:  # None: --attention-release not given
+            raise LlmplanError(f"{flag} {excerpt(value)} is not {what}; use one of {', '.join(allowed)}")
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
             "grad_dtype": grad_dtype, "fp8_params": fp8_params, "bf16_modules": parse_bf16_modules(s.bf16_modules),
             "recompute_modules": parse_recompute_modules(s.recompute_modules)}
