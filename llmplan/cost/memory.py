@@ -26,7 +26,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
-from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master
+from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
 from llmplan.cost.offload import offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes
 from llmplan.cost.params import (
@@ -222,7 +222,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
     # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
     piped = plan.pp > 1
-    gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
+    gradients = gradient_params(plan, rp) * grad_b
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's

@@ -42,6 +42,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
 from llmplan.cost.comm import tp_forward_rs_share
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.model_states import gradient_params
 from llmplan.cost.offload import offload_exposed
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
@@ -128,12 +129,8 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             if key:
                 same[key] = sc
         if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
-            held = rank_params(m, plan, stage)
             # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
-            # (dense over dp x cp, routed experts over the expert data-parallel group, as cost.memory shards them)
-            sharded = (plan.zero >= 2) & (plan.pp == 1)
-            accumulated = (held.dense / where(sharded, plan.zero_shard, 1)
-                           + held.expert / where(sharded, plan.expert_dp, 1))
+            accumulated = gradient_params(plan, rank_params(m, plan, stage))
             sc = replace(sc, memory_bound=sc.memory_bound + grad_accumulation_seconds(accumulated, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
