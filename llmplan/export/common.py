@@ -113,9 +113,14 @@ def rendezvous_lines(pf: PlanFile) -> list[str]:
 def launch_env_lines(pf: PlanFile) -> list[str]:
     """The environment the plan prices, exported before the launcher (its workers inherit it): CUDA_LAUNCH_BLOCKING=1
     with launch_blocking (every kernel launch returns when the kernel is done; CUDA C++ Programming Guide,
-    "Concurrent Execution between Host and Device")."""
-    return (["export CUDA_LAUNCH_BLOCKING=1   # the plan's launch_blocking (priced: the GPU idles between launches)"]
-            if pf.plan.launch_blocking else [])
+    "Concurrent Execution between Host and Device"), and CUDA_MODULE_LOADING=EAGER without cuda_lazy_loading
+    (PyTorch sets LAZY only where the variable is unset, pytorch/pytorch PR #86509; CUDA Programming Guide,
+    Lazy Loading)."""
+    p = pf.plan
+    return ((["export CUDA_LAUNCH_BLOCKING=1   # the plan's launch_blocking (priced: the GPU idles between launches)"]
+             if p.launch_blocking else [])
+            + (["export CUDA_MODULE_LOADING=EAGER   # the plan's cuda_lazy_loading off (priced: every kernel image "
+                "in the CUDA context)"] if not p.cuda_lazy_loading else []))
 
 
 def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:

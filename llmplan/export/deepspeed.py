@@ -180,5 +180,5 @@ def render(pf: PlanFile) -> dict[str, str]:
     # DeepSpeed's multi-node runner forwards only NCCL_*, PYTHON*, ... and the lines of ./.deepspeed_env
     # (deepspeed/launcher/runner.py: EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_NAME); it runs from this folder
     if env and c.num_nodes > 1:
-        files[".deepspeed_env"] = "CUDA_LAUNCH_BLOCKING=1\n"
+        files[".deepspeed_env"] = "".join(line.split()[1] + "\n" for line in env)  # NAME=VALUE of each export
     return files

@@ -212,6 +212,10 @@ def check_legacy(pf: PlanFile) -> None:
     if p.launch_blocking:
         raise refuse(LEGACY_TARGET, "CUDA_LAUNCH_BLOCKING=1 (launch_blocking: an environment variable, and this "
                      "export writes only the TOML)", "export to torchtitan (0.3), or re-plan with --no-launch-blocking")
+    if not p.cuda_lazy_loading:
+        raise refuse(LEGACY_TARGET, "CUDA_MODULE_LOADING=EAGER (cuda_lazy_loading off: an environment variable, and "
+                     "this export writes only the TOML)", "export to torchtitan (0.3), or set cuda_lazy_loading true "
+                     "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
     check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))
 
