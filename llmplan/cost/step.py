@@ -39,7 +39,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     overlap,
     tp_exposed,
 )
-from llmplan.cost.comm import tp_forward_rs_share
+from llmplan.cost.comm import pp_sends, tp_forward_rs_share
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.model_states import gradient_params
@@ -292,14 +292,14 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
 
 
 def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float) -> Any:
-    """Exposed seconds of a step's pipeline sends (pp_seconds, 2nv sends of one micro-batch's activation or
-    gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the slowest
-    stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
+    """Exposed seconds of a step's pipeline sends (pp_seconds, the comm.pp_sends sends of one micro-batch's
+    activation or gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the
+    slowest stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
     transfer (interleaving multiplies them by v). Derived: docs/formulas.md#step.overlap"""
-    n, v, p = plan.num_microbatches, plan.vpp, plan.pp
-    p2p = pp_seconds / maximum(2 * n * v, 1)
-    waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
-    return waited * p2p + overlap((2 * n * v - waited) * p2p, n * stage_total, kappa)
+    n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
+    p2p = pp_seconds / maximum(sends, 1)
+    waited = where(v == 1, minimum(2 * (n + p - 1), sends), minimum(2 * (p - 1) * v, sends))
+    return waited * p2p + overlap((sends - waited) * p2p, n * stage_total, kappa)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
