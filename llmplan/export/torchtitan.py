@@ -163,15 +163,21 @@ def check(pf: PlanFile) -> None:
 
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
-    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default,
-    and biased experts' fc1 bias, which torchtitan's grouped matmul (torch._grouped_mm) takes no bias for and
-    adds after it, where the plan priced it inside the GEMM (ParallelPlan.expert_fc1_bias_fusion)."""
+    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default;
+    biased experts' fc1 bias, which torchtitan's grouped matmul (torch._grouped_mm) takes no bias for and adds
+    after it, where the plan priced it inside the GEMM (ParallelPlan.expert_fc1_bias_fusion); and attention sinks,
+    which torchtitan applies after the kernel (gpt_oss Attention.forward: flex_attention with return_lse, then
+    the output scaled by sigmoid(lse - sinks)), where the plan priced them in its softmax (sink_fusion)."""
     m, p = pf.model, pf.plan
     bias = (("note: priced with the experts' fc1 bias inside the grouped GEMM (expert_fc1_bias_fusion true); "
              "torchtitan adds it after torch._grouped_mm, so this runs a little slower than priced: set "
              "expert_fc1_bias_fusion false in the plan to price it",)
             if expert_bias(m) and p.expert_fc1_bias_fusion else ())
-    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias
+    sinks = (("note: priced with the attention sinks in the kernel's softmax (sink_fusion true); torchtitan "
+              "rescales flex_attention's output by them after the kernel, so this runs a little slower than "
+              "priced: set sink_fusion false in the plan to price it",)
+             if m.attention_sinks and p.sink_fusion else ())
+    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
