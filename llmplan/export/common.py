@@ -156,6 +156,13 @@ def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
              "set glu_clamp_fusion and expert_bias_fusion false in the plan (Megatron-Core's eager clamp and bias)")]
 
 
+def grouped_experts(pf: PlanFile) -> bool:
+    """Whether the plan prices the routed experts in one grouped kernel: a MoE model, fused kernels, expert_gemm
+    grouped."""
+    p = pf.plan
+    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped")
+
+
 def op_fuser_blocked(pf: PlanFile) -> str | None:
     """Why Megatron-Core's fused grouped MLP cannot run a plan priced with the routed experts in one grouped kernel
     (ParallelPlan.expert_gemm grouped, the default), so that a Megatron-Core launch runs TEGroupedMLP instead
@@ -163,7 +170,7 @@ def op_fuser_blocked(pf: PlanFile) -> str | None:
     or the weighted squared ReLU's activation (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at
     d98e8a6, _is_fused_impl_supported)."""
     p, m = pf.plan, pf.model
-    if not (m.is_moe and p.fused_kernels and p.expert_gemm == "grouped"):
+    if not grouped_experts(pf):
         return None
     if p.etp_resolved > 1:
         return f"it runs without expert tensor parallelism; etp {p.etp_resolved}"
@@ -179,8 +186,7 @@ def op_fuser(pf: PlanFile) -> bool:
     grouped kernel needs use_transformer_engine_op_fuser and, for a GLU, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1
     (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported;
     Megatron-Bridge's cutedsl_fused_grouped_mlp performance overrides set both)."""
-    p = pf.plan
-    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped") and op_fuser_blocked(pf) is None
+    return grouped_experts(pf) and op_fuser_blocked(pf) is None
 
 
 def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
