@@ -251,13 +251,19 @@ def pp_scattered(plan: ParallelPlan) -> Any:
     return where(plan.sp, True, plan.pp_scatter_gather)
 
 
+def pp_sends(plan: ParallelPlan) -> Any:
+    """Sends per step between neighbouring pipeline stages: each micro-batch's activation forward and its gradient
+    backward, once per model chunk, 2·n·v. Derived: docs/formulas.md#comm.pp"""
+    return 2 * plan.num_microbatches * plan.vpp
+
+
 def pp_gathers(plan: ParallelPlan) -> Any:
     """All-gathers over TP that pipeline scatter/gather adds without SP: the receiving stage rebuilds each
     activation (forward) and gradient (backward) from the TP ranks' 1/t slices, 2 per micro-batch and chunk
     (Megatron-LM p2p_communication.py at 50a4b5fa02, gather_split_1d_tensor; DeepSpeed PartitionedTensor.full).
     Derived: docs/formulas.md#comm.pp"""
     rebuilt = where(plan.sp, False, plan.pp_scatter_gather)  # with SP the layers take it split (sequence shards)
-    return where(rebuilt & (plan.pp > 1), 2 * plan.num_microbatches * plan.vpp, 0)
+    return where(rebuilt & (plan.pp > 1), pp_sends(plan), 0)
 
 
 def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
@@ -267,7 +273,7 @@ def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     layers, transformers DeepseekV4DecoderLayer). Derived: docs/formulas.md#comm.pp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size * m.hc_mult
     S = ACT_BYTES * s * b * h / where(pp_scattered(plan), plan.tp, 1)
-    return [Transfer("send-recv", 2 * plan.num_microbatches * plan.vpp, S, group)]
+    return [Transfer("send-recv", pp_sends(plan), S, group)]
 
 
 def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group: G) -> list[Transfer[G]]:

@@ -76,7 +76,8 @@ def storage_seconds(job_bytes: Any, rank_bytes: Any, cluster: ClusterSpec) -> An
 
 def host_copy_seconds(rank_bytes: Any, system: SystemSpec) -> Any:
     """Seconds one rank's device-to-host copy of its shard takes (all of an asynchronous checkpoint that
-    blocks training), every GPU of the node copying at once (SystemSpec.host_bytes_per_s). Source: Megatron-LM --async-save (the copy to pinned host memory is synchronous)."""
+    blocks training), every GPU of the node copying at once (SystemSpec.host_bytes_per_s).
+    Source: Megatron-LM --async-save (the copy to pinned host memory is synchronous)."""
     return rank_bytes / system.host_bytes_per_s
 
 

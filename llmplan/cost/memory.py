@@ -26,7 +26,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
-from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master
+from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
 from llmplan.cost.offload import offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes
 from llmplan.cost.params import (
@@ -222,7 +222,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
     # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
     piped = plan.pp > 1
-    gradients = where((plan.zero >= 2) & piped, rp.total * grad_b, dense.gradients + expert.gradients)
+    gradients = gradient_params(plan, rp) * grad_b
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
@@ -289,8 +289,20 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
 
 
 def _field_names(cls: type, *skip: str) -> tuple[str, ...]:
-    """The dataclass's field names but `skip`, in their order: what _choose and _pick select fieldwise."""
+    """The dataclass's field names but `skip`, in their order: what _fieldwise selects."""
     return tuple(f.name for f in fields(cls) if f.name not in skip)
+
+
+def _fieldwise(select: Any, first: TrainingMemory, runtime: bool) -> TrainingMemory:
+    """A TrainingMemory of `select(get)` for each value `get(breakdown)` of the breakdowns it chooses among (their
+    activation parts and, where `runtime`, their runtime bytes too); `first`'s capacity."""
+    act = ActivationBytes(*(select(lambda r, f=f: getattr(r.activation_parts, f))
+                            for f in _field_names(ActivationBytes)))
+    parts = RuntimeBytes(*(select(lambda r, f=f: getattr(r.runtime, f)) for f in _field_names(RuntimeBytes))) \
+        if runtime else None
+    picked = _field_names(TrainingMemory, "activation_parts", "capacity", "runtime")
+    return TrainingMemory(**{f: select(lambda r, f=f: getattr(r, f)) for f in picked}, activation_parts=act,
+                          capacity=first.capacity, runtime=parts)
 
 
 def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
@@ -300,21 +312,9 @@ def _choose(which: np.ndarray, results: list[TrainingMemory]) -> TrainingMemory:
     def pick(get: Any) -> np.ndarray:
         return np.stack([np.broadcast_to(get(r), which.shape) for r in results]).ravel().take(flat)
 
-    act = ActivationBytes(*(pick(lambda r, f=f: getattr(r.activation_parts, f))
-                            for f in _field_names(ActivationBytes)))
-    picked = _field_names(TrainingMemory, "activation_parts", "capacity", "runtime")
-    runtime = None if results[0].runtime is None else RuntimeBytes(
-        *(pick(lambda r, f=f: getattr(r.runtime, f)) for f in _field_names(RuntimeBytes)))
-    return TrainingMemory(**{f: pick(lambda r, f=f: getattr(r, f)) for f in picked}, activation_parts=act,
-                          capacity=results[0].capacity, runtime=runtime)
+    return _fieldwise(pick, results[0], results[0].runtime is not None)
 
 
 def _pick(cond: Any, a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     """Fieldwise `a if cond else b` over two breakdowns (elementwise for arrays)."""
-    act = ActivationBytes(*(where(cond, getattr(a.activation_parts, f), getattr(b.activation_parts, f))
-                            for f in _field_names(ActivationBytes)))
-    picked = _field_names(TrainingMemory, "activation_parts", "capacity", "runtime")
-    runtime = None if a.runtime is None or b.runtime is None else RuntimeBytes(
-        *(where(cond, getattr(a.runtime, f), getattr(b.runtime, f)) for f in _field_names(RuntimeBytes)))
-    return TrainingMemory(**{f: where(cond, getattr(a, f), getattr(b, f)) for f in picked},
-                          activation_parts=act, capacity=a.capacity, runtime=runtime)
+    return _fieldwise(lambda get: where(cond, get(a), get(b)), a, a.runtime is not None and b.runtime is not None)

@@ -44,6 +44,14 @@ def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, g
     )
 
 
+def gradient_params(plan: ParallelPlan, rp: RankParams) -> Any:
+    """Parameters whose gradients a rank holding `rp` keeps: ZeRO-2/3 shard them (the dense over zero_shard, the
+    routed experts over expert_dp, as model_state_bytes does), but under a pipeline they stay whole until the last
+    micro-batch (PyTorch pipelining with FSDP2). Derived: docs/formulas.md#mem.other"""
+    sharded = (plan.zero >= 2) & (plan.pp == 1)
+    return rp.dense / where(sharded, plan.zero_shard, 1) + rp.expert / where(sharded, plan.expert_dp, 1)
+
+
 @dataclass(frozen=True)
 class OptimizerParts(Breakdown):
     """The optimizer states of one rank: Adam's master weights and its two moments; parts sum to total."""

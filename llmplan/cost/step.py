@@ -39,9 +39,10 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     overlap,
     tp_exposed,
 )
-from llmplan.cost.comm import tp_forward_rs_share
+from llmplan.cost.comm import pp_sends, tp_forward_rs_share
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.model_states import gradient_params
 from llmplan.cost.offload import offload_exposed
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
@@ -128,12 +129,8 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             if key:
                 same[key] = sc
         if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
-            held = rank_params(m, plan, stage)
             # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
-            # (dense over dp x cp, routed experts over the expert data-parallel group, as cost.memory shards them)
-            sharded = (plan.zero >= 2) & (plan.pp == 1)
-            accumulated = (held.dense / where(sharded, plan.zero_shard, 1)
-                           + held.expert / where(sharded, plan.expert_dp, 1))
+            accumulated = gradient_params(plan, rank_params(m, plan, stage))
             sc = replace(sc, memory_bound=sc.memory_bound + grad_accumulation_seconds(accumulated, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
@@ -295,14 +292,14 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
 
 
 def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float) -> Any:
-    """Exposed seconds of a step's pipeline sends (pp_seconds, 2nv sends of one micro-batch's activation or
-    gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the slowest
-    stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
+    """Exposed seconds of a step's pipeline sends (pp_seconds, the comm.pp_sends sends of one micro-batch's
+    activation or gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the
+    slowest stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
     transfer (interleaving multiplies them by v). Derived: docs/formulas.md#step.overlap"""
-    n, v, p = plan.num_microbatches, plan.vpp, plan.pp
-    p2p = pp_seconds / maximum(2 * n * v, 1)
-    waited = where(v == 1, minimum(2 * (n + p - 1), 2 * n * v), minimum(2 * (p - 1) * v, 2 * n * v))
-    return waited * p2p + overlap((2 * n * v - waited) * p2p, n * stage_total, kappa)
+    n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
+    p2p = pp_seconds / maximum(sends, 1)
+    waited = where(v == 1, minimum(2 * (n + p - 1), sends), minimum(2 * (p - 1) * v, sends))
+    return waited * p2p + overlap((sends - waited) * p2p, n * stage_total, kappa)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:

@@ -10,8 +10,9 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout, need_mode,
-                                   op_fuser, refuse, rendezvous_lines, sh_header, squared_relu, tp_refusals)
+from llmplan.export.common import (cast_add_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
+                                   megatron_layout, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
+                                   squared_relu, tp_refusals)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -142,9 +143,7 @@ def check(pf: PlanFile) -> None:
          "attention is not checkpointed)", m.compressed_layers > 0 and p.recompute == "selective"
          and "core_attn" in (p.recompute_modules or ("core_attn",)),
          "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
-        ("gradients cast and then added after each micro-batch (grad_accumulation cast-add, DeepSpeed's "
-         "BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
-         p.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add"),
+        cast_add_refusal(pf),
         (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
          "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -292,5 +291,6 @@ def render(pf: PlanFile) -> dict[str, str]:
         "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\",
         "    " + BRIDGE_ENTRY,
     ]
-    return {"megatron_bridge_pretrain.sh": sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe "
-                                                         f"{RECIPES[pf.model.name]})", megatron_expert_notes(pf)) + "\n".join(lines) + "\n"}
+    header = sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe {RECIPES[pf.model.name]})",
+                       megatron_expert_notes(pf))
+    return {"megatron_bridge_pretrain.sh": header + "\n".join(lines) + "\n"}

@@ -83,6 +83,23 @@ def accumulation_notes(pf: PlanFile, launcher: str, runs: str, why: str) -> tupl
             f"re-plan with --grad-accumulation {runs} to price it",)
 
 
+def check_accumulation(pf: PlanFile, target: str, launcher: str, runs: str, why: str) -> None:
+    """Refuse a plan that names a grad_accumulation a launcher without accumulation fusion does not run (`runs`,
+    because `why`); the default fused is exported with accumulation_notes instead."""
+    if pf.plan.grad_accumulation not in ("fused", runs):
+        raise refuse(target, f"gradient accumulation {pf.plan.grad_accumulation} ({launcher} has no accumulation "
+                     f"fused into the weight-gradient GEMM: {why}, i.e. {runs})",
+                     f"re-plan with --grad-accumulation {runs}")
+
+
+def cast_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for grad_accumulation cast-add on a Megatron-Core launch, which fuses
+    the accumulation into the weight-gradient GEMM or adds into main_grad, never casts first."""
+    return ("gradients cast and then added after each micro-batch (grad_accumulation cast-add, DeepSpeed's "
+            "BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
+            pf.plan.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add")
+
+
 def rendezvous_lines(pf: PlanFile) -> list[str]:
     """The start of a Megatron-Core torchrun script's body: strict bash, then the node and rendezvous variables,
     each overridable from the environment, and the plan's environment (op_fuser_env_lines too)."""
@@ -96,9 +113,14 @@ def rendezvous_lines(pf: PlanFile) -> list[str]:
 def launch_env_lines(pf: PlanFile) -> list[str]:
     """The environment the plan prices, exported before the launcher (its workers inherit it): CUDA_LAUNCH_BLOCKING=1
     with launch_blocking (every kernel launch returns when the kernel is done; CUDA C++ Programming Guide,
-    "Concurrent Execution between Host and Device")."""
-    return (["export CUDA_LAUNCH_BLOCKING=1   # the plan's launch_blocking (priced: the GPU idles between launches)"]
-            if pf.plan.launch_blocking else [])
+    "Concurrent Execution between Host and Device"), and CUDA_MODULE_LOADING=EAGER without cuda_lazy_loading
+    (PyTorch sets LAZY only where the variable is unset, pytorch/pytorch PR #86509; CUDA Programming Guide,
+    Lazy Loading)."""
+    p = pf.plan
+    return ((["export CUDA_LAUNCH_BLOCKING=1   # the plan's launch_blocking (priced: the GPU idles between launches)"]
+             if p.launch_blocking else [])
+            + (["export CUDA_MODULE_LOADING=EAGER   # the plan's cuda_lazy_loading off (priced: every kernel image "
+                "in the CUDA context)"] if not p.cuda_lazy_loading else []))
 
 
 def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
@@ -122,15 +144,23 @@ def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
 def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for the routed experts' clamp and fc2 bias fused into Transformer
     Engine's grouped MLP ops (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, on a model with the clamp or the
-    biases) on a launcher without Megatron-Core's op-fuser expert path (TransformerConfig.use_transformer_engine_op_fuser
-    with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, moe/experts.py at d98e8a6): torchtitan, DeepSpeed."""
+    biases) on a launcher without Megatron-Core's op-fuser expert path
+    (TransformerConfig.use_transformer_engine_op_fuser with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, moe/experts.py at
+    d98e8a6): torchtitan, DeepSpeed."""
     p, m = pf.plan, pf.model
-    clamp = p.glu_clamp_fusion and m.is_moe and m.gated_mlp and m.swiglu_limit is not None
-    bias = p.expert_bias_fusion and m.is_moe and m.mlp_bias
+    clamp = p.glu_clamp_fusion and expert_clamp(m)
+    bias = p.expert_bias_fusion and expert_bias(m)
     return [("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
              "(glu_clamp_fusion / expert_bias_fusion: Megatron-Core's use_transformer_engine_op_fuser with "
              "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, which this export does not write)", bool(clamp or bias),
              "set glu_clamp_fusion and expert_bias_fusion false in the plan (Megatron-Core's eager clamp and bias)")]
+
+
+def grouped_experts(pf: PlanFile) -> bool:
+    """Whether the plan prices the routed experts in one grouped kernel: a MoE model, fused kernels, expert_gemm
+    grouped."""
+    p = pf.plan
+    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped")
 
 
 def op_fuser_blocked(pf: PlanFile) -> str | None:
@@ -140,7 +170,7 @@ def op_fuser_blocked(pf: PlanFile) -> str | None:
     or the weighted squared ReLU's activation (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at
     d98e8a6, _is_fused_impl_supported)."""
     p, m = pf.plan, pf.model
-    if not (m.is_moe and p.fused_kernels and p.expert_gemm == "grouped"):
+    if not grouped_experts(pf):
         return None
     if p.etp_resolved > 1:
         return f"it runs without expert tensor parallelism; etp {p.etp_resolved}"
@@ -156,8 +186,7 @@ def op_fuser(pf: PlanFile) -> bool:
     grouped kernel needs use_transformer_engine_op_fuser and, for a GLU, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1
     (NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported;
     Megatron-Bridge's cutedsl_fused_grouped_mlp performance overrides set both)."""
-    p = pf.plan
-    return bool(pf.model.is_moe and p.fused_kernels and p.expert_gemm == "grouped") and op_fuser_blocked(pf) is None
+    return grouped_experts(pf) and op_fuser_blocked(pf) is None
 
 
 def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
@@ -166,8 +195,7 @@ def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     false): exported as the launcher runs them, with the setting that prices it."""
     p, m = pf.plan, pf.model
     why = op_fuser_blocked(pf)
-    eager = ((m.is_moe and m.gated_mlp and m.swiglu_limit is not None and not p.glu_clamp_fusion)
-             or (m.is_moe and m.mlp_bias and not p.expert_bias_fusion))
+    eager = (expert_clamp(m) and not p.glu_clamp_fusion) or (expert_bias(m) and not p.expert_bias_fusion)
     notes = []
     if why and runs_per_expert(p):  # priced as it runs
         notes.append(f"note: Megatron-Core's fused grouped MLP cannot run here ({why}), so this runs "
@@ -179,7 +207,7 @@ def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     if op_fuser(pf) and eager:
         notes.append("note: priced with the experts' clamp / fc2 bias eager (glu_clamp_fusion / expert_bias_fusion "
                      "false); the fused grouped MLP this runs fuses them, so it runs a little faster than priced")
-    if m.is_moe and m.mlp_bias and not p.expert_fc1_bias_fusion:
+    if expert_bias(m) and not p.expert_fc1_bias_fusion:
         notes.append("note: priced with the experts' fc1 bias added after the grouped matmul "
                      "(expert_fc1_bias_fusion false); Transformer Engine's GroupedLinear adds it in the GEMM, so "
                      "this runs a little faster than priced")
@@ -197,6 +225,17 @@ def op_fuser_env_lines(pf: PlanFile) -> list[str]:
              "fused grouped MLP, TE >= 2.14)"] if op_fuser(pf) and pf.model.gated_mlp else [])
 
 
+def expert_clamp(m: Any) -> bool:
+    """Whether the model's routed experts clamp their GLU (swiglu_limit: gpt-oss), which glu_clamp_fusion fuses."""
+    return bool(m.is_moe and m.gated_mlp and m.swiglu_limit is not None)
+
+
+def expert_bias(m: Any) -> bool:
+    """Whether the model's routed experts carry biases (mlp_bias), which expert_bias_fusion and
+    expert_fc1_bias_fusion fuse."""
+    return bool(m.is_moe and m.mlp_bias)
+
+
 def squared_relu(m: Any) -> bool:
     """Whether the Megatron exports run the model's MLP as squared ReLU (--squared-relu: Nemotron-H's ungated MLP)."""
     return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
@@ -209,9 +248,7 @@ def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     megatron/core/transformer/moe/experts.py at d98e8a6). The defaults a search saves are exported with notes
     instead (megatron_expert_notes)."""
     p, m = pf.plan, pf.model
-    clamp = m.is_moe and m.gated_mlp and m.swiglu_limit is not None
-    bias = m.is_moe and m.mlp_bias
-    fused = (clamp and p.glu_clamp_fusion) or (bias and p.expert_bias_fusion)
+    fused = (expert_clamp(m) and p.glu_clamp_fusion) or (expert_bias(m) and p.expert_bias_fusion)
     return [
         ("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
          "(glu_clamp_fusion / expert_bias_fusion) beside one GEMM per local expert (TEGroupedMLP, which applies "

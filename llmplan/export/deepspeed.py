@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import (accumulation_notes, header_lines, is_uneven, launch_env_lines, launcher_schedule, need_mode,
-                                   op_fuser_refusals, refuse, sh_header)
+from llmplan.export.common import (accumulation_notes, check_accumulation, header_lines, is_uneven, launch_env_lines,
+                                   launcher_schedule, need_mode, op_fuser_refusals, refuse, sh_header)
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -103,11 +103,7 @@ def check_grads(pf: PlanFile) -> None:
     p = pf.plan
     if p.dtype in ("bf16", "fp16"):
         check_grad_dtype(pf)
-    runs, why = accumulation(pf)
-    if p.grad_accumulation not in ("fused", runs):  # the default fused: exported with a note (notes)
-        raise refuse(TARGET, f"gradient accumulation {p.grad_accumulation} (DeepSpeed has no accumulation fused "
-                     f"into the weight-gradient GEMM: {why}, i.e. {runs})",
-                     f"re-plan with --grad-accumulation {runs}")
+    check_accumulation(pf, TARGET, "DeepSpeed", *accumulation(pf))  # the default fused: a note (notes)
 
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
@@ -184,5 +180,5 @@ def render(pf: PlanFile) -> dict[str, str]:
     # DeepSpeed's multi-node runner forwards only NCCL_*, PYTHON*, ... and the lines of ./.deepspeed_env
     # (deepspeed/launcher/runner.py: EXPORT_ENVS, DEEPSPEED_ENVIRONMENT_NAME); it runs from this folder
     if env and c.num_nodes > 1:
-        files[".deepspeed_env"] = "CUDA_LAUNCH_BLOCKING=1\n"
+        files[".deepspeed_env"] = "".join(line.split()[1] + "\n" for line in env)  # NAME=VALUE of each export
     return files

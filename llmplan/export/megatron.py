@@ -4,9 +4,9 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
-from llmplan.export.common import (as_flags, launcher_schedule, need_mode, refuse, rendezvous_lines, sh_header,
-                                   megatron_expert_notes, megatron_expert_refusals, megatron_layout, op_fuser, squared_relu,
-                                   tp_refusals)
+from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
+                                   sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
+                                   op_fuser, squared_relu, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -381,13 +381,9 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    for what, bad, fix in tp_refusals(pf) + megatron_expert_refusals(pf):
+    for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
-    if p.grad_accumulation == "cast-add":
-        raise refuse(TARGET, "gradients cast and then added after each micro-batch (grad_accumulation cast-add, "
-                     "DeepSpeed's BF16_Optimizer; Megatron-Core fuses the accumulation or adds into main_grad)",
-                     "re-plan with --grad-accumulation fused or add")
     if p.grad_reduce == "all-reduce" and p.zero == 1:
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
@@ -453,8 +449,9 @@ def render(pf: PlanFile) -> dict[str, str]:
     entry = entry_script(pf)
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
-    return {"megatron_pretrain.sh": sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after "
-                                                   "core_v0.19.0)", megatron_expert_notes(pf)) + script_body(pf, launcher), **companion_files(pf)}
+    header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
+                       megatron_expert_notes(pf))
+    return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 
 
 def companion_files(pf: PlanFile) -> dict[str, str]:

@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
-from llmplan.export.common import (accumulation_notes, header_lines, hf_repo, launch_env_lines, launcher_schedule, need_mode,
-                                   op_fuser_refusals, refuse, sh_header, tp_refusals, virtual_stage_layers)
+from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
+                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
+                                   sh_header, tp_refusals, virtual_stage_layers)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -158,29 +159,25 @@ def check(pf: PlanFile) -> None:
                      "re-plan with --zero3-unit layer, or export to deepspeed")
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
-    _check_accumulation(pf, TARGET)
-
-
-def _check_accumulation(pf: PlanFile, target: str) -> None:
-    """The plan's gradient accumulation as torchtitan runs it (accumulation); checked last, after the plan's
-    other refusals."""
-    runs, why = accumulation(pf)
-    if pf.plan.grad_accumulation not in ("fused", runs):  # the default fused: exported with a note (notes)
-        raise refuse(target, f"gradient accumulation {pf.plan.grad_accumulation} (torchtitan has no accumulation "
-                     f"fused into the weight-gradient GEMM: {why}, i.e. {runs})",
-                     f"re-plan with --grad-accumulation {runs}")
+    check_accumulation(pf, TARGET, "torchtitan", *accumulation(pf))  # last, after the plan's other refusals
 
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
-    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default,
-    and biased experts' fc1 bias, which torchtitan's grouped matmul (torch._grouped_mm) takes no bias for and
-    adds after it, where the plan priced it inside the GEMM (ParallelPlan.expert_fc1_bias_fusion)."""
+    """The export header's notes: the gradient accumulation torchtitan runs where the plan priced the default;
+    biased experts' fc1 bias, which torchtitan's grouped matmul (torch._grouped_mm) takes no bias for and adds
+    after it, where the plan priced it inside the GEMM (ParallelPlan.expert_fc1_bias_fusion); and attention sinks,
+    which torchtitan applies after the kernel (gpt_oss Attention.forward: flex_attention with return_lse, then
+    the output scaled by sigmoid(lse - sinks)), where the plan priced them in its softmax (sink_fusion)."""
     m, p = pf.model, pf.plan
     bias = (("note: priced with the experts' fc1 bias inside the grouped GEMM (expert_fc1_bias_fusion true); "
              "torchtitan adds it after torch._grouped_mm, so this runs a little slower than priced: set "
              "expert_fc1_bias_fusion false in the plan to price it",)
-            if m.is_moe and m.mlp_bias and p.expert_fc1_bias_fusion else ())
-    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias
+            if expert_bias(m) and p.expert_fc1_bias_fusion else ())
+    sinks = (("note: priced with the attention sinks in the kernel's softmax (sink_fusion true); torchtitan "
+              "rescales flex_attention's output by them after the kernel, so this runs a little slower than "
+              "priced: set sink_fusion false in the plan to price it",)
+             if m.attention_sinks and p.sink_fusion else ())
+    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
@@ -221,8 +218,12 @@ def check_legacy(pf: PlanFile) -> None:
     if p.launch_blocking:
         raise refuse(LEGACY_TARGET, "CUDA_LAUNCH_BLOCKING=1 (launch_blocking: an environment variable, and this "
                      "export writes only the TOML)", "export to torchtitan (0.3), or re-plan with --no-launch-blocking")
+    if not p.cuda_lazy_loading:
+        raise refuse(LEGACY_TARGET, "CUDA_MODULE_LOADING=EAGER (cuda_lazy_loading off: an environment variable, and "
+                     "this export writes only the TOML)", "export to torchtitan (0.3), or set cuda_lazy_loading true "
+                     "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
-    _check_accumulation(pf, LEGACY_TARGET)
+    check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))
 
 
 def stage_modules(pf: PlanFile) -> list[list[str]]:
