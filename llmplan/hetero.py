@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from llmplan.cost.comm import comm_seconds, step_comm
+from llmplan.cost.comm import comm_seconds, pp_sends, step_comm
 from llmplan.cost.compute import stage_compute
 from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.hetero import (
@@ -195,7 +195,7 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     worst = max(range(plan.pp), key=lambda i: (float(mems[i].total / mems[i].capacity), -i))
     # Sends between stages of two pools cross the inter-pool fabric: the slowest link paces every send.
     msg = comms[slow].axes["pp"].transfers[0].message
-    calls = 2 * runs.num_microbatches * runs.vpp
+    calls = pp_sends(runs)
     cross_pp = calls * cross_pool_p2p_seconds(msg, pc.fabric)
     comm_slow = secs[slow]
     cross = max(cross_pp - comm_slow.pp, 0.0)
