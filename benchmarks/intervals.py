@@ -263,7 +263,7 @@ def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice])
     out = {}
     for r in training:
         b = iv.left_out_band(pools[r["id"]], pair(r))
-        out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
+        out[r["id"]] = (b.lo <= r["r"] <= b.hi, iv.half_width(b))
     return out
 
 
