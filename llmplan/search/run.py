@@ -17,7 +17,8 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
-from llmplan.search.variants import Variants, best_layouts, layout_codes, representative, variants_of
+from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
+                                     variants_of)
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -206,9 +207,9 @@ def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray
     picked: list[int] = []
     counts: list[int] = []
     for i in order:
-        twin = next((k for k, j in enumerate(picked) if abs(score[i] - score[j]) <= 1e-4 * abs(score[j])
-                     and (abs(memory[i] - memory[j]) <= 0.05 * GIB
-                          or (layout is not None and np.array_equal(layout[i], layout[j])))), None)
+        twin = next((k for k, j in enumerate(picked) if equivalent(
+            score[i], float(score[j]), memory[i], float(memory[j]),
+            layout is not None and np.array_equal(layout[i], layout[j]))), None)
         if twin is not None:
             counts[twin] += 1
             continue
