@@ -320,11 +320,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     picked = [representative(i, codes, score, headroom, plans, resolution)
               for i in best_layouts(ranking, codes, score, pool)]
     memory = np.asarray(ev.memory.total, dtype=float)
-    counted = [variants_of(i, codes, score, memory, layout, plans,
-                           resolution) for i in picked]
+    counted = [variants_of(i, codes, score, memory, layout, plans, resolution) for i in picked]
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
-    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
-                      np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
+    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample], headroom[sample]], axis=1)
     res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
                        ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],

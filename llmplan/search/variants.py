@@ -62,7 +62,7 @@ def layout_codes(plans: Any) -> np.ndarray:
 
 def plan_code(p: Any) -> tuple[int, ...]:
     """The layout of one ParallelPlan, as a tuple (for plans priced outside the plan arrays)."""
-    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.etp_resolved, int(p.vpp > 1))
+    return (*(int(getattr(p, a)) for a in LAYOUT_KEY), int(p.vpp > 1))
 
 
 def best_layouts(ranking: np.ndarray, codes: np.ndarray, score: np.ndarray, n: int) -> list[int]:
