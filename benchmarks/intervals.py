@@ -39,6 +39,7 @@ from runs import load_runs, runs_path  # noqa: E402
 from llmplan import intervals as iv  # noqa: E402
 from llmplan.errors import LlmplanError  # noqa: E402
 from llmplan.estimate import estimate_training  # noqa: E402
+from llmplan.intervals import weighted_quantile  # noqa: E402
 from llmplan.topology.placement import DEFAULT_ORDER  # noqa: E402
 from llmplan.specs.registry import builtin_systems  # noqa: E402
 
@@ -172,12 +173,6 @@ def serving_residuals(records: list[dict]) -> list[dict]:
         err = fits[name][i][2]
         out.append({"id": rec["id"], "family": "trtllm", "model": name, "r": round(-math.log(1 + err / 100), 5)})
     return out
-
-
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """The q quantile of `values` with `weights` (llmplan.intervals.weighted_quantile: midpoint rule on the
-    weighted empirical distribution)."""
-    return iv.weighted_quantile(values, weights, q)
 
 
 def same_job_groups(training: list[dict]) -> dict[str, list[dict]]:
