@@ -12,7 +12,7 @@ from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
-from llmplan.intervals import training_interval
+from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
@@ -236,7 +236,7 @@ def ceiling_warning(e: TrainingEstimate, cluster: ClusterSpec) -> str | None:
     """A warning when the plan's predicted MFU is above the best published on its GPU in the plan's format
     (bf16; fp8 and fp4 against the bf16 peak, as MFU is reported)."""
     gpu, fmt = cluster.system.gpu, e.plan.dtype
-    best = {"bf16": gpu.best_published_mfu, "fp8": gpu.best_published_mfu_fp8, "fp4": gpu.best_published_mfu_fp4}.get(fmt)
+    best = best_published_mfu(gpu, fmt)
     mfu = float(e.throughput.mfu)
     if best is None or mfu <= best:
         return None
