@@ -39,6 +39,7 @@ from runs import load_runs, runs_path  # noqa: E402
 from llmplan import intervals as iv  # noqa: E402
 from llmplan.errors import LlmplanError  # noqa: E402
 from llmplan.estimate import estimate_training  # noqa: E402
+from llmplan.intervals import weighted_quantile  # noqa: E402
 from llmplan.topology.placement import DEFAULT_ORDER  # noqa: E402
 from llmplan.specs.registry import builtin_systems  # noqa: E402
 
@@ -174,12 +175,6 @@ def serving_residuals(records: list[dict]) -> list[dict]:
     return out
 
 
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """The q quantile of `values` with `weights` (llmplan.intervals.weighted_quantile: midpoint rule on the
-    weighted empirical distribution)."""
-    return iv.weighted_quantile(values, weights, q)
-
-
 def same_job_groups(training: list[dict]) -> dict[str, list[dict]]:
     """The records of each job (job_of) measured in two or more layouts, one record per layout (the first
     by id: a layout re-measured in a later release is the same alternative, not another one)."""
@@ -263,7 +258,7 @@ def _bands(training: list[dict], pools: dict, pair: Callable[[dict], iv.Choice])
     out = {}
     for r in training:
         b = iv.left_out_band(pools[r["id"]], pair(r))
-        out[r["id"]] = (b.lo <= r["r"] <= b.hi, (math.exp(b.hi) - math.exp(b.lo)) / 2)
+        out[r["id"]] = (b.lo <= r["r"] <= b.hi, iv.half_width(b))
     return out
 
 

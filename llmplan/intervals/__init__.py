@@ -50,13 +50,14 @@ from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, WEIGHTINGS, WIDEN
 # re-exported: the quantile pairs chosen by left-out coverage (llmplan.intervals.conformal)
 from llmplan.intervals.conformal import (NOMINAL_CHOICES, POOL_CHOICES, POOL_MIN_FAMILIES, POOL_MIN_RECORDS,
                                          POOL_RULE, TARGET, LeftOut, as_choice, choose_nominal, choose_pools,
-                                         coverage, inside_target, left_out_band, left_out_pools, mean_coverage,
+                                         coverage, half_width, inside_target, left_out_band, left_out_pools,
+                                         mean_coverage,
                                          median_half, pair_of, per_record, source_of)
 
 __all__ = ["DATA", "LEVEL", "MIN_RECORDS", "NOMINAL_CHOICES", "POOLS", "POOL_CHOICES", "POOL_MIN_FAMILIES",
            "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "TAGS", "TARGET", "UNCOVERED", "WEIGHTINGS", "WIDEN",
            "Band", "Choice", "LeftOut", "Regime", "as_choice", "best_published_mfu", "cell_of", "choose_nominal",
-           "choose_pools", "coverage", "describe_key", "family_weights", "framework", "generation",
+           "choose_pools", "coverage", "describe_key", "family_weights", "framework", "generation", "half_width",
            "inside_target", "left_out_band", "left_out_pools", "mean_coverage", "median_half", "memory_band",
            "nominal_of", "pair_of", "per_record", "pool_of", "quantile_band", "record_regime", "regime_of",
            "resolution", "scale_bucket", "select", "serving_band", "serving_interval", "serving_interval_withheld",

@@ -129,14 +129,11 @@ def select(records: list[dict[str, Any]], want: Regime,
            exclude_family: str | None = None) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The records nearest `want` (module docstring) and the tags dropped to reach MIN_RECORDS."""
     pool = [r for r in records if r["family"] != exclude_family]
-    dropped: tuple[str, ...] = ()
-    for n in range(len(RELAX_ORDER) + 1):
-        dropped = RELAX_ORDER[:n]
-        keep = [t for t in RELAX_ORDER if t not in dropped]
-        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in keep)]
-        if len(hits) >= MIN_RECORDS or n == len(RELAX_ORDER):
-            return hits, dropped
-    return pool, dropped
+    for n in range(len(RELAX_ORDER)):
+        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in RELAX_ORDER[n:])]
+        if len(hits) >= MIN_RECORDS:
+            return hits, RELAX_ORDER[:n]
+    return pool, RELAX_ORDER
 
 
 def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_family: str | None = None) -> Band:
@@ -147,19 +144,19 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     data = data or shipped()
     hits, dropped = select(data["training"], want, exclude_family)
     kept = [t for t in TAGS if t not in dropped]
-    widen = any(t in UNCOVERED for t in dropped)
+    uncovered = [t for t in dropped if t in UNCOVERED]
+    widen = bool(uncovered)
     fams = sorted({r["family"] for r in hits})
     nominal, weighting, how, own = nominal_of(data, want)
     basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
              + (f" matching {want.describe(kept)}" if kept else "") + (f"; quantiles: {how}" if how else ""))
     if widen:
-        uncovered = [t for t in dropped if t in UNCOVERED]
         basis += f"; no validation family covers {want.describe(uncovered)}: widened {WIDEN:g}x"
     weights = family_weights(r["family"] for r in hits) if weighting == "family" else None
     band = quantile_band((r["r"] for r in hits), basis, widen, nominal, weights)
     short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
     if widen:
-        short += f", widened {WIDEN:g}x: no family covers {want.describe([t for t in dropped if t in UNCOVERED])}"
+        short += f", widened {WIDEN:g}x: no family covers {want.describe(uncovered)}"
     return Band(band.lo, band.hi, band.n, basis, widen, short, own, nominal, weighting)
 
 

@@ -69,6 +69,11 @@ def left_out_band(material: LeftOut, choice: float | Choice) -> Band:
     return quantile_band(values, "", widen, nominal, weights if weighting == "family" else None)
 
 
+def half_width(b: Band) -> float:
+    """A band's half-width as a fraction of the point: (exp(hi) - exp(lo)) / 2."""
+    return float(np.exp(b.hi) - np.exp(b.lo)) / 2
+
+
 def coverage(records: list[dict[str, Any]],
              nominal: float | Choice | Callable[[dict[str, Any]], float | Choice],
              pools: dict[str, LeftOut] | None = None) -> dict[str, tuple[int, int, float]]:
@@ -87,15 +92,14 @@ def coverage(records: list[dict[str, Any]],
         for r in mine:
             b = left_out_band(pools[r["id"]], pair(r))
             inside += int(b.lo <= r["r"] <= b.hi)
-            halves.append(float(np.exp(b.hi) - np.exp(b.lo)) / 2)
+            halves.append(half_width(b))
         out[fam] = (inside, len(mine), float(np.median(halves)))
     return out
 
 
 def median_half(records: list[dict[str, Any]], choice: float | Choice, pools: dict[str, LeftOut]) -> float:
     """The median half-width (fraction of the point) of the left-out bands of `records` under `choice`."""
-    bands = [left_out_band(pools[r["id"]], choice) for r in records if r["id"] in pools]
-    return float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands]))
+    return float(np.median([half_width(left_out_band(pools[r["id"]], choice)) for r in records if r["id"] in pools]))
 
 
 def mean_coverage(cov: dict[str, tuple[int, int, float]]) -> float:
@@ -144,8 +148,8 @@ def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]], 
         rest = [r for r in mine if source_of(r) != src]
         c = _narrowest_inside(rest, left_out_pools(records, src, {r["id"] for r in rest})) if rest else None
         chosen[src] = as_choice(default) if c is None else c
-    bands = [left_out_band(pools[r["id"]], chosen[source_of(r)]) for r in mine if r["id"] in pools]
-    half = float(np.median([float(np.exp(b.hi) - np.exp(b.lo)) / 2 for b in bands])) if bands else 0.0
+    halves = [half_width(left_out_band(pools[r["id"]], chosen[source_of(r)])) for r in mine if r["id"] in pools]
+    half = float(np.median(halves)) if halves else 0.0
     return coverage(mine, lambda r: chosen[source_of(r)], pools), half
 
 

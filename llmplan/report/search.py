@@ -12,7 +12,7 @@ from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
-from llmplan.intervals import training_interval
+from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
@@ -176,21 +176,26 @@ def budget_json(e: TrainingEstimate, train_tokens: float) -> dict[str, Any]:
             "effective_time_to_train_days_interval": [d / share if share > 0 else float("inf") for d in days]}
 
 
+def log_percent(x: float) -> float:
+    """A |log| ratio of two rates (a tie resolution, two plans' gap) as the percent one exceeds the other."""
+    return 100 * (math.exp(x) - 1)
+
+
+TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, pp, dp, cp, ep, interleaved or "
+                 "not; each placed by its best plan), whatever --top is; rows below them follow in predicted order")
+
+
 def ties_json(res: SearchResult) -> dict[str, Any]:
     """The tie resolution and, for each adjacent tied pair, the rule that ranked the upper one first."""
-    return {"resolution": res.resolution, "pool": TIE_POOL, "pool_rule": POOL_RULE,
-            "resolution_percent": 100 * (math.exp(res.resolution) - 1) if res.resolution is not None else None,
-            "decided": [{"upper": n.upper, "lower": n.lower, "apart_percent": 100 * (math.exp(n.apart) - 1),
+    return {"resolution": res.resolution, "pool": TIE_POOL, "pool_rule": TIE_POOL_RULE,
+            "resolution_percent": log_percent(res.resolution) if res.resolution is not None else None,
+            "decided": [{"upper": n.upper, "lower": n.lower, "apart_percent": log_percent(n.apart),
                          "rule": n.rule} for n in res.tie_notes]}
-
-
-POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, pp, dp, cp, ep, interleaved or not; "
-             "each placed by its best plan), whatever --top is; rows below them follow in predicted order")
 
 
 def variant_json(v: Variants) -> dict[str, Any]:
     return {"count": v.count, "within_resolution": v.near, "vpp": list(v.vpp), "micro_batch": list(v.micro_batch),
-            "farthest_within_percent": 100 * (math.exp(v.worst) - 1), "layout_best_score": v.best}
+            "farthest_within_percent": log_percent(v.worst), "layout_best_score": v.best}
 
 
 def tie_lines(res: SearchResult) -> list[str]:
@@ -198,9 +203,10 @@ def tie_lines(res: SearchResult) -> list[str]:
     after the rule that bounds the pool the ties are decided in."""
     if res.resolution is None:
         return []
-    pct = 100 * (math.exp(res.resolution) - 1)
-    return [POOL_RULE] * bool(res.tie_notes) + [f"#{n.upper} and #{n.lower} are tied ({100 * (math.exp(n.apart) - 1):.1f}% apart, resolution "
-            f"{pct:.1f}%); #{n.upper} preferred: {n.rule}" for n in res.tie_notes]
+    pct = log_percent(res.resolution)
+    return [TIE_POOL_RULE] * bool(res.tie_notes) + [
+        f"#{n.upper} and #{n.lower} are tied ({log_percent(n.apart):.1f}% apart, resolution {pct:.1f}%); "
+        f"#{n.upper} preferred: {n.rule}" for n in res.tie_notes]
 
 
 def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
@@ -236,7 +242,7 @@ def ceiling_warning(e: TrainingEstimate, cluster: ClusterSpec) -> str | None:
     """A warning when the plan's predicted MFU is above the best published on its GPU in the plan's format
     (bf16; fp8 and fp4 against the bf16 peak, as MFU is reported)."""
     gpu, fmt = cluster.system.gpu, e.plan.dtype
-    best = {"bf16": gpu.best_published_mfu, "fp8": gpu.best_published_mfu_fp8, "fp4": gpu.best_published_mfu_fp4}.get(fmt)
+    best = best_published_mfu(gpu, fmt)
     mfu = float(e.throughput.mfu)
     if best is None or mfu <= best:
         return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from llmplan.cost.budget import RunBudget
 from llmplan.intervals import training_interval
 from llmplan.report.common import SCHEMA, ReportTable
-from llmplan.report.search import plan_label, search_json
+from llmplan.report.search import log_percent, plan_label, search_json
 from llmplan.search.grid import Workload
 from llmplan.search.systems import Comparison, SystemBest
 from llmplan.specs.model import ModelSpec
@@ -90,7 +89,7 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
     ties = [f"#{i}" for i, w in enumerate(cmp.tied_with, 1) if w]
     if ties and cmp.resolution is not None:
         notes.append(f"=: tied ({', '.join(ties)}): {cmp.objective} within the model's resolution "
-                     f"({100 * (math.exp(cmp.resolution) - 1):.1f}%) of each other, as plans are tied")
+                     f"({log_percent(cmp.resolution):.1f}%) of each other, as plans are tied")
     notes.append("days, GPU-h, cost and MWh include the time failures, checkpoints and restarts take (goodput); "
                  "80% intervals from each system's published-run residuals (llmplan.intervals)")
     notes.append("MWh: GPU boards at their power limit (board TDP unless capped) for the wall-clock time, an upper "

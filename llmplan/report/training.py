@@ -344,17 +344,17 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         t.add_row(name, gib(val), f"{100 * val / mem.capacity:.1f}%", ref)
     t.add_row("[bold]total[/]", f"[bold]{gib(mem.total)}[/]", f"[bold]{100 * mem.total / mem.capacity:.1f}%[/]", "")
     t.add_row("capacity", gib(mem.capacity), "100.0%", "")
-    share = None if cluster.system.host_usable_bytes is None else \
-        cluster.system.host_usable_bytes / cluster.gpus_per_node_used
-    if a.offloaded > 0:  # beside the total, not in it: host memory, against this GPU's share of the node's
+    h = host_json(mem, cluster)
+    usable = h["usable_per_node"]
+    if a.offloaded > 0:  # beside the total, not in it: host memory, against the node's usable host memory
         t.add_row(f"host: {p.offload_layers} offloaded layers", gib(a.offloaded),
-                  "-" if share is None else f"{100 * a.offloaded / share:.1f}% of host", "mem.offload, mem.host")
+                  "-" if usable is None else f"{100 * h['offloaded_per_node'] / usable:.1f}% of host",
+                  "mem.offload, mem.host")
     console.print(t)
     if a.offloaded > 0:
-        h = host_json(mem, cluster)
         used = f"host: {h['offloaded_per_node'] / GIB:,.1f} GiB offloaded per node ({h['gpus_per_node']} GPUs)"
-        console.print(used + (", host memory not known (host_memory_gb)" if share is None else
-                              f" of {h['usable_per_node'] / GIB:,.0f} GiB usable ({h['host_memory_gb']:g} GB x "
+        console.print(used + (", host memory not known (host_memory_gb)" if usable is None else
+                              f" of {usable / GIB:,.0f} GiB usable ({h['host_memory_gb']:g} GB x "
                               f"{h['usable_fraction']:.0%})"))
     if mem.fits:
         console.print(f"[bold green]FITS[/]: {gib(mem.total)} of {gib(mem.capacity)} GiB, "

@@ -17,7 +17,8 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
-from llmplan.search.variants import Variants, best_layouts, layout_codes, representative, variants_of
+from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
+                                     variants_of)
 from llmplan.specs.check import RULES
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -206,9 +207,9 @@ def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray
     picked: list[int] = []
     counts: list[int] = []
     for i in order:
-        twin = next((k for k, j in enumerate(picked) if abs(score[i] - score[j]) <= 1e-4 * abs(score[j])
-                     and (abs(memory[i] - memory[j]) <= 0.05 * GIB
-                          or (layout is not None and np.array_equal(layout[i], layout[j])))), None)
+        twin = next((k for k, j in enumerate(picked) if equivalent(
+            score[i], float(score[j]), memory[i], float(memory[j]),
+            layout is not None and np.array_equal(layout[i], layout[j]))), None)
         if twin is not None:
             counts[twin] += 1
             continue
@@ -319,11 +320,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     picked = [representative(i, codes, score, headroom, plans, resolution)
               for i in best_layouts(ranking, codes, score, pool)]
     memory = np.asarray(ev.memory.total, dtype=float)
-    counted = [variants_of(i, codes, score, memory, layout, plans,
-                           resolution) for i in picked]
+    counted = [variants_of(i, codes, score, memory, layout, plans, resolution) for i in picked]
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
-    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample],
-                      np.asarray(ev.memory.headroom, dtype=float)[sample]], axis=1)
+    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample], headroom[sample]], axis=1)
     res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
                        ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],

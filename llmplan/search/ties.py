@@ -78,14 +78,15 @@ def apart(a: Any, b: Any) -> float:
 def resolve_pool(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
     """resolve() over the first TIE_POOL of `ranked` (one plan per layout, best first); the rest follow in
     their predicted order. Per new rank: the ranks it is tied with (within the resolution, pool or not)."""
-    head: list[int] = list(range(len(ranked)))
-    notes: list[TieNote] = []
-    if ranked:
-        head, _, notes = resolve(ranked[:TIE_POOL], resolution)
+    head, _, notes = resolve(ranked[:TIE_POOL], resolution)
     order = head + list(range(len(head), len(ranked)))
-    tied_with = [[k + 1 for k, j in enumerate(order) if j != i and apart(ranked[i], ranked[j]) <= resolution]
-                 for i in order]
-    return order, tied_with, notes
+    return order, tied_ranks(ranked, order, resolution), notes
+
+
+def tied_ranks(ranked: list[Any], order: list[int], resolution: float) -> list[list[int]]:
+    """Per new rank (`order`: indices into `ranked`), the ranks (1-based) within the resolution of it."""
+    return [[k + 1 for k, j in enumerate(order) if j != i and apart(ranked[i], ranked[j]) <= resolution]
+            for i in order]
 
 
 def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
@@ -106,8 +107,7 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
                 k -= 1
             out.insert(k, i)
         order += out
-    tied_with = [[k + 1 for k, j in enumerate(order) if j != i and apart(ranked[i], ranked[j]) <= resolution]
-                 for i in order]
+    tied_with = tied_ranks(ranked, order, resolution)
     notes = []
     for k in range(len(order) - 1):
         a, b = ranked[order[k]], ranked[order[k + 1]]

@@ -62,7 +62,7 @@ def layout_codes(plans: Any) -> np.ndarray:
 
 def plan_code(p: Any) -> tuple[int, ...]:
     """The layout of one ParallelPlan, as a tuple (for plans priced outside the plan arrays)."""
-    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.etp_resolved, int(p.vpp > 1))
+    return (*(int(getattr(p, a)) for a in LAYOUT_KEY), int(p.vpp > 1))
 
 
 def best_layouts(ranking: np.ndarray, codes: np.ndarray, score: np.ndarray, n: int) -> list[int]:
@@ -118,6 +118,13 @@ def representative(best: int, codes: np.ndarray, score: np.ndarray, headroom: np
     return robust_pick(near, headroom, np.asarray(plans.zero), np.asarray(plans.recompute_code))
 
 
+def equivalent(score: Any, score0: float, memory: Any, memory0: float, same_but_zero: Any) -> Any:
+    """Whether plans (elementwise over arrays) are equivalent to one scoring score0 with memory0 bytes: the same
+    predicted score (to 1e-4) and memory (to 0.05 GiB), or the same plan at another ZeRO stage (same_but_zero:
+    every axis but ZeRO equal); search.run.collapse_equivalent and variants_of count them alike."""
+    return (np.abs(score - score0) <= 1e-4 * abs(score0)) & ((np.abs(memory - memory0) <= 0.05 * GIB) | same_but_zero)
+
+
 def variants_of(i: int, codes: np.ndarray, score: np.ndarray, memory: np.ndarray, full: np.ndarray,
                 plans: Any, resolution: float | None) -> tuple[int, Variants]:
     """(equivalents, variants) of plan i among the plans of its layout: equivalents predict the same score
@@ -127,8 +134,7 @@ def variants_of(i: int, codes: np.ndarray, score: np.ndarray, memory: np.ndarray
     same = np.flatnonzero(codes == codes[i])
     same = same[same != i]
     s, s0 = score[same], float(score[i])
-    twin = (np.abs(s - s0) <= 1e-4 * abs(s0)) & ((np.abs(memory[same] - memory[i]) <= 0.05 * GIB)
-                                                   | (full[same] == full[i]).all(axis=1))
+    twin = equivalent(s, s0, memory[same], float(memory[i]), (full[same] == full[i]).all(axis=1))
     other = same[~twin]
     if resolution is None or s0 <= 0:
         return int(twin.sum()), Variants(count=len(other))
