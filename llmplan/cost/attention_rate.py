@@ -35,6 +35,15 @@ forward 309 and 370, backward 214 and 322 (Shah et al. 2024, Figures 5-6). The s
 within 5% (tests/test_cp_short.py). Derived: docs/formulas.md#compute.cp_attention"""
 
 
+def fixed_keys(plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(forward, backward) ATTENTION_FIXED_KEYS of the plan's fused kernel: FA2's for the flash2 kernel and
+    where the GPU's native kernel is FA2 (GpuSpec.native_attention_flash2), else the native kernel's (FA3).
+    Derived: docs/formulas.md#compute.cp_attention"""
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    return (where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0]),
+            where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1]))
+
+
 def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_keys: float) -> Any:
     """Time of one fused-attention call, in key-tile iterations of one SM: `rows` CTAs (query tiles x heads x
     sequences in forward, key tiles x ... in backward) that together run `work` tile iterations, the longest
@@ -73,9 +82,7 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     sms = gpu.sm_count
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
-    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
-    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
-    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    k_fwd, k_bwd = fixed_keys(plan, gpu)
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
         return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
@@ -116,9 +123,7 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     H = plan.micro_batch * m.num_attention_heads / plan.tp
     N = np.ceil(s / T)
     j = np.minimum(np.ceil((w - 1) / T) + 1, N)
-    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
-    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
-    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    k_fwd, k_bwd = fixed_keys(plan, gpu)
     work = window_call_tiles(N, j) * H
     time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
     mean_keys = np.where(w < s, w - w * w / (2 * s), s / 2)  # keys a query sees, on average (attention_keys / 2)
