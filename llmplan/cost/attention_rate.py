@@ -13,6 +13,7 @@ import numpy as np
 from llmplan.arith import maximum, where
 from llmplan.cost.flops import attention_head_dims, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
+from llmplan.cost.windows import window_key_count
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -126,7 +127,7 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     k_fwd, k_bwd = fixed_keys(plan, gpu)
     work = window_call_tiles(N, j) * H
     time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
-    mean_keys = np.where(w < s, w - w * w / (2 * s), s / 2)  # keys a query sees, on average (attention_keys / 2)
+    mean_keys = window_key_count(w, s) / 2  # keys a query sees, on average
     return 3 * H * (s / T) * (mean_keys / T) / sms / time
 
 
