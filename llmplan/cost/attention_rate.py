@@ -171,7 +171,7 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = native_attention_asymptote(gpu, plan) * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
+    fused = native_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 
@@ -211,8 +211,7 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
     (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
     1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
-    qk, v = attention_head_dims(m)
-    d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
+    d, d0 = mean_head_dim(m), gpu.attention_softmax_head_dim
     return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
 
 
@@ -238,6 +237,20 @@ def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
     query-key and value dims. Source: Shah et al. 2024 (FlashAttention-3), Figures 5-6 (H100, 4k tokens:
     head dim 64 runs forward + backward at 0.79x (cuDNN), 0.81x (FA3), 0.89x (FA2) of head dim 128).
     Derived: docs/formulas.md#compute.attention"""
-    qk, v = attention_head_dims(m)
-    d = (qk + v) / 2
+    d = mean_head_dim(m)
     return (d / (d + d0)) / (128 / (128 + d0))
+
+
+def gpu_head_dim_ratio(m: ModelSpec, gpu: GpuSpec, d0: float) -> float:
+    """head_dim_attention_ratio on this GPU: d0, the kernel's softmax head dimension measured on H100
+    (GpuSpec.attention_softmax_head_dim, or flash2_softmax_head_dim), moved to the GPU's exponential rate
+    (exp_bound_softmax_head_dim). The one head-dimension factor of training (attention_fraction) and serving
+    (cost.serve_step). Derived: docs/formulas.md#compute.attention"""
+    return head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
+
+
+def mean_head_dim(m: ModelSpec) -> float:
+    """The head dimension d the fused kernel's rate is priced at: the mean of the query-key and value head
+    dimensions (attention_head_dims; they differ under MLA). Derived: docs/formulas.md#compute.attention"""
+    qk, v = attention_head_dims(m)
+    return (qk + v) / 2
