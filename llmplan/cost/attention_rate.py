@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import maximum, where
-from llmplan.cost.flops import attention_head_dims, window_keys
+from llmplan.cost.flops import attention_head_dims, attention_score_flops, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
 from llmplan.cost.windows import window_key_count
 from llmplan.specs.hardware import GpuSpec
@@ -141,9 +141,7 @@ def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, a
     keys = window_keys(m, plan.seq_len)
     if not np.any(keys):
         return full
-    qk, v = attention_head_dims(m)
-    T = plan.seq_len / plan.cp * plan.micro_batch
-    windowed = 2 * T * keys * m.num_attention_heads * (qk + v) / plan.tp
+    windowed = attention_score_flops(m, plan, keys)
     share = where(plan.cp > 1, 0.0, windowed / maximum(attention_flops, 1.0))
     return 1.0 / ((1.0 - share) / full + share / window_rate_ratio(m, plan, gpu))
 
