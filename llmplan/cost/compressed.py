@@ -65,7 +65,8 @@ def hca_compressor_params(m: ModelSpec) -> int:
 
 
 def compressor_params(m: ModelSpec) -> int:
-    """All compressors and indexers of the model (0 without compressed attention layers)."""
+    """All compressors and indexers of the model (0 without compressed attention layers).
+    Derived: docs/formulas.md#compressed.attention"""
     return (m.count_layers("compressed_sparse_attention") * csa_compressor_params(m)
             + m.count_layers("heavily_compressed_attention") * hca_compressor_params(m))
 
@@ -111,7 +112,8 @@ def hc_head_params(m: ModelSpec) -> int:
 
 
 def hyper_connection_params(m: ModelSpec) -> int:
-    """All hyper-connection parameters of the main model: two per layer and the head collapse."""
+    """All hyper-connection parameters of the main model: two per layer and the head collapse.
+    Derived: docs/formulas.md#compressed.hyper_connections"""
     return 2 * m.num_hidden_layers * hc_params(m) + hc_head_params(m)
 
 
