@@ -15,7 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
-from llmplan.cost.params import kv_heads_per_rank
+from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -96,7 +96,7 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
-    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    f = token_ffn_width(m, moe)
     out = 2 * s * b * a * attention_head_dims(m)[1] / t
     mla = m.mla
     latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else \

@@ -132,6 +132,12 @@ def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
     return 2 * h * f + ((f + h) if m.mlp_bias else 0)
 
 
+
+def token_ffn_width(m: ModelSpec, moe: bool) -> int:
+    """The FFN columns one token runs through in a layer: k·f_e + f_shared (its k routed experts and the shared
+    expert) in an MoE layer, f in a dense one. Derived: docs/formulas.md#compute.flops"""
+    return m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size
+
 def expert_params(m: ModelSpec) -> int:
     """One routed expert: an MLP of width f_e on the expert width (the latent width of a latent MoE).
 

@@ -11,6 +11,7 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes
+from llmplan.cost.params import token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
@@ -82,7 +83,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
-    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    f = token_ffn_width(m, moe)
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     cast = quantize_bytes(plan) + transposed
