@@ -23,7 +23,8 @@ from llmplan.cost.windows import window_key_count
 from llmplan.specs.model import ModelSpec
 
 COMPRESSED_KEY_BYTES = 2.0
-"""Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them)."""
+"""Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them).
+Derived: docs/formulas.md#compressed.cache"""
 
 
 def is_v4_attention(m: ModelSpec) -> bool:

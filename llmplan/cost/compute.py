@@ -167,7 +167,8 @@ def runs_per_expert(plan: ParallelPlan) -> Any:
     grouped MLP runs only without expert TP, so the layer is TEGroupedMLP on GroupedLinear (the rule
     export.common.op_fuser_blocked writes into the exports). torch._grouped_mm on DTensor shards (tp_impl
     dtensor) stays one grouped kernel at any etp.
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported"""
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported.
+    Derived: docs/formulas.md#compute.expert_gemms"""
     return (plan.expert_gemm == "per-expert") | ((plan.etp_resolved > 1) & (plan.tp_impl == "megatron"))
 
 

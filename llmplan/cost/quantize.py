@@ -106,5 +106,6 @@ def bf16_kernel_format(plan: ParallelPlan) -> str:
     """The format of the kernels a low-precision recipe leaves in bf16 (attention, the output layer): bf16
     under one, else the plan's dtype (the same rule as ParallelPlan.mfu_format, for another reason).
     Source: NVIDIA/TransformerEngine transformer_engine/common/recipe/__init__.py (fp8_dpa False by default in
-    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer)."""
+    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer).
+    Derived: docs/formulas.md#precision"""
     return "bf16" if plan.low_precision else plan.dtype
