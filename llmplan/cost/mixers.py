@@ -18,8 +18,6 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.specs.model import ModelSpec
 
-SSD_CHUNK = 128
-"""Chunk length Q of Mamba-2's SSD scan kernel (mamba_chunk_scan_combined; Megatron-LM MambaMixer chunk_size)."""
 GDN_CHUNK = 64
 """Chunk length C of the chunkwise gated delta rule (flash-linear-attention chunk_gated_delta_rule)."""
 LIGHTNING_BLOCK = 256
