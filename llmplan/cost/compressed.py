@@ -40,10 +40,19 @@ def v4_attention_params(m: ModelSpec) -> int:
     a·d x h. Source: transformers modeling_deepseek_v4.py (DeepseekV4Attention.__init__)."""
     h, a, d, K = m.hidden_size, m.num_attention_heads, m.d_head, m.kv_heads
     r_q = m.q_lora_rank
-    q = h * r_q + r_q + r_q * a * d if r_q else h * a * d
-    kv = h * d + d if m.shared_key_value else 2 * h * K * d
+    q_up = r_q * a * d if r_q else h * a * d
+    kv = 0 if m.shared_key_value else 2 * h * K * d
     out = a * d * (m.o_lora_rank or 0) + (m.o_groups or 0) * (m.o_lora_rank or 0) * h if m.o_lora_rank else a * d * h
-    return q + kv + out
+    return v4_replicated_attention_params(m) + q_up + kv + out
+
+
+def v4_replicated_attention_params(m: ModelSpec) -> int:
+    """The part of a DeepSeek-V4 attention block that every TP rank holds whole (the rest splits by heads): the
+    query down-projection h x r_q and its norm, and the one shared key/value projection h x d and its norm
+    (shared_key_value). Source: transformers modeling_deepseek_v4.py (DeepseekV4Attention.__init__).
+    Derived: docs/formulas.md#compressed.attention"""
+    h, d, r_q = m.hidden_size, m.d_head, m.q_lora_rank
+    return (h * r_q + r_q if r_q else 0) + (h * d + d if m.shared_key_value else 0)
 
 
 def csa_compressor_params(m: ModelSpec) -> int:

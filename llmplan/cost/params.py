@@ -22,6 +22,7 @@ from llmplan.cost.compressed import (
     is_v4_attention,
     replicated_layer_params,
     v4_attention_params,
+    v4_replicated_attention_params,
 )
 from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
     ALL_BUT_ZERO,
@@ -252,12 +253,10 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     if is_v4_attention(m):
-        # DeepSeek-V4: the query down-projection and the one shared key/value head replicated, the rest by heads
-        down = (h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0) + (h * d + d if m.shared_key_value else 0)
+        down = v4_replicated_attention_params(m)  # DeepSeek-V4: the query down-projection, the shared KV head
         return down + (attention_params(m) - down) / t
-    kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
-    full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads
-    return (attention_params(m) - full_kv) / t + kv
+    kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
+    return (attention_params(m) - kv_head * m.kv_heads) / t + kv_head * kv_heads_per_rank(m, t)
 
 
 def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
