@@ -173,16 +173,18 @@ def runs_per_expert(plan: ParallelPlan) -> Any:
 
 
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
-    """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
-    so computed once per plan arrays."""
+    """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the GEMMs as
+    layer_gemm_seconds prices them; the attention FLOPs at the sustained peak x attention_fraction x the calls'
+    rate (layer_attention_rate_ratio) x fp8_attention_ratio; the memory-bound bytes (elementwise_bytes) at the
+    achieved HBM bandwidth, plus the per-expert GEMM cost (expert_gemm_seconds). The same on every stage, so
+    computed once per plan arrays. Derived: docs/formulas.md#compute.time"""
     def compute() -> tuple[Any, Any, Any]:
         flops = layer_flops(m, plan, moe)
         # the calls' length, and the sliding-window layers' short calls
         split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, flops.attention), 1.0)
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
-        # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
-        launches = expert_gemm_seconds(m, plan) if moe else 0.0
+        launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
         return (layer_gemm_seconds(m, plan, gpu, moe), flops.attention / peak_attn,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)
