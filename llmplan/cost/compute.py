@@ -17,7 +17,6 @@ from llmplan.arith import maximum, where
 from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their home was this module)
     ATTENTION_FIXED_KEYS,
     ATTENTION_TILE,
-    CUBLAS_TENSOR_CORE_ALIGN_BYTES,
     attention_call_seconds,
     attention_fraction,
     attention_rate_ratio,
@@ -25,8 +24,6 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     head_dim_attention_ratio,
     layer_attention_rate_ratio,
     unaligned_bmm_ratio,
-    window_call_tiles,
-    window_rate_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
@@ -35,7 +32,6 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     EAGER_ROPE_BYTES,
     GLU_CLAMP_BYTES,
     SINK_RESCALE_BYTES,
-    activation_pass_bytes,
     alltoall_sort_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
