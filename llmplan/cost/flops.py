@@ -146,13 +146,15 @@ def window_keys(m: ModelSpec, s: Any) -> Any:
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t."""
+    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t (V unpadded, as MFU counts it).
+    Derived: docs/formulas.md#compute.flops"""
     return 2 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size * m.vocab_size / plan.tp
 
 
 def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Model FLOPs of one step over all GPUs: 3 x forward (backward = 2 x forward), no recompute.
-    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU)."""
+    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU).
+    Derived: docs/formulas.md#compute.flops"""
     per_rank_mb = (m.num_dense_layers * layer_flops(m, plan, False).total
                    + m.num_moe_layers * layer_flops(m, plan, True).total + logits_flops(m, plan))
     replicas_per_mb = plan.tp * plan.cp  # ranks that share one micro-batch
@@ -161,7 +163,8 @@ def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
-    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share)."""
+    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share).
+    Derived: docs/formulas.md#compute.flops"""
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)
