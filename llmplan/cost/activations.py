@@ -15,7 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
-from llmplan.cost.params import kv_heads_per_rank
+from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -96,11 +96,9 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
-    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    f = token_ffn_width(m, moe)
     out = 2 * s * b * a * attention_head_dims(m)[1] / t
-    mla = m.mla
-    latents = 2 * s * b * (mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) if mla is not None else \
-        2 * s * b * (m.q_lora_rank or 0)  # DeepSeek-V4's query latent, the up-projection's input
+    latents = 2 * s * b * latent_width(m)
     # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
     # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
     mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
@@ -232,20 +230,30 @@ def linear_input_split(plan: ParallelPlan) -> Any:
     return where(plan.sp & (plan.tp_impl == "megatron"), plan.tp, 1)
 
 
+def latent_width(m: ModelSpec) -> int:
+    """Per-token width of the low-rank latents an attention layer keeps (bf16) as its up-projections' inputs:
+    MLA's query latent, compressed KV and decoupled rope key (q_rank + kv_lora_rank + d_rope); DeepSeek-V4's
+    query latent (q_lora_rank); 0 otherwise. Source: Megatron-LM multi_latent_attention.py; transformers
+    modeling_deepseek_v4.py (DeepseekV4Attention: wq_a, wq_b). Derived: docs/formulas.md#mem.activations"""
+    if (mla := m.mla) is not None:
+        return mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
+    return m.q_lora_rank or 0
+
+
 def _attention_stored(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Q, K, V and the attention output (input of the output projection), 2 bytes each, on one TP rank."""
+    """Q, K, V and the attention output (input of the output projection), 2 bytes each, on one TP rank, and the
+    latents (latent_width). Derived: docs/formulas.md#mem.activations, docs/formulas.md#compressed.attention"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     heads = m.num_attention_heads / t
     if (mla := m.mla) is not None:
-        latents = mla.q_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
-        return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latents)
+        return 2 * s * b * (heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) + latent_width(m))
     d, kvh = m.d_head, kv_heads_per_rank(m, t)
     if is_v4_attention(m):
         # DeepSeek-V4: q, the shared key/value head, the output and its group projection's output, the query
         # latent, and the compressors' series per average layer (cost.compressed)
         kv = d if m.shared_key_value else 2 * d * kvh
         grouped = (m.o_groups or 0) * (m.o_lora_rank or 0) / t
-        return 2 * s * b * (2 * heads * d + kv + grouped + (m.q_lora_rank or 0)) \
+        return 2 * s * b * (2 * heads * d + kv + grouped + latent_width(m)) \
             + s * b * compressor_token_bytes(m) / m.num_hidden_layers
     return 2 * s * b * d * (2 * heads + 2 * kvh)
 

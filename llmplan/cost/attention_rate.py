@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import maximum, where
-from llmplan.cost.flops import attention_head_dims, window_keys
+from llmplan.cost.flops import attention_head_dims, attention_score_flops, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
+from llmplan.cost.windows import window_key_count
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -33,6 +34,15 @@ ratio. FlashAttention-3 (the native kernel on Hopper): forward 430.3 and 620.7 T
 #2391, commit ff65cb6), backward 316 and 561 (Shah et al. 2024, FlashAttention-3, Figure 6). FlashAttention-2:
 forward 309 and 370, backward 214 and 322 (Shah et al. 2024, Figures 5-6). The same form gives the 1k-8k points
 within 5% (tests/test_cp_short.py). Derived: docs/formulas.md#compute.cp_attention"""
+
+
+def fixed_keys(plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(forward, backward) ATTENTION_FIXED_KEYS of the plan's fused kernel: FA2's for the flash2 kernel and
+    where the GPU's native kernel is FA2 (GpuSpec.native_attention_flash2), else the native kernel's (FA3).
+    Derived: docs/formulas.md#compute.cp_attention"""
+    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
+    return (where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0]),
+            where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1]))
 
 
 def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_keys: float) -> Any:
@@ -73,9 +83,7 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     sms = gpu.sm_count
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
-    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
-    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
-    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    k_fwd, k_bwd = fixed_keys(plan, gpu)
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
         return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
@@ -116,12 +124,10 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     H = plan.micro_batch * m.num_attention_heads / plan.tp
     N = np.ceil(s / T)
     j = np.minimum(np.ceil((w - 1) / T) + 1, N)
-    fa2 = (plan.attention_kernel == "flash2") | gpu.native_attention_flash2
-    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
-    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    k_fwd, k_bwd = fixed_keys(plan, gpu)
     work = window_call_tiles(N, j) * H
     time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
-    mean_keys = np.where(w < s, w - w * w / (2 * s), s / 2)  # keys a query sees, on average (attention_keys / 2)
+    mean_keys = window_key_count(w, s) / 2  # keys a query sees, on average
     return 3 * H * (s / T) * (mean_keys / T) / sms / time
 
 
@@ -135,9 +141,7 @@ def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, a
     keys = window_keys(m, plan.seq_len)
     if not np.any(keys):
         return full
-    qk, v = attention_head_dims(m)
-    T = plan.seq_len / plan.cp * plan.micro_batch
-    windowed = 2 * T * keys * m.num_attention_heads * (qk + v) / plan.tp
+    windowed = attention_score_flops(m, plan, keys)
     share = where(plan.cp > 1, 0.0, windowed / maximum(attention_flops, 1.0))
     return 1.0 / ((1.0 - share) / full + share / window_rate_ratio(m, plan, gpu))
 
@@ -165,7 +169,7 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     flash2 = plan.attention_kernel == "flash2"
     ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = native_attention_asymptote(gpu, plan) * head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
+    fused = native_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
 
@@ -205,8 +209,7 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
     (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
     1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
-    qk, v = attention_head_dims(m)
-    d, d0 = (qk + v) / 2, gpu.attention_softmax_head_dim
+    d, d0 = mean_head_dim(m), gpu.attention_softmax_head_dim
     return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
 
 
@@ -232,6 +235,20 @@ def head_dim_attention_ratio(m: ModelSpec, d0: float) -> float:
     query-key and value dims. Source: Shah et al. 2024 (FlashAttention-3), Figures 5-6 (H100, 4k tokens:
     head dim 64 runs forward + backward at 0.79x (cuDNN), 0.81x (FA3), 0.89x (FA2) of head dim 128).
     Derived: docs/formulas.md#compute.attention"""
-    qk, v = attention_head_dims(m)
-    d = (qk + v) / 2
+    d = mean_head_dim(m)
     return (d / (d + d0)) / (128 / (128 + d0))
+
+
+def gpu_head_dim_ratio(m: ModelSpec, gpu: GpuSpec, d0: float) -> float:
+    """head_dim_attention_ratio on this GPU: d0, the kernel's softmax head dimension measured on H100
+    (GpuSpec.attention_softmax_head_dim, or flash2_softmax_head_dim), moved to the GPU's exponential rate
+    (exp_bound_softmax_head_dim). The one head-dimension factor of training (attention_fraction) and serving
+    (cost.serve_step). Derived: docs/formulas.md#compute.attention"""
+    return head_dim_attention_ratio(m, exp_bound_softmax_head_dim(d0, gpu))
+
+
+def mean_head_dim(m: ModelSpec) -> float:
+    """The head dimension d the fused kernel's rate is priced at: the mean of the query-key and value head
+    dimensions (attention_head_dims; they differ under MLA). Derived: docs/formulas.md#compute.attention"""
+    qk, v = attention_head_dims(m)
+    return (qk + v) / 2

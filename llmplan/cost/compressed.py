@@ -23,8 +23,15 @@ from llmplan.cost.windows import window_key_count
 from llmplan.specs.model import ModelSpec
 
 COMPRESSED_KEY_BYTES = 2.0
-"""Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them)."""
+"""Bytes per value of the cached compressed and window keys in serving (bf16, as the attention reads them).
+Derived: docs/formulas.md#compressed.cache"""
 
+
+
+def compressed_layer_counts(m: ModelSpec) -> tuple[int, int]:
+    """(CSA, HCA) layers of the model: compressed_sparse_attention and heavily_compressed_attention (0, 0 for
+    other models)."""
+    return m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
 
 def is_v4_attention(m: ModelSpec) -> bool:
     """Whether the attention block is DeepSeek-V4's (priced by v4_attention_params and its callers): no
@@ -39,10 +46,19 @@ def v4_attention_params(m: ModelSpec) -> int:
     a·d x h. Source: transformers modeling_deepseek_v4.py (DeepseekV4Attention.__init__)."""
     h, a, d, K = m.hidden_size, m.num_attention_heads, m.d_head, m.kv_heads
     r_q = m.q_lora_rank
-    q = h * r_q + r_q + r_q * a * d if r_q else h * a * d
-    kv = h * d + d if m.shared_key_value else 2 * h * K * d
+    q_up = r_q * a * d if r_q else h * a * d
+    kv = 0 if m.shared_key_value else 2 * h * K * d
     out = a * d * (m.o_lora_rank or 0) + (m.o_groups or 0) * (m.o_lora_rank or 0) * h if m.o_lora_rank else a * d * h
-    return q + kv + out
+    return v4_replicated_attention_params(m) + q_up + kv + out
+
+
+def v4_replicated_attention_params(m: ModelSpec) -> int:
+    """The part of a DeepSeek-V4 attention block that every TP rank holds whole (the rest splits by heads): the
+    query down-projection h x r_q and its norm, and the one shared key/value projection h x d and its norm
+    (shared_key_value). Source: transformers modeling_deepseek_v4.py (DeepseekV4Attention.__init__).
+    Derived: docs/formulas.md#compressed.attention"""
+    h, d, r_q = m.hidden_size, m.d_head, m.q_lora_rank
+    return (h * r_q + r_q if r_q else 0) + (h * d + d if m.shared_key_value else 0)
 
 
 def csa_compressor_params(m: ModelSpec) -> int:
@@ -65,9 +81,10 @@ def hca_compressor_params(m: ModelSpec) -> int:
 
 
 def compressor_params(m: ModelSpec) -> int:
-    """All compressors and indexers of the model (0 without compressed attention layers)."""
-    return (m.count_layers("compressed_sparse_attention") * csa_compressor_params(m)
-            + m.count_layers("heavily_compressed_attention") * hca_compressor_params(m))
+    """All compressors and indexers of the model (0 without compressed attention layers).
+    Derived: docs/formulas.md#compressed.attention"""
+    n_csa, n_hca = compressed_layer_counts(m)
+    return n_csa * csa_compressor_params(m) + n_hca * hca_compressor_params(m)
 
 
 def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
@@ -77,7 +94,7 @@ def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
     DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear layers)."""
     h, d, L = m.hidden_size, m.d_head, m.num_hidden_layers
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
-    n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
+    n_csa, n_hca = compressed_layer_counts(m)
     out: list[tuple[int, int, float]] = []
     if n_csa:
         out += [(h, 4 * d, n_csa / L), (h, 4 * dI, n_csa / L), (m.q_lora_rank or h, H * dI, n_csa / L),
@@ -111,7 +128,8 @@ def hc_head_params(m: ModelSpec) -> int:
 
 
 def hyper_connection_params(m: ModelSpec) -> int:
-    """All hyper-connection parameters of the main model: two per layer and the head collapse."""
+    """All hyper-connection parameters of the main model: two per layer and the head collapse.
+    Derived: docs/formulas.md#compressed.hyper_connections"""
     return 2 * m.num_hidden_layers * hc_params(m) + hc_head_params(m)
 
 
@@ -131,7 +149,7 @@ def compressed_keys(m: ModelSpec, s: Any) -> Any:
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
     window = window_key_count(w, s)
     csa = np.where(s / c > k, 2.0 * k - k * k * c / s, s / c)
-    n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
+    n_csa, n_hca = compressed_layer_counts(m)
     return (n_csa + n_hca) * window + n_csa * csa + n_hca * s / m.compress_rate_hca
 
 
@@ -141,7 +159,7 @@ def indexer_scores_per_token(m: ModelSpec, s: Any) -> Any:
     d_I and their weighted sum (2 H_I d_I + 2 H_I). Source: DeepSeek-V3.2-Exp report §2.1 Eq. 1 (the lightning
     indexer); transformers modeling_deepseek_v4.py (DeepseekV4IndexerScorer over the compressed keys)."""
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
-    return m.count_layers("compressed_sparse_attention") * s / m.compress_rate_csa * (2.0 * H * dI + 2.0 * H)
+    return compressed_layer_counts(m)[0] * s / m.compress_rate_csa * (2.0 * H * dI + 2.0 * H)
 
 
 def attended_compressed_keys(m: ModelSpec, keys: Any) -> Any:
@@ -149,7 +167,7 @@ def attended_compressed_keys(m: ModelSpec, keys: Any) -> Any:
     min(keys, w) in each, plus min(keys/m, k) in a CSA layer and keys/m' in an HCA one.
     Derived: docs/formulas.md#compressed.attention"""
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
-    n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
+    n_csa, n_hca = compressed_layer_counts(m)
     return (n_csa + n_hca) * np.minimum(keys, w) + n_csa * np.minimum(np.asarray(keys) / c, k) \
         + n_hca * np.asarray(keys) / m.compress_rate_hca
 
@@ -162,8 +180,8 @@ def compressed_cache_bytes_per_token(m: ModelSpec, b: float = COMPRESSED_KEY_BYT
     DeepseekV4HCACache: compressed_kv per entry name). Derived: docs/formulas.md#compressed.cache"""
     d, dI = m.d_head, m.index_head_dim or 0
     csa = (d * b + dI + 4.0 * dI / 128) / m.compress_rate_csa
-    return m.count_layers("compressed_sparse_attention") * csa \
-        + m.count_layers("heavily_compressed_attention") * d * b / m.compress_rate_hca
+    n_csa, n_hca = compressed_layer_counts(m)
+    return n_csa * csa + n_hca * d * b / m.compress_rate_hca
 
 
 def window_cache_bytes(m: ModelSpec, context: Any, b: float = COMPRESSED_KEY_BYTES) -> Any:
@@ -173,7 +191,7 @@ def window_cache_bytes(m: ModelSpec, context: Any, b: float = COMPRESSED_KEY_BYT
     transformers modeling_deepseek_v4.py (DynamicSlidingWindowLayer; buffer_kv / buffer_gate, overlap_kv).
     Derived: docs/formulas.md#compressed.cache"""
     w, d = m.sliding_window or 0, m.d_head
-    n_csa, n_hca = m.count_layers("compressed_sparse_attention"), m.count_layers("heavily_compressed_attention")
+    n_csa, n_hca = compressed_layer_counts(m)
     window_layers = m.count_layers("sliding_attention") + n_csa + n_hca
     buffers = n_csa * m.compress_rate_csa * 2 * 2 * d * b + n_hca * m.compress_rate_hca * 2 * d * b
     return window_layers * np.minimum(context, w) * d * b + buffers
@@ -207,4 +225,5 @@ def compressor_token_bytes(m: ModelSpec) -> float:
     kv_proj x gate_proj outputs; DeepseekV4Indexer). Derived: docs/formulas.md#compressed.attention"""
     d, dI, H = m.d_head, m.index_head_dim or 0, m.index_n_heads or 0
     csa = 8.0 * d + 8.0 * dI + 2.0 * H * dI + 2.0 * H
-    return m.count_layers("compressed_sparse_attention") * csa + m.count_layers("heavily_compressed_attention") * 4.0 * d
+    n_csa, n_hca = compressed_layer_counts(m)
+    return n_csa * csa + n_hca * 4.0 * d

@@ -17,7 +17,6 @@ from llmplan.arith import maximum, where
 from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their home was this module)
     ATTENTION_FIXED_KEYS,
     ATTENTION_TILE,
-    CUBLAS_TENSOR_CORE_ALIGN_BYTES,
     attention_call_seconds,
     attention_fraction,
     attention_rate_ratio,
@@ -25,8 +24,6 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     head_dim_attention_ratio,
     layer_attention_rate_ratio,
     unaligned_bmm_ratio,
-    window_call_tiles,
-    window_rate_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
@@ -35,7 +32,6 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     EAGER_ROPE_BYTES,
     GLU_CLAMP_BYTES,
     SINK_RESCALE_BYTES,
-    activation_pass_bytes,
     alltoall_sort_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
@@ -167,21 +163,24 @@ def runs_per_expert(plan: ParallelPlan) -> Any:
     grouped MLP runs only without expert TP, so the layer is TEGroupedMLP on GroupedLinear (the rule
     export.common.op_fuser_blocked writes into the exports). torch._grouped_mm on DTensor shards (tp_impl
     dtensor) stays one grouped kernel at any etp.
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported"""
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6, _is_fused_impl_supported.
+    Derived: docs/formulas.md#compute.expert_gemms"""
     return (plan.expert_gemm == "per-expert") | ((plan.etp_resolved > 1) & (plan.tp_impl == "megatron"))
 
 
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
-    """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the same on every stage,
-    so computed once per plan arrays."""
+    """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the GEMMs as
+    layer_gemm_seconds prices them; the attention FLOPs at the sustained peak x attention_fraction x the calls'
+    rate (layer_attention_rate_ratio) x fp8_attention_ratio; the memory-bound bytes (elementwise_bytes) at the
+    achieved HBM bandwidth, plus the per-expert GEMM cost (expert_gemm_seconds). The same on every stage, so
+    computed once per plan arrays. Derived: docs/formulas.md#compute.time"""
     def compute() -> tuple[Any, Any, Any]:
         flops = layer_flops(m, plan, moe)
         # the calls' length, and the sliding-window layers' short calls
         split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, flops.attention), 1.0)
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
-        # Without a grouped GEMM every local expert's two matmuls are separate launches (expert_gemm_seconds).
-        launches = expert_gemm_seconds(m, plan) if moe else 0.0
+        launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
         return (layer_gemm_seconds(m, plan, gpu, moe), flops.attention / peak_attn,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
                 + launches)

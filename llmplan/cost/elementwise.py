@@ -11,7 +11,7 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_memory_bytes, norms_per_layer
-from llmplan.cost.params import kv_heads_per_rank, padded_vocab
+from llmplan.cost.params import kv_heads_per_rank, padded_vocab, token_ffn_width
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -36,7 +36,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     rope_pass = where(plan.rope_fusion, 4 * unfused, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
-    f = m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
+    f = token_ffn_width(m, moe) * (1.0 if moe else dense_mlp_share(m))  # a hybrid: its share of dense MLPs
     act = activation_pass_bytes(m) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
         act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))

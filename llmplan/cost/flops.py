@@ -72,15 +72,23 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     # DeepSeek-V4: the mean layer's compressors and indexer and its two hyper-connection projections, whole on
     # every TP rank (cost.compressed)
     gemm = gemm + 2 * T * replicated_layer_params(m)
-    qk, v = attention_head_dims(m)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
-    attn = 2 * T * keys * m.num_attention_heads * (qk + v) / t  # local queries x all (window's) keys
+    attn = attention_score_flops(m, plan, keys)  # local queries x all (window's) keys
     # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),
     # its heads whole on every TP rank (cost.sparse)
     index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m) if m.is_dsa else \
         T * indexer_scores_per_token(m, plan.seq_len) / m.num_hidden_layers  # DeepSeek-V4's CSA indexers
     return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
 
+
+
+def attention_score_flops(m: ModelSpec, plan: ParallelPlan, keys: Any) -> Any:
+    """Forward FLOPs of QK^T and AV, one layer, one micro-batch, one rank, when each of the rank's s·b queries
+    counts `keys` keys (attention_keys, or a part of it): 2·s·b·keys·a·(d_qk + d_v)/t. Source: Narayanan et al.
+    2021 Eq. 3 (the 4bs²h term). Derived: docs/formulas.md#compute.flops"""
+    qk, v = attention_head_dims(m)
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    return 2 * T * keys * m.num_attention_heads * (qk + v) / plan.tp
 
 def attention_head_dims(m: ModelSpec) -> tuple[int, int]:
     """(query-key, value) head dimensions: MLA's nope + rope and v dims, else d_head for both."""
@@ -138,13 +146,15 @@ def window_keys(m: ModelSpec, s: Any) -> Any:
 
 
 def logits_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t."""
+    """Output layer forward, one micro-batch, one rank: 2·s·b·h·V/t (V unpadded, as MFU counts it).
+    Derived: docs/formulas.md#compute.flops"""
     return 2 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size * m.vocab_size / plan.tp
 
 
 def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Model FLOPs of one step over all GPUs: 3 x forward (backward = 2 x forward), no recompute.
-    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU)."""
+    Source: Narayanan et al. 2021 Eq. 3 without its recompute pass; Korthikanti et al. 2022 §6 (MFU).
+    Derived: docs/formulas.md#compute.flops"""
     per_rank_mb = (m.num_dense_layers * layer_flops(m, plan, False).total
                    + m.num_moe_layers * layer_flops(m, plan, True).total + logits_flops(m, plan))
     replicas_per_mb = plan.tp * plan.cp  # ranks that share one micro-batch
@@ -153,7 +163,8 @@ def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
-    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share)."""
+    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share).
+    Derived: docs/formulas.md#compute.flops"""
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)

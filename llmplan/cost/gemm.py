@@ -78,7 +78,7 @@ def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
     A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
     log d). Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:
-        d, e = zip(*sorted(gpu.gemm_efficiency))
+        d, e = zip(*sorted(gpu.gemm_efficiency), strict=True)
         return np.interp(np.log(np.maximum(d_min, 1.0)), np.log(d), e)
     return gpu.max_gemm_fraction(dtype) * d_min / (d_min + GEMM_HALF_DIM)
 
@@ -139,9 +139,10 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     shapes = attention_shapes(m, t)
     roles = ["ag", "rs"] if len(shapes) == 2 else [""] * (len(shapes) - 1) + ["rs"]
     a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
-    out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles)]
+    out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles, strict=True)]
+    # 0, 2 or 4 recurrent matmuls (Mamba-2's and the linear attention's in / out projections): roles cut to fit
     out += [Gemm(2 * T * k * n * share, T, n, k, role, "recurrent")
-            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2)]
+            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2, strict=False)]
     # DeepSeek-V4's compressors and indexer (their share of the layers) and the two hyper-connection
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
     out += [Gemm(2 * T * k * n * share, T, n, k, "", "compressor") for k, n, share in compressor_gemm_widths(m)]

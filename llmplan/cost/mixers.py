@@ -18,8 +18,6 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.specs.model import ModelSpec
 
-SSD_CHUNK = 128
-"""Chunk length Q of Mamba-2's SSD scan kernel (mamba_chunk_scan_combined; Megatron-LM MambaMixer chunk_size)."""
 GDN_CHUNK = 64
 """Chunk length C of the chunkwise gated delta rule (flash-linear-attention chunk_gated_delta_rule)."""
 LIGHTNING_BLOCK = 256
@@ -197,7 +195,8 @@ def mamba_transpose_bytes(m: ModelSpec, micro_batch: Any = 1) -> Any:
     pass (forward, or backward for their gradients): zxBCdt from (s, b) to (b, s) order and y back (read and
     write 2 + 2 bytes each of 2d + 2g + H and d elements). With one sequence per micro-batch the transposed view
     is already contiguous and .contiguous() copies nothing. Source: NVIDIA/Megatron-LM
-    megatron/core/ssm/mamba_mixer.py (_ssm_training, core_v0.15.0 - core_v0.19.0: rearrange(...).contiguous())."""
+    megatron/core/ssm/mamba_mixer.py (_ssm_training, core_v0.15.0 - core_v0.19.0: rearrange(...).contiguous()).
+    Derived: docs/formulas.md#mixers.traffic"""
     d, g, _, _, H = _mamba_widths(m)
     copies = 4 * (2 * d + 2 * g + H) + 4 * d
     return where(micro_batch > 1, copies, 0.0)

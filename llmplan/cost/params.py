@@ -22,6 +22,7 @@ from llmplan.cost.compressed import (
     is_v4_attention,
     replicated_layer_params,
     v4_attention_params,
+    v4_replicated_attention_params,
 )
 from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this module)
     ALL_BUT_ZERO,
@@ -131,6 +132,12 @@ def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
         return 3 * h * f + ((2 * f + h) if m.mlp_bias else 0)
     return 2 * h * f + ((f + h) if m.mlp_bias else 0)
 
+
+
+def token_ffn_width(m: ModelSpec, moe: bool) -> int:
+    """The FFN columns one token runs through in a layer: k·f_e + f_shared (its k routed experts and the shared
+    expert) in an MoE layer, f in a dense one. Derived: docs/formulas.md#compute.flops"""
+    return m.expert_ffn * m.num_experts_per_tok + m.shared_ffn if moe else m.intermediate_size
 
 def expert_params(m: ModelSpec) -> int:
     """One routed expert: an MLP of width f_e on the expert width (the latent width of a latent MoE).
@@ -246,12 +253,10 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     if is_v4_attention(m):
-        # DeepSeek-V4: the query down-projection and the one shared key/value head replicated, the rest by heads
-        down = (h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0) + (h * d + d if m.shared_key_value else 0)
+        down = v4_replicated_attention_params(m)  # DeepSeek-V4: the query down-projection, the shared KV head
         return down + (attention_params(m) - down) / t
-    kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * kv_heads_per_rank(m, t)
-    full_kv = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0)) * m.kv_heads
-    return (attention_params(m) - full_kv) / t + kv
+    kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
+    return (attention_params(m) - kv_head * m.kv_heads) / t + kv_head * kv_heads_per_rank(m, t)
 
 
 def padded_vocab(V: int, t: int, divisor: int = 128) -> int:

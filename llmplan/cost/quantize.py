@@ -11,6 +11,7 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes
+from llmplan.cost.params import token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
@@ -82,7 +83,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
-    f = (m.expert_ffn * m.num_experts_per_tok + m.shared_ffn) if moe else m.intermediate_size
+    f = token_ffn_width(m, moe)
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     cast = quantize_bytes(plan) + transposed
@@ -105,5 +106,6 @@ def bf16_kernel_format(plan: ParallelPlan) -> str:
     """The format of the kernels a low-precision recipe leaves in bf16 (attention, the output layer): bf16
     under one, else the plan's dtype (the same rule as ParallelPlan.mfu_format, for another reason).
     Source: NVIDIA/TransformerEngine transformer_engine/common/recipe/__init__.py (fp8_dpa False by default in
-    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer)."""
+    every recipe: attention outside FP8, ParallelPlan.fp8_attention); output_seconds (the output layer).
+    Derived: docs/formulas.md#precision"""
     return "bf16" if plan.low_precision else plan.dtype

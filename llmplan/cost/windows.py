@@ -1,5 +1,6 @@
 """Keys a causal sliding-window query sees: one formula for the FLOP counts of sliding-window layers
-(cost.flops) and of the compressed-attention layers' windows (cost.compressed)."""
+(cost.flops), of the compressed-attention layers' windows (cost.compressed) and of the useful work a windowed
+kernel's rate is measured against (cost.attention_rate.window_rate_ratio)."""
 
 from __future__ import annotations
 
