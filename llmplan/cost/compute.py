@@ -182,7 +182,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
         return (layer_gemm_seconds(m, plan, gpu, moe), flops.attention / peak_attn,
-                elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+                elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / gpu.hbm_achieved_bytes_per_s
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 
@@ -205,7 +205,7 @@ def grad_accumulation_bytes(plan: ParallelPlan) -> float:
 def grad_accumulation_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     """Time of one micro-batch's gradient accumulation on a rank holding `params_on_rank` parameters: their
     grad_accumulation_bytes at the GPU's achieved HBM bandwidth. Derived: docs/formulas.md#step.grad_accumulation"""
-    return params_on_rank * grad_accumulation_bytes(plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+    return params_on_rank * grad_accumulation_bytes(plan) / gpu.hbm_achieved_bytes_per_s
 
 
 def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
@@ -219,7 +219,7 @@ def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any,
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
         return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff) + mtp_projection_seconds(m, plan, gpu),
-                heads * loss_bytes(m, plan) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
+                heads * loss_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s)
     return memoized(plan, ("output_seconds", m, gpu), compute)
 
 
@@ -248,4 +248,4 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
     sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.zero_shard + expert_on_rank / plan.expert_dp,
                     params_on_rank)
-    return sharded * per_param / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+    return sharded * per_param / gpu.hbm_achieved_bytes_per_s

@@ -225,7 +225,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
             if module == "expert":  # few rows per expert: the weights' reads, not the tensor cores, set the time
-                whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
+                whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / gpu.hbm_achieved_bytes_per_s)
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
                 fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K) * scale

@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.attention_rate import exp_bound_softmax_head_dim
+from llmplan.cost.attention_rate import gpu_head_dim_ratio
 from llmplan.cost.compute import (
     KERNEL_LAUNCH_S,
     TILE,
     attention_head_dims,
     attention_shapes,
-    head_dim_attention_ratio,
     moe_routing_bytes,
 )
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
@@ -262,7 +261,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
                    + redundant_expert_params(m, plan) * wpp)
         weights = weights - experts
         experts = experts * _expert_fraction_touched(m, np.asarray(tokens, dtype=float) * expert_token_factor(plan))
-    bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    bandwidth = gpu.hbm_achieved_bytes_per_s
     elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
     # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
     elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * np.asarray(tokens, dtype=float) / p
@@ -271,7 +270,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
     routed = np.maximum(expert_s, experts / bandwidth)
     gemm = np.maximum(dense_s, weights / bandwidth)
-    head = head_dim_attention_ratio(m, exp_bound_softmax_head_dim(gpu.attention_softmax_head_dim, gpu)) \
+    head = gpu_head_dim_ratio(m, gpu, gpu.attention_softmax_head_dim) \
         if plan.fused_attention else 1.0
     attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
                                          * gpu.softmax_attention_ratio * head),

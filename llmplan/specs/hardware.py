@@ -198,6 +198,12 @@ class GpuSpec(Spec):
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GB
 
+    @property
+    def hbm_achieved_bytes_per_s(self) -> float:
+        """HBM bandwidth a memory-bound kernel achieves: the peak times hbm_efficiency
+        (docs/formulas.md#compute.memory_bound)."""
+        return self.hbm_bytes_per_s * self.hbm_efficiency
+
     def max_gemm_fraction(self, dtype: str) -> float:
         """Best achieved fraction of peak for large GEMMs: measured where published (bf16 for bf16 / fp16,
         fp8 for fp8 / mxfp8 at the same rate), else 0.75; fp4 at the fp8 fraction, or where the GPU's NVFP4 /
