@@ -5,21 +5,8 @@ TOML-only torchtitan 0.2 export refuses it with one line and exit code 2."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-
-PLANS = Path(__file__).parent / "data" / "plans"
-
-
-def edited(tmp_path: Path, case: str, **plan: object) -> Path:
-    """A shipped plan file with some plan fields changed (the file is re-checked on export)."""
-    doc = json.loads((PLANS / f"{case}.json").read_text())
-    doc["plan"].update(plan)
-    path = tmp_path / f"{case}-edited.json"
-    path.write_text(json.dumps(doc))
-    return path
+from test_switch_cli import edited  # a shipped plan file with some plan fields changed
 
 
 @pytest.mark.parametrize("target,script", [

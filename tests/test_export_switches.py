@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from test_export_torchtitan_sinks import gpt_oss_plan
+
 ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64")
 
 
@@ -215,15 +217,7 @@ def test_gpt_oss_fc1_bias_and_sink_switches_reach_the_exports_as_notes(cli, tmp_
     # with either unfused says it runs faster than priced; torchtitan adds the experts' fc1 bias after
     # torch._grouped_mm, so a plan priced fused says it runs slower, with the plan setting that prices it.
     def plan(name: str, **fields: object) -> Path:
-        (tmp_path / name).mkdir(parents=True, exist_ok=True)
-        path = tmp_path / name / "plan.json"
-        made = cli("estimate", "--model", "gpt-oss-120b", "--hardware", "dgx-h100", "--ep", "8", "--etp", "1",
-                   "--global-batch", "64", "--save", path)
-        assert made.code == 0, made.err
-        doc = json.loads(path.read_text())
-        doc["plan"].update(fields)
-        path.write_text(json.dumps(doc))
-        return path
+        return gpt_oss_plan(cli, tmp_path, name, **fields)
 
     unfused = plan("unfused", expert_fc1_bias_fusion=False, sink_fusion=False)
     code, files, err = export(cli, unfused, "megatron", tmp_path / "unfused" / "out")
