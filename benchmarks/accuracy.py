@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -854,14 +855,58 @@ Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's exa
 than the 2025 containers' cuDNN, so an upper bound for them (docs/validation.md#attention-release)."""
 
 
-ATTENTION_RELEASE_MODES = ("off", "date", "newer")
+CONTAINER_CUDNN: dict[str, tuple[int, int, int]] = {
+    # NeMo Framework containers, from Megatron-Bridge's software component versions page
+    # (NVIDIA-NeMo/Megatron-Bridge docs/releases/software-versions.md at e49e451ba, 2026-06-22)
+    "nemo:25.09": (9, 11, 0), "nemo:25.11": (9, 13, 1), "nemo:26.02": (9, 18, 0), "nemo:26.04": (9, 20, 0),
+    "nemo:26.06": (9, 21, 1),
+    # NeMo 25.04.01 / 25.07.01 (DGX Cloud Benchmarking): not on that page; inferred: a cuDNN released after 9.4.0
+    # (September 2024) and not after NeMo 25.09's 9.11.0, so read at 9.4 either way
+    "nemo:25.04": (9, 4, 0), "nemo:25.07": (9, 4, 0),
+    # the PyTorch 26.04 container (a Megatron-Bridge verification card): after CUDA DL 26.03's 9.20.0.48, and the
+    # base of NeMo 26.06 (9.21.1.3, the same page), so at least 9.20 (inferred)
+    "pytorch:26.04": (9, 20, 0),
+}
+"""The cuDNN (major, minor, patch) each named container ships (docs/validation.md#attention-release), for
+--attention-releases container. Patch containers (26.02.01, 26.04.01) are read as their base release's."""
+PUBLISHED_RELEASES: tuple[tuple[tuple[int, int, int], str], ...] = (
+    ((9, 1, 0), "cudnn-9.1"), ((9, 4, 0), "cudnn-9.4"), ((9, 19, 1), "cudnn-9.19"))
+"""The cuDNN versions with a published Hopper SDPA training rate (ATTENTION_RELEASES), oldest first."""
+
+
+def record_container(rec: dict) -> str | None:
+    """The container a record names (CONTAINER_CUDNN's key), or None where its source names none: the
+    Megatron-Bridge rows by their table's release in the id ('mbridge-26.02.01-' -> nemo:26.02, 'bridge-2511-'
+    -> nemo:25.11), DGX Cloud Benchmarking rows by their source's nvcr.io/nvidia/nemo tag, others by a
+    nvcr.io/nvidia/pytorch tag in their notes."""
+    rid = rec["id"]
+    m = re.match(r"mbridge-(\d\d\.\d\d)", rid) or re.match(r"bridge-(\d\d)(\d\d)-", rid)
+    if m:
+        return "nemo:" + (m.group(1) if m.lastindex == 1 else f"{m.group(1)}.{m.group(2)}")
+    text = str(rec.get("source", "")) + " " + str(rec.get("notes", ""))
+    m = re.search(r"nvcr\.io/nvidia/(nemo|pytorch):(\d\d\.\d\d)", text)
+    return f"{m.group(1)}:{m.group(2)}" if m else None
+
+
+def release_for_cudnn(version: tuple[int, int, int] | None) -> str | None:
+    """The published release nearest at or before a cuDNN version (PUBLISHED_RELEASES); None before 9.1.0 or
+    for an unknown version."""
+    if version is None:
+        return None
+    older = [name for v, name in PUBLISHED_RELEASES if v <= version]
+    return older[-1] if older else None
+
+
+ATTENTION_RELEASE_MODES = ("off", "date", "newer", "container")
 """How the records' stacks are read onto a published attention release (`--attention-releases`,
 docs/validation.md#attention-release): off (default), every native-kernel Hopper record on the GPU's fitted
 attention_efficiency; date, the 2024 stacks on cuDNN 9.1 and the 2025-26 stacks on 9.19 (the published release
 nearest in date); newer, only the 2025-26 stacks on 9.19 and the 2024 ones on the fitted constant (NeMo 24.03's
 cuDNN 9.0 predates every published Hopper rate). Off by default: with either reading the dense goldens priced
 at the shipped H100 clock (tests/test_cp_short.py: nemocp +33%, the Bridge 405B CP2 row +8.7%) leave their
-tolerance, and no reading brings nemocp within 10% (the measured numbers in docs/validation.md)."""
+tolerance, and no reading brings nemocp within 10% (the measured numbers in docs/validation.md). container: each
+record on the published release nearest at or before the cuDNN of the container its source names
+(CONTAINER_CUDNN), the rest (no container named, or one older than 9.1) on the fitted constant."""
 attention_release_mode = "off"
 """The mode in force (main sets it from --attention-releases; tests and imports see "off")."""
 
@@ -874,7 +919,9 @@ def attention_release_for(rec: dict, fam: str) -> str | None:
     rid = rec["id"]
     old = fam in ATTENTION_RELEASE_2024 or rid.startswith("megatron-core-r0.8-")
     new = fam in ATTENTION_RELEASE_2026 or rid.startswith("megatron-examples")
-    release = ("cudnn-9.1" if old and attention_release_mode == "date" else
+    container = record_container(rec) if attention_release_mode == "container" else None
+    release = (release_for_cudnn(CONTAINER_CUDNN.get(container or "")) if attention_release_mode == "container" else
+               "cudnn-9.1" if old and attention_release_mode == "date" else
                "cudnn-9.19" if new and attention_release_mode in ("date", "newer") else None)
     name = record_system(rec)
     if release is None or name is None or release not in builtin_systems()[name].gpu.attention_release_efficiency:

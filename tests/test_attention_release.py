@@ -23,12 +23,16 @@ M = builtin_models()
 # (heads, batch, tokens, forward, backward).
 #  - cuDNN 9.1.0: NVIDIA/cudnn-frontend benchmark/benchmark_results.csv at commit b740542 (2024-05-07; the
 #    README's sample output prints "cudnn backend version : 90100"), 16 heads, batch x sequence = 16k.
+#  - cuDNN 9.4.0: the same file at commit de355c7 (2024-09-23; the cudnn-frontend v1.7.0 release notes in that
+#    commit: "Updated benchmark numbers with cudnn 9.4.0 for fp16 and fp8 datatypes"), same shapes.
 #  - cuDNN 9.19.1: NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
 #    llama3.1_20260227_034703.csv (commit df73764; cudnn_backend_version 91901), Llama 3.1 GQA 64 query /
 #    8 KV heads, batch 1, non-deterministic backward.
 PUBLISHED = {
     "cudnn-9.1": [(16, 4, 4096, 542.3, 443.6), (16, 2, 8192, 572.9, 463.5), (16, 1, 16384, 586.8, 497.7),
                   (16, 1, 32768, 577.3, 499.7), (16, 1, 65536, 567.0, 503.8)],
+    "cudnn-9.4": [(16, 4, 4096, 613.49, 438.45), (16, 2, 8192, 645.95, 461.89), (16, 1, 16384, 649.99, 488.56),
+                  (16, 1, 32768, 636.08, 504.14), (16, 1, 65536, 631.20, 508.07)],
     "cudnn-9.19": [(64, 1, 4096, 591.0, 474.0), (64, 1, 8192, 644.0, 541.0), (64, 1, 16384, 673.0, 579.0),
                    (64, 1, 32768, 688.0, 581.0)],
 }

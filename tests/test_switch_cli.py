@@ -219,7 +219,7 @@ def test_bf16_modules_file_travels_with_every_megatron_script(cli, tmp_path, tar
     ("--zero3-unit", "module", ("layer", "tensor")),
     ("--grad-accumulation", "sum", ("fused", "add", "cast-add")),
     ("--expert-gemm", "loop", ("grouped", "per-expert")),
-    ("--attention-release", "cudnn-8.9", ("cudnn-9.1", "cudnn-9.19")),
+    ("--attention-release", "cudnn-8.9", ("cudnn-9.1", "cudnn-9.4", "cudnn-9.19")),
     ("--grad-reduce", "allreduce", ("reduce-scatter", "all-reduce")),
 ])
 def test_unknown_switch_value_is_one_line_naming_the_choices(cli, command, flag, value, choices):

@@ -148,10 +148,10 @@ def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, a
 
 def native_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     """The native fused kernel's asymptote (attention_fraction's base): the rate published for the plan's
-    attention release on this GPU (GpuSpec.attention_release_efficiency: cuDNN 9.1.0 0.95, 9.19.1 1.08 on the
-    GH100 die, from NVIDIA's own SDPA training benchmark), else the GPU's attention_efficiency. check_plan
-    refuses a release the GPU lists no rate for. Source: NVIDIA/cudnn-frontend benchmark results at b740542 and
-    df73764 (H200, bf16, causal, head dim 128). Derived: docs/formulas.md#compute.attention_release"""
+    attention release on this GPU (GpuSpec.attention_release_efficiency: cuDNN 9.1.0 0.95, 9.4.0 0.97, 9.19.1
+    1.08 on the GH100 die, from NVIDIA's own SDPA training benchmark), else the GPU's attention_efficiency. check_plan
+    refuses a release the GPU lists no rate for. Source: NVIDIA/cudnn-frontend benchmark results at b740542,
+    de355c7 and df73764 (H200, bf16, causal, head dim 128). Derived: docs/formulas.md#compute.attention_release"""
     release = plan.attention_release
     if release is None:
         return gpu.attention_efficiency

@@ -22,10 +22,11 @@ Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
 AttentionKernel = Literal["native", "flash2"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 """--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
-AttentionRelease = Literal["cudnn-9.1", "cudnn-9.19"]
+AttentionRelease = Literal["cudnn-9.1", "cudnn-9.4", "cudnn-9.19"]
 ATTENTION_RELEASES: tuple[str, ...] = get_args(AttentionRelease)
 """--attention-release values: the cuDNN releases whose fused attention (SDPA) training rate NVIDIA published
-on Hopper (NVIDIA/cudnn-frontend benchmark results: 9.1.0 at commit b740542, May 2024; 9.19.1 in
+on Hopper (NVIDIA/cudnn-frontend benchmark results: 9.1.0 at commit b740542, May 2024; 9.4.0 at de355c7, Sep 2024,
+whose v1.7.0 release notes say "Updated benchmark numbers with cudnn 9.4.0"; 9.19.1 in
 benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn, Feb 2026). GpuSpec.attention_release_efficiency
 holds each one's asymptote (docs/formulas.md#compute.attention_release)."""
 TpImpl = Literal["megatron", "dtensor"]
