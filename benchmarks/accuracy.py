@@ -863,6 +863,9 @@ CONTAINER_CUDNN: dict[str, tuple[int, int, int]] = {
     # NeMo 25.04.01 / 25.07.01 (DGX Cloud Benchmarking): not on that page; inferred: a cuDNN released after 9.4.0
     # (September 2024) and not after NeMo 25.09's 9.11.0, so read at 9.4 either way
     "nemo:25.04": (9, 4, 0), "nemo:25.07": (9, 4, 0),
+    # the PyTorch 25.03 container Megatron-LM's examples/llama/README.md runs its FP8 table's script in
+    # (PYTORCH_IMAGE, core_r0.12.0): March 2025, after 9.4.0 and before NeMo 25.09's 9.11.0 (inferred)
+    "pytorch:25.03": (9, 4, 0),
     # the PyTorch 26.04 container (a Megatron-Bridge verification card): after CUDA DL 26.03's 9.20.0.48, and the
     # base of NeMo 26.06 (9.21.1.3, the same page), so at least 9.20 (inferred)
     "pytorch:26.04": (9, 20, 0),
@@ -877,9 +880,11 @@ PUBLISHED_RELEASES: tuple[tuple[tuple[int, int, int], str], ...] = (
 def record_container(rec: dict) -> str | None:
     """The container a record names (CONTAINER_CUDNN's key), or None where its source names none: the
     Megatron-Bridge rows by their table's release in the id ('mbridge-26.02.01-' -> nemo:26.02, 'bridge-2511-'
-    -> nemo:25.11), DGX Cloud Benchmarking rows by their source's nvcr.io/nvidia/nemo tag, others by a
-    nvcr.io/nvidia/pytorch tag in their notes."""
+    -> nemo:25.11), Megatron-LM's examples/llama rows by the README's PYTORCH_IMAGE, DGX Cloud Benchmarking
+    rows by their source's nvcr.io/nvidia/nemo tag, others by a nvcr.io/nvidia/pytorch tag in their notes."""
     rid = rec["id"]
+    if rid.startswith("megatron-examples"):
+        return "pytorch:25.03"
     m = re.match(r"mbridge-(\d\d\.\d\d)", rid) or re.match(r"bridge-(\d\d)(\d\d)-", rid)
     if m:
         return "nemo:" + (m.group(1) if m.lastindex == 1 else f"{m.group(1)}.{m.group(2)}")

@@ -116,3 +116,29 @@ def test_cli_release_changes_the_estimate():
         '"tokens_per_s": ')[1].split(",")[0]) for extra in ((), ("--attention-release", "cudnn-9.1"),
                                                            ("--attention-release", "cudnn-9.19"))]
     assert rates[1] < rates[2]
+
+
+def test_containers_read_the_published_release_at_or_before_their_cudnn(acc):
+    # NeMo Framework container -> cuDNN: NVIDIA-NeMo/Megatron-Bridge docs/releases/software-versions.md
+    # (e49e451ba): 25.09 9.11.0.98, 25.11 9.13.1.26, 26.02 9.18.0.50, 26.04 9.20.0.48, 26.06 9.21.1.3.
+    published = {"nemo:25.09": (9, 11, 0), "nemo:25.11": (9, 13, 1), "nemo:26.02": (9, 18, 0),
+                 "nemo:26.04": (9, 20, 0), "nemo:26.06": (9, 21, 1)}
+    assert {k: acc.CONTAINER_CUDNN[k] for k in published} == published
+    assert [v for v, _ in acc.PUBLISHED_RELEASES] == sorted(v for v, _ in acc.PUBLISHED_RELEASES)
+    assert {name for _, name in acc.PUBLISHED_RELEASES} == set(ATTENTION_RELEASES)
+    reads = {c: acc.release_for_cudnn(v) for c, v in published.items()}
+    assert reads == {"nemo:25.09": "cudnn-9.4", "nemo:25.11": "cudnn-9.4", "nemo:26.02": "cudnn-9.4",
+                     "nemo:26.04": "cudnn-9.19", "nemo:26.06": "cudnn-9.19"}
+    assert acc.release_for_cudnn((9, 0, 0)) is None and acc.release_for_cudnn((9, 19, 0)) == "cudnn-9.4"
+    assert acc.release_for_cudnn((9, 19, 1)) == "cudnn-9.19" and acc.release_for_cudnn(None) is None
+
+
+def test_records_name_their_container_from_the_table_release_or_the_source(acc):
+    assert acc.record_container({"id": "mbridge-26.02.01-pretrain-llama3-70b-dgx-h100-64gpu-fp8"}) == "nemo:26.02"
+    assert acc.record_container({"id": "bridge-2511-h100-fp8-cs-llama3-8b-8gpu-gbs128"}) == "nemo:25.11"
+    assert acc.record_container({"id": "dgxc-x", "source": {"name": "(nvcr.io/nvidia/nemo:25.07.01 container)"}}) \
+        == "nemo:25.07"
+    assert acc.record_container({"id": "nemocp-h100-fp8-llama2-7b-s4k-4gpu", "notes": "NeMo 24.03.01"}) is None
+    # the mode is off by default: no record reads a release (docs/validation.md#container-cudnn)
+    rec = {"id": "mbridge-26.04-pretrain-llama3-70b-dgx-h100-64gpu-fp8", "hardware": {"gpu": "H100", "gpus": 64}}
+    assert acc.attention_release_mode == "off" and acc.attention_release_for(rec, "mbridge-dense") is None
