@@ -5,7 +5,9 @@ Prints, per Mamba-2 layer and micro-batch (forward and backward), the time llmpl
 and traffic (the step with that cost at x1 minus x0) beside what the row leaves unplaced (measured minus
 predicted step, over its micro-batches and Mamba-2 layers); then the median signed tokens/s error per model
 when llmplan's whole Mamba-2 cost (cost.mixers.mamba_scan_flops and mamba_memory_bytes) is scaled by k. The
-scaling is an experiment on the shipped functions, not a pricing.
+scaling is an experiment on the shipped functions, not a pricing. Last, per model and GPU, the k each row
+would need for its predicted step to equal the measured one (1 + unplaced / the Mamba-2 cost priced in its step):
+one k across GPUs, releases and micro-batch sizes is what a mis-priced kernel would give; a spread is not.
 
     python benchmarks/mamba_bound.py
 """
@@ -69,6 +71,19 @@ def main() -> None:
                     if quantity == "tok/s/GPU":
                         errors.setdefault(g or "", []).append((pred / meas - 1) * 100)
         print(f"k={k:g}: " + ", ".join(f"{g} {statistics.median(v):+.1f}% ({len(v)})" for g, v in errors.items()))
+    print("k that closes each row (1 + unplaced / Mamba-2 cost priced), median [min, max] (rows), per model and GPU:")
+    needed: dict[tuple[str, str, int], list[float]] = {}
+    for rid, rec in runs.items():
+        g = group(rid)
+        if g not in ("nano", "super", "56b") or not any(q == "tok/s/GPU" for q, *_ in A.predict(rec, A.family(rid))):
+            continue
+        with scaled(0.0):
+            without, *_ = step(rec)
+        pred, _, _, measured = step(rec)
+        key = (g, rec["hardware"]["gpu"].split()[0], A.plan_for(rec, A.family(rid), rec["hardware"]["gpus"]).tp)
+        needed.setdefault(key, []).append(1 + (measured - pred) / (pred - without))
+    for (g, gpu, tp), v in sorted(needed.items()):
+        print(f"  {g:6s} {gpu:6s} TP{tp}  {statistics.median(v):4.1f} [{min(v):4.1f}, {max(v):4.1f}] ({len(v)})")
 
 
 if __name__ == "__main__":
