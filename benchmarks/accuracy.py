@@ -613,11 +613,15 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     if "gpt-oss" in rid:  # gpt_oss_workload_base_configs.py per tag: no preset sets a flex backend or
         # moe_a2a_overlap before v0.4.0 (the provider's alltoall dispatcher); the BF16 V2 presets then give GB200
         # hybridep + moe_a2a_overlap (v0.4.0) or moe_a2a_overlap alone (v0.4.2, v0.5.0), B300 hybridep, B200
-        # hybridep at v0.4.0 only, GB300 neither; the GB MXFP8 V2 presets of v0.5.0 hybridep + overlap
+        # hybridep at v0.4.0 only, GB300 neither; the GB MXFP8 V2 presets of v0.5.0 hybridep + overlap.
+        # The 26.02.01 table (docs/performance-summary.md at cfeddcd94, 2026-03-21) ran B200 / B300 at EP 8, which
+        # no v0.3.1 preset sets (EP 64): it ran the V2 presets of "perf optimizations- GPT-OSS 120B" (PR 2906,
+        # 7260d6214, 2026-03-23, the v0.4.0 state: B200 / B300 EP 8 + hybridep, GB200 hybridep + moe_a2a_overlap)
         mx = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6)
-        flex = (mx and gb) or ("b300" in gpu and not gb and ref >= (26, 4)) \
-            or (ref[:2] == (26, 4) and len(ref) == 2 and ("gb200" in gpu or gpu.startswith("b200")))
-        return flex, (mx_overlap and gb) or ("gb200" in gpu and ref >= (26, 4) and not mx)
+        pr2906 = ref == (26, 2, 1) or (ref[:2] == (26, 4) and len(ref) == 2)
+        flex = (mx and gb) or ("b300" in gpu and not gb and (ref >= (26, 4) or pr2906)) \
+            or (pr2906 and ("gb200" in gpu or gpu.startswith("b200")))
+        return flex, (mx_overlap and gb) or ("gb200" in gpu and (ref >= (26, 4) or pr2906) and not mx)
     return False, False
 
 

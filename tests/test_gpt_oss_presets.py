@@ -6,7 +6,9 @@ v0.4.2 (26.04.01) and v0.5.0 (26.06): the GB300 / B300 BF16 presets set cuda_gra
 recompute_modules instead; no preset sets moe_flex_dispatcher_backend or moe_a2a_overlap before v0.4.0 (the
 provider's alltoall dispatcher, GPTOSSProvider.moe_token_dispatcher_type); the BF16 V2 presets then give GB200
 hybridep + moe_a2a_overlap (v0.4.0) or moe_a2a_overlap alone (v0.4.2, v0.5.0), B300 hybridep, B200 hybridep at
-v0.4.0 only, GB300 neither."""
+v0.4.0 only, GB300 neither. The 26.02.01 table (docs/performance-summary.md at cfeddcd94, 2026-03-21) ran B200 /
+B300 at EP 8, which no v0.3.1 preset sets: it ran PR 2906's V2 presets (7260d6214, "perf optimizations- GPT-OSS
+120B", 2026-03-23: B200 / B300 EP 8 + hybridep, GB200 hybridep + moe_a2a_overlap), the v0.4.0 state."""
 
 import pytest
 
@@ -16,8 +18,10 @@ PREFIX = "mbridge-{rel}-pretrain-gpt-oss-120b-dgx-{gpu}-64gpu-bf16-tp1pp1cp1ep{e
 @pytest.mark.parametrize("rel, gpu, ep, flex, overlap, graphs", [
     ("26.02", "gb200", 64, False, False, "none"),
     ("26.02", "gb300", 64, False, False, "layers"),
-    ("26.02.01", "b200", 8, False, False, "none"),
-    ("26.02.01", "b300", 8, False, False, "layers"),
+    ("26.02.01", "gb200", 64, True, True, "none"),
+    ("26.02.01", "gb300", 64, False, False, "layers"),
+    ("26.02.01", "b200", 8, True, False, "none"),
+    ("26.02.01", "b300", 8, True, False, "layers"),
     ("26.04", "gb200", 64, True, True, "none"),
     ("26.04", "gb300", 64, False, False, "layers"),
     ("26.04", "b200", 8, True, False, "none"),
