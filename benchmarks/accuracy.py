@@ -138,9 +138,10 @@ ASSUMPTIONS = {
                   "the op mode does not); predicts tokens/s per GPU; memory is the allocator's reserved peak, "
                   "reported apart",
     "nemocp": "NeMo's long-sequence table (context parallelism, 4k-1M tokens): Llama 2 7B in fp8 on H100 (NeMo "
-              "24.03), the 'With CP' layouts; as nemo2407 otherwise (distributed optimizer, bf16 gradient buckets, "
-              "sequence parallelism with TP, native fused attention; micro-batch 1 and no recompute, which the "
-              "table does not state); predicts model TFLOP/s per GPU",
+              "24.03), the 'With CP' layouts; attention FlashAttention-2 (the launcher of the 24.03.01 container "
+              "disables cuDNN's fused attention, NVTE_FUSED_ATTN 0: FLASH2_FAMILIES); as nemo2407 otherwise "
+              "(distributed optimizer, bf16 gradient buckets, sequence parallelism with TP; micro-batch 1 and no "
+              "recompute, which the table does not state); predicts model TFLOP/s per GPU",
     "automodel": "NeMo AutoModel's H100 bf16 pre-training table (PyTorch FSDP2 + Transformer Engine): FSDP2 = "
                  "ZeRO-3 with fp32 parameter shards and fp32 gradient reduction (MixedPrecisionPolicy "
                  "reduce_dtype float32), the gradient reduce-scatter in every micro-batch (defer_fsdp_grad_sync "
@@ -845,12 +846,23 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
     return None
 
 
-ATTENTION_RELEASE_2024 = ("nemo2407", "nemocp")
-"""Families whose stack is of 2024 (NeMo 24.03's long-sequence table, NeMo 24.07) and, by id prefix below,
-Megatron-Core r0.8's table: under --attention-releases date read as cuDNN 9.1, the earliest release NVIDIA
-published a Hopper SDPA training rate for (NVIDIA/cudnn-frontend at b740542, May 2024). NeMo 24.03 predates it
-(cuDNN 9.1.0.70 is first in the NGC 24.05 frameworks, e.g. the MXNet / PaddlePaddle 24.05 release notes), so
-for nemocp it is an upper bound (docs/validation.md#attention-release)."""
+FLASH2_FAMILIES = ("mpt", "torchtitan", "nemocp")
+"""Families whose runs' attention is priced as FlashAttention-2 (attention_kernel flash2; why for mpt and
+torchtitan: ASSUMPTIONS). nemocp: NeMo-Framework-Launcher's launcher_scripts/conf/config.yaml sets
+NVTE_FUSED_ATTN: 0 ("Disable cudnn FA until we've tested it more") from 562dcb45 (2024-02-13) through tag
+24.07, the 24.05 tag among them, whose default container is nemo:24.03.01.framework; it was removed in
+a6490ffe / 04b8d098 (tags 24.09 on). Transformer Engine's DotProductAttention then leaves FusedAttention
+(cuDNN) off, although it prefers it on sm90 ("Select FusedAttention on sm90", transformer_engine/pytorch/
+attention.py at da30634, the commit NeMo's 24.03 Dockerfile pins; v1.3 and v1.4 alike), and runs the
+flash-attn package (<= 2.4.2 by TE's setup.py there): under context parallelism AttnFuncWithCP with
+use_fused_attention False, one _flash_attn_varlen_forward call per ring step (docs/validation.md#nemocp-kernel)."""
+
+
+ATTENTION_RELEASE_2024 = ("nemo2407",)
+"""Families whose stack is of 2024 (NeMo 24.07) and, by id prefix below, Megatron-Core r0.8's table: under
+--attention-releases date read as cuDNN 9.1, the earliest release NVIDIA published a Hopper SDPA training rate
+for (NVIDIA/cudnn-frontend at b740542, May 2024) (docs/validation.md#attention-release). NeMo 24.03's
+long-sequence rows (nemocp) ran FlashAttention-2, not cuDNN (FLASH2_FAMILIES)."""
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under
@@ -910,12 +922,12 @@ ATTENTION_RELEASE_MODES = ("off", "date", "newer", "container")
 """How the records' stacks are read onto a published attention release (`--attention-releases`,
 docs/validation.md#attention-release): off (default), every native-kernel Hopper record on the GPU's fitted
 attention_efficiency; date, the 2024 stacks on cuDNN 9.1 and the 2025-26 stacks on 9.19 (the published release
-nearest in date); newer, only the 2025-26 stacks on 9.19 and the 2024 ones on the fitted constant (NeMo 24.03's
-cuDNN 9.0 predates every published Hopper rate). Off by default: with either reading the dense goldens priced
-at the shipped H100 clock (tests/test_cp_short.py: nemocp +33%, the Bridge 405B CP2 row +8.7%) leave their
-tolerance, and no reading brings nemocp within 10% (the measured numbers in docs/validation.md). container: each
-record on the published release nearest at or before the cuDNN of the container its source names
-(CONTAINER_CUDNN), the rest (no container named, or one older than 9.1) on the fitted constant."""
+nearest in date); newer, only the 2025-26 stacks on 9.19 and the 2024 ones on the fitted constant. Off by
+default: with either reading the dense goldens priced at the shipped H100 clock (tests/test_cp_short.py: the
+Bridge 405B CP2 row +8.7%) leave their tolerance (the measured numbers in docs/validation.md; nemocp, +33%
+when it was read as cuDNN, is FlashAttention-2: FLASH2_FAMILIES). container: each record on the published
+release nearest at or before the cuDNN of the container its source names (CONTAINER_CUDNN), the rest (no
+container named, or one older than 9.1) on the fitted constant."""
 attention_release_mode = "off"
 """The mode in force (main sets it from --attention-releases; tests and imports see "off")."""
 
@@ -1014,8 +1026,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
                                     "megascale"),
-        attention_kernel="flash2" if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", "")) else "native",
-        attention_release=None if fam in ("mpt", "torchtitan") or "flash" in str(par.get("attention", ""))
+        attention_kernel="flash2" if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", "")) else "native",
+        attention_release=None if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
         else attention_release_for(rec, fam),
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)

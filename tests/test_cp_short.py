@@ -109,9 +109,13 @@ def test_cp_s_throughput_against_cp1_falls_as_the_sequence_shortens(model_tp, cp
 
 
 @pytest.mark.parametrize("rid, tolerance", [
-    # NVIDIA NeMo docs, Long Sequence Performance, Llama 2 7B fp8 on H100 'With CP' (16k-32k tokens per chunk)
-    ("nemocp-h100-fp8-llama2-7b-s128k-128gpu", 0.06),
-    ("nemocp-h100-fp8-llama2-7b-s1024k-1024gpu", 0.06),
+    # NVIDIA NeMo docs, Long Sequence Performance, Llama 2 7B fp8 on H100 'With CP' (16k-32k tokens per chunk).
+    # FlashAttention-2 (accuracy.FLASH2_FAMILIES) at 0.57 x the shipped attention_efficiency 0.7, which was fitted
+    # while these rows were read as cuDNN: -36% / -40% (docs/validation.md#nemocp-kernel); until it is refitted
+    pytest.param("nemocp-h100-fp8-llama2-7b-s128k-128gpu", 0.06, marks=pytest.mark.xfail(
+        strict=True, reason="shipped attention_efficiency 0.7 was fitted to these rows read as cuDNN")),
+    pytest.param("nemocp-h100-fp8-llama2-7b-s1024k-1024gpu", 0.06, marks=pytest.mark.xfail(
+        strict=True, reason="shipped attention_efficiency 0.7 was fitted to these rows read as cuDNN")),
     # Megatron-Bridge 26.02 performance summary: Llama 3.1 405B FP8-CS on 1,024 H100, TP8 PP8 CP2 at 8k
     # (4k tokens per CP rank: the shortest chunks among published CP runs)
     ("bridge-2602-h100-fp8-cs-llama31-405b-1024gpu-gbs1536", 0.06),
@@ -123,6 +127,20 @@ def test_published_cp_runs(published_runs, acc, rid, tolerance):
     assert rec["parallel"]["cp"] > 1
     (_, pred, meas), *_ = acc.predict(rec, acc.family(rid))
     assert pred == pytest.approx(meas, rel=tolerance)
+
+
+@pytest.mark.parametrize("rid", ["nemocp-h100-fp8-llama2-7b-s128k-128gpu", "nemocp-h100-fp8-llama2-7b-s1024k-1024gpu"])
+def test_nemocp_runs_flash_attention_2_at_its_published_rate(published_runs, acc, rid):
+    # NeMo 24.03's long-sequence rows ran FlashAttention-2 under CP: NeMo-Framework-Launcher's config.yaml sets
+    # NVTE_FUSED_ATTN 0 (tags 24.01-24.07; 24.05's default container is nemo:24.03.01.framework), so Transformer
+    # Engine (attention.py at da30634) calls the flash-attn package in every ring step. Priced at the published
+    # native asymptote (accuracy.PUBLISHED_PRIOR, 0.98: Shah et al. 2024, Figures 5-6) times FA2's published
+    # ratio to it (0.57), the rows lie within 20% of NeMo's measured TFLOP/s per GPU (-14% / -18% at the shipped
+    # clock, docs/validation.md#nemocp-kernel); read as cuDNN at that asymptote they are +36% / +37%.
+    rec = published_runs[rid]
+    assert acc.plan_for(rec, "nemocp", rec["hardware"]["gpus"]).attention_kernel == "flash2"
+    (_, pred, meas), *_ = acc.predict(rec, "nemocp", dict(acc.PUBLISHED_PRIOR))
+    assert pred == pytest.approx(meas, rel=0.20)
 
 
 def test_each_ring_step_launches_its_send_attention_and_merges():
