@@ -101,3 +101,20 @@ def test_slots_are_padded_and_hca_grows_with_the_sequence(s: int) -> None:
     assert float(calls[-1][0]) >= 128 + s / 128
     assert sum(n for _, n in calls) == FLASH.num_hidden_layers
     assert np.isfinite(sum(gather_layer_seconds(FLASH, plan(seq_len=s), GPUS["gb200"])))
+
+
+def test_v4_unquantized_matmuls_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Megatron-LM's DeepSeek-V4: the grouped output projection is a torch.einsum and the compressors / indexer
+    # head weights run under get_fp8_disabled_context (docs/formulas.md#compressed.unquantized)
+    import llmplan.cost.gemm as gemm
+
+    p, g = plan(), GPUS["gb200"]
+    tags = [x.module for x in gemm.layer_gemms(FLASH, p, True)]
+    assert (tags.count("grouped_out"), tags.count("indexer_query"), tags.count("compressor")) == (1, 1, 4)
+    grouped = next(x for x in gemm.layer_gemms(FLASH, p, True) if x.module == "grouped_out")
+    assert grouped.flops == 2 * 4096 * 64 * 512 * 1024  # a·d -> d_g per token: 2·T·a·d·d_g
+    bf16_plan = plan(dtype="bf16", recipe="tensorwise")
+    kept = gemm.layer_gemm_seconds(FLASH, p, g, True)[0], gemm.layer_gemm_seconds(FLASH, bf16_plan, g, True)[0]
+    monkeypatch.setattr(gemm, "UNQUANTIZED_MODULES", frozenset())
+    assert gemm.layer_gemm_seconds(FLASH, p, g, True)[0] < kept[0]
+    assert gemm.layer_gemm_seconds(FLASH, bf16_plan, g, True)[0] == pytest.approx(kept[1])
