@@ -202,14 +202,19 @@ def window_cache_bytes(m: ModelSpec, context: Any, b: float = COMPRESSED_KEY_BYT
 
 
 def hc_memory_bytes(m: ModelSpec) -> float:
-    """HBM bytes per token of one layer's hyper-connections beyond a plain residual, forward, in bf16: per
-    sub-block the pre step reads the n streams once (norm, the fn projection and the weighted collapse,
-    fused: 2nh) and writes the collapsed input (2h); the post step reads the n streams and the sub-block's
-    output and writes the n mixed streams (4nh + 2h), in place of a residual add's 6h. 0 for n = 1.
-    Source: transformers modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward, DeepseekV4DecoderLayer:
-    post * output + comb^T @ streams). Derived: docs/formulas.md#compressed.hyper_connections"""
+    """HBM bytes per token of one layer's hyper-connections beyond a plain residual, in the forward-equivalent
+    units of elementwise_bytes (the stage charges them three times), bf16: per sub-block the mapping kernel (norm
+    and fn projection) reads the n streams (2nh) and the weighted collapse, a kernel of its own, reads them again
+    and writes the collapsed input (2nh + 2h); the post step reads the n streams and the sub-block's output and
+    writes the n mixed streams (4nh + 2h); the backward sums the three consumers' n-stream gradients in one kernel
+    (reads 6nh, writes 2nh), 8nh/3 here; in place of a residual add's 6h. 0 for n = 1.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/hyper_connection.py at 1e23526adc
+    (HyperConnectionModule._forward: BroadcastTensorFused into compute_mappings, aggregate and the fused
+    h_res / h_post bias-dropout-add; BroadcastTensorFused.backward's fused_add_3); transformers
+    modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward). Derived: docs/formulas.md#compressed.hyper_connections"""
     n, h = m.hc_mult, m.hidden_size
-    return 2 * (6.0 * n * h + 4.0 * h - 6.0 * h) if n > 1 else 0.0
+    per_sub_block = 2 * n * h + (2 * n * h + 2 * h) + (4 * n * h + 2 * h) + 8 * n * h / 3 - 6 * h
+    return 2 * per_sub_block if n > 1 else 0.0
 
 
 def hc_activation_bytes(m: ModelSpec) -> float:
