@@ -106,7 +106,7 @@ def test_slots_are_padded_and_hca_grows_with_the_sequence(s: int) -> None:
 def test_v4_unquantized_matmuls_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     # Megatron-LM's DeepSeek-V4: the grouped output projection is a torch.einsum and the compressors / indexer
     # head weights run under get_fp8_disabled_context (docs/formulas.md#compressed.unquantized)
-    import llmplan.cost.gemm as gemm
+    from llmplan.cost import gemm
 
     p, g = plan(), GPUS["gb200"]
     tags = [x.module for x in gemm.layer_gemms(FLASH, p, True)]

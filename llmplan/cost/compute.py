@@ -26,7 +26,6 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     unaligned_bmm_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.sparse_gather import gather_layer_seconds
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
     ALLTOALL_SORT_BYTES,
     EAGER_FC1_BIAS_BYTES,
@@ -83,6 +82,7 @@ from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was 
     nvfp4_quantize_bytes,
     quantize_bytes,
 )
+from llmplan.cost.sparse_gather import gather_layer_seconds
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
