@@ -87,20 +87,24 @@ def compressor_params(m: ModelSpec) -> int:
     return n_csa * csa_compressor_params(m) + n_hca * hca_compressor_params(m)
 
 
-def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float]]:
-    """(K, N, layer share) of the compressors' and indexer's projections over every token of a layer: CSA kv
-    and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head weights (h -> H_I);
-    HCA kv and gate (h -> 2d). Source: transformers modeling_deepseek_v4.py (DeepseekV4CSACompressor,
-    DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear layers)."""
+def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float, bool]]:
+    """(K, N, layer share, quantized) of the compressors' and indexer's projections over every token of a layer:
+    CSA kv and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head weights
+    (h -> H_I); HCA kv and gate (h -> 2d). Only the indexer's query runs in a low-precision recipe's format: the
+    compressors and the head weights are built and run outside the FP8 autocast. Source: transformers
+    modeling_deepseek_v4.py (DeepseekV4CSACompressor, DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear
+    layers); NVIDIA/Megatron-LM experimental_attention_variant/csa.py at 1e23526adc (Compressor._project and
+    CSAIndexer._project_weights under get_fp8_disabled_context; linear_wq_b built without it).
+    Derived: docs/formulas.md#compressed.unquantized"""
     h, d, L = m.hidden_size, m.d_head, m.num_hidden_layers
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
     n_csa, n_hca = compressed_layer_counts(m)
-    out: list[tuple[int, int, float]] = []
+    out: list[tuple[int, int, float, bool]] = []
     if n_csa:
-        out += [(h, 4 * d, n_csa / L), (h, 4 * dI, n_csa / L), (m.q_lora_rank or h, H * dI, n_csa / L),
-                (h, H, n_csa / L)]
+        out += [(h, 4 * d, n_csa / L, False), (h, 4 * dI, n_csa / L, False),
+                (m.q_lora_rank or h, H * dI, n_csa / L, True), (h, H, n_csa / L, False)]
     if n_hca:
-        out += [(h, 2 * d, n_hca / L)]
+        out += [(h, 2 * d, n_hca / L, False)]
     return out
 
 
@@ -198,14 +202,19 @@ def window_cache_bytes(m: ModelSpec, context: Any, b: float = COMPRESSED_KEY_BYT
 
 
 def hc_memory_bytes(m: ModelSpec) -> float:
-    """HBM bytes per token of one layer's hyper-connections beyond a plain residual, forward, in bf16: per
-    sub-block the pre step reads the n streams once (norm, the fn projection and the weighted collapse,
-    fused: 2nh) and writes the collapsed input (2h); the post step reads the n streams and the sub-block's
-    output and writes the n mixed streams (4nh + 2h), in place of a residual add's 6h. 0 for n = 1.
-    Source: transformers modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward, DeepseekV4DecoderLayer:
-    post * output + comb^T @ streams). Derived: docs/formulas.md#compressed.hyper_connections"""
+    """HBM bytes per token of one layer's hyper-connections beyond a plain residual, in the forward-equivalent
+    units of elementwise_bytes (the stage charges them three times), bf16: per sub-block the mapping kernel (norm
+    and fn projection) reads the n streams (2nh) and the weighted collapse, a kernel of its own, reads them again
+    and writes the collapsed input (2nh + 2h); the post step reads the n streams and the sub-block's output and
+    writes the n mixed streams (4nh + 2h); the backward sums the three consumers' n-stream gradients in one kernel
+    (reads 6nh, writes 2nh), 8nh/3 here; in place of a residual add's 6h. 0 for n = 1.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/hyper_connection.py at 1e23526adc
+    (HyperConnectionModule._forward: BroadcastTensorFused into compute_mappings, aggregate and the fused
+    h_res / h_post bias-dropout-add; BroadcastTensorFused.backward's fused_add_3); transformers
+    modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward). Derived: docs/formulas.md#compressed.hyper_connections"""
     n, h = m.hc_mult, m.hidden_size
-    return 2 * (6.0 * n * h + 4.0 * h - 6.0 * h) if n > 1 else 0.0
+    per_sub_block = 2 * n * h + (2 * n * h + 2 * h) + (4 * n * h + 2 * h) + 8 * n * h / 3 - 6 * h
+    return 2 * per_sub_block if n > 1 else 0.0
 
 
 def hc_activation_bytes(m: ModelSpec) -> float:

@@ -47,6 +47,7 @@ from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was thi
     attention_groups,
     attention_head_dims,
     attention_keys,
+    attention_score_flops,
     layer_flops,
     layer_windows,
     logits_flops,
@@ -81,6 +82,7 @@ from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was 
     nvfp4_quantize_bytes,
     quantize_bytes,
 )
+from llmplan.cost.sparse_gather import gather_layer_seconds
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -181,10 +183,24 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
-        return (layer_gemm_seconds(m, plan, gpu, moe), flops.attention / peak_attn,
+        return (layer_gemm_seconds(m, plan, gpu, moe), attention_seconds(m, plan, gpu, flops.attention, peak_attn),
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / gpu.hbm_achieved_bytes_per_s
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
+
+
+def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any, peak_attn: Any) -> Any:
+    """Forward-equivalent seconds of one layer's attention FLOPs (layer_flops(...).attention), one micro-batch:
+    at peak_attn (the dense fused kernel's rate), except DeepSeek-V4's sparse calls under fused attention on a GPU
+    with a published sparse gather rate: their forward and backward (cost.sparse_gather) as three
+    forward-equivalents, since stage_compute charges the attention three times, and only the rest of the FLOPs
+    (the CSA indexers' scores) at peak_attn. Derived: docs/formulas.md#compute.sparse_gather"""
+    dense = attention_flops / peak_attn
+    if not m.compressed_layers or gpu.sparse_gather_efficiency is None:
+        return dense
+    fwd, bwd = gather_layer_seconds(m, plan, gpu)
+    core = attention_score_flops(m, plan, attention_keys(m, plan.seq_len))  # the counted (query, key) pairs
+    return where(plan.flash_attention, (fwd + bwd) / 3 + (attention_flops - core) / peak_attn, dense)
 
 
 def grad_accumulation_bytes(plan: ParallelPlan) -> float:

@@ -104,9 +104,17 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
 
-GemmModule = Literal["attention", "recurrent", "mlp", "shared_expert", "expert", "router", "latent_proj",
-                     "compressor", "hyper_connection"]
+GemmModule = Literal["attention", "grouped_out", "recurrent", "mlp", "shared_expert", "expert", "router",
+                     "latent_proj", "compressor", "indexer_query", "hyper_connection"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
+
+UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor"})
+"""Matmuls Megatron-LM runs in bf16 under every low-precision recipe, outside Transformer Engine's FP8 autocast:
+DeepSeek-V4's grouped output projection (a torch.einsum over the plain linear_o_group_proj parameter, a·d/g ->
+d_g per group) and its compressors' kv / gate and indexer head-weight projections (built and run under
+get_fp8_disabled_context). Source: NVIDIA/Megatron-LM experimental_attention_variant/
+deepseek_v4_hybrid_attention.py (torch.einsum "...gd,grd->...gr") and csa.py at 1e23526adc.
+Derived: docs/formulas.md#compressed.unquantized"""
 
 
 class Gemm(NamedTuple):
@@ -140,12 +148,15 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     roles = ["ag", "rs"] if len(shapes) == 2 else [""] * (len(shapes) - 1) + ["rs"]
     a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
     out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles, strict=True)]
+    if is_v4_attention(m) and m.o_lora_rank:  # DeepSeek-V4's grouped projection, the last but one (attention_shapes)
+        out[-2] = out[-2]._replace(module="grouped_out")
     # 0, 2 or 4 recurrent matmuls (Mamba-2's and the linear attention's in / out projections): roles cut to fit
     out += [Gemm(2 * T * k * n * share, T, n, k, role, "recurrent")
             for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2, strict=False)]
     # DeepSeek-V4's compressors and indexer (their share of the layers) and the two hyper-connection
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
-    out += [Gemm(2 * T * k * n * share, T, n, k, "", "compressor") for k, n, share in compressor_gemm_widths(m)]
+    out += [Gemm(2 * T * k * n * share, T, n, k, "", "indexer_query" if quantized else "compressor")
+            for k, n, share, quantized in compressor_gemm_widths(m)]
     if m.hc_mult > 1:
         nh, w = hc_fn_shape(m)
         out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
@@ -220,7 +231,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
         for i, (f, M, N, K, role, module) in enumerate(gemms):
-            fmt = "bf16" if i in kept else low
+            fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale

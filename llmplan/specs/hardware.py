@@ -99,6 +99,13 @@ class GpuSpec(Spec):
     from that release's published training rate on this GPU or one of the same die and clock: a plan naming
     the release runs attention at it instead of attention_efficiency. Empty: no release published
     (docs/formulas.md#compute.attention_release)."""
+    sparse_gather_efficiency: tuple[Annotated[float, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]] \
+        | None = None
+    """(forward, backward) rate of the index-driven sparse attention kernels DeepSeek-V4 trains with (64 heads,
+    d = 512, 640 slots per query, 4,096 queries), as a fraction of the dense bf16 tensor-core peak at the clock the
+    benchmark sampled: its published TFLOP/s over its peak_mma_tflops (cost.sparse_gather,
+    docs/formulas.md#compute.sparse_gather). None: no published rate; such a GPU prices DeepSeek-V4's attention
+    as the dense fused kernel."""
     unfused_attention_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Achieved fraction of the sustained peak of the unfused attention path's score matmuls (batched QK^T and
     AV over all s x s scores: no causal skipping, so the counted FLOPs are the work done). Not measured: the

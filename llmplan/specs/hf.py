@@ -173,7 +173,9 @@ def _deepseek_v4(cfg: dict[str, Any]) -> dict[str, Any]:
     hash_layers = cfg.get("num_hash_layers")
     if hash_layers is None and isinstance(cfg.get("mlp_layer_types"), list):
         hash_layers = sum(1 for _ in takewhile(lambda k: k == "hash_moe", cfg["mlp_layer_types"]))
-    return {"layer_types": kinds, "shared_key_value": True, "num_hash_layers": int(hash_layers or 0),
+    # qk_norm: every query head RMS-normalised (no weight) after its up-projection, the shared key/value head by
+    # kv_norm (Megatron-LM deepseek_v4_hybrid_attention.py at 1e23526adc: _q_rms_norm, kv_layernorm)
+    return {"layer_types": kinds, "shared_key_value": True, "qk_norm": True, "num_hash_layers": int(hash_layers or 0),
             "hc_mult": int(cfg.get("hc_mult") or 1), "o_groups": cfg.get("o_groups"),
             "o_lora_rank": cfg.get("o_lora_rank"),
             # as given: ModelSpec's fields check them (an int() here would fail on text without naming the key)

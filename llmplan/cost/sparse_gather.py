@@ -1,0 +1,100 @@
+"""DeepSeek-V4's attention core in training: one index-driven (gather) sparse attention call per layer over a
+fixed number of key slots per query, priced at its published kernel rates instead of the dense fused kernel's.
+
+Every DeepSeek-V4 layer, the window-only ones included, runs one sparse call whose per-query index list is the
+128-token window (its positions before the sequence start set to -1) plus, in a CSA layer, the indexer's top-k
+compressed keys (padded to index_topk with -1) and, in an HCA layer, every compressed key; the list is padded to
+a multiple of 64 slots, and every slot is computed (no topk_length is passed), so the work does not shrink with
+the causal prefix. Forward: FlashMLA's flash_mla_sparse_fwd; backward: cuDNN Frontend's DSA sparse attention
+backward (NVIDIA/Megatron-LM experimental_attention_variant/csa.py and csa_kernels.py at 1e23526adc, the
+dsv4_fused_rope_output_alias branch the 26.08 Megatron-Bridge runs use: _forward_fused_no_indexer,
+FusedCSAIndexerSparseAttnFunc, _get_topk_alignment, CSASparseAttnFunc).
+
+Symbols: s tokens of a sequence (s/cp on a rank), b the micro-batch, a query heads (a/t on a rank), d the head
+dimension (key = value), w the window, k = index_topk, m' the HCA compression rate, K the slots of a call,
+k0 the kernel's fixed slots (GATHER_FIXED_SLOTS).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+GATHER_TOPK_ALIGN = 64
+"""Slots a sparse call's index list is padded to a multiple of on SM100 (the head-64 kernels' B_TOPK).
+Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/csa_kernels.py at 1e23526adc
+(_get_topk_alignment: 64 at compute capability >= 10, 128 below). Derived: docs/formulas.md#compute.sparse_gather"""
+
+GATHER_REF_SLOTS = 640
+"""Slots per query at which GpuSpec.sparse_gather_efficiency is measured: DeepSeek-V4-Flash's CSA call, its 512
+indexer keys and 128-token window. Source: NVIDIA/cudnn-frontend benchmark/dsa/configs/deepseek_v4.py
+(DSV4_FLASH: topk 640, indexer_topk 512, 64 heads, d_qk = d_v = 512). Derived: docs/formulas.md#compute.sparse_gather"""
+
+GATHER_FIXED_SLOTS = 140.7
+"""Slots' worth of time a sparse gather call spends per query outside its loop over the slots (the dKV clear
+and convert, the O·dO preprocessing, the pipeline fill and epilogue), so a call of K slots runs at K / (K + k0)
+of the kernel's asymptote. Solved from two published backward times of one kernel on B200 (64 heads, d = 512,
+4,096 queries): top-k 512 in 1.243 ms and 2,048 in 4.168 ms, k0 = (2048 - 512·r) / (r - 1) with r their ratio.
+The same line gives top-k 1,024 within 1% (2.218 against 2.198 ms) and 128 within 9% (0.512 against 0.563).
+Source: NVIDIA/cudnn-frontend benchmark/dsa/README.md ("Sparse Attention Backward", B200 results table).
+Derived: docs/formulas.md#compute.sparse_gather"""
+
+BACKWARD_FLOP_RATIO = 2.5
+"""Backward FLOPs of a sparse gather call over its forward's: five matmuls (the recomputed scores, dV, dP, dQ,
+dK) against two, 2·s·a·K·(3d_qk + 2d_v) against 2·s·a·K·(d_qk + d_v), 2.5 at d_qk = d_v (the count the
+published backward rates use). Source: NVIDIA/cudnn-frontend benchmark/dsa/README.md ("TFLOPS count only the
+gathered rows"). Derived: docs/formulas.md#compute.sparse_gather"""
+
+
+def padded_slots(K: Any) -> Any:
+    """K slots rounded up to GATHER_TOPK_ALIGN. Derived: docs/formulas.md#compute.sparse_gather"""
+    return np.ceil(np.asarray(K, dtype=float) / GATHER_TOPK_ALIGN) * GATHER_TOPK_ALIGN
+
+
+def gather_calls(m: ModelSpec, s: Any) -> list[tuple[Any, int]]:
+    """(slots per query, layers) of the model's sparse calls for a sequence of s tokens: a window-only layer
+    w, a CSA layer w + k (the indexer's list is padded to k whatever s), an HCA layer w + s/m' (every
+    compressed key), each padded to GATHER_TOPK_ALIGN; [] for models without compressed attention.
+    Source: NVIDIA/Megatron-LM csa.py at 1e23526adc (get_window_topk_idxs, get_compress_topk_idxs: s/m' columns;
+    FusedCSAIndexerSparseAttnFunc: indexer_topk passed unclamped so the list is padded to it).
+    Derived: docs/formulas.md#compute.sparse_gather"""
+    if not m.compressed_layers:
+        return []
+    w, k = m.sliding_window or 0, m.index_topk or 0
+    s = np.asarray(s, dtype=float)
+    kinds = (("sliding_attention", w + 0 * s), ("compressed_sparse_attention", w + k + 0 * s),
+             ("heavily_compressed_attention", w + np.floor(s / m.compress_rate_hca)))
+    return [(padded_slots(K), m.count_layers(kind)) for kind, K in kinds if m.count_layers(kind)]
+
+
+def gather_rate_ratio(K: Any) -> Any:
+    """A sparse gather call's rate at K slots per query over its rate at GATHER_REF_SLOTS:
+    [K/(K + k0)] / [K_ref/(K_ref + k0)]. Derived: docs/formulas.md#compute.sparse_gather"""
+    K = np.asarray(K, dtype=float)
+    ref = GATHER_REF_SLOTS / (GATHER_REF_SLOTS + GATHER_FIXED_SLOTS)
+    return K / (K + GATHER_FIXED_SLOTS) / ref
+
+
+def gather_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(forward, backward) seconds of the mean layer's sparse gather call, one micro-batch, one rank: per call
+    2·(s/cp)·b·(a/t)·K·(d_qk + d_v) forward FLOPs and BACKWARD_FLOP_RATIO times that backward, at the GPU's
+    sustained bf16 peak x GpuSpec.sparse_gather_efficiency (forward, backward) x gather_rate_ratio(K), summed
+    over the layers and divided by their number. Derived: docs/formulas.md#compute.sparse_gather"""
+    eff = gpu.sparse_gather_efficiency
+    if eff is None:
+        raise ValueError(f"{gpu.name} lists no sparse gather attention rate (GpuSpec.sparse_gather_efficiency)")
+    q = plan.seq_len / plan.cp * plan.micro_batch * m.num_attention_heads / plan.tp  # (query, head) pairs
+    per_slot = 2.0 * q * 2 * m.d_head  # forward FLOPs per slot: QK^T and PV at d_qk = d_v = d
+    peak = gpu.sustained_flops("bf16")
+    fwd = bwd = 0.0
+    for K, n in gather_calls(m, plan.seq_len):
+        rate = peak * gather_rate_ratio(K)
+        fwd = fwd + n * per_slot * K / (rate * eff[0])
+        bwd = bwd + n * BACKWARD_FLOP_RATIO * per_slot * K / (rate * eff[1])
+    L = m.num_hidden_layers
+    return fwd / L, bwd / L
