@@ -11,7 +11,9 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
+from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS
 from llmplan.cost.stages import recomputed_share
+from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
@@ -91,37 +93,90 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
 
 
 def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                      layers: Any = 1) -> Any:
+                      layers: Any = 1, m: ModelSpec | None = None) -> Any:
     """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
     backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
     so their times add before the window hides them. Switching an overlap off exposes that collective. Each
     layer is gathered and reduced on its own (one FSDP unit per layer of the stage's `layers`): the first
     layer's forward gather has no compute before it and the last layer's reduce-scatter none after it, so
-    those two are exposed even with overlap.
+    those two are exposed even with overlap. Per tensor (DeepSpeed stage 3 of 2021, zero3_unit tensor, with
+    the model `m`), only the prefetched share of each pass's gathers can hide, and the backward skips the kept
+    share (zero3_tensor_shares).
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
     n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
-    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (zero3_gathers(plan, layers) * n), 0.0)
-    ag_b = ag * (zero3_gathers(plan, layers) - 1)  # the backward's gather, and a per-tensor recompute's
+    kept, pre_f, pre_r, pre_b = zero3_tensor_shares(m) if m is not None else (0.0, 1.0, 1.0, 1.0)
+    tensor, r = plan.zero3_unit == "tensor", recomputed_share(plan, layers)
+    kept = where(tensor, kept, 0.0)
+    pre_f, pre_b = where(tensor, pre_f, 1.0), where(tensor, r * pre_r + (1 - r) * pre_b, 1.0)
+    gathers = zero3_gathers(plan, layers, kept)
+    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (gathers * n), 0.0)
+    ag_b = ag * (gathers - 1)  # the backward's gather, and a per-tensor recompute's
     rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
     edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
-    hide_f = where(plan.overlap_param_gather, ag * edge, 0.0)
-    hide_b = where(plan.overlap_param_gather, ag_b, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
+    hide_f = where(plan.overlap_param_gather, ag * edge * pre_f, 0.0)
+    hide_b = where(plan.overlap_param_gather, ag_b * pre_b, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
     host = where((plan.zero >= 3) & flat, comm.dp_host / n, 0.0)  # serial with the GPU (zero3_host_seconds)
     return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag_b + rs - hide_b) + overlap(hide_b, backward,
                                                                                              kappa) + host
 
 
-def zero3_gathers(plan: ParallelPlan, layers: Any) -> Any:
+def zero3_gathers(plan: ParallelPlan, layers: Any, kept: Any = 0.0) -> Any:
     """ZeRO-3 all-gathers of the weights per micro-batch: forward and backward; per tensor (plan.zero3_unit),
     the recompute forward of the stage's recomputed layers gathers again, as each module's weights are
     released after its forward (DeepSpeed stage 3 of 2021: release_sub_module after every forward, the
-    forward pre-hook fetching again; a 175B layer's tensors are farther apart than the default
-    stage3_max_reuse_distance keeps). Source: microsoft/DeepSpeed v0.3.13 runtime/zero/stage3.py
+    forward pre-hook fetching again), but the `kept` share of a layer's weights (zero3_tensor_shares) stays
+    gathered from its recompute forward to its backward, which then gathers only the rest.
+    Source: microsoft/DeepSpeed v0.3.13 runtime/zero/stage3.py
     (pre_sub_module_forward_function / post_sub_module_forward_function, PartitionedParameterCoordinator).
     Derived: docs/formulas.md#comm.zero3_unit"""
-    return 2 + where(plan.zero3_unit == "tensor", recomputed_share(plan, layers), 0.0)
+    return 2 + where(plan.zero3_unit == "tensor", recomputed_share(plan, layers) * (1 - kept), 0.0)
+
+
+ZERO3_MAX_REUSE_DISTANCE = 1e9
+"""DeepSpeed's stage3_max_reuse_distance default in elements (deepspeed/runtime/zero/constants.py at v0.3.13 ..
+v0.4.0): a released module's weights stay gathered when fewer elements are used before their next use."""
+
+
+def zero3_layer_tensors(m: ModelSpec) -> tuple[float, float, float, float]:
+    """Elements of the four weight tensors of a Megatron-LM layer that ZeRO-3 gathers one at a time, in forward
+    order: the fused query_key_value, the attention output dense, dense_h_to_4h (both halves when gated) and
+    dense_4h_to_h. Derived: docs/formulas.md#comm.zero3_unit"""
+    h, f = m.hidden_size, m.intermediate_size
+    a = m.num_attention_heads
+    kv = m.num_key_value_heads or a
+    d = m.head_dim or h // a
+    return (float(h * (a + 2 * kv) * d), float(a * d * h), float(h * f * (2 if m.gated_mlp else 1)), float(f * h))
+
+
+def zero3_tensor_shares(m: ModelSpec) -> tuple[float, float, float, float]:
+    """DeepSpeed stage 3 of 2021 per tensor, shares of a layer's gathered elements: (kept, prefetched in the
+    forward, prefetched in a recomputed layer's backward, prefetched in a plain backward).
+    Kept: tensor j is kept from its recompute forward to its backward when the elements used in between, the
+    later tensors' recompute forward and backward (2 x their sum), are under stage3_max_reuse_distance
+    (_keep_for_later); the layer's last weight always is. Prefetched: the next tensor is gathered ahead, beside
+    the current module's compute, only while the tensor just fetched is under stage3_max_live_parameters
+    (prefetch_next_sub_modules: total_available_parameter_numel < max_available_parameters_in_numel); the others
+    wait for their own gather. Source: microsoft/DeepSpeed v0.3.13 .. v0.4.0 runtime/zero/stage3.py
+    (PartitionedParameterCoordinator, PrefetchCoordinator), constants.py (both defaults 1e9).
+    Derived: docs/formulas.md#comm.zero3_unit"""
+    t = zero3_layer_tensors(m)
+    kept = [2 * sum(t[j + 1:]) < ZERO3_MAX_REUSE_DISTANCE for j in range(len(t))]
+    rev = t[::-1]
+    share = [sum(n for n, k in zip(t, kept) if k) / sum(t),
+             _prefetched(t, (True,) * len(t)),
+             _prefetched(t + rev, (True,) * len(t) + tuple(not k for k in kept[::-1])),
+             _prefetched(rev, (True,) * len(t))]
+    return share[0], share[1], share[2], share[3]
+
+
+def _prefetched(seq: tuple[float, ...], gathered: tuple[bool, ...]) -> float:
+    """Share of the gathered elements of one layer's fetch sequence `seq` (repeating layer after layer) that
+    are prefetched: those fetched after a tensor under stage3_max_live_parameters."""
+    total = sum(n for n, g in zip(seq, gathered) if g)
+    ahead = sum(n for i, (n, g) in enumerate(zip(seq, gathered)) if g and seq[i - 1] < ZERO3_MAX_LIVE_PARAMS)
+    return ahead / total if total else 1.0
 
 
 def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:

@@ -278,7 +278,7 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
-        z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers)
+        z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
