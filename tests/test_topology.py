@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.comm import dp_transfers, pp_transfers, step_comm, tp_transfers
+from llmplan.cost.comm import dp_step_calls, dp_transfers, pp_transfers, step_comm, tp_transfers, transfer_seconds
 from llmplan.cost.params import rank_params
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
-from llmplan.topology.collectives import bus_factor, collective_time
+from llmplan.topology.collectives import bus_factor, collective_coeffs, collective_time, group_links
 from llmplan.topology.graph import build_graph
 from llmplan.topology.placement import place, rank_grid, span_of_ranks
 from llmplan.units import GIB
@@ -88,7 +90,9 @@ def test_dp_volume_per_step():
     assert zero1 == pytest.approx((4 * P + 2 * P) * (n - 1) / n)
     # DeepSpeed's BF16_Optimizer under its pipeline engine: all-reduce of the fp32 gradients, then the gather
     # (microsoft/DeepSpeed runtime/pipe/engine.py _bf16_reduce_grads; bf16_optimizer.py update_lp_params)
-    whole = plan.model_copy(update={"zero": 1, "grad_reduce": "all-reduce"})
+    # (its pipeline engine reduces and gathers after the last backward, beside no compute: no overlap, no buckets)
+    whole = plan.model_copy(update={"zero": 1, "grad_reduce": "all-reduce", "overlap_grad_reduce": False,
+                                    "overlap_param_gather": False})
     calls = {x.collective: x.calls for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"])[:3]}
     assert calls == {"all-reduce": 1, "reduce-scatter": 0, "all-gather": 1}
     zero1_whole = sum(x.bytes for x in dp_transfers(m, whole, spans["dpcp"], spans["edp"]))
@@ -373,3 +377,33 @@ def test_more_nics_than_gpus_gives_each_gpu_its_nics(cli, tmp_path):
     path.write_text("base: dgx-h100\nname: p5en-like\nnics_per_node: 16\nnic_gbit_per_s: 200\n")
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", path, "--nodes", "2", "--dp", "16")
     assert r.code == 0, r.err
+
+
+def test_dp_reduction_pays_one_ring_latency_per_bucket():
+    """Megatron-Core cuts the first model chunk's gradients into buckets of max(40M, 1M x dp) parameters when it
+    overlaps, one NCCL call each (training.py get_model, bucket_size; later chunks one bucket, disable_bucketing),
+    and issues one call per chunk without the overlap: the same bytes, one ring latency per call
+    (docs/formulas.md#comm.dp_bucket)."""
+    m = M["llama-3.1-70b"]
+    cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=48)
+    plan = ParallelPlan(tp=8, dp=48, zero=1, global_batch=48)
+    spans = place(plan.degrees, cluster)
+    P = rank_params(m, plan, 0).dense
+    bucket = max(40e6, 1e6 * 48)
+    sync = plan.model_copy(update={"overlap_grad_reduce": False, "overlap_param_gather": False})
+    rs = {p: next(x for x in dp_transfers(m, p, spans["dpcp"], spans["edp"]) if x.collective == "reduce-scatter")
+          for p in (plan, sync)}
+    assert rs[plan].calls == math.ceil(P / bucket) > 100 and rs[sync].calls == 1
+    assert rs[plan].bytes == pytest.approx(rs[sync].bytes)  # the same bytes, in more calls
+    alpha = min(collective_coeffs("reduce-scatter", spans["dpcp"], SYS["dgx-h100"]),
+                key=lambda c: c.seconds(rs[plan].message)).alpha
+    hop = group_links(SYS["dgx-h100"], spans["dpcp"]).inter_alpha  # 48 nodes span two leaves: via the spine
+    assert alpha == pytest.approx(47 * hop)  # one GPU per node in the ring: 47 network steps
+    extra = transfer_seconds(rs[plan], SYS["dgx-h100"]) - transfer_seconds(rs[sync], SYS["dgx-h100"])
+    assert extra == pytest.approx((rs[plan].calls - 1) * alpha)
+    # interleaved over v chunks: the first chunk in buckets, each later one a call of its own
+    inter = ParallelPlan(tp=8, pp=2, vpp=5, dp=24, zero=1, global_batch=48)
+    params = rank_params(m, inter, 0).dense
+    calls = dp_step_calls(inter, params, True)
+    assert calls == math.ceil(params / 5 / max(40e6, 24e6)) + 4
+    assert dp_step_calls(inter, params, False) == 5

@@ -27,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import CommSeconds, zero3_gathers, zero3_tensor_shares
+from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSeconds, zero3_gathers, zero3_tensor_shares
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -299,12 +299,33 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     kept = where(plan.zero3_unit == "tensor", zero3_tensor_shares(m)[0], 0.0)  # kept for the backward
     gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, kept) * n * u, where(z >= 1, 1, 0))
     host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
+    megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
-        out += [Transfer("all-reduce", where(whole, 1, 0), g * params, group),
-                Transfer("reduce-scatter", reduce_calls, g * params / u, group, host_s=where(params > 0, host, 0.0)),
-                Transfer("all-gather", gather_calls, w * params / u, group, host_s=where(params > 0, host, 0.0))]
+        b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
+        b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
+        out += [Transfer("all-reduce", where(whole, b_r, 0), g * params / b_r, group),
+                Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
+                         host_s=where(params > 0, host, 0.0)),
+                Transfer("all-gather", gather_calls * b_g, w * params / u / b_g, group,
+                         host_s=where(params > 0, host, 0.0))]
     return out
+
+
+def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
+    """NCCL calls that one step's gradient reduction (or weight gather) of the first stage's `params` splits into,
+    each paying its ring's latency: Megatron-Core's DDP issues one collective per bucket and model chunk. With the
+    overlap on, the first model chunk of the first pipeline stage is cut into buckets of max(40M, 1M x dp·cp)
+    parameters (BUCKET_PARAMS) and each later chunk is one bucket; without it, one per chunk. Source:
+    Megatron-LM megatron/training/training.py (get_model: bucket_size = max(40000000, 1000000 x dp) "to ensure
+    that chunks used in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than
+    latency-bound", None without overlap_grad_reduce; disable_bucketing for model chunks after the first),
+    megatron/core/distributed/distributed_data_parallel.py (no bucketing past pipeline stage 0).
+    Derived: docs/formulas.md#comm.dp_bucket"""
+    v = plan.vpp
+    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+    first = where(overlapped, np.ceil(params / v / bucket), 1)
+    return maximum(first, 1) + (v - 1)
 
 
 def zero3_host_seconds(plan: ParallelPlan) -> Any:
