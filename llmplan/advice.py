@@ -12,6 +12,7 @@ from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
+from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.units import GIB
 
@@ -119,7 +120,7 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
     for k, v in change.items():
         if k in ("pp_layers", "pp_layout"):
             continue
-        out += _flag(names.get(k, k), v)
+        out += _flag(names.get(k, k.replace("_", "-")), v)
     if {"micro_batch", "dp", "tp", "cp", "pp"} & set(change):  # the CLI's default global batch follows them
         out += ("--global-batch", str(base.global_batch))
     return out
@@ -136,6 +137,8 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
             plan = type(e.plan).model_validate(plan.model_dump())
         except ValueError:
             continue
+        reset = unused_switches(plan)  # a switch the change leaves without its axis (zero3_unit at zero 1) goes too
+        change, plan = {**change, **reset}, plan.model_copy(update=reset)
         if plan == e.plan or check_plan(e.model, plan, e.cluster):
             continue
         try:

@@ -20,6 +20,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
+from llmplan.specs.check_switches import SWITCH_USES, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -260,7 +261,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    for rule in RULES:
+    held = {u.name for u in SWITCH_USES}  # switches that act on some plans only: kept, checked below
+    for rule in (r for r in RULES if r.name not in held):
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
         ok = np.asarray(ok, dtype=bool)
@@ -279,6 +281,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
+    unused_switches(m, plans)
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
@@ -330,6 +333,18 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
+
+
+def unused_switches(m: ModelSpec, plans: PlanArrays) -> None:
+    """Refuse a switch of SWITCH_USES the workload sets that none of the plans left by the rules can use (zero3_unit
+    tensor with --zero 1 pinned, ep_comm_overlap with --ep 1): it would silently do nothing. Where some plans use
+    it, the others keep it and price as without it (they show with its default: check_switches.settle)."""
+    for u in SWITCH_USES:
+        if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
+            continue
+        if u.given(plans.w) and not np.any(u.uses(plans)):
+            raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: "
+                               f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:
@@ -394,8 +409,8 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
         for pp in (p for p in range(1, min(m.num_hidden_layers, n // tp) + 1) if (n // tp) % p == 0):
             first, last = balanced_split(m.num_hidden_layers, pp)
             dp = n // (tp * pp)
-            plan = w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1, zero=1 if dp > 1 else 0,
-                          recompute=recompute, micro_batch=1)
+            plan = settle(w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1,
+                                 zero=1 if dp > 1 else 0, recompute=recompute, micro_batch=1))
             if check_plan(m, plan, cluster):
                 continue
             gpu = cluster.system.gpu
