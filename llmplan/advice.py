@@ -120,7 +120,7 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
     for k, v in change.items():
         if k in ("pp_layers", "pp_layout"):
             continue
-        out += _flag(names.get(k, k.replace("_", "-")), v)
+        out += _flag(names.get(k, k), v)
     if {"micro_batch", "dp", "tp", "cp", "pp"} & set(change):  # the CLI's default global batch follows them
         out += ("--global-batch", str(base.global_batch))
     return out
@@ -137,8 +137,10 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
             plan = type(e.plan).model_validate(plan.model_dump())
         except ValueError:
             continue
-        reset = unused_switches(plan)  # a switch the change leaves without its axis (zero3_unit at zero 1) goes too
-        change, plan = {**change, **reset}, plan.model_copy(update=reset)
+        reset = unused_switches(plan)  # a switch the change leaves without its axis (tp_impl at tp 1) goes too
+        if reset:
+            plan = plan.model_copy(update=reset)
+            why += f" (and drop {', '.join('--' + k.replace('_', '-') for k in reset)}, which would do nothing then)"
         if plan == e.plan or check_plan(e.model, plan, e.cluster):
             continue
         try:

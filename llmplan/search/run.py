@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
-from llmplan.specs.check_switches import SWITCH_USES, settle
+from llmplan.specs.check_switches import SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -238,11 +238,13 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
-           checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None) -> SearchResult:
+           checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
+           named: Collection[str] = ()) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
-    (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it)."""
+    (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
+    the switches the user named (check_switches.named_switch_violations)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -281,7 +283,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
-    unused_switches(m, plans)
+    unused_switches(m, plans, named)
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
@@ -335,14 +337,20 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
-def unused_switches(m: ModelSpec, plans: PlanArrays) -> None:
-    """Refuse a switch of SWITCH_USES the workload sets that none of the plans left by the rules can use (zero3_unit
-    tensor with --zero 1 pinned, ep_comm_overlap with --ep 1): it would silently do nothing. Where some plans use
-    it, the others keep it and price as without it (they show with its default: check_switches.settle)."""
+def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] = ()) -> None:
+    """Refuse a switch of SWITCH_USES the workload sets (or the user `named`, the default value included) that
+    none of the plans left by the rules can use (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with
+    --ep 1), and a named MoE switch on a dense model: it would silently do nothing. Where some plans use it, the
+    others keep it and price as without it (they show with its default: check_switches.settle)."""
+    dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named)
+             if v.rule == "moe_switches_dense"]
+    if dense:
+        raise LlmplanError(f"the search's switches break a rule: {dense[0].message}")
     for u in SWITCH_USES:
         if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
             continue
-        if u.given(plans.w) and not np.any(u.uses(plans)):
+        asked = u.given(plans.w) or any(asks_for(plans.w, f, named) for f in u.fields)
+        if asked and not np.any(u.uses(plans)):
             raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: "
                                f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")
 

@@ -9,14 +9,14 @@ expert rules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 
 from llmplan.cost.offload import host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.specs.rule import Rule, as_bool
+from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.units import GIB
 
 
@@ -93,6 +93,11 @@ def _flags(names: list[str]) -> str:
     return ", ".join("--" + x.split()[0].replace("_", "-") for x in names)
 
 
+def _dense_message(m: ModelSpec, names: list[str]) -> str:
+    return (f"{', '.join(names)}: {'these switches act' if len(names) > 1 else 'it acts'} on mixture-of-experts "
+            f"layers, and {m.name} is dense; drop {_flags(names)}")
+
+
 @dataclass(frozen=True)
 class SwitchUse:
     """A switch that acts only on plans with some axis (ZeRO-3, TP with sequence parallelism, pipeline stages,
@@ -164,6 +169,30 @@ def unused_switches(plan: ParallelPlan) -> dict[str, Any]:
     """The switches of SWITCH_USES that `plan` sets but does nothing with, each at its default (field -> value)."""
     return {f: ParallelPlan.model_fields[f].default for u in SWITCH_USES
             if u.given(plan) and not bool(u.uses(plan)) for f in u.fields}
+
+
+MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_capacity_factor",
+                "ep_comm_overlap")
+"""The training switches that act on expert layers only (rule moe_switches_dense)."""
+
+
+def asks_for(p: Any, field: str, named: Collection[str]) -> bool:
+    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset)."""
+    return field in named and getattr(p, field) is not False and getattr(p, field) is not None
+
+
+def named_switch_violations(m: ModelSpec, plan: ParallelPlan, named: Collection[str]) -> list[Violation]:
+    """The rules above on the switches the user named (`named`: ParallelPlan fields given on the command line),
+    at whatever value, the default included: --zero3-unit layer with --zero 1, --expert-gemm grouped on a dense
+    model ask for something the plan does not do, which check_plan, seeing only values away from the defaults,
+    cannot tell. A switch turned off (--no-ep-comm-overlap) asks for nothing: never refused here."""
+    def asks(f: str) -> bool:
+        return asks_for(plan, f, named)
+
+    dense = [f"{f} {getattr(plan, f)}" for f in MOE_SWITCHES if asks(f)] if not m.is_moe else []
+    out = [Violation("moe_switches_dense", _dense_message(m, dense))] if dense else []
+    return out + [Violation(u.name, u.message(plan)) for u in SWITCH_USES
+                  if not (u.moe and not m.is_moe) and any(asks(f) for f in u.fields) and not bool(u.uses(plan))]
 
 
 def settle(plan: ParallelPlan) -> ParallelPlan:
@@ -285,8 +314,7 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
          needs_cluster=True),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
-         lambda m, p, c: f"{', '.join(_moe_switches(p))}: {'these switches act' if len(_moe_switches(p)) > 1 else 'it acts'} "
-                         f"on mixture-of-experts layers, and {m.name} is dense; drop {_flags(_moe_switches(p))}"),
+         lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")
          | (not m.is_moe),
          lambda m, p, c: f"moe_dispatch_sms {p.moe_dispatch_sms} with moe_dispatcher {p.moe_dispatcher}: the SMs are "

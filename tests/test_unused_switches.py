@@ -1,0 +1,146 @@
+"""A switch the user sets never silently does nothing: a switch that acts only on a plan axis (ZeRO-3, TP with
+sequence parallelism, pipeline stages, expert parallelism) or a model feature (expert layers) is refused in one
+line with exit code 2 where the plan lacks it (check_switches: SWITCH_USES, moe_switches_dense, ...), and the
+search keeps the plans without the axis, priced as without the switch, refusing only when none can use it."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.comm import comm_seconds, step_comm
+from llmplan.cost.memory import training_memory
+from llmplan.cost.step import step_time
+from llmplan.search.grid import Workload, default_space
+from llmplan.search.run import search
+from llmplan.specs.check import check_plan
+from llmplan.specs.check_switches import SWITCH_USES, settle
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.topology.placement import place
+
+DENSE = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64")
+MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2",
+       "--global-batch", "64")
+
+
+@pytest.mark.parametrize("args, needles", [
+    # what is wrong and the values; the rule; the fix
+    ((*DENSE, "--zero", "1", "--zero3-unit", "tensor"),
+     ("zero3_unit tensor with zero 1", "only ZeRO-3 gathers the weights", "use --zero 3 or drop --zero3-unit")),
+    # named at its default: still asks for something the plan does not do
+    ((*DENSE, "--zero", "2", "--zero3-unit", "layer"),
+     ("zero3_unit layer with zero 2", "use --zero 3 or drop --zero3-unit")),
+    ((*DENSE, "--expert-gemm", "per-expert"),
+     ("expert_gemm per-expert", "mixture-of-experts layers, and llama-3.1-8b is dense", "drop --expert-gemm")),
+    ((*DENSE, "--expert-gemm", "grouped"), ("expert_gemm grouped", "is dense", "drop --expert-gemm")),
+    ((*DENSE, "--moe-dispatcher", "deepep", "--ep-comm-overlap"),
+     ("moe_dispatcher deepep, ep_comm_overlap", "is dense", "drop --moe-dispatcher, --ep-comm-overlap")),
+    ((*DENSE, "--moe-capacity-factor", "1.25"), ("moe_capacity_factor 1.25", "is dense")),
+    ((*MOE, "--ep-comm-overlap"), ("ep_comm_overlap with ep 1", "raise --ep or drop --ep-comm-overlap")),
+    ((*MOE, "--moe-routing", "contiguous"), ("moe_routing contiguous with ep 1", "drop --moe-routing")),
+    ((*MOE, "--ep", "8", "--moe-dispatch-sms", "24"),
+     ("moe_dispatch_sms 24 with moe_dispatcher alltoall", "add --moe-dispatcher deepep or drop --moe-dispatch-sms")),
+    ((*DENSE, "--fp8-params"), ("fp8_params with dtype bf16", "give an fp8 or fp4 --precision, or drop --fp8-params")),
+    ((*DENSE, "--zero", "1", "--fp32-param-shards"),
+     ("fp32_param_shards with zero 1", "use --zero 3 or drop --fp32-param-shards")),
+    ((*DENSE, "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1 and sp off", "drop --tp-impl")),
+    ((*DENSE, "--tp", "2", "--no-sp", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 2 and sp off",)),
+    ((*DENSE, "--pp-schedule", "zero-bubble"),
+     ("pp_schedule zero-bubble with pp 1", "use --pp 2 or more or drop --pp-schedule")),
+    ((*DENSE, "--tp", "2", "--pp", "2", "--pp-scatter-gather"),
+     ("pp_scatter_gather with tp 2, pp 2, sp on", "drop --pp-scatter-gather")),
+])
+def test_switch_without_what_it_acts_on_exits_2_with_one_line(cli, args, needles):
+    r = cli(*args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "the plan breaks a rule:" in lines[0]
+    for needle in needles:
+        assert needle in lines[0], r.err
+
+
+@pytest.mark.parametrize("args", [
+    (*DENSE, "--zero", "3", "--zero3-unit", "tensor", "--fp32-param-shards"),
+    (*DENSE, "--no-ep-comm-overlap"),  # a switch turned off asks for nothing
+    (*DENSE, "--tp", "2", "--tp-impl", "dtensor"),
+    (*MOE, "--ep", "8", "--ep-comm-overlap", "--moe-routing", "contiguous"),
+])
+def test_switch_with_what_it_acts_on_runs(cli, args):
+    r = cli(*args)
+    assert r.code == 0, r.err
+
+
+M, SYSTEMS = builtin_models(), builtin_systems()
+ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "pp_scatter_gather": True,
+      "pp_schedule": "zero-bubble", "ep_comm_overlap": True, "moe_routing": "contiguous"}
+"""A value away from the default for every field of SWITCH_USES."""
+BASES = [("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1)), ("llama-3.1-8b", 2, dict(tp=2, pp=2, dp=4, sp=True)),
+         ("llama-3.1-8b", 2, dict(tp=2, pp=1, dp=8, sp=False, zero=2)), ("llama-3.1-8b", 2, dict(tp=1, pp=2, dp=8)),
+         ("mixtral-8x7b", 2, dict(tp=2, pp=2, dp=4, ep=1, sp=True, zero=1, recompute="full")),
+         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=1, zero=3))]
+
+
+def _priced(m, cluster, plan):
+    gpu = cluster.system.gpu
+    mem = training_memory(m, plan, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms)
+    comm = step_comm(m, plan, place(plan.degrees, cluster), cluster.system)
+    return float(mem.total), float(step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank).total)
+
+
+@pytest.mark.parametrize("use", SWITCH_USES, ids=lambda u: u.name)
+@pytest.mark.parametrize("model, nodes, axes", BASES)
+def test_a_switch_without_its_axis_prices_as_without_it(use, model, nodes, axes):
+    """What makes the refusal and the search's settling right: on a plan without the axis the switch changes
+    neither memory nor step time (the rule's predicate agrees with the cost model)."""
+    m, cluster = M[model], ClusterSpec(system=SYSTEMS["dgx-h100"], num_nodes=nodes)
+    plan = ParallelPlan(global_batch=64, seq_len=4096, **axes)
+    on = plan.model_copy(update={f: ON[f] for f in use.fields})
+    if bool(use.uses(on)):
+        pytest.skip("the plan has the axis")
+    assert _priced(m, cluster, on) == _priced(m, cluster, plan)
+    assert settle(on) == plan and not check_plan(m, plan, cluster)
+    rule = "moe_switches_dense" if use.moe and not m.is_moe else use.name
+    assert [v.rule for v in check_plan(m, on, cluster)] == [rule]
+
+
+def test_search_keeps_plans_without_the_axis_and_shows_them_settled():
+    """--zero3-unit tensor in a search: ZeRO 0-2 plans stay (priced as they run) and show zero3_unit layer;
+    the ZeRO-3 plans gather per tensor."""
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=SYSTEMS["dgx-h100"], num_nodes=1)
+    w = Workload(global_batch=256, seq_len=4096, zero3_unit="tensor")
+    res = search(m, cluster, default_space(m, cluster, w, {"tp": 1, "pp": 1, "cp": 1}), w, top=10)
+    zeros = {e.plan.zero for e in res.ranked + res.pareto}
+    assert zeros - {3}, zeros
+    for e in res.ranked + res.pareto:
+        assert e.plan.zero3_unit == ("tensor" if e.plan.zero == 3 else "layer")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("--zero", "1", "--zero3-unit", "tensor"), ("none of the", "plans searched can use it", "zero3_unit tensor with zero 1")),
+    (("--zero", "2", "--zero3-unit", "layer"), ("zero3_unit layer with zero 2",)),
+    (("--tp", "1", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1",)),
+    (("--expert-gemm", "per-expert"), ("moe_switches_dense", "llama-3.1-8b is dense")),
+    (("--expert-gemm", "grouped"), ("expert_gemm grouped", "llama-3.1-8b is dense")),
+])
+def test_search_says_when_no_plan_can_use_a_switch(cli, args, needles):
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--pp", "1", "--cp", "1", *args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    for needle in needles:
+        assert needle in lines[0], r.err
+
+
+def test_advice_drops_a_switch_its_change_leaves_without_its_axis(monkeypatch):
+    """A DTensor-TP plan advised to halve TP to 1: the changed plan is priced without tp_impl (which would do
+    nothing at tp 1, and which check_plan refuses there) and the advice says to drop --tp-impl."""
+    import llmplan.advice as advice
+    from llmplan.estimate import estimate_training
+
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=SYSTEMS["dgx-h100"], num_nodes=1)
+    plan = ParallelPlan(tp=2, dp=4, sp=True, tp_impl="dtensor", zero=2, global_batch=64, seq_len=4096)
+    change = {"tp": 1, "dp": 8, "sp": False}
+    monkeypatch.setattr(advice, "training_candidates", lambda e: [("fewer TP ranks run larger GEMMs", change)])
+    items = [a for a in advice.advise_training(estimate_training(m, cluster, plan)) if "TP ranks" in a.change]
+    want = estimate_training(m, cluster, plan.model_copy(update={**change, "tp_impl": "megatron"}))
+    assert len(items) == 1 and "drop --tp-impl" in items[0].change, items
+    assert items[0].predicted["tokens_per_s"] == pytest.approx(float(want.throughput.tokens_per_s))
