@@ -198,29 +198,6 @@ def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.nda
     return cut[np.lexsort(keys)]
 
 
-def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int,
-                        layout: np.ndarray | None = None) -> tuple[list[int], list[int]]:
-    """The first `top` distinct predictions of a ranking and how many equivalent plans each stands for: plans
-    whose predicted score agrees to 1e-4 with a shown one and whose memory agrees to 0.05 GiB, or whose
-    `layout` row (every axis but the ZeRO stage) is the same, count as that one (the first, preferred one:
-    same time at a higher ZeRO stage is the same plan with more shards, e.g. ZeRO-1 and ZeRO-3 under a
-    pipeline, which gather and reduce once per step alike)."""
-    picked: list[int] = []
-    counts: list[int] = []
-    for i in order:
-        twin = next((k for k, j in enumerate(picked) if equivalent(
-            score[i], float(score[j]), memory[i], float(memory[j]),
-            layout is not None and np.array_equal(layout[i], layout[j]))), None)
-        if twin is not None:
-            counts[twin] += 1
-            continue
-        if len(picked) == top:
-            break
-        picked.append(int(i))
-        counts.append(0)
-    return picked, counts
-
-
 def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
