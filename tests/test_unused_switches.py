@@ -45,6 +45,7 @@ MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes
      ("fp32_param_shards with zero 1", "use --zero 3 or drop --fp32-param-shards")),
     ((*DENSE, "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1 and sp off", "drop --tp-impl")),
     ((*DENSE, "--tp", "2", "--no-sp", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 2 and sp off",)),
+    ((*DENSE, "--tp-comm-overlap"), ("tp_comm_overlap with tp 1 and sp off", "drop --tp-comm-overlap")),
     ((*DENSE, "--pp-schedule", "zero-bubble"),
      ("pp_schedule zero-bubble with pp 1", "use --pp 2 or more or drop --pp-schedule")),
     ((*DENSE, "--tp", "2", "--pp", "2", "--pp-scatter-gather"),
@@ -71,7 +72,8 @@ def test_switch_with_what_it_acts_on_runs(cli, args):
 
 
 M, SYSTEMS = builtin_models(), builtin_systems()
-ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "pp_scatter_gather": True,
+ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "tp_comm_overlap": True,
+      "pp_scatter_gather": True,
       "pp_schedule": "zero-bubble", "ep_comm_overlap": True, "moe_routing": "contiguous"}
 """A value away from the default for every field of SWITCH_USES."""
 BASES = [("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1)), ("llama-3.1-8b", 2, dict(tp=2, pp=2, dp=4, sp=True)),
@@ -119,6 +121,7 @@ def test_search_keeps_plans_without_the_axis_and_shows_them_settled():
     (("--zero", "1", "--zero3-unit", "tensor"), ("none of the", "plans searched can use it", "zero3_unit tensor with zero 1")),
     (("--zero", "2", "--zero3-unit", "layer"), ("zero3_unit layer with zero 2",)),
     (("--tp", "1", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1",)),
+    (("--tp", "1", "--tp-comm-overlap"), ("tp_comm_overlap with tp 1",)),
     (("--expert-gemm", "per-expert"), ("moe_switches_dense", "llama-3.1-8b is dense")),
     (("--expert-gemm", "grouped"), ("expert_gemm grouped", "llama-3.1-8b is dense")),
 ])
@@ -144,3 +147,12 @@ def test_advice_drops_a_switch_its_change_leaves_without_its_axis(monkeypatch):
     want = estimate_training(m, cluster, plan.model_copy(update={**change, "tp_impl": "megatron"}))
     assert len(items) == 1 and "drop --tp-impl" in items[0].change, items
     assert items[0].predicted["tokens_per_s"] == pytest.approx(float(want.throughput.tokens_per_s))
+
+
+def test_search_turns_tp_comm_overlap_on_where_sp_is_and_never_refuses_its_own_default(cli):
+    """search's default --tp-comm-overlap (on where sp is, as Megatron-Bridge recipes set it) is not the user's:
+    with tp pinned to 1 no plan uses it and the search runs."""
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--pp", "1", "--cp", "1",
+            "--json")
+    assert r.code == 0, r.err
+    assert r.json()["plans"] and all(not row["plan"]["tp_comm_overlap"] for row in r.json()["plans"])

@@ -216,12 +216,12 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
            checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
-           named: Collection[str] = ()) -> SearchResult:
+           named: Collection[str] | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
     (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
-    the switches the user named (check_switches.named_switch_violations)."""
+    the switches the user named (unused_switches; None: those the workload sets)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -314,19 +314,21 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
-def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] = ()) -> None:
-    """Refuse a switch of SWITCH_USES the workload sets (or the user `named`, the default value included) that
-    none of the plans left by the rules can use (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with
-    --ep 1), and a named MoE switch on a dense model: it would silently do nothing. Where some plans use it, the
-    others keep it and price as without it (they show with its default: check_switches.settle)."""
-    dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named)
+def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
+    """Refuse a switch of SWITCH_USES the user `named` (the default value included; None, a library call: the
+    switches the workload sets away from their defaults) that none of the plans left by the rules can use
+    (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with --ep 1), and a named MoE switch on a dense
+    model: it would silently do nothing. Where some plans use it, the others keep it and price as without it
+    (they show with its default: check_switches.settle). A switch the search turns on itself (tp_comm_overlap
+    where sp is on) is not named, and never refused."""
+    dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
              if v.rule == "moe_switches_dense"]
     if dense:
         raise LlmplanError(f"the search's switches break a rule: {dense[0].message}")
     for u in SWITCH_USES:
         if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
             continue
-        asked = u.given(plans.w) or any(asks_for(plans.w, f, named) for f in u.fields)
+        asked = u.given(plans.w) if named is None else any(asks_for(plans.w, f, named) for f in u.fields)
         if asked and not np.any(u.uses(plans)):
             raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: "
                                f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")

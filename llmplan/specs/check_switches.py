@@ -145,6 +145,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"tp_impl {p.tp_impl} with tp {p.tp} and sp {'on' if p.sp else 'off'}: it sets which input "
                         "the sequence-parallel linears keep for backward, so it acts only with tp > 1 and "
                         "sequence parallelism; use --tp 2 or more with --sp, or drop --tp-impl"),
+    SwitchUse("tp_comm_overlap_sp", ("tp_comm_overlap",), _tp_sp,
+              lambda p: f"tp_comm_overlap with tp {p.tp} and sp {'on' if p.sp else 'off'}: it overlaps the "
+                        "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "
+                        "--tp-comm-overlap needs --sequence-parallel), so it acts only with tp > 1 and sequence "
+                        "parallelism; use --tp 2 or more with --sp, or drop --tp-comm-overlap"),
     SwitchUse("pp_scatter_gather_pp", ("pp_scatter_gather",), lambda p: (p.pp > 1) & (p.tp > 1) & ~as_bool(p.sp),
               lambda p: f"pp_scatter_gather with tp {p.tp}, pp {p.pp}, sp {'on' if p.sp else 'off'}: it splits "
                         "a stage's output over the TP ranks for the send to the next stage, so it acts only with "
