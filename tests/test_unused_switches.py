@@ -40,6 +40,10 @@ MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes
     ((*MOE, "--moe-routing", "contiguous"), ("moe_routing contiguous with ep 1", "drop --moe-routing")),
     ((*MOE, "--ep", "8", "--moe-dispatch-sms", "24"),
      ("moe_dispatch_sms 24 with moe_dispatcher alltoall", "add --moe-dispatcher deepep or drop --moe-dispatch-sms")),
+    ((*DENSE, "--no-flash-attention", "--attention-kernel", "flash2"),
+     ("attention_kernel flash2 with unfused attention", "use --flash-attention or drop --attention-kernel")),
+    ((*DENSE, "--dtype", "fp32", "--grad-dtype", "bf16"),
+     ("grad_dtype bf16 with dtype fp32", "drop --grad-dtype")),
     ((*DENSE, "--fp8-params"), ("fp8_params with dtype bf16", "give an fp8 or fp4 --precision, or drop --fp8-params")),
     ((*DENSE, "--zero", "1", "--fp32-param-shards"),
      ("fp32_param_shards with zero 1", "use --zero 3 or drop --fp32-param-shards")),
@@ -156,3 +160,17 @@ def test_search_turns_tp_comm_overlap_on_where_sp_is_and_never_refuses_its_own_d
             "--json")
     assert r.code == 0, r.err
     assert r.json()["plans"] and all(not row["plan"]["tp_comm_overlap"] for row in r.json()["plans"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--tp", "2", "--max-tp", "4"), "--max-tp 4 bounds a free --tp, but --tp 2 pins it; drop one of them"),
+    (("--pp", "1", "--max-pp", "2"), "--max-pp 2 bounds a free --pp, but --pp 1 pins it"),
+    (("--cp", "2", "--max-cp", "4"), "--max-cp 4 bounds a free --cp, but --cp 2 pins it"),
+    (("--no-cp", "--max-cp", "4"), "--max-cp 4 bounds a free --cp, but --no-cp pins it"),
+    (("--no-cp", "--cp", "2"), "--no-cp and --cp 2 both set the context-parallel degree; give one of them"),
+    (("--global-batch", "64", "--batch-tokens", "1M"), "--global-batch 64 and --batch-tokens 1M both set the batch"),
+])
+def test_search_options_that_would_ignore_each_other_exit_2(cli, args, needle):
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", *args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and needle in lines[0], r.err

@@ -19,7 +19,7 @@ from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_c
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.fileio import check_target
+from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
@@ -262,6 +262,23 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     return dataclasses.replace(res, domain=choice), cluster, c
 
 
+def refuse_overlapping_pins(pins: SearchPins) -> None:
+    """Two search options that set one thing, so that one would be silently ignored: a bound (--max-tp, --max-pp,
+    --max-cp) on a pinned axis, --no-cp beside --cp, --batch-tokens beside --global-batch."""
+    for bound, limit, axis, pinned in (("--max-tp", pins.max_tp, "--tp", pins.tp),
+                                       ("--max-pp", pins.max_pp, "--pp", pins.pp),
+                                       ("--max-cp", pins.max_cp, "--cp", pins.cp),
+                                       ("--max-cp", pins.max_cp, "--no-cp", 1 if pins.no_cp else None)):
+        if limit is not None and pinned is not None:
+            raise LlmplanError(f"{bound} {limit} bounds a free {axis.replace('--no-', '--')}, but {axis}"
+                               f"{'' if axis == '--no-cp' else f' {pinned}'} pins it; drop one of them")
+    if pins.no_cp and pins.cp not in (None, 1):
+        raise LlmplanError(f"--no-cp and --cp {pins.cp} both set the context-parallel degree; give one of them")
+    if pins.global_batch is not None and pins.batch_tokens is not None:
+        raise LlmplanError(f"--global-batch {pins.global_batch} and --batch-tokens {excerpt(pins.batch_tokens)} both "
+                           "set the batch; give one of them")
+
+
 def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workload:
     """What the search holds fixed: batch (from --global-batch or --batch-tokens), sequence and switches."""
     seq = s.seq_len if s.seq_len is not None else default_seq_len(m)
@@ -280,6 +297,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
 
 def search_pins(m: ModelSpec, pins: SearchPins, split: PipelineSplitOptions) -> dict:
     """The axes the options pin (None: free)."""
+    refuse_overlapping_pins(pins)
     pp = pins.pp
     if (split.embedding_in_split or split.loss_in_split) and not pp:
         raise LlmplanError("--account-for-*-in-pipeline-split in search needs --pp (the split depends on it)")

@@ -326,6 +326,13 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "those of the deepep dispatch and combine kernels (Megatron moe_flex_dispatcher_num_sms); "
                          "the alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
                          "--moe-dispatch-sms"),
+    Rule("attention_kernel_fused", lambda m, p, c: (p.attention_kernel == "native") | p.flash_attention,
+         lambda m, p, c: f"attention_kernel {p.attention_kernel} with unfused attention: the kernel named is the "
+                         "fused attention kernel that runs, and unfused attention runs none; use --flash-attention "
+                         "or drop --attention-kernel"),
+    Rule("grad_dtype_fp32", lambda m, p, c: (p.grad_dtype == "fp32") | (p.dtype != "fp32"),
+         lambda m, p, c: f"grad_dtype {p.grad_dtype} with dtype fp32: pure fp32 training keeps fp32 gradients (the "
+                         "weights' own dtype); give a 16-bit or lower --dtype / --precision, or drop --grad-dtype"),
     Rule("fp8_params_dtype", lambda m, p, c: (not p.fp8_params) | p.low_precision,
          lambda m, p, c: f"fp8_params with dtype {p.dtype}: it keeps the weights in an fp8 / NVFP4 recipe's format "
                          f"(Megatron --fp8-param-gather / --fp4-param-gather), and the plan's matmuls run in "
