@@ -174,3 +174,15 @@ def test_search_options_that_would_ignore_each_other_exit_2(cli, args, needle):
     r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", *args)
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert r.code == 2 and len(lines) == 1 and needle in lines[0], r.err
+
+
+def test_export_wrap_without_a_wrapping_launch_exits_2(cli, tmp_path):
+    """--wrap picks what torchrun / slurm launch; with --to deepspeed it would be ignored."""
+    plan = tmp_path / "p.json"
+    assert cli(*DENSE, "--save", plan).code == 0
+    r = cli("export", plan, "--to", "deepspeed", "--wrap", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert "--wrap megatron picks the training target" in lines[0] and "--to deepspeed writes no such launch" in lines[0]
+    assert not (tmp_path / "out").exists()
+    assert cli("export", plan, "--to", "torchrun", "--wrap", "megatron", "-o", tmp_path / "tr").code == 0
