@@ -48,7 +48,6 @@ MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes
     ((*DENSE, "--zero", "1", "--fp32-param-shards"),
      ("fp32_param_shards with zero 1", "use --zero 3 or drop --fp32-param-shards")),
     ((*DENSE, "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1 and sp off", "drop --tp-impl")),
-    ((*DENSE, "--tp", "2", "--no-sp", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 2 and sp off",)),
     ((*DENSE, "--tp-comm-overlap"), ("tp_comm_overlap with tp 1 and sp off", "drop --tp-comm-overlap")),
     ((*DENSE, "--pp-schedule", "zero-bubble"),
      ("pp_schedule zero-bubble with pp 1", "use --pp 2 or more or drop --pp-schedule")),
@@ -83,7 +82,8 @@ ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "
 BASES = [("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1)), ("llama-3.1-8b", 2, dict(tp=2, pp=2, dp=4, sp=True)),
          ("llama-3.1-8b", 2, dict(tp=2, pp=1, dp=8, sp=False, zero=2)), ("llama-3.1-8b", 2, dict(tp=1, pp=2, dp=8)),
          ("mixtral-8x7b", 2, dict(tp=2, pp=2, dp=4, ep=1, sp=True, zero=1, recompute="full")),
-         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=1, zero=3))]
+         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=1, zero=3)),
+         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=2, etp=2, zero=1))]
 
 
 def _priced(m, cluster, plan):

@@ -141,10 +141,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"fp32_param_shards with zero {p.zero}: FSDP's fp32 parameter shard exists only where "
                         "ZeRO-3 shards the parameters (stages 0-2 keep whole 16-bit weights beside the "
                         "optimizer's master); use --zero 3 or drop --fp32-param-shards"),
-    SwitchUse("tp_impl_tp", ("tp_impl",), _tp_sp,
+    # (and, with expert TP, which grouped GEMM path the experts take: cost.compute.runs_per_expert; the rule reads
+    # no model, so a dense model's tp > 1 without sp, whose etp is its tp, keeps it unrefused)
+    SwitchUse("tp_impl_tp", ("tp_impl",), lambda p: _tp_sp(p) | (p.etp_resolved > 1),
               lambda p: f"tp_impl {p.tp_impl} with tp {p.tp} and sp {'on' if p.sp else 'off'}: it sets which input "
                         "the sequence-parallel linears keep for backward, so it acts only with tp > 1 and "
-                        "sequence parallelism; use --tp 2 or more with --sp, or drop --tp-impl"),
+                        "sequence parallelism (or expert tp > 1); use --tp 2 or more with --sp, or drop --tp-impl"),
     SwitchUse("tp_comm_overlap_sp", ("tp_comm_overlap",), _tp_sp,
               lambda p: f"tp_comm_overlap with tp {p.tp} and sp {'on' if p.sp else 'off'}: it overlaps the "
                         "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "
