@@ -137,10 +137,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
                         "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "
                         "--zero 3 or drop --zero3-unit"),
-    SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: p.zero == 3,
-              lambda p: f"fp32_param_shards with zero {p.zero}: FSDP's fp32 parameter shard exists only where "
-                        "ZeRO-3 shards the parameters (stages 0-2 keep whole 16-bit weights beside the "
-                        "optimizer's master); use --zero 3 or drop --fp32-param-shards"),
+    SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
+              lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
+                        "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "
+                        "mixed-precision run (stages 0-2 keep whole 16-bit weights beside the optimizer's master; "
+                        "fp32 training has no other copy); use --zero 3 with a 16-bit --dtype, or drop "
+                        "--fp32-param-shards"),
     # (and, with expert TP, which grouped GEMM path the experts take: cost.compute.runs_per_expert; the rule reads
     # no model, so a dense model's tp > 1 without sp, whose etp is its tp, keeps it unrefused)
     SwitchUse("tp_impl_tp", ("tp_impl",), lambda p: _tp_sp(p) | (p.etp_resolved > 1),
