@@ -47,7 +47,8 @@ MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes
     ((*DENSE, "--fp8-params"), ("fp8_params with dtype bf16", "give an fp8 or fp4 --precision, or drop --fp8-params")),
     ((*DENSE, "--zero", "1", "--fp32-param-shards"),
      ("fp32_param_shards with zero 1 and dtype bf16", "drop --fp32-param-shards")),
-    ((*DENSE, "--zero", "3", "--dtype", "fp32", "--fp32-param-shards"), ("fp32_param_shards with zero 3 and dtype fp32",)),
+    ((*DENSE, "--zero", "3", "--dtype", "fp32", "--fp32-param-shards"),
+     ("fp32_param_shards with zero 3 and dtype fp32",)),
     ((*DENSE, "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1 and sp off", "drop --tp-impl")),
     ((*DENSE, "--tp-comm-overlap"), ("tp_comm_overlap with tp 1 and sp off", "drop --tp-comm-overlap")),
     ((*DENSE, "--pp-schedule", "zero-bubble"),
@@ -91,7 +92,8 @@ def _priced(m, cluster, plan):
     gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms)
     comm = step_comm(m, plan, place(plan.degrees, cluster), cluster.system)
-    return float(mem.total), float(step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank).total)
+    step = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
+    return float(mem.total), float(step.total)
 
 
 @pytest.mark.parametrize("use", SWITCH_USES, ids=lambda u: u.name)
@@ -123,7 +125,8 @@ def test_search_keeps_plans_without_the_axis_and_shows_them_settled():
 
 
 @pytest.mark.parametrize("args, needles", [
-    (("--zero", "1", "--zero3-unit", "tensor"), ("none of the", "plans searched can use it", "zero3_unit tensor with zero 1")),
+    (("--zero", "1", "--zero3-unit", "tensor"),
+     ("none of the", "plans searched can use it", "zero3_unit tensor with zero 1")),
     (("--zero", "2", "--zero3-unit", "layer"), ("zero3_unit layer with zero 2",)),
     (("--tp", "1", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1",)),
     (("--tp", "1", "--tp-comm-overlap"), ("tp_comm_overlap with tp 1",)),
@@ -184,6 +187,7 @@ def test_export_wrap_without_a_wrapping_launch_exits_2(cli, tmp_path):
     r = cli("export", plan, "--to", "deepspeed", "--wrap", "megatron", "-o", tmp_path / "out")
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert r.code == 2 and len(lines) == 1, r.err
-    assert "--wrap megatron picks the training target" in lines[0] and "--to deepspeed writes no such launch" in lines[0]
+    assert "--wrap megatron picks the training target" in lines[0]
+    assert "--to deepspeed writes no such launch" in lines[0]
     assert not (tmp_path / "out").exists()
     assert cli("export", plan, "--to", "torchrun", "--wrap", "megatron", "-o", tmp_path / "tr").code == 0
