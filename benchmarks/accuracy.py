@@ -41,6 +41,7 @@ from llmplan.estimate import estimate_training
 from llmplan.cost.compute import layer_flops, model_flops_per_step
 from llmplan.cost.params import padded_vocab
 from llmplan.specs.check import balanced_split, check_plan
+from llmplan.specs.check_switches import settle
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -1006,7 +1007,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     layout = mbridge_layout(rec, pp, vpp)
     if layout is not None:
         first = last = 0
-    return ParallelPlan(
+    # the stack-wide switches (tp_impl dtensor for torchtitan, fp32_param_shards for the FSDP stacks, ...) at
+    # their defaults on the rows without the axis they act on: the same plan and price (check_switches.settle)
+    return settle(ParallelPlan(
         pp_layout=layout,
         recompute_layers=par.get("recompute_layers"), recompute_modules=modules,
         tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, cp=cp, ep=par.get("ep", 1), vpp=vpp, sp=bool(par.get("sequence_parallel", sp_default)) and tp > 1,
@@ -1134,7 +1137,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
         rope_fusion=not (mbridge and "gpt-oss" in rec["id"]),
-    )
+    ))
 
 
 def bridge_release(rec: dict) -> tuple[int, int]:

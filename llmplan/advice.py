@@ -12,6 +12,7 @@ from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
+from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.units import GIB
 
@@ -136,6 +137,10 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
             plan = type(e.plan).model_validate(plan.model_dump())
         except ValueError:
             continue
+        reset = unused_switches(plan)  # a switch the change leaves without its axis (tp_impl at tp 1) goes too
+        if reset:
+            plan = plan.model_copy(update=reset)
+            why += f" (and drop {', '.join('--' + k.replace('_', '-') for k in reset)}, which would do nothing then)"
         if plan == e.plan or check_plan(e.model, plan, e.cluster):
             continue
         try:

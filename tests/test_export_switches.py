@@ -230,3 +230,22 @@ def test_gpt_oss_fc1_bias_and_sink_switches_reach_the_exports_as_notes(cli, tmp_
     code, files, err = export(cli, fused, "torchtitan", tmp_path / "fused" / "tt")
     assert code == 0, err
     assert "set expert_fc1_bias_fusion false in the plan" in files
+
+
+def test_deepspeed_gathers_zero3_per_tensor_as_priced(cli, tmp_path):
+    # DeepSpeed ZeRO-3 (deepspeed/runtime/zero/partitioned_param_coordinator.py at 00a31c99) gathers each module's
+    # weights at its hook and prefetches only with stage3_prefetch_bucket_size > 0; it releases those not reused
+    # within stage3_max_reuse_distance elements. A plan priced per tensor (--zero3-unit tensor: no prefetch, the
+    # recompute forward gathers again) is written with both at 0, with a note of what still differs from 2021.
+    tensor = saved(cli, tmp_path / "t", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--zero3-unit",
+                   "tensor", "--recompute", "full")
+    code, files, err = export(cli, tensor, "deepspeed", tmp_path / "t" / "ds")
+    assert code == 0, err
+    zero = json.loads((tmp_path / "t" / "ds" / "ds_config.json").read_text())["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_prefetch_bucket_size"] == 0 and zero["stage3_max_reuse_distance"] == 0
+    assert "note: zero3_unit tensor" in files and "faster than priced" in files
+    layer = saved(cli, tmp_path / "l", "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--recompute", "full")
+    code, files, err = export(cli, layer, "deepspeed", tmp_path / "l" / "ds")
+    zero = json.loads((tmp_path / "l" / "ds" / "ds_config.json").read_text())["zero_optimization"]
+    assert code == 0 and zero["stage3_prefetch_bucket_size"] > 0 and "stage3_max_reuse_distance" not in zero, err
+    assert "note: zero3_unit tensor" not in files

@@ -22,7 +22,8 @@ from llmplan.cost.params import stage_layers
 from llmplan.cost.step import CommSeconds, chunked_sync_window, step_time
 from llmplan.estimate import estimate_training
 from llmplan.search.grid import Workload, default_space
-from llmplan.search.run import collapse_equivalent, search
+from llmplan.search.run import search
+from llmplan.search.variants import equivalent
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -191,13 +192,12 @@ def test_estimate_says_what_share_of_the_peak_it_priced(cli):
 def test_equivalent_plans_collapse_into_one_row():
     score = np.array([3.0, 3.0, 2.0, 3.0, 1.0])
     memory = np.array([10.0, 10.0, 5.0, 20.0, 1.0]) * 2**30
-    order = np.array([0, 1, 3, 2, 4])
-    picked, counts = collapse_equivalent(order, score, memory, top=3)
-    assert picked == [0, 3, 2] and counts == [1, 0, 0]
-    # Plan 3 is plan 0's layout at a higher ZeRO stage (same time, more memory): one row with plan 0.
-    layout = np.array([[4, 8], [4, 8], [2, 8], [4, 8], [1, 1]])
-    picked, counts = collapse_equivalent(order, score, memory, top=3, layout=layout)
-    assert picked == [0, 2, 4] and counts == [2, 0, 0]
+    # equivalent to plan 0: the same score (to 1e-4) and memory (to 0.05 GiB) ...
+    same = np.zeros(5, dtype=bool)
+    assert list(equivalent(score, 3.0, memory, 10.0 * 2**30, same)) == [True, True, False, False, False]
+    # ... or plan 0's layout at a higher ZeRO stage (plan 3: same time, more memory), never a slower one
+    same[[3, 4]] = True
+    assert list(equivalent(score, 3.0, memory, 10.0 * 2**30, same)) == [True, True, False, True, False]
     m, cluster = M["llama-3.1-405b"], ClusterSpec(system=H100, num_nodes=2048)
     w = Workload(global_batch=2048, seq_len=8192)
     res = search(m, cluster, default_space(m, cluster, w, {"tp": 8}), w, top=5)

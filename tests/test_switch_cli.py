@@ -70,11 +70,14 @@ def refused(cli, tmp_path: Path, case: str, changes: dict, target: str, needle: 
     assert len(lines) == 1 and needle in lines[0] and "cannot express this plan" in lines[0], r.err
 
 
-def test_pp_scatter_gather_with_sp_changes_nothing_and_exports(cli, tmp_path):
-    """With sp a stage's output is already split over the TP ranks (comm.pp_scattered): nothing to refuse."""
+def test_pp_scatter_gather_with_sp_is_refused_as_doing_nothing(cli, tmp_path):
+    """With sp a stage's output is already split over the TP ranks (comm.pp_scattered): the switch would do
+    nothing, so the plan file is refused (check_plan rule pp_scatter_gather_pp), not exported silently."""
     r = cli("export", edited(tmp_path, "dense_train", pp_scatter_gather=True), "--to", "megatron",
             "-o", tmp_path / "out")
-    assert r.code == 0, r.err
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert "pp_scatter_gather with tp 8, pp 4, sp on" in lines[0] and "drop --pp-scatter-gather" in lines[0]
 
 
 @pytest.mark.parametrize("target,script", [

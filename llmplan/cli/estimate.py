@@ -11,13 +11,15 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
 from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                refuse_other_mode, reported, switches, with_hardware_options)
+                                named_options, refuse_other_mode, reported, switches, with_hardware_options)
 from llmplan.advice import advise_serving, advise_training
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
 from llmplan.fileio import check_target
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.serving import at_max_load, estimate_serving
+from llmplan.specs.check import check_plan
+from llmplan.specs.check_switches import named_switch_violations
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
@@ -61,7 +63,7 @@ def estimate(
         estimate_infer(cluster, plan, training.dtype, serving, batch, max_load, memory, output,
                        moe_plan_fields(moe_serving, training.moe_dispatcher))
     else:
-        estimate_train(cluster, plan, training, split, memory, checkpoints, output)
+        estimate_train(cluster, plan, training, split, memory, checkpoints, output, named_options(ctx))
 
 
 def moe_plan_fields(o: MoeServingOptions, dispatcher: str) -> dict[str, object]:
@@ -120,12 +122,18 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
 
 
 def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: PipelineSplitOptions,
-                   memory: MemoryOptions, checkpoints: CheckpointOptions, output: OutputOptions) -> None:
-    """The training path of `estimate`."""
+                   memory: MemoryOptions, checkpoints: CheckpointOptions, output: OutputOptions,
+                   named: frozenset[str] = frozenset()) -> None:
+    """The training path of `estimate` (`named`: the options the command line set, for the switches named at
+    their defaults that the plan cannot use: check_switches.named_switch_violations)."""
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     order = parse_order(s.axis_order)
     plan = training_plan(m, cluster, p, s, split)
+    unused = named_switch_violations(m, plan, named)
+    if unused:
+        broken = check_plan(m, plan, cluster)
+        raise PlanViolationError(broken + [v for v in unused if v.rule not in {b.rule for b in broken}])
     allowance = make_allowance(memory)
     e = estimate_training(m, cluster, plan, allowance, order, make_checkpoint(checkpoints))
     advice = advise_training(e, allowance, order)

@@ -68,8 +68,8 @@ def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> Non
     option outside `serving_reads` (training's precision, ZeRO, recompute, batch...), in training mode the
     serving options (options.SERVING_ONLY). 'Given' is what the command line (or the environment) set,
     whatever its value, so that --zero 0 is refused as --zero 3 is (ctx: the command's typer.Context)."""
-    given = [p for p in ctx.command.params if p.name and getattr(ctx.get_parameter_source(p.name), "name", None) in
-             ("COMMANDLINE", "ENVIRONMENT")]
+    named = named_options(ctx)
+    given = [p for p in ctx.command.params if p.name in named]
     wrong = [p for p in given if (p.name not in serving_reads if mode == "infer" else p.name in SERVING_ONLY)]
     if not wrong:
         return
@@ -86,6 +86,13 @@ def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> Non
                            + (f" ({'; '.join(hints)})" if hints else ""))
     raise LlmplanError(f"{flags} {verb} to serving (--mode infer), not to training; add --mode infer or drop "
                        f"{'them' if len(wrong) > 1 else 'it'}")
+
+
+def named_options(ctx: Any) -> frozenset[str]:
+    """The options the command line (or the environment) set, whatever their value (ctx: the command's
+    typer.Context): --zero3-unit layer is named as --zero3-unit tensor is."""
+    return frozenset(p.name for p in ctx.command.params if p.name and getattr(
+        ctx.get_parameter_source(p.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
 
 
 def _flag(param: Any, value: object) -> str:

@@ -16,10 +16,10 @@ from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                refuse_other_mode, switches, with_hardware_options)
+                                named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.fileio import check_target
+from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
@@ -85,7 +85,7 @@ def search(
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
                      given_moe(ctx, moe_serving))
     else:
-        search_train(cluster, pins, goal, training, split, memory, checkpoints, output)
+        search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx))
 
 
 def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
@@ -158,9 +158,9 @@ class TrainSearch(NamedTuple):
 
 def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
-                 output: OutputOptions) -> TrainSearch:
+                 output: OutputOptions, named: frozenset[str] = frozenset()) -> TrainSearch:
     """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
-    tried, the best kept."""
+    tried, the best kept (`named`: the options the command line set, search.run.unused_switches)."""
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
@@ -184,7 +184,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             return None
         return run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
                           min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                          checkpoint=checkpoint, vpp_pin=pins.vpp)
+                          checkpoint=checkpoint, vpp_pin=pins.vpp, named=named)
 
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
@@ -210,7 +210,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
-                 output: OutputOptions) -> None:
+                 output: OutputOptions, named: frozenset[str] = frozenset()) -> None:
     """The training path of `search`: one system (train_search) or, with several, which to rent (cli.systems)."""
     if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
         one = single_pool_options(c, goal)
@@ -219,9 +219,9 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         c = one
     if wants_comparison(c, goal):
         return search_systems(c, goal, output, lambda cv, g: train_search(cv, pins, g, s, split, memory,
-                                                                          checkpoints, output))
+                                                                          checkpoints, output, named))
     m, res, cluster, w, chosen, allowance, order, tokens = train_search(c, pins, goal, s, split, memory,
-                                                                        checkpoints, output)
+                                                                        checkpoints, output, named)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
     emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
@@ -262,6 +262,23 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     return dataclasses.replace(res, domain=choice), cluster, c
 
 
+def refuse_overlapping_pins(pins: SearchPins) -> None:
+    """Two search options that set one thing, so that one would be silently ignored: a bound (--max-tp, --max-pp,
+    --max-cp) on a pinned axis, --no-cp beside --cp, --batch-tokens beside --global-batch."""
+    for bound, limit, axis, pinned in (("--max-tp", pins.max_tp, "--tp", pins.tp),
+                                       ("--max-pp", pins.max_pp, "--pp", pins.pp),
+                                       ("--max-cp", pins.max_cp, "--cp", pins.cp),
+                                       ("--max-cp", pins.max_cp, "--no-cp", 1 if pins.no_cp else None)):
+        if limit is not None and pinned is not None:
+            raise LlmplanError(f"{bound} {limit} bounds a free {axis.replace('--no-', '--')}, but {axis}"
+                               f"{'' if axis == '--no-cp' else f' {pinned}'} pins it; drop one of them")
+    if pins.no_cp and pins.cp not in (None, 1):
+        raise LlmplanError(f"--no-cp and --cp {pins.cp} both set the context-parallel degree; give one of them")
+    if pins.global_batch is not None and pins.batch_tokens is not None:
+        raise LlmplanError(f"--global-batch {pins.global_batch} and --batch-tokens {excerpt(pins.batch_tokens)} both "
+                           "set the batch; give one of them")
+
+
 def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workload:
     """What the search holds fixed: batch (from --global-batch or --batch-tokens), sequence and switches."""
     seq = s.seq_len if s.seq_len is not None else default_seq_len(m)
@@ -280,6 +297,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
 
 def search_pins(m: ModelSpec, pins: SearchPins, split: PipelineSplitOptions) -> dict:
     """The axes the options pin (None: free)."""
+    refuse_overlapping_pins(pins)
     pp = pins.pp
     if (split.embedding_in_split or split.loss_in_split) and not pp:
         raise LlmplanError("--account-for-*-in-pipeline-split in search needs --pp (the split depends on it)")

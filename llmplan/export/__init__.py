@@ -39,6 +39,10 @@ def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict
     torchrun and slurm wrap `wrap`, or by default the first training target that can express the plan."""
     if wrap is not None and wrap not in WRAPPABLE:
         raise LlmplanError(f"--wrap {wrap}: use one of {', '.join(WRAPPABLE)}")
+    if wrap is not None and (target not in ("torchrun", "slurm", "all") or pf.mode != "train"):
+        what = f"--to {target}" if pf.mode == "train" else "a serving plan"
+        raise LlmplanError(f"--wrap {wrap} picks the training target a torchrun / slurm launch runs, and {what} "
+                           "writes no such launch; drop --wrap or use --to torchrun, slurm or all")
     mixed = pools.pool_plan(pf)
     if mixed is not None:  # a pipeline over pools of different GPUs: export.pools
         renderer(target) if target != "all" else None  # an unknown target is named first

@@ -107,8 +107,36 @@ def check_grads(pf: PlanFile) -> None:
 
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
-    """The export header's notes: the gradient accumulation DeepSpeed runs where the plan priced the default."""
-    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf))
+    """The export header's notes: the gradient accumulation DeepSpeed runs where the plan priced the default; how
+    a ZeRO-3 plan gathering per tensor runs (zero3_tensor)."""
+    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf)
+
+
+# DeepSpeed's ZeRO-3 gathers each submodule's own parameters (one coalesced all-gather per module; per tensor for
+# bias-free linears and norms) when its forward or backward hook fires, and prefetches the next ones in the
+# recorded trace only while stage3_prefetch_bucket_size > 0; after the module it releases every parameter not
+# used again within stage3_max_reuse_distance elements of the trace, so at 0 a recompute forward gathers again.
+# Source: deepspeedai/DeepSpeed deepspeed/runtime/zero/partitioned_param_coordinator.py at 00a31c99
+# (fetch_sub_module: `if self.__prefetch_bucket_sz > 0`; __params_to_release: max_reuse_dist_in_numel);
+# docs/_pages/config-json.md (stage3_prefetch_bucket_size, stage3_max_reuse_distance).
+ZERO3_TENSOR = {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}
+"""What makes DeepSpeed gather ZeRO-3 weights per tensor, as llmplan prices zero3_unit tensor: each module's
+weights when it runs (no prefetch), released after it (a recompute forward gathers them again)."""
+
+
+def zero3_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The note of a ZeRO-3 plan priced per tensor (zero3_unit tensor, DeepSpeed's stage 3 of 2021): written with
+    ZERO3_TENSOR, it gathers as priced, but DeepSpeed 0.19 issues the gathers on a side stream without 2021's
+    device synchronisation around each one (priced as host waits, cost.comm.zero3_host_seconds) and reduces the
+    gradients in buckets, not per tensor."""
+    p = pf.plan
+    if p.zero < 3 or p.zero3_unit != "tensor":
+        return ()
+    return ("note: zero3_unit tensor: each module's weights are gathered when it runs and released after it "
+            "(stage3_prefetch_bucket_size 0, stage3_max_reuse_distance 0), so a recompute forward gathers them "
+            "again, as priced; DeepSpeed 0.19 skips the 2021 stage 3's device synchronisation around each gather "
+            "(priced as host waits) and reduces gradients in reduce_bucket_size buckets, so it runs a little "
+            "faster than priced",)
 
 
 def check_grad_dtype(pf: PlanFile) -> None:
@@ -139,6 +167,8 @@ def config(pf: PlanFile) -> dict:
     if p.zero == 3:
         zero.update({"stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
                      "stage3_max_live_parameters": int(1e9)})
+        if p.zero3_unit == "tensor":
+            zero.update(ZERO3_TENSOR)
     cfg = {
         "comment": " | ".join(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)", notes(pf))),
         "train_batch_size": p.global_batch,

@@ -13,6 +13,7 @@ import numpy as np
 
 from llmplan.cost.params import ALL_BUT_ZERO, LAYOUT_AXES
 from llmplan.specs.check import divisors
+from llmplan.specs.check_switches import settle
 from llmplan.specs.stages import balanced_split, pinned_split, vpp_fits
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, RECOMPUTE, ClusterSpec, ParallelPlan, PlanQuantities, resolve_etp
@@ -229,14 +230,16 @@ class PlanArrays(PlanQuantities):
         price one plan or many (the vectorised search's premise). A typing view only: the object is self."""
         return cast(ParallelPlan, self)
 
-    def plan(self, i: int) -> ParallelPlan:
-        """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check)."""
-        return self.w.plan(
+    def plan(self, i: int, settled: bool = True) -> ParallelPlan:
+        """The i-th plan as a ParallelPlan (for display, export and the scalar cross-check), with the workload's
+        switches that do nothing on it at their defaults (check_switches.settle; settled False: as held)."""
+        plan = self.w.plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
             etp=int(self.etp_resolved[i]), vpp=int(self.vpp[i]), pp_first=int(self.pp_first[i]),
             pp_last=int(self.pp_last[i]), sp=bool(self.sp[i]), zero=int(self.zero[i]),
             recompute=RECOMPUTE[int(self.recompute_code[i])], micro_batch=int(self.micro_batch[i]),
         )
+        return settle(plan) if settled else plan
 
 
 def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ from llmplan.search.variants import Group, merge
 SHAPES = 3
 """Distinct pipelined shapes (tp, pp, dp, cp, ep, recompute, micro-batch) of the ranking that get a balanced
 layout, best first (each at its best-ranked plan's ZeRO stage, sp and etp: the same layout at another ZeRO
-stage is the same plan with more shards, as search.run.collapse_equivalent counts it)."""
+stage is the same plan with more shards, as search.variants.equivalent counts it)."""
 DEGREES = 2
 """Interleave degrees tried per shape: the smallest ones the even split cannot take (the bubble shrinks as
 1/v, so each further degree gains less; the vectorised pass already tried the even ones)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
+from llmplan.specs.check_switches import SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -197,29 +198,6 @@ def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.nda
     return cut[np.lexsort(keys)]
 
 
-def collapse_equivalent(order: np.ndarray, score: np.ndarray, memory: np.ndarray, top: int,
-                        layout: np.ndarray | None = None) -> tuple[list[int], list[int]]:
-    """The first `top` distinct predictions of a ranking and how many equivalent plans each stands for: plans
-    whose predicted score agrees to 1e-4 with a shown one and whose memory agrees to 0.05 GiB, or whose
-    `layout` row (every axis but the ZeRO stage) is the same, count as that one (the first, preferred one:
-    same time at a higher ZeRO stage is the same plan with more shards, e.g. ZeRO-1 and ZeRO-3 under a
-    pipeline, which gather and reduce once per step alike)."""
-    picked: list[int] = []
-    counts: list[int] = []
-    for i in order:
-        twin = next((k for k, j in enumerate(picked) if equivalent(
-            score[i], float(score[j]), memory[i], float(memory[j]),
-            layout is not None and np.array_equal(layout[i], layout[j]))), None)
-        if twin is not None:
-            counts[twin] += 1
-            continue
-        if len(picked) == top:
-            break
-        picked.append(int(i))
-        counts.append(0)
-    return picked, counts
-
-
 def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
@@ -237,11 +215,13 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, 
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
-           checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None) -> SearchResult:
+           checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
+           named: Collection[str] | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
-    (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it)."""
+    (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
+    the switches the user named (unused_switches; None: those the workload sets)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -260,7 +240,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    for rule in RULES:
+    held = {u.name for u in SWITCH_USES}  # switches that act on some plans only: kept, checked below
+    for rule in (r for r in RULES if r.name not in held):
         ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
             else rule.ok(m, plans, cluster)
         ok = np.asarray(ok, dtype=bool)
@@ -279,6 +260,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
+    unused_switches(m, plans, named)
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
@@ -330,6 +312,26 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
+
+
+def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
+    """Refuse a switch of SWITCH_USES the user `named` (the default value included; None, a library call: the
+    switches the workload sets away from their defaults) that none of the plans left by the rules can use
+    (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with --ep 1), and a named MoE switch on a dense
+    model: it would silently do nothing. Where some plans use it, the others keep it and price as without it
+    (they show with its default: check_switches.settle). A switch the search turns on itself (tp_comm_overlap
+    where sp is on) is not named, and never refused."""
+    dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
+             if v.rule == "moe_switches_dense"]
+    if dense:
+        raise LlmplanError(f"the search's switches break a rule: {dense[0].message}")
+    for u in SWITCH_USES:
+        if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
+            continue
+        asked = u.given(plans.w) if named is None else any(asks_for(plans.w, f, named) for f in u.fields)
+        if asked and not np.any(u.uses(plans)):
+            raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: "
+                               f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:
@@ -394,8 +396,8 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
         for pp in (p for p in range(1, min(m.num_hidden_layers, n // tp) + 1) if (n // tp) % p == 0):
             first, last = balanced_split(m.num_hidden_layers, pp)
             dp = n // (tp * pp)
-            plan = w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1, zero=1 if dp > 1 else 0,
-                          recompute=recompute, micro_batch=1)
+            plan = settle(w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1,
+                                 zero=1 if dp > 1 else 0, recompute=recompute, micro_batch=1))
             if check_plan(m, plan, cluster):
                 continue
             gpu = cluster.system.gpu

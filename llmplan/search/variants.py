@@ -121,7 +121,7 @@ def representative(best: int, codes: np.ndarray, score: np.ndarray, headroom: np
 def equivalent(score: Any, score0: float, memory: Any, memory0: float, same_but_zero: Any) -> Any:
     """Whether plans (elementwise over arrays) are equivalent to one scoring score0 with memory0 bytes: the same
     predicted score (to 1e-4) and memory (to 0.05 GiB), or the same plan at another ZeRO stage (same_but_zero:
-    every axis but ZeRO equal); search.run.collapse_equivalent and variants_of count them alike."""
+    every axis but ZeRO equal); variants_of counts them with it."""
     return (np.abs(score - score0) <= 1e-4 * abs(score0)) & ((np.abs(memory - memory0) <= 0.05 * GIB) | same_but_zero)
 
 
@@ -129,7 +129,7 @@ def variants_of(i: int, codes: np.ndarray, score: np.ndarray, memory: np.ndarray
                 plans: Any, resolution: float | None) -> tuple[int, Variants]:
     """(equivalents, variants) of plan i among the plans of its layout: equivalents predict the same score
     (to 1e-4) and memory (to 0.05 GiB) or are the same plan at another ZeRO stage (`full`: every axis but
-    ZeRO), as search.run.collapse_equivalent counts them; the rest are variants, near when within
+    ZeRO), as equivalent() says; the rest are variants, near when within
     `resolution` (|log| of the score ratio, either way) of plan i."""
     same = np.flatnonzero(codes == codes[i])
     same = same[same != i]

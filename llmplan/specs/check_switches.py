@@ -1,16 +1,22 @@
 """check_plan's rules on a training plan's feature switches, as Megatron-Core's TransformerConfig and optimizer
 combine them: activation recompute (recompute_layers, op, recompute_modules), precision (fp8 attention, SwiGLU
 fp8 input, parameter remainders, the layers and modules kept in bf16), the MoE dispatcher and CUDA graphs, and
-activation offload with the host memory it takes. RULES in specs/check.py runs them, in this order, after the
+activation offload with the host memory it takes; and the switches that act only on a model feature or a plan
+axis the plan may lack (MoE switches on a dense model, SWITCH_USES: ZeRO-3's unit without ZeRO-3, ...), so that
+a switch the user sets never silently does nothing. RULES in specs/check.py runs them, in this order, after the
 expert rules."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Collection
 
+import numpy as np
+
+from llmplan.cost.offload import host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
-from llmplan.specs.rule import Rule
+from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.units import GIB
 
 
@@ -46,9 +52,7 @@ def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
 
 def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
     """Offloaded activation bytes per GPU and the host bytes each GPU may take (the node's usable host memory over
-    the GPUs used of it). The bytes are priced in cost/offload.py, which imports specs: imported at call time."""
-    from llmplan.cost.offload import host_offload_bytes
-
+    the GPUs used of it; the bytes are priced in cost/offload.py)."""
     usable = c.system.host_usable_bytes
     return host_offload_bytes(m, p), (usable or 0.0) / c.gpus_per_node_used
 
@@ -56,8 +60,6 @@ def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
 def _host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
     """Offloaded activations of the node's GPUs within the usable host memory (ParallelPlan.offload_layers,
     SystemSpec.host_memory_gb); no offload or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
-    import numpy as np
-
     if c.system.host_usable_bytes is None or not np.any(np.asarray(p.offload_layers) > 0):
         return True
     used, share = _host_bytes(m, p, c)
@@ -75,6 +77,139 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
             f"{g} GPUs) exceed host memory ({s.host_memory_gb:g} GB per {s.name} node, "
             f"{s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); {fix}, lower --micro-batch, "
             "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
+
+
+def _moe_switches(p: Any) -> list[str]:
+    """The plan's MoE switches set away from their defaults (a workload's fields: one value for every plan)."""
+    return [name if value is True else f"{name} {value}" for name, value, default in (
+        ("expert_gemm", p.expert_gemm, "grouped"), ("moe_dispatcher", p.moe_dispatcher, "alltoall"),
+        ("moe_routing", p.moe_routing, "random"), ("moe_dispatch_sms", p.moe_dispatch_sms, None),
+        ("moe_capacity_factor", p.moe_capacity_factor, None), ("ep_comm_overlap", p.ep_comm_overlap, False))
+        if value != default]
+
+
+def _flags(names: list[str]) -> str:
+    """The command-line flags of switch settings ("expert_gemm per-expert" -> --expert-gemm)."""
+    return ", ".join("--" + x.split()[0].replace("_", "-") for x in names)
+
+
+def _dense_message(m: ModelSpec, names: list[str]) -> str:
+    return (f"{', '.join(names)}: {'these switches act' if len(names) > 1 else 'it acts'} on mixture-of-experts "
+            f"layers, and {m.name} is dense; drop {_flags(names)}")
+
+
+@dataclass(frozen=True)
+class SwitchUse:
+    """A switch that acts only on plans with some axis (ZeRO-3, TP with sequence parallelism, pipeline stages,
+    expert parallelism); on any other plan it changes nothing. check_plan refuses a plan that sets it without
+    the axis (rule `name`), so estimate and export never take it silently. The search holds the switch for
+    every plan it enumerates: it keeps the plans without the axis, priced as they are (the switch does nothing
+    there), and gives them the switch's default (settle); it refuses only when none of its plans has the axis
+    (search.run)."""
+
+    name: str
+    """The check_plan rule's name."""
+    fields: tuple[str, ...]
+    """The ParallelPlan fields of the switch."""
+    uses: Callable[[Any], Any]
+    """Elementwise over plans: the plan has the axis the switch acts on."""
+    message: Callable[[Any], str]
+    """What is wrong, the values, the rule and the fix, for one plan that sets the switch without the axis."""
+    moe: bool = False
+    """The switch acts on expert layers: on a dense model rule moe_switches_dense refuses it instead."""
+
+    def given(self, p: Any) -> bool:
+        """The switch is set away from its ParallelPlan default (a workload field: one value for every plan)."""
+        return any(getattr(p, f) != ParallelPlan.model_fields[f].default for f in self.fields)
+
+    def rule(self) -> Rule:
+        return Rule(self.name, lambda m, p, c: (self.moe and not m.is_moe) | (not self.given(p))
+                    | as_bool(self.uses(p)),
+                    lambda m, p, c: self.message(p))
+
+
+def _tp_sp(p: Any) -> Any:
+    return (p.tp > 1) & as_bool(p.sp)
+
+
+SWITCH_USES: tuple[SwitchUse, ...] = (
+    SwitchUse("zero3_unit_zero", ("zero3_unit",), lambda p: p.zero == 3,
+              lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
+                        "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "
+                        "--zero 3 or drop --zero3-unit"),
+    SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
+              lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
+                        "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "
+                        "mixed-precision run (stages 0-2 keep whole 16-bit weights beside the optimizer's master; "
+                        "fp32 training has no other copy); use --zero 3 with a 16-bit --dtype, or drop "
+                        "--fp32-param-shards"),
+    # (and, with expert TP, which grouped GEMM path the experts take: cost.compute.runs_per_expert; the rule reads
+    # no model, so a dense model's tp > 1 without sp, whose etp is its tp, keeps it unrefused)
+    SwitchUse("tp_impl_tp", ("tp_impl",), lambda p: _tp_sp(p) | (p.etp_resolved > 1),
+              lambda p: f"tp_impl {p.tp_impl} with tp {p.tp} and sp {'on' if p.sp else 'off'}: it sets which input "
+                        "the sequence-parallel linears keep for backward, so it acts only with tp > 1 and "
+                        "sequence parallelism (or expert tp > 1); use --tp 2 or more with --sp, or drop --tp-impl"),
+    SwitchUse("tp_comm_overlap_sp", ("tp_comm_overlap",), _tp_sp,
+              lambda p: f"tp_comm_overlap with tp {p.tp} and sp {'on' if p.sp else 'off'}: it overlaps the "
+                        "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "
+                        "--tp-comm-overlap needs --sequence-parallel), so it acts only with tp > 1 and sequence "
+                        "parallelism; use --tp 2 or more with --sp, or drop --tp-comm-overlap"),
+    SwitchUse("pp_scatter_gather_pp", ("pp_scatter_gather",), lambda p: (p.pp > 1) & (p.tp > 1) & ~as_bool(p.sp),
+              lambda p: f"pp_scatter_gather with tp {p.tp}, pp {p.pp}, sp {'on' if p.sp else 'off'}: it splits "
+                        "a stage's output over the TP ranks for the send to the next stage, so it acts only with "
+                        "pp > 1, tp > 1 and no sequence parallelism (whose output is already split); change those "
+                        "or drop --pp-scatter-gather"),
+    SwitchUse("pp_schedule_pp", ("pp_schedule",), lambda p: p.pp > 1,
+              lambda p: f"pp_schedule {p.pp_schedule} with pp {p.pp}: a pipeline schedule orders the micro-batches "
+                        "over several stages; use --pp 2 or more or drop --pp-schedule"),
+    SwitchUse("ep_comm_overlap_ep", ("ep_comm_overlap",), lambda p: p.ep > 1,
+              lambda p: f"ep_comm_overlap with ep {p.ep}: it hides the expert-parallel all-to-alls, which run "
+                        "only with ep > 1 (a mixture-of-experts model's experts over several ranks); raise --ep or "
+                        "drop --ep-comm-overlap", moe=True),
+    SwitchUse("moe_routing_ep", ("moe_routing",), lambda p: p.ep > 1,
+              lambda p: f"moe_routing {p.moe_routing} with ep {p.ep}: the routing sets how many expert-parallel "
+                        "ranks a token's copies reach, so it acts only with ep > 1; raise --ep or drop "
+                        "--moe-routing", moe=True),
+)
+"""The switches that act only on plans with some axis, each with its check_plan rule (SwitchUse)."""
+
+
+def unused_switches(plan: ParallelPlan) -> dict[str, Any]:
+    """The switches of SWITCH_USES that `plan` sets but does nothing with, each at its default (field -> value)."""
+    return {f: ParallelPlan.model_fields[f].default for u in SWITCH_USES
+            if u.given(plan) and not bool(u.uses(plan)) for f in u.fields}
+
+
+MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_capacity_factor",
+                "ep_comm_overlap")
+"""The training switches that act on expert layers only (rule moe_switches_dense)."""
+
+
+def asks_for(p: Any, field: str, named: Collection[str]) -> bool:
+    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset)."""
+    return field in named and getattr(p, field) is not False and getattr(p, field) is not None
+
+
+def named_switch_violations(m: ModelSpec, plan: ParallelPlan, named: Collection[str]) -> list[Violation]:
+    """The rules above on the switches the user named (`named`: ParallelPlan fields given on the command line),
+    at whatever value, the default included: --zero3-unit layer with --zero 1, --expert-gemm grouped on a dense
+    model ask for something the plan does not do, which check_plan, seeing only values away from the defaults,
+    cannot tell. A switch turned off (--no-ep-comm-overlap) asks for nothing: never refused here."""
+    def asks(f: str) -> bool:
+        return asks_for(plan, f, named)
+
+    dense = [f"{f} {getattr(plan, f)}" for f in MOE_SWITCHES if asks(f)] if not m.is_moe else []
+    out = [Violation("moe_switches_dense", _dense_message(m, dense))] if dense else []
+    return out + [Violation(u.name, u.message(plan)) for u in SWITCH_USES
+                  if not (u.moe and not m.is_moe) and any(asks(f) for f in u.fields) and not bool(u.uses(plan))]
+
+
+def settle(plan: ParallelPlan) -> ParallelPlan:
+    """`plan` with every switch of SWITCH_USES that does nothing on it at its default: the same plan, priced the
+    same, that keeps check_plan's rules on those switches (the search's plans, a published run's stack-wide
+    settings)."""
+    reset = unused_switches(plan)
+    return plan.model_copy(update=reset) if reset else plan
 
 
 SWITCH_RULES: tuple[Rule, ...] = (
@@ -187,4 +322,24 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "full-iteration, or drop --offload-activations-layers"),
     Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
          needs_cluster=True),
+    Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
+         lambda m, p, c: _dense_message(m, _moe_switches(p))),
+    Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")
+         | (not m.is_moe),
+         lambda m, p, c: f"moe_dispatch_sms {p.moe_dispatch_sms} with moe_dispatcher {p.moe_dispatcher}: the SMs are "
+                         "those of the deepep dispatch and combine kernels (Megatron moe_flex_dispatcher_num_sms); "
+                         "the alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
+                         "--moe-dispatch-sms"),
+    Rule("attention_kernel_fused", lambda m, p, c: (p.attention_kernel == "native") | p.flash_attention,
+         lambda m, p, c: f"attention_kernel {p.attention_kernel} with unfused attention: the kernel named is the "
+                         "fused attention kernel that runs, and unfused attention runs none; use --flash-attention "
+                         "or drop --attention-kernel"),
+    Rule("grad_dtype_fp32", lambda m, p, c: (p.grad_dtype == "fp32") | (p.dtype != "fp32"),
+         lambda m, p, c: f"grad_dtype {p.grad_dtype} with dtype fp32: pure fp32 training keeps fp32 gradients (the "
+                         "weights' own dtype); give a 16-bit or lower --dtype / --precision, or drop --grad-dtype"),
+    Rule("fp8_params_dtype", lambda m, p, c: (not p.fp8_params) | p.low_precision,
+         lambda m, p, c: f"fp8_params with dtype {p.dtype}: it keeps the weights in an fp8 / NVFP4 recipe's format "
+                         f"(Megatron --fp8-param-gather / --fp4-param-gather), and the plan's matmuls run in "
+                         f"{p.dtype}; give an fp8 or fp4 --precision, or drop --fp8-params"),
+    *(u.rule() for u in SWITCH_USES),
 )
