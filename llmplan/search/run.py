@@ -17,7 +17,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
-from llmplan.search.variants import (Variants, best_layouts, equivalent, layout_codes, representative,
+from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
 from llmplan.specs.check_switches import SWITCH_USES, asks_for, named_switch_violations, settle
