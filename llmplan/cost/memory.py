@@ -58,8 +58,8 @@ def zero3_tensor_backward_bytes(m: ModelSpec, plan: ParallelPlan, working: Any) 
     beside them. The hook (an AccumulateGrad post-hook, which autograd runs before the module's post-backward
     release) finds the tensor gathered and its full gradient, and reduces the previous tensor's gradient, still
     whole (partitioned only at the next reduction), through a flattened copy (buffered_reduce_fallback,
-    contiguous_gradients false) or beside it (past reduce_bucket_size): weight + gradient + 2 x previous
-    gradient, whatever stage3_max_live_parameters says (it gates the prefetch only). The output layer's logits
+    contiguous_gradients false; true: the list reduce_scatter, which ProcessGroupNCCL flattens): weight +
+    gradient + 2 x previous gradient, whatever stage3_max_live_parameters says (it gates the prefetch only). The output layer's logits
     are freed by then; a tied output weight's gradient waits in autograd's input buffer for the embedding's.
     Activations: `working` (the layer's working set) at the first weight (dense_4h_to_h); from dense_h_to_4h on,
     the MLP's inner activations are consumed and its fc1 output's gradient is alive.
