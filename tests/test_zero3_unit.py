@@ -157,3 +157,38 @@ def test_tensors_over_max_live_never_hide_their_gathers():
     fsdp = _zero3(384, "layer")  # FSDP's per-layer units do prefetch: the overlap hides gathers there
     assert float(estimate_training(m, cl, fsdp).time.total) < float(
         estimate_training(m, cl, fsdp.model_copy(update={"overlap_param_gather": False})).time.total)
+
+
+def test_zero3_2021_530b_fits_on_640_gpus_not_on_560(published_runs, acc):
+    """Narayanan et al. 2021, Table 2 caption: "The 530-billion-parameter GPT model did not fit on 560 GPUs when
+    using a microbatch size of 4 with ZeRO-3, so we increased the number of GPUs used to 640 and global batch
+    size to 2560 to provide a throughput estimate" (Selene: "8 NVIDIA 80-GB A100 GPUs" per node, Section 5).
+    The 560-GPU attempt must be predicted not to fit and the 640-GPU row that ran to fit, on the A100 80GB's
+    79.15 GiB (docs/formulas.md#mem.capacity). Before DeepSpeed 2021's per-tensor backward peak was priced
+    (docs/formulas.md#mem.zero3_tensor_peak) both fitted: 70.5 and 68.6 GiB."""
+    oom = published_runs["narayanan2021-t2-zero3-529.6b-560gpu-oom"]
+    ran = published_runs["narayanan2021-t2-zero3-529.6b-640gpu"]
+    assert oom["measured"]["outcome"] == "OOM" and "did not fit on 560 GPUs" in oom["notes"]
+    assert dict((q, (p, m)) for q, p, m in acc.predict(oom, "narayanan2021"))["fits"] == (0.0, 0.0)
+    assert dict((q, (p, m)) for q, p, m in acc.predict(ran, "narayanan2021"))["fits"] == (1.0, 1.0)
+
+
+def test_zero3_tensor_backward_peak_pairs_each_gradient_with_the_previous_under_reduction():
+    """At dense_h_to_4h's gradient hook (DeepSpeed v0.3.13 .. v0.4.0 stage3.py, reduce_ipg_grads): its gathered
+    weight and its gradient, dense_4h_to_h's whole gradient under all-reduce and that gradient's flattened copy,
+    4 x h x f 16-bit elements for a 4h MLP; with the tied output weight's gradient (V x h) waiting for the
+    embedding's, and the MLP's inner activations (2 x 2sbf: fc1 and GeLU outputs) swapped for fc1's output
+    gradient (2sbf). Counted here from those tensors' shapes, not from the code's tensor list."""
+    from llmplan.cost.activations import layer_activation_parts
+    from llmplan.cost.memory import zero3_tensor_backward_bytes
+
+    h, f, V, s, b = 20480, 81920, 51200, 2048, 4
+    m = ModelSpec(name="gpt-529.6b", num_hidden_layers=105, hidden_size=h, intermediate_size=f,
+                  num_attention_heads=128, vocab_size=V, max_position_embeddings=2048, tie_word_embeddings=True,
+                  gated_mlp=False, norm_type="layernorm", learned_position_embeddings=True)
+    plan = ParallelPlan(tp=1, pp=1, dp=560, zero=3, zero3_unit="tensor", micro_batch=b, global_batch=2240,
+                        seq_len=s, recompute="full")
+    assert float(layer_activation_parts(m, plan, False).mlp) == pytest.approx(2 * 2 * s * b * f, rel=1e-9)
+    working = 1e10
+    expected = working - 2 * s * b * f + 2 * 4 * h * f + 2 * V * h
+    assert float(zero3_tensor_backward_bytes(m, plan, working)) == pytest.approx(expected, rel=1e-9)

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
-from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS
+from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors  # noqa: F401  (re-exported)
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -137,17 +137,6 @@ def zero3_gathers(plan: ParallelPlan, layers: Any, kept: Any = 0.0) -> Any:
 ZERO3_MAX_REUSE_DISTANCE = 1e9
 """DeepSpeed's stage3_max_reuse_distance default in elements (deepspeed/runtime/zero/constants.py at v0.3.13 ..
 v0.4.0): a released module's weights stay gathered when fewer elements are used before their next use."""
-
-
-def zero3_layer_tensors(m: ModelSpec) -> tuple[float, float, float, float]:
-    """Elements of the four weight tensors of a Megatron-LM layer that ZeRO-3 gathers one at a time, in forward
-    order: the fused query_key_value, the attention output dense, dense_h_to_4h (both halves when gated) and
-    dense_4h_to_h. Derived: docs/formulas.md#comm.zero3_unit"""
-    h, f = m.hidden_size, m.intermediate_size
-    a = m.num_attention_heads
-    kv = m.num_key_value_heads or a
-    d = m.head_dim or h // a
-    return (float(h * (a + 2 * kv) * d), float(a * d * h), float(h * f * (2 if m.gated_mlp else 1)), float(f * h))
 
 
 def zero3_tensor_shares(m: ModelSpec) -> tuple[float, float, float, float]:

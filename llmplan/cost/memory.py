@@ -41,6 +41,41 @@ from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
 ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (DeepSpeed docs, config-json)
+def zero3_layer_tensors(m: ModelSpec) -> tuple[float, float, float, float]:
+    """Elements of the four weight tensors of a Megatron-LM layer that ZeRO-3 gathers one at a time, in forward
+    order: the fused query_key_value, the attention output dense, dense_h_to_4h (both halves when gated) and
+    dense_4h_to_h. Derived: docs/formulas.md#comm.zero3_unit"""
+    h, f = m.hidden_size, m.intermediate_size
+    a = m.num_attention_heads
+    kv = m.num_key_value_heads or a
+    d = m.head_dim or h // a
+    return (float(h * (a + 2 * kv) * d), float(a * d * h), float(h * f * (2 if m.gated_mlp else 1)), float(f * h))
+
+
+def zero3_tensor_backward_bytes(m: ModelSpec, plan: ParallelPlan, working: Any) -> Any:
+    """DeepSpeed stage 3 of 2021 per tensor (plan.zero3_unit tensor, no pipeline): the largest of one layer's
+    backward moments, each tensor's gradient hook, of the layer's activations then alive plus the ZeRO-3 tensors
+    beside them. The hook (an AccumulateGrad post-hook, which autograd runs before the module's post-backward
+    release) finds the tensor gathered and its full gradient, and reduces the previous tensor's gradient, still
+    whole (partitioned only at the next reduction), through a flattened copy (buffered_reduce_fallback,
+    contiguous_gradients false; true: the list reduce_scatter, which ProcessGroupNCCL flattens): weight +
+    gradient + 2 x previous gradient, whatever stage3_max_live_parameters says (it gates the prefetch only). The output layer's logits
+    are freed by then; a tied output weight's gradient waits in autograd's input buffer for the embedding's.
+    Activations: `working` (the layer's working set) at the first weight (dense_4h_to_h); from dense_h_to_4h on,
+    the MLP's inner activations are consumed and its fc1 output's gradient is alive.
+    Source: microsoft/DeepSpeed v0.3.13 .. v0.4.0 runtime/zero/stage3.py (reduce_independent_p_g_buckets_and_
+    remove_grads, reduce_ipg_grads, allreduce_and_copy), partition_parameters.py (_partition_gradient);
+    pytorch/pytorch torch/csrc/autograd/functions/accumulate_grad.cpp (sequence_nr UINT64_MAX).
+    Derived: docs/formulas.md#mem.zero3_tensor_peak"""
+    s, b, h, t, w = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp, plan.weight_bytes
+    back = [n / t for n in zero3_layer_tensors(m)[::-1]]  # dense_4h_to_h, dense_h_to_4h, dense, qkv
+    moments = [w * (2 * n + 2 * back[j - 1]) for j, n in enumerate(back)]  # j = 0: the layer above's qkv
+    consumed = maximum(layer_activation_parts(m, plan, False).mlp - 2 * s * b * back[1] / h, 0.0)
+    after_fc2 = maximum(maximum(moments[1], moments[2]), moments[3])
+    tied = where(m.tie_word_embeddings, w * padded_vocab(m.vocab_size, t) / t * h, 0.0)
+    return maximum(working + moments[0], working - consumed + after_fc2) + tied
+
+
 LOGIT_BYTES_UNFUSED = 12.0
 """Bytes per logit at the backward of an eager cross_entropy on fp32-cast logits: log_softmax keeps its fp32
 output for backward, and its backward holds the incoming fp32 gradient and builds the fp32 input gradient
@@ -173,7 +208,8 @@ class TrainingMemory(Breakdown):
     activations: Any
     other: Any
     """Runtime bytes (the priced CUDA context, cuBLAS workspace and NCCL buffers, or the stated fixed
-    allowance), fragmentation, ZeRO-3 gathered-layer buffers."""
+    allowance), fragmentation, ZeRO-3 gathered-layer buffers (per tensor: what its backward's gradient hooks
+    hold beyond the start of the backward, docs/formulas.md#mem.zero3_tensor_peak)."""
     activation_parts: ActivationBytes
     capacity: float
     runtime: RuntimeBytes | None = None
@@ -229,6 +265,13 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
     gathered = gathered + where(fp32_shards & (plan.pp == 1),
                                 rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
+    # DeepSpeed 2021 per tensor: a gradient hook's moment in the backward, the logits freed, beside the gathered
+    # tensor, its gradient and the previous one's under reduction. Derived: docs/formulas.md#mem.zero3_tensor_peak
+    per_tensor = (plan.zero >= 3) & (plan.zero3_unit == "tensor") & (plan.pp == 1)
+    if np.any(per_tensor):
+        moment = tensors - act.output - act.recompute_working + zero3_tensor_backward_bytes(m, plan,
+                                                                                           act.recompute_working)
+        gathered = gathered + where(per_tensor, maximum(moment - tensors - gathered, 0.0), 0.0)
     # After the backward (activations freed): DeepSpeed ZeRO-1's reduction bucket beside the whole gradient, then
     # its step's flat partition copies beside the partition's gradients. Derived: docs/formulas.md#mem.optimizer_copies
     copies, peak = after_backward_peak(plan, rp, dense.total + expert.total + cache, gradients)
