@@ -759,7 +759,12 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
     # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
     ds_b300_26_06 = "deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)
-    if ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06:
+    # v0.5.0's GPT-OSS B300 MXFP8 preset is its BF16 V2 one too (GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2 =
+    # ..._B300_BF16_V2: TE graphs of attn / moe_router / moe_preprocess, no fused grouped MLP; only the GB300 /
+    # GB200 FP8_MX_V2 presets set full_iteration, gpt_oss_workload_base_configs.py at fcbb603, v0.5.0)
+    oss_b300 = "gpt-oss" in rid and gpu.startswith("b300")
+    if (("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06
+            and not oss_b300):
         return "full-iteration"
     gb = gpu.startswith("gb")
     ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))

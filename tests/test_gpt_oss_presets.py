@@ -49,3 +49,8 @@ def test_gpt_oss_mxfp8_gb_presets_run_hybridep_with_overlap(published_runs, acc)
         assert acc.mbridge_cuda_graphs(rec) == "full-iteration"
     b300 = published_runs["mbridge-26.06-pretrain-gpt-oss-120b-dgx-b300-64gpu-mxfp8-tp1pp1cp1ep8vpnagbs1280mbs4"]
     assert acc.mbridge_moe_recipe(b300) == (True, False)
+    # ... and its TE graphs (attn / moe_router / moe_preprocess) without the fused grouped MLP: v0.5.0 (fcbb603)
+    # GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2 = GPT_OSS_120B_PRETRAIN_CONFIG_B300_BF16_V2, whose V1 base sets
+    # cuda_graph_impl "transformer_engine"; only the GB300 / GB200 FP8_MX_V2 presets set full_iteration
+    assert acc.mbridge_cuda_graphs(b300) == "layers"
+    assert acc.mbridge_expert_gemm(b300) == "per-expert"

@@ -60,7 +60,7 @@ def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
-                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0) -> Any:
+                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
@@ -69,32 +69,36 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
+    Every launch and eager op costs `host_factor` times its x86 time (GpuSpec.host_op_factor: Grace 2.75).
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
-    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync"""
+    synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync, #step.host_cpu"""
     graphed = plan.cuda_graphs == "layers"
     ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
-    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0) + ring) * KERNEL_LAUNCH_S
-    per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * KERNEL_LAUNCH_S
+    launch_s = KERNEL_LAUNCH_S * host_factor
+    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0) + ring) * launch_s
+    per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
-    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s)
+    sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)
     queued = maximum(launches - per_mb, 0.0)
-    return per_layer + plan.num_microbatches * (where(plan.launch_blocking, blocking_seconds(launches), queued)
-                                                + sync)
+    blocking = blocking_seconds(launches, host_factor)
+    return per_layer + plan.num_microbatches * (where(plan.launch_blocking, blocking, queued) + sync)
 
 
-def blocking_seconds(launches: Any) -> Any:
+def blocking_seconds(launches: Any, host_factor: Any = 1.0) -> Any:
     """GPU idle time of kernels launched with CUDA_LAUNCH_BLOCKING=1 (plan.launch_blocking), given `launches`,
-    their asynchronous launch time (KERNEL_LAUNCH_S each): nothing is queued, so after each kernel the GPU waits
-    for the host to wake from the launch's wait (HOST_SYNC_S), run the next op (EAGER_OP_HOST_S) and launch it.
+    their asynchronous launch time (KERNEL_LAUNCH_S x host_factor each): nothing is queued, so after each kernel
+    the GPU waits for the host to wake from the launch's wait (HOST_SYNC_S), run the next op (EAGER_OP_HOST_S)
+    and launch it, the op and the launch at the host CPU's `host_factor`.
     Source: CUDA C++ Programming Guide (CUDA_LAUNCH_BLOCKING: launches become synchronous).
-    Derived: docs/formulas.md#step.overhead"""
-    return launches / KERNEL_LAUNCH_S * (HOST_SYNC_S + EAGER_OP_HOST_S + KERNEL_LAUNCH_S)
+    Derived: docs/formulas.md#step.overhead, #step.host_cpu"""
+    per_op = (EAGER_OP_HOST_S + KERNEL_LAUNCH_S) * host_factor
+    return launches / (KERNEL_LAUNCH_S * host_factor) * (HOST_SYNC_S + per_op)
 
 
 def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: Any = 0,
-                      layer_gpu_s: Any = 0.0) -> Any:
+                      layer_gpu_s: Any = 0.0, host_factor: Any = 1.0) -> Any:
     """GPU idle time of one micro-batch's host waits. Each MoE layer's forward (once more under recompute) waits
     `syncs_per_layer` times for its token counts on the host (cost.moe.host_syncs_per_layer): the host cannot
     queue work past the wait, so the GPU drains its queue and idles for the wake-up (HOST_SYNC_S); from there on
@@ -102,9 +106,11 @@ def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: 
     idles max_j(h_1 + .. + h_j - g_1 - .. - g_(j-1)) until the next wait drains the queue again; over the
     `cycle_ops` eager ops (EAGER_OP_HOST_S each) between two waits and one layer's forward on the GPU
     (`layer_gpu_s`), that is at least the first op's issue and at least the cycle's host time beyond its GPU
-    time: HOST_SYNC_S + max(EAGER_OP_HOST_S, cycle_ops x EAGER_OP_HOST_S - layer_gpu_s) per wait. Backward is
-    driven by autograd's C++ engine with the forward's counts and does not wait.
+    time: HOST_SYNC_S + max(h, cycle_ops x h - layer_gpu_s) per wait, h = EAGER_OP_HOST_S x host_factor (the
+    host CPU's, GpuSpec.host_op_factor; the wake-up is not scaled). Backward is driven by autograd's C++ engine
+    with the forward's counts and does not wait.
     Source: CUDA C++ Programming Guide (a wait on an event blocks the host until the GPU has reached it).
-    Derived: docs/formulas.md#step.host_sync"""
-    paced = maximum(EAGER_OP_HOST_S, cycle_ops * EAGER_OP_HOST_S - layer_gpu_s)
+    Derived: docs/formulas.md#step.host_sync, #step.host_cpu"""
+    h = EAGER_OP_HOST_S * host_factor
+    paced = maximum(h, cycle_ops * h - layer_gpu_s)
     return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)

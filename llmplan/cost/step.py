@@ -248,7 +248,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     r_max = recomputed_share(plan, l_max)
     layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine
     overheads = {"host": host_seconds(plan, l_max, worst, r_max, moe_top, host_syncs_per_layer(m, plan),
-                                      layer_gpu),
+                                      layer_gpu, gpu.host_op_factor),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n}
     return StepTime(

@@ -181,12 +181,30 @@ class GpuSpec(Spec):
     logging or checkpoint hooks), seconds, added to every step; 0 in the shipped profiles. The launch waits,
     the exposed DP buckets, the optimizer step and the stragglers are priced from the plan
     (docs/formulas.md#step.overhead); the fitted 0.15 s that stood in for them until this release is gone."""
+    host_op_factor: float = Field(default=1.0, gt=0, le=100)
+    """Host (CPU) time of one framework operator on this GPU's host CPU (Python, PyTorch's dispatcher and
+    autograd, the launch) over its time on the x86 server hosts the per-op constants were measured on
+    (cost.compute.KERNEL_LAUNCH_S, cost.moe.EAGER_OP_HOST_S): it scales the launches and eager ops the step's
+    host part prices (cost.overhead.host_seconds). 1.0 for a GPU in an x86 server (DGX H100's Xeon Platinum
+    8480C and its kin); a superchip carries its CPU: GB200 / GB300 / GH200 run on Grace (72 Neoverse V2
+    cores), where a torch.nn.Linear forward (bf16, hidden 2,048, 8,192 tokens) costs 37.08 us of CPU time
+    against 13.48 us on a DGX H100 (NVIDIA/TransformerEngine issue 2053): 2.75. A measured ratio, not fitted;
+    host_op_source is required with any other value. docs/formulas.md#step.host_cpu"""
+    host_op_source: str = ""
+    """Where host_op_factor comes from (the per-op CPU times on both hosts, and the page); required unless it is 1."""
 
     @model_validator(mode="after")
     def _positive_tflops(self) -> "GpuSpec":
         bad = {k: v for k, v in self.tflops.items() if not 0 < v <= 1e6}
         if bad:
             raise ValueError(f"tflops must be positive and below 10^6 per dtype, got {bad}")
+        return self
+
+    @model_validator(mode="after")
+    def _host_op_sourced(self) -> "GpuSpec":
+        if self.host_op_factor != 1.0 and not self.host_op_source.strip():
+            raise ValueError(f"host_op_factor {self.host_op_factor:g} needs host_op_source: the per-op CPU times "
+                             "measured on this host and on an x86 one, and where they were published")
         return self
 
     @model_validator(mode="after")
