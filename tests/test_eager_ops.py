@@ -88,3 +88,22 @@ def test_torch_compile_speedup_on_torchtitans_published_pairs(acc, published_run
     assert published_runs[rid + "-compile"]["measured"]["tokens_per_s_per_gpu"] == compiled_tps
     predicted = tps(rid + "-compile") / tps(rid)
     assert predicted == pytest.approx(compiled_tps / eager_tps, rel=0.05)
+
+
+def test_eager_layers_launch_their_ops_one_by_one():
+    # torchtitan 9dec370 TransformerBlock forward as eager ops: 2 RMSNorms x 8 (float, pow, mean, + eps, rsqrt,
+    # x * rsqrt, type_as, * weight), wq / wk / wv (3), rotary on q and k x 3 (float, complex product, type_as),
+    # repeat_kv on k and v (2), SDPA (1), wo (1), w1, w3, silu, product, w2 (5), two residual adds (2)
+    from llmplan.cost.compute import KERNEL_LAUNCH_S
+    from llmplan.cost.overhead import EAGER_LAYER_KERNELS, LAYER_KERNELS, host_seconds
+
+    assert EAGER_LAYER_KERNELS == 2 * 8 + 3 + 2 * 3 + 2 + 1 + 1 + 5 + 2
+    fused, eager = _plans()
+    # a GPU with no work to hide the launches behind (per_mb 0): every launch is waited for; 4 layers, no recompute
+    layers = 4
+    extra = host_seconds(eager, layers, 0.0, 0.0) - host_seconds(fused, layers, 0.0, 0.0)
+    per_layer = (EAGER_LAYER_KERNELS - LAYER_KERNELS) * KERNEL_LAUNCH_S
+    assert extra == pytest.approx(per_layer + fused.num_microbatches * per_layer * layers * 3)
+    # with a long GPU micro-batch the host stays ahead: only the step's first layer is waited for
+    long = host_seconds(eager, layers, 10.0, 0.0) - host_seconds(fused, layers, 10.0, 0.0)
+    assert long == pytest.approx(per_layer)
