@@ -132,7 +132,13 @@ ASSUMPTIONS = {
                   "shards, PyTorch SDPA = "
                   "FlashAttention-2 (cuDNN attention was opt-in then: pytorch/pytorch#138522, #142132), "
                   "torch.compile = fused kernels (not the loss: eager cross_entropy on fp32 logits, train.py at "
-                  "9dec370), eager = the unfused kernels, torchao float8 tensorwise, AsyncTP = TP overlap, "
+                  "9dec370), eager = the unfused kernels (its RMSNorm, rotary and SwiGLU as PyTorch ops), "
+                  "torchao float8 tensorwise, AsyncTP = TP overlap, "
+                  "the pipeline rows' FSDP gradient reduce-scatter after each stage's last backward, not beside "
+                  "it (torch.distributed.pipelining's stage calls FSDP's post_backward by hand once the last "
+                  "backward is over: pytorch/pytorch#134052, #165106), "
+                  "context parallelism as SDPA's flash backend (FlashAttention-2) in PyTorch's ring "
+                  "(utils.py at 9dec370: sdpa_kernel FLASH_ATTENTION first), "
                   "sequence parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets "
                   "it; the full activation checkpointing rows and the bf16 rows of its op-level selective policy "
                   "(--recompute op; the Float8 op rows are not scored: 9dec370 recomputes float8 matmuls, which "
@@ -1085,7 +1091,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # DeepSpeed's pipeline engine (BLOOM, MT-NLG) reduces the gradients in its ReduceGrads instruction after the
         # last backward of the schedule and gathers the updated weights in the optimizer step, neither beside
         # compute (deepspeed/runtime/pipe/schedule.py TrainSchedule; engine.py _exec_reduce_grads)
-        overlap_grad_reduce=fam not in STEP_END_DP, overlap_param_gather=fam not in STEP_END_DP,
+        # torch.distributed.pipelining (torch 1963fc8, the torchtitan rows' PyTorch) runs every micro-batch's
+        # backward with FSDP's gradient sync off and calls post_backward on each FSDP group by hand after the
+        # stage's last backward (_PipelineStageBase.backward_maybe_with_nosync: pytorch/pytorch#134052, 2024-08;
+        # #165106, 2025-10, moves these reduce-scatters to the step's end because their compute-stream sync
+        # blocked the other stages' backwards): the stage's reduction beside no compute
+        overlap_grad_reduce=fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1),
+        overlap_param_gather=fam not in STEP_END_DP,
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",

@@ -28,16 +28,18 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
-    # Unfused (fused_kernels False): a norm reads its input twice and writes and re-reads the normalised tensor
-    # before scaling (3x the fused traffic); rotary reads cos / sin and makes two more passes (3x).
-    unfused = where(plan.fused_kernels, 1, 3)
-    norms_residual = (8 * unfused + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
+    # Unfused (fused_kernels False: PyTorch eager, torchtitan without torch.compile): an RMSNorm as its eager ops
+    # (eager_norm_bytes); a LayerNorm reads its input twice and writes and re-reads the normalised tensor (3x);
+    # the rotary as torchtitan's eager complex product (EAGER_COMPLEX_ROPE_BYTES)
+    norm = eager_norm_bytes(m, plan)
+    norms_residual = (2 * norm + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
     qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
-    rope_pass = where(plan.rope_fusion, 4 * unfused, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
+    fused_rope = where(plan.fused_kernels, 4.0, sum(EAGER_COMPLEX_ROPE_BYTES) / 3)
+    rope_pass = where(plan.rope_fusion, fused_rope, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
-    qk_norm = 4 * unfused * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
+    qk_norm = norm * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = token_ffn_width(m, moe) * (1.0 if moe else dense_mlp_share(m))  # a hybrid: its share of dense MLPs
-    act = activation_pass_bytes(m) * T * f / t
+    act = eager_activation_bytes(m, plan) * T * f / t
     if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
         act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))
                      * T * m.expert_ffn * m.num_experts_per_tok / t)
@@ -75,6 +77,56 @@ def sink_rescale_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     if not m.attention_sinks:
         return 0.0
     return where(plan.sink_fusion, 0.0, sum(SINK_RESCALE_BYTES) / 3)
+
+
+EAGER_RMSNORM_BYTES = (36.0, 92.0)
+"""(forward, backward) HBM bytes per element of a bf16 RMSNorm written as PyTorch eager ops (torchtitan's RMSNorm:
+x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps), cast back, times the weight), against a fused
+kernel's 4 + 8. Forward: x.float() (read 2, write 4), pow(2) (read 4, write 4), the row mean (read 4), x times
+the row's rsqrt (read 4, write 4), type_as (read 4, write 2), times the weight (read 2, write 2); the per-row
+eps and rsqrt are 1/h of that. Backward: the weight's mul (grad * weight: read 2, write 2; grad * output, read
+2 + 2, write 2, summed over tokens, read 2), the cast's gradient to fp32 (read 2, write 4), the rsqrt mul's
+(grad * rsqrt: read 4, write 4; grad * x, read 4 + 4, write 4, summed over the row, read 4), the mean's
+expanded gradient (write 4), pow's (self.pow(1) copied, read 4, write 4; times 2, read 4, write 4; times the
+gradient, read 4 + 4, write 4), the two branches into x summed (read 4 + 4, write 4) and the cast back to bf16
+(read 4, write 2). Source: pytorch/torchtitan torchtitan/models/norms.py at 9dec370 (RMSNorm._norm, forward);
+PyTorch tools/autograd/derivatives.yaml and FunctionsManual.cpp (mul, _to_copy, mean, pow_backward).
+Derived: docs/formulas.md#compute.eager_ops"""
+
+EAGER_COMPLEX_ROPE_BYTES = (20.0, 20.0)
+"""(forward, backward) HBM bytes per element of q and k of torchtitan's eager rotary in bf16 (apply_rotary_emb:
+view_as_complex of the fp32 copy times freqs_cis, view_as_real, type_as), against the fused kernel's 4 + 8.
+Forward: .float() (read 2, write 4), the complex product (read 4, write 4; freqs_cis is one row per position,
+shared by the batch and heads), type_as (read 4, write 2); the views are free. Backward: the cast's gradient to
+fp32 (read 2, write 4), the product's (grad times conj(freqs_cis): read 4, write 4; freqs_cis needs no gradient)
+and the cast back to bf16 (read 4, write 2). Source: pytorch/torchtitan torchtitan/models/llama/model.py at
+9dec370 (apply_rotary_emb); PyTorch tools/autograd/derivatives.yaml (mul, _to_copy, view_as_complex).
+Derived: docs/formulas.md#compute.eager_ops"""
+
+EAGER_SWIGLU_BYTES = (10.0, 18.0)
+"""(forward, backward) HBM bytes per element of the f-wide MLP intermediate of a gated MLP written as PyTorch
+eager ops (torchtitan's FeedForward: F.silu(w1(x)) * w3(x)), against the fused activation's 6 + 12. Forward:
+silu (read 2, write 2), the product (read 2 + 2, write 2). Backward: the product's two gradients (grad times
+each factor: read 2 + 2, write 2, twice) and silu_backward (read 2 + 2, write 2). Source: pytorch/torchtitan
+torchtitan/models/llama/model.py at 9dec370 (FeedForward.forward); PyTorch tools/autograd/derivatives.yaml (mul,
+silu). Derived: docs/formulas.md#compute.eager_ops"""
+
+
+def eager_norm_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per element of one pre-norm, in the forward-equivalent units of elementwise_bytes (the stage
+    charges three times them): 4 fused (read and write once); without fused kernels an RMSNorm's eager ops
+    (EAGER_RMSNORM_BYTES over 3) and a LayerNorm's three passes (12). Derived: docs/formulas.md#compute.eager_ops"""
+    unfused = sum(EAGER_RMSNORM_BYTES) / 3 if m.norm_type == "rmsnorm" else 12.0
+    return where(plan.fused_kernels, 4.0, unfused)
+
+
+def eager_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token and MLP column of the activation, in forward-equivalent units: the fused kernel's one
+    pass (activation_pass_bytes); without fused kernels a gated MLP's eager silu and product (EAGER_SWIGLU_BYTES
+    over 3). A GELU is one kernel either way. Derived: docs/formulas.md#compute.eager_ops"""
+    if not m.gated_mlp:
+        return activation_pass_bytes(m)
+    return where(plan.fused_kernels, activation_pass_bytes(m), sum(EAGER_SWIGLU_BYTES) / 3)
 
 
 def activation_pass_bytes(m: ModelSpec) -> float:

@@ -25,6 +25,15 @@ projection, the two MLP GEMMs; the gate fused with the up projection), the atten
 memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
 (two per layer). Backward launches about twice as many, recompute one forward more."""
 
+EAGER_LAYER_KERNELS = 36
+"""Kernels one dense transformer layer launches in a forward pass as PyTorch eager ops (ParallelPlan.fused_kernels
+False: torchtitan without torch.compile), in place of LAYER_KERNELS: two RMSNorms of eight each (the fp32 cast,
+pow, mean, the eps add, rsqrt, the product, the cast back, the weight's product), the q, k and v projections (3),
+the rotary on q and k (the fp32 cast, the complex product, the cast back: 6), repeat_kv's copies of k and v (2),
+the attention kernel, the output projection, w1, w3, silu, their product and w2 (5), two residual adds.
+Source: pytorch/torchtitan torchtitan/models/llama/model.py and models/norms.py at 9dec370 (TransformerBlock,
+Attention, FeedForward, RMSNorm), counted along one forward. Derived: docs/formulas.md#compute.eager_ops"""
+
 CP_STEP_KERNELS = 4
 """Launches per ring step of a context-parallel attention forward, in place of the one attention kernel: the
 send and receive of the next K/V (one NCCL group call), the step's attention kernel, the merge of its
@@ -75,7 +84,8 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     graphed = plan.cuda_graphs == "layers"
     ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
     launch_s = KERNEL_LAUNCH_S * host_factor
-    per_layer = where(graphed, GRAPH_LAUNCHES, LAYER_KERNELS + where(plan.tp > 1, 2, 0) + ring) * launch_s
+    kernels = where(plan.fused_kernels, LAYER_KERNELS, EAGER_LAYER_KERNELS)  # eager: the ops one by one
+    per_layer = where(graphed, GRAPH_LAUNCHES, kernels + where(plan.tp > 1, 2, 0) + ring) * launch_s
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)

@@ -211,7 +211,9 @@ class ParallelPlan(PlanQuantities, Spec):
     (docs/formulas.md#comm.pp)."""
     fused_kernels: bool = True
     """Fused norm, rotary and grouped expert GEMM kernels (False: the unfused fallback of a GPU whose stack
-    lacks them: extra memory traffic and one GEMM per expert; set from the GPU profile, docs/formulas.md#operators)."""
+    lacks them, and PyTorch eager as torchtitan runs without torch.compile: the norms, rotary and SwiGLU as their
+    eager ops' memory traffic and launches, one GEMM per expert; set from the GPU profile,
+    docs/formulas.md#operators, #compute.eager_ops)."""
     rope_fusion: bool = True
     """Rotary position embedding in one fused kernel on q and k (Transformer Engine's fused RoPE, NeMo AutoModel's
     rope_fusion). False: Megatron-Core's eager rotary (_apply_rotary_pos_emb_bshd: multiplies, a rotate-half
