@@ -112,7 +112,8 @@ ASSUMPTIONS = {
            "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
            "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
            "bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
-    "nemo2407": "NeMo 24.07: fp8, fused attention, distributed optimizer (Apex distributed_fused_adam, bf16 "
+    "nemo2407": "NeMo 24.07: fp8, attention FlashAttention-2 (run through NeMo-Framework-Launcher, whose config "
+                "sets NVTE_FUSED_ATTN 0 until 2024-08-30: FLASH2_FAMILIES), distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
                 "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
@@ -858,7 +859,7 @@ def mbridge_layout(rec: dict, pp: int, vpp: int) -> tuple[str, ...] | None:
     return None
 
 
-FLASH2_FAMILIES = ("mpt", "torchtitan", "nemocp")
+FLASH2_FAMILIES = ("mpt", "torchtitan", "nemocp", "nemo2407")
 """Families whose runs' attention is priced as FlashAttention-2 (attention_kernel flash2; why for mpt and
 torchtitan: ASSUMPTIONS). nemocp: NeMo-Framework-Launcher's launcher_scripts/conf/config.yaml sets
 NVTE_FUSED_ATTN: 0 ("Disable cudnn FA until we've tested it more") from 562dcb45 (2024-02-13) through tag
@@ -867,14 +868,21 @@ a6490ffe / 04b8d098 (tags 24.09 on). Transformer Engine's DotProductAttention th
 (cuDNN) off, although it prefers it on sm90 ("Select FusedAttention on sm90", transformer_engine/pytorch/
 attention.py at da30634, the commit NeMo's 24.03 Dockerfile pins; v1.3 and v1.4 alike), and runs the
 flash-attn package (<= 2.4.2 by TE's setup.py there): under context parallelism AttnFuncWithCP with
-use_fused_attention False, one _flash_attn_varlen_forward call per ring step (docs/validation.md#nemocp-kernel)."""
+use_fused_attention False, one _flash_attn_varlen_forward call per ring step (docs/validation.md#nemocp-kernel).
+nemo2407: NeMo's 24.07 performance summary (NVIDIA/NeMo docs/source/performance/performance_summary.md, commits
+164b0097f8 / ccef6aab5a / 9c5c5e9709, 2024-08-14 to 09-09, by the author of NeMo-Framework-Launcher's
+enable_vboost, 093e1726, merged 2024-08-20: the runs went through the launcher's sbatch scripts) was measured
+while the launcher's main and its 24.07 tag set NVTE_FUSED_ATTN 0 (removed by 48f00494, merged 2024-08-30); its
+layouts are the launcher's examples/training scripts'. The last revision (9c5c5e9709), after that merge, moves the
+most attention-bound row (Llama 3 8B, 8k, CP2) +2.0% from the first, where FA2 -> cuDNN moves it by about 18%
+here: the same kernel throughout (docs/validation.md#nemo2407-kernel)."""
 
 
-ATTENTION_RELEASE_2024 = ("nemo2407",)
-"""Families whose stack is of 2024 (NeMo 24.07) and, by id prefix below, Megatron-Core r0.8's table: under
+ATTENTION_RELEASE_2024: tuple[str, ...] = ()
+"""Families whose stack is of 2024 and, by id prefix below, Megatron-Core r0.8's table: under
 --attention-releases date read as cuDNN 9.1, the earliest release NVIDIA published a Hopper SDPA training rate
-for (NVIDIA/cudnn-frontend at b740542, May 2024) (docs/validation.md#attention-release). NeMo 24.03's
-long-sequence rows (nemocp) ran FlashAttention-2, not cuDNN (FLASH2_FAMILIES)."""
+for (NVIDIA/cudnn-frontend at b740542, May 2024) (docs/validation.md#attention-release). NeMo's 2024 tables
+(nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher, not cuDNN (FLASH2_FAMILIES)."""
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under

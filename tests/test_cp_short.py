@@ -119,8 +119,10 @@ def test_cp_s_throughput_against_cp1_falls_as_the_sequence_shortens(model_tp, cp
     # Megatron-Bridge 26.02 performance summary: Llama 3.1 405B FP8-CS on 1,024 H100, TP8 PP8 CP2 at 8k
     # (4k tokens per CP rank: the shortest chunks among published CP runs)
     ("bridge-2602-h100-fp8-cs-llama31-405b-1024gpu-gbs1536", 0.06),
-    # NeMo 24.07 performance table: Llama 3 8B fp8 on 8 H100, TP1 CP2 at 8k
-    ("nemo2407-pretrain-llama3-8b-8gpu-gbs128", 0.10),
+    # NeMo 24.07 performance table: Llama 3 8B fp8 on 8 H100, TP1 CP2 at 8k. FlashAttention-2 (NVTE_FUSED_ATTN 0
+    # in the launcher that ran it, docs/validation.md#nemo2407-kernel) at 0.57 x the shipped 0.7: -14.1%
+    pytest.param("nemo2407-pretrain-llama3-8b-8gpu-gbs128", 0.10, marks=pytest.mark.xfail(
+        strict=True, reason="shipped attention_efficiency 0.7 was fitted to these rows read as cuDNN")),
 ])
 def test_published_cp_runs(published_runs, acc, rid, tolerance):
     rec = published_runs[rid]
@@ -141,6 +143,19 @@ def test_nemocp_runs_flash_attention_2_at_its_published_rate(published_runs, acc
     assert acc.plan_for(rec, "nemocp", rec["hardware"]["gpus"]).attention_kernel == "flash2"
     (_, pred, meas), *_ = acc.predict(rec, "nemocp", dict(acc.PUBLISHED_PRIOR))
     assert pred == pytest.approx(meas, rel=0.20)
+
+
+def test_nemo2407_cp_row_runs_flash_attention_2_at_its_published_rate(published_runs, acc):
+    # NeMo 24.07's performance table was measured through NeMo-Framework-Launcher while its config set
+    # NVTE_FUSED_ATTN 0 (docs/validation.md#nemo2407-kernel). Its most attention-bound row (Llama 3 8B fp8, 8 H100,
+    # TP1 CP2 at 8k; NeMo docs/source/performance/performance_summary.md at 9c5c5e9709: 711 model TFLOP/s per GPU)
+    # at the published native asymptote (accuracy.PUBLISHED_PRIOR, 0.98: Shah et al. 2024, Figures 5-6) times
+    # FA2's published ratio to it (0.57) lies within 5% (-1.5%); read as cuDNN at that asymptote it is +15.2%.
+    rid = "nemo2407-pretrain-llama3-8b-8gpu-gbs128"
+    rec = published_runs[rid]
+    assert acc.plan_for(rec, "nemo2407", rec["hardware"]["gpus"]).attention_kernel == "flash2"
+    (_, pred, meas), *_ = acc.predict(rec, "nemo2407", dict(acc.PUBLISHED_PRIOR))
+    assert pred == pytest.approx(meas, rel=0.05)
 
 
 def test_each_ring_step_launches_its_send_attention_and_merges():
