@@ -265,7 +265,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
 EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
 """(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
 OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
-                  "measured": "measured per-step overhead"}
+                  "measured": "measured per-step overhead",
+                  "grad_buffer": "gradient NaN check / 1/dp scaling"}
 
 
 def time_table(e: TrainingEstimate) -> Table:
