@@ -105,7 +105,9 @@ ASSUMPTIONS = {
                 "arguments.py sets overlap_p2p_comm False without it; one layer is the only virtual-stage size "
                 "valid for every PP > 1 row of its table); the PP 1 rows as one micro-batch of the replica's 4 "
                 "sequences (r0.8 reduces gradients only in the last micro-batch's backward: four micro-batches "
-                "would leave DP traffic exposed that the measured MFU has no room for); predicts MFU / model TFLOP/s",
+                "would leave DP traffic exposed that the measured MFU has no room for); Megatron-LM's default NaN "
+                "check and 1/dp pre-scaling of the gradient buckets (grad_nan_check, grad_prescale: neither the README "
+                "nor the scripts turn them off); predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs with fp32 parameter shards (FSDP mixed precision); "
            "attention priced as flash2, the closest modelled kernel: "
            "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
@@ -1058,6 +1060,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         and not rec["id"].startswith("megatron-core-r0.8-"),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
+        # Megatron-LM's own training loop with its defaults (core_r0.8.0 .. d98e8a6): every gradient bucket's
+        # norm for the NaN check and its 1/dp pre-scaling before the DP reduction; neither the r0.8 README's
+        # flags nor the examples/llama scripts turn them off (docs/formulas.md#step.grad_buffer)
+        grad_nan_check=fam == "megatron", grad_prescale=fam == "megatron",
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370

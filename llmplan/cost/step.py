@@ -52,6 +52,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     GRAPHED_MOE_EAGER,
     LAYER_KERNELS,
     MOE_LAYER_KERNELS,
+    grad_buffer_seconds,
     host_seconds,
     host_sync_seconds,
     straggler_seconds,
@@ -100,8 +101,9 @@ class StepTime(Breakdown):
     hardware_flops: Any
     overheads: dict[str, Any]
     """The parts of `overhead` (they sum to it): host (kernel launches the GPU waits for), stragglers (the
-    slowest of the job's GPUs sets the pace) and measured (GpuSpec.step_overhead_s, 0 unless a fleet's
-    profile sets it)."""
+    slowest of the job's GPUs sets the pace), measured (GpuSpec.step_overhead_s, 0 unless a fleet's
+    profile sets it) and grad_buffer (Megatron-LM's NaN check and pre-scaling of the gradient buffer before the
+    DP reduction, grad_nan_check / grad_prescale; 0 with both off)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
@@ -250,7 +252,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     overheads = {"host": host_seconds(plan, l_max, worst, r_max, moe_top, host_syncs_per_layer(m, plan),
                                       layer_gpu, gpu.host_op_factor),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
-                 "measured": gpu.step_overhead_s + 0 * n}
+                 "measured": gpu.step_overhead_s + 0 * n,
+                 "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,

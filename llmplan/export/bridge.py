@@ -205,6 +205,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
             ("ddp.use_distributed_optimizer", p.zero == 1), ("optimizer.use_distributed_optimizer", p.zero == 1),
             ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
+            # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
+            ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
             ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
             # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
             # Transformer Engine's precision-aware FusedAdam when either is below fp32

@@ -22,6 +22,8 @@ def check(pf: PlanFile) -> None:
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
         (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
+        ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
+         p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
         (f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"),
         ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
         (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",

@@ -133,6 +133,11 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+              # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
+              # reduction (docs/formulas.md#step.grad_buffer); off where the plan priced them off (a
+              # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
+              ("--no-check-for-nan-in-loss-and-grad", not p.grad_nan_check and p.cuda_graphs != "full-iteration"),
+              ("--ddp-average-in-collective", not p.grad_prescale),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
               ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)

@@ -69,6 +69,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     if p.dtype in ("fp16", "fp32"):
         raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    if p.grad_nan_check or p.grad_prescale:
+        raise refuse(target, "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / "
+                     "grad_prescale: FSDP2 averages inside its reduce-scatter)",
+                     "set grad_nan_check and grad_prescale false, or export to megatron")
     for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
         if bad:
             raise refuse(target, what, fix)

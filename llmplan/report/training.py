@@ -265,7 +265,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
 EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
 """(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
 OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
-                  "measured": "measured per-step overhead"}
+                  "measured": "measured per-step overhead",
+                  "grad_buffer": "gradient NaN check / 1/dp scaling"}
 
 
 def time_table(e: TrainingEstimate) -> Table:
@@ -279,7 +280,8 @@ def time_table(e: TrainingEstimate) -> Table:
             *((name, v, ref) for a, v in st.exposed.items() if v > 0
               for name, ref in [EXPOSED_ROWS.get(a, (f"exposed {a.upper()} communication", "step.time"))]),
             ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
-            *((f"{OVERHEAD_NAMES[k]}", v, "step.overhead") for k, v in st.overheads.items() if v > 0)]
+            *((f"{OVERHEAD_NAMES[k]}", v, "step.grad_buffer" if k == "grad_buffer" else "step.overhead")
+              for k, v in st.overheads.items() if v > 0)]
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")

@@ -189,6 +189,16 @@ class ParallelPlan(PlanQuantities, Spec):
     add: Megatron-LM's DDP hook main_grad.add_(param.grad) before that, autograd's accumulation into
     param.grad) or cast-add (the gradient cast to the accumulated dtype first, then added: DeepSpeed's
     BF16_Optimizer update_hp_grads). docs/formulas.md#step.grad_accumulation"""
+    grad_nan_check: bool = False
+    """Megatron-LM's NaN check of the gradients before each bucket's data-parallel reduction
+    (--check-for-nan-in-loss-and-grad, on by default in Megatron-LM: DistributedDataParallelConfig
+    check_for_nan_in_grad), the L2 norm of the bucket's gradient buffer on every rank: one read of the rank's
+    gradients per reduction. False: --no-check-for-nan-in-loss-and-grad (docs/formulas.md#step.grad_buffer)."""
+    grad_prescale: bool = False
+    """Megatron-LM's DDP multiplies each bucket's gradients by 1/(dp x cp) before reducing them with a sum
+    (gradient_scaling_factor, its default), a read and a write of the rank's gradients per reduction. False:
+    the average taken inside the collective (--ddp-average-in-collective; Megatron-Bridge and NeMo 2 recipes)
+    (docs/formulas.md#step.grad_buffer)."""
     zero3_unit: Literal["layer", "tensor"] = "layer"
     """What ZeRO-3 gathers and reduces in one collective: a layer (PyTorch FSDP / FSDP2 units, the default: the
     recompute forward runs on the backward's gather) or each weight tensor on its own (DeepSpeed's stage 3 of
@@ -360,6 +370,15 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"grad_reduce all-reduce with zero {self.zero}: ZeRO-2/3 keep only their gradient "
                              "shard, so they reduce-scatter; use zero 1 (or 0, which all-reduces anyway) or "
                              "grad_reduce reduce-scatter")
+        return self
+
+    @model_validator(mode="after")
+    def _nan_check_outside_full_graphs(self) -> "ParallelPlan":
+        # Megatron-LM arguments.py (d98e8a6): --cuda-graph-impl full_iteration asserts the NaN check is off
+        if self.grad_nan_check and self.cuda_graphs == "full-iteration":
+            raise ValueError("grad_nan_check with cuda_graphs full-iteration: Megatron-LM requires "
+                             "--no-check-for-nan-in-loss-and-grad with a full-iteration graph; set grad_nan_check "
+                             "false or cuda_graphs none or layers")
         return self
 
     @model_validator(mode="after")

@@ -46,6 +46,8 @@ PARALLEL_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
+    --no-check-for-nan-in-loss-and-grad
+    --ddp-average-in-collective
     --cross-entropy-loss-fusion
     --micro-batch-size 1
     --global-batch-size 24
