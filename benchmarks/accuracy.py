@@ -626,6 +626,22 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     return False, False
 
 
+def mbridge_flex_backend(rec: dict) -> str:
+    """moe_flex_dispatcher_backend of an mbridge row whose preset runs the flex dispatcher (mbridge_moe_recipe):
+    hybridep, as the performance presets set it (scripts/performance/configs/*/..._workload_base_configs.py,
+    perf_recipes/*/common.py), except DeepSeek-V3's B200 MXFP8 V2 preset (mbridge_ds_b200_v2: deepep, v0.4.2 /
+    v0.5.0; perf_recipes/deepseek/b200/deepseek_v3.py at v0.6.0) and Qwen3-30B-A3B's H100 presets of v0.3.0
+    (26.02: deepep, before v0.3.1's f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP"); deepep
+    (llmplan's default) where the row runs no flex dispatcher."""
+    if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
+        return "deepep"
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and ref[:2] == (26, 2) \
+            and len(ref) == 2:
+        return "deepep"
+    return "hybridep"
+
+
 MBRIDGE_RECOMPUTE_MODULES = {
     # (model, release, GPU) -> recompute_modules; release (25, 11) = v0.2.0, (26, 2) = v0.3.0, (26, 4) = v0.4.0,
     # (26, 4, 1) = v0.4.2, (26, 6) = v0.5.0. GPT-OSS 120B: GB200 / B200 / H100 presets (BF16 and their FP8
@@ -1067,6 +1083,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
         # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
         moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),
+        moe_flex_backend=par.get("moe_flex_backend") or mbridge_flex_backend(rec),
         cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),

@@ -70,7 +70,9 @@ def test_bridge_launcher_segments_nvl72_racks_in_powers_that_divide_the_job(publ
     m = acc.model_for(rec, "mbridge-moe")
     a, b = (estimate_training(m, c, plan) for c in (seg, full))
     assert a.comm.axes["ep"].transfers[0].group.domains == 1 < b.comm.axes["ep"].transfers[0].group.domains
-    assert float(a.comm.axes["ep"].seconds) < 0.5 * float(b.comm.axes["ep"].seconds)
+    # (under half while the in-domain HybridEP call paid the link's 1 us a peer; with its published ~6 us a peer,
+    # docs/formulas.md#comm.hybridep, the in-domain call costs more and the straddling one is 1.6x it)
+    assert float(a.comm.axes["ep"].seconds) < 0.7 * float(b.comm.axes["ep"].seconds)
 
 
 def test_grouped_gemm_fills_the_waves_with_every_local_expert():

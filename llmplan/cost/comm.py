@@ -17,7 +17,7 @@ import numpy as np
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.moe import DEEPEP_NUM_SMS, EAGER_OP_HOST_S, routing_imbalance
+from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -31,7 +31,7 @@ from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSecon
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
-from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs
+from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
@@ -61,6 +61,8 @@ class Dispatch:
     groups: tuple[int, int] | None
     sms: int = 0
     """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
+    backend: str = "deepep"
+    """The kernels (ParallelPlan.moe_flex_backend): deepep (dispatch_sm_beta) or hybridep (hybridep_rate)."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -147,11 +149,61 @@ def dispatch_sm_beta(d: Dispatch | None) -> float:
     return 0.5 * (1 / r_dispatch + 1 / r_combine) / d.sms
 
 
+HYBRIDEP_GB200_GBPS = {
+    16: {8: (550.10, 538.44), 16: (472.84, 474.48), 24: (441.89, 444.40), 32: (485.50, 423.19), 36: (469.96, 418.27)},
+    32: {8: (545.71, 568.94), 16: (523.48, 521.55), 24: (507.32, 483.76), 32: (484.22, 464.54), 36: (479.02, 447.89)},
+}
+"""HybridEP's published dispatch (BF16) and combine algorithm bandwidth in GB/s through the torch API on GB200, by
+SMs and then by ranks of one NVLink domain: 4,096 tokens per rank of hidden 7,168, top-8, 8 local experts per
+rank, uniform random routing; bytes = the rows a rank receives (deepseek-ai/DeepEP docs/README_Hybrid-EP.md at
+94a9f8f6, "GB200 Platform"; tests/test_hybrid_ep.py: nvl_recv_bytes / time)."""
+HYBRIDEP_BENCH = (4096, 7168, 8, 8)
+"""(tokens per rank, hidden, top-k, experts per rank) of HYBRIDEP_GB200_GBPS's benchmark."""
+
+
+@lru_cache(maxsize=64)
+def hybridep_fit(sms: int) -> tuple[float, float]:
+    """(seconds per byte, seconds per peer) of a HybridEP call at a published SM count: the least-squares line
+    t(n) = beta·B(n) + alpha·(n - 1) through the mean dispatch-and-combine time of the published table, B(n) the
+    benchmark's received bytes at n ranks (T·ranks_per_token·h·2), n - 1 the peers each call writes to and waits
+    on. At 32 SMs it holds every published point within 0.7% (597 GB/s, 6.0 us a peer); at 16, 7%.
+    Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
+    T, h, k, local = HYBRIDEP_BENCH
+    table = HYBRIDEP_GB200_GBPS[sms]
+    n = np.array(sorted(table), dtype=float)
+    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in sorted(table)])
+    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(sorted(table), B)])
+    (beta, alpha), *_ = np.linalg.lstsq(np.vstack([B, n - 1]).T, t, rcond=None)
+    return float(beta), float(alpha)
+
+
+def hybridep_rate(sms: int) -> tuple[float, float]:
+    """(seconds per byte, seconds per peer) of HybridEP's dispatch and combine on `sms` SMs: the published fits
+    (hybridep_fit) at 16 and 32 SMs, linear between them, the 32-SM one above (the table's 8-rank rate is the
+    same at 16 and 32 SMs: the SMs no longer bind); below 16 SMs the bytes a second fall in proportion to the
+    SMs (unpublished on NVLink; DeepEP's rule, comm.ep_sms). Derived: docs/formulas.md#comm.hybridep"""
+    lo, hi = hybridep_fit(16), hybridep_fit(32)
+    if sms >= 32:
+        return hi
+    if sms <= 16:
+        return lo[0] * 16 / sms, lo[1]
+    w = (sms - 16) / 16
+    return (1 - w) * lo[0] + w * hi[0], (1 - w) * lo[1] + w * hi[1]
+
+
 def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
-    """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
-    Derived: docs/formulas.md#comm.ep_sms"""
-    floor = dispatch_sm_beta(d) if span.size > 1 else 0.0  # a group of one sends nothing
-    return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor))
+    """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta);
+    HybridEP's at least its published rate, and each of the g - 1 NVLink peers of the domain costing its published
+    per-peer time in place of the link's step latency (hybridep_rate). Derived: docs/formulas.md#comm.ep_sms,
+    docs/formulas.md#comm.hybridep"""
+    if span.size <= 1:  # a group of one sends nothing
+        return collective_coeffs(op, span, system)
+    floor, extra = dispatch_sm_beta(d), 0.0
+    if d is not None and d.backend == "hybridep" and d.sms > 0:
+        floor, peer = hybridep_rate(d.sms)
+        g = max(span.size // span.domains, 1)
+        extra = (g - 1) * max(peer - group_links(system, span).intra_alpha, 0.0)
+    return tuple(Coeff(c.algorithm, c.alpha + extra, max(c.beta, floor))
                  for c in collective_coeffs(op, span, system, shares=a2a_shares(d, span)))
 
 
@@ -394,7 +446,7 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
     per_layer = 4 + 2 * again
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
-                      plan.moe_dispatch_sms or DEEPEP_NUM_SMS) \
+                      dispatch_sms(plan), plan.moe_flex_backend) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
     return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
 

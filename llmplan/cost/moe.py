@@ -34,6 +34,19 @@ DEEPEP_NUM_SMS = 20
 moe_flex_dispatcher_num_sms is unset). Derived: docs/formulas.md#comm.ep_sms"""
 
 
+HYBRIDEP_NUM_SMS = 24
+"""SMs HybridEP's dispatch and combine run on where the plan gives none inside one NVLink domain: DeepEP's
+default (csrc/hybrid_ep/config.cuh at 94a9f8f6: num_sms_dispatch_api.value_or(24 in one domain, 8 across)),
+which Megatron-Core passes on when moe_flex_dispatcher_num_sms is unset. Derived: docs/formulas.md#comm.hybridep"""
+
+
+def dispatch_sms(plan: ParallelPlan) -> int:
+    """SMs the deepep dispatcher's kernels hold: the plan's, else its backend's default (DEEPEP_NUM_SMS,
+    HYBRIDEP_NUM_SMS). Derived: docs/formulas.md#comm.ep_sms"""
+    default = HYBRIDEP_NUM_SMS if plan.moe_flex_backend == "hybridep" else DEEPEP_NUM_SMS
+    return plan.moe_dispatch_sms or default
+
+
 def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> float:
     """Fraction by which compute slows while the expert all-to-alls run beside it: the deepep dispatcher's
     kernels hold their SMs (moe_dispatch_sms) for the whole dispatch or combine, so the compute overlapped with
@@ -42,7 +55,7 @@ def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> floa
     communication). Derived: docs/formulas.md#comm.ep_sms"""
     if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
         return kappa
-    return min((plan.moe_dispatch_sms or DEEPEP_NUM_SMS) / sm_count, 0.5)
+    return min(dispatch_sms(plan) / sm_count, 0.5)
 
 
 def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:

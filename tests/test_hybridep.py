@@ -1,0 +1,104 @@
+"""HybridEP's all-to-all inside one NVLink domain, priced from DeepEP's published GB200 table
+(docs/formulas.md#comm.hybridep)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.comm import (
+    HYBRIDEP_BENCH,
+    Dispatch,
+    Transfer,
+    hybridep_rate,
+    ranks_per_token,
+    transfer_seconds,
+)
+from llmplan.specs.registry import builtin_systems
+from llmplan.specs.plan import ClusterSpec
+from llmplan.topology.placement import span_of_ranks
+
+# Published: deepseek-ai/DeepEP docs/README_Hybrid-EP.md at 94a9f8f6 (hybrid-ep branch), "GB200 Platform",
+# HybridEP through the torch API: 4,096 tokens per rank of hidden 7,168, top-8, 8 local experts per rank, uniform
+# random routing; algorithm bandwidth in GB/s = the rows a rank receives / time (tests/test_hybrid_ep.py,
+# nvl_recv_bytes). Columns: dispatch FP8, dispatch BF16, combine; rows: ranks, SMs.
+PUBLISHED = {
+    (8, 16): (421.67, 550.10, 538.44), (8, 32): (455.35, 545.71, 568.94),
+    (16, 16): (397.33, 472.84, 474.48), (16, 32): (444.67, 523.48, 521.55),
+    (24, 16): (281.73, 441.89, 444.40), (24, 32): (403.20, 507.32, 483.76),
+    (32, 16): (236.33, 485.50, 423.19), (32, 32): (392.70, 484.22, 464.54),
+    (36, 16): (215.36, 469.96, 418.27), (36, 32): (361.13, 479.02, 447.89),
+}
+FP8_BYTES = (1 + 4 / 128) / 2  # the benchmark's FP8 bytes per BF16 byte: one byte a value, one fp32 scale per 128
+
+
+def _bench(n: int, sms: int) -> tuple[Transfer, ClusterSpec, float]:
+    """A dispatch and a combine of the benchmark's rows on n GB200 of one NVL72 domain, and their bytes."""
+    cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=n // 4)
+    span = span_of_ranks(list(range(n)), cluster)
+    assert span.domains == 1
+    T, h, k, local = HYBRIDEP_BENCH
+    B = T * ranks_per_token(local * n, k, n, "random") * h * 2.0
+    return Transfer("all-to-all", 2, B, span, Dispatch(local * n, k, "random", None, sms, "hybridep")), cluster, B
+
+
+@pytest.mark.parametrize("n,sms", sorted(PUBLISHED))
+def test_hybridep_dispatch_and_combine_match_the_published_gb200_table(n, sms):
+    # Tolerance: 3% at 32 SMs (the recipes' count), 8% at 16 (the table's 16-SM column is less regular: 24 ranks
+    # slower than 32). The latency term is part of the price, not removed.
+    t, cluster, B = _bench(n, sms)
+    _, bf16, combine = PUBLISHED[(n, sms)]
+    published = B / (bf16 * 1e9) + B / (combine * 1e9)
+    assert transfer_seconds(t, cluster.system) == pytest.approx(published, rel=0.03 if sms == 32 else 0.08)
+
+
+@pytest.mark.parametrize("n", [8, 16, 24, 32, 36])
+def test_the_fp8_column_says_ranks_add_latency_not_time_per_byte(n):
+    # The FP8 dispatch (not used to read the rates) moves about half the BF16 bytes at the same ranks and tokens.
+    # Priced with the per-peer latency and the per-byte time read from the BF16 columns, it lands within 15% of
+    # the published FP8 time at 32 SMs; had the ranks slowed every byte instead (the same BF16 points, read as a
+    # per-byte time that grows with the ranks), the FP8 dispatch at 36 ranks would be priced 22% fast.
+    beta, peer = hybridep_rate(32)
+    _, _, B = _bench(n, 32)
+    fp8 = FP8_BYTES * B
+    published = fp8 / (PUBLISHED[(n, 32)][0] * 1e9)
+    assert beta * fp8 + peer * (n - 1) == pytest.approx(published, rel=0.15)
+    bf16_rate = 2 / (1 / PUBLISHED[(n, 32)][1] + 1 / PUBLISHED[(n, 32)][2]) * 1e9
+    if n == 36:
+        assert fp8 / bf16_rate < 0.8 * published
+
+
+def test_a_64_rank_domain_pays_its_peers_latency_at_the_recipes_message():
+    # Nemotron-3 Super on 64 GB200 (EP64, 4,096 tokens a rank after TP2's sequence split, 1,024-wide latent rows):
+    # its ~160 MB per call costs more in per-peer latency (63 peers x ~6 us) than in bytes at ~600 GB/s, and more
+    # ranks never make a call cheaper.
+    times = []
+    for n in (8, 16, 32, 64):
+        cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=n // 4)
+        span = span_of_ranks(list(range(n)), cluster)
+        t = Transfer("all-to-all", 1, 160e6, span, Dispatch(512, 22, "random", None, 32, "hybridep"))
+        times.append(transfer_seconds(t, cluster.system))
+    assert times == sorted(times)
+    beta, peer = hybridep_rate(32)
+    assert 63 * peer > 160e6 * beta
+
+
+def test_hybridep_sms_below_the_published_range_bind_and_above_it_do_not():
+    # Between 16 and 32 SMs the table's rates are interpolated; above 32 they hold (at 8 ranks the published
+    # BF16 dispatch is the same at 16 and 32 SMs); below 16 the bytes a second fall with the SMs.
+    assert hybridep_rate(48) == hybridep_rate(32)
+    assert hybridep_rate(8)[0] == pytest.approx(2 * hybridep_rate(16)[0])
+    assert hybridep_rate(16)[0] >= hybridep_rate(24)[0] >= hybridep_rate(32)[0]
+
+
+def test_the_backend_reaches_the_estimate():
+    # The deepep backend keeps DeepEP's per-SM rate (comm.ep_sms); the hybridep one prices the domain's peers.
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.registry import builtin_models
+    from llmplan.specs.plan import ParallelPlan
+    cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=16)
+    plan = ParallelPlan(dp=64, ep=64, etp=1, global_batch=64, seq_len=4096, moe_dispatcher="deepep",
+                        moe_dispatch_sms=32)
+    m = builtin_models()["qwen3-30b-a3b"]
+    ep = {b: float(estimate_training(m, cluster, plan.model_copy(update={"moe_flex_backend": b})).comm.axes["ep"]
+                   .seconds) for b in ("deepep", "hybridep")}
+    assert ep["hybridep"] > ep["deepep"]
