@@ -102,3 +102,24 @@ def test_the_backend_reaches_the_estimate():
     ep = {b: float(estimate_training(m, cluster, plan.model_copy(update={"moe_flex_backend": b})).comm.axes["ep"]
                    .seconds) for b in ("deepep", "hybridep")}
     assert ep["hybridep"] > ep["deepep"]
+
+
+def test_hybridep_gathers_the_routing_map_before_each_forward_dispatch():
+    # DeepEP csrc/hybrid_ep/executor/executor.cu (allgather_routing_map): an NCCL all-gather of the bool
+    # [tokens, experts] map over the EP group, once per forward dispatch (the backward reuses the handle).
+    # By hand: 4,096 tokens a rank x 128 experts x 1 byte, gathered over 64 ranks = 33,554,432 bytes a call,
+    # one call per MoE layer and micro-batch; DeepEP's deepep backend gathers no map.
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=16)
+    plan = ParallelPlan(dp=64, ep=64, etp=1, global_batch=128, seq_len=4096, moe_dispatcher="deepep",
+                        moe_dispatch_sms=32, moe_flex_backend="hybridep")
+    m = builtin_models()["qwen3-30b-a3b"]
+    assert m.num_experts == 128
+    ep = estimate_training(m, cluster, plan).comm.axes["ep"].transfers
+    gathers = [t for t in ep if t.collective == "all-gather"]
+    assert len(gathers) == 1 and gathers[0].message == 4096 * 128 * 64
+    assert gathers[0].calls == plan.num_microbatches * m.num_hidden_layers
+    deepep = estimate_training(m, cluster, plan.model_copy(update={"moe_flex_backend": "deepep"})).comm.axes["ep"]
+    assert [t.collective for t in deepep.transfers] == ["all-to-all"]

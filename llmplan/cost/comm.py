@@ -448,7 +448,23 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
                       dispatch_sms(plan), plan.moe_flex_backend) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
-    return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+    out = [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+    if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
+        out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
+                            routing_map_bytes(m, plan, tokens), group))
+    return out
+
+
+def routing_map_bytes(m: ModelSpec, plan: ParallelPlan, tokens: Any) -> Any:
+    """Bytes of the routing map HybridEP gathers over the EP group before each forward dispatch (the whole
+    gathered buffer, nccl-tests' convention): every rank's tokens x E experts, one byte a bool. Its metadata
+    preprocessing needs every token's routing to every expert; the backward and the benchmark reuse the
+    dispatch's handle. Source: deepseek-ai/DeepEP csrc/hybrid_ep/executor/executor.cu at 94a9f8f6
+    (allgather_routing_map: torch.distributed all_gather_into_tensor of the bool [tokens, experts] map unless
+    enable_custom_allgather, which Megatron-LM's init_hybrid_ep_buffer leaves off) and Megatron-LM
+    megatron/core/transformer/moe/fused_a2a.py at d98e8a6 (HybridEPDispatch.forward passes the routing map).
+    Derived: docs/formulas.md#comm.hybridep"""
+    return tokens * m.num_experts * plan.ep
 
 
 def expert_groups(m: ModelSpec) -> tuple[int, int] | None:
