@@ -388,6 +388,10 @@ RECIPE_SETTINGS = {
     # over all of it).
     **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1": {"fsdp": True}
        for g, t in (("gb300", 1), ("gb200", 2))},
+    # Megatron-Bridge's Qwen3-30B-A3B verification card (perf_recipes/qwen/h100/qwen3_moe.py at 3a9559f01,
+    # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
+    # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
+    "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024": {"moe_flex_backend": "hybridep", "moe_dispatch_sms": 32},
     # Nemotron-3.5 Lightning's GB200 MXFP8 preset (perf_recipes/nemotronh/gb200/nemotronh.py at 067f987d,
     # _build_nemotron_3_5_lightning_gb200_mxfp8): moe_hybridep_num_sms 16.
     "mbridge-26.08-pretrain-nemotron-3-5-lightning-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2":

@@ -123,3 +123,22 @@ def test_hybridep_gathers_the_routing_map_before_each_forward_dispatch():
     assert gathers[0].calls == plan.num_microbatches * m.num_hidden_layers
     deepep = estimate_training(m, cluster, plan.model_copy(update={"moe_flex_backend": "deepep"})).comm.axes["ep"]
     assert [t.collective for t in deepep.transfers] == ["all-to-all"]
+
+
+def test_vectorised_search_prices_hybridep_as_the_scalar_estimate():
+    # The search's array path (search.evaluate) and estimate_training give the same step for a HybridEP plan,
+    # inside one NVL72 domain and across two of them.
+    from llmplan.estimate import estimate_training
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import from_plan
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    m = builtin_models()["qwen3-30b-a3b"]
+    for system, nodes in (("gb200-nvl72", 16), ("dgx-h100", 2)):
+        cluster = ClusterSpec(system=builtin_systems()[system], num_nodes=nodes)
+        gpus = cluster.num_gpus
+        plan = ParallelPlan(dp=gpus, ep=gpus, etp=1, global_batch=2 * gpus, seq_len=4096, moe_dispatcher="deepep",
+                            moe_flex_backend="hybridep", moe_dispatch_sms=32, ep_comm_overlap=True)
+        scalar = estimate_training(m, cluster, plan)
+        vec = evaluate(m, cluster, from_plan(plan))
+        assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)
