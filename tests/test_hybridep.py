@@ -142,3 +142,18 @@ def test_vectorised_search_prices_hybridep_as_the_scalar_estimate():
         scalar = estimate_training(m, cluster, plan)
         vec = evaluate(m, cluster, from_plan(plan))
         assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+def test_megatron_export_names_the_plans_backend():
+    # --moe-flex-backend reaches Megatron-LM's --moe-flex-dispatcher-backend (a full-iteration graph keeps
+    # forcing hybridep, as before).
+    import dataclasses
+
+    from llmplan.export import render_all
+    from llmplan.planfile import load_plan
+    from test_export import PLANS, parse_megatron
+    base = load_plan(PLANS / "moe_train.json")
+    for backend in ("deepep", "hybridep"):
+        plan = base.plan.model_copy(update={"moe_dispatcher": "deepep", "moe_flex_backend": backend})
+        ns, _ = parse_megatron(render_all(dataclasses.replace(base, plan=plan), "megatron")[0]["megatron_pretrain.sh"])
+        assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == backend
