@@ -32,6 +32,7 @@ from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
+from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
@@ -150,13 +151,16 @@ def dispatch_sm_beta(d: Dispatch | None) -> float:
 
 
 HYBRIDEP_GB200_GBPS = {
-    16: {8: (550.10, 538.44), 16: (472.84, 474.48), 24: (441.89, 444.40), 32: (485.50, 423.19), 36: (469.96, 418.27)},
-    32: {8: (545.71, 568.94), 16: (523.48, 521.55), 24: (507.32, 483.76), 32: (484.22, 464.54), 36: (479.02, 447.89)},
+    16: {8: (750.15, 684.27), 16: (661.93, 600.75), 24: (637.80, 565.53), 32: (629.79, 547.25), 36: (612.85, 543.27)},
+    32: {8: (764.03, 737.13), 16: (706.95, 666.26), 24: (665.97, 639.80), 32: (642.23, 605.15), 36: (632.31, 596.99)},
 }
-"""HybridEP's published dispatch (BF16) and combine algorithm bandwidth in GB/s through the torch API on GB200, by
-SMs and then by ranks of one NVLink domain: 4,096 tokens per rank of hidden 7,168, top-8, 8 local experts per
-rank, uniform random routing; bytes = the rows a rank receives (deepseek-ai/DeepEP docs/README_Hybrid-EP.md at
-94a9f8f6, "GB200 Platform"; tests/test_hybrid_ep.py: nvl_recv_bytes / time)."""
+"""HybridEP's published dispatch (BF16) and combine algorithm bandwidth in GB/s on GB200, kernel time only, by SMs
+and then by ranks of one NVLink domain: 4,096 tokens per rank of hidden 7,168, top-8, 8 local experts per rank,
+uniform random routing; bytes = the rows a rank receives (deepseek-ai/DeepEP docs/README_Hybrid-EP.md at
+94a9f8f6, "GB200 Platform"; tests/test_hybrid_ep.py: nvl_recv_bytes / time). The kernels alone: the torch API's
+rate adds the copy out of (into) the registered buffer, which Megatron's dispatch_with_permute does as the
+permute llmplan prices in HBM bytes (cost.elementwise.moe_routing_bytes), and host synchronisation, which
+cost.moe prices (docs/formulas.md#comm.hybridep)."""
 HYBRIDEP_BENCH = (4096, 7168, 8, 8)
 """(tokens per rank, hidden, top-k, experts per rank) of HYBRIDEP_GB200_GBPS's benchmark."""
 
@@ -166,7 +170,7 @@ def hybridep_fit(sms: int) -> tuple[float, float]:
     """(seconds per byte, seconds per peer) of a HybridEP call at a published SM count: the least-squares line
     t(n) = beta·B(n) + alpha·(n - 1) through the mean dispatch-and-combine time of the published table, B(n) the
     benchmark's received bytes at n ranks (T·ranks_per_token·h·2), n - 1 the peers each call writes to and waits
-    on. At 32 SMs it holds every published point within 0.7% (597 GB/s, 6.0 us a peer); at 16, 7%.
+    on. At 32 SMs it holds every published point within 2.1% (796 GB/s, 4.7 us a peer); at 16, 5%.
     Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
     T, h, k, local = HYBRIDEP_BENCH
     table = HYBRIDEP_GB200_GBPS[sms]
@@ -191,20 +195,29 @@ def hybridep_rate(sms: int) -> tuple[float, float]:
     return (1 - w) * lo[0] + w * hi[0], (1 - w) * lo[1] + w * hi[1]
 
 
+HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
+"""NVLink bytes per second a direction of HYBRIDEP_GB200_GBPS's GPU (GB200, NVLink 5: 18 links of 50 GB/s;
+link_profile's intra bandwidth of gb200-nvl72): the published rates are scaled to another GPU's NVLink by it."""
+
+
 def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
-    """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta);
-    HybridEP's at least its published rate, and each of the g - 1 NVLink peers of the domain costing its published
-    per-peer time in place of the link's step latency (hybridep_rate). Derived: docs/formulas.md#comm.ep_sms,
-    docs/formulas.md#comm.hybridep"""
+    """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
+    HybridEP's (hybridep_rate) inside an NVSwitch domain is its published rate in place of NCCL's link
+    efficiency (TMA copies, not NCCL channels), scaled to the GPU's NVLink, with each of the g - 1 NVLink peers
+    costing the published per-peer time in place of the link's step latency; across domains the published rate
+    is a floor under the links'. Derived: docs/formulas.md#comm.ep_sms, docs/formulas.md#comm.hybridep"""
     if span.size <= 1:  # a group of one sends nothing
         return collective_coeffs(op, span, system)
-    floor, extra = dispatch_sm_beta(d), 0.0
-    if d is not None and d.backend == "hybridep" and d.sms > 0:
-        floor, peer = hybridep_rate(d.sms)
-        g = max(span.size // span.domains, 1)
-        extra = (g - 1) * max(peer - group_links(system, span).intra_alpha, 0.0)
-    return tuple(Coeff(c.algorithm, c.alpha + extra, max(c.beta, floor))
-                 for c in collective_coeffs(op, span, system, shares=a2a_shares(d, span)))
+    coeffs = collective_coeffs(op, span, system, shares=a2a_shares(d, span))
+    if d is None or d.backend != "hybridep" or d.sms <= 0:
+        floor = dispatch_sm_beta(d)
+        return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor)) for c in coeffs)
+    beta, peer = hybridep_rate(d.sms)
+    beta *= HYBRIDEP_BENCH_LINK_BYTES_PER_S / link_profile(system).intra.bw
+    g = max(span.size // span.domains, 1)
+    extra = (g - 1) * max(peer - group_links(system, span).intra_alpha, 0.0)
+    own = span.domains == 1 and system.intra_node_fabric == "nvswitch"
+    return tuple(Coeff(c.algorithm, c.alpha + extra, beta if own else max(c.beta, beta)) for c in coeffs)
 
 
 def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
