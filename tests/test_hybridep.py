@@ -13,8 +13,8 @@ from llmplan.cost.comm import (
     ranks_per_token,
     transfer_seconds,
 )
-from llmplan.specs.registry import builtin_systems
 from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.registry import builtin_systems
 from llmplan.topology.placement import span_of_ranks
 
 # Published: deepseek-ai/DeepEP docs/README_Hybrid-EP.md at 94a9f8f6 (hybrid-ep branch), "GB200 Platform",
@@ -95,8 +95,8 @@ def test_hybridep_sms_below_the_published_range_bind_and_above_it_do_not():
 def test_the_backend_reaches_the_estimate():
     # The deepep backend keeps DeepEP's per-SM rate (comm.ep_sms); the hybridep one prices the domain's peers.
     from llmplan.estimate import estimate_training
-    from llmplan.specs.registry import builtin_models
     from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
     cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=16)
     plan = ParallelPlan(dp=64, ep=64, etp=1, global_batch=64, seq_len=4096, moe_dispatcher="deepep",
                         moe_dispatch_sms=32)
@@ -151,9 +151,10 @@ def test_megatron_export_names_the_plans_backend():
     # forcing hybridep, as before).
     import dataclasses
 
+    from test_export import PLANS, parse_megatron
+
     from llmplan.export import render_all
     from llmplan.planfile import load_plan
-    from test_export import PLANS, parse_megatron
     base = load_plan(PLANS / "moe_train.json")
     for backend in ("deepep", "hybridep"):
         plan = base.plan.model_copy(update={"moe_dispatcher": "deepep", "moe_flex_backend": backend})

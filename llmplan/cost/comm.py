@@ -183,8 +183,8 @@ def hybridep_fit(sms: int) -> tuple[float, float]:
 
 def hybridep_rate(sms: int) -> tuple[float, float]:
     """(seconds per byte, seconds per peer) of HybridEP's dispatch and combine on `sms` SMs: the published fits
-    (hybridep_fit) at 16 and 32 SMs, linear between them, the 32-SM one above (the table's 8-rank rate is the
-    same at 16 and 32 SMs: the SMs no longer bind); below 16 SMs the bytes a second fall in proportion to the
+    (hybridep_fit) at 16 and 32 SMs, linear between them, the 32-SM one above (the table's 8-rank rate is
+    716 GB/s at 16 SMs and 750 at 32: the SMs barely bind); below 16 SMs the bytes a second fall in proportion to the
     SMs (unpublished on NVLink; DeepEP's rule, comm.ep_sms). Derived: docs/formulas.md#comm.hybridep"""
     lo, hi = hybridep_fit(16), hybridep_fit(32)
     if sms >= 32:
