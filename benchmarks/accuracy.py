@@ -398,6 +398,10 @@ RECIPE_SETTINGS = {
     # over all of it).
     **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1": {"fsdp": True}
        for g, t in (("gb300", 1), ("gb200", 2))},
+    # Megatron-Bridge's Qwen3-30B-A3B verification card (perf_recipes/qwen/h100/qwen3_moe.py at 3a9559f01,
+    # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
+    # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
+    "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024": {"moe_flex_backend": "hybridep", "moe_dispatch_sms": 32},
     # Nemotron-3.5 Lightning's GB200 MXFP8 preset (perf_recipes/nemotronh/gb200/nemotronh.py at 067f987d,
     # _build_nemotron_3_5_lightning_gb200_mxfp8): moe_hybridep_num_sms 16.
     "mbridge-26.08-pretrain-nemotron-3-5-lightning-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2":
@@ -634,6 +638,22 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
             or (pr2906 and ("gb200" in gpu or gpu.startswith("b200")))
         return flex, (mx_overlap and gb) or ("gb200" in gpu and (ref >= (26, 4) or pr2906) and not mx)
     return False, False
+
+
+def mbridge_flex_backend(rec: dict) -> str:
+    """moe_flex_dispatcher_backend of an mbridge row whose preset runs the flex dispatcher (mbridge_moe_recipe):
+    hybridep, as the performance presets set it (scripts/performance/configs/*/..._workload_base_configs.py,
+    perf_recipes/*/common.py), except DeepSeek-V3's B200 MXFP8 V2 preset (mbridge_ds_b200_v2: deepep, v0.4.2 /
+    v0.5.0; perf_recipes/deepseek/b200/deepseek_v3.py at v0.6.0) and Qwen3-30B-A3B's H100 presets of v0.3.0
+    (26.02: deepep, before v0.3.1's f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP"); deepep
+    (llmplan's default) where the row runs no flex dispatcher."""
+    if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
+        return "deepep"
+    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and ref[:2] == (26, 2) \
+            and len(ref) == 2:
+        return "deepep"
+    return "hybridep"
 
 
 MBRIDGE_RECOMPUTE_MODULES = {
@@ -1095,6 +1115,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
         # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
         moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),
+        moe_flex_backend=par.get("moe_flex_backend") or mbridge_flex_backend(rec),
         cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),

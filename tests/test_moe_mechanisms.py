@@ -70,7 +70,9 @@ def test_bridge_launcher_segments_nvl72_racks_in_powers_that_divide_the_job(publ
     m = acc.model_for(rec, "mbridge-moe")
     a, b = (estimate_training(m, c, plan) for c in (seg, full))
     assert a.comm.axes["ep"].transfers[0].group.domains == 1 < b.comm.axes["ep"].transfers[0].group.domains
-    assert float(a.comm.axes["ep"].seconds) < 0.5 * float(b.comm.axes["ep"].seconds)
+    # (under half while the in-domain HybridEP call paid the link's 1 us a peer; with its published ~6 us a peer,
+    # docs/formulas.md#comm.hybridep, the in-domain call costs more and the straddling one is 1.6x it)
+    assert float(a.comm.axes["ep"].seconds) < 0.7 * float(b.comm.axes["ep"].seconds)
 
 
 def test_grouped_gemm_fills_the_waves_with_every_local_expert():
@@ -145,7 +147,8 @@ def test_ep_overlap_credit_is_bounded_and_monotone(ep, window, kappa):
 
 def test_bridge_card_overlap_share_reproduces_the_run_it_was_read_from(published_runs, acc):
     # -5.3% (12,319 vs 13,011 tokens/s per GPU) while the constant stood at 0.28 after the attention rate curve
-    # moved the card (H100 at 4k tokens, docs/validation.md#attention-rate); re-read at 0.52 (the test below).
+    # moved the card (H100 at 4k tokens, docs/validation.md#attention-rate); re-read at 0.52 (the test below),
+    # then 0.63 with the card read as HybridEP on 32 SMs (docs/formulas.md#comm.hybridep).
     # EP_OVERLAP_HIDDEN was read off this run (docs/validation.md#moe-mechanisms): in sample, so only a check
     # that the constant and the record agree (within the 5% the other pricing changes moved it).
     rec = published_runs["bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024"]

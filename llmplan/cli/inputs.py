@@ -16,6 +16,7 @@ from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
+                                MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
                                 RECOMPUTE_MODULES, TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
@@ -134,6 +135,8 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
+                                       ("--moe-flex-backend", s.moe_flex_backend, MOE_FLEX_BACKENDS,
+                                        "a flex dispatcher backend"),
                                        ("--expert-gemm", s.expert_gemm, EXPERT_GEMMS, "an expert GEMM path"),
                                        ("--optimizer-master-dtype", s.optimizer_master_dtype,
                                         OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
@@ -151,6 +154,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
                      "tp_impl", "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
+                     "moe_flex_backend",
                      "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "zero3_unit")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""

@@ -17,7 +17,7 @@ import numpy as np
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
 from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.moe import DEEPEP_NUM_SMS, EAGER_OP_HOST_S, routing_imbalance
+from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
     heaviest_moe_stage,
@@ -31,7 +31,8 @@ from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSecon
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
-from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs
+from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
+from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
@@ -61,6 +62,8 @@ class Dispatch:
     groups: tuple[int, int] | None
     sms: int = 0
     """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
+    backend: str = "deepep"
+    """The kernels (ParallelPlan.moe_flex_backend): deepep (dispatch_sm_beta) or hybridep (hybridep_rate)."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -147,12 +150,74 @@ def dispatch_sm_beta(d: Dispatch | None) -> float:
     return 0.5 * (1 / r_dispatch + 1 / r_combine) / d.sms
 
 
+HYBRIDEP_GB200_GBPS = {
+    16: {8: (750.15, 684.27), 16: (661.93, 600.75), 24: (637.80, 565.53), 32: (629.79, 547.25), 36: (612.85, 543.27)},
+    32: {8: (764.03, 737.13), 16: (706.95, 666.26), 24: (665.97, 639.80), 32: (642.23, 605.15), 36: (632.31, 596.99)},
+}
+"""HybridEP's published dispatch (BF16) and combine algorithm bandwidth in GB/s on GB200, kernel time only, by SMs
+and then by ranks of one NVLink domain: 4,096 tokens per rank of hidden 7,168, top-8, 8 local experts per rank,
+uniform random routing; bytes = the rows a rank receives (deepseek-ai/DeepEP docs/README_Hybrid-EP.md at
+94a9f8f6, "GB200 Platform"; tests/test_hybrid_ep.py: nvl_recv_bytes / time). The kernels alone: the torch API's
+rate adds the copy out of (into) the registered buffer, which Megatron's dispatch_with_permute does as the
+permute llmplan prices in HBM bytes (cost.elementwise.moe_routing_bytes), and host synchronisation, which
+cost.moe prices (docs/formulas.md#comm.hybridep)."""
+HYBRIDEP_BENCH = (4096, 7168, 8, 8)
+"""(tokens per rank, hidden, top-k, experts per rank) of HYBRIDEP_GB200_GBPS's benchmark."""
+
+
+@lru_cache(maxsize=64)
+def hybridep_fit(sms: int) -> tuple[float, float]:
+    """(seconds per byte, seconds per peer) of a HybridEP call at a published SM count: the least-squares line
+    t(n) = beta·B(n) + alpha·(n - 1) through the mean dispatch-and-combine time of the published table, B(n) the
+    benchmark's received bytes at n ranks (T·ranks_per_token·h·2), n - 1 the peers each call writes to and waits
+    on. At 32 SMs it holds every published point within 2.1% (796 GB/s, 4.7 us a peer); at 16, 5%.
+    Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
+    T, h, k, local = HYBRIDEP_BENCH
+    table = HYBRIDEP_GB200_GBPS[sms]
+    n = np.array(sorted(table), dtype=float)
+    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in sorted(table)])
+    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(sorted(table), B)])
+    (beta, alpha), *_ = np.linalg.lstsq(np.vstack([B, n - 1]).T, t, rcond=None)
+    return float(beta), float(alpha)
+
+
+def hybridep_rate(sms: int) -> tuple[float, float]:
+    """(seconds per byte, seconds per peer) of HybridEP's dispatch and combine on `sms` SMs: the published fits
+    (hybridep_fit) at 16 and 32 SMs, linear between them, the 32-SM one above (the table's 8-rank rate is
+    716 GB/s at 16 SMs and 750 at 32: the SMs barely bind); below 16 SMs the bytes a second fall in proportion to the
+    SMs (unpublished on NVLink; DeepEP's rule, comm.ep_sms). Derived: docs/formulas.md#comm.hybridep"""
+    lo, hi = hybridep_fit(16), hybridep_fit(32)
+    if sms >= 32:
+        return hi
+    if sms <= 16:
+        return lo[0] * 16 / sms, lo[1]
+    w = (sms - 16) / 16
+    return (1 - w) * lo[0] + w * hi[0], (1 - w) * lo[1] + w * hi[1]
+
+
+HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
+"""NVLink bytes per second a direction of HYBRIDEP_GB200_GBPS's GPU (GB200, NVLink 5: 18 links of 50 GB/s;
+link_profile's intra bandwidth of gb200-nvl72): the published rates are scaled to another GPU's NVLink by it."""
+
+
 def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
     """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
-    Derived: docs/formulas.md#comm.ep_sms"""
-    floor = dispatch_sm_beta(d) if span.size > 1 else 0.0  # a group of one sends nothing
-    return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor))
-                 for c in collective_coeffs(op, span, system, shares=a2a_shares(d, span)))
+    HybridEP's (hybridep_rate) inside an NVSwitch domain is its published rate in place of NCCL's link
+    efficiency (TMA copies, not NCCL channels), scaled to the GPU's NVLink, with each of the g - 1 NVLink peers
+    costing the published per-peer time in place of the link's step latency; across domains the published rate
+    is a floor under the links'. Derived: docs/formulas.md#comm.ep_sms, docs/formulas.md#comm.hybridep"""
+    if span.size <= 1:  # a group of one sends nothing
+        return collective_coeffs(op, span, system)
+    coeffs = collective_coeffs(op, span, system, shares=a2a_shares(d, span))
+    if d is None or d.backend != "hybridep" or d.sms <= 0:
+        floor = dispatch_sm_beta(d)
+        return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor)) for c in coeffs)
+    beta, peer = hybridep_rate(d.sms)
+    beta *= HYBRIDEP_BENCH_LINK_BYTES_PER_S / link_profile(system).intra.bw
+    g = max(span.size // span.domains, 1)
+    extra = (g - 1) * max(peer - group_links(system, span).intra_alpha, 0.0)
+    own = span.domains == 1 and system.intra_node_fabric == "nvswitch"
+    return tuple(Coeff(c.algorithm, c.alpha + extra, beta if own else max(c.beta, beta)) for c in coeffs)
 
 
 def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
@@ -394,9 +459,25 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
     per_layer = 4 + 2 * again
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
-                      plan.moe_dispatch_sms or DEEPEP_NUM_SMS) \
+                      dispatch_sms(plan), plan.moe_flex_backend) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
-    return [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+    out = [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+    if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
+        out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
+                            routing_map_bytes(m, plan, tokens), group))
+    return out
+
+
+def routing_map_bytes(m: ModelSpec, plan: ParallelPlan, tokens: Any) -> Any:
+    """Bytes of the routing map HybridEP gathers over the EP group before each forward dispatch (the whole
+    gathered buffer, nccl-tests' convention): every rank's tokens x E experts, one byte a bool. Its metadata
+    preprocessing needs every token's routing to every expert; the backward and the benchmark reuse the
+    dispatch's handle. Source: deepseek-ai/DeepEP csrc/hybrid_ep/executor/executor.cu at 94a9f8f6
+    (allgather_routing_map: torch.distributed all_gather_into_tensor of the bool [tokens, experts] map unless
+    enable_custom_allgather, which Megatron-LM's init_hybrid_ep_buffer leaves off) and Megatron-LM
+    megatron/core/transformer/moe/fused_a2a.py at d98e8a6 (HybridEPDispatch.forward passes the routing map).
+    Derived: docs/formulas.md#comm.hybridep"""
+    return tokens * m.num_experts * plan.ep
 
 
 def expert_groups(m: ModelSpec) -> tuple[int, int] | None:

@@ -15,14 +15,15 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.52
+EP_OVERLAP_HIDDEN = 0.63
 """Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
 (`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, as measured: Megatron-Bridge's
-Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP) runs 20.15 s per step where llmplan
-prices 22.63 s with the all-to-alls exposed and 17.81 s with them hidden in full, (22.63 - 20.15) /
-(22.63 - 17.81) = 0.52. Re-read as the pricing around it changed: 0.20 when first read, 0.28 with the
+Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP on 32 SMs) runs 20.15 s per step where
+llmplan prices 23.09 s with the all-to-alls exposed and 18.44 s with them hidden in full, (23.09 - 20.15) /
+(23.09 - 18.44) = 0.63. Re-read as the pricing around it changed: 0.20 when first read, 0.28 with the
 dispatcher's SMs priced (comm.ep_sms), 0.52 with the pricing of 2026-12 (the card at 0.28 had drifted to
--5.3%; tests/test_moe_mechanisms.py re-reads it and fails when it drifts again). One published run, and it
+-5.3%), 0.63 with the card read as HybridEP (its per-peer latency and routing-map gather, comm.hybridep);
+tests/test_moe_mechanisms.py re-reads it and fails when it drifts again. One published run, and it
 ran without delay_wgrad_compute, which the performance presets' moe_a2a_overlap turns on (Megatron-Bridge
 scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides): a lower bound for them.
 docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
@@ -34,6 +35,19 @@ DEEPEP_NUM_SMS = 20
 moe_flex_dispatcher_num_sms is unset). Derived: docs/formulas.md#comm.ep_sms"""
 
 
+HYBRIDEP_NUM_SMS = 24
+"""SMs HybridEP's dispatch and combine run on where the plan gives none inside one NVLink domain: DeepEP's
+default (csrc/hybrid_ep/config.cuh at 94a9f8f6: num_sms_dispatch_api.value_or(24 in one domain, 8 across)),
+which Megatron-Core passes on when moe_flex_dispatcher_num_sms is unset. Derived: docs/formulas.md#comm.hybridep"""
+
+
+def dispatch_sms(plan: ParallelPlan) -> int:
+    """SMs the deepep dispatcher's kernels hold: the plan's, else its backend's default (DEEPEP_NUM_SMS,
+    HYBRIDEP_NUM_SMS). Derived: docs/formulas.md#comm.ep_sms"""
+    default = HYBRIDEP_NUM_SMS if plan.moe_flex_backend == "hybridep" else DEEPEP_NUM_SMS
+    return plan.moe_dispatch_sms or default
+
+
 def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> float:
     """Fraction by which compute slows while the expert all-to-alls run beside it: the deepep dispatcher's
     kernels hold their SMs (moe_dispatch_sms) for the whole dispatch or combine, so the compute overlapped with
@@ -42,7 +56,7 @@ def dispatch_contention(plan: ParallelPlan, sm_count: int, kappa: float) -> floa
     communication). Derived: docs/formulas.md#comm.ep_sms"""
     if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
         return kappa
-    return min((plan.moe_dispatch_sms or DEEPEP_NUM_SMS) / sm_count, 0.5)
+    return min(dispatch_sms(plan) / sm_count, 0.5)
 
 
 def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:

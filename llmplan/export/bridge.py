@@ -175,7 +175,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         flex = p.moe_dispatcher == "deepep"
         out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
                 ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
-                ("model.moe_flex_dispatcher_backend", "deepep" if flex else None),
+                ("model.moe_flex_dispatcher_backend", p.moe_flex_backend if flex else None),
                 ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
                 # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)

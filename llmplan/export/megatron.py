@@ -63,7 +63,7 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # for --moe-flex-dispatcher-backend deepep)
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
                   ("--moe-flex-dispatcher-backend", None if p.moe_dispatcher != "deepep" else
-                   "hybridep" if p.cuda_graphs == "full-iteration" else "deepep"),  # cuda_graph_pairs
+                   "hybridep" if p.cuda_graphs == "full-iteration" else p.moe_flex_backend),  # cuda_graph_pairs
                   # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
                   ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
                   # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through

@@ -116,6 +116,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_routing."""
     moe_dispatch_sms: int | None
     """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
+    moe_flex_backend: str
+    """ParallelPlan.moe_flex_backend."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     bf16_layers_start: int | None

@@ -12,9 +12,11 @@ from llmplan.specs.allowance import MemoryAllowance  # noqa: F401  (re-exported:
 from llmplan.specs.cluster import MAX_GPUS, ClusterSpec  # noqa: F401  (re-exported: their home was this module)
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
-    ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_ROUTINGS,
+    ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_FLEX_BACKENDS,
+    MOE_ROUTINGS,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
-    TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeRouting,
+    TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
+    MoeRouting,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
@@ -293,6 +295,11 @@ class ParallelPlan(PlanQuantities, Spec):
     """SMs the deepep dispatcher's dispatch and combine kernels run on (Megatron's moe_flex_dispatcher_num_sms,
     formerly moe_deepep_num_sms / moe_hybridep_num_sms); its kernels move at most this many SMs' worth of bytes
     a second (docs/formulas.md#comm.ep_sms). None: Megatron-Core's default, 20 (DeepEP). Unused by alltoall."""
+    moe_flex_backend: MoeFlexBackend = "deepep"
+    """Which kernels run the deepep dispatcher (Megatron's moe_flex_dispatcher_backend): deepep (DeepEP's normal
+    kernels, bound by their SMs: docs/formulas.md#comm.ep_sms) or hybridep (NVIDIA's Hybrid-EP in DeepEP: TMA
+    kernels whose NVLink time grows with the ranks of the domain, little with their SMs:
+    docs/formulas.md#comm.hybridep). Unused by alltoall."""
     moe_routing: MoeRouting = "random"
     """How the router spreads each token's k experts, which sets how many EP ranks a deepep dispatch reaches:
     random (a trained, balanced router, or Megatron's --moe-router-force-load-balancing: k distinct experts

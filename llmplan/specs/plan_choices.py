@@ -35,6 +35,10 @@ TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
+MoeFlexBackend = Literal["deepep", "hybridep"]
+MOE_FLEX_BACKENDS: tuple[str, ...] = get_args(MoeFlexBackend)
+"""--moe-flex-backend values: the kernels behind the deepep dispatcher (Megatron's moe_flex_dispatcher_backend):
+DeepEP's normal kernels, or NVIDIA's Hybrid-EP (TMA) kernels in DeepEP."""
 MoeRouting = Literal["random", "contiguous"]
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoeRouting)
 """--moe-routing values: k uniformly drawn experts per token, or k consecutive ones (a benchmark gate)."""
