@@ -208,7 +208,10 @@ def save_plan(path: Path, doc: dict[str, Any], force: bool = False) -> None:
     floats its loader reads back (2.0e-05), where JSON's 2e-05 is a string to a YAML 1.1 reader."""
     path = Path(path)
     yaml_file = path.suffix.lower() in (".yaml", ".yml")
-    text = yaml.safe_dump(doc, sort_keys=False) if yaml_file else json.dumps(doc, indent=2) + "\n"
+    # through JSON first: PyYAML's safe dumper refuses numpy scalars and tuples, which JSON writes as numbers
+    # and lists, so both files hold the same plain values
+    text = (yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False) if yaml_file
+            else json.dumps(doc, indent=2) + "\n")
     write_atomic(path, text, force=force)
 
 

@@ -69,10 +69,10 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
     for axis, a in comm.axes.items():
         group = a.transfers[0].group if a.transfers else None
         out[axis] = {
-            "bytes": a.bytes, "seconds": a.seconds, "collective": a.collectives,
+            "bytes": float(a.bytes), "seconds": float(a.seconds), "collective": a.collectives,
             "group": group.describe(up, down) if group else "1 GPU (no communication)",
-            "transfers": [{"collective": t.collective, "calls": t.calls, "message_bytes": t.message,
-                           "bytes": t.bytes, "group_size": t.group.size, "nodes": t.group.nodes}
+            "transfers": [{"collective": t.collective, "calls": t.calls if isinstance(t.calls, int) else float(t.calls), "message_bytes": float(t.message),
+                           "bytes": float(t.bytes), "group_size": t.group.size, "nodes": t.group.nodes}
                           for t in a.transfers],
         }
     return out
