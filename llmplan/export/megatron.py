@@ -134,9 +134,9 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
-              # reduction (docs/formulas.md#step.grad_buffer); off where the plan priced them off (a
+              # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
+              # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
               # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
-              ("--no-check-for-nan-in-loss-and-grad", not p.grad_nan_check and p.cuda_graphs != "full-iteration"),
               ("--ddp-average-in-collective", not p.grad_prescale),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
@@ -439,6 +439,18 @@ MEGATRON_ENTRY = ('"$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL
                   '"${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"')
 
 
+def grad_nan_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The header note of a plan priced without Megatron-LM's gradient NaN check (grad_nan_check false, the
+    default): the launch keeps Megatron's check on, a safety net a planner should not switch off unasked, and
+    runs its one read of the gradient buffer per step more than priced (docs/formulas.md#step.grad_buffer)."""
+    p = pf.plan
+    if p.grad_nan_check or p.cuda_graphs == "full-iteration":
+        return ()
+    return ("note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient "
+            "buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to "
+            "price it, or add --no-check-for-nan-in-loss-and-grad to skip it",)
+
+
 def entry_script(pf: PlanFile) -> str:
     """Megatron-LM's training script for the model: pretrain_hybrid.py for a hybrid stack, else pretrain_gpt.py."""
     return "pretrain_hybrid.py" if pf.model.is_hybrid else "pretrain_gpt.py"
@@ -455,7 +467,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
-                       megatron_expert_notes(pf))
+                       megatron_expert_notes(pf) + grad_nan_notes(pf))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 
 

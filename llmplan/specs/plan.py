@@ -195,7 +195,8 @@ class ParallelPlan(PlanQuantities, Spec):
     """Megatron-LM's NaN check of the gradients before each bucket's data-parallel reduction
     (--check-for-nan-in-loss-and-grad, on by default in Megatron-LM: DistributedDataParallelConfig
     check_for_nan_in_grad), the L2 norm of the bucket's gradient buffer on every rank: one read of the rank's
-    gradients per reduction. False: --no-check-for-nan-in-loss-and-grad (docs/formulas.md#step.grad_buffer)."""
+    gradients per reduction. False: priced without it; the Megatron-LM export keeps the check on and says so in
+    its header (docs/formulas.md#step.grad_buffer)."""
     grad_prescale: bool = False
     """Megatron-LM's DDP multiplies each bucket's gradients by 1/(dp x cp) before reducing them with a sum
     (gradient_scaling_factor, its default), a read and a write of the rank's gradients per reduction. False:

@@ -53,7 +53,6 @@ PARALLEL_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
-    --no-check-for-nan-in-loss-and-grad
     --ddp-average-in-collective
     --cross-entropy-loss-fusion
     --micro-batch-size 1

@@ -4,6 +4,7 @@
 # model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json; meta-llama/llama-models MODEL_CARD)
 # hardware: 2048 x dgx-h100 = 16384 x h100-sxm
 # predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775 tokens/s
+# note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
@@ -46,7 +47,6 @@ PARALLEL_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
-    --no-check-for-nan-in-loss-and-grad
     --ddp-average-in-collective
     --cross-entropy-loss-fusion
     --micro-batch-size 1
