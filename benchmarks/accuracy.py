@@ -1311,10 +1311,11 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     return GridEstimate(mem, st, throughput(runs, gpu, st))
 
 
-# Constants fitted here (docs/validation.md#constants): the sustained tensor-core clock per GPU generation,
-# the attention-kernel efficiency and the GEMM reduction half-length. The fixed per-step overhead
-# (step_overhead_s) is no longer fitted: its parts are priced (docs/formulas.md#step.overhead).
-GLOBAL_CONSTANTS = ("attention_efficiency", "gemm_k_half")
+# Constants fitted here (docs/validation.md#constants): the sustained tensor-core clock per GPU generation and
+# the attention-kernel efficiency. The fixed per-step overhead (step_overhead_s) is no longer fitted: its parts
+# are priced (docs/formulas.md#step.overhead); nor is the GEMM reduction half-length (GpuSpec.gemm_k_half): it
+# is cuBLAS's published rate against K (docs/validation.md#gemm-k-half).
+GLOBAL_CONSTANTS = ("attention_efficiency",)
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
     return tuple(round(lo + i * step, 3) for i in range(round((hi - lo) / step) + 1))
 
@@ -1326,7 +1327,6 @@ GRID = {
     "clock_a100": _steps(0.75, 1.0, 0.025),
     "clock_h100": _steps(0.7, 1.0, 0.025),
     "attention_efficiency": _steps(0.4, 1.2, 0.05),  # an asymptote (above 1 possible: docs/formulas.md#compute.cp_attention)
-    "gemm_k_half": (128.0, 256.0, 512.0, 1024.0),
 }
 CLOCK_GROUPS = ("a100", "h100")
 
@@ -1472,8 +1472,7 @@ Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.
 
 def fit_prior() -> dict[str, float]:
     """The shipped values of the fitted constants (docs/validation.md#lofo, rule 2): the A100 and H100
-    profiles' sustained clocks and GpuSpec's attention asymptote and GEMM half-length (as the H100 profile
-    holds them). Each must lie on GRID, or the fit could never keep it."""
+    profiles' sustained clocks and GpuSpec's attention asymptote (as the H100 profile holds it). Each must lie on GRID, or the fit could never keep it."""
     gpus = {g: builtin_systems()[f"dgx-{g}"].gpu for g in CLOCK_GROUPS}
     prior = {**{k: float(getattr(gpus["h100"], k)) for k in GLOBAL_CONSTANTS},
              **{f"clock_{g}": float(gpu.sustained_clock_fraction) for g, gpu in gpus.items()}}
@@ -1487,9 +1486,9 @@ PUBLISHED_PRIOR = {"attention_efficiency": 0.98}
 """The fit's prior (docs/validation.md#lofo-prior) where a published measurement gives the constant: the native
 fused attention kernel's forward + backward asymptote on H100 on llmplan's count, 0.98, the middle of
 FlashAttention-3 and cuDNN (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figures 5-6; derived in
-docs/validation.md#attention-rate), taken on GRID at its nearest value. The sustained clocks and gemm_k_half
-have no published measurement under training load (a datasheet gives boost clocks, not the clock held at the
-TDP): their prior is the fit on the fold's own families (independent_prior)."""
+docs/validation.md#attention-rate), taken on GRID at its nearest value. The sustained clocks have no
+published measurement under training load (a datasheet gives boost clocks, not the clock held at the TDP):
+their prior is the fit on the fold's own families (independent_prior)."""
 
 
 def independent_prior(table: dict, families: set[str], jackknife: dict | None = None) -> dict[str, float]:

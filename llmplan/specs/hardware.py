@@ -143,7 +143,9 @@ class GpuSpec(Spec):
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
     gemm_k_half: float = Field(default=128.0, gt=0, le=65536)
     """Reduction length at which a GEMM runs at half its best rate (tile prologue / epilogue and pipeline
-    fill); fitted in benchmarks/accuracy.py (docs/formulas.md#compute.gemm)."""
+    fill; docs/formulas.md#compute.gemm). Not fitted: cuBLAS's bf16 rate against K on H100 (OpenXLA's measured
+    matmul table for sm_90, matmul_interpolator_data.h) gives 125 per tile, 123-131 leaving out any one shape
+    (docs/validation.md#gemm-k-half); 128 lies within. No A100 curve is published; it takes the same."""
     kernels: tuple[Kernel, ...] | None = None
     """Fused kernels the GPU's software stack ships (KERNELS); None means all of them. A model operator whose
     kernel is missing falls back to the unfused path (docs/formulas.md#operators)."""
