@@ -278,9 +278,9 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
     with the choice each run takes (`own`: _bands under the file's choices)."""
     nominal = doc["nominal"]
     print(f"per regime pool and cell (its own pair and weighting where it has {iv.POOL_MIN_FAMILIES}+ families of "
-          f"{iv.POOL_MIN_RECORDS}+ runs,\na choice inside 75-85% and the nested coverage of that choice inside 75-85% "
-          f"too; a run takes its\ncell's, else its pool's, else the all-regime {nominal:g} pair; /fam: every family "
-          "weighted alike):")
+          f"{iv.POOL_MIN_RECORDS}+ runs,\na choice inside 75-85% (else the narrowest covering 75% or more: >=) and the "
+          f"nested coverage of that\nchoice 75% or more too; a run takes its cell's, else its pool's, else the "
+          f"all-regime {nominal:g} pair;\n/fam: every family weighted alike):")
     print(f"  {'pool / cell':30s} {'fams':>4s} {'runs':>4s} {'own':>9s} {'runs in':>7s} {'fams in':>7s} "
           f"{'median half':>11s}")
     names = [*iv.POOLS, *sorted(k for k in doc["pools"] if "/" in k)]
@@ -294,7 +294,8 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
         for r in mine:
             fams.setdefault(r["family"], []).append(own[r["id"]][0])
         q = info.get("nominal")
-        label = "-" if not q else f"{q:g}" + ("/fam" if info.get("weighting") == "family" else "")
+        label = "-" if not q else (">=" if info.get("inside") is False else "") + f"{q:g}" + (
+            "/fam" if info.get("weighting") == "family" else "")
         print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {label:>9s} "
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
@@ -313,16 +314,18 @@ def report(doc: dict, nested: bool = True) -> None:
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
           f"records ({doc['generated_by']})")
     pools = iv.left_out_pools(training)
-    if doc.get("pool_rule") != iv.POOL_RULE:  # pools chosen by an older rule: choose them now, as --write would
-        doc = {**doc, "pools": iv.choose_pools(training, pools, doc["nominal"])}
-        print(f"(the file's regime pools predate rule {iv.POOL_RULE}, cells and weightings: chosen now, as --write "
+    if doc.get("pool_rule") != iv.POOL_RULE:  # pair and pools of an older rule: choose them now, as --write would
+        nominal = iv.choose_nominal(training, pools)
+        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, pools, nominal)}
+        print(f"(the file's all-regime pair and regime pools predate rule {iv.POOL_RULE}: chosen now, as --write "
               "would)")
     pair = iv.pair_of(doc)
     bands = _bands(training, pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other sources' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
-          "per\nfamily, else the one nearest 80% over families):")
+          "per\nfamily, else the narrowest covering 75% or more both ways, else the one nearest 80% over\n"
+          "families):")
     for q in iv.NOMINAL_CHOICES:
         cov = iv.coverage(training, q, pools)
         inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())

@@ -173,7 +173,8 @@ def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
 
 
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
-    recs = [_rec("h", 0.01 * i, i) for i in range(12)] + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)]
+    recs = ([_rec(f, 0.01 * i, i) for f in "hij" for i in range(4)]
+            + [_rec("b", 0.3, i, gen="blackwell") for i in range(3)])
     hits, dropped = iv.select(recs, iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8))
     assert len(hits) == 12 and dropped == ()
     # 3 Blackwell runs are too few: scale, framework, then the generation are dropped -> widened
@@ -185,6 +186,54 @@ def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
     assert band.widened and "no validation family covers blackwell" in band.basis
     assert band.hi - band.lo == pytest.approx(iv.WIDEN * (raw.hi - raw.lo))
 
+
+def test_a_band_is_drawn_from_min_sources_sources_without_dropping_the_generation():
+    # docs/validation.md#intervals-min-sources: Hopper Megatron-style runs of sources a and b at 8 GPUs (12 runs:
+    # enough runs, two sources), of source c at 1,024 GPUs, of an FSDP-style source f at 8 GPUs. A band for an
+    # 8-GPU plan drops the scale tag to reach three sources; without c it drops the framework tag too; with
+    # only a and b on Hopper it keeps the generation (losing it would leave the plan uncovered) and is not
+    # widened.
+    a_b = [{**_rec(f, 0.01 * i, i), "source": f} for f in "ab" for i in range(6)]
+    c = [{**_rec("c", 0.1, i), "source": "c", "gpus": 1024} for i in range(6)]
+    f = [{**_rec("f", -0.1, i), "source": "f", "framework": "fsdp"} for i in range(6)]
+    want = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8)
+    assert iv.MIN_SOURCES == 3
+    hits, dropped = iv.select(a_b + c + f, want)
+    assert dropped == ("scale",) and {r["family"] for r in hits} == {"a", "b", "c"}
+    hits, dropped = iv.select(a_b + f, want)
+    assert dropped == ("scale", "framework") and {r["family"] for r in hits} == {"a", "b", "f"}
+    blackwell = [{**_rec("z", 0.3, i, gen="blackwell"), "source": "z"} for i in range(12)]
+    hits, dropped = iv.select(a_b + blackwell, want)
+    assert dropped == ("scale", "framework") and {r["family"] for r in hits} == {"a", "b"}
+    band = iv.training_band(want, {"training": a_b + blackwell, "nominal": 0.8})
+    assert not band.widened and band.n == 12
+    # a file without sources counts families (source_of), as before
+    untagged = [{k: v for k, v in r.items() if k != "source"} for r in a_b + c]
+    assert iv.select(untagged, want)[1] == ("scale",)
+
+
+def test_no_choice_inside_the_target_takes_the_honest_side(monkeypatch):
+    # coverage per choice (per record, per family in %): none is inside 75-85% both ways; of those covering 75% or
+    # more both ways the narrowest is taken (a pool's choice by median half-width, the all-regime pair by the
+    # smaller pair), not a narrower one that covers less; when none covers 75%, a pool has no choice and the
+    # all-regime pair is the one nearest 80% over families.
+    table = {0.8: (70, 74), 0.85: (74, 86), 0.9: (88, 86), 0.925: (90, 88), 0.95: (92, 90), 0.975: (94, 92),
+             0.99: (96, 94)}
+
+    def fake(records, c, pools=None):
+        per_record, fam_mean = table[iv.as_choice(c)[0]]
+        return {"a": (per_record, 100, fam_mean)}
+
+    monkeypatch.setattr(conformal, "coverage", fake)
+    monkeypatch.setattr(conformal, "mean_coverage", lambda cov: cov["a"][2] / 100)
+    monkeypatch.setattr(conformal, "median_half", lambda records, c, pools: c[0] / 10)
+    assert iv.choose_nominal([], {}) == 0.9
+    assert conformal._narrowest_inside([], {}) == (0.9, "run")
+    table.update({0.9: (80, 84)})  # inside: taken before any wider one
+    assert iv.choose_nominal([], {}) == 0.9 and conformal._narrowest_inside([], {}) == (0.9, "run")
+    table.update({q: (70, 80 + q) for q in table})  # none covers 75% per record
+    assert conformal._narrowest_inside([], {}) is None
+    assert iv.choose_nominal([], {}) == 0.8
 
 def test_shipped_residuals_carry_every_tag_and_a_same_job_resolution():
     d = iv.shipped()

@@ -10,7 +10,8 @@ rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the recor
    FSDP-style stacks: fp32 parameter shards or DTensor TP; else Megatron-style) and scale (<= 64, <= 512,
    > 512 GPUs);
 2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then framework, then GPU generation,
-   then dense/MoE);
+   then dense/MoE); while the matches come from fewer than MIN_SOURCES sources (source_of), drop the scale and
+   then the framework tag too (a band of one or two sources spans their biases, not a new source's);
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
@@ -19,11 +20,12 @@ regime pool's (POOLS: dense Megatron-style with and without flash attention, den
 file's `pools`), else the file's `nominal` pair. A cell's or pool's choice is, of POOL_CHOICES (the
 NOMINAL_CHOICES pairs, 10th/90th up to 0.5th/99.5th percentiles, each with every run or every family weighted
 alike: WEIGHTINGS), the one of narrowest median half-width whose coverage on families left out one at a time
-is inside TARGET (75-85%) both per record and per family over its runs, and whose choice made without each
-source in turn (every family of it: source_of) still covers that source's runs 75-85% (nested). A cell or pool
-with fewer than POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none;
-the all-regime pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run,
-else the one nearest LEVEL. A family's residuals share its bias, so residuals pooled from other families
+is inside TARGET (75-85%) both per record and per family over its runs (when none is, the honest side: the
+narrowest covering at least 75% both ways, `covers`), and whose choice made without each source in turn (every
+family of it: source_of) still covers that source's runs at least 75% (nested). A cell or pool with fewer than
+POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the all-regime
+pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else the
+narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so residuals pooled from other families
 under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal
 calibration, and the residual script reports the coverage with the pair itself chosen without the source it
 scores (nested). Memory and serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
@@ -42,26 +44,27 @@ import numpy as np
 
 # re-exported: the regime tags, pools and cells (llmplan.intervals.regimes)
 from llmplan.intervals.regimes import (POOLS, RELAX_ORDER, TAGS, UNCOVERED, Regime, cell_of, describe_key,
-                                       framework, generation, pool_of, record_regime, regime_of, scale_bucket)
+                                       framework, generation, pool_of, record_regime, regime_of, scale_bucket,
+                                       source_of)
 # re-exported: the residual file and the bands built from it (llmplan.intervals.bands)
-from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, WEIGHTINGS, WIDEN, Band, Choice, family_weights,
-                                     memory_band, nominal_of, quantile_band, select, serving_band, shipped,
-                                     training_band, weighted_quantile)
+from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, MIN_SOURCES, WEIGHTINGS, WIDEN, Band, Choice,
+                                     family_weights, memory_band, nominal_of, quantile_band, select, serving_band,
+                                     shipped, training_band, weighted_quantile)
 # re-exported: the quantile pairs chosen by left-out coverage (llmplan.intervals.conformal)
 from llmplan.intervals.conformal import (NOMINAL_CHOICES, POOL_CHOICES, POOL_MIN_FAMILIES, POOL_MIN_RECORDS,
                                          POOL_RULE, TARGET, LeftOut, as_choice, choose_nominal, choose_pools,
-                                         coverage, half_width, inside_target, left_out_band, left_out_pools,
-                                         mean_coverage,
-                                         median_half, pair_of, per_record, source_of)
+                                         coverage, covers, half_width, inside_target, left_out_band,
+                                         left_out_pools, mean_coverage, median_half, pair_of, per_record)
 
-__all__ = ["DATA", "LEVEL", "MIN_RECORDS", "NOMINAL_CHOICES", "POOLS", "POOL_CHOICES", "POOL_MIN_FAMILIES",
-           "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "TAGS", "TARGET", "UNCOVERED", "WEIGHTINGS", "WIDEN",
-           "Band", "Choice", "LeftOut", "Regime", "as_choice", "best_published_mfu", "cell_of", "choose_nominal",
-           "choose_pools", "coverage", "describe_key", "family_weights", "framework", "generation", "half_width",
-           "inside_target", "left_out_band", "left_out_pools", "mean_coverage", "median_half", "memory_band",
-           "nominal_of", "pair_of", "per_record", "pool_of", "quantile_band", "record_regime", "regime_of",
-           "resolution", "scale_bucket", "select", "serving_band", "serving_interval", "serving_interval_withheld",
-           "shipped", "source_of", "tied", "training_band", "training_interval", "weighted_quantile"]
+__all__ = ["DATA", "LEVEL", "MIN_RECORDS", "MIN_SOURCES", "NOMINAL_CHOICES", "POOLS", "POOL_CHOICES",
+           "POOL_MIN_FAMILIES", "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "TAGS", "TARGET", "UNCOVERED",
+           "WEIGHTINGS", "WIDEN", "Band", "Choice", "LeftOut", "Regime", "as_choice", "best_published_mfu",
+           "cell_of", "choose_nominal", "choose_pools", "coverage", "covers", "describe_key", "family_weights",
+           "framework", "generation", "half_width", "inside_target", "left_out_band", "left_out_pools",
+           "mean_coverage", "median_half", "memory_band", "nominal_of", "pair_of", "per_record", "pool_of",
+           "quantile_band", "record_regime", "regime_of", "resolution", "scale_bucket", "select", "serving_band",
+           "serving_interval", "serving_interval_withheld", "shipped", "source_of", "tied", "training_band",
+           "training_interval", "weighted_quantile"]
 
 
 def resolution(data: dict[str, Any] | None = None, moe: bool | None = None) -> float:

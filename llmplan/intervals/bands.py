@@ -14,12 +14,20 @@ from typing import Any, Iterable
 import numpy as np
 
 from llmplan.intervals.regimes import (POOLS, RELAX_ORDER, TAGS, UNCOVERED, Regime, cell_of, describe_key,
-                                       pool_of, record_regime)
+                                       pool_of, record_regime, source_of)
 
 LEVEL = 0.8
 """Probability the interval is meant to hold (the 10th to the 90th percentile of left-out residuals)."""
 MIN_RECORDS = 10
 """Fewest records an interval is built from."""
+MIN_SOURCES = 3
+"""Fewest sources (source_of) a band's runs come from before select keeps the scale and framework tags. A
+left-out band is read for a new source, whose error is one draw of a source's bias: a band of one or two
+sources' runs (NeMo 24.07's <= 64-GPU H100 runs drew on 12, nine of them Megatron-Bridge's; BLOOM's 384-GPU runs
+on Megatron-LM's and MegaScale's) spans their biases, not the spread of biases a new source draws from, and no
+quantile pair chosen over a cell corrects bands that span one source here and three there
+(docs/validation.md#intervals-min-sources). The generation and dense/MoE tags are not dropped for it: losing
+them means no family covers the plan (UNCOVERED, widened)."""
 WIDEN = 1.5
 """Width factor of an interval whose regime no family covers."""
 DATA = "residuals.json"
@@ -48,9 +56,10 @@ def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str
         if info is not None and info.get("nominal") is not None:
             weighting = str(info.get("weighting", "run"))
             how = "" if weighting == "run" else ", every family weighted alike"
+            target = "75-85%" if info.get("inside", True) else "75% or more (none is 75-85%)"
             return float(info["nominal"]), weighting, (
                 f"the {100 * info['nominal']:g}% pair{how}, the narrowest whose left-out coverage over the "
-                f"{info['families']} {describe_key(key)} families is 75-85%"), key
+                f"{info['families']} {describe_key(key)} families is {target}"), key
     info = pools.get(pool)
     if info is None:
         return default, "run", "", ""
@@ -127,11 +136,14 @@ def quantile_band(r: Iterable[float], basis: str, widen: bool = False, nominal: 
 
 def select(records: list[dict[str, Any]], want: Regime,
            exclude_family: str | None = None) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
-    """The records nearest `want` (module docstring) and the tags dropped to reach MIN_RECORDS."""
+    """The records nearest `want` (module docstring) and the tags dropped: a tag goes (RELAX_ORDER) while fewer
+    than MIN_RECORDS runs match, or while they come from fewer than MIN_SOURCES sources and the tag is not one
+    whose loss leaves the plan uncovered (UNCOVERED)."""
     pool = [r for r in records if r["family"] != exclude_family]
     for n in range(len(RELAX_ORDER)):
         hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in RELAX_ORDER[n:])]
-        if len(hits) >= MIN_RECORDS:
+        sources = RELAX_ORDER[n] in UNCOVERED or len({source_of(r) for r in hits}) >= MIN_SOURCES
+        if len(hits) >= MIN_RECORDS and sources:
             return hits, RELAX_ORDER[:n]
     return pool, RELAX_ORDER
 

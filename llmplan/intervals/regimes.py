@@ -67,6 +67,12 @@ def regime_of(model: Any, plan: Any, cluster: Any) -> Regime:
                   flash=bool(getattr(plan, "flash_attention", True)))
 
 
+def source_of(record: dict[str, Any]) -> str:
+    """The source a residual's family shares with others (its `source` key: benchmarks/accuracy.py
+    SOURCE_GROUPS, docs/validation.md#lofo-source), else its family."""
+    return str(record.get("source", record["family"]))
+
+
 def record_regime(rec: dict[str, Any]) -> Regime:
     return Regime(moe=bool(rec["moe"]), generation=rec["generation"], framework=rec["framework"],
                   gpus=int(rec["gpus"]), flash=rec.get("stack", "flash") == "flash")
