@@ -55,10 +55,12 @@ def generation(gpu_name: str) -> str:
 
 
 def framework(plan: Any) -> str:
-    """'fsdp' for plans priced as PyTorch FSDP stacks run (fp32 parameter shards or DTensor TP), else
-    'megatron'."""
+    """'fsdp' for plans priced as the sharded data-parallel stacks run them (PyTorch FSDP's fp32 parameter shards,
+    DTensor TP, or gradients / weights sharded over the data-parallel group, ZeRO-2 or 3, which Megatron-style
+    stacks do not run: their distributed optimizer is ZeRO-1), else 'megatron'. ZeRO counts as well as the
+    fp32-shard flag, since check_switches.settle clears that flag below ZeRO-3 (llm-foundry's SHARD_GRAD_OP)."""
     return "fsdp" if getattr(plan, "fp32_param_shards", False) or getattr(plan, "tp_impl", "") == "dtensor" \
-        else "megatron"
+        or getattr(plan, "zero", 0) >= 2 else "megatron"
 
 
 def regime_of(model: Any, plan: Any, cluster: Any) -> Regime:
