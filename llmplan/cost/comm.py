@@ -27,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSeconds, zero3_gathers, zero3_tensor_shares
+from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSeconds, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -361,8 +361,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     u = where((z >= 3) & flat, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
     # sharded gradients: every backward
     reduce_calls = where((z >= 2) & flat, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
-    kept = where(plan.zero3_unit == "tensor", zero3_tensor_shares(m)[0], 0.0)  # kept for the backward
-    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, kept) * n * u, where(z >= 1, 1, 0))
+    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
     host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
-from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors  # noqa: F401  (re-exported)
+from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -93,7 +93,7 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
 
 
 def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                      layers: Any = 1, m: ModelSpec | None = None) -> Any:
+                      layers: Any, m: ModelSpec) -> Any:
     """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
     backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
     so their times add before the window hides them. Switching an overlap off exposes that collective. Each
@@ -105,11 +105,10 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
     n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
-    kept, pre_f, pre_r, pre_b = zero3_tensor_shares(m) if m is not None else (0.0, 1.0, 1.0, 1.0)
+    _, pre_f, pre_r, pre_b = zero3_tensor_shares(m)
     tensor, r = plan.zero3_unit == "tensor", recomputed_share(plan, layers)
-    kept = where(tensor, kept, 0.0)
     pre_f, pre_b = where(tensor, pre_f, 1.0), where(tensor, r * pre_r + (1 - r) * pre_b, 1.0)
-    gathers = zero3_gathers(plan, layers, kept)
+    gathers = zero3_gathers(plan, layers, m)
     ag = where((plan.zero >= 3) & flat, comm.dp_gather / (gathers * n), 0.0)
     ag_b = ag * (gathers - 1)  # the backward's gather, and a per-tensor recompute's
     rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
@@ -122,15 +121,16 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
                                                                                              kappa) + host
 
 
-def zero3_gathers(plan: ParallelPlan, layers: Any, kept: Any = 0.0) -> Any:
+def zero3_gathers(plan: ParallelPlan, layers: Any, m: ModelSpec) -> Any:
     """ZeRO-3 all-gathers of the weights per micro-batch: forward and backward; per tensor (plan.zero3_unit),
     the recompute forward of the stage's recomputed layers gathers again, as each module's weights are
     released after its forward (DeepSpeed stage 3 of 2021: release_sub_module after every forward, the
-    forward pre-hook fetching again), but the `kept` share of a layer's weights (zero3_tensor_shares) stays
-    gathered from its recompute forward to its backward, which then gathers only the rest.
+    forward pre-hook fetching again), but the kept share of a layer's weights (zero3_tensor_shares of `m`)
+    stays gathered from its recompute forward to its backward, which then gathers only the rest.
     Source: microsoft/DeepSpeed v0.3.13 runtime/zero/stage3.py
     (pre_sub_module_forward_function / post_sub_module_forward_function, PartitionedParameterCoordinator).
     Derived: docs/formulas.md#comm.zero3_unit"""
+    kept = zero3_tensor_shares(m)[0]
     return 2 + where(plan.zero3_unit == "tensor", recomputed_share(plan, layers) * (1 - kept), 0.0)
 
 
