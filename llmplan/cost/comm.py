@@ -27,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSeconds, zero3_gathers
+from llmplan.cost.exposure import CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -380,15 +380,14 @@ def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
     """NCCL calls that one step's gradient reduction (or weight gather) of the first stage's `params` splits into,
     each paying its ring's latency: Megatron-Core's DDP issues one collective per bucket and model chunk. With the
     overlap on, the first model chunk of the first pipeline stage is cut into buckets of max(40M, 1M x dp·cp)
-    parameters (BUCKET_PARAMS) and each later chunk is one bucket; without it, one per chunk. Source:
+    parameters (exposure.bucket_params) and each later chunk is one bucket; without it, one per chunk. Source:
     Megatron-LM megatron/training/training.py (get_model: bucket_size = max(40000000, 1000000 x dp) "to ensure
     that chunks used in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than
     latency-bound", None without overlap_grad_reduce; disable_bucketing for model chunks after the first),
     megatron/core/distributed/distributed_data_parallel.py (no bucketing past pipeline stage 0).
     Derived: docs/formulas.md#comm.dp_bucket"""
     v = plan.vpp
-    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
-    first = where(overlapped, np.ceil(params / v / bucket), 1)
+    first = where(overlapped, np.ceil(params / v / bucket_params(plan)), 1)
     return maximum(first, 1) + (v - 1)
 
 

@@ -183,13 +183,17 @@ def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
     return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
 
 
+def bucket_params(plan: ParallelPlan) -> Any:
+    """Parameters in one Megatron-Core DDP bucket: max(40M, 1M x dp) (BUCKET_PARAMS; dp is the gradient's
+    reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the data-parallel group with context
+    parallel). Derived: docs/formulas.md#step.dp"""
+    return maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+
+
 def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
-    """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
-    (BUCKET_PARAMS; dp is the gradient's reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the
-    data-parallel group with context parallel) of the stage's parameters, at most all of them.
-    Derived: docs/formulas.md#step.dp"""
-    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
-    return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
+    """The share of a rank's gradients (and gathered weights) in one DP bucket (bucket_params) of the stage's
+    parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
+    return minimum(1.0, bucket_params(plan) / maximum(params_on_rank, 1.0))
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
