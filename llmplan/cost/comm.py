@@ -174,9 +174,10 @@ def hybridep_fit(sms: int) -> tuple[float, float]:
     Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
     T, h, k, local = HYBRIDEP_BENCH
     table = HYBRIDEP_GB200_GBPS[sms]
-    n = np.array(sorted(table), dtype=float)
-    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in sorted(table)])
-    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(sorted(table), B)])
+    ranks = sorted(table)
+    n = np.array(ranks, dtype=float)
+    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in ranks])
+    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(ranks, B, strict=True)])
     (beta, alpha), *_ = np.linalg.lstsq(np.vstack([B, n - 1]).T, t, rcond=None)
     return float(beta), float(alpha)
 

@@ -152,19 +152,19 @@ def zero3_tensor_shares(m: ModelSpec) -> tuple[float, float, float, float]:
     Derived: docs/formulas.md#comm.zero3_unit"""
     t = zero3_layer_tensors(m)
     kept = [2 * sum(t[j + 1:]) < ZERO3_MAX_REUSE_DISTANCE for j in range(len(t))]
-    rev = t[::-1]
-    share = [sum(n for n, k in zip(t, kept) if k) / sum(t),
-             _prefetched(t, (True,) * len(t)),
-             _prefetched(t + rev, (True,) * len(t) + tuple(not k for k in kept[::-1])),
-             _prefetched(rev, (True,) * len(t))]
-    return share[0], share[1], share[2], share[3]
+    rev, every = t[::-1], (True,) * len(t)
+    return (sum(n for n, k in zip(t, kept, strict=True) if k) / sum(t),
+            _prefetched(t, every),
+            _prefetched(t + rev, every + tuple(not k for k in kept[::-1])),
+            _prefetched(rev, every))
 
 
 def _prefetched(seq: tuple[float, ...], gathered: tuple[bool, ...]) -> float:
     """Share of the gathered elements of one layer's fetch sequence `seq` (repeating layer after layer) that
     are prefetched: those fetched after a tensor under stage3_max_live_parameters."""
-    total = sum(n for n, g in zip(seq, gathered) if g)
-    ahead = sum(n for i, (n, g) in enumerate(zip(seq, gathered)) if g and seq[i - 1] < ZERO3_MAX_LIVE_PARAMS)
+    total = sum(n for n, g in zip(seq, gathered, strict=True) if g)
+    ahead = sum(n for i, (n, g) in enumerate(zip(seq, gathered, strict=True))
+                if g and seq[i - 1] < ZERO3_MAX_LIVE_PARAMS)
     return ahead / total if total else 1.0
 
 
