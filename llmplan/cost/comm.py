@@ -31,6 +31,7 @@ from llmplan.cost.exposure import CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan_choices import MoeFlexBackend
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
@@ -62,7 +63,7 @@ class Dispatch:
     groups: tuple[int, int] | None
     sms: int = 0
     """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
-    backend: str = "deepep"
+    backend: MoeFlexBackend = "deepep"
     """The kernels (ParallelPlan.moe_flex_backend): deepep (dispatch_sm_beta) or hybridep (hybridep_rate)."""
 
 
