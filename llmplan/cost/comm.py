@@ -27,10 +27,11 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import BUCKET_PARAMS, BUCKET_PARAMS_PER_DP, CommSeconds, zero3_gathers, zero3_tensor_shares
+from llmplan.cost.exposure import CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan_choices import MoeFlexBackend
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
@@ -62,7 +63,7 @@ class Dispatch:
     groups: tuple[int, int] | None
     sms: int = 0
     """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
-    backend: str = "deepep"
+    backend: MoeFlexBackend = "deepep"
     """The kernels (ParallelPlan.moe_flex_backend): deepep (dispatch_sm_beta) or hybridep (hybridep_rate)."""
 
 
@@ -174,9 +175,10 @@ def hybridep_fit(sms: int) -> tuple[float, float]:
     Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
     T, h, k, local = HYBRIDEP_BENCH
     table = HYBRIDEP_GB200_GBPS[sms]
-    n = np.array(sorted(table), dtype=float)
-    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in sorted(table)])
-    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(sorted(table), B)])
+    ranks = sorted(table)
+    n = np.array(ranks, dtype=float)
+    B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in ranks])
+    t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(ranks, B, strict=True)])
     (beta, alpha), *_ = np.linalg.lstsq(np.vstack([B, n - 1]).T, t, rcond=None)
     return float(beta), float(alpha)
 
@@ -361,8 +363,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     u = where((z >= 3) & flat, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
     # sharded gradients: every backward
     reduce_calls = where((z >= 2) & flat, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
-    kept = where(plan.zero3_unit == "tensor", zero3_tensor_shares(m)[0], 0.0)  # kept for the backward
-    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, kept) * n * u, where(z >= 1, 1, 0))
+    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
     host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
@@ -381,15 +382,14 @@ def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
     """NCCL calls that one step's gradient reduction (or weight gather) of the first stage's `params` splits into,
     each paying its ring's latency: Megatron-Core's DDP issues one collective per bucket and model chunk. With the
     overlap on, the first model chunk of the first pipeline stage is cut into buckets of max(40M, 1M x dp·cp)
-    parameters (BUCKET_PARAMS) and each later chunk is one bucket; without it, one per chunk. Source:
+    parameters (exposure.bucket_params) and each later chunk is one bucket; without it, one per chunk. Source:
     Megatron-LM megatron/training/training.py (get_model: bucket_size = max(40000000, 1000000 x dp) "to ensure
     that chunks used in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than
     latency-bound", None without overlap_grad_reduce; disable_bucketing for model chunks after the first),
     megatron/core/distributed/distributed_data_parallel.py (no bucketing past pipeline stage 0).
     Derived: docs/formulas.md#comm.dp_bucket"""
     v = plan.vpp
-    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
-    first = where(overlapped, np.ceil(params / v / bucket), 1)
+    first = where(overlapped, np.ceil(params / v / bucket_params(plan)), 1)
     return maximum(first, 1) + (v - 1)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
-from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors  # noqa: F401  (re-exported)
+from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -93,7 +93,7 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
 
 
 def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                      layers: Any = 1, m: ModelSpec | None = None) -> Any:
+                      layers: Any, m: ModelSpec) -> Any:
     """ZeRO-2/3 and FSDP, per micro-batch: ZeRO-3's forward weight all-gather hides in the forward; its
     backward all-gather and the gradient reduce-scatter of ZeRO >= 2 share the backward window and its links,
     so their times add before the window hides them. Switching an overlap off exposes that collective. Each
@@ -105,11 +105,10 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
     n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
-    kept, pre_f, pre_r, pre_b = zero3_tensor_shares(m) if m is not None else (0.0, 1.0, 1.0, 1.0)
+    _, pre_f, pre_r, pre_b = zero3_tensor_shares(m)
     tensor, r = plan.zero3_unit == "tensor", recomputed_share(plan, layers)
-    kept = where(tensor, kept, 0.0)
     pre_f, pre_b = where(tensor, pre_f, 1.0), where(tensor, r * pre_r + (1 - r) * pre_b, 1.0)
-    gathers = zero3_gathers(plan, layers, kept)
+    gathers = zero3_gathers(plan, layers, m)
     ag = where((plan.zero >= 3) & flat, comm.dp_gather / (gathers * n), 0.0)
     ag_b = ag * (gathers - 1)  # the backward's gather, and a per-tensor recompute's
     rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
@@ -122,15 +121,16 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
                                                                                              kappa) + host
 
 
-def zero3_gathers(plan: ParallelPlan, layers: Any, kept: Any = 0.0) -> Any:
+def zero3_gathers(plan: ParallelPlan, layers: Any, m: ModelSpec) -> Any:
     """ZeRO-3 all-gathers of the weights per micro-batch: forward and backward; per tensor (plan.zero3_unit),
     the recompute forward of the stage's recomputed layers gathers again, as each module's weights are
     released after its forward (DeepSpeed stage 3 of 2021: release_sub_module after every forward, the
-    forward pre-hook fetching again), but the `kept` share of a layer's weights (zero3_tensor_shares) stays
-    gathered from its recompute forward to its backward, which then gathers only the rest.
+    forward pre-hook fetching again), but the kept share of a layer's weights (zero3_tensor_shares of `m`)
+    stays gathered from its recompute forward to its backward, which then gathers only the rest.
     Source: microsoft/DeepSpeed v0.3.13 runtime/zero/stage3.py
     (pre_sub_module_forward_function / post_sub_module_forward_function, PartitionedParameterCoordinator).
     Derived: docs/formulas.md#comm.zero3_unit"""
+    kept = zero3_tensor_shares(m)[0]
     return 2 + where(plan.zero3_unit == "tensor", recomputed_share(plan, layers) * (1 - kept), 0.0)
 
 
@@ -152,19 +152,19 @@ def zero3_tensor_shares(m: ModelSpec) -> tuple[float, float, float, float]:
     Derived: docs/formulas.md#comm.zero3_unit"""
     t = zero3_layer_tensors(m)
     kept = [2 * sum(t[j + 1:]) < ZERO3_MAX_REUSE_DISTANCE for j in range(len(t))]
-    rev = t[::-1]
-    share = [sum(n for n, k in zip(t, kept) if k) / sum(t),
-             _prefetched(t, (True,) * len(t)),
-             _prefetched(t + rev, (True,) * len(t) + tuple(not k for k in kept[::-1])),
-             _prefetched(rev, (True,) * len(t))]
-    return share[0], share[1], share[2], share[3]
+    rev, every = t[::-1], (True,) * len(t)
+    return (sum(n for n, k in zip(t, kept, strict=True) if k) / sum(t),
+            _prefetched(t, every),
+            _prefetched(t + rev, every + tuple(not k for k in kept[::-1])),
+            _prefetched(rev, every))
 
 
 def _prefetched(seq: tuple[float, ...], gathered: tuple[bool, ...]) -> float:
     """Share of the gathered elements of one layer's fetch sequence `seq` (repeating layer after layer) that
     are prefetched: those fetched after a tensor under stage3_max_live_parameters."""
-    total = sum(n for n, g in zip(seq, gathered) if g)
-    ahead = sum(n for i, (n, g) in enumerate(zip(seq, gathered)) if g and seq[i - 1] < ZERO3_MAX_LIVE_PARAMS)
+    total = sum(n for n, g in zip(seq, gathered, strict=True) if g)
+    ahead = sum(n for i, (n, g) in enumerate(zip(seq, gathered, strict=True))
+                if g and seq[i - 1] < ZERO3_MAX_LIVE_PARAMS)
     return ahead / total if total else 1.0
 
 
@@ -183,13 +183,17 @@ def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
     return minimum(sync * (v - 1) / v + w, ((v - 1) * p + 1) * w)
 
 
+def bucket_params(plan: ParallelPlan) -> Any:
+    """Parameters in one Megatron-Core DDP bucket: max(40M, 1M x dp) (BUCKET_PARAMS; dp is the gradient's
+    reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the data-parallel group with context
+    parallel). Derived: docs/formulas.md#step.dp"""
+    return maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+
+
 def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
-    """The share of a rank's gradients (and gathered weights) in one DP bucket: max(40M, 1M x dp) parameters
-    (BUCKET_PARAMS; dp is the gradient's reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the
-    data-parallel group with context parallel) of the stage's parameters, at most all of them.
-    Derived: docs/formulas.md#step.dp"""
-    bucket = maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
-    return minimum(1.0, bucket / maximum(params_on_rank, 1.0))
+    """The share of a rank's gradients (and gathered weights) in one DP bucket (bucket_params) of the stage's
+    parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
+    return minimum(1.0, bucket_params(plan) / maximum(params_on_rank, 1.0))
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,

@@ -41,14 +41,13 @@ from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
 ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (DeepSpeed docs, config-json)
+
+
 def zero3_layer_tensors(m: ModelSpec) -> tuple[float, float, float, float]:
     """Elements of the four weight tensors of a Megatron-LM layer that ZeRO-3 gathers one at a time, in forward
     order: the fused query_key_value, the attention output dense, dense_h_to_4h (both halves when gated) and
     dense_4h_to_h. Derived: docs/formulas.md#comm.zero3_unit"""
-    h, f = m.hidden_size, m.intermediate_size
-    a = m.num_attention_heads
-    kv = m.num_key_value_heads or a
-    d = m.head_dim or h // a
+    h, f, a, kv, d = m.hidden_size, m.intermediate_size, m.num_attention_heads, m.kv_heads, m.d_head
     return (float(h * (a + 2 * kv) * d), float(a * d * h), float(h * f * (2 if m.gated_mlp else 1)), float(f * h))
 
 
@@ -59,8 +58,9 @@ def zero3_tensor_backward_bytes(m: ModelSpec, plan: ParallelPlan, working: Any) 
     release) finds the tensor gathered and its full gradient, and reduces the previous tensor's gradient, still
     whole (partitioned only at the next reduction), through a flattened copy (buffered_reduce_fallback,
     contiguous_gradients false; true: the list reduce_scatter, which ProcessGroupNCCL flattens): weight +
-    gradient + 2 x previous gradient, whatever stage3_max_live_parameters says (it gates the prefetch only). The output layer's logits
-    are freed by then; a tied output weight's gradient waits in autograd's input buffer for the embedding's.
+    gradient + 2 x previous gradient, whatever stage3_max_live_parameters says (it gates the prefetch only). The
+    output layer's logits are freed by then; a tied output weight's gradient waits in autograd's input buffer for
+    the embedding's.
     Activations: `working` (the layer's working set) at the first weight (dense_4h_to_h); from dense_h_to_4h on,
     the MLP's inner activations are consumed and its fc1 output's gradient is alive.
     Source: microsoft/DeepSpeed v0.3.13 .. v0.4.0 runtime/zero/stage3.py (reduce_independent_p_g_buckets_and_
