@@ -1,0 +1,67 @@
+"""A plan file an older llmplan saved with a switch its plan cannot use (its search held the switch for every plan
+it saved): reading it back is refused in one line, exit code 2, and the line says how to mend the file (the
+flags the rule names are plan keys; dropping the switch is its default, which prices the plan the same), not
+only which flag to drop (the real command)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+PLANS = Path(__file__).parent / "data" / "plans"
+
+
+def saved(tmp_path: Path, case: str, **plan: object) -> Path:
+    """A shipped plan file (llmplan 0.1.0's) with some plan keys as an older llmplan could have saved them."""
+    doc = json.loads((PLANS / f"{case}.json").read_text())
+    doc["plan"].update(plan)
+    path = tmp_path / f"{case}-old.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# fsdp_train: tp 1, pp 1, zero 3; dense_train: tp 8, pp 4, sp, zero 1
+@pytest.mark.parametrize("case, plan, needles", [
+    ("fsdp_train", {"tp_comm_overlap": True},
+     ("tp_comm_overlap with tp 1 and sp off", "drop --tp-comm-overlap",
+      "(--tp-comm-overlap is plan.tp_comm_overlap)", "tp_comm_overlap: false here, which prices the plan the same")),
+    ("dense_train", {"zero3_unit": "tensor"},
+     ("zero3_unit tensor with zero 1", "plan.zero3_unit", 'zero3_unit: "layer" here')),
+    ("fsdp_train", {"pp_schedule": "zero-bubble"}, ("pp_schedule zero-bubble with pp 1", 'pp_schedule: "1f1b" here')),
+])
+@pytest.mark.parametrize("command", [("export", "--to", "megatron"), ("report",)])
+def test_saved_switch_without_its_axis_says_how_to_mend_the_file(cli, tmp_path, case, plan, needles, command):
+    path = saved(tmp_path, case, **plan)
+    r = cli(command[0], path, *command[1:], "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert f"{path}: the plan no longer passes its rules:" in lines[0]
+    assert f"To mend {path}: a flag is the plan key of its name" in lines[0]
+    assert "or re-create the plan with `llmplan search --save`" in lines[0]
+    for needle in needles:
+        assert needle in lines[0], r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_mend_the_message_names_is_accepted(cli, tmp_path):
+    """Setting the key the message names to the default it names makes the file load again."""
+    path = saved(tmp_path, "fsdp_train", tp_comm_overlap=True)
+    assert cli("export", path, "--to", "megatron", "-o", tmp_path / "a").code == 2
+    doc = json.loads(path.read_text())
+    doc["plan"]["tp_comm_overlap"] = False
+    path.write_text(json.dumps(doc))
+    r = cli("export", path, "--to", "torchtitan", "-o", tmp_path / "b")
+    assert r.code == 0, r.err
+
+
+def test_several_broken_rules_end_with_the_mend_on_its_own_line(cli, tmp_path):
+    path = saved(tmp_path, "fsdp_train", tp_comm_overlap=True, fp8_params=True)
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert lines[0].endswith("the plan no longer passes its rules:"), r.err
+    assert [x for x in lines if x.startswith("  - ")] == lines[1:3], r.err
+    assert "fp8_params with dtype bf16" in r.err and "tp_comm_overlap with tp 1" in r.err
+    assert lines[3].startswith(f"To mend {path}:") and "tp_comm_overlap: false here" in lines[3], r.err
