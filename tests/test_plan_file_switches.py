@@ -1,7 +1,8 @@
-"""A plan file an older llmplan saved with a switch its plan cannot use (its search held the switch for every plan
-it saved): reading it back is refused in one line, exit code 2, and the line says how to mend the file (the
-flags the rule names are plan keys; dropping the switch is its default, which prices the plan the same), not
-only which flag to drop (the real command)."""
+"""Switches refused with the fix that mends them, through the real command. A plan file an older llmplan saved
+with a switch its plan cannot use (its search held the switch for every plan it saved): reading it back is
+refused in one line, exit code 2, and the line says how to mend the file (the flags the rule names are plan
+keys; dropping the switch is its default, which prices the plan the same), not only which flag to drop. A
+search whose switches break a rule on every plan: the rule's fix, not a change of pins that cannot mend it."""
 
 from __future__ import annotations
 
@@ -65,3 +66,23 @@ def test_several_broken_rules_end_with_the_mend_on_its_own_line(cli, tmp_path):
     assert [x for x in lines if x.startswith("  - ")] == lines[1:3], r.err
     assert "fp8_params with dtype bf16" in r.err and "tp_comm_overlap with tp 1" in r.err
     assert lines[3].startswith(f"To mend {path}:") and "tp_comm_overlap: false here" in lines[3], r.err
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("--fp8-params",), ("(fp8_params_dtype): fp8_params with dtype bf16", "or drop --fp8-params")),
+    (("--dtype", "fp32", "--grad-dtype", "bf16"), ("(grad_dtype_fp32): grad_dtype bf16 with dtype fp32",)),
+    (("--no-flash-attention", "--attention-kernel", "flash2"),
+     ("(attention_kernel_fused): attention_kernel flash2 with unfused attention", "use --flash-attention")),
+    (("--expert-gemm", "per-expert"), ("(moe_switches_dense): expert_gemm per-expert", "drop --expert-gemm")),
+    (("--moe-dispatcher", "deepep", "--ep-comm-overlap"),
+     ("(moe_switches_dense): moe_dispatcher deepep, ep_comm_overlap", "drop --moe-dispatcher, --ep-comm-overlap")),
+])
+def test_search_refuses_switches_that_break_a_rule_on_every_plan_with_the_rules_fix(cli, args, needles):
+    """A workload's switches that break a rule whatever the axes: the rule's own fix, not the advice to change
+    the pinned options, the batch or the nodes (which cannot mend it)."""
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--pp", "1", "--cp", "1", *args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "the search's switches break a rule (" in lines[0] and "Change the pinned options" not in lines[0]
+    for needle in needles:
+        assert needle in lines[0], r.err

@@ -20,7 +20,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
-from llmplan.specs.check_switches import SWITCH_USES, asks_for, named_switch_violations, settle
+from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -247,6 +247,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         ok = np.asarray(ok, dtype=bool)
         if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
             continue
+        if ok.ndim == 0 and rule in SWITCH_RULES:  # the workload's switches alone break it: no pin or axis mends it
+            raise LlmplanError(f"the search's switches break a rule ({rule.name}): "
+                               f"{rule.message(m, plans.plan(0, settled=False), cluster)}")
         ok = np.broadcast_to(ok, keep.shape)
         cut = keep & ~ok
         n = int(np.count_nonzero(cut))
@@ -324,7 +327,7 @@ def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | No
     dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
              if v.rule == "moe_switches_dense"]
     if dense:
-        raise LlmplanError(f"the search's switches break a rule: {dense[0].message}")
+        raise LlmplanError(f"the search's switches break a rule ({dense[0].rule}): {dense[0].message}")
     for u in SWITCH_USES:
         if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
             continue
