@@ -86,3 +86,31 @@ def test_search_refuses_switches_that_break_a_rule_on_every_plan_with_the_rules_
     assert "the search's switches break a rule (" in lines[0] and "Change the pinned options" not in lines[0]
     for needle in needles:
         assert needle in lines[0], r.err
+
+
+MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep", "8",
+       "--global-batch", "64")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--moe-flex-backend", "hybridep"),
+     ("the plan breaks a rule: moe_flex_backend hybridep: it acts on mixture-of-experts layers",
+      "drop --moe-flex-backend")),
+    # named at its default: still asks for a dispatcher backend a dense model has no use for
+    (("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--moe-flex-backend", "deepep"),
+     ("moe_flex_backend deepep: it acts on mixture-of-experts layers",)),
+    ((*MOE, "--moe-flex-backend", "hybridep"),
+     ("the plan breaks a rule: moe_flex_backend hybridep with moe_dispatcher alltoall",
+      "add --moe-dispatcher deepep or drop --moe-flex-backend")),
+    (("search", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--moe-flex-backend",
+      "hybridep"), ("(moe_flex_backend_deepep): moe_flex_backend hybridep with moe_dispatcher alltoall",)),
+])
+def test_a_flex_backend_without_the_flex_dispatcher_exits_2(cli, args, needles):
+    """--moe-flex-backend picks the kernels of the deepep dispatcher: with alltoall or on a dense model it would
+    silently do nothing."""
+    r = cli(*args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    for needle in needles:
+        assert needle in lines[0], r.err
+    assert cli(*MOE, "--moe-flex-backend", "hybridep", "--moe-dispatcher", "deepep").code == 0

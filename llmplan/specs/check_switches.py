@@ -79,8 +79,8 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
             "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
 
 
-MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_capacity_factor",
-                "ep_comm_overlap")
+MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
+                "moe_capacity_factor", "ep_comm_overlap")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -332,6 +332,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "those of the deepep dispatch and combine kernels (Megatron moe_flex_dispatcher_num_sms); "
                          "the alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
                          "--moe-dispatch-sms"),
+    Rule("moe_flex_backend_deepep", lambda m, p, c: (p.moe_flex_backend == "deepep") | (p.moe_dispatcher == "deepep")
+         | (not m.is_moe),
+         lambda m, p, c: f"moe_flex_backend {p.moe_flex_backend} with moe_dispatcher {p.moe_dispatcher}: the backend "
+                         "is the kernels of the deepep (flex) dispatcher (Megatron moe_flex_dispatcher_backend); the "
+                         "alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
+                         "--moe-flex-backend"),
     Rule("attention_kernel_fused", lambda m, p, c: (p.attention_kernel == "native") | p.flash_attention,
          lambda m, p, c: f"attention_kernel {p.attention_kernel} with unfused attention: the kernel named is the "
                          "fused attention kernel that runs, and unfused attention runs none; use --flash-attention "
