@@ -114,3 +114,14 @@ def test_a_flex_backend_without_the_flex_dispatcher_exits_2(cli, args, needles):
     for needle in needles:
         assert needle in lines[0], r.err
     assert cli(*MOE, "--moe-flex-backend", "hybridep", "--moe-dispatcher", "deepep").code == 0
+
+
+def test_estimate_names_every_moe_switch_given_to_a_dense_model(cli):
+    """--ep-comm-overlap (away from its default, which check_plan sees) with --expert-gemm grouped (its default,
+    which only the named-switch check sees): one refusal that names both, so one edit mends it."""
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
+            "--ep-comm-overlap", "--expert-gemm", "grouped")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert "expert_gemm grouped, ep_comm_overlap: these switches act on mixture-of-experts layers" in lines[0]
+    assert "drop --expert-gemm, --ep-comm-overlap" in lines[0], r.err
