@@ -221,7 +221,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
     (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
-    the switches the user named (unused_switches; None: those the workload sets)."""
+    the switches the user named (refuse_unused_switches; None: those the workload sets)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -263,7 +263,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
-    unused_switches(m, plans, named)
+    refuse_unused_switches(m, plans, named)
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
@@ -317,7 +317,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
-def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
+def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
     """Refuse a switch of SWITCH_USES the user `named` (the default value included; None, a library call: the
     switches the workload sets away from their defaults) that none of the plans left by the rules can use
     (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with --ep 1), and a named MoE switch on a dense
