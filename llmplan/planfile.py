@@ -354,7 +354,7 @@ def mend_note(pf: PlanFile) -> str:
     search held it for every plan it saved) is named with its default, which prices the same (check_switches.
     settle)."""
     reset = unused_switches(pf.plan) if pf.mode == "train" else {}
-    key = next(iter(reset), "zero3_unit")
+    key = next(iter(reset), "zero3_unit" if pf.mode == "train" else "tp")
     edits = ", ".join(f"{k}: {json.dumps(v)}" for k, v in reset.items())
     return (f"To mend {pf.path or 'the plan file'}: a flag is the plan key of its name (--{key.replace('_', '-')}"
             f" is plan.{key}) and dropping it sets its default"
