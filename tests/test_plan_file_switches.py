@@ -125,3 +125,22 @@ def test_estimate_names_every_moe_switch_given_to_a_dense_model(cli):
     assert r.code == 2 and len(lines) == 1, r.err
     assert "expert_gemm grouped, ep_comm_overlap: these switches act on mixture-of-experts layers" in lines[0]
     assert "drop --expert-gemm, --ep-comm-overlap" in lines[0], r.err
+
+
+def test_an_unknown_flex_backend_exits_2_with_the_choices(cli):
+    r = cli(*MOE, "--moe-dispatcher", "deepep", "--moe-flex-backend", "nvshmem")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert "--moe-flex-backend nvshmem is not a flex dispatcher backend; use one of deepep, hybridep" in lines[0]
+
+
+def test_a_plan_file_with_the_nan_check_in_a_full_iteration_graph_exits_2(cli, tmp_path):
+    """Megatron-LM asserts the gradient NaN check off under --cuda-graph-impl full_iteration (ParallelPlan's
+    validator): a plan file asking for both is one line naming the keys to change."""
+    path = saved(tmp_path, "dense_train", grad_nan_check=True, cuda_graphs="full-iteration")
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "grad_nan_check with cuda_graphs full-iteration" in lines[0]
+    assert "set grad_nan_check false or cuda_graphs none or layers" in lines[0], r.err
+    assert not (tmp_path / "out").exists()
