@@ -144,3 +144,18 @@ def test_a_plan_file_with_the_nan_check_in_a_full_iteration_graph_exits_2(cli, t
     assert "grad_nan_check with cuda_graphs full-iteration" in lines[0]
     assert "set grad_nan_check false or cuda_graphs none or layers" in lines[0], r.err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan"])
+@pytest.mark.parametrize("plan", [{"grad_nan_check": True}, {"grad_prescale": True}])
+def test_launchers_without_megatrons_bucket_passes_refuse_them_in_one_line(cli, tmp_path, target, plan):
+    """DeepSpeed and FSDP2 run neither Megatron-LM's NaN-check norm nor its 1/dp pre-scaling of the buckets
+    (step.grad_buffer): a plan priced with them is refused with the keys to change, not exported unpriced."""
+    assert cli("export", saved(tmp_path, "fsdp_train"), "--to", target, "-o", tmp_path / "plain").code == 0
+    path = saved(tmp_path, "fsdp_train", **plan)
+    r = cli("export", path, "--to", target, "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "gradient NaN check or 1/dp pre-scaling" in lines[0]
+    assert "set grad_nan_check and grad_prescale false, or export to megatron" in lines[0], r.err
+    assert not (tmp_path / "out").exists()
