@@ -21,6 +21,7 @@ from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.check import check_plan, check_serve_plan
+from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
     build, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
 )
@@ -342,5 +343,20 @@ def load_plan(path: Path, current: bool = False) -> PlanFile:
     if violations:
         listed = (f" {violations[0].message}" if len(violations) == 1 else  # one line, as every bad input
                   "\n" + "\n".join(f"  - {v.message}" for v in violations))
-        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}")
+        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}"
+                           f"{'. ' if len(violations) == 1 else chr(10)}{mend_note(pf)}")
     return pf
+
+
+def mend_note(pf: PlanFile) -> str:
+    """How to mend a saved plan that a rule refuses, for the end of the refusal: the rules' messages name
+    command-line flags, and the file holds plan keys. A switch the plan has no axis for (an older llmplan's
+    search held it for every plan it saved) is named with its default, which prices the same (check_switches.
+    settle)."""
+    reset = unused_switches(pf.plan) if pf.mode == "train" else {}
+    key = next(iter(reset), "zero3_unit" if pf.mode == "train" else "tp")
+    edits = ", ".join(f"{k}: {json.dumps(v)}" for k, v in reset.items())
+    return (f"To mend {pf.path or 'the plan file'}: a flag is the plan key of its name (--{key.replace('_', '-')}"
+            f" is plan.{key}) and dropping it sets its default"
+            + (f" ({edits} here, which prices the plan the same)" if reset else "")
+            + "; or re-create the plan with `llmplan search --save`")

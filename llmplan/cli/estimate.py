@@ -130,10 +130,9 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
     cluster = cluster_of(c)
     order = parse_order(s.axis_order)
     plan = training_plan(m, cluster, p, s, split)
-    unused = named_switch_violations(m, plan, named)
-    if unused:
-        broken = check_plan(m, plan, cluster)
-        raise PlanViolationError(broken + [v for v in unused if v.rule not in {b.rule for b in broken}])
+    unused = {v.rule: v for v in named_switch_violations(m, plan, named)}
+    if unused:  # a rule both break: the named one's message, which also names the switches given at their default
+        raise PlanViolationError([unused.pop(b.rule, b) for b in check_plan(m, plan, cluster)] + list(unused.values()))
     allowance = make_allowance(memory)
     e = estimate_training(m, cluster, plan, allowance, order, make_checkpoint(checkpoints))
     advice = advise_training(e, allowance, order)

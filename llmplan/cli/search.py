@@ -160,7 +160,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                  output: OutputOptions, named: frozenset[str] = frozenset()) -> TrainSearch:
     """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
-    tried, the best kept (`named`: the options the command line set, search.run.unused_switches)."""
+    tried, the best kept (`named`: the options the command line set, search.run.refuse_unused_switches)."""
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:

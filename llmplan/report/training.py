@@ -71,8 +71,10 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
         out[axis] = {
             "bytes": float(a.bytes), "seconds": float(a.seconds), "collective": a.collectives,
             "group": group.describe(up, down) if group else "1 GPU (no communication)",
-            "transfers": [{"collective": t.collective, "calls": t.calls if isinstance(t.calls, int) else float(t.calls), "message_bytes": float(t.message),
-                           "bytes": float(t.bytes), "group_size": t.group.size, "nodes": t.group.nodes}
+            "transfers": [{"collective": t.collective,
+                           "calls": t.calls if isinstance(t.calls, int) else float(t.calls),
+                           "message_bytes": float(t.message), "bytes": float(t.bytes), "group_size": t.group.size,
+                           "nodes": t.group.nodes}
                           for t in a.transfers],
         }
     return out
@@ -264,9 +266,11 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
 
 EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
 """(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
-OVERHEAD_NAMES = {"host": "waiting for kernel launches", "stragglers": "slowest GPU (stragglers)",
-                  "measured": "measured per-step overhead",
-                  "grad_buffer": "gradient NaN check / 1/dp scaling"}
+OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
+                 "stragglers": ("slowest GPU (stragglers)", "step.overhead"),
+                 "measured": ("measured per-step overhead", "step.overhead"),
+                 "grad_buffer": ("gradient NaN check / 1/dp scaling", "step.grad_buffer")}
+"""(row name, formula id) of the step-time table's overheads (StepTime.overheads)."""
 
 
 def time_table(e: TrainingEstimate) -> Table:
@@ -280,8 +284,7 @@ def time_table(e: TrainingEstimate) -> Table:
             *((name, v, ref) for a, v in st.exposed.items() if v > 0
               for name, ref in [EXPOSED_ROWS.get(a, (f"exposed {a.upper()} communication", "step.time"))]),
             ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
-            *((f"{OVERHEAD_NAMES[k]}", v, "step.grad_buffer" if k == "grad_buffer" else "step.overhead")
-              for k, v in st.overheads.items() if v > 0)]
+            *((name, v, ref) for k, v in st.overheads.items() if v > 0 for name, ref in [OVERHEAD_ROWS[k]])]
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")

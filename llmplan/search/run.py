@@ -20,7 +20,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import RULES
-from llmplan.specs.check_switches import SWITCH_USES, asks_for, named_switch_violations, settle
+from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -221,7 +221,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
     (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
-    the switches the user named (unused_switches; None: those the workload sets)."""
+    the switches the user named (refuse_unused_switches; None: those the workload sets)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -247,6 +247,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         ok = np.asarray(ok, dtype=bool)
         if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
             continue
+        if ok.ndim == 0 and rule in SWITCH_RULES:  # the workload's switches alone break it: no pin or axis mends it
+            raise LlmplanError(f"the search's switches break a rule ({rule.name}): "
+                               f"{rule.message(m, plans.plan(0, settled=False), cluster)}")
         ok = np.broadcast_to(ok, keep.shape)
         cut = keep & ~ok
         n = int(np.count_nonzero(cut))
@@ -260,7 +263,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
-    unused_switches(m, plans, named)
+    refuse_unused_switches(m, plans, named)
     say("evaluating memory")
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
@@ -314,7 +317,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
-def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
+def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
     """Refuse a switch of SWITCH_USES the user `named` (the default value included; None, a library call: the
     switches the workload sets away from their defaults) that none of the plans left by the rules can use
     (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with --ep 1), and a named MoE switch on a dense
@@ -324,7 +327,7 @@ def unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | No
     dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
              if v.rule == "moe_switches_dense"]
     if dense:
-        raise LlmplanError(f"the search's switches break a rule: {dense[0].message}")
+        raise LlmplanError(f"the search's switches break a rule ({dense[0].rule}): {dense[0].message}")
     for u in SWITCH_USES:
         if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
             continue

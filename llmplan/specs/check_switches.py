@@ -79,13 +79,20 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
             "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
 
 
+MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
+                "moe_capacity_factor", "ep_comm_overlap")
+"""The training switches that act on expert layers only (rule moe_switches_dense)."""
+
+
+def _setting(p: Any, field: str) -> str:
+    """A switch as a message names it: the field alone when on (ep_comm_overlap), else with its value."""
+    value = getattr(p, field)
+    return field if value is True else f"{field} {value}"
+
+
 def _moe_switches(p: Any) -> list[str]:
     """The plan's MoE switches set away from their defaults (a workload's fields: one value for every plan)."""
-    return [name if value is True else f"{name} {value}" for name, value, default in (
-        ("expert_gemm", p.expert_gemm, "grouped"), ("moe_dispatcher", p.moe_dispatcher, "alltoall"),
-        ("moe_routing", p.moe_routing, "random"), ("moe_dispatch_sms", p.moe_dispatch_sms, None),
-        ("moe_capacity_factor", p.moe_capacity_factor, None), ("ep_comm_overlap", p.ep_comm_overlap, False))
-        if value != default]
+    return [_setting(p, f) for f in MOE_SWITCHES if getattr(p, f) != ParallelPlan.model_fields[f].default]
 
 
 def _flags(names: list[str]) -> str:
@@ -180,11 +187,6 @@ def unused_switches(plan: ParallelPlan) -> dict[str, Any]:
             if u.given(plan) and not bool(u.uses(plan)) for f in u.fields}
 
 
-MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_capacity_factor",
-                "ep_comm_overlap")
-"""The training switches that act on expert layers only (rule moe_switches_dense)."""
-
-
 def asks_for(p: Any, field: str, named: Collection[str]) -> bool:
     """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset)."""
     return field in named and getattr(p, field) is not False and getattr(p, field) is not None
@@ -198,7 +200,7 @@ def named_switch_violations(m: ModelSpec, plan: ParallelPlan, named: Collection[
     def asks(f: str) -> bool:
         return asks_for(plan, f, named)
 
-    dense = [f"{f} {getattr(plan, f)}" for f in MOE_SWITCHES if asks(f)] if not m.is_moe else []
+    dense = [_setting(plan, f) for f in MOE_SWITCHES if asks(f)] if not m.is_moe else []
     out = [Violation("moe_switches_dense", _dense_message(m, dense))] if dense else []
     return out + [Violation(u.name, u.message(plan)) for u in SWITCH_USES
                   if not (u.moe and not m.is_moe) and any(asks(f) for f in u.fields) and not bool(u.uses(plan))]
@@ -330,6 +332,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "those of the deepep dispatch and combine kernels (Megatron moe_flex_dispatcher_num_sms); "
                          "the alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
                          "--moe-dispatch-sms"),
+    Rule("moe_flex_backend_deepep", lambda m, p, c: (p.moe_flex_backend == "deepep") | (p.moe_dispatcher == "deepep")
+         | (not m.is_moe),
+         lambda m, p, c: f"moe_flex_backend {p.moe_flex_backend} with moe_dispatcher {p.moe_dispatcher}: the backend "
+                         "is the kernels of the deepep (flex) dispatcher (Megatron moe_flex_dispatcher_backend); the "
+                         "alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
+                         "--moe-flex-backend"),
     Rule("attention_kernel_fused", lambda m, p, c: (p.attention_kernel == "native") | p.flash_attention,
          lambda m, p, c: f"attention_kernel {p.attention_kernel} with unfused attention: the kernel named is the "
                          "fused attention kernel that runs, and unfused attention runs none; use --flash-attention "
