@@ -24,7 +24,8 @@ from llmplan.fileio import exists, read_text
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.hetero import estimate_hetero
 from llmplan.planfile import (
-    KIND, PlanDocument, PlanFile, current_specs, plan_file, plan_violations, read_plan_document, saved_pools,
+    KIND, PlanDocument, PlanFile, current_specs, mend_note, plan_file, plan_violations, read_plan_document,
+    saved_pools,
 )
 from llmplan.serving import estimate_serving
 from llmplan.specs.defaults import min_headroom_bytes
@@ -194,7 +195,7 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
     bad = plan_violations(pf)
     if bad:
         return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: "
-                        + "; ".join(v.message for v in bad), sc.line, sc.field)]
+                        + "; ".join(v.message for v in bad) + ". " + mend_note(pf), sc.line, sc.field)]
     if pf.mode == "infer":
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
     priced = _reprice(pf)
