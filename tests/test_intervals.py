@@ -228,11 +228,12 @@ def test_no_choice_inside_the_target_takes_the_honest_side(monkeypatch):
     monkeypatch.setattr(conformal, "mean_coverage", lambda cov: cov["a"][2] / 100)
     monkeypatch.setattr(conformal, "median_half", lambda records, c, pools: c[0] / 10)
     assert iv.choose_nominal([], {}) == 0.9
-    assert conformal._narrowest_inside([], {}) == (0.9, "run")
+    one = {iv.MIN_SOURCES: {}}  # bands of MIN_SOURCES sources only
+    assert conformal._narrowest_inside([], one) == (0.9, "run", iv.MIN_SOURCES)
     table.update({0.9: (80, 84)})  # inside: taken before any wider one
-    assert iv.choose_nominal([], {}) == 0.9 and conformal._narrowest_inside([], {}) == (0.9, "run")
+    assert iv.choose_nominal([], {}) == 0.9 and conformal._narrowest_inside([], one) == (0.9, "run", iv.MIN_SOURCES)
     table.update({q: (70, 80 + q) for q in table})  # none covers 75% per record
-    assert conformal._narrowest_inside([], {}) is None
+    assert conformal._narrowest_inside([], one) is None
     assert iv.choose_nominal([], {}) == 0.8
 
 def test_shipped_residuals_carry_every_tag_and_a_same_job_resolution():
@@ -506,9 +507,11 @@ def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
     seen: list[set[str]] = []
     real = conformal._narrowest_inside
 
-    def spy(rest, pools):
-        seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in pools})
-        return real(rest, pools)
+    def spy(rest, sourced):
+        assert set(sourced) == set(iv.SOURCE_CHOICES)  # every choice of sources, each without the source
+        assert all(set(v) == set(sourced[iv.MIN_SOURCES]) for v in sourced.values())
+        seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in sourced[iv.MIN_SOURCES]})
+        return real(rest, sourced)
 
     monkeypatch.setattr(conformal, "_narrowest_inside", spy)
     mine = [r for r in recs]

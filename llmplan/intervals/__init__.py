@@ -11,7 +11,8 @@ rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the recor
    > 512 GPUs);
 2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then framework, then GPU generation,
    then dense/MoE); while the matches come from fewer than MIN_SOURCES sources (source_of), drop the scale and
-   then the framework tag too (a band of one or two sources spans their biases, not a new source's);
+   then the framework tag too (a band of one or two sources spans their biases, not a new source's), unless
+   the plan's regime cell or pool chose 1 (SOURCE_CHOICES, by left-out coverage with its quantile pair);
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
@@ -47,18 +48,20 @@ from llmplan.intervals.regimes import (POOLS, RELAX_ORDER, TAGS, UNCOVERED, Regi
                                        framework, generation, pool_of, record_regime, regime_of, scale_bucket,
                                        source_of)
 # re-exported: the residual file and the bands built from it (llmplan.intervals.bands)
-from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, MIN_SOURCES, WEIGHTINGS, WIDEN, Band, Choice,
-                                     family_weights, memory_band, nominal_of, quantile_band, select, serving_band,
-                                     shipped, training_band, weighted_quantile)
+from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, MIN_SOURCES, SOURCE_CHOICES, WEIGHTINGS, WIDEN, Band,
+                                     Choice, family_weights, memory_band, min_sources_of, nominal_of, quantile_band,
+                                     select, serving_band, shipped, training_band, weighted_quantile)
 # re-exported: the quantile pairs chosen by left-out coverage (llmplan.intervals.conformal)
 from llmplan.intervals.conformal import (NOMINAL_CHOICES, POOL_CHOICES, POOL_MIN_FAMILIES, POOL_MIN_RECORDS,
-                                         POOL_RULE, TARGET, LeftOut, as_choice, choose_nominal, choose_pools,
-                                         coverage, covers, half_width, inside_target, left_out_band,
-                                         left_out_pools, mean_coverage, median_half, pair_of, per_record)
+                                         POOL_RULE, TARGET, Cand, LeftOut, Sourced, as_choice, as_sourced,
+                                         choose_nominal, choose_pools, coverage, covers, half_width, inside_target,
+                                         left_out_band, left_out_pools, left_out_sourced, mean_coverage, median_half,
+                                         merged_pools, pair_of, per_record)
 
 __all__ = ["DATA", "LEVEL", "MIN_RECORDS", "MIN_SOURCES", "NOMINAL_CHOICES", "POOLS", "POOL_CHOICES",
-           "POOL_MIN_FAMILIES", "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "TAGS", "TARGET", "UNCOVERED",
-           "WEIGHTINGS", "WIDEN", "Band", "Choice", "LeftOut", "Regime", "as_choice", "best_published_mfu",
+           "POOL_MIN_FAMILIES", "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "SOURCE_CHOICES", "TAGS", "TARGET",
+           "UNCOVERED", "WEIGHTINGS", "WIDEN", "Band", "Cand", "Choice", "LeftOut", "Regime", "Sourced", "as_choice",
+           "as_sourced", "best_published_mfu", "left_out_sourced", "merged_pools", "min_sources_of",
            "cell_of", "choose_nominal", "choose_pools", "coverage", "covers", "describe_key", "family_weights",
            "framework", "generation", "half_width", "inside_target", "left_out_band", "left_out_pools",
            "mean_coverage", "median_half", "memory_band", "nominal_of", "pair_of", "per_record", "pool_of",
@@ -112,7 +115,7 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
             "memory_bytes": mem.rate(total) if mem is not None else None, "basis": basis,
             "records": band.n, "widened": band.widened, "ceiling_mfu": ceiling,
             "pool": pool_of(regime), "pool_pair": bool(band.pool), "quantile_pair": band.nominal,
-            "quantile_weighting": band.weighting, "pool_cell": band.pool,
+            "quantile_weighting": band.weighting, "pool_cell": band.pool, "min_sources": band.min_sources,
             "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}
 
 
