@@ -507,11 +507,11 @@ def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
     seen: list[set[str]] = []
     real = conformal._narrowest_inside
 
-    def spy(rest, sourced):
+    def spy(rest, sourced, lower=iv.TARGET[0]):
         assert set(sourced) == set(iv.SOURCE_CHOICES)  # every choice of sources, each without the source
         assert all(set(v) == set(sourced[iv.MIN_SOURCES]) for v in sourced.values())
         seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in sourced[iv.MIN_SOURCES]})
-        return real(rest, sourced)
+        return real(rest, sourced, lower)
 
     monkeypatch.setattr(conformal, "_narrowest_inside", spy)
     mine = [r for r in recs]
@@ -523,3 +523,35 @@ def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
     seen.clear()
     conformal._nested_coverage(untagged, untagged, iv.left_out_pools(untagged), 0.9)
     assert len(seen) == 5  # one per family
+
+
+def test_a_cell_chooses_the_fewest_sources_of_its_bands_and_the_runtime_band_follows():
+    # docs/validation.md#intervals-cell-sources: three Hopper sources ran at 8 GPUs (-0.05), three at 1,024 GPUs
+    # (+0.10; a source error that grows with the scale). Left out, a band of MIN_SOURCES sources drops the scale
+    # (only two other sources share it) and spans both groups; a band of any number of sources keeps it and is
+    # narrower. The cell takes the narrower one where both cover (nested too), and a plan's runtime band draws
+    # its runs the same way: the 1,024-GPU runs alone, not all of them.
+    rng = np.random.default_rng(11)
+    recs = [{**_rec(f, b + x, i), "source": f, "gpus": g} for f, b, g in
+            (("a", 0.1, 1024), ("b", 0.1, 1024), ("c", 0.1, 1024), ("d", -0.05, 8), ("e", -0.05, 8),
+             ("f", -0.05, 8)) for i, x in enumerate(rng.normal(0, 0.02, 8))]
+    sourced = iv.left_out_sourced(recs)
+    assert set(sourced) == set(iv.SOURCE_CHOICES) and 1 in sourced
+    assert len(sourced[iv.MIN_SOURCES]["a-0"][0]) == 40 and len(sourced[1]["a-0"][0]) == 16
+    chosen = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], default=0.8, sourced=sourced)
+    cell = chosen["dense-megatron/hopper"]
+    assert cell["nominal"] is not None and cell["min_sources"] == 1, cell
+    assert iv.covers(iv.coverage(recs, (cell["nominal"], cell["weighting"]), sourced[1]))
+    assert all(x >= iv.TARGET[0] for x in cell["nested"])
+    big = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=1024)
+    data = {"training": recs, "nominal": 0.8, "pools": chosen}
+    assert iv.min_sources_of(data, big) == 1
+    # at run time with c unpublished: two sources at 1,024 GPUs
+    two = {**data, "training": [r for r in recs if r["family"] != "c"]}
+    band = iv.training_band(big, two)
+    assert band.min_sources == 1 and band.n == 16 and band.lo > 0  # the 1,024-GPU runs only, all above 0
+    assert "any number of sources" in band.basis
+    assert iv.training_band(big, {**two, "pools": {}}).n == 40  # no cell choice: MIN_SOURCES, the scale dropped
+    # the merged material a report scores each run with follows the cell's choice
+    merged = iv.merged_pools(recs, data, sourced)
+    assert all(len(merged[r["id"]][0]) == 16 for r in recs)

@@ -151,14 +151,21 @@ def quantile_band(r: Iterable[float], basis: str, widen: bool = False, nominal: 
     return Band(lo, hi, len(arr), basis, widen)
 
 
+def _relax_key(g: Regime) -> tuple[Any, ...]:
+    """A regime's tags in RELAX_ORDER: the records sharing the tags kept after dropping n share key[n:]."""
+    return tuple(g.tag(t) for t in RELAX_ORDER)
+
+
 def select(records: list[dict[str, Any]], want: Regime, exclude_family: str | None = None,
            min_sources: int = MIN_SOURCES) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The records nearest `want` (module docstring) and the tags dropped: a tag goes (RELAX_ORDER) while fewer
     than MIN_RECORDS runs match, or while they come from fewer than `min_sources` sources (SOURCE_CHOICES) and
     the tag is not one whose loss leaves the plan uncovered (UNCOVERED)."""
     pool = [r for r in records if r["family"] != exclude_family]
+    keys = [_relax_key(record_regime(r)) for r in pool]
+    mine = _relax_key(want)
     for n in range(len(RELAX_ORDER)):
-        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in RELAX_ORDER[n:])]
+        hits = [r for r, k in zip(pool, keys, strict=True) if k[n:] == mine[n:]]
         sources = RELAX_ORDER[n] in UNCOVERED or len({source_of(r) for r in hits}) >= min_sources
         if len(hits) >= MIN_RECORDS and sources:
             return hits, RELAX_ORDER[:n]
