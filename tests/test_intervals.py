@@ -555,3 +555,29 @@ def test_a_cell_chooses_the_fewest_sources_of_its_bands_and_the_runtime_band_fol
     # the merged material a report scores each run with follows the cell's choice
     merged = iv.merged_pools(recs, data, sourced)
     assert all(len(merged[r["id"]][0]) == 16 for r in recs)
+
+
+def test_a_cell_whose_choice_fails_nested_asks_more_coverage_before_giving_up(monkeypatch):
+    # docs/validation.md#intervals-cell-sources: the nested coverage (the choice made without each source) is
+    # under 75% when the choice asks 75% of the other sources' runs, 75% or more when it asks 77.5%: the cell
+    # keeps the choice made at 77.5% (`lower`); when no lower edge passes, the cell has none and says why.
+    asked: list[float] = []
+
+    def fake_nested(records, mine, pools, default, lower=iv.TARGET[0], cache=None):
+        asked.append(lower)
+        ok = 80 if lower >= 0.775 else 70
+        return {"a": (ok, 100, 0.1), "b": (ok, 100, 0.1), "c": (ok, 100, 0.1)}, 0.1
+
+    def fake_narrowest(records, sourced, lower=iv.TARGET[0]):
+        return (0.8 if lower < 0.775 else 0.9, "run", iv.MIN_SOURCES)
+
+    monkeypatch.setattr(conformal, "_nested_coverage", fake_nested)
+    monkeypatch.setattr(conformal, "_narrowest_inside", fake_narrowest)
+    recs = [{**_rec(f, 0.0, i), "source": f} for f in "abc" for i in range(4)]
+    sourced = iv.left_out_sourced(recs)
+    cell = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], 0.8, sourced=sourced)["dense-megatron/hopper"]
+    assert asked == [0.75, 0.775] * 2 and cell["lower"] == 0.775 and cell["nominal"] == 0.9  # the pool, then its cell
+    monkeypatch.setattr(conformal, "_nested_coverage",
+                        lambda *a, **k: ({"a": (70, 100, 0.1), "b": (70, 100, 0.1), "c": (70, 100, 0.1)}, 0.1))
+    cell = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], 0.8, sourced=sourced)["dense-megatron/hopper"]
+    assert cell["nominal"] is None and "asking 85% or more" in cell["why"]

@@ -163,9 +163,10 @@ def choose_nominal(records: list[dict[str, Any]], pools: dict[str, LeftOut] | No
 
 def _narrowest_inside(records: list[dict[str, Any]], sourced: Sourced, lower: float = TARGET[0]) -> Cand | None:
     """Of POOL_CHOICES under each of SOURCE_CHOICES (the bands of `sourced`) whose left-out coverage over
-    `records` is inside [lower, TARGET's upper edge] both per record and per family, the one with the narrowest
-    median half-width (ties: more sources, the smaller pair, then every run alike); when none is inside, the
-    narrowest of those covering at least `lower` both ways (the honest side); None when none does."""
+    `records` is at least `lower` both per record and per family, the one with the narrowest median half-width
+    (ties: one inside TARGET, more sources, the smaller pair, every run alike); None when none covers `lower`.
+    A narrowest one inside TARGET is taken before any wider; one covering more than TARGET's upper edge is taken
+    only when it is narrower than every one inside (it is better on both counts)."""
     cands = [(c[0], c[1], n) for n in sourced for c in POOL_CHOICES]
     covs = {c: coverage(records, c[:2], sourced[c[2]]) for c in cands}
 
@@ -175,12 +176,13 @@ def _narrowest_inside(records: list[dict[str, Any]], sourced: Sourced, lower: fl
     def inside(cov: dict[str, tuple[int, int, float]]) -> bool:
         return at_least(cov) and all(x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
 
-    for ok in (inside, at_least):
-        good = [c for c in cands if ok(covs[c])]
-        if good:
-            return min(good, key=lambda c: (round(median_half(records, c[:2], sourced[c[2]]), 6), -c[2], c[0],
-                                            WEIGHTINGS.index(c[1])))
-    return None
+    good = [c for c in cands if at_least(covs[c])]
+    if not good:
+        return None
+    # the narrowest covering `lower`: one inside the target is taken unless one covering more is narrower still
+    # (it is better on both counts); ties: inside the target, more sources, the smaller pair, every run alike
+    return min(good, key=lambda c: (round(median_half(records, c[:2], sourced[c[2]]), 6), not inside(covs[c]),
+                                    -c[2], c[0], WEIGHTINGS.index(c[1])))
 
 
 def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]],
@@ -217,11 +219,12 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
                  default: float | None = None, nested: bool = True,
                  sourced: Sourced | None = None) -> dict[str, dict[str, Any]]:
     """Per regime pool (POOLS) and per regime cell (cell_of: a pool on one GPU generation): its own choice, the
-    POOL_CHOICES pair and weighting of narrowest median half-width whose left-out coverage over its runs is
-    inside TARGET both per record and per family (else, the honest side, the narrowest covering at least its
-    lower edge both ways: `inside` False), kept only when that choice is stable: with the choice made the same
-    way without each source in turn (every family of it: source_of), the coverage of the runs left out (nested,
-    per run and per family) is at least TARGET's lower edge too (covers).
+    POOL_CHOICES pair and weighting, and the fewest sources of its bands (SOURCE_CHOICES), of narrowest median
+    half-width whose left-out coverage over its runs is at least a lower edge both per record and per family
+    (_narrowest_inside; `inside`: whether it is inside TARGET), kept only when that choice is stable: with the
+    choice made the same way without each source in turn (every family of it: source_of), the coverage of the
+    runs left out (nested, per run and per family) is at least TARGET's lower edge too (covers). The lower edge
+    is TARGET's, else the first of LOWERS whose choice passes the nested check (`lower` in the file).
     None (the all-regime pair, `default`) when it has fewer than POOL_MIN_FAMILIES families of
     POOL_MIN_RECORDS runs, no choice covers 75%, or the nested coverage does not; "why" says which.
     The choice includes the fewest sources its bands are drawn from (SOURCE_CHOICES; `sourced`: each one's
