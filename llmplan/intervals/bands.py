@@ -71,7 +71,7 @@ def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str
         if info is not None and info.get("nominal") is not None:
             weighting = str(info.get("weighting", "run"))
             how = "" if weighting == "run" else ", every family weighted alike"
-            target = "75-85%" if info.get("inside", True) else "75% or more (none is 75-85%)"
+            target = "75-85%" if info.get("inside", True) else "75% or more (no choice inside 75-85% is as narrow)"
             return float(info["nominal"]), weighting, (
                 f"the {100 * info['nominal']:g}% pair{how}, the narrowest whose left-out coverage over the "
                 f"{info['families']} {describe_key(key)} families is {target}"), key
