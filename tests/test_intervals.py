@@ -158,7 +158,7 @@ def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
     # README's interval keys: pool (a POOLS key, by experts, framework and flash attention), pool_pair (the pool's
     # own pair taken), quantile_pair (the pair taken: the pool's own, else the shipped all-regime one).
     # pool_cell: the cell (the pool on the plan's GPU generation, first) or pool whose own choice is taken, else "";
-    # quantile_weighting: run or family.
+    # quantile_weighting: run or family; min_sources: the fewest sources the cell's bands are drawn from.
     data = iv.shipped()
     for flags, pool in (((), "dense-megatron"), (("--no-flash-attention",), "dense-megatron-noflash")):
         r = cli(*EST, *flags, "--json")
@@ -170,6 +170,7 @@ def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
         assert v["pool_pair"] == bool(key) and v["pool_cell"] == key
         assert v["quantile_pair"] == (pools[key]["nominal"] if key else data["nominal"])
         assert v["quantile_weighting"] == (pools[key].get("weighting", "run") if key else "run")
+        assert v["min_sources"] == (pools[key].get("min_sources", iv.MIN_SOURCES) if key else iv.MIN_SOURCES)
 
 
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
