@@ -214,7 +214,8 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
     old = json.loads(path.read_text()) if reuse and path.exists() else None
     consts = lofo_constants(records, old["constants"] if old else None)
     training = training_residuals(records, consts)
-    pools = iv.left_out_pools(training)
+    sourced = iv.left_out_sourced(training)
+    pools = sourced[iv.MIN_SOURCES]
     nominal = iv.choose_nominal(training, pools)
     doc = {
         "generated_by": COMMAND + (" --reuse-fit" if reuse else ""),
@@ -222,7 +223,7 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "level": iv.LEVEL,
         "nominal": nominal,
         "pool_rule": iv.POOL_RULE,
-        "pools": iv.choose_pools(training, pools, nominal),
+        "pools": iv.choose_pools(training, pools, nominal, sourced=sourced),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's source "
                     "(its family's group in benchmarks/accuracy.py SOURCE_GROUPS)",
         "constants": consts,
@@ -240,15 +241,17 @@ def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, fl
     themselves chosen without its whole source (every family of its SOURCE_GROUPS group: choose_nominal,
     choose_pools on the other sources' runs, their bands drawn without it too), with those pairs: (inside,
     records, median half-width, the all-regime pair)."""
-    pools = iv.left_out_pools(training)
+    sourced = iv.left_out_sourced(training)
     out = {}
     for src in sorted({iv.source_of(r) for r in training}):
         others = [r for r in training if iv.source_of(r) != src]
-        without = iv.left_out_pools(training, without=src)
-        nominal = iv.choose_nominal(others, without)
-        pair = iv.pair_of({"nominal": nominal, "pools": iv.choose_pools(others, without, nominal)})
+        without = iv.left_out_sourced(training, without=src)
+        nominal = iv.choose_nominal(others, without[iv.MIN_SOURCES])
+        chosen = {"nominal": nominal, "pools": iv.choose_pools(others, without[iv.MIN_SOURCES], nominal,
+                                                               sourced=without)}
+        pair = iv.pair_of(chosen)
         mine = [r for r in training if iv.source_of(r) == src]
-        for fam, (inside, n, half) in iv.coverage(mine, pair, pools).items():
+        for fam, (inside, n, half) in iv.coverage(mine, pair, iv.merged_pools(mine, chosen, sourced)).items():
             out[fam] = (inside, n, half, nominal)
     return dict(sorted(out.items()))
 
@@ -295,7 +298,8 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
             fams.setdefault(r["family"], []).append(own[r["id"]][0])
         q = info.get("nominal")
         label = "-" if not q else (">=" if info.get("inside") is False else "") + f"{q:g}" + (
-            "/fam" if info.get("weighting") == "family" else "")
+            "/fam" if info.get("weighting") == "family" else "") + (
+            f"/{info['min_sources']}s" if info.get("min_sources", iv.MIN_SOURCES) != iv.MIN_SOURCES else "")
         print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {label:>9s} "
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
@@ -313,14 +317,16 @@ def report(doc: dict, nested: bool = True) -> None:
     nominal = doc["nominal"]
     print(f"residuals: {len(training)} training, {len(doc['memory'])} memory, {len(doc['serving'])} serving "
           f"records ({doc['generated_by']})")
-    pools = iv.left_out_pools(training)
+    sourced = iv.left_out_sourced(training)
+    pools = sourced[iv.MIN_SOURCES]
     if doc.get("pool_rule") != iv.POOL_RULE:  # pair and pools of an older rule: choose them now, as --write would
         nominal = iv.choose_nominal(training, pools)
-        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, pools, nominal)}
+        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, pools, nominal, sourced=sourced)}
         print(f"(the file's all-regime pair and regime pools predate rule {iv.POOL_RULE}: chosen now, as --write "
               "would)")
     pair = iv.pair_of(doc)
-    bands = _bands(training, pools, pair)
+    chosen_pools = iv.merged_pools(training, doc, sourced)
+    bands = _bands(training, chosen_pools, pair)
     print(f"\ncoverage of the {iv.LEVEL:.0%} interval, each family left out in turn (its records' intervals "
           "built\nfrom the other sources' residuals by llmplan.intervals' rule); target 75-85%. Quantile pair "
           "per\ncentral probability tried (the shipped file takes the narrowest inside 75-85% both per record and "
@@ -331,7 +337,7 @@ def report(doc: dict, nested: bool = True) -> None:
         inside, n = sum(c[0] for c in cov.values()), sum(c[1] for c in cov.values())
         print(f"  {q:.3g}: {100 * inside / n:5.1f}% of {n} records, mean over families "
               f"{100 * iv.mean_coverage(cov):5.1f}%" + ("  <- shipped" if q == nominal else ""))
-    cov = iv.coverage(training, pair, pools)
+    cov = iv.coverage(training, pair, chosen_pools)
     print(f"with the shipped pairs (the regime pools' own, else {nominal:g}): {100 * iv.per_record(cov):.1f}% of "
           f"{sum(c[1] for c in cov.values())} records, mean over families {100 * iv.mean_coverage(cov):.1f}%")
     pool_report(training, doc, bands)

@@ -158,7 +158,7 @@ def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
     # README's interval keys: pool (a POOLS key, by experts, framework and flash attention), pool_pair (the pool's
     # own pair taken), quantile_pair (the pair taken: the pool's own, else the shipped all-regime one).
     # pool_cell: the cell (the pool on the plan's GPU generation, first) or pool whose own choice is taken, else "";
-    # quantile_weighting: run or family.
+    # quantile_weighting: run or family; min_sources: the fewest sources the cell's bands are drawn from.
     data = iv.shipped()
     for flags, pool in (((), "dense-megatron"), (("--no-flash-attention",), "dense-megatron-noflash")):
         r = cli(*EST, *flags, "--json")
@@ -170,6 +170,7 @@ def test_estimate_json_names_the_regime_pool_and_the_quantile_pair_taken(cli):
         assert v["pool_pair"] == bool(key) and v["pool_cell"] == key
         assert v["quantile_pair"] == (pools[key]["nominal"] if key else data["nominal"])
         assert v["quantile_weighting"] == (pools[key].get("weighting", "run") if key else "run")
+        assert v["min_sources"] == (pools[key].get("min_sources", iv.MIN_SOURCES) if key else iv.MIN_SOURCES)
 
 
 def test_regime_relaxes_in_order_and_widens_when_no_family_covers_it():
@@ -228,11 +229,12 @@ def test_no_choice_inside_the_target_takes_the_honest_side(monkeypatch):
     monkeypatch.setattr(conformal, "mean_coverage", lambda cov: cov["a"][2] / 100)
     monkeypatch.setattr(conformal, "median_half", lambda records, c, pools: c[0] / 10)
     assert iv.choose_nominal([], {}) == 0.9
-    assert conformal._narrowest_inside([], {}) == (0.9, "run")
+    one = {iv.MIN_SOURCES: {}}  # bands of MIN_SOURCES sources only
+    assert conformal._narrowest_inside([], one) == (0.9, "run", iv.MIN_SOURCES)
     table.update({0.9: (80, 84)})  # inside: taken before any wider one
-    assert iv.choose_nominal([], {}) == 0.9 and conformal._narrowest_inside([], {}) == (0.9, "run")
+    assert iv.choose_nominal([], {}) == 0.9 and conformal._narrowest_inside([], one) == (0.9, "run", iv.MIN_SOURCES)
     table.update({q: (70, 80 + q) for q in table})  # none covers 75% per record
-    assert conformal._narrowest_inside([], {}) is None
+    assert conformal._narrowest_inside([], one) is None
     assert iv.choose_nominal([], {}) == 0.8
 
 def test_shipped_residuals_carry_every_tag_and_a_same_job_resolution():
@@ -506,9 +508,11 @@ def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
     seen: list[set[str]] = []
     real = conformal._narrowest_inside
 
-    def spy(rest, pools):
-        seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in pools})
-        return real(rest, pools)
+    def spy(rest, sourced, lower=iv.TARGET[0]):
+        assert set(sourced) == set(iv.SOURCE_CHOICES)  # every choice of sources, each without the source
+        assert all(set(v) == set(sourced[iv.MIN_SOURCES]) for v in sourced.values())
+        seen.append({r["family"] for r in rest} | {i.rsplit("-", 1)[0] for i in sourced[iv.MIN_SOURCES]})
+        return real(rest, sourced, lower)
 
     monkeypatch.setattr(conformal, "_narrowest_inside", spy)
     mine = [r for r in recs]
@@ -520,3 +524,61 @@ def test_nested_choice_leaves_the_whole_source_out(monkeypatch):
     seen.clear()
     conformal._nested_coverage(untagged, untagged, iv.left_out_pools(untagged), 0.9)
     assert len(seen) == 5  # one per family
+
+
+def test_a_cell_chooses_the_fewest_sources_of_its_bands_and_the_runtime_band_follows():
+    # docs/validation.md#intervals-cell-sources: three Hopper sources ran at 8 GPUs (-0.05), three at 1,024 GPUs
+    # (+0.10; a source error that grows with the scale). Left out, a band of MIN_SOURCES sources drops the scale
+    # (only two other sources share it) and spans both groups; a band of any number of sources keeps it and is
+    # narrower. The cell takes the narrower one where both cover (nested too), and a plan's runtime band draws
+    # its runs the same way: the 1,024-GPU runs alone, not all of them.
+    rng = np.random.default_rng(11)
+    recs = [{**_rec(f, b + x, i), "source": f, "gpus": g} for f, b, g in
+            (("a", 0.1, 1024), ("b", 0.1, 1024), ("c", 0.1, 1024), ("d", -0.05, 8), ("e", -0.05, 8),
+             ("f", -0.05, 8)) for i, x in enumerate(rng.normal(0, 0.02, 8))]
+    sourced = iv.left_out_sourced(recs)
+    assert set(sourced) == set(iv.SOURCE_CHOICES) and 1 in sourced
+    assert len(sourced[iv.MIN_SOURCES]["a-0"][0]) == 40 and len(sourced[1]["a-0"][0]) == 16
+    chosen = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], default=0.8, sourced=sourced)
+    cell = chosen["dense-megatron/hopper"]
+    assert cell["nominal"] is not None and cell["min_sources"] == 1, cell
+    assert iv.covers(iv.coverage(recs, (cell["nominal"], cell["weighting"]), sourced[1]))
+    assert all(x >= iv.TARGET[0] for x in cell["nested"])
+    big = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=1024)
+    data = {"training": recs, "nominal": 0.8, "pools": chosen}
+    assert iv.min_sources_of(data, big) == 1
+    # at run time with c unpublished: two sources at 1,024 GPUs
+    two = {**data, "training": [r for r in recs if r["family"] != "c"]}
+    band = iv.training_band(big, two)
+    assert band.min_sources == 1 and band.n == 16 and band.lo > 0  # the 1,024-GPU runs only, all above 0
+    assert "any number of sources" in band.basis
+    assert iv.training_band(big, {**two, "pools": {}}).n == 40  # no cell choice: MIN_SOURCES, the scale dropped
+    # the merged material a report scores each run with follows the cell's choice
+    merged = iv.merged_pools(recs, data, sourced)
+    assert all(len(merged[r["id"]][0]) == 16 for r in recs)
+
+
+def test_a_cell_whose_choice_fails_nested_asks_more_coverage_before_giving_up(monkeypatch):
+    # docs/validation.md#intervals-cell-sources: the nested coverage (the choice made without each source) is
+    # under 75% when the choice asks 75% of the other sources' runs, 75% or more when it asks 77.5%: the cell
+    # keeps the choice made at 77.5% (`lower`); when no lower edge passes, the cell has none and says why.
+    asked: list[float] = []
+
+    def fake_nested(records, mine, pools, default, lower=iv.TARGET[0], cache=None):
+        asked.append(lower)
+        ok = 80 if lower >= 0.775 else 70
+        return {"a": (ok, 100, 0.1), "b": (ok, 100, 0.1), "c": (ok, 100, 0.1)}, 0.1
+
+    def fake_narrowest(records, sourced, lower=iv.TARGET[0]):
+        return (0.8 if lower < 0.775 else 0.9, "run", iv.MIN_SOURCES)
+
+    monkeypatch.setattr(conformal, "_nested_coverage", fake_nested)
+    monkeypatch.setattr(conformal, "_narrowest_inside", fake_narrowest)
+    recs = [{**_rec(f, 0.0, i), "source": f} for f in "abc" for i in range(4)]
+    sourced = iv.left_out_sourced(recs)
+    cell = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], 0.8, sourced=sourced)["dense-megatron/hopper"]
+    assert asked == [0.75, 0.775] * 2 and cell["lower"] == 0.775 and cell["nominal"] == 0.9  # the pool, then its cell
+    monkeypatch.setattr(conformal, "_nested_coverage",
+                        lambda *a, **k: ({"a": (70, 100, 0.1), "b": (70, 100, 0.1), "c": (70, 100, 0.1)}, 0.1))
+    cell = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], 0.8, sourced=sourced)["dense-megatron/hopper"]
+    assert cell["nominal"] is None and "asking 85% or more" in cell["why"]

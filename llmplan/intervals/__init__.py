@@ -11,7 +11,8 @@ rate (tokens/s, MFU) and, inverted, the step time. The rule that picks the recor
    > 512 GPUs);
 2. while fewer than MIN_RECORDS match, drop a tag in RELAX_ORDER (scale, then framework, then GPU generation,
    then dense/MoE); while the matches come from fewer than MIN_SOURCES sources (source_of), drop the scale and
-   then the framework tag too (a band of one or two sources spans their biases, not a new source's);
+   then the framework tag too (a band of one or two sources spans their biases, not a new source's), unless
+   the plan's regime cell or pool chose 1 (SOURCE_CHOICES, by left-out coverage with its quantile pair);
 3. when the tag dropped was the GPU generation or dense/MoE, no validation family covers the plan's regime:
    the basis says so and the interval is widened to WIDEN x its width about its centre (in log space).
 
@@ -19,10 +20,12 @@ The quantiles taken are the plan's regime cell's choice (cell_of: its pool on it
 regime pool's (POOLS: dense Megatron-style with and without flash attention, dense FSDP-style, MoE; both in the
 file's `pools`), else the file's `nominal` pair. A cell's or pool's choice is, of POOL_CHOICES (the
 NOMINAL_CHOICES pairs, 10th/90th up to 0.5th/99.5th percentiles, each with every run or every family weighted
-alike: WEIGHTINGS), the one of narrowest median half-width whose coverage on families left out one at a time
-is inside TARGET (75-85%) both per record and per family over its runs (when none is, the honest side: the
-narrowest covering at least 75% both ways, `covers`), and whose choice made without each source in turn (every
-family of it: source_of) still covers that source's runs at least 75% (nested). A cell or pool with fewer than
+alike: WEIGHTINGS), each with bands of MIN_SOURCES or of any number of sources (SOURCE_CHOICES: the choice
+carries into select at run time), the one of narrowest median half-width whose coverage on families left out
+one at a time is at least 75% both per record and per family over its runs (one inside TARGET, 75-85%, before
+any wider; one covering more only when narrower still), and whose choice made without each source in turn
+(every family of it: source_of) still covers that source's runs at least 75% (nested); when it does not, the
+choice asks more coverage of the runs it is made on (LOWERS) before the cell gives up. A cell or pool with fewer than
 POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the all-regime
 pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else the
 narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so residuals pooled from other families
@@ -47,24 +50,83 @@ from llmplan.intervals.regimes import (POOLS, RELAX_ORDER, TAGS, UNCOVERED, Regi
                                        framework, generation, pool_of, record_regime, regime_of, scale_bucket,
                                        source_of)
 # re-exported: the residual file and the bands built from it (llmplan.intervals.bands)
-from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, MIN_SOURCES, WEIGHTINGS, WIDEN, Band, Choice,
-                                     family_weights, memory_band, nominal_of, quantile_band, select, serving_band,
-                                     shipped, training_band, weighted_quantile)
+from llmplan.intervals.bands import (DATA, LEVEL, MIN_RECORDS, MIN_SOURCES, SOURCE_CHOICES, WEIGHTINGS, WIDEN, Band,
+                                     Choice, family_weights, memory_band, min_sources_of, nominal_of, quantile_band,
+                                     select, serving_band, shipped, training_band, weighted_quantile)
 # re-exported: the quantile pairs chosen by left-out coverage (llmplan.intervals.conformal)
-from llmplan.intervals.conformal import (NOMINAL_CHOICES, POOL_CHOICES, POOL_MIN_FAMILIES, POOL_MIN_RECORDS,
-                                         POOL_RULE, TARGET, LeftOut, as_choice, choose_nominal, choose_pools,
-                                         coverage, covers, half_width, inside_target, left_out_band,
-                                         left_out_pools, mean_coverage, median_half, pair_of, per_record)
+from llmplan.intervals.conformal import (LOWERS, NOMINAL_CHOICES, POOL_CHOICES, POOL_MIN_FAMILIES, POOL_MIN_RECORDS,
+                                         POOL_RULE, TARGET, Cand, LeftOut, Sourced, as_choice, as_sourced,
+                                         choose_nominal, choose_pools, coverage, covers, half_width, inside_target,
+                                         left_out_band, left_out_pools, left_out_sourced, mean_coverage, median_half,
+                                         merged_pools, pair_of, per_record)
 
-__all__ = ["DATA", "LEVEL", "MIN_RECORDS", "MIN_SOURCES", "NOMINAL_CHOICES", "POOLS", "POOL_CHOICES",
-           "POOL_MIN_FAMILIES", "POOL_MIN_RECORDS", "POOL_RULE", "RELAX_ORDER", "TAGS", "TARGET", "UNCOVERED",
-           "WEIGHTINGS", "WIDEN", "Band", "Choice", "LeftOut", "Regime", "as_choice", "best_published_mfu",
-           "cell_of", "choose_nominal", "choose_pools", "coverage", "covers", "describe_key", "family_weights",
-           "framework", "generation", "half_width", "inside_target", "left_out_band", "left_out_pools",
-           "mean_coverage", "median_half", "memory_band", "nominal_of", "pair_of", "per_record", "pool_of",
-           "quantile_band", "record_regime", "regime_of", "resolution", "scale_bucket", "select", "serving_band",
-           "serving_interval", "serving_interval_withheld", "shipped", "source_of", "tied", "training_band",
-           "training_interval", "weighted_quantile"]
+__all__ = [
+    "DATA",
+    "LEVEL",
+    "LOWERS",
+    "MIN_RECORDS",
+    "MIN_SOURCES",
+    "NOMINAL_CHOICES",
+    "POOLS",
+    "POOL_CHOICES",
+    "POOL_MIN_FAMILIES",
+    "POOL_MIN_RECORDS",
+    "POOL_RULE",
+    "RELAX_ORDER",
+    "SOURCE_CHOICES",
+    "TAGS",
+    "TARGET",
+    "UNCOVERED",
+    "WEIGHTINGS",
+    "WIDEN",
+    "Band",
+    "Cand",
+    "Choice",
+    "LeftOut",
+    "Regime",
+    "Sourced",
+    "as_choice",
+    "as_sourced",
+    "best_published_mfu",
+    "cell_of",
+    "choose_nominal",
+    "choose_pools",
+    "coverage",
+    "covers",
+    "describe_key",
+    "family_weights",
+    "framework",
+    "generation",
+    "half_width",
+    "inside_target",
+    "left_out_band",
+    "left_out_pools",
+    "left_out_sourced",
+    "mean_coverage",
+    "median_half",
+    "memory_band",
+    "merged_pools",
+    "min_sources_of",
+    "nominal_of",
+    "pair_of",
+    "per_record",
+    "pool_of",
+    "quantile_band",
+    "record_regime",
+    "regime_of",
+    "resolution",
+    "scale_bucket",
+    "select",
+    "serving_band",
+    "serving_interval",
+    "serving_interval_withheld",
+    "shipped",
+    "source_of",
+    "tied",
+    "training_band",
+    "training_interval",
+    "weighted_quantile",
+]
 
 
 def resolution(data: dict[str, Any] | None = None, moe: bool | None = None) -> float:
@@ -112,7 +174,7 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
             "memory_bytes": mem.rate(total) if mem is not None else None, "basis": basis,
             "records": band.n, "widened": band.widened, "ceiling_mfu": ceiling,
             "pool": pool_of(regime), "pool_pair": bool(band.pool), "quantile_pair": band.nominal,
-            "quantile_weighting": band.weighting, "pool_cell": band.pool,
+            "quantile_weighting": band.weighting, "pool_cell": band.pool, "min_sources": band.min_sources,
             "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}
 
 

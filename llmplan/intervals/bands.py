@@ -28,6 +28,13 @@ on Megatron-LM's and MegaScale's) spans their biases, not the spread of biases a
 quantile pair chosen over a cell corrects bands that span one source here and three there
 (docs/validation.md#intervals-min-sources). The generation and dense/MoE tags are not dropped for it: losing
 them means no family covers the plan (UNCOVERED, widened)."""
+SOURCE_CHOICES = (MIN_SOURCES, 1)
+"""The fewest sources a regime cell's or pool's bands may be drawn from, chosen per cell or pool by left-out
+coverage like its quantile pair (conformal.choose_pools; docs/validation.md#intervals-cell-sources): MIN_SOURCES,
+or 1 (select keeps the scale and framework tags whenever MIN_RECORDS runs match). Where a source's error grows
+with the scale (NeMo CP's long-sequence rows), the scale-matched band of one or two sources is the one that
+covers; where one or two sources' biases are not a new source's, the band of MIN_SOURCES is. A plan without
+a cell or pool choice takes MIN_SOURCES."""
 WIDEN = 1.5
 """Width factor of an interval whose regime no family covers."""
 DATA = "residuals.json"
@@ -44,6 +51,14 @@ Choice = tuple[float, str]
 """(quantile pair as its central probability, weighting): what a band is drawn with."""
 
 
+def min_sources_of(data: dict[str, Any], want: Regime) -> int:
+    """The fewest sources (SOURCE_CHOICES) a plan's band is drawn from: that of the cell or pool whose own choice
+    the plan takes (nominal_of), else MIN_SOURCES (also for a file written before the choice existed)."""
+    _, _, _, key = nominal_of(data, want)
+    info = data.get("pools", {}).get(key) if key else None
+    return int(info.get("min_sources", MIN_SOURCES)) if info else MIN_SOURCES
+
+
 def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str]:
     """The quantile pair (central probability) of a plan's band, its weighting (WEIGHTINGS), where it comes from
     (its regime cell's own choice, else its pool's, else the all-regime pair with the reason the pool has none;
@@ -56,7 +71,7 @@ def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str
         if info is not None and info.get("nominal") is not None:
             weighting = str(info.get("weighting", "run"))
             how = "" if weighting == "run" else ", every family weighted alike"
-            target = "75-85%" if info.get("inside", True) else "75% or more (none is 75-85%)"
+            target = "75-85%" if info.get("inside", True) else "75% or more (no choice inside 75-85% is as narrow)"
             return float(info["nominal"]), weighting, (
                 f"the {100 * info['nominal']:g}% pair{how}, the narrowest whose left-out coverage over the "
                 f"{info['families']} {describe_key(key)} families is {target}"), key
@@ -93,6 +108,8 @@ class Band:
     """The quantile pair taken, as its central probability."""
     weighting: str = "run"
     """How the quantiles weigh the runs (WEIGHTINGS)."""
+    min_sources: int = MIN_SOURCES
+    """The fewest sources the band's runs were selected from (SOURCE_CHOICES)."""
 
     def rate(self, x: float) -> list[float]:
         return [float(x * np.exp(self.lo)), float(x * np.exp(self.hi))]
@@ -134,15 +151,22 @@ def quantile_band(r: Iterable[float], basis: str, widen: bool = False, nominal: 
     return Band(lo, hi, len(arr), basis, widen)
 
 
-def select(records: list[dict[str, Any]], want: Regime,
-           exclude_family: str | None = None) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+def _relax_key(g: Regime) -> tuple[Any, ...]:
+    """A regime's tags in RELAX_ORDER: the records sharing the tags kept after dropping n share key[n:]."""
+    return tuple(g.tag(t) for t in RELAX_ORDER)
+
+
+def select(records: list[dict[str, Any]], want: Regime, exclude_family: str | None = None,
+           min_sources: int = MIN_SOURCES) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The records nearest `want` (module docstring) and the tags dropped: a tag goes (RELAX_ORDER) while fewer
-    than MIN_RECORDS runs match, or while they come from fewer than MIN_SOURCES sources and the tag is not one
-    whose loss leaves the plan uncovered (UNCOVERED)."""
+    than MIN_RECORDS runs match, or while they come from fewer than `min_sources` sources (SOURCE_CHOICES) and
+    the tag is not one whose loss leaves the plan uncovered (UNCOVERED)."""
     pool = [r for r in records if r["family"] != exclude_family]
+    keys = [_relax_key(record_regime(r)) for r in pool]
+    mine = _relax_key(want)
     for n in range(len(RELAX_ORDER)):
-        hits = [r for r in pool if all(record_regime(r).tag(t) == want.tag(t) for t in RELAX_ORDER[n:])]
-        sources = RELAX_ORDER[n] in UNCOVERED or len({source_of(r) for r in hits}) >= MIN_SOURCES
+        hits = [r for r, k in zip(pool, keys, strict=True) if k[n:] == mine[n:]]
+        sources = RELAX_ORDER[n] in UNCOVERED or len({source_of(r) for r in hits}) >= min_sources
         if len(hits) >= MIN_RECORDS and sources:
             return hits, RELAX_ORDER[:n]
     return pool, RELAX_ORDER
@@ -154,7 +178,8 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     else the file's `nominal` pair (docs/validation.md#intervals: the pairs choose_pools and choose_nominal
     pick by left-out coverage); the basis says which, and why a pool has none."""
     data = data or shipped()
-    hits, dropped = select(data["training"], want, exclude_family)
+    sources = min_sources_of(data, want)
+    hits, dropped = select(data["training"], want, exclude_family, sources)
     kept = [t for t in TAGS if t not in dropped]
     uncovered = [t for t in dropped if t in UNCOVERED]
     widen = bool(uncovered)
@@ -162,6 +187,9 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     nominal, weighting, how, own = nominal_of(data, want)
     basis = (f"left-out residuals of {len(hits)} runs ({', '.join(fams)})"
              + (f" matching {want.describe(kept)}" if kept else "") + (f"; quantiles: {how}" if how else ""))
+    if sources != MIN_SOURCES:
+        basis += (f"; runs of any number of sources (the cell's choice by left-out coverage, not the "
+                  f"{MIN_SOURCES} sources of the default)")
     if widen:
         basis += f"; no validation family covers {want.describe(uncovered)}: widened {WIDEN:g}x"
     weights = family_weights(r["family"] for r in hits) if weighting == "family" else None
@@ -169,7 +197,7 @@ def training_band(want: Regime, data: dict[str, Any] | None = None, exclude_fami
     short = f"{len(hits)} left-out runs" + (f" ({want.describe(kept)})" if kept else " (all regimes)")
     if widen:
         short += f", widened {WIDEN:g}x: no family covers {want.describe(uncovered)}"
-    return Band(band.lo, band.hi, band.n, basis, widen, short, own, nominal, weighting)
+    return Band(band.lo, band.hi, band.n, basis, widen, short, own, nominal, weighting, sources)
 
 
 def memory_band(data: dict[str, Any] | None = None) -> Band | None:

@@ -10,20 +10,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmplan.intervals.bands import (LEVEL, UNCOVERED, WEIGHTINGS, Band, Choice, family_weights, nominal_of,
-                                     quantile_band, select)
+from llmplan.intervals.bands import (LEVEL, MIN_SOURCES, SOURCE_CHOICES, UNCOVERED, WEIGHTINGS, Band, Choice,
+                                     family_weights, min_sources_of, nominal_of, quantile_band, select)
 from llmplan.intervals.regimes import POOLS, cell_of, pool_of, record_regime, source_of
 
 POOL_MIN_FAMILIES = 3
 """Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
 POOL_MIN_RECORDS = 3
 """Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
-POOL_RULE = 4
+POOL_RULE = 5
 """The rule the file's `pools` were chosen by (benchmarks/intervals.py writes it; its report rechooses older
 files' pools and pair): 2 adds the regime cells (cell_of) and the choice of weighting (WEIGHTINGS); 3 makes the
 nested check leave out the whole source (source_of), not only the family; 4 draws bands from MIN_SOURCES
 sources (select) and takes the honest side where no choice is inside TARGET: the narrowest covering at least
-its lower edge (covers), not a fallback that covers less (docs/validation.md#intervals-min-sources)."""
+its lower edge (covers), not a fallback that covers less (docs/validation.md#intervals-min-sources); 5 chooses
+the fewest sources a band is drawn from (SOURCE_CHOICES) per cell and pool with its pair, by the same left-out
+coverage, and carries it into the runtime band; the choice is tried at rising lower edges (LOWERS) until its
+nested coverage reaches 75% (docs/validation.md#intervals-cell-sources)."""
 NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
 """The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
 POOL_CHOICES: tuple[Choice, ...] = tuple((q, w) for w in WEIGHTINGS for q in NOMINAL_CHOICES)
@@ -33,10 +36,14 @@ TARGET = (0.75, 0.85)
 
 LeftOut = tuple[np.ndarray, np.ndarray, bool]
 """A record's left-out band material: the residuals select() gives it, their family weights, widened or not."""
+Sourced = dict[int, dict[str, LeftOut]]
+"""Left-out band material per record (left_out_pools) for each of SOURCE_CHOICES."""
+Cand = tuple[float, str, int]
+"""What a cell or pool chooses: (quantile pair, weighting, fewest sources its bands are drawn from)."""
 
 
 def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
-                   ids: set[str] | None = None) -> dict[str, LeftOut]:
+                   ids: set[str] | None = None, min_sources: int = MIN_SOURCES) -> dict[str, LeftOut]:
     """Per record (id; only `ids` when given): the residuals select() gives it with its own family and every
     family of its source (source_of) left out, their family weights (family_weights) and whether its band is
     widened; `without` is a source (source_of: a family in a file without sources) whose every family is left
@@ -47,10 +54,32 @@ def left_out_pools(records: list[dict[str, Any]], without: str | None = None,
         if source_of(r) == without or (ids is not None and r["id"] not in ids):
             continue
         others = [x for x in pool if source_of(x) != source_of(r)]
-        hits, dropped = select(others, record_regime(r), exclude_family=r["family"])
+        hits, dropped = select(others, record_regime(r), r["family"], min_sources)
         out[r["id"]] = (np.array([h["r"] for h in hits]), family_weights(h["family"] for h in hits),
                         any(t in UNCOVERED for t in dropped))
     return out
+
+
+def left_out_sourced(records: list[dict[str, Any]], without: str | None = None,
+                     ids: set[str] | None = None) -> Sourced:
+    """left_out_pools under each of SOURCE_CHOICES."""
+    return {n: left_out_pools(records, without, ids, n) for n in SOURCE_CHOICES}
+
+
+def as_sourced(records: list[dict[str, Any]], pools: dict[Any, Any]) -> Sourced:
+    """`pools` as Sourced: itself when keyed by SOURCE_CHOICES, else (left_out_pools at MIN_SOURCES) with the
+    other choices' material computed for the same records."""
+    if pools and all(isinstance(k, int) for k in pools):
+        return pools
+    ids = set(pools)
+    return {n: pools if n == MIN_SOURCES else left_out_pools(records, None, ids, n) for n in SOURCE_CHOICES}
+
+
+def merged_pools(records: list[dict[str, Any]], data: dict[str, Any], sourced: Sourced) -> dict[str, LeftOut]:
+    """Per record: its left-out band material under the fewest sources its cell or pool chose in `data`
+    (min_sources_of), as the runtime band draws it."""
+    base = sourced[MIN_SOURCES]
+    return {r["id"]: sourced[min_sources_of(data, record_regime(r))][r["id"]] for r in records if r["id"] in base}
 
 
 def as_choice(x: float | Choice) -> Choice:
@@ -132,46 +161,78 @@ def choose_nominal(records: list[dict[str, Any]], pools: dict[str, LeftOut] | No
     return min(NOMINAL_CHOICES, key=lambda q: abs(mean_coverage(covs[q]) - LEVEL))
 
 
-def _narrowest_inside(records: list[dict[str, Any]], pools: dict[str, LeftOut]) -> Choice | None:
-    """Of POOL_CHOICES whose left-out coverage over `records` is inside TARGET, the one with the narrowest
-    median half-width (ties: the smaller pair, then every run alike); when none is inside, the narrowest of
-    those covering at least TARGET's lower edge (covers: the honest side); None when none does."""
-    covs = {c: coverage(records, c, pools) for c in POOL_CHOICES}
-    for ok in (inside_target, covers):
-        good = [c for c in POOL_CHOICES if ok(covs[c])]
-        if good:
-            return min(good, key=lambda c: (round(median_half(records, c, pools), 6), c[0], WEIGHTINGS.index(c[1])))
-    return None
+def _narrowest_inside(records: list[dict[str, Any]], sourced: Sourced, lower: float = TARGET[0]) -> Cand | None:
+    """Of POOL_CHOICES under each of SOURCE_CHOICES (the bands of `sourced`) whose left-out coverage over
+    `records` is at least `lower` both per record and per family, the one with the narrowest median half-width
+    (ties: one inside TARGET, more sources, the smaller pair, every run alike); None when none covers `lower`.
+    A narrowest one inside TARGET is taken before any wider; one covering more than TARGET's upper edge is taken
+    only when it is narrower than every one inside (it is better on both counts)."""
+    cands = [(c[0], c[1], n) for n in sourced for c in POOL_CHOICES]
+    covs = {c: coverage(records, c[:2], sourced[c[2]]) for c in cands}
+
+    def at_least(cov: dict[str, tuple[int, int, float]]) -> bool:
+        return all(lower <= x for x in (per_record(cov), mean_coverage(cov)))
+
+    def inside(cov: dict[str, tuple[int, int, float]]) -> bool:
+        return at_least(cov) and all(x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
+
+    good = [c for c in cands if at_least(covs[c])]
+    if not good:
+        return None
+    # the narrowest covering `lower`: one inside the target is taken unless one covering more is narrower still
+    # (it is better on both counts); ties: inside the target, more sources, the smaller pair, every run alike
+    return min(good, key=lambda c: (round(median_half(records, c[:2], sourced[c[2]]), 6), not inside(covs[c]),
+                                    -c[2], c[0], WEIGHTINGS.index(c[1])))
 
 
-def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]], pools: dict[str, LeftOut],
-                     default: float) -> tuple[dict[str, tuple[int, int, float]], float]:
-    """Coverage of a pool's runs (`mine`) when the choice that scores each family is made as choose_pools does,
-    without every family of its source (source_of: the pool's runs of other sources, their bands drawn without
-    that source either; `default` where none of their choices is inside the target), and the median half-width
-    of those bands over the runs."""
-    chosen: dict[str, Choice] = {}
+def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]],
+                     pools: dict[str, LeftOut] | Sourced, default: float, lower: float = TARGET[0],
+                     cache: dict[str, Sourced] | None = None) -> tuple[dict[str, tuple[int, int, float]], float]:
+    """Coverage of a pool's runs (`mine`) when the choice that scores each family is made as choose_pools does
+    (_narrowest_inside at `lower`), without every family of its source (source_of: the pool's runs of other
+    sources, their bands drawn without that source either; `default` at MIN_SOURCES where none of their
+    choices covers `lower`), and the median half-width of those bands over the runs (`pools`: left_out_pools,
+    or left_out_sourced; `cache`: the left-out material without each source, kept between calls)."""
+    sourced = as_sourced(records, pools)
+    cache = {} if cache is None else cache
+    chosen: dict[str, Cand] = {}
     for src in sorted({source_of(r) for r in mine}):
         rest = [r for r in mine if source_of(r) != src]
-        c = _narrowest_inside(rest, left_out_pools(records, src, {r["id"] for r in rest})) if rest else None
-        chosen[src] = as_choice(default) if c is None else c
-    halves = [half_width(left_out_band(pools[r["id"]], chosen[source_of(r)])) for r in mine if r["id"] in pools]
+        if rest and src not in cache:
+            cache[src] = left_out_sourced(records, src, {r["id"] for r in rest})
+        c = _narrowest_inside(rest, cache[src], lower) if rest else None
+        chosen[src] = (*as_choice(default), MIN_SOURCES) if c is None else c
+    mats = {r["id"]: sourced[chosen[source_of(r)][2]][r["id"]] for r in mine if r["id"] in sourced[MIN_SOURCES]}
+    halves = [half_width(left_out_band(mats[r["id"]], chosen[source_of(r)][:2])) for r in mine if r["id"] in mats]
     half = float(np.median(halves)) if halves else 0.0
-    return coverage(mine, lambda r: chosen[source_of(r)], pools), half
+    return coverage(mine, lambda r: chosen[source_of(r)][:2], mats), half
+
+
+LOWERS = (0.75, 0.775, 0.8, 0.825, 0.85)
+"""The lower coverage edges a cell's or pool's choice is tried at, in turn (choose_pools): the first whose
+choice, made the same way without each source, still covers 75% of that source's runs (nested) is kept. A
+choice that just reaches 75% over the sources it was chosen on covers less of a new one; asking it for more
+is the margin the nested check measures (docs/validation.md#intervals-cell-sources)."""
 
 
 def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None,
-                 default: float | None = None, nested: bool = True) -> dict[str, dict[str, Any]]:
+                 default: float | None = None, nested: bool = True,
+                 sourced: Sourced | None = None) -> dict[str, dict[str, Any]]:
     """Per regime pool (POOLS) and per regime cell (cell_of: a pool on one GPU generation): its own choice, the
-    POOL_CHOICES pair and weighting of narrowest median half-width whose left-out coverage over its runs is
-    inside TARGET both per record and per family (else, the honest side, the narrowest covering at least its
-    lower edge both ways: `inside` False), kept only when that choice is stable: with the choice made the same
-    way without each source in turn (every family of it: source_of), the coverage of the runs left out (nested,
-    per run and per family) is at least TARGET's lower edge too (covers).
+    POOL_CHOICES pair and weighting, and the fewest sources of its bands (SOURCE_CHOICES), of narrowest median
+    half-width whose left-out coverage over its runs is at least a lower edge both per record and per family
+    (_narrowest_inside; `inside`: whether it is inside TARGET), kept only when that choice is stable: with the
+    choice made the same way without each source in turn (every family of it: source_of), the coverage of the
+    runs left out (nested, per run and per family) is at least TARGET's lower edge too (covers). The lower edge
+    is TARGET's, else the first of LOWERS whose choice passes the nested check (`lower` in the file).
     None (the all-regime pair, `default`) when it has fewer than POOL_MIN_FAMILIES families of
     POOL_MIN_RECORDS runs, no choice covers 75%, or the nested coverage does not; "why" says which.
+    The choice includes the fewest sources its bands are drawn from (SOURCE_CHOICES; `sourced`: each one's
+    left-out material, computed from `records` when not given), `min_sources` in the file.
     Cells are listed only where some record falls in them."""
-    pools = pools if pools is not None else left_out_pools(records)
+    sourced = sourced if sourced is not None else as_sourced(
+        records, pools if pools is not None else left_out_pools(records))
+    pools = sourced[MIN_SOURCES]
     default = default if default is not None else choose_nominal(records, pools)
     cells = sorted({cell_of(record_regime(r)) for r in records if r["id"] in pools})
     out: dict[str, dict[str, Any]] = {}
@@ -185,22 +246,31 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
             info["why"] = (f"has {fams} famil{'y' if fams == 1 else 'ies'} of {POOL_MIN_RECORDS}+ runs (fewer than "
                            f"{POOL_MIN_FAMILIES})")
             continue
-        own = _narrowest_inside(mine, pools)
-        if own is None:
-            info["why"] = (f"has no pair whose left-out coverage is {100 * TARGET[0]:g}% or more both per run and "
-                           "per family")
-            continue
-        info["inside"] = inside_target(coverage(mine, own, pools))
-        if nested:
-            cov, half = _nested_coverage(records, mine, pools, default)
-            info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
-            info["nested_half"] = round(half, 4)
-            if not covers(cov):
-                info["why"] = (f"has its own {100 * own[0]:g}% pair ({own[1]}-weighted), but chosen without the "
-                               f"source it scores that choice covers {100 * per_record(cov):.1f}% of the runs "
-                               f"({100 * mean_coverage(cov):.1f}% per family), under {100 * TARGET[0]:g}%")
-                continue
-        info["nominal"], info["weighting"] = own
+        cache: dict[str, Sourced] = {}
+        why = ""
+        for lower in LOWERS if nested else LOWERS[:1]:
+            own = _narrowest_inside(mine, sourced, lower)
+            if own is None:
+                why = why or (f"has no pair whose left-out coverage is {100 * TARGET[0]:g}% or more both per run "
+                              "and per family")
+                break
+            info["inside"] = inside_target(coverage(mine, own[:2], sourced[own[2]]))
+            if nested:
+                cov, half = _nested_coverage(records, mine, sourced, default, lower, cache)
+                info["nested"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
+                info["nested_half"] = round(half, 4)
+                if not covers(cov):
+                    why = (f"has its own {100 * own[0]:g}% pair ({own[1]}-weighted), but chosen without the source "
+                           f"it scores that choice covers {100 * per_record(cov):.1f}% of the runs "
+                           f"({100 * mean_coverage(cov):.1f}% per family), under {100 * TARGET[0]:g}%, asking "
+                           f"{100 * lower:g}% or more of the others")
+                    continue
+            info["nominal"], info["weighting"], info["min_sources"] = own
+            info["lower"] = lower
+            why = ""
+            break
+        if why:
+            info["why"] = why
     return out
 
 
