@@ -7,20 +7,11 @@ search whose switches break a rule on every plan: the rule's fix, not a change o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-PLANS = Path(__file__).parent / "data" / "plans"
-
-
-def saved(tmp_path: Path, case: str, **plan: object) -> Path:
-    """A shipped plan file (llmplan 0.1.0's) with some plan keys as an older llmplan could have saved them."""
-    doc = json.loads((PLANS / f"{case}.json").read_text())
-    doc["plan"].update(plan)
-    path = tmp_path / f"{case}-old.json"
-    path.write_text(json.dumps(doc))
-    return path
+from test_switch_cli import edited as saved  # a shipped plan file (llmplan 0.1.0's) with some plan keys changed,
+                                           # as an older llmplan could have saved them
 
 
 # fsdp_train: tp 1, pp 1, zero 3; dense_train: tp 8, pp 4, sp, zero 1
