@@ -275,6 +275,19 @@ def _by_source(training: list[dict], bands: dict[str, tuple[bool, float]]) -> st
             + f" (mean over sources {100 * statistics.mean(statistics.mean(v) for v in by.values()):.1f}%)")
 
 
+def _choice_label(info: dict) -> str:
+    """A cell's or pool's own choice in pool_report's `own` column: '-' for none, else its pair, '>=' before it
+    when it covers 75% or more but is not inside 75-85%, '/fam' when every family is weighted alike, '/<n>s'
+    when its bands are drawn from other than MIN_SOURCES sources."""
+    q = info.get("nominal")
+    if not q:
+        return "-"
+    sources = info.get("min_sources", iv.MIN_SOURCES)
+    return ((">=" if info.get("inside") is False else "") + f"{q:g}"
+            + ("/fam" if info.get("weighting") == "family" else "")
+            + (f"/{sources}s" if sources != iv.MIN_SOURCES else ""))
+
+
 def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
     """Per regime pool (llmplan.intervals.POOLS) and cell (a pool on one GPU generation): its choice (its own pair
     and weighting, or the all-regime pair it falls back to), and its left-out coverage and median half-width
@@ -296,11 +309,7 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
         fams: dict[str, list[bool]] = {}
         for r in mine:
             fams.setdefault(r["family"], []).append(own[r["id"]][0])
-        q = info.get("nominal")
-        label = "-" if not q else (">=" if info.get("inside") is False else "") + f"{q:g}" + (
-            "/fam" if info.get("weighting") == "family" else "") + (
-            f"/{info['min_sources']}s" if info.get("min_sources", iv.MIN_SOURCES) != iv.MIN_SOURCES else "")
-        print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {label:>9s} "
+        print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {_choice_label(info):>9s} "
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
               f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
