@@ -223,7 +223,7 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "level": iv.LEVEL,
         "nominal": nominal,
         "pool_rule": iv.POOL_RULE,
-        "pools": iv.choose_pools(training, pools, nominal, sourced=sourced),
+        "pools": iv.choose_pools(training, default=nominal, sourced=sourced),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's source "
                     "(its family's group in benchmarks/accuracy.py SOURCE_GROUPS)",
         "constants": consts,
@@ -247,8 +247,7 @@ def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, fl
         others = [r for r in training if iv.source_of(r) != src]
         without = iv.left_out_sourced(training, without=src)
         nominal = iv.choose_nominal(others, without[iv.MIN_SOURCES])
-        chosen = {"nominal": nominal, "pools": iv.choose_pools(others, without[iv.MIN_SOURCES], nominal,
-                                                               sourced=without)}
+        chosen = {"nominal": nominal, "pools": iv.choose_pools(others, default=nominal, sourced=without)}
         pair = iv.pair_of(chosen)
         mine = [r for r in training if iv.source_of(r) == src]
         for fam, (inside, n, half) in iv.coverage(mine, pair, iv.merged_pools(mine, chosen, sourced)).items():
@@ -330,7 +329,7 @@ def report(doc: dict, nested: bool = True) -> None:
     pools = sourced[iv.MIN_SOURCES]
     if doc.get("pool_rule") != iv.POOL_RULE:  # pair and pools of an older rule: choose them now, as --write would
         nominal = iv.choose_nominal(training, pools)
-        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, pools, nominal, sourced=sourced)}
+        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, default=nominal, sourced=sourced)}
         print(f"(the file's all-regime pair and regime pools predate rule {iv.POOL_RULE}: chosen now, as --write "
               "would)")
     pair = iv.pair_of(doc)
