@@ -223,7 +223,7 @@ def write(records: list[dict], reuse: bool, path: Path) -> dict:
         "level": iv.LEVEL,
         "nominal": nominal,
         "pool_rule": iv.POOL_RULE,
-        "pools": iv.choose_pools(training, pools, nominal, sourced=sourced),
+        "pools": iv.choose_pools(training, default=nominal, sourced=sourced),
         "residual": "log(measured rate / predicted rate), constants fitted without the record's source "
                     "(its family's group in benchmarks/accuracy.py SOURCE_GROUPS)",
         "constants": consts,
@@ -247,8 +247,7 @@ def nested_coverage(training: list[dict]) -> dict[str, tuple[int, int, float, fl
         others = [r for r in training if iv.source_of(r) != src]
         without = iv.left_out_sourced(training, without=src)
         nominal = iv.choose_nominal(others, without[iv.MIN_SOURCES])
-        chosen = {"nominal": nominal, "pools": iv.choose_pools(others, without[iv.MIN_SOURCES], nominal,
-                                                               sourced=without)}
+        chosen = {"nominal": nominal, "pools": iv.choose_pools(others, default=nominal, sourced=without)}
         pair = iv.pair_of(chosen)
         mine = [r for r in training if iv.source_of(r) == src]
         for fam, (inside, n, half) in iv.coverage(mine, pair, iv.merged_pools(mine, chosen, sourced)).items():
@@ -275,6 +274,19 @@ def _by_source(training: list[dict], bands: dict[str, tuple[bool, float]]) -> st
             + f" (mean over sources {100 * statistics.mean(statistics.mean(v) for v in by.values()):.1f}%)")
 
 
+def _choice_label(info: dict) -> str:
+    """A cell's or pool's own choice in pool_report's `own` column: '-' for none, else its pair, '>=' before it
+    when it covers 75% or more but is not inside 75-85%, '/fam' when every family is weighted alike, '/<n>s'
+    when its bands are drawn from other than MIN_SOURCES sources."""
+    q = info.get("nominal")
+    if not q:
+        return "-"
+    sources = info.get("min_sources", iv.MIN_SOURCES)
+    return ((">=" if info.get("inside") is False else "") + f"{q:g}"
+            + ("/fam" if info.get("weighting") == "family" else "")
+            + (f"/{sources}s" if sources != iv.MIN_SOURCES else ""))
+
+
 def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, float]]) -> None:
     """Per regime pool (llmplan.intervals.POOLS) and cell (a pool on one GPU generation): its choice (its own pair
     and weighting, or the all-regime pair it falls back to), and its left-out coverage and median half-width
@@ -296,11 +308,7 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
         fams: dict[str, list[bool]] = {}
         for r in mine:
             fams.setdefault(r["family"], []).append(own[r["id"]][0])
-        q = info.get("nominal")
-        label = "-" if not q else (">=" if info.get("inside") is False else "") + f"{q:g}" + (
-            "/fam" if info.get("weighting") == "family" else "") + (
-            f"/{info['min_sources']}s" if info.get("min_sources", iv.MIN_SOURCES) != iv.MIN_SOURCES else "")
-        print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {label:>9s} "
+        print(f"  {name:30s} {info.get('families', 0):4d} {len(mine):4d} {_choice_label(info):>9s} "
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
               f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
@@ -321,7 +329,7 @@ def report(doc: dict, nested: bool = True) -> None:
     pools = sourced[iv.MIN_SOURCES]
     if doc.get("pool_rule") != iv.POOL_RULE:  # pair and pools of an older rule: choose them now, as --write would
         nominal = iv.choose_nominal(training, pools)
-        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, pools, nominal, sourced=sourced)}
+        doc = {**doc, "nominal": nominal, "pools": iv.choose_pools(training, default=nominal, sourced=sourced)}
         print(f"(the file's all-regime pair and regime pools predate rule {iv.POOL_RULE}: chosen now, as --write "
               "would)")
     pair = iv.pair_of(doc)

@@ -341,10 +341,11 @@ def load_plan(path: Path, current: bool = False) -> PlanFile:
     pf = plan_file(doc, model, system, path)
     violations = plan_violations(pf)
     if violations:
-        listed = (f" {violations[0].message}" if len(violations) == 1 else  # one line, as every bad input
-                  "\n" + "\n".join(f"  - {v.message}" for v in violations))
-        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}"
-                           f"{'. ' if len(violations) == 1 else chr(10)}{mend_note(pf)}")
+        if len(violations) == 1:  # one line, as every bad input
+            listed = f" {violations[0].message}. "
+        else:
+            listed = "".join(f"\n  - {v.message}" for v in violations) + "\n"
+        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}{mend_note(pf)}")
     return pf
 
 

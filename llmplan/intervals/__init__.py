@@ -25,11 +25,11 @@ carries into select at run time), the one of narrowest median half-width whose c
 one at a time is at least 75% both per record and per family over its runs (one inside TARGET, 75-85%, before
 any wider; one covering more only when narrower still), and whose choice made without each source in turn
 (every family of it: source_of) still covers that source's runs at least 75% (nested); when it does not, the
-choice asks more coverage of the runs it is made on (LOWERS) before the cell gives up. A cell or pool with fewer than
-POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the all-regime
-pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else the
-narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so residuals pooled from other families
-under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal
+choice asks more coverage of the runs it is made on (LOWERS) before the cell gives up. A cell or pool with
+fewer than POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the
+all-regime pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else
+the narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so
+residuals pooled from other families under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal
 calibration, and the residual script reports the coverage with the pair itself chosen without the source it
 scores (nested). Memory and serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
 

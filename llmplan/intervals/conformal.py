@@ -141,10 +141,11 @@ def inside_target(cov: dict[str, tuple[int, int, float]]) -> bool:
     return all(TARGET[0] <= x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
 
 
-def covers(cov: dict[str, tuple[int, int, float]]) -> bool:
-    """Coverage at least TARGET's lower edge both per record and per family: the honest side of the target (an
-    80% interval that covers more is wider than it needs to be; one that covers less misleads)."""
-    return all(TARGET[0] <= x for x in (per_record(cov), mean_coverage(cov)))
+def covers(cov: dict[str, tuple[int, int, float]], lower: float = TARGET[0]) -> bool:
+    """Coverage at least `lower` (TARGET's lower edge unless given) both per record and per family: the honest
+    side of the target (an 80% interval that covers more is wider than it needs to be; one that covers less
+    misleads)."""
+    return all(lower <= x for x in (per_record(cov), mean_coverage(cov)))
 
 
 def choose_nominal(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None = None) -> float:
@@ -169,19 +170,12 @@ def _narrowest_inside(records: list[dict[str, Any]], sourced: Sourced, lower: fl
     only when it is narrower than every one inside (it is better on both counts)."""
     cands = [(c[0], c[1], n) for n in sourced for c in POOL_CHOICES]
     covs = {c: coverage(records, c[:2], sourced[c[2]]) for c in cands}
-
-    def at_least(cov: dict[str, tuple[int, int, float]]) -> bool:
-        return all(lower <= x for x in (per_record(cov), mean_coverage(cov)))
-
-    def inside(cov: dict[str, tuple[int, int, float]]) -> bool:
-        return at_least(cov) and all(x <= TARGET[1] for x in (per_record(cov), mean_coverage(cov)))
-
-    good = [c for c in cands if at_least(covs[c])]
+    good = [c for c in cands if covers(covs[c], lower)]
     if not good:
         return None
     # the narrowest covering `lower`: one inside the target is taken unless one covering more is narrower still
     # (it is better on both counts); ties: inside the target, more sources, the smaller pair, every run alike
-    return min(good, key=lambda c: (round(median_half(records, c[:2], sourced[c[2]]), 6), not inside(covs[c]),
+    return min(good, key=lambda c: (round(median_half(records, c[:2], sourced[c[2]]), 6), not inside_target(covs[c]),
                                     -c[2], c[0], WEIGHTINGS.index(c[1])))
 
 
