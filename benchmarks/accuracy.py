@@ -560,6 +560,11 @@ def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
     return per_rank[0], per_rank[-1]
 
 
+def source_ref(rec: dict) -> tuple[int, ...]:
+    """The release a record's source ref opens with, as integers ('26.04.01 NeMo container, ...' -> (26, 4, 1))."""
+    return tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+
+
 def mbridge_ds_b200_v2(rec: dict) -> bool:
     """Whether an mbridge row is DeepSeek-V3's B200 MXFP8 V2 preset of v0.4.2 (26.04.01) / v0.5.0
     (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2,
@@ -588,11 +593,11 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     if family(rec["id"]) != "mbridge-moe":
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    release = source_ref(rec)[:2]
     mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu \
         and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6))  # its BF16 V2 preset
     gb = gpu.startswith("gb")
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
         return False, False   # dispatcher ("Using token drop, disabling DeepEP"); no EP overlap for these
     if "deepseekv3" in rid:
@@ -649,7 +654,7 @@ def mbridge_flex_backend(rec: dict) -> str:
     (llmplan's default) where the row runs no flex dispatcher."""
     if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
         return "deepep"
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and ref[:2] == (26, 2) \
             and len(ref) == 2:
         return "deepep"
@@ -742,7 +747,7 @@ def mbridge_op_fuser(rec: dict) -> bool:
     if family(rec["id"]) != "mbridge-moe" or "gpt-oss" not in rec["id"]:
         return False
     gpu = str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    release = source_ref(rec)[:2]
     return ("mxfp8" in rec["id"] or "fp8mx" in rec["id"]) and gpu.startswith("gb") and release >= (26, 6)
 
 
@@ -752,7 +757,7 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
         return ()
     rid = rec["id"]
     gpu = rid.split("-dgx-")[1].split("-")[0] if "-dgx-" in rid else ""
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
              "deepseekv4" if "deepseekv4" in rid else
@@ -783,7 +788,7 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         # (attn, mamba, router / preprocess scopes) but on B200 MXFP8 (cuda_graph_impl none; B200 NVFP4 has them)
         return "none" if "-b200-" in rec["id"] and "nvfp4" not in rec["id"] else "layers"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    release = source_ref(rec)[:2]
     # v0.5.0's DeepSeek-V3 B300 MXFP8 preset is its BF16 V2 one (TE graphs of attn / moe_router /
     # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
     # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
@@ -796,7 +801,7 @@ def mbridge_cuda_graphs(rec: dict) -> str:
             and not oss_b300):
         return "full-iteration"
     gb = gpu.startswith("gb")
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
               # GPT-OSS: the GB300 / B300 presets set TE graphs; the GB200 / B200 ones leave the recipe's "none"
               # (gpt_oss_workload_base_configs.py at v0.2.0 - v0.5.0: GB200 sets recompute_modules instead)
@@ -837,7 +842,7 @@ def mbridge_fp8_attention(rec: dict) -> bool:
     if family(rec["id"]) != "mbridge-moe" or mbridge_cuda_graphs(rec) != "full-iteration":
         return False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    release = source_ref(rec)[:2]
     if "qwen3-30b" in rid or "qwen3-235b" in rid:
         return True
     if "deepseekv3" in rid:
@@ -1667,7 +1672,7 @@ def mbridge_configs(records: list[dict]) -> dict[str, list[dict]]:
         if r["id"].startswith("bridge-"):
             rel = r["id"].split("-")[1]
             return (int(rel[:2]), int(rel[2:]), 0)
-        return tuple(int(x) for x in r["source"]["ref"].split()[0].split(".")) + (0,)
+        return source_ref(r) + (0,)
 
     newest: dict[tuple, dict] = {}
     for r in records:
