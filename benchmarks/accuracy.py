@@ -948,9 +948,9 @@ def record_container(rec: dict) -> str | None:
     rid = rec["id"]
     if rid.startswith("megatron-examples"):
         return "pytorch:25.03"
-    m = re.match(r"mbridge-(\d\d\.\d\d)", rid) or re.match(r"bridge-(\d\d)(\d\d)-", rid)
-    if m:
-        return "nemo:" + (m.group(1) if m.lastindex == 1 else f"{m.group(1)}.{m.group(2)}")
+    if rid.startswith(("mbridge-", "bridge-")):
+        year, month = bridge_release(rec)
+        return f"nemo:{year}.{month:02d}"
     text = str(rec.get("source", "")) + " " + str(rec.get("notes", ""))
     m = re.search(r"nvcr\.io/nvidia/(nemo|pytorch):(\d\d\.\d\d)", text)
     return f"{m.group(1)}:{m.group(2)}" if m else None
@@ -1670,8 +1670,7 @@ def mbridge_configs(records: list[dict]) -> dict[str, list[dict]]:
     in every release, which would otherwise weigh a config by how often it was re-run."""
     def release(r: dict) -> tuple[int, ...]:
         if r["id"].startswith("bridge-"):
-            rel = r["id"].split("-")[1]
-            return (int(rel[:2]), int(rel[2:]), 0)
+            return bridge_release(r) + (0,)
         return source_ref(r) + (0,)
 
     newest: dict[tuple, dict] = {}
