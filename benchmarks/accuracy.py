@@ -638,7 +638,7 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         # no v0.3.1 preset sets (EP 64): it ran the V2 presets of "perf optimizations- GPT-OSS 120B" (PR 2906,
         # 7260d6214, 2026-03-23, the v0.4.0 state: B200 / B300 EP 8 + hybridep, GB200 hybridep + moe_a2a_overlap)
         mx = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6)
-        pr2906 = ref == (26, 2, 1) or (ref[:2] == (26, 4) and len(ref) == 2)
+        pr2906 = ref in ((26, 2, 1), (26, 4))
         flex = (mx and gb) or ("b300" in gpu and not gb and (ref >= (26, 4) or pr2906)) \
             or (pr2906 and ("gb200" in gpu or gpu.startswith("b200")))
         return flex, (mx_overlap and gb) or ("gb200" in gpu and (ref >= (26, 4) or pr2906) and not mx)
@@ -654,9 +654,7 @@ def mbridge_flex_backend(rec: dict) -> str:
     (llmplan's default) where the row runs no flex dispatcher."""
     if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
         return "deepep"
-    ref = source_ref(rec)
-    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and ref[:2] == (26, 2) \
-            and len(ref) == 2:
+    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and source_ref(rec) == (26, 2):
         return "deepep"
     return "hybridep"
 
