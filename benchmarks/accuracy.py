@@ -1051,6 +1051,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     layout = mbridge_layout(rec, pp, vpp)
     if layout is not None:
         first = last = 0
+    flash2 = fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
     # the stack-wide switches (tp_impl dtensor for torchtitan, fp32_param_shards for the FSDP stacks, ...) at
     # their defaults on the rows without the axis they act on: the same plan and price (check_switches.settle)
     return settle(ParallelPlan(
@@ -1073,9 +1074,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
                                     "megascale"),
-        attention_kernel="flash2" if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", "")) else "native",
-        attention_release=None if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
-        else attention_release_for(rec, fam),
+        attention_kernel="flash2" if flash2 else "native",
+        attention_release=None if flash2 else attention_release_for(rec, fam),
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
         # Megatron-Core r0.8: --cross-entropy-loss-fusion off by default, and not among the README's flags
