@@ -903,11 +903,6 @@ most attention-bound row (Llama 3 8B, 8k, CP2) +2.0% from the first, where FA2 -
 here: the same kernel throughout (docs/validation.md#nemo2407-kernel)."""
 
 
-ATTENTION_RELEASE_2024: tuple[str, ...] = ()
-"""Families whose stack is of 2024 and, by id prefix below, Megatron-Core r0.8's table: under
---attention-releases date read as cuDNN 9.1, the earliest release NVIDIA published a Hopper SDPA training rate
-for (NVIDIA/cudnn-frontend at b740542, May 2024) (docs/validation.md#attention-release). NeMo's 2024 tables
-(nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher, not cuDNN (FLASH2_FAMILIES)."""
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under
@@ -979,11 +974,14 @@ attention_release_mode = "off"
 
 def attention_release_for(rec: dict, fam: str) -> str | None:
     """The cuDNN release whose published attention rate the record's stack runs (ParallelPlan.attention_release)
-    under attention_release_mode, by the stack's date (ATTENTION_RELEASE_2024 / _2026); None with the mode off,
+    under attention_release_mode, by the stack's date (ATTENTION_RELEASE_2026); None with the mode off,
     where the kernel is not cuDNN's (flash2 families, unfused attention) or where the record's GPU has no
     published rate for it (not Hopper)."""
     rid = rec["id"]
-    old = fam in ATTENTION_RELEASE_2024 or rid.startswith("megatron-core-r0.8-")
+    # the one 2024 stack on cuDNN: Megatron-Core r0.8's table, read under date as cuDNN 9.1, the earliest release
+    # NVIDIA published a Hopper SDPA training rate for (NVIDIA/cudnn-frontend at b740542, May 2024); NeMo's 2024
+    # tables (nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher (FLASH2_FAMILIES)
+    old = rid.startswith("megatron-core-r0.8-")
     new = fam in ATTENTION_RELEASE_2026 or rid.startswith("megatron-examples")
     container = record_container(rec) if attention_release_mode == "container" else None
     release = (release_for_cudnn(CONTAINER_CUDNN.get(container or "")) if attention_release_mode == "container" else
