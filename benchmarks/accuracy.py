@@ -983,8 +983,8 @@ def attention_release_for(rec: dict, fam: str) -> str | None:
     # tables (nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher (FLASH2_FAMILIES)
     old = rid.startswith("megatron-core-r0.8-")
     new = fam in ATTENTION_RELEASE_2026 or rid.startswith("megatron-examples")
-    container = record_container(rec) if attention_release_mode == "container" else None
-    release = (release_for_cudnn(CONTAINER_CUDNN.get(container or "")) if attention_release_mode == "container" else
+    release = (release_for_cudnn(CONTAINER_CUDNN.get(record_container(rec) or ""))
+               if attention_release_mode == "container" else
                "cudnn-9.1" if old and attention_release_mode == "date" else
                "cudnn-9.19" if new and attention_release_mode in ("date", "newer") else None)
     name = record_system(rec)
