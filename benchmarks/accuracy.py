@@ -1473,7 +1473,8 @@ Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.
 
 def fit_prior() -> dict[str, float]:
     """The shipped values of the fitted constants (docs/validation.md#lofo, rule 2): the A100 and H100
-    profiles' sustained clocks and GpuSpec's attention asymptote (as the H100 profile holds it). Each must lie on GRID, or the fit could never keep it."""
+    profiles' sustained clocks and GpuSpec's attention asymptote (as the H100 profile holds it). Each must lie
+    on GRID, or the fit could never keep it."""
     gpus = {g: builtin_systems()[f"dgx-{g}"].gpu for g in CLOCK_GROUPS}
     prior = {**{k: float(getattr(gpus["h100"], k)) for k in GLOBAL_CONSTANTS},
              **{f"clock_{g}": float(gpu.sustained_clock_fraction) for g, gpu in gpus.items()}}
