@@ -577,6 +577,18 @@ def mbridge_ds_b200_v2(rec: dict) -> bool:
             and "pp8" in rid and "ep32" in rid and "vp2" in rid)
 
 
+def mbridge_mx_v2(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row runs an MXFP8 V2 preset of v0.5.0 (26.06) or later on Blackwell: fp8 MX in
+    its id, not H100, and not DeepSeek-V3's B300 row of 26.06, whose v0.5.0 MXFP8 preset is its BF16 V2 one
+    (TE graphs of attn / moe_router / moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2);
+    v0.6.0's B300 recipe runs the full iteration (perf_recipes/deepseek/b300/deepseek_v3.py,
+    _enable_deepseek_full_iteration_mxfp8)."""
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = source_ref(rec)[:2]
+    return (("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
+            and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)))
+
+
 def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     """(flex dispatcher, EP overlap) of an mbridge MoE row, from the Megatron-Bridge performance presets of its
     release (scripts/performance/configs/{deepseek,qwen,gpt_oss}/*workload_base_configs.py at the tags of the
@@ -594,8 +606,7 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
     release = source_ref(rec)[:2]
-    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu \
-        and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6))  # its BF16 V2 preset
+    mx_overlap = mbridge_mx_v2(rec)
     gb = gpu.startswith("gb")
     ref = source_ref(rec)
     if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
@@ -637,7 +648,7 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         # The 26.02.01 table (docs/performance-summary.md at cfeddcd94, 2026-03-21) ran B200 / B300 at EP 8, which
         # no v0.3.1 preset sets (EP 64): it ran the V2 presets of "perf optimizations- GPT-OSS 120B" (PR 2906,
         # 7260d6214, 2026-03-23, the v0.4.0 state: B200 / B300 EP 8 + hybridep, GB200 hybridep + moe_a2a_overlap)
-        mx = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6)
+        mx = mbridge_mx_v2(rec)  # only read beside GB200 / GB300
         pr2906 = ref in ((26, 2, 1), (26, 4))
         flex = (mx and gb) or ("b300" in gpu and not gb and (ref >= (26, 4) or pr2906)) \
             or (pr2906 and ("gb200" in gpu or gpu.startswith("b200")))
@@ -744,9 +755,7 @@ def mbridge_op_fuser(rec: dict) -> bool:
     v0.5.0's pin (d0b3b775) builds the fused ops from TE 2.14 (TE 2.16 pinned). Not the B300 / B200 presets."""
     if family(rec["id"]) != "mbridge-moe" or "gpt-oss" not in rec["id"]:
         return False
-    gpu = str(rec["hardware"]["gpu"]).lower()
-    release = source_ref(rec)[:2]
-    return ("mxfp8" in rec["id"] or "fp8mx" in rec["id"]) and gpu.startswith("gb") and release >= (26, 6)
+    return mbridge_mx_v2(rec) and str(rec["hardware"]["gpu"]).lower().startswith("gb")
 
 
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
@@ -786,17 +795,11 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         # (attn, mamba, router / preprocess scopes) but on B200 MXFP8 (cuda_graph_impl none; B200 NVFP4 has them)
         return "none" if "-b200-" in rec["id"] and "nvfp4" not in rec["id"] else "layers"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = source_ref(rec)[:2]
-    # v0.5.0's DeepSeek-V3 B300 MXFP8 preset is its BF16 V2 one (TE graphs of attn / moe_router /
-    # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
-    # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
-    ds_b300_26_06 = "deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)
     # v0.5.0's GPT-OSS B300 MXFP8 preset is its BF16 V2 one too (GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2 =
     # ..._B300_BF16_V2: TE graphs of attn / moe_router / moe_preprocess, no fused grouped MLP; only the GB300 /
     # GB200 FP8_MX_V2 presets set full_iteration, gpt_oss_workload_base_configs.py at fcbb603, v0.5.0)
     oss_b300 = "gpt-oss" in rid and gpu.startswith("b300")
-    if (("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06
-            and not oss_b300):
+    if mbridge_mx_v2(rec) and not oss_b300:
         return "full-iteration"
     gb = gpu.startswith("gb")
     ref = source_ref(rec)
