@@ -560,6 +560,11 @@ def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
     return per_rank[0], per_rank[-1]
 
 
+def source_ref(rec: dict) -> tuple[int, ...]:
+    """The release a record's source ref opens with, as integers ('26.04.01 NeMo container, ...' -> (26, 4, 1))."""
+    return tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+
+
 def mbridge_ds_b200_v2(rec: dict) -> bool:
     """Whether an mbridge row is DeepSeek-V3's B200 MXFP8 V2 preset of v0.4.2 (26.04.01) / v0.5.0
     (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2,
@@ -570,6 +575,18 @@ def mbridge_ds_b200_v2(rec: dict) -> bool:
     rid = rec["id"]
     return ("deepseekv3" in rid and "-dgx-b200-" in rid and ("mxfp8" in rid or "fp8mx" in rid)
             and "pp8" in rid and "ep32" in rid and "vp2" in rid)
+
+
+def mbridge_mx_v2(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row runs an MXFP8 V2 preset of v0.5.0 (26.06) or later on Blackwell: fp8 MX in
+    its id, not H100, and not DeepSeek-V3's B300 row of 26.06, whose v0.5.0 MXFP8 preset is its BF16 V2 one
+    (TE graphs of attn / moe_router / moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2);
+    v0.6.0's B300 recipe runs the full iteration (perf_recipes/deepseek/b300/deepseek_v3.py,
+    _enable_deepseek_full_iteration_mxfp8)."""
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    release = source_ref(rec)[:2]
+    return (("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu
+            and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)))
 
 
 def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
@@ -588,11 +605,10 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     if family(rec["id"]) != "mbridge-moe":
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    mx_overlap = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu \
-        and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6))  # its BF16 V2 preset
+    release = source_ref(rec)[:2]
+    mx_overlap = mbridge_mx_v2(rec)
     gb = gpu.startswith("gb")
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     if "-tokendrop-" in rid:  # 25.09 (v0.1.0rc3 / rc4 run_script.py): apply_moe_token_drop needs the alltoall
         return False, False   # dispatcher ("Using token drop, disabling DeepEP"); no EP overlap for these
     if "deepseekv3" in rid:
@@ -632,8 +648,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         # The 26.02.01 table (docs/performance-summary.md at cfeddcd94, 2026-03-21) ran B200 / B300 at EP 8, which
         # no v0.3.1 preset sets (EP 64): it ran the V2 presets of "perf optimizations- GPT-OSS 120B" (PR 2906,
         # 7260d6214, 2026-03-23, the v0.4.0 state: B200 / B300 EP 8 + hybridep, GB200 hybridep + moe_a2a_overlap)
-        mx = ("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6)
-        pr2906 = ref == (26, 2, 1) or (ref[:2] == (26, 4) and len(ref) == 2)
+        mx = mbridge_mx_v2(rec)  # only read beside GB200 / GB300
+        pr2906 = ref in ((26, 2, 1), (26, 4))
         flex = (mx and gb) or ("b300" in gpu and not gb and (ref >= (26, 4) or pr2906)) \
             or (pr2906 and ("gb200" in gpu or gpu.startswith("b200")))
         return flex, (mx_overlap and gb) or ("gb200" in gpu and (ref >= (26, 4) or pr2906) and not mx)
@@ -649,9 +665,7 @@ def mbridge_flex_backend(rec: dict) -> str:
     (llmplan's default) where the row runs no flex dispatcher."""
     if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
         return "deepep"
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
-    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and ref[:2] == (26, 2) \
-            and len(ref) == 2:
+    if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and source_ref(rec) == (26, 2):
         return "deepep"
     return "hybridep"
 
@@ -741,9 +755,7 @@ def mbridge_op_fuser(rec: dict) -> bool:
     v0.5.0's pin (d0b3b775) builds the fused ops from TE 2.14 (TE 2.16 pinned). Not the B300 / B200 presets."""
     if family(rec["id"]) != "mbridge-moe" or "gpt-oss" not in rec["id"]:
         return False
-    gpu = str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    return ("mxfp8" in rec["id"] or "fp8mx" in rec["id"]) and gpu.startswith("gb") and release >= (26, 6)
+    return mbridge_mx_v2(rec) and str(rec["hardware"]["gpu"]).lower().startswith("gb")
 
 
 def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
@@ -752,7 +764,7 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
         return ()
     rid = rec["id"]
     gpu = rid.split("-dgx-")[1].split("-")[0] if "-dgx-" in rid else ""
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     release = ref[:3] if ref[:3] == (26, 4, 1) else ref[:2]
     model = ("gpt-oss" if "gpt-oss-120b" in rid else "deepseekv3" if "deepseekv3" in rid else
              "deepseekv4" if "deepseekv4" in rid else
@@ -783,20 +795,14 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         # (attn, mamba, router / preprocess scopes) but on B200 MXFP8 (cuda_graph_impl none; B200 NVFP4 has them)
         return "none" if "-b200-" in rec["id"] and "nvfp4" not in rec["id"] else "layers"
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
-    # v0.5.0's DeepSeek-V3 B300 MXFP8 preset is its BF16 V2 one (TE graphs of attn / moe_router /
-    # moe_preprocess, no EP overlap: DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2); v0.6.0's B300 recipe runs the
-    # full iteration (perf_recipes/deepseek/b300/deepseek_v3.py, _enable_deepseek_full_iteration_mxfp8)
-    ds_b300_26_06 = "deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)
     # v0.5.0's GPT-OSS B300 MXFP8 preset is its BF16 V2 one too (GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2 =
     # ..._B300_BF16_V2: TE graphs of attn / moe_router / moe_preprocess, no fused grouped MLP; only the GB300 /
     # GB200 FP8_MX_V2 presets set full_iteration, gpt_oss_workload_base_configs.py at fcbb603, v0.5.0)
     oss_b300 = "gpt-oss" in rid and gpu.startswith("b300")
-    if (("mxfp8" in rid or "fp8mx" in rid) and release >= (26, 6) and "h100" not in gpu and not ds_b300_26_06
-            and not oss_b300):
+    if mbridge_mx_v2(rec) and not oss_b300:
         return "full-iteration"
     gb = gpu.startswith("gb")
-    ref = tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
+    ref = source_ref(rec)
     layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
               # GPT-OSS: the GB300 / B300 presets set TE graphs; the GB200 / B200 ones leave the recipe's "none"
               # (gpt_oss_workload_base_configs.py at v0.2.0 - v0.5.0: GB200 sets recompute_modules instead)
@@ -837,7 +843,7 @@ def mbridge_fp8_attention(rec: dict) -> bool:
     if family(rec["id"]) != "mbridge-moe" or mbridge_cuda_graphs(rec) != "full-iteration":
         return False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = tuple(int(x) for x in rec["source"]["ref"].split()[0].split(".")[:2])
+    release = source_ref(rec)[:2]
     if "qwen3-30b" in rid or "qwen3-235b" in rid:
         return True
     if "deepseekv3" in rid:
@@ -900,11 +906,6 @@ most attention-bound row (Llama 3 8B, 8k, CP2) +2.0% from the first, where FA2 -
 here: the same kernel throughout (docs/validation.md#nemo2407-kernel)."""
 
 
-ATTENTION_RELEASE_2024: tuple[str, ...] = ()
-"""Families whose stack is of 2024 and, by id prefix below, Megatron-Core r0.8's table: under
---attention-releases date read as cuDNN 9.1, the earliest release NVIDIA published a Hopper SDPA training rate
-for (NVIDIA/cudnn-frontend at b740542, May 2024) (docs/validation.md#attention-release). NeMo's 2024 tables
-(nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher, not cuDNN (FLASH2_FAMILIES)."""
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under
@@ -943,9 +944,9 @@ def record_container(rec: dict) -> str | None:
     rid = rec["id"]
     if rid.startswith("megatron-examples"):
         return "pytorch:25.03"
-    m = re.match(r"mbridge-(\d\d\.\d\d)", rid) or re.match(r"bridge-(\d\d)(\d\d)-", rid)
-    if m:
-        return "nemo:" + (m.group(1) if m.lastindex == 1 else f"{m.group(1)}.{m.group(2)}")
+    if rid.startswith(("mbridge-", "bridge-")):
+        year, month = bridge_release(rec)
+        return f"nemo:{year}.{month:02d}"
     text = str(rec.get("source", "")) + " " + str(rec.get("notes", ""))
     m = re.search(r"nvcr\.io/nvidia/(nemo|pytorch):(\d\d\.\d\d)", text)
     return f"{m.group(1)}:{m.group(2)}" if m else None
@@ -976,14 +977,17 @@ attention_release_mode = "off"
 
 def attention_release_for(rec: dict, fam: str) -> str | None:
     """The cuDNN release whose published attention rate the record's stack runs (ParallelPlan.attention_release)
-    under attention_release_mode, by the stack's date (ATTENTION_RELEASE_2024 / _2026); None with the mode off,
+    under attention_release_mode, by the stack's date (ATTENTION_RELEASE_2026); None with the mode off,
     where the kernel is not cuDNN's (flash2 families, unfused attention) or where the record's GPU has no
     published rate for it (not Hopper)."""
     rid = rec["id"]
-    old = fam in ATTENTION_RELEASE_2024 or rid.startswith("megatron-core-r0.8-")
+    # the one 2024 stack on cuDNN: Megatron-Core r0.8's table, read under date as cuDNN 9.1, the earliest release
+    # NVIDIA published a Hopper SDPA training rate for (NVIDIA/cudnn-frontend at b740542, May 2024); NeMo's 2024
+    # tables (nemocp, nemo2407) ran FlashAttention-2 through NeMo-Framework-Launcher (FLASH2_FAMILIES)
+    old = rid.startswith("megatron-core-r0.8-")
     new = fam in ATTENTION_RELEASE_2026 or rid.startswith("megatron-examples")
-    container = record_container(rec) if attention_release_mode == "container" else None
-    release = (release_for_cudnn(CONTAINER_CUDNN.get(container or "")) if attention_release_mode == "container" else
+    release = (release_for_cudnn(CONTAINER_CUDNN.get(record_container(rec) or ""))
+               if attention_release_mode == "container" else
                "cudnn-9.1" if old and attention_release_mode == "date" else
                "cudnn-9.19" if new and attention_release_mode in ("date", "newer") else None)
     name = record_system(rec)
@@ -1048,6 +1052,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     layout = mbridge_layout(rec, pp, vpp)
     if layout is not None:
         first = last = 0
+    flash2 = fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
     # the stack-wide switches (tp_impl dtensor for torchtitan, fp32_param_shards for the FSDP stacks, ...) at
     # their defaults on the rows without the axis they act on: the same plan and price (check_switches.settle)
     return settle(ParallelPlan(
@@ -1070,9 +1075,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
                                     "megascale"),
-        attention_kernel="flash2" if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", "")) else "native",
-        attention_release=None if fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
-        else attention_release_for(rec, fam),
+        attention_kernel="flash2" if flash2 else "native",
+        attention_release=None if flash2 else attention_release_for(rec, fam),
         # torchtitan 9dec370 train.py: eager cross_entropy on .float() logits; AutoModel's MaskedCrossEntropy
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
         # Megatron-Core r0.8: --cross-entropy-loss-fusion off by default, and not among the README's flags
@@ -1472,7 +1476,8 @@ Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.
 
 def fit_prior() -> dict[str, float]:
     """The shipped values of the fitted constants (docs/validation.md#lofo, rule 2): the A100 and H100
-    profiles' sustained clocks and GpuSpec's attention asymptote (as the H100 profile holds it). Each must lie on GRID, or the fit could never keep it."""
+    profiles' sustained clocks and GpuSpec's attention asymptote (as the H100 profile holds it). Each must lie
+    on GRID, or the fit could never keep it."""
     gpus = {g: builtin_systems()[f"dgx-{g}"].gpu for g in CLOCK_GROUPS}
     prior = {**{k: float(getattr(gpus["h100"], k)) for k in GLOBAL_CONSTANTS},
              **{f"clock_{g}": float(gpu.sustained_clock_fraction) for g, gpu in gpus.items()}}
@@ -1665,9 +1670,8 @@ def mbridge_configs(records: list[dict]) -> dict[str, list[dict]]:
     in every release, which would otherwise weigh a config by how often it was re-run."""
     def release(r: dict) -> tuple[int, ...]:
         if r["id"].startswith("bridge-"):
-            rel = r["id"].split("-")[1]
-            return (int(rel[:2]), int(rel[2:]), 0)
-        return tuple(int(x) for x in r["source"]["ref"].split()[0].split(".")) + (0,)
+            return bridge_release(r) + (0,)
+        return source_ref(r) + (0,)
 
     newest: dict[tuple, dict] = {}
     for r in records:

@@ -49,6 +49,15 @@ def step(rec: dict) -> tuple[float, int, int, float]:
             A.model_for(rec, fam).count_layers("mamba"), tokens / (meas * gpus))
 
 
+def priced_and_unplaced(rec: dict) -> tuple[float, float, int, int]:
+    """(the Mamba-2 cost priced in the step s, what the row leaves unplaced s = measured - predicted step,
+    micro-batches per step, Mamba-2 layers) of a tokens/s record."""
+    with scaled(0.0):
+        without, *_ = step(rec)
+    pred, n_mb, layers, measured = step(rec)
+    return pred - without, measured - pred, n_mb, layers
+
+
 def group(rid: str) -> str | None:
     return next((name for name, prefix, part in GROUPS if rid.startswith(prefix) and part in rid), None)
 
@@ -57,11 +66,8 @@ def main() -> None:
     runs = {r["id"]: r for r in load_runs()}
     print("per Mamba-2 layer and micro-batch, fwd+bwd: priced | unplaced")
     for rid in ROWS:
-        with scaled(0.0):
-            without, *_ = step(runs[rid])
-        pred, n_mb, layers, measured = step(runs[rid])
-        print(f"  {rid[:64]:64s} {(pred - without) / n_mb / layers * 1e3:6.2f} ms | "
-              f"{(measured - pred) / n_mb / layers * 1e3:+6.2f} ms")
+        priced, unplaced, n_mb, layers = priced_and_unplaced(runs[rid])
+        print(f"  {rid[:64]:64s} {priced / n_mb / layers * 1e3:6.2f} ms | {unplaced / n_mb / layers * 1e3:+6.2f} ms")
     for k in (1.0, 2.0, 4.0, 8.0):
         errors: dict[str, list[float]] = {}
         with scaled(k):
@@ -77,11 +83,9 @@ def main() -> None:
         g = group(rid)
         if g not in ("nano", "super", "56b") or not any(q == "tok/s/GPU" for q, *_ in A.predict(rec, A.family(rid))):
             continue
-        with scaled(0.0):
-            without, *_ = step(rec)
-        pred, _, _, measured = step(rec)
+        priced, unplaced, _, _ = priced_and_unplaced(rec)
         key = (g, rec["hardware"]["gpu"].split()[0], A.plan_for(rec, A.family(rid), rec["hardware"]["gpus"]).tp)
-        needed.setdefault(key, []).append(1 + (measured - pred) / (pred - without))
+        needed.setdefault(key, []).append(1 + unplaced / priced)
     for (g, gpu, tp), v in sorted(needed.items()):
         print(f"  {g:6s} {gpu:6s} TP{tp}  {statistics.median(v):4.1f} [{min(v):4.1f}, {max(v):4.1f}] ({len(v)})")
 

@@ -4,13 +4,13 @@ the Megatron-Core r0.8 rows, written by the exports or refused."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from test_switch_cli import edited  # a shipped plan file with some plan keys changed
 
 from llmplan.cost.overhead import grad_buffer_seconds
 from llmplan.estimate import estimate_training
@@ -91,18 +91,6 @@ def test_a_full_iteration_graph_refuses_the_nan_check():
         ParallelPlan(grad_nan_check=True, cuda_graphs="full-iteration")
 
 
-def _saved(cli, tmp_path: Path, **plan: object) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "plan.json"
-    made = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
-               "--save", path)
-    assert made.code == 0, made.err
-    doc = json.loads(path.read_text())
-    doc["plan"].update(plan)
-    path.write_text(json.dumps(doc))
-    return path
-
-
 def _export(cli, plan: Path, target: str, out: Path) -> tuple[int, str, str]:
     r = cli("export", plan, "--to", target, "-o", out)
     files = "\n".join(f.read_text() for f in out.rglob("*") if f.is_file()) if out.exists() else ""
@@ -112,8 +100,10 @@ def _export(cli, plan: Path, target: str, out: Path) -> tuple[int, str, str]:
 def test_exports_write_what_the_plan_priced_or_refuse(cli, tmp_path):
     # Megatron-LM arguments.py (d98e8a6): --no-check-for-nan-in-loss-and-grad, --ddp-average-in-collective;
     # Megatron-Bridge DistributedDataParallelConfig.check_for_nan_in_grad / average_in_collective
-    off = _saved(cli, tmp_path / "off")
-    on = _saved(cli, tmp_path / "on", grad_nan_check=True, grad_prescale=True)
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    off = edited(tmp_path / "off", "dense_train")
+    on = edited(tmp_path / "on", "dense_train", grad_nan_check=True, grad_prescale=True)
     for plan, priced in ((off, False), (on, True)):
         code, files, err = _export(cli, plan, "megatron", plan.parent / "m")
         assert code == 0, err
@@ -126,5 +116,6 @@ def test_exports_write_what_the_plan_priced_or_refuse(cli, tmp_path):
         assert code == 0, err
         assert f"ddp.check_for_nan_in_grad={str(priced).lower()}" in files.lower()
         assert f"ddp.average_in_collective={str(not priced).lower()}" in files.lower()
-    code, files, err = _export(cli, on, "torchtitan", tmp_path / "t")
+    fsdp = edited(tmp_path, "fsdp_train", grad_nan_check=True, grad_prescale=True)  # torchtitan needs ZeRO-3
+    code, files, err = _export(cli, fsdp, "torchtitan", tmp_path / "t")
     assert code == 2 and "grad_nan_check" in err and "Traceback" not in err and files == ""

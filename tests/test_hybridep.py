@@ -174,3 +174,20 @@ def test_the_published_rate_scales_with_the_gpus_nvlink():
         (c,) = dispatch_coeffs("all-to-all", span, cluster.system, Dispatch(64, 8, "random", None, 32, "hybridep"))
         assert c.beta == pytest.approx(ratio * beta)
         assert c.alpha == pytest.approx(7 * peer)
+
+
+def test_mbridge_rows_run_their_presets_flex_backend(acc, published_runs):
+    # Megatron-Bridge's presets, read by hand: Qwen3-30B-A3B's H100 preset ran deepep at v0.3.0 (26.02) and
+    # hybridep from v0.3.1 (26.02.01; f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP"); DeepSeek-V3's
+    # B200 MXFP8 V2 preset sets deepep (deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2
+    # at v0.4.2); the other flex presets hybridep (scripts/performance/configs/*/*_workload_base_configs.py)
+    expected = {
+        "mbridge-26.02-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp2cp1ep8vp12gbs1024mbs1": "deepep",
+        "mbridge-26.02.01-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp2cp1ep8vp12gbs1024mbs1": "hybridep",
+        "mbridge-26.04.01-pretrain-deepseekv3-dgx-b200-256gpu-mxfp8-tp1pp8cp1ep32vp2gbs4096mbs1": "deepep",
+        "mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp1cp1ep16vpnagbs1024mbs1": "hybridep",
+    }
+    for rid, backend in expected.items():
+        rec = published_runs[rid]
+        plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+        assert (plan.moe_dispatcher, plan.moe_flex_backend) == ("deepep", backend), rid

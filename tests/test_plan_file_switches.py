@@ -10,8 +10,10 @@ import json
 
 import pytest
 
-from test_switch_cli import edited as saved  # a shipped plan file (llmplan 0.1.0's) with some plan keys changed,
-                                           # as an older llmplan could have saved them
+# saved: a shipped plan file (llmplan 0.1.0's) with some plan keys changed, as an older llmplan could have saved them
+from test_switch_cli import edited as saved
+from test_unused_switches import DENSE
+from test_unused_switches import MOE as MOE_EP1
 
 
 # fsdp_train: tp 1, pp 1, zero 3; dense_train: tp 8, pp 4, sp, zero 1
@@ -79,8 +81,7 @@ def test_search_refuses_switches_that_break_a_rule_on_every_plan_with_the_rules_
         assert needle in lines[0], r.err
 
 
-MOE = ("estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep", "8",
-       "--global-batch", "64")
+MOE = (*MOE_EP1, "--ep", "8")  # test_unused_switches' mixtral-8x7b on 2 DGX H100 at TP 2, with EP 8
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -110,8 +111,7 @@ def test_a_flex_backend_without_the_flex_dispatcher_exits_2(cli, args, needles):
 def test_estimate_names_every_moe_switch_given_to_a_dense_model(cli):
     """--ep-comm-overlap (away from its default, which check_plan sees) with --expert-gemm grouped (its default,
     which only the named-switch check sees): one refusal that names both, so one edit mends it."""
-    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
-            "--ep-comm-overlap", "--expert-gemm", "grouped")
+    r = cli(*DENSE, "--ep-comm-overlap", "--expert-gemm", "grouped")
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert r.code == 2 and len(lines) == 1, r.err
     assert "expert_gemm grouped, ep_comm_overlap: these switches act on mixture-of-experts layers" in lines[0]
