@@ -242,6 +242,21 @@ def test_bad_cluster_yaml_exits_2(cli, tmp_path, text, needle):
     assert needle in r.err and "Traceback" not in r.err
 
 
+@pytest.mark.parametrize("text,fix", [
+    ("base: dgx-h1000\n", "base takes the name of a built-in system only"),
+    ("base: dgx-h100\ngpu: h1000\n", "or write the GPU's fields inline as a mapping under gpu:"),
+])
+def test_unknown_name_in_cluster_yaml_offers_what_the_key_takes(cli, tmp_path, text, fix):
+    # A file's `base:` and `gpu:` keys take a built-in name (or, for gpu, an inline mapping), never a path:
+    # the refusal must not suggest one.
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    r = cli("collective", "--hardware", path, "--gpus", "16")
+    assert r.code == 2, r.out
+    assert fix in r.err and "give a path" not in r.err and str(path) in r.err
+    assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+
+
 def test_cluster_yaml_with_fewer_nics(cli, tmp_path):
     path = tmp_path / "half-nics.yaml"
     path.write_text(CLUSTER_OK)

@@ -93,11 +93,16 @@ def builtin_systems() -> dict[str, SystemSpec]:
     return {s.name: s for s in (load_system_file(p) for p in _yaml_files(folder))}
 
 
-def _unknown(kind: str, name: str, known: list[str]) -> LlmplanError:
+PATH_FIX = "or give a path to a YAML/JSON file"
+
+
+def _unknown(kind: str, name: str, known: list[str], fix: str = PATH_FIX, where: str = "") -> LlmplanError:
+    """Unknown built-in `name` (in file `where`, if any): the close matches, the built-ins, and `fix` (what
+    else the key accepts)."""
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return LlmplanError(f"unknown {kind} '{excerpt(name)}'{hint} (built-ins: {bounded_list(sorted(known), 40)}; "
-                        f"or give a path to a YAML/JSON file)")
+    return LlmplanError(f"{where + ': ' if where else ''}unknown {kind} '{excerpt(name)}'{hint} (built-ins: {bounded_list(sorted(known), 40)}; "
+                        f"{fix})")
 
 
 def load_model_file(path: Path) -> ModelSpec:
@@ -125,7 +130,8 @@ def load_system_file(path: Path) -> SystemSpec:
             raise LlmplanError(f"{path}: base is {excerpt(repr(base_name), 40)}; give the name of one built-in "
                                f"system (e.g. base: dgx-h100; built-ins: {bounded_list(sorted(systems), 40)})")
         if base_name not in systems:
-            raise _unknown("base system", base_name, list(systems))
+            raise _unknown("base system", base_name, list(systems),
+                           "base takes the name of a built-in system only", where=str(path))
         base = systems[base_name]
         base_gpu = "gpu" not in data or (isinstance(data["gpu"], dict) and "name" not in data["gpu"])
         if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
@@ -135,7 +141,8 @@ def load_system_file(path: Path) -> SystemSpec:
     if isinstance(gpu, str):
         gpus = builtin_gpus()
         if gpu not in gpus:
-            raise _unknown("GPU", gpu, list(gpus))
+            raise _unknown("GPU", gpu, list(gpus),
+                           "or write the GPU's fields inline as a mapping under gpu:", where=str(path))
         data["gpu"] = gpus[gpu].model_dump()
     system = build(SystemSpec, data, str(path))
     # Checked on the built spec, so that the rule applies to the value as read (a float 16.0 too).
