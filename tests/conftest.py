@@ -14,6 +14,8 @@ from llmplan.cli import main
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from runs import load_runs, runs_path  # noqa: E402  (benchmarks/runs.py: shipped copy or a newer one beside)
 
+from refusal import one_line  # noqa: E402  (tests/refusal.py)
+
 hyp_settings.register_profile("seeded", derandomize=True)
 hyp_settings.load_profile("seeded")  # every property test draws the same examples on every run
 
@@ -24,6 +26,11 @@ class CliResult:
 
     def json(self) -> dict:
         return json.loads(self.out)
+
+    def refusal(self, code: int = 2) -> str:
+        """The one line a refused command printed; fails unless it exited `code` with one line, no traceback."""
+        assert self.code == code, (self.code, self.err, self.out[:300])
+        return one_line(self.err)
 
 
 @pytest.fixture

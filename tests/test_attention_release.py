@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from refusal import one_line
 from llmplan.cost.attention_rate import attention_fraction, attention_rate_ratio, native_attention_asymptote
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ATTENTION_RELEASES, ClusterSpec, ParallelPlan
@@ -102,8 +103,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_an_unknown_release_in_one_line():
     r = _cli("--hardware", "dgx-h100", "--attention-release", "cudnn-8.9")
     assert r.returncode == 2
-    assert "--attention-release cudnn-8.9 is not a release" in r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "--attention-release cudnn-8.9 is not a release" in one_line(r.stderr)
 
 
 def test_cli_refuses_a_release_the_gpu_has_no_rate_for():

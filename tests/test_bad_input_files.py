@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from refusal import one_line
 from llmplan import fileio
 from llmplan.errors import LlmplanError
 
@@ -31,12 +32,6 @@ def llmplan(*args, cwd: Path | None = None, timeout: float = 60) -> subprocess.C
     """The real command in a child process; a hang fails the test on the timeout."""
     return subprocess.run([sys.executable, "-m", "llmplan", *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -182,7 +182,7 @@ def test_modules_on_the_command_line_and_in_the_megatron_export(cli):
     assert r.code == 0 and r.json()["plan"]["bf16_modules"] == ["attention"], r.err
     bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--precision", "nvfp4",
               "--bf16-modules", "router")
-    assert bad.code == 2 and "--bf16-modules router" in bad.err and len(bad.err.strip().splitlines()) == 1
+    assert "--bf16-modules router" in bad.refusal()
     pf = _plan_file(dtype="fp4", recipe="nvfp4", fp8_params=True, bf16_modules=("attention",))
     files, _ = render_all(pf, "megatron")
     ns, _ = parse_megatron(files["megatron_pretrain.sh"])

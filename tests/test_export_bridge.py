@@ -233,8 +233,9 @@ def test_refusals(case, changes, needle):
 
 def test_cli_refuses_with_one_line_and_writes_nothing(cli, tmp_path):
     r = cli("export", PLANS / "moe_train.json", "--to", "megatron-bridge", "-o", tmp_path / "out")
-    assert r.code == 2 and "no pretrain recipe for mixtral-8x7b" in r.err and "export to megatron" in r.err
-    assert len(r.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    line = r.refusal()
+    assert "no pretrain recipe for mixtral-8x7b" in line and "export to megatron" in line
+    assert not (tmp_path / "out").exists()
     assert cli("export", PLANS / "dense_train.json", "--to", "megatron-bridge", "-o", tmp_path / "ok").code == 0
     assert os.access(tmp_path / "ok" / SCRIPT, os.X_OK)
 

@@ -209,10 +209,7 @@ def test_estimate_json_goodput_keys(cli):
                                                ("--failure-rate", "2", "--failure-rate 2"),
                                                ("--failure-rate", "nan", "--failure-rate nan")])
 def test_bad_goodput_options_exit_2_with_one_line(cli, flag, value, needle):
-    r = cli(*ESTIMATE, flag, value)
-    assert r.code == 2, (r.code, r.err)
-    assert needle in r.err and "Traceback" not in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert needle in cli(*ESTIMATE, flag, value).refusal()
 
 
 def test_search_budget_carries_the_effective_time_to_train(cli):

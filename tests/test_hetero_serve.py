@@ -235,4 +235,4 @@ def test_a_rate_beyond_the_pools_exits_3_saying_what_they_sustain(cli, tmp_path:
     f = tmp_path / "c.yaml"
     f.write_text(TWO)
     r = cli(*BASE, "--hardware", f, "--request-rate", "1000")
-    assert r.code == 3 and "sustain" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "sustain" in r.refusal(code=3)

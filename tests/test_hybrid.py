@@ -82,9 +82,7 @@ def test_malformed_nemotron_h_block_list_is_one_line_and_exit_2(cli, tmp_path, c
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**NANO_CONFIG, "hybrid_override_pattern": None,
                                               "num_hidden_layers": None, **change}))
-    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
-    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
-    assert message in r.err
+    assert message in cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8").refusal()
 
 
 def test_nemotron_h_pattern_with_an_unknown_block_is_refused():
@@ -364,9 +362,7 @@ def test_scout_config_with_an_empty_no_rope_list_reads_as_the_built_in_spec():
 def test_malformed_llama4_config_is_one_line_and_exit_2(cli, tmp_path, change, message):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama4", "text_config": {**LLAMA4_TEXT, **change}}))
-    r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8")
-    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
-    assert message in r.err
+    assert message in cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "8").refusal()
 
 
 def test_chunked_attention_counts_keys_within_the_chunk():
@@ -480,5 +476,4 @@ def test_deepseek_v4_config_reads_as_the_built_in(cli, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({k: v for k, v in DEEPSEEK_V4_FLASH_CONFIG.items() if k != "compress_ratios"}))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1", "--ep", "8")
-    assert r.code == 2 and "Traceback" not in r.err
-    assert "gives no compress_ratios" in r.err and len(r.err.strip().splitlines()) == 1
+    assert "gives no compress_ratios" in r.refusal()

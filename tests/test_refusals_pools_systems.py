@@ -12,9 +12,7 @@ SEARCH = ("search", "--model", "llama-3.1-8b")
 
 
 def one_line(r) -> str:
-    lines = r.err.strip().splitlines()
-    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, (r.code, r.err)
-    return lines[0]
+    return r.refusal()
 
 
 @pytest.mark.parametrize("extra,words", [

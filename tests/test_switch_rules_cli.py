@@ -54,5 +54,4 @@ def test_deepseek_v4_config_with_a_textual_rate_names_the_field(cli, tmp_path, e
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**DEEPSEEK_V4_FLASH_CONFIG, **extra}))
     r = cli("estimate", "--model", path, "--hardware", "dgx-h100", "--tp", "1", "--ep", "8")
-    assert r.code == 2 and "compress_rate_" in r.err and "Traceback" not in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert "compress_rate_" in r.refusal()

@@ -132,10 +132,7 @@ def test_bad_comparison_input_is_one_line_exit_2(cli, args, needle) -> None:
     base = ["search", "--model", "llama-3.1-8b", *args]
     if "--budget-gpus" not in args and "infer" not in args:
         base += ["--budget-gpus", "16"]
-    r = cli(*base)
-    assert r.code == 2, (r.code, r.err, r.out[:300])
-    assert needle in r.err, r.err
-    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert needle in cli(*base).refusal()
 
 
 def test_a_system_where_nothing_fits_ranks_last_and_all_unfit_exits_3(cli) -> None:
