@@ -309,8 +309,17 @@ def family(record_id: str) -> str:
 
 MBRIDGE_SKIP = (
     ("-sft-", "fine-tuning table (packed variable-length sequences, masked loss): the packing is not stated"),
+    # Megatron-Bridge docs/performance-summary.md at 381d0b825 ("26.06.01 perf summary", #4989; kept in
+    # performance-summary-archive.md at 4ab94dfad): the table's [^gpt-oss-note] on both GPT-OSS rows, "Performance
+    # regression in GPT-OSS 120B pre-training is a known issue (NVIDIA/cudnn-frontend#256). It will be resolved
+    # with the next container release." (26.08 measures the same preset at 26.06's rate again.)
+    ("mbridge-26.06.01-pretrain-gpt-oss-",
+     "a known software regression, footnoted by its table (Megatron-Bridge 26.06.01 performance summary: "
+     "NVIDIA/cudnn-frontend#256, the fused grouped dGLU + dbias kernel ~10x slower): the stack as run, not the "
+     "recipe"),
 )
-"""mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)."""
+"""mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)
+(docs/validation.md#gptoss-2606-regression)."""
 MBRIDGE_OFFLOAD_LAYERS = {
     # (model, GPU, precision) -> cpu_offloading_num_layers of the Megatron-FSDP presets (TP 1-2, PP 1, no
     # recompute): scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py at v0.2.0 (25.11),
@@ -838,8 +847,11 @@ def mbridge_fp8_attention(rec: dict) -> bool:
     qwen3_workload_base_configs.py at v0.5.0: Qwen3-30B-A3B on GB300 / GB200 / B300, Qwen3-235B-A22B on GB300 /
     GB200; configs/deepseek/deepseek_workload_base_configs.py: DeepSeek-V3 on GB300 only; v0.6.0 (26.08):
     perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8 for every Qwen3 MXFP8 recipe,
-    perf_recipes/deepseek/{gb300,b300}/deepseek_v3.py). GPT-OSS's presets set it too (gpt_oss_workload_base_
-    configs.py, GB300 / GB200 MXFP8 V2) and are left to its attention's own reading. False elsewhere."""
+    perf_recipes/deepseek/{gb300,b300}/deepseek_v3.py); GPT-OSS 120B's GB300 / GB200 MXFP8 presets
+    (gpt_oss_workload_base_configs.py at v0.5.0, GPT_OSS_120B_PRETRAIN_CONFIG_GB{300,200}_FP8_MX_V2; v0.6.0
+    perf_recipes/gpt_oss/common.py _apply_gpt_oss_120b_full_iter_fp8mx_configs), whose sinks and 128-token window
+    Transformer Engine 2.16 runs in cuDNN's FP8 kernel on sm100 from cuDNN 9.21 (NeMo 26.06 ships TE 2.16 and
+    cuDNN 9.21.1.3: docs/validation.md#gptoss-2606-regression). False elsewhere."""
     if family(rec["id"]) != "mbridge-moe" or mbridge_cuda_graphs(rec) != "full-iteration":
         return False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
@@ -848,7 +860,10 @@ def mbridge_fp8_attention(rec: dict) -> bool:
         return True
     if "deepseekv3" in rid:
         return gpu.startswith("gb300") or (gpu.startswith("b300") and release >= (26, 8))
-    return False
+    # TE v2.16 get_attention_backend (attention/dot_product_attention/utils.py) keeps FusedAttention for FP8 with a
+    # non-vanilla softmax and a sliding window on sm >= 100 with cuDNN >= 9.21.0, and nvte_get_fused_attn_backend
+    # (common/fused_attn/fused_attn.cpp) grants NVTE_FP8 to learnable softmax from cuDNN 9.21 (d <= 128, causal)
+    return "gpt-oss-120b" in rid and gpu.startswith("gb")
 
 
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
