@@ -175,9 +175,9 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the GEMMs as
     layer_gemm_seconds prices them; the attention FLOPs at the sustained peak x attention_fraction x the calls'
     rate (layer_attention_rate_ratio) x fp8_attention_ratio, a hybrid's Mamba-2 scans apart (ssd_scan_seconds);
-    the memory-bound bytes (elementwise_bytes) at the
-    achieved HBM bandwidth, plus the per-expert GEMM cost (expert_gemm_seconds). The same on every stage, so
-    computed once per plan arrays. Derived: docs/formulas.md#compute.time"""
+    the memory-bound bytes (elementwise_bytes) at the achieved HBM bandwidth, plus the per-expert GEMM cost
+    (expert_gemm_seconds). The same on every stage, so computed once per plan arrays.
+    Derived: docs/formulas.md#compute.time"""
     def compute() -> tuple[Any, Any, Any]:
         flops = layer_flops(m, plan, moe)
         ssd_flops, ssd_seconds = ssd_scan_seconds(m, plan, gpu)  # the Mamba-2 scans: Triton, not the attention kernel
@@ -198,8 +198,8 @@ def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[An
     """(FLOPs, forward-equivalent seconds) of the average layer's Mamba-2 SSD scan, one micro-batch, one rank:
     the scan FLOPs layer_flops counts in its attention part (the rank's s/cp x b tokens, its heads split by t),
     at SSD_SCAN_EFFICIENCY of the sustained rate of the plan's 16-bit kernels (bf16_kernel_format: the scan
-    runs in bf16 under every fp8 / fp4 recipe); its HBM traffic is elementwise_bytes'. Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800).
-    Derived: docs/formulas.md#mixers.ssd_rate"""
+    runs in bf16 under every fp8 / fp4 recipe); its HBM traffic is elementwise_bytes'.
+    Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800). Derived: docs/formulas.md#mixers.ssd_rate"""
     flops = plan.seq_len / plan.cp * plan.micro_batch * mean_mamba_scan_flops(m) / plan.tp
     return flops, flops / (SSD_SCAN_EFFICIENCY * gpu.sustained_flops(bf16_kernel_format(plan)))
 
