@@ -72,6 +72,7 @@ from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this
     layer_gemms,
 )
 from llmplan.cost.memo import memoized
+from llmplan.cost.mixers import SSD_SCAN_EFFICIENCY, mean_mamba_scan_flops
 from llmplan.cost.params import padded_vocab
 from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was this module)
     CAST_BYTES,
@@ -173,20 +174,34 @@ def runs_per_expert(plan: ParallelPlan) -> Any:
 def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any, Any]:
     """(GEMM, attention, memory-bound) forward seconds of one layer and micro-batch: the GEMMs as
     layer_gemm_seconds prices them; the attention FLOPs at the sustained peak x attention_fraction x the calls'
-    rate (layer_attention_rate_ratio) x fp8_attention_ratio; the memory-bound bytes (elementwise_bytes) at the
-    achieved HBM bandwidth, plus the per-expert GEMM cost (expert_gemm_seconds). The same on every stage, so
-    computed once per plan arrays. Derived: docs/formulas.md#compute.time"""
+    rate (layer_attention_rate_ratio) x fp8_attention_ratio, a hybrid's Mamba-2 scans apart (ssd_scan_seconds);
+    the memory-bound bytes (elementwise_bytes) at the achieved HBM bandwidth, plus the per-expert GEMM cost
+    (expert_gemm_seconds). The same on every stage, so computed once per plan arrays.
+    Derived: docs/formulas.md#compute.time"""
     def compute() -> tuple[Any, Any, Any]:
         flops = layer_flops(m, plan, moe)
+        ssd_flops, ssd_seconds = ssd_scan_seconds(m, plan, gpu)  # the Mamba-2 scans: Triton, not the attention kernel
+        attention = flops.attention - ssd_flops
         # the calls' length, and the sliding-window layers' short calls
-        split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, flops.attention), 1.0)
+        split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, attention), 1.0)
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
         launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
-        return (layer_gemm_seconds(m, plan, gpu, moe), attention_seconds(m, plan, gpu, flops.attention, peak_attn),
+        return (layer_gemm_seconds(m, plan, gpu, moe),
+                attention_seconds(m, plan, gpu, attention, peak_attn) + ssd_seconds,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / gpu.hbm_achieved_bytes_per_s
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
+
+
+def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(FLOPs, forward-equivalent seconds) of the average layer's Mamba-2 SSD scan, one micro-batch, one rank:
+    the scan FLOPs layer_flops counts in its attention part (the rank's s/cp x b tokens, its heads split by t),
+    at SSD_SCAN_EFFICIENCY of the sustained rate of the plan's 16-bit kernels (bf16_kernel_format: the scan
+    runs in bf16 under every fp8 / fp4 recipe); its HBM traffic is elementwise_bytes'.
+    Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800). Derived: docs/formulas.md#mixers.ssd_rate"""
+    flops = plan.seq_len / plan.cp * plan.micro_batch * mean_mamba_scan_flops(m) / plan.tp
+    return flops, flops / (SSD_SCAN_EFFICIENCY * gpu.sustained_flops(bf16_kernel_format(plan)))
 
 
 def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any, peak_attn: Any) -> Any:

@@ -22,6 +22,13 @@ GDN_CHUNK = 64
 """Chunk length C of the chunkwise gated delta rule (flash-linear-attention chunk_gated_delta_rule)."""
 LIGHTNING_BLOCK = 256
 """Block length B of lightning attention (MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py BLOCK; MiniMax-01 §2.2)."""
+SSD_SCAN_EFFICIENCY = 0.214
+"""Rate of the Mamba-2 SSD scan's matmul FLOPs (mamba_scan_flops) in state-spaces/mamba's Triton kernels, as a
+fraction of the GPU's dense bf16 peak: Triton's chunk_scan forward (mamba-ssm 2.2.6.post3, Triton 3.5.0) runs
+at about 91 TFLOP/s on an H800 at 8 x 8,192 tokens, 80 heads of 64, state 128, one group, chunk 256
+(tile-ai/tilelang benchmark/mamba2/README.md and its figure mamba_benchmark_result.png, at 4f3523dc); with the
+kernel's own HBM traffic priced as elementwise traffic is, its FLOPs take the rest of the time at 21.4% of the
+989.4 TFLOP/s peak. Derived: docs/formulas.md#mixers.ssd_rate"""
 
 
 def mamba_params(m: ModelSpec) -> int:
@@ -98,6 +105,12 @@ def mamba_scan_flops(m: ModelSpec) -> float:
     H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
         m.mamba_chunk_size
     return G * 2 * Q * N + H * (2 * Q * P + 4 * N * P)
+
+
+def mean_mamba_scan_flops(m: ModelSpec) -> float:
+    """Mamba-2 scan FLOPs per token of the average layer (forward), the part of mean_scan_flops that runs in
+    the Triton SSD kernels (SSD_SCAN_EFFICIENCY). Derived: docs/formulas.md#mixers.ssd_rate"""
+    return m.count_layers("mamba") * mamba_scan_flops(m) / m.num_hidden_layers
 
 
 def gdn_scan_flops(m: ModelSpec) -> float:
