@@ -558,8 +558,8 @@ MEGATRON_R08_GPT = ("megatron-core-r0.8-",)
 937571cfd4), read with an untied output layer (--untie-embeddings-and-output-weights) and learned absolute
 positions (--position-embedding-type learned_absolute, r0.8's default: megatron/training/arguments.py at
 core_r0.8.0; the README names no other). Their parameter counts, 12Lh^2 + 13Lh + 2Vh + sh + 2h, round to the
-table's model sizes for 7.1B .. 462B; tied (one Vh) they fall 0.6-7% short, with rotary (no sh) the 32B and 119B
-round to 31 and 118 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
+table's model sizes for 7.1B .. 462B (1.7B counts 1.754B); tied (one Vh) they fall 0.6-7% short, with rotary (no
+sh) the 32B, 119B and 462B round to 31, 118 and 461 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
 than 175 billion parameters due to larger vocabulary size" (177B: 12Lh^2 + 2Vh)."""
 
 

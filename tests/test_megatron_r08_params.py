@@ -26,8 +26,9 @@ def _total(m) -> float:
 @pytest.mark.parametrize("rid,size_b,digit", PUBLISHED)
 def test_r08_model_sizes_round_to_the_table(acc, published_runs, rid, size_b, digit):
     # Tolerance: half a unit of the table's last digit (the sizes are rounded). The 1.7B row is left out: read
-    # so it counts 1.754B, which rounds to 1.8 (with rotary, 1.746B, to 1.7), but rotary would put the 32B and
-    # 119B rows at 31.48 and 118.46, which round to 31 and 118; every reading misses one row.
+    # so it counts 1.754B, which rounds to 1.8 (with rotary, 1.746B, to 1.7), but rotary would put the 32B, 119B
+    # and 462B rows at 31.48, 118.46 and 461.47, which round to 31, 118 and 461: learned positions miss one row
+    # of nine, rotary three.
     m = acc.model_for(published_runs[rid], "megatron")
     assert not m.tie_word_embeddings and m.learned_position_embeddings
     assert abs(_total(m) / 1e9 - size_b) <= digit / 2, _total(m)
