@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from llmplan.cost.params import param_counts
+from llmplan.specs.model import ModelSpec
 
 # (record, published model size in billions, its last published digit): the README table's "Model size" column
 PUBLISHED = [("megatron-core-r0.8-weak-7.1b", 7.1, 0.1), ("megatron-core-r0.8-weak-16b", 16.0, 1.0),
@@ -18,7 +19,7 @@ PUBLISHED = [("megatron-core-r0.8-weak-7.1b", 7.1, 0.1), ("megatron-core-r0.8-we
              ("megatron-core-r0.8-weak-314b", 314.0, 1.0), ("megatron-core-r0.8-weak-462b", 462.0, 1.0)]
 
 
-def _total(m) -> float:
+def _total(m: ModelSpec) -> float:
     pc = param_counts(m)
     return float(pc.embedding + pc.output + pc.attention + pc.dense_mlp + pc.norms)
 
