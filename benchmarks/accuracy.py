@@ -97,7 +97,9 @@ ASSUMPTIONS = {
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
-                "not given, fp8 weights and bf16 gradient reduction in the examples/llama fp8 scripts (--fp8-param-gather, "
+                "not given, the r0.8 GPTs with an untied output layer and learned absolute positions (the table's "
+                "model sizes, r0.8's default: MEGATRON_R08_GPT), "
+                "fp8 weights and bf16 gradient reduction in the examples/llama fp8 scripts (--fp8-param-gather, "
                 "--grad-reduce-in-bf16) and TP overlap on its 70B / 405B rows (NeMo's performance scripts, which its "
                 "README says it follows: RECIPE_SETTINGS), micro-batch 1 and no recompute where not given; "
                 "the r0.8 scaling runs with PP > 1 interleaved at one layer per virtual stage (the README overlaps "
@@ -543,17 +545,31 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
             gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, attention_bias=True,
             mlp_bias=True, attention_dropout=drop, hidden_dropout=drop, embedding_norm=True)
     mpt = fam == "mpt"
+    # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
+    # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
+    r08 = rec["id"].startswith(MEGATRON_R08_GPT)
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
         num_hidden_layers=md["layers"], num_attention_heads=md["heads"], vocab_size=md["vocab"],
         num_key_value_heads=md.get("kv_heads"),
-        max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=True, gated_mlp=False,
-        norm_type="layernorm", learned_position_embeddings=not mpt and fam in ("narayanan2021", "korthikanti2022",
-                                                                             "megatron2020", "megascale",
-                                                                             "megascale-opt", "mtnlg"),
+        max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=not r08,
+        gated_mlp=False,
+        norm_type="layernorm", learned_position_embeddings=r08 or fam in ("narayanan2021", "korthikanti2022",
+                                                                         "megatron2020", "megascale",
+                                                                         "megascale-opt", "mtnlg"),
         attention_bias=not mpt, mlp_bias=not mpt,
         attention_dropout=0.0 if mpt else 0.1, hidden_dropout=0.0 if mpt else 0.1,  # llm-foundry: no dropout
     )
+
+
+MEGATRON_R08_GPT = ("megatron-core-r0.8-",)
+"""Record id prefixes of the Megatron-LM README's r0.8 scaling GPTs (NVIDIA/Megatron-LM images/model_table.png at
+937571cfd4), read with an untied output layer (--untie-embeddings-and-output-weights) and learned absolute
+positions (--position-embedding-type learned_absolute, r0.8's default: megatron/training/arguments.py at
+core_r0.8.0; the README names no other). Their parameter counts, 12Lh^2 + 13Lh + 2Vh + sh + 2h, round to the
+table's model sizes for 7.1B .. 462B (1.7B counts 1.754B); tied (one Vh) they fall 0.6-7% short, with rotary (no
+sh) the 32B, 119B and 462B round to 31, 118 and 461 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
+than 175 billion parameters due to larger vocabulary size" (177B: 12Lh^2 + 2Vh)."""
 
 
 def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
