@@ -88,7 +88,8 @@ def test_zero3_table2_efficiency_falls_with_scale():
     """The measured step stays about constant (82, 67, 67 s) as the GPUs double: per-tensor collectives whose
     ring latency and per-rank host work grow with every rank. Tolerance: the predicted 1,536-GPU step is at
     least half the measured one (before this change 16 s of 67, 24%; then 36 s, 54%; 34 s, 51% with the weight
-    DeepSpeed keeps for the backward, zero3_tensor_shares), and the predicted
+    DeepSpeed keeps for the backward, zero3_tensor_shares; 36 s, 54%, with each call's buffer copies,
+    ZERO3_GATHER_COPIES), and the predicted
     per-GPU throughput at 1,536 GPUs is at most 60% of that at 384 (measured 31%, before 92%, now 45%); the
     rest is not priced (docs/formulas.md#comm.zero3_unit)."""
     F = _eq3_flops(1536, 2048, 96, 12288, 51200)
@@ -192,3 +193,32 @@ def test_zero3_tensor_backward_peak_pairs_each_gradient_with_the_previous_under_
     working = 1e10
     expected = working - 2 * s * b * f + 2 * 4 * h * f + 2 * V * h
     assert float(zero3_tensor_backward_bytes(m, plan, working)) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("unit,dp", [("tensor", 384), ("tensor", 1536), ("layer", 384)])
+def test_deepspeed_2021_list_collectives_copy_their_buffers_on_the_gpu(unit, dp):
+    """DeepSpeed stage 3 of 2021 per tensor: each all-gather zero-fills its buffer and PyTorch's list all-gather
+    copies the flat result back (3 HBM bytes per gathered byte); each reduce-scatter divides the gradient in
+    place and flattens the list (4). Each call's time is its ring plus those copies at the GPU's achieved HBM
+    rate, on the scalar and the search's array path alike; FSDP's flat buffers (layer) copy nothing."""
+    from llmplan.cost.comm import ZERO3_GATHER_COPIES, ZERO3_REDUCE_COPIES, comm_seconds, step_comm
+    from llmplan.search.evaluate import comm_seconds_arrays
+    from llmplan.search.grid import from_plan
+    from llmplan.topology.collectives import collective_time
+
+    m, s = M["gpt3-175b"], SYS["dgx-a100"]
+    cluster = ClusterSpec(system=s, num_nodes=dp // 8)
+    plan = _zero3(dp, unit)
+    spans = place(plan.degrees, cluster)
+    dp_t = {x.collective: x for x in dp_transfers(m, plan, spans["dpcp"], spans["edp"])[1:3]}
+    hbm = s.gpu.hbm_achieved_bytes_per_s
+    for op, copies in (("all-gather", ZERO3_GATHER_COPIES), ("reduce-scatter", ZERO3_REDUCE_COPIES)):
+        x = dp_t[op]
+        ring = collective_time(op, x.message, x.group, s).seconds
+        assert x.copy_bytes == pytest.approx(copies * x.message if unit == "tensor" else 0.0)
+        priced = comm_seconds(step_comm(m, plan, spans, s), s)
+        total = priced.dp_gather if op == "all-gather" else priced.dp_reduce
+        assert total == pytest.approx(x.calls * (ring + x.copy_bytes / hbm), rel=1e-9)
+    arrays = comm_seconds_arrays(m, cluster, from_plan(plan))
+    assert float(arrays.dp_gather[0]) == pytest.approx(priced.dp_gather, rel=1e-9)
+    assert float(arrays.dp_reduce[0]) == pytest.approx(priced.dp_reduce, rel=1e-9)

@@ -87,6 +87,8 @@ class Transfer(Generic[G]):
     """DeepEP's all-to-all: across nodes it sends a token once per node over the network (a2a_shares)."""
     host_s: Any = 0.0
     """Host seconds of one call that the GPU waits for (zero3_host_seconds; 0: the host runs ahead)."""
+    copy_bytes: Any = 0.0
+    """HBM bytes one call copies around its collective on the GPU (ZERO3_GATHER_COPIES; 0: none)."""
 
     @property
     def bytes(self: Transfer[GroupSpan]) -> float:
@@ -228,7 +230,7 @@ def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
     if span.size <= 1 or t.message <= 0:
         return 0.0
     best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, span, system, t.dispatch))
-    return t.calls * best
+    return t.calls * (best + t.copy_bytes / system.gpu.hbm_achieved_bytes_per_s)
 
 
 def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | None:
@@ -365,6 +367,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     reduce_calls = where((z >= 2) & flat, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
     gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
     host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
+    per_tensor = (z >= 3) & flat & (plan.zero3_unit == "tensor") & (plan.dp * plan.cp > 1)  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
@@ -372,9 +375,11 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), g * params / b_r, group),
                 Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
-                         host_s=where(params > 0, host, 0.0)),
+                         host_s=where(params > 0, host, 0.0),
+                         copy_bytes=where(per_tensor, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, w * params / u / b_g, group,
-                         host_s=where(params > 0, host, 0.0))]
+                         host_s=where(params > 0, host, 0.0),
+                         copy_bytes=where(per_tensor, ZERO3_GATHER_COPIES * w * params / u, 0.0))]
     return out
 
 
@@ -408,6 +413,19 @@ def zero3_host_seconds(plan: ParallelPlan) -> Any:
     ranks = plan.dp * plan.cp
     per_rank = (EAGER_OP_HOST_S - KERNEL_LAUNCH_S) + KERNEL_LAUNCH_S
     return where((plan.zero3_unit == "tensor") & (ranks > 1), ranks * per_rank, 0.0)
+
+
+ZERO3_GATHER_COPIES, ZERO3_REDUCE_COPIES = 3, 4
+"""HBM bytes per byte of the buffer that one per-tensor ZeRO-3 call of DeepSpeed's stage 3 of 2021
+(zero3_unit tensor) moves on the GPU around its NCCL kernel, serial with it. All-gather: DeepSpeed zero-fills the
+gathered buffer (torch.zeros, 1 write) and PyTorch's list all-gather gathers into a flat buffer of its own and
+copies each rank's slice back into the list (1 read, 1 write). Reduce-scatter: DeepSpeed divides the gradient by
+the group size in place (average_tensor: div_, 1 read, 1 write) and PyTorch's list reduce-scatter copies the
+inputs into a flat buffer (1 read, 1 write). Source: microsoft/DeepSpeed v0.3.13 runtime/zero/
+partition_parameters.py (_allgather_param, _reduce_scatter_gradient), stage3.py (average_tensor); pytorch/pytorch
+v1.8.0 torch/lib/c10d/ProcessGroupNCCL.cpp (allgather: "Copy the flattened output tensors to the outputs";
+reduce_scatter: flatten_for_scatter_gather); DeepSpeed #1453 (4912e0ad7) replaced both with the *_base
+collectives "to reduce memory allocations and data movement". Derived: docs/formulas.md#comm.zero3_unit"""
 
 
 ZERO3_TENSORS_PER_LAYER = 4

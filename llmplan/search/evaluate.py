@@ -159,9 +159,14 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
         return np.where((calls > 0) & (size > 0), calls * t, 0.0)
 
+    def copies(x: Any) -> np.ndarray:  # the HBM copies around a call (Transfer.copy_bytes), as transfer_seconds
+        calls = np.broadcast_to(np.asarray(x.calls, dtype=float), inv.shape)
+        copied = np.broadcast_to(np.asarray(x.copy_bytes, dtype=float), inv.shape)
+        return np.where(calls > 0, calls * copied / system.gpu.hbm_achieved_bytes_per_s, 0.0)
+
     def total(transfers: list, axis: str | None = None) -> np.ndarray:
-        return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) for x in transfers),
-                   np.zeros(len(plans)))
+        return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)
+                    for x in transfers), np.zeros(len(plans)))
 
     dp = dp_transfers(m, plans.as_plan, "dpcp", "edp")
     return CommSeconds(
