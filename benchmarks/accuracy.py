@@ -115,7 +115,9 @@ ASSUMPTIONS = {
            "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
            "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
            "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
-           "bf16 or fp8 as listed, no biases, ALiBi; predicts MFU",
+           "bf16 or fp8 as listed; the models as MPTConfig's defaults build them, learned positions and biases "
+           "(MPT_BENCHMARK_ARCH: the tables' NumParams, to the parameter); FSDP's gradient reduction in bf16 on the "
+           "'MP Mode' PURE rows, fp32 on the DEFAULT ones (mpt_bf16_reduce); predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, attention FlashAttention-2 (run through NeMo-Framework-Launcher, whose config "
                 "sets NVTE_FUSED_ATTN 0 until 2024-08-30: FLASH2_FAMILIES), distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
@@ -511,6 +513,16 @@ counted twice); so does the Super recipe the Super presets start from (recipes/n
 nemotron_3_super_pretrain_config at v0.4.0 - v0.5.0, recipes/nemotronh/h100/nemotron_3_super.py at v0.6.0)."""
 
 
+MPT_BENCHMARK_ARCH = "learned positions, biases"
+"""How MPT's benchmark models were built (docs/validation.md#mpt-benchmark-arch): the yamls the tables ran
+(scripts/train/yamls/pretrain/mpt-*.yaml at v0.3.0, which submit_benchmarks.py loads) set only d_model, n_heads,
+n_layers, expansion_ratio, max_seq_len, vocab_size and attn_impl, so MPTConfig's defaults hold: alibi False,
+learned_pos_emb True, no_bias False (llmfoundry/models/mpt/configuration_mpt.py at v0.3.0). The tables' NumParams
+column (Composer's n_params log line) equals L(12h^2 + 13h) + Vh + s_max h + 2h, biases and LayerNorm biases and a
+max_seq_len x d_model position table included, on all 216 rows (seq_len 512 .. 65,536), to the parameter
+(tests/test_mpt_recipe.py): not ALiBi, not bias-free."""
+
+
 def model_for(rec: dict, fam: str) -> ModelSpec:
     """The record's model: a built-in with the same layers, width and heads (Llama, GPT-3 shapes), else a
     plain GPT of the record's dimensions (MPT: no biases, ALiBi instead of learned positions)."""
@@ -548,16 +560,18 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
     # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
     # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
     r08 = rec["id"].startswith(MEGATRON_R08_GPT)
+    # MPT's benchmark models (MPT_BENCHMARK_ARCH): learned positions and biases, as MPTConfig's defaults give them
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
         num_hidden_layers=md["layers"], num_attention_heads=md["heads"], vocab_size=md["vocab"],
         num_key_value_heads=md.get("kv_heads"),
-        max_position_embeddings=max(md.get("seq_len", 2048), 2048), tie_word_embeddings=not r08,
-        gated_mlp=False,
-        norm_type="layernorm", learned_position_embeddings=r08 or fam in ("narayanan2021", "korthikanti2022",
+        # llm-foundry's position table holds the run's max_seq_len (submit_benchmarks.py sets it per run)
+        max_position_embeddings=md.get("seq_len", 2048) if mpt else max(md.get("seq_len", 2048), 2048),
+        tie_word_embeddings=not r08, gated_mlp=False,
+        norm_type="layernorm", learned_position_embeddings=r08 or fam in ("narayanan2021", "korthikanti2022", "mpt",
                                                                          "megatron2020", "megascale",
                                                                          "megascale-opt", "mtnlg"),
-        attention_bias=not mpt, mlp_bias=not mpt,
+        attention_bias=True, mlp_bias=True,
         attention_dropout=0.0 if mpt else 0.1, hidden_dropout=0.0 if mpt else 0.1,  # llm-foundry: no dropout
     )
 
@@ -1027,6 +1041,15 @@ def attention_release_for(rec: dict, fam: str) -> str | None:
     return release
 
 
+def mpt_bf16_reduce(rec: dict, fam: str) -> bool:
+    """Whether an MPT row's FSDP reduced its gradients in bf16: Composer's mixed_precision PURE sets FSDP's
+    reduce_dtype to the autocast dtype (composer/trainer/mosaic_fsdp.py get_mixed_precision at v0.13.x - v0.14.1,
+    composer/trainer/mosaic_fsdp_utils.py at v0.16.4 / v0.17.2), DEFAULT to float32 in the Composer 0.16 / 0.17
+    of the October 2023 and January 2024 tables (llm-foundry setup.py at b2a43a147: mosaicml >= 0.16.3; at
+    5e85bd62d: >= 0.17.2). The table's 'MP Mode' column (fsdp_mixed_precision) says which."""
+    return fam == "mpt" and str(rec.get("parallel", {}).get("fsdp_mixed_precision", "")).upper() == "PURE"
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {}), **RECIPE_SETTINGS.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -1101,7 +1124,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # examples/llama/train_llama3_8b_h100_fp8.sh at bf6e99859f), as NeMo's recipes it follows do
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and (precision == "fp16"
                                                                       or rec["id"].startswith("bloom-prequel-")))
-        or rec["id"].startswith("megatron-examples-fp8") else "fp32",
+        or rec["id"].startswith("megatron-examples-fp8") or mpt_bf16_reduce(rec, fam) else "fp32",
         fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                        or bool(par.get("fp8_all_gather"))),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
