@@ -108,7 +108,7 @@ sequence = 16k tokens; the same figure is Dao-AILab/flash-attention assets/flash
 Triton 50 and 80 TFLOP/s at 512 and 16k tokens, FA2 99 and 189. The fixed keys make attention_rate_ratio's
 Triton curve over FA2's curve (fixed keys ATTENTION_FIXED_KEYS["flash2"]) go as the published ratio from 512
 to 16k (0.505 -> 0.423); the asymptote then gives 80/189 at 16k. The 1k-8k points (0.459, 0.439, 0.428,
-0.429) come out within 3.1% (tests/test_triton_attention.py). Derived: docs/formulas.md#compute.triton_attention"""
+0.429) come out within 3.3% (tests/test_triton_attention.py). Derived: docs/formulas.md#compute.triton_attention"""
 
 
 def triton_flash2_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
