@@ -1303,8 +1303,9 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     plan = plan_for(rec, fam, gpus)
     if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
         gpu = system.gpu
-        ratio = gpu.flash2_attention_ratio * float(triton_flash2_ratio(model_for(rec, fam), plan, gpu))
-        system = system.model_copy(update={"gpu": gpu.model_copy(update={"flash2_attention_ratio": ratio})})
+        triton = float(triton_flash2_ratio(model_for(rec, fam), plan, gpu))
+        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
+        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
     cluster = cluster_of(system, gpus)
     if plan.num_gpus != cluster.num_gpus:
         return []

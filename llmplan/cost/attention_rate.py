@@ -186,20 +186,33 @@ def native_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     return gpu.attention_release_efficiency.get(release, gpu.attention_efficiency)
 
 
+def fused_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
+    """The plan's fused kernel's asymptote (llmplan's count, over the peak): FlashAttention-2's own published
+    rate (GpuSpec.flash2_attention_efficiency) where the plan runs FA2 or the GPU's native kernel is FA2
+    (Ampere), else the native kernel's (native_attention_asymptote: the release's published rate or the fitted
+    attention_efficiency). A GPU with no published FA2 rate prices FA2 at flash2_attention_ratio x the native
+    asymptote. Source: Dao 2023, FlashAttention-2, Figure 4d (A100); Dao-AILab/flash-attention
+    assets/flash2_h100_fwd_bwd_benchmark.png (H100). Derived: docs/formulas.md#compute.flash2_rate"""
+    flash2 = plan.attention_kernel == "flash2"
+    native = native_attention_asymptote(gpu, plan)
+    if gpu.flash2_attention_efficiency is None:
+        return native * where(flash2, gpu.flash2_attention_ratio, 1.0)
+    return where(flash2 | gpu.native_attention_flash2, gpu.flash2_attention_efficiency, native)
+
+
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
-    native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
-    plan runs FA2, times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
+    kernel's asymptotic rate (fused_attention_asymptote: FlashAttention-2's published rate when the plan
+    runs FA2 or FA2 is the native kernel, else the native kernel's), times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
     dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
     attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
     elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
     Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""
     flash2 = plan.attention_kernel == "flash2"
-    ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = native_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
+    fused = fused_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
-    return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
+    return where(plan.flash_attention, fused, unfused) * gpu.softmax_attention_ratio
 
 
 CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16

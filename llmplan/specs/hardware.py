@@ -116,7 +116,15 @@ class GpuSpec(Spec):
     flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
-    runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75."""
+    runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75.
+    Used only where flash2_attention_efficiency (FA2's own published rate) is None."""
+    flash2_attention_efficiency: float | None = Field(default=None, gt=0, le=2)
+    """FlashAttention-2's own asymptote on this GPU (as attention_efficiency: llmplan's count, over the peak,
+    the rate curve at the benchmark's shape divided out), from its published forward + backward rate: the
+    kernel ParallelPlan.attention_kernel flash2 runs, and the native kernel where that is FA2
+    (native_attention_flash2). A100: 1.07 (Dao 2023, FlashAttention-2, Figure 4d); GH100: 0.58
+    (Dao-AILab/flash-attention assets/flash2_h100_fwd_bwd_benchmark.png); docs/formulas.md#compute.flash2_rate.
+    None: FA2 runs at flash2_attention_ratio x the native kernel's asymptote."""
     attention_softmax_head_dim: float = Field(default=43.0, ge=0, le=1024)
     """Head dimension at which the native fused attention kernel's per-(query, key) softmax work takes as
     long as its 4d matmul FLOPs: its rate goes as d / (d + this), relative to d = 128 (head_dim_attention_ratio,
