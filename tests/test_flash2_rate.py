@@ -36,8 +36,26 @@ def test_profile_flash2_rate_gives_the_published_points(system):
     peak = gpu.tflops["bf16"]
     for s, pub in PUBLISHED[system].items():
         plan = ParallelPlan(tp=1, seq_len=s, micro_batch=16384 // s, attention_kernel="flash2")
-        rate = float(fused_attention_asymptote(gpu, plan) * attention_rate_ratio(m, plan, gpu)) * peak / COUNT
+        # the rate training prices: the asymptote against the sustained peak (peak x sustained_clock_fraction)
+        rate = float(fused_attention_asymptote(gpu, plan) * attention_rate_ratio(m, plan, gpu)) * peak \
+            * gpu.sustained_clock_fraction / COUNT
         assert rate == pytest.approx(pub, rel=TOLERANCE), s
+
+
+@pytest.mark.parametrize("system", list(PUBLISHED))
+def test_published_rate_is_read_at_its_own_clock(system):
+    # The published loop ran the kernel at the vendor's power limit, at the clock it holds there: the priced
+    # absolute rate does not move with the fitted sustained_clock_fraction (the GEMM-bound step's clock), and a
+    # power cap slows it by the clock the cap keeps (at_power_limit's law; docs/formulas.md#compute.flash2_rate).
+    gpu, plan = S[system].gpu, ParallelPlan(tp=1, seq_len=8192, attention_kernel="flash2")
+
+    def absolute(g):
+        return float(fused_attention_asymptote(g, plan)) * g.sustained_clock_fraction
+
+    slower = gpu.model_copy(update={"sustained_clock_fraction": gpu.sustained_clock_fraction * 0.9})
+    assert absolute(slower) == pytest.approx(absolute(gpu))
+    capped = gpu.at_power_limit(gpu.power_limit_w / 2)
+    assert absolute(capped) == pytest.approx(absolute(gpu) * 0.5 ** (1 / 3))
 
 
 def test_fa2_does_not_follow_the_fitted_native_asymptote():

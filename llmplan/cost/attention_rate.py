@@ -197,14 +197,41 @@ def fused_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     native = native_attention_asymptote(gpu, plan)
     if gpu.flash2_attention_efficiency is None:
         return native * where(flash2, gpu.flash2_attention_ratio, 1.0)
-    return where(flash2 | gpu.native_attention_flash2, gpu.flash2_attention_efficiency, native)
+    return where(flash2 | gpu.native_attention_flash2, flash2_asymptote(gpu), native)
+
+
+def flash2_asymptote(gpu: GpuSpec) -> float:
+    """FlashAttention-2's asymptote against the sustained peak: its published rate
+    (GpuSpec.flash2_attention_efficiency) x published_rate_clock; flash2_attention_ratio x attention_efficiency
+    where the GPU lists no published FA2 rate. Derived: docs/formulas.md#compute.flash2_rate"""
+    if gpu.flash2_attention_efficiency is None:
+        return gpu.flash2_attention_ratio * gpu.attention_efficiency
+    return gpu.flash2_attention_efficiency * published_rate_clock(gpu)
+
+
+def serving_attention_asymptote(gpu: GpuSpec) -> float:
+    """The fused attention asymptote of a serving engine's prefill (cost.serve_step): the GPU's native kernel,
+    FlashAttention-2 at its published rate where that is FA2 (Ampere: flash2_asymptote), else
+    attention_efficiency, the one training prices the native kernel at (fused_attention_asymptote).
+    Derived: docs/formulas.md#compute.flash2_rate"""
+    return flash2_asymptote(gpu) if gpu.native_attention_flash2 else gpu.attention_efficiency
+
+
+def published_rate_clock(gpu: GpuSpec) -> float:
+    """What turns a kernel's published absolute rate (over the peak) into its asymptote against the sustained
+    peak that every time formula divides by (GpuSpec.sustained_flops): the published benchmark loop runs the
+    kernel alone at the vendor's power limit, at the clock that kernel holds there, as a training step's
+    attention calls do; so the rate is the kernel's own, not the fitted sustained_clock_fraction (the clock of
+    the GEMM-bound step) times it: 1 / sustained_clock_fraction, times the clock a power cap keeps
+    (GpuSpec.capped_clock_ratio). Derived: docs/formulas.md#compute.flash2_rate"""
+    return gpu.capped_clock_ratio / gpu.sustained_clock_fraction
 
 
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
     kernel's asymptotic rate (fused_attention_asymptote: FlashAttention-2's published rate when the plan
-    runs FA2 or FA2 is the native kernel, else the native kernel's), times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
-    dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
+    runs FA2 or FA2 is the native kernel, else the native kernel's), times the GPU's softmax (exp-rate) ratio,
+    times the kernel's rate at the model's head dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
     attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
     elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
     Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""

@@ -47,6 +47,13 @@ REQUIRED_KEYS: dict[str, str] = {
 what each means with a sourced typical value: the error for a profile that lacks one (registry.validation_message)."""
 
 
+def power_clock_ratio(watts: float, from_w: float) -> float:
+    """The sustained clock at a board power limit of `watts` over the clock at `from_w`: (watts / from_w)^(1/3)
+    (dynamic power ~ C·V²·f with the voltage roughly proportional to the clock over the DVFS range).
+    Derived: docs/formulas.md#step.power"""
+    return float((watts / from_w) ** (1 / 3))
+
+
 class GpuSpec(Spec):
     """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
 
@@ -268,9 +275,18 @@ class GpuSpec(Spec):
         if problem:
             raise ValueError(problem)
         assert self.power_limit_w is not None  # power_limit_problem says so otherwise
-        clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
+        clock = self.sustained_clock_fraction * power_clock_ratio(watts, self.power_limit_w)
         return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts,
                                        "capped_from_w": self.capped_from_w or self.power_limit_w})
+
+    @property
+    def capped_clock_ratio(self) -> float:
+        """The clock this GPU keeps under its power cap over its clock at the profile's uncapped limit
+        (power_clock_ratio; 1 for an uncapped GPU): what a kernel's published absolute rate, measured at the
+        vendor's power limit, is multiplied by here. Derived: docs/formulas.md#step.power"""
+        if self.capped_from_w is None or self.power_limit_w is None:
+            return 1.0
+        return power_clock_ratio(self.power_limit_w, self.capped_from_w)
 
     def power_limit_problem(self, watts: float) -> str | None:
         """Why a board power limit cannot apply to this GPU, or None: the one rule for --power-limit, a plan's
