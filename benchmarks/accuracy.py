@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 from typing import Any
 
+from llmplan.cost.attention_rate import triton_flash2_ratio
 from llmplan.cost.comm import comm_seconds, step_comm
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
@@ -111,10 +112,12 @@ ASSUMPTIONS = {
                 "check and 1/dp pre-scaling of the gradient buckets (grad_nan_check, grad_prescale: neither the README "
                 "nor the scripts turn them off); predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs with fp32 parameter shards (FSDP mixed precision); "
-           "attention priced as flash2, the closest modelled kernel: "
-           "the 2023 tables ran attn_impl triton (submit_benchmarks.py default at b2a43a147; TUTORIAL.md: 'Our "
-           "training setups typically use triton'), a Triton FlashAttention built by triton-pre-mlir without "
-           "Hopper instructions, and the January 2024 large-scale rows attn_impl flash (sweep.py at 5e85bd62d); "
+           "attention the kernel each table ran: attn_impl triton (submit_benchmarks.py default at b2a43a147; "
+           "TUTORIAL.md: 'Our training setups typically use triton'), a Triton FlashAttention built by "
+           "triton-pre-mlir without Hopper instructions, priced at FA2's rate times its published ratio to FA2 "
+           "(Dao 2023 Figure 4, triton_flash2_ratio), and the January 2024 large-scale 1b/3b/7b/70b rows attn_impl "
+           "flash with flash-attn 2.4.2, FlashAttention-2 (sweep.py, submit_benchmarks.py at 5e85bd62d; "
+           "ran_triton_attention); "
            "bf16 or fp8 as listed; the models as MPTConfig's defaults build them, learned positions and biases "
            "(MPT_BENCHMARK_ARCH: the tables' NumParams, to the parameter); FSDP's gradient reduction in bf16 on the "
            "'MP Mode' PURE rows, fp32 on the DEFAULT ones (mpt_bf16_reduce); predicts MFU",
@@ -951,6 +954,18 @@ most attention-bound row (Llama 3 8B, 8k, CP2) +2.0% from the first, where FA2 -
 here: the same kernel throughout (docs/validation.md#nemo2407-kernel)."""
 
 
+def ran_triton_attention(rec: dict, fam: str) -> bool:
+    """The record's run used llm-foundry's attn_impl triton (Triton FlashAttention, priced at FA2's rate times
+    triton_flash2_ratio, docs/formulas.md#compute.triton_attention): submit_benchmarks.py defaults --attn_impl
+    to triton (b2a43a147, 2023-10, the A100 and H100 BF16 / FP8 tables, and 5e85bd62d); the January 2024
+    large-scale H100 table (sweep.py at 5e85bd62d) passes --attn_impl flash for 1b, 3b, 7b and 70b, installed
+    as .[gpu-flash2] (flash-attn 2.4.2 by setup.py there: FlashAttention-2), and keeps triton for 13b and 30b."""
+    if fam != "mpt":
+        return False
+    large_scale = "Large Scale" in str(rec.get("source", {}).get("ref", ""))
+    return not (large_scale and rec["model"].get("name") in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b"))
+
+
 ATTENTION_RELEASE_2026 = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "automodel", "dgxc")
 """Families whose stack is of 2025-26 (Megatron-Bridge 25.09-26.08 and its cards, NeMo AutoModel, DGX Cloud
 Benchmarking's NeMo 25.04-25.09 containers) and, by id prefix, Megatron-LM's examples/llama rows: under
@@ -1308,8 +1323,13 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     gpus = hw.get("gpus") or 1
     if nvlink_segment_gpus(rec, system):
         system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
-    cluster = cluster_of(system, gpus)
     plan = plan_for(rec, fam, gpus)
+    if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
+        gpu = system.gpu
+        triton = float(triton_flash2_ratio(model_for(rec, fam), plan, gpu))
+        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
+        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
+    cluster = cluster_of(system, gpus)
     if plan.num_gpus != cluster.num_gpus:
         return []
     grid = any(isinstance(v, np.ndarray) for v in (consts or {}).values())

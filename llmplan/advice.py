@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llmplan.cost.attention_rate import fused_attention_asymptote
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -69,7 +70,9 @@ def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]
                 ("fewer TP ranks run larger GEMMs", {"tp": p.tp // 2, "dp": p.dp * 2, "sp": p.tp // 2 > 1 and p.sp})]
         if "fp8" in e.cluster.system.gpu.tflops and p.dtype == "bf16":
             out.append(("fp8 GEMMs run at twice the bf16 peak", {"dtype": "fp8"}))
-        if p.attention_kernel == "flash2" and p.flash_attention and e.cluster.system.gpu.flash2_attention_ratio < 1:
+        gpu = e.cluster.system.gpu
+        if p.attention_kernel == "flash2" and p.flash_attention and float(fused_attention_asymptote(gpu, p)) < float(
+                fused_attention_asymptote(gpu, p.model_copy(update={"attention_kernel": "native"}))):
             out.append(("the GPU's native attention kernel (cuDNN / FlashAttention-3) outruns FlashAttention-2",
                         {"attention_kernel": "native"}))
     step = float(e.time.total)

@@ -134,7 +134,9 @@ def test_flash2_on_hopper_is_advised_the_native_kernel(cli):
             "--recompute", "full", "--zero", "1", "--attention-kernel", "flash2"]
     doc = cli("estimate", "--hardware", "dgx-h100", *base, "--json").json()
     item = next(a for a in doc["advice"] if a["flags"] == ["--attention-kernel", "native"])
-    assert item["gain"] > 0.1
+    # FA2 at its published 0.58, read at the clock it was measured at (0.58 / 0.875 of the sustained peak), against
+    # the native kernel's shipped asymptote 0.7 (the all-family fit says 1.0: docs/validation.md#attention-clock)
+    assert item["gain"] > 0.01
     again = cli("estimate", "--hardware", "dgx-h100", *base, *item["flags"], "--json").json()
     assert again["throughput"]["tokens_per_s"] == pytest.approx(item["predicted"]["tokens_per_s"], rel=1e-3)
     a100 = cli("estimate", "--hardware", "dgx-a100", *base, "--json").json()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, seed, settings, strategies as st
 
+from llmplan.cost.attention_rate import fused_attention_asymptote
 from llmplan.cost.compute import attention_fraction, head_dim_attention_ratio, unaligned_bmm_ratio
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -41,7 +42,7 @@ def test_only_2_byte_head_dims_off_a_multiple_of_8_pay_and_fused_kernels_never(d
     ratio = unaligned_bmm_ratio(m, _plan(False), A100)
     assert ratio == (1.0 if d % 8 == 0 else pytest.approx(19.5 / 312))
     assert unaligned_bmm_ratio(m, _plan(False, "fp32"), A100) == 1.0  # fp32: no faster peak to lose
-    fused = A100.attention_efficiency * head_dim_attention_ratio(m, A100.attention_softmax_head_dim)
+    fused = fused_attention_asymptote(A100, _plan(True)) * head_dim_attention_ratio(m, A100.attention_softmax_head_dim)
     assert attention_fraction(A100, _plan(True), m) == pytest.approx(fused * A100.softmax_attention_ratio)
     assert attention_fraction(A100, _plan(False), m) <= A100.unfused_attention_efficiency
 

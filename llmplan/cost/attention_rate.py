@@ -61,7 +61,8 @@ def attention_call_seconds(rows: Any, work: Any, longest: Any, sms: int, fixed_k
     return maximum(rows / sms * (work / rows + fixed), longest + fixed)
 
 
-def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
+                         keys: tuple[Any, Any] | None = None) -> Any:
     """The fused attention kernel's rate on a rank's calls of one layer over its asymptotic rate
     (GpuSpec.attention_efficiency: one long causal call, the per-CTA fixed work amortised, every SM busy).
     At cp = 1 a rank runs one causal call over s: its diagonal tiles are computed whole (masked) and each CTA
@@ -75,7 +76,8 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     waits for the slowest at the layer's end: cp - 1 times the slower kind. Forward (CTAs over query tiles)
     once, backward (over key tiles) twice. The asymptote is a rank's share of s^2/2 useful (query, key) pairs
     per head at one tile iteration per SM, no fixed work. k0 is H100's (FA3 for the native kernel, FA2 for
-    flash2 and where the native kernel is FA2) on every GPU.
+    flash2 and where the native kernel is FA2) on every GPU; `keys` gives another kernel's (forward, backward)
+    fixed keys (TRITON_FLASH_ATTENTION).
     Source: Dao 2023, FlashAttention-2 §3.2 (causal: blocks above the diagonal skipped, the diagonal block
     masked); Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step
     sections); Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds
@@ -83,7 +85,7 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     sms = gpu.sm_count
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
-    k_fwd, k_bwd = fixed_keys(plan, gpu)
+    k_fwd, k_bwd = fixed_keys(plan, gpu) if keys is None else keys
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
         return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
@@ -95,6 +97,32 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     whole = passes(N, N, N * (N + 1) / 2, N, N)  # one causal call over s
     useful = 3 * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
     return useful / plan.cp / where(plan.cp > 1, ring, whole)
+
+
+TRITON_FLASH_ATTENTION = (0.419, 124.0)
+"""Triton FlashAttention (Tri Dao's flash_attn_triton.py, the kernel MosaicML llm-foundry's attn_impl triton
+runs): (its asymptotic rate over FlashAttention-2's, its per-CTA fixed keys, forward and backward alike, in
+ATTENTION_FIXED_KEYS' sense). Solved from the one published comparison of the two on a GPU: Dao 2023,
+FlashAttention-2, Figure 4d (A100 80GB SXM4, forward + backward, causal, head dim 128, 16 heads, batch x
+sequence = 16k tokens; the same figure is Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png):
+Triton 50 and 80 TFLOP/s at 512 and 16k tokens, FA2 99 and 189. The fixed keys make attention_rate_ratio's
+Triton curve over FA2's curve (fixed keys ATTENTION_FIXED_KEYS["flash2"]) go as the published ratio from 512
+to 16k (0.505 -> 0.423); the asymptote then gives 80/189 at 16k. The 1k-8k points (0.459, 0.439, 0.428,
+0.429) come out within 3.3% (tests/test_triton_attention.py). Derived: docs/formulas.md#compute.triton_attention"""
+
+
+def triton_flash2_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """Triton FlashAttention's rate on the plan's calls over FlashAttention-2's (attention_fraction's flash2
+    rate times attention_rate_ratio), at cp = 1: its asymptote over FA2's times its length curve (its own
+    fixed keys, TRITON_FLASH_ATTENTION) over FA2's, over FA2's head-dimension factor. Triton's published rate
+    does not fall with the head dimension where FA2's does (Figure 4c vs 4d at 4k-16k: 76/74, 79/78, 80/80
+    TFLOP/s at head dim 64/128), so the ratio carries no head-dimension factor of its own. The ratio to FA2 is
+    applied on every GPU: the Triton of 2022-23 (triton-pre-mlir) emits Ampere's mma.sync on Hopper as FA2
+    does (no wgmma). Source: Dao 2023, FlashAttention-2, Figure 4c-d (A100). Derived:
+    docs/formulas.md#compute.triton_attention"""
+    asymptote, k = TRITON_FLASH_ATTENTION
+    curve = attention_rate_ratio(m, plan, gpu, (k, k)) / attention_rate_ratio(m, plan, gpu)
+    return asymptote * curve / gpu_head_dim_ratio(m, gpu, gpu.flash2_softmax_head_dim)
 
 
 def window_call_tiles(N: Any, j: Any) -> Any:
@@ -158,20 +186,60 @@ def native_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     return gpu.attention_release_efficiency.get(release, gpu.attention_efficiency)
 
 
+def fused_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
+    """The plan's fused kernel's asymptote (llmplan's count, over the peak): FlashAttention-2's own published
+    rate (GpuSpec.flash2_attention_efficiency) where the plan runs FA2 or the GPU's native kernel is FA2
+    (Ampere), else the native kernel's (native_attention_asymptote: the release's published rate or the fitted
+    attention_efficiency). A GPU with no published FA2 rate prices FA2 at flash2_attention_ratio x the native
+    asymptote. Source: Dao 2023, FlashAttention-2, Figure 4d (A100); Dao-AILab/flash-attention
+    assets/flash2_h100_fwd_bwd_benchmark.png (H100). Derived: docs/formulas.md#compute.flash2_rate"""
+    flash2 = plan.attention_kernel == "flash2"
+    native = native_attention_asymptote(gpu, plan)
+    if gpu.flash2_attention_efficiency is None:
+        return native * where(flash2, gpu.flash2_attention_ratio, 1.0)
+    return where(flash2 | gpu.native_attention_flash2, flash2_asymptote(gpu), native)
+
+
+def flash2_asymptote(gpu: GpuSpec) -> float:
+    """FlashAttention-2's asymptote against the sustained peak: its published rate
+    (GpuSpec.flash2_attention_efficiency) x published_rate_clock; flash2_attention_ratio x attention_efficiency
+    where the GPU lists no published FA2 rate. Derived: docs/formulas.md#compute.flash2_rate"""
+    if gpu.flash2_attention_efficiency is None:
+        return gpu.flash2_attention_ratio * gpu.attention_efficiency
+    return gpu.flash2_attention_efficiency * published_rate_clock(gpu)
+
+
+def serving_attention_asymptote(gpu: GpuSpec) -> float:
+    """The fused attention asymptote of a serving engine's prefill (cost.serve_step): the GPU's native kernel,
+    FlashAttention-2 at its published rate where that is FA2 (Ampere: flash2_asymptote), else
+    attention_efficiency, the one training prices the native kernel at (fused_attention_asymptote).
+    Derived: docs/formulas.md#compute.flash2_rate"""
+    return flash2_asymptote(gpu) if gpu.native_attention_flash2 else gpu.attention_efficiency
+
+
+def published_rate_clock(gpu: GpuSpec) -> float:
+    """What turns a kernel's published absolute rate (over the peak) into its asymptote against the sustained
+    peak that every time formula divides by (GpuSpec.sustained_flops): the published benchmark loop runs the
+    kernel alone at the vendor's power limit, at the clock that kernel holds there, as a training step's
+    attention calls do; so the rate is the kernel's own, not the fitted sustained_clock_fraction (the clock of
+    the GEMM-bound step) times it: 1 / sustained_clock_fraction, times the clock a power cap keeps
+    (GpuSpec.capped_clock_ratio). Derived: docs/formulas.md#compute.flash2_rate"""
+    return gpu.capped_clock_ratio / gpu.sustained_clock_fraction
+
+
 def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
-    native kernel's asymptotic rate (attention_efficiency), times FlashAttention-2's ratio to it when the
-    plan runs FA2, times the GPU's softmax (exp-rate) ratio, times the kernel's rate at the model's head
-    dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
+    kernel's asymptotic rate (fused_attention_asymptote: FlashAttention-2's published rate when the plan
+    runs FA2 or FA2 is the native kernel, else the native kernel's), times the GPU's softmax (exp-rate) ratio,
+    times the kernel's rate at the model's head dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
     attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
     elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
     Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""
     flash2 = plan.attention_kernel == "flash2"
-    ratio = gpu.flash2_attention_ratio if flash2 else 1.0
     d0 = gpu.flash2_softmax_head_dim if flash2 else gpu.attention_softmax_head_dim
-    fused = native_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
+    fused = fused_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
-    return where(plan.flash_attention, fused, unfused) * ratio * gpu.softmax_attention_ratio
+    return where(plan.flash_attention, fused, unfused) * gpu.softmax_attention_ratio
 
 
 CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.attention_rate import gpu_head_dim_ratio
+from llmplan.cost.attention_rate import gpu_head_dim_ratio, serving_attention_asymptote
 from llmplan.cost.compute import (
     KERNEL_LAUNCH_S,
     TILE,
@@ -272,7 +272,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     gemm = np.maximum(dense_s, weights / bandwidth)
     head = gpu_head_dim_ratio(m, gpu, gpu.attention_softmax_head_dim) \
         if plan.fused_attention else 1.0
-    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * gpu.attention_efficiency
+    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * serving_attention_asymptote(gpu)
                                          * gpu.softmax_attention_ratio * head),
                            np.asarray(kv_read, dtype=float) / bandwidth)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four

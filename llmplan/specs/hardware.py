@@ -47,6 +47,13 @@ REQUIRED_KEYS: dict[str, str] = {
 what each means with a sourced typical value: the error for a profile that lacks one (registry.validation_message)."""
 
 
+def power_clock_ratio(watts: float, from_w: float) -> float:
+    """The sustained clock at a board power limit of `watts` over the clock at `from_w`: (watts / from_w)^(1/3)
+    (dynamic power ~ C·V²·f with the voltage roughly proportional to the clock over the DVFS range).
+    Derived: docs/formulas.md#step.power"""
+    return float((watts / from_w) ** (1 / 3))
+
+
 class GpuSpec(Spec):
     """One accelerator: peak dense throughput per dtype, HBM capacity and bandwidth."""
 
@@ -116,7 +123,15 @@ class GpuSpec(Spec):
     flash2_attention_ratio: float = Field(default=1.0, gt=0, le=1)
     """FlashAttention-2's attention throughput on this GPU relative to its native fused kernel
     (ParallelPlan.attention_kernel): 1 where FA2 is the native kernel (Ampere); on Hopper FlashAttention-3
-    runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75."""
+    runs 1.5-2.0x FA2 (Shah et al. 2024, FlashAttention-3, abstract): the H100-class profiles take 1/1.75.
+    Used only where flash2_attention_efficiency (FA2's own published rate) is None."""
+    flash2_attention_efficiency: float | None = Field(default=None, gt=0, le=2)
+    """FlashAttention-2's own asymptote on this GPU (as attention_efficiency: llmplan's count, over the peak,
+    the rate curve at the benchmark's shape divided out), from its published forward + backward rate: the
+    kernel ParallelPlan.attention_kernel flash2 runs, and the native kernel where that is FA2
+    (native_attention_flash2). A100: 1.07 (Dao 2023, FlashAttention-2, Figure 4d); GH100: 0.58
+    (Dao-AILab/flash-attention assets/flash2_h100_fwd_bwd_benchmark.png); docs/formulas.md#compute.flash2_rate.
+    None: FA2 runs at flash2_attention_ratio x the native kernel's asymptote."""
     attention_softmax_head_dim: float = Field(default=43.0, ge=0, le=1024)
     """Head dimension at which the native fused attention kernel's per-(query, key) softmax work takes as
     long as its 4d matmul FLOPs: its rate goes as d / (d + this), relative to d = 128 (head_dim_attention_ratio,
@@ -260,9 +275,18 @@ class GpuSpec(Spec):
         if problem:
             raise ValueError(problem)
         assert self.power_limit_w is not None  # power_limit_problem says so otherwise
-        clock = self.sustained_clock_fraction * (watts / self.power_limit_w) ** (1 / 3)
+        clock = self.sustained_clock_fraction * power_clock_ratio(watts, self.power_limit_w)
         return self.model_copy(update={"sustained_clock_fraction": clock, "power_limit_w": watts,
                                        "capped_from_w": self.capped_from_w or self.power_limit_w})
+
+    @property
+    def capped_clock_ratio(self) -> float:
+        """The clock this GPU keeps under its power cap over its clock at the profile's uncapped limit
+        (power_clock_ratio; 1 for an uncapped GPU): what a kernel's published absolute rate, measured at the
+        vendor's power limit, is multiplied by here. Derived: docs/formulas.md#step.power"""
+        if self.capped_from_w is None or self.power_limit_w is None:
+            return 1.0
+        return power_clock_ratio(self.power_limit_w, self.capped_from_w)
 
     def power_limit_problem(self, watts: float) -> str | None:
         """Why a board power limit cannot apply to this GPU, or None: the one rule for --power-limit, a plan's
