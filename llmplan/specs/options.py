@@ -90,6 +90,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.fused_loss."""
     tp_impl: str
     """ParallelPlan.tp_impl."""
+    cp_impl: str
+    """ParallelPlan.cp_impl."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int
