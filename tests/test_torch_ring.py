@@ -19,9 +19,9 @@ from llmplan.specs.registry import builtin_models
 M = builtin_models()
 
 
-def _plan(cp: int, impl: str, recompute: str = "full") -> ParallelPlan:
-    return ParallelPlan(tp=8, cp=cp, dp=1, seq_len=32768 * cp, micro_batch=1, global_batch=1,
-                        recompute=recompute, cp_impl=impl)  # type: ignore[arg-type]  # a CpImpl literal
+def _plan(cp: int, impl: str, recompute: str = "full", repeated: bool = True) -> ParallelPlan:
+    return ParallelPlan(tp=8, cp=cp, dp=1, seq_len=32768 * cp, micro_batch=1, global_batch=1, recompute=recompute,
+                        cp_impl=impl, cp_kv_repeated=repeated and impl != "te")  # type: ignore[arg-type]  # a CpImpl
 
 
 def test_torch_ring_sends_query_head_kv_gathers_per_pass_and_fp32_gradients():
@@ -40,6 +40,31 @@ def test_torch_ring_sends_query_head_kv_gathers_per_pass_and_fp32_gradients():
     assert (grads.collective, grads.calls) == ("send-recv", layers * 4)  # one send after each of the cp calls
     assert grads.message == pytest.approx(GRAD_RING_BYTES / ACT_BYTES * chunk)
     assert (a2a[0].calls, a2a[0].message) == (layers * 3 * 3, pytest.approx(chunk)) and a2a[1] == grads
+    # torchtitan v0.2.2 passes the KV heads with enable_gqa: the same ring moves TE's chunk size
+    gqa = cp_transfers(m, _plan(4, "torch-allgather", repeated=False), "cp")
+    assert gqa[0].message == pytest.approx(4 * te[0].message)
+
+
+def test_torchtitan_legacy_export_writes_the_rotate_method_and_refuses_te_pricing(cli, tmp_path):
+    # torchtitan v0.2.2 JobConfig.parallelism.context_parallel_rotate_method ("allgather" | "alltoall")
+    common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "4", "--cp", "2",
+              "--seq-len", "65536", "--global-batch", "4", "--zero", "3", "--recompute", "full")
+    assert cli(*common, "--cp-impl", "torch-alltoall", "--save", tmp_path / "a2a.json").code == 0
+    r = cli("export", tmp_path / "a2a.json", "--to", "torchtitan-0.2", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    toml = next((tmp_path / "out").glob("*.toml")).read_text()
+    assert 'context_parallel_rotate_method = "alltoall"' in toml and "context_parallel_degree = 2" in toml
+    assert cli(*common, "--save", tmp_path / "te.json").code == 0
+    r = cli("export", tmp_path / "te.json", "--to", "torchtitan-0.2", "-o", tmp_path / "te")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "re-plan with --cp-impl torch-allgather" in lines[0], r.err
+
+
+def test_kv_repeated_without_pytorchs_ring_is_refused(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "4", "--cp", "2",
+            "--cp-kv-repeated")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "cp_kv_repeated with cp 2 and cp_impl te" in lines[0], r.err
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -61,7 +86,8 @@ def test_torch_ring_exposes_at_least_its_last_gradient_send_and_allgather_no_les
 
 
 def _tokens(acc, rec: dict, impl: str) -> float:
-    plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"]).model_copy(update={"cp_impl": impl})
+    plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
+    plan = plan.model_copy(update={"cp_impl": impl, "cp_kv_repeated": plan.cp_kv_repeated and impl != "te"})
     system = acc.builtin_systems()[acc.record_system(rec)]
     system = system.model_copy(update={"gpu": system.gpu.at_power_limit(rec["hardware"]["power_limit_w"])})
     cluster = acc.cluster_of(system, rec["hardware"]["gpus"])
@@ -73,7 +99,8 @@ def test_torchtitan_reads_the_allgather_ring(acc, published_runs):
     # context_parallel_rotate_method), default "allgather" (config_manager.py)
     for rid, rec in published_runs.items():
         if rid.startswith("torchtitan-2412-") and rec["parallel"].get("cp", 1) > 1:
-            assert acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"]).cp_impl == "torch-allgather"
+            plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
+            assert plan.cp_impl == "torch-allgather" and plan.cp_kv_repeated  # model.py: repeat_kv before SDPA
 
 
 def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):
@@ -107,7 +134,7 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl):
     from llmplan.specs.registry import builtin_systems
 
     m, cluster = M["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
-    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl)
+    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=True)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(11)
     valid = (int(i) for i in rng.permutation(len(plans))

@@ -430,7 +430,7 @@ def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
 def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Ring attention: per layer and micro-batch, each rank passes its K/V chunk cp-1 times forward and
     K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute). PyTorch's ring
-    (cp_impl torch-*) rings the K/V its SDPA call gets, after the model's repeat_kv (query heads), gathers them
+    (cp_impl torch-*) rings the K/V its SDPA call gets (cp_kv_repeated: the query heads), gathers them
     in one all-gather per pass (torch-allgather; torch-alltoall: cp-1 sends per pass) and passes the K/V
     gradients on in fp32 after each of its cp steps, the last one's back to their owner.
     Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism; pytorch/pytorch
@@ -441,8 +441,9 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     torch = plan.cp_impl != "te"  # a workload switch: one value for all plans of a search
     if (mla := m.mla) is not None:
         kv_width = m.num_attention_heads / t * (mla.qk_head_dim + mla.v_head_dim)
-    else:
-        kv_width = 2 * (m.num_attention_heads / t if torch else kv_heads_per_rank(m, t)) * m.d_head
+    else:  # PyTorch's ring moves the heads the SDPA call gets: the query heads after the model's repeat_kv
+        heads = m.num_attention_heads / t if torch and plan.cp_kv_repeated else kv_heads_per_rank(m, t)
+        kv_width = 2 * heads * m.d_head
     S = ACT_BYTES * s * b * kv_width
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
     r = recomputed_share(plan, layers)

@@ -279,11 +279,15 @@ class ParallelPlan(PlanQuantities, Spec):
     """Which ring runs context parallelism: te (Transformer Engine's AttnFuncWithCPAndKVP2P, as Megatron-LM and
     NeMo run it: K/V at the model's KV heads, one send per step beside that step's attention call, bf16 K/V
     gradients) or PyTorch's experimental context_parallel (torch.distributed.tensor.experimental, as torchtitan
-    and NeMo AutoModel run it), which rings the K/V its SDPA call receives, after the model's repeat_kv (at
-    the query heads), and passes the K/V gradients on in fp32; torch-allgather gathers every rank's K/V once,
+    and NeMo AutoModel run it), which rings the K/V its SDPA call receives (cp_kv_repeated: at the query
+    heads) and passes the K/V gradients on in fp32; torch-allgather gathers every rank's K/V once,
     beside only the first step's call (torchtitan's default rotate method), torch-alltoall passes them one step
     at a time. Both torch rings merge each step's output and accumulate the gradients in fp32 outside the
     kernel (docs/formulas.md#comm.cp, #step.cp)."""
+    cp_kv_repeated: bool = False
+    """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
+    heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
+    and the ring then moves the KV heads). docs/formulas.md#comm.cp"""
     pp_schedule: ScheduleName = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
