@@ -1160,6 +1160,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
+        # torchtitan 9dec370 runs PyTorch's experimental context_parallel with its default rotate method
+        # (config_manager.py: context_parallel_rotate_method "allgather"; utils.py create_context_parallel_ctx)
+        cp_impl="torch-allgather" if fam == "torchtitan" else "te",
+        cp_kv_repeated=fam == "torchtitan",  # torchtitan/models/llama/model.py at 9dec370: repeat_kv before SDPA
         # Megatron-Bridge's Llama 3 / 3.1 NVFP4 presets turn the TP overlap off (scripts/performance/configs/llama/
         # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";
         # perf_recipes/llama/*/llama3*.py at 067f987d: tp_comm_overlap False in the NVFP4 builders)

@@ -295,7 +295,8 @@ def test_torchtitan_h100_runs_within_tolerance(published_runs):
     # within 7.5%. Held while FA2 ran at 0.57 x the fitted 0.7 x the clock (0.6 of its published rate), which
     # offset a fast bias of every torchtitan row (the 405B PP rows, little attention, were +9% / +10% then) and
     # a CP-dependent cost of PyTorch's ring; at FA2's published rate: 405B CP1 / 2 / 4 / 8 +14 / +35 / +34 /
-    # +53%, compiled 8B rows +13.9% / +15.7% (docs/validation.md#attention-clock).
+    # +53%, compiled 8B rows +13.9% / +15.7% (docs/validation.md#attention-clock); with PyTorch's ring priced
+    # (cp_impl torch-allgather, docs/validation.md#torch-ring) CP 2 / 4 / 8 are +26 / +23 / +31%.
     rows, pred = _torchtitan_predictions(published_runs)
     t = "torchtitan-2412-"
     for cp in (1, 2, 4, 8):

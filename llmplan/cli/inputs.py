@@ -18,7 +18,7 @@ from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptio
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, TP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
+                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
@@ -133,6 +133,7 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--attention-release", s.attention_release, ATTENTION_RELEASES,
                                         "a release with a published attention rate"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
+                                       ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
                                        ("--moe-flex-backend", s.moe_flex_backend, MOE_FLEX_BACKENDS,
@@ -152,7 +153,7 @@ def switches(s: SwitchOptions) -> dict:
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
-                     "tp_impl", "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher",
+                     "tp_impl", "cp_impl", "cp_kv_repeated", "fp32_param_shards", "swiglu_fp8_input", "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
                      "moe_flex_backend",
                      "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",

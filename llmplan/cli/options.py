@@ -74,6 +74,12 @@ FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
 TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
                        help="How TP+SP keeps the linears' inputs: megatron (saves the sequence shard, re-gathers "
                             "in backward) | dtensor (PyTorch DTensor / torchtitan: saves the gathered input).")
+CP_IMPL = typer.Option(_plan("cp_impl"), "--cp-impl",
+                       help="Which CP ring: te (Transformer Engine, Megatron) | torch-allgather | torch-alltoall "
+                            "(PyTorch context_parallel, torchtitan: K/V after repeat_kv, fp32 K/V gradients).")
+CP_KV_REPEATED = typer.Option(_plan("cp_kv_repeated"), "--cp-kv-repeated/--cp-kv-heads",
+                              help="PyTorch's CP ring moves K/V repeated to the query heads (the model's repeat_kv "
+                                   "before SDPA, torchtitan 2024) or at the KV heads (enable_gqa).")
 OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
 GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
@@ -224,7 +230,7 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
-    "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "recompute_layers": RECOMPUTE_LAYERS,
+    "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_kv_repeated": CP_KV_REPEATED, "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,

@@ -27,7 +27,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
 )
-from llmplan.cost.exposure import CommSeconds, bucket_params, zero3_gathers
+from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -447,17 +447,31 @@ def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
     """Ring attention: per layer and micro-batch, each rank passes its K/V chunk cp-1 times forward and
-    K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute).
-    Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism. Derived: docs/formulas.md#comm.cp"""
+    K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute). PyTorch's ring
+    (cp_impl torch-*) rings the K/V its SDPA call gets (cp_kv_repeated: the query heads), gathers them
+    in one all-gather per pass (torch-allgather; torch-alltoall: cp-1 sends per pass) and passes the K/V
+    gradients on in fp32 after each of its cp steps, the last one's back to their owner.
+    Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism; pytorch/pytorch
+    torch/distributed/tensor/experimental/_attention.py (_templated_ring_attention[_backward], _AllGatherRotater,
+    set_rotate_method: #142093); pytorch/torchtitan torchtitan/models/llama/model.py at 9dec370 (repeat_kv before
+    F.scaled_dot_product_attention). Derived: docs/formulas.md#comm.cp"""
     s, b, t, cp = plan.seq_len / plan.cp, plan.micro_batch, plan.tp, plan.cp
+    torch = plan.cp_impl != "te"  # a workload switch: one value for all plans of a search
     if (mla := m.mla) is not None:
         kv_width = m.num_attention_heads / t * (mla.qk_head_dim + mla.v_head_dim)
-    else:
-        kv_width = 2 * kv_heads_per_rank(m, t) * m.d_head
+    else:  # PyTorch's ring moves the heads the SDPA call gets: the query heads after the model's repeat_kv
+        heads = m.num_attention_heads / t if torch and plan.cp_kv_repeated else kv_heads_per_rank(m, t)
+        kv_width = 2 * heads * m.d_head
     S = ACT_BYTES * s * b * kv_width
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    sends = (3 + recomputed_share(plan, layers)) * (cp - 1)
-    return [Transfer("send-recv", plan.num_microbatches * layers * sends, S, group)]
+    r = recomputed_share(plan, layers)
+    if not torch:
+        return [Transfer("send-recv", plan.num_microbatches * layers * (3 + r) * (cp - 1), S, group)]
+    calls = plan.num_microbatches * layers
+    grads = Transfer("send-recv", calls * cp, GRAD_RING_BYTES / ACT_BYTES * S, group)
+    if plan.cp_impl == "torch-allgather":  # the whole gathered buffer (nccl-tests convention)
+        return [Transfer("all-gather", calls * (2 + r), cp * S, group), grads]
+    return [Transfer("send-recv", calls * (2 + r) * (cp - 1), S, group), grads]
 
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:

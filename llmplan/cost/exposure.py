@@ -40,6 +40,12 @@ class CommSeconds:
     waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""
 
 
+GRAD_RING_BYTES = 4.0
+"""Bytes per element of the K/V gradients PyTorch's ring passes on: fp32, the accumulation dtype of
+_templated_ring_attention_backward (_ContextParallelOptions.convert_to_f32, True). Source: pytorch/pytorch
+torch/distributed/tensor/experimental/_attention.py. Derived: docs/formulas.md#comm.cp"""
+
+
 def overlap(comm: Any, window: Any, kappa: float) -> Any:
     """Time a transfer of `comm` seconds adds when it runs beside `window` seconds of compute: what does not
     fit in the window, plus the compute it slows while they share the GPU (kappa of the overlapped time).
@@ -48,16 +54,52 @@ def overlap(comm: Any, window: Any, kappa: float) -> Any:
     return maximum(0.0, comm - window) + kappa * minimum(comm, window)
 
 
-def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float) -> Any:
+def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any = None) -> Any:
     """Exposed ring-attention time of one micro-batch on one stage, `cp` seconds of sends beside `attention`
-    seconds of attention kernels. Per layer and pass a rank runs cp attention calls and cp - 1 ring steps:
+    seconds of attention kernels (`r`: the stage's recomputed share of its layers; by default 1 under full
+    recompute). Per layer and pass a rank runs cp attention calls and cp - 1 ring steps:
     step i's send of the next K/V (and, in backward, of the K/V gradients) runs beside call i, and call i + 1
     waits for its receive; the last call has no send beside it. So the sends hide behind (cp - 1)/cp of the
-    attention, one call each, and what a step's send takes beyond its call is exposed.
-    Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: send_recv_reqs waited
-    at the start of the next step; no send after the last). Derived: docs/formulas.md#step.cp"""
+    attention, one call each, and what a step's send takes beyond its call is exposed. PyTorch's ring
+    (cp_impl torch-*; torch_ring_exposed) differs. Source: Transformer Engine attention context_parallel.py
+    (AttnFuncWithCPAndKVP2P: send_recv_reqs waited at the start of the next step; no send after the last).
+    Derived: docs/formulas.md#step.cp"""
+    if plan.cp_impl != "te":  # a workload switch: one value for all plans of a search
+        return torch_ring_exposed(plan, cp, attention, kappa, where(plan.full, 1, 0) if r is None else r)
     window = attention * (plan.cp - 1) / plan.cp
     return overlap(cp, window, kappa)
+
+
+def torch_ring_grad_share(plan: ParallelPlan, r: Any) -> Any:
+    """The K/V gradients' share of PyTorch's ring seconds (comm.cp): per layer a rank moves (2 + r)(cp - 1)
+    K/V chunks of S bytes (forward, recompute and backward) and cp fp32 gradient chunks of 2S, so the share
+    of the bytes it moves (the links, not latency, setting the time). Derived: docs/formulas.md#step.cp"""
+    kv = (2 + r) * (plan.cp - 1)
+    grads = plan.cp * GRAD_RING_BYTES / 2
+    return grads / (kv + grads)
+
+
+def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any) -> Any:
+    """Exposed time of PyTorch's ring (cp_impl torch-allgather / torch-alltoall), `cp` seconds of its
+    transfers beside `attention` seconds of attention calls (3 + r forward-equivalents: one call of a forward
+    pass takes attention / (3 + r) / cp, a backward one twice that). The K/V of each pass (forward, recompute,
+    backward): torch-allgather gathers them once, beside the pass's first call only, which the second call waits
+    for; torch-alltoall sends one step's beside each call, as Transformer Engine does. The K/V gradients: after
+    each of its cp backward calls a rank adds its part to the fp32 gradients it received and sends them on;
+    call i + 1 runs beside the send of step i, and the last send, back to the chunk's owner, is waited for
+    with nothing beside it.
+    Source: pytorch/pytorch torch/distributed/tensor/experimental/_attention.py (_templated_ring_attention and
+    _templated_ring_attention_backward: the rotater's exchange_buffers before the step's op call and
+    next_buffer at the next step, _AllGatherRotater gathering once; dkv_rotater's next_buffer after the loop);
+    pytorch/torchtitan torchtitan/config_manager.py at 9dec370 (context_parallel_rotate_method, default
+    allgather). Derived: docs/formulas.md#step.cp"""
+    grads = cp * torch_ring_grad_share(plan, r)
+    per_pass = (cp - grads) / (2 + r)  # one pass's K/V
+    call = attention / (3 + r) / plan.cp  # one forward call
+    steps = 1 if plan.cp_impl == "torch-allgather" else plan.cp - 1  # the calls a pass's K/V run beside
+    kv = (1 + r) * overlap(per_pass, call * steps, kappa) + overlap(per_pass, 2 * call * steps, kappa)
+    last = grads / plan.cp
+    return kv + last + overlap(grads - last, 2 * call * (plan.cp - 1), kappa)
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,

@@ -278,7 +278,7 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i))
-        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i)
+        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i, r_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)

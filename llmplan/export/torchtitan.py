@@ -227,6 +227,10 @@ def check_legacy(pf: PlanFile) -> None:
                      "this export writes only the TOML)", "export to torchtitan (0.3), or set cuda_lazy_loading true "
                      "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
+    if p.cp > 1 and p.cp_impl == "te":
+        raise refuse(LEGACY_TARGET, "context parallelism priced as Transformer Engine's ring (cp_impl te); torchtitan "
+                     f"{LEGACY_VERSION} runs PyTorch's (query-head K/V, fp32 K/V gradients: more traffic)",
+                     "re-plan with --cp-impl torch-allgather (its default rotate method) or torch-alltoall")
     check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))
 
 
@@ -360,6 +364,8 @@ def toml_text(pf: PlanFile) -> str:
     ]
     if p.pp > 1:
         lines.append(f"module_fqns_per_model_part = {model_parts(pf)}")
+    if p.cp > 1:  # JobConfig.parallelism.context_parallel_rotate_method (v0.2.2 config/job_config.py)
+        lines.append(f'context_parallel_rotate_method = "{p.cp_impl.removeprefix("torch-")}"')
     lines += [f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}",
               f"expert_tensor_parallel_degree = {p.etp_resolved if p.ep > 1 else 1}",
               "", "[compile]", f"enable = {str(bool(compiled_components(p))).lower()}",

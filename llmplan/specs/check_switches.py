@@ -156,6 +156,14 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"tp_impl {p.tp_impl} with tp {p.tp} and sp {'on' if p.sp else 'off'}: it sets which input "
                         "the sequence-parallel linears keep for backward, so it acts only with tp > 1 and "
                         "sequence parallelism (or expert tp > 1); use --tp 2 or more with --sp, or drop --tp-impl"),
+    SwitchUse("cp_impl_cp", ("cp_impl",), lambda p: p.cp > 1,
+              lambda p: f"cp_impl {p.cp_impl} with cp {p.cp}: it sets how the context-parallel ring passes K/V "
+                        "between ranks, so it acts only with cp > 1; use --cp 2 or more, or drop --cp-impl"),
+    SwitchUse("cp_kv_repeated_ring", ("cp_kv_repeated",), lambda p: (p.cp > 1) & (p.cp_impl != "te"),
+              lambda p: f"cp_kv_repeated with cp {p.cp} and cp_impl {p.cp_impl}: it sets how many heads PyTorch's "
+                        "context-parallel ring passes, so it acts only with cp > 1 and cp_impl torch-allgather or "
+                        "torch-alltoall (Transformer Engine's ring moves the KV heads); set those or drop "
+                        "--cp-kv-repeated"),
     SwitchUse("tp_comm_overlap_sp", ("tp_comm_overlap",), _tp_sp,
               lambda p: f"tp_comm_overlap with tp {p.tp} and sp {'on' if p.sp else 'off'}: it overlaps the "
                         "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "

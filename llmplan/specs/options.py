@@ -90,6 +90,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.fused_loss."""
     tp_impl: str
     """ParallelPlan.tp_impl."""
+    cp_impl: str
+    """ParallelPlan.cp_impl."""
+    cp_kv_repeated: bool
+    """ParallelPlan.cp_kv_repeated."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int

@@ -18,6 +18,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
+    CP_IMPLS, CpImpl,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -274,6 +275,19 @@ class ParallelPlan(PlanQuantities, Spec):
     DTensor as torchtitan applies it: PrepareModuleInput to Replicate before wq/wk/wv and w1/w3, and before
     the output layer) lets autograd save the gathered full-sequence input, so backward gathers nothing again
     and issues its collectives in line (docs/formulas.md#mem.activations, #comm.tp, #step.tp)."""
+    cp_impl: CpImpl = "te"
+    """Which ring runs context parallelism: te (Transformer Engine's AttnFuncWithCPAndKVP2P, as Megatron-LM and
+    NeMo run it: K/V at the model's KV heads, one send per step beside that step's attention call, bf16 K/V
+    gradients) or PyTorch's experimental context_parallel (torch.distributed.tensor.experimental, as torchtitan
+    and NeMo AutoModel run it), which rings the K/V its SDPA call receives (cp_kv_repeated: at the query
+    heads) and passes the K/V gradients on in fp32; torch-allgather gathers every rank's K/V once,
+    beside only the first step's call (torchtitan's default rotate method), torch-alltoall passes them one step
+    at a time. Both torch rings merge each step's output and accumulate the gradients in fp32 outside the
+    kernel (docs/formulas.md#comm.cp, #step.cp)."""
+    cp_kv_repeated: bool = False
+    """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
+    heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
+    and the ring then moves the KV heads). docs/formulas.md#comm.cp"""
     pp_schedule: ScheduleName = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite

@@ -32,6 +32,10 @@ holds each one's asymptote (docs/formulas.md#compute.attention_release)."""
 TpImpl = Literal["megatron", "dtensor"]
 TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
 """--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
+CpImpl = Literal["te", "torch-allgather", "torch-alltoall"]
+CP_IMPLS: tuple[str, ...] = get_args(CpImpl)
+"""--cp-impl values: Transformer Engine's ring (Megatron, NeMo), or PyTorch's experimental context_parallel with
+its all-gather or all-to-all K/V rotation (torchtitan, NeMo AutoModel; docs/formulas.md#comm.cp)."""
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
