@@ -10,7 +10,13 @@ from typing import Any
 
 from llmplan.arith import where
 from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
-from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_memory_bytes, norms_per_layer
+from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.mixers import (
+    attention_share,
+    dense_mlp_share,
+    mean_recurrent_memory_bytes,
+    norms_per_layer,
+)
 from llmplan.cost.params import kv_heads_per_rank, padded_vocab, token_ffn_width
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
@@ -45,6 +51,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
                      * T * m.expert_ffn * m.num_experts_per_tok / t)
     # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
+    merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
@@ -54,7 +61,43 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks + merges
+
+
+CP_MERGE_BYTES = {"out_fill": 2.0, "out_merge": 6.0, "dq_first": 4.0, "dq_add": 6.0, "dkv_setup": 4.0,
+                  "dkv_cat": 4.0, "dkv_first": 4.0, "dkv_add": 6.0}
+"""HBM bytes per element of Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P, bf16) beyond the attention
+kernels, which write each call's partial result to its own buffer: forward, the output's zero fill (write 2) and
+one merge per call, out += out_step * exp(lse_step - lse) (one fused kernel: read out_step 2, read out 2, write
+out 2); backward, the first call's dQ copied into dq (read 2, write 2) and every later call's added (read 2 + 2,
+write 2), the local K/V copied into the send buffer once (read 2, write 2), and per call dK and dV concatenated
+into one tensor (read 2, write 2) and added into the dK/dV that travels the ring (read 2 + 2, write 2; the
+first call copies instead, read 2, write 2). The log-sum-exp merges (per row and head, 1/d of these, kept in
+fp64 in forward) are not counted. Source: NVIDIA/TransformerEngine transformer_engine/pytorch/attention.py at
+v1.10 (08a85d3, 2024-09-11): AttnFuncWithCPAndKVP2P.forward (torch.zeros_like(q), flash_attn_fwd_out_correction)
+and .backward (dq.copy_ / dq.add_, p2p_comm_buffers[0][0].copy_(kv), torch.cat((dk_, dv_)), dkv.add_).
+Derived: docs/formulas.md#compute.cp_merge"""
+
+
+def cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes of one attention layer's ring merges (CP_MERGE_BYTES) on the slowest rank, one micro-batch, in
+    the forward-equivalent units of elementwise_bytes (forward + backward over 3: the stage charges three times
+    them); 0 at cp = 1 (one kernel writes the output). With load balancing rank cp - 1 merges whole chunks at
+    every one of its cp calls (the others merge half of theirs at some), so it sets the layer's pace: forward
+    out_fill + cp·out_merge per element of its output (s/cp·b tokens x a/t heads x d_v), backward dq_first +
+    (cp - 1)·dq_add per element of dQ (d_qk), and per element of its K and V (kv heads per rank x (d_qk + d_v))
+    dkv_setup + cat and add at each call, of whole chunks at the last call and half chunks at the others:
+    (cp + 1)/2·(dkv_cat + dkv_add) less (dkv_add - dkv_first)/2 (the first call, a half, copies).
+    Derived: docs/formulas.md#compute.cp_merge"""
+    d_qk, d_v = attention_head_dims(m)
+    cp, c = plan.cp, CP_MERGE_BYTES
+    tokens = plan.seq_len / cp * plan.micro_batch
+    heads = m.num_attention_heads / plan.tp
+    forward = (c["out_fill"] + cp * c["out_merge"]) * tokens * heads * d_v
+    dq = (c["dq_first"] + (cp - 1) * c["dq_add"]) * tokens * heads * d_qk
+    halves = (cp + 1) / 2 * (c["dkv_cat"] + c["dkv_add"]) - (c["dkv_add"] - c["dkv_first"]) / 2
+    dkv = (c["dkv_setup"] + halves) * tokens * kv_heads_per_rank(m, plan.tp) * (d_qk + d_v)
+    return where(cp > 1, (forward + dq + dkv) / 3, 0.0)
 
 
 SINK_RESCALE_BYTES = (12.0, 34.0)

@@ -137,6 +137,25 @@ def explain_line(a: TrainingEstimate, b: TrainingEstimate, what: str) -> str:
             + (f"; {why}" if why else "") + f"; memory {d['memory_bytes'] / GIB:+.1f} GiB")
 
 
+def without_cp(res: SearchResult) -> TrainingEstimate | None:
+    """The search's best plan without context parallelism, where #1 runs CP (SearchResult.without_cp)."""
+    if not res.ranked or res.without_cp is None or res.ranked[0].plan.cp == 1:
+        return None
+    return res.without_cp
+
+
+def without_cp_line(a: TrainingEstimate, b: TrainingEstimate) -> str:
+    """Why #1 runs context parallelism: explain_line against the best plan without it, and, where that plan
+    recomputes more or halves its micro-batch count per pipeline, what CP buys: its s/cp activations let #1
+    skip the recompute, and its dp / cp replicas run cp times the micro-batches each (a smaller bubble)."""
+    why = []
+    if a.plan.recompute != b.plan.recompute:
+        why.append(f"without CP the best plan recomputes {b.plan.recompute}, #1 {a.plan.recompute}")
+    if a.plan.num_microbatches > b.plan.num_microbatches and a.plan.pp > 1:
+        why.append(f"#1 runs {a.plan.num_microbatches} micro-batches per pipeline, it {b.plan.num_microbatches}")
+    return explain_line(a, b, "best without CP") + (f" ({'; '.join(why)})" if why else "")
+
+
 def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
     t = ReportTable(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
     t.add_column("part")
@@ -227,9 +246,11 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
                   for i, e in enumerate(res.ranked, 1)],
         "ties": ties_json(res),
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
+        **({"without_cp": estimate_json(without)} if (without := without_cp(res)) is not None else {}),
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
-                        **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {})}}
+                        **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {}),
+                        **({"vs_without_cp": explain(res.ranked[0], without)} if without is not None else {})}}
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
@@ -331,6 +352,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             console.print(f"[yellow]warning:[/] {warning}")
         if res.conventional is not None and res.conventional.plan != best.plan:
             console.print(explain_line(best, res.conventional, "conventional"))
+        without = without_cp(res)
+        if without is not None:
+            console.print(without_cp_line(best, without))
         if full_explain:
             for line in tie_lines(res):
                 console.print(line)
@@ -338,6 +362,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 console.print(explain_table(best, res.ranked[1], "#2"))
             if res.conventional is not None:
                 console.print(explain_table(best, res.conventional, "conventional"))
+            if without is not None:
+                console.print(explain_table(best, without, "best without CP"))
             if advice:
                 console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",

@@ -65,6 +65,9 @@ class SearchResult:
     """Per ranked plan: how many other plans predicted identical (same throughput and memory) it stands for."""
     conventional: TrainingEstimate | None = None
     """The conventional plan (TP inside the node, PP across nodes, DP the rest) for comparison."""
+    without_cp: TrainingEstimate | None = None
+    """The best plan that fits without context parallelism (cp 1), when the search tried both: what CP buys
+    where #1 runs it (report.search shows it only then)."""
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
@@ -312,9 +315,20 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],
                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
+                       without_cp=best_without(plans.cp == 1, plans.cp > 1, score, est),
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
+
+
+def best_without(keep: np.ndarray, other: np.ndarray, score: np.ndarray,
+                 est: Any) -> TrainingEstimate | None:
+    """The scalar estimate of the best-scoring plan among `keep` (e.g. cp 1), when the plans that fit hold both
+    `keep` and `other` ones (e.g. cp > 1); else None."""
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    if not len(idx) or not np.any(other):
+        return None
+    return est(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
 
 
 def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
