@@ -360,14 +360,14 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     Derived: docs/formulas.md#comm.dp"""
     rp = rank_params(m, plan, 0)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
-    flat = plan.pp == 1
+    per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
-    u = where((z >= 3) & flat, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
+    u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
     # sharded gradients: every backward
-    reduce_calls = where((z >= 2) & flat, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
-    gather_calls = where((z >= 3) & flat, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
-    host = where((z >= 3) & flat, zero3_host_seconds(plan), 0.0)
-    per_tensor = (z >= 3) & flat & (plan.zero3_unit == "tensor") & (plan.dp * plan.cp > 1)  # ZERO3_GATHER_COPIES
+    reduce_calls = where(per_mb, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
+    gather_calls = where(gathered, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
+    host = where(gathered, zero3_host_seconds(plan), 0.0)
+    per_tensor = gathered & (plan.zero3_unit == "tensor") & (plan.dp * plan.cp > 1)  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
     for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):

@@ -146,19 +146,19 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     share (zero3_tensor_shares).
     Source: Rajbhandari et al. 2020 §7; PyTorch FSDP (Zhao et al. 2023 §3.3, prefetch). Derived:
     docs/formulas.md#step.dp"""
-    n, flat = plan.num_microbatches, plan.pp == 1  # under a pipeline they run once per step (comm.dp_transfers)
+    n = plan.num_microbatches  # under a pipeline they run once per step (PlanQuantities.sharded_per_microbatch)
     _, pre_f, pre_r, pre_b = zero3_tensor_shares(m)
     tensor, r = plan.zero3_unit == "tensor", recomputed_share(plan, layers)
     pre_f, pre_b = where(tensor, pre_f, 1.0), where(tensor, r * pre_r + (1 - r) * pre_b, 1.0)
     gathers = zero3_gathers(plan, layers, m)
-    ag = where((plan.zero >= 3) & flat, comm.dp_gather / (gathers * n), 0.0)
+    ag = where(plan.gathered_per_microbatch, comm.dp_gather / (gathers * n), 0.0)
     ag_b = ag * (gathers - 1)  # the backward's gather, and a per-tensor recompute's
-    rs = where((plan.zero >= 2) & flat, comm.dp_reduce / n, 0.0)
+    rs = where(plan.sharded_per_microbatch, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
     edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
     hide_f = where(plan.overlap_param_gather, ag * edge * pre_f, 0.0)
     hide_b = where(plan.overlap_param_gather, ag_b * pre_b, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
-    host = where((plan.zero >= 3) & flat, comm.dp_host / n, 0.0)  # serial with the GPU (zero3_host_seconds)
+    host = where(plan.gathered_per_microbatch, comm.dp_host / n, 0.0)  # serial with the GPU (zero3_host_seconds)
     return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag_b + rs - hide_b) + overlap(hide_b, backward,
                                                                                              kappa) + host
 
@@ -258,5 +258,4 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
                    first + overlap(comm.dp_gather - first,
                                    chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
                    comm.dp_gather)
-    flat = plan.pp == 1
-    return where((plan.zero >= 2) & flat, 0.0, reduce) + where((plan.zero >= 3) & flat, 0.0, gather)
+    return where(plan.sharded_per_microbatch, 0.0, reduce) + where(plan.gathered_per_microbatch, 0.0, gather)

@@ -267,7 +267,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
                                 rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
     # DeepSpeed 2021 per tensor: a gradient hook's moment in the backward, the logits freed, beside the gathered
     # tensor, its gradient and the previous one's under reduction. Derived: docs/formulas.md#mem.zero3_tensor_peak
-    per_tensor = (plan.zero >= 3) & (plan.zero3_unit == "tensor") & (plan.pp == 1)
+    per_tensor = plan.gathered_per_microbatch & (plan.zero3_unit == "tensor")
     if np.any(per_tensor):
         moment = tensors - act.output - act.recompute_working + zero3_tensor_backward_bytes(m, plan,
                                                                                            act.recompute_working)

@@ -48,7 +48,7 @@ def gradient_params(plan: ParallelPlan, rp: RankParams) -> Any:
     """Parameters whose gradients a rank holding `rp` keeps: ZeRO-2/3 shard them (the dense over zero_shard, the
     routed experts over expert_dp, as model_state_bytes does), but under a pipeline they stay whole until the last
     micro-batch (PyTorch pipelining with FSDP2). Derived: docs/formulas.md#mem.other"""
-    sharded = (plan.zero >= 2) & (plan.pp == 1)
+    sharded = plan.sharded_per_microbatch
     return rp.dense / where(sharded, plan.zero_shard, 1) + rp.expert / where(sharded, plan.expert_dp, 1)
 
 
@@ -158,4 +158,4 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams,
     vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return where((plan.zero >= 3) & (plan.pp == 1), 0.0, linear * max(per_weight, 0.0))
+    return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))

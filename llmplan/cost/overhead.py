@@ -80,7 +80,7 @@ def grad_buffer_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -
     (Bucket.start_grad_sync: grad_data.norm, grad_data *= gradient_scaling_factor).
     Derived: docs/formulas.md#step.grad_buffer"""
     passes = where(plan.grad_nan_check, 1, 0) + where(plan.grad_prescale, 2, 0)
-    reductions = where((plan.zero >= 2) & (plan.pp == 1), plan.num_microbatches, 1)
+    reductions = where(plan.sharded_per_microbatch, plan.num_microbatches, 1)
     return passes * reductions * plan.grad_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s
 
 

@@ -130,6 +130,9 @@ if TYPE_CHECKING:
         def dtype(self) -> Any: ...
 
         @property
+        def zero(self) -> Any: ...
+
+        @property
         def recipe(self) -> Any: ...
 else:
     _QuantityInputs = object  # not a base at run time: its empty properties would hide the plans' own values
@@ -164,6 +167,19 @@ class PlanQuantities(_QuantityInputs):
     @property
     def num_gpus(self) -> Any:
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def sharded_per_microbatch(self) -> Any:
+        """ZeRO-2/3 without a pipeline: gradients are reduce-scattered into their shards (and ZeRO-3 weights
+        gathered) every micro-batch. Under a pipeline they stay whole until the last micro-batch and are reduced
+        once per step (PyTorch pipelining with FSDP2; Megatron's distributed optimizer at any stage), as at ZeRO
+        0/1. Derived: docs/formulas.md#comm.dp"""
+        return (self.zero >= 2) & (self.pp == 1)
+
+    @property
+    def gathered_per_microbatch(self) -> Any:
+        """ZeRO-3 without a pipeline: the weights are gathered again every micro-batch (sharded_per_microbatch)."""
+        return (self.zero >= 3) & (self.pp == 1)
 
     @property
     def expert_padding(self) -> float:
