@@ -59,9 +59,10 @@ TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo24
                   "torchtitan", "nemocp", "automodel", "mbridge-dense", "mbridge-moe", "bloom", "megascale", "mtnlg")
 FAMILIES = TRAIN_FAMILIES + ("megascale-opt", "bridgecard", "deepseek", "dgxc", "trtllm")
 """Scored, not fitted: dgxc, NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B step times, the only published runs of
-a dense Mamba-2 hybrid (no MoE), kept out of the fit so that they test the Mamba-2 pricing out of sample; deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
-Megatron-Bridge verification run, kept out of the fit so that its error stays out of sample (it is the H100
-profile's best published bf16 MFU); megascale-opt, MegaScale's optimised stack (parallel transformer block,
+a dense Mamba-2 hybrid (no MoE), kept out of the fit so that they test the Mamba-2 pricing out of sample, and its
+bf16 Llama 3.1 H100 step times (the H100 profile's best published bf16 MFU is its 8B row); deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
+Megatron-Bridge verification run, kept out of the fit so that its error stays out of sample (it was the H100
+profile's best published bf16 MFU until the DGX Cloud 8B row); megascale-opt, MegaScale's optimised stack (parallel transformer block,
 sliding-window attention, LAMB, fused operators: changes llmplan cannot describe), reported beside its
 Megatron-LM baseline (`megascale`) on the same plans: the gap between the two is software."""
 BRIDGE_FAMILIES = ("bridge", "mbridge-dense", "mbridge-moe")
@@ -181,8 +182,10 @@ ASSUMPTIONS = {
     "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
             "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
             "distributed optimizer, bf16 gradient reduction, sequence parallelism and TP communication overlap, "
-            "CUDA graphs where the launch script sets them; predicts tokens/s per GPU from the printed step time; "
-            "scored, not fitted",
+            "CUDA graphs where the launch script sets them; and its Llama 3.1 8B / 70B / 405B bf16 H100 rows "
+            "(v25.04.01, NeMo 2.0 pretrain_llama31.py in performance mode: the distributed optimizer, bf16 gradient "
+            "reduction, sequence parallelism and TP overlap with TP, no recompute); predicts tokens/s per GPU from "
+            "the printed step time; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
                 "the MoE SwiGLU output recomputed, as --recompute-modules layernorm mla_up_proj moe_act; bf16 Adam moments, "
@@ -2120,7 +2123,7 @@ REFERENCE_SEARCHES = (
 
 
 BEST_PUBLISHED_RUNS = (
-    ("h100-sxm", "bf16", "bridgecard-h100-bf16-qwen3-8b-16gpu-gbs1024"),
+    ("h100-sxm", "bf16", "dgxc-2504-pretrain-llama3.1-8b-h100-8gpu-bf16-tp1pp1cp2mbs1gbs128"),
     ("b200", "fp8", "bridge-2511-b200-fp8-cs-llama31-405b-128gpu-gbs64"),
     ("gb300", "fp8", "bridge-2511-gb300-fp8-cs-llama31-405b-256gpu-gbs1536"),
     ("gb200", "fp4", "bridge-2602-gb200-nvfp4-llama31-405b-256gpu-gbs1536"),

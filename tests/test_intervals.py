@@ -263,13 +263,15 @@ def test_estimate_json_and_text_carry_the_interval(cli):
 
 
 def test_search_marks_intervals_ties_and_time_to_train_range(cli):
-    args = ("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8")
+    # an A100 search whose #1 is predicted above the GPU's best published bf16 MFU (the H100 reference searches'
+    # #1 sit below H100's since the DGX Cloud Llama 3.1 8B row, 62.5%: docs/validation.md#top70b)
+    args = ("search", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--nodes", "1")
     r = cli(*args, "--json")
     assert r.code == 0, r.err
     d = r.json()
     top = d["plans"][0]
-    best = 0.557  # h100-sxm best_published_mfu (Megatron-Bridge Qwen3-8B card as llmplan counts)
-    assert top["throughput"]["mfu"] > best  # the reference search's #1 sits above the ceiling...
+    best = 0.563  # a100 best_published_mfu (Korthikanti et al. 2022, Table 5)
+    assert top["throughput"]["mfu"] > best  # the search's #1 sits above the ceiling...
     assert top["interval"]["ceiling_mfu"] == pytest.approx(best)
     assert top["interval"]["mfu"][1] == pytest.approx(best)  # ...so its interval is capped there, and says so
     assert "capped at the best published bf16 MFU" in top["interval"]["basis"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +96,36 @@ def test_cli_json_shows_runtime_parts() -> None:
     parts = mem["runtime_parts"]
     assert parts["nccl_communicators"] == 5
     assert parts["context"] + parts["cublas"] + parts["nccl"] < mem["other"]
+
+
+def test_userbuffers_are_transformer_engine_s_twelve_buffers() -> None:
+    # NVIDIA/TransformerEngine pytorch/module/base.py initialize_ub (d0067d0): 8 all-gather overlaps
+    # (layers_all_gather_overlap: qkv/fc1 fprop, qkv/proj/fc1/fc2 dgrad, proj/fc2 wgrad) and 4 reduce-scatter ones
+    # (proj/fc2 fprop, qkv/fc1 wgrad), each a buffer of the shape Megatron passes (megatron/training/
+    # initialize.py _initialize_tp_communicators: (seq x micro-batch / cp, hidden)), bf16, the all-gather ones
+    # uint8 in fp8. Llama 3.1 70B, s 4096, b 1: 12 x 4096 x 8192 x 2 B = 768 MiB; fp8: (8 x 1 + 4 x 2) B per
+    # element = 512 MiB; CP 2 halves the rows.
+    from llmplan.cost.runtime_memory import UB_ALL_GATHER_BUFFERS, UB_REDUCE_SCATTER_BUFFERS, userbuffer_bytes
+    assert (UB_ALL_GATHER_BUFFERS, UB_REDUCE_SCATTER_BUFFERS) == (8, 4)
+    h = builtin_models()["llama-3.1-70b"].hidden_size
+    p = _plan(tp=4, pp=2, pp_first=0, pp_last=0, dp=8, sp=True, tp_comm_overlap=True)
+    assert float(userbuffer_bytes(h, p)) == 768 * MIB
+    assert float(userbuffer_bytes(h, p.model_copy(update={"dtype": "fp8"}))) == 512 * MIB
+    assert float(userbuffer_bytes(h, p.model_copy(update={"dtype": "fp8"}), 2)) == (512 + 768) * MIB
+    assert float(userbuffer_bytes(h, p.model_copy(update={"cp": 2, "dp": 4}))) == 384 * MIB
+    assert float(userbuffer_bytes(h, p.model_copy(update={"tp_comm_overlap": False}))) == 0.0
+    assert float(userbuffer_bytes(h, p.model_copy(update={"tp_impl": "dtensor"}))) == 0.0  # torchtitan: none
+
+
+def test_userbuffers_sit_in_other_and_the_json() -> None:
+    m = builtin_models()["llama-3.1-70b"]
+    on = _plan(tp=4, pp=2, pp_first=0, pp_last=0, dp=8, sp=True, tp_comm_overlap=True)
+    a = training_memory(m, on, 80 * GIB, MemoryAllowance(), nccl_channels=16)
+    b = training_memory(m, on.model_copy(update={"tp_comm_overlap": False}), 80 * GIB, MemoryAllowance(),
+                        nccl_channels=16)
+    assert a.runtime is not None and float(a.runtime.userbuffers) == 768 * MIB
+    assert float(a.total - b.total) == pytest.approx(768 * MIB)
+    out = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-70b", "--hardware",
+                          "dgx-h100", "--nodes", "8", "--tp", "4", "--pp", "2", "--tp-comm-overlap", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["memory"]["runtime_parts"]["userbuffers"] == 768 * MIB

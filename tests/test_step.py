@@ -32,8 +32,6 @@ def test_flops_match_narayanan_eq3(name):
 
 # (system, profile field, model, sequence, published tokens/s per GPU, TFLOP/s as the source prints them, source)
 BEST_PUBLISHED = [
-    ("dgx-h100", "best_published_mfu", "qwen3-8b", 4096, 10456.348, 512.7,
-     "Megatron-Bridge examples/model_verification_cards/qwen3-8b/card.yaml, pretrain on 16 H100, bf16"),
     ("dgx-b200", "best_published_mfu_fp8", "llama-3.1-405b", 8192, 661, 1667,
      "Megatron-Bridge performance summary, NeMo 25.11, Llama 3.1 405B FP8-CS on 128 B200"),
     ("gb300-nvl72", "best_published_mfu_fp8", "llama-3.1-405b", 8192, 999, 2522,
@@ -62,6 +60,28 @@ def test_best_published_mfu_is_the_source_run_counted_as_llmplan_counts(system, 
     assert tokens * (full - attention / 2) / 1e12 == pytest.approx(printed, rel=0.005), source
     gpu = S[system].gpu
     assert tokens * full / gpu.peak_flops("bf16") == pytest.approx(getattr(gpu, field), abs=0.0006), source
+
+
+def test_h100_best_published_mfu_is_dgx_cloud_llama31_8b_bf16():
+    """H100's bf16 ceiling: NVIDIA/dgxc-benchmarking llama3.1/README.md at 85380ffe (v25.04.01, NeMo 25.02.01),
+    Llama 3.1 8B bf16 on 8 H100, GBS 128 x 8192, 12.27 s per step (85,459 tokens/s), MFU printed 62.47%. Its
+    Notes count model FLOPs as llmplan does (attention 12 L h^2 (1 + g/a + s/h): causal attention not halved),
+    4.74E+14 per 8,192-token sequence; llmplan's count matches within 0.5%, and the same tokens/s over the bf16
+    peak are the profile's ceiling. The Megatron-Bridge Qwen3-8B verification card (16 H100, 10,456 tokens/s,
+    512.7 TFLOP/s printed with causal attention halved), the ceiling before it, stays below it."""
+    m, s = M["llama-3.1-8b"], 8192
+    full = model_flops_per_step(m, ParallelPlan(global_batch=1, seq_len=s))
+    assert full == pytest.approx(4.74e14, rel=0.005)
+    tokens = 128 * s / 12.27 / 8
+    gpu = S["dgx-h100"].gpu
+    assert tokens * full / s / gpu.peak_flops("bf16") == pytest.approx(gpu.best_published_mfu, abs=0.0006)
+    assert 128 * 4.74e14 / 12.27 / 8 / gpu.peak_flops("bf16") == pytest.approx(0.6247, abs=0.0003)  # as printed
+    q = M["qwen3-8b"]
+    plan = ParallelPlan(global_batch=1, seq_len=4096)
+    qfull = model_flops_per_step(q, plan) / 4096
+    attention = 3 * q.num_hidden_layers * layer_flops(q, plan, False).attention / 4096
+    assert 10456.348 * (qfull - attention / 2) / 1e12 == pytest.approx(512.7, rel=0.005)
+    assert 10456.348 * qfull / gpu.peak_flops("bf16") < gpu.best_published_mfu
 
 
 def test_both_h100_profiles_share_the_reference():

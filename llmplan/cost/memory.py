@@ -28,7 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
 )
 from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
 from llmplan.cost.offload import offloaded_share
-from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes
+from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params,
@@ -37,6 +37,7 @@ from llmplan.cost.params import (
 from llmplan.cost.schedule import stage_order_cached
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan, has_layout
+from llmplan.specs.quantities import bf16_layer_counts
 from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
@@ -278,7 +279,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     after = maximum(peak - tensors, 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib
-    runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading) if stated is None else None
+    # Transformer Engine's userbuffers of the TP overlap. Derived: docs/formulas.md#mem.userbuffers
+    ub = userbuffer_bytes(m.hidden_size, plan, sum(bf16_layer_counts(plan, m.num_hidden_layers)))
+    runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading, ub) if stated is None else None
     fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
     other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after
     return TrainingMemory(

@@ -1,5 +1,6 @@
 """Per-GPU memory the framework's runtime holds outside the model's tensors: the CUDA context with its loaded
-kernel images, cuBLAS workspaces and NCCL's communicator buffers (docs/formulas.md#mem.runtime).
+kernel images, cuBLAS workspaces, NCCL's communicator buffers (docs/formulas.md#mem.runtime) and Transformer
+Engine's userbuffers of the TP communication overlap (docs/formulas.md#mem.userbuffers).
 
 All functions are pure and return bytes; they work on one ParallelPlan and, elementwise, on plan arrays.
 """
@@ -27,6 +28,11 @@ NCCL_CONNECTION_BYTES = float((1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)
 """Buffers of one NCCL connection per channel, one per protocol: Simple DEFAULT_BUFFSIZE (4 MiB, NCCL_BUFFSIZE),
 LL128 DEFAULT_LL128_BUFFSIZE (NCCL_LL128_ELEMS_PER_THREAD 120 x NCCL_LL128_MAX_NTHREADS 640 x NCCL_STEPS 8 x 8 B)
 and LL DEFAULT_LL_BUFFSIZE (8 lines x 512 threads x 8 steps x 16 B): NVIDIA/nccl src/init.cc."""
+UB_ALL_GATHER_BUFFERS = 8
+"""Userbuffers of Transformer Engine's all-gather overlaps (qkv / fc1 fprop, qkv / proj / fc1 / fc2 dgrad, proj /
+fc2 wgrad): initialize_ub's layers_all_gather_overlap (NVIDIA/TransformerEngine pytorch/module/base.py)."""
+UB_REDUCE_SCATTER_BUFFERS = 4
+"""Userbuffers of its reduce-scatter overlaps (proj / fc2 fprop, qkv / fc1 wgrad): layers_reduce_scatter_overlap."""
 TREE_CONNECTIONS = 2
 """Tree connections per channel that receive into a rank's buffers in a chain (one from the parent, one from the
 child: NCCL's trees are chains inside a node); the ring adds one (from the previous rank)."""
@@ -36,7 +42,7 @@ child: NCCL's trees are chains inside a node); the ring adds one (from the previ
 class RuntimeBytes(Breakdown):
     """Runtime memory of one rank outside the tensors; parts sum to total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("context", "cublas", "nccl")
+    PARTS: ClassVar[tuple[str, ...]] = ("context", "cublas", "nccl", "userbuffers")
 
     context: Any
     """CUDA context and the kernel images loaded into it (eager or lazy module loading)."""
@@ -44,6 +50,8 @@ class RuntimeBytes(Breakdown):
     """cuBLAS workspace of the compute stream (held in the caching allocator)."""
     nccl: Any
     """NCCL buffers of every communicator the rank belongs to."""
+    userbuffers: Any = 0.0
+    """Transformer Engine's userbuffers of the TP communication overlap (userbuffer_bytes), 0 without it."""
     communicators: Any = 0
     """Not a part: the number of NCCL communicators counted."""
 
@@ -67,14 +75,35 @@ def nccl_communicators(plan: ParallelPlan, stage: Any) -> Any:
     return groups + p2p + embedding + model_parallel
 
 
-def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool) -> RuntimeBytes:
-    """Runtime bytes of a rank of stage `stage`: the CUDA context, one cuBLAS workspace, and per NCCL
+def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> Any:
+    """Transformer Engine's userbuffers under Megatron's TP communication overlap (--tp-comm-overlap with SP):
+    initialize_ub registers one buffer per overlapped GEMM, UB_ALL_GATHER_BUFFERS all-gather ones and
+    UB_REDUCE_SCATTER_BUFFERS reduce-scatter ones, each of Megatron's input shape (s x b / cp, h), in bf16, the
+    all-gather ones in fp8 (1 B) under an fp8 / fp4 recipe, plus a bf16 set when such a recipe keeps bf16
+    layers (`bf16_layers` > 0: one set per quantization mode). Registered outside PyTorch's caching allocator.
+    0 without the overlap, or with PyTorch's DTensor TP (tp_impl dtensor: no userbuffers).
+    Source: NVIDIA/TransformerEngine pytorch/module/base.py initialize_ub, common/comm_gemm_overlap/
+    comm_gemm_overlap.cpp (CommOverlapBase / CommOverlapP2PBase buffers) at d0067d0; NVIDIA/Megatron-LM
+    megatron/training/initialize.py _initialize_tp_communicators at d98e8a6"""
+    row = plan.seq_len * plan.micro_batch / plan.cp * hidden
+    low = (plan.dtype == "fp8") | (plan.dtype == "fp4")
+    one_set = where(low, UB_ALL_GATHER_BUFFERS * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0,
+                    (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0) * row
+    bf16_set = where(low & (bf16_layers > 0), (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row, 0.0)
+    on = plan.tp_comm_overlap & plan.sp & (plan.tp > 1) & (plan.tp_impl == "megatron")
+    return where(on, one_set + bf16_set, 0.0)
+
+
+def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool,
+                  userbuffers: Any = 0.0) -> RuntimeBytes:
+    """Runtime bytes of a rank of stage `stage`: the CUDA context, one cuBLAS workspace, per NCCL
     communicator `channels x (1 ring + 2 tree) x` one connection's protocol buffers (NCCL before 2.22 connects
     rings and trees at init; from 2.22, NCCL_RUNTIME_CONNECT, at the first collective that uses them, which a
-    training step runs). Channels: GpuSpec.nccl_sms (one CTA per channel).
+    training step runs), and the TP overlap's `userbuffers` (userbuffer_bytes). Channels: GpuSpec.nccl_sms
+    (one CTA per channel).
     Source: NVIDIA/nccl src/init.cc (DEFAULT_*_BUFFSIZE); pytorch/pytorch PR #86509 (context)"""
     context = CUDA_CONTEXT_LAZY_BYTES if lazy_loading else CUDA_CONTEXT_EAGER_BYTES
     comms = nccl_communicators(plan, stage)
     nccl = comms * nccl_channels * (1 + TREE_CONNECTIONS) * NCCL_CONNECTION_BYTES
     return RuntimeBytes(context=context + 0.0 * comms, cublas=CUBLAS_WORKSPACE_BYTES + 0.0 * comms,
-                        nccl=nccl * 1.0, communicators=comms)
+                        nccl=nccl * 1.0, userbuffers=userbuffers + 0.0 * comms, communicators=comms)

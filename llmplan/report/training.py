@@ -60,7 +60,7 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "runtime_parts": None if mem.runtime is None else {
                 "context": f(mem.runtime.context), "cublas": f(mem.runtime.cublas), "nccl": f(mem.runtime.nccl),
-                "nccl_communicators": int(mem.runtime.communicators)}}
+                "userbuffers": f(mem.runtime.userbuffers), "nccl_communicators": int(mem.runtime.communicators)}}
 
 
 def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
@@ -340,7 +340,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     if mem.runtime is not None:  # the priced runtime bytes inside other
         rows += [("  CUDA context", mem.runtime.context, "mem.runtime"),
                  ("  cuBLAS workspace", mem.runtime.cublas, "mem.runtime"),
-                 (f"  NCCL buffers ({int(mem.runtime.communicators)} comms)", mem.runtime.nccl, "mem.runtime")]
+                 (f"  NCCL buffers ({int(mem.runtime.communicators)} comms)", mem.runtime.nccl, "mem.runtime"),
+                 ("  TP-overlap userbuffers", mem.runtime.userbuffers, "mem.userbuffers")]
     # the excess of the reduction / step peak (ZeRO-1 copies) over the backward's, not the copies themselves
     rows += [("  ZeRO-1 step peak excess", mem.after_backward, "mem.optimizer_copies")]
     for name, val, ref in rows:
