@@ -4,7 +4,8 @@ step times (records dgxc-*, Nemotron-H 56B; docs/validation.md#mamba-dense-hybri
 Prints, per Mamba-2 layer and micro-batch (forward and backward), the time llmplan prices for the mixer's scan
 and traffic (the step with that cost at x1 minus x0) beside what the row leaves unplaced (measured minus
 predicted step, over its micro-batches and Mamba-2 layers); then the median signed tokens/s error per model
-when llmplan's whole Mamba-2 cost (cost.mixers.mamba_scan_flops and mamba_memory_bytes) is scaled by k. The
+when llmplan's whole Mamba-2 cost (cost.mixers.mamba_scan_flops, mamba_scan_backward_flops and
+mamba_memory_bytes) is scaled by k. The
 scaling is an experiment on the shipped functions, not a pricing. Last, per model and GPU, the k each row
 would need for its predicted step to equal the measured one (1 + unplaced / the Mamba-2 cost priced in its step):
 one k across GPUs, releases and micro-batch sizes is what a mis-priced kernel would give; a spread is not.
@@ -29,12 +30,13 @@ ROWS = ("dgxc-2510-pretrain-nemotron-h-56b-gb200-128gpu-fp8-tp4pp1mbs2gbs384",
 GROUPS = (("nano", "mbridge-", "nemotron-3-nano"), ("super", "mbridge-", "nemotron-3-super"),
           ("56b", "dgxc-", "nemotron-h-56b"), ("deepseek-v3", "mbridge-", "deepseekv3"), ("qwen3", "mbridge-", "qwen3"))
 """(name, id prefix, id part) of the rows whose median error is printed."""
-SCAN, TRAFFIC = mixers.mamba_scan_flops, mixers.mamba_memory_bytes
+SCAN, BACKWARD, TRAFFIC = mixers.mamba_scan_flops, mixers.mamba_scan_backward_flops, mixers.mamba_memory_bytes
 
 
 def scaled(k: float) -> Any:
     """Patch the Mamba-2 scan FLOPs and traffic to k times the shipped functions."""
     return mock.patch.multiple(mixers, mamba_scan_flops=lambda m: k * SCAN(m),
+                               mamba_scan_backward_flops=lambda m: k * BACKWARD(m),
                                mamba_memory_bytes=lambda m, b=1: k * TRAFFIC(m, b))
 
 

@@ -18,7 +18,11 @@ from llmplan.cost.compute import (
     layer_seconds,
     ssd_scan_seconds,
 )
-from llmplan.cost.mixers import SSD_SCAN_EFFICIENCY, mamba_scan_flops
+from llmplan.cost.mixers import (
+    SSD_SCAN_EFFICIENCY,
+    mamba_scan_backward_flops,
+    mamba_scan_flops,
+)
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -53,6 +57,23 @@ def test_the_readme_shape_counts_as_mamba_scan_flops_does() -> None:
     assert mamba_scan_flops(m) - G * 2 * Q * N - H * 2 * N * P == H * (2 * Q * P + 2 * N * P)
 
 
+# Nemotron-3 Nano's scan per token and Mamba-2 layer (64 heads of 64, state 128, 8 groups, chunk 128), counted
+# by hand from state-spaces/mamba mamba_ssm/ops/triton/ssd_combined.py. Forward: C B^T per group (2QN), chunk
+# states B^T x and the read-out C h per head (2NP each), the scores times x per head (2QP).
+NANO_FORWARD = 8 * 2 * 128 * 128 + 64 * (2 * 128 * 64 + 2 * 2 * 128 * 64)
+# Backward (_mamba_chunk_scan_combined_bwd): C B^T and the chunk states recomputed (_bmm_chunk_fwd,
+# _chunk_state_fwd); per head dstates (_chunk_scan_bwd_dstates, 2NP), dx (_chunk_scan_chunk_state_bwd_dx: 2QP +
+# 2NP), dB (_chunk_state_bwd_db, 2NP), dC (_chunk_scan_bwd_dC, 2NP), dCB (_chunk_scan_bwd_dcb, 2QP), ddA
+# (_chunk_scan_bwd_ddAcs_stable, 2QP); per group the two _bmm_chunk_bwd (2QN each).
+NANO_BACKWARD = 3 * 8 * 2 * 128 * 128 + 64 * (3 * 2 * 128 * 64 + 5 * 2 * 128 * 64)
+
+
+def test_the_ssd_backward_counts_its_kernels_matmuls() -> None:
+    m = builtin_models()["nemotron-3-nano"]
+    assert mamba_scan_flops(m) == NANO_FORWARD == 3_407_872
+    assert mamba_scan_backward_flops(m) == NANO_BACKWARD == 9_175_040  # 2.69 times the forward, not 2
+
+
 def test_a_transformer_has_no_ssd_time() -> None:
     m, gpu = builtin_models()["llama-3.1-8b"], builtin_systems()["dgx-h100"].gpu
     plan = ParallelPlan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=4096)
@@ -70,7 +91,7 @@ def test_nano_scan_runs_slower_than_at_the_attention_rate(tp: int, mb: int, syst
     ssd_flops, ssd_s = ssd_scan_seconds(m, plan, gpu)
     assert ssd_flops == pytest.approx(8192 * mb * 23 / 52 * mamba_scan_flops(m) / tp)  # 23 of Nano's 52 blocks
     rate = SSD_SCAN_EFFICIENCY * gpu.peak_flops("bf16") * gpu.sustained_clock_fraction
-    assert ssd_s == pytest.approx(ssd_flops / rate)
+    assert ssd_s == pytest.approx(ssd_flops * (1 + NANO_BACKWARD / NANO_FORWARD) / 3 / rate)
     assert ssd_flops < layer_flops(m, plan, True).attention
     assert ssd_s > ssd_flops / (gpu.sustained_flops("bf16") * attention_fraction(gpu, plan, m))
     _, attention_s, _ = layer_seconds(m, plan, gpu, True)

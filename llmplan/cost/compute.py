@@ -72,7 +72,11 @@ from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this
     layer_gemms,
 )
 from llmplan.cost.memo import memoized
-from llmplan.cost.mixers import SSD_SCAN_EFFICIENCY, mean_mamba_scan_flops
+from llmplan.cost.mixers import (
+    SSD_SCAN_EFFICIENCY,
+    mean_mamba_scan_flops,
+    mean_mamba_scan_step_flops,
+)
 from llmplan.cost.params import padded_vocab
 from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was this module)
     CAST_BYTES,
@@ -198,10 +202,12 @@ def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[An
     """(FLOPs, forward-equivalent seconds) of the average layer's Mamba-2 SSD scan, one micro-batch, one rank:
     the scan FLOPs layer_flops counts in its attention part (the rank's s/cp x b tokens, its heads split by t),
     at SSD_SCAN_EFFICIENCY of the sustained rate of the plan's 16-bit kernels (bf16_kernel_format: the scan
-    runs in bf16 under every fp8 / fp4 recipe); its HBM traffic is elementwise_bytes'.
+    runs in bf16 under every fp8 / fp4 recipe), the seconds for the forward and the backward's own FLOPs
+    together (mean_mamba_scan_step_flops); its HBM traffic is elementwise_bytes'.
     Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800). Derived: docs/formulas.md#mixers.ssd_rate"""
-    flops = plan.seq_len / plan.cp * plan.micro_batch * mean_mamba_scan_flops(m) / plan.tp
-    return flops, flops / (SSD_SCAN_EFFICIENCY * gpu.sustained_flops(bf16_kernel_format(plan)))
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / plan.tp
+    rate = SSD_SCAN_EFFICIENCY * gpu.sustained_flops(bf16_kernel_format(plan))
+    return tokens * mean_mamba_scan_flops(m), tokens * mean_mamba_scan_step_flops(m) / rate
 
 
 def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any, peak_attn: Any) -> Any:

@@ -107,10 +107,33 @@ def mamba_scan_flops(m: ModelSpec) -> float:
     return G * 2 * Q * N + H * (2 * Q * P + 4 * N * P)
 
 
+def mamba_scan_backward_flops(m: ModelSpec) -> float:
+    """Backward FLOPs per token of one Mamba-2 layer's SSD scan as state-spaces/mamba's Triton backward runs it:
+    the forward's C B^T (2QN a group) and chunk states B^T x (2NP a head) recomputed; per head the state
+    gradients C^T dout (2NP), dx from (C B^T)^T dout (2QP) and B dstates (2NP), dB's x dstates (2NP), dC's
+    dout states (2NP), the score gradient dout x^T (2QP) and the decay gradient's dout x^T (2QP); per group dB
+    and dC from the score gradient (2QN each): 3 G 2QN + H(6QP + 10NP), against twice the forward's
+    2 G 2QN + H(4QP + 8NP) (Nemotron-3 Nano: 2.69 times the forward).
+    Source: state-spaces/mamba mamba_ssm/ops/triton/ssd_combined.py (_mamba_chunk_scan_combined_bwd: _bmm_chunk_fwd,
+    _chunk_state_fwd, _chunk_scan_bwd_dstates, _chunk_scan_chunk_state_bwd_dx, _chunk_state_bwd_db,
+    _chunk_scan_bwd_dC, _chunk_scan_bwd_dcb, _bmm_chunk_bwd twice, _chunk_scan_bwd_ddAcs_stable).
+    Derived: docs/formulas.md#mixers.ssd_rate"""
+    H, P, N, G, Q = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
+        m.mamba_chunk_size
+    return 3 * G * 2 * Q * N + H * (6 * Q * P + 10 * N * P)
+
+
 def mean_mamba_scan_flops(m: ModelSpec) -> float:
     """Mamba-2 scan FLOPs per token of the average layer (forward), the part of mean_scan_flops that runs in
     the Triton SSD kernels (SSD_SCAN_EFFICIENCY). Derived: docs/formulas.md#mixers.ssd_rate"""
     return m.count_layers("mamba") * mamba_scan_flops(m) / m.num_hidden_layers
+
+
+def mean_mamba_scan_step_flops(m: ModelSpec) -> float:
+    """Mamba-2 scan FLOPs per token of the average layer, forward and backward (mamba_scan_backward_flops)
+    together, in forward-equivalent units (the stage charges three times them). Derived:
+    docs/formulas.md#mixers.ssd_rate"""
+    return m.count_layers("mamba") * (mamba_scan_flops(m) + mamba_scan_backward_flops(m)) / 3 / m.num_hidden_layers
 
 
 def gdn_scan_flops(m: ModelSpec) -> float:

@@ -11,6 +11,7 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes
+from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.params import token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -73,10 +74,11 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     tensors that TP all-gathers (the two inputs, the two gradients; DTensor gathers its gradients in bf16) are
     cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
     tensor gathers its row-wise data only, so on Hopper the transposed copy of each gathered tensor, wanted by
-    the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer and a hybrid stack keep
-    the earlier count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts'
-    inputs are k permuted rows per token, and the Mamba mixers' projections have casts of their own, which
-    neither count holds. Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
+    the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer keeps the earlier
+    count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
+    k permuted rows per token, which the count does not hold. A hybrid stack's average layer casts its own
+    sub-blocks' projections (hybrid_cast_widths: its share of attention, of each recurrent mixer and of dense
+    MLP; an MoE layer's MLP at the MoE count). Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
     layernorm_linear.py (quantise, then gather_along_first_dim; backward: "If data is in FP8, we compute FP8
     transposes manually"); cuBLASLt FP8 TN requirement (common/gemm/cublaslt_gemm.cu).
     Derived: docs/formulas.md#compute.memory_bound"""
@@ -88,7 +90,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     cast = quantize_bytes(plan) + transposed
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    if moe or m.is_hybrid:
+    if moe and not m.is_hybrid:
         return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t) * share
     # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
@@ -98,8 +100,48 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     grads_sp = sp & (plan.tp_impl == "megatron")
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
+    if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
+        local, inputs, grads = hybrid_cast_widths(m, t, moe)
+        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(grads_sp, shard, cast))) \
+            * s * b * share / 3
     gathered = 2 * h * (where(sp, shard, cast) + where(grads_sp, shard, cast))
     return (cast * local + gathered) * s * b * share / 3
+
+
+def block_cast_widths(shapes: list[tuple[Any, Any]], h: int) -> tuple[Any, float]:
+    """(local elements, h-wide inputs) per token that one sub-block's chain of Transformer Engine linears,
+    (K, N) each on a TP rank, casts over the step: forward every GEMM input (K), backward every output
+    gradient (N). The hidden-state inputs (K = h, all but the last GEMM, whose K is the rank's own width) are
+    counted apart, in units of h, and so is the last GEMM's output gradient (N = h, one per sub-block);
+    the rest is local. Derived: docs/formulas.md#mixers.casts"""
+    *first, (k_last, _) = shapes
+    h_in = [isinstance(K, (int, float)) and K == h for K, _ in first]
+    local = sum(N for _, N in first) + k_last + sum(K for (K, _), wide in zip(first, h_in, strict=True) if not wide)
+    return local, float(sum(h_in))
+
+
+def hybrid_cast_widths(m: ModelSpec, t: Any, moe: bool) -> tuple[Any, float, float]:
+    """(local elements, h-wide inputs, h-wide output gradients) cast per token by a hybrid stack's average
+    layer over the step, by sub-block kind (block_cast_widths of its projections), each at its share of the
+    layers: softmax attention (attention_shapes), the Mamba-2 and linear-attention mixers (recurrent_gemm_shapes;
+    Mamba-2: in_proj h -> 2HP + 2GN + H, out_proj HP -> h, so forward h + HP, backward h + 2HP + 2GN + H) and a
+    dense MLP (fc1, fc2) where the layer holds one; an MoE layer's MLP at fp8_cast_bytes' MoE count (forward
+    h + (k f_e + f_shared)/t, backward twice that, as if gathered whole: local).
+    Source: NVIDIA/Megatron-LM megatron/core/ssm/mamba_mixer.py (in_proj and out_proj, the mixer's only
+    Transformer Engine linears; the convolution and SSD kernels run in bf16). Derived: docs/formulas.md#mixers.casts"""
+    h = m.hidden_size
+    rec = recurrent_gemm_shapes(m, t)
+    blocks = [(attention_share(m), attention_shapes(m, t))]
+    blocks += [(w, [(K1, N1), (K2, N2)]) for (K1, N1, w), (K2, N2, _) in zip(rec[::2], rec[1::2], strict=True)]
+    if not moe and dense_mlp_share(m):
+        f = m.intermediate_size / t
+        blocks.append((dense_mlp_share(m), [(h, f * (2 if m.gated_mlp else 1)), (f, h)]))
+    local: Any = 3 * (h + token_ffn_width(m, True) / t) if moe else 0.0
+    inputs = grads = 0.0
+    for w, shapes in blocks:
+        lo, wide = block_cast_widths(shapes, h)
+        local, inputs, grads = local + w * lo, inputs + w * wide, grads + w
+    return local, inputs, grads
 
 
 def bf16_kernel_format(plan: ParallelPlan) -> str:
