@@ -37,23 +37,47 @@ def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> A
     return grouped_gemm_efficiency(gpu, dtype, M, N, K, 1)
 
 
-def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, groups: Any) -> Any:
+def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, groups: Any,
+                            tile: int = TILE) -> Any:
     """Achieved fraction of peak of a grouped GEMM: `groups` experts' M x N x K matmuls in one launch (a rank's
     local experts, M its rows per expert). Each expert's rows start a new row of output tiles, so tile
     quantisation is the expert's own (M and N padded to whole 128-tiles: DeepGEMM's contiguous layout aligns
     every expert's segment to the M block); the tiles of all the experts fill the SMs together, so wave
     quantisation counts groups x tiles; the short-reduction term is the expert's K. groups = 1 is
     gemm_shape_efficiency. Small experts pay where their N or K are short (Qwen3-30B-A3B: f_e 768), not for
-    waves. Source: Gale et al. 2023 (MegaBlocks) §5 (all experts' blocks in one kernel); DeepGEMM README
-    (m-grouped contiguous layout); NVIDIA Matrix Multiplication Background (tile and wave quantization).
-    Derived: docs/formulas.md#compute.gemm"""
+    waves. `tile` the output tile's edge: a `tile` of 256 (FUSED_MLP_TILE) runs on a pair of SMs, so
+    sm_count x 128 / tile tiles make a wave. Source: Gale et al. 2023 (MegaBlocks) §5 (all experts' blocks in
+    one kernel); DeepGEMM README (m-grouped contiguous layout); NVIDIA Matrix Multiplication Background (tile
+    and wave quantization). Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:  # a calibrated profile measured the curve by smallest dimension
         return gemm_efficiency(gpu, dtype, minimum(M, minimum(N, K)))
-    tm, tn = np.ceil(np.maximum(M, 1) / TILE), np.ceil(np.maximum(N, 1) / TILE)
+    tm, tn = np.ceil(np.maximum(M, 1) / tile), np.ceil(np.maximum(N, 1) / tile)
     tiles = tm * tn * groups
-    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * TILE * TILE)
-    wave_fill = tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
+    tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * tile * tile)
+    slots = gpu.sm_count * TILE // tile  # a 256-wide tile spans two SMs (a 2-CTA cluster)
+    wave_fill = tiles / (np.ceil(tiles / slots) * slots)
     return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
+
+
+FUSED_MLP_TILE = 256
+"""Output tile edge of Transformer Engine's fused MXFP8 grouped MLP (ParallelPlan.expert_gemm grouped on
+Megatron-Core's TP, the op fuser's ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 / BackwardGroupedMLP that
+Megatron-Bridge's cutedsl_fused_grouped_mlp presets select): it calls cudnn-frontend's CuTeDSL SM100 grouped
+GEMMs (grouped_gemm_glu_wrapper_sm100, grouped_gemm_quant_wrapper_sm100, grouped_gemm_dglu_wrapper_sm100)
+without mma_tiler_mn, so they run their default (256, 256) tile on a 2-SM cluster. An N of 2,880 (GPT-OSS's
+fc2) fills 2,880 / 3,072 = 93.75% of its 256-wide tiles against 97.8% of 128-wide ones; the fusion takes dims
+that are multiples of 64 (256 before v2.15). Source: NVIDIA/TransformerEngine
+transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py and ops/_common.py (validate_grouped_mlp_dims,
+fuse_grouped_mlp_ops) at v2.16; NVIDIA/cudnn-frontend python/cudnn grouped_gemm_glu_wrapper_sm100
+(mma_tiler_mn = (256, 256), m_aligned = 256). Derived: docs/formulas.md#compute.gemm"""
+
+
+def expert_gemm_tile(plan: ParallelPlan, fmt: str) -> Any:
+    """Output tile edge of the routed experts' grouped GEMM: FUSED_MLP_TILE where Transformer Engine's fused
+    MXFP8 grouped MLP runs it (mxfp8, fused kernels, expert_gemm grouped, Megatron-Core's TP, expert TP 1),
+    TILE elsewhere. Derived: docs/formulas.md#compute.gemm"""
+    fused_mlp = (fmt == "mxfp8") & plan.fused_kernels & (plan.expert_gemm == "grouped")
+    return where(fused_mlp & (plan.tp_impl == "megatron") & (plan.etp_resolved == 1), FUSED_MLP_TILE, TILE)
 
 
 GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": MXFP8_BYTES, "fp4": NVFP4_BYTES}
@@ -234,7 +258,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
-            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g) * scale
+            tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE
+            whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g, tile) * scale
             if module == "expert":  # few rows per expert: the weights' reads, not the tensor cores, set the time
                 whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / gpu.hbm_achieved_bytes_per_s)
             if split and role:
