@@ -54,6 +54,8 @@ def test_llama3_405b_stages_hold_what_megatrons_schedule_holds(cli, nodes, dp):
     # 2(p - i - 1) + (v - 1)·N chunk forwards, N = microbatch_group_size_per_vp_stage, pp by default and never
     # below it (forward_backward_pipelining_with_interleaving raises), all n·v when that reaches n·v
     # (are_all_microbatches_in_warmup); the first 1F1B forward adds one before the first backward frees one.
+    # PyTorch's flexible interleaved 1F1B (ScheduleInterleaved1F1B, torch/distributed/pipelining/schedules.py at
+    # 00722e6: max(1, n // pp) rounds of N = n / rounds, the same warm-up) gives N = 16 at both rows, the same.
     # Rank 1 runs 8 one-layer chunks: chunk forwards held = layers x micro-batches held.
     p, v, n, i = 16, 8, 2048 // dp, 1
     held = min(2 * (p - i - 1) + (v - 1) * p + 1, n * v)  # 16K GPUs: all 128; 8K GPUs: 141 of 256
