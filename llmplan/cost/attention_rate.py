@@ -260,7 +260,8 @@ DROPOUT_BENCH_CALL = (4, 1024, 16)
 """(sequences, tokens per sequence, heads) of the published dropout measurements (FLASH2_DROPOUT_RATIO,
 GpuSpec.attention_dropout_ratio): 4,096 tokens in 4 sequences, 16 heads of 128, Transformer Engine's
 DotProductAttention at its default mask, causal (attn_mask_type "causal"; thd: padding_causal), sbhd's batch
-of 4 x 1,024 (NVIDIA/TransformerEngine#3312; dot_product_attention.py at v2.x: attn_mask_type default "causal").
+of 4 x 1,024 (NVIDIA/TransformerEngine#3312; transformer_engine/pytorch/attention/dot_product_attention/
+dot_product_attention.py, 2025: DotProductAttention's attn_mask_type defaults to "causal", qkv_format to "sbhd").
 Derived: docs/formulas.md#compute.attention_dropout"""
 
 
