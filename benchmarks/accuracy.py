@@ -563,6 +563,7 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
             gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, attention_bias=True,
             mlp_bias=True, attention_dropout=drop, hidden_dropout=drop, embedding_norm=True)
     mpt = fam == "mpt"
+    no_dropout = mpt or (fam == "nemo2407" and "-nemotron-" in rec["id"])
     # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
     # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
     r08 = rec["id"].startswith(MEGATRON_R08_GPT)
@@ -578,7 +579,9 @@ def model_for(rec: dict, fam: str) -> ModelSpec:
                                                                          "megatron2020", "megascale",
                                                                          "megascale-opt", "mtnlg"),
         attention_bias=True, mlp_bias=True,
-        attention_dropout=0.0 if mpt else 0.1, hidden_dropout=0.0 if mpt else 0.1,  # llm-foundry: no dropout
+        # llm-foundry: no dropout; NeMo 24.07's Nemotron-4 configs set attention and hidden dropout 0.0 (NVIDIA/
+        # NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_{8b,340b}.yaml), its GPT-3 ones 0.1
+        attention_dropout=0.0 if no_dropout else 0.1, hidden_dropout=0.0 if no_dropout else 0.1,
     )
 
 

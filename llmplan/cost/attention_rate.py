@@ -77,7 +77,8 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
     once, backward (over key tiles) twice. The asymptote is a rank's share of s^2/2 useful (query, key) pairs
     per head at one tile iteration per SM, no fixed work. k0 is H100's (FA3 for the native kernel, FA2 for
     flash2 and where the native kernel is FA2) on every GPU; `keys` gives another kernel's (forward, backward)
-    fixed keys (TRITON_FLASH_ATTENTION).
+    fixed keys (TRITON_FLASH_ATTENTION). With attention dropout every tile iteration takes dropout_tile_factor
+    times as long (the asymptote stays the kernel's without dropout).
     Source: Dao 2023, FlashAttention-2 §3.2 (causal: blocks above the diagonal skipped, the diagonal block
     masked); Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: the per-step
     sections); Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank (2·cp chunks: rank r holds
@@ -86,10 +87,11 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
     H = plan.micro_batch * m.num_attention_heads / plan.tp  # (head, sequence) pairs per call
     n = np.ceil(plan.seq_len / (2 * plan.cp * ATTENTION_TILE))  # tiles per chunk
     k_fwd, k_bwd = fixed_keys(plan, gpu) if keys is None else keys
+    x = dropout_tile_factor(m, plan, gpu)  # attention dropout: each tile iteration x as long
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
-        return (attention_call_seconds(q * H, tiles * H, q_loop, sms, k_fwd)
-                + 2 * attention_call_seconds(k * H, tiles * H, k_loop, sms, k_bwd))
+        return (attention_call_seconds(q * H, x * tiles * H, x * q_loop, sms, k_fwd)
+                + 2 * attention_call_seconds(k * H, x * tiles * H, x * k_loop, sms, k_bwd))
 
     halves = maximum(passes(2 * n, n, 2 * n * n, n, 2 * n), passes(n, 2 * n, 2 * n * n, 2 * n, n))
     ring = passes(2 * n, 2 * n, 2 * n * n + n, 2 * n, 2 * n) + (plan.cp - 1) * halves
@@ -153,8 +155,10 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     N = np.ceil(s / T)
     j = np.minimum(np.ceil((w - 1) / T) + 1, N)
     k_fwd, k_bwd = fixed_keys(plan, gpu)
-    work = window_call_tiles(N, j) * H
-    time = attention_call_seconds(N * H, work, j, sms, k_fwd) + 2 * attention_call_seconds(N * H, work, j, sms, k_bwd)
+    x = dropout_tile_factor(m, plan, gpu)  # attention dropout: each tile iteration x as long
+    work = x * window_call_tiles(N, j) * H
+    time = (attention_call_seconds(N * H, work, x * j, sms, k_fwd)
+            + 2 * attention_call_seconds(N * H, work, x * j, sms, k_bwd))
     mean_keys = window_key_count(w, s) / 2  # keys a query sees, on average
     return 3 * H * (s / T) * (mean_keys / T) / sms / time
 
@@ -231,7 +235,8 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     """Achieved fraction of the sustained peak on the attention-score FLOPs: for a fused kernel the GPU's
     kernel's asymptotic rate (fused_attention_asymptote: FlashAttention-2's published rate when the plan
     runs FA2 or FA2 is the native kernel, else the native kernel's), times the GPU's softmax (exp-rate) ratio,
-    times the kernel's rate at the model's head dimension (head_dim_attention_ratio); the calls' length enters apart (attention_rate_ratio). Unfused
+    times the kernel's rate at the model's head dimension (head_dim_attention_ratio); the calls' length and
+    attention dropout's per-pair work enter apart (attention_rate_ratio, dropout_tile_factor). Unfused
     attention runs its score matmuls at unfused_attention_efficiency (its score traffic is priced in
     elementwise_bytes). Source: Shah et al. 2024 (FlashAttention-3), abstract; NVIDIA, "Making Softmax More
     Efficient with NVIDIA Blackwell Ultra". Derived: docs/formulas.md#compute.attention"""
@@ -240,6 +245,69 @@ def attention_fraction(gpu: GpuSpec, plan: ParallelPlan, m: ModelSpec) -> Any:
     fused = fused_attention_asymptote(gpu, plan) * gpu_head_dim_ratio(m, gpu, d0)
     unfused = gpu.unfused_attention_efficiency * unaligned_bmm_ratio(m, plan, gpu)
     return where(plan.flash_attention, fused, unfused) * gpu.softmax_attention_ratio
+
+
+FLASH2_DROPOUT_RATIO = 0.728 / 0.695
+"""FlashAttention-2's forward + backward time with attention dropout over its time without, bf16, head dim 128:
+flash-attn 2.7.4 through Transformer Engine 2.17 (thd, 16 heads, 4 sequences, 4096 tokens) on GB200, 0.728 ms at
+dropout 0.1 against 0.695 ms at 0.0, 1.047 (NVIDIA/TransformerEngine PR #3313, 2026-08-05; the same report
+gives FA2 +0.024 ms for dropout on B300). FA2 runs the same Ampere-style kernel (mma.sync, the Philox mask made
+in its softmax loop) on every GPU, so this one ratio prices it everywhere; the only FA2 dropout rate published.
+Derived: docs/formulas.md#compute.attention_dropout"""
+
+
+DROPOUT_BENCH_CALL = (4, 1024, 16)
+"""(sequences, tokens per sequence, heads) of the published dropout measurements (FLASH2_DROPOUT_RATIO,
+GpuSpec.attention_dropout_ratio): 4,096 tokens in 4 sequences, 16 heads of 128, Transformer Engine's
+DotProductAttention at its default mask, causal (attn_mask_type "causal"; thd: padding_causal), sbhd's batch
+of 4 x 1,024 (NVIDIA/TransformerEngine#3312; transformer_engine/pytorch/attention/dot_product_attention/
+dot_product_attention.py, 2025: DotProductAttention's attn_mask_type defaults to "causal", qkv_format to "sbhd").
+Derived: docs/formulas.md#compute.attention_dropout"""
+
+
+def dropout_bench_loop_share(gpu: GpuSpec, fa2: Any) -> Any:
+    """The share of the published dropout calls' time (DROPOUT_BENCH_CALL, forward + backward) spent in the
+    kernel's loop over tiles, where the dropout's per-pair work runs: the causal call's N(N + 1)/2 tile
+    iterations per head and sequence (the diagonal tiles whole) over its time with the per-CTA fixed work
+    (ATTENTION_FIXED_KEYS: FA2's where `fa2`, else the native kernel's), as attention_rate_ratio prices a
+    call. 0.62 for the native (FA3) constants, 0.73 for FA2's; the SM count cancels (many waves).
+    Derived: docs/formulas.md#compute.attention_dropout"""
+    b, s, a = DROPOUT_BENCH_CALL
+    N = float(np.ceil(s / ATTENTION_TILE))
+    H, tiles = b * a, N * (N + 1) / 2
+    k_fwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][0], ATTENTION_FIXED_KEYS["native"][0])
+    k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
+    sms = gpu.sm_count
+    time = (attention_call_seconds(N * H, tiles * H, N, sms, k_fwd)
+            + 2 * attention_call_seconds(N * H, tiles * H, N, sms, k_bwd))
+    return 3 * tiles * H / sms / time
+
+
+def dropout_tile_factor(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """How much longer a fused attention kernel's tile iteration (forward and backward) takes with the model's
+    attention dropout, at its head dimension d: 1 without dropout (attention_dropout 0) or without fused
+    attention (the unfused path's dropout is HBM traffic: elementwise_bytes). The kernel makes the mask in its
+    softmax loop, a Philox draw per (query, key) pair in forward and again in backward (nothing is stored), and
+    a select on the probabilities: per-pair work that depends on neither p (p > 0) nor d, beside the softmax's
+    (head_dim_attention_ratio's d0); the per-CTA fixed work (ATTENTION_FIXED_KEYS) does not grow. r, the
+    published ratio of whole calls at d = 128 (the native kernel's GpuSpec.attention_dropout_ratio;
+    FLASH2_DROPOUT_RATIO for FA2 and where none is published), is r - 1 = w·f with f the published calls' loop
+    share (dropout_bench_loop_share), so an iteration takes 1 + w longer at d = 128 and, the work counted in
+    head dimensions, 1 + w(128 + d0)/(d + d0) at d, d0 the kernel's softmax head dimension on this GPU
+    (gpu_head_dim_ratio's). attention_rate_ratio and window_rate_ratio apply it.
+    Source: NVIDIA/TransformerEngine#3312 and PR #3313 (cuDNN and FA2, dropout 0.1 vs 0.0); Dao et al. 2022,
+    FlashAttention, Appendix B (Algorithms 2 and 4: the pseudo-random state saved in forward, the mask
+    regenerated in backward). Derived: docs/formulas.md#compute.attention_dropout"""
+    if m.attention_dropout == 0:
+        return 1.0
+    flash2 = plan.attention_kernel == "flash2"
+    fa2_rate = flash2 | gpu.native_attention_flash2 | (gpu.attention_dropout_ratio is None)
+    native = gpu.attention_dropout_ratio if gpu.attention_dropout_ratio is not None else FLASH2_DROPOUT_RATIO
+    r = where(flash2 | gpu.native_attention_flash2, FLASH2_DROPOUT_RATIO, native)
+    w = (r - 1.0) / dropout_bench_loop_share(gpu, fa2_rate)
+    d0 = exp_bound_softmax_head_dim(where(flash2, gpu.flash2_softmax_head_dim, gpu.attention_softmax_head_dim), gpu)
+    d = mean_head_dim(m)
+    return where(plan.flash_attention, 1.0 + w * (128.0 + d0) / (d + d0), 1.0)
 
 
 CUBLAS_TENSOR_CORE_ALIGN_BYTES = 16

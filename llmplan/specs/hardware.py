@@ -132,6 +132,12 @@ class GpuSpec(Spec):
     (native_attention_flash2). A100: 1.07 (Dao 2023, FlashAttention-2, Figure 4d); GH100: 0.58
     (Dao-AILab/flash-attention assets/flash2_h100_fwd_bwd_benchmark.png); docs/formulas.md#compute.flash2_rate.
     None: FA2 runs at flash2_attention_ratio x the native kernel's asymptote."""
+    attention_dropout_ratio: float | None = Field(default=None, ge=1, le=10)
+    """Forward + backward time of the native fused attention kernel with attention dropout over its time
+    without, bf16, head dim 128, as published for this GPU's die (Hopper cuDNN 1.034, B300 cuDNN 1.094:
+    NVIDIA/TransformerEngine#3312, sbhd). None: no published number; the native kernel is priced at
+    FlashAttention-2's (cost.attention_rate.FLASH2_DROPOUT_RATIO), as the flash2 kernel always is
+    (docs/formulas.md#compute.attention_dropout)."""
     attention_softmax_head_dim: float = Field(default=43.0, ge=0, le=1024)
     """Head dimension at which the native fused attention kernel's per-(query, key) softmax work takes as
     long as its 4d matmul FLOPs: its rate goes as d / (d + this), relative to d = 128 (head_dim_attention_ratio,
