@@ -28,6 +28,7 @@ def test_cp_winner_is_explained_against_the_best_plan_without_cp(cli):
     # the human line says which plan and why (recompute or micro-batches per pipeline, whichever differ)
     line = " ".join(human.split())
     assert "#1 vs best without CP (" in line
+    assert max(map(len, human.splitlines())) <= 80  # the line wraps inside the brief's 80 columns
     if best["plan"]["recompute"] != without["plan"]["recompute"]:
         assert f"without CP the best plan recomputes {without['plan']['recompute']}" in line
 
