@@ -25,8 +25,8 @@ def test_records_are_the_printed_rows(published_runs, rid, step, tokens, mfu):
 
 
 SLOW_8B = pytest.mark.xfail(strict=True, reason="-10.0% (9,609 vs 10,682 tok/s/GPU) since Transformer Engine's CP "
-                             "merge passes are priced (docs/formulas.md#compute.cp_merge); -8.6% before. NVIDIA's "
-                             "short-sequence CP rows are all predicted 1-16% slow (docs/validation.md#top70b)")
+                             "merge passes are priced (docs/formulas.md#compute.cp_merge); -8.6% before; the same "
+                             "release's 70B / 405B CP2 rows are within 2% (-0.0% / -1.6%: docs/validation.md#top70b)")
 
 
 @pytest.mark.parametrize("rid, rel", [(R70, 0.05), (R405, 0.05), pytest.param(R8, 0.10, marks=SLOW_8B)])
