@@ -531,7 +531,7 @@ max_seq_len x d_model position table included, on all 216 rows (seq_len 512 .. 6
 
 def model_for(rec: dict, fam: str) -> ModelSpec:
     """The record's model: a built-in with the same layers, width and heads (Llama, GPT-3 shapes), else a
-    plain GPT of the record's dimensions (MPT: no biases, ALiBi instead of learned positions)."""
+    plain GPT of the record's dimensions (MPT: learned positions and biases, MPT_BENCHMARK_ARCH)."""
     md = rec["model"]
     named = MBRIDGE_NAMED_MODELS.get(md.get("name", ""))
     if named is not None:  # a row without dimensions (model_dims not recorded): the built-in of its name

@@ -70,7 +70,8 @@ def test_megatron_core_r08_smallest_row_pays_the_bucket_passes(acc, published_ru
     # NVIDIA/Megatron-LM README at core_r0.8.0, 'Training Speed and Scalability' (images/model_table.png): GPT 1.7B
     # on 48 H100 at TP1 PP1 DP48, batch 192: 41% MFU, with Megatron-LM's defaults (the README lists only the
     # overlap flags). 1.75B parameters per rank (untied output layer: MEGATRON_R08_GPT) in fp32 gradients, 12 bytes
-    # each (norm read, scale read + write): about 21 GB, 1-3% of a 0.4 s step. Stated tolerance: within 15% of the published MFU.
+    # each (norm read, scale read + write): about 21 GB, 1-3% of a 0.4 s step. Stated tolerance: within 15% of the
+    # published MFU.
     rec = published_runs["megatron-core-r0.8-weak-1.7b"]
     plan = acc.plan_for(rec, "megatron", rec["hardware"]["gpus"])
     assert plan.grad_nan_check and plan.grad_prescale and plan.grad_dtype == "fp32"

@@ -5,7 +5,8 @@ step (Dubey et al. 2024, The Llama 3 Herd of Models, Table 4) is the case: Meta 
 names the lower batch per DP group (more pipeline bubble) as why 16K GPUs ran at 41% MFU against 43% on 8K
 (§3.3.2); NVIDIA's H100 preset for the same model runs cp 2 at 8,192 tokens (NVIDIA-NeMo/Megatron-Bridge
 scripts/performance/configs/llama/llama31_workload_base_configs.py at 0013c9a8,
-LLAMA31_405B_PRETRAIN_CONFIG_H100_BF16_V1: tp8 pp8 cp2 vp8 on 1,024 GPUs), so a CP #1 here is a layout a team runs, and the output says what it buys."""
+LLAMA31_405B_PRETRAIN_CONFIG_H100_BF16_V1: tp8 pp8 cp2 vp8 on 1,024 GPUs), so a CP #1 here is a layout a team
+runs, and the output says what it buys."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_cp_winner_is_explained_against_the_best_plan_without_cp(cli):
     # the human line says which plan and why (recompute or micro-batches per pipeline, whichever differ)
     line = " ".join(human.split())
     assert "#1 vs best without CP (" in line
+    assert max(map(len, human.splitlines())) <= 80  # the line wraps inside the brief's 80 columns
     if best["plan"]["recompute"] != without["plan"]["recompute"]:
         assert f"without CP the best plan recomputes {without['plan']['recompute']}" in line
 

@@ -25,7 +25,8 @@ TOLERANCE = 0.05  # the solve uses 512 and 16k of Figure 4d; the other points ar
 def _ratio(head_dim: int, s: int) -> float:
     """The modelled Triton / FA2 rate ratio on the figure's benchmark: hidden 2048 in heads of head_dim."""
     m = builtin_models()["gpt-1.7b"].model_copy(update={"hidden_size": 2048, "num_attention_heads": 2048 // head_dim})
-    plan = ParallelPlan(attention_kernel="flash2", seq_len=s, micro_batch=max(1, 16384 // s), global_batch=max(1, 16384 // s))
+    b = max(1, 16384 // s)
+    plan = ParallelPlan(attention_kernel="flash2", seq_len=s, micro_batch=b, global_batch=b)
     return float(triton_flash2_ratio(m, plan, builtin_gpus()["a100-80gb"]))
 
 
