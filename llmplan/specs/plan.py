@@ -234,6 +234,12 @@ class ParallelPlan(PlanQuantities, Spec):
     copy, an add and a concatenation), which Megatron-Bridge runs for YaRN position embeddings (GPT-OSS:
     validate_rope_fusion_compatibility turns apply_rope_fusion off for any embedding but "rope") and
     Megatron-Core whenever the YaRN concentration is not 1 (docs/formulas.md#compute.memory_bound)."""
+    rope_complex: bool = False
+    """The rotary is PyTorch complex arithmetic (torchtitan's Llama at 9dec370, apply_rotary_emb: the fp32 copy
+    viewed as complex, times freqs_cis, viewed back and cast), which torch.compile's Inductor does not generate
+    code for: it warns "Torchinductor does not support code generation for complex operators" and runs the eager
+    kernels (pytorch/torchtitan#15), so with fused_kernels the rotary still costs its eager passes
+    (docs/formulas.md#compute.eager_ops). Without fused_kernels the eager rotary is priced this way already."""
     glu_clamp_fusion: bool = False
     """With a model whose gated MLP clamps its halves (ModelSpec.swiglu_limit: GPT-OSS), the clamp runs inside
     the experts' fused activation kernel (True: Transformer Engine's ScaledClampedQGeGLU op in Megatron-Core's
