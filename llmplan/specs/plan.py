@@ -209,6 +209,12 @@ class ParallelPlan(PlanQuantities, Spec):
     2021: each module's parameters fetched before it runs and released after, so a recompute forward gathers
     again, three gathers per micro-batch under full recompute; each call copies one slice per rank on a host
     that never runs ahead of the GPU). docs/formulas.md#comm.zero3_unit"""
+    zero3_copy_out: bool = False
+    """ZeRO-3 as PyTorch FSDP2 (fully_shard) runs it: each all-gather lands in one flat buffer whose slices are
+    then copied into the unsharded parameters on the compute stream (foreach_all_gather_copy_out,
+    torch.split_with_sizes_copy), a read and a write of the gathered bytes before the layer can run
+    (docs/formulas.md#step.zero3_copy_out). False: the collective writes the parameters in place (FSDP1's flat
+    parameter, Megatron's buffers)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_backward_overlap: bool = True
