@@ -53,3 +53,21 @@ def test_it_is_part_of_the_step_overhead(acc, published_runs):
     e = estimate_training(acc.model_for(rec, "torchtitan"), acc.cluster_of(system, 8), plan)
     assert e.time.overheads["zero3_copy_out"] > 0
     assert sum(e.time.overheads.values()) == pytest.approx(e.time.overhead)
+
+
+def test_the_text_report_names_the_copy_out(tmp_path):
+    # a plan file with zero3_copy_out reaches the step-time table as its own row (report layer: OVERHEAD_ROWS)
+    import io
+
+    from rich.console import Console
+
+    from llmplan.report.training import time_table
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    plan = ParallelPlan(dp=8, zero=3, micro_batch=1, global_batch=16, seq_len=4096, zero3_copy_out=True)
+    e = estimate_training(builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1), plan)
+    out = io.StringIO()
+    Console(file=out, width=80).print(time_table(e))
+    assert "FSDP2 all-gather copy-out" in out.getvalue() and "step.zero3_copy_out" in out.getvalue()
