@@ -1165,6 +1165,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         grad_nan_check=fam == "megatron", grad_prescale=fam == "megatron",
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
+        # and its complex rotary (model.py apply_rotary_emb at 9dec370) stays eager under torch.compile too: Inductor
+        # runs complex operators as their eager kernels (pytorch/torchtitan#15)
+        rope_complex=fam == "torchtitan",
+        # FSDP2 (fully_shard) copies every all-gather out into the parameters on the compute stream
+        zero3_copy_out=fam in ("torchtitan", "automodel"),
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         # torchtitan 9dec370 runs PyTorch's experimental context_parallel with its default rotate method
         # (config_manager.py: context_parallel_rotate_method "allgather"; utils.py create_context_parallel_ctx)

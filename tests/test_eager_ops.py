@@ -61,6 +61,30 @@ def test_eager_complex_rotary_and_swiglu_bytes_counted_from_the_operations():
     assert EAGER_SWIGLU_BYTES == (4 + 6, 6 + 6 + 6)
 
 
+def test_a_compiled_complex_rotary_moves_its_eager_bytes():
+    # torchtitan's apply_rotary_emb (model.py at 9dec370) is complex arithmetic, which Inductor runs as the eager
+    # kernels (pytorch/torchtitan#15: "Torchinductor does not support code generation for complex operators"):
+    # with fused kernels (torch.compile) and rope_complex the rotary costs what eager's does, the rest stays fused
+    fused, eager = _plans()
+    compiled = fused.model_copy(update={"rope_complex": True})
+    m = ModelSpec(**DENSE)
+    rope = T * 64 * (4 + 2) * (sum(EAGER_COMPLEX_ROPE_BYTES) / 3 - 4)
+    assert elementwise_bytes(m, compiled, False) - elementwise_bytes(m, fused, False) == pytest.approx(rope)
+    # eager already priced the complex rotary: the switch moves nothing there
+    assert elementwise_bytes(m, eager.model_copy(update={"rope_complex": True}), False) == pytest.approx(
+        elementwise_bytes(m, eager, False))
+    # a model without rotary (learned positions) has nothing to move
+    learned = ModelSpec(**DENSE, learned_position_embeddings=True)
+    assert elementwise_bytes(learned, compiled, False) == pytest.approx(elementwise_bytes(learned, fused, False))
+
+
+def test_torchtitan_rows_read_the_complex_rotary(acc, published_runs):
+    # every torchtitan row ran model.py's complex rotary; other stacks' fused rotaries are real-valued kernels
+    rec = published_runs["torchtitan-2412-t1-llama31-8b-8gpu-fsdp-compile"]
+    assert acc.plan_for(rec, "torchtitan", 8).rope_complex
+    assert not acc.plan_for(rec, "automodel", 8).rope_complex
+
+
 def test_a_layernorm_model_keeps_three_passes_unfused():
     # PyTorch's LayerNorm is one native kernel even in eager; the unfused fallback's three passes are kept
     fused, eager = _plans()

@@ -36,11 +36,12 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     sp = where(plan.sp, t, 1)
     # Unfused (fused_kernels False: PyTorch eager, torchtitan without torch.compile): an RMSNorm as its eager ops
     # (eager_norm_bytes); a LayerNorm reads its input twice and writes and re-reads the normalised tensor (3x);
-    # the rotary as torchtitan's eager complex product (EAGER_COMPLEX_ROPE_BYTES)
+    # the rotary as torchtitan's eager complex product (EAGER_COMPLEX_ROPE_BYTES), compiled or not (rope_complex:
+    # Inductor runs complex operators as their eager kernels)
     norm = eager_norm_bytes(m, plan)
     norms_residual = (2 * norm + 12) * T * h / sp * norms_per_layer(m) / 2  # a norm and an add per sub-block
     qk_width = m.d_head * (m.num_attention_heads / t + kv_heads_per_rank(m, t)) * attention_share(m)
-    fused_rope = where(plan.fused_kernels, 4.0, sum(EAGER_COMPLEX_ROPE_BYTES) / 3)
+    fused_rope = where(plan.fused_kernels and not plan.rope_complex, 4.0, sum(EAGER_COMPLEX_ROPE_BYTES) / 3)
     rope_pass = where(plan.rope_fusion, fused_rope, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = norm * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above

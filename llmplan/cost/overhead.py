@@ -84,6 +84,20 @@ def grad_buffer_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -
     return passes * reductions * plan.grad_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s
 
 
+def zero3_copy_out_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -> Any:
+    """Seconds per step of FSDP2's all-gather copy-out (plan.zero3_copy_out) on the compute stream: every gather's
+    weight_bytes per parameter of the rank read from the flat all-gather buffer and written into the parameters,
+    at the GPU's achieved HBM bandwidth; two gathers a micro-batch without a pipeline (forward, and backward after
+    reshard_after_forward), one a step with one (the weights stay gathered across the micro-batches: torchtitan
+    reshard_after_forward = not pp_enabled). The reduce-scatter's copy-in runs on its own stream and is not priced.
+    Source: pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (foreach_all_gather_copy_out:
+    split_with_sizes_copy after the all-gather event, on the current stream). Derived:
+    docs/formulas.md#step.zero3_copy_out"""
+    gathers = where(plan.gathered_per_microbatch, 2 * plan.num_microbatches, 1)
+    on = plan.zero3_copy_out & (plan.zero >= 3) & (plan.dp * plan.cp > 1)
+    return where(on, gathers * 2 * plan.weight_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s, 0.0)
+
+
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
                  syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads

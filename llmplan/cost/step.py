@@ -56,6 +56,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     host_seconds,
     host_sync_seconds,
     straggler_seconds,
+    zero3_copy_out_seconds,
 )
 from llmplan.cost.params import (
     ALL_BUT_ZERO,
@@ -103,7 +104,8 @@ class StepTime(Breakdown):
     """The parts of `overhead` (they sum to it): host (kernel launches the GPU waits for), stragglers (the
     slowest of the job's GPUs sets the pace), measured (GpuSpec.step_overhead_s, 0 unless a fleet's
     profile sets it) and grad_buffer (Megatron-LM's NaN check and pre-scaling of the gradient buffer before the
-    DP reduction, grad_nan_check / grad_prescale; 0 with both off)."""
+    DP reduction, grad_nan_check / grad_prescale; 0 with both off) and zero3_copy_out (FSDP2's copy of every
+    all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
@@ -253,7 +255,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                                       layer_gpu, gpu.host_op_factor),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n,
-                 "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu)}
+                 "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu),
+                 "zero3_copy_out": zero3_copy_out_seconds(plan, params_on_rank, gpu)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,

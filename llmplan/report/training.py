@@ -269,7 +269,8 @@ EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
 OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
                  "stragglers": ("slowest GPU (stragglers)", "step.overhead"),
                  "measured": ("measured per-step overhead", "step.overhead"),
-                 "grad_buffer": ("gradient NaN check / 1/dp scaling", "step.grad_buffer")}
+                 "grad_buffer": ("gradient NaN check / 1/dp scaling", "step.grad_buffer"),
+                 "zero3_copy_out": ("FSDP2 all-gather copy-out", "step.zero3_copy_out")}
 """(row name, formula id) of the step-time table's overheads (StepTime.overheads)."""
 
 

@@ -209,6 +209,12 @@ class ParallelPlan(PlanQuantities, Spec):
     2021: each module's parameters fetched before it runs and released after, so a recompute forward gathers
     again, three gathers per micro-batch under full recompute; each call copies one slice per rank on a host
     that never runs ahead of the GPU). docs/formulas.md#comm.zero3_unit"""
+    zero3_copy_out: bool = False
+    """ZeRO-3 as PyTorch FSDP2 (fully_shard) runs it: each all-gather lands in one flat buffer whose slices are
+    then copied into the unsharded parameters on the compute stream (foreach_all_gather_copy_out,
+    torch.split_with_sizes_copy), a read and a write of the gathered bytes before the layer can run
+    (docs/formulas.md#step.zero3_copy_out). False: the collective writes the parameters in place (FSDP1's flat
+    parameter, Megatron's buffers)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_backward_overlap: bool = True
@@ -234,6 +240,12 @@ class ParallelPlan(PlanQuantities, Spec):
     copy, an add and a concatenation), which Megatron-Bridge runs for YaRN position embeddings (GPT-OSS:
     validate_rope_fusion_compatibility turns apply_rope_fusion off for any embedding but "rope") and
     Megatron-Core whenever the YaRN concentration is not 1 (docs/formulas.md#compute.memory_bound)."""
+    rope_complex: bool = False
+    """The rotary is PyTorch complex arithmetic (torchtitan's Llama at 9dec370, apply_rotary_emb: the fp32 copy
+    viewed as complex, times freqs_cis, viewed back and cast), which torch.compile's Inductor does not generate
+    code for: it warns "Torchinductor does not support code generation for complex operators" and runs the eager
+    kernels (pytorch/torchtitan#15), so with fused_kernels the rotary still costs its eager passes
+    (docs/formulas.md#compute.eager_ops). Without fused_kernels the eager rotary is priced this way already."""
     glu_clamp_fusion: bool = False
     """With a model whose gated MLP clamps its halves (ModelSpec.swiglu_limit: GPT-OSS), the clamp runs inside
     the experts' fused activation kernel (True: Transformer Engine's ScaledClampedQGeGLU op in Megatron-Core's
