@@ -119,9 +119,11 @@ def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):
     assert miss("torch-allgather") < 0.6 * miss("te")
 
 
-@pytest.mark.parametrize("impl", ["torch-allgather", "torch-alltoall"])
-def test_search_prices_pytorchs_ring_as_estimate_does(impl):
-    # the vectorised search evaluates the same cp_transfers and cp_exposed as estimate (elementwise over plans)
+@pytest.mark.parametrize("impl, repeated", [("torch-allgather", True), ("torch-alltoall", True),
+                                             ("torch-allgather", False), ("te", False)])
+def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated):
+    # the vectorised search evaluates the same cp_transfers and cp_exposed as estimate (elementwise over plans),
+    # for each ring and with the K/V at the query heads (cp_kv_repeated) or at the KV heads
     import itertools
 
     import numpy as np
@@ -134,7 +136,7 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl):
     from llmplan.specs.registry import builtin_systems
 
     m, cluster = M["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
-    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=True)
+    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=repeated)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(11)
     valid = (int(i) for i in rng.permutation(len(plans))
@@ -144,5 +146,5 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl):
     vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
     for j, i in enumerate(idx):
         plan = plans.plan(i)
-        assert plan.cp_impl == impl
+        assert (plan.cp_impl, plan.cp_kv_repeated) == (impl, repeated)
         assert float(vec.step.total[j]) == pytest.approx(float(estimate_training(m, cluster, plan).time.total), rel=1e-9)
