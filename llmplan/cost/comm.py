@@ -28,7 +28,7 @@ from llmplan.cost.params import (
     stage_layers,
 )
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
-from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.plan_choices import MoeFlexBackend
@@ -230,7 +230,14 @@ def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
     if span.size <= 1 or t.message <= 0:
         return 0.0
     best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, span, system, t.dispatch))
-    return t.calls * (best + t.copy_bytes / system.gpu.hbm_achieved_bytes_per_s)
+    return t.calls * best + copy_seconds(t, system.gpu)
+
+
+def copy_seconds(t: Transfer[Any], gpu: GpuSpec) -> Any:
+    """Seconds of the HBM copies around a transfer's calls (Transfer.copy_bytes), serial with its collective, at
+    the GPU's achieved HBM rate; elementwise over plan arrays (search.evaluate). Derived:
+    docs/formulas.md#comm.zero3_unit"""
+    return t.calls * t.copy_bytes / gpu.hbm_achieved_bytes_per_s
 
 
 def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | None:
