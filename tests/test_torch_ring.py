@@ -67,6 +67,17 @@ def test_kv_repeated_without_pytorchs_ring_is_refused(cli):
     assert r.code == 2 and len(lines) == 1 and "cp_kv_repeated with cp 2 and cp_impl te" in lines[0], r.err
 
 
+
+@pytest.mark.parametrize("args, needle", [
+    (("--dp", "4", "--cp", "2", "--cp-impl", "ring"),
+     "--cp-impl ring is not a CP ring; use one of te, torch-allgather, torch-alltoall"),
+    (("--dp", "8", "--cp-impl", "torch-allgather"), "cp_impl torch-allgather with cp 1"),
+])
+def test_bad_cp_impl_is_one_line_exit_2(cli, args, needle):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", *args)
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.err, r.err
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(cp=st.sampled_from([2, 4, 8, 16]), comm=st.floats(0.0, 10.0), attention=st.floats(0.01, 100.0),
        full=st.booleans())
