@@ -76,6 +76,7 @@ def test_bad_cp_impl_is_refused_in_one_line(cli, args, needle):
     assert needle in line and ("use one of" in line or "drop --cp-impl" in line), line
 
 
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(cp=st.sampled_from([2, 4, 8, 16]), comm=st.floats(0.0, 10.0), attention=st.floats(0.01, 100.0),
        full=st.booleans())
@@ -128,9 +129,11 @@ def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):
     assert miss("torch-allgather") < 0.6 * miss("te")
 
 
-@pytest.mark.parametrize("impl", ["torch-allgather", "torch-alltoall"])
-def test_search_prices_pytorchs_ring_as_estimate_does(impl):
-    # the vectorised search evaluates the same cp_transfers and cp_exposed as estimate (elementwise over plans)
+@pytest.mark.parametrize("impl, repeated", [("torch-allgather", True), ("torch-alltoall", True),
+                                             ("torch-allgather", False), ("te", False)])
+def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated):
+    # the vectorised search evaluates the same cp_transfers and cp_exposed as estimate (elementwise over plans),
+    # for each ring and with the K/V at the query heads (cp_kv_repeated) or at the KV heads
     import itertools
 
     import numpy as np
@@ -143,7 +146,7 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl):
     from llmplan.specs.registry import builtin_systems
 
     m, cluster = M["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
-    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=True)
+    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=repeated)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(11)
     valid = (int(i) for i in rng.permutation(len(plans))
@@ -153,6 +156,6 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl):
     vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
     for j, i in enumerate(idx):
         plan = plans.plan(i)
-        assert plan.cp_impl == impl
+        assert (plan.cp_impl, plan.cp_kv_repeated) == (impl, repeated)
         scalar = float(estimate_training(m, cluster, plan).time.total)
         assert float(vec.step.total[j]) == pytest.approx(scalar, rel=1e-9)

@@ -222,3 +222,25 @@ def test_deepspeed_2021_list_collectives_copy_their_buffers_on_the_gpu(unit, dp)
     arrays = comm_seconds_arrays(m, cluster, from_plan(plan))
     assert float(arrays.dp_gather[0]) == pytest.approx(priced.dp_gather, rel=1e-9)
     assert float(arrays.dp_reduce[0]) == pytest.approx(priced.dp_reduce, rel=1e-9)
+
+
+@pytest.mark.parametrize("ep", [8, 4])
+def test_deepspeed_2021_copies_only_around_collectives_that_run(ep):
+    """Mixtral at dp 8, ZeRO-3 per tensor: at ep 8 each expert lives on one rank (an expert data-parallel group
+    of one), so its gradients and weights are neither gathered nor reduced and nothing is copied around them;
+    at ep 4 the pairs sharing an expert gather and copy. The search's array path prices the same as the scalar
+    one (it used to charge the copies of the one-rank group)."""
+    from llmplan.cost.comm import comm_seconds, step_comm
+    from llmplan.search.evaluate import comm_seconds_arrays
+    from llmplan.search.grid import from_plan
+
+    m, s = M["mixtral-8x7b"], SYS["dgx-h100"]
+    cluster = ClusterSpec(system=s, num_nodes=1)
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=ep, zero=3, zero3_unit="tensor", global_batch=64, seq_len=4096)
+    spans = place(plan.degrees, cluster)
+    expert = dp_transfers(m, plan, spans["dpcp"], spans["edp"])[4:]
+    assert all((float(x.copy_bytes) > 0) == (ep < 8) for x in expert if x.collective != "all-reduce")
+    priced = comm_seconds(step_comm(m, plan, spans, s), s)
+    arrays = comm_seconds_arrays(m, cluster, from_plan(plan))
+    assert float(arrays.dp_gather[0]) == pytest.approx(priced.dp_gather, rel=1e-9)
+    assert float(arrays.dp_reduce[0]) == pytest.approx(priced.dp_reduce, rel=1e-9)

@@ -28,7 +28,7 @@ from llmplan.cost.params import (
     stage_layers,
 )
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
-from llmplan.specs.hardware import SystemSpec
+from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.plan_choices import MoeFlexBackend
@@ -230,7 +230,14 @@ def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
     if span.size <= 1 or t.message <= 0:
         return 0.0
     best = min(c.seconds(t.message) for c in dispatch_coeffs(t.collective, span, system, t.dispatch))
-    return t.calls * (best + t.copy_bytes / system.gpu.hbm_achieved_bytes_per_s)
+    return t.calls * best + copy_seconds(t, system.gpu)
+
+
+def copy_seconds(t: Transfer[Any], gpu: GpuSpec) -> Any:
+    """Seconds of the HBM copies around a transfer's calls (Transfer.copy_bytes), serial with its collective, at
+    the GPU's achieved HBM rate; elementwise over plan arrays (search.evaluate). Derived:
+    docs/formulas.md#comm.zero3_unit"""
+    return t.calls * t.copy_bytes / gpu.hbm_achieved_bytes_per_s
 
 
 def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | None:
@@ -367,19 +374,21 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     reduce_calls = where(per_mb, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
     gather_calls = where(gathered, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
     host = where(gathered, zero3_host_seconds(plan), 0.0)
-    per_tensor = gathered & (plan.zero3_unit == "tensor") & (plan.dp * plan.cp > 1)  # ZERO3_GATHER_COPIES
+    per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
-    for params, group in ((rp.dense, dense_group), (rp.expert, expert_group)):
+    groups = ((rp.dense, dense_group, plan.dp * plan.cp), (rp.expert, expert_group, plan.expert_dp))
+    for params, group, ranks in groups:
+        copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
         b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), g * params / b_r, group),
                 Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(per_tensor, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
+                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, w * params / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(per_tensor, ZERO3_GATHER_COPIES * w * params / u, 0.0))]
+                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * w * params / u, 0.0))]
     return out
 
 

@@ -78,9 +78,10 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
     k permuted rows per token, which the count does not hold. A hybrid stack's average layer casts its own
     sub-blocks' projections (hybrid_cast_widths: its share of attention, of each recurrent mixer and of dense
-    MLP; an MoE layer's MLP at the MoE count). Source: Transformer Engine fp8 primer; transformer_engine/pytorch/module/linear.py and
-    layernorm_linear.py (quantise, then gather_along_first_dim; backward: "If data is in FP8, we compute FP8
-    transposes manually"); cuBLASLt FP8 TN requirement (common/gemm/cublaslt_gemm.cu).
+    MLP; an MoE layer's MLP at the MoE count). Source: Transformer Engine fp8 primer;
+    transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then gather_along_first_dim;
+    backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8 TN requirement
+    (common/gemm/cublaslt_gemm.cu).
     Derived: docs/formulas.md#compute.memory_bound"""
     if not plan.low_precision:
         return 0.0

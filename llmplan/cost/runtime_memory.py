@@ -86,12 +86,11 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
     comm_gemm_overlap.cpp (CommOverlapBase / CommOverlapP2PBase buffers) at d0067d0; NVIDIA/Megatron-LM
     megatron/training/initialize.py _initialize_tp_communicators at d98e8a6"""
     row = plan.seq_len * plan.micro_batch / plan.cp * hidden
-    low = (plan.dtype == "fp8") | (plan.dtype == "fp4")
-    one_set = where(low, UB_ALL_GATHER_BUFFERS * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0,
-                    (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0) * row
-    bf16_set = where(low & (bf16_layers > 0), (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row, 0.0)
+    bf16_set = (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row
+    low_set = (UB_ALL_GATHER_BUFFERS * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0) * row  # the all-gather ones in fp8
+    sets = low_set + where(bf16_layers > 0, bf16_set, 0.0) if plan.low_precision else bf16_set
     on = plan.tp_comm_overlap & plan.sp & (plan.tp > 1) & (plan.tp_impl == "megatron")
-    return where(on, one_set + bf16_set, 0.0)
+    return where(on, sets, 0.0)
 
 
 def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool,

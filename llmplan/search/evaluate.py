@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import (cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers, pp_transfers,
-                                tp_transfers)
+from llmplan.cost.comm import (copy_seconds, cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers,
+                                pp_transfers, tp_transfers)
 from llmplan.cost.memory import ActivationBytes, TrainingMemory, candidate_stages, stage_memory, training_memory
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
@@ -161,8 +161,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
 
     def copies(x: Any) -> np.ndarray:  # the HBM copies around a call (Transfer.copy_bytes), as transfer_seconds
         calls = np.broadcast_to(np.asarray(x.calls, dtype=float), inv.shape)
-        copied = np.broadcast_to(np.asarray(x.copy_bytes, dtype=float), inv.shape)
-        return np.where(calls > 0, calls * copied / system.gpu.hbm_achieved_bytes_per_s, 0.0)
+        copied = np.broadcast_to(np.asarray(copy_seconds(x, system.gpu), dtype=float), inv.shape)
+        return np.where(calls > 0, copied, 0.0)
 
     def total(transfers: list, axis: str | None = None) -> np.ndarray:
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)

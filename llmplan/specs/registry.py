@@ -101,8 +101,8 @@ def _unknown(kind: str, name: str, known: list[str], fix: str = PATH_FIX, where:
     else the key accepts)."""
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return LlmplanError(f"{where + ': ' if where else ''}unknown {kind} '{excerpt(name)}'{hint} (built-ins: {bounded_list(sorted(known), 40)}; "
-                        f"{fix})")
+    return LlmplanError(f"{where + ': ' if where else ''}unknown {kind} '{excerpt(name)}'{hint} "
+                        f"(built-ins: {bounded_list(sorted(known), 40)}; {fix})")
 
 
 def load_model_file(path: Path) -> ModelSpec:
