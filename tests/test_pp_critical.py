@@ -53,6 +53,16 @@ def test_the_closed_form_matches_the_simulation_for_any_forward_share(p, v, grou
     assert _waited(p, v, n) == pytest.approx(_simulated(p, v, n, forward), abs=1e-6)
 
 
+@pytest.mark.parametrize("p,n", [(4, 8), (8, 64), (16, 32), (32, 256)])
+def test_blocking_1f1b_sends_wait_at_least_as_often_as_the_dependencies_alone_would(p, n):
+    # Without interleaving Megatron-LM sends with a blocking batched send-recv (batch_p2p_comm: the requests
+    # waited for at once, p2p_communication._communicate), so each stage waits out its own sends too: the closed
+    # form's 2(n + p - 1) is never below what the dependencies alone put on the path (it was capped at the 2n
+    # sends of one rank, below the simulated count at n = 2p).
+    assert _waited(p, 1, n) == pytest.approx(2 * (n + p - 1))
+    assert _waited(p, 1, n) >= _simulated(p, 1, n) - 1e-6
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(p=st.integers(2, 32), n=st.integers(1, 64), v=st.integers(2, 8), dv=st.integers(1, 8),
        per_send=st.floats(1e-6, 1e-2), stage=st.floats(1e-3, 1.0), kappa=st.floats(0.0, 0.3))

@@ -307,8 +307,8 @@ def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, k
     Derived: docs/formulas.md#step.overlap, docs/formulas.md#step.pp_critical"""
     n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
     p2p = pp_seconds / maximum(sends, 1)
-    waited = where(v == 1, minimum(2 * (n + p - 1), sends), minimum(2 * (p * v - 1), sends))
-    return waited * p2p + overlap((sends - waited) * p2p, n * stage_total, kappa)
+    waited = where(v == 1, 2 * (n + p - 1), minimum(2 * (p * v - 1), sends))  # 1F1B: the fill's and drain's too
+    return waited * p2p + overlap(maximum(sends - waited, 0) * p2p, n * stage_total, kappa)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
