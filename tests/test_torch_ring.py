@@ -76,7 +76,6 @@ def test_bad_cp_impl_is_refused_in_one_line(cli, args, needle):
     assert needle in line and ("use one of" in line or "drop --cp-impl" in line), line
 
 
-
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(cp=st.sampled_from([2, 4, 8, 16]), comm=st.floats(0.0, 10.0), attention=st.floats(0.01, 100.0),
        full=st.booleans())

@@ -51,6 +51,14 @@ all-to-alls, the sort of the received rows by local expert and its inverse, the 
 of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
 places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
 d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
+P2P_CHUNK_LAUNCHES = 4
+"""NCCL calls a pipeline rank launches per model chunk and micro-batch beside the chunk's kernels: after its
+forward the send of the output and the receive of the next input, after its backward the same for the
+gradients (Megatron-LM's interleaved schedule with overlap_p2p_comm posts each isend / irecv on its own,
+_p2p_ops), so a rank of v chunks launches 4v per micro-batch, however few layers a chunk holds.
+Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py and p2p_communication.py at
+core_r0.9.0 (send_forward_recv_forward, send_backward_recv_backward per chunk pass).
+Derived: docs/formulas.md#step.pp_critical"""
 GRAPH_LAUNCHES = 2
 """Graph launches per layer's forward under per-layer CUDA graphs (cuda_graphs "layers"): the attention part and
 the MLP (a dense layer) or the router and preprocessing (a MoE layer), one launch each."""
@@ -105,7 +113,7 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
     CP, CP_STEP_KERNELS per ring step for the attention kernel, and MOE_LAYER_KERNELS more per MoE layer; twice
     that in backward, once more under recompute; KERNEL_LAUNCH_S
-    each) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
+    each; with a pipeline, P2P_CHUNK_LAUNCHES per model chunk) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
     Every launch and eager op costs `host_factor` times its x86 time (GpuSpec.host_op_factor: Grace 2.75).
@@ -117,7 +125,8 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     kernels = where(plan.fused_kernels, LAYER_KERNELS, EAGER_LAYER_KERNELS)  # eager: the ops one by one
     per_layer = where(graphed, GRAPH_LAUNCHES, kernels + where(plan.tp > 1, 2, 0) + ring) * launch_s
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
-    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r)
+    p2p = where(plan.pp > 1, P2P_CHUNK_LAUNCHES * plan.vpp, 0) * launch_s  # per chunk, whatever its layers
+    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r) + p2p
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)

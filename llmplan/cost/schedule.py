@@ -2,7 +2,8 @@
 
 The step-time model prices the schedule in closed form (docs/formulas.md#step.time); this simulation
 lays the same schedule out slot by slot so that `llmplan report` can draw it, interleaving included. It
-ignores point-to-point transfer time (drawn schedules show compute and bubbles).
+draws no point-to-point transfer time (drawn schedules show compute and bubbles); `makespan` can give each
+send between stages a time, which shows how many sends lie on the step's critical path (step.pp_critical).
 """
 
 from __future__ import annotations
@@ -53,37 +54,43 @@ def stage_order_cached(p: int, n: int, v: int, i: int) -> tuple[tuple[str, int, 
 
 
 def pipeline_schedule(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
-                      chunk_share: list[list[float]] | None = None) -> list[Slot]:
+                      chunk_share: list[list[float]] | None = None, transfer_s: float = 0.0) -> list[Slot]:
     """Every slot of one step: forward_s / backward_s are each stage's per-micro-batch times (all its chunks
     together), n the micro-batches, v the virtual stages per rank, chunk_share[i][c] the share of stage i's
     time its chunk c takes (default 1/v each; a custom pipeline layout's chunks differ). Each stage runs its
     slots in stage_order, a slot starting when the stage is free and its input has arrived.
     Derived: docs/formulas.md#pipeline.schedule"""
     slots: list[Slot] = []
-    _simulate(forward_s, backward_s, n, v, chunk_share, slots)
+    _simulate(forward_s, backward_s, n, v, chunk_share, slots, transfer_s)
     return sorted(slots, key=lambda s: (s.stage, s.start))
 
 
 def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
-              chunk_share: list[list[float]] | None, slots: list[Slot] | None) -> list[float]:
+              chunk_share: list[list[float]] | None, slots: list[Slot] | None,
+              transfer_s: float = 0.0) -> list[float]:
     """Each stage's end time under pipeline_schedule's rules (appending every slot to `slots` when given).
     A forward waits for the previous stage's forward of its chunk (stage 0's chunk c > 0: the last stage's
     chunk c - 1); a backward for the next stage's backward (the last stage's chunk c < v - 1: stage 0's chunk
     c + 1; its last chunk: its own forward). Each pass starts when its stage is free and its input is done, in
-    an order where both are known (_pass_order, from the dependencies alone)."""
+    an order where both are known (_pass_order, from the dependencies alone). An input made on another stage
+    arrives transfer_s after its pass ends (the send between the two ranks)."""
     p = len(forward_s)
     share = chunk_share or [[1 / v] * v for _ in range(p)]
     passes, last = _pass_order(p, n, v)
     # seconds of each stage's pass kinds: stage i's forward of chunk c at 2vi + c, its backward at 2vi + v + c
     took = [t * share[i][c] for i in range(p) for t in (forward_s[i], backward_s[i]) for c in range(v)]
     done = [0.0] * (2 * p * n * v + 1)  # finish times; the last entry: the input of a pass that waits for nothing
-    for own, prev, dep, kind in passes:
-        free, ready = done[prev], done[dep]
-        done[own] = max(free, ready) + took[kind]
+    if transfer_s:
+        nv, zero = n * v, 2 * p * n * v
+        hop = [transfer_s if dep < zero and dep // nv % p != own // nv % p else 0.0 for own, _, dep, _ in passes]
+    else:
+        hop = [0.0] * len(passes)
+    for (own, prev, dep, kind), h in zip(passes, hop):
+        done[own] = max(done[prev], done[dep] + h) + took[kind]
     if slots is not None:
-        for own, prev, dep, kind in passes:
+        for (own, prev, dep, kind), h in zip(passes, hop):
             i, (mb, c) = own // (n * v) % p, divmod(own % (n * v), v)
-            start = max(done[prev], done[dep])
+            start = max(done[prev], done[dep] + h)
             slots.append(Slot(i, "forward" if kind % (2 * v) < v else "backward", mb, c, start, done[own]))
     return [done[k] for k in last]
 
@@ -138,10 +145,11 @@ def _steps(p: int, n: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ..
 
 
 def makespan(forward_s: list[float], backward_s: list[float], n: int, v: int = 1,
-             chunk_share: list[list[float]] | None = None) -> float:
+             chunk_share: list[list[float]] | None = None, transfer_s: float = 0.0) -> float:
     """Seconds from the first forward to the last backward of pipeline_schedule (a stage's slots end in order,
-    so its last one ends latest). Derived: docs/formulas.md#pipeline.schedule"""
-    return max(_simulate(forward_s, backward_s, n, v, chunk_share, None))
+    so its last one ends latest), each send between stages taking transfer_s. Derived:
+    docs/formulas.md#pipeline.schedule, docs/formulas.md#step.pp_critical"""
+    return max(_simulate(forward_s, backward_s, n, v, chunk_share, None, transfer_s))
 
 
 # Schedules that split the backward (zero bubble, DualPipe) run three kinds of pass: the forward, the backward

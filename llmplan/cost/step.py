@@ -299,13 +299,19 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
 
 def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float) -> Any:
     """Exposed seconds of a step's pipeline sends (pp_seconds, the comm.pp_sends sends of one micro-batch's
-    activation or gradient): the fill and drain sends wait on the pipeline; the steady-state sends run beside the
+    activation or gradient): the sends on the step's critical path wait on the pipeline; the others run beside the
     slowest stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
-    transfer (interleaving multiplies them by v). Derived: docs/formulas.md#step.overlap"""
+    transfer (interleaving multiplies them by v). 1F1B's sends block (Megatron-LM's batched send-recv), 2(n + p - 1)
+    of them in a row; the interleaved schedule waits for a send only before the pass that needs it, and the sends
+    on its critical path are the first micro-batch's through every chunk boundary forward and the last one's
+    backward, 2(pv - 1), whatever n (cost.schedule.makespan with a time per send; the v - 1 hops from the last
+    rank back to the first included). Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py at
+    core_r0.9.0 (forward_backward_pipelining_with_interleaving: overlap_p2p_comm, req.wait() before the pass).
+    Derived: docs/formulas.md#step.overlap, docs/formulas.md#step.pp_critical"""
     n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
     p2p = pp_seconds / maximum(sends, 1)
-    waited = where(v == 1, minimum(2 * (n + p - 1), sends), minimum(2 * (p - 1) * v, sends))
-    return waited * p2p + overlap((sends - waited) * p2p, n * stage_total, kappa)
+    waited = where(v == 1, 2 * (n + p - 1), minimum(2 * (p * v - 1), sends))  # 1F1B: the fill's and drain's too
+    return waited * p2p + overlap(maximum(sends - waited, 0) * p2p, n * stage_total, kappa)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
