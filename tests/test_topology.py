@@ -193,6 +193,24 @@ def test_time_is_monotone_in_size(system, op, nodes, size, factor):
     assert collective_time(op, size * factor, sp, s).seconds >= collective_time(op, size, sp, s).seconds
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.sampled_from(["all-gather", "reduce-scatter"]), st.integers(48, 280), st.integers(2, 4),
+       st.floats(2e5, 8e6), st.floats(1.5, 8.0))
+def test_ring_busbw_is_set_by_the_per_rank_chunk(op, nodes, mult, chunk, shrink):
+    """NCCL's ring moves S/N a step and pays a latency a step (tuning.cc), so at 48-1,120 DGX A100 nodes the bus
+    bandwidth follows the per-rank chunk, not N, and falls as the chunk shrinks. docs/validation.md#zero3-2021
+    (per-rank chunk size): the ZeRO-3 rows would need a 46 GB/s plateau, which no chunk curve gives."""
+    s = SYS["dgx-a100"]
+
+    def busbw(n_nodes: int, c: float) -> float:
+        n = n_nodes * s.gpus_per_node
+        sp = span_of_ranks(list(range(n)), ClusterSpec(system=s, num_nodes=n_nodes))
+        return collective_time(op, c * n, sp, s).busbw
+
+    assert busbw(nodes * mult, chunk) == pytest.approx(busbw(nodes, chunk), rel=0.01)
+    assert busbw(nodes, chunk / shrink) < busbw(nodes, chunk)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["dgx-a100", "dgx-h100", "dgx-b200", "mi300x-8", "dgx-h800"]),
        st.integers(2, 64), st.floats(1e3, 1e10), st.sampled_from(["all-reduce", "all-gather", "reduce-scatter"]))
