@@ -83,3 +83,22 @@ def test_ep_line_is_silent_where_first_plan_runs_ep(cli):
     d = cli("search", *args, "--json").json()
     if d["plans"][0]["plan"]["ep"] > 1:
         assert "with_ep" not in d and "vs_with_ep" not in d["explain"]
+
+
+def test_zero3_holds_the_whole_layer_in_use():
+    # DeepSpeed's fetch_sub_module gathers every parameter of the module it runs; stage3_max_live_parameters
+    # (1e9) caps only the prefetch (microsoft/DeepSpeed runtime/zero/partitioned_param_coordinator.py); FSDP2's
+    # fully_shard gathers the whole module. DeepSeek-V3 at ep 1: a layer holds all 256 experts (about 1.1e10
+    # parameters from its published config: 58 MoE layers of 256 x 3 x 7168 x 2048), so ZeRO-3's gathered
+    # weights are at least one layer in bf16, far above the cap's 2 GB.
+    from llmplan.estimate import estimate_training
+    from llmplan.specs.plan import ClusterSpec, ParallelPlan
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m = builtin_models()["deepseek-v3"]
+    cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=64)
+    plan = ParallelPlan(tp=1, pp=1, dp=256, zero=3, recompute="full", micro_batch=8, global_batch=4096,
+                        seq_len=4096)
+    e = estimate_training(m, cluster, plan)
+    expert_layer = 256 * 3 * 7168 * 2048
+    assert float(e.memory.other) > 2 * expert_layer  # bf16: two bytes per parameter

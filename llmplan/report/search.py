@@ -169,14 +169,15 @@ def moved_gb(e: TrainingEstimate, axis: str) -> str:
     return f"{e.comm.bytes / 1e9:,.0f} GB ({axis} {(a.bytes if a is not None else 0.0) / 1e9:,.0f})"
 
 
-def with_ep_line(a: TrainingEstimate, b: TrainingEstimate, resolution: float | None = None) -> str:
+def with_ep_line(a: TrainingEstimate, b: TrainingEstimate, resolution: float | None = None,
+                 rule: str | None = None) -> str:
     """Why #1 runs an MoE model without expert parallelism: explain_line against the best plan with it, the
     bytes each GPU moves per step (every expert's weights gathered and its gradients reduced over dp at ep 1,
     ZeRO-3 each micro-batch; tokens sent to the experts' ranks with EP), and, where #1 is the slower of the two
-    but within the model's resolution, that the tie went to #1's memory headroom."""
+    but within the model's resolution, the tie rule that put #1 first (`rule`, search.ties)."""
     zero = f"ZeRO-{a.plan.zero} " if a.plan.zero else ""
     gap = math.log(float(b.throughput.tokens_per_s) / float(a.throughput.tokens_per_s))
-    tied = (f"; tied within {log_percent(resolution):.0f}%, #1 first for its headroom"
+    tied = (f"; tied within {log_percent(resolution):.0f}%, #1 first: {rule or 'the tie rule'}"
             if resolution is not None and 0 < gap <= resolution else "")
     return (explain_line(a, b, "best with EP") + f" (per GPU per step #1's {zero}moves {moved_gb(a, 'dp')}, "
             f"it {moved_gb(b, 'ep')}{tied})")
@@ -385,7 +386,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             console.print(without_cp_line(best, without))
         ep_best = with_ep(res)
         if ep_best is not None:
-            console.print(with_ep_line(best, ep_best, res.resolution))
+            console.print(with_ep_line(best, ep_best, res.resolution,
+                                       next((n.rule for n in res.tie_notes if n.upper == 1), None)))
         if full_explain:
             for line in tie_lines(res):
                 console.print(line)
