@@ -255,7 +255,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         cache = cache + low_precision_weight_cache(m, plan, rank_params(m, plan, mirror), mirror, fp8_tn_only)
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
-    live = minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS)
+    # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap
+    # gates the prefetch only: a module over it is still gathered whole to run). Derived: docs/formulas.md#mem.other
+    live = maximum(rp.total / layers, minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS))
     # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
     # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
     piped = plan.pp > 1

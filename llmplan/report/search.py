@@ -156,6 +156,33 @@ def without_cp_line(a: TrainingEstimate, b: TrainingEstimate) -> str:
     return explain_line(a, b, "best without CP") + (f" ({'; '.join(why)})" if why else "")
 
 
+def with_ep(res: SearchResult) -> TrainingEstimate | None:
+    """The search's best plan with expert parallelism, where #1 runs an MoE model at ep 1 (SearchResult.with_ep)."""
+    if not res.ranked or res.with_ep is None or res.ranked[0].plan.ep > 1:
+        return None
+    return res.with_ep
+
+
+def moved_gb(e: TrainingEstimate, axis: str) -> str:
+    """'812 GB (dp 790)': the bus bytes one GPU moves per step over all axes, and over `axis`, in GB."""
+    a = e.comm.axes.get(axis)
+    return f"{e.comm.bytes / 1e9:,.0f} GB ({axis} {(a.bytes if a is not None else 0.0) / 1e9:,.0f})"
+
+
+def with_ep_line(a: TrainingEstimate, b: TrainingEstimate, resolution: float | None = None,
+                 rule: str | None = None) -> str:
+    """Why #1 runs an MoE model without expert parallelism: explain_line against the best plan with it, the
+    bytes each GPU moves per step (every expert's weights gathered and its gradients reduced over dp at ep 1,
+    ZeRO-3 each micro-batch; tokens sent to the experts' ranks with EP), and, where #1 is the slower of the two
+    but within the model's resolution, the tie rule that put #1 first (`rule`, search.ties)."""
+    zero = f"ZeRO-{a.plan.zero} " if a.plan.zero else ""
+    gap = math.log(float(b.throughput.tokens_per_s) / float(a.throughput.tokens_per_s))
+    tied = (f"; tied within {log_percent(resolution):.0f}%, #1 first: {rule or 'the tie rule'}"
+            if resolution is not None and 0 < gap <= resolution else "")
+    return (explain_line(a, b, "best with EP") + f" (per GPU per step #1's {zero}moves {moved_gb(a, 'dp')}, "
+            f"it {moved_gb(b, 'ep')}{tied})")
+
+
 def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
     t = ReportTable(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
     t.add_column("part")
@@ -247,10 +274,12 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "ties": ties_json(res),
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
         **({"without_cp": estimate_json(without)} if (without := without_cp(res)) is not None else {}),
+        **({"with_ep": estimate_json(ep_best)} if (ep_best := with_ep(res)) is not None else {}),
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
                         **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {}),
-                        **({"vs_without_cp": explain(res.ranked[0], without)} if without is not None else {})}}
+                        **({"vs_without_cp": explain(res.ranked[0], without)} if without is not None else {}),
+                        **({"vs_with_ep": explain(res.ranked[0], ep_best)} if ep_best is not None else {})}}
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
@@ -355,6 +384,10 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         without = without_cp(res)
         if without is not None:
             console.print(without_cp_line(best, without))
+        ep_best = with_ep(res)
+        if ep_best is not None:
+            console.print(with_ep_line(best, ep_best, res.resolution,
+                                       next((n.rule for n in res.tie_notes if n.upper == 1), None)))
         if full_explain:
             for line in tie_lines(res):
                 console.print(line)
@@ -364,6 +397,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 console.print(explain_table(best, res.conventional, "conventional"))
             if without is not None:
                 console.print(explain_table(best, without, "best without CP"))
+            if ep_best is not None:
+                console.print(explain_table(best, ep_best, "best with EP"))
             if advice:
                 console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",

@@ -68,6 +68,9 @@ class SearchResult:
     without_cp: TrainingEstimate | None = None
     """The best plan that fits without context parallelism (cp 1), when the search tried both: what CP buys
     where #1 runs it (report.search shows it only then)."""
+    with_ep: TrainingEstimate | None = None
+    """The best plan that fits with expert parallelism (ep > 1), when the model is MoE and the search tried
+    both: what #1 gives up where it runs ep 1 (report.search shows it only then)."""
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
@@ -316,6 +319,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],
                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
                        without_cp=best_without(plans.cp == 1, plans.cp > 1, score, est),
+                       with_ep=best_without(plans.ep > 1, plans.ep == 1, score, est) if m.is_moe else None,
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
