@@ -102,3 +102,29 @@ def test_zero3_holds_the_whole_layer_in_use():
     e = estimate_training(m, cluster, plan)
     expert_layer = 256 * 3 * 7168 * 2048
     assert float(e.memory.other) > 2 * expert_layer  # bf16: two bytes per parameter
+
+
+@pytest.mark.parametrize("case", ["qwen3-235b-4k", "deepseek-v3-gb200"])
+def test_tied_moe_plans_put_expert_parallelism_first(cli, case):
+    # Qwen3-235B on 256 H100 and DeepSeek-V3 on 256 GB200: dp-only ZeRO-3 (every expert gathered to every GPU
+    # each micro-batch, 2.5-3x the bytes per GPU) is predicted within the model's resolution of the best EP
+    # plan; every published run of either model uses EP (the sources in CASES), and so does the first plan.
+    d = cli("search", *CASES[case][0].split(), "--json").json()
+    first = d["plans"][0]["plan"]
+    assert first["ep"] > 1, first
+
+
+def test_decide_prefers_ep_to_zero3_gathering_every_expert():
+    from types import SimpleNamespace
+
+    from llmplan.search.ties import decide
+
+    def est(ep: int, zero: int, moe: bool = True) -> SimpleNamespace:
+        plan = SimpleNamespace(tp=1, pp=1 if ep == 1 else 4, dp=8, cp=1, ep=ep, vpp=1, zero=zero, recompute="none")
+        return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=moe),
+                               cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)))
+
+    assert decide(est(1, 3), est(8, 1)) == (1, "experts kept on their EP ranks, not gathered by ZeRO-3 each "
+                                              "micro-batch")
+    assert decide(est(8, 1), est(1, 3))[0] == -1
+    assert decide(est(1, 1), est(8, 1))[1].startswith("fewer parallel axes")  # ZeRO-1 gathers nothing per step

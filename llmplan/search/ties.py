@@ -19,6 +19,7 @@ HEADROOM_STEP = 2 * GIB
 """Smallest memory headroom difference that decides between tied plans (bytes)."""
 
 
+
 @dataclass(frozen=True)
 class TieNote:
     """Why a plan sits above the next one it is tied with."""
@@ -37,6 +38,13 @@ def _axes(p: Any) -> int:
     return sum(d > 1 for d in (p.tp, p.pp, p.dp, p.cp, p.ep)) + (p.vpp > 1)
 
 
+def _gathers_every_expert(e: Any) -> bool:
+    """ZeRO-3 of an MoE model without expert parallelism: every expert's weights gathered to every GPU each
+    micro-batch, though a token uses k of them (2.5-3x the bytes per GPU of the best EP plan in
+    docs/validation.md#layout-audit; the published MoE runs all use EP)."""
+    return bool(e.model.is_moe) and e.plan.ep == 1 and e.plan.zero >= 3
+
+
 def _tp_crosses_node(e: Any) -> bool:
     return e.plan.tp > e.cluster.system.domain_gpus
 
@@ -44,14 +52,17 @@ def _tp_crosses_node(e: Any) -> bool:
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
     faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
-    domain; fewer parallel axes; a smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO
-    stage; less recompute. Axes and the CP degree come before headroom: every plan shown already keeps the
+    domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer parallel axes; a
+    smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less recompute. Axes and the CP degree come before headroom: every plan shown already keeps the
     search's minimum headroom free, while each extra axis (a CP ring at a 4k sequence, say) adds communication
     and a way to fail, and a wider ring splits the sequence into shorter chunks, whose steps the model prices
     least well (docs/formulas.md#compute.cp_attention)."""
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
         return (1 if ca else -1), "TP inside the NVLink domain"
+    ga, gb = (_gathers_every_expert(a), _gathers_every_expert(b)) if a.plan.ep != b.plan.ep else (False, False)
+    if ga != gb:  # across layouts only (EP is a degree), so search.variants.robust_pick needs no twin
+        return (1 if ga else -1), "experts kept on their EP ranks, not gathered by ZeRO-3 each micro-batch"
     xa, xb = _axes(a.plan), _axes(b.plan)
     if xa != xb:
         return (-1 if xa < xb else 1), f"fewer parallel axes ({min(xa, xb)} vs {max(xa, xb)})"
