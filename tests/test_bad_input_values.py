@@ -186,10 +186,10 @@ OLD_GPU = ("name: my-node\ngpus_per_node: 8\nintra_node_gb_per_s: 450\ngpu:\n  n
 
 
 @pytest.mark.parametrize("key,present,needle", [
-    ("sustained_clock_fraction", "  sm_count: 132\n", ("training load", "0.875", "docs/validation.md#constants")),
+    ("sustained_clock_fraction", "  sm_count: 132\n", ("training load", "0.825", "docs/validation.md#constants")),
     ("sm_count", "  sustained_clock_fraction: 0.875\n", ("streaming multiprocessors", "H100 SXM 132", "whitepaper"))])
 def test_old_gpu_profile_without_a_fitted_key(cli, tmp_path, key, present, needle):
-    # sustained_clock_fraction once defaulted to 1.0 (every shipped profile says 0.85-0.875: ~14% too fast)
+    # sustained_clock_fraction once defaulted to 1.0 (every shipped profile says 0.825-0.875: ~14% too fast)
     # and sm_count to H100's 132; a profile written then now names the key, its meaning and a typical value.
     p = write(tmp_path, "old.yaml", OLD_GPU + present)
     r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p,

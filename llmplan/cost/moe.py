@@ -15,14 +15,15 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.63
+EP_OVERLAP_HIDDEN = 0.45
 """Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
 (`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, as measured: Megatron-Bridge's
 Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP on 32 SMs) runs 20.15 s per step where
-llmplan prices 23.09 s with the all-to-alls exposed and 18.44 s with them hidden in full, (23.09 - 20.15) /
-(23.09 - 18.44) = 0.63. Re-read as the pricing around it changed: 0.20 when first read, 0.28 with the
+llmplan prices 22.25 s with the all-to-alls exposed and 17.59 s with them hidden in full, (22.25 - 20.15) /
+(22.25 - 17.59) = 0.45. Re-read as the pricing around it changed: 0.20 when first read, 0.28 with the
 dispatcher's SMs priced (comm.ep_sms), 0.52 with the pricing of 2026-12 (the card at 0.28 had drifted to
--5.3%), 0.63 with the card read as HybridEP (its per-peer latency and routing-map gather, comm.hybridep);
+-5.3%), 0.63 with the card read as HybridEP (its per-peer latency and routing-map gather, comm.hybridep), 0.45 at the
+H100 clock 0.825 with attention_efficiency 1.0 (docs/validation.md#refit);
 tests/test_moe_mechanisms.py re-reads it and fails when it drifts again. One published run, and it
 ran without delay_wgrad_compute, which the performance presets' moe_a2a_overlap turns on (Megatron-Bridge
 scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides): a lower bound for them.

@@ -38,7 +38,7 @@ and the cube-root clock law of at_power_limit has no data there."""
 
 REQUIRED_KEYS: dict[str, str] = {
     "sustained_clock_fraction": "the tensor-core clock sustained under training load as a fraction of the boost "
-                                "clock the peak assumes; typical 0.85 (A100) to 0.875 (H100 SXM), fitted on "
+                                "clock the peak assumes; typical 0.825 (H100 SXM) to 0.85 (A100), fitted on "
                                 "published training runs (docs/validation.md#constants)",
     "sm_count": "streaming multiprocessors (NVIDIA) or compute units (AMD) per GPU, from the vendor's "
                 "architecture whitepaper (H100 SXM 132, A100 108, MI300X 304)",
@@ -96,9 +96,10 @@ class GpuSpec(Spec):
     sustained peak on the attention-score FLOPs llmplan counts (QK^T and AV, no causal halving, backward
     twice the forward: a causal kernel doing its real work at 50% of peak scores 1.0, hence the bound 2): one
     long causal call, the per-CTA fixed work amortised and every SM busy. Shorter calls run below it
-    (cost.attention_rate.attention_rate_ratio, docs/formulas.md#compute.cp_attention). Fitted by
-    leave-one-family-out (benchmarks/accuracy.py, docs/validation.md#constants); replaced by `llmplan
-    calibrate`."""
+    (cost.attention_rate.attention_rate_ratio, docs/formulas.md#compute.cp_attention). The GH100 profiles
+    set the published 1.0, which the leave-one-family-out fit also picks (benchmarks/accuracy.py,
+    docs/validation.md#refit); the default 0.7 is the earlier all-family fit, kept for the GPUs without one;
+    replaced by `llmplan calibrate`."""
     attention_release_efficiency: dict[AttentionRelease, Annotated[float, Field(gt=0, le=2)]] = Field(
         default_factory=dict)
     """The native fused attention kernel's asymptote (as attention_efficiency: llmplan's count, over the peak,
