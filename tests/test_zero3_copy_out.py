@@ -1,19 +1,21 @@
-"""FSDP2's all-gather copy-out on the compute stream (ParallelPlan.zero3_copy_out, docs/formulas.md#step.zero3_copy_out):
-every gather's bytes read from the flat all-gather buffer and written into the parameters
-(pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py, foreach_all_gather_copy_out)."""
+"""FSDP2's all-gather copy-out on the compute stream (ParallelPlan.zero3_copy_out,
+docs/formulas.md#step.zero3_copy_out): every gather's bytes read from the flat all-gather buffer and written into
+the parameters (pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py,
+foreach_all_gather_copy_out)."""
 
 from __future__ import annotations
 
 import pytest
 
 from llmplan.cost.overhead import zero3_copy_out_seconds
-from llmplan.specs.registry import builtin_gpus
+from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_gpus
 
 P = 8.0e9  # parameters on the rank before data-parallel sharding
 
 
-def _gpu():
+def _gpu() -> GpuSpec:
     return builtin_gpus()["h100-sxm"]
 
 
@@ -55,19 +57,20 @@ def test_it_is_part_of_the_step_overhead(acc, published_runs):
     assert sum(e.time.overheads.values()) == pytest.approx(e.time.overhead)
 
 
-def test_the_text_report_names_the_copy_out(tmp_path):
+def test_the_text_report_names_the_copy_out():
     # a plan file with zero3_copy_out reaches the step-time table as its own row (report layer: OVERHEAD_ROWS)
     import io
 
     from rich.console import Console
 
-    from llmplan.report.training import time_table
     from llmplan.estimate import estimate_training
+    from llmplan.report.training import time_table
     from llmplan.specs.plan import ClusterSpec
     from llmplan.specs.registry import builtin_models, builtin_systems
 
     plan = ParallelPlan(dp=8, zero=3, micro_batch=1, global_batch=16, seq_len=4096, zero3_copy_out=True)
-    e = estimate_training(builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1), plan)
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+    e = estimate_training(builtin_models()["llama-3.1-8b"], cluster, plan)
     out = io.StringIO()
     Console(file=out, width=80).print(time_table(e))
     assert "FSDP2 all-gather copy-out" in out.getvalue() and "step.zero3_copy_out" in out.getvalue()
