@@ -136,3 +136,28 @@ def test_decide_prefers_ep_to_zero3_gathering_every_expert():
                                               "micro-batch")
     assert decide(est(8, 1), est(1, 3))[0] == -1
     assert decide(est(1, 1), est(8, 1))[1].startswith("fewer parallel axes")  # ZeRO-1 gathers nothing per step
+
+
+def test_with_ep_line_gives_each_plans_bytes_and_the_tie_rule_only_when_tied():
+    # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3 at ep 1 (the search's #1 at 256 x 4K when this was written)
+    # against an EP plan; the line names the bytes each moves per GPU per step, over dp and over ep
+    from llmplan.estimate import estimate_training
+    from llmplan.report.search import with_ep_line
+    from llmplan.specs.plan import ClusterSpec, ParallelPlan
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m = builtin_models()["qwen3-30b-a3b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=4)
+    base = dict(tp=1, global_batch=256, seq_len=4096)
+    a = estimate_training(m, cluster, ParallelPlan(pp=1, dp=32, zero=3, recompute="full", micro_batch=4, **base))
+    b = estimate_training(m, cluster, ParallelPlan(pp=2, dp=16, ep=2, vpp=8, zero=1, micro_batch=1, **base))
+    gb = {k: float(e.comm.axes[k].bytes) / 1e9 for k, e in (("dp", a), ("ep", b))}
+    line = with_ep_line(a, b)
+    assert line.startswith("#1 vs best with EP (tp1 pp2 dp16 ep2 vpp8 zero1 none mb1): ")
+    assert f"#1's ZeRO-3 moves {float(a.comm.bytes) / 1e9:,.0f} GB (dp {gb['dp']:,.0f})" in line
+    assert f"it {float(b.comm.bytes) / 1e9:,.0f} GB (ep {gb['ep']:,.0f})" in line
+    assert "tied" not in line  # no resolution given
+    # the tie rule is named only where #1 is the slower of the two: in exactly one order of a pair
+    tied = ["#1 first: the rule" in with_ep_line(x, y, 1.0, "the rule") for x, y in ((a, b), (b, a))]
+    assert sorted(tied) == [False, True]
+    assert "tied" not in with_ep_line(a, b, 1e-6, "the rule")  # outside the resolution: not tied

@@ -174,7 +174,8 @@ def with_ep_line(a: TrainingEstimate, b: TrainingEstimate, resolution: float | N
     """Why #1 runs an MoE model without expert parallelism: explain_line against the best plan with it, the
     bytes each GPU moves per step (every expert's weights gathered and its gradients reduced over dp at ep 1,
     ZeRO-3 each micro-batch; tokens sent to the experts' ranks with EP), and, where #1 is the slower of the two
-    but within the model's resolution, the tie rule that put #1 first (`rule`, search.ties)."""
+    but within the model's resolution, the tie rule that put #1 first (`rule`, search.ties: the rule against the
+    plan ranked next, which need not be this one)."""
     zero = f"ZeRO-{a.plan.zero} " if a.plan.zero else ""
     gap = math.log(float(b.throughput.tokens_per_s) / float(a.throughput.tokens_per_s))
     tied = (f"; tied within {log_percent(resolution):.0f}%, #1 first: {rule or 'the tie rule'}"
@@ -387,7 +388,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         ep_best = with_ep(res)
         if ep_best is not None:
             console.print(with_ep_line(best, ep_best, res.resolution,
-                                       next((n.rule for n in res.tie_notes if n.upper == 1), None)))
+                                       next((f"{n.rule}, against #{n.lower}" for n in res.tie_notes
+                                             if n.upper == 1), None)))
         if full_explain:
             for line in tie_lines(res):
                 console.print(line)
