@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.comm import pp_sends
-from llmplan.cost.overhead import P2P_CHUNK_LAUNCHES, host_seconds
 from llmplan.cost.compute import KERNEL_LAUNCH_S
+from llmplan.cost.overhead import P2P_CHUNK_LAUNCHES, host_seconds
 from llmplan.cost.schedule import makespan
 from llmplan.cost.step import pp_exposed_per_step
 from llmplan.specs.plan import ParallelPlan
