@@ -161,3 +161,13 @@ def test_with_ep_line_gives_each_plans_bytes_and_the_tie_rule_only_when_tied():
     tied = ["#1 first: the rule" in with_ep_line(x, y, 1.0, "the rule") for x, y in ((a, b), (b, a))]
     assert sorted(tied) == [False, True]
     assert "tied" not in with_ep_line(a, b, 1e-6, "the rule")  # outside the resolution: not tied
+
+
+def test_zero3_gathering_every_expert_is_not_first_through_a_third_tied_plan(cli):
+    # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3 (#1 by prediction), a plan with fewer axes than the EP plan,
+    # and the EP plan are all tied; pairwise, ZeRO-3 beats the middle plan on fewer axes, the middle plan beats
+    # the EP plan, and the EP plan beats ZeRO-3, so an insertion by neighbours alone left ZeRO-3 first.
+    d = cli("search", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
+            "--global-batch", "256", "--json").json()
+    first = d["plans"][0]["plan"]
+    assert not (first["ep"] == 1 and first["zero"] >= 3), first

@@ -110,7 +110,12 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
         lead = rest[0]
         cluster = [i for i in rest if apart(ranked[lead], ranked[i]) <= resolution]
         rest = [i for i in rest if i not in cluster]
-        # insertion sort by the pairwise rules (a handful of plans), stable on the predicted order
+        # insertion sort by the pairwise rules (a handful of plans), stable on the predicted order; plans
+        # gathering every expert by ZeRO-3 are inserted last where the run holds an EP plan, so the EP rule
+        # (which only compares plans of different EP degrees) is not bypassed through a third plan that
+        # "fewer parallel axes" puts between them
+        if any(ranked[i].plan.ep > 1 for i in cluster):
+            cluster.sort(key=lambda i: ranked[i].plan.ep == 1 and _gathers_every_expert(ranked[i]))
         out: list[int] = []
         for i in cluster:
             k = len(out)
