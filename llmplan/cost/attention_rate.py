@@ -181,13 +181,16 @@ def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, a
 def native_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
     """The native fused kernel's asymptote (attention_fraction's base): the rate published for the plan's
     attention release on this GPU (GpuSpec.attention_release_efficiency: cuDNN 9.1.0 0.95, 9.4.0 0.97, 9.19.1
-    1.08 on the GH100 die, from NVIDIA's own SDPA training benchmark), else the GPU's attention_efficiency. check_plan
-    refuses a release the GPU lists no rate for. Source: NVIDIA/cudnn-frontend benchmark results at b740542,
-    de355c7 and df73764 (H200, bf16, causal, head dim 128). Derived: docs/formulas.md#compute.attention_release"""
+    1.08 of the peak on the GH100 die, from NVIDIA's own SDPA training benchmark, run at the 700 W limit with the
+    application clock at 1980 MHz) read at the clock it was measured at (published_rate_clock), else the GPU's
+    fitted attention_efficiency. check_plan refuses a release the GPU lists no rate for. Source:
+    NVIDIA/cudnn-frontend benchmark/README.md at b740542 (nvidia-smi -ac 3201,1980; -pl 700) and its results at
+    b740542, de355c7 and df73764 (H200, bf16, causal, head dim 128). Derived:
+    docs/formulas.md#compute.attention_release"""
     release = plan.attention_release
-    if release is None:
+    if release is None or release not in gpu.attention_release_efficiency:
         return gpu.attention_efficiency
-    return gpu.attention_release_efficiency.get(release, gpu.attention_efficiency)
+    return gpu.attention_release_efficiency[release] * published_rate_clock(gpu)
 
 
 def fused_attention_asymptote(gpu: GpuSpec, plan: ParallelPlan) -> Any:
@@ -225,9 +228,11 @@ def published_rate_clock(gpu: GpuSpec) -> float:
     """What turns a kernel's published absolute rate (over the peak) into its asymptote against the sustained
     peak that every time formula divides by (GpuSpec.sustained_flops): the published benchmark loop runs the
     kernel alone at the vendor's power limit, at the clock that kernel holds there, as a training step's
-    attention calls do; so the rate is the kernel's own, not the fitted sustained_clock_fraction (the clock of
+    calls of it do; so the rate is the kernel's own, not the fitted sustained_clock_fraction (the clock of
     the GEMM-bound step) times it: 1 / sustained_clock_fraction, times the clock a power cap keeps
-    (GpuSpec.capped_clock_ratio). Derived: docs/formulas.md#compute.flash2_rate"""
+    (GpuSpec.capped_clock_ratio). The one reading of every published kernel rate: FlashAttention-2's
+    (flash2_asymptote), the cuDNN releases' (native_attention_asymptote), the Mamba-2 SSD scan's
+    (cost.compute.ssd_scan_seconds). Derived: docs/formulas.md#compute.published_clock"""
     return gpu.capped_clock_ratio / gpu.sustained_clock_fraction
 
 

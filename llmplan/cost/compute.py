@@ -23,6 +23,7 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     fp8_attention_ratio,
     head_dim_attention_ratio,
     layer_attention_rate_ratio,
+    published_rate_clock,
     unaligned_bmm_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
@@ -201,12 +202,13 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
 def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
     """(FLOPs, forward-equivalent seconds) of the average layer's Mamba-2 SSD scan, one micro-batch, one rank:
     the scan FLOPs layer_flops counts in its attention part (the rank's s/cp x b tokens, its heads split by t),
-    at SSD_SCAN_EFFICIENCY of the sustained rate of the plan's 16-bit kernels (bf16_kernel_format: the scan
-    runs in bf16 under every fp8 / fp4 recipe), the seconds for the forward and the backward's own FLOPs
-    together (mean_mamba_scan_step_flops); its HBM traffic is elementwise_bytes'.
-    Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800). Derived: docs/formulas.md#mixers.ssd_rate"""
+    at SSD_SCAN_EFFICIENCY of the peak of the plan's 16-bit kernels (bf16_kernel_format: the scan runs in bf16
+    under every fp8 / fp4 recipe), a published rate read at the clock it was measured at (published_rate_clock),
+    the seconds for the forward and the backward's own FLOPs together (mean_mamba_scan_step_flops); its HBM
+    traffic is elementwise_bytes'. Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800).
+    Derived: docs/formulas.md#mixers.ssd_rate, docs/formulas.md#compute.published_clock"""
     tokens = plan.seq_len / plan.cp * plan.micro_batch / plan.tp
-    rate = SSD_SCAN_EFFICIENCY * gpu.sustained_flops(bf16_kernel_format(plan))
+    rate = SSD_SCAN_EFFICIENCY * published_rate_clock(gpu) * gpu.sustained_flops(bf16_kernel_format(plan))
     return tokens * mean_mamba_scan_flops(m), tokens * mean_mamba_scan_step_flops(m) / rate
 
 
