@@ -189,6 +189,38 @@ def notes(pf: PlanFile) -> tuple[str, ...]:
     return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
 
 
+COMPLEX_ROPE = ("llama3", "deepseek_v3")
+"""torchtitan model modules whose rotary is complex arithmetic (view_as_complex, times the complex freqs_cis):
+0.3.0's ComplexRoPE (models/common/rope.py; llama3 and deepseek_v3 build it, qwen3 and gpt_oss CosSinRoPE) and
+v0.2.2's apply_rotary_emb (models/llama3/model/model.py, models/deepseek_v3/model/model.py). Inductor runs
+complex operators eager (torch/_inductor/lowering.py: "Torchinductor does not support code generation for
+complex operators"), ParallelPlan.rope_complex."""
+
+
+def switch_notes(pf: PlanFile, module: str) -> tuple[str, ...]:
+    """Header notes where the plan priced a kernel torchtitan does not run: the rotary compiled where the
+    model's rotary is complex (runs eager: rope_complex) or eager where it is real, and ZeRO-3 without FSDP2's
+    copy of every all-gather into the parameters (torch.distributed.fsdp _fully_shard/_fsdp_collectives.py
+    foreach_all_gather_copy_out, split_with_sizes_copy: zero3_copy_out), which fully_shard always runs."""
+    p, m = pf.plan, pf.model
+    rope = not m.learned_position_embeddings and p.fused_kernels
+    complex_rope = module in COMPLEX_ROPE
+    notes: tuple[str, ...] = ()
+    if rope and complex_rope and not p.rope_complex:
+        notes += (f"note: priced with the rotary compiled (rope_complex false); torchtitan's {module} rotary is "
+                  "complex arithmetic, which torch.compile runs eager, so this runs slower than priced: set "
+                  "rope_complex true in the plan to price it",)
+    if rope and not complex_rope and p.rope_complex:
+        notes += (f"note: priced with an eager complex rotary (rope_complex true); torchtitan's {module} rotary "
+                  "is real (cos/sin) and compiles, so this runs a little faster than priced: set rope_complex "
+                  "false in the plan to price it",)
+    if p.zero >= 3 and p.dp * p.cp > 1 and not p.zero3_copy_out:
+        notes += ("note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every "
+                  "all-gather into the parameters on the compute stream, so this runs slower than priced: set "
+                  "zero3_copy_out true in the plan to price it",)
+    return notes
+
+
 def cp_notes(pf: PlanFile) -> tuple[str, ...]:
     """torchtitan 0.3.0's context parallelism, where the plan has it: no rotate method (0.2's
     context_parallel_rotate_method is gone); Llama and the other built-in models attend with FlexAttention
@@ -342,7 +374,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     c = pf.cluster
     script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)",
-                        notes(pf) + cp_notes(pf))
+                        notes(pf) + switch_notes(pf, CONFIGS[pf.model.name][0]) + cp_notes(pf))
               + "set -euo pipefail\n\n"
               + "".join(f"{line}\n" for line in launch_env_lines(pf))
               + f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\nNNODES=${{NNODES:-{c.num_nodes}}}\n"
@@ -360,7 +392,8 @@ def toml_text(pf: PlanFile) -> str:
     replicate, shard, reshard = _fsdp(pf)
     local_batch = p.global_batch // p.dp
     schedule = launcher_schedule("torchtitan", p.pp_schedule, p.vpp)
-    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)", notes(pf))]
+    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)",
+                                                  notes(pf) + switch_notes(pf, name))]
     lines += [
         f"# torchtitan version: {LEGACY_VERSION}, the last release that reads TOML job configs (0.3 takes "
         "--module/--config: export to torchtitan)",
