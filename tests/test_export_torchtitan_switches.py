@@ -34,3 +34,25 @@ def test_torchtitan_exports_note_the_complex_rotary_and_fsdp2_copy_out(cli, tmp_
     assert r.code == 0, r.err
     text = "".join(f.read_text() for f in (tmp_path / "b").iterdir())
     assert "rope_complex" not in text and "zero3_copy_out" not in text
+
+
+def test_cli_flags_price_torchtitans_kernels_and_the_export_then_notes_nothing(cli, tmp_path):
+    # --rope-complex / --zero3-copy-out set the plan fields the torchtitan exports ask for
+    common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "3")
+    plain = json.loads(cli(*common, "--json").out)
+    r = cli(*common, "--rope-complex", "--zero3-copy-out", "--json", "--save", tmp_path / "tt.json")
+    assert r.code == 0, r.err
+    titan = json.loads(r.out)
+    assert titan["plan"]["rope_complex"] and titan["plan"]["zero3_copy_out"]
+    assert titan["time"]["compute_s"] > plain["time"]["compute_s"]  # the eager complex rotary
+    assert titan["time"]["overhead_s"] > plain["time"]["overhead_s"]  # the copy-out on the compute stream
+    r = cli("export", tmp_path / "tt.json", "--to", "torchtitan", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    text = next((tmp_path / "out").glob("*.sh")).read_text()
+    assert "rope_complex" not in text and "zero3_copy_out" not in text
+
+
+def test_copy_out_without_zero3_is_refused_in_one_line(cli):
+    line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
+               "--zero3-copy-out").refusal()
+    assert "zero3_copy_out with zero 1" in line and "drop --zero3-copy-out" in line, line
