@@ -57,3 +57,28 @@ def test_merges_are_the_only_cp_term_and_grow_with_cp_per_token(cp, t, s, b, moe
     # output written (cp + 1) times over, forward and backward
     out = s * b * m.num_attention_heads / t * m.d_head
     assert cp_merge_bytes(m, plan) * cp <= 12 * (cp + 1) * out
+
+
+@pytest.mark.parametrize("impl,repeated", [("torch-allgather", False), ("torch-alltoall", True)])
+def test_torch_ring_merges_in_fp32_counted_by_hand(impl, repeated):
+    # PyTorch's ring (torch/distributed/tensor/experimental/_attention.py: _SDPAMerger, convert_to_f32 True),
+    # cp = 4, rank 3 (runs every call on its whole query), each statement between SDPA calls one fused kernel.
+    # Forward per output element: merge 1 reads two bf16 outputs, writes fp32 (2 + 2 + 4); merge 2 reads fp32 and
+    #   bf16, writes fp32 (4 + 2 + 4); merge 3 also casts the result to bf16 (4 + 2 + 2): 8 + 10 + 8 = 26.
+    # Backward per dQ element: call 0 casts into the zeroed fp32 dq (2 + 4), calls 1-2 add (4 + 2 + 4 each), call
+    #   3 adds and casts to bf16 (4 + 2 + 2): 6 + 20 + 8 = 34. Per K/V element: call 0's fp32 copy into the send
+    #   buffer (2 + 4), calls 1-3 add a half-chunk bf16 gradient to the received fp32 and cat it (4 + 1 + 4 each),
+    #   the final received buffer cast to bf16 (4 + 2): 6 + 27 + 6 = 39. The K/V send buffer (cat, 2 + 2) once per
+    #   pass (all-gather) or at cp - 1 = 3 steps (all-to-all), forward and backward.
+    m = ModelSpec(**TINY)
+    plan = ParallelPlan(seq_len=16384, cp=4, cp_impl=impl, cp_kv_repeated=repeated)
+    d, tokens = m.d_head, 16384 / 4
+    q_elems = tokens * 8 * d
+    kv_elems = tokens * (8 if repeated else 2) * 2 * d
+    sends = 1 if impl == "torch-allgather" else 3
+    forward = 26 * q_elems + 4 * sends * kv_elems
+    backward = 34 * q_elems + (39 + 4 * sends) * kv_elems
+    assert cp_merge_bytes(m, plan) == pytest.approx((forward + backward) / 3)
+    # fp32 accumulators: more bytes than Transformer Engine's bf16 merges of the same layout
+    te = cp_merge_bytes(m, ParallelPlan(seq_len=16384, cp=4))
+    assert cp_merge_bytes(m, plan) > te

@@ -373,7 +373,7 @@ def saved_plan(cli, tmp_path: Path, *args: str) -> PlanFile:
 ADD = {"grad_accumulation": "add"}  # FSDP2 adds each micro-batch's reduce-scattered shard (DDP: autocast's cast first)
 TITAN_CASES = [
     ("fsdp_train", {}), ("fsdp_train", {"zero": 0, "grad_accumulation": "cast-add"}),
-    ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8}),
+    ("fsdp_train", {"zero": 2, "cp": 2, "dp": 8, "cp_impl": "torch-allgather"}),
     ("dense_train", {"zero": 2, "recompute": "none", "tp_impl": "dtensor", **ADD}),
     ("dense_train", {"zero": 3, "tp_comm_overlap": True, "recompute": "full", "tp_impl": "dtensor", **ADD}),
     ("uneven_train", {"zero": 2, "dtype": "fp8", "recipe": "rowwise", "tp_impl": "dtensor", **ADD}),

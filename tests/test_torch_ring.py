@@ -59,6 +59,26 @@ def test_torchtitan_legacy_export_writes_the_rotate_method_and_refuses_te_pricin
     assert "re-plan with --cp-impl torch-allgather" in r.refusal()
 
 
+def test_torchtitan_03_export_refuses_rings_it_cannot_run_and_says_what_runs(cli, tmp_path):
+    # torchtitan 0.3.0rc1 (1fdf90d, #4216) ParallelismConfig has no context_parallel_rotate_method; its models
+    # attend with FlexAttention (llama3 model_registry attn_backend "flex") whose CP all-gathers the K/V
+    common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "4", "--cp", "2",
+              "--seq-len", "65536", "--global-batch", "4", "--zero", "3", "--recompute", "full")
+    for impl in ("te", "torch-alltoall"):
+        extra = () if impl == "te" else ("--cp-impl", impl)
+        assert cli(*common, *extra, "--save", tmp_path / f"{impl}.json").code == 0
+        r = cli("export", tmp_path / f"{impl}.json", "--to", "torchtitan", "-o", tmp_path / impl)
+        line = r.refusal()
+        assert f"cp_impl {impl}" in line and "re-plan with --cp-impl torch-allgather" in line, line
+    assert cli(*common, "--cp-impl", "torch-allgather", "--cp-kv-repeated", "--save", tmp_path / "ag.json").code == 0
+    r = cli("export", tmp_path / "ag.json", "--to", "torchtitan", "-o", tmp_path / "ag")
+    assert r.code == 0, r.err
+    script = next((tmp_path / "ag").glob("*.sh")).read_text()
+    assert "--parallelism.context-parallel-degree 2   # K/V all-gathered: no rotate method" in script
+    assert "all-gathers the K/V for FlexAttention" in script and "set cp_kv_repeated false" in script
+    assert "rotate-method" not in script
+
+
 def test_kv_repeated_without_pytorchs_ring_is_refused(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "4", "--cp", "2",
             "--cp-kv-repeated")

@@ -92,6 +92,12 @@ GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulatio
 ZERO3_UNIT = typer.Option(_plan("zero3_unit"), "--zero3-unit",
                           help="What one ZeRO-3 collective carries: layer (FSDP units) | tensor (each weight "
                                "on its own, gathered again for a recompute forward: DeepSpeed stage 3, 2021).")
+ROPE_COMPLEX = typer.Option(_plan("rope_complex"), "--rope-complex/--rope-real",
+                            help="The rotary is complex arithmetic (torchtitan's Llama 3 and DeepSeek-V3), which "
+                                 "torch.compile runs eager, or real (cos/sin) and fused with --fused-kernels.")
+ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-zero3-copy-out",
+                              help="ZeRO-3 as PyTorch FSDP2 runs it: each all-gather copied into the parameters "
+                                   "on the compute stream (torchtitan, AutoModel), or written in place.")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -243,7 +249,8 @@ SWITCHES = Flags("Training switches", {
     "fp8_params": FP8_PARAMS,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
-    "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT,
+    "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
+    "zero3_copy_out": ZERO3_COPY_OUT,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

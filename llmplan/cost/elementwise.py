@@ -80,6 +80,44 @@ and .backward (dq.copy_ / dq.add_, p2p_comm_buffers[0][0].copy_(kv), torch.cat((
 Derived: docs/formulas.md#compute.cp_merge"""
 
 
+TORCH_CP_MERGE_BYTES = {"out_merge": 10.0, "out_first_last": -4.0, "dq_add": 10.0, "dq_first_last": 4.0,
+                        "dkv_ends": 12.0, "dkv_add": 9.0, "kv_send": 4.0}
+"""HBM bytes per element of PyTorch's experimental ring (cp_impl torch-*, convert_to_f32 on by default) beyond the
+attention kernels, each statement between two SDPA calls fused into one kernel with its casts (torchtitan compiles
+the block: Inductor fuses pointwise chains, the SDPA calls stay extern kernels). Forward, _SDPAMerger keeps the
+output in fp32: each of the cp - 1 merges out - sigmoid(lse_i - lse)·(out - out_i) reads the fp32 accumulator and
+the call's bf16 output and writes the accumulator (4 + 2, 4: 10), the first reading two bf16 outputs (2 + 2, 4)
+and the last writing bf16 (results' .to(out_dtype): 4 + 2, 2): 10·(cp - 1) - 4. Backward, dQ accumulates in a
+zeroed fp32 tensor (grad_query += grad_query_: 4 + 2, 4 per call; the first only casts, 2, 4; the last cast back,
+4 + 2, 2): 10·(cp - 1) + 4; dK/dV: the first call's fp32 copy written as the send buffer (2, 4), each later
+call's received fp32 dK/dV with the half-chunk gradient added (_partial_update's add and cat, then the send
+cat: read 4 + half of 2, write 4: 9), and the final received buffer cast to bf16 (4, 2): 12 + 9·(cp - 1). The
+K/V send buffer (torch.cat of K and V: read 2, write 2) once per pass with all-gather, cp - 1 times with
+all-to-all, forward and backward. The per-row log-sum-exp merges (1/d of these) are not counted. Source:
+pytorch/pytorch torch/distributed/tensor/experimental/_attention.py (_SDPAMerger, _templated_ring_attention,
+_templated_ring_attention_backward, _ContextParallelOptions.convert_to_f32; read at 0123248, the same merger as
+the torch 1963fc8 torchtitan's Dec 2024 runs used per docs/formulas.md#comm.cp).
+Derived: docs/formulas.md#compute.cp_merge"""
+
+
+def torch_cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """cp_merge_bytes of PyTorch's ring (TORCH_CP_MERGE_BYTES) on rank cp - 1, which with load balancing runs
+    every call on its whole query (i <= rank) and adds half-chunk dK/dV: forward (10·(cp - 1) - 4) per element of
+    its output, backward (10·(cp - 1) + 4) per dQ element and (12 + 9·(cp - 1)) per K/V element, plus the K/V
+    send buffers; the K/V at the query heads where the model repeats them (cp_kv_repeated).
+    Derived: docs/formulas.md#compute.cp_merge"""
+    d_qk, d_v = attention_head_dims(m)
+    cp, c = plan.cp, TORCH_CP_MERGE_BYTES
+    tokens = plan.seq_len / cp * plan.micro_batch
+    heads = m.num_attention_heads / plan.tp
+    kv = tokens * (heads if plan.cp_kv_repeated else kv_heads_per_rank(m, plan.tp)) * (d_qk + d_v)
+    sends = 1 if plan.cp_impl == "torch-allgather" else cp - 1  # K/V send buffers per pass
+    forward = (c["out_merge"] * (cp - 1) + c["out_first_last"]) * tokens * heads * d_v + sends * c["kv_send"] * kv
+    dq = (c["dq_add"] * (cp - 1) + c["dq_first_last"]) * tokens * heads * d_qk
+    dkv = (c["dkv_ends"] + c["dkv_add"] * (cp - 1) + sends * c["kv_send"]) * kv
+    return where(cp > 1, (forward + dq + dkv) / 3, 0.0)
+
+
 def cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes of one attention layer's ring merges (CP_MERGE_BYTES) on the slowest rank, one micro-batch, in
     the forward-equivalent units of elementwise_bytes (forward + backward over 3: the stage charges three times
@@ -89,7 +127,10 @@ def cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     (cp - 1)·dq_add per element of dQ (d_qk), and per element of its K and V (kv heads per rank x (d_qk + d_v))
     dkv_setup + cat and add at each call, of whole chunks at the last call and half chunks at the others:
     (cp + 1)/2·(dkv_cat + dkv_add) less (dkv_add - dkv_first)/2 (the first call, a half, copies).
+    PyTorch's rings (cp_impl torch-*) merge in fp32: torch_cp_merge_bytes.
     Derived: docs/formulas.md#compute.cp_merge"""
+    if plan.cp_impl != "te":
+        return torch_cp_merge_bytes(m, plan)
     d_qk, d_v = attention_head_dims(m)
     cp, c = plan.cp, CP_MERGE_BYTES
     tokens = plan.seq_len / cp * plan.micro_batch

@@ -161,6 +161,11 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"ZeRO-3 gathers per {p.zero3_unit} (torchtitan's FSDP2 applies fully_shard to each "
                      "transformer block: one all-gather and one reduce-scatter per layer)",
                      "re-plan with --zero3-unit layer, or export to deepspeed")
+    if p.cp > 1 and p.cp_impl != "torch-allgather":
+        raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl} (torchtitan {TORCHTITAN_VERSION} has "
+                     "no rotate method: its FlexAttention all-gathers the K/V once per layer, nearest "
+                     "torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to torchtitan-0.2"
+                     + (" or megatron" if p.cp_impl == "te" else ""))
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
     check_accumulation(pf, TARGET, "torchtitan", *accumulation(pf))  # last, after the plan's other refusals
@@ -182,6 +187,55 @@ def notes(pf: PlanFile) -> tuple[str, ...]:
               "priced: set sink_fusion false in the plan to price it",)
              if m.attention_sinks and p.sink_fusion else ())
     return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
+
+
+COMPLEX_ROPE = ("llama3", "deepseek_v3")
+"""torchtitan model modules whose rotary is complex arithmetic (view_as_complex, times the complex freqs_cis):
+0.3.0's ComplexRoPE (models/common/rope.py; llama3 and deepseek_v3 build it, qwen3 and gpt_oss CosSinRoPE) and
+v0.2.2's apply_rotary_emb (models/llama3/model/model.py, models/deepseek_v3/model/model.py). Inductor runs
+complex operators eager (torch/_inductor/lowering.py: "Torchinductor does not support code generation for
+complex operators"), ParallelPlan.rope_complex."""
+
+
+def switch_notes(pf: PlanFile, module: str) -> tuple[str, ...]:
+    """Header notes where the plan priced a kernel torchtitan does not run: the rotary compiled where the
+    model's rotary is complex (runs eager: rope_complex) or eager where it is real, and ZeRO-3 without FSDP2's
+    copy of every all-gather into the parameters (torch.distributed.fsdp _fully_shard/_fsdp_collectives.py
+    foreach_all_gather_copy_out, split_with_sizes_copy: zero3_copy_out), which fully_shard always runs."""
+    p, m = pf.plan, pf.model
+    rope = not m.learned_position_embeddings and p.fused_kernels
+    complex_rope = module in COMPLEX_ROPE
+    notes: tuple[str, ...] = ()
+    if rope and complex_rope and not p.rope_complex:
+        notes += (f"note: priced with the rotary compiled (rope_complex false); torchtitan's {module} rotary is "
+                  "complex arithmetic, which torch.compile runs eager, so this runs slower than priced: set "
+                  "rope_complex true in the plan to price it",)
+    if rope and not complex_rope and p.rope_complex:
+        notes += (f"note: priced with an eager complex rotary (rope_complex true); torchtitan's {module} rotary "
+                  "is real (cos/sin) and compiles, so this runs a little faster than priced: set rope_complex "
+                  "false in the plan to price it",)
+    if p.zero >= 3 and p.dp * p.cp > 1 and not p.zero3_copy_out:
+        notes += ("note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every "
+                  "all-gather into the parameters on the compute stream, so this runs slower than priced: set "
+                  "zero3_copy_out true in the plan to price it",)
+    return notes
+
+
+def cp_notes(pf: PlanFile) -> tuple[str, ...]:
+    """torchtitan 0.3.0's context parallelism, where the plan has it: no rotate method (0.2's
+    context_parallel_rotate_method is gone); Llama and the other built-in models attend with FlexAttention
+    (model_registry's attn_backend "flex", models/llama3/__init__.py at 0.3.0rc1 1fdf90d and main b5bcd76), whose
+    CP all-gathers the K/V heads over the cp ranks (models/common/attention.py: "CP all-gathers k/v"; at rc1
+    distributed/context_parallel/api.py apply_cp_to_forward calls PyTorch's flex_cp_allgather) and runs one
+    attention call on them: no ring steps, no per-step merges. The plan's torch-allgather pricing keeps the
+    per-step merges and the K/V gradients' fp32 sends, so 0.3 runs a little faster than priced."""
+    p = pf.plan
+    if p.cp == 1:
+        return ()
+    kv = ("; it gathers the KV heads (FlexAttention's enable_gqa), not the query heads the plan priced "
+          "(cp_kv_repeated): set cp_kv_repeated false to price it" if p.cp_kv_repeated else "")
+    return (f"note: context parallelism: torchtitan {TORCHTITAN_VERSION} all-gathers the K/V for FlexAttention "
+            "(no rotate method), priced as cp_impl torch-allgather with its per-step merges" + kv,)
 
 
 def _check_layout(pf: PlanFile, target: str) -> None:
@@ -290,7 +344,9 @@ def overrides(pf: PlanFile) -> list[str]:
         f"--parallelism.tensor-parallel-degree {p.tp}",
         "--parallelism.enable-sequence-parallel" if p.sp or p.tp == 1 else "--parallelism.no-enable-sequence-parallel",
         f"--parallelism.pipeline-parallel-degree {p.pp}",
-        f"--parallelism.context-parallel-degree {p.cp}", f"--parallelism.expert-parallel-degree {p.ep}",
+        f"--parallelism.context-parallel-degree {p.cp}"
+        + ("   # K/V all-gathered: no rotate method" if p.cp > 1 else ""),
+        f"--parallelism.expert-parallel-degree {p.ep}",
     ]
     if p.pp > 1:
         args += [f"--parallelism.pipeline-parallel-schedule {launcher_schedule('torchtitan', p.pp_schedule, p.vpp)}",
@@ -318,7 +374,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     check(pf)
     c = pf.cluster
     script = (sh_header(pf, f"torchtitan {TORCHTITAN_VERSION} (config_registry + command-line overrides)",
-                        notes(pf))
+                        notes(pf) + switch_notes(pf, CONFIGS[pf.model.name][0]) + cp_notes(pf))
               + "set -euo pipefail\n\n"
               + "".join(f"{line}\n" for line in launch_env_lines(pf))
               + f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{c.gpus_per_node_used}}}\nNNODES=${{NNODES:-{c.num_nodes}}}\n"
@@ -336,7 +392,8 @@ def toml_text(pf: PlanFile) -> str:
     replicate, shard, reshard = _fsdp(pf)
     local_batch = p.global_batch // p.dp
     schedule = launcher_schedule("torchtitan", p.pp_schedule, p.vpp)
-    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)", notes(pf))]
+    lines = [f"# {line}" for line in header_lines(pf, f"torchtitan {LEGACY_VERSION} (TOML job config)",
+                                                  notes(pf) + switch_notes(pf, name))]
     lines += [
         f"# torchtitan version: {LEGACY_VERSION}, the last release that reads TOML job configs (0.3 takes "
         "--module/--config: export to torchtitan)",

@@ -144,6 +144,14 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
                         "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "
                         "--zero 3 or drop --zero3-unit"),
+    SwitchUse("zero3_copy_out_zero", ("zero3_copy_out",), lambda p: (p.zero == 3) & (p.dp * p.cp > 1),
+              lambda p: f"zero3_copy_out with zero {p.zero}, dp {p.dp}, cp {p.cp}: it copies each ZeRO-3 "
+                        "all-gather into the parameters, so it acts only with zero 3 over more than one rank; use "
+                        "--zero 3 with dp or cp > 1, or drop --zero3-copy-out"),
+    SwitchUse("rope_complex_fused", ("rope_complex",), lambda p: p.fused_kernels & p.rope_fusion,
+              lambda p: "rope_complex with fused_kernels or rope_fusion off: it says torch.compile leaves a complex "
+                        "rotary eager, so it acts only where the rotary is fused; turn on fused kernels, or drop "
+                        "--rope-complex"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "

@@ -94,6 +94,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cp_impl."""
     cp_kv_repeated: bool
     """ParallelPlan.cp_kv_repeated."""
+    rope_complex: bool
+    """ParallelPlan.rope_complex."""
+    zero3_copy_out: bool
+    """ParallelPlan.zero3_copy_out."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int

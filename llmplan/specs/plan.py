@@ -295,7 +295,7 @@ class ParallelPlan(PlanQuantities, Spec):
     heads) and passes the K/V gradients on in fp32; torch-allgather gathers every rank's K/V once,
     beside only the first step's call (torchtitan's default rotate method), torch-alltoall passes them one step
     at a time. Both torch rings merge each step's output and accumulate the gradients in fp32 outside the
-    kernel (docs/formulas.md#comm.cp, #step.cp)."""
+    kernel (docs/formulas.md#comm.cp, #step.cp, #compute.cp_merge)."""
     cp_kv_repeated: bool = False
     """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
     heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
