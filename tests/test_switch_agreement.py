@@ -45,3 +45,35 @@ def test_random_plans_with_the_switches_agree_with_the_scalar_estimate(case, dro
         assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
         assert float(vec.step.overhead[j]) == pytest.approx(float(scalar.time.overhead), rel=1e-9, abs=1e-12)
         assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+
+
+PLAN = dict(dp=8, micro_batch=1, global_batch=16, seq_len=4096)
+
+
+@pytest.mark.parametrize("fields,rule,needle", [
+    ({"zero": 1, "zero3_copy_out": True}, "zero3_copy_out_zero", "zero3_copy_out with zero 1"),
+    ({"zero": 3, "fused_kernels": False, "rope_complex": True}, "rope_complex_compiled",
+     "rope_complex with fused_kernels False"),
+    ({"zero": 3, "rope_fusion": False, "rope_complex": True}, "rope_complex_compiled", "rope_fusion False"),
+])
+def test_check_plan_refuses_a_switch_that_would_do_nothing(fields, rule, needle):
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-h100"], num_nodes=1)
+    found = [v for v in check_plan(m, ParallelPlan(**PLAN, **fields), cluster) if v.rule == rule]
+    assert len(found) == 1 and needle in found[0].message and "\n" not in found[0].message
+    assert not check_plan(m, ParallelPlan(**PLAN, zero=3, zero3_copy_out=True, rope_complex=True), cluster)
+
+
+@pytest.mark.parametrize("update,needle", [({"zero3_copy_out": True}, "zero3_copy_out with zero 1"),
+                                           ({"fused_kernels": False, "rope_complex": True}, "rope_complex with")])
+def test_a_plan_file_with_such_a_switch_exits_2_in_one_line(cli, tmp_path, update, needle):
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "data" / "plans" / "dense_train.json").read_text())
+    assert doc["plan"]["zero"] == 1
+    doc["plan"].update(update)
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(doc))
+    r = cli("export", p, "--to", "torchtitan", "-o", tmp_path / "out")
+    assert r.code == 2 and needle in r.err and "Traceback" not in r.err, (r.code, r.err)
+    assert len(r.err.strip().splitlines()) <= 3 and not (tmp_path / "out").exists()

@@ -144,6 +144,14 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
                         "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "
                         "--zero 3 or drop --zero3-unit"),
+    SwitchUse("zero3_copy_out_zero", ("zero3_copy_out",), lambda p: p.zero == 3,
+              lambda p: f"zero3_copy_out with zero {p.zero}: it copies each ZeRO-3 all-gather into the parameters "
+                        "(FSDP2), and only ZeRO-3 gathers the weights (stages 0-2 keep them whole); use zero 3 or "
+                        "set zero3_copy_out false"),
+    SwitchUse("rope_complex_compiled", ("rope_complex",), lambda p: as_bool(p.fused_kernels) & as_bool(p.rope_fusion),
+              lambda p: f"rope_complex with fused_kernels {p.fused_kernels} and rope_fusion {p.rope_fusion}: it "
+                        "keeps a compiled run's complex rotary on its eager kernels, so it acts only with both on "
+                        "(an eager or unfused rotary is priced so already); set both true or rope_complex false"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "
