@@ -55,6 +55,7 @@ PLAN = dict(dp=8, micro_batch=1, global_batch=16, seq_len=4096)
     ({"zero": 3, "fused_kernels": False, "rope_complex": True}, "rope_complex_compiled",
      "rope_complex with fused_kernels False"),
     ({"zero": 3, "rope_fusion": False, "rope_complex": True}, "rope_complex_compiled", "rope_fusion False"),
+    ({"zero": 3, "zero3_unit": "tensor", "zero3_copy_out": True}, "zero3_copy_out_unit", "zero3_unit tensor"),
 ])
 def test_check_plan_refuses_a_switch_that_would_do_nothing(fields, rule, needle):
     m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-h100"], num_nodes=1)
