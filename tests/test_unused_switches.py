@@ -86,7 +86,8 @@ BASES = [("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1)), ("llama-3.1-8b", 
          ("llama-3.1-8b", 2, dict(tp=2, pp=1, dp=8, sp=False, zero=2)), ("llama-3.1-8b", 2, dict(tp=1, pp=2, dp=8)),
          ("mixtral-8x7b", 2, dict(tp=2, pp=2, dp=4, ep=1, sp=True, zero=1, recompute="full")),
          ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=1, zero=3)),
-         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=2, etp=2, zero=1))]
+         ("mixtral-8x7b", 2, dict(tp=1, pp=1, dp=16, ep=2, etp=2, zero=1)),
+         ("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1, fused_kernels=False))]  # eager: rope_complex idle
 
 
 def _priced(m, cluster, plan):

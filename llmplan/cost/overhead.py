@@ -113,7 +113,8 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
     CP, CP_STEP_KERNELS per ring step for the attention kernel, and MOE_LAYER_KERNELS more per MoE layer; twice
     that in backward, once more under recompute; KERNEL_LAUNCH_S
-    each; with a pipeline, P2P_CHUNK_LAUNCHES per model chunk) take beyond the GPU's `per_mb`; plus the host waits of the MoE layers (host_sync_seconds, with
+    each; with a pipeline, P2P_CHUNK_LAUNCHES per model chunk) take beyond the GPU's `per_mb`; plus the host
+    waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
     Every launch and eager op costs `host_factor` times its x86 time (GpuSpec.host_op_factor: Grace 2.75).

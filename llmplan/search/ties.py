@@ -19,7 +19,6 @@ HEADROOM_STEP = 2 * GIB
 """Smallest memory headroom difference that decides between tied plans (bytes)."""
 
 
-
 @dataclass(frozen=True)
 class TieNote:
     """Why a plan sits above the next one it is tied with."""
@@ -53,7 +52,8 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
     faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
     domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer parallel axes; a
-    smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less recompute. Axes and the CP degree come before headroom: every plan shown already keeps the
+    smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less recompute. Axes and
+    the CP degree come before headroom: every plan shown already keeps the
     search's minimum headroom free, while each extra axis (a CP ring at a 4k sequence, say) adds communication
     and a way to fail, and a wider ring splits the sequence into shorter chunks, whose steps the model prices
     least well (docs/formulas.md#compute.cp_attention)."""

@@ -365,5 +365,9 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"fp8_params with dtype {p.dtype}: it keeps the weights in an fp8 / NVFP4 recipe's format "
                          f"(Megatron --fp8-param-gather / --fp4-param-gather), and the plan's matmuls run in "
                          f"{p.dtype}; give an fp8 or fp4 --precision, or drop --fp8-params"),
+    Rule("zero3_copy_out_unit", lambda m, p, c: (not p.zero3_copy_out) | (p.zero3_unit == "layer"),
+         lambda m, p, c: "zero3_copy_out with zero3_unit tensor: the copy-out is FSDP2's, which gathers a module "
+                         "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
+                         "around each call are priced already (comm.ZERO3_GATHER_COPIES); drop one of the two"),
     *(u.rule() for u in SWITCH_USES),
 )
