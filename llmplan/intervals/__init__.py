@@ -151,7 +151,8 @@ def best_published_mfu(gpu: Any, dtype: str) -> float | None:
 def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The LEVEL interval of a training estimate's step time, tokens/s, MFU and memory per GPU, with its
     basis. An upper bound above the best published MFU of the GPU in the plan's format is capped there
-    (`ceiling`): no published run reached more, and when the point itself is above, the basis says so."""
+    (`ceiling`): no published run reached more, and when the point itself is above, the basis says so; a band
+    lying wholly above the ceiling is moved down under it with its width kept (not collapsed to a point)."""
     regime = regime_of(e.model, e.plan, e.cluster)
     band = training_band(regime, data)
     step, tps, mfu = float(e.time.total), float(e.throughput.tokens_per_s), float(e.throughput.mfu)
@@ -164,7 +165,10 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
         hi_factor = best / mfu
         basis += (f"; upper bound capped at the best published {e.plan.dtype} MFU on {e.cluster.system.gpu.name} "
                   f"({100 * best:.1f}%)" + (", which the point exceeds" if mfu > best else ""))
-    lo_factor = min(float(np.exp(band.lo)), hi_factor)
+    lo_factor = float(np.exp(band.lo))
+    if lo_factor > hi_factor:  # the whole band lies above the ceiling: moved down under it, its width kept
+        lo_factor = hi_factor * float(np.exp(band.lo - band.hi))
+        basis += "; the whole band lay above it and is moved down under it, its width kept"
     mem = memory_band(data)
     total = float(e.memory.total)
     if mem is not None:
