@@ -312,10 +312,18 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
               f"{100 * statistics.mean(own[r['id']][0] for r in mine):6.1f}% "
               f"{100 * statistics.mean(statistics.mean(v) for v in fams.values()):6.1f}% "
               f"{100 * statistics.median(own[r['id']][1] for r in mine):10.1f}%")
+        if info.get("fallback") == "widened":
+            print(f"    {info['why_own']};\n    its {info.get('fallback_from', 'pool')} fallback covers "
+                  f"{100 * info['fallback_coverage'][0]:.1f}% of its runs ({100 * info['fallback_coverage'][1]:.1f}% "
+                  f"per family): widened until it covers {100 * info['lower']:g}% (rule 6)"
+                  + ("" if info.get("nested_ok", True) else "; the widening is not stable leaving a source out"))
         if info.get("why"):
             print(f"    {info['why']}")
+            if info.get("fallback_coverage"):
+                print(f"    its {info['fallback']} fallback covers {100 * info['fallback_coverage'][0]:.1f}% of its "
+                      f"runs ({100 * info['fallback_coverage'][1]:.1f}% per family)")
         elif info.get("nested"):
-            print(f"    nested coverage of its own choice: {100 * info['nested'][0]:.1f}% of runs, "
+            print(f"    nested coverage of its " + ("widened" if info.get("fallback") == "widened" else "own") + f" choice: {100 * info['nested'][0]:.1f}% of runs, "
                   f"{100 * info['nested'][1]:.1f}% per family"
                   + (f", median half-width {100 * info['nested_half']:.1f}%" if "nested_half" in info else ""))
 

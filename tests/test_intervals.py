@@ -588,3 +588,56 @@ def test_a_cell_whose_choice_fails_nested_asks_more_coverage_before_giving_up(mo
                         lambda *a, **k: ({"a": (70, 100, 0.1), "b": (70, 100, 0.1), "c": (70, 100, 0.1)}, 0.1))
     cell = iv.choose_pools(recs, sourced[iv.MIN_SOURCES], 0.8, sourced=sourced)["dense-megatron/hopper"]
     assert cell["nominal"] is None and "asking 85% or more" in cell["why"]
+
+
+def test_every_shipped_cell_of_three_families_covers_75_percent_left_out():
+    # docs/validation.md#intervals-cell-fallback: each regime cell with POOL_MIN_FAMILIES+ families of
+    # POOL_MIN_RECORDS+ runs, scored as benchmarks/intervals.py scores it (each run's band from the other sources'
+    # residuals, left_out_sourced, under the fewest sources and the (pair, weighting) the shipped file gives it),
+    # covers at least 75% of its runs both per run and per family: its own choice, its pool's, or (rule 6) that
+    # fallback widened; a fallback covering less is never taken silently.
+    data = iv.shipped()
+    assert data["pool_rule"] == iv.POOL_RULE
+    training = data["training"]
+    merged = iv.merged_pools(training, data, iv.left_out_sourced(training))
+    pair = iv.pair_of(data)
+    checked = []
+    for name, info in data["pools"].items():
+        if "/" not in name or info["families"] < iv.POOL_MIN_FAMILIES:
+            continue
+        mine = [r for r in training if iv.cell_of(iv.record_regime(r)) == name]
+        cov = iv.coverage(mine, pair, merged)
+        assert iv.covers(cov), (name, iv.per_record(cov), iv.mean_coverage(cov), info)
+        checked.append(name)
+    assert "dense-megatron/hopper" in checked
+
+
+def test_a_cell_whose_pool_fallback_under_covers_it_takes_it_widened():
+    # rule 6: four Hopper sources with biases -0.05, -0.02, +0.02, +0.05 and a pool whose 0.8 pair is fixed. Left
+    # out, the cell's runs are covered under 75% at 0.8; the cell (given no own choice: `why`) takes the first
+    # wider pair covering 75%, with the pool's weighting and sources, and says it widened;
+    # the runtime band follows it. A fallback already covering 75% is kept as it was (no choice of the cell's).
+    rng = np.random.default_rng(5)
+    recs = [{**_rec(f, b + x, i), "source": f} for f, b in (("a", -0.05), ("b", -0.02), ("c", 0.02), ("d", 0.05))
+            for i, x in enumerate(rng.normal(0, 0.03, 6))]
+    sourced = iv.left_out_sourced(recs)
+    cache: dict = {}
+    mine = recs
+    pool = {"nominal": 0.8, "weighting": "run", "min_sources": iv.MIN_SOURCES}
+    low = iv.coverage(mine, 0.8, sourced[iv.MIN_SOURCES])
+    assert not iv.covers(low)
+    info: dict = {"why": "no own choice", "families": 4}
+    conformal._widen_fallback(recs, mine, sourced, pool, 0.8, info, cache, nested=True)
+    assert info["fallback"] == "widened" and info["fallback_from"] == "pool" and info["nominal"] > 0.8
+    assert info["weighting"] == "run" and info["min_sources"] == iv.MIN_SOURCES and "why" not in info
+    assert iv.covers(iv.coverage(mine, info["nominal"], sourced[iv.MIN_SOURCES]))
+    narrower = [q for q in iv.NOMINAL_CHOICES if 0.8 <= q < info["nominal"]]
+    assert not any(iv.covers(iv.coverage(mine, q, sourced[iv.MIN_SOURCES])) for q in narrower)
+    assert "nested" in info and isinstance(info["nested_ok"], bool)
+    data = {"training": recs, "nominal": 0.8, "pools": {"dense-megatron": {**pool, "families": 4},
+                                                           "dense-megatron/hopper": info}}
+    band = iv.training_band(iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8), data)
+    assert band.nominal == info["nominal"] and band.pool == "dense-megatron/hopper" and "widened" in band.basis
+    kept: dict = {"why": "no own choice", "families": 4}
+    conformal._widen_fallback(recs, mine, sourced, {**pool, "nominal": 0.99}, 0.8, kept, cache, nested=True)
+    assert kept["fallback"] == "pool" and "nominal" not in kept and kept["why"] == "no own choice"

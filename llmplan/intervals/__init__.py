@@ -26,7 +26,9 @@ one at a time is at least 75% both per record and per family over its runs (one 
 any wider; one covering more only when narrower still), and whose choice made without each source in turn
 (every family of it: source_of) still covers that source's runs at least 75% (nested); when it does not, the
 choice asks more coverage of the runs it is made on (LOWERS) before the cell gives up. A cell or pool with
-fewer than POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none; the
+fewer than POOL_MIN_FAMILIES families of POOL_MIN_RECORDS runs, or with no choice passing both, has none (a cell
+of POOL_MIN_FAMILIES+ families whose fallback, its pool's choice else the all-regime pair, covers its runs left
+out under 75% takes that fallback widened to the first wider pair that covers 75%: rule 6); the
 all-regime pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else
 the narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so
 residuals pooled from other families under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal

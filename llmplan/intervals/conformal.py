@@ -18,7 +18,7 @@ POOL_MIN_FAMILIES = 3
 """Fewest families (of POOL_MIN_RECORDS runs or more) a pool needs to choose its own pair."""
 POOL_MIN_RECORDS = 3
 """Fewest runs a family needs in a pool to count towards POOL_MIN_FAMILIES."""
-POOL_RULE = 5
+POOL_RULE = 6
 """The rule the file's `pools` were chosen by (benchmarks/intervals.py writes it; its report rechooses older
 files' pools and pair): 2 adds the regime cells (cell_of) and the choice of weighting (WEIGHTINGS); 3 makes the
 nested check leave out the whole source (source_of), not only the family; 4 draws bands from MIN_SOURCES
@@ -26,7 +26,10 @@ sources (select) and takes the honest side where no choice is inside TARGET: the
 its lower edge (covers), not a fallback that covers less (docs/validation.md#intervals-min-sources); 5 chooses
 the fewest sources a band is drawn from (SOURCE_CHOICES) per cell and pool with its pair, by the same left-out
 coverage, and carries it into the runtime band; the choice is tried at rising lower edges (LOWERS) until its
-nested coverage reaches 75% (docs/validation.md#intervals-cell-sources)."""
+nested coverage reaches 75% (docs/validation.md#intervals-cell-sources); 6: a cell of POOL_MIN_FAMILIES+
+families without its own choice takes its pool's (or the all-regime pair) only where that covers the cell's
+runs left out at least 75%, else that choice widened until it does, nested-checked (_widen_fallback;
+docs/validation.md#intervals-cell-fallback)."""
 NOMINAL_CHOICES = (0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
 """The quantile pairs (as central probabilities) the residual script chooses the shipped one from."""
 POOL_CHOICES: tuple[Choice, ...] = tuple((q, w) for w in WEIGHTINGS for q in NOMINAL_CHOICES)
@@ -265,7 +268,79 @@ def choose_pools(records: list[dict[str, Any]], pools: dict[str, LeftOut] | None
             break
         if why:
             info["why"] = why
+            if "/" in name:  # a cell (rule 6); a pool's fallback is the all-regime pair, as before
+                _widen_fallback(records, mine, sourced, out.get(pool_of(record_regime(mine[0])), {}), default,
+                                info, cache, nested)
     return out
+
+
+def _widened(mine: list[dict[str, Any]], sourced: Sourced, start: Cand, lower: float) -> Cand | None:
+    """The first pair from `start`'s on (NOMINAL_CHOICES, its weighting and fewest sources kept) whose left-out
+    coverage over `mine` is at least `lower` both per run and per family; None when none is."""
+    q, weighting, n = start
+    for p in (x for x in NOMINAL_CHOICES if x >= q):
+        if covers(coverage(mine, (p, weighting), sourced[n]), lower):
+            return p, weighting, n
+    return None
+
+
+def _widen_fallback(records: list[dict[str, Any]], mine: list[dict[str, Any]], sourced: Sourced,
+                    pool: dict[str, Any], default: float, info: dict[str, Any], cache: dict[str, Sourced],
+                    nested: bool) -> None:
+    """A cell of POOL_MIN_FAMILIES+ families with no own choice falls back to its pool's choice (else the
+    all-regime pair) only where that covers the cell's runs left out at least TARGET's lower edge both per run
+    and per family. Else (rule 6, docs/validation.md#intervals-cell-fallback) it takes that choice widened: the
+    first wider pair (weighting and fewest sources kept) covering a lower edge of LOWERS, the first edge whose
+    widening, done the same way without each source in turn, covers that source's runs 75% or more (nested);
+    when no edge passes, the widening at TARGET's lower edge (it covers the cell's known sources where the
+    fallback does not), its nested coverage kept in the file (`nested_ok` false) and reported. Sets `info`'s
+    choice (`fallback`: "widened"), or leaves it without one (`fallback`: "pool" or "all-regime"); with the
+    fallback's coverage over the cell (`fallback_coverage`)."""
+    start: Cand = ((float(pool["nominal"]), str(pool["weighting"]), int(pool.get("min_sources", MIN_SOURCES)))
+                   if pool.get("nominal") is not None else (float(default), "run", MIN_SOURCES))
+    cov = coverage(mine, start[:2], sourced[start[2]])
+    info["fallback"] = "pool" if pool.get("nominal") is not None else "all-regime"
+    info["fallback_coverage"] = [round(per_record(cov), 4), round(mean_coverage(cov), 4)]
+    if covers(cov):
+        return
+    taken: tuple[Cand, float, dict[str, tuple[int, int, float]] | None, float] | None = None
+    for lower in LOWERS if nested else LOWERS[:1]:
+        own = _widened(mine, sourced, start, lower)
+        if own is None:
+            break
+        ncov, half = _widened_nested(records, mine, sourced, start, lower, cache) if nested else (None, 0.0)
+        if taken is None or ncov is None or covers(ncov):
+            taken = (own, lower, ncov, half)
+        if ncov is None or covers(ncov):
+            break
+    if taken is None:
+        return
+    own, lower, ncov, half = taken
+    info["nominal"], info["weighting"], info["min_sources"] = own
+    info["inside"] = inside_target(coverage(mine, own[:2], sourced[own[2]]))
+    info["lower"] = lower
+    info["fallback_from"], info["fallback"] = info["fallback"], "widened"
+    info["why_own"] = info.pop("why")
+    if ncov is not None:
+        info["nested"] = [round(per_record(ncov), 4), round(mean_coverage(ncov), 4)]
+        info["nested_half"] = round(half, 4)
+        info["nested_ok"] = covers(ncov)
+
+
+def _widened_nested(records: list[dict[str, Any]], mine: list[dict[str, Any]], sourced: Sourced, start: Cand,
+                    lower: float, cache: dict[str, Sourced]) -> tuple[dict[str, tuple[int, int, float]], float]:
+    """Coverage of a cell's runs (`mine`) when _widened is done without each source in turn (its runs' bands
+    drawn without it too) and scores that source's runs, and the median half-width of those bands."""
+    chosen: dict[str, Cand] = {}
+    for src in sorted({source_of(r) for r in mine}):
+        rest = [r for r in mine if source_of(r) != src]
+        if rest and src not in cache:
+            cache[src] = left_out_sourced(records, src, {r["id"] for r in rest})
+        c = _widened(rest, cache[src], start, lower) if rest else None
+        chosen[src] = start if c is None else c
+    mats = {r["id"]: sourced[chosen[source_of(r)][2]][r["id"]] for r in mine}
+    halves = [half_width(left_out_band(mats[r["id"]], chosen[source_of(r)][:2])) for r in mine]
+    return coverage(mine, lambda r: chosen[source_of(r)][:2], mats), float(np.median(halves))
 
 
 def pair_of(data: dict[str, Any]) -> Callable[[dict[str, Any]], Choice]:
