@@ -150,8 +150,8 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "--zero 3 with dp or cp > 1, or drop --zero3-copy-out"),
     SwitchUse("rope_complex_fused", ("rope_complex",), lambda p: p.fused_kernels & p.rope_fusion,
               lambda p: "rope_complex with fused_kernels or rope_fusion off: it says torch.compile leaves a complex "
-                        "rotary eager, so it acts only where the rotary is fused; turn on fused kernels, or drop "
-                        "--rope-complex"),
+                        "rotary eager, so it acts only where the rotary is fused; set fused_kernels and "
+                        "rope_fusion true in the plan, or drop --rope-complex"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "
