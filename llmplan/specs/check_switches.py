@@ -368,6 +368,7 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("zero3_copy_out_unit", lambda m, p, c: (not p.zero3_copy_out) | (p.zero3_unit == "layer"),
          lambda m, p, c: "zero3_copy_out with zero3_unit tensor: the copy-out is FSDP2's, which gathers a module "
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
-                         "around each call are priced already (comm.ZERO3_GATHER_COPIES); drop one of the two"),
+                         "around each call are priced already (comm.ZERO3_GATHER_COPIES); use --zero3-unit layer "
+                         "or drop --zero3-copy-out"),
     *(u.rule() for u in SWITCH_USES),
 )
