@@ -56,3 +56,10 @@ def test_copy_out_without_zero3_is_refused_in_one_line(cli):
     line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
                "--zero3-copy-out").refusal()
     assert "zero3_copy_out with zero 1" in line and "drop --zero3-copy-out" in line, line
+
+
+def test_copy_out_with_the_per_tensor_unit_is_refused_in_one_line(cli):
+    line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "3",
+               "--zero3-unit", "tensor", "--zero3-copy-out").refusal()
+    assert "zero3_copy_out with zero3_unit tensor" in line, line
+    assert "use --zero3-unit layer or drop --zero3-copy-out" in line, line

@@ -70,6 +70,9 @@ def test_torchtitan_03_export_refuses_rings_it_cannot_run_and_says_what_runs(cli
         r = cli("export", tmp_path / f"{impl}.json", "--to", "torchtitan", "-o", tmp_path / impl)
         line = r.refusal()
         assert f"cp_impl {impl}" in line and "re-plan with --cp-impl torch-allgather" in line, line
+        # torchtitan-0.2 refuses te too (TE's ring): megatron is the other target for it
+        assert line.endswith("or export to " + ("megatron" if impl == "te" else "torchtitan-0.2")), line
+    assert cli("export", tmp_path / "torch-alltoall.json", "--to", "torchtitan-0.2", "-o", tmp_path / "a2a").code == 0
     assert cli(*common, "--cp-impl", "torch-allgather", "--cp-kv-repeated", "--save", tmp_path / "ag.json").code == 0
     r = cli("export", tmp_path / "ag.json", "--to", "torchtitan", "-o", tmp_path / "ag")
     assert r.code == 0, r.err

@@ -94,7 +94,7 @@ ZERO3_UNIT = typer.Option(_plan("zero3_unit"), "--zero3-unit",
                                "on its own, gathered again for a recompute forward: DeepSpeed stage 3, 2021).")
 ROPE_COMPLEX = typer.Option(_plan("rope_complex"), "--rope-complex/--rope-real",
                             help="The rotary is complex arithmetic (torchtitan's Llama 3 and DeepSeek-V3), which "
-                                 "torch.compile runs eager, or real (cos/sin) and fused with --fused-kernels.")
+                                 "torch.compile runs eager, or real (cos/sin), which it fuses.")
 ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-zero3-copy-out",
                               help="ZeRO-3 as PyTorch FSDP2 runs it: each all-gather copied into the parameters "
                                    "on the compute stream (torchtitan, AutoModel), or written in place.")

@@ -100,20 +100,28 @@ the torch 1963fc8 torchtitan's Dec 2024 runs used per docs/formulas.md#comm.cp).
 Derived: docs/formulas.md#compute.cp_merge"""
 
 
+def _ring_rank_elements(m: ModelSpec, plan: ParallelPlan, kv_repeated: bool) -> tuple[Any, Any, Any]:
+    """Elements one CP rank's ring merges touch per micro-batch: its output (s/cp·b tokens x a/t heads x d_v),
+    its dQ (x d_qk) and its K and V (kv heads per rank, or the query heads where kv_repeated, x (d_qk + d_v)).
+    Derived: docs/formulas.md#compute.cp_merge"""
+    d_qk, d_v = attention_head_dims(m)
+    tokens = plan.seq_len / plan.cp * plan.micro_batch
+    heads = m.num_attention_heads / plan.tp
+    kv_heads = heads if kv_repeated else kv_heads_per_rank(m, plan.tp)
+    return tokens * heads * d_v, tokens * heads * d_qk, tokens * kv_heads * (d_qk + d_v)
+
+
 def torch_cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """cp_merge_bytes of PyTorch's ring (TORCH_CP_MERGE_BYTES) on rank cp - 1, which with load balancing runs
     every call on its whole query (i <= rank) and adds half-chunk dK/dV: forward (10·(cp - 1) - 4) per element of
     its output, backward (10·(cp - 1) + 4) per dQ element and (12 + 9·(cp - 1)) per K/V element, plus the K/V
     send buffers; the K/V at the query heads where the model repeats them (cp_kv_repeated).
     Derived: docs/formulas.md#compute.cp_merge"""
-    d_qk, d_v = attention_head_dims(m)
     cp, c = plan.cp, TORCH_CP_MERGE_BYTES
-    tokens = plan.seq_len / cp * plan.micro_batch
-    heads = m.num_attention_heads / plan.tp
-    kv = tokens * (heads if plan.cp_kv_repeated else kv_heads_per_rank(m, plan.tp)) * (d_qk + d_v)
+    out, dq_elems, kv = _ring_rank_elements(m, plan, plan.cp_kv_repeated)
     sends = 1 if plan.cp_impl == "torch-allgather" else cp - 1  # K/V send buffers per pass
-    forward = (c["out_merge"] * (cp - 1) + c["out_first_last"]) * tokens * heads * d_v + sends * c["kv_send"] * kv
-    dq = (c["dq_add"] * (cp - 1) + c["dq_first_last"]) * tokens * heads * d_qk
+    forward = (c["out_merge"] * (cp - 1) + c["out_first_last"]) * out + sends * c["kv_send"] * kv
+    dq = (c["dq_add"] * (cp - 1) + c["dq_first_last"]) * dq_elems
     dkv = (c["dkv_ends"] + c["dkv_add"] * (cp - 1) + sends * c["kv_send"]) * kv
     return where(cp > 1, (forward + dq + dkv) / 3, 0.0)
 
@@ -131,14 +139,12 @@ def cp_merge_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Derived: docs/formulas.md#compute.cp_merge"""
     if plan.cp_impl != "te":
         return torch_cp_merge_bytes(m, plan)
-    d_qk, d_v = attention_head_dims(m)
     cp, c = plan.cp, CP_MERGE_BYTES
-    tokens = plan.seq_len / cp * plan.micro_batch
-    heads = m.num_attention_heads / plan.tp
-    forward = (c["out_fill"] + cp * c["out_merge"]) * tokens * heads * d_v
-    dq = (c["dq_first"] + (cp - 1) * c["dq_add"]) * tokens * heads * d_qk
+    out, dq_elems, kv = _ring_rank_elements(m, plan, False)
+    forward = (c["out_fill"] + cp * c["out_merge"]) * out
+    dq = (c["dq_first"] + (cp - 1) * c["dq_add"]) * dq_elems
     halves = (cp + 1) / 2 * (c["dkv_cat"] + c["dkv_add"]) - (c["dkv_add"] - c["dkv_first"]) / 2
-    dkv = (c["dkv_setup"] + halves) * tokens * kv_heads_per_rank(m, plan.tp) * (d_qk + d_v)
+    dkv = (c["dkv_setup"] + halves) * kv
     return where(cp > 1, (forward + dq + dkv) / 3, 0.0)
 
 

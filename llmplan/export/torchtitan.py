@@ -164,8 +164,8 @@ def check(pf: PlanFile) -> None:
     if p.cp > 1 and p.cp_impl != "torch-allgather":
         raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl} (torchtitan {TORCHTITAN_VERSION} has "
                      "no rotate method: its FlexAttention all-gathers the K/V once per layer, nearest "
-                     "torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to torchtitan-0.2"
-                     + (" or megatron" if p.cp_impl == "te" else ""))
+                     "torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to "
+                     + ("megatron" if p.cp_impl == "te" else "torchtitan-0.2"))  # 0.2 refuses te too
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
     check_accumulation(pf, TARGET, "torchtitan", *accumulation(pf))  # last, after the plan's other refusals

@@ -150,8 +150,8 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "--zero 3 with dp or cp > 1, or drop --zero3-copy-out"),
     SwitchUse("rope_complex_fused", ("rope_complex",), lambda p: p.fused_kernels & p.rope_fusion,
               lambda p: "rope_complex with fused_kernels or rope_fusion off: it says torch.compile leaves a complex "
-                        "rotary eager, so it acts only where the rotary is fused; turn on fused kernels, or drop "
-                        "--rope-complex"),
+                        "rotary eager, so it acts only where the rotary is fused; set fused_kernels and "
+                        "rope_fusion true in the plan, or drop --rope-complex"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "
@@ -368,6 +368,7 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("zero3_copy_out_unit", lambda m, p, c: (not p.zero3_copy_out) | (p.zero3_unit == "layer"),
          lambda m, p, c: "zero3_copy_out with zero3_unit tensor: the copy-out is FSDP2's, which gathers a module "
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
-                         "around each call are priced already (comm.ZERO3_GATHER_COPIES); drop one of the two"),
+                         "around each call are priced already (comm.ZERO3_GATHER_COPIES); use --zero3-unit layer "
+                         "or drop --zero3-copy-out"),
     *(u.rule() for u in SWITCH_USES),
 )
