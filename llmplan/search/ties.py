@@ -115,7 +115,7 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
         # (which only compares plans of different EP degrees) is not bypassed through a third plan that
         # "fewer parallel axes" puts between them
         if any(ranked[i].plan.ep > 1 for i in cluster):
-            cluster.sort(key=lambda i: ranked[i].plan.ep == 1 and _gathers_every_expert(ranked[i]))
+            cluster.sort(key=lambda i: _gathers_every_expert(ranked[i]))
         out: list[int] = []
         for i in cluster:
             k = len(out)
