@@ -641,3 +641,12 @@ def test_a_cell_whose_pool_fallback_under_covers_it_takes_it_widened():
     kept: dict = {"why": "no own choice", "families": 4}
     conformal._widen_fallback(recs, mine, sourced, {**pool, "nominal": 0.99}, 0.8, kept, cache, nested=True)
     assert kept["fallback"] == "pool" and "nominal" not in kept and kept["why"] == "no own choice"
+
+
+def test_a_widened_fallback_basis_names_what_was_widened():
+    # rule 6: a cell whose pool has no choice widens the all-regime pair; its basis must not call that the pool's
+    info = {"nominal": 0.9, "weighting": "run", "families": 4, "fallback": "widened"}
+    hopper = iv.Regime(moe=False, generation="hopper", framework="megatron", gpus=8)
+    for came_from, says in (("pool", "the cell's pool's choice widened"), ("all-regime", "the all-regime pair widened")):
+        data = {"nominal": 0.8, "pools": {"dense-megatron/hopper": {**info, "fallback_from": came_from}}}
+        assert says in iv.nominal_of(data, hopper)[2]

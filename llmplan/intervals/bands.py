@@ -74,7 +74,9 @@ def nominal_of(data: dict[str, Any], want: Regime) -> tuple[float, str, str, str
             target = "75-85%" if info.get("inside", True) else "75% or more (no choice inside 75-85% is as narrow)"
             if info.get("fallback") == "widened":
                 return float(info["nominal"]), weighting, (
-                    f"the {100 * info['nominal']:g}% pair{how}: the cell's pool's choice widened until its left-out "
+                    f"the {100 * info['nominal']:g}% pair{how}: "
+                    + ("the cell's pool's choice" if info.get("fallback_from", "pool") == "pool"
+                       else "the all-regime pair") + " widened until its left-out "
                     f"coverage over the {info['families']} {describe_key(key)} families is {target}"
                     + ("; made without one of its sources, it covers that source's runs under 75%"
                        if info.get("nested_ok") is False else "")), key

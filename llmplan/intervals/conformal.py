@@ -190,20 +190,28 @@ def _nested_coverage(records: list[dict[str, Any]], mine: list[dict[str, Any]],
     sources, their bands drawn without that source either; `default` at MIN_SOURCES where none of their
     choices covers `lower`), and the median half-width of those bands over the runs (`pools`: left_out_pools,
     or left_out_sourced; `cache`: the left-out material without each source, kept between calls)."""
-    sourced = as_sourced(records, pools)
-    cache = {} if cache is None else cache
+    return _nested_by(records, mine, as_sourced(records, pools), lambda rest, s: _narrowest_inside(rest, s, lower),
+                      (*as_choice(default), MIN_SOURCES), {} if cache is None else cache)
+
+
+def _nested_by(records: list[dict[str, Any]], mine: list[dict[str, Any]], sourced: Sourced,
+               choose: Callable[[list[dict[str, Any]], Sourced], Cand | None], fallback: Cand,
+               cache: dict[str, Sourced]) -> tuple[dict[str, tuple[int, int, float]], float]:
+    """The nested check's one computation (_nested_coverage, _widened_nested): coverage of `mine` when each
+    source's runs are scored by the choice `choose` makes on the other sources' runs of `mine` (their bands
+    drawn without that source either; `fallback` where it makes none), and the median half-width of those
+    bands (`cache`: the left-out material without each source, filled here and kept between calls)."""
     chosen: dict[str, Cand] = {}
     for src in sorted({source_of(r) for r in mine}):
         rest = [r for r in mine if source_of(r) != src]
         if rest and src not in cache:
             cache[src] = left_out_sourced(records, src, {r["id"] for r in rest})
-        c = _narrowest_inside(rest, cache[src], lower) if rest else None
-        chosen[src] = (*as_choice(default), MIN_SOURCES) if c is None else c
+        c = choose(rest, cache[src]) if rest else None
+        chosen[src] = fallback if c is None else c
     mats = {r["id"]: sourced[chosen[source_of(r)][2]][r["id"]] for r in mine if r["id"] in sourced[MIN_SOURCES]}
     halves = [half_width(left_out_band(mats[r["id"]], chosen[source_of(r)][:2])) for r in mine if r["id"] in mats]
     half = float(np.median(halves)) if halves else 0.0
     return coverage(mine, lambda r: chosen[source_of(r)][:2], mats), half
-
 
 LOWERS = (0.75, 0.775, 0.8, 0.825, 0.85)
 """The lower coverage edges a cell's or pool's choice is tried at, in turn (choose_pools): the first whose
@@ -330,18 +338,9 @@ def _widen_fallback(records: list[dict[str, Any]], mine: list[dict[str, Any]], s
 def _widened_nested(records: list[dict[str, Any]], mine: list[dict[str, Any]], sourced: Sourced, start: Cand,
                     lower: float, cache: dict[str, Sourced]) -> tuple[dict[str, tuple[int, int, float]], float]:
     """Coverage of a cell's runs (`mine`) when _widened is done without each source in turn (its runs' bands
-    drawn without it too) and scores that source's runs, and the median half-width of those bands."""
-    chosen: dict[str, Cand] = {}
-    for src in sorted({source_of(r) for r in mine}):
-        rest = [r for r in mine if source_of(r) != src]
-        if rest and src not in cache:
-            cache[src] = left_out_sourced(records, src, {r["id"] for r in rest})
-        c = _widened(rest, cache[src], start, lower) if rest else None
-        chosen[src] = start if c is None else c
-    mats = {r["id"]: sourced[chosen[source_of(r)][2]][r["id"]] for r in mine}
-    halves = [half_width(left_out_band(mats[r["id"]], chosen[source_of(r)][:2])) for r in mine]
-    return coverage(mine, lambda r: chosen[source_of(r)][:2], mats), float(np.median(halves))
-
+    drawn without it too; `start` where it finds none) and scores that source's runs, and the median
+    half-width of those bands (_nested_by)."""
+    return _nested_by(records, mine, sourced, lambda rest, s: _widened(rest, s, start, lower), start, cache)
 
 def pair_of(data: dict[str, Any]) -> Callable[[dict[str, Any]], Choice]:
     """The (pair, weighting) choice each record's band takes under the file's pools and cells (nominal_of)."""

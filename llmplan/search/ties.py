@@ -53,10 +53,10 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
     domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer parallel axes; a
     smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less recompute. Axes and
-    the CP degree come before headroom: every plan shown already keeps the
-    search's minimum headroom free, while each extra axis (a CP ring at a 4k sequence, say) adds communication
-    and a way to fail, and a wider ring splits the sequence into shorter chunks, whose steps the model prices
-    least well (docs/formulas.md#compute.cp_attention)."""
+    the CP degree come before headroom: every plan shown already keeps the search's minimum headroom free,
+    while each extra axis (a CP ring at a 4k sequence, say) adds communication and a way to fail, and a wider
+    ring splits the sequence into shorter chunks, whose steps the model prices least well
+    (docs/formulas.md#compute.cp_attention)."""
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
         return (1 if ca else -1), "TP inside the NVLink domain"
@@ -111,11 +111,11 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
         cluster = [i for i in rest if apart(ranked[lead], ranked[i]) <= resolution]
         rest = [i for i in rest if i not in cluster]
         # insertion sort by the pairwise rules (a handful of plans), stable on the predicted order; plans
-        # gathering every expert by ZeRO-3 are inserted last where the run holds an EP plan, so the EP rule
-        # (which only compares plans of different EP degrees) is not bypassed through a third plan that
+        # gathering every expert by ZeRO-3 are inserted last where the tied group holds an EP plan, so the EP
+        # rule (which only compares plans of different EP degrees) is not bypassed through a third plan that
         # "fewer parallel axes" puts between them
         if any(ranked[i].plan.ep > 1 for i in cluster):
-            cluster.sort(key=lambda i: ranked[i].plan.ep == 1 and _gathers_every_expert(ranked[i]))
+            cluster.sort(key=lambda i: _gathers_every_expert(ranked[i]))
         out: list[int] = []
         for i in cluster:
             k = len(out)
