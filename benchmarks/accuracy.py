@@ -91,8 +91,9 @@ MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
 ASSUMPTIONS = {
-    "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 and no interleaving where "
-                     "Table 1 does not say; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
+    "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 where "
+                     "the tables do not say; Table 1's pipelines of PP > 2 interleaved at one layer per virtual stage (section 5.1: "
+                     "NARAYANAN_T1), Table 2's not; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
                      "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
                      "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
                      "tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
@@ -1071,6 +1072,19 @@ def mpt_bf16_reduce(rec: dict, fam: str) -> bool:
     return fam == "mpt" and str(rec.get("parallel", {}).get("fsdp_mixed_precision", "")).upper() == "PURE"
 
 
+NARAYANAN_T1 = "narayanan2021-t1-"
+"""Narayanan et al. 2021's Table 1 rows, run with the interleaved schedule: "In particular, we use the interleaved
+pipeline schedule with the scatter/gather optimization enabled" (arXiv:2104.04473, section 5.1, the paragraph
+above Table 1). The table gives no chunk count; one layer per virtual stage (--num-layers-per-virtual-pipeline-
+stage 1) is the only size that divides the layers per stage of every row it applies to (15, 10, 6, 3, 2), and the
+only interleaving at all of the 530B (3 layers a stage: v = 3) and 1T (2: v = 2) rows. Megatron-LM of April 2021
+interleaves only PP > 2 ("pipeline-model-parallel size should be greater than 2 with interleaved schedule",
+megatron/arguments.py at 50a4b5fa02), so the 39.1B row (PP 2) runs 1F1B; and it needs the micro-batches to be a
+multiple of PP (megatron/training.py train_step), which every such row meets (56, 96, 144, 280, 512 over 4, 8,
+16, 35, 64: the table's 2,160 and 2,520 batches are what give 144 and 280). Table 2's PTD-P rows are not said
+to interleave (section 5.2) and are read without it. docs/validation.md#narayanan-interleaved"""
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {}), **RECIPE_SETTINGS.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -1124,6 +1138,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # only --num-layers-per-virtual-pipeline-stage that divides every PP > 1 row's layers per stage
         # (42, 23, 16, 12, 7). Every row has 4 x pp micro-batches, as the schedule's n % pp == 0 rule allows.
         vpp = layers // pp
+    if rec["id"].startswith(NARAYANAN_T1) and pp > 2 and "vpp" not in par:
+        vpp = layers // pp  # Table 1 interleaved (section 5.1), one layer per virtual stage (NARAYANAN_T1)
     layout = mbridge_layout(rec, pp, vpp)
     if layout is not None:
         first = last = 0
