@@ -150,7 +150,8 @@ ASSUMPTIONS = {
                   "it (torch.distributed.pipelining's stage calls FSDP's post_backward by hand once the last "
                   "backward is over: pytorch/pytorch#134052, #165106), "
                   "context parallelism as SDPA's flash backend (FlashAttention-2) in PyTorch's ring "
-                  "(utils.py at 9dec370: sdpa_kernel FLASH_ATTENTION first), "
+                  "(utils.py at 9dec370: sdpa_kernel FLASH_ATTENTION first), traced into each compiled block "
+                  "with its K/V and gradient transfers waited for where issued (cp_comm_overlap off), "
                   "sequence parallelism with TP (its norms), FSDP float8 all-gather where the 405B preset sets "
                   "it; the full activation checkpointing rows and the bf16 rows of its op-level selective policy "
                   "(--recompute op; the Float8 op rows are not scored: 9dec370 recomputes float8 matmuls, which "
@@ -1191,6 +1192,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # (config_manager.py: context_parallel_rotate_method "allgather"; utils.py create_context_parallel_ctx)
         cp_impl="torch-allgather" if fam == "torchtitan" else "te",
         cp_kv_repeated=fam == "torchtitan",  # torchtitan/models/llama/model.py at 9dec370: repeat_kv before SDPA
+        # and traces the ring into each block it compiles (parallelize_llama.py apply_compile: fullgraph=True): the
+        # functional collectives wait at once under tracing and torch 1963fc8's Inductor keeps that order in
+        # training graphs (reorder_for_compute_comm_overlap off, torchtitan sets no reordering): every transfer
+        # waited for where issued (docs/formulas.md#step.cp_compiled)
+        cp_comm_overlap=not (fam == "torchtitan" and par.get("compile") is not False),
         # Megatron-Bridge's Llama 3 / 3.1 NVFP4 presets turn the TP overlap off (scripts/performance/configs/llama/
         # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";
         # perf_recipes/llama/*/llama3*.py at 067f987d: tp_comm_overlap False in the NVFP4 builders)

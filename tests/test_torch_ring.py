@@ -119,7 +119,8 @@ def test_torch_ring_exposes_at_least_its_last_gradient_send_and_allgather_no_les
 
 def _tokens(acc, rec: dict, impl: str) -> float:
     plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
-    plan = plan.model_copy(update={"cp_impl": impl, "cp_kv_repeated": plan.cp_kv_repeated and impl != "te"})
+    plan = plan.model_copy(update={"cp_impl": impl, "cp_kv_repeated": plan.cp_kv_repeated and impl != "te",
+                                   "cp_comm_overlap": plan.cp_comm_overlap or impl == "te"})  # TE's ring: eager
     system = acc.builtin_systems()[acc.record_system(rec)]
     system = system.model_copy(update={"gpu": system.gpu.at_power_limit(rec["hardware"]["power_limit_w"])})
     cluster = acc.cluster_of(system, rec["hardware"]["gpus"])
@@ -151,11 +152,13 @@ def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):
     assert miss("torch-allgather") < 0.6 * miss("te")
 
 
-@pytest.mark.parametrize("impl, repeated", [("torch-allgather", True), ("torch-alltoall", True),
-                                             ("torch-allgather", False), ("te", False)])
-def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated):
+@pytest.mark.parametrize("impl, repeated, overlap", [("torch-allgather", True, True), ("torch-alltoall", True, True),
+                                                      ("torch-allgather", False, True), ("te", False, True),
+                                                      ("torch-allgather", True, False)])
+def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated, overlap):
     # the vectorised search evaluates the same cp_transfers and cp_exposed as estimate (elementwise over plans),
-    # for each ring and with the K/V at the query heads (cp_kv_repeated) or at the KV heads
+    # for each ring and with the K/V at the query heads (cp_kv_repeated) or at the KV heads, and with the
+    # ring's transfers waited for where issued (cp_comm_overlap off: the ring under torch.compile)
     import itertools
 
     import numpy as np
@@ -168,7 +171,7 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated):
     from llmplan.specs.registry import builtin_systems
 
     m, cluster = M["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
-    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=repeated)
+    w = Workload(global_batch=64, seq_len=32768, cp_impl=impl, cp_kv_repeated=repeated, cp_comm_overlap=overlap)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(11)
     valid = (int(i) for i in rng.permutation(len(plans))
@@ -178,6 +181,6 @@ def test_search_prices_pytorchs_ring_as_estimate_does(impl, repeated):
     vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
     for j, i in enumerate(idx):
         plan = plans.plan(i)
-        assert (plan.cp_impl, plan.cp_kv_repeated) == (impl, repeated)
+        assert (plan.cp_impl, plan.cp_kv_repeated, plan.cp_comm_overlap) == (impl, repeated, overlap)
         scalar = float(estimate_training(m, cluster, plan).time.total)
         assert float(vec.step.total[j]) == pytest.approx(scalar, rel=1e-9)

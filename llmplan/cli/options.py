@@ -80,6 +80,9 @@ CP_IMPL = typer.Option(_plan("cp_impl"), "--cp-impl",
 CP_KV_REPEATED = typer.Option(_plan("cp_kv_repeated"), "--cp-kv-repeated/--cp-kv-heads",
                               help="PyTorch's CP ring moves K/V repeated to the query heads (the model's repeat_kv "
                                    "before SDPA, torchtitan 2024) or at the KV heads (enable_gqa).")
+CP_COMM_OVERLAP = typer.Option(_plan("cp_comm_overlap"), "--cp-comm-overlap/--no-cp-comm-overlap",
+                               help="PyTorch's CP ring runs its transfers beside the attention calls (eager); "
+                                    "off: each is waited for where issued (the ring under torch.compile, 2024).")
 OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad-reduce/--no-overlap-grad-reduce",
                       help="Hide the DP gradient reduction behind the backward pass.")
 GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
@@ -237,6 +240,7 @@ SWITCHES = Flags("Training switches", {
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_kv_repeated": CP_KV_REPEATED,
+    "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,

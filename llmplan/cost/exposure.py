@@ -87,7 +87,8 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
     for; torch-alltoall sends one step's beside each call, as Transformer Engine does. The K/V gradients: after
     each of its cp backward calls a rank adds its part to the fp32 gradients it received and sends them on;
     call i + 1 runs beside the send of step i, and the last send, back to the chunk's owner, is waited for
-    with nothing beside it.
+    with nothing beside it. Without cp_comm_overlap (the ring traced by torch.compile) every transfer is waited
+    for where it is issued: all `cp` seconds are exposed (docs/formulas.md#step.cp_compiled).
     Source: pytorch/pytorch torch/distributed/tensor/experimental/_attention.py (_templated_ring_attention and
     _templated_ring_attention_backward: the rotater's exchange_buffers before the step's op call and
     next_buffer at the next step, _AllGatherRotater gathering once; dkv_rotater's next_buffer after the loop);
@@ -99,7 +100,7 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
     steps = 1 if plan.cp_impl == "torch-allgather" else plan.cp - 1  # the calls a pass's K/V run beside
     kv = (1 + r) * overlap(per_pass, call * steps, kappa) + overlap(per_pass, 2 * call * steps, kappa)
     last = grads / plan.cp
-    return kv + last + overlap(grads - last, 2 * call * (plan.cp - 1), kappa)
+    return where(plan.cp_comm_overlap, kv + last + overlap(grads - last, 2 * call * (plan.cp - 1), kappa), cp)
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,

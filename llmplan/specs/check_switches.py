@@ -172,6 +172,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "context-parallel ring passes, so it acts only with cp > 1 and cp_impl torch-allgather or "
                         "torch-alltoall (Transformer Engine's ring moves the KV heads); set those or drop "
                         "--cp-kv-repeated"),
+    SwitchUse("cp_comm_overlap_ring", ("cp_comm_overlap",), lambda p: (p.cp > 1) & (p.cp_impl != "te"),
+              lambda p: f"cp_comm_overlap off with cp {p.cp} and cp_impl {p.cp_impl}: it says whether PyTorch's "
+                        "context-parallel ring waits for its transfers where it issues them, so it acts only with "
+                        "cp > 1 and cp_impl torch-allgather or torch-alltoall; set those or drop "
+                        "--no-cp-comm-overlap"),
     SwitchUse("tp_comm_overlap_sp", ("tp_comm_overlap",), _tp_sp,
               lambda p: f"tp_comm_overlap with tp {p.tp} and sp {'on' if p.sp else 'off'}: it overlaps the "
                         "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "

@@ -94,6 +94,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cp_impl."""
     cp_kv_repeated: bool
     """ParallelPlan.cp_kv_repeated."""
+    cp_comm_overlap: bool
+    """ParallelPlan.cp_comm_overlap."""
     rope_complex: bool
     """ParallelPlan.rope_complex."""
     zero3_copy_out: bool

@@ -300,6 +300,13 @@ class ParallelPlan(PlanQuantities, Spec):
     """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
     heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
     and the ring then moves the KV heads). docs/formulas.md#comm.cp"""
+    cp_comm_overlap: bool = True
+    """PyTorch's ring (cp_impl torch-*) runs its K/V gathers and K/V-gradient sends beside the attention calls,
+    as it does eagerly (functional collectives wait at first use). False: each transfer is waited for where it
+    is issued, so every second of it is exposed: the ring traced by torch.compile, as torchtitan compiles each
+    block (fullgraph) with torch of late 2024, where functional collectives wait at once under tracing and
+    Inductor keeps that order in training graphs unless its compute-communication reordering is turned on
+    (off by default). docs/formulas.md#step.cp_compiled"""
     pp_schedule: ScheduleName = "1f1b"
     """Pipeline schedule: 1F1B (interleaved when vpp > 1); zero-bubble (ZB-H1, Qi et al. 2024: the
     weight-gradient pass fills the bubble at 1F1B's memory); DualPipe (DeepSeek-V3: two pipelines in opposite
