@@ -319,6 +319,20 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
 
 
+def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+    """Share of a stage's TP seconds (tp_transfers, DTensor TP with SP) in the backward's 2 reduce-scatters
+    of the input gradients of the two column-parallel groups (wq / wk / wv, w1 / w3), which async TP does not
+    fuse with a matmul: each scatters the sum of its linears' input gradients, and PyTorch's micro-pipeline
+    TP pass fuses a reduce-scatter only with the one matmul that produces its input. Beside them: 2 + 2r
+    other reduce-scatters of 16 bits, 2 + 2r forward all-gathers of gather_bytes and 2 backward all-gathers
+    of 16-bit output gradients (r the stage's recomputed share). By bytes, as tp_forward_rs_share.
+    Source: pytorch/pytorch torch/_inductor/fx_passes/micro_pipeline_tp.py (fuse_matmul_reduce_scatter,
+    _find_producer_matmul); pytorch/torchtitan parallelize_llama.py at 9dec370 (one PrepareModuleInput
+    gather before wq / wk / wv and before w1 / w3). Derived: docs/formulas.md#step.tp"""
+    unfused = 2 * ACT_BYTES
+    return unfused / ((4 + 2 * r) * ACT_BYTES + 2 * ACT_BYTES + (2 + 2 * r) * gather_bytes(m, plan))
+
+
 def pp_scattered(plan: ParallelPlan) -> Any:
     """Whether a stage's output crosses to the next stage split over the TP ranks: with SP it is already
     split; without, when pipeline scatter/gather is on (ParallelPlan.pp_scatter_gather).
