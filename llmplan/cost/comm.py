@@ -333,6 +333,26 @@ def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     return unfused / ((4 + 2 * r) * (ACT_BYTES + gather_bytes(m, plan)))
 
 
+def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: Any, r: Any) -> Any:
+    """Seconds per micro-batch on a stage of `layers` layers that DTensor async TP (tp_impl dtensor with
+    tp_comm_overlap and sp) spends on the compute stream outside its matmuls, at the GPU's achieved HBM
+    bandwidth: each fused reduce-scatter (the forward's and recompute's, norms_per_layer a layer-pass) pulls
+    the tp partial chunks of its M x N output into one buffer and sums them in a separate kernel after the last
+    chunk, reading the whole 16-bit output sbh and writing its 1/tp share; each fused all-gather (the same
+    gathers plus the backward's of the output gradients) copies the local shard into the gathered buffer,
+    a read and a write of sbh/tp at gather_bytes. 0 for every other plan.
+    Source: pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py (_fused_matmul_reduce_scatter_impl:
+    reduce_fn over stacked_partials after _pipelined_produce_and_all2all; _pipelined_all_gather_and_consume:
+    chunks[rank].copy_(shard) on the current stream). Derived: docs/formulas.md#step.tp"""
+    t = plan.tp
+    sbh = plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
+    passes = norms_per_layer(m) * layers  # one fused reduce-scatter and one gather a sub-block and pass
+    reduce = passes * (1 + r) * ACT_BYTES * sbh * (1 + 1 / t)
+    local = passes * (2 + r) * 2 * gather_bytes(m, plan) * sbh / t
+    on = (plan.tp_impl == "dtensor") & plan.tp_comm_overlap & plan.sp & (t > 1)
+    return where(on, (reduce + local) / gpu.hbm_achieved_bytes_per_s, 0.0)
+
+
 def pp_scattered(plan: ParallelPlan) -> Any:
     """Whether a stage's output crosses to the next stage split over the TP ranks: with SP it is already
     split; without, when pipeline scatter/gather is on (ParallelPlan.pp_scatter_gather).
