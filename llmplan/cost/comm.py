@@ -282,8 +282,8 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     only the shard), so SP adds 2 all-gathers per layer; DTensor TP (tp_impl) saves the gathered inputs instead
     (cost.activations.linear_input_split) and adds none.
     In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
-    Transformer Engine, the forward ones of DTensor's with torchao float8 (its backward gathers of output
-    gradients stay bf16 here).
+    Transformer Engine, and every one of DTensor's with torchao float8 (PrepareFloat8ModuleInput casts before the
+    forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
@@ -300,12 +300,12 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     q = gather_bytes(m, plan)
-    # DTensor's backward gathers of output gradients stay bf16 (torchao float8 casts the forward inputs only)
-    bf16_gathers = where(plan.sp & (plan.tp_impl != "megatron"), per_layer * 2, 0) if np.any(q != ACT_BYTES) else 0
-    quantised = with_sp + where(plan.sp, regather, 0) - bf16_gathers
+    # DTensor's backward gathers of output gradients move float8 too: torchao's Float8RowwiseParallel casts
+    # the output gradient to e5m2 before its gather (NoopFwToFloat8BwDynamic after the output's redistribute,
+    # torchao/float8/float8_tensor_parallel.py at eab345c)
+    quantised = with_sp + where(plan.sp, regather, 0)
     return [Transfer("all-reduce", without, S, group),
             Transfer("all-gather", quantised, q * s * b * h, group),
-            Transfer("all-gather", bf16_gathers, S, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
 
@@ -317,6 +317,40 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
     rs = (2 + 2 * r) * ACT_BYTES
     return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
+
+
+def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+    """Share of a stage's TP seconds (tp_transfers, DTensor TP with SP) in the backward's 2 reduce-scatters
+    of the input gradients of the two column-parallel groups (wq / wk / wv, w1 / w3), which async TP does not
+    fuse with a matmul: each scatters the sum of its linears' input gradients, and PyTorch's micro-pipeline
+    TP pass fuses a reduce-scatter only with the one matmul that produces its input. Beside them: 2 + 2r
+    other reduce-scatters of 16 bits and 4 + 2r all-gathers of gather_bytes (r the stage's recomputed share).
+    By bytes, as tp_forward_rs_share.
+    Source: pytorch/pytorch torch/_inductor/fx_passes/micro_pipeline_tp.py (fuse_matmul_reduce_scatter,
+    _find_producer_matmul); pytorch/torchtitan parallelize_llama.py at 9dec370 (one PrepareModuleInput
+    gather before wq / wk / wv and before w1 / w3). Derived: docs/formulas.md#step.tp"""
+    unfused = 2 * ACT_BYTES
+    return unfused / ((4 + 2 * r) * (ACT_BYTES + gather_bytes(m, plan)))
+
+
+def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: Any, r: Any) -> Any:
+    """Seconds per micro-batch on a stage of `layers` layers that DTensor async TP (tp_impl dtensor with
+    tp_comm_overlap and sp) spends on the compute stream outside its matmuls, at the GPU's achieved HBM
+    bandwidth: each fused reduce-scatter (the forward's and recompute's, norms_per_layer a layer-pass) pulls
+    the tp partial chunks of its M x N output into one buffer and sums them in a separate kernel after the last
+    chunk, reading the whole 16-bit output sbh and writing its 1/tp share; each fused all-gather (the same
+    gathers plus the backward's of the output gradients) copies the local shard into the gathered buffer,
+    a read and a write of sbh/tp at gather_bytes. 0 for every other plan.
+    Source: pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py (_fused_matmul_reduce_scatter_impl:
+    reduce_fn over stacked_partials after _pipelined_produce_and_all2all; _pipelined_all_gather_and_consume:
+    chunks[rank].copy_(shard) on the current stream). Derived: docs/formulas.md#step.tp"""
+    t = plan.tp
+    sbh = plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
+    passes = norms_per_layer(m) * layers  # one fused reduce-scatter and one gather a sub-block and pass
+    reduce = passes * (1 + r) * ACT_BYTES * sbh * (1 + 1 / t)
+    local = passes * (2 + r) * 2 * gather_bytes(m, plan) * sbh / t
+    on = (plan.tp_impl == "dtensor") & plan.tp_comm_overlap & plan.sp & (t > 1)
+    return where(on, (reduce + local) / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:

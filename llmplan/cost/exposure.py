@@ -104,7 +104,7 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
-               rs_share: Any = 0.0) -> Any:
+               rs_share: Any = 0.0, unfused_share: Any = 0.0) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
     GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
@@ -114,24 +114,30 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     waits; bulk overlaps in backward (the re-gathers beside the input-gradient GEMMs, the input-gradient
     reduce-scatters beside the weight-gradient GEMMs); the forward reduce-scatters (`rs_share` of the TP
     seconds, comm.tp_forward_rs_share) pipelined in TE_PIPELINE_SPLITS chunks, each beside the next chunk's
-    GEMM, the last one after the last GEMM. DTensor async TP (tp_impl) splits each collective into tp chunks,
-    all but the first beside the GEMMs. What overlaps costs its contention (overlap). With tp_backward_overlap
-    off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py
+    GEMM, the last one after the last GEMM. DTensor TP (tp_impl, torchtitan: each TransformerBlock compiled
+    as its own graph, Inductor's reorder_for_compute_comm_overlap off by default) waits for every collective
+    where the graph uses its result, so without async TP nothing hides; async TP splits each fused
+    collective into tp chunks, all but the first beside the GEMMs, and the backward's input-gradient
+    reduce-scatters it cannot fuse (`unfused_share` of the TP seconds, comm.tp_unfused_rs_share) stay
+    exposed. What overlaps costs its contention (overlap). With tp_backward_overlap off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py
     (async gradient communication, 3f65246911); Transformer Engine v2.8 pytorch/module/base.py initialize_ub
     (methods, num_splits) and common/comm_gemm_overlap/comm_gemm_overlap.cpp (CommOverlapP2PBase::
     split_overlap_ag: chunk i = 0 is the local shard; CommOverlapBase::split_overlap_rs); Wang et al. 2022
     (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
-    # DTensor TP (tp_impl) gathers nothing again in backward: of its 8 + 4r collectives the same ones hide
-    # (the input-gradient reduce-scatters and the row-parallel gradient gathers), by the compiler's scheduling.
-    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 4 / (8 + 4 * r))
+    # DTensor TP (tp_impl) issues each collective in program order and waits where its result is used: the
+    # input-gradient reduce-scatter follows the weight-gradient matmuls of its linears, and no pass reorders
+    # them (torch/_inductor/config.py reorder_for_compute_comm_overlap False; torchtitan 9dec370 sets only
+    # _micro_pipeline_tp), so none of its 8 + 4r collectives hides.
+    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 0.0)
     # without the asynchronous backward collectives (tp_backward_overlap off: Megatron-LM before 2021-09, the
     # Megatron-DeepSpeed forks of 2021-22) every collective waits for its GEMM and blocks the next
     backward = where(plan.tp_backward_overlap, where(plan.sp, sp_share, 2 / (4 + 2 * r)), 0.0) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
-    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, tp / plan.tp)
-    chunked = waits + overlap(tp - waits, sc.gemm, kappa)
+    unfused = where(plan.tp_impl == "megatron", 0.0, tp * unfused_share)  # exposed whole
+    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, (tp - unfused) / plan.tp)
+    chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, kappa)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 
 

@@ -71,8 +71,8 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     blockwise casts also write the transposed copy): forward the QKV and fc1 inputs (h each per token) and the
     output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
     and of QKV and fc1. Weights are cast once per step and left out. Under sequence parallelism the h-wide
-    tensors that TP all-gathers (the two inputs, the two gradients; DTensor gathers its gradients in bf16) are
-    cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
+    tensors that TP all-gathers (the two inputs, the two gradients; torchao's float8 DTensor TP casts the
+    gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
     tensor gathers its row-wise data only, so on Hopper the transposed copy of each gathered tensor, wanted by
     the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer keeps the earlier
     count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
@@ -98,14 +98,13 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
     local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
     sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_RECIPES)
-    grads_sp = sp & (plan.tp_impl == "megatron")
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
-        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(grads_sp, shard, cast))) \
+        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast))) \
             * s * b * share / 3
-    gathered = 2 * h * (where(sp, shard, cast) + where(grads_sp, shard, cast))
+    gathered = 4 * h * where(sp, shard, cast)
     return (cast * local + gathered) * s * b * share / 3
 
 
