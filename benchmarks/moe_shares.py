@@ -2,7 +2,8 @@
 (docs/validation.md#moe-gap-shared).
 
 For every scored row of the mbridge-moe and mbridge-dense families it splits the predicted step into the slowest
-stage's GEMM, attention (a hybrid's Mamba-2 scans included), memory-bound and exposed-communication time, and
+stage's GEMM, attention (a hybrid's Mamba-2 scans included), memory-bound (with the per-expert GEMM cost that
+cost.compute.layer_seconds adds to it, expert_gemm_seconds) and exposed-communication time, and
 prints per model and GPU generation (H100, Blackwell) the median signed error (+ = predicted faster than
 measured) beside the median share of each part, then the least-squares fit of the signed error on the
 attention and memory-bound shares and each share's correlation with it, per generation.
