@@ -1,0 +1,127 @@
+"""Signed error of each Megatron-Bridge model against the shares of its predicted step
+(docs/validation.md#moe-gap-shared).
+
+For every scored row of the mbridge-moe and mbridge-dense families it splits the predicted step into the slowest
+stage's GEMM, attention (a hybrid's Mamba-2 scans included), memory-bound (with the per-expert GEMM cost that
+cost.compute.layer_seconds adds to it, expert_gemm_seconds) and exposed-communication time, and
+prints per model and GPU generation (H100, Blackwell) the median signed error (+ = predicted faster than
+measured) beside the median share of each part, then the least-squares fit of the signed error on the
+attention and memory-bound shares and each share's correlation with it, per generation.
+
+Two probes re-price every row with one profile field changed in memory (no file is written; neither is a
+shipped value):
+
+* --published-attention: the Blackwell profiles' fused attention at cuDNN's published asymptote, 1.16, with
+  B200 / GB200's softmax ratio 0.91 instead of 0.74 (docs/validation.md#blackwell-attention: NVIDIA/cudnn-frontend
+  benchmark/sdpa_benchmark_training/results/llama3.1/{gb200,gb300}, cuDNN 9.22);
+* --hbm-efficiency X: every H100 / Blackwell profile's achieved HBM fraction (GpuSpec.hbm_efficiency, an
+  assumption of 0.8 in every shipped profile) set to X.
+
+`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55]` (about 30 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+import accuracy as A
+
+from llmplan.estimate import estimate_training
+from llmplan.specs.hardware import GpuSpec
+
+FAMILIES = ("mbridge-moe", "mbridge-dense")
+BLACKWELL = ("b200", "b300", "gb200", "gb300")
+PUBLISHED_ATTENTION = 1.16  # cuDNN 9.22's GB300 asymptote, llmplan's count (docs/validation.md#blackwell-attention)
+PUBLISHED_SOFTMAX_RATIO = 0.91  # GB200 / GB300 bf16 causal forward + backward, same benchmark
+
+
+def probe_gpu(gpu: GpuSpec, published_attention: bool, hbm_efficiency: float | None) -> GpuSpec:
+    """The profile with the probes applied: Blackwell attention at the published asymptote (and B200 / GB200's
+    softmax ratio at the measured 0.91), and the achieved HBM fraction on H100 / Blackwell."""
+    name = gpu.name.lower()
+    update: dict[str, Any] = {}
+    if published_attention and name in BLACKWELL:
+        update["attention_efficiency"] = PUBLISHED_ATTENTION
+        if gpu.softmax_attention_ratio < 1.0:
+            update["softmax_attention_ratio"] = PUBLISHED_SOFTMAX_RATIO
+    if hbm_efficiency is not None and (name in BLACKWELL or name.startswith("h100")):
+        update["hbm_efficiency"] = hbm_efficiency
+    return gpu.model_copy(update=update) if update else gpu
+
+
+def model_key(rid: str) -> str:
+    """The model of a Megatron-Bridge row id (the token-drop / dropless / MTP variants folded into their model)."""
+    found = re.search(r"pretrain-(.+?)-dgx-", rid)
+    name = found.group(1) if found else rid
+    return re.sub(r"-(tokendrop|dropless|w-o-mtp|w-mtp)$", "", name)
+
+
+def shares(rec: dict, published_attention: bool = False,
+           hbm_efficiency: float | None = None) -> tuple[float, dict[str, float]] | None:
+    """(signed error, {part: share of the predicted step}) of one row: gemm, attention and memory_bound split
+    the step's compute as the slowest stage's micro-batch does, comm is the exposed communication; None where
+    the row is not scored."""
+    fam, name = A.family(rec["id"]), A.record_system(rec)
+    if fam not in FAMILIES or name is None or A.skip_reason(rec) or not A.predict(rec, fam):
+        return None
+    system = A.builtin_systems()[name]
+    system = system.model_copy(update={"gpu": probe_gpu(system.gpu, published_attention, hbm_efficiency)})
+    gpus = rec["hardware"]["gpus"]
+    if A.nvlink_segment_gpus(rec, system):
+        system = system.with_options(domain_gpus=A.nvlink_segment_gpus(rec, system))
+    plan = A.plan_for(rec, fam, gpus)
+    cluster = A.cluster_of(system, gpus)
+    if plan.num_gpus != cluster.num_gpus:
+        return None
+    e = estimate_training(A.model_for(rec, fam), cluster, plan)
+    t, s = e.time, e.time.stage
+    total, stage = float(t.total), float(s.total)
+    compute = float(t.compute) / total
+    parts = {p: compute * float(getattr(s, p)) / stage for p in ("gemm", "attention", "memory_bound")}
+    parts["comm"] = float(t.comm_exposed) / total
+    err = float(e.throughput.tokens_per_s) / gpus / rec["measured"]["tokens_per_s_per_gpu"] - 1
+    return err, parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--published-attention", action="store_true")
+    ap.add_argument("--hbm-efficiency", type=float, default=None)
+    args = ap.parse_args(argv)
+    rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
+    for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
+        got = shares(rec, args.published_attention, args.hbm_efficiency)
+        if got is None:
+            continue
+        gen = "h100" if "h100" in str(rec["hardware"]["gpu"]).lower() else "bw"
+        rows.setdefault((model_key(rec["id"]), gen), []).append(got)
+    print(f"{'model':24s} {'gpu':4s} {'rows':>4s} {'signed':>7s} {'attn':>5s} {'membd':>5s} {'gemm':>5s} {'comm':>5s}")
+    for (model, gen), v in sorted(rows.items()):
+        def med(p: str, v: list = v) -> float:
+            return 100 * statistics.median(x[1][p] for x in v)
+        err = 100 * statistics.median(x[0] for x in v)
+        print(f"{model[:24]:24s} {gen:4s} {len(v):4d} {err:+6.1f}% {med('attention'):4.1f}% "
+              f"{med('memory_bound'):4.1f}% {med('gemm'):4.1f}% {med('comm'):4.1f}%")
+    for gen in ("h100", "bw"):
+        pts = [x for (_, g), v in rows.items() if g == gen for x in v]
+        signed = np.array([x[0] for x in pts])
+        attn = np.array([x[1]["attention"] for x in pts])
+        mem = np.array([x[1]["memory_bound"] for x in pts])
+        coef, *_ = np.linalg.lstsq(np.column_stack([np.ones(len(pts)), attn, mem]), signed, rcond=None)
+        print(f"{gen}: {len(pts)} rows, signed error = {coef[0]:+.3f} {coef[1]:+.3f} x attention "
+              f"{coef[2]:+.3f} x memory-bound; r(attention) {np.corrcoef(attn, signed)[0, 1]:+.2f}, "
+              f"r(memory-bound) {np.corrcoef(mem, signed)[0, 1]:+.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
