@@ -16,7 +16,6 @@ import numpy as np
 
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
-from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
@@ -287,13 +286,13 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
-    column- and a row-parallel linear: its collectives are norms_per_layer / 2 of a transformer layer's.
+    column- and a row-parallel linear: its collectives are tp_blocks_per_layer of a transformer layer's.
     Source: Korthikanti et al. 2022 §4.2.2 (Figure 5); Megatron-LM megatron/core/ssm/mamba_mixer.py (in_proj
     column-, out_proj row-parallel), moe/shared_experts.py (the shared expert's gather and reduce-scatter).
     Derived: docs/formulas.md#comm.tp"""
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size
     layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    per_layer = plan.num_microbatches * layers * norms_per_layer(m) / 2  # sub-blocks: 1 a hybrid layer, 2
+    per_layer = plan.num_microbatches * layers * tp_blocks_per_layer(m, plan)
     r = recomputed_share(plan, layers)
     calls = per_layer * (4 + 2 * r)
     regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
@@ -308,6 +307,21 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
             Transfer("all-gather", quantised, q * s * b * h, group),
             Transfer("reduce-scatter", with_sp, S, group),
             Transfer("all-gather", pp_gathers(plan), S, group)]
+
+
+def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """TP sub-blocks of the average layer, in transformer layers (2 each): every mixer and dense MLP holds a
+    column- and a row-parallel linear; a MoE block under Megatron-Core with expert TP 1 only through its shared
+    experts. Its routed experts take the rank's sequence shard straight to the EP dispatch (the dispatchers'
+    TP is the expert TP group, moe/token_dispatcher.py MoETokenDispatcher.tp_group = pg_collection.expt_tp),
+    and its router and latent projections are duplicated on that shard (moe_layer.py, parallel_mode
+    "duplicated"): no TP collective. Expert TP > 1 (gathers of the routed tokens over that group) and DTensor TP
+    keep the MLP's pair. Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py,
+    moe_layer.py. Derived: docs/formulas.md#comm.tp"""
+    L = m.num_hidden_layers
+    paired = (m.shared_ffn > 0) | (plan.etp_resolved > 1) | (plan.tp_impl != "megatron")
+    moe = where(paired, m.num_moe_layers, 0)
+    return (L - m.count_layers("none") + m.num_mlp_layers + moe) / L / 2
 
 
 def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:

@@ -106,8 +106,10 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
                rs_share: Any = 0.0, unfused_share: Any = 0.0) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
-    collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
-    GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
+    collectives of the column-parallel linears (SP: the re-gather of the saved input beside the input-gradient
+    GEMM, the input gradient's reduce-scatter beside the weight-gradient GEMM: 4 of a layer's 10 + 4r) with
+    about the forward GEMM time; forward and recompute collectives, and with SP the row-parallel linears'
+    output-gradient all-gathers (synchronous before their input-gradient GEMM), are exposed. With
     --tp-comm-overlap (and SP) Transformer Engine's userbuffers overlap every collective with a GEMM by its
     default methods: a ring exchange for the all-gathers feeding a GEMM (forward QKV and fc1, the output
     gradients of the output projection and fc2), whose first GEMM chunk is the rank's own shard, so nothing
@@ -119,17 +121,23 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     where the graph uses its result, so without async TP nothing hides; async TP splits each fused
     collective into tp chunks, all but the first beside the GEMMs, and the backward's input-gradient
     reduce-scatters it cannot fuse (`unfused_share` of the TP seconds, comm.tp_unfused_rs_share) stay
-    exposed. What overlaps costs its contention (overlap). With tp_backward_overlap off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py
-    (async gradient communication, 3f65246911); Transformer Engine v2.8 pytorch/module/base.py initialize_ub
+    exposed. What overlaps costs its contention (overlap). With tp_backward_overlap off, nothing hides.
+    Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async gradient
+    communication, 3f65246911) and mappings.py (_ReduceScatterToSequenceParallelRegion.backward, d98e8a6);
+    Transformer Engine module/base.py grad_output_preprocess (d0067d0); TE v2.8 initialize_ub
     (methods, num_splits) and common/comm_gemm_overlap/comm_gemm_overlap.cpp (CommOverlapP2PBase::
     split_overlap_ag: chunk i = 0 is the local shard; CommOverlapBase::split_overlap_rs); Wang et al. 2022
     (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
+    # Megatron-LM / Transformer Engine with SP: of a layer's 10 + 4r collectives the 2 re-gathers and the 2
+    # input-gradient reduce-scatters run asynchronously (layers.py LinearWithGradAccumulationAndAsync-
+    # Communication, TE _Linear.backward async_op=True); the 2 output-gradient all-gathers of the row-parallel
+    # linears do not (mappings.py _ReduceScatterToSequenceParallelRegion.backward, TE grad_output_preprocess).
     # DTensor TP (tp_impl) issues each collective in program order and waits where its result is used: the
     # input-gradient reduce-scatter follows the weight-gradient matmuls of its linears, and no pass reorders
     # them (torch/_inductor/config.py reorder_for_compute_comm_overlap False; torchtitan 9dec370 sets only
     # _micro_pipeline_tp), so none of its 8 + 4r collectives hides.
-    sp_share = where(plan.tp_impl == "megatron", 6 / (10 + 4 * r), 0.0)
+    sp_share = where(plan.tp_impl == "megatron", 4 / (10 + 4 * r), 0.0)
     # without the asynchronous backward collectives (tp_backward_overlap off: Megatron-LM before 2021-09, the
     # Megatron-DeepSpeed forks of 2021-22) every collective waits for its GEMM and blocks the next
     backward = where(plan.tp_backward_overlap, where(plan.sp, sp_share, 2 / (4 + 2 * r)), 0.0) * tp

@@ -1,0 +1,43 @@
+"""The TP collectives of a MoE layer under Megatron-Core with expert TP 1 (docs/formulas.md#comm.tp): the routed
+experts take the rank's sequence shard straight to the EP dispatch, whose TP group is the expert TP group
+(NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py: MoETokenDispatcher.tp_group =
+pg_collection.expt_tp), and the router and latent projections run duplicated on that shard (moe_layer.py,
+parallel_mode "duplicated"); only a shared expert is a column- and a row-parallel linear over TP
+(moe/shared_experts.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.comm import tp_blocks_per_layer, tp_transfers
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_models
+
+M = builtin_models()
+
+
+def _bytes(m, plan) -> float:
+    return sum(float(t.calls) * float(t.message) for t in tp_transfers(m, plan, None))
+
+
+def _plan(etp: int) -> ParallelPlan:
+    return ParallelPlan(tp=2, sp=True, ep=8, etp=etp, global_batch=64, seq_len=4096)
+
+
+def test_moe_without_shared_expert_sends_only_its_attention_half_at_expert_tp_1():
+    # Qwen3-235B-A22B: every layer attention + 128 routed experts, no shared expert. At expert TP 1 its TP
+    # traffic is the attention block's alone: half of what the same layer sends at expert TP = TP.
+    m = M["qwen3-235b-a22b"]
+    assert m.shared_ffn == 0
+    assert tp_blocks_per_layer(m, _plan(1)) == pytest.approx(0.5)
+    assert _bytes(m, _plan(1)) == pytest.approx(_bytes(m, _plan(2)) / 2)
+
+
+@pytest.mark.parametrize("name, blocks", [("deepseek-v3", 1.0), ("nemotron-3-super", 0.5)])
+def test_a_shared_expert_keeps_its_pair(name, blocks):
+    # DeepSeek-V3's MoE layers and Nemotron-3 Super's latent-MoE blocks hold a shared expert: its fc1 gathers
+    # the shard and its fc2 reduce-scatters, as a dense MLP (Super: one sub-block a layer, Megatron's E).
+    m = M[name]
+    assert m.shared_ffn > 0
+    assert tp_blocks_per_layer(m, _plan(1)) == pytest.approx(blocks)
+    assert _bytes(m, _plan(1)) == pytest.approx(_bytes(m, _plan(2)))
