@@ -16,6 +16,7 @@ import numpy as np
 
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
+from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
