@@ -1616,7 +1616,7 @@ def independent_prior(table: dict, families: set[str], jackknife: dict | None = 
     arrays = _fit_arrays(table, families, jackknife)
     _, key, at = min(((float(mean[i]), key, i) for key, (mean, _) in arrays.items() for i in np.ndindex(mean.shape)),
                      key=lambda t: t[0])
-    prior = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, at)}}
+    prior = {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, at, strict=True)}}
     published = {k: min(GRID[k], key=lambda g: abs(g - v)) for k, v in PUBLISHED_PRIOR.items()}
     return {**prior, **published}
 
@@ -1648,7 +1648,7 @@ def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
         if jackknife is not None and key in jackknife:
             k = len(kept)
             parts = []
-            for f, m in zip(kept, meds):
+            for f, m in zip(kept, meds, strict=True):
                 jk = jackknife[key][f]
                 if jk.shape[-1] == 1:
                     parts.append(((mean - m) / (k - 1) if k > 1 else np.zeros_like(mean))[..., None])
@@ -1663,7 +1663,7 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
     """The grid points with the constants `held` at their values that lie within FIT_SE jackknife standard
     errors of the least such point, with their means."""
     def point(key: tuple, i: tuple) -> dict:
-        return {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i)}}
+        return {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i, strict=True)}}
 
     masks = {}
     for key, (mean, _) in arrays.items():
@@ -1674,7 +1674,7 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
                 mask &= keep.reshape([-1 if a == axis else 1 for a in range(mean.ndim)])
         masks[key] = mask
     least, at = min(((float(mean[i]), (key, i)) for key, (mean, _) in arrays.items()
-                     for i in zip(*np.nonzero(masks[key]))), key=lambda t: t[0])
+                     for i in zip(*np.nonzero(masks[key]), strict=True)), key=lambda t: t[0])
     delta_best = arrays[at[0]][1]
     tied = []
     for key, (mean, delta) in arrays.items():
@@ -1684,7 +1684,7 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
             n = d.shape[-1]
             se = np.sqrt((n - 1) / n * ((d - d.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1))
         ok = masks[key] & (mean <= least + FIT_SE * se + 1e-12)
-        tied += [(point(key, i), float(mean[i])) for i in zip(*np.nonzero(ok))]
+        tied += [(point(key, i), float(mean[i])) for i in zip(*np.nonzero(ok), strict=True)]
     return tied
 
 
@@ -1710,7 +1710,7 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
         tied = [(c, v) for c, v in tied if all(c[k] == prior[k] for k in held)] or _tied(
             arrays, {k: prior[k] for k in held})
     dist = [sum((GRID[k].index(c[k]) - GRID[k].index(prior[k])) ** 2 for k in GRID) for c, _ in tied]
-    best, value = min(zip(tied, dist), key=lambda t: (t[1], t[0][1]))[0]
+    best, value = min(zip(tied, dist, strict=True), key=lambda t: (t[1], t[0][1]))[0]
     return Fit(best, value, held, dict(prior))
 
 
@@ -1827,7 +1827,7 @@ def spearman(a: list[float], b: list[float]) -> float:
         return r
     ra, rb = ranks(a), ranks(b)
     ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
     var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
     return cov / var if var else 1.0
 
@@ -2211,7 +2211,7 @@ def reference_report() -> list[tuple[str, str, float, float, float]]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for (model, system, nodes, extra), proc, (stdout, stderr) in zip(REFERENCE_SEARCHES, procs, results):
+    for (model, system, nodes, _extra), proc, (stdout, stderr) in zip(REFERENCE_SEARCHES, procs, results, strict=True):
         if proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, stdout, stderr)
         top = json.loads(stdout)["plans"][0]
@@ -2381,25 +2381,25 @@ def serving_report(records: list[dict], no_fit: bool) -> None:
         return
     import itertools
 
-    grid = [dict(zip(SERVE_GRID, values)) for values in itertools.product(*SERVE_GRID.values())]
+    grid = [dict(zip(SERVE_GRID, values, strict=True)) for values in itertools.product(*SERVE_GRID.values())]
     table = [(c, serving_errors(records, c)) for c in grid]
     models = sorted({name for name, _, _ in rows})
 
-    def med(errs: list, keep) -> float:
+    def med(errs: list, kept: list[str]) -> float:
         """Mean over the kept models of each model's median |error|: every model weighs the same, as every
         family does in the training fit (best_fit)."""
-        return statistics.mean(statistics.median(abs(e) for name, _, e in errs if name == n)
-                               for n in models if keep(n))
+        return statistics.mean(statistics.median(abs(e) for name, _, e in errs if name == n) for n in kept)
 
-    best_err = min(med(errs, lambda n: True) for _, errs in table)
-    ties = [c for c, errs in table if med(errs, lambda n: True) <= best_err + 0.05]
+    best_err = min(med(errs, models) for _, errs in table)
+    ties = [c for c, errs in table if med(errs, models) <= best_err + 0.05]
     print("leave-one-model-out (serving constants fitted on the other models, each model weighted alike; the "
           "left-out model's median |error|):")
     print(f"  all models -> {' | '.join(_fmt_consts(c) for c in ties)} (mean of the models' medians {best_err:.1f}%)")
     for left in models:
-        consts, errs = min(table, key=lambda ce: med(ce[1], lambda n: n != left))
-        print(f"  {left:34s} left out {med(errs, lambda n: n == left):5.1f}%  (the others in that fit "
-              f"{med(errs, lambda n: n != left):4.1f}%)  fitted without it: {_fmt_consts(consts)}")
+        others = [n for n in models if n != left]
+        consts, errs = min(table, key=lambda ce, others=others: med(ce[1], others))
+        print(f"  {left:34s} left out {med(errs, [left]):5.1f}%  (the others in that fit "
+              f"{med(errs, others):4.1f}%)  fitted without it: {_fmt_consts(consts)}")
     shipped = {n: statistics.median(abs(e) for name, _, e in rows if name == n) for n in models}
     print(f"  shipped constants: mean of the models' medians {statistics.mean(shipped.values()):.1f}%, worst "
           f"{max(shipped.values()):.1f}% ({max(shipped, key=shipped.get)})")

@@ -69,10 +69,11 @@ def row(rec: dict) -> str | None:
     gemms = layer_gemms(m, plan, True)
     groups = [m.num_experts / plan.ep if g.module == "expert" else 1 for g in gemms]
     tiles = [expert_gemm_tile(plan, fmt) if g.module == "expert" else TILE for g in gemms]
-    weight = [g.flops / grouped_gemm_efficiency(gpu, fmt, g.M, g.N, g.K, n, t) for g, n, t in zip(gemms, groups, tiles)]
+    weight = [g.flops / grouped_gemm_efficiency(gpu, fmt, g.M, g.N, g.K, n, t)
+              for g, n, t in zip(gemms, groups, tiles, strict=True)]
     secs = [(g1 + gb) * w / sum(weight) for w in weight]
     tile = perexp = kblk = 0.0
-    for g, n, s in zip(gemms, groups, secs):
+    for g, n, s in zip(gemms, groups, secs, strict=True):
         old = fill(g.M, g.N, n, 128, gpu.sm_count)
         half = gpu.sm_count // 2
         passes = (fill(g.M, g.N, n, 256, half), fill(g.M, g.K, n, 256, half), max(fill(g.N, g.K, n, 256, half), 0.9))

@@ -157,7 +157,7 @@ def serving_residuals(records: list[dict]) -> list[dict]:
     recs = [r for r in records if acc.family(r["id"]) == "trtllm"]
     if not recs:
         return []
-    grid = [dict(zip(acc.SERVE_GRID, v)) for v in itertools.product(*acc.SERVE_GRID.values())]
+    grid = [dict(zip(acc.SERVE_GRID, v, strict=True)) for v in itertools.product(*acc.SERVE_GRID.values())]
     table = [(c, acc.serving_errors(records, c)) for c in grid]
     models = sorted({r["model"]["name"] for r in recs})
 
@@ -479,7 +479,8 @@ def calibration_report(records: list[dict], only: str | None = None,
             others = [r for r in recs if r is not a]
             before_err = [abs(100 * (rates[r["id"]][0] / rates[r["id"]][1] - 1)) for r in others]
             saved = acc.builtin_systems
-            acc.builtin_systems = lambda: {**shipped, sysname: calibrated}  # type: ignore[assignment]
+            acc.builtin_systems = (lambda sysname=sysname, calibrated=calibrated:  # type: ignore[assignment]
+                                   {**shipped, sysname: calibrated})
             try:
                 after_rates = [_rate(r, fam) for r in others]
             finally:

@@ -154,7 +154,7 @@ def estimate_hetero(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: Me
 def _replicas(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllowance | None,
               order: tuple[str, ...], checkpoint: CheckpointPolicy | None) -> HeteroEstimate:
     plan, parts = hp.plan, []
-    for g, (r, b) in enumerate(zip(hp.replica_pools or (), hp.replica_batches or ())):
+    for g, (r, b) in enumerate(zip(hp.replica_pools or (), hp.replica_batches or (), strict=True)):
         if r:
             part = plan.model_copy(update={"dp": r, "global_batch": b})
             parts.append((g, estimate_training(m, pool_cluster(pc.pools[g].system, part.num_gpus), part,

@@ -2,11 +2,13 @@
 DeepSeek-V3 (0.3.0 models/common/rope.py ComplexRoPE; v0.2.2 apply_rotary_emb: view_as_complex), which Inductor
 runs eager (torch/_inductor/lowering.py: "does not support code generation for complex operators"), and FSDP2's
 copy of every all-gather into the parameters (torch.distributed.fsdp foreach_all_gather_copy_out). Both exports
-say so in the header, naming the plan field that prices it (ParallelPlan.rope_complex, zero3_copy_out)."""
+say so in the header, naming the plan field (ParallelPlan.rope_complex, zero3_copy_out) and the estimate / search
+flag that prices it (--rope-complex / --rope-real, --zero3-copy-out): following the note clears it."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,8 @@ def test_torchtitan_exports_note_the_complex_rotary_and_fsdp2_copy_out(cli, tmp_
             target, "-o", tmp_path / "a")
     assert r.code == 0, r.err
     text = "".join(f.read_text() for f in (tmp_path / "a").iterdir())
-    assert "set rope_complex true in the plan" in text and "set zero3_copy_out true in the plan" in text
+    assert "(rope_complex false)" in text and "re-plan with --rope-complex to price it" in text
+    assert "(zero3_copy_out false)" in text and "re-plan with --zero3-copy-out to price it" in text
     r = cli("export", _plan(tmp_path, fused_kernels=True, rope_complex=True, zero3_copy_out=True), "--to",
             target, "-o", tmp_path / "b")
     assert r.code == 0, r.err
@@ -50,6 +53,30 @@ def test_cli_flags_price_torchtitans_kernels_and_the_export_then_notes_nothing(c
     assert r.code == 0, r.err
     text = next((tmp_path / "out").glob("*.sh")).read_text()
     assert "rope_complex" not in text and "zero3_copy_out" not in text
+
+
+FIX = re.compile(r"re-plan with (--[a-z0-9-]+(?: [a-z0-9-]+)?) to price it")
+
+
+@pytest.mark.parametrize(("model", "layout", "switch", "flags"), [
+    ("llama-3.1-8b", ("--dp", "8"), (), {"--rope-complex", "--zero3-copy-out", "--grad-accumulation add"}),
+    ("qwen3-30b-a3b", ("--nodes", "2", "--dp", "16", "--ep", "8"), ("--rope-complex",),
+     {"--rope-real", "--zero3-copy-out", "--grad-accumulation add"})])
+def test_each_torchtitan_note_names_a_flag_that_clears_it(cli, tmp_path, model, layout, switch, flags):
+    # the notes name the flag a user passes (llama3's rotary is complex, qwen3's real): re-planning with the
+    # flags the notes name and exporting again leaves no note asking for a re-plan
+    common = ("estimate", "--model", model, "--hardware", "dgx-h100", *layout, "--zero", "3", "--json")
+    r = cli(*common, *switch, "--save", tmp_path / "a.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "a.json", "--to", "torchtitan", "-o", tmp_path / "a")
+    assert r.code == 0, r.err
+    named = set(FIX.findall(next((tmp_path / "a").glob("*.sh")).read_text()))
+    assert named == flags, named
+    r = cli(*common, *(word for flag in sorted(named) for word in flag.split()), "--save", tmp_path / "b.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "b.json", "--to", "torchtitan", "-o", tmp_path / "b")
+    assert r.code == 0, r.err
+    assert "re-plan with" not in next((tmp_path / "b").glob("*.sh")).read_text()
 
 
 def test_copy_out_without_zero3_is_refused_in_one_line(cli):

@@ -154,13 +154,13 @@ def run_attention(cfg: dict, device: str, out: Path, rank: int) -> list[dict]:
             k = torch.randn(c["b"], c["kv"], c["s"], c["qk"], dtype=dtype, device=device, requires_grad=True)
             v = torch.randn(c["b"], c["kv"], c["s"], c["v"], dtype=dtype, device=device, requires_grad=True)
             grad = torch.randn(c["b"], c["a"], c["s"], c["v"], dtype=dtype, device=device)
-            def ctx():
+            def ctx(kernel=kernel):
                 if kernel not in SDPA_BACKENDS:
                     return contextlib.nullcontext()
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[kernel])])
 
-            def step(expand: bool):
+            def step(expand: bool, q=q, k=k, v=v, grad=grad, c=c):
                 # a backend without grouped-query support gets K and V repeated to the query heads (same FLOPs)
                 kk, vv = ((k.repeat_interleave(c["a"] // c["kv"], 1), v.repeat_interleave(c["a"] // c["kv"], 1))
                           if expand else (k, v))

@@ -198,7 +198,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             cv = c
             if used and c.domain_gpus is None and c.gpus_per_node is None and goal.objective != "headroom":
                 res, cluster, cv = best_domain(res, full_cluster, used, c,
-                                               lambda cc: run(cc, say, wv, full=full_cluster.system.domain_gpus))
+                                               lambda cc, wv=wv: run(cc, say, wv, full=full_cluster.system.domain_gpus))
             else:
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))

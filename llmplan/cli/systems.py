@@ -97,7 +97,7 @@ def search_systems(c: ClusterOptions, goal: SearchGoal, output: OutputOptions,
     nodes = [c.nodes] * len(names)
     if goal.budget_gpus is not None:
         nodes = [budget_nodes(s, goal.budget_gpus) for s in systems]
-        small = [f"{n} ({s.gpus_per_node})" for n, s, k in zip(names, systems, nodes) if k == 0]
+        small = [f"{n} ({s.gpus_per_node})" for n, s, k in zip(names, systems, nodes, strict=True) if k == 0]
         if small:
             raise LlmplanError(f"--budget-gpus {goal.budget_gpus} is less than one node of {', '.join(small)} GPUs"
                                f"); give at least {max(s.gpus_per_node for s in systems)}")

@@ -66,8 +66,8 @@ def batch_shares(global_batch: int, units: list[int], sequences_per_s: list[floa
     to the pools that finish their share soonest with one more. None when no such split exists (the batch
     is not a sum of the units) or a pool would get nothing. Derived: docs/formulas.md#hetero.replicas"""
     total = sum(sequences_per_s)
-    count = [math.floor(global_batch * s / total / u + 1e-9) for s, u in zip(sequences_per_s, units)]
-    left = global_batch - sum(c * u for c, u in zip(count, units))
+    count = [math.floor(global_batch * s / total / u + 1e-9) for s, u in zip(sequences_per_s, units, strict=True)]
+    left = global_batch - sum(c * u for c, u in zip(count, units, strict=True))
     while left > 0:
         fits = [i for i, u in enumerate(units) if u <= left]
         if not fits:
@@ -77,7 +77,7 @@ def batch_shares(global_batch: int, units: list[int], sequences_per_s: list[floa
         left -= units[i]
     if min(count) < 1:
         return None
-    return tuple(c * u for c, u in zip(count, units))
+    return tuple(c * u for c, u in zip(count, units, strict=True))
 
 
 def cross_pool_reduce_seconds(grad_bytes: float, replicas: list[int], fabric: InterPoolFabric) -> float:

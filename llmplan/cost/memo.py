@@ -25,7 +25,7 @@ def memoized(plan: Any, key: tuple, compute: Any) -> Any:
             return compute()
     bucket = _bucket(key)  # a hashable digest: the scan below runs over keys with the same numbers and strings
     for k, value in memo.get(bucket, ()):
-        if len(k) == len(key) and all(same(a, b) for a, b in zip(k, key)):
+        if len(k) == len(key) and all(same(a, b) for a, b in zip(k, key, strict=True)):
             return value
     value = compute()
     memo.setdefault(bucket, []).append((key, value))

@@ -85,10 +85,10 @@ def _simulate(forward_s: list[float], backward_s: list[float], n: int, v: int,
         hop = [transfer_s if dep < zero and dep // nv % p != own // nv % p else 0.0 for own, _, dep, _ in passes]
     else:
         hop = [0.0] * len(passes)
-    for (own, prev, dep, kind), h in zip(passes, hop):
+    for (own, prev, dep, kind), h in zip(passes, hop, strict=True):
         done[own] = max(done[prev], done[dep] + h) + took[kind]
     if slots is not None:
-        for (own, prev, dep, kind), h in zip(passes, hop):
+        for (own, prev, dep, kind), h in zip(passes, hop, strict=True):
             i, (mb, c) = own // (n * v) % p, divmod(own % (n * v), v)
             start = max(done[prev], done[dep] + h)
             slots.append(Slot(i, "forward" if kind % (2 * v) < v else "backward", mb, c, start, done[own]))

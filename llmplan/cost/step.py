@@ -190,9 +190,9 @@ def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[A
     shape = np.broadcast_shapes(*(np.shape(x) for x in (*per_mb, worst, *forward, *(y for row in share for y in row))))
     out = np.empty(shape)
     for k in np.ndindex(shape):
-        at = lambda x: float(np.broadcast_to(x, shape)[k])
-        fwd = [at(t) * at(f) for t, f in zip(per_mb, forward)]
-        bwd = [at(t) * (1 - at(f)) for t, f in zip(per_mb, forward)]
+        at = lambda x, k=k: float(np.broadcast_to(x, shape)[k])
+        fwd = [at(t) * at(f) for t, f in zip(per_mb, forward, strict=True)]
+        bwd = [at(t) * (1 - at(f)) for t, f in zip(per_mb, forward, strict=True)]
         out[k] = max(makespan(fwd, bwd, n, plan.vpp, [[at(x) for x in row] for row in share]) - n * at(worst), 0.0)
     return float(out) if out.ndim == 0 else out
 
@@ -290,7 +290,7 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
     worst = per_mb[0]
-    for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:]):
+    for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:], strict=True):
         c = t > worst
         sc, tp_mb, cp_mb, ep_mb, z3_mb = (_pick_stage(c, sc_i, sc), where(c, tp_i, tp_mb), where(c, cp_i, cp_mb),
                                           where(c, ep_i, ep_mb), where(c, z3_i, z3_mb))

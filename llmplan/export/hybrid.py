@@ -22,7 +22,7 @@ def layer_symbols(m: ModelSpec) -> list[str]:
     ffns = m.mlp_layer_types or tuple("moe" if i >= m.first_k_dense_replace and m.is_moe else "dense"
                                       for i in range(m.num_hidden_layers))
     mixer = {**MIXER_SYMBOLS, "full_attention": "+" if m.is_mla else "*"}
-    return [mixer[k] + FFN_SYMBOLS[f] for k, f in zip(kinds, ffns)]
+    return [mixer[k] + FFN_SYMBOLS[f] for k, f in zip(kinds, ffns, strict=True)]
 
 
 def check_hybrid(pf: PlanFile) -> None:

@@ -208,16 +208,16 @@ def switch_notes(pf: PlanFile, module: str) -> tuple[str, ...]:
     notes: tuple[str, ...] = ()
     if rope and complex_rope and not p.rope_complex:
         notes += (f"note: priced with the rotary compiled (rope_complex false); torchtitan's {module} rotary is "
-                  "complex arithmetic, which torch.compile runs eager, so this runs slower than priced: set "
-                  "rope_complex true in the plan to price it",)
+                  "complex arithmetic, which torch.compile runs eager, so this runs slower than priced: "
+                  "re-plan with --rope-complex to price it",)
     if rope and not complex_rope and p.rope_complex:
         notes += (f"note: priced with an eager complex rotary (rope_complex true); torchtitan's {module} rotary "
-                  "is real (cos/sin) and compiles, so this runs a little faster than priced: set rope_complex "
-                  "false in the plan to price it",)
+                  "is real (cos/sin) and compiles, so this runs a little faster than priced: re-plan with "
+                  "--rope-real to price it",)
     if p.zero >= 3 and p.dp * p.cp > 1 and not p.zero3_copy_out:
         notes += ("note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every "
-                  "all-gather into the parameters on the compute stream, so this runs slower than priced: set "
-                  "zero3_copy_out true in the plan to price it",)
+                  "all-gather into the parameters on the compute stream, so this runs slower than priced: "
+                  "re-plan with --zero3-copy-out to price it",)
     return notes
 
 

@@ -74,7 +74,7 @@ def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
         bottom = [0.0] * len(stages)
         for part, vals in parts.items():
             ax.bar(x, vals, bottom=bottom, color=COLORS[part], label=part)
-            bottom = [b + v for b, v in zip(bottom, vals)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16 else [str(s.stage) for s in stages])
     else:
         ax.stackplot(x, *parts.values(), colors=[COLORS[p] for p in parts], labels=list(parts), step="mid")
@@ -226,10 +226,12 @@ def load_figure(curve: list, batch: int, ttft_slo: float | None, tpot_slo: float
     slos = ttft_slo is not None or tpot_slo is not None
     for ax, xs in ((left, x), (right, tpot_ms)):
         ax.plot(xs, y, "-", color="#4c72b0", linewidth=1)
-        ax.scatter([a for a, k in zip(xs, ok) if k], [b for b, k in zip(y, ok) if k], s=10, color="#4c72b0",
+        ax.scatter([a for a, k in zip(xs, ok, strict=True) if k], [b for b, k in zip(y, ok, strict=True) if k],
+                   s=10, color="#4c72b0",
                    label="meets the SLOs" if slos and ax is left else None)
         if not all(ok):
-            ax.scatter([a for a, k in zip(xs, ok) if not k], [b for b, k in zip(y, ok) if not k], s=10,
+            ax.scatter([a for a, k in zip(xs, ok, strict=True) if not k],
+                       [b for b, k in zip(y, ok, strict=True) if not k], s=10,
                        facecolors="none", edgecolors="#c44e52", label="misses an SLO" if ax is left else None)
     here = next((p for p in curve if p.concurrency == batch), None)
     if here is not None:

@@ -408,7 +408,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
     console.print(pruned_table(res))
     if res.closest is not None:
         e = res.closest
-        console.print(f"[bold red]NO PLAN FITS[/]. Closest: {' '.join(f'{h} {c}' for h, c in zip(PLAN_HEAD, plan_cells(e.plan)))} "
+        cells = " ".join(f"{h} {c}" for h, c in zip(PLAN_HEAD, plan_cells(e.plan), strict=True))
+        console.print(f"[bold red]NO PLAN FITS[/]. Closest: {cells} "
                       f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
         console.print("It would fit with: " + "; ".join(res.suggestions))
 

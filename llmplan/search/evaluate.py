@@ -153,7 +153,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         A, B, row = coeff_cache[key]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
         t = None  # the fastest algorithm per plan, one algorithm column at a time (no plans x algorithms array)
-        for a, b in zip(A, B):
+        for a, b in zip(A, B, strict=True):
             t_k = (a[0] if len(a) == 1 else a[row]) + size * (b[0] if len(b) == 1 else b[row])
             t = t_k if t is None else np.minimum(t, t_k)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)

@@ -118,7 +118,8 @@ def _assignments(m: ModelSpec, pc: PoolCluster, plan: ParallelPlan, allowance: M
         for pools in itertools.permutations(range(n), k):
             room = [pc.pools[g].num_gpus // width for g in pools]
             near = sorted(stage_counts(pc, plan, pools) if plan.pp >= k else (),
-                          key=lambda sp: sum(abs(sp.count(g) - plan.pp * r / sum(room)) for g, r in zip(pools, room)))
+                          key=lambda sp: sum(abs(sp.count(g) - plan.pp * r / sum(room))
+                                             for g, r in zip(pools, room, strict=True)))
             for stages in near[:SPLITS]:
                 try:
                     out.append(stage_plan(m, pc, plan, stages))
@@ -155,7 +156,7 @@ def _fitting(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAll
         if hp.assignment != "stages" or hp.stage_pools is None:
             return "memory"
         caps = [layers - 1 if g in over else m.num_hidden_layers
-                for g, layers in zip(hp.stage_pools, e.estimate.stage_layers)]
+                for g, layers in zip(hp.stage_pools, e.estimate.stage_layers, strict=True)]
         if min(caps) < 0:
             return "memory"
         try:

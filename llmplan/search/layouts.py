@@ -154,7 +154,8 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
     if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
         raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
     stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731
-    groups = [Group(e, n, v) for e, n, v in zip(res.ranked, res.equivalents, res.variants) if not stand_in(e)]
+    groups = [Group(e, n, v) for e, n, v in zip(res.ranked, res.equivalents, res.variants, strict=True)
+              if not stand_in(e)]
     groups = merge(groups, fit, lambda e: score(e, res.objective), res.resolution)
     return dataclasses.replace(res, ranked=[g.estimate for g in groups], equivalents=[g.equivalents for g in groups],
                                variants=[g.variants for g in groups],
@@ -178,7 +179,7 @@ def rank(res: Any, pool: int) -> Any:
     if not res.ranked:
         return res
     # each layout placed by its best plan's score (the one shown may be a more robust one tied with it)
-    lead = [max(v.best, score(e, res.objective)) for e, v in zip(res.ranked, res.variants)]
+    lead = [max(v.best, score(e, res.objective)) for e, v in zip(res.ranked, res.variants, strict=True)]
     best = max(abs(x) for x in lead) or 1.0
     idx = sorted(range(len(res.ranked)), key=lambda i: -round(lead[i] / best, 4))[:pool]
     tied_with: list[list[int]] = []

@@ -75,8 +75,8 @@ def prices_for(names: Sequence[str], systems: Sequence[SystemSpec], given: Mappi
     needs one (LlmplanError names those without)."""
     out = [Price(given[n], "--price") if n in given else
            Price(s.price_per_gpu_hour, s.price_source) if s.price_per_gpu_hour is not None else None
-           for n, s in zip(names, systems)]
-    missing = [n for n, p in zip(names, out) if p is None]
+           for n, s in zip(names, systems, strict=True)]
+    missing = [n for n, p in zip(names, out, strict=True) if p is None]
     if objective == "cost" and missing:
         raise LlmplanError(f"--objective cost needs a price per GPU-hour for every system; {', '.join(missing)} "
                            f"cite(s) none in the profile: give it, e.g. --price {missing[0]}=USD")
@@ -120,7 +120,7 @@ def compare(names: Sequence[str], prices: Sequence[Price | None], search_one: Ca
     the objective, the ones where nothing fits last; ties by the single-system rule (intervals.resolution on
     the ranked figure)."""
     t0 = time.perf_counter()
-    rows = [priced(n, search_one(n), p, tokens) for n, p in zip(names, prices)]
+    rows = [priced(n, search_one(n), p, tokens) for n, p in zip(names, prices, strict=True)]
     fit = [r for r in rows if r.budget is not None]
     sign = -1.0 if objective == "throughput" else 1.0
     fit.sort(key=lambda r: sign * ranked_figure(r, objective))

@@ -324,7 +324,9 @@ class ModelSpec(Spec):
             if self.first_k_dense_replace:
                 raise ValueError("give either mlp_layer_types or first_k_dense_replace, not both (list the "
                                  "leading dense layers in mlp_layer_types)")
-            empty = [i for i, (k, f) in enumerate(zip(kinds, self.mlp_layer_types)) if k == "none" and f == "none"]
+            # without layer_types every layer has attention, so kinds is () and no layer can be empty
+            empty = [i for i, (k, f) in enumerate(zip(kinds, self.mlp_layer_types, strict=False))
+                     if k == "none" and f == "none"]
             if empty:
                 raise ValueError(f"layer {empty[0]} has neither a mixer nor an MLP (layer_types none and "
                                  "mlp_layer_types none); drop the layer")

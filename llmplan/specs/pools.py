@@ -126,7 +126,8 @@ class HeteroPlan(Spec):
                     or min(self.replica_pools) < 0:
                 raise ValueError(f"replica_pools {self.replica_pools} must sum to dp ({p.dp}), one per pool")
             if sum(self.replica_batches) != p.global_batch or any(
-                    b % (p.micro_batch * r) if r else b for r, b in zip(self.replica_pools, self.replica_batches)):
+                    b % (p.micro_batch * r) if r else b
+                    for r, b in zip(self.replica_pools, self.replica_batches, strict=True)):
                 raise ValueError(f"replica_batches {self.replica_batches} must sum to the global batch "
                                  f"({p.global_batch}), each a multiple of micro_batch x its pool's replicas")
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 import networkx as nx
 
@@ -110,7 +111,7 @@ class PathShare:
 def path_share(g: nx.Graph, a: tuple, b: tuple) -> PathShare:
     """Bottleneck share (min over edges of bw / sharers) and summed latency of the shortest path a -> b."""
     path = nx.shortest_path(g, a, b)
-    edges = [g.edges[u, v] for u, v in zip(path, path[1:])]
+    edges = [g.edges[u, v] for u, v in pairwise(path)]
     return PathShare(bw=min(e["bw"] / e["sharers"] for e in edges), latency=sum(e["latency"] for e in edges),
                      kinds=tuple(dict.fromkeys(e["kind"] for e in edges)))
 

@@ -4,8 +4,8 @@
 # model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
 # hardware: 2 x dgx-h100 = 16 x h100-sxm
 # predicted: 40.0 of 80.0 GiB per GPU; step 5.000 s, MFU 40.0%, 400,000 tokens/s
-# note: priced with the rotary compiled (rope_complex false); torchtitan's llama3 rotary is complex arithmetic, which torch.compile runs eager, so this runs slower than priced: set rope_complex true in the plan to price it
-# note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every all-gather into the parameters on the compute stream, so this runs slower than priced: set zero3_copy_out true in the plan to price it
+# note: priced with the rotary compiled (rope_complex false); torchtitan's llama3 rotary is complex arithmetic, which torch.compile runs eager, so this runs slower than priced: re-plan with --rope-complex to price it
+# note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every all-gather into the parameters on the compute stream, so this runs slower than priced: re-plan with --zero3-copy-out to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
