@@ -103,7 +103,7 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
-               rs_share: Any = 0.0) -> Any:
+               rs_share: Any = 0.0, ub_kappa: Any = None) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the input gradients (SP: the re-gather and the reduce-scatter) with the weight-gradient
     GEMMs (about the forward GEMM time); forward and recompute collectives are exposed. With
@@ -114,7 +114,8 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     reduce-scatters beside the weight-gradient GEMMs); the forward reduce-scatters (`rs_share` of the TP
     seconds, comm.tp_forward_rs_share) pipelined in TE_PIPELINE_SPLITS chunks, each beside the next chunk's
     GEMM, the last one after the last GEMM. DTensor async TP (tp_impl) splits each collective into tp chunks,
-    all but the first beside the GEMMs. What overlaps costs its contention (overlap). With tp_backward_overlap
+    all but the first beside the GEMMs. What overlaps costs its contention (overlap): NCCL's kappa, but under
+    userbuffers `ub_kappa`, the SMs their methods hold (comm.tp_overlap_contention). With tp_backward_overlap
     off, nothing hides. Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py
     (async gradient communication, 3f65246911); Transformer Engine v2.8 pytorch/module/base.py initialize_ub
     (methods, num_splits) and common/comm_gemm_overlap/comm_gemm_overlap.cpp (CommOverlapP2PBase::
@@ -130,7 +131,8 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
     waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, tp / plan.tp)
-    chunked = waits + overlap(tp - waits, sc.gemm, kappa)
+    ub = where(plan.tp_impl == "megatron", kappa if ub_kappa is None else ub_kappa, kappa)
+    chunked = waits + overlap(tp - waits, sc.gemm, ub)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 
 
