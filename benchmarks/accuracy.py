@@ -794,6 +794,14 @@ UB_CONFIGS = {
         "qkv_dgrad": 2, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 1, "fc2_fprop": 1},
     "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192": {
         "qkv_dgrad": 2, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 24, "fc2_fprop": 8},
+    "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 16, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 32, "fc2_fprop": 16},
+    "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 32, "fc1_wgrad": 8, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_b200_h16384_tp4_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 32, "fc2_fprop": 8},
     "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048": {
         "qkv_dgrad": 8, "fc1_dgrad": 4, "qkv_wgrad": 16, "fc1_wgrad": 16, "proj_fprop": 16, "fc2_fprop": 24},
     "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096": {
@@ -801,7 +809,7 @@ UB_CONFIGS = {
     "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192": {
         "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
 }
-"""Per-GEMM SMs of the userbuffer configs the H100 recipes name; their four ring-exchange all-gathers
+"""Per-GEMM SMs of the userbuffer configs the H100 and Blackwell recipes name; their four ring-exchange all-gathers
 (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) take RingExchangeOverlapCfg's num_sm 1 in every one."""
 
 
@@ -817,24 +825,30 @@ def ub_config_for(rec: dict, fam: str, dtype: str, tp: int) -> str | None:
     """The userbuffer config a row's recipe passes to Transformer Engine, None where it passes none (TE's
     defaults: Megatron-LM r0.8's README runs, NeMo 24.07's Nemotron 8B / 22B, the Nemotron-H 56B recipe
     nemotronh_56b.py, tp_comm_overlap=True without a config) or where the row runs no TP overlap.
-    Megatron-Bridge's H100 Llama presets (scripts/performance/configs/llama3{,1}/*_llm_pretrain.py v0.2.0,
-    perf_recipes/llama/h100/llama3{,1}.py at 067f987d) and NeMo's performance scripts (scripts/performance/
-    llm/pretrain_llama3_70b.py / pretrain_llama31_405b.py, which the Megatron-LM examples table and DGX Cloud's
-    Llama 3.1 recipes run) pick userbuffers_{bf16,fp8}_h100_h8192_tp4 (70B) / _h16384_tp8_cp2 (405B);
-    NeMo-Framework-Launcher 24.07's GPT-3 20B / Llama 2 70B / Llama 3 70B configs name their ub_cfg."""
-    rid = rec["id"]
-    if "h100" not in str(rec.get("hardware", {}).get("gpu", "")).lower() or tp == 1:
+    Megatron-Bridge's Llama presets pick by GPU and model, whatever the row's TP, the fp8 config for every
+    precision but bf16 (scripts/performance/configs/llama3{,1}/*_llm_pretrain.py v0.2.0, configs/llama/ v0.3.0 -
+    v0.4.0, perf_recipes/llama/{h100,b200,b300,gb200,gb300}/llama3{,1}.py at 067f987d): H100 userbuffers_*_h100_
+    h8192_tp4 (70B) / _h16384_tp8_cp2 (405B), Blackwell userbuffers_*_b200_h8192_tp2 / _h16384_tp4_cp2; NeMo's
+    performance scripts (scripts/performance/llm/pretrain_llama3_70b.py / pretrain_llama31_405b.py, which the
+    Megatron-LM examples table and DGX Cloud's Llama 3.1 recipes run) the same H100 ones; NeMo-Framework-Launcher
+    24.07's GPT-3 20B / Llama 2 70B / Llama 3 70B configs name their ub_cfg."""
+    rid, gpu = rec["id"], str(rec.get("hardware", {}).get("gpu", "")).lower()
+    if tp == 1:
         return None
     if fam == "nemo2407":
         named = (("gpt3-20b", "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048"),
                  ("llama2-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096"),
                  ("llama3-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"))
         return next((cfg for key, cfg in named if rid.startswith(f"nemo2407-pretrain-{key}-")), None)
-    stack = fam in BRIDGE_FAMILIES or fam == "dgxc" or rid.startswith("megatron-examples-")
-    size = "h8192_tp4_mbs1" if tp == 4 and "70b" in rid else "h16384_tp8_cp2_mbs1" if tp == 8 and "405b" in rid else None
-    if not stack or size is None or "llama" not in rid:
+    stack = fam in ("bridge", "mbridge-dense") or fam == "dgxc" or rid.startswith("megatron-examples-")
+    if not stack or "llama" not in rid:
         return None
-    return f"userbuffers_{'fp8' if dtype == 'fp8' else 'bf16'}_h100_{size}_seqlen8192"
+    chip = "h100" if "h100" in gpu else "b200" if any(b in gpu for b in ("b200", "b300")) else None
+    big = "405b" in rid
+    size = {"h100": "h16384_tp8_cp2" if big else "h8192_tp4", "b200": "h16384_tp4_cp2" if big else "h8192_tp2"}
+    if chip is None or not (big or "70b" in rid):
+        return None
+    return f"userbuffers_{'bf16' if dtype == 'bf16' else 'fp8'}_{chip}_{size[chip]}_mbs1_seqlen8192"
 
 
 def mbridge_without_tp_overlap(rec: dict) -> bool:

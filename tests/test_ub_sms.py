@@ -4,10 +4,8 @@ and bulk overlaps run kernels on num_sm SMs (16 by default; the recipes' userbuf
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from accuracy import ub_config_sms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,9 +14,6 @@ from llmplan.cost.compute import StageCompute
 from llmplan.cost.exposure import tp_exposed
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import accuracy  # noqa: E402
 
 M = builtin_models()
 H100_SMS = 132
@@ -46,12 +41,14 @@ def test_defaults_are_transformer_engines():
     # 405B TP8 CP2: qkv_dgrad 2, fc1_dgrad 2, qkv_wgrad 24, fc1_wgrad 2; bf16 proj_fprop 24, fc2_fprop 8
     ("userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192", (1.0, 1.0, 2.0, 13.0)),
     ("userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192", (1.0, 16.0, 2.0, 13.0)),
+    # Blackwell 405B (the GB200 / GB300 / B200 presets): qkv_dgrad 8, fc1_dgrad 2, qkv_wgrad 32, fc1_wgrad 8
+    ("userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192", (1.0, 1.0, 5.0, 20.0)),
     # NeMo-Framework-Launcher 24.07 tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen4096.yaml: qkv_dgrad 8,
     # qkv_wgrad 16, fc1_dgrad 2, fc1_wgrad 4, proj_fprop 24, fc2_fprop 16
     ("ub_cfg_h100_h8192_tp4_mbs1_seqlen4096", (1.0, 20.0, 5.0, 10.0)),
 ])
 def test_recipe_configs_reproduce_their_sm_counts(name, sms):
-    assert accuracy.ub_config_sms(name) == sms
+    assert ub_config_sms(name) == sms
 
 
 def test_every_role_at_nccls_count_is_the_old_contention():
