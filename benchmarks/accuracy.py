@@ -783,6 +783,76 @@ def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int
     return 0, 0
 
 
+UB_CONFIGS = {
+    # Transformer Engine userbuffer configs the H100 rows' recipes pass (each GEMM's num_sm; a ring exchange on
+    # copy engines holds 1): Megatron-Bridge src/megatron/bridge/training/comm_overlap.py (v0.2.0 .. 067f987d,
+    # the same values) = NeMo nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (ab020f6a72);
+    # NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_*.yaml.
+    "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192": {
+        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192": {
+        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
+    "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 2, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 2, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 24, "fc2_fprop": 8},
+    "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 16, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 32, "fc2_fprop": 16},
+    "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 32, "fc1_wgrad": 8, "proj_fprop": 1, "fc2_fprop": 1},
+    "userbuffers_bf16_b200_h16384_tp4_cp2_mbs1_seqlen8192": {
+        "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 2, "proj_fprop": 32, "fc2_fprop": 8},
+    "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048": {
+        "qkv_dgrad": 8, "fc1_dgrad": 4, "qkv_wgrad": 16, "fc1_wgrad": 16, "proj_fprop": 16, "fc2_fprop": 24},
+    "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096": {
+        "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 16, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
+    "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192": {
+        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
+}
+"""Per-GEMM SMs of the userbuffer configs the H100 and Blackwell recipes name; their four ring-exchange all-gathers
+(qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) take RingExchangeOverlapCfg's num_sm 1 in every one."""
+
+
+def ub_config_sms(name: str) -> tuple[float, float, float, float]:
+    """A userbuffer config's SMs per role, as ParallelPlan.tp_overlap_sms takes them: each role's two GEMMs'
+    mean (ring all-gathers, forward reduce-scatters, backward re-gathers, backward reduce-scatters)."""
+    c = UB_CONFIGS[name]
+    return (1.0, (c["proj_fprop"] + c["fc2_fprop"]) / 2, (c["qkv_dgrad"] + c["fc1_dgrad"]) / 2,
+            (c["qkv_wgrad"] + c["fc1_wgrad"]) / 2)
+
+
+def ub_config_for(rec: dict, fam: str, dtype: str, tp: int) -> str | None:
+    """The userbuffer config a row's recipe passes to Transformer Engine, None where it passes none (TE's
+    defaults: Megatron-LM r0.8's README runs, NeMo 24.07's Nemotron 8B / 22B, the Nemotron-H 56B recipe
+    nemotronh_56b.py, tp_comm_overlap=True without a config) or where the row runs no TP overlap.
+    Megatron-Bridge's Llama presets pick by GPU and model, whatever the row's TP, the fp8 config for every
+    precision but bf16 (scripts/performance/configs/llama3{,1}/*_llm_pretrain.py v0.2.0, configs/llama/ v0.3.0 -
+    v0.4.0, perf_recipes/llama/{h100,b200,b300,gb200,gb300}/llama3{,1}.py at 067f987d): H100 userbuffers_*_h100_
+    h8192_tp4 (70B) / _h16384_tp8_cp2 (405B), Blackwell userbuffers_*_b200_h8192_tp2 / _h16384_tp4_cp2; NeMo's
+    performance scripts (scripts/performance/llm/pretrain_llama3_70b.py / pretrain_llama31_405b.py, which the
+    Megatron-LM examples table and DGX Cloud's Llama 3.1 recipes run) the same H100 ones; NeMo-Framework-Launcher
+    24.07's GPT-3 20B / Llama 2 70B / Llama 3 70B configs name their ub_cfg."""
+    rid, gpu = rec["id"], str(rec.get("hardware", {}).get("gpu", "")).lower()
+    if tp == 1:
+        return None
+    if fam == "nemo2407":
+        named = (("gpt3-20b", "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048"),
+                 ("llama2-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096"),
+                 ("llama3-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"))
+        return next((cfg for key, cfg in named if rid.startswith(f"nemo2407-pretrain-{key}-")), None)
+    stack = fam in ("bridge", "mbridge-dense") or fam == "dgxc" or rid.startswith("megatron-examples-")
+    if not stack or "llama" not in rid:
+        return None
+    chip = "h100" if "h100" in gpu else "b200" if any(b in gpu for b in ("b200", "b300")) else None
+    big = "405b" in rid
+    size = {"h100": "h16384_tp8_cp2" if big else "h8192_tp4", "b200": "h16384_tp4_cp2" if big else "h8192_tp2"}
+    if chip is None or not (big or "70b" in rid):
+        return None
+    return f"userbuffers_{'bf16' if dtype == 'bf16' else 'fp8'}_{chip}_{size[chip]}_mbs1_seqlen8192"
+
+
 def mbridge_without_tp_overlap(rec: dict) -> bool:
     """Whether an mbridge row's recipe leaves Transformer Engine's TP communication overlap off at TP > 1: the
     Nemotron-3 Super and Ultra rows (their TP2 GB200 / B200 presets). Their recipes set no comm_overlap
@@ -1205,6 +1275,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
                          or mbridge) and tp > 1 and not (fam in BRIDGE_FAMILIES and dtype == "fp4"
                                                          and "llama" in rec["id"])
         and not mbridge_without_tp_overlap(rec),
+        # the SMs each TP GEMM's userbuffer overlap holds, as the row's recipe configures it (ub_config_for)
+        tp_overlap_sms=ub_config_sms(ub) if (ub := ub_config_for(rec, fam, dtype, tp)) else None,
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive

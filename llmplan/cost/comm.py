@@ -14,8 +14,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from llmplan.arith import maximum, where
-from llmplan.cost.compute import KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES
+from llmplan.arith import maximum, minimum, where
+from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES,
+                                  TE_PIPELINE_SPLITS)
 from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
@@ -366,6 +367,30 @@ def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: 
     local = passes * (2 + r) * 2 * gather_bytes(m, plan) * sbh / t
     on = (plan.tp_impl == "dtensor") & plan.tp_comm_overlap & plan.sp & (t > 1)
     return where(on, (reduce + local) / gpu.hbm_achieved_bytes_per_s, 0.0)
+
+
+TE_UB_SMS = (1.0, 16.0, 16.0, 16.0)
+"""SMs Transformer Engine's userbuffers hold beside a TP GEMM by default, per role (ParallelPlan.tp_overlap_sms):
+ring exchange for the all-gathers feeding a GEMM, num_sm 1 with use_ce (each chunk moves by cudaMemcpyAsync on a
+copy engine, a one-thread kernel sets the flag); pipeline for the forward reduce-scatters and bulk for the
+backward re-gathers and reduce-scatters, num_sm 16. Source: NVIDIA/TransformerEngine
+transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm", 1 if method ==
+"ring_exchange" else 16), use_ce True; v2.8 get_default_config, the same) and common/comm_gemm_overlap/
+userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
+
+
+def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
+    """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
+    GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
+    weighted by the seconds it overlaps, as tp_forward_rs_share counts them: 4 + 2r all-gathers by ring
+    exchange (forward, recompute, output gradients), 2 + 2r forward reduce-scatters less the last of their
+    TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
+    At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
+    ring, fwd_rs, re_gather, bwd_rs = plan.tp_overlap_sms or TE_UB_SMS
+    g, a = gather_bytes(m, plan), ACT_BYTES
+    spans = ((4 + 2 * r) * g, (2 + 2 * r) * a * (1 - 1 / TE_PIPELINE_SPLITS), 2 * g, 2 * a)
+    held = sum(x * n for x, n in zip(spans, (ring, fwd_rs, re_gather, bwd_rs)))
+    return minimum(held / sum(spans) / sm_count, 0.5)
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:

@@ -104,7 +104,7 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
-               rs_share: Any = 0.0, unfused_share: Any = 0.0) -> Any:
+               rs_share: Any = 0.0, unfused_share: Any = 0.0, ub_kappa: Any = None) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the column-parallel linears (SP: the re-gather of the saved input beside the input-gradient
     GEMM, the input gradient's reduce-scatter beside the weight-gradient GEMM: 4 of a layer's 10 + 4r) with
@@ -121,7 +121,8 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     where the graph uses its result, so without async TP nothing hides; async TP splits each fused
     collective into tp chunks, all but the first beside the GEMMs, and the backward's input-gradient
     reduce-scatters it cannot fuse (`unfused_share` of the TP seconds, comm.tp_unfused_rs_share) stay
-    exposed. What overlaps costs its contention (overlap). With tp_backward_overlap off, nothing hides.
+    exposed. What overlaps costs its contention (overlap): NCCL's kappa, but under userbuffers `ub_kappa`,
+    the SMs their methods hold (comm.tp_overlap_contention). With tp_backward_overlap off, nothing hides.
     Source: Korthikanti et al. 2022 §4.2.2; Megatron-LM tensor_parallel/layers.py (async gradient
     communication, 3f65246911) and mappings.py (_ReduceScatterToSequenceParallelRegion.backward, d98e8a6);
     Transformer Engine module/base.py grad_output_preprocess (d0067d0); TE v2.8 initialize_ub
@@ -145,7 +146,8 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     default = tp - backward + overlap(backward, wgrad, kappa)
     unfused = where(plan.tp_impl == "megatron", 0.0, tp * unfused_share)  # exposed whole
     waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, (tp - unfused) / plan.tp)
-    chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, kappa)
+    ub = where(plan.tp_impl == "megatron", kappa if ub_kappa is None else ub_kappa, kappa)
+    chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, ub)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 
 

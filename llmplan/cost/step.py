@@ -39,7 +39,13 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     overlap,
     tp_exposed,
 )
-from llmplan.cost.comm import pp_sends, symm_mem_tp_seconds, tp_forward_rs_share, tp_unfused_rs_share
+from llmplan.cost.comm import (
+    pp_sends,
+    symm_mem_tp_seconds,
+    tp_forward_rs_share,
+    tp_overlap_contention,
+    tp_unfused_rs_share,
+)
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.model_states import gradient_params
@@ -281,7 +287,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i),
-                          tp_unfused_rs_share(m, plan, r_i)) + symm_mem_tp_seconds(m, plan, g_i, layers, r_i)
+                          tp_unfused_rs_share(m, plan, r_i), tp_overlap_contention(m, plan, r_i, g_i.sm_count)) \
+            + symm_mem_tp_seconds(m, plan, g_i, layers, r_i)
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i, r_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe

@@ -217,6 +217,14 @@ class ParallelPlan(PlanQuantities, Spec):
     parameter, Megatron's buffers)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
+    tp_overlap_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)],
+                                   Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)]]] = None
+    """SMs Transformer Engine's userbuffers hold beside a TP GEMM under tp_comm_overlap, as a layer's TP
+    overlap config sets them (its num_sm; 1 for a ring exchange on copy engines), averaged over the layer's two
+    GEMMs of each role: (forward and output-gradient all-gathers: qkv_fprop / fc1_fprop / proj_dgrad /
+    fc2_dgrad; forward reduce-scatters: proj_fprop / fc2_fprop; backward re-gathers: qkv_dgrad / fc1_dgrad;
+    input-gradient reduce-scatters: qkv_wgrad / fc1_wgrad). None: Transformer Engine's initialize_ub defaults
+    (1, 16, 16, 16: docs/formulas.md#step.ub_sms)."""
     tp_backward_overlap: bool = True
     """The backward TP collectives of the input gradients run beside the weight-gradient GEMMs (Megatron-LM's
     asynchronous all-reduce, --async-tensor-model-parallel-allreduce, on by default since 2021-09; with sp,
