@@ -168,7 +168,9 @@ ASSUMPTIONS = {
                  "false), full activation checkpointing as the recipes set, the eager loss (MaskedCrossEntropy: "
                  "on fp32 logits where the recipe upcasts, else priced as the fused loss's one copy); attention "
                  "as the recipe selects it: HF SDPA restricted to the flash backend (= FlashAttention-2) under CP "
-                 "(resolve_sdpa_method), TE DotProductAttention (native fused) where the recipe sets attn te, "
+                 "(resolve_sdpa_method) in PyTorch's ring, rotate method allgather, on the KV heads (transformers "
+                 "passes enable_gqa) and run eagerly, overlapped (a graph break around SDPA: attach_cp_sdpa_hooks, "
+                 "context_parallel/utils.py at 36044ad3d), TE DotProductAttention (native fused) where the recipe sets attn te, "
                  "FlexAttention priced as FlashAttention-2 (the nearest modelled kernel); MoE rows with uniform "
                  "routing (the runs' fake balanced gate: token i takes experts i*k .. i*k+k-1), the recipe's EP with "
                  "DeepEP's dispatch (a token once per destination rank: one row under that gate) and exposed "
@@ -1260,12 +1262,21 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         tp_impl="dtensor" if fam == "torchtitan" else "megatron",  # parallelize_llama.py apply_tp at 9dec370
         # torchtitan 9dec370 runs PyTorch's experimental context_parallel with its default rotate method
         # (config_manager.py: context_parallel_rotate_method "allgather"; utils.py create_context_parallel_ctx)
-        cp_impl="torch-allgather" if fam == "torchtitan" else "te",
-        cp_kv_repeated=fam == "torchtitan",  # torchtitan/models/llama/model.py at 9dec370: repeat_kv before SDPA
+        # NeMo AutoModel's SDPA CP runs the same ring, rotate method allgather (context_parallel/sharder.py at
+        # 36044ad3d: create_context_parallel_ctx(cp_rotate_method="allgather"), cp_utils.py at 2013a4dd6, the
+        # commit that added the 70B row); attn te would take TE's own CP (attach_te_context_parallel)
+        cp_impl="torch-allgather" if fam == "torchtitan" or (fam == "automodel" and "sdpa" in
+                                                               str(par.get("attention", "")).lower()) else "te",
+        # torchtitan/models/llama/model.py at 9dec370: repeat_kv before SDPA; AutoModel's Llama calls transformers'
+        # sdpa_attention_forward, which passes enable_gqa (no repeat) on CUDA with torch >= 2.5 and no mask
+        # (use_gqa_in_sdpa; the CP hooks strip the mask: attach_context_parallel_hooks): the ring moves KV heads
+        cp_kv_repeated=fam == "torchtitan",
         # and traces the ring into each block it compiles (parallelize_llama.py apply_compile: fullgraph=True): the
         # functional collectives wait at once under tracing and torch 1963fc8's Inductor keeps that order in
         # training graphs (reorder_for_compute_comm_overlap off, torchtitan sets no reordering): every transfer
         # waited for where issued (docs/formulas.md#step.cp_compiled)
+        # AutoModel compiles each layer but its CP SDPA hook wraps the ring in torch._dynamo.disable (a graph break:
+        # attach_cp_sdpa_hooks, context_parallel/utils.py at 36044ad3d): the ring runs eagerly, overlapped
         cp_comm_overlap=not (fam == "torchtitan" and par.get("compile") is not False),
         # Megatron-Bridge's Llama 3 / 3.1 NVFP4 presets turn the TP overlap off (scripts/performance/configs/llama/
         # llama3{,1}_llm_pretrain.py v0.3.0 ... v0.5.0: tp_comm_overlap = False if precision == "nvfp4";

@@ -1,6 +1,6 @@
 """PyTorch's experimental context-parallel ring (ParallelPlan.cp_impl torch-allgather / torch-alltoall, as
-torchtitan and NeMo AutoModel run it): the K/V it rings are the query heads' (the model's repeat_kv runs before
-SDPA), they are all-gathered once per pass beside the first call only, and the K/V gradients travel in fp32,
+torchtitan and NeMo AutoModel run it): the K/V it rings are the query heads' where the model's repeat_kv runs
+before SDPA (torchtitan), the KV heads' where transformers passes enable_gqa (NeMo AutoModel), they are all-gathered once per pass beside the first call only, and the K/V gradients travel in fp32,
 the last send waited for (docs/formulas.md#comm.cp, #step.cp). Against torchtitan's published Table 6 CP scaling."""
 
 from __future__ import annotations
@@ -134,6 +134,22 @@ def test_torchtitan_reads_the_allgather_ring(acc, published_runs):
         if rid.startswith("torchtitan-2412-") and rec["parallel"].get("cp", 1) > 1:
             plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
             assert plan.cp_impl == "torch-allgather" and plan.cp_kv_repeated  # model.py: repeat_kv before SDPA
+
+
+def test_automodel_reads_its_sdpa_cp_row_as_pytorchs_allgather_ring_on_kv_heads(acc, published_runs):
+    # NVIDIA-NeMo/Automodel at 36044ad3d (the family's commit; the 70B row came with 2013a4dd6, same CP path):
+    # the SDPA path shards with create_context_parallel_ctx(cp_rotate_method="allgather")
+    # (context_parallel/sharder.py), PyTorch's context_parallel, not TE's (attach_te_context_parallel only for
+    # attn te); transformers' sdpa_attention_forward (5.3 / 5.12) passes enable_gqa instead of repeat_kv when no
+    # mask is given on CUDA with torch >= 2.5 (use_gqa_in_sdpa), and the CP hooks drop the mask
+    # (attach_context_parallel_hooks); with enable_compile the ring sits behind torch._dynamo.disable
+    # (attach_cp_sdpa_hooks): eager, its transfers overlapped
+    rec = published_runs["automodel-h100-bf16-llama3-70b-64gpu-gbs128"]
+    plan = acc.plan_for(rec, "automodel", rec["hardware"]["gpus"])
+    assert plan.cp == 2 and rec["parallel"]["compile"] is True
+    assert plan.cp_impl == "torch-allgather" and not plan.cp_kv_repeated and plan.cp_comm_overlap
+    te = published_runs["automodel-h100-bf16-qwen3-30b-a3b-8gpu-gbs512"]  # attn te: TE's own CP where cp > 1
+    assert acc.plan_for(te, "automodel", te["hardware"]["gpus"]).cp_impl == "te"
 
 
 def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):
