@@ -14,8 +14,9 @@ shipped value):
 * --published-attention: the Blackwell profiles' fused attention at cuDNN's published asymptote, 1.16, with
   B200 / GB200's softmax ratio 0.91 instead of 0.74 (docs/validation.md#blackwell-attention: NVIDIA/cudnn-frontend
   benchmark/sdpa_benchmark_training/results/llama3.1/{gb200,gb300}, cuDNN 9.22);
-* --hbm-efficiency X: every H100 / Blackwell profile's achieved HBM fraction (GpuSpec.hbm_efficiency, an
-  assumption of 0.8 in every shipped profile) set to X.
+* --hbm-efficiency X: every H100 / Blackwell profile's achieved HBM fraction (GpuSpec.hbm_efficiency: cuDNN's
+  published norm bandwidth on Blackwell, 0.66 / 0.67, and 0.8 assumed on H100; docs/formulas.md#compute.hbm_efficiency)
+  set to X.
 
 `python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55]` (about 30 s).
 """

@@ -157,9 +157,10 @@ class GpuSpec(Spec):
     Blackwell Ultra doubles that rate and measures about 35% more FP8 attention-forward throughput, NVIDIA
     technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra"); 1 elsewhere."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
-    """Achieved fraction of HBM bandwidth by streaming kernels (decode weight and KV reads): an assumption
-    shared by every shipped profile, neither fitted nor measured here (docs/formulas.md#infer.decode); a
-    profile sets it from a measured copy kernel."""
+    """Achieved fraction of HBM bandwidth by memory-bound kernels (training's norms, activations, casts; decode
+    weight and KV reads): where NVIDIA publishes cuDNN's RMSNorm forward + backward at training shapes, that
+    (GB200 0.66, GB300 0.67, H200 0.75; B200 / B300 carry GB200's / GB300's); elsewhere 0.8, an assumption
+    neither fitted nor measured here (docs/formulas.md#compute.hbm_efficiency, #infer.decode)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
