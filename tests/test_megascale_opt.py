@@ -17,9 +17,9 @@ from llmplan.specs.plan import ParallelPlan
 
 
 def _gpt(**kw: object) -> ModelSpec:
-    base: dict = dict(name="g", model_type="gpt", hidden_size=4096, intermediate_size=16384, num_hidden_layers=8,
-                      num_attention_heads=32, vocab_size=32000, max_position_embeddings=4096, gated_mlp=False,
-                      norm_type="layernorm")
+    base: dict = {"name": "g", "model_type": "gpt", "hidden_size": 4096, "intermediate_size": 16384,
+                  "num_hidden_layers": 8, "num_attention_heads": 32, "vocab_size": 32000,
+                  "max_position_embeddings": 4096, "gated_mlp": False, "norm_type": "layernorm"}
     return ModelSpec(**{**base, **kw})
 
 
