@@ -318,12 +318,15 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     TP is the expert TP group, moe/token_dispatcher.py MoETokenDispatcher.tp_group = pg_collection.expt_tp),
     and its router and latent projections are duplicated on that shard (moe_layer.py, parallel_mode
     "duplicated"): no TP collective. Expert TP > 1 (gathers of the routed tokens over that group) and DTensor TP
-    keep the MLP's pair. Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py,
-    moe_layer.py. Derived: docs/formulas.md#comm.tp"""
+    keep the MLP's pair. A parallel transformer block (ModelSpec.parallel_block) feeds its attention and MLP one
+    gathered input and reduce-scatters their summed outputs once: one pair per layer, half. Source:
+    NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py; Jiang et al.
+    2024 (MegaScale, arXiv:2402.15627) §3.1. Derived: docs/formulas.md#comm.tp"""
     L = m.num_hidden_layers
     paired = (m.shared_ffn > 0) | (plan.etp_resolved > 1) | (plan.tp_impl != "megatron")
     moe = where(paired, m.num_moe_layers, 0)
-    return (L - m.count_layers("none") + m.num_mlp_layers + moe) / L / 2
+    # the parallel transformer block (ModelSpec.parallel_block): attention and MLP share one pair
+    return (L - m.count_layers("none") + m.num_mlp_layers + moe) / L / (4 if m.parallel_block else 2)
 
 
 def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:

@@ -64,6 +64,13 @@ class ModelSpec(Spec):
 
     gated_mlp: bool = True
     """llmplan key: SwiGLU/GeGLU MLP with gate, up and down projections (False: plain two-matrix GELU MLP)."""
+    parallel_block: bool = False
+    """llmplan key: the parallel transformer block, y = x + Attention(LN(x)) + MLP(LN(x)) (GPT-J, PaLM; MegaScale
+    §3.1): attention and MLP read one norm's output and their outputs are summed, so under Megatron-style TP the
+    QKV and first MLP projections take one all-gather (or all-reduce) and the output projection and second MLP
+    projection one reduce-scatter: one column- / row-parallel pair of TP collectives per layer, not two
+    (docs/formulas.md#comm.tp). Dense softmax-attention models only. Its one norm per layer (not two) is not
+    priced apart."""
     norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """llmplan key: RMSNorm (weight only) or LayerNorm (weight and bias)."""
     learned_position_embeddings: bool = False
@@ -252,6 +259,9 @@ class ModelSpec(Spec):
             raise ValueError(f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is "
                              f"{self.num_hidden_layers}; give one attention kind per layer")
         self._hybrid_rules()
+        if self.parallel_block and (self.num_experts or self.is_hybrid):
+            raise ValueError("parallel_block is set on a MoE or hybrid model; the parallel transformer block runs "
+                             "one attention and one dense MLP side by side in every layer (leave it out)")
         if self.num_experts:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
