@@ -29,8 +29,8 @@ MOE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b",
 
 
 def _plan(**kw: object) -> ParallelPlan:
-    base: dict[str, object] = dict(dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=64, dtype="fp8",
-                                   recipe="mxfp8")
+    base: dict[str, object] = {"dp": 8, "ep": 8, "seq_len": 4096, "micro_batch": 1, "global_batch": 64,
+                               "dtype": "fp8", "recipe": "mxfp8"}
     base.update(kw)
     return ParallelPlan(**base)  # type: ignore[arg-type]
 
@@ -43,8 +43,9 @@ def _plan(**kw: object) -> ParallelPlan:
 def test_the_fused_grouped_mlp_never_costs_more_memory_bound_bytes(name, tp, etp, mb, seq, moe_act, bf16_start,
                                                                    tp_impl, clamp_fused, recipe):
     m = builtin_models()[name]
-    kw: dict[str, object] = dict(tp=tp, sp=tp > 1, etp=etp, micro_batch=mb, seq_len=seq, tp_impl=tp_impl,
-                                 bf16_layers_start=bf16_start, glu_clamp_fusion=clamp_fused, recipe=recipe)
+    kw: dict[str, object] = {"tp": tp, "sp": tp > 1, "etp": etp, "micro_batch": mb, "seq_len": seq,
+                             "tp_impl": tp_impl, "bf16_layers_start": bf16_start, "glu_clamp_fusion": clamp_fused,
+                             "recipe": recipe}
     if moe_act:
         kw.update(recompute="selective", recompute_modules=("moe_act",))
     fused, unfused = _plan(expert_gemm="grouped", **kw), _plan(expert_gemm="per-expert", **kw)
