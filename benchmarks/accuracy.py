@@ -1393,8 +1393,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
         # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser
-        # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser)
-        glu_clamp_fusion=fam == "automodel" or mbridge_op_fuser(rec),
+        # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser);
+        # DeepSeek-V4 Flash's clamped SwiGLU (activation_func_clamp_value 10) in its 26.08 op-fuser presets: Megatron-LM
+        # at v0.6.0's pin (cd4afff) experts.py _make_fused_ops builds ScaledSwiGLU for silu, the clamp left out, and
+        # the fused grouped MLP runs the activation in its GEMMs' epilogues (docs/formulas.md#moe.fused_mlp)
+        glu_clamp_fusion=(fam == "automodel" or mbridge_op_fuser(rec)
+                          or (fam == "mbridge-moe" and mbridge_expert_gemm(rec) == "grouped")),
         expert_bias_fusion=mbridge_op_fuser(rec),
         # AutoModel's GroupedExpertsDeepEP adds the gate/up bias after grouped_gemm's gmm / torch._grouped_mm
         # (nemo_automodel/components/moe/experts.py at 36044ad3d, _apply_bias); TE's GroupedLinear adds it

@@ -16,8 +16,10 @@ S = 4096
 
 
 def plan(**kw) -> ParallelPlan:
+    # per-expert: TEGroupedMLP, whose experts' GEMM inputs are all cast by kernels (the fused grouped MLP casts two
+    # of them in its epilogues: docs/formulas.md#moe.fused_mlp, the last assertion of the first test)
     base = {"tp": 1, "pp": 1, "dp": 8, "zero": 1, "seq_len": S, "micro_batch": 1, "global_batch": 64, "dtype": "fp8",
-            "recipe": "mxfp8"}
+            "recipe": "mxfp8", "expert_gemm": "per-expert"}
     return ParallelPlan(**{**base, **kw})
 
 
@@ -38,6 +40,10 @@ def test_nemotron_3_nano_casts_counted_by_hand_from_megatron_s_modules():
     moe = 3 * (h + 6 * 1856 + 3712)  # the MoE count fp8_cast_bytes keeps for every MoE layer
     m = M["nemotron-3-nano"]
     assert step_elements(m, plan()) == pytest.approx(23 * mamba + 6 * attention + 23 * moe)
+    # TE's fused MXFP8 grouped MLP (squared ReLU, TE >= 2.17) quantises fc2's input (forward) and fc1's output
+    # gradient (backward) of the routed experts in its GEMMs' epilogues: 2 x 6 x 1856 fewer per MoE layer
+    fused = moe - 2 * 6 * 1856
+    assert step_elements(m, plan(expert_gemm="grouped")) == pytest.approx(23 * mamba + 6 * attention + 23 * fused)
 
 
 def test_sequence_parallelism_casts_the_hidden_wide_tensors_on_the_shard():

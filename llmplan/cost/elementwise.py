@@ -11,6 +11,7 @@ from typing import Any
 from llmplan.arith import where
 from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
 from llmplan.cost.flops import attention_head_dims
+from llmplan.cost.gemm import fused_grouped_mlp
 from llmplan.cost.mixers import (
     attention_share,
     dense_mlp_share,
@@ -47,9 +48,10 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     qk_norm = norm * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
     f = token_ffn_width(m, moe) * (1.0 if moe else dense_mlp_share(m))  # a hybrid: its share of dense MLPs
     act = eager_activation_bytes(m, plan) * T * f / t
-    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e)
-        act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan))
-                     * T * m.expert_ffn * m.num_experts_per_tok / t)
+    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e), less what
+        # Transformer Engine's fused MXFP8 grouped MLP runs in its GEMMs' epilogues (fused_expert_activation_bytes)
+        act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
+                      - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t)
     # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
@@ -342,6 +344,25 @@ def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
     clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
     return (clamp + rerun * activation_pass_bytes(m)) / 3
+
+
+def fused_expert_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per (token, expert) row and expert-FFN column of the routed experts' activation that Transformer
+    Engine's fused MXFP8 grouped MLP (cost.gemm.fused_grouped_mlp) does not spend, in elementwise_bytes'
+    forward-equivalent units, on the share of layers in MXFP8: the activation's one pass (activation_pass_bytes,
+    forward and, as the stage counts it, backward), which fc1's grouped GEMM applies in its epilogue with the
+    router's probabilities (the dGLU / dSReLU in fc2's dgrad GEMM's), and with moe_act recomputed its rerun
+    (the fused path checkpoints nothing; the dSReLU kernel rebuilds fc2's input in its epilogue). The clamp of a
+    clamped GLU stays with glu_clamp_fusion. 0 off the fused path. Source: NVIDIA/TransformerEngine
+    transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py (grouped_gemm_glu_wrapper_sm100, act_func and
+    prob_tensor) and backward_grouped_mlp.py (grouped_gemm_dglu_wrapper_sm100) at v2.16; ops/fused/grouped_mlp.py
+    at v2.17 (srelu, use_dsrelu_reuse); NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6
+    (_fused_forward: no CheckpointWithoutOutput). Derived: docs/formulas.md#moe.fused_mlp"""
+    if not m.is_moe:
+        return 0.0
+    rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    return where(fused_grouped_mlp(m, plan), activation_pass_bytes(m) * (1.0 + rerun / 3) * share, 0.0)
 
 
 FUSED_LOSS_BYTES = 16.0

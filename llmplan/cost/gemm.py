@@ -72,12 +72,38 @@ fuse_grouped_mlp_ops) at v2.16; NVIDIA/cudnn-frontend python/cudnn grouped_gemm_
 (mma_tiler_mn = (256, 256), m_aligned = 256). Derived: docs/formulas.md#compute.gemm"""
 
 
+def fused_mlp_path(plan: ParallelPlan) -> Any:
+    """Whether the plan puts the routed experts on Megatron-Core's op-fuser path, where Transformer Engine fuses
+    the grouped MLP under MXFP8 (Megatron-Bridge's cutedsl_fused_grouped_mlp presets): fused kernels,
+    expert_gemm grouped, Megatron-Core's TP and expert TP 1 (the fused implementation takes no expert TP).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a6 (_is_fused_impl_supported).
+    Derived: docs/formulas.md#moe.fused_mlp"""
+    return (plan.fused_kernels & (plan.expert_gemm == "grouped") & (plan.tp_impl == "megatron")
+            & (plan.etp_resolved == 1))
+
+
+def squared_relu_mlp(m: ModelSpec) -> bool:
+    """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu)."""
+    return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
+
+
+def fused_grouped_mlp(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Whether the routed experts run Transformer Engine's fused MXFP8 grouped MLP: an MoE model whose experts'
+    activation the fusion takes (a GLU: SwiGLU, GPT-OSS's clamped GLU; or squared ReLU), MXFP8 GEMMs, on the
+    op-fuser path (fused_mlp_path). TE's fuse_grouped_mlp_ops replaces GroupedLinear + activation + GroupedLinear
+    with ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 / BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8 (v2.14 - v2.16; from
+    v2.17 one class in ops/fused/grouped_mlp.py, ScaledSReLU too). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py at d98e8a6 (_is_fused_impl_supported: SwiGLU, quick GEGLU,
+    weighted squared ReLU); NVIDIA/TransformerEngine transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py,
+    backward_grouped_mlp.py at v2.16. Derived: docs/formulas.md#moe.fused_mlp"""
+    takes = bool(m.is_moe and (m.gated_mlp or squared_relu_mlp(m)))
+    return takes & (plan.gemm_format == "mxfp8") & fused_mlp_path(plan)
+
+
 def expert_gemm_tile(plan: ParallelPlan, fmt: str) -> Any:
     """Output tile edge of the routed experts' grouped GEMM: FUSED_MLP_TILE where Transformer Engine's fused
-    MXFP8 grouped MLP runs it (mxfp8, fused kernels, expert_gemm grouped, Megatron-Core's TP, expert TP 1),
-    TILE elsewhere. Derived: docs/formulas.md#compute.gemm"""
-    fused_mlp = (fmt == "mxfp8") & plan.fused_kernels & (plan.expert_gemm == "grouped")
-    return where(fused_mlp & (plan.tp_impl == "megatron") & (plan.etp_resolved == 1), FUSED_MLP_TILE, TILE)
+    MXFP8 grouped MLP runs it (mxfp8, fused_mlp_path), TILE elsewhere. Derived: docs/formulas.md#compute.gemm"""
+    return where((fmt == "mxfp8") & fused_mlp_path(plan), FUSED_MLP_TILE, TILE)
 
 
 GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": MXFP8_BYTES, "fp4": NVFP4_BYTES}

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmplan.arith import where
 from llmplan.cost.flops import attention_head_dims
-from llmplan.cost.gemm import attention_shapes
+from llmplan.cost.gemm import attention_shapes, fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.params import token_ffn_width
 from llmplan.specs.model import ModelSpec
@@ -91,8 +91,9 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     cast = quantize_bytes(plan) + transposed
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    fused = fused_expert_cast_width(m, plan) if moe else 0.0  # cast in the fused grouped MLP's epilogues
     if moe and not m.is_hybrid:
-        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f) / t) * share
+        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f - fused) / t) * share
     # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
@@ -102,10 +103,26 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
+        local = local - 3 * fused / t
         return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast))) \
             * s * b * share / 3
     gathered = 4 * h * where(sp, shard, cast)
     return (cast * local + gathered) * s * b * share / 3
+
+
+def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Elements per token, per pass (fp8_cast_bytes' units: the step's casts over its 3 passes), of the routed
+    experts' GEMM inputs that Transformer Engine's fused MXFP8 grouped MLP (cost.gemm.fused_grouped_mlp)
+    quantises in its GEMMs' epilogues instead of a cast kernel: forward fc2's input, the k·f_e activation
+    output, which fc1's grouped GEMM writes as MXFP8 rowwise and columnwise copies; backward fc1's output
+    gradient, c·k·f_e (c = 2 for a GLU, 1 for squared ReLU), which fc2's dgrad GEMM writes quantised after the
+    dGLU / dSReLU. Together (1 + c)·k·f_e / 3: for a GLU the routed part of the MoE count's FFN width. fc1's
+    input and fc2's output gradient are still cast by kernels (group_quantize). 0 off the fused path.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py (d_tensor,
+    d_col_tensor of grouped_gemm_glu_wrapper_sm100) and backward_grouped_mlp.py (d_row_tensor, d_col_tensor of
+    grouped_gemm_dglu_wrapper_sm100; group_quantize of fc2's dy) at v2.16. Derived: docs/formulas.md#moe.fused_mlp"""
+    c = 2 if m.gated_mlp else 1
+    return where(fused_grouped_mlp(m, plan), (1 + c) * m.num_experts_per_tok * m.expert_ffn / 3, 0.0)
 
 
 def block_cast_widths(shapes: list[tuple[Any, Any]], h: int) -> tuple[Any, float]:

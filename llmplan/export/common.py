@@ -7,6 +7,7 @@ from typing import Any
 from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
+from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
 from llmplan.specs.layout import format_layout
@@ -237,8 +238,9 @@ def expert_bias(m: Any) -> bool:
 
 
 def squared_relu(m: Any) -> bool:
-    """Whether the Megatron exports run the model's MLP as squared ReLU (--squared-relu: Nemotron-H's ungated MLP)."""
-    return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
+    """Whether the Megatron exports run the model's MLP as squared ReLU (--squared-relu: Nemotron-H's ungated MLP;
+    cost.gemm.squared_relu_mlp, the rule the fused grouped MLP's pricing reads)."""
+    return squared_relu_mlp(m)
 
 
 def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
