@@ -837,9 +837,10 @@ def ub_config_margin(name: str) -> tuple[float, float, float, float]:
 def te_default_margin(rec: dict) -> tuple[float, float, float, float] | None:
     """tp_overlap_margin_sms for a row whose recipe passes no userbuffer config: None (Transformer Engine 2.0's
     and later defaults: set_sm_margin on for pipeline and bulk) where the row's container (record_container)
-    is of 2025-03 or later, the release after TE v2.0 (tagged 2025-02-12; NeMo 25.04 / 25.07 for DGX Cloud's
-    Nemotron-H 56B, inferred by date like CONTAINER_CUDNN's entries; the 25.09+ Megatron-Bridge containers ship
-    TE 2.x, docs/releases/software-versions.md); else (0, 0, 0, 0), TE 1.x's default False: NeMo 24.07 ships
+    is of 2025-03 or later, the release after TE v2.0 (tagged 2025-02-12; DGX Cloud's Nemotron-H 56B runs NeMo
+    25.04 / 25.07, whose NeMo v2.3.0 / v2.4.0 requirements/manifest.json pin TE bee4649c (2025-03-18) / TE v2.5,
+    both with the v2.0 default; the 25.09+ Megatron-Bridge containers ship TE 2.x, docs/releases/
+    software-versions.md); else (0, 0, 0, 0), TE 1.x's default False: NeMo 24.07 ships
     TE 1.8.0.dev0 (NeMo Framework user guide 24.09, Software Component Versions) and the Megatron-Core r0.8 rows
     of 2024 predate TE 2.0 (base.py initialize_ub v1.8: ub_cfg.get("set_sm_margin", 0); v1.9 - v1.13: False)."""
     container = record_container(rec)

@@ -420,12 +420,15 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     and the column-parallel rest (QKV, fc1) of the average layer's matmul weights (flops.layer_flops).
     Ring all-gathers feed the column GEMMs' forward and recompute and the row GEMMs' input gradients; the
     forward reduce-scatters follow the row GEMMs' forward and recompute; the re-gathers run beside the column
-    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. Experts and recurrent
-    mixers count in the whole only. Derived: docs/formulas.md#step.ub_margin"""
-    h, f = m.hidden_size, m.intermediate_size
-    mlp = 0.0 if m.is_moe else dense_mlp_share(m)
-    row_w = attention_share(m) * m.num_attention_heads * m.d_head * h + mlp * f * h
-    col_w = attention_share(m) * attention_params(m) + mlp * mlp_params(m, f) - row_w
+    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. A Mamba-2 mixer's
+    in_proj is a column GEMM, its out_proj (H·P x h) a row one (Megatron-LM ssm/mamba_mixer.py: tp_comm_buffer_name
+    "fc1" / "fc2"); experts and linear-attention mixers count in the whole only. Derived:
+    docs/formulas.md#step.ub_margin"""
+    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
+    mlp, mamba = 0.0 if m.is_moe else dense_mlp_share(m), m.count_layers("mamba") / m.num_hidden_layers
+    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
+    row_w = attention_share(m) * m.num_attention_heads * m.d_head * h + mlp * f * h + mamba * d_in * h
+    col_w = attention_share(m) * attention_params(m) + mlp * mlp_params(m, f) + mamba * (in_proj + d_in * h) - row_w
     weights = layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
     row, col, passes = row_w / weights, col_w / weights, 3 + r
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
