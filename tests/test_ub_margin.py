@@ -85,6 +85,20 @@ def test_role_shares_of_a_llama_70b_layer():
         assert ring + fwd_rs + re_gather + bwd_rs == pytest.approx(1 - row / (3 + r), rel=1e-9)
 
 
+def test_role_shares_of_nemotron_h_56b():
+    # nvidia/Nemotron-H-56B-Base-8K config.json: h 8192, 118 layers (54 Mamba-2, 10 attention, 54 MLP), 64 heads
+    # of 128 with 8 KV heads, ffn 32768 (ReLU^2, not gated), Mamba 256 heads of 64, 8 groups, state 256. Row
+    # GEMMs: o_proj h^2, fc2 f h, out_proj 16384 h; column: q/k/v 1.25 h^2, fc1 f h, in_proj h (2 16384 + 2 8 256
+    # + 256) (Megatron-LM ssm/mamba_mixer.py: tp_comm_buffer_name "fc1" / "fc2")
+    h, f = 8192, 32768
+    row = 10 * h * h + 54 * f * h + 54 * 16384 * h
+    col = 10 * 1.25 * h * h + 54 * f * h + 54 * h * (2 * 16384 + 2 * 8 * 256 + 256)
+    _ring, fwd_rs, re_gather, bwd_rs = (float(x) for x in tp_role_gemm_shares(M["nemotron-h-56b"], _plan(tp=8), 0.0))
+    # the convolution, dt / A / D and the gated norm's weights sit in the whole only: 1e-3
+    assert fwd_rs == pytest.approx(row / (row + col) / 3, rel=1e-3)
+    assert re_gather == bwd_rs == pytest.approx(col / (row + col) / 3, rel=1e-3)
+
+
 def test_margin_roles_contend_no_further():
     # with the margin on a role its GEMM already left the SMs free: only the ring's 1 SM contends
     k = tp_overlap_contention(M["llama-3.1-70b"], _plan(margin=None), 0.0, H100_SMS)
