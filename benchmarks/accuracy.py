@@ -846,6 +846,32 @@ def ub_config_sms(name: str) -> tuple[float, float, float, float]:
             (c["qkv_wgrad"] + c["fc1_wgrad"]) / 2)
 
 
+def ub_config_margin(name: str) -> tuple[float, float, float, float]:
+    """The SMs set_sm_margin takes per role under a UB_CONFIGS config (ParallelPlan.tp_overlap_margin_sms): every
+    one sets it on proj_fprop and fc2_fprop only (the bf16 ones' PipelineOverlapCfg(set_sm_margin=True), the fp8
+    ones' RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True); BulkOverlapCfg set_sm_margin=False, the ring
+    all-gathers RingExchangeOverlapCfg's default False): Megatron-Bridge training/comm_overlap.py (v0.2.0 ..
+    067f987d, passed whole by asdict), NeMo tp_overlap_configs/userbuffers.py (ab020f6a72), NeMo-Framework-
+    Launcher 24.07 ub_cfg_h100_*.yaml (set_sm_margin: 1 on the pipeline, 0 on the bulk, unset (TE 1.8: 0) on
+    the ring exchanges). docs/formulas.md#step.ub_margin"""
+    return (0.0, ub_config_sms(name)[1], 0.0, 0.0)
+
+
+def te_default_margin(rec: dict) -> tuple[float, float, float, float] | None:
+    """tp_overlap_margin_sms for a row whose recipe passes no userbuffer config: None (Transformer Engine 2.0's
+    and later defaults: set_sm_margin on for pipeline and bulk) where the row's container (record_container)
+    is of 2025-03 or later, the release after TE v2.0 (tagged 2025-02-12; DGX Cloud's Nemotron-H 56B runs NeMo
+    25.04 / 25.07, whose NeMo v2.3.0 / v2.4.0 requirements/manifest.json pin TE bee4649c (2025-03-18) / TE v2.5,
+    both with the v2.0 default; the 25.09+ Megatron-Bridge containers ship TE 2.x, docs/releases/
+    software-versions.md); else (0, 0, 0, 0), TE 1.x's default False: NeMo 24.07 ships
+    TE 1.8.0.dev0 (NeMo Framework user guide 24.09, Software Component Versions) and the Megatron-Core r0.8 rows
+    of 2024 predate TE 2.0 (base.py initialize_ub v1.8: ub_cfg.get("set_sm_margin", 0); v1.9 - v1.13: False)."""
+    container = record_container(rec)
+    if container and container.split(":")[1] >= "25.03":
+        return None
+    return (0.0, 0.0, 0.0, 0.0)
+
+
 def ub_config_for(rec: dict, fam: str, dtype: str, tp: int) -> str | None:
     """The userbuffer config a row's recipe passes to Transformer Engine, None where it passes none (TE's
     defaults: Megatron-LM r0.8's README runs, NeMo 24.07's Nemotron 8B / 22B, the Nemotron-H 56B recipe
@@ -1312,6 +1338,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         and not mbridge_without_tp_overlap(rec),
         # the SMs each TP GEMM's userbuffer overlap holds, as the row's recipe configures it (ub_config_for)
         tp_overlap_sms=ub_config_sms(ub) if (ub := ub_config_for(rec, fam, dtype, tp)) else None,
+        # and the SMs set_sm_margin takes from those GEMMs for their whole length (the config's, else TE's default)
+        tp_overlap_margin_sms=ub_config_margin(ub) if ub else te_default_margin(rec),
         # Megatron-LM 2021-22 (scatter/gather on by default from 2021-02-16, 72e4230bb5, until the pipeline moved
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive

@@ -21,8 +21,9 @@ SMS = st.floats(0.0, 64.0)
 
 
 def _plan(dtype: str = "bf16", sms: tuple[float, float, float, float] | None = None, tp: int = 4) -> ParallelPlan:
+    # no set_sm_margin (Transformer Engine 1.x's default): the contention alone (tests/test_ub_margin.py: with it)
     return ParallelPlan(tp=tp, sp=True, tp_comm_overlap=True, global_batch=8, seq_len=8192, dtype=dtype,
-                        tp_overlap_sms=sms)
+                        tp_overlap_sms=sms, tp_overlap_margin_sms=(0.0, 0.0, 0.0, 0.0))
 
 
 def test_defaults_are_transformer_engines():

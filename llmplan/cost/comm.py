@@ -17,13 +17,16 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES,
                                   TE_PIPELINE_SPLITS)
-from llmplan.cost.mixers import norms_per_layer
+from llmplan.cost.flops import layer_flops
+from llmplan.cost.mixers import attention_share, dense_mlp_share, norms_per_layer
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
+    attention_params,
     heaviest_moe_stage,
     kv_heads_per_rank,
     max_stage_layers,
+    mlp_params,
     rank_params,
     recomputed_share,
     stage_layers,
@@ -392,8 +395,60 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
     ring, fwd_rs, re_gather, bwd_rs = plan.tp_overlap_sms or TE_UB_SMS
     g, a = gather_bytes(m, plan), ACT_BYTES
     spans = ((4 + 2 * r) * g, (2 + 2 * r) * a * (1 - 1 / TE_PIPELINE_SPLITS), 2 * g, 2 * a)
-    held = sum(x * n for x, n in zip(spans, (ring, fwd_rs, re_gather, bwd_rs)))
+    # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
+    free = (maximum(n - k, 0.0) for n, k in zip((ring, fwd_rs, re_gather, bwd_rs), tp_margin_sms(plan)))
+    held = sum(x * n for x, n in zip(spans, free))
     return minimum(held / sum(spans) / sm_count, 0.5)
+
+
+TE_UB_MARGIN = (False, True, True, True)
+"""Whether Transformer Engine sets an SM margin on each role's GEMMs by default (ParallelPlan.tp_overlap_margin_sms
+None): from v2.0 get_default_config's "set_sm_margin": not method == "ring_exchange" (ring exchange for the
+all-gathers, pipeline for the forward reduce-scatters, bulk for the backward); v1.8 - v1.13 default False.
+Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub at v1.13 / v2.0 / v2.8."""
+
+
+def tp_margin_sms(plan: ParallelPlan) -> tuple[float, float, float, float]:
+    """SMs set_sm_margin takes from each role's GEMMs (ParallelPlan.tp_overlap_margin_sms; None: TE >= 2.0's
+    defaults, each margin role's tp_overlap_sms, else TE_UB_SMS). Derived: docs/formulas.md#step.ub_margin"""
+    if plan.tp_overlap_margin_sms is not None:
+        return plan.tp_overlap_margin_sms
+    sms = plan.tp_overlap_sms or TE_UB_SMS
+    return (sms[0] * TE_UB_MARGIN[0], sms[1] * TE_UB_MARGIN[1], sms[2] * TE_UB_MARGIN[2], sms[3] * TE_UB_MARGIN[3])
+
+
+def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+    """Share of a stage's GEMM seconds (forward, r recomputed, backward's two) each userbuffer role's GEMMs
+    take, by FLOPs: the row-parallel linears (attention output projection, dense fc2: a·d·h and f·h weights)
+    and the column-parallel rest (QKV, fc1) of the average layer's matmul weights (flops.layer_flops).
+    Ring all-gathers feed the column GEMMs' forward and recompute and the row GEMMs' input gradients; the
+    forward reduce-scatters follow the row GEMMs' forward and recompute; the re-gathers run beside the column
+    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. A Mamba-2 mixer's
+    in_proj is a column GEMM, its out_proj (H·P x h) a row one (Megatron-LM ssm/mamba_mixer.py: tp_comm_buffer_name
+    "fc1" / "fc2"); experts and linear-attention mixers count in the whole only. Derived:
+    docs/formulas.md#step.ub_margin"""
+    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
+    mlp, mamba = 0.0 if m.is_moe else dense_mlp_share(m), m.count_layers("mamba") / m.num_hidden_layers
+    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
+    row_w = attention_share(m) * m.num_attention_heads * m.d_head * h + mlp * f * h + mamba * d_in * h
+    col_w = attention_share(m) * attention_params(m) + mlp * mlp_params(m, f) + mamba * (in_proj + d_in * h) - row_w
+    weights = layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
+    row, col, passes = row_w / weights, col_w / weights, 3 + r
+    return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
+
+
+def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm_count: int) -> Any:
+    """Seconds a stage's micro-batch loses to set_sm_margin under userbuffers (tp_comm_overlap, sp, tp_impl
+    megatron): each role's GEMMs (tp_role_gemm_shares of the stage's `gemm` seconds) run on N_SM - k SMs
+    (tp_margin_sms) for their whole length, k / (N_SM - k) of their time more; tp_overlap_contention then
+    charges those roles nothing beyond k. 0 for every other plan.
+    Source: NVIDIA/TransformerEngine common/comm_gemm_overlap/comm_gemm_overlap.cpp (v2.8) CommOverlapCore::
+    initialize (_math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count), passed to every GEMM chunk of
+    bulk_overlap, split_overlap_rs and split_overlap_ag. Derived: docs/formulas.md#step.ub_margin"""
+    shares = tp_role_gemm_shares(m, plan, r)
+    extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan)))
+    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+    return where(on, gemm * extra, 0.0)
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:

@@ -44,6 +44,7 @@ from llmplan.cost.comm import (
     symm_mem_tp_seconds,
     tp_forward_rs_share,
     tp_overlap_contention,
+    tp_sm_margin_seconds,
     tp_unfused_rs_share,
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
@@ -288,7 +289,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         r_i = recomputed_share(plan, layers)
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i),
                           tp_unfused_rs_share(m, plan, r_i), tp_overlap_contention(m, plan, r_i, g_i.sm_count)) \
-            + symm_mem_tp_seconds(m, plan, g_i, layers, r_i)
+            + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
+            + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count)  # set_sm_margin's slower GEMMs
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i, r_i)
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k)  # cost.moe

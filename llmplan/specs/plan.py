@@ -225,6 +225,16 @@ class ParallelPlan(PlanQuantities, Spec):
     fc2_dgrad; forward reduce-scatters: proj_fprop / fc2_fprop; backward re-gathers: qkv_dgrad / fc1_dgrad;
     input-gradient reduce-scatters: qkv_wgrad / fc1_wgrad). None: Transformer Engine's initialize_ub defaults
     (1, 16, 16, 16: docs/formulas.md#step.ub_sms)."""
+    tp_overlap_margin_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)],
+                                          Annotated[float, Field(ge=0, le=1024)],
+                                          Annotated[float, Field(ge=0, le=1024)],
+                                          Annotated[float, Field(ge=0, le=1024)]]] = None
+    """SMs Transformer Engine's set_sm_margin takes from each overlapped TP GEMM for its whole length (it runs
+    on N_SM minus these), per role as tp_overlap_sms orders them, averaged over the role's two GEMMs: a
+    userbuffer config's num_sm where it sets set_sm_margin, 0 where it does not. None: Transformer Engine
+    2.0's and later defaults (set_sm_margin on for pipeline and bulk, off for ring exchange: (0, then the
+    roles' tp_overlap_sms)). Transformer Engine 1.x defaults to off everywhere: (0, 0, 0, 0)
+    (docs/formulas.md#step.ub_margin)."""
     tp_backward_overlap: bool = True
     """The backward TP collectives of the input gradients run beside the weight-gradient GEMMs (Megatron-LM's
     asynchronous all-reduce, --async-tensor-model-parallel-allreduce, on by default since 2021-09; with sp,
