@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from llmplan.cost.grad_lifetime import _walk, chunk_gradient_peak
 from llmplan.cost.memory import training_memory
+from llmplan.cost.params import rank_params
 from llmplan.search.grid import from_plan
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
@@ -52,8 +53,8 @@ def test_all_forwards_first_holds_one_chunk():
 
 
 def _plan(**kw) -> ParallelPlan:
-    base = dict(tp=8, pp=16, vpp=8, dp=128, sp=True, zero=2, seq_len=8192, global_batch=2048, grad_dtype="fp32",
-                recompute="none")
+    base = {"tp": 8, "pp": 16, "vpp": 8, "dp": 128, "sp": True, "zero": 2, "seq_len": 8192, "global_batch": 2048,
+            "grad_dtype": "fp32", "recompute": "none"}
     return ParallelPlan(**{**base, **kw})
 
 
@@ -75,6 +76,5 @@ def test_whole_gradients_where_the_mechanism_is_off(kw):
     m = M["llama-3.1-405b"]
     plan = _plan(**kw)
     mem = training_memory(m, plan, 80 * GIB)
-    from llmplan.cost.params import rank_params
     rp = rank_params(m, plan, int(mem.stage))
     assert float(mem.gradients) == pytest.approx(float(rp.total) * 4.0, rel=1e-12)
