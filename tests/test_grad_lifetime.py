@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.grad_lifetime import _walk, chunk_gradient_peak
+from llmplan.cost.grad_lifetime import (
+    _counts,
+    _walk,
+    chunk_gradient_peak,
+    equal_chunk_peak,
+)
 from llmplan.cost.memory import training_memory
 from llmplan.cost.params import rank_params
 from llmplan.search.grid import from_plan
@@ -40,6 +45,22 @@ def test_walk_bounds(p, groups, v, data):
         assert extra == pytest.approx(grad.sum(), abs=1e-9)
     # more gradient bytes never lower the peak
     assert float(chunk_gradient_peak(sign, chunk, live, act, 2 * grad)) >= extra - 1e-9
+
+
+@seed(33)
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), groups=st.integers(1, 3), v=st.integers(2, 4), data=st.data())
+def test_equal_chunks_by_counts_match_the_walk(p, groups, v, data):
+    # The plan-array path counts held forwards and live chunks; it must equal walking v equal chunks with the
+    # embedding's gradients on chunk 0 and the output layer's on chunk v - 1.
+    n = p * groups
+    i = data.draw(st.integers(0, p - 1))
+    a, g, first, last = (data.draw(st.floats(0.0, 10.0, allow_nan=False)) for _ in range(4))
+    grad = np.full(v, g)
+    grad[0] += first
+    grad[-1] += last
+    walked = float(chunk_gradient_peak(*_walk(p, n, v, i), np.full(v, a), grad))
+    assert float(equal_chunk_peak(_counts(p, n, v, i), a, g, first, last)) == pytest.approx(walked, abs=1e-9)
 
 
 def test_all_forwards_first_holds_one_chunk():

@@ -71,8 +71,8 @@ def chunk_gradient_peak(sign: np.ndarray, chunk: np.ndarray, live: np.ndarray, a
 
 def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams,
                 grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(activation bytes of one forward, gradient bytes) of each of stage `stage`'s vpp chunks, shape (v, ...):
-    a chunk's layers (pp_layout chunks, else the stage's layers in v equal chunks) at the layer activations
+    """(activation bytes of one forward, gradient bytes) of each of stage `stage`'s vpp pp_layout chunks, shape
+    (v, ...) (one plan; layouts are not searched as arrays): a chunk's layers at the layer activations
     and gradients of the stage's layers; the embedding's gradients in the first stage's first chunk, the
     output layer's in the last stage's last chunk. Derived: docs/formulas.md#mem.grad_lifetime"""
     la = layer_activations(m, plan)
@@ -80,11 +80,8 @@ def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams,
     end = stage_end_params(m, plan, stage)
     layers = maximum(n_dense + n_moe, 1)
     per_layer_grad = (rp.total - end) * grad_b / layers
-    v = int(np.max(plan.vpp))
-    if has_layout(plan):
-        split = chunk_layers(m, plan)[int(stage)]
-    else:
-        split = [(n_dense / v, n_moe / v)] * v
+    split = chunk_layers(m, plan)[int(stage)]
+    v = len(split)
     act = np.stack(np.broadcast_arrays(*(d * la.dense + e * la.moe for d, e in split)))
     grad = np.stack(np.broadcast_arrays(*(
         (d + e) * per_layer_grad
@@ -94,35 +91,83 @@ def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams,
     return act * 1.0, grad * 1.0
 
 
+@lru_cache(maxsize=4096)
+def _counts(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, float]:
+    """Equal chunks: for each (chunks' gradients live, chunk 0's live, chunk v-1's live) that a step of stage
+    i's order shows, the most chunk forwards held at such a step (as chunk_gradient_peak counts them), and the
+    most held at any step. Builds schedule.stage_order's sequence in numpy (the search asks for hundreds of
+    shapes of up to ~10^5 steps); tests/test_grad_lifetime.py checks it against the walk of stage_order."""
+    if n % p == 0:  # whole groups of p micro-batches (what interleaving runs)
+        fwd, bwd = np.tile(np.repeat(np.arange(v), p), n // p), np.tile(np.repeat(np.arange(v)[::-1], p), n // p)
+    else:
+        sizes = [min(g + p, n) - g for g in range(0, n, p)]
+        fwd = np.concatenate([np.repeat(np.arange(v), s) for s in sizes])
+        bwd = np.concatenate([np.repeat(np.arange(v)[::-1], s) for s in sizes])
+    warm = min(p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p, n * v)
+    steady = n * v - warm
+    mid_sign, mid_chunk = np.tile([1.0, -1.0], steady), np.empty(2 * steady, dtype=np.intp)
+    mid_chunk[0::2], mid_chunk[1::2] = fwd[warm:], bwd[:steady]
+    sign = np.concatenate([np.ones(warm), mid_sign, -np.ones(warm)])
+    chunk = np.concatenate([fwd[:warm], mid_chunk, bwd[steady:]])
+    held = np.cumsum(sign)
+    moment = held + (sign < 0)
+    k, back = np.arange(len(sign)), np.flatnonzero(sign < 0)
+    first, last = np.full(v, len(sign)), np.zeros(v, dtype=np.intp)
+    np.minimum.at(first, chunk[back], back)
+    np.maximum.at(last, chunk[back], back)
+    diff = np.zeros(len(sign) + 2)
+    np.add.at(diff, first, 1.0)
+    np.add.at(diff, last + 2, -1.0)
+    live = np.cumsum(diff)[: len(sign)]
+    ends = [((k >= first[c]) & (k <= last[c] + 1)).astype(np.intp) for c in (0, v - 1)]
+    key = (live.astype(np.intp) * 2 + ends[0]) * 2 + ends[1]
+    keys, group = np.unique(key, return_inverse=True)
+    most = np.full(len(keys), -np.inf)
+    np.maximum.at(most, group.reshape(-1), moment)
+    rows = np.stack([most, keys // 4, keys // 2 % 2, keys % 2], axis=1).astype(float)
+    return rows, float(held.max())
+
+
+def equal_chunk_peak(counts: tuple[np.ndarray, float], act: Any, grad: Any, first: Any, last: Any) -> Any:
+    """chunk_gradient_peak for v equal chunks of `act` / `grad` bytes each, `first` more gradient bytes on chunk
+    0 and `last` on chunk v - 1 (the embedding's, the output layer's), from _counts' distinct steps; elementwise
+    over arrays of plans of one pipeline shape. Derived: docs/formulas.md#mem.grad_lifetime"""
+    rows, most = counts
+    coef = np.stack(np.broadcast_arrays(act * 1.0, grad * 1.0, first * 1.0, last * 1.0))  # (4, ...)
+    return np.tensordot(rows, coef, axes=(1, 0)).max(axis=0) - most * coef[0]
+
+
 def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams, whole: Any,
                              grad_b: Any) -> Any:
     """The gradient bytes a rank of stage `stage` adds to its peak: `whole` (every chunk's unsharded
-    gradients, rp x grad_b) where chunk_gradients_freed is off, else chunk_gradient_peak over its schedule.
-    Plan arrays: walked once per pipeline shape (pp, micro-batches, vpp, stage).
-    Derived: docs/formulas.md#mem.grad_lifetime"""
+    gradients, rp x grad_b) where chunk_gradients_freed is off, else chunk_gradient_peak over its schedule
+    (pp_layout chunks walked as they are; otherwise v equal chunks, the embedding's gradients on the first
+    stage's chunk 0, the output layer's on the last stage's chunk v - 1). Plan arrays: once per pipeline
+    shape (pp, micro-batches, vpp, stage). Derived: docs/formulas.md#mem.grad_lifetime"""
     on = chunk_gradients_freed(plan)
     if not np.any(on):
         return whole
-    if np.ndim(plan.pp) == 0:  # one plan
+    if has_layout(plan):
         act, grad = chunk_bytes(m, plan, stage, rp, grad_b)
         walk = _walk(int(plan.pp), int(plan.num_microbatches), int(plan.vpp), int(stage))
         return chunk_gradient_peak(*walk, act, grad)
-    return _on_shapes(m, plan, stage, rp, whole, grad_b, np.asarray(on))
-
-
-def _on_shapes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams, whole: Any, grad_b: Any,
-               on: np.ndarray) -> Any:
-    """pipelined_gradient_bytes on plan arrays: each pipeline shape's plans walked together."""
+    la = layer_activations(m, plan)
+    n_dense, n_moe = stage_layers(m, plan, stage)
+    end = stage_end_params(m, plan, stage) * grad_b
+    v = plan.vpp
+    act, grad = (n_dense * la.dense + n_moe * la.moe) / v, (rp.total * grad_b - end) / v
+    first, last = where(stage == 0, end, 0.0), where(stage == plan.pp - 1, end, 0.0)
+    if np.ndim(plan.pp) == 0:  # one plan
+        counts = _counts(int(plan.pp), int(plan.num_microbatches), int(v), int(stage))
+        return equal_chunk_peak(counts, act, grad, first, last)
+    on = np.asarray(on)
     out = np.array(np.broadcast_to(whole, on.shape), dtype=float)
-    stages = np.broadcast_to(stage, on.shape)
-    shape = np.stack([np.broadcast_to(x, on.shape) for x in
-                      (plan.pp, plan.num_microbatches, plan.vpp, stages)], axis=1).astype(np.int64)
-    for key in np.unique(shape[on], axis=0):
-        rows = np.flatnonzero(on & (shape == key).all(axis=1))
-        sub = plan.take(rows)
-        sub_rp = RankParams(dense=np.asarray(rp.dense)[rows] if np.ndim(rp.dense) else rp.dense,
-                            expert=np.asarray(rp.expert)[rows] if np.ndim(rp.expert) else rp.expert)
-        g = np.asarray(grad_b)[rows] if np.ndim(grad_b) else grad_b
-        act, grad = chunk_bytes(m, sub, int(key[3]), sub_rp, g)
-        out[rows] = chunk_gradient_peak(*_walk(*(int(x) for x in key)), act, grad)
+    cols = [np.broadcast_to(x, on.shape) for x in (plan.pp, plan.num_microbatches, v, stage)]
+    shape = np.stack(cols, axis=1).astype(np.int64)[on]
+    idx = np.flatnonzero(on)
+    keys, group = np.unique(shape, axis=0, return_inverse=True)
+    parts = [np.broadcast_to(x, on.shape)[idx] for x in (act, grad, first, last)]
+    for k, key in enumerate(keys):
+        sel = group.reshape(-1) == k
+        out[idx[sel]] = equal_chunk_peak(_counts(*(int(x) for x in key)), *(x[sel] for x in parts))
     return out
