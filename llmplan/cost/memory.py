@@ -27,6 +27,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
+from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.offload import offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
@@ -261,7 +262,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
     # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
     piped = plan.pp > 1
-    gradients = gradient_params(plan, rp) * grad_b
+    # Sharded gradients under an interleaved pipeline: each chunk's unsharded gradients live from its first
+    # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
+    gradients = pipelined_gradient_bytes(m, plan, stage, rp, gradient_params(plan, rp) * grad_b, grad_b)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's

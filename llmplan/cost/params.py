@@ -300,6 +300,14 @@ def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
 
 
+def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
+    first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).
+    Derived: docs/formulas.md#params.rank"""
+    _, _, _, embedding, head = memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
+    return where(stage == 0, embedding, 0) + where(stage == plan.pp - 1, head, 0)
+
+
 def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any]:
     """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
     the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""

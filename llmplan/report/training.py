@@ -9,6 +9,7 @@ from rich.table import Table
 
 from llmplan.cost.comm import CommBreakdown
 from llmplan.cost.goodput import Goodput
+from llmplan.cost.grad_lifetime import chunk_gradients_freed
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.model_states import optimizer_parts
 from llmplan.cost.params import ParamCounts
@@ -325,7 +326,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     opt = optimizer_parts(p, mem.optimizer)
     rows = [
         ("weights", mem.weights, "mem.model_states"),
-        ("gradients", mem.gradients, "mem.model_states"),
+        ("gradients", mem.gradients, "mem.grad_lifetime" if chunk_gradients_freed(p) else "mem.model_states"),
         ("optimizer states", mem.optimizer, "mem.model_states"),
         ("  master as remainders" if p.param_remainders else f"  master weights ({p.optimizer_master_dtype})",
          opt.master,

@@ -1,0 +1,101 @@
+"""Chunk-by-chunk gradient lifetime under sharded gradients with an interleaved pipeline
+(docs/formulas.md#mem.grad_lifetime): properties of the schedule walk (seeded hypothesis), the plan-array path
+against the one-plan path, and which plans it leaves as they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.grad_lifetime import (
+    _counts,
+    _walk,
+    chunk_gradient_peak,
+    equal_chunk_peak,
+)
+from llmplan.cost.memory import training_memory
+from llmplan.cost.params import rank_params
+from llmplan.search.grid import from_plan
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_models
+from llmplan.units import GIB
+
+M = builtin_models()
+
+
+@seed(32)
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), groups=st.integers(1, 3), v=st.integers(1, 4), data=st.data())
+def test_walk_bounds(p, groups, v, data):
+    # Bounds that hold for any chunk sizes: the rank's joint peak adds at least the gradients of the chunk whose
+    # backward comes first (the activations peak just before it: warm-up forwards only add) and at most every
+    # chunk's gradients; with one chunk (vpp 1) exactly its gradients, as when they are counted whole.
+    n = p * groups
+    i = data.draw(st.integers(0, p - 1))
+    size = st.floats(0.0, 10.0, allow_nan=False)
+    act = np.asarray(data.draw(st.lists(size, min_size=v, max_size=v)))
+    grad = np.asarray(data.draw(st.lists(size, min_size=v, max_size=v)))
+    sign, chunk, live = _walk(p, n, v, i)
+    extra = float(chunk_gradient_peak(sign, chunk, live, act, grad))
+    first = int(chunk[np.flatnonzero(sign < 0)[0]])
+    assert grad[first] - 1e-9 <= extra <= grad.sum() + 1e-9
+    if v == 1:
+        assert extra == pytest.approx(grad.sum(), abs=1e-9)
+    # more gradient bytes never lower the peak
+    assert float(chunk_gradient_peak(sign, chunk, live, act, 2 * grad)) >= extra - 1e-9
+
+
+@seed(33)
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), groups=st.integers(1, 3), v=st.integers(2, 4), data=st.data())
+def test_equal_chunks_by_counts_match_the_walk(p, groups, v, data):
+    # The plan-array path counts held forwards and live chunks; it must equal walking v equal chunks with the
+    # embedding's gradients on chunk 0 and the output layer's on chunk v - 1.
+    n = p * groups
+    i = data.draw(st.integers(0, p - 1))
+    a, g, first, last = (data.draw(st.floats(0.0, 10.0, allow_nan=False)) for _ in range(4))
+    grad = np.full(v, g)
+    grad[0] += first
+    grad[-1] += last
+    walked = float(chunk_gradient_peak(*_walk(p, n, v, i), np.full(v, a), grad))
+    assert float(equal_chunk_peak(_counts(p, n, v, i), a, g, first, last)) == pytest.approx(walked, abs=1e-9)
+
+
+def test_all_forwards_first_holds_one_chunk():
+    # Narayanan et al. 2021's interleaved order with n = pp: every forward in the warm-up, then each chunk's n
+    # backwards in a row, last chunk first. Activations at a chunk forward's 1 unit and gradients at most what
+    # n of them free: the peak adds only the last chunk's gradients (its first backward at the activation peak).
+    p, v = 4, 3
+    sign, chunk, live = _walk(p, p, v, 1)
+    act, grad = np.ones(v), np.asarray([0.5, 2.0, 3.0])
+    assert float(chunk_gradient_peak(sign, chunk, live, act, grad)) == pytest.approx(3.0)
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = {"tp": 8, "pp": 16, "vpp": 8, "dp": 128, "sp": True, "zero": 2, "seq_len": 8192, "global_batch": 2048,
+            "grad_dtype": "fp32", "recompute": "none"}
+    return ParallelPlan(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw", [{}, {"zero": 3}, {"pp_first": 7, "pp_last": 7}, {"dp": 64},
+                                {"pp": 8, "vpp": 2, "dp": 128, "global_batch": 1024}])
+def test_plan_arrays_agree_with_one_plan(kw):
+    m = M["llama-3.1-405b"]
+    plan = _plan(**kw)
+    one = training_memory(m, plan, 80 * GIB)
+    many = training_memory(m, from_plan(plan), 80 * GIB)
+    assert float(many.total[0]) == pytest.approx(float(one.total), rel=1e-12)
+    assert float(many.gradients[0]) == pytest.approx(float(one.gradients), rel=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{"zero": 1}, {"vpp": 1, "pp": 16}, {"pp_schedule": "zero-bubble", "vpp": 1}])
+def test_whole_gradients_where_the_mechanism_is_off(kw):
+    # Megatron's distributed optimizer (ZeRO-1) keeps a persistent gradient buffer; one chunk per rank (vpp 1)
+    # has its gradients live from the first backward, where the activation peak stands.
+    m = M["llama-3.1-405b"]
+    plan = _plan(**kw)
+    mem = training_memory(m, plan, 80 * GIB)
+    rp = rank_params(m, plan, int(mem.stage))
+    assert float(mem.gradients) == pytest.approx(float(rp.total) * 4.0, rel=1e-12)
