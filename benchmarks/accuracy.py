@@ -33,7 +33,7 @@ import yaml
 from typing import Any
 
 from llmplan.cost.attention_rate import triton_flash2_ratio
-from llmplan.cost.comm import comm_seconds, step_comm
+from llmplan.cost.comm import comm_seconds, step_comm, te_default_margin_sms
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.cost.step import StepTime, Throughput, step_time, throughput
@@ -857,9 +857,9 @@ def ub_config_margin(name: str) -> tuple[float, float, float, float]:
     return (0.0, ub_config_sms(name)[1], 0.0, 0.0)
 
 
-def te_default_margin(rec: dict) -> tuple[float, float, float, float] | None:
-    """tp_overlap_margin_sms for a row whose recipe passes no userbuffer config: None (Transformer Engine 2.0's
-    and later defaults: set_sm_margin on for pipeline and bulk) where the row's container (record_container)
+def te_default_margin(rec: dict) -> tuple[float, float, float, float]:
+    """tp_overlap_margin_sms for a row whose recipe passes no userbuffer config: Transformer Engine 2.0's and
+    later defaults (cost.comm.te_default_margin_sms: set_sm_margin on for pipeline and bulk) where the row's container (record_container)
     is of 2025-03 or later, the release after TE v2.0 (tagged 2025-02-12; DGX Cloud's Nemotron-H 56B runs NeMo
     25.04 / 25.07, whose NeMo v2.3.0 / v2.4.0 requirements/manifest.json pin TE bee4649c (2025-03-18) / TE v2.5,
     both with the v2.0 default; the 25.09+ Megatron-Bridge containers ship TE 2.x, docs/releases/
@@ -868,7 +868,7 @@ def te_default_margin(rec: dict) -> tuple[float, float, float, float] | None:
     of 2024 predate TE 2.0 (base.py initialize_ub v1.8: ub_cfg.get("set_sm_margin", 0); v1.9 - v1.13: False)."""
     container = record_container(rec)
     if container and container.split(":")[1] >= "25.03":
-        return None
+        return te_default_margin_sms()
     return (0.0, 0.0, 0.0, 0.0)
 
 

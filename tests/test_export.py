@@ -595,3 +595,16 @@ def test_megatron_block_recompute_and_the_targets_that_refuse_it():
         other = dataclasses.replace(base, plan=base.plan.model_copy(update={**flat, "zero": zero}))
         with pytest.raises(CannotExpress, match="first 2 layers"):
             render_all(other, target)
+
+
+def test_megatron_notes_the_sm_margins_the_plan_was_priced_with():
+    # docs/formulas.md#step.ub_margin: a plan priced at the published userbuffer configs' margins says that
+    # --tp-comm-overlap without a config runs Transformer Engine 2.x's defaults (bulk overlaps margined too)
+    base = load_plan(PLANS / "dense_train.json")
+    over = dataclasses.replace(base, plan=base.plan.model_copy(update={"tp": 8, "sp": True, "tp_comm_overlap": True,
+                                                                      "tp_impl": "megatron"}))
+    assert over.plan.tp > 1
+    script = render_all(over, "megatron")[0]["megatron_pretrain.sh"]
+    assert "--tp-comm-overlap" in script and "set_sm_margin" in script and "tp_overlap_margin_sms" in script
+    priced = dataclasses.replace(over, plan=over.plan.model_copy(update={"tp_overlap_margin_sms": (0, 16, 16, 16)}))
+    assert "set_sm_margin" not in render_all(priced, "megatron")[0]["megatron_pretrain.sh"]

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from llmplan.cost.comm import (
     TE_UB_MARGIN,
+    TUNED_UB_MARGIN,
     comm_seconds,
     step_comm,
+    te_default_margin_sms,
     tp_margin_sms,
     tp_overlap_contention,
     tp_role_gemm_shares,
@@ -42,8 +44,17 @@ def test_te2_defaults_set_the_margin_on_pipeline_and_bulk():
     # v2.0 / v2.4 / v2.8: "set_sm_margin": not method == "ring_exchange" (v1.9 - v1.13: False); the roles are
     # (ring-exchange all-gathers, pipelined forward reduce-scatters, bulk re-gathers, bulk reduce-scatters)
     assert TE_UB_MARGIN == (False, True, True, True)
-    assert tp_margin_sms(_plan()) == (0.0, 16.0, 16.0, 16.0)
-    assert tp_margin_sms(_plan((1.0, 20.0, 3.0, 14.0))) == (0.0, 20.0, 3.0, 14.0)
+    assert te_default_margin_sms() == (0.0, 16.0, 16.0, 16.0)
+    assert te_default_margin_sms((1.0, 20.0, 3.0, 14.0)) == (0.0, 20.0, 3.0, 14.0)
+
+
+def test_the_default_plan_prices_the_published_configs_margins():
+    # ParallelPlan.tp_overlap_margin_sms None prices what NVIDIA's published userbuffer configs set (Megatron-Bridge
+    # training/comm_overlap.py v0.2.0 .. 067f987d, NeMo tp_overlap_configs/userbuffers.py ab020f6a72): the margin
+    # on the pipelined forward reduce-scatters only, no bulk overlap with one
+    assert TUNED_UB_MARGIN == (False, True, False, False)
+    assert tp_margin_sms(_plan()) == (0.0, 16.0, 0.0, 0.0)
+    assert tp_margin_sms(_plan((1.0, 20.0, 3.0, 14.0))) == (0.0, 20.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("name, margin", [
@@ -69,7 +80,7 @@ def test_te_version_of_the_container_picks_the_default():
     # NeMo 24.07 ships TE 1.8.0.dev0 (NeMo Framework user guide 24.09, Software Component Versions): no margin;
     # DGX Cloud's Nemotron-H 56B on NeMo 25.07.01 (after TE v2.0, 2025-02-12): TE's defaults (None)
     assert te_default_margin({"id": "nemo2407-pretrain-nemotron-8b-x"}) == (0.0, 0.0, 0.0, 0.0)
-    assert te_default_margin({"id": "dgxc-x", "source": "nvcr.io/nvidia/nemo:25.07.01"}) is None
+    assert te_default_margin({"id": "dgxc-x", "source": "nvcr.io/nvidia/nemo:25.07.01"}) == (0.0, 16.0, 16.0, 16.0)
     assert te_default_margin({"id": "x", "notes": "nvcr.io/nvidia/pytorch:24.05-py3"}) == (0.0,) * 4
 
 
@@ -101,7 +112,7 @@ def test_role_shares_of_nemotron_h_56b():
 
 def test_margin_roles_contend_no_further():
     # with the margin on a role its GEMM already left the SMs free: only the ring's 1 SM contends
-    k = tp_overlap_contention(M["llama-3.1-70b"], _plan(margin=None), 0.0, H100_SMS)
+    k = tp_overlap_contention(M["llama-3.1-70b"], _plan(margin=te_default_margin_sms()), 0.0, H100_SMS)
     assert float(k) == pytest.approx(4 * 1 / 9.5 / H100_SMS)
     assert float(tp_sm_margin_seconds(M["llama-3.1-70b"], _plan(margin=(0.0,) * 4), 1.0, 0.0, H100_SMS)) == 0.0
 

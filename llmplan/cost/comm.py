@@ -402,19 +402,36 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
 
 
 TE_UB_MARGIN = (False, True, True, True)
-"""Whether Transformer Engine sets an SM margin on each role's GEMMs by default (ParallelPlan.tp_overlap_margin_sms
-None): from v2.0 get_default_config's "set_sm_margin": not method == "ring_exchange" (ring exchange for the
+"""Whether Transformer Engine sets an SM margin on each role's GEMMs when no userbuffer config says otherwise:
+from v2.0 get_default_config's "set_sm_margin": not method == "ring_exchange" (ring exchange for the
 all-gathers, pipeline for the forward reduce-scatters, bulk for the backward); v1.8 - v1.13 default False.
 Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub at v1.13 / v2.0 / v2.8."""
 
+TUNED_UB_MARGIN = (False, True, False, False)
+"""The margins NVIDIA's published userbuffer configs set, which llmplan prices by default
+(ParallelPlan.tp_overlap_margin_sms None): set_sm_margin on the pipelined forward reduce-scatters (proj_fprop,
+fc2_fprop) only, every bulk overlap and ring all-gather without. Source: NVIDIA-NeMo/Megatron-Bridge
+src/megatron/bridge/training/comm_overlap.py (v0.2.0 .. 067f987d: PipelineOverlapCfg / RingExchangeOverlapCfg
+set_sm_margin=True on proj_fprop / fc2_fprop, BulkOverlapCfg set_sm_margin=False), NeMo
+tp_overlap_configs/userbuffers.py (ab020f6a72). Derived: docs/formulas.md#step.ub_margin"""
+
+
+def te_default_margin_sms(sms: tuple[float, float, float, float] | None = None) -> tuple[float, float, float, float]:
+    """tp_overlap_margin_sms of a run that passes Transformer Engine >= 2.0 no userbuffer config (TE_UB_MARGIN
+    on each role's SMs, `sms` or TE_UB_SMS): the bulk overlaps' GEMMs also run on N_SM - num_sm SMs.
+    Derived: docs/formulas.md#step.ub_margin"""
+    s = sms or TE_UB_SMS
+    return (s[0] * TE_UB_MARGIN[0], s[1] * TE_UB_MARGIN[1], s[2] * TE_UB_MARGIN[2], s[3] * TE_UB_MARGIN[3])
+
 
 def tp_margin_sms(plan: ParallelPlan) -> tuple[float, float, float, float]:
-    """SMs set_sm_margin takes from each role's GEMMs (ParallelPlan.tp_overlap_margin_sms; None: TE >= 2.0's
-    defaults, each margin role's tp_overlap_sms, else TE_UB_SMS). Derived: docs/formulas.md#step.ub_margin"""
+    """SMs set_sm_margin takes from each role's GEMMs (ParallelPlan.tp_overlap_margin_sms; None: the published
+    configs' margins, TUNED_UB_MARGIN on each role's tp_overlap_sms, else TE_UB_SMS).
+    Derived: docs/formulas.md#step.ub_margin"""
     if plan.tp_overlap_margin_sms is not None:
         return plan.tp_overlap_margin_sms
-    sms = plan.tp_overlap_sms or TE_UB_SMS
-    return (sms[0] * TE_UB_MARGIN[0], sms[1] * TE_UB_MARGIN[1], sms[2] * TE_UB_MARGIN[2], sms[3] * TE_UB_MARGIN[3])
+    s = plan.tp_overlap_sms or TE_UB_SMS
+    return (s[0] * TUNED_UB_MARGIN[0], s[1] * TUNED_UB_MARGIN[1], s[2] * TUNED_UB_MARGIN[2], s[3] * TUNED_UB_MARGIN[3])
 
 
 def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:

@@ -451,6 +451,20 @@ def grad_nan_notes(pf: PlanFile) -> tuple[str, ...]:
             "price it, or add --no-check-for-nan-in-loss-and-grad to skip it",)
 
 
+def ub_margin_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The header note of a plan priced with TP communication overlap at the published userbuffer configs'
+    SM margins (tp_overlap_margin_sms unset): --tp-comm-overlap without --tp-comm-overlap-cfg runs Transformer
+    Engine 2.x's defaults, which also run the bulk overlaps' GEMMs on 16 SMs fewer
+    (docs/formulas.md#step.ub_margin)."""
+    p = pf.plan
+    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or p.tp_overlap_margin_sms is not None:
+        return ()
+    return ("note: priced with the SM margins of NVIDIA's published userbuffer configs (set_sm_margin on "
+            "proj_fprop / fc2_fprop only); without --tp-comm-overlap-cfg Transformer Engine 2.x also runs the "
+            "bulk overlaps' GEMMs on 16 SMs fewer: pass a config with set_sm_margin false on the bulk methods, "
+            "or set tp_overlap_margin_sms: [0, 16, 16, 16] in the plan file to price the defaults",)
+
+
 def entry_script(pf: PlanFile) -> str:
     """Megatron-LM's training script for the model: pretrain_hybrid.py for a hybrid stack, else pretrain_gpt.py."""
     return "pretrain_hybrid.py" if pf.model.is_hybrid else "pretrain_gpt.py"
@@ -467,7 +481,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
-                       megatron_expert_notes(pf) + grad_nan_notes(pf))
+                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 
 

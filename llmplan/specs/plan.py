@@ -231,10 +231,10 @@ class ParallelPlan(PlanQuantities, Spec):
                                           Annotated[float, Field(ge=0, le=1024)]]] = None
     """SMs Transformer Engine's set_sm_margin takes from each overlapped TP GEMM for its whole length (it runs
     on N_SM minus these), per role as tp_overlap_sms orders them, averaged over the role's two GEMMs: a
-    userbuffer config's num_sm where it sets set_sm_margin, 0 where it does not. None: Transformer Engine
-    2.0's and later defaults (set_sm_margin on for pipeline and bulk, off for ring exchange: (0, then the
-    roles' tp_overlap_sms)). Transformer Engine 1.x defaults to off everywhere: (0, 0, 0, 0)
-    (docs/formulas.md#step.ub_margin)."""
+    userbuffer config's num_sm where it sets set_sm_margin, 0 where it does not. None: what NVIDIA's published
+    userbuffer configs set (the forward reduce-scatters' role only: (0, its tp_overlap_sms, 0, 0)). Transformer
+    Engine 2.0 and later without a config also margins the bulk overlaps ((0, 16, 16, 16)); 1.x margins
+    nothing: (0, 0, 0, 0) (docs/formulas.md#step.ub_margin)."""
     tp_backward_overlap: bool = True
     """The backward TP collectives of the input gradients run beside the weight-gradient GEMMs (Megatron-LM's
     asynchronous all-reduce, --async-tensor-model-parallel-allreduce, on by default since 2021-09; with sp,
