@@ -41,8 +41,8 @@ def test_eager_rmsnorm_bytes_counted_from_the_operations():
     fused, eager = _plans()
     m = ModelSpec(**DENSE)  # a gated MLP (SwiGLU) by default
     # two norms per layer over h = 256; the stage charges three times the forward-equivalent bytes, the fused
-    # norm's 4 an element (read and write once)
-    norms = 2 * T * 256 * ((fwd + bwd) / 3 - 4)
+    # norm's 4 forward (read x, write y) and 6 backward (read x and dy, write dx) an element
+    norms = 2 * T * 256 * ((fwd + bwd) / 3 - (4 + 6) / 3)
     rope = T * 64 * (4 + 2) * (sum(EAGER_COMPLEX_ROPE_BYTES) / 3 - 4)
     act = T * 512 * (sum(EAGER_SWIGLU_BYTES) / 3 - 6)
     assert elementwise_bytes(m, eager, False) - elementwise_bytes(m, fused, False) == pytest.approx(

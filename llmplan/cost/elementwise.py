@@ -26,8 +26,8 @@ from llmplan.specs.plan import ParallelPlan
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM traffic of one layer's memory-bound operators in forward, one micro-batch, one rank: norms
-    (read + write 2h each), residual adds (read 4h, write 2h each), rotary on q and k and, with qk_norm, their
-    per-head norms (read + write each), the MLP activation
+    (eager_norm_bytes per element: fused, read + write 2h forward and 1.5x that backward), residual adds (read
+    4h, write 2h each), rotary on q and k and, with qk_norm, their per-head norms (as the norms), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
     layer's routing and permutes (moe_routing_bytes)
     and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
@@ -175,9 +175,9 @@ def sink_rescale_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 EAGER_RMSNORM_BYTES = (36.0, 92.0)
 """(forward, backward) HBM bytes per element of a bf16 RMSNorm written as PyTorch eager ops (torchtitan's RMSNorm:
 x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps), cast back, times the weight), against a fused
-kernel's 4 + 8. Forward: x.float() (read 2, write 4), pow(2) (read 4, write 4), the row mean (read 4), x times
-the row's rsqrt (read 4, write 4), type_as (read 4, write 2), times the weight (read 2, write 2); the per-row
-eps and rsqrt are 1/h of that. Backward: the weight's mul (grad * weight: read 2, write 2; grad * output, read
+kernel's 4 + 6 (FUSED_NORM_BYTES). Forward: x.float() (read 2, write 4), pow(2) (read 4, write 4), the row mean
+(read 4), x times the row's rsqrt (read 4, write 4), type_as (read 4, write 2), times the weight (read 2, write
+2); the per-row eps and rsqrt are 1/h of that. Backward: the weight's mul (grad * weight: read 2, write 2; grad * output, read
 2 + 2, write 2, summed over tokens, read 2), the cast's gradient to fp32 (read 2, write 4), the rsqrt mul's
 (grad * rsqrt: read 4, write 4; grad * x, read 4 + 4, write 4, summed over the row, read 4), the mean's
 expanded gradient (write 4), pow's (self.pow(1) copied, read 4, write 4; times 2, read 4, write 4; times the
@@ -205,12 +205,25 @@ torchtitan/models/llama/model.py at 9dec370 (FeedForward.forward); PyTorch tools
 silu). Derived: docs/formulas.md#compute.eager_ops"""
 
 
+FUSED_NORM_BYTES = (4.0, 6.0)
+"""(forward, backward) HBM bytes per element of a fused bf16 RMSNorm / LayerNorm kernel. Forward: read x, write y
+(2 + 2; the weight, bias and the fp32 per-row statistics are 1/h of that). Backward: read x (saved, not
+recomputed) and dy, write dx (2 + 2 + 2); the weight gradient is reduced in the same pass into fp32 per-CTA
+partials (rows/CTA of the tokens' h), summed by a small second kernel. Source: NVIDIA/TransformerEngine
+transformer_engine/common/normalization/rmsnorm/rmsnorm_bwd_kernels.cuh at d0067d0 (rmsnorm_bwd_tuned_kernel:
+dz and x loaded once, dx stored, dgamma_part per CTA) and pytorch/module/layernorm_linear.py (rmsnorm_bwd /
+layernorm_bwd on the saved inputmat); NVIDIA/cudnn-frontend benchmark/norms/benchmark_single_norm.py at
+3929da2ef4 (compute_bandwidth_bytes: forward X + Y, backward DY + X + DX).
+Derived: docs/formulas.md#compute.norm_bytes"""
+
+
 def eager_norm_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per element of one pre-norm, in the forward-equivalent units of elementwise_bytes (the stage
-    charges three times them): 4 fused (read and write once); without fused kernels an RMSNorm's eager ops
-    (EAGER_RMSNORM_BYTES over 3) and a LayerNorm's three passes (12). Derived: docs/formulas.md#compute.eager_ops"""
+    charges three times them): fused, FUSED_NORM_BYTES over 3 (forward 4, backward 6); without fused kernels an
+    RMSNorm's eager ops (EAGER_RMSNORM_BYTES over 3) and a LayerNorm's three passes (12).
+    Derived: docs/formulas.md#compute.norm_bytes, docs/formulas.md#compute.eager_ops"""
     unfused = sum(EAGER_RMSNORM_BYTES) / 3 if m.norm_type == "rmsnorm" else 12.0
-    return where(plan.fused_kernels, 4.0, unfused)
+    return where(plan.fused_kernels, sum(FUSED_NORM_BYTES) / 3, unfused)
 
 
 def eager_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

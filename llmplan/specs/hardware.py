@@ -159,7 +159,7 @@ class GpuSpec(Spec):
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by memory-bound kernels (training's norms, activations, casts; decode
     weight and KV reads): where NVIDIA publishes cuDNN's RMSNorm forward + backward at training shapes, that
-    (GB200 0.66, GB300 0.67, H200 0.75; B200 / B300 carry GB200's / GB300's); elsewhere 0.8, an assumption
+    (GB200 0.67, GB300 0.68, H200 0.75; B200 / B300 carry GB200's / GB300's); elsewhere 0.8, an assumption
     neither fitted nor measured here (docs/formulas.md#compute.hbm_efficiency, #infer.decode)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
