@@ -137,3 +137,26 @@ def test_the_switch_is_refused_without_pipeline_stages(cli):
             "--pp", "1", "--pp-blocking-sends")
     assert r.code == 2, r.out
     assert "pp_blocking_sends with pp 1" in r.err and "--pp-blocking-sends" in r.err, r.err
+
+
+def test_exports_run_the_blocking_exchanges_or_refuse_them(cli, tmp_path):
+    # Megatron-LM: --no-overlap-p2p-communication (batch_p2p_comm, synchronised: core_r0.9.0 arguments.py);
+    # Megatron-Bridge: ModelParallelConfig overlap_p2p_comm / batch_p2p_comm; torchtitan and DeepSpeed have no
+    # synchronised exchange and refuse in one line
+    from test_export_switches import export, saved
+    args = ("--nodes", "4", "--tp", "8", "--pp", "4", "--vpp", "2", "--dp", "1")
+    for blocking in (False, True):
+        flag = "--pp-blocking-sends" if blocking else "--no-pp-blocking-sends"
+        plan = saved(cli, tmp_path / flag, *args, flag)
+        code, files, err = export(cli, plan, "megatron", tmp_path / f"m{flag}")
+        assert code == 0, err
+        assert ("--no-overlap-p2p-communication" in files) == blocking
+        code, files, err = export(cli, plan, "megatron-bridge", tmp_path / f"b{flag}")
+        assert code == 0, err
+        assert f"model.overlap_p2p_comm={str(not blocking).lower()}" in files.lower(), files
+    code, _, err = export(cli, plan, "torchtitan", tmp_path / "torchtitan")
+    assert code == 2 and "pp_blocking_sends" in err and "--no-pp-blocking-sends" in err, err
+    plan = saved(cli, tmp_path / "ds", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
+                 "--zero", "1", "--pp-blocking-sends")
+    code, _, err = export(cli, plan, "deepspeed", tmp_path / "deepspeed")
+    assert code == 2 and "pp_blocking_sends" in err and "--no-pp-blocking-sends" in err, err
