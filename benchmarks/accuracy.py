@@ -94,11 +94,11 @@ TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 where "
                      "the tables do not say; Table 1's pipelines of PP > 2 interleaved at one layer per virtual stage (section 5.1: "
-                     "NARAYANAN_T1), Table 2's not; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), each micro-batch's gradient "
+                     "NARAYANAN_T1), Table 2's not; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS), each micro-batch's gradient "
                      "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
                      "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
                      "tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
-    "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); predicts iteration time, and MFU/HFU",
+    "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
                 "not given, the r0.8 GPTs with an untied output layer and learned absolute positions (the table's "
@@ -284,6 +284,14 @@ and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_parti
 since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
 
 
+PP_BLOCKING_SENDS = ("narayanan2021", "korthikanti2022")
+"""Families whose pipeline exchanges all block (ParallelPlan.pp_blocking_sends): Megatron-LM from the interleaved
+schedule's batched sends (78cf869fc2, 2021-02) until overlap_p2p_comm (f9283c5a8a, 2023-05-31; the default from
+4eeff55d1f, 2023-10-12) waits on every batch_isend_irecv request and then calls torch.cuda.synchronize()
+(NVIDIA/Megatron-LM megatron/p2p_communication.py _communicate at 50a4b5fa02, the release of Narayanan et al. 2021,
+and at c3e688d3dd, 2022-11, after Korthikanti et al. 2022's sequence parallelism). megatron2020's rows have no
+pipeline; DeepSpeed's pipeline engine (bloom, mtnlg) runs 1F1B only, whose sends llmplan already waits for, and
+its p2p.send / recv are plain blocking calls with no device synchronisation (deepspeed/runtime/pipe/p2p.py)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -1344,6 +1352,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
+        # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS)
+        pp_blocking_sends=fam in PP_BLOCKING_SENDS and pp > 1,
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
         # tensor, each module's weights released after its forward and fetched again for the recompute
         # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer

@@ -101,6 +101,9 @@ ROPE_COMPLEX = typer.Option(_plan("rope_complex"), "--rope-complex/--rope-real",
 ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-zero3-copy-out",
                               help="ZeRO-3 as PyTorch FSDP2 runs it: each all-gather copied into the parameters "
                                    "on the compute stream (torchtitan, AutoModel), or written in place.")
+PP_BLOCKING_SENDS = typer.Option(_plan("pp_blocking_sends"), "--pp-blocking-sends/--no-pp-blocking-sends",
+                                 help="Pipeline sends waited for where issued and the device synchronised "
+                                      "(Megatron-LM 2021-02 .. 2023-05), or overlapped (overlap_p2p_comm).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -254,7 +257,7 @@ SWITCHES = Flags("Training switches", {
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
-    "zero3_copy_out": ZERO3_COPY_OUT,
+    "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -164,3 +164,14 @@ def host_sync_seconds(moe_layers: Any, r: Any, syncs_per_layer: Any, cycle_ops: 
     h = EAGER_OP_HOST_S * host_factor
     paced = maximum(h, cycle_ops * h - layer_gpu_s)
     return syncs_per_layer * moe_layers * (1 + r) * (HOST_SYNC_S + paced)
+
+
+def pp_sync_seconds(plan: ParallelPlan, exchanges: Any, host_factor: Any = 1.0) -> Any:
+    """GPU idle time of the torch.cuda.synchronize() after each blocking pipeline exchange (plan.pp_blocking_sends,
+    `exchanges` of them per step, cost.step.pp_blocking_exchanges): the GPU's queue drains, the host wakes
+    (HOST_SYNC_S) and issues the next op (EAGER_OP_HOST_S, scaled by the host CPU's factor) before the GPU runs
+    again, as at every host wait (step.host_sync). 0 with the switch off.
+    Source: NVIDIA/Megatron-LM megatron/p2p_communication.py at 50a4b5fa02 (_communicate: "To protect against
+    race condition when using batch_isend_irecv()", torch.cuda.synchronize()).
+    Derived: docs/formulas.md#step.pp_blocking, #step.host_sync"""
+    return where(plan.pp_blocking_sends, exchanges * (HOST_SYNC_S + EAGER_OP_HOST_S * host_factor), 0 * exchanges)

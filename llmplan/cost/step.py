@@ -62,6 +62,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     grad_buffer_seconds,
     host_seconds,
     host_sync_seconds,
+    pp_sync_seconds,
     straggler_seconds,
     zero3_copy_out_seconds,
 )
@@ -112,7 +113,8 @@ class StepTime(Breakdown):
     slowest of the job's GPUs sets the pace), measured (GpuSpec.step_overhead_s, 0 unless a fleet's
     profile sets it) and grad_buffer (Megatron-LM's NaN check and pre-scaling of the gradient buffer before the
     DP reduction, grad_nan_check / grad_prescale; 0 with both off) and zero3_copy_out (FSDP2's copy of every
-    all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out)."""
+    all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out) and pp_sync
+    (the device synchronised after each blocking pipeline exchange; 0 without ParallelPlan.pp_blocking_sends)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
@@ -263,7 +265,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n,
                  "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu),
-                 "zero3_copy_out": zero3_copy_out_seconds(plan, params_on_rank, gpu)}
+                 "zero3_copy_out": zero3_copy_out_seconds(plan, params_on_rank, gpu),
+                 "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,
@@ -321,7 +324,25 @@ def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, k
     n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
     p2p = pp_seconds / maximum(sends, 1)
     waited = where(v == 1, 2 * (n + p - 1), minimum(2 * (p * v - 1), sends))  # 1F1B: the fill's and drain's too
-    return waited * p2p + overlap(maximum(sends - waited, 0) * p2p, n * stage_total, kappa)
+    # step.pp_blocking: every exchange of the first rank but its last, which sends nothing (chunk 0's gradient)
+    waited = where(plan.pp_blocking_sends & (v > 1), pp_blocking_exchanges(plan) - 1, waited)
+    left = where(plan.pp_blocking_sends & (v > 1), 0, maximum(sends - waited, 0))  # an exchange's two sends at once
+    return waited * p2p + overlap(left * p2p, n * stage_total, kappa)
+
+
+def pp_blocking_exchanges(plan: ParallelPlan) -> Any:
+    """Blocking pipeline exchanges (each a batched send/receive waited for, then torch.cuda.synchronize()) of the
+    pipeline's first rank in a step, the rank with the longest warm-up: 1F1B's 2(n + p - 1) (a send and a receive
+    per pass), the interleaved schedule's one per chunk pass of the warm-up and steady state (n·v, the steady
+    state's forward and backward sends in one exchange) and one per backward of the cool-down, whose length is the
+    warm-up's (v - 1)p + 2(p - 1) (the last carries nothing: pp_exposed_per_step waits for one fewer); 0 without
+    pipeline stages.
+    Source: NVIDIA/Megatron-LM megatron/schedules.py, p2p_communication.py at 50a4b5fa02
+    (forward_backward_pipelining_with_interleaving: num_warmup_microbatches; _communicate: req.wait(),
+    torch.cuda.synchronize()). Derived: docs/formulas.md#step.pp_blocking"""
+    n, v, p = plan.num_microbatches, plan.vpp, plan.pp
+    interleaved = n * v + minimum((v - 1) * p + 2 * (p - 1), n * v)
+    return where(p > 1, where(v == 1, 2 * (n + p - 1), interleaved), 0)
 
 
 def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:

@@ -198,6 +198,9 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.cpu_offloading_weights", False)]
     if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
         out.append(("model.gradient_accumulation_fusion", False))
+    if p.pp > 1 and p.vpp > 1:  # ModelParallelConfig: overlapped interleaved sends, or the batched, synchronised
+        # ones (batch_p2p_comm with batch_p2p_sync) that pp_blocking_sends prices (docs/formulas.md#step.pp_blocking)
+        out += [("model.overlap_p2p_comm", not p.pp_blocking_sends), ("model.batch_p2p_comm", p.pp_blocking_sends)]
     if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
         out.append(("model.apply_rope_fusion", False))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),

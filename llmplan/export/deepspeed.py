@@ -55,6 +55,9 @@ def check(pf: PlanFile) -> None:
         ("uneven pipeline stages (PipelineModule's partition_method is 'uniform', 'parameters' or 'type:REGEX'; "
          "none pins a layer count per stage)", is_uneven(pf),
          "re-plan with a pp that divides the layers, or export to megatron / torchtitan"),
+        ("pipeline exchanges that synchronise the device (pp_blocking_sends: Megatron-LM 2021-22; DeepSpeed's "
+         "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
+         p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
         *op_fuser_refusals(pf),
     ):
         if bad:

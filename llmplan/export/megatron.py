@@ -141,6 +141,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
               ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
+              # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
+              ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
               # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
               # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
               ("--cross-entropy-loss-fusion", p.fused_loss),

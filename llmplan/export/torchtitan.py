@@ -76,6 +76,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
     for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf):
         if bad:
             raise refuse(target, what, fix)
+    if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync
+        raise refuse(target, "pipeline exchanges that block and synchronise the device (pp_blocking_sends: "
+                     "Megatron-LM 2021-22; torchtitan's pipeline schedules wait for a receive only before its use)",
+                     "re-plan with --no-pp-blocking-sends")
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")

@@ -187,6 +187,9 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "a stage's output over the TP ranks for the send to the next stage, so it acts only with "
                         "pp > 1, tp > 1 and no sequence parallelism (whose output is already split); change those "
                         "or drop --pp-scatter-gather"),
+    SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
+              lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
+                        "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
     SwitchUse("pp_schedule_pp", ("pp_schedule",), lambda p: p.pp > 1,
               lambda p: f"pp_schedule {p.pp_schedule} with pp {p.pp}: a pipeline schedule orders the micro-batches "
                         "over several stages; use --pp 2 or more or drop --pp-schedule"),

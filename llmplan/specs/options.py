@@ -100,6 +100,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.rope_complex."""
     zero3_copy_out: bool
     """ParallelPlan.zero3_copy_out."""
+    pp_blocking_sends: bool
+    """ParallelPlan.pp_blocking_sends."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int

@@ -215,6 +215,12 @@ class ParallelPlan(PlanQuantities, Spec):
     torch.split_with_sizes_copy), a read and a write of the gathered bytes before the layer can run
     (docs/formulas.md#step.zero3_copy_out). False: the collective writes the parameters in place (FSDP1's flat
     parameter, Megatron's buffers)."""
+    pp_blocking_sends: bool = False
+    """Every pipeline exchange waited for where it is issued, then the device synchronised, as Megatron-LM's
+    p2p_communication._communicate did from 2021-02 until overlap_p2p_comm (2023-05): the interleaved schedule's
+    sends and receives all sit on the critical path, one exchange per chunk pass, and each exchange's
+    torch.cuda.synchronize() drains the GPU's queue (docs/formulas.md#step.pp_blocking). False: Megatron-Core's
+    interleaved schedule with overlap_p2p_comm (the sends wait only before the pass that needs them)."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_overlap_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)],
