@@ -587,8 +587,10 @@ def test_chunked_tp_overlap_splits_the_gemms_as_transformer_engine_does():
     assert [float(x) for x in chunk_rows(te, 4096, "")] == [4096, 4096]  # experts, routers: not TP-chunked
 
     # GPT-3 175B at TP8: a 4,096-token micro-batch split 8 ways runs its QKV forward as 512-row pieces whose
-    # 144 output tiles fill 55% of two waves on 132 SMs (tile and wave quantisation), so the split layer is
-    # slower; at 16 x 8,192 tokens the pieces are large and the split costs under 0.5%.
+    # 144 output tiles alone fill 55% of two waves on 132 SMs (tile and wave quantisation). Transformer Engine
+    # runs the pieces on 3 concurrent streams, so together they fill the waves as the whole GEMM does (rows in
+    # whole 128-tiles: the same time, docs/formulas.md#compute.gemm_chunks); PyTorch's async TP runs them in
+    # turn and pays each piece's waves; at 16 x 8,192 tokens its pieces are large and cost under 0.5%.
     m, gpu = M["gpt3-175b"], H100.gpu
 
     def ratio(**kw: object) -> float:
@@ -596,9 +598,9 @@ def test_chunked_tp_overlap_splits_the_gemms_as_transformer_engine_does():
         whole = sum(layer_gemm_seconds(m, ParallelPlan(tp=8, sp=True, **kw), gpu, False))
         return float(split / whole)
 
-    assert 1.05 < ratio(micro_batch=1, seq_len=4096) < 1.2
-    assert ratio(micro_batch=16, seq_len=8192) < 1.005
-    assert ratio(micro_batch=1, seq_len=4096, tp_impl="dtensor") > ratio(micro_batch=1, seq_len=4096)
+    assert abs(ratio(micro_batch=1, seq_len=4096) - 1) < 1e-9
+    assert 1.05 < ratio(micro_batch=1, seq_len=4096, tp_impl="dtensor") < 1.3
+    assert ratio(micro_batch=16, seq_len=8192, tp_impl="dtensor") < 1.005
 
 
 def test_low_precision_tp_gathers_move_the_quantised_inputs():

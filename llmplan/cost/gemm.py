@@ -252,6 +252,28 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
+TE_COMPUTE_STREAMS = 3  # Transformer Engine's NVTE_COMM_OVERLAP_MAX_STREAMS: compute streams of a chunked GEMM
+
+
+def chunked_gemm_efficiency(gpu: GpuSpec, dtype: str, plan: ParallelPlan, M: Any, rows: Any, N: Any,
+                            K: Any) -> Any:
+    """Achieved fraction of peak of an M x N x K matmul that chunked TP overlap runs as M / rows calls of `rows`
+    rows each. Transformer Engine's userbuffers launch chunk i on compute stream i % min(3, chunks), and a
+    chunk waits only for its own input (ring exchange: its piece's receive; pipeline: nothing), so a chunk's
+    first wave starts beside the previous chunk's last, partial one: the chunks' tiles fill the SMs together,
+    wave quantisation counts all of them (one GEMM's waves), while tile quantisation stays each chunk's own
+    (grouped_gemm_efficiency with M / rows groups). PyTorch's async TP (dtensor) runs its pieces one after
+    another on one stream: each pays its own waves. Source: NVIDIA/TransformerEngine
+    common/comm_gemm_overlap/comm_gemm_overlap.cpp (v2.8: CommOverlapCore::initialize, split_overlap_rs,
+    CommOverlapP2PBase::split_overlap_ag / split_overlap_rs; v1.8 pytorch/csrc/comm_gemm_overlap.h likewise).
+    Derived: docs/formulas.md#compute.gemm_chunks"""
+    chunks = np.round(M / np.maximum(rows, 1e-9))
+    concurrent = plan.tp_impl != "dtensor"  # a workload switch: one value for all plans of a search
+    streams = np.minimum(TE_COMPUTE_STREAMS, chunks)
+    groups = where(streams >= 2, chunks, 1.0) if concurrent else 1.0
+    return grouped_gemm_efficiency(gpu, dtype, rows, N, K, groups)
+
+
 def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
     """Indices into layer_gemms' list of the matmuls plan.bf16_modules keeps in bf16 under a low-precision
     recipe: those whose module tag is named (the attention projections; a latent MoE's two projections).
@@ -290,8 +312,9 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                 whole = maximum(whole, grouped_gemm_bytes(fmt, M * x, N, K, g) / gpu.hbm_achieved_bytes_per_s)
             if split and role:
                 f_rows, d_rows = chunk_rows(plan, M, role)
-                fwd = fwd + f * x / gemm_shape_efficiency(gpu, fmt, f_rows, N, K) * scale
-                dgrad = whole if d_rows is M else f * x / gemm_shape_efficiency(gpu, fmt, d_rows, N, K) * scale
+                fwd = fwd + f * x / chunked_gemm_efficiency(gpu, fmt, plan, M, f_rows, N, K) * scale
+                dgrad = whole if d_rows is M else f * x / chunked_gemm_efficiency(gpu, fmt, plan, M, d_rows, N,
+                                                                                  K) * scale
                 bwd = bwd + dgrad + whole
             else:
                 fwd, bwd = fwd + whole, bwd + 2 * whole
