@@ -386,13 +386,25 @@ which llmplan does not model, and shard the parameters and gradients over 64-GPU
 whole data-parallel group: on GB300 it prices 269.5 GiB (223.3 GiB of activations) against 259.8 GiB."""
 
 
+DGXC_SKIP = (
+    # NVIDIA/dgxc-benchmarking nemotron-h/README.md at 856bfc4d (v25.08, nemo:25.04.01): "Train Step Timing Analysis
+    # (iterations 11-44)", 15.714 s mean, 2.989 s std (19%), TFLOPS_per_GPU 957.90 +- 148.67; the same README at
+    # 2fc17d4e (v25.08.01) and 8e77d607 (v25.10) moves the window to 35-44 ("the early training steps typically take
+    # much longer time") and prints 11.874 +- 0.027 s for the same per-GPU work (TP8, 24 micro-batches of 1).
+    ("dgxc-2508-pretrain-nemotron-h-56b-h100-256gpu-",
+     "not a steady-state step time: the mean of iterations 11-44, which its README's next releases exclude as "
+     "warm-up (std 2.989 s, 19% of the 15.714 s mean; 0.2% over iterations 35-44 at 128 GPUs)"),
+)
+"""dgxc rows llmplan does not score, by id, with the reason (docs/validation.md#dgxc-warmup-window)."""
+
+
 def skip_reason(rec: dict) -> str | None:
     """Why a record of a scored family is not scored (None: it is)."""
     rid, fam = rec["id"], family(rec["id"])
-    if fam.startswith("mbridge"):
-        for key, why in MBRIDGE_SKIP:
-            if key in rid:
-                return why
+    skips = MBRIDGE_SKIP if fam.startswith("mbridge") else DGXC_SKIP if fam == "dgxc" else ()
+    for key, why in skips:
+        if key in rid:
+            return why
     return None
 
 
