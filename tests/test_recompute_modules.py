@@ -73,12 +73,15 @@ def test_moe_act_in_mxfp8_frees_the_quantised_fc2_input_too():
     # With fp8 / fp4 Megatron makes linear_fc2 save its original input (set_save_original_input), which
     # moe_act discards, so the whole fc2 input goes: the bf16 activation output, 2 bytes per element, less
     # the MXFP8 cast already priced in its place (1 + 1/32 bytes), i.e. the 1 + 1/32 bytes stored (with the
-    # clamp fused; the eager clamps' bf16 copy of the fc1 output, 4 bytes a row and column, goes as well).
+    # clamp fused; the eager clamps' bf16 copy of the fc1 output, 4 bytes a row and column, goes as well). That is
+    # the unfused TEGroupedMLP (expert_gemm per-expert); the fused grouped MLP keeps it (test_fused_mlp_memory.py).
     T, k, f_e = 4 * 4096, 4, 2880
-    freed = _freed(GPT_OSS, True, ("moe_act",), dtype="fp8", recipe="mxfp8", glu_clamp_fusion=True)
+    unfused = {"dtype": "fp8", "recipe": "mxfp8", "expert_gemm": "per-expert"}
+    freed = _freed(GPT_OSS, True, ("moe_act",), glu_clamp_fusion=True, **unfused)
     assert freed == pytest.approx(T * k * f_e * (1 + 1 / 32), rel=1e-9)
-    freed = _freed(GPT_OSS, True, ("moe_act",), dtype="fp8", recipe="mxfp8")
+    freed = _freed(GPT_OSS, True, ("moe_act",), **unfused)
     assert freed == pytest.approx(T * k * f_e * (1 + 1 / 32 + 4), rel=1e-9)
+    assert _freed(GPT_OSS, True, ("moe_act",), dtype="fp8", recipe="mxfp8", glu_clamp_fusion=True) == 0.0
 
 
 def test_modules_rerun_their_forward_matmuls():

@@ -14,6 +14,7 @@ from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
+from llmplan.cost.gemm import fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.specs.model import ModelSpec
@@ -160,12 +161,39 @@ def recomputed_module_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, parts: 
     saved = saved_input_discount(m, plan)
     tokens = s * b / where(plan.sp, t, 1)
     routed_rows = tokens * plan.etp_resolved * m.num_experts_per_tok * plan.expert_padding
-    act = maximum((2 + glu_clamp_saved_bytes(m, plan)) * routed_rows * m.expert_ffn / plan.etp_resolved
-                  - saved * s * b * m.expert_ffn * m.num_experts_per_tok / t, 0.0)
+    clamp = glu_clamp_saved_bytes(m, plan)
+    # the fused GLU's layers keep fc2's input (and any clamp copy) whatever moe_act says (fused_moe_act_kept_share)
+    kept = fused_moe_act_kept_share(m, plan) * (quantized_saved_bytes(plan) + clamp)
+    act = maximum((2 + clamp) * routed_rows * m.expert_ffn / plan.etp_resolved
+                  - saved * s * b * m.expert_ffn * m.num_experts_per_tok / t
+                  - kept * routed_rows * m.expert_ffn / plan.etp_resolved, 0.0)
     shared = (mlp_inner_bytes(m, plan) - saved) * s * b * m.shared_ffn / t
     parts_of_moe = where(plan.recomputes("layernorm"), parts.mlp_input, 0.0) \
         + where(plan.recomputes("moe_act"), act, 0.0) + where(plan.recomputes("shared_experts"), shared, 0.0)
     return attn + where(plan.recomputes("moe"), parts.mlp_input + parts.mlp, parts_of_moe)
+
+
+def fused_moe_act_kept_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of an MoE model's layers whose experts' activation output moe_act recompute cannot drop: those that
+    run Transformer Engine's fused MXFP8 grouped MLP (cost.gemm.fused_grouped_mlp, on the share of layers in
+    MXFP8) with a GLU. There fc1's grouped GEMM writes fc2's input in its epilogue and the fused op saves its
+    columnwise MXFP8 copy for fc2's wgrad with fc1's bf16 output; Megatron-Core's fused branch checkpoints nothing
+    and passes moe_act only as activation_recompute_in_mlp, which TE v2.17 honours for squared ReLU alone (the
+    dSReLU epilogue rebuilds fc2's input, which is then not saved) and TE v2.16 does not take. 0 for squared
+    ReLU and off the fused path. Source: NVIDIA/TransformerEngine transformer_engine/pytorch/ops/fused/
+    forward_grouped_mlp.py at v2.16 (fc1_ctx / swiglu_ctx / fc2_ctx.save_for_backward; rowwise_data = None) and
+    ops/fused/grouped_mlp.py at v2.17.1 (recompute_srelu_fc2_x, saved_grouped_fc2_x); NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py at d98e8a6 (_make_fused_ops: activation_recompute_in_mlp).
+    Derived: docs/formulas.md#mem.fused_mlp_saved"""
+    if not (m.is_moe and m.gated_mlp):
+        return 0.0
+    return where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+
+
+def quantized_saved_bytes(plan: ParallelPlan) -> float:
+    """Bytes per element of a GEMM input the recipe keeps quantised for backward (SAVED_INPUT_BYTES; 2 in bf16).
+    Derived: docs/formulas.md#mem.activations"""
+    return SAVED_INPUT_BYTES[plan.recipe] if plan.low_precision else 2.0
 
 
 SAVED_INPUT_BYTES = QUANTIZED_COPY_BYTES
