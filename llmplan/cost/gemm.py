@@ -106,6 +106,16 @@ def expert_gemm_tile(plan: ParallelPlan, fmt: str) -> Any:
     return where((fmt == "mxfp8") & fused_mlp_path(plan), FUSED_MLP_TILE, TILE)
 
 
+def fused_dglu_factor(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, fmt: str) -> Any:
+    """Time of fc2's input gradient on Transformer Engine's fused MXFP8 grouped MLP over its GEMM's price: the
+    GPU's published dGLU kernel ratio (GpuSpec.fused_dglu_ratio) where a GLU's experts run the fused path in
+    mxfp8 (fused_grouped_mlp; squared ReLU's dSReLU kernel shows no gap), else 1. Source: NVIDIA/cudnn-frontend
+    benchmark/cutedsl_fusion_kernels results/GB200/output.txt at 3d44fdb0f4, results/GB300/output.txt at
+    51023a1f23 (dswiglu over srelu, same GEMM shape). Derived: docs/formulas.md#compute.gemm"""
+    glu = fused_grouped_mlp(m, plan) & bool(m.gated_mlp) & (fmt == "mxfp8")
+    return where(glu, gpu.fused_dglu_ratio, 1.0)
+
+
 GEMM_OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": MXFP8_BYTES, "fp4": NVFP4_BYTES}
 """Bytes per element of a GEMM operand in each tensor-core format, block scales included (MXFP8: an E8M0
 scale per 32; NVFP4: an E4M3 scale per 16). Derived: docs/formulas.md#compute.gemm"""
@@ -304,6 +314,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
         fwd = bwd = 0.0
         for i, (f, M, N, K, role, module) in enumerate(gemms):
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
+            dglu = fused_dglu_factor(m, plan, gpu, fmt)
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE
@@ -316,8 +327,9 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                 dgrad = whole if d_rows is M else f * x / chunked_gemm_efficiency(gpu, fmt, plan, M, d_rows, N,
                                                                                   K) * scale
                 bwd = bwd + dgrad + whole
-            else:
-                fwd, bwd = fwd + whole, bwd + 2 * whole
+            else:  # fc2 (the experts' second matmul): its input gradient runs the fused dGLU kernel
+                dgrad = whole * dglu if module == "expert" and gemms[i - 1].module == "expert" else whole
+                fwd, bwd = fwd + whole, bwd + dgrad + whole
         return fwd, bwd
 
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)

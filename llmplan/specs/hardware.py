@@ -81,6 +81,12 @@ class GpuSpec(Spec):
     quantised), if published: the fp4 large-GEMM fraction is then the fp8 one times this over the peak ratio
     (tflops fp4 / fp8), so fp4 GEMMs run this much faster than fp8 ones, not the datasheet's ratio. None: fp4
     assumed to reach the fp8 fraction. B300: 1.81 where its peaks say 3.1 (docs/formulas.md#compute.gemm)."""
+    fused_dglu_ratio: float = Field(default=1.0, ge=1, le=4)
+    """Time of the fused MXFP8 grouped MLP's backward dGLU kernel (fc2's input gradient with the dSwiGLU epilogue:
+    reads the saved 2N-wide pre-activation, writes the 2N-wide gradient quantised rowwise and columnwise) over a
+    plain-activation kernel's of the same GEMM shape and GPU, where published: fc2's dgrad on the fused GLU
+    path (cost.gemm.fused_dglu_factor) takes this much longer than its GEMM is priced. 1: no gap known.
+    GB200 1.135, GB300 1.106 (cudnn-frontend's cutedsl_fusion_kernels benchmark; docs/formulas.md#compute.gemm)."""
     best_published_mfu: float | None = Field(default=None, gt=0, le=1)
     """Highest dense bf16 MFU a published training run reached on this GPU, its model FLOPs counted as llmplan
     counts them (attention not halved for the causal mask; a source that halves it is restated): a prediction
