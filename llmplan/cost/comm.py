@@ -477,11 +477,11 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     per_pair = tp / maximum(2 * tp_blocks_per_layer(m, plan), 1e-9) / ((3 + r) * q + (2 + r) * a)
     weights = layer_flops(m, plan, m.is_moe).gemm * t / (2 * plan.seq_len / plan.cp * plan.micro_batch)
     pass_s = gemm / (3 + r) / maximum(weights, 1e-9)  # seconds of one pass per weight
-    cols = (att * (attention_params(m) - ad * h), mlp * (mlp_params(m, f) - f * h))
-    rows = (att * ad * h, mlp * f * h)
-    pairs = (att, mlp)
+    cols: tuple[float, ...] = (att * (attention_params(m) - ad * h), mlp * (mlp_params(m, f) - f * h))
+    rows: tuple[float, ...] = (att * ad * h, mlp * f * h)
+    pairs: tuple[float, ...] = (att, mlp)
     if m.parallel_block:  # one gathered input feeds both column GEMMs, one reduce-scatter takes both rows
-        cols, rows, pairs = (sum(cols),), (sum(rows),), (att,)
+        cols, rows, pairs = (float(sum(cols)),), (float(sum(rows)),), (att,)
     ring, pipe = 0.0, 0.0
     for c, w, k in zip(cols, rows, pairs, strict=True):
         gather, scatter = k * q * per_pair, k * a * per_pair  # one collective of the stage's pairs of this kind

@@ -117,9 +117,10 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     reduce-scatters beside the weight-gradient GEMMs); the forward reduce-scatters (`rs_share` of the TP
     seconds, comm.tp_forward_rs_share) pipelined in TE_PIPELINE_SPLITS chunks, each beside the next chunk's
     GEMM, the last one after the last GEMM; where a chunk step's transfer outlasts its GEMM chunk, the GEMMs
-    wait `step_waits` more (comm.tp_chunk_step_waits), neither hidden nor counted as overlapped. DTensor TP (tp_impl, torchtitan: each TransformerBlock compiled
-    as its own graph, Inductor's reorder_for_compute_comm_overlap off by default) waits for every collective
-    where the graph uses its result, so without async TP nothing hides; async TP splits each fused
+    wait `step_waits` more (comm.tp_chunk_step_waits), neither hidden nor counted as overlapped. DTensor TP
+    (tp_impl, torchtitan: each TransformerBlock compiled as its own graph, Inductor's
+    reorder_for_compute_comm_overlap off by default) waits for every collective where the graph uses its
+    result, so without async TP nothing hides; async TP splits each fused
     collective into tp chunks, all but the first beside the GEMMs, and the backward's input-gradient
     reduce-scatters it cannot fuse (`unfused_share` of the TP seconds, comm.tp_unfused_rs_share) stay
     exposed. What overlaps costs its contention (overlap): NCCL's kappa, but under userbuffers `ub_kappa`,
