@@ -454,6 +454,44 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
 
+def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r: Any) -> Any:
+    """Seconds a stage's micro-batch waits, beyond its GEMMs and the last pipeline chunk's reduce-scatter
+    (tp_exposed's waits), where a userbuffers chunk step is transfer-bound (tp_comm_overlap, sp, tp_impl
+    megatron). Ring exchange (the forward's and recompute's column GEMMs, the row GEMMs' input gradients): the
+    t - 1 sends run one after another (step i + 1's send waits for step i's receive) and chunk i + 1's GEMM for
+    that receive, so a GEMM of G seconds beside a gather of C ends at max(G, C + G / t), C - G (1 - 1/t) late
+    when positive. Pipeline (the row GEMMs' forward reduce-scatters, n = TE_PIPELINE_SPLITS): chunk i's
+    reduce-scatter follows its GEMM and the previous chunk's on one stream, max(G + C/n, G/n + C): (1 - 1/n)
+    (C - G) beyond tp_exposed's C/n. C is the collective's share of the stage's TP seconds `tp` (its bytes of
+    tp_transfers'), G the GEMM's share of `gemm` (its weights' share of layer_flops, one pass), per TP pair
+    (an attention block and a dense MLP, or a parallel block's one pair); within a layer kind every layer is
+    alike, so the stage's totals stand for the per-layer max. Source: NVIDIA/TransformerEngine
+    pytorch/csrc/comm_gemm_overlap.h at v1.8 (UbufP2PCommOverlap::split_overlap_ag: _stream_send waits
+    _stop_recv; _stream_compute[(i + 1) % n] waits _stop_recv) and common/comm_gemm_overlap/
+    comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
+    Derived: docs/formulas.md#step.tp_chunk_steps"""
+    t, n = plan.tp, TE_PIPELINE_SPLITS
+    h, f, ad = m.hidden_size, m.intermediate_size, m.num_attention_heads * m.d_head
+    att, mlp = attention_share(m), (0.0 if m.is_moe else dense_mlp_share(m))
+    q, a = gather_bytes(m, plan), ACT_BYTES
+    per_pair = tp / maximum(2 * tp_blocks_per_layer(m, plan), 1e-9) / ((3 + r) * q + (2 + r) * a)
+    weights = layer_flops(m, plan, m.is_moe).gemm * t / (2 * plan.seq_len / plan.cp * plan.micro_batch)
+    pass_s = gemm / (3 + r) / maximum(weights, 1e-9)  # seconds of one pass per weight
+    cols: tuple[float, ...] = (att * (attention_params(m) - ad * h), mlp * (mlp_params(m, f) - f * h))
+    rows: tuple[float, ...] = (att * ad * h, mlp * f * h)
+    pairs: tuple[float, ...] = (att, mlp)
+    if m.parallel_block:  # one gathered input feeds both column GEMMs, one reduce-scatter takes both rows
+        cols, rows, pairs = (float(sum(cols)),), (float(sum(rows)),), (att,)
+    ring, pipe = 0.0, 0.0
+    for c, w, k in zip(cols, rows, pairs, strict=True):
+        gather, scatter = k * q * per_pair, k * a * per_pair  # one collective of the stage's pairs of this kind
+        ring = ring + (1 + r) * maximum(gather - c * pass_s * (1 - 1 / t), 0.0)
+        ring = ring + maximum(gather - w * pass_s * (1 - 1 / t), 0.0)
+        pipe = pipe + (1 + r) * maximum(scatter - w * pass_s, 0.0) * (1 - 1 / n)
+    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (t > 1)
+    return where(on, ring + pipe, 0.0)
+
+
 def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm_count: int) -> Any:
     """Seconds a stage's micro-batch loses to set_sm_margin under userbuffers (tp_comm_overlap, sp, tp_impl
     megatron): each role's GEMMs (tp_role_gemm_shares of the stage's `gemm` seconds) run on N_SM - k SMs

@@ -104,7 +104,7 @@ def torch_ring_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float
 
 
 def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: Any = None,
-               rs_share: Any = 0.0, unfused_share: Any = 0.0, ub_kappa: Any = None) -> Any:
+               rs_share: Any = 0.0, unfused_share: Any = 0.0, ub_kappa: Any = None, step_waits: Any = 0.0) -> Any:
     """Exposed TP time of one micro-batch on one stage. Megatron-LM by default overlaps the backward
     collectives of the column-parallel linears (SP: the re-gather of the saved input beside the input-gradient
     GEMM, the input gradient's reduce-scatter beside the weight-gradient GEMM: 4 of a layer's 10 + 4r) with
@@ -116,9 +116,11 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     waits; bulk overlaps in backward (the re-gathers beside the input-gradient GEMMs, the input-gradient
     reduce-scatters beside the weight-gradient GEMMs); the forward reduce-scatters (`rs_share` of the TP
     seconds, comm.tp_forward_rs_share) pipelined in TE_PIPELINE_SPLITS chunks, each beside the next chunk's
-    GEMM, the last one after the last GEMM. DTensor TP (tp_impl, torchtitan: each TransformerBlock compiled
-    as its own graph, Inductor's reorder_for_compute_comm_overlap off by default) waits for every collective
-    where the graph uses its result, so without async TP nothing hides; async TP splits each fused
+    GEMM, the last one after the last GEMM; where a chunk step's transfer outlasts its GEMM chunk, the GEMMs
+    wait `step_waits` more (comm.tp_chunk_step_waits), neither hidden nor counted as overlapped. DTensor TP
+    (tp_impl, torchtitan: each TransformerBlock compiled as its own graph, Inductor's
+    reorder_for_compute_comm_overlap off by default) waits for every collective where the graph uses its
+    result, so without async TP nothing hides; async TP splits each fused
     collective into tp chunks, all but the first beside the GEMMs, and the backward's input-gradient
     reduce-scatters it cannot fuse (`unfused_share` of the TP seconds, comm.tp_unfused_rs_share) stay
     exposed. What overlaps costs its contention (overlap): NCCL's kappa, but under userbuffers `ub_kappa`,
@@ -145,7 +147,7 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
     unfused = where(plan.tp_impl == "megatron", 0.0, tp * unfused_share)  # exposed whole
-    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS, (tp - unfused) / plan.tp)
+    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS + step_waits, (tp - unfused) / plan.tp)
     ub = where(plan.tp_impl == "megatron", kappa if ub_kappa is None else ub_kappa, kappa)
     chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, ub)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
