@@ -1367,7 +1367,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
-        # the 2020-21 Megatron-LM, Megatron-DeepSpeed and llm-foundry LayerNorms' backward in two kernels (TWO_PASS_NORM)
+        # Megatron-LM of 2020-21, the Megatron-DeepSpeed forks and llm-foundry run the LayerNorm backward in two
+        # kernels (TWO_PASS_NORM)
         norm_kernel="two-pass" if fam in TWO_PASS_NORM else "fused-one-pass",
         # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS)
         pp_blocking_sends=fam in PP_BLOCKING_SENDS and pp > 1,
