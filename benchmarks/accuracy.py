@@ -292,6 +292,21 @@ schedule's batched sends (78cf869fc2, 2021-02) until overlap_p2p_comm (f9283c5a8
 and at c3e688d3dd, 2022-11, after Korthikanti et al. 2022's sequence parallelism). megatron2020's rows have no
 pipeline; DeepSpeed's pipeline engine (bloom, mtnlg) runs 1F1B only, whose sends llmplan already waits for, and
 its p2p.send / recv are plain blocking calls with no device synchronisation (deepspeed/runtime/pipe/p2p.py)."""
+TWO_PASS_NORM = ("megatron2020", "narayanan2021", "bloom", "mtnlg", "mpt")
+"""Families whose LayerNorm backward ran in two kernels, the weight and bias gradients' reading dy and x again
+(ParallelPlan.norm_kernel two-pass, docs/formulas.md#compute.norm_bytes): megatron2020, Apex's FusedLayerNorm
+(NVIDIA/Megatron-LM megatron/mpu/layers.py at d73def35a3, 2020-09; NVIDIA/apex csrc/layer_norm_cuda_kernel.cu at
+4ef930c1, cuComputePartGradGammaBeta); narayanan2021, MixedFusedLayerNorm on Megatron-LM's own copy of that
+kernel (megatron/model/fused_layer_norm.py and fused_kernels/layer_norm_cuda_kernel.cu at 50a4b5fa02; Apex's
+persistent one-pass FastLayerNormFN came in with a2fdcdf061, 2021-11-10); BLOOM, bigscience-workshop/
+Megatron-DeepSpeed's MixedFusedLayerNorm, which never took the persistent path (fused_layer_norm.py at 497aa1bf,
+2022-03-11, the final run's start; from 908dc9cb, 2022-05, bf16 keeps that kernel and fp16 takes F.layer_norm,
+two passes too); MT-NLG, microsoft/Megatron-DeepSpeed's MixedFusedLayerNorm, non-persistent until its merge of
+upstream in 2023-07 (9e72d571); MPT, llm-foundry's LPLayerNorm (norm_type low_precision_layernorm, set by
+scripts/train/benchmarking/submit_benchmarks.py at b2a43a147 and 5e85bd62d) on torch.nn.functional.layer_norm,
+PyTorch's native kernel (layer_norm_kernel.cu: GammaBetaBackwardCUDAKernel after the input gradient's).
+korthikanti2022 and megascale ran Megatron-LM after 2021-11 with hidden sizes in persist_ln_hidden_sizes (6144,
+12288, 20480, 25600): one pass, the default."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -1364,6 +1379,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # into Megatron-Core in 2023) and DeepSpeed's pipeline engine (is_pipe_partitioned, Megatron-DeepSpeed's
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
+        # Megatron-LM of 2020-21, the Megatron-DeepSpeed forks and llm-foundry run the LayerNorm backward in two
+        # kernels (TWO_PASS_NORM)
+        norm_kernel="two-pass" if fam in TWO_PASS_NORM else "fused-one-pass",
         # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS)
         pp_blocking_sends=fam in PP_BLOCKING_SENDS and pp > 1,
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight

@@ -40,6 +40,8 @@ def edited(tmp_path: Path, case: str, **plan: object) -> Path:
     ({"pp_scatter_gather": True, "sp": False}, "megatron", "pipeline scatter/gather without sp (tp 8, pp 4"),
     ({"pp_scatter_gather": True, "sp": False}, "megatron-bridge", "pipeline scatter/gather without sp"),
     ({"pp_scatter_gather": True, "sp": False}, "torchrun", "pipeline scatter/gather without sp"),
+    ({"norm_kernel": "two-pass"}, "megatron", "a norm backward in two passes"),
+    ({"norm_kernel": "two-pass"}, "megatron-bridge", "a norm backward in two passes"),
 ])
 def test_switch_refusals_exit_2_with_one_line(cli, tmp_path, changes, target, needle):
     refused(cli, tmp_path, "dense_train", changes, target, needle)
@@ -224,6 +226,7 @@ def test_bf16_modules_file_travels_with_every_megatron_script(cli, tmp_path, tar
     ("--expert-gemm", "loop", ("grouped", "per-expert")),
     ("--attention-release", "cudnn-8.9", ("cudnn-9.1", "cudnn-9.4", "cudnn-9.19")),
     ("--grad-reduce", "allreduce", ("reduce-scatter", "all-reduce")),
+    ("--norm-kernel", "apex", ("fused-one-pass", "two-pass")),
 ])
 def test_unknown_switch_value_is_one_line_naming_the_choices(cli, command, flag, value, choices):
     r = cli(command, "--model", "llama-3.1-8b", "--hardware", "dgx-h100", flag, value)

@@ -104,6 +104,9 @@ ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-ze
 PP_BLOCKING_SENDS = typer.Option(_plan("pp_blocking_sends"), "--pp-blocking-sends/--no-pp-blocking-sends",
                                  help="Pipeline sends waited for where issued and the device synchronised "
                                       "(Megatron-LM 2021-02 .. 2023-05), or overlapped (overlap_p2p_comm).")
+NORM_KERNEL = typer.Option(_plan("norm_kernel"), "--norm-kernel",
+                           help="A fused norm's backward: fused-one-pass (Transformer Engine, Apex's persistent "
+                                "norm) | two-pass (Apex FusedLayerNorm, F.layer_norm: dy and x read again).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -257,7 +260,7 @@ SWITCHES = Flags("Training switches", {
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
-    "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS,
+    "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

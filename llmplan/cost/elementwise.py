@@ -217,13 +217,28 @@ layernorm_bwd on the saved inputmat); NVIDIA/cudnn-frontend benchmark/norms/benc
 Derived: docs/formulas.md#compute.norm_bytes"""
 
 
+TWO_PASS_NORM_BYTES = (4.0, 10.0)
+"""(forward, backward) HBM bytes per element of a fused bf16 / fp16 LayerNorm whose backward runs in two kernels
+(ParallelPlan.norm_kernel two-pass). Forward as FUSED_NORM_BYTES (read x, write y: 2 + 2). Backward: the input
+gradient's kernel reads dy and the saved x and writes dx (2 + 2 + 2), then the weight and bias gradients' kernel
+reads dy and x again (2 + 2) into fp32 per-block partials (1/rows-per-block of that, not counted), which a third
+small kernel sums. Source: NVIDIA/apex csrc/layer_norm_cuda_kernel.cu at 4ef930c1 (2020-08; HostLayerNormGradient
+launches cuComputePartGradGammaBeta(dout, input, ...), cuComputeGradGammaBeta, then cuComputeGradInput(dout,
+input, ...)); NVIDIA/Megatron-LM megatron/fused_kernels/layer_norm_cuda_kernel.cu at 50a4b5fa02 (the same three
+kernels, MixedFusedLayerNorm); pytorch/pytorch aten/src/ATen/native/cuda/layer_norm_kernel.cu
+(LayerNormBackwardKernelImplInternal: layer_norm_grad_input_kernel, then GammaBetaBackwardCUDAKernel(_32x32) on
+dY and X). Derived: docs/formulas.md#compute.norm_bytes"""
+
+
 def eager_norm_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per element of one pre-norm, in the forward-equivalent units of elementwise_bytes (the stage
-    charges three times them): fused, FUSED_NORM_BYTES over 3 (forward 4, backward 6); without fused kernels an
-    RMSNorm's eager ops (EAGER_RMSNORM_BYTES over 3) and a LayerNorm's three passes (12).
+    charges three times them): fused, FUSED_NORM_BYTES over 3 (forward 4, backward 6), or TWO_PASS_NORM_BYTES
+    over 3 (backward 10) where the plan's norm_kernel is two-pass; without fused kernels an RMSNorm's eager ops
+    (EAGER_RMSNORM_BYTES over 3) and a LayerNorm's three passes (12).
     Derived: docs/formulas.md#compute.norm_bytes, docs/formulas.md#compute.eager_ops"""
     unfused = sum(EAGER_RMSNORM_BYTES) / 3 if m.norm_type == "rmsnorm" else 12.0
-    return where(plan.fused_kernels, sum(FUSED_NORM_BYTES) / 3, unfused)
+    fused = where(plan.norm_kernel == "two-pass", sum(TWO_PASS_NORM_BYTES) / 3, sum(FUSED_NORM_BYTES) / 3)
+    return where(plan.fused_kernels, fused, unfused)
 
 
 def eager_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

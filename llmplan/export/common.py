@@ -142,6 +142,17 @@ def tp_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     ]
 
 
+def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for a norm backward priced in two passes (ParallelPlan.norm_kernel
+    two-pass: Apex FusedLayerNorm, Megatron-LM's 2020-21 fused_kernels copy, PyTorch's F.layer_norm) on a launcher
+    whose norms run one pass (Megatron-Core's and Megatron-Bridge's Transformer Engine norms; torchtitan's RMSNorm
+    compiled with its block); docs/formulas.md#compute.norm_bytes."""
+    p = pf.plan
+    what = ("a norm backward in two passes (norm_kernel two-pass: Apex FusedLayerNorm, F.layer_norm; this "
+            "launcher's norms reduce the weight gradient in the input gradient's pass)")
+    return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
+
+
 def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for the routed experts' clamp and fc2 bias fused into Transformer
     Engine's grouped MLP ops (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, on a model with the clamp or the

@@ -152,6 +152,10 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: "rope_complex with fused_kernels or rope_fusion off: it says torch.compile leaves a complex "
                         "rotary eager, so it acts only where the rotary is fused; set fused_kernels and "
                         "rope_fusion true in the plan, or drop --rope-complex"),
+    SwitchUse("norm_kernel_fused", ("norm_kernel",), lambda p: p.fused_kernels,
+              lambda p: f"norm_kernel {p.norm_kernel} with fused_kernels off: it says which fused kernel runs the "
+                        "norms' backward, so it acts only with fused kernels (unfused norms are priced as their "
+                        "eager ops); set fused_kernels true in the plan, or drop --norm-kernel"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "

@@ -102,6 +102,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.zero3_copy_out."""
     pp_blocking_sends: bool
     """ParallelPlan.pp_blocking_sends."""
+    norm_kernel: str
+    """ParallelPlan.norm_kernel."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int

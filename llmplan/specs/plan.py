@@ -18,7 +18,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl,
+    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -221,6 +221,14 @@ class ParallelPlan(PlanQuantities, Spec):
     sends and receives all sit on the critical path, one exchange per chunk pass, and each exchange's
     torch.cuda.synchronize() drains the GPU's queue (docs/formulas.md#step.pp_blocking). False: Megatron-Core's
     interleaved schedule with overlap_p2p_comm (the sends wait only before the pass that needs them)."""
+    norm_kernel: NormKernel = "fused-one-pass"
+    """Which kernel runs a fused norm's backward (with fused_kernels): fused-one-pass reads the saved x and dy once,
+    writes dx and sums the weight gradient in the same pass (Transformer Engine's rmsnorm_bwd / layernorm_bwd,
+    Apex's persistent FastLayerNorm that Megatron-LM takes from 2021-11 for the hidden sizes of its
+    persist_ln_hidden_sizes): 4 + 6 bytes an element. two-pass: a second kernel (cuComputePartGradGammaBeta,
+    GammaBetaBackwardCUDAKernel) reads dy and x again for the weight and bias gradients: 4 + 10 (Apex
+    FusedLayerNorm, Megatron-LM's and Megatron-DeepSpeed's fused_kernels copy of it, PyTorch's native
+    F.layer_norm). docs/formulas.md#compute.norm_bytes"""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_overlap_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)],

@@ -36,6 +36,11 @@ CpImpl = Literal["te", "torch-allgather", "torch-alltoall"]
 CP_IMPLS: tuple[str, ...] = get_args(CpImpl)
 """--cp-impl values: Transformer Engine's ring (Megatron, NeMo), or PyTorch's experimental context_parallel with
 its all-gather or all-to-all K/V rotation (torchtitan, NeMo AutoModel; docs/formulas.md#comm.cp)."""
+NormKernel = Literal["fused-one-pass", "two-pass"]
+NORM_KERNELS: tuple[str, ...] = get_args(NormKernel)
+"""--norm-kernel values: the fused norm's backward in one pass (Transformer Engine, Apex's persistent
+FastLayerNorm) or in two, the weight gradient's kernel reading dy and x again (Apex FusedLayerNorm,
+Megatron-LM's fused_kernels copy before 2021-11, PyTorch's native layer_norm; docs/formulas.md#compute.norm_bytes)."""
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
