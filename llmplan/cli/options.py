@@ -104,6 +104,9 @@ ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-ze
 PP_BLOCKING_SENDS = typer.Option(_plan("pp_blocking_sends"), "--pp-blocking-sends/--no-pp-blocking-sends",
                                  help="Pipeline sends waited for where issued and the device synchronised "
                                       "(Megatron-LM 2021-02 .. 2023-05), or overlapped (overlap_p2p_comm).")
+PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-sends/--no-pp-unbatched-sends",
+                                  help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
+                                       "pipeline engine), or paired into batched exchanges (Megatron).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -258,6 +261,7 @@ SWITCHES = Flags("Training switches", {
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS,
+    "pp_unbatched_sends": PP_UNBATCHED_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -102,6 +102,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.zero3_copy_out."""
     pp_blocking_sends: bool
     """ParallelPlan.pp_blocking_sends."""
+    pp_unbatched_sends: bool
+    """ParallelPlan.pp_unbatched_sends."""
     recompute_layers: int | None
     """ParallelPlan.recompute_layers."""
     offload_layers: int
