@@ -230,6 +230,7 @@ ASSUMPTIONS = {
                    "no EP overlap, full-iteration CUDA graphs, mla_up_proj recomputed, bf16 Adam moments); predicts "
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
+             "DeepSpeed's pipeline sends one transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends), "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "the final run accumulates gradients in fp32 (BF16_Optimizer); the prequel's search (02-17 .. 02-26, "
              "before the BF16_Optimizer) keeps 16-bit gradients (DeepSpeed ZeRO-1, stage_1_and_2: all-reduced in "
@@ -248,7 +249,8 @@ ASSUMPTIONS = {
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
                  "2022; the measured 53% MFU leaves no room for full recompute), interleaving as listed, micro-batch "
                  "1, the DP reduction and gather not overlapped (DP overlap is one of the optimisations MegaScale "
-                 "adds, Table 3); predicts MFU",
+                 "adds, Table 3), every pipeline exchange waited for and the device synchronised (Megatron-LM "
+                 "285068c8, §6.1: PP_BLOCKING_SENDS); predicts MFU",
     "megascale-opt": "MegaScale's optimised stack on the same plans (Jiang et al. 2024, §3, Table 3): as megascale "
                      "but with the parallel transformer block (§3.1, ModelSpec.parallel_block: one TP pair per "
                      "layer), the TP / SP collectives overlapped with their GEMMs (§3.2, tp_comm_overlap: "
@@ -260,7 +262,8 @@ ASSUMPTIONS = {
                      "predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
              "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; DeepSpeed's pipeline "
-             "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends and "
+             "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends, one "
+             "transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends) and "
              "synchronous TP (PP_SCATTER_GATHER, SYNC_TP), the fp32 accumulation as BF16_Optimizer casts and adds each "
              "micro-batch's gradient (GRAD_ACCUMULATION cast-add); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "

@@ -114,3 +114,18 @@ def test_the_switch_is_refused_with_interleaving(cli):
             "--pp", "2", "--vpp", "2", "--pp-unbatched-sends")
     assert r.code == 2, r.out
     assert "pp_unbatched_sends with pp 2, vpp 2" in r.err and "--pp-unbatched-sends" in r.err, r.err
+
+
+def test_exports_refuse_unbatched_transfers_but_deepspeed(cli, tmp_path):
+    # Megatron-LM / Megatron-Bridge pair each send with a receive (batch_isend_irecv) and torchtitan posts a step's
+    # isend / irecv together: each refuses in one line; DeepSpeed's pipeline engine is what the switch describes
+    from test_export_switches import export, saved
+    plan = saved(cli, tmp_path / "on", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
+                 "--zero", "1", "--grad-reduce", "all-reduce", "--pp-unbatched-sends")
+    fsdp = saved(cli, tmp_path / "fsdp", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
+                 "--zero", "3", "--pp-unbatched-sends")
+    for target, p in (("megatron", plan), ("megatron-bridge", plan), ("torchtitan", fsdp)):
+        code, _, err = export(cli, p, target, tmp_path / target)
+        assert code == 2 and "pp_unbatched_sends" in err and "--no-pp-unbatched-sends" in err, (target, err)
+    code, _, err = export(cli, plan, "deepspeed", tmp_path / "deepspeed")
+    assert code == 0, err
