@@ -230,6 +230,7 @@ ASSUMPTIONS = {
                    "no EP overlap, full-iteration CUDA graphs, mla_up_proj recomputed, bf16 Adam moments); predicts "
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
+             "DeepSpeed's pipeline sends one transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends), "
              "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "the final run accumulates gradients in fp32 (BF16_Optimizer); the prequel's search (02-17 .. 02-26, "
              "before the BF16_Optimizer) keeps 16-bit gradients (DeepSpeed ZeRO-1, stage_1_and_2: all-reduced in "
@@ -248,7 +249,8 @@ ASSUMPTIONS = {
                  "sequence parallelism with TP, no flash attention with selective recompute (Korthikanti et al. "
                  "2022; the measured 53% MFU leaves no room for full recompute), interleaving as listed, micro-batch "
                  "1, the DP reduction and gather not overlapped (DP overlap is one of the optimisations MegaScale "
-                 "adds, Table 3); predicts MFU",
+                 "adds, Table 3), every pipeline exchange waited for and the device synchronised (Megatron-LM "
+                 "285068c8, §6.1: PP_BLOCKING_SENDS); predicts MFU",
     "megascale-opt": "MegaScale's optimised stack on the same plans (Jiang et al. 2024, §3, Table 3): as megascale "
                      "but with the parallel transformer block (§3.1, ModelSpec.parallel_block: one TP pair per "
                      "layer), the TP / SP collectives overlapped with their GEMMs (§3.2, tp_comm_overlap: "
@@ -260,7 +262,8 @@ ASSUMPTIONS = {
                      "predicts MFU; scored, not fitted",
     "mtnlg": "Megatron-Turing NLG 530B (Megatron-DeepSpeed on Selene's A100 80GB): TP8 PP35, full recompute, no "
              "flash attention, micro-batch 1, fp32 gradient accumulation, learned positions; DeepSpeed's pipeline "
-             "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends and "
+             "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends, one "
+             "transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends) and "
              "synchronous TP (PP_SCATTER_GATHER, SYNC_TP), the fp32 accumulation as BF16_Optimizer casts and adds each "
              "micro-batch's gradient (GRAD_ACCUMULATION cast-add); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
@@ -284,12 +287,14 @@ and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_parti
 since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
 
 
-PP_BLOCKING_SENDS = ("narayanan2021", "korthikanti2022")
+PP_BLOCKING_SENDS = ("narayanan2021", "korthikanti2022", "megascale")
 """Families whose pipeline exchanges all block (ParallelPlan.pp_blocking_sends): Megatron-LM from the interleaved
 schedule's batched sends (78cf869fc2, 2021-02) until overlap_p2p_comm (f9283c5a8a, 2023-05-31; the default from
 4eeff55d1f, 2023-10-12) waits on every batch_isend_irecv request and then calls torch.cuda.synchronize()
 (NVIDIA/Megatron-LM megatron/p2p_communication.py _communicate at 50a4b5fa02, the release of Narayanan et al. 2021,
-and at c3e688d3dd, 2022-11, after Korthikanti et al. 2022's sequence parallelism). megatron2020's rows have no
+and at c3e688d3dd, 2022-11, after Korthikanti et al. 2022's sequence parallelism). MegaScale's baseline ran
+Megatron-LM 285068c8 (2023-01-11; Jiang et al. 2024 §6.1: "Megatron-LM (commit hash: 285068c8)", interleaved, 6 / 3
+chunks), whose megatron/p2p_communication.py _communicate still waits and synchronises; megatron2020's rows have no
 pipeline; DeepSpeed's pipeline engine (bloom, mtnlg) runs 1F1B only, whose sends llmplan already waits for, and
 its p2p.send / recv are plain blocking calls with no device synchronisation (deepspeed/runtime/pipe/p2p.py)."""
 TWO_PASS_NORM = ("megatron2020", "narayanan2021", "bloom", "mtnlg", "mpt")
@@ -307,6 +312,14 @@ scripts/train/benchmarking/submit_benchmarks.py at b2a43a147 and 5e85bd62d) on t
 PyTorch's native kernel (layer_norm_kernel.cu: GammaBetaBackwardCUDAKernel after the input gradient's).
 korthikanti2022 and megascale ran Megatron-LM after 2021-11 with hidden sizes in persist_ln_hidden_sizes (6144,
 12288, 20480, 25600): one pass, the default."""
+MCORE_1F1B_SYNC = ("megatron", "nemo2407", "nemocp", "bridge", "bridgecard", "mbridge-dense", "mbridge-moe", "dgxc")
+"""Megatron-Core stacks whose 1F1B exchanges (pp > 1, no interleaving) synchronise the device: Megatron-LM forces
+overlap_p2p_comm off without interleaving and sets batch_p2p_comm = not overlap_p2p_comm (NVIDIA/Megatron-LM
+megatron/training/arguments.py at core_r0.9.0), NeMo 2 / Megatron-Bridge set batch_p2p_comm True for pp > 1, vp 1
+(NVIDIA/NeMo nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py, Megatron-Bridge
+src/megatron/bridge/training/comm_overlap.py: _get_model_comm_overlap_cfgs), and ModelParallelConfig's batch_p2p_sync
+defaults True (core_r0.9.0 p2p_communication._communicate: torch.cuda.synchronize() after the batched exchange):
+read as pp_blocking_sends, which with v = 1 adds only the synchronisation (docs/formulas.md#step.pp_blocking)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -529,7 +542,11 @@ def system_for(gpu: str) -> str | None:
 
 
 DEEPSPEED_PIPE = ("bloom", "mtnlg")
-"""Families trained with DeepSpeed's pipeline engine (Megatron-DeepSpeed) whose plan prices its DP timing."""
+"""Families trained with DeepSpeed's pipeline engine (Megatron-DeepSpeed) whose plan prices its DP timing and its
+1F1B transfers one at a time (pp_unbatched_sends: microsoft/DeepSpeed deepspeed/runtime/pipe/schedule.py
+TrainSchedule.steps, each step a RecvActivation + SendGrad or SendActivation + RecvGrad, and p2p.py send / recv,
+blocking dist.send / dist.recv at v0.6.0, a two-rank dist.broadcast with async_op forced False at v0.3.13 ..
+v0.5.x; the schedule is the same at v0.3.13, v0.5.0 and v0.6.0, which span MT-NLG's and BLOOM's runs)."""
 
 EAGER_MODULE_LOADING = ("megatron2020", "narayanan2021", "korthikanti2022", "bloom", "mtnlg")
 """Families whose runs predate CUDA 11.7 (May 2022, the first release with lazy module loading; PyTorch made it
@@ -1382,8 +1399,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-LM of 2020-21, the Megatron-DeepSpeed forks and llm-foundry run the LayerNorm backward in two
         # kernels (TWO_PASS_NORM)
         norm_kernel="two-pass" if fam in TWO_PASS_NORM else "fused-one-pass",
-        # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS)
-        pp_blocking_sends=fam in PP_BLOCKING_SENDS and pp > 1,
+        # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS), as
+        # Megatron-Core's 1F1B does after each batched exchange (MCORE_1F1B_SYNC)
+        pp_blocking_sends=(fam in PP_BLOCKING_SENDS or (fam in MCORE_1F1B_SYNC and vpp == 1)) and pp > 1,
+        # DeepSpeed's pipeline engine (BLOOM, MT-NLG) receives and sends one transfer at a time (DEEPSPEED_PIPE)
+        pp_unbatched_sends=fam in DEEPSPEED_PIPE and pp > 1 and vpp == 1,
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
         # tensor, each module's weights released after its forward and fetched again for the recompute
         # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer

@@ -107,6 +107,9 @@ PP_BLOCKING_SENDS = typer.Option(_plan("pp_blocking_sends"), "--pp-blocking-send
 NORM_KERNEL = typer.Option(_plan("norm_kernel"), "--norm-kernel",
                            help="A fused norm's backward: fused-one-pass (Transformer Engine, Apex's persistent "
                                 "norm) | two-pass (Apex FusedLayerNorm, F.layer_norm: dy and x read again).")
+PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-sends/--no-pp-unbatched-sends",
+                                  help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
+                                       "pipeline engine), or paired into batched exchanges (Megatron).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -261,6 +264,7 @@ SWITCHES = Flags("Training switches", {
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
+    "pp_unbatched_sends": PP_UNBATCHED_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -323,10 +323,18 @@ def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, k
     backward, 2(pv - 1), whatever n (cost.schedule.makespan with a time per send; the v - 1 hops from the last
     rank back to the first included). Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py at
     core_r0.9.0 (forward_backward_pipelining_with_interleaving: overlap_p2p_comm, req.wait() before the pass).
-    Derived: docs/formulas.md#step.overlap, docs/formulas.md#step.pp_critical"""
+    With pp_unbatched_sends (DeepSpeed's TrainSchedule: a step's receive and send in a row, blocking) a middle
+    stage waits for four transfers a micro-batch: 4n + 2p - 8 on the path (2(p - 1) for one micro-batch, 2n with two
+    stages), by a rendezvous
+    simulation (tests/test_pp_unbatched.py).
+    Derived: docs/formulas.md#step.overlap, docs/formulas.md#step.pp_critical, docs/formulas.md#step.pp_unbatched"""
     n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
     p2p = pp_seconds / maximum(sends, 1)
     waited = where(v == 1, 2 * (n + p - 1), minimum(2 * (p * v - 1), sends))  # 1F1B: the fill's and drain's too
+    # step.pp_unbatched: DeepSpeed's engine runs each 1F1B step's receive and send one after the other, four a
+    # micro-batch on a middle stage (two stages: two, neither has a middle)
+    waited = where(plan.pp_unbatched_sends & (v == 1),
+                   where(p == 2, 2 * n, maximum(4 * n + 2 * p - 8, 2 * p - 2)), waited)  # one micro-batch: 2(p - 1)
     # step.pp_blocking: every exchange of the first rank but its last, which sends nothing (chunk 0's gradient)
     waited = where(plan.pp_blocking_sends & (v > 1), pp_blocking_exchanges(plan) - 1, waited)
     left = where(plan.pp_blocking_sends & (v > 1), 0, maximum(sends - waited, 0))  # an exchange's two sends at once

@@ -107,6 +107,9 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"Megatron-Bridge {VERSION} has no pretrain recipe for {m.name} (recipes for "
                      f"{', '.join(sorted(RECIPES))})", "export to megatron")
     rules = [
+        ("1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline engine; Megatron-Core "
+         "pairs each send with a receive in one exchange)", p.pp_unbatched_sends and p.pp > 1,
+         "re-plan with --no-pp-unbatched-sends, or export to deepspeed"),
         (f"ZeRO stage {p.zero} (this export runs Megatron-Core's distributed optimizer, ZeRO-1)", p.zero >= 2,
          "re-plan with --zero 1 (or 0), or export to torchtitan"),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "

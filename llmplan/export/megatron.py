@@ -370,6 +370,10 @@ def check(pf: PlanFile) -> None:
                      "re-plan with --seq-len at most max_position_embeddings")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
+    if p.pp_unbatched_sends and p.pp > 1:  # Megatron-Core's 1F1B pairs a send and a receive per exchange
+        raise refuse(TARGET, "1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline "
+                     "engine; Megatron-LM pairs each send with a receive in one exchange)",
+                     "re-plan with --no-pp-unbatched-sends, or export to deepspeed")
     if launcher_schedule("megatron", p.pp_schedule) is None:
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")

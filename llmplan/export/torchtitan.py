@@ -81,6 +81,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "pipeline exchanges that block and synchronise the device (pp_blocking_sends: "
                      "Megatron-LM 2021-22; torchtitan's pipeline schedules wait for a receive only before its use)",
                      "re-plan with --no-pp-blocking-sends")
+    if p.pp_unbatched_sends and p.pp > 1:  # torch.distributed.pipelining posts a step's isend / irecv together
+        raise refuse(target, "1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline "
+                     "engine; torchtitan's schedules post a step's sends and receives together)",
+                     "re-plan with --no-pp-unbatched-sends, or export to deepspeed")
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")

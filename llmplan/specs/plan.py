@@ -229,6 +229,11 @@ class ParallelPlan(PlanQuantities, Spec):
     GammaBetaBackwardCUDAKernel) reads dy and x again for the weight and bias gradients: 4 + 10 (Apex
     FusedLayerNorm, Megatron-LM's and Megatron-DeepSpeed's fused_kernels copy of it, PyTorch's native
     F.layer_norm). docs/formulas.md#compute.norm_bytes"""
+    pp_unbatched_sends: bool = False
+    """Every 1F1B pipeline transfer on its own, one after another on the stage's stream, as DeepSpeed's pipeline
+    engine runs them (deepspeed/runtime/pipe/schedule.py TrainSchedule: each step a receive and a send, each a
+    blocking p2p.send / p2p.recv): a micro-batch's four transfers in a row where Megatron's 1F1B pairs them into
+    two batched exchanges (docs/formulas.md#step.pp_unbatched). Non-interleaved schedules only."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
     tp_overlap_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)],

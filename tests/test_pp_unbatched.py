@@ -1,0 +1,131 @@
+"""1F1B pipeline transfers one at a time (ParallelPlan.pp_unbatched_sends, docs/formulas.md#step.pp_unbatched):
+DeepSpeed's pipeline engine (BLOOM's and MT-NLG's runs) gives each step of its 1F1B schedule a receive and a send,
+each a blocking p2p.send / p2p.recv (microsoft/DeepSpeed deepspeed/runtime/pipe/schedule.py TrainSchedule.steps and
+p2p.py at v0.5.0 .. v0.6.0), where Megatron pairs them in one batched exchange. The closed form is checked against a
+simulation of that schedule in which every transfer is a rendezvous of its two stages."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.comm import pp_sends
+from llmplan.cost.step import pp_exposed_per_step
+from llmplan.specs.plan import ParallelPlan
+
+DELTA = 1e-4
+"""Seconds of one transfer in the simulation: small against a stage's pass (1/3 s forward, 2/3 s backward)."""
+
+
+def _plan(p: int, n: int, unbatched: bool = True) -> ParallelPlan:
+    return ParallelPlan(pp=p, dp=1, global_batch=n, seq_len=4096, pp_unbatched_sends=unbatched)
+
+
+def _commands(p: int, n: int, s: int) -> list[tuple]:
+    """Stage s's commands in TrainSchedule's order: at step t it runs the forward of micro-batch j when
+    t = 2j + s and the backward of j when t = 2j + 2p - 1 - s (2(n + p - 1) steps); a forward step first receives
+    its activation, then sends the gradient of the backward of the step before; a backward step first sends the
+    activation of the forward of the step before, then receives its gradient (neither at the pipeline's ends)."""
+    kind: dict[int, tuple[str, int]] = {}
+    for j in range(n):
+        kind[2 * j + s] = ("forward", j)
+        kind[2 * j + 2 * p - 1 - s] = ("backward", j)
+    cmds: list[tuple] = []
+    for t in range(2 * (n + p - 1)):
+        this, prev = kind.get(t), kind.get(t - 1)
+        if this is not None and this[0] == "forward" or this is None and (t + s) % 2 == 0:
+            if s > 0 and this is not None:
+                cmds.append(("x", "act", s, this[1]))  # RecvActivation from s - 1
+            if s > 0 and prev is not None and prev[0] == "backward":
+                cmds.append(("x", "grad", s, prev[1]))  # SendGrad to s - 1
+        else:
+            if s < p - 1 and prev is not None and prev[0] == "forward":
+                cmds.append(("x", "act", s + 1, prev[1]))  # SendActivation to s + 1
+            if s < p - 1 and this is not None:
+                cmds.append(("x", "grad", s + 1, this[1]))  # RecvGrad from s + 1
+        if this is not None:
+            cmds.append(("c", this[0]))
+    return cmds
+
+
+def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3) -> float:
+    """The step of equal stages when each transfer ends `delta` after both of its stages have posted it (NCCL's
+    point-to-point: nothing moves until both sides are there) and a stage runs its commands one after another."""
+    cmds = [_commands(p, n, s) for s in range(p)]
+    at, t, posted = [0] * p, [0.0] * p, {}
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while at[s] < len(cmds[s]):
+                c = cmds[s][at[s]]
+                if c[0] == "c":
+                    t[s] += forward if c[1] == "forward" else 1 - forward
+                elif c[1:] in posted and posted[c[1:]][0] != s:
+                    other, start = posted.pop(c[1:])
+                    t[s] = t[other] = max(start, t[s]) + delta
+                    at[other] += 1
+                elif c[1:] not in posted:
+                    posted[c[1:]] = (s, t[s])
+                    break
+                else:
+                    break
+                at[s] += 1
+                moved = True
+    assert all(at[s] == len(cmds[s]) for s in range(p)), "the simulated schedule deadlocked"
+    return max(t)
+
+
+def _waited(p: int, n: int) -> float:
+    """Transfers pp_exposed_per_step puts on the critical path with pp_unbatched_sends (contention 0)."""
+    plan = _plan(p, n)
+    return float(pp_exposed_per_step(plan, float(pp_sends(plan)) * DELTA, 1e6, 0.0)) / DELTA
+
+
+@pytest.mark.parametrize("p,n", [(2, 1), (2, 4), (3, 1), (3, 6), (4, 2), (4, 8), (4, 16), (8, 1), (8, 4), (8, 16),
+                                 (12, 6), (12, 128), (35, 70)])
+def test_unbatched_transfers_on_the_path_are_the_simulated_ones(p, n):
+    # (12, 128) is BLOOM-176B's layout (pp 12, global batch 2048 over dp 8 at micro-batch 2)
+    simulated = (_makespan(p, n, DELTA) - _makespan(p, n, 0.0)) / DELTA
+    assert _waited(p, n) == pytest.approx(simulated, abs=1e-6)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(p=st.integers(2, 8), n=st.integers(1, 40), forward=st.floats(0.2, 0.5))
+def test_the_closed_form_matches_the_simulation_for_any_forward_share(p, n, forward):
+    simulated = (_makespan(p, n, DELTA, forward) - _makespan(p, n, 0.0, forward)) / DELTA
+    assert _waited(p, n) == pytest.approx(simulated, abs=1e-6)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(p=st.integers(3, 16), groups=st.integers(1, 8), kappa=st.floats(0.0, 0.3), window=st.floats(1e-3, 10.0))
+def test_unbatched_transfers_never_expose_less_than_batched_exchanges(p, groups, kappa, window):
+    # Megatron's 1F1B: 2(n + p - 1) exchanges of a send and a receive at once (step.pp_critical); with a middle
+    # stage (p >= 3) DeepSpeed's four transfers a micro-batch expose as much, more from the fourth micro-batch
+    n = p * groups
+    on, off = _plan(p, n), _plan(p, n, unbatched=False)
+    more = float(pp_exposed_per_step(on, 0.01, window, kappa)) - float(pp_exposed_per_step(off, 0.01, window, kappa))
+    assert more > 0 if n > 3 else more == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_switch_is_refused_with_interleaving(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "8",
+            "--pp", "2", "--vpp", "2", "--pp-unbatched-sends")
+    assert r.code == 2, r.out
+    assert "pp_unbatched_sends with pp 2, vpp 2" in r.err and "--pp-unbatched-sends" in r.err, r.err
+
+
+def test_exports_refuse_unbatched_transfers_but_deepspeed(cli, tmp_path):
+    # Megatron-LM / Megatron-Bridge pair each send with a receive (batch_isend_irecv) and torchtitan posts a step's
+    # isend / irecv together: each refuses in one line; DeepSpeed's pipeline engine is what the switch describes
+    from test_export_switches import export, saved
+    plan = saved(cli, tmp_path / "on", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
+                 "--zero", "1", "--grad-reduce", "all-reduce", "--pp-unbatched-sends")
+    fsdp = saved(cli, tmp_path / "fsdp", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
+                 "--zero", "3", "--pp-unbatched-sends")
+    for target, p in (("megatron", plan), ("megatron-bridge", plan), ("torchtitan", fsdp)):
+        code, _, err = export(cli, p, target, tmp_path / target)
+        assert code == 2 and "pp_unbatched_sends" in err and "--no-pp-unbatched-sends" in err, (target, err)
+    code, _, err = export(cli, plan, "deepspeed", tmp_path / "deepspeed")
+    assert code == 0, err
