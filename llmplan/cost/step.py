@@ -75,6 +75,7 @@ from llmplan.cost.params import (
     rank_params,
     recomputed_share,
     stage_layers,
+    stepped_rank_params,
 )
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
@@ -222,7 +223,7 @@ def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
     return stages * (F + s.bubble_backward * B - s.bubble_weight * W) / maximum(F + B, 1e-30)
 
 
-def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any,
+def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any = None,
               per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None = None) -> StepTime:
     """Pipeline schedule with its bubble and the overlap of each axis's communication.
 
@@ -233,7 +234,10 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     ZeRO 0-2 are per step. `per_stage` (one (GPU, communication) per stage of a plan that lists its stages:
     stages on pools of different GPUs, cost.hetero) prices each stage's compute and its TP, CP, EP and ZeRO-3
     traffic on its own pool; `gpu` and `comm` then price the per-step parts (the caller passes the slowest
-    pool's). Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages"""
+    pool's). The per-step tail (the DP reduction and gather left exposed, the optimizer step, the gradient buffer's
+    passes, FSDP2's copy-out) is each stage's own, of its own parameters (stage_tails), and the slowest tail ends
+    the step; `params_on_rank` (the fullest stage's, which need not be the slowest's) is not read, kept for
+    callers. Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages, docs/formulas.md#step.stage_tail"""
     if per_stage is not None and (explicit_stages(plan) is None or len(per_stage) != plan.pp):
         raise ValueError("per_stage needs a plan that lists its stages (pp_layout or pp_layers), one per stage")
     stages = stage_times(m, plan, gpu, tuple(g for g, _ in per_stage) if per_stage is not None else None)
@@ -249,8 +253,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
                    + offload_exposed(m, plan, comm.host, sc.total - sc.forward))
+    dp_tail, optimizer, grad_buffer, copy_out = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
-               "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa, params_on_rank),
+               "dp": n * z3_mb + dp_tail,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
@@ -264,13 +269,12 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                                       layer_gpu, gpu.host_op_factor),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n,
-                 "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu),
-                 "zero3_copy_out": zero3_copy_out_seconds(plan, params_on_rank, gpu),
+                 "grad_buffer": grad_buffer,
+                 "zero3_copy_out": copy_out,
                  "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,
-                                         _expert_on_rank(m, plan, stages, params_on_rank)),
+        optimizer=optimizer,
         overhead=sum(overheads.values()),
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
         overheads=overheads,
@@ -286,8 +290,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
     parts, picked elementwise; a stage runs on its own (GPU, communication) of `per_stage`, else on `default`'s."""
     n = plan.num_microbatches
     per_mb, parts = [], []
-    for stage, sc, layers, moe_layers in stages:
-        g_i, c_i = per_stage[stage] if per_stage is not None else default
+    for j, (stage, sc, layers, moe_layers) in enumerate(stages):
+        g_i, c_i = per_stage[stage] if per_stage is not None else (default[0], stage_comm(default[1], j))
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_i = tp_exposed(plan, c_i.tp / n * layers / l_max, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i),
@@ -345,15 +349,34 @@ def pp_blocking_exchanges(plan: ParallelPlan) -> Any:
     return where(p > 1, where(v == 1, 2 * (n + p - 1), interleaved), 0)
 
 
-def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
-    """Routed-expert parameters of the rank whose optimizer step is priced: the most of any candidate stage
-    (the schedule's parameter copies, two under DualPipe, as memory counts them), at most the rank's parameters."""
-    if not m.is_moe:
-        return 0.0
-    expert = 0.0
-    for stage, *_ in stages:
-        expert = maximum(expert, rank_params(m, plan, stage).expert)
-    return minimum(schedule_of(plan).param_copies * expert, params_on_rank)
+def stage_comm(comm: CommSeconds, j: int) -> CommSeconds:
+    """comm with the DP reduction and gather of the rank of candidate stage j (CommSeconds.dp_stages)."""
+    if not comm.dp_stages:
+        return comm
+    reduce, gather = comm.dp_stages[j]
+    return replace(comm, dp_reduce=reduce, dp_gather=gather)
+
+
+def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
+                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any]:
+    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out) of the stage whose per-step tail
+    is longest, elementwise. Each stage reduces its own gradients behind its own last backward, gathers its own
+    weights, and steps its own parameters (stepped_rank_params), all stages in parallel after the pipeline drains:
+    the step ends with the slowest tail, which need not be the fullest stage's (memory's) nor the slowest
+    compute's. Derived: docs/formulas.md#step.stage_tail"""
+    best: tuple[Any, ...] = ()
+    top: Any = 0.0
+    for j, (stage, sc, _, _) in enumerate(stages):
+        rp = stepped_rank_params(m, plan, stage)
+        parts = (dp_exposed_per_step(plan, stage_comm(comm, j), sc, kappa, rp.total),
+                 optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
+                 grad_buffer_seconds(plan, rp.total, gpu), zero3_copy_out_seconds(plan, rp.total, gpu))
+        t = sum(parts)
+        if best:
+            c = t > top
+            parts = tuple(where(c, a, b) for a, b in zip(parts, best, strict=True))
+        best, top = parts, maximum(top, t)
+    return best[0], best[1], best[2], best[3]
 
 
 @dataclass(frozen=True)
