@@ -359,24 +359,32 @@ def stage_comm(comm: CommSeconds, j: int) -> CommSeconds:
 
 def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                 stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any]:
-    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out) of the stage whose per-step tail
-    is longest, elementwise. Each stage reduces its own gradients behind its own last backward, gathers its own
-    weights, and steps its own parameters (stepped_rank_params), all stages in parallel after the pipeline drains:
-    the step ends with the slowest tail, which need not be the fullest stage's (memory's) nor the slowest
-    compute's. Derived: docs/formulas.md#step.stage_tail"""
-    best: tuple[Any, ...] = ()
-    top: Any = 0.0
+    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out) of the step's tail, elementwise.
+    Each stage reduces its own gradients behind its own last backward and steps and gathers its own parameters
+    (stepped_rank_params), all stages in parallel; the gradient norm's all-reduce over the model-parallel group
+    (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
+    the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out),
+    not the fullest stage's (memory's) nor the slowest compute's.
+    Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
+    all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail"""
+    before: tuple[Any, ...] = ()
+    after: tuple[Any, ...] = ()
     for j, (stage, sc, _, _) in enumerate(stages):
-        rp = stepped_rank_params(m, plan, stage)
-        parts = (dp_exposed_per_step(plan, stage_comm(comm, j), sc, kappa, rp.total),
-                 optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
-                 grad_buffer_seconds(plan, rp.total, gpu), zero3_copy_out_seconds(plan, rp.total, gpu))
-        t = sum(parts)
-        if best:
-            c = t > top
-            parts = tuple(where(c, a, b) for a, b in zip(parts, best, strict=True))
-        best, top = parts, maximum(top, t)
-    return best[0], best[1], best[2], best[3]
+        rp, c = stepped_rank_params(m, plan, stage), stage_comm(comm, j)
+        reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total)
+        gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total)
+        before = _slower(before, (reduce, grad_buffer_seconds(plan, rp.total, gpu)))
+        after = _slower(after, (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
+                                zero3_copy_out_seconds(plan, rp.total, gpu)))
+    return before[0] + after[0], after[1], before[1], after[2]
+
+
+def _slower(best: tuple[Any, ...], parts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """parts where their sum exceeds best's (elementwise; best empty: parts)."""
+    if not best:
+        return parts
+    c = sum(parts) > sum(best)
+    return tuple(where(c, a, b) for a, b in zip(parts, best, strict=True))
 
 
 @dataclass(frozen=True)
