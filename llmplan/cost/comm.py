@@ -18,6 +18,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES,
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
+from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.mixers import attention_share, dense_mlp_share, norms_per_layer
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
@@ -30,6 +31,7 @@ from llmplan.cost.params import (
     rank_params,
     recomputed_share,
     stage_layers,
+    stepped_rank_params,
 )
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
@@ -125,6 +127,10 @@ class CommBreakdown:
     host_layer_bytes: Any = 0.0
     """Bytes one offloaded layer copies to host memory per micro-batch, each way (not a collective: the
     GPU's own link to host memory; cost.offload). 0 without activation offload."""
+    dp_stages: tuple[AxisComm, ...] = ()
+    """The dp axis of a rank of each candidate stage (cost.memory.candidate_stages, in order): each stage
+    reduces and gathers its own parameters (docs/formulas.md#step.stage_tail); `axes["dp"]` is the first
+    stage's. Empty: every stage's is `axes["dp"]`."""
 
     @property
     def bytes(self) -> float:
@@ -275,6 +281,9 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
+        dp_stages=tuple((sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather"),
+                         sum(transfer_seconds(t, system) for t in a.transfers if t.collective == "all-gather"))
+                        for a in comm.dp_stages),
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
@@ -539,7 +548,8 @@ def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     return [Transfer("send-recv", pp_sends(plan), S, group)]
 
 
-def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group: G) -> list[Transfer[G]]:
+def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group: G,
+                 stage: Any = 0) -> list[Transfer[G]]:
     """Gradient synchronisation over dp x cp (dense) and expert-dp (experts): all-reduce of the gradients;
     with ZeRO-1 (distributed optimizer) one reduce-scatter of the accumulated gradients + all-gather of the
     updated weights per step; ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
@@ -549,10 +559,12 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     gradient sync before the last backward), so they gather and reduce once per step, as ZeRO-1.
     ZeRO-1 with grad_reduce all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine) all-reduces the
     whole gradient, twice a reduce-scatter's traffic, before each rank steps its shard and gathers the weights.
+    The parameters are those of a rank of pipeline stage `stage` (stepped_rank_params: both paired stages'
+    under DualPipe).
     Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume); microsoft/DeepSpeed
     runtime/pipe/engine.py _bf16_reduce_grads (buffered_allreduce_fallback of the optimizer's fp32 gradients).
-    Derived: docs/formulas.md#comm.dp"""
-    rp = rank_params(m, plan, 0)
+    Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail"""
+    rp = stepped_rank_params(m, plan, stage)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
@@ -772,11 +784,14 @@ def blocks_hit(E: int, k: int, b: int, routing: str, groups: tuple[int, int] | N
 
 
 def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], system: SystemSpec) -> CommBreakdown:
-    """Communication of one training step for every axis (axes of size 1 send nothing)."""
+    """Communication of one training step for every axis (axes of size 1 send nothing); the dp axis of a
+    rank of each candidate stage beside it (CommBreakdown.dp_stages)."""
+    dp = each_stage(candidate_stages(m, plan),
+                    lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"], i), system))
     return CommBreakdown({
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
-        "dp": _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"]), system),
+        "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
-    }, host_layer_bytes=offload_layer_bytes(m, plan))
+    }, host_layer_bytes=offload_layer_bytes(m, plan), dp_stages=tuple(dp))

@@ -38,6 +38,10 @@ class CommSeconds:
     dp_host: Any = 0.0
     """Host seconds per step that the ZeRO-3 collectives spend launching their per-rank copies while the GPU
     waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""
+    dp_stages: tuple[tuple[Any, Any], ...] = ()
+    """(dp_reduce, dp_gather) of a rank of each candidate stage (cost.memory.candidate_stages, in order), each
+    of its own parameters (docs/formulas.md#step.stage_tail); dp_reduce / dp_gather are the first stage's.
+    Empty: every stage's are dp_reduce / dp_gather."""
 
 
 GRAD_RING_BYTES = 4.0

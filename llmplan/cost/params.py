@@ -57,6 +57,7 @@ from llmplan.cost.stages import (  # noqa: F401  (re-exported: their home was th
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import PlanLike
+from llmplan.specs.schedule import schedule_of
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,15 @@ def paired_rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     tied = where(ends, padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp, 0) \
         * (1 if m.tie_word_embeddings else 0)
     return RankParams(dense=a.dense + b.dense - tied, expert=a.expert + b.expert)
+
+
+def stepped_rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
+    """Parameters whose gradients one rank of pipeline stage `stage` reduces and whose optimizer step it runs: its
+    stage's (rank_params), and under a schedule with two parameter copies (DualPipe) the paired stage's too
+    (paired_rank_params). Derived: docs/formulas.md#step.stage_tail"""
+    if schedule_of(plan).param_copies == 2:
+        return paired_rank_params(m, plan, stage)
+    return rank_params(m, plan, stage)
 
 
 def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:

@@ -76,6 +76,7 @@ from llmplan.cost.params import (
     rank_params,
     recomputed_share,
     stage_layers,
+    stepped_rank_params,
 )
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
@@ -223,7 +224,7 @@ def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
     return stages * (F + s.bubble_backward * B - s.bubble_weight * W) / maximum(F + B, 1e-30)
 
 
-def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any,
+def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any = None,
               per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None = None) -> StepTime:
     """Pipeline schedule with its bubble and the overlap of each axis's communication.
 
@@ -234,7 +235,10 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     ZeRO 0-2 are per step. `per_stage` (one (GPU, communication) per stage of a plan that lists its stages:
     stages on pools of different GPUs, cost.hetero) prices each stage's compute and its TP, CP, EP and ZeRO-3
     traffic on its own pool; `gpu` and `comm` then price the per-step parts (the caller passes the slowest
-    pool's). Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages"""
+    pool's). The per-step tail (the DP reduction and gather left exposed, the optimizer step, the gradient buffer's
+    passes, FSDP2's copy-out) is each stage's own, of its own parameters (stage_tails), and the slowest tail ends
+    the step; `params_on_rank` (the fullest stage's, which need not be the slowest's) is not read, kept for
+    callers. Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages, docs/formulas.md#step.stage_tail"""
     if per_stage is not None and (explicit_stages(plan) is None or len(per_stage) != plan.pp):
         raise ValueError("per_stage needs a plan that lists its stages (pp_layout or pp_layers), one per stage")
     stages = stage_times(m, plan, gpu, tuple(g for g, _ in per_stage) if per_stage is not None else None)
@@ -250,8 +254,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
                    + offload_exposed(m, plan, comm.host, sc.total - sc.forward))
+    dp_tail, optimizer, grad_buffer, copy_out = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
-               "dp": n * z3_mb + dp_exposed_per_step(plan, comm, sc, kappa, params_on_rank),
+               "dp": n * z3_mb + dp_tail,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
@@ -265,13 +270,12 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                                       layer_gpu, gpu.host_op_factor),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n,
-                 "grad_buffer": grad_buffer_seconds(plan, params_on_rank, gpu),
-                 "zero3_copy_out": zero3_copy_out_seconds(plan, params_on_rank, gpu),
+                 "grad_buffer": grad_buffer,
+                 "zero3_copy_out": copy_out,
                  "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
-        optimizer=optimizer_step_seconds(params_on_rank, plan, gpu,
-                                         _expert_on_rank(m, plan, stages, params_on_rank)),
+        optimizer=optimizer,
         overhead=sum(overheads.values()),
         exposed=exposed, stage=sc, model_flops=model, hardware_flops=model + recompute_flops_per_step(m, plan),
         overheads=overheads,
@@ -287,8 +291,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
     parts, picked elementwise; a stage runs on its own (GPU, communication) of `per_stage`, else on `default`'s."""
     n = plan.num_microbatches
     per_mb, parts = [], []
-    for stage, sc, layers, moe_layers in stages:
-        g_i, c_i = per_stage[stage] if per_stage is not None else default
+    for j, (stage, sc, layers, moe_layers) in enumerate(stages):
+        g_i, c_i = per_stage[stage] if per_stage is not None else (default[0], stage_comm(default[1], j))
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_s = c_i.tp / n * layers / l_max
@@ -356,15 +360,42 @@ def pp_blocking_exchanges(plan: ParallelPlan) -> Any:
     return where(p > 1, where(v == 1, 2 * (n + p - 1), interleaved), 0)
 
 
-def _expert_on_rank(m: ModelSpec, plan: ParallelPlan, stages: list[Any], params_on_rank: Any) -> Any:
-    """Routed-expert parameters of the rank whose optimizer step is priced: the most of any candidate stage
-    (the schedule's parameter copies, two under DualPipe, as memory counts them), at most the rank's parameters."""
-    if not m.is_moe:
-        return 0.0
-    expert = 0.0
-    for stage, *_ in stages:
-        expert = maximum(expert, rank_params(m, plan, stage).expert)
-    return minimum(schedule_of(plan).param_copies * expert, params_on_rank)
+def stage_comm(comm: CommSeconds, j: int) -> CommSeconds:
+    """comm with the DP reduction and gather of the rank of candidate stage j (CommSeconds.dp_stages)."""
+    if not comm.dp_stages:
+        return comm
+    reduce, gather = comm.dp_stages[j]
+    return replace(comm, dp_reduce=reduce, dp_gather=gather)
+
+
+def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
+                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any]:
+    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out) of the step's tail, elementwise.
+    Each stage reduces its own gradients behind its own last backward and steps and gathers its own parameters
+    (stepped_rank_params), all stages in parallel; the gradient norm's all-reduce over the model-parallel group
+    (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
+    the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out),
+    not the fullest stage's (memory's) nor the slowest compute's.
+    Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
+    all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail"""
+    before: tuple[Any, ...] = ()
+    after: tuple[Any, ...] = ()
+    for j, (stage, sc, _, _) in enumerate(stages):
+        rp, c = stepped_rank_params(m, plan, stage), stage_comm(comm, j)
+        reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total)
+        gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total)
+        before = _slower(before, (reduce, grad_buffer_seconds(plan, rp.total, gpu)))
+        after = _slower(after, (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
+                                zero3_copy_out_seconds(plan, rp.total, gpu)))
+    return before[0] + after[0], after[1], before[1], after[2]
+
+
+def _slower(best: tuple[Any, ...], parts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """parts where their sum exceeds best's (elementwise; best empty: parts)."""
+    if not best:
+        return parts
+    c = sum(parts) > sum(best)
+    return tuple(where(c, a, b) for a, b in zip(parts, best, strict=True))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import numpy as np
 
 from llmplan.cost.comm import (copy_seconds, cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers,
                                 pp_transfers, tp_transfers)
-from llmplan.cost.memory import ActivationBytes, TrainingMemory, candidate_stages, stage_memory, training_memory
+from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
+                                 training_memory)
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
@@ -168,14 +169,20 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)
                     for x in transfers), np.zeros(len(plans)))
 
-    dp = dp_transfers(m, plans.as_plan, "dpcp", "edp")
+    # each candidate stage's rank reduces and gathers its own parameters (docs/formulas.md#step.stage_tail)
+    stages = each_stage(candidate_stages(m, plans.as_plan),
+                        lambda i: dp_transfers(m, plans.as_plan, "dpcp", "edp", i))
+    dp_stages = each_stage(tuple(stages), lambda x: (  # a repeated stage: timed once
+        total([t for t in x if t.collective != "all-gather"]), total([t for t in x if t.collective == "all-gather"])))
+    dp = stages[0]
     return CommSeconds(
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
         cp=total(cp_transfers(m, plans.as_plan, "cp")),
         ep=total(ep_transfers(m, plans.as_plan, "ep")),
-        dp_reduce=total([x for x in dp if x.collective != "all-gather"]),
-        dp_gather=total([x for x in dp if x.collective == "all-gather"]),
+        dp_reduce=dp_stages[0][0],
+        dp_gather=dp_stages[0][1],
+        dp_stages=tuple(dp_stages),
         host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         dp_host=sum((x.calls * x.host_s for x in dp), np.zeros(len(plans))),
     )
