@@ -28,7 +28,6 @@ from llmplan.cost.params import (
     kv_heads_per_rank,
     max_stage_layers,
     mlp_params,
-    rank_params,
     recomputed_share,
     stage_layers,
     stepped_rank_params,
