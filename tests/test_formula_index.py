@@ -51,7 +51,8 @@ def test_each_id_has_one_section_and_one_index_row() -> None:
     text = (ROOT / "docs" / "formulas.md").read_text(encoding="utf-8")
     sections = SECTION.findall(text)
     rows = INDEX_ROW.findall(text)
-    assert len(sections) == len(set(sections)), f"duplicate sections: {sorted({s for s in sections if sections.count(s) > 1})}"
+    twice = sorted({s for s in sections if sections.count(s) > 1})
+    assert not twice, f"duplicate sections: {twice}"
     assert [r for r in rows if r[0] != r[1]] == [], "an index row's text differs from its link"
     ids = [r[0] for r in rows]
     assert len(ids) == len(set(ids)), f"duplicate index rows: {sorted({i for i in ids if ids.count(i) > 1})}"
