@@ -1567,6 +1567,38 @@ def with_constants(system, consts: dict | None):
     return system.model_copy(update={"gpu": system.gpu.model_copy(update=upd)})
 
 
+def record_setup(rec: dict, fam: str, consts: dict | None = None
+                 ) -> tuple[ModelSpec, ClusterSpec, ParallelPlan] | None:
+    """The model, cluster and plan predict prices a training record with: the record's system with the
+    constants `consts`, the run's power cap, its NVLink segment and the Triton attention ratio applied; None
+    where the record is not scored (no profile or layout, a LoRA run, skip_reason, a plan of another size)."""
+    hw = rec.get("hardware", {})
+    system_name = record_system(rec)
+    par = rec.get("parallel", {})
+    if system_name is None or not described(rec) or "tp" not in par or "pp" not in par:
+        return None  # no profile for the GPU, or the source does not give the parallel layout
+    if "-lora-" in rec["id"]:
+        return None  # parameter-efficient fine-tuning (frozen base weights) is not modelled
+    if skip_reason(rec):
+        return None
+    system = with_constants(builtin_systems()[system_name], consts)
+    if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
+        system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
+    gpus = hw.get("gpus") or 1
+    if nvlink_segment_gpus(rec, system):
+        system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
+    model, plan = model_for(rec, fam), plan_for(rec, fam, gpus)
+    if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
+        gpu = system.gpu
+        triton = float(triton_flash2_ratio(model, plan, gpu))
+        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
+        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
+    cluster = cluster_of(system, gpus)
+    if plan.num_gpus != cluster.num_gpus:
+        return None
+    return model, cluster, plan
+
+
 def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, float, float]]:
     """[(quantity, predicted, measured)] for one record, with the fitted constants `consts` (None: the shipped
     profiles). Constants given as equal-length arrays (a grid of them, fit_table) predict every grid point
@@ -1574,36 +1606,15 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     gives (grid_estimate)."""
     if fam == "trtllm":
         return predict_serving(rec)
-    hw = rec.get("hardware", {})
-    system_name = record_system(rec)
-    par = rec.get("parallel", {})
-    if system_name is None or not described(rec) or "tp" not in par or "pp" not in par:
-        return []  # no profile for the GPU, or the source does not give the parallel layout
-    if "-lora-" in rec["id"]:
-        return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
-    if skip_reason(rec):
+    setup = record_setup(rec, fam, consts)
+    if setup is None:
         return []
-    system = with_constants(builtin_systems()[system_name], consts)
-    if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
-        system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
-    gpus = hw.get("gpus") or 1
-    if nvlink_segment_gpus(rec, system):
-        system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
-    plan = plan_for(rec, fam, gpus)
-    if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
-        gpu = system.gpu
-        triton = float(triton_flash2_ratio(model_for(rec, fam), plan, gpu))
-        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
-        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
-    cluster = cluster_of(system, gpus)
-    if plan.num_gpus != cluster.num_gpus:
-        return []
+    model, cluster, plan = setup
     grid = any(isinstance(v, np.ndarray) for v in (consts or {}).values())
-    e = grid_estimate(model_for(rec, fam), cluster, plan) if grid else estimate_training(model_for(rec, fam), cluster,
-                                                                                          plan)
+    e = grid_estimate(model, cluster, plan) if grid else estimate_training(model, cluster, plan)
     num = (lambda x: np.asarray(x, dtype=float)) if grid else float  # noqa: E731
     meas = rec["measured"]
-    peak = system.gpu.peak_flops(plan.mfu_format) / 1e12
+    peak = cluster.system.gpu.peak_flops(plan.mfu_format) / 1e12
     out: list[tuple[str, float, float]] = []
     if fam in ("narayanan2021", "megatron2020") and "tflops_per_gpu" in meas:
         out.append(("hw TFLOP/s", num(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))

@@ -65,11 +65,12 @@ def budget(rec: dict) -> tuple[float, float, float, float] | None:
         return None
     if not rows:
         return None
+    setup = A.record_setup(rec, fam)
+    if setup is None:
+        return None
     _, pred, meas = rows[0]
     ratio = pred / meas  # measured step over predicted step
-    plan = A.plan_for(rec, fam, rec["hardware"].get("gpus") or 1)
-    system = A.builtin_systems()[A.record_system(rec) or "dgx-h100"]
-    t = estimate_training(A.model_for(rec, fam), A.cluster_of(system, plan.num_gpus), plan).time
+    t = estimate_training(*setup).time
     total, compute = float(t.total), float(t.compute)
     clock = float(np.interp(0.0, errors, CLOCKS)) if errors[0] <= 0 <= errors[-1] else float("nan")
     return 100 * (ratio - 1), compute / (total * ratio), 100 * (ratio * total / compute - 1), clock
