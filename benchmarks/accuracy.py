@@ -914,11 +914,11 @@ UB_CONFIGS = {
         "qkv_dgrad": 8, "fc1_dgrad": 4, "qkv_wgrad": 16, "fc1_wgrad": 16, "proj_fprop": 16, "fc2_fprop": 24},
     "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096": {
         "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 16, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
-    "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192": {
-        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
 }
 """Per-GEMM SMs of the userbuffer configs the H100 and Blackwell recipes name; their four ring-exchange all-gathers
 (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) take RingExchangeOverlapCfg's num_sm 1 in every one."""
+# The launcher's Llama 3 70B config sets the same SMs as NeMo 2's bf16 H100 70B one: one table, two names
+UB_CONFIGS["ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"] = UB_CONFIGS["userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"]
 
 
 def ub_config_sms(name: str) -> tuple[float, float, float, float]:
