@@ -933,10 +933,9 @@ def ub_config_margin(name: str) -> tuple[float, float, float, float]:
     """The SMs set_sm_margin takes per role under a UB_CONFIGS config (ParallelPlan.tp_overlap_margin_sms): every
     one sets it on proj_fprop and fc2_fprop only (the bf16 ones' PipelineOverlapCfg(set_sm_margin=True), the fp8
     ones' RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True); BulkOverlapCfg set_sm_margin=False, the ring
-    all-gathers RingExchangeOverlapCfg's default False): Megatron-Bridge training/comm_overlap.py (v0.2.0 ..
-    067f987d, passed whole by asdict), NeMo tp_overlap_configs/userbuffers.py (ab020f6a72), NeMo-Framework-
-    Launcher 24.07 ub_cfg_h100_*.yaml (set_sm_margin: 1 on the pipeline, 0 on the bulk, unset (TE 1.8: 0) on
-    the ring exchanges). docs/formulas.md#step.ub_margin"""
+    all-gathers RingExchangeOverlapCfg's default False), in the files UB_CONFIGS cites (Megatron-Bridge passes
+    the config whole by asdict; the launcher's yaml sets set_sm_margin: 1 on the pipeline, 0 on the bulk, unset
+    (TE 1.8: 0) on the ring exchanges). docs/formulas.md#step.ub_margin"""
     return (0.0, ub_config_sms(name)[1], 0.0, 0.0)
 
 
