@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published-attention", action="store_true")
     ap.add_argument("--hbm-efficiency", type=float, default=None)
     args = ap.parse_args(argv)
+    if args.hbm_efficiency is not None and not 0 < args.hbm_efficiency <= 1:
+        ap.error(f"--hbm-efficiency {args.hbm_efficiency}: a bandwidth fraction, must be in (0, 1] (e.g. 0.55)")
     rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
         got = shares(rec, args.published_attention, args.hbm_efficiency)
