@@ -25,6 +25,8 @@ import yaml
 from llmplan.estimate import estimate_training
 
 CLOCKS = A.GRID["clock_h100"]
+FAMILIES = tuple(f for f in A.FAMILIES if f not in ("torchtitan", "trtllm"))
+"""The training families split here: torchtitan's rows run under a power cap, trtllm's are serving."""
 
 
 def group(record_id: str) -> str:
@@ -40,7 +42,7 @@ def h100_dense(records: list[dict], families: list[str] | None) -> list[dict]:
     out = []
     for rec in records:
         fam = A.family(rec["id"])
-        if fam not in A.FAMILIES or fam in ("torchtitan", "trtllm") or (families and fam not in families):
+        if fam not in FAMILIES or (families and fam not in families):
             continue
         if A.clock_group(rec) != "h100" or A.skip_reason(rec):
             continue
@@ -83,6 +85,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--attention-releases", choices=A.ATTENTION_RELEASE_MODES, default="off",
                     help="read the stacks' cuDNN releases onto published attention rates, as accuracy.py does")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.family or ()) - set(FAMILIES))
+    if unknown:
+        ap.error(f"--family {', '.join(unknown)}: not a family this split prices; valid: {', '.join(FAMILIES)}")
     A.attention_release_mode = args.attention_releases
     records = h100_dense(yaml.safe_load(A.DEFAULT_RUNS.read_text()), args.family)
     by: dict[str, list[tuple[float, float, float, float]]] = {}
