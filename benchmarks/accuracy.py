@@ -97,7 +97,9 @@ ASSUMPTIONS = {
                      "NARAYANAN_T1), Table 2's not; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS), each micro-batch's gradient "
                      "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
                      "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
-                     "tensor, gathered again for the recompute); predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
+                     "tensor, gathered again for the recompute), "
+                     "the LayerNorm backward in two kernels (TWO_PASS_NORM); "
+                     "predicts hardware TFLOP/s (Eq. 3 counts the recompute pass)",
     "korthikanti2022": "no fused attention (2022); Table 3 settings; pipeline scatter/gather without SP (PP_SCATTER_GATHER); every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS); predicts iteration time, and MFU/HFU",
     "megatron": "Megatron-Core r0.8 and examples/llama: fused attention, distributed optimizer, overlap flags "
                 "as listed, sequence parallelism with TP (--tp-comm-overlap requires it), 4h GELU MLP where ffn is "
@@ -113,7 +115,10 @@ ASSUMPTIONS = {
                 "sequences (r0.8 reduces gradients only in the last micro-batch's backward: four micro-batches "
                 "would leave DP traffic exposed that the measured MFU has no room for); Megatron-LM's default NaN "
                 "check and 1/dp pre-scaling of the gradient buckets (grad_nan_check, grad_prescale: neither the README "
-                "nor the scripts turn them off); predicts MFU / model TFLOP/s",
+                "nor the scripts turn them off), "
+                "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
+                "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults "
+                "(te_default_margin); predicts MFU / model TFLOP/s",
     "mpt": "llm-foundry FSDP = ZeRO-3 over all GPUs with fp32 parameter shards (FSDP mixed precision); "
            "attention the kernel each table ran: attn_impl triton (submit_benchmarks.py default at b2a43a147; "
            "TUTORIAL.md: 'Our training setups typically use triton'), a Triton FlashAttention built by "
@@ -123,22 +128,30 @@ ASSUMPTIONS = {
            "ran_triton_attention); "
            "bf16 or fp8 as listed; the models as MPTConfig's defaults build them, learned positions and biases "
            "(MPT_BENCHMARK_ARCH: the tables' NumParams, to the parameter); FSDP's gradient reduction in bf16 on the "
-           "'MP Mode' PURE rows, fp32 on the DEFAULT ones (mpt_bf16_reduce); predicts MFU",
+           "'MP Mode' PURE rows, fp32 on the DEFAULT ones (mpt_bf16_reduce), "
+           "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, attention FlashAttention-2 (run through NeMo-Framework-Launcher, whose config "
                 "sets NVTE_FUSED_ATTN 0 until 2024-08-30: FLASH2_FAMILIES), distributed optimizer (Apex distributed_fused_adam, bf16 "
                 "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
                 "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
                 "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
-                "skipped (PEFT not modelled); predicts model TFLOP/s per GPU",
+                "skipped (PEFT not modelled), "
+                "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
+                "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults "
+                "(te_default_margin); predicts model TFLOP/s per GPU",
     "megatron2020": "A100 rows only (no V100 profile), on A100 40GB (the records' gpu: the table of 2020-09-11 "
                     "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention, every TP collective synchronous (SYNC_TP); predicts hardware TFLOP/s",
+                    "attention, every TP collective synchronous (SYNC_TP), "
+                    "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
-              "TP, native fused attention; predicts tokens/s per GPU (unambiguous: no FLOP "
+              "TP, native fused attention, "
+              "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
+              "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin); "
+              "predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
                   "with --power-limit 500): FSDP2 = ZeRO-3 with fp32 gradient reduction and fp32 parameter "
@@ -162,7 +175,10 @@ ASSUMPTIONS = {
               "24.03), the 'With CP' layouts; attention FlashAttention-2 (the launcher of the 24.03.01 container "
               "disables cuDNN's fused attention, NVTE_FUSED_ATTN 0: FLASH2_FAMILIES); as nemo2407 otherwise "
               "(distributed optimizer, bf16 gradient buckets, sequence parallelism with TP; micro-batch 1 and no "
-              "recompute, which the table does not state); predicts model TFLOP/s per GPU",
+              "recompute, which the table does not state), "
+              "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
+              "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin); "
+              "predicts model TFLOP/s per GPU",
     "automodel": "NeMo AutoModel's H100 bf16 pre-training table (PyTorch FSDP2 + Transformer Engine): FSDP2 = "
                  "ZeRO-3 with fp32 parameter shards and fp32 gradient reduction (MixedPrecisionPolicy "
                  "reduce_dtype float32), the gradient reduce-scatter in every micro-batch (defer_fsdp_grad_sync "
@@ -183,13 +199,19 @@ ASSUMPTIONS = {
                   "gradient reduction, overlapped gradient reduce and parameter gather, TE fused attention, the fused "
                   "loss); MoE rows with the recipe's dispatcher (HybridEP read as deepep: a token once per "
                   "destination rank), its forced load balancing as random routing and its EP overlap "
-                  "(--ep-comm-overlap); predicts tokens/s per GPU; scored, not fitted",
+                  "(--ep-comm-overlap), "
+                  "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
+                  "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
+                  "defaults (te_default_margin); predicts tokens/s per GPU; scored, not fitted",
     "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
             "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
             "distributed optimizer, bf16 gradient reduction, sequence parallelism and TP communication overlap, "
             "CUDA graphs where the launch script sets them; and its Llama 3.1 8B / 70B / 405B bf16 H100 rows "
             "(v25.04.01, NeMo 2.0 pretrain_llama31.py in performance mode: the distributed optimizer, bf16 gradient "
-            "reduction, sequence parallelism and TP overlap with TP, no recompute); predicts tokens/s per GPU from "
+            "reduction, sequence parallelism and TP overlap with TP, no recompute), "
+            "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), the "
+            "TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin); "
+            "predicts tokens/s per GPU from "
             "the printed step time; scored, not fitted",
     "deepseek": "DeepSeek-V3's pre-training as its technical report gives it (2,048 H800, PP16 EP64 ZeRO-1, "
                 "DualPipe, fp8 with block scaling, sequence 4,096, batch 15,360; RMSNorm, MLA up-projections and "
@@ -205,7 +227,10 @@ ASSUMPTIONS = {
                      "reduction, fp8 weights for FP8 / FP8-CS / MXFP8, sequence parallelism and TP overlap with TP, "
                      "native fused attention), no recompute where the table does not say, the Megatron-FSDP Llama "
                      "presets' activation offload (MBRIDGE_OFFLOAD_LAYERS, --offload-activations-layers); plain 'FP8' read as current "
-                     "scaling (the 25.09 footnote); predicts tokens/s per GPU (the tables' TFLOP/s halve causal "
+                     "scaling (the 25.09 footnote), "
+                     "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
+                     "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
+                     "defaults (te_default_margin); predicts tokens/s per GPU (the tables' TFLOP/s halve causal "
                      "attention); only H100 rows enter the constant fit",
     "mbridge-moe": "Megatron-Bridge performance tables 25.09-26.08 (MoE rows: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
                    "GPT-OSS 120B): as mbridge-dense, with expert TP 1 (the recipes' expert_tensor_parallel_size), the "
@@ -227,11 +252,16 @@ ASSUMPTIONS = {
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
                    "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
                    "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
-                   "no EP overlap, full-iteration CUDA graphs, mla_up_proj recomputed, bf16 Adam moments); predicts "
+                   "no EP overlap, full-iteration CUDA graphs, mla_up_proj recomputed, bf16 Adam moments), "
+                   "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
+                   "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
+                   "defaults (te_default_margin); predicts "
                    "tokens/s per GPU",
     "bloom": "BLOOM-176B (BigScience, Megatron-DeepSpeed on Jean Zay's A100 80GB, 8 per node): ZeRO-1, full recompute, "
              "DeepSpeed's pipeline sends one transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends), "
-             "no flash attention (2022: fused softmax), no sequence parallelism, ALiBi, tied embeddings, no dropout; "
+             "no flash attention (2022: fused softmax), "
+             "the LayerNorm backward in two kernels (TWO_PASS_NORM), "
+             "no sequence parallelism, ALiBi, tied embeddings, no dropout; "
              "the final run accumulates gradients in fp32 (BF16_Optimizer); the prequel's search (02-17 .. 02-26, "
              "before the BF16_Optimizer) keeps 16-bit gradients (DeepSpeed ZeRO-1, stage_1_and_2: all-reduced in "
              "16 bits, the partition flattened and cast to fp32 at the step), Megatron-DeepSpeed's default dropout "
@@ -265,7 +295,8 @@ ASSUMPTIONS = {
              "engine's DP reduction and gather not overlapped (as bloom), its partitioned pipeline sends, one "
              "transfer at a time (DEEPSPEED_PIPE: pp_unbatched_sends) and "
              "synchronous TP (PP_SCATTER_GATHER, SYNC_TP), the fp32 accumulation as BF16_Optimizer casts and adds each "
-             "micro-batch's gradient (GRAD_ACCUMULATION cast-add); predicts iteration time",
+             "micro-batch's gradient (GRAD_ACCUMULATION cast-add), "
+             "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
               "predicts output tokens/s of the TP group (median reported per model)",
@@ -883,11 +914,11 @@ UB_CONFIGS = {
         "qkv_dgrad": 8, "fc1_dgrad": 4, "qkv_wgrad": 16, "fc1_wgrad": 16, "proj_fprop": 16, "fc2_fprop": 24},
     "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096": {
         "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 16, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
-    "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192": {
-        "qkv_dgrad": 4, "fc1_dgrad": 2, "qkv_wgrad": 24, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
 }
 """Per-GEMM SMs of the userbuffer configs the H100 and Blackwell recipes name; their four ring-exchange all-gathers
 (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) take RingExchangeOverlapCfg's num_sm 1 in every one."""
+# The launcher's Llama 3 70B config sets the same SMs as NeMo 2's bf16 H100 70B one: one table, two names
+UB_CONFIGS["ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"] = UB_CONFIGS["userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"]
 
 
 def ub_config_sms(name: str) -> tuple[float, float, float, float]:
@@ -902,10 +933,9 @@ def ub_config_margin(name: str) -> tuple[float, float, float, float]:
     """The SMs set_sm_margin takes per role under a UB_CONFIGS config (ParallelPlan.tp_overlap_margin_sms): every
     one sets it on proj_fprop and fc2_fprop only (the bf16 ones' PipelineOverlapCfg(set_sm_margin=True), the fp8
     ones' RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True); BulkOverlapCfg set_sm_margin=False, the ring
-    all-gathers RingExchangeOverlapCfg's default False): Megatron-Bridge training/comm_overlap.py (v0.2.0 ..
-    067f987d, passed whole by asdict), NeMo tp_overlap_configs/userbuffers.py (ab020f6a72), NeMo-Framework-
-    Launcher 24.07 ub_cfg_h100_*.yaml (set_sm_margin: 1 on the pipeline, 0 on the bulk, unset (TE 1.8: 0) on
-    the ring exchanges). docs/formulas.md#step.ub_margin"""
+    all-gathers RingExchangeOverlapCfg's default False), in the files UB_CONFIGS cites (Megatron-Bridge passes
+    the config whole by asdict; the launcher's yaml sets set_sm_margin: 1 on the pipeline, 0 on the bulk, unset
+    (TE 1.8: 0) on the ring exchanges). docs/formulas.md#step.ub_margin"""
     return (0.0, ub_config_sms(name)[1], 0.0, 0.0)
 
 
@@ -1536,6 +1566,38 @@ def with_constants(system, consts: dict | None):
     return system.model_copy(update={"gpu": system.gpu.model_copy(update=upd)})
 
 
+def record_setup(rec: dict, fam: str, consts: dict | None = None
+                 ) -> tuple[ModelSpec, ClusterSpec, ParallelPlan] | None:
+    """The model, cluster and plan predict prices a training record with: the record's system with the
+    constants `consts`, the run's power cap, its NVLink segment and the Triton attention ratio applied; None
+    where the record is not scored (no profile or layout, a LoRA run, skip_reason, a plan of another size)."""
+    hw = rec.get("hardware", {})
+    system_name = record_system(rec)
+    par = rec.get("parallel", {})
+    if system_name is None or not described(rec) or "tp" not in par or "pp" not in par:
+        return None  # no profile for the GPU, or the source does not give the parallel layout
+    if "-lora-" in rec["id"]:
+        return None  # parameter-efficient fine-tuning (frozen base weights) is not modelled
+    if skip_reason(rec):
+        return None
+    system = with_constants(builtin_systems()[system_name], consts)
+    if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
+        system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
+    gpus = hw.get("gpus") or 1
+    if nvlink_segment_gpus(rec, system):
+        system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
+    model, plan = model_for(rec, fam), plan_for(rec, fam, gpus)
+    if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
+        gpu = system.gpu
+        triton = float(triton_flash2_ratio(model, plan, gpu))
+        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
+        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
+    cluster = cluster_of(system, gpus)
+    if plan.num_gpus != cluster.num_gpus:
+        return None
+    return model, cluster, plan
+
+
 def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, float, float]]:
     """[(quantity, predicted, measured)] for one record, with the fitted constants `consts` (None: the shipped
     profiles). Constants given as equal-length arrays (a grid of them, fit_table) predict every grid point
@@ -1543,36 +1605,15 @@ def predict(rec: dict, fam: str, consts: dict | None = None) -> list[tuple[str, 
     gives (grid_estimate)."""
     if fam == "trtllm":
         return predict_serving(rec)
-    hw = rec.get("hardware", {})
-    system_name = record_system(rec)
-    par = rec.get("parallel", {})
-    if system_name is None or not described(rec) or "tp" not in par or "pp" not in par:
-        return []  # no profile for the GPU, or the source does not give the parallel layout
-    if "-lora-" in rec["id"]:
-        return []  # parameter-efficient fine-tuning (frozen base weights) is not modelled
-    if skip_reason(rec):
+    setup = record_setup(rec, fam, consts)
+    if setup is None:
         return []
-    system = with_constants(builtin_systems()[system_name], consts)
-    if hw.get("power_limit_w"):  # the run's power cap, applied after the clock fitted at the TDP
-        system = system.model_copy(update={"gpu": system.gpu.at_power_limit(hw["power_limit_w"])})
-    gpus = hw.get("gpus") or 1
-    if nvlink_segment_gpus(rec, system):
-        system = system.with_options(domain_gpus=nvlink_segment_gpus(rec, system))
-    plan = plan_for(rec, fam, gpus)
-    if ran_triton_attention(rec, fam) and plan.flash_attention:  # Triton FlashAttention: FA2's rate x its ratio
-        gpu = system.gpu
-        triton = float(triton_flash2_ratio(model_for(rec, fam), plan, gpu))
-        field = "flash2_attention_ratio" if gpu.flash2_attention_efficiency is None else "flash2_attention_efficiency"
-        system = system.model_copy(update={"gpu": gpu.model_copy(update={field: getattr(gpu, field) * triton})})
-    cluster = cluster_of(system, gpus)
-    if plan.num_gpus != cluster.num_gpus:
-        return []
+    model, cluster, plan = setup
     grid = any(isinstance(v, np.ndarray) for v in (consts or {}).values())
-    e = grid_estimate(model_for(rec, fam), cluster, plan) if grid else estimate_training(model_for(rec, fam), cluster,
-                                                                                          plan)
+    e = grid_estimate(model, cluster, plan) if grid else estimate_training(model, cluster, plan)
     num = (lambda x: np.asarray(x, dtype=float)) if grid else float  # noqa: E731
     meas = rec["measured"]
-    peak = system.gpu.peak_flops(plan.mfu_format) / 1e12
+    peak = cluster.system.gpu.peak_flops(plan.mfu_format) / 1e12
     out: list[tuple[str, float, float]] = []
     if fam in ("narayanan2021", "megatron2020") and "tflops_per_gpu" in meas:
         out.append(("hw TFLOP/s", num(e.throughput.hfu) * peak, meas["tflops_per_gpu"]))

@@ -25,6 +25,8 @@ import yaml
 from llmplan.estimate import estimate_training
 
 CLOCKS = A.GRID["clock_h100"]
+FAMILIES = tuple(f for f in A.FAMILIES if f not in ("torchtitan", "trtllm"))
+"""The training families split here: torchtitan's rows run under a power cap, trtllm's are serving."""
 
 
 def group(record_id: str) -> str:
@@ -40,7 +42,7 @@ def h100_dense(records: list[dict], families: list[str] | None) -> list[dict]:
     out = []
     for rec in records:
         fam = A.family(rec["id"])
-        if fam not in A.FAMILIES or fam in ("torchtitan", "trtllm") or (families and fam not in families):
+        if fam not in FAMILIES or (families and fam not in families):
             continue
         if A.clock_group(rec) != "h100" or A.skip_reason(rec):
             continue
@@ -65,11 +67,12 @@ def budget(rec: dict) -> tuple[float, float, float, float] | None:
         return None
     if not rows:
         return None
+    setup = A.record_setup(rec, fam)
+    if setup is None:
+        return None
     _, pred, meas = rows[0]
     ratio = pred / meas  # measured step over predicted step
-    plan = A.plan_for(rec, fam, rec["hardware"].get("gpus") or 1)
-    system = A.builtin_systems()[A.record_system(rec) or "dgx-h100"]
-    t = estimate_training(A.model_for(rec, fam), A.cluster_of(system, plan.num_gpus), plan).time
+    t = estimate_training(*setup).time
     total, compute = float(t.total), float(t.compute)
     clock = float(np.interp(0.0, errors, CLOCKS)) if errors[0] <= 0 <= errors[-1] else float("nan")
     return 100 * (ratio - 1), compute / (total * ratio), 100 * (ratio * total / compute - 1), clock
@@ -82,6 +85,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--attention-releases", choices=A.ATTENTION_RELEASE_MODES, default="off",
                     help="read the stacks' cuDNN releases onto published attention rates, as accuracy.py does")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.family or ()) - set(FAMILIES))
+    if unknown:
+        ap.error(f"--family {', '.join(unknown)}: not a family this split prices; valid: {', '.join(FAMILIES)}")
     A.attention_release_mode = args.attention_releases
     records = h100_dense(yaml.safe_load(A.DEFAULT_RUNS.read_text()), args.family)
     by: dict[str, list[tuple[float, float, float, float]]] = {}

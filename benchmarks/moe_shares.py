@@ -71,25 +71,20 @@ def shares(rec: dict, published_attention: bool = False,
     """(signed error, {part: share of the predicted step}) of one row: gemm, attention and memory_bound split
     the step's compute as the slowest stage's micro-batch does, comm is the exposed communication; None where
     the row is not scored."""
-    fam, name = A.family(rec["id"]), A.record_system(rec)
-    if fam not in FAMILIES or name is None or A.skip_reason(rec) or not A.predict(rec, fam):
+    fam = A.family(rec["id"])
+    setup = A.record_setup(rec, fam) if fam in FAMILIES else None
+    if setup is None or not A.predict(rec, fam):
         return None
-    system = A.builtin_systems()[name]
-    system = system.model_copy(update={"gpu": probe_gpu(system.gpu, published_attention, hbm_efficiency)})
-    gpus = rec["hardware"]["gpus"]
-    if A.nvlink_segment_gpus(rec, system):
-        system = system.with_options(domain_gpus=A.nvlink_segment_gpus(rec, system))
-    plan = A.plan_for(rec, fam, gpus)
-    cluster = A.cluster_of(system, gpus)
-    if plan.num_gpus != cluster.num_gpus:
-        return None
-    e = estimate_training(A.model_for(rec, fam), cluster, plan)
+    model, cluster, plan = setup
+    gpu = probe_gpu(cluster.system.gpu, published_attention, hbm_efficiency)
+    cluster = cluster.model_copy(update={"system": cluster.system.model_copy(update={"gpu": gpu})})
+    e = estimate_training(model, cluster, plan)
     t, s = e.time, e.time.stage
     total, stage = float(t.total), float(s.total)
     compute = float(t.compute) / total
     parts = {p: compute * float(getattr(s, p)) / stage for p in ("gemm", "attention", "memory_bound")}
     parts["comm"] = float(t.comm_exposed) / total
-    err = float(e.throughput.tokens_per_s) / gpus / rec["measured"]["tokens_per_s_per_gpu"] - 1
+    err = float(e.throughput.tokens_per_s) / cluster.num_gpus / rec["measured"]["tokens_per_s_per_gpu"] - 1
     return err, parts
 
 
@@ -98,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published-attention", action="store_true")
     ap.add_argument("--hbm-efficiency", type=float, default=None)
     args = ap.parse_args(argv)
+    if args.hbm_efficiency is not None and not 0 < args.hbm_efficiency <= 1:
+        ap.error(f"--hbm-efficiency {args.hbm_efficiency}: a bandwidth fraction, must be in (0, 1] (e.g. 0.55)")
     rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
         got = shares(rec, args.published_attention, args.hbm_efficiency)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.comm import (ACT_BYTES, gather_bytes, tp_blocks_per_layer, tp_chunk_step_waits)
+from llmplan.cost.comm import ACT_BYTES, gather_bytes, tp_blocks_per_layer, tp_chunk_step_waits
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.params import attention_params, mlp_params
 from llmplan.specs.plan import ParallelPlan

@@ -28,9 +28,13 @@ def test_records_carry_the_published_window(published_runs):
         assert rec["measured"]["iteration_time_s"] == mean
 
 
-def test_same_per_gpu_work_at_128_and_256_h100():
-    # TP8 PP1 MBS1: GBS / DP micro-batches a replica; DP = GPUs / 8.
-    assert 768 // (256 // 8) == 384 // (128 // 8) == 24
+def test_same_per_gpu_work_at_128_and_256_h100(published_runs):
+    # The READMEs' TP8 PP1 MBS1 layouts, GBS768 on 256 GPUs and GBS384 on 128: 24 micro-batches a replica in both.
+    for rid in (H100_256, H100_128):
+        rec = published_runs[rid]
+        par, gpus = rec["parallel"], rec["hardware"]["gpus"]
+        assert (par["tp"], par["pp"], par["micro_batch"]) == (8, 1, 1), rid
+        assert par["global_batch"] // (gpus // par["tp"]) == 24, rid
 
 
 def test_warmup_window_row_is_skipped_with_its_reason(acc, published_runs):

@@ -12,10 +12,11 @@ dsrelu 0.698, dswiglu 0.760.
 A published kernel rate is read at the clock its benchmark ran at (cost.attention_rate.published_rate_clock):
 the step charges the kernel its published time. llmplan prices the fused path's grouped GEMMs with
 grouped_gemm_efficiency at the fused tile (FUSED_MLP_TILE) over the sustained peak; at the benchmark's shape that
-time lands within 1% of the published forward kernels (swiglu, geglu, srelu) and within 3.4% of dSReLU (the epilogue's activation and quantisation hidden under
-the tensor cores, as cost.gemm.fused_grouped_mlp prices them). The backward dGLU kernel is not: it runs 10-14%
-slower than its GEMM alone, and GpuSpec.fused_dglu_ratio (its published time over the srelu kernel's at the same
-GEMM shape) charges that to fc2's input gradient on the fused GLU path (cost.gemm.fused_dglu_factor).
+time lands within 1% of the published forward kernels (swiglu, geglu, srelu) and within 3.4% of dSReLU (the
+epilogue's activation and quantisation hidden under the tensor cores, as cost.gemm.fused_grouped_mlp prices
+them). The backward dGLU kernel is not: it runs 10-14% slower than its GEMM alone, and GpuSpec.fused_dglu_ratio
+(its published time over the srelu kernel's at the same GEMM shape) charges that to fc2's input gradient on the
+fused GLU path (cost.gemm.fused_dglu_factor).
 """
 
 from __future__ import annotations

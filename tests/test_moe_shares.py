@@ -4,6 +4,10 @@ way it must, and a row it cannot score is left out."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import moe_shares as S  # benchmarks/ is on the path (conftest)
 import pytest
 
@@ -55,3 +59,13 @@ def test_an_unscored_row_is_left_out(published_runs):
     skipped = next(r for rid, r in published_runs.items() if "26.06.01-pretrain-gpt-oss" in rid)
     assert S.shares(skipped) is None  # the footnoted cudnn-frontend regression rows (MBRIDGE_SKIP)
     assert S.model_key("mbridge-25.09-pretrain-deepseekv3-tokendrop-dgx-b200-256gpu-fp8") == "deepseekv3"
+
+
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_an_hbm_fraction_outside_zero_to_one_is_refused_in_one_line(value):
+    script = Path(__file__).parents[1] / "benchmarks" / "moe_shares.py"
+    r = subprocess.run([sys.executable, str(script), "--hbm-efficiency", value], capture_output=True, text=True,
+                       check=False, timeout=120)
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(errors) == 1 and f"--hbm-efficiency {float(value)}" in errors[0] and "(0, 1]" in errors[0], r.stderr

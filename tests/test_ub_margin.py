@@ -132,6 +132,6 @@ def _step(plan: ParallelPlan, name: str = "llama-3.1-70b") -> float:
 def test_margin_on_never_makes_a_step_faster(sms, on, tp, full, name, s):
     # the same SMs taken for the GEMM's whole length instead of only while the communication runs: never faster
     kw = {"tp": tp, "dp": 8 // tp, "recompute": "full" if full else "none", "seq_len": s}
-    margin = tuple(n if o else 0.0 for n, o in zip(sms, on))
+    margin = tuple(n if o else 0.0 for n, o in zip(sms, on, strict=True))
     on_step = _step(_plan(sms, margin, **kw), name)  # type: ignore[arg-type]
     assert on_step >= _step(_plan(sms, (0.0,) * 4, **kw), name) * (1 - 1e-12)
