@@ -375,7 +375,11 @@ def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: 
     return where(on, (reduce + local) / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
-TE_UB_SMS = (1.0, 16.0, 16.0, 16.0)
+RoleSms = tuple[float, float, float, float]
+"""One number per userbuffer role, in ParallelPlan.tp_overlap_sms's order: (ring all-gathers, forward
+reduce-scatters, backward re-gathers, backward reduce-scatters)."""
+
+TE_UB_SMS: RoleSms = (1.0, 16.0, 16.0, 16.0)
 """SMs Transformer Engine's userbuffers hold beside a TP GEMM by default, per role (ParallelPlan.tp_overlap_sms):
 ring exchange for the all-gathers feeding a GEMM, num_sm 1 with use_ce (each chunk moves by cudaMemcpyAsync on a
 copy engine, a one-thread kernel sets the flag); pipeline for the forward reduce-scatters and bulk for the
@@ -385,6 +389,17 @@ transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm
 userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
 
 
+def tp_role_sms(plan: ParallelPlan) -> RoleSms:
+    """SMs each userbuffer role holds beside its GEMM: ParallelPlan.tp_overlap_sms, else TE_UB_SMS."""
+    return plan.tp_overlap_sms or TE_UB_SMS
+
+
+def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleSms:
+    """Each role's SMs where set_sm_margin is on for it (`margined`), 0 where it is off."""
+    ring, fwd_rs, re_gather, bwd_rs = (n * on for n, on in zip(sms, margined, strict=True))
+    return ring, fwd_rs, re_gather, bwd_rs
+
+
 def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
@@ -392,22 +407,21 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
     exchange (forward, recompute, output gradients), 2 + 2r forward reduce-scatters less the last of their
     TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
     At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
-    ring, fwd_rs, re_gather, bwd_rs = plan.tp_overlap_sms or TE_UB_SMS
     g, a = gather_bytes(m, plan), ACT_BYTES
     spans = ((4 + 2 * r) * g, (2 + 2 * r) * a * (1 - 1 / TE_PIPELINE_SPLITS), 2 * g, 2 * a)
     # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
-    free = (maximum(n - k, 0.0) for n, k in zip((ring, fwd_rs, re_gather, bwd_rs), tp_margin_sms(plan)))
-    held = sum(x * n for x, n in zip(spans, free))
+    free = (maximum(n - k, 0.0) for n, k in zip(tp_role_sms(plan), tp_margin_sms(plan), strict=True))
+    held = sum(x * n for x, n in zip(spans, free, strict=True))
     return minimum(held / sum(spans) / sm_count, 0.5)
 
 
-TE_UB_MARGIN = (False, True, True, True)
+TE_UB_MARGIN = (False, True, True, True)  # per role, as RoleSms orders them
 """Whether Transformer Engine sets an SM margin on each role's GEMMs when no userbuffer config says otherwise:
 from v2.0 get_default_config's "set_sm_margin": not method == "ring_exchange" (ring exchange for the
 all-gathers, pipeline for the forward reduce-scatters, bulk for the backward); v1.8 - v1.13 default False.
 Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub at v1.13 / v2.0 / v2.8."""
 
-TUNED_UB_MARGIN = (False, True, False, False)
+TUNED_UB_MARGIN = (False, True, False, False)  # per role, as RoleSms orders them
 """The margins NVIDIA's published userbuffer configs set, which llmplan prices by default
 (ParallelPlan.tp_overlap_margin_sms None): set_sm_margin on the pipelined forward reduce-scatters (proj_fprop,
 fc2_fprop) only, every bulk overlap and ring all-gather without. Source: NVIDIA-NeMo/Megatron-Bridge
@@ -416,22 +430,20 @@ set_sm_margin=True on proj_fprop / fc2_fprop, BulkOverlapCfg set_sm_margin=False
 tp_overlap_configs/userbuffers.py (ab020f6a72). Derived: docs/formulas.md#step.ub_margin"""
 
 
-def te_default_margin_sms(sms: tuple[float, float, float, float] | None = None) -> tuple[float, float, float, float]:
+def te_default_margin_sms(sms: RoleSms | None = None) -> RoleSms:
     """tp_overlap_margin_sms of a run that passes Transformer Engine >= 2.0 no userbuffer config (TE_UB_MARGIN
     on each role's SMs, `sms` or TE_UB_SMS): the bulk overlaps' GEMMs also run on N_SM - num_sm SMs.
     Derived: docs/formulas.md#step.ub_margin"""
-    s = sms or TE_UB_SMS
-    return (s[0] * TE_UB_MARGIN[0], s[1] * TE_UB_MARGIN[1], s[2] * TE_UB_MARGIN[2], s[3] * TE_UB_MARGIN[3])
+    return role_margins(sms or TE_UB_SMS, TE_UB_MARGIN)
 
 
-def tp_margin_sms(plan: ParallelPlan) -> tuple[float, float, float, float]:
+def tp_margin_sms(plan: ParallelPlan) -> RoleSms:
     """SMs set_sm_margin takes from each role's GEMMs (ParallelPlan.tp_overlap_margin_sms; None: the published
     configs' margins, TUNED_UB_MARGIN on each role's tp_overlap_sms, else TE_UB_SMS).
     Derived: docs/formulas.md#step.ub_margin"""
     if plan.tp_overlap_margin_sms is not None:
         return plan.tp_overlap_margin_sms
-    s = plan.tp_overlap_sms or TE_UB_SMS
-    return (s[0] * TUNED_UB_MARGIN[0], s[1] * TUNED_UB_MARGIN[1], s[2] * TUNED_UB_MARGIN[2], s[3] * TUNED_UB_MARGIN[3])
+    return role_margins(tp_role_sms(plan), TUNED_UB_MARGIN)
 
 
 def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
@@ -501,7 +513,7 @@ def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm
     initialize (_math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count), passed to every GEMM chunk of
     bulk_overlap, split_overlap_rs and split_overlap_ag. Derived: docs/formulas.md#step.ub_margin"""
     shares = tp_role_gemm_shares(m, plan, r)
-    extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan)))
+    extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan), strict=True))
     on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
     return where(on, gemm * extra, 0.0)
 
