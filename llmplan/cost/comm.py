@@ -446,23 +446,39 @@ def tp_margin_sms(plan: ParallelPlan) -> RoleSms:
     return role_margins(tp_role_sms(plan), TUNED_UB_MARGIN)
 
 
+def tp_pair_weights(m: ModelSpec) -> tuple[tuple[Any, Any, Any], ...]:
+    """(share of layers, column-parallel weights, row-parallel weights) of each TP pair kind of the average
+    layer, its share of layers applied: attention (QKV; the output projection a·d·h), dense MLP (fc1; fc2 f·h),
+    Mamba-2 (in_proj; out_proj H·P x h: Megatron-LM ssm/mamba_mixer.py, tp_comm_buffer_name "fc1" / "fc2").
+    Derived: docs/formulas.md#step.ub_margin"""
+    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
+    att, mlp = attention_share(m), 0.0 if m.is_moe else dense_mlp_share(m)
+    mamba = m.count_layers("mamba") / m.num_hidden_layers
+    ad = m.num_attention_heads * m.d_head
+    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
+    return ((att, att * (attention_params(m) - ad * h), att * ad * h),
+            (mlp, mlp * (mlp_params(m, f) - f * h), mlp * f * h),
+            (mamba, mamba * in_proj, mamba * d_in * h))
+
+
+def layer_gemm_weights(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Matmul weights of the average layer over the TP group, from its GEMM FLOPs (flops.layer_flops: 2 a
+    weight and token, s·b tokens, one rank's 1/tp). Derived: docs/formulas.md#step.ub_margin"""
+    return layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
+
+
 def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
     """Share of a stage's GEMM seconds (forward, r recomputed, backward's two) each userbuffer role's GEMMs
     take, by FLOPs: the row-parallel linears (attention output projection, dense fc2: a·d·h and f·h weights)
     and the column-parallel rest (QKV, fc1) of the average layer's matmul weights (flops.layer_flops).
     Ring all-gathers feed the column GEMMs' forward and recompute and the row GEMMs' input gradients; the
     forward reduce-scatters follow the row GEMMs' forward and recompute; the re-gathers run beside the column
-    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. A Mamba-2 mixer's
-    in_proj is a column GEMM, its out_proj (H·P x h) a row one (Megatron-LM ssm/mamba_mixer.py: tp_comm_buffer_name
-    "fc1" / "fc2"); experts and linear-attention mixers count in the whole only. Derived:
+    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. Mamba-2 mixers pair
+    as tp_pair_weights says; experts and linear-attention mixers count in the whole only. Derived:
     docs/formulas.md#step.ub_margin"""
-    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
-    mlp, mamba = 0.0 if m.is_moe else dense_mlp_share(m), m.count_layers("mamba") / m.num_hidden_layers
-    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
-    row_w = attention_share(m) * m.num_attention_heads * m.d_head * h + mlp * f * h + mamba * d_in * h
-    col_w = attention_share(m) * attention_params(m) + mlp * mlp_params(m, f) + mamba * (in_proj + d_in * h) - row_w
-    weights = layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
-    row, col, passes = row_w / weights, col_w / weights, 3 + r
+    kinds, weights = tp_pair_weights(m), layer_gemm_weights(m, plan)
+    col, row = (sum(k[i] for k in kinds) / weights for i in (1, 2))
+    passes = 3 + r
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
 
@@ -483,19 +499,15 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
     Derived: docs/formulas.md#step.tp_chunk_steps"""
     t, n = plan.tp, TE_PIPELINE_SPLITS
-    h, f, ad = m.hidden_size, m.intermediate_size, m.num_attention_heads * m.d_head
-    att, mlp = attention_share(m), (0.0 if m.is_moe else dense_mlp_share(m))
     q, a = gather_bytes(m, plan), ACT_BYTES
     per_pair = tp / maximum(2 * tp_blocks_per_layer(m, plan), 1e-9) / ((3 + r) * q + (2 + r) * a)
-    weights = layer_flops(m, plan, m.is_moe).gemm * t / (2 * plan.seq_len / plan.cp * plan.micro_batch)
-    pass_s = gemm / (3 + r) / maximum(weights, 1e-9)  # seconds of one pass per weight
-    cols: tuple[float, ...] = (att * (attention_params(m) - ad * h), mlp * (mlp_params(m, f) - f * h))
-    rows: tuple[float, ...] = (att * ad * h, mlp * f * h)
-    pairs: tuple[float, ...] = (att, mlp)
+    pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
+    attention, mlp, _mamba = tp_pair_weights(m)  # Mamba-2 mixers' chunk steps are not priced here
+    kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp)
     if m.parallel_block:  # one gathered input feeds both column GEMMs, one reduce-scatter takes both rows
-        cols, rows, pairs = (float(sum(cols)),), (float(sum(rows)),), (att,)
+        kinds = ((attention[0], attention[1] + mlp[1], attention[2] + mlp[2]),)
     ring, pipe = 0.0, 0.0
-    for c, w, k in zip(cols, rows, pairs, strict=True):
+    for k, c, w in kinds:
         gather, scatter = k * q * per_pair, k * a * per_pair  # one collective of the stage's pairs of this kind
         ring = ring + (1 + r) * maximum(gather - c * pass_s * (1 - 1 / t), 0.0)
         ring = ring + maximum(gather - w * pass_s * (1 - 1 / t), 0.0)
