@@ -389,6 +389,12 @@ transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm
 userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
 
 
+def userbuffers_on(plan: ParallelPlan) -> Any:
+    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_comm_overlap with sp on
+    Megatron-Core's TP (tp_impl megatron) over more than one rank."""
+    return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+
+
 def tp_role_sms(plan: ParallelPlan) -> RoleSms:
     """SMs each userbuffer role holds beside its GEMM: ParallelPlan.tp_overlap_sms, else TE_UB_SMS."""
     return plan.tp_overlap_sms or TE_UB_SMS
@@ -512,8 +518,7 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
         ring = ring + (1 + r) * maximum(gather - c * pass_s * (1 - 1 / t), 0.0)
         ring = ring + maximum(gather - w * pass_s * (1 - 1 / t), 0.0)
         pipe = pipe + (1 + r) * maximum(scatter - w * pass_s, 0.0) * (1 - 1 / n)
-    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (t > 1)
-    return where(on, ring + pipe, 0.0)
+    return where(userbuffers_on(plan), ring + pipe, 0.0)
 
 
 def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm_count: int) -> Any:
@@ -526,8 +531,7 @@ def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm
     bulk_overlap, split_overlap_rs and split_overlap_ag. Derived: docs/formulas.md#step.ub_margin"""
     shares = tp_role_gemm_shares(m, plan, r)
     extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan), strict=True))
-    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
-    return where(on, gemm * extra, 0.0)
+    return where(userbuffers_on(plan), gemm * extra, 0.0)
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:
