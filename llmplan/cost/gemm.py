@@ -314,7 +314,6 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
         fwd = bwd = 0.0
         for i, (f, M, N, K, role, module) in enumerate(gemms):
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
-            dglu = fused_dglu_factor(m, plan, gpu, fmt)
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE
@@ -328,7 +327,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                                                                                   K) * scale
                 bwd = bwd + dgrad + whole
             else:  # fc2 (the experts' second matmul): its input gradient runs the fused dGLU kernel
-                dgrad = whole * dglu if module == "expert" and gemms[i - 1].module == "expert" else whole
+                fc2 = module == "expert" and i > 0 and gemms[i - 1].module == "expert"
+                dgrad = whole * fused_dglu_factor(m, plan, gpu, fmt) if fc2 else whole
                 fwd, bwd = fwd + whole, bwd + dgrad + whole
         return fwd, bwd
 
