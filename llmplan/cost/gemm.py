@@ -83,7 +83,9 @@ def fused_mlp_path(plan: ParallelPlan) -> Any:
 
 
 def squared_relu_mlp(m: ModelSpec) -> bool:
-    """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu)."""
+    """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu).
+    Source: Nemotron-H's Hugging Face config, mlp_hidden_act "relu2" (as NVIDIA/TensorRT-LLM's NemotronH
+    modeling test copies it). Derived: docs/formulas.md#moe.fused_mlp"""
     return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
 
 
@@ -262,7 +264,9 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
-TE_COMPUTE_STREAMS = 3  # Transformer Engine's NVTE_COMM_OVERLAP_MAX_STREAMS: compute streams of a chunked GEMM
+# Compute streams of a chunked GEMM. Source: NVIDIA/TransformerEngine common/comm_gemm_overlap
+# (NVTE_COMM_OVERLAP_MAX_STREAMS 3, the default num_max_streams of CommOverlapBase / CommOverlapP2PBase)
+TE_COMPUTE_STREAMS = 3
 
 
 def chunked_gemm_efficiency(gpu: GpuSpec, dtype: str, plan: ParallelPlan, M: Any, rows: Any, N: Any,
