@@ -337,8 +337,18 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside 6 + 2r all-gathers of
     gather_bytes each (r the stage's recomputed share). By bytes: every one is a collective over the same
     group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
-    rs = (2 + 2 * r) * ACT_BYTES
-    return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
+    roles = tp_role_bytes(m, plan, r)
+    return roles[1] / sum(roles)
+
+
+def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+    """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
+    (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
+    recompute, the row-parallel linears' output gradients) at gather_bytes, 2 + 2r forward and recompute
+    reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient reduce-scatters in
+    16 bits (r the stage's recomputed share). Derived: docs/formulas.md#comm.tp"""
+    q, a = gather_bytes(m, plan), ACT_BYTES
+    return (4 + 2 * r) * q, (2 + 2 * r) * a, 2 * q, 2 * a
 
 
 def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
@@ -409,12 +419,12 @@ def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleS
 def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
-    weighted by the seconds it overlaps, as tp_forward_rs_share counts them: 4 + 2r all-gathers by ring
+    weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers by ring
     exchange (forward, recompute, output gradients), 2 + 2r forward reduce-scatters less the last of their
     TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
     At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
-    g, a = gather_bytes(m, plan), ACT_BYTES
-    spans = ((4 + 2 * r) * g, (2 + 2 * r) * a * (1 - 1 / TE_PIPELINE_SPLITS), 2 * g, 2 * a)
+    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
+    spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)
     # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
     free = (maximum(n - k, 0.0) for n, k in zip(tp_role_sms(plan), tp_margin_sms(plan), strict=True))
     held = sum(x * n for x, n in zip(spans, free, strict=True))
@@ -506,7 +516,7 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     Derived: docs/formulas.md#step.tp_chunk_steps"""
     t, n = plan.tp, TE_PIPELINE_SPLITS
     q, a = gather_bytes(m, plan), ACT_BYTES
-    per_pair = tp / maximum(2 * tp_blocks_per_layer(m, plan), 1e-9) / ((3 + r) * q + (2 + r) * a)
+    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(tp_role_bytes(m, plan, r))
     pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
     attention, mlp, _mamba = tp_pair_weights(m)  # Mamba-2 mixers' chunk steps are not priced here
     kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp)
