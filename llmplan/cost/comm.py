@@ -493,7 +493,8 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     as tp_pair_weights says; experts and linear-attention mixers count in the whole only. Derived:
     docs/formulas.md#step.ub_margin"""
     kinds, weights = tp_pair_weights(m), layer_gemm_weights(m, plan)
-    col, row = (sum(k[i] for k in kinds) / weights for i in (1, 2))
+    col = sum(c for _share, c, _w in kinds) / weights
+    row = sum(w for _share, _c, w in kinds) / weights
     passes = 3 + r
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
