@@ -345,8 +345,18 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside 6 + 2r all-gathers of
     gather_bytes each (r the stage's recomputed share). By bytes: every one is a collective over the same
     group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
-    rs = (2 + 2 * r) * ACT_BYTES
-    return rs / (rs + 2 * ACT_BYTES + (6 + 2 * r) * gather_bytes(m, plan))
+    roles = tp_role_bytes(m, plan, r)
+    return roles[1] / sum(roles)
+
+
+def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+    """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
+    (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
+    recompute, the row-parallel linears' output gradients) at gather_bytes, 2 + 2r forward and recompute
+    reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient reduce-scatters in
+    16 bits (r the stage's recomputed share). Derived: docs/formulas.md#comm.tp"""
+    q, a = gather_bytes(m, plan), ACT_BYTES
+    return (4 + 2 * r) * q, (2 + 2 * r) * a, 2 * q, 2 * a
 
 
 def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
@@ -383,7 +393,11 @@ def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: 
     return where(on, (reduce + local) / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
-TE_UB_SMS = (1.0, 16.0, 16.0, 16.0)
+RoleSms = tuple[float, float, float, float]
+"""One number per userbuffer role, in ParallelPlan.tp_overlap_sms's order: (ring all-gathers, forward
+reduce-scatters, backward re-gathers, backward reduce-scatters)."""
+
+TE_UB_SMS: RoleSms = (1.0, 16.0, 16.0, 16.0)
 """SMs Transformer Engine's userbuffers hold beside a TP GEMM by default, per role (ParallelPlan.tp_overlap_sms):
 ring exchange for the all-gathers feeding a GEMM, num_sm 1 with use_ce (each chunk moves by cudaMemcpyAsync on a
 copy engine, a one-thread kernel sets the flag); pipeline for the forward reduce-scatters and bulk for the
@@ -393,29 +407,45 @@ transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm
 userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
 
 
+def userbuffers_on(plan: ParallelPlan) -> Any:
+    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_comm_overlap with sp on
+    Megatron-Core's TP (tp_impl megatron) over more than one rank."""
+    return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+
+
+def tp_role_sms(plan: ParallelPlan) -> RoleSms:
+    """SMs each userbuffer role holds beside its GEMM: ParallelPlan.tp_overlap_sms, else TE_UB_SMS."""
+    return plan.tp_overlap_sms or TE_UB_SMS
+
+
+def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleSms:
+    """Each role's SMs where set_sm_margin is on for it (`margined`), 0 where it is off."""
+    ring, fwd_rs, re_gather, bwd_rs = (n * on for n, on in zip(sms, margined, strict=True))
+    return ring, fwd_rs, re_gather, bwd_rs
+
+
 def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
-    weighted by the seconds it overlaps, as tp_forward_rs_share counts them: 4 + 2r all-gathers by ring
+    weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers by ring
     exchange (forward, recompute, output gradients), 2 + 2r forward reduce-scatters less the last of their
     TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
     At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
-    ring, fwd_rs, re_gather, bwd_rs = plan.tp_overlap_sms or TE_UB_SMS
-    g, a = gather_bytes(m, plan), ACT_BYTES
-    spans = ((4 + 2 * r) * g, (2 + 2 * r) * a * (1 - 1 / TE_PIPELINE_SPLITS), 2 * g, 2 * a)
+    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
+    spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)
     # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
-    free = (maximum(n - k, 0.0) for n, k in zip((ring, fwd_rs, re_gather, bwd_rs), tp_margin_sms(plan)))
-    held = sum(x * n for x, n in zip(spans, free))
+    free = (maximum(n - k, 0.0) for n, k in zip(tp_role_sms(plan), tp_margin_sms(plan), strict=True))
+    held = sum(x * n for x, n in zip(spans, free, strict=True))
     return minimum(held / sum(spans) / sm_count, 0.5)
 
 
-TE_UB_MARGIN = (False, True, True, True)
+TE_UB_MARGIN = (False, True, True, True)  # per role, as RoleSms orders them
 """Whether Transformer Engine sets an SM margin on each role's GEMMs when no userbuffer config says otherwise:
 from v2.0 get_default_config's "set_sm_margin": not method == "ring_exchange" (ring exchange for the
 all-gathers, pipeline for the forward reduce-scatters, bulk for the backward); v1.8 - v1.13 default False.
 Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub at v1.13 / v2.0 / v2.8."""
 
-TUNED_UB_MARGIN = (False, True, False, False)
+TUNED_UB_MARGIN = (False, True, False, False)  # per role, as RoleSms orders them
 """The margins NVIDIA's published userbuffer configs set, which llmplan prices by default
 (ParallelPlan.tp_overlap_margin_sms None): set_sm_margin on the pipelined forward reduce-scatters (proj_fprop,
 fc2_fprop) only, every bulk overlap and ring all-gather without. Source: NVIDIA-NeMo/Megatron-Bridge
@@ -424,22 +454,41 @@ set_sm_margin=True on proj_fprop / fc2_fprop, BulkOverlapCfg set_sm_margin=False
 tp_overlap_configs/userbuffers.py (ab020f6a72). Derived: docs/formulas.md#step.ub_margin"""
 
 
-def te_default_margin_sms(sms: tuple[float, float, float, float] | None = None) -> tuple[float, float, float, float]:
+def te_default_margin_sms(sms: RoleSms | None = None) -> RoleSms:
     """tp_overlap_margin_sms of a run that passes Transformer Engine >= 2.0 no userbuffer config (TE_UB_MARGIN
     on each role's SMs, `sms` or TE_UB_SMS): the bulk overlaps' GEMMs also run on N_SM - num_sm SMs.
     Derived: docs/formulas.md#step.ub_margin"""
-    s = sms or TE_UB_SMS
-    return (s[0] * TE_UB_MARGIN[0], s[1] * TE_UB_MARGIN[1], s[2] * TE_UB_MARGIN[2], s[3] * TE_UB_MARGIN[3])
+    return role_margins(sms or TE_UB_SMS, TE_UB_MARGIN)
 
 
-def tp_margin_sms(plan: ParallelPlan) -> tuple[float, float, float, float]:
+def tp_margin_sms(plan: ParallelPlan) -> RoleSms:
     """SMs set_sm_margin takes from each role's GEMMs (ParallelPlan.tp_overlap_margin_sms; None: the published
     configs' margins, TUNED_UB_MARGIN on each role's tp_overlap_sms, else TE_UB_SMS).
     Derived: docs/formulas.md#step.ub_margin"""
     if plan.tp_overlap_margin_sms is not None:
         return plan.tp_overlap_margin_sms
-    s = plan.tp_overlap_sms or TE_UB_SMS
-    return (s[0] * TUNED_UB_MARGIN[0], s[1] * TUNED_UB_MARGIN[1], s[2] * TUNED_UB_MARGIN[2], s[3] * TUNED_UB_MARGIN[3])
+    return role_margins(tp_role_sms(plan), TUNED_UB_MARGIN)
+
+
+def tp_pair_weights(m: ModelSpec) -> tuple[tuple[Any, Any, Any], ...]:
+    """(share of layers, column-parallel weights, row-parallel weights) of each TP pair kind of the average
+    layer, its share of layers applied: attention (QKV; the output projection a·d·h), dense MLP (fc1; fc2 f·h),
+    Mamba-2 (in_proj; out_proj H·P x h: Megatron-LM ssm/mamba_mixer.py, tp_comm_buffer_name "fc1" / "fc2").
+    Derived: docs/formulas.md#step.ub_margin"""
+    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
+    att, mlp = attention_share(m), 0.0 if m.is_moe else dense_mlp_share(m)
+    mamba = m.count_layers("mamba") / m.num_hidden_layers
+    ad = m.num_attention_heads * m.d_head
+    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
+    return ((att, att * (attention_params(m) - ad * h), att * ad * h),
+            (mlp, mlp * (mlp_params(m, f) - f * h), mlp * f * h),
+            (mamba, mamba * in_proj, mamba * d_in * h))
+
+
+def layer_gemm_weights(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Matmul weights of the average layer over the TP group, from its GEMM FLOPs (flops.layer_flops: 2 a
+    weight and token, s·b tokens, one rank's 1/tp). Derived: docs/formulas.md#step.ub_margin"""
+    return layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
 
 
 def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
@@ -448,17 +497,13 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     and the column-parallel rest (QKV, fc1) of the average layer's matmul weights (flops.layer_flops).
     Ring all-gathers feed the column GEMMs' forward and recompute and the row GEMMs' input gradients; the
     forward reduce-scatters follow the row GEMMs' forward and recompute; the re-gathers run beside the column
-    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. A Mamba-2 mixer's
-    in_proj is a column GEMM, its out_proj (H·P x h) a row one (Megatron-LM ssm/mamba_mixer.py: tp_comm_buffer_name
-    "fc1" / "fc2"); experts and linear-attention mixers count in the whole only. Derived:
+    GEMMs' input gradients, the backward reduce-scatters beside their weight gradients. Mamba-2 mixers pair
+    as tp_pair_weights says; experts and linear-attention mixers count in the whole only. Derived:
     docs/formulas.md#step.ub_margin"""
-    h, f, d_in = m.hidden_size, m.intermediate_size, (m.mamba_num_heads or 0) * (m.mamba_head_dim or 0)
-    mlp, mamba = 0.0 if m.is_moe else dense_mlp_share(m), m.count_layers("mamba") / m.num_hidden_layers
-    in_proj = h * (2 * d_in + 2 * (m.n_groups or 0) * (m.ssm_state_size or 0) + (m.mamba_num_heads or 0))
-    row_w = attention_share(m) * m.num_attention_heads * m.d_head * h + mlp * f * h + mamba * d_in * h
-    col_w = attention_share(m) * attention_params(m) + mlp * mlp_params(m, f) + mamba * (in_proj + d_in * h) - row_w
-    weights = layer_flops(m, plan, m.is_moe).gemm * plan.tp / (2 * plan.seq_len / plan.cp * plan.micro_batch)
-    row, col, passes = row_w / weights, col_w / weights, 3 + r
+    kinds, weights = tp_pair_weights(m), layer_gemm_weights(m, plan)
+    col = sum(c for _share, c, _w in kinds) / weights
+    row = sum(w for _share, _c, w in kinds) / weights
+    passes = 3 + r
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
 
@@ -479,25 +524,20 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
     Derived: docs/formulas.md#step.tp_chunk_steps"""
     t, n = plan.tp, TE_PIPELINE_SPLITS
-    h, f, ad = m.hidden_size, m.intermediate_size, m.num_attention_heads * m.d_head
-    att, mlp = attention_share(m), (0.0 if m.is_moe else dense_mlp_share(m))
     q, a = gather_bytes(m, plan), ACT_BYTES
-    per_pair = tp / maximum(2 * tp_blocks_per_layer(m, plan), 1e-9) / ((3 + r) * q + (2 + r) * a)
-    weights = layer_flops(m, plan, m.is_moe).gemm * t / (2 * plan.seq_len / plan.cp * plan.micro_batch)
-    pass_s = gemm / (3 + r) / maximum(weights, 1e-9)  # seconds of one pass per weight
-    cols: tuple[float, ...] = (att * (attention_params(m) - ad * h), mlp * (mlp_params(m, f) - f * h))
-    rows: tuple[float, ...] = (att * ad * h, mlp * f * h)
-    pairs: tuple[float, ...] = (att, mlp)
+    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(tp_role_bytes(m, plan, r))
+    pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
+    attention, mlp, _mamba = tp_pair_weights(m)  # Mamba-2 mixers' chunk steps are not priced here
+    kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp)
     if m.parallel_block:  # one gathered input feeds both column GEMMs, one reduce-scatter takes both rows
-        cols, rows, pairs = (float(sum(cols)),), (float(sum(rows)),), (att,)
+        kinds = ((attention[0], attention[1] + mlp[1], attention[2] + mlp[2]),)
     ring, pipe = 0.0, 0.0
-    for c, w, k in zip(cols, rows, pairs, strict=True):
+    for k, c, w in kinds:
         gather, scatter = k * q * per_pair, k * a * per_pair  # one collective of the stage's pairs of this kind
         ring = ring + (1 + r) * maximum(gather - c * pass_s * (1 - 1 / t), 0.0)
         ring = ring + maximum(gather - w * pass_s * (1 - 1 / t), 0.0)
         pipe = pipe + (1 + r) * maximum(scatter - w * pass_s, 0.0) * (1 - 1 / n)
-    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (t > 1)
-    return where(on, ring + pipe, 0.0)
+    return where(userbuffers_on(plan), ring + pipe, 0.0)
 
 
 def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm_count: int) -> Any:
@@ -509,9 +549,8 @@ def tp_sm_margin_seconds(m: ModelSpec, plan: ParallelPlan, gemm: Any, r: Any, sm
     initialize (_math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count), passed to every GEMM chunk of
     bulk_overlap, split_overlap_rs and split_overlap_ag. Derived: docs/formulas.md#step.ub_margin"""
     shares = tp_role_gemm_shares(m, plan, r)
-    extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan)))
-    on = (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
-    return where(on, gemm * extra, 0.0)
+    extra = sum(s * k / max(sm_count - k, 1) for s, k in zip(shares, tp_margin_sms(plan), strict=True))
+    return where(userbuffers_on(plan), gemm * extra, 0.0)
 
 
 def pp_scattered(plan: ParallelPlan) -> Any:

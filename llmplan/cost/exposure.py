@@ -136,6 +136,7 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     split_overlap_ag: chunk i = 0 is the local shard; CommOverlapBase::split_overlap_rs); Wang et al. 2022
     (overlap by decomposition). Derived: docs/formulas.md#step.tp"""
     r = where(plan.full, 1, 0) if r is None else r  # the share of the stage's layers recomputed
+    megatron = plan.tp_impl == "megatron"  # rs_share, ub_kappa, step_waits apply here; unfused_share elsewhere
     # Megatron-LM / Transformer Engine with SP: of a layer's 10 + 4r collectives the 2 re-gathers and the 2
     # input-gradient reduce-scatters run asynchronously (layers.py LinearWithGradAccumulationAndAsync-
     # Communication, TE _Linear.backward async_op=True); the 2 output-gradient all-gathers of the row-parallel
@@ -144,15 +145,15 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     # input-gradient reduce-scatter follows the weight-gradient matmuls of its linears, and no pass reorders
     # them (torch/_inductor/config.py reorder_for_compute_comm_overlap False; torchtitan 9dec370 sets only
     # _micro_pipeline_tp), so none of its 8 + 4r collectives hides.
-    sp_share = where(plan.tp_impl == "megatron", 4 / (10 + 4 * r), 0.0)
+    sp_share = where(megatron, 4 / (10 + 4 * r), 0.0)
     # without the asynchronous backward collectives (tp_backward_overlap off: Megatron-LM before 2021-09, the
     # Megatron-DeepSpeed forks of 2021-22) every collective waits for its GEMM and blocks the next
     backward = where(plan.tp_backward_overlap, where(plan.sp, sp_share, 2 / (4 + 2 * r)), 0.0) * tp
     wgrad = sc.gemm / (3 + r)
     default = tp - backward + overlap(backward, wgrad, kappa)
-    unfused = where(plan.tp_impl == "megatron", 0.0, tp * unfused_share)  # exposed whole
-    waits = where(plan.tp_impl == "megatron", tp * rs_share / TE_PIPELINE_SPLITS + step_waits, (tp - unfused) / plan.tp)
-    ub = where(plan.tp_impl == "megatron", kappa if ub_kappa is None else ub_kappa, kappa)
+    unfused = where(megatron, 0.0, tp * unfused_share)  # exposed whole
+    waits = where(megatron, tp * rs_share / TE_PIPELINE_SPLITS + step_waits, (tp - unfused) / plan.tp)
+    ub = where(megatron, kappa if ub_kappa is None else ub_kappa, kappa)
     chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, ub)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
 

@@ -83,7 +83,9 @@ def fused_mlp_path(plan: ParallelPlan) -> Any:
 
 
 def squared_relu_mlp(m: ModelSpec) -> bool:
-    """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu)."""
+    """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu).
+    Source: Nemotron-H's Hugging Face config, mlp_hidden_act "relu2" (as NVIDIA/TensorRT-LLM's NemotronH
+    modeling test copies it). Derived: docs/formulas.md#moe.fused_mlp"""
     return bool(m.model_type == "nemotron_h" and not m.gated_mlp)
 
 
@@ -262,7 +264,9 @@ def chunk_rows(plan: ParallelPlan, M: Any, role: str) -> tuple[Any, Any]:
     return where(plan.sp, fwd, M), (M if dgrad is None else where(plan.sp, dgrad, M))
 
 
-TE_COMPUTE_STREAMS = 3  # Transformer Engine's NVTE_COMM_OVERLAP_MAX_STREAMS: compute streams of a chunked GEMM
+# Compute streams of a chunked GEMM. Source: NVIDIA/TransformerEngine common/comm_gemm_overlap
+# (NVTE_COMM_OVERLAP_MAX_STREAMS 3, the default num_max_streams of CommOverlapBase / CommOverlapP2PBase)
+TE_COMPUTE_STREAMS = 3
 
 
 def chunked_gemm_efficiency(gpu: GpuSpec, dtype: str, plan: ParallelPlan, M: Any, rows: Any, N: Any,
@@ -314,7 +318,6 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
         fwd = bwd = 0.0
         for i, (f, M, N, K, role, module) in enumerate(gemms):
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
-            dglu = fused_dglu_factor(m, plan, gpu, fmt)
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE
@@ -328,7 +331,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                                                                                   K) * scale
                 bwd = bwd + dgrad + whole
             else:  # fc2 (the experts' second matmul): its input gradient runs the fused dGLU kernel
-                dgrad = whole * dglu if module == "expert" and gemms[i - 1].module == "expert" else whole
+                fc2 = module == "expert" and i > 0 and gemms[i - 1].module == "expert"
+                dgrad = whole * fused_dglu_factor(m, plan, gpu, fmt) if fc2 else whole
                 fwd, bwd = fwd + whole, bwd + dgrad + whole
         return fwd, bwd
 

@@ -1,0 +1,47 @@
+"""A saved plan's per-role userbuffer SMs (ParallelPlan.tp_overlap_sms / tp_overlap_margin_sms, four numbers in
+cost.comm.RoleSms order, each 0 - 1024) are user input: a wrong count or a negative number is refused in one
+line with exit 2, never reaching cost.comm's role tuples. The real command runs in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from refusal import one_line
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+ENV.pop("LLMPLAN_DEBUG", None)
+
+
+def llmplan(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmplan", *map(str, args)], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("plan")
+    r = llmplan("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--save", folder / "p.json")
+    assert r.returncode == 0, r.stderr
+    return json.loads((folder / "p.json").read_text())
+
+
+@pytest.mark.parametrize("field", ["tp_overlap_sms", "tp_overlap_margin_sms"])
+@pytest.mark.parametrize("value, says", [([1, -3, 16, 16], "greater than or equal to 0 (got -3)"),
+                                         ([1, 16, 16], "Field required")])
+def test_bad_role_sms_in_a_plan_file_is_one_line_and_exit_2(tmp_path, saved, field, value, says):
+    doc = {**saved, "plan": {**saved["plan"], field: value}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    r = llmplan("export", path, "--to", "megatron", "--out", tmp_path / "out")
+    line = one_line(r.stderr)
+    assert r.returncode == 2, r.stderr
+    assert f"field '{field}." in line and says in line
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
