@@ -4,6 +4,8 @@ against the one-plan path, and which plans it leaves as they were."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, seed, settings
@@ -14,10 +16,11 @@ from llmplan.cost.grad_lifetime import (
     _walk,
     chunk_gradient_peak,
     equal_chunk_peak,
+    pipelined_gradient_bytes,
 )
 from llmplan.cost.memory import training_memory
 from llmplan.cost.params import rank_params
-from llmplan.search.grid import from_plan
+from llmplan.search.grid import PlanArrays, from_plan
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
 from llmplan.units import GIB
@@ -88,6 +91,32 @@ def test_plan_arrays_agree_with_one_plan(kw):
     many = training_memory(m, from_plan(plan), 80 * GIB)
     assert float(many.total[0]) == pytest.approx(float(one.total), rel=1e-12)
     assert float(many.gradients[0]) == pytest.approx(float(one.gradients), rel=1e-12)
+
+
+def test_mixed_pipeline_shapes_in_one_array_agree_with_each_plan():
+    # The plan-array path walks each distinct (pp, micro-batches, vpp, stage) once: plans of several shapes, one
+    # with the mechanism off (ZeRO-1), side by side must each get what they get alone.
+    m = M["llama-3.1-405b"]
+    plans = [_plan(), _plan(zero=1), _plan(dp=64), _plan(pp=8, vpp=2), _plan(zero=3, vpp=4), _plan(pp=8, vpp=4)]
+    arrays = [from_plan(p) for p in plans]
+    fields = [f.name for f in dataclasses.fields(PlanArrays) if np.ndim(getattr(arrays[0], f.name)) == 1]
+    stacked = PlanArrays(**{f: np.concatenate([getattr(a, f) for a in arrays]) for f in fields}, w=arrays[0].w)
+    many = training_memory(m, stacked, 80 * GIB)
+    for k, plan in enumerate(plans):
+        one = training_memory(m, plan, 80 * GIB)
+        assert float(many.gradients[k]) == pytest.approx(float(one.gradients), rel=1e-12), plan
+        assert float(many.total[k]) == pytest.approx(float(one.total), rel=1e-12), plan
+    # Per stage, at 40 bytes per gradient so that the gradients weigh on where the peak falls: then it depends on
+    # the stage's warm-up (pp 16's last stages), and a walk of the wrong stage shows.
+    g = 40.0
+    for stage in (0, 3, stacked.pp - 4):
+        rp = rank_params(m, stacked, stage)
+        got = pipelined_gradient_bytes(m, stacked, stage, rp, rp.total * g, g)
+        for k, plan in enumerate(plans):
+            at = int(np.broadcast_to(stage, len(plans))[k])
+            rp1 = rank_params(m, plan, at)
+            want = pipelined_gradient_bytes(m, plan, at, rp1, rp1.total * g, g)
+            assert float(got[k]) == pytest.approx(float(want), rel=1e-12), (plan, at)
 
 
 @pytest.mark.parametrize("kw", [{"zero": 1}, {"vpp": 1, "pp": 16}, {"pp_schedule": "zero-bubble", "vpp": 1}])

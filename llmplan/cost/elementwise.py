@@ -177,8 +177,8 @@ EAGER_RMSNORM_BYTES = (36.0, 92.0)
 x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps), cast back, times the weight), against a fused
 kernel's 4 + 6 (FUSED_NORM_BYTES). Forward: x.float() (read 2, write 4), pow(2) (read 4, write 4), the row mean
 (read 4), x times the row's rsqrt (read 4, write 4), type_as (read 4, write 2), times the weight (read 2, write
-2); the per-row eps and rsqrt are 1/h of that. Backward: the weight's mul (grad * weight: read 2, write 2; grad * output, read
-2 + 2, write 2, summed over tokens, read 2), the cast's gradient to fp32 (read 2, write 4), the rsqrt mul's
+2); the per-row eps and rsqrt are 1/h of that. Backward: the weight's mul (grad * weight: read 2, write 2; grad *
+output, read 2 + 2, write 2, summed over tokens, read 2), the cast's gradient to fp32 (read 2, write 4), the rsqrt mul's
 (grad * rsqrt: read 4, write 4; grad * x, read 4 + 4, write 4, summed over the row, read 4), the mean's
 expanded gradient (write 4), pow's (self.pow(1) copied, read 4, write 4; times 2, read 4, write 4; times the
 gradient, read 4 + 4, write 4), the two branches into x summed (read 4 + 4, write 4) and the cast back to bf16

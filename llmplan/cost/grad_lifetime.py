@@ -22,7 +22,7 @@ import numpy as np
 from llmplan.arith import maximum, where
 from llmplan.cost.activations import layer_activations
 from llmplan.cost.params import RankParams, stage_end_params
-from llmplan.cost.schedule import stage_order_cached
+from llmplan.cost.schedule import stage_order_arrays
 from llmplan.cost.stages import chunk_layers, stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
@@ -37,35 +37,42 @@ def chunk_gradients_freed(plan: ParallelPlan) -> Any:
             & (plan.recompute_layers is None) & (plan.offload_layers == 0))
 
 
-@lru_cache(maxsize=1024)
-def _walk(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sign, chunk, live) of stage i's order: +1 per forward / -1 per backward, its chunk, and which chunks'
-    gradients are live at that step (from the chunk's first backward through the step after its last, while
-    its reduce-scatter runs beside the next backward). Derived: docs/formulas.md#mem.grad_lifetime"""
-    order = stage_order_cached(p, n, v, i)
-    sign = np.asarray([1.0 if kind == "forward" else -1.0 for kind, _, _ in order])
-    chunk = np.asarray([c for _, _, c in order], dtype=np.intp)
-    k = np.arange(len(order))
-    live = np.zeros((len(order), v))
+def _schedule_walk(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sign, chunk, live) of stage i's order (schedule.stage_order_arrays): +1 per forward / -1 per backward,
+    its chunk, and which chunks' gradients are live at that step (from the chunk's first backward through the
+    step after its last, while its reduce-scatter runs beside the next backward). Derived:
+    docs/formulas.md#mem.grad_lifetime"""
+    forward, _, chunk = stage_order_arrays(p, n, v, i)
+    sign = np.where(forward, 1.0, -1.0)
+    k = np.arange(len(sign))
+    live = np.zeros((len(sign), v), dtype=bool)
     for c in range(v):
-        back = k[(sign < 0) & (chunk == c)]
+        back = k[~forward & (chunk == c)]
         live[:, c] = (k >= back.min()) & (k <= back.max() + 1)
     for a in (sign, chunk, live):
         a.setflags(write=False)
     return sign, chunk, live
 
 
+_walk = lru_cache(maxsize=64)(_schedule_walk)
+"""_schedule_walk once per shape in a process (pp_layout plans; a walk holds ~10^5 steps x v)."""
+
+
+def _held(sign: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(activations held after each step, held at each step's moment): a forward counts after it stores its
+    activations (`step` bytes), a backward before it frees them. Derived: docs/formulas.md#mem.grad_lifetime"""
+    shape = (-1,) + (1,) * (step.ndim - 1)
+    held = np.cumsum(sign.reshape(shape) * step, axis=0)
+    return held, held + np.where(sign.reshape(shape) < 0, step, 0.0)
+
+
 def chunk_gradient_peak(sign: np.ndarray, chunk: np.ndarray, live: np.ndarray, act: np.ndarray,
                         grad: np.ndarray) -> Any:
     """Gradient bytes at the rank's joint peak beyond its activation peak: max over steps of (activations held
     + live chunks' gradients) - max over steps of activations held. act / grad: (v, ...) bytes of one chunk
-    forward's activations / one chunk's gradients. A forward counts after it stores its activations, a
-    backward before it frees them. Derived: docs/formulas.md#mem.grad_lifetime"""
-    step = act[chunk]  # (steps, ...)
-    shape = (-1,) + (1,) * (step.ndim - 1)
-    held = np.cumsum(sign.reshape(shape) * step, axis=0)
-    moment = held + np.where(sign.reshape(shape) < 0, step, 0.0)
-    grads = np.tensordot(live, grad, axes=(1, 0))
+    forward's activations / one chunk's gradients. Derived: docs/formulas.md#mem.grad_lifetime"""
+    held, moment = _held(sign, act[chunk])  # (steps, ...)
+    grads = np.tensordot(live.astype(float), grad, axes=(1, 0))
     return (moment + grads).max(axis=0) - held.max(axis=0)
 
 
@@ -94,33 +101,11 @@ def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams,
 @lru_cache(maxsize=4096)
 def _counts(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, float]:
     """Equal chunks: for each (chunks' gradients live, chunk 0's live, chunk v-1's live) that a step of stage
-    i's order shows, the most chunk forwards held at such a step (as chunk_gradient_peak counts them), and the
-    most held at any step. Builds schedule.stage_order's sequence in numpy (the search asks for hundreds of
-    shapes of up to ~10^5 steps); tests/test_grad_lifetime.py checks it against the walk of stage_order."""
-    if n % p == 0:  # whole groups of p micro-batches (what interleaving runs)
-        fwd, bwd = np.tile(np.repeat(np.arange(v), p), n // p), np.tile(np.repeat(np.arange(v)[::-1], p), n // p)
-    else:
-        sizes = [min(g + p, n) - g for g in range(0, n, p)]
-        fwd = np.concatenate([np.repeat(np.arange(v), s) for s in sizes])
-        bwd = np.concatenate([np.repeat(np.arange(v)[::-1], s) for s in sizes])
-    warm = min(p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p, n * v)
-    steady = n * v - warm
-    mid_sign, mid_chunk = np.tile([1.0, -1.0], steady), np.empty(2 * steady, dtype=np.intp)
-    mid_chunk[0::2], mid_chunk[1::2] = fwd[warm:], bwd[:steady]
-    sign = np.concatenate([np.ones(warm), mid_sign, -np.ones(warm)])
-    chunk = np.concatenate([fwd[:warm], mid_chunk, bwd[steady:]])
-    held = np.cumsum(sign)
-    moment = held + (sign < 0)
-    k, back = np.arange(len(sign)), np.flatnonzero(sign < 0)
-    first, last = np.full(v, len(sign)), np.zeros(v, dtype=np.intp)
-    np.minimum.at(first, chunk[back], back)
-    np.maximum.at(last, chunk[back], back)
-    diff = np.zeros(len(sign) + 2)
-    np.add.at(diff, first, 1.0)
-    np.add.at(diff, last + 2, -1.0)
-    live = np.cumsum(diff)[: len(sign)]
-    ends = [((k >= first[c]) & (k <= last[c] + 1)).astype(np.intp) for c in (0, v - 1)]
-    key = (live.astype(np.intp) * 2 + ends[0]) * 2 + ends[1]
+    i's walk shows, the most chunk forwards held at such a step (as chunk_gradient_peak counts them), and the
+    most held at any step: a few rows per pipeline shape, kept once the walk is dropped."""
+    sign, _, live = _schedule_walk(p, n, v, i)
+    held, moment = _held(sign, np.ones(len(sign)))
+    key = (live.sum(axis=1) * 2 + live[:, 0]) * 2 + live[:, -1]
     keys, group = np.unique(key, return_inverse=True)
     most = np.full(len(keys), -np.inf)
     np.maximum.at(most, group.reshape(-1), moment)
@@ -160,14 +145,18 @@ def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams
     if np.ndim(plan.pp) == 0:  # one plan
         counts = _counts(int(plan.pp), int(plan.num_microbatches), int(v), int(stage))
         return equal_chunk_peak(counts, act, grad, first, last)
-    on = np.asarray(on)
+    return _per_pipeline_shape(plan, stage, np.asarray(on), whole, (act, grad, first, last))
+
+
+def _per_pipeline_shape(plan: Any, stage: Any, on: np.ndarray, whole: Any, parts: tuple[Any, ...]) -> np.ndarray:
+    """equal_chunk_peak over plan arrays: `whole` where `on` is off, else the peak of the plan's (pp,
+    micro-batches, vpp, stage) walk, each distinct shape walked once; parts: (act, grad, first, last)."""
     out = np.array(np.broadcast_to(whole, on.shape), dtype=float)
-    cols = [np.broadcast_to(x, on.shape) for x in (plan.pp, plan.num_microbatches, v, stage)]
-    shape = np.stack(cols, axis=1).astype(np.int64)[on]
     idx = np.flatnonzero(on)
-    keys, group = np.unique(shape, axis=0, return_inverse=True)
-    parts = [np.broadcast_to(x, on.shape)[idx] for x in (act, grad, first, last)]
+    cols = [np.broadcast_to(x, on.shape)[idx] for x in (plan.pp, plan.num_microbatches, plan.vpp, stage)]
+    keys, group = np.unique(np.stack(cols, axis=1).astype(np.int64), axis=0, return_inverse=True)
+    chosen = [np.broadcast_to(x, on.shape)[idx] for x in parts]
     for k, key in enumerate(keys):
         sel = group.reshape(-1) == k
-        out[idx[sel]] = equal_chunk_peak(_counts(*(int(x) for x in key)), *(x[sel] for x in parts))
+        out[idx[sel]] = equal_chunk_peak(_counts(*(int(x) for x in key)), *(x[sel] for x in chosen))
     return out

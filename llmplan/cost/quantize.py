@@ -72,9 +72,10 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
     and of QKV and fc1. Weights are cast once per step and left out. Under sequence parallelism the h-wide
     tensors that TP all-gathers (the two inputs, the two gradients; torchao's float8 DTensor TP casts the
-    gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the gather (as comm.gather_bytes sends them); a per-tensor fp8
-    tensor gathers its row-wise data only, so on Hopper the transposed copy of each gathered tensor, wanted by
-    the weight-gradient GEMM, is made after the gather (read 1 byte, write 1). An MoE layer keeps the earlier
+    gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the
+    gather (as comm.gather_bytes sends them); a per-tensor fp8 tensor gathers its row-wise data only, so on
+    Hopper the transposed copy of each gathered tensor, wanted by the weight-gradient GEMM, is made after the
+    gather (read 1 byte, write 1). An MoE layer keeps the earlier
     count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
     k permuted rows per token, which the count does not hold. A hybrid stack's average layer casts its own
     sub-blocks' projections (hybrid_cast_widths: its share of attention, of each recurrent mixer and of dense

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Union
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -30,20 +32,42 @@ class Slot:
     end: float
 
 
+def warmup_forwards(p: int, n: int, v: int, i: int) -> int:
+    """Forwards stage i runs before its first backward: p - i - 1 in 1F1B, 2(p - i - 1) + (v - 1)p interleaved,
+    at most all n·v of them. Source: Narayanan et al. 2021 §2.2; Megatron-LM pipeline_parallel/schedules.py.
+    Derived: docs/formulas.md#pipeline.schedule"""
+    return min(p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p, n * v)
+
+
+def stage_order_arrays(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """stage_order as arrays, one entry per pass: (whether it is a forward, its micro-batch, its chunk); built in
+    numpy since the memory model walks hundreds of pipeline shapes of up to ~10^5 passes (cost.grad_lifetime).
+    Derived: docs/formulas.md#pipeline.schedule"""
+    groups = [(g, min(g + p, n) - g) for g in range(0, n, p)]  # micro-batches go through the chunks p at a time
+    mb = np.concatenate([np.tile(np.arange(g, g + size), v) for g, size in groups])
+    fwd_chunk = np.concatenate([np.repeat(np.arange(v), size) for _, size in groups])
+    bwd_chunk = np.concatenate([np.repeat(np.arange(v)[::-1], size) for _, size in groups])
+    warm = warmup_forwards(p, n, v, i)
+    steady = n * v - warm
+
+    def weave(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:  # warm-up, forward / backward pairs, cool-down
+        mid = np.empty(2 * steady, dtype=fwd.dtype)
+        mid[0::2], mid[1::2] = fwd[warm:], bwd[:steady]
+        return np.concatenate([fwd[:warm], mid, bwd[steady:]])
+
+    forward = weave(np.ones(n * v, dtype=bool), np.zeros(n * v, dtype=bool))
+    return forward, weave(mb, mb), weave(fwd_chunk, bwd_chunk)
+
+
 def stage_order(p: int, n: int, v: int, i: int) -> list[tuple[str, int, int]]:
-    """(kind, micro-batch, chunk) in the order stage i runs them: warm-up forwards, then one forward / one
-    backward, then the remaining backwards. Interleaved (v > 1): micro-batches go through the chunks in groups
-    of p, and stage i warms up with 2(p - i - 1) + (v - 1)p forwards.
+    """(kind, micro-batch, chunk) in the order stage i runs them: warm-up forwards (warmup_forwards), then one
+    forward / one backward, then the remaining backwards. Interleaved (v > 1): micro-batches go through the
+    chunks in groups of p, the backwards through them last chunk first.
     Source: Narayanan et al. 2021 §2.2 (1F1B and interleaved 1F1B); Megatron-LM pipeline_parallel/schedules.py.
     Derived: docs/formulas.md#pipeline.schedule"""
-    fwd = [(mb, c) for g in range(0, n, p) for c in range(v) for mb in range(g, min(g + p, n))]
-    bwd = [(mb, c) for g in range(0, n, p) for c in reversed(range(v)) for mb in range(g, min(g + p, n))]
-    warm = min(p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p, n * v)
-    ops = [("forward", *x) for x in fwd[:warm]]
-    for k in range(n * v - warm):
-        ops += [("forward", *fwd[warm + k]), ("backward", *bwd[k])]
-    ops += [("backward", *x) for x in bwd[n * v - warm:]]
-    return ops
+    forward, mb, chunk = stage_order_arrays(p, n, v, i)
+    return [("forward" if f else "backward", b, c) for f, b, c in zip(forward.tolist(), mb.tolist(), chunk.tolist(),
+                                                                      strict=True)]
 
 
 @lru_cache(maxsize=1024)
