@@ -296,9 +296,10 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_s = c_i.tp / n * layers / l_max
-        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, tp_forward_rs_share(m, plan, r_i),
-                          tp_unfused_rs_share(m, plan, r_i), tp_overlap_contention(m, plan, r_i, g_i.sm_count),
-                          tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
+        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, rs_share=tp_forward_rs_share(m, plan, r_i),
+                          unfused_share=tp_unfused_rs_share(m, plan, r_i),
+                          ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count),
+                          step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
             + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
             + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count)  # set_sm_margin's slower GEMMs
         cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i, r_i)
