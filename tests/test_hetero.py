@@ -342,23 +342,62 @@ def test_search_json_says_which_pool_holds_what(cli, tmp_path: Path):
 # --- export -------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def saved_plan(tmp_path_factory):
-    """The best plan of Llama-3.1-70B on 4 DGX H100 + 4 DGX A100, saved (a pipeline over both pools)."""
-    from llmplan.cli import main
-
-    folder = tmp_path_factory.mktemp("pools")
-    (folder / "cluster.yaml").write_text(GOOD)
+def _save_best(folder: Path, *pins: str) -> Path:
+    """`search --save` of Llama-3.1-70B on 4 DGX H100 + 4 DGX A100 (GOOD) with the pins given: the plan file."""
     import contextlib
     import io
 
+    from llmplan.cli import main
+
+    (folder / "cluster.yaml").write_text(GOOD)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # not into the output a test using it reads
-            main(["search", "--model", "llama-3.1-70b", "--hardware", str(folder / "cluster.yaml"), "--save",
-                  str(folder / "plan.json"), "--json"])
+            main(["search", "--model", "llama-3.1-70b", "--hardware", str(folder / "cluster.yaml"), *pins,
+                  "--save", str(folder / "plan.json"), "--json"])
     except SystemExit as e:
-        assert not e.code
+        assert not e.code, f"search {' '.join(pins)} exited {e.code}"
     return folder / "plan.json"
+
+
+@pytest.fixture(scope="module")
+def saved_plan(tmp_path_factory):
+    """The best pipeline over both pools, saved: TP8 x PP8 is pinned, 64 GPUs, so no pool alone (32 GPUs) holds
+    it and no data-parallel replica fits in one pool: the only plans are stage splits over the H100 and A100
+    pools, whatever the cost model ranks between pipelines and replicas (unpinned, a replicas plan can rank
+    first and the tests below would check its refusal instead)."""
+    import json
+
+    path = _save_best(tmp_path_factory.mktemp("pools"), "--tp", "8", "--pp", "8")
+    hp = json.loads(path.read_text())["pools"]["plan"]
+    assert hp["assignment"] == "stages" and set(hp["stage_pools"]) == {0, 1}, hp
+    return path
+
+
+@pytest.fixture(scope="module")
+def saved_replicas_plan(tmp_path_factory):
+    """The best plan with data-parallel replicas on both pools, saved: PP1 is pinned, so no pipeline spreads
+    over pools; each pool alone (half the GPUs) ranks well below replicas over both (about 30k vs 40k tok/s as
+    priced when this was written)."""
+    import json
+
+    path = _save_best(tmp_path_factory.mktemp("replicas"), "--pp", "1")
+    hp = json.loads(path.read_text())["pools"]["plan"]
+    assert hp["assignment"] == "replicas" and len([r for r in hp["replica_pools"] if r]) == 2, hp
+    return path
+
+
+def test_a_pinned_shape_only_pools_together_hold_is_searched(cli, tmp_path: Path):
+    """TP8 x PP8 needs all 64 GPUs: each pool's own search has no plan to rank (too few GPUs), which must not
+    end the search over pools; a shape no search can hold still exits 2 with the rule."""
+    f = tmp_path / "cluster.yaml"
+    f.write_text(GOOD)
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", f, "--tp", "8", "--pp", "8", "--json")
+    assert r.code == 0, r.err
+    plans = r.json()["plans"]
+    assert plans and all(p["pools"]["assignment"] == "stages" and len(p["pools"]["by_pool"]) == 2 for p in plans)
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", f, "--tp", "8", "--pp", "16")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "no plan passes the rules" in lines[0], r.err
 
 
 def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: Path):
@@ -394,20 +433,18 @@ def test_launchers_that_cannot_run_mixed_pools_refuse_with_the_reason(cli, saved
     assert not list(tmp_path.iterdir())
 
 
-def test_replicas_with_unequal_batches_are_refused_everywhere(cli, saved_plan, tmp_path: Path):
+@pytest.mark.parametrize("target", ["megatron", "torchrun", "slurm", "deepspeed", "torchtitan", "megatron-bridge"])
+def test_replicas_with_unequal_batches_are_refused_everywhere(cli, saved_replicas_plan, tmp_path: Path, target):
     import json
 
-    doc = json.loads(saved_plan.read_text())
-    p = doc["plan"]
-    n = p["global_batch"] // (p["micro_batch"] * p["dp"])
-    share = (n // 2 + 1) * p["micro_batch"] * (p["dp"] // 2)
-    doc["pools"]["plan"] = {"plan": {k: v for k, v in p.items()}, "assignment": "replicas",
-                            "replica_pools": [p["dp"] // 2, p["dp"] // 2],
-                            "replica_batches": [share, p["global_batch"] - share]}
-    f = tmp_path / "replicas.json"
-    f.write_text(json.dumps(doc))
-    r = cli("export", f, "--to", "megatron", "-o", tmp_path / "out")
-    assert r.code == 2 and "different shares of the global batch" in r.err, r.err
+    hp = json.loads(saved_replicas_plan.read_text())["pools"]["plan"]
+    assert len(set(hp["replica_batches"])) > 1  # the H100 replicas take the larger share
+    r = cli("export", saved_replicas_plan, "--to", target, "-o", tmp_path / "out")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "different shares of the global batch" in lines[0] and "pools of different GPUs" not in lines[0]
+    assert ", ".join(str(b) for b in hp["replica_batches"]) in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_check_reprices_a_plan_over_pools_over_its_pools(cli, saved_plan, tmp_path: Path):

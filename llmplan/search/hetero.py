@@ -67,8 +67,24 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
     cands: list[HeteroEstimate] = []
     alone: dict[str, float] = {}
     shapes: dict[tuple, ParallelPlan] = {}
+    refused: list[LlmplanError] = []
+    runs = 0
+
+    def searched(cc: ClusterSpec) -> list[TrainingEstimate]:
+        """run(cc); with several pools, a search that no plan passes (e.g. a pinned shape larger than one
+        pool, which only a pipeline over pools holds) ranks nothing instead of ending the search."""
+        nonlocal runs
+        runs += 1
+        try:
+            return run(cc)
+        except LlmplanError as e:
+            if len(pc.pools) == 1:
+                raise
+            refused.append(e)
+            return []
+
     for g, pool in enumerate(pc.pools):
-        ranked = run(pool.cluster)
+        ranked = searched(pool.cluster)
         alone[pool.name] = max((float(e.throughput.tokens_per_s) for e in ranked), default=0.0)
         for e in ranked:
             hp = HeteroPlan(plan=e.plan, assignment="stages", stage_pools=(g,) * e.plan.pp)
@@ -80,7 +96,7 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
         fastest = max(pc.pools, key=lambda p: p.system.gpu.sustained_flops("bf16"))
         per = fastest.system.gpus_per_node
         if pc.num_gpus % per == 0:
-            for e in run(ClusterSpec(system=fastest.system, num_nodes=pc.num_gpus // per)):
+            for e in searched(ClusterSpec(system=fastest.system, num_nodes=pc.num_gpus // per)):
                 shapes.setdefault(_shape_key(e.plan), e.plan)
         for h in cands:  # the single pools' shapes too, with more replicas
             shapes.setdefault(_shape_key(h.hetero.plan), h.hetero.plan)
@@ -96,6 +112,8 @@ def search_pools(m: ModelSpec, pc: PoolCluster, run: Searcher, allowance: Memory
                     continue
                 feasible += 1
                 cands.append(got)
+    if refused and len(refused) == runs:  # no search had a plan to rank: the last one's rules say why
+        raise refused[-1]
     if len(pc.pools) > 1:  # one pool keeps the single-system search's ranking (search.rank's tie rules)
         cands.sort(key=lambda h: -float(h.estimate.throughput.tokens_per_s))
     out: list[HeteroEstimate] = []
