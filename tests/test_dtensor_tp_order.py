@@ -84,6 +84,27 @@ def test_symmetric_memory_reduce_reads_every_partial(r):
         assert float(symm_mem_tp_seconds(m, plan.model_copy(update=off), gpu, 1, r)) == 0.0
 
 
+@pytest.mark.parametrize("r", [0.0, 1.0])
+def test_symmetric_memory_passes_follow_the_tp_pairs_of_a_parallel_block(r):
+    # A parallel transformer block (MegaScale, Jiang et al. 2024 §3.1) feeds attention and MLP one gathered
+    # input and reduce-scatters their summed outputs once: one fused reduce-scatter and one fused gather a
+    # layer and pass, where the sequential block has two (wo, w2). The copies and sums follow the TP pairs
+    # that tp_transfers moves: half the sequential block's, and as many as its reduce-scatters.
+    seq, gpu = M["llama-3.1-70b"], builtin_systems()["hgx-h100-96gb"].gpu
+    par = seq.model_copy(update={"parallel_block": True})
+    plan = ParallelPlan(tp=8, sp=True, tp_impl="dtensor", tp_comm_overlap=True, global_batch=16,
+                        micro_batch=16, seq_len=8192, recompute="full" if r else "none")
+    sbh = 8192 * 16 * seq.hidden_size
+    reduce = 1 * (1 + r) * 2 * sbh * (1 + 1 / 8)  # one summed output a layer: forward (and recompute)
+    local = 1 * (2 + r) * 2 * 2 * sbh / 8  # one bf16 gathered input a layer: forward, recompute, backward
+    got = float(symm_mem_tp_seconds(par, plan, gpu, 1, r))
+    assert got == pytest.approx((reduce + local) / gpu.hbm_achieved_bytes_per_s)
+    assert got == pytest.approx(float(symm_mem_tp_seconds(seq, plan, gpu, 1, r)) / 2)
+    rs = {m.parallel_block: sum(x.calls for x in tp_transfers(m, plan, 8) if x.collective == "reduce-scatter")
+          for m in (seq, par)}
+    assert rs[True] == pytest.approx(rs[False] / 2)
+
+
 def test_torchtitan_async_tp_gain(acc, published_runs):
     # Table 4 (benchmarks/llama3_h100_202412_torchtitan.md): 2D 829 -> 2D + AsyncTP 876 tokens/s per GPU, a
     # gain of 1.057. Predicted within 0.05 of it (1.116 when every DTensor collective was decomposed and 4 of

@@ -19,7 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, each_stage
-from llmplan.cost.mixers import attention_share, dense_mlp_share, norms_per_layer
+from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import offload_layer_bytes
 from llmplan.cost.params import (
@@ -376,17 +376,18 @@ def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
 def symm_mem_tp_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, layers: Any, r: Any) -> Any:
     """Seconds per micro-batch on a stage of `layers` layers that DTensor async TP (tp_impl dtensor with
     tp_comm_overlap and sp) spends on the compute stream outside its matmuls, at the GPU's achieved HBM
-    bandwidth: each fused reduce-scatter (the forward's and recompute's, norms_per_layer a layer-pass) pulls
+    bandwidth: each fused reduce-scatter (the forward's and recompute's, one a TP pair and pass) pulls
     the tp partial chunks of its M x N output into one buffer and sums them in a separate kernel after the last
     chunk, reading the whole 16-bit output sbh and writing its 1/tp share; each fused all-gather (the same
     gathers plus the backward's of the output gradients) copies the local shard into the gathered buffer,
-    a read and a write of sbh/tp at gather_bytes. 0 for every other plan.
+    a read and a write of sbh/tp at gather_bytes. One of each per TP pair, as tp_transfers counts them
+    (2 tp_blocks_per_layer a layer: a parallel block's attention and MLP share one). 0 for every other plan.
     Source: pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py (_fused_matmul_reduce_scatter_impl:
     reduce_fn over stacked_partials after _pipelined_produce_and_all2all; _pipelined_all_gather_and_consume:
     chunks[rank].copy_(shard) on the current stream). Derived: docs/formulas.md#step.tp"""
     t = plan.tp
     sbh = plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
-    passes = norms_per_layer(m) * layers  # one fused reduce-scatter and one gather a sub-block and pass
+    passes = 2 * tp_blocks_per_layer(m, plan) * layers  # one fused reduce-scatter and one gather a pair and pass
     reduce = passes * (1 + r) * ACT_BYTES * sbh * (1 + 1 / t)
     local = passes * (2 + r) * 2 * gather_bytes(m, plan) * sbh / t
     on = (plan.tp_impl == "dtensor") & plan.tp_comm_overlap & plan.sp & (t > 1)
@@ -517,8 +518,10 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     reduce-scatter follows its GEMM and the previous chunk's on one stream, max(G + C/n, G/n + C): (1 - 1/n)
     (C - G) beyond tp_exposed's C/n. C is the collective's share of the stage's TP seconds `tp` (its bytes of
     tp_transfers'), G the GEMM's share of `gemm` (its weights' share of layer_flops, one pass), per TP pair
-    (an attention block and a dense MLP, or a parallel block's one pair); within a layer kind every layer is
-    alike, so the stage's totals stand for the per-layer max. Source: NVIDIA/TransformerEngine
+    (an attention block, a dense MLP and a Mamba-2 mixer, tp_pair_weights; or a parallel block's one pair);
+    within a layer kind every layer is alike, so the stage's totals stand for the per-layer max. A Mamba-2
+    mixer's in_proj / out_proj run TE's fc1 / fc2 userbuffers (Megatron-LM megatron/core/ssm/mamba_mixer.py,
+    tp_comm_buffer_name), so they chunk as an MLP's pair. Source: NVIDIA/TransformerEngine
     pytorch/csrc/comm_gemm_overlap.h at v1.8 (UbufP2PCommOverlap::split_overlap_ag: _stream_send waits
     _stop_recv; _stream_compute[(i + 1) % n] waits _stop_recv) and common/comm_gemm_overlap/
     comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
@@ -527,8 +530,8 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     q, a = gather_bytes(m, plan), ACT_BYTES
     per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(tp_role_bytes(m, plan, r))
     pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
-    attention, mlp, _mamba = tp_pair_weights(m)  # Mamba-2 mixers' chunk steps are not priced here
-    kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp)
+    attention, mlp, mamba = tp_pair_weights(m)
+    kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp, mamba)
     if m.parallel_block:  # one gathered input feeds both column GEMMs, one reduce-scatter takes both rows
         kinds = ((attention[0], attention[1] + mlp[1], attention[2] + mlp[2]),)
     ring, pipe = 0.0, 0.0
