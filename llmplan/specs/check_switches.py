@@ -194,10 +194,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
-    SwitchUse("pp_unbatched_sends_1f1b", ("pp_unbatched_sends",), lambda p: (p.pp > 1) & (p.vpp == 1),
-              lambda p: f"pp_unbatched_sends with pp {p.pp}, vpp {p.vpp}: it serialises the sends of a "
-                        "non-interleaved 1F1B schedule (DeepSpeed's pipeline engine), so it acts only with pp > 1 "
-                        "and vpp 1; use --pp 2 or more with --vpp 1 or drop --pp-unbatched-sends"),
+    SwitchUse("pp_unbatched_sends_1f1b", ("pp_unbatched_sends",),
+              lambda p: (p.pp > 1) & (p.vpp == 1) & (p.pp_schedule == "1f1b"),
+              lambda p: f"pp_unbatched_sends with pp {p.pp}, vpp {p.vpp}, pp_schedule {p.pp_schedule}: it "
+                        "serialises the sends of a non-interleaved 1F1B schedule (DeepSpeed's pipeline engine), so "
+                        "it acts only with pp > 1, vpp 1 and pp_schedule 1f1b; use --pp 2 or more with --vpp 1 "
+                        "and --pp-schedule 1f1b, or drop --pp-unbatched-sends"),
     SwitchUse("pp_schedule_pp", ("pp_schedule",), lambda p: p.pp > 1,
               lambda p: f"pp_schedule {p.pp_schedule} with pp {p.pp}: a pipeline schedule orders the micro-batches "
                         "over several stages; use --pp 2 or more or drop --pp-schedule"),
