@@ -186,6 +186,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "
                         "--tp-comm-overlap needs --sequence-parallel), so it acts only with tp > 1 and sequence "
                         "parallelism; use --tp 2 or more with --sp, or drop --tp-comm-overlap"),
+    SwitchUse("tp_overlap_sms_ub", ("tp_overlap_sms", "tp_overlap_margin_sms"),
+              lambda p: (p.tp_impl == "megatron") & as_bool(p.tp_comm_overlap) & _tp_sp(p),
+              lambda p: f"tp_overlap_sms / tp_overlap_margin_sms with tp_comm_overlap "
+                        f"{'on' if p.tp_comm_overlap else 'off'}, tp {p.tp}, sp {'on' if p.sp else 'off'}, tp_impl "
+                        f"{p.tp_impl}: they set the SMs Transformer Engine's userbuffers take from the overlapped "
+                        "TP GEMMs, so they act only with tp_comm_overlap, tp > 1, sp and tp_impl megatron; set "
+                        "those (--tp-comm-overlap) or remove them from the plan file"),
     SwitchUse("pp_scatter_gather_pp", ("pp_scatter_gather",), lambda p: (p.pp > 1) & (p.tp > 1) & ~as_bool(p.sp),
               lambda p: f"pp_scatter_gather with tp {p.tp}, pp {p.pp}, sp {'on' if p.sp else 'off'}: it splits "
                         "a stage's output over the TP ranks for the send to the next stage, so it acts only with "
