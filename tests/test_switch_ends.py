@@ -128,3 +128,28 @@ def test_parallel_block_on_a_moe_spec_file_is_one_line(cli, tmp_path):
 def test_the_export_refusals_are_one_line(cli, tmp_path, case, changes, target, needle):
     line = one_line(cli("export", edited(tmp_path, case, **changes), "--to", target, "-o", tmp_path / "out"))
     assert "cannot express this plan: " + needle in line, line
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+@pytest.mark.parametrize("overlap,fused,says", [
+    (True, True, "re-plan with --no-cp-comm-overlap to price it"),
+    (False, False, "re-plan with --cp-comm-overlap"),
+    (False, True, None),
+])
+def test_torchtitan_says_where_the_cp_transfers_run_otherwise(cli, tmp_path, target, overlap, fused, says):
+    """torchtitan compiles the blocks where the plan prices fused kernels (compiled_components): compiled, the
+    CP transfers wait where issued (docs/formulas.md#step.cp_compiled), eager they overlap; a plan priced the
+    other way is written with a header note naming the flag that prices it."""
+    saved = tmp_path / "cp.json"
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--cp", "2",
+            "--dp", "4", "--zero", "3", "--tp-impl", "dtensor", "--cp-impl", "torch-allgather",
+            "--cp-comm-overlap" if overlap else "--no-cp-comm-overlap", "--save", saved)
+    assert r.code == 0, r.err
+    doc = json.loads(saved.read_text())
+    doc["plan"]["fused_kernels"] = fused
+    saved.write_text(json.dumps(doc))
+    r = cli("export", saved, "--to", target, "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    header = "".join(p.read_text() for p in (tmp_path / "out").iterdir())
+    notes = [x for x in header.splitlines() if x.startswith("# note:") and "cp_comm_overlap" in x]
+    assert (notes == []) if says is None else (len(notes) == 1 and notes[0].endswith(says)), notes
