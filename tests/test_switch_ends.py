@@ -153,3 +153,25 @@ def test_torchtitan_says_where_the_cp_transfers_run_otherwise(cli, tmp_path, tar
     header = "".join(p.read_text() for p in (tmp_path / "out").iterdir())
     notes = [x for x in header.splitlines() if x.startswith("# note:") and "cp_comm_overlap" in x]
     assert (notes == []) if says is None else (len(notes) == 1 and notes[0].endswith(says)), notes
+
+
+@pytest.mark.parametrize("sms,margin,noted", [
+    ([1, 16, 8, 16], [0, 16, 16, 16], True),  # a config's SMs: the script runs TE's defaults instead
+    (None, [0, 4, 0, 0], True),  # a config's margins
+    ([1, 16, 16, 16], [0, 16, 16, 16], False),  # TE 2.x's initialize_ub defaults: what the script runs
+])
+def test_megatron_notes_userbuffer_sms_it_does_not_pass(cli, tmp_path, sms, margin, noted):
+    """The Megatron-LM script writes no --tp-comm-overlap-cfg: a plan priced at other userbuffer SMs or margins
+    is written with a note that says so and how to price what runs (the plan-file-only switches' export)."""
+    saved = tmp_path / "ub.json"
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "8", "--pp", "2",
+            "--global-batch", "64", "--tp-comm-overlap", "--save", saved)
+    assert r.code == 0, r.err
+    doc = json.loads(saved.read_text())
+    doc["plan"].update(tp_overlap_sms=sms, tp_overlap_margin_sms=margin)
+    saved.write_text(json.dumps(doc))
+    r = cli("export", saved, "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    notes = [x for x in (tmp_path / "out" / "megatron_pretrain.sh").read_text().splitlines()
+             if x.startswith("# note: priced with the plan's own userbuffer SMs")]
+    assert len(notes) == int(noted), notes
