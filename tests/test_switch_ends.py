@@ -175,3 +175,14 @@ def test_megatron_notes_userbuffer_sms_it_does_not_pass(cli, tmp_path, sms, marg
     notes = [x for x in (tmp_path / "out" / "megatron_pretrain.sh").read_text().splitlines()
              if x.startswith("# note: priced with the plan's own userbuffer SMs")]
     assert len(notes) == int(noted), notes
+
+
+def test_a_switch_on_by_default_asks_for_something_when_turned_off(cli):
+    """cp_comm_overlap is on by default: --cp-comm-overlap asks for nothing (it had been refused as
+    'cp_comm_overlap off' on a plan without CP), and a search with --no-cp-comm-overlap that no plan can use is
+    refused (it had run silently)."""
+    base = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1")
+    assert cli("estimate", *base, "--tp", "8", "--cp-comm-overlap").code == 0
+    line = one_line(cli("search", *base, "--cp", "1", "--no-cp-comm-overlap"))
+    assert line.startswith("error: none of the ") and "plans searched can use it: cp_comm_overlap off with cp 1 " \
+        "and cp_impl te:" in line and line.endswith("drop --no-cp-comm-overlap (or unpin the axis it needs)"), line

@@ -229,8 +229,12 @@ def unused_switches(plan: ParallelPlan) -> dict[str, Any]:
 
 
 def asks_for(p: Any, field: str, named: Collection[str]) -> bool:
-    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset)."""
-    return field in named and getattr(p, field) is not False and getattr(p, field) is not None
+    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset; for
+    a switch on by default, off: --no-cp-comm-overlap asks for the waited ring, --cp-comm-overlap for nothing)."""
+    value = getattr(p, field)
+    if ParallelPlan.model_fields[field].default is True:
+        return field in named and value is False
+    return field in named and value is not False and value is not None
 
 
 def named_switch_violations(m: ModelSpec, plan: ParallelPlan, named: Collection[str]) -> list[Violation]:
