@@ -186,3 +186,22 @@ def test_a_switch_on_by_default_asks_for_something_when_turned_off(cli):
     line = one_line(cli("search", *base, "--cp", "1", "--no-cp-comm-overlap"))
     assert line.startswith("error: none of the ") and "plans searched can use it: cp_comm_overlap off with cp 1 " \
         "and cp_impl te:" in line and line.endswith("drop --no-cp-comm-overlap (or unpin the axis it needs)"), line
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_deepspeed_notes_a_pipeline_priced_with_paired_exchanges(cli, tmp_path, unbatched):
+    """DeepSpeed's pipeline engine always sends one transfer at a time (TrainSchedule): a plan priced with
+    Megatron's paired exchanges is written with a note naming --pp-unbatched-sends; one priced unbatched, without."""
+    saved = tmp_path / "ds.json"
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--pp", "2", "--dp", "8",
+            "--zero", "1", "--global-batch", "64", "--grad-accumulation", "add", "--grad-dtype", "bf16",
+            *(["--pp-unbatched-sends"] if unbatched else []), "--save", saved)
+    assert r.code == 0, r.err
+    r = cli("export", saved, "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    notes = [x for x in (tmp_path / "out" / "deepspeed_launch.sh").read_text().splitlines()
+             if x.startswith("# note:") and "pp_unbatched_sends" in x]
+    assert notes == ([] if unbatched else [
+        "# note: priced with 1F1B's sends and receives paired into batched exchanges (pp_unbatched_sends false); "
+        "DeepSpeed's pipeline engine runs them one at a time, so this runs slower than priced: re-plan with "
+        "--pp-unbatched-sends to price it"])
