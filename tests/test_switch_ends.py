@@ -124,6 +124,11 @@ def test_parallel_block_on_a_moe_spec_file_is_one_line(cli, tmp_path):
     ("dense_train", {"pp_unbatched_sends": True, "vpp": 1, "pp_layers": None}, "megatron-bridge",
      "1F1B pipeline transfers one at a time"),
     ("dense_train", {"norm_kernel": "two-pass"}, "torchrun", "a norm backward in two passes"),
+    # cp_comm_overlap and cp_kv_repeated act on PyTorch's ring only, which Megatron-Core never runs
+    ("dense_train", {"cp": 2, "dp": 1, "cp_impl": "torch-allgather", "cp_comm_overlap": False}, "megatron",
+     "PyTorch's context-parallel ring (cp_impl torch-allgather, cp 2; "),
+    ("dense_train", {"cp": 2, "dp": 1, "cp_impl": "torch-alltoall"}, "megatron-bridge",
+     "PyTorch's context-parallel ring (cp_impl torch-alltoall, cp 2; "),
 ])
 def test_the_export_refusals_are_one_line(cli, tmp_path, case, changes, target, needle):
     line = one_line(cli("export", edited(tmp_path, case, **changes), "--to", target, "-o", tmp_path / "out"))

@@ -153,6 +153,17 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
 
 
+def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for PyTorch's context-parallel ring (cp_impl torch-allgather /
+    torch-alltoall, with cp_kv_repeated and cp_comm_overlap) on a Megatron-Core launch, whose attention runs
+    Transformer Engine's context parallelism (--cp-comm-type p2p / all_gather / a2a), never
+    torch.distributed.tensor.experimental.context_parallel (docs/formulas.md#comm.cp)."""
+    p = pf.plan
+    return (f"PyTorch's context-parallel ring (cp_impl {p.cp_impl}, cp {p.cp}; Megatron-Core's attention runs "
+            "Transformer Engine's)", p.cp > 1 and p.cp_impl != "te", "re-plan with --cp-impl te, or export to "
+            "torchtitan")
+
+
 def parallel_block_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a model with the parallel transformer block
     (ModelSpec.parallel_block: attention and MLP side by side on one norm's output) on a launcher that builds the
