@@ -97,11 +97,14 @@ def test_tp_overlap_gains_what_table_3_measures(published_runs, acc) -> None:
     # off must cost MFU (it cost -0.5 points while each ring-exchange chunk paid its own waves:
     # docs/formulas.md#compute.gemm_chunks).
     from llmplan.estimate import estimate_training
+    from llmplan.specs.check_switches import settle
 
     rec = published_runs["megascale-t2-175b-megascale-256gpu"]
     system = acc.builtin_systems()[acc.record_system(rec)]
     cluster, model = acc.cluster_of(system, 256), acc.model_for(rec, "megascale-opt")
     plan = acc.plan_for(rec, "megascale-opt", 256)
     on = float(estimate_training(model, cluster, plan).throughput.mfu)
-    off = float(estimate_training(model, cluster, plan.model_copy(update={"tp_comm_overlap": False})).throughput.mfu)
+    # settle: the userbuffer SMs the row's plan sets act only with the overlap (rule tp_overlap_sms_ub)
+    off_plan = settle(plan.model_copy(update={"tp_comm_overlap": False}))
+    off = float(estimate_training(model, cluster, off_plan).throughput.mfu)
     assert on > off

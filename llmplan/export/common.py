@@ -153,6 +153,27 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
 
 
+def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for PyTorch's context-parallel ring (cp_impl torch-allgather /
+    torch-alltoall, with cp_kv_repeated and cp_comm_overlap) on a Megatron-Core launch, whose attention runs
+    Transformer Engine's context parallelism (--cp-comm-type p2p / all_gather / a2a), never
+    torch.distributed.tensor.experimental.context_parallel (docs/formulas.md#comm.cp)."""
+    p = pf.plan
+    return (f"PyTorch's context-parallel ring (cp_impl {p.cp_impl}, cp {p.cp}; Megatron-Core's attention runs "
+            "Transformer Engine's)", p.cp > 1 and p.cp_impl != "te", "re-plan with --cp-impl te, or export to "
+            "torchtitan")
+
+
+def parallel_block_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for a model with the parallel transformer block
+    (ModelSpec.parallel_block: attention and MLP side by side on one norm's output) on a launcher that builds the
+    serial block: Megatron-LM at d98e8a6 has no flag for it (tests/data/launchers/megatron-lm.json), Megatron-Core's
+    TransformerLayer (Megatron-Bridge) runs attention then MLP, and torchtitan's models are serial."""
+    return (f"the parallel transformer block ({pf.model.name}: parallel_block, attention and MLP side by side; "
+            "this launcher's layers run attention, then the MLP)", pf.model.parallel_block,
+            "set parallel_block false in the model spec, or export to deepspeed (its model code is yours)")
+
+
 def op_fuser_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for the routed experts' clamp and fc2 bias fused into Transformer
     Engine's grouped MLP ops (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, on a model with the clamp or the

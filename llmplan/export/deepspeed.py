@@ -113,8 +113,20 @@ def check_grads(pf: PlanFile) -> None:
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
     """The export header's notes: the gradient accumulation DeepSpeed runs where the plan priced the default; how
-    a ZeRO-3 plan gathering per tensor runs (zero3_tensor)."""
-    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf)
+    a ZeRO-3 plan gathering per tensor runs (zero3_tensor); the pipeline transfers it runs one at a time."""
+    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf) + pp_send_notes(pf)
+
+
+def pp_send_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The note of a pipelined plan priced with Megatron's paired exchanges (pp_unbatched_sends false): DeepSpeed's
+    pipeline engine runs each step's receive and send one after the other (deepspeed/runtime/pipe/schedule.py
+    TrainSchedule; docs/formulas.md#step.pp_unbatched), whatever the config says."""
+    p = pf.plan
+    if p.pp == 1 or p.pp_unbatched_sends:
+        return ()
+    return ("note: priced with 1F1B's sends and receives paired into batched exchanges (pp_unbatched_sends "
+            "false); DeepSpeed's pipeline engine runs them one at a time, so this runs slower than priced: "
+            "re-plan with --pp-unbatched-sends to price it",)
 
 
 # DeepSpeed's ZeRO-3 gathers each submodule's own parameters (one coalesced all-gather per module; per tensor for

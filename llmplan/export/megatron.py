@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, op_fuser, squared_relu, tp_refusals)
+                                   norm_kernel_refusals, op_fuser, parallel_block_refusal, squared_relu,
+                                   torch_ring_refusal, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
+from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -393,7 +395,7 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                           *norm_kernel_refusals(pf)]:
+                           *norm_kernel_refusals(pf), parallel_block_refusal(pf), torch_ring_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1:
@@ -472,6 +474,22 @@ def ub_margin_notes(pf: PlanFile) -> tuple[str, ...]:
             "or set tp_overlap_margin_sms: [0, 16, 16, 16] in the plan file to price the defaults",)
 
 
+def ub_config_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The header note of a plan priced at userbuffer SMs or SM margins of its own (tp_overlap_sms,
+    tp_overlap_margin_sms away from what the script runs): it passes no --tp-comm-overlap-cfg, so Transformer
+    Engine 2.x runs initialize_ub's defaults (cost.comm.TE_UB_SMS, te_default_margin_sms;
+    docs/formulas.md#step.ub_sms, #step.ub_margin)."""
+    p = pf.plan
+    if not (p.tp_comm_overlap and p.sp and p.tp > 1):
+        return ()
+    if p.tp_overlap_sms in (None, TE_UB_SMS) and p.tp_overlap_margin_sms in (None, te_default_margin_sms()):
+        return ()
+    return ("note: priced with the plan's own userbuffer SMs (tp_overlap_sms / tp_overlap_margin_sms); the script "
+            "passes no --tp-comm-overlap-cfg, so Transformer Engine runs its defaults: add the userbuffer config "
+            "they come from with --tp-comm-overlap-cfg, or set tp_overlap_sms: null and tp_overlap_margin_sms: "
+            "[0, 16, 16, 16] in the plan file to price the defaults",)
+
+
 def entry_script(pf: PlanFile) -> str:
     """Megatron-LM's training script for the model: pretrain_hybrid.py for a hybrid stack, else pretrain_gpt.py."""
     return "pretrain_hybrid.py" if pf.model.is_hybrid else "pretrain_gpt.py"
@@ -488,7 +506,7 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
-                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf))
+                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf) + ub_config_notes(pf))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
-                                   sh_header, tp_refusals, virtual_stage_layers,
-                                   norm_kernel_refusals)
+                                   sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
+                                   parallel_block_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -74,7 +74,8 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / "
                      "grad_prescale: FSDP2 averages inside its reduce-scatter)",
                      "set grad_nan_check and grad_prescale false, or export to megatron")
-    for what, bad, fix in tp_refusals(pf) + op_fuser_refusals(pf) + norm_kernel_refusals(pf):
+    for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
+                          parallel_block_refusal(pf)]:
         if bad:
             raise refuse(target, what, fix)
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync
@@ -210,7 +211,9 @@ def switch_notes(pf: PlanFile, module: str) -> tuple[str, ...]:
     """Header notes where the plan priced a kernel torchtitan does not run: the rotary compiled where the
     model's rotary is complex (runs eager: rope_complex) or eager where it is real, and ZeRO-3 without FSDP2's
     copy of every all-gather into the parameters (torch.distributed.fsdp _fully_shard/_fsdp_collectives.py
-    foreach_all_gather_copy_out, split_with_sizes_copy: zero3_copy_out), which fully_shard always runs."""
+    foreach_all_gather_copy_out, split_with_sizes_copy: zero3_copy_out), which fully_shard always runs; and the
+    context-parallel transfers overlapped where the blocks are compiled, or waited for where they run eager
+    (cp_comm_overlap, docs/formulas.md#step.cp_compiled)."""
     p, m = pf.plan, pf.model
     rope = not m.learned_position_embeddings and p.fused_kernels
     complex_rope = module in COMPLEX_ROPE
@@ -227,6 +230,15 @@ def switch_notes(pf: PlanFile, module: str) -> tuple[str, ...]:
         notes += ("note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every "
                   "all-gather into the parameters on the compute stream, so this runs slower than priced: "
                   "re-plan with --zero3-copy-out to price it",)
+    ring = p.cp > 1 and p.cp_impl != "te"  # step.cp_compiled: compiled, the CP transfers wait where issued
+    if ring and p.cp_comm_overlap and "model" in compiled_components(p):
+        notes += ("note: priced with the context-parallel transfers beside the attention (cp_comm_overlap true, "
+                  "as eager PyTorch runs them); this export compiles the blocks, where each is waited for where "
+                  "issued, so this runs slower than priced: re-plan with --no-cp-comm-overlap to price it",)
+    if ring and not p.cp_comm_overlap and "model" not in compiled_components(p):
+        notes += ("note: priced with the context-parallel transfers waited for where issued (cp_comm_overlap "
+                  "false, the compiled ring); this export runs the blocks eager (fused_kernels false), where they "
+                  "run beside the attention, so this runs faster than priced: re-plan with --cp-comm-overlap",)
     return notes
 
 

@@ -186,6 +186,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "sequence-parallel all-gathers and reduce-scatters with the GEMMs (Megatron's "
                         "--tp-comm-overlap needs --sequence-parallel), so it acts only with tp > 1 and sequence "
                         "parallelism; use --tp 2 or more with --sp, or drop --tp-comm-overlap"),
+    SwitchUse("tp_overlap_sms_ub", ("tp_overlap_sms", "tp_overlap_margin_sms"),
+              lambda p: (p.tp_impl == "megatron") & as_bool(p.tp_comm_overlap) & _tp_sp(p),
+              lambda p: f"tp_overlap_sms / tp_overlap_margin_sms with tp_comm_overlap "
+                        f"{'on' if p.tp_comm_overlap else 'off'}, tp {p.tp}, sp {'on' if p.sp else 'off'}, tp_impl "
+                        f"{p.tp_impl}: they set the SMs Transformer Engine's userbuffers take from the overlapped "
+                        "TP GEMMs, so they act only with tp_comm_overlap, tp > 1, sp and tp_impl megatron; set "
+                        "those (--tp-comm-overlap) or remove them from the plan file"),
     SwitchUse("pp_scatter_gather_pp", ("pp_scatter_gather",), lambda p: (p.pp > 1) & (p.tp > 1) & ~as_bool(p.sp),
               lambda p: f"pp_scatter_gather with tp {p.tp}, pp {p.pp}, sp {'on' if p.sp else 'off'}: it splits "
                         "a stage's output over the TP ranks for the send to the next stage, so it acts only with "
@@ -194,10 +201,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
-    SwitchUse("pp_unbatched_sends_1f1b", ("pp_unbatched_sends",), lambda p: (p.pp > 1) & (p.vpp == 1),
-              lambda p: f"pp_unbatched_sends with pp {p.pp}, vpp {p.vpp}: it serialises the sends of a "
-                        "non-interleaved 1F1B schedule (DeepSpeed's pipeline engine), so it acts only with pp > 1 "
-                        "and vpp 1; use --pp 2 or more with --vpp 1 or drop --pp-unbatched-sends"),
+    SwitchUse("pp_unbatched_sends_1f1b", ("pp_unbatched_sends",),
+              lambda p: (p.pp > 1) & (p.vpp == 1) & (p.pp_schedule == "1f1b"),
+              lambda p: f"pp_unbatched_sends with pp {p.pp}, vpp {p.vpp}, pp_schedule {p.pp_schedule}: it "
+                        "serialises the sends of a non-interleaved 1F1B schedule (DeepSpeed's pipeline engine), so "
+                        "it acts only with pp > 1, vpp 1 and pp_schedule 1f1b; use --pp 2 or more with --vpp 1 "
+                        "and --pp-schedule 1f1b, or drop --pp-unbatched-sends"),
     SwitchUse("pp_schedule_pp", ("pp_schedule",), lambda p: p.pp > 1,
               lambda p: f"pp_schedule {p.pp_schedule} with pp {p.pp}: a pipeline schedule orders the micro-batches "
                         "over several stages; use --pp 2 or more or drop --pp-schedule"),
@@ -220,8 +229,12 @@ def unused_switches(plan: ParallelPlan) -> dict[str, Any]:
 
 
 def asks_for(p: Any, field: str, named: Collection[str]) -> bool:
-    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset)."""
-    return field in named and getattr(p, field) is not False and getattr(p, field) is not None
+    """The user named switch `field` (in `named`) with a value that asks for something (not off, not unset; for
+    a switch on by default, off: --no-cp-comm-overlap asks for the waited ring, --cp-comm-overlap for nothing)."""
+    value = getattr(p, field)
+    if ParallelPlan.model_fields[field].default is True:
+        return field in named and value is False
+    return field in named and value is not False and value is not None
 
 
 def named_switch_violations(m: ModelSpec, plan: ParallelPlan, named: Collection[str]) -> list[Violation]:

@@ -260,8 +260,11 @@ class ModelSpec(Spec):
                              f"{self.num_hidden_layers}; give one attention kind per layer")
         self._hybrid_rules()
         if self.parallel_block and (self.num_experts or self.is_hybrid):
-            raise ValueError("parallel_block is set on a MoE or hybrid model; the parallel transformer block runs "
-                             "one attention and one dense MLP side by side in every layer (leave it out)")
+            kind = (f"num_experts {self.num_experts}" if self.num_experts
+                    else "a layer without softmax attention or without an MLP")
+            raise ValueError(f"parallel_block is set on a MoE or hybrid model ({kind}); the parallel transformer "
+                             "block runs one softmax attention and one dense MLP side by side in every layer: set "
+                             "parallel_block false or leave it out")
         if self.num_experts:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(

@@ -34,6 +34,11 @@ published batch, DeepSeek-V3's 15,360 sequences of 4,096 tokens (63M; DeepSeek-V
 4.2) and 64 times Llama 3 405B's 16M (The Llama 3 Herd of Models, section 3.4.1). A larger one is a typo
 (--global-batch 1000000001 predicted a 441-million-second step)."""
 
+SmCount = Annotated[float, Field(ge=0, le=1024)]
+"""SMs of one GPU (a userbuffer method's num_sm, or the SMs set_sm_margin takes; averaged, so not whole)."""
+SmsPerRole = tuple[SmCount, SmCount, SmCount, SmCount]
+"""SMs per TP-overlap role, in ParallelPlan.tp_overlap_sms's order."""
+
 
 class ParallelPlan(PlanQuantities, Spec):
     """One way to run a training step: parallel degrees, sharding, recompute and batch shape.
@@ -236,18 +241,14 @@ class ParallelPlan(PlanQuantities, Spec):
     two batched exchanges (docs/formulas.md#step.pp_unbatched). Non-interleaved schedules only."""
     tp_comm_overlap: bool = False
     """Overlap TP all-gather/reduce-scatter with the GEMMs (Megatron --tp-comm-overlap; needs sp)."""
-    tp_overlap_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)],
-                                   Annotated[float, Field(ge=0, le=1024)], Annotated[float, Field(ge=0, le=1024)]]] = None
+    tp_overlap_sms: Optional[SmsPerRole] = None
     """SMs Transformer Engine's userbuffers hold beside a TP GEMM under tp_comm_overlap, as a layer's TP
     overlap config sets them (its num_sm; 1 for a ring exchange on copy engines), averaged over the layer's two
     GEMMs of each role: (forward and output-gradient all-gathers: qkv_fprop / fc1_fprop / proj_dgrad /
     fc2_dgrad; forward reduce-scatters: proj_fprop / fc2_fprop; backward re-gathers: qkv_dgrad / fc1_dgrad;
     input-gradient reduce-scatters: qkv_wgrad / fc1_wgrad). None: Transformer Engine's initialize_ub defaults
     (1, 16, 16, 16: docs/formulas.md#step.ub_sms)."""
-    tp_overlap_margin_sms: Optional[tuple[Annotated[float, Field(ge=0, le=1024)],
-                                          Annotated[float, Field(ge=0, le=1024)],
-                                          Annotated[float, Field(ge=0, le=1024)],
-                                          Annotated[float, Field(ge=0, le=1024)]]] = None
+    tp_overlap_margin_sms: Optional[SmsPerRole] = None
     """SMs Transformer Engine's set_sm_margin takes from each overlapped TP GEMM for its whole length (it runs
     on N_SM minus these), per role as tp_overlap_sms orders them, averaged over the role's two GEMMs: a
     userbuffer config's num_sm where it sets set_sm_margin, 0 where it does not. None: what NVIDIA's published
