@@ -49,9 +49,10 @@ def _commands(p: int, n: int, s: int) -> list[tuple]:
     return cmds
 
 
-def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3) -> float:
+def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3, last: float = 1.0) -> float:
     """The step of equal stages when each transfer ends `delta` after both of its stages have posted it (NCCL's
-    point-to-point: nothing moves until both sides are there) and a stage runs its commands one after another."""
+    point-to-point: nothing moves until both sides are there) and a stage runs its commands one after another;
+    the last stage's passes take `last` times as long (the LM head on it)."""
     cmds = [_commands(p, n, s) for s in range(p)]
     at, t, posted = [0] * p, [0.0] * p, {}
     moved = True
@@ -61,7 +62,7 @@ def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3) -> float:
             while at[s] < len(cmds[s]):
                 c = cmds[s][at[s]]
                 if c[0] == "c":
-                    t[s] += forward if c[1] == "forward" else 1 - forward
+                    t[s] += (last if s == p - 1 else 1.0) * (forward if c[1] == "forward" else 1 - forward)
                 elif c[1:] in posted and posted[c[1:]][0] != s:
                     other, start = posted.pop(c[1:])
                     t[s] = t[other] = max(start, t[s]) + delta
@@ -77,10 +78,11 @@ def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3) -> float:
     return max(t)
 
 
-def _waited(p: int, n: int) -> float:
-    """Transfers pp_exposed_per_step puts on the critical path with pp_unbatched_sends (contention 0)."""
+def _waited(p: int, n: int, delta: float = DELTA, slack: float = 0.0) -> float:
+    """Transfers pp_exposed_per_step puts on the critical path with pp_unbatched_sends (contention 0), the last
+    stage `slack` seconds a micro-batch slower than the others."""
     plan = _plan(p, n)
-    return float(pp_exposed_per_step(plan, float(pp_sends(plan)) * DELTA, 1e6, 0.0)) / DELTA
+    return float(pp_exposed_per_step(plan, float(pp_sends(plan)) * delta, 1e6, 0.0, slack)) / delta
 
 
 @pytest.mark.parametrize("p,n", [(2, 1), (2, 4), (3, 1), (3, 6), (4, 2), (4, 8), (4, 16), (8, 1), (8, 4), (8, 16),
@@ -107,6 +109,19 @@ def test_unbatched_transfers_never_expose_less_than_batched_exchanges(p, groups,
     on, off = _plan(p, n), _plan(p, n, unbatched=False)
     more = float(pp_exposed_per_step(on, 0.01, window, kappa)) - float(pp_exposed_per_step(off, 0.01, window, kappa))
     assert more > 0 if n > 3 else more == pytest.approx(0.0, abs=1e-12)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(p=st.integers(3, 12), groups=st.integers(1, 4), forward=st.floats(0.2, 0.5), k=st.floats(0.0, 4.0))
+def test_a_slower_last_stage_hides_the_middle_stages_extra_transfers(p, groups, forward, k):
+    # step.pp_unbatched_slack: the last stage slower by k transfers a micro-batch (its LM head): the middle
+    # stages' second pair of transfers waits in its shadow, min(k, 2)·(n - 2) fewer on the path
+    n, delta = p * groups, 1e-3
+    last = 1.0 + k * delta
+    simulated = (_makespan(p, n, delta, forward, last) - _makespan(p, n, 0.0, forward, last)) / delta
+    assert _waited(p, n, delta, k * delta) == pytest.approx(simulated, abs=1e-6)
+    if k >= 2 and n >= 2:
+        assert simulated == pytest.approx(2 * n + 2 * p - 4, abs=1e-6)
 
 
 def test_the_switch_is_refused_with_interleaving(cli):

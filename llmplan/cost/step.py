@@ -249,7 +249,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         moe_top = maximum(moe_top, s[3])
     per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
                                                                             l_max, maximum(moe_top, 1))
-    pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa)
+    pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa, last_stage_slack(per_mb))
     # Activation offload: the copies to host memory and back that outlast their window, forward and backward
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
@@ -318,7 +318,20 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
     return per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb)
 
 
-def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float) -> Any:
+def last_stage_slack(per_mb: list[Any]) -> Any:
+    """Seconds a micro-batch takes longer on the last pipeline stage than on the slowest other candidate stage
+    (0 when it is not the slowest): the time the other stages wait for it each micro-batch.
+    Derived: docs/formulas.md#step.pp_unbatched_slack"""
+    if len(per_mb) < 2:
+        return 0.0
+    others = per_mb[0]
+    for t in per_mb[1:-1]:
+        others = maximum(others, t)
+    return maximum(per_mb[-1] - others, 0.0)
+
+
+def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, kappa: float,
+                        last_slack: Any = 0.0) -> Any:
     """Exposed seconds of a step's pipeline sends (pp_seconds, the comm.pp_sends sends of one micro-batch's
     activation or gradient): the sends on the step's critical path wait on the pipeline; the others run beside the
     slowest stage's compute (stage_total a micro-batch) and slow it by the contention factor like every overlapped
@@ -331,7 +344,9 @@ def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, k
     With pp_unbatched_sends (DeepSpeed's TrainSchedule: a step's receive and send in a row, blocking) a middle
     stage waits for four transfers a micro-batch: 4n + 2p - 8 on the path (2(p - 1) for one micro-batch, 2n with two
     stages), by a rendezvous
-    simulation (tests/test_pp_unbatched.py).
+    simulation (tests/test_pp_unbatched.py). A last stage slower than the others by `last_slack` a micro-batch
+    (the LM head on it) lets the middle stages' extra transfers wait in its shadow: min(slack / transfer, 2)·(n - 2)
+    fewer on the path, 2n + 2p - 4 at two transfers' slack (the same simulation, step.pp_unbatched_slack).
     Derived: docs/formulas.md#step.overlap, docs/formulas.md#step.pp_critical, docs/formulas.md#step.pp_unbatched"""
     n, v, p, sends = plan.num_microbatches, plan.vpp, plan.pp, pp_sends(plan)
     p2p = pp_seconds / maximum(sends, 1)
@@ -340,6 +355,10 @@ def pp_exposed_per_step(plan: ParallelPlan, pp_seconds: Any, stage_total: Any, k
     # micro-batch on a middle stage (two stages: two, neither has a middle)
     waited = where(plan.pp_unbatched_sends & (v == 1),
                    where(p == 2, 2 * n, maximum(4 * n + 2 * p - 8, 2 * p - 2)), waited)  # one micro-batch: 2(p - 1)
+    # step.pp_unbatched_slack: the last stage's own two transfers a micro-batch stay on the path, the middle
+    # stages' other two fit in the time they wait for it
+    shadow = minimum(last_slack / maximum(p2p, 1e-30), 2.0) * maximum(n - 2, 0)
+    waited = where(plan.pp_unbatched_sends & (v == 1) & (p > 2), waited - where(p2p > 0, shadow, 0.0), waited)
     # step.pp_blocking: every exchange of the first rank but its last, which sends nothing (chunk 0's gradient)
     waited = where(plan.pp_blocking_sends & (v > 1), pp_blocking_exchanges(plan) - 1, waited)
     left = where(plan.pp_blocking_sends & (v > 1), 0, maximum(sends - waited, 0))  # an exchange's two sends at once
