@@ -111,11 +111,11 @@ def test_mixed_pipeline_shapes_in_one_array_agree_with_each_plan():
     g = 40.0
     for stage in (0, 3, stacked.pp - 4):
         rp = rank_params(m, stacked, stage)
-        got = pipelined_gradient_bytes(m, stacked, stage, rp, rp.total * g, g)
+        got = pipelined_gradient_bytes(m, stacked, stage, rp.total * g, g)
         for k, plan in enumerate(plans):
             at = int(np.broadcast_to(stage, len(plans))[k])
             rp1 = rank_params(m, plan, at)
-            want = pipelined_gradient_bytes(m, plan, at, rp1, rp1.total * g, g)
+            want = pipelined_gradient_bytes(m, plan, at, rp1.total * g, g)
             assert float(got[k]) == pytest.approx(float(want), rel=1e-12), (plan, at)
 
 
