@@ -177,6 +177,13 @@ def test_interleaved_chunks_without_a_layout_split_by_layer_kind():
         assert (float(d.sum()), float(e.sum())) == tuple(float(x) for x in stage_layers(m, plan, i))
     _, grad = _layer_bytes(m, plan, dense, moe, 1.0)
     assert float(grad[1] - grad[0]) == pytest.approx(3 * MOE_MINUS_DENSE_TP2_EP8, rel=1e-6)
+    # torchtitan's 405B split at PP 8, VPP 2 (15 layers on the first and last rank: 7 + 8, 8 + 7): the chunks still
+    # hold every layer of the stage (a mean of 7.5 each), not 2 x 7
+    llama = M["llama-3.1-405b"]
+    uneven = _plan(pp=8, vpp=2, pp_first=15, pp_last=15)
+    for i in range(uneven.pp):
+        d, e = interleaved_chunk_layers(llama, uneven, i)
+        assert float(d.sum() + e.sum()) == float(sum(stage_layers(llama, uneven, i)))
 
 
 MIXED = [(DSV3.model_copy(update={"num_hidden_layers": 64}), {"tp": 2, "pp": 8, "vpp": 2, "ep": 8, "etp": 1}),
