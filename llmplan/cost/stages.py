@@ -148,9 +148,10 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
 
 def interleaved_chunk_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[np.ndarray, np.ndarray]:
     """(dense, MoE) layers of each virtual chunk of rank `stage` without a pp_layout, shape (max vpp, ...): chunk j
-    holds the stage's layers / vpp (a mean where vpp does not divide them) from j·L/vpp + (layers before the rank) / vpp, as _stage_layers counts them
-    (zero past a plan's own vpp); the MTP modules on the last stage's last chunk, after its last layer. Sums over
-    the chunks equal stage_layers. Elementwise on plan arrays. Derived: docs/formulas.md#mem.grad_lifetime"""
+    holds the stage's layers / vpp (a mean where vpp does not divide them) from j·L/vpp + (layers before the
+    rank) / vpp, as _stage_layers counts them (zero past a plan's own vpp); the MTP modules on the last stage's
+    last chunk, after its last layer. Sums over the chunks equal stage_layers. Elementwise on plan arrays.
+    Derived: docs/formulas.md#mem.grad_lifetime"""
     n, mtp = stage_layer_count(m, plan, stage), stage_mtp_modules(m, plan, stage)
     v, k = plan.vpp, m.first_k_dense_replace if m.is_moe else 0
     chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
