@@ -180,3 +180,18 @@ def test_every_switch_a_rule_resets_has_a_flag_or_is_plan_file_only():
             assert f in PLAN_FILE_ONLY or f"--{f.replace('_', '-')}" in flags, f
     for f in PLAN_FILE_ONLY:
         assert f"--{f.replace('_', '-')}" not in flags, f
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tp_overlap_sms", [1, 16, 16]), ("tp_overlap_sms", [1, 16, 16, 16, 16]), ("tp_overlap_margin_sms", [0]),
+])
+def test_a_per_role_tuple_of_the_wrong_length_says_it_takes_four(cli, tmp_path, field, value):
+    """pydantic reports a short fixed-length tuple as "field 'tp_overlap_sms.3': Field required": the line says
+    the field takes four numbers, one per role, and what it got."""
+    path = saved(tmp_path, "dense_train", tp_comm_overlap=True, **{field: value})
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert f"(plan): field '{field}' takes 4 numbers, one per TP-overlap role" in lines[0], r.err
+    assert f"(got {json.dumps(value)})" in lines[0] and "Field required" not in r.err, r.err
+    assert not (tmp_path / "out").exists()
