@@ -72,8 +72,19 @@ def chunk_gradient_peak(sign: np.ndarray, chunk: np.ndarray, live: np.ndarray, a
     + live chunks' gradients) - max over steps of activations held. act / grad: (v, ...) bytes of one chunk
     forward's activations / one chunk's gradients. Derived: docs/formulas.md#mem.grad_lifetime"""
     held, moment = _held(sign, act[chunk])  # (steps, ...)
-    grads = np.tensordot(live.astype(float), grad, axes=(1, 0))
+    sets, step_set = np.unique(live, axis=0, return_inverse=True)  # the few distinct live chunk sets
+    grads = _weighted_sum(sets.astype(float), grad)[step_set.reshape(-1)]
     return (moment + grads).max(axis=0) - held.max(axis=0)
+
+
+def _weighted_sum(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """sum over k of w[:, k] * x[k], shape (rows, ...), added in k's order elementwise: the same bits for one
+    plan (x: (k,)) as for each plan of an array (x: (k, plans)), which a BLAS tensordot does not promise."""
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    out = w[:, 0].reshape(shape) * x[0]
+    for k in range(1, w.shape[1]):
+        out = out + w[:, k].reshape(shape) * x[k]
+    return np.asarray(out, dtype=float)
 
 
 def _layer_bytes(m: ModelSpec, plan: Any, dense: Any, moe: Any, grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +138,7 @@ def equal_chunk_peak(counts: tuple[np.ndarray, float], act: Any, grad: Any, firs
     over arrays of plans of one pipeline shape. Derived: docs/formulas.md#mem.grad_lifetime"""
     rows, most = counts
     coef = np.stack(np.broadcast_arrays(act * 1.0, grad * 1.0, first * 1.0, last * 1.0))  # (4, ...)
-    return np.tensordot(rows, coef, axes=(1, 0)).max(axis=0) - most * coef[0]
+    return _weighted_sum(rows, coef).max(axis=0) - most * coef[0]
 
 
 def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, grad_b: Any) -> Any:
