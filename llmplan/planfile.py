@@ -19,7 +19,7 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.fileio import excerpt, exists, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan
 from llmplan.specs.check import check_plan, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
@@ -353,11 +353,18 @@ def mend_note(pf: PlanFile) -> str:
     """How to mend a saved plan that a rule refuses, for the end of the refusal: the rules' messages name
     command-line flags, and the file holds plan keys. A switch the plan has no axis for (an older llmplan's
     search held it for every plan it saved) is named with its default, which prices the same (check_switches.
-    settle)."""
+    settle); one with no flag (PLAN_FILE_ONLY) is named as the file's field to edit."""
     reset = unused_switches(pf.plan) if pf.mode == "train" else {}
-    key = next(iter(reset), "zero3_unit" if pf.mode == "train" else "tp")
-    edits = ", ".join(f"{k}: {json.dumps(v)}" for k, v in reset.items())
+    flagged = {k: v for k, v in reset.items() if k not in PLAN_FILE_ONLY}
+    file_only = {k: v for k, v in reset.items() if k in PLAN_FILE_ONLY}
+    key = next(iter(flagged), "zero3_unit" if pf.mode == "train" else "tp")
+
+    def edits(keys: dict[str, Any]) -> str:
+        return ", ".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
     return (f"To mend {pf.path or 'the plan file'}: a flag is the plan key of its name (--{key.replace('_', '-')}"
             f" is plan.{key}) and dropping it sets its default"
-            + (f" ({edits} here, which prices the plan the same)" if reset else "")
+            + (f" ({edits(flagged)} here, which prices the plan the same)" if flagged else "")
+            + (f"; {', '.join(file_only)} {'has' if len(file_only) == 1 else 'have'} no flag: edit the plan "
+               f"file's field{'s' if len(file_only) > 1 else ''} ({edits(file_only)} here, which prices the plan "
+               "the same)" if file_only else "")
             + "; or re-create the plan with `llmplan search --save`")

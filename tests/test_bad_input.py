@@ -148,11 +148,18 @@ def test_absurd_config_json(cli, tmp_path):
 
 
 @pytest.mark.parametrize("field,value", [("hbm_gib", ".inf"), ("nic_gbit_per_s", ".inf"), ("oversubscription", ".inf"),
-                                         ("inter_latency_s", ".nan"), ("nodes_per_leaf", "1e24")])
+                                         ("inter_latency_s", ".nan"), ("nodes_per_leaf", "1e24"),
+                                         # GPU fields over a base profile's GPU: bounds ge 1 le 4, gt 0 le 1
+                                         ("gpu.fused_dglu_ratio", "0.5"), ("gpu.fused_dglu_ratio", "5"),
+                                         ("gpu.hbm_efficiency", "0"), ("gpu.hbm_efficiency", "1.5")])
 def test_absurd_hardware_profile(cli, tmp_path, field, value):
     base = "base: dgx-h100\n" + (f"{field}: {value}\n" if field != "hbm_gib" else f"gpu:\n  name: x\n  tflops: {{bf16: 989}}\n  hbm_gib: {value}\n  hbm_gb_per_s: 3350\n")
+    if field.startswith("gpu."):
+        base = f"base: dgx-h100\ngpu:\n  {field.removeprefix('gpu.')}: {value}\n"
     p = write(tmp_path, "hw.yaml", base)
-    bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, needle=field)
+    r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", p, needle=field)
+    if field.startswith("gpu."):
+        assert len([x for x in r.err.splitlines() if x.strip()]) == 1 and f"(got {value})" in r.err, r.err
 
 
 # --- output paths ------------------------------------------------------------------------------------------

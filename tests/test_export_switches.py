@@ -250,3 +250,18 @@ def test_deepspeed_gathers_zero3_per_tensor_as_priced(cli, tmp_path):
     zero = json.loads((tmp_path / "l" / "ds" / "ds_config.json").read_text())["zero_optimization"]
     assert code == 0 and zero["stage3_prefetch_bucket_size"] > 0 and "stage3_max_reuse_distance" not in zero, err
     assert "note: zero3_unit tensor" not in files
+
+
+def test_a_non_interleaved_pipeline_says_megatron_core_synchronises_its_exchanges(cli, tmp_path):
+    # Megatron-LM validate_args: no interleaving sets overlap_p2p_comm False and batch_p2p_comm = not
+    # overlap_p2p_comm; ModelParallelConfig batch_p2p_sync defaults True (torch.cuda.synchronize after each
+    # exchange): what pp_blocking_sends prices (docs/formulas.md#step.pp_blocking)
+    needle = "non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync)"
+    for extra, noted in ((("--pp", "2"), True), (("--pp", "2", "--pp-blocking-sends"), False),
+                         (("--pp", "2", "--vpp", "2"), False), ((), False)):
+        plan = saved(cli, tmp_path / "-".join(extra or ("none",)), "--tp", "2", *extra)
+        for target, name in (("megatron", "Megatron-LM"), ("megatron-bridge", "Megatron-Bridge")):
+            code, script, err = export(cli, plan, target, tmp_path / f"{target}{'-'.join(extra)}")
+            assert code == 0, err
+            assert (f"# note: {name}'s {needle}" in script) is noted, (extra, target)
+            assert ("re-plan with --pp-blocking-sends to price it" in script) is noted, (extra, target)

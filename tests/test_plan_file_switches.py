@@ -150,3 +150,48 @@ def test_launchers_without_megatrons_bucket_passes_refuse_them_in_one_line(cli, 
     assert "gradient NaN check or 1/dp pre-scaling" in lines[0]
     assert "set grad_nan_check and grad_prescale false, or export to megatron" in lines[0], r.err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_switch_with_no_flag_is_mended_by_editing_the_file(cli, tmp_path):
+    """tp_overlap_sms / tp_overlap_margin_sms are plan-file fields with no command-line flag: the mend names the
+    file's fields to edit, never a --tp-overlap-sms that `llmplan estimate` would reject."""
+    path = saved(tmp_path, "fsdp_train", tp_overlap_sms=[1, 16, 16, 16])
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "--tp-overlap-sms" not in r.err and "--tp-overlap-margin-sms" not in r.err, r.err
+    assert ("tp_overlap_sms, tp_overlap_margin_sms have no flag: edit the plan file's fields (tp_overlap_sms: null, "
+            "tp_overlap_margin_sms: null here" in lines[0]), r.err
+    doc = json.loads(path.read_text())
+    doc["plan"]["tp_overlap_sms"] = None
+    path.write_text(json.dumps(doc))
+    assert cli("export", path, "--to", "torchtitan", "-o", tmp_path / "b").code == 0
+
+
+def test_every_switch_a_rule_resets_has_a_flag_or_is_plan_file_only():
+    """The mend names --<key> for a switch: that flag must exist (estimate's options), or the key is in
+    PLAN_FILE_ONLY and the mend says to edit the file."""
+    from llmplan.cli.options import SWITCHES
+    from llmplan.specs.check_switches import SWITCH_USES
+    from llmplan.specs.plan import PLAN_FILE_ONLY
+    flags = {o.param_decls[0].split("/")[0] for o in SWITCHES.options.values()}
+    for u in SWITCH_USES:
+        for f in u.fields:
+            assert f in PLAN_FILE_ONLY or f"--{f.replace('_', '-')}" in flags, f
+    for f in PLAN_FILE_ONLY:
+        assert f"--{f.replace('_', '-')}" not in flags, f
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tp_overlap_sms", [1, 16, 16]), ("tp_overlap_sms", [1, 16, 16, 16, 16]), ("tp_overlap_margin_sms", [0]),
+])
+def test_a_per_role_tuple_of_the_wrong_length_says_it_takes_four(cli, tmp_path, field, value):
+    """pydantic reports a short fixed-length tuple as "field 'tp_overlap_sms.3': Field required": the line says
+    the field takes four numbers, one per role, and what it got."""
+    path = saved(tmp_path, "dense_train", tp_comm_overlap=True, **{field: value})
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "out")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert f"(plan): field '{field}' takes 4 numbers, one per TP-overlap role" in lines[0], r.err
+    assert f"(got {json.dumps(value)})" in lines[0] and "Field required" not in r.err, r.err
+    assert not (tmp_path / "out").exists()

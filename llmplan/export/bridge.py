@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.export.common import (cast_add_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
-                                   megatron_layout, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
+                                   megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, parallel_block_refusal,
                                    torch_ring_refusal)
 from llmplan.export.megatron import precision_aware
@@ -301,5 +301,5 @@ def render(pf: PlanFile) -> dict[str, str]:
         "    " + BRIDGE_ENTRY,
     ]
     header = sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe {RECIPES[pf.model.name]})",
-                       megatron_expert_notes(pf))
+                       megatron_expert_notes(pf) + pp_sync_notes(pf, "Megatron-Bridge"))
     return {"megatron_bridge_pretrain.sh": header + "\n".join(lines) + "\n"}

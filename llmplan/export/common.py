@@ -222,6 +222,20 @@ def op_fuser(pf: PlanFile) -> bool:
     return grouped_experts(pf) and op_fuser_blocked(pf) is None
 
 
+def pp_sync_notes(pf: PlanFile, launcher: str) -> tuple[str, ...]:
+    """The header note of a non-interleaved pipeline (pp > 1, vpp 1) priced without pp_blocking_sends: Megatron-
+    Core's 1F1B then exchanges through batch_p2p_comm with batch_p2p_sync (Megatron-LM's validate_args sets
+    overlap_p2p_comm False without interleaving, and batch_p2p_comm = not overlap_p2p_comm; ModelParallelConfig
+    defaults batch_p2p_sync True), a torch.cuda.synchronize() after each exchange, which the plan prices only
+    with the switch (docs/formulas.md#step.pp_blocking)."""
+    p = pf.plan
+    if p.pp == 1 or p.vpp > 1 or p.pp_blocking_sends:
+        return ()
+    return (f"note: {launcher}'s non-interleaved pipeline synchronises the device after each exchange "
+            "(batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little "
+            "slower than priced: re-plan with --pp-blocking-sends to price it",)
+
+
 def megatron_expert_notes(pf: PlanFile) -> tuple[str, ...]:
     """The export header's notes of a Megatron-Core launch that runs the routed experts otherwise than the plan
     prices them, for the defaults a search saves (expert_gemm grouped; glu_clamp_fusion / expert_bias_fusion

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, op_fuser, parallel_block_refusal, squared_relu,
+                                   norm_kernel_refusals, pp_sync_notes, op_fuser, parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
@@ -506,7 +506,8 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
-                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf) + ub_config_notes(pf))
+                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf) + ub_config_notes(pf)
+                       + pp_sync_notes(pf, "Megatron-LM"))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 
 

@@ -39,6 +39,14 @@ SmCount = Annotated[float, Field(ge=0, le=1024)]
 SmsPerRole = tuple[SmCount, SmCount, SmCount, SmCount]
 """SMs per TP-overlap role, in ParallelPlan.tp_overlap_sms's order."""
 
+TUPLE_ITEMS = {f: "numbers, one per TP-overlap role (all-gathers, forward reduce-scatters, backward re-gathers, "
+                  "input-gradient reduce-scatters)" for f in ("tp_overlap_sms", "tp_overlap_margin_sms")}
+"""What the items of a fixed-length tuple field are, for the error that names its length (registry.
+validation_message)."""
+
+PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms")
+"""ParallelPlan fields with no command-line flag: set only by editing a plan file (or by a family's recipe)."""
+
 
 class ParallelPlan(PlanQuantities, Spec):
     """One way to run a training step: parallel degrees, sharding, recompute and batch shape.

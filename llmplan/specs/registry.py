@@ -18,6 +18,7 @@ from llmplan.fileio import excerpt, exists, read_document
 from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import TUPLE_ITEMS
 from llmplan.specs.pools import PoolCluster
 
 
@@ -37,10 +38,13 @@ def validation_message(origin: str, err: ValidationError) -> str:
     """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
     what it means and a typical value."""
     parts = []
-    errors = err.errors()
+    errors = _tuple_lengths(err.errors())
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "tuple_length":
+            parts.append(f"field '{field}' takes {msg} (got {excerpt(e['input'])})")
+            continue
         if e["type"] == "missing" and e["loc"] and e["loc"][-1] in REQUIRED_KEYS:
             parts.append(f"field '{field}' is missing: {REQUIRED_KEYS[str(e['loc'][-1])]}; add it to the profile")
             continue
@@ -48,6 +52,29 @@ def validation_message(origin: str, err: ValidationError) -> str:
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _tuple_lengths(errors: list[Any]) -> list[Any]:
+    """pydantic's errors with a fixed-length tuple's wrong length as one error (type "tuple_length", msg: how
+    many items it takes and what they are, TUPLE_ITEMS): pydantic reports a short tuple as a "Field required"
+    at each missing index (field 'tp_overlap_sms.3') and a long one as "at most N items"."""
+    out: list[Any] = []
+    seen: set[tuple[Any, ...]] = set()
+    for e in errors:
+        short = e["type"] == "missing" and len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)
+        long = e["type"] == "too_long" and (e.get("ctx") or {}).get("field_type") == "Tuple"
+        if not (short or long):
+            out.append(e)
+            continue
+        loc = tuple(e["loc"][:-1]) if short else tuple(e["loc"])
+        if loc in seen:
+            continue
+        seen.add(loc)
+        n = (max(x["loc"][-1] for x in errors if x["type"] == "missing" and tuple(x["loc"][:-1]) == loc) + 1
+             if short else e["ctx"]["max_length"])
+        what = TUPLE_ITEMS.get(str(loc[-1]), "items") if loc else "items"
+        out.append({"type": "tuple_length", "loc": loc, "msg": f"{n} {what}", "input": e["input"]})
+    return out
 
 
 M = TypeVar("M", bound=BaseModel)

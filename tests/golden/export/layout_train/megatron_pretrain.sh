@@ -5,6 +5,7 @@
 # hardware: 1 x dgx-h100 = 6 x h100-sxm
 # predicted: 33.7 of 79.6 GiB per GPU; step 1.938 s, MFU 44.0%, 50,735 tokens/s
 # note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
+# note: Megatron-LM's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-6}

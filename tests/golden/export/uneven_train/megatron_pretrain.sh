@@ -5,6 +5,7 @@
 # hardware: 2048 x dgx-h100 = 16384 x h100-sxm
 # predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775 tokens/s
 # note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
+# note: Megatron-LM's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
