@@ -158,7 +158,9 @@ ASSUMPTIONS = {
                   "shards, PyTorch SDPA = "
                   "FlashAttention-2 (cuDNN attention was opt-in then: pytorch/pytorch#138522, #142132), "
                   "torch.compile = fused kernels (not the loss: eager cross_entropy on fp32 logits, train.py at "
-                  "9dec370), eager = the unfused kernels (its RMSNorm, rotary and SwiGLU as PyTorch ops), "
+                  "9dec370), its compiled RMSNorm backward in two kernels (Inductor's dx and dweight reductions "
+                  "unfused at torch 1963fc8: INDUCTOR_TWO_PASS_NORM), "
+                  "eager = the unfused kernels (its RMSNorm, rotary and SwiGLU as PyTorch ops), "
                   "torchao float8 tensorwise, AsyncTP = TP overlap, "
                   "the pipeline rows' FSDP gradient reduce-scatter after each stage's last backward, not beside "
                   "it (torch.distributed.pipelining's stage calls FSDP's post_backward by hand once the last "
@@ -343,6 +345,17 @@ scripts/train/benchmarking/submit_benchmarks.py at b2a43a147 and 5e85bd62d) on t
 PyTorch's native kernel (layer_norm_kernel.cu: GammaBetaBackwardCUDAKernel after the input gradient's).
 korthikanti2022 and megascale ran Megatron-LM after 2021-11 with hidden sizes in persist_ln_hidden_sizes (6144,
 12288, 20480, 25600): one pass, the default."""
+INDUCTOR_TWO_PASS_NORM = ("torchtitan",)
+"""Families whose compiled RMSNorm backward ran as Inductor's two reductions in separate kernels, so a two-pass norm
+(ParallelPlan.norm_kernel two-pass, docs/formulas.md#compute.norm_bytes): torchtitan 9dec370 compiles each
+TransformerBlock (parallelize_llama.py apply_compile) around its RMSNorm module (norm_type rmsnorm in the 8B, 70B and
+405B presets: models/norms.py RMSNorm, plain PyTorch ops); torch 1963fc8 (2024-12-23) lowers its backward to an inner
+reduction over h (dx) and an outer reduction over the tokens (dweight) that Inductor cannot fuse, their loop orders
+differing, so the dweight kernel reads dy and x again (pytorch/pytorch#165370, 2025-10, "[inductor] generate fused
+rms/layer norm bwd", which added the fused mix-order kernel later). NVIDIA/cudnn-frontend's norm harness
+(benchmark/norms/results/*/all_models_*.csv at 3929da2ef4, backend torch_compile) times a compiled rms_norm backward
+at 1.5-2.6x cuDNN's one-pass kernel on H200, GB200 and GB300 (tests/test_norm_kernel.py). Eager rows (compile false)
+run unfused ops (fused_kernels False), which norm_kernel does not touch."""
 MCORE_1F1B_SYNC = ("megatron", "nemo2407", "nemocp", "bridge", "bridgecard", "mbridge-dense", "mbridge-moe", "dgxc")
 """Megatron-Core stacks whose 1F1B exchanges (pp > 1, no interleaving) synchronise the device: Megatron-LM forces
 overlap_p2p_comm off without interleaving and sets batch_p2p_comm = not overlap_p2p_comm (NVIDIA/Megatron-LM
@@ -1427,8 +1440,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # BLOOM and MT-NLG) send each TP rank's 1/t of a stage's output and all-gather it after the receive
         pp_scatter_gather=fam in PP_SCATTER_GATHER,
         # Megatron-LM of 2020-21, the Megatron-DeepSpeed forks and llm-foundry run the LayerNorm backward in two
-        # kernels (TWO_PASS_NORM)
-        norm_kernel="two-pass" if fam in TWO_PASS_NORM else "fused-one-pass",
+        # kernels (TWO_PASS_NORM), as does torchtitan's compiled RMSNorm under torch 1963fc8's Inductor
+        # (INDUCTOR_TWO_PASS_NORM; its eager rows price unfused ops instead)
+        norm_kernel="two-pass" if fam in TWO_PASS_NORM or (fam in INDUCTOR_TWO_PASS_NORM and par.get("compile")
+                                                            is not False) else "fused-one-pass",
         # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS), as
         # Megatron-Core's 1F1B does after each batched exchange (MCORE_1F1B_SYNC)
         pp_blocking_sends=(fam in PP_BLOCKING_SENDS or (fam in MCORE_1F1B_SYNC and vpp == 1)) and pp > 1,

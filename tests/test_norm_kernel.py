@@ -66,6 +66,51 @@ def test_published_two_pass_backward_takes_at_least_its_bytes_ratio(gpu: str) ->
     assert min(backward) < 2 * ratio  # not so far above that the bytes could not be the cause
 
 
+# (shape, N, C, cuDNN bwd ms, torch_compile bwd ms): the same CSVs' rms_norm rows with N and C >= 4096, backend
+# cudnn and torch_compile (torch.compile of torch.nn.functional.rms_norm, benchmark_single_norm.py at 3929da2ef4; the
+# image is nvcr.io/nvidia/pytorch:25.12-py3, benchmark/norms/Dockerfile).
+COMPILED = {
+    "h200": (  # h200/all_models_20260227_035147.csv
+        ("llama3-8b", 16384, 4096, 0.106, 0.236), ("llama3-70b", 8192, 8192, 0.114, 0.236),
+        ("llama31-405b", 4096, 16384, 0.118, 0.177), ("llama4-e16", 8192, 5120, 0.069, 0.156),
+        ("mixtral-8x7b", 8192, 4096, 0.058, 0.118), ("mixtral-8x22b", 4096, 6144, 0.049, 0.087),
+        ("nemotronh-56b", 4096, 8192, 0.061, 0.117), ("qwen3-235b", 8192, 5120, 0.069, 0.156),
+    ),
+    "gb200": (  # gb200/all_models_20260226_180237.csv
+        ("llama3-8b", 16384, 4096, 0.065, 0.155), ("llama3-70b", 8192, 8192, 0.077, 0.163),
+        ("llama31-405b", 4096, 16384, 0.084, 0.127), ("llama4-e16", 8192, 5120, 0.051, 0.128),
+        ("mixtral-8x7b", 8192, 4096, 0.036, 0.083), ("mixtral-8x22b", 4096, 6144, 0.036, 0.072),
+        ("nemotronh-56b", 4096, 8192, 0.041, 0.086), ("qwen3-235b", 8192, 5120, 0.050, 0.128),
+    ),
+    "gb300": (  # gb300/all_models_20260226_190305.csv
+        ("llama3-8b", 16384, 4096, 0.066, 0.149), ("llama3-70b", 8192, 8192, 0.074, 0.160),
+        ("llama31-405b", 4096, 16384, 0.082, 0.125), ("llama4-e16", 8192, 5120, 0.050, 0.124),
+        ("mixtral-8x7b", 8192, 4096, 0.036, 0.079), ("mixtral-8x22b", 4096, 6144, 0.035, 0.071),
+        ("nemotronh-56b", 4096, 8192, 0.041, 0.084), ("qwen3-235b", 8192, 5120, 0.050, 0.124),
+    ),
+}
+HBM_BYTES_PER_S = {"h200": 4.8e12, "gb200": 8.0e12, "gb300": 8.0e12}
+"""Peak HBM bandwidth per GPU as NVIDIA publishes it: H200 4.8 TB/s (H200 Tensor Core GPU datasheet); GB200 NVL72
+and GB300 NVL72 576 TB/s over 72 GPUs, 8 TB/s each (the NVL72 product pages' specification tables)."""
+
+
+@pytest.mark.parametrize("gpu", sorted(COMPILED))
+def test_published_compiled_backward_is_at_least_the_two_pass_floor(gpu: str) -> None:
+    """torch.compile's (Inductor's) RMSNorm backward moves at least the two-pass bytes (TWO_PASS_NORM_BYTES[1] per
+    bf16 element: dx's kernel reads dy and x and writes dx, the dweight reduction's reads dy and x again), so no row
+    can beat those bytes at the GPU's peak HBM bandwidth: every published time sits at or above that floor. A count
+    of 13 bytes or more would put the H200 llama31-405b row (0.177 ms) under its floor. And on every row it takes
+    more than 4 / 3 of cuDNN's one-pass time (1.50-2.56x), so it is not that one pass at cuDNN's bandwidth.
+    The harness's torch (NGC 25.12) may already carry pytorch/pytorch#165370's fused mix-order kernel for some
+    shapes; torchtitan's rows ran torch 1963fc8 (2024-12), before it (benchmarks/accuracy.py INDUCTOR_TWO_PASS_NORM)."""
+    per_element = TWO_PASS_NORM_BYTES[1]  # bytes per bf16 element, as the harness runs it
+    for name, n, c, cudnn_bwd, compiled_bwd in COMPILED[gpu]:
+        floor_ms = per_element * n * c / HBM_BYTES_PER_S[gpu] * 1e3
+        assert compiled_bwd + ROUNDING >= floor_ms, (gpu, name, compiled_bwd, floor_ms)
+        assert (compiled_bwd - ROUNDING) / (cudnn_bwd + ROUNDING) > (FUSED_NORM_BYTES[1] + 2) / FUSED_NORM_BYTES[1], (
+            gpu, name)
+
+
 def test_two_pass_reads_dy_and_x_again() -> None:
     # forward one pass either way; backward the one-pass kernel's 6 and a second read of dy and x (2 + 2)
     assert TWO_PASS_NORM_BYTES[0] == FUSED_NORM_BYTES[0]
