@@ -608,3 +608,34 @@ def test_megatron_notes_the_sm_margins_the_plan_was_priced_with():
     assert "--tp-comm-overlap" in script and "set_sm_margin" in script and "tp_overlap_margin_sms" in script
     priced = dataclasses.replace(over, plan=over.plan.model_copy(update={"tp_overlap_margin_sms": (0, 16, 16, 16)}))
     assert "set_sm_margin" not in render_all(priced, "megatron")[0]["megatron_pretrain.sh"]
+
+
+def test_exported_comments_fit_80_columns():
+    """Every whole-line comment of every golden export file fits 80 columns. Exempt, by decision: lines that are
+    not whole-line comments (launcher command lines, bash arrays of flags, `export VAR=... # why` settings, TOML
+    settings with a trailing comment: breaking them would change what bash or TOML reads), every line of a JSON
+    file (a JSON string is one value on one line), and a comment line that is one word longer than a line."""
+    too_long = []
+    for f in sorted(GOLDEN.rglob("*")):
+        if not f.is_file() or f.suffix == ".json":
+            continue
+        text = f.read_text().replace("llmplan VERSION", f"llmplan {__version__}")  # as exported, not normalised
+        for n, line in enumerate(text.splitlines(), 1):
+            comment = line.startswith("#") and not line.startswith("#!")
+            one_word = len(line.lstrip("# ").split()) <= 1
+            if comment and len(line) > 80 and not one_word:
+                too_long.append(f"{f.relative_to(GOLDEN)}:{n}: {len(line)} columns")
+    assert not too_long, too_long
+
+
+def test_comment_wrapping_keeps_the_words():
+    from llmplan.export.common import comment_lines, fit_comments
+
+    text = "note: " + " ".join(f"word{i}" for i in range(60)) + " --a-flag/--another-one:x " + "y" * 90
+    rows = comment_lines(text)
+    assert all(len(r) <= 80 for r in rows if len(r.split()) > 2)
+    assert rows[0].startswith("# note:") and all(r.startswith("#   ") for r in rows[1:])
+    assert " ".join(r[2:].strip() for r in rows) == text
+    script = f"#!/usr/bin/env bash\n# {text}\necho {'z' * 100}\n"
+    assert fit_comments("x.sh", script).endswith(f"echo {'z' * 100}\n")
+    assert fit_comments("x.json", script) == script

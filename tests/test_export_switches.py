@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from test_export_torchtitan_sinks import gpt_oss_plan
+from exported import unwrapped
 from refusal import one_line
 
 ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64")
@@ -30,7 +31,7 @@ def saved(cli: Any, tmp_path: Path, *extra: str, **plan: object) -> Path:
 def export(cli: Any, plan: Path, target: str, out: Path) -> tuple[int, str, str]:
     """(exit code, the files' text, stderr) of `llmplan export PLAN --to TARGET`."""
     r = cli("export", plan, "--to", target, "-o", out)
-    files = "\n".join(f.read_text() for f in out.rglob("*") if f.is_file()) if out.exists() else ""
+    files = "\n".join(unwrapped(f.read_text()) for f in out.rglob("*") if f.is_file()) if out.exists() else ""
     return r.code, files, r.err
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from exported import unwrapped
+
 
 def gpt_oss_plan(cli, tmp_path: Path, name: str, **fields: object) -> Path:
     (tmp_path / name).mkdir(parents=True, exist_ok=True)
@@ -27,7 +29,7 @@ def test_torchtitan_notes_the_sinks_it_applies_after_the_kernel(cli, tmp_path):
         r = cli("export", gpt_oss_plan(cli, tmp_path, f"p-{fused}", sink_fusion=fused), "--to", "torchtitan",
                 "-o", out)
         assert r.code == 0, r.err
-        header = [x for x in (out / "torchtitan_train.sh").read_text().splitlines() if x.startswith("#")]
+        header = [x for x in unwrapped((out / "torchtitan_train.sh").read_text()).splitlines() if x.startswith("#")]
         noted = [x for x in header if "sink_fusion" in x]
         assert len(noted) == (1 if fused else 0), header
         if fused:

@@ -5,6 +5,7 @@ and a capacity-limited case whose batch comes out of the KV space."""
 from __future__ import annotations
 
 import pytest
+from exported import unwrapped
 
 from llmplan.cost.inference import kv_capacity_bytes
 from llmplan.serving import at_max_load, estimate_serving
@@ -121,8 +122,8 @@ def test_exports_carry_the_planned_kv_capacity(cli, tmp_path):
     mem = json.loads(plan.read_text())["predictions"]["memory"]
     hbm = H100.hbm_bytes
     assert cli("export", plan, "--to", "all", "-o", tmp_path / "out").code == 0
-    vllm = (tmp_path / "out" / "vllm_serve.sh").read_text()
-    sglang = (tmp_path / "out" / "sglang_serve.sh").read_text()
+    vllm = unwrapped((tmp_path / "out" / "vllm_serve.sh").read_text())
+    sglang = unwrapped((tmp_path / "out" / "sglang_serve.sh").read_text())
     u = float(re.search(r"--gpu-memory-utilization ([0-9.]+)", vllm).group(1))
     f = float(re.search(r"--mem-fraction-static ([0-9.]+)", sglang).group(1))
     assert u * hbm - mem["weights"] - mem["activations"] - mem["other"] == pytest.approx(mem["kv_available"], rel=0.01)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from exported import unwrapped
 
 from llmplan.planfile import load_plan
 
@@ -155,7 +156,7 @@ def test_torchtitan_says_where_the_cp_transfers_run_otherwise(cli, tmp_path, tar
     saved.write_text(json.dumps(doc))
     r = cli("export", saved, "--to", target, "-o", tmp_path / "out")
     assert r.code == 0, r.err
-    header = "".join(p.read_text() for p in (tmp_path / "out").iterdir())
+    header = "".join(unwrapped(p.read_text()) for p in (tmp_path / "out").iterdir())
     notes = [x for x in header.splitlines() if x.startswith("# note:") and "cp_comm_overlap" in x]
     assert (notes == []) if says is None else (len(notes) == 1 and notes[0].endswith(says)), notes
 
@@ -177,7 +178,7 @@ def test_megatron_notes_userbuffer_sms_it_does_not_pass(cli, tmp_path, sms, marg
     saved.write_text(json.dumps(doc))
     r = cli("export", saved, "--to", "megatron", "-o", tmp_path / "out")
     assert r.code == 0, r.err
-    notes = [x for x in (tmp_path / "out" / "megatron_pretrain.sh").read_text().splitlines()
+    notes = [x for x in unwrapped((tmp_path / "out" / "megatron_pretrain.sh").read_text()).splitlines()
              if x.startswith("# note: priced with the plan's own userbuffer SMs")]
     assert len(notes) == int(noted), notes
 
@@ -204,7 +205,7 @@ def test_deepspeed_notes_a_pipeline_priced_with_paired_exchanges(cli, tmp_path, 
     assert r.code == 0, r.err
     r = cli("export", saved, "--to", "deepspeed", "-o", tmp_path / "out")
     assert r.code == 0, r.err
-    notes = [x for x in (tmp_path / "out" / "deepspeed_launch.sh").read_text().splitlines()
+    notes = [x for x in unwrapped((tmp_path / "out" / "deepspeed_launch.sh").read_text()).splitlines()
              if x.startswith("# note:") and "pp_unbatched_sends" in x]
     assert notes == ([] if unbatched else [
         "# note: priced with 1F1B's sends and receives paired into batched exchanges (pp_unbatched_sends false); "

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exported import unwrapped
+
 from llmplan.cost.comm import ACT_BYTES, cp_transfers
 from llmplan.cost.exposure import GRAD_RING_BYTES, cp_exposed, torch_ring_grad_share
 from llmplan.specs.plan import ParallelPlan
@@ -52,7 +54,7 @@ def test_torchtitan_legacy_export_writes_the_rotate_method_and_refuses_te_pricin
     assert cli(*common, "--cp-impl", "torch-alltoall", "--save", tmp_path / "a2a.json").code == 0
     r = cli("export", tmp_path / "a2a.json", "--to", "torchtitan-0.2", "-o", tmp_path / "out")
     assert r.code == 0, r.err
-    toml = next((tmp_path / "out").glob("*.toml")).read_text()
+    toml = unwrapped(next((tmp_path / "out").glob("*.toml")).read_text())
     assert 'context_parallel_rotate_method = "alltoall"' in toml and "context_parallel_degree = 2" in toml
     assert cli(*common, "--save", tmp_path / "te.json").code == 0
     r = cli("export", tmp_path / "te.json", "--to", "torchtitan-0.2", "-o", tmp_path / "te")
@@ -76,7 +78,7 @@ def test_torchtitan_03_export_refuses_rings_it_cannot_run_and_says_what_runs(cli
     assert cli(*common, "--cp-impl", "torch-allgather", "--cp-kv-repeated", "--save", tmp_path / "ag.json").code == 0
     r = cli("export", tmp_path / "ag.json", "--to", "torchtitan", "-o", tmp_path / "ag")
     assert r.code == 0, r.err
-    script = next((tmp_path / "ag").glob("*.sh")).read_text()
+    script = unwrapped(next((tmp_path / "ag").glob("*.sh")).read_text())
     assert "--parallelism.context-parallel-degree 2   # K/V all-gathered: no rotate method" in script
     assert "all-gathers the K/V for FlexAttention" in script and "set cp_kv_repeated false" in script
     assert "rotate-method" not in script

@@ -10,7 +10,7 @@ from typing import Callable
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress
+from llmplan.export.common import CannotExpress, fit_comments
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
 from llmplan.fileio import check_target, make_folder, publish
@@ -35,6 +35,13 @@ def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[s
 
 
 def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Files for `target` as _render_all renders them, each whole-line comment wrapped to 80 columns here, the one
+    place every exported file passes through (common.fit_comments)."""
+    files, skipped = _render_all(pf, target, wrap)
+    return {name: fit_comments(name, text) for name, text in files.items()}, skipped
+
+
+def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Files for `target` (or every target of the plan's mode with 'all'): (files, {target: why skipped}).
     torchrun and slurm wrap `wrap`, or by default the first training target that can express the plan."""
     if wrap is not None and wrap not in WRAPPABLE:

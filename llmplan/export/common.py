@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Iterable
 from typing import Any
 
 from llmplan import __version__
@@ -70,8 +72,36 @@ def header_lines(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> list
     ]
 
 
+WIDTH = 80  # exported files fit 80 columns (the brief's output rule)
+
+
+def comment_lines(text: str, mark: str = "#") -> list[str]:
+    """`text` as `mark` comment lines of at most WIDTH columns: words kept whole and in order, continuation lines
+    indented under the first ('#   '); a single word longer than a line stays whole on its own line."""
+    return textwrap.wrap(text, WIDTH, initial_indent=f"{mark} ", subsequent_indent=f"{mark}   ",
+                         break_long_words=False, break_on_hyphens=False) or [mark]
+
+
+def comment_block(lines: Iterable[str], mark: str = "#") -> str:
+    """Each of `lines` wrapped by comment_lines, newline-terminated: the one writer of exported comments."""
+    return "".join(f"{row}\n" for line in lines for row in comment_lines(line, mark))
+
+
+COMMENTED = (".sh", ".sbatch", ".toml", ".yaml", ".yml")
+"""Exported file kinds whose comments start with '#' (JSON has none: a JSON string stays one value, one line)."""
+
+
+def fit_comments(name: str, text: str) -> str:
+    """`text` of the exported file `name` with every whole-line '# ' comment wrapped by comment_lines; commands,
+    settings and their trailing comments are left as written."""
+    if not name.endswith(COMMENTED):
+        return text
+    return "".join(comment_block([line[2:]]) if line.startswith("# ") and len(line) > WIDTH else line + "\n"
+                   for line in text.split("\n")[:-1]) + text.split("\n")[-1]
+
+
 def sh_header(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> str:
-    return "#!/usr/bin/env bash\n" + "".join(f"# {line}\n" for line in header_lines(pf, target, notes))
+    return "#!/usr/bin/env bash\n" + comment_block(header_lines(pf, target, notes))
 
 
 def accumulation_notes(pf: PlanFile, launcher: str, runs: str, why: str) -> tuple[str, ...]:

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe llama31_70b_pretrain_config)
-# plan: tp 8 pp 4 dp 2 cp 1 ep 1 vpp 5 sp on zero 1 recompute selective micro-batch 1 global batch 128 seq 8192 bf16
-# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD)
+# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe
+#   llama31_70b_pretrain_config)
+# plan: tp 8 pp 4 dp 2 cp 1 ep 1 vpp 5 sp on zero 1 recompute selective
+#   micro-batch 1 global batch 128 seq 8192 bf16
+# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 8 x dgx-h100 = 64 x h100-sxm
-# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000 tokens/s
+# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000
+#   tokens/s
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

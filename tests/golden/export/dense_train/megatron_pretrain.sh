@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)
-# plan: tp 8 pp 4 dp 2 cp 1 ep 1 vpp 5 sp on zero 1 recompute selective micro-batch 1 global batch 128 seq 8192 bf16
-# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD)
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6,
+#   2026-08, after core_v0.19.0)
+# plan: tp 8 pp 4 dp 2 cp 1 ep 1 vpp 5 sp on zero 1 recompute selective
+#   micro-batch 1 global batch 128 seq 8192 bf16
+# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 8 x dgx-h100 = 64 x h100-sxm
-# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000 tokens/s
-# note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
+# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000
+#   tokens/s
+# note: Megatron-LM's gradient NaN check stays on (its default): one read of the
+#   fp32 gradient buffer per step that this plan was priced without; set
+#   grad_nan_check: true in the plan file to price it, or add
+#   --no-check-for-nan-in-loss-and-grad to skip it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

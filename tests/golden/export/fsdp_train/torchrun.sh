@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # llmplan VERSION export for torchrun (wrapping torchtitan)
-# plan: tp 1 pp 1 dp 16 cp 1 ep 1 vpp 1 sp off zero 3 recompute full micro-batch 2 global batch 256 seq 8192 bf16
-# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
+# plan: tp 1 pp 1 dp 16 cp 1 ep 1 vpp 1 sp off zero 3 recompute full micro-batch
+#   2 global batch 256 seq 8192 bf16
+# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 2 x dgx-h100 = 16 x h100-sxm
 # predicted: 40.0 of 80.0 GiB per GPU; step 5.000 s, MFU 40.0%, 400,000 tokens/s
 set -euo pipefail

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for torchtitan 0.3.0 (config_registry + command-line overrides)
-# plan: tp 1 pp 1 dp 16 cp 1 ep 1 vpp 1 sp off zero 3 recompute full micro-batch 2 global batch 256 seq 8192 bf16
-# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
+# llmplan VERSION export for torchtitan 0.3.0 (config_registry + command-line
+#   overrides)
+# plan: tp 1 pp 1 dp 16 cp 1 ep 1 vpp 1 sp off zero 3 recompute full micro-batch
+#   2 global batch 256 seq 8192 bf16
+# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 2 x dgx-h100 = 16 x h100-sxm
 # predicted: 40.0 of 80.0 GiB per GPU; step 5.000 s, MFU 40.0%, 400,000 tokens/s
-# note: priced with the rotary compiled (rope_complex false); torchtitan's llama3 rotary is complex arithmetic, which torch.compile runs eager, so this runs slower than priced: re-plan with --rope-complex to price it
-# note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard copies every all-gather into the parameters on the compute stream, so this runs slower than priced: re-plan with --zero3-copy-out to price it
+# note: priced with the rotary compiled (rope_complex false); torchtitan's
+#   llama3 rotary is complex arithmetic, which torch.compile runs eager, so this
+#   runs slower than priced: re-plan with --rope-complex to price it
+# note: priced without FSDP2's copy-out (zero3_copy_out false); fully_shard
+#   copies every all-gather into the parameters on the compute stream, so this
+#   runs slower than priced: re-plan with --zero3-copy-out to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

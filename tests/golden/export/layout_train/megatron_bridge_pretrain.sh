@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe llama31_8b_pretrain_config)
-# plan: tp 2 pp 3 dp 1 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 24 seq 4096 bf16
-# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
+# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe
+#   llama31_8b_pretrain_config)
+# plan: tp 2 pp 3 dp 1 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1
+#   global batch 24 seq 4096 bf16
+# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 1 x dgx-h100 = 6 x h100-sxm
 # predicted: 33.7 of 79.6 GiB per GPU; step 1.938 s, MFU 44.0%, 50,735 tokens/s
-# note: Megatron-Bridge's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
+# note: Megatron-Bridge's non-interleaved pipeline synchronises the device after
+#   each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was
+#   priced without, so this runs a little slower than priced: re-plan with
+#   --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-6}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # llmplan VERSION export for torchrun (wrapping megatron)
-# plan: tp 2 pp 3 dp 1 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 24 seq 4096 bf16
-# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json; meta-llama/llama-models MODEL_CARD)
+# plan: tp 2 pp 3 dp 1 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1
+#   global batch 24 seq 4096 bf16
+# model: llama-3.1-8b (meta-llama/Llama-3.1-8B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 1 x dgx-h100 = 6 x h100-sxm
 # predicted: 33.7 of 79.6 GiB per GPU; step 1.938 s, MFU 44.0%, 50,735 tokens/s
 set -euo pipefail

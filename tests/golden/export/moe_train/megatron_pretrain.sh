@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)
-# plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 256 seq 4096 bf16
-# model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig defaults))
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6,
+#   2026-08, after core_v0.19.0)
+# plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1
+#   global batch 256 seq 4096 bf16
+# model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig
+#   defaults))
 # hardware: 4 x dgx-h100 = 32 x h100-sxm
-# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000 tokens/s
-# note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
-# note: Megatron-LM's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
+# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000
+#   tokens/s
+# note: Megatron-LM's gradient NaN check stays on (its default): one read of the
+#   fp32 gradient buffer per step that this plan was priced without; set
+#   grad_nan_check: true in the plan file to price it, or add
+#   --no-check-for-nan-in-loss-and-grad to skip it
+# note: Megatron-LM's non-interleaved pipeline synchronises the device after
+#   each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was
+#   priced without, so this runs a little slower than priced: re-plan with
+#   --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

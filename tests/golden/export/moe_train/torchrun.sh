@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # llmplan VERSION export for torchrun (wrapping megatron)
-# plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 256 seq 4096 bf16
-# model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig defaults))
+# plan: tp 2 pp 2 dp 8 cp 1 ep 8 vpp 1 sp on zero 1 recompute none micro-batch 1
+#   global batch 256 seq 4096 bf16
+# model: mixtral-8x7b (mistralai/Mixtral-8x7B-v0.1 config.json (HF MixtralConfig
+#   defaults))
 # hardware: 4 x dgx-h100 = 32 x h100-sxm
-# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000 tokens/s
+# predicted: 60.0 of 80.0 GiB per GPU; step 10.000 s, MFU 45.0%, 100,000
+#   tokens/s
 set -euo pipefail
 # run this on every node (same MASTER_ADDR / MASTER_PORT / JOB_ID everywhere)
 NNODES=${NNODES:-4}

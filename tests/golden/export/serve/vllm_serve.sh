@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # llmplan VERSION export for vLLM (vllm serve; flags checked against vLLM 0.33.0)
 # plan: tp 4 pp 1 replicas 2 ep 1, weights fp8, KV fp8
-# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json; meta-llama/llama-models MODEL_CARD)
+# model: llama-3.1-70b (meta-llama/Llama-3.1-70B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 1 x dgx-h100 = 8 x h100-sxm
-# predicted: 50.0 of 71.0 GiB per GPU; TTFT 50.0 ms, TPOT 20.00 ms, 20,000 output tokens/s
+# predicted: 50.0 of 71.0 GiB per GPU; TTFT 50.0 ms, TPOT 20.00 ms, 20,000
+#   output tokens/s
 set -euo pipefail
-# --max-model-len 2560: the planned input (2048) + output (512) tokens, for which the KV capacity was predicted; llama-3.1-70b accepts up to 131,072: re-plan with longer --input-len / --output-len to serve longer requests
+# --max-model-len 2560: the planned input (2048) + output (512) tokens, for
+#   which the KV capacity was predicted; llama-3.1-70b accepts up to 131,072:
+#   re-plan with longer --input-len / --output-len to serve longer requests
 MODEL=${MODEL:-meta-llama/Llama-3.1-70B-Instruct}
 vllm serve "$MODEL" \
     --tensor-parallel-size 4 \

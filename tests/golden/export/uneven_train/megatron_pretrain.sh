@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6, 2026-08, after core_v0.19.0)
-# plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 2048 seq 8192 bf16
-# model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json; meta-llama/llama-models MODEL_CARD)
+# llmplan VERSION export for Megatron-LM pretrain_gpt.py (flags of main d98e8a6,
+#   2026-08, after core_v0.19.0)
+# plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none
+#   micro-batch 1 global batch 2048 seq 8192 bf16
+# model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 2048 x dgx-h100 = 16384 x h100-sxm
-# predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775 tokens/s
-# note: Megatron-LM's gradient NaN check stays on (its default): one read of the fp32 gradient buffer per step that this plan was priced without; set grad_nan_check: true in the plan file to price it, or add --no-check-for-nan-in-loss-and-grad to skip it
-# note: Megatron-LM's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
+# predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775
+#   tokens/s
+# note: Megatron-LM's gradient NaN check stays on (its default): one read of the
+#   fp32 gradient buffer per step that this plan was priced without; set
+#   grad_nan_check: true in the plan file to price it, or add
+#   --no-check-for-nan-in-loss-and-grad to skip it
+# note: Megatron-LM's non-interleaved pipeline synchronises the device after
+#   each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was
+#   priced without, so this runs a little slower than priced: re-plan with
+#   --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # llmplan VERSION export for torchrun (wrapping megatron)
-# plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none micro-batch 1 global batch 2048 seq 8192 bf16
-# model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json; meta-llama/llama-models MODEL_CARD)
+# plan: tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 sp on zero 1 recompute none
+#   micro-batch 1 global batch 2048 seq 8192 bf16
+# model: llama-3.1-405b (meta-llama/Llama-3.1-405B config.json;
+#   meta-llama/llama-models MODEL_CARD)
 # hardware: 2048 x dgx-h100 = 16384 x h100-sxm
-# predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775 tokens/s
+# predicted: 83.0 of 79.6 GiB per GPU; step 10.468 s, MFU 26.0%, 1,602,775
+#   tokens/s
 set -euo pipefail
 # run this on every node (same MASTER_ADDR / MASTER_PORT / JOB_ID everywhere)
 NNODES=${NNODES:-2048}

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe deepseek_v3_pretrain_config)
-# plan: tp 2 pp 8 dp 16 cp 1 ep 32 vpp 1 sp on zero 1 recompute full micro-batch 1 global batch 512 seq 4096 bf16
-# model: deepseek-v3 (deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json, config.json and README (671B total, 37B active; MTP layer excluded; n_expert_groups 8, n_limited_groups 4 = HF n_group, topk_group; score_func sigmoid, route_scale 2.5, topk_method noaux_tc = expert bias))
+# llmplan VERSION export for Megatron-Bridge 0.6.2 run_recipe.py (recipe
+#   deepseek_v3_pretrain_config)
+# plan: tp 2 pp 8 dp 16 cp 1 ep 32 vpp 1 sp on zero 1 recompute full micro-batch
+#   1 global batch 512 seq 4096 bf16
+# model: deepseek-v3 (deepseek-ai/DeepSeek-V3
+#   inference/configs/config_671B.json, config.json and README (671B total, 37B
+#   active; MTP layer excluded; n_expert_groups 8, n_limited_groups 4 = HF
+#   n_group, topk_group; score_func sigmoid, route_scale 2.5, topk_method
+#   noaux_tc = expert bias))
 # hardware: 32 x dgx-h800 = 256 x h800
-# predicted: 60.2 of 79.6 GiB per GPU; step 16.634 s, MFU 14.0%, 126,073 tokens/s
-# note: Megatron-Bridge's non-interleaved pipeline synchronises the device after each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was priced without, so this runs a little slower than priced: re-plan with --pp-blocking-sends to price it
+# predicted: 60.2 of 79.6 GiB per GPU; step 16.634 s, MFU 14.0%, 126,073
+#   tokens/s
+# note: Megatron-Bridge's non-interleaved pipeline synchronises the device after
+#   each exchange (batch_p2p_comm with batch_p2p_sync), which this plan was
+#   priced without, so this runs a little slower than priced: re-plan with
+#   --pp-blocking-sends to price it
 set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
