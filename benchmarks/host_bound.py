@@ -59,16 +59,17 @@ def main() -> None:
     rows = [r for rec in load_runs() if rec["id"].startswith("mbridge-") and any(x in rec["id"] for x in MODELS)
             for r in [row(rec)] if r is not None]
     rows.sort(key=lambda r: (key(r), r["f"]))
-    print("ms per micro-batch; bound = host count with the GPU at zero time (row's host / x86)")
-    print(f"{'row':44s} {'f':>4s} {'pred':>6s} {'gap':>5s} {'host':>5s} {'bound':>11s} {'need':>5s} {'err':>6s}")
+    print("ms per micro-batch; bound: host count with the GPU at zero time (row's host")
+    print("CPU / x86); row: release, model, GPU, format, tp/ep/mbs, graphs (l, n, f)")
+    print(f"{'row':35s} {'pred':>5s} {'gap':>4s} {'host':>4s} {'bound':>11s} {'need':>4s} {'err':>6s}")
     for r in rows:
         p, rid = r["plan"], r["id"]
         model, rel, prec = key(r)[:3]
         gpu = rid.split("dgx-")[1].split("-")[0]
-        name = f"{rel} {model[11:]} {gpu} {prec} tp{p.tp} ep{p.ep} mbs{p.micro_batch} {p.cuda_graphs}"[:44]
-        print(f"{name:44s} {r['f']:4.2f} {r['pred_mb'] * 1e3:6.0f} {r['gap_mb'] * 1e3:5.0f} {r['host_mb'] * 1e3:5.1f} "
-              f"{r['bound'] * 1e3:5.1f}/{r['bound_x86'] * 1e3:5.1f} {r['need']:5.0f} {r['err']:+6.1f}")
-    print("Grace against x86 at the same model, release, precision, TP, EP, micro-batch and graphs (gap ms/mb):")
+        name = f"{rel} {model[11:16]} {gpu} {prec} {p.tp}/{p.ep}/{p.micro_batch} {p.cuda_graphs[0]}"[:35]
+        print(f"{name:35s} {r['pred_mb'] * 1e3:5.0f} {r['gap_mb'] * 1e3:4.0f} {r['host_mb'] * 1e3:4.1f} "
+              f"{r['bound'] * 1e3:5.1f}/{r['bound_x86'] * 1e3:5.1f} {r['need']:4.0f} {r['err']:+6.1f}")
+    print("gap ms/mb, Grace against x86 at one model, release, format, layout, graphs:")
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(key(r), []).append(r)
@@ -76,8 +77,8 @@ def main() -> None:
         grace = [r["gap_mb"] * 1e3 for r in g if r["f"] > 1]
         x86 = [r["gap_mb"] * 1e3 for r in g if r["f"] == 1]
         if grace and x86:
-            print(f"  {k[0]} {k[1]} {k[2]} tp{k[3]} ep{k[4]} mbs{k[5]} {k[6]}: Grace {statistics.median(grace):.0f}"
-                  f" x86 {statistics.median(x86):.0f}")
+            print(f"  {k[0][11:]} {k[1]} {k[2]} tp{k[3]} ep{k[4]} mbs{k[5]} {k[6]}: Grace "
+                  f"{statistics.median(grace):.0f} x86 {statistics.median(x86):.0f}")
 
 
 if __name__ == "__main__":
