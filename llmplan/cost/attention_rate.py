@@ -135,6 +135,18 @@ def window_call_tiles(N: Any, j: Any) -> Any:
     return N * j - j * (j - 1) / 2
 
 
+def backward_window_tiles(plan: ParallelPlan, N: Any, j: Any) -> Any:
+    """Key tiles a windowed call's backward spans per query tile (window_call_tiles' j): the window's j in bf16;
+    with FP8 attention (ParallelPlan.fp8_attention) all N, the causal call's tiles: cuDNN's FP8 / MXFP8 SDPA
+    backward with a 128-token sliding window on Blackwell skips none of the causal tiles outside the window.
+    Its published times grow with s^2 (GB200, cuDNN 9.22, batch 2, 128 heads, d 64: 0.536, 1.731, 6.18, 23.2,
+    90.3 ms from 2k to 32k tokens, the causal call's work at about 800 TFLOP/s) where its FP8 forward and its
+    bf16 backward grow with s (0.237 ... 3.692 ms). Source: NVIDIA/cudnn-frontend benchmark/
+    sdpa_benchmark_training/results/gpt_oss/{gb200,gb300}/gpt_oss_20260424_*.csv at 3929da2 (configs/gpt_oss.py:
+    sliding_window_size 128, top_left mask). Derived: docs/formulas.md#compute.fp8_window_backward"""
+    return where(plan.fp8_attention, N, j)
+
+
 def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     """A sliding-window layer's fused attention rate over the kernel's asymptote at cp = 1 (the windowed
     counterpart of attention_rate_ratio's causal call). With Transformer Engine's window (w - 1, 0) query q sees
@@ -157,8 +169,9 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     k_fwd, k_bwd = fixed_keys(plan, gpu)
     x = dropout_tile_factor(m, plan, gpu)  # attention dropout: each tile iteration x as long
     work = x * window_call_tiles(N, j) * H
+    jb = backward_window_tiles(plan, N, j)  # FP8: the backward runs the causal call's tiles
     time = (attention_call_seconds(N * H, work, x * j, sms, k_fwd)
-            + 2 * attention_call_seconds(N * H, work, x * j, sms, k_bwd))
+            + 2 * attention_call_seconds(N * H, x * window_call_tiles(N, jb) * H, x * jb, sms, k_bwd))
     mean_keys = window_key_count(w, s) / 2  # keys a query sees, on average
     return 3 * H * (s / T) * (mean_keys / T) / sms / time
 
