@@ -256,23 +256,29 @@ def bucket_params(plan: ParallelPlan) -> Any:
     return maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
 
 
-def bucket_share(plan: ParallelPlan, params_on_rank: Any) -> Any:
-    """The share of a rank's gradients (and gathered weights) in one DP bucket (bucket_params) of the stage's
-    parameters, at most all of them. Derived: docs/formulas.md#step.dp"""
-    return minimum(1.0, bucket_params(plan) / maximum(params_on_rank, 1.0))
+def bucket_share(plan: ParallelPlan, params_on_rank: Any, last_param: Any = 0.0) -> Any:
+    """The share of a rank's gradients (and gathered weights) in the DP bucket reduced last and gathered first,
+    at most all of them: one bucket (bucket_params), or more where that bucket's last parameter, `last_param`
+    (the first stage's word embedding, whose gradient backward makes last), is larger, since a bucket takes
+    whole parameters and closes only once it holds bucket_params. Source: NVIDIA/Megatron-LM
+    megatron/core/distributed/param_and_grad_buffer.py at core_r0.8.0 (ParamAndGradBuffer.__init__: params
+    in reverse order, a bucket closed when data_end_index - bucket_data_start_index >= bucket_size).
+    Derived: docs/formulas.md#step.dp_last_bucket"""
+    return minimum(1.0, maximum(bucket_params(plan), last_param) / maximum(params_on_rank, 1.0))
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                        params_on_rank: Any = 0.0) -> Any:
+                        params_on_rank: Any = 0.0, last_param: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
     hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
     first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
     last bucket starts when the backward is over and the gather of the first bucket must end before the
-    forward starts, so one bucket of each (bucket_share) is exposed even with overlap.
+    forward starts, so one bucket of each (bucket_share; on the first stage the word embedding's, `last_param`)
+    is exposed even with overlap.
     Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
     in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
-    share = bucket_share(plan, params_on_rank)
+    share = bucket_share(plan, params_on_rank, last_param)
     last, first = comm.dp_reduce * share, comm.dp_gather * share
     reduce = where(plan.overlap_grad_reduce,
                    last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),

@@ -310,6 +310,13 @@ def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
 
 
+def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """The word embedding's parameters on one rank of pipeline stage `stage`: V·h / t on the first stage
+    (VocabParallelEmbedding splits the vocabulary over TP), none elsewhere. One parameter: the DP buckets
+    never split it (cost.exposure.bucket_share). Derived: docs/formulas.md#step.dp_last_bucket"""
+    return where(stage == 0, m.vocab_size * m.hidden_size / plan.tp, 0.0)
+
+
 def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
     first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).

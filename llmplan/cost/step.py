@@ -77,6 +77,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
     stepped_rank_params,
+    word_embedding_on_rank,
 )
 from llmplan.cost.schedule import makespan
 from llmplan.specs.hardware import GpuSpec
@@ -402,8 +403,9 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
     after: tuple[Any, ...] = ()
     for j, (stage, sc, _, _) in enumerate(stages):
         rp, c = stepped_rank_params(m, plan, stage), stage_comm(comm, j)
-        reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total)
-        gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total)
+        emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
+        reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
+        gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
         before = _slower(before, (reduce, grad_buffer_seconds(plan, rp.total, gpu)))
         after = _slower(after, (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
                                 zero3_copy_out_seconds(plan, rp.total, gpu)))
