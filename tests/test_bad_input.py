@@ -151,7 +151,9 @@ def test_absurd_config_json(cli, tmp_path):
                                          ("inter_latency_s", ".nan"), ("nodes_per_leaf", "1e24"),
                                          # GPU fields over a base profile's GPU: bounds ge 1 le 4, gt 0 le 1
                                          ("gpu.fused_dglu_ratio", "0.5"), ("gpu.fused_dglu_ratio", "5"),
-                                         ("gpu.hbm_efficiency", "0"), ("gpu.hbm_efficiency", "1.5")])
+                                         ("gpu.hbm_efficiency", "0"), ("gpu.hbm_efficiency", "1.5"),
+                                         ("gpu.decode_kv_hbm_efficiency", "0"),
+                                         ("gpu.decode_kv_hbm_efficiency", "1.5")])
 def test_absurd_hardware_profile(cli, tmp_path, field, value):
     base = "base: dgx-h100\n" + (f"{field}: {value}\n" if field != "hbm_gib" else f"gpu:\n  name: x\n  tflops: {{bf16: 989}}\n  hbm_gib: {value}\n  hbm_gb_per_s: 3350\n")
     if field.startswith("gpu."):

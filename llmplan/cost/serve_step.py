@@ -273,9 +273,12 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     gemm = np.maximum(dense_s, weights / bandwidth)
     head = gpu_head_dim_ratio(m, gpu, gpu.attention_softmax_head_dim) \
         if plan.fused_attention else 1.0
+    # The attention kernel streams the KV cache at its own published share of the HBM peak (FlashMLA's decode
+    # kernel: 3,000 of 3,350 GB/s on H800), the training kernels' share where none is published.
+    # Derived: docs/formulas.md#infer.decode_kv_bandwidth
     attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * serving_attention_asymptote(gpu)
                                          * gpu.softmax_attention_ratio * head),
-                           np.asarray(kv_read, dtype=float) / bandwidth)
+                           np.asarray(kv_read, dtype=float) / gpu.decode_kv_achieved_bytes_per_s)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four
     # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.

@@ -166,7 +166,14 @@ class GpuSpec(Spec):
     """Achieved fraction of HBM bandwidth by memory-bound kernels (training's norms, activations, casts; decode
     weight and KV reads): where NVIDIA publishes cuDNN's RMSNorm forward + backward at training shapes, that
     (GB200 0.67, GB300 0.68, H200 0.75; B200 / B300 carry GB200's / GB300's); elsewhere 0.8, an assumption
-    neither fitted nor measured here (docs/formulas.md#compute.hbm_efficiency, #infer.decode)."""
+    neither fitted nor measured here (docs/formulas.md#compute.hbm_efficiency, #infer.decode). A decode attention
+    kernel's KV-cache reads take decode_kv_hbm_efficiency where it is published."""
+    decode_kv_hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth by a decode attention kernel streaming the KV cache (one query row per
+    sequence against its whole cache: long contiguous reads, no write-back), where it is published for this GPU's
+    die and memory: H800 SXM5 / H100 SXM (HBM3, 3.35 TB/s) 0.90, FlashMLA's dense decoding kernel at 3,000 GB/s
+    in its memory-bound configuration (deepseek-ai/FlashMLA README.md and docs/20250422-new-kernel-deep-dive.md
+    at 9241ae3). None: hbm_efficiency, the training kernels' share (docs/formulas.md#infer.decode_kv_bandwidth)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Measured GEMM efficiency by shape: (smallest GEMM dimension, achieved / peak) pairs, written by
     `llmplan calibrate`; None means the default curve (docs/formulas.md#compute.gemm)."""
@@ -259,6 +266,13 @@ class GpuSpec(Spec):
         """HBM bandwidth a memory-bound kernel achieves: the peak times hbm_efficiency
         (docs/formulas.md#compute.memory_bound)."""
         return self.hbm_bytes_per_s * self.hbm_efficiency
+
+    @property
+    def decode_kv_achieved_bytes_per_s(self) -> float:
+        """HBM bandwidth a decode attention kernel's KV-cache reads achieve: the peak times
+        decode_kv_hbm_efficiency, or hbm_efficiency where none is published (docs/formulas.md#infer.decode_kv_bandwidth)."""
+        share = self.hbm_efficiency if self.decode_kv_hbm_efficiency is None else self.decode_kv_hbm_efficiency
+        return self.hbm_bytes_per_s * share
 
     def max_gemm_fraction(self, dtype: str) -> float:
         """Best achieved fraction of peak for large GEMMs: measured where published (bf16 for bf16 / fp16,
