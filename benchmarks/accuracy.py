@@ -392,6 +392,29 @@ TrainSchedule issues ReduceTiedGrads, ReduceGrads and OptimizerStep after the la
 (deepspeed/runtime/pipe/schedule.py), for Megatron-DeepSpeed's BLOOM and MT-NLG."""
 
 
+def bigscience_softmax_kernel(rec: dict, fam: str, heads: int, tp: int, mb: int) -> str:
+    """How BLOOM's prequel runs (2022-02-17 .. 02-26) ran the attention softmax (ParallelPlan.softmax_kernel):
+    Megatron's fused causal kernel only where FusedScaleMaskSoftmax.is_kernel_available passes, else its fp32 torch
+    fallback. bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py from 9f5f5d4c (2021-10-21)
+    until 1cb76a64 (2022-03-06, "sync the whole Meg-LM fused_kernels sub-tree") calls
+    self.get_batch_per_block(sq, sk, b, np) on a staticmethod declared get_batch_per_block(b, np, sq, sk), which
+    passes (b, np, sq, sk) on to the kernel's get_batch_per_block(query_seq_len, key_seq_len, batches, attn_heads):
+    the kernel sizes its block by key_seq_len = np, the heads per TP rank, and the causal path needs
+    b·np % batches_per_block == 0 (scaled_masked_softmax.h: warp = min(next_pow2(np), 32), 128 / warp warps of 2
+    rows while next_pow2 <= 128). With 64 heads at TP 8 that is 32 rows a block: micro-batches 1 and 2 (8 and 16
+    rows) fall back, 4 and 8 fuse. The start-up check BigScience relied on (--abort-on-unmet-fused-kernel-
+    constraints, initialize.py) tests only heads / tp x mb % 4 ("(HEADS/TP)*MBS % 4 = 0", chronicles-prequel.md
+    'NHEADs comparison'), so the fallback ran silently. The final run (from 2022-03-11, after the fix) sizes the
+    block by sk = 2048: 4 rows, and every row of this family fuses there; other families fuse."""
+    if fam != "bloom" or not rec["id"].startswith("bloom-prequel-"):
+        return "fused"
+    np_ = heads // tp
+    pow2 = 1 << max(np_ - 1, 0).bit_length()
+    warp = min(pow2, 32)
+    per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
+    return "fused" if (mb * np_) % 4 == 0 and (mb * np_) % per_block == 0 else "eager-fp32"
+
+
 BY_MODEL = ("trtllm", "mbridge-moe")
 """Families whose errors the report also gives per model (models of one family differ in what they exercise)."""
 
@@ -1449,6 +1472,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         pp_blocking_sends=(fam in PP_BLOCKING_SENDS or (fam in MCORE_1F1B_SYNC and vpp == 1)) and pp > 1,
         # DeepSpeed's pipeline engine (BLOOM, MT-NLG) receives and sends one transfer at a time (DEEPSPEED_PIPE)
         pp_unbatched_sends=fam in DEEPSPEED_PIPE and pp > 1 and vpp == 1,
+        # BLOOM's prequel ran Megatron-DeepSpeed's fused softmax only where its (mis-sized) block check passed
+        softmax_kernel=bigscience_softmax_kernel(rec, fam, model_for(rec, fam).num_attention_heads, tp, mb),
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
         # tensor, each module's weights released after its forward and fetched again for the recompute
         # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer
