@@ -267,7 +267,10 @@ ASSUMPTIONS = {
              "the final run accumulates gradients in fp32 (BF16_Optimizer); the prequel's search (02-17 .. 02-26, "
              "before the BF16_Optimizer) keeps 16-bit gradients (DeepSpeed ZeRO-1, stage_1_and_2: all-reduced in "
              "16 bits, the partition flattened and cast to fp32 at the step), Megatron-DeepSpeed's default dropout "
-             "(0.1: tr11-200B-ml.slurm sets none) and --embed-layernorm; DeepSpeed's "
+             "(0.1: tr11-200B-ml.slurm sets none) and --embed-layernorm, and the attention softmax as its "
+             "Megatron-DeepSpeed ran it (a fused-kernel check sized by the heads per TP rank until 1cb76a64: the fp32 "
+             "torch fallback where b x heads/tp misses the block, softmax_kernel eager-fp32, "
+             "bigscience_softmax_kernel); DeepSpeed's "
              "pipeline engine: the DP reduction after the schedule and the weight gather in the optimizer step, "
              "neither overlapped, DeepSpeed's partitioned pipeline sends and synchronous TP (PP_SCATTER_GATHER, "
              "SYNC_TP), the bf16 runs' BF16_Optimizer all-reducing the fp32 gradients (grad_reduce "
@@ -390,6 +393,29 @@ no compute (overlap_grad_reduce and overlap_param_gather off): MegaScale's Megat
 one of the optimisations MegaScale adds, Jiang et al. 2024, Table 3) and DeepSpeed's pipeline engine, whose
 TrainSchedule issues ReduceTiedGrads, ReduceGrads and OptimizerStep after the last step's backward
 (deepspeed/runtime/pipe/schedule.py), for Megatron-DeepSpeed's BLOOM and MT-NLG."""
+
+
+def bigscience_softmax_kernel(rec: dict, fam: str, heads: int, tp: int, mb: int) -> str:
+    """How BLOOM's prequel runs (2022-02-17 .. 02-26) ran the attention softmax (ParallelPlan.softmax_kernel):
+    Megatron's fused causal kernel only where FusedScaleMaskSoftmax.is_kernel_available passes, else its fp32 torch
+    fallback. bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py from 9f5f5d4c (2021-10-21)
+    until 1cb76a64 (2022-03-06, "sync the whole Meg-LM fused_kernels sub-tree") calls
+    self.get_batch_per_block(sq, sk, b, np) on a staticmethod declared get_batch_per_block(b, np, sq, sk), which
+    passes (b, np, sq, sk) on to the kernel's get_batch_per_block(query_seq_len, key_seq_len, batches, attn_heads):
+    the kernel sizes its block by key_seq_len = np, the heads per TP rank, and the causal path needs
+    b·np % batches_per_block == 0 (scaled_masked_softmax.h: warp = min(next_pow2(np), 32), 128 / warp warps of 2
+    rows while next_pow2 <= 128). With 64 heads at TP 8 that is 32 rows a block: micro-batches 1 and 2 (8 and 16
+    rows) fall back, 4 and 8 fuse. The start-up check BigScience relied on (--abort-on-unmet-fused-kernel-
+    constraints, initialize.py) tests only heads / tp x mb % 4 ("(HEADS/TP)*MBS % 4 = 0", chronicles-prequel.md
+    'NHEADs comparison'), so the fallback ran silently. The final run (from 2022-03-11, after the fix) sizes the
+    block by sk = 2048: 4 rows, and every row of this family fuses there; other families fuse."""
+    if fam != "bloom" or not rec["id"].startswith("bloom-prequel-"):
+        return "fused"
+    np_ = heads // tp
+    pow2 = 1 << max(np_ - 1, 0).bit_length()
+    warp = min(pow2, 32)
+    per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
+    return "fused" if (mb * np_) % 4 == 0 and (mb * np_) % per_block == 0 else "eager-fp32"
 
 
 BY_MODEL = ("trtllm", "mbridge-moe")
@@ -1449,6 +1475,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         pp_blocking_sends=(fam in PP_BLOCKING_SENDS or (fam in MCORE_1F1B_SYNC and vpp == 1)) and pp > 1,
         # DeepSpeed's pipeline engine (BLOOM, MT-NLG) receives and sends one transfer at a time (DEEPSPEED_PIPE)
         pp_unbatched_sends=fam in DEEPSPEED_PIPE and pp > 1 and vpp == 1,
+        # BLOOM's prequel ran Megatron-DeepSpeed's fused softmax only where its (mis-sized) block check passed
+        softmax_kernel=bigscience_softmax_kernel(rec, fam, model_for(rec, fam).num_attention_heads, tp, mb),
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
         # tensor, each module's weights released after its forward and fetched again for the recompute
         # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer

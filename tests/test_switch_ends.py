@@ -125,6 +125,12 @@ def test_parallel_block_on_a_moe_spec_file_is_one_line(cli, tmp_path):
     ("dense_train", {"pp_unbatched_sends": True, "vpp": 1, "pp_layers": None}, "megatron-bridge",
      "1F1B pipeline transfers one at a time"),
     ("dense_train", {"norm_kernel": "two-pass"}, "torchrun", "a norm backward in two passes"),
+    ("dense_train", {"softmax_kernel": "eager-fp32", "flash_attention": False}, "megatron",
+     "an attention softmax as fp32 PyTorch ops"),
+    ("dense_train", {"softmax_kernel": "eager-fp32", "flash_attention": False}, "megatron-bridge",
+     "an attention softmax as fp32 PyTorch ops"),
+    ("dense_train", {"softmax_kernel": "eager-fp32", "flash_attention": False}, "torchrun",
+     "an attention softmax as fp32 PyTorch ops"),
     # cp_comm_overlap and cp_kv_repeated act on PyTorch's ring only, which Megatron-Core never runs
     ("dense_train", {"cp": 2, "dp": 1, "cp_impl": "torch-allgather", "cp_comm_overlap": False}, "megatron",
      "PyTorch's context-parallel ring (cp_impl torch-allgather, cp 2; "),

@@ -110,6 +110,9 @@ NORM_KERNEL = typer.Option(_plan("norm_kernel"), "--norm-kernel",
 PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-sends/--no-pp-unbatched-sends",
                                   help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
                                        "pipeline engine), or paired into batched exchanges (Megatron).")
+SOFTMAX_KERNEL = typer.Option(_plan("softmax_kernel"), "--softmax-kernel",
+                              help="An unfused attention's softmax: fused (Megatron's scale-mask-softmax kernel) | "
+                                   "eager-fp32 (its PyTorch fallback: cast, scale, mask, softmax, cast back).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")
@@ -264,6 +267,7 @@ SWITCHES = Flags("Training switches", {
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
+    "softmax_kernel": SOFTMAX_KERNEL,
     "pp_unbatched_sends": PP_UNBATCHED_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {

@@ -56,6 +56,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
     per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
+    # Megatron's torch fallback of the fused softmax (softmax_kernel eager-fp32): its five fp32 passes instead
+    per_score = per_score + where(plan.softmax_kernel == "eager-fp32", sum(EAGER_FP32_SOFTMAX_BYTES) / 3 - 4, 0.0)
     scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
     routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
                if moe else 0.0)
@@ -203,6 +205,25 @@ silu (read 2, write 2), the product (read 2 + 2, write 2). Backward: the product
 each factor: read 2 + 2, write 2, twice) and silu_backward (read 2 + 2, write 2). Source: pytorch/torchtitan
 torchtitan/models/llama/model.py at 9dec370 (FeedForward.forward); PyTorch tools/autograd/derivatives.yaml (mul,
 silu). Derived: docs/formulas.md#compute.eager_ops"""
+
+
+EAGER_FP32_SOFTMAX_BYTES = (36.0, 40.0)
+"""(forward, backward) HBM bytes per attention score of Megatron's unfused scale-mask-softmax in fp32
+(ParallelPlan.softmax_kernel eager-fp32), against the fused kernel's 4 (read and write the bf16 / fp16 scores).
+Forward: input.float() (read 2, write 4), input * scale (read 4, write 4), masked_fill_ with the causal mask (read
+4, write 4; the s x s bool mask, broadcast over the batch and heads, is L2-resident and not counted), the fp32
+softmax (read 4, write 4), the cast back to 16 bits (read 4, write 2): 36. Backward, autograd's chain in reverse:
+the cast's gradient to fp32 (read 2, write 4), _softmax_backward_data (read the gradient and the saved output,
+4 + 4, write 4), masked_fill's gradient (read 4, write 4), the scale's (read 4, write 4), the cast's to 16 bits
+(read 4, write 2): 40. Source: bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py at ae6277f5
+(FusedScaleMaskSoftmax.forward_torch_softmax), megatron/model/utils.py (attention_mask_func: masked_fill_),
+megatron/model/transformer.py (ParallelAttention: softmax_in_fp32 and scale = layer_number under
+apply_query_key_layer_scaling, the default); PyTorch tools/autograd/derivatives.yaml (_to_copy, _softmax,
+masked_fill_, mul). Derived: docs/formulas.md#compute.eager_softmax"""
+
+EAGER_FP32_SOFTMAX_KERNELS = 4
+"""Kernels the eager fp32 softmax launches per layer forward beyond the fused kernel's one: the two casts, the scale
+and the mask beside the softmax (EAGER_FP32_SOFTMAX_BYTES). Derived: docs/formulas.md#compute.eager_softmax"""
 
 
 FUSED_NORM_BYTES = (4.0, 6.0)

@@ -183,6 +183,16 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
 
 
+def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for an unfused attention's softmax priced as PyTorch's fp32 ops
+    (ParallelPlan.softmax_kernel eager-fp32: Megatron-DeepSpeed's fallback of 2021-10 .. 2022-03) on a launcher that
+    runs its fused scale-mask-softmax kernel or a fused attention; docs/formulas.md#compute.eager_softmax."""
+    p = pf.plan
+    what = ("an attention softmax as fp32 PyTorch ops (softmax_kernel eager-fp32: Megatron-DeepSpeed's fallback; "
+            "this launcher runs the fused softmax kernel)")
+    return [(what, p.softmax_kernel == "eager-fp32" and not p.flash_attention, "re-plan with --softmax-kernel fused")]
+
+
 def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for PyTorch's context-parallel ring (cp_impl torch-allgather /
     torch-alltoall, with cp_kv_repeated and cp_comm_overlap) on a Megatron-Core launch, whose attention runs

@@ -156,6 +156,10 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"norm_kernel {p.norm_kernel} with fused_kernels off: it says which fused kernel runs the "
                         "norms' backward, so it acts only with fused kernels (unfused norms are priced as their "
                         "eager ops); set fused_kernels true in the plan, or drop --norm-kernel"),
+    SwitchUse("softmax_kernel_unfused", ("softmax_kernel",), lambda p: ~as_bool(p.flash_attention),
+              lambda p: f"softmax_kernel {p.softmax_kernel} with flash_attention on: it says how an unfused attention "
+                        "runs its softmax over the scores, which a fused attention kernel never writes; set "
+                        "flash_attention false in the plan (--no-flash-attention), or drop --softmax-kernel"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "

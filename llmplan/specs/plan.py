@@ -18,7 +18,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel,
+    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -242,6 +242,12 @@ class ParallelPlan(PlanQuantities, Spec):
     GammaBetaBackwardCUDAKernel) reads dy and x again for the weight and bias gradients: 4 + 10 (Apex
     FusedLayerNorm, Megatron-LM's and Megatron-DeepSpeed's fused_kernels copy of it, PyTorch's native
     F.layer_norm). docs/formulas.md#compute.norm_bytes"""
+    softmax_kernel: SoftmaxKernel = "fused"
+    """How an unfused attention (flash_attention off) runs its scale, causal mask and softmax over the scores: fused,
+    one kernel (Megatron's scaled_upper_triang_masked_softmax: read and write the scores); eager-fp32, the PyTorch
+    ops Megatron falls back to where its fused kernel's checks fail (FusedScaleMaskSoftmax.forward_torch_softmax
+    with softmax_in_fp32, which apply_query_key_layer_scaling forces): the scores cast to fp32, scaled, masked,
+    softmaxed and cast back, 36 + 40 bytes a score forward and backward. docs/formulas.md#compute.eager_softmax"""
     pp_unbatched_sends: bool = False
     """Every 1F1B pipeline transfer on its own, one after another on the stage's stream, as DeepSpeed's pipeline
     engine runs them (deepspeed/runtime/pipe/schedule.py TrainSchedule: each step a receive and a send, each a
