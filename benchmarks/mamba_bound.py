@@ -9,6 +9,11 @@ mamba_memory_bytes) is scaled by k. The
 scaling is an experiment on the shipped functions, not a pricing. Last, per model and GPU, the k each row
 would need for its predicted step to equal the measured one (1 + unplaced / the Mamba-2 cost priced in its step):
 one k across GPUs, releases and micro-batch sizes is what a mis-priced kernel would give; a spread is not.
+Then the same k for a pure Mamba-2 model on A100, H200 and GB200 from the one published cross-GPU measurement
+(state-spaces/mamba issue 904, 2026-04-06: Mamba-2 at 102.5 / 239.2 / 360.4 TFLOP/s, d_model 2048, 48 layers,
+4 x 4,096 tokens, bf16; its FLOP count unstated, so only the ratios are used): with the A100 mixer taken at k_A
+(1.0, 1.1, 1.2), the H200 and GB200 k that make llmplan's step ratios equal the measured ones
+(docs/validation.md#nano-per-token).
 
     python benchmarks/mamba_bound.py
 """
@@ -20,8 +25,13 @@ from typing import Any
 from unittest import mock
 
 import accuracy as A
-import llmplan.cost.mixers as mixers
 from runs import load_runs
+
+from llmplan.cost import mixers
+from llmplan.estimate import estimate_training
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
 
 ROWS = ("dgxc-2510-pretrain-nemotron-h-56b-gb200-128gpu-fp8-tp4pp1mbs2gbs384",
         "mbridge-26.06-pretrain-nemotron-3-nano-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2",
@@ -60,6 +70,36 @@ def priced_and_unplaced(rec: dict) -> tuple[float, float, int, int]:
     return pred - without, measured - pred, n_mb, layers
 
 
+ISSUE_904_TFLOPS = {"dgx-a100": 102.5, "dgx-h200": 239.2, "gb200-nvl72": 360.4}
+"""state-spaces/mamba issue 904, 'Training throughput' table, Mamba2 TFLOP/s (same model and batch on each GPU)."""
+
+
+def mamba2_1b3() -> ModelSpec:
+    """mamba_ssm's MambaLMHeadModel at d_model 2048, 48 Mamba2 layers (expand 2, headdim 64, d_state 128, one
+    group, chunk 256, no MLP, tied embeddings, vocabulary 50,288): issue 904's model (as tests/test_mamba2_blackwell.py)."""
+    nano = builtin_models()["nemotron-3-nano"].model_dump(exclude_defaults=True)
+    for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+              "n_group", "topk_group", "scoring_func", "routed_scaling_factor", "expert_bias", "declared_params"):
+        nano.pop(k, None)
+    nano.update(name="mamba2-1.3b", hidden_size=2048, num_hidden_layers=48, layer_types=("mamba",) * 48,
+                mlp_layer_types=("none",) * 48, mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128,
+                n_groups=1, mamba_chunk_size=256, vocab_size=50288, num_attention_heads=16, num_key_value_heads=16,
+                head_dim=128, tie_word_embeddings=True)
+    return ModelSpec(**nano)
+
+
+def issue904_split() -> dict[str, tuple[float, float]]:
+    """(step without the Mamba-2 cost s, the Mamba-2 cost s) of issue 904's model on one GPU of each system."""
+    plan = ParallelPlan(tp=1, pp=1, dp=1, seq_len=4096, micro_batch=4, global_batch=4, dtype="bf16", recompute="none")
+    out = {}
+    for system in ISSUE_904_TFLOPS:
+        cluster = ClusterSpec(system=builtin_systems()[system], num_nodes=1, gpus_per_node=1)
+        with scaled(0.0):
+            rest = float(estimate_training(mamba2_1b3(), cluster, plan).time.total)
+        out[system] = (rest, float(estimate_training(mamba2_1b3(), cluster, plan).time.total) - rest)
+    return out
+
+
 def group(rid: str) -> str | None:
     return next((name for name, prefix, part in GROUPS if rid.startswith(prefix) and part in rid), None)
 
@@ -90,6 +130,17 @@ def main() -> None:
         needed.setdefault(key, []).append(1 + unplaced / priced)
     for (g, gpu, tp), v in sorted(needed.items()):
         print(f"  {g:6s} {gpu:6s} TP{tp}  {statistics.median(v):4.1f} [{min(v):4.1f}, {max(v):4.1f}] ({len(v)})")
+    split = issue904_split()
+    print("issue 904's Mamba-2 1.3B on A100 / H200 / GB200, ms: rest "
+          + " / ".join(f"{r * 1e3:.0f}" for r, _ in split.values()) + ", Mamba-2 "
+          + " / ".join(f"{mb * 1e3:.0f}" for _, mb in split.values()))
+    (ra, ma), (rh, mh), (rg, mg) = split.values()
+    tf_a, tf_h, tf_g = ISSUE_904_TFLOPS.values()
+    for k_a in (1.0, 1.1, 1.2):
+        t_h = (ra + k_a * ma) * tf_a / tf_h  # the H200 step the measured A100 / H200 ratio implies
+        t_g = t_h * tf_h / tf_g
+        print(f"  k_A100 {k_a:.1f}: k_H200 {(t_h - rh) / mh:.2f}, k_GB200 {(t_g - rg) / mg:.2f};"
+              f" mixer ms {k_a * ma * 1e3:.0f} / {(t_h - rh) * 1e3:.0f} / {(t_g - rg) * 1e3:.0f}")
 
 
 if __name__ == "__main__":
