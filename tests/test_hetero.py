@@ -16,7 +16,6 @@ from llmplan.cost.hetero import (
     speed_layout,
     speed_split,
 )
-from llmplan.cost.memory import training_memory
 from llmplan.cost.step import step_time
 from llmplan.errors import PlanViolationError
 from llmplan.estimate import estimate_training
@@ -88,9 +87,8 @@ def test_per_stage_pricing_with_one_gpu_everywhere_is_the_single_system_step(pla
     laid = plan.model_copy(update={"pp_layout": balanced_layout(m.num_hidden_layers, plan.pp, 1)})
     gpu = c.system.gpu
     secs = comm_seconds(step_comm(m, laid, place(laid.degrees, c), c.system), c.system)
-    mem = training_memory(m, laid, gpu.hbm_bytes)
-    plain = step_time(m, laid, gpu, secs, mem.params_on_rank)
-    staged = step_time(m, laid, gpu, secs, mem.params_on_rank, ((gpu, secs),) * laid.pp)
+    plain = step_time(m, laid, gpu, secs)
+    staged = step_time(m, laid, gpu, secs, ((gpu, secs),) * laid.pp)
     assert close(staged.total, plain.total) and close(staged.bubble, plain.bubble)
 
 
