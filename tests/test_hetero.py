@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -421,6 +422,8 @@ def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: 
     assert ranks == list(range(plan["tp"] * plan["pp"] * plan["cp"] * plan["dp"]))
     r = cli("export", saved_plan, "--to", "torchrun", "-o", tmp_path / "t")
     assert r.code == 0 and "NODE_RANK=$((FIRST + POOL_NODE))" in (tmp_path / "t" / "torchrun_pools.sh").read_text()
+    for script in (tmp_path / "t" / "torchrun_pools.sh", tmp_path / "job.sbatch"):  # bash reads them
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script.name
 
 
 @pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "megatron-bridge"])
