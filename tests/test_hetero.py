@@ -424,6 +424,7 @@ def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: 
     assert r.code == 0 and "NODE_RANK=$((FIRST + POOL_NODE))" in (tmp_path / "t" / "torchrun_pools.sh").read_text()
     for script in (tmp_path / "t" / "torchrun_pools.sh", tmp_path / "job.sbatch"):  # bash reads them
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script.name
+        assert max(len(line) for line in script.read_text().splitlines()) <= 80, script.name  # export.shell_lines
 
 
 @pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "megatron-bridge"])
