@@ -70,7 +70,7 @@ def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance:
     gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
-    return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
+    return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system))
 
 def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:
     """The built-in models with their parameter counts, by name (`llmplan models`)."""

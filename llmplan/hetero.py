@@ -201,7 +201,7 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     cross = max(cross_pp - comm_slow.pp, 0.0)
     comm_slow = dataclasses.replace(comm_slow, pp=max(comm_slow.pp, cross_pp))
     per_stage = tuple((pc.pools[g].system.gpu, secs[g]) for g in sp)
-    st = step_time(m, runs, pc.pools[slow].system.gpu, comm_slow, mems[worst].params_on_rank, per_stage)
+    st = step_time(m, runs, pc.pools[slow].system.gpu, comm_slow, per_stage)
     e = TrainingEstimate(m, clusters[slow], plan, param_counts(m), mems[worst], comms[slow], st,
                          throughput(runs, pc.pools[slow].system.gpu, st), str(bottleneck(st)),
                          tuple(stage_layer_list(m, plan)), tuple(operator_uses(m, plan, pc.pools[slow].system.gpu)),

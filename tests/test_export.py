@@ -612,8 +612,8 @@ def test_megatron_notes_the_sm_margins_the_plan_was_priced_with():
 
 def test_exported_comments_fit_80_columns():
     """Every whole-line comment of every golden export file fits 80 columns. Exempt, by decision: lines that are
-    not whole-line comments (launcher command lines, bash arrays of flags, `export VAR=... # why` settings, TOML
-    settings with a trailing comment: breaking them would change what bash or TOML reads), every line of a JSON
+    not whole-line comments (shell command lines are wrapped by export.shell_lines and checked in
+    tests/test_export_width.py; TOML settings with a trailing comment are not), every line of a JSON
     file (a JSON string is one value on one line), and a comment line that is one word longer than a line."""
     too_long = []
     for f in sorted(GOLDEN.rglob("*")):

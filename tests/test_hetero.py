@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,6 @@ from llmplan.cost.hetero import (
     speed_layout,
     speed_split,
 )
-from llmplan.cost.memory import training_memory
 from llmplan.cost.step import step_time
 from llmplan.errors import PlanViolationError
 from llmplan.estimate import estimate_training
@@ -88,9 +88,8 @@ def test_per_stage_pricing_with_one_gpu_everywhere_is_the_single_system_step(pla
     laid = plan.model_copy(update={"pp_layout": balanced_layout(m.num_hidden_layers, plan.pp, 1)})
     gpu = c.system.gpu
     secs = comm_seconds(step_comm(m, laid, place(laid.degrees, c), c.system), c.system)
-    mem = training_memory(m, laid, gpu.hbm_bytes)
-    plain = step_time(m, laid, gpu, secs, mem.params_on_rank)
-    staged = step_time(m, laid, gpu, secs, mem.params_on_rank, ((gpu, secs),) * laid.pp)
+    plain = step_time(m, laid, gpu, secs)
+    staged = step_time(m, laid, gpu, secs, ((gpu, secs),) * laid.pp)
     assert close(staged.total, plain.total) and close(staged.bubble, plain.bubble)
 
 
@@ -423,6 +422,9 @@ def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: 
     assert ranks == list(range(plan["tp"] * plan["pp"] * plan["cp"] * plan["dp"]))
     r = cli("export", saved_plan, "--to", "torchrun", "-o", tmp_path / "t")
     assert r.code == 0 and "NODE_RANK=$((FIRST + POOL_NODE))" in (tmp_path / "t" / "torchrun_pools.sh").read_text()
+    for script in (tmp_path / "t" / "torchrun_pools.sh", tmp_path / "job.sbatch"):  # bash reads them
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script.name
+        assert max(len(line) for line in script.read_text().splitlines()) <= 80, script.name  # export.shell_lines
 
 
 @pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "megatron-bridge"])

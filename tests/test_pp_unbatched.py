@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deepspeed_pipe import deepspeed_makespan
 from llmplan.cost.comm import pp_sends
 from llmplan.cost.step import pp_exposed_per_step
 from llmplan.specs.plan import ParallelPlan
@@ -22,60 +23,12 @@ def _plan(p: int, n: int, unbatched: bool = True) -> ParallelPlan:
     return ParallelPlan(pp=p, dp=1, global_batch=n, seq_len=4096, pp_unbatched_sends=unbatched)
 
 
-def _commands(p: int, n: int, s: int) -> list[tuple]:
-    """Stage s's commands in TrainSchedule's order: at step t it runs the forward of micro-batch j when
-    t = 2j + s and the backward of j when t = 2j + 2p - 1 - s (2(n + p - 1) steps); a forward step first receives
-    its activation, then sends the gradient of the backward of the step before; a backward step first sends the
-    activation of the forward of the step before, then receives its gradient (neither at the pipeline's ends)."""
-    kind: dict[int, tuple[str, int]] = {}
-    for j in range(n):
-        kind[2 * j + s] = ("forward", j)
-        kind[2 * j + 2 * p - 1 - s] = ("backward", j)
-    cmds: list[tuple] = []
-    for t in range(2 * (n + p - 1)):
-        this, prev = kind.get(t), kind.get(t - 1)
-        if this is not None and this[0] == "forward" or this is None and (t + s) % 2 == 0:
-            if s > 0 and this is not None:
-                cmds.append(("x", "act", s, this[1]))  # RecvActivation from s - 1
-            if s > 0 and prev is not None and prev[0] == "backward":
-                cmds.append(("x", "grad", s, prev[1]))  # SendGrad to s - 1
-        else:
-            if s < p - 1 and prev is not None and prev[0] == "forward":
-                cmds.append(("x", "act", s + 1, prev[1]))  # SendActivation to s + 1
-            if s < p - 1 and this is not None:
-                cmds.append(("x", "grad", s + 1, this[1]))  # RecvGrad from s + 1
-        if this is not None:
-            cmds.append(("c", this[0]))
-    return cmds
-
-
 def _makespan(p: int, n: int, delta: float, forward: float = 1 / 3, last: float = 1.0) -> float:
-    """The step of equal stages when each transfer ends `delta` after both of its stages have posted it (NCCL's
-    point-to-point: nothing moves until both sides are there) and a stage runs its commands one after another;
-    the last stage's passes take `last` times as long (the LM head on it)."""
-    cmds = [_commands(p, n, s) for s in range(p)]
-    at, t, posted = [0] * p, [0.0] * p, {}
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            while at[s] < len(cmds[s]):
-                c = cmds[s][at[s]]
-                if c[0] == "c":
-                    t[s] += (last if s == p - 1 else 1.0) * (forward if c[1] == "forward" else 1 - forward)
-                elif c[1:] in posted and posted[c[1:]][0] != s:
-                    other, start = posted.pop(c[1:])
-                    t[s] = t[other] = max(start, t[s]) + delta
-                    at[other] += 1
-                elif c[1:] not in posted:
-                    posted[c[1:]] = (s, t[s])
-                    break
-                else:
-                    break
-                at[s] += 1
-                moved = True
-    assert all(at[s] == len(cmds[s]) for s in range(p)), "the simulated schedule deadlocked"
-    return max(t)
+    """The step of equal stages (a micro-batch's forward `forward` s, its backward 1 - forward) under DeepSpeed's
+    TrainSchedule when each transfer ends `delta` after both of its stages have posted it (NCCL's point-to-point:
+    nothing moves until both sides are there); the last stage's passes take `last` times as long (the LM head)."""
+    scale = [1.0] * (p - 1) + [last]
+    return deepspeed_makespan([k * forward for k in scale], [k * (1 - forward) for k in scale], n, delta)
 
 
 def _waited(p: int, n: int, delta: float = DELTA, slack: float = 0.0) -> float:

@@ -248,8 +248,8 @@ def test_more_communication_never_shortens_the_step(case):
     base = comm_seconds(e.comm, cluster.system)
     more = CommSeconds(**{k: getattr(base, k) * f for k, f in factors.items()},  # each stage's dp too
                        dp_stages=tuple((r * factors["dp_reduce"], g * factors["dp_gather"]) for r, g in base.dp_stages))
-    t0 = step_time(m, plan, cluster.system.gpu, base, e.memory.params_on_rank)
-    t1 = step_time(m, plan, cluster.system.gpu, more, e.memory.params_on_rank)
+    t0 = step_time(m, plan, cluster.system.gpu, base)
+    t1 = step_time(m, plan, cluster.system.gpu, more)
     assert float(t1.total) >= float(t0.total) * (1 - 1e-12)
 
 

@@ -163,7 +163,7 @@ def test_zero3_pipeline_step_parts_sum_to_the_step():
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, pp=2, dp=4, global_batch=64, seq_len=4096, zero=3)
     e = estimate_training(m, ClusterSpec(system=H100, num_nodes=8), plan)
-    t = step_time(m, plan, H100.gpu, comm_seconds(e.comm, H100), e.memory.params_on_rank)
+    t = step_time(m, plan, H100.gpu, comm_seconds(e.comm, H100))
     parts = t.compute + t.bubble + t.comm_exposed + t.optimizer + t.overhead
     assert float(parts) == pytest.approx(float(t.total))
 

@@ -96,7 +96,7 @@ def _priced(m, cluster, plan):
     gpu = cluster.system.gpu
     mem = training_memory(m, plan, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms)
     comm = step_comm(m, plan, place(plan.degrees, cluster), cluster.system)
-    step = step_time(m, plan, gpu, comm_seconds(comm, cluster.system), mem.params_on_rank)
+    step = step_time(m, plan, gpu, comm_seconds(comm, cluster.system))
     return float(mem.total), float(step.total)
 
 

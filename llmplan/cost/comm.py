@@ -32,6 +32,7 @@ from llmplan.cost.params import (
     stage_layers,
     stepped_rank_params,
 )
+from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -406,12 +407,6 @@ backward re-gathers and reduce-scatters, num_sm 16. Source: NVIDIA/TransformerEn
 transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm", 1 if method ==
 "ring_exchange" else 16), use_ce True; v2.8 get_default_config, the same) and common/comm_gemm_overlap/
 userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
-
-
-def userbuffers_on(plan: ParallelPlan) -> Any:
-    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_comm_overlap with sp on
-    Megatron-Core's TP (tp_impl megatron) over more than one rank."""
-    return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
 
 
 def tp_role_sms(plan: ParallelPlan) -> RoleSms:

@@ -75,6 +75,13 @@ def nccl_communicators(plan: ParallelPlan, stage: Any) -> Any:
     return groups + p2p + embedding + model_parallel
 
 
+def userbuffers_on(plan: ParallelPlan) -> Any:
+    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_comm_overlap with sp on
+    Megatron-Core's TP (tp_impl megatron) over more than one rank. Here rather than in cost.comm (which prices
+    what they do to the step) because comm imports the memory modules: one predicate for both."""
+    return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+
+
 def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> Any:
     """Transformer Engine's userbuffers under Megatron's TP communication overlap (--tp-comm-overlap with SP):
     initialize_ub registers one buffer per overlapped GEMM, UB_ALL_GATHER_BUFFERS all-gather ones and
@@ -89,8 +96,7 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
     bf16_set = (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row
     low_set = (UB_ALL_GATHER_BUFFERS * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0) * row  # the all-gather ones in fp8
     sets = low_set + where(bf16_layers > 0, bf16_set, 0.0) if plan.low_precision else bf16_set
-    on = plan.tp_comm_overlap & plan.sp & (plan.tp > 1) & (plan.tp_impl == "megatron")
-    return where(on, sets, 0.0)
+    return where(userbuffers_on(plan), sets, 0.0)
 
 
 def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool,

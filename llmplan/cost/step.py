@@ -225,7 +225,7 @@ def schedule_bubble_factor(plan: ParallelPlan, sc: StageCompute) -> Any:
     return stages * (F + s.bubble_backward * B - s.bubble_weight * W) / maximum(F + B, 1e-30)
 
 
-def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds, params_on_rank: Any = None,
+def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
               per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None = None) -> StepTime:
     """Pipeline schedule with its bubble and the overlap of each axis's communication.
 
@@ -238,8 +238,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     traffic on its own pool; `gpu` and `comm` then price the per-step parts (the caller passes the slowest
     pool's). The per-step tail (the DP reduction and gather left exposed, the optimizer step, the gradient buffer's
     passes, FSDP2's copy-out) is each stage's own, of its own parameters (stage_tails), and the slowest tail ends
-    the step; `params_on_rank` (the fullest stage's, which need not be the slowest's) is not read, kept for
-    callers. Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages, docs/formulas.md#step.stage_tail"""
+    the step. Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages, docs/formulas.md#step.stage_tail"""
     if per_stage is not None and (explicit_stages(plan) is None or len(per_stage) != plan.pp):
         raise ValueError("per_stage needs a plan that lists its stages (pp_layout or pp_layers), one per stage")
     stages = stage_times(m, plan, gpu, tuple(g for g, _ in per_stage) if per_stage is not None else None)

@@ -13,6 +13,7 @@ from llmplan.export import bridge, deepspeed, megatron, pools, torchtitan
 from llmplan.export.common import CannotExpress, fit_comments
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
+from llmplan.export.shell_lines import fit_shell
 from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
 
@@ -35,10 +36,16 @@ def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[s
 
 
 def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """Files for `target` as _render_all renders them, each whole-line comment wrapped to 80 columns here, the one
-    place every exported file passes through (common.fit_comments)."""
+    """Files for `target` as _render_all renders them, fitted to 80 columns here, the one place every exported
+    file passes through: each whole-line comment wrapped (common.fit_comments), and in a shell script each longer
+    command line broken between its words (shell_lines.fit_shell)."""
     files, skipped = _render_all(pf, target, wrap)
-    return {name: fit_comments(name, text) for name, text in files.items()}, skipped
+    return {name: _fit(name, text) for name, text in files.items()}, skipped
+
+
+def _fit(name: str, text: str) -> str:
+    text = fit_comments(name, text)
+    return fit_shell(text) if name.endswith((".sh", ".sbatch")) else text
 
 
 def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:

@@ -111,7 +111,7 @@ def _render(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, Hete
                   "# on every node: POOL=<pool> POOL_NODE=<0..its nodes - 1> MASTER_ADDR=<node rank 0's host>\n"
                   'case "${POOL:?set POOL to the pool this node belongs to}" in\n' + cases
                   + '    *) echo "unknown POOL $POOL (see pool_ranks.csv)" >&2; exit 2 ;;\nesac\n'
-                  'POOL_NODE=${POOL_NODE:?set POOL_NODE to this node\'s index within its pool}\n'
+                  'POOL_NODE=${POOL_NODE:?set POOL_NODE to the index of this node within its pool}\n'
                   'if [ "$POOL_NODE" -ge "$COUNT" ]; then echo "POOL_NODE $POOL_NODE: the pool has $COUNT '
                   'nodes" >&2; exit 2; fi\n'
                   f"export NNODES={nodes} GPUS_PER_NODE={per} NODE_RANK=$((FIRST + POOL_NODE))\n"

@@ -193,5 +193,5 @@ def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: M
     """Memory, step time and throughput of every plan (arrays)."""
     mem = memory if memory is not None else evaluate_memory(m, cluster, plans, allowance)
     gpu = cluster.system.gpu
-    st = step_time(m, plans.as_plan, gpu, comm_seconds_arrays(m, cluster, plans, order), mem.params_on_rank)
+    st = step_time(m, plans.as_plan, gpu, comm_seconds_arrays(m, cluster, plans, order))
     return Evaluation(plans, mem, st, throughput(plans.as_plan, gpu, st))

@@ -9,4 +9,5 @@
 set -euo pipefail
 # train_batch_size 256 = micro-batch 2 x gradient accumulation 8 x data parallel
 #   16
-deepspeed --num_nodes 2 --num_gpus 8 --hostfile "${HOSTFILE:-hostfile}" "${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json
+deepspeed --num_nodes 2 --num_gpus 8 --hostfile "${HOSTFILE:-hostfile}" \
+    "${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json

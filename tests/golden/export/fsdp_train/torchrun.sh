@@ -15,9 +15,12 @@ MASTER_PORT=${MASTER_PORT:-29500}
 JOB_ID=${JOB_ID:-llmplan}
 TORCHTITAN_ARGS=(
     --module llama3 --config llama3_8b
-    --hf-assets-path ./assets/hf/Llama-3.1-8B-Instruct   # tokenizer: python scripts/download_hf_assets.py --repo_id meta-llama/Llama-3.1-8B-Instruct --assets tokenizer
+    # tokenizer: python scripts/download_hf_assets.py --repo_id
+    #   meta-llama/Llama-3.1-8B-Instruct --assets tokenizer
+    --hf-assets-path ./assets/hf/Llama-3.1-8B-Instruct
     --dump-folder ./outputs
-    --dataloader.dataset c4   # or a dataset registered in torchtitan/hf_datasets
+    # or a dataset registered in torchtitan/hf_datasets
+    --dataloader.dataset c4
     --training.local-batch-size 2
     --training.global-batch-size 256
     --training.seq-len 8192
@@ -33,8 +36,11 @@ TORCHTITAN_ARGS=(
     --parallelism.pipeline-parallel-degree 1
     --parallelism.context-parallel-degree 1
     --parallelism.expert-parallel-degree 1
-    --compile.enable --compile.components model,loss --compile.no-enable-async-tensor-parallel
+    --compile.enable --compile.components model,loss
+    --compile.no-enable-async-tensor-parallel
     activation-checkpoint:full   # subcommand: keep it last
 )
-torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \
+torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
+    --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$JOB_ID" \
     -m torchtitan.train "${TORCHTITAN_ARGS[@]}"

@@ -22,9 +22,12 @@ MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
 TORCHTITAN_ARGS=(
     --module llama3 --config llama3_8b
-    --hf-assets-path ./assets/hf/Llama-3.1-8B-Instruct   # tokenizer: python scripts/download_hf_assets.py --repo_id meta-llama/Llama-3.1-8B-Instruct --assets tokenizer
+    # tokenizer: python scripts/download_hf_assets.py --repo_id
+    #   meta-llama/Llama-3.1-8B-Instruct --assets tokenizer
+    --hf-assets-path ./assets/hf/Llama-3.1-8B-Instruct
     --dump-folder ./outputs
-    --dataloader.dataset c4   # or a dataset registered in torchtitan/hf_datasets
+    # or a dataset registered in torchtitan/hf_datasets
+    --dataloader.dataset c4
     --training.local-batch-size 2
     --training.global-batch-size 256
     --training.seq-len 8192
@@ -40,9 +43,12 @@ TORCHTITAN_ARGS=(
     --parallelism.pipeline-parallel-degree 1
     --parallelism.context-parallel-degree 1
     --parallelism.expert-parallel-degree 1
-    --compile.enable --compile.components model,loss --compile.no-enable-async-tensor-parallel
+    --compile.enable --compile.components model,loss
+    --compile.no-enable-async-tensor-parallel
     activation-checkpoint:full   # subcommand: keep it last
 )
 
-torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
+    --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
+    --master-port "$MASTER_PORT" \
     -m torchtitan.train "${TORCHTITAN_ARGS[@]}"

@@ -19,7 +19,8 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
 MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}
-RECIPE=(--recipe llama31_8b_pretrain_config --mode pretrain --dataset mock)   # real data: --dataset megatron-indexed dataset.data_path=PREFIX
+# real data: --dataset megatron-indexed dataset.data_path=PREFIX
+RECIPE=(--recipe llama31_8b_pretrain_config --mode pretrain --dataset mock)
 TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})
 OVERRIDES=(
     'model.tensor_model_parallel_size=2'
@@ -57,5 +58,8 @@ OVERRIDES=(
     'mixed_precision=bf16_mixed'
 )
 
-torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-    "$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" "${TRAIN[@]}" "${OVERRIDES[@]}"
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
+    --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
+    --master-port "$MASTER_PORT" \
+    "$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" \
+    "${TRAIN[@]}" "${OVERRIDES[@]}"

@@ -15,9 +15,14 @@ MASTER_PORT=${MASTER_PORT:-29500}
 JOB_ID=${JOB_ID:-llmplan}
 
 MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
-DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
-TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
-export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell
+# real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer
+#   --tokenizer-model "$TOKENIZER"
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)
+TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5
+    --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0
+    --log-interval 10)
+# Megatron-LM expects it with TP/CP before Blackwell
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 MODEL_ARGS=(
     --num-layers 32
     --hidden-size 4096
@@ -54,5 +59,8 @@ PARALLEL_ARGS=(
     --global-batch-size 24
     --bf16
 )
-torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \
-    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"
+torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
+    --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$JOB_ID" \
+    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" \
+    "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"

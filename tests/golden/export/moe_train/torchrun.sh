@@ -15,11 +15,18 @@ MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
 JOB_ID=${JOB_ID:-llmplan}
 
-export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1   # the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >= 2.14)
+# the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >=
+#   2.14)
+export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1
 MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
-DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 32000)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
-TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
-export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell
+# real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer
+#   --tokenizer-model "$TOKENIZER"
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 32000)
+TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5
+    --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0
+    --log-interval 10)
+# Megatron-LM expects it with TP/CP before Blackwell
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 MODEL_ARGS=(
     --num-layers 32
     --hidden-size 4096
@@ -62,5 +69,8 @@ PARALLEL_ARGS=(
     --global-batch-size 256
     --bf16
 )
-torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID" \
-    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"
+torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
+    --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+    --rdzv-id "$JOB_ID" \
+    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" \
+    "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"

@@ -24,9 +24,14 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
 MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
-DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"
-TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --log-interval 10)
-export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell
+# real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer
+#   --tokenizer-model "$TOKENIZER"
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)
+TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5
+    --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0
+    --log-interval 10)
+# Megatron-LM expects it with TP/CP before Blackwell
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 MODEL_ARGS=(
     --num-layers 126
     --hidden-size 16384
@@ -65,5 +70,8 @@ PARALLEL_ARGS=(
     --bf16
 )
 
-torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
+    --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
+    --master-port "$MASTER_PORT" \
+    "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" \
+    "${TRAIN_ARGS[@]}" "${DATA_ARGS[@]}"

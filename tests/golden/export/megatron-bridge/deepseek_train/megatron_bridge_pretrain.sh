@@ -22,9 +22,12 @@ NNODES=${NNODES:-32}
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
-export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1   # the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >= 2.14)
+# the plan's expert_gemm grouped (Transformer Engine's fused grouped MLP, TE >=
+#   2.14)
+export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1
 MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}
-RECIPE=(--recipe deepseek_v3_pretrain_config --mode pretrain --dataset mock)   # real data: --dataset megatron-indexed dataset.data_path=PREFIX
+# real data: --dataset megatron-indexed dataset.data_path=PREFIX
+RECIPE=(--recipe deepseek_v3_pretrain_config --mode pretrain --dataset mock)
 TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})
 OVERRIDES=(
     'model.tensor_model_parallel_size=2'
@@ -70,5 +73,8 @@ OVERRIDES=(
     'mixed_precision=bf16_mixed'
 )
 
-torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-    "$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" "${TRAIN[@]}" "${OVERRIDES[@]}"
+torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
+    --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
+    --master-port "$MASTER_PORT" \
+    "$MEGATRON_BRIDGE/scripts/training/run_recipe.py" "${RECIPE[@]}" \
+    "${TRAIN[@]}" "${OVERRIDES[@]}"
