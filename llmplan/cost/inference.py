@@ -30,7 +30,7 @@ from llmplan.specs.serve import ServeJob, ServePlan
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0, queries: int = 1) -> Any:
+                overhead: float = 0.0, queries: int = 1, engine: str = "vllm") -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
@@ -40,7 +40,8 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
-    stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True)
+    stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True,
+                         engine=engine)
     hop = stage_hop_seconds(m, plan, system, spans, q)
     return plan.pp * (stage + hop) + overhead
 
@@ -52,7 +53,7 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     Derived: docs/formulas.md#infer.decode"""
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
-        return decode_tpot(m, plan, system, spans, batch, context, overhead)
+        return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine)
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 
@@ -72,7 +73,7 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     decodes = np.asarray(batch, dtype=float) / plan.pp
     kv = decodes * kv_bytes_per_seq_gpu(m, plan, job.input_len + job.output_len / 2)
     stage = step_seconds(m, plan, system, spans, chunk + decodes,
-                         pairs + decodes * attended_keys(m, job.context / 2), kv)
+                         pairs + decodes * attended_keys(m, job.context / 2), kv, engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, chunk)
     return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
 
@@ -84,7 +85,8 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
-    stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0)
+    stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0,
+                         engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, T)
     return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
 

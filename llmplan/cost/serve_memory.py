@@ -46,6 +46,9 @@ class EngineRule:
     step_overhead_s: float
     """Host time per engine step outside the GPU kernels (scheduling, sampling, launch with CUDA graphs)."""
     source: str
+    allreduce_workspace_bytes: tuple[float, float] | None = None
+    """(TP <= 2, TP > 2) largest TP all-reduce, in bytes, the engine's own all-reduce kernel takes; a larger
+    one goes to NCCL (cost.serve_step.tp_allreduce_seconds). None: every TP all-reduce priced alike."""
 
 
 ENGINES = {
@@ -54,7 +57,10 @@ ENGINES = {
     "vllm": EngineRule(False, True, False, 0.0, "vLLM EngineArgs gpu_memory_utilization; PagedAttention"),
     # Source: TensorRT-LLM docs, KvCacheConfig.free_gpu_memory_fraction and "Useful Runtime Options"
     # (GUARANTEED_NO_EVICT is the default capacity scheduler policy); the overlap scheduler hides host time.
-    "trtllm": EngineRule(True, True, True, 0.0, "TensorRT-LLM KvCacheConfig free_gpu_memory_fraction"),
+    # Its AUTO all-reduce (thop/allreduceOp.cpp, AllreduceOp::selectImplementation) falls back to NCCL when a
+    # message exceeds customAllReduceUtils::getMaxRequiredWorkspaceSize: 16e6 bytes at TP <= 2, 8e6 above.
+    "trtllm": EngineRule(True, True, True, 0.0, "TensorRT-LLM KvCacheConfig free_gpu_memory_fraction",
+                         allreduce_workspace_bytes=(16e6, 8e6)),
     # Source: SGLang server arguments, --mem-fraction-static (model weights and KV cache pool); its overlap
     # scheduler hides host time.
     "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static"),

@@ -66,7 +66,8 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     output tokens/s per GPU = B / TPOT / GPUs per replica. Derived: docs/formulas.md#serve.phase"""
     B = float(job.batch)
     context = job.input_len + job.output_len / 2
-    tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job)))
+    tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job),
+                             engine=job.engine))
     b = max(B / plan.pp, 1.0)
     exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True)) * plan.pp
     return PhaseTiming(

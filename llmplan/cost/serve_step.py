@@ -41,7 +41,7 @@ from llmplan.cost.serve_moe import (
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
-from llmplan.topology.collectives import collective_time
+from llmplan.topology.collectives import collective_coeffs, collective_time
 from llmplan.topology.placement import GroupSpan
 
 
@@ -173,17 +173,18 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                 attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
+                 attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: str = "vllm") -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
-    (cost.serve_moe.overlapped_step). Derived: docs/formulas.md#infer.step"""
+    (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds).
+    Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
         exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only)
         rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
-                                          np.asarray(kv_read) * share, decode_only)
+                                          np.asarray(kv_read) * share, decode_only, engine)
         return rest, routed, exchange
 
     slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
@@ -233,15 +234,16 @@ def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
 
 
 def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                         attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> Any:
+                         attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: str = "vllm") -> Any:
     """A step's work on one GPU beside its expert exchange: max(matmuls, weights read) + max(attention core,
     KV read) + memory-bound operators + the TP all-reduces (2 per layer). Derived: docs/formulas.md#infer.step"""
-    rest, routed = step_compute_parts(m, plan, system, spans, tokens, attn_pairs, kv_read, decode_only)
+    rest, routed = step_compute_parts(m, plan, system, spans, tokens, attn_pairs, kv_read, decode_only, engine)
     return rest + routed
 
 
 def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                       attn_pairs: Any, kv_read: Any, decode_only: bool = False) -> tuple[Any, Any]:
+                       attn_pairs: Any, kv_read: Any, decode_only: bool = False,
+                       engine: str = "vllm") -> tuple[Any, Any]:
     """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
     step_compute_seconds: the parts a two-batch-overlap schedule places apart. Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
@@ -284,7 +286,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
-    tp_comm = 2 * (L / p) * _coll(system, "all-reduce", act, spans.tp)
+    tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, plan.tp, engine)
     return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
 
 
@@ -293,6 +295,31 @@ SERVE_COLLECTIVE_FLOOR_S = 2e-5
 engines' custom all-reduce), whatever the message size; fitted by leave-one-model-out on the TensorRT-LLM
 runs (docs/validation.md#serving): 0 at the H100 clock 0.875 (the latency term of collective_time priced the
 small messages of decode), 20 us in every fold at 0.825 (docs/validation.md#refit)."""
+
+
+NCCL_NVLS_LATENCY_S = 25e-6
+"""NCCL's own latency for a one-node NVLink SHARP all-reduce, whatever its size: the NVLS entry of its tuning
+model's NVLink hardware latencies (Simple protocol), which NCCL adds to size / bandwidth to pick an algorithm.
+Source: NVIDIA/nccl src/graph/tuning.cc, hwLat NVLINK NVLS { 0, 0, 25 } and latency = intraLat for NVLS on
+one node, unchanged v2.21.5 - v2.28.3. Derived: docs/formulas.md#infer.tp_allreduce"""
+
+
+def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, tp: int, engine: str) -> Any:
+    """One TP all-reduce of `size` bytes in a serving step: the engine's own kernel (the collective model, at
+    least SERVE_COLLECTIVE_FLOOR_S) while the message fits its workspace (EngineRule.allreduce_workspace_bytes),
+    else NCCL, whose NVLink SHARP all-reduce costs NCCL_NVLS_LATENCY_S + size x its bandwidth term.
+    Derived: docs/formulas.md#infer.tp_allreduce"""
+    base = _coll(system, "all-reduce", size, span)
+    limits = ENGINES[engine].allreduce_workspace_bytes
+    if limits is None or span.size <= 1:
+        return base
+    best = min(collective_coeffs("all-reduce", span, system), key=lambda c: c.seconds(1.0))
+    if best.algorithm != "nvls":
+        return base
+    S = np.asarray(size, dtype=float)
+    nccl = NCCL_NVLS_LATENCY_S + S * best.beta
+    out = np.where(S > limits[0 if tp <= 2 else 1], np.maximum(base, nccl), base)
+    return out if np.ndim(size) else float(out)
 
 
 def stage_hop_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any) -> Any:

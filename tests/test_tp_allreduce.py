@@ -1,0 +1,55 @@
+"""TensorRT-LLM's TP all-reduce: its own kernel up to its workspace, NCCL (NVLink SHARP latency) above it.
+
+Sources: NVIDIA/TensorRT-LLM cpp/tensorrt_llm/thop/allreduceOp.cpp (AllreduceOp::selectImplementation falls
+back to NCCL above customAllReduceUtils::getMaxRequiredWorkspaceSize: 16e6 bytes at TP <= 2, 8e6 above);
+NVIDIA/nccl src/graph/tuning.cc (NVLS one-node latency 25 us, v2.21.5 - v2.28.3). docs/formulas.md#infer.tp_allreduce
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.serve_step import NCCL_NVLS_LATENCY_S, tp_allreduce_seconds
+from llmplan.serving import replica_spans
+from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.registry import builtin_systems
+from llmplan.specs.serve import ServePlan
+
+H100 = builtin_systems()["dgx-h100"]
+
+
+def _span(tp: int):
+    plan = ServePlan(tp=tp, weight_dtype="fp8", kv_dtype="fp8")
+    return replica_spans(plan, ClusterSpec(system=H100, num_nodes=1, gpus_per_node=tp)).tp
+
+
+def test_nccl_above_the_workspace_pays_its_nvls_latency() -> None:
+    span = _span(8)
+    below, above = 8e6, 8e6 + 1
+    # Below the 8e6-byte workspace (TP8) TensorRT-LLM's kernel: priced as every other engine's.
+    assert tp_allreduce_seconds(H100, span, below, 8, "trtllm") == tp_allreduce_seconds(H100, span, below, 8, "vllm")
+    # Above it NCCL: at least its 25 us latency more than the bandwidth term of the same message.
+    jump = tp_allreduce_seconds(H100, span, above, 8, "trtllm") - tp_allreduce_seconds(H100, span, below, 8, "trtllm")
+    assert jump > 0.5 * NCCL_NVLS_LATENCY_S
+    assert tp_allreduce_seconds(H100, span, 16.8e6, 8, "trtllm") > tp_allreduce_seconds(H100, span, 16.8e6, 8, "vllm")
+
+
+def test_tp2_keeps_its_kernel_to_16e6_bytes() -> None:
+    span = _span(2)
+    # A 2-GPU group has no NVLink SHARP (NCCL uses it from 5 GPUs up): no NVLS latency to add at any size.
+    for S in (4e6, 12e6, 20e6):
+        assert tp_allreduce_seconds(H100, span, S, 2, "trtllm") == tp_allreduce_seconds(H100, span, S, 2, "vllm")
+
+
+@seed(405)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=1e3, max_value=1e9), min_size=1, max_size=8))
+def test_never_cheaper_than_the_engine_neutral_price_and_vectorised(sizes: list[float]) -> None:
+    span = _span(8)
+    arr = np.asarray(sizes)
+    trt = np.asarray(tp_allreduce_seconds(H100, span, arr, 8, "trtllm"))
+    base = np.asarray(tp_allreduce_seconds(H100, span, arr, 8, "vllm"))
+    assert np.all(trt >= base)
+    assert np.allclose(trt, [tp_allreduce_seconds(H100, span, float(s), 8, "trtllm") for s in sizes])
