@@ -60,6 +60,25 @@ def test_ratio_matches_cudnns_published_forward_plus_backward(key):
     assert priced == pytest.approx((bf_f + bf_b) / (f8_f + f8_b), rel=CALL_TOLERANCE)
 
 
+# Out of sample: the same benchmark's Kimi-K2.6 call (d_qk 192, d_v 128, 64 heads, batch 2, causal, 4,096 tokens),
+# kimiK26/{gb200,gb300}/kimiK26_20260424_1009{53,15}.csv at 3929da2; the profiles' d 160 points are DeepSeek-V3's.
+KIMI_MS = {
+    ("gb200-nvl72", "fp8"): ((0.518, 1.698), (0.338, 1.082)),
+    ("gb200-nvl72", "mxfp8"): ((0.518, 1.698), (0.363, 1.331)),
+    ("gb300-nvl72", "fp8"): ((0.421, 1.548), (0.244, 0.904)),
+    ("gb300-nvl72", "mxfp8"): ((0.421, 1.548), (0.269, 1.185)),
+}
+
+
+@pytest.mark.parametrize("key", sorted(KIMI_MS))
+def test_ratio_matches_the_published_kimi_call_it_was_not_read_from(key):
+    system, fmt = key
+    (bf_f, bf_b), (f8_f, f8_b) = KIMI_MS[key]
+    plan = ParallelPlan(**{**FP8, "recipe": RECIPE[fmt]}, fp8_attention=True)
+    priced = float(fp8_attention_ratio(M["kimi-k2"], plan, S[system].gpu))
+    assert priced == pytest.approx((bf_f + bf_b) / (f8_f + f8_b), rel=CALL_TOLERANCE)
+
+
 def test_mxfp8_attention_at_head_dim_128_is_no_faster_than_bf16_on_blackwell():
     # the published 0.974 (GB200) / 0.985 (GB300) forward + backward: MXFP8's backward runs slower than bf16's
     plan = ParallelPlan(**FP8, fp8_attention=True)
