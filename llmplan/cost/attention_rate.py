@@ -6,7 +6,7 @@ which re-exports these names. Works on one ParallelPlan and, elementwise, on pla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -356,15 +356,31 @@ def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float
     return min(1.0, gpu.peak_flops("fp32") / gpu.peak_flops(dtype))
 
 
+FP8_ATTENTION_BACKWARD_WEIGHT = 2.0
+"""Backward attention time over forward time at one rate, as llmplan prices the fused kernel (backward FLOPs twice
+the forward's: stage_compute); weights the published per-pass FP8 ratios into one (fp8_attention_ratio)."""
+
+
 def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
-    """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's head dimension d: per
-    (query, key) pair the kernel's 4d matmul FLOPs run at twice the tensor rate and its softmax work (d0, the GPU's
-    attention_softmax_head_dim, as in head_dim_attention_ratio) at the same, so the rate goes from d / (d + d0) to
-    d / (d / 2 + d0): (d + d0) / (d / 2 + d0), 1.60 at d = 128 and d0 = 43. Check: Shah et al. 2024
-    (FlashAttention-3), abstract: on H100 FP8 reaches close to 1.2 PFLOP/s against 740 TFLOP/s in BF16, 1.62x.
-    1 without FP8 attention. Derived: docs/formulas.md#compute.fp8_attention"""
+    """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's mean head dimension d.
+    Where the GPU's profile publishes cuDNN's FP8 kernel for the plan's format (GpuSpec.fp8_attention_points:
+    MXFP8 block scales under the mxfp8 recipe, per-tensor scales otherwise, as Transformer Engine 2.16 picks
+    them), its forward and backward speed ratios read at d (linear between published head dimensions, held
+    beyond them) and weighted as llmplan prices the passes, 1 forward to FP8_ATTENTION_BACKWARD_WEIGHT backward:
+    (1 + k) / (1/r_fwd + k/r_bwd). Elsewhere the d0 rule: the 4d matmul FLOPs per (query, key) pair at twice
+    the tensor rate and the softmax work (d0, attention_softmax_head_dim) as before, (d + d0) / (d / 2 + d0).
+    1 without FP8 attention. Source: NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results at
+    3929da2 (cuDNN 9.22 / 9.19.1); TransformerEngine v2.16 dot_product_attention.py (recipe table).
+    Derived: docs/formulas.md#compute.fp8_attention"""
     d, d0 = mean_head_dim(m), gpu.attention_softmax_head_dim
-    return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
+    fmt: Literal["fp8", "mxfp8"] = "mxfp8" if plan.gemm_format == "mxfp8" else "fp8"
+    points = sorted(gpu.fp8_attention_points.get(fmt, ()))
+    if not points:
+        return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
+    dims, fwd, bwd = (np.array(col) for col in zip(*points, strict=True))
+    r_fwd, r_bwd = float(np.interp(d, dims, fwd)), float(np.interp(d, dims, bwd))
+    k = FP8_ATTENTION_BACKWARD_WEIGHT
+    return where(plan.fp8_attention, (1 + k) / (1 / r_fwd + k / r_bwd), 1.0)
 
 
 def exp_bound_softmax_head_dim(d0: float, gpu: GpuSpec) -> float:

@@ -153,6 +153,15 @@ class GpuSpec(Spec):
     flash2_softmax_head_dim: float = Field(default=18.0, ge=0, le=1024)
     """As attention_softmax_head_dim, for FlashAttention-2 (ParallelPlan.attention_kernel flash2): 18 on H100
     (same figures: head dim 64 at 0.89x of 128)."""
+    fp8_attention_points: dict[Literal["fp8", "mxfp8"], tuple[tuple[Annotated[float, Field(gt=0, le=1024)],
+                               Annotated[float, Field(gt=0, le=4)], Annotated[float, Field(gt=0, le=4)]], ...]] \
+        = Field(default_factory=dict)
+    """cuDNN's FP8 fused attention (ParallelPlan.fp8_attention) over its bf16 kernel on this GPU's die, per FP8
+    attention format (fp8: per-tensor scales, the FP8 delayed / current-scaling recipes; mxfp8: the MXFP8
+    recipe's block scales) as published: (mean head dimension (d_qk + d_v) / 2, forward speed ratio, backward
+    speed ratio) points, each bf16 time over FP8 time of one causal call at 4,096 tokens
+    (cost.attention_rate.fp8_attention_ratio, docs/formulas.md#compute.fp8_attention). A format left out:
+    the d0 rule (FP8 matmuls at twice the bf16 rate)."""
     fp8_tn_only: bool = False
     """FP8 GEMMs take only the TN layout (Hopper, Ada: cuBLASLt's FP8 requirement; Transformer Engine keeps a
     transposed "column-wise" FP8 copy of every operand it casts for that, cublaslt_gemm.cu): each per-tensor or
