@@ -93,8 +93,9 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     cast = quantize_bytes(plan) + transposed
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     fused = fused_expert_cast_width(m, plan) if moe else 0.0  # cast in the fused grouped MLP's epilogues
+    latent = latent_proj_cast_width(m, plan) if moe else 0.0  # a latent MoE's two projections, on the shard
     if moe and not m.is_hybrid:
-        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f - fused) / t) * share
+        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f - fused) / t + latent) * share
     # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
@@ -104,7 +105,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
-        local = local - 3 * fused / t
+        local = local - 3 * fused / t + 3 * latent
         return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast))) \
             * s * b * share / 3
     gathered = 4 * h * where(sp, shard, cast)
@@ -124,6 +125,21 @@ def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
     grouped_gemm_dglu_wrapper_sm100; group_quantize of fc2's dy) at v2.16. Derived: docs/formulas.md#moe.fused_mlp"""
     c = 2 if m.gated_mlp else 1
     return where(fused_grouped_mlp(m, plan), (1 + c) * m.num_experts_per_tok * m.expert_ffn / 3, 0.0)
+
+
+def latent_proj_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Elements per token, per pass (fp8_cast_bytes' units), that a latent MoE's two projections quantise:
+    fc1_latent_proj (h -> l) and fc2_latent_proj (l -> h) are Transformer Engine Linear modules under the
+    recipe's autocast, each casting its input in forward (h, l) and its output gradient in backward (l, h):
+    2(h + l) over the step. They run on the rank's sequence shard (parallel_mode "duplicated" after the SP
+    scatter), so per token of the layer's s·b a 1/t share under SP. 0 without a latent width or where the plan
+    keeps them in bf16 (bf16_modules "latent_proj"). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/moe_layer.py at d98e8a6 (fc1_latent_proj, fc2_latent_proj: TELinear);
+    NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py (input and grad_output quantised).
+    Derived: docs/formulas.md#moe.latent_casts"""
+    if not m.moe_latent_size or "latent_proj" in plan.bf16_modules:
+        return 0.0
+    return 2 * (m.hidden_size + m.moe_latent_size) / 3 / where(plan.sp, plan.tp, 1)
 
 
 def block_cast_widths(shapes: list[tuple[Any, Any]], h: int) -> tuple[Any, float]:
