@@ -34,12 +34,10 @@ def _string_end(text: str, i: int) -> int:
 def _split(line: str) -> tuple[str, str] | None:
     """(code, trailing comment) of one line, the comment '' if none; None where a string is multi-line or left
     open."""
-    if '"""' in line or "'''" in line:
-        return None
     i = 0
     while i < len(line):
         if line[i] in "\"'":
-            end = _string_end(line, i)
+            end = -1 if line.startswith(line[i] * 3, i) else _string_end(line, i)  # a multi-line string
             if end < 0:
                 return None
             i = end + 1
