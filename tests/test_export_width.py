@@ -2,7 +2,8 @@
 scripts (export.shell_lines) for the largest test plans, every line at most 80 columns and `bash -n` clean, and
 the wrap itself checked by running bash on a script before and after it; every other exported file (TOML, YAML,
 JSON, the rest) at most 80 columns, parsed by its own parser, TOML and YAML to the same values as before the fit
-(export.toml_lines, checked on generated TOML too)."""
+(export.toml_lines, checked on generated TOML too); and every script `llmplan export` writes, for each target
+and wrap, `bash -n` clean."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.export import _render_all, render_all
+from llmplan.export import TARGETS, _render_all, render_all
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE
 from llmplan.export.shell_lines import fit_shell
@@ -183,3 +184,29 @@ def test_toml_the_reader_cannot_follow_is_left_as_written():
     long = "x" * 90
     for text in (f'a = """{long}\n"""  # c\n', f'a = "{long}  # open\n', f"# {long}\n", f'a = "{long}"\n'):
         assert fit_toml(text) == text
+
+
+EXPORT_PLANS = ("dense_train", "moe_train", "fsdp_train", "serve", "deepseek_train", "uneven_train", "layout_train")
+LAUNCHES = [(t, None) for t in TARGETS] + [(t, w) for t in ("torchrun", "slurm") for w in WRAPPABLE]
+
+
+@pytest.mark.parametrize("target,wrap", LAUNCHES, ids=[f"{t}-{w}" if w else t for t, w in LAUNCHES])
+def test_every_script_the_cli_writes_passes_bash_n(cli, tmp_path, pools_plan, target, wrap):
+    # --wrap picks a training launcher: a serving plan is refused it (tests/test_export.py)
+    plans = [PLANS / f"{case}.json" for case in EXPORT_PLANS if not (wrap and case == "serve")] + [pools_plan]
+    written = []
+    for plan in plans:
+        out = tmp_path / plan.parent.name / plan.stem
+        r = cli("export", plan, "--to", target, *(["--wrap", wrap] if wrap else []), "-o", out)
+        if r.code == 2 and "cannot express this plan" in r.err:
+            continue
+        assert r.code == 0, (plan.stem, r.err)
+        scripts = [f for f in out.iterdir() if f.suffix in (".sh", ".sbatch") or f.read_text().startswith("#!")]
+        # torchtitan-0.2 writes its TOML job config alone: no script of its own
+        assert scripts or target == "torchtitan-0.2", (plan.stem, sorted(f.name for f in out.iterdir()))
+        for f in scripts:
+            r_bash = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True, check=False)
+            assert r_bash.returncode == 0, (plan.stem, f.name, r_bash.stderr)
+            assert max(len(line) for line in f.read_text().splitlines()) <= 80, (plan.stem, f.name)
+        written.append(plan.stem)
+    assert written, f"no plan exports to {target}"
