@@ -106,20 +106,27 @@ def group(rid: str) -> str | None:
 
 def main() -> None:
     runs = {r["id"]: r for r in load_runs()}
-    print("per Mamba-2 layer and micro-batch, fwd+bwd: priced | unplaced")
+    print("per Mamba-2 layer and micro-batch, fwd+bwd, ms: priced | unplaced  row")
     for rid in ROWS:
         priced, unplaced, n_mb, layers = priced_and_unplaced(runs[rid])
-        print(f"  {rid[:64]:64s} {priced / n_mb / layers * 1e3:6.2f} ms | {unplaced / n_mb / layers * 1e3:+6.2f} ms")
+        print(f"  {priced / n_mb / layers * 1e3:6.2f} | {unplaced / n_mb / layers * 1e3:+6.2f}  "
+              f"{rid.replace('-pretrain-', '-')[:59]}")
+    errors: dict[float, dict[str, list[float]]] = {}
     for k in (1.0, 2.0, 4.0, 8.0):
-        errors: dict[str, list[float]] = {}
         with scaled(k):
             for rid, rec in runs.items():
                 g = group(rid)
                 for quantity, pred, meas in A.predict(rec, A.family(rid)) if g else ():
                     if quantity == "tok/s/GPU":
-                        errors.setdefault(g or "", []).append((pred / meas - 1) * 100)
-        print(f"k={k:g}: " + ", ".join(f"{g} {statistics.median(v):+.1f}% ({len(v)})" for g, v in errors.items()))
-    print("k that closes each row (1 + unplaced / Mamba-2 cost priced), median [min, max] (rows), per model and GPU:")
+                        errors.setdefault(k, {}).setdefault(g or "", []).append((pred / meas - 1) * 100)
+    print("median signed tokens/s error %, the Mamba-2 cost scaled by k:")
+    names = list(errors[1.0])
+    print(f"{'k':>4s}" + "".join(f"{g:>12s}" for g in names))
+    for k, by_group in errors.items():
+        print(f"{k:4g}" + "".join(f"{statistics.median(by_group[g]):+12.1f}" for g in names))
+    print(f"{'rows':>4s}" + "".join(f"{len(errors[1.0][g]):12d}" for g in names))
+    print("k that closes each row (1 + unplaced / Mamba-2 cost priced), per model and")
+    print("GPU: median [min, max] (rows)")
     needed: dict[tuple[str, str, int], list[float]] = {}
     for rid, rec in runs.items():
         g = group(rid)
@@ -131,8 +138,8 @@ def main() -> None:
     for (g, gpu, tp), v in sorted(needed.items()):
         print(f"  {g:6s} {gpu:6s} TP{tp}  {statistics.median(v):4.1f} [{min(v):4.1f}, {max(v):4.1f}] ({len(v)})")
     split = issue904_split()
-    print("issue 904's Mamba-2 1.3B on A100 / H200 / GB200, ms: rest "
-          + " / ".join(f"{r * 1e3:.0f}" for r, _ in split.values()) + ", Mamba-2 "
+    print("issue 904's Mamba-2 1.3B on A100 / H200 / GB200, ms:")
+    print("  rest " + " / ".join(f"{r * 1e3:.0f}" for r, _ in split.values()) + ", Mamba-2 "
           + " / ".join(f"{mb * 1e3:.0f}" for _, mb in split.values()))
     (ra, ma), (rh, mh), (rg, mg) = split.values()
     tf_a, tf_h, tf_g = ISSUE_904_TFLOPS.values()

@@ -23,4 +23,7 @@ def runs_path() -> Path:
 
 
 def load_runs(path: Path | None = None) -> list[dict]:
-    return yaml.safe_load((path or runs_path()).read_text(encoding="utf-8"))
+    """The records, parsed by libyaml's safe loader where PyYAML was built with it (the same values as
+    yaml.safe_load, some seven times faster), else by the pure-Python one."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((path or runs_path()).read_text(encoding="utf-8"), Loader=loader)

@@ -1,21 +1,28 @@
-"""Exported shell scripts fit 80 columns (the brief's output rule) and bash reads them as before
-(export.shell_lines): every launcher's script for the largest test plans, every line at most 80 columns and
-`bash -n` clean; and the wrap itself checked by running bash on a script before and after it."""
+"""Exported files fit 80 columns (the brief's output rule) and their readers read them as before: shell
+scripts (export.shell_lines) for the largest test plans, every line at most 80 columns and `bash -n` clean, and
+the wrap itself checked by running bash on a script before and after it; every other exported file (TOML, YAML,
+JSON, the rest) at most 80 columns, parsed by its own parser, TOML and YAML to the same values as before the fit
+(export.toml_lines, checked on generated TOML too); and every script `llmplan export` writes, for each target
+and wrap, `bash -n` clean."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.export import render_all
+from llmplan.export import TARGETS, _render_all, render_all
 from llmplan.export.common import CannotExpress
 from llmplan.export.launch import WRAPPABLE
 from llmplan.export.shell_lines import fit_shell
-from llmplan.planfile import load_plan
+from llmplan.export.toml_lines import fit_toml
+from llmplan.planfile import PlanFile, load_plan
 
 PLANS = Path(__file__).parent / "data" / "plans"
 # uneven_train: Llama-3.1-405B on 2048 nodes (four-digit node counts, the longest layouts); deepseek_train:
@@ -97,3 +104,109 @@ def test_what_the_lexer_cannot_follow_is_left_as_written():
         assert fit_shell(script) == script
     one = "echo " + "z" * 100 + "\n"  # one word longer than a line: nothing to break
     assert fit_shell(one) == one
+
+
+@pytest.fixture(scope="module")
+def pools_plan(tmp_path_factory) -> Path:
+    """A pipeline over an H100 and an A100 pool, saved by `search --save` (tests/test_hetero.py)."""
+    from test_hetero import _save_best
+
+    return _save_best(tmp_path_factory.mktemp("pools"), "--tp", "8", "--pp", "8")
+
+
+def _edited(case: str, **plan) -> PlanFile:
+    pf = load_plan(PLANS / f"{case}.json")
+    return dataclasses.replace(pf, plan=pf.plan.model_copy(update=plan))
+
+
+def _other_files(pools_plan: Path) -> dict[str, tuple[str, str]]:
+    """{plan/name: (as exported, as rendered before the fit)} of every exported file that is not a shell script,
+    for plans that between them write each kind: fsdp_train (torchtitan-0.2's TOML, ds_config.json), the same
+    over 4 pipeline stages (the TOML's per-stage module lists) and with eager module loading (.deepspeed_env),
+    dense_train with attention kept in bf16 under NVFP4 (te_precision.yaml), a pipeline over two pools
+    (pool_ranks.csv), and the MoE and serving plans."""
+    plans = {"fsdp_train": load_plan(PLANS / "fsdp_train.json"), "fsdp_pp4": _edited("fsdp_train", pp=4, dp=4),
+             "fsdp_eager": _edited("fsdp_train", cuda_lazy_loading=False),
+             "dense_bf16": _edited("dense_train", dtype="fp4", recipe="nvfp4", fp8_params=True,
+                                   bf16_modules=("attention",)),
+             "pools": load_plan(pools_plan), "deepseek_train": load_plan(PLANS / "deepseek_train.json"),
+             "serve": load_plan(PLANS / "serve.json")}
+    out: dict[str, tuple[str, str]] = {}
+    for case, pf in plans.items():
+        fitted, raw = render_all(pf, "all")[0], _render_all(pf, "all")[0]
+        out.update({f"{case}/{n}": (t, raw[n]) for n, t in fitted.items() if not n.endswith((".sh", ".sbatch"))})
+    return out
+
+
+def test_every_other_exported_file_fits_80_columns_and_parses_to_the_same_values(pools_plan):
+    import tomllib
+
+    files = _other_files(pools_plan)
+    kinds = {Path(k).suffix or Path(k).name for k in files}
+    assert {".toml", ".json", ".yaml", ".deepspeed_env", ".csv"} <= kinds, kinds
+    assert {"fsdp_train/torchtitan-v0.2.2.toml", "fsdp_train/ds_config.json"} <= set(files)
+    wide = [f"{k}:{n}: {len(line)}" for k, (t, _) in files.items() for n, line in enumerate(t.splitlines(), 1)
+            if len(line) > 80]
+    assert not wide, wide
+    for k, (text, raw) in files.items():
+        if k.endswith(".toml"):
+            assert tomllib.loads(text) == tomllib.loads(raw), k
+        elif k.endswith((".yaml", ".yml")):
+            assert yaml.safe_load(text) == yaml.safe_load(raw), k
+        elif k.endswith(".json"):
+            json.loads(text)
+    assert "module_fqns_per_model_part = [" in files["fsdp_pp4/torchtitan-v0.2.2.toml"][0]  # broken over lines
+
+
+SCALAR = st.one_of(st.integers(-10**6, 10**6).map(str), st.booleans().map(lambda b: str(b).lower()),
+                   st.text("ab #'=[],{}.\\\"", max_size=16).map(json.dumps),  # a basic string, with escapes
+                   st.text('ab #"=[],{}.', max_size=16).map(lambda t: f"'{t}'"))  # a literal string
+VALUE = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=8).map(lambda xs: "[" + ", ".join(xs) + "]"),
+                     max_leaves=40)
+COMMENT = st.lists(st.text("abc'\"#=[", min_size=1, max_size=12), max_size=20).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(settings_=st.lists(st.tuples(VALUE, COMMENT), min_size=1, max_size=6))
+def test_fitted_toml_sets_the_same_values_in_80_columns(settings_):
+    import tomllib
+
+    text = "[section]\n" + "".join(f"key_{i} = {v}" + (f"  # {c}" if c else "") + "\n"
+                                   for i, (v, c) in enumerate(settings_))
+    fitted = fit_toml(text)
+    assert tomllib.loads(fitted) == tomllib.loads(text)
+    assert all(len(row) <= 80 for row in fitted.splitlines()), fitted
+    if all(len(row) <= 80 for row in text.splitlines()):
+        assert fitted == text
+
+
+def test_toml_the_reader_cannot_follow_is_left_as_written():
+    long = "x" * 90
+    for text in (f'a = """{long}\n"""  # c\n', f'a = "{long}  # open\n', f"# {long}\n", f'a = "{long}"\n'):
+        assert fit_toml(text) == text
+
+
+EXPORT_PLANS = ("dense_train", "moe_train", "fsdp_train", "serve", "deepseek_train", "uneven_train", "layout_train")
+LAUNCHES = [(t, None) for t in TARGETS] + [(t, w) for t in ("torchrun", "slurm") for w in WRAPPABLE]
+
+
+@pytest.mark.parametrize("target,wrap", LAUNCHES, ids=[f"{t}-{w}" if w else t for t, w in LAUNCHES])
+def test_every_script_the_cli_writes_passes_bash_n(cli, tmp_path, pools_plan, target, wrap):
+    # --wrap picks a training launcher: a serving plan is refused it (tests/test_export.py)
+    plans = [PLANS / f"{case}.json" for case in EXPORT_PLANS if not (wrap and case == "serve")] + [pools_plan]
+    written = []
+    for plan in plans:
+        out = tmp_path / plan.parent.name / plan.stem
+        r = cli("export", plan, "--to", target, *(["--wrap", wrap] if wrap else []), "-o", out)
+        if r.code == 2 and "cannot express this plan" in r.err:
+            continue
+        assert r.code == 0, (plan.stem, r.err)
+        scripts = [f for f in out.iterdir() if f.suffix in (".sh", ".sbatch") or f.read_text().startswith("#!")]
+        # torchtitan-0.2 writes its TOML job config alone: no script of its own
+        assert scripts or target == "torchtitan-0.2", (plan.stem, sorted(f.name for f in out.iterdir()))
+        for f in scripts:
+            r_bash = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True, check=False)
+            assert r_bash.returncode == 0, (plan.stem, f.name, r_bash.stderr)
+            assert max(len(line) for line in f.read_text().splitlines()) <= 80, (plan.stem, f.name)
+        written.append(plan.stem)
+    assert written, f"no plan exports to {target}"

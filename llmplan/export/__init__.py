@@ -14,6 +14,7 @@ from llmplan.export.common import CannotExpress, fit_comments
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
+from llmplan.export.toml_lines import fit_toml
 from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
 
@@ -37,14 +38,17 @@ def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[s
 
 def render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Files for `target` as _render_all renders them, fitted to 80 columns here, the one place every exported
-    file passes through: each whole-line comment wrapped (common.fit_comments), and in a shell script each longer
-    command line broken between its words (shell_lines.fit_shell)."""
+    file passes through: each whole-line comment wrapped (common.fit_comments), in a shell script each longer
+    command line broken between its words (shell_lines.fit_shell), and in a TOML file each longer setting's
+    trailing comment moved above it and a long array broken over lines (toml_lines.fit_toml)."""
     files, skipped = _render_all(pf, target, wrap)
     return {name: _fit(name, text) for name, text in files.items()}, skipped
 
 
 def _fit(name: str, text: str) -> str:
     text = fit_comments(name, text)
+    if name.endswith(".toml"):
+        return fit_toml(text)
     return fit_shell(text) if name.endswith((".sh", ".sbatch")) else text
 
 

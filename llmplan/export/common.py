@@ -87,8 +87,16 @@ def comment_block(lines: Iterable[str], mark: str = "#") -> str:
     return "".join(f"{row}\n" for line in lines for row in comment_lines(line, mark))
 
 
+def comment_strings(lines: Iterable[str], room: int) -> list[str]:
+    """`lines` as strings of at most `room` columns, for a file without comments (JSON: a string is one value on
+    one line, so a long note becomes a list of them): words kept whole and in order, continuation lines
+    indented ('  ') as comment_lines indents them."""
+    return [row for line in lines for row in textwrap.wrap(line, room, subsequent_indent="  ",
+                                                           break_long_words=False, break_on_hyphens=False)]
+
+
 COMMENTED = (".sh", ".sbatch", ".toml", ".yaml", ".yml")
-"""Exported file kinds whose comments start with '#' (JSON has none: a JSON string stays one value, one line)."""
+"""Exported file kinds whose comments start with '#' (JSON has none: its notes are lists of comment_strings)."""
 
 
 def fit_comments(name: str, text: str) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from llmplan.export.common import (accumulation_notes, check_accumulation, header_lines, is_uneven, launch_env_lines,
-                                   launcher_schedule, need_mode, op_fuser_refusals, refuse, sh_header)
+from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
+                                   is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
+                                   refuse, sh_header)
 from llmplan.planfile import PlanFile
 
 TARGET = "deepspeed"
@@ -187,7 +188,9 @@ def config(pf: PlanFile) -> dict:
         if p.zero3_unit == "tensor":
             zero.update(ZERO3_TENSOR)
     cfg = {
-        "comment": " | ".join(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)", notes(pf))),
+        # one string per line, each fitting 80 columns as json.dumps(indent=2) lays it out: '    "...",'
+        "comment": comment_strings(header_lines(pf, "DeepSpeed (config checked with DeepSpeed 0.19.8)", notes(pf)),
+                                   WIDTH - 7),
         "train_batch_size": p.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.num_microbatches,
