@@ -91,6 +91,15 @@ def source_group(fam: str) -> tuple[str, ...]:
 MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
+TRTLLM_ATTENTION_DP = False
+"""How the trtllm MoE rows (Qwen3-235B-A22B H100 TP8 EP8) ran attention: TP8, not attention DP. The perf
+overview's MoE llm_options.yml (docs/source/performance/perf-overview.md at 00f37686) writes
+`enable_attention_dp: true` indented under `cuda_graph_config`; the LLM API of that release types
+cuda_graph_config as CudaGraphConfig, a StrictBaseModel (pydantic extra="forbid": fields batch_sizes,
+max_batch_size, enable_padding), and trtllm-bench merges the YAML into the LLM arguments as it is
+(llmapi/llm_args.py, update_llm_args_with_extra_dict: cuda_graph_config is not in its field_mapping), so that
+file fails validation rather than turning attention DP on: the page does not show the flag set where it
+takes effect. docs/validation.md#trtllm-qwen3-attention-dp prices both readings."""
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 where "
                      "the tables do not say; Table 1's pipelines of PP > 2 interleaved at one layer per virtual stage (section 5.1: "
@@ -304,6 +313,9 @@ ASSUMPTIONS = {
              "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
+              "the MoE rows with TP attention, not DP attention (TRTLLM_ATTENTION_DP: the perf overview's "
+              "enable_attention_dp sits inside cuda_graph_config, which rejects it), their experts run on the "
+              "TP group's replicated tokens and combined by its all-reduce (EngineRule.tp_moe_all_to_all); "
               "predicts output tokens/s of the TP group (median reported per model)",
 }
 
@@ -1588,9 +1600,13 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
     """Offline output tokens/s of a TensorRT-LLM record at the concurrency its KV cache allows."""
     hw, par, wl = rec["hardware"], rec["parallel"], rec["workload"]
     system = builtin_systems()[system_for(str(hw["gpu"])) or "dgx-h100"]
-    plan = ServePlan(tp=par.get("tp", 1), pp=par.get("pp", 1), ep=par.get("ep", 1), weight_dtype="fp8",
-                     kv_dtype="fp8")
-    cluster = ClusterSpec(system=system, num_nodes=1, gpus_per_node=plan.gpus_per_replica)
+    tp, ep = par.get("tp", 1), par.get("ep", 1)
+    if TRTLLM_ATTENTION_DP and ep > 1:  # trtllm-bench --tp t --ep t with enable_attention_dp: t attention ranks
+        plan = ServePlan(tp=1, pp=par.get("pp", 1), dp=tp, ep=ep, dp_attention=True, weight_dtype="fp8",
+                         kv_dtype="fp8")
+    else:
+        plan = ServePlan(tp=tp, pp=par.get("pp", 1), ep=ep, weight_dtype="fp8", kv_dtype="fp8")
+    cluster = ClusterSpec(system=system, num_nodes=1, gpus_per_node=plan.num_gpus)
     job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], batch=1, engine="trtllm")
     m = model_for(rec, "trtllm")
     e = estimate_serving(m, cluster, plan, at_max_load(m, cluster, plan, job, cap=TRTLLM_MAX_BATCH))

@@ -147,3 +147,23 @@ def test_serving_search_table_keeps_every_number_at_80_columns(cli):
         assert f"tp{p['tp']} pp{p['pp']} x{p['dp']}" in text
         assert f"{plan['throughput']['tokens_per_s']:,.0f}" in text
         assert f"{plan['workload']['batch']:,}/{plan['max_concurrent_seqs']:,}" in text
+
+
+def test_trtllm_runs_ep_inside_tp_without_an_exchange():
+    # TensorRT-LLM without attention DP: Qwen3MoE feeds its experts the TP group's replicated hidden states and
+    # all-reduces their output (_torch/models/modeling_qwen3_moe.py; CutlassFusedMoE all-gathers only under
+    # attention DP), so TP8 EP8 adds no all-to-all to the two all-reduces per layer; vLLM's rule keeps one.
+    from llmplan.cost.inference import expert_exchange_seconds
+    from llmplan.serving import replica_spans
+    m, plan = M["qwen3-235b-a22b"], ServePlan(tp=8, ep=8, weight_dtype="fp8", kv_dtype="fp8")
+    cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=1, gpus_per_node=8)
+    spans, system = replica_spans(plan, cluster), S["dgx-h100"]
+    assert float(expert_exchange_seconds(m, plan, system, spans, 512.0, True, "trtllm")) == 0.0
+    assert float(expert_exchange_seconds(m, plan, system, spans, 512.0, True, "vllm")) > 0.0
+    job = ServeJob(input_len=1000, output_len=1000, batch=256, engine="trtllm")
+    fast = estimate_serving(m, cluster, plan, job)
+    slow = estimate_serving(m, cluster, plan, job.model_copy(update={"engine": "vllm"}))
+    assert float(fast.timing.tpot) < float(slow.timing.tpot)
+    # With attention DP the EP group spans the attention ranks: TensorRT-LLM exchanges tokens there too.
+    dpa = ServePlan(tp=1, dp=8, ep=8, dp_attention=True, weight_dtype="fp8", kv_dtype="fp8")
+    assert float(expert_exchange_seconds(m, dpa, system, replica_spans(dpa, cluster), 512.0, True, "trtllm")) > 0

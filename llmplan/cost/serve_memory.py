@@ -49,6 +49,11 @@ class EngineRule:
     allreduce_workspace_bytes: tuple[float, float] | None = None
     """(TP <= 2, TP > 2) largest TP all-reduce, in bytes, the engine's own all-reduce kernel takes; a larger
     one goes to NCCL (cost.serve_step.tp_allreduce_seconds). None: every TP all-reduce priced alike."""
+    tp_moe_all_to_all: bool = True
+    """With EP inside the TP group (ep <= tp, no DP attention): True, each TP rank dispatches its 1/t share of
+    the tokens to the experts' ranks and combines them back by all-to-all; False, every rank runs its own
+    experts on the TP group's replicated hidden states and the layer's TP all-reduce of the MoE output is the
+    combine (TensorRT-LLM: no exchange beyond the two all-reduces, cost.serve_step.expert_exchange_seconds)."""
 
 
 ENGINES = {
@@ -59,8 +64,12 @@ ENGINES = {
     # (GUARANTEED_NO_EVICT is the default capacity scheduler policy); the overlap scheduler hides host time.
     # Its AUTO all-reduce (thop/allreduceOp.cpp, AllreduceOp::selectImplementation) falls back to NCCL when a
     # message exceeds customAllReduceUtils::getMaxRequiredWorkspaceSize: 16e6 bytes at TP <= 2, 8e6 above.
+    # Without attention DP its MoE layers exchange nothing but the TP all-reduce: Qwen3MoE builds its experts
+    # with reduce_results=False, feeds them the replicated hidden states and all-reduces their output when
+    # not enable_attention_dp (_torch/models/modeling_qwen3_moe.py); CutlassFusedMoE all-gathers tokens only
+    # under attention DP (use_dp) (_torch/modules/fused_moe/fused_moe_cutlass.py).
     "trtllm": EngineRule(True, True, True, 0.0, "TensorRT-LLM KvCacheConfig free_gpu_memory_fraction",
-                         allreduce_workspace_bytes=(16e6, 8e6)),
+                         allreduce_workspace_bytes=(16e6, 8e6), tp_moe_all_to_all=False),
     # Source: SGLang server arguments, --mem-fraction-static (model weights and KV cache pool); its overlap
     # scheduler hides host time.
     "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static"),

@@ -51,7 +51,7 @@ def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Span
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     step = prefill_work_seconds(m, plan, system, spans, job) * T / new
-    exchange = float(expert_exchange_seconds(m, plan, system, spans, T, False)) * plan.pp
+    exchange = float(expert_exchange_seconds(m, plan, system, spans, T, False, job.engine)) * plan.pp
     gpus = plan.gpus_per_replica
     return PhaseTiming(
         phase="prefill", step_s=step, exchange_s=exchange, tokens_per_step=T, context=float(job.input_len),
@@ -69,7 +69,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job),
                              engine=job.engine))
     b = max(B / plan.pp, 1.0)
-    exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True)) * plan.pp
+    exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True, job.engine)) * plan.pp
     return PhaseTiming(
         phase="decode", step_s=tpot, exchange_s=exchange, tokens_per_step=B, context=float(context),
         ttft_s=None, tpot_s=tpot, input_tokens_per_s_per_gpu=0.0,

@@ -182,7 +182,7 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
-        exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only)
+        exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only, engine)
         rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
                                           np.asarray(kv_read) * share, decode_only, engine)
         return rest, routed, exchange
@@ -212,12 +212,17 @@ def attention_pair_dims(m: ModelSpec, plan: ServePlan, decode_only: bool) -> tup
 
 
 def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                            decode_only: bool) -> Any:
+                            decode_only: bool, engine: str = "vllm") -> Any:
     """The EP token exchange of a step: with EP each TP rank dispatches its 1/t share of the tokens (the
     attention all-reduce becomes a reduce-scatter + all-gather around the MoE block) to the experts' ranks and
     combines them back, two all-to-alls of the k routed 16-bit copies per MoE layer, waiting on the busiest
-    rank (serve_ep_imbalance); with DeepEP, its kernels (cost.serve_moe). Derived: docs/formulas.md#infer.step"""
+    rank (serve_ep_imbalance); with DeepEP, its kernels (cost.serve_moe); none where the engine runs EP inside
+    the TP group on the replicated tokens (EngineRule.tp_moe_all_to_all: TensorRT-LLM without DP attention).
+    Derived: docs/formulas.md#infer.tp_moe"""
     if plan.ep <= 1 or not m.is_moe:
+        return 0.0
+    if (not plan.dp_attention and plan.ep <= plan.tp and plan.moe_dispatcher == "alltoall"
+            and not ENGINES[engine].tp_moe_all_to_all):
         return 0.0
     if plan.moe_dispatcher == "deepep":
         return deepep_exchange_seconds(m, plan, system, spans.ep, tokens, decode_only)
