@@ -1,0 +1,95 @@
+"""Fine-grained offload of the experts' fc1 output (ParallelPlan.offload_moe_act; Megatron-Core
+--fine-grained-activation-offloading, the Nemotron-3 Ultra presets' fused_group_mlp offload):
+docs/formulas.md#mem.offload_moe_act."""
+
+from __future__ import annotations
+
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import accuracy
+from llmplan.cost.activations import dispatched_rows
+from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offload_exposed
+from llmplan.cost.stages import stage_layers
+from llmplan.estimate import estimate_training
+from llmplan.specs.registry import builtin_models
+
+M = builtin_models()
+ULTRA = "mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{}-256gpu-mxfp8-tp{}pp1cp1ep64vpnagbs256mbs1"
+
+
+@pytest.mark.parametrize("gpu,tp,threshold", [("gb300", 1, 500_000_000), ("gb200", 2, 350_000_000)])
+def test_the_ultra_presets_threshold_picks_fc1s_output_and_not_its_input(published_runs, gpu, tp, threshold):
+    # Megatron-Bridge perf_recipes/nemotronh/{gb300,gb200}/nemotronh.py at 067f987d: min_offloaded_tensor_size
+    # 500_000_000 on GB300 ("approximates offloading the moe_act input for seq 8192 / MBS 1") and 350_000_000 on
+    # GB200; "FC1 output (activation input) is saved and offloaded to cpu". The priced fc1 output must be over
+    # the published threshold and fc1's input (the latent-wide dispatched rows) under it.
+    rec = published_runs[ULTRA.format(gpu, tp)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, _, plan = setup
+    assert plan.offload_moe_act and plan.recompute_modules == ("moe_act",)
+    out_elements = moe_act_offload_bytes(m, plan) / 2
+    in_elements = dispatched_rows(m, plan) * m.expert_width
+    assert in_elements < threshold < out_elements
+
+
+def test_offload_moe_act_moves_all_but_one_moe_layer_out_of_hbm(published_runs):
+    rec = published_runs[ULTRA.format("gb300", 1)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, cluster, plan = setup
+    off = plan.model_copy(update={"offload_moe_act": False})
+    with_, without = estimate_training(m, cluster, plan).memory, estimate_training(m, cluster, off).memory
+    _, n_moe = stage_layers(m, plan, 0)
+    moved = (n_moe - 1) * moe_act_offload_bytes(m, plan)  # one micro-batch in flight (pp 1); the margin keeps one
+    assert without.activation_parts.offloaded == 0
+    assert with_.activation_parts.offloaded == pytest.approx(moved)
+    assert without.activations - with_.activations == pytest.approx(moved)  # HBM (and its fragmentation share)
+    assert without.total - with_.total >= moved
+    # It ran on 288 GB GB300s (Megatron-Bridge 26.08 performance summary), so it must be predicted to fit
+    got = {q: (p, meas) for q, p, meas in accuracy.predict(rec, accuracy.family(rec["id"]))}
+    assert got["fits"] == (1.0, 1.0)
+    assert not without.fits  # without the offload the preset would not fit as priced
+
+
+def test_copy_schedule_by_hand():
+    # 3 copies of 1.5 s, steps of 1 s, each due one step after its release: released at 1, 2, 3 (+ waits);
+    # copy 0 done 2.5 (due 2: 0.5 late), copy 1 released 2.5, done 4.0 (due 3.5: 0.5), copy 2 released 4.0,
+    # done 5.5 (due 5.0: 0.5): 1.5 s in all.
+    assert moe_act_offload_exposed(1.5, 1.0, 3, 1.0) == pytest.approx(1.5)
+    # a shorter window: each copy late by copy - window, the stream never idle behind the compute
+    assert moe_act_offload_exposed(1.5, 1.0, 3, 0.5) == pytest.approx(3.0)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(copy=st.floats(0.0, 5.0), step=st.floats(0.1, 5.0), share=st.floats(0.0, 1.0), n=st.integers(1, 60))
+def test_copies_within_their_window_are_hidden_and_later_ones_are_not(copy, step, share, n):
+    window = step * share
+    exposed = moe_act_offload_exposed(copy, step, n, window)
+    if copy <= window:
+        assert exposed == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert exposed >= copy - window - 1e-9  # at least the first copy's overrun
+        assert exposed <= n * copy + 1e-9      # never more than the copies serialised
+
+
+def test_ultra_offload_is_hidden_under_the_source_schedule(published_runs):
+    # As priced, the GB300 row's 1.85 GB copy per MoE layer fits inside one MoE layer's forward and backward
+    # window at the tray's host rate: the step time does not move.
+    rec = published_runs[ULTRA.format("gb300", 1)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, cluster, plan = setup
+    on = estimate_training(m, cluster, plan)
+    off = estimate_training(m, cluster, plan.model_copy(update={"offload_moe_act": False}))
+    assert on.time.exposed["offload"] == 0.0
+    assert float(on.time.total) == pytest.approx(float(off.time.total))
+
+
+def test_a_dense_model_has_nothing_to_offload():
+    from llmplan.specs.plan import ParallelPlan
+    plan = ParallelPlan(tp=1, pp=1, dp=8, seq_len=4096, offload_moe_act=True)
+    assert moe_act_offload_bytes(M["llama-3.1-8b"], plan) == 0.0
