@@ -4,6 +4,8 @@ docs/formulas.md#mem.offload_moe_act."""
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import pytest
 from hypothesis import given, settings
@@ -93,3 +95,56 @@ def test_a_dense_model_has_nothing_to_offload():
     from llmplan.specs.plan import ParallelPlan
     plan = ParallelPlan(tp=1, pp=1, dp=8, seq_len=4096, offload_moe_act=True)
     assert moe_act_offload_bytes(M["llama-3.1-8b"], plan) == 0.0
+
+
+def _cluster(system: str, gpus: int):
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+    s = builtin_systems()[system]
+    return ClusterSpec(system=s, num_nodes=gpus // s.gpus_per_node)
+
+
+QWEN = dict(tp=1, pp=1, dp=8, ep=8, seq_len=4096, global_batch=64, recompute="selective",
+            recompute_modules=("moe_act",), offload_moe_act=True)
+
+
+@pytest.mark.parametrize("update,rule", [
+    ({"offload_layers": 4, "recompute": "none", "recompute_modules": ()}, "offload_moe_act_layers"),
+    ({"recompute_modules": ("moe",)}, "offload_moe_act_recompute"),
+])
+def test_megatron_core_refuses_what_transformer_config_refuses(update, rule):
+    # Megatron-LM transformer_config.py at 2a75ac12c: fine-grained offload not with cpu_offloading, nor inside
+    # an MoE layer recomputed whole
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.plan import ParallelPlan
+    m, cluster = M["qwen3-30b-a3b"], _cluster("dgx-h100", 8)
+    assert not check_plan(m, ParallelPlan(**QWEN), cluster)
+    assert rule in [v.rule for v in check_plan(m, ParallelPlan(**{**QWEN, **update}), cluster)]
+
+
+def test_exports_write_the_fine_grained_flags_or_refuse(tmp_path, cli):
+    import json
+
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+    from llmplan.planfile import load_plan
+    path = tmp_path / "plan.json"
+    made = cli("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--seq-len", "4096",
+               "--global-batch", "64", "--recompute", "selective", "--recompute-modules", "moe_act",
+               "--offload-moe-act", "--save", str(path))
+    assert made.code == 0, made.err
+    assert json.loads(path.read_text())["plan"]["offload_moe_act"] is True
+    pf = load_plan(path)
+    megatron = "\n".join(render_all(pf, "megatron")[0].values())
+    bridge = "\n".join(render_all(pf, "megatron-bridge")[0].values())
+    # Megatron-LM docs/user-guide/features/fine_grained_activation_offloading.md and arguments.py (2a75ac12c)
+    assert "--fine-grained-activation-offloading" in megatron and "--offload-modules moe_act" in megatron
+    assert "NVTE_CPU_OFFLOAD_V1=1" in megatron
+    assert "model.fine_grained_activation_offloading=true" in bridge and "model.offload_modules=[moe_act]" in bridge
+    no_ep = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep": 1}))  # DeepSpeed refuses EP first
+    with pytest.raises(CannotExpress, match="fc1 output"):
+        render_all(no_ep, "deepspeed")
+    titan = dataclasses.replace(no_ep, plan=no_ep.plan.model_copy(update={"recompute": "none",
+                                                                          "recompute_modules": ()}))
+    with pytest.raises(CannotExpress, match="fc1 output"):
+        render_all(titan, "torchtitan")
