@@ -148,3 +148,35 @@ def test_exports_write_the_fine_grained_flags_or_refuse(tmp_path, cli):
                                                                           "recompute_modules": ()}))
     with pytest.raises(CannotExpress, match="fc1 output"):
         render_all(titan, "torchtitan")
+
+
+def test_vectorised_search_agrees_with_the_scalar_estimate():
+    # PCIe Gen5 (x86 DGX H100) at 64 GB/s: copies that may outlast their window, on plans of several PP / EP
+    import numpy as np
+
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.check import check_plan
+    m, cluster = M["qwen3-30b-a3b"], _cluster("dgx-h100", 16)
+    w = Workload(global_batch=64, seq_len=4096, offload_moe_act=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    idx = [i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)][:30]
+    assert idx
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.memory.activation_parts.offloaded[j]) == \
+            pytest.approx(float(scalar.memory.activation_parts.offloaded), rel=1e-9)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+        # full recompute saves nothing inside the layer: nothing to offload (cost.memory.activation_bytes)
+        assert (float(scalar.memory.activation_parts.offloaded) > 0) == (plans.plan(i).recompute != "full")
+
+
+def test_a_glu_offloads_gate_and_up():
+    # SwiGLU experts: fc1 writes 2 f_e columns (gate and up), the activation's saved input (Qwen3-30B-A3B's
+    # config.json: moe_intermediate_size 768, 8 of 128 experts per token)
+    from llmplan.specs.plan import ParallelPlan
+    m = M["qwen3-30b-a3b"]
+    assert m.gated_mlp and m.expert_ffn == 768 and m.num_experts_per_tok == 8
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, global_batch=64, offload_moe_act=True)
+    assert moe_act_offload_bytes(m, plan) == 2 * 4096 * 8 * 2 * 768
