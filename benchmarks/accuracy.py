@@ -259,7 +259,7 @@ ASSUMPTIONS = {
                    "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
-                   "communication overlap; its expert-MLP offload to the CPU not modelled) "
+                   "communication overlap; its expert fc1 output offloaded to the CPU, mbridge_offload_moe_act) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
                    "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
                    "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
@@ -488,12 +488,19 @@ def mbridge_offload_layers(rec: dict) -> int:
     return MBRIDGE_OFFLOAD_LAYERS.get(key, 0)
 
 
-MBRIDGE_OFFLOADED_ACTIVATIONS = ("nemotron-3-ultra",)
-"""mbridge rows whose throughput is scored but not their memory: the Nemotron-3 Ultra presets offload the
-expert MLP's fc1 output to the CPU (fine_grained_activation_offloading, offload_modules fused_group_mlp,
-min_offloaded_tensor_size 350-500 M elements; perf_recipes/nemotronh/{gb200,gb300}/nemotronh.py at 067f987d),
-which llmplan does not model, and shard the parameters and gradients over 64-GPU domains (HSDP), priced over the
-whole data-parallel group: on GB300 it prices 269.5 GiB (223.3 GiB of activations) against 259.8 GiB."""
+MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
+"""mbridge rows whose throughput is scored but not their memory (none now). The Nemotron-3 Ultra presets' offload
+of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients, sharded over
+64-GPU domains (HSDP), are still priced sharded over the whole data-parallel group (RECIPE_SETTINGS)."""
+
+
+def mbridge_offload_moe_act(rec: dict) -> bool:
+    """Whether an mbridge row's preset offloads the experts' fc1 output (ParallelPlan.offload_moe_act): the
+    Nemotron-3 Ultra 26.08 presets (src/megatron/bridge/perf_recipes/nemotronh/{gb300,gb200}/nemotronh.py at
+    067f987d: fine_grained_activation_offloading, offload_modules ["fused_group_mlp"], min_offloaded_tensor_size
+    500 M elements on GB300 (TP1: fc1's output 180,224 rows x 5120 = 923 M, its input 369 M) and 350 M on GB200
+    (TP2 + SP: 461 M and 185 M), "FC1 output (activation input) is saved and offloaded to cpu")."""
+    return family(rec["id"]) == "mbridge-moe" and "nemotron-3-ultra" in rec["id"]
 
 
 DGXC_SKIP = (
@@ -1554,6 +1561,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
+        offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
         fp8_attention=mbridge_fp8_attention(rec),
         expert_gemm=mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],

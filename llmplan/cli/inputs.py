@@ -162,7 +162,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
                      "moe_flex_backend",
                      "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
-                     "grad_accumulation", "launch_blocking", "offload_layers", "zero3_unit",
+                     "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
                      "norm_kernel", "pp_unbatched_sends", "softmax_kernel")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""

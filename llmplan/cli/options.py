@@ -58,6 +58,10 @@ RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
 OFFLOAD_LAYERS = typer.Option(_plan("offload_layers"), "--offload-activations-layers", min=0, max=1 << 16,
                               help="Copy the saved activations of the first N layers to host memory and back, "
                                    "beside compute (Megatron --cpu-offloading-num-layers; pp 1, no recompute).")
+OFFLOAD_MOE_ACT = typer.Option(_plan("offload_moe_act"), "--offload-moe-act/--no-offload-moe-act",
+                               help="Copy each MoE layer's expert fc1 output to host memory and back, beside "
+                                    "compute (Megatron --fine-grained-activation-offloading --offload-modules "
+                                    "moe_act).")
 RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                  help="With --recompute selective: the Megatron modules to recompute, comma-separated "
                                       "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts, mhc; "
@@ -254,7 +258,8 @@ SWITCHES = Flags("Training switches", {
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
-    "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
+    "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS,
+    "offload_moe_act": OFFLOAD_MOE_ACT, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,

@@ -21,7 +21,7 @@ from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
-from llmplan.cost.offload import offload_layer_bytes
+from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
     attention_params,
     heaviest_moe_stage,
@@ -127,6 +127,9 @@ class CommBreakdown:
     host_layer_bytes: Any = 0.0
     """Bytes one offloaded layer copies to host memory per micro-batch, each way (not a collective: the
     GPU's own link to host memory; cost.offload). 0 without activation offload."""
+    host_moe_act_bytes: Any = 0.0
+    """Bytes one MoE layer's offloaded expert fc1 output copies to host memory per micro-batch, each way
+    (cost.offload.moe_act_offload_bytes). 0 without ParallelPlan.offload_moe_act."""
     dp_stages: tuple[AxisComm, ...] = ()
     """The dp axis of a rank of each candidate stage (cost.memory.candidate_stages, in order): each stage
     reduces and gathers its own parameters (docs/formulas.md#step.stage_tail); `axes["dp"]` is the first
@@ -281,6 +284,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
+        host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
         dp_stages=tuple((sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather"),
                          sum(transfer_seconds(t, system) for t in a.transfers if t.collective == "all-gather"))
                         for a in comm.dp_stages),
@@ -830,4 +834,5 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
-    }, host_layer_bytes=offload_layer_bytes(m, plan), dp_stages=tuple(dp))
+    }, host_layer_bytes=offload_layer_bytes(m, plan),
+        host_moe_act_bytes=moe_act_offload_bytes(m, plan), dp_stages=tuple(dp))

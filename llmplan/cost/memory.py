@@ -28,7 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
 )
 from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
-from llmplan.cost.offload import offloaded_share
+from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups, offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
@@ -169,6 +169,10 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         held = inflight * per_mb
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
+    # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
+    # where the whole layer or the MoE block is recomputed; Derived: docs/formulas.md#mem.offload_moe_act)
+    offloaded = offloaded + where(plan.full | plan.recomputes("moe"), 0.0,
+                                  moe_act_offload_bytes(m, plan) * moe_act_offloaded_groups(n_moe, inflight))
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
     rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)

@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.activations import layer_activations
+from llmplan.cost.activations import dispatched_rows, layer_activations
+from llmplan.cost.flops import layer_flops
+from llmplan.cost.params import expert_params
 from llmplan.cost.params import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -75,3 +77,56 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     host memory (SystemSpec.host_usable_bytes, check_plan rule offload_host_memory).
     Derived: docs/formulas.md#mem.host"""
     return offload_layer_bytes(m, plan) * minimum(plan.offload_layers, m.num_hidden_layers)
+
+
+def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes one MoE layer's fine-grained offload copies to host memory per micro-batch, each way: the experts'
+    fc1 output, bf16 (2 bytes) on each of the rank's dispatched (token, expert) rows, f_e / etp wide (2 f_e / etp
+    with a GLU: gate and up; the GEMM writes bf16 under every recipe; its quantised input stays). 0 without ParallelPlan.offload_moe_act.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
+    fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
+    or more). Derived: docs/formulas.md#mem.offload_moe_act"""
+    if not (plan.offload_moe_act and m.is_moe):
+        return 0.0
+    width = (2 if m.gated_mlp else 1) * m.expert_ffn
+    return 2.0 * dispatched_rows(m, plan) * width / plan.etp_resolved
+
+
+def moe_act_offloaded_groups(n_moe: Any, inflight: Any) -> Any:
+    """MoE layers whose fc1 output sits in host memory at the peak: every MoE layer of the micro-batches in
+    flight but one, the last in forward order, which the manager keeps on the GPU so that its reload cannot
+    hold the backward up (post_warmup_callback: the offload margin, one group per module name).
+    Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/fine_grained_activation_offload.py at 2a75ac12c.
+    Derived: docs/formulas.md#mem.offload_moe_act"""
+    return maximum(inflight * n_moe - 1, 0)
+
+
+def expert_flop_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of an MoE layer's matmul and attention FLOPs in its routed experts (k experts per token): the
+    share of an MoE layer's backward its expert MLP takes, read as a share of time.
+    Derived: docs/formulas.md#mem.offload_moe_act"""
+    f = layer_flops(m, plan, True)
+    experts = 2 * plan.seq_len / plan.cp * plan.micro_batch * m.num_experts_per_tok * expert_params(m) / plan.tp
+    return minimum(experts / maximum(f.gemm + f.attention, 1e-30), 1.0)
+
+
+def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any) -> Any:
+    """Seconds one pass of one micro-batch waits for the fine-grained offload copies. The pass is a run of steps
+    of step_s, one per MoE layer; copy q (q < copies) is released at the end of step q onto one stream (a copy
+    stream runs its copies in order) and is due window_s later (window_s <= step_s: before the next copy is
+    released); a late copy holds the compute back, and with it the later releases. Forward: the
+    D2H copy is issued as the expert MLP ends and, with at most one copy in flight per group name (the
+    GB200 preset's fine_grained_offloading_max_inflight_offloads 1), joined at the next MoE layer's: window
+    one step (without the cap the copy is due only at its reload; a bound). Backward: a group's reload is
+    issued as the next-later MoE layer's expert MLP backward ends and joined before its own: window one step
+    less the expert MLP's backward. Walked copy by copy (elementwise on arrays).
+    Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/fine_grained_activation_offload.py at 2a75ac12c
+    (on_group_commit_forward, _drain_offload_pending, on_group_start_backward, bulk_reload,
+    on_group_commit_backward). Derived: docs/formulas.md#mem.offload_moe_act"""
+    free, waited = 0.0 * step_s, 0.0 * step_s
+    for q in range(copies):
+        release = (q + 1) * step_s + waited  # the waits so far came before this release (window <= step)
+        free = maximum(free, release) + copy_s
+        late = maximum(free - (release + window_s), 0.0)
+        waited = waited + late
+    return waited

@@ -202,6 +202,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     if p.offload_layers:
         out += [("model.cpu_offloading", True), ("model.cpu_offloading_num_layers", p.offload_layers),
                 ("model.cpu_offloading_weights", False)]
+    if p.offload_moe_act:  # TransformerConfig.fine_grained_activation_offloading / offload_modules (2a75ac12c)
+        out += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", "[moe_act]")]
     if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
         out.append(("model.gradient_accumulation_fusion", False))
     if p.pp > 1 and p.vpp > 1:  # ModelParallelConfig: overlapped interleaved sends, or the batched, synchronised

@@ -166,6 +166,10 @@ def parallel_flags(pf: PlanFile) -> list[str]:
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     # Megatron-LM arguments.py (d98e8a6): --cpu-offloading-num-layers N > 0 sets cpu_offloading (activations only)
     pairs += [("--cpu-offloading-num-layers", p.offload_layers or None)]
+    # Megatron-LM fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md
+    # at 2a75ac12c): the experts' fc1 output is the moe_act module's input
+    pairs += [("--fine-grained-activation-offloading", p.offload_moe_act),
+              ("--offload-modules", "moe_act" if p.offload_moe_act else None)]
     recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
@@ -438,6 +442,8 @@ def script_body(pf: PlanFile, launcher: str) -> str:
     ]
     if p.tp > 1 or p.cp > 1:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell")
+    if p.offload_moe_act:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10
+        lines.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offload: offload activations only")
     for name, flags in arrays.items():
         lines.append(f"{name}=(")
         lines += [f"    {f}" for f in flags]

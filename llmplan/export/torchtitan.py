@@ -138,6 +138,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
+    if p.offload_moe_act:
+        raise refuse(target, "fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules "
+                     "moe_act; this export writes no offload hooks)", "re-plan without --offload-moe-act, or "
+                     "export to megatron")
     if p.offload_layers:
         raise refuse(target, f"activation offload of {p.offload_layers} layers (Megatron-Core's "
                      "cpu_offloading_num_layers through Transformer Engine's offload context; this export writes "

@@ -80,7 +80,7 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
 
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
-                "moe_capacity_factor", "ep_comm_overlap")
+                "moe_capacity_factor", "ep_comm_overlap", "offload_moe_act")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -373,6 +373,16 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "full-iteration, or drop --offload-activations-layers"),
     Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
          needs_cluster=True),
+    # Megatron-Core TransformerConfig.__post_init__ (2a75ac12c): fine-grained offload "cannot be enabled with
+    # cpu_offloading", nor offload inside an MoE layer whose whole forward recompute_modules "moe" checkpoints
+    Rule("offload_moe_act_layers", lambda m, p, c: (p.offload_layers == 0) | (not p.offload_moe_act),
+         lambda m, p, c: f"offload_moe_act with offload_layers ({p.offload_layers}): Megatron-Core refuses fine-grained "
+                         "activation offload together with layer offload (fine_grained_activation_offloading cannot "
+                         "be enabled with cpu_offloading); drop --offload-moe-act or --offload-activations-layers"),
+    Rule("offload_moe_act_recompute", lambda m, p, c: (not p.offload_moe_act) | np.logical_not(p.recomputes("moe")),
+         lambda m, p, c: "offload_moe_act with recompute module moe: Megatron-Core refuses to offload inside an MoE "
+                         "layer that is recomputed whole (TransformerConfig); drop moe from --recompute-modules or "
+                         "drop --offload-moe-act"),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
          lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")

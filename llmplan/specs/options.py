@@ -112,6 +112,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.recompute_layers."""
     offload_layers: int
     """ParallelPlan.offload_layers."""
+    offload_moe_act: bool
+    """ParallelPlan.offload_moe_act."""
     recompute_modules: str | None
     """Comma-separated Megatron recompute modules (ParallelPlan.recompute_modules); None: the default."""
     overlap_grad_reduce: bool

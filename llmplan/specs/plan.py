@@ -117,6 +117,13 @@ class ParallelPlan(PlanQuantities, Spec):
     keeps at most L - N layers' activations in HBM. 0: none. Megatron-Core refuses it with pipeline
     parallelism, with activation recompute and with per-layer CUDA graphs, and needs N < L (check_plan
     rules offload_*; docs/formulas.md#mem.offload)."""
+    offload_moe_act: bool = False
+    """The experts' fc1 output (the activation's input, kept for its backward) goes to host memory in forward and
+    comes back in backward, one MoE layer at a time (Megatron-Core --fine-grained-activation-offloading with
+    --offload-modules moe_act, or fused_group_mlp with min_offloaded_tensor_size above fc1's input: Megatron-
+    Bridge's Nemotron-3 Ultra presets): every MoE layer's but the last one's, copied on side streams over the
+    host link (SystemSpec.host_bytes_per_s), each due one MoE layer later. False: none
+    (docs/formulas.md#mem.offload_moe_act)."""
     micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
     global_batch: int = Field(default=1, ge=1, le=1 << 30)
