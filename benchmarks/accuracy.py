@@ -143,7 +143,7 @@ ASSUMPTIONS = {
     "megatron2020": "A100 rows only (no V100 profile), on A100 40GB (the records' gpu: the table of 2020-09-11 "
                     "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention, every TP collective synchronous (SYNC_TP), "
+                    "attention, its softmax as eager ops (EAGER_SOFTMAX), every TP collective synchronous (SYNC_TP), "
                     "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
@@ -364,6 +364,13 @@ megatron/training/arguments.py at core_r0.9.0), NeMo 2 / Megatron-Bridge set bat
 src/megatron/bridge/training/comm_overlap.py: _get_model_comm_overlap_cfgs), and ModelParallelConfig's batch_p2p_sync
 defaults True (core_r0.9.0 p2p_communication._communicate: torch.cuda.synchronize() after the batched exchange):
 read as pp_blocking_sends, which with v = 1 adds only the synchronisation (docs/formulas.md#step.pp_blocking)."""
+EAGER_SOFTMAX = ("megatron2020",)
+"""Families whose attention softmax ran as PyTorch's eager ops (ParallelPlan.softmax_kernel eager,
+docs/formulas.md#compute.score_bytes): Megatron-LM's 2020 release, whose --scaled-upper-triang-masked-softmax-fusion
+was an opt-in store_true that neither its README commands nor examples/ set (NVIDIA/Megatron-LM megatron/arguments.py
+and megatron/model/fused_softmax.py at d73def35a3). From 2021 the fused causal kernel is the default
+(--no-masked-softmax-fusion opts out: 50a4b5fa02), and the Megatron-DeepSpeed forks keep it (the other
+unfused-attention families: the default, fused)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -1442,6 +1449,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-LM of 2020-21, the Megatron-DeepSpeed forks and llm-foundry run the LayerNorm backward in two
         # kernels (TWO_PASS_NORM), as does torchtitan's compiled RMSNorm under torch 1963fc8's Inductor
         # (INDUCTOR_TWO_PASS_NORM; its eager rows price unfused ops instead)
+        softmax_kernel="eager" if fam in EAGER_SOFTMAX else "fused",
         norm_kernel="two-pass" if fam in TWO_PASS_NORM or (fam in INDUCTOR_TWO_PASS_NORM and par.get("compile")
                                                             is not False) else "fused-one-pass",
         # Megatron-LM 2021-22 waits on every pipeline exchange and synchronises the device (PP_BLOCKING_SENDS), as

@@ -18,7 +18,7 @@ from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptio
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, ClusterSpec, MemoryAllowance,
+                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, ClusterSpec, MemoryAllowance,
                                 ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
@@ -136,6 +136,7 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
                                        ("--norm-kernel", s.norm_kernel, NORM_KERNELS, "a norm kernel"),
+                                       ("--softmax-kernel", s.softmax_kernel, SOFTMAX_KERNELS, "a softmax kernel"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
                                        ("--moe-flex-backend", s.moe_flex_backend, MOE_FLEX_BACKENDS,
@@ -162,7 +163,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "zero3_unit",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
-                     "norm_kernel", "pp_unbatched_sends")
+                     "norm_kernel", "softmax_kernel", "pp_unbatched_sends")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 

@@ -107,6 +107,9 @@ PP_BLOCKING_SENDS = typer.Option(_plan("pp_blocking_sends"), "--pp-blocking-send
 NORM_KERNEL = typer.Option(_plan("norm_kernel"), "--norm-kernel",
                            help="A fused norm's backward: fused-one-pass (Transformer Engine, Apex's persistent "
                                 "norm) | two-pass (Apex FusedLayerNorm, F.layer_norm: dy and x read again).")
+SOFTMAX_KERNEL = typer.Option(_plan("softmax_kernel"), "--softmax-kernel",
+                              help="The attention softmax without fused attention: fused (Megatron-LM's causal "
+                                   "kernel, lower triangle) | eager (masked_fill_ and torch softmax, 2020).")
 PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-sends/--no-pp-unbatched-sends",
                                   help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
                                        "pipeline engine), or paired into batched exchanges (Megatron).")
@@ -264,7 +267,7 @@ SWITCHES = Flags("Training switches", {
     "param_remainders": PARAM_REMAINDERS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
-    "pp_unbatched_sends": PP_UNBATCHED_SENDS,
+    "softmax_kernel": SOFTMAX_KERNEL, "pp_unbatched_sends": PP_UNBATCHED_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     **SWITCHES.options,

@@ -183,6 +183,17 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
 
 
+def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for an attention softmax priced as eager ops (ParallelPlan.softmax_kernel
+    eager: Megatron-LM's 2020 release) on a launcher whose unfused attention runs a fused softmax kernel
+    (Megatron-Core's and Transformer Engine's FusedScaleMaskSoftmax, masked_softmax_fusion on by default);
+    docs/formulas.md#compute.score_bytes."""
+    p = pf.plan
+    what = ("an eager attention softmax (softmax_kernel eager: masked_fill_ and torch softmax, Megatron-LM 2020; "
+            "this launcher's unfused attention fuses the mask and softmax)")
+    return [(what, p.softmax_kernel == "eager" and not p.flash_attention, "re-plan with --softmax-kernel fused")]
+
+
 def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for PyTorch's context-parallel ring (cp_impl torch-allgather /
     torch-alltoall, with cp_kv_repeated and cp_comm_overlap) on a Megatron-Core launch, whose attention runs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, pp_sync_notes, op_fuser, parallel_block_refusal, squared_relu,
+                                   norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser, parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
@@ -395,7 +395,7 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                           *norm_kernel_refusals(pf), parallel_block_refusal(pf), torch_ring_refusal(pf)]:
+                           *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf), torch_ring_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
-                                   sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
+                                   sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -74,7 +74,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / "
                      "grad_prescale: FSDP2 averages inside its reduce-scatter)",
                      "set grad_nan_check and grad_prescale false, or export to megatron")
-    for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
+    for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf),
                           parallel_block_refusal(pf)]:
         if bad:
             raise refuse(target, what, fix)

@@ -156,6 +156,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"norm_kernel {p.norm_kernel} with fused_kernels off: it says which fused kernel runs the "
                         "norms' backward, so it acts only with fused kernels (unfused norms are priced as their "
                         "eager ops); set fused_kernels true in the plan, or drop --norm-kernel"),
+    # == False, not `not` or ~: elementwise on plan arrays, and ~ on a Python bool is an int (~True == -2)
+    SwitchUse("softmax_kernel_unfused_attention", ("softmax_kernel",),
+              lambda p: p.flash_attention == False,  # noqa: E712
+              lambda p: f"softmax_kernel {p.softmax_kernel} with flash_attention on: it says which kernels run the "
+                        "softmax over the scores, which fused attention never writes; set flash_attention false "
+                        "(--no-flash-attention), or drop --softmax-kernel"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "

@@ -104,6 +104,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.pp_blocking_sends."""
     norm_kernel: str
     """ParallelPlan.norm_kernel."""
+    softmax_kernel: str
+    """ParallelPlan.softmax_kernel."""
     pp_unbatched_sends: bool
     """ParallelPlan.pp_unbatched_sends."""
     recompute_layers: int | None

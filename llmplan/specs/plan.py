@@ -18,7 +18,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel,
+    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -242,6 +242,12 @@ class ParallelPlan(PlanQuantities, Spec):
     GammaBetaBackwardCUDAKernel) reads dy and x again for the weight and bias gradients: 4 + 10 (Apex
     FusedLayerNorm, Megatron-LM's and Megatron-DeepSpeed's fused_kernels copy of it, PyTorch's native
     F.layer_norm). docs/formulas.md#compute.norm_bytes"""
+    softmax_kernel: SoftmaxKernel = "fused"
+    """Which kernels run the attention softmax without fused attention (flash_attention off): fused, Megatron-LM's
+    scaled_upper_triang_masked_softmax (the causal mask, scale and softmax in one kernel that reads only the
+    scores on and below the diagonal: 3 + 4 bytes a score forward and backward); eager, an in-place masked_fill_
+    and torch softmax in 16 bits (4 + 4 forward, 6 + 4 backward), as Megatron-LM's 2020 release ran without its
+    opt-in fusion flags. docs/formulas.md#compute.score_bytes"""
     pp_unbatched_sends: bool = False
     """Every 1F1B pipeline transfer on its own, one after another on the stage's stream, as DeepSpeed's pipeline
     engine runs them (deepspeed/runtime/pipe/schedule.py TrainSchedule: each step a receive and a send, each a

@@ -41,6 +41,12 @@ NORM_KERNELS: tuple[str, ...] = get_args(NormKernel)
 """--norm-kernel values: the fused norm's backward in one pass (Transformer Engine, Apex's persistent
 FastLayerNorm) or in two, the weight gradient's kernel reading dy and x again (Apex FusedLayerNorm,
 Megatron-LM's fused_kernels copy before 2021-11, PyTorch's native layer_norm; docs/formulas.md#compute.norm_bytes)."""
+SoftmaxKernel = Literal["fused", "eager"]
+SOFTMAX_KERNELS: tuple[str, ...] = get_args(SoftmaxKernel)
+"""--softmax-kernel values, without fused attention: Megatron-LM's fused causal softmax (scale, mask and softmax in
+one kernel over the lower triangle: --masked-softmax-fusion, the default from 2021), or PyTorch's eager ops (an
+in-place masked_fill_, then torch softmax: Megatron-LM's 2020 release, whose fusion flags were opt-in;
+docs/formulas.md#compute.score_bytes)."""
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
