@@ -10,7 +10,11 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.elementwise import CAUSAL_SOFTMAX_BYTES, EAGER_FP32_SOFTMAX_BYTES, elementwise_bytes
+from llmplan.cost.elementwise import (
+    CAUSAL_SOFTMAX_BYTES,
+    EAGER_FP32_SOFTMAX_BYTES,
+    elementwise_bytes,
+)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 

@@ -15,9 +15,17 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.elementwise import (CAUSAL_SOFTMAX_BYTES, DROPOUT_BYTES, EAGER_FP32_SOFTMAX_BYTES,
-                                      EAGER_FP32_SOFTMAX_KERNELS, EAGER_SOFTMAX_BYTES, EAGER_SOFTMAX_KERNELS,
-                                      elementwise_bytes, score_bytes, softmax_launches)
+from llmplan.cost.elementwise import (
+    CAUSAL_SOFTMAX_BYTES,
+    DROPOUT_BYTES,
+    EAGER_FP32_SOFTMAX_BYTES,
+    EAGER_FP32_SOFTMAX_KERNELS,
+    EAGER_SOFTMAX_BYTES,
+    EAGER_SOFTMAX_KERNELS,
+    elementwise_bytes,
+    score_bytes,
+    softmax_launches,
+)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
