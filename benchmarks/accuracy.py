@@ -152,7 +152,7 @@ ASSUMPTIONS = {
     "megatron2020": "A100 rows only (no V100 profile), on A100 40GB (the records' gpu: the table of 2020-09-11 "
                     "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention, every TP collective synchronous (SYNC_TP), "
+                    "attention, its softmax as eager ops (EAGER_SOFTMAX), every TP collective synchronous (SYNC_TP), "
                     "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
@@ -379,6 +379,13 @@ megatron/training/arguments.py at core_r0.9.0), NeMo 2 / Megatron-Bridge set bat
 src/megatron/bridge/training/comm_overlap.py: _get_model_comm_overlap_cfgs), and ModelParallelConfig's batch_p2p_sync
 defaults True (core_r0.9.0 p2p_communication._communicate: torch.cuda.synchronize() after the batched exchange):
 read as pp_blocking_sends, which with v = 1 adds only the synchronisation (docs/formulas.md#step.pp_blocking)."""
+EAGER_SOFTMAX = ("megatron2020",)
+"""Families whose attention softmax ran as PyTorch's eager ops (ParallelPlan.softmax_kernel eager,
+docs/formulas.md#compute.score_bytes): Megatron-LM's 2020 release, whose --scaled-upper-triang-masked-softmax-fusion
+was an opt-in store_true that neither its README commands nor examples/ set (NVIDIA/Megatron-LM megatron/arguments.py
+and megatron/model/fused_softmax.py at d73def35a3). From 2021 the fused causal kernel is the default
+(--no-masked-softmax-fusion opts out: 50a4b5fa02), and the Megatron-DeepSpeed forks keep it (the other
+unfused-attention families: the default, fused)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -1494,8 +1501,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         pp_blocking_sends=(fam in PP_BLOCKING_SENDS or (fam in MCORE_1F1B_SYNC and vpp == 1)) and pp > 1,
         # DeepSpeed's pipeline engine (BLOOM, MT-NLG) receives and sends one transfer at a time (DEEPSPEED_PIPE)
         pp_unbatched_sends=fam in DEEPSPEED_PIPE and pp > 1 and vpp == 1,
-        # BLOOM's prequel ran Megatron-DeepSpeed's fused softmax only where its (mis-sized) block check passed
-        softmax_kernel=bigscience_softmax_kernel(rec, fam, model_for(rec, fam).num_attention_heads, tp, mb),
+        # Megatron-LM 2020 ran the softmax as eager ops (EAGER_SOFTMAX); BLOOM's prequel ran Megatron-DeepSpeed's
+        # fused softmax only where its (mis-sized) block check passed; the rest the fused causal kernel
+        softmax_kernel=("eager" if fam in EAGER_SOFTMAX else
+                        bigscience_softmax_kernel(rec, fam, model_for(rec, fam).num_attention_heads, tp, mb)),
         # the Table 2 ZeRO-3 rows ran DeepSpeed's stage 3 of 2021 (v0.3.13, 2021-03): one collective per weight
         # tensor, each module's weights released after its forward and fetched again for the recompute
         # (runtime/zero/stage3.py, partition_parameters.py); FSDP stacks gather per layer

@@ -94,12 +94,14 @@ def test_no_dropout_prices_exactly_as_before(gpu, kernel, fused, d, s, cp, p):
 def test_unfused_dropout_mask_traffic_is_in_the_memory_bound_bytes():
     """Megatron's 2020-22 unfused path: dropout over the s x s probabilities reads them (2 bytes), writes its
     1-byte mask and its output (2), 5 bytes per score in forward (Korthikanti et al. 2022, §4.1: the mask of
-    as x s x b bytes); with fused attention none of it reaches HBM."""
+    as x s x b bytes), and its backward reads the gradient and the mask and writes dx (5 more): in the
+    forward-equivalent units of elementwise_bytes (three passes), 10 / 3 a score (docs/formulas.md#compute.score_bytes);
+    with fused attention none of it reaches HBM."""
     m = BENCH
     drop = m.model_copy(update={"attention_dropout": 0.1})
     plan = ParallelPlan(seq_len=2048, micro_batch=2, tp=2, flash_attention=False)
     scores = m.num_attention_heads / plan.tp * plan.seq_len ** 2 * plan.micro_batch
     extra = float(elementwise_bytes(drop, plan, False) - elementwise_bytes(m, plan, False))
-    assert extra == pytest.approx(5 * scores, rel=1e-12)
+    assert 3 * extra == pytest.approx((5 + 5) * scores, rel=1e-12)
     fused = plan.model_copy(update={"flash_attention": True})
     assert float(elementwise_bytes(drop, fused, False)) == float(elementwise_bytes(m, fused, False))

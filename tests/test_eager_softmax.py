@@ -10,17 +10,23 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from llmplan.cost.elementwise import EAGER_FP32_SOFTMAX_BYTES, elementwise_bytes
+from llmplan.cost.elementwise import (
+    CAUSAL_SOFTMAX_BYTES,
+    EAGER_FP32_SOFTMAX_BYTES,
+    elementwise_bytes,
+)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 
 def test_the_fallback_moves_more_than_the_fused_kernel_in_both_passes():
     """Each of the five fp32 ops reads and writes every score at least once (forward 36, backward 40 bytes), so
-    both passes exceed the fused kernel's read and write of the 16-bit scores (4 forward, 6 backward)."""
+    both passes exceed the fused causal kernel's (CAUSAL_SOFTMAX_BYTES: 3 forward, 4 backward on the lower
+    triangle) and even a full-row 16-bit read and write (4 forward, 6 backward)."""
     fwd, bwd = EAGER_FP32_SOFTMAX_BYTES
     assert fwd >= 5 * (2 + 2) and bwd >= 5 * (2 + 2)
     assert fwd > 4 and bwd > 6
+    assert fwd > CAUSAL_SOFTMAX_BYTES[0] and bwd > CAUSAL_SOFTMAX_BYTES[1]
 
 
 @seed(20260105)
@@ -41,7 +47,9 @@ def test_eager_scores_cost_grows_with_the_scores(mb: int, tp: int, heads: int, s
     one = extra(mb, False)
     assert one > 0
     assert extra(2 * mb, False) == pytest.approx(2 * one)
-    assert one == pytest.approx((sum(EAGER_FP32_SOFTMAX_BYTES) / 3 - 4) * mb * heads / tp * seq * seq)
+    # in place of the fused causal kernel's bytes, in elementwise_bytes' forward-equivalent units (x 3)
+    assert one == pytest.approx((sum(EAGER_FP32_SOFTMAX_BYTES) - sum(CAUSAL_SOFTMAX_BYTES)) / 3
+                                * mb * heads / tp * seq * seq)
     assert extra(mb, True) == 0
 
 
@@ -52,7 +60,7 @@ def test_with_flash_attention_the_switch_is_one_line(cli):
     assert len(lines) == 1 and "softmax_kernel eager-fp32 with flash_attention on" in lines[0], r.err
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--softmax-kernel", "bogus")
     assert r.code == 2
-    assert r.err.strip() == "error: --softmax-kernel bogus is not a softmax kernel; use one of fused, eager-fp32"
+    assert r.err.strip() == "error: --softmax-kernel bogus is not a softmax kernel; use one of fused, eager, eager-fp32"
 
 
 def test_the_eager_softmax_prices_a_slower_step(cli):

@@ -131,6 +131,10 @@ def test_parallel_block_on_a_moe_spec_file_is_one_line(cli, tmp_path):
      "an attention softmax as fp32 PyTorch ops"),
     ("dense_train", {"softmax_kernel": "eager-fp32", "flash_attention": False}, "torchrun",
      "an attention softmax as fp32 PyTorch ops"),
+    ("dense_train", {"softmax_kernel": "eager", "flash_attention": False}, "megatron",
+     "an eager attention softmax (softmax_kernel eager"),
+    ("dense_train", {"softmax_kernel": "eager", "flash_attention": False}, "torchrun",
+     "an eager attention softmax (softmax_kernel eager"),
     # cp_comm_overlap and cp_kv_repeated act on PyTorch's ring only, which Megatron-Core never runs
     ("dense_train", {"cp": 2, "dp": 1, "cp_impl": "torch-allgather", "cp_comm_overlap": False}, "megatron",
      "PyTorch's context-parallel ring (cp_impl torch-allgather, cp 2; "),

@@ -115,8 +115,9 @@ PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-s
                                   help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
                                        "pipeline engine), or paired into batched exchanges (Megatron).")
 SOFTMAX_KERNEL = typer.Option(_plan("softmax_kernel"), "--softmax-kernel",
-                              help="An unfused attention's softmax: fused (Megatron's scale-mask-softmax kernel) | "
-                                   "eager-fp32 (its PyTorch fallback: cast, scale, mask, softmax, cast back).")
+                              help="An unfused attention's softmax: fused (Megatron's causal scale-mask-softmax "
+                                   "kernel) | eager (masked_fill_ and torch softmax in 16 bits, Megatron-LM 2020) | "
+                                   "eager-fp32 (Megatron's fp32 fallback: cast, scale, mask, softmax, cast back).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")

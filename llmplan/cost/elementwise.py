@@ -30,8 +30,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     4h, write 2h each), rotary on q and k and, with qk_norm, their per-head norms (as the norms), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
     layer's routing and permutes (moe_routing_bytes)
-    and, without fused attention, the softmax and dropout over the scores (4 bytes per score, 9 with attention
-    dropout). Derived: docs/formulas.md#compute.memory_bound"""
+    and, without fused attention, the causal softmax and dropout over the scores (score_bytes).
+    Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
@@ -55,10 +55,9 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
-    per_score = 9 if m.attention_dropout > 0 else 4  # softmax read + write, and dropout's read, mask and write
-    # Megatron's torch fallback of the fused softmax (softmax_kernel eager-fp32): its five fp32 passes instead
-    per_score = per_score + where(plan.softmax_kernel == "eager-fp32", sum(EAGER_FP32_SOFTMAX_BYTES) / 3 - 4, 0.0)
-    scores = where(plan.flash_attention, 0.0, per_score * m.num_attention_heads * s * T / t)
+    # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
+    rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
+    scores = where(plan.flash_attention, 0.0, (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t)
     routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
                if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
@@ -207,23 +206,101 @@ torchtitan/models/llama/model.py at 9dec370 (FeedForward.forward); PyTorch tools
 silu). Derived: docs/formulas.md#compute.eager_ops"""
 
 
+CAUSAL_SOFTMAX_BYTES = (3.0, 4.0)
+"""(forward, backward) HBM bytes per attention score of Megatron-LM's fused causal softmax in 16 bits, averaged over
+the s x s scores of a head: forward reads the scores on and below the diagonal only (2 bytes on half of them: 1)
+and writes every probability, zeros above the diagonal (2); backward reads the output gradient and the saved
+probabilities on and below the diagonal (1 + 1) and writes every input gradient (2). Source: NVIDIA/Megatron-LM
+megatron/fused_kernels/scaled_upper_triang_masked_softmax.h at 50a4b5fa02 (scaled_upper_triang_masked_softmax_
+warp_forward / _backward: loads guarded by element_index < local_seq = row + 1, stores over element_count, with
+copy_zero_vector above the diagonal), the kernel megatron/model/fused_softmax.py selects for a causal mask of
+16 < s <= 2048 in fp16 (GPT, --masked-softmax-fusion on by default); the same kernel from d73def35a3 (2020-09) and
+in bigscience-workshop/Megatron-DeepSpeed (causal mask, s <= 4096). Derived: docs/formulas.md#compute.score_bytes"""
+
+
+DROPOUT_BYTES = (5.0, 5.0)
+"""(forward, backward) HBM bytes per element of PyTorch's CUDA dropout on a 16-bit tensor: forward reads the input
+and writes the output and a one-byte keep mask (2 + 2 + 1); backward reads the gradient and the mask and writes the
+scaled gradient (2 + 1 + 2). Source: pytorch/pytorch aten/src/ATen/native/cuda/Dropout.cu (fused_dropout_cuda:
+mask in kByte / kBool; masked_scale_cuda: grad * mask * scale). Derived: docs/formulas.md#compute.score_bytes"""
+
+
+EAGER_SOFTMAX_BYTES = (8.0, 10.0)
+"""(forward, backward) HBM bytes per attention score of the eager 16-bit softmax of Megatron-LM's 2020 release
+(softmax_kernel eager): forward, the in-place causal masked_fill_ (read 2, write 2; the broadcast [1, 1, s, s] mask
+is one head's worth) and torch softmax (read 2, write 2); backward, the softmax's (read y and dy, write dx: 6) and
+the mask's, dx.masked_fill(mask, 0) (read 2, write 2). Source: NVIDIA/Megatron-LM at d73def35a3
+megatron/model/fused_softmax.py (FusedScaleMaskSoftmax.forward: the eager branch unless
+--scaled-upper-triang-masked-softmax-fusion, an opt-in store_true in megatron/arguments.py that no script under
+examples/ sets; no fp32 copy or scaling without --apply-query-key-layer-scaling / --attention-softmax-in-fp32,
+opt-in too) and megatron/model/gpt2_model.py (gpt2_attention_mask_func: masked_fill_).
+Derived: docs/formulas.md#compute.score_bytes"""
+
+
 EAGER_FP32_SOFTMAX_BYTES = (36.0, 40.0)
 """(forward, backward) HBM bytes per attention score of Megatron's unfused scale-mask-softmax in fp32
-(ParallelPlan.softmax_kernel eager-fp32), against the fused kernel's 4 (read and write the bf16 / fp16 scores).
-Forward: input.float() (read 2, write 4), input * scale (read 4, write 4), masked_fill_ with the causal mask (read
-4, write 4; the s x s bool mask, broadcast over the batch and heads, is L2-resident and not counted), the fp32
-softmax (read 4, write 4), the cast back to 16 bits (read 4, write 2): 36. Backward, autograd's chain in reverse:
-the cast's gradient to fp32 (read 2, write 4), _softmax_backward_data (read the gradient and the saved output,
-4 + 4, write 4), masked_fill's gradient (read 4, write 4), the scale's (read 4, write 4), the cast's to 16 bits
-(read 4, write 2): 40. Source: bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py at ae6277f5
+(ParallelPlan.softmax_kernel eager-fp32), in place of the fused causal kernel's 3 + 4 (CAUSAL_SOFTMAX_BYTES): the
+chain starts from the 16-bit scores and ends in the 16-bit probabilities the dropout reads (DROPOUT_BYTES, charged
+beside it as after the fused kernel). Forward: input.float() (read 2, write 4), input * scale (read 4, write 4),
+masked_fill_ with the causal mask (read 4, write 4; the s x s bool mask, broadcast over the batch and heads, is
+L2-resident and not counted), the fp32 softmax (read 4, write 4), the cast back to 16 bits (read 4, write 2): 36.
+Backward, autograd's chain in reverse: the cast's gradient to fp32 (read 2, write 4), _softmax_backward_data (read
+the gradient and the saved output, 4 + 4, write 4), masked_fill's gradient (read 4, write 4), the scale's (read 4,
+write 4), the cast's to 16 bits (read 4, write 2): 40. Every op reads whole rows (no triangle). Source:
+bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py at ae6277f5
 (FusedScaleMaskSoftmax.forward_torch_softmax), megatron/model/utils.py (attention_mask_func: masked_fill_),
 megatron/model/transformer.py (ParallelAttention: softmax_in_fp32 and scale = layer_number under
 apply_query_key_layer_scaling, the default); PyTorch tools/autograd/derivatives.yaml (_to_copy, _softmax,
 masked_fill_, mul). Derived: docs/formulas.md#compute.eager_softmax"""
 
+
+EAGER_SOFTMAX_KERNELS = 1
+"""Kernels the eager 16-bit softmax (softmax_kernel eager) launches per layer forward beyond the fused kernel's one:
+the masked_fill_ beside the softmax (EAGER_SOFTMAX_BYTES). Source: NVIDIA/Megatron-LM at d73def35a3
+megatron/model/fused_softmax.py (FusedScaleMaskSoftmax.forward, the eager branch: mask_func, then
+torch.nn.Softmax). Derived: docs/formulas.md#compute.score_bytes"""
+
 EAGER_FP32_SOFTMAX_KERNELS = 4
 """Kernels the eager fp32 softmax launches per layer forward beyond the fused kernel's one: the two casts, the scale
 and the mask beside the softmax (EAGER_FP32_SOFTMAX_BYTES). Derived: docs/formulas.md#compute.eager_softmax"""
+
+
+def softmax_bytes(plan: ParallelPlan) -> tuple[Any, Any]:
+    """(forward, backward) bytes per score of the plan's softmax kernel (ParallelPlan.softmax_kernel): Megatron-LM's
+    fused causal kernel (CAUSAL_SOFTMAX_BYTES), the 2020 release's eager 16-bit ops (EAGER_SOFTMAX_BYTES) or
+    Megatron's fp32 torch fallback (EAGER_FP32_SOFTMAX_BYTES). The dropout after it is not included (score_bytes).
+    Derived: docs/formulas.md#compute.score_bytes"""
+    eager, fp32 = plan.softmax_kernel == "eager", plan.softmax_kernel == "eager-fp32"
+    fwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[0], where(eager, EAGER_SOFTMAX_BYTES[0], CAUSAL_SOFTMAX_BYTES[0]))
+    bwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[1], where(eager, EAGER_SOFTMAX_BYTES[1], CAUSAL_SOFTMAX_BYTES[1]))
+    return fwd, bwd
+
+
+def softmax_launches(plan: ParallelPlan) -> Any:
+    """Kernels the plan's softmax launches per layer forward beyond the fused kernel's one (ParallelPlan.
+    softmax_kernel: fused 0, eager EAGER_SOFTMAX_KERNELS, eager-fp32 EAGER_FP32_SOFTMAX_KERNELS); none with fused
+    attention, which writes no scores. Derived: docs/formulas.md#compute.score_bytes"""
+    extra = where(plan.softmax_kernel == "eager-fp32", EAGER_FP32_SOFTMAX_KERNELS,
+                  where(plan.softmax_kernel == "eager", EAGER_SOFTMAX_KERNELS, 0))
+    return where(plan.flash_attention, 0, extra)
+
+
+def score_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per attention score of one head without fused attention, in the forward-equivalent units of
+    elementwise_bytes (the stage charges three times them): the plan's softmax (softmax_bytes) and, with attention
+    dropout, the dropout over the probabilities (DROPOUT_BYTES), forward and backward over 3.
+    Derived: docs/formulas.md#compute.score_bytes"""
+    fwd, bwd = softmax_bytes(plan)
+    dropout = sum(DROPOUT_BYTES) if m.attention_dropout > 0 else 0.0
+    return (fwd + bwd + dropout) / 3
+
+
+def score_forward_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per attention score of one head's forward softmax and, with attention dropout, dropout: what
+    selective recompute of the attention core (core_attn) moves again before the backward.
+    Source: Korthikanti et al. 2022 (arXiv:2205.05198) §5, the QK^T, softmax, softmax dropout and attention over V
+    recomputed. Derived: docs/formulas.md#compute.score_bytes"""
+    return softmax_bytes(plan)[0] + (DROPOUT_BYTES[0] if m.attention_dropout > 0 else 0.0)
 
 
 FUSED_NORM_BYTES = (4.0, 6.0)

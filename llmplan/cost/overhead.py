@@ -10,7 +10,7 @@ from typing import Any
 
 from llmplan.arith import expected_max_normal, maximum, where
 from llmplan.cost.compute import KERNEL_LAUNCH_S
-from llmplan.cost.elementwise import EAGER_FP32_SOFTMAX_KERNELS
+from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.plan import ParallelPlan
@@ -125,7 +125,7 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
     launch_s = KERNEL_LAUNCH_S * host_factor
     kernels = where(plan.fused_kernels, LAYER_KERNELS, EAGER_LAYER_KERNELS)  # eager: the ops one by one
-    softmax = where(plan.flash_attention | (plan.softmax_kernel != "eager-fp32"), 0, EAGER_FP32_SOFTMAX_KERNELS)
+    softmax = softmax_launches(plan)  # an unfused softmax's kernels beyond the fused one (eager, eager-fp32)
     per_layer = where(graphed, GRAPH_LAUNCHES, kernels + where(plan.tp > 1, 2, 0) + ring + softmax) * launch_s
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
     p2p = where(plan.pp > 1, P2P_CHUNK_LAUNCHES * plan.vpp, 0) * launch_s  # per chunk, whatever its layers

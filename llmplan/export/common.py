@@ -192,13 +192,18 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
 
 
 def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan needs it, fix) for an unfused attention's softmax priced as PyTorch's fp32 ops
-    (ParallelPlan.softmax_kernel eager-fp32: Megatron-DeepSpeed's fallback of 2021-10 .. 2022-03) on a launcher that
-    runs its fused scale-mask-softmax kernel or a fused attention; docs/formulas.md#compute.eager_softmax."""
+    """(what, whether the plan needs it, fix) for an unfused attention's softmax priced as PyTorch ops
+    (ParallelPlan.softmax_kernel eager: Megatron-LM 2020's masked_fill_ and torch softmax; eager-fp32:
+    Megatron-DeepSpeed's fp32 fallback of 2021-10 .. 2022-03) on a launcher whose unfused attention runs the fused
+    scale-mask-softmax kernel (Megatron-Core's and Transformer Engine's FusedScaleMaskSoftmax, masked_softmax_fusion
+    on by default); docs/formulas.md#compute.score_bytes, #compute.eager_softmax."""
     p = pf.plan
-    what = ("an attention softmax as fp32 PyTorch ops (softmax_kernel eager-fp32: Megatron-DeepSpeed's fallback; "
-            "this launcher runs the fused softmax kernel)")
-    return [(what, p.softmax_kernel == "eager-fp32" and not p.flash_attention, "re-plan with --softmax-kernel fused")]
+    what = {"eager": "an eager attention softmax (softmax_kernel eager: masked_fill_ and torch softmax, "
+                     "Megatron-LM 2020; this launcher runs the fused softmax kernel)",
+            "eager-fp32": "an attention softmax as fp32 PyTorch ops (softmax_kernel eager-fp32: "
+                          "Megatron-DeepSpeed's fallback; this launcher runs the fused softmax kernel)"}
+    return [(text, p.softmax_kernel == kernel and not p.flash_attention, "re-plan with --softmax-kernel fused")
+            for kernel, text in what.items()]
 
 
 def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:

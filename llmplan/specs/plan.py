@@ -250,11 +250,14 @@ class ParallelPlan(PlanQuantities, Spec):
     FusedLayerNorm, Megatron-LM's and Megatron-DeepSpeed's fused_kernels copy of it, PyTorch's native
     F.layer_norm). docs/formulas.md#compute.norm_bytes"""
     softmax_kernel: SoftmaxKernel = "fused"
-    """How an unfused attention (flash_attention off) runs its scale, causal mask and softmax over the scores: fused,
-    one kernel (Megatron's scaled_upper_triang_masked_softmax: read and write the scores); eager-fp32, the PyTorch
-    ops Megatron falls back to where its fused kernel's checks fail (FusedScaleMaskSoftmax.forward_torch_softmax
-    with softmax_in_fp32, which apply_query_key_layer_scaling forces): the scores cast to fp32, scaled, masked,
-    softmaxed and cast back, 36 + 40 bytes a score forward and backward. docs/formulas.md#compute.eager_softmax"""
+    """Which kernels run the attention scale, causal mask and softmax without fused attention (flash_attention off):
+    fused, Megatron's scaled_upper_triang_masked_softmax (one kernel that reads only the scores on and below the
+    diagonal: 3 + 4 bytes a score forward and backward); eager, an in-place masked_fill_ and torch softmax in 16
+    bits (8 + 10), as Megatron-LM's 2020 release ran without its opt-in fusion flags; eager-fp32, the PyTorch ops
+    Megatron falls back to where its fused kernel's checks fail (FusedScaleMaskSoftmax.forward_torch_softmax with
+    softmax_in_fp32, which apply_query_key_layer_scaling forces): the scores cast to fp32, scaled, masked,
+    softmaxed and cast back (36 + 40). Attention dropout's bytes come on top of each.
+    docs/formulas.md#compute.score_bytes, #compute.eager_softmax"""
     pp_unbatched_sends: bool = False
     """Every 1F1B pipeline transfer on its own, one after another on the stage's stream, as DeepSpeed's pipeline
     engine runs them (deepspeed/runtime/pipe/schedule.py TrainSchedule: each step a receive and a send, each a
