@@ -53,3 +53,21 @@ def test_never_cheaper_than_the_engine_neutral_price_and_vectorised(sizes: list[
     base = np.asarray(tp_allreduce_seconds(H100, span, arr, 8, "vllm"))
     assert np.all(trt >= base)
     assert np.allclose(trt, [tp_allreduce_seconds(H100, span, float(s), 8, "trtllm") for s in sizes])
+
+
+def test_speculative_step_prices_the_engine_all_reduce() -> None:
+    """A speculative step's verification pass is a decode step of k + 1 tokens per sequence on the same engine:
+    Llama-3.1-70B at TP8, 128 sequences x 4 tokens x 2·8,192 bytes = 8.4e6 bytes per all-reduce, past TensorRT-LLM's
+    8e6-byte workspace, so its verify costs what decode_tpot prices for trtllm, above vLLM's."""
+    from llmplan.cost.inference import decode_tpot
+    from llmplan.cost.speculative import speculative_step
+    from llmplan.specs.registry import resolve_model
+    from llmplan.specs.serve import SpeculativeSpec
+
+    m = resolve_model("llama-3.1-70b")
+    plan = ServePlan(tp=8, weight_dtype="fp8", kv_dtype="fp8")
+    spans = replica_spans(plan, ClusterSpec(system=H100, num_nodes=1, gpus_per_node=8))
+    spec = SpeculativeSpec(method="eagle", num_speculative_tokens=3)
+    verify = {e: speculative_step(m, plan, H100, spans, spec, 128, 2048, 0.0, e).verify for e in ("vllm", "trtllm")}
+    assert verify["trtllm"] == decode_tpot(m, plan, H100, spans, 128, 2048, queries=4, engine="trtllm")
+    assert verify["trtllm"] > verify["vllm"]
