@@ -307,17 +307,17 @@ one node, unchanged v2.21.5 - v2.28.3. Derived: docs/formulas.md#infer.tp_allred
 def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, tp: int, engine: str) -> Any:
     """One TP all-reduce of `size` bytes in a serving step: the engine's own kernel (the collective model, at
     least SERVE_COLLECTIVE_FLOOR_S) while the message fits its workspace (EngineRule.allreduce_workspace_bytes),
-    else NCCL, whose NVLink SHARP all-reduce costs NCCL_NVLS_LATENCY_S + size x its bandwidth term.
-    Derived: docs/formulas.md#infer.tp_allreduce"""
+    else NCCL, whose NVLink SHARP all-reduce costs NCCL_NVLS_LATENCY_S + size x its bandwidth term (a group
+    without NVLink SHARP: the collective model's NCCL price throughout). Derived: docs/formulas.md#infer.tp_allreduce"""
     base = _coll(system, "all-reduce", size, span)
     limits = ENGINES[engine].allreduce_workspace_bytes
-    if limits is None or span.size <= 1:
+    if limits is None:
         return base
-    best = min(collective_coeffs("all-reduce", span, system), key=lambda c: c.seconds(1.0))
-    if best.algorithm != "nvls":
+    nvls = [c for c in collective_coeffs("all-reduce", span, system) if c.algorithm == "nvls"]
+    if not nvls:
         return base
     S = np.asarray(size, dtype=float)
-    nccl = NCCL_NVLS_LATENCY_S + S * best.beta
+    nccl = NCCL_NVLS_LATENCY_S + S * nvls[0].beta
     out = np.where(S > limits[0 if tp <= 2 else 1], np.maximum(base, nccl), base)
     return out if np.ndim(size) else float(out)
 
