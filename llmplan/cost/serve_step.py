@@ -286,7 +286,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
-    tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, plan.tp, engine)
+    tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, engine)
     return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
 
 
@@ -304,11 +304,12 @@ Source: NVIDIA/nccl src/graph/tuning.cc, hwLat NVLINK NVLS { 0, 0, 25 } and late
 one node, unchanged v2.21.5 - v2.28.3. Derived: docs/formulas.md#infer.tp_allreduce"""
 
 
-def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, tp: int, engine: str) -> Any:
-    """One TP all-reduce of `size` bytes in a serving step: the engine's own kernel (the collective model, at
-    least SERVE_COLLECTIVE_FLOOR_S) while the message fits its workspace (EngineRule.allreduce_workspace_bytes),
-    else NCCL, whose NVLink SHARP all-reduce costs NCCL_NVLS_LATENCY_S + size x its bandwidth term (a group
-    without NVLink SHARP: the collective model's NCCL price throughout). Derived: docs/formulas.md#infer.tp_allreduce"""
+def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, engine: str) -> Any:
+    """One TP all-reduce of `size` bytes over `span` (the TP group, whose size picks the workspace) in a serving
+    step: the engine's own kernel (the collective model, at least SERVE_COLLECTIVE_FLOOR_S) while the message fits
+    its workspace (EngineRule.allreduce_workspace_bytes), else NCCL, whose NVLink SHARP all-reduce costs
+    NCCL_NVLS_LATENCY_S + size x its bandwidth term (a group without NVLink SHARP: the collective model's NCCL
+    price throughout). Derived: docs/formulas.md#infer.tp_allreduce"""
     base = _coll(system, "all-reduce", size, span)
     limits = ENGINES[engine].allreduce_workspace_bytes
     if limits is None:
@@ -318,7 +319,7 @@ def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, tp: int
         return base
     S = np.asarray(size, dtype=float)
     nccl = NCCL_NVLS_LATENCY_S + S * nvls[0].beta
-    out = np.where(S > limits[0 if tp <= 2 else 1], np.maximum(base, nccl), base)
+    out = np.where(S > limits[0 if span.size <= 2 else 1], np.maximum(base, nccl), base)
     return out if np.ndim(size) else float(out)
 
 
