@@ -15,7 +15,7 @@ from llmplan.cost.inference import Spans, decode_tpot, kv_bytes_per_seq_gpu, ser
 from llmplan.cost.params import padded_vocab
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan, SpeculativeSpec
+from llmplan.specs.serve import ACCEPTANCE, Engine, ServeJob, ServePlan, SpeculativeSpec
 
 def acceptance_of(spec: SpeculativeSpec) -> float:
     """The job's acceptance rate, else the method's published default (ACCEPTANCE); check_serve_plan refuses
@@ -94,7 +94,7 @@ class SpeculativeStep(Breakdown):
 
 
 def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, spec: SpeculativeSpec,
-                     batch: Any, context: Any, overhead: float, engine: str = "vllm") -> SpeculativeStep:
+                     batch: Any, context: Any, overhead: float, engine: Engine = "vllm") -> SpeculativeStep:
     """The draft runs k steps of one token per sequence through draft_model (the same MTP layer again for k
     beyond num_nextn_predict_layers, as vLLM and SGLang do); the target then runs one step of k + 1 tokens
     per sequence (the last token and the k drafts) over the same KV cache, with the engine's host time; both
