@@ -161,7 +161,7 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     mem, base_mem = (serve_memory(loaded_model(m, j), plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
     context = job.input_len + job.output_len / 2
     step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
-                            step_host_seconds(m, plan, job))
+                            step_host_seconds(m, plan, job), job.engine)
     return SpeculativeSummary(
         step=step, tpot_without_s=float(base.tpot), tokens_per_s_without=float(base.tokens_per_s_replica) * plan.dp,
         max_concurrent_seqs_without=base_mem.max_concurrent_seqs,

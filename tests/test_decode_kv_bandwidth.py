@@ -55,3 +55,19 @@ def test_unpublished_gpu_reads_the_kv_cache_at_the_training_share() -> None:
     gpu = GPUS["h200"]
     assert gpu.decode_kv_hbm_efficiency is None
     assert 1 / kv_seconds_per_byte("dgx-h200") == pytest.approx(gpu.hbm_achieved_bytes_per_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu, expected", [
+    ("{decode_kv_hbm_efficiency: 1.2}", ["field 'gpu.decode_kv_hbm_efficiency'", "less than or equal to 1", "1.2"]),
+    ("{decode_kv_hbm_efficiency: 0}", ["field 'gpu.decode_kv_hbm_efficiency'", "greater than 0"]),
+])
+def test_a_bad_decode_kv_share_in_a_hardware_file_is_one_line_and_exit_2(tmp_path, gpu, expected):
+    """The real command refuses the field given wrong in a user's hardware file: one line, exit code 2."""
+    from test_bad_input_files import llmplan, one_line
+
+    f = tmp_path / "cluster.yaml"
+    f.write_text(f"base: dgx-h100\ngpu: {gpu}\n")
+    r = llmplan("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", f, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = one_line(r.stderr)
+    assert line.startswith("error: ") and all(e in line for e in expected), line

@@ -167,3 +167,21 @@ def test_presets_that_run_fp8_attention(published_runs, acc, rid, on):
     rec = published_runs[rid]
     assert acc.mbridge_fp8_attention(rec) is on
     assert acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"]).fp8_attention is on
+
+
+@pytest.mark.parametrize("points, expected", [
+    ("{fp8: [[128, 1.4, 5.0]]}", ["field 'gpu.fp8_attention_points.fp8.0.2'", "less than or equal to 4", "5.0"]),
+    ("{fp4: [[128, 1.4, 1.0]]}", ["field 'gpu.fp8_attention_points.fp4.[key]'", "'fp8' or 'mxfp8'", "fp4"]),
+    ("{fp8: [[128, 1.4]]}", ["field 'gpu.fp8_attention_points.fp8.0'", "takes 3 items"]),
+])
+def test_bad_fp8_attention_points_in_a_hardware_file_are_one_line_and_exit_2(tmp_path, points, expected):
+    """GpuSpec.fp8_attention_points given wrong in a user's hardware file: the real command refuses it in one
+    line naming the field and the rule, exit code 2."""
+    from test_bad_input_files import llmplan, one_line
+
+    f = tmp_path / "cluster.yaml"
+    f.write_text(f"base: dgx-h100\ngpu: {{fp8_attention_points: {points}}}\n")
+    r = llmplan("estimate", "--model", "llama-3.1-8b", "--hardware", f, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = one_line(r.stderr)
+    assert line.startswith("error: ") and all(e in line for e in expected), line

@@ -6,7 +6,7 @@ which re-exports these names. Works on one ParallelPlan and, elementwise, on pla
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from llmplan.arith import maximum, where
 from llmplan.cost.flops import attention_head_dims, attention_score_flops, window_keys
 from llmplan.cost.quantize import bf16_kernel_format
 from llmplan.cost.windows import window_key_count
-from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.hardware import Fp8AttentionFormat, GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -373,7 +373,7 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     3929da2 (cuDNN 9.22 / 9.19.1); TransformerEngine v2.16 dot_product_attention.py (recipe table).
     Derived: docs/formulas.md#compute.fp8_attention"""
     d, d0 = mean_head_dim(m), gpu.attention_softmax_head_dim
-    fmt: Literal["fp8", "mxfp8"] = "mxfp8" if plan.gemm_format == "mxfp8" else "fp8"
+    fmt: Fp8AttentionFormat = "mxfp8" if plan.gemm_format == "mxfp8" else "fp8"
     points = sorted(gpu.fp8_attention_points.get(fmt, ()))
     if not points:
         return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)

@@ -26,11 +26,11 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0, queries: int = 1, engine: str = "vllm") -> Any:
+                overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm") -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).

@@ -40,7 +40,7 @@ from llmplan.cost.serve_moe import (
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import Engine, ServeJob, ServePlan
 from llmplan.topology.collectives import collective_coeffs, collective_time
 from llmplan.topology.placement import GroupSpan
 
@@ -173,7 +173,7 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                 attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: str = "vllm") -> Any:
+                 attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm") -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
@@ -239,7 +239,7 @@ def expert_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, s
 
 
 def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                         attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: str = "vllm") -> Any:
+                         attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm") -> Any:
     """A step's work on one GPU beside its expert exchange: max(matmuls, weights read) + max(attention core,
     KV read) + memory-bound operators + the TP all-reduces (2 per layer). Derived: docs/formulas.md#infer.step"""
     rest, routed = step_compute_parts(m, plan, system, spans, tokens, attn_pairs, kv_read, decode_only, engine)
@@ -248,7 +248,7 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
 
 def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                        attn_pairs: Any, kv_read: Any, decode_only: bool = False,
-                       engine: str = "vllm") -> tuple[Any, Any]:
+                       engine: Engine = "vllm") -> tuple[Any, Any]:
     """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
     step_compute_seconds: the parts a two-batch-overlap schedule places apart. Derived: docs/formulas.md#infer.step"""
     gpu = system.gpu
@@ -291,7 +291,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
     act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
-    tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, plan.tp, engine)
+    tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, engine)
     return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
 
 
@@ -309,21 +309,22 @@ Source: NVIDIA/nccl src/graph/tuning.cc, hwLat NVLINK NVLS { 0, 0, 25 } and late
 one node, unchanged v2.21.5 - v2.28.3. Derived: docs/formulas.md#infer.tp_allreduce"""
 
 
-def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, tp: int, engine: str) -> Any:
-    """One TP all-reduce of `size` bytes in a serving step: the engine's own kernel (the collective model, at
-    least SERVE_COLLECTIVE_FLOOR_S) while the message fits its workspace (EngineRule.allreduce_workspace_bytes),
-    else NCCL, whose NVLink SHARP all-reduce costs NCCL_NVLS_LATENCY_S + size x its bandwidth term.
-    Derived: docs/formulas.md#infer.tp_allreduce"""
+def tp_allreduce_seconds(system: SystemSpec, span: GroupSpan, size: Any, engine: Engine) -> Any:
+    """One TP all-reduce of `size` bytes over `span` (the TP group, whose size picks the workspace) in a serving
+    step: the engine's own kernel (the collective model, at least SERVE_COLLECTIVE_FLOOR_S) while the message fits
+    its workspace (EngineRule.allreduce_workspace_bytes), else NCCL, whose NVLink SHARP all-reduce costs
+    NCCL_NVLS_LATENCY_S + size x its bandwidth term (a group without NVLink SHARP: the collective model's NCCL
+    price throughout). Derived: docs/formulas.md#infer.tp_allreduce"""
     base = _coll(system, "all-reduce", size, span)
     limits = ENGINES[engine].allreduce_workspace_bytes
-    if limits is None or span.size <= 1:
+    if limits is None:
         return base
-    best = min(collective_coeffs("all-reduce", span, system), key=lambda c: c.seconds(1.0))
-    if best.algorithm != "nvls":
+    nvls = [c for c in collective_coeffs("all-reduce", span, system) if c.algorithm == "nvls"]
+    if not nvls:
         return base
     S = np.asarray(size, dtype=float)
-    nccl = NCCL_NVLS_LATENCY_S + S * best.beta
-    out = np.where(S > limits[0 if tp <= 2 else 1], np.maximum(base, nccl), base)
+    nccl = NCCL_NVLS_LATENCY_S + S * nvls[0].beta
+    out = np.where(S > limits[0 if span.size <= 2 else 1], np.maximum(base, nccl), base)
     return out if np.ndim(size) else float(out)
 
 

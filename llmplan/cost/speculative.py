@@ -15,7 +15,7 @@ from llmplan.cost.inference import Spans, decode_tpot, kv_bytes_per_seq_gpu, ser
 from llmplan.cost.params import padded_vocab
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan, SpeculativeSpec
+from llmplan.specs.serve import ACCEPTANCE, Engine, ServeJob, ServePlan, SpeculativeSpec
 
 def acceptance_of(spec: SpeculativeSpec) -> float:
     """The job's acceptance rate, else the method's published default (ACCEPTANCE); check_serve_plan refuses
@@ -94,16 +94,17 @@ class SpeculativeStep(Breakdown):
 
 
 def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, spec: SpeculativeSpec,
-                     batch: Any, context: Any, overhead: float) -> SpeculativeStep:
+                     batch: Any, context: Any, overhead: float, engine: Engine = "vllm") -> SpeculativeStep:
     """The draft runs k steps of one token per sequence through draft_model (the same MTP layer again for k
     beyond num_nextn_predict_layers, as vLLM and SGLang do); the target then runs one step of k + 1 tokens
-    per sequence (the last token and the k drafts) over the same KV cache, with the engine's host time.
+    per sequence (the last token and the k drafts) over the same KV cache, with the engine's host time; both
+    on `engine` (its TP all-reduce, cost.serve_step.tp_allreduce_seconds).
     Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     draft_s: Any = 0.0 if draft is None else \
-        k * decode_tpot(draft, _draft_plan(plan), system, spans, batch, context)
-    verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1)
+        k * decode_tpot(draft, _draft_plan(plan), system, spans, batch, context, engine=engine)
+    verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine)
     alpha = acceptance_of(spec)
     return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
                            acceptance_rate=alpha)
@@ -114,5 +115,5 @@ def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     """Time per output token under speculation: one speculative step over the tokens it yields per sequence.
     Derived: docs/formulas.md#infer.speculative"""
     assert job.speculative is not None  # the caller's branch; not user input
-    step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead)
+    step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead, job.engine)
     return step.total / step.tokens_per_step

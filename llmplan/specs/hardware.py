@@ -27,6 +27,11 @@ KERNELS: dict[str, str] = {
 }
 """Fused kernels a GPU's software stack may ship (docs/formulas.md#operators for the sources)."""
 Kernel = Literal["flash_attention", "mla", "grouped_gemm", "fp8_gemm", "fp4_gemm", "fused_norm", "fused_rope"]
+Fp8AttentionFormat = Literal["fp8", "mxfp8"]
+"""FP8 fused attention's scaling (GpuSpec.fp8_attention_points): per-tensor scales, or MXFP8's block scales."""
+Fp8AttentionPoint = tuple[Annotated[float, Field(gt=0, le=1024)], Annotated[float, Field(gt=0, le=4)],
+                          Annotated[float, Field(gt=0, le=4)]]
+"""(mean head dimension, forward speed ratio, backward speed ratio): one published FP8-over-bf16 attention point."""
 
 
 MIN_POWER_LIMIT_FRACTION = 0.25
@@ -153,9 +158,7 @@ class GpuSpec(Spec):
     flash2_softmax_head_dim: float = Field(default=18.0, ge=0, le=1024)
     """As attention_softmax_head_dim, for FlashAttention-2 (ParallelPlan.attention_kernel flash2): 18 on H100
     (same figures: head dim 64 at 0.89x of 128)."""
-    fp8_attention_points: dict[Literal["fp8", "mxfp8"], tuple[tuple[Annotated[float, Field(gt=0, le=1024)],
-                               Annotated[float, Field(gt=0, le=4)], Annotated[float, Field(gt=0, le=4)]], ...]] \
-        = Field(default_factory=dict)
+    fp8_attention_points: dict[Fp8AttentionFormat, tuple[Fp8AttentionPoint, ...]] = Field(default_factory=dict)
     """cuDNN's FP8 fused attention (ParallelPlan.fp8_attention) over its bf16 kernel on this GPU's die, per FP8
     attention format (fp8: per-tensor scales, the FP8 delayed / current-scaling recipes; mxfp8: the MXFP8
     recipe's block scales) as published: (mean head dimension (d_qk + d_v) / 2, forward speed ratio, backward
