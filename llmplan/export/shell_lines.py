@@ -90,14 +90,39 @@ def _lex(text: str) -> list[Line] | None:
 
 
 def _quote_end(raw: str, i: int) -> int:
-    """Index of the quote that closes the one at raw[i] on the same line, -1 if none."""
+    """Index of the quote that closes the one at raw[i] on the same line, -1 if none. Inside double quotes a
+    `$( )` is passed whole, quotes of its own included: bash reads it as a command of its own."""
     j = i + 1
     while j < len(raw):
         if raw[i] == '"' and raw[j] == "\\":
             j += 2
-            continue
-        if raw[j] == raw[i]:
+        elif raw[i] == '"' and raw.startswith("$(", j):
+            j = _paren_end(raw, j + 1)
+            if j < 0:
+                return -1
+            j += 1
+        elif raw[j] == raw[i]:
             return j
+        else:
+            j += 1
+    return -1
+
+
+def _paren_end(raw: str, i: int) -> int:
+    """Index of the ')' that closes the '(' at raw[i] on the same line, quoted text skipped; -1 if none."""
+    depth, j = 0, i
+    while j < len(raw):
+        c = raw[j]
+        if c in "'\"":
+            j = _quote_end(raw, j)
+            if j < 0:
+                return -1
+        elif c == "\\":
+            j += 1
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+            if depth == 0:
+                return j
         j += 1
     return -1
 
