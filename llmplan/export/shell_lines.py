@@ -74,7 +74,7 @@ def _lex(text: str) -> list[Line] | None:
             if c == "<" and raw.startswith("<<", i):
                 return None
             if c == "(":
-                stack.append("cmd" if word.endswith("$") or not word.endswith("=") else "array")
+                stack.append("array" if word.endswith("=") else "cmd")
             elif c == "{" and word.endswith("$"):
                 stack.append("brace")
             elif c == ")" and stack[-1:] in (["cmd"], ["array"]) or c == "}" and stack[-1:] == ["brace"]:
