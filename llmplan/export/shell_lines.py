@@ -10,10 +10,10 @@ open at the end of a line) is left as written.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
-WIDTH = 80
+from llmplan.export.common import WIDTH, comment_lines
+
 INDENT = "    "
 """Continuation lines of a command start 4 columns in from the command (the exporters' own style)."""
 
@@ -170,9 +170,7 @@ def fit_shell(text: str) -> str:
         more = indent if line.in_array or line.continued else indent + INDENT
         tail = " \\" if line.continues else ""
         if line.comment and not line.continued:
-            out += textwrap.wrap(line.comment[1:].strip(), WIDTH, initial_indent=f"{indent}# ",
-                                 subsequent_indent=f"{indent}#   ", break_long_words=False,
-                                 break_on_hyphens=False)
+            out += comment_lines(line.comment[1:].strip(), f"{indent}#")
             out += _wrap(indent, more, line.words, tail)
         else:
             rows = _wrap(indent, more, line.words, tail)
