@@ -93,7 +93,9 @@ def test_case_patterns_and_long_if_lines(tmp_path):
 
 def test_what_the_lexer_cannot_follow_is_left_as_written():
     long = " ".join(["word"] * 30)
-    for script in (f"cat <<EOF\n{long}\nEOF\n", f'echo "{long}\n{long}"\n', f"echo $(echo {long}\n"):
+    backquoted = f'echo "`echo "{long}"`"\n'  # its inner quotes nest, as $( )'s do: left to bash
+    for script in (f"cat <<EOF\n{long}\nEOF\n", f'echo "{long}\n{long}"\n', f"echo $(echo {long}\n", backquoted,
+                   f"echo `echo {long}`\n"):
         assert fit_shell(script) == script
     one = "echo " + "z" * 100 + "\n"  # one word longer than a line: nothing to break
     assert fit_shell(one) == one

@@ -4,8 +4,8 @@ A long command line is broken between words: inside a bash array (`NAME=(...)`) 
 separates the array's elements as a space does; elsewhere with a backslash-newline, which bash removes before it
 reads the words (bash manual, 3.1.2.1 Escape Character). A trailing comment of a line that does not fit moves to
 its own comment lines above it. Words are never split: not inside quotes, `${...}` or a comment, and a `--flag
-value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a quote left
-open at the end of a line) is left as written.
+value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a backquoted
+command, a quote left open at the end of a line) is left as written.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _lex(text: str) -> list[Line] | None:
                     return None
                 word, i = word + raw[i:end + 1], end + 1
                 continue
-            if c == "<" and raw.startswith("<<", i):
+            if c == "`" or c == "<" and raw.startswith("<<", i):
                 return None
             if c == "(":
                 stack.append("array" if word.endswith("=") else "cmd")
@@ -90,12 +90,15 @@ def _lex(text: str) -> list[Line] | None:
 
 
 def _quote_end(raw: str, i: int) -> int:
-    """Index of the quote that closes the one at raw[i] on the same line, -1 if none. Inside double quotes a
-    `$( )` is passed whole, quotes of its own included: bash reads it as a command of its own."""
+    """Index of the quote that closes the one at raw[i] on the same line, -1 if none (or a backquote inside
+    double quotes). Inside double quotes a `$( )` is passed whole, quotes of its own included: bash reads it as
+    a command of its own."""
     j = i + 1
     while j < len(raw):
         if raw[i] == '"' and raw[j] == "\\":
             j += 2
+        elif raw[i] == '"' and raw[j] == "`":
+            return -1
         elif raw[i] == '"' and raw.startswith("$(", j):
             j = _paren_end(raw, j + 1)
             if j < 0:
