@@ -25,7 +25,7 @@ def test_step_map_is_the_engines():
     # its backward at step 2p - 1, after the last stage's at step p); every pass appears once per stage.
     p, n = 4, 6
     progs = deepspeed_programs(p, n)
-    for s, prog in enumerate(progs):
+    for prog in progs:
         passes = [op for op in prog if op[0] in ("F", "B")]
         assert sorted(passes) == sorted([("F", j) for j in range(n)] + [("B", j) for j in range(n)])
         assert passes[0] == ("F", 0)

@@ -27,7 +27,7 @@ def test_embedding_bucket_is_exposed_whole_on_a_tp1_plan():
     m = M["llama-3.1-8b"]
     plan = ParallelPlan(tp=1, pp=1, dp=8, zero=1, global_batch=64, seq_len=4096)
     emb = float(word_embedding_on_rank(m, plan, 0))
-    assert emb == 128256 * 4096  # hand count: V·h / t
+    assert emb == 128256 * 4096  # hand count: V·h / t (128,256 = 1,002 x 128: no padding)
     e = estimate_training(m, ClusterSpec(system=H100, num_nodes=1), plan)
     p = float(e.memory.params_on_rank)
     share = float(bucket_share(plan, p, emb))
@@ -39,7 +39,9 @@ def test_embedding_bucket_is_exposed_whole_on_a_tp1_plan():
 def test_only_the_first_stage_holds_the_embedding():
     m = M["llama-3.1-70b"]
     plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch=256, seq_len=4096)
-    assert float(word_embedding_on_rank(m, plan, 0)) == pytest.approx(128256 * 8192 / 8)
+    # Megatron pads the vocabulary to a multiple of 128 x tp (megatron/training/vocab_utils.py): 128,256 rows
+    # to 129,024 (126 x 1,024), the rows the rank's embedding shard holds.
+    assert float(word_embedding_on_rank(m, plan, 0)) == pytest.approx(129024 * 8192 / 8)
     assert [float(word_embedding_on_rank(m, plan, s)) for s in (1, 2, 3)] == [0.0, 0.0, 0.0]
 
 

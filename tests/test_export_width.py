@@ -100,7 +100,9 @@ def test_case_patterns_and_long_if_lines(tmp_path):
 
 def test_what_the_lexer_cannot_follow_is_left_as_written():
     long = " ".join(["word"] * 30)
-    for script in (f"cat <<EOF\n{long}\nEOF\n", f'echo "{long}\n{long}"\n', f"echo $(echo {long}\n"):
+    backquoted = f'echo "`echo "{long}"`"\n'  # its inner quotes nest, as $( )'s do: left to bash
+    for script in (f"cat <<EOF\n{long}\nEOF\n", f'echo "{long}\n{long}"\n', f"echo $(echo {long}\n", backquoted,
+                   f"echo `echo {long}`\n"):
         assert fit_shell(script) == script
     one = "echo " + "z" * 100 + "\n"  # one word longer than a line: nothing to break
     assert fit_shell(one) == one
@@ -210,3 +212,13 @@ def test_every_script_the_cli_writes_passes_bash_n(cli, tmp_path, pools_plan, ta
             assert max(len(line) for line in f.read_text().splitlines()) <= 80, (plan.stem, f.name)
         written.append(plan.stem)
     assert written, f"no plan exports to {target}"
+
+
+def test_quotes_inside_a_quoted_command_substitution_stay_whole(tmp_path):
+    # "$(cmd "a b")" is one word: bash reads the $( ) as a command of its own, so the inner quotes nest rather
+    # than close the outer ones (export.pools writes "$(dirname "$0")/..."); a break between a and b would
+    # put the continuation's indent inside the inner string.
+    script = 'echo ' + "x" * 60 + ' "$(echo "a b c d e f g h i j k l m n o p")"\n'
+    wrapped = fit_shell(script)
+    assert wrapped != script and all(len(row) <= 80 for row in wrapped.splitlines())
+    assert _run(wrapped, tmp_path) == _run(script, tmp_path)

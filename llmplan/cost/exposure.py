@@ -271,7 +271,7 @@ def bucket_share(plan: ParallelPlan, params_on_rank: Any, last_param: Any = 0.0)
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                        params_on_rank: Any = 0.0, last_param: Any = 0.0) -> Any:
+                        params_on_rank: Any, last_param: Any) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
     hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
     first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the

@@ -311,10 +311,11 @@ def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
 
 
 def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
-    """The word embedding's parameters on one rank of pipeline stage `stage`: V·h / t on the first stage
-    (VocabParallelEmbedding splits the vocabulary over TP), none elsewhere. One parameter: the DP buckets
-    never split it (cost.exposure.bucket_share). Derived: docs/formulas.md#step.dp_last_bucket"""
-    return where(stage == 0, m.vocab_size * m.hidden_size / plan.tp, 0.0)
+    """The word embedding's parameters on one rank of pipeline stage `stage`: V·h / t on the first stage, V
+    padded as the rank holds it (padded_vocab; VocabParallelEmbedding splits it over TP), none elsewhere. One
+    parameter: the DP buckets never split it (cost.exposure.bucket_share).
+    Derived: docs/formulas.md#step.dp_last_bucket"""
+    return where(stage == 0, padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp, 0.0)
 
 
 def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:

@@ -21,6 +21,8 @@ from llmplan.planfile import PlanFile
 TRAIN_TARGETS = ("megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
+SCRIPTS = (".sh", ".sbatch")
+"""Suffixes of the exported shell scripts: fitted by shell_lines.fit_shell and written executable."""
 
 
 def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[str, str]]:
@@ -49,7 +51,7 @@ def _fit(name: str, text: str) -> str:
     text = fit_comments(name, text)
     if name.endswith(".toml"):
         return fit_toml(text)
-    return fit_shell(text) if name.endswith((".sh", ".sbatch")) else text
+    return fit_shell(text) if name.endswith(SCRIPTS) else text
 
 
 def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
@@ -100,5 +102,5 @@ def write_files(files: dict[str, str], out_dir: Path, force: bool = False) -> li
     clash = [str(p) for p in paths if os.path.lexists(p)]
     if clash and not force:
         raise LlmplanError(f"{', '.join(clash)} already exist(s); pass --force to overwrite")
-    publish(paths, force, executable=frozenset(p for p in paths if p.suffix in (".sh", ".sbatch")))
+    publish(paths, force, executable=frozenset(p for p in paths if p.suffix in SCRIPTS))
     return list(paths)

@@ -4,16 +4,16 @@ A long command line is broken between words: inside a bash array (`NAME=(...)`) 
 separates the array's elements as a space does; elsewhere with a backslash-newline, which bash removes before it
 reads the words (bash manual, 3.1.2.1 Escape Character). A trailing comment of a line that does not fit moves to
 its own comment lines above it. Words are never split: not inside quotes, `${...}` or a comment, and a `--flag
-value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a quote left
-open at the end of a line) is left as written.
+value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a backquoted
+command, a quote left open at the end of a line) is left as written.
 """
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
-WIDTH = 80
+from llmplan.export.common import WIDTH, comment_lines
+
 INDENT = "    "
 """Continuation lines of a command start 4 columns in from the command (the exporters' own style)."""
 
@@ -71,10 +71,10 @@ def _lex(text: str) -> list[Line] | None:
                     return None
                 word, i = word + raw[i:end + 1], end + 1
                 continue
-            if c == "<" and raw.startswith("<<", i):
+            if c == "`" or c == "<" and raw.startswith("<<", i):
                 return None
             if c == "(":
-                stack.append("cmd" if word.endswith("$") or not word.endswith("=") else "array")
+                stack.append("array" if word.endswith("=") else "cmd")
             elif c == "{" and word.endswith("$"):
                 stack.append("brace")
             elif c == ")" and stack[-1:] in (["cmd"], ["array"]) or c == "}" and stack[-1:] == ["brace"]:
@@ -90,14 +90,42 @@ def _lex(text: str) -> list[Line] | None:
 
 
 def _quote_end(raw: str, i: int) -> int:
-    """Index of the quote that closes the one at raw[i] on the same line, -1 if none."""
+    """Index of the quote that closes the one at raw[i] on the same line, -1 if none (or a backquote inside
+    double quotes). Inside double quotes a `$( )` is passed whole, quotes of its own included: bash reads it as
+    a command of its own."""
     j = i + 1
     while j < len(raw):
         if raw[i] == '"' and raw[j] == "\\":
             j += 2
-            continue
-        if raw[j] == raw[i]:
+        elif raw[i] == '"' and raw[j] == "`":
+            return -1
+        elif raw[i] == '"' and raw.startswith("$(", j):
+            j = _paren_end(raw, j + 1)
+            if j < 0:
+                return -1
+            j += 1
+        elif raw[j] == raw[i]:
             return j
+        else:
+            j += 1
+    return -1
+
+
+def _paren_end(raw: str, i: int) -> int:
+    """Index of the ')' that closes the '(' at raw[i] on the same line, quoted text skipped; -1 if none."""
+    depth, j = 0, i
+    while j < len(raw):
+        c = raw[j]
+        if c in "'\"":
+            j = _quote_end(raw, j)
+            if j < 0:
+                return -1
+        elif c == "\\":
+            j += 1
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+            if depth == 0:
+                return j
         j += 1
     return -1
 
@@ -145,9 +173,7 @@ def fit_shell(text: str) -> str:
         more = indent if line.in_array or line.continued else indent + INDENT
         tail = " \\" if line.continues else ""
         if line.comment and not line.continued:
-            out += textwrap.wrap(line.comment[1:].strip(), WIDTH, initial_indent=f"{indent}# ",
-                                 subsequent_indent=f"{indent}#   ", break_long_words=False,
-                                 break_on_hyphens=False)
+            out += comment_lines(line.comment[1:].strip(), f"{indent}#")
             out += _wrap(indent, more, line.words, tail)
         else:
             rows = _wrap(indent, more, line.words, tail)
