@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.arith import maximum, where
+from llmplan.arith import where
 from llmplan.cost.activations import layer_activations
-from llmplan.cost.params import RankParams, stage_end_params
+from llmplan.cost.params import layer_params, stage_end_params
 from llmplan.cost.schedule import stage_order_arrays
-from llmplan.cost.stages import chunk_layers, stage_layers
+from llmplan.cost.stages import chunk_layers, interleaved_chunk_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
 
@@ -72,30 +72,49 @@ def chunk_gradient_peak(sign: np.ndarray, chunk: np.ndarray, live: np.ndarray, a
     + live chunks' gradients) - max over steps of activations held. act / grad: (v, ...) bytes of one chunk
     forward's activations / one chunk's gradients. Derived: docs/formulas.md#mem.grad_lifetime"""
     held, moment = _held(sign, act[chunk])  # (steps, ...)
-    grads = np.tensordot(live.astype(float), grad, axes=(1, 0))
+    sets, step_set = np.unique(live, axis=0, return_inverse=True)  # the few distinct live chunk sets
+    grads = _weighted_sum(sets.astype(float), grad)[step_set.reshape(-1)]
     return (moment + grads).max(axis=0) - held.max(axis=0)
 
 
-def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams,
-                grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(activation bytes of one forward, gradient bytes) of each of stage `stage`'s vpp pp_layout chunks, shape
-    (v, ...) (one plan; layouts are not searched as arrays): a chunk's layers at the layer activations
-    and gradients of the stage's layers; the embedding's gradients in the first stage's first chunk, the
-    output layer's in the last stage's last chunk. Derived: docs/formulas.md#mem.grad_lifetime"""
+def _weighted_sum(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """sum over k of w[:, k] * x[k], shape (rows, ...), added in k's order elementwise: the same bits for one
+    plan (x: (k,)) as for each plan of an array (x: (k, plans)), which a BLAS tensordot does not promise."""
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    out = w[:, 0].reshape(shape) * x[0]
+    for k in range(1, w.shape[1]):
+        out = out + w[:, k].reshape(shape) * x[k]
+    return np.asarray(out, dtype=float)
+
+
+def _layer_bytes(m: ModelSpec, plan: Any, dense: Any, moe: Any, grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(activation bytes of one forward, gradient bytes) of chunks of `dense` dense and `moe` MoE layers, shape
+    (v, ...): a dense layer's and a MoE layer's activations and parameters (its routed experts included), as
+    _rank_params counts them. Derived: docs/formulas.md#mem.grad_lifetime"""
     la = layer_activations(m, plan)
-    n_dense, n_moe = stage_layers(m, plan, stage)
-    end = stage_end_params(m, plan, stage)
-    layers = maximum(n_dense + n_moe, 1)
-    per_layer_grad = (rp.total - end) * grad_b / layers
+    dense_p, moe_p = layer_params(m, plan)
+    return dense * la.dense + moe * la.moe, (dense * dense_p + moe * moe_p) * grad_b
+
+
+def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(activation bytes of one forward, gradient bytes) of each of stage `stage`'s vpp pp_layout chunks, shape
+    (v, ...) (one plan; layouts are not searched as arrays): a chunk's dense and MoE layers (_layer_bytes); the
+    embedding's gradients in the first stage's first chunk, the output layer's in the last stage's last chunk.
+    Derived: docs/formulas.md#mem.grad_lifetime"""
     split = chunk_layers(m, plan)[int(stage)]
-    v = len(split)
-    act = np.stack(np.broadcast_arrays(*(d * la.dense + e * la.moe for d, e in split)))
-    grad = np.stack(np.broadcast_arrays(*(
-        (d + e) * per_layer_grad
-        + where((c == 0) & (stage == 0), end, 0.0) * grad_b
-        + where((c == v - 1) & (stage == plan.pp - 1), end, 0.0) * grad_b
-        for c, (d, e) in enumerate(split))))
-    return act * 1.0, grad * 1.0
+    dense, moe = (np.asarray([x[k] for x in split], dtype=float) for k in (0, 1))
+    act, grad = _layer_bytes(m, plan, dense.reshape((-1,) + (1,) * np.ndim(plan.pp)),
+                             moe.reshape((-1,) + (1,) * np.ndim(plan.pp)), grad_b)
+    end = stage_end_params(m, plan, stage) * grad_b
+    return act * 1.0, _with_ends(grad, where(stage == 0, end, 0.0), where(stage == plan.pp - 1, end, 0.0))
+
+
+def _with_ends(grad: np.ndarray, first: Any, last: Any) -> np.ndarray:
+    """Chunk gradients (v, ...) with the embedding's on chunk 0 and the output layer's on chunk v - 1."""
+    out = np.array(np.broadcast_arrays(grad, first, last)[0], dtype=float)
+    out[0] = out[0] + first
+    out[-1] = out[-1] + last
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -119,44 +138,61 @@ def equal_chunk_peak(counts: tuple[np.ndarray, float], act: Any, grad: Any, firs
     over arrays of plans of one pipeline shape. Derived: docs/formulas.md#mem.grad_lifetime"""
     rows, most = counts
     coef = np.stack(np.broadcast_arrays(act * 1.0, grad * 1.0, first * 1.0, last * 1.0))  # (4, ...)
-    return np.tensordot(rows, coef, axes=(1, 0)).max(axis=0) - most * coef[0]
+    return _weighted_sum(rows, coef).max(axis=0) - most * coef[0]
 
 
-def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, rp: RankParams, whole: Any,
-                             grad_b: Any) -> Any:
+def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, grad_b: Any) -> Any:
     """The gradient bytes a rank of stage `stage` adds to its peak: `whole` (every chunk's unsharded
-    gradients, rp x grad_b) where chunk_gradients_freed is off, else chunk_gradient_peak over its schedule
-    (pp_layout chunks walked as they are; otherwise v equal chunks, the embedding's gradients on the first
-    stage's chunk 0, the output layer's on the last stage's chunk v - 1). Plan arrays: once per pipeline
-    shape (pp, micro-batches, vpp, stage). Derived: docs/formulas.md#mem.grad_lifetime"""
+    gradients) where chunk_gradients_freed is off, else chunk_gradient_peak over its schedule (pp_layout chunks
+    as they are; otherwise stages.interleaved_chunk_layers' chunks, the embedding's gradients on the first
+    stage's chunk 0, the output layer's on the last stage's chunk v - 1; chunks alike by _counts). Plan
+    arrays: once per pipeline shape (pp, micro-batches, vpp, stage). Derived: docs/formulas.md#mem.grad_lifetime"""
     on = chunk_gradients_freed(plan)
     if not np.any(on):
         return whole
     if has_layout(plan):
-        act, grad = chunk_bytes(m, plan, stage, rp, grad_b)
+        act, grad = chunk_bytes(m, plan, stage, grad_b)
         walk = _walk(int(plan.pp), int(plan.num_microbatches), int(plan.vpp), int(stage))
         return chunk_gradient_peak(*walk, act, grad)
-    la = layer_activations(m, plan)
-    n_dense, n_moe = stage_layers(m, plan, stage)
+    dense, moe = interleaved_chunk_layers(m, plan, stage)  # (max vpp, ...)
+    act, grad = _layer_bytes(m, plan, dense, moe, grad_b)
     end = stage_end_params(m, plan, stage) * grad_b
-    v = plan.vpp
-    act, grad = (n_dense * la.dense + n_moe * la.moe) / v, (rp.total * grad_b - end) / v
     first, last = where(stage == 0, end, 0.0), where(stage == plan.pp - 1, end, 0.0)
+    # chunks that differ from chunk 0 (a dense first layer, a hybrid's MoE layers, the MTP modules) are walked
+    alike = np.all((dense == dense[:1]) & (moe == moe[:1]) | (np.arange(len(dense)).reshape(
+        (-1,) + (1,) * (dense.ndim - 1)) >= plan.vpp), axis=0)
     if np.ndim(plan.pp) == 0:  # one plan
-        counts = _counts(int(plan.pp), int(plan.num_microbatches), int(v), int(stage))
-        return equal_chunk_peak(counts, act, grad, first, last)
-    return _per_pipeline_shape(plan, stage, np.asarray(on), whole, (act, grad, first, last))
+        shape = (int(plan.pp), int(plan.num_microbatches), int(plan.vpp), int(stage))
+        if alike:
+            return equal_chunk_peak(_counts(*shape), act[0], grad[0], first, last)
+        v = shape[2]
+        return chunk_gradient_peak(*_walk(*shape), act[:v], _with_ends(grad[:v], first, last))
+    return _per_pipeline_shape(plan, stage, np.asarray(on), whole, act, grad, first, last, alike)
 
 
-def _per_pipeline_shape(plan: Any, stage: Any, on: np.ndarray, whole: Any, parts: tuple[Any, ...]) -> np.ndarray:
-    """equal_chunk_peak over plan arrays: `whole` where `on` is off, else the peak of the plan's (pp,
-    micro-batches, vpp, stage) walk, each distinct shape walked once; parts: (act, grad, first, last)."""
-    out = np.array(np.broadcast_to(whole, on.shape), dtype=float)
+WALK_BLOCK = 256
+"""Plans walked together in the plan-array path's step-by-step walk (bounds its (steps, plans) arrays)."""
+
+
+def _per_pipeline_shape(plan: Any, stage: Any, on: np.ndarray, whole: Any, act: np.ndarray, grad: np.ndarray,
+                        first: Any, last: Any, alike: Any) -> np.ndarray:
+    """pipelined_gradient_bytes over plan arrays: `whole` where `on` is off, else the peak of the plan's (pp,
+    micro-batches, vpp, stage) walk, each distinct shape once: equal_chunk_peak where the plan's chunks are
+    alike, else chunk_gradient_peak on its chunks (act / grad: (max vpp, plans))."""
+    n = on.shape
+    out = np.array(np.broadcast_to(whole, n), dtype=float)
     idx = np.flatnonzero(on)
-    cols = [np.broadcast_to(x, on.shape)[idx] for x in (plan.pp, plan.num_microbatches, plan.vpp, stage)]
+    cols = [np.broadcast_to(x, n)[idx] for x in (plan.pp, plan.num_microbatches, plan.vpp, stage)]
     keys, group = np.unique(np.stack(cols, axis=1).astype(np.int64), axis=0, return_inverse=True)
-    chosen = [np.broadcast_to(x, on.shape)[idx] for x in parts]
+    act, grad = (np.broadcast_to(x, x.shape[:1] + n)[:, idx] for x in (act, grad))
+    first, last, same = (np.broadcast_to(x, n)[idx] for x in (first, last, alike))
     for k, key in enumerate(keys):
-        sel = group.reshape(-1) == k
-        out[idx[sel]] = equal_chunk_peak(_counts(*(int(x) for x in key)), *(x[sel] for x in chosen))
+        shape = tuple(int(x) for x in key)
+        sel = np.flatnonzero((group.reshape(-1) == k) & same)
+        out[idx[sel]] = equal_chunk_peak(_counts(*shape), act[0, sel], grad[0, sel], first[sel], last[sel])
+        walked = np.flatnonzero((group.reshape(-1) == k) & ~same)
+        for b in range(0, len(walked), WALK_BLOCK):
+            w, v = walked[b:b + WALK_BLOCK], shape[2]
+            g = _with_ends(grad[:v, w], first[w], last[w])
+            out[idx[w]] = chunk_gradient_peak(*_walk(*shape), act[:v, w], g)
     return out
