@@ -152,9 +152,16 @@ def interleaved_chunk_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[
     rank) / vpp, as _stage_layers counts them (zero past a plan's own vpp); the MTP modules on the last stage's
     last chunk, after its last layer. Sums over the chunks equal stage_layers. Elementwise on plan arrays.
     Derived: docs/formulas.md#mem.grad_lifetime"""
-    n, mtp = stage_layer_count(m, plan, stage), stage_mtp_modules(m, plan, stage)
-    v, k = plan.vpp, m.first_k_dense_replace if m.is_moe else 0
-    chunk, offset, round_ = n // v, layers_before(m, plan, stage) // v, m.num_hidden_layers // v
+    return chunk_kinds(m, stage_layer_count(m, plan, stage), stage_mtp_modules(m, plan, stage),
+                       layers_before(m, plan, stage), plan.vpp)
+
+
+def chunk_kinds(m: ModelSpec, n: Any, mtp: Any, before: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
+    """interleaved_chunk_layers of a rank of `n` layers and `mtp` MTP modules after `before` layers, at `v`
+    virtual chunks (elementwise; the search calls it once per distinct rank). Derived:
+    docs/formulas.md#mem.grad_lifetime"""
+    k = m.first_k_dense_replace if m.is_moe else 0
+    chunk, offset, round_ = n // v, before // v, m.num_hidden_layers // v
     dense, moe = [], []
     for j in range(int(np.max(v))):
         start, extra = j * round_ + offset, where(j == v - 1, mtp, 0)
