@@ -268,7 +268,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     piped = plan.pp > 1
     # Sharded gradients under an interleaved pipeline: each chunk's unsharded gradients live from its first
     # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
-    gradients = pipelined_gradient_bytes(m, plan, stage, rp, gradient_params(plan, rp) * grad_b, grad_b)
+    gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's

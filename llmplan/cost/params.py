@@ -326,6 +326,14 @@ def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     return where(stage == 0, embedding, 0) + where(stage == plan.pp - 1, head, 0)
 
 
+def layer_params(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any]:
+    """Parameters of one rank's share of (a dense layer, a MoE layer: its non-expert part and its experts), as
+    _rank_params counts a stage's layers. Derived: docs/formulas.md#params.rank"""
+    dense_layer, moe_layer, expert_layer, _, _ = memoized(
+        plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
+    return dense_layer, moe_layer + expert_layer
+
+
 def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any]:
     """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
     the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""

@@ -43,10 +43,13 @@ def stage_order_arrays(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.n
     """stage_order as arrays, one entry per pass: (whether it is a forward, its micro-batch, its chunk); built in
     numpy since the memory model walks hundreds of pipeline shapes of up to ~10^5 passes (cost.grad_lifetime).
     Derived: docs/formulas.md#pipeline.schedule"""
-    groups = [(g, min(g + p, n) - g) for g in range(0, n, p)]  # micro-batches go through the chunks p at a time
-    mb = np.concatenate([np.tile(np.arange(g, g + size), v) for g, size in groups])
-    fwd_chunk = np.concatenate([np.repeat(np.arange(v), size) for _, size in groups])
-    bwd_chunk = np.concatenate([np.repeat(np.arange(v)[::-1], size) for _, size in groups])
+    # micro-batches go through the chunks p at a time: n // p groups of p, then one of the n % p left
+    blocks = [(start, count, size) for start, count, size in ((0, n // p, p), (n - n % p, 1, n % p)) if count * size]
+    shapes = [(count, v, size) for _, count, size in blocks]
+    mb = np.concatenate([np.broadcast_to(start + np.arange(count)[:, None, None] * size + np.arange(size), shape)
+                         .ravel() for (start, count, size), shape in zip(blocks, shapes, strict=True)])
+    fwd_chunk, bwd_chunk = (np.concatenate([np.broadcast_to(order[:, None], shape).ravel() for shape in shapes])
+                            for order in (np.arange(v), np.arange(v)[::-1]))
     warm = warmup_forwards(p, n, v, i)
     steady = n * v - warm
 

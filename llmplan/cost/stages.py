@@ -146,6 +146,39 @@ def _stage_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
     return dense, n - dense + mtp
 
 
+def interleaved_chunk_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) layers of each virtual chunk of rank `stage` without a pp_layout, shape (max vpp, ...): chunk j
+    holds the stage's layers / vpp (a mean where vpp does not divide them) from j·L/vpp + (layers before the
+    rank) / vpp, as _stage_layers counts them (zero past a plan's own vpp); the MTP modules on the last stage's
+    last chunk, after its last layer. Sums over the chunks equal stage_layers. Elementwise on plan arrays.
+    Derived: docs/formulas.md#mem.grad_lifetime"""
+    return chunk_kinds(m, stage_layer_count(m, plan, stage), stage_mtp_modules(m, plan, stage),
+                       layers_before(m, plan, stage), plan.vpp)
+
+
+def chunk_kinds(m: ModelSpec, n: Any, mtp: Any, before: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
+    """interleaved_chunk_layers of a rank of `n` layers and `mtp` MTP modules after `before` layers, at `v`
+    virtual chunks (elementwise; the search calls it once per distinct rank). Derived:
+    docs/formulas.md#mem.grad_lifetime"""
+    k = m.first_k_dense_replace if m.is_moe else 0
+    chunk, offset, round_ = n // v, before // v, m.num_hidden_layers // v
+    dense, moe = [], []
+    for j in range(int(np.max(v))):
+        start, extra = j * round_ + offset, where(j == v - 1, mtp, 0)
+        # n / v layers a chunk (a mean where v does not divide n: torchtitan's uneven stages), the kinds counted
+        # over its n // v whole layers as _stage_layers counts them
+        if not m.is_moe:
+            d = n / v + extra
+        elif m.mlp_layer_types is not None:
+            d = n / v - moe_layers_between(m, start, start + chunk)
+        else:
+            d = maximum(0, minimum(start + chunk, k) - start)
+        e = n / v - d + (extra if m.is_moe else 0 * extra)
+        dense.append(where(j < v, d + 0 * e, 0))
+        moe.append(where(j < v, e + 0 * d, 0))
+    return np.stack(np.broadcast_arrays(*dense)) * 1.0, np.stack(np.broadcast_arrays(*moe)) * 1.0
+
+
 def stage_mtp_modules(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Multi-token-prediction modules held by pipeline rank `stage`: the m symbols of its pp_layout chunks, else
     all of them on the last stage (_stage_layers counts them among the stage's layers). Elementwise on plan
