@@ -20,7 +20,7 @@ from llmplan.fileio import excerpt, exists, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan
-from llmplan.specs.check import check_plan, check_serve_plan
+from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
     build, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
@@ -307,7 +307,37 @@ def saved_pools(pf: PlanFile) -> tuple[PoolCluster, HeteroPlan] | None:
                            f"`llmplan search --save` writes them; re-create the plan")
     pc = build(PoolCluster, raw.get("cluster") or {}, f"{where} (pools.cluster)")
     hp = build(HeteroPlan, {**(raw.get("plan") or {}), "plan": pf.plan.model_dump()}, f"{where} (pools.plan)")
+    check_pinned(pf, pc, hp, where)
     return pc, hp
+
+
+def pinned_text(hp: HeteroPlan) -> str:
+    """The pinned assignment as the file's keys hold it, e.g. 'stage_pools [1, 1, 0, 0]'."""
+    if hp.stage_pools is not None:
+        return f"stage_pools {list(hp.stage_pools)}"
+    return f"replica_pools {list(hp.replica_pools or ())}, replica_batches {list(hp.replica_batches or ())}"
+
+
+def check_pinned(pf: PlanFile, pc: PoolCluster, hp: HeteroPlan, where: str) -> None:
+    """Refuse, in one line, a pinned assignment (pools.plan) that its cluster (pools.cluster) cannot hold
+    (check_pools' rules), or one that puts the whole plan on a pool other than the system the file's hardware
+    and nodes name (export and bench read those for a plan on one pool): estimate, export, check and lock
+    price the assignment as pinned, never a re-derived one."""
+    fix = ("edit pools.plan in the file (stage_pools / replica_pools and replica_batches: pool indices into "
+           "pools.cluster.pools) or re-create the plan with `llmplan search --hardware CLUSTER.yaml --save`")
+    violations = check_pools(pf.model, hp, pc)
+    if violations:
+        v = violations[0]
+        raise LlmplanError(f"{where}: the pinned assignment pools.plan ({pinned_text(hp)}) breaks the rule "
+                           f"{v.rule}: {v.message}; {fix}")
+    used = hp.pools_used()
+    if len(used) == 1:
+        pool, c = pc.pools[used[0]], pf.cluster
+        if pool.system.name != c.system.name or pf.plan.num_gpus != c.num_gpus:
+            raise LlmplanError(f"{where}: the pinned assignment pools.plan ({pinned_text(hp)}) puts the whole "
+                               f"plan ({pf.plan.num_gpus} GPUs) on pool {pool.name} ({pool.system.name}), but the "
+                               f"file's hardware is {c.num_nodes} x {c.system.name} ({c.num_gpus} GPUs); a plan on "
+                               f"one pool is that pool's system with the plan's GPUs; {fix}")
 
 
 def refuse_mixed_pools(pf: PlanFile, what: str) -> None:

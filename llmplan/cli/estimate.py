@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -16,7 +17,9 @@ from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
 from llmplan.fileio import check_target
-from llmplan.planfile import plan_document, serve_plan_document, spec_ref
+from llmplan.hetero import estimate_hetero
+from llmplan.planfile import load_plan, plan_document, saved_pools, serve_plan_document, spec_ref
+from llmplan.report.pools import hetero_json, pinned_view
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.check import check_plan
 from llmplan.specs.check_switches import named_switch_violations
@@ -26,6 +29,7 @@ from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOpti
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
 from llmplan.specs.registry import build, resolve_model
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.placement import parse_order
 
@@ -34,7 +38,8 @@ from llmplan.topology.placement import parse_order
 @opt.grouped
 def estimate(
     *,
-    cluster: Annotated[ClusterOptions, opt.CLUSTER],
+    cluster: Annotated[ClusterOptions, opt.ESTIMATE_CLUSTER],
+    plan_file: Optional[Path] = opt.PLAN_FILE,
     mode: str = opt.MODE,
     plan: Annotated[PlanOptions, opt.PLAN],
     training: Annotated[SwitchOptions, opt.SWITCHES],
@@ -52,7 +57,13 @@ def estimate(
     ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
-    TTFT, TPOT and throughput of one serving plan."""
+    TTFT, TPOT and throughput of one serving plan; --plan FILE: of a saved plan, as saved."""
+    if plan_file is not None:
+        return estimate_saved(plan_file, output, named_options(ctx), ctx)
+    missing = [flag for flag, given in (("--model", cluster.model), ("--hardware", cluster.hardware)) if not given]
+    if missing:
+        raise LlmplanError(f"Missing option {', '.join(repr(f) for f in missing)}: estimate prices a plan of "
+                           "--model on --hardware; give both, or --plan PLAN.json (a saved plan)")
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
     # --moe-dispatcher is shared with training: serving reads it too (alltoall | deepep)
@@ -141,3 +152,27 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
         save_best(output.save, {**plan_document(e, allowance, order, report.estimate_json(e), refs),
                                 **with_hardware_options(c)}, output.force, output.json_mode, "the plan")
+
+
+def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx: typer.Context) -> None:
+    """`estimate --plan FILE`: the saved plan priced as saved (the specs it snapshots, as export reads them),
+    a plan over pools on its pinned assignment (planfile.saved_pools); no other flag, which would change it."""
+    flags = {p.name: (p.opts or [p.name])[0] for p in ctx.command.params if p.name}
+    other = [flags[n] for n in sorted(named - {"plan_file", "json_mode"})]
+    if other:
+        raise LlmplanError(f"--plan {path} prices the saved plan as saved, and {', '.join(other)} would change it; "
+                           f"drop {', '.join(other)} (edit the plan file's keys, or re-create it with --save)")
+    pf = load_plan(path)
+    if pf.mode == "infer":
+        se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.serve_job, pf.allowance)
+        emit(report.serve_json(se), output.json_mode, lambda: report.serve_view(out, se))
+        return
+    checkpoint = build(CheckpointPolicy, pf.document.checkpoint or {}, f"{path} (checkpoint)")
+    pools = saved_pools(pf)
+    if pools is None:
+        e = estimate_training(pf.model, pf.cluster, pf.plan, pf.allowance, pf.axis_order, checkpoint)
+        advice = advise_training(e, pf.allowance, pf.axis_order)
+        emit(report.estimate_json(e, advice), output.json_mode, lambda: report.estimate_view(out, e, advice))
+        return
+    h = estimate_hetero(pf.model, *pools, pf.allowance, pf.axis_order, checkpoint)
+    emit(hetero_json(h), output.json_mode, lambda: pinned_view(out, h))

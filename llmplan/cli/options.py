@@ -248,6 +248,16 @@ class Flags:
 
 CLUSTER = Flags("Cluster", {"model": MODEL, "hardware": HARDWARE, "nodes": NODES, "gpus_per_node": GPUS_PER_NODE,
                             "power_limit": POWER_LIMIT, "domain_gpus": DOMAIN_GPUS})
+ESTIMATE_CLUSTER = Flags("Cluster", {
+    **CLUSTER.options,
+    "model": typer.Option("", "--model", "-m", show_default=False,
+                          help="Built-in model name or path to a spec / config.json (required without --plan)."),
+    "hardware": typer.Option("", "--hardware", show_default=False,
+                             help="Built-in system name or path to a system profile (required without --plan).")})
+"""estimate's cluster flags: --model and --hardware come from the plan file with --plan."""
+PLAN_FILE = typer.Option(None, "--plan", rich_help_panel="Cluster",
+                         help="Price a saved plan file (search / estimate --save) as saved: its model, hardware, "
+                              "plan and, over pools, its pinned stage / replica assignment (no other flag).")
 MEMORY = Flags("Memory allowance", {"overhead_gib": OVERHEAD_GIB, "fragmentation": FRAGMENTATION})
 CHECKPOINTS = Flags("Goodput (training)", {"checkpoint": CHECKPOINT, "checkpoint_interval": CHECKPOINT_INTERVAL,
                                            "failure_rate": FAILURE_RATE})

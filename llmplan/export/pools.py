@@ -18,6 +18,7 @@ refused everywhere.
 
 from __future__ import annotations
 
+from llmplan.cost.params import stage_layer_list
 from llmplan.export import megatron
 from llmplan.export.common import CannotExpress, refuse, sh_header
 from llmplan.planfile import PlanFile, saved_pools
@@ -74,7 +75,7 @@ def mapping_text(pf: PlanFile, pools: tuple[PoolCluster, HeteroPlan]) -> str:
     pc, _ = pools
     p = pf.plan
     width = p.tp * p.cp * p.dp
-    layers = pf.predictions.get("stage_layers") or []
+    layers = stage_layer_list(pf.model, p)  # the plan's own layout, not the predictions saved beside it
     lines = ["pool,system,gpu,first_node_rank,nodes,first_rank,last_rank,stages,layers"]
     for g, first, nodes, stages in node_ranges(pf, pools):
         pool = pc.pools[g]

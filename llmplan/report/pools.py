@@ -10,7 +10,7 @@ from rich.table import Table
 from llmplan.hetero import HeteroEstimate, PoolUse
 from llmplan.report.common import SCHEMA
 from llmplan.report.search import plan_label
-from llmplan.report.training import estimate_json, memory_json
+from llmplan.report.training import estimate_json, estimate_view, memory_json
 from llmplan.search.hetero import PoolSearchResult
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
@@ -45,6 +45,16 @@ def pools_json(h: HeteroEstimate) -> dict[str, Any]:
 def hetero_json(h: HeteroEstimate) -> dict[str, Any]:
     """A plan's estimate document (the single-system keys) with its GPUs over every pool and `pools`."""
     return {**estimate_json(h.estimate), "gpus": sum(u.gpus for u in h.pools), "pools": pools_json(h)}
+
+
+def pinned_view(console: Console, h: HeteroEstimate) -> None:
+    """A saved plan priced on its pinned pools (`estimate --plan`): the estimate's tables, then which pool
+    holds what, as the search's row shows it."""
+    assignment = h.hetero.assignment if len(h.pools) > 1 else "one pool"
+    console.print(f"pools ({assignment}, as pinned in the plan file): {where_cell(h)}")
+    estimate_view(console, h.estimate)
+    if h.cross_pool_s:
+        console.print(f"between pools: {h.cross_pool_s:.3f} s per step on the inter-pool fabric")
 
 
 def pool_search_json(res: PoolSearchResult, pc: PoolCluster, m: ModelSpec, global_batch: int,
