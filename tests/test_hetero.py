@@ -494,6 +494,10 @@ def test_lock_keeps_a_plan_over_pools_and_report_refuses_it(cli, saved_plan, tmp
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "runs over the pools" in lines[0]
     assert not (tmp_path / "r.html").exists()
+    # bench would time one system's layer against the file's one-system snapshot of a plan over two pools
+    r = cli("bench", "--plan", folder / "plan.json")
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "bench --plan prices a plan on one system" in lines[0]
 
 
 def test_export_over_pools_refuses_a_rank_order_without_the_pipeline_outermost(cli, saved_plan, tmp_path: Path):

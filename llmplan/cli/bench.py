@@ -60,6 +60,7 @@ def bench(
         pf = load_plan(plan_file)
         if pf.mode != "train":
             raise LlmplanError("llmplan bench takes training plans (the reference layer is a training layer)")
+        refuse_mixed_pools(pf, "bench --plan")
         m, cluster, plan = pf.model, pf.cluster, pf.plan
     elif model is not None:
         m = resolve_model(model)
