@@ -567,11 +567,12 @@ RECIPE_SETTINGS = {
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
     # Megatron-Bridge 26.08 Nemotron-3 Ultra presets (src/megatron/bridge/perf_recipes/nemotronh/common.py at
     # 067f987d, _apply_nemotron_3_ultra_fsdp_hsdp): Megatron-FSDP, optim_grads_params, sharded within each
-    # 64-GPU NVLink domain with the optimizer state sharded across domains (read as ZeRO-3 over the
-    # data-parallel group: the parameters and gradients, sharded over 64 GPUs in the run, are priced sharded
-    # over all of it).
-    **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1": {"fsdp": True}
-       for g, t in (("gb300", 1), ("gb200", 2))},
+    # 64-GPU NVLink domain with the optimizer state sharded across domains: num_distributed_optimizer_instances
+    # 256 // 64 = 4, outer_dp_sharding_strategy optim (HFSDP); Megatron-LM 2a75ac12c parallel_state.py splits
+    # dp x cp and the expert data-parallel group (4 here: EP64 ETP1) into 4 contiguous partial groups each
+    # (docs/validation.md#hsdp).
+    **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1":
+       {"fsdp": True, "dp_replicate": 4, "dp_outer_optimizer": True} for g, t in (("gb300", 1), ("gb200", 2))},
     # Megatron-Bridge's Qwen3-30B-A3B verification card (perf_recipes/qwen/h100/qwen3_moe.py at 3a9559f01,
     # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
     # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
@@ -1571,6 +1572,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
+        # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)
+        dp_replicate=par.get("dp_replicate", 1), dp_outer_optimizer=bool(par.get("dp_outer_optimizer", False)),
         fp8_attention=mbridge_fp8_attention(rec),
         expert_gemm=mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
