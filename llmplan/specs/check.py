@@ -61,14 +61,15 @@ RULES: tuple[Rule, ...] = (
                          f"{c.num_gpus} GPUs; dp must be {c.num_gpus // (p.tp * p.pp * p.cp)}",
          needs_cluster=True),
     # Megatron-LM parallel_state.py (2a75ac12c): "Data parallel size should be divisible by partial DistOpt shard
-    # factor", and the expert data-parallel size likewise; Megatron-FSDP raises NotImplementedError for outer
-    # optimizer sharding unless the inner strategy is optim_grads_params (param_and_grad_buffer.py).
+    # factor" (dp x cp there; llmplan places the replicas along dp, so dp), and the expert data-parallel size
+    # likewise; Megatron-FSDP raises NotImplementedError for outer optimizer sharding unless the inner strategy
+    # is optim_grads_params (param_and_grad_buffer.py).
     Rule("dp_replicate_divides",
-         lambda m, p, c: ((p.dp * p.cp) % p.dp_replicate == 0) & (p.expert_dp % p.dp_replicate == 0),
-         lambda m, p, c: f"dp_replicate ({p.dp_replicate}) must divide dp x cp ({p.dp} x {p.cp} = {p.dp * p.cp})"
+         lambda m, p, c: (p.dp % p.dp_replicate == 0) & (p.expert_dp % p.dp_replicate == 0),
+         lambda m, p, c: f"dp_replicate ({p.dp_replicate}) must divide dp ({p.dp})"
                          f"{f' and the expert data-parallel degree ({p.expert_dp})' if m.is_moe else ''}: each "
                          "replica shards the ZeRO states over an equal group; valid dp_replicate: "
-                         f"{bounded_list([r for r in divisors(p.dp * p.cp) if p.expert_dp % r == 0])}"),
+                         f"{bounded_list([r for r in divisors(p.dp) if p.expert_dp % r == 0])}"),
     Rule("dp_replicate_zero", lambda m, p, c: (p.dp_replicate == 1) | (p.zero >= 1),
          lambda m, p, c: f"dp_replicate ({p.dp_replicate}) replicates ZeRO shard groups, but zero is 0 (nothing is "
                          "sharded); use --zero 1..3 or --dp-replicate 1"),

@@ -97,7 +97,7 @@ class ParallelPlan(PlanQuantities, Spec):
     experts' data-parallel group, split into this many contiguous groups that each shard the ZeRO states;
     the replicas reduce each shard's gradients across them (Megatron-LM num_distributed_optimizer_instances,
     Megatron-FSDP's outer DP; torchtitan data_parallel_replicate_degree). 1: shard over the whole group.
-    check_plan: it divides dp x cp and the expert data-parallel degree (docs/formulas.md#mem.hsdp)."""
+    check_plan: it divides dp and the expert data-parallel degree (docs/formulas.md#mem.hsdp)."""
     dp_outer_optimizer: bool = False
     """With dp_replicate > 1 and ZeRO-3: the optimizer states (master and moments) sharded over every replica
     too, the weights and gradients within the shard group (Megatron-FSDP outer_dp_sharding_strategy optim,
@@ -550,7 +550,7 @@ class ParallelPlan(PlanQuantities, Spec):
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved)
+        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved, self.dp_replicate)
 
     def describe(self, batch: bool = False) -> str:
         """The plan in one line, every degree and switch named (search's pruning notes, the estimate view,

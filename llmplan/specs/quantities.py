@@ -61,6 +61,8 @@ class Degrees:
     ep: int = 1
     etp: int = 1
     """Expert tensor-parallel degree (resolved: never 'same as tp')."""
+    replicate: int = 1
+    """Hybrid-sharding replicas (ParallelPlan.dp_replicate): dp splits into this many contiguous shard groups."""
 
     @property
     def num_gpus(self) -> int:
