@@ -257,7 +257,7 @@ ASSUMPTIONS = {
                    "hybrid from 2026-12, its MTP module run twice) in the Super presets per release (hybridep, no EP "
                    "overlap, TE CUDA graphs but on B200 MXFP8, moe_act and layernorm recomputed on B200 MXFP8 and "
                    "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
-                   "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
+                   "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP as HSDP: ZeRO-3 within each 64-GPU domain, the optimizer across them, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
                    "communication overlap; its expert fc1 output offloaded to the CPU, mbridge_offload_moe_act) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
@@ -497,8 +497,8 @@ def mbridge_offload_layers(rec: dict) -> int:
 
 MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
 """mbridge rows whose throughput is scored but not their memory (none now). The Nemotron-3 Ultra presets' offload
-of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients, sharded over
-64-GPU domains (HSDP), are still priced sharded over the whole data-parallel group (RECIPE_SETTINGS)."""
+of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are sharded
+within 64-GPU domains (HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
 
 
 def mbridge_offload_moe_act(rec: dict) -> bool:

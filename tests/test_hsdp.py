@@ -3,11 +3,11 @@ num_distributed_optimizer_instances): docs/formulas.md#mem.hsdp."""
 
 from __future__ import annotations
 
+import accuracy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import accuracy
 from llmplan.cost.model_states import model_state_bytes
 from llmplan.estimate import estimate_training
 from llmplan.specs.check import check_plan
@@ -45,9 +45,9 @@ def test_the_ultra_presets_shard_within_a_64_gpu_domain(published_runs, gpu, tp)
     assert (plan.expert_shard, plan.expert_optimizer_shard) == (1, 4)
 
 
-def _memory(dp: int, r: int, outer: bool, zero: int = 3) -> float:
-    plan = ParallelPlan(tp=1, dp=dp, zero=zero, dp_replicate=r, dp_outer_optimizer=outer, global_batch=dp,
-                        seq_len=2048)
+def _memory(dp: int, r: int | None, outer: bool, zero: int = 3) -> float:
+    hsdp = {} if r is None else {"dp_replicate": r, "dp_outer_optimizer": outer}  # None: plain ZeRO
+    plan = ParallelPlan(tp=1, dp=dp, zero=zero, global_batch=dp, seq_len=2048, **hsdp)
     m, c = M["llama-3.1-8b"], ClusterSpec(system=H100, num_nodes=dp // 8)
     assert not check_plan(m, plan, c)
     return estimate_training(m, c, plan).memory
@@ -57,18 +57,19 @@ def _memory(dp: int, r: int, outer: bool, zero: int = 3) -> float:
 @given(st.sampled_from([(16, 2), (16, 4), (32, 4), (32, 8)]))
 def test_more_shards_never_raise_memory_and_one_replica_is_zero3(case):
     dp, r = case
-    plain, one, hybrid, hfsdp = _memory(dp, 1, False), _memory(dp, 1, False), _memory(dp, r, False), \
+    plain, one, hybrid, hfsdp = _memory(dp, None, False), _memory(dp, 1, False), _memory(dp, r, False), \
         _memory(dp, r, True)
-    assert one.total == plain.total
+    assert one.total == plain.total  # one replica sharding over the whole dp group is plain ZeRO-3
+    assert _memory(dp, r // 2, False).total < hybrid.total  # fewer replicas, more shards: less per GPU
     assert plain.total < hfsdp.total < hybrid.total  # the whole group shards more than one replica does
     assert hfsdp.optimizer == pytest.approx(plain.optimizer)  # outer optim: the optimizer over all dp ranks
     assert hybrid.weights == pytest.approx(r * plain.weights)
 
 
 @pytest.mark.parametrize("plan,rule,text", [
-    (dict(dp=6, zero=3, dp_replicate=4, global_batch=6), "dp_replicate_divides", "must divide dp (6)"),
-    (dict(dp=8, zero=0, dp_replicate=2, global_batch=8), "dp_replicate_zero", "zero is 0"),
-    (dict(dp=8, zero=1, dp_replicate=2, dp_outer_optimizer=True, global_batch=8), "dp_outer_optimizer",
+    ({"dp": 6, "zero": 3, "dp_replicate": 4, "global_batch": 6}, "dp_replicate_divides", "must divide dp (6)"),
+    ({"dp": 8, "zero": 0, "dp_replicate": 2, "global_batch": 8}, "dp_replicate_zero", "zero is 0"),
+    ({"dp": 8, "zero": 1, "dp_replicate": 2, "dp_outer_optimizer": True, "global_batch": 8}, "dp_outer_optimizer",
      "use --zero 3 with --dp-replicate > 1"),
 ])
 def test_check_plan_refuses_what_megatron_refuses(plan, rule, text):
@@ -111,3 +112,24 @@ def test_the_replicas_reduce_once_a_step_across_domains(published_runs):
     out = [t for t in dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], 0, spans["dpcp_out"],
                                    spans["edp_out"]) if t.group.axis == "edp_out" and t.calls > 0]
     assert sorted(t.collective for t in out) == ["all-gather", "reduce-scatter"]
+
+
+def test_cli_takes_the_switches_and_refuses_a_replica_count_that_does_not_divide_dp(tmp_path, cli):
+    import json
+
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+    from llmplan.planfile import load_plan
+    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--zero", "3",
+              "--global-batch", "8", "--dp-replicate", "3")
+    assert bad.code == 2 and "dp_replicate (3) must divide dp (8)" in bad.err and "Traceback" not in bad.err
+    path = tmp_path / "plan.json"
+    made = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "1",
+               "--global-batch", "16", "--dp-replicate", "2", "--save", str(path))
+    assert made.code == 0, made.err
+    assert json.loads(path.read_text())["plan"]["dp_replicate"] == 2
+    pf = load_plan(path)
+    # Megatron-LM megatron/training/arguments.py (2a75ac12c): --num-distributed-optimizer-instances
+    assert "--num-distributed-optimizer-instances 2" in "\n".join(render_all(pf, "megatron")[0].values())
+    with pytest.raises(CannotExpress, match="hybrid sharding"):
+        render_all(pf, "deepspeed")
