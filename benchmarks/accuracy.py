@@ -257,7 +257,7 @@ ASSUMPTIONS = {
                    "hybrid from 2026-12, its MTP module run twice) in the Super presets per release (hybridep, no EP "
                    "overlap, TE CUDA graphs but on B200 MXFP8, moe_act and layernorm recomputed on B200 MXFP8 and "
                    "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
-                   "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP read as ZeRO-3 over the data-parallel group, hybridep, "
+                   "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP as HSDP: ZeRO-3 within each 64-GPU domain, the optimizer across them, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
                    "communication overlap; its expert fc1 output offloaded to the CPU, mbridge_offload_moe_act) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
@@ -497,8 +497,8 @@ def mbridge_offload_layers(rec: dict) -> int:
 
 MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
 """mbridge rows whose throughput is scored but not their memory (none now). The Nemotron-3 Ultra presets' offload
-of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients, sharded over
-64-GPU domains (HSDP), are still priced sharded over the whole data-parallel group (RECIPE_SETTINGS)."""
+of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are sharded
+within 64-GPU domains (HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
 
 
 def mbridge_offload_moe_act(rec: dict) -> bool:
@@ -567,11 +567,12 @@ RECIPE_SETTINGS = {
     "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
     # Megatron-Bridge 26.08 Nemotron-3 Ultra presets (src/megatron/bridge/perf_recipes/nemotronh/common.py at
     # 067f987d, _apply_nemotron_3_ultra_fsdp_hsdp): Megatron-FSDP, optim_grads_params, sharded within each
-    # 64-GPU NVLink domain with the optimizer state sharded across domains (read as ZeRO-3 over the
-    # data-parallel group: the parameters and gradients, sharded over 64 GPUs in the run, are priced sharded
-    # over all of it).
-    **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1": {"fsdp": True}
-       for g, t in (("gb300", 1), ("gb200", 2))},
+    # 64-GPU NVLink domain with the optimizer state sharded across domains: num_distributed_optimizer_instances
+    # 256 // 64 = 4, outer_dp_sharding_strategy optim (HFSDP); Megatron-LM 2a75ac12c parallel_state.py splits
+    # dp x cp and the expert data-parallel group (4 here: EP64 ETP1) into 4 contiguous partial groups each
+    # (docs/validation.md#hsdp).
+    **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1":
+       {"fsdp": True, "dp_replicate": 4, "dp_outer_optimizer": True} for g, t in (("gb300", 1), ("gb200", 2))},
     # Megatron-Bridge's Qwen3-30B-A3B verification card (perf_recipes/qwen/h100/qwen3_moe.py at 3a9559f01,
     # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
     # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
@@ -1571,6 +1572,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
+        # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)
+        dp_replicate=par.get("dp_replicate", 1), dp_outer_optimizer=bool(par.get("dp_outer_optimizer", False)),
         fp8_attention=mbridge_fp8_attention(rec),
         expert_gemm=mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],

@@ -62,6 +62,13 @@ OFFLOAD_MOE_ACT = typer.Option(_plan("offload_moe_act"), "--offload-moe-act/--no
                                help="Copy each MoE layer's expert fc1 output to host memory and back, beside "
                                     "compute (Megatron --fine-grained-activation-offloading --offload-modules "
                                     "moe_act).")
+DP_REPLICATE = typer.Option(_plan("dp_replicate"), "--dp-replicate", min=1, max=10_000_000,
+                            help="Hybrid sharding: split dp x cp into N replicas that each shard the ZeRO states "
+                                 "(Megatron --num-distributed-optimizer-instances; torchtitan "
+                                 "data_parallel_replicate_degree).")
+DP_OUTER_OPTIMIZER = typer.Option(_plan("dp_outer_optimizer"), "--dp-outer-optimizer/--no-dp-outer-optimizer",
+                                  help="With --dp-replicate and ZeRO-3: shard the optimizer states across the "
+                                       "replicas too (Megatron-FSDP --outer-dp-sharding-strategy optim).")
 RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                  help="With --recompute selective: the Megatron modules to recompute, comma-separated "
                                       "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts, mhc; "
@@ -270,7 +277,8 @@ SWITCHES = Flags("Training switches", {
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS,
-    "offload_moe_act": OFFLOAD_MOE_ACT, "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
+    "offload_moe_act": OFFLOAD_MOE_ACT, "dp_replicate": DP_REPLICATE, "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
+    "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,

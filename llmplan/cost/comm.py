@@ -589,7 +589,7 @@ def pp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
 
 
 def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group: G,
-                 stage: Any = 0) -> list[Transfer[G]]:
+                 stage: Any = 0, dense_outer: G | None = None, expert_outer: G | None = None) -> list[Transfer[G]]:
     """Gradient synchronisation over dp x cp (dense) and expert-dp (experts): all-reduce of the gradients;
     with ZeRO-1 (distributed optimizer) one reduce-scatter of the accumulated gradients + all-gather of the
     updated weights per step; ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
@@ -603,7 +603,9 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     under DualPipe).
     Source: Rajbhandari et al. 2020 §7 (ZeRO communication volume); microsoft/DeepSpeed
     runtime/pipe/engine.py _bf16_reduce_grads (buffered_allreduce_fallback of the optimizer's fp32 gradients).
-    Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail"""
+    Hybrid sharding (dp_replicate > 1): the groups above are the shard groups (dense_group, expert_group: the
+    partial groups), and each step the replicas reduce the shard's gradients across them (hsdp_transfers).
+    Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
@@ -616,7 +618,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
-    groups = ((rp.dense, dense_group, plan.dp * plan.cp), (rp.expert, expert_group, plan.expert_dp))
+    groups = ((rp.dense, dense_group, plan.zero_shard), (rp.expert, expert_group, plan.expert_shard))
     for params, group, ranks in groups:
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
@@ -628,7 +630,26 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
                 Transfer("all-gather", gather_calls * b_g, w * params / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_GATHER_COPIES * w * params / u, 0.0))]
+    if dense_outer is not None and expert_outer is not None:
+        out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole) \
+            + hsdp_transfers(plan, rp.expert / plan.expert_shard, expert_outer, u, whole)
     return out
+
+
+def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any) -> list[Transfer[G]]:
+    """Hybrid sharding's collectives across the dp_replicate replicas, once per step, on a rank's `shard`
+    parameters (its shard group's share): the gradient shard all-reduced (Megatron-LM's partial distributed
+    optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
+    replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
+    ZeRO-3 unit (`u`). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
+    fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
+    reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
+    on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
+    g, w, outer_optim = plan.grad_bytes, plan.weight_bytes, plan.dp_outer_optimizer
+    calls = where(on, u, 0)
+    return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
+            Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
+            Transfer("all-gather", where(outer_optim, calls, 0), w * shard / u, outer)]
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
@@ -827,7 +848,8 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
     """Communication of one training step for every axis (axes of size 1 send nothing); the dp axis of a
     rank of each candidate stage beside it (CommBreakdown.dp_stages)."""
     dp = each_stage(candidate_stages(m, plan),
-                    lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp"], spans["edp"], i), system))
+                    lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], i,
+                                                        spans["dpcp_out"], spans["edp_out"]), system))
     return CommBreakdown({
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),

@@ -285,6 +285,7 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
-    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.zero_shard + expert_on_rank / plan.expert_dp,
+    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.optimizer_shard
+                    + expert_on_rank / plan.expert_optimizer_shard,
                     params_on_rank)
     return sharded * per_param / gpu.hbm_achieved_bytes_per_s

@@ -58,7 +58,8 @@ def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     docs/formulas.md#goodput.checkpoint"""
     per = checkpoint_bytes_per_param(plan)
     shares = each_stage(candidate_stages(m, plan),
-                        lambda s: (lambda rp: rp.dense / plan.zero_shard + rp.expert / plan.expert_dp)(rank_params(m, plan, s)))
+                        lambda s: (lambda rp: rp.dense / (plan.dp * plan.cp) + rp.expert / plan.expert_dp)(
+                            rank_params(m, plan, s)))
     best = shares[0]
     for s in shares[1:]:
         best = maximum(best, s)

@@ -246,8 +246,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
     paired = schedule_of(plan).param_copies == 2  # DualPipe: each rank holds stages i and pp-1-i
     rp = paired_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)
-    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o)
-    expert = model_state_bytes(rp.expert, plan.expert_dp, plan.zero, state_w, grad_b, state_o)
+    dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o, plan.optimizer_shard)
+    expert = model_state_bytes(rp.expert, plan.expert_shard, plan.zero, state_w, grad_b, state_o,
+                               plan.expert_optimizer_shard)
 
     def stage_act(s: Any) -> ActivationBytes:
         return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(

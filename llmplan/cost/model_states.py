@@ -30,26 +30,29 @@ class ModelStateBytes(Breakdown):
 
 
 def model_state_bytes(n_params: Any, shard: Any, zero: Any, weight_bytes: Any, grad_bytes: Any,
-                      optim_bytes: Any = ADAM_STATE_BYTES) -> ModelStateBytes:
+                      optim_bytes: Any = ADAM_STATE_BYTES, optim_shard: Any = None) -> ModelStateBytes:
     """Mixed-precision Adam model states of n_params replicated parameters under ZeRO over `shard` ranks.
 
     Source: Rajbhandari et al. 2020 (ZeRO), Section 5: 2Ψ+2Ψ+KΨ with K=12; stage 1 shards K, stage 2 also the
     gradients, stage 3 also the parameters. Megatron's distributed optimizer is stage 1 with fp32 gradients
     (6 + 12/d bytes/param, Megatron-LM docs). K is ParallelPlan.optimizer_bytes: master + two moments in their
-    dtypes (8 with bf16 moments, DeepSeek-V3 report §3.3.3). Derived: docs/formulas.md#mem.model_states"""
+    dtypes (8 with bf16 moments, DeepSeek-V3 report §3.3.3). Hybrid sharding shards the optimizer over
+    `optim_shard` ranks (default `shard`; Megatron-FSDP's outer optim sharding: every replica's ranks).
+    Derived: docs/formulas.md#mem.model_states, docs/formulas.md#mem.hsdp"""
+    o = shard if optim_shard is None else optim_shard
     return ModelStateBytes(
         weights=n_params * weight_bytes / where(zero >= 3, shard, 1),
         gradients=n_params * grad_bytes / where(zero >= 2, shard, 1),
-        optimizer=n_params * optim_bytes / where(zero >= 1, shard, 1),
+        optimizer=n_params * optim_bytes / where(zero >= 1, o, 1),
     )
 
 
 def gradient_params(plan: ParallelPlan, rp: RankParams) -> Any:
     """Parameters whose gradients a rank holding `rp` keeps: ZeRO-2/3 shard them (the dense over zero_shard, the
-    routed experts over expert_dp, as model_state_bytes does), but under a pipeline they stay whole until the last
+    routed experts over expert_shard, as model_state_bytes does), but under a pipeline they stay whole until the last
     micro-batch (PyTorch pipelining with FSDP2). Derived: docs/formulas.md#mem.other"""
     sharded = plan.sharded_per_microbatch
-    return rp.dense / where(sharded, plan.zero_shard, 1) + rp.expert / where(sharded, plan.expert_dp, 1)
+    return rp.dense / where(sharded, plan.zero_shard, 1) + rp.expert / where(sharded, plan.expert_shard, 1)
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,11 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     larger of the reduction's (the states beside each bucket) and the step's (the partition's gradients
     beside its flat copy and its cast, the rest of the gradients freed). Derived:
     docs/formulas.md#mem.optimizer_copies"""
-    cd, ce = optimizer_copies(plan, rp.dense, plan.zero_shard), optimizer_copies(plan, rp.expert, plan.expert_dp)
+    od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
+    cd, ce = optimizer_copies(plan, rp.dense, od), optimizer_copies(plan, rp.expert, oe)
     grad_b = plan.grad_bytes
     reduce_peak = states + cd.bucket + ce.bucket
-    step_peak = states - gradients + rp.dense * grad_b / plan.zero_shard + rp.expert * grad_b / plan.expert_dp \
+    step_peak = states - gradients + rp.dense * grad_b / od + rp.expert * grad_b / oe \
         + cd.flat + cd.cast + ce.flat + ce.cast
     return cd.total + ce.total, maximum(reduce_peak, step_peak)
 

@@ -202,6 +202,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     if p.offload_layers:
         out += [("model.cpu_offloading", True), ("model.cpu_offloading_num_layers", p.offload_layers),
                 ("model.cpu_offloading_weights", False)]
+    if p.dp_replicate > 1:  # DistributedDataParallelConfig.num_distributed_optimizer_instances (2a75ac12c)
+        out.append(("ddp.num_distributed_optimizer_instances", p.dp_replicate))
     if p.offload_moe_act:  # TransformerConfig.fine_grained_activation_offloading / offload_modules (2a75ac12c)
         out += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", "[moe_act]")]
     if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_

@@ -45,6 +45,9 @@ def check(pf: PlanFile) -> None:
         (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
          "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
          p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
+        (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
+         "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
+         "re-plan with --dp-replicate 1, or export to megatron"),
         ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
          p.offload_moe_act, "re-plan without --offload-moe-act, or export to megatron"),
         ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", p.fp8_attention,

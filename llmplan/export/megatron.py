@@ -134,6 +134,9 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
     pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+              # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
+              # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
+              ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the

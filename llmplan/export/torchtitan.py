@@ -138,6 +138,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
+    if p.dp_outer_optimizer:
+        raise refuse(target, "the optimizer sharded across the hybrid-sharding replicas (Megatron-FSDP's outer "
+                     "optim sharding; FSDP2's HSDP replicates the shard group's optimizer states)",
+                     "re-plan without --dp-outer-optimizer")
     if p.offload_moe_act:
         raise refuse(target, "fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules "
                      "moe_act; this export writes no offload hooks)", "re-plan without --offload-moe-act, or "
@@ -335,9 +339,11 @@ def model_parts(pf: PlanFile) -> str:
 
 def _fsdp(pf: PlanFile) -> tuple[int, int, str]:
     """(replicate degree, shard degree, reshard after forward): ZeRO-0 replicates (DDP), ZeRO-2 shards
-    without resharding after forward, ZeRO-3 shards and reshards."""
+    without resharding after forward, ZeRO-3 shards and reshards; hybrid sharding (dp_replicate) replicates
+    dp_replicate groups of dp / dp_replicate shards (torchtitan's HSDP: FSDP2 over a 2-D mesh)."""
     p = pf.plan
-    return (p.dp, 1, "default") if p.zero == 0 else (1, p.dp, "never" if p.zero == 2 else "default")
+    r = p.dp_replicate
+    return (p.dp, 1, "default") if p.zero == 0 else (r, p.dp // r, "never" if p.zero == 2 else "default")
 
 
 def compiled_components(p) -> list[str]:

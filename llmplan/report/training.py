@@ -90,9 +90,10 @@ def comm_table(comm: CommBreakdown, system: SystemSpec) -> Table:
         if not a.transfers:
             t.add_row(axis, "-", "0", "-", "0", "1 GPU (no communication)", "0")
             continue
-        for i, x in enumerate(a.transfers):
+        for i, x in enumerate(a.transfers):  # a group named where it changes (hybrid sharding's replicas)
+            new_group = i == 0 or x.group != a.transfers[i - 1].group
             t.add_row(axis if i == 0 else "", x.collective, f"{x.calls:,.0f}", human_bytes(x.message),
-                      f"{x.bytes / GIB:,.2f}", x.group.describe(up, down) if i == 0 else "",
+                      f"{x.bytes / GIB:,.2f}", x.group.describe(up, down) if new_group else "",
                       f"{a.seconds:,.3f}" if i == 0 else "")
     t.add_row("[bold]total[/]", "", "", "", f"[bold]{comm.bytes / GIB:,.2f}[/]", "", f"[bold]{comm.seconds:,.3f}[/]")
     return t

@@ -118,9 +118,10 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         order: tuple[str, ...] = DEFAULT_ORDER) -> CommSeconds:
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
-    layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved], axis=1)
+    layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved,
+                       np.broadcast_to(plans.dp_replicate, np.shape(plans.tp))], axis=1)
     uniq, inv = unique_rows(layout)
-    degrees = [Degrees(int(t), int(p), int(d), int(c), int(e), int(x)) for t, p, d, c, e, x in uniq]
+    degrees = [Degrees(int(t), int(p), int(d), int(c), int(e), int(x), int(r)) for t, p, d, c, e, x, r in uniq]
     misfit = next((d for d in degrees if d.num_gpus != cluster.num_gpus), None)
     if misfit is not None:
         place(misfit, cluster, order)  # says why its groups cannot be placed
@@ -171,7 +172,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
 
     # each candidate stage's rank reduces and gathers its own parameters (docs/formulas.md#step.stage_tail)
     stages = each_stage(candidate_stages(m, plans.as_plan),
-                        lambda i: dp_transfers(m, plans.as_plan, "dpcp", "edp", i))
+                        lambda i: dp_transfers(m, plans.as_plan, "dpcp_in", "edp_in", i, "dpcp_out", "edp_out"))
     dp_stages = each_stage(tuple(stages), lambda x: (  # a repeated stage: timed once
         total([t for t in x if t.collective != "all-gather"]), total([t for t in x if t.collective == "all-gather"])))
     dp = stages[0]

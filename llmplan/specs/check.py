@@ -60,6 +60,23 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"tp x pp x cp x dp ({p.tp * p.pp * p.cp} x {p.dp} = {p.num_gpus}) must equal the "
                          f"{c.num_gpus} GPUs; dp must be {c.num_gpus // (p.tp * p.pp * p.cp)}",
          needs_cluster=True),
+    # Megatron-LM parallel_state.py (2a75ac12c): "Data parallel size should be divisible by partial DistOpt shard
+    # factor" (dp x cp there; llmplan places the replicas along dp, so dp), and the expert data-parallel size
+    # likewise; Megatron-FSDP raises NotImplementedError for outer optimizer sharding unless the inner strategy
+    # is optim_grads_params (param_and_grad_buffer.py).
+    Rule("dp_replicate_divides",
+         lambda m, p, c: (p.dp % p.dp_replicate == 0) & (p.expert_dp % p.dp_replicate == 0),
+         lambda m, p, c: f"dp_replicate ({p.dp_replicate}) must divide dp ({p.dp})"
+                         f"{f' and the expert data-parallel degree ({p.expert_dp})' if m.is_moe else ''}: each "
+                         "replica shards the ZeRO states over an equal group; valid dp_replicate: "
+                         f"{bounded_list([r for r in divisors(p.dp) if p.expert_dp % r == 0])}"),
+    Rule("dp_replicate_zero", lambda m, p, c: (p.dp_replicate == 1) | (p.zero >= 1),
+         lambda m, p, c: f"dp_replicate ({p.dp_replicate}) replicates ZeRO shard groups, but zero is 0 (nothing is "
+                         "sharded); use --zero 1..3 or --dp-replicate 1"),
+    Rule("dp_outer_optimizer", lambda m, p, c: (not p.dp_outer_optimizer) | ((p.dp_replicate > 1) & (p.zero == 3)),
+         lambda m, p, c: f"dp_outer_optimizer shards the optimizer across the replicas of a ZeRO-3 shard group "
+                         f"(Megatron-FSDP outer optim sharding), but dp_replicate is {p.dp_replicate} and zero "
+                         f"{p.zero}; use --zero 3 with --dp-replicate > 1, or drop --dp-outer-optimizer"),
     Rule("dtype_hardware", lambda m, p, c: p.gemm_format in c.system.gpu.tflops,
          lambda m, p, c: f"{c.system.gpu.name} has no {p.gemm_format} tensor cores for {p.dtype}"
                          f"{' (' + p.recipe + ')' if p.low_precision else ''}; use --precision bf16 (this GPU "

@@ -114,6 +114,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.offload_layers."""
     offload_moe_act: bool
     """ParallelPlan.offload_moe_act."""
+    dp_replicate: int
+    """ParallelPlan.dp_replicate."""
+    dp_outer_optimizer: bool
+    """ParallelPlan.dp_outer_optimizer."""
     recompute_modules: str | None
     """Comma-separated Megatron recompute modules (ParallelPlan.recompute_modules); None: the default."""
     overlap_grad_reduce: bool

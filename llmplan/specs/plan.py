@@ -92,6 +92,16 @@ class ParallelPlan(PlanQuantities, Spec):
     zero: int = Field(default=0, ge=0, le=3)
     """ZeRO stage over the data-parallel (x cp) group: 1 optimizer (= Megatron distributed optimizer),
     2 + gradients, 3 + parameters."""
+    dp_replicate: int = Field(default=1, ge=1, le=10_000_000)
+    """Hybrid sharding (HSDP): replicas of the ZeRO shard group. The data-parallel (x cp) group, and the routed
+    experts' data-parallel group, split into this many contiguous groups that each shard the ZeRO states;
+    the replicas reduce each shard's gradients across them (Megatron-LM num_distributed_optimizer_instances,
+    Megatron-FSDP's outer DP; torchtitan data_parallel_replicate_degree). 1: shard over the whole group.
+    check_plan: it divides dp and the expert data-parallel degree (docs/formulas.md#mem.hsdp)."""
+    dp_outer_optimizer: bool = False
+    """With dp_replicate > 1 and ZeRO-3: the optimizer states (master and moments) sharded over every replica
+    too, the weights and gradients within the shard group (Megatron-FSDP outer_dp_sharding_strategy optim,
+    "HFSDP"); off: the replicas hold the shard group's optimizer shards alike (outer no_shard)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (Megatron's: the attention core), full (every layer) or op
     (torchtitan's per-op selective checkpointing: every layer keeps its input, the outputs of every other
@@ -540,14 +550,16 @@ class ParallelPlan(PlanQuantities, Spec):
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved)
+        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved, self.dp_replicate)
 
     def describe(self, batch: bool = False) -> str:
         """The plan in one line, every degree and switch named (search's pruning notes, the estimate view,
         export headers); `batch` adds the global batch, the sequence length and the dtype."""
         text = (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} ep {self.ep} vpp {self.vpp} "
-                f"sp {'on' if self.sp else 'off'} zero {self.zero} recompute {self.recompute} "
-                f"micro-batch {self.micro_batch}")
+                f"sp {'on' if self.sp else 'off'} zero {self.zero} "
+                + (f"dp-replicate {self.dp_replicate}{' optimizer across ' if self.dp_outer_optimizer else ' '}"
+                   if self.dp_replicate > 1 else "")
+                + f"recompute {self.recompute} micro-batch {self.micro_batch}")
         return f"{text} global batch {self.global_batch} seq {self.seq_len} {self.dtype}" if batch else text
 
     @property

@@ -61,6 +61,8 @@ class Degrees:
     ep: int = 1
     etp: int = 1
     """Expert tensor-parallel degree (resolved: never 'same as tp')."""
+    replicate: int = 1
+    """Hybrid-sharding replicas (ParallelPlan.dp_replicate): dp splits into this many contiguous shard groups."""
 
     @property
     def num_gpus(self) -> int:
@@ -131,6 +133,12 @@ if TYPE_CHECKING:
 
         @property
         def zero(self) -> Any: ...
+
+        @property
+        def dp_replicate(self) -> Any: ...
+
+        @property
+        def dp_outer_optimizer(self) -> Any: ...
 
         @property
         def recipe(self) -> Any: ...
@@ -212,14 +220,35 @@ class PlanQuantities(_QuantityInputs):
 
     @property
     def zero_shard(self) -> Any:
-        """Ranks that share one replica's optimizer/gradient/parameter shards: dp x cp (Megatron)."""
-        return self.dp * self.cp
+        """Ranks that share one replica's gradient/parameter shards: dp x cp (Megatron), over dp_replicate under
+        hybrid sharding (Megatron-LM parallel_state.py, intra_partial_data_parallel_size).
+        Derived: docs/formulas.md#mem.hsdp"""
+        return self.dp * self.cp // self.dp_replicate
+
+    @property
+    def optimizer_shard(self) -> Any:
+        """Ranks that share one replica's optimizer shards: zero_shard, or all of dp x cp where the optimizer is
+        sharded across the replicas too (dp_outer_optimizer). Derived: docs/formulas.md#mem.hsdp"""
+        return where(self.dp_outer_optimizer, self.dp * self.cp, self.zero_shard)
 
     @property
     def expert_dp(self) -> Any:
         """Ranks that share one routed expert's optimizer/gradient shards and its checkpoint share: Megatron-Core's
         expert data-parallel group, world / (etp x ep x pp) (parallel_state.py, expt_dp_group)."""
         return maximum(1, self.num_gpus // (self.etp_resolved * self.ep * self.pp))
+
+    @property
+    def expert_shard(self) -> Any:
+        """Ranks that share one routed expert's gradient/parameter shards: expert_dp, over dp_replicate under
+        hybrid sharding (parallel_state.py, intra_partial_expert_data_parallel_size).
+        Derived: docs/formulas.md#mem.hsdp"""
+        return maximum(1, self.expert_dp // self.dp_replicate)
+
+    @property
+    def expert_optimizer_shard(self) -> Any:
+        """Ranks that share one routed expert's optimizer shards (as optimizer_shard). Derived:
+        docs/formulas.md#mem.hsdp"""
+        return where(self.dp_outer_optimizer, self.expert_dp, self.expert_shard)
 
     @property
     def num_microbatches(self) -> Any:

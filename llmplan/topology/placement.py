@@ -77,6 +77,13 @@ def axis_dims(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str
     dims["dpcp"] = ((plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
     dims["ep"] = ((ep, etp),)
     dims["edp"] = ((edp, etp * ep),)
+    # hybrid sharding (Megatron-LM parallel_state.py: the partial groups are contiguous slices of each group's
+    # ranks): the shard groups inside, their replicas across (docs/formulas.md#mem.hsdp)
+    r = plan.replicate
+    dims["dpcp_in"] = ((plan.cp, strides["cp"]), (plan.dp // r, strides["dp"]))
+    dims["dpcp_out"] = ((r, strides["dp"] * (plan.dp // r)),)
+    dims["edp_in"] = ((max(1, edp // r), etp * ep),)
+    dims["edp_out"] = ((r, etp * ep * max(1, edp // r)),)
     return dims
 
 

@@ -1,0 +1,135 @@
+"""Hybrid sharding (ParallelPlan.dp_replicate / dp_outer_optimizer; Megatron-FSDP HSDP / HFSDP, Megatron-LM
+num_distributed_optimizer_instances): docs/formulas.md#mem.hsdp."""
+
+from __future__ import annotations
+
+import accuracy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmplan.cost.model_states import model_state_bytes
+from llmplan.estimate import estimate_training
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+M = builtin_models()
+H100 = builtin_systems()["dgx-h100"]
+ULTRA = "mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{}-256gpu-mxfp8-tp{}pp1cp1ep64vpnagbs256mbs1"
+
+
+def test_model_states_by_hand():
+    # 1e9 parameters, ZeRO-3, 2-byte weights and gradients, K = 12: weights and gradients over the partial group
+    # of 4, the optimizer over all 8 ranks (outer optim sharding): 0.5 + 0.5 + 1.5 GB
+    s = model_state_bytes(1e9, 4, 3, 2.0, 2.0, 12.0, 8)
+    assert (s.weights, s.gradients, s.optimizer) == (5e8, 5e8, 1.5e9)
+    p = ParallelPlan(dp=8, zero=3, dp_replicate=2, dp_outer_optimizer=True, global_batch=8)
+    assert (p.zero_shard, p.optimizer_shard) == (4, 8)
+    q = p.model_copy(update={"dp_outer_optimizer": False})
+    assert (q.zero_shard, q.optimizer_shard) == (4, 4)
+
+
+@pytest.mark.parametrize("gpu,tp", [("gb300", 1), ("gb200", 2)])
+def test_the_ultra_presets_shard_within_a_64_gpu_domain(published_runs, gpu, tp):
+    # Megatron-Bridge perf_recipes/nemotronh/common.py at 067f987d (_apply_nemotron_3_ultra_fsdp_hsdp):
+    # num_distributed_optimizer_instances = 256 // 64 = 4, outer_dp_sharding_strategy "optim"; Megatron-LM
+    # parallel_state.py at 2a75ac12c: partial groups of dp·cp / 4 ranks, experts of edp / 4 (edp = 256 / EP64 = 4)
+    rec = published_runs[ULTRA.format(gpu, tp)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, c, plan = setup
+    assert not check_plan(m, plan, c)
+    assert (plan.dp_replicate, plan.dp_outer_optimizer, plan.zero) == (4, True, 3)
+    assert plan.zero_shard * tp == 64 and plan.optimizer_shard == 256 // tp
+    assert (plan.expert_shard, plan.expert_optimizer_shard) == (1, 4)
+
+
+def _memory(dp: int, r: int | None, outer: bool, zero: int = 3) -> float:
+    hsdp = {} if r is None else {"dp_replicate": r, "dp_outer_optimizer": outer}  # None: plain ZeRO
+    plan = ParallelPlan(tp=1, dp=dp, zero=zero, global_batch=dp, seq_len=2048, **hsdp)
+    m, c = M["llama-3.1-8b"], ClusterSpec(system=H100, num_nodes=dp // 8)
+    assert not check_plan(m, plan, c)
+    return estimate_training(m, c, plan).memory
+
+
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(st.sampled_from([(16, 2), (16, 4), (32, 4), (32, 8)]))
+def test_more_shards_never_raise_memory_and_one_replica_is_zero3(case):
+    dp, r = case
+    plain, one, hybrid, hfsdp = _memory(dp, None, False), _memory(dp, 1, False), _memory(dp, r, False), \
+        _memory(dp, r, True)
+    assert one.total == plain.total  # one replica sharding over the whole dp group is plain ZeRO-3
+    assert _memory(dp, r // 2, False).total < hybrid.total  # fewer replicas, more shards: less per GPU
+    assert plain.total < hfsdp.total < hybrid.total  # the whole group shards more than one replica does
+    assert hfsdp.optimizer == pytest.approx(plain.optimizer)  # outer optim: the optimizer over all dp ranks
+    assert hybrid.weights == pytest.approx(r * plain.weights)
+
+
+@pytest.mark.parametrize("plan,rule,text", [
+    ({"dp": 6, "zero": 3, "dp_replicate": 4, "global_batch": 6}, "dp_replicate_divides", "must divide dp (6)"),
+    ({"dp": 8, "zero": 0, "dp_replicate": 2, "global_batch": 8}, "dp_replicate_zero", "zero is 0"),
+    ({"dp": 8, "zero": 1, "dp_replicate": 2, "dp_outer_optimizer": True, "global_batch": 8}, "dp_outer_optimizer",
+     "use --zero 3 with --dp-replicate > 1"),
+])
+def test_check_plan_refuses_what_megatron_refuses(plan, rule, text):
+    v = [x for x in check_plan(M["llama-3.1-8b"], ParallelPlan(**plan)) if x.rule == rule]
+    assert v and text in v[0].message
+
+
+def test_vectorised_search_agrees_with_the_scalar_estimate():
+    # the search's arrays (search.evaluate) and the one-plan estimate price the partial groups and the replicas'
+    # collectives alike, memory and step time, on MoE plans of several EP / PP with 2 replicas
+    import numpy as np
+
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=H100, num_nodes=4)
+    for outer in (False, True):
+        w = Workload(global_batch=64, seq_len=4096, dp_replicate=2, dp_outer_optimizer=outer)
+        plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+        idx = [i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)][:25]
+        assert idx
+        vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+        for j, i in enumerate(idx):
+            scalar = estimate_training(m, cluster, plans.plan(i))
+            assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+            assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+def test_the_replicas_reduce_once_a_step_across_domains(published_runs):
+    # Ultra GB200 (TP2, EP64, 256 GPUs in 64-GPU domains): the routed experts' shard group is one rank (edp 4 /
+    # 4 replicas), so no expert collective within it; across the replicas one reduce-scatter and one all-gather
+    # of the rank's whole expert share a step (outer optim sharding), over 4 domains
+    from llmplan.cost.comm import dp_transfers
+    from llmplan.topology.placement import place
+    rec = published_runs[ULTRA.format("gb200", 2)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, c, plan = setup  # the launcher's 64-GPU NVLink segments
+    spans = place(plan.degrees, c)
+    assert spans["dpcp_in"].domains == 1 and spans["dpcp_out"].domains == 4 and spans["edp_in"].size == 1
+    out = [t for t in dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], 0, spans["dpcp_out"],
+                                   spans["edp_out"]) if t.group.axis == "edp_out" and t.calls > 0]
+    assert sorted(t.collective for t in out) == ["all-gather", "reduce-scatter"]
+
+
+def test_cli_takes_the_switches_and_refuses_a_replica_count_that_does_not_divide_dp(tmp_path, cli):
+    import json
+
+    from llmplan.export import render_all
+    from llmplan.export.common import CannotExpress
+    from llmplan.planfile import load_plan
+    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--zero", "3",
+              "--global-batch", "8", "--dp-replicate", "3")
+    assert bad.code == 2 and "dp_replicate (3) must divide dp (8)" in bad.err and "Traceback" not in bad.err
+    path = tmp_path / "plan.json"
+    made = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "1",
+               "--global-batch", "16", "--dp-replicate", "2", "--save", str(path))
+    assert made.code == 0, made.err
+    assert json.loads(path.read_text())["plan"]["dp_replicate"] == 2
+    pf = load_plan(path)
+    # Megatron-LM megatron/training/arguments.py (2a75ac12c): --num-distributed-optimizer-instances
+    assert "--num-distributed-optimizer-instances 2" in "\n".join(render_all(pf, "megatron")[0].values())
+    with pytest.raises(CannotExpress, match="hybrid sharding"):
+        render_all(pf, "deepspeed")
