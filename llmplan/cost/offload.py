@@ -17,8 +17,7 @@ from typing import Any
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import dispatched_rows, layer_activations
 from llmplan.cost.flops import layer_flops
-from llmplan.cost.params import expert_params
-from llmplan.cost.params import stage_layers
+from llmplan.cost.params import expert_params, stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
