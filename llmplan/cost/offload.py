@@ -81,7 +81,8 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes one MoE layer's fine-grained offload copies to host memory per micro-batch, each way: the experts'
     fc1 output, bf16 (2 bytes) on each of the rank's dispatched (token, expert) rows, f_e / etp wide (2 f_e / etp
-    with a GLU: gate and up; the GEMM writes bf16 under every recipe; its quantised input stays). 0 without ParallelPlan.offload_moe_act.
+    with a GLU: gate and up; the GEMM writes bf16 under every recipe; its quantised input stays). 0 without
+    ParallelPlan.offload_moe_act.
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
     fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
     or more). Derived: docs/formulas.md#mem.offload_moe_act"""
