@@ -133,3 +133,15 @@ def test_cli_takes_the_switches_and_refuses_a_replica_count_that_does_not_divide
     assert "--num-distributed-optimizer-instances 2" in "\n".join(render_all(pf, "megatron")[0].values())
     with pytest.raises(CannotExpress, match="hybrid sharding"):
         render_all(pf, "deepspeed")
+
+
+@pytest.mark.parametrize("flags,text", [
+    (("--dp-replicate", "2"), "dp_replicate (2) replicates ZeRO shard groups, but zero is 0"),
+    (("--zero", "1", "--dp-replicate", "2", "--dp-outer-optimizer"), "but dp_replicate is 2 and zero 1"),
+    (("--zero", "3", "--dp-outer-optimizer"), "but dp_replicate is 1 and zero 3"),
+])
+def test_cli_refuses_hybrid_sharding_without_what_it_shards(cli, flags, text):
+    # rules dp_replicate_zero and dp_outer_optimizer: one line naming the values and the fix, exit 2
+    line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1",
+               "--global-batch", "8", *flags).refusal()
+    assert text in line and ("--dp-replicate 1" in line or "drop --dp-outer-optimizer" in line), line

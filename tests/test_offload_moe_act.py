@@ -180,3 +180,17 @@ def test_a_glu_offloads_gate_and_up():
     assert m.gated_mlp and m.expert_ffn == 768 and m.num_experts_per_tok == 8
     plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, global_batch=64, offload_moe_act=True)
     assert moe_act_offload_bytes(m, plan) == 2 * 4096 * 8 * 2 * 768
+
+
+@pytest.mark.parametrize("model,flags,text", [
+    ("qwen3-30b-a3b", ("--ep", "8", "--global-batch", "64", "--offload-activations-layers", "4"),
+     "offload_moe_act with offload_layers (4)"),
+    ("qwen3-30b-a3b", ("--ep", "8", "--global-batch", "64", "--recompute", "selective", "--recompute-modules", "moe"),
+     "offload_moe_act with recompute module moe"),
+    ("llama-3.1-8b", ("--global-batch", "8"), "llama-3.1-8b is dense; drop --offload-moe-act"),
+])
+def test_cli_refuses_what_megatron_core_refuses_in_one_line(cli, model, flags, text):
+    # rules offload_moe_act_layers, offload_moe_act_recompute, moe_switches_dense: exit 2, the fix named
+    line = cli("estimate", "--model", model, "--hardware", "dgx-h100", "--nodes", "1", "--offload-moe-act",
+               *flags).refusal()
+    assert text in line and "drop --" in line, line

@@ -183,6 +183,8 @@ def test_estimate_plan_of_a_plan_file_of_one_system(cli, tmp_path: Path):
 def test_estimate_plan_refuses_flags_that_would_change_the_saved_plan(cli, stages):
     _, path = stages
     line = cli("estimate", "--plan", path, "--tp", "4").refusal()
-    assert "--tp" in line and "prices the saved plan as saved" in line
+    assert "--tp 4" in line and "prices the saved plan as saved" in line
+    line = cli("estimate", "--plan", path, "--no-sp", "--zero", "1").refusal()
+    assert "--no-sp, --zero 1 would change it; drop --no-sp, --zero 1" in line, line  # as written
     line = cli("estimate", "--tp", "4").refusal()
     assert "Missing option '--model', '--hardware'" in line and "--plan" in line

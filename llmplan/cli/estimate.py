@@ -12,7 +12,8 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best
 from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                named_options, refuse_other_mode, reported, switches, with_hardware_options)
+                                named_options, refuse_other_mode, reported, switches, with_hardware_options,
+                                written_flags)
 from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
@@ -157,8 +158,7 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
 def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx: typer.Context) -> None:
     """`estimate --plan FILE`: the saved plan priced as saved (the specs it snapshots, as export reads them),
     a plan over pools on its pinned assignment (planfile.saved_pools); no other flag, which would change it."""
-    flags = {p.name: (p.opts or [p.name])[0] for p in ctx.command.params if p.name}
-    other = [flags[n] for n in sorted(named - {"plan_file", "json_mode"})]
+    other = written_flags(ctx, named - {"plan_file", "json_mode"})
     if other:
         raise LlmplanError(f"--plan {path} prices the saved plan as saved, and {', '.join(other)} would change it; "
                            f"drop {', '.join(other)} (edit the plan file's keys, or re-create it with --save)")

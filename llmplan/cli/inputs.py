@@ -76,7 +76,7 @@ def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> Non
     wrong = [p for p in given if (p.name not in serving_reads if mode == "infer" else p.name in SERVING_ONLY)]
     if not wrong:
         return
-    flags = ", ".join(_flag(p, ctx.params.get(p.name)) for p in wrong)
+    flags = ", ".join(written_flags(ctx, frozenset(p.name for p in wrong)))
     verb = "apply" if len(wrong) > 1 else "applies"
     if mode == "infer":
         hints = list(dict.fromkeys(SERVING_INSTEAD[p.name] for p in wrong if p.name in SERVING_INSTEAD))
@@ -105,6 +105,12 @@ def _flag(param: Any, value: object) -> str:
         secondary = getattr(param, "secondary_opts", [])
         return opts[0] if value or not secondary else secondary[0]
     return f"{opts[0]} {excerpt(str(value), 20)}"
+
+
+def written_flags(ctx: Any, names: frozenset[str]) -> list[str]:
+    """The options named `names` (parameter names, as named_options gives them) as the user wrote them, in the
+    command's order: --tp 4, --no-sp (ctx: the command's typer.Context)."""
+    return [_flag(p, ctx.params.get(p.name)) for p in ctx.command.params if p.name in names]
 
 
 def checked_pins(cls: type[BaseModel], pins: dict) -> dict:

@@ -17,8 +17,7 @@ from typing import Any
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import dispatched_rows, layer_activations
 from llmplan.cost.flops import layer_flops
-from llmplan.cost.params import expert_params
-from llmplan.cost.params import stage_layers
+from llmplan.cost.params import expert_params, stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -82,7 +81,8 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes one MoE layer's fine-grained offload copies to host memory per micro-batch, each way: the experts'
     fc1 output, bf16 (2 bytes) on each of the rank's dispatched (token, expert) rows, f_e / etp wide (2 f_e / etp
-    with a GLU: gate and up; the GEMM writes bf16 under every recipe; its quantised input stays). 0 without ParallelPlan.offload_moe_act.
+    with a GLU: gate and up; the GEMM writes bf16 under every recipe; its quantised input stays). 0 without
+    ParallelPlan.offload_moe_act.
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
     fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
     or more). Derived: docs/formulas.md#mem.offload_moe_act"""
