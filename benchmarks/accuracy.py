@@ -563,8 +563,10 @@ RECIPE_SETTINGS = {
     # pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6a72, 2025-06-12: ub_cfg h100 fp8).
     **{f"megatron-examples-fp8-llama3-{m}": {"tp_comm_overlap": True} for m in ("70b-64gpu", "405b-1024gpu")},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
-    # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8.
-    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True},
+    # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8;
+    # §3.3.3 "Low-Precision Communication": the dispatches in FP8 (1x128 scales), the combines in BF16.
+    "deepseek-v3-report-h800-2048gpu-pretrain": {"optimizer_moment_dtype": "bf16", "swiglu_fp8_input": True,
+                                                 "ep_dispatch_fp8": True},
     # Megatron-Bridge 26.08 Nemotron-3 Ultra presets (src/megatron/bridge/perf_recipes/nemotronh/common.py at
     # 067f987d, _apply_nemotron_3_ultra_fsdp_hsdp): Megatron-FSDP, optim_grads_params, sharded within each
     # 64-GPU NVLink domain with the optimizer state sharded across domains: num_distributed_optimizer_instances
@@ -1570,6 +1572,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # training/utils/moe_token_drop.py): capacity factor 1.0, each expert's input padded to capacity
         moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),
         swiglu_fp8_input=bool(par.get("swiglu_fp8_input", False)),
+        ep_dispatch_fp8=bool(par.get("ep_dispatch_fp8", False)),  # RECIPE_SETTINGS: DeepSeek-V3 §3.3.3
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
         # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)

@@ -44,6 +44,10 @@ from llmplan.topology.placement import GroupSpan
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128  # per element: an e4m3 byte and an fp32 scale per 1x128 tile
+"""Bytes per element of an fp8 EP dispatch (ParallelPlan.ep_dispatch_fp8). Source: DeepSeek-V3 technical report
+(arXiv 2412.19437) §3.3.2 (1x128 activation tiles, one scale each) and §3.3.3 (dispatch in FP8); deepseek-ai/DeepEP
+README (dispatch of an (x_fp8, x_scales) tuple, scales float [tokens, hidden / 128])."""
 QUANTIZED_GATHER_BYTES = {r: QUANTIZED_COPY_BYTES[r] for r in QUANTIZED_GATHER_RECIPES}
 """Bytes per element of a TP all-gather that low-precision training sends quantised (one copy, scales
 included: QUANTIZED_COPY_BYTES), by the recipes that cast before the gather (QUANTIZED_GATHER_RECIPES)."""
@@ -749,7 +753,9 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     selective recompute_modules hold "moe": Megatron-LM checkpoints the MoE layer's whole forward, router,
     dispatch, experts and combine, moe_layer.py moe_layer_recompute), sized for the most-loaded rank
     (cost.moe.routing_imbalance); rows of the expert width (a latent MoE's moe_latent_size: Megatron-LM projects
-    before dispatch and after combine, moe_layer.py). Derived: docs/formulas.md#comm.ep"""
+    before dispatch and after combine, moe_layer.py). With ep_dispatch_fp8 each dispatch (forward, recomputed
+    forward, and backward: the gradient into the down-projection, DeepSeek-V3 §3.3.3) sends FP8_DISPATCH_BYTES
+    per element, each combine bf16. Derived: docs/formulas.md#comm.ep, docs/formulas.md#comm.ep_fp8"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
@@ -762,7 +768,12 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
                       dispatch_sms(plan), plan.moe_flex_backend) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
-    out = [Transfer("all-to-all", plan.num_microbatches * moe_layers * per_layer, S, group, deepep)]
+    calls = plan.num_microbatches * moe_layers
+    if plan.ep_dispatch_fp8:  # a workload switch: dispatches (half the calls) in fp8 + scales, combines bf16
+        out = [Transfer("all-to-all", calls * per_layer / 2, S * FP8_DISPATCH_BYTES / ACT_BYTES, group, deepep),
+               Transfer("all-to-all", calls * per_layer / 2, S, group, deepep)]
+    else:
+        out = [Transfer("all-to-all", calls * per_layer, S, group, deepep)]
     if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
         out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
                             routing_map_bytes(m, plan, tokens), group))

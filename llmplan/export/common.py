@@ -356,6 +356,13 @@ def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
          "them eagerly)", not op_fuser(pf) and bool(fused),
          "re-plan with --expert-gemm grouped and expert TP 1 (Megatron-Core's op-fuser path), or set "
          "glu_clamp_fusion and expert_bias_fusion false in the plan"),
+        # Megatron-LM fused_a2a.py at 02ad939 (Megatron-Bridge's pin) and d98e8a6: DeepEP is handed the bf16
+        # tokens, init_hybrid_ep_buffer asserts fp8_dispatch off; d98e8a6's moe_dispatch_fwd_dtype mxfp8
+        # (--moe-dispatch-fwd-dtype, transformer_config.py) is for the ncclep backend only
+        ("the EP dispatch in fp8 through DeepEP (ep_dispatch_fp8; Megatron-Core's flex dispatcher hands DeepEP "
+         "bf16 tokens and asserts HybridEP's fp8 dispatch off; its moe_dispatch_fwd_dtype mxfp8 needs the "
+         "ncclep backend, which llmplan does not model)", m.is_moe and p.ep_dispatch_fp8,
+         "re-plan with --no-ep-dispatch-fp8"),
     ]
 
 

@@ -80,7 +80,8 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
 
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
-                "moe_capacity_factor", "ep_comm_overlap", "offload_moe_act")
+                "moe_capacity_factor", "ep_comm_overlap", "offload_moe_act",
+                "ep_dispatch_fp8")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -397,6 +398,16 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "is the kernels of the deepep (flex) dispatcher (Megatron moe_flex_dispatcher_backend); the "
                          "alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
                          "--moe-flex-backend"),
+    # DeepSeek-V3 report §3.3.2 quantises the dispatch for its FP8 up-projection; DeepEP's dispatch takes the
+    # (fp8, scales) tuple (deepseek-ai/DeepEP README); Megatron-LM d98e8a6 fused_a2a.py hands DeepEP bf16 and
+    # init_hybrid_ep_buffer asserts fp8 dispatch off, the alltoall dispatcher permutes bf16 tokens
+    Rule("ep_dispatch_fp8", lambda m, p, c: (not p.ep_dispatch_fp8) | (not m.is_moe)
+         | ((p.dtype == "fp8") & (p.moe_dispatcher == "deepep") & (p.moe_flex_backend == "deepep")),
+         lambda m, p, c: f"ep_dispatch_fp8 with dtype {p.dtype}, moe_dispatcher {p.moe_dispatcher}, moe_flex_backend "
+                         f"{p.moe_flex_backend}: the dispatch carries the fp8 input of the experts' fp8 up-projection "
+                         "through DeepEP's (fp8, scales) kernels (DeepSeek-V3 §3.3.2), which needs dtype fp8 and "
+                         "DeepEP; use --precision fp8-blockwise --moe-dispatcher deepep --moe-flex-backend deepep, "
+                         "or drop --ep-dispatch-fp8"),
     Rule("attention_kernel_fused", lambda m, p, c: (p.attention_kernel == "native") | p.flash_attention,
          lambda m, p, c: f"attention_kernel {p.attention_kernel} with unfused attention: the kernel named is the "
                          "fused attention kernel that runs, and unfused attention runs none; use --flash-attention "

@@ -142,6 +142,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
     moe_flex_backend: str
     """ParallelPlan.moe_flex_backend."""
+    ep_dispatch_fp8: bool
+    """ParallelPlan.ep_dispatch_fp8."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     bf16_layers_start: int | None

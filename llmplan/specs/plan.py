@@ -406,6 +406,12 @@ class ParallelPlan(PlanQuantities, Spec):
     kernels, bound by their SMs: docs/formulas.md#comm.ep_sms) or hybridep (NVIDIA's Hybrid-EP in DeepEP: TMA
     kernels whose NVLink time grows with the ranks of the domain, little with their SMs:
     docs/formulas.md#comm.hybridep). Unused by alltoall."""
+    ep_dispatch_fp8: bool = False
+    """Send the EP dispatch's tokens in FP8 with one fp32 scale per 128 elements (DeepSeek-V3 report §3.3.2:
+    the activations quantised before the dispatch feed the FP8 up-projection; DeepEP's dispatch takes an
+    (fp8 tensor, scales) tuple), forward and backward dispatches alike; the combines stay bf16. The fc1 input's
+    fp8 cast moves before the dispatch, so no cast is added. Needs dtype fp8 and moe_dispatcher deepep with
+    moe_flex_backend deepep (docs/formulas.md#comm.ep_fp8). Off: every all-to-all in bf16."""
     moe_routing: MoeRouting = "random"
     """How the router spreads each token's k experts, which sets how many EP ranks a deepep dispatch reaches:
     random (a trained, balanced router, or Megatron's --moe-router-force-load-balancing: k distinct experts
