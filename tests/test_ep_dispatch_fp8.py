@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import accuracy
 import pytest
 
-import accuracy
 from llmplan.cost.comm import ep_transfers
 from llmplan.estimate import estimate_training
 from llmplan.export import render_all
@@ -22,8 +22,8 @@ from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
 
 M = builtin_models()
-DSV3 = dict(tp=1, pp=16, dp=128, ep=64, seq_len=4096, micro_batch=1, global_batch=15360, dtype="fp8",
-            recipe="blockwise", moe_dispatcher="deepep")
+DSV3 = {"tp": 1, "pp": 16, "dp": 128, "ep": 64, "seq_len": 4096, "micro_batch": 1, "global_batch": 15360,
+        "dtype": "fp8", "recipe": "blockwise", "moe_dispatcher": "deepep"}
 
 
 def test_dispatch_bytes_by_hand_and_the_combine_unchanged():
@@ -100,5 +100,8 @@ def test_deepseek_v3_report_row_dispatches_in_fp8(published_runs):
     assert plan.ep_dispatch_fp8 and plan.moe_dispatcher == "deepep" and plan.dtype == "fp8"
     m = accuracy.model_for(rec, accuracy.family(rid))
     assert not [v for v in check_plan(m, plan) if v.rule == "ep_dispatch_fp8"]
-    moved = lambda p: sum(t.calls * t.message for t in ep_transfers(m, p, "ep") if t.collective == "all-to-all")  # noqa: E731
+
+    def moved(p: ParallelPlan) -> float:
+        return sum(t.calls * t.message for t in ep_transfers(m, p, "ep") if t.collective == "all-to-all")
+
     assert moved(plan) < moved(plan.model_copy(update={"ep_dispatch_fp8": False}))
