@@ -32,7 +32,7 @@ from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
-    padded_vocab, per_distinct, rank_params,
+    padded_vocab, per_distinct, rank_params, vocab_shard_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
 from llmplan.cost.schedule import stage_order_cached
@@ -74,7 +74,7 @@ def zero3_tensor_backward_bytes(m: ModelSpec, plan: ParallelPlan, working: Any) 
     moments = [w * (2 * n + 2 * back[j - 1]) for j, n in enumerate(back)]  # j = 0: the layer above's qkv
     consumed = maximum(layer_activation_parts(m, plan, False).mlp - 2 * s * b * back[1] / h, 0.0)
     after_fc2 = maximum(maximum(moments[1], moments[2]), moments[3])
-    tied = where(m.tie_word_embeddings, w * padded_vocab(m.vocab_size, t) / t * h, 0.0)
+    tied = where(m.tie_word_embeddings, w * vocab_shard_params(m, t), 0.0)
     return maximum(working + moments[0], working - consumed + after_fc2) + tied
 
 
