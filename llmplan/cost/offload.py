@@ -16,8 +16,8 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import dispatched_rows, layer_activations
-from llmplan.cost.flops import layer_flops
-from llmplan.cost.params import expert_params, stage_layers
+from llmplan.cost.flops import layer_flops, routed_expert_flops
+from llmplan.cost.params import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -106,8 +106,7 @@ def expert_flop_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     share of an MoE layer's backward its expert MLP takes, read as a share of time.
     Derived: docs/formulas.md#mem.offload_moe_act"""
     f = layer_flops(m, plan, True)
-    experts = 2 * plan.seq_len / plan.cp * plan.micro_batch * m.num_experts_per_tok * expert_params(m) / plan.tp
-    return minimum(experts / maximum(f.gemm + f.attention, 1e-30), 1.0)
+    return minimum(routed_expert_flops(m, plan) / maximum(f.gemm + f.attention, 1e-30), 1.0)
 
 
 def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any) -> Any:
