@@ -170,8 +170,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
-    # where the whole layer or the MoE block is recomputed; Derived: docs/formulas.md#mem.offload_moe_act)
-    offloaded = offloaded + where(plan.full | plan.recomputes("moe"), 0.0,
+    # where the whole layer is recomputed; check_plan's offload_moe_act_recompute refuses it with recompute
+    # module moe; Derived: docs/formulas.md#mem.offload_moe_act)
+    offloaded = offloaded + where(plan.full, 0.0,
                                   moe_act_offload_bytes(m, plan) * moe_act_offloaded_groups(n_moe, inflight))
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).

@@ -78,6 +78,12 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return offload_layer_bytes(m, plan) * minimum(plan.offload_layers, m.num_hidden_layers)
 
 
+def offloads_moe_act(m: ModelSpec, plan: ParallelPlan) -> bool:
+    """Whether the plan's fine-grained offload moves anything: ParallelPlan.offload_moe_act on a model with
+    expert layers (a dense model has no moe_act group). Derived: docs/formulas.md#mem.offload_moe_act"""
+    return bool(plan.offload_moe_act and m.is_moe)
+
+
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes one MoE layer's fine-grained offload copies to host memory per micro-batch, each way: the experts'
     fc1 output, bf16 (2 bytes) on each of the rank's dispatched (token, expert) rows, f_e / etp wide (2 f_e / etp
@@ -86,7 +92,7 @@ def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
     fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
     or more). Derived: docs/formulas.md#mem.offload_moe_act"""
-    if not (plan.offload_moe_act and m.is_moe):
+    if not offloads_moe_act(m, plan):
         return 0.0
     width = (2 if m.gated_mlp else 1) * m.expert_ffn
     return 2.0 * dispatched_rows(m, plan) * width / plan.etp_resolved
