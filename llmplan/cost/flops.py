@@ -63,12 +63,14 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     T = s * b
     mlp: float
-    if moe:
-        mlp = m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts + latent_proj_params(m)
+    if moe:  # the router, the latent projections and the shared experts; the routed experts below
+        mlp = m.hidden_size * m.num_experts + latent_proj_params(m)
         mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
     else:
         mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
     gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
+    if moe:
+        gemm = gemm + routed_expert_flops(m, plan)
     # DeepSeek-V4: the mean layer's compressors and indexer and its two hyper-connection projections, whole on
     # every TP rank (cost.compressed)
     gemm = gemm + 2 * T * replicated_layer_params(m)
@@ -79,6 +81,15 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     index = T * plan.seq_len * indexer_flops_per_pair(m) * attention_share(m) if m.is_dsa else \
         T * indexer_scores_per_token(m, plan.seq_len) / m.num_hidden_layers  # DeepSeek-V4's CSA indexers
     return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
+
+
+def routed_expert_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Forward FLOPs of one MoE layer's routed experts, one micro-batch, one rank: 2·T·k·expert_params / t, T the
+    rank's s·b tokens, each through k experts (2·tokens·weights per matmul, as layer_flops counts every matmul).
+    Source: Narayanan et al. 2021 Eq. 3 (2 FLOPs per weight per token), top-k routing as in Shazeer et al. 2017.
+    Derived: docs/formulas.md#compute.flops"""
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    return 2 * T * m.num_experts_per_tok * expert_params(m) / plan.tp
 
 
 
@@ -208,8 +219,8 @@ def module_recompute_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         mlp = 2 * T * mlp_params(m, m.intermediate_size) * dense_mlp_share(m) / t
         return up + where(plan.recomputes("mlp"), mlp, 0.0)
     shared = 2 * T * mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0.0
-    whole = 2 * T * (m.num_experts_per_tok * expert_params(m) + m.hidden_size * m.num_experts
-                     + latent_proj_params(m)) / t + shared
+    whole = routed_expert_flops(m, plan) + 2 * T * (m.hidden_size * m.num_experts + latent_proj_params(m)) / t \
+        + shared
     return up + where(plan.recomputes("moe"), whole, where(plan.recomputes("shared_experts"), shared, 0.0))
 
 

@@ -32,7 +32,7 @@ from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
-    padded_vocab, per_distinct, rank_params,
+    padded_vocab, per_distinct, rank_params, vocab_shard_params,
     recomputed_share, stage_layer_count, stage_layers,
 )
 from llmplan.cost.schedule import stage_order_cached
@@ -74,7 +74,7 @@ def zero3_tensor_backward_bytes(m: ModelSpec, plan: ParallelPlan, working: Any) 
     moments = [w * (2 * n + 2 * back[j - 1]) for j, n in enumerate(back)]  # j = 0: the layer above's qkv
     consumed = maximum(layer_activation_parts(m, plan, False).mlp - 2 * s * b * back[1] / h, 0.0)
     after_fc2 = maximum(maximum(moments[1], moments[2]), moments[3])
-    tied = where(m.tie_word_embeddings, w * padded_vocab(m.vocab_size, t) / t * h, 0.0)
+    tied = where(m.tie_word_embeddings, w * vocab_shard_params(m, t), 0.0)
     return maximum(working + moments[0], working - consumed + after_fc2) + tied
 
 
@@ -170,8 +170,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
-    # where the whole layer or the MoE block is recomputed; Derived: docs/formulas.md#mem.offload_moe_act)
-    offloaded = offloaded + where(plan.full | plan.recomputes("moe"), 0.0,
+    # where the whole layer is recomputed; check_plan's offload_moe_act_recompute refuses it with recompute
+    # module moe; Derived: docs/formulas.md#mem.offload_moe_act)
+    offloaded = offloaded + where(plan.full, 0.0,
                                   moe_act_offload_bytes(m, plan) * moe_act_offloaded_groups(n_moe, inflight))
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).

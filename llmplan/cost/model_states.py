@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.params import RankParams, padded_vocab
+from llmplan.cost.params import RankParams, vocab_shard_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -159,7 +159,7 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams,
         return 0.0
     cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
-    vocab = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp
+    vocab = vocab_shard_params(m, plan.tp)
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
     return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))

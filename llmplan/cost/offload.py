@@ -16,8 +16,8 @@ from typing import Any
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import dispatched_rows, layer_activations
-from llmplan.cost.flops import layer_flops
-from llmplan.cost.params import expert_params, stage_layers
+from llmplan.cost.flops import layer_flops, routed_expert_flops
+from llmplan.cost.params import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -78,6 +78,12 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return offload_layer_bytes(m, plan) * minimum(plan.offload_layers, m.num_hidden_layers)
 
 
+def offloads_moe_act(m: ModelSpec, plan: ParallelPlan) -> bool:
+    """Whether the plan's fine-grained offload moves anything: ParallelPlan.offload_moe_act on a model with
+    expert layers (a dense model has no moe_act group). Derived: docs/formulas.md#mem.offload_moe_act"""
+    return bool(plan.offload_moe_act and m.is_moe)
+
+
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes one MoE layer's fine-grained offload copies to host memory per micro-batch, each way: the experts'
     fc1 output, bf16 (2 bytes) on each of the rank's dispatched (token, expert) rows, f_e / etp wide (2 f_e / etp
@@ -86,7 +92,7 @@ def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
     fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
     or more). Derived: docs/formulas.md#mem.offload_moe_act"""
-    if not (plan.offload_moe_act and m.is_moe):
+    if not offloads_moe_act(m, plan):
         return 0.0
     width = (2 if m.gated_mlp else 1) * m.expert_ffn
     return 2.0 * dispatched_rows(m, plan) * width / plan.etp_resolved
@@ -106,8 +112,7 @@ def expert_flop_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     share of an MoE layer's backward its expert MLP takes, read as a share of time.
     Derived: docs/formulas.md#mem.offload_moe_act"""
     f = layer_flops(m, plan, True)
-    experts = 2 * plan.seq_len / plan.cp * plan.micro_batch * m.num_experts_per_tok * expert_params(m) / plan.tp
-    return minimum(experts / maximum(f.gemm + f.attention, 1e-30), 1.0)
+    return minimum(routed_expert_flops(m, plan) / maximum(f.gemm + f.attention, 1e-30), 1.0)
 
 
 def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any) -> Any:

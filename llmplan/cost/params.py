@@ -267,6 +267,15 @@ def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     return -(-V // unit) * unit  # ceil division; elementwise on arrays
 
 
+def vocab_shard_params(m: ModelSpec, t: Any) -> Any:
+    """Parameters of one TP rank's shard of a vocabulary-sized matrix (the word embedding or the output layer):
+    V·h / t with V padded (padded_vocab; VocabParallelEmbedding and the column-parallel output layer split its
+    rows over TP). padded_vocab(V, t) is a multiple of t, so the division is exact. Elementwise on arrays of t.
+    Source: Megatron-LM megatron/core/tensor_parallel/layers.py (VocabParallelEmbedding).
+    Derived: docs/formulas.md#params.rank"""
+    return padded_vocab(m.vocab_size, t) * m.hidden_size / t
+
+
 def rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage` (see _rank_params)."""
     return per_distinct(plan, LAYOUT_AXES + ("tp", "ep", "etp_resolved"), stage, lambda p, i: _rank_params(m, p, i))
@@ -282,7 +291,7 @@ def paired_rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     mirror = plan.pp - 1 - stage
     a, b = rank_params(m, plan, stage), rank_params(m, plan, mirror)
     ends = (stage == 0) | (mirror == 0)
-    tied = where(ends, padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp, 0) \
+    tied = where(ends, vocab_shard_params(m, plan.tp), 0) \
         * (1 if m.tie_word_embeddings else 0)
     return RankParams(dense=a.dense + b.dense - tied, expert=a.expert + b.expert)
 
@@ -315,7 +324,7 @@ def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     padded as the rank holds it (padded_vocab; VocabParallelEmbedding splits it over TP), none elsewhere. One
     parameter: the DP buckets never split it (cost.exposure.bucket_share).
     Derived: docs/formulas.md#step.dp_last_bucket"""
-    return where(stage == 0, padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp, 0.0)
+    return where(stage == 0, vocab_shard_params(m, plan.tp), 0.0)
 
 
 def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
@@ -347,9 +356,9 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
     expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
-    V = padded_vocab(m.vocab_size, t)
+    vocab = vocab_shard_params(m, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
-    head = norm_params(m) + where(has_output, V * h / t, 0) + mtp_proj + hc_head_params(m)
-    return dense_layer, moe_layer, expert_layer, V * h / t + positions, head
+    head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
+    return dense_layer, moe_layer, expert_layer, vocab + positions, head

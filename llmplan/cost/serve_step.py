@@ -21,7 +21,7 @@ from llmplan.cost.compute import (
     moe_routing_bytes,
 )
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
-from llmplan.cost.params import expert_params, padded_vocab
+from llmplan.cost.params import expert_params, padded_vocab, vocab_shard_params
 from llmplan.cost.serve_memory import (
     ENGINES,
     serve_weight_bytes,
@@ -260,7 +260,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # Weights read once per step: every matmul weight, but only the looked-up rows of the embedding, and of
     # the experts (EPLB's replicas included) only those the step's tokens touch; with DP attention the tokens
     # of every attention rank reach them (cost.serve_moe.expert_token_factor).
-    weights = serve_weight_bytes(m, plan) - padded_vocab(m.vocab_size, t) * m.hidden_size / t * 2.0 / p
+    weights = serve_weight_bytes(m, plan) - vocab_shard_params(m, t) * 2.0 / p
     experts = 0.0
     if m.is_moe:
         wpp = weight_bytes_per_param(plan.expert_dtype_resolved, plan.quant_group_size)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.inference import Spans, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
-from llmplan.cost.params import padded_vocab
+from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ACCEPTANCE, Engine, ServeJob, ServePlan, SpeculativeSpec
@@ -62,7 +62,7 @@ def draft_weight_bytes(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec) -> 
     total = serve_weight_bytes(draft, _draft_plan(plan))
     if spec.draft is not None:
         return total
-    shared = padded_vocab(m.vocab_size, plan.tp) * m.hidden_size / plan.tp * 2.0 * (2 - m.tie_word_embeddings)
+    shared = vocab_shard_params(m, plan.tp) * 2.0 * (2 - m.tie_word_embeddings)
     fused = 3 if spec.method == "eagle3" else 2  # EAGLE-3 fuses three layers' features, EAGLE one + the token
     fc = fused * m.hidden_size * m.hidden_size / plan.tp * weight_bytes_per_param(plan.weight_dtype,
                                                                                    plan.quant_group_size)

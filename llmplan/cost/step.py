@@ -51,7 +51,7 @@ from llmplan.cost.comm import (
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, each_stage
 from llmplan.cost.model_states import gradient_params
-from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed
+from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
     GPU_SPEED_SPREAD,
@@ -254,7 +254,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
                    + offload_exposed(m, plan, comm.host, sc.total - sc.forward))
-    if plan.offload_moe_act and m.is_moe:  # one step per MoE layer; every layer's copy but the last one's
+    if offloads_moe_act(m, plan):  # one step per MoE layer; every layer's copy but the last one's
         groups = int(np.max(moe_top))
         fwd, bwd = sc.forward / maximum(moe_top, 1), (sc.total - sc.forward) / maximum(moe_top, 1)
         offload = offload + n * (moe_act_offload_exposed(comm.host_moe_act, fwd, groups - 1, fwd)
