@@ -172,8 +172,14 @@ def test_time_to_train_search_ranks_by_goodput_adjusted_tokens():
     eff = [float(e.throughput.tokens_per_s * e.goodput.useful) for e in res.ranked]
     assert all(e.checkpoint == policy for e in res.ranked)
     best = eff.index(max(eff)) + 1  # the best ranks first, or inside #1's tie (search.ties decides those)
-    assert eff == sorted(eff, reverse=True) or max(eff) == pytest.approx(eff[0], rel=1e-4) \
-        or best in res.tied_with[0]
+    # a tie is a chain: #1 may be tied with a plan that is tied with the best one without #1 and the best being
+    # within the resolution of each other (search.ties clusters around each run's lead, layouts.rank reorders)
+    chain, frontier = {1}, [1]
+    while frontier:
+        nxt = [k for r in frontier for k in res.tied_with[r - 1] if k not in chain]
+        chain.update(nxt)
+        frontier = nxt
+    assert eff == sorted(eff, reverse=True) or max(eff) == pytest.approx(eff[0], rel=1e-4) or best in chain
     assert all(0 < float(e.goodput.useful) < 1 for e in res.ranked)
 
 
