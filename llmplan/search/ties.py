@@ -1,5 +1,6 @@
 """Ties: ranked plans whose predicted difference is inside the model's resolution (llmplan.intervals), and
-the robust preference among them (docs/validation.md#intervals)."""
+the robust preference among them (docs/validation.md#intervals). Being tied is pairwise, not a chain: a plan
+is ranked above one ranked ahead of it (faster) only when the two are within the resolution of each other."""
 
 from __future__ import annotations
 
