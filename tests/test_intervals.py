@@ -296,7 +296,12 @@ def test_search_marks_intervals_ties_and_time_to_train_range(cli, tmp_path):
     assert ("the point is faster than its interval" in " ".join(text.out.split())) == outside
     if d["plans"][0]["tied_with"]:
         assert any(line.startswith("1=") or line.lstrip().startswith("1=") for line in lines)
-        assert "#1 and #2 are tied (" in text.out and "#1 preferred: " in text.out
+    # each adjacent tied pair's rule is printed (#1 may be tied with #3 and not #2: ties are pairwise)
+    adjacent = [k for k in range(1, len(d["plans"])) if k + 1 in d["plans"][k - 1]["tied_with"]]
+    assert [n["upper"] for n in d["ties"]["decided"]] == adjacent and adjacent
+    flat = " ".join(text.out.split())
+    for n in d["ties"]["decided"]:
+        assert f"#{n['upper']} and #{n['lower']} are tied (" in flat and f"#{n['upper']} preferred: " in flat
 
 
 def _est(tps: float, headroom_gib: float, tp: int = 4, pp: int = 2, dp: int = 4) -> SimpleNamespace:

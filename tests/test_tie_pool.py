@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from llmplan.search.ties import TIE_POOL, resolve_pool
+from llmplan.search.ties import TIE_POOL, apart, resolve, resolve_pool
 from llmplan.search.variants import best_layouts, layout_codes, robust_pick
 from llmplan.units import GIB
 
@@ -103,3 +104,58 @@ def test_robust_pick_applies_the_tie_rules_as_decide_does(rows):
         if decide(fake[j], fake[k])[0] < 0:
             k = j
     assert robust_pick(np.arange(len(rows)), headroom, zero, code) == k
+
+
+def _fake(rate: float, axes: int) -> SimpleNamespace:
+    """A fake estimate with `axes` parallel axes (tp, then pp, dp, cp at 2) and the given tokens/s."""
+    deg = [2 if k < axes else 1 for k in range(4)]
+    plan = SimpleNamespace(tp=deg[0], pp=deg[1], dp=deg[2], cp=deg[3], ep=1, vpp=1, zero=1, recompute="none")
+    return SimpleNamespace(plan=plan, cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                           memory=SimpleNamespace(headroom=10 * GIB), throughput=SimpleNamespace(tokens_per_s=rate))
+
+
+def test_a_tie_is_not_a_chain():
+    # a ~ b and b ~ c within the resolution, a and c not (103 / 97 is 6%). search.layouts.rank places a layout
+    # by its best plan's score and shows a more robust plan tied with it, so the pool's first row (b here) need
+    # not be its fastest shown plan. The rules prefer c (1 axis) to b (2) to a (3): c may pass b, but not a,
+    # which is faster beyond the resolution (the old rule, a cluster within the resolution of the first row,
+    # put c first: #1 tied with #2 only through #3)
+    resolution = 0.04
+    a, b, c = _fake(103.0, 3), _fake(100.0, 2), _fake(97.0, 1)
+    ranked = [b, a, c]
+    assert apart(a, b) <= resolution and apart(b, c) <= resolution < apart(a, c)
+    order, tied, notes = resolve(ranked, resolution)
+    assert [ranked[i] for i in order] == [b, a, c]
+    assert tied == [[2, 3], [1], [1]]
+    assert [(n.upper, n.lower) for n in notes] == [(1, 2)]
+    assert notes[0].rule.startswith("fewer parallel axes")
+    # with a gone, c is tied with every plan ranked ahead of it and goes first
+    order, _, _ = resolve([b, c], resolution)
+    assert order == [1, 0]
+
+
+@st.composite
+def shuffled_plans(draw):  # type: ignore[no-untyped-def]
+    """ranked_plans with each rate moved by up to 4% (the pool's rows are placed by their layout's best plan,
+    not by the plan shown), so the given order is not always the fastest first."""
+    out = draw(ranked_plans())
+    for e in out:
+        e.throughput.tokens_per_s *= math.exp(draw(st.floats(-0.04, 0.04)))
+    return out
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(shuffled_plans(), st.floats(0.0, 0.1))
+def test_a_plan_passes_only_plans_tied_with_it(ranked, resolution):
+    order, tied, notes = resolve(ranked, resolution)
+    assert sorted(order) == list(range(len(ranked)))
+    pos = {i: k for k, i in enumerate(order)}
+    for i in range(len(ranked)):
+        for j in range(i):  # j is ranked ahead of i: i above j only when the two are within the resolution
+            if pos[i] < pos[j]:
+                assert apart(ranked[i], ranked[j]) <= resolution
+                assert pos[j] + 1 in tied[pos[i]]
+    # a note for each adjacent tied pair, and no reordering without a tie
+    assert [(n.upper, n.lower) for n in notes] == [(k, k + 1) for k in range(1, len(order)) if k + 1 in tied[k - 1]]
+    if all(apart(ranked[i], ranked[j]) > resolution for i in range(len(ranked)) for j in range(i)):
+        assert order == list(range(len(ranked)))

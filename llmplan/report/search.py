@@ -80,8 +80,9 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
         notes.append(variants_note(variants))
     if tied_with and any(tied_with):
         ties = [f"#{i}" for i, w in enumerate(tied_with, 1) if w]
-        notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of each other; "
-                     f"among the best {TIE_POOL} layouts the more robust is ranked first (--explain says why)")
+        notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of another shown "
+                     f"plan; among the best {TIE_POOL} layouts a more robust plan is ranked above a faster one it "
+                     f"is tied with (only then; --explain says why)")
     t.caption = "\n".join(notes) or None
     return t
 

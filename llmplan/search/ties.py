@@ -1,5 +1,6 @@
 """Ties: ranked plans whose predicted difference is inside the model's resolution (llmplan.intervals), and
-the robust preference among them (docs/validation.md#intervals)."""
+the robust preference among them (docs/validation.md#intervals). Being tied is pairwise, not a chain: a plan
+is ranked above one ranked ahead of it (faster) only when the two are within the resolution of each other."""
 
 from __future__ import annotations
 
@@ -101,28 +102,21 @@ def tied_ranks(ranked: list[Any], order: list[int], resolution: float) -> list[l
 
 
 def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[int]], list[TieNote]]:
-    """The ranked estimates (fastest first) reordered so that, inside each run of plans tied with the run's
-    fastest one, the more robust comes first (decide; stable otherwise). Returns the new order (indices into
-    `ranked`), per new rank the ranks (1-based) it is tied with, and a note for each adjacent tied pair."""
+    """The ranked estimates (best first) reordered so that a plan goes above one ranked ahead of it only when
+    the two are within the resolution of each other, and then only when it is the more robust (decide).
+    Row by row: among the plans not yet placed, those within the resolution of every unplaced plan ranked
+    ahead of them are open (the first unplaced plan always is, and the open plans are pairwise tied); the
+    most robust open plan (robust_first) takes the row. So a tie is never a chain: a plan that is tied with
+    a faster one only through a third plan stays below it. Returns the new order (indices into `ranked`),
+    per new rank the ranks (1-based) it is tied with, and a note for each adjacent tied pair."""
     rest = list(range(len(ranked)))
     order: list[int] = []
     while rest:
-        lead = rest[0]
-        cluster = [i for i in rest if apart(ranked[lead], ranked[i]) <= resolution]
-        rest = [i for i in rest if i not in cluster]
-        # insertion sort by the pairwise rules (a handful of plans), stable on the predicted order; plans
-        # gathering every expert by ZeRO-3 are inserted last where the tied group holds an EP plan, so the EP
-        # rule (which only compares plans of different EP degrees) is not bypassed through a third plan that
-        # "fewer parallel axes" puts between them
-        if any(ranked[i].plan.ep > 1 for i in cluster):
-            cluster.sort(key=lambda i: _gathers_every_expert(ranked[i]))
-        out: list[int] = []
-        for i in cluster:
-            k = len(out)
-            while k > 0 and decide(ranked[i], ranked[out[k - 1]])[0] < 0:
-                k -= 1
-            out.insert(k, i)
-        order += out
+        # rest keeps the given order: plan i is open when no unplaced plan ahead of it is beyond the resolution
+        open_ = [i for k, i in enumerate(rest) if all(apart(ranked[j], ranked[i]) <= resolution for j in rest[:k])]
+        pick = robust_first(ranked, open_)
+        order.append(pick)
+        rest.remove(pick)
     tied_with = tied_ranks(ranked, order, resolution)
     notes = []
     for k in range(len(order) - 1):
@@ -133,3 +127,20 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
                                  "faster prediction (no robustness rule prefers the other)"))
     return order, tied_with, notes
 
+
+def robust_first(ranked: list[Any], tied: list[int]) -> int:
+    """The plan of `tied` (indices into `ranked`, pairwise within the resolution, in ranked order) that the
+    rules put first: an insertion sort by decide (a handful of plans), stable on the ranked order. Plans
+    gathering every expert by ZeRO-3 are inserted last where the group holds an EP plan, so the EP rule (which
+    only compares plans of different EP degrees) is not bypassed through a third plan that "fewer parallel
+    axes" puts between them."""
+    group = list(tied)
+    if any(ranked[i].plan.ep > 1 for i in group):
+        group.sort(key=lambda i: _gathers_every_expert(ranked[i]))
+    out: list[int] = []
+    for i in group:
+        k = len(out)
+        while k > 0 and decide(ranked[i], ranked[out[k - 1]])[0] < 0:
+            k -= 1
+        out.insert(k, i)
+    return out[0]
