@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import re
 import signal
@@ -40,7 +41,7 @@ from llmplan.cost.step import StepTime, Throughput, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
 from llmplan.cost.compute import layer_flops, model_flops_per_step
-from llmplan.cost.params import padded_vocab
+from llmplan.cost.params import padded_vocab, param_counts
 from llmplan.specs.check import balanced_split, check_plan
 from llmplan.specs.check_switches import settle
 from llmplan.specs.model import ModelSpec
@@ -91,6 +92,44 @@ def source_group(fam: str) -> tuple[str, ...]:
 MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
+TRTLLM_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+"""cuda_graph_config batch_sizes of the perf overview's llm_options.yml, with enable_padding: true (the dense
+and the MoE file alike; NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686)."""
+
+
+def trtllm_bench_limits(m: ModelSpec, tp: int, pp: int, isl: int, osl: int, hbm_bytes: float,
+                        fraction: float) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) trtllm-bench throughput picks when neither is given (the perf overview
+    gives neither): requests that fit the whole GPUs' memory less the weights (fp8: a byte a parameter, fp8
+    KV, at least one KV head per rank) at `fraction`, rounded up (to 32 below 256, 128 below 1024, else
+    256; at most 4096 / pp), tokens = requests x (1 + isl / osl) rounded up (at least 2048), then raised to
+    isl + max_batch_size (chunked prefill off). Source: NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py
+    at 04cba882 (calc_engine_setting, finetune_setting); bench/benchmark/utils/general.py at 0171265e
+    (get_settings)."""
+    gib = float(1 << 30)
+    per_token = 2 * m.num_hidden_layers * max(tp, m.kv_heads) * m.d_head / gib  # fp8 KV, GiB a token
+    free = (hbm_bytes / gib * tp * pp - param_counts(m).total / gib) * fraction
+    bs = min(free / (per_token * (isl + osl)), 4096) / pp
+    tokens = min(bs * (1 + isl / osl), 32768)
+    step = 32 if bs < 256 else 128 if bs < 1024 else 256
+    max_bs = max(64, step * math.ceil(bs / step)) if bs < 256 else step * math.ceil(bs / step)
+    step = 256 if tokens < 4096 else 512 if tokens < 8192 else 1024
+    max_tokens = max(2048, step * math.ceil(tokens / step)) if tokens < 4096 else step * math.ceil(tokens / step)
+    return max_bs, max(max_tokens, isl + max_bs)
+
+
+def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) -> tuple[int, ...]:
+    """The CUDA graph batch sizes the engine keeps, with padding on: the listed sizes up to min(max_bs,
+    max_tokens), then that bound itself when a listed size exceeds it. Source: NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/pyexecutor/model_engine.py, _filter_cuda_graph_batch_sizes (v1.0-era, no draft tokens)."""
+    bound = min(max_bs, max_tokens)
+    kept = tuple(b for b in sorted(listed) if b <= bound)
+    return kept + ((bound,) if max(listed) > bound and (not kept or kept[-1] != bound) else ())
+
+
+TRTLLM_GRAPH_PADDING = True
+"""Decode steps padded to the captured CUDA graph sizes (trtllm_graph_sizes; docs/validation.md#trtllm-long-decode);
+False prices each step at its real batch (the reading before)."""
 TRTLLM_ATTENTION_DP = False
 """How the trtllm MoE rows (Qwen3-235B-A22B H100 TP8 EP8) ran attention: TP8, not attention DP. The perf
 overview's MoE llm_options.yml (docs/source/performance/perf-overview.md at 00f37686) writes
@@ -313,7 +352,9 @@ ASSUMPTIONS = {
              "micro-batch's gradient (GRAD_ACCUMULATION cast-add), "
              "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
-              f"8192 tokens per engine step, concurrency = KV capacity capped at {TRTLLM_MAX_BATCH}; EP as listed; "
+              f"8192 tokens per engine step, concurrency = KV capacity capped at trtllm-bench's max_batch_size "
+              "(trtllm_bench_limits, at most 4096), each decode step padded to the next CUDA graph size kept "
+              "(trtllm_graph_sizes: the perf overview's list up to min(max_batch_size, max_num_tokens)); EP as listed; "
               "the MoE rows with TP attention, not DP attention (TRTLLM_ATTENTION_DP: the perf overview's "
               "enable_attention_dp sits inside cuda_graph_config, which rejects it), their experts run on the "
               "TP group's replicated tokens and combined by its all-reduce (EngineRule.tp_moe_all_to_all); "
@@ -1633,7 +1674,14 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
     cluster = ClusterSpec(system=system, num_nodes=1, gpus_per_node=plan.num_gpus)
     job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], batch=1, engine="trtllm")
     m = model_for(rec, "trtllm")
-    e = estimate_serving(m, cluster, plan, at_max_load(m, cluster, plan, job, cap=TRTLLM_MAX_BATCH))
+    # trtllm-bench's own limits, the graphs they leave and the padding of every decode step to one of them
+    max_bs, max_tokens = trtllm_bench_limits(m, tp, par.get("pp", 1), wl["input_len"], wl["output_len"],
+                                             system.gpu.hbm_bytes, job.gpu_memory_utilization)
+    if TRTLLM_GRAPH_PADDING:
+        job = job.model_copy(update={
+            "cuda_graph_batch_sizes": trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)})
+    cap = min(TRTLLM_MAX_BATCH, max_bs)
+    e = estimate_serving(m, cluster, plan, at_max_load(m, cluster, plan, job, cap=cap))
     return [("output tok/s", e.tokens_per_s, rec["measured"]["output_tokens_per_s_total"])]
 
 

@@ -21,8 +21,9 @@ from llmplan.cost.serve_memory import (  # noqa: F401  (re-exported: their home 
 # are read in cost.serve_step: set them there (benchmarks/accuracy.py does).
 from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home was this module)
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
-    expert_exchange_seconds, layer_linear_shapes, linear_seconds, serve_compute_format, serve_gemm_efficiency,
-    stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds, step_seconds,
+    expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
+    serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
+    step_seconds,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -30,19 +31,23 @@ from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm") -> Any:
+                overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm",
+                graph_sizes: tuple[int, ...] | None = None) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
     `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
-    Derived: docs/formulas.md#infer.decode"""
+    With `graph_sizes` (CUDA graphs with padding) the step's element-wise operators, sampler, all-reduces and
+    stage hop carry the padded rows (graph_padded_rows); its matmuls, attention and KV reads the real ones
+    (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
+    rows = graph_padded_rows(b, graph_sizes) * queries
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True,
-                         engine=engine)
-    hop = stage_hop_seconds(m, plan, system, spans, q)
+                         engine=engine, rows=rows if graph_sizes else None)
+    hop = stage_hop_seconds(m, plan, system, spans, rows)
     return plan.pp * (stage + hop) + overhead
 
 
@@ -53,7 +58,8 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     Derived: docs/formulas.md#infer.decode"""
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
-        return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine)
+        return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine,
+                           graph_sizes=job.decode_graph_sizes)
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 

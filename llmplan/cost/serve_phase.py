@@ -67,7 +67,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     B = float(job.batch)
     context = job.input_len + job.output_len / 2
     tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job),
-                             engine=job.engine))
+                             engine=job.engine, graph_sizes=job.decode_graph_sizes))
     b = max(B / plan.pp, 1.0)
     exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True, job.engine)) * plan.pp
     return PhaseTiming(

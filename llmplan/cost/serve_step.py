@@ -74,6 +74,20 @@ def _expert_fraction_touched(m: ModelSpec, tokens: Any) -> Any:
     return 1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** np.asarray(tokens, dtype=float)
 
 
+def graph_padded_rows(batch: Any, sizes: tuple[int, ...] | None) -> Any:
+    """Rows a decode step of `batch` sequences runs when the engine pads it to a captured CUDA graph: the
+    smallest captured size >= batch (dummy generation requests fill the rest), or batch itself above every
+    size (no graph: it runs eagerly) or without sizes. Source: NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/pyexecutor/model_engine.py, _round_up_batch_size / _get_padded_batch."""
+    if not sizes:
+        return batch
+    b = np.asarray(batch, dtype=float)
+    s = np.sort(np.asarray(sizes, dtype=float))
+    i = np.searchsorted(s, b, side="left")
+    out = np.where(i < s.size, s[np.minimum(i, s.size - 1)], b)
+    return out if np.ndim(batch) else float(out)
+
+
 SERVE_GEMM_M_HALF = 128.0
 """Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
 pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM
@@ -173,18 +187,21 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
-                 attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm") -> Any:
+                 attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm",
+                 rows: Any = None) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
-    (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds).
+    (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds);
+    `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces.
     Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
+        R = None if rows is None else np.asarray(rows, dtype=float) * share
         exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only, engine)
         rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
-                                          np.asarray(kv_read) * share, decode_only, engine)
+                                          np.asarray(kv_read) * share, decode_only, engine, R)
         return rest, routed, exchange
 
     slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
@@ -248,9 +265,12 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
 
 def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                        attn_pairs: Any, kv_read: Any, decode_only: bool = False,
-                       engine: Engine = "vllm") -> tuple[Any, Any]:
+                       engine: Engine = "vllm", rows: Any = None) -> tuple[Any, Any]:
     """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
-    step_compute_seconds: the parts a two-batch-overlap schedule places apart. Derived: docs/formulas.md#infer.step"""
+    step_compute_seconds: the parts a two-batch-overlap schedule places apart; the element-wise operators, the
+    sampler and the TP all-reduces over `rows` (a CUDA graph's padded batch, infer.graph_padding; None: the
+    tokens). Derived: docs/formulas.md#infer.step"""
+    R = np.asarray(tokens if rows is None else rows, dtype=float)
     gpu = system.gpu
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
@@ -270,9 +290,9 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
         weights = weights - experts
         experts = experts * _expert_fraction_touched(m, np.asarray(tokens, dtype=float) * expert_token_factor(plan))
     bandwidth = gpu.hbm_achieved_bytes_per_s
-    elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * np.asarray(tokens, dtype=float) * L / p
+    elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * R * L / p
     # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
-    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * np.asarray(tokens, dtype=float) / p
+    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * R / p
     # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
     # weights, the touched experts, the KV cache), and they run one after the other.
     dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
@@ -290,7 +310,7 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # 16-bit passes over every (query, key) pair of every head, in memory-bound kernels of their own (added,
     # not overlapped with the GEMMs). Source: Dao et al. 2022 (FlashAttention) §2.2.
     scores = 0.0 if plan.fused_attention else 4 * 2.0 * attn_pairs * m.num_attention_heads / t * L / p / bandwidth
-    act = 2.0 * m.hidden_size * np.asarray(tokens, dtype=float)
+    act = 2.0 * m.hidden_size * R
     tp_comm = 2 * (L / p) * tp_allreduce_seconds(system, spans.tp, act, engine)
     return gemm + attention + elementwise / bandwidth + scores + tp_comm, routed
 

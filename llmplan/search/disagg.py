@@ -153,7 +153,7 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
     tpot = np.asarray(decode_tpot(lm, plan, cluster.system, replica_spans(plan, sub), grid,
                                   job.input_len + job.output_len / 2, step_host_seconds(lm, plan, job),
-                                  engine=job.engine))
+                                  engine=job.engine, graph_sizes=job.decode_graph_sizes))
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None

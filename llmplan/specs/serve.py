@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -239,6 +239,13 @@ class ServeJob(Spec):
     (vLLM --enforce-eager), which adds a launch per kernel to each step."""
     max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
     """Tokens one engine step may process (chunked prefill + decodes)."""
+    cuda_graph_batch_sizes: tuple[Annotated[int, Field(ge=1, le=1 << 24)], ...] | None = Field(
+        default=None, min_length=1, max_length=64)
+    """Batch sizes the engine keeps decode CUDA graphs for, with padding on (TensorRT-LLM cuda_graph_config
+    batch_sizes + enable_padding, after the engine drops those above min(max_batch_size, max_num_tokens)): a
+    decode step of B sequences replays the graph of the smallest kept size >= B, dummy one-token sequences
+    filling it, so its element-wise operators and all-reduces carry that many rows
+    (cost.serve_step.graph_padded_rows, docs/formulas.md#infer.graph_padding); None: B rows (no padding)."""
     request_rate: float | None = Field(default=None, gt=0, le=1e9)
     """Requests per second the deployment must sustain (search --objective min-gpus); None: no rate. Positive
     and finite (NaN compared false with every rate and passed every plan), at most 10^9 requests/s."""
@@ -248,6 +255,11 @@ class ServeJob(Spec):
     """Prompt lengths as a distribution (cost.lengths); input_len is then its mean, rounded."""
     output_len_dist: LengthDistribution | None = None
     """Output lengths as a distribution (cost.lengths); output_len is then its mean, rounded."""
+
+    @property
+    def decode_graph_sizes(self) -> tuple[int, ...] | None:
+        """The captured sizes a decode step pads to: cuda_graph_batch_sizes under CUDA graphs, else None."""
+        return self.cuda_graph_batch_sizes if self.cuda_graphs else None
 
     @property
     def context(self) -> int:
