@@ -110,10 +110,10 @@ def test_what_the_lexer_cannot_follow_is_left_as_written():
 
 @pytest.fixture(scope="module")
 def pools_plan(tmp_path_factory) -> Path:
-    """A pipeline over an H100 and an A100 pool, saved by `search --save` (tests/test_hetero.py)."""
-    from test_hetero import _save_best
+    """A pipeline over an H100 and an A100 pool, saved by `search --save`: tests/test_hetero.py's saved_plan."""
+    from test_hetero import save_stage_split
 
-    return _save_best(tmp_path_factory.mktemp("pools"), "--tp", "8", "--pp", "8")
+    return save_stage_split(tmp_path_factory.mktemp("pools"))
 
 
 def _edited(case: str, **plan) -> PlanFile:
@@ -212,6 +212,8 @@ def test_every_script_the_cli_writes_passes_bash_n(cli, tmp_path, pools_plan, ta
             assert max(len(line) for line in f.read_text().splitlines()) <= 80, (plan.stem, f.name)
         written.append(plan.stem)
     assert written, f"no plan exports to {target}"
+    # the pools plan's launchers (torchrun_pools.sh, job.sbatch and what they run) are among those checked
+    assert pools_plan.stem in written or target not in ("torchrun", "slurm") or wrap not in (None, "megatron")
 
 
 def test_quotes_inside_a_quoted_command_substitution_stay_whole(tmp_path):
