@@ -64,3 +64,34 @@ def test_the_layer_s_ratio_rises_with_the_sequence_and_stays_below_the_asymptote
     assert ratios[-1] < 1.0 and ratios[-1] > 0.99
     # the same function prices the ring: cp 2 at 8k runs below cp 1 at 8k
     assert float(attention_rate_ratio(m, ParallelPlan(tp=2, cp=2, seq_len=8192), gpu)) < ratios[4]
+
+
+@pytest.mark.parametrize("weight", [0.0, 2.0, 5.0])
+def test_one_constant_weighs_the_backward_calls_everywhere(monkeypatch, weight):
+    # The backward's weight against the forward (ATTENTION_BACKWARD_WEIGHT, compute.time: backward = 2 x forward)
+    # is one named constant: moving it moves attention_rate_ratio's causal call, the sliding-window call and the
+    # FP8 per-pass weighting together, as the hand-written forward + weight x backward below.
+    from llmplan.cost import attention_rate as ar
+
+    monkeypatch.setattr(ar, "ATTENTION_BACKWARD_WEIGHT", weight)
+    m, gpu, s = M["llama-3.1-8b"], S["dgx-h100"].gpu, 4096
+    plan = ParallelPlan(tp=2, seq_len=s)
+    k_fwd, k_bwd = ATTENTION_FIXED_KEYS["native"]
+    n = s // ATTENTION_TILE
+    heads = m.num_attention_heads / 2
+    rows, work = n * heads, heads * n * (n + 1) / 2
+    fwd = float(attention_call_seconds(rows, work, n, gpu.sm_count, k_fwd))
+    bwd = float(attention_call_seconds(rows, work, n, gpu.sm_count, k_bwd))
+    useful = heads * n * n / 2 / gpu.sm_count
+    expected = (1 + weight) * useful / (fwd + weight * bwd)
+    assert float(ar.attention_rate_ratio(m, plan, gpu)) == pytest.approx(expected, rel=1e-12)
+    # a window as long as the sequence is the causal call (window_rate_ratio's w >= s)
+    windowed = m.model_copy(update={"sliding_window": s})
+    assert float(ar.window_rate_ratio(windowed, plan, gpu)) == pytest.approx(expected, rel=1e-12)
+    # FP8: the published per-pass ratios weighted 1 : weight
+    gb200 = S["gb200-nvl72"].gpu
+    fp8 = ParallelPlan(dp=8, global_batch=64, seq_len=s, dtype="fp8", recipe="mxfp8", fp8_attention=True)
+    d, r_fwd, r_bwd = sorted(gb200.fp8_attention_points["mxfp8"])[0]
+    assert d == 128 == ar.mean_head_dim(m)
+    assert float(ar.fp8_attention_ratio(m, fp8, gb200)) == pytest.approx(
+        (1 + weight) / (1 / r_fwd + weight / r_bwd), rel=1e-12)

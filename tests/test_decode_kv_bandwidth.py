@@ -50,6 +50,14 @@ def test_h100_carries_the_h800_value() -> None:
     assert GPUS["h100-sxm"].hbm_gb_per_s == GPUS["h800"].hbm_gb_per_s
 
 
+def test_the_96gb_h100_does_not_carry_it() -> None:
+    """h100-sxm-96gb is the GH100 die on other memory (HBM2e at 2.4 TB/s, torchtitan's Grand Teton H100): the
+    H800 / H100 value was measured on 3.35 TB/s HBM3, so it keeps the training share (its profile says why)."""
+    gpu = GPUS["h100-sxm-96gb"]
+    assert gpu.hbm_gb_per_s != GPUS["h800"].hbm_gb_per_s and gpu.decode_kv_hbm_efficiency is None
+    assert gpu.decode_kv_achieved_bytes_per_s == pytest.approx(gpu.hbm_achieved_bytes_per_s, rel=1e-12)
+
+
 def test_unpublished_gpu_reads_the_kv_cache_at_the_training_share() -> None:
     """H200 (HBM3e, 4.8 TB/s): no decode kernel's bandwidth is published; its KV reads take hbm_efficiency."""
     gpu = GPUS["h200"]

@@ -79,11 +79,28 @@ def test_wrapped_script_gives_bash_the_same_words(words, note):
     line = " ".join(words)
     script = (f"#!/usr/bin/env bash\nX='p  q'\nprintf '[%s]\\n' {line} \"$X\"\n"
               f"ARR=({line})   # {note}\nprintf '<%s>\\n' \"${{ARR[@]}}\"\n    printf '%s\\n' {line} \\\n"
-              f"    {line}\n")
+              f"    {line}   # {note}\n")
     wrapped = fit_shell(script)
     with tempfile.TemporaryDirectory() as d:
         assert _run(wrapped, Path(d)) == _run(script, Path(d))
     assert all(len(row) <= 80 for row in wrapped.splitlines())
+
+
+def test_a_long_trailing_comment_on_a_continued_line_moves_above_the_command(tmp_path):
+    # The last line of a backslash-continued command keeps its trailing comment where it fits; a longer one went
+    # past 80 columns (a comment line there would end the command), so it moves above the command's first line.
+    flags = " ".join(f"--flag-{i} {i}" for i in range(12))
+    note = "a note on the last flags, long enough that it cannot trail the last line within 80 columns"
+    script = (f"#!/usr/bin/env bash\nif true; then\n    printf '[%s]\\n' first \\\n        {flags} --last x   # {note}\n"
+              f"    printf '%s\\n' short \\\n        --end 1   # fits\nfi\n")
+    wrapped = fit_shell(script)
+    rows = wrapped.splitlines()
+    assert all(len(row) <= 80 for row in rows), [row for row in rows if len(row) > 80]
+    assert _run(wrapped, tmp_path) == _run(script, tmp_path)
+    first = rows.index("    printf '[%s]\\n' first \\")
+    assert " ".join(r.strip().lstrip("#").strip() for r in rows[2:first]) == note  # above, in the if's indent
+    assert all(r.startswith("    #") for r in rows[2:first])
+    assert "        --end 1   # fits" in rows  # a comment that fits stays where it was
 
 
 def test_case_patterns_and_long_if_lines(tmp_path):
@@ -110,10 +127,10 @@ def test_what_the_lexer_cannot_follow_is_left_as_written():
 
 @pytest.fixture(scope="module")
 def pools_plan(tmp_path_factory) -> Path:
-    """A pipeline over an H100 and an A100 pool, saved by `search --save` (tests/test_hetero.py)."""
-    from test_hetero import _save_best
+    """A pipeline over an H100 and an A100 pool, saved by `search --save`: tests/test_hetero.py's saved_plan."""
+    from test_hetero import save_stage_split
 
-    return _save_best(tmp_path_factory.mktemp("pools"), "--tp", "8", "--pp", "8")
+    return save_stage_split(tmp_path_factory.mktemp("pools"))
 
 
 def _edited(case: str, **plan) -> PlanFile:
@@ -212,6 +229,8 @@ def test_every_script_the_cli_writes_passes_bash_n(cli, tmp_path, pools_plan, ta
             assert max(len(line) for line in f.read_text().splitlines()) <= 80, (plan.stem, f.name)
         written.append(plan.stem)
     assert written, f"no plan exports to {target}"
+    # the pools plan's launchers (torchrun_pools.sh, job.sbatch and what they run) are among those checked
+    assert pools_plan.stem in written or target not in ("torchrun", "slurm") or wrap not in (None, "megatron")
 
 
 def test_quotes_inside_a_quoted_command_substitution_stay_whole(tmp_path):

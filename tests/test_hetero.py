@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -358,18 +357,22 @@ def _save_best(folder: Path, *pins: str) -> Path:
     return folder / "plan.json"
 
 
-@pytest.fixture(scope="module")
-def saved_plan(tmp_path_factory):
+def save_stage_split(folder: Path) -> Path:
     """The best pipeline over both pools, saved: TP8 x PP8 is pinned, 64 GPUs, so no pool alone (32 GPUs) holds
     it and no data-parallel replica fits in one pool: the only plans are stage splits over the H100 and A100
     pools, whatever the cost model ranks between pipelines and replicas (unpinned, a replicas plan can rank
-    first and the tests below would check its refusal instead)."""
+    first and the tests below would check its refusal instead). Also tests/test_export_width.py's pools_plan."""
     import json
 
-    path = _save_best(tmp_path_factory.mktemp("pools"), "--tp", "8", "--pp", "8")
+    path = _save_best(folder, "--tp", "8", "--pp", "8")
     hp = json.loads(path.read_text())["pools"]["plan"]
     assert hp["assignment"] == "stages" and set(hp["stage_pools"]) == {0, 1}, hp
     return path
+
+
+@pytest.fixture(scope="module")
+def saved_plan(tmp_path_factory):
+    return save_stage_split(tmp_path_factory.mktemp("pools"))
 
 
 @pytest.fixture(scope="module")
@@ -422,9 +425,8 @@ def test_export_maps_each_pool_to_its_block_of_ranks(cli, saved_plan, tmp_path: 
     assert ranks == list(range(plan["tp"] * plan["pp"] * plan["cp"] * plan["dp"]))
     r = cli("export", saved_plan, "--to", "torchrun", "-o", tmp_path / "t")
     assert r.code == 0 and "NODE_RANK=$((FIRST + POOL_NODE))" in (tmp_path / "t" / "torchrun_pools.sh").read_text()
-    for script in (tmp_path / "t" / "torchrun_pools.sh", tmp_path / "job.sbatch"):  # bash reads them
-        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script.name
-        assert max(len(line) for line in script.read_text().splitlines()) <= 80, script.name  # export.shell_lines
+    # every script these exports write (and each --wrap's) passes `bash -n` and fits 80 columns:
+    # tests/test_export_width.py::test_every_script_the_cli_writes_passes_bash_n, on this same plan (pools_plan)
 
 
 @pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "megatron-bridge"])

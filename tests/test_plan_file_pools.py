@@ -86,6 +86,28 @@ def test_estimate_plan_as_a_subprocess_prints_the_pinned_pools(stages):
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
 
 
+@pytest.mark.parametrize("which", ["stages", "replicas"])
+def test_estimate_plan_header_names_each_pool_not_one_combined_cluster(cli, stages, replicas, which):
+    """The table view's header named the combined estimate's cluster, 'llama-3.1-70b on 8 x dgx-a100 (64 x
+    a100-80gb)': the slowest pool's system at the plan's GPU count, hardware no pool is. It names each pool
+    the plan runs on, with its nodes and GPUs as CLUSTER gives them, within 80 columns."""
+    row, path = {"stages": stages, "replicas": replicas}[which]
+    r = cli("estimate", "--plan", path)
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "x dgx-a100 (64 x a100-80gb)" not in text and "(64 x" not in text
+    if which == "stages":  # TP8 x PP8: all 64 GPUs, both pools whole
+        assert ("llama-3.1-70b on pool dgx-h100: 4 x dgx-h100 (32 x h100-sxm), pool dgx-a100: 4 x dgx-a100 "
+                "(32 x a100-80gb) tp 8 pp 8") in text
+    else:
+        gpus = {u["name"]: u["gpus"] for u in row["pools"]["by_pool"]}
+        assert set(gpus) == {"dgx-h100", "dgx-a100"}
+        assert (f"llama-3.1-70b on pool dgx-h100: {gpus['dgx-h100'] // 8} x dgx-h100 ({gpus['dgx-h100']} x "
+                f"h100-sxm), pool dgx-a100: {gpus['dgx-a100'] // 8} x dgx-a100 ({gpus['dgx-a100']} x a100-80gb)"
+                ) in text
+    assert max(len(line) for line in r.out.splitlines()) <= 80
+
+
 def test_export_writes_the_stage_to_pool_mapping_of_the_search_row(cli, stages, tmp_path: Path):
     row, path = stages
     r = cli("export", path, "--to", "megatron", "-o", tmp_path)

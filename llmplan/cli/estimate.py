@@ -175,4 +175,4 @@ def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx
         emit(report.estimate_json(e, advice), output.json_mode, lambda: report.estimate_view(out, e, advice))
         return
     h = estimate_hetero(pf.model, *pools, pf.allowance, pf.axis_order, checkpoint)
-    emit(hetero_json(h), output.json_mode, lambda: pinned_view(out, h))
+    emit(hetero_json(h), output.json_mode, lambda: pinned_view(out, h, pools[0]))

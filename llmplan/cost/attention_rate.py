@@ -36,6 +36,13 @@ forward 309 and 370, backward 214 and 322 (Shah et al. 2024, Figures 5-6). The s
 within 5% (tests/test_cp_short.py). Derived: docs/formulas.md#compute.cp_attention"""
 
 
+ATTENTION_BACKWARD_WEIGHT = 2.0
+"""Backward attention time over forward time at one rate, as llmplan prices the fused kernel (backward FLOPs
+twice the forward's: stage_compute's attention passes, 3 = 1 + this). The one weight of the backward calls in
+attention_rate_ratio, window_rate_ratio and dropout_bench_loop_share, and of the published per-pass FP8 ratios
+(fp8_attention_ratio). Derived: docs/formulas.md#compute.time"""
+
+
 def fixed_keys(plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
     """(forward, backward) ATTENTION_FIXED_KEYS of the plan's fused kernel: FA2's for the flash2 kernel and
     where the GPU's native kernel is FA2 (GpuSpec.native_attention_flash2), else the native kernel's (FA3).
@@ -91,13 +98,15 @@ def attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
 
     def passes(q: Any, k: Any, tiles: Any, q_loop: Any, k_loop: Any) -> Any:  # forward + backward of one call
         return (attention_call_seconds(q * H, x * tiles * H, x * q_loop, sms, k_fwd)
-                + 2 * attention_call_seconds(k * H, x * tiles * H, x * k_loop, sms, k_bwd))
+                + ATTENTION_BACKWARD_WEIGHT
+                * attention_call_seconds(k * H, x * tiles * H, x * k_loop, sms, k_bwd))
 
     halves = maximum(passes(2 * n, n, 2 * n * n, n, 2 * n), passes(n, 2 * n, 2 * n * n, 2 * n, n))
     ring = passes(2 * n, 2 * n, 2 * n * n + n, 2 * n, 2 * n) + (plan.cp - 1) * halves
     N = np.ceil(plan.seq_len / ATTENTION_TILE)
     whole = passes(N, N, N * (N + 1) / 2, N, N)  # one causal call over s
-    useful = 3 * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
+    passes_weight = 1 + ATTENTION_BACKWARD_WEIGHT  # forward + backward
+    useful = passes_weight * H * (plan.seq_len / ATTENTION_TILE) ** 2 / 2 / sms  # the asymptote's time, all ranks
     return useful / plan.cp / where(plan.cp > 1, ring, whole)
 
 
@@ -171,9 +180,10 @@ def window_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     work = x * window_call_tiles(N, j) * H
     jb = backward_window_tiles(plan, N, j)  # FP8: the backward runs the causal call's tiles
     time = (attention_call_seconds(N * H, work, x * j, sms, k_fwd)
-            + 2 * attention_call_seconds(N * H, x * window_call_tiles(N, jb) * H, x * jb, sms, k_bwd))
+            + ATTENTION_BACKWARD_WEIGHT
+            * attention_call_seconds(N * H, x * window_call_tiles(N, jb) * H, x * jb, sms, k_bwd))
     mean_keys = window_key_count(w, s) / 2  # keys a query sees, on average
-    return 3 * H * (s / T) * (mean_keys / T) / sms / time
+    return (1 + ATTENTION_BACKWARD_WEIGHT) * H * (s / T) * (mean_keys / T) / sms / time
 
 
 def layer_attention_rate_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any) -> Any:
@@ -297,8 +307,8 @@ def dropout_bench_loop_share(gpu: GpuSpec, fa2: Any) -> Any:
     k_bwd = where(fa2, ATTENTION_FIXED_KEYS["flash2"][1], ATTENTION_FIXED_KEYS["native"][1])
     sms = gpu.sm_count
     time = (attention_call_seconds(N * H, tiles * H, N, sms, k_fwd)
-            + 2 * attention_call_seconds(N * H, tiles * H, N, sms, k_bwd))
-    return 3 * tiles * H / sms / time
+            + ATTENTION_BACKWARD_WEIGHT * attention_call_seconds(N * H, tiles * H, N, sms, k_bwd))
+    return (1 + ATTENTION_BACKWARD_WEIGHT) * tiles * H / sms / time
 
 
 def dropout_tile_factor(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
@@ -356,17 +366,12 @@ def unaligned_bmm_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> float
     return min(1.0, gpu.peak_flops("fp32") / gpu.peak_flops(dtype))
 
 
-FP8_ATTENTION_BACKWARD_WEIGHT = 2.0
-"""Backward attention time over forward time at one rate, as llmplan prices the fused kernel (backward FLOPs twice
-the forward's: stage_compute); weights the published per-pass FP8 ratios into one (fp8_attention_ratio)."""
-
-
 def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     """Speed of FP8 fused attention (ParallelPlan.fp8_attention) over bf16 at the model's mean head dimension d.
     Where the GPU's profile publishes cuDNN's FP8 kernel for the plan's format (GpuSpec.fp8_attention_points:
     MXFP8 block scales under the mxfp8 recipe, per-tensor scales otherwise, as Transformer Engine 2.16 picks
     them), its forward and backward speed ratios read at d (linear between published head dimensions, held
-    beyond them) and weighted as llmplan prices the passes, 1 forward to FP8_ATTENTION_BACKWARD_WEIGHT backward:
+    beyond them) and weighted as llmplan prices the passes, 1 forward to ATTENTION_BACKWARD_WEIGHT backward:
     (1 + k) / (1/r_fwd + k/r_bwd). Elsewhere the d0 rule: the 4d matmul FLOPs per (query, key) pair at twice
     the tensor rate and the softmax work (d0, attention_softmax_head_dim) as before, (d + d0) / (d / 2 + d0).
     1 without FP8 attention. Source: NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results at
@@ -379,7 +384,7 @@ def fp8_attention_ratio(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
         return where(plan.fp8_attention, (d + d0) / (d / 2 + d0), 1.0)
     dims, fwd, bwd = (np.array(col) for col in zip(*points, strict=True))
     r_fwd, r_bwd = float(np.interp(d, dims, fwd)), float(np.interp(d, dims, bwd))
-    k = FP8_ATTENTION_BACKWARD_WEIGHT
+    k = ATTENTION_BACKWARD_WEIGHT
     return where(plan.fp8_attention, (1 + k) / (1 / r_fwd + k / r_bwd), 1.0)
 
 

@@ -3,7 +3,8 @@
 A long command line is broken between words: inside a bash array (`NAME=(...)`) at a plain newline, which
 separates the array's elements as a space does; elsewhere with a backslash-newline, which bash removes before it
 reads the words (bash manual, 3.1.2.1 Escape Character). A trailing comment of a line that does not fit moves to
-its own comment lines above it. Words are never split: not inside quotes, `${...}` or a comment, and a `--flag
+its own comment lines above it; on the last line of a backslash-continued command, where a comment line would
+end the command, it stays trailing where it fits and otherwise moves above the command's first line. Words are never split: not inside quotes, `${...}` or a comment, and a `--flag
 value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a backquoted
 command, a quote left open at the end of a line) is left as written.
 """
@@ -165,17 +166,25 @@ def fit_shell(text: str) -> str:
     if lines is None:
         return text
     out: list[str] = []
+    start, start_indent = 0, ""  # where in `out` the command the line belongs to starts, and its indent
     for raw, line in zip(text.split("\n"), lines, strict=True):
+        indent = raw[:len(raw) - len(raw.lstrip())]
+        if not line.continued:
+            start, start_indent = len(out), indent
         if len(raw) <= WIDTH or not line.words:
             out.append(raw)
             continue
-        indent = raw[:len(raw) - len(raw.lstrip())]
         more = indent if line.in_array or line.continued else indent + INDENT
         tail = " \\" if line.continues else ""
         if line.comment and not line.continued:
             out += comment_lines(line.comment[1:].strip(), f"{indent}#")
             out += _wrap(indent, more, line.words, tail)
-        else:
-            rows = _wrap(indent, more, line.words, tail)
-            out += rows[:-1] + [rows[-1] + (f"   {line.comment}" if line.comment else "")]
+            continue
+        rows = _wrap(indent, more, line.words, tail)
+        trailing = f"{rows[-1]}   {line.comment}" if line.comment else rows[-1]
+        if not line.comment or len(trailing) <= WIDTH:
+            out += rows[:-1] + [trailing]
+        else:  # the last line of a backslash-continued command: a comment line can only go above the command
+            out[start:start] = comment_lines(line.comment[1:].strip(), f"{start_indent}#")
+            out += rows
     return "\n".join(out)

@@ -7,10 +7,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llmplan.hetero import HeteroEstimate, PoolUse
+from llmplan.hetero import HeteroEstimate, PoolUse, pool_cluster
 from llmplan.report.common import SCHEMA
 from llmplan.report.search import plan_label
-from llmplan.report.training import estimate_json, estimate_view, memory_json
+from llmplan.report.training import estimate_json, estimate_view, hardware_text, memory_json
 from llmplan.search.hetero import PoolSearchResult
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
@@ -47,12 +47,15 @@ def hetero_json(h: HeteroEstimate) -> dict[str, Any]:
     return {**estimate_json(h.estimate), "gpus": sum(u.gpus for u in h.pools), "pools": pools_json(h)}
 
 
-def pinned_view(console: Console, h: HeteroEstimate) -> None:
-    """A saved plan priced on its pinned pools (`estimate --plan`): the estimate's tables, then which pool
-    holds what, as the search's row shows it."""
+def pinned_view(console: Console, h: HeteroEstimate, pc: PoolCluster) -> None:
+    """A saved plan priced on its pinned pools (`estimate --plan`): which pool holds what, as the search's row
+    shows it, then the estimate's tables under a header that names each pool the plan runs on (the combined
+    estimate's cluster is the slowest pool's system at the plan's GPU count, which no pool is)."""
     assignment = h.hetero.assignment if len(h.pools) > 1 else "one pool"
     console.print(f"pools ({assignment}, as pinned in the plan file): {where_cell(h)}")
-    estimate_view(console, h.estimate)
+    hardware = ", ".join(f"pool {u.name}: {hardware_text(pool_cluster(pc.pools[u.pool].system, u.gpus))}"
+                         for u in h.pools)
+    estimate_view(console, h.estimate, hardware=hardware)
     if h.cross_pool_s:
         console.print(f"between pools: {h.cross_pool_s:.3f} s per step on the inter-pool fabric")
 

@@ -242,8 +242,11 @@ def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -
     return t
 
 
-def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None) -> None:
-    memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory)
+def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None,
+                  hardware: str | None = None) -> None:
+    """The estimate's tables; `hardware` names the GPUs in the header instead of e.cluster (a plan over pools:
+    report.pools.pinned_view)."""
+    memory_view(console, e.model, e.cluster, e.plan, e.params, e.memory, hardware)
     if len(set(e.stage_layers)) > 1:
         console.print(f"uneven pipeline stages: {split_text(e.stage_layers)} layers (first to last)")
     if e.plan.pp_layout is not None:
@@ -308,12 +311,17 @@ def time_table(e: TrainingEstimate) -> Table:
     return t
 
 
+def hardware_text(cluster: ClusterSpec) -> str:
+    """'4 x dgx-h100 (32 x h100-sxm)': the nodes and GPUs of a cluster of one system, as headers name them."""
+    return (f"{cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x {cluster.system.gpu.name}"
+            f"{power_text(cluster)})")
+
+
 def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                params: ParamCounts, mem: TrainingMemory) -> None:
+                params: ParamCounts, mem: TrainingMemory, hardware: str | None = None) -> None:
     p = plan
     console.print(
-        f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x "
-        f"{cluster.system.gpu.name}{power_text(cluster)})  {p.describe(batch=True)}, "
+        f"[bold]{model.name}[/] on {hardware or hardware_text(cluster)}  {p.describe(batch=True)}, "
         f"{counted(p.num_microbatches, 'micro-batch', 'micro-batches')} per replica")
     if cluster.system.calibrated:
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")

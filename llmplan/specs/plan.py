@@ -563,8 +563,9 @@ class ParallelPlan(PlanQuantities, Spec):
         export headers); `batch` adds the global batch, the sequence length and the dtype."""
         text = (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} ep {self.ep} vpp {self.vpp} "
                 f"sp {'on' if self.sp else 'off'} zero {self.zero} "
-                + (f"dp-replicate {self.dp_replicate}{' optimizer across ' if self.dp_outer_optimizer else ' '}"
-                   if self.dp_replicate > 1 else "")
+                + (f"dp-replicate {self.dp_replicate} " if self.dp_replicate > 1 else "")
+                + ("(optimizer sharded across replicas) " if self.dp_replicate > 1 and self.dp_outer_optimizer
+                   else "")
                 + f"recompute {self.recompute} micro-batch {self.micro_batch}")
         return f"{text} global batch {self.global_batch} seq {self.seq_len} {self.dtype}" if batch else text
 
