@@ -9,6 +9,7 @@ from llmplan.cost.comm import (
     HYBRIDEP_BENCH,
     Dispatch,
     Transfer,
+    hybridep_prob_share,
     hybridep_rate,
     ranks_per_token,
     transfer_seconds,
@@ -40,7 +41,7 @@ def _bench(n: int, sms: int) -> tuple[Transfer, ClusterSpec, float]:
     assert span.domains == 1
     T, h, k, local = HYBRIDEP_BENCH
     B = T * ranks_per_token(local * n, k, n, "random") * h * 2.0
-    return Transfer("all-to-all", 2, B, span, Dispatch(local * n, k, "random", None, sms, "hybridep")), cluster, B
+    return Transfer("all-to-all", 2, B, span, Dispatch(local * n, k, "random", None, sms, "hybridep", h)), cluster, B
 
 
 @pytest.mark.parametrize("n,sms", sorted(PUBLISHED))
@@ -55,18 +56,44 @@ def test_hybridep_dispatch_and_combine_match_the_published_gb200_table(n, sms):
 
 @pytest.mark.parametrize("n", [8, 16, 24, 32, 36])
 def test_the_fp8_column_says_ranks_add_latency_not_time_per_byte(n):
-    # The FP8 dispatch (not used to read the rates) moves about half the BF16 bytes at the same ranks and tokens.
-    # Priced with the per-peer latency and the per-byte time read from the BF16 columns, it lands within 6% of
-    # the published FP8 kernel time at 32 SMs; had the ranks slowed every byte instead (the same BF16 points,
+    # The FP8 dispatch (not used to read the rates) moves about half the BF16 bytes at the same ranks and tokens,
+    # and the same probs (4 bytes for each of the domain's 8n experts a row: the benchmark's dispatch passes
+    # topk_weights). Priced with the per-peer latency and the per-byte time read from the BF16 columns, it lands
+    # within 9% of the published FP8 kernel time at 32 SMs (the price is the dispatch-and-combine mean; the
+    # dispatch alone runs a few % faster a byte); had the ranks slowed every byte instead (the same BF16 points,
     # read as a per-byte time that grows with the ranks), the FP8 dispatch at 36 ranks would be priced 20% fast.
     beta, peer = hybridep_rate(32)
-    _, _, B = _bench(n, 32)
+    t, _, B = _bench(n, 32)
     fp8 = FP8_BYTES * B
+    probs = 2 * hybridep_prob_share(t.dispatch, n, n) * B  # the dispatch carries them all; the share is a mean
     published = fp8 / (PUBLISHED[(n, 32)][0] * 1e9)
-    assert beta * fp8 + peer * (n - 1) == pytest.approx(published, rel=0.06)
+    assert beta * (fp8 + probs) + peer * (n - 1) == pytest.approx(published, rel=0.09)
     bf16_rate = 2 / (1 / PUBLISHED[(n, 32)][1] + 1 / PUBLISHED[(n, 32)][2]) * 1e9
     if n == 36:
         assert fp8 / bf16_rate < 0.85 * published
+
+
+def test_hybridep_copies_the_domains_probs_with_each_row():
+    # deepseek-ai/DeepEP csrc/hybrid_ep/backend/hybrid_ep_backend.cuh at 17cfb81: the forward dispatch stores,
+    # with each row, NUM_OF_EXPERTS_PER_RANK x NUM_OF_RANKS_PER_NODE fp32 probs on the receiving rank, and the
+    # backward combine loads as many; Megatron-LM's HybridEPDispatch passes the probs forward and their gradient
+    # back, so half of a layer's calls carry them. By hand, as a share of the rows' bf16 bytes over all calls:
+    # Nemotron-3 Super on EP64 in one NVL72 domain, 8 x 64 = 512 probs (2,048 bytes) on 1,024-wide latent rows
+    # (2,048 bytes) in half the calls: 0.5; DeepSeek-V3 on EP64, 4 x 64 x 4 = 1,024 bytes on 14,336: 0.5 / 14;
+    # on H100 EP16 (two 8-GPU domains) a Qwen3-30B-A3B row carries 8 experts x 8 ranks, 256 bytes on 4,096: 1/32.
+    from llmplan.cost.comm import dispatch_coeffs
+    assert hybridep_prob_share(Dispatch(512, 22, "random", None, 32, "hybridep", 1024), 64, 64) == 0.5
+    assert hybridep_prob_share(Dispatch(256, 8, "random", None, 32, "hybridep", 7168), 64, 64) == pytest.approx(
+        0.5 / 14)
+    assert hybridep_prob_share(Dispatch(128, 8, "random", None, 32, "hybridep", 2048), 16, 8) == 1 / 32
+    assert hybridep_prob_share(Dispatch(512, 22, "random", None, 32, "hybridep"), 64, 64) == 0.0
+    # ... and the per-byte time of a Super call on 64 GB200 grows by that share; the peers' latency does not
+    cluster = ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=16)
+    span = span_of_ranks(list(range(64)), cluster)
+    (bare,) = dispatch_coeffs("all-to-all", span, cluster.system, Dispatch(512, 22, "random", None, 32, "hybridep"))
+    (rows,) = dispatch_coeffs("all-to-all", span, cluster.system,
+                              Dispatch(512, 22, "random", None, 32, "hybridep", 1024))
+    assert rows.beta == pytest.approx(1.5 * bare.beta) and rows.alpha == bare.alpha
 
 
 def test_a_64_rank_domain_pays_its_peers_latency_at_the_recipes_message():

@@ -75,6 +75,9 @@ class Dispatch:
     """SMs the dispatch and combine kernels run on (0: not bound by SMs; dispatch_sm_beta)."""
     backend: MoeFlexBackend = "deepep"
     """The kernels (ParallelPlan.moe_flex_backend): deepep (dispatch_sm_beta) or hybridep (hybridep_rate)."""
+    width: float = 0.0
+    """Elements of a dispatched row (the expert width: a latent MoE's latent size); hybridep_prob_share's
+    denominator (0: no prob bytes priced)."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -188,9 +191,10 @@ HYBRIDEP_BENCH = (4096, 7168, 8, 8)
 @lru_cache(maxsize=64)
 def hybridep_fit(sms: int) -> tuple[float, float]:
     """(seconds per byte, seconds per peer) of a HybridEP call at a published SM count: the least-squares line
-    t(n) = beta·B(n) + alpha·(n - 1) through the mean dispatch-and-combine time of the published table, B(n) the
-    benchmark's received bytes at n ranks (T·ranks_per_token·h·2), n - 1 the peers each call writes to and waits
-    on. At 32 SMs it holds every published point within 2.1% (796 GB/s, 4.7 us a peer); at 16, 5%.
+    t(n) = beta·B(n)·(1 + p(n)) + alpha·(n - 1) through the mean dispatch-and-combine time of the published table,
+    B(n) the benchmark's received bytes at n ranks (T·ranks_per_token·h·2), p(n) the probs its dispatch copies
+    with them (hybridep_prob_share), n - 1 the peers each call writes to and waits on. At 32 SMs it holds every
+    published point within 2.1% (794 GB/s, 4.1 us a peer); at 16, 5%.
     Source: HYBRIDEP_GB200_GBPS. Derived: docs/formulas.md#comm.hybridep"""
     T, h, k, local = HYBRIDEP_BENCH
     table = HYBRIDEP_GB200_GBPS[sms]
@@ -198,7 +202,10 @@ def hybridep_fit(sms: int) -> tuple[float, float]:
     n = np.array(ranks, dtype=float)
     B = np.array([T * ranks_per_token(local * r, k, r, "random") * h * 2.0 for r in ranks])
     t = np.array([0.5 * b * (1 / table[r][0] + 1 / table[r][1]) / 1e9 for r, b in zip(ranks, B, strict=True)])
-    (beta, alpha), *_ = np.linalg.lstsq(np.vstack([B, n - 1]).T, t, rcond=None)
+    # the bytes moved: the rows and, in the benchmark's dispatch (half its calls), the domain's probs a row
+    moved = B * np.array([1 + hybridep_prob_share(Dispatch(local * r, k, "random", None, width=h), r, r)
+                          for r in ranks])
+    (beta, alpha), *_ = np.linalg.lstsq(np.vstack([moved, n - 1]).T, t, rcond=None)
     return float(beta), float(alpha)
 
 
@@ -216,6 +223,24 @@ def hybridep_rate(sms: int) -> tuple[float, float]:
     return (1 - w) * lo[0] + w * hi[0], (1 - w) * lo[1] + w * hi[1]
 
 
+HYBRIDEP_PROB_BYTES = 4
+"""Bytes of one prob HybridEP moves (fp32: the kernels' prob buffers are float; deepseek-ai/DeepEP
+csrc/hybrid_ep/backend/hybrid_ep_backend.cuh at 17cfb81)."""
+
+
+def hybridep_prob_share(d: Dispatch, ranks: int, g: int) -> float:
+    """Bytes HybridEP's probs add to a call's rows, as a share of the rows' bf16 bytes, averaged over a layer's
+    calls. Its forward dispatch and backward combine (half the calls: Megatron-LM's HybridEPDispatch passes the
+    router's probs forward and their gradient back) copy with each row a prob for every expert of the NVLink
+    domain, E/ranks a rank times its g ranks, not only the receiving rank's; the other half carry none. 0 without
+    a row width. Source: deepseek-ai/DeepEP csrc/hybrid_ep/backend/hybrid_ep_backend.cuh at 17cfb81 (dispatch
+    S2G remote_expert_output_prob and combine G2S under BACKWARD_COMBINE: NUM_OF_EXPERTS_PER_RANK ·
+    NUM_OF_RANKS_PER_NODE floats a row). Derived: docs/formulas.md#comm.hybridep_probs"""
+    if d.width <= 0 or ranks <= 0:
+        return 0.0
+    return 0.5 * HYBRIDEP_PROB_BYTES * (d.experts / ranks) * g / (ACT_BYTES * d.width)
+
+
 HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
 """NVLink bytes per second a direction of HYBRIDEP_GB200_GBPS's GPU (GB200, NVLink 5: 18 links of 50 GB/s;
 link_profile's intra bandwidth of gb200-nvl72): the published rates are scaled to another GPU's NVLink by it."""
@@ -226,7 +251,8 @@ def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | 
     HybridEP's (hybridep_rate) inside an NVSwitch domain is its published rate in place of NCCL's link
     efficiency (TMA copies, not NCCL channels), scaled to the GPU's NVLink, with each of the g - 1 NVLink peers
     costing the published per-peer time in place of the link's step latency; across domains the published rate
-    is a floor under the links'. Derived: docs/formulas.md#comm.ep_sms, docs/formulas.md#comm.hybridep"""
+    is a floor under the links'; HybridEP's bytes per row grow by its probs (hybridep_prob_share).
+    Derived: docs/formulas.md#comm.ep_sms, docs/formulas.md#comm.hybridep"""
     if span.size <= 1:  # a group of one sends nothing
         return collective_coeffs(op, span, system)
     coeffs = collective_coeffs(op, span, system, shares=a2a_shares(d, span))
@@ -238,7 +264,8 @@ def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | 
     g = max(span.size // span.domains, 1)
     extra = (g - 1) * max(peer - group_links(system, span).intra_alpha, 0.0)
     own = span.domains == 1 and system.intra_node_fabric == "nvswitch"
-    return tuple(Coeff(c.algorithm, c.alpha + extra, beta if own else max(c.beta, beta)) for c in coeffs)
+    probs = 1 + hybridep_prob_share(d, span.size, g)
+    return tuple(Coeff(c.algorithm, c.alpha + extra, probs * (beta if own else max(c.beta, beta))) for c in coeffs)
 
 
 def transfer_seconds(t: Transfer[GroupSpan], system: SystemSpec) -> float:
@@ -766,7 +793,7 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
     per_layer = 4 + 2 * again
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
-                      dispatch_sms(plan), plan.moe_flex_backend) \
+                      dispatch_sms(plan), plan.moe_flex_backend, h) \
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
     calls = plan.num_microbatches * moe_layers
     if plan.ep_dispatch_fp8:  # a workload switch: dispatches (half the calls) in fp8 + scales, combines bf16
