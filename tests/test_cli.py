@@ -201,6 +201,21 @@ def test_listings_fit_80_columns_with_every_name_whole():
         assert set(names) <= firsts, sorted(set(names) - firsts)
 
 
+def test_models_listing_never_wraps_a_number_at_80_columns():
+    # The models table at 80 columns keeps every number on its model's line: 10,485,760 (llama-4-scout's
+    # context) and 128/128 (deepseek-v3's heads/kv) were cut over two lines (`10,485` / `,760`) once the
+    # longest name (nemotron-3.5-lightning) and the 10M context arrived.
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "llmplan", "models"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()}
+    for name, m in builtin_models().items():
+        cells = rows[name]
+        assert f"{m.max_position_embeddings:,}" in cells, (name, cells)
+        assert f"{m.num_attention_heads}/{m.kv_heads}" in cells, (name, cells)
+        assert str(m.hidden_size) in cells, (name, cells)
+
+
 def test_a_plan_saved_as_yaml_exports(tmp_path):
     # `--save x.yaml` writes YAML that llmplan reads back: JSON's 2e-05 is a string to a YAML 1.1 reader, which
     # made `export x.yaml` refuse the saved hardware's failures_per_node_hour.
