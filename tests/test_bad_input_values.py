@@ -413,3 +413,10 @@ def test_grouped_output_projection_beyond_any_model(cli, tmp_path, key, value, b
     r = cli("estimate", "--model", write(tmp_path, "v4.yaml", {**doc, key: value}), "--hardware", "dgx-h100",
             "--nodes", "8")
     assert f"field '{key}': Input should be less than or equal to {bound} (got {value})" in r.refusal()
+
+
+def test_a_global_batch_no_micro_batch_divides_names_the_batches_that_would(cli):
+    # --global-batch 7 on 8 GPUs (dp 8): the message ended "valid micro_batch: none", a rule without a fix.
+    r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "7",
+            needle=("global_batch (7)", "make --global-batch a multiple of dp (8), e.g. 8"))
+    assert "valid micro_batch: none" not in r.err
