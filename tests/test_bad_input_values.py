@@ -420,3 +420,16 @@ def test_a_global_batch_no_micro_batch_divides_names_the_batches_that_would(cli)
     r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "7",
             needle=("global_batch (7)", "make --global-batch a multiple of dp (8), e.g. 8"))
     assert "valid micro_batch: none" not in r.err
+
+
+def test_a_misspelt_key_names_the_key_it_resembles(cli, tmp_path):
+    # `nic_per_node: 4` in a system file (and `sustained_clock_fractio` under gpu:) said only "Extra inputs are
+    # not permitted": the value and the rule, not the fix.
+    p = write(tmp_path, "sys.yaml", "base: dgx-h100\nnic_per_node: 4\ngpu:\n  sustained_clock_fractio: 0.8\n")
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", p,
+        needle=("field 'nic_per_node'", "did you mean 'nics_per_node'", "field 'gpu.sustained_clock_fractio'",
+                "did you mean 'sustained_clock_fraction'"))
+    spec = write(tmp_path, "m.yaml", (ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text() + "hiden_size: 3\n")
+    bad(cli, "estimate", "--model", spec, "--hardware", "dgx-h100", needle="did you mean 'hidden_size'")
+    far = write(tmp_path, "far.yaml", "base: dgx-h100\nqqqqq: 4\n")
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", far, needle="field 'qqqqq'")

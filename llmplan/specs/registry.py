@@ -34,14 +34,18 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 """File suffixes of specs, profiles and plan files."""
 
 
-def validation_message(origin: str, err: ValidationError) -> str:
+def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
     """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
-    what it means and a typical value."""
+    what it means and a typical value; a key the spec `cls` does not have names its nearest keys."""
     parts = []
     errors = _tuple_lengths(err.errors())
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and cls is not None and e["loc"]:
+            parts.append(f"field '{field}': {msg} (got {excerpt(e['input'])}); "
+                         + _extra_key_fix(str(e["loc"][-1]), _keys_at(cls, e["loc"][:-1])))
+            continue
         if e["type"] == "tuple_length":
             parts.append(f"field '{field}' takes {msg} (got {excerpt(e['input'])})")
             continue
@@ -52,6 +56,40 @@ def validation_message(origin: str, err: ValidationError) -> str:
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _keys_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys of the spec nested at `loc` inside `cls` (through optional, tuple, list and dict fields), or []
+    where the path leaves the specs."""
+    here: Any = cls
+    for part in loc:
+        if isinstance(part, int) or not (isinstance(here, type) and issubclass(here, BaseModel)):
+            continue
+        field = here.model_fields.get(str(part))
+        if field is None:
+            return []
+        here = _spec_in(field.annotation)
+    if not (isinstance(here, type) and issubclass(here, BaseModel)):
+        return []
+    return sorted({*here.model_fields, *(f.alias for f in here.model_fields.values() if f.alias)})
+
+
+def _spec_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (`GpuSpec`, `tuple[PoolSpec, ...]`, `X | None`), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _spec_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _extra_key_fix(key: str, keys: list[str]) -> str:
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.7)
+    if close:
+        return f"did you mean {', '.join(repr(c) for c in close)}?"
+    return "remove it"
 
 
 def _tuple_lengths(errors: list[Any]) -> list[Any]:
@@ -93,8 +131,10 @@ def reported(origin: str) -> Iterator[None]:
 
 def build(cls: type[M], data: Any, origin: str) -> M:
     """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
-    with reported(origin):
+    try:
         built = cls.model_validate(data)
+    except ValidationError as e:
+        raise LlmplanError(validation_message(origin, e, cls)) from None
     return built
 
 
