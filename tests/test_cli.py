@@ -231,3 +231,16 @@ def test_a_plan_saved_as_yaml_exports(tmp_path):
     r = runner.invoke(app, ["export", str(path), "--to", "megatron", "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "megatron_pretrain.sh").exists()
+
+
+def test_a_memory_interval_past_the_capacity_is_flagged(cli):
+    # llama-3.1-70b tp 8 on 8 nodes fits at 77.1 of 79.2 GiB, but its 80% memory interval reaches 91.9 GiB:
+    # the interval line printed the range beside FITS without saying that its upper end does not fit.
+    base = ["estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--zero", "1",
+            "--global-batch", "1024"]
+    r = cli(*base, "--tp", "8", "--pp", "1")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "FITS" in text and "above the 79.2 GiB capacity: it may not fit" in text
+    r = cli(*base, "--tp", "8", "--pp", "2")  # 52.2 GiB, interval up to 62.3 GiB: nothing to flag
+    assert r.code == 0 and "may not fit" not in " ".join(r.out.split())

@@ -303,9 +303,18 @@ def time_table(e: TrainingEstimate) -> Table:
     mem = iv["memory_bytes"]
     t.caption += (f"\n80% interval: step {slo:,.3f}-{shi:,.3f} s, {tlo:,.0f}-{thi:,.0f} tokens/s, MFU "
                   f"{100 * mlo:.1f}-{100 * mhi:.1f}%"
-                  + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB" if mem else "")
+                  + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else "")
                   + f"; from {iv['summary']}")
     return t
+
+
+def memory_risk(e: TrainingEstimate, mem: list[float]) -> str:
+    """A note where the memory interval's upper end passes the GPU's capacity while the point fits: within the
+    80% interval the plan may run out of memory, which FITS alone does not say."""
+    cap = float(e.memory.capacity)
+    if not e.memory.fits or mem[1] <= cap:
+        return ""
+    return f" (above the {cap / GIB:,.1f} GiB capacity: it may not fit)"
 
 
 def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
