@@ -433,3 +433,14 @@ def test_a_misspelt_key_names_the_key_it_resembles(cli, tmp_path):
     bad(cli, "estimate", "--model", spec, "--hardware", "dgx-h100", needle="did you mean 'hidden_size'")
     far = write(tmp_path, "far.yaml", "base: dgx-h100\nqqqqq: 4\n")
     bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", far, needle="field 'qqqqq'")
+
+
+def test_search_refuses_a_format_the_gpu_lacks_as_estimate_does(cli):
+    # search --dtype fp8 on A100 stopped on "the search's switches break a rule (fp8_params_dtype): fp8_params
+    # with dtype bf16 ... drop --fp8-params", a flag never given; estimate names the missing fp8 tensor cores.
+    for args in (["--dtype", "fp8"], ["--precision", "fp8-tensorwise"]):
+        r = bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", *args,
+                needle=("a100-80gb has no fp8 tensor cores", "use --precision bf16"))
+        assert "fp8_params" not in r.err
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dtype", "fp4",
+        needle="h100-sxm has no fp4 tensor cores")
