@@ -594,3 +594,15 @@ def test_head_one_of_a_search():
     r = subprocess.run(f"{sys.executable} -m llmplan {' '.join(SEARCH)} | head -1; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", env=ENV, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("deepseek-v3 on 256 x dgx-h100")
+
+
+def test_a_plan_file_given_as_a_model_or_hardware_points_to_plan(cli, tmp_path):
+    # `estimate --model plan.json` listed the spec's every missing and extra key (name, hidden_size, ...,
+    # schema, kind, mode, ...: 21 problems) instead of saying that the file is a plan.
+    plan = ROOT / "tests" / "data" / "plans" / "dense_train.json"
+    for args, what in ((["--model", plan, "--hardware", "dgx-h100"], "not a model spec"),
+                       (["--model", "llama-3.1-8b", "--hardware", plan], "not a system profile")):
+        r = cli("estimate", *args)
+        assert r.code == 2, r.err
+        assert "is an llmplan plan file" in r.err and what in r.err and "estimate --plan" in r.err, r.err
+        assert "Field required" not in r.err and len(r.err.splitlines()) == 1

@@ -172,9 +172,18 @@ def _unknown(kind: str, name: str, known: list[str], fix: str = PATH_FIX, where:
                         f"(built-ins: {bounded_list(sorted(known), 40)}; {fix})")
 
 
+def _not_a_plan(data: Any, path: Path, what: str) -> None:
+    """A saved plan given where a spec is read (`--model plan.json`) is one line that points to --plan, not
+    a spec's every missing and extra key."""
+    if isinstance(data, dict) and data.get("kind") == "llmplan-plan":
+        raise LlmplanError(f"{path} is an llmplan plan file, not {what}; price it with `llmplan estimate --plan "
+                           f"{path}` (it names its model and hardware)")
+
+
 def load_model_file(path: Path) -> ModelSpec:
     """A llmplan model spec (YAML/JSON with a `name`) or a Hugging Face config.json."""
     data = read_document(path)
+    _not_a_plan(data, path, "a model spec")
     if "name" not in data and "model_type" in data:
         try:
             data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
@@ -189,6 +198,7 @@ def load_system_file(path: Path) -> SystemSpec:
     oversubscription); a `gpu` mapping without a `name` then overrides keys of the base's GPU (e.g. its
     sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
+    _not_a_plan(data, path, "a system profile")
     base_name = data.pop("base", None)
     base, base_gpu = None, False
     if base_name is not None:
