@@ -254,8 +254,9 @@ def resolve_system(ref: str) -> SystemSpec:
         if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
         if is_pool_file(ref):
-            raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training) plans a "
-                               f"cluster of several pools; give one system here, e.g. the pool's system name")
+            raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training, or "
+                               f"--mode infer) plans a cluster of several pools; give one system here, e.g. the "
+                               f"pool's system name")
         return load_system_file(Path(ref))
     systems = builtin_systems()
     if ref in systems:
