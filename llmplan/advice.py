@@ -155,7 +155,7 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
         if fits and not new_fits:
             continue
         gain = (float(new.throughput.tokens_per_s) / base_tps - 1) if fits else (base_mem - float(new.memory.total)) / base_mem
-        if gain <= 1e-6 and fits:
+        if gain <= 1e-6:  # no faster (a plan that fits) or frees no memory (one that does not)
             continue
         items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
     return _with_goodput(_best(items), goodput_advice(e, allowance, order))

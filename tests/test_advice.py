@@ -179,3 +179,17 @@ def test_serving_advice_offers_the_batch_the_slos_allow_before_more_gpus(cli):
     got = cli("estimate", *base, *first["flags"], "--json").json()
     assert got["tpot_s"] <= 0.05 and got["ttft_s"] <= 2 and got["memory"]["fits"]
     assert f"--batch {slo['max_batch']}" in cli("estimate", *base).out  # the text view's first row
+
+
+def test_a_plan_that_does_not_fit_is_advised_only_changes_that_free_memory(cli):
+    # Llama-3.1-405B on one node at dp 1: ZeRO-1 shards nothing over one replica, fp8 GEMMs add weight copies,
+    # selective recompute frees nothing beside fused attention; the list offered them (`--zero 1`, 1,267 tokens/s
+    # (+0.0%), 926.9 GiB as before; `--dtype fp8`, 1,018.6 GiB) to a plan 848 GiB over the GPU's memory.
+    r = cli("estimate", "--model", "llama-3.1-405b", "--hardware", "dgx-h100", "--tp", "8", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert not doc["memory"]["fits"]
+    total = doc["memory"]["total"] / 2**30
+    assert doc["advice"], "no memory-saving advice for a plan that does not fit"
+    for a in doc["advice"]:
+        assert a["gain"] > 0 and a["predicted"]["memory_gib"] < total, a

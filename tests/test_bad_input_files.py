@@ -594,3 +594,27 @@ def test_head_one_of_a_search():
     r = subprocess.run(f"{sys.executable} -m llmplan {' '.join(SEARCH)} | head -1; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", env=ENV, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("deepseek-v3 on 256 x dgx-h100")
+
+
+def test_a_plan_file_given_as_a_model_or_hardware_points_to_plan(cli, tmp_path):
+    # `estimate --model plan.json` listed the spec's every missing and extra key (name, hidden_size, ...,
+    # schema, kind, mode, ...: 21 problems) instead of saying that the file is a plan.
+    plan = ROOT / "tests" / "data" / "plans" / "dense_train.json"
+    for args, what in ((["--model", plan, "--hardware", "dgx-h100"], "not a model spec"),
+                       (["--model", "llama-3.1-8b", "--hardware", plan], "not a system profile")):
+        r = cli("estimate", *args)
+        assert r.code == 2, r.err
+        assert "is an llmplan plan file" in r.err and what in r.err and "estimate --plan" in r.err, r.err
+        assert "Field required" not in r.err and len(r.err.splitlines()) == 1
+
+
+def test_a_pool_file_given_to_estimate_names_both_searches_that_take_it(cli, tmp_path):
+    # The refusal said "only `llmplan search` (training) plans a cluster of several pools", while
+    # `search --mode infer` splits the request rate over the pools too (README "Serving takes the same file").
+    f = tmp_path / "cluster.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\n"
+                 "fabric: {gb_per_s: 50, latency_s: 1.0e-5}\n")
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", f, "--tp", "8")
+    assert r.code == 2 and "lists several pools" in r.err and "--mode infer" in r.err, r.err
+    s = cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", f)
+    assert s.code == 0, s.err

@@ -413,3 +413,34 @@ def test_grouped_output_projection_beyond_any_model(cli, tmp_path, key, value, b
     r = cli("estimate", "--model", write(tmp_path, "v4.yaml", {**doc, key: value}), "--hardware", "dgx-h100",
             "--nodes", "8")
     assert f"field '{key}': Input should be less than or equal to {bound} (got {value})" in r.refusal()
+
+
+def test_a_global_batch_no_micro_batch_divides_names_the_batches_that_would(cli):
+    # --global-batch 7 on 8 GPUs (dp 8): the message ended "valid micro_batch: none", a rule without a fix.
+    r = bad(cli, "estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "7",
+            needle=("global_batch (7)", "make --global-batch a multiple of dp (8), e.g. 8"))
+    assert "valid micro_batch: none" not in r.err
+
+
+def test_a_misspelt_key_names_the_key_it_resembles(cli, tmp_path):
+    # `nic_per_node: 4` in a system file (and `sustained_clock_fractio` under gpu:) said only "Extra inputs are
+    # not permitted": the value and the rule, not the fix.
+    p = write(tmp_path, "sys.yaml", "base: dgx-h100\nnic_per_node: 4\ngpu:\n  sustained_clock_fractio: 0.8\n")
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", p,
+        needle=("field 'nic_per_node'", "did you mean 'nics_per_node'", "field 'gpu.sustained_clock_fractio'",
+                "did you mean 'sustained_clock_fraction'"))
+    spec = write(tmp_path, "m.yaml", (ROOT / "model_specs" / "llama-3.1-8b.yaml").read_text() + "hiden_size: 3\n")
+    bad(cli, "estimate", "--model", spec, "--hardware", "dgx-h100", needle="did you mean 'hidden_size'")
+    far = write(tmp_path, "far.yaml", "base: dgx-h100\nqqqqq: 4\n")
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", far, needle="field 'qqqqq'")
+
+
+def test_search_refuses_a_format_the_gpu_lacks_as_estimate_does(cli):
+    # search --dtype fp8 on A100 stopped on "the search's switches break a rule (fp8_params_dtype): fp8_params
+    # with dtype bf16 ... drop --fp8-params", a flag never given; estimate names the missing fp8 tensor cores.
+    for args in (["--dtype", "fp8"], ["--precision", "fp8-tensorwise"]):
+        r = bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", *args,
+                needle=("a100-80gb has no fp8 tensor cores", "use --precision bf16"))
+        assert "fp8_params" not in r.err
+    bad(cli, "search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dtype", "fp4",
+        needle="h100-sxm has no fp4 tensor cores")

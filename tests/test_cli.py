@@ -201,6 +201,21 @@ def test_listings_fit_80_columns_with_every_name_whole():
         assert set(names) <= firsts, sorted(set(names) - firsts)
 
 
+def test_models_listing_never_wraps_a_number_at_80_columns():
+    # The models table at 80 columns keeps every number on its model's line: 10,485,760 (llama-4-scout's
+    # context) and 128/128 (deepseek-v3's heads/kv) were cut over two lines (`10,485` / `,760`) once the
+    # longest name (nemotron-3.5-lightning) and the 10M context arrived.
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "llmplan", "models"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()}
+    for name, m in builtin_models().items():
+        cells = rows[name]
+        assert f"{m.max_position_embeddings:,}" in cells, (name, cells)
+        assert f"{m.num_attention_heads}/{m.kv_heads}" in cells, (name, cells)
+        assert str(m.hidden_size) in cells, (name, cells)
+
+
 def test_a_plan_saved_as_yaml_exports(tmp_path):
     # `--save x.yaml` writes YAML that llmplan reads back: JSON's 2e-05 is a string to a YAML 1.1 reader, which
     # made `export x.yaml` refuse the saved hardware's failures_per_node_hour.
@@ -216,3 +231,16 @@ def test_a_plan_saved_as_yaml_exports(tmp_path):
     r = runner.invoke(app, ["export", str(path), "--to", "megatron", "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "megatron_pretrain.sh").exists()
+
+
+def test_a_memory_interval_past_the_capacity_is_flagged(cli):
+    # llama-3.1-70b tp 8 on 8 nodes fits at 77.1 of 79.2 GiB, but its 80% memory interval reaches 91.9 GiB:
+    # the interval line printed the range beside FITS without saying that its upper end does not fit.
+    base = ["estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--zero", "1",
+            "--global-batch", "1024"]
+    r = cli(*base, "--tp", "8", "--pp", "1")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "FITS" in text and "above the 79.2 GiB capacity: it may not fit" in text
+    r = cli(*base, "--tp", "8", "--pp", "2")  # 52.2 GiB, interval up to 62.3 GiB: nothing to flag
+    assert r.code == 0 and "may not fit" not in " ".join(r.out.split())

@@ -226,8 +226,8 @@ def edited(tmp_path: Path, case: str, **changes) -> Path:
     ("dense_train", {"plan__zero": 3}, "megatron", "ZeRO stage 3"),
     ("dense_train", {"plan__zero": 2}, "deepspeed", "pipeline parallelism (pp 4) with ZeRO stage 2"),
     ("dense_train", {}, "torchtitan", "ZeRO-1"),
-    ("dense_train", {}, "vllm", "it is a train plan and vllm takes serving plans"),
-    ("serve", {}, "megatron", "it is a infer plan and megatron takes training plans"),
+    ("dense_train", {}, "vllm", "it is a training plan and vllm takes serving plans"),
+    ("serve", {}, "megatron", "it is a serving plan and megatron takes training plans"),
     ("serve", {"plan__ep": 3}, "vllm", "ep_experts"),
     # Uneven stages: DeepSpeed's PipelineModule partitions cannot pin per-stage layer counts.
     ("uneven_train", {"plan__sp": False}, "deepspeed", "uneven pipeline stages"),

@@ -538,3 +538,15 @@ def test_a_saved_plan_with_a_negative_pool_index_exits_2_naming_it(cli, saved_pl
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
     assert "stage_pools [-1" in lines[0] and "0 or more" in lines[0]
+
+
+def test_a_pool_where_nothing_fits_alone_says_so(cli, tmp_path):
+    # Llama-3.1-70B on 2 DGX H100 + 2 DGX A100: neither pool alone holds a plan; the line read
+    # "alone: dgx-h100 0 tok/s, a100 0 tok/s", a throughput of zero rather than no plan.
+    f = tmp_path / "cluster.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 2}\n  - {system: dgx-a100, nodes: 2, name: a100}\n"
+                 "fabric: {gb_per_s: 50, latency_s: 1.0e-5}\n")
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", f, "--top", "1")
+    assert r.code == 0, r.err
+    assert "alone: dgx-h100 no plan fits, a100 no plan fits" in " ".join(r.out.split())
+    assert "0 tok/s" not in r.out

@@ -172,6 +172,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     order = parse_order(s.axis_order)
     build(CheckThresholds, {"min_headroom_gib": goal.min_headroom}, "--min-headroom")  # the range check uses
     base = search_workload(m, pins, s)
+    refuse_missing_format(m, base, cluster)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it
     allowance = make_allowance(memory)
     checkpoint = make_checkpoint(checkpoints)
@@ -277,6 +278,19 @@ def refuse_overlapping_pins(pins: SearchPins) -> None:
     if pins.global_batch is not None and pins.batch_tokens is not None:
         raise LlmplanError(f"--global-batch {pins.global_batch} and --batch-tokens {excerpt(pins.batch_tokens)} both "
                            "set the batch; give one of them")
+
+
+def refuse_missing_format(m: ModelSpec, w: Workload, cluster: ClusterSpec) -> None:
+    """A --dtype / --precision whose tensor-core format the GPU does not have (fp8 on A100) is refused as
+    `estimate` refuses it (check_plan's dtype_hardware); the search's kernel fallback (runs_on: bf16 GEMMs
+    where a format's kernels are missing) would otherwise price bf16 under an fp8 heading, or stop on the
+    fp8-params switch it tries (a rule the user never named)."""
+    from llmplan.specs.check import RULES
+
+    rule = next(r for r in RULES if r.name == "dtype_hardware")
+    plan = w.plan()
+    if not rule.ok(m, plan, cluster):
+        raise LlmplanError(f"the workload breaks a rule: {rule.message(m, plan, cluster)}")
 
 
 def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workload:

@@ -369,7 +369,8 @@ def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
 def need_mode(pf: PlanFile, mode: str, target: str) -> None:
     if pf.mode != mode:
         kind = "serving" if mode == "infer" else "training"
-        raise refuse(target, f"it is a {pf.mode} plan and {target} takes {kind} plans",
+        have = "serving" if pf.mode == "infer" else "training"  # "a infer plan" read as a typo
+        raise refuse(target, f"it is a {have} plan and {target} takes {kind} plans",
                      f"save a {kind} plan with `llmplan search --mode {mode} --save`")
 
 

@@ -15,11 +15,14 @@ from llmplan.specs.model import ModelSpec
 
 def models_table(models: list[tuple[ModelSpec, ParamCounts]], with_type: bool = True) -> Table:
     """One row per model; without `with_type` (consoles under 100 columns) the architecture column is left out
-    so that the rest fits 80 columns without wrapping a number (`--json` has it)."""
-    t = ReportTable(title="Built-in models", collapse_padding=True)
+    so that the rest fits 80 columns without wrapping a number (`--json` has it); one space between columns."""
+    t = ReportTable(title="Built-in models", padding=(0, 0))
     cols = ("name", "type", "layers", "hidden", "heads/kv", "experts", "params", "active", "context")
     for col in cols if with_type else tuple(c for c in cols if c != "type"):
-        t.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=col == "name")
+        # numbers never wrap (ReportTable's default for right-justified columns); `experts` ("256 top-8") folds
+        # at its space, and the type column, where shown, wraps first
+        t.add_column(col, justify="left" if col in ("name", "type") else "right",
+                     no_wrap=col not in ("type", "experts"))
     for m, p in models:
         experts = f"{m.num_experts} top-{m.num_experts_per_tok}" if m.is_moe else "-"
         row = [m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.kv_heads}",

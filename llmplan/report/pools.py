@@ -95,5 +95,6 @@ def pool_search_view(console: Console, res: PoolSearchResult, pc: PoolCluster, m
         t.add_row(str(i), plan_label(p) + "\n" + where_cell(h), f"{float(e.throughput.tokens_per_s):,.0f}",
                   f"{float(e.time.total):.2f}", f"{float(e.throughput.mfu):.0%}", f"{gib:.1f}")
     console.print(t)
-    console.print("alone: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in res.alone.items())
+    console.print("alone: " + ", ".join(f"{k} {v:,.0f} tok/s" if v > 0 else f"{k} no plan fits"
+                                        for k, v in res.alone.items())
                   + f"; over pools: {res.considered} priced, {res.feasible} fit")

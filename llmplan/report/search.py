@@ -13,7 +13,7 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
 from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
-from llmplan.report.training import advice_table, estimate_json, split_text
+from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
 from llmplan.search.grid import Workload
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
 from llmplan.search.ties import TIE_POOL
@@ -309,7 +309,7 @@ def interval_line(e: TrainingEstimate) -> str:
     iv = training_interval(e)
     (slo, shi), (tlo, thi) = iv["step_s"], iv["tokens_per_s"]
     mem = iv["memory_bytes"]
-    memory = f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB" if mem else ""
+    memory = f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else ""
     return (f"80% interval of #1: step {slo:,.2f}-{shi:,.2f} s, {tlo:,.0f}-{thi:,.0f} tok/s{memory}; from "
             f"{iv['summary']}")
 

@@ -306,7 +306,7 @@ def time_table(e: TrainingEstimate) -> Table:
     mem = iv["memory_bytes"]
     t.caption += (f"\n80% interval: step {slo:,.3f}-{shi:,.3f} s, {tlo:,.0f}-{thi:,.0f} tokens/s, MFU "
                   f"{100 * mlo:.1f}-{100 * mhi:.1f}%"
-                  + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB" if mem else "")
+                  + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else "")
                   + f"; from {iv['summary']}")
     return t
 
@@ -315,6 +315,15 @@ def hardware_text(cluster: ClusterSpec) -> str:
     """'4 x dgx-h100 (32 x h100-sxm)': the nodes and GPUs of a cluster of one system, as headers name them."""
     return (f"{cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} x {cluster.system.gpu.name}"
             f"{power_text(cluster)})")
+
+
+def memory_risk(e: TrainingEstimate, mem: list[float]) -> str:
+    """A note where the memory interval's upper end passes the GPU's capacity while the point fits: within the
+    80% interval the plan may run out of memory, which FITS alone does not say."""
+    cap = float(e.memory.capacity)
+    if not e.memory.fits or mem[1] <= cap:
+        return ""
+    return f" (above the {cap / GIB:,.1f} GiB capacity: it may not fit)"
 
 
 def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,

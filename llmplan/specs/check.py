@@ -31,6 +31,15 @@ from llmplan.specs.stages import (  # noqa: F401  (accounted_split, balanced_spl
 )
 
 
+def _global_batch_fix(p: ParallelPlan) -> str:
+    """The micro-batches that divide the global batch over dp, or, where none does, the batches that would."""
+    valid = [b for b in divisors(p.global_batch) if p.global_batch % (b * p.dp) == 0]
+    if valid:
+        return f"valid micro_batch: {bounded_list(valid)}"
+    up = -(-p.global_batch // p.dp) * p.dp
+    return f"no micro_batch works at dp {p.dp}: make --global-batch a multiple of dp ({p.dp}), e.g. {up}"
+
+
 RULES: tuple[Rule, ...] = (
     *HEAD_RULES,
     *PIPELINE_RULES,
@@ -50,8 +59,7 @@ RULES: tuple[Rule, ...] = (
                          "extend their context by scaling); lower --seq-len"),
     Rule("global_batch", lambda m, p, c: p.global_batch % (p.micro_batch * p.dp) == 0,
          lambda m, p, c: f"global_batch ({p.global_batch}) must be divisible by micro_batch x dp ({p.micro_batch} x "
-                         f"{p.dp} = {p.micro_batch * p.dp}); valid micro_batch: "
-                         f"{bounded_list([b for b in divisors(p.global_batch) if p.global_batch % (b * p.dp) == 0])}"),
+                         f"{p.dp} = {p.micro_batch * p.dp}); {_global_batch_fix(p)}"),
     Rule("gpus_model_parallel", lambda m, p, c: c.num_gpus % (p.tp * p.pp * p.cp) == 0,
          lambda m, p, c: f"tp x pp x cp ({p.tp} x {p.pp} x {p.cp} = {p.tp * p.pp * p.cp}) must divide the "
                          f"{c.num_gpus} GPUs ({c.num_nodes} node{'s' * (c.num_nodes != 1)} x {c.gpus_per_node_used})",

@@ -34,14 +34,18 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 """File suffixes of specs, profiles and plan files."""
 
 
-def validation_message(origin: str, err: ValidationError) -> str:
+def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
     """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
-    what it means and a typical value."""
+    what it means and a typical value; a key the spec `cls` does not have names its nearest keys."""
     parts = []
     errors = _tuple_lengths(err.errors())
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and cls is not None and e["loc"]:
+            parts.append(f"field '{field}': {msg} (got {excerpt(e['input'])}); "
+                         + _extra_key_fix(str(e["loc"][-1]), _keys_at(cls, e["loc"][:-1])))
+            continue
         if e["type"] == "tuple_length":
             parts.append(f"field '{field}' takes {msg} (got {excerpt(e['input'])})")
             continue
@@ -52,6 +56,40 @@ def validation_message(origin: str, err: ValidationError) -> str:
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _keys_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys of the spec nested at `loc` inside `cls` (through optional, tuple, list and dict fields), or []
+    where the path leaves the specs."""
+    here: Any = cls
+    for part in loc:
+        if isinstance(part, int) or not (isinstance(here, type) and issubclass(here, BaseModel)):
+            continue
+        field = here.model_fields.get(str(part))
+        if field is None:
+            return []
+        here = _spec_in(field.annotation)
+    if not (isinstance(here, type) and issubclass(here, BaseModel)):
+        return []
+    return sorted({*here.model_fields, *(f.alias for f in here.model_fields.values() if f.alias)})
+
+
+def _spec_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (`GpuSpec`, `tuple[PoolSpec, ...]`, `X | None`), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _spec_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _extra_key_fix(key: str, keys: list[str]) -> str:
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.7)
+    if close:
+        return f"did you mean {', '.join(repr(c) for c in close)}?"
+    return "remove it"
 
 
 def _tuple_lengths(errors: list[Any]) -> list[Any]:
@@ -93,8 +131,10 @@ def reported(origin: str) -> Iterator[None]:
 
 def build(cls: type[M], data: Any, origin: str) -> M:
     """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
-    with reported(origin):
+    try:
         built = cls.model_validate(data)
+    except ValidationError as e:
+        raise LlmplanError(validation_message(origin, e, cls)) from None
     return built
 
 
@@ -132,9 +172,18 @@ def _unknown(kind: str, name: str, known: list[str], fix: str = PATH_FIX, where:
                         f"(built-ins: {bounded_list(sorted(known), 40)}; {fix})")
 
 
+def _not_a_plan(data: Any, path: Path, what: str) -> None:
+    """A saved plan given where a spec is read (`--model plan.json`) is one line that points to --plan, not
+    a spec's every missing and extra key."""
+    if isinstance(data, dict) and data.get("kind") == "llmplan-plan":
+        raise LlmplanError(f"{path} is an llmplan plan file, not {what}; price it with `llmplan estimate --plan "
+                           f"{path}` (it names its model and hardware)")
+
+
 def load_model_file(path: Path) -> ModelSpec:
     """A llmplan model spec (YAML/JSON with a `name`) or a Hugging Face config.json."""
     data = read_document(path)
+    _not_a_plan(data, path, "a model spec")
     if "name" not in data and "model_type" in data:
         try:
             data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
@@ -149,6 +198,7 @@ def load_system_file(path: Path) -> SystemSpec:
     oversubscription); a `gpu` mapping without a `name` then overrides keys of the base's GPU (e.g. its
     sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
+    _not_a_plan(data, path, "a system profile")
     base_name = data.pop("base", None)
     base, base_gpu = None, False
     if base_name is not None:
@@ -204,8 +254,9 @@ def resolve_system(ref: str) -> SystemSpec:
         if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
         if is_pool_file(ref):
-            raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training) plans a "
-                               f"cluster of several pools; give one system here, e.g. the pool's system name")
+            raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training, or "
+                               f"--mode infer) plans a cluster of several pools; give one system here, e.g. the "
+                               f"pool's system name")
         return load_system_file(Path(ref))
     systems = builtin_systems()
     if ref in systems:
