@@ -58,8 +58,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
     scores = where(plan.flash_attention, 0.0, (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t)
-    routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)) * T / sp
-               if moe else 0.0)
+    routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)
+                + hybridep_prob_permute_bytes(m, plan)) * T / sp if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
@@ -388,6 +388,31 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
     per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
     return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
+
+
+HYBRIDEP_PERMUTE_PROB_BYTES = 4.0
+"""Bytes of one prob HybridEP's standalone permute and unpermute read or write (fp32: PermuteArgs' float
+probs; deepseek-ai/DeepEP csrc/hybrid_ep/extension/permute.cuh at 17cfb81)."""
+
+
+def hybridep_prob_permute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of HybridEP's standalone permute and unpermute on the fp32 probs (moe_flex_backend
+    hybridep; Megatron-Core's moe_permute_fusion_into_hybridep is off by default), in the forward-equivalent
+    units of elementwise_bytes (the stage charges three times them). Forward, the permute reads only the rank's
+    routed entries of a received prob row and writes one prob per permuted row: 4k read, 4k written a token.
+    Backward (HybridEPDispatch.backward's combine_with_unpermute on the probs' gradient) the unpermute reads
+    the k permuted gradients (4k) and writes, zeros but the rank's routed entries, the whole prob row the
+    backward combine sends: experts a rank (E/ep) times the NVLink domain's ranks g, E with the EP group in one
+    domain (g = ep; an upper bound across domains), for each received row, dispatch_rows(m, plan) a token:
+    (12k + 4·E·rows) / 3. deepep and alltoall carry no such row. Source: deepseek-ai/DeepEP
+    csrc/hybrid_ep/extension/permute.cu at 17cfb81 (permute_kernel, unpermute_kernel "writes a full prob row").
+    Derived: docs/formulas.md#moe.hybridep_prob_permute"""
+    if not (m.is_moe and plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"):
+        return 0.0  # workload switches: one value for all plans of a search
+    from llmplan.cost.comm import dispatch_rows  # comm builds on this module: imported where used
+    k, rows = m.num_experts_per_tok, dispatch_rows(m, plan)
+    total = HYBRIDEP_PERMUTE_PROB_BYTES * (3 * k + m.num_experts * rows)
+    return where(plan.ep > 1, total / 3, 0.0)
 
 
 def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
