@@ -80,7 +80,7 @@ def test_nemotron3_super_exports_to_megatron_with_its_flags(super_export, tmp_pa
     # the unified pattern: the published main pattern split at the plan's pipeline chunks, then one MTP module
     main, *mtp = ns.hybrid_layer_pattern.split("/")
     assert main.replace("|", "") == SUPER_PATTERN
-    assert main.count("|") + 1 == (pf.plan.pp * pf.plan.vpp if pf.plan.pp * pf.plan.vpp > 1 else 1)
+    assert main.count("|") + 1 == pf.plan.pp * pf.plan.vpp
     assert mtp == [MTP_MODULE] and int(ns.mtp_num_layers) == 1
     assert int(ns.num_layers) == len(SUPER_PATTERN)
 
