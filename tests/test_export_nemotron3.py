@@ -148,3 +148,16 @@ def test_qwen3_next_trains_on_megatron_with_gated_deltanet(cli, tmp_path):
     main = ns.hybrid_layer_pattern.split("/")[0].replace("|", "")
     assert re.fullmatch(r"(GEGEGE\*E){12}", main), main
     assert ns.attention_output_gate
+
+
+def test_a_zero3_hybrid_plan_is_told_a_fix_that_exports(cli, tmp_path):
+    # gb200-nvl72, 8 nodes: the search's best nemotron-3-super plan shards with ZeRO-3, which Megatron-LM's
+    # distributed optimizer does not run, and torchtitan / DeepSpeed refuse the hybrid; the refusal's fix
+    # (re-plan with --zero 1) must be one that then exports.
+    base = ["--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8", "--tp", "1", "--pp", "1",
+            "--ep", "32"]
+    assert cli("estimate", *base, "--zero", "3", "--save", tmp_path / "z3.json").code in (0, 3)
+    r = cli("export", tmp_path / "z3.json", "--to", "megatron", "-o", tmp_path / "a")
+    assert r.code == 2 and "re-plan with --zero 1 (or 0)" in r.err and "torchtitan" not in r.err
+    assert cli("estimate", *base, "--zero", "1", "--save", tmp_path / "z1.json").code in (0, 3)
+    assert cli("export", tmp_path / "z1.json", "--to", "megatron", "-o", tmp_path / "b").code == 0

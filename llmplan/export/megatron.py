@@ -372,7 +372,8 @@ def check(pf: PlanFile) -> None:
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
-                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
+                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0)" + (
+                         "" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
                      f"of {pf.model.name}, which already scales RoPE "
