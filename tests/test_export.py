@@ -120,8 +120,11 @@ def parse_megatron(script: str) -> tuple[argparse.Namespace, dict[str, int]]:
     megatron/training/arguments.py); types for the round trip come from MEGATRON_VALUE_FLAGS."""
     ap, rec = recorded_parser("megatron-lm", MEGATRON_VALUE_FLAGS)
     args: list[str] = []
+    # a hybrid's pattern is built in a variable a line at a time (export.hybrid.pattern_variable)
+    pattern = "".join(re.findall(r'^HYBRID_LAYER_PATTERN\+?="([^"$`\\]*)"$', script, re.M))
     for name in ("MODEL_ARGS", "PARALLEL_ARGS", "TRAIN_ARGS", "DATA_ARGS"):
         block = re.search(rf"^{name}=\((.*?)\)[ \t]*(?:#[^\n]*)?$", script, re.S | re.M).group(1)
+        block = block.replace('"$HYBRID_LAYER_PATTERN"', f'"{pattern}"')
         args += shlex.split(block.replace("${TRAIN_ITERS:-1000}", "1000"), comments=True)
     env = {k: int(v) for k, v in re.findall(r"^(NNODES|GPUS_PER_NODE)=\$\{\w+:-(\d+)\}", script, re.M)}
     ns, unknown = ap.parse_known_args(args)

@@ -104,6 +104,13 @@ def preset(pf: PlanFile) -> str:
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p, m = pf.plan, pf.model
+    if m.is_hybrid:
+        # Megatron-Bridge r0.6.0 (6124fbe) has recipes for the Nemotron-3 models (recipes/nemotronh), built by
+        # models/hybrid/hybrid_provider.py, whose hybrid_layer_pattern carries the pipeline split ('|') and the
+        # MTP modules ('/'): overrides this export does not write (it splits a GPT stack's pipeline).
+        raise refuse(TARGET, f"the hybrid layer stack of {m.name} (Megatron-Bridge {VERSION}'s hybrid provider "
+                     "takes its pipeline split and MTP modules in hybrid_layer_pattern, which this export does "
+                     "not override)", "export to megatron (pretrain_hybrid.py with --hybrid-layer-pattern)")
     if m.name not in RECIPES:
         raise refuse(TARGET, f"Megatron-Bridge {VERSION} has no pretrain recipe for {m.name} (recipes for "
                      f"{', '.join(sorted(RECIPES))})", "export to megatron")

@@ -26,8 +26,8 @@ def layer_symbols(m: ModelSpec) -> list[str]:
 
 
 def check_hybrid(pf: PlanFile) -> None:
-    """What the hybrid pattern cannot say: sliding-window or chunked attention layers (no symbol), MTP layers of
-    a hybrid (their own '/' pattern, not derived here), an empty pipeline segment."""
+    """What the hybrid pattern cannot say: sliding-window or chunked attention layers (no symbol), lightning
+    attention, an empty pipeline segment. (MTP modules it says: mtp_pattern.)"""
     m = pf.model
     odd = sorted({k for k in (m.layer_types or ()) if k not in MIXER_SYMBOLS})
     if odd:
@@ -37,24 +37,34 @@ def check_hybrid(pf: PlanFile) -> None:
     if m.count_layers("linear_attention") and m.linear_attention_rule == "lightning":
         raise refuse(TARGET, f"the lightning-attention layers of {m.name} (Megatron-LM's linear-attention symbol G "
                      "is Gated DeltaNet; it has no lightning attention mixer)", "export to vllm or sglang to serve it")
-    if m.num_nextn_predict_layers:
-        raise refuse(TARGET, f"MTP layers of a hybrid model ({m.name}: Megatron-LM describes them by a '/' pattern "
-                     "of their own, which llmplan does not derive)", "set num_nextn_predict_layers 0 in the spec")
     if 0 in virtual_stage_layers(pf):
         raise refuse(TARGET, "a pipeline chunk without layers (a --hybrid-layer-pattern segment cannot be empty)",
                      "re-plan without --pp-layout or with layers in every chunk")
 
 
+def mtp_pattern(m: ModelSpec) -> str:
+    """The '/' suffix of the unified --hybrid-layer-pattern, one '/<module>' per MTP depth: each module an
+    attention mixer (MLA: +) then the model's MLP (MoE: E), as llmplan prices it (cost.hybrid_stage.MTP_MIXER;
+    Nemotron-3's HF mtp_hybrid_override_pattern "*E"). Megatron-LM d98e8a6 hybrid_layer_allocation.py
+    parse_hybrid_pattern ("M*M*/MM/MM": two depths of "MM"); arguments.py infers --mtp-num-layers from the
+    depth count; hybrid_model.py builds the MTP block on the last pipeline stage (mtp_on_this_rank)."""
+    if not m.num_nextn_predict_layers:
+        return ""
+    module = ("+" if m.is_mla else "*") + ("E" if m.is_moe else "-")
+    return ("/" + module) * m.num_nextn_predict_layers
+
+
 def hybrid_pattern(pf: PlanFile) -> str:
-    """The model's symbols, split by '|' at the plan's virtual pipeline stages (model order) when pp x vpp > 1."""
+    """The model's symbols, split by '|' at the plan's virtual pipeline stages (model order) when pp x vpp > 1,
+    then its MTP modules (mtp_pattern)."""
     symbols = layer_symbols(pf.model)
     if pf.plan.pp * pf.plan.vpp == 1:
-        return "".join(symbols)
+        return "".join(symbols) + mtp_pattern(pf.model)
     out, start = [], 0
     for n in virtual_stage_layers(pf):
         out.append("".join(symbols[start:start + n]))
         start += n
-    return "|".join(out)
+    return "|".join(out) + mtp_pattern(pf.model)
 
 
 def hybrid_model_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -80,3 +90,27 @@ def hybrid_model_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 def megatron_layer_count(m: ModelSpec) -> int:
     """Megatron layers of the model: one per pattern symbol (a layer with a mixer and an MLP is two)."""
     return sum(len(s) for s in layer_symbols(m))
+
+
+PATTERN_VARIABLE = "HYBRID_LAYER_PATTERN"
+PATTERN_CHUNK = 56
+"""Pattern symbols per assignment line: `HYBRID_LAYER_PATTERN+="` and the closing quote leave a line of 56
+symbols within 80 columns (the pattern is one word, which export.shell_lines never splits)."""
+
+
+def pattern_variable(flags: list[str]) -> tuple[list[str], list[str]]:
+    """The flags with --hybrid-layer-pattern's value read from a shell variable, and the lines that build that
+    variable 56 symbols at a time (bash `+=` appends to a string); flags without the pattern come back as
+    they are, with no lines. The pattern's symbols (M G * + D - E | /) are literal inside double quotes."""
+    out, lines = [], []
+    for flag in flags:
+        name, _, value = flag.partition(" ")
+        if name != "--hybrid-layer-pattern":
+            out.append(flag)
+            continue
+        pattern = value.strip('"')
+        for i in range(0, len(pattern), PATTERN_CHUNK):
+            op = "=" if i == 0 else "+="
+            lines.append(f'{PATTERN_VARIABLE}{op}"{pattern[i:i + PATTERN_CHUNK]}"')
+        out.append(f'{name} "${PATTERN_VARIABLE}"')
+    return out, lines

@@ -9,7 +9,7 @@ from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
-from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count
+from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count, pattern_variable
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
 from llmplan.planfile import PlanFile
@@ -372,7 +372,8 @@ def check(pf: PlanFile) -> None:
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
-                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0), or export to deepspeed / torchtitan")
+                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0)" + (
+                         "" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
                      f"of {pf.model.name}, which already scales RoPE "
@@ -434,7 +435,8 @@ def check(pf: PlanFile) -> None:
 def script_body(pf: PlanFile, launcher: str) -> str:
     """The shared body: node/rendezvous variables, argument arrays; `launcher` is the command that runs."""
     p = pf.plan
-    arrays = {"MODEL_ARGS": model_flags(pf), "PARALLEL_ARGS": parallel_flags(pf)}
+    model, pattern_lines = pattern_variable(model_flags(pf))  # a hybrid's pattern, built 56 symbols a line
+    arrays = {"MODEL_ARGS": model, "PARALLEL_ARGS": parallel_flags(pf)}
     lines = [
         *rendezvous_lines(pf),
         "MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}",
@@ -447,6 +449,7 @@ def script_body(pf: PlanFile, launcher: str) -> str:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell")
     if p.offload_moe_act:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10
         lines.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offload: offload activations only")
+    lines += pattern_lines
     for name, flags in arrays.items():
         lines.append(f"{name}=(")
         lines += [f"    {f}" for f in flags]
