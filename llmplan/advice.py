@@ -10,7 +10,7 @@ from typing import Any
 
 from llmplan.cost.attention_rate import fused_attention_asymptote
 from llmplan.errors import LlmplanError
-from llmplan.estimate import TrainingEstimate, estimate_training
+from llmplan.estimate import TrainingEstimate, estimate_training, with_checkpoint
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
@@ -174,15 +174,13 @@ def goodput_advice(e: TrainingEstimate, allowance: Any = None, order: tuple[str,
     if c.mode != "memory" and e.cluster.system.nics_per_node and e.cluster.num_nodes > 1:
         cands.append(("in-memory checkpoints on a peer node", {"mode": "memory"}))
     if c.interval_s is not None:
-        best = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
-                                 c.model_copy(update={"interval_s": None}))
+        best = with_checkpoint(e, c.model_copy(update={"interval_s": None}))  # the same plan: its step reused
         if best.goodput is not None:
             cands.append(("the optimal checkpoint interval (Daly 2006)",
                           {"interval_s": float(f"{float(best.goodput.interval_s):.3g}")}))
     items = []
     for why, change in cands:
-        new = estimate_training(e.model, e.cluster, e.plan, allowance, order if order is not None else _default_order(),
-                                c.model_copy(update=change))
+        new = with_checkpoint(e, c.model_copy(update=change))
         if new.goodput is None:
             continue
         share = float(new.goodput.useful)

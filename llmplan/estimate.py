@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
 from llmplan.cost.goodput import Goodput, plan_goodput
@@ -63,6 +63,14 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(runs, gpu, step),
                             str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra,
                             plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint)
+
+
+def with_checkpoint(e: TrainingEstimate, checkpoint: CheckpointPolicy) -> TrainingEstimate:
+    """e priced with another checkpoint policy: of an estimate only its goodput depends on the policy, so the
+    plan's memory, communication and step are e's (estimate_training's goodput of the same step)."""
+    runs = with_fallbacks(e.plan, list(e.operators))
+    return replace(e, goodput=plan_goodput(e.model, e.cluster, runs, float(e.time.total), checkpoint),
+                   checkpoint=checkpoint)
 
 
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,

@@ -18,7 +18,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZED_GATHER_RECIPES,
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
-from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -316,9 +316,9 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
-        dp_stages=tuple((sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather"),
-                         sum(transfer_seconds(t, system) for t in a.transfers if t.collective == "all-gather"))
-                        for a in comm.dp_stages),
+        dp_stages=tuple(each_stage(comm.dp_stages, lambda a: (  # a stage class's shared axis: timed once
+            sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather"),
+            sum(transfer_seconds(t, system) for t in a.transfers if t.collective == "all-gather")))),
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
@@ -887,7 +887,8 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
     rank of each candidate stage beside it (CommBreakdown.dp_stages)."""
     dp = each_stage(candidate_stages(m, plan),
                     lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], i,
-                                                        spans["dpcp_out"], spans["edp_out"]), system))
+                                                        spans["dpcp_out"], spans["edp_out"]), system),
+                    class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),

@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.params import param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -59,7 +59,7 @@ def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     per = checkpoint_bytes_per_param(plan)
     shares = each_stage(candidate_stages(m, plan),
                         lambda s: (lambda rp: rp.dense / (plan.dp * plan.cp) + rp.expert / plan.expert_dp)(
-                            rank_params(m, plan, s)))
+                            rank_params(m, plan, s)), class_key(m, plan))
     best = shares[0]
     for s in shares[1:]:
         best = maximum(best, s)

@@ -9,7 +9,7 @@ search.grid.PlanArrays (numpy arrays of many plans): see llmplan/arith.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -33,7 +33,7 @@ from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params, vocab_shard_params,
-    recomputed_share, stage_layer_count, stage_layers,
+    recomputed_share, stage_kind_counts, stage_layer_count, stage_layers,
 )
 from llmplan.cost.schedule import stage_order_cached
 from llmplan.specs.model import ModelSpec
@@ -317,13 +317,48 @@ def candidate_stages(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, ...]:
     return 0 * plan.pp, second, moe, plan.pp - 1
 
 
-def each_stage(stages: tuple[Any, ...], f: Any) -> list[Any]:
-    """f of every candidate stage, computed once for a stage that appears twice (the same value object)."""
-    done: dict[int, Any] = {}
+def each_stage(stages: tuple[Any, ...], f: Any, key: Any = None) -> list[Any]:
+    """f of every candidate stage, computed once for a stage that appears twice (the same value object) and,
+    given `key` (a stage's stage_class, or None), once per stage class: the later stages of a class get the
+    first one's result object."""
+    done: dict[Any, Any] = {}
+    out = []
     for stage in stages:
-        if id(stage) not in done:
-            done[id(stage)] = f(stage)
-    return [done[id(stage)] for stage in stages]
+        k = key(stage) if key is not None else None
+        k = ("stage", id(stage)) if k is None else k
+        if k not in done:
+            done[k] = f(stage)
+        out.append(done[k])
+    return out
+
+
+def stage_class(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple | None:
+    """What a rank's parameters, compute, communication and tail depend on in a plan that lists its stages:
+    whether it is the first or the last stage, its (dense, MoE) layers (MTP modules included) and its layers of
+    each mixer kind. Stages of one class cost alike (memory also by its micro-batches in flight:
+    training_memory), so an explicit list of 4,096 equal stages is priced a few times, not 4,096. None (every
+    stage its own class) for other plans and where a stage's position matters beyond these: pp_layout chunks,
+    interleaving (chunk offsets), DualPipe's paired stages."""
+    classes = stage_classes(m, plan)
+    return None if classes is None else classes[int(stage)]
+
+
+def stage_classes(m: ModelSpec, plan: ParallelPlan) -> tuple[tuple, ...] | None:
+    """stage_class of every stage, once per plan (None where stage_class is)."""
+    if explicit_stages(plan) is None or has_layout(plan) or plan.vpp != 1 or schedule_of(plan).param_copies != 1:
+        return None
+
+    def one(i: int) -> tuple:
+        kinds = tuple(stage_kind_counts(m, plan, i).items()) if m.layer_types else ()
+        return i == 0, i == plan.pp - 1, stage_layers(m, plan, i), kinds
+
+    return memoized(plan, ("stage_classes", m), lambda: tuple(one(i) for i in range(plan.pp)))
+
+
+def class_key(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """stage -> stage_class for each_stage's key, the classes read once; None where there are none."""
+    classes = stage_classes(m, plan)
+    return None if classes is None else classes.__getitem__
 
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
@@ -333,9 +368,16 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not); `nccl_channels`:
     its GpuSpec.nccl_sms."""
     allowance = allowance or MemoryAllowance()
-    results = each_stage(candidate_stages(m, plan),
-                         lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
-                                                    nccl_channels))
+    stages, classes = candidate_stages(m, plan), class_key(m, plan)
+    results = each_stage(stages, lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
+                                                            nccl_channels),
+                         None if classes is None else  # a class with as many micro-batches in flight
+                         lambda stage: classes(stage) + (inflight_microbatches(plan, stage),))
+    if classes is not None:  # one plan: the first stage with the largest total
+        top = 0
+        for i in range(1, len(results)):
+            top = i if results[i].total > results[top].total else top
+        return results[top] if results[top].stage == stages[top] else replace(results[top], stage=stages[top])
     totals = [r.total for r in results]
     if any(isinstance(t, np.ndarray) for t in totals):  # plan arrays: the first stage with the largest total
         return _choose(np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0), results)

@@ -49,7 +49,7 @@ from llmplan.cost.comm import (
     tp_unfused_rs_share,
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
-from llmplan.cost.memory import candidate_stages, each_stage
+from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import gradient_params
 from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
@@ -150,7 +150,14 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             sc = replace(sc, memory_bound=sc.memory_bound + grad_accumulation_seconds(accumulated, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
-    return each_stage(candidate_stages(m, plan), one)
+    classes = class_key(m, plan)
+
+    def kind(stage: Any) -> tuple:  # a stage class on one GPU
+        return classes(stage) + (id(stage_gpus[stage]) if stage_gpus is not None else 0,)
+
+    stages = candidate_stages(m, plan)
+    results = each_stage(stages, one, kind if classes is not None else None)
+    return [r if r[0] is s else (s,) + r[1:] for s, r in zip(stages, results, strict=True)]
 
 
 def _pick_stage(cond: Any, a: StageCompute, b: StageCompute) -> StageCompute:
@@ -297,7 +304,15 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
     parts, picked elementwise; a stage runs on its own (GPU, communication) of `per_stage`, else on `default`'s."""
     n = plan.num_microbatches
     per_mb, parts = [], []
+    done: dict[tuple, tuple[Any, tuple]] = {}  # stages of one class on one GPU and communication: priced once
+    classes = class_key(m, plan)
     for j, (stage, sc, layers, moe_layers) in enumerate(stages):
+        key = None if classes is None else classes(stage) + (id(sc),) + ((id(per_stage[stage][0]), id(per_stage[stage][1]))
+                                                      if per_stage is not None else default[1].dp_stages[j:j + 1])
+        if key is not None and key in done:
+            per_mb.append(done[key][0])
+            parts.append(done[key][1])
+            continue
         g_i, c_i = per_stage[stage] if per_stage is not None else (default[0], stage_comm(default[1], j))
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
@@ -314,6 +329,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))
+        if key is not None:
+            done[key] = per_mb[-1], parts[-1]
     sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
     worst = per_mb[0]
     for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:], strict=True):
@@ -406,14 +423,24 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
     all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail"""
     before: tuple[Any, ...] = ()
     after: tuple[Any, ...] = ()
+    done: dict[tuple, tuple[tuple, tuple]] = {}  # stages of one class with equal DP seconds: priced once
+    classes = class_key(m, plan)
     for j, (stage, sc, _, _) in enumerate(stages):
-        rp, c = stepped_rank_params(m, plan, stage), stage_comm(comm, j)
-        emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
-        reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
-        gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
-        before = _slower(before, (reduce, grad_buffer_seconds(plan, rp.total, gpu)))
-        after = _slower(after, (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
-                                zero3_copy_out_seconds(plan, rp.total, gpu)))
+        key = None if classes is None else classes(stage) + (id(sc),) + (comm.dp_stages[j] if comm.dp_stages else ())
+        if key is None or key not in done:
+            c = stage_comm(comm, j)
+            rp = stepped_rank_params(m, plan, stage)
+            emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
+            reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
+            gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
+            tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
+                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
+                     zero3_copy_out_seconds(plan, rp.total, gpu)))
+            if key is not None:
+                done[key] = tail
+        else:
+            tail = done[key]
+        before, after = _slower(before, tail[0]), _slower(after, tail[1])
     return before[0] + after[0], after[1], before[1], after[2]
 
 
