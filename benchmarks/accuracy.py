@@ -352,7 +352,7 @@ ASSUMPTIONS = {
              "micro-batch's gradient (GRAD_ACCUMULATION cast-add), "
              "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts iteration time",
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
-              f"8192 tokens per engine step, concurrency = KV capacity capped at trtllm-bench's max_batch_size "
+              "8192 tokens per engine step, concurrency = KV capacity capped at trtllm-bench's max_batch_size "
               "(trtllm_bench_limits, at most 4096), each decode step padded to the next CUDA graph size kept "
               "(trtllm_graph_sizes: the perf overview's list up to min(max_batch_size, max_num_tokens)); EP as listed; "
               "the MoE rows with TP attention, not DP attention (TRTLLM_ATTENTION_DP: the perf overview's "

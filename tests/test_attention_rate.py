@@ -91,7 +91,7 @@ def test_one_constant_weighs_the_backward_calls_everywhere(monkeypatch, weight):
     # FP8: the published per-pass ratios weighted 1 : weight
     gb200 = S["gb200-nvl72"].gpu
     fp8 = ParallelPlan(dp=8, global_batch=64, seq_len=s, dtype="fp8", recipe="mxfp8", fp8_attention=True)
-    d, r_fwd, r_bwd = sorted(gb200.fp8_attention_points["mxfp8"])[0]
+    d, r_fwd, r_bwd = min(gb200.fp8_attention_points["mxfp8"])
     assert d == 128 == ar.mean_head_dim(m)
     assert float(ar.fp8_attention_ratio(m, fp8, gb200)) == pytest.approx(
         (1 + weight) / (1 / r_fwd + weight / r_bwd), rel=1e-12)

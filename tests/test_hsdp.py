@@ -150,7 +150,7 @@ def test_cli_refuses_hybrid_sharding_without_what_it_shards(cli, flags, text):
 def test_describe_names_the_replicas_and_the_sharded_optimizer_in_words(tmp_path, cli):
     # The one-line plan (estimate view, export headers, search notes) read "dp-replicate 2 optimizer across
     # recompute ...": the switch is now a phrase, and what carries it still fits 80 columns.
-    base = dict(dp=16, zero=3, global_batch=16)
+    base = {"dp": 16, "zero": 3, "global_batch": 16}
     assert "dp-replicate" not in ParallelPlan(**base).describe()
     assert ParallelPlan(**base, dp_replicate=2).describe() == (
         "tp 1 pp 1 dp 16 cp 1 ep 1 vpp 1 sp off zero 3 dp-replicate 2 recompute none micro-batch 1")
