@@ -69,8 +69,8 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
                  budget_gpus: int | None) -> None:
     w = next(iter(shown.values()))[0]
     size = f"{budget_gpus:,} GPUs per system (whole nodes)" if budget_gpus else "--nodes per system"
-    console.print(f"[bold]{model.name}[/]: which system to rent, {size}: global batch {w.global_batch} x "
-                  f"{w.seq_len} tokens, {w.dtype}; objective {cmp.objective}")
+    console.print(f"[bold]{model.name}[/]: which system to rent, {size}: global batch {w.global_batch:,} x "
+                  f"{w.seq_len:,} tokens, {w.dtype}; objective {cmp.objective}")
     plans = sum(r.result.considered for r in cmp.systems)
     console.print(f"evaluated {plans:,} plans on {len(cmp.systems)} systems in {cmp.seconds:.2f} s")
     console.print(systems_table(cmp))
