@@ -69,6 +69,23 @@ def fabric_names(system: SystemSpec) -> tuple[str, str]:
     return up, down
 
 
+CAPPED = "!"
+"""The mark on an interval that stops at the best published MFU below its point (the point lies outside)."""
+
+
+def capped_text(iv: dict[str, Any]) -> str:
+    """', capped at the best published 65.3% MFU' for an interval whose point lies above its ceiling, else ''
+    (the bands then hold their points)."""
+    if not iv.get("point_above_ceiling"):
+        return ""
+    return f", capped at the best published {100 * iv['ceiling_mfu']:.1f}% MFU"
+
+
+def capped_note(what: str = "interval") -> str:
+    return (f"{CAPPED}: the {what} stops at the best published MFU of the GPU and number format, which the "
+            "predicted point exceeds (read the point as an upper bound)")
+
+
 class ReportTable(Table):
     """A table that fits the console: light borders, numbers never wrapped or cut (text columns wrap first),
     long text folded rather than ellipsised."""

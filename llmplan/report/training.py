@@ -17,8 +17,8 @@ from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
 from llmplan.intervals import training_interval
-from llmplan.report.common import (ReportTable, SCHEMA, billions, counted, fabric_names, gib, human_bytes,
-                                   power_text)
+from llmplan.report.common import (ReportTable, SCHEMA, billions, capped_text, counted, fabric_names, gib,
+                                   human_bytes, power_text)
 from llmplan.units import DAY, GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -317,7 +317,7 @@ def time_table(e: TrainingEstimate) -> Table:
     (slo, shi), (tlo, thi), (mlo, mhi) = iv["step_s"], iv["tokens_per_s"], iv["mfu"]
     mem = iv["memory_bytes"]
     t.caption += (f"\n80% interval: step {slo:,.3f}-{shi:,.3f} s, {tlo:,.0f}-{thi:,.0f} tokens/s, MFU "
-                  f"{100 * mlo:.1f}-{100 * mhi:.1f}%"
+                  f"{100 * mlo:.1f}-{100 * mhi:.1f}%{capped_text(iv)}"
                   + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else "")
                   + f"; from {iv['summary']}")
     return t
