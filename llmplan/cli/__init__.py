@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -156,7 +157,7 @@ def _range_error(e: Exception) -> str | None:
     lo, hi = getattr(param, "min", None), getattr(param, "max", None)
     if param is None or (lo is None and hi is None):
         return None
-    cause = e.__cause__
+    cause: Any = e.__cause__
     errors = cause.errors() if hasattr(cause, "errors") else []
     if not errors or not str(errors[0].get("type", "")).startswith(("greater_than", "less_than")):
         return None
@@ -166,7 +167,7 @@ def _range_error(e: Exception) -> str | None:
         rule, fix = f"from {_num(lo)} to {_num(hi)}", f"give {flag} a value from {_num(lo)} to {_num(hi)}"
     elif lo is not None:
         rule, fix = f"at least {_num(lo)}", f"give {flag} {_num(lo)} or more"
-    else:
+    elif hi is not None:
         rule, fix = f"at most {_num(hi)}", f"give {flag} {_num(hi)} or less"
     return f"Invalid value for '{flag}': {value} is out of range; it must be {rule} ({fix})"
 
