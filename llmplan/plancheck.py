@@ -243,7 +243,7 @@ def _check_serving(name: str, pf: PlanFile, doc: PlanDocument, sc: SpecChange, m
     old = doc.predictions.throughput.tokens_per_s
     if not e.memory.fits or head < min_headroom_gib:
         verb = "no longer fits" if sc.changes else "does not fit"
-        return Finding(name, sc.where, False, f"{verb} {job.batch} sequences with {min_headroom_gib} GiB "
+        return Finding(name, sc.where, False, f"{verb} {job.batch:,} sequences with {min_headroom_gib} GiB "
                        f"headroom{sc.because}", sc.line, sc.field)
     if old and e.tokens_per_s < old * (1 - tolerance):
         return Finding(name, sc.where, False, f"throughput regressed {100 * (1 - e.tokens_per_s / old):.1f}% "

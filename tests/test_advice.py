@@ -178,7 +178,7 @@ def test_serving_advice_offers_the_batch_the_slos_allow_before_more_gpus(cli):
         assert got["gpus"] == a["predicted"]["gpus"]
     got = cli("estimate", *base, *first["flags"], "--json").json()
     assert got["tpot_s"] <= 0.05 and got["ttft_s"] <= 2 and got["memory"]["fits"]
-    assert f"--batch {slo['max_batch']}" in cli("estimate", *base).out  # the text view's first row
+    assert f"--batch={slo['max_batch']}" in cli("estimate", *base).out  # the text view's first row
 
 
 def test_a_plan_that_does_not_fit_is_advised_only_changes_that_free_memory(cli):

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -129,6 +130,9 @@ def _run(args: list[str]) -> int:
     except Exception as e:  # usage errors (typer's click) and anything unexpected: never a bare traceback
         exit_code = getattr(e, "exit_code", None)
         if hasattr(e, "show") and isinstance(exit_code, int):
+            ranged = _range_error(e)
+            if ranged is not None:
+                return _fail(args, exit_code, ranged)
             if "--json" in args:
                 _json_error(exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
             e.show()
@@ -139,6 +143,33 @@ def _run(args: list[str]) -> int:
             raise
         return _fail(args, 1, f"internal error: {type(e).__name__}: {excerpt(str(e), 200)} (set LLMPLAN_DEBUG=1 "
                               "for a traceback)")
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else f"{x:,}" if abs(x) >= 100_000 else str(x)
+
+
+def _range_error(e: Exception) -> str | None:
+    """One line for a value outside an option's declared min= / max= (typer checks them and raises a bad
+    parameter with pydantic's words, which name neither the value nor the range): the flag, the value, the
+    valid range and the fix. None for every other usage error (they keep click's answer)."""
+    param = getattr(e, "param", None)
+    lo, hi = getattr(param, "min", None), getattr(param, "max", None)
+    if param is None or (lo is None and hi is None):
+        return None
+    cause: Any = e.__cause__
+    errors = cause.errors() if hasattr(cause, "errors") else []
+    if not errors or not str(errors[0].get("type", "")).startswith(("greater_than", "less_than")):
+        return None
+    value = str(errors[0].get("input", "?"))
+    flag = max(getattr(param, "opts", None) or [f"--{param.name}"], key=len)
+    if lo is not None and hi is not None:
+        rule, fix = f"from {_num(lo)} to {_num(hi)}", f"give {flag} a value from {_num(lo)} to {_num(hi)}"
+    elif lo is not None:
+        rule, fix = f"at least {_num(lo)}", f"give {flag} {_num(lo)} or more"
+    elif hi is not None:
+        rule, fix = f"at most {_num(hi)}", f"give {flag} {_num(hi)} or less"
+    return f"Invalid value for '{flag}': {value} is out of range; it must be {rule} ({fix})"
 
 
 def _devnull_id(fd: int) -> tuple[int, int] | None:

@@ -179,6 +179,7 @@ def training_interval(e: Any, data: dict[str, Any] | None = None) -> dict[str, A
             "tokens_per_s": [tps * lo_factor, tps * hi_factor], "mfu": [mfu * lo_factor, mfu * hi_factor],
             "memory_bytes": mem.rate(total) if mem is not None else None, "basis": basis,
             "records": band.n, "widened": band.widened, "ceiling_mfu": ceiling,
+            "point_above_ceiling": ceiling is not None and mfu > ceiling,
             "pool": pool_of(regime), "pool_pair": bool(band.pool), "quantile_pair": band.nominal,
             "quantile_weighting": band.weighting, "pool_cell": band.pool, "min_sources": band.min_sources,
             "summary": band.short + ("; capped at the best published MFU" if ceiling is not None else "")}

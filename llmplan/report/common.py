@@ -69,6 +69,23 @@ def fabric_names(system: SystemSpec) -> tuple[str, str]:
     return up, down
 
 
+CAPPED = "!"
+"""The mark on an interval that stops at the best published MFU below its point (the point lies outside)."""
+
+
+def capped_text(iv: dict[str, Any]) -> str:
+    """', capped at the best published 65.3% MFU' for an interval whose point lies above its ceiling, else ''
+    (the bands then hold their points)."""
+    if not iv.get("point_above_ceiling"):
+        return ""
+    return f", capped at the best published {100 * iv['ceiling_mfu']:.1f}% MFU"
+
+
+def capped_note(what: str = "interval") -> str:
+    return (f"{CAPPED}: the {what} stops at the best published MFU of the GPU and number format, which the "
+            "predicted point exceeds (read the point as an upper bound)")
+
+
 class ReportTable(Table):
     """A table that fits the console: light borders, numbers never wrapped or cut (text columns wrap first),
     long text folded rather than ellipsised."""
@@ -84,3 +101,22 @@ class ReportTable(Table):
             kwargs.setdefault("no_wrap", True)
         kwargs.setdefault("overflow", "fold")
         super().add_column(header, *args, **kwargs)
+
+    def _calculate_column_widths(self, console: Any, options: Any) -> list[int]:
+        """Rich's widths, then a column narrower than its longest word (which rich would fold mid-word:
+        "infinity-fa/bric", a lone ")") takes the columns' slack above their own longest words."""
+        widths: list[int] = super()._calculate_column_widths(console, options)
+        words = [self._measure_column(console, options, c).minimum for c in self.columns]
+        slack = [w - m if not c.no_wrap and c.width is None else 0
+                 for w, m, c in zip(widths, words, self.columns)]
+        for i, need in enumerate(m - w for w, m in zip(widths, words)):
+            if need <= 0 or need > sum(x for j, x in enumerate(slack) if j != i):
+                continue
+            for j in sorted(range(len(widths)), key=lambda j: -slack[j]):
+                take = min(need, slack[j]) if j != i else 0
+                widths[j] -= take
+                slack[j] -= take
+                widths[i] += take
+                need -= take
+            slack[i] = 0
+        return widths

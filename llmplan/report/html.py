@@ -327,8 +327,8 @@ def serving_report(e: Any, curve: list | None = None) -> str:
     ax2.set_xlabel("seconds (dashed: SLO)")
     ax2.invert_yaxis()
     sections = [
-        _section("memory", "Memory per GPU", fig, memory, f"{j.batch} concurrent sequences per replica; the KV cache "
-                 f"holds {mem.max_concurrent_seqs} sequences of {j.context} tokens."),
+        _section("memory", "Memory per GPU", fig, memory, f"{j.batch:,} concurrent sequences per replica; the KV cache "
+                 f"holds {mem.max_concurrent_seqs:,} sequences of {j.context:,} tokens."),
         _section("latency", "Latency", fig2, {**lat, "ttft_slo_s": j.ttft_slo_s, "tpot_slo_s": j.tpot_slo_s},
                  f"{e.tokens_per_s:,.0f} output tokens/s over {p.dp} replica(s)."),
     ]

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import ReportTable, SCHEMA, gib, power_text
+from llmplan.report.common import CAPPED, ReportTable, SCHEMA, capped_note, capped_text, gib, power_text
 from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
@@ -38,9 +38,12 @@ PLAN_HEAD = ["tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mb
 
 
 def mfu_cell(e: TrainingEstimate) -> str:
-    """MFU with its interval: '56.4 (49-56)' (percent; the interval's bounds to the nearest point)."""
-    lo, hi = training_interval(e)["mfu"]
-    return f"{100 * float(e.throughput.mfu):.1f} ({100 * lo:.0f}-{100 * hi:.0f})"
+    """MFU with its interval: '56.4 (49-56)' (percent; the interval's bounds to the nearest point); '66.8
+    (61-65!)' where the interval stops at the best published MFU below the point (capped_note)."""
+    iv = training_interval(e)
+    lo, hi = iv["mfu"]
+    mark = CAPPED if iv["point_above_ceiling"] else ""
+    return f"{100 * float(e.throughput.mfu):.1f} ({100 * lo:.0f}-{100 * hi:.0f}{mark})"
 
 
 def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int] | None = None,
@@ -78,6 +81,8 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
                      "smaller micro-batch and TP)")
     if variants and any(v.count for v in variants):
         notes.append(variants_note(variants))
+    if any(training_interval(e)["point_above_ceiling"] for e in rows):
+        notes.append(capped_note("MFU interval"))
     if tied_with and any(tied_with):
         ties = [f"#{i}" for i, w in enumerate(tied_with, 1) if w]
         notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of another shown "
@@ -310,8 +315,8 @@ def interval_line(e: TrainingEstimate) -> str:
     (slo, shi), (tlo, thi) = iv["step_s"], iv["tokens_per_s"]
     mem = iv["memory_bytes"]
     memory = f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else ""
-    return (f"80% interval of #1: step {slo:,.2f}-{shi:,.2f} s, {tlo:,.0f}-{thi:,.0f} tok/s{memory}; from "
-            f"{iv['summary']}")
+    return (f"80% interval of #1: step {slo:,.2f}-{shi:,.2f} s, {tlo:,.0f}-{thi:,.0f} tok/s{capped_text(iv)}"
+            f"{memory}; from {iv['summary']}")
 
 
 def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
@@ -356,21 +361,19 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 wide: bool = False) -> None:
     console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs"
                   f"{power_text(cluster)}): "
-                  f"global batch {w.global_batch} x {w.seq_len} tokens, {w.dtype}; objective {res.objective}")
+                  f"global batch {w.global_batch:,} x {w.seq_len:,} tokens, {w.dtype}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
         console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with, res.variants))
         b = budget_json(res.ranked[0], train_tokens)
         (dlo, dhi), (hlo, hhi) = b["time_to_train_days_interval"], b["gpu_hours_interval"]
+        cap = capped_text(training_interval(res.ranked[0]))  # the point is faster than its capped interval
         console.print(f"best plan: {train_tokens / 1e12:g}T tokens in {b['time_to_train_days']:,.1f} days "
-                      f"({dlo:,.1f}-{dhi:,.1f}), {b['gpu_hours']:,.0f} GPU-hours ({hlo:,.0f}-{hhi:,.0f}; 80% "
+                      f"({dlo:,.1f}-{dhi:,.1f}{cap}), {b['gpu_hours']:,.0f} GPU-hours ({hlo:,.0f}-{hhi:,.0f}; 80% "
                       "intervals)")
-        if b["time_to_train_days"] < dlo:  # the interval is capped at the best published MFU; the point is not
-            console.print("  (the point is faster than its interval: the interval stops at the best published "
-                          "MFU of the GPU, which the point exceeds)")
         (elo, ehi) = b["effective_time_to_train_days_interval"]
         console.print(f"  at {100 * b['goodput']:.1f}% goodput ({res.ranked[0].checkpoint.mode} checkpoints): "
-                      f"{b['effective_time_to_train_days']:,.1f} days ({elo:,.1f}-{ehi:,.1f})", highlight=False)
+                      f"{b['effective_time_to_train_days']:,.1f} days ({elo:,.1f}-{ehi:,.1f}{cap})", highlight=False)
         console.print(interval_line(res.ranked[0]))
         best = res.ranked[0]
         console.print(placement_line(best, cluster))

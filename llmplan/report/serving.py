@@ -134,7 +134,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
                   f"{p.describe()}; "
-                  f"{j.input_len} in / {j.output_len} out tokens, {j.batch} concurrent sequences per replica")
+                  f"{j.input_len:,} in / {j.output_len:,} out tokens, {j.batch:,} concurrent sequences per replica")
     for w in e.warnings:
         console.print(f"[yellow]warning[/]: {w}")
     for u in e.operators:
@@ -164,13 +164,13 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
                   f"{admitted_tokens(j):,.0f} tokens ({j.engine}: "
                   f"{'whole context reserved' if ENGINES[j.engine].reserve_whole_context else 'input + output/2 held on average'})")
     if mem.fits:
-        console.print(f"[bold green]FITS[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} GiB")
+        console.print(f"[bold green]FITS[/]: {j.batch:,} sequences need {gib(mem.total)} of {gib(mem.capacity)} GiB")
     elif mem.kv_available <= 0:
         console.print(f"[bold red]DOES NOT FIT[/]: weights, activations and runtime exceed the usable memory by "
                       f"{gib(-mem.kv_available)} GiB; raise tp/pp or quantise the weights")
     else:
-        console.print(f"[bold red]DOES NOT FIT[/]: {j.batch} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
-                      f"GiB; at most {mem.max_concurrent_seqs} fit")
+        console.print(f"[bold red]DOES NOT FIT[/]: {j.batch:,} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
+                      f"GiB; at most {mem.max_concurrent_seqs:,} fit")
     if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
         for line in phase_lines(e):
             console.print(line)
@@ -191,7 +191,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
                       f"{float(t.ttft) * 1e3:,.1f} ms instead of {e.ttft_without_prefix_cache * 1e3:,.1f} ms")
     if e.slo_batch is not None:
-        console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch} concurrent "
+        console.print(f"SLOs (TTFT {j.ttft_slo_s} s, TPOT {j.tpot_slo_s} s): up to {e.slo_batch:,} concurrent "
                       f"sequences per replica, {e.slo_tokens_per_s or 0:,.0f} output tokens/s"
                       if e.slo_batch else "[bold red]no concurrency meets the SLOs[/]")
     if e.speculative is not None:
@@ -228,7 +228,7 @@ def lengths_view(console: Console, e: ServeEstimate) -> None:
     console.print(f"  TTFT p50/p90/p99 {t['p50'] * 1e3:,.1f} / {t['p90'] * 1e3:,.1f} / {t['p99'] * 1e3:,.1f} ms "
                   f"(at the mean length {float(e.timing.ttft) * 1e3:,.1f})")
     console.print(f"  TPOT p50/p90/p99 {p['p50'] * 1e3:,.2f} / {p['p90'] * 1e3:,.2f} / {p['p99'] * 1e3:,.2f} ms "
-                  f"(steps of {e.job.batch} sequences)")
+                  f"(steps of {e.job.batch:,} sequences)")
     console.print(f"  at most {d['max_concurrent_seqs']:,} running sequences; {d['tokens_per_s']:,.0f} output "
                   f"tokens/s ({d['tokens_per_s_per_gpu']:,.0f} per GPU)")
     if st_batch := d["slo_max_batch_p99_ttft"]:
@@ -287,7 +287,7 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
                       job: ServeJob) -> None:
     slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
     console.print(f"[bold]{model.name}[/] serving on up to {cluster.num_gpus} x {cluster.system.gpu.name}: "
-                  f"{job.input_len} in / {job.output_len} out tokens{slo}; objective {res.objective}"
+                  f"{job.input_len:,} in / {job.output_len:,} out tokens{slo}; objective {res.objective}"
                   + (f" at {res.request_rate} requests/s" if res.request_rate else ""))
     console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
     if res.ranked:
@@ -376,7 +376,7 @@ def _layout(pool: Pool) -> str:
 def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> None:
     slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
     console.print(f"[bold]{model.name}[/] disaggregated serving on up to {cluster.num_gpus} x "
-                  f"{cluster.system.gpu.name}: {job.input_len} in / {job.output_len} out tokens{slo}")
+                  f"{cluster.system.gpu.name}: {job.input_len:,} in / {job.output_len:,} out tokens{slo}")
     console.print(f"priced {res.considered} instance layouts in {res.seconds:.2f} s")
     if res.plans:
         t = ReportTable(title="Best prefill / decode splits")

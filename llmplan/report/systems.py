@@ -9,7 +9,7 @@ from rich.console import Console
 
 from llmplan.cost.budget import RunBudget
 from llmplan.intervals import training_interval
-from llmplan.report.common import SCHEMA, ReportTable
+from llmplan.report.common import CAPPED, SCHEMA, ReportTable, capped_note, capped_text
 from llmplan.report.search import log_percent, plan_label, search_json
 from llmplan.search.grid import Workload
 from llmplan.search.systems import Comparison, SystemBest
@@ -45,7 +45,11 @@ def _cell(r: SystemBest, col: str, ranked: str) -> str:
     if col != ranked:
         return point
     ends = sorted(v for v in (_values(r, r.slow)[col], _values(r, r.fast)[col]) if v is not None)
-    return f"{point} ({compact(ends[0])}-{compact(ends[-1])})" if len(ends) == 2 else point
+    if len(ends) != 2:
+        return point
+    value = _values(r, r.budget)[col]
+    mark = CAPPED if value is not None and not ends[0] <= value <= ends[-1] else ""  # capped at the best MFU
+    return f"{point} ({compact(ends[0])}-{compact(ends[-1])}{mark})"
 
 
 def systems_table(cmp: Comparison) -> ReportTable:
@@ -61,7 +65,10 @@ def systems_table(cmp: Comparison) -> ReportTable:
             t.add_row("-", r.name, "-", "no plan fits", *[""] * (len(cols) - 1))
             continue
         tie = "=" if i <= len(cmp.tied_with) and cmp.tied_with[i - 1] else ""
-        t.add_row(f"{i}{tie}", r.name, f"{r.budget.gpus:,}", *(_cell(r, c, ranked) for c in cols))
+        cells = [_cell(r, c, ranked) for c in cols]
+        t.add_row(f"{i}{tie}", r.name, f"{r.budget.gpus:,}", *cells)
+        if any(c.endswith(f"{CAPPED})") for c in cells):
+            t.caption = capped_note()
     return t
 
 
@@ -69,8 +76,8 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
                  budget_gpus: int | None) -> None:
     w = next(iter(shown.values()))[0]
     size = f"{budget_gpus:,} GPUs per system (whole nodes)" if budget_gpus else "--nodes per system"
-    console.print(f"[bold]{model.name}[/]: which system to rent, {size}: global batch {w.global_batch} x "
-                  f"{w.seq_len} tokens, {w.dtype}; objective {cmp.objective}")
+    console.print(f"[bold]{model.name}[/]: which system to rent, {size}: global batch {w.global_batch:,} x "
+                  f"{w.seq_len:,} tokens, {w.dtype}; objective {cmp.objective}")
     plans = sum(r.result.considered for r in cmp.systems)
     console.print(f"evaluated {plans:,} plans on {len(cmp.systems)} systems in {cmp.seconds:.2f} s")
     console.print(systems_table(cmp))
@@ -83,7 +90,8 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
         e = r.result.ranked[0]
         iv = training_interval(e)
         console.print(f"#{i} {r.name}: {plan_label(e.plan)} on {e.cluster.num_nodes:,} nodes, MFU "
-                      f"{100 * float(e.throughput.mfu):.1f}% ({100 * iv['mfu'][0]:.0f}-{100 * iv['mfu'][1]:.0f}), "
+                      f"{100 * float(e.throughput.mfu):.1f}% ({100 * iv['mfu'][0]:.0f}-{100 * iv['mfu'][1]:.0f}"
+                      f"{capped_text(iv)}), "
                       f"goodput {100 * r.budget.seconds / r.budget.effective_seconds:.1f}%", highlight=False)
     notes = []
     ties = [f"#{i}" for i, w in enumerate(cmp.tied_with, 1) if w]

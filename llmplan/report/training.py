@@ -17,8 +17,8 @@ from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
 from llmplan.intervals import training_interval
-from llmplan.report.common import (ReportTable, SCHEMA, billions, counted, fabric_names, gib, human_bytes,
-                                   power_text)
+from llmplan.report.common import (ReportTable, SCHEMA, billions, capped_text, counted, fabric_names, gib,
+                                   human_bytes, power_text)
 from llmplan.units import DAY, GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -88,7 +88,7 @@ def comm_table(comm: CommBreakdown, system: SystemSpec) -> Table:
         t.add_column(col, justify="right" if col in ("calls", "message", "GiB sent", "time s") else "left")
     for axis, a in comm.axes.items():
         if not a.transfers:
-            t.add_row(axis, "-", "0", "-", "0", "1 GPU (no communication)", "0")
+            t.add_row(axis, "-", "0", "-", "0", "none (1 GPU)", "0")  # short: no word folded at 80 columns
             continue
         for i, x in enumerate(a.transfers):  # a group named where it changes (hybrid sharding's replicas)
             new_group = i == 0 or x.group != a.transfers[i - 1].group
@@ -133,7 +133,7 @@ def duration(seconds: float) -> str:
     if seconds != seconds or seconds == float("inf"):
         return "never"
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} h"
+        f"{seconds / 3600:,.1f} h"
 
 
 def _days_per_trillion(tokens_per_s: float, g: Goodput) -> float:
@@ -238,8 +238,20 @@ def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -
         tokens = f"{p['tokens_per_s']:,.0f} ({change:+.1f}%)"
         if "effective_tokens_per_s" in p:  # a checkpointing change: the tokens/s that survive failures
             tokens = f"{p['effective_tokens_per_s']:,.0f} eff. ({100 * a.gain:+.1f}%)"
-        t.add_row(a.change, " ".join(a.flags), tokens, last)
+        t.add_row(a.change, flags_text(a.flags), tokens, last)
     return t
+
+
+def flags_text(flags: tuple[str, ...] | list[str]) -> str:
+    """The flags as one would type them, each value joined to its flag (`--dp=2`, click's long-option form) so
+    that a wrapped table cell never parts a flag from its value."""
+    words: list[str] = []
+    for f in flags:
+        if words and words[-1].startswith("--") and "=" not in words[-1] and not f.startswith("--"):
+            words[-1] += f"={f}"
+        else:
+            words.append(f)
+    return " ".join(words)
 
 
 def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None,
@@ -305,7 +317,7 @@ def time_table(e: TrainingEstimate) -> Table:
     (slo, shi), (tlo, thi), (mlo, mhi) = iv["step_s"], iv["tokens_per_s"], iv["mfu"]
     mem = iv["memory_bytes"]
     t.caption += (f"\n80% interval: step {slo:,.3f}-{shi:,.3f} s, {tlo:,.0f}-{thi:,.0f} tokens/s, MFU "
-                  f"{100 * mlo:.1f}-{100 * mhi:.1f}%"
+                  f"{100 * mlo:.1f}-{100 * mhi:.1f}%{capped_text(iv)}"
                   + (f", memory {mem[0] / GIB:,.1f}-{mem[1] / GIB:,.1f} GiB{memory_risk(e, mem)}" if mem else "")
                   + f"; from {iv['summary']}")
     return t

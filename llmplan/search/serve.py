@@ -182,7 +182,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         mem = serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance)
         if mem.max_concurrent_seqs < 1:
             _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
-                   f"for the KV cache, not one sequence of {job.context} tokens")
+                   f"for the KV cache, not one sequence of {job.context:,} tokens")
             continue
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit

@@ -1,0 +1,70 @@
+"""Values outside an option's declared range (min= / max=): one line naming the flag, the value and the valid
+range with the fix, exit code 2, never typer's multi-line Usage/Error box (the new-user walkthrough saw it for
+`search --nodes 0`). Every ranged option of every command is tried, found by walking the command tree."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from llmplan.cli import app
+
+BOX = ("Usage:", "Try 'llmplan", "Traceback", "Input should be")
+
+
+def ranged_options():
+    """(command path, flag, a value below its min or above its max, the bound) for every ranged option."""
+    def walk(cmd, path):
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(sub, path + [name])
+        for p in getattr(cmd, "params", []):
+            lo, hi = getattr(p, "min", None), getattr(p, "max", None)
+            if not p.opts or not p.opts[0].startswith("--"):
+                continue
+            flag = max(p.opts, key=len)
+            if lo is not None:
+                yield tuple(path), flag, lo - 1, lo
+            if hi is not None:
+                yield tuple(path), flag, hi + 1, hi
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+RANGED = ranged_options()
+
+
+def test_the_walk_finds_the_walkthrough_flags():
+    seen = {(path, flag) for path, flag, _, _ in RANGED}
+    for want in [(("search",), "--nodes"), (("search",), "--top"), (("search",), "--seq-len"),
+                 (("estimate",), "--batch"), (("estimate",), "--nodes")]:
+        assert want in seen, want
+    assert len(RANGED) > 40
+
+
+@pytest.mark.parametrize("path,flag,value,bound", RANGED, ids=[f"{' '.join(p)} {f} {v}" for p, f, v, _ in RANGED])
+def test_every_out_of_range_value_is_one_line(cli, path, flag, value, bound):
+    r = cli(*path, flag, value)
+    line = r.refusal(2)
+    assert not any(b in r.err + r.out for b in BOX), r.err
+    assert f"'{flag}'" in line and str(value).replace(".0", "") in line, line
+    assert "out of range" in line and (f"{bound:g}" if isinstance(bound, float) else str(bound)) in line.replace(",", ""), line
+
+
+@pytest.mark.parametrize("cmd,flag,rule", [
+    ("search", "--nodes", "at least 1 (give --nodes 1 or more)"),
+    ("search", "--top", "at least 1 (give --top 1 or more)"),
+    ("search", "--seq-len", "at least 1"),
+    ("estimate", "--batch", "at least 1"),
+    ("estimate", "--seq-len", "at least 1"),
+    ("estimate", "--nodes", "at least 1"),
+])
+def test_walkthrough_reproducers(cli, cmd, flag, rule):
+    r = cli(cmd, "--model", "llama-3.1-70b", "--hardware", "dgx-h100", flag, "0")
+    line = r.refusal(2)
+    assert line.startswith(f"error: Invalid value for '{flag}': 0 is out of range; it must be {rule}"), line
+
+
+def test_both_bounds_and_json(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--acceptance", "1.5", "--json")
+    assert r.code == 2 and "1.5 is out of range; it must be from 0 to 1" in r.refusal(2)
+    assert r.json()["error"] == {"code": 2, "message": r.refusal(2)[len("error: "):]}
