@@ -37,6 +37,7 @@ from llmplan.cost.attention_rate import triton_flash2_ratio
 from llmplan.cost.comm import comm_seconds, step_comm, te_default_margin_sms
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
+from llmplan.cost.serve_step import default_graph_sizes
 from llmplan.cost.step import StepTime, Throughput, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
@@ -92,11 +93,6 @@ def source_group(fam: str) -> tuple[str, ...]:
 MBRIDGE_DENSE_MODELS = ("-llama3-", "-llama3.1-")
 """mbridge rows of dense models (by id); every other mbridge row is a MoE model (mbridge-moe)."""
 TRTLLM_MAX_BATCH = 4096  # trtllm-bench runs "max batch up to 8192"; one family-level cap, stated
-TRTLLM_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
-"""cuda_graph_config batch_sizes of the perf overview's llm_options.yml, with enable_padding: true (the dense
-and the MoE file alike; NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686)."""
-
-
 def trtllm_bench_limits(m: ModelSpec, tp: int, pp: int, isl: int, osl: int, hbm_bytes: float,
                         fraction: float) -> tuple[int, int]:
     """(max_batch_size, max_num_tokens) trtllm-bench throughput picks when neither is given (the perf overview
@@ -118,17 +114,8 @@ def trtllm_bench_limits(m: ModelSpec, tp: int, pp: int, isl: int, osl: int, hbm_
     return max_bs, max(max_tokens, isl + max_bs)
 
 
-def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) -> tuple[int, ...]:
-    """The CUDA graph batch sizes the engine keeps, with padding on: the listed sizes up to min(max_bs,
-    max_tokens), then that bound itself when a listed size exceeds it. Source: NVIDIA/TensorRT-LLM
-    tensorrt_llm/_torch/pyexecutor/model_engine.py, _filter_cuda_graph_batch_sizes (v1.0-era, no draft tokens)."""
-    bound = min(max_bs, max_tokens)
-    kept = tuple(b for b in sorted(listed) if b <= bound)
-    return kept + ((bound,) if max(listed) > bound and (not kept or kept[-1] != bound) else ())
-
-
 TRTLLM_GRAPH_PADDING = True
-"""Decode steps padded to the captured CUDA graph sizes (trtllm_graph_sizes; docs/validation.md#trtllm-long-decode);
+"""Decode steps padded to the captured CUDA graph sizes (cost.serve_step.default_graph_sizes; docs/validation.md#trtllm-long-decode);
 False prices each step at its real batch (the reading before)."""
 TRTLLM_ATTENTION_DP = False
 """How the trtllm MoE rows (Qwen3-235B-A22B H100 TP8 EP8) ran attention: TP8, not attention DP. The perf
@@ -354,7 +341,7 @@ ASSUMPTIONS = {
     "trtllm": "TensorRT-LLM offline throughput: fp8 weights and fp8 KV cache, 90% of memory for the server, "
               "8192 tokens per engine step, concurrency = KV capacity capped at trtllm-bench's max_batch_size "
               "(trtllm_bench_limits, at most 4096), each decode step padded to the next CUDA graph size kept "
-              "(trtllm_graph_sizes: the perf overview's list up to min(max_batch_size, max_num_tokens)); EP as listed; "
+              "(cost.serve_step.trtllm_graph_sizes: the perf overview's list up to min(max_batch_size, max_num_tokens)); EP as listed; "
               "the MoE rows with TP attention, not DP attention (TRTLLM_ATTENTION_DP: the perf overview's "
               "enable_attention_dp sits inside cuda_graph_config, which rejects it), their experts run on the "
               "TP group's replicated tokens and combined by its all-reduce (EngineRule.tp_moe_all_to_all); "
@@ -1679,7 +1666,7 @@ def predict_serving(rec: dict) -> list[tuple[str, float, float]]:
                                              system.gpu.hbm_bytes, job.gpu_memory_utilization)
     if TRTLLM_GRAPH_PADDING:
         job = job.model_copy(update={
-            "cuda_graph_batch_sizes": trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)})
+            "cuda_graph_batch_sizes": default_graph_sizes("trtllm", max_bs, max_tokens)})
     cap = min(TRTLLM_MAX_BATCH, max_bs)
     e = estimate_serving(m, cluster, plan, at_max_load(m, cluster, plan, job, cap=cap))
     return [("output tok/s", e.tokens_per_s, rec["measured"]["output_tokens_per_s_total"])]

@@ -218,3 +218,22 @@ def test_mbridge_rows_run_their_presets_flex_backend(acc, published_runs):
         rec = published_runs[rid]
         plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
         assert (plan.moe_dispatcher, plan.moe_flex_backend) == ("deepep", backend), rid
+
+
+def test_fp8_dispatch_carries_the_same_absolute_prob_bytes_a_row_as_bf16():
+    # HybridEP's probs are fp32 (hybrid_ep_backend.cuh at 17cfb81) whatever the rows' dtype: with ep_dispatch_fp8
+    # the dispatch rows shrink to 1 + 4/128 bytes an element, the probs a row do not. Prob bytes a call =
+    # share x the call's message; the fp8 and the bf16 transfer (same calls, same rows) must carry the same.
+    from llmplan.cost.comm import ep_transfers
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+
+    m = builtin_models()["qwen3-30b-a3b"]
+    plan = ParallelPlan(dp=8, ep=8, moe_dispatcher="deepep", moe_flex_backend="hybridep", ep_dispatch_fp8=True)
+    fp8, bf16 = ep_transfers(m, plan, "ep")[:2]
+    assert fp8.message < 0.6 * bf16.message and fp8.calls == bf16.calls
+    probs = [hybridep_prob_share(t.dispatch, 8, 8) * t.message for t in (fp8, bf16)]
+    assert probs[1] > 0
+    assert probs[0] == pytest.approx(probs[1], rel=1e-12)
+    # and by hand: half the calls carry 4 x E probs a row (E/8 a rank x 8 ranks) beside the bf16 row's 2 x w
+    assert probs[1] / bf16.message == pytest.approx(0.5 * 4 * m.num_experts / (2 * m.expert_width), rel=1e-12)

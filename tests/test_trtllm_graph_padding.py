@@ -1,6 +1,6 @@
 """TensorRT-LLM's CUDA-graph padding of decode steps (cost.serve_step.graph_padded_rows,
 ServeJob.cuda_graph_batch_sizes) and the trtllm-bench limits that decide the captured sizes
-(benchmarks/accuracy.py trtllm_bench_limits, trtllm_graph_sizes): docs/validation.md#trtllm-long-decode."""
+(benchmarks/accuracy.py trtllm_bench_limits; cost.serve_step.trtllm_graph_sizes): docs/validation.md#trtllm-long-decode."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from llmplan.cost.inference import decode_tpot
-from llmplan.cost.serve_step import graph_padded_rows, tp_allreduce_seconds
+from llmplan.cost.serve_step import (
+    TRTLLM_GRAPH_BATCH_SIZES, default_graph_sizes, graph_padded_rows, tp_allreduce_seconds, trtllm_graph_sizes,
+)
 from llmplan.serving import replica_spans
 from llmplan.specs.plan import ClusterSpec
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -37,9 +39,9 @@ def test_trtllm_bench_limits_for_405b_tp8_by_hand(published_runs):
     max_bs, max_tokens = accuracy.trtllm_bench_limits(m, 8, 1, 128, 4096, gpu.hbm_bytes, 0.9)
     assert (max_bs, max_tokens) == (256, 2048)
     # model_engine._filter_cuda_graph_batch_sizes: the list up to min(256, 2048)
-    assert accuracy.trtllm_graph_sizes(PERF_LIST, max_bs, max_tokens) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert trtllm_graph_sizes(PERF_LIST, max_bs, max_tokens) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
     # a bound between listed sizes is kept as the last size (padding to it rather than past it)
-    assert accuracy.trtllm_graph_sizes(PERF_LIST, 896, 2048)[-2:] == (512, 896)
+    assert trtllm_graph_sizes(PERF_LIST, 896, 2048)[-2:] == (512, 896)
 
 
 def test_padding_reaches_the_all_reduce_not_the_matmuls_or_kv_reads():
@@ -73,3 +75,12 @@ def test_long_decode_rows_with_graph_padding(published_runs, monkeypatch, record
     monkeypatch.setattr(accuracy, "TRTLLM_GRAPH_PADDING", False)
     (_, unpadded, _), = accuracy.predict_serving(rec)
     assert unpadded > meas * (1 + tol)  # the padded all-reduce is what moves it
+
+
+def test_the_moved_rule_keeps_the_perf_overview_list_and_pads_only_trtllm():
+    # The list is the perf overview's llm_options.yml (PERF_LIST above, typed from the page); vLLM and SGLang get
+    # no default padding (their default capture lists are not modelled).
+    assert TRTLLM_GRAPH_BATCH_SIZES == PERF_LIST
+    assert default_graph_sizes("trtllm", 896, 2048) == trtllm_graph_sizes(PERF_LIST, 896, 2048)
+    assert default_graph_sizes("vllm", 896, 2048) is None
+    assert default_graph_sizes("sglang", 896, 2048) is None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
 from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA, mean_length
+from llmplan.cost.serve_step import default_graph_sizes
 from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
@@ -238,9 +239,31 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None) -
                             "gpu_memory_utilization": s.gpu_memory_utilization, "block_size": s.block_size,
                             "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
                             "cuda_graphs": s.cuda_graphs, "request_rate": request_rate, **lengths,
+                            "cuda_graph_batch_sizes": graph_sizes_of(s, batch),
                             "speculative": speculative_of(s),
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
                  "inference workload options")
+
+
+GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
+"""ServeJob.cuda_graph_batch_sizes' bounds: the largest size, and how many sizes."""
+
+
+def graph_sizes_of(s: ServingOptions, batch: int) -> tuple[int, ...] | None:
+    """--cuda-graph-sizes as sorted distinct positive batch sizes, or the engine's default captured sizes for a
+    largest batch of `batch` (cost.serve_step.default_graph_sizes: TensorRT-LLM only); None without CUDA graphs.
+    A bad list is one line naming the flag."""
+    if not s.cuda_graphs:
+        if s.cuda_graph_sizes is not None:
+            raise LlmplanError("--cuda-graph-sizes with --no-cuda-graphs: eager decode pads to no graph")
+        return None
+    if s.cuda_graph_sizes is None:
+        return default_graph_sizes(s.engine, batch, s.max_num_batched_tokens)  # type: ignore[arg-type]
+    parts = [p.strip() for p in s.cuda_graph_sizes.split(",")]
+    if not all(p.isdigit() and 1 <= int(p) <= GRAPH_SIZE_MAX for p in parts) or len(set(parts)) > GRAPH_SIZES_MAX:
+        raise LlmplanError(f"--cuda-graph-sizes {s.cuda_graph_sizes}: want up to {GRAPH_SIZES_MAX} "
+                           f"comma-separated sizes of 1-{GRAPH_SIZE_MAX}")
+    return tuple(sorted({int(p) for p in parts}))
 
 
 def speculative_of(s: ServingOptions) -> SpeculativeSpec | None:

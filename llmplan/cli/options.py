@@ -197,6 +197,11 @@ ENGINE = typer.Option(_job("engine"), "--engine",
                       help="Inference: vllm | trtllm | sglang, whose rules size the KV cache and admit sequences.")
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",
                            help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
+CUDA_GRAPH_SIZES = typer.Option(None, "--cuda-graph-sizes",
+                                help="Inference: batch sizes the engine keeps decode CUDA graphs for, padding "
+                                     "each decode step to the next one (1,2,4,...; default: trtllm the perf "
+                                     "overview's list cut to --batch / --max-batch and --max-num-batched-"
+                                     "tokens, vllm / sglang none).")
 BLOCK_SIZE = typer.Option(_job("block_size"), "--block-size", min=1, help="Inference: tokens per KV block.")
 SPECULATIVE = typer.Option(None, "--speculative",
                            help="Inference: speculative decoding mtp | eagle | eagle3 | ngram (MTP layers, an "
@@ -368,7 +373,7 @@ SERVING = Flags("Serving (--mode infer)", {
     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,
     "tpot_slo": TPOT_SLO, "prefix_hit_rate": PREFIX_HIT_RATE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
     "block_size": BLOCK_SIZE, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "engine": ENGINE,
-    "cuda_graphs": CUDA_GRAPHS, "speculative": SPECULATIVE, "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
+    "cuda_graphs": CUDA_GRAPHS, "cuda_graph_sizes": CUDA_GRAPH_SIZES, "speculative": SPECULATIVE, "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
     "draft_model": DRAFT_MODEL, "input_len_dist": INPUT_LEN_DIST, "output_len_dist": OUTPUT_LEN_DIST})
 MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
 

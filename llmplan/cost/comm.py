@@ -7,7 +7,7 @@ how many times, over which group, and how long it takes on the links that group 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import comb
 from typing import Any, Generic, TypeVar
@@ -78,6 +78,9 @@ class Dispatch:
     width: float = 0.0
     """Elements of a dispatched row (the expert width: a latent MoE's latent size); hybridep_prob_share's
     denominator (0: no prob bytes priced)."""
+    elem_bytes: float = ACT_BYTES
+    """Bytes per element of the rows this call moves (FP8_DISPATCH_BYTES for an ep_dispatch_fp8 dispatch): the
+    probs are fp32 whatever the rows' dtype, so their share of a call's bytes is taken of these."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -229,7 +232,8 @@ csrc/hybrid_ep/backend/hybrid_ep_backend.cuh at 17cfb81)."""
 
 
 def hybridep_prob_share(d: Dispatch, ranks: int, g: int) -> float:
-    """Bytes HybridEP's probs add to a call's rows, as a share of the rows' bf16 bytes, averaged over a layer's
+    """Bytes HybridEP's probs add to a call's rows, as a share of the rows' bytes (d.elem_bytes an element: the
+    probs are absolute fp32 bytes a row, the same for fp8 and bf16 rows), averaged over a layer's
     calls. Its forward dispatch and backward combine (half the calls: Megatron-LM's HybridEPDispatch passes the
     router's probs forward and their gradient back) copy with each row a prob for every expert of the NVLink
     domain, E/ranks a rank times its g ranks, not only the receiving rank's; the other half carry none. 0 without
@@ -238,7 +242,7 @@ def hybridep_prob_share(d: Dispatch, ranks: int, g: int) -> float:
     NUM_OF_RANKS_PER_NODE floats a row). Derived: docs/formulas.md#comm.hybridep_probs"""
     if d.width <= 0 or ranks <= 0:
         return 0.0
-    return 0.5 * HYBRIDEP_PROB_BYTES * (d.experts / ranks) * g / (ACT_BYTES * d.width)
+    return 0.5 * HYBRIDEP_PROB_BYTES * (d.experts / ranks) * g / (d.elem_bytes * d.width)
 
 
 HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
@@ -797,7 +801,8 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
         if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
     calls = plan.num_microbatches * moe_layers
     if plan.ep_dispatch_fp8:  # a workload switch: dispatches (half the calls) in fp8 + scales, combines bf16
-        out = [Transfer("all-to-all", calls * per_layer / 2, S * FP8_DISPATCH_BYTES / ACT_BYTES, group, deepep),
+        fp8 = None if deepep is None else replace(deepep, elem_bytes=FP8_DISPATCH_BYTES)  # probs stay fp32
+        out = [Transfer("all-to-all", calls * per_layer / 2, S * FP8_DISPATCH_BYTES / ACT_BYTES, group, fp8),
                Transfer("all-to-all", calls * per_layer / 2, S, group, deepep)]
     else:
         out = [Transfer("all-to-all", calls * per_layer, S, group, deepep)]

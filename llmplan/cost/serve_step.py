@@ -88,6 +88,30 @@ def graph_padded_rows(batch: Any, sizes: tuple[int, ...] | None) -> Any:
     return out if np.ndim(batch) else float(out)
 
 
+TRTLLM_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+"""cuda_graph_config batch_sizes of TensorRT-LLM's perf-overview llm_options.yml, with enable_padding: true (the
+dense and the MoE file alike; NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686)."""
+
+
+def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) -> tuple[int, ...]:
+    """The CUDA graph batch sizes the engine keeps, with padding on: the listed sizes up to min(max_bs,
+    max_tokens), then that bound itself when a listed size exceeds it. Source: NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/pyexecutor/model_engine.py, _filter_cuda_graph_batch_sizes (v1.0-era, no draft tokens)."""
+    bound = min(max_bs, max_tokens)
+    kept = tuple(b for b in sorted(listed) if b <= bound)
+    return kept + ((bound,) if max(listed) > bound and (not kept or kept[-1] != bound) else ())
+
+
+def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int) -> tuple[int, ...] | None:
+    """The captured sizes a decode step pads to when the user gives none: TensorRT-LLM (PyTorch backend) with
+    its perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
+    vLLM and SGLang: None (no padding priced); their defaults are not modelled here. Derived:
+    docs/formulas.md#infer.graph_padding"""
+    if engine == "trtllm":
+        return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
+    return None
+
+
 SERVE_GEMM_M_HALF = 128.0
 """Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
 pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM

@@ -11,6 +11,7 @@ from rich.table import Table
 from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
+from llmplan.cost.serve_step import graph_padded_rows
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -34,6 +35,9 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                    "recurrent_state": mem.recurrent_state},
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
+        # rows a decode step of the workload's batch runs, padded to a captured CUDA graph (None: not padded)
+        "decode_graph_batch": (int(graph_padded_rows(j.batch, j.decode_graph_sizes))
+                               if j.decode_graph_sizes else None),
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
         "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),

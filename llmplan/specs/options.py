@@ -312,6 +312,9 @@ class ServingOptions(BaseModel):
     """ServeJob.engine."""
     cuda_graphs: bool
     """ServeJob.cuda_graphs."""
+    cuda_graph_sizes: str | None = None
+    """ServeJob.cuda_graph_batch_sizes as written on the command line (1,2,4,...; None: the engine's default,
+    cost.serve_step.default_graph_sizes)."""
     speculative: str | None = None
     """SpeculativeSpec.method (None: no speculative decoding)."""
     spec_tokens: int | None = None

@@ -1,0 +1,67 @@
+"""--cuda-graph-sizes and the engine's default captured CUDA graph sizes on the command line
+(cli.inputs.graph_sizes_of, cost.serve_step.default_graph_sizes; docs/formulas.md#infer.graph_padding)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llmplan.cli.app import app
+
+BASE = ["estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1",
+        "--batch", "48", "--json"]
+
+
+def _run(*extra: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, [*BASE, *extra])
+    return r.exit_code, r.output
+
+
+def _json(*extra: str) -> dict:
+    code, out = _run(*extra)
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_trtllm_gets_the_perf_overview_sizes_cut_to_its_limits():
+    # TensorRT-LLM perf overview's padded list (1, 2, 4, ..., 256, 384, 512, 1024, ..., 8192) cut to
+    # min(max_batch_size = --batch 48, max_num_tokens 8192) and ending in the bound 48 itself
+    # (model_engine.py _filter_cuda_graph_batch_sizes): the CLI priced trtllm decode unpadded before.
+    d = _json("--engine", "trtllm")
+    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16, 32, 48]
+    assert d["decode_graph_batch"] == 48  # a captured size: not padded
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_and_sglang_get_no_default_padding(engine):
+    d = _json("--engine", engine)
+    assert d["workload"]["cuda_graph_batch_sizes"] is None and d["decode_graph_batch"] is None
+
+
+def test_the_option_overrides_and_pads_the_decode_step():
+    padded = _json("--engine", "trtllm", "--cuda-graph-sizes", "64,1,2,4,8,16,32")
+    assert padded["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16, 32, 64]  # sorted
+    assert padded["decode_graph_batch"] == 64  # 48 sequences replay the 64-row graph
+    exact = _json("--engine", "trtllm")
+    assert padded["tpot_s"] > exact["tpot_s"]  # 16 dummy rows in the element-wise ops and all-reduces
+    assert _json("--engine", "vllm", "--cuda-graph-sizes", "64")["decode_graph_batch"] == 64
+
+
+def test_no_cuda_graphs_pads_nothing():
+    d = _json("--engine", "trtllm", "--no-cuda-graphs")
+    assert d["workload"]["cuda_graph_batch_sizes"] is None and d["decode_graph_batch"] is None
+
+
+@pytest.mark.parametrize("bad", ["0,2", "abc", "1,,2", "-4", "2.5", ",".join(str(i) for i in range(1, 70))])
+def test_bad_sizes_are_one_line_exit_2(cli, bad):
+    # through the real entry point (conftest.cli): one line on stderr, exit 2, no traceback
+    r = cli(*BASE[:-1], "--engine", "trtllm", f"--cuda-graph-sizes={bad}")
+    assert r.code == 2, r.err
+    assert len(r.err.strip().splitlines()) == 1 and "--cuda-graph-sizes" in r.err and "Traceback" not in r.err
+
+
+def test_sizes_with_no_cuda_graphs_are_refused(cli):
+    r = cli(*BASE[:-1], "--engine", "trtllm", "--no-cuda-graphs", "--cuda-graph-sizes", "4")
+    assert r.code == 2 and "--no-cuda-graphs" in r.err and len(r.err.strip().splitlines()) == 1
