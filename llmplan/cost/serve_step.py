@@ -105,8 +105,10 @@ def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) ->
 def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int) -> tuple[int, ...] | None:
     """The captured sizes a decode step pads to when the user gives none: TensorRT-LLM (PyTorch backend) with
     its perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
-    vLLM and SGLang: None (no padding priced); their defaults are not modelled here. Derived:
-    docs/formulas.md#infer.graph_padding"""
+    vLLM and SGLang: None (no padding priced); their defaults are not modelled here. TensorRT-LLM's own
+    CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a server started without
+    the perf overview's llm_options runs batches off its list without a graph, which llmplan does not price;
+    --cuda-graph-sizes gives the list such a server captures. Derived: docs/formulas.md#infer.graph_padding"""
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     return None
