@@ -68,3 +68,23 @@ def test_both_bounds_and_json(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--acceptance", "1.5", "--json")
     assert r.code == 2 and "1.5 is out of range; it must be from 0 to 1" in r.refusal(2)
     assert r.json()["error"] == {"code": 2, "message": r.refusal(2)[len("error: "):]}
+
+
+@pytest.mark.parametrize("args,want", [
+    (("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodse", "2"),
+     "No such option: --nodse (Possible options: --mode, --no-sp, --nodes); 'llmplan search --help'"),
+    (("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "two"),
+     "Invalid value for '--nodes': Input should be a valid integer, unable to parse string as an integer "
+     "(given 'two')"),
+    (("serch",), "No such command 'serch'. Did you mean 'search'"),
+])
+def test_every_other_usage_error_is_one_line_too(cli, args, want):
+    # A misspelt option or command and a value of the wrong type: click's own message (the nearest option, the
+    # value given) on one line with where the options are listed, never the Usage/Try/Error box.
+    r = cli(*args)
+    line = r.refusal(2)
+    assert not any(b in r.err + r.out for b in BOX[:3]), r.err
+    assert line.startswith("error: " + want), line
+    assert "--help' lists the commands and options" in line
+    j = cli(*args, "--json")
+    assert j.code == 2 and j.json()["error"]["message"] == j.refusal(2)[len("error: "):]

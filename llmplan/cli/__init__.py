@@ -133,6 +133,9 @@ def _run(args: list[str]) -> int:
             ranged = _range_error(e)
             if ranged is not None:
                 return _fail(args, exit_code, ranged)
+            usage = _usage_line(e)
+            if usage is not None:
+                return _fail(args, exit_code, usage)
             if "--json" in args:
                 _json_error(exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
             e.show()
@@ -170,6 +173,22 @@ def _range_error(e: Exception) -> str | None:
     elif hi is not None:
         rule, fix = f"at most {_num(hi)}", f"give {flag} {_num(hi)} or less"
     return f"Invalid value for '{flag}': {value} is out of range; it must be {rule} ({fix})"
+
+
+def _usage_line(e: Exception) -> str | None:
+    """One line for a usage error (an unknown option or command, a missing or malformed value): click's own
+    message, which names the option and, for a misspelling, its nearest match, and where the options are
+    listed. None for what is not a usage error (click's other exceptions keep their answer)."""
+    if getattr(e, "exit_code", None) != 2 or not hasattr(e, "format_message"):
+        return None
+    message = " ".join(str(e.format_message()).split())
+    cause = e.__cause__
+    errors = cause.errors() if hasattr(cause, "errors") else []  # typer's pydantic check: echo the value given
+    if errors and "input" in errors[0]:
+        message += f" (given {str(errors[0]['input'])!r})"
+    ctx = getattr(e, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "llmplan"
+    return f"{message}; '{path} --help' lists the commands and options"
 
 
 def _devnull_id(fd: int) -> tuple[int, int] | None:
