@@ -183,7 +183,7 @@ def _usage_line(e: Exception) -> str | None:
         return None
     message = " ".join(str(e.format_message()).split())
     cause = e.__cause__
-    errors = cause.errors() if hasattr(cause, "errors") else []  # typer's pydantic check: echo the value given
+    errors: list[Any] = getattr(cause, "errors", list)()  # pydantic: echo the value
     if errors and "input" in errors[0]:
         message += f" (given {str(errors[0]['input'])!r})"
     ctx = getattr(e, "ctx", None)
