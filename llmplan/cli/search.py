@@ -14,7 +14,7 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
-from llmplan.cli.target import (WALK, check_target, keep_training, refuse_unexportable, target_json, target_line,
+from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, target_json, target_line,
                                 walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
@@ -72,8 +72,8 @@ def search(
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated"})
-    check_target(target, mode)
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
+    check_target_mode(target, mode)
     if target is not None and (is_pool_file(cluster.hardware) and single_pool_options(cluster, goal) is None
                                or disaggregated or mode == "train" and wants_comparison(cluster, goal)):
         raise LlmplanError(f"--target {target} filters the search of one system and one pool; drop it here and "

@@ -19,7 +19,7 @@ WALK = 40
 the target accepts."""
 
 
-def check_target(target: str | None, mode: str) -> None:
+def check_target_mode(target: str | None, mode: str) -> None:
     """An unknown target, or one of the other mode (vllm for a training search), is one clear error."""
     if target is None:
         return
