@@ -358,6 +358,14 @@ def plan_violations(pf: PlanFile) -> list:
     return check_plan(pf.model, pf.plan, pf.cluster)
 
 
+def document_plan(doc: dict[str, Any]) -> PlanFile:
+    """The plan file `save_plan` would write for `doc`, as `load_plan` reads it back (through JSON, with the
+    specs it snapshots), without writing it: what `search --target` asks the export about."""
+    raw = json.loads(json.dumps(doc))
+    typed = build(PlanDocument, raw, "plan")
+    return plan_file(typed, build(ModelSpec, typed.model, "plan (model)"), snapshot_system(typed, Path("plan")))
+
+
 def load_plan(path: Path, current: bool = False) -> PlanFile:
     """Read a plan file with the specs it snapshots (or, `current`, the specs it refers to as they are now);
     any problem (wrong kind, schema, invalid spec or plan, broken rule) is one clear error."""

@@ -14,6 +14,8 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
+from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, target_json, target_line,
+                                walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
@@ -61,13 +63,21 @@ def search(
     disaggregated: bool = typer.Option(False, "--disaggregated", rich_help_panel=opt.SERVING.panel,
                                        help="Inference: a prefill pool and a decode pool (P:D split, KV transfer), "
                                             "against the best co-located plan."),
+    target: Optional[str] = typer.Option(None, "--target", rich_help_panel=opt.OUTPUT.panel,
+                                         help="Keep only plans `export --to TARGET` accepts (a training or "
+                                              "serving target of `export`)."),
     ctx: typer.Context = None,  # type: ignore[assignment]  # typer passes the context; None is never seen
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated"})
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
+    check_target_mode(target, mode)
+    if target is not None and (is_pool_file(cluster.hardware) and single_pool_options(cluster, goal) is None
+                               or disaggregated or mode == "train" and wants_comparison(cluster, goal)):
+        raise LlmplanError(f"--target {target} filters the search of one system and one pool; drop it here and "
+                           "export the saved plan with `llmplan export --to`")
     if output.save is not None:  # refuse an existing --save file before the search, not after it ran and printed
         check_target(output.save, output.force)
     if mode == "infer":
@@ -83,9 +93,9 @@ def search(
                       given_moe(ctx, moe_serving))
     elif mode == "infer":
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
-                     given_moe(ctx, moe_serving))
+                     given_moe(ctx, moe_serving), target)
     else:
-        search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx))
+        search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx), target)
 
 
 def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
@@ -96,8 +106,9 @@ def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
 
 def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: str, s: ServingOptions,
                  max_batch: int, request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
-                 moe: dict[str, object] | None = None) -> None:
-    """The serving path of `search`: pins' tp, pp and ep, the serving options, --max-batch and --request-rate."""
+                 moe: dict[str, object] | None = None, target: str | None = None) -> None:
+    """The serving path of `search`: pins' tp, pp and ep, the serving options, --max-batch and --request-rate
+    (`target`: keep only the plans that export writes for it, cli.target)."""
     if goal.objective not in SERVE_OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(c.model)
@@ -106,20 +117,31 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
-    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective, goal.top,
-                         job.request_rate, allowance,
+    refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+    doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
+    res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective,
+                         max(goal.top, WALK) if target else goal.top, job.request_rate, allowance,
                          checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}), moe)
-    emit(report.serve_search_json(res, m, cluster, job), output.json_mode,
-         lambda: report.serve_search_view(out, res, m, cluster, job))
+    dropped = 0
+    if target is not None:
+        kept, why = walk(res.ranked, target, doc_of, goal.top)
+        if res.ranked and not kept:
+            refuse_unexportable(target, why)
+        res, dropped = dataclasses.replace(res, ranked=[res.ranked[i] for i in kept]), sum(why.values())
+
+    def view() -> None:
+        report.serve_search_view(out, res, m, cluster, job)
+        if target is not None:
+            out.print(target_line(target, dropped))
+
+    emit({**report.serve_search_json(res, m, cluster, job), **target_json(target, dropped)}, output.json_mode,
+         view)
     if not res.ranked:
         sys.stderr.write(f"error: no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the "
                          "SLOs; see the pruned table\n")
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
-        best = res.ranked[0]
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
-        save_best(output.save, {**serve_plan_document(best, allowance, report.serve_json(best), refs),
-                                **with_hardware_options(c)}, output.force, output.json_mode)
+        save_best(output.save, doc_of(res.ranked[0]), output.force, output.json_mode)
 
 
 def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOptions, max_batch: int,
@@ -158,9 +180,10 @@ class TrainSearch(NamedTuple):
 
 def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
-                 output: OutputOptions, named: frozenset[str] = frozenset()) -> TrainSearch:
+                 output: OutputOptions, named: frozenset[str] = frozenset(), target: str | None = None) -> TrainSearch:
     """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
-    tried, the best kept (`named`: the options the command line set, search.run.refuse_unused_switches)."""
+    tried, the best kept (`named`: the options the command line set, search.run.refuse_unused_switches;
+    `target`: each search keeps only the plans that export writes for it, cli.target)."""
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
@@ -183,9 +206,14 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
-        return run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
-                          min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                          checkpoint=checkpoint, vpp_pin=pins.vpp, named=named)
+        res = run_search(m, cc, space, wv, goal.objective, max(goal.top, WALK) if target else goal.top, allowance,
+                         order, progress=say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
+                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named)
+        if target is None:
+            return res
+        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+        return keep_training(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
+                             goal.top)
 
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
@@ -211,7 +239,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
-                 output: OutputOptions, named: frozenset[str] = frozenset()) -> None:
+                 output: OutputOptions, named: frozenset[str] = frozenset(), target: str | None = None) -> None:
     """The training path of `search`: one system (train_search) or, with several, which to rent (cli.systems)."""
     if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
         one = single_pool_options(c, goal)
@@ -222,11 +250,19 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         return search_systems(c, goal, output, lambda cv, g: train_search(cv, pins, g, s, split, memory,
                                                                           checkpoints, output, named))
     m, res, cluster, w, chosen, allowance, order, tokens = train_search(c, pins, goal, s, split, memory,
-                                                                        checkpoints, output, named)
+                                                                        checkpoints, output, named, target)
+    if target is not None and not res.ranked:
+        refuse_unexportable(target, res.refusals)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
-    emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
-         lambda: report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide))
+
+    def view() -> None:
+        report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide)
+        if target is not None:
+            console.print(target_line(target, res.not_exportable))
+
+    emit({**report.search_json(res, w, cluster, m, tokens, advice), **target_json(target, res.not_exportable)},
+         output.json_mode, view)
     if not res.ranked:
         sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
                          + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")

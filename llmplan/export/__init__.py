@@ -83,6 +83,24 @@ def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dic
     return files, skipped
 
 
+def target_mode(target: str) -> str:
+    """The plan mode a target takes ('train' or 'infer'); an unknown target is one clear error."""
+    if target not in TARGETS:
+        raise LlmplanError(f"--target {target} is not a target; use one of {', '.join(TARGETS)}")
+    return "train" if target in TRAIN_TARGETS else "infer"
+
+
+def refusal(pf: PlanFile, target: str) -> str | None:
+    """Why `export --to target` refuses the plan (the CannotExpress message), or None where it writes it: the
+    very render `export` runs (render_all), so `search --target` keeps exactly the plans export accepts."""
+    target_mode(target)
+    try:
+        render_all(pf, target)
+    except CannotExpress as e:
+        return str(e)
+    return None
+
+
 def _expresses(pf: PlanFile, target: str) -> bool:
     try:
         renderer(target)(pf)

@@ -87,6 +87,12 @@ class SearchResult:
     """The tie resolution used (|log| of a tokens/s ratio); None when ties were not resolved (headroom)."""
     variants: list[Variants] = field(default_factory=list)
     """Per ranked plan: the other plans of its layout (search.variants; each row is its layout's best)."""
+    target: str | None = None
+    """`search --target`: the launcher the ranked plans were kept for (cli.target); None without it."""
+    not_exportable: int = 0
+    """With a target: the better-ranked plans dropped because `export --to target` refuses them."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """With a target: each refusal message of the dropped plans, and how many plans it dropped."""
 
 
 CLOUD_POINTS = 2000
