@@ -34,10 +34,25 @@ def test_trtllm_gets_the_perf_overview_sizes_cut_to_its_limits():
     assert d["decode_graph_batch"] == 48  # a captured size: not padded
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_vllm_and_sglang_get_no_default_padding(engine):
-    d = _json("--engine", engine)
-    assert d["workload"]["cuda_graph_batch_sizes"] is None and d["decode_graph_batch"] is None
+def test_vllm_pads_a_batch_between_two_default_sizes():
+    # vLLM vllm/config/vllm.py @000fc94b _set_cudagraph_sizes: max_num_seqs = --batch 50, so the capture
+    # ceiling is min(2 x 50, 512, max_num_batched_tokens 8192) = 100 and the sizes [1, 2, 4] + range(8, 101, 8);
+    # 50 sequences replay the 56-row graph (the docstring's "closest padded CUDA graph").
+    d = _json("--engine", "vllm", "--batch", "50")
+    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
+    assert d["decode_graph_batch"] == 56
+    exact = _json("--engine", "vllm", "--batch", "50", "--cuda-graph-sizes", "50")
+    assert exact["decode_graph_batch"] == 50
+    assert d["tpot_s"] > exact["tpot_s"]  # 6 dummy rows in the element-wise ops and all-reduces
+
+
+def test_sglang_default_sizes_end_at_the_running_requests():
+    # SGLang server_args.py _generate_cuda_graph_batch_sizes with the fallback cuda_graph_max_bs 160 (the CLI's
+    # job knows no GPU memory): [1, 2, 4, 8, 12] + range(16, 161, 8), cut to the 48-request pool plus 47 and 48
+    # (cuda_graph_runner.py @0021673c get_batch_sizes_to_capture).
+    d = _json("--engine", "sglang")
+    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 12, 16, 24, 32, 40, 47, 48]
+    assert d["decode_graph_batch"] == 48
 
 
 def test_the_option_overrides_and_pads_the_decode_step():

@@ -251,7 +251,7 @@ GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
 
 def graph_sizes_of(s: ServingOptions, batch: int) -> tuple[int, ...] | None:
     """--cuda-graph-sizes as sorted distinct positive batch sizes, or the engine's default captured sizes for a
-    largest batch of `batch` (cost.serve_step.default_graph_sizes: TensorRT-LLM only); None without CUDA graphs.
+    largest batch of `batch` (cost.serve_step.default_graph_sizes); None without CUDA graphs.
     A bad list is one line naming the flag."""
     if not s.cuda_graphs:
         if s.cuda_graph_sizes is not None:

@@ -102,15 +102,73 @@ def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) ->
     return kept + ((bound,) if max(listed) > bound and (not kept or kept[-1] != bound) else ())
 
 
-def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int) -> tuple[int, ...] | None:
-    """The captured sizes a decode step pads to when the user gives none: TensorRT-LLM (PyTorch backend) with
-    its perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
-    vLLM and SGLang: None (no padding priced); their defaults are not modelled here. TensorRT-LLM's own
-    CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a server started without
-    the perf overview's llm_options runs batches off its list without a graph, which llmplan does not price;
-    --cuda-graph-sizes gives the list such a server captures. Derived: docs/formulas.md#infer.graph_padding"""
+VLLM_DEFAULT_MAX_CAPTURE = 512
+"""vLLM's default ceiling on max_cudagraph_capture_size (1024 on data-center Blackwell, compute capability 10.x,
+which default_graph_sizes does not know: it takes 512)."""
+
+
+def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM's default cudagraph_capture_sizes (balanced mode, one token per decode request): the ceiling
+    C = min(2 x max_num_seqs, 512, max_num_batched_tokens); [1, 2, 4] up to C, every 8 from 8 to min(C, 248),
+    every 16 from 256 to C, and max_num_batched_tokens when it is <= C. A batch at or below the largest
+    size replays the smallest size >= it (graph_padded_rows).
+    Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164, _set_cudagraph_sizes."""
+    cap = min(max_num_seqs * 2, VLLM_DEFAULT_MAX_CAPTURE, max_num_batched_tokens)
+    sizes = {b for b in (1, 2, 4) if b <= cap} | set(range(8, min(cap + 1, 256), 8)) | set(range(256, cap + 1, 16))
+    if max_num_batched_tokens <= cap:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+SGLANG_FALLBACK_MAX_BS = 160
+"""SGLang's cuda_graph_max_bs when it cannot read the GPU's memory (server_args _handle_gpu_memory_settings)."""
+
+
+def sglang_max_bs(gpu_mem_bytes: float | None, tp: int) -> int:
+    """SGLang's default cuda_graph_max_bs from the GPU's memory (MiB thresholds 20/35/60/90/160 GiB) and TP:
+    8; 24 (tp < 4) else 80; 32 else 160; 256 else 512 (below 90 and below 160 GiB); 512 above; 160 unknown.
+    Source: Fridge003/sglang (fork of sgl-project/sglang) python/sglang/srt/server_args.py
+    @018c31119d315f534c9d4af8f46a68719f105841, _handle_gpu_memory_settings."""
+    if gpu_mem_bytes is None:
+        return SGLANG_FALLBACK_MAX_BS
+    gib = gpu_mem_bytes / 2**30
+    small = tp < 4
+    for bound, lo, hi in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (90, 256, 512), (160, 256, 512)):
+        if gib < bound:
+            return lo if small else hi
+    return 512
+
+
+def sglang_graph_sizes(max_running: int, cuda_graph_max_bs: int) -> tuple[int, ...]:
+    """SGLang's default cuda_graph_bs (no speculative decoding, padding on): [1, 2, 4, 8, 12], every 8 from 16
+    to 256, every 16 from 272 to 496, every 32 from 512, up to cuda_graph_max_bs; then cut to the request pool
+    (max_running), adding max_running - 1 and max_running when a size exceeds it. A decode batch replays the
+    smallest size >= it (bisect_left in replay_prepare). Source: Fridge003/sglang server_args.py @018c3111
+    (_generate_cuda_graph_batch_sizes); sgl-project/sglang python/sglang/srt/model_executor/cuda_graph_runner.py
+    @0021673cd18b64f44373950249ff07177e493b4b (get_batch_sizes_to_capture, replay_prepare)."""
+    listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, cuda_graph_max_bs + 1, 32)]
+    sizes = {b for b in listed if b <= cuda_graph_max_bs}
+    if max(sizes) > max_running:
+        sizes |= {max_running - 1, max_running}
+    return tuple(sorted(b for b in sizes if 1 <= b <= max_running))
+
+
+def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, gpu_mem_bytes: float | None = None,
+                        tp: int = 1) -> tuple[int, ...] | None:
+    """The captured sizes a decode step pads to when the user gives none. TensorRT-LLM (PyTorch backend): its
+    perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
+    TensorRT-LLM's own CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a
+    server started without the perf overview's llm_options runs batches off its list without a graph, which
+    llmplan does not price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default
+    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: its default list for the
+    cuda_graph_max_bs its GPU memory and TP give (sglang_max_bs; None: the source's fallback 160), cut to
+    max_bs running requests (sglang_graph_sizes). Derived: docs/formulas.md#infer.graph_padding"""
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
+    if engine == "vllm":
+        return vllm_graph_sizes(max_bs, max_tokens)
+    if engine == "sglang":
+        return sglang_graph_sizes(max_bs, sglang_max_bs(gpu_mem_bytes, tp))
     return None
 
 
