@@ -15,6 +15,7 @@ from llmplan.cost.operators import OperatorUse
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
+from llmplan.cost.serve_step import graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.model import ModelSpec
@@ -126,7 +127,8 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
         slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
-        slo_tps = float(serve_timing(m, runs, system, spans, job, slo_batch).tokens_per_s_replica) * plan.dp \
+        at_slo = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, batch=slo_batch)})
+        slo_tps = float(serve_timing(m, runs, system, spans, at_slo, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})
     spec = speculative_summary(m, cluster, runs, job, allowance, spans) if job.speculative is not None else None

@@ -172,6 +172,17 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, gpu_mem_by
     return None
 
 
+def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
+                   **_: Any) -> tuple[int, ...] | None:
+    """The job's captured sizes for a server started at another batch or max_num_batched_tokens: the engine's
+    default at the new limits where the job carries the default at its own (as the CLI derives it for that
+    command), else the job's (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
+    sizes = job.cuda_graph_batch_sizes
+    if sizes is None or sizes != default_graph_sizes(job.engine, job.batch, job.max_num_batched_tokens):
+        return sizes
+    return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens)
+
+
 SERVE_GEMM_M_HALF = 128.0
 """Rows at which a serving GEMM reaches half the efficiency its shape allows (small-M kernels fill their
 pipelines poorly beyond what tile quantisation counts); fitted by leave-one-model-out on the TensorRT-LLM
