@@ -46,13 +46,12 @@ def test_vllm_pads_a_batch_between_two_default_sizes():
     assert d["tpot_s"] > exact["tpot_s"]  # 6 dummy rows in the element-wise ops and all-reduces
 
 
-def test_sglang_default_sizes_end_at_the_running_requests():
-    # SGLang server_args.py _generate_cuda_graph_batch_sizes with the fallback cuda_graph_max_bs 160 (the CLI's
-    # job knows no GPU memory): [1, 2, 4, 8, 12] + range(16, 161, 8), cut to the 48-request pool plus 47 and 48
-    # (cuda_graph_runner.py @0021673c get_batch_sizes_to_capture).
+def test_sglang_is_priced_unpadded_unless_given_sizes():
+    # SGLang's default cuda_graph_bs depends on the GPU's memory and TP and is not pinned at one upstream commit
+    # (cost.serve_step.default_graph_sizes): no sizes, no padding, unless --cuda-graph-sizes gives them.
     d = _json("--engine", "sglang")
-    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 12, 16, 24, 32, 40, 47, 48]
-    assert d["decode_graph_batch"] == 48
+    assert d["workload"]["cuda_graph_batch_sizes"] is None and d["decode_graph_batch"] is None
+    assert _json("--engine", "sglang", "--cuda-graph-sizes", "32,64")["decode_graph_batch"] == 64
 
 
 def test_the_option_overrides_and_pads_the_decode_step():

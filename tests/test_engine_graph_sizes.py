@@ -1,25 +1,15 @@
-"""vLLM's and SGLang's default captured CUDA graph sizes (cost.serve_step.vllm_graph_sizes, sglang_max_bs,
-sglang_graph_sizes, default_graph_sizes; docs/formulas.md#infer.graph_padding). Expected lists are written out
-by hand from the sources' rules:
-- vLLM vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164 (_set_cudagraph_sizes);
-- SGLang server_args.py (Fridge003/sglang fork @018c31119d31, _handle_gpu_memory_settings,
-  _generate_cuda_graph_batch_sizes) and sgl-project/sglang cuda_graph_runner.py @0021673cd18b
-  (get_batch_sizes_to_capture)."""
+"""vLLM's default captured CUDA graph sizes (cost.serve_step.vllm_graph_sizes, default_graph_sizes;
+docs/formulas.md#infer.graph_padding). Expected lists are written out by hand from the source's rule:
+vLLM vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164 (_set_cudagraph_sizes). SGLang gets none:
+its default depends on GPU memory and TP and was not pinned at one upstream commit."""
 
 from __future__ import annotations
-
-import pytest
 
 from llmplan.cost.serve_step import (
     default_graph_sizes,
     graph_padded_rows,
-    sglang_graph_sizes,
-    sglang_max_bs,
     vllm_graph_sizes,
 )
-
-GIB = 2**30
-
 
 def test_vllm_small_max_num_seqs_caps_at_twice_it():
     # ceiling min(2 x 64, 512, 8192) = 128: [1, 2, 4] then every 8 to 128
@@ -38,25 +28,8 @@ def test_vllm_adds_max_num_batched_tokens_under_the_ceiling():
     assert vllm_graph_sizes(64, 100) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100)
 
 
-@pytest.mark.parametrize("mem_gib, tp, want", [(16, 8, 8), (24, 1, 24), (24, 4, 80), (40, 1, 32), (40, 8, 160),
-                                               (80, 1, 256), (80, 4, 512), (141, 2, 256), (141, 8, 512),
-                                               (192, 1, 512), (None, 1, 160)])
-def test_sglang_cuda_graph_max_bs_follows_gpu_memory_and_tp(mem_gib, tp, want):
-    assert sglang_max_bs(None if mem_gib is None else mem_gib * GIB, tp) == want
-
-
-def test_sglang_default_list():
-    # [1, 2, 4, 8, 12] + range(16, 257, 8) at cuda_graph_max_bs 256 (H100, tp < 4), pool above it
-    assert sglang_graph_sizes(1000, 256) == (1, 2, 4, 8, 12, *range(16, 257, 8))
-    # cuda_graph_max_bs 600: ... 496, then every 32 from 512: 512, 544, 576 (no 600)
-    assert sglang_graph_sizes(1000, 600)[-6:] == (464, 480, 496, 512, 544, 576)
-    # a 64-request pool below the list's top adds 63 and 64
-    assert sglang_graph_sizes(64, 160) == (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 63, 64)
-
-
 def test_default_graph_sizes_per_engine_and_the_padding():
     assert default_graph_sizes("vllm", 64, 8192) == vllm_graph_sizes(64, 8192)
-    assert default_graph_sizes("sglang", 1000, 8192, 80 * GIB, 1) == sglang_graph_sizes(1000, 256)
+    assert default_graph_sizes("sglang", 1000, 8192) is None
     assert graph_padded_rows(50, default_graph_sizes("vllm", 64, 8192)) == 56
-    assert graph_padded_rows(13, default_graph_sizes("sglang", 1000, 8192, 80 * GIB, 1)) == 16
-    assert graph_padded_rows(300, default_graph_sizes("sglang", 1000, 8192, 80 * GIB, 1)) == 300  # eager
+    assert graph_padded_rows(600, default_graph_sizes("vllm", 300, 8192)) == 600  # above 512: eager, unpadded

@@ -120,55 +120,19 @@ def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[in
     return tuple(sorted(sizes))
 
 
-SGLANG_FALLBACK_MAX_BS = 160
-"""SGLang's cuda_graph_max_bs when it cannot read the GPU's memory (server_args _handle_gpu_memory_settings)."""
-
-
-def sglang_max_bs(gpu_mem_bytes: float | None, tp: int) -> int:
-    """SGLang's default cuda_graph_max_bs from the GPU's memory (MiB thresholds 20/35/60/90/160 GiB) and TP:
-    8; 24 (tp < 4) else 80; 32 else 160; 256 else 512 (below 90 and below 160 GiB); 512 above; 160 unknown.
-    Source: Fridge003/sglang (fork of sgl-project/sglang) python/sglang/srt/server_args.py
-    @018c31119d315f534c9d4af8f46a68719f105841, _handle_gpu_memory_settings."""
-    if gpu_mem_bytes is None:
-        return SGLANG_FALLBACK_MAX_BS
-    gib = gpu_mem_bytes / 2**30
-    small = tp < 4
-    for bound, lo, hi in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (90, 256, 512), (160, 256, 512)):
-        if gib < bound:
-            return lo if small else hi
-    return 512
-
-
-def sglang_graph_sizes(max_running: int, cuda_graph_max_bs: int) -> tuple[int, ...]:
-    """SGLang's default cuda_graph_bs (no speculative decoding, padding on): [1, 2, 4, 8, 12], every 8 from 16
-    to 256, every 16 from 272 to 496, every 32 from 512, up to cuda_graph_max_bs; then cut to the request pool
-    (max_running), adding max_running - 1 and max_running when a size exceeds it. A decode batch replays the
-    smallest size >= it (bisect_left in replay_prepare). Source: Fridge003/sglang server_args.py @018c3111
-    (_generate_cuda_graph_batch_sizes); sgl-project/sglang python/sglang/srt/model_executor/cuda_graph_runner.py
-    @0021673cd18b64f44373950249ff07177e493b4b (get_batch_sizes_to_capture, replay_prepare)."""
-    listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, cuda_graph_max_bs + 1, 32)]
-    sizes = {b for b in listed if b <= cuda_graph_max_bs}
-    if max(sizes) > max_running:
-        sizes |= {max_running - 1, max_running}
-    return tuple(sorted(b for b in sizes if 1 <= b <= max_running))
-
-
-def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, gpu_mem_bytes: float | None = None,
-                        tp: int = 1) -> tuple[int, ...] | None:
+def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int) -> tuple[int, ...] | None:
     """The captured sizes a decode step pads to when the user gives none. TensorRT-LLM (PyTorch backend): its
     perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
     TensorRT-LLM's own CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a
     server started without the perf overview's llm_options runs batches off its list without a graph, which
     llmplan does not price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default
-    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: its default list for the
-    cuda_graph_max_bs its GPU memory and TP give (sglang_max_bs; None: the source's fallback 160), cut to
-    max_bs running requests (sglang_graph_sizes). Derived: docs/formulas.md#infer.graph_padding"""
+    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: None (priced unpadded unless the user
+    gives --cuda-graph-sizes): its default cuda_graph_bs depends on the GPU's memory and TP, and the rule was
+    not readable in sgl-project/sglang at one commit. Derived: docs/formulas.md#infer.graph_padding"""
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     if engine == "vllm":
         return vllm_graph_sizes(max_bs, max_tokens)
-    if engine == "sglang":
-        return sglang_graph_sizes(max_bs, sglang_max_bs(gpu_mem_bytes, tp))
     return None
 
 
