@@ -159,10 +159,10 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
         if gain <= 1e-6:  # no faster (a plan that fits) or frees no memory (one that does not)
             continue
         items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
-    return _with_goodput(_best(items), goodput_advice(e, allowance, order))
+    return _with_goodput(_best(items), goodput_advice(e))
 
 
-def goodput_advice(e: TrainingEstimate, allowance: Any = None, order: tuple[str, ...] | None = None) -> list[Advice]:
+def goodput_advice(e: TrainingEstimate) -> list[Advice]:
     """Checkpointing changes that raise goodput (cost.goodput): asynchronous checkpoints (training waits only for
     the copy to host memory), in-memory checkpoints on a peer node, the optimal interval instead of a set one.
     gain: the relative change of goodput, which is that of the tokens/s that survive failures."""

@@ -152,6 +152,12 @@ def _num(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else f"{x:,}" if abs(x) >= 100_000 else str(x)
 
 
+def _validation_errors(e: Exception) -> list[Any]:
+    """The pydantic errors behind a typer bad parameter (typer checks min= / max= and types with pydantic and
+    chains its ValidationError as the cause); [] for any other exception."""
+    return list(getattr(e.__cause__, "errors", list)())
+
+
 def _range_error(e: Exception) -> str | None:
     """One line for a value outside an option's declared min= / max= (typer checks them and raises a bad
     parameter with pydantic's words, which name neither the value nor the range): the flag, the value, the
@@ -160,8 +166,7 @@ def _range_error(e: Exception) -> str | None:
     lo, hi = getattr(param, "min", None), getattr(param, "max", None)
     if param is None or (lo is None and hi is None):
         return None
-    cause: Any = e.__cause__
-    errors = cause.errors() if hasattr(cause, "errors") else []
+    errors = _validation_errors(e)
     if not errors or not str(errors[0].get("type", "")).startswith(("greater_than", "less_than")):
         return None
     value = str(errors[0].get("input", "?"))
@@ -182,8 +187,7 @@ def _usage_line(e: Exception) -> str | None:
     if getattr(e, "exit_code", None) != 2 or not hasattr(e, "format_message"):
         return None
     message = " ".join(str(e.format_message()).split())
-    cause = e.__cause__
-    errors: list[Any] = getattr(cause, "errors", list)()  # pydantic: echo the value
+    errors = _validation_errors(e)  # typer's pydantic check: echo the value given
     if errors and "input" in errors[0]:
         message += f" (given {str(errors[0]['input'])!r})"
     ctx = getattr(e, "ctx", None)
