@@ -3,6 +3,7 @@ exact formulas, properties (seeded), the search's vectorised path against the sc
 
 from __future__ import annotations
 
+from itertools import islice
 import math
 
 import numpy as np
@@ -152,7 +153,8 @@ def test_vectorised_goodput_agrees_with_scalar():
     w = Workload(global_batch=1024, seq_len=4096)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     rng = np.random.default_rng(11)
-    idx = [int(i) for i in rng.permutation(len(plans)) if not check_plan(m, plans.plan(int(i)), cluster)][:30]
+    valid = (int(i) for i in rng.permutation(len(plans)) if not check_plan(m, plans.plan(int(i)), cluster))
+    idx = list(islice(valid, 30))  # lazily: the first 30 valid plans of the permutation
     step = np.linspace(1.0, 30.0, len(idx))
     policy = CheckpointPolicy(mode="async")
     vec = plan_goodput(m, cluster, plans.take(np.asarray(idx)), step, policy)

@@ -4,6 +4,7 @@ docs/formulas.md#mem.offload_moe_act."""
 
 from __future__ import annotations
 
+from itertools import islice
 import dataclasses
 
 
@@ -160,7 +161,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     m, cluster = M["qwen3-30b-a3b"], _cluster("dgx-h100", 16)
     w = Workload(global_batch=64, seq_len=4096, offload_moe_act=True)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
-    idx = [i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)][:30]
+    idx = list(islice((i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)), 30))
     assert idx
     vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
     for j, i in enumerate(idx):

@@ -3,6 +3,7 @@ deterministic, ranked plans pass check_plan, and the CLI contract (JSON, --save,
 
 from __future__ import annotations
 
+from itertools import islice
 import itertools
 import json
 
@@ -334,7 +335,7 @@ def test_op_checkpointing_is_searched_only_when_pinned(cli):
     m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
     w = Workload(global_batch=256, seq_len=8192, fp32_param_shards=True, tp_impl="dtensor")
     plans = enumerate_plans(default_space(m, cluster, w, pins={"recompute": "op"}), cluster, w)
-    idx = [i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)][:25]
+    idx = list(islice((i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)), 25))
     vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
     for j, i in enumerate(idx):
         scalar = estimate_training(m, cluster, plans.plan(i))
