@@ -114,6 +114,9 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         raise PlanViolationError(violations)
     spec_m, m = m, loaded_model(m, job)
     system = cluster.system
+    # SGLang's default captured sizes depend on the plan's TP (cost.serve_step.graph_sizes_at)
+    job = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, tp=plan.tp,
+                                                                           hbm_bytes=system.gpu.hbm_bytes)})
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
     runs = running_plan(plan, uses)

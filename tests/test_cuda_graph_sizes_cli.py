@@ -46,12 +46,20 @@ def test_vllm_pads_a_batch_between_two_default_sizes():
     assert d["tpot_s"] > exact["tpot_s"]  # 6 dummy rows in the element-wise ops and all-reduces
 
 
-def test_sglang_is_priced_unpadded_unless_given_sizes():
-    # SGLang's default cuda_graph_bs depends on the GPU's memory and TP and is not pinned at one upstream commit
-    # (cost.serve_step.default_graph_sizes): no sizes, no padding, unless --cuda-graph-sizes gives them.
-    d = _json("--engine", "sglang")
-    assert d["workload"]["cuda_graph_batch_sizes"] is None and d["decode_graph_batch"] is None
-    assert _json("--engine", "sglang", "--cuda-graph-sizes", "32,64")["decode_graph_batch"] == 64
+def test_sglang_pads_to_its_default_sizes_for_the_gpu_and_tp():
+    # sgl-project/sglang arg_groups/memory_hook.py @a82da8da: dgx-h100 (80 GB, "H100, A100" row) at tp_size 1
+    # captures up to max_bs 256, at tp_size >= 4 up to 512; cuda_graph_hook.py @399499ca: 1, 2, 4, 8, 12, every 8
+    # from 16 to 256, every 16 from 272 to 496, 512. The CLI priced SGLang decode unpadded before.
+    d = _json("--engine", "sglang", "--batch", "100")
+    assert d["workload"]["cuda_graph_batch_sizes"][:6] == [1, 2, 4, 8, 12, 16]
+    assert d["workload"]["cuda_graph_batch_sizes"][-1] == 256
+    assert d["decode_graph_batch"] == 104  # 100 sequences replay the 104-row graph
+    assert _json("--engine", "sglang", "--batch", "48")["decode_graph_batch"] == 48  # a captured size
+    assert _json("--engine", "sglang", "--batch", "257")["decode_graph_batch"] == 257  # above 256: eager
+    tp4 = _json("--engine", "sglang", "--batch", "257", "--tp", "4")
+    assert tp4["workload"]["cuda_graph_batch_sizes"][-1] == 512 and tp4["decode_graph_batch"] == 272
+    exact = _json("--engine", "sglang", "--batch", "100", "--cuda-graph-sizes", "32,100")
+    assert exact["decode_graph_batch"] == 100 and d["tpot_s"] > exact["tpot_s"]
 
 
 def test_the_option_overrides_and_pads_the_decode_step():

@@ -1,15 +1,24 @@
 """vLLM's default captured CUDA graph sizes (cost.serve_step.vllm_graph_sizes, default_graph_sizes;
 docs/formulas.md#infer.graph_padding). Expected lists are written out by hand from the source's rule:
-vLLM vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164 (_set_cudagraph_sizes). SGLang gets none:
-its default depends on GPU memory and TP and was not pinned at one upstream commit."""
+vLLM vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164 (_set_cudagraph_sizes); SGLang
+sgl-project/sglang python/sglang/srt/arg_groups/memory_hook.py @a82da8da159ec67038d9357c172fba89ad8af6a3
+(handle_gpu_memory_settings: max_bs by GPU memory in MiB and tp_size) and arg_groups/cuda_graph_hook.py
+@399499ca159da099c16d20ddc2f5898491071431 (generate_decode_cuda_graph_batch_sizes)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from llmplan.cost.serve_step import (
     default_graph_sizes,
     graph_padded_rows,
+    graph_sizes_at,
+    sglang_graph_max_bs,
+    sglang_graph_sizes,
     vllm_graph_sizes,
 )
+
+GIB = 2**30
 
 def test_vllm_small_max_num_seqs_caps_at_twice_it():
     # ceiling min(2 x 64, 512, 8192) = 128: [1, 2, 4] then every 8 to 128
@@ -30,6 +39,45 @@ def test_vllm_adds_max_num_batched_tokens_under_the_ceiling():
 
 def test_default_graph_sizes_per_engine_and_the_padding():
     assert default_graph_sizes("vllm", 64, 8192) == vllm_graph_sizes(64, 8192)
-    assert default_graph_sizes("sglang", 1000, 8192) is None
+    assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB) == sglang_graph_sizes(256)
+    assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB, speculative=True) is None
     assert graph_padded_rows(50, default_graph_sizes("vllm", 64, 8192)) == 56
     assert graph_padded_rows(600, default_graph_sizes("vllm", 300, 8192)) == 600  # above 512: eager, unpadded
+
+
+def test_sglang_max_bs_by_gpu_memory_and_tp():
+    # memory_hook.py @a82da8da handle_gpu_memory_settings, gpu_mem in MiB: "H100, A100" (60-90 GiB) and
+    # "H20, H200" (90-160 GiB): 256 if tp_size < 4 else 512; "A100 (40GB), L40" (35-60 GiB): 32 / 160;
+    # "A10, 4090, 5090" (20-35 GiB): 48 / 160; below 20 GiB: 8; "B200, MI300" (160 GiB and up): 512;
+    # gpu_mem None: 160.
+    assert sglang_graph_max_bs(79.1 * GIB, 1) == 256 and sglang_graph_max_bs(79.1 * GIB, 8) == 512  # H100 SXM
+    assert sglang_graph_max_bs(139.8 * GIB, 2) == 256 and sglang_graph_max_bs(139.8 * GIB, 4) == 512  # H200
+    assert sglang_graph_max_bs(39.4 * GIB, 1) == 32 and sglang_graph_max_bs(39.4 * GIB, 4) == 160  # A100 40GB
+    assert sglang_graph_max_bs(23.6 * GIB, 1) == 48 and sglang_graph_max_bs(15 * GIB, 8) == 8
+    assert sglang_graph_max_bs(178 * GIB, 1) == 512 and sglang_graph_max_bs(None, 1) == 160  # B200; unknown
+
+
+def test_sglang_capture_list_written_out_from_the_rule():
+    # cuda_graph_hook.py @399499ca: [1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16)
+    # + range(512, max_bs + 1, 32), those <= max_bs, then max_bs itself if missing
+    assert sglang_graph_sizes(32) == (1, 2, 4, 8, 12, 16, 24, 32)
+    assert sglang_graph_sizes(48) == (1, 2, 4, 8, 12, 16, 24, 32, 40, 48)
+    assert sglang_graph_sizes(8) == (1, 2, 4, 8)
+    s = sglang_graph_sizes(512)
+    assert len(s) == 5 + 31 + 15 + 1 and s[-4:] == (464, 480, 496, 512) and (256, 272) == s[35:37]
+    assert sglang_graph_sizes(20) == (1, 2, 4, 8, 12, 16, 20)  # an off-list max_bs is appended
+    assert graph_padded_rows(100, sglang_graph_sizes(256)) == 104
+    assert graph_padded_rows(257, sglang_graph_sizes(256)) == 257  # above max_bs: eager, unpadded
+
+
+def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():
+    h100 = 79.1 * GIB
+    job = SimpleNamespace(engine="sglang", speculative=None, batch=300, max_num_batched_tokens=8192,
+                          cuda_graph_batch_sizes=sglang_graph_sizes(256))
+    assert graph_sizes_at(job, tp=8, hbm_bytes=h100) == sglang_graph_sizes(512)
+    assert graph_sizes_at(job, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256)
+    assert graph_sizes_at(job, batch=64) == sglang_graph_sizes(256)  # independent of the batch
+    mine = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": (64, 128)})
+    assert graph_sizes_at(mine, tp=8, hbm_bytes=h100) == (64, 128)
+    unknown = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": sglang_graph_sizes(160)})
+    assert graph_sizes_at(unknown, tp=1, hbm_bytes=h100) == sglang_graph_sizes(256)  # pools: GPU known later

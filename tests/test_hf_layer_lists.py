@@ -37,3 +37,15 @@ def test_layer_index_lists_of_whole_numbers_are_read(cli, tmp_path: Path) -> Non
     path.write_text(json.dumps({**QWEN3_NEXT, "mlp_only_layers": [0]}))
     r = cli("estimate", "--model", str(path), "--hardware", "dgx-h100")
     assert r.code == 0, r.err
+
+
+def test_qwen3_next_config_gets_the_mtp_module_its_release_ships() -> None:
+    # The released config.json declares no MTP key; vLLM's Qwen3NextMultiTokenPredictor builds
+    # getattr(config, "num_nextn_predict_layers", 1) of them (vllm-project/vllm
+    # vllm/model_executor/models/qwen3_next_mtp.py @ffdc985737c94233f2c88629c4450022e5bf4925).
+    from llmplan.specs.hf import from_hf_config
+    from llmplan.specs.model import ModelSpec
+    from llmplan.specs.registry import builtin_models
+    m = ModelSpec(**from_hf_config(QWEN3_NEXT, "q"))
+    assert m.num_nextn_predict_layers == 1 == builtin_models()["qwen3-next-80b-a3b"].num_nextn_predict_layers
+    assert ModelSpec(**from_hf_config({**QWEN3_NEXT, "num_nextn_predict_layers": 0}, "q")).num_nextn_predict_layers == 0

@@ -235,11 +235,13 @@ def _hybrid_plan_file(name, **plan):
     ("nemotron-3-nano", 1, 1, NANO_PATTERN),
     ("nemotron-3-nano", 2, 2, "|".join([NANO_PATTERN[:13], NANO_PATTERN[13:26], NANO_PATTERN[26:39],
                                         NANO_PATTERN[39:]])),
-    ("qwen3-next-80b-a3b", 1, 1, "GEGEGE*E" * 12),
+    # its MTP module after '/': gated full attention and MoE (vllm qwen3_next_mtp.py @ffdc9857)
+    ("qwen3-next-80b-a3b", 1, 1, "GEGEGE*E" * 12 + "/*E"),
 ])
 def test_megatron_export_writes_the_hybrid_layer_pattern(name, pp, vpp, pattern):
     # Megatron-LM (d98e8a6) hybrid_layer_allocation.Symbols: M mamba, G gdn, * attention, - mlp, E moe, '|'
-    # between pipeline segments; pretrain_hybrid.py; every flag parses with Megatron-LM's recorded parser.
+    # between pipeline segments, '/' before each MTP depth; pretrain_hybrid.py; every flag parses with
+    # Megatron-LM's recorded parser.
     from test_export import parse_megatron
 
     from llmplan.export import render_all
@@ -248,7 +250,7 @@ def test_megatron_export_writes_the_hybrid_layer_pattern(name, pp, vpp, pattern)
     script = render_all(pf, "megatron")[0]["megatron_pretrain.sh"]
     ns, _ = parse_megatron(script)
     assert ns.hybrid_layer_pattern.strip('"') == pattern
-    assert int(ns.num_layers) == len(pattern.replace("|", ""))
+    assert int(ns.num_layers) == len(pattern.split("/")[0].replace("|", ""))
     assert "pretrain_hybrid.py" in script and ns.num_layers_per_virtual_pipeline_stage is None
     assert ns.moe_layer_freq is None and ns.pipeline_model_parallel_layout is None
     if name == "qwen3-next-80b-a3b":

@@ -158,6 +158,32 @@ def test_qwen3_next_non_embedding_count_matches_the_model_card():
     assert p.total - p.embedding - p.output == pytest.approx(79e9, rel=0.005)
 
 
+def test_qwen3_next_card_leaves_its_mtp_module_out_and_the_checkpoint_holds_it():
+    # Qwen/Qwen3-Next-80B-A3B-Instruct model card: "80B in total" and "79B" non-embedding, two digits, MTP
+    # excluded: 79.67B / 79.05B computed round to them, with the MTP module (81.32B / 80.70B) they would not.
+    # The checkpoint's mtp.* tensors (vllm-project/vllm vllm/model_executor/models/qwen3_next_mtp.py @ffdc9857:
+    # fc 2h -> h, pre_fc_norm_hidden/_embedding, one full-attention Qwen3NextDecoderLayer with its MoE, norm;
+    # embedding and lm_head shared; NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/qwen/
+    # qwen3_next_bridge.py @7a3998f1 maps the same mtp.* tensors) put it at 81B on the Hugging Face Hub's
+    # listing of the model (its safetensors parameter count, rounded: https://huggingface.co/TiagoViana,
+    # "Qwen/Qwen3-Next-80B-A3B-Instruct Text Generation 81B"; the safetensors index's total_size was not
+    # readable here). Tolerance: the printed figures' rounding (+-0.5B), and 0.5% against "80B".
+    from llmplan.cost.params import mtp_module_params
+    m = builtin_models()["qwen3-next-80b-a3b"]
+    p = param_counts(m)
+    assert m.num_nextn_predict_layers == 1
+    assert round(p.total / 1e9) == 80 and p.total == pytest.approx(80e9, rel=0.005)
+    assert round((p.total - p.embedding - p.output) / 1e9) == 79
+    with_mtp = p.total + m.num_nextn_predict_layers * mtp_module_params(m)
+    assert round(with_mtp / 1e9) == 81
+    # the module: gated attention (q 2048 -> 2 x 16 x 256, k and v 2048 -> 2 x 256, o 4096 -> 2048, q/k norms
+    # of 256), 512 experts of 3 x 2048 x 512, the shared expert, the router, fc and five norms of 2048 (its
+    # shared_expert_gate, 2048 x 1, is left out as in every layer of llmplan's count: 1e-6 of the total)
+    attention = 2048 * 8192 + 2 * 2048 * 512 + 4096 * 2048 + 2 * 256
+    moe = 512 * 3 * 2048 * 512 + 3 * 2048 * 512 + 512 * 2048
+    assert mtp_module_params(m) == attention + moe + 2 * 2048 * 2048 + 5 * 2048
+
+
 def test_nemotron_3_nano_total_is_within_half_a_percent_of_the_model_card():
     # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total parameters.
     assert param_counts(builtin_models()["nemotron-3-nano"]).total == pytest.approx(31.6e9, rel=0.005)

@@ -84,4 +84,4 @@ def test_the_moved_rule_keeps_the_perf_overview_list_and_the_other_engines_their
     assert TRTLLM_GRAPH_BATCH_SIZES == PERF_LIST
     assert default_graph_sizes("trtllm", 896, 2048) == trtllm_graph_sizes(PERF_LIST, 896, 2048)
     assert default_graph_sizes("vllm", 896, 2048)[-3:] == (480, 496, 512)
-    assert default_graph_sizes("sglang", 896, 2048) is None
+    assert default_graph_sizes("sglang", 896, 2048)[-1] == 160  # SGLang's own fallback, GPU memory unknown

@@ -98,7 +98,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
     prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if plan.phase == "prefill" else 64
-    job = make_job(s, batch or prefill_seqs)
+    job = make_job(s, batch or prefill_seqs, tp=plan.tp, hbm_bytes=cluster.system.gpu.hbm_bytes)
     allowance = make_allowance(memory)
     if max_load:
         job = at_max_load(m, cluster, plan, job, allowance, cap=batch)

@@ -226,9 +226,11 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
         raise LlmplanError(f"{flag} {err['input']}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
-def make_job(s: ServingOptions, batch: int, request_rate: float | None = None) -> ServeJob:
+def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, tp: int = 1,
+             hbm_bytes: float | None = None) -> ServeJob:
     """The serving workload: the serving options with the command's load (estimate --batch, search
-    --max-batch and --request-rate); with a length distribution, input_len / output_len are its mean."""
+    --max-batch and --request-rate); with a length distribution, input_len / output_len are its mean.
+    `tp` and `hbm_bytes` (the GPU's memory) pick SGLang's default CUDA graph sizes (graph_sizes_of)."""
     dists = {side: length_distribution(f"--{side}-len-dist", text, side, given)
              for side, text, given in (("input", s.input_len_dist, s.input_len), ("output", s.output_len_dist,
                                                                                   s.output_len))
@@ -239,7 +241,7 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None) -
                             "gpu_memory_utilization": s.gpu_memory_utilization, "block_size": s.block_size,
                             "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
                             "cuda_graphs": s.cuda_graphs, "request_rate": request_rate, **lengths,
-                            "cuda_graph_batch_sizes": graph_sizes_of(s, batch),
+                            "cuda_graph_batch_sizes": graph_sizes_of(s, batch, tp, hbm_bytes),
                             "speculative": speculative_of(s),
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
                  "inference workload options")
@@ -249,16 +251,19 @@ GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
 """ServeJob.cuda_graph_batch_sizes' bounds: the largest size, and how many sizes."""
 
 
-def graph_sizes_of(s: ServingOptions, batch: int) -> tuple[int, ...] | None:
+def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, hbm_bytes: float | None = None
+                   ) -> tuple[int, ...] | None:
     """--cuda-graph-sizes as sorted distinct positive batch sizes, or the engine's default captured sizes for a
-    largest batch of `batch` (cost.serve_step.default_graph_sizes); None without CUDA graphs.
+    largest batch of `batch`, at `tp` on a GPU of `hbm_bytes` (SGLang; cost.serve_step.default_graph_sizes;
+    serving.estimate_serving re-derives SGLang's for each plan's tp); None without CUDA graphs.
     A bad list is one line naming the flag."""
     if not s.cuda_graphs:
         if s.cuda_graph_sizes is not None:
             raise LlmplanError("--cuda-graph-sizes with --no-cuda-graphs: eager decode pads to no graph")
         return None
     if s.cuda_graph_sizes is None:
-        return default_graph_sizes(s.engine, batch, s.max_num_batched_tokens)  # type: ignore[arg-type]
+        return default_graph_sizes(s.engine, batch, s.max_num_batched_tokens, tp,  # type: ignore[arg-type]
+                                   hbm_bytes, s.speculative is not None)
     parts = [p.strip() for p in s.cuda_graph_sizes.split(",")]
     if not all(p.isdigit() and 1 <= int(p) <= GRAPH_SIZE_MAX for p in parts) or len(set(parts)) > GRAPH_SIZES_MAX:
         raise LlmplanError(f"--cuda-graph-sizes {s.cuda_graph_sizes}: want up to {GRAPH_SIZES_MAX} "

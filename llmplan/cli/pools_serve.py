@@ -49,7 +49,7 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
                            "the pins")
     pc = load_pool_file(Path(c.hardware))
     m = resolve_model(c.model)
-    job = make_job(s, max_batch, request_rate)
+    job = make_job(s, max_batch, request_rate)  # SGLang's graph sizes: estimate_serving, at each pool's GPU
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
     if disaggregated:

@@ -113,7 +113,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
         raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
-    job = make_job(s, max_batch, request_rate)
+    job = make_job(s, max_batch, request_rate, hbm_bytes=cluster.system.gpu.hbm_bytes)
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
@@ -153,7 +153,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
                            "`estimate --mode infer --phase prefill|decode ... --save`")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
-    job = make_job(s, max_batch, request_rate)
+    job = make_job(s, max_batch, request_rate, hbm_bytes=cluster.system.gpu.hbm_bytes)
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
                                make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))

@@ -120,28 +120,73 @@ def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[in
     return tuple(sorted(sizes))
 
 
-def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int) -> tuple[int, ...] | None:
+SGLANG_GRAPH_MAX_BS = ((20, 8, 8), (35, 48, 160), (60, 32, 160), (160, 256, 512))
+"""SGLang's default decode cuda_graph max_bs by GPU memory: (below this many GiB of device memory, max_bs at
+tp_size < 4, at tp_size >= 4); 512 at 160 GiB and above, 160 when the memory is unknown. Source:
+sgl-project/sglang python/sglang/srt/arg_groups/memory_hook.py @a82da8da159ec67038d9357c172fba89ad8af6a3,
+handle_gpu_memory_settings (gpu_mem in MiB: 20 x 1024, 35 x 1024, ...; its 60-90 and 90-160 GiB rows agree)."""
+SGLANG_LARGE_TP = 4
+"""tp_size from which SGLang's default takes the larger max_bs (SGLANG_GRAPH_MAX_BS)."""
+
+
+def sglang_graph_max_bs(hbm_bytes: float | None, tp: int) -> int:
+    """SGLang's default decode CUDA graph max_bs for a GPU of `hbm_bytes` at tensor parallelism `tp`
+    (SGLANG_GRAPH_MAX_BS; None: its fallback 160). llmplan's hbm_gib is deviceQuery's total, SGLang's gpu_mem
+    nvidia-smi's (slightly more): no listed GPU sits within that gap of a threshold.
+    Source: sgl-project/sglang python/sglang/srt/arg_groups/memory_hook.py @a82da8da, handle_gpu_memory_settings."""
+    if hbm_bytes is None:
+        return 160
+    gib = hbm_bytes / 2**30
+    for below, small_tp, large_tp in SGLANG_GRAPH_MAX_BS:
+        if gib < below:
+            return small_tp if tp < SGLANG_LARGE_TP else large_tp
+    return 512
+
+
+def sglang_graph_sizes(max_bs: int) -> tuple[int, ...]:
+    """SGLang's default decode capture sizes up to max_bs (no speculative decoding, padding on): 1, 2, 4, 8, 12,
+    every 8 from 16 to 256, every 16 from 272 to 496, every 32 from 512, those <= max_bs, and max_bs itself.
+    The runner then drops sizes above the request pool (--max-running-requests; by default at least 2048
+    requests, above every default max_bs). Source: sgl-project/sglang python/sglang/srt/arg_groups/
+    cuda_graph_hook.py @399499ca159da099c16d20ddc2f5898491071431, generate_decode_cuda_graph_batch_sizes;
+    model_executor/cuda_graph_runner/base_runner.py @f438a118, get_batch_sizes_to_capture."""
+    listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(sorted({b for b in listed if b <= max_bs} | {max_bs}))
+
+
+def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 1,
+                        hbm_bytes: float | None = None, speculative: bool = False) -> tuple[int, ...] | None:
     """The captured sizes a decode step pads to when the user gives none. TensorRT-LLM (PyTorch backend): its
     perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
     TensorRT-LLM's own CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a
     server started without the perf overview's llm_options runs batches off its list without a graph, which
     llmplan does not price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default
-    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: None (priced unpadded unless the user
-    gives --cuda-graph-sizes): its default cuda_graph_bs depends on the GPU's memory and TP, and the rule was
-    not readable in sgl-project/sglang at one commit. Derived: docs/formulas.md#infer.graph_padding"""
+    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: its default list for the GPU's
+    memory and `tp` (sglang_graph_sizes at sglang_graph_max_bs), independent of max_bs and max_tokens; None
+    (unpadded) with speculative decoding, whose list and request cap (48 by default) differ by algorithm.
+    Derived: docs/formulas.md#infer.graph_padding"""
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     if engine == "vllm":
         return vllm_graph_sizes(max_bs, max_tokens)
+    if engine == "sglang" and not speculative:
+        return sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, tp))
     return None
 
 
 def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
-                   **_: Any) -> tuple[int, ...] | None:
-    """The job's captured sizes for a server started at another batch or max_num_batched_tokens: the engine's
-    default at the new limits where the job carries the default at its own (as the CLI derives it for that
-    command), else the job's (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
+                   tp: int | None = None, hbm_bytes: float | None = None, **_: Any) -> tuple[int, ...] | None:
+    """The job's captured sizes for a server started at another batch or max_num_batched_tokens, or (SGLang,
+    whose default depends on them) at tensor parallelism `tp` on a GPU of `hbm_bytes`: the engine's default
+    at the new settings where the job carries the default at its own (as the CLI derives it for that
+    command; SGLang: at either TP side of SGLANG_LARGE_TP, on this GPU or an unknown one), else the job's
+    (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.cuda_graph_batch_sizes
+    if sizes is not None and job.engine == "sglang" and job.speculative is None:
+        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t)) for t in (1, SGLANG_LARGE_TP) for h in (hbm_bytes, None)}
+        if tp is None or sizes not in defaults:
+            return sizes
+        return default_graph_sizes("sglang", job.batch, job.max_num_batched_tokens, tp, hbm_bytes)
     if sizes is None or sizes != default_graph_sizes(job.engine, job.batch, job.max_num_batched_tokens):
         return sizes
     return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens)

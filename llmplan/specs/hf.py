@@ -88,6 +88,10 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out["qk_norm"] = True
     if mt == "qwen3_next":
         out["attention_output_gate"] = True
+        # The release ships one MTP module (mtp.* tensors) its config.json does not declare; vLLM's
+        # Qwen3NextMultiTokenPredictor builds num_nextn_predict_layers of them, 1 when the key is absent
+        # (vllm-project/vllm vllm/model_executor/models/qwen3_next_mtp.py @ffdc9857).
+        out.setdefault("num_nextn_predict_layers", 1)
     if mt == "nemotron_h":  # squared-ReLU MLP (up and down projections), no biases, no position embeddings
         out.update(gated_mlp=cfg.get("mlp_hidden_act", "relu2") not in ("relu2", "relu", "gelu"),
                    mamba_chunk_size=cfg.get("chunk_size") or 128)
