@@ -183,7 +183,8 @@ def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: i
     (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.cuda_graph_batch_sizes
     if sizes is not None and job.engine == "sglang" and job.speculative is None:
-        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t)) for t in (1, SGLANG_LARGE_TP) for h in (hbm_bytes, None)}
+        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t))
+                    for t in (1, SGLANG_LARGE_TP) for h in (hbm_bytes, None)}
         if tp is None or sizes not in defaults:
             return sizes
         return default_graph_sizes("sglang", job.batch, job.max_num_batched_tokens, tp, hbm_bytes)
