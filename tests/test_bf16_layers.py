@@ -144,7 +144,7 @@ def test_the_search_prices_them_as_the_scalar_estimate(pins):
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     by_pp: dict[int, int] = {}
     for i in np.random.default_rng(3).permutation(len(plans)):  # the first valid plan of each pipeline depth: the
-        pp = int(plans.plan(int(i)).pp)  # default count differs between them (80 // 8 = 10 < 12)
+        pp = int(plans.pp[i])  # default count differs between them (80 // 8 = 10 < 12)
         if pp not in by_pp and not check_plan(m, plans.plan(int(i)), cluster):
             by_pp[pp] = int(i)
     assert {8, 16} & set(by_pp)  # pipelines deep enough that one stage holds fewer than 12 layers
