@@ -247,7 +247,7 @@ def target_json(target: str | None, dropped: int, walk: Walk | None = None) -> d
     return {"target": target, "not_exportable": dropped,
             **({"target_walk": {"checked": walk.checked, "refused": walk.refused,
                                 "other_plan_of_layout": list(walk.other_plan), "complete": walk.complete,
-                                "limit": walk.limit}} if walk is not None else {})}
+                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {})}
 
 
 def target_lines(target: str, dropped: int, walk: Walk | None = None) -> list[str]:

@@ -13,6 +13,7 @@ walk only asks `refused`."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -90,6 +91,11 @@ class Candidate:
     """Whether the estimate is at hand already (a ranked row), so that screening it first saves nothing."""
 
 
+def priced(e: TrainingEstimate) -> Candidate:
+    """A plan already priced (a ranked row) as a Candidate."""
+    return Candidate(e.plan, lambda: e, e, True)
+
+
 @dataclass(frozen=True)
 class Walk:
     """What a walk did."""
@@ -105,6 +111,8 @@ class Walk:
     """False when the walk stopped at `limit` plans asked about before keeping `top` rows or running out of
     plans."""
     limit: int = CHECKS
+    seconds: float = 0.0
+    """Wall time of the walk (the search's own is SearchResult.seconds)."""
 
 
 def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
@@ -114,6 +122,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     lp: LayoutPlans | None = res.layout_plans
     from llmplan.search.layouts import rank, score
 
+    t0 = time.perf_counter()
     rows = [Group(e, n, v) for e, n, v in zip(res.ranked, res.equivalents, res.variants, strict=True)]
     lead = [max(g.variants.best, score(g.estimate, res.objective)) for g in rows]
     by_lead = sorted(range(len(rows)), key=lambda k: -lead[k])
@@ -164,7 +173,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
             r += 1
             like = like or g.estimate
             code = plan_code(g.estimate.plan)
-            if code in done or not ask(Candidate(g.estimate.plan, lambda g=g: g.estimate, g.estimate, True)):
+            if code in done or not ask(priced(g.estimate)):
                 continue
             kept.append(g)
             done.add(code)
@@ -173,4 +182,4 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
                               variants=[g.variants for g in kept], tied_with=[], tie_notes=[], layout_plans=None)
     out = rank(out, max(len(kept), 1))
     other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in turned)
-    return out, Walk(checked, refusals, other, complete, checks)
+    return out, Walk(checked, refusals, other, complete, checks, time.perf_counter() - t0)
