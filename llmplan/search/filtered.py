@@ -127,6 +127,9 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     lead = [max(g.variants.best, score(g.estimate, res.objective)) for g in rows]
     by_lead = sorted(range(len(rows)), key=lambda k: -lead[k])
     stream = lp.best_first() if lp is not None else np.zeros(0, dtype=int)
+    stream_codes = lp.codes[stream].tolist() if lp is not None else []
+    stream_scores = lp.score[stream].tolist() if lp is not None else []
+    skip: set[int] = set()  # the array codes of the layouts done (a cheap test for the many plans passed over)
     shown = {plan_code(g.estimate.plan): g.estimate.plan for g in rows}
     kept: list[Group] = []
     done: set[tuple[int, ...]] = set()
@@ -152,11 +155,14 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
 
     while len(kept) < top and checked < checks and (r < len(rows) or j < len(stream)):
         next_row = lead[by_lead[r]] if r < len(rows) else -np.inf
-        if lp is not None and j < len(stream) and float(lp.score[stream[j]]) > next_row:
-            i = int(stream[j])
+        if lp is not None and j < len(stream) and stream_scores[j] > next_row:
+            i, array_code = int(stream[j]), stream_codes[j]
             j += 1
+            if array_code in skip or i in tried:
+                continue
             code = lp.key(i)
-            if code in done or i in tried:
+            if code in done:
+                skip.add(array_code)
                 continue
             c = from_arrays(i)
             if c.plan == shown.get(code) or not ask(c):
@@ -171,7 +177,6 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
         else:
             g = rows[by_lead[r]]
             r += 1
-            like = like or g.estimate
             code = plan_code(g.estimate.plan)
             if code in done or not ask(priced(g.estimate)):
                 continue
