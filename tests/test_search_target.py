@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -78,3 +79,94 @@ def test_without_target_unchanged(cli):
     """No --target: the search's JSON holds no target keys (the rest is the code path as before)."""
     doc = cli(*LLAMA, "--json").json()
     assert "target" not in doc and "not_exportable" not in doc
+
+
+def test_llama_torchtitan_keeps_other_variants_that_export(cli, tmp_path):
+    """A layout whose best plan torchtitan refuses (ZeRO-1, Megatron-costed TP) stands by its best plan that it
+    writes (ZeRO-2/3, ...), so the targeted search keeps --top plans, not only the one layout whose best plan is
+    FSDP already (the old walk kept 1 of 5). Each kept row is a plan file `export --to torchtitan` writes: the
+    saved #1 as --save wrote it, the others as that file with the row's plan in place of #1's."""
+    saved = tmp_path / "best.json"
+    r = cli(*LLAMA, "--target", "torchtitan", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    plans = doc["plans"]
+    assert len(plans) > 1
+    best = json.loads(saved.read_text())
+    assert best["plan"] == plans[0]["plan"]  # --save wrote the kept #1
+    for row in plans:
+        path = tmp_path / f"plan{row['rank']}.json"
+        path.write_text(json.dumps({**best, "plan": row["plan"]}))
+        e = cli("export", path, "--to", "torchtitan", "--out", tmp_path / f"out{row['rank']}", "--json")
+        assert e.code == 0, (row["rank"], e.err)
+    walk = doc["target_walk"]
+    assert walk["other_plan_of_layout"] and doc["not_exportable"] == walk["refused"] >= 1
+    for k in walk["other_plan_of_layout"]:  # such a row describes the plan kept: its layout is placed by it
+        row = plans[k - 1]
+        assert row["variants"]["layout_best_score"] == pytest.approx(row["throughput"]["tokens_per_s"], rel=1e-3)
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
+def test_tie_notes_join_rows_shown_next_to_each_other(cli, target):
+    """Ties are resolved again among the rows kept: a note joins two adjacent rows within the resolution, and
+    each row's tied ranks are the kept rows within it."""
+    doc = cli(*LLAMA, "--target", target, "--json").json()
+    plans, ties = doc["plans"], doc["ties"]
+    rate = [p["throughput"]["tokens_per_s"] for p in plans]
+    within = lambda a, b: abs(math.log(rate[a - 1] / rate[b - 1])) <= ties["resolution"]  # noqa: E731
+    for n in ties["decided"]:
+        assert n["lower"] == n["upper"] + 1 <= len(plans) and within(n["upper"], n["lower"])
+    for p in plans:
+        assert sorted(p["tied_with"]) == [k for k in range(1, len(plans) + 1)
+                                          if k != p["rank"] and within(k, p["rank"])]
+
+
+@pytest.fixture(scope="module")
+def llama_search():
+    """The 70B search on 8 DGX H100 nodes with its plans kept (search.filtered's input), as the library runs it."""
+    from llmplan.search.grid import Workload, default_space
+    from llmplan.search.run import search
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
+    w = Workload(global_batch=512, seq_len=8192)
+    return search(m, cluster, default_space(m, cluster, w, {}), w, top=5, keep_plans=True)
+
+
+def test_walk_refusing_nothing_is_the_search(llama_search):
+    """A caller that refuses nothing keeps the search's rows, ties and notes: the walk asks about the rows only."""
+    from llmplan.search.filtered import keep_accepted
+
+    kept, walk = keep_accepted(llama_search, lambda c: False, 5)
+    assert [e.plan for e in kept.ranked] == [e.plan for e in llama_search.ranked]
+    assert kept.tied_with == llama_search.tied_with and kept.tie_notes == llama_search.tie_notes
+    assert walk.checked == 5 and walk.refused == 0 and not walk.other_plan and walk.complete
+
+
+def test_walk_keeps_each_layout_by_its_best_accepted_plan(llama_search):
+    """Refusing every ZeRO-1 plan (the search's rows are ZeRO-1 here) keeps five layouts by a plan of another
+    stage, each row priced as that plan (its estimate's plan) and placed by its own score; every plan of a kept
+    layout that scores above its row was refused."""
+    from llmplan.search.filtered import keep_accepted
+
+    assert any(e.plan.zero == 1 for e in llama_search.ranked)
+    asked: list = []
+
+    def refused(c):
+        asked.append(c.plan)
+        return c.plan.zero == 1
+
+    kept, walk = keep_accepted(llama_search, refused, 5)
+    assert len(kept.ranked) == 5 and walk.complete
+    assert all(e.plan.zero != 1 for e in kept.ranked)
+    assert len({(e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp, e.plan.vpp > 1) for e in kept.ranked}) == 5
+    assert set(walk.other_plan) == {k for k, e in enumerate(kept.ranked, 1)
+                                    if any(p.zero == 1 and (p.tp, p.pp, p.dp, p.cp, p.vpp > 1) ==
+                                           (e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp, e.plan.vpp > 1)
+                                           for p in asked)}
+    for k in walk.other_plan:  # a row of another plan is placed by that plan's score, not by its refused best
+        rate = float(kept.ranked[k - 1].throughput.tokens_per_s)
+        assert kept.variants[k - 1].best == pytest.approx(rate, rel=1e-3)
+    for n in kept.tie_notes:
+        assert n.lower == n.upper + 1

@@ -14,8 +14,7 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
-from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, target_json, target_line,
-                                walk)
+from llmplan.cli.target import WALK, check_target_mode, keep_training, refuse_unexportable, walk
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
@@ -132,10 +131,11 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     def view() -> None:
         report.serve_search_view(out, res, m, cluster, job)
         if target is not None:
-            out.print(target_line(target, dropped))
+            for line in report.target_lines(target, dropped):
+                out.print(line, highlight=False)
 
-    emit({**report.serve_search_json(res, m, cluster, job), **target_json(target, dropped)}, output.json_mode,
-         view)
+    emit({**report.serve_search_json(res, m, cluster, job), **report.target_json(target, dropped)},
+         output.json_mode, view)
     if not res.ranked:
         sys.stderr.write(f"error: no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the "
                          "SLOs; see the pruned table\n")
@@ -206,9 +206,9 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
-        res = run_search(m, cc, space, wv, goal.objective, max(goal.top, WALK) if target else goal.top, allowance,
-                         order, progress=say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named)
+        res = run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
+                         min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
+                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named, keep_plans=target is not None)
         if target is None:
             return res
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
@@ -256,13 +256,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
 
-    def view() -> None:
-        report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide)
-        if target is not None:
-            console.print(target_line(target, res.not_exportable))
-
-    emit({**report.search_json(res, w, cluster, m, tokens, advice), **target_json(target, res.not_exportable)},
-         output.json_mode, view)
+    emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
+         lambda: report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide))
     if not res.ranked:
         sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
                          + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")

@@ -1,7 +1,9 @@
-"""`search --target NAME`: keep only the ranked plans that `export --to NAME` writes. The search ranks as
-without it (deeper: WALK layouts), then each candidate, best first, is turned into the plan file `--save` would
-write and handed to export.refusal, the very render `export` runs; the refused ones are dropped until --top
-plans are kept. No launcher rule lives here: the export package is the one place that knows them."""
+"""`search --target NAME`: keep only the ranked plans that `export --to NAME` writes. A training search walks
+every plan that fits, layout by layout (search.filtered: where a layout's shown plan is refused, its other plans
+in ranked order), a serving search its ranking (deeper: WALK layouts); each candidate, best first, is turned into
+the plan file `--save` would write and handed to export.refusal, the very render `export` runs; the refused ones
+are dropped until --top plans are kept. No launcher rule lives here: the export package is the one place that
+knows them."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from typing import Any, Callable, Sequence
 
 from llmplan.errors import LlmplanError
 from llmplan.export import refusal, target_mode
-from llmplan.planfile import document_plan
+from llmplan.planfile import PlanFile, document_plan
+from llmplan.search.filtered import Candidate, keep_accepted
 from llmplan.search.run import SearchResult
 
 WALK = 40
-"""Ranked layouts a targeted search asks for and walks (its --top when larger): how deep it looks for plans
-the target accepts."""
+"""Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
+plans the target accepts."""
 
 
 def check_target_mode(target: str | None, mode: str) -> None:
@@ -46,27 +49,29 @@ def walk(ranked: Sequence[Any], target: str, doc_of: Callable[[Any], dict], top:
 
 
 def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
-    """The result with only its first `top` ranked plans that `target` exports; ties, tie notes, equivalents
-    and variants follow their plans, the ranks renumbered."""
-    kept, why = walk(res.ranked, target, doc_of, top)
-    rank = {old + 1: new + 1 for new, old in enumerate(kept)}
-    pick = lambda xs: [xs[i] for i in kept if i < len(xs)]
-    return dataclasses.replace(
-        res, ranked=pick(res.ranked), equivalents=pick(res.equivalents), variants=pick(res.variants),
-        tied_with=[[rank[k] for k in t if k in rank] for t in pick(res.tied_with)],
-        tie_notes=[dataclasses.replace(n, upper=rank[n.upper], lower=rank[n.lower]) for n in res.tie_notes
-                   if n.upper in rank and n.lower in rank],
-        target=target, not_exportable=sum(why.values()), refusals=dict(why))
+    """The result with only the best `top` layouts' plans that `target` exports, one row per layout
+    (search.filtered; the search run with keep_plans), the refusals met counted.
 
+    A plan of the search's arrays is first screened against the plan file of a priced plan of the same search
+    with its plan replaced (no estimate: the file's other parts are the search's, and a training export reads the
+    predictions only into its header comment); the plan kept is asked again with the file `--save` writes for it."""
+    why: Counter = Counter()
+    like: list[PlanFile] = []
 
-def target_json(target: str | None, dropped: int) -> dict[str, Any]:
-    """The keys a targeted search adds to its JSON (none without --target)."""
-    return {"target": target, "not_exportable": dropped} if target else {}
+    def refused(c: Candidate) -> bool:
+        r = None
+        if not c.priced:  # screened before it is priced
+            like[:] = like or [document_plan(doc_of(c.like))]
+            r = refusal(dataclasses.replace(like[0], plan=c.plan), target)
+        if r is None:
+            r = refusal(document_plan(doc_of(c.estimate())), target)
+        if r is not None:
+            why[r] += 1
+        return r is not None
 
-
-def target_line(target: str, dropped: int) -> str:
-    return (f"target {target}: {dropped} better-ranked plan{'s' if dropped != 1 else ''} dropped as not "
-            "exportable")
+    kept, walked = keep_accepted(res, refused, top)
+    return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
+                               walk=walked)
 
 
 def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:

@@ -67,15 +67,15 @@ def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dic
     if mixed is not None:  # a pipeline over pools of different GPUs: export.pools
         renderer(target) if target != "all" else None  # an unknown target is named first
         return pools.render_all(pf, target, wrap or "megatron", mixed, TRAIN_TARGETS)
-    if wrap is None:
+    if wrap is None and target in ("torchrun", "slurm", "all"):  # the others wrap nothing: render no other target
         wrap = next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
     if target != "all":
-        return renderer(target, wrap)(pf), {}
+        return renderer(target, wrap or "megatron")(pf), {}
     files: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for t in (TRAIN_TARGETS if pf.mode == "train" else SERVE_TARGETS):
         try:
-            files.update(renderer(t, wrap)(pf))
+            files.update(renderer(t, wrap or "megatron")(pf))
         except CannotExpress as e:
             skipped[t] = str(e)
     if not files:

@@ -15,6 +15,7 @@ from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
 from llmplan.search.grid import Workload
+from llmplan.search.filtered import Walk
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import Variants
@@ -238,6 +239,30 @@ TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, 
                  "not; each placed by its best plan), whatever --top is; rows below them follow in predicted order")
 
 
+def target_json(target: str | None, dropped: int, walk: Walk | None = None) -> dict[str, Any]:
+    """The keys a targeted search adds to its JSON (none without --target): the target, the better-ranked plans
+    dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered)."""
+    if not target:
+        return {}
+    return {"target": target, "not_exportable": dropped,
+            **({"target_walk": {"checked": walk.checked, "refused": walk.refused,
+                                "other_plan_of_layout": list(walk.other_plan), "complete": walk.complete,
+                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {})}
+
+
+def target_lines(target: str, dropped: int, walk: Walk | None = None) -> list[str]:
+    """'target torchtitan: 12 better-ranked plans dropped as not exportable', then which rows show another plan
+    of their layout than the untargeted search and, when it stopped early, where the walk stopped."""
+    out = [f"target {target}: {dropped:,} better-ranked plan{'s' if dropped != 1 else ''} dropped as not "
+           "exportable"]
+    if walk is not None and walk.other_plan:
+        rows = f"row{'s' if len(walk.other_plan) > 1 else ''} {spans(walk.other_plan)}"
+        out.append(f"  {rows}: another plan of the layout (a better one is refused)")
+    if walk is not None and not walk.complete:
+        out.append(f"  the walk stopped after asking about {walk.checked:,} plans (at most {walk.limit:,})")
+    return out
+
+
 def ties_json(res: SearchResult) -> dict[str, Any]:
     """The tie resolution and, for each adjacent tied pair, the rule that ranked the upper one first."""
     return {"resolution": res.resolution, "pool": TIE_POOL, "pool_rule": TIE_POOL_RULE,
@@ -292,6 +317,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
         **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
+        **target_json(res.target, res.not_exportable, res.walk),
     }
 
 
@@ -416,6 +442,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         console.print(f"[bold red]NO PLAN FITS[/]. Closest: {cells} "
                       f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
         console.print("It would fit with: " + "; ".join(res.suggestions))
+    if res.target is not None:
+        for line in target_lines(res.target, res.not_exportable, res.walk):
+            console.print(line, highlight=False)
 
 
 def search_points(res: SearchResult) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from llmplan.cost.params import LAYOUT_AXES
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
+from llmplan.search.filtered import LayoutPlans, Walk
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
@@ -93,6 +94,11 @@ class SearchResult:
     """With a target: the better-ranked plans dropped because `export --to target` refuses them."""
     refusals: dict[str, int] = field(default_factory=dict)
     """With a target: each refusal message of the dropped plans, and how many plans it dropped."""
+    layout_plans: "LayoutPlans | None" = None
+    """search(keep_plans=True): every plan that fits, for a caller that looks past a layout's shown plan
+    (search.filtered: `search --target`); None otherwise, and once the caller has used it."""
+    walk: "Walk | None" = None
+    """With a target: what the walk over the plans did (search.filtered.Walk)."""
 
 
 CLOUD_POINTS = 2000
@@ -228,12 +234,13 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
            checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
-           named: Collection[str] | None = None) -> SearchResult:
+           named: Collection[str] | None = None, keep_plans: bool = False) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
     (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
-    the switches the user named (refuse_unused_switches; None: those the workload sets)."""
+    the switches the user named (refuse_unused_switches; None: those the workload sets). `keep_plans`: the
+    result keeps every plan that fits (SearchResult.layout_plans)."""
     from llmplan.search import layouts
 
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
@@ -328,6 +335,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        with_ep=best_without(plans.ep > 1, plans.ep == 1, score, est) if m.is_moe else None,
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
+    if keep_plans:
+        res.layout_plans = LayoutPlans(plans, ranking, codes, score, headroom, memory, layout, resolution, est,
+                                       np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 
