@@ -57,7 +57,7 @@ from llmplan.cli import ci  # noqa: F401, E402
 from llmplan.cli import bench  # noqa: F401, E402
 from llmplan.cli import collective  # noqa: F401, E402
 from llmplan.cli import report  # noqa: F401, E402
-from llmplan.cli.app import app  # noqa: E402
+from llmplan.cli.app import app, stderr_line  # noqa: E402
 from llmplan.errors import LlmplanError  # noqa: E402
 from llmplan.fileio import excerpt  # noqa: E402
 
@@ -240,7 +240,7 @@ def _fail(args: list[str], code: int, message: str) -> int:
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     if "--json" in args:
         _json_error(code, message)
-    sys.stderr.write(f"error: {message}\n")
+    stderr_line("error", message)
     return code
 
 

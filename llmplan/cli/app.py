@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -38,6 +39,13 @@ def emit(doc: dict, json_mode: bool, view: Callable[[], object]) -> None:
         sys.stdout.write(report.dump_json(doc) + "\n")
     else:
         view()
+
+
+def stderr_line(kind: str, message: str) -> None:
+    """An `error:` / `warning:` line on stderr: one line when stderr is not a terminal, folded within 80
+    columns on one (report.message_text)."""
+    columns = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    sys.stderr.write(report.message_text(kind, message, columns))
 
 
 def print_each(items: list[Any]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +13,7 @@ from llmplan.bench.compare import compare
 from llmplan.bench.run import BenchConfig, bench_notes, check_machine, check_run_options, launch, require_torch
 from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, bench_progress, emit, out
+from llmplan.cli.app import app, bench_progress, emit, out, stderr_line
 from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
@@ -94,7 +93,7 @@ def bench(
     emit(doc, json_mode, view)
     if run.failures:
         for f in run.failures:
-            sys.stderr.write(f"error: rank {f.rank} failed while '{f.phase}': {f.error}\n")
+            stderr_line("error", f"rank {f.rank} failed while '{f.phase}': {f.error}")
         raise typer.Exit(1)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +9,7 @@ import typer
 
 from llmplan import report
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, emit, out, save_best
+from llmplan.cli.app import app, emit, out, save_best, stderr_line
 from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, reported, switches, with_hardware_options,
                                 written_flags)
@@ -105,7 +104,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     se = estimate_serving(m, cluster, plan, job, allowance)
     if output.json_mode:
         for warning in se.warnings:
-            sys.stderr.write(f"warning: {warning}\n")
+            stderr_line("warning", warning)
     # The advice ranks changes by co-located throughput and TTFT; a one-phase pool is priced on its own phase.
     advice = advise_serving(se, allowance) if plan.phase == "both" else None
     emit(report.serve_json(se, advice), output.json_mode, lambda: report.serve_view(out, se, advice))

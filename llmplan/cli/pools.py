@@ -3,12 +3,11 @@ over pools (search.hetero). Called by cli.search before the single-system path."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from llmplan.cli.app import emit, out, progress_bar, save_best
+from llmplan.cli.app import emit, out, progress_bar, save_best, stderr_line
 from llmplan.cli.inputs import make_allowance, make_checkpoint
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.estimate import TrainingEstimate
@@ -91,8 +90,7 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
     emit(pool_search_json(res, pc, m, w.global_batch, w.seq_len), output.json_mode,
          lambda: pool_search_view(out, res, pc, m))
     if not res.ranked:
-        sys.stderr.write(f"error: no plan fits {m.name} on {pc.name} ({pc.num_gpus} GPUs over "
-                         f"{len(pc.pools)} pools)\n")
+        stderr_line("error", f"no plan fits {m.name} on {pc.name} ({pc.num_gpus} GPUs over {len(pc.pools)} pools)")
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
         best = res.ranked[0]

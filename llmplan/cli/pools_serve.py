@@ -4,12 +4,11 @@ cli.search before the single-system serving paths."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from llmplan.cli.app import emit, out
+from llmplan.cli.app import emit, out, stderr_line
 from llmplan.cli.inputs import checked_pins, make_allowance, make_job
 from llmplan.cli.pools import refuse_single_system_flags
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
@@ -57,8 +56,8 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
                                          job.request_rate, allowance)
         emit(pools_disagg_json(res, m, pc, job), output.json_mode, lambda: pools_disagg_view(out, res, m, pc, job))
         if not res.plans:
-            sys.stderr.write(f"error: no prefill / decode assignment to the pools of {pc.name} fits and meets the "
-                             "SLOs" + (" and the request rate" if job.request_rate is not None else "") + "\n")
+            stderr_line("error", f"no prefill / decode assignment to the pools of {pc.name} fits and meets the "
+                        "SLOs" + (" and the request rate" if job.request_rate is not None else ""))
             raise typer.Exit(EXIT_NO_FIT)
         return
     pinned = checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep})
@@ -68,6 +67,5 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
     if not co.shares:
         more = (f"; the pools sustain {co.capacity_requests_per_s:.3g} requests/s, asked {job.request_rate:g}"
                 if co.capacity_requests_per_s > 0 and job.request_rate is not None else "")
-        sys.stderr.write(f"error: no serving plan for {m.name} on the pools of {pc.name} fits and meets the "
-                         f"SLOs{more}\n")
+        stderr_line("error", f"no serving plan for {m.name} on the pools of {pc.name} fits and meets the SLOs{more}")
         raise typer.Exit(EXIT_NO_FIT)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Annotated, NamedTuple, Optional
 
 import typer
@@ -11,7 +10,7 @@ from rich.console import Console
 
 from llmplan import report
 from llmplan.cli import options as opt
-from llmplan.cli.app import app, emit, out, progress_bar, save_best
+from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
 from llmplan.cli.target import WALK, check_target_mode, keep_training, refuse_unexportable, walk
@@ -137,8 +136,8 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     emit({**report.serve_search_json(res, m, cluster, job), **report.target_json(target, dropped)},
          output.json_mode, view)
     if not res.ranked:
-        sys.stderr.write(f"error: no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the "
-                         "SLOs; see the pruned table\n")
+        stderr_line("error", f"no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the SLOs; "
+                    "see the pruned table")
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
         save_best(output.save, doc_of(res.ranked[0]), output.force, output.json_mode)
@@ -160,7 +159,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
     emit(report.disagg_json(res, m, cluster, job), output.json_mode,
          lambda: report.disagg_view(out, res, m, cluster, job))
     if not res.plans:
-        sys.stderr.write(f"error: no prefill / decode split of {cluster.num_gpus} GPUs fits and meets the SLOs\n")
+        stderr_line("error", f"no prefill / decode split of {cluster.num_gpus} GPUs fits and meets the SLOs")
         raise typer.Exit(EXIT_NO_FIT)
 
 
@@ -259,8 +258,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
          lambda: report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide))
     if not res.ranked:
-        sys.stderr.write(f"error: no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
-                         + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else "") + "\n")
+        stderr_line("error", f"no plan fits {m.name} on {cluster.num_nodes} x {cluster.system.name}"
+                    + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else ""))
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
         best = res.ranked[0]

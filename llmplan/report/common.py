@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from typing import Any
 
 from rich import box
@@ -79,6 +80,22 @@ def capped_text(iv: dict[str, Any]) -> str:
     if not iv.get("point_above_ceiling"):
         return ""
     return f", capped at the best published {100 * iv['ceiling_mfu']:.1f}% MFU"
+
+
+TERMINAL_WIDTH = 80
+"""The widest a message line is drawn on a terminal (the brief's 80 columns)."""
+
+
+def message_text(kind: str, message: str, columns: int | None = None) -> str:
+    """`kind: message` and a newline: one line when `columns` is None (piped: scripts and logs read one line),
+    else folded at spaces within min(columns, 80) columns, the lines after the first indented by two, so that a
+    long error reads whole on a terminal rather than broken mid-word by it. Words are never cut."""
+    text = f"{kind}: {message}"
+    if columns is None:
+        return text + "\n"
+    rows = textwrap.wrap(text, max(20, min(columns, TERMINAL_WIDTH)), subsequent_indent="  ",
+                         break_long_words=False, break_on_hyphens=False)
+    return "\n".join(rows or [text]) + "\n"
 
 
 def capped_note(what: str = "interval") -> str:
