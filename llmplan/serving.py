@@ -18,6 +18,7 @@ from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.cost.serve_step import graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
+from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -107,6 +108,14 @@ def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
     return m
 
 
+def job_for_plan(job: ServeJob, plan: ServePlan, system: SystemSpec) -> ServeJob:
+    """The job as a server of `plan` on `system` runs it: SGLang's default captured CUDA graph sizes depend on
+    the plan's TP and the GPU's memory (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a
+    plan's decode (estimate_serving, the searches' SLO batch) takes the job from here, so that they agree."""
+    return job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, tp=plan.tp,
+                                                                           hbm_bytes=system.gpu.hbm_bytes)})
+
+
 def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
                      allowance: MemoryAllowance | None = None) -> ServeEstimate:
     violations = check_serve_plan(m, plan, job, cluster)
@@ -114,9 +123,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         raise PlanViolationError(violations)
     spec_m, m = m, loaded_model(m, job)
     system = cluster.system
-    # SGLang's default captured sizes depend on the plan's TP (cost.serve_step.graph_sizes_at)
-    job = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, tp=plan.tp,
-                                                                           hbm_bytes=system.gpu.hbm_bytes)})
+    job = job_for_plan(job, plan, system)
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
     runs = running_plan(plan, uses)

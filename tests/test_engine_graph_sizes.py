@@ -81,3 +81,16 @@ def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():
     assert graph_sizes_at(mine, tp=8, hbm_bytes=h100) == (64, 128)
     unknown = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": sglang_graph_sizes(160)})
     assert graph_sizes_at(unknown, tp=1, hbm_bytes=h100) == sglang_graph_sizes(256)  # pools: GPU known later
+
+
+def test_sglang_search_picks_the_slo_batch_at_each_plans_own_capture_sizes(cli):
+    # The search's SLO batch and the row's estimate must price the same captured sizes: SGLang's default list
+    # at the plan's TP (H100, tp 4: max_bs 512), not the list at tp 1 (max_bs 256) the CLI's job carries.
+    # Before: tp4 pp1 took batch 410 (eager at tp 1's list) and its row said TPOT 0.05004 s > the 0.05 s SLO.
+    r = cli("search", "--mode", "infer", "-m", "llama-3.1-70b", "--hardware", "dgx-h100", "--engine", "sglang",
+            "--tpot-slo", "0.05", "--json")
+    assert r.code == 0, r.err
+    plans = r.json()["plans"]
+    assert any(p["plan"]["tp"] >= 4 and p["workload"]["batch"] > 256 for p in plans)
+    for p in plans:
+        assert p["tpot_s"] <= 0.05, (p["plan"]["tp"], p["workload"]["batch"], p["tpot_s"])

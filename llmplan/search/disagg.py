@@ -14,7 +14,7 @@ import numpy as np
 from llmplan.cost.inference import decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
-from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
+from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -146,7 +146,7 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     sub = sub_cluster(cluster, plan.num_gpus)
     if sub.num_gpus != plan.num_gpus or check_serve_plan(m, plan, job, sub):
         return None
-    lm = loaded_model(m, job)
+    lm, job = loaded_model(m, job), job_for_plan(job, plan, cluster.system)  # the sizes estimate_serving prices
     limit = min(job.batch, serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance).max_concurrent_seqs)
     if limit < 1:
         return None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timing
 from llmplan.errors import LlmplanError
 from llmplan.search.run import Pruned
-from llmplan.serving import ServeEstimate, estimate_serving, loaded_model, replica_spans
+from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, divisors, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.registry import build
@@ -186,15 +186,16 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
             continue
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
+        pj = job_for_plan(job, plan, cluster.system)  # the captured sizes estimate_serving prices it at
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-            batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), job, limit)
+            batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), pj, limit)
         if batch < 1:
-            one = serve_timing(lm, plan, cluster.system, replica_spans(plan, sub), job, 1)
+            one = serve_timing(lm, plan, cluster.system, replica_spans(plan, sub), pj, 1)
             misses.append(Miss(tp, pp, ep, "slo", float(one.ttft), float(one.tpot)))
             _count(pruned, "slo", f"tp {tp} pp {pp}: at one sequence TTFT {float(one.ttft):.3g} s / TPOT "
                    f"{float(one.tpot):.3g} s, asked {slo_text(job)}")
             continue
-        found.append(estimate_serving(m, sub, plan, job.model_copy(update={"batch": batch}), allowance))
+        found.append(estimate_serving(m, sub, plan, pj.model_copy(update={"batch": batch}), allowance))
     if objective == "min-gpus":
         found, over = _min_gpus(found, request_rate, cluster.num_gpus, allowance)
         misses += over
