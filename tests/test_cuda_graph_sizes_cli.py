@@ -46,20 +46,23 @@ def test_vllm_pads_a_batch_between_two_default_sizes():
     assert d["tpot_s"] > exact["tpot_s"]  # 6 dummy rows in the element-wise ops and all-reduces
 
 
-def test_sglang_pads_to_its_default_sizes_for_the_gpu_and_tp():
+def test_sglang_captures_the_planned_batch_up_to_its_default_max_bs():
     # sgl-project/sglang arg_groups/memory_hook.py @a82da8da: dgx-h100 (80 GB, "H100, A100" row) at tp_size 1
     # captures up to max_bs 256, at tp_size >= 4 up to 512; cuda_graph_hook.py @399499ca: 1, 2, 4, 8, 12, every 8
-    # from 16 to 256, every 16 from 272 to 496, 512. The CLI priced SGLang decode unpadded before.
+    # from 16 to 256, every 16 from 272 to 496, 512; base_runner.py @f438a118 get_batch_sizes_to_capture adds the
+    # request pool's size and drops larger sizes, and llmplan's SGLang export sets --max-running-requests to the
+    # batch: so the planned batch is captured exactly (the stop-54 merge padded 100 to 104), up to max_bs.
     d = _json("--engine", "sglang", "--batch", "100")
     assert d["workload"]["cuda_graph_batch_sizes"][:6] == [1, 2, 4, 8, 12, 16]
-    assert d["workload"]["cuda_graph_batch_sizes"][-1] == 256
-    assert d["decode_graph_batch"] == 104  # 100 sequences replay the 104-row graph
-    assert _json("--engine", "sglang", "--batch", "48")["decode_graph_batch"] == 48  # a captured size
-    assert _json("--engine", "sglang", "--batch", "257")["decode_graph_batch"] == 257  # above 256: eager
-    tp4 = _json("--engine", "sglang", "--batch", "257", "--tp", "4")
-    assert tp4["workload"]["cuda_graph_batch_sizes"][-1] == 512 and tp4["decode_graph_batch"] == 272
-    exact = _json("--engine", "sglang", "--batch", "100", "--cuda-graph-sizes", "32,100")
-    assert exact["decode_graph_batch"] == 100 and d["tpot_s"] > exact["tpot_s"]
+    assert d["workload"]["cuda_graph_batch_sizes"][-2:] == [96, 100]
+    assert d["decode_graph_batch"] == 100
+    assert _json("--engine", "sglang", "--batch", "48")["decode_graph_batch"] == 48
+    eager = _json("--engine", "sglang", "--batch", "257")  # over tp 1's max_bs 256: no graph
+    assert eager["workload"]["cuda_graph_batch_sizes"][-1] == 256 and eager["decode_graph_batch"] == 257
+    tp4 = _json("--engine", "sglang", "--batch", "257", "--tp", "4")  # max_bs 512 at tp 4: captured
+    assert tp4["workload"]["cuda_graph_batch_sizes"][-1] == 257 and tp4["decode_graph_batch"] == 257
+    padded = _json("--engine", "sglang", "--batch", "100", "--cuda-graph-sizes", "32,104")
+    assert padded["decode_graph_batch"] == 104 and padded["tpot_s"] > d["tpot_s"]
 
 
 def test_the_option_overrides_and_pads_the_decode_step():

@@ -41,6 +41,8 @@ def test_default_graph_sizes_per_engine_and_the_padding():
     assert default_graph_sizes("vllm", 64, 8192) == vllm_graph_sizes(64, 8192)
     assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB) == sglang_graph_sizes(256)
     assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB, speculative=True) is None
+    # the pool of llmplan's export (--max-running-requests = the batch) under max_bs: captured exactly
+    assert default_graph_sizes("sglang", 100, 8192, 1, 79.1 * GIB) == (*sglang_graph_sizes(96), 100)
     assert graph_padded_rows(50, default_graph_sizes("vllm", 64, 8192)) == 56
     assert graph_padded_rows(600, default_graph_sizes("vllm", 300, 8192)) == 600  # above 512: eager, unpadded
 
@@ -68,15 +70,18 @@ def test_sglang_capture_list_written_out_from_the_rule():
     assert sglang_graph_sizes(20) == (1, 2, 4, 8, 12, 16, 20)  # an off-list max_bs is appended
     assert graph_padded_rows(100, sglang_graph_sizes(256)) == 104
     assert graph_padded_rows(257, sglang_graph_sizes(256)) == 257  # above max_bs: eager, unpadded
+    # base_runner.py @f438a118: a request pool under max_bs is added to the list and larger sizes dropped
+    assert sglang_graph_sizes(256, 100) == (*sglang_graph_sizes(96), 100)
+    assert sglang_graph_sizes(256, 96) == sglang_graph_sizes(96) and sglang_graph_sizes(32, 100) == sglang_graph_sizes(32)
 
 
 def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():
     h100 = 79.1 * GIB
     job = SimpleNamespace(engine="sglang", speculative=None, batch=300, max_num_batched_tokens=8192,
                           cuda_graph_batch_sizes=sglang_graph_sizes(256))
-    assert graph_sizes_at(job, tp=8, hbm_bytes=h100) == sglang_graph_sizes(512)
-    assert graph_sizes_at(job, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256)
-    assert graph_sizes_at(job, batch=64) == sglang_graph_sizes(256)  # independent of the batch
+    assert graph_sizes_at(job, tp=8, hbm_bytes=h100) == sglang_graph_sizes(512, 300)  # 300 captured at tp 8
+    assert graph_sizes_at(job, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256)  # 300 over tp 2's max_bs
+    assert graph_sizes_at(job, batch=64, hbm_bytes=h100) == sglang_graph_sizes(256, 64)  # a pool of 64
     mine = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": (64, 128)})
     assert graph_sizes_at(mine, tp=8, hbm_bytes=h100) == (64, 128)
     unknown = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": sglang_graph_sizes(160)})

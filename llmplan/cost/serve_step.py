@@ -143,15 +143,18 @@ def sglang_graph_max_bs(hbm_bytes: float | None, tp: int) -> int:
     return 512
 
 
-def sglang_graph_sizes(max_bs: int) -> tuple[int, ...]:
+def sglang_graph_sizes(max_bs: int, requests: int | None = None) -> tuple[int, ...]:
     """SGLang's default decode capture sizes up to max_bs (no speculative decoding, padding on): 1, 2, 4, 8, 12,
-    every 8 from 16 to 256, every 16 from 272 to 496, every 32 from 512, those <= max_bs, and max_bs itself.
-    The runner then drops sizes above the request pool (--max-running-requests; by default at least 2048
-    requests, above every default max_bs). Source: sgl-project/sglang python/sglang/srt/arg_groups/
+    every 8 from 16 to 256, every 16 from 272 to 496, every 32 from 512, those <= max_bs, and max_bs itself;
+    with a request pool of `requests` (--max-running-requests) under max_bs, the sizes under it and the pool
+    itself (the runner adds the pool's size and drops the larger ones), so a server of llmplan's export, which
+    sets --max-running-requests to the planned batch (export/serve.py), captures that batch exactly and
+    runs a larger one (over max_bs) without a graph. Source: sgl-project/sglang python/sglang/srt/arg_groups/
     cuda_graph_hook.py @399499ca159da099c16d20ddc2f5898491071431, generate_decode_cuda_graph_batch_sizes;
     model_executor/cuda_graph_runner/base_runner.py @f438a118, get_batch_sizes_to_capture."""
     listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    return tuple(sorted({b for b in listed if b <= max_bs} | {max_bs}))
+    top = max_bs if requests is None else min(max_bs, requests)
+    return tuple(sorted({b for b in listed if b <= top} | {top}))
 
 
 def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 1,
@@ -162,15 +165,16 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     server started without the perf overview's llm_options runs batches off its list without a graph, which
     llmplan does not price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default
     capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: its default list for the GPU's
-    memory and `tp` (sglang_graph_sizes at sglang_graph_max_bs), independent of max_bs and max_tokens; None
-    (unpadded) with speculative decoding, whose list and request cap (48 by default) differ by algorithm.
+    memory and `tp` (sglang_graph_max_bs) cut at a request pool of max_bs (sglang_graph_sizes: the planned
+    batch is captured when SGLang's max_bs allows it, else it runs without a graph); None (unpadded) with
+    speculative decoding, whose list and request cap (48 by default) differ by algorithm.
     Derived: docs/formulas.md#infer.graph_padding"""
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     if engine == "vllm":
         return vllm_graph_sizes(max_bs, max_tokens)
     if engine == "sglang" and not speculative:
-        return sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, tp))
+        return sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, tp), max_bs)
     return None
 
 
@@ -183,11 +187,13 @@ def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: i
     (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.cuda_graph_batch_sizes
     if sizes is not None and job.engine == "sglang" and job.speculative is None:
-        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t))
+        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t), job.batch)
                     for t in (1, SGLANG_LARGE_TP) for h in (hbm_bytes, None)}
-        if tp is None or sizes not in defaults:
+        if sizes not in defaults:
             return sizes
-        return default_graph_sizes("sglang", job.batch, job.max_num_batched_tokens, tp, hbm_bytes)
+        if tp is None:  # the TP side the job's list was derived at
+            tp = 1 if sizes == sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, 1), job.batch) else SGLANG_LARGE_TP
+        return default_graph_sizes("sglang", batch or job.batch, job.max_num_batched_tokens, tp, hbm_bytes)
     if sizes is None or sizes != default_graph_sizes(job.engine, job.batch, job.max_num_batched_tokens):
         return sizes
     return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens)
