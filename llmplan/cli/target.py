@@ -14,12 +14,14 @@ from typing import Any, Callable, Sequence
 from llmplan.errors import LlmplanError
 from llmplan.export import refusal, target_mode
 from llmplan.planfile import PlanFile, document_plan
-from llmplan.search.filtered import Candidate, keep_accepted
+from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
 
 WALK = 40
 """Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
-plans the target accepts."""
+plans the target accepts. A serving layout has no variants to walk (search.serve prices one plan per tp, pp,
+ep and replica count), so the walk is the ranking's; where it ends here with fewer than --top kept and more
+layouts fitting, the output says so (serving_walk)."""
 
 
 def check_target_mode(target: str | None, mode: str) -> None:
@@ -48,6 +50,15 @@ def walk(ranked: Sequence[Any], target: str, doc_of: Callable[[Any], dict], top:
     return kept, why
 
 
+def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top: int, limit: int,
+                 seconds: float) -> Walk:
+    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused, and whether
+    it kept `top` or ran out of the `feasible` layouts (False: it stopped at the `walked` ranked ones, the
+    search asked for `limit`: --top or WALK, the larger)."""
+    checked = kept[-1] + 1 if len(kept) == top and kept else walked
+    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds)
+
+
 def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
     """The result with only the best `top` layouts' plans that `target` exports, one row per layout
     (search.filtered; the search run with keep_plans), the refusals met counted.
@@ -58,20 +69,29 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
     why: Counter = Counter()
     like: list[PlanFile] = []
 
-    def refused(c: Candidate) -> bool:
+    def reason(c: Candidate, price: bool = True) -> str | None:
         r = None
         if not c.priced:  # screened before it is priced
             like[:] = like or [document_plan(doc_of(c.like))]
             r = refusal(dataclasses.replace(like[0], plan=c.plan), target)
-        if r is None:
+        if r is None and (price or c.priced):
             r = refusal(document_plan(doc_of(c.estimate())), target)
+        return r
+
+    def refused(c: Candidate) -> bool:
+        r = reason(c)
         if r is not None:
             why[r] += 1
         return r is not None
 
+    lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top)
+    # the Pareto front, the comparisons and the rows' counts: asked the same, not counted as dropped; a plan
+    # only counted (a row's variant) is screened and not priced
+    kept, sides = keep_sides(res, kept, lp, lambda c: reason(c) is not None,
+                             lambda c: reason(c, price=False) is not None)
     return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
-                               walk=walked)
+                               walk=walked, sides=sides)
 
 
 def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:
