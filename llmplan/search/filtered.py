@@ -13,6 +13,7 @@ walk only asks `refused`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -259,6 +260,11 @@ class Sides:
     seconds: float
 
 
+def of_arrays(lp: LayoutPlans, i: int, like: TrainingEstimate) -> Candidate:
+    """Plan i of the arrays as a Candidate (priced on demand)."""
+    return Candidate(lp.plans.plan(i), functools.partial(lp.estimate, i), like)
+
+
 def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, refused: Callable[[Candidate], bool],
                    checks: int) -> tuple[TrainingEstimate | None, Side]:
     """The best-scoring plan of the arrays' plans `idx` that `refused` accepts, and what the walk did."""
@@ -266,7 +272,7 @@ def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, ref
     for n, i in enumerate(order.tolist()):
         if n == checks:
             return None, Side("none", n, False)
-        if not refused(Candidate(lp.plans.plan(i), lambda i=i: lp.estimate(i), like)):
+        if not refused(of_arrays(lp, i, like)):
             return lp.estimate(i), Side("accepted", n + 1)
     return None, Side("none", len(order))
 
@@ -296,7 +302,7 @@ def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[C
             break
         checked += 1
         i = int(idx[k])
-        if not refused(Candidate(lp.plans.plan(i), lambda i=i: lp.estimate(i), like)):
+        if not refused(of_arrays(lp, i, like)):
             front.append(k)
             most, floor = room[k], max(floor, 0.5 * tokens[k])
     at = np.asarray(front, dtype=int)
@@ -335,7 +341,7 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
         if asked == checks:
             break
         asked += 1
-        keep[k] = not refused(Candidate(lp.plans.plan(i), lambda i=i: lp.estimate(i), like))
+        keep[k] = not refused(of_arrays(lp, i, like))
     kept_extra = []
     for x in extra:
         if asked == checks:
