@@ -16,7 +16,7 @@ from llmplan.cli.app import app, emit, out, progress_bar, save_best
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
 from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, serving_walk,
-                                 walk)
+                                 training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
@@ -238,6 +238,9 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
+    if target is not None:  # the side outputs of the result shown only
+        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+        res = training_sides(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
     return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)

@@ -59,14 +59,12 @@ def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top:
     return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds)
 
 
-def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
-    """The result with only the best `top` layouts' plans that `target` exports, one row per layout
-    (search.filtered; the search run with keep_plans), the refusals met counted.
-
-    A plan of the search's arrays is first screened against the plan file of a priced plan of the same search
-    with its plan replaced (no estimate: the file's other parts are the search's, and a training export reads the
-    predictions only into its header comment); the plan kept is asked again with the file `--save` writes for it."""
-    why: Counter = Counter()
+def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[..., str | None]:
+    """Why `target` refuses a Candidate (export.refusal), or None. A plan of the search's arrays is first
+    screened against the plan file of a priced plan of the same search with its plan replaced (no estimate: the
+    file's other parts are the search's, and a training export reads the predictions only into its header
+    comment); one that passes is asked again with the file `--save` writes for it (price False: not, for a plan
+    only counted)."""
     like: list[PlanFile] = []
 
     def reason(c: Candidate, price: bool = True) -> str | None:
@@ -78,6 +76,16 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
             r = refusal(document_plan(doc_of(c.estimate())), target)
         return r
 
+    return reason
+
+
+def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
+    """The result with only the best `top` layouts' plans that `target` exports, one row per layout
+    (search.filtered; the search run with keep_plans), the refusals met counted (asker). It keeps the search's
+    plans for training_sides, run on the result shown only."""
+    why: Counter = Counter()
+    reason = asker(target, doc_of)
+
     def refused(c: Candidate) -> bool:
         r = reason(c)
         if r is not None:
@@ -86,12 +94,18 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
 
     lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top)
-    # the Pareto front, the comparisons and the rows' counts: asked the same, not counted as dropped; a plan
-    # only counted (a row's variant) is screened and not priced
-    kept, sides = keep_sides(res, kept, lp, lambda c: reason(c) is not None,
-                             lambda c: reason(c, price=False) is not None)
     return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
-                               walk=walked, sides=sides)
+                               walk=walked, layout_plans=lp)
+
+
+def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]) -> SearchResult:
+    """The kept result (keep_training) with the Pareto front, the comparisons and the rows' counts kept to the
+    plans `target` exports (search.filtered.keep_sides): asked as the walk asks, not counted as dropped; a plan
+    only counted (a row's variant) is screened and not priced. Its plans are let go."""
+    reason = asker(target, doc_of)
+    kept, sides = keep_sides(res, res.layout_plans, lambda c: reason(c) is not None,
+                             lambda c: reason(c, price=False) is not None)
+    return dataclasses.replace(kept, sides=sides, layout_plans=None)
 
 
 def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:

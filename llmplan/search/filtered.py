@@ -278,41 +278,58 @@ def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, ref
 
 
 def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[Candidate], bool],
-                   checks: int) -> tuple[list[TrainingEstimate], int, bool]:
+                   checks: int, screened: Callable[[Candidate], bool] | None = None
+                   ) -> tuple[list[TrainingEstimate], int, bool]:
     """The Pareto front of the plans that `refused` accepts, built as the search builds its own
     (search.run.pareto_front over the arrays, thinned, then search.layouts._front with the layout pass's plans):
     the arrays' plans fastest first, a plan asked about only when it has more headroom than every faster one
     accepted (else it is off the front whatever the answer), the walk ending below half the best accepted
     throughput; then the layout pass's plans that are accepted join it. Refusing nothing, it is the search's
-    front."""
+    front. The walk asks `screened` (default `refused`; it need not price a plan), and the plans the thinned
+    front shows are asked `refused` again; where one is refused then, the walk runs again without it."""
     from llmplan.search.run import pareto_front
 
+    screened = screened or refused
     idx = lp.plans_in(np.ones(len(lp.score), dtype=bool))
     tokens = (lp.tokens if lp.tokens is not None else lp.score)[idx]
     room = lp.headroom[idx]
-    front: list[int] = []
-    most, floor, checked, complete = -np.inf, -np.inf, 0, True
-    for k in np.lexsort((-room, -tokens)).tolist():
-        if tokens[k] < floor:
+    order = np.lexsort((-room, -tokens)).tolist()
+    answer: dict[int, bool] = {}  # position in idx -> accepted (screened; False once refused when shown)
+    confirmed: set[int] = set()
+    checked, complete = 0, True
+    while True:
+        front: list[int] = []
+        most, floor = -np.inf, -np.inf
+        for k in order:
+            if tokens[k] < floor:
+                break
+            if room[k] <= most:
+                continue
+            if k not in answer:
+                if checked == checks:
+                    complete = False
+                    break
+                checked += 1
+                answer[k] = not screened(of_arrays(lp, int(idx[k]), like))
+            if answer[k]:
+                front.append(k)
+                most, floor = room[k], max(floor, 0.5 * tokens[k])
+        at = np.asarray(front, dtype=int)
+        shown = [int(at[j]) for j in pareto_front(tokens[at], room[at])] if front else []
+        again = False
+        for k in shown:
+            if k not in confirmed:
+                confirmed.add(k)
+                if refused(of_arrays(lp, int(idx[k]), like)):
+                    answer[k], again = False, True
+        if not again:
             break
-        if room[k] <= most:
-            continue
-        if checked == checks:
-            complete = False
-            break
-        checked += 1
-        i = int(idx[k])
-        if not refused(of_arrays(lp, i, like)):
-            front.append(k)
-            most, floor = room[k], max(floor, 0.5 * tokens[k])
-    at = np.asarray(front, dtype=int)
-    shown = [lp.estimate(int(idx[at[j]])) for j in pareto_front(tokens[at], room[at])] if front else []
     extra = []
     for e in lp.priced:
         checked += 1
         if not refused(priced(e)):
             extra.append(e)
-    return _thin(shown + extra, pareto_front), checked, complete
+    return _thin([lp.estimate(int(idx[k])) for k in shown] + extra, pareto_front), checked, complete
 
 
 def _thin(front: list[TrainingEstimate], pareto_front: Callable) -> list[TrainingEstimate]:
@@ -365,14 +382,15 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
     return eq, dataclasses.replace(v, best=old.best), asked, capped
 
 
-def keep_sides(res: Any, kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
+def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
                screened: Callable[[Candidate], bool], checks: int = CHECKS) -> tuple[Any, Sides | None]:
-    """The walk's result `kept` (of the search result `res`) with what it shows beside its rows kept to the
+    """The walk's result `kept` (keep_accepted; `lp` its search's plans) with what it shows beside its rows kept to the
     plans `refused` accepts: the Pareto front (accepted_front), the conventional plan where accepted, the best
     plan without CP and with EP that is accepted (where the search shows them), and each row's equivalents and
     variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
-    plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (`res` was
-    searched without keep_plans)."""
+    plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (searched
+    without keep_plans), or no row."""
+    res = kept
     if lp is None or not res.ranked:
         return kept, None
     t0 = time.perf_counter()
@@ -389,7 +407,7 @@ def keep_sides(res: Any, kept: Any, lp: LayoutPlans | None, refused: Callable[[C
     ep, ep_side = None, None
     if first is not None and first.plan.ep == 1 and res.with_ep is not None:
         ep, ep_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.ep) > 1), like, refused, checks)
-    front, front_checked, front_complete = accepted_front(lp, like, refused, checks)
+    front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
     equivalents, variants, asked, capped = [], [], 0, []
     for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):
         n, w, a, cap = recount(lp, e, v, res.objective, like, screened)
