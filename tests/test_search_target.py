@@ -170,3 +170,142 @@ def test_walk_keeps_each_layout_by_its_best_accepted_plan(llama_search):
         assert kept.variants[k - 1].best == pytest.approx(rate, rel=1e-3)
     for n in kept.tie_notes:
         assert n.lower == n.upper + 1
+
+
+# Side outputs (docs/validation.md#target-sides): the Pareto front, the conventional plan, the "without CP" /
+# "with EP" comparisons and each row's +N / variants counts hold only plans the target accepts. Each search is
+# pinned small (about 1.5 s); `export --to TARGET` of a plan file is the oracle.
+L8 = ["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--pp", "1", "--micro-batch", "1",
+      "--recompute", "none", "--no-sp"]
+QWEN_MOE = ["search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "1", "--pp", "1",
+            "--micro-batch", "1"]
+LONG = ["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--seq-len", "65536",
+        "--global-batch", "64", "--pp", "1", "--micro-batch", "1"]
+
+
+def targeted(cli, tmp_path, args, target):
+    """The targeted search's JSON, its text and an `exports(plan)` oracle: whether `export --to target` writes
+    the saved plan file with `plan` in place of #1's."""
+    saved = tmp_path / "best.json"
+    r = cli(*args, "--target", target, "--save", saved, "--json")
+    assert r.code == 0, r.err
+    text = cli(*args, "--target", target)
+    assert text.code == 0, text.err
+    best = json.loads(saved.read_text())
+
+    def exports(plan: dict) -> bool:
+        path = tmp_path / "side.json"
+        path.write_text(json.dumps({**best, "plan": plan}))
+        return cli("export", path, "--to", target, "--out", tmp_path / "side", "--force").code == 0
+
+    return r.json(), " ".join(text.out.split()), exports
+
+
+def test_pareto_and_conventional_hold_only_accepted_plans(cli, tmp_path):
+    """torchtitan refuses ZeRO-1 and other plans the untargeted front holds: the targeted front is every plan it
+    writes, and the conventional plan (TP over the node, ZeRO-1) is either one it writes or null with a line."""
+    doc, text, exports = targeted(cli, tmp_path, L8, "torchtitan")
+    assert doc["pareto"]
+    for row in doc["pareto"]:
+        assert exports(row["plan"]), row["plan"]
+    conv = doc["target_sides"]["conventional"]
+    if doc.get("conventional") is not None:
+        assert exports(doc["conventional"]["plan"]) and conv["status"] == "accepted"
+    else:
+        assert "conventional" in doc and conv["status"] == "refused"
+        assert "torchtitan refuses it; not compared" in text and "#1 vs conventional" not in text
+    assert "plans torchtitan accepts only" in text
+
+
+def test_with_ep_comparison_only_with_an_accepted_plan(cli, tmp_path):
+    """#1 of a DeepSpeed-targeted MoE search runs ep 1; the "best with EP" comparison shows a plan DeepSpeed
+    writes, or JSON null and one line saying none is accepted (never a refused EP plan)."""
+    doc, text, exports = targeted(cli, tmp_path, QWEN_MOE, "deepspeed")
+    assert doc["plans"][0]["plan"]["ep"] == 1 and "with_ep" in doc
+    if doc["with_ep"] is not None:
+        assert doc["with_ep"]["plan"]["ep"] > 1 and exports(doc["with_ep"]["plan"])
+        assert "#1 vs best with EP" in text and doc["target_sides"]["with_ep"]["status"] == "accepted"
+    else:
+        assert doc["target_sides"]["with_ep"]["status"] == "none" and "#1 vs best with EP" not in text
+        assert "no plan with EP that deepspeed accepts" in text
+
+
+def test_without_cp_comparison_is_an_accepted_plan(cli, tmp_path):
+    """#1 of a long-sequence search for megatron-bridge runs CP; the best plan without CP shown beside it is one
+    megatron-bridge writes (the untargeted best one is refused here)."""
+    doc, text, exports = targeted(cli, tmp_path, LONG, "megatron-bridge")
+    assert doc["plans"][0]["plan"]["cp"] > 1 and "without_cp" in doc
+    if doc["without_cp"] is not None:
+        assert doc["without_cp"]["plan"]["cp"] == 1 and exports(doc["without_cp"]["plan"])
+        assert "#1 vs best without CP" in text
+    else:
+        assert "no plan without CP that megatron-bridge accepts" in text
+
+
+def test_row_counts_only_accepted_zero_stages(cli, tmp_path):
+    """With sp, recompute, micro-batch and pp pinned, a layout's other plans are its other ZeRO stages: a row's
+    +N and variants together count at most those `export --to torchtitan` writes (it refuses ZeRO-1)."""
+    doc, _, exports = targeted(cli, tmp_path, L8, "torchtitan")
+    refused_any = False
+    for row in doc["plans"]:
+        p = row["plan"]
+        others = [{**p, "zero": z} for z in range(4) if z != p["zero"]]
+        ok = [o for o in others if exports(o)]
+        refused_any |= len(ok) < len(others)
+        assert row["equivalent"] + row["variants"]["count"] <= len(ok), (p, row["equivalent"], row["variants"])
+    assert refused_any  # the check bites: some row has a refused sibling
+
+
+def test_recount_refusing_nothing_is_the_search(llama_search):
+    """Counting again among the plans a caller accepts, when it refuses none, gives the search's own +N and
+    variants for every row of the arrays."""
+    from llmplan.search.filtered import keep_sides
+
+    kept, sides = keep_sides(llama_search, llama_search.layout_plans, lambda c: False, lambda c: False)
+    for k, e in enumerate(llama_search.ranked):
+        if e.plan.pp_layout is None:
+            assert kept.equivalents[k] == llama_search.equivalents[k]
+            assert kept.variants[k] == llama_search.variants[k]
+    assert sides is not None and not sides.upper_bound
+    assert [e.plan for e in kept.pareto] == [e.plan for e in llama_search.pareto]
+
+
+def test_recount_is_the_search_without_the_refused_plans(llama_search):
+    """Refusing every ZeRO-1 plan, each array row's counts are search.variants.variants_of's over the arrays
+    with the ZeRO-1 plans taken out of the row's layout."""
+    import numpy as np
+
+    from llmplan.search.filtered import keep_sides
+    from llmplan.search.variants import variants_of
+
+    lp = llama_search.layout_plans
+    kept, _ = keep_sides(llama_search, lp, lambda c: False, lambda c: c.plan.zero == 1)
+    codes = np.where(np.asarray(lp.plans.zero) == 1, -1, lp.codes)
+    for k, e in enumerate(llama_search.ranked):
+        i = lp.index_of(e.plan, lp.layout_of(e.plan))
+        if i is None or e.plan.zero == 1:
+            continue
+        n, v = variants_of(i, codes, lp.score, lp.memory, lp.full, lp.plans, lp.resolution)
+        assert kept.equivalents[k] == n and kept.variants[k].count == v.count and kept.variants[k].near == v.near
+
+
+def test_serving_walk_states_its_depth_when_it_ends_early(cli, monkeypatch):
+    """A serving layout has no variants (one plan per layout): the targeted walk goes down the ranking, WALK deep
+    (or --top); where that ends it before --top plans are kept while more layouts fit, JSON and one line say so.
+    WALK is lowered so that the walk over mixtral-8x22b's vLLM-refused EP layouts ends early."""
+    import llmplan.cli.search as cs
+
+    args = ["search", "--mode", "infer", "--model", "mixtral-8x22b", "--hardware", "dgx-h100", "--nodes", "8",
+            "--target", "vllm", "--top", "5"]
+    monkeypatch.setattr(cs, "WALK", 0)
+    doc = cli(*args, "--json").json()
+    walk = doc["target_walk"]
+    assert walk["limit"] == 5 and walk["checked"] == 5
+    if len(doc["plans"]) < 5 and doc["feasible"] > 5:
+        assert walk["complete"] is False and doc["not_exportable"] == 5 - len(doc["plans"])
+        text = cli(*args).out
+        assert "the walk stopped after asking about 5 layouts (at most 5)" in text
+    else:
+        pytest.fail("the case no longer ends the walk early: pick another")
+    monkeypatch.setattr(cs, "WALK", 40)
+    assert cli(*args, "--json").json()["target_walk"]["complete"] is True

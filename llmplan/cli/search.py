@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Annotated, NamedTuple, Optional
 
 import typer
@@ -13,7 +14,8 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
-from llmplan.cli.target import WALK, check_target_mode, keep_training, refuse_unexportable, walk
+from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, serving_walk,
+                                 training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
@@ -117,23 +119,27 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     allowance = make_allowance(memory)
     refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
     doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
+    deep = max(goal.top, WALK)
     res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective,
-                         max(goal.top, WALK) if target else goal.top, job.request_rate, allowance,
+                         deep if target else goal.top, job.request_rate, allowance,
                          checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep}), moe)
     dropped = 0
+    walked = None
     if target is not None:
+        t0 = time.perf_counter()
         kept, why = walk(res.ranked, target, doc_of, goal.top)
         if res.ranked and not kept:
             refuse_unexportable(target, why)
+        walked = serving_walk(kept, why, len(res.ranked), res.feasible, goal.top, deep, time.perf_counter() - t0)
         res, dropped = dataclasses.replace(res, ranked=[res.ranked[i] for i in kept]), sum(why.values())
 
     def view() -> None:
         report.serve_search_view(out, res, m, cluster, job)
         if target is not None:
-            for line in report.target_lines(target, dropped):
+            for line in report.target_lines(target, dropped, walked, unit="layouts"):
                 out.print(line, highlight=False)
 
-    emit({**report.serve_search_json(res, m, cluster, job), **report.target_json(target, dropped)},
+    emit({**report.serve_search_json(res, m, cluster, job), **report.target_json(target, dropped, walked)},
          output.json_mode, view)
     if not res.ranked:
         stderr_line("error", f"no serving plan for {m.name} on {cluster.num_gpus} GPUs fits and meets the SLOs; "
@@ -231,6 +237,9 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
+    if target is not None:  # the side outputs of the result shown only
+        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+        res = training_sides(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
     return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)

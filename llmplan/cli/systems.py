@@ -4,14 +4,13 @@ command-line side (the loop is search.systems, the output report.systems)."""
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
 from llmplan import report
-from llmplan.cli.app import emit, out
+from llmplan.cli.app import emit, out, stderr_line
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.search.grid import Workload
 from llmplan.search.systems import COMPARE_OBJECTIVES, PER_SYSTEM_OBJECTIVE, budget_nodes, compare, prices_for
@@ -117,5 +116,5 @@ def search_systems(c: ClusterOptions, goal: SearchGoal, output: OutputOptions,
     emit(report.systems_json(cmp, model[0], shown, goal.budget_gpus), output.json_mode,
          lambda: report.systems_view(out, cmp, model[0], shown, goal.budget_gpus))
     if all(r.budget is None for r in cmp.systems):
-        sys.stderr.write(f"error: no plan fits {model[0].name} on any of {', '.join(names)}\n")
+        stderr_line("error", f"no plan fits {model[0].name} on any of {', '.join(names)}")
         raise typer.Exit(EXIT_NO_FIT)

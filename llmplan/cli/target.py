@@ -14,12 +14,14 @@ from typing import Any, Callable, Sequence
 from llmplan.errors import LlmplanError
 from llmplan.export import refusal, target_mode
 from llmplan.planfile import PlanFile, document_plan
-from llmplan.search.filtered import Candidate, keep_accepted
+from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
 
 WALK = 40
 """Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
-plans the target accepts."""
+plans the target accepts. A serving layout has no variants to walk (search.serve prices one plan per tp, pp,
+ep and replica count), so the walk is the ranking's; where it ends here with fewer than --top kept and more
+layouts fitting, the output says so (serving_walk)."""
 
 
 def check_target_mode(target: str | None, mode: str) -> None:
@@ -48,30 +50,62 @@ def walk(ranked: Sequence[Any], target: str, doc_of: Callable[[Any], dict], top:
     return kept, why
 
 
-def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
-    """The result with only the best `top` layouts' plans that `target` exports, one row per layout
-    (search.filtered; the search run with keep_plans), the refusals met counted.
+def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top: int, limit: int,
+                 seconds: float) -> Walk:
+    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused, and whether
+    it kept `top` or ran out of the `feasible` layouts (False: it stopped at the `walked` ranked ones, the
+    search asked for `limit`: --top or WALK, the larger)."""
+    checked = kept[-1] + 1 if len(kept) == top and kept else walked
+    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds)
 
-    A plan of the search's arrays is first screened against the plan file of a priced plan of the same search
-    with its plan replaced (no estimate: the file's other parts are the search's, and a training export reads the
-    predictions only into its header comment); the plan kept is asked again with the file `--save` writes for it."""
-    why: Counter = Counter()
+
+def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[..., str | None]:
+    """Why `target` refuses a Candidate (export.refusal), or None. A plan of the search's arrays is first
+    screened against the plan file of a priced plan of the same search with its plan replaced (no estimate: the
+    file's other parts are the search's, and a training export reads the predictions only into its header
+    comment); one that passes is asked again with the file `--save` writes for it (price False: not, for a plan
+    only counted)."""
     like: list[PlanFile] = []
 
-    def refused(c: Candidate) -> bool:
+    def reason(c: Candidate, price: bool = True) -> str | None:
         r = None
         if not c.priced:  # screened before it is priced
             like[:] = like or [document_plan(doc_of(c.like))]
             r = refusal(dataclasses.replace(like[0], plan=c.plan), target)
-        if r is None:
+        if r is None and (price or c.priced):
             r = refusal(document_plan(doc_of(c.estimate())), target)
+        return r
+
+    return reason
+
+
+def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
+    """The result with only the best `top` layouts' plans that `target` exports, one row per layout
+    (search.filtered; the search run with keep_plans), the refusals met counted (asker). It keeps the search's
+    plans for training_sides, run on the result shown only."""
+    why: Counter = Counter()
+    reason = asker(target, doc_of)
+
+    def refused(c: Candidate) -> bool:
+        r = reason(c)
         if r is not None:
             why[r] += 1
         return r is not None
 
+    lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top)
     return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
-                               walk=walked)
+                               walk=walked, layout_plans=lp)
+
+
+def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]) -> SearchResult:
+    """The kept result (keep_training) with the Pareto front, the comparisons and the rows' counts kept to the
+    plans `target` exports (search.filtered.keep_sides): asked as the walk asks, not counted as dropped; a plan
+    only counted (a row's variant) is screened and not priced. Its plans are let go."""
+    reason = asker(target, doc_of)
+    kept, sides = keep_sides(res, res.layout_plans, lambda c: reason(c) is not None,
+                             lambda c: reason(c, price=False) is not None)
+    return dataclasses.replace(kept, sides=sides, layout_plans=None)
 
 
 def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:

@@ -15,7 +15,7 @@ from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
 from llmplan.search.grid import Workload
-from llmplan.search.filtered import Walk
+from llmplan.search.filtered import ROW_CHECKS, Side, Sides, Walk
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import Variants
@@ -239,27 +239,70 @@ TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, 
                  "not; each placed by its best plan), whatever --top is; rows below them follow in predicted order")
 
 
-def target_json(target: str | None, dropped: int, walk: Walk | None = None) -> dict[str, Any]:
+def target_json(target: str | None, dropped: int, walk: Walk | None = None,
+                sides: Sides | None = None) -> dict[str, Any]:
     """The keys a targeted search adds to its JSON (none without --target): the target, the better-ranked plans
-    dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered)."""
+    dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered)
+    and how the Pareto front, the comparisons and the rows' counts were kept to accepted plans (sides)."""
     if not target:
         return {}
     return {"target": target, "not_exportable": dropped,
             **({"target_walk": {"checked": walk.checked, "refused": walk.refused,
                                 "other_plan_of_layout": list(walk.other_plan), "complete": walk.complete,
-                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {})}
+                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {}),
+            **({"target_sides": sides_json(sides)} if sides is not None else {})}
 
 
-def target_lines(target: str, dropped: int, walk: Walk | None = None) -> list[str]:
+def side_json(s: Side | None) -> dict[str, Any] | None:
+    return None if s is None else {"status": s.status, "checked": s.checked, "complete": s.complete}
+
+
+def sides_json(s: Sides) -> dict[str, Any]:
+    """What `target_sides` holds: each side output's walk over accepted plans (search.filtered.Sides)."""
+    return {"pareto": {"checked": s.pareto_checked, "complete": s.pareto_complete},
+            "conventional": side_json(s.conventional), "without_cp": side_json(s.without_cp),
+            "with_ep": side_json(s.with_ep), "counts_checked": s.recount_checked,
+            "counts_limit_per_row": ROW_CHECKS, "counts_upper_bound": list(s.upper_bound), "sides_s": s.seconds}
+
+
+def refused_sides_json(s: Sides | None) -> dict[str, None]:
+    """With a target: the comparison keys set to null where the target accepts no plan for them (the conventional
+    plan refused; no plan without CP, or with EP, accepted), so that no refused plan stands there."""
+    if s is None:
+        return {}
+    return {k: None for k, side in (("conventional", s.conventional), ("without_cp", s.without_cp),
+                                    ("with_ep", s.with_ep)) if side is not None and side.status != "accepted"}
+
+
+def missing_side_line(target: str, what: str, s: Side | None) -> str | None:
+    """'no plan without CP that torchtitan accepts' (of the plans asked, where the walk stopped early), or,
+    for the conventional plan, that the target refuses it; None where the comparison shows an accepted plan."""
+    if s is None or s.status == "accepted":
+        return None
+    if s.refused_plan is not None:
+        return f"{what} ({plan_label(s.refused_plan)}): {target} refuses it; not compared"
+    return f"no plan {what} that {target} accepts" + ("" if s.complete else f" (of the first {s.checked:,} asked)")
+
+
+def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sides | None = None,
+                 unit: str = "plans") -> list[str]:
     """'target torchtitan: 12 better-ranked plans dropped as not exportable', then which rows show another plan
-    of their layout than the untargeted search and, when it stopped early, where the walk stopped."""
+    of their layout than the untargeted search and, when it stopped early, where the walk stopped (`unit`: what
+    it walks, plans or serving layouts); then that the side outputs hold accepted plans only (sides)."""
     out = [f"target {target}: {dropped:,} better-ranked plan{'s' if dropped != 1 else ''} dropped as not "
            "exportable"]
     if walk is not None and walk.other_plan:
         rows = f"row{'s' if len(walk.other_plan) > 1 else ''} {spans(walk.other_plan)}"
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
-        out.append(f"  the walk stopped after asking about {walk.checked:,} plans (at most {walk.limit:,})")
+        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,})")
+    if sides is not None:
+        out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
+        if not sides.pareto_complete:
+            out.append(f"  the Pareto front's walk stopped after asking about {sides.pareto_checked:,} plans")
+        if sides.upper_bound:
+            out.append(f"  +N and variants of #{spans(sides.upper_bound)}: upper bounds (at most {ROW_CHECKS} "
+                       "plans of a layout asked)")
     return out
 
 
@@ -317,7 +360,8 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
         **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
-        **target_json(res.target, res.not_exportable, res.walk),
+        **refused_sides_json(res.sides),
+        **target_json(res.target, res.not_exportable, res.walk, res.sides),
     }
 
 
@@ -420,6 +464,12 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             console.print(with_ep_line(best, ep_best, res.resolution,
                                        next((f"{n.rule}, against #{n.lower}" for n in res.tie_notes
                                              if n.upper == 1), None)))
+        if res.sides is not None and res.target is not None:  # a comparison with no plan the target accepts
+            for what, side in (("conventional plan", res.sides.conventional), ("without CP", res.sides.without_cp),
+                               ("with EP", res.sides.with_ep)):
+                line = missing_side_line(res.target, what, side)
+                if line:
+                    console.print(line, highlight=False)
         if full_explain:
             for line in tie_lines(res):
                 console.print(line)
@@ -443,7 +493,7 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                       f"needs {gib(e.memory.total)} of {gib(e.memory.capacity)} GiB per GPU.")
         console.print("It would fit with: " + "; ".join(res.suggestions))
     if res.target is not None:
-        for line in target_lines(res.target, res.not_exportable, res.walk):
+        for line in target_lines(res.target, res.not_exportable, res.walk, res.sides):
             console.print(line, highlight=False)
 
 

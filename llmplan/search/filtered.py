@@ -13,14 +13,16 @@ walk only asks `refused`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from llmplan.estimate import TrainingEstimate
-from llmplan.search.variants import LAYOUT_KEY, Group, plan_code, representative, variants_of
+from llmplan.search.variants import (LAYOUT_KEY, Group, Variants, plan_code, representative, variants_among,
+                                     variants_of)
 from llmplan.specs.plan import ParallelPlan
 
 CHECKS = 5000
@@ -51,6 +53,10 @@ class LayoutPlans:
     """The scalar estimate of plan i (the search's, memoised)."""
     skip: np.ndarray | None = None
     """Plans that are stand-ins, not plans (search.layouts: a pinned --vpp's vpp-1 stand-ins); None: none."""
+    tokens: np.ndarray | None = None
+    """Each plan's tokens/s (the Pareto front's axis; None: the score)."""
+    priced: list = field(default_factory=list)
+    """The balanced-layout plans the layout pass priced and found fitting (search.layouts), outside the arrays."""
 
     def best_first(self) -> np.ndarray:
         """Every plan, the search's ranking first, the rest by score (stable)."""
@@ -61,6 +67,28 @@ class LayoutPlans:
         tail = np.flatnonzero(rest)
         head = self.ranking if self.skip is None else self.ranking[~self.skip[self.ranking]]
         return np.concatenate((head, tail[np.argsort(-self.score[tail], kind="stable")])).astype(int)
+
+    def plans_in(self, mask: np.ndarray) -> np.ndarray:
+        """The plans of a mask over the arrays that are plans, not stand-ins."""
+        return np.flatnonzero(mask if self.skip is None else mask & ~self.skip)
+
+    def layout_of(self, p: ParallelPlan) -> np.ndarray:
+        """The plans of the arrays of plan p's layout (plan_code)."""
+        a = self.plans
+        mask = (np.asarray(a.vpp) > 1) == (p.vpp > 1)
+        for k in LAYOUT_KEY:
+            mask &= np.asarray(getattr(a, k)) == int(getattr(p, k))
+        return self.plans_in(mask)
+
+    def index_of(self, p: ParallelPlan, among: np.ndarray) -> int | None:
+        """Plan p's index among the plans `among` of the arrays; None where it is not one of them (a plan with a
+        pipeline layout)."""
+        if p.pp_layout is not None:
+            return None
+        a = self.plans
+        hit = among[(np.asarray(a.zero)[among] == p.zero) & (np.asarray(a.micro_batch)[among] == p.micro_batch)
+                    & (np.asarray(a.vpp)[among] == p.vpp) & (np.asarray(a.sp)[among] == p.sp)]
+        return next((int(j) for j in hit if a.plan(int(j)) == p), None)
 
     def key(self, i: int) -> tuple[int, ...]:
         """Plan i's layout as search.variants.plan_code gives it."""
@@ -188,3 +216,207 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     out = rank(out, max(len(kept), 1))
     other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in turned)
     return out, Walk(checked, refusals, other, complete, checks, time.perf_counter() - t0)
+
+
+ROW_CHECKS = 400
+"""Most plans of one shown row's layout asked about when its `+N` equivalents and variants are counted again
+(recount); the plans left unasked are counted as accepted, and the row's counts then read as upper bounds."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """One comparison a targeted search shows beside its rows (the conventional plan, the best plan without CP,
+    the best with EP), kept to the plans the caller accepts."""
+
+    status: str
+    """'accepted': the comparison shows a plan the caller accepts; 'refused': the conventional plan is refused
+    (no other stands for it); 'none': no plan of the comparison is accepted (of those asked, `complete`)."""
+    checked: int = 0
+    """Plans asked about."""
+    complete: bool = True
+    """False when the walk stopped at its limit before finding an accepted plan or running out of plans."""
+    refused_plan: ParallelPlan | None = None
+    """The conventional plan the caller refused (status 'refused'), to name it."""
+
+
+@dataclass(frozen=True)
+class Sides:
+    """What a targeted search shows beside its rows, each part kept to the plans the caller accepts
+    (keep_sides)."""
+
+    pareto_checked: int
+    pareto_complete: bool
+    """False when the front's walk stopped at its limit: the front holds the accepted plans found until then."""
+    conventional: Side | None
+    """None: the search has no conventional plan."""
+    without_cp: Side | None
+    """None: not shown (#1 runs no CP, or the search holds no plan without it)."""
+    with_ep: Side | None
+    """None: not shown (not an MoE model, #1 runs EP, or the search holds no plan with it)."""
+    recount_checked: int
+    """Plans of the shown rows' layouts asked about to count their equivalents and variants."""
+    upper_bound: tuple[int, ...]
+    """Ranks (1-based) whose counts include plans left unasked (ROW_CHECKS): upper bounds."""
+    seconds: float
+
+
+def of_arrays(lp: LayoutPlans, i: int, like: TrainingEstimate) -> Candidate:
+    """Plan i of the arrays as a Candidate (priced on demand)."""
+    return Candidate(lp.plans.plan(i), functools.partial(lp.estimate, i), like)
+
+
+def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, refused: Callable[[Candidate], bool],
+                   checks: int) -> tuple[TrainingEstimate | None, Side]:
+    """The best-scoring plan of the arrays' plans `idx` that `refused` accepts, and what the walk did."""
+    order = idx[np.argsort(-lp.score[idx], kind="stable")]
+    for n, i in enumerate(order.tolist()):
+        if n == checks:
+            return None, Side("none", n, False)
+        if not refused(of_arrays(lp, i, like)):
+            return lp.estimate(i), Side("accepted", n + 1)
+    return None, Side("none", len(order))
+
+
+def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[Candidate], bool],
+                   checks: int, screened: Callable[[Candidate], bool] | None = None
+                   ) -> tuple[list[TrainingEstimate], int, bool]:
+    """The Pareto front of the plans that `refused` accepts, built as the search builds its own
+    (search.run.pareto_front over the arrays, thinned, then search.layouts._front with the layout pass's plans):
+    the arrays' plans fastest first, a plan asked about only when it has more headroom than every faster one
+    accepted (else it is off the front whatever the answer), the walk ending below half the best accepted
+    throughput; then the layout pass's plans that are accepted join it. Refusing nothing, it is the search's
+    front. The walk asks `screened` (default `refused`; it need not price a plan), and the plans the thinned
+    front shows are asked `refused` again; where one is refused then, the walk runs again without it."""
+    from llmplan.search.run import pareto_front
+
+    screened = screened or refused
+    idx = lp.plans_in(np.ones(len(lp.score), dtype=bool))
+    tokens = (lp.tokens if lp.tokens is not None else lp.score)[idx]
+    room = lp.headroom[idx]
+    order = np.lexsort((-room, -tokens)).tolist()
+    answer: dict[int, bool] = {}  # position in idx -> accepted (screened; False once refused when shown)
+    confirmed: set[int] = set()
+    checked, complete = 0, True
+    while True:
+        front: list[int] = []
+        most, floor = -np.inf, -np.inf
+        for k in order:
+            if tokens[k] < floor:
+                break
+            if room[k] <= most:
+                continue
+            if k not in answer:
+                if checked == checks:
+                    complete = False
+                    break
+                checked += 1
+                answer[k] = not screened(of_arrays(lp, int(idx[k]), like))
+            if answer[k]:
+                front.append(k)
+                most, floor = room[k], max(floor, 0.5 * tokens[k])
+        at = np.asarray(front, dtype=int)
+        shown = [int(at[j]) for j in pareto_front(tokens[at], room[at])] if front else []
+        again = False
+        for k in shown:
+            if k not in confirmed:
+                confirmed.add(k)
+                if refused(of_arrays(lp, int(idx[k]), like)):
+                    answer[k], again = False, True
+        if not again:
+            break
+    extra = []
+    for e in lp.priced:
+        checked += 1
+        if not refused(priced(e)):
+            extra.append(e)
+    return _thin([lp.estimate(int(idx[k])) for k in shown] + extra, pareto_front), checked, complete
+
+
+def _thin(front: list[TrainingEstimate], pareto_front: Callable) -> list[TrainingEstimate]:
+    """The front again from the scalar estimates (search.layouts._front), thinned to its limit."""
+    if not front:
+        return []
+    tokens = np.asarray([float(e.throughput.tokens_per_s) for e in front])
+    room = np.asarray([float(e.memory.headroom) for e in front])
+    return [front[i] for i in pareto_front(tokens, room)]
+
+
+def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str, like: TrainingEstimate,
+            refused: Callable[[Candidate], bool], checks: int = ROW_CHECKS) -> tuple[int, Variants, int, bool]:
+    """Row e's equivalents and variants (search.variants.variants_among) among the plans of its layout that
+    `refused` accepts (the arrays' and the layout pass's), the best score kept from `old` (what placed the row);
+    with the plans asked about, and whether some were left unasked (counted as accepted: an upper bound)."""
+    from llmplan.search.layouts import score as priced_score
+
+    same = lp.layout_of(e.plan)
+    me = lp.index_of(e.plan, same)
+    same = same[same != me] if me is not None else same
+    extra = [x for x in lp.priced if plan_code(x.plan) == plan_code(e.plan) and x.plan != e.plan]
+    keep = np.ones(len(same), dtype=bool)
+    asked = 0
+    for k, i in enumerate(same.tolist()):
+        if asked == checks:
+            break
+        asked += 1
+        keep[k] = not refused(of_arrays(lp, i, like))
+    kept_extra = []
+    for x in extra:
+        if asked == checks:
+            kept_extra.append(x)
+            continue
+        asked += 1
+        if not refused(priced(x)):
+            kept_extra.append(x)
+    capped = asked < len(same) + len(extra)
+    same = same[keep]
+    a = lp.plans
+    twin = (lp.full[same] == lp.full[me]).all(axis=1) if me is not None else np.zeros(len(same), dtype=bool)
+    eq, v = variants_among(
+        priced_score(e, objective), float(e.memory.total), e.plan.vpp, e.plan.micro_batch,
+        np.concatenate((lp.score[same], [priced_score(x, objective) for x in kept_extra])).astype(float),
+        np.concatenate((lp.memory[same], [float(x.memory.total) for x in kept_extra])).astype(float),
+        np.concatenate((twin, [x.plan.model_copy(update={"zero": e.plan.zero}) == e.plan for x in kept_extra])).astype(bool),
+        np.concatenate((np.asarray(a.vpp)[same], [x.plan.vpp for x in kept_extra])).astype(int),
+        np.concatenate((np.asarray(a.micro_batch)[same], [x.plan.micro_batch for x in kept_extra])).astype(int),
+        lp.resolution)
+    return eq, dataclasses.replace(v, best=old.best), asked, capped
+
+
+def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
+               screened: Callable[[Candidate], bool], checks: int = CHECKS) -> tuple[Any, Sides | None]:
+    """The walk's result `kept` (keep_accepted; `lp` its search's plans) with what it shows beside its rows kept to the
+    plans `refused` accepts: the Pareto front (accepted_front), the conventional plan where accepted, the best
+    plan without CP and with EP that is accepted (where the search shows them), and each row's equivalents and
+    variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
+    plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (searched
+    without keep_plans), or no row."""
+    res = kept
+    if lp is None or not res.ranked:
+        return kept, None
+    t0 = time.perf_counter()
+    like = res.ranked[0]
+    conventional, conv = res.conventional, None
+    if conventional is not None:
+        conv = Side("accepted", 1) if not refused(priced(conventional)) else \
+            Side("refused", 1, refused_plan=conventional.plan)
+        conventional = conventional if conv.status == "accepted" else None
+    first = kept.ranked[0] if kept.ranked else None
+    no_cp, cp_side = None, None
+    if first is not None and first.plan.cp > 1 and res.without_cp is not None:
+        no_cp, cp_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.cp) == 1), like, refused, checks)
+    ep, ep_side = None, None
+    if first is not None and first.plan.ep == 1 and res.with_ep is not None:
+        ep, ep_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.ep) > 1), like, refused, checks)
+    front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
+    equivalents, variants, asked, capped = [], [], 0, []
+    for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):
+        n, w, a, cap = recount(lp, e, v, res.objective, like, screened)
+        equivalents.append(n)
+        variants.append(w)
+        asked += a
+        if cap:
+            capped.append(k)
+    out = dataclasses.replace(kept, pareto=front, conventional=conventional, without_cp=no_cp, with_ep=ep,
+                              equivalents=equivalents, variants=variants)
+    return out, Sides(front_checked, front_complete, conv, cp_side, ep_side, asked, tuple(capped),
+                      time.perf_counter() - t0)

@@ -144,13 +144,17 @@ def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowan
 
 
 def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, plans: Any, ranking: np.ndarray,
-                allowance: Any, order: tuple[str, ...], checkpoint: Any, min_headroom: float, top: int) -> Any:
+                allowance: Any, order: tuple[str, ...], checkpoint: Any, min_headroom: float, top: int,
+                fitted: list | None = None) -> Any:
     """The search result `res` (search.run.SearchResult) with the balanced-layout plans of the best shapes
-    merged into its ranking (and the vpp-1 stand-ins of a pinned --vpp taken out of it)."""
+    merged into its ranking (and the vpp-1 stand-ins of a pinned --vpp taken out of it); `fitted`, where given,
+    receives the balanced-layout plans priced that fit."""
     tried = candidates(m, plans, ranking, pins, top)
     if not tried and not pins.stand_ins:
         return res
     fit = price(m, cluster, tried, allowance, order, checkpoint, min_headroom)
+    if fitted is not None:
+        fitted.extend(fit)
     if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
         raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
     stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731

@@ -15,7 +15,7 @@ from llmplan.cost.params import LAYOUT_AXES
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
-from llmplan.search.filtered import LayoutPlans, Walk
+from llmplan.search.filtered import LayoutPlans, Sides, Walk
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
@@ -99,6 +99,9 @@ class SearchResult:
     (search.filtered: `search --target`); None otherwise, and once the caller has used it."""
     walk: "Walk | None" = None
     """With a target: what the walk over the plans did (search.filtered.Walk)."""
+    sides: "Sides | None" = None
+    """With a target: how the Pareto front, the comparisons and the rows' counts were kept to the plans the
+    target accepts (search.filtered.Sides)."""
 
 
 CLOUD_POINTS = 2000
@@ -334,10 +337,13 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        without_cp=best_without(plans.cp == 1, plans.cp > 1, score, est),
                        with_ep=best_without(plans.ep > 1, plans.ep == 1, score, est) if m.is_moe else None,
                        cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
-    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool)
+    fitted: list[TrainingEstimate] = []
+    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool,
+                              fitted)
     if keep_plans:
         res.layout_plans = LayoutPlans(plans, ranking, codes, score, headroom, memory, layout, resolution, est,
-                                       np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None)
+                                       np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None,
+                                       np.asarray(ev.throughput.tokens_per_s, dtype=float), fitted)
     return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
 
 

@@ -133,18 +133,28 @@ def variants_of(i: int, codes: np.ndarray, score: np.ndarray, memory: np.ndarray
     `resolution` (|log| of the score ratio, either way) of plan i."""
     same = np.flatnonzero(codes == codes[i])
     same = same[same != i]
-    s, s0 = score[same], float(score[i])
-    twin = equivalent(s, s0, memory[same], float(memory[i]), (full[same] == full[i]).all(axis=1))
-    other = same[~twin]
+    return variants_among(float(score[i]), float(memory[i]), int(plans.vpp[i]), int(plans.micro_batch[i]),
+                          score[same], memory[same], (full[same] == full[i]).all(axis=1),
+                          np.asarray(plans.vpp)[same], np.asarray(plans.micro_batch)[same], resolution)
+
+
+def variants_among(s0: float, m0: float, vpp0: int, mb0: int, score: np.ndarray, memory: np.ndarray,
+                   same_but_zero: np.ndarray, vpp: np.ndarray, mb: np.ndarray,
+                   resolution: float | None) -> tuple[int, Variants]:
+    """variants_of for a plan scoring s0 with m0 bytes, interleave vpp0 and micro-batch mb0, among the other
+    plans of its layout given as arrays (their scores, memory, whether each is the plan at another ZeRO stage,
+    interleave degrees and micro-batches): the plans a caller keeps (search.filtered: those a target accepts)."""
+    twin = equivalent(score, s0, memory, m0, same_but_zero)
+    other = ~twin
     if resolution is None or s0 <= 0:
-        return int(twin.sum()), Variants(count=len(other))
+        return int(twin.sum()), Variants(count=int(other.sum()))
     ratio = np.abs(np.log(s0 / np.maximum(score[other], 1e-300)))
-    near = other[ratio <= resolution]
-    worst = float(ratio[ratio <= resolution].max(initial=0.0))
-    vpp = tuple(sorted({int(plans.vpp[i]), *map(int, plans.vpp[near])}))
-    mb = tuple(sorted({int(plans.micro_batch[i]), *map(int, plans.micro_batch[near])}))
-    best = max(s0, float(score[same].max(initial=s0)))
-    return int(twin.sum()), Variants(len(other), len(near), vpp, mb, worst, best)
+    close = ratio <= resolution
+    worst = float(ratio[close].max(initial=0.0))
+    vpps = tuple(sorted({vpp0, *map(int, vpp[other][close])}))
+    mbs = tuple(sorted({mb0, *map(int, mb[other][close])}))
+    best = max(s0, float(score.max(initial=s0)))
+    return int(twin.sum()), Variants(int(other.sum()), int(close.sum()), vpps, mbs, worst, best)
 
 
 def absorb(kept: Variants, e: Any, score_kept: float, score_e: float, resolution: float | None) -> Variants:
