@@ -137,7 +137,8 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
         slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
-        at_slo = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, batch=slo_batch)})
+        at_slo = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(
+            job, batch=slo_batch, tp=plan.tp, hbm_bytes=system.gpu.hbm_bytes)})
         slo_tps = float(serve_timing(m, runs, system, spans, at_slo, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})

@@ -90,3 +90,16 @@ def test_bad_sizes_are_one_line_exit_2(cli, bad):
 def test_sizes_with_no_cuda_graphs_are_refused(cli):
     r = cli(*BASE[:-1], "--engine", "trtllm", "--no-cuda-graphs", "--cuda-graph-sizes", "4")
     assert r.code == 2 and "--no-cuda-graphs" in r.err and len(r.err.strip().splitlines()) == 1
+
+
+def test_a_users_list_is_kept_even_when_it_equals_a_default_one():
+    # The review of stop 54: a --cuda-graph-sizes list equal to SGLang's tp-1 default (up to 256) was taken for
+    # llmplan's own default and replaced by the tp-8 one (up to 512): batch 300 priced on a 304-row graph.
+    # ServeJob.cuda_graph_sizes_default now says whose list it is; the user's stays as given (300 runs eager).
+    from llmplan.cost.serve_step import sglang_graph_sizes
+    given = ",".join(str(b) for b in sglang_graph_sizes(256))
+    d = _json("--engine", "sglang", "--tp", "8", "--batch", "300", "--cuda-graph-sizes", given)
+    assert d["workload"]["cuda_graph_batch_sizes"] == list(sglang_graph_sizes(256))
+    assert d["decode_graph_batch"] == 300 and d["workload"]["cuda_graph_sizes_default"] is False
+    ours = _json("--engine", "sglang", "--tp", "8", "--batch", "300")
+    assert ours["workload"]["cuda_graph_sizes_default"] is True and ours["workload"]["cuda_graph_batch_sizes"][-1] == 300

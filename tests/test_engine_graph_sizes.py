@@ -78,12 +78,16 @@ def test_sglang_capture_list_written_out_from_the_rule():
 def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():
     h100 = 79.1 * GIB
     job = SimpleNamespace(engine="sglang", speculative=None, batch=300, max_num_batched_tokens=8192,
-                          cuda_graph_batch_sizes=sglang_graph_sizes(256))
+                          cuda_graph_batch_sizes=sglang_graph_sizes(256), cuda_graph_sizes_default=True)
     assert graph_sizes_at(job, tp=8, hbm_bytes=h100) == sglang_graph_sizes(512, 300)  # 300 captured at tp 8
     assert graph_sizes_at(job, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256)  # 300 over tp 2's max_bs
-    assert graph_sizes_at(job, batch=64, hbm_bytes=h100) == sglang_graph_sizes(256, 64)  # a pool of 64
-    mine = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": (64, 128)})
+    assert graph_sizes_at(job, batch=64, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256, 64)  # a pool of 64
+    assert graph_sizes_at(job, batch=64) == job.cuda_graph_batch_sizes  # no TP: kept until job_for_plan
+    mine = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": (64, 128), "cuda_graph_sizes_default": False})
     assert graph_sizes_at(mine, tp=8, hbm_bytes=h100) == (64, 128)
+    # a user's list that happens to equal a default one is the user's too (the review's case: it was replaced)
+    given = SimpleNamespace(**{**vars(job), "cuda_graph_sizes_default": False})
+    assert graph_sizes_at(given, tp=8, hbm_bytes=h100) == sglang_graph_sizes(256)
     unknown = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": sglang_graph_sizes(160)})
     assert graph_sizes_at(unknown, tp=1, hbm_bytes=h100) == sglang_graph_sizes(256)  # pools: GPU known later
 

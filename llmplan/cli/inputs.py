@@ -242,6 +242,7 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, t
                             "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
                             "cuda_graphs": s.cuda_graphs, "request_rate": request_rate, **lengths,
                             "cuda_graph_batch_sizes": graph_sizes_of(s, batch, tp, hbm_bytes),
+                            "cuda_graph_sizes_default": s.cuda_graphs and s.cuda_graph_sizes is None,
                             "speculative": speculative_of(s),
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
                  "inference workload options")

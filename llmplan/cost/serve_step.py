@@ -180,23 +180,15 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
 
 def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
                    tp: int | None = None, hbm_bytes: float | None = None, **_: Any) -> tuple[int, ...] | None:
-    """The job's captured sizes for a server started at another batch or max_num_batched_tokens, or (SGLang,
-    whose default depends on them) at tensor parallelism `tp` on a GPU of `hbm_bytes`: the engine's default
-    at the new settings where the job carries the default at its own (as the CLI derives it for that
-    command; SGLang: at either TP side of SGLANG_LARGE_TP, on this GPU or an unknown one), else the job's
-    (user-given) sizes. Derived: docs/formulas.md#infer.graph_padding"""
-    sizes = job.cuda_graph_batch_sizes
-    if sizes is not None and job.engine == "sglang" and job.speculative is None:
-        defaults = {sglang_graph_sizes(sglang_graph_max_bs(h, t), job.batch)
-                    for t in (1, SGLANG_LARGE_TP) for h in (hbm_bytes, None)}
-        if sizes not in defaults:
-            return sizes
-        if tp is None:  # the TP side the job's list was derived at
-            tp = 1 if sizes == sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, 1), job.batch) else SGLANG_LARGE_TP
-        return default_graph_sizes("sglang", batch or job.batch, job.max_num_batched_tokens, tp, hbm_bytes)
-    if sizes is None or sizes != default_graph_sizes(job.engine, job.batch, job.max_num_batched_tokens):
-        return sizes
-    return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens)
+    """The job's captured sizes for a server started at another batch or max_num_batched_tokens, at tensor
+    parallelism `tp` on a GPU of `hbm_bytes` (SGLang's default depends on both): where the job carries the
+    engine's default (ServeJob.cuda_graph_sizes_default), the default at the new settings; else the user's
+    sizes as given. SGLang without `tp` keeps the job's list (serving.job_for_plan derives it at the plan's
+    TP before anything is priced). Derived: docs/formulas.md#infer.graph_padding"""
+    if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None):
+        return job.cuda_graph_batch_sizes
+    return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens,
+                               tp or 1, hbm_bytes, job.speculative is not None)
 
 
 SERVE_GEMM_M_HALF = 128.0

@@ -246,6 +246,10 @@ class ServeJob(Spec):
     decode step of B sequences replays the graph of the smallest kept size >= B, dummy one-token sequences
     filling it, so its element-wise operators and all-reduces carry that many rows
     (cost.serve_step.graph_padded_rows, docs/formulas.md#infer.graph_padding); None: B rows (no padding)."""
+    cuda_graph_sizes_default: bool = False
+    """Whether cuda_graph_batch_sizes is the engine's default list as llmplan derives it (the CLI without
+    --cuda-graph-sizes): then it is derived again for the TP of each plan and the batch it is priced at
+    (cost.serve_step.graph_sizes_at); False: the sizes are the user's, kept as given."""
     request_rate: float | None = Field(default=None, gt=0, le=1e9)
     """Requests per second the deployment must sustain (search --objective min-gpus); None: no rate. Positive
     and finite (NaN compared false with every rate and passed every plan), at most 10^9 requests/s."""
