@@ -169,7 +169,8 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     """The speculative step at the job's batch and the same job without speculation (TPOT, throughput, KV)."""
     assert job.speculative is not None  # the caller's branch
     system = cluster.system
-    plain = job.model_copy(update={"speculative": None})
+    # the same server without speculation: SGLang's default capture list differs with it (job_for_plan)
+    plain = job_for_plan(job.model_copy(update={"speculative": None}), plan, system)
     base = serve_timing(loaded_model(m, plain), plan, system, spans, plain, job.batch)
     mem, base_mem = (serve_memory(loaded_model(m, j), plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
     context = job.input_len + job.output_len / 2

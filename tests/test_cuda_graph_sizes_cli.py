@@ -103,3 +103,24 @@ def test_a_users_list_is_kept_even_when_it_equals_a_default_one():
     assert d["decode_graph_batch"] == 300 and d["workload"]["cuda_graph_sizes_default"] is False
     ours = _json("--engine", "sglang", "--tp", "8", "--batch", "300")
     assert ours["workload"]["cuda_graph_sizes_default"] is True and ours["workload"]["cuda_graph_batch_sizes"][-1] == 300
+
+
+def test_sglang_speculative_summary_prices_the_plain_server_as_a_plain_run():
+    # SGLang captures another list with speculation (priced unpadded) and its default list without; the
+    # summary's "without speculation" TPOT must be the plain run's (it priced the plain decode unpadded).
+    plain = _json("--engine", "sglang", "--batch", "100", "--tp", "4")
+    spec = _json("--engine", "sglang", "--batch", "100", "--tp", "4", "--speculative", "eagle", "--spec-tokens", "3")
+    assert spec["speculative"]["tpot_without_s"] == plain["tpot_s"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_a_batch_above_every_captured_size_runs_as_without_cuda_graphs(engine):
+    # TensorRT-LLM model_engine.py _get_padded_batch, vLLM's cudagraph dispatch, SGLang's can_run: no graph
+    # above the largest captured size, so the step pays every kernel launch, as --no-cuda-graphs prices it
+    # (before: the graph's host time only, 1.8 ms a step less for llama-3.1-8b at tp 1).
+    over = _json("--engine", engine, "--batch", "257", "--cuda-graph-sizes", "128,256")
+    eager = _json("--engine", engine, "--batch", "257", "--no-cuda-graphs")
+    covered = _json("--engine", engine, "--batch", "256", "--cuda-graph-sizes", "128,256")
+    assert over["decode_graph_batch"] == 257
+    assert over["tpot_s"] == pytest.approx(eager["tpot_s"], rel=1e-12)
+    assert over["tpot_s"] - covered["tpot_s"] > 1e-3  # the launches, not only one more row

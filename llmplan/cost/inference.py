@@ -23,7 +23,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
-    step_seconds,
+    step_seconds, uncaptured_launch_seconds,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -48,7 +48,8 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True,
                          engine=engine, rows=rows if graph_sizes else None)
     hop = stage_hop_seconds(m, plan, system, spans, rows)
-    return plan.pp * (stage + hop) + overhead
+    # a batch above every captured size runs without a graph: its launches join the host time
+    return plan.pp * (stage + hop) + overhead + uncaptured_launch_seconds(m, plan, b, graph_sizes)
 
 
 def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob, batch: Any,

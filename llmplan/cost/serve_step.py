@@ -45,15 +45,32 @@ from llmplan.topology.collectives import collective_coeffs, collective_time
 from llmplan.topology.placement import GroupSpan
 
 
-def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
-    """Host time per engine step: the engine's own (ENGINES) and, without CUDA graphs, one launch per kernel:
-    the layer's GEMMs, attention, about six memory-bound kernels (norms, adds, rotary, activation) and the two
-    TP all-reduces, for the stage's layers. Derived: docs/formulas.md#infer.step"""
-    rule = ENGINES[job.engine]
-    if job.cuda_graphs:
-        return rule.step_overhead_s
+def eager_launch_seconds(m: ModelSpec, plan: ServePlan) -> float:
+    """Host time of one step's kernel launches when it runs without a CUDA graph: one launch per kernel, the
+    layer's GEMMs, attention, about six memory-bound kernels (norms, adds, rotary, activation) and the two TP
+    all-reduces, for the stage's layers. Derived: docs/formulas.md#infer.step"""
     per_layer = len(layer_linear_shapes(m, plan, m.is_moe)) + 1 + 6 + (2 if plan.tp > 1 else 0)
-    return rule.step_overhead_s + per_layer * m.num_hidden_layers / plan.pp * KERNEL_LAUNCH_S
+    return per_layer * m.num_hidden_layers / plan.pp * KERNEL_LAUNCH_S
+
+
+def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
+    """Host time per engine step: the engine's own (ENGINES) and, without CUDA graphs, its kernel launches
+    (eager_launch_seconds). Derived: docs/formulas.md#infer.step"""
+    rule = ENGINES[job.engine]
+    return rule.step_overhead_s + (0.0 if job.cuda_graphs else eager_launch_seconds(m, plan))
+
+
+def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, sizes: tuple[int, ...] | None) -> Any:
+    """The launches of a decode step whose batch is above every captured CUDA graph size: the engine runs it
+    without a graph (eager_launch_seconds), 0 where a graph covers it or no sizes are known.
+    Source: NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/model_engine.py (_get_padded_batch: no graph
+    above the largest size); vllm-project/vllm cudagraph dispatch (none above max_cudagraph_capture_size);
+    sgl-project/sglang cuda_graph_runner can_run (batch <= max_bs). Derived: docs/formulas.md#infer.graph_padding"""
+    if not sizes:
+        return 0.0
+    over = np.asarray(batch, dtype=float) > max(sizes)
+    out = np.where(over, eager_launch_seconds(m, plan), 0.0)
+    return out if np.ndim(batch) else float(out)
 
 
 
