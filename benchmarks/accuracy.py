@@ -236,7 +236,7 @@ ASSUMPTIONS = {
                   "gradient reduction, overlapped gradient reduce and parameter gather, TE fused attention, the fused "
                   "loss); MoE rows with the recipe's dispatcher (HybridEP read as deepep: a token once per "
                   "destination rank), its forced load balancing as random routing and its EP overlap "
-                  "(--ep-comm-overlap), "
+                  "(--ep-comm-overlap), its experts per-expert (TEGroupedMLP: the op fuser off, mbridge_expert_gemm), "
                   "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
                   "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
                   "defaults (te_default_margin); predicts tokens/s per GPU; scored, not fitted",
@@ -1167,9 +1167,14 @@ def mbridge_expert_gemm(rec: dict) -> str:
     selects TE's fused grouped MLP: cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1,
     use_transformer_engine_op_fuser) in the MXFP8 full-iteration presets from 26.06 (scripts/performance/configs/
     {qwen,deepseek,gpt_oss}/*workload_base_configs.py and utils/overrides.py at v0.5.0; v0.6.0 perf_recipes
-    {qwen,deepseek,gpt_oss}/common.py), grouped there, and the Nemotron-3 Ultra presets (26.08). Other families:
-    grouped (as priced before)."""
-    if family(rec["id"]) != "mbridge-moe":
+    {qwen,deepseek,gpt_oss}/common.py), grouped there, and the Nemotron-3 Ultra presets (26.08). The bridgecard
+    MoE card runs a perf recipe under the same rule: perf_recipes/_common.py _benchmark_common (at the card's
+    bridge_commit 3a9559f01) clears use_transformer_engine_op_fuser, which only the full-iteration MXFP8 builder
+    sets again (perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8); the recipe's
+    moe_grouped_gemm True then builds TEGroupedMLP: per-expert (docs/validation.md#bridgecard-expert-gemm).
+    Other families: grouped (as priced before)."""
+    fam = family(rec["id"])
+    if fam not in ("mbridge-moe", "bridgecard") or (fam == "bridgecard" and not model_for(rec, fam).is_moe):
         return "grouped"
     if "nemotron-3-ultra" in rec["id"]:
         # v0.6.0 perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_perf_defaults: use_transformer_engine_op_fuser

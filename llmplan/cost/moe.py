@@ -27,6 +27,9 @@ H100 clock 0.825 with attention_efficiency 1.0 (docs/validation.md#refit);
 tests/test_moe_mechanisms.py re-reads it and fails when it drifts again. One published run, and it
 ran without delay_wgrad_compute, which the performance presets' moe_a2a_overlap turns on (Megatron-Bridge
 scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides): a lower bound for them.
+That read priced the card's experts as one grouped kernel; read per-expert, as its recipe runs them (TEGroupedMLP),
+the card needs a share of 1.24 (26.02 s exposed, 21.28 s hidden in full): it no longer pins the share, which
+stands as last read (docs/validation.md#bridgecard-expert-gemm).
 docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
 
 
