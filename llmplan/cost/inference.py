@@ -23,7 +23,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
-    step_seconds, uncaptured_launch_seconds,
+    step_seconds, uncaptured_launch_seconds, graph_ceiling,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -32,7 +32,7 @@ from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
                 overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm",
-                graph_sizes: tuple[int, ...] | None = None) -> Any:
+                graph_sizes: tuple[int, ...] | None = None, graph_top: int | None = None) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
@@ -49,7 +49,7 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
                          engine=engine, rows=rows if graph_sizes else None)
     hop = stage_hop_seconds(m, plan, system, spans, rows)
     # a batch above every captured size runs without a graph: its launches join the host time
-    return plan.pp * (stage + hop) + overhead + uncaptured_launch_seconds(m, plan, b, graph_sizes)
+    return plan.pp * (stage + hop) + overhead + uncaptured_launch_seconds(m, plan, b, graph_top)
 
 
 def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob, batch: Any,
@@ -60,7 +60,7 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
         return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine,
-                           graph_sizes=job.decode_graph_sizes)
+                           graph_sizes=job.decode_graph_sizes, graph_top=graph_ceiling(job, plan, system.gpu.hbm_bytes))
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 

@@ -60,15 +60,29 @@ def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
     return rule.step_overhead_s + (0.0 if job.cuda_graphs else eager_launch_seconds(m, plan))
 
 
-def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, sizes: tuple[int, ...] | None) -> Any:
-    """The launches of a decode step whose batch is above every captured CUDA graph size: the engine runs it
-    without a graph (eager_launch_seconds), 0 where a graph covers it or no sizes are known.
+def graph_ceiling(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> int | None:
+    """The largest decode batch a CUDA graph covers on the server the job describes: the user's largest size;
+    for the engine's default list (ServeJob.cuda_graph_sizes_default) the default's own ceiling, which a
+    server configured for the batch reaches (vLLM min(512, max_num_batched_tokens), SGLang's max_bs at the
+    plan's TP, TensorRT-LLM its list up to max_num_tokens); None without graphs.
+    Derived: docs/formulas.md#infer.graph_padding"""
+    sizes = job.decode_graph_sizes
+    if not sizes or not job.cuda_graph_sizes_default:
+        return max(sizes) if sizes else None
+    top = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, hbm_bytes,
+                              job.speculative is not None)
+    return max(top) if top else None
+
+
+def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
+    """The launches of a decode step whose batch is above the largest captured CUDA graph size (`ceiling`,
+    graph_ceiling): the engine runs it without a graph (eager_launch_seconds); 0 at or below it or without one.
     Source: NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/model_engine.py (_get_padded_batch: no graph
     above the largest size); vllm-project/vllm cudagraph dispatch (none above max_cudagraph_capture_size);
     sgl-project/sglang cuda_graph_runner can_run (batch <= max_bs). Derived: docs/formulas.md#infer.graph_padding"""
-    if not sizes:
+    if ceiling is None:
         return 0.0
-    over = np.asarray(batch, dtype=float) > max(sizes)
+    over = np.asarray(batch, dtype=float) > ceiling
     out = np.where(over, eager_launch_seconds(m, plan), 0.0)
     return out if np.ndim(batch) else float(out)
 
