@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmplan.cost.attention_rate import fused_attention_asymptote
-from llmplan.cost.serve_step import graph_sizes_at
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training, with_checkpoint
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -263,7 +262,8 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
     for why, plan_change, job_change in cands:
         if not plan_change and not job_change:
             continue
-        plan, job = p.model_copy(update=plan_change), j.model_copy(update={**job_change, "cuda_graph_batch_sizes": graph_sizes_at(j, **job_change)})
+        # estimate_serving derives the engine's default capture list again for the changed job (job_for_plan)
+        plan, job = p.model_copy(update=plan_change), j.model_copy(update=job_change)
         try:
             plan, job = type(p).model_validate(plan.model_dump()), type(j).model_validate(job.model_dump())
             cluster = _cluster_for(e, plan)

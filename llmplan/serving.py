@@ -108,11 +108,12 @@ def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
     return m
 
 
-def job_for_plan(job: ServeJob, plan: ServePlan, system: SystemSpec) -> ServeJob:
-    """The job as a server of `plan` on `system` runs it: SGLang's default captured CUDA graph sizes depend on
-    the plan's TP and the GPU's memory (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a
-    plan's decode (estimate_serving, the searches' SLO batch) takes the job from here, so that they agree."""
-    return job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, tp=plan.tp,
+def job_for_plan(job: ServeJob, plan: ServePlan, system: SystemSpec, batch: int | None = None) -> ServeJob:
+    """The job as a server of `plan` on `system` runs it (at `batch` sequences, else the job's): the engine's
+    default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and the batch
+    (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a plan's decode (estimate_serving,
+    the searches' SLO batch) takes the job from here, so that they agree."""
+    return job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
                                                                            hbm_bytes=system.gpu.hbm_bytes)})
 
 
@@ -137,8 +138,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
         slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
-        at_slo = job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(
-            job, batch=slo_batch, tp=plan.tp, hbm_bytes=system.gpu.hbm_bytes)})
+        at_slo = job_for_plan(job, plan, system, slo_batch)
         slo_tps = float(serve_timing(m, runs, system, spans, at_slo, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})

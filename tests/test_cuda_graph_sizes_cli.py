@@ -102,7 +102,8 @@ def test_a_users_list_is_kept_even_when_it_equals_a_default_one():
     assert d["workload"]["cuda_graph_batch_sizes"] == list(sglang_graph_sizes(256))
     assert d["decode_graph_batch"] == 300 and d["workload"]["cuda_graph_sizes_default"] is False
     ours = _json("--engine", "sglang", "--tp", "8", "--batch", "300")
-    assert ours["workload"]["cuda_graph_sizes_default"] is True and ours["workload"]["cuda_graph_batch_sizes"][-1] == 300
+    assert ours["workload"]["cuda_graph_sizes_default"] is True
+    assert ours["workload"]["cuda_graph_batch_sizes"][-1] == 300
 
 
 def test_sglang_speculative_summary_prices_the_plain_server_as_a_plain_run():

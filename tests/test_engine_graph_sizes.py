@@ -72,7 +72,8 @@ def test_sglang_capture_list_written_out_from_the_rule():
     assert graph_padded_rows(257, sglang_graph_sizes(256)) == 257  # above max_bs: eager, unpadded
     # base_runner.py @f438a118: a request pool under max_bs is added to the list and larger sizes dropped
     assert sglang_graph_sizes(256, 100) == (*sglang_graph_sizes(96), 100)
-    assert sglang_graph_sizes(256, 96) == sglang_graph_sizes(96) and sglang_graph_sizes(32, 100) == sglang_graph_sizes(32)
+    assert sglang_graph_sizes(256, 96) == sglang_graph_sizes(96)
+    assert sglang_graph_sizes(32, 100) == sglang_graph_sizes(32)
 
 
 def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():

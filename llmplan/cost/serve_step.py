@@ -74,6 +74,12 @@ def graph_ceiling(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> in
     return max(top) if top else None
 
 
+def decode_graphs(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> dict[str, Any]:
+    """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to and the
+    largest one a graph covers (graph_ceiling)."""
+    return {"graph_sizes": job.decode_graph_sizes, "graph_top": graph_ceiling(job, plan, hbm_bytes)}
+
+
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
     """The launches of a decode step whose batch is above the largest captured CUDA graph size (`ceiling`,
     graph_ceiling): the engine runs it without a graph (eager_launch_seconds); 0 at or below it or without one.
@@ -210,7 +216,7 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
 
 
 def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
-                   tp: int | None = None, hbm_bytes: float | None = None, **_: Any) -> tuple[int, ...] | None:
+                   tp: int | None = None, hbm_bytes: float | None = None) -> tuple[int, ...] | None:
     """The job's captured sizes for a server started at another batch or max_num_batched_tokens, at tensor
     parallelism `tp` on a GPU of `hbm_bytes` (SGLang's default depends on both): where the job carries the
     engine's default (ServeJob.cuda_graph_sizes_default), the default at the new settings; else the user's

@@ -179,7 +179,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     def from_arrays(i: int) -> Candidate:
         assert lp is not None and like is not None
         tried.add(i)
-        return Candidate(lp.plans.plan(i), lambda: lp.estimate(i), like)
+        return of_arrays(lp, i, like)
 
     while len(kept) < top and checked < checks and (r < len(rows) or j < len(stream)):
         next_row = lead[by_lead[r]] if r < len(rows) else -np.inf
@@ -287,7 +287,8 @@ def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[C
     throughput; then the layout pass's plans that are accepted join it. Refusing nothing, it is the search's
     front. The walk asks `screened` (default `refused`; it need not price a plan), and the plans the thinned
     front shows are asked `refused` again; where one is refused then, the walk runs again without it."""
-    from llmplan.search.run import pareto_front
+    from llmplan.search.layouts import _front
+    from llmplan.search.run import PARETO_WITHIN, pareto_front
 
     screened = screened or refused
     idx = lp.plans_in(np.ones(len(lp.score), dtype=bool))
@@ -313,7 +314,7 @@ def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[C
                 answer[k] = not screened(of_arrays(lp, int(idx[k]), like))
             if answer[k]:
                 front.append(k)
-                most, floor = room[k], max(floor, 0.5 * tokens[k])
+                most, floor = room[k], max(floor, PARETO_WITHIN * tokens[k])
         at = np.asarray(front, dtype=int)
         shown = [int(at[j]) for j in pareto_front(tokens[at], room[at])] if front else []
         again = False
@@ -329,16 +330,7 @@ def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[C
         checked += 1
         if not refused(priced(e)):
             extra.append(e)
-    return _thin([lp.estimate(int(idx[k])) for k in shown] + extra, pareto_front), checked, complete
-
-
-def _thin(front: list[TrainingEstimate], pareto_front: Callable) -> list[TrainingEstimate]:
-    """The front again from the scalar estimates (search.layouts._front), thinned to its limit."""
-    if not front:
-        return []
-    tokens = np.asarray([float(e.throughput.tokens_per_s) for e in front])
-    room = np.asarray([float(e.memory.headroom) for e in front])
-    return [front[i] for i in pareto_front(tokens, room)]
+    return _front([lp.estimate(int(idx[k])) for k in shown] + extra), checked, complete
 
 
 def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str, like: TrainingEstimate,
@@ -375,7 +367,8 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
         priced_score(e, objective), float(e.memory.total), e.plan.vpp, e.plan.micro_batch,
         np.concatenate((lp.score[same], [priced_score(x, objective) for x in kept_extra])).astype(float),
         np.concatenate((lp.memory[same], [float(x.memory.total) for x in kept_extra])).astype(float),
-        np.concatenate((twin, [x.plan.model_copy(update={"zero": e.plan.zero}) == e.plan for x in kept_extra])).astype(bool),
+        np.concatenate((twin, [x.plan.model_copy(update={"zero": e.plan.zero}) == e.plan
+                               for x in kept_extra])).astype(bool),
         np.concatenate((np.asarray(a.vpp)[same], [x.plan.vpp for x in kept_extra])).astype(int),
         np.concatenate((np.asarray(a.micro_batch)[same], [x.plan.micro_batch for x in kept_extra])).astype(int),
         lp.resolution)
@@ -390,27 +383,26 @@ def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate],
     variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
     plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (searched
     without keep_plans), or no row."""
-    res = kept
-    if lp is None or not res.ranked:
+    if lp is None or not kept.ranked:
         return kept, None
     t0 = time.perf_counter()
-    like = res.ranked[0]
-    conventional, conv = res.conventional, None
+    like = kept.ranked[0]
+    conventional, conv = kept.conventional, None
     if conventional is not None:
         conv = Side("accepted", 1) if not refused(priced(conventional)) else \
             Side("refused", 1, refused_plan=conventional.plan)
         conventional = conventional if conv.status == "accepted" else None
     first = kept.ranked[0] if kept.ranked else None
     no_cp, cp_side = None, None
-    if first is not None and first.plan.cp > 1 and res.without_cp is not None:
+    if first is not None and first.plan.cp > 1 and kept.without_cp is not None:
         no_cp, cp_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.cp) == 1), like, refused, checks)
     ep, ep_side = None, None
-    if first is not None and first.plan.ep == 1 and res.with_ep is not None:
+    if first is not None and first.plan.ep == 1 and kept.with_ep is not None:
         ep, ep_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.ep) > 1), like, refused, checks)
     front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
     equivalents, variants, asked, capped = [], [], 0, []
     for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):
-        n, w, a, cap = recount(lp, e, v, res.objective, like, screened)
+        n, w, a, cap = recount(lp, e, v, kept.objective, like, screened)
         equivalents.append(n)
         variants.append(w)
         asked += a

@@ -219,7 +219,12 @@ def _order(score: np.ndarray, headroom: np.ndarray, plans: PlanArrays) -> np.nda
     return cut[np.lexsort(keys)]
 
 
-def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12, within: float = 0.5) -> np.ndarray:
+PARETO_WITHIN = 0.5
+"""The Pareto front's floor: plans with at least this share of the best throughput (pareto_front)."""
+
+
+def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12,
+                 within: float = PARETO_WITHIN) -> np.ndarray:
     """Indices of plans no other plan beats on both throughput and memory headroom (best throughput first),
     among plans with at least `within` x the best throughput."""
     near = np.flatnonzero(throughput >= within * throughput.max())  # down to the floor (a stable sort of these
