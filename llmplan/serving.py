@@ -15,7 +15,7 @@ from llmplan.cost.operators import OperatorUse
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
-from llmplan.cost.serve_step import graph_sizes_at
+from llmplan.cost.serve_step import GraphHost, graph_ceiling, graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.hardware import SystemSpec
@@ -108,13 +108,14 @@ def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
     return m
 
 
-def job_for_plan(job: ServeJob, plan: ServePlan, system: SystemSpec, batch: int | None = None) -> ServeJob:
-    """The job as a server of `plan` on `system` runs it (at `batch` sequences, else the job's): the engine's
-    default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and the batch
-    (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a plan's decode (estimate_serving,
+def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpec,
+                 batch: int | None = None) -> ServeJob:
+    """The job as a server of `plan` on `system` runs `m` (at `batch` sequences, else the job's): the engine's
+    default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and compute capability, the
+    model and the batch (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a plan's decode (estimate_serving,
     the searches' SLO batch) takes the job from here, so that they agree."""
     return job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
-                                                                           hbm_bytes=system.gpu.hbm_bytes)})
+                                                                           host=GraphHost.of(system, m))})
 
 
 def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
@@ -124,7 +125,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         raise PlanViolationError(violations)
     spec_m, m = m, loaded_model(m, job)
     system = cluster.system
-    job = job_for_plan(job, plan, system)
+    job = job_for_plan(m, job, plan, system)
     spans = replica_spans(plan, cluster)
     uses = serving_operator_uses(m, system.gpu)
     runs = running_plan(plan, uses)
@@ -138,7 +139,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
         slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
-        at_slo = job_for_plan(job, plan, system, slo_batch)
+        at_slo = job_for_plan(m, job, plan, system, slo_batch)
         slo_tps = float(serve_timing(m, runs, system, spans, at_slo, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0
     cold = job.model_copy(update={"prefix_hit_rate": 0.0})
@@ -170,12 +171,13 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     assert job.speculative is not None  # the caller's branch
     system = cluster.system
     # the same server without speculation: SGLang's default capture list differs with it (job_for_plan)
-    plain = job_for_plan(job.model_copy(update={"speculative": None}), plan, system)
+    plain = job_for_plan(m, job.model_copy(update={"speculative": None}), plan, system)
     base = serve_timing(loaded_model(m, plain), plan, system, spans, plain, job.batch)
     mem, base_mem = (serve_memory(loaded_model(m, j), plan, j, system.gpu.hbm_bytes, allowance) for j in (job, plain))
     context = job.input_len + job.output_len / 2
     step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
-                            step_host_seconds(m, plan, job), job.engine)
+                            step_host_seconds(m, plan, job), job.engine,
+                            graph_ceiling(job, plan, GraphHost.of(system, m)))
     return SpeculativeSummary(
         step=step, tpot_without_s=float(base.tpot), tokens_per_s_without=float(base.tokens_per_s_replica) * plan.dp,
         max_concurrent_seqs_without=base_mem.max_concurrent_seqs,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from llmplan.cost.serve_step import (
+    GraphHost,
     default_graph_sizes,
     graph_padded_rows,
     graph_sizes_at,
@@ -39,10 +40,10 @@ def test_vllm_adds_max_num_batched_tokens_under_the_ceiling():
 
 def test_default_graph_sizes_per_engine_and_the_padding():
     assert default_graph_sizes("vllm", 64, 8192) == vllm_graph_sizes(64, 8192)
-    assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB) == sglang_graph_sizes(256)
-    assert default_graph_sizes("sglang", 1000, 8192, 1, 79.1 * GIB, speculative=True) is None
+    assert default_graph_sizes("sglang", 1000, 8192, 1, GraphHost(79.1 * GIB)) == sglang_graph_sizes(256)
+    assert default_graph_sizes("sglang", 1000, 8192, 1, GraphHost(79.1 * GIB), draft_tokens=1) is None
     # the pool of llmplan's export (--max-running-requests = the batch) under max_bs: captured exactly
-    assert default_graph_sizes("sglang", 100, 8192, 1, 79.1 * GIB) == (*sglang_graph_sizes(96), 100)
+    assert default_graph_sizes("sglang", 100, 8192, 1, GraphHost(79.1 * GIB)) == (*sglang_graph_sizes(96), 100)
     assert graph_padded_rows(50, default_graph_sizes("vllm", 64, 8192)) == 56
     assert graph_padded_rows(600, default_graph_sizes("vllm", 300, 8192)) == 600  # above 512: eager, unpadded
 
@@ -80,17 +81,17 @@ def test_sglang_default_follows_the_plans_tp_but_not_a_users_list():
     h100 = 79.1 * GIB
     job = SimpleNamespace(engine="sglang", speculative=None, batch=300, max_num_batched_tokens=8192,
                           cuda_graph_batch_sizes=sglang_graph_sizes(256), cuda_graph_sizes_default=True)
-    assert graph_sizes_at(job, tp=8, hbm_bytes=h100) == sglang_graph_sizes(512, 300)  # 300 captured at tp 8
-    assert graph_sizes_at(job, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256)  # 300 over tp 2's max_bs
-    assert graph_sizes_at(job, batch=64, tp=2, hbm_bytes=h100) == sglang_graph_sizes(256, 64)  # a pool of 64
+    assert graph_sizes_at(job, tp=8, host=GraphHost(h100)) == sglang_graph_sizes(512, 300)  # 300 captured at tp 8
+    assert graph_sizes_at(job, tp=2, host=GraphHost(h100)) == sglang_graph_sizes(256)  # 300 over tp 2's max_bs
+    assert graph_sizes_at(job, batch=64, tp=2, host=GraphHost(h100)) == sglang_graph_sizes(256, 64)  # a pool of 64
     assert graph_sizes_at(job, batch=64) == job.cuda_graph_batch_sizes  # no TP: kept until job_for_plan
     mine = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": (64, 128), "cuda_graph_sizes_default": False})
-    assert graph_sizes_at(mine, tp=8, hbm_bytes=h100) == (64, 128)
+    assert graph_sizes_at(mine, tp=8, host=GraphHost(h100)) == (64, 128)
     # a user's list that happens to equal a default one is the user's too (the review's case: it was replaced)
     given = SimpleNamespace(**{**vars(job), "cuda_graph_sizes_default": False})
-    assert graph_sizes_at(given, tp=8, hbm_bytes=h100) == sglang_graph_sizes(256)
+    assert graph_sizes_at(given, tp=8, host=GraphHost(h100)) == sglang_graph_sizes(256)
     unknown = SimpleNamespace(**{**vars(job), "cuda_graph_batch_sizes": sglang_graph_sizes(160)})
-    assert graph_sizes_at(unknown, tp=1, hbm_bytes=h100) == sglang_graph_sizes(256)  # pools: GPU known later
+    assert graph_sizes_at(unknown, tp=1, host=GraphHost(h100)) == sglang_graph_sizes(256)  # pools: GPU known later
 
 
 def test_sglang_search_picks_the_slo_batch_at_each_plans_own_capture_sizes(cli):

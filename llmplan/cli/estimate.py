@@ -10,6 +10,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
+from llmplan.cost.serve_step import GraphHost
 from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, reported, switches, with_hardware_options,
                                 written_flags)
@@ -97,7 +98,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
     prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if plan.phase == "prefill" else 64
-    job = make_job(s, batch or prefill_seqs, tp=plan.tp, hbm_bytes=cluster.system.gpu.hbm_bytes)
+    job = make_job(s, batch or prefill_seqs, tp=plan.tp, host=GraphHost.of(cluster.system, m))
     allowance = make_allowance(memory)
     if max_load:
         job = at_max_load(m, cluster, plan, job, allowance, cap=batch)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError
 from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA, mean_length
-from llmplan.cost.serve_step import default_graph_sizes
+from llmplan.cost.serve_step import GraphHost, default_graph_sizes
 from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
@@ -227,23 +227,24 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
 
 
 def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, tp: int = 1,
-             hbm_bytes: float | None = None) -> ServeJob:
+             host: GraphHost | None = None) -> ServeJob:
     """The serving workload: the serving options with the command's load (estimate --batch, search
     --max-batch and --request-rate); with a length distribution, input_len / output_len are its mean.
-    `tp` and `hbm_bytes` (the GPU's memory) pick SGLang's default CUDA graph sizes (graph_sizes_of)."""
+    `tp` and `host` (the GPU and model) pick the engine's default CUDA graph sizes (graph_sizes_of)."""
     dists = {side: length_distribution(f"--{side}-len-dist", text, side, given)
              for side, text, given in (("input", s.input_len_dist, s.input_len), ("output", s.output_len_dist,
                                                                                   s.output_len))
              if text is not None}
     lengths = {f"{side}_len": max(1, round(mean_length(d))) for side, d in dists.items()}
+    spec = speculative_of(s)  # its flags checked before the capture list reads --spec-tokens
     return build(ServeJob, {"input_len": s.input_len, "output_len": s.output_len, "batch": batch,
                             "prefix_hit_rate": s.prefix_hit_rate, "ttft_slo_s": s.ttft_slo, "tpot_slo_s": s.tpot_slo,
                             "gpu_memory_utilization": s.gpu_memory_utilization, "block_size": s.block_size,
                             "max_num_batched_tokens": s.max_num_batched_tokens, "engine": s.engine,
                             "cuda_graphs": s.cuda_graphs, "request_rate": request_rate, **lengths,
-                            "cuda_graph_batch_sizes": graph_sizes_of(s, batch, tp, hbm_bytes),
+                            "cuda_graph_batch_sizes": graph_sizes_of(s, batch, tp, host),
                             "cuda_graph_sizes_default": s.cuda_graphs and s.cuda_graph_sizes is None,
-                            "speculative": speculative_of(s),
+                            "speculative": spec,
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
                  "inference workload options")
 
@@ -252,10 +253,10 @@ GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
 """ServeJob.cuda_graph_batch_sizes' bounds: the largest size, and how many sizes."""
 
 
-def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, hbm_bytes: float | None = None
+def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, host: GraphHost | None = None
                    ) -> tuple[int, ...] | None:
     """--cuda-graph-sizes as sorted distinct positive batch sizes, or the engine's default captured sizes for a
-    largest batch of `batch`, at `tp` on a GPU of `hbm_bytes` (SGLang; cost.serve_step.default_graph_sizes;
+    largest batch of `batch`, at `tp` on `host` (cost.serve_step.default_graph_sizes;
     serving.estimate_serving re-derives SGLang's for each plan's tp); None without CUDA graphs.
     A bad list is one line naming the flag."""
     if not s.cuda_graphs:
@@ -264,7 +265,7 @@ def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, hbm_bytes: float 
         return None
     if s.cuda_graph_sizes is None:
         return default_graph_sizes(s.engine, batch, s.max_num_batched_tokens, tp,  # type: ignore[arg-type]
-                                   hbm_bytes, s.speculative is not None)
+                                   host, (s.spec_tokens or 0) if s.speculative is not None else None)
     parts = [p.strip() for p in s.cuda_graph_sizes.split(",")]
     if not all(p.isdigit() and 1 <= int(p) <= GRAPH_SIZE_MAX for p in parts) or len(set(parts)) > GRAPH_SIZES_MAX:
         raise LlmplanError(f"--cuda-graph-sizes {s.cuda_graph_sizes}: want up to {GRAPH_SIZES_MAX} "

@@ -17,6 +17,7 @@ from llmplan.cli.pools_serve import search_pools_serving
 from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, serving_walk,
                                  training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
+from llmplan.cost.serve_step import GraphHost
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
@@ -113,7 +114,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
         raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
-    job = make_job(s, max_batch, request_rate, hbm_bytes=cluster.system.gpu.hbm_bytes)
+    job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
@@ -158,7 +159,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
                            "`estimate --mode infer --phase prefill|decode ... --save`")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
-    job = make_job(s, max_batch, request_rate, hbm_bytes=cluster.system.gpu.hbm_bytes)
+    job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
                                make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))

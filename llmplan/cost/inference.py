@@ -23,7 +23,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
-    step_seconds, uncaptured_launch_seconds, decode_graphs,
+    step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost, graph_ceiling,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -60,7 +60,7 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
         return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine,
-                           **decode_graphs(job, plan, system.gpu.hbm_bytes))
+                           **decode_graphs(job, plan, GraphHost.of(system, m)))
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 

@@ -60,24 +60,56 @@ def step_host_seconds(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
     return rule.step_overhead_s + (0.0 if job.cuda_graphs else eager_launch_seconds(m, plan))
 
 
-def graph_ceiling(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> int | None:
-    """The largest decode batch a CUDA graph covers on the server the job describes: the user's largest size;
-    for the engine's default list (ServeJob.cuda_graph_sizes_default) the default's own ceiling, which a
-    server configured for the batch reaches (vLLM min(512, max_num_batched_tokens), SGLang's max_bs at the
-    plan's TP, TensorRT-LLM its list up to max_num_tokens); None without graphs.
+@dataclass(frozen=True)
+class GraphHost:
+    """What an engine's default CUDA graph capture list reads beyond the job: the GPU's memory (SGLang's
+    max_bs), its compute capability (vLLM's platform ceiling, vllm_platform_max_capture) and the model's
+    architecture (vLLM's per-model override, VLLM_MODEL_MAX_CAPTURE)."""
+
+    hbm_bytes: float | None = None
+    compute_capability: float | None = None
+    model_type: str | None = None
+
+    @classmethod
+    def of(cls, system: SystemSpec, m: ModelSpec | None = None) -> GraphHost:
+        """The host of `system`'s GPU serving `m` (None: a model the default does not depend on)."""
+        return cls(system.gpu.hbm_bytes, system.gpu.compute_capability, m.model_type if m is not None else None)
+
+
+def decode_query_len(job: ServeJob) -> int:
+    """Tokens a decode request carries per step in vLLM's capture list: 1 + num_speculative_tokens under
+    speculative decoding, else 1 (TensorRT-LLM's and SGLang's lists count requests: 1).
+    Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
+    VllmConfig.uniform_decode_query_len."""
+    if job.engine != "vllm" or job.speculative is None:
+        return 1
+    return 1 + job.speculative.num_speculative_tokens
+
+
+def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> int | None:
+    """The most sequences a decode step may hold and still replay a CUDA graph on the server the job
+    describes: the largest captured size (the user's, or for the engine's default list,
+    ServeJob.cuda_graph_sizes_default, the default's own ceiling, which a server configured for the batch
+    reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at the plan's
+    TP, TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
+    verification of b requests is b x (1 + k) of them); None without graphs.
     Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.decode_graph_sizes
-    if not sizes or not job.cuda_graph_sizes_default:
-        return max(sizes) if sizes else None
-    top = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, hbm_bytes,
-                              job.speculative is not None)
-    return max(top) if top else None
+    if sizes and job.cuda_graph_sizes_default:
+        sizes = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, host,
+                                    draft_tokens_of(job))
+    return max(sizes) // decode_query_len(job) if sizes else None
 
 
-def decode_graphs(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> dict[str, Any]:
+def draft_tokens_of(job: ServeJob) -> int | None:
+    """The job's draft tokens per request and step (num_speculative_tokens), None without speculation."""
+    return job.speculative.num_speculative_tokens if job.speculative is not None else None
+
+
+def decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> dict[str, Any]:
     """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to and the
-    largest one a graph covers (graph_ceiling)."""
-    return {"graph_sizes": job.decode_graph_sizes, "graph_top": graph_ceiling(job, plan, hbm_bytes)}
+    largest batch a graph covers (graph_ceiling)."""
+    return {"graph_sizes": job.decode_graph_sizes, "graph_top": graph_ceiling(job, plan, host)}
 
 
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
@@ -140,18 +172,56 @@ def trtllm_graph_sizes(listed: tuple[int, ...], max_bs: int, max_tokens: int) ->
 
 
 VLLM_DEFAULT_MAX_CAPTURE = 512
-"""vLLM's default ceiling on max_cudagraph_capture_size (1024 on data-center Blackwell, compute capability 10.x,
-which default_graph_sizes does not know: it takes 512)."""
+"""vLLM's default ceiling on max_cudagraph_capture_size (default_max_graph_size) off data-center Blackwell.
+Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
+VllmConfig._set_cudagraph_sizes."""
+VLLM_BLACKWELL_MAX_CAPTURE = 1024
+"""The same ceiling on a GPU of compute capability 10.x (current_platform.is_device_capability_family(100):
+B200, GB200, B300, GB300). Source: as VLLM_DEFAULT_MAX_CAPTURE."""
+VLLM_MODEL_MAX_CAPTURE: dict[str, int] = {"gpt_oss": 1024}
+"""Models whose vLLM config hook sets max_cudagraph_capture_size itself when the user set neither it nor
+cudagraph_capture_sizes (before _set_cudagraph_sizes runs: VllmConfig.__post_init__ calls
+try_verify_and_update_config first), by llmplan model_type: GPT-OSS 1024. No other entry of
+MODELS_CONFIG_MAP touches the capture sizes. Source: vllm-project/vllm vllm/model_executor/models/config.py
+@1936cf3841edb9781b06c50fc4daf4bac9d3b23e, GptOssForCausalLMConfig.verify_and_update_config."""
 
 
-def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
-    """vLLM's default cudagraph_capture_sizes (balanced mode, one token per decode request): the ceiling
-    C = min(2 x max_num_seqs, 512, max_num_batched_tokens); [1, 2, 4] up to C, every 8 from 8 to min(C, 248),
-    every 16 from 256 to C, and max_num_batched_tokens when it is <= C. A batch at or below the largest
-    size replays the smallest size >= it (graph_padded_rows).
-    Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164, _set_cudagraph_sizes."""
-    cap = min(max_num_seqs * 2, VLLM_DEFAULT_MAX_CAPTURE, max_num_batched_tokens)
-    sizes = {b for b in (1, 2, 4) if b <= cap} | set(range(8, min(cap + 1, 256), 8)) | set(range(256, cap + 1, 16))
+def vllm_platform_max_capture(compute_capability: float | None) -> int:
+    """vLLM's default_max_graph_size on a GPU of `compute_capability` (major.minor; None: unknown or not
+    CUDA): 1024 on the 10.x family, else 512. Source: vllm-project/vllm vllm/config/vllm.py @000fc94b,
+    VllmConfig._set_cudagraph_sizes; vllm/platforms/interface.py is_device_capability_family (major.minor as
+    an integer, floor-divided by 10)."""
+    if compute_capability is not None and int(compute_capability) == 10:
+        return VLLM_BLACKWELL_MAX_CAPTURE
+    return VLLM_DEFAULT_MAX_CAPTURE
+
+
+def _vllm_grid(cap: int) -> set[int]:
+    """[1, 2, 4] up to `cap`, every 8 from 8 below min(cap + 1, 256), every 16 from 256 to cap."""
+    return {b for b in (1, 2, 4) if b <= cap} | set(range(8, min(cap + 1, 256), 8)) | set(range(256, cap + 1, 16))
+
+
+def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform_max: int = VLLM_DEFAULT_MAX_CAPTURE,
+                     query_len: int = 1, model_max: int | None = None) -> tuple[int, ...]:
+    """vLLM's default cudagraph_capture_sizes in tokens (balanced mode): the ceiling C = min(2 x max_num_seqs x
+    query_len, platform_max) (a model's own max_cudagraph_capture_size `model_max` instead where it sets one),
+    then C = min(C, max_num_batched_tokens); [1, 2, 4] up to C, every 8 from 8 to min(C, 248), every 16 from
+    256 to C, max_num_batched_tokens when it is <= C, and with query_len = 1 + k > 1 (speculative decoding,
+    no model_max) the uniform decode sizes n x query_len <= C for the request counts n (the same grid up to
+    min(max_num_seqs, platform_max), and that bound itself). A batch at or below the largest size replays the
+    smallest size >= it (graph_padded_rows); one above runs eagerly (graph_ceiling).
+    Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
+    VllmConfig._set_cudagraph_sizes (request_counts, uniform_decode_sizes)."""
+    uniform: set[int] = set()
+    if model_max is not None:
+        cap = model_max
+    else:
+        cap = min(max_num_seqs * query_len * 2, platform_max)
+        if query_len > 1:
+            top = min(max_num_seqs, platform_max)
+            uniform = {n * query_len for n in _vllm_grid(top) | {top} if n * query_len <= cap}
+    cap = min(max_num_batched_tokens, cap)
+    sizes = _vllm_grid(cap) | {u for u in uniform if u <= max_num_batched_tokens}
     if max_num_batched_tokens <= cap:
         sizes.add(max_num_batched_tokens)
     return tuple(sorted(sizes))
@@ -195,37 +265,41 @@ def sglang_graph_sizes(max_bs: int, requests: int | None = None) -> tuple[int, .
 
 
 def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 1,
-                        hbm_bytes: float | None = None, speculative: bool = False) -> tuple[int, ...] | None:
-    """The captured sizes a decode step pads to when the user gives none. TensorRT-LLM (PyTorch backend): its
-    perf overview's padded list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes).
-    TensorRT-LLM's own CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a
-    server started without the perf overview's llm_options runs batches off its list without a graph, which
-    llmplan does not price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default
-    capture sizes for max_num_seqs = max_bs (vllm_graph_sizes). SGLang: its default list for the GPU's
-    memory and `tp` (sglang_graph_max_bs) cut at a request pool of max_bs (sglang_graph_sizes: the planned
-    batch is captured when SGLang's max_bs allows it, else it runs without a graph); None (unpadded) with
-    speculative decoding, whose list and request cap (48 by default) differ by algorithm.
-    Derived: docs/formulas.md#infer.graph_padding"""
+                        host: GraphHost | None = None, draft_tokens: int | None = None) -> tuple[int, ...] | None:
+    """The captured sizes a decode step pads to when the user gives none; `draft_tokens` the speculative
+    num_speculative_tokens (None: no speculation). TensorRT-LLM (PyTorch backend): its perf overview's padded
+    list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes). TensorRT-LLM's own
+    CudaGraphConfig leaves enable_padding False (tensorrt_llm/llmapi/llm_args.py), so a server started
+    without the perf overview's llm_options runs batches off its list without a graph, which llmplan does not
+    price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default capture sizes in tokens
+    for max_num_seqs = max_bs on the host's GPU and model, with 1 + draft_tokens tokens per decode request
+    (vllm_graph_sizes). SGLang: its default list for the GPU's memory and `tp` (sglang_graph_max_bs) cut at
+    a request pool of max_bs (sglang_graph_sizes: the planned batch is captured when SGLang's max_bs allows
+    it, else it runs without a graph); None (unpadded) with speculative decoding, whose list and request cap
+    (48 by default) differ by algorithm. Derived: docs/formulas.md#infer.graph_padding"""
+    host = host or GraphHost()
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     if engine == "vllm":
-        return vllm_graph_sizes(max_bs, max_tokens)
-    if engine == "sglang" and not speculative:
-        return sglang_graph_sizes(sglang_graph_max_bs(hbm_bytes, tp), max_bs)
+        return vllm_graph_sizes(max_bs, max_tokens, vllm_platform_max_capture(host.compute_capability),
+                                1 + (draft_tokens or 0), VLLM_MODEL_MAX_CAPTURE.get(host.model_type or ""))
+    if engine == "sglang" and draft_tokens is None:
+        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, tp), max_bs)
     return None
 
 
 def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
-                   tp: int | None = None, hbm_bytes: float | None = None) -> tuple[int, ...] | None:
+                   tp: int | None = None, host: GraphHost | None = None) -> tuple[int, ...] | None:
     """The job's captured sizes for a server started at another batch or max_num_batched_tokens, at tensor
-    parallelism `tp` on a GPU of `hbm_bytes` (SGLang's default depends on both): where the job carries the
-    engine's default (ServeJob.cuda_graph_sizes_default), the default at the new settings; else the user's
-    sizes as given. SGLang without `tp` keeps the job's list (serving.job_for_plan derives it at the plan's
-    TP before anything is priced). Derived: docs/formulas.md#infer.graph_padding"""
+    parallelism `tp` on `host` (SGLang's default depends on the GPU's memory and TP, vLLM's on its compute
+    capability and the model): where the job carries the engine's default (ServeJob.cuda_graph_sizes_default),
+    the default at the new settings; else the user's sizes as given. SGLang without `tp` keeps the job's list
+    (serving.job_for_plan derives it at the plan's TP before anything is priced).
+    Derived: docs/formulas.md#infer.graph_padding"""
     if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None):
         return job.cuda_graph_batch_sizes
     return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens,
-                               tp or 1, hbm_bytes, job.speculative is not None)
+                               tp or 1, host, draft_tokens_of(job))
 
 
 SERVE_GEMM_M_HALF = 128.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmplan.cost.serve_step import GraphHost
 from llmplan.cost.inference import decode_graphs, decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
@@ -146,14 +147,14 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     sub = sub_cluster(cluster, plan.num_gpus)
     if sub.num_gpus != plan.num_gpus or check_serve_plan(m, plan, job, sub):
         return None
-    lm, job = loaded_model(m, job), job_for_plan(job, plan, cluster.system)  # the sizes estimate_serving prices
+    lm, job = loaded_model(m, job), job_for_plan(m, job, plan, cluster.system)  # the sizes estimate_serving prices
     limit = min(job.batch, serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance).max_concurrent_seqs)
     if limit < 1:
         return None
     grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
     tpot = np.asarray(decode_tpot(lm, plan, cluster.system, replica_spans(plan, sub), grid,
                                   job.input_len + job.output_len / 2, step_host_seconds(lm, plan, job),
-                                  engine=job.engine, **decode_graphs(job, plan, cluster.system.gpu.hbm_bytes)))
+                                  engine=job.engine, **decode_graphs(job, plan, GraphHost.of(cluster.system, lm))))
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None

@@ -186,7 +186,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
             continue
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
-        pj = job_for_plan(job, plan, cluster.system)  # the captured sizes estimate_serving prices it at
+        pj = job_for_plan(lm, job, plan, cluster.system)  # the captured sizes estimate_serving prices it at
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
             batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), pj, limit)
         if batch < 1:

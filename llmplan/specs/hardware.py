@@ -201,6 +201,10 @@ class GpuSpec(Spec):
     """Streaming multiprocessors (NVIDIA) or compute units (AMD): the tiles of one GEMM wave, and what NCCL's
     kernels take from compute (docs/formulas.md#compute.gemm, #step.overlap). Required: a datasheet fact that
     differs by GPU (REQUIRED_KEYS)."""
+    compute_capability: float | None = Field(default=None, ge=1, le=99)
+    """CUDA compute capability, major.minor (H100 9.0, B200 10.0, B300 10.3), from NVIDIA's CUDA GPU Compute
+    Capability table (developer.nvidia.com/cuda-gpus); None for a GPU that is not NVIDIA's or not listed.
+    vLLM's default CUDA graph ceiling reads its major (cost.serve_step.vllm_platform_max_capture)."""
     sustained_clock_fraction: float = Field(ge=0.1, le=1)
     """Sustained tensor-core clock under training load as a fraction of the boost clock the peak assumes
     (below 1 on power-capped fleets). Every time formula runs at peak x this; MFU stays against the peak.

@@ -240,12 +240,14 @@ class ServeJob(Spec):
     max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
     """Tokens one engine step may process (chunked prefill + decodes)."""
     cuda_graph_batch_sizes: tuple[Annotated[int, Field(ge=1, le=1 << 24)], ...] | None = Field(
-        default=None, min_length=1, max_length=64)
+        default=None, min_length=1, max_length=1024)
     """Batch sizes the engine keeps decode CUDA graphs for, with padding on (TensorRT-LLM cuda_graph_config
     batch_sizes + enable_padding, after the engine drops those above min(max_batch_size, max_num_tokens)): a
     decode step of B sequences replays the graph of the smallest kept size >= B, dummy one-token sequences
     filling it, so its element-wise operators and all-reduces carry that many rows
-    (cost.serve_step.graph_padded_rows, docs/formulas.md#infer.graph_padding); None: B rows (no padding)."""
+    (cost.serve_step.graph_padded_rows, docs/formulas.md#infer.graph_padding); None: B rows (no padding).
+    vLLM's list counts tokens (1 + k per request under speculative decoding, cost.serve_step.graph_ceiling).
+    At most 1,024 sizes: vLLM's default at its 1,024 ceiling (compute capability 10.x, GPT-OSS) holds 83."""
     cuda_graph_sizes_default: bool = False
     """Whether cuda_graph_batch_sizes is the engine's default list as llmplan derives it (the CLI without
     --cuda-graph-sizes): then it is derived again for the TP of each plan and the batch it is priced at
