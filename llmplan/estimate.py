@@ -14,7 +14,7 @@ from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throu
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.registry import builtin_models
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER, place
@@ -51,6 +51,7 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     violations = check_plan(m, plan, cluster)
     if violations:
         raise PlanViolationError(violations)
+    m = trained_model(m, plan)  # the MTP modules the plan trains (ParallelPlan.mtp_layers)
     gpu = cluster.system.gpu
     uses = operator_uses(m, plan, gpu)
     runs = with_fallbacks(plan, uses)

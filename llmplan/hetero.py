@@ -35,7 +35,7 @@ from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.specs.check import check_plan, check_pools
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER, place
@@ -105,6 +105,7 @@ def stage_plan(m: ModelSpec, pc: PoolCluster, plan: ParallelPlan, stage_pools: t
                caps: list[int] | None = None) -> HeteroPlan:
     """`plan` with its stages on `stage_pools` and its layers split by each pool's speed (one chunk per
     stage); ValueError when the split is impossible."""
+    m = trained_model(m, plan)
     if m.num_nextn_predict_layers:
         raise ValueError("a model with MTP layers is split by the single-system layout")
     base = plan.model_copy(update={"vpp": 1, "pp_layout": None, "pp_layers": None, "pp_first": 0, "pp_last": 0})
@@ -146,6 +147,7 @@ def estimate_hetero(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: Me
     violations = check_pools(m, hp, pc)
     if violations:
         raise PlanViolationError(violations)
+    m = trained_model(m, hp.plan)  # the MTP modules the plan trains (ParallelPlan.mtp_layers)
     if hp.assignment == "replicas":
         return _replicas(m, pc, hp, allowance, order, checkpoint)
     return _stages(m, pc, hp, allowance, order, checkpoint)

@@ -188,8 +188,8 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
     try:
         doc = read_plan_document(path)
         model, system, model_file, _ = current_specs(doc, path)
-        sc = spec_change(doc, path, model, system, model_file)
-        pf = plan_file(doc, model, system, path)
+        pf = plan_file(doc, model, system, path)  # a training plan's model as it trains (its MTP modules)
+        sc = spec_change(doc, path, pf.model, system, model_file)
     except LlmplanError as e:
         return [Finding(name, str(path), False, f"cannot be checked: {e}")]
     bad = plan_violations(pf)

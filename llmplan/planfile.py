@@ -19,7 +19,7 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.fileio import excerpt, exists, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
@@ -291,6 +291,7 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
         job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
     else:
         plan, job = build(ParallelPlan, doc.plan, f"{where} (plan)"), None
+        model = trained_model(model, plan)  # the MTP modules it trains: what its estimate and export build
     return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), doc, path, job)
 
 

@@ -113,7 +113,8 @@ def test_layout_is_refused_beside_other_splits_and_vpp(cli):
 
 
 @pytest.mark.parametrize("layout,needle", [
-    ("Et|(tt|)*30L", "holds 0 MTP layers (m) but deepseek-v3 has num_nextn_predict_layers 1; put m before the final L"),
+    ("Et|(tt|)*30L", "holds 0 MTP layers (m) but deepseek-v3 trains 1 (num_nextn_predict_layers, or --mtp-layers); "
+                      "put m before the final L"),
     ("Et|(tt|)*30mLL", "must end with the loss L and hold it once (it holds 2)"),
     ("t|(tt|)*30mLE", "must begin with the embedding E"),
     ("Et|(tt|)*29,tttmL", "has 31 chunks but pp x vpp is 8 x 4 = 32"),

@@ -28,7 +28,7 @@ from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
-from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, trained_model
 from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan
@@ -120,8 +120,8 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     """The ParallelPlan estimate's options describe: p's degrees and batch (--tp -> PlanOptions.tp ->
     ParallelPlan.tp), s's switches, split's stage layout (a --pp-layout may set vpp)."""
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
-    stages = pipeline_split(m, p.pp, split.pp_first, split.pp_last, p.pp_layers, split.embedding_in_split,
-                            split.loss_in_split, p.pp_layout, p.vpp)
+    stages = pipeline_split(trained_model(m, s), p.pp, split.pp_first, split.pp_last, p.pp_layers,
+                            split.embedding_in_split, split.loss_in_split, p.pp_layout, p.vpp)
     vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
     with reported("plan options"):
         return ParallelPlan(

@@ -170,6 +170,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "moe_flex_backend", "ep_dispatch_fp8",
                      "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
+                     "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
                      "norm_kernel", "pp_unbatched_sends", "softmax_kernel")

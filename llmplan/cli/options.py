@@ -58,6 +58,10 @@ RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
 OFFLOAD_LAYERS = typer.Option(_plan("offload_layers"), "--offload-activations-layers", min=0, max=1 << 16,
                               help="Copy the saved activations of the first N layers to host memory and back, "
                                    "beside compute (Megatron --cpu-offloading-num-layers; pp 1, no recompute).")
+MTP_LAYERS = typer.Option(None, "--mtp-layers", min=0, max=16,
+                          help="Multi-token-prediction modules to train (Megatron --mtp-num-layers): 0 trains "
+                               "without the model's MTP module; at most its num_nextn_predict_layers (default: "
+                               "all of them).")
 OFFLOAD_MOE_ACT = typer.Option(_plan("offload_moe_act"), "--offload-moe-act/--no-offload-moe-act",
                                help="Copy each MoE layer's expert fc1 output to host memory and back, beside "
                                     "compute (Megatron --fine-grained-activation-offloading --offload-modules "
@@ -284,7 +288,7 @@ SWITCHES = Flags("Training switches", {
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
-    "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS,
+    "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
     "offload_moe_act": OFFLOAD_MOE_ACT, "dp_replicate": DP_REPLICATE, "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
     "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,

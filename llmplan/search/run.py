@@ -20,11 +20,11 @@ from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
-from llmplan.specs.check import RULES
+from llmplan.specs.check import MTP_RULE, RULES
 from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER
 from llmplan.units import GIB
@@ -251,6 +251,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     result keeps every plan that fits (SearchResult.layout_plans)."""
     from llmplan.search import layouts
 
+    if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
+        raise LlmplanError(f"the search's switches break a rule (mtp_layers): {MTP_RULE.message(m, w.base, cluster)}")
+    m = trained_model(m, w.base)  # every plan trains the same MTP modules (ParallelPlan.mtp_layers)
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
     if min_headroom is None:
         min_headroom = min_headroom_bytes(None, cluster.system.gpu.hbm_bytes)

@@ -22,7 +22,7 @@ from llmplan.specs.check_heads import HEAD_RULES, valid_tp
 from llmplan.specs.check_pipeline import PIPELINE_RULES
 from llmplan.specs.check_switches import SWITCH_RULES
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan, trained_model
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.rule import Rule, Violation
 from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
@@ -94,9 +94,16 @@ RULES: tuple[Rule, ...] = (
 
 
 def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[Violation]:
-    """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid)."""
-    return [Violation(r.name, r.message(m, plan, cluster)) for r in RULES
-            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(m, plan, cluster))]
+    """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid). The rule
+    mtp_layers reads the model as its spec gives it, the others the model the plan trains (trained_model)."""
+    built = trained_model(m, plan)
+    return [Violation(r.name, r.message(mr, plan, cluster)) for r in RULES
+            for mr in ((m if r is MTP_RULE else built),)
+            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(mr, plan, cluster))]
+
+
+MTP_RULE = next(r for r in RULES if r.name == "mtp_layers")
+"""The rule that bounds ParallelPlan.mtp_layers by the model's own MTP modules."""
 
 
 def _training_rules(*names: str) -> tuple[Rule, ...]:

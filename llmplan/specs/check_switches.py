@@ -265,6 +265,11 @@ def settle(plan: ParallelPlan) -> ParallelPlan:
 
 
 SWITCH_RULES: tuple[Rule, ...] = (
+    Rule("mtp_layers", lambda m, p, c: (p.mtp_layers is None) or p.mtp_layers <= m.num_nextn_predict_layers,
+         lambda m, p, c: f"mtp_layers {p.mtp_layers} exceeds the {m.num_nextn_predict_layers} multi-token-prediction "
+                         f"module{'s' * (m.num_nextn_predict_layers != 1)} of {m.name} "
+                         "(num_nextn_predict_layers); use --mtp-layers "
+                         + (f"0 to {m.num_nextn_predict_layers}" if m.num_nextn_predict_layers else "0 or drop it")),
     Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "

@@ -112,6 +112,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.recompute_layers."""
     offload_layers: int
     """ParallelPlan.offload_layers."""
+    mtp_layers: int | None
+    """ParallelPlan.mtp_layers (None: the model's own num_nextn_predict_layers)."""
     offload_moe_act: bool
     """ParallelPlan.offload_moe_act."""
     dp_replicate: int

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmplan.specs.allowance import MemoryAllowance  # noqa: F401  (re-exported: its home was this module)
 from llmplan.specs.cluster import MAX_GPUS, ClusterSpec  # noqa: F401  (re-exported: their home was this module)
-from llmplan.specs.model import SPEC_CONFIG, Spec
+from llmplan.specs.model import SPEC_CONFIG, ModelSpec, Spec
 from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
     ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_FLEX_BACKENDS,
     MOE_ROUTINGS,
@@ -119,6 +119,13 @@ class ParallelPlan(PlanQuantities, Spec):
     weights, Megatron-Bridge's DeepSeek-V4 recipes); empty means Megatron's default, core_attn alone
     (docs/formulas.md#mem.recompute_modules). Given without recompute selective it fails check_plan (rule
     recompute_modules)."""
+    mtp_layers: Optional[int] = Field(default=None, ge=0, le=16)
+    """Multi-token-prediction modules the run trains (Megatron-LM --mtp-num-layers, Megatron-Bridge
+    model.mtp_num_layers): None, the model's own num_nextn_predict_layers (DeepSeek-V3 1, Qwen3-Next 1); 0
+    trains the model without its MTP module, as Megatron-Bridge's providers do by default (mtp_num_layers
+    None: NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/qwen/qwen_provider.py @fb8a4d6bffdc,
+    Qwen3NextModelProvider80B_A3B); at most the model's count (check_plan rule mtp_layers). Every price
+    (parameters, FLOPs, memory, the last stage's layers) and the export follow it (specs.plan.trained_model)."""
     offload_layers: int = Field(default=0, ge=0, le=1 << 16)
     """Transformer layers whose saved activations go to host memory in forward and come back in backward
     (Megatron-Core --cpu-offloading-num-layers N, TransformerConfig.cpu_offloading; Megatron-Bridge's
@@ -610,3 +617,13 @@ class ParallelPlan(PlanQuantities, Spec):
         §3.3.3 (bf16 moments); Megatron-LM optimizer_config.py (exp_avg_dtype, exp_avg_sq_dtype).
         Derived: docs/formulas.md#mem.model_states"""
         return self.master_bytes + 2 * OPTIMIZER_STATE_BYTES[self.optimizer_moment_dtype]
+
+
+def trained_model(m: ModelSpec, plan: Any) -> ModelSpec:
+    """The model a training plan builds: `m` with plan.mtp_layers MTP modules where the plan trains fewer than
+    the model's num_nextn_predict_layers, else `m` itself (more than the model has is check_plan's rule
+    mtp_layers, which reads `m`); idempotent, and the same for every plan of a search (a workload field)."""
+    n = getattr(plan, "mtp_layers", None)
+    if n is None or int(n) >= m.num_nextn_predict_layers:
+        return m
+    return m.model_copy(update={"num_nextn_predict_layers": int(n)})

@@ -228,7 +228,8 @@ def layout_problem(m: ModelSpec, p: Any) -> str | None:
         fix = (f"holds {t} transformer layers (t) but {m.name} has num_hidden_layers {m.num_hidden_layers}; "
                f"{'add' if t < m.num_hidden_layers else 'remove'} {abs(m.num_hidden_layers - t)} t")
     elif mtp != mtp_want:
-        fix = (f"holds {mtp} MTP layers (m) but {m.name} has num_nextn_predict_layers {mtp_want}; "
+        fix = (f"holds {mtp} MTP layers (m) but {m.name} trains {mtp_want} (num_nextn_predict_layers, or "
+               "--mtp-layers); "
                + (f"put {'m' * mtp_want} before the final L" if mtp_want else "drop the m symbols"))
     elif mtp and "t" in flat[flat.index("m"):]:
         fix = "places a transformer layer (t) after an MTP layer (m); MTP layers follow every decoder layer"
