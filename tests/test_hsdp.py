@@ -170,3 +170,26 @@ def test_describe_names_the_replicas_and_the_sharded_optimizer_in_words(tmp_path
     header = comment_block(header_lines(load_plan(path), "any"))
     assert "dp-replicate 2 (optimizer sharded across replicas)" in " ".join(header.replace("#", " ").split())
     assert max(map(len, header.splitlines())) <= 80
+
+
+def test_mxfp8_weights_cross_the_replicas_twice_a_step(published_runs):
+    # Megatron-LM 2a75ac12c, megatron_fsdp.py all_gather_and_wait_parameters_ready: the DP-Outer gather runs while
+    # microbatch_count == 0, in the forward (rowwise MXFP8 copy) and in the backward (bwd=True: AllGatherPipeline.
+    # get_fsdp_buffer returns the columnwise hfsdp_helper_wtbuf), so an MXFP8 ZeRO-3 plan gathers its shard twice
+    # across the replicas a step; with bf16 weights (no transpose buffer) one gather of twice the bytes
+    from llmplan.cost.comm import dp_transfers
+    from llmplan.topology.placement import place
+    rec = published_runs[ULTRA.format("gb300", 1)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, c, plan = setup
+    assert plan.fp8_params and plan.recipe == "mxfp8"
+    spans = place(plan.degrees, c)
+
+    def outer_gather(p: ParallelPlan) -> tuple[float, float]:
+        (t,) = [t for t in dp_transfers(m, p, spans["dpcp_in"], spans["edp_in"], 0, spans["dpcp_out"],
+                                        spans["edp_out"]) if t.group.axis == "edp_out" and t.collective == "all-gather"]
+        return t.calls, t.message
+
+    (calls, msg), (calls16, msg16) = outer_gather(plan), outer_gather(plan.model_copy(update={"fp8_params": False}))
+    assert (calls, calls16) == (2, 1) and msg16 == pytest.approx(2 * msg)

@@ -684,7 +684,19 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any)
     calls = where(on, u, 0)
     return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
             Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
-            Transfer("all-gather", where(outer_optim, calls, 0), w * shard / u, outer)]
+            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), w * shard / u, outer)]
+
+
+def outer_weight_copies(plan: ParallelPlan) -> Any:
+    """Copies of the weight shard hybrid sharding gathers across the replicas each step: 2 where ZeRO-3 gathers
+    MXFP8 weights (fp8_params, recipe mxfp8), whose forward reads the rowwise copy and whose backward the
+    columnwise one, each gathered across the replicas in the step's first micro-batch; else 1.
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py at 2a75ac12c
+    (all_gather_and_wait_parameters_ready: outer_fsdp_group_param_gather while microbatch_count == 0, forward
+    and backward with bwd=True) and param_and_grad_buffer.py (AllGatherPipeline.get_fsdp_buffer: the
+    hfsdp_helper_wtbuf transpose buffer for bwd). Derived: docs/formulas.md#mem.hsdp"""
+    mxfp8 = plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8")
+    return where(plan.gathered_per_microbatch & mxfp8, 2, 1)
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
