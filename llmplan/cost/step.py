@@ -271,7 +271,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                                                            bwd * (1 - expert_flop_share(m, plan))))
     dp_tail, optimizer, grad_buffer, copy_out = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
-               "dp": n * z3_mb + dp_tail,
+               "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
