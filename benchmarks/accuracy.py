@@ -286,7 +286,9 @@ ASSUMPTIONS = {
                    "B300 NVFP4; TP2 without TP communication overlap); Nemotron-3 Ultra (a "
                    "built-in from 2026-12) in its 26.08 preset (Megatron-FSDP as HSDP: ZeRO-3 within each 64-GPU domain, the optimizer across them, hybridep, "
                    "moe_act recomputed, MTP depth 2, no CUDA graphs, the fused grouped MLP, TP2 without TP "
-                   "communication overlap; its expert fc1 output offloaded to the CPU, mbridge_offload_moe_act) "
+                   "communication overlap, no gradient accumulation fusion (each micro-batch's gradient copied into the "
+                   "reduce-scatter's bucket: grad_accumulation copy); its expert fc1 output offloaded to the CPU, "
+                   "mbridge_offload_moe_act) "
                    "and Nemotron-3.5 Lightning (the Nano architecture with its MTP module, depth 2) in its GB200 "
                    "MXFP8 preset (hybridep on 16 SMs, TE CUDA graphs); DeepSeek-V4 Flash (a built-in from "
                    "2026-12: compressed attention, hyper-connections, its MTP layer) in its 26.08 presets (hybridep, "
@@ -602,8 +604,12 @@ RECIPE_SETTINGS = {
     # 256 // 64 = 4, outer_dp_sharding_strategy optim (HFSDP); Megatron-LM 2a75ac12c parallel_state.py splits
     # dp x cp and the expert data-parallel group (4 here: EP64 ETP1) into 4 contiguous partial groups each
     # (docs/validation.md#hsdp).
+    # The same function sets gradient_accumulation_fusion = False ("incompatible with BF16 FSDP main grads"):
+    # Megatron-FSDP then copies each micro-batch's weight gradient into the unsharded bucket it reduce-scatters
+    # (megatron_fsdp.py _grad_acc at 2a75ac12c: param.main_grad.copy_(param.grad); grad_accumulation copy).
     **{f"mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{g}-256gpu-mxfp8-tp{t}pp1cp1ep64vpnagbs256mbs1":
-       {"fsdp": True, "dp_replicate": 4, "dp_outer_optimizer": True} for g, t in (("gb300", 1), ("gb200", 2))},
+       {"fsdp": True, "dp_replicate": 4, "dp_outer_optimizer": True, "grad_accumulation": "copy"}
+       for g, t in (("gb300", 1), ("gb200", 2))},
     # Megatron-Bridge's Qwen3-30B-A3B verification card (perf_recipes/qwen/h100/qwen3_moe.py at 3a9559f01,
     # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
     # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
@@ -1585,8 +1591,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
         # (BLOOM's prequel: autograd's add into the 16-bit param.grad, as its fp16 runs; the cast-add is the
         # BF16_Optimizer's, which came after it)
-        grad_accumulation=GRAD_ACCUMULATION.get(fam, {}).get(
-            "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused",
+        grad_accumulation=par.get("grad_accumulation") or (GRAD_ACCUMULATION.get(fam, {}).get(
+            "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused"),
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit
         # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so

@@ -25,6 +25,35 @@ def test_bytes_per_parameter_by_hand():
     # DeepSpeed BF16_Optimizer update_hp_grads: lp.grad.to(fp32) (read 2, write 4), hp.add_ (read 4 + 4, write 4).
     assert grad_accumulation_bytes(_plan(grad_accumulation="cast-add", grad_dtype="fp32")) == 2 + 4 + 4 + 4 + 4
     assert grad_accumulation_bytes(_plan(grad_dtype="fp32")) == 0  # fused into the GEMM: the default
+    # Megatron-FSDP 2a75ac12c (megatron_fsdp.py _grad_acc, sharded buffer): param.main_grad.copy_(param.grad):
+    # read 2, write g into the unsharded bucket the reduce-scatter sends
+    assert grad_accumulation_bytes(_plan(grad_accumulation="copy", grad_dtype="bf16", zero=3, pp=1)) == 2 + 2
+
+
+def test_megatron_fsdp_copies_the_whole_gradient_every_micro_batch():
+    # The copy goes into the unsharded bucket before its reduce-scatter: every micro-batch, the rank's whole
+    # gradient (Llama 3.1 8B at TP1: 8,030,261,248 parameters), whatever the shard: 4 bytes a parameter at the
+    # GPU's achieved HBM rate in each micro-batch's compute, the same at dp 8 and dp 16.
+    model = builtin_models()["llama-3.1-8b"]
+    system = builtin_systems()["dgx-h100"]
+    extra = []
+    for nodes in (1, 2):
+        cluster = ClusterSpec(system=system, num_nodes=nodes, gpus_per_node=8)
+        plan = dict(tp=1, pp=1, dp=8 * nodes, zero=3, micro_batch=1, global_batch=32 * nodes, seq_len=2048,
+                    recompute="none", grad_dtype="bf16")
+        t = {a: float(estimate_training(model, cluster, ParallelPlan(grad_accumulation=a, **plan)).time.compute)
+             for a in ("fused", "copy")}
+        extra.append(t["copy"] - t["fused"])
+    by_hand = 4 * 8_030_261_248 * 4 / system.gpu.hbm_achieved_bytes_per_s  # 4 micro-batches a step
+    assert extra[0] == pytest.approx(by_hand, rel=1e-6) and extra[1] == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_copy_needs_sharded_gradients(cli):
+    with pytest.raises(ValueError, match="grad_accumulation copy with zero 1"):
+        _plan(grad_accumulation="copy", zero=1)
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--nodes", "1", "--tp", "8",
+            "--global-batch", "16", "--grad-accumulation", "copy", "--json")
+    assert r.code == 2 and "zero" in r.err and "Traceback" not in r.err
 
 
 @seed(32)

@@ -170,3 +170,79 @@ def test_describe_names_the_replicas_and_the_sharded_optimizer_in_words(tmp_path
     header = comment_block(header_lines(load_plan(path), "any"))
     assert "dp-replicate 2 (optimizer sharded across replicas)" in " ".join(header.replace("#", " ").split())
     assert max(map(len, header.splitlines())) <= 80
+
+
+def test_mxfp8_weights_cross_the_replicas_twice_a_step(published_runs):
+    # Megatron-LM 2a75ac12c, megatron_fsdp.py all_gather_and_wait_parameters_ready: the DP-Outer gather runs while
+    # microbatch_count == 0, in the forward (rowwise MXFP8 copy) and in the backward (bwd=True: AllGatherPipeline.
+    # get_fsdp_buffer returns the columnwise hfsdp_helper_wtbuf), so an MXFP8 ZeRO-3 plan gathers its shard twice
+    # across the replicas a step; with bf16 weights (no transpose buffer) one gather of twice the bytes
+    from llmplan.cost.comm import dp_transfers
+    from llmplan.topology.placement import place
+    rec = published_runs[ULTRA.format("gb300", 1)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, c, plan = setup
+    assert plan.fp8_params and plan.recipe == "mxfp8"
+    spans = place(plan.degrees, c)
+
+    def outer_gather(p: ParallelPlan) -> tuple[float, float]:
+        (t,) = [t for t in dp_transfers(m, p, spans["dpcp_in"], spans["edp_in"], 0, spans["dpcp_out"],
+                                        spans["edp_out"]) if t.group.axis == "edp_out" and t.collective == "all-gather"]
+        return t.calls, t.message
+
+    (calls, msg), (calls16, msg16) = outer_gather(plan), outer_gather(plan.model_copy(update={"fp8_params": False}))
+    assert (calls, calls16) == (2, 1) and msg16 == pytest.approx(2 * msg)
+
+
+def test_mxfp8_block_amax_all_reduce_by_hand():
+    # Transformer Engine transformer_engine/pytorch/tensor/utils.py (v2.11 - v2.17.1),
+    # _cast_master_weights_to_fp8_mxfp8_scaling: one amax per 32-element block in the master weights' dtype (fp32),
+    # for the rowwise and the columnwise scales: 2 x 4 / 32 bytes a weight element
+    from llmplan.cost.comm import MXFP8_AMAX_BYTES
+    assert MXFP8_AMAX_BYTES == 0.25
+
+
+def test_the_ultra_rows_all_reduce_their_mxfp8_amaxes_once_a_step_exposed(published_runs):
+    # Megatron-LM 2a75ac12c param_and_grad_buffer.py copy_main_weights_to_model_weights: fp8_quantize over the main
+    # weight buffer's group (HFSDP: DP-Outer x DP-Shard, the whole dp group; the experts' whole edp group). The
+    # GB300 rank holds 8 of the 512 experts of each of 50 MoE layers (48 in the stack, one in each of the 2 MTP
+    # modules), 2 x 2048 x 5120 weights an expert: 8,388,608,000 expert weights, all of them MXFP8
+    from llmplan.cost.comm import comm_seconds, mxfp8_amax_transfers
+    from llmplan.topology.placement import place
+    rec = published_runs[ULTRA.format("gb300", 1)]
+    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
+    assert setup is not None
+    m, c, plan = setup
+    spans = place(plan.degrees, c)
+    out = [t for t in mxfp8_amax_transfers(m, plan, (spans["dpcp"], spans["dpcp_in"]), (spans["edp"],
+                                                                                        spans["edp_in"])) if t.calls]
+    assert [(t.group.axis, t.group.size) for t in out] == [("dpcp", 256), ("edp", 4)]
+    assert out[1].message == pytest.approx(0.25 * 8 * 2 * 2048 * 5120 * 50)
+    e = estimate_training(m, c, plan)
+    step_end = comm_seconds(e.comm, c.system).dp_step_end
+    assert step_end > 0
+    # exposed whole, in the dp part of the step; bf16 weight copies (no MXFP8 scales to set) run none of it
+    assert e.time.exposed["dp"] >= step_end
+    bf16 = plan.model_copy(update={"fp8_params": False})
+    assert not [t for t in mxfp8_amax_transfers(m, bf16, (spans["dpcp"], spans["dpcp_in"]),
+                                                (spans["edp"], spans["edp_in"])) if t.calls]
+
+
+def test_vectorised_search_prices_the_amax_all_reduce_as_the_scalar_estimate():
+    import numpy as np
+
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=8)
+    for outer in (False, True):
+        w = Workload(global_batch=64, seq_len=4096, dp_replicate=2, dp_outer_optimizer=outer, dtype="fp8",
+                     recipe="mxfp8", fp8_params=True)
+        plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+        idx = list(islice((i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)
+                           and plans.plan(i).zero == 3), 20))
+        assert idx
+        vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+        for j, i in enumerate(idx):
+            scalar = estimate_training(m, cluster, plans.plan(i))
+            assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)

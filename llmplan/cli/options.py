@@ -106,7 +106,8 @@ GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
 GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulation",
                                  help="How micro-batch gradients are accumulated: fused (in the weight-gradient "
                                       "GEMM) | add (Megatron-LM before 2022-02, autograd) | cast-add (DeepSpeed's "
-                                      "BF16_Optimizer).")
+                                      "BF16_Optimizer) | copy (Megatron-FSDP without the fusion: each gradient "
+                                      "copied into the reduce-scatter's bucket; zero 2/3).")
 ZERO3_UNIT = typer.Option(_plan("zero3_unit"), "--zero3-unit",
                           help="What one ZeRO-3 collective carries: layer (FSDP units) | tensor (each weight "
                                "on its own, gathered again for a recompute forward: DeepSpeed stage 3, 2021).")

@@ -31,6 +31,7 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
     stepped_rank_params,
+    vocab_shard_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
@@ -105,6 +106,8 @@ class Transfer(Generic[G]):
     """Host seconds of one call that the GPU waits for (zero3_host_seconds; 0: the host runs ahead)."""
     copy_bytes: Any = 0.0
     """HBM bytes one call copies around its collective on the GPU (ZERO3_GATHER_COPIES; 0: none)."""
+    step_end: bool = False
+    """Run once a step after the optimizer step, serial with it: exposed whole (mxfp8_amax_transfers)."""
 
     @property
     def bytes(self: Transfer[GroupSpan]) -> float:
@@ -316,13 +319,15 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
     return CommSeconds(
         tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
-        dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather"),
-        dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather"),
+        dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather" and not t.step_end),
+        dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather" and not t.step_end),
+        dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
         dp_stages=tuple(each_stage(comm.dp_stages, lambda a: (  # a stage class's shared axis: timed once
-            sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather"),
-            sum(transfer_seconds(t, system) for t in a.transfers if t.collective == "all-gather")))),
+            sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather" and not t.step_end),
+            sum(transfer_seconds(t, system) for t in a.transfers
+                if t.collective == "all-gather" and not t.step_end)))),
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
@@ -684,7 +689,52 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any)
     calls = where(on, u, 0)
     return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
             Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
-            Transfer("all-gather", where(outer_optim, calls, 0), w * shard / u, outer)]
+            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), w * shard / u, outer)]
+
+
+def outer_weight_copies(plan: ParallelPlan) -> Any:
+    """Copies of the weight shard hybrid sharding gathers across the replicas each step: 2 where ZeRO-3 gathers
+    MXFP8 weights (fp8_params, recipe mxfp8), whose forward reads the rowwise copy and whose backward the
+    columnwise one, each gathered across the replicas in the step's first micro-batch; else 1.
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py at 2a75ac12c
+    (all_gather_and_wait_parameters_ready: outer_fsdp_group_param_gather while microbatch_count == 0, forward
+    and backward with bwd=True) and param_and_grad_buffer.py (AllGatherPipeline.get_fsdp_buffer: the
+    hfsdp_helper_wtbuf transpose buffer for bwd). Derived: docs/formulas.md#mem.hsdp"""
+    mxfp8 = plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8")
+    return where(plan.gathered_per_microbatch & mxfp8, 2, 1)
+
+
+MXFP8_AMAX_BYTES = 2 * 4 / 32
+"""Bytes a weight element adds to the all-reduce that sets its MXFP8 block scales after an optimizer step: one
+fp32 amax (the master weights' dtype) per 32-element block, rowwise and columnwise. Source: NVIDIA/
+TransformerEngine transformer_engine/pytorch/tensor/utils.py, _cast_master_weights_to_fp8_mxfp8_scaling (v2.11 -
+v2.17.1): packed_amaxes over every weight's rowwise and columnwise scale_inv, all_reduce(MAX) over the group."""
+
+
+def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G, G], expert_groups: tuple[G, G],
+                         stage: Any = 0) -> list[Transfer[G]]:
+    """Megatron-FSDP with MXFP8 weights (ZeRO-3, fp8_params, recipe mxfp8): after each optimizer step the fp32
+    master shards are cast into the MXFP8 weights and the block amaxes of every low-precision weight the rank
+    holds (its layers' linear weights, whole: low_precision_weight_cache's count) are all-reduced over the group
+    the master weights are sharded across: (whole group, partial group) of each pair, the whole one with
+    dp_outer_optimizer (HFSDP's DP-Outer x DP-Shard group). Once a step, synchronous: exposed whole.
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at
+    2a75ac12c (copy_main_weights_to_model_weights: fp8_quantize over mbuf.data_parallel_group, the
+    get_dp_group of the main weight buffer), mixed_precision.py (fp8_quantize: TE cast_master_weights_to_fp8);
+    MXFP8_AMAX_BYTES. Derived: docs/formulas.md#comm.mxfp8_amax"""
+    rp = stepped_rank_params(m, plan, stage)
+    vocab = vocab_shard_params(m, plan.tp)
+    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    on = plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8") & (plan.zero >= 3)
+    whole = where(on & plan.dp_outer_optimizer, 1, 0)
+    part = where(on & np.logical_not(plan.dp_outer_optimizer), 1, 0)
+    out: list[Transfer[G]] = []
+    for params, (full, inner) in ((maximum(rp.dense - ends, 0.0), dense_groups), (rp.expert, expert_groups)):
+        message = MXFP8_AMAX_BYTES * params * share
+        out += [Transfer("all-reduce", whole, message, full, step_end=True),
+                Transfer("all-reduce", part, message, inner, step_end=True)]
+    return out
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
@@ -892,7 +942,9 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
     rank of each candidate stage beside it (CommBreakdown.dp_stages)."""
     dp = each_stage(candidate_stages(m, plan),
                     lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], i,
-                                                        spans["dpcp_out"], spans["edp_out"]), system),
+                                                        spans["dpcp_out"], spans["edp_out"])
+                                     + mxfp8_amax_transfers(m, plan, (spans["dpcp"], spans["dpcp_in"]),
+                                                            (spans["edp"], spans["edp_in"]), i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),

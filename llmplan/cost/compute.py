@@ -235,10 +235,13 @@ def grad_accumulation_bytes(plan: ParallelPlan) -> float:
     param.main_grad.add_(param.grad.data)), gradient accumulation fusion from 83b1e42f30 (2022-02-16);
     microsoft/DeepSpeed runtime/bf16_optimizer.py update_hp_grads at v0.6.3 (hp_grad.add_(lp.grad.to(fp32)),
     called after every micro-batch's backward by runtime/pipe/engine.py). Derived:
-    docs/formulas.md#step.grad_accumulation"""
+    docs/formulas.md#step.grad_accumulation
+    copy reads the gradient and writes it into the unsharded bucket: 2 + g (Source: NVIDIA/Megatron-LM
+    megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py at 2a75ac12c, _grad_acc:
+    param.main_grad.copy_(param.grad) where the gradient buffer is sharded)."""
     new = 4.0 if plan.dtype == "fp32" else 2.0
     g = plan.grad_bytes
-    return {"fused": 0.0, "add": new + 2 * g, "cast-add": new + 4 * g}[plan.grad_accumulation]
+    return {"fused": 0.0, "add": new + 2 * g, "cast-add": new + 4 * g, "copy": new + g}[plan.grad_accumulation]
 
 
 def grad_accumulation_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec) -> Any:

@@ -41,6 +41,9 @@ class CommSeconds:
     dp_host: Any = 0.0
     """Host seconds per step that the ZeRO-3 collectives spend launching their per-rank copies while the GPU
     waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""
+    dp_step_end: Any = 0.0
+    """Seconds per step of the DP collectives that run after the optimizer step, serial with it (the first
+    stage's rank: cost.comm.mxfp8_amax_transfers; 0 but for Megatron-FSDP's MXFP8 weights)."""
     dp_stages: tuple[tuple[Any, Any], ...] = ()
     """(dp_reduce, dp_gather) of a rank of each candidate stage (cost.memory.candidate_stages, in order), each
     of its own parameters (docs/formulas.md#step.stage_tail); dp_reduce / dp_gather are the first stage's.

@@ -145,8 +145,10 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
             if key:
                 same[key] = sc
         if grad_accumulation_bytes(plan):  # the stage's own parameters (the first stage's embedding too)
-            # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory)
-            accumulated = gradient_params(plan, rank_params(m, plan, stage))
+            # ZeRO-2/3 accumulate only their gradient shard, but whole gradients under a pipeline (cost.memory);
+            # Megatron-FSDP's copy moves the whole gradient into the bucket before its reduce-scatter
+            rp = rank_params(m, plan, stage)
+            accumulated = rp.total if plan.grad_accumulation == "copy" else gradient_params(plan, rp)
             sc = replace(sc, memory_bound=sc.memory_bound + grad_accumulation_seconds(accumulated, plan, g))
         return stage, sc, n_dense + n_moe, n_moe
 
@@ -269,7 +271,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                                                            bwd * (1 - expert_flop_share(m, plan))))
     dp_tail, optimizer, grad_buffer, copy_out = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
-               "dp": n * z3_mb + dp_tail,
+               "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.cost.comm import (copy_seconds, cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers,
-                                pp_transfers, tp_transfers)
+                                mxfp8_amax_transfers, pp_transfers, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -176,6 +176,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     dp_stages = each_stage(tuple(stages), lambda x: (  # a repeated stage: timed once
         total([t for t in x if t.collective != "all-gather"]), total([t for t in x if t.collective == "all-gather"])))
     dp = stages[0]
+    step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in")))
     return CommSeconds(
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
@@ -187,6 +188,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         host_moe_act=moe_act_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         dp_host=sum((x.calls * x.host_s for x in dp), np.zeros(len(plans))),
+        dp_step_end=step_end,
     )
 
 

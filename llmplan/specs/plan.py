@@ -223,12 +223,14 @@ class ParallelPlan(PlanQuantities, Spec):
     receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
     (DeepSpeed's BF16_Optimizer under its pipeline engine, Megatron-DeepSpeed as BLOOM ran it:
     engine.py _bf16_reduce_grads all-reduces the fp32 gradients). docs/formulas.md#comm.dp"""
-    grad_accumulation: Literal["fused", "add", "cast-add"] = "fused"
+    grad_accumulation: Literal["fused", "add", "cast-add", "copy"] = "fused"
     """How each micro-batch's weight gradient joins the accumulated one: fused (inside the weight-gradient GEMM:
     Megatron-LM's --gradient-accumulation-fusion since 2022-02, Transformer Engine), add (a separate in-place
     add: Megatron-LM's DDP hook main_grad.add_(param.grad) before that, autograd's accumulation into
-    param.grad) or cast-add (the gradient cast to the accumulated dtype first, then added: DeepSpeed's
-    BF16_Optimizer update_hp_grads). docs/formulas.md#step.grad_accumulation"""
+    param.grad), cast-add (the gradient cast to the accumulated dtype first, then added: DeepSpeed's
+    BF16_Optimizer update_hp_grads) or copy (Megatron-FSDP without gradient accumulation fusion: each
+    micro-batch's whole gradient copied into the unsharded bucket its reduce-scatter sends).
+    docs/formulas.md#step.grad_accumulation"""
     grad_nan_check: bool = False
     """Megatron-LM's NaN check of the gradients before each bucket's data-parallel reduction
     (--check-for-nan-in-loss-and-grad, on by default in Megatron-LM: DistributedDataParallelConfig
@@ -496,6 +498,16 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"grad_reduce all-reduce with zero {self.zero}: ZeRO-2/3 keep only their gradient "
                              "shard, so they reduce-scatter; use zero 1 (or 0, which all-reduces anyway) or "
                              "grad_reduce reduce-scatter")
+        return self
+
+    @model_validator(mode="after")
+    def _copy_needs_sharded_gradients(self) -> "ParallelPlan":
+        # Megatron-FSDP (2a75ac12c megatron_fsdp.py _grad_acc) copies into the bucket only where the gradient
+        # buffer is sharded; unsharded, it adds (main_grad.add_: grad_accumulation add)
+        if self.grad_accumulation == "copy" and self.zero < 2:
+            raise ValueError(f"grad_accumulation copy with zero {self.zero}: the copy into the reduce-scatter's "
+                             "bucket is Megatron-FSDP's path for sharded gradients (zero 2 or 3); use zero 3, or "
+                             "grad_accumulation add (or fused)")
         return self
 
     @model_validator(mode="after")
