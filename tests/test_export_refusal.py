@@ -11,7 +11,7 @@ import typing
 
 import pytest
 
-from llmplan.export import SERVE_TARGETS, TRAIN_TARGETS, refusal, render_all
+from llmplan.export import EVERY_PLAN, SERVE_TARGETS, TRAIN_TARGETS, every_plan_refusal, refusal, render_all
 from llmplan.export.common import CannotExpress
 from llmplan.planfile import load_plan
 from llmplan.specs.check import check_plan
@@ -127,3 +127,21 @@ def test_refusal_agrees_with_the_render_on_serving_plans(saved):
         other = train if target in SERVE_TARGETS else pf
         assert refusal(other, target) == full_render(other, target) is not None
     assert seen == {True, False}
+
+
+def test_every_plan_refusal_holds_for_every_drawn_plan(saved):
+    """Where a target says it refuses every plan with EP (EVERY_PLAN), the full render refuses every drawn MoE
+    plan with EP, in those words wherever no earlier rule of its check is met (and the draw meets such a plan);
+    every other target says nothing of the kind."""
+    pf = saved["moe"]
+    plans = [p for p in drawn_plans(pf, random.Random("every-plan"), 80) if p.ep > 1]
+    assert len(plans) > 20 and set(EVERY_PLAN) == {"deepspeed"}
+    worded = 0
+    for p in plans:
+        why = every_plan_refusal(p, "deepspeed", "ep", p.ep)
+        got = full_render(dataclasses.replace(pf, plan=p), "deepspeed")
+        assert why is not None and got is not None
+        worded += got == why
+        assert all(every_plan_refusal(p, t, "ep", p.ep) is None for t in TRAIN_TARGETS if t != "deepspeed")
+    assert worded
+    assert every_plan_refusal(pf.plan, "deepspeed", "ep", 1) is None

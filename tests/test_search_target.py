@@ -230,6 +230,19 @@ def test_with_ep_comparison_only_with_an_accepted_plan(cli, tmp_path):
         assert "no plan with EP that deepspeed accepts" in text
 
 
+def test_with_ep_not_walked_where_every_ep_plan_is_refused(cli, tmp_path):
+    """DeepSpeed refuses every plan with EP (DeepSpeed-MoE sets it in model code; export.every_plan_refusal): the
+    comparison asks about none of them (it asked about 5,000), and JSON and text say why; `export --to
+    deepspeed` of #1 with ep 2 refuses it."""
+    doc, text, exports = targeted(cli, tmp_path, QWEN_MOE, "deepspeed")
+    side = doc["target_sides"]["with_ep"]
+    assert doc["with_ep"] is None and side["status"] == "none" and side["checked"] == 0 and side["complete"]
+    assert "deepspeed cannot express this plan: expert parallelism (ep 2;" in side["refused_every"]
+    assert "no plan with EP that deepspeed accepts, none asked: it refuses every one" in text
+    assert not exports({**doc["plans"][0]["plan"], "ep": 2})
+    assert doc["target_sides"]["conventional"]["refused_every"] is None
+
+
 def test_without_cp_comparison_is_an_accepted_plan(cli, tmp_path):
     """#1 of a long-sequence search for megatron-bridge runs CP; the best plan without CP shown beside it is one
     megatron-bridge writes (the untargeted best one is refused here)."""

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from llmplan.errors import LlmplanError
-from llmplan.export import refusal, target_mode
+from llmplan.export import every_plan_refusal, refusal, target_mode
 from llmplan.planfile import PlanFile, document_plan
 from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
@@ -101,10 +101,12 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
 def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]) -> SearchResult:
     """The kept result (keep_training) with the Pareto front, the comparisons and the rows' counts kept to the
     plans `target` exports (search.filtered.keep_sides): asked as the walk asks, not counted as dropped; a plan
-    only counted (a row's variant) is screened and not priced. Its plans are let go."""
+    only counted (a row's variant) is screened and not priced; a comparison with EP is not walked where the
+    target refuses every plan with EP (export.every_plan_refusal). Its plans are let go."""
     reason = asker(target, doc_of)
     kept, sides = keep_sides(res, res.layout_plans, lambda c: reason(c) is not None,
-                             lambda c: reason(c, price=False) is not None)
+                             lambda c: reason(c, price=False) is not None,
+                             every=lambda axis, degree: every_plan_refusal(res.ranked[0].plan, target, axis, degree))
     return dataclasses.replace(kept, sides=sides, layout_plans=None)
 
 

@@ -10,13 +10,14 @@ from typing import Callable
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress, fit_comments
+from llmplan.export.common import CannotExpress, fit_comments, refuse
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
 from llmplan.export.toml_lines import fit_toml
 from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
+from llmplan.specs.plan import ParallelPlan
 
 TRAIN_TARGETS = ("megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
 SERVE_TARGETS = ("vllm", "sglang")
@@ -103,6 +104,24 @@ def target_mode(target: str) -> str:
     if target not in TARGETS:
         raise LlmplanError(f"--target {target} is not a target; use one of {', '.join(TARGETS)}")
     return "train" if target in TRAIN_TARGETS else "infer"
+
+
+EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
+    "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
+}
+"""Target -> plan axis -> a rule of the target's check (the same function, called there) whose only condition is
+that axis above 1: the target refuses every plan with it, whatever else the plan sets."""
+
+
+def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:
+    """Why `target` refuses every training plan with `axis` above 1, worded as its refusal of `plan` with `axis`
+    set to `degree` (EVERY_PLAN); None where no such rule is known (some plan with it may be accepted). A plan
+    with it may meet another of the check's rules first: refused all the same, with that rule's words."""
+    rule = EVERY_PLAN.get(target, {}).get(axis)
+    if rule is None or degree <= 1:
+        return None
+    what, bad, fix = rule(plan.model_copy(update={axis: degree}))
+    return str(refuse(target, what, fix)) if bad else None
 
 
 def default_wrap(pf: PlanFile) -> str:

@@ -237,6 +237,9 @@ class Side:
     """False when the walk stopped at its limit before finding an accepted plan or running out of plans."""
     refused_plan: ParallelPlan | None = None
     """The conventional plan the caller refused (status 'refused'), to name it."""
+    refused_every: str | None = None
+    """Why the caller refuses every plan of the comparison, where it says so without being asked plan by plan
+    (status 'none', nothing asked)."""
 
 
 @dataclass(frozen=True)
@@ -376,13 +379,15 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
 
 
 def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
-               screened: Callable[[Candidate], bool], checks: int = CHECKS) -> tuple[Any, Sides | None]:
+               screened: Callable[[Candidate], bool], checks: int = CHECKS,
+               every: Callable[[str, int], str | None] | None = None) -> tuple[Any, Sides | None]:
     """The walk's result `kept` (keep_accepted; `lp` its search's plans) with what it shows beside its rows kept to the
     plans `refused` accepts: the Pareto front (accepted_front), the conventional plan where accepted, the best
     plan without CP and with EP that is accepted (where the search shows them), and each row's equivalents and
     variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
-    plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (searched
-    without keep_plans), or no row."""
+    plan shown, `screened` about one only counted (it may spare the pricing); `every(axis, degree)` says why the
+    caller refuses every plan with that axis above 1 (None: it cannot say), and then the comparison with EP
+    asks about none. None: no plans kept (searched without keep_plans), or no row."""
     if lp is None or not kept.ranked:
         return kept, None
     t0 = time.perf_counter()
@@ -398,7 +403,10 @@ def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate],
         no_cp, cp_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.cp) == 1), like, refused, checks)
     ep, ep_side = None, None
     if first is not None and first.plan.ep == 1 and kept.with_ep is not None:
-        ep, ep_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.ep) > 1), like, refused, checks)
+        with_ep = lp.plans_in(np.asarray(lp.plans.ep) > 1)
+        why = every("ep", int(np.asarray(lp.plans.ep)[with_ep].min())) if every and len(with_ep) else None
+        ep, ep_side = (None, Side("none", refused_every=why)) if why else \
+            first_accepted(lp, with_ep, like, refused, checks)
     front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
     equivalents, variants, asked, capped = [], [], 0, []
     for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):
