@@ -172,6 +172,40 @@ def test_walk_keeps_each_layout_by_its_best_accepted_plan(llama_search):
         assert n.lower == n.upper + 1
 
 
+def test_not_exportable_counts_the_refused_above_the_last_row(llama_search):
+    """A walk that stops at its limit with fewer rows than asked for has refused plans after its last row: those
+    are not better-ranked plans dropped. Walk.dropped (JSON not_exportable) counts the refusals asked before the
+    last row was kept; Walk.refused (target_walk.refused) all of them."""
+    from llmplan.search.filtered import keep_accepted
+
+    answers: list[bool] = []
+
+    def refused(c):
+        answers.append(not (c.plan.pp == 8 and c.plan.zero == 0))
+        return answers[-1]
+
+    kept, walk = keep_accepted(llama_search, refused, 5, checks=400)
+    assert not walk.complete and 0 < len(kept.ranked) < 5 and walk.checked == len(answers) == 400
+    last = max(k for k, bad in enumerate(answers) if not bad)
+    assert walk.refused == sum(answers) and walk.dropped == sum(answers[:last]) < walk.refused
+
+
+def test_not_exportable_against_the_walk_on_a_target_that_keeps_few(cli):
+    """torchtitan-0.2 (no ZeRO-1, TP with sequence parallelism only, ...) keeps fewer than 5 llama-3.1-70b plans
+    in 5,000 asked: not_exportable is the refused above the last row kept, fewer than the walk refused, and the
+    text says both."""
+    r = cli(*LLAMA, "--target", "torchtitan-0.2", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    walk = doc["target_walk"]
+    assert len(doc["plans"]) < 5 and not walk["complete"] and walk["checked"] == 5000
+    assert doc["not_exportable"] < walk["refused"]
+    text = " ".join(cli(*LLAMA, "--target", "torchtitan-0.2").out.split())
+    n = doc["not_exportable"]
+    assert f"target torchtitan-0.2: {n:,} better-ranked plan{'s' if n != 1 else ''} dropped as not exportable" in text
+    assert f"(at most 5,000), {walk['refused']:,} of them refused" in text
+
+
 # Side outputs (docs/validation.md#target-sides): the Pareto front, the conventional plan, the "without CP" /
 # "with EP" comparisons and each row's +N / variants counts hold only plans the target accepts. Each search is
 # pinned small (about 1.5 s); `export --to TARGET` of a plan file is the oracle.
@@ -311,13 +345,16 @@ def test_serving_walk_states_its_depth_when_it_ends_early(cli, monkeypatch):
     args = ["search", "--mode", "infer", "--model", "mixtral-8x22b", "--hardware", "dgx-h100", "--nodes", "8",
             "--target", "vllm", "--top", "5"]
     monkeypatch.setattr(cs, "WALK", 0)
+    plain = cli(*args[:-4], "--top", "5", "--json").json()["plans"]  # the same search, untargeted
     doc = cli(*args, "--json").json()
     walk = doc["target_walk"]
     assert walk["limit"] == 5 and walk["checked"] == 5
     if len(doc["plans"]) < 5 and doc["feasible"] > 5:
-        assert walk["complete"] is False and doc["not_exportable"] == 5 - len(doc["plans"])
+        assert walk["complete"] is False and walk["refused"] == 5 - len(doc["plans"])
+        ranks = [next(k for k, e in enumerate(plain, 1) if e["plan"] == p["plan"]) for p in doc["plans"]]
+        assert doc["not_exportable"] == max(ranks) - len(ranks)  # the refused ranked above the last one kept
         text = cli(*args).out
-        assert "the walk stopped after asking about 5 layouts (at most 5)" in text
+        assert f"the walk stopped after asking about 5 layouts (at most 5), {walk['refused']} of them refused" in text
     else:
         pytest.fail("the case no longer ends the walk early: pick another")
     monkeypatch.setattr(cs, "WALK", 40)

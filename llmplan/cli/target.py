@@ -52,11 +52,13 @@ def walk(ranked: Sequence[Any], target: str, doc_of: Callable[[Any], dict], top:
 
 def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top: int, limit: int,
                  seconds: float) -> Walk:
-    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused, and whether
-    it kept `top` or ran out of the `feasible` layouts (False: it stopped at the `walked` ranked ones, the
-    search asked for `limit`: --top or WALK, the larger)."""
+    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused (and of
+    them the ones ranked above the last layout kept), and whether it kept `top` or ran out of the `feasible`
+    layouts (False: it stopped at the `walked` ranked ones, the search asked for `limit`: --top or WALK, the
+    larger)."""
     checked = kept[-1] + 1 if len(kept) == top and kept else walked
-    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds)
+    dropped = kept[-1] + 1 - len(kept) if kept else 0  # refused above the last kept layout
+    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds, dropped)
 
 
 def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[..., str | None]:
@@ -81,8 +83,9 @@ def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[..., str | Non
 
 def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
     """The result with only the best `top` layouts' plans that `target` exports, one row per layout
-    (search.filtered; the search run with keep_plans), the refusals met counted (asker). It keeps the search's
-    plans for training_sides, run on the result shown only."""
+    (search.filtered; the search run with keep_plans): not_exportable counts the plans refused above the last
+    row kept (Walk.dropped), refusals every refusal the walk met by reason (asker). It keeps the search's plans
+    for training_sides, run on the result shown only."""
     why: Counter = Counter()
     reason = asker(target, doc_of)
 
@@ -94,7 +97,7 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
 
     lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top)
-    return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
+    return dataclasses.replace(kept, target=target, not_exportable=walked.dropped, refusals=dict(why),
                                walk=walked, layout_plans=lp)
 
 

@@ -299,7 +299,8 @@ def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sid
         rows = f"row{'s' if len(walk.other_plan) > 1 else ''} {spans(walk.other_plan)}"
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
-        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,})")
+        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,}), "
+                   f"{walk.refused:,} of them refused")
     if sides is not None:
         out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
         if not sides.pareto_complete:

@@ -141,6 +141,9 @@ class Walk:
     limit: int = CHECKS
     seconds: float = 0.0
     """Wall time of the walk (the search's own is SearchResult.seconds)."""
+    dropped: int = 0
+    """Of the refused, those asked before the last row kept: the better-ranked plans the caller refused (all of
+    the refused where the walk kept `top` rows; fewer where it ran out of plans or stopped at `limit` after)."""
 
 
 def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
@@ -163,7 +166,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     done: set[tuple[int, ...]] = set()
     tried: set[int] = set()
     turned: set[tuple[int, ...]] = set()  # layouts with a plan refused: their row is not the search's
-    checked = refusals = 0
+    checked = refusals = dropped = 0
     like = rows[0].estimate if rows else None
     r = j = 0
 
@@ -202,6 +205,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
                     i = rep
             kept.append(lp.row(i))
             done.add(code)
+            dropped = refusals
         else:
             g = rows[by_lead[r]]
             r += 1
@@ -210,12 +214,13 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
                 continue
             kept.append(g)
             done.add(code)
+            dropped = refusals
     complete = len(kept) == top or (r == len(rows) and j == len(stream))
     out = dataclasses.replace(res, ranked=[g.estimate for g in kept], equivalents=[g.equivalents for g in kept],
                               variants=[g.variants for g in kept], tied_with=[], tie_notes=[], layout_plans=None)
     out = rank(out, max(len(kept), 1))
     other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in turned)
-    return out, Walk(checked, refusals, other, complete, checks, time.perf_counter() - t0)
+    return out, Walk(checked, refusals, other, complete, checks, time.perf_counter() - t0, dropped)
 
 
 ROW_CHECKS = 400
