@@ -172,10 +172,40 @@ def test_walk_keeps_each_layout_by_its_best_accepted_plan(llama_search):
         assert n.lower == n.upper + 1
 
 
+def test_asked_file_answers_as_the_saved_file(llama_search):
+    """The walk asks about a plan with the search's plan file, #1's, with that plan swapped in (cli.target.asker),
+    never pricing it: for plans of the search drawn at random, every training target answers that file as it
+    answers the file `--save` writes for the plan (its own predictions), word for word."""
+    import random
+
+    from llmplan.cli.target import asker
+    from llmplan.export import TRAIN_TARGETS, refusal
+    from llmplan.planfile import document_plan, plan_document
+    from llmplan.report.training import estimate_json
+    from llmplan.search.filtered import of_arrays
+    from llmplan.specs.allowance import MemoryAllowance
+    from llmplan.topology.placement import DEFAULT_ORDER
+
+    lp = llama_search.layout_plans
+    doc_of = lambda e: plan_document(e, MemoryAllowance(), DEFAULT_ORDER, estimate_json(e))  # noqa: E731
+    like = llama_search.ranked[0]
+    picks = random.Random("asked-file").sample(range(len(lp.score)), 30)
+    saved = {i: document_plan(doc_of(lp.estimate(i))) for i in picks}
+    answers = set()
+    for target in TRAIN_TARGETS:
+        reason = asker(target, doc_of)
+        for i in picks:
+            want = refusal(saved[i], target)
+            assert reason(of_arrays(lp, i, like)) == want, (target, lp.plans.plan(i))
+            answers.add(want is None)
+    assert answers == {True, False}
+
+
 def test_not_exportable_counts_the_refused_above_the_last_row(llama_search):
     """A walk that stops at its limit with fewer rows than asked for has refused plans after its last row: those
     are not better-ranked plans dropped. Walk.dropped (JSON not_exportable) counts the refusals asked before the
-    last row was kept; Walk.refused (target_walk.refused) all of them."""
+    last row was kept; Walk.refused (target_walk.refused) all of them; the text says both."""
+    from llmplan.report.search import target_lines
     from llmplan.search.filtered import keep_accepted
 
     answers: list[bool] = []
@@ -188,22 +218,20 @@ def test_not_exportable_counts_the_refused_above_the_last_row(llama_search):
     assert not walk.complete and 0 < len(kept.ranked) < 5 and walk.checked == len(answers) == 400
     last = max(k for k, bad in enumerate(answers) if not bad)
     assert walk.refused == sum(answers) and walk.dropped == sum(answers[:last]) < walk.refused
+    text = " ".join(target_lines("t", walk.dropped, walk))
+    assert f"target t: {walk.dropped:,} better-ranked plans dropped as not exportable" in text
+    assert f"the walk stopped after asking about 400 plans (at most 400), {walk.refused:,} of them refused" in text
 
 
 def test_not_exportable_against_the_walk_on_a_target_that_keeps_few(cli):
     """torchtitan-0.2 (no ZeRO-1, TP with sequence parallelism only, ...) keeps fewer than 5 llama-3.1-70b plans
-    in 5,000 asked: not_exportable is the refused above the last row kept, fewer than the walk refused, and the
-    text says both."""
+    in 5,000 asked: not_exportable is the refused above the last row kept, fewer than the walk refused."""
     r = cli(*LLAMA, "--target", "torchtitan-0.2", "--json")
     assert r.code == 0, r.err
     doc = r.json()
     walk = doc["target_walk"]
     assert len(doc["plans"]) < 5 and not walk["complete"] and walk["checked"] == 5000
     assert doc["not_exportable"] < walk["refused"]
-    text = " ".join(cli(*LLAMA, "--target", "torchtitan-0.2").out.split())
-    n = doc["not_exportable"]
-    assert f"target torchtitan-0.2: {n:,} better-ranked plan{'s' if n != 1 else ''} dropped as not exportable" in text
-    assert f"(at most 5,000), {walk['refused']:,} of them refused" in text
 
 
 # Side outputs (docs/validation.md#target-sides): the Pareto front, the conventional plan, the "without CP" /
