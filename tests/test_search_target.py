@@ -172,6 +172,68 @@ def test_walk_keeps_each_layout_by_its_best_accepted_plan(llama_search):
         assert n.lower == n.upper + 1
 
 
+def test_asked_file_answers_as_the_saved_file(llama_search):
+    """The walk asks about a plan with the search's plan file, #1's, with that plan swapped in (cli.target.asker),
+    never pricing it: for plans of the search drawn at random, every training target answers that file as it
+    answers the file `--save` writes for the plan (its own predictions), word for word."""
+    import random
+
+    from llmplan.cli.target import asker
+    from llmplan.export import TRAIN_TARGETS, refusal
+    from llmplan.planfile import document_plan, plan_document
+    from llmplan.report.training import estimate_json
+    from llmplan.search.filtered import of_arrays
+    from llmplan.specs.allowance import MemoryAllowance
+    from llmplan.topology.placement import DEFAULT_ORDER
+
+    lp = llama_search.layout_plans
+    doc_of = lambda e: plan_document(e, MemoryAllowance(), DEFAULT_ORDER, estimate_json(e))  # noqa: E731
+    like = llama_search.ranked[0]
+    picks = random.Random("asked-file").sample(range(len(lp.score)), 30)
+    saved = {i: document_plan(doc_of(lp.estimate(i))) for i in picks}
+    answers = set()
+    for target in TRAIN_TARGETS:
+        reason = asker(target, doc_of)
+        for i in picks:
+            want = refusal(saved[i], target)
+            assert reason(of_arrays(lp, i, like)) == want, (target, lp.plans.plan(i))
+            answers.add(want is None)
+    assert answers == {True, False}
+
+
+def test_not_exportable_counts_the_refused_above_the_last_row(llama_search):
+    """A walk that stops at its limit with fewer rows than asked for has refused plans after its last row: those
+    are not better-ranked plans dropped. Walk.dropped (JSON not_exportable) counts the refusals asked before the
+    last row was kept; Walk.refused (target_walk.refused) all of them; the text says both."""
+    from llmplan.report.search import target_lines
+    from llmplan.search.filtered import keep_accepted
+
+    answers: list[bool] = []
+
+    def refused(c):
+        answers.append(not (c.plan.pp == 8 and c.plan.zero == 0))
+        return answers[-1]
+
+    kept, walk = keep_accepted(llama_search, refused, 5, checks=400)
+    assert not walk.complete and 0 < len(kept.ranked) < 5 and walk.checked == len(answers) == 400
+    last = max(k for k, bad in enumerate(answers) if not bad)
+    assert walk.refused == sum(answers) and walk.dropped == sum(answers[:last]) < walk.refused
+    text = " ".join(target_lines("t", walk.dropped, walk))
+    assert f"target t: {walk.dropped:,} better-ranked plans dropped as not exportable" in text
+    assert f"the walk stopped after asking about 400 plans (at most 400), {walk.refused:,} of them refused" in text
+
+
+def test_not_exportable_against_the_walk_on_a_target_that_keeps_few(cli):
+    """torchtitan-0.2 (no ZeRO-1, TP with sequence parallelism only, ...) keeps fewer than 5 llama-3.1-70b plans
+    in 5,000 asked: not_exportable is the refused above the last row kept, fewer than the walk refused."""
+    r = cli(*LLAMA, "--target", "torchtitan-0.2", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    walk = doc["target_walk"]
+    assert len(doc["plans"]) < 5 and not walk["complete"] and walk["checked"] == 5000
+    assert doc["not_exportable"] < walk["refused"]
+
+
 # Side outputs (docs/validation.md#target-sides): the Pareto front, the conventional plan, the "without CP" /
 # "with EP" comparisons and each row's +N / variants counts hold only plans the target accepts. Each search is
 # pinned small (about 1.5 s); `export --to TARGET` of a plan file is the oracle.
@@ -228,6 +290,19 @@ def test_with_ep_comparison_only_with_an_accepted_plan(cli, tmp_path):
     else:
         assert doc["target_sides"]["with_ep"]["status"] == "none" and "#1 vs best with EP" not in text
         assert "no plan with EP that deepspeed accepts" in text
+
+
+def test_with_ep_not_walked_where_every_ep_plan_is_refused(cli, tmp_path):
+    """DeepSpeed refuses every plan with EP (DeepSpeed-MoE sets it in model code; export.every_plan_refusal): the
+    comparison asks about none of them (it asked about 5,000), and JSON and text say why; `export --to
+    deepspeed` of #1 with ep 2 refuses it."""
+    doc, text, exports = targeted(cli, tmp_path, QWEN_MOE, "deepspeed")
+    side = doc["target_sides"]["with_ep"]
+    assert doc["with_ep"] is None and side["status"] == "none" and side["checked"] == 0 and side["complete"]
+    assert "deepspeed cannot express this plan: expert parallelism (ep 2;" in side["refused_every"]
+    assert "no plan with EP that deepspeed accepts, none asked: it refuses every one" in text
+    assert not exports({**doc["plans"][0]["plan"], "ep": 2})
+    assert doc["target_sides"]["conventional"]["refused_every"] is None
 
 
 def test_without_cp_comparison_is_an_accepted_plan(cli, tmp_path):
@@ -298,13 +373,16 @@ def test_serving_walk_states_its_depth_when_it_ends_early(cli, monkeypatch):
     args = ["search", "--mode", "infer", "--model", "mixtral-8x22b", "--hardware", "dgx-h100", "--nodes", "8",
             "--target", "vllm", "--top", "5"]
     monkeypatch.setattr(cs, "WALK", 0)
+    plain = cli(*args[:-4], "--top", "5", "--json").json()["plans"]  # the same search, untargeted
     doc = cli(*args, "--json").json()
     walk = doc["target_walk"]
     assert walk["limit"] == 5 and walk["checked"] == 5
     if len(doc["plans"]) < 5 and doc["feasible"] > 5:
-        assert walk["complete"] is False and doc["not_exportable"] == 5 - len(doc["plans"])
+        assert walk["complete"] is False and walk["refused"] == 5 - len(doc["plans"])
+        ranks = [next(k for k, e in enumerate(plain, 1) if e["plan"] == p["plan"]) for p in doc["plans"]]
+        assert doc["not_exportable"] == max(ranks) - len(ranks)  # the refused ranked above the last one kept
         text = cli(*args).out
-        assert "the walk stopped after asking about 5 layouts (at most 5)" in text
+        assert f"the walk stopped after asking about 5 layouts (at most 5), {walk['refused']} of them refused" in text
     else:
         pytest.fail("the case no longer ends the walk early: pick another")
     monkeypatch.setattr(cs, "WALK", 40)

@@ -132,7 +132,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
         if res.ranked and not kept:
             refuse_unexportable(target, why)
         walked = serving_walk(kept, why, len(res.ranked), res.feasible, goal.top, deep, time.perf_counter() - t0)
-        res, dropped = dataclasses.replace(res, ranked=[res.ranked[i] for i in kept]), sum(why.values())
+        res, dropped = dataclasses.replace(res, ranked=[res.ranked[i] for i in kept]), walked.dropped
 
     def view() -> None:
         report.serve_search_view(out, res, m, cluster, job)

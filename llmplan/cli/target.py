@@ -1,9 +1,9 @@
 """`search --target NAME`: keep only the ranked plans that `export --to NAME` writes. A training search walks
 every plan that fits, layout by layout (search.filtered: where a layout's shown plan is refused, its other plans
 in ranked order), a serving search its ranking (deeper: WALK layouts); each candidate, best first, is turned into
-the plan file `--save` would write and handed to export.refusal, the very render `export` runs; the refused ones
-are dropped until --top plans are kept. No launcher rule lives here: the export package is the one place that
-knows them."""
+the plan file `--save` would write (asker: the search's file with its plan swapped in) and handed to
+export.refusal, the refusal checks `export` runs before it renders; the refused ones are dropped until --top
+plans are kept. No launcher rule lives here: the export package is the one place that knows them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from llmplan.errors import LlmplanError
-from llmplan.export import refusal, target_mode
+from llmplan.export import every_plan_refusal, refusal, target_mode
 from llmplan.planfile import PlanFile, document_plan
 from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
@@ -52,37 +52,35 @@ def walk(ranked: Sequence[Any], target: str, doc_of: Callable[[Any], dict], top:
 
 def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top: int, limit: int,
                  seconds: float) -> Walk:
-    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused, and whether
-    it kept `top` or ran out of the `feasible` layouts (False: it stopped at the `walked` ranked ones, the
-    search asked for `limit`: --top or WALK, the larger)."""
+    """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused (and of
+    them the ones ranked above the last layout kept), and whether it kept `top` or ran out of the `feasible`
+    layouts (False: it stopped at the `walked` ranked ones, the search asked for `limit`: --top or WALK, the
+    larger)."""
     checked = kept[-1] + 1 if len(kept) == top and kept else walked
-    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds)
+    dropped = kept[-1] + 1 - len(kept) if kept else 0  # refused above the last kept layout
+    return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds, dropped)
 
 
-def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[..., str | None]:
-    """Why `target` refuses a Candidate (export.refusal), or None. A plan of the search's arrays is first
-    screened against the plan file of a priced plan of the same search with its plan replaced (no estimate: the
-    file's other parts are the search's, and a training export reads the predictions only into its header
-    comment); one that passes is asked again with the file `--save` writes for it (price False: not, for a plan
-    only counted)."""
+def asker(target: str, doc_of: Callable[[Any], dict]) -> Callable[[Candidate], str | None]:
+    """Why `target` refuses a Candidate (export.refusal), or None: asked with the plan file of a priced plan of
+    the same search (the first candidate's `like`) with the candidate's plan in place of its own, so that no
+    plan is priced, nor its file written, to be asked about. The file `--save` writes for the plan differs from
+    it only in the predictions, which export.refusal does not read (it runs the export's refusal checks, on the
+    plan, model, cluster, rank order and mode; tests/test_search_target.py holds the two answers equal)."""
     like: list[PlanFile] = []
 
-    def reason(c: Candidate, price: bool = True) -> str | None:
-        r = None
-        if not c.priced:  # screened before it is priced
-            like[:] = like or [document_plan(doc_of(c.like))]
-            r = refusal(dataclasses.replace(like[0], plan=c.plan), target)
-        if r is None and (price or c.priced):
-            r = refusal(document_plan(doc_of(c.estimate())), target)
-        return r
+    def reason(c: Candidate) -> str | None:
+        like[:] = like or [document_plan(doc_of(c.like))]
+        return refusal(dataclasses.replace(like[0], plan=c.plan), target)
 
     return reason
 
 
 def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict], top: int) -> SearchResult:
     """The result with only the best `top` layouts' plans that `target` exports, one row per layout
-    (search.filtered; the search run with keep_plans), the refusals met counted (asker). It keeps the search's
-    plans for training_sides, run on the result shown only."""
+    (search.filtered; the search run with keep_plans): not_exportable counts the plans refused above the last
+    row kept (Walk.dropped), refusals every refusal the walk met by reason (asker). It keeps the search's plans
+    for training_sides, run on the result shown only."""
     why: Counter = Counter()
     reason = asker(target, doc_of)
 
@@ -94,17 +92,19 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
 
     lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top)
-    return dataclasses.replace(kept, target=target, not_exportable=sum(why.values()), refusals=dict(why),
+    return dataclasses.replace(kept, target=target, not_exportable=walked.dropped, refusals=dict(why),
                                walk=walked, layout_plans=lp)
 
 
 def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]) -> SearchResult:
     """The kept result (keep_training) with the Pareto front, the comparisons and the rows' counts kept to the
-    plans `target` exports (search.filtered.keep_sides): asked as the walk asks, not counted as dropped; a plan
-    only counted (a row's variant) is screened and not priced. Its plans are let go."""
+    plans `target` exports (search.filtered.keep_sides): asked as the walk asks, not counted as dropped; a
+    comparison with EP is not walked where the target refuses every plan with EP (export.every_plan_refusal).
+    Its plans are let go."""
     reason = asker(target, doc_of)
-    kept, sides = keep_sides(res, res.layout_plans, lambda c: reason(c) is not None,
-                             lambda c: reason(c, price=False) is not None)
+    asked = lambda c: reason(c) is not None  # noqa: E731
+    kept, sides = keep_sides(res, res.layout_plans, asked, asked,
+                             every=lambda axis, degree: every_plan_refusal(res.ranked[0].plan, target, axis, degree))
     return dataclasses.replace(kept, sides=sides, layout_plans=None)
 
 

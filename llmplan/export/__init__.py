@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Callable
 
 from llmplan.errors import LlmplanError
-from llmplan.export import bridge, deepspeed, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress, fit_comments
+from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
+from llmplan.export.common import CannotExpress, fit_comments, refuse
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
-from llmplan.export.serve import render_sglang, render_vllm
+from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
 from llmplan.export.toml_lines import fit_toml
 from llmplan.fileio import check_target, make_folder, publish
 from llmplan.planfile import PlanFile
+from llmplan.specs.plan import ParallelPlan
 
 TRAIN_TARGETS = ("megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
 SERVE_TARGETS = ("vllm", "sglang")
@@ -32,6 +33,21 @@ def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[s
         "torchtitan-0.2": torchtitan.render_legacy,
         "torchrun": lambda pf: render_torchrun(pf, wrap), "slurm": lambda pf: render_slurm(pf, wrap),
         "vllm": render_vllm, "sglang": render_sglang,
+    }
+    if target not in table:
+        raise LlmplanError(f"--to {target} is not a target; use one of {', '.join(TARGETS)} or all")
+    return table[target]
+
+
+def checker(target: str, wrap: str = "megatron") -> Callable[[PlanFile], None]:
+    """The refusal checks renderer(target, wrap) runs before it writes a line: each raises CannotExpress with the
+    reason. Every refusal rule lives in one such check, which the render calls; nothing after it refuses
+    (tests/test_export_refusal.py holds the two to the same answer)."""
+    table: dict[str, Callable[[PlanFile], None]] = {
+        "megatron": megatron.check, "megatron-bridge": bridge.check, "deepspeed": deepspeed.check,
+        "torchtitan": torchtitan.check, "torchtitan-0.2": torchtitan.check_legacy,
+        "torchrun": lambda pf: launch.check(pf, "torchrun", wrap), "slurm": lambda pf: launch.check(pf, "slurm", wrap),
+        "vllm": check_vllm, "sglang": check_sglang,
     }
     if target not in table:
         raise LlmplanError(f"--to {target} is not a target; use one of {', '.join(TARGETS)} or all")
@@ -68,7 +84,7 @@ def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dic
         renderer(target) if target != "all" else None  # an unknown target is named first
         return pools.render_all(pf, target, wrap or "megatron", mixed, TRAIN_TARGETS)
     if wrap is None and target in ("torchrun", "slurm", "all"):  # the others wrap nothing: render no other target
-        wrap = next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
+        wrap = default_wrap(pf)
     if target != "all":
         return renderer(target, wrap or "megatron")(pf), {}
     files: dict[str, str] = {}
@@ -90,12 +106,41 @@ def target_mode(target: str) -> str:
     return "train" if target in TRAIN_TARGETS else "infer"
 
 
+EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
+    "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
+}
+"""Target -> plan axis -> a rule of the target's check (the same function, called there) whose only condition is
+that axis above 1: the target refuses every plan with it, whatever else the plan sets."""
+
+
+def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:
+    """Why `target` refuses every training plan with `axis` above 1, worded as its refusal of `plan` with `axis`
+    set to `degree` (EVERY_PLAN); None where no such rule is known (some plan with it may be accepted). A plan
+    with it may meet another of the check's rules first: refused all the same, with that rule's words."""
+    rule = EVERY_PLAN.get(target, {}).get(axis)
+    if rule is None or degree <= 1:
+        return None
+    what, bad, fix = rule(plan.model_copy(update={axis: degree}))
+    return str(refuse(target, what, fix)) if bad else None
+
+
+def default_wrap(pf: PlanFile) -> str:
+    """The training target torchrun / slurm wrap without --wrap: the first of WRAPPABLE that accepts the plan."""
+    return next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
+
+
 def refusal(pf: PlanFile, target: str) -> str | None:
-    """Why `export --to target` refuses the plan (the CannotExpress message), or None where it writes it: the
-    very render `export` runs (render_all), so `search --target` keeps exactly the plans export accepts."""
+    """Why `export --to target` refuses the plan (the CannotExpress message), or None where it writes it. It runs
+    the refusal checks `export` runs before it renders (checker; for a plan over pools, export.pools'), and
+    renders nothing: the answer and its text are the render's (tests/test_export_refusal.py), at the cost of
+    the checks alone."""
     target_mode(target)
     try:
-        render_all(pf, target)
+        mixed = pools.pool_plan(pf)
+        if mixed is not None:
+            pools.check_all(pf, target, "megatron", mixed)
+        else:
+            checker(target, default_wrap(pf) if target in ("torchrun", "slurm") else "megatron")(pf)
     except CannotExpress as e:
         return str(e)
     return None
@@ -103,7 +148,7 @@ def refusal(pf: PlanFile, target: str) -> str | None:
 
 def _expresses(pf: PlanFile, target: str) -> bool:
     try:
-        renderer(target)(pf)
+        checker(target)(pf)
         return True
     except CannotExpress:
         return False

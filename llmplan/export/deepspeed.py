@@ -8,8 +8,15 @@ from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
                                    refuse, sh_header)
 from llmplan.planfile import PlanFile
+from llmplan.specs.plan import ParallelPlan
 
 TARGET = "deepspeed"
+
+
+def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Expert parallelism, refused whatever else the plan sets (export.every_plan_refusal: a search need not ask
+    about its plans with ep > 1 one by one)."""
+    return f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"
 
 
 def check(pf: PlanFile) -> None:
@@ -25,7 +32,7 @@ def check(pf: PlanFile) -> None:
         (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
         ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
          p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
-        (f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"),
+        expert_parallel_refusal(p),
         ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
         (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",
          launcher_schedule("deepspeed", p.pp_schedule) is None,

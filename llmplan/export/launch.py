@@ -8,21 +8,33 @@ from llmplan.export.common import (launch_env_lines, megatron_expert_notes, need
                                    sh_header)
 from llmplan.planfile import PlanFile
 
-WRAPPABLE = ("megatron", "torchtitan", "deepspeed", "megatron-bridge")
+WRAP_CHECKS = {"megatron": megatron.check, "torchtitan": torchtitan.check, "deepspeed": deepspeed.check,
+               "megatron-bridge": bridge.check}
+"""The refusal checks of each wrappable target (the ones its own render runs first), in the order a launch
+without --wrap tries them."""
+WRAPPABLE = tuple(WRAP_CHECKS)
+
+
+def check(pf: PlanFile, target: str, wrap: str) -> None:
+    """Refuse, with the reason, a torchrun / slurm (`target`) launch of `wrap` that cannot run the plan: a serving
+    plan, an unknown wrap, or a plan the wrapped target refuses (render_torchrun and render_slurm run this
+    first)."""
+    need_mode(pf, "train", target)
+    if wrap not in WRAP_CHECKS:
+        raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
+    WRAP_CHECKS[wrap](pf)
 
 
 def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
     """(command after torchrun's flags, extra files, shell lines that define the arguments and, but for megatron
-    whose script body has them, the plan's environment)."""
+    whose script body has them, the plan's environment); the plan checked first (check)."""
     if wrap == "megatron":  # its body exports the plan's environment (common.rendezvous_lines)
-        megatron.check(pf)
         body = megatron.script_body(pf, "").rstrip("\n")
         body = "\n".join(line for line in body.splitlines() if not line.startswith(("GPUS_PER_NODE", "NNODES",
                                                                                    "NODE_RANK", "MASTER_")))
         return megatron.entry_command(pf), megatron.companion_files(pf), body.replace("set -euo pipefail\n", "")
     env = "".join(f"{line}\n" for line in launch_env_lines(pf))
     if wrap == "torchtitan":
-        torchtitan.check(pf)
         return torchtitan.TORCHTITAN_ENTRY, {}, env + torchtitan.args_array(pf)
     if wrap == "deepspeed":
         files = deepspeed.render(pf)
@@ -32,7 +44,7 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
     if wrap == "megatron-bridge":
         env += "".join(f"{line}\n" for line in op_fuser_env_lines(pf))
         return bridge.BRIDGE_ENTRY, {}, env + bridge.arrays(pf)
-    raise refuse("torchrun", f"--wrap {wrap} is not a training target", f"use one of {', '.join(WRAPPABLE)}")
+    raise AssertionError(wrap)  # check refused it
 
 
 def _notes(pf: PlanFile, wrap: str) -> tuple[str, ...]:
@@ -45,7 +57,7 @@ def _notes(pf: PlanFile, wrap: str) -> tuple[str, ...]:
 
 
 def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
-    need_mode(pf, "train", "torchrun")
+    check(pf, "torchrun", wrap)
     entry, files, defs = _entry(pf, wrap)
     c = pf.cluster
     script = (sh_header(pf, f"torchrun (wrapping {wrap})", _notes(pf, wrap)) + "set -euo pipefail\n"
@@ -59,7 +71,7 @@ def render_torchrun(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
 
 
 def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
-    need_mode(pf, "train", "slurm")
+    check(pf, "slurm", wrap)
     entry, files, defs = _entry(pf, wrap)
     defs = defs.replace(megatron.SCRIPT_DIR, "${SLURM_SUBMIT_DIR:-.}")  # sbatch runs a spool copy of the script
     c = pf.cluster

@@ -95,8 +95,15 @@ def render(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, Heter
     return {name: text.replace(one, mixed, 1) for name, text in files.items()}
 
 
-def _render(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, HeteroPlan]) -> dict[str, str]:
+def check_all(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, HeteroPlan]) -> None:
+    """Every refusal _render can meet, in its order: the pools' own (check), then Megatron-LM's, whose script
+    every mixed target writes."""
     check(pf, target, wrap, pools)
+    megatron.check(pf)
+
+
+def _render(pf: PlanFile, target: str, wrap: str, pools: tuple[PoolCluster, HeteroPlan]) -> dict[str, str]:
+    check_all(pf, target, wrap, pools)
     files = {**megatron.render(pf), "pool_ranks.csv": mapping_text(pf, pools)}
     if target == "megatron":
         return files

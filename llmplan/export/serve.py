@@ -103,14 +103,25 @@ def sglang_speculative(pf: PlanFile) -> tuple[list[tuple[str, Any]], str]:
             ("--speculative-draft-model-path", repo)], note
 
 
-def render_vllm(pf: PlanFile) -> dict[str, str]:
+def check_vllm(pf: PlanFile) -> None:
+    """Refuse, with the reason, a plan vLLM cannot run as planned (render_vllm runs this first)."""
     need_mode(pf, "infer", "vllm")
-    p, j = pf.plan, pf.serve_job
-    fraction, fraction_note = memory_fraction(pf, "vllm")
-    spec_flags, spec_note = vllm_speculative(pf)
+    p = pf.plan
     if p.ep > 1 and p.ep != p.tp * p.dp:
         raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * p.dp})",
                      f"re-plan with --ep {p.tp * p.dp} or --ep 1")
+
+
+def check_sglang(pf: PlanFile) -> None:
+    """Refuse, with the reason, a plan SGLang cannot run as planned (render_sglang runs this first)."""
+    need_mode(pf, "infer", "sglang")
+
+
+def render_vllm(pf: PlanFile) -> dict[str, str]:
+    check_vllm(pf)
+    p, j = pf.plan, pf.serve_job
+    fraction, fraction_note = memory_fraction(pf, "vllm")
+    spec_flags, spec_note = vllm_speculative(pf)
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
@@ -135,7 +146,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
 
 
 def render_sglang(pf: PlanFile) -> dict[str, str]:
-    need_mode(pf, "infer", "sglang")
+    check_sglang(pf)
     p, j = pf.plan, pf.serve_job
     fraction, fraction_note = memory_fraction(pf, "sglang")
     spec_flags, spec_note = sglang_speculative(pf)

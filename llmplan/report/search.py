@@ -254,7 +254,8 @@ def target_json(target: str | None, dropped: int, walk: Walk | None = None,
 
 
 def side_json(s: Side | None) -> dict[str, Any] | None:
-    return None if s is None else {"status": s.status, "checked": s.checked, "complete": s.complete}
+    return None if s is None else {"status": s.status, "checked": s.checked, "complete": s.complete,
+                                   "refused_every": s.refused_every}
 
 
 def sides_json(s: Sides) -> dict[str, Any]:
@@ -276,11 +277,14 @@ def refused_sides_json(s: Sides | None) -> dict[str, None]:
 
 def missing_side_line(target: str, what: str, s: Side | None) -> str | None:
     """'no plan without CP that torchtitan accepts' (of the plans asked, where the walk stopped early), or,
-    for the conventional plan, that the target refuses it; None where the comparison shows an accepted plan."""
+    for the conventional plan, that the target refuses it, or that it refuses every plan of the comparison (none
+    asked); None where the comparison shows an accepted plan."""
     if s is None or s.status == "accepted":
         return None
     if s.refused_plan is not None:
         return f"{what} ({plan_label(s.refused_plan)}): {target} refuses it; not compared"
+    if s.refused_every is not None:
+        return f"no plan {what} that {target} accepts, none asked: it refuses every one ({s.refused_every})"
     return f"no plan {what} that {target} accepts" + ("" if s.complete else f" (of the first {s.checked:,} asked)")
 
 
@@ -295,7 +299,8 @@ def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sid
         rows = f"row{'s' if len(walk.other_plan) > 1 else ''} {spans(walk.other_plan)}"
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
-        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,})")
+        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,}), "
+                   f"{walk.refused:,} of them refused")
     if sides is not None:
         out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
         if not sides.pareto_complete:

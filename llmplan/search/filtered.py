@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,14 @@ class LayoutPlans:
     """Each plan's tokens/s (the Pareto front's axis; None: the score)."""
     priced: list = field(default_factory=list)
     """The balanced-layout plans the layout pass priced and found fitting (search.layouts), outside the arrays."""
+    built: dict[int, ParallelPlan] = field(default_factory=dict, repr=False)
+    """The plans of the arrays built so far (plan): the walk and the side walks ask about many of the same."""
+
+    def plan(self, i: int) -> ParallelPlan:
+        """Plan i of the arrays as a ParallelPlan (PlanArrays.plan, built once: about 0.2 ms a plan)."""
+        if i not in self.built:
+            self.built[i] = self.plans.plan(i)
+        return self.built[i]
 
     def best_first(self) -> np.ndarray:
         """Every plan, the search's ranking first, the rest by score (stable)."""
@@ -88,7 +96,7 @@ class LayoutPlans:
         a = self.plans
         hit = among[(np.asarray(a.zero)[among] == p.zero) & (np.asarray(a.micro_batch)[among] == p.micro_batch)
                     & (np.asarray(a.vpp)[among] == p.vpp) & (np.asarray(a.sp)[among] == p.sp)]
-        return next((int(j) for j in hit if a.plan(int(j)) == p), None)
+        return next((int(j) for j in hit if self.plan(int(j)) == p), None)
 
     def key(self, i: int) -> tuple[int, ...]:
         """Plan i's layout as search.variants.plan_code gives it."""
@@ -141,6 +149,91 @@ class Walk:
     limit: int = CHECKS
     seconds: float = 0.0
     """Wall time of the walk (the search's own is SearchResult.seconds)."""
+    dropped: int = 0
+    """Of the refused, those asked before the last row kept: the better-ranked plans the caller refused (all of
+    the refused where the walk kept `top` rows; fewer where it ran out of plans or stopped at `limit` after)."""
+
+
+def in_score_order(stream_scores: list[float], leads: list[float]) -> Iterator[tuple[bool, int]]:
+    """The walk's order: positions in the plan stream (True, j) and in the rows sorted by lead (False, r),
+    merged best first; a plan of the stream goes first only where it scores above the next row (a tie: the
+    row). Both lists run best first."""
+    j = r = 0
+    while r < len(leads) or j < len(stream_scores):
+        if j < len(stream_scores) and stream_scores[j] > (leads[r] if r < len(leads) else -np.inf):
+            yield True, j
+            j += 1
+        else:
+            yield False, r
+            r += 1
+
+
+@dataclass
+class Walker:
+    """keep_accepted's state: the rows kept, the layouts done, the plans asked about and the counts."""
+
+    refused: Callable[[Candidate], bool]
+    lp: LayoutPlans | None
+    like: TrainingEstimate | None
+    shown: dict[tuple[int, ...], ParallelPlan]
+    """Each ranked row's layout -> its shown plan (asked about as a row, not again as a plan of the stream)."""
+    checks: int
+    kept: list[Group] = field(default_factory=list)
+    done: set[tuple[int, ...]] = field(default_factory=set)
+    skip: set[int] = field(default_factory=set)
+    """The array codes of the layouts done (a cheap test for the many plans passed over)."""
+    tried: set[int] = field(default_factory=set)
+    turned: set[tuple[int, ...]] = field(default_factory=set)
+    """Layouts with a plan refused: their row is not the search's."""
+    checked: int = 0
+    refusals: int = 0
+    dropped: int = 0
+
+    def ask(self, c: Candidate) -> bool:
+        """Whether the caller accepts c, counted."""
+        self.checked += 1
+        bad = self.refused(c)
+        self.refusals += bad
+        if bad:
+            self.turned.add(plan_code(c.plan))
+        return not bad
+
+    def keep(self, g: Group, code: tuple[int, ...]) -> None:
+        self.kept.append(g)
+        self.done.add(code)
+        self.dropped = self.refusals
+
+    def from_arrays(self, i: int) -> Candidate:
+        assert self.lp is not None and self.like is not None
+        self.tried.add(i)
+        return of_arrays(self.lp, i, self.like)
+
+    def plan(self, i: int, array_code: int) -> None:
+        """A plan of the stream: asked where its layout has no row yet and it is not the layout's shown plan
+        (asked as a row); where accepted, its layout's row, or the more robust plan tied with it where that one
+        is accepted too (LayoutPlans.robust)."""
+        assert self.lp is not None
+        if array_code in self.skip or i in self.tried:
+            return
+        code = self.lp.key(i)
+        if code in self.done:
+            self.skip.add(array_code)
+            return
+        c = self.from_arrays(i)
+        if c.plan == self.shown.get(code) or not self.ask(c):
+            return
+        rep = self.lp.robust(i)
+        if rep != i and rep not in self.tried and self.checked < self.checks:
+            alt = self.from_arrays(rep)
+            if alt.plan != self.shown.get(code) and self.ask(alt):
+                i = rep
+        self.keep(self.lp.row(i), code)
+
+    def row(self, g: Group) -> None:
+        """A ranked row: asked as shown where its layout has no row yet; kept where accepted."""
+        code = plan_code(g.estimate.plan)
+        if code not in self.done and self.ask(priced(g.estimate)):
+            self.keep(g, code)
 
 
 def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
@@ -155,67 +248,29 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     lead = [max(g.variants.best, score(g.estimate, res.objective)) for g in rows]
     by_lead = sorted(range(len(rows)), key=lambda k: -lead[k])
     stream = lp.best_first() if lp is not None else np.zeros(0, dtype=int)
-    stream_codes = lp.codes[stream].tolist() if lp is not None else []
-    stream_scores = lp.score[stream].tolist() if lp is not None else []
-    skip: set[int] = set()  # the array codes of the layouts done (a cheap test for the many plans passed over)
-    shown = {plan_code(g.estimate.plan): g.estimate.plan for g in rows}
-    kept: list[Group] = []
-    done: set[tuple[int, ...]] = set()
-    tried: set[int] = set()
-    turned: set[tuple[int, ...]] = set()  # layouts with a plan refused: their row is not the search's
-    checked = refusals = 0
-    like = rows[0].estimate if rows else None
-    r = j = 0
-
-    def ask(c: Candidate) -> bool:
-        nonlocal checked, refusals
-        checked += 1
-        bad = refused(c)
-        refusals += bad
-        if bad:
-            turned.add(plan_code(c.plan))
-        return not bad
-
-    def from_arrays(i: int) -> Candidate:
-        assert lp is not None and like is not None
-        tried.add(i)
-        return of_arrays(lp, i, like)
-
-    while len(kept) < top and checked < checks and (r < len(rows) or j < len(stream)):
-        next_row = lead[by_lead[r]] if r < len(rows) else -np.inf
-        if lp is not None and j < len(stream) and stream_scores[j] > next_row:
-            i, array_code = int(stream[j]), stream_codes[j]
-            j += 1
-            if array_code in skip or i in tried:
-                continue
-            code = lp.key(i)
-            if code in done:
-                skip.add(array_code)
-                continue
-            c = from_arrays(i)
-            if c.plan == shown.get(code) or not ask(c):
-                continue
-            rep = lp.robust(i)  # the more robust plan tied with it, where it is accepted too
-            if rep != i and rep not in tried and checked < checks:
-                alt = from_arrays(rep)
-                if alt.plan != shown.get(code) and ask(alt):
-                    i = rep
-            kept.append(lp.row(i))
-            done.add(code)
+    codes = lp.codes[stream].tolist() if lp is not None else []
+    walker = Walker(refused, lp, rows[0].estimate if rows else None,
+                    {plan_code(g.estimate.plan): g.estimate.plan for g in rows}, checks)
+    order = in_score_order(lp.score[stream].tolist() if lp is not None else [], [lead[k] for k in by_lead])
+    complete = False
+    while len(walker.kept) < top and walker.checked < checks:
+        step = next(order, None)
+        if step is None:  # every plan and row walked
+            complete = True
+            break
+        is_plan, k = step
+        if is_plan:
+            walker.plan(int(stream[k]), codes[k])
         else:
-            g = rows[by_lead[r]]
-            r += 1
-            code = plan_code(g.estimate.plan)
-            if code in done or not ask(priced(g.estimate)):
-                continue
-            kept.append(g)
-            done.add(code)
-    complete = len(kept) == top or (r == len(rows) and j == len(stream))
+            walker.row(rows[by_lead[k]])
+    complete = complete or len(walker.kept) == top or next(order, None) is None
+    kept = walker.kept
     out = dataclasses.replace(res, ranked=[g.estimate for g in kept], equivalents=[g.equivalents for g in kept],
                               variants=[g.variants for g in kept], tied_with=[], tie_notes=[], layout_plans=None)
     out = rank(out, max(len(kept), 1))
-    other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in turned)
-    return out, Walk(checked, refusals, other, complete, checks, time.perf_counter() - t0)
+    other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in walker.turned)
+    return out, Walk(walker.checked, walker.refusals, other, complete, checks, time.perf_counter() - t0,
+                     walker.dropped)
 
 
 ROW_CHECKS = 400
@@ -237,6 +292,9 @@ class Side:
     """False when the walk stopped at its limit before finding an accepted plan or running out of plans."""
     refused_plan: ParallelPlan | None = None
     """The conventional plan the caller refused (status 'refused'), to name it."""
+    refused_every: str | None = None
+    """Why the caller refuses every plan of the comparison, where it says so without being asked plan by plan
+    (status 'none', nothing asked)."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +320,7 @@ class Sides:
 
 def of_arrays(lp: LayoutPlans, i: int, like: TrainingEstimate) -> Candidate:
     """Plan i of the arrays as a Candidate (priced on demand)."""
-    return Candidate(lp.plans.plan(i), functools.partial(lp.estimate, i), like)
+    return Candidate(lp.plan(i), functools.partial(lp.estimate, i), like)
 
 
 def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, refused: Callable[[Candidate], bool],
@@ -376,13 +434,15 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
 
 
 def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
-               screened: Callable[[Candidate], bool], checks: int = CHECKS) -> tuple[Any, Sides | None]:
+               screened: Callable[[Candidate], bool], checks: int = CHECKS,
+               every: Callable[[str, int], str | None] | None = None) -> tuple[Any, Sides | None]:
     """The walk's result `kept` (keep_accepted; `lp` its search's plans) with what it shows beside its rows kept to the
     plans `refused` accepts: the Pareto front (accepted_front), the conventional plan where accepted, the best
     plan without CP and with EP that is accepted (where the search shows them), and each row's equivalents and
     variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
-    plan shown, `screened` about one only counted (it may spare the pricing). None: no plans kept (searched
-    without keep_plans), or no row."""
+    plan shown, `screened` about one only counted (it may spare the pricing); `every(axis, degree)` says why the
+    caller refuses every plan with that axis above 1 (None: it cannot say), and then the comparison with EP
+    asks about none. None: no plans kept (searched without keep_plans), or no row."""
     if lp is None or not kept.ranked:
         return kept, None
     t0 = time.perf_counter()
@@ -398,7 +458,10 @@ def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate],
         no_cp, cp_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.cp) == 1), like, refused, checks)
     ep, ep_side = None, None
     if first is not None and first.plan.ep == 1 and kept.with_ep is not None:
-        ep, ep_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.ep) > 1), like, refused, checks)
+        with_ep = lp.plans_in(np.asarray(lp.plans.ep) > 1)
+        why = every("ep", int(np.asarray(lp.plans.ep)[with_ep].min())) if every and len(with_ep) else None
+        ep, ep_side = (None, Side("none", refused_every=why)) if why else \
+            first_accepted(lp, with_ep, like, refused, checks)
     front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
     equivalents, variants, asked, capped = [], [], 0, []
     for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):

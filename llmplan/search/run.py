@@ -93,7 +93,8 @@ class SearchResult:
     not_exportable: int = 0
     """With a target: the better-ranked plans dropped because `export --to target` refuses them."""
     refusals: dict[str, int] = field(default_factory=dict)
-    """With a target: each refusal message of the dropped plans, and how many plans it dropped."""
+    """With a target: each refusal message the walk met, and how many plans it refused (above the last row kept
+    or not: not_exportable counts the former)."""
     layout_plans: "LayoutPlans | None" = None
     """search(keep_plans=True): every plan that fits, for a caller that looks past a layout's shown plan
     (search.filtered: `search --target`); None otherwise, and once the caller has used it."""

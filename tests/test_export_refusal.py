@@ -1,0 +1,147 @@
+"""export.refusal (the checks alone, what `search --target` asks) agrees with the full render `export` runs:
+for many valid plans drawn at random across models and every target, the same answer, accepted or refused, and
+the same refusal text. The render is the oracle: a plan is refused exactly when render_all raises CannotExpress,
+and the reason is its message."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import typing
+
+import pytest
+
+from llmplan.export import EVERY_PLAN, SERVE_TARGETS, TRAIN_TARGETS, every_plan_refusal, refusal, render_all
+from llmplan.export.common import CannotExpress
+from llmplan.planfile import load_plan
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ParallelPlan
+
+TRAIN_FILES = {  # estimate --save of each: a dense, an MoE, a hybrid (Mamba) and an MLA MoE model
+    "dense": ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--pp", "2"],
+    "moe": ["--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep", "8"],
+    "hybrid": ["--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8"],
+    "mla": ["--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32"],
+}
+SKIP = {"tp", "pp", "dp", "cp", "ep", "global_batch", "seq_len", "pp_layers", "pp_layout", "tp_overlap_sms",
+        "tp_overlap_margin_sms", "recompute_modules", "bf16_modules"}
+"""Fields the draw leaves as saved (the layout; tuples) or sets below (degrees)."""
+
+
+def full_render(pf, target: str) -> str | None:
+    """The oracle: the CannotExpress message of the full render, or None where it writes the files."""
+    try:
+        render_all(pf, target)
+    except CannotExpress as e:
+        return str(e)
+    return None
+
+
+def choices(name: str, annotation) -> list:
+    """The values the draw tries for one plan field: each literal, both booleans, a few small integers."""
+    args = typing.get_args(annotation)
+    if annotation is bool:
+        return [False, True]
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(args)
+    if typing.get_origin(annotation) is typing.Union and args and typing.get_origin(args[0]) is typing.Literal:
+        return [None, *typing.get_args(args[0])]
+    if annotation is int and name in ("zero",):
+        return [0, 1, 2, 3]
+    if annotation is int and name in ("vpp", "micro_batch", "etp", "dp_replicate"):
+        return [1, 2]
+    return []
+
+
+def drawn_plans(pf, rng: random.Random, n: int, tries: int = 4000) -> list[ParallelPlan]:
+    """Up to `n` plans check_plan accepts, each the saved plan with a few fields drawn at random (one to six
+    switches, ZeRO, micro-batch and the data / tensor / expert degrees reshuffled over the same GPUs)."""
+    fields = {k: choices(k, f.annotation) for k, f in ParallelPlan.model_fields.items() if k not in SKIP}
+    fields = {k: v for k, v in fields.items() if v}
+    base, gpus = pf.plan, pf.cluster.num_gpus
+    out: list[ParallelPlan] = []
+    for _ in range(tries):
+        if len(out) == n:
+            break
+        update = {k: rng.choice(fields[k]) for k in rng.sample(sorted(fields), rng.randint(1, 6))}
+        tp = rng.choice([t for t in (1, 2, 4, 8) if gpus % (t * base.pp * base.cp) == 0])
+        update.update(tp=tp, dp=gpus // (tp * base.pp * base.cp), sp=tp > 1 and rng.random() < 0.7)
+        if base.ep > 1:
+            update["ep"] = rng.choice([e for e in (1, 2, 4, 8, 16, 32) if e <= base.ep])
+        try:
+            p = ParallelPlan.model_validate({**base.model_dump(), **update})
+        except ValueError:
+            continue
+        if p != base and not check_plan(pf.model, p, pf.cluster):
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The plan files `estimate --save` writes for TRAIN_FILES and one serving plan, loaded as export loads them."""
+    from llmplan.cli import main
+
+    folder = tmp_path_factory.mktemp("plans")
+    out = {}
+    for name, args in [*TRAIN_FILES.items(),
+                       ("serve", ["--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100",
+                                  "--nodes", "1", "--tp", "4", "--dp", "2"])]:
+        path = folder / f"{name}.json"
+        with pytest.raises(SystemExit) as e:
+            main(["estimate", *args, "--save", str(path), "--force", "--json"])
+        assert e.value.code in (0, None)
+        out[name] = load_plan(path)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_FILES))
+def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
+    """Every training target, on the saved plan and on up to 60 valid plans drawn from it: refusal (the checks)
+    and the full render give the same answer and the same text. The draw meets both outcomes for each file."""
+    pf = saved[name]
+    plans = [pf.plan, *drawn_plans(pf, random.Random(f"refusal-{name}"), 60)]
+    assert len(plans) > 20
+    seen = set()
+    for p in plans:
+        one = dataclasses.replace(pf, plan=p)
+        for target in TRAIN_TARGETS:
+            want = full_render(one, target)
+            assert refusal(one, target) == want, (target, p)
+            seen.add(want is None)
+    assert seen == {True, False}
+
+
+def test_refusal_agrees_with_the_render_on_serving_plans(saved):
+    """vLLM's one plan rule (ep = tp x dp) and SGLang's none, and both refuse a training plan: the same text."""
+    pf = saved["serve"]
+    seen = set()
+    for ep in (1, 2, 4, 8):
+        one = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep": ep}))
+        for target in SERVE_TARGETS:
+            want = full_render(one, target)
+            assert refusal(one, target) == want, (target, ep)
+            seen.add(want is None)
+    train = saved["dense"]
+    for target in (*SERVE_TARGETS, *TRAIN_TARGETS):
+        other = train if target in SERVE_TARGETS else pf
+        assert refusal(other, target) == full_render(other, target) is not None
+    assert seen == {True, False}
+
+
+def test_every_plan_refusal_holds_for_every_drawn_plan(saved):
+    """Where a target says it refuses every plan with EP (EVERY_PLAN), the full render refuses every drawn MoE
+    plan with EP, in those words wherever no earlier rule of its check is met (and the draw meets such a plan);
+    every other target says nothing of the kind."""
+    pf = saved["moe"]
+    plans = [p for p in drawn_plans(pf, random.Random("every-plan"), 80) if p.ep > 1]
+    assert len(plans) > 20 and set(EVERY_PLAN) == {"deepspeed"}
+    worded = 0
+    for p in plans:
+        why = every_plan_refusal(p, "deepspeed", "ep", p.ep)
+        got = full_render(dataclasses.replace(pf, plan=p), "deepspeed")
+        assert why is not None and got is not None
+        worded += got == why
+        assert all(every_plan_refusal(p, t, "ep", p.ep) is None for t in TRAIN_TARGETS if t != "deepspeed")
+    assert worded
+    assert every_plan_refusal(pf.plan, "deepspeed", "ep", 1) is None
