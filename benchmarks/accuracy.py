@@ -526,6 +526,23 @@ def mbridge_offload_layers(rec: dict) -> int:
     return MBRIDGE_OFFLOAD_LAYERS.get(key, 0)
 
 
+def mbridge_fsdp_grad_accumulation(rec: dict, fam: str) -> str | None:
+    """ParallelPlan.grad_accumulation of a Megatron-Bridge Megatron-FSDP Llama row: 'copy' where its preset turns
+    gradient accumulation fusion off, so Megatron-FSDP copies each micro-batch's weight gradient into the
+    sharded buffer's bucket (megatron_fsdp.py _grad_acc, param.main_grad.copy_(param.grad), at every Megatron-LM
+    commit these releases pin, 0d8e0714cd .. 2edffadb5). 25.09: scripts/performance/run_script.py at v0.1.0rc4
+    (a28844195 "Cherry pick perf 2509": use_megatron_fsdp with Llama 3 8B / 70B sets it False, 405B keeps the
+    True set just before); 25.11 - 26.04.01: every Megatron-FSDP Llama 3 config function sets it False after
+    the workload's FSDP overrides ("Disabled to avoid functional errors": scripts/performance/configs/llama3/
+    llama3_llm_pretrain.py at v0.2.0, configs/llama/llama3_llm_pretrain.py at v0.3.0 - v0.4.2). None elsewhere."""
+    rid = rec["id"]
+    if fam not in BRIDGE_FAMILIES or not rec["parallel"].get("fsdp") or "llama3" not in rid:
+        return None
+    if rid.startswith("mbridge-25.09-") and "llama3.1-405b" in rid:
+        return None
+    return "copy"
+
+
 MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
 """mbridge rows whose throughput is scored but not their memory (none now). The Nemotron-3 Ultra presets' offload
 of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are sharded
@@ -1591,7 +1608,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
         # (BLOOM's prequel: autograd's add into the 16-bit param.grad, as its fp16 runs; the cast-add is the
         # BF16_Optimizer's, which came after it)
-        grad_accumulation=par.get("grad_accumulation") or (GRAD_ACCUMULATION.get(fam, {}).get(
+        grad_accumulation=par.get("grad_accumulation") or mbridge_fsdp_grad_accumulation(rec, fam) or (
+            GRAD_ACCUMULATION.get(fam, {}).get(
             "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused"),
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit

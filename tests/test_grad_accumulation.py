@@ -151,3 +151,26 @@ def test_zero2_accumulates_expert_gradients_over_the_expert_data_parallel_group(
     assert p.zero_shard == 16 and p.expert_dp == 2
     ratio = (float(held.dense) / 16 + float(held.expert) / 2) / (float(held.dense) + float(held.expert))
     assert extra(2) == pytest.approx(extra(1) * ratio, rel=1e-9)
+
+
+@pytest.mark.parametrize("rid,expected", [
+    # scripts/performance/run_script.py at v0.1.0rc4 (a28844195 "Cherry pick perf 2509"): Megatron-FSDP with
+    # Llama 3 8B / 70B sets gradient_accumulation_fusion False; 405B keeps the True set just before it
+    ("mbridge-25.09-pretrain-llama3-8b-dgx-h100-8gpu-fp8-tp1pp1cp1ep1vpnagbs128mbs1", "copy"),
+    ("mbridge-25.09-pretrain-llama3-70b-dgx-gb200-64gpu-fp8-tp1pp1cp1ep1vp1gbs128mbs2", "copy"),
+    ("mbridge-25.09-pretrain-llama3.1-405b-dgx-gb200-128gpu-fp8-tp2pp1cp1ep1vp1gbs64mbs1", "fused"),
+    # configs/llama3/llama3_llm_pretrain.py at v0.2.0 (llama3_8b_h100_config, llama3_70b_gb300_config):
+    # "gradient_accumulation_fusion = False  # Disabled to avoid functional errors" under use_megatron_fsdp
+    ("bridge-2511-h100-fp8-cs-llama3-8b-8gpu-gbs128", "copy"),
+    ("mbridge-25.11-pretrain-llama3-70b-dgx-gb300-64gpu-fp8cs-tp1pp1cp1ep1vp1gbs256mbs2", "copy"),
+    # configs/llama/llama3_llm_pretrain.py at v0.4.2 (llama3_70b_pretrain_config_gb200), the same line
+    ("mbridge-26.04.01-pretrain-llama3-70b-dgx-gb200-64gpu-fp8-tp1pp1cp1epnavpnagbs256mbs2", "copy"),
+    # not Megatron-FSDP: the distributed optimizer, fusion on (and copy would need sharded gradients)
+    ("mbridge-26.04-pretrain-llama3-70b-dgx-gb300-64gpu-mxfp8-tp1pp4cp1epnavp5gbs256mbs1", "fused"),
+])
+def test_bridge_megatron_fsdp_llama_rows_run_without_accumulation_fusion(published_runs, rid, expected):
+    import accuracy
+    rec = published_runs[rid]
+    setup = accuracy.record_setup(rec, accuracy.family(rid))
+    assert setup is not None
+    assert setup[2].grad_accumulation == expected

@@ -647,7 +647,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     partial groups), and each step the replicas reduce the shard's gradients across them (hsdp_transfers).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
-    g, w, n, z = plan.grad_bytes, plan.weight_bytes, plan.num_microbatches, plan.zero
+    g, w, n, z = plan.grad_bytes, param_gather_bytes(plan), plan.num_microbatches, plan.zero
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
     u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
@@ -685,11 +685,39 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any)
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
-    g, w, outer_optim = plan.grad_bytes, plan.weight_bytes, plan.dp_outer_optimizer
+    g, w, outer_optim = plan.grad_bytes, param_gather_bytes(plan), plan.dp_outer_optimizer
     calls = where(on, u, 0)
     return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
             Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
             Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), w * shard / u, outer)]
+
+
+STAGED_GATHER_BYTES = 2.0
+"""Bytes a weight moves in Megatron-Core's distributed-optimizer gather of MXFP8 weights: the bf16 view of the
+gradient buffer the fp32 master shard is copied into (param_gather_bytes)."""
+
+
+def mxfp8_staged_gather(plan: ParallelPlan) -> Any:
+    """Whether the plan's ZeRO-1 weight gather stages MXFP8 weights through bf16 (param_gather_bytes)."""
+    return plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8") & (plan.zero == 1)
+
+
+def param_gather_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a weight moves in the all-gather of the updated weights: the model copy's (weight_bytes), but for
+    MXFP8 weights under the distributed optimizer (ZeRO-1, fp8_params, recipe mxfp8) 2: Megatron-Core maps no
+    DDP parameter buffer onto MXFP8 parameters; a bucket holding any shares one buffer of the gradients' dtype
+    for the gradient reduce-scatter and the weight gather, its bf16 view (the first half of an fp32 one) the
+    gather's; the optimizer copies the fp32 master shard into it, the gather moves bf16, and the rank casts
+    into its MXFP8 weights after it (mxfp8_param_unstage_seconds). Per-tensor and blockwise fp8 are cast on the
+    shard into the uint8 parameter buffer (1 byte); NVFP4 gathers its packed rowwise bytes, 0.5 a weight, its
+    block scales set on every rank by the cast's amax all-reduce; Megatron-FSDP (ZeRO-3) gathers the MXFP8
+    data itself (outer_weight_copies). Source: NVIDIA/Megatron-LM megatron/core/distributed/
+    param_and_grad_buffer.py at 0d8e0714cd .. 2a75ac12c (the pins of Megatron-Bridge v0.2.0 - 067f987d:
+    _ParamAndGradBuffer, shared_buffer "for param AG and grad RS" when use_distributed_optimizer and any MXFP8
+    param; nvfp4_packed_numel from d0b3b7754), optimizer/distrib_optimizer.py (_copy_main_params_to_param_buffer:
+    "param buffer is not mapped to model params for MXFP8"). Derived: docs/formulas.md#comm.param_gather_bytes"""
+    nvfp4 = plan.fp8_params & (plan.dtype == "fp4") & (plan.recipe == "nvfp4") & (plan.zero == 1)
+    return where(mxfp8_staged_gather(plan), STAGED_GATHER_BYTES, where(nvfp4, 0.5, plan.weight_bytes))
 
 
 def outer_weight_copies(plan: ParallelPlan) -> Any:

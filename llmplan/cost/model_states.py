@@ -159,7 +159,14 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams,
         return 0.0
     cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
+    linear = low_precision_weights(m, plan, rp, stage)
+    return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))
+
+
+def low_precision_weights(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any) -> Any:
+    """Weights of a rank of `stage` (holding `rp`) that the recipe runs in low precision: its layers' linear
+    weights, not the embedding or output layer, in the layers the recipe covers
+    (low_precision_layer_fraction). Derived: docs/formulas.md#precision"""
     vocab = vocab_shard_params(m, plan.tp)
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
-    linear = maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))
+    return maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.arith import expected_max_normal, maximum, where
+from llmplan.cost.comm import STAGED_GATHER_BYTES, mxfp8_staged_gather
 from llmplan.cost.compute import KERNEL_LAUNCH_S
 from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.units import MXFP8_BYTES
 
 GPU_SPEED_SPREAD = 0.012
 """Standard deviation of one GPU's sustained speed around its fleet's mean, as a fraction. Sinha et al. 2022
@@ -105,6 +107,26 @@ def zero3_copy_out_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec
     gathers = where(plan.gathered_per_microbatch, 2 * plan.num_microbatches, 1)
     on = plan.zero3_copy_out & (plan.zero >= 3) & (plan.dp * plan.cp > 1)
     return where(on, gathers * 2 * plan.weight_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s, 0.0)
+
+
+MXFP8_UNSTAGE_BYTES = STAGED_GATHER_BYTES + 2 * MXFP8_BYTES + STAGED_GATHER_BYTES
+"""HBM bytes a weight costs after Megatron-Core's staged MXFP8 gather (mxfp8_param_unstage_seconds): read its
+bf16 value, write the MXFP8 rowwise and columnwise copies (E8M0 scale per 32 each), zero its bf16 slice."""
+
+
+def mxfp8_param_unstage_seconds(plan: ParallelPlan, weights: Any, gpu: GpuSpec) -> Any:
+    """Seconds per step, on the compute stream, of casting the bf16 weights Megatron-Core's distributed
+    optimizer gathers for MXFP8 parameters (param_gather_bytes) into the rank's MXFP8 weights and zeroing the
+    gradient buffer's slice they were gathered into: MXFP8_UNSTAGE_BYTES per low-precision weight of the rank
+    (`weights`, cost.model_states.low_precision_weights), once a step (the gather is one a step), at the GPU's
+    achieved HBM bandwidth. It runs in finish_param_sync, from the forward pre-hook after the bucket's gather
+    completes (or in start_param_sync after a synchronous one), on the current stream; a data-parallel group of
+one rank stages and casts alike.
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py at 0d8e0714cd ("The
+    parameters are cast from bf16 to MXFP8 during copy": param.data.copy_(param_slice), then
+    bucket.param_data.zero_()) .. 2a75ac12c (_post_param_sync: copy_tensors_to_quantized_params, then
+    bucket.param_data.zero_()). Derived: docs/formulas.md#step.mxfp8_param_unstage"""
+    return where(mxfp8_staged_gather(plan), MXFP8_UNSTAGE_BYTES * weights / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,

@@ -50,7 +50,7 @@ from llmplan.cost.comm import (
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import gradient_params
+from llmplan.cost.model_states import gradient_params, low_precision_weights
 from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
@@ -63,6 +63,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     grad_buffer_seconds,
     host_seconds,
     host_sync_seconds,
+    mxfp8_param_unstage_seconds,
     pp_sync_seconds,
     straggler_seconds,
     zero3_copy_out_seconds,
@@ -116,7 +117,9 @@ class StepTime(Breakdown):
     slowest of the job's GPUs sets the pace), measured (GpuSpec.step_overhead_s, 0 unless a fleet's
     profile sets it) and grad_buffer (Megatron-LM's NaN check and pre-scaling of the gradient buffer before the
     DP reduction, grad_nan_check / grad_prescale; 0 with both off) and zero3_copy_out (FSDP2's copy of every
-    all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out) and pp_sync
+    all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out) and
+    mxfp8_param_unstage (Megatron-Core's cast of the bf16-gathered weights into MXFP8 weights; 0 unless ZeRO-1
+    with MXFP8 fp8_params) and pp_sync
     (the device synchronised after each blocking pipeline exchange; 0 without ParallelPlan.pp_blocking_sends)."""
 
 
@@ -269,7 +272,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         offload = offload + n * (moe_act_offload_exposed(comm.host_moe_act, fwd, groups - 1, fwd)
                                  + moe_act_offload_exposed(comm.host_moe_act, bwd, groups - 1,
                                                            bwd * (1 - expert_flop_share(m, plan))))
-    dp_tail, optimizer, grad_buffer, copy_out = stage_tails(m, plan, gpu, comm, stages, kappa)
+    dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
@@ -287,6 +290,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                  "measured": gpu.step_overhead_s + 0 * n,
                  "grad_buffer": grad_buffer,
                  "zero3_copy_out": copy_out,
+                 "mxfp8_param_unstage": unstage,
                  "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
@@ -414,12 +418,14 @@ def stage_comm(comm: CommSeconds, j: int) -> CommSeconds:
 
 
 def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
-                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any]:
-    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out) of the step's tail, elementwise.
+                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any, Any]:
+    """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out, MXFP8 unstaging) of the step's
+    tail, elementwise.
     Each stage reduces its own gradients behind its own last backward and steps and gathers its own parameters
     (stepped_rank_params), all stages in parallel; the gradient norm's all-reduce over the model-parallel group
     (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
-    the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out),
+    the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out or
+MXFP8 unstaging),
     not the fullest stage's (memory's) nor the slowest compute's.
     Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
     all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail"""
@@ -437,13 +443,14 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
             gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
                     (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
-                     zero3_copy_out_seconds(plan, rp.total, gpu)))
+                     zero3_copy_out_seconds(plan, rp.total, gpu),
+                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, rp, stage), gpu)))
             if key is not None:
                 done[key] = tail
         else:
             tail = done[key]
         before, after = _slower(before, tail[0]), _slower(after, tail[1])
-    return before[0] + after[0], after[1], before[1], after[2]
+    return before[0] + after[0], after[1], before[1], after[2], after[3]
 
 
 def _slower(best: tuple[Any, ...], parts: tuple[Any, ...]) -> tuple[Any, ...]:

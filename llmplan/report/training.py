@@ -288,6 +288,7 @@ OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
                  "measured": ("measured per-step overhead", "step.overhead"),
                  "grad_buffer": ("gradient NaN check / 1/dp scaling", "step.grad_buffer"),
                  "zero3_copy_out": ("FSDP2 all-gather copy-out", "step.zero3_copy_out"),
+                 "mxfp8_param_unstage": ("MXFP8 cast after gather", "step.mxfp8_param_unstage"),
                  "pp_sync": ("device syncs after pipeline sends", "step.pp_blocking")}
 """(row name, formula id) of the step-time table's overheads (StepTime.overheads)."""
 
