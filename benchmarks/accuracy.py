@@ -1806,7 +1806,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     if violations:
         raise PlanViolationError(violations)
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
-    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms)
+    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
     st = step_time(m, runs, gpu, comm)
     return GridEstimate(mem, st, throughput(runs, gpu, st))

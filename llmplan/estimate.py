@@ -77,7 +77,8 @@ def with_checkpoint(e: TrainingEstimate, checkpoint: CheckpointPolicy) -> Traini
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,
               order: tuple[str, ...]) -> tuple[TrainingMemory, CommBreakdown, StepTime]:
     gpu = cluster.system.gpu
-    mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
+    mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
+                          gpu.compute_capability)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system))
 
@@ -109,7 +110,7 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
     for i in range(plan.pp):
         dense, moe = stage_layers(m, runs, i)
         sc = stage_compute(m, runs, gpu, dense, moe, i == plan.pp - 1)
-        mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes, fp8_tn_only=gpu.fp8_tn_only)
+        mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
         out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
     return out
 

@@ -15,7 +15,7 @@ from llmplan.cost.operators import OperatorUse
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
-from llmplan.cost.serve_step import GraphHost, graph_ceiling, graph_sizes_at
+from llmplan.cost.serve_step import GraphHost, decode_graphs, graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.hardware import SystemSpec
@@ -177,7 +177,7 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     context = job.input_len + job.output_len / 2
     step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
                             step_host_seconds(m, plan, job), job.engine,
-                            graph_ceiling(job, plan, GraphHost.of(system, m)))
+                            **decode_graphs(job, plan, GraphHost.of(system, m)))
     return SpeculativeSummary(
         step=step, tpot_without_s=float(base.tpot), tokens_per_s_without=float(base.tokens_per_s_replica) * plan.dp,
         max_concurrent_seqs_without=base_mem.max_concurrent_seqs,

@@ -124,8 +124,39 @@ def test_userbuffers_sit_in_other_and_the_json() -> None:
     b = training_memory(m, on.model_copy(update={"tp_comm_overlap": False}), 80 * GIB, MemoryAllowance(),
                         nccl_channels=16)
     assert a.runtime is not None and float(a.runtime.userbuffers) == 768 * MIB
-    assert float(a.total - b.total) == pytest.approx(768 * MIB)
+    # and Transformer Engine's workspace, which initialize_ub triples: 3 x 4 MiB on a GPU of unknown capability
+    assert float(a.total - b.total) == pytest.approx(768 * MIB + 3 * 4 * MIB)
     out = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-70b", "--hardware",
                           "dgx-h100", "--nodes", "8", "--tp", "4", "--pp", "2", "--tp-comm-overlap", "--json"],
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["memory"]["runtime_parts"]["userbuffers"] == 768 * MIB
+
+
+def test_cublas_workspace_by_compute_capability() -> None:
+    # pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1,
+    # parseChosenWorkspaceSize: default_size = sm90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8, with
+    # sm90 = major == 9 && minor == 0; one workspace per (handle, stream), the compute stream's here.
+    from llmplan.cost.runtime_memory import cublas_workspace_bytes
+    assert cublas_workspace_bytes(9.0) == 32 * MIB  # H100 / H200 / H800 / H20
+    assert cublas_workspace_bytes(8.0) == 8 * MIB + 128 * 1024  # A100
+    assert cublas_workspace_bytes(10.0) == 8 * MIB + 128 * 1024  # B200: only 9.0 takes 32 MiB
+    assert cublas_workspace_bytes(None) == 8 * MIB + 128 * 1024
+
+
+def test_te_workspace_under_userbuffers_by_compute_capability() -> None:
+    # NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py @fecb10bdf13c26a213807bc310b0ec438462614e:
+    # get_cublas_workspace_size_bytes 33,554,432 B on major >= 9, else 4,194,304 B; initialize_ub repeats the
+    # workspace _NUM_MAX_UB_STREAMS = 3 times.
+    plain = _plan(tp=8, pp=1, pp_first=0, pp_last=0, dp=1, sp=True)
+    overlap = _plan(tp=8, pp=1, pp_first=0, pp_last=0, dp=1, sp=True, tp_comm_overlap=True)
+    cublas = {(name, cc): float(runtime_bytes(p, 0, 16, True, 0.0, cc).cublas)
+              for name, p in (("plain", plain), ("overlap", overlap)) for cc in (8.0, 9.0, 10.0)}
+    assert cublas[("plain", 9.0)] == 32 * MIB and cublas[("plain", 10.0)] == 8 * MIB + 128 * 1024
+    assert cublas[("overlap", 9.0)] == 32 * MIB + 3 * 32 * MIB
+    assert cublas[("overlap", 10.0)] == 8 * MIB + 128 * 1024 + 3 * 32 * MIB
+    assert cublas[("overlap", 8.0)] == 8 * MIB + 128 * 1024 + 3 * 4 * MIB
+    # the workspace reaches the plan's memory: an H100 rank holds 24 MiB more than one of unknown capability
+    m = builtin_models()["llama-3.1-70b"]
+    h100 = training_memory(m, plain, 80 * GIB, MemoryAllowance(), nccl_channels=16, compute_capability=9.0)
+    unknown = training_memory(m, plain, 80 * GIB, MemoryAllowance(), nccl_channels=16)
+    assert float(h100.total) - float(unknown.total) == pytest.approx(24 * MIB, rel=0.02)

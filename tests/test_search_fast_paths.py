@@ -123,7 +123,7 @@ def test_screened_memory_is_the_full_memory_model(name, system, nodes, gbs, head
     plans = plans.take(np.flatnonzero(keep))
     gpu, headroom = cluster.system.gpu, headroom_gib * GIB
     full = training_memory(m, enumerate_plans(default_space(m, cluster, w), cluster, w).take(np.flatnonzero(keep)),
-                           gpu.hbm_bytes, None, gpu.fp8_tn_only)
+                           gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
     total = np.asarray(full.total, dtype=float)
     fits = total + headroom <= gpu.hbm_bytes
     got = screened_memory(m, cluster, plans, None, headroom)

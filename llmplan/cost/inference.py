@@ -23,7 +23,8 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
-    step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost, graph_ceiling,
+    step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost, graph_ceiling, graph_padded_tokens,
+    graph_sizes_count_tokens,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -38,13 +39,14 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
     `queries` tokens per sequence per step (speculative verification: k + 1) share the step's KV reads.
     With `graph_sizes` (CUDA graphs with padding) the step's element-wise operators, sampler, all-reduces and
-    stage hop carry the padded rows (graph_padded_rows); its matmuls, attention and KV reads the real ones
-    (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
+    stage hop carry the padded tokens (graph_padded_tokens: vLLM pads b x queries tokens against its token
+    sizes, the other engines b requests of `queries` tokens); its matmuls, attention and KV reads the real
+    ones (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
     b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
-    rows = graph_padded_rows(b, graph_sizes) * queries
+    rows = graph_padded_tokens(b, queries, graph_sizes, graph_sizes_count_tokens(engine))
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True,
                          engine=engine, rows=rows if graph_sizes else None)
     hop = stage_hop_seconds(m, plan, system, spans, rows)

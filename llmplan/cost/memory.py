@@ -239,8 +239,10 @@ class TrainingMemory(Breakdown):
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
-                 capacity: float, fp8_tn_only: bool = True, nccl_channels: int = 16) -> TrainingMemory:
-    """Memory of one rank of pipeline stage `stage`; `nccl_channels`: the GPU's GpuSpec.nccl_sms.
+                 capacity: float, fp8_tn_only: bool = True, nccl_channels: int = 16,
+                 compute_capability: float | None = None) -> TrainingMemory:
+    """Memory of one rank of pipeline stage `stage`; `nccl_channels`, `compute_capability`: the GPU's
+    GpuSpec.nccl_sms and GpuSpec.compute_capability (the cuBLAS workspaces, docs/formulas.md#mem.runtime).
     Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
     fp32_shards = fp32_shards_are_master(plan)  # FSDP's fp32 shard: the master, no compute-dtype shard
@@ -292,7 +294,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     stated = allowance.fixed_gib
     # Transformer Engine's userbuffers of the TP overlap. Derived: docs/formulas.md#mem.userbuffers
     ub = userbuffer_bytes(m.hidden_size, plan, sum(bf16_layer_counts(plan, m.num_hidden_layers)))
-    runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading, ub) if stated is None else None
+    runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading, ub,
+                            compute_capability) if stated is None else None
     fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
     other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after
     return TrainingMemory(
@@ -363,14 +366,14 @@ def class_key(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
                     allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True,
-                    nccl_channels: int = 16) -> TrainingMemory:
+                    nccl_channels: int = 16, compute_capability: float | None = None) -> TrainingMemory:
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not); `nccl_channels`:
-    its GpuSpec.nccl_sms."""
+    its GpuSpec.nccl_sms; `compute_capability`: its GpuSpec.compute_capability."""
     allowance = allowance or MemoryAllowance()
     stages, classes = candidate_stages(m, plan), class_key(m, plan)
     results = each_stage(stages, lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
-                                                            nccl_channels),
+                                                            nccl_channels, compute_capability),
                          None if classes is None else  # a class with as many micro-batches in flight
                          lambda stage: classes(stage) + (inflight_microbatches(plan, stage),))
     if classes is not None:  # one plan: the first stage with the largest total

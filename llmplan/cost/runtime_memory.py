@@ -22,8 +22,20 @@ CUDA_CONTEXT_EAGER_BYTES = 666_632_192.0
 11.7 had only this): pytorch/pytorch PR #86509, same measurement."""
 CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 """cuBLAS workspace PyTorch gives each (handle, stream) through its caching allocator when
-CUBLAS_WORKSPACE_CONFIG is unset (":4096:2:16:8", aten/src/ATen/cuda/CublasHandlePool.cpp
-parseChosenWorkspaceSize; sm90 and later take 32 MiB, which GpuSpec does not tell apart: 24 MiB per stream)."""
+CUBLAS_WORKSPACE_CONFIG is unset, on every GPU but compute capability 9.0 (":4096:2:16:8"): pytorch/pytorch
+aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1, parseChosenWorkspaceSize."""
+CUBLAS_WORKSPACE_SM90_BYTES = 4096 * 8 * 1024
+"""The same on compute capability 9.0 exactly (properties->major == 9 && properties->minor == 0: H100, H200,
+H800, H20), 32 MiB; Blackwell (10.x) keeps the default above. Source: as CUBLAS_WORKSPACE_BYTES."""
+TE_WORKSPACE_HOPPER_BYTES = 33_554_432
+"""Transformer Engine's cuBLAS(Lt) GEMM workspace on compute capability major >= 9 (32 MiB), one tensor outside
+PyTorch's cuBLAS pool: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
+@fecb10bdf13c26a213807bc310b0ec438462614e, get_cublas_workspace_size_bytes / get_workspace."""
+TE_WORKSPACE_BYTES = 4_194_304
+"""The same before Hopper (4 MiB). Source: as TE_WORKSPACE_HOPPER_BYTES."""
+TE_UB_STREAMS = 3
+"""Copies of that workspace initialize_ub keeps, one per concurrent GEMM stream of the userbuffers overlap
+(get_workspace().repeat(_NUM_MAX_UB_STREAMS)). Source: as TE_WORKSPACE_HOPPER_BYTES."""
 NCCL_CONNECTION_BYTES = float((1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)
 """Buffers of one NCCL connection per channel, one per protocol: Simple DEFAULT_BUFFSIZE (4 MiB, NCCL_BUFFSIZE),
 LL128 DEFAULT_LL128_BUFFSIZE (NCCL_LL128_ELEMS_PER_THREAD 120 x NCCL_LL128_MAX_NTHREADS 640 x NCCL_STEPS 8 x 8 B)
@@ -47,7 +59,8 @@ class RuntimeBytes(Breakdown):
     context: Any
     """CUDA context and the kernel images loaded into it (eager or lazy module loading)."""
     cublas: Any
-    """cuBLAS workspace of the compute stream (held in the caching allocator)."""
+    """cuBLAS workspaces: PyTorch's of the compute stream (held in the caching allocator) and, under its
+    userbuffers overlap, Transformer Engine's (cublas_workspace_bytes, te_workspace_bytes)."""
     nccl: Any
     """NCCL buffers of every communicator the rank belongs to."""
     userbuffers: Any = 0.0
@@ -99,9 +112,30 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
     return where(userbuffers_on(plan), sets, 0.0)
 
 
+def cublas_workspace_bytes(compute_capability: float | None) -> float:
+    """PyTorch's cuBLAS workspace of the compute stream's (handle, stream) with CUBLAS_WORKSPACE_CONFIG unset:
+    32 MiB on compute capability 9.0, else 8 MiB + 128 KiB (None, a GPU of unknown capability: the latter).
+    Source: pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1,
+    parseChosenWorkspaceSize, setWorkspaceForHandle."""
+    sm90 = compute_capability is not None and round(compute_capability * 10) == 90
+    return float(CUBLAS_WORKSPACE_SM90_BYTES if sm90 else CUBLAS_WORKSPACE_BYTES)
+
+
+def te_workspace_bytes(plan: ParallelPlan, compute_capability: float | None) -> Any:
+    """Transformer Engine's GEMM workspace where the plan says its GEMMs are Transformer Engine's: under its
+    userbuffers TP overlap (userbuffers_on), TE_UB_STREAMS copies of 32 MiB on compute capability >= 9, 4 MiB
+    before (None: unknown, 4 MiB); 0 otherwise (a plan without the overlap does not say whether TE runs it).
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
+    @fecb10bdf13c26a213807bc310b0ec438462614e, get_cublas_workspace_size_bytes, initialize_ub."""
+    hopper = compute_capability is not None and compute_capability >= 9
+    one = TE_WORKSPACE_HOPPER_BYTES if hopper else TE_WORKSPACE_BYTES
+    return where(userbuffers_on(plan), TE_UB_STREAMS * float(one), 0.0)
+
+
 def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool,
-                  userbuffers: Any = 0.0) -> RuntimeBytes:
-    """Runtime bytes of a rank of stage `stage`: the CUDA context, one cuBLAS workspace, per NCCL
+                  userbuffers: Any = 0.0, compute_capability: float | None = None) -> RuntimeBytes:
+    """Runtime bytes of a rank of stage `stage` on a GPU of `compute_capability`: the CUDA context, PyTorch's
+    cuBLAS workspace (cublas_workspace_bytes) and Transformer Engine's (te_workspace_bytes), per NCCL
     communicator `channels x (1 ring + 2 tree) x` one connection's protocol buffers (NCCL before 2.22 connects
     rings and trees at init; from 2.22, NCCL_RUNTIME_CONNECT, at the first collective that uses them, which a
     training step runs), and the TP overlap's `userbuffers` (userbuffer_bytes). Channels: GpuSpec.nccl_sms
@@ -110,5 +144,6 @@ def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loadi
     context = CUDA_CONTEXT_LAZY_BYTES if lazy_loading else CUDA_CONTEXT_EAGER_BYTES
     comms = nccl_communicators(plan, stage)
     nccl = comms * nccl_channels * (1 + TREE_CONNECTIONS) * NCCL_CONNECTION_BYTES
-    return RuntimeBytes(context=context + 0.0 * comms, cublas=CUBLAS_WORKSPACE_BYTES + 0.0 * comms,
+    cublas = cublas_workspace_bytes(compute_capability) + te_workspace_bytes(plan, compute_capability)
+    return RuntimeBytes(context=context + 0.0 * comms, cublas=cublas + 0.0 * comms,
                         nccl=nccl * 1.0, userbuffers=userbuffers + 0.0 * comms, communicators=comms)

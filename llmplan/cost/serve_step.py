@@ -86,18 +86,46 @@ def decode_query_len(job: ServeJob) -> int:
     return 1 + job.speculative.num_speculative_tokens
 
 
+def vllm_spec_decode_sizes(sizes: tuple[int, ...], query_len: int) -> tuple[int, ...]:
+    """vLLM's captured token sizes once its model runner fits them to speculative decoding (query_len = 1 + k
+    > 1, FULL decode graphs: the default cudagraph_mode FULL_AND_PIECEWISE): each size rounded up to a
+    multiple of query_len, those then above the largest size dropped, [query_len] when none is left (empty
+    where query_len itself is above it: vLLM refuses to start). A uniform decode batch is a whole number of
+    requests, so only such sizes replay it. Source: vllm-project/vllm vllm/config/compilation.py
+    @ee525ce4fc8c9cfdedbbad878dcb2bccbb3c4b95, CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    (called by GPUModelRunner under FULL decode graphs, issue 28207); vllm/config/vllm.py @000fc94b
+    (_set_cudagraph_sizes: "Dispatch requires an exact multiple of decode_query_len")."""
+    if query_len <= 1 or not sizes:
+        return sizes
+    top = max(sizes)
+    rounded = {-(-size // query_len) * query_len for size in sizes}
+    kept = tuple(sorted(r for r in rounded if r <= top))
+    return kept or ((query_len,) if query_len <= top else ())
+
+
+def effective_graph_sizes(job: ServeJob, sizes: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+    """The sizes a decode (under speculation, verification) step of the job pads against: `sizes`, else the
+    job's decode_graph_sizes, fitted to vLLM's speculative decoding (vllm_spec_decode_sizes); None without
+    CUDA graphs. Derived: docs/formulas.md#infer.graph_padding"""
+    sizes = job.decode_graph_sizes if sizes is None else sizes
+    if not sizes or job.engine != "vllm":
+        return sizes
+    return vllm_spec_decode_sizes(sizes, decode_query_len(job)) or None
+
+
 def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> int | None:
     """The most sequences a decode step may hold and still replay a CUDA graph on the server the job
     describes: the largest captured size (the user's, or for the engine's default list,
     ServeJob.cuda_graph_sizes_default, the default's own ceiling, which a server configured for the batch
     reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at the plan's
     TP, TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
-    verification of b requests is b x (1 + k) of them); None without graphs.
-    Derived: docs/formulas.md#infer.graph_padding"""
+    verification of b requests is b x (1 + k) of them, against the sizes fitted to it, effective_graph_sizes);
+    None without graphs. Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.decode_graph_sizes
     if sizes and job.cuda_graph_sizes_default:
         sizes = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, host,
                                     draft_tokens_of(job))
+    sizes = effective_graph_sizes(job, sizes) if sizes else None
     return max(sizes) // decode_query_len(job) if sizes else None
 
 
@@ -107,9 +135,9 @@ def draft_tokens_of(job: ServeJob) -> int | None:
 
 
 def decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> dict[str, Any]:
-    """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to and the
-    largest batch a graph covers (graph_ceiling)."""
-    return {"graph_sizes": job.decode_graph_sizes, "graph_top": graph_ceiling(job, plan, host)}
+    """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to
+    (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
+    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, host)}
 
 
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
@@ -154,6 +182,28 @@ def graph_padded_rows(batch: Any, sizes: tuple[int, ...] | None) -> Any:
     s = np.sort(np.asarray(sizes, dtype=float))
     i = np.searchsorted(s, b, side="left")
     out = np.where(i < s.size, s[np.minimum(i, s.size - 1)], b)
+    return out if np.ndim(batch) else float(out)
+
+
+def graph_sizes_count_tokens(engine: Engine) -> bool:
+    """Whether the engine's captured CUDA graph sizes count tokens (vLLM's cudagraph_capture_sizes, which a
+    step's scheduled token count pads against) rather than requests (TensorRT-LLM's cuda_graph_config
+    batch_sizes, SGLang's cuda_graph_bs). Source: vllm-project/vllm vllm/v1/cudagraph_dispatcher.py
+    @ae2e8e62cea0f6c030f92234cb863acdc48658cb, CudagraphDispatcher.dispatch(num_tokens, ...)."""
+    return engine == "vllm"
+
+
+def graph_padded_tokens(batch: Any, queries: int, sizes: tuple[int, ...] | None, count_tokens: bool) -> Any:
+    """Tokens a decode step of `batch` sequences of `queries` tokens each (speculative verification: 1 + k)
+    runs once padded to a captured CUDA graph. Sizes in tokens (`count_tokens`, vLLM): the smallest size >=
+    batch x queries (the dispatcher's _bs_to_padded_graph_size table), batch x queries itself above the
+    largest (no graph: NONE); sizes in requests (TensorRT-LLM, SGLang): the padded request count
+    (graph_padded_rows) times queries, each dummy request carrying as many tokens. Without sizes, unpadded.
+    Source: vllm-project/vllm vllm/v1/cudagraph_dispatcher.py @ae2e8e62cea0f6c030f92234cb863acdc48658cb
+    (_compute_bs_to_padded_graph_size, _create_padded_batch_descriptor, dispatch); NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/pyexecutor/model_engine.py (_get_padded_batch). Derived: docs/formulas.md#infer.graph_padding"""
+    b = np.asarray(batch, dtype=float)
+    out = graph_padded_rows(b * queries, sizes) if count_tokens else graph_padded_rows(b, sizes) * queries
     return out if np.ndim(batch) else float(out)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.inference import GraphHost, Spans, decode_tpot, graph_ceiling, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.inference import GraphHost, Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
 from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -95,19 +95,22 @@ class SpeculativeStep(Breakdown):
 
 def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, spec: SpeculativeSpec,
                      batch: Any, context: Any, overhead: float, engine: Engine = "vllm",
-                     graph_top: int | None = None) -> SpeculativeStep:
+                     graph_top: int | None = None, graph_sizes: tuple[int, ...] | None = None) -> SpeculativeStep:
     """The draft runs k steps of one token per sequence through draft_model (the same MTP layer again for k
     beyond num_nextn_predict_layers, as vLLM and SGLang do); the target then runs one step of k + 1 tokens
     per sequence (the last token and the k drafts) over the same KV cache, with the engine's host time; both
     on `engine` (its TP all-reduce, cost.serve_step.tp_allreduce_seconds). A verification step of more
     sequences than `graph_top` (cost.serve_step.graph_ceiling: vLLM's captured tokens over k + 1) runs
-    without a CUDA graph and pays its launches. Derived: docs/formulas.md#infer.speculative"""
+    without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
+    holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
+    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's steps are priced
+    unpadded (its own CUDA graphs: docs/formulas.md#infer.speculative). Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     draft_s: Any = 0.0 if draft is None else \
         k * decode_tpot(draft, _draft_plan(plan), system, spans, batch, context, engine=engine)
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
-                         graph_top=graph_top)
+                         graph_sizes=graph_sizes, graph_top=graph_top)
     alpha = acceptance_of(spec)
     return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
                            acceptance_rate=alpha)
@@ -119,5 +122,5 @@ def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     Derived: docs/formulas.md#infer.speculative"""
     assert job.speculative is not None  # the caller's branch; not user input
     step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead, job.engine,
-                            graph_ceiling(job, plan, GraphHost.of(system, m)))
+                            **decode_graphs(job, plan, GraphHost.of(system, m)))
     return step.total / step.tokens_per_step

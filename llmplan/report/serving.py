@@ -11,7 +11,8 @@ from rich.table import Table
 from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
-from llmplan.cost.serve_step import graph_padded_rows
+from llmplan.cost.serve_step import (effective_graph_sizes, graph_padded_rows, graph_padded_tokens,
+                                     graph_sizes_count_tokens)
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -35,9 +36,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                    "recurrent_state": mem.recurrent_state},
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
-        # rows a decode step of the workload's batch runs, padded to a captured CUDA graph (None: not padded)
-        "decode_graph_batch": (int(graph_padded_rows(j.batch, j.decode_graph_sizes))
-                               if j.decode_graph_sizes else None),
+        **decode_graph_json(j),
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
         "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
@@ -58,6 +57,27 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         **({"length_distribution": lengths_json(e)} if e.lengths is not None else {}),
         **({"phase": phase_json(e)} if e.phase is not None else {}),
     }
+
+
+def decode_graph_json(j: ServeJob) -> dict[str, Any]:
+    """What a decode step (under speculative decoding, the verification step) of the workload's batch runs
+    against the captured CUDA graph sizes (None: CUDA graphs off, no padding). decode_graph_batch counts in the
+    unit of the engine's capture list, decode_graph_unit: "tokens" for vLLM (1 + k per request under
+    speculative decoding, 1 without), "requests" for TensorRT-LLM and SGLang; it is the smallest captured
+    size that holds the step (vLLM's under speculation once rounded to whole requests,
+    cost.serve_step.effective_graph_sizes), or the step itself above every size (decode_graph_eager: no graph).
+    decode_graph_tokens: the tokens that step runs once padded (cost.serve_step.graph_padded_tokens)."""
+    sizes = effective_graph_sizes(j)
+    if not sizes:
+        return {"decode_graph_batch": None, "decode_graph_unit": None, "decode_graph_tokens": None,
+                "decode_graph_eager": None}
+    q = 1 + (j.speculative.num_speculative_tokens if j.speculative is not None else 0)
+    tokens = graph_sizes_count_tokens(j.engine)
+    listed = j.batch * q if tokens else j.batch
+    return {"decode_graph_batch": int(graph_padded_rows(listed, sizes)),
+            "decode_graph_unit": "tokens" if tokens else "requests",
+            "decode_graph_tokens": int(graph_padded_tokens(j.batch, q, sizes, tokens)),
+            "decode_graph_eager": listed > max(sizes)}
 
 
 def speculative_json(e: ServeEstimate) -> dict[str, Any]:

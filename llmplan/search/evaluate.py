@@ -35,7 +35,8 @@ class Evaluation:
 def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
     gpu = cluster.system.gpu
-    return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
+    return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
+                           gpu.compute_capability)
 
 
 SCREEN_STAGE = 2
@@ -68,7 +69,7 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     gpu = cluster.system.gpu
     stage = candidate_stages(m, plans.as_plan)[SCREEN_STAGE]
     bound = np.asarray(stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,
-                                    gpu.fp8_tn_only, gpu.nccl_sms).total, dtype=np.float64)
+                                    gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability).total, dtype=np.float64)
     maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
     fits = np.zeros(len(plans), dtype=bool)
     known = np.full(len(plans), np.inf)  # exact memory where computed

@@ -453,7 +453,8 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
             if check_plan(m, plan, cluster):
                 continue
             gpu = cluster.system.gpu
-            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms)
+            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
+                                  gpu.compute_capability)
             if float(mem.headroom) >= min_headroom:
                 return estimate_training(m, cluster, plan, allowance, order, checkpoint)
     return None
