@@ -7,6 +7,7 @@ from hypothesis import given, seed, settings, strategies as st
 
 from llmplan.cost.compute import grad_accumulation_bytes
 from llmplan.estimate import estimate_training
+from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -49,11 +50,25 @@ def test_megatron_fsdp_copies_the_whole_gradient_every_micro_batch():
 
 
 def test_copy_needs_sharded_gradients(cli):
-    with pytest.raises(ValueError, match="grad_accumulation copy with zero 1"):
-        _plan(grad_accumulation="copy", zero=1)
+    model = builtin_models()["llama-3.1-8b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=1, gpus_per_node=8)
+    bad = [v.rule for v in check_plan(model, _plan(grad_accumulation="copy", zero=1, pp=1, dp=1), cluster)]
+    assert "grad_accumulation_copy" in bad
+    assert "grad_accumulation_copy" not in [v.rule for v in check_plan(
+        model, _plan(grad_accumulation="copy", zero=3, pp=1, dp=1), cluster)]
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-a100", "--nodes", "1", "--tp", "8",
             "--global-batch", "16", "--grad-accumulation", "copy", "--json")
-    assert r.code == 2 and "zero" in r.err and "Traceback" not in r.err
+    assert r.code == 2 and "grad_accumulation copy with zero 0" in r.err and "Traceback" not in r.err
+
+
+def test_search_with_copy_keeps_sharded_plans(cli):
+    # The search's switch check once built a zero-0 plan and refused --grad-accumulation copy even with --zero 3.
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--grad-accumulation",
+            "copy", "--zero", "3", "--json")
+    assert r.code == 0, r.err
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--grad-accumulation",
+            "copy", "--zero", "1", "--json")
+    assert r.code == 2 and "grad_accumulation copy with zero 1" in r.err and "Traceback" not in r.err
 
 
 @seed(32)

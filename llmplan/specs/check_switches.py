@@ -270,6 +270,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"module{'s' * (m.num_nextn_predict_layers != 1)} of {m.name} "
                          "(num_nextn_predict_layers); use --mtp-layers "
                          + (f"0 to {m.num_nextn_predict_layers}" if m.num_nextn_predict_layers else "0 or drop it")),
+    # Megatron-FSDP (2a75ac12c megatron_fsdp.py _grad_acc) copies into the bucket only where the gradient
+    # buffer is sharded; unsharded, it adds (main_grad.add_: grad_accumulation add)
+    Rule("grad_accumulation_copy", lambda m, p, c: (p.grad_accumulation != "copy") | (p.zero >= 2),
+         lambda m, p, c: f"grad_accumulation copy with zero {p.zero}: the copy into the reduce-scatter's bucket is "
+                         "Megatron-FSDP's path for sharded gradients (zero 2 or 3); use --zero 3, or "
+                         "--grad-accumulation add (or fused)"),
     Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "

@@ -501,16 +501,6 @@ class ParallelPlan(PlanQuantities, Spec):
         return self
 
     @model_validator(mode="after")
-    def _copy_needs_sharded_gradients(self) -> "ParallelPlan":
-        # Megatron-FSDP (2a75ac12c megatron_fsdp.py _grad_acc) copies into the bucket only where the gradient
-        # buffer is sharded; unsharded, it adds (main_grad.add_: grad_accumulation add)
-        if self.grad_accumulation == "copy" and self.zero < 2:
-            raise ValueError(f"grad_accumulation copy with zero {self.zero}: the copy into the reduce-scatter's "
-                             "bucket is Megatron-FSDP's path for sharded gradients (zero 2 or 3); use zero 3, or "
-                             "grad_accumulation add (or fused)")
-        return self
-
-    @model_validator(mode="after")
     def _nan_check_outside_full_graphs(self) -> "ParallelPlan":
         # Megatron-LM arguments.py (d98e8a6): --cuda-graph-impl full_iteration asserts the NaN check is off
         if self.grad_nan_check and self.cuda_graphs == "full-iteration":
