@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
@@ -122,6 +124,18 @@ def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) 
         return None
     what, bad, fix = rule(plan.model_copy(update={axis: degree}))
     return str(refuse(target, what, fix)) if bad else None
+
+
+def every_plan_mask(plans: Any, target: str) -> np.ndarray:
+    """Which of many plans (search.grid.PlanArrays, whose attributes are arrays) `target` refuses whatever else
+    they set: each EVERY_PLAN rule of the target called on the arrays, the same function its check calls on one
+    plan, its condition read elementwise (tests/test_export_refusal.py holds the mask to `refusal`)."""
+    n = len(plans)
+    out = np.zeros(n, dtype=bool)
+    for rule in EVERY_PLAN.get(target, {}).values():
+        _, bad, _ = rule(plans)
+        out |= np.broadcast_to(np.asarray(bad, dtype=bool), (n,))
+    return out
 
 
 def default_wrap(pf: PlanFile) -> str:

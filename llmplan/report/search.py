@@ -249,7 +249,8 @@ def target_json(target: str | None, dropped: int, walk: Walk | None = None,
     return {"target": target, "not_exportable": dropped,
             **({"target_walk": {"checked": walk.checked, "refused": walk.refused,
                                 "other_plan_of_layout": list(walk.other_plan), "complete": walk.complete,
-                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {}),
+                                "limit": walk.limit, "walk_s": walk.seconds, "passed": walk.passed}}
+                if walk is not None else {}),
             **({"target_sides": sides_json(sides)} if sides is not None else {})}
 
 
@@ -300,7 +301,8 @@ def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sid
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
         out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,}), "
-                   f"{walk.refused:,} of them refused")
+                   f"{walk.refused:,} of them refused" + (f", and passed over {walk.passed:,} that {target} "
+                                                          "refuses whole" if walk.passed else ""))
     if sides is not None:
         out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
         if not sides.pareto_complete:
