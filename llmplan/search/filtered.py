@@ -28,9 +28,11 @@ from llmplan.specs.plan import ParallelPlan
 CHECKS = 5000
 """Most plans one walk asks `refused` about (a search's plans that fit run to hundreds of thousands): where none
 or few are accepted (a model the target cannot express, a switch setting it refuses) the walk ends there, with
-what it kept. Measured on llama-3.1-70b, 8 x dgx-h100: about 0.2 ms a plan of the arrays (the caller screens it
-against a plan file it already holds), so a walk that meets no accepted plan costs about a second; the walks that
-kept --top 5 asked about 786 (megatron-bridge), 1,268 (torchtitan) and 2,158 (deepspeed) plans."""
+what it kept. Measured on llama-3.1-70b, 8 x dgx-h100: about 0.2 ms a plan of the arrays when this limit was set
+(about 30 us since: docs/validation.md#walk-fast), so a walk that meets no accepted plan costs about a second (now
+0.15 s); the walks that kept --top 5 asked about 786 (megatron-bridge), 1,268 (torchtitan) and 2,158 (deepspeed)
+plans. Plans of a class the caller refuses whole (keep_accepted's `known`) are passed over, not asked: not
+counted here."""
 
 
 @dataclass
@@ -61,7 +63,7 @@ class LayoutPlans:
     """The plans of the arrays built so far (plan): the walk and the side walks ask about many of the same."""
 
     def plan(self, i: int) -> ParallelPlan:
-        """Plan i of the arrays as a ParallelPlan (PlanArrays.plan, built once: about 0.2 ms a plan)."""
+        """Plan i of the arrays as a ParallelPlan (PlanArrays.plan, built once: about 10 us a plan)."""
         if i not in self.built:
             self.built[i] = self.plans.plan(i)
         return self.built[i]

@@ -257,8 +257,11 @@ class PlanArrays(PlanQuantities):
         of each axis column is validated once, in a whole plan (PlanBuild); its model checks, which read several
         fields, run on each plan (PlanBuild.after). None where a check fails, or the model has a validator of
         another kind: the caller validates, and meets the same error."""
-        pb = self.memo.get(("plan_build",))
-        if pb is None:
+        pb = self.memo.get(("plan_build",), 0)
+        if isinstance(pb, int):  # the first plans of these arrays are validated (a few rows need no PlanBuild)
+            if pb < VALIDATED_FIRST:
+                self.memo[("plan_build",)] = pb + 1
+                return None
             pb = self.memo[("plan_build",)] = PlanBuild.of(self)
         if not pb.ok:
             return None
@@ -306,14 +309,19 @@ class PlanBuild:
         if not known or len(a) == 0 or any(f not in WORKLOAD_FIELDS for u in SWITCH_USES for f in u.fields):
             return cls(False)
         checked = None
-        for column in PLAN_COLUMNS:
-            values = np.asarray(getattr(a, column))
+        columns = {c: np.asarray(getattr(a, c)) for c in PLAN_COLUMNS}
+        seen: dict[str, set] = {c: set() for c in PLAN_COLUMNS}
+        for column, values in columns.items():
             _, first = np.unique(values, return_index=True)
-            for row in first.tolist():  # each value once, in a whole plan (field checks are per field)
+            for row in first.tolist():  # each value in some whole plan (field checks are per field)
+                if values[row].item() in seen[column]:
+                    continue
                 try:
                     checked = a.w.plan(**a.axes(row))
                 except ValueError:  # pydantic's ValidationError is one
                     return cls(False)
+                for c, v in columns.items():  # the row's values of the other columns are validated too
+                    seen[c].add(v[row].item())
         assert checked is not None
         after = tuple(d.func for d in decorators.model_validators.values() if d.info.mode == "after")
         n = len(a)
@@ -326,6 +334,9 @@ class PlanBuild:
         return cls(True, frozenset(checked.model_fields_set), after, resets, unused)
 
 
+VALIDATED_FIRST = 32
+"""Plans of one PlanArrays built by validation before PlanBuild is made for the rest: where a caller builds a
+few (the ranked rows), that costs less than validating each value of each column."""
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp_resolved", "vpp", "pp_first", "pp_last", "sp", "zero",
                 "recompute_code", "micro_batch")
 """The PlanArrays columns PlanArrays.axes reads, one per axis field of ParallelPlan."""
