@@ -110,9 +110,13 @@ def target_mode(target: str) -> str:
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
+    "torchtitan": {"grad_dtype": torchtitan.grad_reduce_refusal},
+    "torchtitan-0.2": {"grad_dtype": torchtitan.grad_reduce_refusal},
 }
-"""Target -> plan axis -> a rule of the target's check (the same function, called there) whose only condition is
-that axis above 1: the target refuses every plan with it, whatever else the plan sets."""
+"""Target -> the plan field a rule reads -> a rule of the target's check (the same function, called there) whose
+only condition is on that field: a plan axis above 1 (the target refuses every plan with it, whatever else the
+plan sets), or a workload switch (it refuses every plan of a search holding it: torchtitan's bf16 gradient
+reduction). search --target passes over the plans these rules refuse (every_plan_mask)."""
 
 
 def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:

@@ -193,8 +193,10 @@ class Walker:
     tried: set[int] = field(default_factory=set)
     turned: set[tuple[int, ...]] = field(default_factory=set)
     """Layouts with a plan refused: their row is not the search's."""
-    known: np.ndarray | None = None
+    known: list[bool] | None = None
     """Plans of the arrays the caller refuses without being asked (keep_accepted's `known`)."""
+    layouts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Array code -> layout (LayoutPlans.key), each worked out once."""
     checked: int = 0
     refusals: int = 0
     dropped: int = 0
@@ -215,14 +217,14 @@ class Walker:
         self.done.add(code)
         self.dropped = self.refusals + self.passed
 
-    def known_refused(self, i: int) -> bool:
-        """Plan i is of a class the caller refuses whole: passed over, counted as the refusal an ask would give
-        (where the walk would ask: plan i is not the shown plan of its layout, asked as its row)."""
+    def known_refused(self, i: int, code: tuple[int, ...]) -> bool:
+        """Plan i (of layout `code`) is of a class the caller refuses whole: passed over, counted as the refusal
+        an ask would give (where the walk would ask: plan i is not the shown plan of its layout, asked as its
+        row)."""
         assert self.lp is not None
         if self.known is None or not self.known[i]:
             return False
         self.tried.add(i)
-        code = self.lp.key(i)
         if code not in self.shown or self.lp.plan(i) != self.shown[code]:
             self.passed += 1
             self.turned.add(code)
@@ -241,17 +243,19 @@ class Walker:
         assert self.lp is not None
         if array_code in self.skip or i in self.tried:
             return
-        code = self.lp.key(i)
+        code = self.layouts.get(array_code)
+        if code is None:
+            code = self.layouts[array_code] = self.lp.key(i)
         if code in self.done:
             self.skip.add(array_code)
             return
-        if self.known_refused(i):
+        if self.known_refused(i, code):
             return
         c = self.from_arrays(i)
         if c.plan == self.shown.get(code) or not self.ask(c):
             return
         rep = self.lp.robust(i)
-        if rep != i and rep not in self.tried and self.checked < self.checks and not self.known_refused(rep):
+        if rep != i and rep not in self.tried and self.checked < self.checks and not self.known_refused(rep, code):
             alt = self.from_arrays(rep)
             if alt.plan != self.shown.get(code) and self.ask(alt):
                 i = rep
@@ -282,7 +286,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int, chec
     codes = lp.codes[stream].tolist() if lp is not None else []
     walker = Walker(refused, lp, rows[0].estimate if rows else None,
                     {plan_code(g.estimate.plan): g.estimate.plan for g in rows}, checks,
-                    known=known(lp.plans) if known is not None and lp is not None else None)
+                    known=known(lp.plans).tolist() if known is not None and lp is not None else None)
     order = in_score_order(lp.score[stream].tolist() if lp is not None else [], [lead[k] for k in by_lead])
     complete = False
     while len(walker.kept) < top and walker.checked < checks:
