@@ -81,3 +81,13 @@ def test_deepspeed_walk_is_the_unlimited_walk(cli, monkeypatch):
         assert [{k: v for k, v in w.items() if k in a} for w in walks if w["shown"]] == [a]
         assert {(w["grad_dtype"], w["fp8_params"], w["gpus"]) for w in walks} == \
             {(t["grad_dtype"], t["fp8_params"], 16) for t in new["switches"]["tried"]}
+
+
+def test_a_workload_refused_whole_is_named(cli):
+    """--grad-dtype bf16 with --target torchtitan (a switch torchtitan refuses whatever the plan: EVERY_PLAN):
+    every plan that fits is passed over, none asked but the ranked rows, and the one line (exit 2) names that
+    rule as the refusal met most often (before, the walk asked 5,000 plans and stopped)."""
+    r = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--target", "torchtitan",
+            "--grad-dtype", "bf16")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "bf16 gradient reduction" in r.err.split("most often")[1] and "none of the" in r.err

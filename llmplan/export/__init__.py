@@ -142,6 +142,16 @@ def every_plan_mask(plans: Any, target: str) -> np.ndarray:
     return out
 
 
+def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
+    """The refusal of the first EVERY_PLAN rule of `target` that refuses `plan` (what every_plan_mask marks it
+    for), in the words of the target's check; None where none does."""
+    for rule in EVERY_PLAN.get(target, {}).values():
+        what, bad, fix = rule(plan)
+        if bad:
+            return str(refuse(target, what, fix))
+    return None
+
+
 def default_wrap(pf: PlanFile) -> str:
     """The training target torchrun / slurm wrap without --wrap: the first of WRAPPABLE that accepts the plan."""
     return next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
