@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Annotated, NamedTuple, Optional
+from typing import Annotated, Any, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +27,7 @@ from llmplan.planfile import plan_document, serve_plan_document, spec_ref
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants)
+from llmplan.search.filtered import Walk
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
 from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
@@ -218,9 +219,14 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         if target is None:
             return res
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
-        return keep_training(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
+        kept = keep_training(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
                              goal.top)
+        if kept.walk is not None:
+            walks.append(({"grad_dtype": wv.grad_dtype, "fp8_params": wv.fp8_params,
+                           "domain_gpus": cc.system.domain_gpus, "gpus": cc.num_gpus}, kept.walk))
+        return kept
 
+    walks: list[tuple[dict[str, Any], Walk]] = []  # with a target: every search's walk (SearchResult.walks)
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
@@ -241,6 +247,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     if target is not None:  # the side outputs of the result shown only
         refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
         res = training_sides(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
+        res = dataclasses.replace(res, walks=tuple(walks))
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
     return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
@@ -108,9 +110,13 @@ def target_mode(target: str) -> str:
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
+    "torchtitan": {"grad_dtype": torchtitan.grad_reduce_refusal},
+    "torchtitan-0.2": {"grad_dtype": torchtitan.grad_reduce_refusal},
 }
-"""Target -> plan axis -> a rule of the target's check (the same function, called there) whose only condition is
-that axis above 1: the target refuses every plan with it, whatever else the plan sets."""
+"""Target -> the plan field a rule reads -> a rule of the target's check (the same function, called there) whose
+only condition is on that field: a plan axis above 1 (the target refuses every plan with it, whatever else the
+plan sets), or a workload switch (it refuses every plan of a search holding it: torchtitan's bf16 gradient
+reduction). search --target passes over the plans these rules refuse (every_plan_mask)."""
 
 
 def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:
@@ -122,6 +128,28 @@ def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) 
         return None
     what, bad, fix = rule(plan.model_copy(update={axis: degree}))
     return str(refuse(target, what, fix)) if bad else None
+
+
+def every_plan_mask(plans: Any, target: str) -> np.ndarray:
+    """Which of many plans (search.grid.PlanArrays, whose attributes are arrays) `target` refuses whatever else
+    they set: each EVERY_PLAN rule of the target called on the arrays, the same function its check calls on one
+    plan, its condition read elementwise (tests/test_export_refusal.py holds the mask to `refusal`)."""
+    n = len(plans)
+    out = np.zeros(n, dtype=bool)
+    for rule in EVERY_PLAN.get(target, {}).values():
+        _, bad, _ = rule(plans)
+        out |= np.broadcast_to(np.asarray(bad, dtype=bool), (n,))
+    return out
+
+
+def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
+    """The refusal of the first EVERY_PLAN rule of `target` that refuses `plan` (what every_plan_mask marks it
+    for), in the words of the target's check; None where none does."""
+    for rule in EVERY_PLAN.get(target, {}).values():
+        what, bad, fix = rule(plan)
+        if bad:
+            return str(refuse(target, what, fix))
+    return None
 
 
 def default_wrap(pf: PlanFile) -> str:

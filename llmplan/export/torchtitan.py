@@ -18,6 +18,7 @@ from llmplan.export.common import (accumulation_notes, check_accumulation, exper
                                    softmax_kernel_refusals,
                                    parallel_block_refusal)
 from llmplan.planfile import PlanFile
+from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "torchtitan"
@@ -55,6 +56,13 @@ def accumulation(pf: PlanFile) -> tuple[str, str]:
         return "add", "FSDP2 adds each micro-batch's reduce-scattered fp32 shard into the sharded gradient"
     return "cast-add", ("DDP's autocast casts each bf16 weight gradient to the fp32 parameter's dtype, then "
                         "autograd adds it into param.grad")
+
+
+def grad_reduce_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Gradients reduced in bf16, refused whatever else the plan sets (export.EVERY_PLAN: a search holding the
+    switch need not ask about its plans one by one)."""
+    return ("bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)", p.grad_dtype != "fp32",
+            "re-plan with --grad-dtype fp32")
 
 
 def _check_common(pf: PlanFile, target: str) -> None:
@@ -119,9 +127,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
-    if p.grad_dtype != "fp32":
-        raise refuse(target, "bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
-                     "re-plan with --grad-dtype fp32")
+    what, bad, fix = grad_reduce_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     if p.recompute == "selective":
         raise refuse(target, "selective recompute as llmplan costs it (Megatron's: the attention core, which "
                      "fused attention does not store anyway); torchtitan's selective checkpointing (op policy) "

@@ -240,17 +240,25 @@ TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, 
 
 
 def target_json(target: str | None, dropped: int, walk: Walk | None = None,
-                sides: Sides | None = None) -> dict[str, Any]:
+                sides: Sides | None = None, walks: tuple[tuple[dict[str, Any], Walk], ...] = ()) -> dict[str, Any]:
     """The keys a targeted search adds to its JSON (none without --target): the target, the better-ranked plans
-    dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered)
-    and how the Pareto front, the comparisons and the rows' counts were kept to accepted plans (sides)."""
+    dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered),
+    every walk the command ran (one per switch setting and NVLink-domain share searched: `target_walks`, the
+    shown one marked) and how the Pareto front, the comparisons and the rows' counts were kept to accepted plans
+    (sides)."""
     if not target:
         return {}
     return {"target": target, "not_exportable": dropped,
-            **({"target_walk": {"checked": walk.checked, "refused": walk.refused,
-                                "other_plan_of_layout": list(walk.other_plan), "complete": walk.complete,
-                                "limit": walk.limit, "walk_s": walk.seconds}} if walk is not None else {}),
+            **({"target_walk": walk_json(walk)} if walk is not None else {}),
+            **({"target_walks": [{**held, "shown": w is walk, **walk_json(w)} for held, w in walks]}
+               if walks else {}),
             **({"target_sides": sides_json(sides)} if sides is not None else {})}
+
+
+def walk_json(walk: Walk) -> dict[str, Any]:
+    """What one walk over the plans did (search.filtered.Walk)."""
+    return {"checked": walk.checked, "refused": walk.refused, "other_plan_of_layout": list(walk.other_plan),
+            "complete": walk.complete, "limit": walk.limit, "walk_s": walk.seconds, "passed": walk.passed}
 
 
 def side_json(s: Side | None) -> dict[str, Any] | None:
@@ -300,7 +308,8 @@ def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sid
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
         out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,}), "
-                   f"{walk.refused:,} of them refused")
+                   f"{walk.refused:,} of them refused" + (f", and passed over {walk.passed:,} that {target} "
+                                                          "refuses whole" if walk.passed else ""))
     if sides is not None:
         out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
         if not sides.pareto_complete:
@@ -366,7 +375,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
         **refused_sides_json(res.sides),
-        **target_json(res.target, res.not_exportable, res.walk, res.sides),
+        **target_json(res.target, res.not_exportable, res.walk, res.sides, res.walks),
     }
 
 

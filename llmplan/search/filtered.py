@@ -28,9 +28,11 @@ from llmplan.specs.plan import ParallelPlan
 CHECKS = 5000
 """Most plans one walk asks `refused` about (a search's plans that fit run to hundreds of thousands): where none
 or few are accepted (a model the target cannot express, a switch setting it refuses) the walk ends there, with
-what it kept. Measured on llama-3.1-70b, 8 x dgx-h100: about 0.2 ms a plan of the arrays (the caller screens it
-against a plan file it already holds), so a walk that meets no accepted plan costs about a second; the walks that
-kept --top 5 asked about 786 (megatron-bridge), 1,268 (torchtitan) and 2,158 (deepspeed) plans."""
+what it kept. Measured on llama-3.1-70b, 8 x dgx-h100: about 0.2 ms a plan of the arrays when this limit was set
+(about 30 us since: docs/validation.md#walk-fast), so a walk that meets no accepted plan costs about a second (now
+0.15 s); the walks that kept --top 5 asked about 786 (megatron-bridge), 1,268 (torchtitan) and 2,158 (deepspeed)
+plans. Plans of a class the caller refuses whole (keep_accepted's `known`) are passed over, not asked: not
+counted here."""
 
 
 @dataclass
@@ -61,7 +63,7 @@ class LayoutPlans:
     """The plans of the arrays built so far (plan): the walk and the side walks ask about many of the same."""
 
     def plan(self, i: int) -> ParallelPlan:
-        """Plan i of the arrays as a ParallelPlan (PlanArrays.plan, built once: about 0.2 ms a plan)."""
+        """Plan i of the arrays as a ParallelPlan (PlanArrays.plan, built once: about 10 us a plan)."""
         if i not in self.built:
             self.built[i] = self.plans.plan(i)
         return self.built[i]
@@ -151,7 +153,13 @@ class Walk:
     """Wall time of the walk (the search's own is SearchResult.seconds)."""
     dropped: int = 0
     """Of the refused, those asked before the last row kept: the better-ranked plans the caller refused (all of
-    the refused where the walk kept `top` rows; fewer where it ran out of plans or stopped at `limit` after)."""
+    the refused where the walk kept `top` rows; fewer where it ran out of plans or stopped at `limit` after),
+    with the plans passed over before it."""
+    passed: int = 0
+    """Plans of the arrays passed over unasked, as the caller refuses every plan of their class (keep_accepted's
+    `known`): each one the walk would have asked about and found refused; not in `checked` nor `limit`."""
+    first_passed: int | None = None
+    """The first of them (an index into the search's plan arrays), to word why."""
 
 
 def in_score_order(stream_scores: list[float], leads: list[float]) -> Iterator[tuple[bool, int]]:
@@ -185,9 +193,15 @@ class Walker:
     tried: set[int] = field(default_factory=set)
     turned: set[tuple[int, ...]] = field(default_factory=set)
     """Layouts with a plan refused: their row is not the search's."""
+    known: list[bool] | None = None
+    """Plans of the arrays the caller refuses without being asked (keep_accepted's `known`)."""
+    layouts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Array code -> layout (LayoutPlans.key), each worked out once."""
     checked: int = 0
     refusals: int = 0
     dropped: int = 0
+    passed: int = 0
+    first_passed: int | None = None
 
     def ask(self, c: Candidate) -> bool:
         """Whether the caller accepts c, counted."""
@@ -201,7 +215,21 @@ class Walker:
     def keep(self, g: Group, code: tuple[int, ...]) -> None:
         self.kept.append(g)
         self.done.add(code)
-        self.dropped = self.refusals
+        self.dropped = self.refusals + self.passed
+
+    def known_refused(self, i: int, code: tuple[int, ...]) -> bool:
+        """Plan i (of layout `code`) is of a class the caller refuses whole: passed over, counted as the refusal
+        an ask would give (where the walk would ask: plan i is not the shown plan of its layout, asked as its
+        row)."""
+        assert self.lp is not None
+        if self.known is None or not self.known[i]:
+            return False
+        self.tried.add(i)
+        if code not in self.shown or self.lp.plan(i) != self.shown[code]:
+            self.passed += 1
+            self.turned.add(code)
+            self.first_passed = i if self.first_passed is None else self.first_passed
+        return True
 
     def from_arrays(self, i: int) -> Candidate:
         assert self.lp is not None and self.like is not None
@@ -215,15 +243,19 @@ class Walker:
         assert self.lp is not None
         if array_code in self.skip or i in self.tried:
             return
-        code = self.lp.key(i)
+        code = self.layouts.get(array_code)
+        if code is None:
+            code = self.layouts[array_code] = self.lp.key(i)
         if code in self.done:
             self.skip.add(array_code)
+            return
+        if self.known_refused(i, code):
             return
         c = self.from_arrays(i)
         if c.plan == self.shown.get(code) or not self.ask(c):
             return
         rep = self.lp.robust(i)
-        if rep != i and rep not in self.tried and self.checked < self.checks:
+        if rep != i and rep not in self.tried and self.checked < self.checks and not self.known_refused(rep, code):
             alt = self.from_arrays(rep)
             if alt.plan != self.shown.get(code) and self.ask(alt):
                 i = rep
@@ -236,10 +268,13 @@ class Walker:
             self.keep(g, code)
 
 
-def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
-                  checks: int = CHECKS) -> tuple[Any, Walk]:
+def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int, checks: int = CHECKS,
+                  known: Callable[[Any], np.ndarray] | None = None) -> tuple[Any, Walk]:
     """The search result `res` (search.run.SearchResult, searched with keep_plans) with only the best `top`
-    layouts' plans that `refused` accepts, one row per layout (module docstring), ranked and tied again."""
+    layouts' plans that `refused` accepts, one row per layout (module docstring), ranked and tied again.
+    `known(plans)`: which of the search's plan arrays `refused` refuses whatever else they set (a class it
+    refuses whole, export.every_plan_mask), passed over unasked and counted as refused (Walk.passed): the rows
+    kept are the same, found after fewer asks."""
     lp: LayoutPlans | None = res.layout_plans
     from llmplan.search.layouts import rank, score
 
@@ -250,7 +285,8 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     stream = lp.best_first() if lp is not None else np.zeros(0, dtype=int)
     codes = lp.codes[stream].tolist() if lp is not None else []
     walker = Walker(refused, lp, rows[0].estimate if rows else None,
-                    {plan_code(g.estimate.plan): g.estimate.plan for g in rows}, checks)
+                    {plan_code(g.estimate.plan): g.estimate.plan for g in rows}, checks,
+                    known=known(lp.plans).tolist() if known is not None and lp is not None else None)
     order = in_score_order(lp.score[stream].tolist() if lp is not None else [], [lead[k] for k in by_lead])
     complete = False
     while len(walker.kept) < top and walker.checked < checks:
@@ -270,7 +306,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int,
     out = rank(out, max(len(kept), 1))
     other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in walker.turned)
     return out, Walk(walker.checked, walker.refusals, other, complete, checks, time.perf_counter() - t0,
-                     walker.dropped)
+                     walker.dropped, walker.passed, walker.first_passed)
 
 
 ROW_CHECKS = 400

@@ -100,6 +100,9 @@ class SearchResult:
     (search.filtered: `search --target`); None otherwise, and once the caller has used it."""
     walk: "Walk | None" = None
     """With a target: what the walk over the plans did (search.filtered.Walk)."""
+    walks: "tuple[tuple[dict[str, Any], Walk], ...]" = ()
+    """With a target: every walk the command ran, one per search (switch setting, NVLink-domain share), each with
+    what that search held (grad_dtype, fp8_params, domain_gpus, gpus); `walk` is the shown result's."""
     sides: "Sides | None" = None
     """With a target: how the Pareto front, the comparisons and the rows' counts were kept to the plans the
     target accepts (search.filtered.Sides)."""
