@@ -66,7 +66,7 @@ def _export(cli, plan: Path, target: str, out: Path) -> str:
     return "\n".join(f.read_text() for f in sorted(out.rglob("*")) if f.is_file())
 
 
-def test_exports_write_no_mtp_flags_when_off(cli, tmp_path):
+def test_exports_turn_mtp_off_when_off(cli, tmp_path):
     base = ["-m", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "128", "--tp", "2", "--pp", "16", "--ep", "64",
             "--etp", "1", "--global-batch", "4096", "--pp-layout", "balanced"]
     texts = {}
@@ -81,7 +81,9 @@ def test_exports_write_no_mtp_flags_when_off(cli, tmp_path):
     assert "ttL" in texts["off"]["megatron"]
     # Megatron-Bridge: model.mtp_num_layers and its layout
     assert "mtp_num_layers=1" in texts["on"]["megatron-bridge"] and "ttmL" in texts["on"]["megatron-bridge"]
-    assert "mtp_num_layers" not in texts["off"]["megatron-bridge"] and "ttmL" not in texts["off"]["megatron-bridge"]
+    # off: the recipe's own MTP turned off (Bridge's deepseek_v3_pretrain_config sets mtp_num_layers 1)
+    assert "model.mtp_num_layers=null" in texts["off"]["megatron-bridge"]
+    assert "ttmL" not in texts["off"]["megatron-bridge"]
 
 
 def test_saved_plan_keeps_the_switch_and_check_sees_no_spec_change(cli, tmp_path):

@@ -201,6 +201,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
     if m.num_nextn_predict_layers:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
+    elif p.mtp_layers == 0:  # --mtp-layers 0 turns off a recipe's own MTP (deepseek_v3_pretrain_config sets 1:
+        out.append(("model.mtp_num_layers", None))  # "Set to 0 or None to disable MTP")
     if p.swiglu_fp8_input:  # TransformerConfig.activation_func_fp8_input_store (Megatron-Core, SwiGLU only)
         out.append(("model.activation_func_fp8_input_store", True))
     # TransformerConfig.cpu_offloading / cpu_offloading_num_layers, as scripts/performance/utils/overrides.py

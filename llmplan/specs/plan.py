@@ -122,10 +122,11 @@ class ParallelPlan(PlanQuantities, Spec):
     mtp_layers: Optional[int] = Field(default=None, ge=0, le=16)
     """Multi-token-prediction modules the run trains (Megatron-LM --mtp-num-layers, Megatron-Bridge
     model.mtp_num_layers): None, the model's own num_nextn_predict_layers (DeepSeek-V3 1, Qwen3-Next 1); 0
-    trains the model without its MTP module, as Megatron-Bridge's providers do by default (mtp_num_layers
-    None: NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/qwen/qwen_provider.py @fb8a4d6bffdc,
-    Qwen3NextModelProvider80B_A3B); at most the model's count (check_plan rule mtp_layers). Every price
-    (parameters, FLOPs, memory, the last stage's layers) and the export follow it (specs.plan.trained_model)."""
+    trains the model without its MTP module, as Megatron-Bridge's Qwen3-Next provider does by default
+    (mtp_num_layers None: NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/qwen/qwen_provider.py
+    @fb8a4d6bffdc, Qwen3NextModelProvider80B_A3B; its DeepSeek-V3 recipe sets 1, which the export then overrides
+    with null); at most the model's count (check_plan rule mtp_layers). Every price (parameters, FLOPs, memory, the
+    last stage's layers) and the export follow it (specs.plan.trained_model)."""
     offload_layers: int = Field(default=0, ge=0, le=1 << 16)
     """Transformer layers whose saved activations go to host memory in forward and come back in backward
     (Megatron-Core --cpu-offloading-num-layers N, TransformerConfig.cpu_offloading; Megatron-Bridge's
