@@ -94,3 +94,18 @@ def test_decode_graph_fields_without_speculation_and_without_graphs(cli):
     assert (t["decode_graph_batch"], t["decode_graph_unit"], t["decode_graph_tokens"]) == (128, "requests", 128)
     off = est("--batch", "100", "--no-cuda-graphs")
     assert off["decode_graph_batch"] is None and off["decode_graph_tokens"] is None
+
+
+def test_decode_phase_prices_one_token_steps_against_the_plain_server(cli):
+    # The disaggregated decode phase prices one token per sequence per step (decode_tpot without speculation);
+    # a speculative job's list (multiples of 1 + k) and its ceiling in speculative requests (512 tokens / 4 = 128
+    # at k 3 on an H100) once charged 200 one-token requests eager launches (review finding). Priced as the
+    # server without speculation, the phase is the same with or without --speculative.
+    import json
+    steps = []
+    for extra in ([], ["--speculative", "eagle", "--spec-tokens", "3"]):
+        r = cli("estimate", "--mode", "infer", "--phase", "decode", "-m", "llama-3.1-8b", "--hardware", "dgx-h100",
+                "--tp", "1", "--batch", "200", "--engine", "vllm", *extra, "--json")
+        assert r.code == 0, r.err
+        steps.append(json.loads(r.out)["phase"]["step_s"])
+    assert steps[0] == steps[1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (GraphHost, Spans, decode_graphs, decode_tpot, expert_exchange_seconds, kv_bytes_per_token,
+from llmplan.cost.inference import (GraphHost, Spans, plain_decode_graphs, decode_tpot, expert_exchange_seconds, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -67,7 +67,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     B = float(job.batch)
     context = job.input_len + job.output_len / 2
     tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job),
-                             engine=job.engine, **decode_graphs(job, plan, GraphHost.of(system, m))))
+                             engine=job.engine, **plain_decode_graphs(job, plan, GraphHost.of(system, m))))
     b = max(B / plan.pp, 1.0)
     exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True, job.engine)) * plan.pp
     return PhaseTiming(

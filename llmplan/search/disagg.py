@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmplan.cost.serve_step import GraphHost
-from llmplan.cost.inference import decode_graphs, decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
+from llmplan.cost.inference import plain_decode_graphs, decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
@@ -154,7 +154,7 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
     tpot = np.asarray(decode_tpot(lm, plan, cluster.system, replica_spans(plan, sub), grid,
                                   job.input_len + job.output_len / 2, step_host_seconds(lm, plan, job),
-                                  engine=job.engine, **decode_graphs(job, plan, GraphHost.of(cluster.system, lm))))
+                                  engine=job.engine, **plain_decode_graphs(job, plan, GraphHost.of(cluster.system, lm))))
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None
