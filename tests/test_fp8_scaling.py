@@ -52,6 +52,17 @@ def test_golden_llama3_8b_tp1():
     assert _extra_per_token("llama-3.1-8b", tp=1, dp=8) == pytest.approx(2 * (4096 + 14336 + 6144 + 28672 + 8192))
 
 
+def test_golden_mixtral_moe_count():
+    # Mixtral 8x7B (h 4096, 32 x 128, top-2 of f_e 14336), TP1, at the MoE layer count fp8_cast_bytes keeps:
+    # forward F = 2h + a·d + k·f_e = 8192 + 4096 + 28672 = 40960 cast elements a token, backward 2F; all but the
+    # QKV input (h, the norm's) read once more: 2 · (3·40960 - 4096) bytes over the step.
+    m = M["mixtral-8x7b"]
+    base = ParallelPlan(dtype="fp8", recipe="tensorwise", seq_len=8192, global_batch=64, dp=8)
+    cur = base.model_copy(update={"fp8_scaling": "current"})
+    extra = float(fp8_cast_bytes(m, cur, True) - fp8_cast_bytes(m, base, True)) * 3 / 8192
+    assert extra == pytest.approx(2 * (3 * 40960 - 4096))
+
+
 @pytest.mark.parametrize("dtype,recipe", [("fp8", "mxfp8"), ("fp8", "blockwise"), ("fp8", "rowwise"),
                                           ("fp4", "nvfp4"), ("bf16", "tensorwise")])
 def test_only_fp8_tensorwise_reads_the_switch(dtype, recipe):
