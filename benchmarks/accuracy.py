@@ -1645,6 +1645,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
+        fp8_scaling=fp8_scaling(rec, fam),  # delayed or current per-tensor scaling, as each stack ran it
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
         # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser
         # path (ScaledClampedQGeGLU), which the Bridge GPT-OSS GB200 / GB300 MXFP8 presets turn on (mbridge_op_fuser);
@@ -1665,6 +1666,33 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
         rope_fusion=not (mbridge and "gpt-oss" in rec["id"]),
     ))
+
+
+CURRENT_SCALING_FAMILIES = ("bridge", "mbridge-dense", "mbridge-moe", "bridgecard", "torchtitan")
+"""Families whose per-tensor fp8 rows ran current scaling (ParallelPlan.fp8_scaling current;
+docs/validation.md#fp8-current-scaling). Megatron-Bridge's performance scripts: `--fp8_recipe` default `cs` at
+v0.2.0 (scripts/performance/README.md), `--compute_dtype` choices bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4 from v0.3.0
+(scripts/performance/argument_parser.py; no delayed option), the summary tables' "FP8-CS" (25.09's footnote: FP8
+is current scaling), the `fp8_cs` presets `bf16_with_fp8_current_scaling_mixed` (fp8_recipe tensorwise,
+src/megatron/bridge/training/mixed_precision.py at v0.5.0); torchtitan: torchao float8's tensorwise dynamic
+scaling (each cast's own amax). The rest ran delayed scaling: NeMo 24.07 (nemo2407, nemocp) on Transformer
+Engine 1.x, which has no other per-tensor recipe (Float8CurrentScaling is first in TE v2.2,
+transformer_engine/common/recipe/__init__.py); Megatron-LM's examples/llama fp8 scripts (--fp8-format hybrid
+--fp8-amax-history-len 1024 --fp8-amax-compute-algo max and no --fp8-recipe, whose default is delayed:
+train_llama3_8b_h100_fp8.sh at bf6e99859f, megatron/training/arguments.py); MosaicML's amp_fp8 (2023, on a
+Transformer Engine before v2.2); dgxc as each record's precision names it."""
+
+
+def fp8_scaling(rec: dict, fam: str) -> str:
+    """The per-tensor fp8 scaling a row ran (ParallelPlan.fp8_scaling): current for CURRENT_SCALING_FAMILIES and
+    for a dgxc row whose precision says "current scaling", else delayed (the rows of a bf16 or block / MX
+    recipe take it too: check_plan's fp8_scaling_tensorwise rule and the cost read it only under fp8 tensorwise)."""
+    precision = str(rec.get("parallel", {}).get("precision", "")).lower()
+    if fam == "dgxc":
+        return "current" if "current scaling" in precision else "delayed"
+    if fam not in CURRENT_SCALING_FAMILIES or "fp8" not in precision:
+        return "delayed"
+    return "current" if BRIDGE_PRECISION.get(precision, ("fp8", "tensorwise")) == ("fp8", "tensorwise") else "delayed"
 
 
 def bridge_release(rec: dict) -> tuple[int, int]:
@@ -2669,7 +2697,8 @@ def fp8_layouts_in_bf16(records: list[dict]) -> list[tuple[str, str, float, floa
         cluster = cluster_of(system, gpus)
         plan = plan_for(rec, fam, gpus)
         e8 = estimate_training(model_for(rec, fam), cluster, plan)
-        bf16 = plan.model_copy(update={"dtype": "bf16", "recipe": "tensorwise", "fp8_params": False})
+        bf16 = plan.model_copy(update={"dtype": "bf16", "recipe": "tensorwise", "fp8_params": False,
+                                     "fp8_scaling": "delayed"})
         eb = estimate_training(model_for(rec, fam), cluster, bf16)
         _, pred, meas = predict(rec, fam)[0]
         layout = f"tp{plan.tp} pp{plan.pp} cp{plan.cp} vpp{plan.vpp} {plan.recompute}"

@@ -98,8 +98,8 @@ def test_megatron_export_writes_the_flags_megatron_parses():
     ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.first_last_layers_bf16 is True
     assert (int(ns.num_layers_at_start_in_bf16), int(ns.num_layers_at_end_in_bf16)) == (0, 14)
-    # fp8 per-tensor scaling with bf16 layers: current scaling (Megatron-Core refuses them with delayed scaling)
-    fp8 = _plan_file(dtype="fp8", recipe="tensorwise", bf16_layers_start=1, bf16_layers_end=1)
+    # fp8 per-tensor current scaling with bf16 layers (Megatron-Core refuses them with delayed scaling)
+    fp8 = _plan_file(dtype="fp8", recipe="tensorwise", fp8_scaling="current", bf16_layers_start=1, bf16_layers_end=1)
     ns8, _ = parse_megatron(render_all(fp8, "megatron")[0]["megatron_pretrain.sh"])
     assert ns8.fp8_recipe == "tensorwise" and ns8.first_last_layers_bf16 is True
     none, _ = parse_megatron(render_all(_plan_file(dtype="fp8", recipe="mxfp8"), "megatron")[0]["megatron_pretrain.sh"])

@@ -491,7 +491,7 @@ def test_torchtitan_refusals(cli, tmp_path):
     r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="rowwise"), "--to", "torchtitan",
             "-o", tmp_path / "c")
     assert r.code == 2 and "fp8 training of llama-3.1-8b" in r.err and "torchtitan-0.2" in r.err
-    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8"), "--to", "torchtitan", "-o", tmp_path / "f")
+    r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__fp8_scaling="current"), "--to", "torchtitan", "-o", tmp_path / "f")
     assert r.code == 2 and "fp8 tensorwise scaling" in r.err and "--precision fp8-rowwise" in r.err
     r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="blockwise"), "--to",
             "torchtitan-0.2", "-o", tmp_path / "g")
@@ -529,7 +529,7 @@ def _toml_type_ok(value, declared: str) -> bool:
                                           ("dense_train", {"zero": 2, "recompute": "full", "tp_impl": "dtensor",
                                                            **ADD}),
                                           ("uneven_train", {"zero": 3, "tp_impl": "dtensor", **ADD}),
-                                          ("fsdp_train", {"dtype": "fp8"}), ("fsdp_train", {"recompute": "op"})])
+                                          ("fsdp_train", {"dtype": "fp8", "fp8_scaling": "current"}), ("fsdp_train", {"recompute": "op"})])
 def test_torchtitan_toml_matches_v022_job_config(case, changes):
     # torchtitan v0.2.2's JobConfig, recorded from torchtitan/config/job_config.py at tag v0.2.2 by
     # tools/launcher_flags.py: every section and field the TOML writes exists there, with a value of its type.

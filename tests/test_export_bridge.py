@@ -193,27 +193,32 @@ def test_mtp_goes_into_an_explicit_layout():
 # Each preset's bf16 layers (megatron/bridge/training/mixed_precision.py at 067f987d): current scaling keeps the
 # first and last layer, nemotron_h's current scaling two of each; the others none. A plan keeping other layers
 # in bf16 has no preset (a preset name takes no per-field override).
+# Per-tensor fp8 picks its preset by ParallelPlan.fp8_scaling: bf16_with_fp8_delayed_scaling_mixed (fp8_recipe
+# "delayed", fp8_param_gather True, no bf16 layers) or the current-scaling ones.
 @pytest.mark.parametrize("dtype,recipe,fp8_params,bf16_layers,preset", [
     ("fp8", "tensorwise", True, (1, 1), "bf16_with_fp8_current_scaling_mixed"),
     ("fp8", "tensorwise", True, (2, 2), "nemotron_h_bf16_with_fp8_current_scaling_mixed"),
+    ("fp8", "delayed", True, (None, None), "bf16_with_fp8_delayed_scaling_mixed"),
     ("fp8", "blockwise", False, (None, None), "bf16_with_fp8_subchannel_scaling_mixed"),
     ("fp8", "mxfp8", True, (None, None), "bf16_with_mxfp8_mixed"),
     ("fp4", "nvfp4", True, (0, 0), "bf16_with_nvfp4_mixed"),
 ])
 def test_precision_presets(dtype, recipe, fp8_params, bf16_layers, preset):
-    args = overrides(script("dense_train", dtype=dtype, recipe=recipe, fp8_params=fp8_params,
-                            bf16_layers_start=bf16_layers[0], bf16_layers_end=bf16_layers[1]))
+    scaling = {"fp8_scaling": "delayed" if recipe == "delayed" else "current"}
+    args = overrides(script("dense_train", dtype=dtype, recipe="tensorwise" if recipe == "delayed" else recipe,
+                            fp8_params=fp8_params, bf16_layers_start=bf16_layers[0],
+                            bf16_layers_end=bf16_layers[1], **scaling))
     assert f"mixed_precision={preset}" in args and preset in RECORD["mixed_precision_presets"]
 
 
 @pytest.mark.parametrize("case,changes,needle", [
     ("moe_train", {}, "has no pretrain recipe for mixtral-8x7b"),
     ("fsdp_train", {}, "ZeRO stage 3"),
-    ("dense_train", {"dtype": "fp8", "recipe": "tensorwise", "bf16_layers_start": 1, "bf16_layers_end": 1},
-     "re-plan with --fp8-params"),
+    ("dense_train", {"dtype": "fp8", "recipe": "tensorwise", "bf16_layers_start": 1, "bf16_layers_end": 1,
+                     "fp8_scaling": "current"}, "re-plan with --fp8-params"),
     ("dense_train", {"dtype": "fp8", "recipe": "rowwise"}, "fp8 rowwise scaling"),
     # the fp8 current-scaling preset keeps layers 1 / 1 in bf16, the plan none (Megatron-Core's default)
-    ("dense_train", {"dtype": "fp8", "recipe": "tensorwise", "fp8_params": True},
+    ("dense_train", {"dtype": "fp8", "recipe": "tensorwise", "fp8_params": True, "fp8_scaling": "current"},
      "re-plan with --bf16-layers-start 1 --bf16-layers-end 1"),
     # NVFP4's default keeps the last 12 of llama-3.1-70b's 80 layers in bf16; bf16_with_nvfp4_mixed none
     ("dense_train", {"dtype": "fp4", "recipe": "nvfp4", "fp8_params": True}, "0 / 12 layers kept in bf16"),

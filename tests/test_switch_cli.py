@@ -152,10 +152,11 @@ def test_grad_reduce_errors_exit_2_with_one_line(cli, args, needle):
 def test_megatron_refuses_remainders_under_fp8_current_scaling(cli, tmp_path):
     """Megatron-Core moves the fp32 master into Transformer Engine's FusedAdam (where it can be a remainder) only
     without fp8 or with delayed scaling (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8); the
-    export writes --fp8-recipe tensorwise (current scaling) once layers stay in bf16."""
+    export writes --fp8-recipe tensorwise for current scaling (--fp8-scaling current, which bf16 layers need)."""
     common = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1",
               "--precision", "fp8-tensorwise", "--param-remainders")
-    assert cli(*common, "--bf16-layers-start", "1", "--save", tmp_path / "bf16.json").code == 0
+    assert cli(*common, "--bf16-layers-start", "1", "--fp8-scaling", "current", "--save",
+               tmp_path / "bf16.json").code == 0
     r = cli("export", tmp_path / "bf16.json", "--to", "megatron", "-o", tmp_path / "out")
     assert r.code == 2 and "remainders with fp8 current scaling (--fp8-recipe tensorwise" in r.err, r.err
     assert len([x for x in r.err.splitlines() if x.strip()]) == 1

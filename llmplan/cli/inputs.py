@@ -19,7 +19,7 @@ from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptio
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, ClusterSpec,
+                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
@@ -145,6 +145,8 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
                                        ("--norm-kernel", s.norm_kernel, NORM_KERNELS, "a norm kernel"),
                                        ("--softmax-kernel", s.softmax_kernel, SOFTMAX_KERNELS, "a softmax kernel"),
+                                       ("--fp8-scaling", s.fp8_scaling, FP8_SCALINGS,
+                                        "a per-tensor fp8 scaling"),
                                        ("--moe-dispatcher", s.moe_dispatcher, MOE_DISPATCHERS, "an MoE dispatcher"),
                                        ("--moe-routing", s.moe_routing, MOE_ROUTINGS, "a routing"),
                                        ("--moe-flex-backend", s.moe_flex_backend, MOE_FLEX_BACKENDS,
@@ -173,7 +175,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
-                     "norm_kernel", "pp_unbatched_sends", "softmax_kernel")
+                     "norm_kernel", "pp_unbatched_sends", "softmax_kernel", "fp8_scaling")
 """The SwitchOptions that reach ParallelPlan under the same name and value (switches parses the others)."""
 
 

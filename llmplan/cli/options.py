@@ -126,6 +126,10 @@ NORM_KERNEL = typer.Option(_plan("norm_kernel"), "--norm-kernel",
 PP_UNBATCHED_SENDS = typer.Option(_plan("pp_unbatched_sends"), "--pp-unbatched-sends/--no-pp-unbatched-sends",
                                   help="1F1B pipeline transfers one at a time on the stage's stream (DeepSpeed's "
                                        "pipeline engine), or paired into batched exchanges (Megatron).")
+FP8_SCALING = typer.Option(_plan("fp8_scaling"), "--fp8-scaling",
+                           help="The per-tensor fp8 recipe's scale: delayed (amax history; Megatron-LM's default "
+                                "--fp8-recipe) | current (an amax pass before each cast: Transformer Engine "
+                                "current scaling, torchao float8 tensorwise).")
 SOFTMAX_KERNEL = typer.Option(_plan("softmax_kernel"), "--softmax-kernel",
                               help="An unfused attention's softmax: fused (Megatron's causal scale-mask-softmax "
                                    "kernel) | eager (masked_fill_ and torch softmax in 16 bits, Megatron-LM 2020) | "
@@ -305,6 +309,7 @@ SWITCHES = Flags("Training switches", {
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "softmax_kernel": SOFTMAX_KERNEL,
+    "fp8_scaling": FP8_SCALING,
     "pp_unbatched_sends": PP_UNBATCHED_SENDS,
     "axis_order": AXIS_ORDER})
 SEARCH_SWITCHES = Flags(SWITCHES.panel, {

@@ -64,6 +64,23 @@ def quantize_bytes(plan: ParallelPlan) -> Any:
     return nvfp4_quantize_bytes(plan) if plan.recipe == "nvfp4" else CAST_BYTES[plan.recipe]
 
 
+AMAX_READ_BYTES = 2.0
+"""HBM bytes per element that current per-tensor scaling adds to a cast whose input no earlier kernel took the
+amax of: the amax kernel reads the bf16 tensor once before the cast (its scale a few bytes). Source:
+NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/quantizer.cpp at v2.8 (40c69e7)
+Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax_with_config, the TP all-reduce where
+with_amax_reduction, nvte_compute_scale_from_amax, nvte_quantize_v2; a fused norm's output skips the pass
+(quantize_with_amax, csrc/extensions/normalization.cpp). Derived: docs/formulas.md#precision.fp8_scaling"""
+
+
+def amax_read_bytes(plan: ParallelPlan) -> float:
+    """AMAX_READ_BYTES under current per-tensor scaling (plan.fp8_scaling current, fp8 tensorwise), else 0:
+    delayed scaling takes its scale from the amax history and the cast writes the new amax as a side output.
+    Derived: docs/formulas.md#precision.fp8_scaling"""
+    current = plan.fp8_scaling == "current" and plan.dtype == "fp8" and plan.recipe == "tensorwise"
+    return AMAX_READ_BYTES if current else 0.0
+
+
 def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
     """HBM bytes of one layer's fp8 casts per pass (the step's forward and backward casts over the 3 passes that
     stage_compute counts the memory-bound traffic in), one micro-batch, one rank. Every GEMM input is cast before
@@ -79,7 +96,9 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
     k permuted rows per token, which the count does not hold. A hybrid stack's average layer casts its own
     sub-blocks' projections (hybrid_cast_widths: its share of attention, of each recurrent mixer and of dense
-    MLP; an MoE layer's MLP at the MoE count). Source: Transformer Engine fp8 primer;
+    MLP; an MoE layer's MLP at the MoE count). Under current scaling (amax_read_bytes) every cast but those of
+    a fused norm's outputs (the QKV and fc1 inputs, Megatron-Core's TE LayerNorm linears; a hybrid's h-wide
+    inputs) reads its input once more, on the shard it is cast on. Source: Transformer Engine fp8 primer;
     transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then gather_along_first_dim;
     backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8 TN requirement
     (common/gemm/cublaslt_gemm.cu).
@@ -94,8 +113,10 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     fused = fused_expert_cast_width(m, plan) if moe else 0.0  # cast in the fused grouped MLP's epilogues
     latent = latent_proj_cast_width(m, plan) if moe else 0.0  # a latent MoE's two projections, on the shard
-    if moe and not m.is_hybrid:
-        return cast * s * b * (2 * h + (m.num_attention_heads * d_v + f - fused) / t + latent) * share
+    amax = amax_read_bytes(plan)
+    if moe and not m.is_hybrid:  # the QKV input (h, forward: a third of a pass) is the norm's
+        width = 2 * h + (m.num_attention_heads * d_v + f - fused) / t + latent
+        return (cast * width + amax * (width - h / 3)) * s * b * share
     # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
     # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
     qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
@@ -106,10 +127,12 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
         local = local - 3 * fused / t + 3 * latent
-        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast))) \
+        own = amax * (local + h * grads * where(sp, 1 / t, 1))  # the h-wide inputs are the norms'
+        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast)) + own) \
             * s * b * share / 3
     gathered = 4 * h * where(sp, shard, cast)
-    return (cast * local + gathered) * s * b * share / 3
+    own = amax * (local + 2 * h * where(sp, 1 / t, 1))  # the two output gradients TP gathers; not the norms'
+    return (cast * local + gathered + own) * s * b * share / 3
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:

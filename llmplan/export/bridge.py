@@ -47,13 +47,15 @@ PRESETS: dict[tuple[str, str], tuple[str, bool, bool]] = {
     ("bf16", ""): ("bf16_mixed", False, True),
     ("fp16", ""): ("fp16_mixed", False, False),
     ("fp8", "tensorwise"): ("bf16_with_fp8_current_scaling_mixed", True, True),
+    ("fp8", "delayed"): ("bf16_with_fp8_delayed_scaling_mixed", True, True),
     ("fp8", "blockwise"): ("bf16_with_fp8_subchannel_scaling_mixed", False, True),
     ("fp8", "mxfp8"): ("bf16_with_mxfp8_mixed", True, True),
     ("fp4", "nvfp4"): ("bf16_with_nvfp4_mixed", True, True),
 }
 """(dtype, recipe) -> (mixed-precision preset, weights kept in the low-precision format, gradients reduced in
 fp32), as megatron/bridge/training/mixed_precision.py defines each preset (fp8_param_gather / fp4_param_gather,
-grad_reduce_in_fp32). The preset's values reach the model, optimizer and DDP configs at setup (it overwrites
+grad_reduce_in_fp32; fp8 per-tensor keyed "tensorwise" under current scaling, "delayed" under delayed scaling:
+ParallelPlan.fp8_scaling). The preset's values reach the model, optimizer and DDP configs at setup (it overwrites
 their fields of the same name), so the plan must match them."""
 
 
@@ -75,6 +77,8 @@ base preset of PRESETS keeps others (same weights and gradient settings)."""
 def preset(pf: PlanFile) -> str:
     p = pf.plan
     key = (p.dtype, p.recipe if p.dtype in ("fp8", "fp4") else "")
+    if key == ("fp8", "tensorwise") and p.fp8_scaling == "delayed":
+        key = ("fp8", "delayed")
     if key not in PRESETS:
         what = "fp32 training" if p.dtype == "fp32" else f"{p.dtype} {p.recipe} scaling"
         raise refuse(TARGET, f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, "

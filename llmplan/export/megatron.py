@@ -175,7 +175,7 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--offload-modules", "moe_act" if p.offload_moe_act else None)]
     recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
-              ("--fp8-format", ("e4m3" if recipe else "hybrid") if p.dtype == "fp8" else None),
+              ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
               ("--fp8-recipe", recipe),
               ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
@@ -186,14 +186,14 @@ def parallel_flags(pf: PlanFile) -> list[str]:
 
 
 def fp8_recipe(pf: PlanFile) -> str | None:
-    """The --fp8-recipe the export writes: None (Megatron-LM's default, delayed scaling) for the per-tensor
-    recipes, but tensorwise (current scaling) where layers or modules stay in bf16 (bf16_layer_pairs), which
-    Megatron-Core refuses with delayed scaling."""
+    """The --fp8-recipe the export writes: None (Megatron-Core's TransformerConfig.fp8_recipe default 'delayed'
+    at d98e8a6) for per-tensor delayed scaling, tensorwise for per-tensor current scaling
+    (ParallelPlan.fp8_scaling), blockwise and mxfp8 for those recipes."""
     p = pf.plan
     if p.dtype != "fp8":
         return None
-    recipe = {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe)
-    return "tensorwise" if recipe is None and bf16_layer_pairs(pf) else recipe
+    tensorwise = "tensorwise" if p.fp8_scaling == "current" else None
+    return {"blockwise": "blockwise", "mxfp8": "mxfp8"}.get(p.recipe, tensorwise)
 
 
 def stores_remainders(pf: PlanFile) -> bool:
@@ -414,10 +414,15 @@ def check(pf: PlanFile) -> None:
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
+    if p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed" \
+            and sum(bf16_layer_counts(p, pf.model.num_hidden_layers)):
+        # Megatron-LM transformer_config.py (d98e8a6): "Delayed scaling does not support first / last layer in BF16."
+        raise refuse(TARGET, "layers kept in bf16 under fp8 delayed scaling (Megatron-Core keeps them only under "
+                     "current scaling)", "re-plan with --fp8-scaling current")
     if p.param_remainders and not stores_remainders(pf):
         raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
-                     f"{fp8_recipe(pf)}, which the bf16 layers need: Megatron-Core keeps its own fp32 master "
-                     "unless the fp8 recipe is delayed scaling)", "re-plan with --no-param-remainders")
+                     f"{fp8_recipe(pf)}: Megatron-Core keeps its own fp32 master unless the fp8 recipe is delayed "
+                     "scaling)", "re-plan with --no-param-remainders")
     if precision_aware(p) and stores_remainders(pf) and not p.param_remainders:
         raise refuse(TARGET, f"an fp32 master with moments {p.optimizer_moment_dtype}: Megatron-LM's "
                      "--use-precision-aware-optimizer then keeps the master as 16-bit remainders "

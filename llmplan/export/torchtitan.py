@@ -103,6 +103,11 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
+    if p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed":
+        # torchao float8 training scales each cast from its own amax (float8_scaling_utils
+        # hp_tensor_to_float8_dynamic); torchtitan's float8 converter sets no delayed scaling
+        raise refuse(target, "fp8 per-tensor delayed scaling (torchtitan's float8 converter runs torchao's "
+                     "dynamic scaling: each cast's own amax)", "re-plan with --fp8-scaling current")
     if p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32":
         raise refuse(target, f"optimizer states master {p.optimizer_master_dtype} / moments "
                      f"{p.optimizer_moment_dtype} (torchtitan's AdamW keeps its states in the fp32 parameter "

@@ -161,6 +161,10 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"softmax_kernel {p.softmax_kernel} with flash_attention on: it says how an unfused attention "
                         "runs its softmax over the scores, which a fused attention kernel never writes; set "
                         "flash_attention false in the plan (--no-flash-attention), or drop --softmax-kernel"),
+    SwitchUse("fp8_scaling_tensorwise", ("fp8_scaling",), lambda p: (p.dtype == "fp8") & (p.recipe == "tensorwise"),
+              lambda p: f"fp8_scaling {p.fp8_scaling} with dtype {p.dtype} and recipe {p.recipe}: it says how the "
+                        "per-tensor fp8 recipe finds each cast's scale (amax history or an amax pass), so it acts "
+                        "only with fp8 tensorwise; use --precision fp8-tensorwise, or drop --fp8-scaling"),
     SwitchUse("fp32_param_shards_zero", ("fp32_param_shards",), lambda p: (p.zero == 3) & (p.dtype != "fp32"),
               lambda p: f"fp32_param_shards with zero {p.zero} and dtype {p.dtype}: FSDP's fp32 parameter shard, "
                         "gathered in the compute dtype, exists only where ZeRO-3 shards the parameters of a "

@@ -76,6 +76,8 @@ class SwitchOptions(BaseModel):
     """Compute dtype (ParallelPlan.dtype; serving: ServePlan.weight_dtype)."""
     precision: str | None
     """A training recipe naming dtype and scaling at once (specs.plan_choices.PRECISIONS); None: from dtype."""
+    fp8_scaling: str
+    """ParallelPlan.fp8_scaling."""
     moe_capacity_factor: float | None
     """ParallelPlan.moe_capacity_factor; None: dropless."""
     pp_schedule: str

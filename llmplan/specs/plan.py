@@ -16,7 +16,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     MOE_ROUTINGS,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
-    MoeRouting,
+    MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
     CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel,
 )
@@ -155,6 +155,14 @@ class ParallelPlan(PlanQuantities, Spec):
     delayed or current scaling), rowwise (torchao), blockwise (1x128 activations, 128x128 weights,
     DeepSeek-V3 style), MXFP8 (32-element blocks, E8M0 scales; Blackwell) or NVFP4 (16-element blocks, E4M3
     scales; fp4 only)."""
+    fp8_scaling: Fp8Scaling = "delayed"
+    """With dtype fp8 and recipe tensorwise, how the per-tensor scale is found: delayed (from the amax history;
+    the cast writes the tensor's amax as a side output, no extra pass: Transformer Engine DelayedScaling,
+    Megatron-LM's default --fp8-recipe delayed, TE's default recipe on Hopper) or current (before each cast an
+    amax kernel reads the whole tensor once more, then the scale, then the cast; under sequence parallelism the
+    gathered tensors' amax is all-reduced over TP: TE Float8CurrentScaling, Megatron --fp8-recipe tensorwise,
+    Megatron-Bridge's fp8 "cs" presets, torchao float8 tensorwise dynamic scaling as torchtitan runs it).
+    Priced in the casts' bytes (docs/formulas.md#precision.fp8_scaling)."""
     bf16_layers_start: Optional[int] = Field(default=None, ge=0, le=1 << 16)
     """With dtype fp8 / fp4, transformer layers at the start of the stack whose GEMMs stay in bf16 (Megatron
     --first-last-layers-bf16 --num-layers-at-start-in-bf16 N). None, with bf16_layers_end None too: the recipe's

@@ -19,6 +19,12 @@ BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
 
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]
 Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"]
+Fp8Scaling = Literal["delayed", "current"]
+FP8_SCALINGS: tuple[str, ...] = get_args(Fp8Scaling)
+"""--fp8-scaling values, the per-tensor recipe's scale: delayed (from the amax history, the cast writing this
+step's amax as a side output: Transformer Engine DelayedScaling) or current (each cast's own amax, reduced by a
+kernel that reads the tensor before the cast: TE Float8CurrentScaling, torchao float8 tensorwise dynamic
+scaling). docs/formulas.md#precision.fp8_scaling"""
 AttentionKernel = Literal["native", "flash2"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 """--attention-kernel values: the GPU's native fused kernel, or the flash-attn 2 package everywhere."""
