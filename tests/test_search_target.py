@@ -220,7 +220,8 @@ def test_not_exportable_counts_the_refused_above_the_last_row(llama_search):
     assert walk.refused == sum(answers) and walk.dropped == sum(answers[:last]) < walk.refused
     text = " ".join(target_lines("t", walk.dropped, walk))
     assert f"target t: {walk.dropped:,} better-ranked plans dropped as not exportable" in text
-    assert f"the walk stopped after asking about 400 plans (at most 400), {walk.refused:,} of them refused" in text
+    assert "the walk stopped after asking about 400 plans (at most 400)" in text
+    assert f"    {walk.refused:,} of them refused" in text
 
 
 def test_not_exportable_against_the_walk_on_a_target_that_keeps_few(cli):
@@ -382,7 +383,8 @@ def test_serving_walk_states_its_depth_when_it_ends_early(cli, monkeypatch):
         ranks = [next(k for k, e in enumerate(plain, 1) if e["plan"] == p["plan"]) for p in doc["plans"]]
         assert doc["not_exportable"] == max(ranks) - len(ranks)  # the refused ranked above the last one kept
         text = cli(*args).out
-        assert f"the walk stopped after asking about 5 layouts (at most 5), {walk['refused']} of them refused" in text
+        assert "the walk stopped after asking about 5 layouts (at most 5)\n" in text
+        assert f"    {walk['refused']} of them refused" in text
     else:
         pytest.fail("the case no longer ends the walk early: pick another")
     monkeypatch.setattr(cs, "WALK", 40)

@@ -222,7 +222,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         kept = keep_training(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
                              goal.top)
         if kept.walk is not None:
-            walks.append(({"grad_dtype": wv.grad_dtype, "fp8_params": wv.fp8_params,
+            walks.append(({"grad_dtype": wv.grad_dtype, "fp8_params": wv.fp8_params, "fp8_scaling": wv.fp8_scaling,
                            "domain_gpus": cc.system.domain_gpus, "gpus": cc.num_gpus}, kept.walk))
         return kept
 
@@ -230,7 +230,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
-        for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None):
+        for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
+                                 try_scalings=target is not None and "fp8_scaling" not in named):
             wv = Workload(**{**base.fields(), **v})
             res = run(full_cluster, say, wv)
             if res is None:  # only a straddling space can be empty; the full one never is

@@ -307,9 +307,10 @@ def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sid
         rows = f"row{'s' if len(walk.other_plan) > 1 else ''} {spans(walk.other_plan)}"
         out.append(f"  {rows}: another plan of the layout (a better one is refused)")
     if walk is not None and not walk.complete:
-        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,}), "
-                   f"{walk.refused:,} of them refused" + (f", and passed over {walk.passed:,} that {target} "
-                                                          "refuses whole" if walk.passed else ""))
+        out.append(f"  the walk stopped after asking about {walk.checked:,} {unit} (at most {walk.limit:,})")
+        out.append(f"    {walk.refused:,} of them refused")  # lines of their own: 80 columns
+        if walk.passed:
+            out.append(f"    passed over {walk.passed:,} that {target} refuses whole")
     if sides is not None:
         out.append(f"  +N, variants, Pareto front, comparisons: plans {target} accepts only")
         if not sides.pareto_complete:
@@ -432,8 +433,12 @@ def switches_line(s: SwitchChoice) -> str:
     """Which memory switches the shown plans use, out of those tried."""
     on = [f"gradient buffers {s.chosen['grad_dtype']}",
           f"low-precision primary weights {'on' if s.chosen['fp8_params'] else 'off'}"]
-    return (f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; --grad-dtype / "
-            f"--fp8-params pin them)")
+    if "fp8_scaling" in s.chosen:  # tried under a target (search.run.switch_variants)
+        on.append(f"fp8 {s.chosen['fp8_scaling']} scaling")
+        pins = "--grad-dtype / --fp8-params / --fp8-scaling pin them"
+    else:
+        pins = "--grad-dtype / --fp8-params pin them"
+    return f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; {pins})"
 
 
 def switches_json(s: SwitchChoice) -> dict[str, Any]:

@@ -130,15 +130,22 @@ class SwitchChoice:
     """Each setting tried with its best plan's score (tokens/s, or headroom bytes; 0 where nothing fits)."""
 
 
-def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool) -> list[dict[str, Any]]:
+def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
+                    try_scalings: bool = False) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
-    primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties)."""
+    primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties). With
+    `try_scalings` (a launcher target named, --fp8-scaling not given) an fp8 tensorwise workload also tries
+    current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
+    plans, and delayed, cheaper by its amax passes, wins wherever both export."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
     allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
-    return [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
+    base = [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
+    if not (try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise"):
+        return base
+    return [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
 
 
 def best_score(res: SearchResult) -> tuple[float, float]:
