@@ -100,3 +100,22 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
         scalar = estimate_training(m, cluster, plans.plan(i))
         assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
         assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+@pytest.mark.parametrize("rid,dtype,params", [
+    # bf16_with_nvfp4_mixed sets fp4_param_gather from Megatron-Bridge v0.4.2 (26.04.01); the Llama config
+    # functions leave it on (NVIDIA-NeMo/Megatron-Bridge v0.4.2 / v0.5.0 training/mixed_precision.py,
+    # scripts/performance/configs/llama/llama31_llm_pretrain.py); v0.3.1 (26.02.01) sets fp8_param_gather False only
+    ("mbridge-26.06-pretrain-llama3.1-405b-dgx-gb300-256gpu-nvfp4-tp4pp8cp1epnavp4gbs1536mbs1", "fp4", True),
+    ("mbridge-26.02.01-pretrain-llama3.1-405b-dgx-gb300-256gpu-nvfp4-tp4pp8cp1epnavp4gbs1536mbs1", "fp4", False),
+    # Kimi-K2 from v0.5.0 (26.06): Muon turns MXFP8 parameters off (scripts/performance/configs/kimi/
+    # kimi_llm_pretrain.py); v0.4.2 (26.04.01) kept them
+    ("mbridge-26.06-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", False),
+    ("mbridge-26.04.01-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", True),
+])
+def test_bridge_rows_read_their_presets_primary_weights(published_runs, rid, dtype, params):
+    import accuracy
+    setup = accuracy.record_setup(published_runs[rid], accuracy.family(rid))
+    assert setup is not None
+    p = setup[2]
+    assert (p.dtype, p.fp8_params) == (dtype, params)
