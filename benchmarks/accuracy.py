@@ -841,6 +841,30 @@ def source_ref(rec: dict) -> tuple[int, ...]:
     return tuple(int(x) for x in rec["source"]["ref"].split()[0].split("."))
 
 
+def mbridge_nvfp4_params(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row keeps NVFP4 primary weights (fp4_param): its Llama NVFP4 presets from
+    v0.4.2 (26.04.01). `bf16_with_nvfp4_mixed` sets fp4_param_gather True from v0.4.2 (MixedPrecisionConfig keeps
+    fp4_param in sync with it; v0.3.1 / v0.4.0 left it off), scripts/performance/utils/precision.py
+    get_precision_config("nvfp4") returns it, and the Llama 3 70B / 3.1 405B config functions
+    (configs/llama/llama3_llm_pretrain.py, llama31_llm_pretrain.py at v0.4.2, v0.5.0) do not turn it off, where
+    Nemotron-3 Super, DeepSeek-V3 and GPT-OSS's do. The Megatron-LM they pin (2edffadb5, d0b3b7754) builds the
+    layers under get_fp4_context(is_init=True) with fp4_param (arguments.py: kw_args['fp4_param'] =
+    args.fp4_param_gather). Source: NVIDIA-NeMo/Megatron-Bridge at v0.4.2, v0.5.0
+    (src/megatron/bridge/training/mixed_precision.py)."""
+    rid = rec["id"]
+    return (family(rid) in ("mbridge-dense",) and "nvfp4" in rid and "-llama3" in rid
+            and source_ref(rec) >= (26, 4, 1))
+
+
+def mbridge_muon_bf16_params(rec: dict) -> bool:
+    """Whether a Megatron-Bridge Kimi-K2 row runs without MXFP8 primary weights: from v0.5.0 (26.06) its
+    config function turns fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag off under the Muon optimizer
+    (dist_muon, the default optimizer_type of its recipes from v0.3.1): "incompatible with Muon's
+    LayerWiseDistributedOptimizer". Muon itself is not priced (Adam's states and step are). Source:
+    NVIDIA-NeMo/Megatron-Bridge v0.5.0 scripts/performance/configs/kimi/kimi_llm_pretrain.py."""
+    return "kimi-k2" in rec["id"] and source_ref(rec) >= (26, 6)
+
+
 def mbridge_ds_b200_v2(rec: dict) -> bool:
     """Whether an mbridge row is DeepSeek-V3's B200 MXFP8 V2 preset of v0.4.2 (26.04.01) / v0.5.0
     (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2,
@@ -1489,8 +1513,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and (precision == "fp16"
                                                                       or rec["id"].startswith("bloom-prequel-")))
         or rec["id"].startswith("megatron-examples-fp8") or mpt_bf16_reduce(rec, fam) else "fp32",
-        fp8_params=dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
-                                       or bool(par.get("fp8_all_gather"))),
+        fp8_params=(dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
+                                        or bool(par.get("fp8_all_gather"))) and not mbridge_muon_bf16_params(rec))
+        or mbridge_nvfp4_params(rec),
         flash_attention=fam not in ("narayanan2021", "korthikanti2022", "megatron2020", "bloom", "mtnlg",
                                     "megascale"),
         attention_kernel="flash2" if flash2 else "native",

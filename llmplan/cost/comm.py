@@ -19,6 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
+from llmplan.cost.model_states import bf16_kept_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -648,6 +649,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     g, w, n, z = plan.grad_bytes, param_gather_bytes(plan), plan.num_microbatches, plan.zero
+    kept, kw = bf16_kept_params(m, plan, stage), kept_gather_extra_bytes(plan)  # fp8_params' bf16 parts
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
     u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
@@ -658,8 +660,10 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     out: list[Transfer[G]] = []
-    groups = ((rp.dense, dense_group, plan.zero_shard), (rp.expert, expert_group, plan.expert_shard))
-    for params, group, ranks in groups:
+    groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
+              (rp.expert, kept.expert, expert_group, plan.expert_shard))
+    for params, bf16, group, ranks in groups:
+        gathered_b = w * params + kw * bf16  # bytes the weight gather moves (the bf16 parts at 2 a weight)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
         b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
@@ -667,29 +671,33 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
                 Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
-                Transfer("all-gather", gather_calls * b_g, w * params / u / b_g, group,
+                Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * w * params / u, 0.0))]
+                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0))]
     if dense_outer is not None and expert_outer is not None:
-        out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole) \
-            + hsdp_transfers(plan, rp.expert / plan.expert_shard, expert_outer, u, whole)
+        out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole,
+                              kept.dense / plan.zero_shard) \
+            + hsdp_transfers(plan, rp.expert / plan.expert_shard, expert_outer, u, whole,
+                             kept.expert / plan.expert_shard)
     return out
 
 
-def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any) -> list[Transfer[G]]:
+def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
+                   kept: Any = 0.0) -> list[Transfer[G]]:
     """Hybrid sharding's collectives across the dp_replicate replicas, once per step, on a rank's `shard`
     parameters (its shard group's share): the gradient shard all-reduced (Megatron-LM's partial distributed
     optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
-    ZeRO-3 unit (`u`). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
+    ZeRO-3 unit (`u`); `kept` of the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
     g, w, outer_optim = plan.grad_bytes, param_gather_bytes(plan), plan.dp_outer_optimizer
+    gathered_b = w * shard + kept_gather_extra_bytes(plan) * kept
     calls = where(on, u, 0)
     return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
             Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
-            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), w * shard / u, outer)]
+            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer)]
 
 
 STAGED_GATHER_BYTES = 2.0
@@ -718,6 +726,16 @@ def param_gather_bytes(plan: ParallelPlan) -> Any:
     "param buffer is not mapped to model params for MXFP8"). Derived: docs/formulas.md#comm.param_gather_bytes"""
     nvfp4 = plan.fp8_params & (plan.dtype == "fp4") & (plan.recipe == "nvfp4") & (plan.zero == 1)
     return where(mxfp8_staged_gather(plan), STAGED_GATHER_BYTES, where(nvfp4, 0.5, plan.weight_bytes))
+
+
+def kept_gather_extra_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a bf16-kept parameter (model_states.bf16_kept_params: embedding, output layer, norms, routers, bf16
+    layers) moves in the weight gather beyond param_gather_bytes under fp8_params: 2 - param_gather_bytes (0
+    where MXFP8's staged gather already moves 2). Megatron-Core keys its parameter buffers by dtype, so these
+    gather from their own bf16 buffer. Source: NVIDIA/Megatron-LM megatron/core/distributed/
+    param_and_grad_buffer.py at 2a75ac12c (group_params_for_buffers: one buffer per (param_dtype, grad_dtype),
+    uint8 for FP8 / NVFP4 parameters, else param.dtype). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return where(plan.fp8_params and plan.low_precision, 2.0 - param_gather_bytes(plan), 0.0)
 
 
 def outer_weight_copies(plan: ParallelPlan) -> Any:

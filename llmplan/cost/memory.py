@@ -26,7 +26,8 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
-from llmplan.cost.model_states import after_backward_peak, fp32_shards_are_master, gradient_params
+from llmplan.cost.model_states import (after_backward_peak, bf16_kept_params, bf16_parts_extra_bytes,
+                                      fp32_shards_are_master, gradient_params)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups, offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
@@ -262,6 +263,12 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         mirror = plan.pp - 1 - stage
         act = paired_activations(act, stage_act(mirror))
         cache = cache + low_precision_weight_cache(m, plan, rank_params(m, plan, mirror), mirror, fp8_tn_only)
+    # fp8_params: the embedding, output layer, norms, routers and bf16 layers stay 2 bytes a weight.
+    # Derived: docs/formulas.md#mem.fp8_param_bf16_parts
+    kept, kept_b = bf16_kept_params(m, plan, stage), bf16_parts_extra_bytes(plan)
+    kept_w = where(fp32_shards, 0.0, kept_b) * (kept.dense / where(plan.zero >= 3, plan.zero_shard, 1)
+                                                + kept.expert / where(plan.zero >= 3, plan.expert_shard, 1))
+    cache = cache + kept_w
     tensors = dense.total + expert.total + act.total + cache
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap
@@ -274,7 +281,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
     gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
-    gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b, 0.0)
+    gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b
+                     + where(piped, kept.total, live * kept.total / maximum(rp.total, 1.0)) * kept_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
     # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
     gathered = gathered + where(fp32_shards & (plan.pp == 1),

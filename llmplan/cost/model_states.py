@@ -12,9 +12,13 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.params import RankParams, vocab_shard_params
+from llmplan.cost.mixers import norms_per_layer
+from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, rank_params, router_params,
+                                 stage_end_params, vocab_shard_params)
+from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.schedule import schedule_of
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
 
@@ -170,3 +174,43 @@ def low_precision_weights(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stag
     vocab = vocab_shard_params(m, plan.tp)
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     return maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+
+
+def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+    """Parameters of a rank of `stage` (and of its paired stage under DualPipe) that stay in bf16 when the
+    plan keeps its weights in the recipe's format (fp8_params): all but the GEMM weights Transformer Engine
+    builds quantized inside the transformer layers. Kept: the word (and position) embedding, the final norm and
+    the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear, no TE module), the
+    layers the recipe keeps in bf16 (bf16_layer_counts: built outside the quantized-init context), and in the
+    quantized layers their norms and MoE routers (TE quantizes only parameters with an fp8_meta_index, the
+    GEMM weights; TopKRouter's weight is a plain parameter). MTP projections are built quantized.
+    Source: NVIDIA/Megatron-LM at 2a75ac12c, megatron/core/fp8_utils.py (get_fp8_context(is_init=True):
+    fp8_model_init unless is_first_last_bf16_layer), transformer/transformer_block.py (_build_layers under
+    that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine
+    transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index).
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    stages = (stage, plan.pp - 1 - stage) if schedule_of(plan).param_copies == 2 else (stage,)
+    dense, expert = 0.0, 0.0
+    for s in stages:
+        d, e = _bf16_kept(m, plan, s)
+        dense, expert = dense + d, expert + e
+    return RankParams(dense=dense, expert=expert)
+
+
+def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
+    """(dense, expert) parameters one rank of `stage` keeps in bf16 under fp8_params (bf16_kept_params)."""
+    rp = rank_params(m, plan, stage)
+    frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    quantized_mtp = m.num_nextn_predict_layers * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
+    ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
+    n_dense, n_moe = stage_layers(m, plan, stage)
+    small = (n_dense + n_moe) * norms_per_layer(m) * norm_params(m) + n_moe * router_params(m)
+    dense = ends + (1.0 - frac) * maximum(rp.dense - ends, 0.0) + frac * small
+    return dense, (1.0 - frac) * rp.expert
+
+
+def bf16_parts_extra_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a bf16-kept parameter (bf16_kept_params) holds or gathers beyond weight_bytes: 2 - weight_bytes
+    where fp8_params keeps the GEMM weights in fp8 / NVFP4, else 0. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    on = plan.fp8_params and plan.low_precision
+    return 2.0 - plan.weight_bytes if on else 0.0

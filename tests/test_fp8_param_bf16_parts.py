@@ -1,0 +1,121 @@
+"""fp8_params keeps only the transformer layers' GEMM weights in the recipe's format; the embedding, the output
+layer, the norms, the MoE routers and the layers a recipe keeps in bf16 stay 2 bytes a weight, in memory and in
+the weight all-gather (docs/formulas.md#mem.fp8_param_bf16_parts; docs/validation.md#fp8-bf16-parts).
+
+Sources: NVIDIA/Megatron-LM at 2a75ac12c, megatron/core/fp8_utils.py get_fp8_context(is_init=True) (fp8_model_init
+unless is_first_last_bf16_layer), transformer/transformer_block.py _build_layers (layers built under it),
+models/gpt/gpt_model.py (VocabParallelEmbedding, ColumnParallelLinear output layer), transformer/moe/router.py
+(a plain torch.nn.Parameter), distributed/param_and_grad_buffer.py group_params_for_buffers (buffers keyed by
+param dtype: uint8 for FP8 / NVFP4, else param.dtype); NVIDIA/TransformerEngine pytorch/module/base.py
+reset_parameters (only parameters with an fp8_meta_index, the GEMM weights, are quantized)."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import numpy as np
+import pytest
+
+from llmplan.cost.comm import dp_transfers
+from llmplan.cost.memory import MemoryAllowance, stage_memory
+from llmplan.cost.model_states import bf16_kept_params, low_precision_weight_cache
+from llmplan.cost.params import rank_params
+from llmplan.estimate import estimate_training
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+M = builtin_models()
+GB200 = builtin_systems()["gb200-nvl72"]
+# Llama 3.1 8B (meta-llama/Llama-3.1-8B config.json): vocab 128256 (a multiple of 128: no padding at tp 1),
+# hidden 4096, 32 layers, two RMSNorms a layer and a final one, untied output layer.
+V, H, L = 128256, 4096, 32
+LLAMA8B_KEPT = 2 * V * H + (2 * L + 1) * H
+
+
+def plan(**kw) -> ParallelPlan:
+    base = {"dp": 8, "zero": 1, "global_batch": 64, "dtype": "fp8", "recipe": "tensorwise", "fp8_params": True}
+    return ParallelPlan(**{**base, **kw})
+
+
+def all_gather_bytes(m, p: ParallelPlan) -> float:
+    return sum(float(t.calls * t.message) for t in dp_transfers(m, p, "dpcp", "edp") if t.collective == "all-gather")
+
+
+def test_llama_8b_keeps_embedding_output_and_norms_by_hand():
+    m = M["llama-3.1-8b"]
+    assert float(bf16_kept_params(m, plan(), 0).total) == LLAMA8B_KEPT
+    # a pipeline: the embedding and the first half's norms on stage 0, the rest on the last
+    p2 = plan(pp=2, global_batch=64)
+    assert float(bf16_kept_params(m, p2, 0).total) == V * H + L * H
+    assert float(bf16_kept_params(m, p2, 1).total) == V * H + (L + 1) * H
+
+
+def test_bf16_layers_are_kept_whole():
+    m = M["llama-3.1-8b"]
+    p = plan(recipe="mxfp8", bf16_layers_start=1, bf16_layers_end=1)
+    rp = rank_params(m, p, 0)
+    layer = (float(rp.total) - 2 * V * H - H) / L  # one layer's parameters, its two norms included
+    assert float(bf16_kept_params(m, p, 0).total) == pytest.approx(LLAMA8B_KEPT + 2 * (layer - 2 * H))
+
+
+def test_memory_charges_the_kept_parameters_two_bytes():
+    # weights = every parameter at weight_bytes (1), the recipe's cache, and 1 more byte a kept parameter
+    m, p = M["llama-3.1-8b"], plan()
+    rp = rank_params(m, p, 0)
+    mem = stage_memory(m, p, 0, MemoryAllowance(), 80e9)
+    cache = float(low_precision_weight_cache(m, p, rp, 0))
+    assert float(mem.weights) == pytest.approx(float(rp.total) * 1.0 + cache + LLAMA8B_KEPT * 1.0)
+
+
+@pytest.mark.parametrize("kw,lp_bytes", [
+    ({}, 1.0),  # per-tensor fp8: the uint8 buffer, the kept parameters their bf16 buffer
+    ({"recipe": "blockwise"}, 1.0),
+    ({"dtype": "fp4", "recipe": "nvfp4"}, 0.5),  # NVFP4's packed rowwise bytes
+    ({"recipe": "mxfp8"}, 2.0),  # MXFP8 stages everything through bf16: no change
+])
+def test_zero1_gather_moves_the_kept_parameters_at_two_bytes(kw, lp_bytes):
+    m, p = M["llama-3.1-8b"], plan(**kw)
+    total = float(rank_params(m, p, 0).total)
+    kept = float(bf16_kept_params(m, p, 0).total)
+    assert all_gather_bytes(m, p) == pytest.approx(lp_bytes * (total - kept) + 2.0 * kept)
+
+
+def test_without_fp8_params_nothing_changes():
+    m, p = M["llama-3.1-8b"], plan(fp8_params=False)
+    assert all_gather_bytes(m, p) == pytest.approx(2.0 * float(rank_params(m, p, 0).total))
+
+
+def test_vectorised_search_agrees_with_the_scalar_estimate():
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=GB200, num_nodes=4)
+    w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_params=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 7))[:20]
+    assert idx
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+@pytest.mark.parametrize("rid,dtype,params", [
+    # bf16_with_nvfp4_mixed sets fp4_param_gather from Megatron-Bridge v0.4.2 (26.04.01); the Llama config
+    # functions leave it on (NVIDIA-NeMo/Megatron-Bridge v0.4.2 / v0.5.0 training/mixed_precision.py,
+    # scripts/performance/configs/llama/llama31_llm_pretrain.py); v0.3.1 (26.02.01) sets fp8_param_gather False only
+    ("mbridge-26.06-pretrain-llama3.1-405b-dgx-gb300-256gpu-nvfp4-tp4pp8cp1epnavp4gbs1536mbs1", "fp4", True),
+    ("mbridge-26.02.01-pretrain-llama3.1-405b-dgx-gb300-256gpu-nvfp4-tp4pp8cp1epnavp4gbs1536mbs1", "fp4", False),
+    # Kimi-K2 from v0.5.0 (26.06): Muon turns MXFP8 parameters off (scripts/performance/configs/kimi/
+    # kimi_llm_pretrain.py); v0.4.2 (26.04.01) kept them
+    ("mbridge-26.06-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", False),
+    ("mbridge-26.04.01-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", True),
+])
+def test_bridge_rows_read_their_presets_primary_weights(published_runs, rid, dtype, params):
+    import accuracy
+    setup = accuracy.record_setup(published_runs[rid], accuracy.family(rid))
+    assert setup is not None
+    p = setup[2]
+    assert (p.dtype, p.fp8_params) == (dtype, params)
