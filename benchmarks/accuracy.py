@@ -47,7 +47,7 @@ from llmplan.specs.check import balanced_split, check_plan
 from llmplan.specs.check_switches import settle
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.hardware import SystemSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan, trained_model
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -1858,6 +1858,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     violations = check_plan(m, plan, one)
     if violations:
         raise PlanViolationError(violations)
+    m = trained_model(m, plan)  # the MTP modules the plan trains (--mtp-layers), as estimate_training prices them
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
     mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)

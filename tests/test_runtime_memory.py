@@ -133,13 +133,16 @@ def test_userbuffers_sit_in_other_and_the_json() -> None:
 
 
 def test_cublas_workspace_by_compute_capability() -> None:
-    # pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1,
-    # parseChosenWorkspaceSize: default_size = sm90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8, with
-    # sm90 = major == 9 && minor == 0; one workspace per (handle, stream), the compute stream's here.
+    # pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize: default_size = use32mb ?
+    # 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8; use32mb = major == 9 at 26a39059, major 9, 10 or 12 after
+    # pull request 175344 (2026-02-19), 11 too after pull request 189312 (2026-07); one workspace per (handle,
+    # stream), the compute stream's here.
     from llmplan.cost.runtime_memory import cublas_workspace_bytes
     assert cublas_workspace_bytes(9.0) == 32 * MIB  # H100 / H200 / H800 / H20
     assert cublas_workspace_bytes(8.0) == 8 * MIB + 128 * 1024  # A100
-    assert cublas_workspace_bytes(10.0) == 8 * MIB + 128 * 1024  # B200: only 9.0 takes 32 MiB
+    assert cublas_workspace_bytes(10.0) == 32 * MIB  # B200 / GB200 (current PyTorch)
+    assert cublas_workspace_bytes(10.3) == 32 * MIB  # B300 / GB300
+    assert cublas_workspace_bytes(12.0) == 32 * MIB  # RTX Blackwell
     assert cublas_workspace_bytes(None) == 8 * MIB + 128 * 1024
 
 
@@ -151,9 +154,9 @@ def test_te_workspace_under_userbuffers_by_compute_capability() -> None:
     overlap = _plan(tp=8, pp=1, pp_first=0, pp_last=0, dp=1, sp=True, tp_comm_overlap=True)
     cublas = {(name, cc): float(runtime_bytes(p, 0, 16, True, 0.0, cc).cublas)
               for name, p in (("plain", plain), ("overlap", overlap)) for cc in (8.0, 9.0, 10.0)}
-    assert cublas[("plain", 9.0)] == 32 * MIB and cublas[("plain", 10.0)] == 8 * MIB + 128 * 1024
+    assert cublas[("plain", 9.0)] == 32 * MIB and cublas[("plain", 10.0)] == 32 * MIB
     assert cublas[("overlap", 9.0)] == 32 * MIB + 3 * 32 * MIB
-    assert cublas[("overlap", 10.0)] == 8 * MIB + 128 * 1024 + 3 * 32 * MIB
+    assert cublas[("overlap", 10.0)] == 32 * MIB + 3 * 32 * MIB
     assert cublas[("overlap", 8.0)] == 8 * MIB + 128 * 1024 + 3 * 4 * MIB
     # the workspace reaches the plan's memory: an H100 rank holds 24 MiB more than one of unknown capability
     m = builtin_models()["llama-3.1-70b"]

@@ -68,17 +68,20 @@ def test_verification_step_pays_its_padded_tokens(cli):
     assert padded["speculative"]["draft_s"] == exact["speculative"]["draft_s"]
 
 
-def test_decode_graph_batch_counts_vllm_tokens_under_speculation(cli):
+def test_decode_graph_batch_counts_requests_under_speculation(cli):
     # vLLM's default list for max_num_seqs 101 at k = 3 holds 101 x 4 = 404 (the request count max_num_seqs is
-    # one of request_counts): the step runs 404 tokens unpadded. Before, 101 requests were padded against the
-    # token list to 104.
+    # one of request_counts): the step runs 404 tokens unpadded, 101 requests. Before, 101 requests were padded
+    # against the token list to 104. decode_graph_batch stays in requests (its meaning since it was added).
     d = _est(cli, "--batch", "101")
     assert 404 in d["workload"]["cuda_graph_batch_sizes"]
     assert (d["decode_graph_batch"], d["decode_graph_unit"], d["decode_graph_tokens"], d["decode_graph_eager"]) \
-        == (404, "tokens", 404, False)
+        == (101, "tokens", 404, False)
     # 200 x 4 = 800 tokens above the H200's 512: eager, unpadded
     over = _est(cli, "--batch", "200")
-    assert (over["decode_graph_batch"], over["decode_graph_tokens"], over["decode_graph_eager"]) == (800, 800, True)
+    assert (over["decode_graph_batch"], over["decode_graph_tokens"], over["decode_graph_eager"]) == (200, 800, True)
+    # 102 requests, 408 tokens: the next captured multiple of 4 holds them (vllm_spec_decode_sizes)
+    pad = _est(cli, "--batch", "102")
+    assert pad["decode_graph_tokens"] % 4 == 0 and pad["decode_graph_batch"] == pad["decode_graph_tokens"] // 4
 
 
 def test_decode_graph_fields_without_speculation_and_without_graphs(cli):

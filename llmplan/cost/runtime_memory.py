@@ -22,11 +22,13 @@ CUDA_CONTEXT_EAGER_BYTES = 666_632_192.0
 11.7 had only this): pytorch/pytorch PR #86509, same measurement."""
 CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 """cuBLAS workspace PyTorch gives each (handle, stream) through its caching allocator when
-CUBLAS_WORKSPACE_CONFIG is unset, on every GPU but compute capability 9.0 (":4096:2:16:8"): pytorch/pytorch
-aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1, parseChosenWorkspaceSize."""
+CUBLAS_WORKSPACE_CONFIG is unset, on GPUs outside compute capability majors 9-12 (":4096:2:16:8"):
+pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1,
+parseChosenWorkspaceSize."""
 CUBLAS_WORKSPACE_SM90_BYTES = 4096 * 8 * 1024
-"""The same on compute capability 9.0 exactly (properties->major == 9 && properties->minor == 0: H100, H200,
-H800, H20), 32 MiB; Blackwell (10.x) keeps the default above. Source: as CUBLAS_WORKSPACE_BYTES."""
+"""The same on compute capability majors 9 to 12 (Hopper, Blackwell), 32 MiB: 9.0 only at 26a39059; 10 and 12
+from pytorch/pytorch pull request 175344 (merged 2026-02-19), 11 from pull request 189312 (2026-07). Source: as
+CUBLAS_WORKSPACE_BYTES, and those pull requests."""
 TE_WORKSPACE_HOPPER_BYTES = 33_554_432
 """Transformer Engine's cuBLAS(Lt) GEMM workspace on compute capability major >= 9 (32 MiB), one tensor outside
 PyTorch's cuBLAS pool: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
@@ -113,12 +115,15 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
 
 
 def cublas_workspace_bytes(compute_capability: float | None) -> float:
-    """PyTorch's cuBLAS workspace of the compute stream's (handle, stream) with CUBLAS_WORKSPACE_CONFIG unset:
-    32 MiB on compute capability 9.0, else 8 MiB + 128 KiB (None, a GPU of unknown capability: the latter).
-    Source: pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1,
-    parseChosenWorkspaceSize, setWorkspaceForHandle."""
-    sm90 = compute_capability is not None and round(compute_capability * 10) == 90
-    return float(CUBLAS_WORKSPACE_SM90_BYTES if sm90 else CUBLAS_WORKSPACE_BYTES)
+    """PyTorch's cuBLAS workspace of the compute stream's (handle, stream) with CUBLAS_WORKSPACE_CONFIG unset, as
+    current PyTorch sizes it: 32 MiB on compute capability major 9 to 12 (Hopper and Blackwell), else 8 MiB +
+    128 KiB (None, a GPU of unknown capability: the latter). Releases before pytorch/pytorch pull request 175344
+    (merged 2026-02-19, "re-enable 32MiB workspaces on Blackwell"; major 11 from pull request 189312, 2026-07)
+    gave Blackwell the smaller one, 24 MiB less per rank.
+    Source: pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1
+    (parseChosenWorkspaceSize, setWorkspaceForHandle) and the two pull requests above."""
+    large = compute_capability is not None and 9 <= int(compute_capability) <= 12
+    return float(CUBLAS_WORKSPACE_SM90_BYTES if large else CUBLAS_WORKSPACE_BYTES)
 
 
 def te_workspace_bytes(plan: ParallelPlan, compute_capability: float | None) -> Any:

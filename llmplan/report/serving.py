@@ -61,12 +61,13 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
 
 def decode_graph_json(j: ServeJob) -> dict[str, Any]:
     """What a decode step (under speculative decoding, the verification step) of the workload's batch runs
-    against the captured CUDA graph sizes (None: CUDA graphs off, no padding). decode_graph_batch counts in the
-    unit of the engine's capture list, decode_graph_unit: "tokens" for vLLM (1 + k per request under
-    speculative decoding, 1 without), "requests" for TensorRT-LLM and SGLang; it is the smallest captured
-    size that holds the step (vLLM's under speculation once rounded to whole requests,
-    cost.serve_step.effective_graph_sizes), or the step itself above every size (decode_graph_eager: no graph).
-    decode_graph_tokens: the tokens that step runs once padded (cost.serve_step.graph_padded_tokens)."""
+    against the captured CUDA graph sizes (None: CUDA graphs off, no padding). decode_graph_batch: the requests
+    the step runs once padded to the smallest captured size that holds it (vLLM's sizes, which count tokens,
+    1 + k per request under speculative decoding, once rounded to whole requests:
+    cost.serve_step.effective_graph_sizes), or the batch itself above every size (decode_graph_eager: no
+    graph); decode_graph_tokens: the tokens that step runs once padded (cost.serve_step.graph_padded_tokens);
+    decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests" for TensorRT-LLM
+    and SGLang."""
     sizes = effective_graph_sizes(j)
     if not sizes:
         return {"decode_graph_batch": None, "decode_graph_unit": None, "decode_graph_tokens": None,
@@ -74,7 +75,8 @@ def decode_graph_json(j: ServeJob) -> dict[str, Any]:
     q = 1 + (j.speculative.num_speculative_tokens if j.speculative is not None else 0)
     tokens = graph_sizes_count_tokens(j.engine)
     listed = j.batch * q if tokens else j.batch
-    return {"decode_graph_batch": int(graph_padded_rows(listed, sizes)),
+    padded = int(graph_padded_rows(listed, sizes))  # in the list's unit; whole requests (effective_graph_sizes)
+    return {"decode_graph_batch": padded // q if tokens else padded,
             "decode_graph_unit": "tokens" if tokens else "requests",
             "decode_graph_tokens": int(graph_padded_tokens(j.batch, q, sizes, tokens)),
             "decode_graph_eager": listed > max(sizes)}
