@@ -212,10 +212,11 @@ class Walker:
             self.turned.add(plan_code(c.plan))
         return not bad
 
-    def keep(self, g: Group, code: tuple[int, ...]) -> None:
+    def keep(self, g: Group, code: tuple[int, ...], dropped: int | None = None) -> None:
+        """Keep row g of layout `code`; `dropped`: the refusals ranked above it (default: all so far)."""
         self.kept.append(g)
         self.done.add(code)
-        self.dropped = self.refusals + self.passed
+        self.dropped = self.refusals + self.passed if dropped is None else dropped
 
     def known_refused(self, i: int, code: tuple[int, ...]) -> bool:
         """Plan i (of layout `code`) is of a class the caller refuses whole: passed over, counted as the refusal
@@ -254,12 +255,13 @@ class Walker:
         c = self.from_arrays(i)
         if c.plan == self.shown.get(code) or not self.ask(c):
             return
+        above = self.refusals + self.passed  # the tied plan asked next is not ranked above this one
         rep = self.lp.robust(i)
         if rep != i and rep not in self.tried and self.checked < self.checks and not self.known_refused(rep, code):
             alt = self.from_arrays(rep)
             if alt.plan != self.shown.get(code) and self.ask(alt):
                 i = rep
-        self.keep(self.lp.row(i), code)
+        self.keep(self.lp.row(i), code, above)
 
     def row(self, g: Group) -> None:
         """A ranked row: asked as shown where its layout has no row yet; kept where accepted."""
