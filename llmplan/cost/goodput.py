@@ -64,8 +64,8 @@ def checkpoint_job_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes the busiest rank writes: its stage's parameters x checkpoint bytes, the replicated ones split over
     the dp x cp ranks that hold them (expert weights over their expert-data-parallel group), the stage's
-    bf16-kept ones at their 2 bytes under fp8_params, as a fully parallel distributed save assigns them (Megatron-LM dist_checkpointing, fully_parallel_save). Derived:
-    docs/formulas.md#goodput.checkpoint"""
+    bf16-kept ones at their 2 bytes under fp8_params, as a fully parallel distributed save assigns them
+    (Megatron-LM dist_checkpointing, fully_parallel_save). Derived: docs/formulas.md#goodput.checkpoint"""
     per, extra = checkpoint_bytes_per_param(plan), checkpoint_kept_extra_bytes(plan)
 
     def share(rp: RankParams) -> Any:

@@ -331,7 +331,7 @@ def separate_output_layer(m: ModelSpec, plan: PlanLike) -> Any:
     """Whether the last stage holds an output layer apart from the word embedding: always with a pipeline (a
     tied embedding keeps a copy on the last stage, kept equal by an all-reduce of the two gradients), and at
     pp 1 only when the embedding is not tied (one tensor serves both ends). Elementwise on arrays of pp.
-    Source: NVIDIA/Megatron-LM megatron/core/models/common/language_module/language_module.py
+    Source: NVIDIA/Megatron-LM at 3d5f704c91, megatron/core/models/common/language_module/language_module.py
     (setup_embeddings_and_output_layer: the last stage's output_layer.weight, zeroed and all-reduced with the
     first stage's word embedding over the embedding group when pp > 1; shared_embedding_or_output_weight).
     Derived: docs/formulas.md#params.rank"""
