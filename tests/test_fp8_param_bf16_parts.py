@@ -119,3 +119,101 @@ def test_bridge_rows_read_their_presets_primary_weights(published_runs, rid, dty
     assert setup is not None
     p = setup[2]
     assert (p.dtype, p.fp8_params) == (dtype, params)
+
+
+# --- docs/validation.md#bf16-parts-fix ---------------------------------------------------------------------------
+# GPT 1.7B (Narayanan et al. 2021, Table 1; model_specs/gpt-1.7b.yaml): tied word embedding, vocabulary 51200 (a
+# multiple of 128: no padding at tp 1), hidden 2304, 24 layers, learned positions (2048 x h), biased LayerNorms
+# (2h each, two a layer and a final one), biased attention and MLP: 12h^2 + 13h a layer.
+GV, GH, GL, GPOS = 51200, 2304, 24, 2048
+G_LAYER = 12 * GH * GH + 13 * GH
+
+
+def test_tied_embedding_low_precision_weights_by_hand():
+    from llmplan.cost.model_states import low_precision_weights
+    m = M["gpt-1.7b"]
+    p1 = plan()
+    # pp 1: one V x h tensor serves the embedding and the output layer; it is subtracted once
+    assert float(low_precision_weights(m, p1, rank_params(m, p1, 0), 0)) == GPOS * GH + GL * G_LAYER + 2 * GH
+    # pp 2: Megatron keeps the tied embedding's copy on the last stage (LanguageModule.
+    # setup_embeddings_and_output_layer), so each end stage holds one and subtracts one
+    p2 = plan(pp=2)
+    assert float(low_precision_weights(m, p2, rank_params(m, p2, 0), 0)) == GPOS * GH + GL // 2 * G_LAYER
+    assert float(low_precision_weights(m, p2, rank_params(m, p2, 1), 1)) == GL // 2 * G_LAYER + 2 * GH
+
+
+def test_tied_embedding_cache_counts_every_linear_weight():
+    # tensorwise with fp8_params on a TN-only GPU: the cache is the fp8 transpose, 1 byte a low-precision weight
+    m, p = M["gpt-1.7b"], plan()
+    cache = float(low_precision_weight_cache(m, p, rank_params(m, p, 0), 0))
+    assert cache == (GPOS * GH + GL * G_LAYER + 2 * GH) * 1.0
+
+
+def test_zero3_copy_out_copies_the_kept_parameters_at_two_bytes():
+    from llmplan.cost.overhead import zero3_copy_out_seconds
+    m, gpu = M["llama-3.1-8b"], GB200.gpu
+    p = plan(zero=3, zero3_copy_out=True, micro_batch=1, global_batch=64)  # 8 micro-batches a step
+    P = float(rank_params(m, p, 0).total)
+    kept = float(bf16_kept_params(m, p, 0).total)
+    assert kept == LLAMA8B_KEPT
+    # two gathers a micro-batch without a pipeline, each read and written: 2 x 8 x 2 x (1 x P + 1 x kept)
+    want = 2 * 8 * 2 * (P + kept) / gpu.hbm_achieved_bytes_per_s
+    assert float(zero3_copy_out_seconds(p, P, gpu, kept)) == pytest.approx(want, rel=1e-12)
+    off = plan(zero=3, zero3_copy_out=True, micro_batch=1, fp8_params=False)
+    assert float(zero3_copy_out_seconds(off, P, gpu, 0.0)) == pytest.approx(2 * 8 * 2 * 2 * P
+                                                                              / gpu.hbm_achieved_bytes_per_s)
+
+
+def test_optimizer_step_writes_the_kept_parameters_at_two_bytes():
+    from llmplan.cost.compute import optimizer_step_seconds
+    m, gpu, p = M["llama-3.1-8b"], GB200.gpu, plan()
+    P = float(rank_params(m, p, 0).total)
+    per = 2 * p.optimizer_bytes + 4 * p.grad_bytes + 1.0  # the fp8 copy written at 1 byte
+    # ZeRO-1 over dp 8: each rank steps an eighth, its kept parameters' bf16 copy one byte more each
+    want = (P / 8 * per + LLAMA8B_KEPT / 8 * 1.0) / gpu.hbm_achieved_bytes_per_s
+    got = optimizer_step_seconds(P, p, gpu, 0.0, bf16_kept_params(m, p, 0))
+    assert float(got) == pytest.approx(want, rel=1e-12)
+
+
+def test_checkpoint_holds_the_kept_parameters_at_two_bytes():
+    from llmplan.cost.goodput import checkpoint_job_bytes, checkpoint_rank_bytes
+    from llmplan.cost.params import param_counts
+    m, p = M["llama-3.1-8b"], plan()
+    total = float(param_counts(m).total)
+    # fp8 model copy (1) + Adam's 12 per parameter, the kept ones' copy 1 byte more (bf16)
+    assert float(checkpoint_job_bytes(m, p)) == pytest.approx(total * 13 + LLAMA8B_KEPT * 1.0, rel=1e-12)
+    P = float(rank_params(m, p, 0).total)
+    assert float(checkpoint_rank_bytes(m, p)) == pytest.approx((P * 13 + LLAMA8B_KEPT) / 8, rel=1e-12)
+    # a tied model: the embedding once, positions, the 49 LayerNorms
+    g = M["gpt-1.7b"]
+    g_kept = GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH
+    assert float(checkpoint_job_bytes(g, p)) == pytest.approx(float(param_counts(g).total) * 13 + g_kept, rel=1e-12)
+    off = plan(fp8_params=False)
+    assert float(checkpoint_job_bytes(m, off)) == pytest.approx(total * 14, rel=1e-12)
+
+
+def test_vectorised_zero3_and_goodput_agree_with_the_scalar_estimate():
+    from llmplan.cost.goodput import plan_goodput
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.resilience import CheckpointPolicy
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=GB200, num_nodes=4)
+    w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_params=True,
+                 zero3_copy_out=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero >= 3 and plans.plan(i).dp > 1
+          and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 5))[:12]
+    assert idx
+    sub = plans.take(np.asarray(idx))
+    vec = evaluate(m, cluster, sub)
+    policy = CheckpointPolicy(mode="async")
+    step = np.linspace(1.0, 12.0, len(idx))
+    gvec = plan_goodput(m, cluster, sub, step, policy)
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+        one = plan_goodput(m, cluster, plans.plan(i), float(step[j]), policy)
+        for f in ("checkpoint_bytes", "rank_bytes", "useful"):
+            v = getattr(gvec, f)
+            assert float(np.asarray(v)[j] if np.ndim(v) else v) == pytest.approx(float(getattr(one, f)), rel=1e-9), f

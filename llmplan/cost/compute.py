@@ -78,7 +78,8 @@ from llmplan.cost.mixers import (
     mean_mamba_scan_flops,
     mean_mamba_scan_step_flops,
 )
-from llmplan.cost.params import padded_vocab
+from llmplan.cost.model_states import bf16_parts_extra_bytes
+from llmplan.cost.params import RankParams, padded_vocab
 from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was this module)
     CAST_BYTES,
     QUANTIZED_COPY_BYTES,
@@ -279,16 +280,21 @@ def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> An
     return m.num_nextn_predict_layers * 2 * T * 2 * h * h / plan.tp / (gpu.sustained_flops(fmt) * eff)
 
 
-def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0) -> Any:
+def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0,
+                           kept: RankParams | None = None) -> Any:
     """Gradient clipping and the Adam update, memory-bound: read the gradients for their norm, read and write
     them to scale them; read fp32 master, moments and the gradient, write them back and the bf16 copy:
     (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard. The rank's
     `expert_on_rank` routed-expert parameters are sharded over the expert data-parallel group,
     world / (etp x ep x pp) ranks (as cost.memory.stage_memory), the rest over dp x cp.
+    Under fp8_params the `kept` parameters (cost.model_states.bf16_kept_params, sharded alike) write a bf16
+    copy, bf16_parts_extra_bytes more each.
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
-    Derived: docs/formulas.md#compute.optimizer"""
+    Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
-    sharded = where(plan.zero >= 1, (params_on_rank - expert_on_rank) / plan.optimizer_shard
-                    + expert_on_rank / plan.expert_optimizer_shard,
-                    params_on_rank)
-    return sharded * per_param / gpu.hbm_achieved_bytes_per_s
+
+    def shard(dense_and_expert: Any, expert: Any) -> Any:
+        return where(plan.zero >= 1, (dense_and_expert - expert) / plan.optimizer_shard
+                     + expert / plan.expert_optimizer_shard, dense_and_expert)
+    extra = 0.0 if kept is None else shard(kept.total, kept.expert) * bf16_parts_extra_bytes(plan)
+    return (shard(params_on_rank, expert_on_rank) * per_param + extra) / gpu.hbm_achieved_bytes_per_s

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, rank_params, router_params,
-                                 stage_end_params, vocab_shard_params)
+from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, param_counts, rank_params,
+                                 router_params, stage_end_params, vocab_matrices_on_rank)
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -171,12 +171,11 @@ def low_precision_weights(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stag
     """Weights of a rank of `stage` (holding `rp`) that the recipe runs in low precision: its layers' linear
     weights, not the embedding or output layer, in the layers the recipe covers
     (low_precision_layer_fraction). Derived: docs/formulas.md#precision"""
-    vocab = vocab_shard_params(m, plan.tp)
-    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
+    ends = vocab_matrices_on_rank(m, plan, stage)  # a tied embedding at pp 1: one matrix, subtracted once
     return maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
 
 
-def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> RankParams:
     """Parameters of a rank of `stage` (and of its paired stage under DualPipe) that stay in bf16 when the
     plan keeps its weights in the recipe's format (fp8_params): all but the GEMM weights Transformer Engine
     builds quantized inside the transformer layers. Kept: the word (and position) embedding, the final norm and
@@ -189,7 +188,7 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams
     that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine
     transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index).
     Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    stages = (stage, plan.pp - 1 - stage) if schedule_of(plan).param_copies == 2 else (stage,)
+    stages = (stage, plan.pp - 1 - stage) if paired and schedule_of(plan).param_copies == 2 else (stage,)
     dense, expert = 0.0, 0.0
     for s in stages:
         d, e = _bf16_kept(m, plan, s)
@@ -205,8 +204,24 @@ def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
     n_dense, n_moe = stage_layers(m, plan, stage)
     small = (n_dense + n_moe) * norms_per_layer(m) * norm_params(m) + n_moe * router_params(m)
-    dense = ends + (1.0 - frac) * maximum(rp.dense - ends, 0.0) + frac * small
-    return dense, (1.0 - frac) * rp.expert
+    return _kept(ends, rp.dense - ends, small, frac), (1.0 - frac) * rp.expert
+
+
+def _kept(ends: Any, layers: Any, small: Any, frac: Any) -> Any:
+    """The bf16-kept share of `ends` (embedding, final norm, output layer) and `layers` (the transformer
+    layers' parameters, `small` of them norms and routers) when `frac` of the layers are quantized: the ends, the
+    bf16 layers whole, the quantized layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return ends + (1.0 - frac) * maximum(layers, 0.0) + frac * small
+
+
+def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Parameters of the whole model (each once: param_counts) that stay in bf16 under fp8_params, by the rule of
+    bf16_kept_params: the embeddings, the output layer and the final norm, the bf16 layers whole, the quantized
+    layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    c = param_counts(m)
+    ends = c.embedding + c.output + norm_params(m)
+    return _kept(ends, c.total - ends, c.norms - norm_params(m) + c.router,
+                 plan.low_precision_layer_fraction(m.num_hidden_layers))
 
 
 def bf16_parts_extra_bytes(plan: ParallelPlan) -> Any:

@@ -12,6 +12,7 @@ from llmplan.arith import expected_max_normal, maximum, where
 from llmplan.cost.comm import STAGED_GATHER_BYTES, mxfp8_staged_gather
 from llmplan.cost.compute import KERNEL_LAUNCH_S
 from llmplan.cost.elementwise import softmax_launches
+from llmplan.cost.model_states import bf16_parts_extra_bytes
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.plan import ParallelPlan
@@ -95,18 +96,21 @@ def grad_buffer_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -
     return passes * reductions * plan.grad_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s
 
 
-def zero3_copy_out_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -> Any:
+def zero3_copy_out_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec, kept_on_rank: Any = 0.0) -> Any:
     """Seconds per step of FSDP2's all-gather copy-out (plan.zero3_copy_out) on the compute stream: every gather's
     weight_bytes per parameter of the rank read from the flat all-gather buffer and written into the parameters,
     at the GPU's achieved HBM bandwidth; two gathers a micro-batch without a pipeline (forward, and backward after
     reshard_after_forward), one a step with one (the weights stay gathered across the micro-batches: torchtitan
     reshard_after_forward = not pp_enabled). The reduce-scatter's copy-in runs on its own stream and is not priced.
     Source: pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (foreach_all_gather_copy_out:
-    split_with_sizes_copy after the all-gather event, on the current stream). Derived:
-    docs/formulas.md#step.zero3_copy_out"""
+    split_with_sizes_copy after the all-gather event, on the current stream). Under fp8_params `kept_on_rank` of
+    the parameters (cost.model_states.bf16_kept_params) are gathered and copied at 2 bytes
+    (bf16_parts_extra_bytes).
+    Derived: docs/formulas.md#step.zero3_copy_out, docs/formulas.md#mem.fp8_param_bf16_parts"""
     gathers = where(plan.gathered_per_microbatch, 2 * plan.num_microbatches, 1)
     on = plan.zero3_copy_out & (plan.zero >= 3) & (plan.dp * plan.cp > 1)
-    return where(on, gathers * 2 * plan.weight_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s, 0.0)
+    copied = plan.weight_bytes * params_on_rank + bf16_parts_extra_bytes(plan) * kept_on_rank
+    return where(on, gathers * 2 * copied / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
 MXFP8_UNSTAGE_BYTES = STAGED_GATHER_BYTES + 2 * MXFP8_BYTES + STAGED_GATHER_BYTES

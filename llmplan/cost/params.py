@@ -327,6 +327,26 @@ def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     return where(stage == 0, vocab_shard_params(m, plan.tp), 0.0)
 
 
+def separate_output_layer(m: ModelSpec, plan: PlanLike) -> Any:
+    """Whether the last stage holds an output layer apart from the word embedding: always with a pipeline (a
+    tied embedding keeps a copy on the last stage, kept equal by an all-reduce of the two gradients), and at
+    pp 1 only when the embedding is not tied (one tensor serves both ends). Elementwise on arrays of pp.
+    Source: NVIDIA/Megatron-LM at 3d5f704c91, megatron/core/models/common/language_module/language_module.py
+    (setup_embeddings_and_output_layer: the last stage's output_layer.weight, zeroed and all-reduced with the
+    first stage's word embedding over the embedding group when pp > 1; shared_embedding_or_output_weight).
+    Derived: docs/formulas.md#params.rank"""
+    return where(plan.pp > 1, True, not m.tie_word_embeddings)
+
+
+def vocab_matrices_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """Parameters of the vocabulary-sized matrices on one rank of pipeline stage `stage`: the word embedding's
+    shard on the first stage, the output layer's on the last (separate_output_layer: a tied model's single
+    stage holds one). Derived: docs/formulas.md#params.rank"""
+    vocab = vocab_shard_params(m, plan.tp)
+    last = (stage == plan.pp - 1) & separate_output_layer(m, plan)
+    return where(stage == 0, vocab, 0.0) + where(last, vocab, 0.0)
+
+
 def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
     first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).
@@ -358,7 +378,7 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
     vocab = vocab_shard_params(m, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
-    has_output = where(plan.pp > 1, True, not m.tie_word_embeddings)
+    has_output = separate_output_layer(m, plan)
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
     head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
     return dense_layer, moe_layer, expert_layer, vocab + positions, head

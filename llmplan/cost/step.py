@@ -50,7 +50,7 @@ from llmplan.cost.comm import (
 )
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import gradient_params, low_precision_weights
+from llmplan.cost.model_states import bf16_kept_params, gradient_params, low_precision_weights
 from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
@@ -439,11 +439,12 @@ MXFP8 unstaging),
             c = stage_comm(comm, j)
             rp = stepped_rank_params(m, plan, stage)
             emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
+            kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)
             reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
             gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
-                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert),
-                     zero3_copy_out_seconds(plan, rp.total, gpu),
+                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept),
+                     zero3_copy_out_seconds(plan, rp.total, gpu, kept.total),
                      mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, rp, stage), gpu)))
             if key is not None:
                 done[key] = tail
