@@ -16,6 +16,7 @@ from itertools import islice
 import numpy as np
 import pytest
 
+from agreement import assert_arrays_agree
 from llmplan.cost.comm import dp_transfers
 from llmplan.cost.memory import MemoryAllowance, stage_memory
 from llmplan.cost.model_states import bf16_kept_params, low_precision_weight_cache
@@ -87,19 +88,12 @@ def test_without_fp8_params_nothing_changes():
 
 
 def test_vectorised_search_agrees_with_the_scalar_estimate():
-    from llmplan.search.evaluate import evaluate
     from llmplan.search.grid import Workload, default_space, enumerate_plans
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=GB200, num_nodes=4)
     w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_params=True)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
-    idx = list(islice(ok, 0, None, 7))[:20]
-    assert idx
-    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
-    for j, i in enumerate(idx):
-        scalar = estimate_training(m, cluster, plans.plan(i))
-        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
-        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+    assert_arrays_agree(m, cluster, plans, list(islice(ok, 0, None, 7))[:20])
 
 
 @pytest.mark.parametrize("rid,dtype,params", [

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agreement import assert_arrays_agree
 from llmplan.cost.model_states import model_state_bytes
 from llmplan.estimate import estimate_training
 from llmplan.specs.check import check_plan
@@ -81,21 +82,14 @@ def test_check_plan_refuses_what_megatron_refuses(plan, rule, text):
 def test_vectorised_search_agrees_with_the_scalar_estimate():
     # the search's arrays (search.evaluate) and the one-plan estimate price the partial groups and the replicas'
     # collectives alike, memory and step time, on MoE plans of several EP / PP with 2 replicas
-    import numpy as np
 
-    from llmplan.search.evaluate import evaluate
     from llmplan.search.grid import Workload, default_space, enumerate_plans
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=H100, num_nodes=4)
     for outer in (False, True):
         w = Workload(global_batch=64, seq_len=4096, dp_replicate=2, dp_outer_optimizer=outer)
         plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
         idx = list(islice((i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)), 25))
-        assert idx
-        vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
-        for j, i in enumerate(idx):
-            scalar = estimate_training(m, cluster, plans.plan(i))
-            assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
-            assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+        assert_arrays_agree(m, cluster, plans, idx)
 
 
 def test_the_replicas_reduce_once_a_step_across_domains(published_runs):

@@ -1,0 +1,22 @@
+"""The vectorised search against the one-plan estimate: the check several agreement tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from llmplan.estimate import estimate_training
+from llmplan.search.evaluate import evaluate
+
+
+def assert_arrays_agree(m, cluster, plans, idx: Sequence[int], rel: float = 1e-9) -> None:
+    """Plans `idx` of the plan arrays `plans`, evaluated together, price the memory and step time
+    estimate_training prices for each alone."""
+    assert len(idx)
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=rel)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=rel)
