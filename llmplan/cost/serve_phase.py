@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (GraphHost, Spans, plain_decode_graphs, decode_tpot, expert_exchange_seconds, kv_bytes_per_token,
+from llmplan.cost.inference import (GraphHost, Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
+from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_plan, speculative_step
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -41,6 +42,9 @@ class PhaseTiming:
     """Decode: tokens generated per second per GPU (prefill: the first token of each prompt)."""
     kv_transfer_bytes_per_request: float
     """KV cache of one request's prompt (every layer, all heads): what a prefill pool sends to a decode pool."""
+    speculative: SpeculativeStep | None = None
+    """Decode under speculative decoding: the step's draft and verification seconds and the tokens a sequence
+    gains per step (step_s = draft + verify, tpot_s = step_s / tokens_per_step); None otherwise."""
 
 
 def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
@@ -62,19 +66,37 @@ def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Span
 
 def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
     """A decode pool: each replica decodes B = job.batch sequences of average context input + output/2 (their
-    KV received from the prefill pool), one token each per step (decode_tpot, DeepEP's low-latency kernels);
-    output tokens/s per GPU = B / TPOT / GPUs per replica. Derived: docs/formulas.md#serve.phase"""
+    KV received from the prefill pool), DeepEP's low-latency kernels, at the job's TPOT (job_tpot, as the
+    co-located estimate): one token per sequence per step, or under speculative decoding the speculative step
+    (k draft steps + one verification step of k + 1 tokens per sequence, padded as the speculative server's
+    captured graphs; cost.speculative) over the tokens it yields; output tokens/s per GPU = B / TPOT / GPUs
+    per replica. Derived: docs/formulas.md#serve.phase"""
     B = float(job.batch)
     context = job.input_len + job.output_len / 2
-    tpot = float(decode_tpot(m, plan, system, spans, B, context, step_host_seconds(m, plan, job),
-                             engine=job.engine, **plain_decode_graphs(job, plan, GraphHost.of(system, m))))
-    b = max(B / plan.pp, 1.0)
-    exchange = float(expert_exchange_seconds(m, plan, system, spans, b, True, job.engine)) * plan.pp
+    tpot = float(job_tpot(m, plan, system, spans, job, B, context))
+    spec = None if job.speculative is None else speculative_step(
+        m, plan, system, spans, job.speculative, B, context, step_host_seconds(m, plan, job), job.engine,
+        **decode_graphs(job, plan, GraphHost.of(system, m)))
     return PhaseTiming(
-        phase="decode", step_s=tpot, exchange_s=exchange, tokens_per_step=B, context=float(context),
+        phase="decode", step_s=tpot if spec is None else float(spec.total),
+        exchange_s=decode_exchange_seconds(m, plan, system, spans, job), tokens_per_step=B, context=float(context),
         ttft_s=None, tpot_s=tpot, input_tokens_per_s_per_gpu=0.0,
         output_tokens_per_s_per_gpu=B / tpot / plan.gpus_per_replica,
-        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len)
+        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len, speculative=spec)
+
+
+def decode_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
+    """Expert dispatch + combine of one decode step of b = B / p sequences per stage: b tokens, or under
+    speculative decoding b (k + 1) in the verification step plus k draft steps of b tokens through the draft's
+    MoE layers (MTP; none for a dense EAGLE head or n-gram). Derived: docs/formulas.md#serve.phase"""
+    b = max(job.batch / plan.pp, 1.0)
+    spec = job.speculative
+    k = 0 if spec is None else spec.num_speculative_tokens
+    out = float(expert_exchange_seconds(m, plan, system, spans, b * (k + 1), True, job.engine)) * plan.pp
+    draft = None if spec is None else draft_model(m, spec)
+    if draft is not None:
+        out += k * float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b, True, job.engine))
+    return out
 
 
 def phase_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming | None:

@@ -46,7 +46,7 @@ def draft_model(m: ModelSpec, spec: SpeculativeSpec) -> ModelSpec | None:
                                 "num_nextn_predict_layers": 0, "layer_types": None})
 
 
-def _draft_plan(plan: ServePlan) -> ServePlan:
+def draft_plan(plan: ServePlan) -> ServePlan:
     """The draft runs on the target's TP (and EP) ranks, in one stage."""
     return plan.model_copy(update={"pp": 1})
 
@@ -59,7 +59,7 @@ def draft_weight_bytes(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec) -> 
     draft = draft_model(m, spec)
     if draft is None or spec.method == "mtp":
         return 0.0
-    total = serve_weight_bytes(draft, _draft_plan(plan))
+    total = serve_weight_bytes(draft, draft_plan(plan))
     if spec.draft is not None:
         return total
     shared = vocab_shard_params(m, plan.tp) * 2.0 * (2 - m.tie_word_embeddings)
@@ -77,7 +77,7 @@ def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec,
     held = tokens + spec.num_speculative_tokens
     draft = draft_model(m, spec)
     own = kv_bytes_per_seq_gpu(m, plan, held, block_size)
-    return own if draft is None else own + kv_bytes_per_seq_gpu(draft, _draft_plan(plan), held, block_size)
+    return own if draft is None else own + kv_bytes_per_seq_gpu(draft, draft_plan(plan), held, block_size)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     draft_s: Any = 0.0 if draft is None else \
-        k * decode_tpot(draft, _draft_plan(plan), system, spans, batch, context, engine=engine)
+        k * decode_tpot(draft, draft_plan(plan), system, spans, batch, context, engine=engine)
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)
     alpha = acceptance_of(spec)

@@ -11,6 +11,7 @@ from rich.table import Table
 from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
+from llmplan.cost.serve_phase import PhaseTiming
 from llmplan.cost.serve_step import (effective_graph_sizes, graph_padded_rows, graph_padded_tokens,
                                      graph_sizes_count_tokens)
 from llmplan.report.common import ReportTable, SCHEMA, gib
@@ -126,7 +127,16 @@ def phase_json(e: ServeEstimate) -> dict[str, Any]:
             "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu,
             "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
             "max_concurrent_seqs": e.memory.max_concurrent_seqs,
-            "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request}
+            "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request,
+            **({"speculative": phase_speculative_json(ph)} if ph.speculative is not None else {})}
+
+
+def phase_speculative_json(ph: PhaseTiming) -> dict[str, Any]:
+    """A speculative decode phase's step (seconds): step_s = draft_s + verify_s, tpot_s = step_s / tokens_per_step."""
+    sp = ph.speculative
+    assert sp is not None  # the caller's branch
+    return {"draft_s": float(sp.draft), "verify_s": float(sp.verify), "tokens_per_step": sp.tokens_per_step,
+            "acceptance_rate": sp.acceptance_rate}
 
 
 def phase_lines(e: ServeEstimate) -> list[str]:
@@ -145,6 +155,9 @@ def phase_lines(e: ServeEstimate) -> list[str]:
     return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
             "context",
             f"  {ph.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU; TPOT {(ph.tpot_s or 0) * 1e3:,.2f} ms",
+            *([f"  speculative step {ph.step_s * 1e3:,.2f} ms = draft {float(sp.draft) * 1e3:,.2f} + verify "
+               f"{float(sp.verify) * 1e3:,.2f}; {sp.tokens_per_step:.2f} tokens/seq"]
+              if (sp := ph.speculative) is not None else []),
             f"  expert dispatch + combine {ph.exchange_s * 1e3:,.2f} ms per step; {kv}",
             f"  KV received per request: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB"]
 
@@ -363,7 +376,8 @@ def pool_json(pool: Pool) -> dict[str, Any]:
                     "ttft_s": ph.ttft_s})
     else:
         doc.update({"batch_per_replica": ph.tokens_per_step,
-                    "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s})
+                    "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s,
+                    **({"speculative": phase_speculative_json(ph)} if ph.speculative is not None else {})})
     return doc
 
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmplan.cost.serve_step import GraphHost
-from llmplan.cost.inference import plain_decode_graphs, decode_tpot, kv_bytes_per_token, serve_memory, step_host_seconds
+from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
-from llmplan.specs.check import check_serve_plan, valid_tp
+from llmplan.errors import PlanViolationError
+from llmplan.specs.check import check_serve_plan, speculative_violations, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import KvDtype, Phase, ServeJob, ServePlan, WeightDtype
@@ -143,7 +143,9 @@ def price_prefill(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serv
 def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
                  allowance: MemoryAllowance | None) -> ServeEstimate | None:
     """A decode instance at the most sequences per replica its KV cache admits (at most job.batch) whose TPOT
-    meets the SLO; None when not one does, or the layout breaks a rule."""
+    meets the SLO; None when not one does, or the layout breaks a rule. TPOT and KV capacity are the job's
+    (job_tpot, serve_memory): under speculative decoding the speculative step and the draft's weights and KV,
+    as serve.phase prices the chosen batch."""
     sub = sub_cluster(cluster, plan.num_gpus)
     if sub.num_gpus != plan.num_gpus or check_serve_plan(m, plan, job, sub):
         return None
@@ -152,9 +154,8 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     if limit < 1:
         return None
     grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
-    tpot = np.asarray(decode_tpot(lm, plan, cluster.system, replica_spans(plan, sub), grid,
-                                  job.input_len + job.output_len / 2, step_host_seconds(lm, plan, job),
-                                  engine=job.engine, **plain_decode_graphs(job, plan, GraphHost.of(cluster.system, lm))))
+    tpot = np.asarray(job_tpot(lm, plan, cluster.system, replica_spans(plan, sub), job, grid,
+                               job.input_len + job.output_len / 2))
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None
@@ -226,7 +227,12 @@ def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weig
                          allowance: MemoryAllowance | None = None, moe: dict | None = None) -> DisaggResult:
     """Every pair of a prefill instance layout and a decode instance layout, split over the GPUs (best_split),
     TTFT (prefill + KV transfer) and TPOT within the SLOs, ranked by output tokens/s per GPU (or, with a
-    request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison."""
+    request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison. A job
+    whose speculative decoding no layout can run (check.speculative_violations: MTP without MTP layers, no
+    acceptance rate, a draft of another vocabulary; every instance here is one stage) is refused up front."""
+    bad = speculative_violations(m, ServePlan(), job)
+    if bad:
+        raise PlanViolationError(bad)
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     plans_of = {ph: moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, ph), moe)
