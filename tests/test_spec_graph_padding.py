@@ -99,16 +99,21 @@ def test_decode_graph_fields_without_speculation_and_without_graphs(cli):
     assert off["decode_graph_batch"] is None and off["decode_graph_tokens"] is None
 
 
-def test_decode_phase_prices_one_token_steps_against_the_plain_server(cli):
-    # The disaggregated decode phase prices one token per sequence per step (decode_tpot without speculation);
-    # a speculative job's list (multiples of 1 + k) and its ceiling in speculative requests (512 tokens / 4 = 128
-    # at k 3 on an H100) once charged 200 one-token requests eager launches (review finding). Priced as the
-    # server without speculation, the phase is the same with or without --speculative.
+def test_decode_phase_prices_the_speculative_servers_verification_step(cli):
+    # The disaggregated decode phase of a speculative job runs the speculative step (docs/formulas.md#serve.phase):
+    # at 200 requests x 4 tokens = 800 > the H100's 512 captured tokens the verification step runs without a graph
+    # (graph_ceiling: 512 / 4 = 128 requests), as the co-located estimate prices it; the plain job's one-token
+    # step of 200 requests stays within its own list. (Before, the phase priced one-token steps for both jobs.)
     import json
-    steps = []
-    for extra in ([], ["--speculative", "eagle", "--spec-tokens", "3"]):
-        r = cli("estimate", "--mode", "infer", "--phase", "decode", "-m", "llama-3.1-8b", "--hardware", "dgx-h100",
-                "--tp", "1", "--batch", "200", "--engine", "vllm", *extra, "--json")
-        assert r.code == 0, r.err
-        steps.append(json.loads(r.out)["phase"]["step_s"])
-    assert steps[0] == steps[1]
+    docs = {}
+    for phase in ("decode", "both"):
+        for name, extra in (("plain", []), ("spec", ["--speculative", "eagle", "--spec-tokens", "3"])):
+            r = cli("estimate", "--mode", "infer", "--phase", phase, "-m", "llama-3.1-8b", "--hardware", "dgx-h100",
+                    "--tp", "1", "--batch", "200", "--engine", "vllm", *extra, "--json")
+            assert r.code == 0, r.err
+            docs[phase, name] = json.loads(r.out)
+    spec, co = docs["decode", "spec"], docs["both", "spec"]
+    assert co["decode_graph_eager"] is True and docs["both", "plain"]["decode_graph_eager"] is False
+    assert spec["phase"]["step_s"] == co["speculative"]["step_s"]
+    assert spec["phase"]["speculative"]["verify_s"] == co["speculative"]["verify_s"]
+    assert spec["phase"]["step_s"] > docs["decode", "plain"]["phase"]["step_s"]
