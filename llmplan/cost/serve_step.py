@@ -140,19 +140,6 @@ def decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None)
     return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, host)}
 
 
-def plain_decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> dict[str, Any]:
-    """decode_graphs for a step of one token per sequence (decode_tpot without speculation: the disaggregated
-    decode phase and its search) when the job speculates: the server's list without speculation (the engine's
-    default re-derived, graph_sizes_at; a user's list as given), so that a one-token step is not padded to
-    multiples of 1 + k nor held to a ceiling counted in speculative requests. Derived:
-    docs/formulas.md#infer.graph_padding"""
-    if job.speculative is None:
-        return decode_graphs(job, plan, host)
-    plain = job.model_copy(update={"speculative": None})
-    plain = plain.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(plain, tp=plan.tp, host=host)})
-    return decode_graphs(plain, plan, host)
-
-
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
     """The launches of a decode step whose batch is above the largest captured CUDA graph size (`ceiling`,
     graph_ceiling): the engine runs it without a graph (eager_launch_seconds); 0 at or below it or without one.
