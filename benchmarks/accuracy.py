@@ -358,6 +358,16 @@ Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and f
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
 
+NEMO_APEX_REMAINDERS = ("nemo2407",)
+"""Families whose distributed optimizer is NeMo 1.x's Apex DistributedFusedAdam with fp32 states beside bf16 weights,
+which keeps the fp32 master as 16-bit remainders (2 B, not 4): NeMo r2.0.0rc1 (579983fbfc)
+megatron_base_model.py setup_optimization sets store_param_remainders when optim dtype is fp32, the model bf16
+(megatron_amp_O2) and fp8_params off; Apex apex/contrib/optimizers/distributed_fused_adam.py at f3f049246e
+allocates param_remainders_shard as torch.int16. The launcher configs of the table's pretraining rows
+(NeMo-Framework-Launcher 24.07, conf/training/{gpt3,llama,nemotron}/*.yaml) set no optim.dtype, but Nemotron-4
+340B (bf16 states: no master) and the SFT rows (fp8_params: a bf16 master) are read from RECIPE_SETTINGS."""
+
+
 PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
 """Families whose pipeline sends are split over the TP ranks without SP and all-gathered on receipt
 (ParallelPlan.pp_scatter_gather): Megatron-LM 2021-22 (--no-scatter-gather-tensors-in-pipeline opted out:
@@ -1649,8 +1659,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # v0.3.0-v0.5.0; run_script.py at v0.6.0), off under Megatron-FSDP (through v0.5.0), on Megatron-Core
         # >= 0.14 (pyproject.toml), whose OptimizerConfig.store_param_remainders (default True) then keeps the
         # fp32 master as 16-bit remainders beside the bf16 weights (docs/formulas.md#mem.param_remainders)
-        param_remainders=(fam in BRIDGE_FAMILIES and dtype == "bf16" and zero == 1
-                          and par.get("optimizer_master_dtype", "fp32") == "fp32"),
+        # NeMo 24.07's launcher configs run Apex's distributed_fused_adam with no optim.dtype (fp32 states) beside
+        # the bf16 O2 model, so NeMo r2.0.0rc1 (579983fbfc) MegatronBaseModel.setup_optimization passes
+        # store_param_remainders=True unless fp8_params is set, and Apex (distributed_fused_adam.py at f3f0492)
+        # keeps the master as an int16 remainder shard (NEMO_APEX_REMAINDERS; docs/formulas.md#mem.param_remainders)
+        param_remainders=((fam in BRIDGE_FAMILIES and dtype == "bf16") or fam in NEMO_APEX_REMAINDERS)
+                         and zero == 1 and par.get("optimizer_master_dtype", "fp32") == "fp32"
+                         and not par.get("fp8_all_gather", False),
         # Megatron-Bridge 25.09's token-drop rows: apply_moe_token_drop (v0.1.0rc3 / rc4 run_script.py and
         # training/utils/moe_token_drop.py): capacity factor 1.0, each expert's input padded to capacity
         moe_capacity_factor=par.get("moe_capacity_factor") or (1.0 if "-tokendrop-" in rec["id"] else None),

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import accuracy
+from runs import load_runs, runs_path
 from llmplan.cost.memory import stage_memory
 from llmplan.cost.model_states import optimizer_parts
 from llmplan.export import CannotExpress, render_all
@@ -168,7 +169,9 @@ def test_cli_refuses_in_one_line(extra, needle):
 def test_validation_rows_that_ran_it(published_runs):
     """Megatron-Bridge's performance scripts turn the precision-aware optimizer on for bf16 Adam runs
     (v0.1.0rc4 run_script.py ... v0.6.0 run_script.py), on Megatron-Core >= 0.14: their bf16 ZeRO-1 rows
-    keep remainders; fp8 rows and other stacks do not."""
+    keep remainders; so do NeMo 24.07's rows on Apex's distributed_fused_adam with fp32 states beside bf16
+    weights (NeMo r2.0.0rc1 setup_optimization: store_param_remainders), not those with bf16 states or
+    fp8_params; other fp8 rows do not."""
     records = published_runs
     seen = {True: 0, False: 0}
     for rid, rec in records.items():
@@ -178,7 +181,35 @@ def test_validation_rows_that_ran_it(published_runs):
                 or not described or accuracy.skip_reason(rec):
             continue
         plan = accuracy.plan_for(rec, fam, rec["hardware"]["gpus"])
-        expect = fam != "nemo2407" and plan.dtype == "bf16" and plan.zero == 1
+        expect = plan.zero == 1 and (plan.dtype == "bf16" if fam != "nemo2407"
+                                     else plan.optimizer_master_dtype == "fp32" and not plan.fp8_params)
         assert plan.param_remainders == expect, rid
         seen[expect] += 1
     assert seen[True] > 0 and seen[False] > 0
+
+
+NEMO_ROWS = {row["id"]: row for row in load_runs(runs_path()) if row["id"].startswith("nemo2407-")}
+
+
+@pytest.mark.parametrize("rid, remainders, master", [
+    # NeMo-Framework-Launcher 24.07 conf/training/gpt3/20b.yaml: distributed_fused_adam, no optim.dtype (fp32),
+    # megatron_amp_O2 with bf16, no fp8_params -> NeMo r2.0.0rc1 setup_optimization: store_param_remainders
+    ("nemo2407-pretrain-gpt3-20b-64gpu-gbs256", True, "fp32"),
+    ("nemo2407-pretrain-llama2-70b-64gpu-gbs128", True, "fp32"),
+    # nemotron_340b.yaml: optim.dtype bf16 -> store_params False, no remainder (the optimizer updates the weights)
+    ("nemo2407-pretrain-nemotron-340b-128gpu-gbs32", False, "none"),
+    # the SFT scripts' fp8_params -> store_params True (a bf16 master), no remainder
+    ("nemo2407-sft-llama2-7b-8gpu", False, "bf16"),
+])
+def test_nemo_apex_rows_read_the_remainders_nemo_sets(rid, remainders, master):
+    _, _, plan = accuracy.record_setup(NEMO_ROWS[rid], "nemo2407")[:3]
+    assert plan.param_remainders is remainders and plan.optimizer_master_dtype == master
+
+
+def test_nemo_gpt3_20b_master_is_an_int16_shard_over_dp():
+    # Apex distributed_fused_adam.py at f3f049246e: param_remainders_shard torch.int16, exp_avg / exp_avg_sq in
+    # the optimizer dtype (fp32), each of shard_size = bucket / distributed_size (dp 32 here)
+    m, c, plan = accuracy.record_setup(NEMO_ROWS["nemo2407-pretrain-gpt3-20b-64gpu-gbs256"], "nemo2407")[:3]
+    mem = stage_memory(m, plan, 0, MemoryAllowance(), 80 * GIB)
+    assert plan.dp == 32
+    assert mem.optimizer == pytest.approx(mem.params_on_rank / 32 * (INT16 + 2 * FP32), rel=1e-9)

@@ -194,7 +194,8 @@ class ParallelPlan(PlanQuantities, Spec):
     param_remainders: bool = False
     """Megatron-Core's distributed optimizer keeps the fp32 master weights as the 16 low bits the bf16 weights
     lack (OptimizerConfig.store_param_remainders, on by default since core_v0.11.0 whenever
-    --use-precision-aware-optimizer runs with bf16 weights; Transformer Engine >= 2.1 FusedAdam): 2 bytes per
+    --use-precision-aware-optimizer runs with bf16 weights; Transformer Engine >= 2.1 FusedAdam; NeMo 1.x's
+    Apex DistributedFusedAdam with fp32 states, store_param_remainders): 2 bytes per
     master weight instead of 4. Needs an fp32 master, bf16 weights (dtype bf16, or fp8 / fp4 without
     fp8_params) and a recipe whose optimizer Transformer Engine runs (tensorwise or nvfp4: Megatron-Core keeps
     its own fp32 master for blockwise and MXFP8); check_plan also needs zero 1 or 2 (the distributed
