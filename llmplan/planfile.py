@@ -290,7 +290,11 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
         plan = build(ServePlan, doc.plan, f"{where} (plan)")
         job: ServeJob | None = build(ServeJob, doc.job or {}, f"{where} (job)")
     else:
-        plan, job = build(ParallelPlan, doc.plan, f"{where} (plan)"), None
+        fields = dict(doc.plan)
+        per_tensor = fields.get("dtype") == "fp8" and fields.get("recipe", "tensorwise") == "tensorwise"
+        if per_tensor and "fp8_scaling" not in fields:
+            fields["fp8_scaling"] = "current"  # a file from before the field: every export then ran current scaling
+        plan, job = build(ParallelPlan, fields, f"{where} (plan)"), None
         model = trained_model(model, plan)  # the MTP modules it trains: what its estimate and export build
     return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), doc, path, job)
 

@@ -129,7 +129,14 @@ def test_exports_write_the_scaling():
         render_all(_plan_file(dtype="fp8", bf16_layers_start=1, bf16_layers_end=1), "megatron")
     # torchtitan's float8 converter: torchao dynamic (current) scaling only
     with pytest.raises(CannotExpress, match="--fp8-scaling current"):
-        render_all(_plan_file(dtype="fp8", tp_impl="dtensor", zero=2), "torchtitan-0.2")
+        render_all(_plan_file(dtype="fp8", tp_impl="dtensor", zero=2, recompute="full"), "torchtitan-0.2")
+    # torchtitan 0.3.0 refuses per-tensor fp8 whole, delayed or current: its refusal names the recipe that works
+    with pytest.raises(CannotExpress, match="--precision fp8-rowwise"):
+        render_all(_plan_file(dtype="fp8", tp_impl="dtensor", zero=2, recompute="full"), "torchtitan")
+    # Megatron-Bridge: bf16 layers under delayed scaling name the scaling that keeps them
+    with pytest.raises(CannotExpress, match="--fp8-scaling current"):
+        render_all(_plan_file(dtype="fp8", fp8_params=True, bf16_layers_start=1, bf16_layers_end=1),
+                   "megatron-bridge")
     toml = render_all(_plan_file(dtype="fp8", tp_impl="dtensor", zero=2, recompute="full", fp8_scaling="current"), "torchtitan-0.2")
     assert 'converters = ["float8"]' in toml[0]["torchtitan-v0.2.2.toml"]
 
@@ -150,3 +157,20 @@ def test_validation_rows_read_as_their_stacks_ran(published_runs, rid, scaling):
     fam = accuracy.family(rid)
     plan = accuracy.plan_for(rec, fam, rec["hardware"]["gpus"])
     assert plan.dtype == "fp8" and plan.recipe == "tensorwise" and plan.fp8_scaling == scaling
+
+
+def test_a_plan_file_from_before_the_field_reads_as_current_scaling(tmp_path):
+    # Files written before fp8_scaling existed were exported as current scaling by every target (Megatron-LM
+    # --fp8-recipe tensorwise, torchtitan's dynamic float8): loaded, they keep meaning what they ran.
+    import json
+    from pathlib import Path
+    doc = json.loads((Path(__file__).parent / "data" / "plans" / "dense_train.json").read_text())
+    doc["plan"]["dtype"] = "fp8"
+    doc["plan"].pop("fp8_scaling", None)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert load_plan(old).plan.fp8_scaling == "current"
+    doc["plan"]["fp8_scaling"] = "delayed"  # a file that says delayed is read as delayed
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(doc))
+    assert load_plan(new).plan.fp8_scaling == "delayed"

@@ -68,7 +68,7 @@ def test_systems_table_marks_a_capped_band():
               "--objective", "time-to-train")
     check(out)
     row = next(ln for ln in out.splitlines() if "dgx-a100" in ln and "(" in ln)
-    p, lo, hi = map(float, re.search(r"(\d+\.\d) \((\d+\.\d)-(\d+\.\d)!\)", row).groups())
+    p, lo, hi = map(float, re.search(r"(\d+\.\d) \((\d+(?:\.\d)?)-(\d+(?:\.\d)?)!\)", row).groups())
     assert not lo <= p <= hi
 
 

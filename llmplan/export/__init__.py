@@ -111,7 +111,8 @@ def target_mode(target: str) -> str:
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
     "torchtitan": {"grad_dtype": torchtitan.grad_reduce_refusal},
-    "torchtitan-0.2": {"grad_dtype": torchtitan.grad_reduce_refusal},
+    "torchtitan-0.2": {"grad_dtype": torchtitan.grad_reduce_refusal,
+                       "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
 """Target -> the plan field a rule reads -> a rule of the target's check (the same function, called there) whose
 only condition is on that field: a plan axis above 1 (the target refuses every plan with it, whatever else the

@@ -97,6 +97,9 @@ def preset(pf: PlanFile) -> str:
     counts = bf16_layer_counts(p, pf.model.num_hidden_layers)
     name = ALTERNATE_PRESETS.get((*key, *counts), name)
     kept = PRESET_BF16_LAYERS.get(name, (0, 0))
+    if key == ("fp8", "delayed") and any(counts):  # Megatron-Core keeps bf16 layers only under current scaling
+        raise refuse(TARGET, "layers kept in bf16 under fp8 delayed scaling (Megatron-Core keeps them only under "
+                     "current scaling)", "re-plan with --fp8-scaling current")
     if p.dtype in ("fp8", "fp4") and counts != kept:
         raise refuse(TARGET, f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} "
                      f"{p.recipe} (its preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field "

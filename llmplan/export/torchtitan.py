@@ -65,6 +65,15 @@ def grad_reduce_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --grad-dtype fp32")
 
 
+def delayed_scaling_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8 per-tensor delayed scaling, refused by torchtitan 0.2's float8 converter whatever else the plan sets
+    (export.EVERY_PLAN): torchao float8 training scales each cast from its own amax (float8_scaling_utils
+    hp_tensor_to_float8_dynamic); the converter sets no delayed scaling. (0.3.0 refuses per-tensor fp8 whole.)"""
+    bad = (p.dtype == "fp8") & (p.recipe == "tensorwise") & (p.fp8_scaling == "delayed")
+    return ("fp8 per-tensor delayed scaling (torchtitan's float8 converter runs torchao's dynamic scaling: each "
+            "cast's own amax)", bad, "re-plan with --fp8-scaling current")
+
+
 def _check_common(pf: PlanFile, target: str) -> None:
     need_mode(pf, "train", target)
     if pf.model.is_hybrid:
@@ -103,11 +112,6 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
-    if p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed":
-        # torchao float8 training scales each cast from its own amax (float8_scaling_utils
-        # hp_tensor_to_float8_dynamic); torchtitan's float8 converter sets no delayed scaling
-        raise refuse(target, "fp8 per-tensor delayed scaling (torchtitan's float8 converter runs torchao's "
-                     "dynamic scaling: each cast's own amax)", "re-plan with --fp8-scaling current")
     if p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32":
         raise refuse(target, f"optimizer states master {p.optimizer_master_dtype} / moments "
                      f"{p.optimizer_moment_dtype} (torchtitan's AdamW keeps its states in the fp32 parameter "
@@ -309,6 +313,9 @@ def check_legacy(pf: PlanFile) -> None:
     _check_common(pf, LEGACY_TARGET)
     _check_layout(pf, LEGACY_TARGET)
     p, m = pf.plan, pf.model
+    what, bad, fix = delayed_scaling_refusal(p)
+    if bad:
+        raise refuse(LEGACY_TARGET, what, fix)
     if m.name not in FLAVORS:
         raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",
                      f"use one of {', '.join(sorted(FLAVORS))}, or export to megatron")
