@@ -62,3 +62,16 @@ def acc():
     import accuracy
 
     return accuracy
+
+
+@pytest.fixture(scope="session")
+def row_setup(published_runs, acc):
+    """(model, cluster, plan) of a published row by id, as benchmarks/accuracy.py reads it (record_setup under
+    the row's family); fails the test where the row is not scored."""
+
+    def setup(rid: str):
+        out = acc.record_setup(published_runs[rid], acc.family(rid))
+        assert out is not None, rid
+        return out[:3]
+
+    return setup

@@ -107,11 +107,8 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     ("mbridge-26.06-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", False),
     ("mbridge-26.04.01-pretrain-kimi-k2-dgx-gb300-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs2", "fp8", True),
 ])
-def test_bridge_rows_read_their_presets_primary_weights(published_runs, rid, dtype, params):
-    import accuracy
-    setup = accuracy.record_setup(published_runs[rid], accuracy.family(rid))
-    assert setup is not None
-    p = setup[2]
+def test_bridge_rows_read_their_presets_primary_weights(row_setup, rid, dtype, params):
+    p = row_setup(rid)[2]
     assert (p.dtype, p.fp8_params) == (dtype, params)
 
 

@@ -151,11 +151,8 @@ def test_exports_write_the_scaling():
     ("megatron-examples-fp8-llama3-70b-64gpu", "delayed"),
     ("mpt-h100_80gb-amp_fp8-3b-s8192-g8-mbs3-gbs144", "delayed"),
 ])
-def test_validation_rows_read_as_their_stacks_ran(published_runs, rid, scaling):
-    import accuracy
-    rec = published_runs[rid]
-    fam = accuracy.family(rid)
-    plan = accuracy.plan_for(rec, fam, rec["hardware"]["gpus"])
+def test_validation_rows_read_as_their_stacks_ran(row_setup, rid, scaling):
+    plan = row_setup(rid)[2]
     assert plan.dtype == "fp8" and plan.recipe == "tensorwise" and plan.fp8_scaling == scaling
 
 

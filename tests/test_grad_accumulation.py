@@ -183,9 +183,5 @@ def test_zero2_accumulates_expert_gradients_over_the_expert_data_parallel_group(
     # not Megatron-FSDP: the distributed optimizer, fusion on (and copy would need sharded gradients)
     ("mbridge-26.04-pretrain-llama3-70b-dgx-gb300-64gpu-mxfp8-tp1pp4cp1epnavp5gbs256mbs1", "fused"),
 ])
-def test_bridge_megatron_fsdp_llama_rows_run_without_accumulation_fusion(published_runs, rid, expected):
-    import accuracy
-    rec = published_runs[rid]
-    setup = accuracy.record_setup(rec, accuracy.family(rid))
-    assert setup is not None
-    assert setup[2].grad_accumulation == expected
+def test_bridge_megatron_fsdp_llama_rows_run_without_accumulation_fusion(row_setup, rid, expected):
+    assert row_setup(rid)[2].grad_accumulation == expected

@@ -4,7 +4,6 @@ num_distributed_optimizer_instances): docs/formulas.md#mem.hsdp."""
 from __future__ import annotations
 
 from itertools import islice
-import accuracy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,14 +32,11 @@ def test_model_states_by_hand():
 
 
 @pytest.mark.parametrize("gpu,tp", [("gb300", 1), ("gb200", 2)])
-def test_the_ultra_presets_shard_within_a_64_gpu_domain(published_runs, gpu, tp):
+def test_the_ultra_presets_shard_within_a_64_gpu_domain(row_setup, gpu, tp):
     # Megatron-Bridge perf_recipes/nemotronh/common.py at 067f987d (_apply_nemotron_3_ultra_fsdp_hsdp):
     # num_distributed_optimizer_instances = 256 // 64 = 4, outer_dp_sharding_strategy "optim"; Megatron-LM
     # parallel_state.py at 2a75ac12c: partial groups of dp·cp / 4 ranks, experts of edp / 4 (edp = 256 / EP64 = 4)
-    rec = published_runs[ULTRA.format(gpu, tp)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, c, plan = setup
+    m, c, plan = row_setup(ULTRA.format(gpu, tp))
     assert not check_plan(m, plan, c)
     assert (plan.dp_replicate, plan.dp_outer_optimizer, plan.zero) == (4, True, 3)
     assert plan.zero_shard * tp == 64 and plan.optimizer_shard == 256 // tp
@@ -92,16 +88,13 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
         assert_arrays_agree(m, cluster, plans, idx)
 
 
-def test_the_replicas_reduce_once_a_step_across_domains(published_runs):
+def test_the_replicas_reduce_once_a_step_across_domains(row_setup):
     # Ultra GB200 (TP2, EP64, 256 GPUs in 64-GPU domains): the routed experts' shard group is one rank (edp 4 /
     # 4 replicas), so no expert collective within it; across the replicas one reduce-scatter and one all-gather
     # of the rank's whole expert share a step (outer optim sharding), over 4 domains
     from llmplan.cost.comm import dp_transfers
     from llmplan.topology.placement import place
-    rec = published_runs[ULTRA.format("gb200", 2)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, c, plan = setup  # the launcher's 64-GPU NVLink segments
+    m, c, plan = row_setup(ULTRA.format("gb200", 2))  # the launcher's 64-GPU NVLink segments
     spans = place(plan.degrees, c)
     assert spans["dpcp_in"].domains == 1 and spans["dpcp_out"].domains == 4 and spans["edp_in"].size == 1
     out = [t for t in dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], 0, spans["dpcp_out"],
@@ -166,17 +159,14 @@ def test_describe_names_the_replicas_and_the_sharded_optimizer_in_words(tmp_path
     assert max(map(len, header.splitlines())) <= 80
 
 
-def test_mxfp8_weights_cross_the_replicas_twice_a_step(published_runs):
+def test_mxfp8_weights_cross_the_replicas_twice_a_step(row_setup):
     # Megatron-LM 2a75ac12c, megatron_fsdp.py all_gather_and_wait_parameters_ready: the DP-Outer gather runs while
     # microbatch_count == 0, in the forward (rowwise MXFP8 copy) and in the backward (bwd=True: AllGatherPipeline.
     # get_fsdp_buffer returns the columnwise hfsdp_helper_wtbuf), so an MXFP8 ZeRO-3 plan gathers its shard twice
     # across the replicas a step; with bf16 weights (no transpose buffer) one gather of twice the bytes
     from llmplan.cost.comm import dp_transfers
     from llmplan.topology.placement import place
-    rec = published_runs[ULTRA.format("gb300", 1)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, c, plan = setup
+    m, c, plan = row_setup(ULTRA.format("gb300", 1))
     assert plan.fp8_params and plan.recipe == "mxfp8"
     spans = place(plan.degrees, c)
 
@@ -197,17 +187,14 @@ def test_mxfp8_block_amax_all_reduce_by_hand():
     assert MXFP8_AMAX_BYTES == 0.25
 
 
-def test_the_ultra_rows_all_reduce_their_mxfp8_amaxes_once_a_step_exposed(published_runs):
+def test_the_ultra_rows_all_reduce_their_mxfp8_amaxes_once_a_step_exposed(row_setup):
     # Megatron-LM 2a75ac12c param_and_grad_buffer.py copy_main_weights_to_model_weights: fp8_quantize over the main
     # weight buffer's group (HFSDP: DP-Outer x DP-Shard, the whole dp group; the experts' whole edp group). The
     # GB300 rank holds 8 of the 512 experts of each of 50 MoE layers (48 in the stack, one in each of the 2 MTP
     # modules), 2 x 2048 x 5120 weights an expert: 8,388,608,000 expert weights, all of them MXFP8
     from llmplan.cost.comm import comm_seconds, mxfp8_amax_transfers
     from llmplan.topology.placement import place
-    rec = published_runs[ULTRA.format("gb300", 1)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, c, plan = setup
+    m, c, plan = row_setup(ULTRA.format("gb300", 1))
     spans = place(plan.degrees, c)
     out = [t for t in mxfp8_amax_transfers(m, plan, (spans["dpcp"], spans["dpcp_in"]), (spans["edp"],
                                                                                         spans["edp_in"])) if t.calls]

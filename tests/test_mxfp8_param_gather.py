@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from itertools import islice
 
-import accuracy
 import numpy as np
 import pytest
 
@@ -84,13 +83,10 @@ def test_memory_charges_the_mxfp8_tensor_and_no_gather_buffer():
     assert per_weight == pytest.approx(2 * (1 + 1 / 32))
 
 
-def test_the_gpt_oss_b300_row_stages_its_gather_and_pays_the_cast(published_runs):
+def test_the_gpt_oss_b300_row_stages_its_gather_and_pays_the_cast(row_setup):
     # Megatron-Bridge 26.06 GPT-OSS 120B on B300 (bf16_with_mxfp8_mixed: fp8_param_gather and
     # reuse_grad_buf_for_mxfp8_param_ag, training/mixed_precision.py at v0.5.0), distributed optimizer
-    rec = published_runs[GPT_OSS_B300]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, c, p = setup
+    m, c, p = row_setup(GPT_OSS_B300)
     assert (p.zero, p.recipe, p.fp8_params) == (1, "mxfp8", True)
     e = estimate_training(m, c, p)
     rp = rank_params(m, p, 0)
