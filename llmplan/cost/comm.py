@@ -682,13 +682,13 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     return out
 
 
-def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
-                   kept: Any = 0.0) -> list[Transfer[G]]:
+def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any, kept: Any) -> list[Transfer[G]]:
     """Hybrid sharding's collectives across the dp_replicate replicas, once per step, on a rank's `shard`
     parameters (its shard group's share): the gradient shard all-reduced (Megatron-LM's partial distributed
     optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
-    ZeRO-3 unit (`u`); `kept` of the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
+    ZeRO-3 unit (`u`) times outer_weight_copies (MXFP8's rowwise and columnwise copies under ZeRO-3); `kept` of
+    the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
@@ -705,9 +705,14 @@ STAGED_GATHER_BYTES = 2.0
 gradient buffer the fp32 master shard is copied into (param_gather_bytes)."""
 
 
+def mxfp8_params(plan: ParallelPlan) -> Any:
+    """Whether the plan keeps its weights in MXFP8 (fp8_params under the mxfp8 recipe)."""
+    return plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8")
+
+
 def mxfp8_staged_gather(plan: ParallelPlan) -> Any:
     """Whether the plan's ZeRO-1 weight gather stages MXFP8 weights through bf16 (param_gather_bytes)."""
-    return plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8") & (plan.zero == 1)
+    return mxfp8_params(plan) & (plan.zero == 1)
 
 
 def param_gather_bytes(plan: ParallelPlan) -> Any:
@@ -746,8 +751,7 @@ def outer_weight_copies(plan: ParallelPlan) -> Any:
     (all_gather_and_wait_parameters_ready: outer_fsdp_group_param_gather while microbatch_count == 0, forward
     and backward with bwd=True) and param_and_grad_buffer.py (AllGatherPipeline.get_fsdp_buffer: the
     hfsdp_helper_wtbuf transpose buffer for bwd). Derived: docs/formulas.md#mem.hsdp"""
-    mxfp8 = plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8")
-    return where(plan.gathered_per_microbatch & mxfp8, 2, 1)
+    return where(plan.gathered_per_microbatch & mxfp8_params(plan), 2, 1)
 
 
 MXFP8_AMAX_BYTES = 2 * 4 / 32
@@ -761,7 +765,7 @@ def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G
                          stage: Any = 0) -> list[Transfer[G]]:
     """Megatron-FSDP with MXFP8 weights (ZeRO-3, fp8_params, recipe mxfp8): after each optimizer step the fp32
     master shards are cast into the MXFP8 weights and the block amaxes of every low-precision weight the rank
-    holds (its layers' linear weights, whole: low_precision_weight_cache's count) are all-reduced over the group
+    holds (its parameters less a vocabulary shard at each end of the pipeline, whole) are all-reduced over the group
     the master weights are sharded across: (whole group, partial group) of each pair, the whole one with
     dp_outer_optimizer (HFSDP's DP-Outer x DP-Shard group). Once a step, synchronous: exposed whole.
     Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at
@@ -772,7 +776,7 @@ def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G
     vocab = vocab_shard_params(m, plan.tp)
     ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    on = plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8") & (plan.zero >= 3)
+    on = mxfp8_params(plan) & (plan.zero >= 3)
     whole = where(on & plan.dp_outer_optimizer, 1, 0)
     part = where(on & np.logical_not(plan.dp_outer_optimizer), 1, 0)
     out: list[Transfer[G]] = []

@@ -14,7 +14,7 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import (bf16_kept_params, bf16_parts_extra_bytes, fp32_shards_are_master,
+from llmplan.cost.model_states import (bf16_kept_params, fp32_shards_are_master, kept_copy_extra_bytes,
                                        model_bf16_kept_params)
 from llmplan.cost.params import RankParams, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
@@ -46,19 +46,12 @@ def checkpoint_bytes_per_param(plan: ParallelPlan) -> Any:
     return where(fp32_shards_are_master(plan), plan.optimizer_bytes, plan.weight_bytes + plan.optimizer_bytes)
 
 
-def checkpoint_kept_extra_bytes(plan: ParallelPlan) -> Any:
-    """Bytes a checkpoint holds per bf16-kept parameter (cost.model_states.bf16_kept_params) beyond
-    checkpoint_bytes_per_param under fp8_params: its model copy is bf16 (bf16_parts_extra_bytes); none where
-    FSDP's fp32 shards are the only copy saved. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    return where(fp32_shards_are_master(plan), 0.0, bf16_parts_extra_bytes(plan))
-
-
 def checkpoint_job_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes of one checkpoint of the whole job: every parameter once (data-parallel replicas write one copy),
     the bf16-kept ones (model_bf16_kept_params) at their 2 bytes under fp8_params.
     Derived: docs/formulas.md#goodput.checkpoint"""
     return param_counts(m).total * checkpoint_bytes_per_param(plan) \
-        + model_bf16_kept_params(m, plan) * checkpoint_kept_extra_bytes(plan)
+        + model_bf16_kept_params(m, plan) * kept_copy_extra_bytes(plan)
 
 
 def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -66,7 +59,7 @@ def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     the dp x cp ranks that hold them (expert weights over their expert-data-parallel group), the stage's
     bf16-kept ones at their 2 bytes under fp8_params, as a fully parallel distributed save assigns them
     (Megatron-LM dist_checkpointing, fully_parallel_save). Derived: docs/formulas.md#goodput.checkpoint"""
-    per, extra = checkpoint_bytes_per_param(plan), checkpoint_kept_extra_bytes(plan)
+    per, extra = checkpoint_bytes_per_param(plan), kept_copy_extra_bytes(plan)
 
     def share(rp: RankParams) -> Any:
         return rp.dense / (plan.dp * plan.cp) + rp.expert / plan.expert_dp

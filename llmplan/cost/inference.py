@@ -23,7 +23,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
-    step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost, graph_ceiling,
+    step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost,
     graph_padded_tokens, graph_sizes_count_tokens,
 )
 from llmplan.specs.hardware import SystemSpec

@@ -27,7 +27,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_kept_params, bf16_parts_extra_bytes,
-                                      fp32_shards_are_master, gradient_params)
+                                       fp32_shards_are_master, gradient_params, kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups, offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
@@ -265,8 +265,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         cache = cache + low_precision_weight_cache(m, plan, rank_params(m, plan, mirror), mirror, fp8_tn_only)
     # fp8_params: the embedding, output layer, norms, routers and bf16 layers stay 2 bytes a weight.
     # Derived: docs/formulas.md#mem.fp8_param_bf16_parts
-    kept, kept_b = bf16_kept_params(m, plan, stage), bf16_parts_extra_bytes(plan)
-    kept_w = where(fp32_shards, 0.0, kept_b) * (kept.dense / where(plan.zero >= 3, plan.zero_shard, 1)
+    kept, kept_b = bf16_kept_params(m, plan, stage), bf16_parts_extra_bytes(plan)  # kept_b: the gathered copy
+    kept_w = kept_copy_extra_bytes(plan) * (kept.dense / where(plan.zero >= 3, plan.zero_shard, 1)
                                                 + kept.expert / where(plan.zero >= 3, plan.expert_shard, 1))
     cache = cache + kept_w
     tensors = dense.total + expert.total + act.total + cache

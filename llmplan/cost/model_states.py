@@ -214,6 +214,13 @@ def _kept(ends: Any, layers: Any, small: Any, frac: Any) -> Any:
     return ends + (1.0 - frac) * maximum(layers, 0.0) + frac * small
 
 
+def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a stored copy of a bf16-kept parameter (bf16_kept_params: the rank's weights, a checkpoint) holds
+    beyond the low-precision weight bytes under fp8_params (bf16_parts_extra_bytes); none where FSDP's fp32
+    shards are the only copy (fp32_shards_are_master). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return where(fp32_shards_are_master(plan), 0.0, bf16_parts_extra_bytes(plan))
+
+
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Parameters of the whole model (each once: param_counts) that stay in bf16 under fp8_params, by the rule of
     bf16_kept_params: the embeddings, the output layer and the final norm, the bf16 layers whole, the quantized

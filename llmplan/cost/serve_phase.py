@@ -73,10 +73,12 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     per replica. Derived: docs/formulas.md#serve.phase"""
     B = float(job.batch)
     context = job.input_len + job.output_len / 2
-    tpot = float(job_tpot(m, plan, system, spans, job, B, context))
     spec = None if job.speculative is None else speculative_step(
         m, plan, system, spans, job.speculative, B, context, step_host_seconds(m, plan, job), job.engine,
         **decode_graphs(job, plan, GraphHost.of(system, m)))
+    # the speculative step once: its TPOT is speculative_tpot's step.total / step.tokens_per_step
+    tpot = float(job_tpot(m, plan, system, spans, job, B, context) if spec is None
+                 else spec.total / spec.tokens_per_step)
     return PhaseTiming(
         phase="decode", step_s=tpot if spec is None else float(spec.total),
         exchange_s=decode_exchange_seconds(m, plan, system, spans, job), tokens_per_step=B, context=float(context),

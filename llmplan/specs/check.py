@@ -94,12 +94,12 @@ RULES: tuple[Rule, ...] = (
 
 
 def check_plan(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[Violation]:
-    """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid). The rule
-    mtp_layers reads the model as its spec gives it, the others the model the plan trains (trained_model)."""
+    """All violations of `plan` for model `m` on `cluster` (empty list: the plan is valid), each rule read on
+    the model the plan trains (trained_model: `m` itself wherever mtp_layers asks for as many MTP modules as
+    it has or more, so the rule mtp_layers sees the model's own count)."""
     built = trained_model(m, plan)
-    return [Violation(r.name, r.message(mr, plan, cluster)) for r in RULES
-            for mr in ((m if r is MTP_RULE else built),)
-            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(mr, plan, cluster))]
+    return [Violation(r.name, r.message(built, plan, cluster)) for r in RULES
+            if (cluster is not None or not r.needs_cluster) and not bool(r.ok(built, plan, cluster))]
 
 
 MTP_RULE = next(r for r in RULES if r.name == "mtp_layers")
