@@ -337,7 +337,7 @@ def test_recount_refusing_nothing_is_the_search(llama_search):
     variants for every row of the arrays."""
     from llmplan.search.filtered import keep_sides
 
-    kept, sides = keep_sides(llama_search, llama_search.layout_plans, lambda c: False, lambda c: False)
+    kept, sides = keep_sides(llama_search, llama_search.layout_plans, lambda c: False)
     for k, e in enumerate(llama_search.ranked):
         if e.plan.pp_layout is None:
             assert kept.equivalents[k] == llama_search.equivalents[k]
@@ -355,7 +355,7 @@ def test_recount_is_the_search_without_the_refused_plans(llama_search):
     from llmplan.search.variants import variants_of
 
     lp = llama_search.layout_plans
-    kept, _ = keep_sides(llama_search, lp, lambda c: False, lambda c: c.plan.zero == 1)
+    kept, _ = keep_sides(llama_search, lp, lambda c: c.plan.zero == 1)
     codes = np.where(np.asarray(lp.plans.zero) == 1, -1, lp.codes)
     for k, e in enumerate(llama_search.ranked):
         i = lp.index_of(e.plan, lp.layout_of(e.plan))

@@ -106,7 +106,7 @@ def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]
     Its plans are let go."""
     reason = asker(target, doc_of)
     asked = lambda c: reason(c) is not None  # noqa: E731
-    kept, sides = keep_sides(res, res.layout_plans, asked, asked,
+    kept, sides = keep_sides(res, res.layout_plans, asked,
                              every=lambda axis, degree: every_plan_refusal(res.ranked[0].plan, target, axis, degree))
     return dataclasses.replace(kept, sides=sides, layout_plans=None)
 

@@ -13,7 +13,6 @@ walk only asks `refused`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -118,20 +117,17 @@ class LayoutPlans:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A plan the walk asks about: the plan, and its scalar estimate (priced on demand)."""
+    """A plan the walk asks about."""
 
     plan: ParallelPlan
-    estimate: Callable[[], TrainingEstimate]
     like: TrainingEstimate
     """A priced plan of the same search (same model, cluster, allowance, checkpoint policy): the rest of a
     plan file for this plan but its predictions."""
-    priced: bool = False
-    """Whether the estimate is at hand already (a ranked row), so that screening it first saves nothing."""
 
 
 def priced(e: TrainingEstimate) -> Candidate:
     """A plan already priced (a ranked row) as a Candidate."""
-    return Candidate(e.plan, lambda: e, e, True)
+    return Candidate(e.plan, e)
 
 
 @dataclass(frozen=True)
@@ -357,8 +353,8 @@ class Sides:
 
 
 def of_arrays(lp: LayoutPlans, i: int, like: TrainingEstimate) -> Candidate:
-    """Plan i of the arrays as a Candidate (priced on demand)."""
-    return Candidate(lp.plan(i), functools.partial(lp.estimate, i), like)
+    """Plan i of the arrays as a Candidate."""
+    return Candidate(lp.plan(i), like)
 
 
 def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, refused: Callable[[Candidate], bool],
@@ -374,53 +370,37 @@ def first_accepted(lp: LayoutPlans, idx: np.ndarray, like: TrainingEstimate, ref
 
 
 def accepted_front(lp: LayoutPlans, like: TrainingEstimate, refused: Callable[[Candidate], bool],
-                   checks: int, screened: Callable[[Candidate], bool] | None = None
-                   ) -> tuple[list[TrainingEstimate], int, bool]:
+                   checks: int) -> tuple[list[TrainingEstimate], int, bool]:
     """The Pareto front of the plans that `refused` accepts, built as the search builds its own
     (search.run.pareto_front over the arrays, thinned, then search.layouts._front with the layout pass's plans):
     the arrays' plans fastest first, a plan asked about only when it has more headroom than every faster one
     accepted (else it is off the front whatever the answer), the walk ending below half the best accepted
     throughput; then the layout pass's plans that are accepted join it. Refusing nothing, it is the search's
-    front. The walk asks `screened` (default `refused`; it need not price a plan), and the plans the thinned
-    front shows are asked `refused` again; where one is refused then, the walk runs again without it."""
+    front."""
     from llmplan.search.layouts import _front
     from llmplan.search.run import PARETO_WITHIN, pareto_front
 
-    screened = screened or refused
     idx = lp.plans_in(np.ones(len(lp.score), dtype=bool))
     tokens = (lp.tokens if lp.tokens is not None else lp.score)[idx]
     room = lp.headroom[idx]
     order = np.lexsort((-room, -tokens)).tolist()
-    answer: dict[int, bool] = {}  # position in idx -> accepted (screened; False once refused when shown)
-    confirmed: set[int] = set()
     checked, complete = 0, True
-    while True:
-        front: list[int] = []
-        most, floor = -np.inf, -np.inf
-        for k in order:
-            if tokens[k] < floor:
-                break
-            if room[k] <= most:
-                continue
-            if k not in answer:
-                if checked == checks:
-                    complete = False
-                    break
-                checked += 1
-                answer[k] = not screened(of_arrays(lp, int(idx[k]), like))
-            if answer[k]:
-                front.append(k)
-                most, floor = room[k], max(floor, PARETO_WITHIN * tokens[k])
-        at = np.asarray(front, dtype=int)
-        shown = [int(at[j]) for j in pareto_front(tokens[at], room[at])] if front else []
-        again = False
-        for k in shown:
-            if k not in confirmed:
-                confirmed.add(k)
-                if refused(of_arrays(lp, int(idx[k]), like)):
-                    answer[k], again = False, True
-        if not again:
+    front: list[int] = []
+    most, floor = -np.inf, -np.inf
+    for k in order:
+        if tokens[k] < floor:
             break
+        if room[k] <= most:
+            continue
+        if checked == checks:
+            complete = False
+            break
+        checked += 1
+        if not refused(of_arrays(lp, int(idx[k]), like)):
+            front.append(k)
+            most, floor = room[k], max(floor, PARETO_WITHIN * tokens[k])
+    at = np.asarray(front, dtype=int)
+    shown = [int(at[j]) for j in pareto_front(tokens[at], room[at])] if front else []
     extra = []
     for e in lp.priced:
         checked += 1
@@ -471,14 +451,13 @@ def recount(lp: LayoutPlans, e: TrainingEstimate, old: Variants, objective: str,
     return eq, dataclasses.replace(v, best=old.best), asked, capped
 
 
-def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool],
-               screened: Callable[[Candidate], bool], checks: int = CHECKS,
+def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate], bool], checks: int = CHECKS,
                every: Callable[[str, int], str | None] | None = None) -> tuple[Any, Sides | None]:
     """The walk's result `kept` (keep_accepted; `lp` its search's plans) with what it shows beside its rows kept to the
     plans `refused` accepts: the Pareto front (accepted_front), the conventional plan where accepted, the best
     plan without CP and with EP that is accepted (where the search shows them), and each row's equivalents and
-    variants counted among the plans of its layout that `screened` accepts (recount). `refused` asks about a
-    plan shown, `screened` about one only counted (it may spare the pricing); `every(axis, degree)` says why the
+    variants counted among the plans of its layout that `refused` accepts (recount); `every(axis, degree)` says
+    why the
     caller refuses every plan with that axis above 1 (None: it cannot say), and then the comparison with EP
     asks about none. None: no plans kept (searched without keep_plans), or no row."""
     if lp is None or not kept.ranked:
@@ -490,20 +469,19 @@ def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate],
         conv = Side("accepted", 1) if not refused(priced(conventional)) else \
             Side("refused", 1, refused_plan=conventional.plan)
         conventional = conventional if conv.status == "accepted" else None
-    first = kept.ranked[0] if kept.ranked else None
     no_cp, cp_side = None, None
-    if first is not None and first.plan.cp > 1 and kept.without_cp is not None:
+    if like.plan.cp > 1 and kept.without_cp is not None:
         no_cp, cp_side = first_accepted(lp, lp.plans_in(np.asarray(lp.plans.cp) == 1), like, refused, checks)
     ep, ep_side = None, None
-    if first is not None and first.plan.ep == 1 and kept.with_ep is not None:
+    if like.plan.ep == 1 and kept.with_ep is not None:
         with_ep = lp.plans_in(np.asarray(lp.plans.ep) > 1)
         why = every("ep", int(np.asarray(lp.plans.ep)[with_ep].min())) if every and len(with_ep) else None
         ep, ep_side = (None, Side("none", refused_every=why)) if why else \
             first_accepted(lp, with_ep, like, refused, checks)
-    front, front_checked, front_complete = accepted_front(lp, like, refused, checks, screened)
+    front, front_checked, front_complete = accepted_front(lp, like, refused, checks)
     equivalents, variants, asked, capped = [], [], 0, []
     for k, (e, v) in enumerate(zip(kept.ranked, kept.variants, strict=True), 1):
-        n, w, a, cap = recount(lp, e, v, kept.objective, like, screened)
+        n, w, a, cap = recount(lp, e, v, kept.objective, like, refused)
         equivalents.append(n)
         variants.append(w)
         asked += a
