@@ -291,6 +291,9 @@ def test_serving_search_refuses_training_flags(cli):
     (("--zero", "0"), "--zero 0 applies to training"),  # given, though it is the default value
     (("--no-sp",), "--no-sp applies to training"), (("--seq-len", "100"), "--input-len and --output-len"),
     (("--micro-batch", "2"), "--batch (estimate)"), (("--axis-order", "tp-cp-ep-dp-pp"), "--axis-order"),
+    (("--fp8-scaling", "current"), "--fp8-scaling current applies to training"),
+    (("--grad-accumulation", "copy"), "--grad-accumulation copy applies to training"),
+    (("--mtp-layers", "0"), "--mtp-layers 0 applies to training"),
 ])
 def test_serving_estimate_refuses_training_flags(cli, args, needle):
     bad(cli, "estimate", "--mode", "infer", *CLUSTER, *args, needle=(needle, "not to --mode infer"))

@@ -127,7 +127,4 @@ def test_disaggregated_search_prices_speculative_decode_pools(cli):
       "--speculative", "ngram", "--spec-tokens", "2"), "--acceptance"),
 ], ids=["phase-mtp-no-layers", "phase-pp", "disagg-mtp-no-layers", "disagg-ngram-no-acceptance"])
 def test_bad_speculative_pools_exit_2_with_one_line(cli, args, needle):
-    r = cli(*args)
-    assert r.code == 2, r.out
-    assert needle in r.err and "Traceback" not in r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert needle in cli(*args).refusal()

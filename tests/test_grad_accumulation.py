@@ -107,8 +107,7 @@ def test_cli_takes_the_switch_and_refuses_an_unknown_value(cli):
     fused = cli(*common)
     cast = cli(*common, "--grad-accumulation", "cast-add")
     assert fused.code == 0 and cast.code == 0
-    bad = cli(*common, "--grad-accumulation", "sum")
-    assert bad.code == 2 and "grad_accumulation" in bad.err.replace("-", "_") and "Traceback" not in bad.err
+    assert "grad_accumulation" in cli(*common, "--grad-accumulation", "sum").refusal().replace("-", "_")
 
 
 def test_megatron_export_turns_fusion_off_for_add_and_refuses_cast_add(cli, tmp_path):

@@ -108,9 +108,9 @@ def test_cli_takes_the_switches_and_refuses_a_replica_count_that_does_not_divide
     from llmplan.export import render_all
     from llmplan.export.common import CannotExpress
     from llmplan.planfile import load_plan
-    bad = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--zero", "3",
-              "--global-batch", "8", "--dp-replicate", "3")
-    assert bad.code == 2 and "dp_replicate (3) must divide dp (8)" in bad.err and "Traceback" not in bad.err
+    assert "dp_replicate (3) must divide dp (8)" in cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+                                                        "--nodes", "1", "--zero", "3", "--global-batch", "8",
+                                                        "--dp-replicate", "3").refusal()
     path = tmp_path / "plan.json"
     made = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "1",
                "--global-batch", "16", "--dp-replicate", "2", "--save", str(path))

@@ -48,16 +48,11 @@ def test_bad_mtp_layers_is_one_line_exit_2(cli):
                         (["-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--mtp-layers", "1"],
                          ("mtp_layers 1", "llama-3.1-8b", "--mtp-layers 0 or drop it")),
                         ([*QWEN, "--mtp-layers", "-1"], ("--mtp-layers",))):
-        r = cli("estimate", *args)
-        assert r.code == 2, (args, r.out, r.err)
-        lines = [x for x in r.err.splitlines() if x.strip()]
-        assert len(lines) == 1 and "Traceback" not in r.err, r.err
-        assert all(w in lines[0] for w in words), lines[0]
-    r = cli("search", "-m", "qwen3-next-80b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--mtp-layers", "3")
-    assert r.code == 2 and "mtp_layers 3" in r.err and len(r.err.strip().splitlines()) == 1, r.err
-    r = cli("estimate", "--mode", "infer", "-m", "deepseek-v3", "--hardware", "dgx-h200", "--tp", "8",
-            "--mtp-layers", "0")
-    assert r.code == 2 and "--mtp-layers" in r.err, r.err
+        line = cli("estimate", *args).refusal()
+        assert all(w in line for w in words), line
+    line = cli("search", "-m", "qwen3-next-80b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--mtp-layers",
+               "3").refusal()
+    assert "mtp_layers 3" in line  # --mode infer: tests/test_bad_input_values.py
 
 
 def _export(cli, plan: Path, target: str, out: Path) -> str:

@@ -51,8 +51,7 @@ def checker(target: str, wrap: str = "megatron") -> Callable[[PlanFile], None]:
         "torchrun": lambda pf: launch.check(pf, "torchrun", wrap), "slurm": lambda pf: launch.check(pf, "slurm", wrap),
         "vllm": check_vllm, "sglang": check_sglang,
     }
-    if target not in table:
-        raise LlmplanError(f"--to {target} is not a target; use one of {', '.join(TARGETS)} or all")
+    renderer(target)  # an unknown target: named as the render names it
     return table[target]
 
 
@@ -127,7 +126,12 @@ def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) 
     rule = EVERY_PLAN.get(target, {}).get(axis)
     if rule is None or degree <= 1:
         return None
-    what, bad, fix = rule(plan.model_copy(update={axis: degree}))
+    return _worded(target, rule, plan.model_copy(update={axis: degree}))
+
+
+def _worded(target: str, rule: Callable[[ParallelPlan], tuple[str, bool, str]], plan: ParallelPlan) -> str | None:
+    """The target's refusal of `plan` by `rule` (an EVERY_PLAN rule), in its check's words; None if it accepts."""
+    what, bad, fix = rule(plan)
     return str(refuse(target, what, fix)) if bad else None
 
 
@@ -146,11 +150,7 @@ def every_plan_mask(plans: Any, target: str) -> np.ndarray:
 def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
     """The refusal of the first EVERY_PLAN rule of `target` that refuses `plan` (what every_plan_mask marks it
     for), in the words of the target's check; None where none does."""
-    for rule in EVERY_PLAN.get(target, {}).values():
-        what, bad, fix = rule(plan)
-        if bad:
-            return str(refuse(target, what, fix))
-    return None
+    return next((w for rule in EVERY_PLAN.get(target, {}).values() if (w := _worded(target, rule, plan))), None)
 
 
 def default_wrap(pf: PlanFile) -> str:
