@@ -207,6 +207,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     allowance = make_allowance(memory)
     checkpoint = make_checkpoint(checkpoints)
     pinned = search_pins(m, pins, split)
+    refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+    doc_of = lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs)  # noqa: E731
 
     def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None) -> SearchResult | None:
         whole = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
@@ -218,9 +220,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                          checkpoint=checkpoint, vpp_pin=pins.vpp, named=named, keep_plans=target is not None)
         if target is None:
             return res
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
-        kept = keep_training(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
-                             goal.top)
+        kept = keep_training(res, target, doc_of, goal.top)
         if kept.walk is not None:
             walks.append(({"grad_dtype": wv.grad_dtype, "fp8_params": wv.fp8_params, "fp8_scaling": wv.fp8_scaling,
                            "domain_gpus": cc.system.domain_gpus, "gpus": cc.num_gpus}, kept.walk))
@@ -246,8 +246,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             tried.append((v, res, cluster, wv, cv))
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
     if target is not None:  # the side outputs of the result shown only
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
-        res = training_sides(res, target, lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
+        res = training_sides(res, target, doc_of)
         res = dataclasses.replace(res, walks=tuple(walks))
     if len(tried) > 1:
         res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
