@@ -70,6 +70,8 @@ PUBLISHED = {
     "deepseek-v4-pro": (1.6e12, 49e9, 2, "deepseek-ai/DeepSeek-V4-Pro model card: 1.6T total, 49B activated"),
     "qwen3-next-80b-a3b": (80e9, 3e9, 1, "Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total and 3B "
                            "activated"),
+    "qwen3.5-35b-a3b": (35e9, 3e9, 1, "Qwen/Qwen3.5-35B-A3B model card, Language Model: Number of Parameters: 35B "
+                        "in total and 3B activated"),
 }
 
 
@@ -88,6 +90,7 @@ TOTAL_PRINTED_DIGITS = {"gpt-1.7b": 2, "gpt-3.6b": 2,  # Table 1 prints 1.7 and 
                         "nemotron-h-8b": 1, "qwen3-next-80b-a3b": 2,  # "8B", "80B"
                         "nemotron-h-56b": 2,  # "56B" for 56.32B
                         "nemotron-3.5-lightning": 1,
+                        "qwen3.5-35b-a3b": 2,  # "35B" for 34.66B (34.66B is 0.97% below 35B: no 0.5% bound)
                         "deepseek-v4-pro": 2}  # "1.6T"  # "30B": its name's class, the Nano architecture's 31.6B
 
 
@@ -238,3 +241,27 @@ def test_nemotron_3_ultra_matches_its_model_card_and_checkpoint():
     assert p.total == pytest.approx(550e9, rel=0.005)
     assert p.active - p.embedding == pytest.approx(55e9, rel=0.005)
     assert round((p.total + mtp_module_params(m)) / 1e9) == 561
+
+
+def test_qwen3_5_35b_counts_round_to_the_model_card_and_leave_the_mtp_layer_out():
+    # Qwen/Qwen3.5-35B-A3B model card (Language Model): "35B in total and 3B activated", printed to two and one
+    # significant digits, so the 0.5% bound is not checkable against them: the computed counts must round to
+    # the printed figures, and with the MTP layer (mtp_num_hidden_layers 1, mtp.* tensors) the total would not
+    # round to 35B (35.51B). Tolerance: the printed figures' rounding (+-0.5B, +-0.5B).
+    from llmplan.cost.params import mtp_module_params
+    m = builtin_models()["qwen3.5-35b-a3b"]
+    p = param_counts(m)
+    assert round(p.total / 1e9) == 35 and round(p.active / 1e9) == 3
+    assert round((p.total + m.num_nextn_predict_layers * mtp_module_params(m)) / 1e9) == 36
+    # By hand from config.json (transformers configuration_qwen3_5_moe.py defaults, the model's values): 30 Gated
+    # DeltaNet layers (in_proj_qkv 2048 -> 2 x 16 x 128 + 32 x 128, in_proj_z 2048 -> 4096, in_proj_a/b 2048 -> 32
+    # each, conv1d 8192 x 4, A_log and dt_bias 32 each, the gated norm 128, out_proj 4096 -> 2048), 10 gated
+    # attention layers (q 2048 -> 2 x 16 x 256, k and v 2048 -> 2 x 256, o 4096 -> 2048, q/k norms of 256), 40 MoE
+    # blocks (256 experts of 3 x 2048 x 512, the shared expert, the router 256 x 2048), two norms per layer, the
+    # final norm, and untied embedding and output rows of 248,320 x 2048 (the shared_expert_gate, 2048 x 1 per
+    # layer, is left out as in every layer of llmplan's count)
+    gdn = 2048 * 8192 + 2048 * 4096 + 2 * 2048 * 32 + 8192 * 4 + 2 * 32 + 128 + 4096 * 2048
+    attn = 2048 * 8192 + 2 * 2048 * 512 + 4096 * 2048 + 2 * 256
+    moe = 256 * 3 * 2048 * 512 + 3 * 2048 * 512 + 256 * 2048
+    by_hand = 30 * gdn + 10 * attn + 40 * moe + 81 * 2048 + 2 * 248320 * 2048
+    assert p.total == pytest.approx(by_hand, rel=1e-6)

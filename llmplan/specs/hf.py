@@ -25,6 +25,14 @@ COMMON = (
 )
 TIED_BY_DEFAULT = {"gemma2", "gemma3_text", "gpt2", "bloom"}
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+QWEN3_5_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe",
+                 "qwen3_5_moe_text": "qwen3_5_moe"}
+"""Qwen3.5's config.json model types (the multimodal file and its text_config, dense and MoE) -> the llmplan
+model_type of its language model (Hugging Face transformers models/qwen3_5/configuration_qwen3_5.py and
+models/qwen3_5_moe/configuration_qwen3_5_moe.py: Qwen3_5TextConfig, Qwen3_5MoeTextConfig, base_config_key
+"text_config")."""
+GATED_DELTANET_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+"""The architectures of Gated DeltaNet layers with gated full attention every few layers (Qwen3-Next, Qwen3.5)."""
 
 
 def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
@@ -33,6 +41,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
     if cfg.get("model_type") in ("llama4", "llama4_text"):  # the language model of Llama 4 (text_config)
         cfg = {**(cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg), "model_type": "llama4"}
+    if cfg.get("model_type") in QWEN3_5_TYPES:
+        cfg = _qwen3_5_text(cfg)
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES or mt == "gpt":
         supported = ", ".join(t for t in SUPPORTED_MODEL_TYPES if t != "gpt")
@@ -41,6 +51,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         cfg = _nemotron_h_blocks(cfg)
     if mt == "deepseek_v4" and cfg.get("intermediate_size") is None:  # the shared expert's width is the MoE one
         cfg = {**cfg, "intermediate_size": cfg.get("moe_intermediate_size")}
+    if mt == "qwen3_5_moe" and cfg.get("intermediate_size") is None:  # every layer MoE: no dense width in the file
+        cfg = {**cfg, "intermediate_size": cfg.get("shared_expert_intermediate_size") or cfg.get("moe_intermediate_size")}
     cfg = _checked(cfg, mt)
     if mt == "llama4":
         cfg = _llama4(cfg)
@@ -70,7 +82,7 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
             out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
-        if mt not in ("nemotron_h", "qwen3_next", "llama4", "deepseek_v4"):  # their layer lists place the MoE layers
+        if mt not in ("nemotron_h", "llama4", "deepseek_v4", *GATED_DELTANET_TYPES):  # their layer lists place the MoE layers
             _check_sparse_layout(cfg)
         out.update(_router(cfg, mt))
     else:
@@ -84,10 +96,15 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         out.update(gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, embedding_norm=True)
     if mt == "qwen2":
         out["qkv_bias"] = True
-    if mt in ("qwen3", "qwen3_moe", "qwen3_next"):
+    if mt in ("qwen3", "qwen3_moe", *GATED_DELTANET_TYPES):
         out["qk_norm"] = True
-    if mt == "qwen3_next":
+    if mt in GATED_DELTANET_TYPES:
         out["attention_output_gate"] = True
+    if mt in ("qwen3_5", "qwen3_5_moe") and cfg.get("mtp_num_hidden_layers"):
+        # Qwen3.5's files state their MTP depth (mtp_num_hidden_layers; vLLM qwen3_5_mtp.py and Megatron-Bridge
+        # model_bridge.py read it as the MTP layer count, mtp_num_hidden_layers -> mtp_num_layers)
+        out["num_nextn_predict_layers"] = cfg["mtp_num_hidden_layers"]
+    if mt == "qwen3_next":
         # The release ships one MTP module (mtp.* tensors) its config.json does not declare; vLLM's
         # Qwen3NextMultiTokenPredictor builds num_nextn_predict_layers of them, 1 when the key is absent
         # (vllm-project/vllm vllm/model_executor/models/qwen3_next_mtp.py @ffdc9857).
@@ -272,9 +289,10 @@ def _minimax(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     """layer_types and mlp_layer_types of the hybrid architectures: Nemotron-H's hybrid_override_pattern, one
-    symbol per block (NEMOTRON_H_BLOCKS); Qwen3-Next's layer_types, or every full_attention_interval-th layer
-    full attention and the others Gated DeltaNet (transformers' Qwen3NextConfig default), every layer MoE
-    unless decoder_sparse_step / mlp_only_layers say otherwise."""
+    symbol per block (NEMOTRON_H_BLOCKS); Qwen3-Next's and Qwen3.5's layer_types, or every
+    full_attention_interval-th layer full attention and the others Gated DeltaNet (transformers' Qwen3NextConfig
+    and Qwen3_5(Moe)TextConfig default), every layer MoE when the model has experts unless decoder_sparse_step /
+    mlp_only_layers say otherwise (Qwen3.5-MoE: every layer; dense Qwen3.5: none)."""
     n = cfg.get("num_hidden_layers")
     if mt == "nemotron_h":
         pattern = cfg.get("hybrid_override_pattern")
@@ -292,7 +310,7 @@ def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
                 "mlp_layer_types": tuple(NEMOTRON_H_BLOCKS[c][1] for c in pattern)}
     if mt == "llama4" and isinstance(cfg.get("_mlp_layer_types"), list):
         return {"layer_types": tuple(cfg["layer_types"]), "mlp_layer_types": tuple(cfg["_mlp_layer_types"])}
-    if mt == "qwen3_next" and isinstance(n, int):
+    if mt in GATED_DELTANET_TYPES and isinstance(n, int):
         if not isinstance(cfg.get("layer_types"), list):
             every = int(cfg.get("full_attention_interval") or 4)
             kinds = tuple("full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n))
@@ -302,6 +320,20 @@ def _hybrid_layers(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
         moe = [i not in dense and cfg.get("num_experts", 0) > 0 and (i + 1) % step == 0 for i in range(n)]
         return {"layer_types": kinds, "mlp_layer_types": tuple("moe" if x else "dense" for x in moe)}
     return {}
+
+
+def _qwen3_5_text(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's language model: the multimodal file's text_config (Qwen3_5MoeConfig / Qwen3_5Config nest it;
+    tie_word_embeddings also sits at the top), or a text-only file as it is, under the llmplan model_type
+    (QWEN3_5_TYPES). Its vision encoder is not modelled."""
+    text = cfg.get("text_config")
+    inner = text if isinstance(text, dict) else cfg
+    out = {**inner, "model_type": QWEN3_5_TYPES[str(cfg["model_type"])]}
+    if "tie_word_embeddings" not in inner and "tie_word_embeddings" in cfg:
+        out["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    if cfg.get("_name_or_path"):
+        out["_name_or_path"] = cfg["_name_or_path"]
+    return out
 
 
 def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
@@ -314,9 +346,10 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
         return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
+    # Qwen3.5-MoE's Qwen3_5MoeTopKRouter renormalises the top-k weights unconditionally (no norm_topk_prob key)
     return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
             "norm_topk_prob": cfg.get("norm_topk_prob", norm_default)
-            if mt not in ("mixtral", "gpt_oss", "minimax_m1", "minimax_text_01") else True,
+            if mt not in ("mixtral", "gpt_oss", "minimax_m1", "minimax_text_01", "qwen3_5_moe") else True,
             "expert_bias": (cfg.get("topk_method") or ("noaux_tc" if deepseek else "greedy")) == "noaux_tc"}
 
 
@@ -335,7 +368,7 @@ HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": 
                             "use_sliding_window": bool, "full_attention_interval": int, "chunk_size": int,
                             "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
                             "intermediate_size_mlp": int, "hc_mult": int, "o_groups": int, "o_lora_rank": int,
-                            "num_hash_layers": int}
+                            "num_hash_layers": int, "mtp_num_hidden_layers": int}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
 LAYER_LISTS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
 """config.json keys holding a list of whole numbers, one per layer or per layer index (Qwen3-Next's dense

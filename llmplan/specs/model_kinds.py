@@ -23,6 +23,8 @@ ModelType = Literal[
     "bloom",
     "nemotron_h",
     "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
     "llama4",
     "deepseek_v32",
     "deepseek_v4",
