@@ -1632,8 +1632,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # stage's last backward (_PipelineStageBase.backward_maybe_with_nosync: pytorch/pytorch#134052, 2024-08;
         # #165106, 2025-10, moves these reduce-scatters to the step's end because their compute-stream sync
         # blocked the other stages' backwards): the stage's reduction beside no compute
-        overlap_grad_reduce=fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1),
-        overlap_param_gather=fam not in STEP_END_DP,
+        # a recipe that turns the DP overlap off says so in the record (the Qwen3.5 card's recipe: both False)
+        overlap_grad_reduce=par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1)),
+        overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP),
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",
@@ -1676,7 +1677,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)
         dp_replicate=par.get("dp_replicate", 1), dp_outer_optimizer=bool(par.get("dp_outer_optimizer", False)),
         fp8_attention=mbridge_fp8_attention(rec),
-        expert_gemm=mbridge_expert_gemm(rec),
+        # where the record names the expert kernels (the Qwen3.5 card's layer spec: torch.grouped_mm), else the preset's
+        expert_gemm=par.get("expert_gemm") or mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at
