@@ -31,8 +31,8 @@ from pytorch/pytorch pull request 175344 (merged 2026-02-19), 11 from pull reque
 CUBLAS_WORKSPACE_BYTES, and those pull requests."""
 CUBLAS_TRAINING_HANDLES = 2
 """(cuBLAS handle, stream) pairs that run PyTorch's own cuBLAS GEMMs in a training step, each keeping its workspace
-(PyTorch 2.0 up to the per-operation workspaces of pull request 194311, 2026-08): the Python thread's handle (the
-forward) and the handle of autograd's CUDA device thread (the backward and its recompute), both on the compute
+(PyTorch 2.0 until the per-operation workspaces of pull request 194311, 2026-08, docs/formulas.md#mem.runtime): the
+Python thread's handle (the forward) and the handle of autograd's CUDA device thread (the backward and its recompute), both on the compute
 stream. ATen gives each host thread its own handle (DeviceThreadHandlePool::PoolWindow::reserve) and keys each
 workspace by (handle, stream) (CublasHandlePool.cpp setWorkspaceForHandle, never freed but by
 clearCublasWorkspaces); the autograd engine runs a CUDA device's backward functions on a thread of its own
