@@ -126,7 +126,8 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
     """Bytes of the gradient shards a rank holding `rp` keeps from the end of the backward to the next step's
     zero_grad under kept_grad_shards (Apex DistributedFusedAdam): each bucket's reduce-scatter output, a new tensor
     of 1/shards of the bucket in the gradient dtype, so grad bytes x the dense parameters / optimizer_shard (and the
-    experts' over expert_optimizer_shard); none over one rank, where the shard is the bucket itself.
+    experts' over expert_optimizer_shard); none over one rank, where the shard is the bucket itself, nor where the
+    switch does not act (zero 1 or 2 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
     Source: NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
     (_start_bucket_grad_sync: sync_grads_shard = torch.empty; _finish_bucket_grad_sync: grads_shard; zero_grad:
     _grads_buckets.clear()). Derived: docs/formulas.md#mem.kept_grad_shards"""
