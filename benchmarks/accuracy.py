@@ -366,6 +366,12 @@ megatron_base_model.py setup_optimization sets store_param_remainders when optim
 allocates param_remainders_shard as torch.int16. The launcher configs of the table's pretraining rows
 (NeMo-Framework-Launcher 24.07, conf/training/{gpt3,llama,nemotron}/*.yaml) set no optim.dtype, but Nemotron-4
 340B (bf16 states: no master) and the SFT rows (fp8_params: a bf16 master) are read from RECIPE_SETTINGS."""
+NEMO_APEX_OPTIMIZER = ("nemo2407",)
+"""Families whose distributed optimizer is Apex's DistributedFusedAdam (NeMo 1.x's optim.name
+distributed_fused_adam, not mcore_distributed_optim: every 24.07 launcher config of the table's rows,
+NVIDIA/NeMo-Framework-Launcher tag 24.07 launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and
+conf/peft/llama/sft.yaml, none setting nccl_ub), which keeps each bucket's reduce-scattered gradient shard to the
+next step's zero_grad (ParallelPlan.kept_grad_shards; docs/formulas.md#mem.kept_grad_shards)."""
 
 
 PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
@@ -1664,6 +1670,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # the bf16 O2 model, so NeMo r2.0.0rc1 (579983fbfc) MegatronBaseModel.setup_optimization passes
         # store_param_remainders=True unless fp8_params is set, and Apex (distributed_fused_adam.py at f3f0492)
         # keeps the master as an int16 remainder shard (NEMO_APEX_REMAINDERS; docs/formulas.md#mem.param_remainders)
+        # Apex's DistributedFusedAdam keeps each bucket's gradient shard until NeMo's zero_grad at the start of the
+        # next training_step (NEMO_APEX_OPTIMIZER; docs/formulas.md#mem.kept_grad_shards)
+        kept_grad_shards=fam in NEMO_APEX_OPTIMIZER and zero in (1, 2),
         param_remainders=((fam in BRIDGE_FAMILIES and dtype == "bf16") or fam in NEMO_APEX_REMAINDERS)
                          and zero == 1 and par.get("optimizer_master_dtype", "fp32") == "fp32"
                          and not par.get("fp8_all_gather", False),

@@ -29,6 +29,17 @@ CUBLAS_WORKSPACE_SM90_BYTES = 4096 * 8 * 1024
 """The same on compute capability majors 9 to 12 (Hopper, Blackwell), 32 MiB: 9.0 only at 26a39059; 10 and 12
 from pytorch/pytorch pull request 175344 (merged 2026-02-19), 11 from pull request 189312 (2026-07). Source: as
 CUBLAS_WORKSPACE_BYTES, and those pull requests."""
+CUBLAS_TRAINING_HANDLES = 2
+"""(cuBLAS handle, stream) pairs that run PyTorch's own cuBLAS GEMMs in a training step, each keeping its workspace
+(PyTorch 2.0 until the per-operation workspaces of pull request 194311, 2026-08, docs/formulas.md#mem.runtime): the
+Python thread's handle (the forward) and the handle of autograd's CUDA device thread (the backward and its recompute), both on the compute
+stream. ATen gives each host thread its own handle (DeviceThreadHandlePool::PoolWindow::reserve) and keys each
+workspace by (handle, stream) (CublasHandlePool.cpp setWorkspaceForHandle, never freed but by
+clearCublasWorkspaces); the autograd engine runs a CUDA device's backward functions on a thread of its own
+(torch/csrc/autograd/engine.cpp, Note [Allocating GPUs to autograd threads]). Source: pytorch/pytorch
+aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1, aten/src/ATen/cuda/detail/
+DeviceThreadHandles.h @06d733a5cf2a06665241a75b98720a8497f7b4b7, torch/csrc/autograd/engine.cpp
+@00c0674d50704c8c59a0a79ee4e82bbf7cc3e9f9."""
 TE_WORKSPACE_HOPPER_BYTES = 33_554_432
 """Transformer Engine's cuBLAS(Lt) GEMM workspace on compute capability major >= 9 (32 MiB), one tensor outside
 PyTorch's cuBLAS pool: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
@@ -61,8 +72,8 @@ class RuntimeBytes(Breakdown):
     context: Any
     """CUDA context and the kernel images loaded into it (eager or lazy module loading)."""
     cublas: Any
-    """cuBLAS workspaces: PyTorch's of the compute stream (held in the caching allocator) and, under its
-    userbuffers overlap, Transformer Engine's (cublas_workspace_bytes, te_workspace_bytes)."""
+    """cuBLAS workspaces: PyTorch's, one per (handle, stream) that runs its GEMMs, held in the caching allocator
+    (pytorch_cublas_bytes), and, under its userbuffers overlap, Transformer Engine's (te_workspace_bytes)."""
     nccl: Any
     """NCCL buffers of every communicator the rank belongs to."""
     userbuffers: Any = 0.0
@@ -115,7 +126,7 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
 
 
 def cublas_workspace_bytes(compute_capability: float | None) -> float:
-    """PyTorch's cuBLAS workspace of the compute stream's (handle, stream) with CUBLAS_WORKSPACE_CONFIG unset, as
+    """PyTorch's cuBLAS workspace of one (handle, stream) pair with CUBLAS_WORKSPACE_CONFIG unset, as
     current PyTorch sizes it: 32 MiB on compute capability major 9 to 12 (Hopper and Blackwell), else 8 MiB +
     128 KiB (None, a GPU of unknown capability: the latter). Releases before pytorch/pytorch pull request 175344
     (merged 2026-02-19, "re-enable 32MiB workspaces on Blackwell"; major 11 from pull request 189312, 2026-07)
@@ -124,6 +135,15 @@ def cublas_workspace_bytes(compute_capability: float | None) -> float:
     (parseChosenWorkspaceSize, setWorkspaceForHandle) and the two pull requests above."""
     large = compute_capability is not None and 9 <= int(compute_capability) <= 12
     return float(CUBLAS_WORKSPACE_SM90_BYTES if large else CUBLAS_WORKSPACE_BYTES)
+
+
+def pytorch_cublas_bytes(compute_capability: float | None) -> float:
+    """PyTorch's cuBLAS workspaces a training rank keeps: one per (handle, stream) pair that runs its GEMMs,
+    CUBLAS_TRAINING_HANDLES (the forward thread's and autograd's device thread's, on the compute stream) x
+    cublas_workspace_bytes: 64 MiB on Hopper, 2 x 8 MiB + 128 KiB on Ampere.
+    Source: pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp @26a39059ec580351411f180816c47e2ef5134ae1
+    (setWorkspaceForHandle); Derived: docs/formulas.md#mem.runtime"""
+    return CUBLAS_TRAINING_HANDLES * cublas_workspace_bytes(compute_capability)
 
 
 def te_workspace_bytes(plan: ParallelPlan, compute_capability: float | None) -> Any:
@@ -140,7 +160,7 @@ def te_workspace_bytes(plan: ParallelPlan, compute_capability: float | None) -> 
 def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loading: bool,
                   userbuffers: Any = 0.0, compute_capability: float | None = None) -> RuntimeBytes:
     """Runtime bytes of a rank of stage `stage` on a GPU of `compute_capability`: the CUDA context, PyTorch's
-    cuBLAS workspace (cublas_workspace_bytes) and Transformer Engine's (te_workspace_bytes), per NCCL
+    cuBLAS workspaces (pytorch_cublas_bytes) and Transformer Engine's (te_workspace_bytes), per NCCL
     communicator `channels x (1 ring + 2 tree) x` one connection's protocol buffers (NCCL before 2.22 connects
     rings and trees at init; from 2.22, NCCL_RUNTIME_CONNECT, at the first collective that uses them, which a
     training step runs), and the TP overlap's `userbuffers` (userbuffer_bytes). Channels: GpuSpec.nccl_sms
@@ -149,6 +169,6 @@ def runtime_bytes(plan: ParallelPlan, stage: Any, nccl_channels: int, lazy_loadi
     context = CUDA_CONTEXT_LAZY_BYTES if lazy_loading else CUDA_CONTEXT_EAGER_BYTES
     comms = nccl_communicators(plan, stage)
     nccl = comms * nccl_channels * (1 + TREE_CONNECTIONS) * NCCL_CONNECTION_BYTES
-    cublas = cublas_workspace_bytes(compute_capability) + te_workspace_bytes(plan, compute_capability)
+    cublas = pytorch_cublas_bytes(compute_capability) + te_workspace_bytes(plan, compute_capability)
     return RuntimeBytes(context=context + 0.0 * comms, cublas=cublas + 0.0 * comms,
                         nccl=nccl * 1.0, userbuffers=userbuffers + 0.0 * comms, communicators=comms)

@@ -10,7 +10,7 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
-from llmplan.export.common import (cast_add_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
+from llmplan.export.common import (cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
@@ -131,7 +131,7 @@ def check(pf: PlanFile) -> None:
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1,
          "re-plan with --grad-reduce reduce-scatter"),
         *tp_refusals(pf), *megatron_expert_refusals(pf), *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf),
-        parallel_block_refusal(pf), torch_ring_refusal(pf),
+        parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",

@@ -217,6 +217,16 @@ def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "torchtitan")
 
 
+def kept_grad_shards_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for the gradient shards Apex DistributedFusedAdam keeps to the next
+    zero_grad (kept_grad_shards, NeMo 1.x): no training target here runs Apex's optimizer (Megatron-Core's
+    distributed optimizer reduce-scatters in place, DeepSpeed and FSDP2 keep their own buffers), so the run
+    would not hold what the plan prices (docs/formulas.md#mem.kept_grad_shards)."""
+    return ("gradient shards kept to the next zero_grad (kept_grad_shards: Apex DistributedFusedAdam, as NeMo 1.x "
+            "runs it; this launcher's optimizer does not)", pf.plan.kept_grad_shards,
+            "re-plan with --no-kept-grad-shards")
+
+
 def parallel_block_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a model with the parallel transformer block
     (ModelSpec.parallel_block: attention and MLP side by side on one norm's output) on a launcher that builds the

@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   refuse, sh_header)
+                                   kept_grad_shards_refusal, refuse, sh_header)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 
@@ -71,7 +71,7 @@ def check(pf: PlanFile) -> None:
         ("pipeline exchanges that synchronise the device (pp_blocking_sends: Megatron-LM 2021-22; DeepSpeed's "
          "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
          p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
-        *op_fuser_refusals(pf),
+        *op_fuser_refusals(pf), kept_grad_shards_refusal(pf),
     ):
         if bad:
             raise refuse(TARGET, what, fix)

@@ -4,7 +4,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
-from llmplan.export.common import (as_flags, cast_add_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
+from llmplan.export.common import (as_flags, cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
@@ -405,7 +405,7 @@ def check(pf: PlanFile) -> None:
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
                            *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf)]:
+                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1:

@@ -168,6 +168,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.optimizer_moment_dtype."""
     param_remainders: bool
     """ParallelPlan.param_remainders."""
+    kept_grad_shards: bool
+    """ParallelPlan.kept_grad_shards."""
     grad_reduce: str
     """ParallelPlan.grad_reduce."""
     grad_accumulation: str

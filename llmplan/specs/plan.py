@@ -200,6 +200,14 @@ class ParallelPlan(PlanQuantities, Spec):
     fp8_params) and a recipe whose optimizer Transformer Engine runs (tensorwise or nvfp4: Megatron-Core keeps
     its own fp32 master for blockwise and MXFP8); check_plan also needs zero 1 or 2 (the distributed
     optimizer) (docs/formulas.md#mem.param_remainders)."""
+    kept_grad_shards: bool = False
+    """The distributed optimizer writes each bucket's reduce-scattered gradient shard into a tensor of its own,
+    in the gradient dtype, kept until the next step's zero_grad: Apex DistributedFusedAdam without NCCL user buffers
+    (sync_grads_shard, then grads_shard), as NeMo 1.x's distributed_fused_adam runs it, which zeroes the gradients
+    at the start of the next training_step. Priced in the peak after the backward (grad bytes x the rank's
+    parameters / the optimizer's shards; none over one rank: the shard is then a view of the bucket). False:
+    Megatron-Core's distributed optimizer, which reduce-scatters in place. Needs zero 1 or 2 with grad_reduce
+    reduce-scatter (docs/formulas.md#mem.kept_grad_shards)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"
