@@ -62,8 +62,8 @@ TRAIN_FAMILIES = ("narayanan2021", "korthikanti2022", "megatron", "mpt", "nemo24
 FAMILIES = TRAIN_FAMILIES + ("megascale-opt", "bridgecard", "deepseek", "dgxc", "trtllm")
 """Scored, not fitted: dgxc, NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B step times, the only published runs of
 a dense Mamba-2 hybrid (no MoE), kept out of the fit so that they test the Mamba-2 pricing out of sample, and its
-bf16 Llama 3.1 H100 step times (the H100 profile's best published bf16 MFU is its 8B row); deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard, one
-Megatron-Bridge verification run, kept out of the fit so that its error stays out of sample (it was the H100
+bf16 Llama 3.1 H100 step times (the H100 profile's best published bf16 MFU is its 8B row); deepseek, one published run on H800, whose GPU has no fitted clock; bridgecard,
+Megatron-Bridge verification runs (and the two arms of PR 5094's EP-overlap A/B on the Qwen3-30B-A3B card's recipe), kept out of the fit so that its error stays out of sample (it was the H100
 profile's best published bf16 MFU until the DGX Cloud 8B row); megascale-opt, MegaScale's optimised stack (parallel transformer block,
 TP / DP overlap and fused operators read as plan and model switches; sliding-window attention, whose window the
 paper does not give, not described), reported beside its Megatron-LM baseline (`megascale`) on the same plans:
@@ -232,7 +232,7 @@ ASSUMPTIONS = {
                  "recipe matches the table's batch sizes and whose layout llmplan can describe (Llama 3 70B, "
                  "Qwen3 30B-A3B, GPT-OSS 20B); predicts tokens/s per GPU",
     "bridgecard": "Megatron-Bridge's model verification cards (a recipe run for 50-100 steps, the last 10 "
-                  "averaged): the recipe's settings as the bridge family reads them (the distributed optimizer, bf16 "
+                  "averaged; PR 5094's EP-overlap A/B on the Qwen3-30B-A3B card's recipe, both arms): the recipe's settings as the bridge family reads them (the distributed optimizer, bf16 "
                   "gradient reduction, overlapped gradient reduce and parameter gather, TE fused attention, the fused "
                   "loss); MoE rows with the recipe's dispatcher (HybridEP read as deepep: a token once per "
                   "destination rank), its forced load balancing as random routing and its EP overlap "
@@ -647,6 +647,10 @@ RECIPE_SETTINGS = {
     # qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on the default recipe's flex dispatcher, backend hybridep;
     # perf_recipes/_common.py: moe_hybridep_num_sms = 32 for hybridep), as the record's notes say.
     "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024": {"moe_flex_backend": "hybridep", "moe_dispatch_sms": 32},
+    # Megatron-Bridge PR 5094's EP-overlap A/B (the same recipe at bridge_commit 8198fd9cd, the overlap toggled;
+    # perf_recipes/_common.py there: moe_hybridep_num_sms = 32 for hybridep; docs/validation.md#ep-overlap-pair)
+    **{f"bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-{arm}-pr5094":
+       {"moe_flex_backend": "hybridep", "moe_dispatch_sms": 32} for arm in ("off", "on")},
     # Nemotron-3.5 Lightning's GB200 MXFP8 preset (perf_recipes/nemotronh/gb200/nemotronh.py at 067f987d,
     # _build_nemotron_3_5_lightning_gb200_mxfp8): moe_hybridep_num_sms 16.
     "mbridge-26.08-pretrain-nemotron-3-5-lightning-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs2":

@@ -15,22 +15,20 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.45
-"""Share of the expert all-to-all time (up to the compute beside it) that Megatron-Core's EP overlap
-(`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, as measured: Megatron-Bridge's
-Qwen3-30B-A3B verification card (16 H100, EP16 over two nodes, HybridEP on 32 SMs) runs 20.15 s per step where
-llmplan prices 22.25 s with the all-to-alls exposed and 17.59 s with them hidden in full, (22.25 - 20.15) /
-(22.25 - 17.59) = 0.45. Re-read as the pricing around it changed: 0.20 when first read, 0.28 with the
-dispatcher's SMs priced (comm.ep_sms), 0.52 with the pricing of 2026-12 (the card at 0.28 had drifted to
--5.3%), 0.63 with the card read as HybridEP (its per-peer latency and routing-map gather, comm.hybridep), 0.45 at the
-H100 clock 0.825 with attention_efficiency 1.0 (docs/validation.md#refit);
-tests/test_moe_mechanisms.py re-reads it and fails when it drifts again. One published run, and it
-ran without delay_wgrad_compute, which the performance presets' moe_a2a_overlap turns on (Megatron-Bridge
-scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides): a lower bound for them.
-That read priced the card's experts as one grouped kernel; read per-expert, as its recipe runs them (TEGroupedMLP),
-the card needs a share of 1.24 (26.02 s exposed, 21.28 s hidden in full): it no longer pins the share, which
-stands as last read (docs/validation.md#bridgecard-expert-gemm).
-docs/validation.md#moe-mechanisms. Derived: docs/formulas.md#moe.overlap"""
+EP_OVERLAP_HIDDEN = 0.81
+"""Share of the hideable expert all-to-all time (min(c, w)(1 - kappa) a micro-batch, cost.moe.ep_exposed) that
+Megatron-Core's EP overlap (`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, read off a
+controlled pair as a relative saving, not off one run's absolute step: Megatron-Bridge PR 5094 (merged 2026-07-25,
+7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml measured_result) ran the Qwen3-30B-A3B verification
+card's recipe (16 H100, BF16, EP16 over two nodes, HybridEP on 32 SMs, TE graphs of the router and preprocessing,
+delay_wgrad_compute off) with only the overlap toggled: 24.714 s per step off, 21.073 s on (same window, steps
+5-20; 20.992 s in the card's independent steps 41-50), a saving r = 14.73% (15.06%). The share is
+s = r x T_off / H, T_off and H = T_off - T(s = 1) llmplan's step without overlap and its hideable all-to-all on that
+plan (26.02 s, 4.74 s): 0.81 (0.83), so a scale error common to the step cancels. The alltoall smoke pair of
+Megatron-Bridge PR 3862 (NCCL all-to-all, no CUDA graphs, unfused permute, 41.25 -> 31.31 s) reads 0.59: not used,
+docs/validation.md#ep-overlap-pair. tests/test_moe_mechanisms.py re-reads both.
+Source: NVIDIA-NeMo/Megatron-Bridge @7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml (PR 5094).
+Derived: docs/formulas.md#moe.overlap"""
 
 
 DEEPEP_NUM_SMS = 20
