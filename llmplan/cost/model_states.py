@@ -113,12 +113,16 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
     (allreduce_bucket), then at the step its partition's 16-bit gradients flattened and cast to the fp32
     master's dtype (step: self.flatten(self.averaged_gradients[i]).to(fp32)); none where the gradients are
     already in the master's dtype (BF16_Optimizer's fp32 gradients) or reduce-scattered (Megatron).
-    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (2022-02-18).
+    Under Muon (Megatron's layer-wise optimizer, which all-reduces the DDP buffer in place) only the cast remains:
+    Float16OptimizerWithFloat16Params casts each owned parameter's main_grad to fp32 (main_grad.float()).
+    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (2022-02-18); NVIDIA/Megatron-LM
+    at d0b3b7754, megatron/core/optimizer/optimizer.py (_copy_model_grads_to_main_grads).
     Derived: docs/formulas.md#mem.optimizer_copies"""
     on = (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes)
+    deepspeed = on & (plan.optimizer != "muon")
     part = n_params / shard
-    return OptimizerCopies(bucket=where(on, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
-                           flat=where(on, part * plan.grad_bytes, 0.0),
+    return OptimizerCopies(bucket=where(deepspeed, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
+                           flat=where(deepspeed, part * plan.grad_bytes, 0.0),
                            cast=where(on, part * plan.master_bytes, 0.0))
 
 
