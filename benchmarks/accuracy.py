@@ -277,7 +277,7 @@ ASSUMPTIONS = {
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
                    "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
-                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); "
+                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed, the Muon optimizer over an all-reducing DDP, bf16 primary weights); "
                    "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
                    "presets (hybridep, no EP overlap, TE CUDA graphs; on H100 the MoE block, norms, attention core "
                    "and activation recomputed); Nemotron-3 Super (a built-in latent-MoE "

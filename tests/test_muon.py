@@ -60,6 +60,16 @@ def test_one_momentum_buffer_instead_of_two_moments_by_hand():
     assert float(a.weights) == float(b.weights) and float(a.gradients) == float(b.gradients)
 
 
+def test_a_checkpoint_holds_one_moment_less_per_matrix_by_hand():
+    from llmplan.cost.goodput import checkpoint_job_bytes, checkpoint_rank_bytes
+    m, adam = M["llama-3.1-8b"], ParallelPlan(dp=8, zero=1, global_batch=64)
+    muon = adam.model_copy(update={"optimizer": "muon"})
+    saved = 4 * L * LLAMA_LAYER_MATRICES  # the fp32 exp_avg_sq Muon does not keep, every matrix once
+    assert float(checkpoint_job_bytes(m, adam) - checkpoint_job_bytes(m, muon)) == pytest.approx(saved, rel=1e-12)
+    assert float(checkpoint_rank_bytes(m, adam) - checkpoint_rank_bytes(m, muon)) == pytest.approx(saved / 8,
+                                                                                                   rel=1e-12)
+
+
 def test_each_data_parallel_rank_orthogonalises_its_share_and_tp_shards_alone():
     # zero 1: the layer-wise optimizer owns each matrix whole on one of the dp x cp ranks (the mean share priced);
     # zero 0: every rank runs every matrix. Blockwise TP: each rank its 1/t slice of a split matrix, no collective

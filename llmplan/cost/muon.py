@@ -85,28 +85,38 @@ def mlp_matrices(m: ModelSpec, f: Any, t: Any, width: int | None = None) -> Shap
     return (1, (2 if m.gated_mlp else 1) * f / t, h), (1, h, f / t)
 
 
-def layer_matrices(m: ModelSpec, plan: ParallelPlan) -> tuple[Shapes, Shapes, Shapes]:
-    """(a dense layer's, a MoE layer's non-expert, a MoE layer's routed experts') Muon matrices on one rank: the
-    router (E x h, replicated) and the shared expert with the MoE layer, E/ep experts of expert-TP etp.
+def layer_matrices(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Shapes, Shapes, Shapes]:
+    """(a dense layer's, a MoE layer's non-expert, a MoE layer's routed experts') Muon matrices on one rank of TP
+    degree t: the router (E x h, replicated) and the shared expert with the MoE layer, E/ep experts of expert-TP etp.
     Derived: docs/formulas.md#optim.muon_params"""
-    t, attn = plan.tp, attention_matrices(m, plan.tp)
+    attn = attention_matrices(m, t)
     dense = attn + mlp_matrices(m, m.intermediate_size, t)
     if not m.is_moe:
         return dense, (), ()
     shared = mlp_matrices(m, m.shared_ffn, t) if m.shared_ffn else ()
-    experts = tuple((n * m.num_experts / plan.ep, r, c) for n, r, c in mlp_matrices(m, m.expert_ffn, plan.etp_resolved))
+    experts = tuple((n * m.num_experts / ep, r, c) for n, r, c in mlp_matrices(m, m.expert_ffn, etp))
     return dense, attn + ((1, m.num_experts, m.hidden_size),) + shared, experts
+
+
+def model_muon_params(m: ModelSpec) -> Any:
+    """Parameters of the whole model (each once) that Muon updates: every layer's matrices unsplit (the checkpoint
+    holds their momentum). Derived: docs/formulas.md#optim.muon_memory"""
+    dense, moe, experts = layer_matrices(m, 1, 1, 1)
+    n_moe = m.num_moe_layers
+    size = lambda r, c: r * c  # noqa: E731
+    return (m.num_hidden_layers - n_moe) * _total(dense, size) + n_moe * (_total(moe, size) + _total(experts, size))
 
 
 def _total(shapes: Shapes, f: Any) -> Any:
     return sum((n * f(r, c) for n, r, c in shapes), 0.0)
 
 
-def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any) -> RankParams:
-    """Sum of f(rows, cols) over the Muon matrices of one rank of `stage` (and its paired stage under DualPipe),
-    split into (dense, expert) as RankParams. Derived: docs/formulas.md#optim.muon_params"""
-    dense, moe, experts = layer_matrices(m, plan)
-    stages = (stage, plan.pp - 1 - stage) if schedule_of(plan).param_copies == 2 else (stage,)
+def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any, paired: bool = True) -> RankParams:
+    """Sum of f(rows, cols) over the Muon matrices of one rank of `stage` (and, `paired`, its paired stage under
+    DualPipe), split into (dense, expert) as RankParams. Derived: docs/formulas.md#optim.muon_params"""
+    dense, moe, experts = layer_matrices(m, plan.tp, plan.ep, plan.etp_resolved)
+    two = paired and schedule_of(plan).param_copies == 2
+    stages = (stage, plan.pp - 1 - stage) if two else (stage,)
     out_d, out_e = 0.0, 0.0
     for s in stages:
         n_dense, n_moe = stage_layers(m, plan, s)
@@ -115,13 +125,14 @@ def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any) -> RankParam
     return RankParams(dense=out_d, expert=out_e)
 
 
-def muon_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
-    """Parameters of one rank of `stage` that Muon updates (the rest keep AdamW); zero under adam.
+def muon_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> RankParams:
+    """Parameters of one rank of `stage` (with its DualPipe pair, `paired`) that Muon updates (the rest keep AdamW);
+    zero under adam.
     Source: NVIDIA/Megatron-LM at d0b3b7754, emerging_optimizers.py (_is_nonlinear_or_embedding).
     Derived: docs/formulas.md#optim.muon_params"""
     if plan.optimizer != "muon":
         return RankParams(dense=0.0, expert=0.0)
-    return stage_sum(m, plan, stage, lambda r, c: r * c)
+    return stage_sum(m, plan, stage, lambda r, c: r * c, paired)
 
 
 def muon_moment_saving(plan: ParallelPlan, muon: RankParams) -> Any:
