@@ -58,6 +58,11 @@ def test_one_momentum_buffer_instead_of_two_moments_by_hand():
     assert float(a.optimizer - b.optimizer) == pytest.approx(4 * L * LLAMA_LAYER_MATRICES / 8, rel=1e-12)
     assert float(a.total - b.total) == pytest.approx(float(a.optimizer - b.optimizer) * 1.0, rel=0.1)
     assert float(a.weights) == float(b.weights) and float(a.gradients) == float(b.gradients)
+    # the same fp32 master (4 bytes / 8 shards), the moments 8 -> 4 bytes on the matrices
+    from llmplan.cost.model_states import optimizer_parts
+    pa, pb = optimizer_parts(adam, a.optimizer, a.muon_saving), optimizer_parts(muon, b.optimizer, b.muon_saving)
+    assert float(pb.master) == pytest.approx(float(pa.master), rel=1e-12)
+    assert float(pa.moments - pb.moments) == pytest.approx(4 * L * LLAMA_LAYER_MATRICES / 8, rel=1e-12)
 
 
 def test_a_checkpoint_holds_one_moment_less_per_matrix_by_hand():

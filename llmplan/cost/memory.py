@@ -230,6 +230,9 @@ class TrainingMemory(Breakdown):
     after_backward: Any = 0.0
     """Not a part: bytes inside `other` by which the peak after the backward (the reduction with its bucket,
     or the step with its copies) exceeds the backward's peak (docs/formulas.md#mem.optimizer_copies)."""
+    muon_saving: Any = 0.0
+    """Not a part: the Adam moment bytes `optimizer` leaves out under Muon (cost.muon.muon_moment_saving;
+    docs/formulas.md#optim.muon_memory); 0 under adam."""
 
     @property
     def fits(self) -> Any:
@@ -271,7 +274,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
                                                 + kept.expert / where(plan.zero >= 3, plan.expert_shard, 1))
     cache = cache + kept_w
     # Muon: one momentum buffer on its matrices instead of Adam's two moments. Derived: docs/formulas.md#optim.muon_memory
-    optimizer = dense.optimizer + expert.optimizer - muon_moment_saving(plan, muon_params(m, plan, stage))
+    saving = muon_moment_saving(plan, muon_params(m, plan, stage))
+    optimizer = dense.optimizer + expert.optimizer - saving
     states = dense.weights + dense.gradients + expert.weights + expert.gradients + optimizer + cache
     tensors = states + act.total
     layers = maximum(stage_layer_count(m, plan, stage), 1)
@@ -314,7 +318,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
-        optimizer_copies=copies, after_backward=after,
+        optimizer_copies=copies, after_backward=after, muon_saving=saving,
     )
 
 

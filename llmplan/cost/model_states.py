@@ -77,15 +77,17 @@ def fp32_shards_are_master(plan: ParallelPlan) -> Any:
     return (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
 
 
-def optimizer_parts(plan: ParallelPlan, optimizer: Any) -> OptimizerParts:
+def optimizer_parts(plan: ParallelPlan, optimizer: Any, muon_saving: Any = 0.0) -> OptimizerParts:
     """Split a rank's optimizer bytes (TrainingMemory.optimizer) into master weights and moments, in the ratio
-    of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks).
-    Derived: docs/formulas.md#mem.param_remainders"""
+    of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks). Under Muon the
+    Adam-priced total (optimizer + muon_saving, TrainingMemory.muon_saving) sets the master, the moments are the rest
+    (Muon's one momentum, Adam's two). Derived: docs/formulas.md#mem.param_remainders, #optim.muon_memory"""
     fp32_shards = fp32_shards_are_master(plan)
     moments_b = plan.optimizer_bytes - plan.master_bytes
     master_b = where(fp32_shards, 0.0, plan.master_bytes)
     share = where(master_b + moments_b > 0, master_b / maximum(master_b + moments_b, 1e-30), 0.0)
-    return OptimizerParts(master=optimizer * share, moments=optimizer - optimizer * share)
+    master = (optimizer + muon_saving) * share
+    return OptimizerParts(master=master, moments=optimizer - master)
 
 
 REDUCE_BUCKET_ELEMENTS = 5e8
