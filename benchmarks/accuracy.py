@@ -277,7 +277,7 @@ ASSUMPTIONS = {
                    "segments Megatron-Bridge's launcher asks for (64 of a rack's 72 GPUs at 256 GPUs), the presets' "
                    "selective recompute modules (MBRIDGE_RECOMPUTE_MODULES), DeepSeek-V3 with "
                    "its MTP layer except the 25.11 'w/o MTP' rows, in its recipes' pipeline layout (mbridge_layout); "
-                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed); "
+                   "Kimi-K2 (a built-in spec from 2026-12) in its recipe's layout and GB300 preset (hybridep, no EP overlap or CUDA graphs, mla_up_proj recomputed, the Muon optimizer over an all-reducing DDP, bf16 primary weights); "
                    "Nemotron-3 Nano (a built-in hybrid spec from 2026-12: Mamba-2, attention and MoE blocks) in its "
                    "presets (hybridep, no EP overlap, TE CUDA graphs; on H100 the MoE block, norms, attention core "
                    "and activation recomputed); Nemotron-3 Super (a built-in latent-MoE "
@@ -876,13 +876,28 @@ def mbridge_nvfp4_params(rec: dict) -> bool:
             and source_ref(rec) >= (26, 4, 1))
 
 
+def mbridge_muon(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row ran the Muon optimizer: the Kimi-K2 rows (26.02.01 - 26.06, v0.3.1 - v0.5.0),
+    whose config functions default to optimizer_type "muon" (scripts/performance/configs/kimi/kimi_llm_pretrain.py;
+    argument_parser.py --optimizer_type default "muon", "Defaults to muon") and so to
+    distributed_muon_with_cosine_annealing (recipes/utils/optimizer_utils.py: optimizer "dist_muon", 5 Newton-Schulz
+    steps, muon_tp_mode blockwise, muon_fp32_matmul_prec medium, scalar optimizer adam). recipes/kimi/kimi_k2.py turns
+    the distributed optimizer and the param-gather overlap off for it ("Muon needs this to be False"), so Megatron-Core
+    (55ac70825, d7288711b, 2edffadb5, d0b3b7754) runs LayerWiseDistributedOptimizer's ping-pong path: DDP all-reduces
+    the whole gradient, each data-parallel rank steps the whole parameters it owns and all-gathers them after the
+    step (optimizer/__init__.py _get_megatron_emerging_optimizer; layer_wise_optimizer.py allgather_params).
+    Source: NVIDIA-NeMo/Megatron-Bridge v0.3.1, v0.4.0, v0.4.2, v0.5.0. docs/validation.md#muon"""
+    return "kimi-k2" in rec["id"] and source_ref(rec) >= (26, 2, 1)
+
+
 def mbridge_muon_bf16_params(rec: dict) -> bool:
-    """Whether a Megatron-Bridge Kimi-K2 row runs without MXFP8 primary weights: from v0.5.0 (26.06) its
-    config function turns fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag off under the Muon optimizer
-    (dist_muon, the default optimizer_type of its recipes from v0.3.1): "incompatible with Muon's
-    LayerWiseDistributedOptimizer". Muon itself is not priced (Adam's states and step are). Source:
-    NVIDIA-NeMo/Megatron-Bridge v0.5.0 scripts/performance/configs/kimi/kimi_llm_pretrain.py."""
-    return "kimi-k2" in rec["id"] and source_ref(rec) >= (26, 6)
+    """Whether a Megatron-Bridge Kimi-K2 row runs without MXFP8 primary weights: from v0.3.1 (26.02.01) to v0.5.0
+    (26.06) its config functions turn fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag off under the Muon
+    optimizer (dist_muon, the default optimizer_type of its recipes from v0.3.1; mbridge_muon): "incompatible with
+    Muon's LayerWiseDistributedOptimizer", after get_precision_config("fp8_mx") set them (bf16_with_mxfp8_mixed).
+    Source: NVIDIA-NeMo/Megatron-Bridge v0.3.1, v0.4.0, v0.4.2, v0.5.0
+    scripts/performance/configs/kimi/kimi_llm_pretrain.py (set_kimi_k2_common_configs). docs/validation.md#muon"""
+    return mbridge_muon(rec)
 
 
 def mbridge_ds_b200_v2(rec: dict) -> bool:
@@ -1644,7 +1659,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # blocked the other stages' backwards): the stage's reduction beside no compute
         # a recipe that turns the DP overlap off says so in the record (the Qwen3.5 card's recipe: both False)
         overlap_grad_reduce=par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1)),
-        overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP),
+        overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)),
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",
@@ -1661,8 +1676,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit
         # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so
         # reduce_ipg_grads takes buffered_reduce_fallback, an all_reduce of each flattened bucket)
-        grad_reduce="all-reduce" if fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1
-        else "reduce-scatter",
+        # Megatron-Bridge's Kimi-K2 presets run Muon's layer-wise optimizer over an all-reducing DDP (mbridge_muon)
+        grad_reduce="all-reduce" if (fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1)
+        or mbridge_muon(rec) else "reduce-scatter",
+        optimizer="muon" if mbridge_muon(rec) else "adam",
         optimizer_master_dtype=par.get("optimizer_master_dtype", "fp32"),
         optimizer_moment_dtype=par.get("optimizer_moment_dtype", "fp32"),
         # Megatron-Bridge's performance scripts turn the precision-aware optimizer on for every bf16 run with Adam

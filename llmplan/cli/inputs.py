@@ -18,7 +18,7 @@ from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
-                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
+                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
                                 RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
@@ -155,7 +155,8 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--optimizer-master-dtype", s.optimizer_master_dtype,
                                         OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
                                        ("--optimizer-moment-dtype", s.optimizer_moment_dtype,
-                                        OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype")):
+                                        OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype"),
+                                       ("--optimizer", s.optimizer, OPTIMIZERS, "an optimizer llmplan prices")):
         if value is not None and value not in allowed:  # None: --attention-release not given
             raise LlmplanError(f"{flag} {excerpt(value)} is not {what}; use one of {', '.join(allowed)}")
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
@@ -170,7 +171,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
                      "moe_flex_backend", "ep_dispatch_fp8",
-                     "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "grad_reduce",
+                     "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",

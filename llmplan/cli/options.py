@@ -45,6 +45,9 @@ PRECISION = typer.Option(None, "--precision",
 GRAD_DTYPE = typer.Option(_plan("grad_dtype"), "--grad-dtype", help="Gradient buffer dtype: fp32 (Megatron) | bf16.")
 OPTIMIZER_MASTER_DTYPE = typer.Option(_plan("optimizer_master_dtype"), "--optimizer-master-dtype",
                                       help="Adam master weights: fp32 | fp16 | bf16 | none (the model's own).")
+OPTIMIZER = typer.Option(_plan("optimizer"), "--optimizer",
+                         help="adam | muon (Megatron-LM's Muon on the hidden weight matrices, AdamW on the rest: one "
+                              "momentum buffer, 5 Newton-Schulz steps; search keeps it, never tries the other).")
 OPTIMIZER_MOMENT_DTYPE = typer.Option(_plan("optimizer_moment_dtype"), "--optimizer-moment-dtype",
                                       help="Adam moments: fp32 | bf16 | fp16 | fp8 (DeepSeek-V3: bf16).")
 PARAM_REMAINDERS = typer.Option(_plan("param_remainders"), "--param-remainders/--no-param-remainders",
@@ -307,6 +310,7 @@ SWITCHES = Flags("Training switches", {
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,
+    "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,

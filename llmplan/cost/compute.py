@@ -94,6 +94,7 @@ from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan_choices import OPTIMIZER_STATE_BYTES
 
 KERNEL_LAUNCH_S = 5e-6  # one CUDA kernel launch from the host (a few microseconds; CUDA Programming Guide)
 
@@ -281,20 +282,24 @@ def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> An
 
 
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0,
-                           kept: RankParams | None = None) -> Any:
+                           kept: RankParams | None = None, muon: RankParams | None = None) -> Any:
     """Gradient clipping and the Adam update, memory-bound: read the gradients for their norm, read and write
     them to scale them; read fp32 master, moments and the gradient, write them back and the bf16 copy:
     (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard. The rank's
     `expert_on_rank` routed-expert parameters are sharded over the expert data-parallel group,
     world / (etp x ep x pp) ranks (as cost.memory.stage_memory), the rest over dp x cp.
     Under fp8_params the `kept` parameters (cost.model_states.bf16_kept_params, sharded alike) write a bf16
-    copy, bf16_parts_extra_bytes more each.
+    copy, bf16_parts_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike) read and
+    write one momentum buffer instead of two moments (their Newton-Schulz GEMMs: cost.muon.newton_schulz_seconds).
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
-    Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts,
+    docs/formulas.md#optim.muon_memory"""
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
 
     def shard(dense_and_expert: Any, expert: Any) -> Any:
         return where(plan.zero >= 1, (dense_and_expert - expert) / plan.optimizer_shard
                      + expert / plan.expert_optimizer_shard, dense_and_expert)
     extra = 0.0 if kept is None else shard(kept.total, kept.expert) * bf16_parts_extra_bytes(plan)
+    if muon is not None:
+        extra = extra - shard(muon.total, muon.expert) * 2 * OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]
     return (shard(params_on_rank, expert_on_rank) * per_param + extra) / gpu.hbm_achieved_bytes_per_s

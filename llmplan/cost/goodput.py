@@ -16,10 +16,12 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_kept_params, fp32_shards_are_master, kept_copy_extra_bytes,
                                        model_bf16_kept_params)
+from llmplan.cost.muon import model_muon_params, muon_params
 from llmplan.cost.params import RankParams, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan_choices import OPTIMIZER_STATE_BYTES
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.units import GB
 
@@ -51,21 +53,32 @@ def checkpoint_job_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     the bf16-kept ones (model_bf16_kept_params) at their 2 bytes under fp8_params.
     Derived: docs/formulas.md#goodput.checkpoint"""
     return param_counts(m).total * checkpoint_bytes_per_param(plan) \
-        + model_bf16_kept_params(m, plan) * kept_copy_extra_bytes(plan)
+        + model_bf16_kept_params(m, plan) * kept_copy_extra_bytes(plan) - muon_checkpoint_saving(m, plan)
+
+
+def muon_checkpoint_saving(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes a checkpoint of the whole job does not hold under Muon: one moment of each Muon parameter (its single
+    momentum buffer; cost.muon.model_muon_params); 0 under adam. Derived: docs/formulas.md#optim.muon_memory"""
+    if plan.optimizer != "muon":
+        return 0.0
+    return model_muon_params(m) * OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]
 
 
 def checkpoint_rank_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes the busiest rank writes: its stage's parameters x checkpoint bytes, the replicated ones split over
     the dp x cp ranks that hold them (expert weights over their expert-data-parallel group), the stage's
     bf16-kept ones at their 2 bytes under fp8_params, as a fully parallel distributed save assigns them
-    (Megatron-LM dist_checkpointing, fully_parallel_save). Derived: docs/formulas.md#goodput.checkpoint"""
+    (Megatron-LM dist_checkpointing, fully_parallel_save), less one moment of its Muon matrices under Muon
+    (optim.muon_memory). Derived: docs/formulas.md#goodput.checkpoint, docs/formulas.md#optim.muon_memory"""
     per, extra = checkpoint_bytes_per_param(plan), kept_copy_extra_bytes(plan)
 
     def share(rp: RankParams) -> Any:
         return rp.dense / (plan.dp * plan.cp) + rp.expert / plan.expert_dp
+    moment = OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]  # Muon's matrices hold one (optim.muon_memory)
     shares = each_stage(candidate_stages(m, plan),
                         lambda s: share(rank_params(m, plan, s)) * per
-                        + share(bf16_kept_params(m, plan, s, paired=False)) * extra, class_key(m, plan))
+                        + share(bf16_kept_params(m, plan, s, paired=False)) * extra
+                        - share(muon_params(m, plan, s, paired=False)) * moment, class_key(m, plan))
     best = shares[0]
     for s in shares[1:]:
         best = maximum(best, s)

@@ -29,6 +29,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
 from llmplan.cost.model_states import (after_backward_peak, bf16_kept_params, bf16_parts_extra_bytes,
                                        fp32_shards_are_master, gradient_params, kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
+from llmplan.cost.muon import muon_moment_saving, muon_params
 from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups, offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
@@ -229,6 +230,9 @@ class TrainingMemory(Breakdown):
     after_backward: Any = 0.0
     """Not a part: bytes inside `other` by which the peak after the backward (the reduction with its bucket,
     or the step with its copies) exceeds the backward's peak (docs/formulas.md#mem.optimizer_copies)."""
+    muon_saving: Any = 0.0
+    """Not a part: the Adam moment bytes `optimizer` leaves out under Muon (cost.muon.muon_moment_saving;
+    docs/formulas.md#optim.muon_memory); 0 under adam."""
 
     @property
     def fits(self) -> Any:
@@ -269,7 +273,11 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     kept_w = kept_copy_extra_bytes(plan) * (kept.dense / where(plan.zero >= 3, plan.zero_shard, 1)
                                                 + kept.expert / where(plan.zero >= 3, plan.expert_shard, 1))
     cache = cache + kept_w
-    tensors = dense.total + expert.total + act.total + cache
+    # Muon: one momentum buffer on its matrices instead of Adam's two moments. Derived: docs/formulas.md#optim.muon_memory
+    saving = muon_moment_saving(plan, muon_params(m, plan, stage))
+    optimizer = dense.optimizer + expert.optimizer - saving
+    states = dense.weights + dense.gradients + expert.weights + expert.gradients + optimizer + cache
+    tensors = states + act.total
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap
     # gates the prefetch only: a module over it is still gathered whole to run). Derived: docs/formulas.md#mem.other
@@ -296,7 +304,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         gathered = gathered + where(per_tensor, maximum(moment - tensors - gathered, 0.0), 0.0)
     # After the backward (activations freed): DeepSpeed ZeRO-1's reduction bucket beside the whole gradient, then
     # its step's flat partition copies beside the partition's gradients. Derived: docs/formulas.md#mem.optimizer_copies
-    copies, peak = after_backward_peak(plan, rp, dense.total + expert.total + cache, gradients)
+    copies, peak = after_backward_peak(plan, rp, states, gradients)
     after = maximum(peak - tensors, 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib
@@ -308,9 +316,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
-        gradients=gradients, optimizer=dense.optimizer + expert.optimizer,
+        gradients=gradients, optimizer=optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
-        optimizer_copies=copies, after_backward=after,
+        optimizer_copies=copies, after_backward=after, muon_saving=saving,
     )
 
 

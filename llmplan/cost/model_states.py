@@ -77,15 +77,17 @@ def fp32_shards_are_master(plan: ParallelPlan) -> Any:
     return (plan.zero >= 3) & (plan.fp32_param_shards and plan.dtype != "fp32")
 
 
-def optimizer_parts(plan: ParallelPlan, optimizer: Any) -> OptimizerParts:
+def optimizer_parts(plan: ParallelPlan, optimizer: Any, muon_saving: Any = 0.0) -> OptimizerParts:
     """Split a rank's optimizer bytes (TrainingMemory.optimizer) into master weights and moments, in the ratio
-    of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks).
-    Derived: docs/formulas.md#mem.param_remainders"""
+    of their bytes per parameter: both are sharded alike (ZeRO stage >= 1 over the same ranks). Under Muon the
+    Adam-priced total (optimizer + muon_saving, TrainingMemory.muon_saving) sets the master, the moments are the rest
+    (Muon's one momentum, Adam's two). Derived: docs/formulas.md#mem.param_remainders, #optim.muon_memory"""
     fp32_shards = fp32_shards_are_master(plan)
     moments_b = plan.optimizer_bytes - plan.master_bytes
     master_b = where(fp32_shards, 0.0, plan.master_bytes)
     share = where(master_b + moments_b > 0, master_b / maximum(master_b + moments_b, 1e-30), 0.0)
-    return OptimizerParts(master=optimizer * share, moments=optimizer - optimizer * share)
+    master = (optimizer + muon_saving) * share
+    return OptimizerParts(master=master, moments=optimizer - master)
 
 
 REDUCE_BUCKET_ELEMENTS = 5e8
@@ -113,12 +115,16 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
     (allreduce_bucket), then at the step its partition's 16-bit gradients flattened and cast to the fp32
     master's dtype (step: self.flatten(self.averaged_gradients[i]).to(fp32)); none where the gradients are
     already in the master's dtype (BF16_Optimizer's fp32 gradients) or reduce-scattered (Megatron).
-    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (2022-02-18).
+    Under Muon (Megatron's layer-wise optimizer, which all-reduces the DDP buffer in place) only the cast remains:
+    Float16OptimizerWithFloat16Params casts each owned parameter's main_grad to fp32 (main_grad.float()).
+    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (2022-02-18); NVIDIA/Megatron-LM
+    at d0b3b7754, megatron/core/optimizer/optimizer.py (_copy_model_grads_to_main_grads).
     Derived: docs/formulas.md#mem.optimizer_copies"""
     on = (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes)
+    deepspeed = on & (plan.optimizer != "muon")
     part = n_params / shard
-    return OptimizerCopies(bucket=where(on, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
-                           flat=where(on, part * plan.grad_bytes, 0.0),
+    return OptimizerCopies(bucket=where(deepspeed, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
+                           flat=where(deepspeed, part * plan.grad_bytes, 0.0),
                            cast=where(on, part * plan.master_bytes, 0.0))
 
 

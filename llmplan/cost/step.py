@@ -53,6 +53,7 @@ from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_kept_params, gradient_params, low_precision_weights
 from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
+from llmplan.cost.muon import muon_params, newton_schulz_seconds
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
     GPU_SPEED_SPREAD,
     GRAPH_LAUNCHES,
@@ -443,7 +444,8 @@ MXFP8 unstaging),
             reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
             gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
-                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept),
+                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
+                     + newton_schulz_seconds(m, plan, gpu, stage),  # Muon's step (optim.muon_ns)
                      zero3_copy_out_seconds(plan, rp.total, gpu, kept.total),
                      mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, rp, stage), gpu)))
             if key is not None:

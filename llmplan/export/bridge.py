@@ -10,6 +10,7 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 from __future__ import annotations
 
 from llmplan.cost.params import stage_layer_list
+from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -85,7 +86,7 @@ def preset(pf: PlanFile) -> str:
                      "blockwise, mxfp8, nvfp4)", "re-plan with --precision bf16 or fp8-tensorwise, or export to "
                      "torchtitan")
     name, low_weights, grad_fp32 = PRESETS[key]
-    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights:
+    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not muon_mxfp8(pf):
         flag = "--fp8-params" if low_weights else "--no-fp8-params"
         raise refuse(TARGET, f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} "
                      f"(its preset {name} sets {p.dtype}_param_gather {str(low_weights).lower()})",
@@ -108,6 +109,31 @@ def preset(pf: PlanFile) -> str:
     return name
 
 
+def muon_mxfp8(pf: PlanFile) -> bool:
+    """Whether the plan runs Muon with the MXFP8 preset, whose weight gather overrides() turns off as Megatron-Bridge's
+    Kimi-K2 configs do (scripts/performance/configs/kimi/kimi_llm_pretrain.py v0.3.1 - v0.5.0: fp8_param_gather and
+    reuse_grad_buf_for_mxfp8_param_ag False under dist_muon; check_plan's muon_fp8_params keeps fp8_params off)."""
+    return pf.plan.optimizer == "muon" and (pf.plan.dtype, pf.plan.recipe) == ("fp8", "mxfp8")
+
+
+def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The Muon optimizer as Megatron-Bridge's distributed_muon_with_cosine_annealing writes it (recipes/utils/
+    optimizer_utils.py v0.3.1 - v0.6.0): dist_muon (Megatron's layer-wise distributed optimizer) with zero 1, muon
+    with zero 0; 5 Newton-Schulz steps, blockwise TP mode, bf16 Newton-Schulz GEMMs (fp32_matmul_prec medium), AdamW
+    for the rest; the DDP all-reduces (kimi_k2.py: use_distributed_optimizer False, "Muon needs this to be False").
+    None under adam."""
+    p = pf.plan
+    if p.optimizer != "muon":
+        return []
+    out: list[tuple[str, object]] = [
+        ("optimizer.optimizer", "dist_muon" if p.zero == 1 else "muon"), ("optimizer.muon_num_ns_steps", MUON_NS_STEPS),
+        ("optimizer.muon_tp_mode", "blockwise"), ("optimizer.muon_fp32_matmul_prec", "medium"),
+        ("optimizer.muon_scalar_optimizer", "adam")]
+    if muon_mxfp8(pf):
+        out += [("mixed_precision.fp8_param_gather", False), ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", False)]
+    return out
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p, m = pf.plan, pf.model
@@ -128,8 +154,11 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export runs Megatron-Core's distributed optimizer, ZeRO-1)", p.zero >= 2,
          "re-plan with --zero 1 (or 0), or export to torchtitan"),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
-         "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1,
+         "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
          "re-plan with --grad-reduce reduce-scatter"),
+        ("Muon over reduce-scattered gradients (Megatron-Bridge's dist_muon recipes run the layer-wise optimizer "
+         "over an all-reducing DDP, use_distributed_optimizer False)", p.optimizer == "muon" and p.zero == 1
+         and p.grad_reduce == "reduce-scatter", "re-plan with --grad-reduce all-reduce, or export to megatron"),
         *tp_refusals(pf), *megatron_expert_refusals(pf), *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf),
         parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
@@ -232,7 +261,9 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
-            ("ddp.use_distributed_optimizer", p.zero == 1), ("optimizer.use_distributed_optimizer", p.zero == 1),
+            # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
+            ("ddp.use_distributed_optimizer", p.zero == 1 and p.optimizer != "muon"),
+            ("optimizer.use_distributed_optimizer", p.zero == 1 and p.optimizer != "muon"),
             ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
             # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
             ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
@@ -247,6 +278,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
     if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
         out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
+    out += muon_overrides(pf)  # after the preset, whose MXFP8 weight gather it turns off
     if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
         out.append(("mixed_precision.fp8_dot_product_attention", True))
     return out

@@ -52,6 +52,11 @@ def check(pf: PlanFile) -> None:
         (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
          "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
          p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
+        # DeepSpeed's Muon (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
+        # DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices
+        ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
+         "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
+         "export to megatron or megatron-bridge, or re-plan with --optimizer adam"),
         (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
          "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
          "re-plan with --dp-replicate 1, or export to megatron"),

@@ -4,6 +4,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -181,8 +182,25 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
               ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
               ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
-              *bf16_layer_pairs(pf)]
+              *bf16_layer_pairs(pf), *muon_pairs(pf)]
     return as_flags(pairs + cuda_graph_pairs(pf))
+
+
+def muon_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The Muon flags of a plan with optimizer muon (none under adam), as the plan prices it (cost.muon): --optimizer
+    muon, with zero 1 beside --use-distributed-optimizer, which Megatron-LM turns into its layer-wise distributed
+    optimizer (arguments.py: use_layer_wise_distributed_optimizer), over a reduce-scattering DDP (its shard-aligned
+    parameter layout, the default from core_v0.18.0) or, with grad_reduce all-reduce, the all-reducing ping-pong
+    path (--no-use-layer-wise-param-layout); 5 Newton-Schulz steps and --muon-tp-mode blockwise (each TP shard on its
+    own; the command-line default is duplicated, which all-gathers TP-split matrices). Source: NVIDIA/Megatron-LM
+    at d98e8a6, megatron/training/arguments.py (--optimizer muon from 5548cdc57b, core_v0.16.0; --muon-num-ns-steps,
+    --muon-tp-mode; --no-use-layer-wise-param-layout from 0044db1f20, core_v0.18.0)."""
+    p = pf.plan
+    if p.optimizer != "muon":
+        return []
+    return [("--optimizer", "muon"), ("--muon-num-ns-steps", MUON_NS_STEPS), ("--muon-tp-mode", "blockwise"),
+            ("--muon-scalar-optimizer", "adam"),
+            ("--no-use-layer-wise-param-layout", p.zero == 1 and p.grad_reduce == "all-reduce")]
 
 
 def fp8_recipe(pf: PlanFile) -> str | None:
@@ -408,7 +426,7 @@ def check(pf: PlanFile) -> None:
                            torch_ring_refusal(pf), kept_grad_shards_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
-    if p.grad_reduce == "all-reduce" and p.zero == 1:
+    if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
     if precision_aware(p) and p.zero == 0:

@@ -83,6 +83,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the latent MoE of {pf.model.name} (moe_latent_size {pf.model.moe_latent_size}: "
                      "torchtitan's MoE has no latent projections around its experts)", "export to megatron")
     p = pf.plan
+    if p.optimizer == "muon":  # torchtitan v0.2.2 components/optimizer.py: optimizer_classes Adam and AdamW only;
+        # its DistMuon came on main 2026-08-13 (bb90ff9c2), unverified in a release llmplan targets
+        raise refuse(target, "the Muon optimizer (torchtitan's optimizer.name builds Adam or AdamW)",
+                     "export to megatron or megatron-bridge, or re-plan with --optimizer adam")
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")

@@ -49,7 +49,7 @@ def host_json(mem: TrainingMemory, cluster: ClusterSpec) -> dict[str, Any]:
 def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> dict[str, Any]:
     a = mem.activation_parts
     f = float
-    parts = optimizer_parts(plan, mem.optimizer)
+    parts = optimizer_parts(plan, mem.optimizer, mem.muon_saving)
     host = {"host": host_json(mem, cluster)} if cluster is not None else {}
     return {**host, "optimizer_parts": {"master": f(parts.master), "moments": f(parts.moments)},
             "weights": f(mem.weights), "gradients": f(mem.gradients), "optimizer": f(mem.optimizer),
@@ -303,7 +303,8 @@ def time_table(e: TrainingEstimate) -> Table:
     rows = [("compute", st.compute, "compute.time"), ("pipeline bubble", st.bubble, "step.time"),
             *((name, v, ref) for a, v in st.exposed.items() if v > 0
               for name, ref in [EXPOSED_ROWS.get(a, (f"exposed {a.upper()} communication", "step.time"))]),
-            ("optimizer step + clipping", st.optimizer, "compute.optimizer"),
+            ("optimizer step + clipping" + (" + Newton-Schulz" if e.plan.optimizer == "muon" else ""), st.optimizer,
+             "compute.optimizer" + (", optim.muon_ns" if e.plan.optimizer == "muon" else "")),
             *((name, v, ref) for k, v in st.overheads.items() if v > 0 for name, ref in [OVERHEAD_ROWS[k]])]
     for name, val, ref in rows:
         t.add_row(name, f"{val:,.4f}", f"{100 * val / st.total:.1f}%", ref)
@@ -355,7 +356,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     t.add_column("% of capacity", justify="right")
     t.add_column("formula", style="dim")
     a = mem.activation_parts
-    opt = optimizer_parts(p, mem.optimizer)
+    opt = optimizer_parts(p, mem.optimizer, mem.muon_saving)
     rows = [
         ("weights", mem.weights, "mem.model_states"),
         ("gradients", mem.gradients, "mem.grad_lifetime" if chunk_gradients_freed(p) else "mem.model_states"),
@@ -363,7 +364,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  master as remainders" if p.param_remainders else f"  master weights ({p.optimizer_master_dtype})",
          opt.master,
          "mem.param_remainders" if p.param_remainders else "mem.model_states"),
-        ("  Adam moments", opt.moments, "mem.model_states"),
+        ("  moments (Muon + Adam)" if p.optimizer == "muon" else "  Adam moments", opt.moments,
+         "optim.muon_memory" if p.optimizer == "muon" else "mem.model_states"),
         ("activations", mem.activations, "mem.activations"),
         ("  transformer layers", a.layers, "mem.activations, mem.inflight"),
         ("  recompute working set", a.recompute_working, "mem.activations"),

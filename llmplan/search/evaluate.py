@@ -98,7 +98,7 @@ def take_memory(mem: TrainingMemory, idx: np.ndarray) -> TrainingMemory:
     return TrainingMemory(
         stage=pick(mem.stage), params_on_rank=pick(mem.params_on_rank), weights=pick(mem.weights),
         gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
-        other=pick(mem.other), capacity=mem.capacity,
+        other=pick(mem.other), capacity=mem.capacity, muon_saving=pick(mem.muon_saving),
         activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output),
                                          pick(a.offloaded)),
     )

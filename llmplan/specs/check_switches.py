@@ -13,6 +13,7 @@ from typing import Any, Callable, Collection
 
 import numpy as np
 
+from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.offload import host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -445,5 +446,31 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
                          "around each call are priced already (comm.ZERO3_GATHER_COPIES); use --zero3-unit layer "
                          "or drop --zero3-copy-out"),
+    # Muon as Megatron-LM runs it (NVIDIA/Megatron-LM d98e8a6 arguments.py: "Emerging optimizer does not support
+    # Torch-FSDP2 / Megatron-FSDP"; its layer-wise distributed optimizer owns whole matrices, ZeRO-1 alone).
+    Rule("muon_zero", lambda m, p, c: (p.optimizer != "muon") | (p.zero <= 1),
+         lambda m, p, c: f"optimizer muon with zero {p.zero}: Megatron-LM's Muon orthogonalises whole matrices, each "
+                         "on the data-parallel rank that owns it (its layer-wise distributed optimizer, ZeRO-1), and "
+                         "refuses FSDP; use --zero 1 (or 0), or --optimizer adam"),
+    # Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py: the momentum is zeros_like the fp32 master, and the
+    # layer-wise optimizer wraps its optimizers in Float16OptimizerWithFloat16Params (fp32 master, no remainders)
+    Rule("muon_states", lambda m, p, c: (p.optimizer != "muon") | ((p.optimizer_master_dtype == "fp32")
+                                                                    & (p.optimizer_moment_dtype == "fp32")
+                                                                    & (not p.param_remainders)),
+         lambda m, p, c: f"optimizer muon with optimizer_master_dtype {p.optimizer_master_dtype}, "
+                         f"optimizer_moment_dtype {p.optimizer_moment_dtype}, param_remainders "
+                         f"{p.param_remainders}: Megatron-LM's Muon keeps an fp32 master and an fp32 momentum (no "
+                         "precision-aware optimizer); drop those options, or use --optimizer adam"),
+    # Megatron-Bridge v0.3.1 - v0.5.0 scripts/performance/configs/kimi/kimi_llm_pretrain.py: MXFP8's fp8_param_gather
+    # "require[s] DistributedOptimizer infrastructure, incompatible with Muon's LayerWiseDistributedOptimizer"
+    Rule("muon_fp8_params", lambda m, p, c: (p.optimizer != "muon") | (not p.fp8_params),
+         lambda m, p, c: "optimizer muon with fp8_params: the low-precision weight gather needs Megatron's "
+                         "distributed optimizer, which Muon's layer-wise optimizer replaces; drop --fp8-params, or "
+                         "use --optimizer adam"),
+    Rule("muon_model", lambda m, p, c: (p.optimizer != "muon") | (muon_unpriced(m) is None),
+         lambda m, p, c: f"optimizer muon with {m.name}'s {muon_unpriced(m)}: which of those parameters Muon "
+                         "updates, and its Newton-Schulz cost on them, is not priced (transformer layers with GQA "
+                         "or MLA attention and dense or MoE MLPs are); use --optimizer adam"
+                         + (" or --mtp-layers 0" if m.num_nextn_predict_layers else "")),
     *(u.rule() for u in SWITCH_USES),
 )

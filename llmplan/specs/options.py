@@ -166,6 +166,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.optimizer_master_dtype."""
     optimizer_moment_dtype: str
     """ParallelPlan.optimizer_moment_dtype."""
+    optimizer: str = "adam"
+    """ParallelPlan.optimizer (adam | muon)."""
     param_remainders: bool
     """ParallelPlan.param_remainders."""
     kept_grad_shards: bool

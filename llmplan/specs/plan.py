@@ -14,6 +14,7 @@ from llmplan.specs.model import SPEC_CONFIG, ModelSpec, Spec
 from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-exported: their home was this module)
     ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, CUDA_GRAPHS, EXPERT_GEMMS, MOE_DISPATCHERS, MOE_FLEX_BACKENDS,
     MOE_ROUTINGS,
+    OPTIMIZERS, Optimizer,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
@@ -180,6 +181,17 @@ class ParallelPlan(PlanQuantities, Spec):
     (docs/formulas.md#precision)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
+    optimizer: Optimizer = "adam"
+    """The optimizer the training recipe runs: adam (AdamW: master weights and two moments for every parameter) or
+    muon (Muon, Jordan et al. 2024; Liu et al. 2025, arXiv 2502.16982): one momentum buffer per 2-D hidden weight
+    matrix, whose update is orthogonalised by 5 Newton-Schulz iterations in bf16 GEMMs, each TP shard on its own
+    (Megatron-LM --muon-tp-mode blockwise: no TP communication), each matrix whole on the one data-parallel rank that
+    owns it under zero 1 (Megatron's layer-wise distributed optimizer); the word embedding, the output layer and the
+    1-D parameters (norms, biases) keep AdamW (--muon-scalar-optimizer adam). A training-recipe choice, not a
+    parallelism one: search keeps the one given (default adam) and never tries the other. check_plan holds where
+    it is priced (zero 0 or 1, fp32 states, the architectures of cost.muon.muon_unpriced). Source:
+    NVIDIA/Megatron-LM at d0b3b7754, megatron/core/optimizer/emerging_optimizers.py (TensorParallelMuon,
+    _is_nonlinear_or_embedding); docs/formulas.md#optim.muon_params."""
     optimizer_master_dtype: OptimizerMasterDtype = "fp32"
     """Adam's master copy of the weights: fp32 (Megatron's default), fp16 (Megatron --use-precision-aware-optimizer
     --main-params-dtype fp16), bf16 (Apex DistributedFusedAdam with dtype bf16 and stored params, as NeMo 1.x sets it

@@ -78,6 +78,10 @@ OPTIMIZER_MASTER_DTYPES: tuple[str, ...] = get_args(OptimizerMasterDtype)
 OptimizerMomentDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 OPTIMIZER_MOMENT_DTYPES: tuple[str, ...] = get_args(OptimizerMomentDtype)
 """--optimizer-moment-dtype values (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype choices)."""
+Optimizer = Literal["adam", "muon"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+"""--optimizer values: adam (AdamW on every parameter) or muon (Megatron-LM's Muon on the hidden weight matrices,
+AdamW on the rest; ParallelPlan.optimizer)."""
 OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
 """Bytes per parameter of one optimizer state tensor in each dtype ('none': not kept)."""
 PRECISIONS: dict[str, tuple[str, str]] = {
