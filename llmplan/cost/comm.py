@@ -314,21 +314,33 @@ def _timed(axis: str, transfers: list[Transfer[GroupSpan]], system: SystemSpec) 
     return AxisComm(axis, live, sum(transfer_seconds(t, system) for t in live))
 
 
+def reduce_gather_split(transfers: Any) -> tuple[list[Any], list[Any]]:
+    """(the gradient reductions, the weight all-gathers) among a step's DP transfers, the once-a-step step-end
+    ones (Transfer.step_end) in neither: the split CommSeconds.dp_reduce / dp_gather (and each stage's) is timed by,
+    on the scalar path (comm_seconds) and the vectorised one (search.evaluate). Derived: docs/formulas.md#step.dp"""
+    timed = [t for t in transfers if not t.step_end]
+    return [t for t in timed if t.collective != "all-gather"], [t for t in timed if t.collective == "all-gather"]
+
+
 def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
-    """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers."""
+    """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers
+    (reduce_gather_split)."""
     dp = comm.axes["dp"].transfers
+
+    def split(transfers: tuple[Transfer[GroupSpan], ...]) -> tuple[float, float]:
+        reduce, gather = reduce_gather_split(transfers)
+        return sum(transfer_seconds(t, system) for t in reduce), sum(transfer_seconds(t, system) for t in gather)
+
+    dp_reduce, dp_gather = split(dp)
     return CommSeconds(
         tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
-        dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather" and not t.step_end),
-        dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather" and not t.step_end),
+        dp_reduce=dp_reduce,
+        dp_gather=dp_gather,
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
-        dp_stages=tuple(each_stage(comm.dp_stages, lambda a: (  # a stage class's shared axis: timed once
-            sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather" and not t.step_end),
-            sum(transfer_seconds(t, system) for t in a.transfers
-                if t.collective == "all-gather" and not t.step_end)))),
+        dp_stages=tuple(each_stage(comm.dp_stages, lambda a: split(a.transfers))),  # a stage class's axis: once
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
@@ -648,8 +660,8 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     partial groups), and each step the replicas reduce the shard's gradients across them (hsdp_transfers).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
-    g, w, n, z = plan.grad_bytes, param_gather_bytes(plan), plan.num_microbatches, plan.zero
-    kept, kw = bf16_kept_params(m, plan, stage), kept_gather_extra_bytes(plan)  # fp8_params' bf16 parts
+    n, z = plan.num_microbatches, plan.zero
+    kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
     u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
@@ -663,14 +675,14 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
     for params, bf16, group, ranks in groups:
-        gathered_b = w * params + kw * bf16  # bytes the weight gather moves (the bf16 parts at 2 a weight)
+        reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
         b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
-        out += [Transfer("all-reduce", where(whole, b_r, 0), g * params / b_r, group),
-                Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
+        out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
+                Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
+                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0))]
@@ -692,12 +704,21 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
-    g, w, outer_optim = plan.grad_bytes, param_gather_bytes(plan), plan.dp_outer_optimizer
-    gathered_b = w * shard + kept_gather_extra_bytes(plan) * kept
+    outer_optim = plan.dp_outer_optimizer
+    reduced_b, gathered_b = sync_bytes(plan, shard, kept)
     calls = where(on, u, 0)
-    return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
-            Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
+    return [Transfer("all-reduce", where(outer_optim, 0, calls), reduced_b / u, outer),
+            Transfer("reduce-scatter", where(outer_optim, calls, 0), reduced_b / u, outer),
             Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer)]
+
+
+def sync_bytes(plan: ParallelPlan, params: Any, kept: Any) -> tuple[Any, Any]:
+    """(bytes reduced, bytes gathered) when a rank's gradients of `params` parameters are reduced (all-reduce or
+    reduce-scatter) and their updated weights all-gathered, `kept` of them bf16 under fp8_params: the gradients at
+    grad_bytes; the weights at param_gather_bytes, the kept ones 2 (kept_gather_extra_bytes more). The one split
+    dp_transfers and hsdp_transfers price.
+    Derived: docs/formulas.md#comm.dp, docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return plan.grad_bytes * params, param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept
 
 
 STAGED_GATHER_BYTES = 2.0
