@@ -445,7 +445,7 @@ MXFP8 unstaging),
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
                     (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept),
                      zero3_copy_out_seconds(plan, rp.total, gpu, kept.total),
-                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, rp, stage), gpu)))
+                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)))
             if key is not None:
                 done[key] = tail
         else:
