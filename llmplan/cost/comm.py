@@ -19,7 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_kept_params
+from llmplan.cost.model_states import bf16_kept_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -32,7 +32,6 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
     stepped_rank_params,
-    vocab_shard_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
@@ -785,24 +784,21 @@ v2.17.1): packed_amaxes over every weight's rowwise and columnwise scale_inv, al
 def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G, G], expert_groups: tuple[G, G],
                          stage: Any = 0) -> list[Transfer[G]]:
     """Megatron-FSDP with MXFP8 weights (ZeRO-3, fp8_params, recipe mxfp8): after each optimizer step the fp32
-    master shards are cast into the MXFP8 weights and the block amaxes of every low-precision weight the rank
-    holds (its parameters less a vocabulary shard at each end of the pipeline, whole) are all-reduced over the group
+    master shards are cast into the MXFP8 weights and the block amaxes of every MXFP8 weight the rank holds
+    (model_states.low_precision_params: its layers' linear weights, dense and expert) are all-reduced over the group
     the master weights are sharded across: (whole group, partial group) of each pair, the whole one with
     dp_outer_optimizer (HFSDP's DP-Outer x DP-Shard group). Once a step, synchronous: exposed whole.
     Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at
     2a75ac12c (copy_main_weights_to_model_weights: fp8_quantize over mbuf.data_parallel_group, the
     get_dp_group of the main weight buffer), mixed_precision.py (fp8_quantize: TE cast_master_weights_to_fp8);
     MXFP8_AMAX_BYTES. Derived: docs/formulas.md#comm.mxfp8_amax"""
-    rp = stepped_rank_params(m, plan, stage)
-    vocab = vocab_shard_params(m, plan.tp)
-    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
-    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    low = low_precision_params(m, plan, stage)  # the stepped rank's (both paired stages' under DualPipe)
     on = mxfp8_params(plan) & (plan.zero >= 3)
     whole = where(on & plan.dp_outer_optimizer, 1, 0)
     part = where(on & np.logical_not(plan.dp_outer_optimizer), 1, 0)
     out: list[Transfer[G]] = []
-    for params, (full, inner) in ((maximum(rp.dense - ends, 0.0), dense_groups), (rp.expert, expert_groups)):
-        message = MXFP8_AMAX_BYTES * params * share
+    for params, (full, inner) in ((low.dense, dense_groups), (low.expert, expert_groups)):
+        message = MXFP8_AMAX_BYTES * params
         out += [Transfer("all-reduce", whole, message, full, step_end=True),
                 Transfer("all-reduce", part, message, inner, step_end=True)]
     return out
