@@ -138,6 +138,17 @@ def test_tied_embedding_low_precision_weights_by_hand():
     assert float(low_precision_weights(m, p2, 1)) == GL // 2 * G_LINEAR
 
 
+def test_dualpipe_rank_of_both_ends_keeps_a_tied_embedding_once():
+    # DualPipe at pp 2: each rank holds stages 0 and 1 (paired_rank_params), so a tied model's rank holds the one
+    # V x h tensor once (DeepSeek-V3 report §3.2.3, shared embedding and output head); it keeps that tensor, the
+    # positions and every LayerNorm (48 and the final one, 2h each) in bf16, and all 24 layers' linear weights
+    # are low precision
+    from llmplan.cost.model_states import low_precision_weights
+    m, p = M["gpt-1.7b"], plan(pp=2, pp_schedule="dualpipe")
+    assert float(bf16_kept_params(m, p, 0).total) == GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH
+    assert float(low_precision_weights(m, p, 0)) == GL * G_LINEAR
+
+
 def test_tied_embedding_cache_counts_every_linear_weight():
     # tensorwise with fp8_params on a TN-only GPU: the cache is the fp8 transpose, 1 byte a low-precision weight
     m, p = M["gpt-1.7b"], plan()
