@@ -187,6 +187,33 @@ def test_mxfp8_block_amax_all_reduce_by_hand():
     assert MXFP8_AMAX_BYTES == 0.25
 
 
+# Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): a tied word embedding, no biases, RMSNorms
+LLAMA32_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+
+
+def test_mxfp8_amax_of_a_tied_model_counts_only_its_linear_weights_by_hand():
+    # TE _cast_master_weights_to_fp8_mxfp8_scaling (v2.11 - v2.17.1) packs one amax per 32-element block of every
+    # MXFP8 weight, i.e. every parameter TE quantized (reset_parameters: fp8_meta_index, the GEMM weights), not the
+    # word embedding (VocabParallelEmbedding, which at pp 1 is also the tied output layer: one tensor) nor the
+    # RMSNorms. A layer's GEMM weights: q 2048 x 2048, k and v 2048 x 512 each, o 2048 x 2048, gate / up / down
+    # 3 x 2048 x 8192 = 60,817,408; 16 layers 973,078,528; 0.25 bytes each (MXFP8_AMAX_BYTES)
+    from llmplan.cost.comm import mxfp8_amax_transfers
+    from llmplan.specs.hf import from_hf_config
+    from llmplan.specs.model import ModelSpec
+    m = ModelSpec(**from_hf_config(LLAMA32_1B, "llama-3.2-1b"))
+    layer = 2048 * 2048 + 2 * 2048 * 512 + 2048 * 2048 + 3 * 2048 * 8192
+    assert layer == 60_817_408
+    kw = dict(dp=8, zero=3, global_batch=64, dtype="fp8", recipe="mxfp8", fp8_params=True)
+    for pp, stage, layers in ((1, 0, 16), (2, 0, 8), (2, 1, 8)):
+        p = ParallelPlan(pp=pp, **kw)
+        dense, expert = [t for t in mxfp8_amax_transfers(m, p, ("dpcp", "dpcp_in"), ("edp", "edp_in"), stage)
+                         if t.calls]
+        assert dense.group == "dpcp_in" and dense.message == 0.25 * layers * layer
+        assert expert.message == 0.0
+
+
 def test_the_ultra_rows_all_reduce_their_mxfp8_amaxes_once_a_step_exposed(row_setup):
     # Megatron-LM 2a75ac12c param_and_grad_buffer.py copy_main_weights_to_model_weights: fp8_quantize over the main
     # weight buffer's group (HFSDP: DP-Outer x DP-Shard, the whole dp group; the experts' whole edp group). The

@@ -20,7 +20,6 @@ from agreement import assert_arrays_agree
 from llmplan.cost.comm import dp_transfers, param_gather_bytes
 from llmplan.cost.model_states import low_precision_weight_cache, low_precision_weights
 from llmplan.cost.overhead import mxfp8_param_unstage_seconds
-from llmplan.cost.params import rank_params
 from llmplan.estimate import estimate_training
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -77,9 +76,8 @@ def test_memory_charges_the_mxfp8_tensor_and_no_gather_buffer():
     # the gather writes into the gradient buffer (shared_buffer), so a linear weight costs its MXFP8 tensor
     # (rowwise + columnwise, 2 x (1 + 1/32) bytes) and its gradient, no separate parameter buffer
     m, p = M["llama-3.1-8b"], plan()
-    rp = rank_params(m, p, 0)
-    weights = low_precision_weights(m, p, rp, 0)
-    per_weight = p.weight_bytes + float(low_precision_weight_cache(m, p, rp, 0, fp8_tn_only=False)) / weights
+    weights = low_precision_weights(m, p, 0)
+    per_weight = p.weight_bytes + float(low_precision_weight_cache(m, p, 0, fp8_tn_only=False)) / weights
     assert per_weight == pytest.approx(2 * (1 + 1 / 32))
 
 
@@ -89,8 +87,7 @@ def test_the_gpt_oss_b300_row_stages_its_gather_and_pays_the_cast(row_setup):
     m, c, p = row_setup(GPT_OSS_B300)
     assert (p.zero, p.recipe, p.fp8_params) == (1, "mxfp8", True)
     e = estimate_training(m, c, p)
-    rp = rank_params(m, p, 0)
-    hand = 6.0625 * float(low_precision_weights(m, p, rp, 0)) / c.system.gpu.hbm_achieved_bytes_per_s
+    hand = 6.0625 * float(low_precision_weights(m, p, 0)) / c.system.gpu.hbm_achieved_bytes_per_s
     assert float(e.time.overheads["mxfp8_param_unstage"]) == pytest.approx(hand)
     assert hand > 0.01  # about 18 ms on a 3.9 s step
 

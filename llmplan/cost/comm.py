@@ -19,7 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_kept_params
+from llmplan.cost.model_states import bf16_kept_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -32,7 +32,6 @@ from llmplan.cost.params import (
     recomputed_share,
     stage_layers,
     stepped_rank_params,
-    vocab_shard_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
@@ -314,21 +313,33 @@ def _timed(axis: str, transfers: list[Transfer[GroupSpan]], system: SystemSpec) 
     return AxisComm(axis, live, sum(transfer_seconds(t, system) for t in live))
 
 
+def reduce_gather_split(transfers: Any) -> tuple[list[Any], list[Any]]:
+    """(the gradient reductions, the weight all-gathers) among a step's DP transfers, the once-a-step step-end
+    ones (Transfer.step_end) in neither: the split CommSeconds.dp_reduce / dp_gather (and each stage's) is timed by,
+    on the scalar path (comm_seconds) and the vectorised one (search.evaluate). Derived: docs/formulas.md#step.dp"""
+    timed = [t for t in transfers if not t.step_end]
+    return [t for t in timed if t.collective != "all-gather"], [t for t in timed if t.collective == "all-gather"]
+
+
 def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
-    """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers."""
+    """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers
+    (reduce_gather_split)."""
     dp = comm.axes["dp"].transfers
+
+    def split(transfers: tuple[Transfer[GroupSpan], ...]) -> tuple[float, float]:
+        reduce, gather = reduce_gather_split(transfers)
+        return sum(transfer_seconds(t, system) for t in reduce), sum(transfer_seconds(t, system) for t in gather)
+
+    dp_reduce, dp_gather = split(dp)
     return CommSeconds(
         tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
-        dp_reduce=sum(transfer_seconds(t, system) for t in dp if t.collective != "all-gather" and not t.step_end),
-        dp_gather=sum(transfer_seconds(t, system) for t in dp if t.collective == "all-gather" and not t.step_end),
+        dp_reduce=dp_reduce,
+        dp_gather=dp_gather,
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
-        dp_stages=tuple(each_stage(comm.dp_stages, lambda a: (  # a stage class's shared axis: timed once
-            sum(transfer_seconds(t, system) for t in a.transfers if t.collective != "all-gather" and not t.step_end),
-            sum(transfer_seconds(t, system) for t in a.transfers
-                if t.collective == "all-gather" and not t.step_end)))),
+        dp_stages=tuple(each_stage(comm.dp_stages, lambda a: split(a.transfers))),  # a stage class's axis: once
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
 
@@ -648,8 +659,8 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     partial groups), and each step the replicas reduce the shard's gradients across them (hsdp_transfers).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
-    g, w, n, z = plan.grad_bytes, param_gather_bytes(plan), plan.num_microbatches, plan.zero
-    kept, kw = bf16_kept_params(m, plan, stage), kept_gather_extra_bytes(plan)  # fp8_params' bf16 parts
+    n, z = plan.num_microbatches, plan.zero
+    kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
     u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
@@ -663,14 +674,14 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
     for params, bf16, group, ranks in groups:
-        gathered_b = w * params + kw * bf16  # bytes the weight gather moves (the bf16 parts at 2 a weight)
+        reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         b_r = where(megatron, dp_step_calls(plan, params, plan.overlap_grad_reduce), 1)
         b_g = where(megatron, dp_step_calls(plan, params, plan.overlap_param_gather), 1)
-        out += [Transfer("all-reduce", where(whole, b_r, 0), g * params / b_r, group),
-                Transfer("reduce-scatter", reduce_calls * b_r, g * params / u / b_r, group,
+        out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
+                Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * g * params / u, 0.0)),
+                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0))]
@@ -692,12 +703,21 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
-    g, w, outer_optim = plan.grad_bytes, param_gather_bytes(plan), plan.dp_outer_optimizer
-    gathered_b = w * shard + kept_gather_extra_bytes(plan) * kept
+    outer_optim = plan.dp_outer_optimizer
+    reduced_b, gathered_b = sync_bytes(plan, shard, kept)
     calls = where(on, u, 0)
-    return [Transfer("all-reduce", where(outer_optim, 0, calls), g * shard / u, outer),
-            Transfer("reduce-scatter", where(outer_optim, calls, 0), g * shard / u, outer),
+    return [Transfer("all-reduce", where(outer_optim, 0, calls), reduced_b / u, outer),
+            Transfer("reduce-scatter", where(outer_optim, calls, 0), reduced_b / u, outer),
             Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer)]
+
+
+def sync_bytes(plan: ParallelPlan, params: Any, kept: Any) -> tuple[Any, Any]:
+    """(bytes reduced, bytes gathered) when a rank's gradients of `params` parameters are reduced (all-reduce or
+    reduce-scatter) and their updated weights all-gathered, `kept` of them bf16 under fp8_params: the gradients at
+    grad_bytes; the weights at param_gather_bytes, the kept ones 2 (kept_gather_extra_bytes more). The one split
+    dp_transfers and hsdp_transfers price.
+    Derived: docs/formulas.md#comm.dp, docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return plan.grad_bytes * params, param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept
 
 
 STAGED_GATHER_BYTES = 2.0
@@ -764,24 +784,21 @@ v2.17.1): packed_amaxes over every weight's rowwise and columnwise scale_inv, al
 def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G, G], expert_groups: tuple[G, G],
                          stage: Any = 0) -> list[Transfer[G]]:
     """Megatron-FSDP with MXFP8 weights (ZeRO-3, fp8_params, recipe mxfp8): after each optimizer step the fp32
-    master shards are cast into the MXFP8 weights and the block amaxes of every low-precision weight the rank
-    holds (its parameters less a vocabulary shard at each end of the pipeline, whole) are all-reduced over the group
+    master shards are cast into the MXFP8 weights and the block amaxes of every MXFP8 weight the rank holds
+    (model_states.low_precision_params: its layers' linear weights, dense and expert) are all-reduced over the group
     the master weights are sharded across: (whole group, partial group) of each pair, the whole one with
     dp_outer_optimizer (HFSDP's DP-Outer x DP-Shard group). Once a step, synchronous: exposed whole.
     Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at
     2a75ac12c (copy_main_weights_to_model_weights: fp8_quantize over mbuf.data_parallel_group, the
     get_dp_group of the main weight buffer), mixed_precision.py (fp8_quantize: TE cast_master_weights_to_fp8);
     MXFP8_AMAX_BYTES. Derived: docs/formulas.md#comm.mxfp8_amax"""
-    rp = stepped_rank_params(m, plan, stage)
-    vocab = vocab_shard_params(m, plan.tp)
-    ends = where(stage == 0, vocab, 0.0) + where(stage == plan.pp - 1, vocab, 0.0)
-    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    low = low_precision_params(m, plan, stage)  # the stepped rank's (both paired stages' under DualPipe)
     on = mxfp8_params(plan) & (plan.zero >= 3)
     whole = where(on & plan.dp_outer_optimizer, 1, 0)
     part = where(on & np.logical_not(plan.dp_outer_optimizer), 1, 0)
     out: list[Transfer[G]] = []
-    for params, (full, inner) in ((maximum(rp.dense - ends, 0.0), dense_groups), (rp.expert, expert_groups)):
-        message = MXFP8_AMAX_BYTES * params * share
+    for params, (full, inner) in ((low.dense, dense_groups), (low.expert, expert_groups)):
+        message = MXFP8_AMAX_BYTES * params
         out += [Transfer("all-reduce", whole, message, full, step_end=True),
                 Transfer("all-reduce", part, message, inner, step_end=True)]
     return out

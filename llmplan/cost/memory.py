@@ -262,11 +262,11 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(
             m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
     act = stage_act(stage)
-    cache = low_precision_weight_cache(m, plan, rank_params(m, plan, stage), stage, fp8_tn_only)
+    cache = low_precision_weight_cache(m, plan, stage, fp8_tn_only)
     if paired:
         mirror = plan.pp - 1 - stage
         act = paired_activations(act, stage_act(mirror))
-        cache = cache + low_precision_weight_cache(m, plan, rank_params(m, plan, mirror), mirror, fp8_tn_only)
+        cache = cache + low_precision_weight_cache(m, plan, mirror, fp8_tn_only)
     # fp8_params: the embedding, output layer, norms, routers and bf16 layers stay 2 bytes a weight.
     # Derived: docs/formulas.md#mem.fp8_param_bf16_parts
     kept, kept_b = bf16_kept_params(m, plan, stage), bf16_parts_extra_bytes(plan)  # kept_b: the gathered copy

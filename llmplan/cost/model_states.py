@@ -14,7 +14,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.mixers import norms_per_layer
 from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, param_counts, rank_params,
-                                 router_params, stage_end_params, vocab_matrices_on_rank)
+                                 router_params, stage_end_params, stepped_rank_params)
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -174,10 +174,9 @@ FP8_TRANSPOSE = {"tensorwise": 1.0, "blockwise": 1.0 + 4 / 128**2}
 columnwise transpose only when `!nvte_is_non_tn_fp8_gemm_supported()`, false on Blackwell)."""
 
 
-def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any,
-                               fp8_tn_only: bool = True) -> Any:
-    """Bytes of the recipe's cached low-precision weight copies on one rank of `stage`: its linear weights
-    (not the embedding or the bf16 output layer) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
+def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, stage: Any, fp8_tn_only: bool = True) -> Any:
+    """Bytes of the recipe's cached low-precision weight copies on one rank of `stage` (that stage alone): its
+    low-precision weights (low_precision_weights) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
     GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
     (fp8_params: 1 byte, or NVFP4's 4 bits and scales); none under ZeRO-3 / FSDP, which gathers and frees each
     layer, unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
@@ -185,22 +184,43 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, rp: RankParams,
         return 0.0
     cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
-    linear = low_precision_weights(m, plan, rp, stage)
+    linear = low_precision_weights(m, plan, stage, paired=False)
     return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))
 
 
-def low_precision_weights(m: ModelSpec, plan: ParallelPlan, rp: RankParams, stage: Any) -> Any:
-    """Weights of a rank of `stage` (holding `rp`) that the recipe runs in low precision: its layers' linear
-    weights, not the embedding or output layer, in the layers the recipe covers
-    (low_precision_layer_fraction). Derived: docs/formulas.md#precision"""
-    ends = vocab_matrices_on_rank(m, plan, stage)  # a tied embedding at pp 1: one matrix, subtracted once
-    return maximum(rp.total - ends, 0.0) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+def low_precision_weights(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> Any:
+    """Weights of a rank of `stage` (and of its paired stage under DualPipe) that the recipe runs in low precision
+    (low_precision_params, dense and expert together). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return low_precision_params(m, plan, stage, paired).total
+
+
+def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> RankParams:
+    """Parameters of a rank of `stage` (and of its paired stage under DualPipe, the rank's stepped_rank_params)
+    that are linear-layer weight matrices in the layers the recipe covers: what the recipe casts (its cached
+    copies, MXFP8's unstaging and block amaxes) and what fp8_params stores in its format. The one rule, per
+    stage: the stage's parameters less those kept in bf16 (_bf16_kept: embedding, position embedding, final norm,
+    output layer, norms, routers, bf16 layers); bf16_kept_params is its complement. A tied embedding at pp 1 is
+    one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    dense, expert = 0.0, 0.0
+    for s in _held_stages(plan, stage, paired):
+        rp = rank_params(m, plan, s)
+        kept_d, kept_e = _bf16_kept(m, plan, s)
+        dense, expert = dense + rp.dense - kept_d, expert + rp.expert - kept_e
+    return RankParams(dense=dense, expert=expert)
+
+
+def _held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
+    """The stages a rank of `stage` holds: it and, under a schedule with two parameter copies (DualPipe) when
+    `paired`, stage pp-1-stage."""
+    return (stage, plan.pp - 1 - stage) if paired and schedule_of(plan).param_copies == 2 else (stage,)
 
 
 def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> RankParams:
     """Parameters of a rank of `stage` (and of its paired stage under DualPipe) that stay in bf16 when the
     plan keeps its weights in the recipe's format (fp8_params): all but the GEMM weights Transformer Engine
-    builds quantized inside the transformer layers. Kept: the word (and position) embedding, the final norm and
+    builds quantized inside the transformer layers, i.e. the rank's parameters less low_precision_params (one
+    rule; a tied embedding that DualPipe's rank of both ends holds once is kept once). Kept (_bf16_kept, per
+    stage): the word (and position) embedding, the final norm and
     the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear, no TE module), the
     layers the recipe keeps in bf16 (bf16_layer_counts: built outside the quantized-init context), and in the
     quantized layers their norms and MoE routers (TE quantizes only parameters with an fp8_meta_index, the
@@ -210,16 +230,14 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool 
     that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine
     transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index).
     Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    stages = (stage, plan.pp - 1 - stage) if paired and schedule_of(plan).param_copies == 2 else (stage,)
-    dense, expert = 0.0, 0.0
-    for s in stages:
-        d, e = _bf16_kept(m, plan, s)
-        dense, expert = dense + d, expert + e
-    return RankParams(dense=dense, expert=expert)
+    rp = stepped_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)
+    low = low_precision_params(m, plan, stage, paired)
+    return RankParams(dense=rp.dense - low.dense, expert=rp.expert - low.expert)
 
 
 def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
-    """(dense, expert) parameters one rank of `stage` keeps in bf16 under fp8_params (bf16_kept_params)."""
+    """(dense, expert) parameters one rank of `stage` alone keeps in bf16 under fp8_params (bf16_kept_params); the
+    complement of low_precision_params."""
     rp = rank_params(m, plan, stage)
     frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
     quantized_mtp = m.num_nextn_predict_layers * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))

@@ -338,15 +338,6 @@ def separate_output_layer(m: ModelSpec, plan: PlanLike) -> Any:
     return where(plan.pp > 1, True, not m.tie_word_embeddings)
 
 
-def vocab_matrices_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
-    """Parameters of the vocabulary-sized matrices on one rank of pipeline stage `stage`: the word embedding's
-    shard on the first stage, the output layer's on the last (separate_output_layer: a tied model's single
-    stage holds one). Derived: docs/formulas.md#params.rank"""
-    vocab = vocab_shard_params(m, plan.tp)
-    last = (stage == plan.pp - 1) & separate_output_layer(m, plan)
-    return where(stage == 0, vocab, 0.0) + where(last, vocab, 0.0)
-
-
 def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
     first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).

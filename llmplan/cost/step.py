@@ -447,7 +447,7 @@ MXFP8 unstaging),
                     (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
                      + newton_schulz_seconds(m, plan, gpu, stage),  # Muon's step (optim.muon_ns)
                      zero3_copy_out_seconds(plan, rp.total, gpu, kept.total),
-                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, rp, stage), gpu)))
+                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)))
             if key is not None:
                 done[key] = tail
         else:

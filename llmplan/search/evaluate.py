@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.cost.comm import (copy_seconds, cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers,
-                                mxfp8_amax_transfers, pp_transfers, tp_transfers)
+                                mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -174,8 +174,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     # each candidate stage's rank reduces and gathers its own parameters (docs/formulas.md#step.stage_tail)
     stages = each_stage(candidate_stages(m, plans.as_plan),
                         lambda i: dp_transfers(m, plans.as_plan, "dpcp_in", "edp_in", i, "dpcp_out", "edp_out"))
-    dp_stages = each_stage(tuple(stages), lambda x: (  # a repeated stage: timed once
-        total([t for t in x if t.collective != "all-gather"]), total([t for t in x if t.collective == "all-gather"])))
+    dp_stages = each_stage(tuple(stages), lambda x: tuple(map(total, reduce_gather_split(x))))  # repeated: once
     dp = stages[0]
     step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in")))
     return CommSeconds(
