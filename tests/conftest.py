@@ -16,7 +16,9 @@ from runs import load_runs, runs_path  # noqa: E402  (benchmarks/runs.py: shippe
 
 from refusal import one_line  # noqa: E402  (tests/refusal.py)
 
-hyp_settings.register_profile("seeded", derandomize=True)
+# deadline None: a property test checks an invariant, not a time; under load on a 2-core CI worker one
+# example took 230 ms against hypothesis's default 200 ms deadline (test_recompute_modules) and failed
+hyp_settings.register_profile("seeded", derandomize=True, deadline=None)
 hyp_settings.load_profile("seeded")  # every property test draws the same examples on every run
 
 
