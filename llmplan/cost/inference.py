@@ -62,7 +62,7 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
         return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine,
-                           **decode_graphs(job, plan, GraphHost.of(system, m)))
+                           **decode_graphs(job, plan, system, m))
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 

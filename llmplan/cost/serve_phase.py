@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (GraphHost, Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
+from llmplan.cost.inference import (Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
 from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_plan, speculative_step
 from llmplan.specs.hardware import SystemSpec
@@ -75,7 +75,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     context = job.input_len + job.output_len / 2
     spec = None if job.speculative is None else speculative_step(
         m, plan, system, spans, job.speculative, B, context, step_host_seconds(m, plan, job), job.engine,
-        **decode_graphs(job, plan, GraphHost.of(system, m)))
+        **decode_graphs(job, plan, system, m))
     # the speculative step once: its TPOT is speculative_tpot's step.total / step.tokens_per_step
     tpot = float(job_tpot(m, plan, system, spans, job, B, context) if spec is None
                  else spec.total / spec.tokens_per_step)

@@ -134,10 +134,10 @@ def draft_tokens_of(job: ServeJob) -> int | None:
     return job.speculative.num_speculative_tokens if job.speculative is not None else None
 
 
-def decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> dict[str, Any]:
-    """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to
-    (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
-    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, host)}
+def decode_graphs(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> dict[str, Any]:
+    """decode_tpot's CUDA-graph arguments for the job's server of `plan` serving `m` on `system`'s GPU: the
+    sizes a step pads to (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
+    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
 
 
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
@@ -338,9 +338,9 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     return None
 
 
-def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
-                   tp: int | None = None, host: GraphHost | None = None) -> tuple[int, ...] | None:
-    """The job's captured sizes for a server started at another batch or max_num_batched_tokens, at tensor
+def graph_sizes_at(job: Any, batch: int | None = None, tp: int | None = None,
+                   host: GraphHost | None = None) -> tuple[int, ...] | None:
+    """The job's captured sizes for a server started at another batch, at tensor
     parallelism `tp` on `host` (SGLang's default depends on the GPU's memory and TP, vLLM's on its compute
     capability and the model): where the job carries the engine's default (ServeJob.cuda_graph_sizes_default),
     the default at the new settings; else the user's sizes as given. SGLang without `tp` keeps the job's list
@@ -348,8 +348,8 @@ def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: i
     Derived: docs/formulas.md#infer.graph_padding"""
     if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None):
         return job.cuda_graph_batch_sizes
-    return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens,
-                               tp or 1, host, draft_tokens_of(job))
+    return default_graph_sizes(job.engine, batch or job.batch, job.max_num_batched_tokens, tp or 1, host,
+                               draft_tokens_of(job))
 
 
 SERVE_GEMM_M_HALF = 128.0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.inference import GraphHost, Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.inference import Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
 from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -122,5 +122,5 @@ def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     Derived: docs/formulas.md#infer.speculative"""
     assert job.speculative is not None  # the caller's branch; not user input
     step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead, job.engine,
-                            **decode_graphs(job, plan, GraphHost.of(system, m)))
+                            **decode_graphs(job, plan, system, m))
     return step.total / step.tokens_per_step

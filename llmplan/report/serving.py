@@ -12,6 +12,7 @@ from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
+from llmplan.cost.speculative import SpeculativeStep
 from llmplan.cost.serve_step import (effective_graph_sizes, graph_padded_rows, graph_padded_tokens,
                                      graph_sizes_count_tokens)
 from llmplan.report.common import ReportTable, SCHEMA, gib
@@ -88,9 +89,8 @@ def speculative_json(e: ServeEstimate) -> dict[str, Any]:
     sp, spec = e.speculative, e.job.speculative
     assert sp is not None and spec is not None  # the caller's branch
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-            "acceptance_rate": sp.step.acceptance_rate, "acceptance_default": spec.acceptance_rate is None,
-            "draft_model": spec.draft_model, "tokens_per_step": sp.step.tokens_per_step,
-            "step_s": float(sp.step.total), "draft_s": float(sp.step.draft), "verify_s": float(sp.step.verify),
+            **speculative_step_json(sp.step), "acceptance_default": spec.acceptance_rate is None,
+            "draft_model": spec.draft_model, "step_s": float(sp.step.total),
             "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
             "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
             "tokens_per_s_without": sp.tokens_per_s_without,
@@ -131,12 +131,16 @@ def phase_json(e: ServeEstimate) -> dict[str, Any]:
             **({"speculative": phase_speculative_json(ph)} if ph.speculative is not None else {})}
 
 
-def phase_speculative_json(ph: PhaseTiming) -> dict[str, Any]:
-    """A speculative decode phase's step (seconds): step_s = draft_s + verify_s, tpot_s = step_s / tokens_per_step."""
-    sp = ph.speculative
-    assert sp is not None  # the caller's branch
+def speculative_step_json(sp: SpeculativeStep) -> dict[str, Any]:
+    """One speculative step (seconds): step = draft_s + verify_s, in which a sequence gains tokens_per_step."""
     return {"draft_s": float(sp.draft), "verify_s": float(sp.verify), "tokens_per_step": sp.tokens_per_step,
             "acceptance_rate": sp.acceptance_rate}
+
+
+def phase_speculative_json(ph: PhaseTiming) -> dict[str, Any]:
+    """A speculative decode phase's step (seconds): step_s = draft_s + verify_s, tpot_s = step_s / tokens_per_step."""
+    assert ph.speculative is not None  # the caller's branch
+    return speculative_step_json(ph.speculative)
 
 
 def phase_lines(e: ServeEstimate) -> list[str]:
