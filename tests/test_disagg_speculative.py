@@ -128,3 +128,17 @@ def test_disaggregated_search_prices_speculative_decode_pools(cli):
 ], ids=["phase-mtp-no-layers", "phase-pp", "disagg-mtp-no-layers", "disagg-ngram-no-acceptance"])
 def test_bad_speculative_pools_exit_2_with_one_line(cli, args, needle):
     assert needle in cli(*args).refusal()
+
+
+@pytest.mark.parametrize("spec,needle", [(("--speculative", "mtp", "--spec-tokens", "2"), "num_nextn_predict_layers 0"),
+                                         (("--speculative", "ngram", "--spec-tokens", "2"), "--acceptance")],
+                         ids=["mtp-no-layers", "ngram-no-acceptance"])
+def test_disaggregated_search_over_pools_refuses_speculation_as_one_system_does(cli, tmp_path, spec, needle):
+    # One rule (search.disagg.refuse_speculation) for both disaggregated searches: the same line, exit 2, over a
+    # cluster of pools as over one system, before any split is priced.
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\nfabric: {gb_per_s: 50}\n")
+    base = ("search", "--mode", "infer", "--disaggregated", "-m", "llama-3.1-8b", *spec)
+    pools = cli(*base, "--hardware", str(f)).refusal()
+    one = cli(*base, "--hardware", "dgx-h100").refusal()
+    assert needle in pools and pools == one
