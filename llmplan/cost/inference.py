@@ -24,7 +24,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
     step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost,
-    graph_padded_tokens, graph_sizes_count_tokens,
+    graph_padded_tokens, graph_sizes_count_tokens, decode_group,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -42,7 +42,7 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     stage hop carry the padded tokens (graph_padded_tokens: vLLM pads b x queries tokens against its token
     sizes, the other engines b requests of `queries` tokens); its matmuls, attention and KV reads the real
     ones (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
-    b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
+    b = decode_group(batch, plan.pp)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries

@@ -140,6 +140,40 @@ def decode_graphs(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSp
     return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
 
 
+def decode_group(batch: Any, pp: int) -> Any:
+    """Sequences of one pipeline group's decode step: with pp stages the batch splits into pp groups that take
+    turns (infer.decode), batch / pp, at least 1. Derived: docs/formulas.md#infer.decode"""
+    return np.maximum(np.asarray(batch, dtype=float) / pp, 1.0)
+
+
+@dataclass(frozen=True)
+class DecodeGraphStep:
+    """What one decode step (under speculative decoding, the verification step) of a pipeline group runs
+    against the server's captured CUDA graph sizes, as decode_tpot prices it."""
+
+    requests: float
+    """Sequences of the step before padding (decode_group: batch / pp)."""
+    queries: int
+    """Tokens each sequence carries: 1, or 1 + k under speculative decoding."""
+    tokens: float
+    """Tokens the step runs once padded (graph_padded_tokens; unpadded above the largest size)."""
+    eager: bool
+    """Whether the step runs without a graph (requests above graph_ceiling: uncaptured_launch_seconds)."""
+
+
+def decode_graph_step(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> DecodeGraphStep | None:
+    """The job's decode (verification) step of one pipeline group against its captured sizes, by the rules
+    decode_tpot applies (decode_group, decode_graphs, graph_padded_tokens, graph_ceiling); None without CUDA
+    graphs. Derived: docs/formulas.md#infer.graph_padding"""
+    graphs = decode_graphs(job, plan, system, m)
+    sizes, top = graphs["graph_sizes"], graphs["graph_top"]
+    if not sizes:
+        return None
+    b, q = float(decode_group(job.batch, plan.pp)), 1 + (draft_tokens_of(job) or 0)
+    tokens = float(graph_padded_tokens(b, q, sizes, graph_sizes_count_tokens(job.engine)))
+    return DecodeGraphStep(b, q, tokens, top is not None and b > top)
+
+
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
     """The launches of a decode step whose batch is above the largest captured CUDA graph size (`ceiling`,
     graph_ceiling): the engine runs it without a graph (eager_launch_seconds); 0 at or below it or without one.

@@ -13,8 +13,7 @@ from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
 from llmplan.cost.speculative import SpeculativeStep
-from llmplan.cost.serve_step import (effective_graph_sizes, graph_padded_rows, graph_padded_tokens,
-                                     graph_sizes_count_tokens)
+from llmplan.cost.serve_step import decode_graph_step, graph_sizes_count_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -38,7 +37,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                    "recurrent_state": mem.recurrent_state},
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
-        **decode_graph_json(j),
+        **decode_graph_json(e),
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
         "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
@@ -61,27 +60,28 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
     }
 
 
-def decode_graph_json(j: ServeJob) -> dict[str, Any]:
-    """What a decode step (under speculative decoding, the verification step) of the workload's batch runs
-    against the captured CUDA graph sizes (None: CUDA graphs off, no padding). decode_graph_batch: the requests
-    the step runs once padded to the smallest captured size that holds it (vLLM's sizes, which count tokens,
-    1 + k per request under speculative decoding, once rounded to whole requests:
-    cost.serve_step.effective_graph_sizes), or the batch itself above every size (decode_graph_eager: no
-    graph); decode_graph_tokens: the tokens that step runs once padded (cost.serve_step.graph_padded_tokens);
-    decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests" for TensorRT-LLM
-    and SGLang."""
-    sizes = effective_graph_sizes(j)
-    if not sizes:
+def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
+    """What the decode step (under speculative decoding, the verification step) the estimate prices runs against
+    the captured CUDA graph sizes (cost.serve_step.decode_graph_step; None: CUDA graphs off, no padding): one
+    pipeline group's step of batch / pp sequences (decode_graph_groups of them take turns;
+    decode_graph_requests). decode_graph_batch: the requests that step runs once padded to the smallest captured
+    size that holds it (vLLM's sizes count tokens, 1 + k per request under speculative decoding), or its own
+    requests above every size; decode_graph_tokens: the tokens it runs once padded; decode_graph_eager: it runs
+    without a graph; decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests"
+    for TensorRT-LLM and SGLang."""
+    g = decode_graph_step(e.job, e.plan, e.cluster.system, e.model)
+    if g is None:
         return {"decode_graph_batch": None, "decode_graph_unit": None, "decode_graph_tokens": None,
-                "decode_graph_eager": None}
-    q = 1 + (j.speculative.num_speculative_tokens if j.speculative is not None else 0)
-    tokens = graph_sizes_count_tokens(j.engine)
-    listed = j.batch * q if tokens else j.batch
-    padded = int(graph_padded_rows(listed, sizes))  # in the list's unit; whole requests (effective_graph_sizes)
-    return {"decode_graph_batch": padded // q if tokens else padded,
-            "decode_graph_unit": "tokens" if tokens else "requests",
-            "decode_graph_tokens": int(graph_padded_tokens(j.batch, q, sizes, tokens)),
-            "decode_graph_eager": listed > max(sizes)}
+                "decode_graph_eager": None, "decode_graph_requests": None, "decode_graph_groups": None}
+    return {"decode_graph_batch": _whole(g.tokens / g.queries),
+            "decode_graph_unit": "tokens" if graph_sizes_count_tokens(e.job.engine) else "requests",
+            "decode_graph_tokens": _whole(g.tokens), "decode_graph_eager": g.eager,
+            "decode_graph_requests": _whole(g.requests), "decode_graph_groups": e.plan.pp}
+
+
+def _whole(x: float) -> float | int:
+    """x as an int where it is whole (a request or token count), else as it is."""
+    return int(x) if float(x).is_integer() else x
 
 
 def speculative_json(e: ServeEstimate) -> dict[str, Any]:
