@@ -84,14 +84,15 @@ def test_mtp_decode_phase_adds_the_draft_layers_exchange(cli):
 
 def test_decode_phase_verification_pays_the_speculative_servers_padding(cli):
     # 100 requests x 4 tokens = 400: a list holding 400 replays the verification step unpadded, one whose next
-    # size is 512 pads it by 112 tokens (graph_padded_tokens, vLLM counts tokens); the draft's steps unpadded.
+    # size is 512 pads it by 112 tokens (graph_padded_tokens, vLLM counts tokens); so does the draft's first pass
+    # over the same 400 tokens (cost.speculative.draft_pass_graphs); its one-token passes pad 100 to 128 in both.
     def phase(sizes: str) -> dict:
         return _doc(cli, "estimate", "--mode", "infer", "-m", "deepseek-v3", "--hardware", "dgx-h200", "--tp", "8",
                     *MTP[:-1], "3", "--batch", "100", "--phase", "decode", "--cuda-graph-sizes", sizes,
                     "--json")["phase"]["speculative"]
     exact = phase("1,2,4,8,16,32,64,128,256,400,512")
     padded = phase("1,2,4,8,16,32,64,128,256,512")
-    assert padded["verify_s"] > exact["verify_s"] and padded["draft_s"] == exact["draft_s"]
+    assert padded["verify_s"] > exact["verify_s"] and padded["draft_s"] > exact["draft_s"]
 
 
 def test_disaggregated_search_prices_speculative_decode_pools(cli):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llmplan.cost.inference import (Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
-from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_plan, speculative_step
+from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_passes, draft_plan, speculative_step
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -89,15 +89,17 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
 
 def decode_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Expert dispatch + combine of one decode step of b = B / p sequences per stage: b tokens, or under
-    speculative decoding b (k + 1) in the verification step plus k draft steps of b tokens through the draft's
-    MoE layers (MTP; none for a dense EAGLE head or n-gram). Derived: docs/formulas.md#serve.phase"""
+    speculative decoding b (k + 1) in the verification step plus the draft's passes (draft_passes: b tokens
+    each, vLLM's first b (k + 1)) through the draft's MoE layers (MTP; none for a dense EAGLE head or
+    n-gram). Derived: docs/formulas.md#serve.phase"""
     b = max(job.batch / plan.pp, 1.0)
     spec = job.speculative
     k = 0 if spec is None else spec.num_speculative_tokens
     out = float(expert_exchange_seconds(m, plan, system, spans, b * (k + 1), True, job.engine)) * plan.pp
     draft = None if spec is None else draft_model(m, spec)
     if draft is not None:
-        out += k * float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b, True, job.engine))
+        out += sum(float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b * q, True, job.engine))
+                   for q in draft_passes(k, job.engine))
     return out
 
 

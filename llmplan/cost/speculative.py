@@ -80,6 +80,35 @@ def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec,
     return own if draft is None else own + kv_bytes_per_seq_gpu(draft, draft_plan(plan), held, block_size)
 
 
+def draft_passes(k: int, engine: Engine) -> tuple[int, ...]:
+    """Tokens per sequence of each of the draft's forward passes in one speculative step of k draft tokens.
+    vLLM: its EAGLE / MTP proposer (the method llmplan's vLLM export sets, named draft included) runs first
+    over every token the target scheduled, k + 1 per sequence under the default padded drafter batch
+    (disable_padded_drafter_batch False: rejected drafts stay in as padding), then k - 1 passes of one token.
+    Other engines: k passes of one token (SGLang's and TensorRT-LLM's drafters not verified).
+    Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39,
+    SpecDecodeBaseProposer.propose, set_inputs_first_pass (net_num_new_slots_per_request 0 with hidden states);
+    vllm/config/speculative.py (SpeculativeConfig.disable_padded_drafter_batch = False)."""
+    return (k + 1,) + (1,) * (k - 1) if engine == "vllm" else (1,) * k
+
+
+def draft_pass_graphs(engine: Engine, queries: int, k: int, graph_sizes: tuple[int, ...] | None,
+                      graph_top: int | None) -> dict[str, Any]:
+    """decode_tpot's CUDA-graph arguments for one draft pass of `queries` tokens per sequence. vLLM's proposer
+    dispatches its passes on its own CudagraphDispatcher, keyed after the capture sizes were fitted to the
+    verification (adjust_cudagraph_sizes_for_spec_decode): PIECEWISE graphs of the same token sizes, a pass of
+    b x queries tokens padded to the smallest size that holds it and run eagerly above the largest, whose
+    ceiling in sequences is the verification's (graph_top, of k + 1 tokens each) x (k + 1) / queries. Other
+    engines: unpadded, captured (not verified). Source: vllm-project/vllm
+    vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39
+    (initialize_cudagraph_keys: PIECEWISE, _determine_batch_execution_and_padding: cudagraph_dispatcher.dispatch
+    of the pass's tokens); vllm/v1/spec_decode/eagle.py @f7eef1b6987f4780fe8636077682936fe075aa2f
+    (EagleProposer.propose: pad_for_cudagraph at or below max_cudagraph_capture_size, NONE above)."""
+    if engine != "vllm" or not graph_sizes:
+        return {}
+    return {"graph_sizes": graph_sizes, "graph_top": None if graph_top is None else graph_top * (k + 1) // queries}
+
+
 @dataclass(frozen=True)
 class SpeculativeStep(Breakdown):
     """One speculative step of a replica: k draft steps + one verification step of k + 1 tokens per
@@ -103,12 +132,18 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     sequences than `graph_top` (cost.serve_step.graph_ceiling: vLLM's captured tokens over k + 1) runs
     without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
     holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
-    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's steps are priced
-    unpadded (its own CUDA graphs: docs/formulas.md#infer.speculative). Derived: docs/formulas.md#infer.speculative"""
+    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
+    vLLM's first over the k + 1 verified tokens per sequence) pad to the same sizes and run eagerly above
+    them on vLLM (draft_pass_graphs), unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
-    draft_s: Any = 0.0 if draft is None else \
-        k * decode_tpot(draft, draft_plan(plan), system, spans, batch, context, engine=engine)
+    draft_s: Any = 0.0
+    if draft is not None:
+        passes = draft_passes(k, engine)
+        for q in sorted(set(passes)):
+            draft_s = draft_s + passes.count(q) * decode_tpot(
+                draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine,
+                **draft_pass_graphs(engine, q, k, graph_sizes, graph_top))
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)
     alpha = acceptance_of(spec)

@@ -12,7 +12,7 @@ from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
-from llmplan.cost.speculative import SpeculativeStep
+from llmplan.cost.speculative import SpeculativeStep, draft_passes
 from llmplan.cost.serve_step import decode_graph_step, graph_sizes_count_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
@@ -92,6 +92,8 @@ def speculative_json(e: ServeEstimate) -> dict[str, Any]:
             **speculative_step_json(sp.step), "acceptance_default": spec.acceptance_rate is None,
             "draft_model": spec.draft_model, "step_s": float(sp.step.total),
             "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
+            "draft_pass_tokens_per_seq": list(draft_passes(spec.num_speculative_tokens, e.job.engine))
+            if spec.method != "ngram" else [],
             "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
             "tokens_per_s_without": sp.tokens_per_s_without,
             "throughput_speedup": e.tokens_per_s / sp.tokens_per_s_without if sp.tokens_per_s_without else None,
