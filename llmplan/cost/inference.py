@@ -84,20 +84,37 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     stage = step_seconds(m, plan, system, spans, chunk + decodes,
                          pairs + decodes * attended_keys(m, job.context / 2), kv, engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, chunk)
-    return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
+    # under speculative decoding the draft runs over each chunk too (cost.speculative.draft_prompt_seconds)
+    from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
+    draft = draft_prompt_seconds(m, plan, system, spans, job, chunk, cached + new / 2, 1.0)
+    return n_chunks * (plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job))
 
 
 def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Engine time one request's prefill costs when prompts are batched: a full step of
-    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once) times the
-    request's share of it. Derived: docs/formulas.md#infer.throughput"""
+    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once; under
+    speculative decoding the draft's pass over them, batched_draft_prompt_seconds) times the request's share
+    of it. Derived: docs/formulas.md#infer.throughput"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0,
                          engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, T)
-    return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
+    draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
+    return float(plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job)) * new / T
+
+
+def batched_draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
+                                 job: ServeJob) -> float:
+    """The draft's pass over a batched prefill step of T = max_num_batched_tokens prompt tokens, T / s_new
+    prompts (at least one) each sampled once (cost.speculative.draft_prompt_seconds); 0 without a draft.
+    Derived: docs/formulas.md#infer.speculative"""
+    from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
+    T = float(job.max_num_batched_tokens)
+    new = max(job.uncached_input, 1.0)
+    cached = job.input_len - job.uncached_input
+    return float(draft_prompt_seconds(m, plan, system, spans, job, T, cached + min(new, T) / 2, max(T / new, 1.0)))
 
 
 @dataclass(frozen=True)

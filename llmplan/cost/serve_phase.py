@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
+from llmplan.cost.inference import (Spans, batched_draft_prompt_seconds, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
 from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_passes, draft_plan, speculative_step
 from llmplan.specs.hardware import SystemSpec
@@ -42,6 +42,9 @@ class PhaseTiming:
     """Decode: tokens generated per second per GPU (prefill: the first token of each prompt)."""
     kv_transfer_bytes_per_request: float
     """KV cache of one request's prompt (every layer, all heads): what a prefill pool sends to a decode pool."""
+    draft_prefill_s: float = 0.0
+    """Prefill under speculative decoding: the draft's pass over the step's prompt tokens, part of step_s
+    (cost.inference.batched_draft_prompt_seconds); 0 otherwise."""
     speculative: SpeculativeStep | None = None
     """Decode under speculative decoding: the step's draft and verification seconds and the tokens a sequence
     gains per step (step_s = draft + verify, tpot_s = step_s / tokens_per_step); None otherwise."""
@@ -50,7 +53,8 @@ class PhaseTiming:
 def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
     """A prefill pool: each replica runs batches of T = max_num_batched_tokens uncached prompt tokens (several
     prompts, or chunks of one long prompt), each token attending to the cached prefix and half its prompt
-    on average; input tokens/s per GPU = T / step / GPUs per replica; TTFT = ceil(s_new / T) steps.
+    on average, and under speculative decoding the draft's pass over them (prefill_work_seconds); input
+    tokens/s per GPU = T / step / GPUs per replica; TTFT = ceil(s_new / T) steps.
     Derived: docs/formulas.md#serve.phase"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
@@ -61,7 +65,8 @@ def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Span
         phase="prefill", step_s=step, exchange_s=exchange, tokens_per_step=T, context=float(job.input_len),
         ttft_s=math.ceil(new / T) * step, tpot_s=None, input_tokens_per_s_per_gpu=T / step / gpus,
         output_tokens_per_s_per_gpu=T / step / gpus / new,
-        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len)
+        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len,
+        draft_prefill_s=batched_draft_prompt_seconds(m, plan, system, spans, job))
 
 
 def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:

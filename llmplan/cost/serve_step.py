@@ -426,9 +426,10 @@ def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> A
     return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half)
 
 
-def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any) -> tuple[Any, Any]:
+def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any,
+                   head_rows: Any = None) -> tuple[Any, Any]:
     """(dense, expert) compute time of one GPU's matmuls for `tokens` rows through its share of the layers
-    and the output layer, each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
+    and the output layer (`head_rows` of them where given, else `tokens`), each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
     GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
     fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
@@ -445,7 +446,8 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
             parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (gpu.sustained_flops(fmt[kind]) * eff)
     V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
     peak = gpu.sustained_flops(dtype)
-    head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
+    H = T if head_rows is None else np.maximum(np.asarray(head_rows, dtype=float), 1.0)
+    head = 2 * H * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, H, V, m.hidden_size))
     # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 when EP stays inside a replica).
     return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
 
@@ -486,20 +488,21 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                  attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm",
-                 rows: Any = None) -> Any:
+                 rows: Any = None, logit_rows: Any = None) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
     (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds);
-    `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces.
-    Derived: docs/formulas.md#infer.step"""
+    `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces;
+    `logit_rows` (None: those rows) the output layer and the sampler. Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
         R = None if rows is None else np.asarray(rows, dtype=float) * share
+        H = None if logit_rows is None else np.asarray(logit_rows, dtype=float) * share
         exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only, engine)
         rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
-                                          np.asarray(kv_read) * share, decode_only, engine, R)
+                                          np.asarray(kv_read) * share, decode_only, engine, R, H)
         return rest, routed, exchange
 
     slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
@@ -563,12 +566,14 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
 
 def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                        attn_pairs: Any, kv_read: Any, decode_only: bool = False,
-                       engine: Engine = "vllm", rows: Any = None) -> tuple[Any, Any]:
+                       engine: Engine = "vllm", rows: Any = None, logit_rows: Any = None) -> tuple[Any, Any]:
     """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
     step_compute_seconds: the parts a two-batch-overlap schedule places apart; the element-wise operators, the
     sampler and the TP all-reduces over `rows` (a CUDA graph's padded batch, infer.graph_padding; None: the
-    tokens). Derived: docs/formulas.md#infer.step"""
+    tokens); the output layer and the sampler over `logit_rows` where given (a pass that samples only each
+    request's last token). Derived: docs/formulas.md#infer.step"""
     R = np.asarray(tokens if rows is None else rows, dtype=float)
+    S = R if logit_rows is None else np.asarray(logit_rows, dtype=float)
     gpu = system.gpu
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
@@ -590,10 +595,10 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     bandwidth = gpu.hbm_achieved_bytes_per_s
     elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * R * L / p
     # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
-    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * R / p
+    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * S / p
     # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
     # weights, the touched experts, the KV cache), and they run one after the other.
-    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
+    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens, logit_rows)
     routed = np.maximum(expert_s, experts / bandwidth)
     gemm = np.maximum(dense_s, weights / bandwidth)
     head = gpu_head_dim_ratio(m, gpu, gpu.attention_softmax_head_dim) \

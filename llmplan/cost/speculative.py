@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.inference import Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.compute import attended_keys
+from llmplan.cost.inference import Spans, decode_graphs, decode_tpot, step_seconds, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
 from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -107,6 +110,35 @@ def draft_pass_graphs(engine: Engine, queries: int, k: int, graph_sizes: tuple[i
     if engine != "vllm" or not graph_sizes:
         return {}
     return {"graph_sizes": graph_sizes, "graph_top": None if graph_top is None else graph_top * (k + 1) // queries}
+
+
+DRAFT_PROMPT_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+"""Engines whose drafter is verified to run over the prompt in its prefill steps (draft_prompt_seconds);
+TensorRT-LLM's is not verified here, and not priced."""
+
+
+def draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
+                         tokens: Any, context: Any, requests: Any) -> Any:
+    """The draft's pass over `tokens` prompt tokens of `requests` prompts in one prefill step, each token
+    attending to `context` keys on average: the draft's layers over every token (its KV cache for the prompt,
+    and for EAGLE / MTP the target's hidden states as input), its output layer and sampler over each request's
+    last token only; 0 without speculation or a draft (n-gram), and on TensorRT-LLM (not verified).
+    Source: sgl-project/sglang python/sglang/srt/speculative/eagle_worker.py
+    @00559eacbf0841146db7e27e445d1971e35e6294, EAGLEWorker.forward_batch_generation (an extend batch runs
+    forward_target_extend with CaptureHiddenMode.FULL, "to prefill the KV cache of the draft model", then
+    forward_draft_extend over the batch); python/sglang/srt/disaggregation/prefill.py
+    @000c2b942308ea5502978be73542016c230dba02, process_batch_result_disagg_prefill (a PD prefill server hands
+    that pass's topk_p, topk_index and hidden states to decode); vllm-project/vllm
+    vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39,
+    SpecDecodeBaseProposer.propose (the first pass over every scheduled token, a prefill's included: "to keep
+    the drafter KV cache in sync"; logits at token_indices_to_sample, one a request)."""
+    spec = job.speculative
+    draft = None if spec is None or job.engine not in DRAFT_PROMPT_ENGINES else draft_model(m, spec)
+    if draft is None:
+        return 0.0
+    t = np.asarray(tokens, dtype=float)
+    return step_seconds(draft, draft_plan(plan), system, spans, t, t * attended_keys(draft, context), 0.0,
+                        engine=job.engine, logit_rows=requests)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ def phase_json(e: ServeEstimate) -> dict[str, Any]:
             "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
             "max_concurrent_seqs": e.memory.max_concurrent_seqs,
             "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request,
+            **({"draft_prefill_s": ph.draft_prefill_s} if ph.phase == "prefill" else {}),
             **({"speculative": phase_speculative_json(ph)} if ph.speculative is not None else {})}
 
 
@@ -379,7 +380,7 @@ def pool_json(pool: Pool) -> dict[str, Any]:
                            "instances": pool.instances, "gpus": pool.gpus}
     if ph.phase == "prefill":
         doc.update({"tokens_per_batch": ph.tokens_per_step, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
-                    "ttft_s": ph.ttft_s})
+                    "ttft_s": ph.ttft_s, "draft_prefill_s": ph.draft_prefill_s})
     else:
         doc.update({"batch_per_replica": ph.tokens_per_step,
                     "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s,
