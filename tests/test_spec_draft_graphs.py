@@ -67,3 +67,11 @@ def test_cli_json_names_the_draft_passes(cli, engine, passes):
             "64", "--engine", engine, "--speculative", "eagle", "--spec-tokens", "3", "--json")
     assert r.code == 0, r.err
     assert r.json()["speculative"]["draft_pass_tokens_per_seq"] == passes
+
+
+def test_cli_text_names_the_draft_passes_within_80_columns(cli):
+    r = cli("estimate", "--mode", "infer", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--batch",
+            "64", "--engine", "vllm", "--speculative", "eagle", "--spec-tokens", "3")
+    assert r.code == 0, r.err
+    assert "draft passes of 4 + 1 + 1 tokens per sequence" in r.out
+    assert max(len(x) for x in r.out.splitlines()) <= 80

@@ -81,3 +81,12 @@ def test_disaggregated_search_prefill_pools_carry_the_drafts_pass(cli):
     spec, plain = doc(*EAGLE), doc()
     assert all(p["prefill"]["draft_prefill_s"] > 0 for p in spec["plans"])
     assert all(p["prefill"]["draft_prefill_s"] == 0 for p in plain["plans"])
+
+
+def test_prefill_pool_text_names_the_drafts_pass_within_80_columns(cli):
+    r = cli(*PHASE[:-1], "--engine", "sglang", *EAGLE)
+    assert r.code == 0, r.err
+    assert "of which the draft's pass over the prompt tokens" in r.out
+    assert max(len(x) for x in r.out.splitlines()) <= 80
+    plain = cli(*PHASE[:-1], "--engine", "sglang")
+    assert "draft's pass" not in plain.out

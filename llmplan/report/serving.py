@@ -157,6 +157,8 @@ def phase_lines(e: ServeEstimate) -> list[str]:
                 f"{ph.context:,.0f}-token prompts",
                 f"  {ph.input_tokens_per_s_per_gpu:,.0f} input tokens/s per GPU; TTFT {(ph.ttft_s or 0) * 1e3:,.1f} ms "
                 f"(no queueing); step {ph.step_s * 1e3:,.1f} ms",
+                *([f"  of which the draft's pass over the prompt tokens {ph.draft_prefill_s * 1e3:,.1f} ms"]
+                  if ph.draft_prefill_s else []),
                 f"  expert dispatch + combine {ph.exchange_s * 1e3:,.1f} ms per step; {kv}",
                 f"  KV sent to decode: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB per request"]
     return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
@@ -256,6 +258,9 @@ def speculative_view(console: Console, e: ServeEstimate) -> None:
                   f"{d['tokens_per_step']:.2f} tokens per step")
     console.print(f"  step {d['step_s'] * 1e3:,.2f} ms = draft {d['draft_s'] * 1e3:,.2f} + verify "
                   f"{d['verify_s'] * 1e3:,.2f} ({d['verify_tokens_per_seq']} tokens per sequence)")
+    if d["draft_pass_tokens_per_seq"]:
+        console.print(f"  draft passes of {' + '.join(map(str, d['draft_pass_tokens_per_seq']))} tokens per "
+                      "sequence")
     speed = f"x{d['throughput_speedup']:.2f}" if d["throughput_speedup"] else "n/a"
     console.print(f"  TPOT {float(e.timing.tpot) * 1e3:,.2f} ms vs {d['tpot_without_s'] * 1e3:,.2f} ms without "
                   f"(x{d['tpot_speedup']:.2f}); throughput {speed}")
