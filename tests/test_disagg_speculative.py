@@ -73,8 +73,8 @@ def test_speculative_decode_phase_moves_the_expected_way(cli):
 
 
 def test_mtp_decode_phase_adds_the_draft_layers_exchange(cli):
-    # DeepSeek-V3's MTP layer is an MoE layer: its k draft steps dispatch b tokens each, the verification step
-    # b (k + 1); the plain step b. So the speculative step's exchange exceeds twice the plain one at k = 1.
+    # DeepSeek-V3's MTP layer is an MoE layer: its draft passes dispatch b (k + 1) tokens (SGLang's draft extend
+    # after verification) and b for each other pass, the verification step b (k + 1); the plain step b.
     plain = _doc(cli, *DSV3, "--phase", "decode")["phase"]
     spec = _doc(cli, *DSV3, *MTP, "--phase", "decode")["phase"]
     assert plain["expert_exchange_s"] > 0

@@ -95,7 +95,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
 def decode_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Expert dispatch + combine of one decode step of b = B / p sequences per stage: b tokens, or under
     speculative decoding b (k + 1) in the verification step plus the draft's passes (draft_passes: b tokens
-    each, vLLM's first b (k + 1)) through the draft's MoE layers (MTP; none for a dense EAGLE head or
+    each, vLLM's and SGLang's first b (k + 1)) through the draft's MoE layers (MTP; none for a dense EAGLE head or
     n-gram). Derived: docs/formulas.md#serve.phase"""
     b = max(job.batch / plan.pp, 1.0)
     spec = job.speculative

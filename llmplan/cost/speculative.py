@@ -83,16 +83,25 @@ def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec,
     return own if draft is None else own + kv_bytes_per_seq_gpu(draft, draft_plan(plan), held, block_size)
 
 
+DRAFT_PASS_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+"""Engines whose drafter's passes per step are read from their source (draft_passes)."""
+
+
 def draft_passes(k: int, engine: Engine) -> tuple[int, ...]:
-    """Tokens per sequence of each of the draft's forward passes in one speculative step of k draft tokens.
-    vLLM: its EAGLE / MTP proposer (the method llmplan's vLLM export sets, named draft included) runs first
-    over every token the target scheduled, k + 1 per sequence under the default padded drafter batch
-    (disable_padded_drafter_batch False: rejected drafts stay in as padding), then k - 1 passes of one token.
-    Other engines: k passes of one token (SGLang's and TensorRT-LLM's drafters not verified).
-    Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39,
-    SpecDecodeBaseProposer.propose, set_inputs_first_pass (net_num_new_slots_per_request 0 with hidden states);
-    vllm/config/speculative.py (SpeculativeConfig.disable_padded_drafter_batch = False)."""
-    return (k + 1,) + (1,) * (k - 1) if engine == "vllm" else (1,) * k
+    """Tokens per sequence of each of the draft's forward passes in one speculative step of k draft tokens
+    (a chain draft, top-k 1). vLLM: its EAGLE / MTP proposer (the method llmplan's vLLM export sets, named
+    draft included) runs first over every token the target scheduled, k + 1 per sequence under the default
+    padded drafter batch (disable_padded_drafter_batch False: rejected drafts stay in as padding), then k - 1
+    passes of one token. SGLang: k - 1 draft passes of one token ("1 token from draft prefill and (#spec
+    steps - 1) tokens here"), and after verification a draft extend over the verified tokens,
+    num_tokens_per_req = speculative_num_steps + 1 = k + 1. The same passes, in another order. TensorRT-LLM: k
+    passes of one token (not verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
+    @00c4f22dae4795e34658bead82fa071e6bb7ae39, SpecDecodeBaseProposer.propose, set_inputs_first_pass
+    (net_num_new_slots_per_request 0 with hidden states); vllm/config/speculative.py
+    (SpeculativeConfig.disable_padded_drafter_batch = False); sgl-project/sglang
+    python/sglang/srt/speculative/eagle_worker.py @00559eacbf0841146db7e27e445d1971e35e6294, EAGLEWorker.draft_forward,
+    forward_draft_extend_after_decode."""
+    return (k + 1,) + (1,) * (k - 1) if engine in DRAFT_PASS_ENGINES else (1,) * k
 
 
 def draft_pass_graphs(engine: Engine, queries: int, k: int, graph_sizes: tuple[int, ...] | None,
@@ -165,8 +174,8 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
     holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
     cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
-    vLLM's first over the k + 1 verified tokens per sequence) pad to the same sizes and run eagerly above
-    them on vLLM (draft_pass_graphs), unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
+    on vLLM and SGLang one over the k + 1 verified tokens per sequence, k - 1 of one) pad to the same sizes
+    and run eagerly above them on vLLM (draft_pass_graphs), unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     draft_s: Any = 0.0
