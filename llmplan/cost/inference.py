@@ -32,7 +32,7 @@ from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm",
+                overhead: float = 0.0, queries: float = 1, engine: Engine = "vllm",
                 graph_sizes: tuple[int, ...] | None = None, graph_top: int | None = None) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step

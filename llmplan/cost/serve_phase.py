@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from llmplan.cost.inference import (Spans, batched_draft_prompt_seconds, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
                                     prefill_work_seconds, step_host_seconds)
-from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_passes, draft_plan, speculative_step
+from llmplan.cost.speculative import (SpeculativeStep, acceptance_of, draft_model, draft_passes, draft_plan,
+                                      speculative_step, tokens_per_step)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -95,16 +96,17 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
 def decode_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Expert dispatch + combine of one decode step of b = B / p sequences per stage: b tokens, or under
     speculative decoding b (k + 1) in the verification step plus the draft's passes (draft_passes: b tokens
-    each, vLLM's and SGLang's first b (k + 1)) through the draft's MoE layers (MTP; none for a dense EAGLE head or
-    n-gram). Derived: docs/formulas.md#serve.phase"""
+    each, vLLM's first b (k + 1), SGLang's draft extend b x the tokens gained) through the draft's MoE layers
+    (MTP; none for a dense EAGLE head or n-gram). Derived: docs/formulas.md#serve.phase"""
     b = max(job.batch / plan.pp, 1.0)
     spec = job.speculative
     k = 0 if spec is None else spec.num_speculative_tokens
     out = float(expert_exchange_seconds(m, plan, system, spans, b * (k + 1), True, job.engine)) * plan.pp
     draft = None if spec is None else draft_model(m, spec)
-    if draft is not None:
+    if spec is not None and draft is not None:
+        gained = tokens_per_step(acceptance_of(spec), k)
         out += sum(float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b * q, True, job.engine))
-                   for q in draft_passes(k, job.engine))
+                   for q in draft_passes(k, job.engine, gained))
     return out
 
 

@@ -227,7 +227,7 @@ def graph_sizes_count_tokens(engine: Engine) -> bool:
     return engine == "vllm"
 
 
-def graph_padded_tokens(batch: Any, queries: int, sizes: tuple[int, ...] | None, count_tokens: bool) -> Any:
+def graph_padded_tokens(batch: Any, queries: float, sizes: tuple[int, ...] | None, count_tokens: bool) -> Any:
     """Tokens a decode step of `batch` sequences of `queries` tokens each (speculative verification: 1 + k)
     runs once padded to a captured CUDA graph. Sizes in tokens (`count_tokens`, vLLM): the smallest size >=
     batch x queries (the dispatcher's _bs_to_padded_graph_size table), batch x queries itself above the

@@ -83,28 +83,30 @@ def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec,
     return own if draft is None else own + kv_bytes_per_seq_gpu(draft, draft_plan(plan), held, block_size)
 
 
-DRAFT_PASS_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
-"""Engines whose drafter's passes per step are read from their source (draft_passes)."""
-
-
-def draft_passes(k: int, engine: Engine) -> tuple[int, ...]:
+def draft_passes(k: int, engine: Engine, gained: float) -> tuple[float, ...]:
     """Tokens per sequence of each of the draft's forward passes in one speculative step of k draft tokens
-    (a chain draft, top-k 1). vLLM: its EAGLE / MTP proposer (the method llmplan's vLLM export sets, named
-    draft included) runs first over every token the target scheduled, k + 1 per sequence under the default
-    padded drafter batch (disable_padded_drafter_batch False: rejected drafts stay in as padding), then k - 1
-    passes of one token. SGLang: k - 1 draft passes of one token ("1 token from draft prefill and (#spec
-    steps - 1) tokens here"), and after verification a draft extend over the verified tokens,
-    num_tokens_per_req = speculative_num_steps + 1 = k + 1. The same passes, in another order. TensorRT-LLM: k
-    passes of one token (not verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
+    (a chain draft, top-k 1) in which a sequence gains `gained` tokens (tokens_per_step). vLLM: its EAGLE / MTP
+    proposer (the method llmplan's vLLM export sets, named draft included) runs first over every token the
+    target scheduled, k + 1 per sequence under the default padded drafter batch (disable_padded_drafter_batch
+    False: rejected drafts stay in as padding), then k - 1 passes of one token. SGLang: k - 1 draft passes of
+    one token ("1 token from draft prefill and (#spec steps - 1) tokens here") and, after verification, a
+    draft extend over each sequence's accepted tokens + 1 (extend_lens = accept_length + 1: `gained` on
+    average; priced unpadded, as SGLang's speculative steps are). TensorRT-LLM: k passes of one token (not
+    verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
     @00c4f22dae4795e34658bead82fa071e6bb7ae39, SpecDecodeBaseProposer.propose, set_inputs_first_pass
     (net_num_new_slots_per_request 0 with hidden states); vllm/config/speculative.py
     (SpeculativeConfig.disable_padded_drafter_batch = False); sgl-project/sglang
-    python/sglang/srt/speculative/eagle_worker.py @00559eacbf0841146db7e27e445d1971e35e6294, EAGLEWorker.draft_forward,
-    forward_draft_extend_after_decode."""
-    return (k + 1,) + (1,) * (k - 1) if engine in DRAFT_PASS_ENGINES else (1,) * k
+    python/sglang/srt/speculative/eagle_worker.py @00559eacbf0841146db7e27e445d1971e35e6294 (EAGLEWorker.draft_forward,
+    forward_draft_extend_after_decode); python/sglang/srt/speculative/eagle_info.py
+    @f1f60ea0258f346adb43d2371d03cbc66d9d5ba2, EagleDraftInput.prepare_extend_after_decode."""
+    if engine == "vllm":
+        return (float(k + 1),) + (1.0,) * (k - 1)
+    if engine == "sglang":
+        return (gained,) + (1.0,) * (k - 1)
+    return (1.0,) * k
 
 
-def draft_pass_graphs(engine: Engine, queries: int, k: int, graph_sizes: tuple[int, ...] | None,
+def draft_pass_graphs(engine: Engine, queries: float, k: int, graph_sizes: tuple[int, ...] | None,
                       graph_top: int | None) -> dict[str, Any]:
     """decode_tpot's CUDA-graph arguments for one draft pass of `queries` tokens per sequence. vLLM's proposer
     dispatches its passes on its own CudagraphDispatcher, keyed after the capture sizes were fitted to the
@@ -118,7 +120,8 @@ def draft_pass_graphs(engine: Engine, queries: int, k: int, graph_sizes: tuple[i
     (EagleProposer.propose: pad_for_cudagraph at or below max_cudagraph_capture_size, NONE above)."""
     if engine != "vllm" or not graph_sizes:
         return {}
-    return {"graph_sizes": graph_sizes, "graph_top": None if graph_top is None else graph_top * (k + 1) // queries}
+    return {"graph_sizes": graph_sizes,
+            "graph_top": None if graph_top is None else int(graph_top * (k + 1) // queries)}
 
 
 DRAFT_PROMPT_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
@@ -174,20 +177,21 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
     holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
     cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
-    on vLLM and SGLang one over the k + 1 verified tokens per sequence, k - 1 of one) pad to the same sizes
-    and run eagerly above them on vLLM (draft_pass_graphs), unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
+    vLLM's first over the k + 1 verified tokens per sequence, SGLang's draft extend over the accepted ones,
+    k - 1 of one token) pad to the same sizes and run eagerly above them on vLLM (draft_pass_graphs),
+    unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
+    alpha = acceptance_of(spec)
     draft_s: Any = 0.0
     if draft is not None:
-        passes = draft_passes(k, engine)
+        passes = draft_passes(k, engine, tokens_per_step(alpha, k))
         for q in sorted(set(passes)):
             draft_s = draft_s + passes.count(q) * decode_tpot(
                 draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine,
                 **draft_pass_graphs(engine, q, k, graph_sizes, graph_top))
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)
-    alpha = acceptance_of(spec)
     return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
                            acceptance_rate=alpha)
 

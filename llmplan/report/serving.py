@@ -92,7 +92,8 @@ def speculative_json(e: ServeEstimate) -> dict[str, Any]:
             **speculative_step_json(sp.step), "acceptance_default": spec.acceptance_rate is None,
             "draft_model": spec.draft_model, "step_s": float(sp.step.total),
             "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
-            "draft_pass_tokens_per_seq": list(draft_passes(spec.num_speculative_tokens, e.job.engine))
+            "draft_pass_tokens_per_seq": list(draft_passes(spec.num_speculative_tokens, e.job.engine,
+                                                           sp.step.tokens_per_step))
             if spec.method != "ngram" else [],
             "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
             "tokens_per_s_without": sp.tokens_per_s_without,
@@ -259,8 +260,8 @@ def speculative_view(console: Console, e: ServeEstimate) -> None:
     console.print(f"  step {d['step_s'] * 1e3:,.2f} ms = draft {d['draft_s'] * 1e3:,.2f} + verify "
                   f"{d['verify_s'] * 1e3:,.2f} ({d['verify_tokens_per_seq']} tokens per sequence)")
     if d["draft_pass_tokens_per_seq"]:
-        console.print(f"  draft passes of {' + '.join(map(str, d['draft_pass_tokens_per_seq']))} tokens per "
-                      "sequence")
+        console.print(f"  draft passes of {' + '.join(f'{q:.3g}' for q in d['draft_pass_tokens_per_seq'])} "
+                      "tokens per sequence")
     speed = f"x{d['throughput_speedup']:.2f}" if d["throughput_speedup"] else "n/a"
     console.print(f"  TPOT {float(e.timing.tpot) * 1e3:,.2f} ms vs {d['tpot_without_s'] * 1e3:,.2f} ms without "
                   f"(x{d['tpot_speedup']:.2f}); throughput {speed}")
