@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (Spans, batched_draft_prompt_seconds, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
-                                    prefill_work_seconds, step_host_seconds)
+from llmplan.cost.inference import (Spans, batched_draft_prompt_seconds, decode_graphs, expert_exchange_seconds,
+                                    job_tpot, kv_bytes_per_token, prefill_work_seconds, step_host_seconds)
 from llmplan.cost.speculative import (SpeculativeStep, acceptance_of, draft_model, draft_passes, draft_plan,
                                       speculative_step, tokens_per_step)
 from llmplan.specs.hardware import SystemSpec

@@ -429,9 +429,10 @@ def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> A
 def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any,
                    head_rows: Any = None) -> tuple[Any, Any]:
     """(dense, expert) compute time of one GPU's matmuls for `tokens` rows through its share of the layers
-    and the output layer (`head_rows` of them where given, else `tokens`), each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
-    GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
-    fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
+    and the output layer (`head_rows` of them where given, else `tokens`), each GEMM at the efficiency of its
+    own (M, N, K) (serve_gemm_efficiency); expert GEMMs at their rows per expert: the routed rows over the
+    experts they touch (at least one row each), so fewer tokens never make them slower.
+    Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
     # When the EP group spans replicas (DP attention, vLLM's DP + EP) the experts see the tokens of all of them
     # (cost.serve_moe.expert_token_factor).

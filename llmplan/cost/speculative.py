@@ -14,7 +14,8 @@ import numpy as np
 
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import attended_keys
-from llmplan.cost.inference import Spans, decode_graphs, decode_tpot, step_seconds, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.inference import (Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes,
+                                    step_seconds, weight_bytes_per_param)
 from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
