@@ -177,7 +177,7 @@ def speculative_summary(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job
     context = job.input_len + job.output_len / 2
     step = speculative_step(m, plan, system, spans, job.speculative, job.batch, context,
                             step_host_seconds(m, plan, job), job.engine,
-                            **decode_graphs(job, plan, GraphHost.of(system, m)))
+                            **decode_graphs(job, plan, system, m))
     return SpeculativeSummary(
         step=step, tpot_without_s=float(base.tpot), tokens_per_s_without=float(base.tokens_per_s_replica) * plan.dp,
         max_concurrent_seqs_without=base_mem.max_concurrent_seqs,

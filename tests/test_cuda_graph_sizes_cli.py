@@ -123,3 +123,17 @@ def test_a_batch_above_every_captured_size_runs_as_without_cuda_graphs(engine):
     assert over["decode_graph_batch"] == 257
     assert over["tpot_s"] == pytest.approx(eager["tpot_s"], rel=1e-12)
     assert over["tpot_s"] - covered["tpot_s"] > 1e-3  # the launches, not only one more row
+
+
+def test_padded_step_is_the_pipeline_groups_step_the_cost_prices(cli):
+    # With pp stages a decode step holds batch / pp sequences (docs/formulas.md#infer.decode), and that is the
+    # step decode_tpot pads. vLLM's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes, 000fc94b):
+    # C = min(2 x 90, 512, 8192) = 180, so [1, 2, 4] and every 8 from 8 to 176. A step of 90 / 2 = 45 requests
+    # replays the 48 graph; the report said 96 (the whole batch of 90 padded), which no step runs.
+    r = cli("estimate", "--mode", "infer", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--pp", "2",
+            "--dp", "4", "--batch", "90", "--engine", "vllm", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["workload"]["cuda_graph_batch_sizes"][-1] == 176
+    assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_batch"], d["decode_graph_tokens"],
+            d["decode_graph_eager"]) == (2, 45, 48, 48, False)

@@ -73,8 +73,8 @@ def test_speculative_decode_phase_moves_the_expected_way(cli):
 
 
 def test_mtp_decode_phase_adds_the_draft_layers_exchange(cli):
-    # DeepSeek-V3's MTP layer is an MoE layer: its k draft steps dispatch b tokens each, the verification step
-    # b (k + 1); the plain step b. So the speculative step's exchange exceeds twice the plain one at k = 1.
+    # DeepSeek-V3's MTP layer is an MoE layer: its draft passes dispatch b (k + 1) tokens (SGLang's draft extend
+    # after verification) and b for each other pass, the verification step b (k + 1); the plain step b.
     plain = _doc(cli, *DSV3, "--phase", "decode")["phase"]
     spec = _doc(cli, *DSV3, *MTP, "--phase", "decode")["phase"]
     assert plain["expert_exchange_s"] > 0
@@ -84,14 +84,15 @@ def test_mtp_decode_phase_adds_the_draft_layers_exchange(cli):
 
 def test_decode_phase_verification_pays_the_speculative_servers_padding(cli):
     # 100 requests x 4 tokens = 400: a list holding 400 replays the verification step unpadded, one whose next
-    # size is 512 pads it by 112 tokens (graph_padded_tokens, vLLM counts tokens); the draft's steps unpadded.
+    # size is 512 pads it by 112 tokens (graph_padded_tokens, vLLM counts tokens); so does the draft's first pass
+    # over the same 400 tokens (cost.speculative.draft_pass_graphs); its one-token passes pad 100 to 128 in both.
     def phase(sizes: str) -> dict:
         return _doc(cli, "estimate", "--mode", "infer", "-m", "deepseek-v3", "--hardware", "dgx-h200", "--tp", "8",
                     *MTP[:-1], "3", "--batch", "100", "--phase", "decode", "--cuda-graph-sizes", sizes,
                     "--json")["phase"]["speculative"]
     exact = phase("1,2,4,8,16,32,64,128,256,400,512")
     padded = phase("1,2,4,8,16,32,64,128,256,512")
-    assert padded["verify_s"] > exact["verify_s"] and padded["draft_s"] == exact["draft_s"]
+    assert padded["verify_s"] > exact["verify_s"] and padded["draft_s"] > exact["draft_s"]
 
 
 def test_disaggregated_search_prices_speculative_decode_pools(cli):
@@ -128,3 +129,17 @@ def test_disaggregated_search_prices_speculative_decode_pools(cli):
 ], ids=["phase-mtp-no-layers", "phase-pp", "disagg-mtp-no-layers", "disagg-ngram-no-acceptance"])
 def test_bad_speculative_pools_exit_2_with_one_line(cli, args, needle):
     assert needle in cli(*args).refusal()
+
+
+@pytest.mark.parametrize("spec,needle", [(("--speculative", "mtp", "--spec-tokens", "2"), "num_nextn_predict_layers 0"),
+                                         (("--speculative", "ngram", "--spec-tokens", "2"), "--acceptance")],
+                         ids=["mtp-no-layers", "ngram-no-acceptance"])
+def test_disaggregated_search_over_pools_refuses_speculation_as_one_system_does(cli, tmp_path, spec, needle):
+    # One rule (search.disagg.refuse_speculation) for both disaggregated searches: the same line, exit 2, over a
+    # cluster of pools as over one system, before any split is priced.
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\nfabric: {gb_per_s: 50}\n")
+    base = ("search", "--mode", "infer", "--disaggregated", "-m", "llama-3.1-8b", *spec)
+    pools = cli(*base, "--hardware", str(f)).refusal()
+    one = cli(*base, "--hardware", "dgx-h100").refusal()
+    assert needle in pools and pools == one

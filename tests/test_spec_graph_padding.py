@@ -65,7 +65,8 @@ def test_verification_step_pays_its_padded_tokens(cli):
     padded = _est(cli, "--batch", "100", "--cuda-graph-sizes", "1,2,4,8,16,32,64,128,256,512")
     assert exact["decode_graph_tokens"] == 400 and padded["decode_graph_tokens"] == 512
     assert padded["speculative"]["verify_s"] > exact["speculative"]["verify_s"]
-    assert padded["speculative"]["draft_s"] == exact["speculative"]["draft_s"]
+    # the draft's first pass runs the same 400 tokens on the same sizes (cost.speculative.draft_pass_graphs)
+    assert padded["speculative"]["draft_s"] > exact["speculative"]["draft_s"]
 
 
 def test_decode_graph_batch_counts_requests_under_speculation(cli):

@@ -24,7 +24,7 @@ from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home wa
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
     serve_gemm_efficiency, stage_hop_seconds, step_compute_parts, step_compute_seconds, step_host_seconds,
     step_seconds, uncaptured_launch_seconds, decode_graphs, GraphHost,
-    graph_padded_tokens, graph_sizes_count_tokens,
+    graph_padded_tokens, graph_sizes_count_tokens, decode_group,
 )
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -32,7 +32,7 @@ from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
-                overhead: float = 0.0, queries: int = 1, engine: Engine = "vllm",
+                overhead: float = 0.0, queries: float = 1, engine: Engine = "vllm",
                 graph_sizes: tuple[int, ...] | None = None, graph_top: int | None = None) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
@@ -42,7 +42,7 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     stage hop carry the padded tokens (graph_padded_tokens: vLLM pads b x queries tokens against its token
     sizes, the other engines b requests of `queries` tokens); its matmuls, attention and KV reads the real
     ones (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
-    b = np.maximum(np.asarray(batch, dtype=float) / plan.pp, 1.0)
+    b = decode_group(batch, plan.pp)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
@@ -62,7 +62,7 @@ def job_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, jo
     overhead = step_host_seconds(m, plan, job)
     if job.speculative is None:
         return decode_tpot(m, plan, system, spans, batch, context, overhead, engine=job.engine,
-                           **decode_graphs(job, plan, GraphHost.of(system, m)))
+                           **decode_graphs(job, plan, system, m))
     from llmplan.cost.speculative import speculative_tpot  # builds on this module: imported where used
     return speculative_tpot(m, plan, system, spans, job, batch, context, overhead)
 
@@ -84,20 +84,37 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     stage = step_seconds(m, plan, system, spans, chunk + decodes,
                          pairs + decodes * attended_keys(m, job.context / 2), kv, engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, chunk)
-    return n_chunks * (plan.pp * (stage + hop) + step_host_seconds(m, plan, job))
+    # under speculative decoding the draft runs over each chunk too (cost.speculative.draft_prompt_seconds)
+    from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
+    draft = draft_prompt_seconds(m, plan, system, spans, job, chunk, cached + new / 2, 1.0)
+    return n_chunks * (plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job))
 
 
 def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Engine time one request's prefill costs when prompts are batched: a full step of
-    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once) times the
-    request's share of it. Derived: docs/formulas.md#infer.throughput"""
+    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once; under
+    speculative decoding the draft's pass over them, batched_draft_prompt_seconds) times the request's share
+    of it. Derived: docs/formulas.md#infer.throughput"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0,
                          engine=job.engine)
     hop = stage_hop_seconds(m, plan, system, spans, T)
-    return float(plan.pp * (stage + hop) + step_host_seconds(m, plan, job)) * new / T
+    draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
+    return float(plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job)) * new / T
+
+
+def batched_draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
+                                 job: ServeJob) -> float:
+    """The draft's pass over a batched prefill step of T = max_num_batched_tokens prompt tokens, T / s_new
+    prompts (at least one) each sampled once (cost.speculative.draft_prompt_seconds); 0 without a draft.
+    Derived: docs/formulas.md#infer.speculative"""
+    from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
+    T = float(job.max_num_batched_tokens)
+    new = max(job.uncached_input, 1.0)
+    cached = job.input_len - job.uncached_input
+    return float(draft_prompt_seconds(m, plan, system, spans, job, T, cached + min(new, T) / 2, max(T / new, 1.0)))
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmplan.cost.inference import (GraphHost, Spans, decode_graphs, expert_exchange_seconds, job_tpot, kv_bytes_per_token,
-                                    prefill_work_seconds, step_host_seconds)
-from llmplan.cost.speculative import SpeculativeStep, draft_model, draft_plan, speculative_step
+from llmplan.cost.inference import (Spans, batched_draft_prompt_seconds, decode_graphs, expert_exchange_seconds,
+                                    job_tpot, kv_bytes_per_token, prefill_work_seconds, step_host_seconds)
+from llmplan.cost.speculative import (SpeculativeStep, acceptance_of, draft_model, draft_passes, draft_plan,
+                                      speculative_step, tokens_per_step)
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -42,6 +43,9 @@ class PhaseTiming:
     """Decode: tokens generated per second per GPU (prefill: the first token of each prompt)."""
     kv_transfer_bytes_per_request: float
     """KV cache of one request's prompt (every layer, all heads): what a prefill pool sends to a decode pool."""
+    draft_prefill_s: float = 0.0
+    """Prefill under speculative decoding: the draft's pass over the step's prompt tokens, part of step_s
+    (cost.inference.batched_draft_prompt_seconds); 0 otherwise."""
     speculative: SpeculativeStep | None = None
     """Decode under speculative decoding: the step's draft and verification seconds and the tokens a sequence
     gains per step (step_s = draft + verify, tpot_s = step_s / tokens_per_step); None otherwise."""
@@ -50,7 +54,8 @@ class PhaseTiming:
 def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
     """A prefill pool: each replica runs batches of T = max_num_batched_tokens uncached prompt tokens (several
     prompts, or chunks of one long prompt), each token attending to the cached prefix and half its prompt
-    on average; input tokens/s per GPU = T / step / GPUs per replica; TTFT = ceil(s_new / T) steps.
+    on average, and under speculative decoding the draft's pass over them (prefill_work_seconds); input
+    tokens/s per GPU = T / step / GPUs per replica; TTFT = ceil(s_new / T) steps.
     Derived: docs/formulas.md#serve.phase"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
@@ -61,7 +66,8 @@ def prefill_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Span
         phase="prefill", step_s=step, exchange_s=exchange, tokens_per_step=T, context=float(job.input_len),
         ttft_s=math.ceil(new / T) * step, tpot_s=None, input_tokens_per_s_per_gpu=T / step / gpus,
         output_tokens_per_s_per_gpu=T / step / gpus / new,
-        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len)
+        kv_transfer_bytes_per_request=float(kv_bytes_per_token(m, plan.kv_dtype)) * job.input_len,
+        draft_prefill_s=batched_draft_prompt_seconds(m, plan, system, spans, job))
 
 
 def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> PhaseTiming:
@@ -75,7 +81,7 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     context = job.input_len + job.output_len / 2
     spec = None if job.speculative is None else speculative_step(
         m, plan, system, spans, job.speculative, B, context, step_host_seconds(m, plan, job), job.engine,
-        **decode_graphs(job, plan, GraphHost.of(system, m)))
+        **decode_graphs(job, plan, system, m))
     # the speculative step once: its TPOT is speculative_tpot's step.total / step.tokens_per_step
     tpot = float(job_tpot(m, plan, system, spans, job, B, context) if spec is None
                  else spec.total / spec.tokens_per_step)
@@ -89,15 +95,18 @@ def decode_phase(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
 
 def decode_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Expert dispatch + combine of one decode step of b = B / p sequences per stage: b tokens, or under
-    speculative decoding b (k + 1) in the verification step plus k draft steps of b tokens through the draft's
-    MoE layers (MTP; none for a dense EAGLE head or n-gram). Derived: docs/formulas.md#serve.phase"""
+    speculative decoding b (k + 1) in the verification step plus the draft's passes (draft_passes: b tokens
+    each, vLLM's first b (k + 1), SGLang's draft extend b x the tokens gained) through the draft's MoE layers
+    (MTP; none for a dense EAGLE head or n-gram). Derived: docs/formulas.md#serve.phase"""
     b = max(job.batch / plan.pp, 1.0)
     spec = job.speculative
     k = 0 if spec is None else spec.num_speculative_tokens
     out = float(expert_exchange_seconds(m, plan, system, spans, b * (k + 1), True, job.engine)) * plan.pp
     draft = None if spec is None else draft_model(m, spec)
-    if draft is not None:
-        out += k * float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b, True, job.engine))
+    if spec is not None and draft is not None:
+        gained = tokens_per_step(acceptance_of(spec), k)
+        out += sum(float(expert_exchange_seconds(draft, draft_plan(plan), system, spans, b * q, True, job.engine))
+                   for q in draft_passes(k, job.engine, gained))
     return out
 
 

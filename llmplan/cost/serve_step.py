@@ -134,10 +134,44 @@ def draft_tokens_of(job: ServeJob) -> int | None:
     return job.speculative.num_speculative_tokens if job.speculative is not None else None
 
 
-def decode_graphs(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> dict[str, Any]:
-    """decode_tpot's CUDA-graph arguments for the job's server of `plan`: the sizes a step pads to
-    (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
-    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, host)}
+def decode_graphs(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> dict[str, Any]:
+    """decode_tpot's CUDA-graph arguments for the job's server of `plan` serving `m` on `system`'s GPU: the
+    sizes a step pads to (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
+    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
+
+
+def decode_group(batch: Any, pp: int) -> Any:
+    """Sequences of one pipeline group's decode step: with pp stages the batch splits into pp groups that take
+    turns (infer.decode), batch / pp, at least 1. Derived: docs/formulas.md#infer.decode"""
+    return np.maximum(np.asarray(batch, dtype=float) / pp, 1.0)
+
+
+@dataclass(frozen=True)
+class DecodeGraphStep:
+    """What one decode step (under speculative decoding, the verification step) of a pipeline group runs
+    against the server's captured CUDA graph sizes, as decode_tpot prices it."""
+
+    requests: float
+    """Sequences of the step before padding (decode_group: batch / pp)."""
+    queries: int
+    """Tokens each sequence carries: 1, or 1 + k under speculative decoding."""
+    tokens: float
+    """Tokens the step runs once padded (graph_padded_tokens; unpadded above the largest size)."""
+    eager: bool
+    """Whether the step runs without a graph (requests above graph_ceiling: uncaptured_launch_seconds)."""
+
+
+def decode_graph_step(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> DecodeGraphStep | None:
+    """The job's decode (verification) step of one pipeline group against its captured sizes, by the rules
+    decode_tpot applies (decode_group, decode_graphs, graph_padded_tokens, graph_ceiling); None without CUDA
+    graphs. Derived: docs/formulas.md#infer.graph_padding"""
+    graphs = decode_graphs(job, plan, system, m)
+    sizes, top = graphs["graph_sizes"], graphs["graph_top"]
+    if not sizes:
+        return None
+    b, q = float(decode_group(job.batch, plan.pp)), 1 + (draft_tokens_of(job) or 0)
+    tokens = float(graph_padded_tokens(b, q, sizes, graph_sizes_count_tokens(job.engine)))
+    return DecodeGraphStep(b, q, tokens, top is not None and b > top)
 
 
 def uncaptured_launch_seconds(m: ModelSpec, plan: ServePlan, batch: Any, ceiling: int | None) -> Any:
@@ -193,7 +227,7 @@ def graph_sizes_count_tokens(engine: Engine) -> bool:
     return engine == "vllm"
 
 
-def graph_padded_tokens(batch: Any, queries: int, sizes: tuple[int, ...] | None, count_tokens: bool) -> Any:
+def graph_padded_tokens(batch: Any, queries: float, sizes: tuple[int, ...] | None, count_tokens: bool) -> Any:
     """Tokens a decode step of `batch` sequences of `queries` tokens each (speculative verification: 1 + k)
     runs once padded to a captured CUDA graph. Sizes in tokens (`count_tokens`, vLLM): the smallest size >=
     batch x queries (the dispatcher's _bs_to_padded_graph_size table), batch x queries itself above the
@@ -338,9 +372,9 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     return None
 
 
-def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: int | None = None,
-                   tp: int | None = None, host: GraphHost | None = None) -> tuple[int, ...] | None:
-    """The job's captured sizes for a server started at another batch or max_num_batched_tokens, at tensor
+def graph_sizes_at(job: Any, batch: int | None = None, tp: int | None = None,
+                   host: GraphHost | None = None) -> tuple[int, ...] | None:
+    """The job's captured sizes for a server started at another batch, at tensor
     parallelism `tp` on `host` (SGLang's default depends on the GPU's memory and TP, vLLM's on its compute
     capability and the model): where the job carries the engine's default (ServeJob.cuda_graph_sizes_default),
     the default at the new settings; else the user's sizes as given. SGLang without `tp` keeps the job's list
@@ -348,8 +382,8 @@ def graph_sizes_at(job: Any, batch: int | None = None, max_num_batched_tokens: i
     Derived: docs/formulas.md#infer.graph_padding"""
     if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None):
         return job.cuda_graph_batch_sizes
-    return default_graph_sizes(job.engine, batch or job.batch, max_num_batched_tokens or job.max_num_batched_tokens,
-                               tp or 1, host, draft_tokens_of(job))
+    return default_graph_sizes(job.engine, batch or job.batch, job.max_num_batched_tokens, tp or 1, host,
+                               draft_tokens_of(job))
 
 
 SERVE_GEMM_M_HALF = 128.0
@@ -392,11 +426,13 @@ def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> A
     return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half)
 
 
-def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any) -> tuple[Any, Any]:
+def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any,
+                   head_rows: Any = None) -> tuple[Any, Any]:
     """(dense, expert) compute time of one GPU's matmuls for `tokens` rows through its share of the layers
-    and the output layer, each GEMM at the efficiency of its own (M, N, K) (serve_gemm_efficiency); expert
-    GEMMs at their rows per expert: the routed rows over the experts they touch (at least one row each), so
-    fewer tokens never make them slower. Derived: docs/formulas.md#infer.step"""
+    and the output layer (`head_rows` of them where given, else `tokens`), each GEMM at the efficiency of its
+    own (M, N, K) (serve_gemm_efficiency); expert GEMMs at their rows per expert: the routed rows over the
+    experts they touch (at least one row each), so fewer tokens never make them slower.
+    Derived: docs/formulas.md#infer.step"""
     T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
     # When the EP group spans replicas (DP attention, vLLM's DP + EP) the experts see the tokens of all of them
     # (cost.serve_moe.expert_token_factor).
@@ -411,7 +447,8 @@ def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: 
             parts[kind] = parts[kind] + layers * 2 * share * T * N * K / (gpu.sustained_flops(fmt[kind]) * eff)
     V = padded_vocab(m.vocab_size, plan.tp) / plan.tp
     peak = gpu.sustained_flops(dtype)
-    head = 2 * T * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, T, V, m.hidden_size))
+    H = T if head_rows is None else np.maximum(np.asarray(head_rows, dtype=float), 1.0)
+    head = 2 * H * V * m.hidden_size / (peak * serve_gemm_efficiency(gpu, dtype, H, V, m.hidden_size))
     # The busiest EP rank's expert rows set the pace (serve_ep_imbalance; 1 when EP stays inside a replica).
     return (parts["tokens"] + head) / plan.pp, parts["experts"] * serve_ep_imbalance(m, plan, T) / plan.pp
 
@@ -452,20 +489,21 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                  attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm",
-                 rows: Any = None) -> Any:
+                 rows: Any = None, logit_rows: Any = None) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
     (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds);
-    `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces.
-    Derived: docs/formulas.md#infer.step"""
+    `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces;
+    `logit_rows` (None: those rows) the output layer and the sampler. Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
         R = None if rows is None else np.asarray(rows, dtype=float) * share
+        H = None if logit_rows is None else np.asarray(logit_rows, dtype=float) * share
         exchange = expert_exchange_seconds(m, plan, system, spans, T, decode_only, engine)
         rest, routed = step_compute_parts(m, plan, system, spans, T, np.asarray(attn_pairs) * share,
-                                          np.asarray(kv_read) * share, decode_only, engine, R)
+                                          np.asarray(kv_read) * share, decode_only, engine, R, H)
         return rest, routed, exchange
 
     slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
@@ -529,12 +567,14 @@ def step_compute_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
 
 def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                        attn_pairs: Any, kv_read: Any, decode_only: bool = False,
-                       engine: Engine = "vllm", rows: Any = None) -> tuple[Any, Any]:
+                       engine: Engine = "vllm", rows: Any = None, logit_rows: Any = None) -> tuple[Any, Any]:
     """(everything but the routed experts, the routed experts' max(GEMMs, weights read)) of
     step_compute_seconds: the parts a two-batch-overlap schedule places apart; the element-wise operators, the
     sampler and the TP all-reduces over `rows` (a CUDA graph's padded batch, infer.graph_padding; None: the
-    tokens). Derived: docs/formulas.md#infer.step"""
+    tokens); the output layer and the sampler over `logit_rows` where given (a pass that samples only each
+    request's last token). Derived: docs/formulas.md#infer.step"""
     R = np.asarray(tokens if rows is None else rows, dtype=float)
+    S = R if logit_rows is None else np.asarray(logit_rows, dtype=float)
     gpu = system.gpu
     t, p = plan.tp, plan.pp
     compute_dtype = serve_compute_format(plan, gpu)
@@ -556,10 +596,10 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     bandwidth = gpu.hbm_achieved_bytes_per_s
     elementwise = elementwise_serve_bytes(m, plan, compute_dtype) * R * L / p
     # The sampler reads each token's fp32 logits (written by the output layer) for softmax / top-k / top-p.
-    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * R / p
+    elementwise = elementwise + 2 * 4.0 * padded_vocab(m.vocab_size, t) / t * S / p
     # Matmuls and attention are separate kernels: each is bound by its own compute or its own reads (the
     # weights, the touched experts, the KV cache), and they run one after the other.
-    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens)
+    dense_s, expert_s = linear_seconds(m, plan, gpu, compute_dtype, tokens, logit_rows)
     routed = np.maximum(expert_s, experts / bandwidth)
     gemm = np.maximum(dense_s, weights / bandwidth)
     head = gpu_head_dim_ratio(m, gpu, gpu.attention_softmax_head_dim) \

@@ -10,8 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.inference import GraphHost, Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes, weight_bytes_per_param
+from llmplan.cost.compute import attended_keys
+from llmplan.cost.inference import (Spans, decode_graphs, decode_tpot, kv_bytes_per_seq_gpu, serve_weight_bytes,
+                                    step_seconds, weight_bytes_per_param)
 from llmplan.cost.params import vocab_shard_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -80,6 +84,76 @@ def speculative_kv_per_seq(m: ModelSpec, plan: ServePlan, spec: SpeculativeSpec,
     return own if draft is None else own + kv_bytes_per_seq_gpu(draft, draft_plan(plan), held, block_size)
 
 
+def draft_passes(k: int, engine: Engine, gained: float) -> tuple[float, ...]:
+    """Tokens per sequence of each of the draft's forward passes in one speculative step of k draft tokens
+    (a chain draft, top-k 1) in which a sequence gains `gained` tokens (tokens_per_step). vLLM: its EAGLE / MTP
+    proposer (the method llmplan's vLLM export sets, named draft included) runs first over every token the
+    target scheduled, k + 1 per sequence under the default padded drafter batch (disable_padded_drafter_batch
+    False: rejected drafts stay in as padding), then k - 1 passes of one token. SGLang: k - 1 draft passes of
+    one token ("1 token from draft prefill and (#spec steps - 1) tokens here") and, after verification, a
+    draft extend over each sequence's accepted tokens + 1 (extend_lens = accept_length + 1: `gained` on
+    average; priced unpadded, as SGLang's speculative steps are). TensorRT-LLM: k passes of one token (not
+    verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
+    @00c4f22dae4795e34658bead82fa071e6bb7ae39, SpecDecodeBaseProposer.propose, set_inputs_first_pass
+    (net_num_new_slots_per_request 0 with hidden states); vllm/config/speculative.py
+    (SpeculativeConfig.disable_padded_drafter_batch = False); sgl-project/sglang
+    python/sglang/srt/speculative/eagle_worker.py @00559eacbf0841146db7e27e445d1971e35e6294 (EAGLEWorker.draft_forward,
+    forward_draft_extend_after_decode); python/sglang/srt/speculative/eagle_info.py
+    @f1f60ea0258f346adb43d2371d03cbc66d9d5ba2, EagleDraftInput.prepare_extend_after_decode."""
+    if engine == "vllm":
+        return (float(k + 1),) + (1.0,) * (k - 1)
+    if engine == "sglang":
+        return (gained,) + (1.0,) * (k - 1)
+    return (1.0,) * k
+
+
+def draft_pass_graphs(engine: Engine, queries: float, k: int, graph_sizes: tuple[int, ...] | None,
+                      graph_top: int | None) -> dict[str, Any]:
+    """decode_tpot's CUDA-graph arguments for one draft pass of `queries` tokens per sequence. vLLM's proposer
+    dispatches its passes on its own CudagraphDispatcher, keyed after the capture sizes were fitted to the
+    verification (adjust_cudagraph_sizes_for_spec_decode): PIECEWISE graphs of the same token sizes, a pass of
+    b x queries tokens padded to the smallest size that holds it and run eagerly above the largest, whose
+    ceiling in sequences is the verification's (graph_top, of k + 1 tokens each) x (k + 1) / queries. Other
+    engines: unpadded, captured (not verified). Source: vllm-project/vllm
+    vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39
+    (initialize_cudagraph_keys: PIECEWISE, _determine_batch_execution_and_padding: cudagraph_dispatcher.dispatch
+    of the pass's tokens); vllm/v1/spec_decode/eagle.py @f7eef1b6987f4780fe8636077682936fe075aa2f
+    (EagleProposer.propose: pad_for_cudagraph at or below max_cudagraph_capture_size, NONE above)."""
+    if engine != "vllm" or not graph_sizes:
+        return {}
+    return {"graph_sizes": graph_sizes,
+            "graph_top": None if graph_top is None else int(graph_top * (k + 1) // queries)}
+
+
+DRAFT_PROMPT_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+"""Engines whose drafter is verified to run over the prompt in its prefill steps (draft_prompt_seconds);
+TensorRT-LLM's is not verified here, and not priced."""
+
+
+def draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
+                         tokens: Any, context: Any, requests: Any) -> Any:
+    """The draft's pass over `tokens` prompt tokens of `requests` prompts in one prefill step, each token
+    attending to `context` keys on average: the draft's layers over every token (its KV cache for the prompt,
+    and for EAGLE / MTP the target's hidden states as input), its output layer and sampler over each request's
+    last token only; 0 without speculation or a draft (n-gram), and on TensorRT-LLM (not verified).
+    Source: sgl-project/sglang python/sglang/srt/speculative/eagle_worker.py
+    @00559eacbf0841146db7e27e445d1971e35e6294, EAGLEWorker.forward_batch_generation (an extend batch runs
+    forward_target_extend with CaptureHiddenMode.FULL, "to prefill the KV cache of the draft model", then
+    forward_draft_extend over the batch); python/sglang/srt/disaggregation/prefill.py
+    @000c2b942308ea5502978be73542016c230dba02, process_batch_result_disagg_prefill (a PD prefill server hands
+    that pass's topk_p, topk_index and hidden states to decode); vllm-project/vllm
+    vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39,
+    SpecDecodeBaseProposer.propose (the first pass over every scheduled token, a prefill's included: "to keep
+    the drafter KV cache in sync"; logits at token_indices_to_sample, one a request)."""
+    spec = job.speculative
+    draft = None if spec is None or job.engine not in DRAFT_PROMPT_ENGINES else draft_model(m, spec)
+    if draft is None:
+        return 0.0
+    t = np.asarray(tokens, dtype=float)
+    return step_seconds(draft, draft_plan(plan), system, spans, t, t * attended_keys(draft, context), 0.0,
+                        engine=job.engine, logit_rows=requests)
+
+
 @dataclass(frozen=True)
 class SpeculativeStep(Breakdown):
     """One speculative step of a replica: k draft steps + one verification step of k + 1 tokens per
@@ -103,15 +177,22 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     sequences than `graph_top` (cost.serve_step.graph_ceiling: vLLM's captured tokens over k + 1) runs
     without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
     holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
-    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's steps are priced
-    unpadded (its own CUDA graphs: docs/formulas.md#infer.speculative). Derived: docs/formulas.md#infer.speculative"""
+    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
+    vLLM's first over the k + 1 verified tokens per sequence, SGLang's draft extend over the accepted ones,
+    k - 1 of one token) pad to the same sizes and run eagerly above them on vLLM (draft_pass_graphs),
+    unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
-    draft_s: Any = 0.0 if draft is None else \
-        k * decode_tpot(draft, draft_plan(plan), system, spans, batch, context, engine=engine)
+    alpha = acceptance_of(spec)
+    draft_s: Any = 0.0
+    if draft is not None:
+        passes = draft_passes(k, engine, tokens_per_step(alpha, k))
+        for q in sorted(set(passes)):
+            draft_s = draft_s + passes.count(q) * decode_tpot(
+                draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine,
+                **draft_pass_graphs(engine, q, k, graph_sizes, graph_top))
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)
-    alpha = acceptance_of(spec)
     return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
                            acceptance_rate=alpha)
 
@@ -122,5 +203,5 @@ def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     Derived: docs/formulas.md#infer.speculative"""
     assert job.speculative is not None  # the caller's branch; not user input
     step = speculative_step(m, plan, system, spans, job.speculative, batch, context, overhead, job.engine,
-                            **decode_graphs(job, plan, GraphHost.of(system, m)))
+                            **decode_graphs(job, plan, system, m))
     return step.total / step.tokens_per_step

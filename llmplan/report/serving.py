@@ -12,8 +12,8 @@ from llmplan.advice import advice_json
 from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
-from llmplan.cost.serve_step import (effective_graph_sizes, graph_padded_rows, graph_padded_tokens,
-                                     graph_sizes_count_tokens)
+from llmplan.cost.speculative import SpeculativeStep, draft_passes
+from llmplan.cost.serve_step import decode_graph_step, graph_sizes_count_tokens
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -37,7 +37,7 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
                    "recurrent_state": mem.recurrent_state},
         "kv_bytes_per_token": e.kv_bytes_per_token,
         "max_concurrent_seqs": mem.max_concurrent_seqs,
-        **decode_graph_json(j),
+        **decode_graph_json(e),
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
         "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
@@ -60,27 +60,28 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
     }
 
 
-def decode_graph_json(j: ServeJob) -> dict[str, Any]:
-    """What a decode step (under speculative decoding, the verification step) of the workload's batch runs
-    against the captured CUDA graph sizes (None: CUDA graphs off, no padding). decode_graph_batch: the requests
-    the step runs once padded to the smallest captured size that holds it (vLLM's sizes, which count tokens,
-    1 + k per request under speculative decoding, once rounded to whole requests:
-    cost.serve_step.effective_graph_sizes), or the batch itself above every size (decode_graph_eager: no
-    graph); decode_graph_tokens: the tokens that step runs once padded (cost.serve_step.graph_padded_tokens);
-    decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests" for TensorRT-LLM
-    and SGLang."""
-    sizes = effective_graph_sizes(j)
-    if not sizes:
+def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
+    """What the decode step (under speculative decoding, the verification step) the estimate prices runs against
+    the captured CUDA graph sizes (cost.serve_step.decode_graph_step; None: CUDA graphs off, no padding): one
+    pipeline group's step of batch / pp sequences (decode_graph_groups of them take turns;
+    decode_graph_requests). decode_graph_batch: the requests that step runs once padded to the smallest captured
+    size that holds it (vLLM's sizes count tokens, 1 + k per request under speculative decoding), or its own
+    requests above every size; decode_graph_tokens: the tokens it runs once padded; decode_graph_eager: it runs
+    without a graph; decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests"
+    for TensorRT-LLM and SGLang."""
+    g = decode_graph_step(e.job, e.plan, e.cluster.system, e.model)
+    if g is None:
         return {"decode_graph_batch": None, "decode_graph_unit": None, "decode_graph_tokens": None,
-                "decode_graph_eager": None}
-    q = 1 + (j.speculative.num_speculative_tokens if j.speculative is not None else 0)
-    tokens = graph_sizes_count_tokens(j.engine)
-    listed = j.batch * q if tokens else j.batch
-    padded = int(graph_padded_rows(listed, sizes))  # in the list's unit; whole requests (effective_graph_sizes)
-    return {"decode_graph_batch": padded // q if tokens else padded,
-            "decode_graph_unit": "tokens" if tokens else "requests",
-            "decode_graph_tokens": int(graph_padded_tokens(j.batch, q, sizes, tokens)),
-            "decode_graph_eager": listed > max(sizes)}
+                "decode_graph_eager": None, "decode_graph_requests": None, "decode_graph_groups": None}
+    return {"decode_graph_batch": _whole(g.tokens / g.queries),
+            "decode_graph_unit": "tokens" if graph_sizes_count_tokens(e.job.engine) else "requests",
+            "decode_graph_tokens": _whole(g.tokens), "decode_graph_eager": g.eager,
+            "decode_graph_requests": _whole(g.requests), "decode_graph_groups": e.plan.pp}
+
+
+def _whole(x: float) -> float | int:
+    """x as an int where it is whole (a request or token count), else as it is."""
+    return int(x) if float(x).is_integer() else x
 
 
 def speculative_json(e: ServeEstimate) -> dict[str, Any]:
@@ -88,10 +89,12 @@ def speculative_json(e: ServeEstimate) -> dict[str, Any]:
     sp, spec = e.speculative, e.job.speculative
     assert sp is not None and spec is not None  # the caller's branch
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-            "acceptance_rate": sp.step.acceptance_rate, "acceptance_default": spec.acceptance_rate is None,
-            "draft_model": spec.draft_model, "tokens_per_step": sp.step.tokens_per_step,
-            "step_s": float(sp.step.total), "draft_s": float(sp.step.draft), "verify_s": float(sp.step.verify),
+            **speculative_step_json(sp.step), "acceptance_default": spec.acceptance_rate is None,
+            "draft_model": spec.draft_model, "step_s": float(sp.step.total),
             "verify_tokens_per_seq": spec.num_speculative_tokens + 1,
+            "draft_pass_tokens_per_seq": list(draft_passes(spec.num_speculative_tokens, e.job.engine,
+                                                           sp.step.tokens_per_step))
+            if spec.method != "ngram" else [],
             "tpot_without_s": sp.tpot_without_s, "tpot_speedup": sp.tpot_without_s / float(e.timing.tpot),
             "tokens_per_s_without": sp.tokens_per_s_without,
             "throughput_speedup": e.tokens_per_s / sp.tokens_per_s_without if sp.tokens_per_s_without else None,
@@ -128,15 +131,20 @@ def phase_json(e: ServeEstimate) -> dict[str, Any]:
             "kv_capacity_tokens_per_gpu": e.memory.kv_blocks * e.job.block_size,
             "max_concurrent_seqs": e.memory.max_concurrent_seqs,
             "kv_transfer_bytes_per_request": ph.kv_transfer_bytes_per_request,
+            **({"draft_prefill_s": ph.draft_prefill_s} if ph.phase == "prefill" else {}),
             **({"speculative": phase_speculative_json(ph)} if ph.speculative is not None else {})}
+
+
+def speculative_step_json(sp: SpeculativeStep) -> dict[str, Any]:
+    """One speculative step (seconds): step = draft_s + verify_s, in which a sequence gains tokens_per_step."""
+    return {"draft_s": float(sp.draft), "verify_s": float(sp.verify), "tokens_per_step": sp.tokens_per_step,
+            "acceptance_rate": sp.acceptance_rate}
 
 
 def phase_speculative_json(ph: PhaseTiming) -> dict[str, Any]:
     """A speculative decode phase's step (seconds): step_s = draft_s + verify_s, tpot_s = step_s / tokens_per_step."""
-    sp = ph.speculative
-    assert sp is not None  # the caller's branch
-    return {"draft_s": float(sp.draft), "verify_s": float(sp.verify), "tokens_per_step": sp.tokens_per_step,
-            "acceptance_rate": sp.acceptance_rate}
+    assert ph.speculative is not None  # the caller's branch
+    return speculative_step_json(ph.speculative)
 
 
 def phase_lines(e: ServeEstimate) -> list[str]:
@@ -150,6 +158,8 @@ def phase_lines(e: ServeEstimate) -> list[str]:
                 f"{ph.context:,.0f}-token prompts",
                 f"  {ph.input_tokens_per_s_per_gpu:,.0f} input tokens/s per GPU; TTFT {(ph.ttft_s or 0) * 1e3:,.1f} ms "
                 f"(no queueing); step {ph.step_s * 1e3:,.1f} ms",
+                *([f"  of which the draft's pass over the prompt tokens {ph.draft_prefill_s * 1e3:,.1f} ms"]
+                  if ph.draft_prefill_s else []),
                 f"  expert dispatch + combine {ph.exchange_s * 1e3:,.1f} ms per step; {kv}",
                 f"  KV sent to decode: {ph.kv_transfer_bytes_per_request / 2**20:,.1f} MiB per request"]
     return [f"decode pool: {ph.tokens_per_step:,.0f} sequences per replica at {ph.context:,.0f} tokens of "
@@ -249,6 +259,9 @@ def speculative_view(console: Console, e: ServeEstimate) -> None:
                   f"{d['tokens_per_step']:.2f} tokens per step")
     console.print(f"  step {d['step_s'] * 1e3:,.2f} ms = draft {d['draft_s'] * 1e3:,.2f} + verify "
                   f"{d['verify_s'] * 1e3:,.2f} ({d['verify_tokens_per_seq']} tokens per sequence)")
+    if d["draft_pass_tokens_per_seq"]:
+        console.print(f"  draft passes of {' + '.join(f'{q:.3g}' for q in d['draft_pass_tokens_per_seq'])} "
+                      "tokens per sequence")
     speed = f"x{d['throughput_speedup']:.2f}" if d["throughput_speedup"] else "n/a"
     console.print(f"  TPOT {float(e.timing.tpot) * 1e3:,.2f} ms vs {d['tpot_without_s'] * 1e3:,.2f} ms without "
                   f"(x{d['tpot_speedup']:.2f}); throughput {speed}")
@@ -373,7 +386,7 @@ def pool_json(pool: Pool) -> dict[str, Any]:
                            "instances": pool.instances, "gpus": pool.gpus}
     if ph.phase == "prefill":
         doc.update({"tokens_per_batch": ph.tokens_per_step, "input_tokens_per_s_per_gpu": ph.input_tokens_per_s_per_gpu,
-                    "ttft_s": ph.ttft_s})
+                    "ttft_s": ph.ttft_s, "draft_prefill_s": ph.draft_prefill_s})
     else:
         doc.update({"batch_per_replica": ph.tokens_per_step,
                     "output_tokens_per_s_per_gpu": ph.output_tokens_per_s_per_gpu, "tpot_s": ph.tpot_s,

@@ -222,6 +222,16 @@ def queued_split(m: ModelSpec, e: ServeEstimate, split: tuple[int, int], decode_
     return None, 0.0
 
 
+def refuse_speculation(m: ModelSpec, job: ServeJob) -> None:
+    """The disaggregated searches' (one system, several pools) up-front refusal of a job whose speculative
+    decoding no instance layout can run: check.speculative_violations at one stage (every instance these
+    searches price is one stage: MTP without MTP layers, no acceptance rate, a draft of another vocabulary),
+    rather than a search that reports no split fits."""
+    bad = speculative_violations(m, ServePlan(), job)
+    if bad:
+        raise PlanViolationError(bad)
+
+
 def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype,
                          kv_dtype: KvDtype, top: int = 5, request_rate: float | None = None,
                          allowance: MemoryAllowance | None = None, moe: dict | None = None) -> DisaggResult:
@@ -229,10 +239,8 @@ def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weig
     TTFT (prefill + KV transfer) and TPOT within the SLOs, ranked by output tokens/s per GPU (or, with a
     request rate, by the fewest GPUs); and the best co-located plan on the same GPUs for comparison. A job
     whose speculative decoding no layout can run (check.speculative_violations: MTP without MTP layers, no
-    acceptance rate, a draft of another vocabulary; every instance here is one stage) is refused up front."""
-    bad = speculative_violations(m, ServePlan(), job)
-    if bad:
-        raise PlanViolationError(bad)
+    acceptance rate, a draft of another vocabulary) is refused up front (refuse_speculation)."""
+    refuse_speculation(m, job)
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     plans_of = {ph: moe_plans(m, instance_plans(m, cluster, weight_dtype, kv_dtype, ph), moe)

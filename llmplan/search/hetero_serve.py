@@ -26,6 +26,7 @@ from llmplan.search.disagg import (
     price_decode,
     price_prefill,
     queued_split,
+    refuse_speculation,
 )
 from llmplan.search.serve import ServeSearchResult, search_serving, sub_cluster
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -185,7 +186,9 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
     pools' GPUs: on one pool (i = j) exactly search.disagg's pairing, P:D split and KV transfer; on two, each
     phase within its own pool's GPUs (split_across) and the KV cache over the fabric (cross_pool_kv_seconds),
     TTFT (prefill + KV transfer) and TPOT within the SLOs. Ranked as search.disagg ranks: output tokens/s per
-    GPU, or with a request rate the fewest GPUs; compared with the co-located search over the same pools."""
+    GPU, or with a request rate the fewest GPUs; compared with the co-located search over the same pools. A
+    job whose speculation no layout can run is refused up front, as search.disagg refuses it (refuse_speculation)."""
+    refuse_speculation(m, job)
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)
