@@ -17,6 +17,7 @@ from llmplan.export import EVERY_PLAN, every_plan_mask, every_plan_reason, every
 from llmplan.search.grid import from_plan
 
 FP8_DELAYED = {"dtype": "fp8", "recipe": "tensorwise", "fp8_scaling": "delayed"}
+FP8_CURRENT = {**FP8_DELAYED, "fp8_scaling": "current"}
 RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and words of its refusal
     ("torchtitan", "optimizer_dtypes"): ({"optimizer_moment_dtype": "bf16"}, "moments bf16 (torchtitan's AdamW"),
     ("torchtitan-0.2", "optimizer_dtypes"): ({"optimizer_master_dtype": "bf16"}, "optimizer states master bf16"),
@@ -29,6 +30,8 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("megatron-bridge", "bf16_layers"): ({**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2},
                                          "layers kept in bf16 under fp8 delayed"),
     ("megatron-bridge", "precision"): (FP8_DELAYED, "weights not kept in fp8"),
+    ("megatron-bridge", "preset_layers"): ({**FP8_CURRENT, "fp8_params": True},
+                                           "0 / 0 layers kept in bf16 at the start / end with fp8 tensorwise"),
 }
 
 
@@ -75,17 +78,18 @@ def test_up_front_reason_is_the_checks_reason(accepted, target, key):
     assert not rule(base.plan)[1] and not every_plan_mask(from_plan(base.plan), target)[0]
 
 
-SEARCHES = {  # target -> the workload switches of a search of Llama-3.1-8B on 1 DGX H100 that meet its rule
-    "torchtitan": {"optimizer_moment_dtype": "bf16"},
-    "torchtitan-0.2": {"dtype": "fp8", "recipe": "tensorwise", "fp8_scaling": "current", "fp8_attention": True},
-    "deepspeed": {},
-    "megatron": {**FP8_DELAYED, "bf16_layers_start": 1},
-    "megatron-bridge": {**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2},
+SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 DGX H100 that meet its rule)
+    "torchtitan": ("torchtitan", {"optimizer_moment_dtype": "bf16"}),
+    "torchtitan-0.2": ("torchtitan-0.2", {**FP8_CURRENT, "fp8_attention": True}),
+    "deepspeed": ("deepspeed", {}),
+    "megatron": ("megatron", {**FP8_DELAYED, "bf16_layers_start": 1}),
+    "megatron-bridge": ("megatron-bridge", {**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2}),
+    "megatron-bridge-layers": ("megatron-bridge", {**FP8_CURRENT, "fp8_params": True}),
 }
 
 
-@pytest.mark.parametrize("target", sorted(SEARCHES))
-def test_passing_over_the_class_keeps_the_search(target, monkeypatch):
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_passing_over_the_class_keeps_the_search(name, monkeypatch):
     """keep_training (search --target's walk) with the rules against the walk that asks about every plan, no
     limit: the same rows kept (none where the search's switches are refused whole) and the same plans dropped
     above the last row, every plan passed over one the full walk asked about and found refused, fewer plans
@@ -101,7 +105,8 @@ def test_passing_over_the_class_keeps_the_search(target, monkeypatch):
     from llmplan.topology.placement import DEFAULT_ORDER
 
     m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
-    w = Workload(global_batch=64, seq_len=4096, **SEARCHES[target])
+    target, switches = SEARCHES[name]
+    w = Workload(global_batch=64, seq_len=4096, **switches)
     doc_of = lambda e: plan_document(e, MemoryAllowance(), DEFAULT_ORDER, estimate_json(e))  # noqa: E731
 
     def kept():

@@ -110,7 +110,8 @@ def target_mode(target: str) -> str:
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "megatron": {"bf16_layers": delayed_bf16_layers_refusal},
-    "megatron-bridge": {"precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal},
+    "megatron-bridge": {"precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
+                        "preset_layers": bridge.preset_layers_refusal},
     "deepspeed": {"cp": deepspeed.context_parallel_refusal, "ep": deepspeed.expert_parallel_refusal},
     "torchtitan": {"optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
                    "param_remainders": torchtitan.param_remainders_refusal,
@@ -126,7 +127,8 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
 check (the same function, called there) whose only condition is on that field: a plan axis above 1 (the target
 refuses every plan with it, whatever else the plan sets), or a workload switch (it refuses every plan of a search
 holding it: torchtitan's bf16 gradient reduction, Adam states below fp32, remainders, FP8 attention; Megatron's
-bf16 layers under fp8 delayed scaling; a precision Megatron-Bridge has no preset for). Each target's rules in the order its check meets them, so that the
+bf16 layers under fp8 delayed scaling; a precision Megatron-Bridge has no preset for, or fp8 layers kept in bf16
+other than its preset keeps). Each target's rules in the order its check meets them, so that the
 first rule that refuses a plan is the one its check names (where no other rule of the check comes first).
 search --target passes over the plans these rules refuse (every_plan_mask)."""
 

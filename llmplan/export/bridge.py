@@ -107,20 +107,37 @@ def preset(pf: PlanFile) -> str:
     what, bad, fix = preset_refusal(p)
     if bad:
         raise refuse(TARGET, what, fix)
-    key = preset_key(p)
-    name = PRESETS[key][0]
     counts = bf16_layer_counts(p, pf.model.num_hidden_layers)
-    name = ALTERNATE_PRESETS.get((*key, *counts), name)
-    kept = PRESET_BF16_LAYERS.get(name, (0, 0))
-    what, bad, fix = delayed_bf16_layers_refusal(p)  # key ("fp8", "delayed") with bf16 layers
-    if bad:
-        raise refuse(TARGET, what, fix)
-    if p.dtype in ("fp8", "fp4") and counts != kept:
-        raise refuse(TARGET, f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} "
-                     f"{p.recipe} (its preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field "
-                     "override)", f"re-plan with --bf16-layers-start {kept[0]} --bf16-layers-end {kept[1]}, or "
-                     "export to megatron (--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
-    return name
+    for what, bad, fix in (delayed_bf16_layers_refusal(p), preset_layers_refusal(p, counts)):
+        if bad:
+            raise refuse(TARGET, what, fix)
+    return preset_layers(p, counts)[0]
+
+
+def preset_layers(p: Any, counts: tuple[int, int]) -> tuple[str, tuple[int, int]]:
+    """(the preset of a plan keeping `counts` layers in bf16 at the start / end, the layers that preset keeps)."""
+    key = preset_key(p)
+    name = ALTERNATE_PRESETS.get((*key, *counts), PRESETS[key][0])
+    return name, PRESET_BF16_LAYERS.get(name, (0, 0))
+
+
+def preset_layers_refusal(p: Any, counts: tuple[int, int] | None = None) -> tuple[str, bool, str]:
+    """(what, whether the plan breaks it, fix) for a plan keeping other layers in bf16 than its preset (a preset
+    name takes no per-field override); `counts`: the layers the plan keeps (bf16_layer_counts on the model). None,
+    export.EVERY_PLAN's rule: under an fp8 recipe the counts are the workload's own (they read no pipeline
+    degree: bf16_layer_counts), so that the rule refuses whatever else the plan sets; under NVFP4 its default
+    follows the plan's pp, and the rule says nothing (the check, with the counts, refuses)."""
+    if counts is None:
+        if p.dtype != "fp8" or preset_key(p) not in PRESETS:
+            return "", False, ""
+        counts = bf16_layer_counts(p, 0)  # fp8: the pinned counts, whatever the number of layers
+    low = p.dtype in ("fp8", "fp4") and preset_key(p) in PRESETS
+    name, kept = preset_layers(p, counts) if low else ("", (0, 0))
+    return (f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} {p.recipe} (its "
+            f"preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field override)",
+            low and tuple(counts) != kept,
+            f"re-plan with --bf16-layers-start {kept[0]} --bf16-layers-end {kept[1]}, or export to megatron "
+            "(--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
 
 
 def check(pf: PlanFile) -> None:
