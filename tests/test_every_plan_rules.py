@@ -80,11 +80,13 @@ def test_up_front_reason_is_the_checks_reason(accepted, target, key):
 
 SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 DGX H100 that meet its rule)
     "torchtitan": ("torchtitan", {"optimizer_moment_dtype": "bf16"}),
+    "torchtitan-remainders": ("torchtitan", {"param_remainders": True}),
     "torchtitan-0.2": ("torchtitan-0.2", {**FP8_CURRENT, "fp8_attention": True}),
     "deepspeed": ("deepspeed", {}),
     "megatron": ("megatron", {**FP8_DELAYED, "bf16_layers_start": 1}),
     "megatron-bridge": ("megatron-bridge", {**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2}),
     "megatron-bridge-layers": ("megatron-bridge", {**FP8_CURRENT, "fp8_params": True}),
+    "megatron-bridge-precision": ("megatron-bridge", FP8_DELAYED),
 }
 
 
@@ -131,3 +133,26 @@ def test_passing_over_the_class_keeps_the_search(name, monkeypatch):
     assert set(reasons) == {every_plan_reason(lp.plan(a.passed_plans[0]), target)}
     if target != "deepspeed":  # the search's switches refused whole: no row, every plan passed over but the rows
         assert not new.ranked and a.checked <= 5
+
+
+def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
+    """DeepSpeed refuses every plan with CP and every plan with EP, CP first in its check: over the plans of an
+    MoE search marked by both rules, every_plan_reasons counts those with CP under CP's words and the rest (EP
+    without CP) under EP's, not all of them under the first plan's rule."""
+    import numpy as np
+
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()["qwen3-30b-a3b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=256, seq_len=4096)
+    a = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    idx = np.flatnonzero(every_plan_mask(a, "deepspeed"))
+    cp, ep = np.asarray(a.cp)[idx] > 1, np.asarray(a.ep)[idx] > 1
+    assert cp.any() and (ep & ~cp).any() and (cp | ep).all()
+    reasons = every_plan_reasons(a, "deepspeed", idx.tolist(), a.plan)
+    by_rule = {("context" if "context parallelism" in k else "expert"): n for k, n in reasons.items()}
+    assert len(reasons) == 2 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum())}
+    for why in reasons:
+        assert why.startswith("deepspeed cannot express this plan: ")
