@@ -170,6 +170,12 @@ def spec_ref(ref: str, plan_path: Path) -> str:
     return ref
 
 
+def save_refs(model: str, hardware: str, plan_path: Path | None) -> tuple[str, str] | None:
+    """(model_ref, hardware_ref) of a plan file saved at `plan_path` (spec_ref of the --model and --hardware
+    given); None where no file is saved."""
+    return None if plan_path is None else (spec_ref(model, plan_path), spec_ref(hardware, plan_path))
+
+
 def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[str, ...],
                   predictions: dict[str, Any], refs: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
     c = e.cluster

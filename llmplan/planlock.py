@@ -13,7 +13,7 @@ from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.hetero import HeteroEstimate, estimate_hetero
 from llmplan.planfile import (load_plan, plan_document, read_plan_document, save_plan, saved_pools,
-                              serve_plan_document, spec_ref)
+                              save_refs, serve_plan_document, spec_ref)
 from llmplan.plancheck import discover
 from llmplan.search.grid import Workload, default_space
 from llmplan.search.run import search as run_search
@@ -115,5 +115,5 @@ def _plan_new(spec: Path, plans: Path, predictions: Predictions, new: NewPlans, 
     target = plans / f"{m.name}.{cluster.system.name}.plan.json"
     best = res.ranked[0]
     save_plan(target, plan_document(best, MemoryAllowance(), DEFAULT_ORDER, predictions.training(best),
-                                    (spec_ref(str(spec), target), spec_ref(new.hardware, target))), force=True)
+                                    save_refs(str(spec), new.hardware, target)), force=True)
     result.written.append(str(target))

@@ -77,3 +77,10 @@ def row_setup(published_runs, acc):
         return out[:3]
 
     return setup
+
+
+@pytest.fixture(scope="session")
+def row_plan(row_setup):
+    """The plan of a published row by id, as benchmarks/accuracy.py prices it (row_setup's third part: plan_for
+    under the row's family at its GPU count); fails the test where the row is not scored."""
+    return lambda rid: row_setup(rid)[2]

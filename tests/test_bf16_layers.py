@@ -113,7 +113,7 @@ def test_launchers_without_the_switch_refuse_in_one_line():
         render_all(_plan_file(dtype="fp8", recipe="mxfp8", fp8_params=True, bf16_layers_end=2), "megatron-bridge")
 
 
-def test_golden_bridge_nvfp4_row_runs_its_presets_layers(published_runs):
+def test_golden_bridge_nvfp4_row_runs_its_presets_layers(published_runs, row_plan):
     # Megatron-Bridge performance summary, 26.04 NeMo container: Llama 3 70B pretraining on 64 GB300 (NVL72),
     # NVFP4, TP1 PP4 VP5, GBS 256: 7,397 tokens/s/GPU. Its preset (bf16_with_nvfp4_mixed through
     # get_precision_config("nvfp4"), scripts/performance/utils/precision.py at v0.4.0) keeps no layer in bf16;
@@ -123,7 +123,7 @@ def test_golden_bridge_nvfp4_row_runs_its_presets_layers(published_runs):
     rid = "mbridge-26.04-pretrain-llama3-70b-dgx-gb300-64gpu-nvfp4-tp1pp4cp1epnavp5gbs256mbs1"
     rec = published_runs[rid]
     assert rec["measured"]["tokens_per_s_per_gpu"] == 7397
-    plan = accuracy.plan_for(rec, "mbridge-dense", rec["hardware"]["gpus"])
+    plan = row_plan(rid)
     assert (plan.bf16_layers_start, plan.bf16_layers_end) == (0, 0)
     (quantity, predicted, measured), _fits = accuracy.predict(rec, "mbridge-dense")
     assert quantity == "tok/s/GPU" and predicted == pytest.approx(measured, rel=0.10)

@@ -134,7 +134,7 @@ def test_published_cp_runs(published_runs, acc, rid, tolerance):
 
 
 @pytest.mark.parametrize("rid", ["nemocp-h100-fp8-llama2-7b-s128k-128gpu", "nemocp-h100-fp8-llama2-7b-s1024k-1024gpu"])
-def test_nemocp_runs_flash_attention_2_at_its_published_rate(published_runs, acc, rid):
+def test_nemocp_runs_flash_attention_2_at_its_published_rate(published_runs, acc, row_plan, rid):
     # NeMo 24.03's long-sequence rows ran FlashAttention-2 under CP: NeMo-Framework-Launcher's config.yaml sets
     # NVTE_FUSED_ATTN 0 (tags 24.01-24.07; 24.05's default container is nemo:24.03.01.framework), so Transformer
     # Engine (attention.py at da30634) calls the flash-attn package in every ring step. Priced at the published
@@ -142,12 +142,12 @@ def test_nemocp_runs_flash_attention_2_at_its_published_rate(published_runs, acc
     # ratio to it (0.57), the rows lie within 20% of NeMo's measured TFLOP/s per GPU (-14% / -18% at the shipped
     # clock, docs/validation.md#nemocp-kernel); read as cuDNN at that asymptote they are +36% / +37%.
     rec = published_runs[rid]
-    assert acc.plan_for(rec, "nemocp", rec["hardware"]["gpus"]).attention_kernel == "flash2"
+    assert row_plan(rid).attention_kernel == "flash2"
     (_, pred, meas), *_ = acc.predict(rec, "nemocp", dict(acc.PUBLISHED_PRIOR))
     assert pred == pytest.approx(meas, rel=0.20)
 
 
-def test_nemo2407_cp_row_runs_flash_attention_2_at_its_published_rate(published_runs, acc):
+def test_nemo2407_cp_row_runs_flash_attention_2_at_its_published_rate(published_runs, acc, row_plan):
     # NeMo 24.07's performance table was measured through NeMo-Framework-Launcher while its config set
     # NVTE_FUSED_ATTN 0 (docs/validation.md#nemo2407-kernel). Its most attention-bound row (Llama 3 8B fp8, 8 H100,
     # TP1 CP2 at 8k; NeMo docs/source/performance/performance_summary.md at 9c5c5e9709: 711 model TFLOP/s per GPU)
@@ -155,7 +155,7 @@ def test_nemo2407_cp_row_runs_flash_attention_2_at_its_published_rate(published_
     # FA2's published ratio to it (0.57) lies within 5% (-1.5%); read as cuDNN at that asymptote it is +15.2%.
     rid = "nemo2407-pretrain-llama3-8b-8gpu-gbs128"
     rec = published_runs[rid]
-    assert acc.plan_for(rec, "nemo2407", rec["hardware"]["gpus"]).attention_kernel == "flash2"
+    assert row_plan(rid).attention_kernel == "flash2"
     (_, pred, meas), *_ = acc.predict(rec, "nemo2407", dict(acc.PUBLISHED_PRIOR))
     assert pred == pytest.approx(meas, rel=0.05)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import accuracy
 import pytest
 
 from llmplan.cost.comm import ep_transfers
@@ -52,9 +51,9 @@ def test_check_plan_needs_fp8_and_deepep():
         assert msgs and "--ep-dispatch-fp8" in msgs[0].message
 
 
-def test_the_switch_prices_the_same_in_plan_arrays_and_one_plan(published_runs):
+def test_the_switch_prices_the_same_in_plan_arrays_and_one_plan(row_setup):
     rid = "deepseek-v3-report-h800-2048gpu-pretrain"
-    m, cluster, row = accuracy.record_setup(published_runs[rid], accuracy.family(rid))
+    m, cluster, row = row_setup(rid)
     est = {}
     for fp8 in (False, True):
         plan = row.model_copy(update={"ep_dispatch_fp8": fp8})
@@ -91,14 +90,12 @@ def test_megatron_exports_refuse_it():
             render_all(pf, target)
 
 
-def test_deepseek_v3_report_row_dispatches_in_fp8(published_runs):
+def test_deepseek_v3_report_row_dispatches_in_fp8(row_setup):
     # DeepSeek-V3 report (arXiv 2412.19437) §3.3.3 "Low-Precision Communication": the dispatch in FP8, the
     # combine in BF16; the row's plan says so, and it moves fewer EP bytes than the same plan in bf16.
     rid = "deepseek-v3-report-h800-2048gpu-pretrain"
-    rec = published_runs[rid]
-    plan = accuracy.plan_for(rec, accuracy.family(rid), rec["hardware"]["gpus"])
+    m, _, plan = row_setup(rid)
     assert plan.ep_dispatch_fp8 and plan.moe_dispatcher == "deepep" and plan.dtype == "fp8"
-    m = accuracy.model_for(rec, accuracy.family(rid))
     assert not [v for v in check_plan(m, plan) if v.rule == "ep_dispatch_fp8"]
 
     def moved(p: ParallelPlan) -> float:

@@ -163,10 +163,10 @@ def test_megatron_bridge_writes_it_after_the_preset_and_megatron_lm_refuses_it(c
     # H100 FP8 rows run no full-iteration preset
     ("mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp1cp1ep16vpnagbs1024mbs1", False),
 ])
-def test_presets_that_run_fp8_attention(published_runs, acc, rid, on):
+def test_presets_that_run_fp8_attention(published_runs, acc, row_plan, rid, on):
     rec = published_runs[rid]
     assert acc.mbridge_fp8_attention(rec) is on
-    assert acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"]).fp8_attention is on
+    assert row_plan(rid).fp8_attention is on
 
 
 @pytest.mark.parametrize("points, expected", [

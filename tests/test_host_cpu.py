@@ -78,16 +78,16 @@ def test_a_slower_host_never_shortens_the_step(f, per_mb, gpu_ms):
 SUPER_GB200 = "mbridge-26.06-pretrain-nemotron-3-super-dgx-gb200-64gpu-nvfp4-tp2pp1cp1ep64vpnagbs512mbs1"
 
 
-def test_grace_host_time_is_far_below_the_super_rows_gap(published_runs, acc):
+def test_grace_host_time_is_far_below_the_super_rows_gap(published_runs, acc, row_setup):
     # Measured against the published step, the host time llmplan prices at Grace's 2.75 stays under 1% of it,
     # while the row's gap is a third of it: not where the gap is (docs/validation.md#grace-host).
     rec = published_runs[SUPER_GB200]
     system = S[acc.record_system(rec)]
     assert system.gpu.host_op_factor > 2.5
-    plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+    m, _, plan = row_setup(SUPER_GB200)
     measured_step = plan.global_batch * plan.seq_len / (rec["measured"]["tokens_per_s_per_gpu"] * plan.num_gpus)
     assert measured_step == pytest.approx(9.46, rel=0.01)
-    e = estimate_training(acc.model_for(rec, "mbridge-moe"), acc.cluster_of(
+    e = estimate_training(m, acc.cluster_of(
         system.with_options(domain_gpus=acc.nvlink_segment_gpus(rec, system)), plan.num_gpus), plan)
     assert e.time.overheads["host"] < 0.01 * measured_step
     assert measured_step - e.time.total > 0.25 * measured_step

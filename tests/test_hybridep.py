@@ -203,7 +203,7 @@ def test_the_published_rate_scales_with_the_gpus_nvlink():
         assert c.alpha == pytest.approx(7 * peer)
 
 
-def test_mbridge_rows_run_their_presets_flex_backend(acc, published_runs):
+def test_mbridge_rows_run_their_presets_flex_backend(row_plan):
     # Megatron-Bridge's presets, read by hand: Qwen3-30B-A3B's H100 preset ran deepep at v0.3.0 (26.02) and
     # hybridep from v0.3.1 (26.02.01; f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP"); DeepSeek-V3's
     # B200 MXFP8 V2 preset sets deepep (deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2
@@ -215,8 +215,7 @@ def test_mbridge_rows_run_their_presets_flex_backend(acc, published_runs):
         "mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-h100-16gpu-fp8-tp1pp1cp1ep16vpnagbs1024mbs1": "hybridep",
     }
     for rid, backend in expected.items():
-        rec = published_runs[rid]
-        plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+        plan = row_plan(rid)
         assert (plan.moe_dispatcher, plan.moe_flex_backend) == ("deepep", backend), rid
 
 

@@ -76,7 +76,7 @@ def test_recomputing_the_moe_block_runs_its_all_to_alls_again():
     assert calls(recompute="selective", recompute_modules=("moe", "layernorm", "core_attn", "moe_act")) == 6 * n
 
 
-def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs, acc):
+def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs, acc, row_plan):
     # Megatron-Bridge recipes/nemotronh/nemotron_3_super.py (v0.4.0 - v0.5.0) and recipes/nemotronh/h100/
     # nemotron_3_{super,ultra}.py (v0.6.0) set no comm_overlap (recipes/common.py: comm_overlap=None); the
     # perf_recipes/nemotronh/gb200 Super / Ultra builders set none either, where the Nano builders set
@@ -85,13 +85,13 @@ def test_super_and_ultra_tp2_presets_run_without_tp_comm_overlap(published_runs,
             and ("nemotron-3-super" in r["id"] or "nemotron-3-ultra" in r["id"])]
     assert len(rows) >= 10
     for rec in rows:
-        plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+        plan = row_plan(rec["id"])
         assert plan.tp == 2 and plan.sp and not plan.tp_comm_overlap, rec["id"]
     # Qwen3-235B-A22B on H100 (TP2, moe_a2a_overlap): utils/overrides.py _set_moe_a2a_overlap_overrides builds
     # CommOverlapConfig(tp_comm_overlap=tp > 1), so it keeps the overlap
     other = next(r for r in published_runs.values() if r["id"].startswith("mbridge-26.04-pretrain-qwen3-235b")
                  and "-h100-" in r["id"] and "-tp2" in r["id"])
-    assert acc.plan_for(other, "mbridge-moe", other["hardware"]["gpus"]).tp_comm_overlap
+    assert row_plan(other["id"]).tp_comm_overlap
 
 
 def test_ultra_presets_run_the_fused_grouped_mlp(published_runs, acc):
@@ -106,7 +106,7 @@ def test_ultra_presets_run_the_fused_grouped_mlp(published_runs, acc):
     assert acc.mbridge_expert_gemm(sup) == "per-expert"
 
 
-def test_a_hybrid_mtp_module_is_an_attention_and_moe_block_with_its_projection(published_runs, acc):
+def test_a_hybrid_mtp_module_is_an_attention_and_moe_block_with_its_projection(published_runs, acc, row_setup):
     # Megatron-LM multi_token_prediction.py (cd4afff): a hybrid's MTP module builds its block from
     # mtp_hybrid_override_pattern, "*E" in Nemotron-3 Super's config.json (attention, then the MoE layer), after
     # eh_proj (2h -> h, column-parallel). So on the last stage one MTP module must cost what the same module
@@ -120,9 +120,8 @@ def test_a_hybrid_mtp_module_is_an_attention_and_moe_block_with_its_projection(p
     from llmplan.cost.stages import stage_layers
 
     rec = published_runs[SUPER.format("gb300", "mxfp8", 1, 64)]
-    plan = acc.plan_for(rec, "mbridge-moe", rec["hardware"]["gpus"])
+    base, _, plan = row_setup(rec["id"])
     gpu = acc.builtin_systems()[acc.record_system(rec)].gpu
-    base = acc.model_for(rec, "mbridge-moe")
 
     def mtp_cost(m):
         with_mtp, without = (m.model_copy(update={"num_nextn_predict_layers": k}) for k in (1, 0))

@@ -53,7 +53,7 @@ def test_the_switch_leaves_the_other_recipes_alone(precision):
     assert elementwise_bytes(m, off, False) == elementwise_bytes(m, on, False)
 
 
-def test_golden_bridge_nvfp4_row_on_te_2_14(published_runs):
+def test_golden_bridge_nvfp4_row_on_te_2_14(published_runs, row_plan):
     # Megatron-Bridge performance summary, 26.04 NeMo container: Llama 3 70B pretraining on 64 GB200 (NVL72),
     # NVFP4, TP2 PP4 VP5, GBS 256: 4,898 tokens/s/GPU. Megatron-Bridge v0.4.0's uv.lock pins Transformer Engine
     # 2.14.0+71bbefbf, before the fused RHT cast: priced with its two cast kernels, within 10% (12.5% high with
@@ -63,19 +63,16 @@ def test_golden_bridge_nvfp4_row_on_te_2_14(published_runs):
     rid = "mbridge-26.04-pretrain-llama3-70b-dgx-gb200-64gpu-nvfp4-tp2pp4cp1epnavp5gbs256mbs1"
     rec = published_runs[rid]
     assert rec["measured"]["tokens_per_s_per_gpu"] == 4898
-    plan = accuracy.plan_for(rec, "mbridge-dense", rec["hardware"]["gpus"])
+    plan = row_plan(rid)
     assert plan.nvfp4_rht_cast_fusion is False
     (quantity, predicted, measured), _fits = accuracy.predict(rec, "mbridge-dense")
     assert quantity == "tok/s/GPU" and predicted == pytest.approx(measured, rel=0.10)
 
 
-def test_rows_on_te_2_15_or_later_keep_the_fused_kernel(published_runs):
-    import accuracy
-
+def test_rows_on_te_2_15_or_later_keep_the_fused_kernel(row_plan):
     # Megatron-Bridge v0.5.0 (26.06) pins TE 2.16.0+4220403e, which has the fused kernel
     rid = "mbridge-26.06-pretrain-llama3.1-405b-dgx-gb200-256gpu-nvfp4-tp4pp16cp1epnavp8gbs1536mbs1"
-    rec = published_runs[rid]
-    assert accuracy.plan_for(rec, "mbridge-dense", rec["hardware"]["gpus"]).nvfp4_rht_cast_fusion is True
+    assert row_plan(rid).nvfp4_rht_cast_fusion is True
 
 
 def test_the_search_prices_the_switch_as_the_scalar_estimate():

@@ -179,7 +179,7 @@ def test_exports_write_the_launchers_flags_or_refuse(tmp_path, cli):
         render_all(zero3, "torchtitan")
 
 
-def test_megatron_fsdp_llama_rows_are_scored_and_fit(published_runs):
+def test_megatron_fsdp_llama_rows_are_scored_and_fit(published_runs, row_plan):
     # The Megatron-FSDP rows of the Megatron-Bridge tables ran with their presets' cpu_offloading_num_layers
     # (llama3{,1}_workload_base_configs.py: 70B FP8 20 on GB300, 40 on GB200; 25.09's 405B yaml: 95): each is
     # scored, reads the preset's layer count, and (it ran) fits.
@@ -187,7 +187,7 @@ def test_megatron_fsdp_llama_rows_are_scored_and_fit(published_runs):
     assert len(rows) >= 12
     for rid, rec in rows.items():
         assert accuracy.skip_reason(rec) is None
-        plan = accuracy.plan_for(rec, accuracy.family(rid), rec["hardware"]["gpus"])
+        plan = row_plan(rid)
         gpu = rid.split("-dgx-")[1].split("-")[0]
         want = 95 if "405b" in rid else {"gb300": 20, "gb200": 40}[gpu]
         assert plan.offload_layers == want and plan.pp == 1 and plan.recompute == "none"

@@ -24,26 +24,21 @@ ULTRA = "mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{}-256gpu-mxfp8-tp{}pp1cp1e
 
 
 @pytest.mark.parametrize("gpu,tp,threshold", [("gb300", 1, 500_000_000), ("gb200", 2, 350_000_000)])
-def test_the_ultra_presets_threshold_picks_fc1s_output_and_not_its_input(published_runs, gpu, tp, threshold):
+def test_the_ultra_presets_threshold_picks_fc1s_output_and_not_its_input(row_setup, gpu, tp, threshold):
     # Megatron-Bridge perf_recipes/nemotronh/{gb300,gb200}/nemotronh.py at 067f987d: min_offloaded_tensor_size
     # 500_000_000 on GB300 ("approximates offloading the moe_act input for seq 8192 / MBS 1") and 350_000_000 on
     # GB200; "FC1 output (activation input) is saved and offloaded to cpu". The priced fc1 output must be over
     # the published threshold and fc1's input (the latent-wide dispatched rows) under it.
-    rec = published_runs[ULTRA.format(gpu, tp)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, _, plan = setup
+    m, _, plan = row_setup(ULTRA.format(gpu, tp))
     assert plan.offload_moe_act and plan.recompute_modules == ("moe_act",)
     out_elements = moe_act_offload_bytes(m, plan) / 2
     in_elements = dispatched_rows(m, plan) * m.expert_width
     assert in_elements < threshold < out_elements
 
 
-def test_offload_moe_act_moves_all_but_one_moe_layer_out_of_hbm(published_runs):
+def test_offload_moe_act_moves_all_but_one_moe_layer_out_of_hbm(published_runs, row_setup):
     rec = published_runs[ULTRA.format("gb300", 1)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, cluster, plan = setup
+    m, cluster, plan = row_setup(rec["id"])
     off = plan.model_copy(update={"offload_moe_act": False})
     with_, without = estimate_training(m, cluster, plan).memory, estimate_training(m, cluster, off).memory
     _, n_moe = stage_layers(m, plan, 0)
@@ -79,13 +74,10 @@ def test_copies_within_their_window_are_hidden_and_later_ones_are_not(copy, step
         assert exposed <= n * copy + 1e-9      # never more than the copies serialised
 
 
-def test_ultra_offload_is_hidden_under_the_source_schedule(published_runs):
+def test_ultra_offload_is_hidden_under_the_source_schedule(row_setup):
     # As priced, the GB300 row's 1.85 GB copy per MoE layer fits inside one MoE layer's forward and backward
     # window at the tray's host rate: the step time does not move.
-    rec = published_runs[ULTRA.format("gb300", 1)]
-    setup = accuracy.record_setup(rec, accuracy.family(rec["id"]))
-    assert setup is not None
-    m, cluster, plan = setup
+    m, cluster, plan = row_setup(ULTRA.format("gb300", 1))
     on = estimate_training(m, cluster, plan)
     off = estimate_training(m, cluster, plan.model_copy(update={"offload_moe_act": False}))
     assert on.time.exposed["offload"] == 0.0

@@ -69,17 +69,17 @@ def test_low_precision_states_with_fp32_training_fail_validation():
     "nemo2407-pretrain-nemotron-340b-128gpu-gbs32",
     "nemo2407-sft-llama2-70b-16gpu",
 ])
-def test_completed_nemo_runs_fit_with_their_recipe_optimizer_states(published_runs, rid):
+def test_completed_nemo_runs_fit_with_their_recipe_optimizer_states(published_runs, row_setup, rid):
     rec = published_runs[rid]
     fam = accuracy.family(rid)
     rows = dict((q, (p, m)) for q, p, m in accuracy.predict(rec, fam))
     assert rows["fits"] == (1.0, 1.0)
     # ... and would not with fp32 states: the mechanism, not slack elsewhere, makes them fit
-    plan = accuracy.plan_for(rec, fam, rec["hardware"]["gpus"])
+    m, _, plan = row_setup(rid)
     fp32 = plan.model_copy(update={"optimizer_master_dtype": "fp32", "optimizer_moment_dtype": "fp32"})
     from llmplan.estimate import estimate_training
     system = accuracy.builtin_systems()[accuracy.system_for(rec["hardware"]["gpu"])]
-    e = estimate_training(accuracy.model_for(rec, fam), accuracy.cluster_of(system, rec["hardware"]["gpus"]), fp32)
+    e = estimate_training(m, accuracy.cluster_of(system, rec["hardware"]["gpus"]), fp32)
     assert not bool(e.memory.fits)
 
 

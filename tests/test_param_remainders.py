@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 import accuracy
-from runs import load_runs, runs_path
 from llmplan.cost.memory import stage_memory
 from llmplan.cost.model_states import optimizer_parts
 from llmplan.export import CannotExpress, render_all
@@ -188,9 +187,6 @@ def test_validation_rows_that_ran_it(published_runs):
     assert seen[True] > 0 and seen[False] > 0
 
 
-NEMO_ROWS = {row["id"]: row for row in load_runs(runs_path()) if row["id"].startswith("nemo2407-")}
-
-
 @pytest.mark.parametrize("rid, remainders, master", [
     # NeMo-Framework-Launcher 24.07 conf/training/gpt3/20b.yaml: distributed_fused_adam, no optim.dtype (fp32),
     # megatron_amp_O2 with bf16, no fp8_params -> NeMo r2.0.0rc1 setup_optimization: store_param_remainders
@@ -201,15 +197,15 @@ NEMO_ROWS = {row["id"]: row for row in load_runs(runs_path()) if row["id"].start
     # the SFT scripts' fp8_params -> store_params True (a bf16 master), no remainder
     ("nemo2407-sft-llama2-7b-8gpu", False, "bf16"),
 ])
-def test_nemo_apex_rows_read_the_remainders_nemo_sets(rid, remainders, master):
-    _, _, plan = accuracy.record_setup(NEMO_ROWS[rid], "nemo2407")[:3]
+def test_nemo_apex_rows_read_the_remainders_nemo_sets(row_plan, rid, remainders, master):
+    plan = row_plan(rid)
     assert plan.param_remainders is remainders and plan.optimizer_master_dtype == master
 
 
-def test_nemo_gpt3_20b_master_is_an_int16_shard_over_dp():
+def test_nemo_gpt3_20b_master_is_an_int16_shard_over_dp(row_setup):
     # Apex distributed_fused_adam.py at f3f049246e: param_remainders_shard torch.int16, exp_avg / exp_avg_sq in
     # the optimizer dtype (fp32), each of shard_size = bucket / distributed_size (dp 32 here)
-    m, c, plan = accuracy.record_setup(NEMO_ROWS["nemo2407-pretrain-gpt3-20b-64gpu-gbs256"], "nemo2407")[:3]
+    m, c, plan = row_setup("nemo2407-pretrain-gpt3-20b-64gpu-gbs256")
     mem = stage_memory(m, plan, 0, MemoryAllowance(), 80 * GIB)
     assert plan.dp == 32
     assert mem.optimizer == pytest.approx(mem.params_on_rank / 32 * (INT16 + 2 * FP32), rel=1e-9)

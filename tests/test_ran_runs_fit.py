@@ -18,10 +18,10 @@ import accuracy
     ("mbridge-25.11-pretrain-gpt-oss-120b-dgx-b200-64gpu-bf16-tp1pp1cp1ep8vp1gbs512mbs4", None),
     ("mbridge-26.08-pretrain-deepseekv3-dgx-gb200-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs1", None),
 ])
-def test_completed_mbridge_runs_are_predicted_to_fit(published_runs, rid, preset):
+def test_completed_mbridge_runs_are_predicted_to_fit(published_runs, row_plan, rid, preset):
     rec = published_runs[rid]
     fam = accuracy.family(rid)
-    plan = accuracy.plan_for(rec, fam, rec["hardware"]["gpus"])
+    plan = row_plan(rid)
     if preset is not None:
         assert (plan.pp, plan.vpp, plan.micro_batch) == preset
     rows = dict((q, (p, m)) for q, p, m in accuracy.predict(rec, fam))

@@ -87,13 +87,13 @@ def test_exports_write_it_for_megatron_bridge_and_refuse_where_the_launcher_has_
         render_all(pf, "megatron")
 
 
-def test_deepseek_v3_report_run_is_predicted_to_fit(published_runs):
+def test_deepseek_v3_report_run_is_predicted_to_fit(published_runs, row_plan):
     # DeepSeek-V3 report (arXiv 2412.19437) §3.2 and Table 1: pre-training completed on 2,048 H800 80 GB with
     # PP16 EP64 ZeRO-1 DualPipe, fp8; §3.3.3 lists the memory it saves, the MoE SwiGLU inputs cached in FP8
     # among them. The run ran, so its plan must fit the H800's memory.
     rid = "deepseek-v3-report-h800-2048gpu-pretrain"
     rec = published_runs[rid]
-    plan = accuracy.plan_for(rec, accuracy.family(rid), rec["hardware"]["gpus"])
+    plan = row_plan(rid)
     assert plan.swiglu_fp8_input and plan.recompute_modules == ("layernorm", "mla_up_proj", "moe_act")
     rows = {q: (p, m) for q, p, m in accuracy.predict(rec, accuracy.family(rid))}
     assert rows["fits"] == (1.0, 1.0)

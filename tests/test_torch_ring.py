@@ -130,16 +130,16 @@ def _tokens(acc, rec: dict, impl: str) -> float:
     return float(acc.estimate_training(acc.model_for(rec, "torchtitan"), cluster, plan).throughput.tokens_per_s)
 
 
-def test_torchtitan_reads_the_allgather_ring(acc, published_runs):
+def test_torchtitan_reads_the_allgather_ring(published_runs, row_plan):
     # torchtitan 9dec370: create_context_parallel_ctx calls set_rotate_method(job_config.experimental.
     # context_parallel_rotate_method), default "allgather" (config_manager.py)
     for rid, rec in published_runs.items():
         if rid.startswith("torchtitan-2412-") and rec["parallel"].get("cp", 1) > 1:
-            plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
+            plan = row_plan(rid)
             assert plan.cp_impl == "torch-allgather" and plan.cp_kv_repeated  # model.py: repeat_kv before SDPA
 
 
-def test_automodel_reads_its_sdpa_cp_row_as_pytorchs_allgather_ring_on_kv_heads(acc, published_runs):
+def test_automodel_reads_its_sdpa_cp_row_as_pytorchs_allgather_ring_on_kv_heads(published_runs, row_plan):
     # NVIDIA-NeMo/Automodel at 36044ad3d (the family's commit; the 70B row came with 2013a4dd6, same CP path):
     # the SDPA path shards with create_context_parallel_ctx(cp_rotate_method="allgather")
     # (context_parallel/sharder.py), PyTorch's context_parallel, not TE's (attach_te_context_parallel only for
@@ -148,11 +148,10 @@ def test_automodel_reads_its_sdpa_cp_row_as_pytorchs_allgather_ring_on_kv_heads(
     # (attach_context_parallel_hooks); with enable_compile the ring sits behind torch._dynamo.disable
     # (attach_cp_sdpa_hooks): eager, its transfers overlapped
     rec = published_runs["automodel-h100-bf16-llama3-70b-64gpu-gbs128"]
-    plan = acc.plan_for(rec, "automodel", rec["hardware"]["gpus"])
+    plan = row_plan(rec["id"])
     assert plan.cp == 2 and rec["parallel"]["compile"] is True
     assert plan.cp_impl == "torch-allgather" and not plan.cp_kv_repeated and plan.cp_comm_overlap
-    te = published_runs["automodel-h100-bf16-qwen3-30b-a3b-8gpu-gbs512"]  # attn te: TE's own CP where cp > 1
-    assert acc.plan_for(te, "automodel", te["hardware"]["gpus"]).cp_impl == "te"
+    assert row_plan("automodel-h100-bf16-qwen3-30b-a3b-8gpu-gbs512").cp_impl == "te"  # attn te: TE's own CP, cp > 1
 
 
 def test_table6_cp_scaling_closer_with_pytorchs_ring(acc, published_runs):

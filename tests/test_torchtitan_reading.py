@@ -13,23 +13,22 @@ FLAT = ["torchtitan-2412-t1-llama31-8b-8gpu-fsdp", "torchtitan-2412-t2-llama31-8
 
 
 @pytest.mark.parametrize("rid", PP + FLAT)
-def test_pipeline_rows_reduce_after_the_stage_backward(acc, published_runs, rid):
+def test_pipeline_rows_reduce_after_the_stage_backward(row_plan, rid):
     # torch.distributed.pipelining's stage turns FSDP's gradient sync off for every backward and runs
     # post_backward by hand after the stage's last one (pytorch/pytorch#134052); FSDP2 alone reduce-scatters
     # each layer's gradients as its backward ends
-    rec = published_runs[rid]
-    plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
+    plan = row_plan(rid)
     assert plan.overlap_grad_reduce is (rid in FLAT)
     assert plan.overlap_param_gather is True
 
 
-def test_every_row_runs_flash2_and_eager_rows_run_unfused(acc, published_runs):
+def test_every_row_runs_flash2_and_eager_rows_run_unfused(published_runs, row_plan):
     # torchtitan utils.py at 9dec370 enters sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION]) under CP, and
     # SDPA's default order put FLASH first since cuDNN was deprioritised (pytorch/pytorch#138522, #141274)
     for rid, rec in published_runs.items():
         if not rid.startswith("torchtitan-2412-"):
             continue
-        plan = acc.plan_for(rec, "torchtitan", rec["hardware"]["gpus"])
+        plan = row_plan(rid)
         assert plan.attention_kernel == "flash2"
         assert plan.fused_kernels is (rec["parallel"].get("compile") is not False)
 

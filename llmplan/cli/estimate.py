@@ -19,7 +19,7 @@ from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import estimate_training
 from llmplan.fileio import check_target
 from llmplan.hetero import estimate_hetero
-from llmplan.planfile import load_plan, plan_document, saved_pools, serve_plan_document, spec_ref
+from llmplan.planfile import load_plan, plan_document, saved_pools, serve_plan_document, save_refs
 from llmplan.report.pools import hetero_json, pinned_view
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.check import check_plan
@@ -110,7 +110,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     advice = advise_serving(se, allowance) if plan.phase == "both" else None
     emit(report.serve_json(se, advice), output.json_mode, lambda: report.serve_view(out, se, advice))
     if output.save is not None:
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
+        refs = save_refs(c.model, c.hardware, output.save)
         save_best(output.save, {**serve_plan_document(se, allowance, report.serve_json(se), refs),
                                 **with_hardware_options(c)}, output.force, output.json_mode, "the plan")
 
@@ -150,7 +150,7 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
     advice = advise_training(e, allowance, order)
     emit(report.estimate_json(e, advice), output.json_mode, lambda: report.estimate_view(out, e, advice))
     if output.save is not None:
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
+        refs = save_refs(c.model, c.hardware, output.save)
         save_best(output.save, {**plan_document(e, allowance, order, report.estimate_json(e), refs),
                                 **with_hardware_options(c)}, output.force, output.json_mode, "the plan")
 

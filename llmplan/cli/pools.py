@@ -11,7 +11,7 @@ from llmplan.cli.app import emit, out, progress_bar, save_best, stderr_line
 from llmplan.cli.inputs import make_allowance, make_checkpoint
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.estimate import TrainingEstimate
-from llmplan.planfile import plan_document, spec_ref
+from llmplan.planfile import plan_document, save_refs
 from llmplan.report.pools import hetero_json, pool_search_json, pool_search_view
 from llmplan.search.grid import default_space
 from llmplan.search.hetero import search_pools
@@ -94,7 +94,7 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
         best = res.ranked[0]
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
+        refs = save_refs(c.model, c.hardware, output.save)
         doc = plan_document(best.estimate, allowance, order, hetero_json(best), refs)
         doc.pop("hardware_ref", None)  # the cluster file is no one system: the snapshot stands for it
         doc["pools"] = {"cluster": pc.model_dump(mode="json"), "plan": best.hetero.model_dump(mode="json")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Annotated, Any, NamedTuple, Optional
+from typing import Annotated, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_c
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.fileio import check_target, excerpt
-from llmplan.planfile import plan_document, serve_plan_document, spec_ref
+from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants)
@@ -119,7 +119,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
     allowance = make_allowance(memory)
-    refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+    refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
     deep = max(goal.top, WALK)
     res = search_serving(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.objective,
@@ -207,7 +207,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     allowance = make_allowance(memory)
     checkpoint = make_checkpoint(checkpoints)
     pinned = search_pins(m, pins, split)
-    refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save)) if output.save else None
+    refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs)  # noqa: E731
 
     def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None) -> SearchResult | None:
@@ -222,11 +222,10 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             return res
         kept = keep_training(res, target, doc_of, goal.top)
         if kept.walk is not None:
-            walks.append(({"grad_dtype": wv.grad_dtype, "fp8_params": wv.fp8_params, "fp8_scaling": wv.fp8_scaling,
-                           "domain_gpus": cc.system.domain_gpus, "gpus": cc.num_gpus}, kept.walk))
+            walks.append((wv, cc, kept.walk))
         return kept
 
-    walks: list[tuple[dict[str, Any], Walk]] = []  # with a target: every search's walk (SearchResult.walks)
+    walks: list[tuple[Workload, ClusterSpec, Walk]] = []  # with a target: every search's walk (SearchResult.walks)
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
@@ -280,7 +279,7 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
         best = res.ranked[0]
-        refs = (spec_ref(c.model, output.save), spec_ref(c.hardware, output.save))
+        refs = save_refs(c.model, c.hardware, output.save)
         doc = plan_document(best, allowance, order, report.estimate_json(best), refs)
         save_best(output.save, {**doc, **with_hardware_options(chosen), "search": report.search_points(res)},
                   output.force, output.json_mode)

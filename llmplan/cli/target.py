@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from llmplan.errors import LlmplanError
-from llmplan.export import every_plan_mask, every_plan_reason, every_plan_refusal, refusal, target_mode
+from llmplan.export import every_plan_mask, every_plan_reasons, every_plan_refusal, refusal, target_mode
 from llmplan.planfile import PlanFile, document_plan
 from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
@@ -80,7 +80,8 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
     """The result with only the best `top` layouts' plans that `target` exports, one row per layout
     (search.filtered; the search run with keep_plans): not_exportable counts the plans refused above the last
     row kept (Walk.dropped), refusals every refusal the walk met by reason (asker; the plans of a class the
-    target refuses whole, export.every_plan_mask, passed over unasked: by that rule's words). It keeps the
+    target refuses whole, export.every_plan_mask, passed over unasked: by the words of the rule that refuses each
+    first, export.every_plan_reasons). It keeps the
     search's plans for training_sides, run on the result shown only."""
     why: Counter = Counter()
     reason = asker(target, doc_of)
@@ -93,8 +94,8 @@ def keep_training(res: SearchResult, target: str, doc_of: Callable[[Any], dict],
 
     lp = res.layout_plans
     kept, walked = keep_accepted(res, refused, top, known=lambda plans: every_plan_mask(plans, target))
-    if walked.first_passed is not None and lp is not None:  # passed over: why the target refuses them all
-        why[every_plan_reason(lp.plan(walked.first_passed), target) or "refused whole"] += walked.passed
+    if walked.passed_plans and lp is not None:  # passed over: why the target refuses them, rule by rule
+        why.update(every_plan_reasons(lp.plans, target, walked.passed_plans, lp.plan))
     return dataclasses.replace(kept, target=target, not_exportable=walked.dropped, refusals=dict(why),
                                walk=walked, layout_plans=lp)
 

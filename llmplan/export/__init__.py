@@ -5,14 +5,15 @@ in this package."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress, fit_comments, refuse
+from llmplan.export.common import CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
@@ -108,15 +109,28 @@ def target_mode(target: str) -> str:
 
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
-    "deepspeed": {"ep": deepspeed.expert_parallel_refusal},
-    "torchtitan": {"grad_dtype": torchtitan.grad_reduce_refusal},
-    "torchtitan-0.2": {"grad_dtype": torchtitan.grad_reduce_refusal,
+    "megatron": {"bf16_layers": delayed_bf16_layers_refusal},
+    "megatron-bridge": {"precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
+                        "preset_layers": bridge.preset_layers_refusal},
+    "deepspeed": {"cp": deepspeed.context_parallel_refusal, "ep": deepspeed.expert_parallel_refusal},
+    "torchtitan": {"optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
+                   "param_remainders": torchtitan.param_remainders_refusal,
+                   "fp8_attention": torchtitan.fp8_attention_refusal,
+                   "grad_dtype": torchtitan.grad_reduce_refusal},
+    "torchtitan-0.2": {"optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
+                       "param_remainders": torchtitan.param_remainders_refusal,
+                       "fp8_attention": torchtitan.fp8_attention_refusal,
+                       "grad_dtype": torchtitan.grad_reduce_refusal,
                        "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
-"""Target -> the plan field a rule reads -> a rule of the target's check (the same function, called there) whose
-only condition is on that field: a plan axis above 1 (the target refuses every plan with it, whatever else the
-plan sets), or a workload switch (it refuses every plan of a search holding it: torchtitan's bf16 gradient
-reduction). search --target passes over the plans these rules refuse (every_plan_mask)."""
+"""Target -> the plan field a rule reads (a name for the fields, where it reads several) -> a rule of the target's
+check (the same function, called there) whose only condition is on that field: a plan axis above 1 (the target
+refuses every plan with it, whatever else the plan sets), or a workload switch (it refuses every plan of a search
+holding it: torchtitan's bf16 gradient reduction, Adam states below fp32, remainders, FP8 attention; Megatron's
+bf16 layers under fp8 delayed scaling; a precision Megatron-Bridge has no preset for, or fp8 layers kept in bf16
+other than its preset keeps). Each target's rules in the order its check meets them, so that the
+first rule that refuses a plan is the one its check names (where no other rule of the check comes first).
+search --target passes over the plans these rules refuse (every_plan_mask)."""
 
 
 def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:
@@ -151,6 +165,20 @@ def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
     """The refusal of the first EVERY_PLAN rule of `target` that refuses `plan` (what every_plan_mask marks it
     for), in the words of the target's check; None where none does."""
     return next((w for rule in EVERY_PLAN.get(target, {}).values() if (w := _worded(target, rule, plan))), None)
+
+
+def every_plan_reasons(plans: Any, target: str, idx: Sequence[int], plan: Callable[[int], ParallelPlan]) -> Counter:
+    """The plans `idx` of the arrays `plans` (each marked by every_plan_mask) counted by the EVERY_PLAN rule of
+    `target` that refuses each first (every_plan_reason's), in that rule's words on the first of them (`plan(i)`:
+    plan i of the arrays; a rule that names a degree names that plan's)."""
+    left = np.asarray(idx, dtype=int)
+    out: Counter = Counter()
+    for rule in EVERY_PLAN.get(target, {}).values():
+        bad = np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (len(plans),))[left]
+        if bad.any():
+            out[_worded(target, rule, plan(int(left[bad][0]))) or "refused whole"] += int(bad.sum())
+        left = left[~bad]
+    return out
 
 
 def default_wrap(pf: PlanFile) -> str:

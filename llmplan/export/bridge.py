@@ -9,9 +9,12 @@ a model with no recipe is refused (the run_recipe.py CLI takes a recipe or a rec
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
+from llmplan.export.common import (cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
+                                   launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
@@ -75,38 +78,67 @@ ALTERNATE_PRESETS: dict[tuple[str, str, int, int], str] = {
 base preset of PRESETS keeps others (same weights and gradient settings)."""
 
 
-def preset(pf: PlanFile) -> str:
-    p = pf.plan
+def preset_key(p: Any) -> tuple[str, str]:
+    """The plan's key of PRESETS: (dtype, recipe), fp8 per-tensor keyed "delayed" under delayed scaling."""
     key = (p.dtype, p.recipe if p.dtype in ("fp8", "fp4") else "")
-    if key == ("fp8", "tensorwise") and p.fp8_scaling == "delayed":
-        key = ("fp8", "delayed")
+    return ("fp8", "delayed") if key == ("fp8", "tensorwise") and p.fp8_scaling == "delayed" else key
+
+
+def preset_refusal(p: Any) -> tuple[str, bool, str]:
+    """(what, whether the plan breaks it, fix) for the plan's precision against Megatron-Bridge's presets: no
+    preset for it, or weights / gradient reduction other than its preset sets. The workload's fields alone: refused
+    whatever else the plan sets (export.EVERY_PLAN)."""
+    key = preset_key(p)
     if key not in PRESETS:
         what = "fp32 training" if p.dtype == "fp32" else f"{p.dtype} {p.recipe} scaling"
-        raise refuse(TARGET, f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, "
-                     "blockwise, mxfp8, nvfp4)", "re-plan with --precision bf16 or fp8-tensorwise, or export to "
-                     "torchtitan")
+        return (f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, blockwise, mxfp8, "
+                "nvfp4)", True, "re-plan with --precision bf16 or fp8-tensorwise, or export to torchtitan")
     name, low_weights, grad_fp32 = PRESETS[key]
     if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not muon_mxfp8(pf):
         flag = "--fp8-params" if low_weights else "--no-fp8-params"
-        raise refuse(TARGET, f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} "
-                     f"(its preset {name} sets {p.dtype}_param_gather {str(low_weights).lower()})",
-                     f"re-plan with {flag}")
-    if (p.grad_dtype == "fp32") != grad_fp32:
-        raise refuse(TARGET, f"{p.grad_dtype} gradient reduction with {p.dtype} (its preset {name} sets "
-                     f"grad_reduce_in_fp32 {str(grad_fp32).lower()})",
-                     f"re-plan with --grad-dtype {'fp32' if grad_fp32 else 'bf16'}")
+        return (f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} (its preset "
+                f"{name} sets {p.dtype}_param_gather {str(low_weights).lower()})", True, f"re-plan with {flag}")
+    return (f"{p.grad_dtype} gradient reduction with {p.dtype} (its preset {name} sets grad_reduce_in_fp32 "
+            f"{str(grad_fp32).lower()})", (p.grad_dtype == "fp32") != grad_fp32,
+            f"re-plan with --grad-dtype {'fp32' if grad_fp32 else 'bf16'}")
+
+
+def preset(pf: PlanFile) -> str:
+    p = pf.plan
+    what, bad, fix = preset_refusal(p)
+    if bad:
+        raise refuse(TARGET, what, fix)
     counts = bf16_layer_counts(p, pf.model.num_hidden_layers)
-    name = ALTERNATE_PRESETS.get((*key, *counts), name)
-    kept = PRESET_BF16_LAYERS.get(name, (0, 0))
-    if key == ("fp8", "delayed") and any(counts):  # Megatron-Core keeps bf16 layers only under current scaling
-        raise refuse(TARGET, "layers kept in bf16 under fp8 delayed scaling (Megatron-Core keeps them only under "
-                     "current scaling)", "re-plan with --fp8-scaling current")
-    if p.dtype in ("fp8", "fp4") and counts != kept:
-        raise refuse(TARGET, f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} "
-                     f"{p.recipe} (its preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field "
-                     "override)", f"re-plan with --bf16-layers-start {kept[0]} --bf16-layers-end {kept[1]}, or "
-                     "export to megatron (--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
-    return name
+    for what, bad, fix in (delayed_bf16_layers_refusal(p), preset_layers_refusal(p, counts)):
+        if bad:
+            raise refuse(TARGET, what, fix)
+    return preset_layers(p, counts)[0]
+
+
+def preset_layers(p: Any, counts: tuple[int, int]) -> tuple[str, tuple[int, int]]:
+    """(the preset of a plan keeping `counts` layers in bf16 at the start / end, the layers that preset keeps)."""
+    key = preset_key(p)
+    name = ALTERNATE_PRESETS.get((*key, *counts), PRESETS[key][0])
+    return name, PRESET_BF16_LAYERS.get(name, (0, 0))
+
+
+def preset_layers_refusal(p: Any, counts: tuple[int, int] | None = None) -> tuple[str, bool, str]:
+    """(what, whether the plan breaks it, fix) for a plan keeping other layers in bf16 than its preset (a preset
+    name takes no per-field override); `counts`: the layers the plan keeps (bf16_layer_counts on the model). None,
+    export.EVERY_PLAN's rule: under an fp8 recipe the counts are the workload's own (they read no pipeline
+    degree: bf16_layer_counts), so that the rule refuses whatever else the plan sets; under NVFP4 its default
+    follows the plan's pp, and the rule says nothing (the check, with the counts, refuses)."""
+    if counts is None:
+        if p.dtype != "fp8" or preset_key(p) not in PRESETS:
+            return "", False, ""
+        counts = bf16_layer_counts(p, 0)  # fp8: the pinned counts, whatever the number of layers
+    low = p.dtype in ("fp8", "fp4") and preset_key(p) in PRESETS
+    name, kept = preset_layers(p, counts) if low else ("", (0, 0))
+    return (f"{counts[0]} / {counts[1]} layers kept in bf16 at the start / end with {p.dtype} {p.recipe} (its "
+            f"preset {name} keeps {kept[0]} / {kept[1]}; a preset name takes no per-field override)",
+            low and tuple(counts) != kept,
+            f"re-plan with --bf16-layers-start {kept[0]} --bf16-layers-end {kept[1]}, or export to megatron "
+            "(--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
 
 
 def muon_mxfp8(pf: PlanFile) -> bool:

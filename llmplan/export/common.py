@@ -139,6 +139,16 @@ def cast_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             pf.plan.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add")
 
 
+def delayed_bf16_layers_refusal(p: Any) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for layers kept in bf16 under fp8 per-tensor delayed scaling, which
+    Megatron-LM and Megatron-Bridge refuse whatever else the plan sets (export.EVERY_PLAN): Megatron-LM
+    transformer_config.py (d98e8a6), "Delayed scaling does not support first / last layer in BF16." Under an fp8
+    recipe the layers kept are the pinned ones (specs.quantities.bf16_layer_counts: NVFP4 alone has a default)."""
+    delayed = p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed"
+    return ("layers kept in bf16 under fp8 delayed scaling (Megatron-Core keeps them only under current scaling)",
+            delayed and bool(p.bf16_layers_start or p.bf16_layers_end), "re-plan with --fp8-scaling current")
+
+
 def rendezvous_lines(pf: PlanFile) -> list[str]:
     """The start of a Megatron-Core torchrun script's body: strict bash, then the node and rendezvous variables,
     each overridable from the environment, and the plan's environment (op_fuser_env_lines too)."""

@@ -13,6 +13,11 @@ from llmplan.specs.plan import ParallelPlan
 TARGET = "deepspeed"
 
 
+def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Context parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"
+
+
 def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Expert parallelism, refused whatever else the plan sets (export.every_plan_refusal: a search need not ask
     about its plans with ep > 1 one by one)."""
@@ -29,7 +34,7 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
-        (f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"),
+        context_parallel_refusal(p),
         ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
          p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
         expert_parallel_refusal(p),

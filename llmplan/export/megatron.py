@@ -5,7 +5,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, kept_grad_shards_refusal, launcher_schedule, need_mode, refuse, rendezvous_lines,
+from llmplan.export.common import (as_flags, cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
+                                   launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
@@ -432,11 +433,9 @@ def check(pf: PlanFile) -> None:
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
-    if p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed" \
-            and sum(bf16_layer_counts(p, pf.model.num_hidden_layers)):
-        # Megatron-LM transformer_config.py (d98e8a6): "Delayed scaling does not support first / last layer in BF16."
-        raise refuse(TARGET, "layers kept in bf16 under fp8 delayed scaling (Megatron-Core keeps them only under "
-                     "current scaling)", "re-plan with --fp8-scaling current")
+    what, bad, fix = delayed_bf16_layers_refusal(p)
+    if bad:
+        raise refuse(TARGET, what, fix)
     if p.param_remainders and not stores_remainders(pf):
         raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
                      f"{fp8_recipe(pf)}: Megatron-Core keeps its own fp32 master unless the fp8 recipe is delayed "

@@ -65,6 +65,27 @@ def grad_reduce_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --grad-dtype fp32")
 
 
+def optimizer_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Adam states below fp32, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (torchtitan's "
+            "AdamW keeps its states in the fp32 parameter shards' dtype)",
+            p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
+            "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron")
+
+
+def param_remainders_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The master kept as remainders, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; torchtitan's fp32 "
+            "parameter shards are the master)", bool(p.param_remainders),
+            "re-plan with --no-param-remainders, or export to megatron")
+
+
+def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """FP8 attention, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("FP8 dot-product attention (Transformer Engine's fp8_dpa; torchao's float8 covers the linear layers)",
+            bool(p.fp8_attention), "re-plan without fp8_attention, or export to megatron-bridge")
+
+
 def delayed_scaling_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """fp8 per-tensor delayed scaling, refused by torchtitan 0.2's float8 converter whatever else the plan sets
     (export.EVERY_PLAN): torchao float8 training scales each cast from its own amax (float8_scaling_utils
@@ -116,15 +137,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
-    if p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32":
-        raise refuse(target, f"optimizer states master {p.optimizer_master_dtype} / moments "
-                     f"{p.optimizer_moment_dtype} (torchtitan's AdamW keeps its states in the fp32 parameter "
-                     "shards' dtype)", "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, "
-                     "or export to megatron")
-    if p.param_remainders:
-        raise refuse(target, "the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; "
-                     "torchtitan's fp32 parameter shards are the master)",
-                     "re-plan with --no-param-remainders, or export to megatron")
+    for what, bad, fix in (optimizer_dtype_refusal(p), param_remainders_refusal(p)):
+        if bad:
+            raise refuse(target, what, fix)
     if sum(bf16_layer_counts(p, pf.model.num_hidden_layers)) or p.bf16_modules:
         raise refuse(target, "layers or modules kept in bf16 under the fp8 recipe (Megatron's "
                      "--first-last-layers-bf16, --te-precision-config-file; this export writes no float8 filter)",
@@ -133,9 +148,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.swiglu_fp8_input:
         raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
                      "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
-    if p.fp8_attention:
-        raise refuse(target, "FP8 dot-product attention (Transformer Engine's fp8_dpa; torchao's float8 covers the "
-                     "linear layers)", "re-plan without fp8_attention, or export to megatron-bridge")
+    what, bad, fix = fp8_attention_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     if p.fused_kernels and not p.rope_fusion:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",

@@ -240,7 +240,8 @@ TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, 
 
 
 def target_json(target: str | None, dropped: int, walk: Walk | None = None,
-                sides: Sides | None = None, walks: tuple[tuple[dict[str, Any], Walk], ...] = ()) -> dict[str, Any]:
+                sides: Sides | None = None, walks: tuple[tuple[Workload, ClusterSpec, Walk], ...] = ()
+                ) -> dict[str, Any]:
     """The keys a targeted search adds to its JSON (none without --target): the target, the better-ranked plans
     dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered),
     every walk the command ran (one per switch setting and NVLink-domain share searched: `target_walks`, the
@@ -250,9 +251,16 @@ def target_json(target: str | None, dropped: int, walk: Walk | None = None,
         return {}
     return {"target": target, "not_exportable": dropped,
             **({"target_walk": walk_json(walk)} if walk is not None else {}),
-            **({"target_walks": [{**held, "shown": w is walk, **walk_json(w)} for held, w in walks]}
+            **({"target_walks": [{**walk_held(w, c), "shown": k is walk, **walk_json(k)} for w, c, k in walks]}
                if walks else {}),
             **({"target_sides": sides_json(sides)} if sides is not None else {})}
+
+
+def walk_held(w: Workload, cluster: ClusterSpec) -> dict[str, Any]:
+    """What one search of a targeted command held, as `target_walks` names it: the switches the command tries in
+    turn and the NVLink-domain share (its GPUs)."""
+    return {"grad_dtype": w.grad_dtype, "fp8_params": w.fp8_params, "fp8_scaling": w.fp8_scaling,
+            "domain_gpus": cluster.system.domain_gpus, "gpus": cluster.num_gpus}
 
 
 def walk_json(walk: Walk) -> dict[str, Any]:

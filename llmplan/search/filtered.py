@@ -154,8 +154,8 @@ class Walk:
     passed: int = 0
     """Plans of the arrays passed over unasked, as the caller refuses every plan of their class (keep_accepted's
     `known`): each one the walk would have asked about and found refused; not in `checked` nor `limit`."""
-    first_passed: int | None = None
-    """The first of them (an index into the search's plan arrays), to word why."""
+    passed_plans: tuple[int, ...] = ()
+    """Those plans (indices into the search's plan arrays), in the walk's order, to word why."""
 
 
 def in_score_order(stream_scores: list[float], leads: list[float]) -> Iterator[tuple[bool, int]]:
@@ -197,7 +197,7 @@ class Walker:
     refusals: int = 0
     dropped: int = 0
     passed: int = 0
-    first_passed: int | None = None
+    passed_plans: list[int] = field(default_factory=list)
 
     def ask(self, c: Candidate) -> bool:
         """Whether the caller accepts c, counted."""
@@ -225,7 +225,7 @@ class Walker:
         if code not in self.shown or self.lp.plan(i) != self.shown[code]:
             self.passed += 1
             self.turned.add(code)
-            self.first_passed = i if self.first_passed is None else self.first_passed
+            self.passed_plans.append(i)
         return True
 
     def from_arrays(self, i: int) -> Candidate:
@@ -304,7 +304,7 @@ def keep_accepted(res: Any, refused: Callable[[Candidate], bool], top: int, chec
     out = rank(out, max(len(kept), 1))
     other = tuple(k for k, e in enumerate(out.ranked, 1) if plan_code(e.plan) in walker.turned)
     return out, Walk(walker.checked, walker.refusals, other, complete, checks, time.perf_counter() - t0,
-                     walker.dropped, walker.passed, walker.first_passed)
+                     walker.dropped, walker.passed, tuple(walker.passed_plans))
 
 
 ROW_CHECKS = 400

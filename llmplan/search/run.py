@@ -100,9 +100,10 @@ class SearchResult:
     (search.filtered: `search --target`); None otherwise, and once the caller has used it."""
     walk: "Walk | None" = None
     """With a target: what the walk over the plans did (search.filtered.Walk)."""
-    walks: "tuple[tuple[dict[str, Any], Walk], ...]" = ()
+    walks: "tuple[tuple[Workload, ClusterSpec, Walk], ...]" = ()
     """With a target: every walk the command ran, one per search (switch setting, NVLink-domain share), each with
-    what that search held (grad_dtype, fp8_params, domain_gpus, gpus); `walk` is the shown result's."""
+    the workload and cluster that search held (report.search.walk_held says which of their fields the output
+    names); `walk` is the shown result's."""
     sides: "Sides | None" = None
     """With a target: how the Pareto front, the comparisons and the rows' counts were kept to the plans the
     target accepts (search.filtered.Sides)."""
@@ -249,6 +250,11 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12,
     return np.asarray(out, dtype=int)
 
 
+def switches_break(rule: str, message: str) -> LlmplanError:
+    """The one line for a workload whose switches break a check_plan rule whatever the axes (no pin mends it)."""
+    return LlmplanError(f"the search's switches break a rule ({rule}): {message}")
+
+
 def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, objective: str = "throughput",
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
@@ -263,7 +269,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     from llmplan.search import layouts
 
     if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
-        raise LlmplanError(f"the search's switches break a rule (mtp_layers): {MTP_RULE.message(m, w.base, cluster)}")
+        raise switches_break("mtp_layers", MTP_RULE.message(m, w.base, cluster))
     m = trained_model(m, w.base)  # every plan trains the same MTP modules (ParallelPlan.mtp_layers)
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
     if min_headroom is None:
@@ -289,8 +295,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
             continue
         if ok.ndim == 0 and rule in SWITCH_RULES:  # the workload's switches alone break it: no pin or axis mends it
-            raise LlmplanError(f"the search's switches break a rule ({rule.name}): "
-                               f"{rule.message(m, plans.plan(0, settled=False), cluster)}")
+            raise switches_break(rule.name, rule.message(m, plans.plan(0, settled=False), cluster))
         ok = np.broadcast_to(ok, keep.shape)
         cut = keep & ~ok
         n = int(np.count_nonzero(cut))
@@ -386,7 +391,7 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
     dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
              if v.rule == "moe_switches_dense"]
     if dense:
-        raise LlmplanError(f"the search's switches break a rule ({dense[0].rule}): {dense[0].message}")
+        raise switches_break(dense[0].rule, dense[0].message)
     for u in SWITCH_USES:
         if u.moe and not m.is_moe:  # check_plan's moe_switches_dense has refused it already
             continue

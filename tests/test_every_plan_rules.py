@@ -1,0 +1,158 @@
+"""The classes of plans an export target refuses whole (export.EVERY_PLAN) beyond DeepSpeed's EP and torchtitan's
+bf16 gradient reduction: torchtitan's (both releases) Adam states below fp32, fp32 master kept as remainders and
+FP8 attention; DeepSpeed's context parallelism; Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed
+scaling; Megatron-Bridge's precision without a preset (or weights / gradient reduction other than its preset's).
+
+Each rule is the function the target's check calls, so the reason `search --target` gives for the plans it
+passes over is the check's own sentence (first test); and a targeted search keeps what the walk that asks about
+every plan keeps, with fewer asks (second test), as tests/test_walk_known.py holds for the walk itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llmplan.export import EVERY_PLAN, every_plan_mask, every_plan_reason, every_plan_reasons, refusal
+from llmplan.search.grid import from_plan
+
+FP8_DELAYED = {"dtype": "fp8", "recipe": "tensorwise", "fp8_scaling": "delayed"}
+FP8_CURRENT = {**FP8_DELAYED, "fp8_scaling": "current"}
+RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and words of its refusal
+    ("torchtitan", "optimizer_dtypes"): ({"optimizer_moment_dtype": "bf16"}, "moments bf16 (torchtitan's AdamW"),
+    ("torchtitan-0.2", "optimizer_dtypes"): ({"optimizer_master_dtype": "bf16"}, "optimizer states master bf16"),
+    ("torchtitan", "param_remainders"): ({"param_remainders": True}, "kept as 16-bit remainders"),
+    ("torchtitan-0.2", "param_remainders"): ({"param_remainders": True}, "kept as 16-bit remainders"),
+    ("torchtitan", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention"),
+    ("torchtitan-0.2", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention"),
+    ("deepspeed", "cp"): ({"cp": 2, "dp": 4}, "context parallelism (cp 2)"),
+    ("megatron", "bf16_layers"): ({**FP8_DELAYED, "bf16_layers_start": 1}, "layers kept in bf16 under fp8 delayed"),
+    ("megatron-bridge", "bf16_layers"): ({**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2},
+                                         "layers kept in bf16 under fp8 delayed"),
+    ("megatron-bridge", "precision"): (FP8_DELAYED, "weights not kept in fp8"),
+    ("megatron-bridge", "preset_layers"): ({**FP8_CURRENT, "fp8_params": True},
+                                           "0 / 0 layers kept in bf16 at the start / end with fp8 tensorwise"),
+}
+
+
+@pytest.fixture(scope="module")
+def accepted(tmp_path_factory):
+    """`estimate --save` of Llama-3.1-8B on one DGX H100, data parallel over 8 GPUs with ZeRO 0: a plan every
+    training target but DeepSpeed writes (BASE; asserted), so that a change below meets the one rule it is made for."""
+    import contextlib
+    import io
+
+    from llmplan.cli import main
+    from llmplan.planfile import load_plan
+
+    path = tmp_path_factory.mktemp("every") / "plan.json"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1",
+                  "--zero", "0", "--global-batch", "64", "--seq-len", "4096", "--save", str(path), "--json"])
+    except SystemExit as e:
+        assert not e.code
+    return load_plan(path)
+
+
+BASE = {"deepspeed": {"zero": 1, "grad_reduce": "all-reduce"}}
+"""A target's change to that plan for a plan it writes: DeepSpeed reduces fp32 gradients with ZeRO 1 (its
+BF16_Optimizer), not without ZeRO."""
+
+
+@pytest.mark.parametrize("target, key", sorted(RULES))
+def test_up_front_reason_is_the_checks_reason(accepted, target, key):
+    """The plan changed to meet one rule: the export's refusal (its check) and the reason search --target gives
+    up front for the plans it passes over (every_plan_reason, every_plan_mask on the plan's arrays) are the same
+    sentence, and that rule is the one that says it."""
+    change, words = RULES[(target, key)]
+    base = dataclasses.replace(accepted, plan=accepted.plan.model_copy(update=BASE.get(target, {})))
+    assert refusal(base, target) is None
+    p = base.plan.model_copy(update=change)
+    why = refusal(dataclasses.replace(base, plan=p), target)
+    assert why is not None and words in why
+    assert every_plan_reason(p, target) == why
+    assert bool(every_plan_mask(from_plan(p), target)[0])
+    rule = EVERY_PLAN[target][key]
+    assert [r for r in EVERY_PLAN[target].values() if r(p)[1]][0] is rule
+    assert not rule(base.plan)[1] and not every_plan_mask(from_plan(base.plan), target)[0]
+
+
+SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 DGX H100 that meet its rule)
+    "torchtitan": ("torchtitan", {"optimizer_moment_dtype": "bf16"}),
+    "torchtitan-remainders": ("torchtitan", {"param_remainders": True}),
+    "torchtitan-0.2": ("torchtitan-0.2", {**FP8_CURRENT, "fp8_attention": True}),
+    "deepspeed": ("deepspeed", {}),
+    "megatron": ("megatron", {**FP8_DELAYED, "bf16_layers_start": 1}),
+    "megatron-bridge": ("megatron-bridge", {**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2}),
+    "megatron-bridge-layers": ("megatron-bridge", {**FP8_CURRENT, "fp8_params": True}),
+    "megatron-bridge-precision": ("megatron-bridge", FP8_DELAYED),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_passing_over_the_class_keeps_the_search(name, monkeypatch):
+    """keep_training (search --target's walk) with the rules against the walk that asks about every plan, no
+    limit: the same rows kept (none where the search's switches are refused whole) and the same plans dropped
+    above the last row, every plan passed over one the full walk asked about and found refused, fewer plans
+    asked, and the plans passed over counted under the rule's words (the check's, first test)."""
+    import llmplan.cli.target as cli_target
+    from llmplan.planfile import plan_document
+    from llmplan.report.training import estimate_json
+    from llmplan.search import filtered
+    from llmplan.search.grid import Workload, default_space
+    from llmplan.search.run import search
+    from llmplan.specs.plan import ClusterSpec, MemoryAllowance
+    from llmplan.specs.registry import builtin_models, builtin_systems
+    from llmplan.topology.placement import DEFAULT_ORDER
+
+    m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+    target, switches = SEARCHES[name]
+    w = Workload(global_batch=64, seq_len=4096, **switches)
+    doc_of = lambda e: plan_document(e, MemoryAllowance(), DEFAULT_ORDER, estimate_json(e))  # noqa: E731
+
+    def kept():
+        res = search(m, cluster, default_space(m, cluster, w, {}), w, top=5, keep_plans=True)
+        return cli_target.keep_training(res, target, doc_of, 5)
+
+    new = kept()
+    with monkeypatch.context() as mp:
+        mp.setattr(cli_target, "keep_accepted", lambda res, refused, top, known=None:
+                   filtered.keep_accepted(res, refused, top, checks=10**6))
+        old = kept()
+    a, b = new.walk, old.walk
+    assert a is not None and b is not None
+    assert [e.plan for e in new.ranked] == [e.plan for e in old.ranked]
+    assert (new.not_exportable, a.other_plan, a.complete) == (old.not_exportable, b.other_plan, b.complete)
+    assert a.passed > 0 and b.passed == 0 and a.checked < b.checked
+    assert (a.checked + a.passed, a.refused + a.passed) == (b.checked, b.refused)
+    assert sum(new.refusals.values()) == sum(old.refusals.values())
+    lp = new.layout_plans
+    reasons = every_plan_reasons(lp.plans, target, a.passed_plans, lp.plan)
+    assert sum(reasons.values()) == a.passed and all(new.refusals[k] >= n for k, n in reasons.items())
+    assert set(reasons) == {every_plan_reason(lp.plan(a.passed_plans[0]), target)}
+    if target != "deepspeed":  # the search's switches refused whole: no row, every plan passed over but the rows
+        assert not new.ranked and a.checked <= 5
+
+
+def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
+    """DeepSpeed refuses every plan with CP and every plan with EP, CP first in its check: over the plans of an
+    MoE search marked by both rules, every_plan_reasons counts those with CP under CP's words and the rest (EP
+    without CP) under EP's, not all of them under the first plan's rule."""
+    import numpy as np
+
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()["qwen3-30b-a3b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=256, seq_len=4096)
+    a = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    idx = np.flatnonzero(every_plan_mask(a, "deepspeed"))
+    cp, ep = np.asarray(a.cp)[idx] > 1, np.asarray(a.ep)[idx] > 1
+    assert cp.any() and (ep & ~cp).any() and (cp | ep).all()
+    reasons = every_plan_reasons(a, "deepspeed", idx.tolist(), a.plan)
+    by_rule = {("context" if "context parallelism" in k else "expert"): n for k, n in reasons.items()}
+    assert len(reasons) == 2 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum())}
+    for why in reasons:
+        assert why.startswith("deepspeed cannot express this plan: ")
