@@ -94,7 +94,7 @@ def preset_refusal(p: Any) -> tuple[str, bool, str]:
         return (f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, blockwise, mxfp8, "
                 "nvfp4)", True, "re-plan with --precision bf16 or fp8-tensorwise, or export to torchtitan")
     name, low_weights, grad_fp32 = PRESETS[key]
-    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not muon_mxfp8(pf):
+    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not muon_mxfp8(p):
         flag = "--fp8-params" if low_weights else "--no-fp8-params"
         return (f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} (its preset "
                 f"{name} sets {p.dtype}_param_gather {str(low_weights).lower()})", True, f"re-plan with {flag}")
@@ -141,11 +141,11 @@ def preset_layers_refusal(p: Any, counts: tuple[int, int] | None = None) -> tupl
             "(--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
 
 
-def muon_mxfp8(pf: PlanFile) -> bool:
+def muon_mxfp8(p: Any) -> bool:
     """Whether the plan runs Muon with the MXFP8 preset, whose weight gather overrides() turns off as Megatron-Bridge's
     Kimi-K2 configs do (scripts/performance/configs/kimi/kimi_llm_pretrain.py v0.3.1 - v0.5.0: fp8_param_gather and
     reuse_grad_buf_for_mxfp8_param_ag False under dist_muon; check_plan's muon_fp8_params keeps fp8_params off)."""
-    return pf.plan.optimizer == "muon" and (pf.plan.dtype, pf.plan.recipe) == ("fp8", "mxfp8")
+    return p.optimizer == "muon" and (p.dtype, p.recipe) == ("fp8", "mxfp8")
 
 
 def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
@@ -161,7 +161,7 @@ def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         ("optimizer.optimizer", "dist_muon" if p.zero == 1 else "muon"), ("optimizer.muon_num_ns_steps", MUON_NS_STEPS),
         ("optimizer.muon_tp_mode", "blockwise"), ("optimizer.muon_fp32_matmul_prec", "medium"),
         ("optimizer.muon_scalar_optimizer", "adam")]
-    if muon_mxfp8(pf):
+    if muon_mxfp8(pf.plan):
         out += [("mixed_precision.fp8_param_gather", False), ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", False)]
     return out
 
