@@ -13,19 +13,22 @@ zero_grad clears the buckets."""
 
 from __future__ import annotations
 
+from itertools import islice
 from types import SimpleNamespace
 
 import pytest
 
 import accuracy
+from agreement import assert_arrays_agree
 from llmplan.cost.memory import training_memory
 from llmplan.cost.model_states import kept_grad_shard_bytes
 from llmplan.cost.params import RankParams
 from llmplan.cost.runtime_memory import CUBLAS_TRAINING_HANDLES, pytorch_cublas_bytes, runtime_bytes
 from llmplan.export.common import kept_grad_shards_refusal
 from llmplan.specs.check import check_plan
-from llmplan.specs.plan import MemoryAllowance, ParallelPlan
-from llmplan.specs.registry import builtin_models
+from llmplan.estimate import estimate_training
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.units import GIB
 
 MIB = 2**20
@@ -104,3 +107,19 @@ def test_nemo_rows_run_apex_distributed_adam(row_setup) -> None:
     assert float(mem.params_on_rank) * 2.0 / 32 / GIB == pytest.approx(0.589, abs=0.001)
     assert float(mem.after_backward) == 0.0
     assert "nemo2407" in accuracy.NEMO_APEX_OPTIMIZER
+
+
+def test_vectorised_search_prices_the_kept_shards_as_the_scalar_estimate() -> None:
+    # kept_grad_shards is a workload field: the search's plan arrays carry it (search.grid.WORKLOAD_FIELDS) and
+    # price it through the same kept_grad_shard_bytes; at sequence 1024 with bf16 gradients some of the zero 1 / 2
+    # plans' peaks are set by the shards (checked below), so a search that dropped them would disagree there
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = builtin_models()["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=1024, grad_dtype="bf16", kept_grad_shards=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero in (1, 2) and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 11))[:25]
+    moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.total) != float(
+        estimate_training(m, cluster, plans.plan(i).model_copy(update={"kept_grad_shards": False})).memory.total)]
+    assert len(moved) >= 3
+    assert_arrays_agree(m, cluster, plans, idx)
