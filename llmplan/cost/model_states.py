@@ -90,6 +90,14 @@ def optimizer_parts(plan: ParallelPlan, optimizer: Any, muon_saving: Any = 0.0) 
     return OptimizerParts(master=master, moments=optimizer - master)
 
 
+def optimizer_share(plan: ParallelPlan, rp: RankParams) -> Any:
+    """Parameters of `rp` whose optimizer states and step one rank holds and runs: all of them without ZeRO, else
+    the dense ones over optimizer_shard and the routed experts over expert_optimizer_shard (their expert
+    data-parallel group). Derived: docs/formulas.md#mem.model_states"""
+    return where(plan.zero >= 1, rp.dense / plan.optimizer_shard + rp.expert / plan.expert_optimizer_shard,
+                 rp.dense + rp.expert)
+
+
 REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's reduce_bucket_size default (elements): the ZeRO-1/2 optimizer flattens at most this many
 gradient elements into one tensor for each DP reduction (deepspeed/runtime/zero/constants.py,
@@ -202,16 +210,16 @@ def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: b
     output layer, norms, routers, bf16 layers); bf16_kept_params is its complement. A tied embedding at pp 1 is
     one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     dense, expert = 0.0, 0.0
-    for s in _held_stages(plan, stage, paired):
+    for s in held_stages(plan, stage, paired):
         rp = rank_params(m, plan, s)
         kept_d, kept_e = _bf16_kept(m, plan, s)
         dense, expert = dense + rp.dense - kept_d, expert + rp.expert - kept_e
     return RankParams(dense=dense, expert=expert)
 
 
-def _held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
+def held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
     """The stages a rank of `stage` holds: it and, under a schedule with two parameter copies (DualPipe) when
-    `paired`, stage pp-1-stage."""
+    `paired`, stage pp-1-stage. Derived: docs/formulas.md#mem.inflight"""
     return (stage, plan.pp - 1 - stage) if paired and schedule_of(plan).param_copies == 2 else (stage,)
 
 

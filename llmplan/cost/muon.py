@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum
 from llmplan.cost.compressed import hyper_connection_params, is_v4_attention
 from llmplan.cost.gemm import gemm_shape_efficiency
 from llmplan.cost.mixers import mean_recurrent_params
+from llmplan.cost.model_states import held_stages, optimizer_share
 from llmplan.cost.params import RankParams, kv_heads_per_rank
 from llmplan.cost.sparse import indexer_params
 from llmplan.cost.stages import stage_layers
@@ -28,7 +29,6 @@ from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.plan_choices import OPTIMIZER_STATE_BYTES
-from llmplan.specs.schedule import schedule_of
 
 MUON_NS_STEPS = 5
 """Newton-Schulz iterations per Muon step. Source: NVIDIA/Megatron-LM at d0b3b7754, megatron/core/optimizer/
@@ -115,10 +115,8 @@ def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any, paired: bool
     """Sum of f(rows, cols) over the Muon matrices of one rank of `stage` (and, `paired`, its paired stage under
     DualPipe), split into (dense, expert) as RankParams. Derived: docs/formulas.md#optim.muon_params"""
     dense, moe, experts = layer_matrices(m, plan.tp, plan.ep, plan.etp_resolved)
-    two = paired and schedule_of(plan).param_copies == 2
-    stages = (stage, plan.pp - 1 - stage) if two else (stage,)
     out_d, out_e = 0.0, 0.0
-    for s in stages:
+    for s in held_stages(plan, stage, paired):
         n_dense, n_moe = stage_layers(m, plan, s)
         out_d = out_d + n_dense * _total(dense, f) + n_moe * _total(moe, f)
         out_e = out_e + n_moe * _total(experts, f)
@@ -140,9 +138,7 @@ def muon_moment_saving(plan: ParallelPlan, muon: RankParams) -> Any:
     buffer instead of two moments), sharded as the optimizer states are (zero 1: over optimizer_shard, the routed
     experts over expert_optimizer_shard). Source: Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py
     (_init_group: momentum_buffer only). Derived: docs/formulas.md#optim.muon_memory"""
-    moment = OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]
-    return moment * (muon.dense / where(plan.zero >= 1, plan.optimizer_shard, 1)
-                     + muon.expert / where(plan.zero >= 1, plan.expert_optimizer_shard, 1))
+    return OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype] * optimizer_share(plan, muon)
 
 
 def newton_schulz_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any) -> Any:
@@ -163,6 +159,4 @@ def newton_schulz_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage:
         poly = 2 * a * a * a / gemm_shape_efficiency(gpu, "bf16", a, a, a)
         update = 2 * a * a * b / gemm_shape_efficiency(gpu, "bf16", a, b, a)
         return MUON_NS_STEPS * (gram + poly + update) / rate
-    s = stage_sum(m, plan, stage, seconds)
-    return s.dense / where(plan.zero >= 1, plan.optimizer_shard, 1) \
-        + s.expert / where(plan.zero >= 1, plan.expert_optimizer_shard, 1)
+    return optimizer_share(plan, stage_sum(m, plan, stage, seconds))
