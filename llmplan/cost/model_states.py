@@ -147,8 +147,14 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
     _grads_buckets.clear()). Derived: docs/formulas.md#mem.kept_grad_shards"""
     od, oe, g = plan.optimizer_shard, plan.expert_optimizer_shard, plan.grad_bytes
     shards = where(od > 1, rp.dense * g / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
-    on = plan.kept_grad_shards & (plan.grad_reduce == "reduce-scatter") & (plan.zero >= 1) & (plan.zero <= 2)
-    return where(on, shards, 0.0)
+    return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
+
+
+def grad_shards_reduce_scattered(plan: Any) -> Any:
+    """Whether a distributed optimizer reduce-scatters the gradients into shards it steps (zero 1 or 2 with
+    grad_reduce reduce-scatter): where kept_grad_shards acts, the one condition kept_grad_shard_bytes prices and
+    check_plan's rule kept_grad_shards_zero holds. Derived: docs/formulas.md#mem.kept_grad_shards"""
+    return (plan.zero >= 1) & (plan.zero <= 2) & (plan.grad_reduce == "reduce-scatter")
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:
