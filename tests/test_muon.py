@@ -220,3 +220,17 @@ def test_the_update_reads_and_writes_one_moment_less_per_matrix_by_hand():
     a = optimizer_step_seconds(rp.total, adam, gpu, rp.expert)
     b = optimizer_step_seconds(rp.total, muon, gpu, rp.expert, muon=muon_params(m, muon, 0))
     assert float(a - b) == pytest.approx(2 * 4 * L * LLAMA_LAYER_MATRICES / 8 / gpu.hbm_achieved_bytes_per_s, rel=1e-12)
+
+
+def test_newton_schulz_seconds_price_the_by_hand_flops_at_the_gemms_efficiency(monkeypatch):
+    # zero 0, tp 1: every rank runs every matrix of Llama 3.1 8B's 32 layers: Q and O (4096 x 4096), K and V
+    # (1024 x 4096), fc1 (2 x 14336 x 4096), fc2 (4096 x 14336); at an efficiency of 1 the seconds are their FLOPs
+    # (newton_schulz_flops, checked by hand above) over the bf16 rate
+    import llmplan.cost.muon as muon
+    monkeypatch.setattr(muon, "gemm_shape_efficiency", lambda *a: 1.0)
+    m, gpu = M["llama-3.1-8b"], H100.gpu
+    plan = ParallelPlan(dp=8, zero=0, global_batch=64, optimizer="muon")
+    shapes = [(H, H), (H, H), (K * D, H), (K * D, H), (2 * F, H), (H, F)]
+    flops = L * sum(newton_schulz_flops(r, c) for r, c in shapes)
+    assert float(newton_schulz_seconds(m, plan, gpu, 0)) == pytest.approx(flops / gpu.sustained_flops("bf16"),
+                                                                          rel=1e-12)
