@@ -79,7 +79,7 @@ def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() ->
                                                                                    nccl_channels=16).total)
 
 
-@pytest.mark.parametrize("update,applies", [({"zero": 0}, False), ({"zero": 1}, True), ({"zero": 2}, True),
+@pytest.mark.parametrize("update,applies", [({"zero": 0}, False), ({"zero": 1}, True), ({"zero": 2}, False),
                                             ({"zero": 3}, False),
                                             ({"zero": 1, "grad_reduce": "all-reduce"}, False)])
 def test_check_plan_needs_a_reduce_scattering_distributed_optimizer(update, applies) -> None:
@@ -123,3 +123,22 @@ def test_vectorised_search_prices_the_kept_shards_as_the_scalar_estimate() -> No
         estimate_training(m, cluster, plans.plan(i).model_copy(update={"kept_grad_shards": False})).memory.total)]
     assert len(moved) >= 3
     assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_under_zero_2_the_kept_shard_is_the_gradient_shard_already_priced() -> None:
+    # Apex's _finish_bucket_grad_sync (distributed_fused_adam.py @f3f049246e) keeps the reduce-scattered shard as
+    # grads_shard and drops the full bucket (grads_bucket = None) unless a contiguous gradient buffer holds it:
+    # the ZeRO-1 layout (full gradient buffer, priced, beside the kept shard) or the ZeRO-2 one, whose priced
+    # gradients are that shard alone (model_state_bytes: grad bytes x parameters / the shards). Under zero 2 the
+    # switch adds nothing, so check_plan refuses it there and the pricing leaves it out. Llama 3.1 70B, tp 8, dp 2,
+    # full recompute: the shard (8.8 GB) exceeds the activations, so a second copy would show in the peak.
+    m = builtin_models()["llama-3.1-70b"]
+    base = ParallelPlan(tp=8, sp=True, dp=2, zero=2, grad_dtype="bf16", recompute="full", seq_len=1024,
+                        global_batch=16)
+    off = training_memory(m, base, 80 * GIB, MemoryAllowance(), nccl_channels=16)
+    on = training_memory(m, base.model_copy(update={"kept_grad_shards": True}), 80 * GIB, MemoryAllowance(),
+                         nccl_channels=16)
+    assert float(off.gradients) == pytest.approx(float(off.params_on_rank) * 2.0 / 2, rel=1e-12)  # the shard
+    assert float(on.total) == float(off.total)
+    assert "kept_grad_shards_zero" in [v.rule for v in check_plan(m, base.model_copy(
+        update={"kept_grad_shards": True}))]

@@ -141,7 +141,7 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
     zero_grad under kept_grad_shards (Apex DistributedFusedAdam): each bucket's reduce-scatter output, a new tensor
     of 1/shards of the bucket in the gradient dtype, so grad bytes x the dense parameters / optimizer_shard (and the
     experts' over expert_optimizer_shard); none over one rank, where the shard is the bucket itself, nor where the
-    switch does not act (zero 1 or 2 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
+    switch does not act (zero 1 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
     Source: NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
     (_start_bucket_grad_sync: sync_grads_shard = torch.empty; _finish_bucket_grad_sync: grads_shard; zero_grad:
     _grads_buckets.clear()). Derived: docs/formulas.md#mem.kept_grad_shards"""
@@ -151,10 +151,14 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
 
 
 def grad_shards_reduce_scattered(plan: Any) -> Any:
-    """Whether a distributed optimizer reduce-scatters the gradients into shards it steps (zero 1 or 2 with
-    grad_reduce reduce-scatter): where kept_grad_shards acts, the one condition kept_grad_shard_bytes prices and
-    check_plan's rule kept_grad_shards_zero holds. Derived: docs/formulas.md#mem.kept_grad_shards"""
-    return (plan.zero >= 1) & (plan.zero <= 2) & (plan.grad_reduce == "reduce-scatter")
+    """Whether a distributed optimizer reduce-scatters the gradients into shards it steps beside a whole gradient
+    buffer (zero 1 with grad_reduce reduce-scatter): where kept_grad_shards acts, the one condition
+    kept_grad_shard_bytes prices and check_plan's rule kept_grad_shards_zero holds. Under zero 2 the priced
+    gradients are that shard alone (Apex drops the bucket, grads_bucket = None, unless a contiguous buffer keeps
+    it: the zero 1 layout), so the switch adds nothing there. Source: NVIDIA/apex
+    apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
+    (_finish_bucket_grad_sync). Derived: docs/formulas.md#mem.kept_grad_shards"""
+    return (plan.zero == 1) & (plan.grad_reduce == "reduce-scatter")
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:
