@@ -234,3 +234,24 @@ def test_newton_schulz_seconds_price_the_by_hand_flops_at_the_gemms_efficiency(m
     flops = L * sum(newton_schulz_flops(r, c) for r, c in shapes)
     assert float(newton_schulz_seconds(m, plan, gpu, 0)) == pytest.approx(flops / gpu.sustained_flops("bf16"),
                                                                           rel=1e-12)
+
+
+def test_vectorised_search_agrees_over_an_all_reducing_ddp_and_in_the_checkpoint():
+    # the all-reducing path (grad_reduce all-reduce: the fp32 cast of the owned bf16 gradients, optimizer_copies)
+    # and the checkpoint's busiest rank (goodput.checkpoint_rank_bytes, one moment less per Muon matrix) on a MoE
+    # model: the search's arrays price them as the one-plan estimate does
+    import numpy as np
+    from llmplan.cost.goodput import plan_goodput
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.resilience import CheckpointPolicy
+    m, cluster = M["mixtral-8x7b"], ClusterSpec(system=H100, num_nodes=2)
+    w = Workload(global_batch=64, seq_len=2048, optimizer="muon", grad_reduce="all-reduce", grad_dtype="bf16")
+    plans = enumerate_plans(default_space(m, cluster, w, pins={"zero": 1}), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 7))[:12]
+    assert_arrays_agree(m, cluster, plans, idx)
+    policy = CheckpointPolicy(mode="async")
+    vec = plan_goodput(m, cluster, plans.take(np.asarray(idx)), np.ones(len(idx)), policy)
+    for j, i in enumerate(idx):
+        one = plan_goodput(m, cluster, plans.plan(i), 1.0, policy)
+        assert float(np.asarray(vec.rank_bytes)[j]) == pytest.approx(float(one.rank_bytes), rel=1e-9)
