@@ -57,16 +57,23 @@ def test_kept_grad_shards_by_hand() -> None:
     assert float(kept_grad_shard_bytes(one, RankParams(dense=1e9, expert=0.0))) == 0.0
 
 
-def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() -> None:
-    # Llama 3.1 70B at tp 8, dp 2, full recompute, sequence 1024: the rank's 8.8e9 parameters' bf16 gradient
-    # shards (8.8 GB over dp 2) exceed its activations, so the peak after the backward is the states beside the
-    # shards: the total rises by the shards less the activations
+def _llama_70b_dp2(zero: int) -> tuple:
+    """(model, plan, memory without kept_grad_shards, with it): Llama 3.1 70B at tp 8, dp 2, full recompute,
+    sequence 1024, bf16 gradients, ZeRO stage `zero`."""
     m = builtin_models()["llama-3.1-70b"]
-    base = ParallelPlan(tp=8, sp=True, dp=2, zero=1, grad_dtype="bf16", recompute="full", seq_len=1024,
+    base = ParallelPlan(tp=8, sp=True, dp=2, zero=zero, grad_dtype="bf16", recompute="full", seq_len=1024,
                         global_batch=16)
     off = training_memory(m, base, 80 * GIB, MemoryAllowance(), nccl_channels=16)
     on = training_memory(m, base.model_copy(update={"kept_grad_shards": True}), 80 * GIB, MemoryAllowance(),
                          nccl_channels=16)
+    return m, base, off, on
+
+
+def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() -> None:
+    # Llama 3.1 70B at tp 8, dp 2, full recompute, sequence 1024: the rank's 8.8e9 parameters' bf16 gradient
+    # shards (8.8 GB over dp 2) exceed its activations, so the peak after the backward is the states beside the
+    # shards: the total rises by the shards less the activations
+    m, base, off, on = _llama_70b_dp2(zero=1)
     shards = float(off.params_on_rank) * 2.0 / 2  # bf16 gradients over the two optimizer ranks
     assert shards > float(off.activations)
     assert float(on.total) - float(off.total) == pytest.approx(shards - float(off.activations), rel=1e-9)
@@ -132,12 +139,7 @@ def test_under_zero_2_the_kept_shard_is_the_gradient_shard_already_priced() -> N
     # gradients are that shard alone (model_state_bytes: grad bytes x parameters / the shards). Under zero 2 the
     # switch adds nothing, so check_plan refuses it there and the pricing leaves it out. Llama 3.1 70B, tp 8, dp 2,
     # full recompute: the shard (8.8 GB) exceeds the activations, so a second copy would show in the peak.
-    m = builtin_models()["llama-3.1-70b"]
-    base = ParallelPlan(tp=8, sp=True, dp=2, zero=2, grad_dtype="bf16", recompute="full", seq_len=1024,
-                        global_batch=16)
-    off = training_memory(m, base, 80 * GIB, MemoryAllowance(), nccl_channels=16)
-    on = training_memory(m, base.model_copy(update={"kept_grad_shards": True}), 80 * GIB, MemoryAllowance(),
-                         nccl_channels=16)
+    m, base, off, on = _llama_70b_dp2(zero=2)
     assert float(off.gradients) == pytest.approx(float(off.params_on_rank) * 2.0 / 2, rel=1e-12)  # the shard
     assert float(on.total) == float(off.total)
     assert "kept_grad_shards_zero" in [v.rule for v in check_plan(m, base.model_copy(
