@@ -1693,7 +1693,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # keeps the master as an int16 remainder shard (NEMO_APEX_REMAINDERS; docs/formulas.md#mem.param_remainders)
         # Apex's DistributedFusedAdam keeps each bucket's gradient shard until NeMo's zero_grad at the start of the
         # next training_step (NEMO_APEX_OPTIMIZER; docs/formulas.md#mem.kept_grad_shards)
-        kept_grad_shards=fam in NEMO_APEX_OPTIMIZER and zero in (1, 2),
+        kept_grad_shards=fam in NEMO_APEX_OPTIMIZER and zero == 1,  # zero 2: the shard is the priced gradient
         param_remainders=((fam in BRIDGE_FAMILIES and dtype == "bf16") or fam in NEMO_APEX_REMAINDERS)
                          and zero == 1 and par.get("optimizer_master_dtype", "fp32") == "fp32"
                          and not par.get("fp8_all_gather", False),

@@ -13,19 +13,22 @@ zero_grad clears the buckets."""
 
 from __future__ import annotations
 
+from itertools import islice
 from types import SimpleNamespace
 
 import pytest
 
 import accuracy
+from agreement import assert_arrays_agree
 from llmplan.cost.memory import training_memory
 from llmplan.cost.model_states import kept_grad_shard_bytes
 from llmplan.cost.params import RankParams
 from llmplan.cost.runtime_memory import CUBLAS_TRAINING_HANDLES, pytorch_cublas_bytes, runtime_bytes
 from llmplan.export.common import kept_grad_shards_refusal
 from llmplan.specs.check import check_plan
-from llmplan.specs.plan import MemoryAllowance, ParallelPlan
-from llmplan.specs.registry import builtin_models
+from llmplan.estimate import estimate_training
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.units import GIB
 
 MIB = 2**20
@@ -54,16 +57,23 @@ def test_kept_grad_shards_by_hand() -> None:
     assert float(kept_grad_shard_bytes(one, RankParams(dense=1e9, expert=0.0))) == 0.0
 
 
-def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() -> None:
-    # Llama 3.1 70B at tp 8, dp 2, full recompute, sequence 1024: the rank's 8.8e9 parameters' bf16 gradient
-    # shards (8.8 GB over dp 2) exceed its activations, so the peak after the backward is the states beside the
-    # shards: the total rises by the shards less the activations
+def _llama_70b_dp2(zero: int) -> tuple:
+    """(model, plan, memory without kept_grad_shards, with it): Llama 3.1 70B at tp 8, dp 2, full recompute,
+    sequence 1024, bf16 gradients, ZeRO stage `zero`."""
     m = builtin_models()["llama-3.1-70b"]
-    base = ParallelPlan(tp=8, sp=True, dp=2, zero=1, grad_dtype="bf16", recompute="full", seq_len=1024,
+    base = ParallelPlan(tp=8, sp=True, dp=2, zero=zero, grad_dtype="bf16", recompute="full", seq_len=1024,
                         global_batch=16)
     off = training_memory(m, base, 80 * GIB, MemoryAllowance(), nccl_channels=16)
     on = training_memory(m, base.model_copy(update={"kept_grad_shards": True}), 80 * GIB, MemoryAllowance(),
                          nccl_channels=16)
+    return m, base, off, on
+
+
+def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() -> None:
+    # Llama 3.1 70B at tp 8, dp 2, full recompute, sequence 1024: the rank's 8.8e9 parameters' bf16 gradient
+    # shards (8.8 GB over dp 2) exceed its activations, so the peak after the backward is the states beside the
+    # shards: the total rises by the shards less the activations
+    m, base, off, on = _llama_70b_dp2(zero=1)
     shards = float(off.params_on_rank) * 2.0 / 2  # bf16 gradients over the two optimizer ranks
     assert shards > float(off.activations)
     assert float(on.total) - float(off.total) == pytest.approx(shards - float(off.activations), rel=1e-9)
@@ -76,7 +86,7 @@ def test_the_shards_raise_the_after_backward_peak_only_past_the_activations() ->
                                                                                    nccl_channels=16).total)
 
 
-@pytest.mark.parametrize("update,applies", [({"zero": 0}, False), ({"zero": 1}, True), ({"zero": 2}, True),
+@pytest.mark.parametrize("update,applies", [({"zero": 0}, False), ({"zero": 1}, True), ({"zero": 2}, False),
                                             ({"zero": 3}, False),
                                             ({"zero": 1, "grad_reduce": "all-reduce"}, False)])
 def test_check_plan_needs_a_reduce_scattering_distributed_optimizer(update, applies) -> None:
@@ -104,3 +114,33 @@ def test_nemo_rows_run_apex_distributed_adam(row_setup) -> None:
     assert float(mem.params_on_rank) * 2.0 / 32 / GIB == pytest.approx(0.589, abs=0.001)
     assert float(mem.after_backward) == 0.0
     assert "nemo2407" in accuracy.NEMO_APEX_OPTIMIZER
+
+
+def test_vectorised_search_prices_the_kept_shards_as_the_scalar_estimate() -> None:
+    # kept_grad_shards is a workload field: the search's plan arrays carry it (search.grid.WORKLOAD_FIELDS) and
+    # price it through the same kept_grad_shard_bytes; at sequence 1024 with bf16 gradients some of the zero 1 / 2
+    # plans' peaks are set by the shards (checked below), so a search that dropped them would disagree there
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = builtin_models()["llama-3.1-70b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=1024, grad_dtype="bf16", kept_grad_shards=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero in (1, 2) and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 11))[:25]
+    moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.total) != float(
+        estimate_training(m, cluster, plans.plan(i).model_copy(update={"kept_grad_shards": False})).memory.total)]
+    assert len(moved) >= 3
+    assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_under_zero_2_the_kept_shard_is_the_gradient_shard_already_priced() -> None:
+    # Apex's _finish_bucket_grad_sync (distributed_fused_adam.py @f3f049246e) keeps the reduce-scattered shard as
+    # grads_shard and drops the full bucket (grads_bucket = None) unless a contiguous gradient buffer holds it:
+    # the ZeRO-1 layout (full gradient buffer, priced, beside the kept shard) or the ZeRO-2 one, whose priced
+    # gradients are that shard alone (model_state_bytes: grad bytes x parameters / the shards). Under zero 2 the
+    # switch adds nothing, so check_plan refuses it there and the pricing leaves it out. Llama 3.1 70B, tp 8, dp 2,
+    # full recompute: the shard (8.8 GB) exceeds the activations, so a second copy would show in the peak.
+    m, base, off, on = _llama_70b_dp2(zero=2)
+    assert float(off.gradients) == pytest.approx(float(off.params_on_rank) * 2.0 / 2, rel=1e-12)  # the shard
+    assert float(on.total) == float(off.total)
+    assert "kept_grad_shards_zero" in [v.rule for v in check_plan(m, base.model_copy(
+        update={"kept_grad_shards": True}))]

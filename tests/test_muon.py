@@ -206,3 +206,52 @@ def test_deepspeed_and_torchtitan_refuse_muon(cli, tmp_path, target):
     r, _ = _export(cli, tmp_path, target, *extra)
     msg = r.refusal()
     assert "Muon optimizer" in msg and "--optimizer adam" in msg
+
+
+def test_the_update_reads_and_writes_one_moment_less_per_matrix_by_hand():
+    # compute.optimizer: Adam's memory-bound update reads and writes the fp32 master and both moments; Muon's matrices
+    # keep one momentum buffer, so each of the rank's 1/8 share of them moves 2 x 4 bytes less through HBM (the
+    # Newton-Schulz GEMMs are priced apart, newton_schulz_seconds)
+    from llmplan.cost.compute import optimizer_step_seconds
+    m, gpu = M["llama-3.1-8b"], H100.gpu
+    adam = ParallelPlan(dp=8, zero=1, global_batch=64)
+    muon = adam.model_copy(update={"optimizer": "muon"})
+    rp = rank_params(m, adam, 0)
+    a = optimizer_step_seconds(rp.total, adam, gpu, rp.expert)
+    b = optimizer_step_seconds(rp.total, muon, gpu, rp.expert, muon=muon_params(m, muon, 0))
+    assert float(a - b) == pytest.approx(2 * 4 * L * LLAMA_LAYER_MATRICES / 8 / gpu.hbm_achieved_bytes_per_s, rel=1e-12)
+
+
+def test_newton_schulz_seconds_price_the_by_hand_flops_at_the_gemms_efficiency(monkeypatch):
+    # zero 0, tp 1: every rank runs every matrix of Llama 3.1 8B's 32 layers: Q and O (4096 x 4096), K and V
+    # (1024 x 4096), fc1 (2 x 14336 x 4096), fc2 (4096 x 14336); at an efficiency of 1 the seconds are their FLOPs
+    # (newton_schulz_flops, checked by hand above) over the bf16 rate
+    import llmplan.cost.muon as muon
+    monkeypatch.setattr(muon, "gemm_shape_efficiency", lambda *a: 1.0)
+    m, gpu = M["llama-3.1-8b"], H100.gpu
+    plan = ParallelPlan(dp=8, zero=0, global_batch=64, optimizer="muon")
+    shapes = [(H, H), (H, H), (K * D, H), (K * D, H), (2 * F, H), (H, F)]
+    flops = L * sum(newton_schulz_flops(r, c) for r, c in shapes)
+    assert float(newton_schulz_seconds(m, plan, gpu, 0)) == pytest.approx(flops / gpu.sustained_flops("bf16"),
+                                                                          rel=1e-12)
+
+
+def test_vectorised_search_agrees_over_an_all_reducing_ddp_and_in_the_checkpoint():
+    # the all-reducing path (grad_reduce all-reduce: the fp32 cast of the owned bf16 gradients, optimizer_copies)
+    # and the checkpoint's busiest rank (goodput.checkpoint_rank_bytes, one moment less per Muon matrix) on a MoE
+    # model: the search's arrays price them as the one-plan estimate does
+    import numpy as np
+    from llmplan.cost.goodput import plan_goodput
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.resilience import CheckpointPolicy
+    m, cluster = M["mixtral-8x7b"], ClusterSpec(system=H100, num_nodes=2)
+    w = Workload(global_batch=64, seq_len=2048, optimizer="muon", grad_reduce="all-reduce", grad_dtype="bf16")
+    plans = enumerate_plans(default_space(m, cluster, w, pins={"zero": 1}), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, None, 7))[:12]
+    assert_arrays_agree(m, cluster, plans, idx)
+    policy = CheckpointPolicy(mode="async")
+    vec = plan_goodput(m, cluster, plans.take(np.asarray(idx)), np.ones(len(idx)), policy)
+    for j, i in enumerate(idx):
+        one = plan_goodput(m, cluster, plans.plan(i), 1.0, policy)
+        assert float(np.asarray(vec.rank_bytes)[j]) == pytest.approx(float(one.rank_bytes), rel=1e-9)

@@ -78,7 +78,7 @@ from llmplan.cost.mixers import (
     mean_mamba_scan_flops,
     mean_mamba_scan_step_flops,
 )
-from llmplan.cost.model_states import bf16_parts_extra_bytes
+from llmplan.cost.model_states import bf16_parts_extra_bytes, optimizer_share
 from llmplan.cost.params import RankParams, padded_vocab
 from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was this module)
     CAST_BYTES,
@@ -297,8 +297,7 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
 
     def shard(dense_and_expert: Any, expert: Any) -> Any:
-        return where(plan.zero >= 1, (dense_and_expert - expert) / plan.optimizer_shard
-                     + expert / plan.expert_optimizer_shard, dense_and_expert)
+        return optimizer_share(plan, RankParams(dense=dense_and_expert - expert, expert=expert))
     extra = 0.0 if kept is None else shard(kept.total, kept.expert) * bf16_parts_extra_bytes(plan)
     if muon is not None:
         extra = extra - shard(muon.total, muon.expert) * 2 * OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]

@@ -33,7 +33,8 @@ from llmplan.specs.serve import Engine, ServeJob, ServePlan
 
 def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, batch: Any, context: Any,
                 overhead: float = 0.0, queries: float = 1, engine: Engine = "vllm",
-                graph_sizes: tuple[int, ...] | None = None, graph_top: int | None = None) -> Any:
+                graph_sizes: tuple[int, ...] | None = None, graph_top: int | None = None,
+                sample_last: bool = False) -> Any:
     """Time per output token at `batch` sequences of average `context`: with p stages the batch splits into p
     groups that take turns, so a sequence gets a token every p stage-steps of batch/p sequences (each step
     reading the stage's weights once and the group's KV), plus the engine's host time per step (`overhead`).
@@ -41,14 +42,16 @@ def decode_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans,
     With `graph_sizes` (CUDA graphs with padding) the step's element-wise operators, sampler, all-reduces and
     stage hop carry the padded tokens (graph_padded_tokens: vLLM pads b x queries tokens against its token
     sizes, the other engines b requests of `queries` tokens); its matmuls, attention and KV reads the real
-    ones (docs/formulas.md#infer.graph_padding). Derived: docs/formulas.md#infer.decode"""
+    ones (docs/formulas.md#infer.graph_padding). `sample_last`: the output layer and the sampler over one row
+    per sequence, not each of its `queries` tokens (a drafter's pass, which samples each request's last token:
+    docs/formulas.md#infer.speculative). Derived: docs/formulas.md#infer.decode"""
     b = decode_group(batch, plan.pp)
     # A hybrid's recurrent layers read and write each sequence's fixed state once per step.
     kv = b * (kv_bytes_per_seq_gpu(m, plan, context) + 2 * recurrent_state_per_seq_gpu(m, plan))
     q = b * queries
     rows = graph_padded_tokens(b, queries, graph_sizes, graph_sizes_count_tokens(engine))
     stage = step_seconds(m, plan, system, spans, q, q * attended_keys(m, context), kv, decode_only=True,
-                         engine=engine, rows=rows if graph_sizes else None)
+                         engine=engine, rows=rows if graph_sizes else None, logit_rows=b if sample_last else None)
     hop = stage_hop_seconds(m, plan, system, spans, rows)
     # a batch above every captured size runs without a graph: its launches join the host time
     return plan.pp * (stage + hop) + overhead + uncaptured_launch_seconds(m, plan, b, graph_top)

@@ -90,6 +90,14 @@ def optimizer_parts(plan: ParallelPlan, optimizer: Any, muon_saving: Any = 0.0) 
     return OptimizerParts(master=master, moments=optimizer - master)
 
 
+def optimizer_share(plan: ParallelPlan, rp: RankParams) -> Any:
+    """Parameters of `rp` whose optimizer states and step one rank holds and runs: all of them without ZeRO, else
+    the dense ones over optimizer_shard and the routed experts over expert_optimizer_shard (their expert
+    data-parallel group). Derived: docs/formulas.md#mem.model_states"""
+    return where(plan.zero >= 1, rp.dense / plan.optimizer_shard + rp.expert / plan.expert_optimizer_shard,
+                 rp.dense + rp.expert)
+
+
 REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's reduce_bucket_size default (elements): the ZeRO-1/2 optimizer flattens at most this many
 gradient elements into one tensor for each DP reduction (deepspeed/runtime/zero/constants.py,
@@ -133,14 +141,24 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
     zero_grad under kept_grad_shards (Apex DistributedFusedAdam): each bucket's reduce-scatter output, a new tensor
     of 1/shards of the bucket in the gradient dtype, so grad bytes x the dense parameters / optimizer_shard (and the
     experts' over expert_optimizer_shard); none over one rank, where the shard is the bucket itself, nor where the
-    switch does not act (zero 1 or 2 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
+    switch does not act (zero 1 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
     Source: NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
     (_start_bucket_grad_sync: sync_grads_shard = torch.empty; _finish_bucket_grad_sync: grads_shard; zero_grad:
     _grads_buckets.clear()). Derived: docs/formulas.md#mem.kept_grad_shards"""
     od, oe, g = plan.optimizer_shard, plan.expert_optimizer_shard, plan.grad_bytes
     shards = where(od > 1, rp.dense * g / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
-    on = plan.kept_grad_shards & (plan.grad_reduce == "reduce-scatter") & (plan.zero >= 1) & (plan.zero <= 2)
-    return where(on, shards, 0.0)
+    return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
+
+
+def grad_shards_reduce_scattered(plan: Any) -> Any:
+    """Whether a distributed optimizer reduce-scatters the gradients into shards it steps beside a whole gradient
+    buffer (zero 1 with grad_reduce reduce-scatter): where kept_grad_shards acts, the one condition
+    kept_grad_shard_bytes prices and check_plan's rule kept_grad_shards_zero holds. Under zero 2 the priced
+    gradients are that shard alone (Apex drops the bucket, grads_bucket = None, unless a contiguous buffer keeps
+    it: the zero 1 layout), so the switch adds nothing there. Source: NVIDIA/apex
+    apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
+    (_finish_bucket_grad_sync). Derived: docs/formulas.md#mem.kept_grad_shards"""
+    return (plan.zero == 1) & (plan.grad_reduce == "reduce-scatter")
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:
@@ -202,16 +220,16 @@ def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: b
     output layer, norms, routers, bf16 layers); bf16_kept_params is its complement. A tied embedding at pp 1 is
     one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     dense, expert = 0.0, 0.0
-    for s in _held_stages(plan, stage, paired):
+    for s in held_stages(plan, stage, paired):
         rp = rank_params(m, plan, s)
         kept_d, kept_e = _bf16_kept(m, plan, s)
         dense, expert = dense + rp.dense - kept_d, expert + rp.expert - kept_e
     return RankParams(dense=dense, expert=expert)
 
 
-def _held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
+def held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
     """The stages a rank of `stage` holds: it and, under a schedule with two parameter copies (DualPipe) when
-    `paired`, stage pp-1-stage."""
+    `paired`, stage pp-1-stage. Derived: docs/formulas.md#mem.inflight"""
     return (stage, plan.pp - 1 - stage) if paired and schedule_of(plan).param_copies == 2 else (stage,)
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.arith import maximum, minimum, where
+from llmplan.arith import maximum, minimum
 from llmplan.cost.compressed import hyper_connection_params, is_v4_attention
 from llmplan.cost.gemm import gemm_shape_efficiency
 from llmplan.cost.mixers import mean_recurrent_params
+from llmplan.cost.model_states import held_stages, optimizer_share
 from llmplan.cost.params import RankParams, kv_heads_per_rank
 from llmplan.cost.sparse import indexer_params
 from llmplan.cost.stages import stage_layers
@@ -28,7 +29,6 @@ from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.plan_choices import OPTIMIZER_STATE_BYTES
-from llmplan.specs.schedule import schedule_of
 
 MUON_NS_STEPS = 5
 """Newton-Schulz iterations per Muon step. Source: NVIDIA/Megatron-LM at d0b3b7754, megatron/core/optimizer/
@@ -39,15 +39,21 @@ Shapes = tuple[tuple[Any, Any, Any], ...]
 """(matrices, rows, cols): that many rows x cols matrices on one TP rank."""
 
 
-def newton_schulz_flops(rows: Any, cols: Any, steps: int = MUON_NS_STEPS) -> Any:
-    """FLOPs of `steps` quintic Newton-Schulz iterations on one rows x cols matrix: with m = min(rows, cols), n =
-    max (the matrix transposed so that X X^T is the small Gram matrix), each step forms A = X X^T (2 m^2 n), B = b A +
-    c A A (2 m^3) and X <- a X + B X (2 m^2 n): steps x (4 m^2 n + 2 m^3); the scalings and the normalisation are
-    elementwise and left out. Source: NVIDIA-NeMo/Emerging-Optimizers v0.2.0 (1effa026),
+def newton_schulz_gemms(rows: Any, cols: Any) -> tuple[tuple[Any, Any, Any], ...]:
+    """(M, N, K) of the three GEMMs of one quintic Newton-Schulz iteration on a rows x cols matrix, with m =
+    min(rows, cols), n = max (the matrix transposed so that X X^T is the small Gram matrix): A = X X^T (m, m, n),
+    A A inside B = b A + c A A (m, m, m), and B X in X <- a X + B X (m, n, m); the scalings and the normalisation
+    are elementwise and left out. Source: NVIDIA-NeMo/Emerging-Optimizers v0.2.0 (1effa026),
     emerging_optimizers/orthogonalized_optimizers/muon_utils.py (newton_schulz, newton_schulz_step: X @ X.mT,
     addmm(A, A, A), addmm(X, B, X)). Derived: docs/formulas.md#optim.muon_ns"""
     m, n = minimum(rows, cols), maximum(rows, cols)
-    return steps * (4 * m * m * n + 2 * m * m * m)
+    return (m, m, n), (m, m, m), (m, n, m)
+
+
+def newton_schulz_flops(rows: Any, cols: Any, steps: int = MUON_NS_STEPS) -> Any:
+    """FLOPs of `steps` Newton-Schulz iterations on one rows x cols matrix (newton_schulz_gemms): steps x
+    (4 m^2 n + 2 m^3). Derived: docs/formulas.md#optim.muon_ns"""
+    return steps * sum(2 * M * N * K for M, N, K in newton_schulz_gemms(rows, cols))
 
 
 def muon_unpriced(m: ModelSpec) -> str | None:
@@ -115,10 +121,8 @@ def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any, paired: bool
     """Sum of f(rows, cols) over the Muon matrices of one rank of `stage` (and, `paired`, its paired stage under
     DualPipe), split into (dense, expert) as RankParams. Derived: docs/formulas.md#optim.muon_params"""
     dense, moe, experts = layer_matrices(m, plan.tp, plan.ep, plan.etp_resolved)
-    two = paired and schedule_of(plan).param_copies == 2
-    stages = (stage, plan.pp - 1 - stage) if two else (stage,)
     out_d, out_e = 0.0, 0.0
-    for s in stages:
+    for s in held_stages(plan, stage, paired):
         n_dense, n_moe = stage_layers(m, plan, s)
         out_d = out_d + n_dense * _total(dense, f) + n_moe * _total(moe, f)
         out_e = out_e + n_moe * _total(experts, f)
@@ -140,13 +144,11 @@ def muon_moment_saving(plan: ParallelPlan, muon: RankParams) -> Any:
     buffer instead of two moments), sharded as the optimizer states are (zero 1: over optimizer_shard, the routed
     experts over expert_optimizer_shard). Source: Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py
     (_init_group: momentum_buffer only). Derived: docs/formulas.md#optim.muon_memory"""
-    moment = OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]
-    return moment * (muon.dense / where(plan.zero >= 1, plan.optimizer_shard, 1)
-                     + muon.expert / where(plan.zero >= 1, plan.expert_optimizer_shard, 1))
+    return OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype] * optimizer_share(plan, muon)
 
 
 def newton_schulz_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any) -> Any:
-    """Seconds of one rank's Newton-Schulz GEMMs per step: every Muon matrix of the stage (newton_schulz_flops) at
+    """Seconds of one rank's Newton-Schulz GEMMs per step: every Muon matrix of the stage (newton_schulz_gemms) at
     bf16 (muon_fp32_matmul_prec medium casts X to bf16) and each GEMM shape's efficiency, divided over the
     data-parallel ranks that own them whole under zero 1 (the dense over optimizer_shard, the experts over
     expert_optimizer_shard: the mean owner; the layer-wise optimizer balances by size, its imbalance not priced);
@@ -158,11 +160,6 @@ def newton_schulz_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage:
     rate = gpu.sustained_flops("bf16")
 
     def seconds(r: Any, c: Any) -> Any:
-        a, b = minimum(r, c), maximum(r, c)
-        gram = 2 * a * a * b / gemm_shape_efficiency(gpu, "bf16", a, a, b)
-        poly = 2 * a * a * a / gemm_shape_efficiency(gpu, "bf16", a, a, a)
-        update = 2 * a * a * b / gemm_shape_efficiency(gpu, "bf16", a, b, a)
-        return MUON_NS_STEPS * (gram + poly + update) / rate
-    s = stage_sum(m, plan, stage, seconds)
-    return s.dense / where(plan.zero >= 1, plan.optimizer_shard, 1) \
-        + s.expert / where(plan.zero >= 1, plan.expert_optimizer_shard, 1)
+        return MUON_NS_STEPS * sum(2 * M * N * K / gemm_shape_efficiency(gpu, "bf16", M, N, K)
+                                   for M, N, K in newton_schulz_gemms(r, c)) / rate
+    return optimizer_share(plan, stage_sum(m, plan, stage, seconds))

@@ -180,7 +180,14 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
     vLLM's first over the k + 1 verified tokens per sequence, SGLang's draft extend over the accepted ones,
     k - 1 of one token) pad to the same sizes and run eagerly above them on vLLM (draft_pass_graphs),
-    unpadded elsewhere. Derived: docs/formulas.md#infer.speculative"""
+    unpadded elsewhere; each samples one row per request (its output layer and sampler: vLLM's logits at
+    token_indices_to_sample, SGLang's draft extend pruned to each request's last token).
+    Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py @00c4f22dae4795e34658bead82fa071e6bb7ae39
+    (SpecDecodeBaseProposer.propose: sample_hidden_states = last_hidden_states[token_indices_to_sample]);
+    sgl-project/sglang python/sglang/srt/layers/logits_processor.py @009db01a7c0d5460611d543516401eb497641918
+    (LogitsProcessor.forward: an extend batch, DRAFT_EXTEND with CaptureHiddenMode.LAST as
+    EAGLEWorker.forward_draft_extend_after_decode sets it, keeps each request's last_index).
+    Derived: docs/formulas.md#infer.speculative"""
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     alpha = acceptance_of(spec)
@@ -189,7 +196,7 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
         passes = draft_passes(k, engine, tokens_per_step(alpha, k))
         for q in sorted(set(passes)):
             draft_s = draft_s + passes.count(q) * decode_tpot(
-                draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine,
+                draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine, sample_last=True,
                 **draft_pass_graphs(engine, q, k, graph_sizes, graph_top))
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Collection
 
 import numpy as np
 
+from llmplan.cost.model_states import grad_shards_reduce_scattered
 from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.offload import host_offload_bytes
 from llmplan.specs.model import ModelSpec
@@ -209,11 +210,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "pp > 1, tp > 1 and no sequence parallelism (whose output is already split); change those "
                         "or drop --pp-scatter-gather"),
     SwitchUse("kept_grad_shards_zero", ("kept_grad_shards",),
-              lambda p: (p.zero >= 1) & (p.zero <= 2) & (p.grad_reduce == "reduce-scatter"),
+              grad_shards_reduce_scattered,
               lambda p: f"kept_grad_shards with zero {p.zero}, grad_reduce {p.grad_reduce}: it keeps the gradient "
-                        "shards a distributed optimizer's reduce-scatter writes (Apex DistributedFusedAdam), so it "
-                        "acts only with zero 1 or 2 and grad_reduce reduce-scatter; use --zero 1 or drop "
-                        "--kept-grad-shards"),
+                        "shards a distributed optimizer's reduce-scatter writes (Apex DistributedFusedAdam) beside "
+                        "the whole gradient buffer, so it acts only with zero 1 and grad_reduce reduce-scatter (under "
+                        "zero 2 the shard is the gradient already priced); use --zero 1 or drop --kept-grad-shards"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),

@@ -218,8 +218,8 @@ class ParallelPlan(PlanQuantities, Spec):
     (sync_grads_shard, then grads_shard), as NeMo 1.x's distributed_fused_adam runs it, which zeroes the gradients
     at the start of the next training_step. Priced in the peak after the backward (grad bytes x the rank's
     parameters / the optimizer's shards; none over one rank: the shard is then a view of the bucket). False:
-    Megatron-Core's distributed optimizer, which reduce-scatters in place. Needs zero 1 or 2 with grad_reduce
-    reduce-scatter (docs/formulas.md#mem.kept_grad_shards)."""
+    Megatron-Core's distributed optimizer, which reduce-scatters in place. Needs zero 1 with grad_reduce
+    reduce-scatter (under zero 2 the priced gradients are that shard already; docs/formulas.md#mem.kept_grad_shards)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"
