@@ -38,6 +38,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     expert_activation_extra_bytes,
     expert_bias_bytes,
     expert_fc1_bias_bytes,
+    expert_node_bytes,
     loss_bytes,
     moe_routing_bytes,
     sink_rescale_bytes,
@@ -144,6 +145,35 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     out, loss = where(last, head, 0.0), where(last, loss_s, 0.0)
     return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,
                         forward=fwd + out + loss / 3)
+
+
+def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(forward, backward) seconds of one MoE layer's routed experts, one micro-batch: Megatron-Core's `mlp`
+    node (the permutes after dispatch and before combine, the expert GEMMs, their activation): the experts'
+    matmuls as layer_gemm_seconds prices them in the layer, expert_node_bytes at the achieved HBM bandwidth and
+    the per-expert GEMM cost (expert_gemm_seconds), the memory-bound part twice in backward as stage_compute
+    counts it. Source: NVIDIA/Megatron-LM megatron/core/models/gpt/fine_grained_callables.py at d98e8a6
+    (submodule_moe_forward: routed_experts_compute). Derived: docs/formulas.md#moe.overlap"""
+    def compute() -> tuple[Any, Any]:
+        fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
+        mem = expert_node_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s + expert_gemm_seconds(m, plan)
+        return fwd + mem, bwd + 2 * mem
+    return memoized(plan, ("expert_node_seconds", m, gpu), compute)
+
+
+def ep_pair_windows(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any, Any, Any]:
+    """The compute of one MoE layer and micro-batch that Megatron-Core's combined-1F1B schedule
+    (overlap_moe_expert_parallel_comm) runs beside each of the other micro-batch's four all-to-alls, in the
+    order TransformerLayerSchedulePlan.run issues them: the combine's backward beside the attention node's
+    forward (attention, pre-MLP norm, router, shared experts, dispatch preprocess), the forward dispatch beside
+    the experts' backward (input and weight gradients: delay_wgrad_compute off), the dispatch's backward
+    beside the experts' forward, the forward combine beside the attention node's backward (with what the
+    layer recomputes). The layer is stage_compute's MoE layer; the experts' part is expert_node_seconds.
+    Source: NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a6
+    (TransformerLayerSchedulePlan.run). Derived: docs/formulas.md#moe.overlap"""
+    layer = stage_compute(m, plan, gpu, 0, 1, False)
+    expert_fwd, expert_bwd = expert_node_seconds(m, plan, gpu)
+    return (layer.forward - expert_fwd, expert_bwd, expert_fwd, layer.total - layer.forward - expert_bwd)
 
 
 EXPERT_GEMM_S = 24.75e-6

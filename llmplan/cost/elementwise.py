@@ -18,7 +18,7 @@ from llmplan.cost.mixers import (
     mean_recurrent_memory_bytes,
     norms_per_layer,
 )
-from llmplan.cost.params import kv_heads_per_rank, padded_vocab, token_ffn_width
+from llmplan.cost.params import kv_heads_per_rank, padded_vocab
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -46,20 +46,17 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     rope_pass = where(plan.rope_fusion, fused_rope, sum(EAGER_ROPE_BYTES) / 3)  # per element of q and k
     rope = 0 if m.learned_position_embeddings else rope_pass * T * qk_width
     qk_norm = norm * T * qk_width if m.qk_norm else 0.0  # per-head RMSNorm of q and k, as a norm above
-    f = token_ffn_width(m, moe) * (1.0 if moe else dense_mlp_share(m))  # a hybrid: its share of dense MLPs
+    # the dense MLP's or the shared experts' activation (a hybrid: its share of dense MLPs); the routed experts'
+    # in expert_node_bytes
+    f = m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
     act = eager_activation_bytes(m, plan) * T * f / t
-    if moe:  # the routed experts' activation: its eager clamp and its moe_act recompute (rows x f_e), less what
-        # Transformer Engine's fused MXFP8 grouped MLP runs in its GEMMs' epilogues (fused_expert_activation_bytes)
-        act = act + ((expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
-                      - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t)
     # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
     scores = where(plan.flash_attention, 0.0, (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t)
-    routing = ((moe_routing_bytes(m) + expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)
-                + hybridep_prob_permute_bytes(m, plan)) * T / sp if moe else 0.0)
+    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
@@ -432,6 +429,21 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
     # TE's op-fuser GroupedLinear adds the bias in the GEMM (ParallelPlan.expert_bias_fusion)
     return where(plan.expert_bias_fusion, 0.0, (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width)
+
+
+def expert_node_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes of one MoE layer's routed experts beside their GEMMs, forward, one micro-batch, one rank, in the
+    forward-equivalent units of elementwise_bytes (which counts them): the experts' activation on their k rows
+    a token (the fused pass, its eager clamp and its moe_act recompute, an eager fc1 bias, less what Transformer
+    Engine's fused MXFP8 grouped MLP runs in its GEMMs' epilogues), the expert output bias, the alltoall
+    dispatcher's sort by local expert and HybridEP's prob permute: the memory-bound work of Megatron-Core's
+    `mlp` node (routed_experts_compute, between dispatch and combine), which the EP overlap schedules apart
+    from the attention node (cost.compute.ep_pair_windows). Derived: docs/formulas.md#compute.memory_bound"""
+    T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
+    act = (eager_activation_bytes(m, plan) + expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
+           - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t
+    return act + (expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)
+                  + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
 
 
 EAGER_ROPE_BYTES = (24.0, 26.0)

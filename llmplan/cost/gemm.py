@@ -297,13 +297,15 @@ def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
     return frozenset(i for i, g in enumerate(gemms) if g.module in plan.bf16_modules)
 
 
-def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> tuple[Any, Any]:
+def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool,
+                       only: str | None = None) -> tuple[Any, Any]:
     """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
     harmonic mean of the efficiencies of its own matmuls, in the recipe's format (the plan's bf16 layers,
     low_precision_layer_fraction, in bf16: the average layer mixes both; bf16_module_gemms in bf16 in every
     layer). The backward is an input-gradient and a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
-    the call (chunk_rows). Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
+    the call (chunk_rows). `only` (a module, e.g. "expert"): the time of that module's matmuls alone, each
+    priced as in the whole layer. Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
     gemms = layer_gemms(m, plan, moe)
     total = sum(g.flops for g in gemms)
     # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
@@ -317,6 +319,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
         for i, (f, M, N, K, role, module) in enumerate(gemms):
+            if only is not None and module != only:
+                continue
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
             scale = per_flop / gpu.sustained_flops(fmt)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)

@@ -10,23 +10,26 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.arith import expected_max_normal, minimum, where
+from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.81
-"""Share of the hideable expert all-to-all time (min(c, w)(1 - kappa) a micro-batch, cost.moe.ep_exposed) that
-Megatron-Core's EP overlap (`overlap_moe_expert_parallel_comm`, the combined 1F1B schedule) hides, read off a
-controlled pair as a relative saving, not off one run's absolute step: Megatron-Bridge PR 5094 (merged 2026-07-25,
-7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml measured_result) ran the Qwen3-30B-A3B verification
-card's recipe (16 H100, BF16, EP16 over two nodes, HybridEP on 32 SMs, TE graphs of the router and preprocessing,
-delay_wgrad_compute off) with only the overlap toggled: 24.714 s per step off, 21.073 s on (same window, steps
-5-20; 20.992 s in the card's independent steps 41-50), a saving r = 14.73% (15.06%). The share is
-s = r x T_off / H, T_off and H = T_off - T(s = 1) llmplan's step without overlap and its hideable all-to-all on that
-plan (26.02 s, 4.74 s): 0.81 (0.83), so a scale error common to the step cancels. The alltoall smoke pair of
-Megatron-Bridge PR 3862 (NCCL all-to-all, no CUDA graphs, unfused permute, 41.25 -> 31.31 s) reads 0.59: not used,
-docs/validation.md#ep-overlap-pair. tests/test_moe_mechanisms.py re-reads both.
+EP_OVERLAP_HIDDEN = 0.82
+"""Share of the paired all-to-all time (what each of a MoE layer's four all-to-alls can hide behind the compute
+chunk the combined-1F1B schedule pairs it with, summed over the paired micro-batches, (1 - kappa) of it:
+cost.moe.ep_exposed) that Megatron-Core's EP overlap (`overlap_moe_expert_parallel_comm`) hides: the part of the
+measured saving the pairing does not explain, read off a controlled pair as a relative saving. Megatron-Bridge
+PR 5094 (merged 2026-07-25, 7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml measured_result) ran the
+Qwen3-30B-A3B verification card's recipe (16 H100, BF16, EP16 over two nodes, HybridEP on 32 SMs, TE graphs of the
+router and preprocessing, delay_wgrad_compute off, CUDA_DEVICE_MAX_CONNECTIONS 32) with only the overlap toggled:
+24.714 s per step off, 21.073 s on (same window, steps 5-20; 20.992 s in the card's independent steps 41-50), a
+saving r = 14.73% (15.06%). There every all-to-all (0.51 ms) is shorter than its paired chunk (0.99-1.99 ms), so
+the pairing alone would save 17.9%. The share is s = r x T_off / H, T_off and H = T_off - T(s = 1) llmplan's step
+without overlap and its paired all-to-all on that plan (26.02 s, 4.67 s): 0.82 (0.84), so a scale error common to
+the step cancels. The alltoall pair of Megatron-Bridge PR 3862 (41.25 -> 31.31 s, CUDA_DEVICE_MAX_CONNECTIONS 8)
+reads 0.68 under the pairing (0.59 before it): not used, docs/validation.md#ep-pairing. tests/test_moe_mechanisms.py
+re-reads both.
 Source: NVIDIA-NeMo/Megatron-Bridge @7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml (PR 5094).
 Derived: docs/formulas.md#moe.overlap"""
 
@@ -85,15 +88,41 @@ def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
     return float(out) if np.ndim(out) == 0 else out
 
 
-def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float) -> Any:
+def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tuple[Any, ...] = (),
+               layers: Any = 1) -> Any:
     """Time the expert all-to-alls of `ep` seconds add to a micro-batch whose compute takes `window` seconds:
     all of it without overlap; with DualPipe, what does not fit in the window plus the compute its SMs slow
-    (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full); with Megatron-Core's
-    EP overlap, only EP_OVERLAP_HIDDEN of what fits in the window hides (as measured), the rest stays exposed.
+    (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full). With Megatron-Core's EP
+    overlap each of a MoE layer's four all-to-alls (ep / layers / 4 each) runs beside the one compute chunk of
+    the other micro-batch that the combined-1F1B schedule pairs it with (`pair`: cost.compute.ep_pair_windows),
+    so it hides at most that chunk's length: min(t, w_i), summed over the four and the `layers` MoE layers; the
+    micro-batches the schedule runs unpaired (unpaired_microbatches) hide nothing; of the rest EP_OVERLAP_HIDDEN
+    hides (as measured), the compute beside it slowed by kappa. Derived: docs/formulas.md#moe.overlap"""
+    if schedule_of(plan).hides_ep:
+        return ep - minimum(ep, window) * (1.0 - kappa)
+    if not plan.ep_comm_overlap:  # a workload switch: one value for all plans of a search
+        return ep
+    t = ep / maximum(layers, 1) / 4  # one all-to-all of one MoE layer
+    hideable = 0.0 * t
+    for w in pair:
+        hideable = hideable + minimum(t, w)
+    n = plan.num_microbatches
+    paired = maximum(n - unpaired_microbatches(plan), 0) / n
+    return ep - EP_OVERLAP_HIDDEN * paired * layers * hideable * (1.0 - kappa)
+
+
+def unpaired_microbatches(plan: ParallelPlan) -> Any:
+    """Micro-batches of a step, on the first pipeline rank, whose all-to-alls the combined-1F1B schedule runs
+    with no pass of another micro-batch beside them: without pipeline stages the first forward and the last
+    backward run alone (one micro-batch's worth); with them (Megatron-Core requires virtual stages) the first
+    rank's warm-up forwards, 2(p - 1) + (v - 1)·p plus the one the overlap adds, and as many cool-down backwards,
+    over the v chunk passes of a micro-batch. Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/
+    combined_1f1b.py (combined_1f1b_schedule_for_no_pipelining) and schedules.py
+    (get_pp_rank_microbatches: "one extra micro-batch forward step") at d98e8a6.
     Derived: docs/formulas.md#moe.overlap"""
-    share = 1.0 if schedule_of(plan).hides_ep else where(plan.ep_comm_overlap, EP_OVERLAP_HIDDEN, 0.0)
-    hidden = share * minimum(ep, window)
-    return ep - hidden * (1.0 - kappa)
+    p, v = plan.pp, plan.vpp
+    warmup = where(p > 1, 2 * (p - 1) + (v - 1) * p + 1, 1)
+    return minimum(warmup / v, plan.num_microbatches)
 
 
 HOST_SYNC_S = 6e-6
