@@ -28,7 +28,9 @@ LAYER_KERNELS = 12
 """Kernels one transformer layer launches in a forward pass with fused kernels: four GEMMs (QKV, output
 projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
 memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
-(two per layer). Backward launches about twice as many, recompute one forward more."""
+(two per layer). Backward launches about twice as many, recompute one forward more. Priced only where
+host_seconds is given no model's count: the step prices cost.kernels' structural count
+(docs/formulas.md#step.kernel_count)."""
 
 EAGER_LAYER_KERNELS = 36
 """Kernels one dense transformer layer launches in a forward pass as PyTorch eager ops (ParallelPlan.fused_kernels
@@ -54,7 +56,8 @@ token counts and their gather over the EP group (2), the copy of the counts to t
 all-to-alls, the sort of the received rows by local expert and its inverse, the unpermute, and the quantisation
 of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
 places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
-d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
+d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync. Like LAYER_KERNELS, priced only
+where host_seconds is given no model's count (cost.kernels.layer_launch_average)."""
 P2P_CHUNK_LAUNCHES = 4
 """NCCL calls a pipeline rank launches per model chunk and micro-batch beside the chunk's kernels: after its
 forward the send of the output and the receive of the next input, after its backward the same for the
