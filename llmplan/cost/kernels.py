@@ -9,8 +9,8 @@ gradient GEMMs (Transformer Engine accumulates the weight gradient into main_gra
 gradient_accumulation_fusion); a parameter outside Transformer Engine's linears (norm weights, conv, router,
 torch.grouped_mm experts, gates) gets one more add into main_grad from Megatron-Core's DDP post-hook; a tensor that
 feeds two branches gets one add in backward. Views, reshapes, host copies and memsets are not kernels.
-Reported by benchmarks/kernel_count.py and the breakdown `kernels` key; not priced
-(docs/validation.md#kernel-count). Works on one ParallelPlan and, elementwise, on plan arrays.
+Reported by benchmarks/kernel_count.py (docs/validation.md#kernel-count); cost.overhead.host_seconds prices a fused
+plan's host launches from layer_launch_average. Works on one ParallelPlan and, elementwise, on plan arrays.
 Derived: docs/formulas.md#step.kernel_count
 """
 
