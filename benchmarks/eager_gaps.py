@@ -22,9 +22,9 @@ from runs import load_runs
 
 from llmplan.cost.compute import EXPERT_GEMM_S, KERNEL_LAUNCH_S, runs_per_expert
 from llmplan.cost.moe import EAGER_OP_HOST_S, host_syncs_per_layer
+from llmplan.cost.kernels import layer_launch_average
 from llmplan.cost.overhead import (
     EAGER_LAYER_KERNELS,
-    LAYER_KERNELS,
     MOE_LAYER_KERNELS,
     host_seconds,
 )
@@ -57,13 +57,15 @@ profiled configuration."""
 
 
 def launches_per_step(m: Any, plan: Any) -> float:
-    """llmplan's count of host launches per step (cost.overhead.host_seconds, one rank, no pipeline, no graphs
-    counted as graphs): per layer forward LAYER_KERNELS (EAGER_LAYER_KERNELS unfused) + MOE_LAYER_KERNELS per MoE
-    layer + the per-expert GEMM calls (2 E/ep) where they run per expert, three passes (no recompute), per
+    """llmplan's count of host launches per step (cost.overhead.host_seconds, one rank, no pipeline, no
+    recompute): with fused kernels the structural count of cost.kernels (layer_launch_average: every layer kind,
+    the per-expert GEMMs where they run per expert, graphed scopes as one launch), forward and backward; unfused,
+    EAGER_LAYER_KERNELS + MOE_LAYER_KERNELS per layer forward + the per-expert calls, three passes; per
     micro-batch."""
-    kernels = LAYER_KERNELS if plan.fused_kernels else EAGER_LAYER_KERNELS
-    per_expert = 2 * m.num_experts / plan.ep if bool(runs_per_expert(plan)) else 0.0
-    fwd = kernels * m.num_hidden_layers + (MOE_LAYER_KERNELS + per_expert) * m.num_moe_layers
+    if plan.fused_kernels:
+        return float(layer_launch_average(m, plan).total) * m.num_hidden_layers * plan.num_microbatches
+    per_expert = 2 * m.num_experts / plan.ep
+    fwd = EAGER_LAYER_KERNELS * m.num_hidden_layers + (MOE_LAYER_KERNELS + per_expert) * m.num_moe_layers
     return 3 * fwd * plan.num_microbatches
 
 
@@ -78,7 +80,8 @@ def llmplan_side(p: dict[str, Any], recs: dict[str, dict]) -> dict[str, float]:
     expert = 3 * 2 * m.num_experts / plan.ep * EXPERT_GEMM_S * m.num_moe_layers * n if bool(runs_per_expert(plan)) else 0.0
     launches = launches_per_step(m, plan)
     layers, syncs = max_stage_layers(m, plan), host_syncs_per_layer(m, plan)
-    bound = float(host_seconds(plan, layers, 0.0, 0.0, m.num_moe_layers, syncs, 0.0, 1.0))  # GPU at zero time
+    bound = float(host_seconds(plan, layers, 0.0, 0.0, m.num_moe_layers, syncs, 0.0, 1.0,
+                               layer_launch_average(m, plan)))  # GPU at zero time
     return {"step": float(t.total), "compute": float(t.compute), "host": float(t.overheads["host"]),
             "comm": float(t.comm_exposed), "launches": launches, "launch_s": launches * KERNEL_LAUNCH_S,
             "expert_gemm_s": expert, "bound": bound, "n": n, "layers": m.num_hidden_layers, "moe_layers": m.num_moe_layers}

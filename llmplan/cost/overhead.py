@@ -28,7 +28,9 @@ LAYER_KERNELS = 12
 """Kernels one transformer layer launches in a forward pass with fused kernels: four GEMMs (QKV, output
 projection, the two MLP GEMMs; the gate fused with the up projection), the attention kernel, and about seven
 memory-bound ones (two norms, rotary, activation, two residual adds, a cast); the TP collectives come on top
-(two per layer). Backward launches about twice as many, recompute one forward more."""
+(two per layer). Backward launches about twice as many, recompute one forward more. Priced only where
+host_seconds is given no model's count: the step prices cost.kernels' structural count
+(docs/formulas.md#step.kernel_count)."""
 
 EAGER_LAYER_KERNELS = 36
 """Kernels one dense transformer layer launches in a forward pass as PyTorch eager ops (ParallelPlan.fused_kernels
@@ -54,7 +56,8 @@ token counts and their gather over the EP group (2), the copy of the counts to t
 all-to-alls, the sort of the received rows by local expert and its inverse, the unpermute, and the quantisation
 of the two grouped GEMMs' inputs (2); the two grouped GEMMs and the activation take the dense MLP's three
 places. Source: Megatron-LM megatron/core/transformer/moe/ (router.py, token_dispatcher.py, experts.py) at
-d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync"""
+d98e8a6, counted along the forward. Derived: docs/formulas.md#step.host_sync. Like LAYER_KERNELS, priced only
+where host_seconds is given no model's count (cost.kernels.layer_launch_average)."""
 P2P_CHUNK_LAUNCHES = 4
 """NCCL calls a pipeline rank launches per model chunk and micro-batch beside the chunk's kernels: after its
 forward the send of the output and the receive of the next input, after its backward the same for the
@@ -134,7 +137,8 @@ one rank stages and casts alike.
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
-                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0) -> Any:
+                 syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0,
+                 layer_kernels: Any = None) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
@@ -145,6 +149,10 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
     (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
     Every launch and eager op costs `host_factor` times its x86 time (GpuSpec.host_op_factor: Grace 2.75).
+    With fused kernels and `layer_kernels` (cost.kernels.layer_launch_average: the model's structural launches
+    per layer, forward and backward apart, graphed scopes as one launch), the layers' launches are those,
+    forward once more under recompute, in place of the LAYER_KERNELS / MOE_LAYER_KERNELS / GRAPH_LAUNCHES
+    estimate (kept for callers without a model spec). Derived: docs/formulas.md#step.kernel_count
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync, #step.host_cpu"""
     graphed = plan.cuda_graphs == "layers"
@@ -156,12 +164,18 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
     p2p = where(plan.pp > 1, P2P_CHUNK_LAUNCHES * plan.vpp, 0) * launch_s  # per chunk, whatever its layers
     launches = (per_layer * layers + per_moe * moe_layers) * (3 + r) + p2p
+    start = per_layer
+    if layer_kernels is not None:  # the structural count (cost.kernels), fused plans
+        extra = where(graphed, 0, softmax) * launch_s  # an unfused softmax's kernels, as in per_layer
+        counted = (layer_kernels.fwd * (1 + r) + layer_kernels.bwd) * launch_s + extra * (3 + r)
+        launches = where(plan.fused_kernels, counted * layers + p2p, launches)
+        start = where(plan.fused_kernels, layer_kernels.fwd * launch_s + extra, per_layer)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)
     queued = maximum(launches - per_mb, 0.0)
     blocking = blocking_seconds(launches, host_factor)
-    return per_layer + plan.num_microbatches * (where(plan.launch_blocking, blocking, queued) + sync)
+    return start + plan.num_microbatches * (where(plan.launch_blocking, blocking, queued) + sync)
 
 
 def blocking_seconds(launches: Any, host_factor: Any = 1.0) -> Any:

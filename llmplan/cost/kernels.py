@@ -1,0 +1,370 @@
+"""Kernels one rank's GPU runs per micro-batch and per training step, counted structurally per layer kind from the
+modules Megatron-Core runs with Transformer Engine (fused kernels), forward and backward apart; and how many of
+them the host launches when CUDA graphs replay some scopes (a graphed scope's kernels still run, but the host
+issues the scope as one graph launch a pass).
+
+Every count below is a (forward, backward) pair of kernels per micro-batch, read along the module's forward in
+the cited source and along the autograd backward it implies: a GEMM's backward is its data-gradient and weight-
+gradient GEMMs (Transformer Engine accumulates the weight gradient into main_grad in the GEMM,
+gradient_accumulation_fusion); a parameter outside Transformer Engine's linears (norm weights, conv, router,
+torch.grouped_mm experts, gates) gets one more add into main_grad from Megatron-Core's DDP post-hook; a tensor that
+feeds two branches gets one add in backward. Views, reshapes, host copies and memsets are not kernels.
+Reported by benchmarks/kernel_count.py (docs/validation.md#kernel-count); cost.overhead.host_seconds prices a fused
+plan's host launches from layer_launch_average. Works on one ParallelPlan and, elementwise, on plan arrays.
+Derived: docs/formulas.md#step.kernel_count
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from llmplan.arith import where
+from llmplan.cost.overhead import CP_STEP_KERNELS
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+class Kernels(NamedTuple):
+    """Kernels per micro-batch of one module: forward, backward."""
+
+    fwd: Any
+    bwd: Any
+
+    def __add__(self, other: Any) -> Kernels:  # type: ignore[override]
+        return Kernels(self.fwd + other.fwd, self.bwd + other.bwd)
+
+    def times(self, n: Any) -> Kernels:
+        return Kernels(self.fwd * n, self.bwd * n)
+
+    @property
+    def total(self) -> Any:
+        return self.fwd + self.bwd
+
+
+ZERO = Kernels(0, 0)
+
+# --- The layer's shell. Source: NVIDIA/Megatron-LM megatron/core/transformer/transformer_layer.py and
+# megatron/core/fusions/fused_bias_dropout.py at 606c01046 (TransformerLayer._forward_attention / _forward_mlp,
+# _bias_dropout_add_func: no bias, dropout 0, so residual + out).
+RESIDUAL_ADD = Kernels(1, 1)
+"""One bias-dropout-add (the residual add; forward 1) and, in backward, the add of the residual stream's two
+gradients (the branch's input gradient and the skip path's). Two per layer."""
+PRE_MLP_NORM = Kernels(1, 3)
+"""The MoE block's separate pre-MLP RMSNorm (TENorm: the dense MLP fuses it into its first linear): the norm
+kernel; backward the norm's data-gradient kernel, its gamma-gradient reduction and the weight's main_grad add."""
+
+# --- Attention. Source: NVIDIA/Megatron-LM megatron/core/transformer/attention.py at 606c01046
+# (SelfAttention.get_query_key_value_tensors, Attention.forward, _apply_output_gate), Transformer Engine
+# LayerNormLinear / Linear / DotProductAttention (FusedAttention, cuDNN), fused RoPE (apply_rope_fusion).
+QKV_PROJECTION = Kernels(2, 5)
+"""linear_qkv with the input RMSNorm fused (TELayerNormColumnParallelLinear): the norm and the GEMM; backward the
+data- and weight-gradient GEMMs, the norm's two kernels and the norm weight's main_grad add."""
+QKV_SPLIT = Kernels(1, 1)
+"""The query's reshape out of the grouped [q, k, v] split (not contiguous: a copy); backward the concatenation of
+the pieces' gradients into mixed_qkv's gradient (the split's backward)."""
+QK_NORM = Kernels(3, 6)
+"""q_layernorm and k_layernorm (TENorm; the key, a strided slice, copied first): 3; backward two kernels per norm
+and two main_grad adds."""
+ROTARY = Kernels(2, 2)
+"""Fused RoPE on the query and on the key, forward and backward."""
+CORE_ATTENTION = Kernels(3, 3)
+"""TE FusedAttention (cuDNN): the value's copy out of the strided split, the RNG-state kernel TE launches with
+every fused-attention forward, the attention kernel; backward cuDNN's three (dO.O, the attention backward, the
+dQ conversion)."""
+OUTPUT_GATE = Kernels(1, 1)
+"""Gated attention (attention_output_gate): x * sigmoid(gate), one compiled kernel (jit_fuser), and its backward."""
+PROJECTION = Kernels(1, 2)
+"""A row-parallel linear (TERowParallelLinear): the GEMM; backward data- and weight-gradient GEMMs."""
+
+# --- Gated DeltaNet, on the path the Qwen3.5 H100 card runs. Source: NVIDIA/Megatron-LM
+# megatron/core/ssm/gated_delta_net/gdn.py and megatron/core/fusions/fused_pre_gated_delta_rule.py at 606c01046
+# (gdn_pre_gated_delta_rule_fusion: _triton_pre_gated_delta_rule_forward / _backward); QwenLM/FlashQLA
+# flash_qla/ops/gated_delta_rule/chunk/__init__.py and cp_context.py at 1563fbd / 0808864
+# (chunk_gated_delta_rule_fwd / _bwd, intra_card_cp_preprocess[_bwd]); NVIDIA-NeMo/Megatron-Bridge
+# src/megatron/bridge/models/qwen/modeling_qwen35/runtime_patch.py at 7e4a6d11e (fla rms_norm_gated).
+GDN_IN_PROJECTION = QKV_PROJECTION
+"""in_proj with the input RMSNorm fused: as linear_qkv."""
+GDN_PRE_RULE = Kernels(4, 13)
+"""The fused pre-rule front end: conv+SiLU+l2norm projections of q/k and of v, the gate copy, g and beta (4);
+backward the q/k l2norm-repeat, v layout, gate layout and g/beta kernels (with its zeroing of the parameter
+gradients), causal_conv1d's backward (2), three casts of the parameter gradients and the main_grad adds of
+conv1d.weight, A_log and dt_bias (3)."""
+GDN_CHUNK_RULE = Kernels(6, 8)
+"""FlashQLA's chunked gated delta rule on SM90 with intra-card context parallelism (on for one 4,096-token
+sequence of 32 value heads: Be x H <= 40): chunk cumsum, kkt_solve, the warm-up chunks, the warm-up states, the
+initial-state correction, the fused forward (6); backward the state kernel, the fused backward, the dh warm-up,
+the mt cast, the terminal-state correction, the two grouped reductions of dq and dk (value heads twice the key
+heads), the reverse cumsum (8)."""
+GDN_GATED_NORM = Kernels(2, 3)
+"""The output RMSNorm with its SiLU gate (FLA rms_norm_gated) and the weight + 1 of the zero-centred gamma;
+backward the norm's kernel, its weight-gradient reduction and the main_grad add."""
+GDN_OUT_TRANSPOSE = Kernels(1, 1)
+"""The output's transpose back to [s, b, h] (contiguous), and its gradient's."""
+
+# --- MoE. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/ (moe_layer.py MoELayer.forward, router.py
+# TopKRouter.forward / routing / _apply_aux_loss, moe_utils.py RouterGatingLinearFunction, RandomSTE,
+# get_tokens_per_expert_and_token_count, MoEAuxLossAutoScaler, shared_experts.py, token_dispatcher.py
+# MoEFlexTokenDispatcher / _HybridEPManager, experts.py TEGroupedMLP) at 606c01046, moe_router_fusion on.
+ROUTER = Kernels(7, 13)
+"""The router: the gating GEMM (TE general_gemm, fp32 out), the fused top-k, the fused scores for the auxiliary
+loss, the token counts, the fused auxiliary loss and its two tracker updates (7); backward the auto-scaler's
+ones and product (2), the three fused backwards, the sum of the logits' two gradients, the gating's backward
+(RouterGatingLinearFunction.backward: the weight's and the input's casts to fp32, two GEMMs, the two gradients'
+casts back: 6) and the router weight's main_grad add (13)."""
+FORCE_BALANCE = Kernels(2, 0)
+"""moe_router_force_load_balancing (the benchmark recipes): RandomSTE's clone and normal_."""
+MOE_INPUT_FANOUT = Kernels(0, 1)
+"""The MoE input feeds the router and the dispatcher: one gradient add."""
+HYBRIDEP_DISPATCH = Kernels(5, 2)
+"""Hybrid-EP dispatch_with_permute: the routing map's all-gather, the metadata kernel, the permute preprocessing,
+the dispatch kernel, the permute kernel; backward the combine-with-unpermute's two. Source: deepseek-ai/DeepEP
+hybrid-ep docs (Hybrid-EP Implementation Guide, 5. Executor: metadata_preprocess = allgather + metadata kernel
++ permute preprocessing; dispatch_with_permute = dispatch + permute kernel; combine_with_unpermute = unpermute +
+combine kernel; fused mode: one kernel each)."""
+HYBRIDEP_COMBINE = Kernels(2, 2)
+"""Hybrid-EP combine_with_unpermute: unpermute and combine; backward the dispatch's dispatch and permute."""
+HYBRIDEP_FUSED_SAVING = Kernels(2, 2)
+"""Kernels fewer when the permute runs inside the dispatch kernel and the unpermute inside the combine
+(moe_permute_fusion_into_hybridep)."""
+HYBRIDEP_COUNTS = Kernels(2, 0)
+"""The expert counts' cast to int64 and their sum (num_permuted_tokens) after a blocking dispatch."""
+HYBRIDEP_STATIC = Kernels(5, 0)
+"""A static rank capacity (moe_expert_rank_capacity_factor): the counts' cast, the overflow flag's compare and
+or, and the Qwen3.5 H100 runtime's overflow assertion (~flag, _assert_async)."""
+ALLTOALL_DISPATCH = Kernels(8, 6)
+"""Megatron's alltoall dispatcher: the token counts and their gather over the EP group, the permute, the two
+all-to-alls, the sort by local expert and its inverse, the unpermute; backward the two all-to-alls, the permute
+and unpermute backwards and the two sorts'."""
+DEEPEP_DISPATCH = Kernels(6, 4)
+"""DeepEP's normal kernels (flex dispatcher, deepep backend): the dispatch layout, the notify, the dispatch, the
+permute, the combine, the unpermute; backward the dispatch and combine and the two permutes'."""
+GROUPED_EXPERTS = Kernels(4, 8)
+"""Routed experts as one grouped kernel per matmul (torch.grouped_mm on GPU offsets): the offsets' cumsum, fc1,
+the weighted SwiGLU (compiled), fc2; backward each grouped matmul's two, the weighted SwiGLU's two (input and
+probability gradients) and the two stacked weights' main_grad adds. Source: Megatron-Bridge runtime_patch.py at
+7e4a6d11e (_Qwen35H100TorchGroupedMLP.forward), Megatron-LM fusions/fused_bias_swiglu.py (weighted_swiglu_back)."""
+PER_EXPERT_ACTIVATION = Kernels(1, 2)
+"""TEGroupedMLP's fused weighted SwiGLU between its GroupedLinear layers (one cuBLAS GEMM per local expert, four
+per expert in backward with the weight gradients accumulated in place)."""
+SHARED_EXPERT = Kernels(4, 6)
+"""The shared expert: fc1, the fused SwiGLU, fc2, the add into the routed output; backward fc2's and fc1's two
+GEMMs, the SwiGLU's and the add of its input gradient to the routed path's."""
+SHARED_EXPERT_GATE = Kernels(3, 8)
+"""The shared expert's sigmoid gate (Qwen2-MoE style): the gate's GEMM, the sigmoid, the product; backward the
+product's gradient and the gate score's (a product and a reduction), the sigmoid's, the gate's two GEMMs, its
+weight's main_grad add and the add of its input gradient."""
+
+# --- Dense MLP (TELayerNormColumnParallelLinear fc1, bias_swiglu / bias_gelu, TERowParallelLinear fc2).
+DENSE_MLP = Kernels(4, 8)
+"""fc1 with the pre-MLP norm fused (2), the fused activation, fc2; backward fc2's two, the activation's, fc1's
+two, the norm's two and its weight's main_grad add."""
+
+# --- Multi-token prediction and the head. Source: NVIDIA/Megatron-LM
+# megatron/core/transformer/multi_token_prediction.py at 606c01046 (MultiTokenPredictionLayer._get_embeddings,
+# _concat_embeddings, _postprocess, process_mtp_loss, roll_tensor), megatron/core/models/gpt/gpt_model.py.
+MTP_EXTRA = Kernels(47, 25)
+"""One MTP module beyond its transformer layer: the rolls of the input ids and positions (roll, fill, sum: 6),
+the embedding and its transpose (2), enorm and hnorm (2), the concatenation and eh_proj (2), the final norm (1),
+the block's concatenation of the hidden states (1), the labels' clone and the token count (2), the output GEMM
+(1), the rolls of labels and loss mask (6), the cross-entropy (6), the masked loss (1), the logged loss (6), the
+acceptance counts (5), the tracker (2) and the loss scaling (3); backward the auto-scaler (2), the cross-entropy
+(4), the output GEMM (2), three norms (9), eh_proj (2), the embedding's backward (5) and the add into the main
+stack's last hidden state (1)."""
+HEAD = Kernels(20, 18)
+"""The embedding (lookup and transpose), the final norm, the output GEMM, the fused vocabulary-parallel
+cross-entropy (6) and the loss function's mask, sums and report (10); backward the embedding's backward (5), the
+final norm (3), the output GEMM (2), the cross-entropy (4, with its two BF16 conversions), the loss (2) and the
+auxiliary and MTP loss scales (2)."""
+
+GRAPH_IO = Kernels(1, 1)
+"""Per graphed scope and micro-batch: the copy of the input into the graph's static input buffer before the
+forward replay and of the output gradient into its static buffer before the backward replay. Source:
+NVIDIA/TransformerEngine transformer_engine/pytorch/graph.py (make_graphed_callables: Graphed.forward /
+backward copy_ into the static surfaces, then replay)."""
+
+GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
+"""Megatron-Core's per-layer CUDA graph scopes llmplan's cuda_graphs "layers" stands for (attn mlp for a dense
+layer, attn moe_router moe_preprocess for a MoE layer)."""
+
+
+def _tp(plan: ParallelPlan) -> Kernels:
+    """The two tensor-parallel collectives around a block (all-gather and reduce-scatter, or two all-reduces),
+    forward and backward, when tp > 1."""
+    n = where(plan.tp > 1, 2, 0)
+    return Kernels(n, n)
+
+
+def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+    """Kernels of one softmax-attention mixer (Megatron SelfAttention on Transformer Engine): the attention
+    kernel becomes CP_STEP_KERNELS per ring step under context parallelism (forward and backward alike). MLA,
+    DSA, sliding and chunked attention are counted as this module (not itemised apart).
+    Derived: docs/formulas.md#step.kernel_count"""
+    k = QKV_PROJECTION + QKV_SPLIT + ROTARY + CORE_ATTENTION + PROJECTION + _tp(plan)
+    if m.qk_norm:
+        k = k + QK_NORM
+    if m.attention_output_gate:
+        k = k + OUTPUT_GATE
+    ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)
+    return k + Kernels(ring, ring)
+
+
+def gdn_kernels(plan: ParallelPlan) -> Kernels:
+    """Kernels of one Gated DeltaNet mixer on the fused pre-rule, FlashQLA and fused gated-norm path.
+    Derived: docs/formulas.md#step.kernel_count"""
+    return (GDN_IN_PROJECTION + GDN_PRE_RULE + GDN_CHUNK_RULE + GDN_GATED_NORM + GDN_OUT_TRANSPOSE + PROJECTION
+            + _tp(plan))
+
+
+def mixer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str) -> Kernels:
+    """Kernels of one layer's mixer of `kind`: linear_attention (Gated DeltaNet) as gdn_kernels, none as none,
+    every other kind (attention, Mamba-2) as attention_kernels (Mamba-2 not itemised)."""
+    if kind == "linear_attention":
+        return gdn_kernels(plan)
+    if kind == "none":
+        return ZERO
+    return attention_kernels(m, plan)
+
+
+def dispatcher_kernels(plan: ParallelPlan, static_capacity: bool = False, fused_permute: bool = False) -> Kernels:
+    """Kernels of one MoE layer's token dispatch and combine: Megatron's alltoall dispatcher, DeepEP's normal
+    kernels, or Hybrid-EP (flex dispatcher, hybridep backend) with a blocking dispatch or a static rank capacity
+    (`static_capacity`) and the permute in or beside its kernels (`fused_permute`). Derived:
+    docs/formulas.md#step.kernel_count"""
+    hybrid = HYBRIDEP_DISPATCH + HYBRIDEP_COMBINE + (HYBRIDEP_STATIC if static_capacity else HYBRIDEP_COUNTS)
+    if fused_permute:
+        hybrid = Kernels(hybrid.fwd - HYBRIDEP_FUSED_SAVING.fwd, hybrid.bwd - HYBRIDEP_FUSED_SAVING.bwd)
+    flex = plan.moe_dispatcher == "deepep"
+    is_hybrid = flex & (plan.moe_flex_backend == "hybridep")
+    fwd = where(is_hybrid, hybrid.fwd, where(flex, DEEPEP_DISPATCH.fwd, ALLTOALL_DISPATCH.fwd))
+    bwd = where(is_hybrid, hybrid.bwd, where(flex, DEEPEP_DISPATCH.bwd, ALLTOALL_DISPATCH.bwd))
+    return Kernels(fwd, bwd)
+
+
+def experts_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+    """Kernels of the routed experts of one MoE layer: grouped (GROUPED_EXPERTS) or, where they run per expert
+    (cost.compute.runs_per_expert: TEGroupedMLP's GroupedLinear), one GEMM per local expert and matmul forward,
+    two in backward, around the fused weighted SwiGLU. Derived: docs/formulas.md#step.kernel_count"""
+    from llmplan.cost.compute import runs_per_expert
+
+    local = m.num_experts / plan.ep
+    per_expert = PER_EXPERT_ACTIVATION + Kernels(2 * local, 4 * local)
+    per = runs_per_expert(plan)
+    return Kernels(where(per, per_expert.fwd, GROUPED_EXPERTS.fwd), where(per, per_expert.bwd, GROUPED_EXPERTS.bwd))
+
+
+def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False, fused_permute: bool = False,
+                force_balance: bool = False) -> Kernels:
+    """Kernels of one MoE block: the pre-MLP norm, the router (with RandomSTE under `force_balance`), the
+    dispatch and combine, the routed experts and the shared expert (gated when the spec gives
+    shared_expert_intermediate_size, the Qwen2-MoE convention). Derived: docs/formulas.md#step.kernel_count"""
+    k = PRE_MLP_NORM + ROUTER + MOE_INPUT_FANOUT + dispatcher_kernels(plan, static_capacity, fused_permute)
+    k = k + experts_kernels(m, plan)
+    if force_balance:
+        k = k + FORCE_BALANCE
+    if m.shared_ffn:
+        k = k + SHARED_EXPERT + _tp(plan)
+        if m.shared_expert_intermediate_size is not None:
+            k = k + SHARED_EXPERT_GATE
+    return k
+
+
+def layer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, **moe: bool) -> Kernels:
+    """Kernels of one layer: its mixer of `kind`, its `mlp` (dense, moe, none) and the residual adds."""
+    k = mixer_kernels(m, plan, kind) + RESIDUAL_ADD.times(2 if kind != "none" and mlp != "none" else 1)
+    if mlp == "moe":
+        return k + moe_kernels(m, plan, **moe)
+    if mlp == "dense":
+        return k + DENSE_MLP + _tp(plan)
+    return k
+
+
+def model_layer_kernels(m: ModelSpec, plan: ParallelPlan, scopes: tuple[str, ...] = (), launches: bool = False,
+                        **moe: bool) -> Kernels:
+    """Kernels the GPU runs for all the model's layers, one micro-batch, as if on one rank (every layer kind by
+    its count; graphed `scopes` add their static-buffer copies), or with `launches` the host's launches
+    (layer_launches)."""
+    kinds = m.layer_types or ("full_attention",) * m.num_hidden_layers
+    if m.mlp_layer_types is not None:
+        mlps: tuple[str, ...] = m.mlp_layer_types
+    else:
+        moe_from = m.num_hidden_layers - m.num_moe_layers
+        mlps = tuple("moe" if i >= moe_from else "dense" for i in range(m.num_hidden_layers))
+    total = ZERO
+    for pair in sorted(set(zip(kinds, mlps))):
+        n = sum(1 for p in zip(kinds, mlps) if p == pair)
+        one = (layer_launches(m, plan, pair[0], pair[1], scopes, **moe) if launches
+               else layer_kernels(m, plan, pair[0], pair[1], **moe) + graph_io(pair[0], pair[1], scopes))
+        total = total + one.times(n)
+    return total
+
+
+def mtp_kernels(m: ModelSpec, plan: ParallelPlan, **moe: bool) -> Kernels:
+    """Kernels of the multi-token-prediction modules: each an attention layer with the model's MLP (MoE when
+    the model has experts) plus MTP_EXTRA. Derived: docs/formulas.md#step.kernel_count"""
+    mlp = "moe" if m.is_moe else "dense"
+    one = layer_kernels(m, plan, "full_attention", mlp, **moe) + MTP_EXTRA
+    return one.times(m.num_nextn_predict_layers)
+
+
+def step_kernels(m: ModelSpec, plan: ParallelPlan, scopes: tuple[str, ...] = (), launches: bool = False,
+                 **moe: bool) -> Any:
+    """Kernels of one training step on a rank holding the whole model (pp 1): micro-batches x (every layer's
+    forward and backward + the MTP modules + HEAD). The optimizer's multi-tensor kernels, the gradient
+    reduction and the parameter gather (a few hundred a step) are not itemised. `scopes`: the per-layer CUDA
+    graph scopes; `launches`: count the host's launches (a graph one) instead of the GPU's kernels.
+    Derived: docs/formulas.md#step.kernel_count"""
+    per_mb = model_layer_kernels(m, plan, scopes, launches, **moe) + mtp_kernels(m, plan, **moe) + HEAD
+    return plan.num_microbatches * per_mb.total
+
+
+def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scopes: tuple[str, ...],
+                    **moe: bool) -> Kernels:
+    """Kernels of one layer that Megatron-Core's per-layer CUDA graphs of `scopes` (GRAPH_SCOPES) capture: attn
+    the mixer with its residual add; mlp a dense MLP with its residual add; moe_router the pre-MLP norm and the
+    router (with RandomSTE under force_balance); moe_preprocess the dispatcher's preprocessing (views for Hybrid-EP: none counted).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/transformer_layer.py and moe/moe_layer.py at 606c01046
+    (the cuda_graph scopes of _forward_attention and MoELayer.route / preprocess)."""
+    k = ZERO
+    if "attn" in scopes and kind != "none":
+        k = k + mixer_kernels(m, plan, kind) + RESIDUAL_ADD
+    if "mlp" in scopes and mlp == "dense":
+        k = k + DENSE_MLP + _tp(plan) + RESIDUAL_ADD
+    if "moe_router" in scopes and mlp == "moe":
+        k = k + PRE_MLP_NORM + ROUTER + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
+    return k
+
+
+def layer_launches(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scopes: tuple[str, ...] = (),
+                   **moe: bool) -> Kernels:
+    """Host launches of one layer: its kernels less those the graphed `scopes` capture, plus one graph launch
+    per captured scope and pass (a graph replays its kernels on the GPU without their launches; the router and
+    preprocessing scopes of a MoE layer are captured together, one launch)."""
+    k = layer_kernels(m, plan, kind, mlp, **moe) + graph_io(kind, mlp, scopes)
+    g = graphed_kernels(m, plan, kind, mlp, scopes, **moe)
+    graphs = _graphs(kind, mlp, scopes)
+    return Kernels(k.fwd - g.fwd + graphs, k.bwd - g.bwd + graphs)
+
+
+def _graphs(kind: str, mlp: str, scopes: tuple[str, ...]) -> int:
+    """Graphs one layer replays a pass: the attention's, a dense MLP's, and one for a MoE layer's router and
+    preprocessing."""
+    moe_scopes = bool(set(scopes) & {"moe_router", "moe_preprocess"})
+    return (int("attn" in scopes and kind != "none") + int("mlp" in scopes and mlp == "dense")
+            + int(mlp == "moe" and moe_scopes))
+
+
+def graph_io(kind: str, mlp: str, scopes: tuple[str, ...]) -> Kernels:
+    """The static-buffer copies (GRAPH_IO) of one layer's graphs: kernels the GPU runs beside the replays."""
+    return GRAPH_IO.times(_graphs(kind, mlp, scopes))
+
+
+def layer_launch_average(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+    """Host launches per layer and micro-batch, forward and backward, averaged over the model's layers
+    (model_layer_kernels with launches): the per-layer CUDA graphs of cuda_graphs "layers" (GRAPH_SCOPES) leave
+    one launch per graphed scope and pass; "full-iteration" is priced as no launches by cost.overhead.
+    Derived: docs/formulas.md#step.kernel_count"""
+    eager = model_layer_kernels(m, plan, (), True)
+    graphed = model_layer_kernels(m, plan, GRAPH_SCOPES, True)
+    on = plan.cuda_graphs == "layers"
+    n = m.num_hidden_layers
+    return Kernels(where(on, graphed.fwd, eager.fwd) / n, where(on, graphed.bwd, eager.bwd) / n)
