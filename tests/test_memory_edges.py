@@ -85,7 +85,9 @@ def test_check_plan_needs_a_reduce_scattering_distributed_optimizer(update, appl
                                                                    **update))}
     assert ("kept_grad_shards_zero" not in rules) == applies
     if not applies:
-        assert "drop --kept-grad-shards" in rules["kept_grad_shards_zero"]
+        # the fix names both conditions: zero 1 alone does not help a plan that all-reduces at zero 1
+        assert "use --zero 1 or 2 with --grad-reduce reduce-scatter, or drop --kept-grad-shards" \
+            in rules["kept_grad_shards_zero"]
 
 
 def test_launchers_refuse_it() -> None:

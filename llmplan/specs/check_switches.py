@@ -212,8 +212,8 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: (p.zero >= 1) & (p.zero <= 2) & (p.grad_reduce == "reduce-scatter"),
               lambda p: f"kept_grad_shards with zero {p.zero}, grad_reduce {p.grad_reduce}: it keeps the gradient "
                         "shards a distributed optimizer's reduce-scatter writes (Apex DistributedFusedAdam), so it "
-                        "acts only with zero 1 or 2 and grad_reduce reduce-scatter; use --zero 1 or drop "
-                        "--kept-grad-shards"),
+                        "acts only with zero 1 or 2 and grad_reduce reduce-scatter; use --zero 1 or 2 with "
+                        "--grad-reduce reduce-scatter, or drop --kept-grad-shards"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
