@@ -117,6 +117,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     ({"zero": 3}, "muon_zero"), ({"zero": 2}, "muon_zero"),
     ({"optimizer_moment_dtype": "bf16"}, "muon_states"), ({"param_remainders": True}, "muon_states"),
     ({"dtype": "fp8", "recipe": "mxfp8", "fp8_params": True}, "muon_fp8_params"),
+    ({"dp_replicate": 2}, "muon_replicate"),
 ])
 def test_check_plan_refuses_what_megatron_muon_does_not_run(kw, rule):
     p = ParallelPlan(**{"dp": 8, "zero": 1, "global_batch": 64, "optimizer": "muon", **kw})
@@ -153,7 +154,13 @@ def test_cli_flag_prices_muon_and_a_plan_without_the_key_reads_as_adam(cli, tmp_
 
 def test_cli_refusals(cli):
     assert "--optimizer lion is not an optimizer llmplan prices" in cli(*TRAIN, "--optimizer", "lion").refusal()
-    assert "muon" in cli(*TRAIN[:-1], "3", "--optimizer", "muon").refusal()
+    zero3 = cli(*TRAIN[:-1], "3", "--optimizer", "muon").refusal()
+    assert "optimizer muon with zero 3" in zero3 and "use --zero 1 (or 0), or --optimizer adam" in zero3
+    # Megatron-LM's LayerWiseDistributedOptimizer asserts one distributed-optimizer instance (d98e8a6), and the
+    # exports would write --num-distributed-optimizer-instances 2 beside it: refused before any export
+    rep = cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2", "--optimizer", "muon").refusal()
+    assert "optimizer muon with dp_replicate 2" in rep and "use --dp-replicate 1, or --optimizer adam" in rep
+    assert cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2").code == 0
     infer = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer",
                 "muon").refusal()
     assert "--optimizer muon applies to training" in infer
@@ -206,3 +213,4 @@ def test_deepspeed_and_torchtitan_refuse_muon(cli, tmp_path, target):
     r, _ = _export(cli, tmp_path, target, *extra)
     msg = r.refusal()
     assert "Muon optimizer" in msg and "--optimizer adam" in msg
+

@@ -452,6 +452,14 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"optimizer muon with zero {p.zero}: Megatron-LM's Muon orthogonalises whole matrices, each "
                          "on the data-parallel rank that owns it (its layer-wise distributed optimizer, ZeRO-1), and "
                          "refuses FSDP; use --zero 1 (or 0), or --optimizer adam"),
+    # NVIDIA/Megatron-LM d98e8a6 megatron/core/optimizer/layer_wise_optimizer.py (LayerWiseDistributedOptimizer
+    # asserts intra_dp_cp == dp_cp: "does not support num_distributed_optimizer_instances > 1"); under an
+    # all-reducing DDP (Megatron-Bridge's dist_muon) Megatron-Core's distributed_data_parallel.py asserts "Partial
+    # DistOpt cannot be used without DistOpt" (cd4afffa, Megatron-Bridge v0.6.0's pin)
+    Rule("muon_replicate", lambda m, p, c: (p.optimizer != "muon") | (p.dp_replicate == 1),
+         lambda m, p, c: f"optimizer muon with dp_replicate {p.dp_replicate}: Megatron-LM's Muon assigns whole "
+                         "matrices over the whole data-parallel group (its layer-wise distributed optimizer refuses "
+                         "num_distributed_optimizer_instances > 1); use --dp-replicate 1, or --optimizer adam"),
     # Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py: the momentum is zeros_like the fp32 master, and the
     # layer-wise optimizer wraps its optimizers in Float16OptimizerWithFloat16Params (fp32 master, no remainders)
     Rule("muon_states", lambda m, p, c: (p.optimizer != "muon") | ((p.optimizer_master_dtype == "fp32")
