@@ -214,3 +214,23 @@ def test_deepspeed_and_torchtitan_refuse_muon(cli, tmp_path, target):
     msg = r.refusal()
     assert "Muon optimizer" in msg and "--optimizer adam" in msg
 
+
+def test_megatron_export_refuses_muon_over_reduce_scatter_with_expert_biases(cli, tmp_path):
+    # NVIDIA/Megatron-LM d98e8a6 megatron/core/optimizer/__init__.py: on the layer-wise + distributed-optimizer path
+    # (--use-distributed-optimizer, the default layer-wise param layout) an AdamW group of expert-parallel parameters
+    # fails an assert; GPT-OSS's routed experts carry biases (mlp_bias, 1-D: AdamW). The legacy path
+    # (--no-use-layer-wise-param-layout, grad_reduce all-reduce) keeps them in the layer-wise optimizer.
+    base = ("estimate", "--model", "gpt-oss-20b", "--hardware", "dgx-h100", "--global-batch", "64", "--zero", "1",
+            "--ep", "8", "--optimizer", "muon")
+    for extra, name in (((), "rs"), (("--grad-reduce", "all-reduce"), "ar")):
+        assert cli(*base, *extra, "--save", tmp_path / f"{name}.json").code == 0
+    msg = cli("export", tmp_path / "rs.json", "--to", "megatron", "-o", tmp_path / "rs").refusal()
+    assert "Muon over reduce-scattered gradients with gpt-oss-20b's expert biases" in msg
+    assert "re-plan with --grad-reduce all-reduce" in msg
+    assert cli("export", tmp_path / "ar.json", "--to", "megatron", "-o", tmp_path / "ar").code == 0
+    assert "--no-use-layer-wise-param-layout" in (tmp_path / "ar" / "megatron_pretrain.sh").read_text()
+    # a MoE without expert biases (Qwen3-30B-A3B) exports over the reduce-scatter as before
+    q = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--global-batch", "64", "--zero", "1",
+         "--ep", "8", "--optimizer", "muon", "--save", tmp_path / "q.json")
+    assert cli(*q).code == 0
+    assert cli("export", tmp_path / "q.json", "--to", "megatron", "-o", tmp_path / "q").code == 0
