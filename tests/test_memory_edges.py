@@ -13,6 +13,7 @@ zero_grad clears the buckets."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -106,3 +107,29 @@ def test_nemo_rows_run_apex_distributed_adam(row_setup) -> None:
     assert float(mem.params_on_rank) * 2.0 / 32 / GIB == pytest.approx(0.589, abs=0.001)
     assert float(mem.after_backward) == 0.0
     assert "nemo2407" in accuracy.NEMO_APEX_OPTIMIZER
+
+
+KEPT = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
+        "--kept-grad-shards")
+
+
+@pytest.mark.parametrize("target,zero", [("megatron", "1"), ("megatron-bridge", "1"), ("deepspeed", "1"),
+                                         ("torchtitan", "2"), ("torchtitan-0.2", "2"), ("torchrun", "1"),
+                                         ("slurm", "1")])
+def test_every_training_export_refuses_the_flag_in_one_line(cli, tmp_path, target, zero) -> None:
+    # the CLI's own path: flag -> plan file -> each export's refusal checks (torchtitan takes no ZeRO-1, so zero 2;
+    # torchrun and slurm wrap the first training target that writes the plan, here none)
+    path = tmp_path / "plan.json"
+    assert cli(*KEPT, "--zero", zero, "--save", path).code == 0
+    assert json.loads(path.read_text())["plan"]["kept_grad_shards"] is True
+    msg = cli("export", path, "--to", target, "-o", tmp_path / "out").refusal()
+    assert "gradient shards kept to the next zero_grad" in msg and "re-plan with --no-kept-grad-shards" in msg
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_cli_refuses_the_flag_where_it_does_not_act(cli) -> None:
+    msg = cli(*KEPT, "--zero", "1", "--grad-reduce", "all-reduce").refusal()
+    assert "kept_grad_shards with zero 1, grad_reduce all-reduce" in msg and "--grad-reduce reduce-scatter" in msg
+    infer = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+                "--kept-grad-shards").refusal()
+    assert infer == "error: --kept-grad-shards applies to training, not to --mode infer; drop it"
