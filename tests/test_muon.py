@@ -117,7 +117,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     ({"zero": 3}, "muon_zero"), ({"zero": 2}, "muon_zero"),
     ({"optimizer_moment_dtype": "bf16"}, "muon_states"), ({"param_remainders": True}, "muon_states"),
     ({"dtype": "fp8", "recipe": "mxfp8", "fp8_params": True}, "muon_fp8_params"),
-    ({"dp_replicate": 2}, "muon_replicate"),
+    ({"dp_replicate": 2}, "muon_replicate"), ({"dtype": "fp16"}, "muon_fp16"),
 ])
 def test_check_plan_refuses_what_megatron_muon_does_not_run(kw, rule):
     p = ParallelPlan(**{"dp": 8, "zero": 1, "global_batch": 64, "optimizer": "muon", **kw})
@@ -161,6 +161,8 @@ def test_cli_refusals(cli):
     rep = cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2", "--optimizer", "muon").refusal()
     assert "optimizer muon with dp_replicate 2" in rep and "use --dp-replicate 1, or --optimizer adam" in rep
     assert cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2").code == 0
+    fp16 = cli(*TRAIN, "--dtype", "fp16", "--optimizer", "muon").refusal()
+    assert "optimizer muon with dtype fp16" in fp16 and "use --dtype bf16, or --optimizer adam" in fp16
     infer = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer",
                 "muon").refusal()
     assert "--optimizer muon applies to training" in infer

@@ -460,6 +460,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"optimizer muon with dp_replicate {p.dp_replicate}: Megatron-LM's Muon assigns whole "
                          "matrices over the whole data-parallel group (its layer-wise distributed optimizer refuses "
                          "num_distributed_optimizer_instances > 1); use --dp-replicate 1, or --optimizer adam"),
+    # NVIDIA/Megatron-LM d98e8a6 (and cd4afffa, Megatron-Bridge v0.6.0's pin) megatron/core/optimizer/__init__.py,
+    # _get_megatron_emerging_optimizer: "emerging optimizer with fp16 is not supported."
+    Rule("muon_fp16", lambda m, p, c: (p.optimizer != "muon") | (p.dtype != "fp16"),
+         lambda m, p, c: "optimizer muon with dtype fp16: Megatron-Core builds its emerging optimizers for bf16 "
+                         "(or fp32) training and raises under fp16; use --dtype bf16, or --optimizer adam"),
     # Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py: the momentum is zeros_like the fp32 master, and the
     # layer-wise optimizer wraps its optimizers in Float16OptimizerWithFloat16Params (fp32 master, no remainders)
     Rule("muon_states", lambda m, p, c: (p.optimizer != "muon") | ((p.optimizer_master_dtype == "fp32")
