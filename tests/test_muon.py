@@ -236,3 +236,11 @@ def test_megatron_export_refuses_muon_over_reduce_scatter_with_expert_biases(cli
          "--ep", "8", "--optimizer", "muon", "--save", tmp_path / "q.json")
     assert cli(*q).code == 0
     assert cli("export", tmp_path / "q.json", "--to", "megatron", "-o", tmp_path / "q").code == 0
+
+
+def test_search_for_deepspeed_names_the_optimizer_it_refuses(cli):
+    # every plan of a Muon search is refused by DeepSpeed whatever else it sets: the walk's one line names Muon (it
+    # named context parallelism, the first of the check's rules that a third of the plans met, before)
+    msg = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64", "--optimizer",
+              "muon", "--target", "deepspeed").refusal()
+    assert "exports to deepspeed" in msg and "the Muon optimizer" in msg and "--optimizer adam" in msg
