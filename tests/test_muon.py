@@ -244,3 +244,15 @@ def test_search_for_deepspeed_names_the_optimizer_it_refuses(cli):
     msg = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64", "--optimizer",
               "muon", "--target", "deepspeed").refusal()
     assert "exports to deepspeed" in msg and "the Muon optimizer" in msg and "--optimizer adam" in msg
+
+
+def test_estimate_and_search_headers_name_muon_within_80_columns(cli):
+    est = cli(*TRAIN, "--optimizer", "muon")
+    assert est.code == 0, est.err
+    assert "optimizer muon" in est.out.split("parameters:")[0]
+    assert "optimizer muon" not in cli(*TRAIN).out
+    se = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64", "--optimizer",
+             "muon", "--top", "2")
+    assert se.code == 0, se.err
+    assert "optimizer muon; objective throughput" in " ".join(se.out.split("evaluated")[0].split())
+    assert max(len(x) for x in est.out.splitlines() + se.out.splitlines()) <= 80
