@@ -256,3 +256,31 @@ def test_estimate_and_search_headers_name_muon_within_80_columns(cli):
     assert se.code == 0, se.err
     assert "optimizer muon; objective throughput" in " ".join(se.out.split("evaluated")[0].split())
     assert max(len(x) for x in est.out.splitlines() + se.out.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("hardware,precision,fields", [
+    ("dgx-h100", "fp8-tensorwise", ["mixed_precision.fp8_param_gather=false"]),
+    ("dgx-b200", "mxfp8", ["mixed_precision.fp8_param_gather=false",
+                           "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag=false"]),
+])
+def test_bridge_export_turns_the_presets_weight_gather_off_under_muon(cli, tmp_path, hardware, precision, fields):
+    # Muon keeps bf16 weights (check_plan muon_fp8_params); the fp8 presets set fp8_param_gather true
+    # (megatron/bridge/training/mixed_precision.py v0.6.0), which the export turns off after the preset, as the
+    # Kimi-K2 configs do for MXFP8 (kimi_llm_pretrain.py v0.3.1 - v0.5.0). The tensorwise plan was refused with
+    # "re-plan with --fp8-params", which muon_fp8_params refuses in turn.
+    path = tmp_path / "plan.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", hardware, "--global-batch", "64", "--zero", "1",
+               "--optimizer", "muon", "--grad-reduce", "all-reduce", "--precision", precision, "--save",
+               path).code == 0
+    r = cli("export", path, "--to", "megatron-bridge", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    lines = (tmp_path / "out" / "megatron_bridge_pretrain.sh").read_text().splitlines()
+    at = [i for i, x in enumerate(lines) if x.strip().startswith("'mixed_precision=")]
+    assert len(at) == 1
+    for field in fields:
+        assert [i for i, x in enumerate(lines) if x.strip() == f"'{field}'"][0] > at[0]
+    # under Adam the preset's gather must match the plan: the same plan without fp8 weights is refused as before
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", hardware, "--global-batch", "64", "--zero", "1",
+               "--precision", precision, "--no-fp8-params", "--save", tmp_path / "adam.json").code == 0
+    msg = cli("export", tmp_path / "adam.json", "--to", "megatron-bridge", "-o", tmp_path / "a").refusal()
+    assert "re-plan with --fp8-params" in msg
