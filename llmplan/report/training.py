@@ -345,8 +345,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     p = plan
     console.print(
         f"[bold]{model.name}[/] on {hardware or hardware_text(cluster)}  {p.describe(batch=True)}, "
-        f"{counted(p.num_microbatches, 'micro-batch', 'micro-batches')} per replica"
-        f"{'; optimizer muon' if p.optimizer == 'muon' else ''}")
+        f"{counted(p.num_microbatches, 'micro-batch', 'micro-batches')} per replica")
     if cluster.system.calibrated:
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "
