@@ -143,3 +143,20 @@ def test_disaggregated_search_over_pools_refuses_speculation_as_one_system_does(
     pools = cli(*base, "--hardware", str(f)).refusal()
     one = cli(*base, "--hardware", "dgx-h100").refusal()
     assert needle in pools and pools == one
+
+
+@pytest.mark.parametrize("hardware", ["dgx-h100", "pools"])
+@pytest.mark.parametrize("spec,needle", [(("--speculative", "mtp", "--spec-tokens", "2"), "num_nextn_predict_layers 0"),
+                                         (("--speculative", "ngram", "--spec-tokens", "2"), "--acceptance")],
+                         ids=["mtp-no-layers", "ngram-no-acceptance"])
+def test_colocated_search_refuses_speculation_as_the_disaggregated_one_does(cli, tmp_path, hardware, spec, needle):
+    # the co-located serving search, on one system or over pools, refuses the same job in the same line (exit 2)
+    # where it ended with exit 3, "no serving plan fits", and every layout pruned by the one rule
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\nfabric: {gb_per_s: 50}\n")
+    hw = str(f) if hardware == "pools" else hardware
+    base = ("search", "--mode", "infer", "-m", "llama-3.1-8b", *spec)
+    colocated = cli(*base, "--hardware", hw).refusal()
+    assert needle in colocated and colocated == cli(*base, "--disaggregated", "--hardware", hw).refusal()
+    doc = cli(*base, "--hardware", hw, "--json")
+    assert doc.code == 2 and doc.json()["error"]["code"] == 2

@@ -13,6 +13,7 @@ zero_grad clears the buckets."""
 
 from __future__ import annotations
 
+import json
 from itertools import islice
 from types import SimpleNamespace
 
@@ -95,7 +96,9 @@ def test_check_plan_needs_a_reduce_scattering_distributed_optimizer(update, appl
                                                                    **update))}
     assert ("kept_grad_shards_zero" not in rules) == applies
     if not applies:
-        assert "drop --kept-grad-shards" in rules["kept_grad_shards_zero"]
+        # the fix names both conditions: zero 1 alone does not help a plan that all-reduces at zero 1
+        assert "use --zero 1 with --grad-reduce reduce-scatter, or drop --kept-grad-shards" \
+            in rules["kept_grad_shards_zero"]
 
 
 def test_launchers_refuse_it() -> None:
@@ -144,3 +147,27 @@ def test_under_zero_2_the_kept_shard_is_the_gradient_shard_already_priced() -> N
     assert float(on.total) == float(off.total)
     assert "kept_grad_shards_zero" in [v.rule for v in check_plan(m, base.model_copy(
         update={"kept_grad_shards": True}))]
+KEPT = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
+        "--kept-grad-shards")
+
+
+@pytest.mark.parametrize("target,zero", [("megatron", "1"), ("megatron-bridge", "1"), ("deepspeed", "1"),
+                                         ("torchrun", "1"), ("slurm", "1")])
+def test_every_training_export_refuses_the_flag_in_one_line(cli, tmp_path, target, zero) -> None:
+    # the CLI's own path: flag -> plan file -> each export's refusal checks (torchtitan is left out: the switch acts
+    # only at zero 1, check_plan kept_grad_shards_zero, which torchtitan refuses first as ZeRO-1;
+    # torchrun and slurm wrap the first training target that writes the plan, here none)
+    path = tmp_path / "plan.json"
+    assert cli(*KEPT, "--zero", zero, "--save", path).code == 0
+    assert json.loads(path.read_text())["plan"]["kept_grad_shards"] is True
+    msg = cli("export", path, "--to", target, "-o", tmp_path / "out").refusal()
+    assert "gradient shards kept to the next zero_grad" in msg and "re-plan with --no-kept-grad-shards" in msg
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_cli_refuses_the_flag_where_it_does_not_act(cli) -> None:
+    msg = cli(*KEPT, "--zero", "1", "--grad-reduce", "all-reduce").refusal()
+    assert "kept_grad_shards with zero 1, grad_reduce all-reduce" in msg and "--grad-reduce reduce-scatter" in msg
+    infer = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+                "--kept-grad-shards").refusal()
+    assert infer == "error: --kept-grad-shards applies to training, not to --mode infer; drop it"

@@ -117,6 +117,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     ({"zero": 3}, "muon_zero"), ({"zero": 2}, "muon_zero"),
     ({"optimizer_moment_dtype": "bf16"}, "muon_states"), ({"param_remainders": True}, "muon_states"),
     ({"dtype": "fp8", "recipe": "mxfp8", "fp8_params": True}, "muon_fp8_params"),
+    ({"dp_replicate": 2}, "muon_replicate"), ({"dtype": "fp16"}, "muon_fp16"),
 ])
 def test_check_plan_refuses_what_megatron_muon_does_not_run(kw, rule):
     p = ParallelPlan(**{"dp": 8, "zero": 1, "global_batch": 64, "optimizer": "muon", **kw})
@@ -153,7 +154,15 @@ def test_cli_flag_prices_muon_and_a_plan_without_the_key_reads_as_adam(cli, tmp_
 
 def test_cli_refusals(cli):
     assert "--optimizer lion is not an optimizer llmplan prices" in cli(*TRAIN, "--optimizer", "lion").refusal()
-    assert "muon" in cli(*TRAIN[:-1], "3", "--optimizer", "muon").refusal()
+    zero3 = cli(*TRAIN[:-1], "3", "--optimizer", "muon").refusal()
+    assert "optimizer muon with zero 3" in zero3 and "use --zero 1 (or 0), or --optimizer adam" in zero3
+    # Megatron-LM's LayerWiseDistributedOptimizer asserts one distributed-optimizer instance (d98e8a6), and the
+    # exports would write --num-distributed-optimizer-instances 2 beside it: refused before any export
+    rep = cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2", "--optimizer", "muon").refusal()
+    assert "optimizer muon with dp_replicate 2" in rep and "use --dp-replicate 1, or --optimizer adam" in rep
+    assert cli(*TRAIN, "--nodes", "2", "--dp-replicate", "2").code == 0
+    fp16 = cli(*TRAIN, "--dtype", "fp16", "--optimizer", "muon").refusal()
+    assert "optimizer muon with dtype fp16" in fp16 and "use --dtype bf16, or --optimizer adam" in fp16
     infer = cli("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer",
                 "muon").refusal()
     assert "--optimizer muon applies to training" in infer
@@ -195,7 +204,7 @@ def test_bridge_export_writes_dist_muon_over_an_all_reducing_ddp(cli, tmp_path):
     assert r.code == 0, r.err
     for key in ("optimizer.optimizer=dist_muon", "optimizer.muon_num_ns_steps=5", "optimizer.muon_tp_mode=blockwise",
                 "ddp.use_distributed_optimizer=false"):
-        assert key in text.replace("'", "").replace('"', "").lower().replace("dist_muon", "dist_muon")
+        assert f"'{key}'" in text  # one quoted override a line, as run_recipe.py reads them
     r, _ = _export(cli, tmp_path / "rs", "megatron-bridge")
     assert "Muon over reduce-scattered gradients" in r.refusal()
 
@@ -255,3 +264,72 @@ def test_vectorised_search_agrees_over_an_all_reducing_ddp_and_in_the_checkpoint
     for j, i in enumerate(idx):
         one = plan_goodput(m, cluster, plans.plan(i), 1.0, policy)
         assert float(np.asarray(vec.rank_bytes)[j]) == pytest.approx(float(one.rank_bytes), rel=1e-9)
+
+
+def test_megatron_export_refuses_muon_over_reduce_scatter_with_expert_biases(cli, tmp_path):
+    # NVIDIA/Megatron-LM d98e8a6 megatron/core/optimizer/__init__.py: on the layer-wise + distributed-optimizer path
+    # (--use-distributed-optimizer, the default layer-wise param layout) an AdamW group of expert-parallel parameters
+    # fails an assert; GPT-OSS's routed experts carry biases (mlp_bias, 1-D: AdamW). The legacy path
+    # (--no-use-layer-wise-param-layout, grad_reduce all-reduce) keeps them in the layer-wise optimizer.
+    base = ("estimate", "--model", "gpt-oss-20b", "--hardware", "dgx-h100", "--global-batch", "64", "--zero", "1",
+            "--ep", "8", "--optimizer", "muon")
+    for extra, name in (((), "rs"), (("--grad-reduce", "all-reduce"), "ar")):
+        assert cli(*base, *extra, "--save", tmp_path / f"{name}.json").code == 0
+    msg = cli("export", tmp_path / "rs.json", "--to", "megatron", "-o", tmp_path / "rs").refusal()
+    assert "Muon over reduce-scattered gradients with gpt-oss-20b's expert biases" in msg
+    assert "re-plan with --grad-reduce all-reduce" in msg
+    assert cli("export", tmp_path / "ar.json", "--to", "megatron", "-o", tmp_path / "ar").code == 0
+    assert "--no-use-layer-wise-param-layout" in (tmp_path / "ar" / "megatron_pretrain.sh").read_text()
+    # a MoE without expert biases (Qwen3-30B-A3B) exports over the reduce-scatter as before
+    q = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--global-batch", "64", "--zero", "1",
+         "--ep", "8", "--optimizer", "muon", "--save", tmp_path / "q.json")
+    assert cli(*q).code == 0
+    assert cli("export", tmp_path / "q.json", "--to", "megatron", "-o", tmp_path / "q").code == 0
+
+
+def test_search_for_deepspeed_names_the_optimizer_it_refuses(cli):
+    # every plan of a Muon search is refused by DeepSpeed whatever else it sets: the walk's one line names Muon (it
+    # named context parallelism, the first of the check's rules that a third of the plans met, before)
+    msg = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64", "--optimizer",
+              "muon", "--target", "deepspeed").refusal()
+    assert "exports to deepspeed" in msg and "the Muon optimizer" in msg and "--optimizer adam" in msg
+
+
+def test_estimate_and_search_headers_name_muon_within_80_columns(cli):
+    est = cli(*TRAIN, "--optimizer", "muon")
+    assert est.code == 0, est.err
+    assert "optimizer muon" in est.out.split("parameters:")[0]
+    assert "optimizer muon" not in cli(*TRAIN).out
+    se = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64", "--optimizer",
+             "muon", "--top", "2")
+    assert se.code == 0, se.err
+    assert "optimizer muon; objective throughput" in " ".join(se.out.split("evaluated")[0].split())
+    assert max(len(x) for x in est.out.splitlines() + se.out.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("hardware,precision,fields", [
+    ("dgx-h100", "fp8-tensorwise", ["mixed_precision.fp8_param_gather=false"]),
+    ("dgx-b200", "mxfp8", ["mixed_precision.fp8_param_gather=false",
+                           "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag=false"]),
+])
+def test_bridge_export_turns_the_presets_weight_gather_off_under_muon(cli, tmp_path, hardware, precision, fields):
+    # Muon keeps bf16 weights (check_plan muon_fp8_params); the fp8 presets set fp8_param_gather true
+    # (megatron/bridge/training/mixed_precision.py v0.6.0), which the export turns off after the preset, as the
+    # Kimi-K2 configs do for MXFP8 (kimi_llm_pretrain.py v0.3.1 - v0.5.0). The tensorwise plan was refused with
+    # "re-plan with --fp8-params", which muon_fp8_params refuses in turn.
+    path = tmp_path / "plan.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", hardware, "--global-batch", "64", "--zero", "1",
+               "--optimizer", "muon", "--grad-reduce", "all-reduce", "--precision", precision, "--save",
+               path).code == 0
+    r = cli("export", path, "--to", "megatron-bridge", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    lines = (tmp_path / "out" / "megatron_bridge_pretrain.sh").read_text().splitlines()
+    at = [i for i, x in enumerate(lines) if x.strip().startswith("'mixed_precision=")]
+    assert len(at) == 1
+    for field in fields:
+        assert [i for i, x in enumerate(lines) if x.strip() == f"'{field}'"][0] > at[0]
+    # under Adam the preset's gather must match the plan: the same plan without fp8 weights is refused as before
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", hardware, "--global-batch", "64", "--zero", "1",
+               "--precision", precision, "--no-fp8-params", "--save", tmp_path / "adam.json").code == 0
+    msg = cli("export", tmp_path / "adam.json", "--to", "megatron-bridge", "-o", tmp_path / "a").refusal()
+    assert "re-plan with --fp8-params" in msg

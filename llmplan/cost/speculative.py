@@ -39,7 +39,9 @@ def draft_model(m: ModelSpec, spec: SpeculativeSpec) -> ModelSpec | None:
     """The model the draft runs, one token per sequence per draft step: the target's MTP layers (one
     transformer layer each, MoE when the model is), an EAGLE head (one dense decoder layer of the target's
     shape) unless a draft model is named, nothing for n-gram (host-side lookup). The derived drafts keep the
-    target's embedding and output head, which they share. Derived: docs/formulas.md#infer.speculative"""
+    target's embedding and output head, which they share; the target's per-layer lists (layer_types,
+    mlp_layer_types) do not describe them, so they are dropped (a one-layer draft of a hybrid stack is an
+    attention layer with the target's MLP). Derived: docs/formulas.md#infer.speculative"""
     if spec.method == "ngram":
         return None
     if spec.draft is not None:
@@ -47,7 +49,7 @@ def draft_model(m: ModelSpec, spec: SpeculativeSpec) -> ModelSpec | None:
     layers = m.num_nextn_predict_layers if spec.method == "mtp" else 1
     dense = 0 if spec.method == "mtp" else layers  # MTP layers are MoE where the model is; an EAGLE head is dense
     return m.model_copy(update={"num_hidden_layers": layers, "first_k_dense_replace": dense if m.is_moe else 0,
-                                "num_nextn_predict_layers": 0, "layer_types": None})
+                                "num_nextn_predict_layers": 0, "layer_types": None, "mlp_layer_types": None})
 
 
 def draft_plan(plan: ServePlan) -> ServePlan:

@@ -94,7 +94,7 @@ def preset_refusal(p: Any) -> tuple[str, bool, str]:
         return (f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, blockwise, mxfp8, "
                 "nvfp4)", True, "re-plan with --precision bf16 or fp8-tensorwise, or export to torchtitan")
     name, low_weights, grad_fp32 = PRESETS[key]
-    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not muon_mxfp8(p):
+    if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not (low_weights and p.optimizer == "muon"):
         flag = "--fp8-params" if low_weights else "--no-fp8-params"
         return (f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} (its preset "
                 f"{name} sets {p.dtype}_param_gather {str(low_weights).lower()})", True, f"re-plan with {flag}")
@@ -141,11 +141,23 @@ def preset_layers_refusal(p: Any, counts: tuple[int, int] | None = None) -> tupl
             "(--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16)")
 
 
-def muon_mxfp8(p: Any) -> bool:
-    """Whether the plan runs Muon with the MXFP8 preset, whose weight gather overrides() turns off as Megatron-Bridge's
-    Kimi-K2 configs do (scripts/performance/configs/kimi/kimi_llm_pretrain.py v0.3.1 - v0.5.0: fp8_param_gather and
-    reuse_grad_buf_for_mxfp8_param_ag False under dist_muon; check_plan's muon_fp8_params keeps fp8_params off)."""
-    return p.optimizer == "muon" and (p.dtype, p.recipe) == ("fp8", "mxfp8")
+def muon_weight_gather_off(pf: PlanFile) -> list[tuple[str, object]]:
+    """The preset fields that turn its low-precision weight gather off under Muon, whose plan keeps bf16 weights
+    (check_plan's muon_fp8_params keeps fp8_params off): as Megatron-Bridge's Kimi-K2 configs do for MXFP8
+    (scripts/performance/configs/kimi/kimi_llm_pretrain.py v0.3.1 - v0.5.0: fp8_param_gather and
+    reuse_grad_buf_for_mxfp8_param_ag False under dist_muon), and the fp8 / fp4 weight gather of the other presets
+    that set it (MixedPrecisionConfig.fp8_param_gather, fp4_param_gather: training/mixed_precision.py at v0.6.0).
+    None under adam or a preset that keeps bf16 weights."""
+    p = pf.plan
+    if p.optimizer != "muon" or p.dtype not in ("fp8", "fp4"):
+        return []
+    key = ("fp8", "delayed") if (p.recipe, p.fp8_scaling) == ("tensorwise", "delayed") else (p.dtype, p.recipe)
+    if not PRESETS.get(key, ("", False, False))[1]:
+        return []
+    out: list[tuple[str, object]] = [(f"mixed_precision.{p.dtype}_param_gather", False)]
+    if p.recipe == "mxfp8":
+        out.append(("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", False))
+    return out
 
 
 def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
@@ -161,9 +173,7 @@ def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         ("optimizer.optimizer", "dist_muon" if p.zero == 1 else "muon"), ("optimizer.muon_num_ns_steps", MUON_NS_STEPS),
         ("optimizer.muon_tp_mode", "blockwise"), ("optimizer.muon_fp32_matmul_prec", "medium"),
         ("optimizer.muon_scalar_optimizer", "adam")]
-    if muon_mxfp8(pf.plan):
-        out += [("mixed_precision.fp8_param_gather", False), ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", False)]
-    return out
+    return out + muon_weight_gather_off(pf)
 
 
 def check(pf: PlanFile) -> None:
@@ -310,7 +320,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
     if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
         out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
-    out += muon_overrides(pf)  # after the preset, whose MXFP8 weight gather it turns off
+    out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off
     if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
         out.append(("mixed_precision.fp8_dot_product_attention", True))
     return out

@@ -27,6 +27,17 @@ def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
+    # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
+    for what, bad, fix in (
+        # DeepSpeed's Muon (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
+        # DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices
+        ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
+         "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
+         "export to megatron or megatron-bridge, or re-plan with --optimizer adam"),
+        kept_grad_shards_refusal(pf),
+    ):
+        if bad:
+            raise refuse(TARGET, what, fix)
     if p.tp > 1 and p.zero >= 3:
         raise refuse(TARGET, f"tensor parallelism (AutoTP, tp {p.tp}) with ZeRO stage 3 (DeepSpeed's AutoTP training "
                      "supports ZeRO stages 0-2)", "re-plan with --zero 2 or --tp 1, or export to torchtitan")
@@ -57,11 +68,6 @@ def check(pf: PlanFile) -> None:
         (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
          "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
          p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
-        # DeepSpeed's Muon (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
-        # DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices
-        ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
-         "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
-         "export to megatron or megatron-bridge, or re-plan with --optimizer adam"),
         (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
          "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
          "re-plan with --dp-replicate 1, or export to megatron"),
@@ -81,7 +87,7 @@ def check(pf: PlanFile) -> None:
         ("pipeline exchanges that synchronise the device (pp_blocking_sends: Megatron-LM 2021-22; DeepSpeed's "
          "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
          p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
-        *op_fuser_refusals(pf), kept_grad_shards_refusal(pf),
+        *op_fuser_refusals(pf),
     ):
         if bad:
             raise refuse(TARGET, what, fix)

@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -430,6 +430,13 @@ def check(pf: PlanFile) -> None:
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
+    if p.optimizer == "muon" and p.zero == 1 and p.grad_reduce == "reduce-scatter" and expert_bias(pf.model):
+        # d98e8a6 megatron/core/optimizer/__init__.py (_get_megatron_emerging_optimizer): on the layer-wise +
+        # distributed-optimizer path every AdamW group must be non-expert; routed experts' biases are not
+        raise refuse(TARGET, f"Muon over reduce-scattered gradients with {pf.model.name}'s expert biases "
+                     "(Megatron-LM's layer-wise param layout hands the AdamW parameters to a distributed optimizer "
+                     "that takes no expert-parallel ones)", "re-plan with --grad-reduce all-reduce (its legacy "
+                     "layer-wise path)")
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")

@@ -458,7 +458,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 wide: bool = False) -> None:
     console.print(f"[bold]{model.name}[/] on {cluster.num_nodes} x {cluster.system.name} ({cluster.num_gpus} GPUs"
                   f"{power_text(cluster)}): "
-                  f"global batch {w.global_batch:,} x {w.seq_len:,} tokens, {w.dtype}; objective {res.objective}")
+                  f"global batch {w.global_batch:,} x {w.seq_len:,} tokens, {w.dtype}"
+                  f"{', optimizer muon' if w.optimizer == 'muon' else ''}; objective {res.objective}")
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
         console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with, res.variants))

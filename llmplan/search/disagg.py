@@ -13,10 +13,9 @@ import numpy as np
 
 from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory
 from llmplan.cost.queueing import prefill_queue_seconds
-from llmplan.search.serve import search_serving, sub_cluster, with_moe_options
+from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
-from llmplan.errors import PlanViolationError
-from llmplan.specs.check import check_serve_plan, speculative_violations, valid_tp
+from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import KvDtype, Phase, ServeJob, ServePlan, WeightDtype
@@ -220,16 +219,6 @@ def queued_split(m: ModelSpec, e: ServeEstimate, split: tuple[int, int], decode_
             return x, wait
         x += 1
     return None, 0.0
-
-
-def refuse_speculation(m: ModelSpec, job: ServeJob) -> None:
-    """The disaggregated searches' (one system, several pools) up-front refusal of a job whose speculative
-    decoding no instance layout can run: check.speculative_violations at one stage (every instance these
-    searches price is one stage: MTP without MTP layers, no acceptance rate, a draft of another vocabulary),
-    rather than a search that reports no split fits."""
-    bad = speculative_violations(m, ServePlan(), job)
-    if bad:
-        raise PlanViolationError(bad)
 
 
 def search_disaggregated(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype,

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timing
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.search.run import Pruned
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
-from llmplan.specs.check import check_serve_plan, divisors, valid_tp
+from llmplan.specs.check import check_serve_plan, divisors, speculative_violations, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.registry import build
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -156,11 +156,23 @@ def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
     return ClusterSpec(system=cluster.system, num_nodes=math.ceil(gpus / gpn), gpus_per_node=min(gpn, gpus))
 
 
+def refuse_speculation(m: ModelSpec, job: ServeJob) -> None:
+    """The serving searches' (co-located and disaggregated, on one system or over pools) up-front refusal of a
+    job whose speculative decoding no layout can run: check.speculative_violations at one stage (MTP without MTP
+    layers, no acceptance rate, a draft of another vocabulary; its one rule that depends on the layout, one
+    pipeline stage, holds there), rather than a search that reports that nothing fits."""
+    bad = speculative_violations(m, ServePlan(), job)
+    if bad:
+        raise PlanViolationError(bad)
+
+
 def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                    objective: str = "throughput", top: int = 5, request_rate: float | None = None,
                    allowance: MemoryAllowance | None = None, pins: dict | None = None,
                    moe: dict | None = None) -> ServeSearchResult:
-    """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given."""
+    """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given. A job
+    whose speculation no layout can run is refused up front (refuse_speculation)."""
+    refuse_speculation(m, job)
     t0 = time.perf_counter()
     pins = pins or {}
     pruned: dict[str, list] = {}

@@ -214,7 +214,8 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"kept_grad_shards with zero {p.zero}, grad_reduce {p.grad_reduce}: it keeps the gradient "
                         "shards a distributed optimizer's reduce-scatter writes (Apex DistributedFusedAdam) beside "
                         "the whole gradient buffer, so it acts only with zero 1 and grad_reduce reduce-scatter (under "
-                        "zero 2 the shard is the gradient already priced); use --zero 1 or drop --kept-grad-shards"),
+                        "zero 2 the shard is the gradient already priced); use --zero 1 with --grad-reduce "
+                        "reduce-scatter, or drop --kept-grad-shards"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
@@ -453,6 +454,19 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"optimizer muon with zero {p.zero}: Megatron-LM's Muon orthogonalises whole matrices, each "
                          "on the data-parallel rank that owns it (its layer-wise distributed optimizer, ZeRO-1), and "
                          "refuses FSDP; use --zero 1 (or 0), or --optimizer adam"),
+    # NVIDIA/Megatron-LM d98e8a6 megatron/core/optimizer/layer_wise_optimizer.py (LayerWiseDistributedOptimizer
+    # asserts intra_dp_cp == dp_cp: "does not support num_distributed_optimizer_instances > 1"); under an
+    # all-reducing DDP (Megatron-Bridge's dist_muon) Megatron-Core's distributed_data_parallel.py asserts "Partial
+    # DistOpt cannot be used without DistOpt" (cd4afffa, Megatron-Bridge v0.6.0's pin)
+    Rule("muon_replicate", lambda m, p, c: (p.optimizer != "muon") | (p.dp_replicate == 1),
+         lambda m, p, c: f"optimizer muon with dp_replicate {p.dp_replicate}: Megatron-LM's Muon assigns whole "
+                         "matrices over the whole data-parallel group (its layer-wise distributed optimizer refuses "
+                         "num_distributed_optimizer_instances > 1); use --dp-replicate 1, or --optimizer adam"),
+    # NVIDIA/Megatron-LM d98e8a6 (and cd4afffa, Megatron-Bridge v0.6.0's pin) megatron/core/optimizer/__init__.py,
+    # _get_megatron_emerging_optimizer: "emerging optimizer with fp16 is not supported."
+    Rule("muon_fp16", lambda m, p, c: (p.optimizer != "muon") | (p.dtype != "fp16"),
+         lambda m, p, c: "optimizer muon with dtype fp16: Megatron-Core builds its emerging optimizers for bf16 "
+                         "(or fp32) training and raises under fp16; use --dtype bf16, or --optimizer adam"),
     # Emerging-Optimizers v0.2.0 orthogonalized_optimizer.py: the momentum is zeros_like the fp32 master, and the
     # layer-wise optimizer wraps its optimizers in Float16OptimizerWithFloat16Params (fp32 master, no remainders)
     Rule("muon_states", lambda m, p, c: (p.optimizer != "muon") | ((p.optimizer_master_dtype == "fp32")

@@ -605,7 +605,8 @@ class ParallelPlan(PlanQuantities, Spec):
                 + (f"dp-replicate {self.dp_replicate} " if self.dp_replicate > 1 else "")
                 + ("(optimizer sharded across replicas) " if self.dp_replicate > 1 and self.dp_outer_optimizer
                    else "")
-                + f"recompute {self.recompute} micro-batch {self.micro_batch}")
+                + f"recompute {self.recompute} micro-batch {self.micro_batch}"
+                + (" optimizer muon" if self.optimizer == "muon" else ""))
         return f"{text} global batch {self.global_batch} seq {self.seq_len} {self.dtype}" if batch else text
 
     @property
