@@ -156,3 +156,33 @@ def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
     assert len(reasons) == 2 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum())}
     for why in reasons:
         assert why.startswith("deepspeed cannot express this plan: ")
+
+
+def test_blocks_are_every_rule_that_refuses_all_the_plans(accepted):
+    """export.every_plan_blocks (what search --target names when every switch setting is refused): each rule that
+    refuses every plan of the arrays, not only the first one each plan meets (every_plan_reason), in the check's
+    order and words; a rule that refuses some of the plans only (DeepSpeed's CP over cp 1 and cp 2) is not one."""
+    import numpy as np
+
+    from llmplan.export import every_plan_blocks
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    p = accepted.plan.model_copy(update={**FP8_DELAYED, "bf16_layers_start": 1})
+    blocks = every_plan_blocks(from_plan(p), "megatron-bridge", lambda i: p)
+    whats = [w for w, _ in blocks]
+    assert len(blocks) == 3 and "weights not kept in fp8" in whats[0] and "under fp8 delayed" in whats[1]
+    assert "1 / 0 layers kept in bf16" in whats[2] and "re-plan with --fp8-params" in blocks[0][1]
+    first = every_plan_reason(p, "megatron-bridge")
+    assert first == refusal(dataclasses.replace(accepted, plan=p), "megatron-bridge")
+    assert first is not None and whats[0] in first and whats[1] not in first
+    m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=4096)
+    a = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    cp = np.asarray(a.cp)
+    assert (cp > 1).any() and (cp == 1).any()
+    assert every_plan_blocks(a, "deepspeed", a.plan) == []
+    both = a.take(np.flatnonzero(cp > 1))
+    words = [w for w, _ in every_plan_blocks(both, "deepspeed", both.plan)]
+    assert words == [f"context parallelism (cp {both.plan(0).cp})"]

@@ -14,8 +14,8 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
 from llmplan.cli.pools import search_pools_cli, single_pool_options
 from llmplan.cli.pools_serve import search_pools_serving
-from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_unexportable, serving_walk,
-                                 training_sides, walk)
+from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_every_setting, refuse_unexportable,
+                                 serving_walk, training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cost.serve_step import GraphHost
 from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
@@ -243,6 +243,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             else:
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))
+    if target is not None:  # none kept a plan: what refused them, over every setting tried
+        refuse_every_setting(target, [(t[0], t[1]) for t in tried])
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
     if target is not None:  # the side outputs of the result shown only
         res = training_sides(res, target, doc_of)
@@ -266,8 +268,6 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                                                                           checkpoints, output, named))
     m, res, cluster, w, chosen, allowance, order, tokens = train_search(c, pins, goal, s, split, memory,
                                                                         checkpoints, output, named, target)
-    if target is not None and not res.ranked:
-        refuse_unexportable(target, res.refusals)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from llmplan.errors import LlmplanError
-from llmplan.export import every_plan_mask, every_plan_reasons, every_plan_refusal, refusal, target_mode
+from llmplan.export import (every_plan_blocks, every_plan_mask, every_plan_reasons, every_plan_refusal, refusal,
+                            target_mode)
+from llmplan.export.common import refuse
 from llmplan.planfile import PlanFile, document_plan
 from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
@@ -113,9 +116,69 @@ def training_sides(res: SearchResult, target: str, doc_of: Callable[[Any], dict]
 
 
 def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:
-    """None of the walked plans exports: one line naming the target and the refusal met most often."""
+    """None of the walked plans of a serving search exports: one line naming the target and the refusal met most
+    often (a training search: refuse_every_setting)."""
     if not why:
         return
     reason, n = Counter(why).most_common(1)[0]
     raise LlmplanError(f"none of the {sum(why.values())} best plans exports to {target} (most often, {n} of "
                        f"them: {reason})")
+
+
+SWITCH_FLAGS: dict[str, Callable[[Any], str]] = {
+    "grad_dtype": lambda v: f"--grad-dtype {v}", "fp8_params": lambda v: "--fp8-params" if v else "--no-fp8-params",
+    "fp8_scaling": lambda v: f"--fp8-scaling {v}"}
+"""The flag that pins each switch a training search tries more than one setting of (search.run.switch_variants)."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a target refused every plan of one switch setting's search (keep_training kept no row)."""
+
+    setting: dict[str, Any]
+    plans: int
+    """The plans the walk refused (asked or passed over)."""
+    blocks: list[tuple[str, str]]
+    """(what, fix) of each rule of the target that refuses every plan of the setting (export.every_plan_blocks)."""
+    asked: Counter
+    """The refusals of the plans the walk asked about (not passed over as a class the target refuses whole)."""
+
+
+def refused_setting(setting: dict[str, Any], res: SearchResult, target: str) -> Refused | None:
+    """What refused the search `res` of `setting` (keep_training's result, with its plans); None where it kept a
+    row or refused nothing (no plan fits)."""
+    lp, walked = res.layout_plans, res.walk
+    if res.ranked or not res.refusals or lp is None or walked is None:
+        return None
+    passed = every_plan_reasons(lp.plans, target, walked.passed_plans, lp.plan) if walked.passed_plans else Counter()
+    return Refused(setting, sum(res.refusals.values()), every_plan_blocks(lp.plans, target, lp.plan),
+                   Counter(res.refusals) - passed or Counter(res.refusals))
+
+
+def refuse_every_setting(target: str, settings: Sequence[tuple[dict[str, Any], SearchResult]]) -> None:
+    """None of the switch settings a targeted training search tried kept a plan: one line naming the setting that
+    is nearest to exporting and what to change for it, so that the fix it names is one the search has not tried
+    already (the first setting's reason can name another setting, refused in turn). Nearest: the fewest rules that
+    refuse all of its plans (export.every_plan_blocks; a setting none refuses whole first, by the refusal met most
+    often among its plans asked), the first tried of equals. Returns where a setting kept a row or none was
+    refused (nothing fits: the search's own exit)."""
+    if any(r.ranked for _, r in settings):
+        return
+    refused = [x for v, r in settings if (x := refused_setting(v, r, target)) is not None]
+    if not refused:
+        return
+    near = min(refused, key=lambda x: len(x.blocks))  # the first of equals: the search's plain setting first
+    if near.blocks:
+        how, reason = "refused whole", str(refuse(target, " and ".join(w for w, _ in near.blocks),
+                                                  "; ".join(f for _, f in near.blocks)))
+    else:  # the plans asked: a class the target refuses whole is one the search passes over
+        reason, n = near.asked.most_common(1)[0]
+        how = f"most often, {n:,} of them"
+    total = sum(x.plans for x in refused)
+    if len(settings) == 1:
+        raise LlmplanError(f"none of the {total:,} best plans exports to {target} ({how}: {reason})")
+    varied = [k for k in SWITCH_FLAGS if len({str(v.get(k)) for v, _ in settings}) > 1]
+    flags = " ".join(SWITCH_FLAGS[k](near.setting[k]) for k in varied)
+    raise LlmplanError(f"none of the {total:,} best plans of the {len(settings)} switch settings tried exports to "
+                       f"{target}; nearest to exporting, {flags} ({near.plans:,} plans), is "
+                       f"{how if near.blocks else 'refused ' + how}: {reason}")

@@ -181,6 +181,20 @@ def every_plan_reasons(plans: Any, target: str, idx: Sequence[int], plan: Callab
     return out
 
 
+def every_plan_blocks(plans: Any, target: str, plan: Callable[[int], ParallelPlan]) -> list[tuple[str, str]]:
+    """(what, fix) of each EVERY_PLAN rule of `target` that refuses every one of the arrays `plans` (a search's
+    plans that fit), in the words of the target's check on `plan(0)` and in the order the check meets them: all
+    such rules, not only the first each plan meets (every_plan_reasons), since each must be mended before any of
+    the plans exports. [] where no rule refuses them all (a refused plan was refused for what it sets)."""
+    n = len(plans)
+    out: list[tuple[str, str]] = []
+    for rule in EVERY_PLAN.get(target, {}).values() if n else ():
+        if np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (n,)).all():
+            what, _, fix = rule(plan(0))
+            out.append((what, fix))
+    return out
+
+
 def default_wrap(pf: PlanFile) -> str:
     """The training target torchrun / slurm wrap without --wrap: the first of WRAPPABLE that accepts the plan."""
     return next((w for w in WRAPPABLE if _expresses(pf, w)), "megatron")
