@@ -94,3 +94,22 @@ def test_trtllm_prefill_heavy_throughput_rises_when_logits_are_per_request(monke
     monkeypatch.setattr(inference, "prefill_logit_rows", lambda prompts, decodes=0.0: None)  # every token
     old = float(inference.serve_timing(LLAMA8B, PLAN, SYSTEM, SPANS, job, 64).tokens_per_s_replica)
     assert new > old
+
+
+def test_wideep_breakdown_script_prices_the_rows_as_the_accuracy_run_does():
+    # benchmarks/prefill_logits.py (docs/validation.md#prefill-logits) re-prices the wideep prefill rows' step;
+    # its one-row-per-prompt step must be the one benchmarks/accuracy.py scores (input tokens/s = tokens / step,
+    # one GPU an attention rank; these SGLang prefill pools add no host time or stage hop to the step).
+    import yaml
+    from accuracy import WIDE_EP_RUNS, predict_wide_ep
+    from prefill_logits import row_parts
+
+    recs = [r for r in yaml.safe_load(WIDE_EP_RUNS.read_text())
+            if not r.get("excluded") and r["plan"]["phase"] == "prefill"]
+    assert len(recs) == 6
+    for rec in recs:
+        p = row_parts(rec)
+        pred, meas, _ = predict_wide_ep(rec)
+        assert p["tokens"] / p["new"] == pytest.approx(pred, rel=1e-9)
+        assert p["old"] > p["new"]  # the every-token output layer only ever added time
+        assert p["tokens"] / p["measured"] == pytest.approx(meas, rel=1e-12)
