@@ -74,8 +74,9 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
                     batch: Any) -> Any:
     """Time to first token of one request while `batch` sequences decode: its uncached prompt runs in chunks
     of (max_num_batched_tokens - batch) tokens, each chunk sharing an engine step with the decodes and
-    passing every pipeline stage; causal attention covers the cached prefix too.
-    Derived: docs/formulas.md#infer.prefill"""
+    passing every pipeline stage; causal attention covers the cached prefix too. The output layer and the
+    sampler run over one row per request in the step (the chunk's last token and each decode's token:
+    prefill_logit_rows). Derived: docs/formulas.md#infer.prefill"""
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
     chunk = np.maximum(job.max_num_batched_tokens - np.asarray(batch, dtype=float), 256.0)
@@ -85,7 +86,8 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     decodes = np.asarray(batch, dtype=float) / plan.pp
     kv = decodes * kv_bytes_per_seq_gpu(m, plan, job.input_len + job.output_len / 2)
     stage = step_seconds(m, plan, system, spans, chunk + decodes,
-                         pairs + decodes * attended_keys(m, job.context / 2), kv, engine=job.engine)
+                         pairs + decodes * attended_keys(m, job.context / 2), kv, engine=job.engine,
+                         logit_rows=prefill_logit_rows(1.0, decodes))
     hop = stage_hop_seconds(m, plan, system, spans, chunk)
     # under speculative decoding the draft runs over each chunk too (cost.speculative.draft_prompt_seconds)
     from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
@@ -93,16 +95,40 @@ def prefill_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Sp
     return n_chunks * (plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job))
 
 
+def batched_prompts(job: ServeJob) -> float:
+    """Prompts in one batched prefill step of T = max_num_batched_tokens tokens: T / s_new, at least one (a
+    prompt longer than T fills the step with one chunk of it). Derived: docs/formulas.md#infer.throughput"""
+    return max(float(job.max_num_batched_tokens) / max(job.uncached_input, 1.0), 1.0)
+
+
+def prefill_logit_rows(prompts: Any, decodes: Any = 0.0) -> Any:
+    """Rows of a prefill step's output layer and sampler (step_seconds' `logit_rows`): one per request in the
+    step, each prompt (or chunk of one) at its last token, each decode at its one token, not every prompt
+    token. Source: vllm-project/vllm vllm/v1/worker/gpu_model_runner.py
+    @4e1790651fc758c06c7a903dd4cd82364ac91b27, GPUModelRunner._prepare_inputs (logits_indices =
+    query_start_loc[1:] - 1, a partial prefill's chunk included) and execute_model (compute_logits on
+    hidden_states[logits_indices]); sgl-project/sglang python/sglang/srt/layers/logits_processor.py
+    @009db01a7c0d5460611d543516401eb497641918, LogitsProcessor.forward (an extend batch without input logprobs
+    keeps hidden_states[cumsum(extend_seq_lens) - 1]); NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/modules/logits_processor.py @89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0,
+    LogitsProcessor.forward (hidden_states[cumsum(seq_lens) - 1] unless return_context_logits), which
+    tensorrt_llm/_torch/pyexecutor/py_executor.py @9521caf4696c1fb79b0f946f0d980f8f0ebd3e64,
+    PyExecutor._forward_step sets only when a context request asks for its context logits.
+    Derived: docs/formulas.md#infer.prefill_logits"""
+    return np.asarray(prompts, dtype=float) + np.asarray(decodes, dtype=float)
+
+
 def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob) -> float:
     """Engine time one request's prefill costs when prompts are batched: a full step of
-    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once; under
-    speculative decoding the draft's pass over them, batched_draft_prompt_seconds) times the request's share
-    of it. Derived: docs/formulas.md#infer.throughput"""
+    max_num_batched_tokens prompt tokens (several requests' prompts, reading the weights once, the output
+    layer and sampler over one row per prompt, prefill_logit_rows; under speculative decoding the draft's
+    pass over them, batched_draft_prompt_seconds) times the request's share of it.
+    Derived: docs/formulas.md#infer.throughput"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0,
-                         engine=job.engine)
+                         engine=job.engine, logit_rows=prefill_logit_rows(batched_prompts(job)))
     hop = stage_hop_seconds(m, plan, system, spans, T)
     draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
     return float(plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job)) * new / T
@@ -117,7 +143,7 @@ def batched_draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSp
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     cached = job.input_len - job.uncached_input
-    return float(draft_prompt_seconds(m, plan, system, spans, job, T, cached + min(new, T) / 2, max(T / new, 1.0)))
+    return float(draft_prompt_seconds(m, plan, system, spans, job, T, cached + min(new, T) / 2, batched_prompts(job)))
 
 
 @dataclass(frozen=True)
