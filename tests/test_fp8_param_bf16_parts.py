@@ -93,7 +93,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
     w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_params=True)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
-    assert_arrays_agree(m, cluster, plans, list(islice(ok, 0, None, 7))[:20])
+    assert_arrays_agree(m, cluster, plans, list(islice(ok, 0, 140, 7)))
 
 
 @pytest.mark.parametrize("rid,dtype,params", [
@@ -211,7 +211,7 @@ def test_vectorised_zero3_and_goodput_agree_with_the_scalar_estimate():
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     ok = (i for i in range(len(plans)) if plans.plan(i).zero >= 3 and plans.plan(i).dp > 1
           and not check_plan(m, plans.plan(i), cluster))
-    idx = list(islice(ok, 0, None, 5))[:12]
+    idx = list(islice(ok, 0, 60, 5))
     assert idx
     sub = plans.take(np.asarray(idx))
     vec = evaluate(m, cluster, sub)

@@ -128,5 +128,5 @@ def test_vectorised_search_agrees_with_the_scalar_estimate(name):
         w = Workload(global_batch=64, seq_len=4096, cuda_graphs=graphs)
         plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
         ok = (i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster))
-        idx = list(islice(ok, 0, None, 7))[:12]
+        idx = list(islice(ok, 0, 84, 7))
         assert_arrays_agree(m, cluster, plans, idx)

@@ -128,7 +128,7 @@ def test_vectorised_search_prices_the_kept_shards_as_the_scalar_estimate() -> No
     w = Workload(global_batch=64, seq_len=1024, grad_dtype="bf16", kept_grad_shards=True)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     ok = (i for i in range(len(plans)) if plans.plan(i).zero in (1, 2) and not check_plan(m, plans.plan(i), cluster))
-    idx = list(islice(ok, 0, None, 11))[:25]
+    idx = list(islice(ok, 0, 275, 11))
     moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.total) != float(
         estimate_training(m, cluster, plans.plan(i).model_copy(update={"kept_grad_shards": False})).memory.total)]
     assert len(moved) >= 3

@@ -108,7 +108,7 @@ def test_vectorised_search_agrees_with_the_scalar_estimate():
         w = Workload(global_batch=64, seq_len=4096, optimizer="muon")
         plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
         ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
-        idx = list(islice(ok, 0, None, 5))[:20]
+        idx = list(islice(ok, 0, 100, 5))
         assert {plans.plan(i).zero for i in idx} <= {0, 1}
         assert_arrays_agree(m, cluster, plans, idx)
 
@@ -257,7 +257,7 @@ def test_vectorised_search_agrees_over_an_all_reducing_ddp_and_in_the_checkpoint
     w = Workload(global_batch=64, seq_len=2048, optimizer="muon", grad_reduce="all-reduce", grad_dtype="bf16")
     plans = enumerate_plans(default_space(m, cluster, w, pins={"zero": 1}), cluster, w)
     ok = (i for i in range(len(plans)) if plans.plan(i).dp > 1 and not check_plan(m, plans.plan(i), cluster))
-    idx = list(islice(ok, 0, None, 7))[:12]
+    idx = list(islice(ok, 0, 84, 7))
     assert_arrays_agree(m, cluster, plans, idx)
     policy = CheckpointPolicy(mode="async")
     vec = plan_goodput(m, cluster, plans.take(np.asarray(idx)), np.ones(len(idx)), policy)
