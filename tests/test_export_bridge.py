@@ -87,9 +87,8 @@ def annotation_accepts(note: str, value: str) -> bool:
 SET_BY_BRIDGE = {("model.moe_flex_dispatcher_backend", "null")}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_every_override_is_a_recorded_field_of_its_type(case):
-    for arg in overrides(script(case)):
+def assert_recorded_fields_of_their_type(args: list[str]) -> None:
+    for arg in args:
         key, value = arg.split("=", 1)
         parts = key.split(".")
         if len(parts) == 1:
@@ -103,6 +102,11 @@ def test_every_override_is_a_recorded_field_of_its_type(case):
             note = fields[field]
             ok = annotation_accepts(note, value.strip('"')) or (key, value) in SET_BY_BRIDGE
         assert ok, f"{key}={value} does not fit {note}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_override_is_a_recorded_field_of_its_type(case):
+    assert_recorded_fields_of_their_type(overrides(script(case)))
     # the check bites: a name Megatron-Bridge does not define is not in the record
     assert "tensor_parallel_size" not in RECORD["sections"]["model"]["fields"]
     assert not annotation_accepts("Optional[int]", "true")
@@ -273,3 +277,58 @@ def test_a_plans_recompute_modules_reach_the_bridge_recipe():
     args = overrides(script("dense_train", recompute="selective", recompute_modules=("layernorm", "mlp")))
     cfg = hydra_applied(args, True)["model"]
     assert cfg["recompute_granularity"] == "selective" and list(cfg["recompute_modules"]) == ["layernorm", "mlp"]
+
+
+# Kimi-K2 as Megatron-Bridge's recipe runs it (NVIDIA-NeMo/Megatron-Bridge 6124fbe, r0.6.0 = v0.6.0 for these files:
+# recipes/kimi/kimi_k2.py aliases recipes/kimi/h100/kimi_k2.py kimi_k2_pretrain_512gpu_h100_bf16_config, TP 2, PP 16
+# laid out E + 4 | 4 x 14 | 1 + L, EP 32, ETP 1, sequence 4096, global batch 4096 on 512 GPUs; _apply_kimi_k2_optimizer
+# "muon": distributed_muon_with_cosine_annealing's dist_muon, ddp.use_distributed_optimizer False, grad_reduce_in_fp32
+# True). The plan: zero 1 over an all-reducing DDP, fp32 gradient reduction.
+KIMI = ("estimate", "--model", "kimi-k2", "--hardware", "dgx-h100", "--nodes", "64", "--tp", "2", "--pp", "16",
+        "--ep", "32", "--etp", "1", "--pp-first-layers", "4", "--pp-last-layers", "1", "--global-batch", "4096",
+        "--seq-len", "4096", "--zero", "1", "--recompute", "selective")
+
+
+def kimi_script(cli, tmp_path, *extra) -> tuple[object, str]:
+    path = tmp_path / "kimi.json"
+    assert cli(*KIMI, *extra, "--save", path, "--force").code == 0
+    out = tmp_path / "out"
+    r = cli("export", path, "--to", "megatron-bridge", "-o", out)
+    return r, (out / SCRIPT).read_text() if (out / SCRIPT).exists() else ""
+
+
+def test_kimi_k2_muon_plan_exports_to_its_recipe(cli, tmp_path):
+    assert RECIPES["kimi-k2"] == "kimi_k2_pretrain_config" and RECIPES["kimi-k2"] in RECORD["recipes"]
+    r, text = kimi_script(cli, tmp_path, "--optimizer", "muon", "--grad-reduce", "all-reduce")
+    assert r.code == 0, r.err
+    assert array(text, "RECIPE")[:2] == ["--recipe", "kimi_k2_pretrain_config"]
+    args = overrides(text)
+    assert_recorded_fields_of_their_type(args)
+    cfg = hydra_applied(args, True)
+    model, opt, ddp = cfg["model"], cfg["optimizer"], cfg["ddp"]
+    assert (model["tensor_model_parallel_size"], model["pipeline_model_parallel_size"],
+            model["expert_model_parallel_size"], model["expert_tensor_parallel_size"]) == (2, 16, 32, 1)
+    # the plan's 4 + 4 x 14 + 1 split replaces the recipe's layout (written, so that run_recipe.py's
+    # sync_model_pipeline_layout does not rebuild it from _get_kimi_k2_pipeline_layout)
+    assert "model.pipeline_model_parallel_layout=null" in args
+    assert (model["num_layers_in_first_pipeline_stage"], model["num_layers_in_last_pipeline_stage"]) == (4, 1)
+    assert (opt["optimizer"], opt["muon_num_ns_steps"], opt["muon_tp_mode"]) == ("dist_muon", 5, "blockwise")
+    assert ddp["use_distributed_optimizer"] is False and opt["use_distributed_optimizer"] is False
+    assert cfg["mixed_precision"] == "bf16_mixed"  # grad_reduce_in_fp32 true, as the recipe's own config
+    assert model["mtp_num_layers"] is None  # Kimi-K2 has no MTP module (config.json num_nextn_predict_layers 0)
+
+
+def test_kimi_k2_adam_plan_names_adam_over_the_recipes_muon(cli, tmp_path):
+    # the recipe sets dist_muon; an AdamW plan must not inherit it (the other recipes keep OptimizerConfig's adam)
+    r, text = kimi_script(cli, tmp_path)
+    assert r.code == 0, r.err
+    cfg = hydra_applied(overrides(text), True)
+    assert cfg["optimizer"]["optimizer"] == "adam" and cfg["ddp"]["use_distributed_optimizer"] is True
+    assert "optimizer.optimizer=adam" not in overrides(script("dense_train"))
+
+
+def test_kimi_k2_muon_over_reduce_scatter_is_refused(cli, tmp_path):
+    r, text = kimi_script(cli, tmp_path, "--optimizer", "muon")
+    line = r.refusal()
+    assert "Muon over reduce-scattered gradients" in line and "re-plan with --grad-reduce all-reduce" in line
+    assert text == ""

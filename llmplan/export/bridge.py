@@ -36,6 +36,9 @@ RECIPES: dict[str, str] = {
     "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",   # Qwen/Qwen3-30B-A3B
     "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config",  # Qwen/Qwen3-235B-A22B
     "deepseek-v3": "deepseek_v3_pretrain_config",       # deepseek-ai/DeepSeek-V3
+    # moonshotai/Kimi-K2-Instruct (recipes/kimi/kimi_k2.py at 6124fbe, as at v0.6.0: the alias of the h100
+    # kimi_k2_pretrain_512gpu_h100_bf16_config, which runs dist_muon over an all-reducing DDP)
+    "kimi-k2": "kimi_k2_pretrain_config",
     "gpt-oss-20b": "gpt_oss_20b_pretrain_config",       # openai/gpt-oss-20b
     "gpt-oss-120b": "gpt_oss_120b_pretrain_config",     # openai/gpt-oss-120b
     "gpt3-175b": "gpt3_175b_pretrain_32gpu_h100_bf16_config",  # GPTModelProvider(96 layers, h 12288)
@@ -160,15 +163,20 @@ def muon_weight_gather_off(pf: PlanFile) -> list[tuple[str, object]]:
     return out
 
 
+MUON_RECIPES = frozenset({"kimi-k2"})
+"""Models whose recipe sets the Muon optimizer (recipes/kimi/h100/kimi_k2.py at 6124fbe, _apply_kimi_k2_optimizer:
+distributed_muon_with_cosine_annealing, optimizer "dist_muon"); the others keep OptimizerConfig's adam."""
+
+
 def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """The Muon optimizer as Megatron-Bridge's distributed_muon_with_cosine_annealing writes it (recipes/utils/
     optimizer_utils.py v0.3.1 - v0.6.0): dist_muon (Megatron's layer-wise distributed optimizer) with zero 1, muon
     with zero 0; 5 Newton-Schulz steps, blockwise TP mode, bf16 Newton-Schulz GEMMs (fp32_matmul_prec medium), AdamW
     for the rest; the DDP all-reduces (kimi_k2.py: use_distributed_optimizer False, "Muon needs this to be False").
-    None under adam."""
+    Under adam only the optimizer's name, where the recipe sets Muon (MUON_RECIPES), so that the plan's AdamW runs."""
     p = pf.plan
     if p.optimizer != "muon":
-        return []
+        return [("optimizer.optimizer", "adam")] if pf.model.name in MUON_RECIPES else []
     out: list[tuple[str, object]] = [
         ("optimizer.optimizer", "dist_muon" if p.zero == 1 else "muon"), ("optimizer.muon_num_ns_steps", MUON_NS_STEPS),
         ("optimizer.muon_tp_mode", "blockwise"), ("optimizer.muon_fp32_matmul_prec", "medium"),
