@@ -138,11 +138,8 @@ def _graph_keys(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("args, whole, group", [
-    # vLLM's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes, 000fc94b): C = min(2 x 90, 512,
-    # 8192) = 180, so [1, 2, 4] and every 8 from 8 to 176. The whole batch 90 pads to 96 (as at 968a3f0); one of
-    # pp 2 groups, 45 requests, to 48.
-    (("--pp", "2", "--dp", "4", "--batch", "90", "--engine", "vllm"), (96, "tokens", 96, False),
-     (45, 2, 48, 48, False)),
+    # vLLM's default list at max_num_seqs 90 (C = 180: 1, 2, 4 and every 8 to 176, as below): at pp 1 the
+    # group is the batch, 90 padded to 96.
     (("--pp", "1", "--dp", "8", "--batch", "90", "--engine", "vllm"), (96, "tokens", 96, False),
      (90, 1, 96, 96, False)),
     # max_num_seqs 1025: C = min(2050, 512, 8192) = 512, the list ends at 512. The batch 1025 is above it (eager,
@@ -187,3 +184,16 @@ def test_decode_graph_keys_under_speculation_count_verified_tokens():
 def test_decode_graph_keys_are_none_without_cuda_graphs():
     d = _graph_keys("--pp", "2", "--dp", "4", "--batch", "90", "--no-cuda-graphs")
     assert all(v is None for k, v in d.items() if k != "sizes")
+
+
+def test_padded_step_is_the_pipeline_groups_step_the_cost_prices():
+    # With pp stages a decode step holds batch / pp sequences (docs/formulas.md#infer.decode), and that is the
+    # step decode_tpot pads. vLLM's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes, 000fc94b):
+    # C = min(2 x 90, 512, 8192) = 180, so [1, 2, 4] and every 8 from 8 to 176. A step of 90 / 2 = 45 requests
+    # replays the 48 graph (decode_graph_group_*); decode_graph_batch keeps its meaning at 968a3f0, the whole
+    # batch of 90 padded, 96.
+    d = _graph_keys("--pp", "2", "--dp", "4", "--batch", "90", "--engine", "vllm")
+    assert d["sizes"][-1] == 176
+    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (96, 96, False)
+    assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_group_batch"],
+            d["decode_graph_group_tokens"], d["decode_graph_group_eager"]) == (2, 45, 48, 48, False)
