@@ -125,15 +125,75 @@ def test_a_batch_above_every_captured_size_runs_as_without_cuda_graphs(engine):
     assert over["tpot_s"] - covered["tpot_s"] > 1e-3  # the launches, not only one more row
 
 
-def test_padded_step_is_the_pipeline_groups_step_the_cost_prices(cli):
+GRAPH_KEYS_968A3F0 = {"decode_graph_batch", "decode_graph_unit", "decode_graph_tokens", "decode_graph_eager"}
+GRAPH_KEYS_GROUP = {"decode_graph_requests", "decode_graph_groups", "decode_graph_group_batch",
+                    "decode_graph_group_tokens", "decode_graph_group_eager"}
+
+
+def _graph_keys(*args: str) -> dict:
+    d = _json("--tp", "1", *args)
+    assert {k for k in d if k.startswith("decode_graph")} == GRAPH_KEYS_968A3F0 | GRAPH_KEYS_GROUP
+    keys = {k: v for k, v in d.items() if k.startswith("decode_graph")}
+    return keys | {"sizes": d["workload"]["cuda_graph_batch_sizes"]}
+
+
+@pytest.mark.parametrize("args, whole, group", [
+    # vLLM's default list at max_num_seqs 90 (C = 180: 1, 2, 4 and every 8 to 176, as below): at pp 1 the
+    # group is the batch, 90 padded to 96.
+    (("--pp", "1", "--dp", "8", "--batch", "90", "--engine", "vllm"), (96, "tokens", 96, False),
+     (90, 1, 96, 96, False)),
+    # max_num_seqs 1025: C = min(2050, 512, 8192) = 512, the list ends at 512. The batch 1025 is above it (eager,
+    # itself: the integer 1025 as at 968a3f0, not 512.5); a group is 512.5 requests on average, the larger 513,
+    # above 512 too (the cost prices 512.5 > 512 eager).
+    (("--pp", "2", "--dp", "4", "--batch", "1025", "--engine", "vllm"), (1025, "tokens", 1025, True),
+     (512.5, 2, 513, 513, True)),
+    # TensorRT-LLM's list at max_batch_size 301: 1, 2, 4, ..., 256 and the bound 301. The batch 301 is a size;
+    # a group of 301 / 4 = 75.25, the larger 76, pads to 128.
+    (("--pp", "4", "--dp", "2", "--batch", "301", "--engine", "trtllm"), (301, "requests", 301, False),
+     (75.25, 4, 128, 128, False)),
+    # SGLang's list at TP 1 ends at 256 (1, 2, 4, 8, 12, 16, 24, then every 8): the batch 301 is above it; a
+    # group of 75.25, the larger 76, pads to 80.
+    (("--pp", "4", "--dp", "2", "--batch", "301", "--engine", "sglang"), (301, "requests", 301, True),
+     (75.25, 4, 80, 80, False)),
+])
+def test_decode_graph_keys_keep_the_whole_batch_and_add_the_group(args, whole, group):
+    # decode_graph_batch / _tokens / _eager keep their meaning at 968a3f0 (the workload's whole batch padded, an
+    # int); decode_graph_group_* are one pipeline group's step, the one decode_tpot pads (batch / pp sequences,
+    # docs/formulas.md#infer.decode), rounded up to whole requests.
+    d = _graph_keys(*args)
+    assert (d["decode_graph_batch"], d["decode_graph_unit"], d["decode_graph_tokens"], d["decode_graph_eager"]) == whole
+    assert (d["decode_graph_requests"], d["decode_graph_groups"], d["decode_graph_group_batch"],
+            d["decode_graph_group_tokens"], d["decode_graph_group_eager"]) == group
+    for k in ("decode_graph_batch", "decode_graph_tokens", "decode_graph_group_batch", "decode_graph_group_tokens"):
+        assert type(d[k]) is int, k
+
+
+def test_decode_graph_keys_under_speculation_count_verified_tokens():
+    # vLLM, EAGLE-3 k = 3: each request verifies 1 + 3 = 4 tokens, and vLLM's sizes count tokens. The default
+    # list for max_num_seqs 77 at 4 tokens a request (vllm_graph_sizes) holds 77 x 4 = 308, a multiple of 4 that
+    # the speculative fit keeps: the step of 77 requests runs 308 tokens under a graph, as at 968a3f0; at pp 1
+    # the group is the whole batch.
+    d = _graph_keys("--pp", "1", "--dp", "8", "--batch", "77", "--engine", "vllm", "--speculative", "eagle3",
+                    "--spec-tokens", "3", "--acceptance", "0.7")
+    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_requests"], d["decode_graph_groups"],
+            d["decode_graph_group_batch"], d["decode_graph_group_tokens"], d["decode_graph_eager"]) \
+        == (77, 308, 77, 1, 77, 308, False)
+    assert 308 in d["sizes"]
+
+
+def test_decode_graph_keys_are_none_without_cuda_graphs():
+    d = _graph_keys("--pp", "2", "--dp", "4", "--batch", "90", "--no-cuda-graphs")
+    assert all(v is None for k, v in d.items() if k != "sizes")
+
+
+def test_padded_step_is_the_pipeline_groups_step_the_cost_prices():
     # With pp stages a decode step holds batch / pp sequences (docs/formulas.md#infer.decode), and that is the
     # step decode_tpot pads. vLLM's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes, 000fc94b):
     # C = min(2 x 90, 512, 8192) = 180, so [1, 2, 4] and every 8 from 8 to 176. A step of 90 / 2 = 45 requests
-    # replays the 48 graph; the report said 96 (the whole batch of 90 padded), which no step runs.
-    r = cli("estimate", "--mode", "infer", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--pp", "2",
-            "--dp", "4", "--batch", "90", "--engine", "vllm", "--json")
-    assert r.code == 0, r.err
-    d = r.json()
-    assert d["workload"]["cuda_graph_batch_sizes"][-1] == 176
-    assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_batch"], d["decode_graph_tokens"],
-            d["decode_graph_eager"]) == (2, 45, 48, 48, False)
+    # replays the 48 graph (decode_graph_group_*); decode_graph_batch keeps its meaning at 968a3f0, the whole
+    # batch of 90 padded, 96.
+    d = _graph_keys("--pp", "2", "--dp", "4", "--batch", "90", "--engine", "vllm")
+    assert d["sizes"][-1] == 176
+    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (96, 96, False)
+    assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_group_batch"],
+            d["decode_graph_group_tokens"], d["decode_graph_group_eager"]) == (2, 45, 48, 48, False)

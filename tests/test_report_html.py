@@ -173,3 +173,21 @@ def test_report_prices_goodput_with_the_saved_checkpoint_policy(cli, tmp_path):
     here = next(p for p in scale["points"] if p["gpus"] == scale["plan_gpus"])
     assert here["goodput"] == pytest.approx(saved["predictions"]["goodput"]["goodput"], rel=1e-9)
     assert here["goodput"] < 0.99  # priced at the saved 1e-3 failures per GPU-hour, not the profile's rate
+
+
+def test_training_report_names_the_optimizer_with_the_plans_switches(cli, tmp_path):
+    # A Muon plan is priced with Muon's memory and step (docs/formulas.md#optim.muon_memory); its page named
+    # only the degrees, ZeRO, recompute and micro-batch, the same heading as the Adam plan's.
+    heads = {}
+    for opt in ("adam", "muon"):
+        plan = tmp_path / f"{opt}.json"
+        assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", "64",
+                   "--zero", "1", "--optimizer", opt, "--save", plan, "--json").code == 0
+        out = tmp_path / f"{opt}.html"
+        assert cli("report", plan, "-o", out).code == 0
+        page = out.read_text()
+        heads[opt] = page[page.index("<h1>"):page.index("</h1>")]
+        assert f"<title>{heads[opt][4:]}</title>" in page
+    # one node of 8 H100s, dp 8 (the default degrees), ZeRO 1, no recompute, micro-batch 1
+    assert heads["muon"].endswith(": tp1 pp1 dp8 zero1 none mb1 optimizer muon")
+    assert heads["adam"].endswith(": tp1 pp1 dp8 zero1 none mb1 optimizer adam")

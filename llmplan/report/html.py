@@ -297,7 +297,8 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
     if search_points:
         sections.append(_section("pareto", "Throughput vs memory headroom (search)", *scatter_figure(search_points),
                                  "Every plan the search kept (a sample when there are many), its Pareto front, and #1."))
-    title = f"{e.model.name} on {e.cluster.num_nodes} x {e.cluster.system.name}: {plan_label(p)}"
+    title = (f"{e.model.name} on {e.cluster.num_nodes} x {e.cluster.system.name}: {plan_label(p)}"
+             f" optimizer {p.optimizer}")  # the switches the plan is priced with; Muon changes memory and step
     return _page(title, sections)
 
 

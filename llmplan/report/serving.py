@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -13,7 +14,8 @@ from llmplan.intervals import serving_interval, serving_interval_withheld
 from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
 from llmplan.cost.speculative import SpeculativeStep, draft_passes
-from llmplan.cost.serve_step import decode_graph_step, graph_sizes_count_tokens
+from llmplan.cost.serve_step import (decode_graph_step, effective_graph_sizes, graph_padded_rows,
+                                     graph_padded_tokens, graph_sizes_count_tokens)
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -61,22 +63,43 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
 
 
 def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
-    """What the decode step (under speculative decoding, the verification step) the estimate prices runs against
-    the captured CUDA graph sizes (cost.serve_step.decode_graph_step; None: CUDA graphs off, no padding): one
-    pipeline group's step of batch / pp sequences (decode_graph_groups of them take turns;
-    decode_graph_requests). decode_graph_batch: the requests that step runs once padded to the smallest captured
-    size that holds it (vLLM's sizes count tokens, 1 + k per request under speculative decoding), or its own
-    requests above every size; decode_graph_tokens: the tokens it runs once padded; decode_graph_eager: it runs
-    without a graph; decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests"
-    for TensorRT-LLM and SGLang."""
-    g = decode_graph_step(e.job, e.plan, e.cluster.system, e.model)
-    if g is None:
-        return {"decode_graph_batch": None, "decode_graph_unit": None, "decode_graph_tokens": None,
-                "decode_graph_eager": None, "decode_graph_requests": None, "decode_graph_groups": None}
-    return {"decode_graph_batch": _whole(g.tokens / g.queries),
-            "decode_graph_unit": "tokens" if graph_sizes_count_tokens(e.job.engine) else "requests",
-            "decode_graph_tokens": _whole(g.tokens), "decode_graph_eager": g.eager,
-            "decode_graph_requests": _whole(g.requests), "decode_graph_groups": e.plan.pp}
+    """What a decode step (under speculative decoding, the verification step) runs against the captured CUDA
+    graph sizes (None: CUDA graphs off, no padding). decode_graph_batch / _tokens / _eager describe the
+    workload's whole batch, as since they were added: decode_graph_batch, the requests a step of the batch runs
+    once padded to the smallest captured size that holds it (vLLM's sizes count tokens, 1 + k per request under
+    speculative decoding, rounded to whole requests: cost.serve_step.effective_graph_sizes), or the batch itself
+    above every size (decode_graph_eager: no graph); decode_graph_tokens, the tokens it runs once padded;
+    decode_graph_unit: what the engine's capture list counts, "tokens" for vLLM, "requests" for TensorRT-LLM and
+    SGLang. The step the cost prices is one pipeline group's (cost.serve_step.decode_graph_step):
+    decode_graph_groups (pp) groups of decode_graph_requests = batch / pp sequences take turns;
+    decode_graph_group_batch / _tokens / _eager are that step's, the group rounded up to ceil(batch / pp)
+    requests (the larger group: it pads to the captured size the cost pads batch / pp to)."""
+    j = e.job
+    g = decode_graph_step(j, e.plan, e.cluster.system, e.model)
+    sizes = effective_graph_sizes(j)
+    if g is None or not sizes:
+        return {k: None for k in ("decode_graph_batch", "decode_graph_unit", "decode_graph_tokens",
+                                  "decode_graph_eager", "decode_graph_requests", "decode_graph_groups",
+                                  "decode_graph_group_batch", "decode_graph_group_tokens",
+                                  "decode_graph_group_eager")}
+    batch, tokens, eager = _padded_step(j.batch, g.queries, sizes, graph_sizes_count_tokens(j.engine))
+    group_batch, group_tokens, _ = _padded_step(math.ceil(g.requests), g.queries, sizes,
+                                                graph_sizes_count_tokens(j.engine))
+    return {"decode_graph_batch": batch,
+            "decode_graph_unit": "tokens" if graph_sizes_count_tokens(j.engine) else "requests",
+            "decode_graph_tokens": tokens, "decode_graph_eager": eager,
+            "decode_graph_requests": _whole(g.requests), "decode_graph_groups": e.plan.pp,
+            "decode_graph_group_batch": group_batch, "decode_graph_group_tokens": group_tokens,
+            "decode_graph_group_eager": g.eager}
+
+
+def _padded_step(batch: int, q: int, sizes: tuple[int, ...], count_tokens: bool) -> tuple[int, int, bool]:
+    """A decode step of `batch` requests of q tokens each against the captured `sizes` (in tokens where
+    count_tokens, vLLM): the requests and tokens it runs once padded, and whether it is above every size."""
+    listed = batch * q if count_tokens else batch
+    padded = int(graph_padded_rows(listed, sizes))  # in the list's unit; whole requests (effective_graph_sizes)
+    return (padded // q if count_tokens else padded, int(graph_padded_tokens(batch, q, sizes, count_tokens)),
+            listed > max(sizes))
 
 
 def _whole(x: float) -> float | int:
