@@ -24,6 +24,58 @@ def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"
 
 
+def sequence_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron sequence parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return "Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"
+
+
+def low_precision_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8 / fp4 training, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
+            "export to megatron")
+
+
+def optimizer_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Adam states below fp32, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (this export "
+            "writes DeepSpeed's fp32 master and moments; its bf16 section keeps bf16 states only together with bf16 "
+            "master weights and gradients, bf16_master_weights_and_grads)",
+            p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
+            "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron")
+
+
+def param_remainders_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The master kept as remainders, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
+            "whole fp32 master)", bool(p.param_remainders), "re-plan with --no-param-remainders, or export to megatron")
+
+
+def offload_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron's activation offload, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
+            "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
+            p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron")
+
+
+def dp_replicate_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Hybrid sharding, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
+            "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
+            "re-plan with --dp-replicate 1, or export to megatron")
+
+
+def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
+            bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")
+
+
+def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """FP8 attention, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", bool(p.fp8_attention),
+            "re-plan without fp8_attention, or export to megatron-bridge")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
@@ -49,32 +101,20 @@ def check(pf: PlanFile) -> None:
         ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
          p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
         expert_parallel_refusal(p),
-        ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
+        sequence_parallel_refusal(p),
         (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",
          launcher_schedule("deepspeed", p.pp_schedule) is None,
          "re-plan with --pp-schedule 1f1b"),
-        (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
-         "export to megatron"),
+        low_precision_refusal(p),
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
-        (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (this export "
-         "writes DeepSpeed's fp32 master and moments; its bf16 section keeps bf16 states only together with bf16 "
-         "master weights and gradients, bf16_master_weights_and_grads)",
-         p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
-         "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron"),
-        ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
-         "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
+        optimizer_dtype_refusal(p),
+        param_remainders_refusal(p),
         ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
          "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
-        (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
-         "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
-         p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
-        (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
-         "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
-         "re-plan with --dp-replicate 1, or export to megatron"),
-        ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
-         p.offload_moe_act, "re-plan without --offload-moe-act, or export to megatron"),
-        ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", p.fp8_attention,
-         "re-plan without fp8_attention, or export to megatron-bridge"),
+        offload_layers_refusal(p),
+        dp_replicate_refusal(p),
+        offload_moe_act_refusal(p),
+        fp8_attention_refusal(p),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

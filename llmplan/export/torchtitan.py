@@ -95,6 +95,20 @@ def delayed_scaling_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "cast's own amax)", bad, "re-plan with --fp8-scaling current")
 
 
+def dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp16 / fp32 training, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return f"{p.dtype} training (torchtitan trains in bf16 or float8)", p.dtype in ("fp16", "fp32"), "use --dtype bf16"
+
+
+def tensorwise_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8 per-tensor scaling, refused by torchtitan 0.3.0 whatever else the plan sets (export.EVERY_PLAN): its
+    float8 config functions set rowwise scaling. (Other fp8 recipes and fp4 meet _check_common's recipe rule
+    first, in both releases.)"""
+    return (f"fp8 {p.recipe} scaling (torchtitan {TORCHTITAN_VERSION}'s float8 config functions use rowwise "
+            "scaling)", p.dtype == "fp8" and p.recipe == "tensorwise",
+            "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
+
+
 def _check_common(pf: PlanFile, target: str) -> None:
     need_mode(pf, "train", target)
     if pf.model.is_hybrid:
@@ -111,8 +125,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
-    if p.dtype in ("fp16", "fp32"):
-        raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
+    what, bad, fix = dtype_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     if p.grad_nan_check or p.grad_prescale:
         raise refuse(target, "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / "
                      "grad_prescale: FSDP2 averages inside its reduce-scatter)",
@@ -201,9 +216,9 @@ def check(pf: PlanFile) -> None:
                      f"use one of {', '.join(sorted(CONFIGS))}, or export to megatron"
                      + (" or torchtitan-0.2" if m.name in FLAVORS else ""))
     module, bf16, fp8 = CONFIGS[m.name]
-    if p.dtype == "fp8" and p.recipe != "rowwise":
-        raise refuse(TARGET, f"fp8 {p.recipe} scaling (torchtitan {TORCHTITAN_VERSION}'s float8 config functions "
-                     "use rowwise scaling)", "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
+    what, bad, fix = tensorwise_refusal(p)  # _check_common refused the other fp8 recipes
+    if bad:
+        raise refuse(TARGET, what, fix)
     if (fp8 if p.dtype == "fp8" else bf16) is None:
         other = "bf16" if p.dtype == "fp8" else "fp8"
         raise refuse(TARGET, f"{p.dtype} training of {m.name} (torchtitan {TORCHTITAN_VERSION} sets float8 in a "
