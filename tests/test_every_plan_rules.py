@@ -1,8 +1,9 @@
 """The classes of plans an export target refuses whole (export.EVERY_PLAN) beyond DeepSpeed's EP and torchtitan's
-bf16 gradient reduction: torchtitan's (both releases) fp16 / fp32 training, Adam states below fp32, fp32 master
-kept as remainders and FP8 attention, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's context and sequence
-parallelism, fp8 / fp4 training, Adam states below fp32, remainders, activation and experts' fc1 offload, hybrid
-sharding and FP8 attention; Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16
+bf16 gradient reduction: torchtitan's (both releases) Muon, fp16 / fp32 training, gradient NaN check, Adam states
+below fp32, fp32 master kept as remainders, SwiGLU input in fp8, FP8 attention, outer optimizer sharding,
+activation and experts' fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's
+Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32, remainders,
+SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding and FP8 attention; Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16
 / no master; Megatron-LM's FP8 attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments,
 CUDA graphs and precision without a preset (or weights / gradient reduction other than its preset's).
 
@@ -47,6 +48,16 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("deepspeed", "dp_replicate"): ({"dp_replicate": 2}, "hybrid sharding over 2 replicas"),
     ("deepspeed", "offload_moe_act"): ({"offload_moe_act": True}, "offload of the experts' fc1 output"),
     ("deepspeed", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Transformer Engine's"),
+    ("torchtitan", "optimizer"): ({"optimizer": "muon"}, "the Muon optimizer (torchtitan's optimizer.name"),
+    ("torchtitan-0.2", "grad_checks"): ({"grad_nan_check": True}, "gradient NaN check or 1/dp pre-scaling"),
+    ("torchtitan", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
+    ("torchtitan", "dp_outer_optimizer"): ({"dp_outer_optimizer": True}, "across the hybrid-sharding replicas"),
+    ("torchtitan-0.2", "offload_moe_act"): ({"offload_moe_act": True}, "this export writes no offload hooks"),
+    ("torchtitan", "offload_layers"): ({"offload_layers": 2}, "activation offload of 2 layers"),
+    ("torchtitan", "recompute_layers"): ({"recompute_layers": 2}, "full recompute of the first 2 layers"),
+    ("deepspeed", "optimizer"): ({"optimizer": "muon"}, "DeepSpeed's applies it in its ZeRO optimizer"),
+    ("deepspeed", "grad_checks"): ({"grad_prescale": True}, "gradient NaN check or 1/dp pre-scaling"),
+    ("deepspeed", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
     ("megatron", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Megatron-Core's"),
     ("megatron", "master_dtype"): ({"optimizer_master_dtype": "bf16"}, "optimizer master weights bf16 (Megatron-LM's"),
     ("megatron-bridge", "attention_kernel"): ({"attention_kernel": "flash2"}, "the flash2 attention kernel"),
@@ -112,6 +123,8 @@ SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 
     "torchtitan-fp16": ("torchtitan", {"dtype": "fp16"}),
     "deepspeed-fp8": ("deepspeed", FP8_CURRENT),
     "deepspeed-moments": ("deepspeed", {"optimizer_moment_dtype": "bf16"}),
+    "torchtitan-muon": ("torchtitan", {"optimizer": "muon"}),
+    "deepspeed-nan-check": ("deepspeed", {"grad_nan_check": True}),
     "megatron-master": ("megatron", {"optimizer_master_dtype": "bf16"}),
     "megatron-bridge-graphs": ("megatron-bridge", {"cuda_graphs": "layers"}),
 }

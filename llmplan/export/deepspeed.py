@@ -13,6 +13,28 @@ from llmplan.specs.plan import ParallelPlan
 TARGET = "deepspeed"
 
 
+def muon_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The Muon optimizer, refused whatever else the plan sets (export.EVERY_PLAN): DeepSpeed's Muon
+    (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
+    DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices."""
+    return ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
+            "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
+            "export to megatron or megatron-bridge, or re-plan with --optimizer adam")
+
+
+def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron-LM's gradient NaN check or pre-scaling, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
+            bool(p.grad_nan_check or p.grad_prescale),
+            "set grad_nan_check and grad_prescale false, or export to megatron")
+
+
+def swiglu_fp8_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The SwiGLU input kept in fp8, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
+            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+
+
 def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Context parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"
@@ -81,11 +103,7 @@ def check(pf: PlanFile) -> None:
     p = pf.plan
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
     for what, bad, fix in (
-        # DeepSpeed's Muon (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
-        # DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices
-        ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
-         "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
-         "export to megatron or megatron-bridge, or re-plan with --optimizer adam"),
+        muon_refusal(p),
         kept_grad_shards_refusal(pf),
     ):
         if bad:
@@ -98,8 +116,7 @@ def check(pf: PlanFile) -> None:
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
         context_parallel_refusal(p),
-        ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
-         p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
+        grad_checks_refusal(p),
         expert_parallel_refusal(p),
         sequence_parallel_refusal(p),
         (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",
@@ -109,8 +126,7 @@ def check(pf: PlanFile) -> None:
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
         optimizer_dtype_refusal(p),
         param_remainders_refusal(p),
-        ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
-         "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
+        swiglu_fp8_refusal(p),
         offload_layers_refusal(p),
         dp_replicate_refusal(p),
         offload_moe_act_refusal(p),
