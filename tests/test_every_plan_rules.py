@@ -2,10 +2,11 @@
 bf16 gradient reduction: torchtitan's (both releases) Muon, fp16 / fp32 training, gradient NaN check, Adam states
 below fp32, fp32 master kept as remainders, SwiGLU input in fp8, FP8 attention, outer optimizer sharding,
 activation and experts' fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's
-Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32, remainders,
-SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding and FP8 attention; Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16
-/ no master; Megatron-LM's FP8 attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments,
-CUDA graphs and precision without a preset (or weights / gradient reduction other than its preset's).
+Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32,
+remainders, SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding and FP8 attention;
+Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-LM's FP8
+attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments, CUDA graphs and precision
+without a preset (or weights / gradient reduction other than its preset's).
 
 Each rule is the function the target's check calls, so the reason `search --target` gives for the plans it
 passes over is the check's own sentence (first test); and a targeted search keeps what the walk that asks about

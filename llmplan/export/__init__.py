@@ -120,7 +120,8 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "master_dtype": megatron.master_dtype_refusal,
                  "bf16_layers": delayed_bf16_layers_refusal},
-    "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal, "master_dtype": bridge.master_dtype_refusal,
+    "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
+                        "master_dtype": bridge.master_dtype_refusal,
                         "fp8_moments": bridge.fp8_moments_refusal, "cuda_graphs": bridge.cuda_graphs_refusal,
                         "precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
                         "preset_layers": bridge.preset_layers_refusal},
@@ -137,13 +138,13 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
 """Target -> the plan field a rule reads (a name for the fields, where it reads several) -> a rule of the target's
-check (the same function, called there) whose only condition is on that field: a plan axis above 1 (the target
-refuses every plan with it, whatever else the plan sets), or a workload switch (it refuses every plan of a search
-holding it: torchtitan's Muon, fp16 / fp32 training, Megatron's gradient NaN check / pre-scaling, Adam states
-below fp32, remainders, the SwiGLU input in fp8, FP8 attention, bf16 gradient reduction, outer optimizer sharding,
-activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's
-Muon, sequence parallelism (a plan axis), gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below
-fp32, remainders, the SwiGLU input in fp8, activation and expert fc1 offload, hybrid sharding, FP8 attention; Megatron's
+check (the same function, called there) whose only condition is on that field: a plan axis (the target refuses
+every plan with it, whatever else the plan sets: DeepSpeed's CP, EP and SP), or a workload switch (it refuses every
+plan of a search holding it: torchtitan's Muon, fp16 / fp32 training, Megatron's gradient NaN check / pre-scaling,
+Adam states below fp32, remainders, the SwiGLU input in fp8, FP8 attention, bf16 gradient reduction, outer
+optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise
+scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
+remainders, the SwiGLU input in fp8, activation and expert fc1 offload, hybrid sharding, FP8 attention; Megatron's
 FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-Bridge's attention kernel
 other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no preset for, or fp8
 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check meets them, so that the
