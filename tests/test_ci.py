@@ -83,6 +83,21 @@ def test_doubling_layers_fails_in_every_format(repo, cli):
     assert "num_hidden_layers" in failure.text
 
 
+def test_json_is_format_json(repo, cli):
+    """README: every command takes --json. check's --json prints what --format json prints, byte for byte (a
+    failing check, exit 1, and a passing one, exit 0); --format json still works; --json with another --format is
+    one clear error (exit 2)."""
+    args = ("check", repo / "model_specs", "--plans", repo / "plans")
+    ok_fmt, ok_json = cli(*args, "--format", "json"), cli(*args, "--json")
+    assert ok_fmt.code == ok_json.code == 0 and ok_json.out == ok_fmt.out and ok_json.json()["failed"] == 0
+    assert cli(*args, "--json", "--format", "json").out == ok_fmt.out
+    edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 64")
+    bad_fmt, bad_json = cli(*args, "--format", "json"), cli(*args, "--json")
+    assert bad_fmt.code == bad_json.code == 1 and bad_json.out == bad_fmt.out and bad_json.json()["failed"] == 1
+    both = cli(*args, "--json", "--format", "github")
+    assert both.code == 2 and "--json with --format github" in both.err and "Traceback" not in both.err
+
+
 def test_rule_break_is_reported(repo, cli):
     edit(repo, "num_hidden_layers: 32", "num_hidden_layers: 31")  # the locked pp no longer divides, or heads rule
     plan = next((repo / "plans").glob("*.json"))

@@ -1,7 +1,12 @@
 """The classes of plans an export target refuses whole (export.EVERY_PLAN) beyond DeepSpeed's EP and torchtitan's
-bf16 gradient reduction: torchtitan's (both releases) Adam states below fp32, fp32 master kept as remainders and
-FP8 attention; DeepSpeed's context parallelism; Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed
-scaling; Megatron-Bridge's precision without a preset (or weights / gradient reduction other than its preset's).
+bf16 gradient reduction: torchtitan's (both releases) Muon, fp16 / fp32 training, gradient NaN check, Adam states
+below fp32, fp32 master kept as remainders, SwiGLU input in fp8, FP8 attention, outer optimizer sharding,
+activation and experts' fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's
+Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32,
+remainders, SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding and FP8 attention;
+Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-LM's FP8
+attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments, CUDA graphs and precision
+without a preset (or weights / gradient reduction other than its preset's).
 
 Each rule is the function the target's check calls, so the reason `search --target` gives for the plans it
 passes over is the check's own sentence (first test); and a targeted search keeps what the walk that asks about
@@ -32,6 +37,34 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("megatron-bridge", "precision"): (FP8_DELAYED, "weights not kept in fp8"),
     ("megatron-bridge", "preset_layers"): ({**FP8_CURRENT, "fp8_params": True},
                                            "0 / 0 layers kept in bf16 at the start / end with fp8 tensorwise"),
+    ("torchtitan", "fp8_recipe"): (FP8_CURRENT, "fp8 tensorwise scaling (torchtitan 0.3.0's float8 config functions "
+                                   "use rowwise scaling); re-plan with --precision fp8-rowwise"),
+    ("torchtitan", "dtype"): ({"dtype": "fp16"}, "fp16 training (torchtitan trains in bf16 or float8)"),
+    ("torchtitan-0.2", "dtype"): ({"dtype": "fp32"}, "fp32 training (torchtitan trains in bf16 or float8)"),
+    ("deepspeed", "sp"): ({"tp": 2, "dp": 4, "sp": True}, "Megatron sequence parallelism"),
+    ("deepspeed", "dtype"): (FP8_CURRENT, "fp8 training (Transformer Engine is configured in model code)"),
+    ("deepspeed", "optimizer_dtypes"): ({"optimizer_moment_dtype": "bf16"}, "moments bf16 (this export writes"),
+    ("deepspeed", "param_remainders"): ({"param_remainders": True}, "DeepSpeed keeps a whole fp32 master"),
+    ("deepspeed", "offload_layers"): ({"offload_layers": 2}, "activation offload of 2 layers"),
+    ("deepspeed", "dp_replicate"): ({"dp_replicate": 2}, "hybrid sharding over 2 replicas"),
+    ("deepspeed", "offload_moe_act"): ({"offload_moe_act": True}, "offload of the experts' fc1 output"),
+    ("deepspeed", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Transformer Engine's"),
+    ("torchtitan", "optimizer"): ({"optimizer": "muon"}, "the Muon optimizer (torchtitan's optimizer.name"),
+    ("torchtitan-0.2", "grad_checks"): ({"grad_nan_check": True}, "gradient NaN check or 1/dp pre-scaling"),
+    ("torchtitan", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
+    ("torchtitan", "dp_outer_optimizer"): ({"dp_outer_optimizer": True}, "across the hybrid-sharding replicas"),
+    ("torchtitan-0.2", "offload_moe_act"): ({"offload_moe_act": True}, "this export writes no offload hooks"),
+    ("torchtitan", "offload_layers"): ({"offload_layers": 2}, "activation offload of 2 layers"),
+    ("torchtitan", "recompute_layers"): ({"recompute_layers": 2}, "full recompute of the first 2 layers"),
+    ("deepspeed", "optimizer"): ({"optimizer": "muon"}, "DeepSpeed's applies it in its ZeRO optimizer"),
+    ("deepspeed", "grad_checks"): ({"grad_prescale": True}, "gradient NaN check or 1/dp pre-scaling"),
+    ("deepspeed", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
+    ("megatron", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Megatron-Core's"),
+    ("megatron", "master_dtype"): ({"optimizer_master_dtype": "bf16"}, "optimizer master weights bf16 (Megatron-LM's"),
+    ("megatron-bridge", "attention_kernel"): ({"attention_kernel": "flash2"}, "the flash2 attention kernel"),
+    ("megatron-bridge", "master_dtype"): ({"optimizer_master_dtype": "none"}, "optimizer master weights none"),
+    ("megatron-bridge", "fp8_moments"): ({"optimizer_moment_dtype": "fp8"}, "fp8 Adam moments"),
+    ("megatron-bridge", "cuda_graphs"): ({"cuda_graphs": "layers"}, "CUDA graphs (layers: Megatron-Bridge"),
 }
 
 
@@ -87,6 +120,14 @@ SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 
     "megatron-bridge": ("megatron-bridge", {**FP8_DELAYED, "fp8_params": True, "bf16_layers_end": 2}),
     "megatron-bridge-layers": ("megatron-bridge", {**FP8_CURRENT, "fp8_params": True}),
     "megatron-bridge-precision": ("megatron-bridge", FP8_DELAYED),
+    "torchtitan-tensorwise": ("torchtitan", FP8_CURRENT),
+    "torchtitan-fp16": ("torchtitan", {"dtype": "fp16"}),
+    "deepspeed-fp8": ("deepspeed", FP8_CURRENT),
+    "deepspeed-moments": ("deepspeed", {"optimizer_moment_dtype": "bf16"}),
+    "torchtitan-muon": ("torchtitan", {"optimizer": "muon"}),
+    "deepspeed-nan-check": ("deepspeed", {"grad_nan_check": True}),
+    "megatron-master": ("megatron", {"optimizer_master_dtype": "bf16"}),
+    "megatron-bridge-graphs": ("megatron-bridge", {"cuda_graphs": "layers"}),
 }
 
 
@@ -130,15 +171,17 @@ def test_passing_over_the_class_keeps_the_search(name, monkeypatch):
     lp = new.layout_plans
     reasons = every_plan_reasons(lp.plans, target, a.passed_plans, lp.plan)
     assert sum(reasons.values()) == a.passed and all(new.refusals[k] >= n for k, n in reasons.items())
-    assert set(reasons) == {every_plan_reason(lp.plan(a.passed_plans[0]), target)}
-    if target != "deepspeed":  # the search's switches refused whole: no row, every plan passed over but the rows
+    first = {next(k for k, r in EVERY_PLAN[target].items() if r(lp.plan(i))[1]) for i in a.passed_plans}
+    assert len(reasons) == len(first) and every_plan_reason(lp.plan(a.passed_plans[0]), target) in reasons
+    if switches:  # the search's switches refused whole: no row, every plan passed over but the rows
         assert not new.ranked and a.checked <= 5
 
 
 def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
-    """DeepSpeed refuses every plan with CP and every plan with EP, CP first in its check: over the plans of an
-    MoE search marked by both rules, every_plan_reasons counts those with CP under CP's words and the rest (EP
-    without CP) under EP's, not all of them under the first plan's rule."""
+    """DeepSpeed refuses every plan with CP, every plan with EP and every plan with SP, in that order in its check:
+    over the plans of an MoE search marked by those rules, every_plan_reasons counts those with CP under CP's words,
+    those with EP without CP under EP's and the rest (SP alone) under SP's, not all of them under the first plan's
+    rule."""
     import numpy as np
 
     from llmplan.search.grid import Workload, default_space, enumerate_plans
@@ -149,11 +192,13 @@ def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
     w = Workload(global_batch=256, seq_len=4096)
     a = enumerate_plans(default_space(m, cluster, w), cluster, w)
     idx = np.flatnonzero(every_plan_mask(a, "deepspeed"))
-    cp, ep = np.asarray(a.cp)[idx] > 1, np.asarray(a.ep)[idx] > 1
-    assert cp.any() and (ep & ~cp).any() and (cp | ep).all()
+    cp, ep, sp = np.asarray(a.cp)[idx] > 1, np.asarray(a.ep)[idx] > 1, np.asarray(a.sp)[idx]
+    assert cp.any() and (ep & ~cp).any() and (sp & ~cp & ~ep).any() and (cp | ep | sp).all()
     reasons = every_plan_reasons(a, "deepspeed", idx.tolist(), a.plan)
-    by_rule = {("context" if "context parallelism" in k else "expert"): n for k, n in reasons.items()}
-    assert len(reasons) == 2 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum())}
+    by_rule = {("context" if "context parallelism" in k else "expert" if "expert parallelism" in k else
+                "sequence" if "sequence parallelism" in k else k): n for k, n in reasons.items()}
+    assert len(reasons) == 3 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum()),
+                                             "sequence": int((sp & ~cp & ~ep).sum())}
     for why in reasons:
         assert why.startswith("deepspeed cannot express this plan: ")
 

@@ -33,10 +33,14 @@ def check(
                                           help="Allowed gap between computed and declared parameters."),
     base: Optional[str] = typer.Option(None, "--base", help="Git revision to diff the specs against."),
     fmt: str = typer.Option("text", "--format", help="text | json | github | junit."),
+    json_mode: bool = typer.Option(False, "--json", help="Print one JSON document (schema 1): --format json."),
 ) -> None:
     """Validate specs and profiles and re-check saved plans against them (exit 1 when a check fails)."""
     if fmt not in ("text", "json", "github", "junit"):
         raise LlmplanError(f"--format {fmt}: use text, json, github or junit")
+    if json_mode and fmt not in ("text", "json"):
+        raise LlmplanError(f"--json with --format {fmt}: --json is --format json; give one of them")
+    fmt = "json" if json_mode else fmt
     targets = list(paths or [])
     if not targets and plans is None:
         raise LlmplanError("give spec / plan paths or --plans DIR (e.g. llmplan check model_specs/ --plans plans/)")

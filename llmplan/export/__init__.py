@@ -108,27 +108,46 @@ def target_mode(target: str) -> str:
     return "train" if target in TRAIN_TARGETS else "infer"
 
 
+TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = {
+    "optimizer": torchtitan.muon_refusal, "dtype": torchtitan.dtype_refusal,
+    "grad_checks": torchtitan.grad_checks_refusal, "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
+    "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": torchtitan.swiglu_fp8_refusal,
+    "fp8_attention": torchtitan.fp8_attention_refusal, "grad_dtype": torchtitan.grad_reduce_refusal,
+    "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
+    "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
+"""The EVERY_PLAN rules of torchtitan's check_common (both releases), in its order."""
+
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
-    "megatron": {"bf16_layers": delayed_bf16_layers_refusal},
-    "megatron-bridge": {"precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
+    "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "master_dtype": megatron.master_dtype_refusal,
+                 "bf16_layers": delayed_bf16_layers_refusal},
+    "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
+                        "master_dtype": bridge.master_dtype_refusal,
+                        "fp8_moments": bridge.fp8_moments_refusal, "cuda_graphs": bridge.cuda_graphs_refusal,
+                        "precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
                         "preset_layers": bridge.preset_layers_refusal},
-    "deepspeed": {"cp": deepspeed.context_parallel_refusal, "ep": deepspeed.expert_parallel_refusal},
-    "torchtitan": {"optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
-                   "param_remainders": torchtitan.param_remainders_refusal,
-                   "fp8_attention": torchtitan.fp8_attention_refusal,
-                   "grad_dtype": torchtitan.grad_reduce_refusal},
-    "torchtitan-0.2": {"optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
-                       "param_remainders": torchtitan.param_remainders_refusal,
-                       "fp8_attention": torchtitan.fp8_attention_refusal,
-                       "grad_dtype": torchtitan.grad_reduce_refusal,
-                       "fp8_scaling": torchtitan.delayed_scaling_refusal},
+    "deepspeed": {"optimizer": deepspeed.muon_refusal, "cp": deepspeed.context_parallel_refusal,
+                  "grad_checks": deepspeed.grad_checks_refusal, "ep": deepspeed.expert_parallel_refusal,
+                  "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,
+                  "optimizer_dtypes": deepspeed.optimizer_dtype_refusal,
+                  "param_remainders": deepspeed.param_remainders_refusal,
+                  "swiglu_fp8_input": deepspeed.swiglu_fp8_refusal,
+                  "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
+                  "offload_moe_act": deepspeed.offload_moe_act_refusal,
+                  "fp8_attention": deepspeed.fp8_attention_refusal},
+    "torchtitan": {**TORCHTITAN_COMMON, "fp8_recipe": torchtitan.tensorwise_refusal},
+    "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
 """Target -> the plan field a rule reads (a name for the fields, where it reads several) -> a rule of the target's
-check (the same function, called there) whose only condition is on that field: a plan axis above 1 (the target
-refuses every plan with it, whatever else the plan sets), or a workload switch (it refuses every plan of a search
-holding it: torchtitan's bf16 gradient reduction, Adam states below fp32, remainders, FP8 attention; Megatron's
-bf16 layers under fp8 delayed scaling; a precision Megatron-Bridge has no preset for, or fp8 layers kept in bf16
-other than its preset keeps). Each target's rules in the order its check meets them, so that the
+check (the same function, called there) whose only condition is on that field: a plan axis (the target refuses
+every plan with it, whatever else the plan sets: DeepSpeed's CP, EP and SP), or a workload switch (it refuses every
+plan of a search holding it: torchtitan's Muon, fp16 / fp32 training, Megatron's gradient NaN check / pre-scaling,
+Adam states below fp32, remainders, the SwiGLU input in fp8, FP8 attention, bf16 gradient reduction, outer
+optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise
+scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
+remainders, the SwiGLU input in fp8, activation and expert fc1 offload, hybrid sharding, FP8 attention; Megatron's
+FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-Bridge's attention kernel
+other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no preset for, or fp8
+layers kept in bf16 other than its preset keeps). Each target's rules in the order its check meets them, so that the
 first rule that refuses a plan is the one its check names (where no other rule of the check comes first).
 search --target passes over the plans these rules refuse (every_plan_mask)."""
 

@@ -184,6 +184,34 @@ def muon_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     return out + muon_weight_gather_off(pf)
 
 
+def attention_kernel_refusal(p: Any) -> tuple[str, bool, str]:
+    """An attention kernel other than native flash, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"the {p.attention_kernel if p.flash_attention else 'unfused'} attention kernel (model.attention_backend "
+            "holds an AttnBackend enum, which a KEY=VALUE override would set as text)",
+            not p.flash_attention or p.attention_kernel != "native",
+            "re-plan with --flash-attention --attention-kernel native, or export to megatron")
+
+
+def master_dtype_refusal(p: Any) -> tuple[str, bool, str]:
+    """A bf16 master or none, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"optimizer master weights {p.optimizer_master_dtype} (Megatron-Core's main_params_dtype is float32 "
+            "or float16)", p.optimizer_master_dtype in ("bf16", "none"),
+            "re-plan with --optimizer-master-dtype fp32 or fp16, or export to megatron")
+
+
+def fp8_moments_refusal(p: Any) -> tuple[str, bool, str]:
+    """fp8 Adam moments, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("fp8 Adam moments (OptimizerConfig.exp_avg_dtype holds a torch dtype, which a KEY=VALUE override "
+            "would set as text; Megatron-LM's --exp-avg-dtype fp8 maps it to uint8)", p.optimizer_moment_dtype == "fp8",
+            "export to megatron")
+
+
+def cuda_graphs_refusal(p: Any) -> tuple[str, bool, str]:
+    """CUDA graphs, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
+            "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p, m = pf.plan, pf.model
@@ -217,22 +245,15 @@ def check(pf: PlanFile) -> None:
          "re-plan with --recompute selective or full, or export to torchtitan"),
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
          "re-plan with --moe-routing random"),
-        (f"the {p.attention_kernel if p.flash_attention else 'unfused'} attention kernel (model.attention_backend "
-         "holds an AttnBackend enum, which a KEY=VALUE override would set as text)",
-         not p.flash_attention or p.attention_kernel != "native",
-         "re-plan with --flash-attention --attention-kernel native, or export to megatron"),
+        attention_kernel_refusal(p),
         ("TP / EP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object and a "
          "userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
          "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+        master_dtype_refusal(p),  # these two before zero 0's rule: no axis makes them export
+        fp8_moments_refusal(p),
         ("the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero 0 (Megatron-Core "
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
-        (f"optimizer master weights {p.optimizer_master_dtype} (Megatron-Core's main_params_dtype is float32 "
-         "or float16)", p.optimizer_master_dtype in ("bf16", "none"),
-         "re-plan with --optimizer-master-dtype fp32 or fp16, or export to megatron"),
-        ("fp8 Adam moments (OptimizerConfig.exp_avg_dtype holds a torch dtype, which a KEY=VALUE override "
-         "would set as text; Megatron-LM's --exp-avg-dtype fp8 maps it to uint8)", p.optimizer_moment_dtype == "fp8",
-         "export to megatron"),
         (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, a "
          "RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
          "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules"),
@@ -243,8 +264,7 @@ def check(pf: PlanFile) -> None:
          and "core_attn" in (p.recompute_modules or ("core_attn",)),
          "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
         cast_add_refusal(pf),
-        (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
-         "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron"),
+        cuda_graphs_refusal(p),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
          "the context extension's RoPE scaling, which this export does not write", p.seq_len > m.max_position_embeddings,
          "export to megatron (it writes YaRN), or re-plan with --seq-len at most max_position_embeddings"),

@@ -13,6 +13,28 @@ from llmplan.specs.plan import ParallelPlan
 TARGET = "deepspeed"
 
 
+def muon_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The Muon optimizer, refused whatever else the plan sets (export.EVERY_PLAN): DeepSpeed's Muon
+    (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
+    DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices."""
+    return ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
+            "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
+            "export to megatron or megatron-bridge, or re-plan with --optimizer adam")
+
+
+def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron-LM's gradient NaN check or pre-scaling, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
+            bool(p.grad_nan_check or p.grad_prescale),
+            "set grad_nan_check and grad_prescale false, or export to megatron")
+
+
+def swiglu_fp8_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The SwiGLU input kept in fp8, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
+            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+
+
 def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Context parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"
@@ -24,16 +46,64 @@ def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return f"expert parallelism (ep {p.ep}; DeepSpeed-MoE sets it in the model code)", p.ep > 1, "export to megatron"
 
 
+def sequence_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron sequence parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return "Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"
+
+
+def low_precision_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8 / fp4 training, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
+            "export to megatron")
+
+
+def optimizer_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Adam states below fp32, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (this export "
+            "writes DeepSpeed's fp32 master and moments; its bf16 section keeps bf16 states only together with bf16 "
+            "master weights and gradients, bf16_master_weights_and_grads)",
+            p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
+            "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron")
+
+
+def param_remainders_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The master kept as remainders, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
+            "whole fp32 master)", bool(p.param_remainders), "re-plan with --no-param-remainders, or export to megatron")
+
+
+def offload_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron's activation offload, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
+            "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
+            p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron")
+
+
+def dp_replicate_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Hybrid sharding, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
+            "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
+            "re-plan with --dp-replicate 1, or export to megatron")
+
+
+def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
+            bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")
+
+
+def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """FP8 attention, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", bool(p.fp8_attention),
+            "re-plan without fp8_attention, or export to megatron-bridge")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
     for what, bad, fix in (
-        # DeepSpeed's Muon (deepspeed/runtime/zero/muon, blogs/muon-optimizer) runs its update inside
-        # DeepSpeedZeroOptimizer.get_flat_partition, not as Megatron's layer-wise optimizer that cost.muon prices
-        ("the Muon optimizer (llmplan prices Megatron-LM's layer-wise Muon; DeepSpeed's applies it in its ZeRO "
-         "optimizer's gradient partitioning, whose step is not priced)", p.optimizer == "muon",
-         "export to megatron or megatron-bridge, or re-plan with --optimizer adam"),
+        muon_refusal(p),
         kept_grad_shards_refusal(pf),
     ):
         if bad:
@@ -46,35 +116,21 @@ def check(pf: PlanFile) -> None:
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
         context_parallel_refusal(p),
-        ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
-         p.grad_nan_check or p.grad_prescale, "set grad_nan_check and grad_prescale false, or export to megatron"),
+        grad_checks_refusal(p),
         expert_parallel_refusal(p),
-        ("Megatron sequence parallelism", p.sp, "re-plan with --no-sp or export to megatron"),
+        sequence_parallel_refusal(p),
         (f"the {p.pp_schedule} pipeline schedule (DeepSpeed's pipeline engine runs 1F1B)",
          launcher_schedule("deepspeed", p.pp_schedule) is None,
          "re-plan with --pp-schedule 1f1b"),
-        (f"{p.dtype} training (Transformer Engine is configured in model code)", p.dtype in ("fp8", "fp4"),
-         "export to megatron"),
+        low_precision_refusal(p),
         (f"interleaved pipeline stages (vpp {p.vpp})", p.vpp > 1, "re-plan with --vpp 1 or export to megatron"),
-        (f"optimizer states master {p.optimizer_master_dtype} / moments {p.optimizer_moment_dtype} (this export "
-         "writes DeepSpeed's fp32 master and moments; its bf16 section keeps bf16 states only together with bf16 "
-         "master weights and gradients, bf16_master_weights_and_grads)",
-         p.optimizer_master_dtype != "fp32" or p.optimizer_moment_dtype != "fp32",
-         "re-plan with --optimizer-master-dtype fp32 --optimizer-moment-dtype fp32, or export to megatron"),
-        ("the fp32 master kept as 16-bit remainders (Megatron-Core's store_param_remainders; DeepSpeed keeps a "
-         "whole fp32 master)", p.param_remainders, "re-plan with --no-param-remainders, or export to megatron"),
-        ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)", p.swiglu_fp8_input,
-         "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge"),
-        (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers; "
-         "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
-         p.offload_layers > 0, "re-plan without --offload-activations-layers, or export to megatron"),
-        (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
-         "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
-         "re-plan with --dp-replicate 1, or export to megatron"),
-        ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
-         p.offload_moe_act, "re-plan without --offload-moe-act, or export to megatron"),
-        ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", p.fp8_attention,
-         "re-plan without fp8_attention, or export to megatron-bridge"),
+        optimizer_dtype_refusal(p),
+        param_remainders_refusal(p),
+        swiglu_fp8_refusal(p),
+        offload_layers_refusal(p),
+        dp_replicate_refusal(p),
+        offload_moe_act_refusal(p),
+        fp8_attention_refusal(p),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",

@@ -363,6 +363,19 @@ def built_mtp(pf: PlanFile) -> int:
     return 0
 
 
+def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """FP8 attention, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("FP8 dot-product attention (Megatron-Core's TransformerConfig.fp8_dot_product_attention; Megatron-LM's "
+            "arguments.py at d98e8a6 has no flag for it)", bool(p.fp8_attention),
+            "export to megatron-bridge, or re-plan without fp8_attention")
+
+
+def master_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """A bf16 master or none, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"optimizer master weights {p.optimizer_master_dtype} (Megatron-LM's --main-params-dtype takes fp32 or "
+            "fp16)", p.optimizer_master_dtype in ("bf16", "none"), "re-plan with --optimizer-master-dtype fp32 or fp16")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
@@ -411,10 +424,9 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    if p.fp8_attention:
-        raise refuse(TARGET, "FP8 dot-product attention (Megatron-Core's TransformerConfig.fp8_dot_product_attention; "
-                     "Megatron-LM's arguments.py at d98e8a6 has no flag for it)",
-                     "export to megatron-bridge, or re-plan without fp8_attention")
+    what, bad, fix = fp8_attention_refusal(p)
+    if bad:
+        raise refuse(TARGET, what, fix)
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
@@ -437,6 +449,9 @@ def check(pf: PlanFile) -> None:
                      "(Megatron-LM's layer-wise param layout hands the AdamW parameters to a distributed optimizer "
                      "that takes no expert-parallel ones)", "re-plan with --grad-reduce all-reduce (its legacy "
                      "layer-wise path)")
+    what, bad, fix = master_dtype_refusal(p)  # before zero 0's rule: no axis makes a bf16 master export
+    if bad:
+        raise refuse(TARGET, what, fix)
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
@@ -452,9 +467,6 @@ def check(pf: PlanFile) -> None:
                      "--use-precision-aware-optimizer then keeps the master as 16-bit remainders "
                      "(store_param_remainders, on by default, no flag to turn it off), 2 bytes per parameter "
                      "less than this plan prices", "re-plan with --param-remainders, or export to megatron-bridge")
-    if p.optimizer_master_dtype in ("bf16", "none"):
-        raise refuse(TARGET, f"optimizer master weights {p.optimizer_master_dtype} (Megatron-LM's "
-                     "--main-params-dtype takes fp32 or fp16)", "re-plan with --optimizer-master-dtype fp32 or fp16")
     if p.dtype == "fp8" and p.recipe == "rowwise":
         raise refuse(TARGET, "fp8 rowwise scaling (torchao's recipe; Megatron-LM's --fp8-recipe takes delayed, "
                      "tensorwise, blockwise or mxfp8)", "re-plan with --precision fp8-blockwise or "

@@ -95,6 +95,69 @@ def delayed_scaling_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "cast's own amax)", bad, "re-plan with --fp8-scaling current")
 
 
+def dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp16 / fp32 training, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return f"{p.dtype} training (torchtitan trains in bf16 or float8)", p.dtype in ("fp16", "fp32"), "use --dtype bf16"
+
+
+def tensorwise_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8 per-tensor scaling, refused by torchtitan 0.3.0 whatever else the plan sets (export.EVERY_PLAN): its
+    float8 config functions set rowwise scaling. (Other fp8 recipes and fp4 meet _check_common's recipe rule
+    first, in both releases.)"""
+    return (f"fp8 {p.recipe} scaling (torchtitan {TORCHTITAN_VERSION}'s float8 config functions use rowwise "
+            "scaling)", p.dtype == "fp8" and p.recipe == "tensorwise",
+            "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
+
+
+def muon_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The Muon optimizer, refused whatever else the plan sets (export.EVERY_PLAN): torchtitan v0.2.2
+    components/optimizer.py builds Adam or AdamW only (its DistMuon came on main 2026-08-13, bb90ff9c2,
+    unverified in a release llmplan targets)."""
+    return ("the Muon optimizer (torchtitan's optimizer.name builds Adam or AdamW)", p.optimizer == "muon",
+            "export to megatron or megatron-bridge, or re-plan with --optimizer adam")
+
+
+def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron-LM's gradient NaN check or pre-scaling, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale: FSDP2 averages "
+            "inside its reduce-scatter)", bool(p.grad_nan_check or p.grad_prescale),
+            "set grad_nan_check and grad_prescale false, or export to megatron")
+
+
+def swiglu_fp8_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The SwiGLU input kept in fp8, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
+            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+
+
+def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The optimizer sharded across replicas, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("the optimizer sharded across the hybrid-sharding replicas (Megatron-FSDP's outer optim sharding; "
+            "FSDP2's HSDP replicates the shard group's optimizer states)", bool(p.dp_outer_optimizer),
+            "re-plan without --dp-outer-optimizer")
+
+
+def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act; this export "
+            "writes no offload hooks)", bool(p.offload_moe_act),
+            "re-plan without --offload-moe-act, or export to megatron")
+
+
+def offload_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron's activation offload, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers through "
+            "Transformer Engine's offload context; this export writes no offload hooks)", p.offload_layers > 0,
+            "re-plan without --offload-activations-layers, or export to megatron")
+
+
+def recompute_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Recompute of the first layers only, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's layer "
+            "checkpointing takes every layer, or every Nth layer: a different set)", p.recompute_layers is not None,
+            "re-plan without --recompute-layers, or export to megatron")
+
+
 def _check_common(pf: PlanFile, target: str) -> None:
     need_mode(pf, "train", target)
     if pf.model.is_hybrid:
@@ -104,19 +167,18 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the latent MoE of {pf.model.name} (moe_latent_size {pf.model.moe_latent_size}: "
                      "torchtitan's MoE has no latent projections around its experts)", "export to megatron")
     p = pf.plan
-    if p.optimizer == "muon":  # torchtitan v0.2.2 components/optimizer.py: optimizer_classes Adam and AdamW only;
-        # its DistMuon came on main 2026-08-13 (bb90ff9c2), unverified in a release llmplan targets
-        raise refuse(target, "the Muon optimizer (torchtitan's optimizer.name builds Adam or AdamW)",
-                     "export to megatron or megatron-bridge, or re-plan with --optimizer adam")
+    what, bad, fix = muon_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
-    if p.dtype in ("fp16", "fp32"):
-        raise refuse(target, f"{p.dtype} training (torchtitan trains in bf16 or float8)", "use --dtype bf16")
-    if p.grad_nan_check or p.grad_prescale:
-        raise refuse(target, "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / "
-                     "grad_prescale: FSDP2 averages inside its reduce-scatter)",
-                     "set grad_nan_check and grad_prescale false, or export to megatron")
+    what, bad, fix = dtype_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
+    what, bad, fix = grad_checks_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
                            *softmax_kernel_refusals(pf),
                           parallel_block_refusal(pf), kept_grad_shards_refusal(pf)]:
@@ -145,9 +207,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "--first-last-layers-bf16, --te-precision-config-file; this export writes no float8 filter)",
                      "re-plan with --bf16-layers-start 0 --bf16-layers-end 0 and no --bf16-modules, or export to "
                      "megatron")
-    if p.swiglu_fp8_input:
-        raise refuse(target, "the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
-                     "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+    what, bad, fix = swiglu_fp8_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     what, bad, fix = fp8_attention_refusal(p)
     if bad:
         raise refuse(target, what, fix)
@@ -174,22 +236,10 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    if p.dp_outer_optimizer:
-        raise refuse(target, "the optimizer sharded across the hybrid-sharding replicas (Megatron-FSDP's outer "
-                     "optim sharding; FSDP2's HSDP replicates the shard group's optimizer states)",
-                     "re-plan without --dp-outer-optimizer")
-    if p.offload_moe_act:
-        raise refuse(target, "fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules "
-                     "moe_act; this export writes no offload hooks)", "re-plan without --offload-moe-act, or "
-                     "export to megatron")
-    if p.offload_layers:
-        raise refuse(target, f"activation offload of {p.offload_layers} layers (Megatron-Core's "
-                     "cpu_offloading_num_layers through Transformer Engine's offload context; this export writes "
-                     "no offload hooks)", "re-plan without --offload-activations-layers, or export to megatron")
-    if p.recompute_layers is not None:
-        raise refuse(target, f"full recompute of the first {p.recompute_layers} layers of each chunk (torchtitan's "
-                     "layer checkpointing takes every layer, or every Nth layer: a different set)",
-                     "re-plan without --recompute-layers, or export to megatron")
+    for what, bad, fix in (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_layers_refusal(p),
+                           recompute_layers_refusal(p)):
+        if bad:
+            raise refuse(target, what, fix)
 
 
 def check(pf: PlanFile) -> None:
@@ -201,9 +251,9 @@ def check(pf: PlanFile) -> None:
                      f"use one of {', '.join(sorted(CONFIGS))}, or export to megatron"
                      + (" or torchtitan-0.2" if m.name in FLAVORS else ""))
     module, bf16, fp8 = CONFIGS[m.name]
-    if p.dtype == "fp8" and p.recipe != "rowwise":
-        raise refuse(TARGET, f"fp8 {p.recipe} scaling (torchtitan {TORCHTITAN_VERSION}'s float8 config functions "
-                     "use rowwise scaling)", "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
+    what, bad, fix = tensorwise_refusal(p)  # _check_common refused the other fp8 recipes
+    if bad:
+        raise refuse(TARGET, what, fix)
     if (fp8 if p.dtype == "fp8" else bf16) is None:
         other = "bf16" if p.dtype == "fp8" else "fp8"
         raise refuse(TARGET, f"{p.dtype} training of {m.name} (torchtitan {TORCHTITAN_VERSION} sets float8 in a "
