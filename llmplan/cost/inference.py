@@ -101,6 +101,15 @@ def batched_prompts(job: ServeJob) -> float:
     return max(float(job.max_num_batched_tokens) / max(job.uncached_input, 1.0), 1.0)
 
 
+def batched_prefill_context(job: ServeJob) -> float:
+    """Keys a prompt token of a batched prefill step of T = max_num_batched_tokens tokens attends to on average:
+    the cached prefix and half the step's part of its prompt, cached + min(s_new, T) / 2.
+    Derived: docs/formulas.md#infer.throughput"""
+    T = float(job.max_num_batched_tokens)
+    cached = job.input_len - job.uncached_input
+    return cached + min(max(job.uncached_input, 1.0), T) / 2
+
+
 def prefill_logit_rows(prompts: Any, decodes: Any = 0.0) -> Any:
     """Rows of a prefill step's output layer and sampler (step_seconds' `logit_rows`): one per request in the
     step, each prompt (or chunk of one) at its last token, each decode at its one token, not every prompt
@@ -126,8 +135,7 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     Derived: docs/formulas.md#infer.throughput"""
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
-    cached = job.input_len - job.uncached_input
-    stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, cached + min(new, T) / 2), 0.0,
+    stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, batched_prefill_context(job)), 0.0,
                          engine=job.engine, logit_rows=prefill_logit_rows(batched_prompts(job)))
     hop = stage_hop_seconds(m, plan, system, spans, T)
     draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
@@ -141,9 +149,8 @@ def batched_draft_prompt_seconds(m: ModelSpec, plan: ServePlan, system: SystemSp
     Derived: docs/formulas.md#infer.speculative"""
     from llmplan.cost.speculative import draft_prompt_seconds  # builds on this module: imported where used
     T = float(job.max_num_batched_tokens)
-    new = max(job.uncached_input, 1.0)
-    cached = job.input_len - job.uncached_input
-    return float(draft_prompt_seconds(m, plan, system, spans, job, T, cached + min(new, T) / 2, batched_prompts(job)))
+    return float(draft_prompt_seconds(m, plan, system, spans, job, T, batched_prefill_context(job),
+                                      batched_prompts(job)))
 
 
 @dataclass(frozen=True)
