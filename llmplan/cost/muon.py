@@ -109,12 +109,16 @@ def model_muon_params(m: ModelSpec) -> Any:
     holds their momentum). Derived: docs/formulas.md#optim.muon_memory"""
     dense, moe, experts = layer_matrices(m, 1, 1, 1)
     n_moe = m.num_moe_layers
-    size = lambda r, c: r * c  # noqa: E731
-    return (m.num_hidden_layers - n_moe) * _total(dense, size) + n_moe * (_total(moe, size) + _total(experts, size))
+    return (m.num_hidden_layers - n_moe) * _total(dense, _elements) + n_moe * (_total(moe, _elements)
+                                                                               + _total(experts, _elements))
 
 
 def _total(shapes: Shapes, f: Any) -> Any:
     return sum((n * f(r, c) for n, r, c in shapes), 0.0)
+
+
+def _elements(rows: Any, cols: Any) -> Any:
+    return rows * cols
 
 
 def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any, paired: bool = True) -> RankParams:
@@ -136,7 +140,7 @@ def muon_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = Tru
     Derived: docs/formulas.md#optim.muon_params"""
     if plan.optimizer != "muon":
         return RankParams(dense=0.0, expert=0.0)
-    return stage_sum(m, plan, stage, lambda r, c: r * c, paired)
+    return stage_sum(m, plan, stage, _elements, paired)
 
 
 def muon_moment_saving(plan: ParallelPlan, muon: RankParams) -> Any:
