@@ -193,17 +193,17 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     k = spec.num_speculative_tokens
     draft = draft_model(m, spec)
     alpha = acceptance_of(spec)
+    gained = tokens_per_step(alpha, k)
     draft_s: Any = 0.0
     if draft is not None:
-        passes = draft_passes(k, engine, tokens_per_step(alpha, k))
+        passes = draft_passes(k, engine, gained)
         for q in sorted(set(passes)):
             draft_s = draft_s + passes.count(q) * decode_tpot(
                 draft, draft_plan(plan), system, spans, batch, context, queries=q, engine=engine, sample_last=True,
                 **draft_pass_graphs(engine, q, k, graph_sizes, graph_top))
     verify = decode_tpot(m, plan, system, spans, batch, context, overhead, queries=k + 1, engine=engine,
                          graph_sizes=graph_sizes, graph_top=graph_top)
-    return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=tokens_per_step(alpha, k),
-                           acceptance_rate=alpha)
+    return SpeculativeStep(draft=draft_s, verify=verify, tokens_per_step=gained, acceptance_rate=alpha)
 
 
 def speculative_tpot(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
