@@ -13,7 +13,8 @@ import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse
+from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse,
+                                   swiglu_fp8_refusal)
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
@@ -111,7 +112,7 @@ def target_mode(target: str) -> str:
 TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = {
     "optimizer": torchtitan.muon_refusal, "dtype": torchtitan.dtype_refusal,
     "grad_checks": torchtitan.grad_checks_refusal, "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
-    "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": torchtitan.swiglu_fp8_refusal,
+    "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "fp8_attention": torchtitan.fp8_attention_refusal, "grad_dtype": torchtitan.grad_reduce_refusal,
     "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
     "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
@@ -130,7 +131,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,
                   "optimizer_dtypes": deepspeed.optimizer_dtype_refusal,
                   "param_remainders": deepspeed.param_remainders_refusal,
-                  "swiglu_fp8_input": deepspeed.swiglu_fp8_refusal,
+                  "swiglu_fp8_input": swiglu_fp8_refusal,
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
                   "fp8_attention": deepspeed.fp8_attention_refusal},
