@@ -176,9 +176,14 @@ def every_plan_mask(plans: Any, target: str) -> np.ndarray:
     n = len(plans)
     out = np.zeros(n, dtype=bool)
     for rule in EVERY_PLAN.get(target, {}).values():
-        _, bad, _ = rule(plans)
-        out |= np.broadcast_to(np.asarray(bad, dtype=bool), (n,))
+        out |= _refused(rule, plans)
     return out
+
+
+def _refused(rule: Callable[[ParallelPlan], tuple[str, bool, str]], plans: Any) -> np.ndarray:
+    """Which of the arrays `plans` the EVERY_PLAN `rule` refuses: its condition read elementwise, one bool a plan
+    (a condition on no array field, a scalar, is broadcast)."""
+    return np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (len(plans),))
 
 
 def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
@@ -194,7 +199,7 @@ def every_plan_reasons(plans: Any, target: str, idx: Sequence[int], plan: Callab
     left = np.asarray(idx, dtype=int)
     out: Counter = Counter()
     for rule in EVERY_PLAN.get(target, {}).values():
-        bad = np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (len(plans),))[left]
+        bad = _refused(rule, plans)[left]
         if bad.any():
             out[_worded(target, rule, plan(int(left[bad][0]))) or "refused whole"] += int(bad.sum())
         left = left[~bad]
@@ -209,7 +214,7 @@ def every_plan_blocks(plans: Any, target: str, plan: Callable[[int], ParallelPla
     n = len(plans)
     out: list[tuple[str, str]] = []
     for rule in EVERY_PLAN.get(target, {}).values() if n else ():
-        if np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (n,)).all():
+        if _refused(rule, plans).all():
             what, _, fix = rule(plan(0))
             out.append((what, fix))
     return out
