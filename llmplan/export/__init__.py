@@ -13,7 +13,8 @@ import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse
+from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse,
+                                   swiglu_fp8_refusal)
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
@@ -111,7 +112,7 @@ def target_mode(target: str) -> str:
 TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = {
     "optimizer": torchtitan.muon_refusal, "dtype": torchtitan.dtype_refusal,
     "grad_checks": torchtitan.grad_checks_refusal, "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
-    "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": torchtitan.swiglu_fp8_refusal,
+    "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "fp8_attention": torchtitan.fp8_attention_refusal, "grad_dtype": torchtitan.grad_reduce_refusal,
     "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
     "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
@@ -130,7 +131,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,
                   "optimizer_dtypes": deepspeed.optimizer_dtype_refusal,
                   "param_remainders": deepspeed.param_remainders_refusal,
-                  "swiglu_fp8_input": deepspeed.swiglu_fp8_refusal,
+                  "swiglu_fp8_input": swiglu_fp8_refusal,
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
                   "fp8_attention": deepspeed.fp8_attention_refusal},
@@ -175,9 +176,14 @@ def every_plan_mask(plans: Any, target: str) -> np.ndarray:
     n = len(plans)
     out = np.zeros(n, dtype=bool)
     for rule in EVERY_PLAN.get(target, {}).values():
-        _, bad, _ = rule(plans)
-        out |= np.broadcast_to(np.asarray(bad, dtype=bool), (n,))
+        out |= _refused(rule, plans)
     return out
+
+
+def _refused(rule: Callable[[ParallelPlan], tuple[str, bool, str]], plans: Any) -> np.ndarray:
+    """Which of the arrays `plans` the EVERY_PLAN `rule` refuses: its condition read elementwise, one bool a plan
+    (a condition on no array field, a scalar, is broadcast)."""
+    return np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (len(plans),))
 
 
 def every_plan_reason(plan: ParallelPlan, target: str) -> str | None:
@@ -193,7 +199,7 @@ def every_plan_reasons(plans: Any, target: str, idx: Sequence[int], plan: Callab
     left = np.asarray(idx, dtype=int)
     out: Counter = Counter()
     for rule in EVERY_PLAN.get(target, {}).values():
-        bad = np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (len(plans),))[left]
+        bad = _refused(rule, plans)[left]
         if bad.any():
             out[_worded(target, rule, plan(int(left[bad][0]))) or "refused whole"] += int(bad.sum())
         left = left[~bad]
@@ -208,7 +214,7 @@ def every_plan_blocks(plans: Any, target: str, plan: Callable[[int], ParallelPla
     n = len(plans)
     out: list[tuple[str, str]] = []
     for rule in EVERY_PLAN.get(target, {}).values() if n else ():
-        if np.broadcast_to(np.asarray(rule(plans)[1], dtype=bool), (n,)).all():
+        if _refused(rule, plans).all():
             what, _, fix = rule(plan(0))
             out.append((what, fix))
     return out

@@ -139,6 +139,13 @@ def cast_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             pf.plan.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add")
 
 
+def swiglu_fp8_refusal(p: Any) -> tuple[str, bool, str]:
+    """The SwiGLU input kept in fp8, which torchtitan and DeepSpeed refuse whatever else the plan sets
+    (export.EVERY_PLAN)."""
+    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
+            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
+
+
 def delayed_bf16_layers_refusal(p: Any) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for layers kept in bf16 under fp8 per-tensor delayed scaling, which
     Megatron-LM and Megatron-Bridge refuse whatever else the plan sets (export.EVERY_PLAN): Megatron-LM

@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, refuse, sh_header)
+                                   kept_grad_shards_refusal, refuse, sh_header, swiglu_fp8_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 
@@ -27,12 +27,6 @@ def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
             bool(p.grad_nan_check or p.grad_prescale),
             "set grad_nan_check and grad_prescale false, or export to megatron")
-
-
-def swiglu_fp8_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """The SwiGLU input kept in fp8, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
-            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
 
 
 def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

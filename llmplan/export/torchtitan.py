@@ -15,7 +15,7 @@ from __future__ import annotations
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
-                                   softmax_kernel_refusals,
+                                   softmax_kernel_refusals, swiglu_fp8_refusal,
                                    parallel_block_refusal, kept_grad_shards_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -122,12 +122,6 @@ def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale: FSDP2 averages "
             "inside its reduce-scatter)", bool(p.grad_nan_check or p.grad_prescale),
             "set grad_nan_check and grad_prescale false, or export to megatron")
-
-
-def swiglu_fp8_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """The SwiGLU input kept in fp8, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return ("the SwiGLU input kept in fp8 (Megatron-Core's activation_func_fp8_input_store)",
-            bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
 
 
 def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
