@@ -242,9 +242,42 @@ def flash2_asymptote(gpu: GpuSpec) -> float:
 def serving_attention_asymptote(gpu: GpuSpec) -> float:
     """The fused attention asymptote of a serving engine's prefill (cost.serve_step): the GPU's native kernel,
     FlashAttention-2 at its published rate where that is FA2 (Ampere: flash2_asymptote), else
-    attention_efficiency, the one training prices the native kernel at (fused_attention_asymptote).
-    Derived: docs/formulas.md#compute.flash2_rate"""
+    attention_efficiency, the one training prices the native kernel at (fused_attention_asymptote). A prefill in
+    an engine that runs FA3 takes serving_prefill_asymptote instead. Derived: docs/formulas.md#compute.flash2_rate"""
     return flash2_asymptote(gpu) if gpu.native_attention_flash2 else gpu.attention_efficiency
+
+
+def prefill_call_ratio(s: Any, prompts: Any, heads: float, sms: int) -> Any:
+    """The rate of one FlashAttention-3 varlen forward call over its asymptote, on `prompts` causal prompts of
+    `s` tokens each (no cached prefix) with `heads` query heads: one CTA per query tile of ATTENTION_TILE rows,
+    head and prompt, looping over the key tiles at and below the diagonal (the diagonal tile whole), each paying
+    the forward's fixed keys once (ATTENTION_FIXED_KEYS["native"]); the asymptote does the s^2/2 useful pairs
+    per head and prompt at one tile iteration per SM. FA3's Hopper forward runs 128 x 128 tiles at head dims
+    (192, 128) as at 128 (Dao-AILab/flash-attention @8a80215, hopper/tile_size.h, tile_size_fwd_sm90). Source:
+    Dao 2023, FlashAttention-2 §3.2; Shah et al. 2024 (FlashAttention-3), Figure 5 (the curve it follows,
+    tests/test_prefill_attention.py). Derived:
+    docs/formulas.md#infer.prefill_attention"""
+    n = np.ceil(np.asarray(s, dtype=float) / ATTENTION_TILE)
+    calls = np.maximum(np.asarray(prompts, dtype=float), 1.0) * heads  # (prompt, head) pairs in the call
+    useful = calls * (np.asarray(s, dtype=float) / ATTENTION_TILE) ** 2 / 2 / sms
+    k_fwd = ATTENTION_FIXED_KEYS["native"][0]
+    return useful / attention_call_seconds(calls * n, calls * n * (n + 1) / 2, n, sms, k_fwd)
+
+
+def serving_prefill_asymptote(m: ModelSpec, gpu: GpuSpec, fa3: bool, heads: float, tokens: Any, pairs: Any) -> Any:
+    """The fraction of the sustained bf16 peak a serving step's prefill attention runs at, on its causal pairs
+    (cost.serve_step counts each prompt's s^2/2): where the engine runs an MLA prefill in FA3 (`fa3`:
+    EngineRule.fa3_mla_prefill) and the GPU publishes FA3's forward rate (GpuSpec.fa3_forward_efficiency), that
+    rate read at its own clock (published_rate_clock) times prefill_call_ratio on the step's prompts, their
+    length the step's mean keys per query x 2 (exact for a batch of uncached prompts); else
+    serving_attention_asymptote. The head-dimension and softmax factors stay the caller's.
+    Derived: docs/formulas.md#infer.prefill_attention"""
+    if not fa3 or m.mla is None or gpu.fa3_forward_efficiency is None:
+        return serving_attention_asymptote(gpu)
+    T = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    s = np.maximum(2.0 * np.asarray(pairs, dtype=float) / T, 1.0)
+    ratio = prefill_call_ratio(s, T / s, heads, gpu.sm_count)
+    return gpu.fa3_forward_efficiency * published_rate_clock(gpu) * ratio
 
 
 def published_rate_clock(gpu: GpuSpec) -> float:

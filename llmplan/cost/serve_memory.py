@@ -54,6 +54,11 @@ class EngineRule:
     the tokens to the experts' ranks and combines them back by all-to-all; False, every rank runs its own
     experts on the TP group's replicated hidden states and the layer's TP all-reduce of the MoE output is the
     combine (TensorRT-LLM: no exchange beyond the two all-reduces, cost.serve_step.expert_exchange_seconds)."""
+    fa3_mla_prefill: bool = False
+    """An MLA model's prefill runs as multi-head attention (query-key 192, value 128 for DeepSeek-V3) in
+    FlashAttention-3's varlen forward, one causal call over the step's prompts, where the GPU publishes an FA3
+    forward rate (GpuSpec.fa3_forward_efficiency; cost.attention_rate.serving_prefill_asymptote). False: the
+    prefill attention is priced at the native kernel's asymptote (serving_attention_asymptote)."""
 
 
 ENGINES = {
@@ -72,7 +77,14 @@ ENGINES = {
                          allreduce_workspace_bytes=(16e6, 8e6), tp_moe_all_to_all=False),
     # Source: SGLang server arguments, --mem-fraction-static (model weights and KV cache pool); its overlap
     # scheduler hides host time.
-    "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static"),
+    # On Hopper with no --attention-backend it picks FA3 for MLA models ("Attention backend not set. Use fa3
+    # backend by default." with "Chunked prefix cache is turned on.": sgl-project/sglang#6017, the large-scale
+    # EP reproduction, 2025-05-15), and a prefill without cached prefix dispatches to MHA_CHUNKED_KV
+    # (fzyzcjy/sglang @017a591 python/sglang/srt/models/deepseek_v2.py, DeepseekV2AttentionMLA.
+    # dispatch_attn_forward_method: fa3 and sum(extend_prefix_lens) == 0), which FlashAttentionBackend.
+    # forward_extend runs as sgl_kernel's FA3 flash_attn_varlen_func(causal=True) over q / k of head dim 192 and
+    # v of 128 (its "MHA for extend part of sequence without attending prefix kv cache" branch; not pinned).
+    "sglang": EngineRule(False, False, False, 0.0, "SGLang ServerArgs mem_fraction_static", fa3_mla_prefill=True),
 }
 """Per-engine rules. step_overhead_s: 0 for the three, whose schedulers overlap host work with the GPU (the
 fit on the TensorRT-LLM runs also lands on 0, docs/validation.md#serving); without CUDA graphs every kernel

@@ -12,7 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.attention_rate import gpu_head_dim_ratio, serving_attention_asymptote
+from llmplan.cost.attention_rate import (
+    gpu_head_dim_ratio,
+    serving_attention_asymptote,
+    serving_prefill_asymptote,
+)
 from llmplan.cost.compute import (
     KERNEL_LAUNCH_S,
     TILE,
@@ -607,7 +611,11 @@ def step_compute_parts(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans:
     # The attention kernel streams the KV cache at its own published share of the HBM peak (FlashMLA's decode
     # kernel: 3,000 of 3,350 GB/s on H800), the training kernels' share where none is published.
     # Derived: docs/formulas.md#infer.decode_kv_bandwidth
-    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * serving_attention_asymptote(gpu)
+    # A prefill's attention runs in the engine's prefill kernel at its rate on the step's calls (FA3 varlen for
+    # SGLang's MLA prefill on Hopper). Derived: docs/formulas.md#infer.prefill_attention
+    asymptote = serving_attention_asymptote(gpu) if decode_only else serving_prefill_asymptote(
+        m, gpu, ENGINES[engine].fa3_mla_prefill, m.num_attention_heads / t, tokens, attn_pairs)
+    attention = np.maximum(attn_flops / (gpu.sustained_flops("bf16") * asymptote
                                          * gpu.softmax_attention_ratio * head),
                            np.asarray(kv_read, dtype=float) / gpu.decode_kv_achieved_bytes_per_s)
     # Unfused attention writes the scores S, reads them for the softmax, writes P and reads it for P·V: four

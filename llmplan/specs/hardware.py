@@ -144,6 +144,15 @@ class GpuSpec(Spec):
     (native_attention_flash2). A100: 1.07 (Dao 2023, FlashAttention-2, Figure 4d); GH100: 0.58
     (Dao-AILab/flash-attention assets/flash2_h100_fwd_bwd_benchmark.png); docs/formulas.md#compute.flash2_rate.
     None: FA2 runs at flash2_attention_ratio x the native kernel's asymptote."""
+    fa3_forward_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """FlashAttention-3's causal forward asymptote on this GPU, on the kernel's own count (causal pairs halved,
+    QK^T and PV: 2 x 2d FLOPs a pair) over the dense bf16 peak at the clock it was published at, the rate curve
+    at the benchmark's shape divided out (cost.attention_rate.prefill_call_ratio): the kernel a serving engine's
+    prefill runs where EngineRule.fa3_mla_prefill says so (cost.attention_rate.serving_prefill_asymptote). GH100:
+    0.66 (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figure 5, H100 SXM5, causal, head dim 128, 16
+    heads, batch x s = 16k: 579 / 602 / 616 TFLOP/s at 4k / 8k / 16k, asymptotes 0.672 / 0.653 / 0.646, the
+    mean; docs/formulas.md#infer.prefill_attention). None: no published FA3 forward rate; the prefill is
+    priced at serving_attention_asymptote."""
     attention_dropout_ratio: float | None = Field(default=None, ge=1, le=10)
     """Forward + backward time of the native fused attention kernel with attention dropout over its time
     without, bf16, head dim 128, as published for this GPU's die (Hopper cuDNN 1.034, B300 cuDNN 1.094:
