@@ -521,7 +521,7 @@ MBRIDGE_SKIP = (
       for r in ("25.11", "26.02") for g in ("h100", "b200")),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)
-(docs/validation.md#gptoss-2606-regression)."""
+(docs/validation.md#gptoss-2606-regression, #qwen3-h100-fp8-rows)."""
 MBRIDGE_OFFLOAD_LAYERS = {
     # (model, GPU, precision) -> cpu_offloading_num_layers of the Megatron-FSDP presets (TP 1-2, PP 1, no
     # recompute): scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py at v0.2.0 (25.11),
