@@ -107,9 +107,14 @@ def test_micro_batch_4_row_within_15_percent(published_runs, acc):
     assert pred == pytest.approx(meas, rel=0.15)
 
 
-def test_small_micro_batch_pays_more_per_token(published_runs, acc):
+def test_small_micro_batch_pays_more_per_token(published_runs, acc, monkeypatch):
     # published: micro-batch 1 runs 9,691 / 26,695 = 0.36 of micro-batch 4's tokens/s per GPU; before the
-    # per-expert path was priced llmplan gave 0.98 (29,217 / 29,801); priced, the ratio must fall below 0.8
+    # per-expert path was priced llmplan gave 0.98 (29,217 / 29,801); priced, the ratio must fall below 0.8.
+    # The micro-batch 1 row is not scored since docs/validation.md#qwen3-h100-fp8-rows (Megatron-Bridge issue
+    # #1998: the 25.11 / 26.02 dropless B200 and H100 runs are a known 2x regression; 25.09's token-drop B200 run
+    # at micro-batch 1 read 18,066, 0.68 of 26,695), so part of the published 0.36 is that regression; the
+    # model's ratio is priced here with the skip list emptied.
+    monkeypatch.setattr(acc, "MBRIDGE_SKIP", ())
     small, big = _row(acc, published_runs[B200_MBS1]), _row(acc, published_runs[B200_MBS4])
     assert small[1] / big[1] < 0.4
     assert small[0] / big[0] < 0.8
