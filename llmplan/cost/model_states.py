@@ -12,9 +12,10 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, param_counts, rank_params,
-                                 router_params, stage_end_params, stepped_rank_params)
+from llmplan.cost.compressed import hc_head_params
+from llmplan.cost.memo import memoized
+from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
+                                 rank_params, stage_end_params, stepped_rank_params)
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -261,14 +262,17 @@ def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     quantized_mtp = m.num_nextn_predict_layers * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
     ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    small = (n_dense + n_moe) * norms_per_layer(m) * norm_params(m) + n_moe * router_params(m)
-    return _kept(ends, rp.dense - ends, small, frac), (1.0 - frac) * rp.expert
+    dense_l, moe_l, expert_l = memoized(plan, ("nonmatrix_layer_params", m), lambda: nonmatrix_layer_params(
+        m, plan.tp, plan.ep, plan.etp_resolved))
+    return (_kept(ends, rp.dense - ends, n_dense * dense_l + n_moe * moe_l, frac),
+            _kept(0.0, rp.expert, n_moe * expert_l, frac))
 
 
 def _kept(ends: Any, layers: Any, small: Any, frac: Any) -> Any:
     """The bf16-kept share of `ends` (embedding, final norm, output layer) and `layers` (the transformer
-    layers' parameters, `small` of them norms and routers) when `frac` of the layers are quantized: the ends, the
-    bf16 layers whole, the quantized layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    layers' parameters, `small` of them no linear-layer weight: nonmatrix_layer_params) when `frac` of the layers
+    are quantized: the ends, the bf16 layers whole, the quantized layers' non-matrix parameters.
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     return ends + (1.0 - frac) * maximum(layers, 0.0) + frac * small
 
 
@@ -284,9 +288,10 @@ def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
     bf16_kept_params: the embeddings, the output layer and the final norm, the bf16 layers whole, the quantized
     layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     c = param_counts(m)
-    ends = c.embedding + c.output + norm_params(m)
-    return _kept(ends, c.total - ends, c.norms - norm_params(m) + c.router,
-                 plan.low_precision_layer_fraction(m.num_hidden_layers))
+    ends = c.embedding + c.output + norm_params(m) + hc_head_params(m)
+    dense_l, moe_l, expert_l = nonmatrix_layer_params(m, 1, 1, 1)  # whole layers
+    small = m.num_dense_layers * dense_l + m.num_moe_layers * (moe_l + expert_l)
+    return _kept(ends, c.total - ends, small, plan.low_precision_layer_fraction(m.num_hidden_layers))
 
 
 def bf16_parts_extra_bytes(plan: ParallelPlan) -> Any:
