@@ -15,7 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import hc_head_params
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
-                                 rank_params, stage_end_params, stepped_rank_params)
+                                 rank_params, router_params, stage_end_params, stepped_rank_params)
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -218,7 +218,8 @@ def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: b
     that are linear-layer weight matrices in the layers the recipe covers: what the recipe casts (its cached
     copies, MXFP8's unstaging and block amaxes) and what fp8_params stores in its format. The one rule, per
     stage: the stage's parameters less those kept in bf16 (_bf16_kept: embedding, position embedding, final norm,
-    output layer, norms, routers, bf16 layers); bf16_kept_params is its complement. A tied embedding at pp 1 is
+    output layer, bf16 layers, and every layer's non-matrix parameters: nonmatrix_layer_params); bf16_kept_params
+    is its complement. A tied embedding at pp 1 is
     one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     dense, expert = 0.0, 0.0
     for s in held_stages(plan, stage, paired):
@@ -242,12 +243,15 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool 
     stage): the word (and position) embedding, the final norm and
     the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear, no TE module), the
     layers the recipe keeps in bf16 (bf16_layer_counts: built outside the quantized-init context), and in the
-    quantized layers their norms and MoE routers (TE quantizes only parameters with an fp8_meta_index, the
-    GEMM weights; TopKRouter's weight is a plain parameter). MTP projections are built quantized.
+    quantized layers every parameter that is no TE GEMM weight (nonmatrix_layer_params: norms, biases, q/k and
+    latent norms, MoE routers, the recurrent mixers' convolution, A, D, dt-bias and gated norm; TE quantizes only
+    parameters with an fp8_meta_index, the GEMM weights; TopKRouter's weight is a plain parameter). MTP
+    projections are built quantized.
     Source: NVIDIA/Megatron-LM at 2a75ac12c, megatron/core/fp8_utils.py (get_fp8_context(is_init=True):
     fp8_model_init unless is_first_last_bf16_layer), transformer/transformer_block.py (_build_layers under
-    that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine
-    transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index).
+    that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine at d0067d0da6
+    transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index),
+    module/linear.py and module/grouped_linear.py (weights registered with an fp8_meta_index, biases without).
     Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     rp = stepped_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)
     low = low_precision_params(m, plan, stage, paired)
@@ -285,12 +289,14 @@ def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
 
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Parameters of the whole model (each once: param_counts) that stay in bf16 under fp8_params, by the rule of
-    bf16_kept_params: the embeddings, the output layer and the final norm, the bf16 layers whole, the quantized
-    layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    bf16_kept_params: the embeddings, the output layer, the final norm and hyper-connection head, the bf16 layers
+    whole, the quantized layers' non-matrix parameters (nonmatrix_layer_params of whole layers).
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     c = param_counts(m)
     ends = c.embedding + c.output + norm_params(m) + hc_head_params(m)
     dense_l, moe_l, expert_l = nonmatrix_layer_params(m, 1, 1, 1)  # whole layers
-    small = m.num_dense_layers * dense_l + m.num_moe_layers * (moe_l + expert_l)
+    # param_counts' routers (its hash layers hold no selection bias) for the layers' routers
+    small = m.num_dense_layers * dense_l + m.num_moe_layers * (moe_l + expert_l - router_params(m)) + c.router
     return _kept(ends, c.total - ends, small, plan.low_precision_layer_fraction(m.num_hidden_layers))
 
 
