@@ -75,7 +75,7 @@ def csa_nonmatrix_params(m: ModelSpec) -> int:
     """One CSA compressor and indexer's parameters that are no linear-layer weight: the position biases m x 2d
     and m x 2d_I and the norms d and d_I (plain parameters, left in bf16 by a quantized init).
     Source: transformers modeling_deepseek_v4.py (DeepseekV4CSACompressor, DeepseekV4Indexer).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     d, dI, c = m.d_head, m.index_head_dim or 0, m.compress_rate_csa
     return c * 2 * d + d + c * 2 * dI + dI
 
@@ -89,7 +89,7 @@ def hca_compressor_params(m: ModelSpec) -> int:
 def hca_nonmatrix_params(m: ModelSpec) -> int:
     """One HCA compressor's parameters that are no linear-layer weight: its position bias m' x d and norm d.
     Source: transformers modeling_deepseek_v4.py (DeepseekV4HCACompressor). Derived:
-    docs/formulas.md#mem.fp8_param_bf16_parts"""
+    docs/formulas.md#mem.nonmatrix_params"""
     return m.compress_rate_hca * m.d_head + m.d_head
 
 
@@ -162,7 +162,7 @@ def replicated_nonmatrix_params(m: ModelSpec) -> float:
     the compressors' position biases and norms, and its two hyper-connections whole (Megatron-Core builds them
     from torch.nn.Linear and nn.Parameter, no Transformer Engine module). Source: NVIDIA/Megatron-LM at
     d98e8a64dd, megatron/core/transformer/hyper_connection.py (HyperConnectionModule.__init__).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     n_csa, n_hca = compressed_layer_counts(m)
     compressors = n_csa * csa_nonmatrix_params(m) + n_hca * hca_nonmatrix_params(m)
     return compressors / m.num_hidden_layers + 2 * hc_params(m)

@@ -47,7 +47,7 @@ def mamba_nonmatrix_params(m: ModelSpec) -> int:
     head, the gated RMSNorm over HP. Megatron-Core holds them as plain parameters (conv1d_weight, conv1d_bias,
     dt_bias, A_log, D, ExtendedRMSNorm), which Transformer Engine's quantized init leaves in bf16.
     Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/ssm/mamba_mixer.py (MambaMixer.__init__).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     H, P, N, G, k = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
         m.conv_kernel
     return (H * P + 2 * G * N) * (k + 1) + 3 * H + H * P
@@ -68,7 +68,7 @@ def gdn_nonmatrix_params(m: ModelSpec) -> int:
     out_proj): the depthwise convolution over q, k, v (no bias), dt_bias and A_log per value head, the gated
     RMSNorm over d_v; plain parameters (nn.Conv1d, nn.Parameter, the out_norm) in Megatron-Core.
     Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/ssm/gated_delta_net/common.py (conv1d, dt_bias, A_log,
-    out_norm). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    out_norm). Derived: docs/formulas.md#mem.nonmatrix_params"""
     Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
     dk, dv, k = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0, m.linear_conv_kernel_dim
     return (2 * Hk * dk + Hv * dv) * k + 2 * Hv + dv
@@ -91,7 +91,7 @@ def lightning_params(m: ModelSpec) -> int:
 def lightning_nonmatrix_params(m: ModelSpec) -> int:
     """The one lightning-attention parameter that is no linear-layer weight: its RMSNorm over H d_v.
     Source: MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py (MiniMaxM1LightningAttention.norm).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     return (m.linear_num_value_heads or 0) * (m.linear_value_head_dim or 0)
 
 
@@ -108,7 +108,7 @@ def recurrent_params(m: ModelSpec) -> int:
 def mean_recurrent_nonmatrix_params(m: ModelSpec) -> float:
     """The average layer's recurrent-mixer parameters that are no linear-layer weight (mamba_nonmatrix_params,
     gdn_nonmatrix_params or lightning_nonmatrix_params of each recurrent layer, over the layers).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     linear = lightning_nonmatrix_params(m) if lightning(m) else gdn_nonmatrix_params(m)
     return (m.count_layers("mamba") * mamba_nonmatrix_params(m)
             + m.count_layers("linear_attention") * linear) / m.num_hidden_layers

@@ -279,7 +279,7 @@ def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
     Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
     q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
-    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     h, d = m.hidden_size, m.d_head
     if (mla := m.mla) is not None:
         indexer_norm = 2 * (m.index_head_dim or 0) if m.is_sparse_attention else 0
@@ -297,7 +297,7 @@ def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any
     built by Transformer Engine: the norms, biases (attention, MLP, shared and routed experts, latent
     projections), q/k and latent norms, the MoE router (a plain parameter), the recurrent mixers' convolution,
     A, D, dt-bias and gated norm, DeepSeek-V4's hyper-connections and compressor position biases and norms.
-    t = ep = etp = 1 gives whole layers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    t = ep = etp = 1 gives whole layers. Derived: docs/formulas.md#mem.nonmatrix_params"""
     attn = attention_share(m) * attention_nonmatrix_per_rank(m, t) + mean_recurrent_nonmatrix_params(m) / t \
         + norms_per_layer(m) * norm_params(m) + replicated_nonmatrix_params(m)
     dense = attn + dense_mlp_share(m) * mlp_bias_params(m, m.intermediate_size) / t
