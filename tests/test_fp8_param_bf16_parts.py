@@ -119,10 +119,12 @@ def test_bridge_rows_read_their_presets_primary_weights(row_setup, rid, dtype, p
 # (2h each, two a layer and a final one), biased attention and MLP: 12h^2 + 13h a layer.
 GV, GH, GL, GPOS = 51200, 2304, 24, 2048
 G_LAYER = 12 * GH * GH + 13 * GH
-# A layer's low-precision weights: its parameters less its two LayerNorms (2h each: weight and bias), which TE
-# does not quantize; the 9h linear biases are still counted with them (docs/formulas.md#mem.fp8_param_bf16_parts:
-# not counted apart).
-G_LINEAR = G_LAYER - 2 * 2 * GH
+# A layer's low-precision weights: its four linear weight matrices (q/k/v 3h^2, output h^2, fc1 4h^2, fc2 4h^2),
+# i.e. its parameters less its two LayerNorms (2h each: weight and bias) and the linear layers' 9h biases (3h qkv,
+# h output, 4h fc1, h fc2), which TE does not quantize (docs/formulas.md#mem.fp8_param_bf16_parts).
+G_LINEAR = 12 * GH * GH
+G_BIASES = 9 * GH
+assert G_LAYER - 2 * 2 * GH - G_BIASES == G_LINEAR
 
 
 def test_tied_embedding_low_precision_weights_by_hand():
@@ -142,11 +144,11 @@ def test_tied_embedding_low_precision_weights_by_hand():
 def test_dualpipe_rank_of_both_ends_keeps_a_tied_embedding_once():
     # DualPipe at pp 2: each rank holds stages 0 and 1 (paired_rank_params), so a tied model's rank holds the one
     # V x h tensor once (DeepSeek-V3 report §3.2.3, shared embedding and output head); it keeps that tensor, the
-    # positions and every LayerNorm (48 and the final one, 2h each) in bf16, and all 24 layers' linear weights
-    # are low precision
+    # positions, every LayerNorm (48 and the final one, 2h each) and the 24 layers' biases in bf16, and all 24
+    # layers' linear weights are low precision
     from llmplan.cost.model_states import low_precision_weights
     m, p = M["gpt-1.7b"], plan(pp=2, pp_schedule="dualpipe")
-    assert float(bf16_kept_params(m, p, 0).total) == GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH
+    assert float(bf16_kept_params(m, p, 0).total) == GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH + GL * G_BIASES
     assert float(low_precision_weights(m, p, 0)) == GL * G_LINEAR
 
 
@@ -192,9 +194,9 @@ def test_checkpoint_holds_the_kept_parameters_at_two_bytes():
     assert float(checkpoint_job_bytes(m, p)) == pytest.approx(total * 13 + LLAMA8B_KEPT * 1.0, rel=1e-12)
     P = float(rank_params(m, p, 0).total)
     assert float(checkpoint_rank_bytes(m, p)) == pytest.approx((P * 13 + LLAMA8B_KEPT) / 8, rel=1e-12)
-    # a tied model: the embedding once, positions, the 49 LayerNorms
+    # a tied model: the embedding once, positions, the 49 LayerNorms, the 24 layers' biases
     g = M["gpt-1.7b"]
-    g_kept = GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH
+    g_kept = GV * GH + GPOS * GH + (2 * GL + 1) * 2 * GH + GL * G_BIASES
     assert float(checkpoint_job_bytes(g, p)) == pytest.approx(float(param_counts(g).total) * 13 + g_kept, rel=1e-12)
     off = plan(fp8_params=False)
     assert float(checkpoint_job_bytes(m, off)) == pytest.approx(total * 14, rel=1e-12)

@@ -66,18 +66,31 @@ def csa_compressor_params(m: ModelSpec) -> int:
     position bias m x 2d and a norm d; the indexer's own kv and gate h x 2d_I, position bias m x 2d_I, norm
     d_I, query up-projection r_q x H_I·d_I and head weights h x H_I. Source: transformers
     modeling_deepseek_v4.py (DeepseekV4CSACompressor, DeepseekV4Indexer, DeepseekV4IndexerScorer)."""
-    h, d, c = m.hidden_size, m.d_head, m.compress_rate_csa
+    h, d = m.hidden_size, m.d_head
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
-    main = 2 * h * 2 * d + c * 2 * d + d
-    indexer = 2 * h * 2 * dI + c * 2 * dI + dI + (m.q_lora_rank or h) * H * dI + h * H
-    return main + indexer
+    return 2 * h * 2 * d + 2 * h * 2 * dI + (m.q_lora_rank or h) * H * dI + h * H + csa_nonmatrix_params(m)
+
+
+def csa_nonmatrix_params(m: ModelSpec) -> int:
+    """One CSA compressor and indexer's parameters that are no linear-layer weight: the position biases m x 2d
+    and m x 2d_I and the norms d and d_I (plain parameters, left in bf16 by a quantized init).
+    Source: transformers modeling_deepseek_v4.py (DeepseekV4CSACompressor, DeepseekV4Indexer).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    d, dI, c = m.d_head, m.index_head_dim or 0, m.compress_rate_csa
+    return c * 2 * d + d + c * 2 * dI + dI
 
 
 def hca_compressor_params(m: ModelSpec) -> int:
     """One HCA layer's compressor: kv and gate projections h x d, a position bias m' x d and a norm d.
     Source: transformers modeling_deepseek_v4.py (DeepseekV4HCACompressor)."""
-    h, d = m.hidden_size, m.d_head
-    return 2 * h * d + m.compress_rate_hca * d + d
+    return 2 * m.hidden_size * m.d_head + hca_nonmatrix_params(m)
+
+
+def hca_nonmatrix_params(m: ModelSpec) -> int:
+    """One HCA compressor's parameters that are no linear-layer weight: its position bias m' x d and norm d.
+    Source: transformers modeling_deepseek_v4.py (DeepseekV4HCACompressor). Derived:
+    docs/formulas.md#mem.nonmatrix_params"""
+    return m.compress_rate_hca * m.d_head + m.d_head
 
 
 def compressor_params(m: ModelSpec) -> int:
@@ -142,6 +155,17 @@ def replicated_layer_params(m: ModelSpec) -> float:
     indexers (compressor_params over the layers) and its two hyper-connections (0 for other models).
     Derived: docs/formulas.md#compressed.attention"""
     return compressor_params(m) / m.num_hidden_layers + 2 * hc_params(m)
+
+
+def replicated_nonmatrix_params(m: ModelSpec) -> float:
+    """The part of replicated_layer_params no quantized init stores low-precision: the average layer's share of
+    the compressors' position biases and norms, and its two hyper-connections whole (Megatron-Core builds them
+    from torch.nn.Linear and nn.Parameter, no Transformer Engine module). Source: NVIDIA/Megatron-LM at
+    d98e8a64dd, megatron/core/transformer/hyper_connection.py (HyperConnectionModule.__init__).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    n_csa, n_hca = compressed_layer_counts(m)
+    compressors = n_csa * csa_nonmatrix_params(m) + n_hca * hca_nonmatrix_params(m)
+    return compressors / m.num_hidden_layers + 2 * hc_params(m)
 
 
 def compressed_keys(m: ModelSpec, s: Any) -> Any:

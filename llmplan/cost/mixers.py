@@ -35,10 +35,22 @@ def mamba_params(m: ModelSpec) -> int:
     """One Mamba-2 mixer: in_proj h x (2HP + 2GN + H) (z, x, B, C, dt), the depthwise convolution over x, B, C
     with its bias, dt_bias, A_log and D per head, the gated RMSNorm over HP, out_proj HP x h.
     Source: Megatron-LM megatron/core/ssm/mamba_mixer.py (MambaMixer.__init__); Dao & Gu 2024 §7 (Mamba-2 block)."""
-    h, H, P, N, G, k = (m.hidden_size, m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0,
-                        m.n_groups or 0, m.conv_kernel)
-    d_in, conv = H * P, H * P + 2 * G * N
-    return h * (2 * d_in + 2 * G * N + H) + conv * (k + 1) + 3 * H + d_in + d_in * h
+    h, H, P, N, G = m.hidden_size, m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, \
+        m.n_groups or 0
+    d_in = H * P
+    return h * (2 * d_in + 2 * G * N + H) + d_in * h + mamba_nonmatrix_params(m)
+
+
+def mamba_nonmatrix_params(m: ModelSpec) -> int:
+    """The parameters of one Mamba-2 mixer that are no linear-layer weight (mamba_params less in_proj and
+    out_proj): the depthwise convolution over x, B, C (k weights and a bias a channel), dt_bias, A_log and D per
+    head, the gated RMSNorm over HP. Megatron-Core holds them as plain parameters (conv1d_weight, conv1d_bias,
+    dt_bias, A_log, D, ExtendedRMSNorm), which Transformer Engine's quantized init leaves in bf16.
+    Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/ssm/mamba_mixer.py (MambaMixer.__init__).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    H, P, N, G, k = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0, \
+        m.conv_kernel
+    return (H * P + 2 * G * N) * (k + 1) + 3 * H + H * P
 
 
 def gdn_params(m: ModelSpec) -> int:
@@ -47,8 +59,19 @@ def gdn_params(m: ModelSpec) -> int:
     H_v d_v x h. Source: Hugging Face transformers models/qwen3_next/modeling_qwen3_next.py
     (Qwen3NextGatedDeltaNet); Yang et al. 2024 (Gated Delta Networks) §3."""
     h, Hk, Hv = m.hidden_size, m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
+    dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
+    return h * (2 * Hk * dk + 2 * Hv * dv) + h * 2 * Hv + Hv * dv * h + gdn_nonmatrix_params(m)
+
+
+def gdn_nonmatrix_params(m: ModelSpec) -> int:
+    """The parameters of one Gated DeltaNet mixer that are no linear-layer weight (gdn_params less in_proj and
+    out_proj): the depthwise convolution over q, k, v (no bias), dt_bias and A_log per value head, the gated
+    RMSNorm over d_v; plain parameters (nn.Conv1d, nn.Parameter, the out_norm) in Megatron-Core.
+    Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/ssm/gated_delta_net/common.py (conv1d, dt_bias, A_log,
+    out_norm). Derived: docs/formulas.md#mem.nonmatrix_params"""
+    Hk, Hv = m.linear_num_key_heads or 0, m.linear_num_value_heads or 0
     dk, dv, k = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0, m.linear_conv_kernel_dim
-    return h * (2 * Hk * dk + 2 * Hv * dv) + h * 2 * Hv + (2 * Hk * dk + Hv * dv) * k + 2 * Hv + dv + Hv * dv * h
+    return (2 * Hk * dk + Hv * dv) * k + 2 * Hv + dv
 
 
 def lightning(m: ModelSpec) -> bool:
@@ -62,7 +85,14 @@ def lightning_params(m: ModelSpec) -> int:
     (MiniMaxM1LightningAttention); MiniMax-01 (arXiv 2501.08313) §2.2. Derived: docs/formulas.md#mixers.hybrid"""
     h, H = m.hidden_size, m.linear_num_value_heads or 0
     dk, dv = m.linear_key_head_dim or 0, m.linear_value_head_dim or 0
-    return h * H * (2 * dk + dv) + h * H * dv + H * dv + H * dv * h
+    return h * H * (2 * dk + dv) + h * H * dv + H * dv * h + lightning_nonmatrix_params(m)
+
+
+def lightning_nonmatrix_params(m: ModelSpec) -> int:
+    """The one lightning-attention parameter that is no linear-layer weight: its RMSNorm over H d_v.
+    Source: MiniMaxAI/MiniMax-M1 modeling_minimax_m1.py (MiniMaxM1LightningAttention.norm).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    return (m.linear_num_value_heads or 0) * (m.linear_value_head_dim or 0)
 
 
 def linear_params(m: ModelSpec) -> int:
@@ -73,6 +103,15 @@ def linear_params(m: ModelSpec) -> int:
 def recurrent_params(m: ModelSpec) -> int:
     """Parameters of all the model's recurrent mixers (Mamba-2 and linear-attention layers)."""
     return m.count_layers("mamba") * mamba_params(m) + m.count_layers("linear_attention") * linear_params(m)
+
+
+def mean_recurrent_nonmatrix_params(m: ModelSpec) -> float:
+    """The average layer's recurrent-mixer parameters that are no linear-layer weight (mamba_nonmatrix_params,
+    gdn_nonmatrix_params or lightning_nonmatrix_params of each recurrent layer, over the layers).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    linear = lightning_nonmatrix_params(m) if lightning(m) else gdn_nonmatrix_params(m)
+    return (m.count_layers("mamba") * mamba_nonmatrix_params(m)
+            + m.count_layers("linear_attention") * linear) / m.num_hidden_layers
 
 
 def attention_share(m: ModelSpec) -> float:

@@ -12,9 +12,10 @@ from typing import Any, ClassVar
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
-from llmplan.cost.mixers import norms_per_layer
-from llmplan.cost.params import (RankParams, mtp_projection_params, norm_params, param_counts, rank_params,
-                                 router_params, stage_end_params, stepped_rank_params)
+from llmplan.cost.compressed import hc_head_params
+from llmplan.cost.memo import memoized
+from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
+                                 rank_params, router_params, stage_end_params, stepped_rank_params)
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -217,7 +218,8 @@ def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: b
     that are linear-layer weight matrices in the layers the recipe covers: what the recipe casts (its cached
     copies, MXFP8's unstaging and block amaxes) and what fp8_params stores in its format. The one rule, per
     stage: the stage's parameters less those kept in bf16 (_bf16_kept: embedding, position embedding, final norm,
-    output layer, norms, routers, bf16 layers); bf16_kept_params is its complement. A tied embedding at pp 1 is
+    output layer, bf16 layers, and every layer's non-matrix parameters: nonmatrix_layer_params); bf16_kept_params
+    is its complement. A tied embedding at pp 1 is
     one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     dense, expert = 0.0, 0.0
     for s in held_stages(plan, stage, paired):
@@ -241,12 +243,15 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool 
     stage): the word (and position) embedding, the final norm and
     the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear, no TE module), the
     layers the recipe keeps in bf16 (bf16_layer_counts: built outside the quantized-init context), and in the
-    quantized layers their norms and MoE routers (TE quantizes only parameters with an fp8_meta_index, the
-    GEMM weights; TopKRouter's weight is a plain parameter). MTP projections are built quantized.
+    quantized layers every parameter that is no TE GEMM weight (nonmatrix_layer_params: norms, biases, q/k and
+    latent norms, MoE routers, the recurrent mixers' convolution, A, D, dt-bias and gated norm; TE quantizes only
+    parameters with an fp8_meta_index, the GEMM weights; TopKRouter's weight is a plain parameter). MTP
+    projections are built quantized.
     Source: NVIDIA/Megatron-LM at 2a75ac12c, megatron/core/fp8_utils.py (get_fp8_context(is_init=True):
     fp8_model_init unless is_first_last_bf16_layer), transformer/transformer_block.py (_build_layers under
-    that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine
-    transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index).
+    that context), models/gpt/gpt_model.py, transformer/moe/router.py; NVIDIA/TransformerEngine at d0067d0da6
+    transformer_engine/pytorch/module/base.py (reset_parameters: primary_weights_in_fp8 and fp8_meta_index),
+    module/linear.py and module/grouped_linear.py (weights registered with an fp8_meta_index, biases without).
     Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     rp = stepped_rank_params(m, plan, stage) if paired else rank_params(m, plan, stage)
     low = low_precision_params(m, plan, stage, paired)
@@ -261,14 +266,17 @@ def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     quantized_mtp = m.num_nextn_predict_layers * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
     ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
     n_dense, n_moe = stage_layers(m, plan, stage)
-    small = (n_dense + n_moe) * norms_per_layer(m) * norm_params(m) + n_moe * router_params(m)
-    return _kept(ends, rp.dense - ends, small, frac), (1.0 - frac) * rp.expert
+    dense_l, moe_l, expert_l = memoized(plan, ("nonmatrix_layer_params", m), lambda: nonmatrix_layer_params(
+        m, plan.tp, plan.ep, plan.etp_resolved))
+    return (_kept(ends, rp.dense - ends, n_dense * dense_l + n_moe * moe_l, frac),
+            _kept(0.0, rp.expert, n_moe * expert_l, frac))
 
 
 def _kept(ends: Any, layers: Any, small: Any, frac: Any) -> Any:
     """The bf16-kept share of `ends` (embedding, final norm, output layer) and `layers` (the transformer
-    layers' parameters, `small` of them norms and routers) when `frac` of the layers are quantized: the ends, the
-    bf16 layers whole, the quantized layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    layers' parameters, `small` of them no linear-layer weight: nonmatrix_layer_params) when `frac` of the layers
+    are quantized: the ends, the bf16 layers whole, the quantized layers' non-matrix parameters.
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     return ends + (1.0 - frac) * maximum(layers, 0.0) + frac * small
 
 
@@ -281,12 +289,15 @@ def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
 
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Parameters of the whole model (each once: param_counts) that stay in bf16 under fp8_params, by the rule of
-    bf16_kept_params: the embeddings, the output layer and the final norm, the bf16 layers whole, the quantized
-    layers' norms and routers. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    bf16_kept_params: the embeddings, the output layer, the final norm and hyper-connection head, the bf16 layers
+    whole, the quantized layers' non-matrix parameters (nonmatrix_layer_params of whole layers).
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     c = param_counts(m)
-    ends = c.embedding + c.output + norm_params(m)
-    return _kept(ends, c.total - ends, c.norms - norm_params(m) + c.router,
-                 plan.low_precision_layer_fraction(m.num_hidden_layers))
+    ends = c.embedding + c.output + norm_params(m) + hc_head_params(m)
+    dense_l, moe_l, expert_l = nonmatrix_layer_params(m, 1, 1, 1)  # whole layers
+    # param_counts' routers (its hash layers hold no selection bias) for the layers' routers
+    small = m.num_dense_layers * dense_l + m.num_moe_layers * (moe_l + expert_l - router_params(m)) + c.router
+    return _kept(ends, c.total - ends, small, plan.low_precision_layer_fraction(m.num_hidden_layers))
 
 
 def bf16_parts_extra_bytes(plan: ParallelPlan) -> Any:

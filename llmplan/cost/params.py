@@ -21,6 +21,7 @@ from llmplan.cost.compressed import (
     hyper_connection_params,
     is_v4_attention,
     replicated_layer_params,
+    replicated_nonmatrix_params,
     v4_attention_params,
     v4_replicated_attention_params,
 )
@@ -33,6 +34,7 @@ from llmplan.cost.memo import (  # noqa: F401  (re-exported: their home was this
 from llmplan.cost.mixers import (
     attention_share,
     dense_mlp_share,
+    mean_recurrent_nonmatrix_params,
     mean_recurrent_params,
     norms_per_layer,
     recurrent_params,
@@ -129,9 +131,14 @@ def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
 
     Source: Hugging Face modeling code (LlamaMLP: gate, up and down projections)."""
     h = width or m.hidden_size
-    if m.gated_mlp:
-        return 3 * h * f + ((2 * f + h) if m.mlp_bias else 0)
-    return 2 * h * f + ((f + h) if m.mlp_bias else 0)
+    return (3 if m.gated_mlp else 2) * h * f + mlp_bias_params(m, f, width)
+
+
+def mlp_bias_params(m: ModelSpec, f: int, width: int | None = None) -> int:
+    """The biases of one MLP of width f on inputs of `width` (default h), 0 without mlp_bias: fc1's 2f (gated)
+    or f and fc2's h. Source: Hugging Face modeling code (GptOssExperts gate_up_proj_bias, down_proj_bias)."""
+    h = width or m.hidden_size
+    return ((2 * f if m.gated_mlp else f) + h) if m.mlp_bias else 0
 
 
 
@@ -156,7 +163,13 @@ def latent_proj_params(m: ModelSpec) -> int:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (fc1_latent_proj, fc2_latent_proj).
     Derived: docs/formulas.md#moe.latent"""
     l, h = m.moe_latent_size, m.hidden_size
-    return 2 * h * l + ((l + h) if m.mlp_bias else 0) if l else 0
+    return 2 * h * l + latent_bias_params(m) if l else 0
+
+
+def latent_bias_params(m: ModelSpec) -> int:
+    """The biases of a latent MoE layer's two projections (l and h; 0 without a latent width or biases)."""
+    l = m.moe_latent_size
+    return (l + m.hidden_size) if l and m.mlp_bias else 0
 
 
 def router_params(m: ModelSpec) -> int:
@@ -258,6 +271,40 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         return down + (attention_params(m) - down) / t
     kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
     return (attention_params(m) - kv_head * m.kv_heads) / t + kv_head * kv_heads_per_rank(m, t)
+
+
+def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
+    """One attention block's parameters on one TP rank that are no linear-layer weight, split as
+    attention_params_per_rank splits them: the projections' biases and the q/k norms; MLA's latent norms (q_r,
+    kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
+    Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
+    q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
+    h, d = m.hidden_size, m.d_head
+    if (mla := m.mla) is not None:
+        indexer_norm = 2 * (m.index_head_dim or 0) if m.is_sparse_attention else 0
+        return (mla.q_lora_rank or 0) + mla.kv_lora_rank + indexer_norm
+    if is_v4_attention(m):
+        return (m.q_lora_rank or 0) + (d if m.shared_key_value else 0)
+    biased = m.attention_bias or m.qkv_bias
+    split = (m.num_attention_heads * d if biased else 0) + (h if m.attention_bias else 0) + (2 * d if m.qk_norm else 0)
+    return split / t + (2 * d * kv_heads_per_rank(m, t) if biased else 0)
+
+
+def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any, Any, Any]:
+    """Per rank of TP degree t, EP ep and expert-TP etp, the parameters of (a dense layer, a MoE layer's
+    non-expert part, its expert part), as _rank_param_parts counts them, that are no linear-layer weight matrix
+    built by Transformer Engine: the norms, biases (attention, MLP, shared and routed experts, latent
+    projections), q/k and latent norms, the MoE router (a plain parameter), the recurrent mixers' convolution,
+    A, D, dt-bias and gated norm, DeepSeek-V4's hyper-connections and compressor position biases and norms.
+    t = ep = etp = 1 gives whole layers. Derived: docs/formulas.md#mem.nonmatrix_params"""
+    attn = attention_share(m) * attention_nonmatrix_per_rank(m, t) + mean_recurrent_nonmatrix_params(m) / t \
+        + norms_per_layer(m) * norm_params(m) + replicated_nonmatrix_params(m)
+    dense = attn + dense_mlp_share(m) * mlp_bias_params(m, m.intermediate_size) / t
+    moe = attn + router_params(m) + (mlp_bias_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+        + latent_bias_params(m)
+    expert = (m.num_experts / ep) * mlp_bias_params(m, m.expert_ffn, m.expert_width) / etp if m.is_moe else 0 * t
+    return dense, moe, expert
 
 
 def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
