@@ -1,6 +1,6 @@
-"""The GPU fields the cost model added (GpuSpec.host_op_factor / host_op_source, sparse_gather_efficiency),
-given wrong in a user's hardware file: the real command refuses them in one line naming the field and the
-rule, with exit code 2 and no traceback."""
+"""The GPU fields the cost model added (GpuSpec.host_op_factor / host_op_source, sparse_gather_efficiency,
+ssd_scan_efficiency), given wrong in a user's hardware file: the real command refuses them in one line naming
+the field and the rule, with exit code 2 and no traceback."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def estimate(hardware: Path) -> subprocess.CompletedProcess:
     ("{host_op_factor: 2.0}", ["field 'gpu'", "host_op_factor 2 needs host_op_source"]),
     ("{sparse_gather_efficiency: [0.5, 1.5]}",
      ["field 'gpu.sparse_gather_efficiency.1'", "less than or equal to 1", "1.5"]),
+    ("{ssd_scan_efficiency: 0}", ["field 'gpu.ssd_scan_efficiency'", "greater than 0"]),
 ])
 def test_a_bad_gpu_cost_field_is_one_line_and_exit_2(tmp_path, gpu, expected):
     f = tmp_path / "cluster.yaml"

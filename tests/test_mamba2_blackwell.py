@@ -32,8 +32,9 @@ def test_hopper_over_ampere_within_a_quarter_of_the_published_ratio():
     assert ratio == pytest.approx(MEASURED["dgx-h200"] / MEASURED["dgx-a100"], rel=0.25)
 
 
-@pytest.mark.xfail(strict=True, reason="Mamba-2 on GB200 priced 2.08x H200 against 1.51x measured: the Triton "
-                   "SSD kernels' Blackwell rates are not priced apart (docs/validation.md#mamba2-blackwell)")
 def test_blackwell_over_hopper_within_a_tenth_of_the_published_ratio():
+    # llmplan priced 2.08 with the H800's SSD fraction on every GPU (a strict xfail until 2026-12-06); with GB200's
+    # own fraction, read off a Megatron-Bridge Nsight profile and not off this issue
+    # (docs/validation.md#nemotron-sources-2026-12-06): 1.58 against 1.51 measured (+5%)
     ratio = tokens_per_s("gb200-nvl72") / tokens_per_s("dgx-h200")
     assert ratio == pytest.approx(MEASURED["gb200-nvl72"] / MEASURED["dgx-h200"], rel=0.10)

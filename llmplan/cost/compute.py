@@ -234,13 +234,17 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
 def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
     """(FLOPs, forward-equivalent seconds) of the average layer's Mamba-2 SSD scan, one micro-batch, one rank:
     the scan FLOPs layer_flops counts in its attention part (the rank's s/cp x b tokens, its heads split by t),
-    at SSD_SCAN_EFFICIENCY of the peak of the plan's 16-bit kernels (bf16_kernel_format: the scan runs in bf16
-    under every fp8 / fp4 recipe), a published rate read at the clock it was measured at (published_rate_clock),
-    the seconds for the forward and the backward's own FLOPs together (mean_mamba_scan_step_flops); its HBM
-    traffic is elementwise_bytes'. Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800).
-    Derived: docs/formulas.md#mixers.ssd_rate, docs/formulas.md#compute.published_clock"""
+    at the GPU's measured fraction of the peak of the plan's 16-bit kernels (GpuSpec.ssd_scan_efficiency; else
+    SSD_SCAN_EFFICIENCY, the H800 one; bf16_kernel_format: the scan runs in bf16 under every fp8 / fp4 recipe), a
+    published rate read at the clock it was measured at (published_rate_clock), the seconds for the forward and
+    the backward's own FLOPs together (mean_mamba_scan_step_flops); its HBM traffic is elementwise_bytes'.
+    Source: tile-ai/tilelang benchmark/mamba2 (Triton chunk_scan on H800); NVIDIA-NeMo/Megatron-Bridge
+    scripts/performance/perf_leaderboard/analysis_report_det_vs_nondet.md at 6d780951a (the SSD kernels of a
+    Nemotron-3 Ultra step on GB200, Nsight). Derived: docs/formulas.md#mixers.ssd_rate,
+    docs/formulas.md#compute.published_clock"""
     tokens = plan.seq_len / plan.cp * plan.micro_batch / plan.tp
-    rate = SSD_SCAN_EFFICIENCY * published_rate_clock(gpu) * gpu.sustained_flops(bf16_kernel_format(plan))
+    eff = SSD_SCAN_EFFICIENCY if gpu.ssd_scan_efficiency is None else gpu.ssd_scan_efficiency
+    rate = eff * published_rate_clock(gpu) * gpu.sustained_flops(bf16_kernel_format(plan))
     return tokens * mean_mamba_scan_flops(m), tokens * mean_mamba_scan_step_flops(m) / rate
 
 

@@ -28,7 +28,8 @@ fraction of the GPU's dense bf16 peak: Triton's chunk_scan forward (mamba-ssm 2.
 at about 91 TFLOP/s on an H800 at 8 x 8,192 tokens, 80 heads of 64, state 128, one group, chunk 256
 (tile-ai/tilelang benchmark/mamba2/README.md and its figure mamba_benchmark_result.png, at 4f3523dc); with the
 kernel's own HBM traffic priced as elementwise traffic is, its FLOPs take the rest of the time at 21.4% of the
-989.4 TFLOP/s peak. Derived: docs/formulas.md#mixers.ssd_rate"""
+989.4 TFLOP/s peak. A GPU with its own measured fraction (GpuSpec.ssd_scan_efficiency: the Blackwell profiles) uses
+that instead. Derived: docs/formulas.md#mixers.ssd_rate"""
 
 
 def mamba_params(m: ModelSpec) -> int:

@@ -118,6 +118,11 @@ class GpuSpec(Spec):
     from that release's published training rate on this GPU or one of the same die and clock: a plan naming
     the release runs attention at it instead of attention_efficiency. Empty: no release published
     (docs/formulas.md#compute.attention_release)."""
+    ssd_scan_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Rate of the Mamba-2 SSD scan's matmul FLOPs in state-spaces/mamba's Triton kernels on this GPU, as a
+    fraction of the bf16 peak at the clock the kernels were timed at (cost.compute.ssd_scan_seconds), read off
+    a published per-kernel time of the SSD kernels with their HBM traffic priced as elementwise traffic.
+    None: the H800 measurement, cost.mixers.SSD_SCAN_EFFICIENCY (docs/formulas.md#mixers.ssd_rate)."""
     sparse_gather_efficiency: tuple[Annotated[float, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]] \
         | None = None
     """(forward, backward) rate of the index-driven sparse attention kernels DeepSeek-V4 trains with (64 heads,
