@@ -1003,8 +1003,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         # v0.3.0's VP4 at 26.02's rate (2,644 / 2,691): read as that preset (docs/validation.md#qwen3-235b-b300-2602).
         # B300 runs the flex dispatcher with hybridep from v0.4.2 (26.04.01; PR #3490, 6a5c997e7: the config
         # function sets moe_token_dispatcher_type "flex"); v0.3.1 / v0.4.0 hard-code "alltoall" for it
-        b300_overlap = "b300" in gpu and ref in ((26, 2), (26, 2, 1))
-        return (gb or ("b300" in gpu and ref >= (26, 4, 1)),
+        b300_overlap = gpu.startswith("b300") and ref in ((26, 2), (26, 2, 1))
+        return (gb or (gpu.startswith("b300") and ref >= (26, 4, 1)),
                 "h100" in gpu or (mx_overlap and gb) or b300_overlap
                 or (gpu.startswith("b200") and ref[:2] == (25, 11)))
     if "gpt-oss" in rid:  # gpt_oss_workload_base_configs.py per tag: no preset sets a flex backend or

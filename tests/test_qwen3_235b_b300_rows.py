@@ -52,6 +52,9 @@ def test_moe_a2a_overlap_vp_rows_are_skipped_as_issue_1705(published_runs, acc):
     # moe_a2a_overlap=False (PR #1760, a6e92de5f)
     (B300_2602, False, True),
     (B200_2602, False, False),
+    # v0.3.0 GB300 V2 (QWEN3_235B_A22B_PRETRAIN_CONFIG_GB300_FP8_CS_V2 from the V1 one): hybridep, TE graphs, no
+    # moe_a2a_overlap ("gb300" contains "b300": the B300 reading must not catch it)
+    (ROW.format(r="26.02", p="gb300-256gpu-mxfp8-tp1pp4cp1ep32vpnagbs8192mbs2"), True, False),
     # the 26.02.01 table lists v0.3.0's VP4 at 26.02's rate: read as that preset
     (B300_260201, False, True),
     # v0.4.0: B300 without VP and overlap, the config function hard-codes moe_token_dispatcher_type "alltoall";
