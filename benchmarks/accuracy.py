@@ -519,9 +519,23 @@ MBRIDGE_SKIP = (
        "a known software regression (Megatron-Bridge issue #1998: Qwen3-30B-A3B dropless on H100 and B200 at 25.11 "
        "2x slower than 25.09's token-drop runs, not fixed at 26.02): the stack as run, not the recipe")
       for r in ("25.11", "26.02") for g in ("h100", "b200")),
+    # NVIDIA-NeMo/Megatron-Bridge issue #1705 ("Fix QWEN3 235B B200 MXFP8 performance regression", labels bug,
+    # performance, performance/release; QA RCCA 2026-04-23: "RECIPE/CONFIG ... Fixed by disabling EP A2A overlap in
+    # config (PR #1760)"); PR #1760 (dingqingy-nv, 2025-12-17, a6e92de5f, in v0.3.0): "performance regression from
+    # 25.09. MXFP8 step time improved from 20.1s to 16.9s ... Disable moe_a2a_overlap due to CPU overhead ...
+    # Disable VP for mxfp8". v0.2.0's B200 preset (PP8 VP4 EP8, moe_a2a_overlap) is the 25.11 row: 20.05 s a step.
+    # The B300 presets ("b300 initial configs" #1721, 5ccbfdfc0, 2026-01-07) copied it before the fix and v0.3.0
+    # (26.02) shipped them; PR #2669 / #2706 (6f5e31aab, v0.3.1) "disabling VP and moe_a2a_overlap"; issue #3399
+    # (2026-05-12): "On B300 ... moe_a2a_overlap and VP degraded perf". The 26.02.01 B300 row lists 26.02's VP4 at
+    # 26.02's rate (2,644 / 2,691). docs/validation.md#qwen3-235b-b300-2602
+    *((f"mbridge-{r}-pretrain-qwen3-235b-a22b-dgx-{g}-",
+       "a known recipe regression (Megatron-Bridge issue #1705 / PR #1760: Qwen3-235B-A22B's B200 preset with "
+       "moe_a2a_overlap and VP, 'CPU overhead', step 20.1 s -> 16.9 s once off; the B300 presets kept it until "
+       "PR #2669 / #2706): the stack's host overhead as run, which llmplan does not price")
+      for r, g in (("25.11", "b200"), ("26.02", "b300"), ("26.02.01", "b300"))),
 )
 """mbridge rows llmplan does not score, by id, with the reason (listed, not dropped silently)
-(docs/validation.md#gptoss-2606-regression, #qwen3-h100-fp8-rows)."""
+(docs/validation.md#gptoss-2606-regression, #qwen3-h100-fp8-rows, #qwen3-235b-b300-2602)."""
 MBRIDGE_OFFLOAD_LAYERS = {
     # (model, GPU, precision) -> cpu_offloading_num_layers of the Megatron-FSDP presets (TP 1-2, PP 1, no
     # recompute): scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py at v0.2.0 (25.11),
@@ -939,17 +953,16 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     containers: v0.2.0 = 25.11 ... v0.4.0 = 26.04, v0.5.0 = 26.06, v0.6.0 = 26.08). The flex dispatcher
     (moe_flex_dispatcher_backend hybridep / deepep, priced as --moe-dispatcher deepep: a token once per
     destination rank) for DeepSeek-V3 and Qwen3-30B-A3B everywhere, Qwen3-235B-A22B on GB200 / GB300 (and B300
-    from 26.06) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
+    from 26.04.01) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
     (--ep-comm-overlap) for Qwen3-235B on H100 and GPT-OSS bf16 on GB200, and from 26.06 for the MXFP8 rows on
     Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). Exceptions read from the
     presets: 25.09's token-drop rows run alltoall; the 25.11 and 26.02 presets on x86 left Qwen3 and DeepSeek-V3
     (25.11) B200 without a flex backend (alltoall), ran Qwen3-30B's H100 rows with moe_a2a_overlap (deepep at
-    26.02) and Qwen3-235B's B300 rows with it at 26.02 (v0.3.1's "qwen x86 flex backend", 5c38201c9, and
-    6f5e31aab changed them). (False, False) for other families."""
+    26.02), Qwen3-235B's B200 rows with it at 25.11 and its B300 rows at 26.02 / 26.02.01 (PR #1760, a6e92de5f,
+    and 6f5e31aab changed them). (False, False) for other families."""
     if family(rec["id"]) != "mbridge-moe":
         return False, False
     rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
-    release = source_ref(rec)[:2]
     mx_overlap = mbridge_mx_v2(rec)
     gb = gpu.startswith("gb")
     ref = source_ref(rec)
@@ -982,9 +995,18 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         if early and "h100" in gpu:
             return ref >= (26, 2), True
         return True, mx_overlap
-    if "qwen3-235b" in rid:  # v0.3.0's B300 V1 / V2 presets set moe_a2a_overlap (v0.3.1: False)
-        return (gb or ("b300" in gpu and release >= (26, 6)),
-                "h100" in gpu or (mx_overlap and gb) or ("b300" in gpu and ref == (26, 2)))
+    if "qwen3-235b" in rid:
+        # configs/qwen3/workload_base_configs.py (v0.2.0) and configs/qwen/qwen3_workload_base_configs.py: the
+        # B200 presets of v0.2.0 (25.11) and the B300 ones of v0.3.0 (26.02, "b300 initial configs" 5ccbfdfc0,
+        # copied from B200 before PR #1760) set moe_a2a_overlap at PP8 VP4 EP8; PR #1760 (a6e92de5f, v0.3.0)
+        # turned it off on B200, PR #2669 / #2706 (6f5e31aab, v0.3.1) on B300. The 26.02.01 B300 row lists
+        # v0.3.0's VP4 at 26.02's rate (2,644 / 2,691): read as that preset (docs/validation.md#qwen3-235b-b300-2602).
+        # B300 runs the flex dispatcher with hybridep from v0.4.2 (26.04.01; PR #3490, 6a5c997e7: the config
+        # function sets moe_token_dispatcher_type "flex"); v0.3.1 / v0.4.0 hard-code "alltoall" for it
+        b300_overlap = gpu.startswith("b300") and ref in ((26, 2), (26, 2, 1))
+        return (gb or (gpu.startswith("b300") and ref >= (26, 4, 1)),
+                "h100" in gpu or (mx_overlap and gb) or b300_overlap
+                or (gpu.startswith("b200") and ref[:2] == (25, 11)))
     if "gpt-oss" in rid:  # gpt_oss_workload_base_configs.py per tag: no preset sets a flex backend or
         # moe_a2a_overlap before v0.4.0 (the provider's alltoall dispatcher); the BF16 V2 presets then give GB200
         # hybridep + moe_a2a_overlap (v0.4.0) or moe_a2a_overlap alone (v0.4.2, v0.5.0), B300 hybridep, B200
