@@ -58,7 +58,8 @@ def test_hand_worked_steps():
 
 
 @pytest.mark.parametrize("s,T", [(1000, 16384), (2000, 16384), (3000, 16384), (4000, 16384), (500, 16384),
-                                 (777, 8192), (5000, 8192), (9000, 8192), (20000, 16384), (12000, 16384)])
+                                 (777, 8192), (5000, 8192), (9000, 8192), (20000, 16384), (12000, 16384),
+                                 (16384, 16384), (40000, 16384), (131071, 16384)])
 def test_split_share_equals_sglang_rule_on_the_step_stream(s, T):
     assert tbo_split_share(s, T) == pytest.approx(_stream_share(s, T), rel=1e-9)
 

@@ -138,7 +138,7 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     new = max(job.uncached_input, 1.0)
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, batched_prefill_context(job)), 0.0,
                          engine=job.engine, logit_rows=prefill_logit_rows(batched_prompts(job)),
-                         tbo_share=tbo_split_share(new, T))
+                         tbo_share=tbo_split_share(new, T) if plan.two_batch_overlap else 0.5)
     hop = stage_hop_seconds(m, plan, system, spans, T)
     draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
     return float(plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job)) * new / T

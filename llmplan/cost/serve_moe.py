@@ -224,6 +224,9 @@ def tbo_split_share(prompt_tokens: float, step_tokens: float) -> float:
     2025-07). Derived: docs/formulas.md#serve.tbo"""
     s, T = max(int(round(prompt_tokens)), 1), max(int(round(step_tokens)), 1)
     g = int(np.gcd(s, T % s)) if T % s else s
+    if s >= T:  # at most one boundary, after the first piece s - o: A = min(s - o, T), s - o = g, 2g, ..., s
+        n, k = s // g, T // g
+        return (g * k * (k + 1) / 2 + T * (n - k)) / (n * T)
     o = np.arange(0, s, g, dtype=float)  # tokens of the open prompt done before the step
     first = np.minimum(s - o, T)  # the first piece; the next boundaries follow every s tokens
     half = T // 2
