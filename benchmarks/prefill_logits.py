@@ -22,6 +22,7 @@ from accuracy import WIDE_EP_RUNS  # noqa: E402
 import llmplan.cost.serve_step as S  # noqa: E402
 from llmplan.cost.compute import attended_keys  # noqa: E402
 from llmplan.cost.inference import batched_prompts  # noqa: E402
+from llmplan.cost.serve_moe import tbo_split_share  # noqa: E402
 from llmplan.serving import job_for_plan, loaded_model, replica_spans, running_plan, serving_operator_uses  # noqa: E402
 from llmplan.specs.plan import ClusterSpec  # noqa: E402
 from llmplan.specs.registry import builtin_models, builtin_systems  # noqa: E402
@@ -46,7 +47,8 @@ def row_parts(rec: dict) -> dict:
     rows = batched_prompts(job)
 
     def step(logit_rows, p=pairs) -> float:
-        return float(S.step_seconds(m, plan, system, spans, T, p, 0.0, engine="sglang", logit_rows=logit_rows))
+        return float(S.step_seconds(m, plan, system, spans, T, p, 0.0, engine="sglang", logit_rows=logit_rows,
+                                    tbo_share=tbo_split_share(job.uncached_input, T)))
 
     rest, routed = S.step_compute_parts(m, plan, system, spans, T, pairs, 0.0, False, "sglang", None, rows)
     rest0, _ = S.step_compute_parts(m, plan, system, spans, T, 0.0, 0.0, False, "sglang", None, rows)

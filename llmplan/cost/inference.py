@@ -19,6 +19,7 @@ from llmplan.cost.serve_memory import (  # noqa: F401  (re-exported: their home 
 )
 # The engine step, re-exported likewise. Its fitted constants SERVE_GEMM_M_HALF and SERVE_COLLECTIVE_FLOOR_S
 # are read in cost.serve_step: set them there (benchmarks/accuracy.py does).
+from llmplan.cost.serve_moe import tbo_split_share
 from llmplan.cost.serve_step import (  # noqa: F401  (re-exported: their home was this module)
     SERVE_FORMATS, Spans, attention_pair_dims, elementwise_serve_bytes, expert_compute_format,
     expert_exchange_seconds, graph_padded_rows, layer_linear_shapes, linear_seconds, serve_compute_format,
@@ -136,7 +137,8 @@ def prefill_work_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span
     T = float(job.max_num_batched_tokens)
     new = max(job.uncached_input, 1.0)
     stage = step_seconds(m, plan, system, spans, T, T * attended_keys(m, batched_prefill_context(job)), 0.0,
-                         engine=job.engine, logit_rows=prefill_logit_rows(batched_prompts(job)))
+                         engine=job.engine, logit_rows=prefill_logit_rows(batched_prompts(job)),
+                         tbo_share=tbo_split_share(new, T) if plan.two_batch_overlap else 0.5)
     hop = stage_hop_seconds(m, plan, system, spans, T)
     draft = batched_draft_prompt_seconds(m, plan, system, spans, job)
     return float(plan.pp * (stage + hop) + draft + step_host_seconds(m, plan, job)) * new / T

@@ -171,35 +171,67 @@ def comm_sm_slowdown(plan: ServePlan, gpu: Any, decode_only: bool) -> float:
 
 
 def tbo_prefill_seconds(rest: Any, routed: Any, exchange: Any, moe_layers: float, dense_layers: float,
-                        dispatch_share: float, slowdown: float) -> Any:
-    """A prefill step under SGLang's two-batch overlap, from one half-batch's compute outside the routed
-    experts (`rest`), its routed experts (`routed`) and its DeepEP exchange. Each MoE layer runs, per
-    micro-batch, stage X: [wait own combine] shared expert, output, next attention and gate, launch dispatch;
-    stage Y: [wait own dispatch] expert GEMMs, launch combine; in the order A.X B.X A.Y B.Y on one compute
-    stream, the exchanges in launch order on DeepEP's stream, so a dispatch hides only under the other
-    micro-batch's stage X and a combine under its stage Y; compute slowed by the SMs DeepEP holds (`slowdown`).
-    Dense layers run both halves without an exchange. Simulated for up to 3 layers, then the last layer's
-    period repeats. Source: sgl-project/sglang operations_strategy.py (_compute_moe_deepseek_blog_prefill:
-    tbo_delta_stages 0, yields after dispatch_a and combine_a, DeepGEMM on sm_count - DeepEP's SMs).
-    Derived: docs/formulas.md#serve.tbo"""
+                        dispatch_share: float, slowdown: float, rest_b: Any = None, routed_b: Any = None,
+                        exchange_b: Any = None) -> Any:
+    """A prefill step under SGLang's two-batch overlap, from micro-batch A's compute outside the routed experts
+    (`rest`), its routed experts (`routed`) and its DeepEP exchange, and B's (`*_b`; None: the same as A's).
+    Each MoE layer runs, per micro-batch, stage X: [wait own combine] shared expert, output, next attention
+    and gate, launch dispatch; stage Y: [wait own dispatch] expert GEMMs, launch combine; in the order A.X B.X
+    A.Y B.Y on one compute stream, the exchanges in launch order on DeepEP's stream, so a dispatch hides only
+    under the other micro-batch's stage X and a combine under its stage Y; compute slowed by the SMs DeepEP
+    holds (`slowdown`). Dense layers run both micro-batches without an exchange. Simulated for up to 3 layers,
+    then the last layer's period repeats. Source: sgl-project/sglang operations_strategy.py
+    (_compute_moe_deepseek_blog_prefill: tbo_delta_stages 0, yields after dispatch_a and combine_a, DeepGEMM on
+    sm_count - DeepEP's SMs). Derived: docs/formulas.md#serve.tbo"""
     n_layers = moe_layers + dense_layers
-    r = np.asarray(rest, dtype=float) / n_layers * slowdown
-    e = np.asarray(routed, dtype=float) / max(moe_layers, 1.0) * slowdown
-    d = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) * dispatch_share
-    c = np.asarray(exchange, dtype=float) / max(moe_layers, 1.0) - d
-    t = q = np.zeros_like(r)  # compute stream, communication stream
+    mb = [(np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(z, dtype=float))
+          for x, y, z in ((rest, routed, exchange), (rest if rest_b is None else rest_b,
+                                                     routed if routed_b is None else routed_b,
+                                                     exchange if exchange_b is None else exchange_b))]
+    r = [x / n_layers * slowdown for x, _, _ in mb]
+    e = [y / max(moe_layers, 1.0) * slowdown for _, y, _ in mb]
+    d = [z / max(moe_layers, 1.0) * dispatch_share for _, _, z in mb]
+    c = [z / max(moe_layers, 1.0) - di for (_, _, z), di in zip(mb, d)]
+    t = q = np.zeros_like(r[0] + r[1])  # compute stream, communication stream
     disp, comb = [t, t], [t, t]
     ends = []
     for _ in range(int(min(moe_layers, 3))):
         for i in (0, 1):
-            t = np.maximum(t, comb[i]) + r
-            q = np.maximum(q, t) + d
+            t = np.maximum(t, comb[i]) + r[i]
+            q = np.maximum(q, t) + d[i]
             disp[i] = q
         for i in (0, 1):
-            t = np.maximum(t, disp[i]) + e
-            q = np.maximum(q, t) + c
+            t = np.maximum(t, disp[i]) + e[i]
+            q = np.maximum(q, t) + c[i]
             comb[i] = q
         ends.append(t)
     tail = (moe_layers - len(ends)) * (ends[-1] - ends[-2] if len(ends) > 1 else ends[-1])
     last = np.maximum(ends[-1], np.maximum(comb[0], comb[1]))  # the output waits for the last combines
-    return last + tail + dense_layers * 2 * np.asarray(rest, dtype=float) / n_layers
+    return last + tail + dense_layers * (mb[0][0] + mb[1][0]) / n_layers
+
+
+def tbo_split_share(prompt_tokens: float, step_tokens: float) -> float:
+    """Micro-batch A's mean share of a prefill step's tokens under SGLang's two-batch overlap, which cuts a step
+    only between whole sequences (extend pieces): after the first piece whose running sum reaches half the
+    step (T // 2), else after the last piece but one; a step of one piece leaves B empty (share 1). Steps of
+    T = `step_tokens` tokens are cut from a stream of s = `prompt_tokens`-token prompts (chunked prefill: a
+    step opens with the tail of the prompt the previous one cut, offset o), averaged over the offsets the
+    stream visits (multiples of gcd(s, T mod s)). E.g. s = 2,000, T = 16,384, o = 0: pieces 2,000 x 8 + 384,
+    A = 5 prompts = 10,000 tokens (0.61); s = 4,096: 2 + 2 prompts (0.5). Source: sgl-project/sglang
+    @01419072c6e49b889cdf26494ed13cd77e3d367e python/sglang/srt/two_batch_overlap.py
+    (compute_split_seq_index, _split_array_by_half_sum); sgl-project/sglang#6328 (2025-05-15: whole-sequence
+    micro-batches in the 4-node DP32 prefill, uneven for unequal lengths; the two-chunk split, #8144, came in
+    2025-07). Derived: docs/formulas.md#serve.tbo"""
+    s, T = max(int(round(prompt_tokens)), 1), max(int(round(step_tokens)), 1)
+    g = int(np.gcd(s, T % s)) if T % s else s
+    if s >= T:  # at most one boundary, after the first piece s - o: A = min(s - o, T), s - o = g, 2g, ..., s
+        n, k = s // g, T // g
+        return (g * k * (k + 1) / 2 + T * (n - k)) / (n * T)
+    o = np.arange(0, s, g, dtype=float)  # tokens of the open prompt done before the step
+    first = np.minimum(s - o, T)  # the first piece; the next boundaries follow every s tokens
+    half = T // 2
+    j = np.maximum(np.ceil((half - first) / s), 0.0)  # full prompts after the first piece to reach half
+    reach = first + j * s
+    a = np.where(reach < T, reach, first + (j - 1) * s)  # past the step's end: the last interior boundary
+    a = np.where(first >= T, T, a)  # one piece: no cut
+    return float(np.mean(a)) / T

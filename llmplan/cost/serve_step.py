@@ -493,14 +493,16 @@ def elementwise_serve_bytes(m: ModelSpec, plan: ServePlan, compute_dtype: str) -
 
 def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, tokens: Any,
                  attn_pairs: Any, kv_read: Any, decode_only: bool = False, engine: Engine = "vllm",
-                 rows: Any = None, logit_rows: Any = None) -> Any:
+                 rows: Any = None, logit_rows: Any = None, tbo_share: float = 0.5) -> Any:
     """One engine step of one pipeline stage on one GPU: `tokens` new tokens, `attn_pairs` (query, key)
     pairs of attention, `kv_read` KV bytes read on this GPU (`decode_only`: a step of decodes alone, which
     DeepEP serves with its low-latency kernels). Time = the step's compute (step_compute_seconds) and its
     expert exchange, one after the other or, with two-batch overlap, overlapped over two half-batches
     (cost.serve_moe.overlapped_step); `engine` picks the TP all-reduce's kernel (tp_allreduce_seconds);
     `rows` (CUDA-graph padding, None: `tokens`) reach the element-wise operators and the all-reduces;
-    `logit_rows` (None: those rows) the output layer and the sampler. Derived: docs/formulas.md#infer.step"""
+    `logit_rows` (None: those rows) the output layer and the sampler; `tbo_share`: micro-batch A's share of a
+    prefill step's tokens under SGLang's two-batch overlap (cost.serve_moe.tbo_split_share), B the rest.
+    Derived: docs/formulas.md#infer.step"""
     def parts(share: float) -> tuple[Any, Any, Any]:
         T = np.asarray(tokens, dtype=float) * share
         R = None if rows is None else np.asarray(rows, dtype=float) * share
@@ -513,10 +515,11 @@ def step_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
     slowdown = comm_sm_slowdown(plan, system.gpu, decode_only)
     if plan.two_batch_overlap and not decode_only and m.is_moe and plan.moe_dispatcher == "deepep":
         # SGLang's prefill (extend) schedule: three stages per MoE layer and micro-batch (serve_moe.tbo_prefill_seconds)
-        rest, routed, exchange = parts(0.5)
+        # micro-batches of whole sequences, A's share `tbo_share` (serve_moe.tbo_split_share)
+        a, b_ = parts(tbo_share), parts(1.0 - tbo_share)
         b = dispatch_bytes_per_element(plan, system.gpu)
-        return tbo_prefill_seconds(rest, routed, exchange, m.num_moe_layers / plan.pp, m.num_dense_layers / plan.pp,
-                                   b / (b + COMBINE_BYTES), slowdown)
+        return tbo_prefill_seconds(*a, m.num_moe_layers / plan.pp, m.num_dense_layers / plan.pp,
+                                   b / (b + COMBINE_BYTES), slowdown, *b_)
     rest, routed, exchange = parts(1.0)
     half = parts(0.5) if plan.two_batch_overlap else (0.0, 0.0, 0.0)
     return overlapped_step(rest + routed, exchange, half[0] + half[1], half[2], plan.two_batch_overlap, slowdown)
