@@ -104,14 +104,13 @@ def test_core_attn_recompute_keeps_the_recurrent_mixers_activations():
     # Megatron checkpoints no Mamba-2 / GDN tensor under core_attn: their saved activations stay. Unfused
     # attention: what core_attn frees is the attention layers' softmax scores only, 2 bytes x a x s^2 x b / t
     # a layer (attention dropout 0), over the average layer 6 / 52 of it.
-    for m in (NANO, QWEN_NEXT):
-        none, core = _plans()
-        assert float(layer_activation_parts(m, core, True).recurrent) == \
-            pytest.approx(float(layer_activation_parts(m, none, True).recurrent), rel=1e-12)
-        assert float(layer_activation_bytes(single_kind(m, "mamba" if m is NANO else "linear_attention"), core,
-                                            True)) == pytest.approx(float(layer_activation_bytes(
-                                                single_kind(m, "mamba" if m is NANO else "linear_attention"),
-                                                none, True)), rel=1e-12)
+    none, core = _plans()
+    for m, kind in ((NANO, "mamba"), (QWEN_NEXT, "linear_attention")):
+        kept = [float(layer_activation_parts(m, p, True).recurrent) for p in (none, core)]
+        assert kept[1] == pytest.approx(kept[0], rel=1e-12)
+        variant = single_kind(m, kind)
+        layer = [float(layer_activation_bytes(variant, p, True)) for p in (none, core)]
+        assert layer[1] == pytest.approx(layer[0], rel=1e-12)
     none, core = _plans(flash_attention=False)
     freed = float(layer_activation_bytes(NANO, none, True) - layer_activation_bytes(NANO, core, True))
     assert freed == pytest.approx(2 * 32 * SEQ * SEQ * 1 * 6 / 52, rel=1e-9)
