@@ -79,7 +79,7 @@ def main() -> int:
     with mock.patch.multiple(mixers, mamba_memory_bytes=lambda m, b=1: 0.0):
         no_traffic, *_ = first_stage_ms(model, plan.model_copy(), gpu)
     mamba = layers - moe - sum(1 for t in model.layer_types[:layers] if t == "full_attention")
-    charged = base["attention+ssd"] - no_scan["attention+ssd"]  # with core_attn recomputed: 4 forward-equivalents
+    charged = base["attention+ssd"] - no_scan["attention+ssd"]  # 3 forward-equivalents: core_attn leaves the scan
     scan = 1e3 * 3 * float(C.ssd_scan_seconds(model, plan, gpu)[1]) * layers  # one forward and one backward
     ssd_traffic = 1e3 * mamba * plan.seq_len / plan.tp * ssd_kernel_bytes(model) / gpu.hbm_achieved_bytes_per_s
     e = estimate_training(model, cluster, plan)
@@ -94,7 +94,7 @@ def main() -> int:
     print("llmplan, first stage, ms a micro-batch:", {k: round(v, 1) for k, v in base.items()})
     print(f"  GEMMs {base['gemm']:.1f}; attention (SSD apart) {base['attention+ssd'] - charged:.1f}; "
           f"SSD kernels {scan + ssd_traffic:.1f} (scan FLOPs {scan:.1f} + their traffic {ssd_traffic:.1f}; "
-          f"the stage charges the scan {charged:.1f}, its core_attn recompute re-running it); "
+          f"the stage charges the scan {charged:.1f}, which core_attn recompute does not re-run); "
           f"whole Mamba-2 traffic {base['memory_bound'] - no_traffic['memory_bound']:.1f}")
     for k, v in PUBLISHED_MS.items():
         print(f"published, {k}: {v / WINDOW_MB:.1f} ms a micro-batch")

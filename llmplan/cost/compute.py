@@ -58,6 +58,7 @@ from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was thi
     op_matmul_widths,
     op_recomputed_share,
     recompute_flops_per_step,
+    recurrent_scan_flops,
 )
 from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this module)
     GEMM_HALF_DIM,
@@ -118,8 +119,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                   last: Any) -> StageCompute:
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
-    forward of the attention core, op a forward of every other matmul and of the memory-bound operators.
-    Derived: docs/formulas.md#compute.time"""
+    forward of the attention core (a hybrid's recurrent scans not: recurrent_scan_seconds), op a forward of every
+    other matmul and of the memory-bound operators.
+    Derived: docs/formulas.md#compute.time, docs/formulas.md#compute.core_attn_recompute"""
     per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
     r = recomputed_share(plan, n_dense + n_moe)  # 1 under full recompute of every layer
     op = where(plan.op, 1.0, 0.0)  # op-level checkpointing: every other matmul and the memory-bound ops again
@@ -127,6 +129,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     passes = 3 + r + op
     core = plan.recomputes("core_attn")
     attn_passes = 3 + (where(plan.full | core, 1, 0) if plan.recompute_layers is None else where(core, 1, r))
+    # a hybrid's recurrent scans are no part of the attention core: they run again only under full recompute
+    scan = recurrent_scan_seconds(m, plan, gpu)
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:
@@ -138,7 +142,7 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
         modules = (where(layer_gemm > 0, module_recompute_flops(m, plan, moe) / maximum(layer_gemm, 1.0), 0.0)
                    if plan.recompute_modules else 0.0)
         gemm = gemm + n * (g1 * (1 + r + q + modules) + g_back)
-        attention = attention + n * a1 * attn_passes
+        attention = attention + n * ((a1 - scan) * attn_passes + scan * (3 + r))
         membound = membound + n * mb1 * passes
         fwd = fwd + n * (g1 + a1 + mb1)
     head, loss_s = output_seconds(m, plan, gpu)
@@ -246,6 +250,26 @@ def ssd_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[An
     eff = SSD_SCAN_EFFICIENCY if gpu.ssd_scan_efficiency is None else gpu.ssd_scan_efficiency
     rate = eff * published_rate_clock(gpu) * gpu.sustained_flops(bf16_kernel_format(plan))
     return tokens * mean_mamba_scan_flops(m), tokens * mean_mamba_scan_step_flops(m) / rate
+
+
+def recurrent_scan_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
+    """The part of layer_seconds' attention (forward-equivalent seconds, one layer and micro-batch) that is the
+    average layer's recurrent scans: the Mamba-2 SSD scan (ssd_scan_seconds) and the Gated DeltaNet / lightning
+    scans' FLOPs (recurrent_scan_flops less the SSD's) at the rate layer_seconds gives attention FLOPs outside a
+    sliding window (attention_rate_ratio with fused attention). 0 for a model without recurrent mixers.
+    Source: NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/attention.py (core_attn recompute
+    checkpoints Attention.core_attention only), megatron/core/ssm/mamba_mixer.py and gated_delta_net/
+    (no core_attn checkpoint). Derived: docs/formulas.md#compute.core_attn_recompute"""
+    if not (m.count_layers("mamba") or m.count_layers("linear_attention")):
+        return 0.0
+
+    def compute() -> Any:
+        ssd_flops, ssd_seconds = ssd_scan_seconds(m, plan, gpu)
+        split = where(plan.flash_attention, attention_rate_ratio(m, plan, gpu), 1.0)
+        peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
+                     * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
+        return ssd_seconds + (recurrent_scan_flops(m, plan) - ssd_flops) / peak_attn
+    return memoized(plan, ("recurrent_scan_seconds", m, gpu), compute)
 
 
 def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_flops: Any, peak_attn: Any) -> Any:

@@ -83,6 +83,25 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     return LayerFlops(gemm=gemm, attention=attn + T * mean_scan_flops(m) / t + index)
 
 
+def recurrent_scan_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Forward FLOPs of the average layer's recurrent-mixer scans (Mamba-2 SSD, Gated DeltaNet, lightning), one
+    micro-batch, one rank: the part of layer_flops(...).attention outside the softmax-attention core, which
+    Megatron's core_attn recompute does not run again (it checkpoints Attention's core_attention only; the
+    Mamba-2 and Gated DeltaNet mixers are not Attention modules). Source: NVIDIA/Megatron-LM at d98e8a6,
+    megatron/core/transformer/attention.py (checkpoint_core_attention, _checkpointed_attention_forward),
+    megatron/core/ssm/mamba_mixer.py, megatron/core/ssm/gated_delta_net/common.py (_GDNBase).
+    Derived: docs/formulas.md#compute.core_attn_recompute"""
+    return plan.seq_len / plan.cp * plan.micro_batch * mean_scan_flops(m) / plan.tp
+
+
+def core_attention_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """Forward FLOPs of one layer's attention core, one micro-batch, one rank: layer_flops(...).attention less the
+    recurrent scans (recurrent_scan_flops): the softmax attention (full, sliding, chunked, MLA, sparse, with its
+    indexer, which Megatron's DSA core attention holds). What core_attn recompute runs again.
+    Derived: docs/formulas.md#compute.core_attn_recompute"""
+    return layer_flops(m, plan, moe).attention - recurrent_scan_flops(m, plan)
+
+
 def routed_expert_flops(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Forward FLOPs of one MoE layer's routed experts, one micro-batch, one rank: 2·T·k·expert_params / t, T the
     rank's s·b tokens, each through k experts (2·tokens·weights per matmul, as layer_flops counts every matmul).
@@ -174,13 +193,13 @@ def model_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Extra forward FLOPs recomputation adds over all GPUs: full recompute repeats the layers' forward,
-    selective only the attention core (Korthikanti et al. 2022 §5), op every other matmul (op_recomputed_share).
-    Derived: docs/formulas.md#compute.flops"""
+    selective only the attention core (Korthikanti et al. 2022 §5; a hybrid's recurrent scans not:
+    core_attention_flops), op every other matmul (op_recomputed_share). Derived: docs/formulas.md#compute.flops"""
     dense, moe = layer_flops(m, plan, False), layer_flops(m, plan, True)
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)
-    core = where(plan.recomputes("core_attn"), m.num_dense_layers * dense.attention + m.num_moe_layers * moe.attention,
-                 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
+    core = where(plan.recomputes("core_attn"), m.num_dense_layers * core_attention_flops(m, plan, False)
+                 + m.num_moe_layers * core_attention_flops(m, plan, True), 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
         + m.num_moe_layers * module_recompute_flops(m, plan, True)
     op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
     per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))
