@@ -239,7 +239,10 @@ ASSUMPTIONS = {
                   "(--ep-comm-overlap), its experts per-expert (TEGroupedMLP: the op fuser off, mbridge_expert_gemm), "
                   "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
                   "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
-                  "defaults (te_default_margin); predicts tokens/s per GPU; scored, not fitted",
+                  "defaults (te_default_margin); the settings each record names from its recipe at the card's "
+                  "commit (recompute modules, pipeline layout, dispatcher SMs, capacity factor, CUDA graphs, DP "
+                  "overlap, optimizer dtypes: docs/validation.md#card-rows-2026-12-06); predicts tokens/s per GPU; "
+                  "scored, not fitted",
     "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
             "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
             "distributed optimizer, bf16 gradient reduction, sequence parallelism and TP communication overlap, "
