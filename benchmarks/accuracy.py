@@ -239,7 +239,10 @@ ASSUMPTIONS = {
                   "(--ep-comm-overlap), its experts per-expert (TEGroupedMLP: the op fuser off, mbridge_expert_gemm), "
                   "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation "
                   "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
-                  "defaults (te_default_margin); predicts tokens/s per GPU; scored, not fitted",
+                  "defaults (te_default_margin); the settings each record names from its recipe at the card's "
+                  "commit (recompute modules, pipeline layout, dispatcher SMs, capacity factor, CUDA graphs, DP "
+                  "overlap, optimizer dtypes: docs/validation.md#card-rows-2026-12-06); predicts tokens/s per GPU; "
+                  "scored, not fitted",
     "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
             "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
             "distributed optimizer, bf16 gradient reduction, sequence parallelism and TP communication overlap, "
@@ -582,10 +585,13 @@ def mbridge_fsdp_grad_accumulation(rec: dict, fam: str) -> str | None:
     return "copy"
 
 
-MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
-"""mbridge rows whose throughput is scored but not their memory (none now). The Nemotron-3 Ultra presets' offload
-of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are sharded
-within 64-GPU domains (HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
+MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ("bridgecard-h100-bf16-nemotron-3.5-lightning-16gpu-gbs512",)
+"""Megatron-Bridge rows whose throughput is scored but not their memory: the Nemotron 3.5 Lightning H100 card's
+recipe offloads the experts' fc1 input to the CPU (fine_grained_activation_offloading, offload_modules
+[expert_fc1]: perf_recipes/nemotronh/h100/nemotronh.py at cba5742e3), which llmplan does not price (its
+offload_moe_act moves fc1's output; docs/validation.md#card-rows-2026-12-06). The Nemotron-3 Ultra presets'
+offload of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are
+sharded within 64-GPU domains (HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
 
 
 def mbridge_offload_moe_act(rec: dict) -> bool:
@@ -1514,7 +1520,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     mbridge = fam in ("mbridge-dense", "mbridge-moe")
     recompute = "selective" if rc.startswith("selective") else ("full" if rc.startswith("full") else
                                                                 ("op" if rc.startswith("op") else "none"))
-    modules = mbridge_recompute_modules(rec)  # the preset's selective recompute modules (Megatron-Bridge)
+    # the selective recompute modules the record's recipe names (the verification cards: cfg.model.recompute_modules
+    # of the recipe at the card's commit), else the preset's (Megatron-Bridge's performance tables)
+    modules = tuple(par.get("recompute_modules") or ()) or mbridge_recompute_modules(rec)
     if fam == "deepseek" and "RMSNorm and the MLA up-projections" in rc:
         # DeepSeek-V3 report §3.2.3: "Recomputation of RMSNorm and MLA Up-Projection" in back-propagation,
         # Megatron's layernorm (MLA's input norm, the MoE layers' pre-MLP norm) and mla_up_proj modules
@@ -1557,7 +1565,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         vpp = layers // pp
     if rec["id"].startswith(NARAYANAN_T1) and pp > 2 and "vpp" not in par:
         vpp = layers // pp  # Table 1 interleaved (section 5.1), one layer per virtual stage (NARAYANAN_T1)
-    layout = mbridge_layout(rec, pp, vpp)
+    # the pipeline layout the record's recipe sets (a verification card's cfg.model.pipeline_model_parallel_layout,
+    # one string per virtual stage), else the Megatron-Bridge preset's (mbridge_layout)
+    layout = tuple(par["pp_layout"]) if par.get("pp_layout") else mbridge_layout(rec, pp, vpp)
     if layout is not None:
         first = last = 0
     flash2 = fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
@@ -1767,7 +1777,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Bridge turns RoPE fusion off for GPT-OSS's YaRN embedding (models/gpt_provider.py calls
         # utils/fusions.py validate_rope_fusion_compatibility: position_embedding_type "yarn" is not "rope",
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
-        rope_fusion=not (mbridge and "gpt-oss" in rec["id"]),
+        # (the verification cards run the same provider: bridgecard rows too)
+        rope_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"]),
     ))
 
 

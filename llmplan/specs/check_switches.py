@@ -358,10 +358,15 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "
                          f"layers / pp {p.pp}): Megatron-Core keeps each count within one stage (TransformerConfig "
                          "num_layers_at_start_in_bf16 / _end_); lower them or use a smaller --pp"),
-    Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None,
+    # Megatron-Core TransformerConfig.__post_init__ (6513e3e23, the Megatron-LM Megatron-Bridge ffeb5a7ae pins):
+    # "Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity"; the hybridep
+    # backend pads (Megatron-Bridge's Nemotron-3 Super H100 recipe: flex + hybridep, capacity factor 1.10, padded)
+    Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None
+         or p.moe_flex_backend != "deepep",
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "
                          "dispatcher with the deepep backend does not pad experts to capacity (TransformerConfig "
-                         "rule); drop --moe-capacity-factor or use --moe-dispatcher alltoall"),
+                         "rule); drop --moe-capacity-factor, use --moe-flex-backend hybridep or --moe-dispatcher "
+                         "alltoall"),
     # Megatron-Core TransformerConfig (d98e8a6): moe_expert_rank_capacity_factor, the static per-rank budget a
     # dropless MoE layer needs inside a full-iteration graph, requires the flex dispatcher's hybridep backend;
     # the alltoall dispatcher waits for its token counts on the host (token_dispatcher.py, cuda_sync_point)
