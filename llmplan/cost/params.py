@@ -122,7 +122,26 @@ def attention_params(m: ModelSpec) -> int:
         n += h
     if m.qk_norm:
         n += 2 * d
-    return n
+    return n + attention_sink_params(m)
+
+
+def attention_sink_params(m: ModelSpec) -> int:
+    """One attention block's sinks: a learned logit per query head (a; 0 without attention_sinks).
+    Source: Hugging Face transformers modeling_gpt_oss.py (GptOssAttention.sinks, one per attention head);
+    NVIDIA/Megatron-LM at d98e8a64dd megatron/core/transformer/dot_product_attention.py (softmax_type
+    "learnable": softmax_offset, num_attention_heads_per_partition entries, split by TP).
+    Derived: docs/formulas.md#params.model"""
+    return m.num_attention_heads if m.attention_sinks else 0
+
+
+def attention_replicated_params(m: ModelSpec) -> int:
+    """One attention block's parameters that every TP rank holds whole: the row-parallel output projection's
+    bias (h) and the per-head q/k norms (2d, built at head width). Source: NVIDIA/Megatron-LM at d98e8a64dd
+    megatron/core/tensor_parallel/layers.py (RowParallelLinear: "bias is not parallelized", output_size
+    entries), transformer/attention.py (q_layernorm / k_layernorm of hidden_size_per_attention_head);
+    NVIDIA/TransformerEngine at d0067d0da6 transformer_engine/pytorch/module/linear.py (parallel_mode "row"
+    splits in_features only; the bias has out_features). Derived: docs/formulas.md#params.rank"""
+    return (m.hidden_size if m.attention_bias else 0) + (2 * m.d_head if m.qk_norm else 0)
 
 
 def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
@@ -140,6 +159,24 @@ def mlp_bias_params(m: ModelSpec, f: int, width: int | None = None) -> int:
     h = width or m.hidden_size
     return ((2 * f if m.gated_mlp else f) + h) if m.mlp_bias else 0
 
+
+
+def mlp_params_per_rank(m: ModelSpec, f: int, t: Any, width: int | None = None) -> Any:
+    """One MLP of width f on inputs of `width` (default h) on one rank of a TP (or expert-TP) group of t: its
+    weights and fc1's biases split by t, fc2's bias (`width` entries) whole on every rank.
+    Source: NVIDIA/Megatron-LM at d98e8a64dd megatron/core/tensor_parallel/layers.py (RowParallelLinear:
+    "bias is not parallelized"; ColumnParallelLinear's bias of output_size_per_partition); NVIDIA/
+    TransformerEngine at d0067d0da6 transformer_engine/pytorch/module/grouped_linear.py (parallel_mode "row":
+    bias{i} of out_features). Derived: docs/formulas.md#params.rank"""
+    fc2_bias = (width or m.hidden_size) if m.mlp_bias else 0
+    return (mlp_params(m, f, width) - fc2_bias) / t + fc2_bias
+
+
+def mlp_bias_per_rank(m: ModelSpec, f: int, t: Any, width: int | None = None) -> Any:
+    """mlp_bias_params on one rank of a TP (or expert-TP) group of t: fc1's split by t, fc2's whole (as
+    mlp_params_per_rank). Derived: docs/formulas.md#mem.nonmatrix_params"""
+    fc2_bias = (width or m.hidden_size) if m.mlp_bias else 0
+    return (mlp_bias_params(m, f, width) - fc2_bias) / t + fc2_bias
 
 
 def token_ffn_width(m: ModelSpec, moe: bool) -> int:
@@ -270,12 +307,13 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         down = v4_replicated_attention_params(m)  # DeepSeek-V4: the query down-projection, the shared KV head
         return down + (attention_params(m) - down) / t
     kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
-    return (attention_params(m) - kv_head * m.kv_heads) / t + kv_head * kv_heads_per_rank(m, t)
+    whole = attention_replicated_params(m)  # output bias, q/k norms: on every TP rank
+    return (attention_params(m) - kv_head * m.kv_heads - whole) / t + kv_head * kv_heads_per_rank(m, t) + whole
 
 
 def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     """One attention block's parameters on one TP rank that are no linear-layer weight, split as
-    attention_params_per_rank splits them: the projections' biases and the q/k norms; MLA's latent norms (q_r,
+    attention_params_per_rank splits them: the projections' biases, the q/k norms and the sinks; MLA's latent norms (q_r,
     kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
     Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
     q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
@@ -287,8 +325,8 @@ def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     if is_v4_attention(m):
         return (m.q_lora_rank or 0) + (d if m.shared_key_value else 0)
     biased = m.attention_bias or m.qkv_bias
-    split = (m.num_attention_heads * d if biased else 0) + (h if m.attention_bias else 0) + (2 * d if m.qk_norm else 0)
-    return split / t + (2 * d * kv_heads_per_rank(m, t) if biased else 0)
+    split = (m.num_attention_heads * d if biased else 0) + attention_sink_params(m)  # q biases, sinks: by heads
+    return split / t + (2 * d * kv_heads_per_rank(m, t) if biased else 0) + attention_replicated_params(m)
 
 
 def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any, Any, Any]:
@@ -300,10 +338,10 @@ def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any
     t = ep = etp = 1 gives whole layers. Derived: docs/formulas.md#mem.nonmatrix_params"""
     attn = attention_share(m) * attention_nonmatrix_per_rank(m, t) + mean_recurrent_nonmatrix_params(m) / t \
         + norms_per_layer(m) * norm_params(m) + replicated_nonmatrix_params(m)
-    dense = attn + dense_mlp_share(m) * mlp_bias_params(m, m.intermediate_size) / t
-    moe = attn + router_params(m) + (mlp_bias_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+    dense = attn + dense_mlp_share(m) * mlp_bias_per_rank(m, m.intermediate_size, t)
+    moe = attn + router_params(m) + (mlp_bias_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0) \
         + latent_bias_params(m)
-    expert = (m.num_experts / ep) * mlp_bias_params(m, m.expert_ffn, m.expert_width) / etp if m.is_moe else 0 * t
+    expert = (m.num_experts / ep) * mlp_bias_per_rank(m, m.expert_ffn, etp, m.expert_width) if m.is_moe else 0 * t
     return dense, moe, expert
 
 
@@ -410,10 +448,11 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m) \
         + replicated_layer_params(m)  # DeepSeek-V4's compressors and hyper-connections (cost.compressed)
-    dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
-    moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+    dense_layer = attn + dense_mlp_share(m) * mlp_params_per_rank(m, m.intermediate_size, t)
+    moe_layer = attn + router_params(m) + (mlp_params_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
-    expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
+    expert_layer = (m.num_experts / plan.ep) * mlp_params_per_rank(m, m.expert_ffn, etp, m.expert_width) \
+        if m.is_moe else 0 * t
     vocab = vocab_shard_params(m, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = separate_output_layer(m, plan)
