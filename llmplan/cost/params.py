@@ -56,6 +56,7 @@ from llmplan.cost.stages import (  # noqa: F401  (re-exported: their home was th
     stage_layer_count,
     stage_layer_list,
     stage_layers,
+    stage_mtp_modules,
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import PlanLike
@@ -246,6 +247,22 @@ def mtp_module_params(m: ModelSpec) -> int:
     return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m) + hc
 
 
+def mtp_block_params_per_rank(m: ModelSpec, t: Any) -> Any:
+    """One multi-token-prediction module's block on one rank of TP degree t, its routed experts and projection
+    (mtp_projection_params, with the output head) aside: softmax attention whatever the stack's mixers (a hybrid's
+    module is an attention layer, not the average layer), its MLP (an MoE layer's router, shared expert and latent
+    projections where the model has experts), two pre-norms and the final norm, DeepSeek-V4's two
+    hyper-connections and collapse; mtp_module_params split as attention_params_per_rank and
+    mlp_params_per_rank split a layer. Source: NVIDIA/Megatron-LM at d98e8a64dd
+    megatron/core/transformer/multi_token_prediction.py (MultiTokenPredictionLayer: enorm, hnorm, eh_proj, the
+    transformer layer, final_layernorm); vllm-project/vllm qwen3_next_mtp.py at ffdc9857 (Qwen3-Next's module: a
+    full-attention decoder layer). Derived: docs/formulas.md#params.rank"""
+    mlp = (router_params(m) + (mlp_params_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0)
+           + latent_proj_params(m)) if m.is_moe else mlp_params_per_rank(m, m.intermediate_size, t)
+    hc = 2 * hc_params(m) + hc_head_params(m)
+    return attention_params_per_rank(m, t) + mlp + 3 * norm_params(m) + hc
+
+
 def norm_params(m: ModelSpec) -> int:
     """One norm: h weights (RMSNorm) or h weights + h biases (LayerNorm)."""
     return m.hidden_size * (2 if m.norm_type == "layernorm" else 1)
@@ -397,11 +414,19 @@ def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
 
     Derived: docs/formulas.md#params.rank"""
     n_dense, n_moe = stage_layers(m, plan, stage)
-    dense_layer, moe_layer, expert_layer, embedding, head = memoized(
+    dense_layer, moe_layer, expert_layer, embedding, head, mtp_extra = memoized(
         plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     first = where(stage == 0, embedding, 0)
     last = where(stage == plan.pp - 1, head, 0)
-    return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
+    return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last
+                      + stage_mtp_modules(m, plan, stage) * mtp_extra, expert=n_moe * expert_layer)
+
+
+def mtp_block_extra_params(m: ModelSpec, plan: PlanLike) -> Any:
+    """What one MTP module's block holds on a rank beyond the layer stage_layers counts it as (an average MoE
+    layer, or dense layer without experts): mtp_block_params_per_rank less that layer's non-expert part, as
+    _rank_params adds it per module of the stage. Derived: docs/formulas.md#params.rank"""
+    return memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))[5]
 
 
 def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
@@ -427,21 +452,22 @@ def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
     first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).
     Derived: docs/formulas.md#params.rank"""
-    _, _, _, embedding, head = memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
+    _, _, _, embedding, head, _ = memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     return where(stage == 0, embedding, 0) + where(stage == plan.pp - 1, head, 0)
 
 
 def layer_params(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any]:
     """Parameters of one rank's share of (a dense layer, a MoE layer: its non-expert part and its experts), as
     _rank_params counts a stage's layers. Derived: docs/formulas.md#params.rank"""
-    dense_layer, moe_layer, expert_layer, _, _ = memoized(
+    dense_layer, moe_layer, expert_layer, _, _, _ = memoized(
         plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     return dense_layer, moe_layer + expert_layer
 
 
-def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any]:
-    """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
-    the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
+def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding,
+    the last stage's norm, output layer and MTP projections, and what one MTP module's block holds beyond the
+    layer stage_layers counts it as (stage-independent, computed once per plan)."""
     t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size
     # A hybrid stack's average layer: its share of attention, its mean recurrent mixer (split by t, as
     # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
@@ -458,4 +484,5 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     has_output = separate_output_layer(m, plan)
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
     head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
-    return dense_layer, moe_layer, expert_layer, vocab + positions, head
+    mtp_extra = mtp_block_params_per_rank(m, t) - (moe_layer if m.is_moe else dense_layer)
+    return dense_layer, moe_layer, expert_layer, vocab + positions, head, mtp_extra
