@@ -335,7 +335,7 @@ def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
     q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
     Derived: docs/formulas.md#mem.nonmatrix_params"""
-    h, d = m.hidden_size, m.d_head
+    d = m.d_head
     if (mla := m.mla) is not None:
         indexer_norm = 2 * (m.index_head_dim or 0) if m.is_sparse_attention else 0
         return (mla.q_lora_rank or 0) + mla.kv_lora_rank + indexer_norm
