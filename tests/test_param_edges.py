@@ -114,7 +114,8 @@ def test_deepseek_v3_published_counts_with_and_without_the_mtp_module():
 
 
 # Property: a rank's parameters summed over the tp (and ep x etp) ranks, less the parts every rank holds whole
-# counted once per extra rank, are the model's (pp 1, no MTP module; vocabulary a multiple of 128 x tp; tp divides the KV heads).
+# counted once per extra rank, are the model's (pp 1, no MTP module; vocabulary a multiple of 128 x tp; tp divides
+# the KV heads).
 @settings(max_examples=60, deadline=None)
 @given(t=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2]), etp=st.sampled_from([1, 2]),
        K=st.sampled_from([4, 8]), group=st.sampled_from([1, 2]), d=st.sampled_from([32, 64]),

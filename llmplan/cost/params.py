@@ -330,8 +330,8 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
 
 def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     """One attention block's parameters on one TP rank that are no linear-layer weight, split as
-    attention_params_per_rank splits them: the projections' biases, the q/k norms and the sinks; MLA's latent norms (q_r,
-    kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
+    attention_params_per_rank splits them: the projections' biases, the q/k norms and the sinks; MLA's latent norms
+    (q_r, kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
     Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
     q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
     Derived: docs/formulas.md#mem.nonmatrix_params"""
