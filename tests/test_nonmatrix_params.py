@@ -32,9 +32,11 @@ def plan(**kw) -> ParallelPlan:
 
 # GPT-OSS 20B (openai/gpt-oss-20b config.json): h 2880, 24 layers, all MoE, 64 query heads and 8 KV heads of 64,
 # biased attention (q/k/v and output), 32 experts of width 2880 with biases (gate_up 2 x 2880, down 2880), a biased
-# router (h x 32 + 32), RMSNorms, untied vocabulary 201088 (a multiple of 128: no padding at tp 1).
+# router (h x 32 + 32), RMSNorms, untied vocabulary 201088 (a multiple of 128: no padding at tp 1), and one
+# learned sink per query head per layer (transformers modeling_gpt_oss.py GptOssAttention.sinks: a plain
+# parameter, kept in bf16).
 OH, OL, OA, OK, OD, OV, OE, OF = 2880, 24, 64, 8, 64, 201088, 32, 2880
-OSS_ATTN_BIAS = OA * OD + 2 * OK * OD + OH
+OSS_ATTN_BIAS = OA * OD + 2 * OK * OD + OH + OA  # q/k/v and output biases, the sinks
 OSS_EXPERT_BIAS = OE * (2 * OF + OH)
 OSS_KEPT_DENSE = 2 * OV * OH + (2 * OL + 1) * OH + OL * (OH * OE + OE) + OL * OSS_ATTN_BIAS
 

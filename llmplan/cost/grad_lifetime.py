@@ -21,11 +21,12 @@ import numpy as np
 
 from llmplan.arith import where
 from llmplan.cost.activations import layer_activations
-from llmplan.cost.params import layer_params, stage_end_params
+from llmplan.cost.params import layer_params, mtp_block_extra_params, stage_end_params
 from llmplan.cost.schedule import stage_order_arrays
 from llmplan.cost.stages import (
     chunk_kinds,
     chunk_layers,
+    layout_grid,
     layers_before,
     stage_layer_count,
     stage_mtp_modules,
@@ -120,6 +121,8 @@ def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, grad_b: Any) -> tuple[np.nd
     act, grad = _layer_bytes(m, plan, dense.reshape((-1,) + (1,) * np.ndim(plan.pp)),
                              moe.reshape((-1,) + (1,) * np.ndim(plan.pp)), grad_b)
     end = stage_end_params(m, plan, stage) * grad_b
+    mtp = np.asarray([c.count("m") for c in layout_grid(plan)[int(stage)]], dtype=float)  # MTP blocks' extra
+    grad = grad + (mtp * mtp_block_extra_params(m, plan) * grad_b).reshape((-1,) + (1,) * np.ndim(plan.pp))
     return act * 1.0, _with_ends(grad, where(stage == 0, end, 0.0), where(stage == plan.pp - 1, end, 0.0))
 
 
@@ -270,8 +273,9 @@ def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, gr
     la = layer_activations(m, plan)
     dense_p, moe_p = layer_params(m, plan)
     end = stage_end_params(m, plan, stage) * grad_b
+    mtp = stage_mtp_modules(m, plan, stage) * mtp_block_extra_params(m, plan) * grad_b  # last stage's last chunk
     parts = (la.dense, la.moe, dense_p, moe_p, grad_b, where(stage == 0, end, 0.0),
-             where(stage == plan.pp - 1, end, 0.0))
+             where(stage == plan.pp - 1, end, 0.0) + mtp)
     rank = (plan.pp, plan.num_microbatches, plan.vpp, stage, stage_layer_count(m, plan, stage),
             stage_mtp_modules(m, plan, stage), layers_before(m, plan, stage))
     if np.ndim(plan.pp) == 0:  # one plan

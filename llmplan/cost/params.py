@@ -56,6 +56,7 @@ from llmplan.cost.stages import (  # noqa: F401  (re-exported: their home was th
     stage_layer_count,
     stage_layer_list,
     stage_layers,
+    stage_mtp_modules,
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import PlanLike
@@ -122,7 +123,26 @@ def attention_params(m: ModelSpec) -> int:
         n += h
     if m.qk_norm:
         n += 2 * d
-    return n
+    return n + attention_sink_params(m)
+
+
+def attention_sink_params(m: ModelSpec) -> int:
+    """One attention block's sinks: a learned logit per query head (a; 0 without attention_sinks).
+    Source: Hugging Face transformers modeling_gpt_oss.py (GptOssAttention.sinks, one per attention head);
+    NVIDIA/Megatron-LM at d98e8a64dd megatron/core/transformer/dot_product_attention.py (softmax_type
+    "learnable": softmax_offset, num_attention_heads_per_partition entries, split by TP).
+    Derived: docs/formulas.md#params.model"""
+    return m.num_attention_heads if m.attention_sinks else 0
+
+
+def attention_replicated_params(m: ModelSpec) -> int:
+    """One attention block's parameters that every TP rank holds whole: the row-parallel output projection's
+    bias (h) and the per-head q/k norms (2d, built at head width). Source: NVIDIA/Megatron-LM at d98e8a64dd
+    megatron/core/tensor_parallel/layers.py (RowParallelLinear: "bias is not parallelized", output_size
+    entries), transformer/attention.py (q_layernorm / k_layernorm of hidden_size_per_attention_head);
+    NVIDIA/TransformerEngine at d0067d0da6 transformer_engine/pytorch/module/linear.py (parallel_mode "row"
+    splits in_features only; the bias has out_features). Derived: docs/formulas.md#params.rank"""
+    return (m.hidden_size if m.attention_bias else 0) + (2 * m.d_head if m.qk_norm else 0)
 
 
 def mlp_params(m: ModelSpec, f: int, width: int | None = None) -> int:
@@ -140,6 +160,24 @@ def mlp_bias_params(m: ModelSpec, f: int, width: int | None = None) -> int:
     h = width or m.hidden_size
     return ((2 * f if m.gated_mlp else f) + h) if m.mlp_bias else 0
 
+
+
+def mlp_params_per_rank(m: ModelSpec, f: int, t: Any, width: int | None = None) -> Any:
+    """One MLP of width f on inputs of `width` (default h) on one rank of a TP (or expert-TP) group of t: its
+    weights and fc1's biases split by t, fc2's bias (`width` entries) whole on every rank.
+    Source: NVIDIA/Megatron-LM at d98e8a64dd megatron/core/tensor_parallel/layers.py (RowParallelLinear:
+    "bias is not parallelized"; ColumnParallelLinear's bias of output_size_per_partition); NVIDIA/
+    TransformerEngine at d0067d0da6 transformer_engine/pytorch/module/grouped_linear.py (parallel_mode "row":
+    bias{i} of out_features). Derived: docs/formulas.md#params.rank"""
+    fc2_bias = (width or m.hidden_size) if m.mlp_bias else 0
+    return (mlp_params(m, f, width) - fc2_bias) / t + fc2_bias
+
+
+def mlp_bias_per_rank(m: ModelSpec, f: int, t: Any, width: int | None = None) -> Any:
+    """mlp_bias_params on one rank of a TP (or expert-TP) group of t: fc1's split by t, fc2's whole (as
+    mlp_params_per_rank). Derived: docs/formulas.md#mem.nonmatrix_params"""
+    fc2_bias = (width or m.hidden_size) if m.mlp_bias else 0
+    return (mlp_bias_params(m, f, width) - fc2_bias) / t + fc2_bias
 
 
 def token_ffn_width(m: ModelSpec, moe: bool) -> int:
@@ -209,6 +247,22 @@ def mtp_module_params(m: ModelSpec) -> int:
     return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m) + hc
 
 
+def mtp_block_params_per_rank(m: ModelSpec, t: Any) -> Any:
+    """One multi-token-prediction module's block on one rank of TP degree t, its routed experts and projection
+    (mtp_projection_params, with the output head) aside: softmax attention whatever the stack's mixers (a hybrid's
+    module is an attention layer, not the average layer), its MLP (an MoE layer's router, shared expert and latent
+    projections where the model has experts), two pre-norms and the final norm, DeepSeek-V4's two
+    hyper-connections and collapse; mtp_module_params split as attention_params_per_rank and
+    mlp_params_per_rank split a layer. Source: NVIDIA/Megatron-LM at d98e8a64dd
+    megatron/core/transformer/multi_token_prediction.py (MultiTokenPredictionLayer: enorm, hnorm, eh_proj, the
+    transformer layer, final_layernorm); vllm-project/vllm qwen3_next_mtp.py at ffdc9857 (Qwen3-Next's module: a
+    full-attention decoder layer). Derived: docs/formulas.md#params.rank"""
+    mlp = (router_params(m) + (mlp_params_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0)
+           + latent_proj_params(m)) if m.is_moe else mlp_params_per_rank(m, m.intermediate_size, t)
+    hc = 2 * hc_params(m) + hc_head_params(m)
+    return attention_params_per_rank(m, t) + mlp + 3 * norm_params(m) + hc
+
+
 def norm_params(m: ModelSpec) -> int:
     """One norm: h weights (RMSNorm) or h weights + h biases (LayerNorm)."""
     return m.hidden_size * (2 if m.norm_type == "layernorm" else 1)
@@ -270,25 +324,26 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
         down = v4_replicated_attention_params(m)  # DeepSeek-V4: the query down-projection, the shared KV head
         return down + (attention_params(m) - down) / t
     kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
-    return (attention_params(m) - kv_head * m.kv_heads) / t + kv_head * kv_heads_per_rank(m, t)
+    whole = attention_replicated_params(m)  # output bias, q/k norms: on every TP rank
+    return (attention_params(m) - kv_head * m.kv_heads - whole) / t + kv_head * kv_heads_per_rank(m, t) + whole
 
 
 def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:
     """One attention block's parameters on one TP rank that are no linear-layer weight, split as
-    attention_params_per_rank splits them: the projections' biases and the q/k norms; MLA's latent norms (q_r,
-    kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
+    attention_params_per_rank splits them: the projections' biases, the q/k norms and the sinks; MLA's latent norms
+    (q_r, kv_r) and the sparse indexer's LayerNorm (2 d_I), replicated; DeepSeek-V4's query and key/value norms.
     Source: Hugging Face modeling code (Qwen2Attention biases, Qwen3Attention q_norm / k_norm, DeepseekV3Attention
     q_a_layernorm / kv_a_layernorm); DeepSeek-V3.2-Exp inference/model.py (Indexer.k_norm).
     Derived: docs/formulas.md#mem.nonmatrix_params"""
-    h, d = m.hidden_size, m.d_head
+    d = m.d_head
     if (mla := m.mla) is not None:
         indexer_norm = 2 * (m.index_head_dim or 0) if m.is_sparse_attention else 0
         return (mla.q_lora_rank or 0) + mla.kv_lora_rank + indexer_norm
     if is_v4_attention(m):
         return (m.q_lora_rank or 0) + (d if m.shared_key_value else 0)
     biased = m.attention_bias or m.qkv_bias
-    split = (m.num_attention_heads * d if biased else 0) + (h if m.attention_bias else 0) + (2 * d if m.qk_norm else 0)
-    return split / t + (2 * d * kv_heads_per_rank(m, t) if biased else 0)
+    split = (m.num_attention_heads * d if biased else 0) + attention_sink_params(m)  # q biases, sinks: by heads
+    return split / t + (2 * d * kv_heads_per_rank(m, t) if biased else 0) + attention_replicated_params(m)
 
 
 def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any, Any, Any]:
@@ -300,10 +355,10 @@ def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any
     t = ep = etp = 1 gives whole layers. Derived: docs/formulas.md#mem.nonmatrix_params"""
     attn = attention_share(m) * attention_nonmatrix_per_rank(m, t) + mean_recurrent_nonmatrix_params(m) / t \
         + norms_per_layer(m) * norm_params(m) + replicated_nonmatrix_params(m)
-    dense = attn + dense_mlp_share(m) * mlp_bias_params(m, m.intermediate_size) / t
-    moe = attn + router_params(m) + (mlp_bias_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+    dense = attn + dense_mlp_share(m) * mlp_bias_per_rank(m, m.intermediate_size, t)
+    moe = attn + router_params(m) + (mlp_bias_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0) \
         + latent_bias_params(m)
-    expert = (m.num_experts / ep) * mlp_bias_params(m, m.expert_ffn, m.expert_width) / etp if m.is_moe else 0 * t
+    expert = (m.num_experts / ep) * mlp_bias_per_rank(m, m.expert_ffn, etp, m.expert_width) if m.is_moe else 0 * t
     return dense, moe, expert
 
 
@@ -359,11 +414,19 @@ def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
 
     Derived: docs/formulas.md#params.rank"""
     n_dense, n_moe = stage_layers(m, plan, stage)
-    dense_layer, moe_layer, expert_layer, embedding, head = memoized(
+    dense_layer, moe_layer, expert_layer, embedding, head, mtp_extra = memoized(
         plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     first = where(stage == 0, embedding, 0)
     last = where(stage == plan.pp - 1, head, 0)
-    return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last, expert=n_moe * expert_layer)
+    return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last
+                      + stage_mtp_modules(m, plan, stage) * mtp_extra, expert=n_moe * expert_layer)
+
+
+def mtp_block_extra_params(m: ModelSpec, plan: PlanLike) -> Any:
+    """What one MTP module's block holds on a rank beyond the layer stage_layers counts it as (an average MoE
+    layer, or dense layer without experts): mtp_block_params_per_rank less that layer's non-expert part, as
+    _rank_params adds it per module of the stage. Derived: docs/formulas.md#params.rank"""
+    return memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))[5]
 
 
 def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
@@ -389,34 +452,37 @@ def stage_end_params(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """Parameters of one rank of pipeline stage `stage` outside its transformer layers: the embedding on the
     first stage, the final norm, output layer and MTP projections on the last (as _rank_params counts them).
     Derived: docs/formulas.md#params.rank"""
-    _, _, _, embedding, head = memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
+    _, _, _, embedding, head, _ = memoized(plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     return where(stage == 0, embedding, 0) + where(stage == plan.pp - 1, head, 0)
 
 
 def layer_params(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any]:
     """Parameters of one rank's share of (a dense layer, a MoE layer: its non-expert part and its experts), as
     _rank_params counts a stage's layers. Derived: docs/formulas.md#params.rank"""
-    dense_layer, moe_layer, expert_layer, _, _ = memoized(
+    dense_layer, moe_layer, expert_layer, _, _, _ = memoized(
         plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     return dense_layer, moe_layer + expert_layer
 
 
-def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any]:
-    """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding and
-    the last stage's norm, output layer and MTP projections (stage-independent, computed once per plan)."""
+def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """Per rank: a dense layer, a MoE layer's non-expert part, its expert part, the first stage's embedding,
+    the last stage's norm, output layer and MTP projections, and what one MTP module's block holds beyond the
+    layer stage_layers counts it as (stage-independent, computed once per plan)."""
     t, etp, h = plan.tp, plan.etp_resolved, m.hidden_size
     # A hybrid stack's average layer: its share of attention, its mean recurrent mixer (split by t, as
     # Megatron-LM's MambaMixer splits heads and groups), its norms (mixers.py).
     attn = attention_share(m) * attention_params_per_rank(m, t) + mean_recurrent_params(m) / t \
         + norms_per_layer(m) * norm_params(m) \
         + replicated_layer_params(m)  # DeepSeek-V4's compressors and hyper-connections (cost.compressed)
-    dense_layer = attn + dense_mlp_share(m) * mlp_params(m, m.intermediate_size) / t
-    moe_layer = attn + router_params(m) + (mlp_params(m, m.shared_ffn) / t if m.shared_ffn else 0) \
+    dense_layer = attn + dense_mlp_share(m) * mlp_params_per_rank(m, m.intermediate_size, t)
+    moe_layer = attn + router_params(m) + (mlp_params_per_rank(m, m.shared_ffn, t) if m.shared_ffn else 0) \
         + latent_proj_params(m)  # replicated on every TP rank
-    expert_layer = (m.num_experts / plan.ep) * expert_params(m) / etp if m.is_moe else 0 * t
+    expert_layer = (m.num_experts / plan.ep) * mlp_params_per_rank(m, m.expert_ffn, etp, m.expert_width) \
+        if m.is_moe else 0 * t
     vocab = vocab_shard_params(m, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = separate_output_layer(m, plan)
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
     head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
-    return dense_layer, moe_layer, expert_layer, vocab + positions, head
+    mtp_extra = mtp_block_params_per_rank(m, t) - (moe_layer if m.is_moe else dense_layer)
+    return dense_layer, moe_layer, expert_layer, vocab + positions, head, mtp_extra
