@@ -101,17 +101,19 @@ def test_imbalance_is_one_with_ep_inside_a_replica_and_grows_with_the_input():
     assert serve_ep_imbalance(DSV3, plan, 16) > serve_ep_imbalance(DSV3, plan, 4096)
 
 
-def test_low_latency_dispatch_is_one_latency_plus_bytes_over_the_nic():
-    cluster, plan = pool("dgx-h100", 9, 72, "decode")
+def test_low_latency_dispatch_inside_an_nvlink_domain_is_one_latency_plus_bytes_over_nvlink():
+    # across nodes: tests/test_deepep_ll.py (DeepEP's published pure-RDMA table)
+    cluster, plan = pool("gb200-nvl72", 12, 48, "decode")
     span = replica_spans(plan, cluster).ep
+    assert not span.uses_nic
     a, b = (deepep_low_latency(DSV3, plan, cluster.system, span, t, 1.0) for t in (128.0, 256.0))
     assert isinstance(a, DispatchTime) and a.total > 0
-    # affine in tokens: the latency (2a - b) is the network's one-hop latency, the rest the routed copies' bytes
-    # over one NIC (pure RDMA across nodes): 128 tokens x 8 copies x 7,168 x 71/72 remote x (1 + 4/128) bytes
+    # affine in tokens: the latency (2a - b) is NVLink's, the rest the routed copies' bytes over NVLink:
+    # 128 tokens x 8 copies x 7,168 x 47/48 remote x (1 + 4/128) bytes
     links = group_links(cluster.system, span)
-    assert 2 * a.dispatch - b.dispatch == pytest.approx(links.inter_alpha, rel=1e-6)
-    assert a.dispatch - links.inter_alpha == pytest.approx(128 * 8 * 7168 * 71 / 72 * (1 + 4 / 128) / links.inter_bw)
-    assert a.combine - links.inter_alpha == pytest.approx(128 * 8 * 7168 * 71 / 72 * 2.0 / links.inter_bw)
+    assert 2 * a.dispatch - b.dispatch == pytest.approx(links.intra_alpha, rel=1e-6)
+    assert a.dispatch - links.intra_alpha == pytest.approx(128 * 8 * 7168 * 47 / 48 * (1 + 4 / 128) / links.intra_bw)
+    assert a.combine - links.intra_alpha == pytest.approx(128 * 8 * 7168 * 47 / 48 * 2.0 / links.intra_bw)
 
 
 def test_two_batch_overlap_hides_the_exchange_up_to_the_compute():

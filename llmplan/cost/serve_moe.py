@@ -20,6 +20,7 @@ from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.collectives import collective_time, group_links
+from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
 from llmplan.units import NVFP4_BYTES
 
@@ -106,21 +107,53 @@ def deepep_normal(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: Group
     return DispatchTime(send, back)
 
 
+DEEPEP_LL_HEADER_BYTES = 16
+"""Bytes of the int4 header each low-latency dispatch message carries beside the token (its source index).
+Source: deepseek-ai/DeepEP @ebfe47e46fa86a5b41be96c326a92f62ed6721da csrc/kernels/internode_ll.cu, dispatch
+(num_bytes_per_msg = kHidden + num_scales * sizeof(float) + sizeof(int4))."""
+
+DEEPEP_LL_RDMA_EFFICIENCY = 0.875
+"""Share of the NIC's line rate DeepEP's low-latency kernels move (43.75 GB/s of a 400 Gb/s CX7). Derived from
+DeepEP's published low-latency table (deepseek-ai/DeepEP README @ebfe47e46fa86a5b41be96c326a92f62ed6721da,
+pure RDMA, H800 + CX7 400 Gb/s, 128 tokens, hidden 7168, top-8 of 288 experts, FP8 dispatch / BF16 combine,
+EP 8..256): least squares of its 12 latencies on alpha + bytes / rate (deepep_low_latency), 43.75 GB/s and
+6.3 us, every entry within 3%, each EP size left out within 3.1%. Derived: docs/formulas.md#serve.deepep_ll"""
+
+DEEPEP_LL_LATENCY_S = 6.3e-6
+"""Fixed seconds of one low-latency dispatch or combine call, from the same least squares as
+DEEPEP_LL_RDMA_EFFICIENCY. Derived: docs/formulas.md#serve.deepep_ll"""
+
+
+def ll_nic_bytes_per_s(system: SystemSpec, span: GroupSpan) -> float:
+    """Bytes per second one GPU's NIC moves in DeepEP's low-latency kernels: the line rate of the network path
+    the group spans (the leaf's, or the spine's when it spans leaves) x DEEPEP_LL_RDMA_EFFICIENCY.
+    Derived: docs/formulas.md#serve.deepep_ll"""
+    prof = link_profile(system)
+    path = prof.inter_spine if span.leaves > 1 else (prof.inter_leaf or prof.inter_spine)
+    return (path.bw if path else 0.0) * DEEPEP_LL_RDMA_EFFICIENCY
+
+
 def deepep_low_latency(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: GroupSpan, tokens: Any,
                        imbalance: Any) -> DispatchTime:
     """DeepEP's low-latency kernels, used for decode: every routed copy (k per token) is written straight
-    into its expert's buffer on the destination rank, over the network when the group leaves the NVLink
-    domain (pure RDMA, no NVLink forwarding) and over NVLink inside one; all peers at once, so one latency
-    per call plus the busiest rank's bytes over its link. Source: DeepEP README (low-latency kernels with
-    pure RDMA, IBGDA). Derived: docs/formulas.md#serve.moe"""
+    into its expert's buffer on the destination rank as its own message. Across NVLink domains (pure RDMA,
+    IBGDA, the V1 kernels SGLang's 2025-05 deployments ran) every copy but the rank's own (n - 1 of n) crosses
+    the NIC: DEEPEP_LL_LATENCY_S + the busiest rank's bytes (imbalance x the mean) / ll_nic_bytes_per_s.
+    Inside one NVLink domain: the link's latency + the bytes over NVLink. Source: DeepEP README
+    (low-latency kernels with pure RDMA); Derived: docs/formulas.md#serve.deepep_ll"""
     n = span.size
     if n <= 1:
         return DispatchTime(0.0, 0.0)
-    L = group_links(system, span)
-    bw, alpha = (L.inter_bw, L.inter_alpha) if span.uses_nic else (L.intra_bw, L.intra_alpha)
-    copies = np.asarray(tokens, dtype=float) * m.num_experts_per_tok * m.expert_width * imbalance * (n - 1) / n
-    return DispatchTime(alpha + copies * dispatch_bytes_per_element(plan, system.gpu) / bw,
-                        alpha + copies * COMBINE_BYTES / bw)
+    copies = np.asarray(tokens, dtype=float) * m.num_experts_per_tok * imbalance * (n - 1) / n
+    send = m.expert_width * dispatch_bytes_per_element(plan, system.gpu)
+    back = m.expert_width * COMBINE_BYTES
+    if span.uses_nic:
+        bw, alpha = ll_nic_bytes_per_s(system, span), DEEPEP_LL_LATENCY_S
+        send += DEEPEP_LL_HEADER_BYTES
+    else:
+        L = group_links(system, span)
+        bw, alpha = L.intra_bw, L.intra_alpha
+    return DispatchTime(alpha + copies * send / bw, alpha + copies * back / bw)
 
 
 def deepep_exchange_seconds(m: ModelSpec, plan: ServePlan, system: SystemSpec, span: GroupSpan, tokens: Any,
