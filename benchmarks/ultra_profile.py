@@ -130,8 +130,9 @@ def priced_parts(model, plan, gpu) -> dict[str, float]:
     return d
 
 
-def itemised(model, plan, gpu, e, base, ssd_traffic, charged, moe_layers) -> None:
+def itemised(model, cluster, plan, e, base, ssd_traffic, charged, moe_layers) -> None:
     """Every kernel category S1 itemises beside llmplan's part for it (docs/validation.md#ultra-itemised)."""
+    gpu = cluster.system.gpu
     p = priced_parts(model, plan, gpu)
     mb = WINDOW_MB
     K = {name: ms / mb for name, (ms, _) in KERNELS_MS.items()}
@@ -207,6 +208,13 @@ def itemised(model, plan, gpu, e, base, ssd_traffic, charged, moe_layers) -> Non
             calls = sum(float(t.calls) for t in a.transfers)
             print(f"  llmplan {ax}: {1e3 * float(a.seconds):.1f} ms a step ({a.collectives}, {calls:.0f} calls), "
                   f"exposed {1e3 * float(e.time.exposed[ax]):.1f}")
+    inside = cluster.model_copy(update={"system": cluster.system.with_options(domain_gpus=32)})
+    e32 = estimate_training(model, inside, plan)
+    print(f"  llmplan ep with every EP group inside one 32-GPU NVLink domain (accuracy.py's 48-GPU segments put "
+          f"the middle stage's across two): {1e3 * float(e32.comm.axes['ep'].seconds):.1f} ms a step; "
+          f"predicted step {float(e32.time.total):.3f} s (compute {float(e32.time.compute):.3f}, exposed comm "
+          f"{float(e32.time.comm_exposed):.3f}, bubble {float(e32.time.bubble):.3f}, overhead "
+          f"{float(e32.time.overhead):.3f})")
     busy = sum(STREAM_MS.values())
     print(f"idle: window {WINDOW_MS:.0f} ms less the listed streams' busy time {busy:.0f} = {WINDOW_MS - busy:.0f} ms "
           f"({(WINDOW_MS - busy) / 3:.0f} ms a step) with no kernel on any listed stream, at least; llmplan's first "
@@ -242,7 +250,7 @@ def main() -> int:
           f"whole Mamba-2 traffic {base['memory_bound'] - no_traffic['memory_bound']:.1f}")
     for k, v in PUBLISHED_MS.items():
         print(f"published, {k}: {v / WINDOW_MB:.1f} ms a micro-batch")
-    itemised(model, plan, gpu, e, base, ssd_traffic, charged, moe)
+    itemised(model, cluster, plan, e, base, ssd_traffic, charged, moe)
     return 0
 
 
