@@ -29,7 +29,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     (eager_norm_bytes per element: fused, read + write 2h forward and 1.5x that backward), residual adds (read
     4h, write 2h each), rotary on q and k and, with qk_norm, their per-head norms (as the norms), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
-    layer's routing and permutes (moe_routing_bytes)
+    layer's routing and permutes (moe_routing_bytes) and what its `moe` recompute runs again (moe_recompute_bytes)
     and, without fused attention, the causal softmax and dropout over the scores (score_bytes).
     Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
@@ -56,7 +56,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
     scores = where(plan.flash_attention, 0.0, (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t)
-    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) if moe else 0.0
+    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan) if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
@@ -429,6 +429,32 @@ def expert_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     forward, backward = (28.0, 36.0) if plan.moe_dispatcher == "deepep" else (12.0, 12.0)
     # TE's op-fuser GroupedLinear adds the bias in the GEMM (ParallelPlan.expert_bias_fusion)
     return where(plan.expert_bias_fusion, 0.0, (forward + backward) / 3 * m.num_experts_per_tok * m.expert_width)
+
+
+def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of an MoE layer's memory-bound forward that selective recompute of `moe` runs once more
+    in backward (Megatron-Core checkpoints MoELayer.forward whole), in the forward-equivalent units of
+    elementwise_bytes (a third: the stage charges three times them): the alltoall dispatcher's two sorts by local
+    expert (alltoall_sort_bytes' forward half), the routed experts' activation pass on their k rows of f_e
+    (activation_pass_bytes, none on the fused MXFP8 grouped MLP's share, whose GEMM epilogue runs it; a clamped
+    GLU's eager clamp with it) and the shared experts' (f_s). The router's scores and the permutes are not added:
+    their backward is one pass (a softmax's, the inverse permute), so the stage's three forward-equivalents of
+    moe_routing_bytes already count forward, rerun and backward. 0 without `moe` in the recompute modules.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (MoELayer.forward,
+    tensor_parallel.checkpoint(custom_forward) when moe_layer_recompute, core_v0.14.0 - core_v0.19.0);
+    NVIDIA-NeMo/Megatron-Bridge scripts/performance/perf_leaderboard/analysis_report_det_vs_nondet.md at
+    6d780951a (6 sorts and 4 sort maps a layer and micro-batch under it, Nsight). Derived:
+    docs/formulas.md#moe.recompute_rerun"""
+    if not (m.is_moe and plan.recompute_modules):
+        return 0.0  # workload switches: one value for all plans of a search
+    T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
+    fused = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    clamp = GLU_CLAMP_BYTES[0] if m.swiglu_limit is not None and m.gated_mlp else 0.0
+    routed_act = ((activation_pass_bytes(m) * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
+                  * m.expert_ffn * m.num_experts_per_tok / t)
+    shared_act = activation_pass_bytes(m) * (m.shared_ffn or 0) / t
+    sorts = alltoall_sort_bytes(m, plan) * 3 / 2 / where(plan.sp, t, 1)  # forward's two of the four
+    return where(plan.recomputes("moe"), (sorts + routed_act + shared_act) * T / 3, 0.0)
 
 
 def expert_node_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
