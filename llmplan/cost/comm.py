@@ -20,7 +20,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_kept_params, low_precision_params
-from llmplan.cost.mixers import attention_share, dense_mlp_share
+from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
@@ -34,6 +34,7 @@ from llmplan.cost.params import (
     stepped_rank_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
+from llmplan.cost.stages import attention_rerun_share
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -334,6 +335,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
     return CommSeconds(
         tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
+        cp_mixers=sum(transfer_seconds(t, system) for t in cp_mixer_split(comm.axes["cp"].transfers)[1]),
         dp_reduce=dp_reduce,
         dp_gather=dp_gather,
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
@@ -867,8 +869,11 @@ def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
-    """Ring attention: per layer and micro-batch, each rank passes its K/V chunk cp-1 times forward and
-    K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) under full recompute). PyTorch's ring
+    """Ring attention: per softmax-attention layer and micro-batch, each rank passes its K/V chunk cp-1 times
+    forward and K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) when the attention core's forward runs
+    again: full recompute, or selective recompute of core_attn, attention_rerun_share). A hybrid's stage holds
+    max_stage_layers x attention_share ring layers (its average composition); its Mamba-2 and linear-attention
+    layers trade the sequence split for a head split instead (cp_mixer_transfers). PyTorch's ring
     (cp_impl torch-*) rings the K/V its SDPA call gets (cp_kv_repeated: the query heads), gathers them
     in one all-gather per pass (torch-allgather; torch-alltoall: cp-1 sends per pass) and passes the K/V
     gradients on in fp32 after each of its cp steps, the last one's back to their owner.
@@ -884,15 +889,55 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
         heads = m.num_attention_heads / t if torch and plan.cp_kv_repeated else kv_heads_per_rank(m, t)
         kv_width = 2 * heads * m.d_head
     S = ACT_BYTES * s * b * kv_width
-    layers = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
-    r = recomputed_share(plan, layers)
+    stage = max_stage_layers(m, plan)  # the stage that holds the most layers sets the pace
+    layers = stage * attention_share(m)  # its softmax-attention layers ring the K/V
+    r = attention_rerun_share(plan, stage)
+    mixers = cp_mixer_transfers(m, plan, group)
     if not torch:
-        return [Transfer("send-recv", plan.num_microbatches * layers * (3 + r) * (cp - 1), S, group)]
+        return [Transfer("send-recv", plan.num_microbatches * layers * (3 + r) * (cp - 1), S, group)] + mixers
     calls = plan.num_microbatches * layers
     grads = Transfer("send-recv", calls * cp, GRAD_RING_BYTES / ACT_BYTES * S, group)
     if plan.cp_impl == "torch-allgather":  # the whole gathered buffer (nccl-tests convention)
-        return [Transfer("all-gather", calls * (2 + r), cp * S, group), grads]
-    return [Transfer("send-recv", calls * (2 + r) * (cp - 1), S, group), grads]
+        return [Transfer("all-gather", calls * (2 + r), cp * S, group), grads] + mixers
+    return [Transfer("send-recv", calls * (2 + r) * (cp - 1), S, group), grads] + mixers
+
+
+def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
+    """A hybrid's recurrent layers under context parallelism: an all-to-all per tensor turns each rank's
+    s/cp tokens of every head into all s tokens of 1/cp of the heads before the convolution and scan, and one
+    turns the output back; each all-to-all's backward is the reverse all-to-all of its gradient, and full
+    recompute runs the forward's again (recomputed_share): (2 + r) passes. Per rank, one call moves
+    s/cp·b·width bf16 elements (the rank's whole buffer, nccl-tests convention). Mamba-2: z and x (HP/t each),
+    B and C (max(G/t, cp)·N each: groups repeated when fewer than cp), dt (H/t) before, y (HP/t) after: six
+    calls a pass. Gated DeltaNet: one call of its whole in_proj output (2 H_k d_k + 2 H_v d_v + 2 H_v)/t before,
+    one of the gated norm's output (H_v d_v/t) after; lightning attention, which Megatron-Core lacks, is priced
+    as that head split of its q, k, v and gate (H(2 d_k + 2 d_v)/t) and output (H d_v/t). The all-to-alls run
+    in line on the compute stream (all_to_all_single, not async): exposed whole (cp_mixer_split).
+    Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/ssm/mamba_context_parallel.py (pre_conv_ssm,
+    post_conv_ssm), megatron/core/ssm/gated_delta_net/common.py (a2a_cp_to_hp, a2a_hp_to_cp),
+    megatron/core/tensor_parallel/mappings.py (_AllToAll). Derived: docs/formulas.md#comm.cp_mixers"""
+    stage, t, cp = max_stage_layers(m, plan), plan.tp, plan.cp
+    per_layer = where(cp > 1, plan.num_microbatches * stage * (2 + recomputed_share(plan, stage)), 0) \
+        / m.num_hidden_layers  # a layer of each kind: the stage's layers x the kind's share
+    tokens = ACT_BYTES * plan.seq_len / cp * plan.micro_batch
+    H, P, N, G = m.mamba_num_heads or 0, m.mamba_head_dim or 0, m.ssm_state_size or 0, m.n_groups or 0
+    Hv, dv = m.linear_num_value_heads or 0, m.linear_value_head_dim or 0
+    width_in = Hv * (2 * (m.linear_key_head_dim or 0) + 2 * dv) if lightning(m) else \
+        2 * (m.linear_num_key_heads or 0) * (m.linear_key_head_dim or 0) + 2 * Hv * dv + 2 * Hv
+    mamba, linear = m.count_layers("mamba") * per_layer, m.count_layers("linear_attention") * per_layer
+    out = [Transfer("all-to-all", 3 * mamba, tokens * H * P / t, group),  # z, x; y
+           Transfer("all-to-all", 2 * mamba, tokens * maximum(G / t, cp) * N, group),  # B, C
+           Transfer("all-to-all", mamba, tokens * H / t, group)] if m.count_layers("mamba") else []
+    if m.count_layers("linear_attention"):
+        out += [Transfer("all-to-all", linear, tokens * width_in / t, group),
+                Transfer("all-to-all", linear, tokens * Hv * dv / t, group)]
+    return out
+
+
+def cp_mixer_split(transfers: Any) -> tuple[list[Any], list[Any]]:
+    """(the ring's transfers, the recurrent mixers' all-to-alls: cp_mixer_transfers) of the cp axis, the split
+    CommSeconds.cp_mixers is timed by on the scalar and vectorised paths. Derived: docs/formulas.md#comm.cp_mixers"""
+    return [x for x in transfers if x.collective != "all-to-all"], [x for x in transfers if x.collective == "all-to-all"]
 
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:

@@ -32,6 +32,9 @@ class CommSeconds:
     ep: Any
     dp_reduce: Any
     dp_gather: Any
+    cp_mixers: Any = 0.0
+    """The part of cp that a hybrid's Mamba-2 and linear-attention layers spend in their head-split all-to-alls
+    (cost.comm.cp_mixer_transfers), in line with compute: exposed whole (docs/formulas.md#comm.cp_mixers)."""
     host: Any = 0.0
     """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
     over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""

@@ -254,6 +254,15 @@ def _most_moe_middle_stage(m: ModelSpec, plan: PlanLike) -> Any:
     return best
 
 
+def attention_rerun_share(plan: ParallelPlan, layers: Any) -> Any:
+    """Share of a stage's attention layers whose attention core runs its forward once more before the backward:
+    every one under selective recompute of core_attn (Megatron-Core's _checkpointed_attention_forward re-calls
+    the core attention inside tensor_parallel.checkpoint), else recomputed_share. Source: NVIDIA/Megatron-LM at
+    d98e8a64dd, megatron/core/transformer/attention.py (checkpoint_core_attention, _checkpointed_attention_forward).
+    Derived: docs/formulas.md#comm.cp"""
+    return where(plan.recomputes("core_attn"), 1.0, recomputed_share(plan, layers))
+
+
 def recomputed_share(plan: ParallelPlan, layers: Any) -> Any:
     """Share of a stage's `layers` whose forward full recompute repeats: every layer, or with
     recompute_layers N the first N of each of the stage's vpp virtual chunks (Megatron's block method); 0

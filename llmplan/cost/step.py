@@ -84,6 +84,7 @@ from llmplan.cost.params import (
     word_embedding_on_rank,
 )
 from llmplan.cost.schedule import makespan
+from llmplan.cost.stages import attention_rerun_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
@@ -332,7 +333,9 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
                           step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
             + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
             + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count)  # set_sm_margin's slower GEMMs
-        cp_i = cp_exposed(plan, c_i.cp / n * layers / l_max, sc.attention, k_i, r_i)
+        # the ring hides behind the attention; a hybrid's mixer all-to-alls run in line (comm.cp_mixers)
+        cp_i = cp_exposed(plan, (c_i.cp - c_i.cp_mixers) / n * layers / l_max, sc.attention, k_i,
+                          attention_rerun_share(plan, layers)) + c_i.cp_mixers / n * layers / l_max
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers)  # cost.moe

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import (copy_seconds, cp_transfers, dispatch_coeffs, dp_transfers, ep_transfers,
-                                mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
+from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs, dp_transfers,
+                                ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
@@ -180,7 +180,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     return CommSeconds(
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
-        cp=total(cp_transfers(m, plans.as_plan, "cp")),
+        cp=total(cp := cp_transfers(m, plans.as_plan, "cp")),
+        cp_mixers=total(cp_mixer_split(cp)[1]),
         ep=total(ep_transfers(m, plans.as_plan, "ep")),
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],
