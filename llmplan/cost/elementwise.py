@@ -55,15 +55,10 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
-<<<<<<< HEAD
-    scores = where(plan.flash_attention, 0.0, (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t)
-    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan) if moe else 0.0
-=======
     # a hybrid's softmax-attention layers alone hold scores, as the sinks and merges beside them
     scores = where(plan.flash_attention, 0.0,
                    (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t * attention_share(m))
-    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) if moe else 0.0
->>>>>>> hybrid-cp
+    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan) if moe else 0.0
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
