@@ -2,8 +2,8 @@
 64 B200, PP8 VP4 EP8, alltoall; only overlap_moe_expert_parallel_comm toggled; "BF16 step time improved from
 17.2s to 16s"). The findings the section rests on: the off arm's miss does not sit in its expert all-to-alls (at
 their line-rate floor the arm is still priced over 5% slow), the B200 rows that share its all-to-all path are priced
-fast rather than slow, the Blackwell BF16 rows of the same model share its miss, and llmplan still prices the
-overlap as a gain where the pair measures a loss."""
+fast rather than slow, the Blackwell BF16 rows of the same model share its miss; and (a strict xfail) the
+overlap priced as the loss the pair measures, which llmplan does not do yet."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def test_rows_on_the_same_path_are_priced_fast_and_bf16_rows_slow(published_runs
     assert all(P.take_apart(published_runs[rid])["err"] < -8 for rid in P.SAME_PRECISION)
 
 
-def test_llmplan_prices_the_overlap_as_a_gain_where_the_pair_measures_a_loss(arms):
+@pytest.mark.xfail(strict=True, reason="llmplan prices PR #1760's EP overlap as a 7% gain; the pair measures a 7.5% "
+                   "loss (docs/validation.md#pr1760-pair): the overlap's extra cost is not priced yet")
+def test_the_overlap_is_priced_as_the_loss_the_pair_measures(arms):
     off, on = arms
-    assert on["meas"] > off["meas"] and on["total"] < off["total"]
-    assert abs(on["err"]) < 5  # the on arm lands near only by the two misses cancelling
+    assert on["meas"] > off["meas"]  # the published pair: 17.2 s with the overlap, 16.0 s without
+    assert on["total"] > off["total"]
