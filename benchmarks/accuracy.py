@@ -1030,6 +1030,21 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     return False, False
 
 
+def mbridge_delay_wgrad(rec: dict) -> bool:
+    """Whether an mbridge row's preset runs delay_wgrad_compute (ParallelPlan.delay_wgrad): wherever it runs the EP
+    overlap (mbridge_moe_recipe). Every release's performance scripts turn both on together: v0.1.0rc3 / rc4
+    (25.09) run_script.py (A2A_1F1B: overlap_moe_expert_parallel_comm and delay_wgrad_compute True, else both
+    False), v0.2.0 utils/helpers.py set_moe_a2a_overlap_overrides, v0.3.0 ... v0.6.0 utils/overrides.py
+    _set_moe_a2a_overlap_overrides (moe_a2a_overlap: overlap_moe_expert_parallel_comm = True, delay_wgrad_compute =
+    True), and v0.6.0's perf_recipes set the two together (deepseek/common.py, gpt_oss/common.py, qwen/common.py
+    and the per-GPU qwen3_moe.py builders); only the H100 Qwen3-30B-A3B verification-card recipe
+    (perf_recipes/qwen/h100/qwen3_moe.py qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config) sets the overlap with
+    delay_wgrad_compute False, and it is a bridgecard row, read from its record.
+    Source: NVIDIA-NeMo/Megatron-Bridge at v0.1.0rc4, v0.2.0, v0.3.0, v0.3.1, v0.4.0, v0.4.2, v0.5.0, v0.6.0.
+    docs/validation.md#delay-wgrad"""
+    return mbridge_moe_recipe(rec)[1]
+
+
 def mbridge_flex_backend(rec: dict) -> str:
     """moe_flex_dispatcher_backend of an mbridge row whose preset runs the flex dispatcher (mbridge_moe_recipe):
     hybridep, as the performance presets set it (scripts/performance/configs/*/..._workload_base_configs.py,
@@ -1681,6 +1696,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      or mbridge_moe_recipe(rec)[0] else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
+        # every Megatron-Bridge performance preset that turns the EP overlap on defers the weight gradients with
+        # it (mbridge_delay_wgrad); a verification card's row says what its recipe set (parallel.delay_wgrad)
+        delay_wgrad=bool(par.get("delay_wgrad", False)) or mbridge_delay_wgrad(rec),
         # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
         # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
         moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),

@@ -360,7 +360,7 @@ def test_vectorised_search_agrees_with_the_scalar_pairing():
     from llmplan.search.grid import Workload, default_space, enumerate_plans
     from llmplan.specs.check import check_plan
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
-    for extra in ({}, {"moe_dispatcher": "deepep", "moe_flex_backend": "hybridep"}):
+    for extra in ({}, {"moe_dispatcher": "deepep", "moe_flex_backend": "hybridep"}, {"delay_wgrad": True}):
         w = Workload(global_batch=128, seq_len=4096, ep_comm_overlap=True, **extra)
         plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
         picked: dict[bool, list[int]] = {False: [], True: []}  # by pp > 1

@@ -165,7 +165,7 @@ def switches(s: SwitchOptions) -> dict:
 
 
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                     "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "moe_capacity_factor",
+                     "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",

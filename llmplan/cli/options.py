@@ -165,6 +165,9 @@ FP8_ATTENTION = typer.Option(_plan("fp8_attention"), "--fp8-attention/--no-fp8-a
                                   "mixed_precision.fp8_dot_product_attention).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
+DELAY_WGRAD = typer.Option(_plan("delay_wgrad"), "--delay-wgrad/--no-delay-wgrad",
+                           help="With --ep-comm-overlap, defer the weight-gradient GEMMs so the backward all-to-alls "
+                                "run beside them (Megatron --delay-wgrad-compute).")
 MOE_DISPATCHER = typer.Option(_plan("moe_dispatcher"), "--moe-dispatcher",
                               help="MoE token dispatch: alltoall (every routed copy travels) | deepep (a token once "
                                    "per destination EP rank: DeepEP, Megatron's flex dispatcher).")
@@ -304,7 +307,7 @@ SWITCHES = Flags("Training switches", {
     "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
-    "ep_comm_overlap": EP_COMM_OVERLAP, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
+    "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,

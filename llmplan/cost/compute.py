@@ -170,7 +170,7 @@ def ep_pair_windows(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any
     (overlap_moe_expert_parallel_comm) runs beside each of the other micro-batch's four all-to-alls, in the
     order TransformerLayerSchedulePlan.run issues them: the combine's backward beside the attention node's
     forward (attention, pre-MLP norm, router, shared experts, dispatch preprocess), the forward dispatch beside
-    the experts' backward (input and weight gradients: delay_wgrad_compute off), the dispatch's backward
+    the experts' backward (input and weight gradients; delay_wgrad: ep_deferred_wgrad), the dispatch's backward
     beside the experts' forward, the forward combine beside the attention node's backward (with what the
     layer recomputes). The layer is stage_compute's MoE layer; the experts' part is expert_node_seconds.
     Source: NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a6
@@ -178,6 +178,24 @@ def ep_pair_windows(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any
     layer = stage_compute(m, plan, gpu, 0, 1, False)
     expert_fwd, expert_bwd = expert_node_seconds(m, plan, gpu)
     return (layer.forward - expert_fwd, expert_bwd, expert_fwd, layer.total - layer.forward - expert_bwd)
+
+
+def ep_deferred_wgrad(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(attention node, experts) seconds of one MoE layer's weight-gradient GEMMs, one micro-batch, that
+    delay_wgrad takes out of their node's backward (Megatron-Core's backward_dw: the attention node's
+    self-attention and shared-expert linears, the routed experts' grouped linears): each weight gradient is one
+    matmul of its forward's FLOPs at the forward's shape (layer_gemm_seconds), the experts' with their per-expert
+    GEMM cost once (expert_gemm_seconds); the router's stays in the backward. (0, 0) without delay_wgrad.
+    Source: NVIDIA/Megatron-LM megatron/core/models/common/utils.py (_BackwardDWWrapper) and
+    transformer/moe/experts.py (backward_dw) at d98e8a6. Derived: docs/formulas.md#moe.delay_wgrad"""
+    if not plan.delay_wgrad:  # a workload switch: one value for all plans of a search
+        return 0.0, 0.0
+    def compute() -> tuple[Any, Any]:
+        layer_fwd = layer_gemm_seconds(m, plan, gpu, True)[0]
+        expert = layer_gemm_seconds(m, plan, gpu, True, only="expert")[0]
+        router = layer_gemm_seconds(m, plan, gpu, True, only="router")[0]
+        return layer_fwd - expert - router, expert + expert_gemm_seconds(m, plan)
+    return memoized(plan, ("ep_deferred_wgrad", m, gpu), compute)
 
 
 EXPERT_GEMM_S = 24.75e-6

@@ -89,7 +89,7 @@ def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tuple[Any, ...] = (),
-               layers: Any = 1) -> Any:
+               layers: Any = 1, deferred: tuple[Any, Any] = (0.0, 0.0)) -> Any:
     """Time the expert all-to-alls of `ep` seconds add to a micro-batch whose compute takes `window` seconds:
     all of it without overlap; with DualPipe, what does not fit in the window plus the compute its SMs slow
     (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full). With Megatron-Core's EP
@@ -97,18 +97,37 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     the other micro-batch that the combined-1F1B schedule pairs it with (`pair`: cost.compute.ep_pair_windows),
     so it hides at most that chunk's length: min(t, w_i), summed over the four and the `layers` MoE layers; the
     micro-batches the schedule runs unpaired (unpaired_microbatches) hide nothing; of the rest EP_OVERLAP_HIDDEN
-    hides (as measured), the compute beside it slowed by kappa. Derived: docs/formulas.md#moe.overlap"""
+    hides (as measured), the compute beside it slowed by kappa. With delay_wgrad (`deferred`: the attention
+    node's and the experts' deferred weight-gradient seconds, cost.compute.ep_deferred_wgrad) two windows grow:
+    delayed_windows. Derived: docs/formulas.md#moe.overlap"""
     if schedule_of(plan).hides_ep:
         return ep - minimum(ep, window) * (1.0 - kappa)
     if not plan.ep_comm_overlap:  # a workload switch: one value for all plans of a search
         return ep
     t = ep / maximum(layers, 1) / 4  # one all-to-all of one MoE layer
     hideable = 0.0 * t
-    for w in pair:
+    for w in delayed_windows(pair, t, deferred):
         hideable = hideable + minimum(t, w)
     n = plan.num_microbatches
     paired = maximum(n - unpaired_microbatches(plan), 0) / n
     return ep - EP_OVERLAP_HIDDEN * paired * layers * hideable * (1.0 - kappa)
+
+
+def delayed_windows(pair: tuple[Any, ...], t: Any, deferred: tuple[Any, Any]) -> tuple[Any, ...]:
+    """The four windows (A_f, M_b, M_f, A_b: cost.compute.ep_pair_windows) the all-to-alls of `t` seconds each
+    hide behind when the layer's weight gradients are deferred (a_dw of the attention node, e_dw of the
+    experts, inside A_b and M_b): the dispatch backward waits only for the experts' input gradient and runs
+    beside their weight gradient where the forward dispatch, ahead of it on the communication stream, has left
+    it free: M_f + min(e_dw, max(M_b - t, 0)); the next layer's combine backward likewise beside the attention
+    node's: A_f + min(a_dw, max(A_b - t, 0)). The forward transfers keep their windows (the chunk they wait
+    behind still holds the deferred GEMMs). Source: NVIDIA/Megatron-LM megatron/core/models/common/
+    model_chunk_schedule_plan.py at d98e8a6 (TransformerLayerSchedulePlan.run: mlp.backward_dw before
+    moe_dispatch.backward, pre_dispatch_computation.backward_dw last). Derived: docs/formulas.md#moe.delay_wgrad"""
+    if not pair:
+        return pair
+    a_dw, e_dw = deferred
+    a_f, m_b, m_f, a_b = pair
+    return (a_f + minimum(a_dw, maximum(a_b - t, 0.0)), m_b, m_f + minimum(e_dw, maximum(m_b - t, 0.0)), a_b)
 
 
 def unpaired_microbatches(plan: ParallelPlan) -> Any:

@@ -20,6 +20,7 @@ from llmplan.arith import (  # noqa: F401  (expected_max_normal: re-exported, te
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compute import (
     StageCompute,
+    ep_deferred_wgrad,
     ep_pair_windows,
     grad_accumulation_bytes,
     grad_accumulation_seconds,
@@ -338,7 +339,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
                           attention_rerun_share(plan, layers)) + c_i.cp_mixers / n * layers / l_max
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers)  # cost.moe
+        dw = ep_deferred_wgrad(m, plan, g_i) if pair else (0.0, 0.0)  # delay_wgrad: a workload switch
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw)  # cost.moe
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
         parts.append((sc, tp_i, cp_i, ep_i, z3_i))

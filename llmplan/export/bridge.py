@@ -246,8 +246,8 @@ def check(pf: PlanFile) -> None:
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
          "re-plan with --moe-routing random"),
         attention_kernel_refusal(p),
-        ("TP / EP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object and a "
-         "userbuffers shape, which this export does not write)",
+        ("TP / EP communication overlap (Megatron-Bridge turns it on, and delay_wgrad_compute with it, with a "
+         "CommOverlapConfig object and a userbuffers shape, which this export does not write)",
          (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
          "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
         master_dtype_refusal(p),  # these two before zero 0's rule: no axis makes them export

@@ -223,6 +223,15 @@ def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
             for kernel, text in what.items()]
 
 
+def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for delayed weight gradients (delay_wgrad): Megatron-Core's
+    combined-1F1B EP overlap defers them (--delay-wgrad-compute); a launcher without that schedule has nothing to
+    defer them behind, so the run would not hide what the plan prices (docs/formulas.md#moe.delay_wgrad)."""
+    return ("delayed weight gradients inside the EP overlap (delay_wgrad: Megatron-Core's combined-1F1B schedule, "
+            "which this launcher does not run)", pf.model.is_moe and pf.plan.delay_wgrad,
+            "re-plan with --no-delay-wgrad, or export to megatron")
+
+
 def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for PyTorch's context-parallel ring (cp_impl torch-allgather /
     torch-alltoall, with cp_kv_repeated and cp_comm_overlap) on a Megatron-Core launch, whose attention runs

@@ -76,7 +76,9 @@ def model_flags(pf: PlanFile) -> list[str]:
                   ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
                   ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
                   *router_pairs(pf),
-                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap)]
+                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap),
+                  # TransformerConfig.delay_wgrad_compute (ModelParallelConfig; a flag through ArgumentGroupFactory)
+                  ("--delay-wgrad-compute", p.delay_wgrad)]
     if hybrid:
         pairs += hybrid_model_pairs(pf)
     return as_flags(pairs)

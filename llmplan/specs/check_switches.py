@@ -82,7 +82,7 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
 
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
-                "moe_capacity_factor", "ep_comm_overlap", "offload_moe_act",
+                "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
                 "ep_dispatch_fp8")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
@@ -232,6 +232,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"ep_comm_overlap with ep {p.ep}: it hides the expert-parallel all-to-alls, which run "
                         "only with ep > 1 (a mixture-of-experts model's experts over several ranks); raise --ep or "
                         "drop --ep-comm-overlap", moe=True),
+    SwitchUse("delay_wgrad_ep_overlap", ("delay_wgrad",), lambda p: (p.ep > 1) & p.ep_comm_overlap,
+              lambda p: f"delay_wgrad with ep {p.ep}{'' if p.ep_comm_overlap else ' and no ep_comm_overlap'}: it "
+                        "defers the weight gradients for the EP overlap's backward all-to-alls, and Megatron-Core "
+                        "asserts overlap_moe_expert_parallel_comm with it (TransformerConfig); add --ep-comm-overlap "
+                        "with --ep 2 or more, or drop --delay-wgrad", moe=True),
     SwitchUse("moe_routing_ep", ("moe_routing",), lambda p: p.ep > 1,
               lambda p: f"moe_routing {p.moe_routing} with ep {p.ep}: the routing sets how many expert-parallel "
                         "ranks a token's copies reach, so it acts only with ep > 1; raise --ep or drop "
@@ -310,6 +315,13 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
                          "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
                          "rules); drop them from --recompute-modules"),
+    Rule("delay_wgrad_graphs", lambda m, p, c: not (p.delay_wgrad and p.overlap_grad_reduce and p.cuda_graphs == "layers")
+         or (p.grad_accumulation == "fused" and not (m.attention_bias or m.qkv_bias)),  # workload fields
+         lambda m, p, c: f"delay_wgrad with overlap_grad_reduce, cuda_graphs layers (the attention graphed), "
+                         f"grad_accumulation {p.grad_accumulation}"
+                         f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
+                         "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
+                         "(arguments.py); use --grad-accumulation fused, --cuda-graphs none or --no-delay-wgrad"),
     Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
          lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
                          "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),

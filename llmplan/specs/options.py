@@ -136,6 +136,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.pp_scatter_gather."""
     ep_comm_overlap: bool
     """ParallelPlan.ep_comm_overlap."""
+    delay_wgrad: bool = False
+    """ParallelPlan.delay_wgrad."""
     moe_dispatcher: str
     """ParallelPlan.moe_dispatcher."""
     expert_gemm: str

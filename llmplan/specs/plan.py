@@ -430,6 +430,15 @@ class ParallelPlan(PlanQuantities, Spec):
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
+    delay_wgrad: bool = False
+    """Under the EP overlap (ep_comm_overlap), defer each MoE layer's weight-gradient GEMMs (the routed experts',
+    and the attention node's: attention projections and shared experts) out of their node's backward, so the
+    dispatch backward starts after the experts' input gradient and the next layer's combine backward after the
+    attention's, each running beside the deferred GEMMs (Megatron-Core --delay-wgrad-compute,
+    TransformerConfig.delay_wgrad_compute; Megatron-Bridge comm_overlap.delay_wgrad_compute, which its
+    performance presets' moe_a2a_overlap turns on). No extra FLOPs and no memory priced: the deferred GEMMs run
+    before the other micro-batch's next node allocates. Needs ep_comm_overlap (Megatron-Core asserts it)
+    (docs/formulas.md#moe.delay_wgrad)."""
     moe_dispatcher: MoeDispatcher = "alltoall"
     """How MoE tokens travel to their experts' EP ranks: alltoall (Megatron's alltoall token dispatcher)
     permutes each token into its k expert copies and sends every copy; deepep (DeepEP: Megatron's flex
