@@ -179,19 +179,24 @@ def test_bridge_presets_set_it_with_the_overlap(published_runs, acc, row_setup):
     assert row_setup("mbridge-26.06-pretrain-qwen3-30b-a3b-dgx-gb200-8gpu-mxfp8-tp1pp1cp1ep8vpnagbs512mbs4")[2].delay_wgrad
 
 
-def test_pr3862_delayed_wgrad_pair_is_overstated(row_setup):
+@pytest.mark.xfail(strict=True, reason="llmplan prices the deferral at 3-4.5% on PR 3862's alltoall pair, measured "
+                   "0.35% (docs/validation.md#delay-wgrad): not explained yet")
+def test_pr3862_delayed_wgrad_pair(row_setup):
     # Megatron-Bridge PR 3862 (750d0d322, docs/training/communication-overlap.md): on the alltoall EP16 H100 pair
     # adding delay_wgrad_compute to the overlap was "neutral": 31.31 s -> 31.20 s (0.35%), repeated short runs.
     # Priced as the schedule runs it, the deferred expert weight gradient widens the dispatch backward's window
-    # (the transfer, 1.85 ms, outlasts the experts' forward): llmplan saves 3-4.5%, about 3 points more than
-    # measured (docs/validation.md#delay-wgrad). Kept on record; if this fails the pricing moved.
+    # (the transfer, 1.85 ms, outlasts the experts' forward): llmplan saves 3-4.5% (docs/validation.md#delay-wgrad).
+    # The measured saving, within 1.5 points, is what this asks.
     m, cluster, plan = row_setup("bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-off-pr5094")
     a2a = plan.model_copy(update={"moe_dispatcher": "alltoall", "moe_flex_backend": "deepep", "moe_dispatch_sms": None,
                                   "cuda_graphs": "none", "ep_comm_overlap": True})
     t_on = float(estimate_training(m, cluster, a2a).time.total)
     t_dw = float(estimate_training(m, cluster, a2a.model_copy(update={"delay_wgrad": True})).time.total)
-    assert 0.03 < (t_on - t_dw) / t_on < 0.045
-    assert (t_on - t_dw) / t_on - (31.31 - 31.20) / 31.31 > 0.025
+    assert abs((t_on - t_dw) / t_on - (31.31 - 31.20) / 31.31) < 0.015
+
+
+def test_delayed_wgrad_gains_nothing_with_every_transfer_inside_its_window(row_setup):
+    m, cluster, plan = row_setup("bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-off-pr5094")
     # The HybridEP pair (PR 5094) has every transfer inside its window: nothing to gain.
     hyb = plan.model_copy(update={"ep_comm_overlap": True})
     assert float(estimate_training(m, cluster, hyb.model_copy(update={"delay_wgrad": True})).time.total) == \
