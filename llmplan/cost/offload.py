@@ -125,7 +125,8 @@ def attention_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     LayerNormLinear otherwise, an IdentityOp Megatron skips), qkv_linear the QKV input (with a fused norm, the
     LayerNormLinear's saved input too), core_attn Q, K, V (and an unfused core's scores), attn_proj the core's
     output (it needs core_attn: check_plan). Source: NVIDIA/Megatron-LM megatron/core/transformer/
-    transformer_layer.py (_set_offload_modules), attention.py at d98e8a64dd. Derived: docs/formulas.md#mem.offload_modules"""
+    transformer_layer.py (_set_offload_modules), attention.py at d98e8a64dd.
+    Derived: docs/formulas.md#mem.offload_modules"""
     at = attention_share(m)
     if at <= 0 or not any(plan.offloads(x) for x in ("attn_norm", "qkv_linear", "core_attn", "attn_proj")):
         return 0.0
