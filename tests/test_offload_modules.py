@@ -172,3 +172,22 @@ def test_slow_host_link_exposes_the_copies_and_the_search_agrees():
     plan = ParallelPlan(dp=16, ep=8, seq_len=4096, global_batch=64, recompute="none",
                         offload_modules=("core_attn", "expert_fc1"))
     assert float(estimate_training(m, slow, plan).time.exposed["offload"]) > 0
+
+
+def test_host_memory_rule_counts_the_offloaded_groups_of_the_node(row_setup):
+    # The Lightning card row's 5.9 GiB per GPU (the host part of the priced memory), 8 GPUs a node: refused once the
+    # node's usable host memory is below 8 x that, accepted above it
+    from llmplan.cost.memory import inflight_microbatches
+    from llmplan.cost.offload import fine_grained_host_bytes
+    m, cluster, plan = row_setup(LIGHTNING)
+    per_gpu = float(fine_grained_host_bytes(m, plan, inflight_microbatches(plan, 0)))
+    assert per_gpu == pytest.approx(float(estimate_training(m, cluster, plan).memory.activation_parts.offloaded))
+    assert per_gpu == pytest.approx(24 * 2 * 8192 * 6 * 2688)
+
+    def with_host(gb: float) -> ClusterSpec:
+        s = cluster.system.model_copy(update={"host_memory_gb": gb, "host_memory_usable_fraction": 1.0})
+        return cluster.model_copy(update={"system": s})
+    need_gb = 8 * per_gpu / 1e9
+    assert "offload_modules_host_memory" not in [v.rule for v in check_plan(m, plan, with_host(need_gb * 1.01))]
+    got = [v.message for v in check_plan(m, plan, with_host(need_gb * 0.99)) if v.rule == "offload_modules_host_memory"]
+    assert got and "fine-grained offload of expert_fc1 (5.9 GiB per GPU, 47 GiB per node of 8 GPUs)" in got[0]

@@ -202,3 +202,11 @@ def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any
         late = maximum(free - (release + window_s), 0.0)
         waited = waited + late
     return waited
+
+
+def fine_grained_host_bytes(m: ModelSpec, plan: ParallelPlan, inflight: Any) -> Any:
+    """Host bytes one GPU's fine-grained offload takes at the peak, on the first pipeline stage (the most micro-
+    batches in flight, `inflight`): fine_grained_offloaded's host part. Equals ActivationBytes.offloaded of
+    that stage (tested); check_plan rule offload_modules_host_memory. Derived: docs/formulas.md#mem.host"""
+    n_dense, n_moe = stage_layers(m, plan, 0)
+    return where(plan.full, 0.0, fine_grained_offloaded(m, plan, n_dense, n_moe, inflight)[1])

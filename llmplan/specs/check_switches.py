@@ -15,7 +15,8 @@ import numpy as np
 
 from llmplan.cost.model_states import grad_shards_reduce_scattered
 from llmplan.cost.muon import muon_unpriced
-from llmplan.cost.offload import host_offload_bytes
+from llmplan.cost.memory import inflight_microbatches
+from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
@@ -80,6 +81,31 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
             f"{g} GPUs) exceed host memory ({s.host_memory_gb:g} GB per {s.name} node, "
             f"{s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); {fix}, lower --micro-batch, "
             "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
+
+
+def _fine_grained_host(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
+    """Fine-grained offload's host bytes per GPU (first stage) and the host bytes each GPU may take."""
+    usable = c.system.host_usable_bytes
+    return fine_grained_host_bytes(m, p, inflight_microbatches(p, 0)), (usable or 0.0) / c.gpus_per_node_used
+
+
+def _fine_grained_host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
+    """Fine-grained offload of the node's GPUs within the usable host memory (ParallelPlan.offload_modules,
+    offload_moe_act); none or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
+    if c.system.host_usable_bytes is None or not p.fine_grained_offload_modules:
+        return True
+    used, share = _fine_grained_host(m, p, c)
+    return used <= share
+
+
+def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
+    used, share = _fine_grained_host(m, p, c)
+    s, g = c.system, c.gpus_per_node_used
+    return (f"fine-grained offload of {', '.join(p.fine_grained_offload_modules)} ({float(used) / GIB:.1f} GiB per GPU, "
+            f"{float(used) * g / GIB:.0f} GiB per node of {g} GPUs) exceeds host memory ({s.host_memory_gb:g} GB per "
+            f"{s.name} node, {s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); offload fewer "
+            "modules (--offload-modules, --offload-moe-act), lower --micro-batch, or set host_memory_gb / "
+            "host_memory_usable_fraction in a --hardware profile")
 
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
@@ -419,6 +445,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: "offload_moe_act with recompute module moe: Megatron-Core refuses to offload inside an MoE "
                          "layer that is recomputed whole (TransformerConfig); drop moe from --recompute-modules or "
                          "drop --offload-moe-act"),
+    Rule("offload_modules_host_memory", lambda m, p, c: _fine_grained_host_fits(m, p, c),
+         lambda m, p, c: _fine_grained_host_message(m, p, c), needs_cluster=True),
     # Megatron-Core TransformerConfig.__post_init__ (d98e8a64dd), the same rules for every offload_modules entry
     Rule("offload_modules_layers", lambda m, p, c: (p.offload_layers == 0) | (not p.offload_modules),
          lambda m, p, c: f"offload_modules ({', '.join(p.offload_modules)}) with offload_layers ({p.offload_layers}): "
