@@ -587,13 +587,14 @@ def mbridge_fsdp_grad_accumulation(rec: dict, fam: str) -> str | None:
     return "copy"
 
 
-MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ("bridgecard-h100-bf16-nemotron-3.5-lightning-16gpu-gbs512",)
-"""Megatron-Bridge rows whose throughput is scored but not their memory: the Nemotron 3.5 Lightning H100 card's
-recipe offloads the experts' fc1 input to the CPU (fine_grained_activation_offloading, offload_modules
-[expert_fc1]: perf_recipes/nemotronh/h100/nemotronh.py at cba5742e3), which llmplan does not price (its
-offload_moe_act moves fc1's output; docs/validation.md#card-rows-2026-12-06). The Nemotron-3 Ultra presets'
-offload of the expert MLP's fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are
-sharded within 64-GPU domains (HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
+MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
+"""Megatron-Bridge rows whose throughput is scored but not their memory, for an offload llmplan does not price:
+none. The Nemotron 3.5 Lightning H100 card's recipe offloads the experts' fc1 input to the CPU
+(fine_grained_activation_offloading, offload_modules [expert_fc1]: perf_recipes/nemotronh/h100/nemotronh.py at
+cba5742e3), read from its record's parallel.offload_modules since docs/validation.md#fc1-offload (it was listed
+here before, docs/validation.md#card-rows-2026-12-06). The Nemotron-3 Ultra presets' offload of the expert MLP's
+fc1 output is priced (mbridge_offload_moe_act); their parameters and gradients are sharded within 64-GPU domains
+(HSDP: RECIPE_SETTINGS, docs/validation.md#hsdp)."""
 
 
 def mbridge_offload_moe_act(rec: dict) -> bool:
@@ -1765,6 +1766,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         ep_dispatch_fp8=bool(par.get("ep_dispatch_fp8", False)),  # RECIPE_SETTINGS: DeepSeek-V3 §3.3.3
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
+        # where the record names the recipe's fine-grained offload modules (the Lightning H100 card: expert_fc1)
+        offload_modules=tuple(par.get("offload_modules", ())),
         # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)
         dp_replicate=par.get("dp_replicate", 1), dp_outer_optimizer=bool(par.get("dp_outer_optimizer", False)),
         fp8_attention=mbridge_fp8_attention(rec),

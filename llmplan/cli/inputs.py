@@ -19,7 +19,7 @@ from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptio
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
+                                RECOMPUTE_MODULES, OFFLOAD_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
@@ -161,7 +161,9 @@ def switches(s: SwitchOptions) -> dict:
             raise LlmplanError(f"{flag} {excerpt(value)} is not {what}; use one of {', '.join(allowed)}")
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
             "grad_dtype": grad_dtype, "fp8_params": fp8_params, "bf16_modules": parse_bf16_modules(s.bf16_modules),
-            "recompute_modules": parse_recompute_modules(s.recompute_modules)}
+            "recompute_modules": parse_recompute_modules(s.recompute_modules),
+            "offload_modules": _module_list(s.offload_modules, "--offload-modules", OFFLOAD_MODULES,
+                                            "a Megatron offload module llmplan prices")}
 
 
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",

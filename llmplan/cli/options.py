@@ -79,6 +79,10 @@ DP_REPLICATE = typer.Option(_plan("dp_replicate"), "--dp-replicate", min=1, max=
 DP_OUTER_OPTIMIZER = typer.Option(_plan("dp_outer_optimizer"), "--dp-outer-optimizer/--no-dp-outer-optimizer",
                                   help="With --dp-replicate and ZeRO-3: shard the optimizer states across the "
                                        "replicas too (Megatron-FSDP --outer-dp-sharding-strategy optim).")
+OFFLOAD_MODULES = typer.Option(None, "--offload-modules",
+                               help="Copy these modules' saved inputs to host memory and back, beside compute, "
+                                    "comma-separated (Megatron --fine-grained-activation-offloading --offload-modules: "
+                                    "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act).")
 RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                  help="With --recompute selective: the Megatron modules to recompute, comma-separated "
                                       "(core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts, mhc; "
@@ -303,7 +307,7 @@ SWITCHES = Flags("Training switches", {
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
-    "offload_moe_act": OFFLOAD_MOE_ACT, "dp_replicate": DP_REPLICATE, "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
+    "offload_moe_act": OFFLOAD_MOE_ACT, "offload_modules": OFFLOAD_MODULES, "dp_replicate": DP_REPLICATE, "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
     "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,

@@ -22,7 +22,7 @@ from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_kept_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
-from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
+from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
     attention_params,
     heaviest_moe_stage,
@@ -142,8 +142,12 @@ class CommBreakdown:
     """Bytes one offloaded layer copies to host memory per micro-batch, each way (not a collective: the
     GPU's own link to host memory; cost.offload). 0 without activation offload."""
     host_moe_act_bytes: Any = 0.0
-    """Bytes one MoE layer's offloaded expert fc1 output copies to host memory per micro-batch, each way
-    (cost.offload.moe_act_offload_bytes). 0 without ParallelPlan.offload_moe_act."""
+    """Bytes one MoE layer's fine-grained offload groups (expert fc1 output, and any mlp_norm / expert_fc1 of
+    ParallelPlan.offload_modules) copy to host memory per micro-batch, each way
+    (cost.offload.moe_layer_offload_bytes). 0 without them."""
+    host_attn_bytes: Any = 0.0
+    """Bytes one attention layer's fine-grained offload groups copy to host memory per micro-batch, each way
+    (cost.offload.attention_offload_bytes). 0 without attention modules in ParallelPlan.offload_modules."""
     dp_stages: tuple[AxisComm, ...] = ()
     """The dp axis of a rank of each candidate stage (cost.memory.candidate_stages, in order): each stage
     reduces and gathers its own parameters (docs/formulas.md#step.stage_tail); `axes["dp"]` is the first
@@ -341,6 +345,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
+        host_attn=comm.host_attn_bytes / system.host_bytes_per_s,
         dp_stages=tuple(each_stage(comm.dp_stages, lambda a: split(a.transfers))),  # a stage class's axis: once
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
@@ -1065,4 +1070,5 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
     }, host_layer_bytes=offload_layer_bytes(m, plan),
-        host_moe_act_bytes=moe_act_offload_bytes(m, plan), dp_stages=tuple(dp))
+        host_moe_act_bytes=moe_layer_offload_bytes(m, plan), host_attn_bytes=attention_offload_bytes(m, plan),
+        dp_stages=tuple(dp))

@@ -39,8 +39,11 @@ class CommSeconds:
     """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
     over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""
     host_moe_act: Any = 0.0
-    """Seconds to copy one MoE layer's offloaded expert fc1 output of one micro-batch to host memory (or back)
-    over the GPU's share of the host link (ParallelPlan.offload_moe_act; 0 without it)."""
+    """Seconds to copy one MoE layer's fine-grained offload groups of one micro-batch to host memory (or back)
+    over the GPU's share of the host link (ParallelPlan.offload_moe_act, offload_modules; 0 without them)."""
+    host_attn: Any = 0.0
+    """Seconds to copy one attention layer's fine-grained offload groups of one micro-batch to host memory (or
+    back) over the GPU's share of the host link (ParallelPlan.offload_modules; 0 without them)."""
     dp_host: Any = 0.0
     """Host seconds per step that the ZeRO-3 collectives spend launching their per-rank copies while the GPU
     waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""

@@ -30,7 +30,7 @@ from llmplan.cost.model_states import (after_backward_peak, bf16_kept_params, bf
                                        fp32_shards_are_master, gradient_params, kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.muon import muon_moment_saving, muon_params
-from llmplan.cost.offload import moe_act_offload_bytes, moe_act_offloaded_groups, offloaded_share
+from llmplan.cost.offload import fine_grained_offloaded, offloaded_share
 from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_bytes
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
@@ -174,8 +174,11 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
     # where the whole layer is recomputed; check_plan's offload_moe_act_recompute refuses it with recompute
     # module moe; Derived: docs/formulas.md#mem.offload_moe_act)
-    offloaded = offloaded + where(plan.full, 0.0,
-                                  moe_act_offload_bytes(m, plan) * moe_act_offloaded_groups(n_moe, inflight))
+    # and the other fine-grained offload modules (ParallelPlan.offload_modules): the HBM they free, the host bytes
+    # they take (they differ where expert_fc1 moves a bf16 input the recipe would keep quantised; Derived:
+    # docs/formulas.md#mem.offload_modules)
+    freed, host = fine_grained_offloaded(m, plan, n_dense, n_moe, inflight)
+    freed, host = where(plan.full, 0.0, freed), where(plan.full, 0.0, host)
     # Full / op recompute rebuild one whole layer in its backward; selective recompute_modules the parts they
     # dropped of one layer (Derived: docs/formulas.md#mem.recompute_modules).
     rebuilt = where(n_moe > 0, maximum(la.rebuilt_moe, where(n_dense > 0, la.rebuilt_dense, 0.0)), la.rebuilt_dense)
@@ -187,8 +190,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
-    return ActivationBytes(layers=held - offloaded, recompute_working=working, embedding=embedding, output=output,
-                           offloaded=offloaded)
+    return ActivationBytes(layers=held - offloaded - freed, recompute_working=working, embedding=embedding,
+                           output=output, offloaded=offloaded + host)
 
 
 def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:

@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.arith import maximum, minimum, where
-from llmplan.cost.activations import dispatched_rows, layer_activations
+from llmplan.cost.activations import (dispatched_rows, layer_activation_parts, layer_activations, quantized_saved_bytes,
+                                      saved_input_discount)
+from llmplan.cost.mixers import attention_share
 from llmplan.cost.flops import layer_flops, routed_expert_flops
 from llmplan.cost.params import stage_layers
 from llmplan.specs.model import ModelSpec
@@ -79,9 +81,74 @@ def host_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def offloads_moe_act(m: ModelSpec, plan: ParallelPlan) -> bool:
-    """Whether the plan's fine-grained offload moves anything: ParallelPlan.offload_moe_act on a model with
-    expert layers (a dense model has no moe_act group). Derived: docs/formulas.md#mem.offload_moe_act"""
-    return bool(plan.offload_moe_act and m.is_moe)
+    """Whether the plan's fine-grained offload moves anything out of an MoE layer's MLP: moe_act
+    (ParallelPlan.offload_moe_act), expert_fc1 or mlp_norm in ParallelPlan.offload_modules, on a model with expert
+    layers (a dense model has no such group). Derived: docs/formulas.md#mem.offload_moe_act"""
+    return bool(m.is_moe and any(plan.offloads(x) for x in ("moe_act", "expert_fc1", "mlp_norm")))
+
+
+def expert_fc1_offload_bytes(m: ModelSpec, plan: ParallelPlan, held: bool = False) -> Any:
+    """Bytes expert_fc1 copies to host memory per MoE layer per micro-batch, each way: fc1's saved input on the
+    rank's dispatched (token, expert) rows, expert_width wide. Megatron makes fc1 save its original bf16 input
+    for the copy (set_save_original_input) except under MXFP8 / NVFP4, whose quantised copy moves
+    (quantized_saved_bytes). `held`: the bytes of it the GPU kept as activations price it (2 less
+    saved_input_discount: what the offload frees). 0 without expert_fc1 in ParallelPlan.offload_modules.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at d98e8a64dd (expert_fc1_manager wraps
+    linear_fc1 on permuted_local_hidden_states; set_save_original_input unless mxfp8 / nvfp4).
+    Derived: docs/formulas.md#mem.offload_modules"""
+    if not (m.is_moe and plan.offloads("expert_fc1")):
+        return 0.0
+    mx = plan.low_precision and plan.recipe in ("mxfp8", "nvfp4")
+    per = (2.0 - saved_input_discount(m, plan)) if held else (quantized_saved_bytes(plan) if mx else 2.0)
+    return per * dispatched_rows(m, plan) * m.expert_width
+
+
+def norm_input_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes of one norm's saved input (the residual stream, bf16), one micro-batch, one rank: 2sbh / t with
+    sequence parallelism. Derived: docs/formulas.md#mem.offload_modules"""
+    return 2.0 * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size / where(plan.sp, plan.tp, 1)
+
+
+def moe_layer_offload_bytes(m: ModelSpec, plan: ParallelPlan, held: bool = False) -> Any:
+    """Bytes one MoE layer's fine-grained offload groups copy to host memory per micro-batch, each way: mlp_norm
+    (the pre-MLP norm's input: the norm is separate in an MoE layer), expert_fc1, moe_act. `held`: what the GPU
+    frees (expert_fc1_offload_bytes). Derived: docs/formulas.md#mem.offload_modules"""
+    if not offloads_moe_act(m, plan):
+        return 0.0
+    norm = norm_input_bytes(m, plan) if plan.offloads("mlp_norm") else 0.0
+    return norm + expert_fc1_offload_bytes(m, plan, held) + moe_act_offload_bytes(m, plan)
+
+
+def attention_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes one attention layer's fine-grained offload groups copy to host memory per micro-batch, each way:
+    attn_norm the input norm's input (where the norm is separate: MLA; Transformer Engine fuses it into the QKV
+    LayerNormLinear otherwise, an IdentityOp Megatron skips), qkv_linear the QKV input (with a fused norm, the
+    LayerNormLinear's saved input too), core_attn Q, K, V (and an unfused core's scores), attn_proj the core's
+    output (it needs core_attn: check_plan). Source: NVIDIA/Megatron-LM megatron/core/transformer/
+    transformer_layer.py (_set_offload_modules), attention.py at d98e8a64dd.
+    Derived: docs/formulas.md#mem.offload_modules"""
+    at = attention_share(m)
+    if at <= 0 or not any(plan.offloads(x) for x in ("attn_norm", "qkv_linear", "core_attn", "attn_proj")):
+        return 0.0
+    parts = layer_activation_parts(m, plan, False)  # per average layer; the attention parts alike in every layer
+    separate = m.is_mla
+    norm = norm_input_bytes(m, plan)
+    out = (norm if plan.offloads("attn_norm") and separate else 0.0) \
+        + ((parts.attn_input / at + (0.0 if separate else norm)) if plan.offloads("qkv_linear") else 0.0) \
+        + ((parts.qkv + parts.scores) / at if plan.offloads("core_attn") else 0.0) \
+        + (parts.attn_out / at if plan.offloads("attn_proj") else 0.0)
+    return out
+
+
+def fine_grained_offloaded(m: ModelSpec, plan: ParallelPlan, n_dense: Any, n_moe: Any, inflight: Any
+                           ) -> tuple[Any, Any]:
+    """(HBM freed, host bytes) of fine-grained offload at the peak, one rank: every group of the micro-batches in
+    flight but the last one per module name (moe_act_offloaded_groups): the MoE layers' groups and the attention
+    layers' (attention_share of the layers). Derived: docs/formulas.md#mem.offload_modules"""
+    layers = (n_dense + n_moe) * attention_share(m)
+    attn = attention_offload_bytes(m, plan) * moe_act_offloaded_groups(layers, inflight)
+    moe = moe_act_offloaded_groups(n_moe, inflight)
+    return moe_layer_offload_bytes(m, plan, True) * moe + attn, moe_layer_offload_bytes(m, plan) * moe + attn
 
 
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -92,7 +159,7 @@ def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py at 2a75ac12c (moe_act's group starts at
     fc1's output; fused_group_mlp offloads the fused op's saved tensors of min_offloaded_tensor_size elements
     or more). Derived: docs/formulas.md#mem.offload_moe_act"""
-    if not offloads_moe_act(m, plan):
+    if not (m.is_moe and plan.offloads("moe_act")):
         return 0.0
     width = (2 if m.gated_mlp else 1) * m.expert_ffn
     return 2.0 * dispatched_rows(m, plan) * width / plan.etp_resolved
@@ -135,3 +202,11 @@ def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any
         late = maximum(free - (release + window_s), 0.0)
         waited = waited + late
     return waited
+
+
+def fine_grained_host_bytes(m: ModelSpec, plan: ParallelPlan, inflight: Any) -> Any:
+    """Host bytes one GPU's fine-grained offload takes at the peak, on the first pipeline stage (the most micro-
+    batches in flight, `inflight`): fine_grained_offloaded's host part. Equals ActivationBytes.offloaded of
+    that stage (tested); check_plan rule offload_modules_host_memory. Derived: docs/formulas.md#mem.host"""
+    n_dense, n_moe = stage_layers(m, plan, 0)
+    return where(plan.full, 0.0, fine_grained_offloaded(m, plan, n_dense, n_moe, inflight)[1])

@@ -54,7 +54,9 @@ from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.kernels import layer_launch_average
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_kept_params, gradient_params, low_precision_weights
-from llmplan.cost.offload import expert_flop_share, moe_act_offload_exposed, offload_exposed, offloads_moe_act
+from llmplan.cost.offload import (attention_offload_bytes, expert_flop_share, moe_act_offload_exposed, offload_exposed,
+                                  offloads_moe_act)
+from llmplan.cost.mixers import attention_share
 from llmplan.cost.moe import dispatch_contention, ep_exposed, host_syncs_per_layer
 from llmplan.cost.muon import muon_params, newton_schulz_seconds
 from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was this module)
@@ -277,6 +279,14 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         offload = offload + n * (moe_act_offload_exposed(comm.host_moe_act, fwd, groups - 1, fwd)
                                  + moe_act_offload_exposed(comm.host_moe_act, bwd, groups - 1,
                                                            bwd * (1 - expert_flop_share(m, plan))))
+    attn_groups = int(np.max(l_max)) * attention_share(m)  # attention layers of the largest stage
+    if np.any(np.asarray(attention_offload_bytes(m, plan)) > 0) and attn_groups >= 1:
+        # one step per attention layer, each copy due one step later both ways (a bound: the reload is issued
+        # as the next-later group's backward starts; Derived: docs/formulas.md#mem.offload_modules)
+        fwd, bwd = sc.forward / attn_groups, (sc.total - sc.forward) / attn_groups
+        k = int(attn_groups) - 1
+        offload = offload + n * (moe_act_offload_exposed(comm.host_attn, fwd, k, fwd)
+                                 + moe_act_offload_exposed(comm.host_attn, bwd, k, bwd))
     dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb, "pp": pp_exposed,
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,

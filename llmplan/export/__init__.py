@@ -115,6 +115,7 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
     "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "fp8_attention": torchtitan.fp8_attention_refusal, "grad_dtype": torchtitan.grad_reduce_refusal,
     "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
+    "offload_modules": torchtitan.offload_modules_refusal,
     "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
 """The EVERY_PLAN rules of torchtitan's check_common (both releases), in its order."""
 
@@ -134,6 +135,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "swiglu_fp8_input": swiglu_fp8_refusal,
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
+                  "offload_modules": deepspeed.offload_modules_refusal,
                   "fp8_attention": deepspeed.fp8_attention_refusal},
     "torchtitan": {**TORCHTITAN_COMMON, "fp8_recipe": torchtitan.tensorwise_refusal},
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},

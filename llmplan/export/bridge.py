@@ -319,8 +319,10 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.cpu_offloading_weights", False)]
     if p.dp_replicate > 1:  # DistributedDataParallelConfig.num_distributed_optimizer_instances (2a75ac12c)
         out.append(("ddp.num_distributed_optimizer_instances", p.dp_replicate))
-    if p.offload_moe_act:  # TransformerConfig.fine_grained_activation_offloading / offload_modules (2a75ac12c)
-        out += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", "[moe_act]")]
+    if off := p.fine_grained_offload_modules:  # TransformerConfig.fine_grained_activation_offloading /
+        # offload_modules (2a75ac12c; the Lightning H100 recipe's [expert_fc1]: Megatron-Bridge cba5742e3)
+        out += [("model.fine_grained_activation_offloading", True),
+                ("model.offload_modules", "[" + ",".join(off) + "]")]
     if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
         out.append(("model.gradient_accumulation_fusion", False))
     if p.pp > 1 and p.vpp > 1:  # ModelParallelConfig: overlapped interleaved sends, or the batched, synchronised

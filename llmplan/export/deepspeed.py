@@ -86,6 +86,13 @@ def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")
 
 
+def offload_modules_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron's fine-grained offload of listed modules, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"fine-grained activation offload of {', '.join(p.offload_modules)} (Megatron-Core's offload_modules; "
+            "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
+            bool(p.offload_modules), "re-plan without --offload-modules, or export to megatron")
+
+
 def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """FP8 attention, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return ("FP8 dot-product attention (Transformer Engine's fp8_dpa)", bool(p.fp8_attention),
@@ -124,6 +131,7 @@ def check(pf: PlanFile) -> None:
         offload_layers_refusal(p),
         dp_replicate_refusal(p),
         offload_moe_act_refusal(p),
+        offload_modules_refusal(p),
         fp8_attention_refusal(p),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),

@@ -174,9 +174,11 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     # Megatron-LM arguments.py (d98e8a6): --cpu-offloading-num-layers N > 0 sets cpu_offloading (activations only)
     pairs += [("--cpu-offloading-num-layers", p.offload_layers or None)]
     # Megatron-LM fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md
-    # at 2a75ac12c): the experts' fc1 output is the moe_act module's input
-    pairs += [("--fine-grained-activation-offloading", p.offload_moe_act),
-              ("--offload-modules", "moe_act" if p.offload_moe_act else None)]
+    # at 2a75ac12c): the experts' fc1 output is the moe_act module's input; offload_modules as Megatron names
+    # them (space-separated after the flag, as --recompute-modules: arguments.py nargs '*', d98e8a64dd)
+    off = p.fine_grained_offload_modules
+    pairs += [("--fine-grained-activation-offloading", bool(off)),
+              ("--offload-modules", " ".join(off) if off else None)]
     recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
@@ -490,7 +492,7 @@ def script_body(pf: PlanFile, launcher: str) -> str:
     ]
     if p.tp > 1 or p.cp > 1:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell")
-    if p.offload_moe_act:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10
+    if p.fine_grained_offload_modules:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10
         lines.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offload: offload activations only")
     lines += pattern_lines
     for name, flags in arrays.items():

@@ -138,6 +138,13 @@ def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan without --offload-moe-act, or export to megatron")
 
 
+def offload_modules_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron's fine-grained offload of listed modules, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"fine-grained activation offload of {', '.join(p.offload_modules)} (Megatron-Core's offload_modules; "
+            "this export writes no offload hooks)", bool(p.offload_modules),
+            "re-plan without --offload-modules, or export to megatron")
+
+
 def offload_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Megatron's activation offload, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return (f"activation offload of {p.offload_layers} layers (Megatron-Core's cpu_offloading_num_layers through "
@@ -230,8 +237,8 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    for what, bad, fix in (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_layers_refusal(p),
-                           recompute_layers_refusal(p)):
+    for what, bad, fix in (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_modules_refusal(p),
+                           offload_layers_refusal(p), recompute_layers_refusal(p)):
         if bad:
             raise refuse(target, what, fix)
 

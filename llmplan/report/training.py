@@ -389,10 +389,13 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     h = host_json(mem, cluster)
     usable = h["usable_per_node"]
     if a.offloaded > 0:  # beside the total, not in it: host memory, against the node's usable host memory
-        what = f"{p.offload_layers} offloaded layers" if p.offload_layers else "expert fc1 outputs"
+        what = f"{p.offload_layers} offloaded layers" if p.offload_layers else (
+            "expert fc1 outputs" if p.fine_grained_offload_modules == ("moe_act",)
+            else "offloaded " + ", ".join(p.fine_grained_offload_modules))
         t.add_row(f"host: {what}", gib(a.offloaded),
                   "-" if usable is None else f"{100 * h['offloaded_per_node'] / usable:.1f}% of host",
-                  "mem.offload_moe_act, mem.host" if p.offload_moe_act else "mem.offload, mem.host")
+                  "mem.offload_moe_act, mem.host" if p.fine_grained_offload_modules == ("moe_act",)
+                  else "mem.offload_modules, mem.host" if p.offload_modules else "mem.offload, mem.host")
     console.print(t)
     if a.offloaded > 0:
         used = f"host: {h['offloaded_per_node'] / GIB:,.1f} GiB offloaded per node ({h['gpus_per_node']} GPUs)"

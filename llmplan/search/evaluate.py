@@ -16,7 +16,7 @@ from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispa
                                 ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
-from llmplan.cost.offload import moe_act_offload_bytes, offload_layer_bytes
+from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
@@ -187,7 +187,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         dp_gather=dp_stages[0][1],
         dp_stages=tuple(dp_stages),
         host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
-        host_moe_act=moe_act_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
+        host_moe_act=moe_layer_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
+        host_attn=attention_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         dp_host=sum((x.calls * x.host_s for x in dp), np.zeros(len(plans))),
         dp_step_end=step_end,
     )

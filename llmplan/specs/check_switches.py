@@ -15,9 +15,11 @@ import numpy as np
 
 from llmplan.cost.model_states import grad_shards_reduce_scattered
 from llmplan.cost.muon import muon_unpriced
-from llmplan.cost.offload import host_offload_bytes
+from llmplan.cost.memory import inflight_microbatches
+from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
 from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.units import GIB
 
@@ -81,10 +83,40 @@ def _host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
             "or set host_memory_gb / host_memory_usable_fraction in a --hardware profile")
 
 
+def _fine_grained_host(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
+    """Fine-grained offload's host bytes per GPU (first stage) and the host bytes each GPU may take."""
+    usable = c.system.host_usable_bytes
+    return fine_grained_host_bytes(m, p, inflight_microbatches(p, 0)), (usable or 0.0) / c.gpus_per_node_used
+
+
+def _fine_grained_host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
+    """Fine-grained offload of the node's GPUs within the usable host memory (ParallelPlan.offload_modules,
+    offload_moe_act); none or an unknown host memory: true. Derived: docs/formulas.md#mem.host"""
+    if c.system.host_usable_bytes is None or not p.fine_grained_offload_modules:
+        return True
+    used, share = _fine_grained_host(m, p, c)
+    return used <= share
+
+
+def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
+    used, share = _fine_grained_host(m, p, c)
+    s, g = c.system, c.gpus_per_node_used
+    return (f"fine-grained offload of {', '.join(p.fine_grained_offload_modules)} ({float(used) / GIB:.1f} GiB per GPU, "
+            f"{float(used) * g / GIB:.0f} GiB per node of {g} GPUs) exceeds host memory ({s.host_memory_gb:g} GB per "
+            f"{s.name} node, {s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); offload fewer "
+            "modules (--offload-modules, --offload-moe-act), lower --micro-batch, or set host_memory_gb / "
+            "host_memory_usable_fraction in a --hardware profile")
+
+
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
                 "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
                 "ep_dispatch_fp8")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
+
+
+def _moe_offloads(p: Any) -> tuple[str, ...]:
+    """The plan's offload_modules whose groups sit in an MoE layer's MLP (plan_choices.MOE_OFFLOAD_MODULES)."""
+    return tuple(x for x in p.offload_modules if x in MOE_OFFLOAD_MODULES)
 
 
 def _setting(p: Any, field: str) -> str:
@@ -425,6 +457,28 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: "offload_moe_act with recompute module moe: Megatron-Core refuses to offload inside an MoE "
                          "layer that is recomputed whole (TransformerConfig); drop moe from --recompute-modules or "
                          "drop --offload-moe-act"),
+    Rule("offload_modules_host_memory", lambda m, p, c: _fine_grained_host_fits(m, p, c),
+         lambda m, p, c: _fine_grained_host_message(m, p, c), needs_cluster=True),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a64dd), the same rules for every offload_modules entry
+    Rule("offload_modules_layers", lambda m, p, c: (p.offload_layers == 0) | (not p.offload_modules),
+         lambda m, p, c: f"offload_modules ({', '.join(p.offload_modules)}) with offload_layers ({p.offload_layers}): "
+                         "Megatron-Core refuses fine-grained activation offload together with layer offload "
+                         "(fine_grained_activation_offloading cannot be enabled with cpu_offloading); drop "
+                         "--offload-modules or --offload-activations-layers"),
+    Rule("offload_modules_recompute", lambda m, p, c: (not _moe_offloads(p)) | np.logical_not(p.recomputes("moe")),
+         lambda m, p, c: f"offload_modules {', '.join(_moe_offloads(p))} with recompute module moe: Megatron-Core "
+                         "refuses to offload inside an MoE layer that is recomputed whole (TransformerConfig: 'moe' "
+                         "in recompute_modules wraps the full MoE forward in a checkpoint); drop moe from "
+                         f"--recompute-modules or drop {', '.join(_moe_offloads(p))} from --offload-modules"),
+    Rule("offload_attn_proj", lambda m, p, c: ("attn_proj" not in p.offload_modules) | ("core_attn" in p.offload_modules),
+         lambda m, p, c: "offload_modules attn_proj without core_attn: Megatron-Core refuses it (TransformerConfig: "
+                         "attn_proj's input is core_attn's output, which core_attn's backward still needs); add "
+                         "core_attn to --offload-modules or drop attn_proj"),
+    Rule("offload_modules_dense", lambda m, p, c: m.is_moe or not _moe_offloads(p),
+         lambda m, p, c: f"offload_modules {', '.join(_moe_offloads(p))} on {m.name}, which has no expert layers: "
+                         "Megatron-Core registers these groups only in an MoE layer (moe/experts.py; mlp_norm: a "
+                         "dense layer's pre-MLP norm is fused into fc1, an IdentityOp it skips), so nothing would "
+                         f"move; drop {', '.join(_moe_offloads(p))} from --offload-modules"),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
          lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")

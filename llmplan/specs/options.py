@@ -124,6 +124,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.dp_outer_optimizer."""
     recompute_modules: str | None
     """Comma-separated Megatron recompute modules (ParallelPlan.recompute_modules); None: the default."""
+    offload_modules: str | None = None
+    """Comma-separated Megatron offload modules (ParallelPlan.offload_modules); None: none."""
     overlap_grad_reduce: bool
     """ParallelPlan.overlap_grad_reduce."""
     overlap_param_gather: bool

@@ -19,7 +19,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel,
+    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -143,6 +143,15 @@ class ParallelPlan(PlanQuantities, Spec):
     Bridge's Nemotron-3 Ultra presets): every MoE layer's but the last one's, copied on side streams over the
     host link (SystemSpec.host_bytes_per_s), each due one MoE layer later. False: none
     (docs/formulas.md#mem.offload_moe_act)."""
+    offload_modules: tuple[OffloadModule, ...] = Field(default=(), max_length=len(OFFLOAD_MODULES))
+    """Modules whose input (as the module saves it for backward) goes to host memory in forward and comes back in
+    backward, one layer's group at a time (Megatron-Core --fine-grained-activation-offloading --offload-modules
+    ..., Megatron-Bridge model.fine_grained_activation_offloading / model.offload_modules): attn_norm, qkv_linear,
+    core_attn, attn_proj, mlp_norm, expert_fc1, moe_act (OFFLOAD_MODULES). Every layer's group but the last one's
+    per module name, copied on side streams over the host link (SystemSpec.host_bytes_per_s). moe_act here is
+    offload_moe_act; empty: none. Megatron-Core refuses attn_proj without core_attn, the MoE modules with
+    recompute module moe and any of them with offload_layers (check_plan rules offload_modules_*;
+    docs/formulas.md#mem.offload_modules)."""
     micro_batch: int = Field(default=1, ge=1, le=1 << 20)
     """Sequences per micro-batch per model replica."""
     global_batch: int = Field(default=1, ge=1, le=1 << 30)
@@ -579,6 +588,9 @@ class ParallelPlan(PlanQuantities, Spec):
         twice = sorted({x for x in self.recompute_modules if self.recompute_modules.count(x) > 1})
         if twice:
             raise ValueError(f"recompute_modules lists {', '.join(twice)} more than once; name each module once")
+        twice_off = sorted({str(x) for x in self.offload_modules if self.offload_modules.count(x) > 1})
+        if twice_off:
+            raise ValueError(f"offload_modules lists {', '.join(twice_off)} more than once; name each module once")
         return self
 
     @model_validator(mode="after")

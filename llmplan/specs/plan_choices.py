@@ -12,6 +12,16 @@ RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 """Megatron-Core's --recompute-modules choices llmplan prices (TransformerConfig.recompute_modules; mhc: the
 hyper-connections of Megatron-Bridge's DeepSeek-V4 recipes; the Gated-DeltaNet modules belong to layers llmplan
 does not model)."""
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
+OFFLOAD_MODULES: tuple[str, ...] = get_args(OffloadModule)
+"""Megatron-Core's --offload-modules choices llmplan prices (TransformerConfig.offload_modules with
+fine_grained_activation_offloading, NVIDIA/Megatron-LM transformer_config.py at d98e8a64dd): each moves its
+module's input, as the module saves it for backward, to host memory. fused_group_mlp (its whole fused grouped MLP,
+filtered by min_offloaded_tensor_size) stays the Nemotron-3 Ultra reading of ParallelPlan.offload_moe_act, and
+gdp_qkv belongs to Gated-DeltaNet layers llmplan does not model. docs/formulas.md#mem.offload_modules"""
+MOE_OFFLOAD_MODULES: tuple[str, ...] = ("mlp_norm", "expert_fc1", "moe_act")
+"""The offload modules whose groups sit in an MoE layer's MLP (mlp_norm: the dense layers' pre-MLP norm is fused
+into fc1's LayerNormLinear, an IdentityOp that Megatron skips)."""
 Bf16Module = Literal["attention", "latent_proj"]
 BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
 """Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""

@@ -126,6 +126,12 @@ if TYPE_CHECKING:
         def recompute_modules(self) -> Any: ...
 
         @property
+        def offload_modules(self) -> Any: ...
+
+        @property
+        def offload_moe_act(self) -> Any: ...
+
+        @property
         def moe_capacity_factor(self) -> Any: ...
 
         @property
@@ -171,6 +177,18 @@ class PlanQuantities(_QuantityInputs):
         core_attn alone when none are listed (Megatron-Core's default ["core_attn"])."""
         modules = self.recompute_modules or ("core_attn",)
         return self.selective & (module in modules)
+
+    def offloads(self, module: str) -> bool:
+        """Whether fine-grained activation offload moves Megatron module `module`'s input: the listed
+        offload_modules, and moe_act with offload_moe_act (docs/formulas.md#mem.offload_modules)."""
+        return module in self.offload_modules or (module == "moe_act" and bool(self.offload_moe_act))
+
+    @property
+    def fine_grained_offload_modules(self) -> tuple[str, ...]:
+        """Megatron's offload_modules for the plan: offload_modules, with moe_act first where offload_moe_act
+        sets it and the list does not name it (empty: no fine-grained offload)."""
+        extra = ("moe_act",) if self.offload_moe_act and "moe_act" not in self.offload_modules else ()
+        return (*extra, *self.offload_modules)
 
     @property
     def num_gpus(self) -> Any:
