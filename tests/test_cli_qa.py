@@ -23,3 +23,43 @@ def test_nothing_fits_more_nodes_counts_the_default_headroom(cli):
     assert r.code == 3
     n = int(re.search(r"about (\d+) nodes instead of 1 \(--nodes\)", r.err).group(1))
     assert n > 1
+
+
+def _saved_plan(cli, tmp_path, *extra: str):
+    plan = tmp_path / "plan.json"
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", *extra,
+            "--save", str(plan))
+    assert r.code == 0
+    step = cli("estimate", "--plan", str(plan), "--json").json()["time"]["step_s"]
+    return plan, step
+
+
+def test_calibrate_step_time_out_of_range_names_both_bounds(cli, tmp_path):
+    """--step-time 1e9 said 'give the measured seconds per step, above 0' (it is above 0)."""
+    plan, _ = _saved_plan(cli, tmp_path, "--zero", "3")
+    for value in ("1e9", "inf", "0"):
+        r = cli("calibrate", "--plan", str(plan), "--step-time", value, "-o", str(tmp_path / "c.yaml"))
+        assert r.code == 2 and "above 0 and below 1e6" in r.err, r.err
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_calibrate_memory_above_the_gpu_is_refused_not_written(cli, tmp_path):
+    """--memory-gib 5000 on an 80 GB H100 wrote hbm_reserve_gib 4925.7, a profile llmplan itself then refused."""
+    plan, step = _saved_plan(cli, tmp_path, "--zero", "3")
+    out = tmp_path / "c.yaml"
+    r = cli("calibrate", "--plan", str(plan), "--step-time", str(step), "--memory-gib", "5000", "-o", str(out))
+    assert r.code == 2 and "--memory-gib 5000: a measured peak above the 79.2 GiB of one h100-sxm" in r.err
+    assert not out.exists()
+    ok = cli("calibrate", "--plan", str(plan), "--step-time", str(step), "--memory-gib", "60", "-o", str(out))
+    assert ok.code == 0 and out.exists()
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", str(out), "--nodes", "1", "--zero", "3").code == 0
+
+
+def test_calibrate_memory_far_below_the_prediction_is_refused_not_written(cli, tmp_path):
+    """A measured peak more than a GPU's memory under the prediction gave hbm_reserve_gib below -hbm_gib,
+    which GpuSpec refuses when the profile is read."""
+    plan, step = _saved_plan(cli, tmp_path)  # zero 0, dp 8: about 162 GiB predicted, it does not fit
+    out = tmp_path / "c.yaml"
+    r = cli("calibrate", "--plan", str(plan), "--step-time", str(step), "--memory-gib", "1", "-o", str(out))
+    assert r.code == 2 and "llmplan predicts" in r.err and "above the measured peak" in r.err
+    assert not out.exists()
