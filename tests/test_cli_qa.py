@@ -63,3 +63,29 @@ def test_calibrate_memory_far_below_the_prediction_is_refused_not_written(cli, t
     r = cli("calibrate", "--plan", str(plan), "--step-time", str(step), "--memory-gib", "1", "-o", str(out))
     assert r.code == 2 and "llmplan predicts" in r.err and "above the measured peak" in r.err
     assert not out.exists()
+
+
+def test_a_cluster_file_of_one_pool_needs_no_fabric(cli, tmp_path):
+    """README: 'A cluster file of one pool is exactly --hardware SYSTEM --nodes N'; without a `fabric:` (there is
+    no network between pools with one pool) it said 'no fabric between the pools', exit 2."""
+    f = tmp_path / "one.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n")
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", f, "--json")
+    same = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--json")
+    assert r.code == 0 and same.code == 0, r.err
+    assert [p["plan"] for p in r.json()["plans"]] == [p["plan"] for p in same.json()["plans"]]
+    assert cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", f).code == 0
+    e = cli("estimate", "--model", "llama-3.1-8b", "--hardware", f)
+    assert e.code == 2 and "give its system here: --hardware dgx-h100 --nodes 1" in e.err, e.err
+
+
+def test_a_cluster_file_of_one_pool_is_still_checked(cli, tmp_path):
+    for text, words in (("pools:\n  - {system: dgx-h100, nodes: 0}\n", "field 'nodes'"),
+                        ("pools:\n  - {system: dgx-h100, nodes: 1}\nfabric: {gb_per_s: -1}\n", "gb_per_s"),
+                        ("pools:\n  - {system: dgx-h100, nodes: 1}\nfabrik: {gb_per_s: 50}\n", "unknown key(s) fabrik"),
+                        ("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\n",
+                         "no fabric between the pools")):
+        f = tmp_path / "c.yaml"
+        f.write_text(text)
+        r = cli("search", "--model", "llama-3.1-8b", "--hardware", f)
+        assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1, r.err

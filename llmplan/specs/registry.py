@@ -19,7 +19,7 @@ from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import TUPLE_ITEMS
-from llmplan.specs.pools import PoolCluster
+from llmplan.specs.pools import InterPoolFabric, PoolCluster, PoolSpec
 
 
 def data_dir(name: str) -> Path:
@@ -254,6 +254,10 @@ def resolve_system(ref: str) -> SystemSpec:
         if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
         if is_pool_file(ref):
+            one = single_pool(Path(ref))
+            if one is not None:
+                raise LlmplanError(f"{ref} is a cluster file of one pool (`pools:`), which only `llmplan search` "
+                                   f"reads; give its system here: --hardware {one[0]} --nodes {one[1]}")
             raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training, or "
                                f"--mode infer) plans a cluster of several pools; give one system here, e.g. the "
                                f"pool's system name")
@@ -284,9 +288,17 @@ def load_pool_file(path: Path) -> PoolCluster:
     if not isinstance(pools, list) or not pools:
         raise LlmplanError(f"{path}: pools is {excerpt(repr(pools), 40)}; give a list of pools, e.g. pools: "
                            f"[{{system: dgx-h100, nodes: 8}}, {{system: dgx-a100, nodes: 16}}]")
+    built = _pool_entries(path, pools)
     if "fabric" not in data:
         raise LlmplanError(f"{path}: no fabric between the pools; add e.g. fabric: {{gb_per_s: 50, latency_s: "
                            f"1.0e-5}} (bandwidth per GPU across pools, one direction, and latency)")
+    return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
+                               "fabric": data["fabric"], **{k: v for k, v in data.items()
+                                                            if k not in ("name", "pools", "fabric")}}, str(path))
+
+
+def _pool_entries(path: Path, pools: list[Any]) -> list[dict[str, Any]]:
+    """Each pool of a cluster file with its system resolved and its name defaulted (the system's)."""
     built = []
     for i, pool in enumerate(pools):
         ref = pool_system_ref(path, i, pool)
@@ -298,9 +310,7 @@ def load_pool_file(path: Path) -> PoolCluster:
         except LlmplanError as e:
             raise LlmplanError(f"{path}: pool {i + 1}: {e}") from None
         built.append({**pool, "system": system, "name": pool.get("name", system.name)})
-    return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
-                               "fabric": data["fabric"], **{k: v for k, v in data.items()
-                                                            if k not in ("name", "pools", "fabric")}}, str(path))
+    return built
 
 
 def pool_system_ref(path: Path, i: int, pool: Any) -> str:
@@ -317,8 +327,17 @@ def pool_system_ref(path: Path, i: int, pool: Any) -> str:
 
 def single_pool(path: Path) -> tuple[str, int] | None:
     """(the system's --hardware reference, nodes) of a cluster file that lists one pool (checked as
-    load_pool_file checks it); None when it lists several."""
-    pc = load_pool_file(path)
-    if len(pc.pools) != 1:
+    load_pool_file checks it, save that one pool needs no fabric between pools); None when it lists several."""
+    data = dict(read_document(path))
+    pools = data.get("pools")
+    if not (isinstance(pools, list) and len(pools) == 1):
+        load_pool_file(path)  # checks the file: one line naming the problem
         return None
-    return pool_system_ref(path, 0, read_document(Path(path))["pools"][0]), pc.pools[0].nodes
+    extra = sorted(set(data) - set(PoolCluster.model_fields))
+    if extra:
+        raise LlmplanError(f"{path}: unknown key(s) {', '.join(extra)}; a cluster file takes "
+                           f"{', '.join(PoolCluster.model_fields)}")
+    if "fabric" in data:  # unused with one pool, but a wrong one is still a mistake in the file
+        build(InterPoolFabric, data["fabric"], f"{path} (fabric)")
+    pool = build(PoolSpec, _pool_entries(path, pools)[0], f"{path} (pool 1)")
+    return pool_system_ref(path, 0, pools[0]), pool.nodes
