@@ -89,3 +89,21 @@ def test_a_cluster_file_of_one_pool_is_still_checked(cli, tmp_path):
         f.write_text(text)
         r = cli("search", "--model", "llama-3.1-8b", "--hardware", f)
         assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def test_search_phase_help_names_the_flag_search_takes(cli):
+    """search --help's --phase said 'decode at --batch sequences', an estimate flag search refuses."""
+    assert cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100",
+               "--batch", "8").code == 2
+    import typer.main
+
+    from llmplan.cli import app
+    search = typer.main.get_command(app).commands["search"]  # type: ignore[attr-defined]
+    phase = next(p for p in search.params if "--phase" in p.opts)
+    assert "--max-batch" in phase.help and "--max-batch" in {o for p in search.params for o in p.opts}
+
+
+def test_budget_gpus_below_one_node_is_one_balanced_line(cli):
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100,dgx-b200", "--budget-gpus", "4")
+    assert r.code == 2 and "dgx-h100 (8), dgx-b200 (8) (GPUs per node); give at least 8" in r.err
+    assert r.err.count("(") == r.err.count(")")
