@@ -107,3 +107,28 @@ def test_budget_gpus_below_one_node_is_one_balanced_line(cli):
     r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100,dgx-b200", "--budget-gpus", "4")
     assert r.code == 2 and "dgx-h100 (8), dgx-b200 (8) (GPUs per node); give at least 8" in r.err
     assert r.err.count("(") == r.err.count(")")
+
+
+def test_model_folder_points_at_its_config_json(cli, tmp_path, monkeypatch):
+    """A downloaded Hugging Face snapshot folder: `--model snap` said "unknown model 'snap'" and listed every
+    built-in; `--model snap/` said it is not a regular file without naming the file to give."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "config.json").write_text('{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, '
+                                      '"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, '
+                                      '"vocab_size": 128256, "max_position_embeddings": 8192}')
+    monkeypatch.chdir(tmp_path)
+    for ref in ("snap", "snap/"):
+        r = cli("estimate", "--model", ref, "--hardware", "dgx-h100")
+        assert r.code == 2 and "is a folder" in r.err and "--model snap/config.json" in r.err, r.err
+        assert "built-ins" not in r.err
+    assert cli("estimate", "--model", "snap/config.json", "--hardware", "dgx-h100").code == 0
+
+
+def test_a_hugging_face_hub_id_says_to_download_the_config(cli):
+    r = cli("estimate", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "dgx-h100")
+    assert r.code == 2 and "does not exist" in r.err
+    assert "huggingface-cli download meta-llama/Llama-3.1-8B config.json" in r.err
+    assert "or use the built-in llama-3.1-8b" in r.err and len(r.err.strip().splitlines()) == 1
+    r = cli("estimate", "--model", "specs/missing.yaml", "--hardware", "dgx-h100")
+    assert r.code == 2 and "Hugging Face" not in r.err

@@ -238,14 +238,30 @@ def looks_like_path(ref: str) -> bool:
 
 def resolve_model(ref: str) -> ModelSpec:
     """--model: a built-in name or a path to a spec / config.json."""
-    if looks_like_path(ref):
-        if not exists(Path(ref)):
-            raise LlmplanError(f"model file {ref} does not exist")
-        return load_model_file(Path(ref))
     models = builtin_models()
+    if looks_like_path(ref) or (ref not in models and exists(Path(ref))):
+        path = Path(ref)
+        if not exists(path):
+            raise LlmplanError(f"model file {ref} does not exist" + _hub_id_hint(ref, list(models)))
+        if path.is_dir():
+            inside = path / "config.json"
+            raise LlmplanError(f"{ref} is a folder; give the model's config.json (or a spec file) itself"
+                               + (f": --model {inside}" if inside.is_file() else f", e.g. --model {inside}"))
+        return load_model_file(path)
     if ref not in models:
         raise _unknown("model", ref, list(models))
     return models[ref]
+
+
+def _hub_id_hint(ref: str, known: list[str]) -> str:
+    """For a missing `org/name` without a spec suffix (a Hugging Face Hub id, e.g. meta-llama/Llama-3.1-8B):
+    llmplan reads files, not the Hub; where to get the file, and the closest built-in."""
+    parts = ref.split("/")
+    if len(parts) != 2 or not all(parts) or Path(ref).suffix in SPEC_SUFFIXES:
+        return ""
+    close = difflib.get_close_matches(parts[1].lower(), known, n=1, cutoff=0.6)
+    return ("; a Hugging Face Hub id is not read from the Hub: download its config.json (e.g. `huggingface-cli "
+            f"download {ref} config.json`) and give that path" + (f", or use the built-in {close[0]}" if close else ""))
 
 
 def resolve_system(ref: str) -> SystemSpec:
