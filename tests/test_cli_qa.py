@@ -132,3 +132,31 @@ def test_a_hugging_face_hub_id_says_to_download_the_config(cli):
     assert "or use the built-in llama-3.1-8b" in r.err and len(r.err.strip().splitlines()) == 1
     r = cli("estimate", "--model", "specs/missing.yaml", "--hardware", "dgx-h100")
     assert r.code == 2 and "Hugging Face" not in r.err
+
+
+def test_option_range_errors_name_the_flag_and_the_value_to_give(cli):
+    """'cluster options: field 'num_nodes': ...', 'memory allowance options: field 'fixed_gib': ...' and
+    'inference workload options: field 'ttft_slo_s': ...' named fields the user never typed, and no fix."""
+    train = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100")
+    infer = ("--mode", "infer", *train, "--tp", "1")
+    for args, words in (
+            ((*train, "--nodes", "100000000"), "--nodes 100000000: Input should be less than or equal to 1000000; "
+                                               "give --nodes 1000000 or less"),
+            ((*train, "--overhead-gib", "-5"), "--overhead-gib -5.0: Input should be greater than or equal to 0; "
+                                               "give --overhead-gib 0.0 or more"),
+            ((*train, "--zero", "4", "--tp", "1"), "--zero 4: Input should be less than or equal to 3; "
+                                                   "give --zero 3 or less"),
+            ((*infer, "--ttft-slo", "0"), "--ttft-slo 0.0: Input should be greater than 0; give --ttft-slo above 0.0"),
+            ((*infer, "--kv-dtype", "int4"), "--kv-dtype int4: Input should be 'bf16', 'fp16' or 'fp8'")):
+        for cmd in ("estimate",) + (("search",) if "--tp" not in args else ()):
+            r = cli(cmd, *args)
+            assert r.code == 2 and words in r.err and "field '" not in r.err, r.err
+            assert len(r.err.strip().splitlines()) == 1
+    r = cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--kv-dtype", "int4")
+    assert r.code == 2 and "--kv-dtype int4: " in r.err and "field '" not in r.err, r.err
+
+
+def test_collective_gpus_past_the_node_bound_names_gpus(cli):
+    r = cli("collective", "--op", "all-reduce", "--size", "1GiB", "--gpus", "1000000000", "--hardware", "dgx-h100")
+    assert r.code == 2 and "num_nodes" not in r.err
+    assert "--gpus 1000000000 at 8 per node is 125,000,000 nodes" in r.err and "give --gpus 8,000,000 or fewer" in r.err

@@ -18,7 +18,7 @@ from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_e
                                  serving_walk, training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cost.serve_step import GraphHost
-from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
+from llmplan.cli.inputs import (OPTION_FLAGS, checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
@@ -117,7 +117,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     allowance = make_allowance(memory)
     refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
@@ -161,7 +161,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
                                make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))
     emit(report.disagg_json(res, m, cluster, job), output.json_mode,
@@ -351,7 +351,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
         zero = "a free --zero" if pins.zero is None else f"--zero {pins.zero}"
         raise LlmplanError(f"--grad-reduce all-reduce with {zero}: ZeRO-2/3 keep only their gradient shard, so "
                            "they reduce-scatter; pin --zero 1 (or 0) or drop --grad-reduce")
-    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
+    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options", OPTION_FLAGS)  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 
 

@@ -4,7 +4,7 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
@@ -34,14 +34,20 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 """File suffixes of specs, profiles and plan files."""
 
 
-def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
+def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None,
+                       flags: Mapping[str, str] | None = None) -> str:
     """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
-    what it means and a typical value; a key the spec `cls` does not have names its nearest keys."""
+    what it means and a typical value; a key the spec `cls` does not have names its nearest keys. `flags`: the
+    command-line flag that set each field (a spec built from options), named instead of the field, with the
+    value to give."""
     parts = []
     errors = _tuple_lengths(err.errors())
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if flags and field in flags:
+            parts.append(f"{flags[field]} {excerpt(e['input'])}: {msg}{_bound_fix(flags[field], e)}")
+            continue
         if e["type"] == "extra_forbidden" and cls is not None and e["loc"]:
             parts.append(f"field '{field}': {msg} (got {excerpt(e['input'])}); "
                          + _extra_key_fix(str(e["loc"][-1]), _keys_at(cls, e["loc"][:-1])))
@@ -56,6 +62,15 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _bound_fix(flag: str, e: Any) -> str:
+    """The value a flag takes, from the bound pydantic reports (ge / gt / le / lt), or ""."""
+    ctx = e.get("ctx") or {}
+    for key, words in (("ge", "{} or more"), ("gt", "above {}"), ("le", "{} or less"), ("lt", "below {}")):
+        if key in ctx:
+            return f"; give {flag} " + words.format(ctx[key])
+    return "; give a finite number" if e["type"] == "finite_number" else ""
 
 
 def _keys_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -119,22 +134,23 @@ M = TypeVar("M", bound=BaseModel)
 
 
 @contextmanager
-def reported(origin: str) -> Iterator[None]:
+def reported(origin: str, flags: Mapping[str, str] | None = None) -> Iterator[None]:
     """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
     and a type checker can follow field by field); a ValidationError is one LlmplanError naming `origin` and
     the fields (validation_message): the one path of every spec built from user input."""
     try:
         yield
     except ValidationError as e:
-        raise LlmplanError(validation_message(origin, e)) from None
+        raise LlmplanError(validation_message(origin, e, flags=flags)) from None
 
 
-def build(cls: type[M], data: Any, origin: str) -> M:
-    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+def build(cls: type[M], data: Any, origin: str, flags: Mapping[str, str] | None = None) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields
+    (`flags`: the command-line flag of each field, named instead, validation_message)."""
     try:
         built = cls.model_validate(data)
     except ValidationError as e:
-        raise LlmplanError(validation_message(origin, e, cls)) from None
+        raise LlmplanError(validation_message(origin, e, cls, flags)) from None
     return built
 
 
