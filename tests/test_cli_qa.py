@@ -160,3 +160,18 @@ def test_collective_gpus_past_the_node_bound_names_gpus(cli):
     r = cli("collective", "--op", "all-reduce", "--size", "1GiB", "--gpus", "1000000000", "--hardware", "dgx-h100")
     assert r.code == 2 and "num_nodes" not in r.err
     assert "--gpus 1000000000 at 8 per node is 125,000,000 nodes" in r.err and "give --gpus 8,000,000 or fewer" in r.err
+
+
+def test_typed_nodes_1_beside_another_cluster_size_is_refused(cli, tmp_path):
+    """`--nodes 2 --budget-gpus 8` was refused but `--nodes 1 --budget-gpus 8` ran (1 is --nodes' default), and
+    `--hardware cluster.yaml --nodes 1` ignored --nodes; a typed --nodes is refused whatever its value."""
+    base = ("search", "--model", "llama-3.1-8b")
+    for hw in ("dgx-h100,dgx-b200", "dgx-h100"):
+        r = cli(*base, "--hardware", hw, "--nodes", "1", "--budget-gpus", "8")
+        assert r.code == 2 and "--budget-gpus 8 and --nodes 1 each size the cluster; give one" in r.err, r.err
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - {system: dgx-h100, nodes: 1}\n  - {system: dgx-a100, nodes: 1}\nfabric: {gb_per_s: 50}\n")
+    for mode in ("train", "infer"):
+        r = cli(*base, "--mode", mode, "--hardware", f, "--nodes", "1")
+        assert r.code == 2 and "lists pools with their nodes; drop --nodes" in r.err, r.err
+    assert cli(*base, "--hardware", "dgx-h100", "--budget-gpus", "8", "--json").code == 0

@@ -76,6 +76,8 @@ def search(
         raise LlmplanError(f"--mode {mode}: use train or infer")
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
     check_target_mode(target, mode)
+    if "nodes" in named_options(ctx):  # --nodes 1 typed: the default's value, but two sizes all the same
+        refuse_typed_nodes(cluster, goal)
     if target is not None and (is_pool_file(cluster.hardware) and single_pool_options(cluster, goal) is None
                                or disaggregated or mode == "train" and wants_comparison(cluster, goal)):
         raise LlmplanError(f"--target {target} filters the search of one system and one pool; drop it here and "
@@ -98,6 +100,16 @@ def search(
                      given_moe(ctx, moe_serving), target)
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx), target)
+
+
+def refuse_typed_nodes(c: ClusterOptions, goal: SearchGoal) -> None:
+    """--nodes typed beside what sizes the cluster already (--budget-gpus; a cluster file's pools), whatever its
+    value: the checks after this one see --nodes only when it differs from its default, 1."""
+    if goal.budget_gpus is not None:
+        raise LlmplanError(f"--budget-gpus {goal.budget_gpus} and --nodes {c.nodes} each size the cluster; give one")
+    if is_pool_file(c.hardware):
+        raise LlmplanError(f"{c.hardware} lists pools with their nodes; drop --nodes (set each pool's nodes, or its "
+                           "system file's keys, in the cluster file)")
 
 
 def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
