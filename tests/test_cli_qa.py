@@ -175,3 +175,19 @@ def test_typed_nodes_1_beside_another_cluster_size_is_refused(cli, tmp_path):
         r = cli(*base, "--mode", mode, "--hardware", f, "--nodes", "1")
         assert r.code == 2 and "lists pools with their nodes; drop --nodes" in r.err, r.err
     assert cli(*base, "--hardware", "dgx-h100", "--budget-gpus", "8", "--json").code == 0
+
+
+def test_a_dense_search_plan_edited_to_another_tp_is_not_refused_for_expert_tp(cli, tmp_path):
+    """search --save wrote a dense model's etp as the tp it found (8); editing plan.tp to 4, as the refusal's
+    own 'To mend' line says to, was refused: 'expert tp (8) applies to mixture-of-experts layers'."""
+    import json
+
+    plan = tmp_path / "plan.json"
+    assert cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "2",
+               "--save", plan).code == 0
+    doc = json.loads(plan.read_text())
+    doc["plan"].update(tp=4, dp=doc["plan"]["dp"] // 2)
+    plan.write_text(json.dumps(doc))
+    r = cli("estimate", "--plan", plan, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["plan"]["tp"] == 4 and "expert tp" not in r.err
