@@ -191,3 +191,22 @@ def test_a_dense_search_plan_edited_to_another_tp_is_not_refused_for_expert_tp(c
     r = cli("estimate", "--plan", plan, "--json")
     assert r.code == 0, r.err
     assert r.json()["plan"]["tp"] == 4 and "expert tp" not in r.err
+
+
+def test_a_file_of_the_other_kind_names_the_flag_that_reads_it(cli, tmp_path):
+    """A config.json given to --hardware listed every missing and extra key (800+ characters) instead of saying
+    it is a model spec; a system profile given to --model listed every missing model key."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, '
+                   '"num_attention_heads": 32, "vocab_size": 128256, "max_position_embeddings": 8192}')
+    for args, words in ((("--model", "llama-3.1-8b", "--hardware", cfg), "is a model spec (model_type, hidden_size"),
+                        (("--model", root / "model_specs" / "llama-3.1-8b.yaml", "--hardware", root / "model_specs" /
+                          "llama-3.1-8b.yaml"), "not a system profile; give it to --model"),
+                        (("--model", root / "hardware_profiles" / "systems" / "dgx-h100.yaml", "--hardware",
+                          "dgx-h100"), "is a hardware profile (gpu, gpus_per_node")):
+        r = cli("estimate", *args)
+        assert r.code == 2 and words in r.err and "Field required" not in r.err, r.err
+        assert len(r.err) < 300

@@ -196,10 +196,24 @@ def _not_a_plan(data: Any, path: Path, what: str) -> None:
                            f"{path}` (it names its model and hardware)")
 
 
+MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
+SYSTEM_KEYS = ("gpu", "gpus_per_node", "base", "pools", "intra_node_gb_per_s")
+
+
+def _other_kind(data: Any, path: Path, keys: tuple[str, ...], what: str, wanted: str, flag: str) -> None:
+    """A file of the other kind (a model spec given to --hardware, a system profile to --model) is one line
+    naming the keys that show it and the flag that reads it, not the spec's every missing and extra key."""
+    found = [k for k in keys if isinstance(data, dict) and k in data]
+    if found:
+        raise LlmplanError(f"{path} is {what} ({', '.join(found)}), not {wanted}; give it to {flag}")
+
+
 def load_model_file(path: Path) -> ModelSpec:
     """A llmplan model spec (YAML/JSON with a `name`) or a Hugging Face config.json."""
     data = read_document(path)
     _not_a_plan(data, path, "a model spec")
+    if not any(k in data for k in MODEL_KEYS) if isinstance(data, dict) else False:
+        _other_kind(data, path, SYSTEM_KEYS, "a hardware profile", "a model spec", "--hardware")
     if "name" not in data and "model_type" in data:
         try:
             data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
@@ -215,6 +229,7 @@ def load_system_file(path: Path) -> SystemSpec:
     sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
     _not_a_plan(data, path, "a system profile")
+    _other_kind(data, path, MODEL_KEYS, "a model spec", "a system profile", "--model")
     base_name = data.pop("base", None)
     base, base_gpu = None, False
     if base_name is not None:
