@@ -224,8 +224,17 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
                            "(seconds per optimizer step, the whole global batch) and the plan file")
     memory = None
     if memory_gib is not None:
+        gpu = system.gpu
+        if memory_gib > gpu.hbm_gib:
+            raise LlmplanError(f"--memory-gib {memory_gib:g}: a measured peak above the {gpu.hbm_gib:g} GiB of one "
+                               f"{gpu.name}; give the peak per GPU (e.g. torch.cuda.max_memory_reserved() on the "
+                               "busiest rank), not the job's total")
         pred = float(estimate(new).memory.total)
         reserve = memory_gib - pred / GIB
+        if not -gpu.hbm_gib <= gpu.hbm_reserve_gib + reserve:  # GpuSpec's rule: the profile would be refused
+            raise LlmplanError(f"--memory-gib {memory_gib:g}: llmplan predicts {pred / GIB:.1f} GiB per GPU for "
+                               f"this plan, more than one {gpu.name}'s {gpu.hbm_gib:g} GiB above the measured "
+                               "peak; check --memory-gib (the busiest rank's peak, GiB) and the plan file")
         new = new.model_copy(update={"gpu": new.gpu.model_copy(
             update={"hbm_reserve_gib": round(system.gpu.hbm_reserve_gib + reserve, 3)})})
         memory = (pred, memory_gib * GIB)

@@ -19,7 +19,7 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.fileio import excerpt, exists, write_atomic
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
+from llmplan.specs.plan import ETP_SAME_AS_TP, PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
@@ -188,10 +188,19 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
         "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
         "axis_order": "-".join(order),
         "allowance": allowance.model_dump(mode="json"),
-        "plan": e.plan.model_dump(mode="json"),
+        "plan": _saved_plan(e.model, e.plan).model_dump(mode="json"),
         "checkpoint": e.checkpoint.model_dump(mode="json"),
         "predictions": predictions,
     }
+
+
+def _saved_plan(model: ModelSpec, plan: ParallelPlan) -> ParallelPlan:
+    """The plan as its file keeps it: a dense model's expert TP as ETP_SAME_AS_TP, as `estimate --save` writes
+    it (the search's grid fills etp = tp); a hand edit of plan.tp then is not refused for an expert degree the
+    model never had (check_plan's dense-etp rule)."""
+    if model.is_moe or plan.etp != plan.tp:
+        return plan
+    return plan.model_copy(update={"etp": ETP_SAME_AS_TP})
 
 
 def serve_plan_document(e: Any, allowance: MemoryAllowance, predictions: dict[str, Any],

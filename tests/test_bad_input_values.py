@@ -245,7 +245,7 @@ def test_cluster_base_that_is_not_a_name(cli, tmp_path, base):
                                          ("-1", "greater than 0"), ("0", "greater than 0")])
 def test_request_rate_range(cli, rate, needle):
     bad(cli, "search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--objective",
-        "min-gpus", "--request-rate", rate, "--json", needle=("field 'request_rate'", needle))
+        "min-gpus", "--request-rate", rate, "--json", needle=(f"--request-rate {float(rate)}: ", needle))
 
 
 def test_request_rate_still_sizes_the_deployment(cli):

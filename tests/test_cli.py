@@ -74,7 +74,7 @@ def test_models_and_hardware_list_builtins(cli):
      "tp (3) must divide num_attention_heads (64) of llama-3.1-70b; valid tp: 1, 2, 4, 8"),
     (["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--tp", "8", "--pp", "3"],
      "pp (3) does not divide num_hidden_layers (80)"),
-    (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--recompute", "sometimes"], "field 'recompute'"),
+    (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--recompute", "sometimes"], "--recompute sometimes: "),
     (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "0"], "Invalid value for '--nodes'"),
     (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "0"], "Invalid value for '--tp'"),
     (["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--seq-len", "0"], "Invalid value for '--seq-len'"),

@@ -289,7 +289,7 @@ GOOD = "pools:\n  - {system: dgx-h100, nodes: 4}\n  - {system: dgx-a100, nodes: 
 
 @pytest.mark.parametrize("text,words", [
     ("pools: dgx-h100\nfabric: {gb_per_s: 50}\n", "give a list of pools"),
-    ("pools:\n  - {system: dgx-h100, nodes: 4}\n", "no fabric between the pools"),
+    ("pools:\n  - {system: dgx-h100, nodes: 4}\n  - {system: dgx-a100, nodes: 4}\n", "no fabric between the pools"),
     ("pools:\n  - {system: dgx-h999, nodes: 4}\nfabric: {gb_per_s: 50}\n", "dgx-h999"),
     ("pools:\n  - {system: dgx-h100, nodes: 0}\nfabric: {gb_per_s: 50}\n", "nodes"),
     ("pools:\n  - {system: dgx-h100, nodes: 2}\n  - {system: dgx-h100, nodes: 2}\nfabric: {gb_per_s: 50}\n",

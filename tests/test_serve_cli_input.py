@@ -18,7 +18,7 @@ def test_a_bad_deployment_choice_exits_2_with_one_line(cli, flag, value, allowed
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
     field = flag.removeprefix("--").replace("-", "_")
-    assert f"'{field}'" in lines[0] and value in lines[0] and allowed in lines[0]
+    assert (f"'{field}'" in lines[0] or f"{flag} {value}:" in lines[0]) and value in lines[0] and allowed in lines[0]
 
 
 def test_a_prefill_pool_defaults_to_one_batch_of_prompts(cli):

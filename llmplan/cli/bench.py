@@ -147,9 +147,11 @@ def calibrate_anchor(plan_file: Path, step_time: float | None, memory_gib: float
     if step_time is None:
         raise LlmplanError("--plan needs --step-time SECONDS: the measured time of one optimizer step of that plan")
     if not 0 < step_time < 1e6:
-        raise LlmplanError(f"--step-time {step_time:g}: give the measured seconds per step, above 0")
+        raise LlmplanError(f"--step-time {step_time:g}: give the measured seconds per optimizer step, a number "
+                           "above 0 and below 1e6 (11.6 days)")
     if memory_gib is not None and not 0 < memory_gib < 65_536:
-        raise LlmplanError(f"--memory-gib {memory_gib:g}: give the measured peak GiB per GPU, above 0")
+        raise LlmplanError(f"--memory-gib {memory_gib:g}: give the measured peak GiB per GPU, a number above 0 "
+                           "and below one GPU's memory")
     check_target(output, force)
     pf = load_plan(plan_file)
     if pf.mode != "train":

@@ -11,6 +11,7 @@ from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
 from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError
+from llmplan.specs.cluster import ClusterSpec
 from llmplan.specs.registry import resolve_system
 from llmplan.topology.collectives import OPS, group_collective_time
 from llmplan.units import parse_size
@@ -37,6 +38,11 @@ def collective(
     per_node = gpus_per_node or min(gpus, system.gpus_per_node)
     if gpus % per_node:
         raise LlmplanError(f"--gpus ({gpus}) must be a multiple of --gpus-per-node ({per_node})")
+    most = ClusterSpec.model_fields["num_nodes"].metadata  # the cluster's node bound, as ClusterSpec states it
+    limit = next(int(b.le) for b in most if hasattr(b, "le"))
+    if gpus // per_node > limit:
+        raise LlmplanError(f"--gpus {gpus} at {per_node} per node is {gpus // per_node:,} nodes, more than the "
+                           f"{limit:,} a cluster may have; give --gpus {limit * per_node:,} or fewer")
     cluster = make_cluster(hardware, gpus // per_node, per_node)
     ct, span = group_collective_time(op, parse_size(size), cluster, algorithm, nvls)
     group = span.describe(*report.fabric_names(system))

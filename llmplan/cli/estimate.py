@@ -11,7 +11,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
 from llmplan.cost.serve_step import GraphHost
-from llmplan.cli.inputs import (cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
+from llmplan.cli.inputs import (OPTION_FLAGS, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, reported, switches, with_hardware_options,
                                 written_flags)
 from llmplan.advice import advise_serving, advise_training
@@ -94,7 +94,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
                              "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **moe},
-                 "serving plan options")
+                 "serving plan options", OPTION_FLAGS)
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
     prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if plan.phase == "prefill" else 64
@@ -123,7 +123,7 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
     stages = pipeline_split(trained_model(m, s), p.pp, split.pp_first, split.pp_last, p.pp_layers,
                             split.embedding_in_split, split.loss_in_split, p.pp_layout, p.vpp)
     vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
-    with reported("plan options"):
+    with reported("plan options", OPTION_FLAGS):
         return ParallelPlan(
             tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp,
             **stages,

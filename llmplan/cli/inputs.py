@@ -3,6 +3,7 @@ clear line (exit 2)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, get_args
 
@@ -210,9 +211,20 @@ def with_hardware_options(c: ClusterOptions) -> dict[str, dict[str, float]]:
     return {"hardware_options": opts} if opts else {}
 
 
+OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fixed_gib": "--overhead-gib",
+                "fragmentation": "--fragmentation", "ttft_slo_s": "--ttft-slo", "tpot_slo_s": "--tpot-slo",
+                "prefix_hit_rate": "--prefix-hit-rate", "gpu_memory_utilization": "--gpu-memory-utilization",
+                "block_size": "--block-size", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "engine": "--engine", "request_rate": "--request-rate", "weight_dtype": "--dtype",
+                "kv_dtype": "--kv-dtype", "phase": "--phase", "zero": "--zero", "recompute": "--recompute",
+                "dtype": "--dtype"}
+"""The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
+line naming the flag and the value to give (registry.validation_message), not the field."""
+
+
 def make_allowance(m: MemoryOptions) -> MemoryAllowance:
     return build(MemoryAllowance, {"fixed_gib": m.overhead_gib, "fragmentation": m.fragmentation},
-                 "memory allowance options")
+                 "memory allowance options", OPTION_FLAGS)
 
 
 CHECKPOINT_FLAGS = {"mode": "--checkpoint", "interval_s": "--checkpoint-interval",
@@ -252,7 +264,7 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, t
                             "cuda_graph_sizes_default": s.cuda_graphs and s.cuda_graph_sizes is None,
                             "speculative": spec,
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
-                 "inference workload options")
+                 "inference workload options", OPTION_FLAGS)
 
 
 GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
@@ -359,7 +371,7 @@ def cluster_of(c: ClusterOptions, nodes: int | None = None, domain_gpus: int | N
 
 
 def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_limit: float | None = None,
-                 domain_gpus: int | None = None):
+                 domain_gpus: int | None = None, flags: Mapping[str, str] | None = OPTION_FLAGS):
     """Resolve --hardware (capped at --power-limit watts; --domain-gpus of each NVLink domain used, e.g. 64 of
     a 72-GPU rack so that power-of-two groups stay inside one), build the cluster and check that its graph
     connects every GPU."""
@@ -374,6 +386,6 @@ def make_cluster(hardware: str, nodes: int, gpus_per_node: int | None, power_lim
             except ValueError as e:
                 raise LlmplanError(f"{flag} {value:g}: {e}") from None
     cluster = build(ClusterSpec, {"system": system, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
-                    "cluster options")
+                    "cluster options", flags)
     validate(system, nodes)
     return cluster

@@ -411,7 +411,7 @@ MOE_SERVING = Flags("Phases and MoE serving (--mode infer)", {
     "phase": typer.Option(_serve_plan("phase"), "--phase",
                           help="Inference: both (co-located) | prefill | decode (one pool of a disaggregated "
                                "deployment, priced on its own: prefill at --max-num-batched-tokens prompt tokens "
-                               "per batch, decode at --batch sequences per replica)."),
+                               "per batch, decode at --batch sequences per replica; search: up to --max-batch)."),
     "dp_attention": typer.Option(_serve_plan("dp_attention"), "--dp-attention/--no-dp-attention",
                                  help="Inference, MoE: attention and dense layers whole on every GPU, routed "
                                       "experts over --ep (= the GPUs; --tp 1)."),

@@ -41,7 +41,7 @@ def refuse_single_system_flags(c: ClusterOptions, goal: SearchGoal) -> None:
     if given:
         raise LlmplanError(f"{c.hardware} lists pools with their nodes; drop {', '.join(given)} (set each pool's "
                            f"nodes, or its system file's keys, in the cluster file)")
-    if len(load_pool_file(Path(c.hardware)).pools) > 1:
+    if single_pool(Path(c.hardware)) is None:  # several pools
         unread = [flag for flag, v in (("--objective", goal.objective != "throughput"), ("--wide", goal.wide),
                                        ("--explain", goal.explain_opt)) if v]
         if unread:

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from llmplan.cli.app import emit, out, stderr_line
-from llmplan.cli.inputs import checked_pins, make_allowance, make_job
+from llmplan.cli.inputs import OPTION_FLAGS, checked_pins, make_allowance, make_job
 from llmplan.cli.pools import refuse_single_system_flags
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.report.pools_serve import (
@@ -49,7 +49,7 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
     pc = load_pool_file(Path(c.hardware))
     m = resolve_model(c.model)
     job = make_job(s, max_batch, request_rate)  # SGLang's graph sizes: estimate_serving, at each pool's GPU
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     allowance = make_allowance(memory)
     if disaggregated:
         res = search_disaggregated_pools(m, pc, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top,

@@ -18,7 +18,7 @@ from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_e
                                  serving_walk, training_sides, walk)
 from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
 from llmplan.cost.serve_step import GraphHost
-from llmplan.cli.inputs import (checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
+from llmplan.cli.inputs import (OPTION_FLAGS, checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
@@ -76,6 +76,8 @@ def search(
         raise LlmplanError(f"--mode {mode}: use train or infer")
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
     check_target_mode(target, mode)
+    if "nodes" in named_options(ctx):  # --nodes 1 typed: the default's value, but two sizes all the same
+        refuse_typed_nodes(cluster, goal)
     if target is not None and (is_pool_file(cluster.hardware) and single_pool_options(cluster, goal) is None
                                or disaggregated or mode == "train" and wants_comparison(cluster, goal)):
         raise LlmplanError(f"--target {target} filters the search of one system and one pool; drop it here and "
@@ -100,6 +102,16 @@ def search(
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx), target)
 
 
+def refuse_typed_nodes(c: ClusterOptions, goal: SearchGoal) -> None:
+    """--nodes typed beside what sizes the cluster already (--budget-gpus; a cluster file's pools), whatever its
+    value: the checks after this one see --nodes only when it differs from its default, 1."""
+    if goal.budget_gpus is not None:
+        raise LlmplanError(f"--budget-gpus {goal.budget_gpus} and --nodes {c.nodes} each size the cluster; give one")
+    if is_pool_file(c.hardware):
+        raise LlmplanError(f"{c.hardware} lists pools with their nodes; drop --nodes (set each pool's nodes, or its "
+                           "system file's keys, in the cluster file)")
+
+
 def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
     """The MoE serving options given on the command line (the search's own choices stand for the others)."""
     return {f: getattr(o, f) for f in MoeServingOptions.model_fields
@@ -117,7 +129,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     allowance = make_allowance(memory)
     refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
@@ -161,7 +173,7 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options")
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
                                make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))
     emit(report.disagg_json(res, m, cluster, job), output.json_mode,
@@ -351,7 +363,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
         zero = "a free --zero" if pins.zero is None else f"--zero {pins.zero}"
         raise LlmplanError(f"--grad-reduce all-reduce with {zero}: ZeRO-2/3 keep only their gradient shard, so "
                            "they reduce-scatter; pin --zero 1 (or 0) or drop --grad-reduce")
-    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options")  # validates
+    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options", OPTION_FLAGS)  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 
 

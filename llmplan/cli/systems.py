@@ -98,8 +98,8 @@ def search_systems(c: ClusterOptions, goal: SearchGoal, output: OutputOptions,
         nodes = [budget_nodes(s, goal.budget_gpus) for s in systems]
         small = [f"{n} ({s.gpus_per_node})" for n, s, k in zip(names, systems, nodes, strict=True) if k == 0]
         if small:
-            raise LlmplanError(f"--budget-gpus {goal.budget_gpus} is less than one node of {', '.join(small)} GPUs"
-                               f"); give at least {max(s.gpus_per_node for s in systems)}")
+            raise LlmplanError(f"--budget-gpus {goal.budget_gpus} is less than one node of {', '.join(small)} "
+                               f"(GPUs per node); give at least {max(s.gpus_per_node for s in systems)}")
     tokens = parse_count(goal.train_tokens, "--train-tokens")
     per_system = goal.model_copy(update={"objective": PER_SYSTEM_OBJECTIVE.get(goal.objective, goal.objective)})
     shown: dict[str, tuple[Workload, ClusterSpec]] = {}

@@ -314,7 +314,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     screen = screened_memory(m, cluster, plans, allowance, min_headroom)
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
     if screen.memory is None or not fits.any():  # none screened in, or every one screened in is still too big
-        return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective)
+        return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,
+                             min_headroom)
     if screen.least is not None:
         pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(screen.least).describe()} needs "
                              f"{screen.least_total / GIB:.1f} GiB of {capacity / GIB:.1f} GiB per GPU"
@@ -409,13 +410,19 @@ def shown(res: SearchResult, top: int) -> SearchResult:
                                tie_notes=[n for n in res.tie_notes if n.lower <= top])
 
 
-def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective) -> SearchResult:
+def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,
+                  min_headroom: float) -> SearchResult:
     i = screen.least  # none fits: the plan that needs the least memory
     closest = estimate_training(m, cluster, plans.plan(i), allowance, order)
     need, cap = screen.least_total, float(cluster.system.gpu.hbm_bytes)
     pruned.append(Pruned("memory", len(plans), f"{plans.plan(i).describe()} needs {need / GIB:.1f} GiB of "
-                         f"{cap / GIB:.1f} GiB per GPU"))
-    tips = []  # savings the search was not allowed to try (pinned options), then more nodes
+                         f"{cap / GIB:.1f} GiB per GPU"
+                         + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
+    tips = []  # the headroom asked for, savings the search was not allowed to try (pinned options), more nodes
+    free = float(closest.memory.capacity) - need
+    if min_headroom > 0 and free >= 0:  # the closest plan fits the GPU; only the headroom asked for refuses it
+        tips.append(f"--min-headroom {free / GIB:.1f} or less (the closest plan, {plans.plan(i).describe()}, "
+                    f"leaves {free / GIB:.1f} GiB free; {min_headroom / GIB:g} GiB was asked)")
     if "full" not in space.recompute:
         tips.append("full recompute (unpin --recompute)")
     if 3 not in space.zero:
@@ -427,11 +434,11 @@ def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowanc
     frag = (allowance or MemoryAllowance()).fragmentation
     fixed = (allowance or MemoryAllowance()).fixed_gib
     runtime = fixed * GIB if fixed is not None else float(mem_c.runtime.total if mem_c.runtime else 0.0)
-    room = cap / (1 + frag) - float(mem_c.activations) - runtime
-    if room > 0:  # model states shrink about linearly with more GPUs (more pp / dp sharding)
-        tips.append(f"about {int(np.ceil(cluster.num_nodes * states / room))} nodes instead of "
-                    f"{cluster.num_nodes} (--nodes)")
-    else:
+    room = (cap - min_headroom) / (1 + frag) - float(mem_c.activations) - runtime
+    nodes = int(np.ceil(cluster.num_nodes * states / room)) if room > 0 else 0
+    if nodes > cluster.num_nodes:  # model states shrink about linearly with more GPUs (more pp / dp sharding)
+        tips.append(f"about {nodes} nodes instead of {cluster.num_nodes} (--nodes)")
+    elif room <= 0 and not (min_headroom > 0 and free >= 0):
         tips.append("GPUs with more memory, or a shorter --seq-len (activations alone exceed the capacity)")
     return SearchResult(considered, 0, pruned, [], [], closest, tips, time.perf_counter() - t0, objective)
 

@@ -134,7 +134,8 @@ def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict) 
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in (None, False))
         raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
     build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-                      **{k: v for k, v in given.items() if k != "dp_attention"}}, "MoE serving options")
+                      **{k: v for k, v in given.items() if k != "dp_attention"}}, "MoE serving options",
+          {"weight_dtype": "--dtype", "kv_dtype": "--kv-dtype"})
     return given
 
 

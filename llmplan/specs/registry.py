@@ -4,7 +4,7 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
@@ -19,7 +19,7 @@ from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import TUPLE_ITEMS
-from llmplan.specs.pools import PoolCluster
+from llmplan.specs.pools import InterPoolFabric, PoolCluster, PoolSpec
 
 
 def data_dir(name: str) -> Path:
@@ -34,14 +34,20 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 """File suffixes of specs, profiles and plan files."""
 
 
-def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
+def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] | None = None,
+                       flags: Mapping[str, str] | None = None) -> str:
     """One line per field problem: file, field, what pydantic found; a missing GPU key of REQUIRED_KEYS says
-    what it means and a typical value; a key the spec `cls` does not have names its nearest keys."""
+    what it means and a typical value; a key the spec `cls` does not have names its nearest keys. `flags`: the
+    command-line flag that set each field (a spec built from options), named instead of the field, with the
+    value to give."""
     parts = []
     errors = _tuple_lengths(err.errors())
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if flags and field in flags:
+            parts.append(f"{flags[field]} {excerpt(e['input'])}: {msg}{_bound_fix(flags[field], e)}")
+            continue
         if e["type"] == "extra_forbidden" and cls is not None and e["loc"]:
             parts.append(f"field '{field}': {msg} (got {excerpt(e['input'])}); "
                          + _extra_key_fix(str(e["loc"][-1]), _keys_at(cls, e["loc"][:-1])))
@@ -56,6 +62,15 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _bound_fix(flag: str, e: Any) -> str:
+    """The value a flag takes, from the bound pydantic reports (ge / gt / le / lt), or ""."""
+    ctx = e.get("ctx") or {}
+    for key, words in (("ge", "{} or more"), ("gt", "above {}"), ("le", "{} or less"), ("lt", "below {}")):
+        if key in ctx:
+            return f"; give {flag} " + words.format(ctx[key])
+    return "; give a finite number" if e["type"] == "finite_number" else ""
 
 
 def _keys_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -119,22 +134,23 @@ M = TypeVar("M", bound=BaseModel)
 
 
 @contextmanager
-def reported(origin: str) -> Iterator[None]:
+def reported(origin: str, flags: Mapping[str, str] | None = None) -> Iterator[None]:
     """Build a spec by its constructor (`with reported("plan options"): ParallelPlan(tp=...)`, which a reader
     and a type checker can follow field by field); a ValidationError is one LlmplanError naming `origin` and
     the fields (validation_message): the one path of every spec built from user input."""
     try:
         yield
     except ValidationError as e:
-        raise LlmplanError(validation_message(origin, e)) from None
+        raise LlmplanError(validation_message(origin, e, flags=flags)) from None
 
 
-def build(cls: type[M], data: Any, origin: str) -> M:
-    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields."""
+def build(cls: type[M], data: Any, origin: str, flags: Mapping[str, str] | None = None) -> M:
+    """`cls` validated from `data`; a validation problem is one LlmplanError naming `origin` and the fields
+    (`flags`: the command-line flag of each field, named instead, validation_message)."""
     try:
         built = cls.model_validate(data)
     except ValidationError as e:
-        raise LlmplanError(validation_message(origin, e, cls)) from None
+        raise LlmplanError(validation_message(origin, e, cls, flags)) from None
     return built
 
 
@@ -180,10 +196,24 @@ def _not_a_plan(data: Any, path: Path, what: str) -> None:
                            f"{path}` (it names its model and hardware)")
 
 
+MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
+SYSTEM_KEYS = ("gpu", "gpus_per_node", "base", "pools", "intra_node_gb_per_s")
+
+
+def _other_kind(data: Any, path: Path, keys: tuple[str, ...], what: str, wanted: str, flag: str) -> None:
+    """A file of the other kind (a model spec given to --hardware, a system profile to --model) is one line
+    naming the keys that show it and the flag that reads it, not the spec's every missing and extra key."""
+    found = [k for k in keys if isinstance(data, dict) and k in data]
+    if found:
+        raise LlmplanError(f"{path} is {what} ({', '.join(found)}), not {wanted}; give it to {flag}")
+
+
 def load_model_file(path: Path) -> ModelSpec:
     """A llmplan model spec (YAML/JSON with a `name`) or a Hugging Face config.json."""
     data = read_document(path)
     _not_a_plan(data, path, "a model spec")
+    if not any(k in data for k in MODEL_KEYS) if isinstance(data, dict) else False:
+        _other_kind(data, path, SYSTEM_KEYS, "a hardware profile", "a model spec", "--hardware")
     if "name" not in data and "model_type" in data:
         try:
             data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
@@ -199,6 +229,7 @@ def load_system_file(path: Path) -> SystemSpec:
     sustained_clock_fraction). It may not give a node more GPUs than the base node shape has."""
     data = dict(read_document(path))
     _not_a_plan(data, path, "a system profile")
+    _other_kind(data, path, MODEL_KEYS, "a model spec", "a system profile", "--model")
     base_name = data.pop("base", None)
     base, base_gpu = None, False
     if base_name is not None:
@@ -238,14 +269,30 @@ def looks_like_path(ref: str) -> bool:
 
 def resolve_model(ref: str) -> ModelSpec:
     """--model: a built-in name or a path to a spec / config.json."""
-    if looks_like_path(ref):
-        if not exists(Path(ref)):
-            raise LlmplanError(f"model file {ref} does not exist")
-        return load_model_file(Path(ref))
     models = builtin_models()
+    if looks_like_path(ref) or (ref not in models and exists(Path(ref))):
+        path = Path(ref)
+        if not exists(path):
+            raise LlmplanError(f"model file {ref} does not exist" + _hub_id_hint(ref, list(models)))
+        if path.is_dir():
+            inside = path / "config.json"
+            raise LlmplanError(f"{ref} is a folder; give the model's config.json (or a spec file) itself"
+                               + (f": --model {inside}" if inside.is_file() else f", e.g. --model {inside}"))
+        return load_model_file(path)
     if ref not in models:
         raise _unknown("model", ref, list(models))
     return models[ref]
+
+
+def _hub_id_hint(ref: str, known: list[str]) -> str:
+    """For a missing `org/name` without a spec suffix (a Hugging Face Hub id, e.g. meta-llama/Llama-3.1-8B):
+    llmplan reads files, not the Hub; where to get the file, and the closest built-in."""
+    parts = ref.split("/")
+    if len(parts) != 2 or not all(parts) or Path(ref).suffix in SPEC_SUFFIXES:
+        return ""
+    close = difflib.get_close_matches(parts[1].lower(), known, n=1, cutoff=0.6)
+    return ("; a Hugging Face Hub id is not read from the Hub: download its config.json (e.g. `huggingface-cli "
+            f"download {ref} config.json`) and give that path" + (f", or use the built-in {close[0]}" if close else ""))
 
 
 def resolve_system(ref: str) -> SystemSpec:
@@ -254,6 +301,10 @@ def resolve_system(ref: str) -> SystemSpec:
         if not exists(Path(ref)):
             raise LlmplanError(f"hardware file {ref} does not exist")
         if is_pool_file(ref):
+            one = single_pool(Path(ref))
+            if one is not None:
+                raise LlmplanError(f"{ref} is a cluster file of one pool (`pools:`), which only `llmplan search` "
+                                   f"reads; give its system here: --hardware {one[0]} --nodes {one[1]}")
             raise LlmplanError(f"{ref} lists several pools (`pools:`); only `llmplan search` (training, or "
                                f"--mode infer) plans a cluster of several pools; give one system here, e.g. the "
                                f"pool's system name")
@@ -284,9 +335,17 @@ def load_pool_file(path: Path) -> PoolCluster:
     if not isinstance(pools, list) or not pools:
         raise LlmplanError(f"{path}: pools is {excerpt(repr(pools), 40)}; give a list of pools, e.g. pools: "
                            f"[{{system: dgx-h100, nodes: 8}}, {{system: dgx-a100, nodes: 16}}]")
+    built = _pool_entries(path, pools)
     if "fabric" not in data:
         raise LlmplanError(f"{path}: no fabric between the pools; add e.g. fabric: {{gb_per_s: 50, latency_s: "
                            f"1.0e-5}} (bandwidth per GPU across pools, one direction, and latency)")
+    return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
+                               "fabric": data["fabric"], **{k: v for k, v in data.items()
+                                                            if k not in ("name", "pools", "fabric")}}, str(path))
+
+
+def _pool_entries(path: Path, pools: list[Any]) -> list[dict[str, Any]]:
+    """Each pool of a cluster file with its system resolved and its name defaulted (the system's)."""
     built = []
     for i, pool in enumerate(pools):
         ref = pool_system_ref(path, i, pool)
@@ -298,9 +357,7 @@ def load_pool_file(path: Path) -> PoolCluster:
         except LlmplanError as e:
             raise LlmplanError(f"{path}: pool {i + 1}: {e}") from None
         built.append({**pool, "system": system, "name": pool.get("name", system.name)})
-    return build(PoolCluster, {"name": data.get("name", Path(path).stem), "pools": built,
-                               "fabric": data["fabric"], **{k: v for k, v in data.items()
-                                                            if k not in ("name", "pools", "fabric")}}, str(path))
+    return built
 
 
 def pool_system_ref(path: Path, i: int, pool: Any) -> str:
@@ -317,8 +374,17 @@ def pool_system_ref(path: Path, i: int, pool: Any) -> str:
 
 def single_pool(path: Path) -> tuple[str, int] | None:
     """(the system's --hardware reference, nodes) of a cluster file that lists one pool (checked as
-    load_pool_file checks it); None when it lists several."""
-    pc = load_pool_file(path)
-    if len(pc.pools) != 1:
+    load_pool_file checks it, save that one pool needs no fabric between pools); None when it lists several."""
+    data = dict(read_document(path))
+    pools = data.get("pools")
+    if not (isinstance(pools, list) and len(pools) == 1):
+        load_pool_file(path)  # checks the file: one line naming the problem
         return None
-    return pool_system_ref(path, 0, read_document(Path(path))["pools"][0]), pc.pools[0].nodes
+    extra = sorted(set(data) - set(PoolCluster.model_fields))
+    if extra:
+        raise LlmplanError(f"{path}: unknown key(s) {', '.join(extra)}; a cluster file takes "
+                           f"{', '.join(PoolCluster.model_fields)}")
+    if "fabric" in data:  # unused with one pool, but a wrong one is still a mistake in the file
+        build(InterPoolFabric, data["fabric"], f"{path} (fabric)")
+    pool = build(PoolSpec, _pool_entries(path, pools)[0], f"{path} (pool 1)")
+    return pool_system_ref(path, 0, pools[0]), pool.nodes
