@@ -42,7 +42,7 @@ def _global_batch_fix(p: ParallelPlan) -> str:
 
 def _masked_layers(m: ModelSpec) -> str:
     """The model's attention that needs more than a causal mask, in words ('' where it has none): sliding-window
-    layers (with their window) and chunked layers (with their chunk); attention sinks apart (_sinks)."""
+    layers (with their window) and chunked layers (with their chunk); attention sinks apart (cp_masks_ok)."""
     w, c = m.count_layers("sliding_attention") if m.sliding_window else 0, m.count_layers("chunked_attention")
     parts = ([f"{w} sliding-window layers (window {m.sliding_window})"] if w else []) + \
         ([f"{c} chunked layers (chunk {m.attention_chunk_size})"] if c else [])
@@ -58,8 +58,8 @@ def cp_masks_ok(m: ModelSpec, p: ParallelPlan) -> bool:
     Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
     context_parallel.py attn_forward_func_with_cp; pytorch/pytorch v2.13 torch/distributed/tensor/experimental/
     _context_parallel/_attention.py (_scaled_dot_product_ring_flash_attention, flex_input_fn)."""
-    masked = bool(_masked_layers(m))
-    return (p.cp_impl == "torch-allgather") | (not masked and (p.cp_impl != "te" or not m.attention_sinks))
+    plain = not _masked_layers(m)  # elementwise below, should cp_impl ever be an array
+    return (p.cp_impl == "torch-allgather") | (plain & ((p.cp_impl != "te") | (not m.attention_sinks)))
 
 
 def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
