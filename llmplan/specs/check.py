@@ -40,6 +40,38 @@ def _global_batch_fix(p: ParallelPlan) -> str:
     return f"no micro_batch works at dp {p.dp}: make --global-batch a multiple of dp ({p.dp}), e.g. {up}"
 
 
+def _masked_layers(m: ModelSpec) -> str:
+    """The model's attention that needs more than a causal mask, in words ('' where it has none): sliding-window
+    layers (with their window) and chunked layers (with their chunk); attention sinks apart (cp_masks_ok)."""
+    w, c = m.count_layers("sliding_attention") if m.sliding_window else 0, m.count_layers("chunked_attention")
+    parts = ([f"{w} sliding-window layers (window {m.sliding_window})"] if w else []) + \
+        ([f"{c} chunked layers (chunk {m.attention_chunk_size})"] if c else [])
+    return " and ".join(parts)
+
+
+def cp_masks_ok(m: ModelSpec, p: ParallelPlan) -> bool:
+    """Whether the plan's context-parallel implementation runs the model's attention masks and softmax. Transformer
+    Engine's p2p ring (cp_impl te) takes only causal or full masks with the vanilla softmax (attn_forward_func_with_cp
+    asserts a sliding window runs only with its a2a or all_gather CP, and a learnable softmax only with a2a);
+    PyTorch's SDPA ring (torch-alltoall) only is_causal (no mask: ring attention raises on attn_bias); its
+    FlexAttention CP (torch-allgather, as torchtitan runs it) all-gathers the K/V and applies any block mask.
+    Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py attn_forward_func_with_cp; pytorch/pytorch v2.13 torch/distributed/tensor/experimental/
+    _context_parallel/_attention.py (_scaled_dot_product_ring_flash_attention, flex_input_fn)."""
+    plain = not _masked_layers(m)  # elementwise below, should cp_impl ever be an array
+    return (p.cp_impl == "torch-allgather") | (plain & ((p.cp_impl != "te") | (not m.attention_sinks)))
+
+
+def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
+    ring = ("Transformer Engine's p2p ring runs only causal or full masks with the plain softmax (its a2a and "
+            "all_gather context parallelism run them, which llmplan does not price)" if p.cp_impl == "te" else
+            "PyTorch's SDPA ring takes only a causal mask")
+    what = " and ".join(x for x in (_masked_layers(m), "attention sinks" * (m.attention_sinks and p.cp_impl == "te"))
+                        if x)
+    return (f"cp_impl {p.cp_impl} with cp {p.cp} cannot run {m.name}'s {what}: {ring}; use --cp-impl torch-allgather "
+            "(FlexAttention's all-gather of the K/V, which applies any mask) or --cp 1")
+
+
 RULES: tuple[Rule, ...] = (
     *HEAD_RULES,
     *PIPELINE_RULES,
@@ -50,6 +82,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
+    Rule("cp_attention_mask", lambda m, p, c: (p.cp == 1) | cp_masks_ok(m, p), _cp_mask_message),
     # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
     # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
     Rule("seq_len_context",
