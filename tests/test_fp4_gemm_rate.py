@@ -40,5 +40,9 @@ def test_nvfp4_over_fp8_is_the_measured_kernel_ratio_not_the_peak_ratio():
     measured = PUBLISHED_S["fp8"] / PUBLISHED_S["fp4"]  # 1.81, where B300's peaks say 14 / 4.5 = 3.1
     ratio = layer_seconds("b300", "fp8") / layer_seconds("b300", "fp4")
     assert ratio == pytest.approx(measured, rel=0.03)
-    # Blackwell (B200 / GB200) has no published ratio: NVFP4 at the fp8 fraction, the peaks' 2x
-    assert layer_seconds("gb200", "fp8") / layer_seconds("gb200", "fp4") == pytest.approx(2.0, rel=0.01)
+    # Blackwell (B200 / GB200) has no published ratio: NVFP4 at the fp8 fraction, the peaks' 2x for large GEMMs;
+    # at this layer's K (4,096) NVFP4's longer reduction half-length (508 against fp8's 254 on GB200:
+    # docs/formulas.md#compute.gemm_k_half_format) keeps it under that: 1.92
+    gb200 = next(s.gpu for s in S.values() if s.gpu.name == "gb200")
+    assert gb200.max_gemm_fraction("fp4") == gb200.max_gemm_fraction("fp8")
+    assert layer_seconds("gb200", "fp8") / layer_seconds("gb200", "fp4") == pytest.approx(1.92, abs=0.01)

@@ -12,7 +12,7 @@ dsrelu 0.698, dswiglu 0.760.
 A published kernel rate is read at the clock its benchmark ran at (cost.attention_rate.published_rate_clock):
 the step charges the kernel its published time. llmplan prices the fused path's grouped GEMMs with
 grouped_gemm_efficiency at the fused tile (FUSED_MLP_TILE) over the sustained peak; at the benchmark's shape that
-time lands within 1% of the published forward kernels (swiglu, geglu, srelu) and within 3.4% of dSReLU (the
+time lands within 1% of the published forward kernels (swiglu, geglu, srelu) and within 5.0% of dSReLU (the
 epilogue's activation and quantisation hidden under the tensor cores, as cost.gemm.fused_grouped_mlp prices
 them). The backward dGLU kernel is not: it runs 10-14% slower than its GEMM alone, and GpuSpec.fused_dglu_ratio
 (its published time over the srelu kernel's at the same GEMM shape) charges that to fc2's input gradient on the
@@ -38,8 +38,10 @@ FORWARD = [
     ("gb300-nvl72", "srelu", N, 0.687), ("gb300-nvl72", "dsrelu", N, 0.698),
 ]
 DGLU = [("gb200-nvl72", 0.850), ("gb300-nvl72", 0.760)]
-TOLERANCE = 0.04  # the furthest point, GB200 dsrelu, is 3.4% off; the benchmark's five graph-replay samples
-# spread far wider (GB200 swiglu 1.342-1.603 ms, output_verbose.txt)
+TOLERANCE = 0.055  # the furthest point, GB200 dsrelu, is 5.0% off (3.4% before MXFP8 took its own reduction
+# half-length, docs/formulas.md#compute.gemm_k_half_format: +1.5% at K 8,192); the published srelu and dsrelu
+# kernels of one GEMM shape differ by 4% between themselves (GB200 0.749 / 0.720 ms), and the benchmark's five
+# graph-replay samples spread far wider (GB200 swiglu 1.342-1.603 ms, output_verbose.txt)
 
 
 def _priced_ms(system: str, gemm_n: int) -> float:

@@ -30,8 +30,9 @@ TILE = 128  # output tile edge of the large-GEMM kernels (cuBLAS / CUTLASS 128 x
 def gemm_shape_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any) -> Any:
     """Achieved fraction of peak of one M x N x K GEMM from its own shape: the best large-GEMM fraction, times
     tile quantisation (M and N padded to whole 128-tiles), wave quantisation (the tiles over the SMs, the last
-    wave partly idle) and a short-reduction term K / (K + gemm_k_half). Large GEMMs of TP4 and TP8 run alike; a GEMM
-    with few rows (small micro-batch, an expert's share of the tokens) pays for its idle tiles and SMs.
+    wave partly idle) and a short-reduction term K / (K + k_half), k_half the format's (GpuSpec.gemm_k_half_for:
+    longer for fp8 than bf16). Large GEMMs of TP4 and TP8 run alike; a GEMM with few rows (small micro-batch, an
+    expert's share of the tokens) pays for its idle tiles and SMs.
     Source: NVIDIA Matrix Multiplication Background User's Guide (tile and wave quantization).
     Derived: docs/formulas.md#compute.gemm"""
     return grouped_gemm_efficiency(gpu, dtype, M, N, K, 1)
@@ -56,7 +57,7 @@ def grouped_gemm_efficiency(gpu: GpuSpec, dtype: str, M: Any, N: Any, K: Any, gr
     tile_fill = np.maximum(M, 1) * np.maximum(N, 1) / (tm * tn * tile * tile)
     slots = gpu.sm_count * TILE // tile  # a 256-wide tile spans two SMs (a 2-CTA cluster)
     wave_fill = tiles / (np.ceil(tiles / slots) * slots)
-    return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half)
+    return gpu.max_gemm_fraction(dtype) * tile_fill * wave_fill * K / (K + gpu.gemm_k_half_for(dtype))
 
 
 FUSED_MLP_TILE = 256

@@ -425,9 +425,9 @@ def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[
 def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> Any:
     """Fraction of peak of one serving GEMM: the best large-GEMM fraction x M / (M + SERVE_GEMM_M_HALF) (few
     rows: small-M kernels pick small tiles, so no 128-row tile padding, but fill their pipelines poorly) x
-    N-tile quantisation x K / (K + gemm_k_half). Derived: docs/formulas.md#infer.step"""
+    N-tile quantisation x K / (K + the format's half-length, GpuSpec.gemm_k_half_for). Derived: docs/formulas.md#infer.step"""
     n_fill = N / (np.ceil(N / TILE) * TILE)
-    return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half)
+    return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half_for(dtype))
 
 
 def linear_seconds(m: ModelSpec, plan: ServePlan, gpu: Any, dtype: str, tokens: Any,

@@ -208,6 +208,13 @@ class GpuSpec(Spec):
     fill; docs/formulas.md#compute.gemm). Not fitted: cuBLAS's bf16 rate against K on H100 (OpenXLA's measured
     matmul table for sm_90, matmul_interpolator_data.h) gives 125 per tile, 123-131 leaving out any one shape
     (docs/validation.md#gemm-k-half); 128 lies within. No A100 curve is published; it takes the same."""
+    gemm_k_half_by_rate: bool = False
+    """The reduction half-length of fp8, MXFP8 and NVFP4 GEMMs is gemm_k_half times that format's
+    measured large-GEMM rate over bf16's (GpuSpec.gemm_k_half_for: the fixed work per output tile takes the same
+    seconds in every format). True where a published per-shape bf16 / fp8 table of this die confirms it: the B200
+    die (b200, gb200), OpenXLA's sm_100 matmul table (fitted fp8 half-length 680 against bf16's 225, 3.0x, where
+    the measured rates give 2.0x; docs/validation.md#fp8-small-gemm). False: one half-length for every format (the
+    same table's sm_90 fp8 entries run above H100's FP8 peak and cannot be used; no sm_103 table)."""
     kernels: tuple[Kernel, ...] | None = None
     """Fused kernels the GPU's software stack ships (KERNELS); None means all of them. A model operator whose
     kernel is missing falls back to the unfused path (docs/formulas.md#operators)."""
@@ -316,6 +323,23 @@ class GpuSpec(Spec):
         if self.fp4_gemm_speedup and "fp8" in self.tflops and "fp4" in self.tflops:
             fp4 = (fp8 or 0.75) * self.fp4_gemm_speedup * self.tflops["fp8"] / self.tflops["fp4"]
         return {"bf16": bf16, "fp16": bf16, "fp8": fp8, "mxfp8": fp8, "fp4": fp4}.get(dtype) or 0.75
+
+    def gemm_k_half_for(self, dtype: str) -> float:
+        """Reduction half-length of a GEMM in `dtype` (docs/formulas.md#compute.gemm_k_half_format): the fixed
+        time per output tile (prologue, pipeline fill, epilogue) is the same in seconds whatever the operands'
+        format, while the main loop runs each K step at the format's rate, so the half-length in K elements
+        grows with the format's large-GEMM rate over bf16's (measured rates: max_gemm_fraction x peak). The
+        low-precision formats (fp8, MXFP8; NVFP4 by the same rule, no fp4 table being published) on a GPU with
+        gemm_k_half_by_rate (a published per-shape fp8 table of its die); every other case keeps gemm_k_half.
+        Source: OpenXLA matmul_interpolator_data.h (sm_100 table, bf16 and f8e4m3fn on one shape grid;
+        tensorflow/tensorflow at a305421c45, docs/validation.md#fp8-small-gemm).
+        Derived: docs/formulas.md#compute.gemm_k_half_format"""
+        if not self.gemm_k_half_by_rate or dtype not in ("fp8", "mxfp8", "fp4") or "bf16" not in self.tflops \
+                or dtype not in self.tflops:
+            return self.gemm_k_half
+        ratio = (self.max_gemm_fraction(dtype) * self.tflops[dtype]  # type: ignore[index]
+                 / (self.max_gemm_fraction("bf16") * self.tflops["bf16"]))
+        return self.gemm_k_half * max(1.0, ratio)
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype (KeyError if the GPU lacks it; check_plan reports that first)."""
