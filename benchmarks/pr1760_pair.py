@@ -19,7 +19,7 @@ from typing import Any
 import accuracy as A
 from runs import load_runs
 
-from llmplan.cost.comm import ep_transfers
+from llmplan.cost.comm import transfer_seconds
 from llmplan.estimate import estimate_training
 from llmplan.topology.graph import link_profile
 
@@ -50,17 +50,22 @@ def take_apart(rec: dict) -> dict[str, Any]:
     m, cluster, plan = A.record_setup(rec, fam)
     e = estimate_training(m, cluster, plan)
     t = e.time
-    (a2a,) = [x for x in ep_transfers(m, plan, "ep") if x.collective == "all-to-all"]
     sysm, n = cluster.system, plan.ep
-    out_bytes = a2a.message * (n - 1) / n  # one rank's send buffer less its own share
-    floor = out_bytes / sysm.intra_node_bytes_per_s + (n - 1) * link_profile(sysm).intra.latency
+    a2as = [x for x in e.comm.axes["ep"].transfers if x.collective == "all-to-all"]
+    a2a = max(a2as, key=lambda x: x.message)  # the tokens' calls; the other: the routing probabilities' (fp32)
+
+    def floor(x: Any) -> float:  # one call: one rank's send buffer less its own share, at the link's rate
+        return x.message * (n - 1) / n / sysm.intra_node_bytes_per_s + (n - 1) * link_profile(sysm).intra.latency
     total, meas = float(t.total), measured_step(rec)
-    ep = float(t.exposed["ep"])
-    call = float(e.comm.axes["ep"].seconds) / a2a.calls  # one all-to-all as priced (the EP axis is all of them)
+    ep, axis = float(t.exposed["ep"]), float(e.comm.axes["ep"].seconds)
+    probs = [x for x in a2as if x is not a2a]
     return {"id": rec["id"], "total": total, "meas": meas, "err": 100 * (meas / total - 1),
             "compute": float(t.compute), "bubble": float(t.bubble), "ep": ep, "pp": float(t.exposed["pp"]),
             "overhead": float(t.overhead), "optimizer": float(t.optimizer), "calls": a2a.calls,
-            "message": a2a.message, "call_s": call, "floor_call_s": floor, "ep_floor": ep * floor / call}
+            "message": a2a.message, "call_s": transfer_seconds(a2a, sysm) / a2a.calls, "floor_call_s": floor(a2a),
+            "probs_calls": sum(x.calls for x in probs), "probs_message": max((x.message for x in probs), default=0.0),
+            "probs_s": sum(transfer_seconds(x, sysm) for x in probs),
+            "ep_floor": ep * sum(floor(x) * x.calls for x in a2as) / axis}
 
 
 def main() -> None:
@@ -75,6 +80,8 @@ def main() -> None:
     print(f"off arm's all-to-alls: {off['calls']:.0f} calls of {off['message'] / 1e6:.1f} MB (T x k x h x 2 B), "
           f"priced {off['call_s'] * 1e3:.3f} ms each, line-rate floor {off['floor_call_s'] * 1e3:.3f} ms; exposed "
           f"{off['ep']:.2f} s, at the floor {off['ep_floor']:.2f} s")
+    print(f"  and the routing probabilities' all-to-alls: {off['probs_calls']:.0f} calls of "
+          f"{off['probs_message'] / 1e3:.1f} kB (T x k x 4 B), {off['probs_s']:.3f} s a step on the EP axis")
     rest = off["total"] - off["ep"]
     print(f"  the rest of the priced step {rest:.2f} s vs measured {off['meas']:.2f} s; with the all-to-alls at their "
           f"floor the arm prices {rest + off['ep_floor']:.2f} s ({100 * (off['meas'] / (rest + off['ep_floor']) - 1):+.1f}%)")

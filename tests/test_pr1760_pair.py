@@ -31,6 +31,10 @@ def test_the_off_arms_all_to_alls_cannot_carry_its_miss(arms):
     # all of the alltoall dispatcher's calls sit in the step without the overlap (synchronous all_to_all_single);
     # the floor sends the T x k x h bf16 rows that leave the GPU at the NVLink's one-way rate, no efficiency lost
     assert off["message"] == pytest.approx(2 * 4096 * 8 * 4096, rel=0.02)  # most-loaded rank's rows, +< 2%
+    # 128 micro-batches x 12 MoE layers (a middle rank's, docs/validation.md#ep-stage) x 4 token calls, and the
+    # routing probabilities' T x k fp32 values in 2 calls a layer (token_dispatch's second all_to_all)
+    assert off["calls"] == 128 * 12 * 4 and off["probs_calls"] == 128 * 12 * 2
+    assert off["probs_message"] == pytest.approx(4 * 4096 * 8, rel=0.02)
     assert off["floor_call_s"] < off["call_s"]
     rest = off["total"] - off["ep"]
     assert rest > off["meas"]  # the step without any all-to-all is already priced over the measured one
@@ -40,7 +44,10 @@ def test_the_off_arms_all_to_alls_cannot_carry_its_miss(arms):
 def test_rows_on_the_same_path_are_priced_fast_and_bf16_rows_slow(published_runs, arms):
     off, _ = arms
     assert off["err"] < -8
-    assert all(P.take_apart(published_runs[rid])["err"] > 0 for rid in P.SAME_PATH)
+    # the two 26.x rows priced fast, the 25.09 token-drop row within 1% (+1.1% before docs/validation.md#ep-stage
+    # counted its all-to-alls on 12 MoE layers, not 11, and added the probabilities' calls): none slow like the arm
+    assert all(P.take_apart(published_runs[rid])["err"] > 0 for rid in P.SAME_PATH[:2])
+    assert abs(P.take_apart(published_runs[P.SAME_PATH[2]])["err"]) < 1
     assert all(P.take_apart(published_runs[rid])["err"] < -8 for rid in P.SAME_PRECISION)
 
 

@@ -25,16 +25,14 @@ from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
     attention_params,
-    heaviest_moe_stage,
     kv_heads_per_rank,
     max_stage_layers,
     mlp_params,
     recomputed_share,
-    stage_layers,
     stepped_rank_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
-from llmplan.cost.stages import attention_rerun_share
+from llmplan.cost.stages import attention_rerun_share, most_moe_layers
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -953,14 +951,24 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     (cost.moe.routing_imbalance); rows of the expert width (a latent MoE's moe_latent_size: Megatron-LM projects
     before dispatch and after combine, moe_layer.py). With ep_dispatch_fp8 each dispatch (forward, recomputed
     forward, and backward: the gradient into the down-projection, DeepSeek-V3 §3.3.3) sends FP8_DISPATCH_BYTES
-    per element, each combine bf16. Derived: docs/formulas.md#comm.ep, docs/formulas.md#comm.ep_fp8"""
+    per element, each combine bf16. The alltoall dispatcher sends the k routing probabilities of each token in a
+    second all-to-all right after its tokens (one ROUTER_PROB_BYTES value a row, same splits), whose backward
+    returns their gradient: 2 calls a layer and micro-batch and once more per recomputed forward; DeepEP and
+    HybridEP carry them inside the dispatch (topk_weights / probs) and combine backward. Counted on the candidate
+    stage with the most MoE layers (most_moe_layers). Source: NVIDIA/Megatron-LM at d98e8a64dd (and core_v0.15.0),
+    megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher.token_dispatch: all_to_all of
+    permutated_local_input_tokens, then of permuted_probs), tensor_parallel/mappings.py (_AllToAll.backward: the
+    reverse all_to_all), moe/fused_a2a.py (FusedDispatch: buffer.dispatch(topk_weights=...); HybridEPDispatch:
+    dispatch_with_permute(probs=...)). Derived: docs/formulas.md#comm.ep, docs/formulas.md#comm.ep_fp8,
+    docs/formulas.md#comm.ep_probs, docs/formulas.md#comm.ep_stage"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
     tokens = s * b / where(plan.sp, plan.tp, 1)
     # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
     S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
-    dense_layers, moe_layers = stage_layers(m, plan, heaviest_moe_stage(m, plan))
+    # the rank with the most MoE layers, as step_time's moe_max (Derived: docs/formulas.md#comm.ep_stage)
+    dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
     per_layer = 4 + 2 * again
     deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
@@ -976,7 +984,19 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
         out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
                             routing_map_bytes(m, plan, tokens), group))
+    if deepep is None:  # the alltoall dispatcher's own call for the routing probabilities (comm.ep_probs)
+        out.append(Transfer("all-to-all", calls * (2 + again),
+                            ROUTER_PROB_BYTES * tokens * dispatch_rows(m, plan) * routing_imbalance(m, plan), group))
     return out
+
+
+ROUTER_PROB_BYTES = 4
+"""Bytes of one routing probability in the alltoall dispatcher's probs all-to-all: the router's dtype (probs
+type_as the logits, router_dtype), fp32 with moe_router_dtype fp32 as Megatron-Bridge's MoE providers and Qwen3 MoE
+performance recipes set it (bf16's 2 without it: this prices the larger). Source: NVIDIA/Megatron-LM at d98e8a64dd,
+megatron/core/transformer/moe/router.py (TopKRouter.gating: router_dtype), moe_utils.py
+(topk_routing_with_score_function: probs.type_as(logits)); NVIDIA-NeMo/Megatron-Bridge at 067f987df,
+src/megatron/bridge/perf_recipes/qwen/b200/qwen3_moe.py (cfg.model.moe_router_dtype = torch.float32)."""
 
 
 def routing_map_bytes(m: ModelSpec, plan: ParallelPlan, tokens: Any) -> Any:

@@ -225,10 +225,12 @@ def _flagged_between(flags: list[bool], start: Any, end: Any) -> Any:
 
 
 def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
-    """The first pipeline rank that holds no dense layer (it holds the most MoE layers and the most in-flight
-    micro-batches among such ranks); 0 for models without leading dense layers. A model whose
-    mlp_layer_types places its MoE layers (Llama 4 Maverick every other layer, a hybrid pattern): the first
-    middle rank that holds the most of them."""
+    """The memory candidate among MoE ranks (cost.memory.candidate_stages): the first pipeline rank that holds no
+    dense layer (the most in-flight micro-batches among such ranks); 0 for models without leading dense layers. A
+    model whose mlp_layer_types places its MoE layers (Llama 4 Maverick every other layer, a hybrid pattern): the
+    first middle rank that holds the most of them. Not always the rank with the most MoE layers (a split that
+    counts the embedding and the loss as layers leaves rank 0 fewer; MTP modules add to the last): the EP
+    traffic is priced on most_moe_layers' rank."""
     if m.is_moe and m.mlp_layer_types is not None:
         return _most_moe_middle_stage(m, plan)
     if not m.is_moe or not m.first_k_dense_replace:
@@ -239,6 +241,18 @@ def heaviest_moe_stage(m: ModelSpec, plan: PlanLike) -> Any:
     kv = m.first_k_dense_replace * plan.vpp  # chunk 0 of rank i starts at layers_before(i) / vpp
     i = where(kv <= first, 1, 1 - (-(kv - first) // maximum(mid, 1)))
     return minimum(i, plan.pp - 1)
+
+
+def most_moe_layers(m: ModelSpec, plan: PlanLike, stages: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(dense, MoE) layers of the first of `stages` (the step's candidate stages, cost.memory.candidate_stages)
+    that holds the most MoE layers, elementwise: the rank whose all-to-alls step_time scales the others' from
+    (moe_layers / moe_max, step._stage_micro_batches). Derived: docs/formulas.md#comm.ep_stage"""
+    dense, moe = stage_layers(m, plan, stages[0])
+    for stage in stages[1:]:
+        d, e = stage_layers(m, plan, stage)
+        more = e > moe
+        dense, moe = where(more, d, dense), where(more, e, moe)
+    return dense, moe
 
 
 def _most_moe_middle_stage(m: ModelSpec, plan: PlanLike) -> Any:
