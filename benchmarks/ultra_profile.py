@@ -123,9 +123,9 @@ def priced_parts(model, plan, gpu) -> dict[str, float]:
         "EW__expert_activation_extra_bytes", "EW__alltoall_sort_bytes", "EW__mean_recurrent_memory_bytes",
         "EW__fp8_cast_bytes", "EW__moe_recompute_bytes", "C__expert_gemm_seconds",
         "ST__grad_accumulation_bytes")}
-    E, k, w = model.num_experts, model.num_experts_per_tok, model.expert_width
-    d["router"] = base - stage_total(model, plan, gpu, EW__moe_routing_bytes=lambda m: 8.0 * k * w)
-    d["permute"] = base - stage_total(model, plan, gpu, EW__moe_routing_bytes=lambda m: 8.0 * E)
+    none = lambda m: (0.0, 0.0)  # noqa: E731
+    d["router"] = base - stage_total(model, plan, gpu, EW__moe_router_passes=none)
+    d["permute"] = base - stage_total(model, plan, gpu, EW__moe_permute_passes=none)
     d["residual"] = d.pop("EW__norms_per_layer") - d["EW__eager_norm_bytes"]
     return d
 
@@ -172,12 +172,12 @@ def itemised(model, cluster, plan, e, base, ssd_traffic, charged, moe_layers) ->
          p["EW__eager_activation_bytes"] + p["EW__moe_recompute_bytes"] - p["EW__alltoall_sort_bytes"] / 3),
         ("  moe_act recompute", None, "expert_activation_extra_bytes", p["EW__expert_activation_extra_bytes"]),
         ("permute / unpermute / row-id map", K["_permute_kernel"] + K["_unpermute_kernel"]
-         + K["_row_id_map_pass_3_kernel"], "moe_routing_bytes' 8kw term", p["permute"]),
+         + K["_row_id_map_pass_3_kernel"], "moe_permute_passes (in moe_routing_train_bytes)", p["permute"]),
         ("sort by local expert (_sort_chunks_by_map_kernel)", K["_sort_chunks_by_map_kernel"],
          "alltoall_sort_bytes (+ moe_recompute_bytes' 2 sorts)", p["EW__alltoall_sort_bytes"]),
         ("  its map (_make_chunk_sort_map_kernel)", K["_make_chunk_sort_map_kernel"], "(none)", 0.0),
         ("router top-k (mbtopk; softmax not itemised)", K["mbtopk computeBlockwiseWithinKCounts"]
-         + K["mbtopk computeBlockDigitCounts"], "moe_routing_bytes' 8E term", p["router"]),
+         + K["mbtopk computeBlockDigitCounts"], "moe_router_passes (in moe_routing_train_bytes)", p["router"]),
         ("casts (bf16 run)", None, "fp8_cast_bytes", p["EW__fp8_cast_bytes"]),
         ("fills / reduce / arange", K["FillFunctor bf16 / fp32, reduce_kernel, arange"], "(none)", 0.0),
         ("grad accumulation", None, "grad_accumulation_seconds", p["ST__grad_accumulation_bytes"]),

@@ -80,10 +80,13 @@ class _Arrays:
 
 
 def test_moe_layer_traffic_counts_the_routing_and_permutes_by_hand():
-    # One MoE layer's forward memory-bound bytes, tp 1, fused kernels and attention, no rotary: two norms
-    # (forward 4 and backward 6 an element, over the stage's three passes) and two residual adds (6 each)
-    # T h, the gated activation 6 T k f, the router's fp32 scores 8 E T and the permutes of the k copies there
-    # and back 8 k h T.
+    # One MoE layer's forward-equivalent memory-bound bytes, tp 1, fused kernels and attention, no rotary: two
+    # norms (forward 4 and backward 6 an element, over the stage's three passes) and two residual adds (6 each)
+    # T h, the gated activation 6 T k f, and the routing's kernels forward + backward over 3 (docs/formulas.md
+    # #moe.routing_passes; Transformer Engine d0067d0): the fused router 13 E each way; the row-id map 1 + 4 +
+    # 4 + 4 + 4 = 17 E forward; permute (read h, write k h) and unpermute (read k h, write h) in bf16 each way;
+    # the permute's backward zero-fills the fp32 probs-gradient row, 4 E. Serving's forward-only
+    # moe_routing_bytes stays 8 E + 8 k h.
     m = ModelSpec(name="tiny-moe", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                   num_attention_heads=4, vocab_size=1000, max_position_embeddings=4096,
                   learned_position_embeddings=True, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=128)
@@ -91,7 +94,10 @@ def test_moe_layer_traffic_counts_the_routing_and_permutes_by_hand():
     T, h, k, f, E = 2048, 256, 2, 128, 16
     assert moe_routing_bytes(m) == 8 * E + 8 * k * h
     norms_adds = 2 * (4 + 6) / 3 + 2 * 6
-    assert elementwise_bytes(m, plan, True) == pytest.approx(T * (norms_adds * h + 6 * k * f + 8 * E + 8 * k * h))
+    forward = 13 * E + 17 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h)
+    backward = 13 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h) + 4 * E
+    assert elementwise_bytes(m, plan, True) == pytest.approx(
+        T * (norms_adds * h + 6 * k * f + (forward + backward) / 3))
 
 
 def test_deepep_cannot_pad_to_capacity():

@@ -29,7 +29,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     (eager_norm_bytes per element: fused, read + write 2h forward and 1.5x that backward), residual adds (read
     4h, write 2h each), rotary on q and k and, with qk_norm, their per-head norms (as the norms), the MLP activation
     (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
-    layer's routing and permutes (moe_routing_bytes) and what its `moe` recompute runs again (moe_recompute_bytes)
+    layer's routing and permutes (moe_routing_train_bytes, forward, backward and `moe` rerun) and what else its
+    `moe` recompute runs again (moe_recompute_bytes)
     and, without fused attention, the causal softmax and dropout over the scores (score_bytes).
     Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
@@ -58,7 +59,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # a hybrid's softmax-attention layers alone hold scores, as the sinks and merges beside them
     scores = where(plan.flash_attention, 0.0,
                    (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t * attention_share(m))
-    routing = moe_routing_bytes(m) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan) if moe else 0.0
+    routing = (moe_routing_train_bytes(m, plan) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan)
+               if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
     casts = fp8_cast_bytes(m, plan, moe, fp8_tn_only)
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
@@ -354,11 +356,73 @@ def activation_pass_bytes(m: ModelSpec) -> float:
 
 
 def moe_routing_bytes(m: ModelSpec) -> float:
-    """HBM bytes per token of one MoE layer's routing, forward, in 16 bits: the router's fp32 scores over the
-    E experts (softmax and top-k: read and write 8E) and the permute of the token into its k expert copies
-    and back (read and write the k copies each way: 8kh; h the latent width of a latent MoE). Training and serving alike.
+    """HBM bytes per token of one MoE layer's routing, forward, in 16 bits, as serving's step prices it: the
+    router's fp32 scores over the E experts (softmax and top-k: read and write 8E) and the permute of the token
+    into its k expert copies and back (read and write the k copies each way: 8kh; h the latent width of a latent
+    MoE). Training prices the kernels' own passes instead (moe_routing_train_bytes).
     Derived: docs/formulas.md#compute.memory_bound"""
     return 8.0 * m.num_experts + 8.0 * m.num_experts_per_tok * m.expert_width
+
+
+ROUTER_BYTES = (13.0, 13.0)
+"""(forward, backward) HBM bytes per token and expert of Transformer Engine's fused router with fp32 logits
+(Megatron-Core moe_router_dtype fp32; softmax, sigmoid or sqrtsoftplus, with or without group-limited top-k and
+expert bias, all in one kernel's registers). Forward reads the logits (4) and writes the probs (4, zeros but the
+k chosen), the fp32 intermediate_output saved for backward (4) and the routing map (1, bytemap): 13. Backward
+reads the probs' gradient (4), intermediate_output (4) and the routing map (1) and writes the logits' gradient
+(4): 13, one pass. Source: NVIDIA/TransformerEngine transformer_engine/common/fused_router/
+fused_topk_with_score_function.cu at d0067d0 (fused_topk_with_score_function_forward_kernel, _backward_kernel);
+pytorch/router.py FusedTopkScoreFunction. Derived: docs/formulas.md#moe.routing_passes"""
+
+ROW_ID_MAP_BYTES = 17.0
+"""HBM bytes per token and expert of Transformer Engine's row-id map, built in the permute's forward only (three
+Triton passes over the int32 [T, 2E+1] map): pass 1 reads the bool routing map (1) and writes each token's
+rank within its expert (4); pass 2 reads and rewrites it with the block offsets (4 + 4); pass 3 reads it (4) and
+writes the k destination rows and expert ids (2k int32 a token, not counted). Source: NVIDIA/TransformerEngine
+transformer_engine/common/triton/permutation.py at d0067d0 (_row_id_map_pass_1/2/3_kernel).
+Derived: docs/formulas.md#moe.routing_passes"""
+
+PERMUTE_BYTES = 4.0
+"""HBM bytes per element of a token's k + 1 rows of width w in bf16 of one permute and its unpermute, either
+direction: the permute reads the token's row once (2) and writes its k copies (2 each); the unpermute reads the k
+copies (2 each) and writes the summed row (2), the fp32 accumulation in registers. Megatron-Core's dispatchers
+permute with the probs and unpermute without them (the experts' activation applies the probs), so backward is
+the same pair reversed: the unpermute's backward is a permute of the gradient (moe_unpermute_mask_map_backward_no
+_probs), the permute's an unpermute (moe_permute_mask_map_backward). The k fp32 probs and int32 map entries a
+token each kernel moves are not counted (under 1% at w >= 1024). Source: NVIDIA/TransformerEngine
+transformer_engine/common/triton/permutation.py at d0067d0 (_permute_kernel, _unpermute_kernel);
+pytorch/permutation.py; NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py at d98e8a6.
+Derived: docs/formulas.md#moe.routing_passes"""
+
+PROB_GRAD_FILL_BYTES = 4.0
+"""HBM bytes per token and expert the permute's backward writes into the probs' gradient: the whole fp32 row of
+E zeroed before the k routed entries (_unpermute_kernel with PERMUTE_PROBS). Source: NVIDIA/TransformerEngine
+transformer_engine/common/triton/permutation.py at d0067d0. Derived: docs/formulas.md#moe.routing_passes"""
+
+
+def moe_router_passes(m: ModelSpec) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token of one MoE layer's router (ROUTER_BYTES x E): one pass each way.
+    Derived: docs/formulas.md#moe.routing_passes"""
+    return ROUTER_BYTES[0] * m.num_experts, ROUTER_BYTES[1] * m.num_experts
+
+
+def moe_permute_passes(m: ModelSpec) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token of one MoE layer's permute and unpermute in training: forward the
+    row-id map (ROW_ID_MAP_BYTES x E) and the pair (PERMUTE_BYTES x (k + 1) x w; w the latent width of a latent
+    MoE), backward the pair reversed and the probs' gradient row (PROB_GRAD_FILL_BYTES x E).
+    Derived: docs/formulas.md#moe.routing_passes"""
+    pair = PERMUTE_BYTES * (m.num_experts_per_tok + 1) * m.expert_width
+    return ROW_ID_MAP_BYTES * m.num_experts + pair, PROB_GRAD_FILL_BYTES * m.num_experts + pair
+
+
+def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of one MoE layer's router and permutes in training, in the forward-equivalent units of
+    elementwise_bytes (the stage charges three times them): forward, once more when the plan recomputes `moe`
+    (Megatron-Core checkpoints MoELayer.forward whole), and the backward (moe_router_passes,
+    moe_permute_passes), over 3. Derived: docs/formulas.md#moe.routing_passes"""
+    passes = (moe_router_passes(m), moe_permute_passes(m))
+    forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
+    return (forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) + backward) / 3
 
 
 ALLTOALL_SORT_BYTES = 4.0
@@ -439,9 +503,8 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     elementwise_bytes (a third: the stage charges three times them): the alltoall dispatcher's two sorts by local
     expert (alltoall_sort_bytes' forward half), the routed experts' activation pass on their k rows of f_e
     (activation_pass_bytes, none on the fused MXFP8 grouped MLP's share, whose GEMM epilogue runs it; a clamped
-    GLU's eager clamp with it) and the shared experts' (f_s). The router's scores and the permutes are not added:
-    their backward is one pass (a softmax's, the inverse permute), so the stage's three forward-equivalents of
-    moe_routing_bytes already count forward, rerun and backward. 0 without `moe` in the recompute modules.
+    GLU's eager clamp with it) and the shared experts' (f_s). The router and the permutes rerun in
+    moe_routing_train_bytes (one place for their passes). 0 without `moe` in the recompute modules.
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (MoELayer.forward,
     tensor_parallel.checkpoint(custom_forward) when moe_layer_recompute, core_v0.14.0 - core_v0.19.0);
     NVIDIA-NeMo/Megatron-Bridge scripts/performance/perf_leaderboard/analysis_report_det_vs_nondet.md at
