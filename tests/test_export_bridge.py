@@ -227,7 +227,7 @@ def test_precision_presets(dtype, recipe, fp8_params, bf16_layers, preset):
     # NVFP4's default keeps the last 12 of llama-3.1-70b's 80 layers in bf16; bf16_with_nvfp4_mixed none
     ("dense_train", {"dtype": "fp4", "recipe": "nvfp4", "fp8_params": True}, "0 / 12 layers kept in bf16"),
     ("dense_train", {"grad_dtype": "bf16"}, "re-plan with --grad-dtype fp32"),
-    ("dense_train", {"tp_comm_overlap": True}, "TP / EP communication overlap"),
+    ("dense_train", {"tp_comm_overlap": True}, "TP communication overlap"),
     ("dense_train", {"attention_kernel": "flash2"}, "flash2 attention kernel"),
     ("dense_train", {"pp_schedule": "zero-bubble"}, "zero-bubble pipeline schedule"),
     ("dense_train", {"cuda_graphs": "layers"}, "CUDA graphs"),  # was dropped without a word

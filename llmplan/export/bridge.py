@@ -13,7 +13,7 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
+from llmplan.export.common import (CannotExpress, cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -21,6 +21,8 @@ from llmplan.export.common import (cast_add_refusal, delayed_bf16_layers_refusal
                                    torch_ring_refusal)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
+from llmplan.specs.check import check_plan
+from llmplan.specs.rule import Violation
 from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "megatron-bridge"
@@ -246,10 +248,11 @@ def check(pf: PlanFile) -> None:
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
          "re-plan with --moe-routing random"),
         attention_kernel_refusal(p),
-        ("TP / EP communication overlap (Megatron-Bridge turns it on, and delay_wgrad_compute with it, with a "
-         "CommOverlapConfig object and a userbuffers shape, which this export does not write)",
-         (p.tp_comm_overlap and p.sp and p.tp > 1) or (m.is_moe and p.ep_comm_overlap),
-         "re-plan with --no-tp-comm-overlap / --no-ep-comm-overlap, or export to megatron"),
+        # the EP overlap and delay_wgrad need no CommOverlapConfig: they are TransformerConfig fields (ep_overlap)
+        ("TP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object holding a "
+         "userbuffers shape, tp_comm_overlap_cfg, which a KEY=VALUE override cannot build)",
+         p.tp_comm_overlap and p.sp and p.tp > 1,
+         "re-plan with --no-tp-comm-overlap, or export to megatron"),
         master_dtype_refusal(p),  # these two before zero 0's rule: no axis makes them export
         fp8_moments_refusal(p),
         ("the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero 0 (Megatron-Core "
@@ -272,7 +275,40 @@ def check(pf: PlanFile) -> None:
     for what, bad, fix in rules:
         if bad:
             raise refuse(TARGET, what, fix)
+    for v in ep_overlap_violations(pf):
+        raise CannotExpress(f"{TARGET} cannot express this plan: {v.message} (check_plan rule {v.rule})")
     preset(pf)
+
+
+EP_OVERLAP_RULES = ("recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",
+                    "ep_overlap_mtp", "ep_overlap_dtype")
+"""check_plan's rules for the EP all-to-all overlap, which Megatron-Core's TransformerConfig and Megatron-Bridge's
+CommOverlapConfig assert (a plan file written by hand, or before the rules, may break them)."""
+
+
+def ep_overlap_violations(pf: PlanFile) -> list[Violation]:
+    """check_plan's violations of EP_OVERLAP_RULES by the plan (none unless it turns the EP overlap on)."""
+    if not (pf.model.is_moe and pf.plan.ep_comm_overlap):
+        return []
+    return [v for v in check_plan(pf.model, pf.plan) if v.rule in EP_OVERLAP_RULES]
+
+
+def ep_overlap(pf: PlanFile) -> list[tuple[str, object]]:
+    """The EP all-to-all overlap (Megatron-Core's combined 1F1B) and its delayed weight gradients, as the
+    TransformerConfig fields overlap_moe_expert_parallel_comm and delay_wgrad_compute, which Megatron-Bridge's
+    performance presets turn on through comm_overlap (scripts/performance/utils/overrides.py v0.3.0 - v0.6.0,
+    _set_moe_a2a_overlap_overrides: both True, model.moe_shared_expert_overlap False). Written on the model: the
+    export sets comm_overlap null (CommOverlapConfig.setup would overwrite the plan's DDP bucket and overlap
+    settings), a KEY=VALUE override cannot set a field of a null or absent comm_overlap (OmegaConf struct mode;
+    the Qwen3 and GPT-OSS recipes leave it None), and with comm_overlap None the model's fields reach
+    TransformerConfig unchanged. Off unless the plan prices them (ep > 1, delay_wgrad only under the overlap)."""
+    p = pf.plan
+    on = p.ep_comm_overlap and p.ep > 1
+    out: list[tuple[str, object]] = [("model.overlap_moe_expert_parallel_comm", on),
+                                     ("model.delay_wgrad_compute", on and p.delay_wgrad)]
+    if on and p.moe_dispatcher != "deepep":  # Megatron-Core asserts it off (flex sets it off already)
+        out.append(("model.moe_shared_expert_overlap", False))
+    return out
 
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -305,6 +341,7 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             out.append(("model.use_fused_weighted_squared_relu", True))
         if flex:
             out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
+        out += ep_overlap(pf)
         if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)
             out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
     if m.num_nextn_predict_layers:
@@ -411,11 +448,34 @@ def arrays(pf: PlanFile) -> str:
     check(pf)
     args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
     return "\n".join([
+        *ep_overlap_env(pf),
         "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
         f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
         "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
         "TRAIN=(train.train_iters=${TRAIN_ITERS:-1000})",
         "OVERRIDES=(", *(f"    '{a}'" for a in args), ")"])
+
+
+def ep_overlap_env(pf: PlanFile) -> list[str]:
+    """Under the EP overlap, the CUDA work queues Megatron-Bridge's performance presets give it, so that its
+    communication stream is not serialised behind compute (scripts/performance/utils/overrides.py at 6124fbe:
+    CUDA_DEVICE_MAX_CONNECTIONS 32 with the deepep / hybridep dispatcher, else 8 with moe_a2a_overlap on H100)."""
+    p = pf.plan
+    if not (pf.model.is_moe and p.ep_comm_overlap and p.ep > 1):
+        return []
+    n = 32 if p.moe_dispatcher == "deepep" else 8
+    return [f"export CUDA_DEVICE_MAX_CONNECTIONS={n}   # the EP all-to-all overlap's streams (not 1)"]
+
+
+def ep_overlap_notes(pf: PlanFile) -> tuple[str, ...]:
+    """What the EP overlap and delay_wgrad need of the software (Megatron-Core TransformerConfig at cd4afffa6 and
+    Megatron-Bridge training/comm_overlap.py at 6124fbe: torch >= 2.6; Transformer Engine >= 2.7 for delayed
+    weight gradients with overlap_grad_reduce or gradient_accumulation_fusion)."""
+    p = pf.plan
+    if not (pf.model.is_moe and p.ep_comm_overlap and p.ep > 1):
+        return ()
+    return ("note: the EP all-to-all overlap (overlap_moe_expert_parallel_comm) needs torch >= 2.6"
+            + ("; delay_wgrad_compute needs Transformer Engine >= 2.7" if p.delay_wgrad else ""),)
 
 
 def render(pf: PlanFile) -> dict[str, str]:
@@ -429,5 +489,5 @@ def render(pf: PlanFile) -> dict[str, str]:
         "    " + BRIDGE_ENTRY,
     ]
     header = sh_header(pf, f"Megatron-Bridge {VERSION} run_recipe.py (recipe {RECIPES[pf.model.name]})",
-                       megatron_expert_notes(pf) + pp_sync_notes(pf, "Megatron-Bridge"))
+                       megatron_expert_notes(pf) + pp_sync_notes(pf, "Megatron-Bridge") + ep_overlap_notes(pf))
     return {"megatron_bridge_pretrain.sh": header + "\n".join(lines) + "\n"}

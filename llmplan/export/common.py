@@ -230,7 +230,7 @@ def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     defer them behind, so the run would not hide what the plan prices (docs/formulas.md#moe.delay_wgrad)."""
     return ("delayed weight gradients inside the EP overlap (delay_wgrad: Megatron-Core's combined-1F1B schedule, "
             "which this launcher does not run)", pf.model.is_moe and pf.plan.delay_wgrad,
-            "re-plan with --no-delay-wgrad, or export to megatron")
+            "re-plan with --no-delay-wgrad, or export to megatron or megatron-bridge")
 
 
 def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:

@@ -357,6 +357,32 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
          lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
                          "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
+    # Megatron-Core TransformerConfig.__post_init__ (NVIDIA/Megatron-LM cd4afffa6, transformer_config.py) and
+    # Megatron-Bridge CommOverlapConfig._get_model_comm_overlap_cfgs (NVIDIA-NeMo/Megatron-Bridge 6124fbe,
+    # training/comm_overlap.py) assert these with overlap_moe_expert_parallel_comm (EP > 1: SwitchUse
+    # ep_comm_overlap_ep; no moe recompute: recompute_moe_overlap; alltoall / flex: every MoeDispatcher)
+    Rule("ep_overlap_vpp", lambda m, p, c: (not (m.is_moe and p.ep_comm_overlap)) | (p.ep == 1) | (p.pp == 1)
+         | (p.vpp > 1) | (p.pp_schedule != "1f1b"),
+         lambda m, p, c: f"ep_comm_overlap with pp {p.pp} and vpp {p.vpp}: Megatron-Core pairs the micro-batches "
+                         "of the EP all-to-all overlap in the interleaved schedule and asserts virtual stages when "
+                         "pp > 1 (TransformerConfig, overlap_moe_expert_parallel_comm); use --vpp 2 or more, "
+                         "--pp 1, or --no-ep-comm-overlap"),
+    Rule("ep_overlap_full_recompute", lambda m, p, c: (not (m.is_moe and p.ep_comm_overlap)) | (p.ep == 1)
+         | (p.full == 0),
+         lambda m, p, c: "ep_comm_overlap with recompute full: Megatron-Core asserts no full recompute (granularity, "
+                         "method, recompute_num_layers) with overlap_moe_expert_parallel_comm (TransformerConfig); "
+                         "use --recompute selective or none, or --no-ep-comm-overlap"),
+    Rule("ep_overlap_mtp", lambda m, p, c: (not (m.is_moe and p.ep_comm_overlap)) | (p.ep == 1)
+         | (m.num_nextn_predict_layers <= 1),
+         lambda m, p, c: f"ep_comm_overlap with {m.num_nextn_predict_layers} multi-token-prediction modules of "
+                         f"{m.name}: Megatron-Core asserts mtp_num_layers of at most 1 with "
+                         "overlap_moe_expert_parallel_comm (TransformerConfig); use --mtp-layers 1 or 0, or "
+                         "--no-ep-comm-overlap"),
+    Rule("ep_overlap_dtype", lambda m, p, c: (not (m.is_moe and p.ep_comm_overlap)) | (p.ep == 1)
+         | (p.dtype != "fp32"),
+         lambda m, p, c: f"ep_comm_overlap with dtype {p.dtype}: Megatron-Core runs the EP all-to-all overlap only "
+                         "on a bf16 or fp16 model (fp8 / fp4 recipes train one: TransformerConfig, "
+                         "overlap_moe_expert_parallel_comm); use --dtype bf16, or --no-ep-comm-overlap"),
     Rule("fp8_attention", lambda m, p, c: (not p.fp8_attention) | ((p.dtype == "fp8") & p.flash_attention),
          lambda m, p, c: f"fp8_attention with dtype {p.dtype}"
                          f"{'' if p.flash_attention else ' and unfused attention'}: FP8 dot-product attention is "
