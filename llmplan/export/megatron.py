@@ -42,12 +42,13 @@ def model_flags(pf: PlanFile) -> list[str]:
     elif m.model_type == "nemotron_h":  # its attention layers take no position embedding (Megatron-Bridge NemotronH)
         pairs.append(("--position-embedding-type", "none"))
     else:
-        pairs += [("--position-embedding-type", "yarn" if context_pairs(pf) else "rope"),
-                  ("--rotary-base", int(m.rope_theta or 10000)), *context_pairs(pf)]
+        pairs += [("--position-embedding-type", "yarn" if context_pairs(pf) or yarn_pairs(pf) else "rope"),
+                  ("--rotary-base", int(m.rope_theta or 10000)), *context_pairs(pf), *yarn_pairs(pf)]
         scaling = m.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":
             pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", scaling.get("factor", 8.0))]
-    pairs += [("--swiglu", m.gated_mlp), ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
+    pairs += [*window_pairs(pf), ("--softmax-type", "learnable" if m.attention_sinks else None), *glu_pairs(pf),
+              ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
               ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
               ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
               ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
@@ -84,6 +85,67 @@ def model_flags(pf: PlanFile) -> list[str]:
     return as_flags(pairs)
 
 
+def rope_type(m: object) -> str | None:
+    """The model's RoPE scaling type (HF rope_scaling's rope_type, or its older name type); None without scaling."""
+    scaling = getattr(m, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type"))
+
+
+def yarn_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """A non-MLA model's own YaRN (HF rope_scaling rope_type yarn: GPT-OSS) as Megatron-LM's yarn rotary embedding:
+    factor, original context, beta fast / slow, and the correction range left unrounded where HF's truncate is
+    false (transformers' _compute_yarn_parameters rounds by default, as Megatron-LM does); no mscale flags, since
+    Megatron-LM's defaults (mscale 1, mscale_all_dim 0) give HF's default attention factor 0.1 ln(factor) + 1.
+    Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/argument_utils.py (_apply_yarn_config_from_args: the
+    flags -> yarn_* config), megatron/core/models/common/embeddings/yarn_rotary_pos_embedding.py;
+    NVIDIA-NeMo/Megatron-Bridge@067f987 src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py (provider_bridge:
+    factor 32, original 4096, beta 32 / 1, yarn_correction_range_round_to_int False)."""
+    m = pf.model
+    if m.is_mla or rope_type(m) != "yarn" or context_pairs(pf):
+        return []
+    s = m.rope_scaling or {}
+    return [("--yarn-original-max-position-embeddings", s.get("original_max_position_embeddings")),
+            ("--rotary-scaling-factor", f"{s.get('factor', 1.0):g}"),
+            ("--yarn-beta-fast", f"{s.get('beta_fast', 32.0):g}"), ("--yarn-beta-slow", f"{s.get('beta_slow', 1.0):g}"),
+            ("--no-yarn-correction-range-round-to-int", s.get("truncate", True) is False)]
+
+
+def window_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The model's sliding-window layers as Megatron-Core's window attention: --window-size (left, right) with the
+    left window one less than HF's sliding_window (HF's mask keeps a key when q - k < sliding_window, the query's
+    own position among them; Transformer Engine's (left, 0) keeps q - left <= k <= q), and, where full layers mix
+    in, --window-attn-skip-freq as the per-layer list (1: windowed; is_layer_window_attention reads entry
+    layer_number - 1). Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py (--window-size tuple_type,
+    --window-attn-skip-freq moe_freq_type), megatron/core/transformer/utils.py (is_layer_window_attention);
+    NVIDIA-NeMo/Megatron-Bridge@067f987 gpt_oss_bridge.py (window_size = (sliding_window - 1, 0))."""
+    m = pf.model
+    window, windowed = m.sliding_window, m.count_layers("sliding_attention")
+    if window is None or not windowed or m.is_hybrid or m.layer_types is None:  # check_hybrid refuses windows
+        return []
+    pattern = None if windowed == m.num_hidden_layers else \
+        '"[' + ",".join("1" if t == "sliding_attention" else "0" for t in m.layer_types) + ']"'
+    return [("--window-size", f"{window - 1},0"), ("--window-attn-skip-freq", pattern)]
+
+
+def glu_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The gated MLP's activation: SwiGLU (--swiglu), or GPT-OSS's clamped GLU, gate * sigmoid(1.702 gate) *
+    (linear + 1) with the gate clamped at most swiglu_limit and the linear half within +/- it, which is
+    Megatron-Core's quick GEGLU (quick_gelu = x sigmoid(1.702 x)) with glu_linear_offset 1 and
+    activation_func_clamp_value; a clamp on another model's SwiGLU is the same clamp on --swiglu (Megatron-Core
+    takes it on MoE models only: check refuses it on a dense one). Source: huggingface/transformers
+    models/gpt_oss/modeling_gpt_oss.py (GptOssExperts: alpha 1.702, limit, (up + 1) * glu); NVIDIA/Megatron-LM
+    @d98e8a6 megatron/training/argument_utils.py (--quick-geglu -> quick_gelu with gated_linear_unit),
+    megatron/core/transformer/mlp.py (glu: clamp, activation_func(x_glu) * (x_linear + glu_linear_offset));
+    NVIDIA-NeMo/Megatron-Bridge@067f987 gpt_oss_bridge.py (quick_gelu, clamp 7.0, glu_linear_offset 1.0)."""
+    m = pf.model
+    if not m.gated_mlp:
+        return []
+    limit = None if m.swiglu_limit is None else f"{m.swiglu_limit:g}"
+    if m.model_type == "gpt_oss":
+        return [("--quick-geglu", True), ("--glu-linear-offset", 1), ("--activation-func-clamp-value", limit)]
+    return [("--swiglu", True), ("--activation-func-clamp-value", limit)]
+
+
 def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """The model's router and multi-token prediction as Megatron-Core routes (moe_utils.py,
     topk_routing_with_score_function): softmax after top-k renormalises, --moe-router-pre-softmax keeps the
@@ -99,6 +161,31 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # DeepSeek-V3 scores in fp32 (HF modeling_deepseek_v3 gate); Megatron-Core warns without it at >= 32
             ("--moe-router-dtype", "fp32" if m.expert_bias else None),
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+
+
+def check_model_features(pf: PlanFile) -> None:
+    """What Megatron-LM's flags cannot say of the model itself, so that the script would train another model: a
+    RoPE scaling other than llama3 or YaRN (or YaRN's attention_factor), biases on the attention but not the MLP or
+    the reverse (add_bias_linear sets both), and a GLU clamp on a dense MLP (TransformerConfig takes
+    activation_func_clamp_value on SwiGLU with MoE only). Source: NVIDIA/Megatron-LM@d98e8a6
+    megatron/training/arguments.py, megatron/core/transformer/transformer_config.py (__post_init__)."""
+    m = pf.model
+    kind = rope_type(m)
+    fix = "export to a launcher that runs the model's own layers, or change the model spec"
+    if not m.is_mla and not m.learned_position_embeddings and kind not in (None, "default", "llama3", "yarn"):
+        raise refuse(TARGET, f"RoPE scaling {kind} ({m.name}: Megatron-LM at d98e8a6 takes llama3 scaling "
+                     "(--use-rope-scaling) and YaRN (--position-embedding-type yarn) only)", fix)
+    if not m.is_mla and kind == "yarn" and "attention_factor" in (m.rope_scaling or {}):
+        raise refuse(TARGET, f"YaRN with its own attention_factor ({m.name}: Megatron-LM's yarn embedding derives "
+                     "the factor from --mscale / --mscale-all-dim)", fix)
+    if m.model_type not in ("gpt", "gpt2") and m.attention_bias != m.mlp_bias:
+        raise refuse(TARGET, f"biases on the {'attention' if m.attention_bias else 'MLP'} projections only "
+                     f"({m.name}: Megatron-LM's --disable-bias-linear drops, and its default keeps, the biases of "
+                     "every linear layer; --add-qkv-bias adds the q, k, v ones)", fix)
+    if m.swiglu_limit is not None and m.gated_mlp and not m.is_moe:
+        raise refuse(TARGET, f"a clamped GLU on a dense MLP ({m.name}: Megatron-Core's TransformerConfig takes "
+                     "activation_func_clamp_value on SwiGLU with MoE only, and its dense MLP fuses no clamped quick "
+                     "GEGLU)", fix)
 
 
 def check_ep_overlap(pf: PlanFile) -> None:
@@ -403,6 +490,7 @@ def check(pf: PlanFile) -> None:
                      "--embed-layernorm; Megatron-LM at d98e8a6 has no flag for it, so the script would train "
                      "the model without it)", "export to deepspeed with a Megatron-DeepSpeed training script, "
                      "or use a spec without embedding_norm")
+    check_model_features(pf)
     check_router(pf)
     check_ep_overlap(pf)
     p = pf.plan

@@ -72,6 +72,13 @@ def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
             "(FlexAttention's all-gather of the K/V, which applies any mask) or --cp 1")
 
 
+def _cp_sparse_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
+    return (f"cp_impl {p.cp_impl} with cp {p.cp} cannot run {m.name}'s DeepSeek Sparse Attention (top-{m.index_topk} "
+            "keys per query from its lightning indexer): Megatron-Core's DSA runs context parallelism only by "
+            "all-gathering the K/V (cp_comm_type allgather), not the ring this plan prices; use --cp-impl "
+            "torch-allgather (an all-gather of the K/V) or --cp 1")
+
+
 RULES: tuple[Rule, ...] = (
     *HEAD_RULES,
     *PIPELINE_RULES,
@@ -83,6 +90,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
     Rule("cp_attention_mask", lambda m, p, c: (p.cp == 1) | cp_masks_ok(m, p), _cp_mask_message),
+    # NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/experimental_attention_variant/dsa.py (DSAttention):
+    # "DSAttention context parallelism currently supports cp_comm_type=allgather only"
+    Rule("cp_sparse_attention",
+         lambda m, p, c: (p.cp == 1) | (not m.is_sparse_attention) | (p.cp_impl == "torch-allgather"),
+         _cp_sparse_message),
     # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
     # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
     Rule("seq_len_context",
