@@ -265,7 +265,15 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     # them (space-separated after the flag, as --recompute-modules: arguments.py nargs '*', d98e8a64dd)
     off = p.fine_grained_offload_modules
     pairs += [("--fine-grained-activation-offloading", bool(off)),
-              ("--offload-modules", " ".join(off) if off else None)]
+              ("--offload-modules", " ".join(off) if off else None),
+              # TransformerConfig.__post_init__ (d98e8a6, transformer_config.py:2967-2975) asserts a non-negative
+              # fine_grained_offloading_max_inflight_offloads with full_iteration graphs (no record_stream inside
+              # the capture: the main stream joins each name's D2H copies itself). 1, as Megatron-Bridge's GB300
+              # DeepSeek-V3 full-iteration preset sets it (perf_recipes/deepseek/gb300/deepseek_v3.py at
+              # 067f987df), is the one-copy-per-name window moe_act_offload_exposed prices; the cap only adds
+              # waits, it holds no extra HBM (docs/formulas.md#mem.offload_modules)
+              ("--fine-grained-offloading-max-inflight-offloads",
+               1 if off and p.cuda_graphs == "full-iteration" else None)]
     recipe = fp8_recipe(pf)
     pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
               ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
@@ -389,7 +397,12 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     needs the HybridEP backend and Transformer Engine's grouped-tensor GEMMs, whose split sizes stay on the GPU)."""
     p, m = pf.plan, pf.model
     if p.cuda_graphs == "layers":
-        modules = "attn moe_router moe_preprocess" if m.is_moe else "attn mlp"
+        # TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe around a graphed
+        # moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16 recipe runs it
+        # (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/nemotronh.py at
+        # 067f987df)
+        router = m.is_moe and not bool(p.recomputes("moe"))
+        modules = "attn moe_router moe_preprocess" if router else "attn" if m.is_moe else "attn mlp"
         return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-modules", modules)]
     if p.cuda_graphs == "full-iteration":
         budget = m.is_moe and p.moe_capacity_factor is None

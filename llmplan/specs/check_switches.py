@@ -119,6 +119,31 @@ def _moe_offloads(p: Any) -> tuple[str, ...]:
     return tuple(x for x in p.offload_modules if x in MOE_OFFLOAD_MODULES)
 
 
+def _graphed_norms(m: ModelSpec, p: Any) -> list[str]:
+    """The plan's norm offloads that cuda_graphs layers makes Megatron drop: attn_norm (the attn graph starts at
+    the layer's input), mlp_norm in an MoE model (attn and moe_router graphed, the MLP of its dense layers not)."""
+    mods = p.fine_grained_offload_modules
+    return [x for x in ("attn_norm", "mlp_norm") if x in mods and (x == "attn_norm" or m.is_moe)]
+
+
+def _graphed_dropout(m: ModelSpec, p: Any) -> dict[str, Any]:
+    """Per selective recompute module captured in a CUDA graph whose forward draws dropout: whether the plan
+    recomputes it (elementwise over recompute_code; cuda_graphs is one value per check)."""
+    full, layers = p.cuda_graphs == "full-iteration", p.cuda_graphs == "layers"
+    return {"core_attn": (full or layers) and m.attention_dropout > 0 and p.recomputes("core_attn"),
+            "mlp": (full or (layers and not m.is_moe)) and m.hidden_dropout > 0 and p.recomputes("mlp"),
+            "moe": full and m.hidden_dropout > 0 and p.recomputes("moe")}
+
+
+def _graphed_dropout_ok(m: ModelSpec, p: Any) -> Any:
+    hit = _graphed_dropout(m, p)
+    return np.logical_not(np.logical_or.reduce([np.asarray(v, dtype=bool) for v in hit.values()]))
+
+
+def _graphed_dropout_names(m: ModelSpec, p: Any) -> str:
+    return ", ".join(k for k, v in _graphed_dropout(m, p).items() if np.any(v))
+
+
 def _setting(p: Any, field: str) -> str:
     """A switch as a message names it: the field alone when on (ep_comm_overlap), else with its value."""
     value = getattr(p, field)
@@ -505,6 +530,33 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Megatron-Core registers these groups only in an MoE layer (moe/experts.py; mlp_norm: a "
                          "dense layer's pre-MLP norm is fused into fc1, an IdentityOp it skips), so nothing would "
                          f"move; drop {', '.join(_moe_offloads(p))} from --offload-modules"),
+    # Megatron-Core TransformerLayer._set_offload_modules (d98e8a6, transformer_layer.py:1563-1597): with the attn
+    # CUDA graph (and, in an MoE model, the moe_router one) the attn_norm / mlp_norm groups would cross a graph's
+    # edge, so Megatron turns them off with a warning; the offload llmplan priced would not happen
+    Rule("offload_norm_graphs", lambda m, p, c: p.cuda_graphs != "layers" or not _graphed_norms(m, p),
+         lambda m, p, c: f"offload_modules {', '.join(_graphed_norms(m, p))} with cuda_graphs layers: Megatron-Core "
+                         "drops these offloads when the attention (and MoE router) are graphed, their inputs crossing "
+                         "a graph's edge (TransformerLayer: 'offloading is not supported with ... cudagraph'); drop "
+                         f"{', '.join(_graphed_norms(m, p))} from --offload-modules, or use cuda_graphs full-iteration "
+                         "or none"),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6, transformer_config.py:2045-2051): NotImplementedError
+    # for 'mhc' in recompute_modules with fine-grained activation offloading
+    Rule("offload_modules_mhc", lambda m, p, c: (not p.fine_grained_offload_modules) | np.logical_not(p.recomputes("mhc")),
+         lambda m, p, c: "fine-grained activation offload with recompute module mhc: Megatron-Core does not support "
+                         "the two together (TransformerConfig: the mHC recompute hook fires before the offload "
+                         "backward chunk exists); drop mhc from --recompute-modules, or drop --offload-modules / "
+                         "--offload-moe-act"),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6, transformer_config.py:2870-2905): a graphed module
+    # that selective recompute rebuilds takes no random numbers: no attention dropout with core_attn recomputed
+    # inside a graph, no hidden dropout with mlp / moe recomputed inside one (the full-iteration graph captures
+    # all; cuda_graphs layers captures attn, and a dense model's mlp: cuda_graph_pairs)
+    Rule("cuda_graphs_recompute_dropout", lambda m, p, c: _graphed_dropout_ok(m, p),
+         lambda m, p, c: f"cuda_graphs {p.cuda_graphs} with recompute module {_graphed_dropout_names(m, p)} and "
+                         f"dropout (attention {m.attention_dropout:g}, hidden {m.hidden_dropout:g} in {m.name}): "
+                         "Megatron-Core refuses dropout in a recomputed module inside a CUDA graph (TransformerConfig: "
+                         "'dropout is not supported with graphed ... recomputation'); drop "
+                         f"{_graphed_dropout_names(m, p)} from --recompute-modules (core_attn is the default: "
+                         "list others), use --recompute none (or full with cuda_graphs full-iteration), or cuda_graphs none"),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
          lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")
