@@ -11,7 +11,7 @@ from typing import Any
 from llmplan.cost.attention_rate import fused_attention_asymptote
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training, with_checkpoint
-from llmplan.serving import ServeEstimate, estimate_serving
+from llmplan.serving import ServeEstimate, estimate_serving, largest_fitting
 from llmplan.specs.check import balanced_split, check_plan, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.defaults import min_headroom_bytes
@@ -59,6 +59,8 @@ def training_candidates(e: TrainingEstimate) -> list[tuple[str, dict[str, Any]]]
                 ("a fused (compiled) loss keeps one fp32 copy of the logits, not three", {"fused_loss": True})
                 if not p.fused_loss else None,
                 ("sequence parallelism splits norm and dropout activations over TP", {"sp": True}),
+                ("more TP ranks split the weights and the activations", {"tp": p.tp * 2, "dp": p.dp // 2, "sp": True})
+                if p.tp * 2 <= node and p.dp % 2 == 0 else None,
                 (f"ZeRO stage {min(p.zero + 1, 3)} shards more model state over DP", {"zero": min(p.zero + 1, 3)}),
                 ("more pipeline stages hold fewer layers each", _more_pp(e)),
                 ("context parallelism splits the sequence", {"cp": p.cp * 2, "dp": p.dp // 2}),
@@ -130,35 +132,93 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
 
 
 def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str, ...] | None = None) -> list[Advice]:
-    """The best few single changes for a training plan, by predicted gain."""
+    """The best few single changes for a training plan, by predicted gain. For a plan that does not fit, only
+    changes that make it fit: single ones, else the fewest memory savers together (fitting_combination), on
+    these GPUs or, failing that, on more nodes with more pipeline stages."""
+    order = order if order is not None else _default_order()
     base_tps, base_mem = float(e.throughput.tokens_per_s), float(e.memory.total)
     fits = float(e.memory.headroom) >= 0
     items = []
     for why, change in training_candidates(e):
-        try:
-            plan = e.plan.model_copy(update=change)
-            plan = type(e.plan).model_validate(plan.model_dump())
-        except ValueError:
+        changed = _changed(e, change, allowance, order)
+        if changed is None:
             continue
-        reset = unused_switches(plan)  # a switch the change leaves without its axis (tp_impl at tp 1) goes too
+        new, reset = changed
         if reset:
-            plan = plan.model_copy(update=reset)
             why += f" (and drop {', '.join('--' + k.replace('_', '-') for k in reset)}, which would do nothing then)"
-        if plan == e.plan or check_plan(e.model, plan, e.cluster):
-            continue
-        try:
-            new = estimate_training(e.model, e.cluster, plan, allowance,
-                                    order if order is not None else _default_order())
-        except LlmplanError:
-            continue
         new_fits = float(new.memory.headroom) >= 0
-        if fits and not new_fits:
+        if not new_fits:  # a change is advised only where the plan fits with it
             continue
         gain = (float(new.throughput.tokens_per_s) / base_tps - 1) if fits else (base_mem - float(new.memory.total)) / base_mem
         if gain <= 1e-6:  # no faster (a plan that fits) or frees no memory (one that does not)
             continue
         items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
+    if not fits and not items:
+        combined = fitting_combination(e, allowance, order)
+        if combined is not None:
+            items.append(combined)
     return _with_goodput(_best(items), goodput_advice(e))
+
+
+def _changed(e: TrainingEstimate, change: dict[str, Any], allowance: Any, order: tuple[str, ...],
+             cluster: Any = None) -> tuple[TrainingEstimate, dict[str, Any]] | None:
+    """(estimate, switches reset) of e's plan with `change` (on `cluster`, default e's), the switches it leaves without
+    their axis dropped (unused_switches); None when the changed plan is not valid or not new."""
+    cluster = cluster if cluster is not None else e.cluster
+    try:
+        plan = e.plan.model_copy(update=change)
+        plan = type(e.plan).model_validate(plan.model_dump())
+    except ValueError:
+        return None
+    reset = unused_switches(plan)  # a switch the change leaves without its axis (tp_impl at tp 1) goes too
+    if reset:
+        plan = plan.model_copy(update=reset)
+    if (plan == e.plan and cluster is e.cluster) or check_plan(e.model, plan, cluster):
+        return None
+    try:
+        return estimate_training(e.model, cluster, plan, allowance, order), reset
+    except LlmplanError:
+        return None
+
+
+def fitting_combination(e: TrainingEstimate, allowance: Any, order: tuple[str, ...],
+                        max_steps: int = 8) -> Advice | None:
+    """For a plan that no single change makes fit: memory savers applied one after another, each time the one
+    that frees the most (training_candidates of the plan so far), until it fits; on e's GPUs, else on 2, 4, 8
+    or 16 times the nodes with as many times the pipeline stages (model states per GPU shrink with them). The
+    first combination that fits, as one Advice of all its flags; None when none within max_steps does."""
+    c, p, m = e.cluster, e.plan, e.model
+    for k in (1, 2, 4, 8, 16):
+        cluster: Any = c
+        change: dict[str, Any] = {}
+        cur: TrainingEstimate = e
+        if k > 1:  # k times the nodes, each holding k times the pipeline stages
+            pp = p.pp * k
+            if pp > m.num_hidden_layers or p.pp_layers or p.pp_layout:
+                break
+            first, last = balanced_split(m.num_hidden_layers, pp)
+            cluster = c.model_copy(update={"num_nodes": c.num_nodes * k})
+            change = {"pp": pp, "pp_first": first, "pp_last": last}
+            grown = _changed(e, change, allowance, order, cluster)
+            if grown is None:
+                continue
+            cur = grown[0]
+        for _ in range(max_steps + 1):
+            if float(cur.memory.headroom) >= 0:
+                nodes = ("--nodes", str(cluster.num_nodes)) if cluster is not c else ()
+                why = ("together these fit" if cluster is c else
+                       f"on {cluster.num_nodes} nodes ({cluster.num_gpus} GPUs instead of {c.num_gpus}) these "
+                       f"fit (llmplan search --nodes {cluster.num_nodes} ranks all that do)")
+                return Advice(f"no single change fits; {why}", (*nodes, *_training_flags(change, p)),
+                              _training_numbers(cur), (float(e.memory.total) - float(cur.memory.total))
+                              / float(e.memory.total))
+            steps = [(st[0], {**change, **ch}) for _, ch in training_candidates(cur)
+                     if (st := _changed(e, {**change, **ch}, allowance, order, cluster)) is not None]
+            steps = [s for s in steps if float(s[0].memory.total) < float(cur.memory.total)]
+            if not steps:
+                break
+            cur, change = min(steps, key=lambda s: float(s[0].memory.total))
+    return None
 
 
 def goodput_advice(e: TrainingEstimate) -> list[Advice]:
@@ -240,9 +300,12 @@ def serving_bound(e: ServeEstimate) -> str:
 def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
     """The best few single changes for a serving plan, the cheapest first: those on the same GPUs (a larger
     batch where the SLOs allow one, chunked prefill and prefix caching for TTFT, an fp8 KV cache), by predicted
-    gain, then those that need more GPUs (more TP, more replicas), by gain."""
+    gain, then those that need more GPUs (more TP, more replicas), by gain. For a plan that does not fit, only
+    changes that make it fit, ranked by throughput against the plan at the batch that fits (largest_fitting)."""
     p, j = e.plan, e.job
     bound = serving_bound(e)
+    fits = bool(e.memory.fits)
+    fitting = None if fits else largest_fitting(e, allowance)
     cands: list[tuple[str, dict, dict]] = []
     if bound != "ttft" and e.slo_batch and e.slo_batch > j.batch:  # printed with the SLOs: the cheapest change
         cands.append((f"the SLOs allow {e.slo_batch:,} concurrent sequences per replica (now {j.batch:,}): a "
@@ -254,10 +317,13 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
     if bound == "ttft":
         cands += [("larger prefill chunks (max_num_batched_tokens)", {}, {"max_num_batched_tokens": j.max_num_batched_tokens * 2}),
                   ("prefix caching skips shared prompt tokens", {}, {"prefix_hit_rate": min(0.9, j.prefix_hit_rate + 0.5)})]
-    if bound == "capacity":
-        cands.append(("a smaller batch per replica fits the KV cache", {}, {"batch": max(1, e.memory.max_concurrent_seqs)}))
+    if fitting is not None:
+        cands.append((f"a batch of {fitting.job.batch:,} per replica is the most the KV cache holds", {},
+                      {"batch": fitting.job.batch}))
+    if not fits:
+        cands += _fitting_serving_candidates(e, allowance)
     cands.append(("more replicas serve more requests", {"dp": p.dp * 2}, {}))
-    base = e.tokens_per_s
+    base = fitting.tokens_per_s if fitting is not None else e.tokens_per_s
     items = []
     for why, plan_change, job_change in cands:
         if not plan_change and not job_change:
@@ -272,9 +338,15 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
             new = estimate_serving(e.model, cluster, plan, job, allowance)
         except (LlmplanError, ValueError):
             continue
-        gain = new.tokens_per_s / base - 1 if bound != "ttft" else float(e.timing.ttft) / float(new.timing.ttft) - 1
-        if gain <= 1e-6:
-            continue
+        if not fits and not new.memory.fits:
+            continue  # a plan that does not fit is advised only changes that make it fit
+        if not fits:  # against what the plan achieves at the batch that fits (none: the memory it saves)
+            gain = (new.tokens_per_s / base - 1 if fitting is not None
+                    else float(e.memory.total - new.memory.total) / float(e.memory.total))
+        else:
+            gain = new.tokens_per_s / base - 1 if bound != "ttft" else float(e.timing.ttft) / float(new.timing.ttft) - 1
+            if gain <= 1e-6:
+                continue
         flags = sum((_flag(k.replace("_", "-"), v) for k, v in {**plan_change, **job_change}.items()), ())
         if job_change.get("batch", 0) > j.batch and (not new.memory.fits or (
                 j.tpot_slo_s is not None and float(new.timing.tpot) > j.tpot_slo_s) or (
@@ -287,8 +359,38 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
         items.append(Advice(f"{bound}-bound: {why}", flags, {
             "ttft_s": float(new.timing.ttft), "tpot_s": float(new.timing.tpot), "tokens_per_s": new.tokens_per_s,
             "max_concurrent_seqs": float(new.memory.max_concurrent_seqs), "gpus": float(plan.num_gpus),
-            "tokens_per_s_per_gpu": new.tokens_per_s / plan.num_gpus}, gain))
+            "tokens_per_s_per_gpu": new.tokens_per_s / plan.num_gpus, "fits": float(bool(new.memory.fits))}, gain))
     return sorted(_best(items), key=lambda a: a.predicted["gpus"] > p.num_gpus)  # stable: by gain within each
+
+
+def _fitting_serving_candidates(e: ServeEstimate, allowance: Any) -> list[tuple[str, dict, dict]]:
+    """Changes that make a serving plan that does not fit fit: the fewest TP ranks within a node that hold the
+    whole batch (same replicas, more GPUs), and an fp8 KV cache at the batch it holds (same GPUs)."""
+    p, j = e.plan, e.job
+    out: list[tuple[str, dict, dict]] = []
+    tp = p.tp * 4  # tp * 2 is priced among the ordinary candidates
+    while tp <= e.cluster.system.gpus_per_node:
+        try:
+            plan = type(p).model_validate(p.model_copy(update={"tp": tp}).model_dump())
+            cluster = _cluster_for(e, plan)
+            if not check_serve_plan(e.model, plan, j, cluster) and \
+                    estimate_serving(e.model, cluster, plan, j, allowance).memory.fits:
+                out.append((f"tp {tp} holds all {j.batch:,} sequences' KV cache", {"tp": tp}, {}))
+                break
+        except (LlmplanError, ValueError):
+            pass
+        tp *= 2
+    if p.kv_dtype != "fp8":
+        try:
+            plan = type(p).model_validate(p.model_copy(update={"kv_dtype": "fp8"}).model_dump())
+            fp8 = estimate_serving(e.model, e.cluster, plan, j, allowance)
+            held = largest_fitting(fp8, allowance)
+            if held is not None:
+                out.append((f"an fp8 KV cache holds {held.job.batch:,} sequences per replica", {"kv_dtype": "fp8"},
+                            {"batch": held.job.batch}))
+        except (LlmplanError, ValueError):
+            pass
+    return out
 
 
 def _cluster_for(e: ServeEstimate, plan: Any) -> Any:

@@ -252,6 +252,17 @@ def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJ
     return job.model_copy(update={"batch": batch})
 
 
+def largest_fitting(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> ServeEstimate | None:
+    """A plan that does not fit, priced at the most running sequences per replica that do (at_max_load, capped
+    by its batch): what it can achieve; None when it fits, or when not even one sequence fits.
+    Derived: docs/formulas.md#infer.capacity"""
+    if e.memory.fits or e.memory.kv_available <= 0:
+        return None
+    job = at_max_load(e.model, e.cluster, e.plan, e.job, allowance, cap=e.job.batch)
+    fit = estimate_serving(e.model, e.cluster, e.plan, job, allowance)
+    return fit if fit.memory.fits and job.batch < e.job.batch else None
+
+
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
     """Serving relies on fused attention (an MLA decode kernel for latent attention; without it the engine
     caches expanded K and V; without flash attention the scores go through memory; both counted) and, for fp8

@@ -21,7 +21,7 @@ from llmplan.fileio import check_target
 from llmplan.hetero import estimate_hetero
 from llmplan.planfile import load_plan, plan_document, saved_pools, serve_plan_document, save_refs
 from llmplan.report.pools import hetero_json, pinned_view
-from llmplan.serving import at_max_load, estimate_serving
+from llmplan.serving import at_max_load, estimate_serving, largest_fitting
 from llmplan.specs.check import check_plan
 from llmplan.specs.check_switches import named_switch_violations
 from llmplan.specs.defaults import default_seq_len
@@ -108,7 +108,9 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
             stderr_line("warning", warning)
     # The advice ranks changes by co-located throughput and TTFT; a one-phase pool is priced on its own phase.
     advice = advise_serving(se, allowance) if plan.phase == "both" else None
-    emit(report.serve_json(se, advice), output.json_mode, lambda: report.serve_view(out, se, advice))
+    fitting = largest_fitting(se, allowance)  # a plan that does not fit: what the batch that fits achieves
+    emit(report.serve_json(se, advice, fitting), output.json_mode,
+         lambda: report.serve_view(out, se, advice, fitting))
     if output.save is not None:
         refs = save_refs(c.model, c.hardware, output.save)
         save_best(output.save, {**serve_plan_document(se, allowance, report.serve_json(se), refs),
@@ -165,7 +167,8 @@ def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx
     pf = load_plan(path)
     if pf.mode == "infer":
         se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.serve_job, pf.allowance)
-        emit(report.serve_json(se), output.json_mode, lambda: report.serve_view(out, se))
+        fitting = largest_fitting(se, pf.allowance)
+        emit(report.serve_json(se, fitting=fitting), output.json_mode, lambda: report.serve_view(out, se, fitting=fitting))
         return
     checkpoint = build(CheckpointPolicy, pf.document.checkpoint or {}, f"{path} (checkpoint)")
     pools = saved_pools(pf)

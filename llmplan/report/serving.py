@@ -27,7 +27,10 @@ from llmplan.specs.serve import LengthDistribution, ServeJob
 
 
 
-def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
+def serve_json(e: ServeEstimate, advice: list | None = None, fitting: ServeEstimate | None = None) -> dict[str, Any]:
+    """`fitting`: for a plan that does not fit, the same plan at the most sequences that fit
+    (serving.largest_fitting); its figures go under "at_fitting_batch" and "achievable" says the plan's own
+    ttft_s, tpot_s and throughput are not."""
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     return {
         "schema": SCHEMA, "mode": "infer", "model": e.model.name, "hardware": e.cluster.system.name,
@@ -42,6 +45,8 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         **decode_graph_json(e),
         "ttft_s": float(t.ttft), "tpot_s": float(t.tpot), "e2e_s": float(t.e2e),
         "queue_wait_s": e.queue_wait_s, "ttft_includes_queueing": e.queue_wait_s is not None,
+        "achievable": bool(mem.fits),
+        **({} if mem.fits else {"at_fitting_batch": fitting_json(fitting)}),
         "throughput": {"tokens_per_s": e.tokens_per_s, "tokens_per_s_per_replica": float(t.tokens_per_s_replica),
                        "tokens_per_s_per_gpu": e.tokens_per_s / p.num_gpus},
         "slo": {"ttft_s": j.ttft_slo_s, "tpot_s": j.tpot_slo_s, "max_batch": e.slo_batch,
@@ -60,6 +65,15 @@ def serve_json(e: ServeEstimate, advice: list | None = None) -> dict[str, Any]:
         **({"length_distribution": lengths_json(e)} if e.lengths is not None else {}),
         **({"phase": phase_json(e)} if e.phase is not None else {}),
     }
+
+
+def fitting_json(f: ServeEstimate | None) -> dict[str, Any] | None:
+    """What a plan that does not fit achieves at the most sequences that fit (None: not even one fits)."""
+    if f is None:
+        return None
+    return {"batch": f.job.batch, "ttft_s": float(f.timing.ttft), "tpot_s": float(f.timing.tpot),
+            "e2e_s": float(f.timing.e2e), "tokens_per_s": f.tokens_per_s,
+            "tokens_per_s_per_gpu": f.tokens_per_s / f.plan.num_gpus}
 
 
 def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
@@ -202,7 +216,8 @@ def recurrent_kinds(m: ModelSpec) -> str:
     return " and ".join(kinds) or "recurrent"
 
 
-def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -> None:
+def serve_view(console: Console, e: ServeEstimate, advice: list | None = None,
+               fitting: ServeEstimate | None = None) -> None:
     mem, t, p, j = e.memory, e.timing, e.plan, e.job
     console.print(f"[bold]{e.model.name}[/] serving on {e.cluster.num_nodes} x {e.cluster.system.name}: "
                   f"{p.describe()}; "
@@ -241,23 +256,28 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
         console.print(f"[bold red]DOES NOT FIT[/]: weights, activations and runtime exceed the usable memory by "
                       f"{gib(-mem.kv_available)} GiB; raise tp/pp or quantise the weights")
     else:
+        most = fitting.job.batch if fitting is not None else mem.max_concurrent_seqs
+        aside = (f" (the {mem.max_concurrent_seqs:,} above is beside {j.batch:,} sequences' activation workspace)"
+                 if most != mem.max_concurrent_seqs else "")
         console.print(f"[bold red]DOES NOT FIT[/]: {j.batch:,} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
-                      f"GiB; at most {mem.max_concurrent_seqs:,} fit")
+                      f"GiB; at most {most:,} fit{aside}")
     if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
         for line in phase_lines(e):
             console.print(line)
+    elif not mem.fits:  # no timing for a batch that cannot run; the batch that fits instead, labelled
+        not_fit_view(console, e, fitting)
     else:
         console.print(f"TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT {float(t.tpot) * 1e3:,.2f} ms, end-to-end "
                       f"{float(t.e2e):,.2f} s; {e.tokens_per_s:,.0f} output tokens/s "
                       f"({e.tokens_per_s / p.num_gpus:,.0f} per GPU)")
         console.print(queue_note(e.queue_wait_s, e.job.request_rate))
-    iv = serving_interval(e) if e.phase is None else None
+    iv = serving_interval(e) if e.phase is None and mem.fits else None
     if iv is not None:
         (flo, fhi), (plo, phi), (rlo, rhi) = iv["ttft_s"], iv["tpot_s"], iv["tokens_per_s"]
         console.print(f"80% interval: TTFT {flo * 1e3:,.1f}-{fhi * 1e3:,.1f} ms, TPOT {plo * 1e3:,.2f}-"
                       f"{phi * 1e3:,.2f} ms, {rlo:,.0f}-{rhi:,.0f} output tokens/s (from {iv['records']} "
                       "left-out TensorRT-LLM runs)")
-    elif (why := serving_interval_withheld(e)) is not None:
+    elif mem.fits and (why := serving_interval_withheld(e)) is not None:
         console.print(f"no 80% interval: {why}")
     if j.prefix_hit_rate:
         console.print(f"prefix cache: {100 * j.prefix_hit_rate:.0f}% of each prompt cached; TTFT "
@@ -271,7 +291,24 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None) -
     if e.lengths is not None:
         lengths_view(console, e)
     if advice:
-        console.print(advice_table(advice, e.tokens_per_s, serving=True))
+        base = e.tokens_per_s if mem.fits else (fitting.tokens_per_s if fitting is not None else None)
+        console.print(advice_table(advice, base, serving=True, to_fit=not mem.fits))
+    elif advice is not None and not mem.fits:
+        console.print("No single change on these options makes it fit: try llmplan search --mode infer")
+
+
+def not_fit_view(console: Console, e: ServeEstimate, fitting: ServeEstimate | None) -> None:
+    """A plan that does not fit: its TTFT, TPOT and throughput are not achievable, so none is printed; what
+    the most sequences that fit would give (serving.largest_fitting), labelled as such."""
+    console.print(f"[bold red]not achievable[/]: {e.job.batch:,} sequences per replica do not fit, so no TTFT, "
+                  "TPOT or throughput is given for them")
+    if fitting is None:
+        return
+    f, t = fitting, fitting.timing
+    console.print(f"at the {f.job.batch:,} sequences that fit: TTFT {float(t.ttft) * 1e3:,.1f} ms, TPOT "
+                  f"{float(t.tpot) * 1e3:,.2f} ms, end-to-end {float(t.e2e):,.2f} s; {f.tokens_per_s:,.0f} "
+                  f"output tokens/s ({f.tokens_per_s / f.plan.num_gpus:,.0f} per GPU)")
+    console.print(queue_note(f.queue_wait_s, f.job.request_rate))
 
 
 def speculative_view(console: Console, e: ServeEstimate) -> None:

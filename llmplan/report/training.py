@@ -175,6 +175,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "time": {**time_json(e.time), "sustained_fraction": sustained_fraction(e)},
         "throughput": throughput_json(e.throughput, e.time),
         "bottleneck": e.bottleneck,
+        "achievable": bool(e.memory.fits),
         "interval": training_interval(e),
         "comm": comm_json(e.comm, c.system),
         "operators": [{"operator": u.operator, "kernel": u.kernel, "available": u.available, "fallback": u.fallback,
@@ -224,9 +225,11 @@ def split_text(layers: tuple[int, ...] | list[int]) -> str:
     return "+".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
-def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -> Table:
-    """What to change next: each change, the flags that make it, and what it predicts."""
-    t = ReportTable(title="What to change next (each alone, predicted by the same model)")
+def advice_table(items: list, base_tokens_per_s: float | None, serving: bool = False, to_fit: bool = False) -> Table:
+    """What to change next: each change, the flags that make it, and what it predicts; `to_fit`: the plan does
+    not fit and each change makes it fit; the % against `base_tokens_per_s` (none when it is None)."""
+    t = ReportTable(title="What makes it fit (predicted by the same model)" if to_fit else
+                    "What to change next (each alone, predicted by the same model)")
     t.add_column("change")
     t.add_column("add flags", style="cyan")
     t.add_column("tokens/s", justify="right")
@@ -234,8 +237,9 @@ def advice_table(items: list, base_tokens_per_s: float, serving: bool = False) -
     for a in items:
         p = a.predicted
         last = f"{1000 * p['ttft_s']:,.1f}" if serving else f"{p['memory_gib']:,.1f}"
-        change = 100 * (p["tokens_per_s"] / base_tokens_per_s - 1)
-        tokens = f"{p['tokens_per_s']:,.0f} ({change:+.1f}%)"
+        tokens = f"{p['tokens_per_s']:,.0f}"
+        if base_tokens_per_s:
+            tokens += f" ({100 * (p['tokens_per_s'] / base_tokens_per_s - 1):+.1f}%)"
         if "effective_tokens_per_s" in p:  # a checkpointing change: the tokens/s that survive failures
             tokens = f"{p['effective_tokens_per_s']:,.0f} eff. ({100 * a.gain:+.1f}%)"
         t.add_row(a.change, flags_text(a.flags), tokens, last)
@@ -275,10 +279,15 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
                           f"{e.cluster.system.gpu.name} does not list; falls back to {u.fallback}{cost}")
     console.print(comm_table(e.comm, e.cluster.system))
     console.print(time_table(e))
-    for line in goodput_lines(e.goodput, float(e.throughput.tokens_per_s)) if e.goodput is not None else ():
+    for line in goodput_lines(e.goodput, float(e.throughput.tokens_per_s)) \
+            if e.goodput is not None and e.memory.fits else ():  # a plan that does not fit trains no tokens
         console.print(line, highlight=False)
     if advice:
-        console.print(advice_table(advice, float(e.throughput.tokens_per_s)))
+        fits = bool(e.memory.fits)
+        console.print(advice_table(advice, float(e.throughput.tokens_per_s) if fits else None, to_fit=not fits))
+    elif advice is not None and not e.memory.fits:
+        console.print("No change llmplan tried makes it fit: llmplan search ranks the plans that do, or says "
+                      "how many nodes it needs")
 
 
 EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
@@ -311,7 +320,9 @@ def time_table(e: TrainingEstimate) -> Table:
     t.add_row("[bold]step[/]", f"[bold]{st.total:,.4f}[/]", "100.0%", "")
     low = (f" (vs bf16; {100 * tp.mfu_low_precision:.1f}% vs the {e.plan.gemm_format} peak)"
            if tp.mfu_low_precision is not None else "")
-    t.caption = (f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
+    # a plan that does not fit cannot run: its step time is what the cost model gives, not what it achieves
+    t.caption = ("" if e.memory.fits else "[bold red]not achievable[/] (the plan does not fit): ") + (
+                 f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
                  f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
                  f"bottleneck: {e.bottleneck}; tensor cores priced at {100 * sustained_fraction(e):.1f}% of "
                  f"peak (step.power)")
