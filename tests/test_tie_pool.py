@@ -159,3 +159,45 @@ def test_a_plan_passes_only_plans_tied_with_it(ranked, resolution):
     assert [(n.upper, n.lower) for n in notes] == [(k, k + 1) for k in range(1, len(order)) if k + 1 in tied[k - 1]]
     if all(apart(ranked[i], ranked[j]) > resolution for i in range(len(ranked)) for j in range(i)):
         assert order == list(range(len(ranked)))
+
+
+def _plan_est(rate: float, headroom_gib: float, ep: int = 1, zero: int = 1, axes: int = 1) -> SimpleNamespace:
+    """A fake estimate of an MoE model: `axes` parallel axes (pp, dp, tp at 2 in turn; ep beside them)."""
+    deg = [2 if k < axes else 1 for k in range(3)]
+    plan = SimpleNamespace(tp=deg[2], pp=deg[0], dp=deg[1], cp=1, ep=ep, vpp=1, zero=zero, recompute="none")
+    return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=True),
+                           cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                           memory=SimpleNamespace(headroom=headroom_gib * GIB),
+                           throughput=SimpleNamespace(tokens_per_s=rate))
+
+
+def test_tied_plans_are_ordered_by_one_key_not_by_neighbours():
+    # a, b, c of one shape, all tied; c has 3 GiB more headroom than a (decide: c first), b 1.5 GiB more than a
+    # and 1.5 less than c (decide separates neither pair). Inserting by neighbours kept a first (b did not pass
+    # a, so c, compared with b only, stopped there), though c is preferred to it; one key (headroom in 2 GiB
+    # tiers below the group's most) cannot leave a plan first that another plan of the group is preferred to here.
+    from llmplan.search.ties import decide
+
+    a, b, c = _plan_est(100.0, 10.0), _plan_est(99.5, 11.5), _plan_est(99.0, 13.0)
+    assert decide(c, a)[0] < 0 and decide(b, a)[0] == 0 and decide(c, b)[0] == 0
+    order, _, _ = resolve([a, b, c], 0.1)
+    first = [a, b, c][order[0]]
+    assert first is not a
+    assert all(decide(x, first)[0] >= 0 for x in (a, b, c) if x is not first)
+
+
+def test_a_cycle_of_pairwise_rules_cannot_put_zero3_gathering_every_expert_first():
+    # z: dp-only ZeRO-3 of an MoE model (1 axis); m: ep 1, ZeRO-1, 2 axes; e: ep 2, 3 axes. decide goes round:
+    # z over m (fewer axes), m over e (fewer axes), e over z (experts on their EP ranks). In every ranked order
+    # of the three (all tied) the resolved order is the same, m, e, z: one key, gatherers last beside an EP plan.
+    from itertools import permutations
+
+    from llmplan.search.ties import decide
+
+    z, m, e = _plan_est(1.0, 10.0, zero=3, axes=1), _plan_est(1.0, 10.0, axes=2), _plan_est(1.0, 10.0, ep=2, axes=2)
+    assert decide(z, m)[0] < 0 and decide(m, e)[0] < 0 and decide(e, z)[0] < 0
+    for perm in permutations((z, m, e)):
+        ranked = [SimpleNamespace(**{**vars(x), "throughput": SimpleNamespace(tokens_per_s=100.0 - k)})
+                  for k, x in enumerate(perm)]
+        order, _, _ = resolve(ranked, 0.1)
+        assert [perm[i] for i in order] == [m, e, z]

@@ -130,17 +130,22 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
 
 def robust_first(ranked: list[Any], tied: list[int]) -> int:
     """The plan of `tied` (indices into `ranked`, pairwise within the resolution, in ranked order) that the
-    rules put first: an insertion sort by decide (a handful of plans), stable on the ranked order. Plans
-    gathering every expert by ZeRO-3 are inserted last where the group holds an EP plan, so the EP rule (which
-    only compares plans of different EP degrees) is not bypassed through a third plan that "fewer parallel
-    axes" puts between them."""
-    group = list(tied)
-    if any(ranked[i].plan.ep > 1 for i in group):
-        group.sort(key=lambda i: _gathers_every_expert(ranked[i]))
-    out: list[int] = []
-    for i in group:
-        k = len(out)
-        while k > 0 and decide(ranked[i], ranked[out[k - 1]])[0] < 0:
-            k -= 1
-        out.insert(k, i)
-    return out[0]
+    rules put first: the least robust_key, a total order (decide's rules as one lexicographic key, not applied
+    pair by pair), so no cycle of pairwise decisions can leave a plan first that another rule puts below a
+    third plan of the group (docs/validation.md#tie-order)."""
+    return min(tied, key=lambda i: robust_key(ranked, tied, i))
+
+
+def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
+    """decide's rules, in order, as one sort key for plan i of `group`: TP inside the NVLink domain; where the
+    group holds an EP plan, plans gathering every expert by ZeRO-3 last (decide compares them across EP
+    degrees only, so that rule alone made a cycle through a third plan with fewer axes); fewer axes; smaller
+    CP; headroom in HEADROOM_STEP tiers below the group's most (a pairwise 2 GiB threshold is no order); lower
+    ZeRO; less recompute; then the ranked order (faster prediction)."""
+    e, es = ranked[i], [ranked[j] for j in group]
+    has_ep = any(x.plan.ep > 1 for x in es)
+    most = max(float(x.memory.headroom) for x in es)
+    order = {"none": 0, "selective": 1, "op": 2, "full": 3}
+    return (_tp_crosses_node(e), has_ep and _gathers_every_expert(e), _axes(e.plan), e.plan.cp,
+            math.floor((most - float(e.memory.headroom)) / HEADROOM_STEP), e.plan.zero,
+            order.get(e.plan.recompute, 0), i)
