@@ -93,7 +93,10 @@ def test_llama_torchtitan_keeps_other_variants_that_export(cli, tmp_path):
     plans = doc["plans"]
     assert len(plans) > 1
     best = json.loads(saved.read_text())
-    assert best["plan"] == plans[0]["plan"]  # --save wrote the kept #1
+    # --save wrote the kept #1, a dense model's expert TP as "same as tp" (0) where the search's grid fills tp
+    # (planfile._saved_plan, docs: a hand edit of plan.tp is then not refused for an expert degree)
+    assert best["plan"]["etp"] == 0 and plans[0]["plan"]["etp"] == plans[0]["plan"]["tp"]
+    assert {**best["plan"], "etp": plans[0]["plan"]["etp"]} == plans[0]["plan"]
     for row in plans:
         path = tmp_path / f"plan{row['rank']}.json"
         path.write_text(json.dumps({**best, "plan": row["plan"]}))
