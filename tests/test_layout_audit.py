@@ -163,7 +163,6 @@ def test_with_ep_line_gives_each_plans_bytes_and_the_tie_rule_only_when_tied():
     assert "tied" not in with_ep_line(a, b, 1e-6, "the rule")  # outside the resolution: not tied
 
 
-@pytest.mark.xfail(strict=True, reason="not a cycle since the MoE routing passes (docs/validation.md#routing-passes): no EP plan is among the tie pool's 5 layouts (the best ep2 layout, 414,144 tok/s, is 6th), and the EP rule only compares plans across EP degrees, so dp-only ZeRO-3 (410,648) passes pp4 dp8 vpp6 (431,093) on fewer axes; whether the pool should hold the best EP layout tied with a gatherer is its own issue (docs/validation.md#tie-order)")
 def test_zero3_gathering_every_expert_is_not_first_through_a_third_tied_plan(cli):
     # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3 (#1 by prediction), a plan with fewer axes than the EP plan,
     # and the EP plan are all tied; pairwise, ZeRO-3 beats the middle plan on fewer axes, the middle plan beats

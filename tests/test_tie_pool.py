@@ -25,7 +25,8 @@ def ranked_plans(draw):  # type: ignore[no-untyped-def]
         plan = SimpleNamespace(tp=draw(DEGREES), pp=draw(DEGREES), dp=draw(DEGREES), cp=draw(DEGREES), ep=1,
                                vpp=draw(st.sampled_from([1, 2, 4])), zero=draw(st.integers(0, 3)),
                                recompute=draw(st.sampled_from(["none", "selective", "full"])))
-        out.append(SimpleNamespace(plan=plan, cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+        out.append(SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=draw(st.booleans())),
+                                   cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
                                    memory=SimpleNamespace(headroom=draw(st.floats(0, 40)) * GIB),
                                    throughput=SimpleNamespace(tokens_per_s=r)))
     return out
@@ -110,7 +111,8 @@ def _fake(rate: float, axes: int) -> SimpleNamespace:
     """A fake estimate with `axes` parallel axes (tp, then pp, dp, cp at 2) and the given tokens/s."""
     deg = [2 if k < axes else 1 for k in range(4)]
     plan = SimpleNamespace(tp=deg[0], pp=deg[1], dp=deg[2], cp=deg[3], ep=1, vpp=1, zero=1, recompute="none")
-    return SimpleNamespace(plan=plan, cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+    return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=False),
+                           cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
                            memory=SimpleNamespace(headroom=10 * GIB), throughput=SimpleNamespace(tokens_per_s=rate))
 
 

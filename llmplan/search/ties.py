@@ -138,14 +138,16 @@ def robust_first(ranked: list[Any], tied: list[int]) -> int:
 
 def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
     """decide's rules, in order, as one sort key for plan i of `group`: TP inside the NVLink domain; where the
-    group holds an EP plan, plans gathering every expert by ZeRO-3 last (decide compares them across EP
-    degrees only, so that rule alone made a cycle through a third plan with fewer axes); fewer axes; smaller
+    group holds a plan that does not gather every expert (an EP plan, or ZeRO 0-2 at ep 1), plans gathering
+    every expert by ZeRO-3 last (decide compares them across EP degrees only, so that rule alone made a cycle
+    through a third plan with fewer axes, and left dp-only ZeRO-3 of an MoE model first among tied layouts
+    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller
     CP; headroom in HEADROOM_STEP tiers below the group's most (a pairwise 2 GiB threshold is no order); lower
     ZeRO; less recompute; then the ranked order (faster prediction)."""
     e, es = ranked[i], [ranked[j] for j in group]
-    has_ep = any(x.plan.ep > 1 for x in es)
+    other = any(not _gathers_every_expert(x) for x in es)
     most = max(float(x.memory.headroom) for x in es)
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
-    return (_tp_crosses_node(e), has_ep and _gathers_every_expert(e), _axes(e.plan), e.plan.cp,
+    return (_tp_crosses_node(e), other and _gathers_every_expert(e), _axes(e.plan), e.plan.cp,
             math.floor((most - float(e.memory.headroom)) / HEADROOM_STEP), e.plan.zero,
             order.get(e.plan.recompute, 0), i)
