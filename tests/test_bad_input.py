@@ -126,12 +126,12 @@ def test_token_counts_are_asked_for_as_token_counts(cli, flag, value):
      "global_batch"),
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--seq-len", str(10**30)], "seq"),
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--micro-batch", str(10**30)], "micro"),
-    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--overhead-gib", "inf"], "fixed_gib"),
+    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--overhead-gib", "inf"], "--overhead-gib"),
     (["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--batch-tokens", "1e400"], "1e400"),
     (["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--batch-tokens", str(10**40)], "beyond"),
     (["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--train-tokens", "1e400"], "1e400"),
     (["collective", "--hardware", "dgx-h100", "--size", "1e400"], "1e400"),
-    (["collective", "--hardware", "dgx-h100", "--gpus", str(10**20)], "num_nodes"),
+    (["collective", "--hardware", "dgx-h100", "--gpus", str(10**20)], "--gpus"),
     (["estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--batch", str(10**30)],
      "batch"),
 ])
@@ -202,7 +202,7 @@ def test_json_output_is_always_valid(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--json", "--overhead-gib", "inf")
     assert r.code == 2
     doc = json.loads(r.out)  # the error as JSON
-    assert doc["error"]["code"] == 2 and "fixed_gib" in doc["error"]["message"]
+    assert doc["error"]["code"] == 2 and "--overhead-gib" in doc["error"]["message"]
     r = cli("collective", "--hardware", "dgx-h100", "--size", "1e400", "--json")
     assert r.code == 2 and json.loads(r.out)["error"]["code"] == 2
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--bogus", "--json")
