@@ -42,7 +42,7 @@ def _gathers_every_expert(e: Any) -> bool:
     """ZeRO-3 of an MoE model without expert parallelism: every expert's weights gathered to every GPU each
     micro-batch, though a token uses k of them (2.5-3x the bytes per GPU of the best EP plan in
     docs/validation.md#layout-audit; the published MoE runs all use EP)."""
-    return bool(e.model.is_moe) and e.plan.ep == 1 and e.plan.zero >= 3
+    return e.plan.ep == 1 and e.plan.zero >= 3 and bool(e.model.is_moe)
 
 
 def _tp_crosses_node(e: Any) -> bool:
@@ -145,9 +145,9 @@ def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
     CP; headroom in HEADROOM_STEP tiers below the group's most (a pairwise 2 GiB threshold is no order); lower
     ZeRO; less recompute; then the ranked order (faster prediction)."""
     e, es = ranked[i], [ranked[j] for j in group]
-    other = any(not _gathers_every_expert(x) for x in es)
+    gathers = _gathers_every_expert(e) and any(not _gathers_every_expert(x) for x in es)
     most = max(float(x.memory.headroom) for x in es)
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
-    return (_tp_crosses_node(e), other and _gathers_every_expert(e), _axes(e.plan), e.plan.cp,
+    return (_tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp,
             math.floor((most - float(e.memory.headroom)) / HEADROOM_STEP), e.plan.zero,
             order.get(e.plan.recompute, 0), i)
