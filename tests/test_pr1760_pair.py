@@ -36,18 +36,18 @@ def test_the_off_arms_all_to_alls_cannot_carry_its_miss(arms):
     assert off["calls"] == 128 * 12 * 4 and off["probs_calls"] == 128 * 12 * 2
     assert off["probs_message"] == pytest.approx(4 * 4096 * 8, rel=0.02)
     assert off["floor_call_s"] < off["call_s"]
+    # with its all-to-alls at their line-rate floor the arm is still priced over 5% slow (the rest of the step,
+    # 15.7 s since docs/validation.md#routing-passes, 16.3 s before, is within 2% of the measured 16.0 s)
     rest = off["total"] - off["ep"]
-    assert rest > off["meas"]  # the step without any all-to-all is already priced over the measured one
     assert rest + off["ep_floor"] > 1.05 * off["meas"]
 
 
 def test_rows_on_the_same_path_are_priced_fast_and_bf16_rows_slow(published_runs, arms):
     off, _ = arms
     assert off["err"] < -8
-    # the two 26.x rows priced fast, the 25.09 token-drop row within 1% (+1.1% before docs/validation.md#ep-stage
-    # counted its all-to-alls on 12 MoE layers, not 11, and added the probabilities' calls): none slow like the arm
-    assert all(P.take_apart(published_runs[rid])["err"] > 0 for rid in P.SAME_PATH[:2])
-    assert abs(P.take_apart(published_runs[P.SAME_PATH[2]])["err"]) < 1
+    # the rows on the same all-to-all path are priced fast (the two 26.x rows +8.7 / +9.6%, the 25.09 row +2.8%
+    # since docs/validation.md#routing-passes): none slow like the arm
+    assert all(P.take_apart(published_runs[rid])["err"] > 0 for rid in P.SAME_PATH)
     assert all(P.take_apart(published_runs[rid])["err"] < -8 for rid in P.SAME_PRECISION)
 
 
