@@ -161,7 +161,6 @@ def mlp_bias_params(m: ModelSpec, f: int, width: int | None = None) -> int:
     return ((2 * f if m.gated_mlp else f) + h) if m.mlp_bias else 0
 
 
-
 def mlp_params_per_rank(m: ModelSpec, f: int, t: Any, width: int | None = None) -> Any:
     """One MLP of width f on inputs of `width` (default h) on one rank of a TP (or expert-TP) group of t: its
     weights and fc1's biases split by t, fc2's bias (`width` entries) whole on every rank.
@@ -205,7 +204,8 @@ def latent_proj_params(m: ModelSpec) -> int:
 
 
 def latent_bias_params(m: ModelSpec) -> int:
-    """The biases of a latent MoE layer's two projections (l and h; 0 without a latent width or biases)."""
+    """The biases of a latent MoE layer's two projections (l and h; 0 without a latent width or biases).
+    Derived: docs/formulas.md#mem.nonmatrix_params"""
     l = m.moe_latent_size
     return (l + m.hidden_size) if l and m.mlp_bias else 0
 
