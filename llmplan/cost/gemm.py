@@ -171,12 +171,15 @@ GemmModule = Literal["attention", "grouped_out", "recurrent", "mlp", "shared_exp
                      "latent_proj", "compressor", "indexer_query", "hyper_connection"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
 
-UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor"})
+UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor", "router"})
 """Matmuls Megatron-LM runs in bf16 under every low-precision recipe, outside Transformer Engine's FP8 autocast:
 DeepSeek-V4's grouped output projection (a torch.einsum over the plain linear_o_group_proj parameter, a·d/g ->
 d_g per group) and its compressors' kv / gate and indexer head-weight projections (built and run under
-get_fp8_disabled_context). Source: NVIDIA/Megatron-LM experimental_attention_variant/
-deepseek_v4_hybrid_attention.py (torch.einsum "...gd,grd->...gr") and csa.py at 1e23526adc.
+get_fp8_disabled_context); every MoE router's gating matmul (TopKRouter.gating: router_gating_linear, a torch
+matmul over the plain weight parameter in the input's dtype or moe_router_dtype, never a TE module; priced in
+bf16, an fp32 router_dtype not modelled). Source: NVIDIA/Megatron-LM experimental_attention_variant/
+deepseek_v4_hybrid_attention.py (torch.einsum "...gd,grd->...gr") and csa.py at 1e23526adc;
+megatron/core/transformer/moe/router.py (gating) and moe_utils.py (RouterGatingLinearFunction) at 24bad8e677.
 Derived: docs/formulas.md#compressed.unquantized"""
 
 
