@@ -1,0 +1,91 @@
+"""benchmarks/precision_pairs.py (docs/validation.md#precision-pairs): the published pairs of runs that differ only
+in precision, and the Nemotron-3.5 Lightning GB200 pair of issues 32 / 40 (Megatron-Bridge's BF16 verification card,
+examples/model_verification_cards/nemotron-3.5-lightning/card.yaml at 067f987df: 28,750.07 tokens/s per GPU; the
+26.08 performance summary's MXFP8 row, docs/performance-summary.md at 4ab94dfad: 28,672; same container, layout
+and batch). What is asserted: which pairs the records hold, where llmplan's predicted MXFP8 saving sits (the GEMM
+part, every TE-module matmul about 1.9x), the router's gating matmul kept out of MXFP8 (Megatron-Core's
+TopKRouter.gating is a torch matmul, not a TE module), and (a strict xfail) the Lightning ratio within the
+golden tolerance, which llmplan does not meet yet."""
+
+from __future__ import annotations
+
+import precision_pairs as P  # benchmarks/ is on the path (conftest)
+import pytest
+
+from llmplan.cost.gemm import layer_gemm_seconds
+from llmplan.specs.plan import trained_model
+
+GOLDEN_TOLERANCE = 0.05
+"""|predicted / measured - 1| of the Lightning MXFP8 / BF16 ratio: the two measurements are different publications
+(a card's last-10-step average, a table row rounded to 1,024 tokens/s per GPU: +-0.2%), so 5% leaves room for
+them and for a price of the precision that is right to a few points."""
+
+
+@pytest.fixture(scope="module")
+def found(published_runs):
+    return P.pairs(list(published_runs.values()))
+
+
+def test_the_pairs_are_the_records_that_differ_only_in_precision(found, published_runs):
+    lightning = [p for p in found if p["low"] == P.LIGHTNING[1]]
+    assert [p["bf16"] for p in lightning] == [P.LIGHTNING[0]]
+    (pair,) = lightning
+    # the card's 28,750.07 and the table's 28,672 tokens/s per GPU (the records' published values)
+    assert pair["measured"] == pytest.approx(28672 / 28750.07, rel=1e-9)
+    for p in found:  # both rows of every pair share model, GPU, count, release and layout; one is bf16
+        hi, lo = published_runs[p["bf16"]], published_runs[p["low"]]
+        assert hi["model"]["name"] == lo["model"]["name"] and hi["hardware"]["gpu"] == lo["hardware"]["gpu"]
+        assert p["recipe"] != "bf16"
+    # 11 pairs in the data of 2026-12-06: Lightning, Super x 4, DeepSeek-V3 GB300, MPT H100 x 5
+    assert len(found) >= 11
+
+
+def test_the_predicted_saving_is_the_gemm_part(published_runs):
+    hi, lo = (P.parts(rid, published_runs) for rid in P.LIGHTNING)
+    # the arms share attention and exposed communication to the digit: the precision moves only the GEMMs and
+    # the memory-bound part (the MXFP8 casts), and the GEMMs' saving is what makes the arm fast
+    assert lo["attention"] == pytest.approx(hi["attention"], rel=1e-9)
+    assert lo["comm"] == pytest.approx(hi["comm"], rel=1e-9)
+    saved = hi["gemm"] - lo["gemm"]
+    assert saved > 0.3 * hi["gemm"] and lo["memory_bound"] > hi["memory_bound"]
+    assert saved > 0.1 * hi["total"]  # the GEMMs alone save over 10% of the bf16 step ...
+    measured = published_runs[P.LIGHTNING[1]]["measured"]["tokens_per_s_per_gpu"] / \
+        published_runs[P.LIGHTNING[0]]["measured"]["tokens_per_s_per_gpu"]
+    assert measured < 1.0  # ... where the published MXFP8 run is 0.3% slower than the bf16 one
+
+
+def test_every_te_matmul_of_the_moe_layer_is_priced_about_twice_as_fast(published_runs, acc):
+    # the recipe runs all of them in MXFP8 (bf16_with_mxfp8_mixed: first_last_layers_bf16 False over the
+    # provider's True; MTP inside the global fp8 context); their shapes (16,384 or 6,144 rows, K 1,856-4,096)
+    # are where OpenXLA's published B200 fp8 / bf16 speed-up is 1.55-2.14 (docs/validation.md#fp8-small-gemm)
+    setups = [acc.record_setup(published_runs[rid], acc.family(rid)) for rid in P.LIGHTNING]
+    (m, cluster, bf16), (_, _, mx) = setups
+    m, gpu = trained_model(m, bf16), cluster.system.gpu
+    for module in ("expert", "shared_expert", "recurrent", "attention"):
+        ratio = sum(layer_gemm_seconds(m, bf16, gpu, True, only=module)) / \
+            sum(layer_gemm_seconds(m, mx, gpu, True, only=module))
+        assert 1.8 < ratio < 2.0, module
+
+
+def test_router_matmul_stays_bf16_under_mxfp8(published_runs, acc):
+    # NVIDIA/Megatron-LM megatron/core/transformer/moe/router.py (TopKRouter.gating -> router_gating_linear) at
+    # 24bad8e677: a torch matmul over a plain parameter, outside Transformer Engine (docs/formulas.md#compressed.unquantized)
+    (m, cluster, bf16), (_, _, mx) = [acc.record_setup(published_runs[rid], acc.family(rid)) for rid in P.LIGHTNING]
+    m, gpu = trained_model(m, bf16), cluster.system.gpu
+    assert layer_gemm_seconds(m, mx, gpu, True, only="router") == pytest.approx(
+        layer_gemm_seconds(m, bf16, gpu, True, only="router"), rel=1e-12)
+
+
+def test_ultra_ab_outside_the_data_shows_the_same_over_credit():
+    # Megatron-Bridge perf leaderboard at 6d780951a (P.ULTRA_MEASURED): MXFP8 1-4% faster than bf16 on Ultra
+    pred, meas = P.ultra_ab()
+    assert 1.0 < meas < 1.04
+    assert pred / meas > 1.08  # llmplan credits MXFP8 with the same ~15% it gives Lightning
+
+
+@pytest.mark.xfail(strict=True, reason="llmplan prices Lightning's MXFP8 step ~15% faster than its BF16 one; the "
+                   "published pair is within 0.3% (docs/validation.md#precision-pairs: the saving is the GEMM part, "
+                   "what takes it back in the measured run is not priced)")
+def test_lightning_mxfp8_over_bf16_within_tolerance(found):
+    (pair,) = [p for p in found if p["low"] == P.LIGHTNING[1]]
+    assert abs(pair["predicted"] / pair["measured"] - 1) <= GOLDEN_TOLERANCE
