@@ -22,6 +22,8 @@ from typing import Any
 import accuracy as A
 from runs import load_runs
 
+from llmplan.cost.gemm import gemm_shape_efficiency
+from llmplan.cost.quantize import CAST_BYTES, QUANTIZED_COPY_BYTES
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -114,6 +116,36 @@ def ultra_ab() -> tuple[float, float]:
     return step["bf16"] / step["mxfp8"], ULTRA_MEASURED["bf16"] / ULTRA_MEASURED["mxfp8"]
 
 
+TE_PROFILE_B300 = {"bf16": 12.758, "mxfp8": 8.984, "mxfp8_kernels": 7.161, "bf16_kernels": 13.102}
+"""Transformer Engine's GEMM-profiling tutorial on one B300 (NVIDIA/TransformerEngine
+docs/examples/gemm_profiling/gemm_profiling.rst and benchmarks/gemm/benchmark_gemm.py at 1609c890e): the 12 GEMMs of
+one layer of a 5B model (hidden 4,096, intermediate 16,384, 32 heads, M = 31 x 512 = 15,872 tokens; fprop (M, K,
+N), dgrad (M, N, K), wgrad (K, M, N)), ms a layer: "autocast" times a te.Linear forward of each shape in its recipe
+(the input quantised rowwise and columnwise, the bf16 weight rowwise, then the GEMM), "--pre-quantize" the GEMM
+kernels alone. MXFP8 over BF16: 1.42x with the casts, 1.83x kernels only."""
+
+
+def te_profile_shapes() -> list[tuple[int, int, int]]:
+    """(M, K, N) of the 12 GEMMs of TE_PROFILE_B300 (benchmark_gemm.py compute_gemm_shapes)."""
+    M, H, I, Q = 15872, 4096, 16384, 3 * 4096
+    fprop = [(M, H, Q), (M, H, H), (M, H, I), (M, I, H)]
+    return fprop + [(m, n, k) for m, k, n in fprop] + [(k, m, n) for m, k, n in fprop]
+
+
+def te_profile_priced() -> dict[str, float]:
+    """llmplan's ms for TE_PROFILE_B300's layer on the b300 profile: each GEMM at gemm_shape_efficiency in its
+    format; MXFP8's autocast adds the casts a te.Linear forward makes (the M x K input rowwise and columnwise,
+    CAST_BYTES; the N x K bf16 weight rowwise: read 2 bytes, write one MXFP8 copy) at the achieved HBM rate."""
+    gpu = builtin_systems()["dgx-b300"].gpu
+    def kernels(fmt: str) -> float:
+        return sum(2 * m * n * k / (gpu.sustained_flops(fmt) * float(gemm_shape_efficiency(gpu, fmt, m, n, k)))
+                   for m, k, n in te_profile_shapes())
+    casts = sum(m * k * CAST_BYTES["mxfp8"] + n * k * (2 + QUANTIZED_COPY_BYTES["mxfp8"])
+                for m, k, n in te_profile_shapes()) / gpu.hbm_achieved_bytes_per_s
+    return {"bf16": 1e3 * kernels("bf16"), "mxfp8": 1e3 * (kernels("mxfp8") + casts),
+            "mxfp8_kernels": 1e3 * kernels("mxfp8"), "bf16_kernels": 1e3 * kernels("bf16")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", action="store_true", help="each pair's predicted step split into its parts")
@@ -132,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         r = [p["predicted"] / p["measured"] for p in found]
         print(f"{len(found)} pairs: median pred/meas {statistics.median(r):.3f}, min {min(r):.3f}, max {max(r):.3f}")
+    te = te_profile_priced()
+    print("TE GEMM profile, B300, one 5B layer (ms): " + ", ".join(
+        f"{k} {TE_PROFILE_B300[k]:.3f} published / {te[k]:.3f} priced" for k in TE_PROFILE_B300)
+        + f"; MXFP8 speed-up with casts {TE_PROFILE_B300['bf16'] / TE_PROFILE_B300['mxfp8']:.3f} published, "
+        f"{te['bf16'] / te['mxfp8']:.3f} priced")
     pred, meas = ultra_ab()
     print(f"outside the data: Nemotron-3 Ultra A/B (Megatron-Bridge perf leaderboard, 96 GB200, mxfp8): measured "
           f"{meas:.3f}, predicted {pred:.3f}, pred/meas {pred / meas:.3f}")

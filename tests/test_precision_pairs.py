@@ -76,6 +76,19 @@ def test_router_matmul_stays_bf16_under_mxfp8(published_runs, acc):
         layer_gemm_seconds(m, bf16, gpu, True, only="router"), rel=1e-12)
 
 
+def test_te_gemm_profile_b300_mxfp8_speedup_is_priced_within_8_percent():
+    # NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst at 1609c890e (P.TE_PROFILE_B300): one
+    # 5B layer's 12 GEMMs at M = 15,872 (Lightning's micro-batch is 16,384 tokens), MXFP8 over BF16 1.42x with
+    # TE's casts, 1.83x kernels only. Tolerance 8%: one published run (CUDA events, 100 iterations); llmplan
+    # credits MXFP8 with about 6% more than it shows, far short of the Lightning pair's 15%.
+    pub, got = P.TE_PROFILE_B300, P.te_profile_priced()
+    with_casts = (got["bf16"] / got["mxfp8"]) / (pub["bf16"] / pub["mxfp8"])
+    kernels = (got["bf16_kernels"] / got["mxfp8_kernels"]) / (pub["bf16_kernels"] / pub["mxfp8_kernels"])
+    assert 1.0 <= with_casts <= 1.08 and 1.0 <= kernels <= 1.08
+    # the casts alone (autocast less kernels): 1.823 ms published, priced from CAST_BYTES within 10%
+    assert (got["mxfp8"] - got["mxfp8_kernels"]) == pytest.approx(pub["mxfp8"] - pub["mxfp8_kernels"], rel=0.10)
+
+
 def test_ultra_ab_outside_the_data_shows_the_same_over_credit():
     # Megatron-Bridge perf leaderboard at 6d780951a (P.ULTRA_MEASURED): MXFP8 1-4% faster than bf16 on Ultra
     pred, meas = P.ultra_ab()
