@@ -103,3 +103,10 @@ def test_the_moe_layer_carries_them_and_the_dense_layer_not():
     assert moe_kernel_seconds(m, plan) == pytest.approx(2 * moe_kernel_seconds(
         m, plan.model_copy(update={"recompute_modules": ("core_attn",)})))
     assert no_rerun < with_moe
+
+
+def test_padded_to_capacity_the_rows_are_transposed_not_sorted_by_a_map():
+    # token_dispatcher.py dispatch_postprocess: drop_and_pad reorders by view / transpose / contiguous
+    m = builtin_models()["nemotron-3-ultra"]
+    assert moe_kernel_calls(m, _s1_plan(moe_capacity_factor=1.0))["sort_map"] == 0
+    assert moe_kernel_calls(m, _s1_plan(moe_capacity_factor=1.0))["row_id_argsort"] == 1

@@ -77,28 +77,30 @@ def multiblock_topk(slices: Any, size: int) -> Any:
 def moe_kernel_calls(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     """Calls of each small kernel in one MoE layer's forward, one micro-batch: the chunk-sort map twice with the
     alltoall dispatcher's sort by local expert (dispatch_postprocess and combine_preprocess; the backward sorts
-    reuse the saved map), the row-id argsort once (the permute in dispatch preprocess; its backward reuses the
+    reuse the saved map; dropless only: padded to capacity a transpose reorders the rows), the row-id argsort once (the permute in dispatch preprocess; its backward reuses the
     map; not with HybridEP's own permute), the top-k radix passes (ROUTER_TOPK_CALLS x TOPK_RADIX_PASSES) where
     PyTorch runs the multi-block kernel. Selective `moe` recompute runs the forward's again (moe_kernel_seconds).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py and moe_layer.py at d98e8a6;
     NVIDIA/TransformerEngine transformer_engine/pytorch/permutation.py at d0067d0 (_moe_chunk_sort,
     _moe_permute_mask_map: backward with the forward's row_id_map). Derived: docs/formulas.md#moe.small_kernels"""
-    sorted_rows = (plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
+    # padded to capacity (drop_and_pad) the received rows are reordered by a transpose copy, with no map
+    sorted_rows = ((plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
+                   & (plan.moe_capacity_factor is None))
     te_permute = not (plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep")
     topk = where(multiblock_topk(router_tokens(plan), m.num_experts), ROUTER_TOPK_CALLS * TOPK_RADIX_PASSES, 0)
     return {"sort_map": where(sorted_rows, 2, 0), "row_id_argsort": 1 if te_permute else 0, "topk_pass": topk}
 
 
 def moe_kernel_call_seconds(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
-    """Seconds of one call of each small kernel: the chunk-sort map over the received rows (tokens x k, padded to
-    capacity, x etp) and E x etp chunks (SORT_MAP_S); the row-id argsort over the permute's tokens and
+    """Seconds of one call of each small kernel: the chunk-sort map over the received rows (tokens x k x etp) and
+    E x etp chunks (SORT_MAP_S); the row-id argsort over the permute's tokens and
     P = next_power_of_2 of its map's experts, log2(P)(log2(P) + 1)/2 stages (ROW_ID_ARGSORT_S; with the deepep
     flex dispatcher the received tokens, dispatch_rows a token, and the E / ep local experts); one top-k radix
     pass over tokens x E (TOPK_PASS_S). Rates measured on GB200, used as GPU-independent.
     Derived: docs/formulas.md#moe.small_kernels"""
     from llmplan.cost.comm import dispatch_rows  # comm builds on the compute modules: imported where used
     T, etp = router_tokens(plan), plan.etp_resolved
-    rows = T * m.num_experts_per_tok * plan.expert_padding * etp
+    rows = T * m.num_experts_per_tok * etp
     flex = plan.moe_dispatcher == "deepep"
     tokens = T * dispatch_rows(m, plan) if flex else T
     experts = m.num_experts / plan.ep if flex else m.num_experts
