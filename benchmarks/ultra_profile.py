@@ -28,6 +28,7 @@ from runs import load_runs
 from llmplan.cost import compute as C
 from llmplan.cost import elementwise as EW
 from llmplan.cost import mixers
+from llmplan.cost import moe_kernels as MK
 from llmplan.cost import step as ST
 from llmplan.cost.gemm import layer_gemm_seconds
 from llmplan.cost.step import stage_times
@@ -148,6 +149,8 @@ def itemised(model, cluster, plan, e, base, ssd_traffic, charged, moe_layers) ->
     mamba_other = p["EW__mean_recurrent_memory_bytes"] - ssd_traffic
     attention = base["attention+ssd"] - charged
     opt = 1e3 * float(e.time.optimizer)
+    small = {k: 1e3 * 3 * moe_layers * float(MK.moe_kernel_seconds(model, plan, (k,)))  # the stage charges 3x
+             for k in ("sort_map", "row_id_argsort", "topk_pass")}
     fwd, bwd = layer_gemm_seconds(model, plan, gpu, True, only="expert")  # `moe` recompute: the forward twice
     experts = 1e3 * moe_layers * float(2 * fwd + bwd) if plan.recomputes("moe") else 1e3 * moe_layers * float(fwd + bwd)
     rows = [
@@ -172,12 +175,17 @@ def itemised(model, cluster, plan, e, base, ssd_traffic, charged, moe_layers) ->
          p["EW__eager_activation_bytes"] + p["EW__moe_recompute_bytes"] - p["EW__alltoall_sort_bytes"] / 3),
         ("  moe_act recompute", None, "expert_activation_extra_bytes", p["EW__expert_activation_extra_bytes"]),
         ("permute / unpermute / row-id map", K["_permute_kernel"] + K["_unpermute_kernel"]
-         + K["_row_id_map_pass_3_kernel"], "moe_permute_passes (in moe_routing_train_bytes)", p["permute"]),
+         + K["_row_id_map_pass_3_kernel"], "moe_permute_passes (in moe_routing_train_bytes) + moe_kernel_seconds "
+         "row_id_argsort", p["permute"] + small["row_id_argsort"]),
+        ("  of it the row-id argsort (_row_id_map_pass_3_kernel)", K["_row_id_map_pass_3_kernel"],
+         "moe_kernel_seconds row_id_argsort", small["row_id_argsort"]),
         ("sort by local expert (_sort_chunks_by_map_kernel)", K["_sort_chunks_by_map_kernel"],
          "alltoall_sort_bytes (+ moe_recompute_bytes' 2 sorts)", p["EW__alltoall_sort_bytes"]),
-        ("  its map (_make_chunk_sort_map_kernel)", K["_make_chunk_sort_map_kernel"], "(none)", 0.0),
+        ("  its map (_make_chunk_sort_map_kernel)", K["_make_chunk_sort_map_kernel"], "moe_kernel_seconds sort_map",
+         small["sort_map"]),
         ("router top-k (mbtopk; softmax not itemised)", K["mbtopk computeBlockwiseWithinKCounts"]
-         + K["mbtopk computeBlockDigitCounts"], "moe_router_passes (in moe_routing_train_bytes)", p["router"]),
+         + K["mbtopk computeBlockDigitCounts"], "moe_router_passes (in moe_routing_train_bytes) + moe_kernel_seconds "
+         "topk_pass", p["router"] + small["topk_pass"]),
         ("casts (bf16 run)", None, "fp8_cast_bytes", p["EW__fp8_cast_bytes"]),
         ("fills / reduce / arange", K["FillFunctor bf16 / fp32, reduce_kernel, arange"], "(none)", 0.0),
         ("grad accumulation", None, "grad_accumulation_seconds", p["ST__grad_accumulation_bytes"]),

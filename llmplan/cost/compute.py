@@ -27,6 +27,7 @@ from llmplan.cost.attention_rate import (  # noqa: F401  (re-exported: their hom
     unaligned_bmm_ratio,
 )
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.moe_kernels import moe_kernel_seconds
 from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home was this module)
     ALLTOALL_SORT_BYTES,
     EAGER_FC1_BIAS_BYTES,
@@ -160,7 +161,8 @@ def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     (submodule_moe_forward: routed_experts_compute). Derived: docs/formulas.md#moe.overlap"""
     def compute() -> tuple[Any, Any]:
         fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
-        mem = expert_node_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s + expert_gemm_seconds(m, plan)
+        mem = (expert_node_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s + expert_gemm_seconds(m, plan)
+               + moe_kernel_seconds(m, plan, ("sort_map",)))
         return fwd + mem, bwd + 2 * mem
     return memoized(plan, ("expert_node_seconds", m, gpu), compute)
 
@@ -235,8 +237,8 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
     layer_gemm_seconds prices them; the attention FLOPs at the sustained peak x attention_fraction x the calls'
     rate (layer_attention_rate_ratio) x fp8_attention_ratio, a hybrid's Mamba-2 scans apart (ssd_scan_seconds);
     the memory-bound bytes (elementwise_bytes) at the achieved HBM bandwidth, plus the per-expert GEMM cost
-    (expert_gemm_seconds). The same on every stage, so computed once per plan arrays.
-    Derived: docs/formulas.md#compute.time"""
+    (expert_gemm_seconds) and an MoE layer's small per-call kernels (moe_kernel_seconds). The same on every
+    stage, so computed once per plan arrays. Derived: docs/formulas.md#compute.time"""
     def compute() -> tuple[Any, Any, Any]:
         flops = layer_flops(m, plan, moe)
         ssd_flops, ssd_seconds = ssd_scan_seconds(m, plan, gpu)  # the Mamba-2 scans: Triton, not the attention kernel
@@ -245,7 +247,8 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         split = where(plan.flash_attention, layer_attention_rate_ratio(m, plan, gpu, attention), 1.0)
         peak_attn = (gpu.sustained_flops(bf16_kernel_format(plan))
                      * attention_fraction(gpu, plan, m) * split * fp8_attention_ratio(m, plan, gpu))
-        launches = expert_gemm_seconds(m, plan) if moe else 0.0  # per-expert launches or GEMMs
+        # per-expert launches or GEMMs; the small per-call MoE kernels (sort map, row-id argsort, top-k)
+        launches = expert_gemm_seconds(m, plan) + moe_kernel_seconds(m, plan) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe),
                 attention_seconds(m, plan, gpu, attention, peak_attn) + ssd_seconds,
                 elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / gpu.hbm_achieved_bytes_per_s
