@@ -124,10 +124,11 @@ def _a2a_heads_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
     otherwise). Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/
     dot_product_attention/context_parallel.py, AttnFuncWithCPAndQKVOA2A.forward ("cp_comm_type='a2a' requires
     num_heads % cp_size == 0 for Q, K, V")."""
+    if p.cp_impl != "te" or p.cp_comm_type != "a2a":  # workload switches: one value for all plans of a search
+        return True
     H, K, t = m.num_attention_heads, m.kv_heads, p.tp
     split = as_bool((H % t == 0) & (K % t == 0))
-    a2a = as_bool(p.cp > 1) & (p.cp_impl == "te") & (p.cp_comm_type == "a2a")
-    return ~a2a | ~split | (((H // t) % p.cp == 0) & ((K // t) % p.cp == 0))
+    return ~as_bool(p.cp > 1) | ~split | (((H // t) % p.cp == 0) & ((K // t) % p.cp == 0))
 
 
 def _a2a_heads_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
