@@ -22,10 +22,10 @@ def test_te_ring_refuses_gpt_oss_windows_and_sinks(cli):
     r = cli("estimate", *GPT_OSS)
     assert r.code == 2
     assert r.err == (
-        "error: the plan breaks a rule: cp_impl te with cp 2 cannot run gpt-oss-20b's 12 sliding-window layers "
-        "(window 128) and attention sinks: Transformer Engine's p2p ring runs only causal or full masks with the "
-        "plain softmax (its a2a and all_gather context parallelism run them, which llmplan does not price); use "
-        "--cp-impl torch-allgather (FlexAttention's all-gather of the K/V, which applies any mask) or --cp 1\n")
+        "error: the plan breaks a rule: cp_impl te cp_comm_type p2p with cp 2 cannot run gpt-oss-20b's 12 "
+        "sliding-window layers (window 128) and attention sinks: Transformer Engine's p2p context parallelism runs "
+        "only causal or full masks with the plain softmax; use --cp-comm-type a2a (with --cp-impl te), --cp-impl "
+        "torch-allgather (FlexAttention's all-gather of the K/V, which applies any mask) or --cp 1\n")
 
 
 def test_sdpa_ring_refuses_chunked_attention(cli):
@@ -51,19 +51,25 @@ def test_sinks_alone_refuse_only_the_te_ring():
              for impl in ("te", "torch-alltoall", "torch-allgather")}
     assert rules["te"].count("cp_attention_mask") == 1
     assert "cp_attention_mask" not in rules["torch-alltoall"] + rules["torch-allgather"]
+    # TE: a learnable softmax offset only under a2a (attn_forward_func_with_cp asserts softmax_type vanilla or a2a)
+    te = {ct: [v.rule for v in check_plan(m, ParallelPlan(**base, cp_comm_type=ct))] for ct in ("a2a", "all_gather")}
+    assert "cp_attention_mask" not in te["a2a"] and te["all_gather"].count("cp_attention_mask") == 1
     plain = m.model_copy(update={"attention_sinks": False})  # a causal model: every implementation runs it
     assert all("cp_attention_mask" not in [v.rule for v in check_plan(plain, ParallelPlan(**base, cp_impl=i))]
                for i in rules)
 
 
-def test_search_prunes_the_te_ring_for_windowed_models(cli):
-    import json
-    r = cli("search", "--model", "gpt-oss-20b", "--hardware", "dgx-h100", "--nodes", "1", "--seq-len", "16384",
-            "--global-batch", "16", "--json")
-    assert r.code == 0, r.err
-    doc = json.loads(r.out)
-    assert doc["pruned"]["cp_attention_mask"] > 0
-    assert all(p["plan"]["cp"] == 1 for p in doc["plans"])
+def test_search_prunes_the_te_ring_for_windowed_models():
+    """A search held to the p2p ring (a library call; the CLI tries a2a for this model: test_cp_comm_type.py)."""
+    from llmplan.search.grid import Workload, default_space
+    from llmplan.search.run import search
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import resolve_system
+    m, cluster = resolve_model("gpt-oss-20b"), ClusterSpec(system=resolve_system("dgx-h100"), num_nodes=1)
+    w = Workload(global_batch=16, seq_len=16384)
+    res = search(m, cluster, default_space(m, cluster, w), w, top=5)
+    assert {x.rule: x.count for x in res.pruned}["cp_attention_mask"] > 0
+    assert res.ranked and all(e.plan.cp == 1 for e in res.ranked)
 
 
 def _plan(cli, tmp_path: Path, *args: str) -> Path:
@@ -73,16 +79,15 @@ def _plan(cli, tmp_path: Path, *args: str) -> Path:
     return path
 
 
-def test_megatron_exports_refuse_the_torch_ring_and_point_to_torchtitan(cli, tmp_path):
+def test_megatron_exports_refuse_the_torch_ring_and_point_to_te_a2a(cli, tmp_path):
     plan = _plan(cli, tmp_path, *GPT_OSS, "--cp-impl", "torch-allgather")
     for target in ("megatron", "megatron-bridge"):
         r = cli("export", plan, "--to", target, "-o", tmp_path / target)
         assert r.code == 2
         assert r.err == (
             f"error: {target} cannot express this plan: PyTorch's context-parallel ring (cp_impl torch-allgather, "
-            "cp 2; Megatron-Core's attention runs Transformer Engine's); export to torchtitan (Transformer Engine's "
-            "p2p ring cannot run this model's attention masks; its a2a and all_gather context parallelism, which "
-            "llmplan does not price, can)\n")
+            "cp 2; Megatron-Core's attention runs Transformer Engine's); re-plan with --cp-impl te --cp-comm-type "
+            "a2a, or export to torchtitan\n")
 
 
 def test_bridge_pins_the_p2p_ring_it_priced(cli, tmp_path):

@@ -83,10 +83,10 @@ def test_dsa_under_a_ring_cp_is_refused_with_one_line(cli):
     r = cli(*args)
     assert r.code == 2
     assert r.err == (
-        "error: the plan breaks a rule: cp_impl te with cp 2 cannot run deepseek-v3.2's DeepSeek Sparse Attention "
-        "(top-2048 keys per query from its lightning indexer): Megatron-Core's DSA runs context parallelism only by "
-        "all-gathering the K/V (cp_comm_type allgather), not the ring this plan prices; use --cp-impl "
-        "torch-allgather (an all-gather of the K/V) or --cp 1\n")
+        "error: the plan breaks a rule: cp_impl te cp_comm_type p2p with cp 2 cannot run deepseek-v3.2's DeepSeek "
+        "Sparse Attention (top-2048 keys per query from its lightning indexer): Megatron-Core's DSA runs context "
+        "parallelism only by all-gathering the K/V (cp_comm_type allgather), not the ring or head split this plan "
+        "prices; use --cp-comm-type all_gather (with --cp-impl te), --cp-impl torch-allgather or --cp 1\n")
 
 
 def test_dsa_rule_passes_all_gather_cp_and_cp1_and_dense_mla():
@@ -98,6 +98,8 @@ def test_dsa_rule_passes_all_gather_cp_and_cp1_and_dense_mla():
 
     assert broken(dsa, cp=2, cp_impl="te") and broken(dsa, cp=2, cp_impl="torch-alltoall")
     assert not broken(dsa, cp=2, cp_impl="torch-allgather") and not broken(dsa, cp=1)
+    assert broken(dsa, cp=2, cp_impl="te", cp_comm_type="a2a")  # Megatron-Core's DSA: allgather only
+    assert not broken(dsa, cp=2, cp_impl="te", cp_comm_type="all_gather")
     assert not broken(resolve_model("deepseek-v3"), cp=2, cp_impl="te")  # dense MLA: the ring runs it
 
 

@@ -43,7 +43,8 @@ def valid_plan(draw):
                  recompute_layers=draw(st.sampled_from([None, None, 2])),  # 2: block recompute of full plans
                  tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()),
                  moe_dispatcher=draw(st.sampled_from(["alltoall", "deepep"])),
-                 moe_routing=draw(st.sampled_from(["random", "contiguous"])))
+                 moe_routing=draw(st.sampled_from(["random", "contiguous"])),
+                 cp_comm_type=draw(st.sampled_from(["p2p", "a2a", "all_gather"])))  # TE's CP: ring, Ulysses, K/V gather
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     for _ in range(200):  # draw until a plan passes every rule
         i = draw(st.integers(0, len(plans) - 1))

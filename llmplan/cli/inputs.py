@@ -20,7 +20,7 @@ from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptio
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, OFFLOAD_MODULES, TP_IMPLS, CP_IMPLS, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
+                                RECOMPUTE_MODULES, OFFLOAD_MODULES, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
@@ -144,6 +144,8 @@ def switches(s: SwitchOptions) -> dict:
                                         "a release with a published attention rate"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
+                                       ("--cp-comm-type", s.cp_comm_type, CP_COMM_TYPES,
+                                        "a Transformer Engine CP attention llmplan prices"),
                                        ("--norm-kernel", s.norm_kernel, NORM_KERNELS, "a norm kernel"),
                                        ("--softmax-kernel", s.softmax_kernel, SOFTMAX_KERNELS, "a softmax kernel"),
                                        ("--fp8-scaling", s.fp8_scaling, FP8_SCALINGS,
@@ -161,7 +163,9 @@ def switches(s: SwitchOptions) -> dict:
         if value is not None and value not in allowed:  # None: --attention-release not given
             raise LlmplanError(f"{flag} {excerpt(value)} is not {what}; use one of {', '.join(allowed)}")
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
-            "grad_dtype": grad_dtype, "fp8_params": fp8_params, "bf16_modules": parse_bf16_modules(s.bf16_modules),
+            "grad_dtype": grad_dtype, "fp8_params": fp8_params,
+            "cp_comm_type": s.cp_comm_type if s.cp_comm_type is not None else ParallelPlan.model_fields[
+                "cp_comm_type"].default, "bf16_modules": parse_bf16_modules(s.bf16_modules),
             "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "offload_modules": _module_list(s.offload_modules, "--offload-modules", OFFLOAD_MODULES,
                                             "a Megatron offload module llmplan prices")}

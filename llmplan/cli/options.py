@@ -102,6 +102,10 @@ TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
 CP_IMPL = typer.Option(_plan("cp_impl"), "--cp-impl",
                        help="Which CP ring: te (Transformer Engine, Megatron) | torch-allgather | torch-alltoall "
                             "(PyTorch context_parallel, torchtitan: K/V after repeat_kv, fp32 K/V gradients).")
+CP_COMM_TYPE = typer.Option(_plan("cp_comm_type"), "--cp-comm-type",
+                            help="Transformer Engine's CP attention (--cp-impl te): p2p (the K/V ring) | a2a "
+                                 "(Ulysses: heads scattered; runs windows and sinks) | all_gather (whole K/V "
+                                 "gathered; runs windows).")
 CP_KV_REPEATED = typer.Option(_plan("cp_kv_repeated"), "--cp-kv-repeated/--cp-kv-heads",
                               help="PyTorch's CP ring moves K/V repeated to the query heads (the model's repeat_kv "
                                    "before SDPA, torchtitan 2024) or at the KV heads (enable_gqa).")
@@ -303,7 +307,8 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
-    "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_kv_repeated": CP_KV_REPEATED,
+    "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
+    "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
@@ -333,6 +338,10 @@ SEARCH_SWITCHES = Flags(SWITCHES.panel, {
     "fp8_params": typer.Option(None, "--fp8-params/--no-fp8-params",
                                help="Pin primary weights in the fp8 / NVFP4 recipe's format (default: both tried "
                                     "where the recipe allows)."),
+    "cp_comm_type": typer.Option(None, "--cp-comm-type",
+                                 help="Pin Transformer Engine's CP attention: p2p | a2a | all_gather (default: p2p; "
+                                      "where the model's masks rule the ring out, those TE runs them with are "
+                                      "tried too, the better shown)."),
     "tp_comm_overlap": typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                     help="Overlap TP comm with GEMMs where sp is on (default on, as Megatron-Bridge "
                                          "/ NeMo performance recipes set it).")})

@@ -26,7 +26,8 @@ from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
-                                power_of_two_domain, straddling_space, switch_variants)
+                                power_of_two_domain, straddling_space, switch_variants,
+                                cp_comm_variants)
 from llmplan.search.filtered import Walk
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
@@ -241,8 +242,13 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
+        cp_types = cp_comm_variants(m, base, s.cp_comm_type is not None, pinned.get("cp", 2) != 1
+                                    and (pins.max_cp or 2) > 1)
+        if len(cp_types) == 1 and cp_types[0] != base.cp_comm_type:  # the one comm type that runs the model
+            base = Workload(**{**base.fields(), "cp_comm_type": cp_types[0]})
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
-                                 try_scalings=target is not None and "fp8_scaling" not in named):
+                                 try_scalings=target is not None and "fp8_scaling" not in named,
+                                 cp_comm_types=tuple(cp_types)):
             wv = Workload(**{**base.fields(), **v})
             res = run(full_cluster, say, wv)
             if res is None:  # only a straddling space can be empty; the full one never is

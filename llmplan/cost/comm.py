@@ -896,6 +896,8 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     layers = stage * attention_share(m)  # its softmax-attention layers ring the K/V
     r = attention_rerun_share(plan, stage)
     mixers = cp_mixer_transfers(m, plan, group)
+    if not torch and plan.cp_comm_type != "p2p":  # a workload switch, as cp_impl
+        return te_cp_collectives(m, plan, group, plan.num_microbatches * layers, r) + mixers
     if not torch:
         return [Transfer("send-recv", plan.num_microbatches * layers * (3 + r) * (cp - 1), S, group)] + mixers
     calls = plan.num_microbatches * layers
@@ -903,6 +905,37 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     if plan.cp_impl == "torch-allgather":  # the whole gathered buffer (nccl-tests convention)
         return [Transfer("all-gather", calls * (2 + r), cp * S, group), grads] + mixers
     return [Transfer("send-recv", calls * (2 + r) * (cp - 1), S, group), grads] + mixers
+
+
+def te_cp_collectives(m: ModelSpec, plan: ParallelPlan, group: G, calls: Any, r: Any) -> list[Transfer[G]]:
+    """Transformer Engine's a2a and all_gather context parallelism (cp_comm_type), for `calls` softmax-attention
+    layer passes (micro-batches x layers) with `r` of them recomputed. a2a (Ulysses): per forward pass one
+    all-to-all each of Q, K, V before the attention and one of its output after; backward one of the output's
+    gradient and one each of dQ, dK, dV: 4 calls per pass, (2 + r) passes, each moving the rank's s/cp tokens of
+    one tensor's heads on its TP rank (the whole buffer, nccl-tests convention). all_gather: K and V gathered
+    separately in forward and again in backward (the forward keeps only the rank's chunk), dK and dV
+    reduce-scattered in bf16 once: 2(2 + r) all-gathers and 2 reduce-scatters of cp chunks. MLA's K and V run
+    at the query heads. Widths: q and k qk_head_dim (d_head), v and the output v_head_dim (d_head).
+    Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py (AttnFuncWithCPAndQKVOA2A: flash_attn_a2a_communicate of [q, k, v], [out], [dout],
+    [dq, dk, dv], one all_to_all_single each; AttnFuncWithCPAndKVAllGather: gather_along_first_dim of k and v in
+    forward and backward, reduce_scatter_along_first_dim of dk and dv). Derived: docs/formulas.md#comm.cp_a2a,
+    docs/formulas.md#comm.cp_allgather"""
+    t, cp = plan.tp, plan.cp
+    tokens = ACT_BYTES * plan.seq_len / cp * plan.micro_batch
+    if (mla := m.mla) is not None:
+        heads_q = heads_kv = m.num_attention_heads / t
+        dqk, dv = mla.qk_head_dim, mla.v_head_dim
+    else:
+        heads_q, heads_kv, dqk, dv = m.num_attention_heads / t, kv_heads_per_rank(m, t), m.d_head, m.d_head
+    k, v = tokens * heads_kv * dqk, tokens * heads_kv * dv
+    live = where(cp > 1, calls, 0)
+    if plan.cp_comm_type == "a2a":
+        qo = tokens * heads_q * (dqk + dv) / 2  # q and the output, the mean of the two
+        return [Transfer("all-to-all", 2 * live * (2 + r), qo, group),
+                Transfer("all-to-all", 2 * live * (2 + r), (k + v) / 2, group)]
+    return [Transfer("all-gather", 2 * live * (2 + r), cp * (k + v) / 2, group),
+            Transfer("reduce-scatter", 2 * live, cp * (k + v) / 2, group)]
 
 
 def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
@@ -939,7 +972,9 @@ def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Trans
 
 def cp_mixer_split(transfers: Any) -> tuple[list[Any], list[Any]]:
     """(the ring's transfers, the recurrent mixers' all-to-alls: cp_mixer_transfers) of the cp axis, the split
-    CommSeconds.cp_mixers is timed by on the scalar and vectorised paths. Derived: docs/formulas.md#comm.cp_mixers"""
+    CommSeconds.cp_mixers is timed by on the scalar and vectorised paths. Transformer Engine's a2a context
+    parallelism (te_cp_collectives) lands in the second list: in line like the mixers', exposed whole alike
+    (exposure.cp_exposed). Derived: docs/formulas.md#comm.cp_mixers"""
     return [x for x in transfers if x.collective != "all-to-all"], [x for x in transfers if x.collective == "all-to-all"]
 
 

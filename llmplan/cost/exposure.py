@@ -77,11 +77,17 @@ def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any
     step i's send of the next K/V (and, in backward, of the K/V gradients) runs beside call i, and call i + 1
     waits for its receive; the last call has no send beside it. So the sends hide behind (cp - 1)/cp of the
     attention, one call each, and what a step's send takes beyond its call is exposed. PyTorch's ring
-    (cp_impl torch-*; torch_ring_exposed) differs. Source: Transformer Engine attention context_parallel.py
-    (AttnFuncWithCPAndKVP2P: send_recv_reqs waited at the start of the next step; no send after the last).
-    Derived: docs/formulas.md#step.cp"""
+    (cp_impl torch-*; torch_ring_exposed) differs. Transformer Engine's all_gather and a2a (cp_comm_type) wait
+    for their collectives before the attention (and the a2a of its output before the next linear): exposed
+    whole. Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: send_recv_reqs
+    waited at the start of the next step; no send after the last; AttnFuncWithCPAndKVAllGather:
+    gather_along_first_dim before the attention steps; AttnFuncWithCPAndQKVOA2A: flash_attn_a2a_communicate
+    waits each all_to_all_single before the attention); NVIDIA/Megatron-LM@d98e8a6 transformer_config.py
+    (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). Derived: docs/formulas.md#step.cp"""
     if plan.cp_impl != "te":  # a workload switch: one value for all plans of a search
         return torch_ring_exposed(plan, cp, attention, kappa, where(plan.full, 1, 0) if r is None else r)
+    if plan.cp_comm_type != "p2p":  # a workload switch too: its a2a calls are timed with the mixers' (in line)
+        return cp
     window = attention * (plan.cp - 1) / plan.cp
     return overlap(cp, window, kappa)
 

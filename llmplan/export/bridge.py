@@ -326,8 +326,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         ("model.context_parallel_size", p.cp), ("model.sequence_parallel", p.sp),
         *stage_overrides(pf),
     ]
-    if p.cp > 1:  # the p2p ring the plan priced (cp_impl te), over a recipe's own (gpt_oss and gemma3_vl set a2a,
-        out.append(("model.cp_comm_type", "p2p"))  # glm5 allgather: Megatron-Bridge@067f987 recipes/)
+    if p.cp > 1:  # the TE attention the plan priced (cp_impl te), over a recipe's own (gpt_oss and gemma3_vl set
+        out.append(("model.cp_comm_type", p.cp_comm_type))  # a2a, glm5 allgather: Megatron-Bridge@067f987 recipes/)
     if m.is_moe:
         flex = p.moe_dispatcher == "deepep"
         out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),

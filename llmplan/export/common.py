@@ -12,7 +12,7 @@ from llmplan.cost.compute import runs_per_expert
 from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
-from llmplan.specs.check import cp_masks_ok
+from llmplan.specs.check import te_comm_types
 from llmplan.specs.layout import format_layout
 from llmplan.units import GIB
 
@@ -239,10 +239,10 @@ def torch_ring_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     Transformer Engine's context parallelism (--cp-comm-type p2p / all_gather / a2a), never
     torch.distributed.tensor.experimental.context_parallel (docs/formulas.md#comm.cp)."""
     p = pf.plan
-    te = p.model_copy(update={"cp_impl": "te"})
-    fix = ("export to torchtitan (Transformer Engine's p2p ring cannot run this model's attention masks; its a2a and "
-           "all_gather context parallelism, which llmplan does not price, can)" if not cp_masks_ok(pf.model, te)
-           else "re-plan with --cp-impl te, or export to torchtitan")
+    runs = te_comm_types(pf.model)
+    fix = (f"re-plan with --cp-impl te --cp-comm-type {runs[0]}, or export to torchtitan" if runs and runs[0] != "p2p"
+           else "re-plan with --cp-impl te, or export to torchtitan" if runs else
+           "export to torchtitan (Transformer Engine's context parallelism cannot run this model's attention masks)")
     return (f"PyTorch's context-parallel ring (cp_impl {p.cp_impl}, cp {p.cp}; Megatron-Core's attention runs "
             "Transformer Engine's)", p.cp > 1 and p.cp_impl != "te", fix)
 

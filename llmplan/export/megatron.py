@@ -221,6 +221,10 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     pairs: list[tuple[str, object]] = [
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp), *pipeline_pairs(pf),
         ("--sequence-parallel", p.sp), ("--context-parallel-size", p.cp),
+        # Transformer Engine's CP attention the plan priced, one for every layer (Megatron-LM@d98e8a6 arguments.py
+        # --cp-comm-type, nargs='+'); TE's own spelling: its attn_forward_func_with_cp dispatches on "all_gather"
+        # (Megatron's help says "allgather", which only its DSA layers normalise)
+        ("--cp-comm-type", p.cp_comm_type if p.cp > 1 and p.cp_comm_type != "p2p" else None),
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]

@@ -20,7 +20,7 @@ from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
-from llmplan.specs.check import MTP_RULE, RULES
+from llmplan.specs.check import MTP_RULE, RULES, te_comm_types
 from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -131,22 +131,38 @@ class SwitchChoice:
     """Each setting tried with its best plan's score (tokens/s, or headroom bytes; 0 where nothing fits)."""
 
 
+def cp_comm_variants(m: ModelSpec, w: Workload, pinned: bool, cp_free: bool) -> list[str]:
+    """The cp_comm_type values a search tries: the workload's where the user pinned it, cp_impl is not te or the
+    plans have no cp > 1; else p2p where Transformer Engine's ring runs the model's attention, and otherwise
+    every comm type that runs it (check.te_comm_types: a2a for sinks and windows, all_gather for windows and
+    DSA), each its own search, so a model with ordinary masks searches as before (search_speed) and a windowed
+    or sink model is not held to cp 1. The cp 1 plans, alike under every value, are settled to p2p
+    (check_switches cp_comm_type_te)."""
+    if pinned or w.cp_impl != "te" or not cp_free:
+        return [w.cp_comm_type]
+    runs = te_comm_types(m)
+    return ["p2p"] if "p2p" in runs or not runs else list(runs)
+
+
 def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
-                    try_scalings: bool = False) -> list[dict[str, Any]]:
+                    try_scalings: bool = False, cp_comm_types: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
     primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties). With
     `try_scalings` (a launcher target named, --fp8-scaling not given) an fp8 tensorwise workload also tries
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
-    plans, and delayed, cheaper by its amax passes, wins wherever both export."""
+    plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
+    `cp_comm_types` (cp_comm_variants) each setting is tried under each."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
     allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
     base = [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
-    if not (try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise"):
+    if try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise":
+        base = [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
+    if len(cp_comm_types) < 2:  # the workload's own, or the one comm type that runs the model (cli.search)
         return base
-    return [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
+    return [{**v, "cp_comm_type": ct} for ct in cp_comm_types for v in base]
 
 
 def best_score(res: SearchResult) -> tuple[float, float]:

@@ -16,15 +16,18 @@ accounted_split, vpp_fits, split_text) are re-exported.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from llmplan.errors import bounded_list
 from llmplan.specs.check_experts import EXPERT_RULES
 from llmplan.specs.check_heads import HEAD_RULES, valid_tp
 from llmplan.specs.check_pipeline import PIPELINE_RULES
 from llmplan.specs.check_switches import SWITCH_RULES
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, ParallelPlan, trained_model
+from llmplan.specs.plan import CP_COMM_TYPES, ClusterSpec, ParallelPlan, trained_model
 from llmplan.specs.pools import HeteroPlan, PoolCluster
-from llmplan.specs.rule import Rule, Violation
+from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
 from llmplan.specs.stages import (  # noqa: F401  (accounted_split, balanced_split, split_text, vpp_fits: re-exported)
     accounted_split, balanced_split, divisors, split_text, vpp_fits,
@@ -40,43 +43,105 @@ def _global_batch_fix(p: ParallelPlan) -> str:
     return f"no micro_batch works at dp {p.dp}: make --global-batch a multiple of dp ({p.dp}), e.g. {up}"
 
 
-def _masked_layers(m: ModelSpec) -> str:
+def _masked_layers(m: ModelSpec, chunks: bool = True) -> str:
     """The model's attention that needs more than a causal mask, in words ('' where it has none): sliding-window
-    layers (with their window) and chunked layers (with their chunk); attention sinks apart (cp_masks_ok)."""
+    layers (with their window) and chunked layers (with their chunk; `chunks` False: windows only); attention
+    sinks apart (cp_masks_ok)."""
     w, c = m.count_layers("sliding_attention") if m.sliding_window else 0, m.count_layers("chunked_attention")
     parts = ([f"{w} sliding-window layers (window {m.sliding_window})"] if w else []) + \
-        ([f"{c} chunked layers (chunk {m.attention_chunk_size})"] if c else [])
+        ([f"{c} chunked layers (chunk {m.attention_chunk_size})"] if c and chunks else [])
     return " and ".join(parts)
+
+
+def _te_runs(m: ModelSpec, comm: str) -> bool:
+    """Whether Transformer Engine's context-parallel attention of cp_comm_type `comm` runs the model's masks and
+    softmax: sliding windows with a2a or all_gather only, a learnable softmax offset (attention sinks) with a2a
+    only, chunked attention with none (TE's DotProductAttention and Megatron-Core have no chunked mask)."""
+    windows, chunks = bool(_masked_layers(m, chunks=False)), bool(m.count_layers("chunked_attention"))
+    return not chunks and (not windows or comm in ("a2a", "all_gather")) and (not m.attention_sinks or comm == "a2a")
+
+
+def te_comm_types(m: ModelSpec) -> tuple[str, ...]:
+    """The cp_comm_type values whose Transformer Engine attention runs the model (cp_masks_ok), p2p first; a
+    DeepSeek Sparse Attention model only all_gather (cp_sparse_attention)."""
+    return tuple(x for x in CP_COMM_TYPES if _te_runs(m, x) and (not m.is_sparse_attention or x == "all_gather"))
 
 
 def cp_masks_ok(m: ModelSpec, p: ParallelPlan) -> bool:
     """Whether the plan's context-parallel implementation runs the model's attention masks and softmax. Transformer
-    Engine's p2p ring (cp_impl te) takes only causal or full masks with the vanilla softmax (attn_forward_func_with_cp
-    asserts a sliding window runs only with its a2a or all_gather CP, and a learnable softmax only with a2a);
+    Engine (cp_impl te) runs causal or full masks with every cp_comm_type, sliding windows only with a2a or
+    all_gather, a learnable softmax (attention sinks) only with a2a, and has no chunked mask (_te_runs);
     PyTorch's SDPA ring (torch-alltoall) only is_causal (no mask: ring attention raises on attn_bias); its
     FlexAttention CP (torch-allgather, as torchtitan runs it) all-gathers the K/V and applies any block mask.
     Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
     context_parallel.py attn_forward_func_with_cp; pytorch/pytorch v2.13 torch/distributed/tensor/experimental/
     _context_parallel/_attention.py (_scaled_dot_product_ring_flash_attention, flex_input_fn)."""
-    plain = not _masked_layers(m)  # elementwise below, should cp_impl ever be an array
-    return (p.cp_impl == "torch-allgather") | (plain & ((p.cp_impl != "te") | (not m.attention_sinks)))
+    if p.cp_impl == "te":  # a workload switch, as cp_comm_type: one value for all plans of a search
+        return _te_runs(m, p.cp_comm_type)
+    return (p.cp_impl == "torch-allgather") | (not _masked_layers(m))
 
 
 def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
-    ring = ("Transformer Engine's p2p ring runs only causal or full masks with the plain softmax (its a2a and "
-            "all_gather context parallelism run them, which llmplan does not price)" if p.cp_impl == "te" else
-            "PyTorch's SDPA ring takes only a causal mask")
-    what = " and ".join(x for x in (_masked_layers(m), "attention sinks" * (m.attention_sinks and p.cp_impl == "te"))
-                        if x)
-    return (f"cp_impl {p.cp_impl} with cp {p.cp} cannot run {m.name}'s {what}: {ring}; use --cp-impl torch-allgather "
-            "(FlexAttention's all-gather of the K/V, which applies any mask) or --cp 1")
+    te = p.cp_impl == "te"
+    sinks = m.attention_sinks and te and p.cp_comm_type != "a2a"
+    windows = _masked_layers(m, chunks=False) if te and p.cp_comm_type == "p2p" else ""
+    chunks = _masked_layers(m) if not te or m.count_layers("chunked_attention") else ""
+    what = " and ".join(x for x in (chunks or windows, "attention sinks" * sinks) if x)
+    ok = te_comm_types(m)
+    if not te:
+        ring = "PyTorch's SDPA ring takes only a causal mask"
+    elif m.count_layers("chunked_attention"):
+        ring = "Transformer Engine and Megatron-Core have no chunked attention mask under any cp_comm_type"
+    else:
+        ring = (f"Transformer Engine's {p.cp_comm_type} context parallelism runs only "
+                + ("causal or full masks with the plain softmax" if p.cp_comm_type == "p2p" else
+                   "the plain softmax (a learnable softmax offset only with a2a)"))
+    fix = f"--cp-comm-type {' or '.join(ok)} (with --cp-impl te), " if te and ok else ""
+    return (f"cp_impl {p.cp_impl}{f' cp_comm_type {p.cp_comm_type}' * te} with cp {p.cp} cannot run {m.name}'s "
+            f"{what}: {ring}; use {fix}--cp-impl torch-allgather (FlexAttention's all-gather of the K/V, which applies "
+            "any mask) or --cp 1")
 
 
 def _cp_sparse_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
-    return (f"cp_impl {p.cp_impl} with cp {p.cp} cannot run {m.name}'s DeepSeek Sparse Attention (top-{m.index_topk} "
-            "keys per query from its lightning indexer): Megatron-Core's DSA runs context parallelism only by "
-            "all-gathering the K/V (cp_comm_type allgather), not the ring this plan prices; use --cp-impl "
-            "torch-allgather (an all-gather of the K/V) or --cp 1")
+    return (f"cp_impl {p.cp_impl}{f' cp_comm_type {p.cp_comm_type}' * (p.cp_impl == 'te')} with cp {p.cp} cannot "
+            f"run {m.name}'s DeepSeek Sparse Attention (top-{m.index_topk} keys per query from its lightning "
+            "indexer): Megatron-Core's DSA runs context parallelism only by all-gathering the K/V (cp_comm_type "
+            "allgather), not the ring or head split this plan prices; use --cp-comm-type all_gather (with "
+            "--cp-impl te), --cp-impl torch-allgather or --cp 1")
+
+
+def _cp_sparse_ok(m: ModelSpec, p: ParallelPlan) -> bool:
+    """DSA's context parallelism all-gathers the K/V: cp_impl torch-allgather, or te with cp_comm_type all_gather.
+    Source: NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/transformer_config.py (__post_init__: "DSAttention
+    context parallelism currently supports cp_comm_type=allgather only")."""
+    return (not m.is_sparse_attention) or p.cp_impl == "torch-allgather" or \
+        (p.cp_impl == "te" and p.cp_comm_type == "all_gather")
+
+
+def _a2a_heads_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
+    """Transformer Engine's a2a context parallelism (cp_impl te, cp_comm_type a2a) scatters each TP rank's query
+    and KV heads over the cp ranks, so cp divides both (where tp splits them; tp_heads / tp_kv_heads say so
+    otherwise). Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/
+    dot_product_attention/context_parallel.py, AttnFuncWithCPAndQKVOA2A.forward ("cp_comm_type='a2a' requires
+    num_heads % cp_size == 0 for Q, K, V")."""
+    if p.cp_impl != "te" or p.cp_comm_type != "a2a":  # workload switches: one value for all plans of a search
+        return True
+    H, K, t = m.num_attention_heads, m.kv_heads, p.tp
+    split = as_bool((H % t == 0) & (K % t == 0))
+    return ~as_bool(p.cp > 1) | ~split | (((H // t) % p.cp == 0) & ((K // t) % p.cp == 0))
+
+
+def _a2a_heads_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
+    H, K, t = m.num_attention_heads, m.kv_heads, p.tp
+    ok = [x for x in divisors(math.gcd(H // t, K // t)) if x > 1]
+    tps = [x for x in valid_tp(m) if (H // x) % p.cp == 0 and (K // x) % p.cp == 0]
+    other = [x for x in te_comm_types(m) if x != "a2a"]
+    fixes = ([f"cp {bounded_list(ok)} at tp {t}"] if ok else []) + ([f"tp {bounded_list(tps)} at cp {p.cp}"]
+                                                                      if tps else []) + \
+        [f"--cp-comm-type {x}" for x in other] + ["--cp 1"]
+    return (f"cp_comm_type a2a with cp {p.cp} and tp {t} needs cp to divide each TP rank's query heads ({H}/{t} = "
+            f"{H // t}) and KV heads ({K}/{t} = {K // t}) of {m.name}: Transformer Engine's a2a context parallelism "
+            f"scatters the heads over the CP ranks; use {', or '.join(fixes)}")
 
 
 RULES: tuple[Rule, ...] = (
@@ -90,11 +155,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
     Rule("cp_attention_mask", lambda m, p, c: (p.cp == 1) | cp_masks_ok(m, p), _cp_mask_message),
-    # NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/experimental_attention_variant/dsa.py (DSAttention):
-    # "DSAttention context parallelism currently supports cp_comm_type=allgather only"
-    Rule("cp_sparse_attention",
-         lambda m, p, c: (p.cp == 1) | (not m.is_sparse_attention) | (p.cp_impl == "torch-allgather"),
-         _cp_sparse_message),
+    Rule("cp_a2a_heads", _a2a_heads_ok, _a2a_heads_message),
+    # NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/transformer_config.py: "DSAttention context parallelism
+    # currently supports cp_comm_type=allgather only"
+    Rule("cp_sparse_attention", lambda m, p, c: (p.cp == 1) | _cp_sparse_ok(m, p), _cp_sparse_message),
     # Training past max_position_embeddings is context extension (RoPE scaled: position interpolation, YaRN),
     # which Qwen3 and Llama 3 long-context stages run; learned absolute positions have no row past it.
     Rule("seq_len_context",

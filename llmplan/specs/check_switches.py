@@ -239,6 +239,10 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("cp_impl_cp", ("cp_impl",), lambda p: p.cp > 1,
               lambda p: f"cp_impl {p.cp_impl} with cp {p.cp}: it sets how the context-parallel ring passes K/V "
                         "between ranks, so it acts only with cp > 1; use --cp 2 or more, or drop --cp-impl"),
+    SwitchUse("cp_comm_type_te", ("cp_comm_type",), lambda p: (p.cp > 1) & (p.cp_impl == "te"),
+              lambda p: f"cp_comm_type {p.cp_comm_type} with cp {p.cp} and cp_impl {p.cp_impl}: it picks which of "
+                        "Transformer Engine's context-parallel attentions runs, so it acts only with cp > 1 and "
+                        "cp_impl te; use --cp 2 or more with --cp-impl te, or drop --cp-comm-type"),
     SwitchUse("cp_kv_repeated_ring", ("cp_kv_repeated",), lambda p: (p.cp > 1) & (p.cp_impl != "te"),
               lambda p: f"cp_kv_repeated with cp {p.cp} and cp_impl {p.cp_impl}: it sets how many heads PyTorch's "
                         "context-parallel ring passes, so it acts only with cp > 1 and cp_impl torch-allgather or "

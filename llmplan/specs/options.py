@@ -96,6 +96,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cp_impl."""
     cp_kv_repeated: bool
     """ParallelPlan.cp_kv_repeated."""
+    cp_comm_type: str | None
+    """ParallelPlan.cp_comm_type; None (search only): p2p, and where the model needs them the others tried."""
     cp_comm_overlap: bool
     """ParallelPlan.cp_comm_overlap."""
     rope_complex: bool

@@ -19,7 +19,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
+    CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -416,6 +416,15 @@ class ParallelPlan(PlanQuantities, Spec):
     beside only the first step's call (torchtitan's default rotate method), torch-alltoall passes them one step
     at a time. Both torch rings merge each step's output and accumulate the gradients in fp32 outside the
     kernel (docs/formulas.md#comm.cp, #step.cp, #compute.cp_merge)."""
+    cp_comm_type: CpCommType = "p2p"
+    """Which Transformer Engine context-parallel attention runs under cp_impl te (Megatron-LM --cp-comm-type,
+    Megatron-Bridge model.cp_comm_type): p2p (the K/V ring, its sends beside the attention calls), a2a (Ulysses,
+    arXiv 2309.14509: all-to-alls of Q, K, V before the attention and of its output after, each rank running
+    every token of heads/cp heads; needs the heads and KV heads per TP rank divisible by cp; the only one that
+    runs a learnable softmax offset, GPT-OSS's sinks) or all_gather (Llama 3, arXiv 2407.21783 sec. 3.3.2:
+    every rank gathers the whole K/V, and reduce-scatters their gradients). a2a and all_gather run sliding
+    windows, p2p does not; neither overlaps its collectives with the attention (docs/formulas.md#comm.cp_a2a,
+    #comm.cp_allgather, #step.cp)."""
     cp_kv_repeated: bool = False
     """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
     heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
