@@ -164,17 +164,21 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
 
 
 def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
-    """Activation workspace of the largest engine step (max_num_batched_tokens tokens) on one GPU: hidden
-    states, QKV, MLP intermediates (gate and up, then the product) in 16 bits, and fp32 logits of the
-    sequences sampled; without fused attention, one layer's scores and probabilities for a prompt of T tokens.
-    Derived: docs/formulas.md#infer.activations (vLLM measures this by profiling)."""
+    """Activation peak of the engine's profiling step (max_num_batched_tokens T tokens) on one GPU: the larger of
+    the forward's workspace (hidden states, QKV, MLP intermediates (gate and up, then the product) in 16 bits;
+    without fused attention one layer's scores and probabilities for a prompt of T tokens) and the sampler's
+    (the T hidden states kept, fp32 logits of the min(batch, T) sequences sampled): the sampler runs after the
+    forward has freed its intermediates, so the two do not add.
+    Source: vllm-project/vllm @000fc94b vllm/v1/worker/gpu_model_runner.py, GPUModelRunner.profile_run
+    (_dummy_run of max_num_tokens, then _dummy_sampler_run; num_reqs = min(num_tokens, max_num_seqs)).
+    Derived: docs/formulas.md#infer.activations"""
     T, h, t = job.max_num_batched_tokens, m.hidden_size, plan.tp
     qkv = (m.num_attention_heads * m.d_head + 2 * max(m.kv_heads, t) * m.d_head) / t
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
     mlp = (3 if m.gated_mlp else 2) * f / t
     logits = min(job.batch, T) * padded_vocab(m.vocab_size, t) / t * 4
     scores = 0.0 if plan.fused_attention else 2 * 2.0 * m.num_attention_heads / t * T * T  # S and P, 16-bit
-    return 2 * T * (2 * h + qkv + mlp) + logits + scores
+    return max(2 * T * (2 * h + qkv + mlp) + scores, 2 * T * h + logits)
 
 
 @dataclass(frozen=True)
