@@ -211,13 +211,17 @@ class ServeMemory(Breakdown):
 def kv_capacity_bytes(job: ServeJob, hbm_bytes: float, weights: float, activations: float, other: float) -> float:
     """Bytes the engine gives the KV cache on one GPU (may be < 0 when the weights do not fit):
     vLLM u·HBM - weights - activations - other; TensorRT-LLM u·(HBM - weights - activations - other);
-    SGLang u·HBM - weights. Derived: docs/formulas.md#infer.capacity"""
+    SGLang u·(HBM - other) - weights: its fraction applies to the memory free once the CUDA context and NCCL
+    are up, before the weights load. Source: sgl-project/sglang @001ccef0
+    python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py, profile_max_num_token (free after loading
+    - total_gpu_memory x (1 - mem_fraction_static)), total_gpu_memory being model_runner.py's
+    min_per_gpu_memory, read after the distributed init. Derived: docs/formulas.md#infer.capacity"""
     rule, u = ENGINES[job.engine], job.gpu_memory_utilization
     if rule.fraction_of_free:
         free = hbm_bytes - weights - activations - other
         return u * free if free > 0 else free
     if not rule.activations_inside:
-        return u * hbm_bytes - weights
+        return u * (hbm_bytes - other) - weights
     return u * hbm_bytes - weights - activations - other
 
 
@@ -245,7 +249,8 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     if rule.fraction_of_free:
         cap = weights + act + other + max(available, 0.0)
     else:
-        cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
+        cap = job.gpu_memory_utilization * hbm_bytes if rule.activations_inside else \
+            job.gpu_memory_utilization * (hbm_bytes - other) + act + other
     state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache
