@@ -6,6 +6,7 @@ TTFT-, TPOT- and capacity-bound ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations, product
 from typing import Any
 
 from llmplan.cost.attention_rate import fused_attention_asymptote
@@ -133,8 +134,8 @@ def _training_flags(change: dict[str, Any], base: Any) -> tuple[str, ...]:
 
 def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str, ...] | None = None) -> list[Advice]:
     """The best few single changes for a training plan, by predicted gain. For a plan that does not fit, only
-    changes that make it fit: single ones, else the fewest memory savers together (fitting_combination), on
-    these GPUs or, failing that, on more nodes with more pipeline stages."""
+    changes that make it fit: single ones, else a layout and memory savers together (fitting_combination), on
+    these GPUs or, failing that, on more nodes."""
     order = order if order is not None else _default_order()
     base_tps, base_mem = float(e.throughput.tokens_per_s), float(e.memory.total)
     fits = float(e.memory.headroom) >= 0
@@ -181,44 +182,114 @@ def _changed(e: TrainingEstimate, change: dict[str, Any], allowance: Any, order:
         return None
 
 
-def fitting_combination(e: TrainingEstimate, allowance: Any, order: tuple[str, ...],
-                        max_steps: int = 8) -> Advice | None:
-    """For a plan that no single change makes fit: memory savers applied one after another, each time the one
-    that frees the most (training_candidates of the plan so far), until it fits; on e's GPUs, else on 2, 4, 8
-    or 16 times the nodes with as many times the pipeline stages (model states per GPU shrink with them). The
-    first combination that fits, as one Advice of all its flags; None when none within max_steps does."""
-    c, p, m = e.cluster, e.plan, e.model
-    for k in (1, 2, 4, 8, 16):
-        cluster: Any = c
-        change: dict[str, Any] = {}
-        cur: TrainingEstimate = e
-        if k > 1:  # k times the nodes, each holding k times the pipeline stages
-            pp = p.pp * k
-            if pp > m.num_hidden_layers or p.pp_layers or p.pp_layout:
-                break
-            first, last = balanced_split(m.num_hidden_layers, pp)
-            cluster = c.model_copy(update={"num_nodes": c.num_nodes * k})
-            change = {"pp": pp, "pp_first": first, "pp_last": last}
-            grown = _changed(e, change, allowance, order, cluster)
-            if grown is None:
-                continue
-            cur = grown[0]
-        for _ in range(max_steps + 1):
-            if float(cur.memory.headroom) >= 0:
-                nodes = ("--nodes", str(cluster.num_nodes)) if cluster is not c else ()
-                why = ("together these fit" if cluster is c else
-                       f"on {cluster.num_nodes} nodes ({cluster.num_gpus} GPUs instead of {c.num_gpus}) these "
-                       f"fit (llmplan search --nodes {cluster.num_nodes} ranks all that do)")
-                return Advice(f"no single change fits; {why}", (*nodes, *_training_flags(change, p)),
-                              _training_numbers(cur), (float(e.memory.total) - float(cur.memory.total))
-                              / float(e.memory.total))
-            steps = [(st[0], {**change, **ch}) for _, ch in training_candidates(cur)
-                     if (st := _changed(e, {**change, **ch}, allowance, order, cluster)) is not None]
-            steps = [s for s in steps if float(s[0].memory.total) < float(cur.memory.total)]
-            if not steps:
-                break
-            cur, change = min(steps, key=lambda s: float(s[0].memory.total))
+RECOMPUTE_STRENGTH = {"none": 0, "op": 1, "selective": 1, "full": 2}
+"""How much of the activations each recompute mode drops, for ordering; full drops the most."""
+
+
+def saver_axes(p: Any) -> list[list[dict[str, Any]]]:
+    """The memory savers fitting_combination combines, one list per axis, weakest level first (at most one level
+    of an axis is taken): stronger recompute (selective only with unfused attention, where it drops the scores),
+    a fused loss, sequence parallelism (with TP), each higher ZeRO stage, a bf16 gradient buffer (16-bit training),
+    each halving of the micro-batch."""
+    rec = [r for r in (("full",) if p.flash_attention else ("selective", "full"))
+           if RECOMPUTE_STRENGTH[r] > RECOMPUTE_STRENGTH[p.recompute]]
+    axes: list[list[dict[str, Any]]] = [
+        [{"recompute": r} for r in rec], [] if p.fused_loss else [{"fused_loss": True}],
+        [] if p.sp or p.tp == 1 else [{"sp": True}], [{"zero": z} for z in range(p.zero + 1, 4)],
+        [{"grad_dtype": "bf16"}] if p.grad_dtype == "fp32" and p.dtype != "fp32" else [],
+        [{"micro_batch": p.micro_batch >> i} for i in range(1, p.micro_batch.bit_length())]]
+    return [a for a in axes if a]
+
+
+def _doublings(start: int, limit: int) -> list[int]:
+    return [start << i for i in range(max(limit, start).bit_length()) if start << i <= max(limit, start)]
+
+
+def layouts(e: TrainingEstimate, cluster: Any) -> list[dict[str, Any]]:
+    """TP (within a node), PP (at most the layers) and CP, each the plan's times a power of 2, whose product
+    divides the cluster's GPUs, dp the rest; fewest axes changed first, then fewest GPUs per model replica. A
+    new PP splits the layers evenly (balanced_split); a plan with its own layer split keeps its PP."""
+    p, m, n = e.plan, e.model, cluster.num_gpus
+    out = []
+    for tp in _doublings(p.tp, cluster.gpus_per_node_used):
+        for pp in _doublings(p.pp, 0 if p.pp_layers or p.pp_layout else m.num_hidden_layers):
+            for cp in _doublings(p.cp, n):
+                if n % (tp * pp * cp) == 0:
+                    split = dict(zip(("pp_first", "pp_last"), balanced_split(m.num_hidden_layers, pp))) \
+                        if pp != p.pp else {}
+                    out.append({"tp": tp, "pp": pp, "cp": cp, "dp": n // (tp * pp * cp), **split})
+    return sorted(out, key=lambda c: (sum(c[k] != getattr(p, k) for k in ("tp", "pp", "cp")),
+                                      c["tp"] * c["pp"] * c["cp"]))
+
+
+def fewest_savers(axes: list[list[dict[str, Any]]], run: Any, valid: Any) -> Any:
+    """The fitting (result, score) of the fewest savers (an empty choice first), the largest score
+    among those of as many; `run(choice)` gives (result, score) for a list of saver levels, None where it does
+    not fit or is not valid, `valid(choice)` whether it is a valid plan. Memory only falls as a saver is added
+    or strengthened, so where the strongest valid level of every axis (taken axis by axis) does not fit, none
+    does: one evaluation instead of all."""
+    strongest: list[dict[str, Any]] = []
+    for axis in axes:
+        strongest += next(([lv] for lv in reversed(axis) if valid([*strongest, lv])), [])
+    if run(strongest) is None:
+        return None
+    for k in range(len(axes) + 1):
+        found = [r for combo in combinations(axes, k) for choice in product(*combo) if (r := run(list(choice)))]
+        if found:
+            return max(found, key=lambda r: r[1])
     return None
+
+
+def fitting_combination(e: TrainingEstimate, allowance: Any, order: tuple[str, ...]) -> Advice | None:
+    """For a plan that no single change makes fit: on e's GPUs, else on 2, 4, 8 or 16 times the nodes, each
+    layout (layouts) with the fewest memory savers (saver_axes) that make it fit (fewest_savers), and of these the
+    fastest; as one Advice of all its flags. None when nothing fits on any of these clusters. Exhaustive over
+    these options but for the one-evaluation bound of fewest_savers."""
+    for k in (1, 2, 4, 8, 16):
+        cluster = e.cluster if k == 1 else e.cluster.model_copy(update={"num_nodes": e.cluster.num_nodes * k})
+        found = []
+        for layout in layouts(e, cluster):
+            change_of, axes = _combined_change(e.plan, layout), saver_axes(e.plan.model_copy(update=layout))
+            found.append(fewest_savers(axes, lambda ch: _fitting(e, change_of(ch), allowance, order, cluster),
+                                       lambda ch: _valid(e, change_of(ch), cluster)))
+        fits = [f for f in found if f is not None]
+        if fits:
+            return _combination_advice(e, cluster, *max(fits, key=lambda f: f[1])[0])
+    return None
+
+
+def _combined_change(p: Any, layout: dict[str, Any]) -> Any:
+    """choice -> the fields a layout and a list of saver levels change in plan p (unchanged ones left out)."""
+    def change(choice: list[dict[str, Any]]) -> dict[str, Any]:
+        merged = {**layout, **{k: v for level in choice for k, v in level.items()}}
+        return {k: v for k, v in merged.items() if getattr(p, k) != v}
+    return change
+
+
+def _valid(e: TrainingEstimate, change: dict[str, Any], cluster: Any) -> bool:
+    try:
+        plan = type(e.plan).model_validate(e.plan.model_copy(update=change).model_dump())
+    except ValueError:
+        return False
+    return not check_plan(e.model, plan.model_copy(update=unused_switches(plan)), cluster)
+
+
+def _fitting(e: TrainingEstimate, change: dict[str, Any], allowance: Any, order: tuple[str, ...],
+             cluster: Any) -> Any:
+    """((estimate, change), tokens/s) where e's plan with `change` on `cluster` is valid and fits, else None."""
+    got = _changed(e, change, allowance, order, cluster)
+    if got is None or float(got[0].memory.headroom) < 0:
+        return None
+    return (got[0], change), float(got[0].throughput.tokens_per_s)
+
+
+def _combination_advice(e: TrainingEstimate, cluster: Any, new: TrainingEstimate, change: dict[str, Any]) -> Advice:
+    c = e.cluster
+    nodes = ("--nodes", str(cluster.num_nodes)) if cluster is not c else ()
+    why = ("together these fit" if cluster is c else f"on {cluster.num_nodes} nodes ({cluster.num_gpus} GPUs "
+           f"instead of {c.num_gpus}) these fit (llmplan search --nodes {cluster.num_nodes} ranks all that do)")
+    return Advice(f"no single change fits; {why}", (*nodes, *_training_flags(change, e.plan)),
+                  _training_numbers(new), (float(e.memory.total) - float(new.memory.total)) / float(e.memory.total))
 
 
 def goodput_advice(e: TrainingEstimate) -> list[Advice]:

@@ -164,17 +164,21 @@ def kv_bytes_per_seq_gpu(m: ModelSpec, plan: ServePlan, context: Any, block_size
 
 
 def activation_peak_bytes(m: ModelSpec, plan: ServePlan, job: ServeJob) -> float:
-    """Activation workspace of the largest engine step (max_num_batched_tokens tokens) on one GPU: hidden
-    states, QKV, MLP intermediates (gate and up, then the product) in 16 bits, and fp32 logits of the
-    sequences sampled; without fused attention, one layer's scores and probabilities for a prompt of T tokens.
-    Derived: docs/formulas.md#infer.activations (vLLM measures this by profiling)."""
+    """Activation peak of the engine's profiling step (max_num_batched_tokens T tokens) on one GPU: the larger of
+    the forward's workspace (hidden states, QKV, MLP intermediates (gate and up, then the product) in 16 bits;
+    without fused attention one layer's scores and probabilities for a prompt of T tokens) and the sampler's
+    (the T hidden states kept, fp32 logits of the min(batch, T) sequences sampled): the sampler runs after the
+    forward has freed its intermediates, so the two do not add.
+    Source: vllm-project/vllm @000fc94b vllm/v1/worker/gpu_model_runner.py, GPUModelRunner.profile_run
+    (_dummy_run of max_num_tokens, then _dummy_sampler_run; num_reqs = min(num_tokens, max_num_seqs)).
+    Derived: docs/formulas.md#infer.activations"""
     T, h, t = job.max_num_batched_tokens, m.hidden_size, plan.tp
     qkv = (m.num_attention_heads * m.d_head + 2 * max(m.kv_heads, t) * m.d_head) / t
     f = (m.num_experts_per_tok * m.expert_ffn + m.shared_ffn) if m.is_moe else m.intermediate_size
     mlp = (3 if m.gated_mlp else 2) * f / t
     logits = min(job.batch, T) * padded_vocab(m.vocab_size, t) / t * 4
     scores = 0.0 if plan.fused_attention else 2 * 2.0 * m.num_attention_heads / t * T * T  # S and P, 16-bit
-    return 2 * T * (2 * h + qkv + mlp) + logits + scores
+    return max(2 * T * (2 * h + qkv + mlp) + scores, 2 * T * h + logits)
 
 
 @dataclass(frozen=True)
@@ -207,13 +211,17 @@ class ServeMemory(Breakdown):
 def kv_capacity_bytes(job: ServeJob, hbm_bytes: float, weights: float, activations: float, other: float) -> float:
     """Bytes the engine gives the KV cache on one GPU (may be < 0 when the weights do not fit):
     vLLM u·HBM - weights - activations - other; TensorRT-LLM u·(HBM - weights - activations - other);
-    SGLang u·HBM - weights. Derived: docs/formulas.md#infer.capacity"""
+    SGLang u·(HBM - other) - weights: its fraction applies to the memory free once the CUDA context and NCCL
+    are up, before the weights load. Source: sgl-project/sglang @001ccef0
+    python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py, profile_max_num_token (free after loading
+    - total_gpu_memory x (1 - mem_fraction_static)), total_gpu_memory being model_runner.py's
+    min_per_gpu_memory, read after the distributed init. Derived: docs/formulas.md#infer.capacity"""
     rule, u = ENGINES[job.engine], job.gpu_memory_utilization
     if rule.fraction_of_free:
         free = hbm_bytes - weights - activations - other
         return u * free if free > 0 else free
     if not rule.activations_inside:
-        return u * hbm_bytes - weights
+        return u * (hbm_bytes - other) - weights
     return u * hbm_bytes - weights - activations - other
 
 
@@ -241,7 +249,8 @@ def serve_memory(m: ModelSpec, plan: ServePlan, job: ServeJob, hbm_bytes: float,
     if rule.fraction_of_free:
         cap = weights + act + other + max(available, 0.0)
     else:
-        cap = job.gpu_memory_utilization * hbm_bytes + (0.0 if rule.activations_inside else act + other)
+        cap = job.gpu_memory_utilization * hbm_bytes if rule.activations_inside else \
+            job.gpu_memory_utilization * (hbm_bytes - other) + act + other
     state = recurrent_state_per_seq_gpu(m, plan)  # each running sequence's fixed state, in the same pool
     per_seq = float(kv_bytes_per_seq_gpu(m, plan, admitted_tokens(job), job.block_size))
     if job.speculative is not None:  # the k draft tokens' slots and the draft's own cache

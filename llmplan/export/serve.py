@@ -41,7 +41,7 @@ def context_note(pf: PlanFile, flag: str) -> str:
 def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
     """The `engine`'s memory fraction that gives the KV cache the bytes the plan was predicted with, and a
     comment line when it differs from the planned engine's (whose fraction means something else):
-    vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / HBM, rounded down.
+    vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / (HBM - other), rounded down.
     Derived: docs/formulas.md#infer.capacity"""
     j = pf.serve_job
     mem = pf.predictions.get("memory", {})
@@ -49,7 +49,7 @@ def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
         return j.gpu_memory_utilization, ""
     hbm = pf.cluster.system.gpu.hbm_bytes
     used = mem["weights"] + mem["kv_available"] + (mem["activations"] + mem["other"] if engine == "vllm" else 0.0)
-    fraction = math.floor(1000 * used / hbm) / 1000
+    fraction = math.floor(1000 * used / (hbm if engine == "vllm" else hbm - mem["other"])) / 1000
     return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem['kv_available'] / GIB:.1f} GiB per "
                       f"GPU planned with {j.engine}'s rule (its fraction {j.gpu_memory_utilization:g})\n")
 

@@ -73,7 +73,8 @@ def fitting_json(f: ServeEstimate | None) -> dict[str, Any] | None:
         return None
     return {"batch": f.job.batch, "ttft_s": float(f.timing.ttft), "tpot_s": float(f.timing.tpot),
             "e2e_s": float(f.timing.e2e), "tokens_per_s": f.tokens_per_s,
-            "tokens_per_s_per_gpu": f.tokens_per_s / f.plan.num_gpus}
+            "tokens_per_s_per_gpu": f.tokens_per_s / f.plan.num_gpus, "kv_available": f.memory.kv_available,
+            "kv_blocks": f.memory.kv_blocks, "max_concurrent_seqs": f.memory.max_concurrent_seqs}
 
 
 def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
@@ -245,11 +246,7 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None,
     if mem.recurrent_state:
         console.print(f"Recurrent state: {mem.recurrent_state / j.batch / 2**20:,.1f} MiB per sequence per GPU, "
                       f"whatever its length ({recurrent_kinds(e.model)} layers hold it instead of a KV cache)")
-    console.print(f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
-                  f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
-                  f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "
-                  f"{admitted_tokens(j):,.0f} tokens ({j.engine}: "
-                  f"{'whole context reserved' if ENGINES[j.engine].reserve_whole_context else 'input + output/2 held on average'})")
+    console.print(kv_capacity_line(e, fitting))
     if mem.fits:
         console.print(f"[bold green]FITS[/]: {j.batch:,} sequences need {gib(mem.total)} of {gib(mem.capacity)} GiB")
     elif mem.kv_available <= 0:
@@ -257,10 +254,8 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None,
                       f"{gib(-mem.kv_available)} GiB; raise tp/pp or quantise the weights")
     else:
         most = fitting.job.batch if fitting is not None else mem.max_concurrent_seqs
-        aside = (f" (the {mem.max_concurrent_seqs:,} above is beside {j.batch:,} sequences' activation workspace)"
-                 if most != mem.max_concurrent_seqs else "")
         console.print(f"[bold red]DOES NOT FIT[/]: {j.batch:,} sequences need {gib(mem.total)} of {gib(mem.capacity)} "
-                      f"GiB; at most {most:,} fit{aside}")
+                      f"GiB; at most {most:,} fit")
     if e.phase is not None:  # one pool of a disaggregated deployment: its phase, not co-located timing
         for line in phase_lines(e):
             console.print(line)
@@ -295,6 +290,23 @@ def serve_view(console: Console, e: ServeEstimate, advice: list | None = None,
         console.print(advice_table(advice, base, serving=True, to_fit=not mem.fits))
     elif advice is not None and not mem.fits:
         console.print("No single change on these options makes it fit: try llmplan search --mode infer")
+
+
+def kv_capacity_line(e: ServeEstimate, fitting: ServeEstimate | None) -> str:
+    """The KV-capacity line. For a batch that does not fit, the capacity of the engine that runs the batch that
+    does (`fitting`): the engine sizes its cache once, after a profiling step that samples as many sequences as
+    it admits (docs/formulas.md#infer.activations), so the asked batch's larger sampler workspace is given apart."""
+    j, mem = e.job, (fitting or e).memory
+    held = "whole context reserved" if ENGINES[j.engine].reserve_whole_context else "input + output/2 held on average"
+    line = (f"KV cache: {e.kv_bytes_per_token / 1024:,.1f} KiB per token (whole model, one sequence); "
+            f"{gib(max(mem.kv_available, 0))} GiB free for it per GPU = {mem.kv_blocks:,} blocks of "
+            f"{j.block_size} tokens = at most {mem.max_concurrent_seqs:,} running sequences of "
+            f"{admitted_tokens(j):,.0f} tokens ({j.engine}: {held})")
+    if fitting is not None and fitting.memory.max_concurrent_seqs != e.memory.max_concurrent_seqs:
+        line += (f"; an engine set to admit {j.batch:,} sequences profiles their sampled logits "
+                 f"({gib(e.memory.activations)} GiB of activations) and leaves room for "
+                 f"{e.memory.max_concurrent_seqs:,}")
+    return line
 
 
 def not_fit_view(console: Console, e: ServeEstimate, fitting: ServeEstimate | None) -> None:
