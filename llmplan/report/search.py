@@ -10,7 +10,8 @@ from rich.table import Table
 
 from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import CAPPED, ReportTable, SCHEMA, capped_note, capped_text, gib, power_text
+from llmplan.report.common import (CAPPED, ReportTable, SCHEMA, capped_note, capped_text, fabric_names, gib,
+                                   power_text)
 from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
@@ -189,6 +190,40 @@ def with_ep_line(a: TrainingEstimate, b: TrainingEstimate, resolution: float | N
             if resolution is not None and 0 < gap <= resolution else "")
     return (explain_line(a, b, "best with EP") + f" (per GPU per step #1's {zero}moves {moved_gb(a, 'dp')}, "
             f"it {moved_gb(b, 'ep')}{tied})")
+
+
+def wide_ep(res: SearchResult) -> TrainingEstimate | None:
+    """The search's best plan with a smaller TP and a wider EP than #1, where #1 runs TP beside an EP group inside
+    one NVLink domain (SearchResult.wide_ep)."""
+    return res.wide_ep if res.ranked else None
+
+
+def wide_ep_line(a: TrainingEstimate, b: TrainingEstimate, cluster: ClusterSpec) -> str:
+    """Why #1 runs TP beside an EP group inside one NVLink domain, not the published MoE runs' kind (less TP, a
+    wider EP): explain_line against the best such plan, where each EP group runs, how the wider one's all-to-alls
+    were priced (the dispatcher; overlapped or not: the published wide-EP runs use DeepEP and hide the all-to-alls
+    behind compute, and the flags that price that), and, where they differ, the recompute and the micro-batches
+    per pipeline (the bubble)."""
+    up, down = fabric_names(cluster.system)
+    q = b.plan
+    mine, its = place(a.plan.degrees, cluster)["ep"], place(q.degrees, cluster)["ep"]
+    overlap = ("overlapped by DualPipe" if q.pp_schedule == "dualpipe"
+               else "overlapped" if q.ep_comm_overlap else "not overlapped")
+    why = [f"#1's ep {a.plan.ep} on {mine.describe(up, down)}, its ep {q.ep} on {its.describe(up, down)}, "
+           f"{q.moe_dispatcher} dispatch {overlap}"]
+    flags = [f for f, on in (("--moe-dispatcher deepep", q.moe_dispatcher == "alltoall"),
+                             ("--ep-comm-overlap", not q.ep_comm_overlap and q.pp_schedule != "dualpipe")) if on]
+    domain, span = cluster.system.domain_gpus, q.etp_resolved * q.ep  # an EP group's consecutive ranks
+    if its.uses_nic and cluster.system.gpus_per_node < domain and span <= domain and domain % span:
+        why.append(f"{span} does not divide the {domain}-GPU NVLink domain: some groups straddle two "
+                   f"(--domain-gpus {1 << (domain.bit_length() - 1)})")
+    if its.uses_nic and flags:
+        why.append(f"the published wide-EP runs dispatch with DeepEP, some overlapped: {', '.join(flags)}")
+    if a.plan.recompute != q.recompute:
+        why.append(f"it recomputes {q.recompute}, #1 {a.plan.recompute}")
+    if a.plan.num_microbatches != q.num_microbatches and a.plan.pp > 1:
+        why.append(f"#1 runs {a.plan.num_microbatches} micro-batches per pipeline, it {q.num_microbatches}")
+    return explain_line(a, b, "best with wider EP") + f" ({'; '.join(why)})"
 
 
 def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
@@ -373,11 +408,13 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"conventional": estimate_json(res.conventional)} if res.conventional else {}),
         **({"without_cp": estimate_json(without)} if (without := without_cp(res)) is not None else {}),
         **({"with_ep": estimate_json(ep_best)} if (ep_best := with_ep(res)) is not None else {}),
+        **({"wide_ep": estimate_json(wider)} if (wider := wide_ep(res)) is not None else {}),
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
                         **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {}),
                         **({"vs_without_cp": explain(res.ranked[0], without)} if without is not None else {}),
-                        **({"vs_with_ep": explain(res.ranked[0], ep_best)} if ep_best is not None else {})}}
+                        **({"vs_with_ep": explain(res.ranked[0], ep_best)} if ep_best is not None else {}),
+                        **({"vs_wide_ep": explain(res.ranked[0], wider)} if wider is not None else {})}}
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
@@ -492,6 +529,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             console.print(with_ep_line(best, ep_best, res.resolution,
                                        next((f"{n.rule}, against #{n.lower}" for n in res.tie_notes
                                              if n.upper == 1), None)))
+        wider = wide_ep(res)
+        if wider is not None:
+            console.print(wide_ep_line(best, wider, cluster))
         if res.sides is not None and res.target is not None:  # a comparison with no plan the target accepts
             for what, side in (("conventional plan", res.sides.conventional), ("without CP", res.sides.without_cp),
                                ("with EP", res.sides.with_ep)):
@@ -509,6 +549,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 console.print(explain_table(best, without, "best without CP"))
             if ep_best is not None:
                 console.print(explain_table(best, ep_best, "best with EP"))
+            if wider is not None:
+                console.print(explain_table(best, wider, "best with wider EP"))
             if advice:
                 console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",

@@ -26,7 +26,7 @@ from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.topology.placement import DEFAULT_ORDER
+from llmplan.topology.placement import DEFAULT_ORDER, place
 from llmplan.units import GIB
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
@@ -72,6 +72,9 @@ class SearchResult:
     with_ep: TrainingEstimate | None = None
     """The best plan that fits with expert parallelism (ep > 1), when the model is MoE and the search tried
     both: what #1 gives up where it runs ep 1 (report.search shows it only then)."""
+    wide_ep: TrainingEstimate | None = None
+    """The best plan that fits with a smaller TP and a wider EP than #1, where #1 runs TP beside an EP group
+    that stays inside one NVLink domain (wide_ep_side): the published MoE runs' kind, and what it costs here."""
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
@@ -385,7 +388,25 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         res.layout_plans = LayoutPlans(plans, ranking, codes, score, headroom, memory, layout, resolution, est,
                                        np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None,
                                        np.asarray(ev.throughput.tokens_per_s, dtype=float), fitted)
-    return dataclasses.replace(shown(layouts.rank(res, pool), top), seconds=time.perf_counter() - t0)
+    res = layouts.rank(res, pool)
+    if res.ranked:
+        res = dataclasses.replace(res, wide_ep=wide_ep_side(res.ranked[0], plans, score, est, cluster, order))
+    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+
+
+def wide_ep_side(first: TrainingEstimate, plans: PlanArrays, score: np.ndarray, est: Any, cluster: ClusterSpec,
+                 order: tuple[str, ...]) -> TrainingEstimate | None:
+    """The scalar estimate of the best-scoring plan with a smaller tp and a larger ep than `first`, where `first`
+    runs tp > 1 beside an EP group that stays inside one NVLink domain: the layout the published MoE runs avoid
+    (DeepSeek-V3 report, arXiv:2412.19437, sec. 3.2: no TP, EP 64 over 8 nodes; Megatron-Bridge's DeepSeek-V3
+    recipes: TP 1-2, EP 32-64), set beside it so the report can say what the wider EP costs. None otherwise."""
+    p = first.plan
+    if p.ep == 1 or p.tp == 1 or place(p.degrees, cluster, order)["ep"].uses_nic:
+        return None
+    idx = np.flatnonzero((np.asarray(plans.tp) < p.tp) & (np.asarray(plans.ep) > p.ep))
+    if not len(idx):
+        return None
+    return est(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
 
 
 def best_without(keep: np.ndarray, other: np.ndarray, score: np.ndarray,
