@@ -172,7 +172,7 @@ def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
     quantises in its GEMMs' epilogues instead of a cast kernel: forward fc2's input, the k·f_e activation
     output, which fc1's grouped GEMM writes as MXFP8 rowwise and columnwise copies; backward fc1's output
     gradient, c·k·f_e (c = 2 for a GLU, 1 for squared ReLU), which fc2's dgrad GEMM writes quantised after the
-    dGLU / dSReLU. Together (1 + c)·k·f_e / 3: for a GLU the routed part of the MoE count's FFN width. fc1's
+    dGLU / dSReLU. Together (1 + c)·k·f_e / 3: all the f_e-wide casts of moe_mlp_cast_bytes' k rows. fc1's
     input and fc2's output gradient are still cast by kernels (group_quantize). 0 off the fused path.
     Source: NVIDIA/TransformerEngine transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py (d_tensor,
     d_col_tensor of grouped_gemm_glu_wrapper_sm100) and backward_grouped_mlp.py (d_row_tensor, d_col_tensor of
