@@ -53,14 +53,16 @@ def test_golden_llama3_8b_tp1():
 
 
 def test_golden_mixtral_moe_count():
-    # Mixtral 8x7B (h 4096, 32 x 128, top-2 of f_e 14336), TP1, at the MoE layer count fp8_cast_bytes keeps:
-    # forward F = 2h + a·d + k·f_e = 8192 + 4096 + 28672 = 40960 cast elements a token, backward 2F; all but the
-    # QKV input (h, the norm's) read once more: 2 · (3·40960 - 4096) bytes over the step.
+    # Mixtral 8x7B (h 4096, 32 x 128 query heads, 8 KV heads, top-2 of f_e 14336, SwiGLU), TP1: every cast but the
+    # QKV input (the norm's) reads its input once more (2 bytes). Attention: the output projection's input 4096,
+    # its output gradient 4096 and QKV's (32 + 2·8)·128 = 6144; the routed experts on the k = 2 permuted rows of
+    # each token (docs/formulas.md#moe.expert_casts): fc1's input 2·4096 and fc2's output gradient 2·4096, fc2's
+    # input 2·14336 and fc1's output gradient 2·2·14336.
     m = M["mixtral-8x7b"]
     base = ParallelPlan(dtype="fp8", recipe="tensorwise", seq_len=8192, global_batch=64, dp=8)
     cur = base.model_copy(update={"fp8_scaling": "current"})
     extra = float(fp8_cast_bytes(m, cur, True) - fp8_cast_bytes(m, base, True)) * 3 / 8192
-    assert extra == pytest.approx(2 * (3 * 40960 - 4096))
+    assert extra == pytest.approx(2 * (4096 + 4096 + 6144 + 2 * 2 * 4096 + 3 * 2 * 14336))
 
 
 @pytest.mark.parametrize("dtype,recipe", [("fp8", "mxfp8"), ("fp8", "blockwise"), ("fp8", "rowwise"),

@@ -1,7 +1,9 @@
 """fp8 casts of a hybrid stack, per sub-block kind (docs/formulas.md#mixers.casts): each Transformer Engine
 linear casts its input in forward and its output gradient in backward. Megatron-LM's Mamba-2 mixer has two such
 linears (megatron/core/ssm/mamba_mixer.py: in_proj h -> 2HP + 2GN + H, out_proj HP -> h; its convolution and
-SSD kernels run in bf16), Megatron's attention two (linear_qkv, linear_proj), an MoE block its MoE count."""
+SSD kernels run in bf16), Megatron's attention two (linear_qkv, linear_proj), an MoE block its shared expert's two
+and its routed experts' two GroupedLinears on the k permuted rows of each token (docs/formulas.md#moe.expert_casts:
+Megatron-LM d98e8a6 token_dispatcher.py / experts.py, TransformerEngine d0067d0 grouped_linear.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ def test_nemotron_3_nano_casts_counted_by_hand_from_megatron_s_modules():
     mamba = (h + HP) + (h + 2 * HP + 2 * GN + H)  # forward in_proj, out_proj inputs; backward their gradients
     assert mamba == 19776  # the count docs/validation.md#nemotron-ssd-rate states for Megatron's Mamba block
     attention = (h + 32 * 128) + (h + (32 + 2 * 2) * 128)
-    moe = 3 * (h + 6 * 1856 + 3712)  # the MoE count fp8_cast_bytes keeps for every MoE layer
+    # routed (squared ReLU, c = 1): forward fc1 input k·h and fc2 input k·f_e, backward fc2's output gradient k·h
+    # and fc1's k·f_e; the shared expert the same at one row of width 3712
+    moe = 6 * (h + 1856) * 2 + (h + 3712) * 2
+    assert moe == 67328  # the count docs/validation.md#fp8-small-gemm states for this MoE layer
     m = M["nemotron-3-nano"]
     assert step_elements(m, plan()) == pytest.approx(23 * mamba + 6 * attention + 23 * moe)
     # TE's fused MXFP8 grouped MLP (squared ReLU, TE >= 2.17) quantises fc2's input (forward) and fc1's output
@@ -48,14 +53,19 @@ def test_nemotron_3_nano_casts_counted_by_hand_from_megatron_s_modules():
 
 def test_sequence_parallelism_casts_the_hidden_wide_tensors_on_the_shard():
     # At TP2 with SP the rank casts its half of the heads' widths and, before the gather, its sequence shard of
-    # each h-wide input and output gradient (as the transformer count does): every term halves but the MoE
-    # count (as if gathered whole: its h stays).
+    # each h-wide input and output gradient (as the transformer count does): every term halves. The routed
+    # experts at expert TP 2 (etp unset: tp) all-gather the bf16 rows over the expert-TP group before casting them:
+    # k·etp/t = 6 rows a token of width h, f_e/etp wide; at expert TP 1 the rank's k/t = 3 rows of the whole f_e.
     h, HP, GN, H = 2688, 4096, 1024, 64
     mamba = (h + HP) + (h + 2 * HP + 2 * GN + H)
     attention = (h + 32 * 128) + (h + (32 + 2 * 2) * 128)
-    moe = 3 * (h + (6 * 1856 + 3712) / 2)
+    shared = (h + 3712) * 2 / 2
+    moe = 6 * (h + 1856 / 2) * 2 + shared
+    moe_etp1 = 3 * (h + 1856) * 2 + shared
     m = M["nemotron-3-nano"]
     assert step_elements(m, plan(tp=2, dp=4, sp=True)) == pytest.approx(23 * mamba / 2 + 6 * attention / 2 + 23 * moe)
+    assert step_elements(m, plan(tp=2, dp=4, sp=True, etp=1)) == pytest.approx(
+        23 * mamba / 2 + 6 * attention / 2 + 23 * moe_etp1)
     assert step_elements(m, plan(tp=2, dp=4, sp=False)) > step_elements(m, plan(tp=2, dp=4, sp=True))
 
 

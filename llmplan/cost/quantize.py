@@ -12,7 +12,6 @@ from llmplan.arith import where
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes, fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
-from llmplan.cost.params import token_ffn_width
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
@@ -92,13 +91,11 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the
     gather (as comm.gather_bytes sends them); a per-tensor fp8 tensor gathers its row-wise data only, so on
     Hopper the transposed copy of each gathered tensor, wanted by the weight-gradient GEMM, is made after the
-    gather (read 1 byte, write 1). An MoE layer keeps the earlier
-    count (each GEMM input cast in forward as if gathered whole, backward twice that): the experts' inputs are
-    k permuted rows per token, which the count does not hold. A hybrid stack's average layer casts its own
-    sub-blocks' projections (hybrid_cast_widths: its share of attention, of each recurrent mixer and of dense
-    MLP; an MoE layer's MLP at the MoE count). Under current scaling (amax_read_bytes) every cast but those of
-    a fused norm's outputs (the QKV and fc1 inputs, Megatron-Core's TE LayerNorm linears; a hybrid's h-wide
-    inputs) reads its input once more, on the shard it is cast on. Source: Transformer Engine fp8 primer;
+    gather (read 1 byte, write 1). An MoE layer's MLP is counted apart (moe_mlp_cast_bytes: the routed experts
+    cast their k permuted rows per token); a hybrid stack's average layer casts its own sub-blocks' projections
+    (hybrid_cast_widths). Under current scaling (amax_read_bytes) every cast but those of a fused norm's outputs
+    (the QKV and fc1 inputs, Megatron-Core's TE LayerNorm linears; a hybrid's h-wide inputs) reads its input once
+    more, on the shard it is cast on. Source: Transformer Engine fp8 primer;
     transformer_engine/pytorch/module/linear.py and layernorm_linear.py (quantise, then gather_along_first_dim;
     backward: "If data is in FP8, we compute FP8 transposes manually"); cuBLASLt FP8 TN requirement
     (common/gemm/cublaslt_gemm.cu).
@@ -106,33 +103,67 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     if not plan.low_precision:
         return 0.0
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
-    f = token_ffn_width(m, moe)
     d_v = attention_head_dims(m)[1]
     transposed = 1.0 if fp8_tn_only and plan.recipe in ("tensorwise", "blockwise") else 0.0
     cast = quantize_bytes(plan) + transposed
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    fused = fused_expert_cast_width(m, plan) if moe else 0.0  # cast in the fused grouped MLP's epilogues
-    latent = latent_proj_cast_width(m, plan) if moe else 0.0  # a latent MoE's two projections, on the shard
     amax = amax_read_bytes(plan)
-    if moe and not m.is_hybrid:  # the QKV input (h, forward: a third of a pass) is the norm's
-        width = 2 * h + (m.num_attention_heads * d_v + f - fused) / t + latent
-        return (cast * width + amax * (width - h / 3)) * s * b * share
-    # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
-    # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients below, gathered under SP.
-    qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
-    local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
     sp = plan.sp & (t > 1) & (plan.recipe in QUANTIZED_GATHER_RECIPES)
     # per gathered h-wide tensor: its shard's cast, and (per-tensor recipe) the transposed copy after the gather
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
+    gathered, on_shard = where(sp, shard, cast), where(sp, 1 / t, 1)
+    mlp = moe_mlp_cast_bytes(m, plan, transposed, h * gathered, on_shard) if moe else 0.0
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
-        local = local - 3 * fused / t + 3 * latent
-        own = amax * (local + h * grads * where(sp, 1 / t, 1))  # the h-wide inputs are the norms'
-        return (cast * local + h * (inputs * where(sp, shard, cast) + grads * where(sp, shard, cast)) + own) \
-            * s * b * share / 3
-    gathered = 4 * h * where(sp, shard, cast)
-    own = amax * (local + 2 * h * where(sp, 1 / t, 1))  # the two output gradients TP gathers; not the norms'
-    return (cast * local + gathered + own) * s * b * share / 3
+        own = amax * (local + h * grads * on_shard)  # the h-wide inputs are the norms'
+        return (cast * local + h * (inputs + grads) * gathered + own + mlp) * s * b * share / 3
+    # What each rank holds whole: the output-projection and fc2 inputs (forward), the output gradients of QKV
+    # (MLA: its projections) and fc1 (backward); the h-wide inputs and gradients, gathered under SP. An MoE
+    # layer: attention's alone here (its QKV input and output-projection gradient the h-wide ones).
+    qkv_out = sum(n for _, n in attention_shapes(m, t)[:-1])
+    f = 0 if moe else m.intermediate_size
+    local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
+    wide = 2 if moe else 4
+    own = amax * (local + (wide // 2) * h * on_shard)  # the output gradients TP gathers; not the norms' outputs
+    return (cast * local + wide * h * gathered + own + mlp) * s * b * share / 3
+
+
+def moe_mlp_cast_bytes(m: ModelSpec, plan: ParallelPlan, transposed: float, gathered: Any, on_shard: Any) -> Any:
+    """HBM bytes per token of the layer's s·b, over the step, one rank, of an MoE layer's MLP casts (fp8_cast_bytes
+    adds the mixer's). The routed experts are Transformer Engine GroupedLinear modules on the permuted buffer: k
+    rows per token (Megatron-Core's dispatchers permute the bf16 tokens into their k expert copies before the
+    all-to-all, or DeepEP / HybridEP after it; expert TP all-gathers the bf16 rows before the experts), r = k·etp
+    (/ t under SP) rows per token on the rank, times the capacity padding. Forward fc1 casts its input (r·w, w the
+    expert width) and fc2 its input (r·f_e/etp); backward fc2 casts its output gradient (r·w) and fc1 its own
+    (r·c·f_e/etp, c = 2 for a GLU): each cast as a dense linear's (read 2, the recipe's copies, Hopper's transposed
+    copy, current scaling's amax read). The fused grouped MLP quantises the two f_e-wide ones in its epilogues
+    (fused_expert_cast_width). With ep_dispatch_fp8 the w-wide pair is cast on the rank's tokens before the
+    forward and backward dispatches (1 row per token, not k) and Hopper's transposed copy is made from the k
+    dispatched rows (read 1, write 1). The shared expert casts as a dense MLP of width f_s (its fc1 input and fc2
+    output gradient h-wide, gathered under SP: `gathered` bytes each, `on_shard` of h read for the amax, none of
+    it a norm's output: the MoE layer's norm is a separate TENorm), a latent MoE its two projections
+    (latent_proj_cast_width). Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py at
+    d98e8a6 (MoEAlltoAllTokenDispatcher.dispatch_preprocess: permute(hidden_states, routing_map);
+    dispatch_postprocess: gather_from_sequence_parallel_region over the expert-TP group; _DeepepManager: permute
+    after the dispatch), experts.py (TEGroupedMLP.forward: linear_fc1 on permuted_local_hidden_states);
+    NVIDIA/TransformerEngine transformer_engine/pytorch/module/grouped_linear.py at d0067d0 (forward
+    _split_quantize of the m_splits rows, columnwise usage when the weight needs a gradient; backward
+    group_quantize of grad_output, rowwise and columnwise); DeepSeek-V3 report §3.3.2 (the activation before
+    the up-projection and the gradient before the down-projection quantised before the dispatch).
+    Derived: docs/formulas.md#moe.expert_casts"""
+    h, t, k, etp, f_e, w = m.hidden_size, plan.tp, m.num_experts_per_tok, plan.etp_resolved, m.expert_ffn, \
+        m.expert_width
+    c, tokens = (2 if m.gated_mlp else 1), where(plan.sp, 1 / t, 1)  # the rank's tokens per token of s·b
+    q, amax = quantize_bytes(plan), amax_read_bytes(plan)
+    rows = k * etp * tokens * plan.expert_padding
+    # the f_e-wide pair, none on the fused path (expert TP 1 there: its epilogues quantise all r·(1 + c)·f_e)
+    f_wide = rows * (1 + c) * f_e / etp - 3 * fused_expert_cast_width(m, plan) * tokens * plan.expert_padding
+    local = f_wide + 3 * latent_proj_cast_width(m, plan) + (1 + c) * m.shared_ffn / t
+    w_rows = 2 * w * rows  # fc1's input (forward) and fc2's output gradient (backward)
+    w_wide = where(plan.ep_dispatch_fp8, 2 * w * tokens * (q + amax) + w_rows * 2 * transposed,
+                   w_rows * (q + transposed + amax))
+    shared = 2 * (gathered + amax * h * on_shard) if m.shared_ffn else 0.0
+    return (q + transposed + amax) * local + w_wide + shared
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -141,7 +172,7 @@ def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
     quantises in its GEMMs' epilogues instead of a cast kernel: forward fc2's input, the k·f_e activation
     output, which fc1's grouped GEMM writes as MXFP8 rowwise and columnwise copies; backward fc1's output
     gradient, c·k·f_e (c = 2 for a GLU, 1 for squared ReLU), which fc2's dgrad GEMM writes quantised after the
-    dGLU / dSReLU. Together (1 + c)·k·f_e / 3: for a GLU the routed part of the MoE count's FFN width. fc1's
+    dGLU / dSReLU. Together (1 + c)·k·f_e / 3: all the f_e-wide casts of moe_mlp_cast_bytes' k rows. fc1's
     input and fc2's output gradient are still cast by kernels (group_quantize). 0 off the fused path.
     Source: NVIDIA/TransformerEngine transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py (d_tensor,
     d_col_tensor of grouped_gemm_glu_wrapper_sm100) and backward_grouped_mlp.py (d_row_tensor, d_col_tensor of
@@ -182,8 +213,7 @@ def hybrid_cast_widths(m: ModelSpec, t: Any, moe: bool) -> tuple[Any, float, flo
     layer over the step, by sub-block kind (block_cast_widths of its projections), each at its share of the
     layers: softmax attention (attention_shapes), the Mamba-2 and linear-attention mixers (recurrent_gemm_shapes;
     Mamba-2: in_proj h -> 2HP + 2GN + H, out_proj HP -> h, so forward h + HP, backward h + 2HP + 2GN + H) and a
-    dense MLP (fc1, fc2) where the layer holds one; an MoE layer's MLP at fp8_cast_bytes' MoE count (forward
-    h + (k f_e + f_shared)/t, backward twice that, as if gathered whole: local).
+    dense MLP (fc1, fc2) where the layer holds one; an MoE layer's MLP is counted apart (moe_mlp_cast_bytes).
     Source: NVIDIA/Megatron-LM megatron/core/ssm/mamba_mixer.py (in_proj and out_proj, the mixer's only
     Transformer Engine linears; the convolution and SSD kernels run in bf16). Derived: docs/formulas.md#mixers.casts"""
     h = m.hidden_size
@@ -193,7 +223,7 @@ def hybrid_cast_widths(m: ModelSpec, t: Any, moe: bool) -> tuple[Any, float, flo
     if not moe and dense_mlp_share(m):
         f = m.intermediate_size / t
         blocks.append((dense_mlp_share(m), [(h, f * (2 if m.gated_mlp else 1)), (f, h)]))
-    local: Any = 3 * (h + token_ffn_width(m, True) / t) if moe else 0.0
+    local: Any = 0.0
     inputs = grads = 0.0
     for w, shapes in blocks:
         lo, wide = block_cast_widths(shapes, h)

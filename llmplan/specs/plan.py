@@ -476,7 +476,8 @@ class ParallelPlan(PlanQuantities, Spec):
     """Send the EP dispatch's tokens in FP8 with one fp32 scale per 128 elements (DeepSeek-V3 report §3.3.2:
     the activations quantised before the dispatch feed the FP8 up-projection; DeepEP's dispatch takes an
     (fp8 tensor, scales) tuple), forward and backward dispatches alike; the combines stay bf16. The fc1 input's
-    fp8 cast moves before the dispatch, so no cast is added. Needs dtype fp8 and moe_dispatcher deepep with
+    fp8 cast (and fc2's output gradient's) moves before the dispatch: once per token, not per permuted row
+    (docs/formulas.md#moe.expert_casts). Needs dtype fp8 and moe_dispatcher deepep with
     moe_flex_backend deepep (docs/formulas.md#comm.ep_fp8). Off: every all-to-all in bf16."""
     moe_routing: MoeRouting = "random"
     """How the router spreads each token's k experts, which sets how many EP ranks a deepep dispatch reaches:
