@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -186,20 +186,6 @@ def check_model_features(pf: PlanFile) -> None:
         raise refuse(TARGET, f"a clamped GLU on a dense MLP ({m.name}: Megatron-Core's TransformerConfig takes "
                      "activation_func_clamp_value on SwiGLU with MoE only, and its dense MLP fuses no clamped quick "
                      "GEGLU)", fix)
-
-
-def check_ep_overlap(pf: PlanFile) -> None:
-    """The EP all-to-all overlap's requirements (TransformerConfig, overlap_moe_expert_parallel_comm): EP > 1,
-    interleaved stages when PP > 1, no full recompute."""
-    p = pf.plan
-    if not (pf.model.is_moe and p.ep_comm_overlap):
-        return
-    why = ("ep 1" if p.ep == 1 else "pp > 1 without virtual stages" if p.pp > 1 and p.vpp == 1
-           else "full recompute" if p.recompute == "full" else None)
-    if why:
-        raise refuse(TARGET, f"the EP all-to-all overlap with {why} (Megatron-Core's "
-                     "--overlap-moe-expert-parallel-comm needs ep > 1, vpp > 1 with pp > 1, no full recompute)",
-                     "re-plan with --no-ep-comm-overlap, or meet those conditions")
 
 
 def check_router(pf: PlanFile) -> None:
@@ -505,7 +491,7 @@ def check(pf: PlanFile) -> None:
                      "or use a spec without embedding_norm")
     check_model_features(pf)
     check_router(pf)
-    check_ep_overlap(pf)
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
