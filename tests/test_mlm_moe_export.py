@@ -21,6 +21,9 @@ Expected routing per model, from the published files (not from llmplan):
 - Mixtral-8x7B: config.json (mistralai/Mixtral-8x7B-v0.1) router_aux_loss_coef 0.02; the Switch-style loss over
   the batch (transformers' load_balancing_loss_func; Megatron-LM@d98e8a6 examples/mixtral/
   train_mixtral_8x7b_distributed.sh: --moe-router-load-balancing-type aux_loss).
+- Kimi-K2: config.json (moonshotai/Kimi-K2-Instruct) aux_loss_alpha 0.001, seq_aux true, topk_method noaux_tc,
+  scoring_func sigmoid, n_group 1, topk_group 1, routed_scaling_factor 2.827; Megatron-Bridge's Kimi bridge:
+  seq_aux_loss, 1e-3, expert bias, fp32 router (NVIDIA-NeMo/Megatron-Bridge@067f987 models/kimi/kimi_bridge.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ PUBLISHED = {  # model: (plan file, load balancing type, coefficient, score func
     "deepseek-v3": ("deepseek_train", "seq_aux_loss", 0.001, "sigmoid", 8, 4, 2.5, True),
     "qwen3-30b-a3b": ("moe_train", "aux_loss", 0.001, "softmax", None, None, None, False),
     "mixtral-8x7b": ("moe_train", "aux_loss", 0.02, "softmax", None, None, None, False),
+    "kimi-k2": ("deepseek_train", "seq_aux_loss", 0.001, "sigmoid", 1, 1, 2.827, True),
 }
 
 
