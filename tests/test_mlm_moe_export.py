@@ -36,6 +36,7 @@ import pytest
 
 from exported import unwrapped
 from llmplan.export import render_all
+from llmplan.export.common import CannotExpress
 from llmplan.planfile import load_plan
 from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
@@ -127,3 +128,17 @@ def test_wrapped_launch_carries_the_router_flags():
     files, _ = render_all(load_plan(PLANS / "moe_train.json"), "torchrun")
     ns, _ = parse_megatron(files["torchrun.sh"])
     assert ns.moe_router_load_balancing_type == ["aux_loss"] and ns.moe_router_fusion and ns.moe_permute_fusion
+
+
+def test_torchtitan_refuses_the_ep_overlap_it_does_not_run():
+    # torchtitan 0.3.0's export writes no EP all-to-all overlap (Megatron-Core's combined 1F1B,
+    # --overlap-moe-expert-parallel-comm): a plan priced with it (ep > 1) is refused, not run exposed; with
+    # ep 1 the switch is check_plan's to refuse (ep_comm_overlap_ep)
+    pf = load_plan(PLANS / "moe_train.json")
+    plan = pf.plan.model_copy(update={"zero": 2, "recompute": "none", "pp": 1, "tp": 1, "dp": 32, "sp": False,
+                                      "tp_impl": "dtensor"})
+    qwen = dataclasses.replace(pf, plan=plan, model=builtin_models()["qwen3-30b-a3b"])
+    files, _ = render_all(qwen, "torchtitan")  # the same plan without the overlap exports
+    assert "torchtitan_train.sh" in files
+    with pytest.raises(CannotExpress, match=r"EP all-to-all overlap .*--no-ep-comm-overlap"):
+        render_all(dataclasses.replace(qwen, plan=plan.model_copy(update={"ep_comm_overlap": True})), "torchtitan")

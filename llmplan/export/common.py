@@ -241,6 +241,16 @@ def check_ep_overlap(pf: PlanFile, target: str) -> None:
             raise CannotExpress(f"{target} cannot express this plan: {v.message} (check_plan rule {v.rule})")
 
 
+def ep_overlap_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for the EP all-to-all overlap (ep_comm_overlap, priced by
+    cost.moe's overlap windows) on a launcher that does not run Megatron-Core's combined-1F1B schedule
+    (--overlap-moe-expert-parallel-comm): the all-to-alls would run exposed, slower than priced."""
+    p = pf.plan
+    return ("the EP all-to-all overlap (ep_comm_overlap: Megatron-Core's combined-1F1B schedule, which this launcher "
+            "does not run)", pf.model.is_moe and p.ep_comm_overlap and p.ep > 1,
+            "re-plan with --no-ep-comm-overlap, or export to megatron or megatron-bridge")
+
+
 def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for delayed weight gradients (delay_wgrad): Megatron-Core's
     combined-1F1B EP overlap defers them (--delay-wgrad-compute); a launcher without that schedule has nothing to
