@@ -117,16 +117,20 @@ def test_megatron_layout_places_the_mtp_layer_before_the_loss():
 
 
 def test_megatron_ep_overlap_is_written_or_refused():
-    # --overlap-moe-expert-parallel-comm (recorded parser); Megatron-Core asserts vpp with pp > 1 and no full
-    # recompute for it (TransformerConfig.__post_init__).
+    # --overlap-moe-expert-parallel-comm (recorded parser); Megatron-Core asserts ep > 1, vpp with pp > 1 and no
+    # full recompute for it (TransformerConfig.__post_init__). The export refuses in check_plan's words (its rules
+    # ep_comm_overlap_ep, ep_overlap_vpp, ep_overlap_full_recompute: common.EP_OVERLAP_RULES), naming the values.
     pf = load_plan(PLANS / "deepseek_train.json")
     ok = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True, "recompute": "selective",
                                                                   "pp_first": 0, "pp_last": 0, "vpp": 2,
                                                                   "pp_layers": (7, 8, 8, 8, 8, 8, 8, 6)}))
     ns, _ = parse_megatron(render_all(ok, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.overlap_moe_expert_parallel_comm
-    with pytest.raises(CannotExpress, match="full recompute"):
+    assert pf.plan.recompute == "full" and pf.plan.pp == 8 and pf.plan.ep > 1
+    with pytest.raises(CannotExpress, match=r"recompute full: .*no full recompute.*rule ep_overlap_full_recompute"):
         render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True, "vpp": 1,
                                                                            "pp": 1})), "megatron")
-    with pytest.raises(CannotExpress, match="pp > 1 without virtual stages"):
+    with pytest.raises(CannotExpress, match=r"pp 8 and vpp 1: .*virtual stages when pp > 1.*rule ep_overlap_vpp"):
         render_all(dataclasses.replace(pf, plan=pf.plan.model_copy(update={"ep_comm_overlap": True})), "megatron")
+    with pytest.raises(CannotExpress, match=r"ep_comm_overlap with ep 1: .*rule ep_comm_overlap_ep"):
+        render_all(dataclasses.replace(pf, plan=ok.plan.model_copy(update={"ep": 1})), "megatron")

@@ -13,7 +13,7 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (CannotExpress, cast_add_refusal, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
+from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -21,8 +21,6 @@ from llmplan.export.common import (CannotExpress, cast_add_refusal, delayed_bf16
                                    torch_ring_refusal)
 from llmplan.export.megatron import precision_aware
 from llmplan.planfile import PlanFile
-from llmplan.specs.check import check_plan
-from llmplan.specs.rule import Violation
 from llmplan.specs.quantities import bf16_layer_counts
 
 TARGET = "megatron-bridge"
@@ -275,22 +273,8 @@ def check(pf: PlanFile) -> None:
     for what, bad, fix in rules:
         if bad:
             raise refuse(TARGET, what, fix)
-    for v in ep_overlap_violations(pf):
-        raise CannotExpress(f"{TARGET} cannot express this plan: {v.message} (check_plan rule {v.rule})")
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
     preset(pf)
-
-
-EP_OVERLAP_RULES = ("recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",
-                    "ep_overlap_mtp", "ep_overlap_dtype")
-"""check_plan's rules for the EP all-to-all overlap, which Megatron-Core's TransformerConfig and Megatron-Bridge's
-CommOverlapConfig assert (a plan file written by hand, or before the rules, may break them)."""
-
-
-def ep_overlap_violations(pf: PlanFile) -> list[Violation]:
-    """check_plan's violations of EP_OVERLAP_RULES by the plan (none unless it turns the EP overlap on)."""
-    if not (pf.model.is_moe and pf.plan.ep_comm_overlap):
-        return []
-    return [v for v in check_plan(pf.model, pf.plan) if v.rule in EP_OVERLAP_RULES]
 
 
 def ep_overlap(pf: PlanFile) -> list[tuple[str, object]]:

@@ -12,7 +12,7 @@ from llmplan.cost.compute import runs_per_expert
 from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
-from llmplan.specs.check import te_comm_types
+from llmplan.specs.check import check_plan, te_comm_types
 from llmplan.specs.layout import format_layout
 from llmplan.units import GIB
 
@@ -222,6 +222,33 @@ def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
                           "Megatron-DeepSpeed's fallback; this launcher runs the fused softmax kernel)"}
     return [(text, p.softmax_kernel == kernel and not p.flash_attention, "re-plan with --softmax-kernel fused")
             for kernel, text in what.items()]
+
+
+EP_OVERLAP_RULES = ("ep_comm_overlap_ep", "recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",
+                    "ep_overlap_mtp", "ep_overlap_dtype")
+"""check_plan's rules for the EP all-to-all overlap, which Megatron-Core's TransformerConfig and Megatron-Bridge's
+CommOverlapConfig assert (a plan built in memory, or a plan file written before the rules, may break them): the
+Megatron-Core exports refuse such a plan in check_plan's words rather than restate the rules."""
+
+
+def check_ep_overlap(pf: PlanFile, target: str) -> None:
+    """Refuse, for `target`, a plan that breaks one of check_plan's EP_OVERLAP_RULES (none can unless it turns the
+    EP overlap on): the first violation's message and rule, as check_plan words them."""
+    if not (pf.model.is_moe and pf.plan.ep_comm_overlap):
+        return
+    for v in check_plan(pf.model, pf.plan):
+        if v.rule in EP_OVERLAP_RULES:
+            raise CannotExpress(f"{target} cannot express this plan: {v.message} (check_plan rule {v.rule})")
+
+
+def ep_overlap_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for the EP all-to-all overlap (ep_comm_overlap, priced by
+    cost.moe's overlap windows) on a launcher that does not run Megatron-Core's combined-1F1B schedule
+    (--overlap-moe-expert-parallel-comm): the all-to-alls would run exposed, slower than priced."""
+    p = pf.plan
+    return ("the EP all-to-all overlap (ep_comm_overlap: Megatron-Core's combined-1F1B schedule, which this launcher "
+            "does not run)", pf.model.is_moe and p.ep_comm_overlap and p.ep > 1,
+            "re-plan with --no-ep-comm-overlap, or export to megatron or megatron-bridge")
 
 
 def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:

@@ -49,7 +49,9 @@ def _entry(pf: PlanFile, wrap: str) -> tuple[str, dict[str, str], str]:
 
 def _notes(pf: PlanFile, wrap: str) -> tuple[str, ...]:
     """The wrapped launcher's header notes (where it runs something the plan priced otherwise)."""
-    if wrap in ("megatron", "megatron-bridge"):
+    if wrap == "megatron":
+        return megatron_expert_notes(pf) + megatron.balance_notes(pf)
+    if wrap == "megatron-bridge":
         return megatron_expert_notes(pf)
     if wrap == "deepspeed":
         return deepspeed.notes(pf)

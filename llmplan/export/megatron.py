@@ -5,7 +5,7 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 from __future__ import annotations
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -158,9 +158,61 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             ("--moe-router-topk-scaling-factor", f"{m.routed_scaling_factor:g}" if m.routed_scaling_factor != 1
              else None),
             ("--moe-router-enable-expert-bias", m.expert_bias),
-            # DeepSeek-V3 scores in fp32 (HF modeling_deepseek_v3 gate); Megatron-Core warns without it at >= 32
-            ("--moe-router-dtype", "fp32" if m.expert_bias else None),
+            # the router as priced for every MoE model: fp32 logits and probs (cost.elementwise.ROUTER_BYTES,
+            # cost.comm.ROUTER_PROB_BYTES, cost.kernels.ROUTER's fp32 casts), Transformer Engine's fused router and
+            # permute (ROUTER_BYTES, ROW_ID_MAP_BYTES, PERMUTE_BYTES: docs/formulas.md#moe.routing_passes; Megatron-
+            # Core's defaults are None, False, False: TransformerConfig at d98e8a6)
+            ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", True), ("--moe-permute-fusion", True),
+            *balance_pairs(pf),
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+
+
+AUX_LOSS_COEFF_DEFAULT = 1e-3
+"""--moe-aux-loss-coeff for a model spec without router_aux_loss_coef: the default Megatron-Bridge takes where a
+config.json omits router_aux_loss_coef (NVIDIA-NeMo/Megatron-Bridge@067f987 models/minimax_m2/minimax_m2_bridge.py,
+models/ernie/ernie_45_bridge.py: getattr(hf_config, "router_aux_loss_coef", 1e-3)), the value of Megatron-LM's own
+Qwen3 and Llama 4 examples (NVIDIA/Megatron-LM@d98e8a6 examples/post_training/modelopt/conf/)."""
+
+
+def aux_loss_coeff(m: object) -> float:
+    """The coefficient the export trains the model's auxiliary load-balancing loss with: the spec's
+    router_aux_loss_coef, else AUX_LOSS_COEFF_DEFAULT."""
+    coef = getattr(m, "router_aux_loss_coef", None)
+    return AUX_LOSS_COEFF_DEFAULT if coef is None else float(coef)
+
+
+def balance_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The router's load balancing as priced: an auxiliary loss computed in every MoE layer's forward (the fused
+    scores, token counts with their all-reduce, the fused loss and its trackers: cost.kernels.ROUTER,
+    cost.moe.MOE_CYCLE_HOST_OPS, cost.overhead.MOE_LAYER_KERNELS), which Megatron-Core computes only with a
+    coefficient above 0 (--moe-aux-loss-coeff defaults to 0.0: arguments.py; router.py is_aux_loss_enabled at
+    d98e8a6). Per sequence (seq_aux_loss) where the model's loss is (seq_aux: DeepSeek-V2/V3's complementary
+    sequence-wise loss), else over the micro-batch (aux_loss: the Switch / GShard loss of Mixtral's and Qwen-MoE's
+    HF load_balancing_loss_func); none where the model trains without one (router_aux_loss_coef 0:
+    balance_notes). DeepSeek-V3's aux-loss-free bias is --moe-router-enable-expert-bias (router_pairs)."""
+    coef = aux_loss_coeff(pf.model)
+    if coef == 0:
+        return [("--moe-router-load-balancing-type", "none")]
+    return [("--moe-router-load-balancing-type", "seq_aux_loss" if pf.model.seq_aux else "aux_loss"),
+            ("--moe-aux-loss-coeff", f"{coef:g}")]
+
+
+def balance_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The header note of an MoE model whose spec gives no auxiliary-loss coefficient (the script writes
+    AUX_LOSS_COEFF_DEFAULT) or trains without the loss (the script runs fewer router kernels than priced)."""
+    m = pf.model
+    if not m.is_moe:
+        return ()
+    if m.router_aux_loss_coef is None:
+        return (f"note: {m.name}'s spec gives no router_aux_loss_coef (config.json's router_aux_loss_coef or "
+                f"aux_loss_alpha), so the script trains its load-balancing loss with --moe-aux-loss-coeff "
+                f"{AUX_LOSS_COEFF_DEFAULT:g}, as priced (Megatron-LM's default 0 turns the loss off); set "
+                "router_aux_loss_coef in the spec to train the model's own",)
+    if m.router_aux_loss_coef == 0:
+        return ("note: priced with the router's auxiliary loss; the model trains without one "
+                "(router_aux_loss_coef 0, --moe-router-load-balancing-type none), so this runs a little faster "
+                "than priced",)
+    return ()
 
 
 def check_model_features(pf: PlanFile) -> None:
@@ -186,20 +238,6 @@ def check_model_features(pf: PlanFile) -> None:
         raise refuse(TARGET, f"a clamped GLU on a dense MLP ({m.name}: Megatron-Core's TransformerConfig takes "
                      "activation_func_clamp_value on SwiGLU with MoE only, and its dense MLP fuses no clamped quick "
                      "GEGLU)", fix)
-
-
-def check_ep_overlap(pf: PlanFile) -> None:
-    """The EP all-to-all overlap's requirements (TransformerConfig, overlap_moe_expert_parallel_comm): EP > 1,
-    interleaved stages when PP > 1, no full recompute."""
-    p = pf.plan
-    if not (pf.model.is_moe and p.ep_comm_overlap):
-        return
-    why = ("ep 1" if p.ep == 1 else "pp > 1 without virtual stages" if p.pp > 1 and p.vpp == 1
-           else "full recompute" if p.recompute == "full" else None)
-    if why:
-        raise refuse(TARGET, f"the EP all-to-all overlap with {why} (Megatron-Core's "
-                     "--overlap-moe-expert-parallel-comm needs ep > 1, vpp > 1 with pp > 1, no full recompute)",
-                     "re-plan with --no-ep-comm-overlap, or meet those conditions")
 
 
 def check_router(pf: PlanFile) -> None:
@@ -509,7 +547,7 @@ def check(pf: PlanFile) -> None:
                      "or use a spec without embedding_norm")
     check_model_features(pf)
     check_router(pf)
-    check_ep_overlap(pf)
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
     p = pf.plan
     if p.zero >= 2:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
@@ -670,7 +708,8 @@ def render(pf: PlanFile) -> dict[str, str]:
     launcher = ("torchrun --nproc-per-node \"$GPUS_PER_NODE\" --nnodes \"$NNODES\" --node-rank \"$NODE_RANK\" "
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
-                       megatron_expert_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf) + ub_config_notes(pf)
+                       megatron_expert_notes(pf) + balance_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf)
+                       + ub_config_notes(pf)
                        + pp_sync_notes(pf, "Megatron-LM"))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 

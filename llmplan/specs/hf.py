@@ -344,13 +344,22 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     chosen experts (renormalised, no key)."""
     deepseek = mt in ("deepseek_v3", "deepseek_v32", "deepseek_v4", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
     if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
-        return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False}
+        return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False, **_balance_loss(cfg)}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")
     # Qwen3.5-MoE's Qwen3_5MoeTopKRouter renormalises the top-k weights unconditionally (no norm_topk_prob key)
     return {"scoring_func": cfg.get("scoring_func") or ("sigmoid" if deepseek else "softmax"),
             "norm_topk_prob": cfg.get("norm_topk_prob", norm_default)
             if mt not in ("mixtral", "gpt_oss", "minimax_m1", "minimax_text_01", "qwen3_5_moe") else True,
-            "expert_bias": (cfg.get("topk_method") or ("noaux_tc" if deepseek else "greedy")) == "noaux_tc"}
+            "expert_bias": (cfg.get("topk_method") or ("noaux_tc" if deepseek else "greedy")) == "noaux_tc",
+            **_balance_loss(cfg)}
+
+
+def _balance_loss(cfg: dict[str, Any]) -> dict[str, Any]:
+    """router_aux_loss_coef (DeepSeek's aux_loss_alpha: the same coefficient, as Megatron-Bridge's CONFIG_MAPPING
+    maps both to moe_aux_loss_coeff, NVIDIA-NeMo/Megatron-Bridge@067f987 models/conversion/model_bridge.py) and
+    seq_aux, where config.json gives them."""
+    coef = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha"))
+    return {**({} if coef is None else {"router_aux_loss_coef": coef}), "seq_aux": bool(cfg.get("seq_aux", False))}
 
 
 ALIASES: dict[str, dict[str, str]] = {

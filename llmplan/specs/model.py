@@ -219,6 +219,13 @@ class ModelSpec(Spec):
     expert_bias: bool = False
     """llmplan key: auxiliary-loss-free balancing, a learned per-expert bias added to the scores to pick the
     experts, not to weight them (DeepSeek-V3's e_score_correction_bias; HF topk_method "noaux_tc")."""
+    router_aux_loss_coef: float | None = Field(default=None, ge=0, le=10)
+    """Coefficient of the router's auxiliary load-balancing loss in training (HF name: Mixtral, Qwen2/3-MoE,
+    gpt-oss, Llama 4; DeepSeek's config.json calls it aux_loss_alpha, read into this key); 0: trained without
+    one; None: not given (the Megatron-LM export then writes transformers' MoE default, 1e-3, and says so)."""
+    seq_aux: bool = False
+    """Whether that loss is taken per sequence rather than over the batch (HF name, DeepSeek-V2/V3's
+    complementary sequence-wise balance loss: Megatron-Core's seq_aux_loss)."""
     num_nextn_predict_layers: int = Field(default=0, ge=0, le=16)
     """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,

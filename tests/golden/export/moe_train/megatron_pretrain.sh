@@ -60,6 +60,11 @@ MODEL_ARGS=(
     --moe-grouped-gemm
     --use-transformer-engine-op-fuser
     --moe-router-score-function softmax
+    --moe-router-dtype fp32
+    --moe-router-fusion
+    --moe-permute-fusion
+    --moe-router-load-balancing-type aux_loss
+    --moe-aux-loss-coeff 0.02
 )
 PARALLEL_ARGS=(
     --tensor-model-parallel-size 2
