@@ -8,9 +8,13 @@ the BF16 row's, each as accuracy.predict scores it (tokens/s per GPU for the Meg
 model TFLOP/s or MFU elsewhere), measured and predicted; `pred/meas` is the predicted ratio over the measured
 one (> 1: llmplan credits the low precision with more than the runs show). With `--parts` each pair's predicted
 step is split, BF16 and low precision side by side, into the slowest stage's GEMM, attention and memory-bound
-time and the exposed communication, in seconds a step.
+time and the exposed communication, in seconds a step. With `--launches` each arm's host launches a micro-batch
+(cost.kernels.layer_launch_average over the slowest stage's layers, Transformer Engine's quantisation kernels
+included), their host time at the row's CPU (KERNEL_LAUNCH_S x GpuSpec.host_op_factor), the predicted micro-batch
+and `need`: the factor over x86's launch time at which the launches alone would last the micro-batch
+(docs/validation.md#quant-launches).
 
-    python benchmarks/precision_pairs.py [--parts]
+    python benchmarks/precision_pairs.py [--parts] [--launches]
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from typing import Any
 import accuracy as A
 from runs import load_runs
 
+from llmplan.cost.compute import KERNEL_LAUNCH_S
 from llmplan.cost.gemm import gemm_shape_efficiency
+from llmplan.cost.kernels import layer_launch_average
 from llmplan.cost.quantize import CAST_BYTES, QUANTIZED_COPY_BYTES
+from llmplan.cost.step import max_stage_layers
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -82,6 +89,21 @@ def parts(rid: str, records: dict[str, dict]) -> dict[str, float]:
     out["total"] = float(t.total)
     out["rest"] = out["total"] - compute - out["comm"]
     return out
+
+
+def launches(rid: str, records: dict[str, dict]) -> dict[str, float]:
+    """Host launches of one record's micro-batch (the slowest stage's layers, forward and backward once, graphed
+    scopes one launch each: cost.kernels.layer_launch_average), their host seconds at the row's host CPU, the
+    predicted micro-batch (step / micro-batches) and the per-launch factor over x86 at which the launches alone
+    would last it (`need`)."""
+    rec = records[rid]
+    m, cluster, plan = A.record_setup(rec, A.family(rid))
+    k = layer_launch_average(m, plan)
+    n = float(k.total) * float(max_stage_layers(m, plan))
+    mb = float(estimate_training(m, cluster, plan).time.total) / plan.num_microbatches
+    f = cluster.system.gpu.host_op_factor
+    return {"launches": n, "host_ms": 1e3 * n * KERNEL_LAUNCH_S * f, "mb_ms": 1e3 * mb,
+            "need": mb / (n * KERNEL_LAUNCH_S)}
 
 
 LIGHTNING = ("bridgecard-gb200-bf16-nemotron-3.5-lightning-8gpu-gbs512",
@@ -149,6 +171,7 @@ def te_profile_priced() -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", action="store_true", help="each pair's predicted step split into its parts")
+    ap.add_argument("--launches", action="store_true", help="each arm's host launches a micro-batch and their time")
     args = ap.parse_args(argv)
     records = load_runs(A.DEFAULT_RUNS)
     found = pairs(records)
@@ -161,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
             for arm in ("bf16", "low"):
                 q = parts(p[arm], by_id)
                 print(f"    {arm:4s} " + " ".join(f"{k} {v:7.3f}" for k, v in q.items()) + f"  {p[arm]}")
+        if args.launches:
+            by_id = {r["id"]: r for r in records}
+            for arm in ("bf16", "low"):
+                q = launches(p[arm], by_id)
+                print(f"    {arm:4s} launches/mb {q['launches']:7.0f} host {q['host_ms']:6.1f} ms  micro-batch "
+                      f"{q['mb_ms']:7.1f} ms  need x{q['need']:5.1f}")
     if found:
         r = [p["predicted"] / p["measured"] for p in found]
         print(f"{len(found)} pairs: median pred/meas {statistics.median(r):.3f}, min {min(r):.3f}, max {max(r):.3f}")

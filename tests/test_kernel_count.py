@@ -55,7 +55,7 @@ def test_gated_deltanet_layers_are_counted_apart_from_attention_layers():
     m, plan = M["qwen3.5-35b-a3b"], ParallelPlan(**PROFILED)
     gdn, attn = K.mixer_kernels(m, plan, "linear_attention"), K.mixer_kernels(m, plan, "full_attention")
     assert gdn != attn
-    assert gdn.total == K.gdn_kernels(plan).total
+    assert gdn.total == K.gdn_kernels(m, plan).total
     # the front end's backward: five Triton kernels and causal_conv1d's (fused_pre_gated_delta_rule.py), the
     # zeroing, three casts and three main_grad adds
     assert K.GDN_PRE_RULE.bwd == 4 + 1 + 2 + 3 + 3

@@ -176,6 +176,92 @@ cross-entropy (6) and the loss function's mask, sums and report (10); backward t
 final norm (3), the output GEMM (2), the cross-entropy (4, with its two BF16 conversions), the loss (2) and the
 auxiliary and MTP loss scales (2)."""
 
+# --- Low-precision quantisation: the kernels Transformer Engine adds to a linear's forward and backward under an
+# fp8 / fp4 recipe (none in bf16). Source: NVIDIA/TransformerEngine at v2.16 (4220403e831d), transformer_engine/
+# pytorch/module/linear.py (_linear_forward_impl: input_quantizer(inputmat), quantize_weight with update_workspace
+# only on the first micro-batch; backward: grad_output_quantizer, the input's columnwise copy saved from the
+# forward's cast), module/layernorm_linear.py, module/grouped_linear.py (_GroupedLinear.forward / backward:
+# tex.split_quantize of the input and of the output gradient, quantize_weight per expert), csrc/quantizer.cpp
+# (Float8Quantizer / Float8BlockQuantizer / MXFP8Quantizer::quantize: one nvte_quantize_v2;
+# Float8CurrentScalingQuantizer::quantize_impl: amax, scale, cast; NVFP4Quantizer::quantize_impl: amax (post-RHT
+# Hadamard amax) and the cast, fused with the RHT on SM100), csrc/common.cpp (philox_unpack: the stochastic-
+# rounding RNG state kernel), csrc/extensions/cast.cpp (split_quantize -> multi_tensor_quantize_impl: "only have
+# fused kernel for FP8 delayed scaling", else one quantize per split; split_quantize_nvfp4_impl: grouped amax and
+# grouped RHT cast), csrc/extensions/normalization.cpp (rmsnorm_fwd: FULLY_FUSED for delayed scaling,
+# FUSED_NORM_AMAX_FP8 for current scaling, UNFUSED norm-then-quantize for MXFP8 without NVTE_NORM_FWD_USE_CUDNN,
+# NVFP4 with post-RHT amax and blockwise), csrc/extensions/swizzle.cpp and gemm.cpp (swizzle_scales_for_gemm: an
+# MXFP8 / NVFP4 operand whose scales are not GEMM-swizzled is swizzled before each GEMM; the inputs' and output
+# gradients' quantizers set optimize_for_gemm, the weights' do not).
+QUANTIZE_KERNELS = {"delayed": 1, "current": 3, "blockwise": 1, "mxfp8": 1, "nvfp4": 2}
+"""Kernels of one tensor's quantisation: delayed scaling's cast (its amax a side output; the transpose in the
+same kernel), current scaling's amax, scale and cast, the blockwise and MXFP8 casts (row- and columnwise in one),
+NVFP4's amax and cast (the Hadamard amax and the fused RHT cast for an activation or a gradient)."""
+NVFP4_GRAD_RNG = 1
+"""The stochastic-rounding RNG state kernel (nvte_extract_seed_and_offset) before each NVFP4 output-gradient
+quantisation (fp4_quant_bwd_grad: stochastic_rounding)."""
+NORM_FUSED_CAST = {"delayed": 1, "current": 1}
+"""Kernels of the input's quantisation a LayerNormLinear's norm kernel does itself: delayed scaling's cast
+(FULLY_FUSED), current scaling's amax (FUSED_NORM_AMAX_FP8; the scale and the cast remain)."""
+SCALE_SWIZZLE = {"mxfp8": 1, "nvfp4": 1}
+"""Swizzles of the weight's block scales before its forward and its data-gradient GEMM (one multi-tensor kernel
+for a GroupedLinear's experts); the per-tensor and blockwise formats need none."""
+NVFP4_GROUPED_INPUT = 2
+"""An NVFP4 GroupedLinear input's split quantisation: the grouped Hadamard amax and the grouped RHT cast over
+all experts (split_quantize_nvfp4_impl_with_rht_helper), whatever the expert count."""
+
+
+def quant_recipe(plan: ParallelPlan) -> str | None:
+    """The QUANTIZE_KERNELS key of the plan's recipe: None in bf16 / fp16 / fp32 and for torchao's rowwise
+    recipe (not Transformer Engine's: its casts are not counted); delayed or current for tensorwise."""
+    if not plan.low_precision or plan.recipe == "rowwise":
+        return None
+    return plan.fp8_scaling if plan.recipe == "tensorwise" else plan.recipe
+
+
+def _weight_casts(plan: ParallelPlan, key: str, weights: Any) -> Any:
+    """Weight quantisation kernels per micro-batch of `weights` weights: one quantisation each on the step's first
+    micro-batch (is_first_microbatch; cached after), none where the weights are kept quantised (fp8_params)."""
+    return where(plan.fp8_params, 0.0, QUANTIZE_KERNELS[key] * weights / plan.num_microbatches)
+
+
+def linear_quant_kernels(m: ModelSpec, plan: ParallelPlan, norm: bool = False) -> Kernels:
+    """Quantisation kernels of one Transformer Engine Linear (LayerNormLinear with `norm`), one micro-batch:
+    forward the input's quantisation (less what the norm fuses), the weight's scale swizzle and its cast on the
+    first micro-batch; backward the output gradient's quantisation (with NVFP4's RNG state) and the weight's
+    swizzle; times the share of layers in the low format. Derived: docs/formulas.md#step.quant_kernels"""
+    key = quant_recipe(plan)
+    if key is None:
+        return ZERO
+    q, swz = QUANTIZE_KERNELS[key], SCALE_SWIZZLE.get(key, 0)
+    fwd = q - (NORM_FUSED_CAST.get(key, 0) if norm else 0) + swz + _weight_casts(plan, key, 1)
+    bwd = q + (NVFP4_GRAD_RNG if key == "nvfp4" else 0) + swz
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    return Kernels(fwd * share, bwd * share)
+
+
+def grouped_linear_quant_kernels(m: ModelSpec, plan: ParallelPlan, local: Any) -> Kernels:
+    """Quantisation kernels of one GroupedLinear over `local` experts, one micro-batch: TE's split_quantize of
+    the input (forward) and of the output gradient (backward), one quantisation per expert (NVFP4: the grouped
+    kernels, NVFP4_GROUPED_INPUT, and one RNG state for the gradient), the experts' weight-scale swizzle (one
+    multi-tensor kernel per GEMM) and each expert's weight cast on the first micro-batch.
+    Derived: docs/formulas.md#step.quant_kernels"""
+    key = quant_recipe(plan)
+    if key is None:
+        return ZERO
+    swz = SCALE_SWIZZLE.get(key, 0)
+    split_in = NVFP4_GROUPED_INPUT if key == "nvfp4" else QUANTIZE_KERNELS[key] * local
+    split_grad = NVFP4_GROUPED_INPUT + NVFP4_GRAD_RNG if key == "nvfp4" else QUANTIZE_KERNELS[key] * local
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    fwd = split_in + swz + _weight_casts(plan, key, local)
+    return Kernels(fwd * share, (split_grad + swz) * share)
+
+
+def projections_quant_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+    """A block's two TE linears, the first with its norm fused (LayerNormLinear QKV / in_proj / fc1) and the
+    second plain (the output projection / out_proj / fc2)."""
+    return linear_quant_kernels(m, plan, norm=True) + linear_quant_kernels(m, plan)
+
+
 GRAPH_IO = Kernels(1, 1)
 """Per graphed scope and micro-batch: the copy of the input into the graph's static input buffer before the
 forward replay and of the output gradient into its static buffer before the backward replay. Source:
@@ -200,6 +286,7 @@ def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     DSA, sliding and chunked attention are counted as this module (not itemised apart).
     Derived: docs/formulas.md#step.kernel_count"""
     k = QKV_PROJECTION + QKV_SPLIT + ROTARY + CORE_ATTENTION + PROJECTION + _tp(plan)
+    k = k + projections_quant_kernels(m, plan)
     if m.qk_norm:
         k = k + QK_NORM
     if m.attention_output_gate:
@@ -208,18 +295,18 @@ def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     return k + Kernels(ring, ring)
 
 
-def gdn_kernels(plan: ParallelPlan) -> Kernels:
+def gdn_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     """Kernels of one Gated DeltaNet mixer on the fused pre-rule, FlashQLA and fused gated-norm path.
     Derived: docs/formulas.md#step.kernel_count"""
     return (GDN_IN_PROJECTION + GDN_PRE_RULE + GDN_CHUNK_RULE + GDN_GATED_NORM + GDN_OUT_TRANSPOSE + PROJECTION
-            + _tp(plan))
+            + _tp(plan) + projections_quant_kernels(m, plan))
 
 
 def mixer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str) -> Kernels:
     """Kernels of one layer's mixer of `kind`: linear_attention (Gated DeltaNet) as gdn_kernels, none as none,
     every other kind (attention, Mamba-2) as attention_kernels (Mamba-2 not itemised)."""
     if kind == "linear_attention":
-        return gdn_kernels(plan)
+        return gdn_kernels(m, plan)
     if kind == "none":
         return ZERO
     return attention_kernels(m, plan)
@@ -243,13 +330,17 @@ def dispatcher_kernels(plan: ParallelPlan, static_capacity: bool = False, fused_
 def experts_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     """Kernels of the routed experts of one MoE layer: grouped (GROUPED_EXPERTS) or, where they run per expert
     (cost.compute.runs_per_expert: TEGroupedMLP's GroupedLinear), one GEMM per local expert and matmul forward,
-    two in backward, around the fused weighted SwiGLU. Derived: docs/formulas.md#step.kernel_count"""
+    two in backward, around the fused weighted SwiGLU; under an fp8 / fp4 recipe each GroupedLinear's
+    quantisation kernels (grouped_linear_quant_kernels), the grouped path's as one Linear's.
+    Derived: docs/formulas.md#step.kernel_count, #step.quant_kernels"""
     from llmplan.cost.compute import runs_per_expert
 
     local = m.num_experts / plan.ep
-    per_expert = PER_EXPERT_ACTIVATION + Kernels(2 * local, 4 * local)
+    quant = grouped_linear_quant_kernels(m, plan, local).times(2)  # fc1 and fc2 under an fp8 / fp4 recipe
+    per_expert = PER_EXPERT_ACTIVATION + Kernels(2 * local, 4 * local) + quant
+    grouped = GROUPED_EXPERTS + linear_quant_kernels(m, plan).times(2)
     per = runs_per_expert(plan)
-    return Kernels(where(per, per_expert.fwd, GROUPED_EXPERTS.fwd), where(per, per_expert.bwd, GROUPED_EXPERTS.bwd))
+    return Kernels(where(per, per_expert.fwd, grouped.fwd), where(per, per_expert.bwd, grouped.bwd))
 
 
 def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False, fused_permute: bool = False,
@@ -262,7 +353,7 @@ def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False,
     if force_balance:
         k = k + FORCE_BALANCE
     if m.shared_ffn:
-        k = k + SHARED_EXPERT + _tp(plan)
+        k = k + SHARED_EXPERT + _tp(plan) + linear_quant_kernels(m, plan).times(2)
         if m.shared_expert_intermediate_size is not None:
             k = k + SHARED_EXPERT_GATE
     return k
@@ -274,7 +365,7 @@ def layer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, **moe: 
     if mlp == "moe":
         return k + moe_kernels(m, plan, **moe)
     if mlp == "dense":
-        return k + DENSE_MLP + _tp(plan)
+        return k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan)
     return k
 
 
@@ -328,7 +419,7 @@ def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scope
     if "attn" in scopes and kind != "none":
         k = k + mixer_kernels(m, plan, kind) + RESIDUAL_ADD
     if "mlp" in scopes and mlp == "dense":
-        k = k + DENSE_MLP + _tp(plan) + RESIDUAL_ADD
+        k = k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan) + RESIDUAL_ADD
     if "moe_router" in scopes and mlp == "moe":
         k = k + PRE_MLP_NORM + ROUTER + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
     return k
