@@ -25,7 +25,10 @@ def instances() -> list[Breakdown]:
     out: list[Breakdown] = []
     cluster = ClusterSpec(system=S["dgx-h100"], num_nodes=2)
     for name, plan in (("llama-3.1-70b", ParallelPlan(tp=8, pp=2, dp=1, sp=True, zero=1, global_batch=8)),
-                       ("mixtral-8x7b", ParallelPlan(tp=2, pp=1, dp=8, ep=8, etp=1, sp=True, global_batch=16))):
+                       ("mixtral-8x7b", ParallelPlan(tp=2, pp=1, dp=8, ep=8, etp=1, sp=True, global_batch=16)),
+                       # Transformer Engine's a2a context parallelism: its saved output and buffers as parts
+                       ("llama-3.1-8b", ParallelPlan(tp=2, cp=2, dp=4, sp=True, seq_len=16384, global_batch=8,
+                                                     cp_comm_type="a2a"))):
         e = estimate_training(M[name], cluster, plan)
         out += [e.params, e.memory, e.memory.activation_parts, e.time, e.time.stage, e.goodput,
                 layer_flops(M[name], plan, M[name].is_moe), layer_activation_parts(M[name], plan, M[name].is_moe)]

@@ -63,7 +63,10 @@ def test_vectorised_agrees_with_scalar(case):
     scalar = estimate_training(m, cluster, plan)
     vec = evaluate(m, cluster, from_plan(plan))
     goodput = plan_goodput(m, cluster, from_plan(plan), vec.step.total).useful  # the time-to-train objective's
+    workspace = vec.memory.activation_parts.cp_workspace  # cp_comm_type's buffers (docs/formulas.md#mem.cp_comm)
     for a, b in [(scalar.memory.total, vec.memory.total[0]), (scalar.time.total, vec.step.total[0]),
+                 (scalar.memory.activations, vec.memory.activations[0]),
+                 (scalar.memory.activation_parts.cp_workspace, np.broadcast_to(workspace, (1,))[0]),
                  (scalar.time.comm_exposed, vec.step.comm_exposed[0]), (scalar.throughput.mfu, vec.throughput.mfu[0]),
                  (scalar.goodput.useful, goodput[0])]:
         assert float(b) == pytest.approx(float(a), rel=1e-9, abs=1e-12)

@@ -65,7 +65,7 @@ class LayerActivationParts(Breakdown):
     Source: Korthikanti et al. 2022, Table 2, split by module (docs/formulas.md#mem.recompute_modules)."""
 
     PARTS: ClassVar[tuple[str, ...]] = ("residual", "attn_input", "latents", "qkv", "attn_out", "scores", "mlp_input",
-                                        "mlp", "recurrent")
+                                        "mlp", "recurrent", "cp_a2a_out")
     residual: Any
     """The two norms' inputs (the residual stream) and the hidden-dropout masks."""
     attn_input: Any
@@ -84,6 +84,9 @@ class LayerActivationParts(Breakdown):
     """Inside the MLP: fc1 and activation outputs; MoE: dispatched rows, experts, router probabilities."""
     recurrent: Any
     """A hybrid's recurrent mixers (Mamba-2, Gated DeltaNet), per average layer (mixers.py); 0 otherwise."""
+    cp_a2a_out: Any = 0.0
+    """Transformer Engine's a2a context parallelism: the attention output kept in its head-split layout beside
+    the output projection's input (cp_a2a_saved_bytes); 0 otherwise."""
 
 
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
@@ -112,7 +115,61 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
         attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
         mlp_input=mlp_input * ff,
         mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
-        recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp))
+        recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp),
+        cp_a2a_out=cp_a2a_saved_bytes(m, plan, out, scores) * at)
+
+
+def te_cp_tensor_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+    """(Q, K, V) bytes of one softmax-attention layer on one rank as Transformer Engine's context-parallel
+    attention gets them: the rank's s/cp tokens of its TP rank's heads, bf16; MLA's K and V at the query heads,
+    q and k qk_head_dim wide, v v_head_dim (else d_head). Derived: docs/formulas.md#mem.cp_comm"""
+    tokens = 2 * plan.seq_len / plan.cp * plan.micro_batch
+    if (mla := m.mla) is not None:
+        hq = hkv = m.num_attention_heads / plan.tp
+        dqk, dv = mla.qk_head_dim, mla.v_head_dim
+    else:
+        hq, hkv, dqk, dv = m.num_attention_heads / plan.tp, kv_heads_per_rank(m, plan.tp), m.d_head, m.d_head
+    return tokens * hq * dqk, tokens * hkv * dqk, tokens * hkv * dv
+
+
+def cp_a2a_saved_bytes(m: ModelSpec, plan: ParallelPlan, out: Any, stored: bool) -> Any:
+    """What Transformer Engine's a2a context parallelism (cp_impl te, cp_comm_type a2a, cp > 1) saves for
+    backward beyond p2p, per softmax-attention layer: its saved q, k, v, out are the post-all-to-all tensors
+    (all s tokens, heads/cp: as many bytes as the rank's s/cp tokens of all heads), but the output it saves
+    (out_part) is not the tensor it returns (out_, after the reverse all-to-all), which the output projection
+    keeps as its input: one more output, `out` bytes. p2p and all_gather save and return the same output, and
+    all_gather saves the rank's own K and V chunk (it gathers them again in backward): nothing more. `stored`:
+    the bytes kept (core_attn recompute checkpoints the core and drops it); else a rebuilt layer's working set.
+    Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py (AttnFuncWithCPAndQKVOA2A.forward: f16_tensors = (q_part, k_part, v_part, out_part),
+    out_ = flash_attn_a2a_communicate(out_, ...), out_ret = out_f16 = out_; AttnFuncWithCPAndKVAllGather.forward:
+    f16_tensors = (q, k, v, out_f16), out_ret = out_f16). Derived: docs/formulas.md#mem.cp_comm"""
+    if plan.cp_impl != "te" or plan.cp_comm_type != "a2a":  # workload switches: one value for all plans
+        return 0.0
+    kept = where(plan.recomputes("core_attn"), 0.0, out) if stored else out
+    return where(plan.cp > 1, kept, 0.0)
+
+
+def cp_comm_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Transient bytes one softmax-attention layer's context-parallel collectives hold at their peak beyond the
+    layer's own Q, K, V and their gradients (one layer at a time), Transformer Engine (cp_impl te), cp > 1:
+    a2a: each all-to-all of [q, k, v] (forward) and [dq, dk, dv] (backward) holds a contiguous send copy and a
+    received (re-ordered) copy of each while the originals stay referenced: 2(Q + K + V). all_gather, the
+    backward (the larger pass): the gathered K and V (cp(K + V)), the full-length dK and dV (cp(K + V)), the two
+    steps' dK/dV pieces over their visible K/V range under a causal mask ((r + 1) + (2cp - r) of 2cp chunks on
+    rank r: (cp + 1/2)(K + V)) and the re-ordered copy of dK (then dV) before the reduce-scatter (cp max(K, V)).
+    p2p: 0 (its ring buffers are not priced). Source: NVIDIA/TransformerEngine@d0067d0da6 context_parallel.py
+    (flash_attn_a2a_communicate: movedim(...).contiguous() / reorder, torch.empty_like output;
+    AttnFuncWithCPAndKVAllGather.backward: gather_along_first_dim of k and v, torch.zeros dk, dv of
+    k_shape[0] * cp_size, dk_per_step / dv_per_step, get_kv_seq_info_after_all_gather, torch.index_select,
+    reduce_scatter_along_first_dim). Derived: docs/formulas.md#mem.cp_comm"""
+    if plan.cp_impl != "te" or plan.cp_comm_type == "p2p" or m.num_attention_layers == 0:
+        return 0.0
+    q, k, v = te_cp_tensor_bytes(m, plan)
+    cp = plan.cp
+    if plan.cp_comm_type == "a2a":
+        return where(cp > 1, 2 * (q + k + v), 0.0)
+    return where(cp > 1, (3 * cp + 0.5) * (k + v) + cp * maximum(k, v), 0.0)
 
 
 def hc_saved_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -107,6 +107,9 @@ class Transfer(Generic[G]):
     """HBM bytes one call copies around its collective on the GPU (ZERO3_GATHER_COPIES; 0: none)."""
     step_end: bool = False
     """Run once a step after the optimizer step, serial with it: exposed whole (mxfp8_amax_transfers)."""
+    te_cp: bool = False
+    """One of Transformer Engine's a2a / all_gather context-parallel collectives (te_cp_collectives), not a
+    hybrid mixer's all-to-all (te_cp_split, cp_mixer_split)."""
 
     @property
     def bytes(self: Transfer[GroupSpan]) -> float:
@@ -338,6 +341,8 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
         cp_mixers=sum(transfer_seconds(t, system) for t in cp_mixer_split(comm.axes["cp"].transfers)[1]),
+        cp_a2a=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[0]),
+        cp_allgather=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[1]),
         dp_reduce=dp_reduce,
         dp_gather=dp_gather,
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
@@ -932,10 +937,10 @@ def te_cp_collectives(m: ModelSpec, plan: ParallelPlan, group: G, calls: Any, r:
     live = where(cp > 1, calls, 0)
     if plan.cp_comm_type == "a2a":
         qo = tokens * heads_q * (dqk + dv) / 2  # q and the output, the mean of the two
-        return [Transfer("all-to-all", 2 * live * (2 + r), qo, group),
-                Transfer("all-to-all", 2 * live * (2 + r), (k + v) / 2, group)]
-    return [Transfer("all-gather", 2 * live * (2 + r), cp * (k + v) / 2, group),
-            Transfer("reduce-scatter", 2 * live, cp * (k + v) / 2, group)]
+        return [Transfer("all-to-all", 2 * live * (2 + r), qo, group, te_cp=True),
+                Transfer("all-to-all", 2 * live * (2 + r), (k + v) / 2, group, te_cp=True)]
+    return [Transfer("all-gather", 2 * live * (2 + r), cp * (k + v) / 2, group, te_cp=True),
+            Transfer("reduce-scatter", 2 * live, cp * (k + v) / 2, group, te_cp=True)]
 
 
 def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
@@ -971,11 +976,20 @@ def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Trans
 
 
 def cp_mixer_split(transfers: Any) -> tuple[list[Any], list[Any]]:
-    """(the ring's transfers, the recurrent mixers' all-to-alls: cp_mixer_transfers) of the cp axis, the split
-    CommSeconds.cp_mixers is timed by on the scalar and vectorised paths. Transformer Engine's a2a context
-    parallelism (te_cp_collectives) lands in the second list: in line like the mixers', exposed whole alike
-    (exposure.cp_exposed). Derived: docs/formulas.md#comm.cp_mixers"""
-    return [x for x in transfers if x.collective != "all-to-all"], [x for x in transfers if x.collective == "all-to-all"]
+    """(the other transfers, the recurrent mixers' all-to-alls: cp_mixer_transfers) of the cp axis, the split
+    CommSeconds.cp_mixers is timed by on the scalar and vectorised paths. Transformer Engine's a2a and
+    all_gather collectives (te_cp_collectives, Transfer.te_cp) land in the first list and in te_cp_split; they
+    are exposed whole as the mixers' are (exposure.cp_exposed). Derived: docs/formulas.md#comm.cp_mixers"""
+    mixer = [x.collective == "all-to-all" and not x.te_cp for x in transfers]
+    return [x for x, y in zip(transfers, mixer) if not y], [x for x, y in zip(transfers, mixer) if y]
+
+
+def te_cp_split(transfers: Any) -> tuple[list[Any], list[Any]]:
+    """(Transformer Engine's a2a all-to-alls, its all_gather K/V all-gathers and dK/dV reduce-scatters) among
+    the cp axis's transfers (Transfer.te_cp): CommSeconds.cp_a2a and cp_allgather, scalar and vectorised.
+    Derived: docs/formulas.md#comm.cp_a2a, docs/formulas.md#comm.cp_allgather"""
+    te = [x for x in transfers if x.te_cp]
+    return [x for x in te if x.collective == "all-to-all"], [x for x in te if x.collective != "all-to-all"]
 
 
 def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:

@@ -35,6 +35,12 @@ class CommSeconds:
     cp_mixers: Any = 0.0
     """The part of cp that a hybrid's Mamba-2 and linear-attention layers spend in their head-split all-to-alls
     (cost.comm.cp_mixer_transfers), in line with compute: exposed whole (docs/formulas.md#comm.cp_mixers)."""
+    cp_a2a: Any = 0.0
+    """The part of cp in Transformer Engine's a2a all-to-alls of Q, K, V, the output and their gradients
+    (cost.comm.te_cp_split; docs/formulas.md#comm.cp_a2a): exposed whole (step.cp)."""
+    cp_allgather: Any = 0.0
+    """The part of cp in Transformer Engine's all_gather K/V gathers and dK/dV reduce-scatters (cost.comm.te_cp_split;
+    docs/formulas.md#comm.cp_allgather): exposed whole (step.cp)."""
     host: Any = 0.0
     """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
     over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""
@@ -86,7 +92,7 @@ def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any
     (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). Derived: docs/formulas.md#step.cp"""
     if plan.cp_impl != "te":  # a workload switch: one value for all plans of a search
         return torch_ring_exposed(plan, cp, attention, kappa, where(plan.full, 1, 0) if r is None else r)
-    if plan.cp_comm_type != "p2p":  # a workload switch too: its a2a calls are timed with the mixers' (in line)
+    if plan.cp_comm_type != "p2p":  # a workload switch too: in line (CommSeconds.cp_a2a, cp_allgather)
         return cp
     window = attention * (plan.cp - 1) / plan.cp
     return overlap(cp, window, kappa)

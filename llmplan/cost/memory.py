@@ -17,7 +17,8 @@ import numpy as np
 
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home was this module)
-    SAVED_INPUT_BYTES, LayerActivationParts, LayerActivations, dispatched_rows, layer_activation_bytes,
+    SAVED_INPUT_BYTES, LayerActivationParts, LayerActivations, cp_comm_workspace_bytes, dispatched_rows,
+    layer_activation_bytes,
     layer_activation_no_recompute, layer_activation_parts, layer_activations, linear_input_split,
     moe_saved_input_bytes, op_checkpoint_bytes, recomputed_module_bytes,
 )
@@ -131,7 +132,7 @@ def _order_steps(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray
 class ActivationBytes(Breakdown):
     """Activation memory of one rank; parts sum to total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output")
+    PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output", "cp_workspace")
 
     layers: Any
     """Transformer layers x micro-batches in flight."""
@@ -145,6 +146,9 @@ class ActivationBytes(Breakdown):
     offloaded: Any = 0.0
     """Not a part (not in HBM): the offloaded layers' activations in host memory at the peak
     (ParallelPlan.offload_layers; docs/formulas.md#mem.offload)."""
+    cp_workspace: Any = 0.0
+    """Transformer Engine's a2a / all_gather context parallelism: one attention layer's transient collective
+    buffers at their peak (cost.activations.cp_comm_workspace_bytes; docs/formulas.md#mem.cp_comm); 0 under p2p."""
 
 
 
@@ -190,8 +194,11 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
+    # a2a / all_gather context parallelism: one attention layer's collective buffers at a time.
+    # Derived: docs/formulas.md#mem.cp_comm
+    cp_workspace = cp_comm_workspace_bytes(m, plan)
     return ActivationBytes(layers=held - offloaded - freed, recompute_working=working, embedding=embedding,
-                           output=output, offloaded=offloaded + host)
+                           output=output, offloaded=offloaded + host, cp_workspace=cp_workspace)
 
 
 def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:
@@ -201,7 +208,8 @@ def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationByte
     return ActivationBytes(layers=a.layers + b.layers, recompute_working=maximum(a.recompute_working,
                                                                               b.recompute_working),
                            embedding=a.embedding + b.embedding, output=a.output + b.output,
-                           offloaded=a.offloaded + b.offloaded)
+                           offloaded=a.offloaded + b.offloaded,
+                           cp_workspace=maximum(a.cp_workspace, b.cp_workspace))
 
 
 @dataclass(frozen=True)

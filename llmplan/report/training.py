@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llmplan.cost.comm import CommBreakdown
+from llmplan.cost.comm import CommBreakdown, comm_seconds, cp_mixer_split, transfer_seconds
 from llmplan.cost.goodput import Goodput
 from llmplan.cost.grad_lifetime import chunk_gradients_freed
 from llmplan.cost.memory import TrainingMemory
@@ -56,7 +56,8 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "activations": f(mem.activations), "other": f(mem.other), "total": f(mem.total),
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
-                                 "embedding": f(a.embedding), "output": f(a.output)},
+                                 "embedding": f(a.embedding), "output": f(a.output),
+                                 "cp_workspace": f(a.cp_workspace)},
             "offloaded_to_host": f(a.offloaded),
             "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "runtime_parts": None if mem.runtime is None else {
@@ -78,6 +79,13 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
                            "nodes": t.group.nodes}
                           for t in a.transfers],
         }
+    # The cp axis's seconds by kind: the ring (and PyTorch's CP), a hybrid's mixer all-to-alls, Transformer
+    # Engine's a2a and all_gather collectives (CommSeconds; docs/formulas.md#comm.cp_a2a)
+    cs = comm_seconds(comm, system)
+    ring = sum(transfer_seconds(t, system) for t in cp_mixer_split(comm.axes["cp"].transfers)[0] if not t.te_cp)
+    out["cp"]["seconds_by_kind"] = {"cp_ring": float(ring),
+                                    "cp_mixers": float(cs.cp_mixers), "cp_a2a": float(cs.cp_a2a),
+                                    "cp_allgather": float(cs.cp_allgather)}
     return out
 
 
@@ -382,6 +390,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  recompute working set", a.recompute_working, "mem.activations"),
         ("  embedding (first stage)", a.embedding, "mem.activations"),
         ("  output + logits (last stage)", a.output, "mem.activations"),
+        ("  CP a2a / all-gather buffers", a.cp_workspace, "mem.cp_comm"),
         ("other (buffers, fragmentation)", mem.other, "mem.other"),
     ]
     if mem.runtime is not None:  # the priced runtime bytes inside other

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs, dp_transfers,
+from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs, dp_transfers, te_cp_split,
                                 ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
@@ -100,7 +100,7 @@ def take_memory(mem: TrainingMemory, idx: np.ndarray) -> TrainingMemory:
         gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
         other=pick(mem.other), capacity=mem.capacity, muon_saving=pick(mem.muon_saving),
         activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output),
-                                         pick(a.offloaded)),
+                                         pick(a.offloaded), pick(a.cp_workspace)),
     )
 
 
@@ -182,6 +182,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
         cp=total(cp := cp_transfers(m, plans.as_plan, "cp")),
         cp_mixers=total(cp_mixer_split(cp)[1]),
+        cp_a2a=total(te_cp_split(cp)[0]),
+        cp_allgather=total(te_cp_split(cp)[1]),
         ep=total(ep_transfers(m, plans.as_plan, "ep")),
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],
