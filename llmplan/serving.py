@@ -263,6 +263,17 @@ def largest_fitting(e: ServeEstimate, allowance: MemoryAllowance | None = None) 
     return fit if fit.memory.fits and job.batch < e.job.batch else None
 
 
+def admission_cap(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> int:
+    """The running sequences per replica an engine started for the plan should admit (vLLM --max-num-seqs,
+    SGLang --max-running-requests): the plan's batch when it fits; else the most that fit (largest_fitting,
+    the engine's cache sized for that cap), so that the rest of the offered batch queues instead of being
+    admitted and preempted; 0 when not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    if e.memory.fits:
+        return e.job.batch
+    fitting = largest_fitting(e, allowance)
+    return fitting.job.batch if fitting is not None else 0
+
+
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:
     """Serving relies on fused attention (an MLA decode kernel for latent attention; without it the engine
     caches expanded K and V; without flash attention the scores go through memory; both counted) and, for fp8

@@ -113,7 +113,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
          lambda: report.serve_view(out, se, advice, fitting))
     if output.save is not None:
         refs = save_refs(c.model, c.hardware, output.save)
-        save_best(output.save, {**serve_plan_document(se, allowance, report.serve_json(se), refs),
+        save_best(output.save, {**serve_plan_document(se, allowance, report.serve_json(se, fitting=fitting), refs),
                                 **with_hardware_options(c)}, output.force, output.json_mode, "the plan")
 
 

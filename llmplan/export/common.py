@@ -56,8 +56,7 @@ def header_lines(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> list
     mem = pred.get("memory", {})
     if pf.mode == "infer":
         shape = pf.plan.describe()
-        perf = (f"TTFT {pred.get('ttft_s', 0) * 1e3:.1f} ms, TPOT {pred.get('tpot_s', 0) * 1e3:.2f} ms, "
-                f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} output tokens/s")
+        perf = serve_perf(pred)
     else:
         shape = pf.plan.describe(batch=True)
         t = pred.get("time", {})
@@ -71,6 +70,20 @@ def header_lines(pf: PlanFile, target: str, notes: tuple[str, ...] = ()) -> list
         f"predicted: {mem.get('total', 0) / gib:.1f} of {mem.get('capacity', 0) / gib:.1f} GiB per GPU; {perf}",
         *notes,
     ]
+
+
+def serve_perf(pred: dict) -> str:
+    """A serving plan's predicted timing for the header: for a batch that does not fit (the estimate gives no
+    timing for it), the timing at the most sequences that fit, which the export admits (export.serve.admission)."""
+    fit = pred.get("at_fitting_batch")
+    if pred.get("achievable", True) is False:
+        if not isinstance(fit, dict):
+            return "the planned batch does not fit, so no TTFT or TPOT is achievable for it"
+        return (f"the planned batch does not fit; at the {fit['batch']:,} sequences per replica that fit: TTFT "
+                f"{fit['ttft_s'] * 1e3:.1f} ms, TPOT {fit['tpot_s'] * 1e3:.2f} ms, {fit['tokens_per_s']:,.0f} output "
+                "tokens/s")
+    return (f"TTFT {pred.get('ttft_s', 0) * 1e3:.1f} ms, TPOT {pred.get('tpot_s', 0) * 1e3:.2f} ms, "
+            f"{pred.get('throughput', {}).get('tokens_per_s', 0):,.0f} output tokens/s")
 
 
 WIDTH = 80  # exported files fit 80 columns (the brief's output rule)

@@ -7,9 +7,11 @@ import math
 import shlex
 from typing import Any
 
+from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
+from llmplan.serving import admission_cap, estimate_serving
 from llmplan.units import GIB
 
 
@@ -36,6 +38,31 @@ def context_note(pf: PlanFile, flag: str) -> str:
     return (f"# {flag} {j.context}: the planned input ({j.input_len}) + output ({j.output_len}) tokens, for which the "
             f"KV capacity was predicted; {m.name} accepts up to {m.max_position_embeddings:,}: re-plan with longer "
             "--input-len / --output-len to serve longer requests\n")
+
+
+PREEMPTS = {"vllm": "preempting them (recompute)", "sglang": "retracting them"}
+"""What each engine does to running sequences when its KV cache runs out."""
+
+
+def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str]:
+    """The admission cap `flag` sets per replica (serving.admission_cap of the plan as saved, priced again as
+    `estimate --plan` prices it) and a comment line when it is not the planned batch; refuses a plan of which not
+    one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    j = pf.serve_job
+    e = estimate_serving(pf.model, pf.cluster, pf.plan, j, pf.allowance)
+    cap = admission_cap(e, pf.allowance)
+    if cap < 1:
+        kv = e.memory.kv_available
+        why = (f"weights, activations and runtime exceed the usable memory by {-kv / GIB:.2f} GiB per GPU, leaving "
+               "no KV cache" if kv <= 0 else f"not one sequence of {admitted_tokens(j):,.0f} tokens fits the "
+               f"{kv / GIB:.2f} GiB per GPU left for its KV cache")
+        raise refuse(engine, why, "re-plan with a larger tp or pp, an fp8 KV cache or quantised weights "
+                     "(llmplan search --mode infer)")
+    if cap == j.batch:
+        return cap, ""
+    return cap, (f"# {flag}: {cap:,} sequences per replica, not the planned batch of {j.batch:,}: only {cap:,} fit "
+                 f"the KV cache (llmplan estimate --plan: at_fitting_batch), so the engine queues the rest instead "
+                 f"of admitting them and {PREEMPTS[engine]}; TTFT, TPOT and throughput as priced at {cap:,}\n")
 
 
 def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
@@ -120,12 +147,18 @@ def check_sglang(pf: PlanFile) -> None:
 def render_vllm(pf: PlanFile) -> dict[str, str]:
     check_vllm(pf)
     p, j = pf.plan, pf.serve_job
+    cap, cap_note = admission(pf, "vllm", "--max-num-seqs")
+    # Source: vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
+    if cap > j.max_num_batched_tokens:
+        raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {j.max_num_batched_tokens} "
+                     "(vLLM refuses max_num_batched_tokens < max_num_seqs)",
+                     f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {j.max_num_batched_tokens}")
     fraction, fraction_note = memory_fraction(pf, "vllm")
     spec_flags, spec_note = vllm_speculative(pf)
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
-        ("--gpu-memory-utilization", fraction), ("--max-num-seqs", j.batch),
+        ("--gpu-memory-utilization", fraction), ("--max-num-seqs", cap),
         ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
@@ -139,7 +172,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
     note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
-            + fraction_note + spec_note + context_note(pf, "--max-model-len")
+            + cap_note + fraction_note + spec_note + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
@@ -148,9 +181,10 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
 def render_sglang(pf: PlanFile) -> dict[str, str]:
     check_sglang(pf)
     p, j = pf.plan, pf.serve_job
+    cap, cap_note = admission(pf, "sglang", "--max-running-requests")
     fraction, fraction_note = memory_fraction(pf, "sglang")
     spec_flags, spec_note = sglang_speculative(pf)
-    note = fraction_note
+    note = cap_note + fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
     note += moe_notes(pf)
@@ -163,7 +197,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         # With DP attention SGLang counts running requests and chunked-prefill tokens over all attention ranks
         # (server_args.py _handle_data_parallelism and the pool configurator divide them by --dp-size), so the
         # per-rank plan values are multiplied by dp.
-        ("--max-running-requests", j.batch * (p.dp if p.dp_attention else 1)),
+        ("--max-running-requests", cap * (p.dp if p.dp_attention else 1)),
         ("--chunked-prefill-size", j.max_num_batched_tokens * (p.dp if p.dp_attention else 1)),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),

@@ -217,7 +217,9 @@ class ServeJob(Spec):
     output_len: int = Field(default=256, ge=1, le=1 << 30)
     """Generated tokens per request."""
     batch: int = Field(default=64, ge=1, le=1 << 24)
-    """Concurrent sequences per replica (vLLM max_num_seqs in steady state)."""
+    """Concurrent sequences per replica (the offered traffic). The engine's admission cap the exports write (vLLM
+    --max-num-seqs, SGLang --max-running-requests) is this batch when it fits the KV cache, else the most that fit
+    (serving.admission_cap)."""
     prefix_hit_rate: float = Field(default=0.0, ge=0, le=1)
     """Fraction of each prompt found in the prefix cache (multi-turn / agent traffic): not prefilled again."""
     ttft_slo_s: float | None = Field(default=None, gt=0, le=86_400)
