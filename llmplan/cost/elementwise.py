@@ -465,7 +465,8 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     transposes the padded buffer into a contiguous copy instead) that is ALLTOALL_SORT_BYTES x k x w per sort,
     two sorts in forward and two in backward. The flex dispatcher (deepep) permutes straight into the local
     experts' order and pays no sort; neither does one local expert, nor a plan without expert parallelism (no
-    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order).
+    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order). cost.compute
+    prices these bytes at the copy bandwidth (alltoall_sort_layer_bytes, docs/formulas.md#compute.copy_bandwidth).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
     MoEAlltoAllTokenDispatcher.dispatch_postprocess
     ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.19.0.
@@ -476,6 +477,17 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
     per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
     return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
+
+
+def alltoall_sort_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """The sort-by-local-expert copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank:
+    expert_node_bytes' alltoall_sort_bytes on the T/t_sp tokens the layer holds, and with `moe` recomputed the
+    rerun's forward half of it (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
+    Derived: docs/formulas.md#compute.copy_bandwidth"""
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
+    rerun = where(plan.recomputes("moe"), 0.5, 0.0) if plan.recompute_modules else 0.0
+    return sorts * (1 + rerun)
 
 
 HYBRIDEP_PERMUTE_PROB_BYTES = 4.0
