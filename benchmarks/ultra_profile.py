@@ -124,7 +124,7 @@ def priced_parts(model, plan, gpu) -> dict[str, float]:
         "EW__expert_activation_extra_bytes", "EW__alltoall_sort_bytes", "EW__mean_recurrent_memory_bytes",
         "EW__fp8_cast_bytes", "EW__moe_recompute_bytes", "C__expert_gemm_seconds",
         "ST__grad_accumulation_bytes")}
-    none = lambda m: (0.0, 0.0)  # noqa: E731
+    none = lambda m, *_: (0.0, 0.0)  # noqa: E731
     d["router"] = base - stage_total(model, plan, gpu, EW__moe_router_passes=none)
     d["permute"] = base - stage_total(model, plan, gpu, EW__moe_permute_passes=none)
     d["residual"] = d.pop("EW__norms_per_layer") - d["EW__eager_norm_bytes"]

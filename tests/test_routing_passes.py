@@ -48,12 +48,12 @@ def test_permute_and_unpermute_passes_by_hand():
     permute, unpermute = 2 * H + 2 * K * H, 2 * K * H + 2 * H
     # backward: the unpermute's is a permute of the gradient, the permute's an unpermute of the gradients that
     # also zero-fills the fp32 probs-gradient row (4E)
-    assert moe_permute_passes(m) == (row_id_map + permute + unpermute, unpermute + permute + 4 * E)
+    assert moe_permute_passes(m, ParallelPlan()) == (row_id_map + permute + unpermute, unpermute + permute + 4 * E)
 
 
 def test_latent_moe_permutes_at_the_latent_width():
     m = ModelSpec(**{**TINY, "moe_latent_size": 128})
-    forward, backward = moe_permute_passes(m)
+    forward, backward = moe_permute_passes(m, ParallelPlan())
     assert forward - 17 * E == backward - 4 * E == 4 * (K + 1) * 128
 
 

@@ -35,6 +35,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     GLU_CLAMP_BYTES,
     SINK_RESCALE_BYTES,
     alltoall_sort_bytes,
+    alltoall_sort_layer_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
     expert_bias_bytes,
@@ -152,6 +153,13 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                         forward=fwd + out + loss / 3)
 
 
+def memory_seconds(total: Any, copies: Any, gpu: GpuSpec) -> Any:
+    """Seconds of `total` memory-bound HBM bytes of which `copies` are streaming copies: those at the copy
+    bandwidth (GpuSpec.copy_achieved_bytes_per_s), the rest at the achieved bandwidth of the read-modify-write
+    kernels (hbm_achieved_bytes_per_s). Derived: docs/formulas.md#compute.copy_bandwidth"""
+    return (total - copies) / gpu.hbm_achieved_bytes_per_s + copies / gpu.copy_achieved_bytes_per_s
+
+
 def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
     """(forward, backward) seconds of one MoE layer's routed experts, one micro-batch: Megatron-Core's `mlp`
     node (the permutes after dispatch and before combine, the expert GEMMs, their activation): the experts'
@@ -161,7 +169,9 @@ def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     (submodule_moe_forward: routed_experts_compute). Derived: docs/formulas.md#moe.overlap"""
     def compute() -> tuple[Any, Any]:
         fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
-        mem = (expert_node_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s + expert_gemm_seconds(m, plan)
+        T = plan.seq_len / plan.cp * plan.micro_batch
+        sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
+        mem = (memory_seconds(expert_node_bytes(m, plan), sorts, gpu) + expert_gemm_seconds(m, plan)
                + moe_kernel_seconds(m, plan, ("sort_map",)))
         return fwd + mem, bwd + 2 * mem
     return memoized(plan, ("expert_node_seconds", m, gpu), compute)
@@ -251,7 +261,8 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         launches = expert_gemm_seconds(m, plan) + moe_kernel_seconds(m, plan) if moe else 0.0
         return (layer_gemm_seconds(m, plan, gpu, moe),
                 attention_seconds(m, plan, gpu, attention, peak_attn) + ssd_seconds,
-                elementwise_bytes(m, plan, moe, gpu.fp8_tn_only) / gpu.hbm_achieved_bytes_per_s
+                memory_seconds(elementwise_bytes(m, plan, moe, gpu.fp8_tn_only),
+                               alltoall_sort_layer_bytes(m, plan) if moe else 0.0, gpu)
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 

@@ -406,13 +406,38 @@ def moe_router_passes(m: ModelSpec) -> tuple[float, float]:
     return ROUTER_BYTES[0] * m.num_experts, ROUTER_BYTES[1] * m.num_experts
 
 
-def moe_permute_passes(m: ModelSpec) -> tuple[float, float]:
+def moe_permute_passes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """(forward, backward) HBM bytes per token of one MoE layer's permute and unpermute in training: forward the
     row-id map (ROW_ID_MAP_BYTES x E) and the pair (PERMUTE_BYTES x (k + 1) x w; w the latent width of a latent
-    MoE), backward the pair reversed and the probs' gradient row (PROB_GRAD_FILL_BYTES x E).
-    Derived: docs/formulas.md#moe.routing_passes"""
+    MoE), backward the pair reversed and the probs' gradient row (PROB_GRAD_FILL_BYTES x E). HybridEP runs
+    neither Transformer Engine kernel: hybridep_permute_passes. Derived: docs/formulas.md#moe.routing_passes"""
+    if plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep":  # workload switches
+        return hybridep_permute_passes(m, plan)
     pair = PERMUTE_BYTES * (m.num_experts_per_tok + 1) * m.expert_width
     return ROW_ID_MAP_BYTES * m.num_experts + pair, PROB_GRAD_FILL_BYTES * m.num_experts + pair
+
+
+def hybridep_permute_passes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """(forward, backward) HBM bytes per token of one MoE layer's token permute and unpermute with the flex
+    dispatcher's HybridEP backend: Megatron-Core hands HybridEP's output straight to the experts
+    (get_permuted_hidden_states_by_experts returns it unchanged), so no Transformer Engine permute, row-id map
+    or probs-gradient fill runs. HybridEP's dispatch writes one bf16 row per (token, receiving rank) into the
+    rank's registered buffer (the all-to-all, priced in comm), then its permute reads each received row once and
+    writes its copies for the rank's routed experts into the experts' input (2 x (rows + k) x w a token); the
+    combine's unpermute reads the k expert rows and writes one fp32-summed row per receiving rank (2 x (k + rows)
+    x w): PERMUTE_BYTES x (k + rows) x w each way, rows = dispatch_rows (the ranks a token reaches). Backward
+    runs the same pair (HybridEPDispatch.backward is combine_with_unpermute, HybridEPCombine.backward
+    dispatch_with_permute). Fusing permute into dispatch (moe_permute_fusion_into_hybridep) moves the same
+    bytes: its permute blocks read the received chunks from the same buffer. The int32 dense_to_expert_map
+    entries (E/ep a received row) and the probs (hybridep_prob_permute_bytes) are not counted here.
+    Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/extension/permute.cu (permute_kernel,
+    unpermute_kernel), executor/executor.cu (dispatch_with_permute: standalone permute reads
+    expert_output_token); NVIDIA/Megatron-LM @d98e8a6, megatron/core/transformer/moe/token_dispatcher.py
+    (_HybridEPManager), fused_a2a.py (HybridEPDispatch, HybridEPCombine). Derived:
+    docs/formulas.md#moe.hybridep_permute"""
+    from llmplan.cost.comm import dispatch_rows  # comm builds on this module: imported where used
+    pair = PERMUTE_BYTES * (m.num_experts_per_tok + dispatch_rows(m, plan)) * m.expert_width
+    return pair, pair
 
 
 def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -420,7 +445,7 @@ def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     elementwise_bytes (the stage charges three times them): forward, once more when the plan recomputes `moe`
     (Megatron-Core checkpoints MoELayer.forward whole), and the backward (moe_router_passes,
     moe_permute_passes), over 3. Derived: docs/formulas.md#moe.routing_passes"""
-    passes = (moe_router_passes(m), moe_permute_passes(m))
+    passes = (moe_router_passes(m), moe_permute_passes(m, plan))
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     return (forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) + backward) / 3
 
@@ -440,7 +465,8 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     transposes the padded buffer into a contiguous copy instead) that is ALLTOALL_SORT_BYTES x k x w per sort,
     two sorts in forward and two in backward. The flex dispatcher (deepep) permutes straight into the local
     experts' order and pays no sort; neither does one local expert, nor a plan without expert parallelism (no
-    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order).
+    all-to-all: Megatron-Core's default allgather dispatcher permutes straight into expert order). cost.compute
+    prices these bytes at the copy bandwidth (alltoall_sort_layer_bytes, docs/formulas.md#compute.copy_bandwidth).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
     MoEAlltoAllTokenDispatcher.dispatch_postprocess
     ("Permutation 2: Sort tokens by local expert"), combine_preprocess ("Unpermutation 2"), core_r0.9.0 - core_v0.19.0.
@@ -451,6 +477,17 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     # the received rows, padded to capacity when a capacity factor is set (drop_and_pad: the transpose's copy)
     per_sort = ALLTOALL_SORT_BYTES * m.num_experts_per_tok * m.expert_width * plan.expert_padding
     return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
+
+
+def alltoall_sort_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """The sort-by-local-expert copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank:
+    expert_node_bytes' alltoall_sort_bytes on the T/t_sp tokens the layer holds, and with `moe` recomputed the
+    rerun's forward half of it (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
+    Derived: docs/formulas.md#compute.copy_bandwidth"""
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
+    rerun = where(plan.recomputes("moe"), 0.5, 0.0) if plan.recompute_modules else 0.0
+    return sorts * (1 + rerun)
 
 
 HYBRIDEP_PERMUTE_PROB_BYTES = 4.0

@@ -194,6 +194,11 @@ class GpuSpec(Spec):
     (GB200 0.67, GB300 0.68, H200 0.75; B200 / B300 carry GB200's / GB300's); elsewhere 0.8, an assumption
     neither fitted nor measured here (docs/formulas.md#compute.hbm_efficiency, #infer.decode). A decode attention
     kernel's KV-cache reads take decode_kv_hbm_efficiency where it is published."""
+    copy_hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth by a streaming copy (read each element once, write it once, no
+    reduction): where a STREAM-like run of this die and memory is published, its copy or triad rate over the
+    peak; the MoE sort-by-local-expert copy is priced at it (docs/formulas.md#compute.copy_bandwidth). None:
+    hbm_efficiency."""
     decode_kv_hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by a decode attention kernel streaming the KV cache (one query row per
     sequence against its whole cache: long contiguous reads, no write-back), where it is published for this GPU's
@@ -303,6 +308,13 @@ class GpuSpec(Spec):
         """HBM bandwidth a memory-bound kernel achieves: the peak times hbm_efficiency
         (docs/formulas.md#compute.memory_bound)."""
         return self.hbm_bytes_per_s * self.hbm_efficiency
+
+    @property
+    def copy_achieved_bytes_per_s(self) -> float:
+        """HBM bandwidth a streaming copy kernel achieves: the peak times copy_hbm_efficiency, or hbm_efficiency
+        where none is published (docs/formulas.md#compute.copy_bandwidth)."""
+        share = self.hbm_efficiency if self.copy_hbm_efficiency is None else self.copy_hbm_efficiency
+        return self.hbm_bytes_per_s * share
 
     @property
     def decode_kv_achieved_bytes_per_s(self) -> float:
