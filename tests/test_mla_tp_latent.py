@@ -79,3 +79,11 @@ def test_full_recompute_gathers_the_latents_again():
     plan = ParallelPlan(tp=4, pp=1, dp=1, global_batch=1, micro_batch=1, seq_len=S, sp=True, recompute="full")
     attention = 2 * (Q_R + KV_R + ROPE) + (Q_R + KV_R) + (Q_R + KV_R + ROPE) + 3 * H
     assert _bytes(m, plan) == pytest.approx(LAYERS * (attention + 7 * H) * S * 2 * 3 / 4, rel=1e-12)
+
+
+def test_dtensor_tp_gathers_the_hidden_size():
+    # torchtitan (pytorch/torchtitan 018740b7 deepseek_v3/infra/parallelize.py apply_non_moe_tp) gathers the
+    # attention input whole before its NoParallel wkv_a / wq_a: h on both sides, no backward re-gather, 8 h a layer
+    m = resolve_model("deepseek-v3")
+    plan = ParallelPlan(tp=4, pp=1, dp=1, global_batch=1, micro_batch=1, seq_len=S, sp=True, tp_impl="dtensor")
+    assert _bytes(m, plan) == pytest.approx(LAYERS * 8 * H * S * 2 * 3 / 4, rel=1e-12)

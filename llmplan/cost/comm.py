@@ -406,8 +406,10 @@ def mla_latent_transfers(m: ModelSpec, plan: ParallelPlan, group: G, hs: list[Tr
     backward for their weight gradients; the rope key gathered in 16 bits in forward and recompute
     (gather_from_sequence_parallel_region), not again; all three input gradients reduce-scattered in 16 bits.
     Without SP: the two up-projections' input gradients all-reduced (copy_to_tensor_model_parallel_region),
-    nothing for the rope key. The row side (linear_proj) keeps sbh. `hs` is tp_transfers' list at sbh, `r` its
-    recomputed share. Source: NVIDIA/Megatron-LM d98e8a6 multi_latent_attention.py; tensor_parallel/mappings.py.
+    nothing for the rope key. The row side (linear_proj) keeps sbh. DTensor TP keeps sbh: torchtitan gathers the
+    attention input whole before its NoParallel wkv_a / wq_a. `hs` is tp_transfers' list at sbh, `r` its
+    recomputed share. Source: NVIDIA/Megatron-LM d98e8a6 multi_latent_attention.py; tensor_parallel/mappings.py;
+    pytorch/torchtitan 018740b7 torchtitan/models/deepseek_v3/infra/parallelize.py apply_non_moe_tp.
     Derived: docs/formulas.md#comm.tp"""
     s, b = plan.seq_len / plan.cp, plan.micro_batch
     layers = max_stage_layers(m, plan)
