@@ -383,10 +383,56 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     # the output gradient to e5m2 before its gather (NoopFwToFloat8BwDynamic after the output's redistribute,
     # torchao/float8/float8_tensor_parallel.py at eab345c)
     quantised = with_sp + where(plan.sp, regather, 0)
-    return [Transfer("all-reduce", without, S, group),
-            Transfer("all-gather", quantised, q * s * b * h, group),
-            Transfer("reduce-scatter", with_sp, S, group),
-            Transfer("all-gather", pp_gathers(plan), S, group)]
+    hs = [Transfer("all-reduce", without, S, group),
+          Transfer("all-gather", quantised, q * s * b * h, group),
+          Transfer("reduce-scatter", with_sp, S, group),
+          Transfer("all-gather", pp_gathers(plan), S, group)]
+    return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
+
+
+def mla_latent_widths(m: ModelSpec) -> tuple[int, int, int]:
+    """Elements per token of the three inputs the column side of an MLA attention TP pair gathers under
+    Megatron-Core: the query up-projection's (q_lora_rank; the hidden size where queries are not compressed, the
+    column-parallel linear_q_proj), the kv up-projection's (kv_lora_rank) and the shared rotary key
+    (qk_rope_head_dim). Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/multi_latent_attention.py
+    (MLASelfAttention.__init__, _qkv_down_projection, get_query_key_value_tensors). Derived:
+    docs/formulas.md#comm.tp"""
+    mla = m.mla
+    assert mla is not None
+    return mla.q_lora_rank or m.hidden_size, mla.kv_lora_rank, mla.qk_rope_head_dim
+
+
+def mla_latent_transfers(m: ModelSpec, plan: ParallelPlan, group: G, hs: list[Transfer[G]], r: Any
+                         ) -> list[Transfer[G]]:
+    """tp_transfers of an MLA model under Megatron-Core (tp_impl megatron): its attention's down-projections
+    run duplicated on the rank's sequence shard (TELinear parallel_mode "duplicated", no collective), so the
+    column side of its TP pair moves the latents (mla_latent_widths), not sbh. With SP, per attention pair and
+    pass: the up-projections' inputs gathered (quantised, gather_bytes) in forward and recompute and again in
+    backward for their weight gradients; the rope key gathered in 16 bits in forward and recompute
+    (gather_from_sequence_parallel_region), not again; all three input gradients reduce-scattered in 16 bits.
+    Without SP: the two up-projections' input gradients all-reduced (copy_to_tensor_model_parallel_region),
+    nothing for the rope key. The row side (linear_proj) keeps sbh. DTensor TP keeps sbh: torchtitan gathers the
+    attention input whole before its NoParallel wkv_a / wq_a. `hs` is tp_transfers' list at sbh, `r` its
+    recomputed share. Source: NVIDIA/Megatron-LM d98e8a6 multi_latent_attention.py; tensor_parallel/mappings.py;
+    pytorch/torchtitan 018740b7 torchtitan/models/deepseek_v3/infra/parallelize.py apply_non_moe_tp.
+    Derived: docs/formulas.md#comm.tp"""
+    s, b = plan.seq_len / plan.cp, plan.micro_batch
+    layers = max_stage_layers(m, plan)
+    L = m.num_hidden_layers
+    att = where(plan.tp_impl == "megatron", plan.num_microbatches * layers * (L - m.count_layers("none")) / L, 0)
+    att_sp, att_ar = where(plan.sp, att, 0), where(plan.sp, 0, att)
+    qw, kv, rope = mla_latent_widths(m)
+    q = gather_bytes(m, plan)
+    ar, ag, rs, pp = hs  # the sbh transfers less the MLA pairs' column side
+    gathers = att_sp * (2 + r)  # forward, recompute, the backward re-gather
+    out = [replace(ar, calls=ar.calls - att_ar), replace(ag, calls=ag.calls - gathers),
+           replace(rs, calls=rs.calls - att_sp), pp]
+    for w in (qw, kv):
+        out += [Transfer("all-gather", gathers, q * s * b * w, group),
+                Transfer("reduce-scatter", att_sp, ACT_BYTES * s * b * w, group),
+                Transfer("all-reduce", att_ar, ACT_BYTES * s * b * w, group)]
+    return out + [Transfer("all-gather", att_sp * (1 + r), ACT_BYTES * s * b * rope, group),
+                  Transfer("reduce-scatter", att_sp, ACT_BYTES * s * b * rope, group)]
 
 
 def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -421,9 +467,18 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, A
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
     recompute, the row-parallel linears' output gradients) at gather_bytes, 2 + 2r forward and recompute
     reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient reduce-scatters in
-    16 bits (r the stage's recomputed share). Derived: docs/formulas.md#comm.tp"""
+    16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of the layer's
+    pairs) move their latents on the column side instead (mla_latent_transfers). Derived: docs/formulas.md#comm.tp"""
     q, a = gather_bytes(m, plan), ACT_BYTES
-    return (4 + 2 * r) * q, (2 + 2 * r) * a, 2 * q, 2 * a
+    roles = (4 + 2 * r) * q, (2 + 2 * r) * a, 2 * q, 2 * a
+    if m.mla is None or m.parallel_block:
+        return roles
+    # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
+    L, (qw, kv, rope), h = m.num_hidden_layers, mla_latent_widths(m), m.hidden_size
+    f = where(plan.tp_impl == "megatron", (L - m.count_layers("none")) / L / (2 * tp_blocks_per_layer(m, plan)), 0)
+    mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q, (1 + r) * a, (qw + kv) * q / h, (qw + kv + rope) * a / h)
+    ring, fwd_rs, re_gather, bwd_rs = ((1 - f) * x + 2 * f * y for x, y in zip(roles, mla, strict=True))
+    return ring, fwd_rs, re_gather, bwd_rs
 
 
 def tp_unfused_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
