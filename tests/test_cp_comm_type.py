@@ -146,7 +146,10 @@ def test_comm_type_without_cp_is_refused(cli):
 @pytest.mark.parametrize("name,system,nodes,comm", [("gpt-oss-120b", "dgx-h100", 2, "a2a"),
                                                     ("llama-3.1-8b", "dgx-h100", 2, "a2a"),
                                                     ("llama-3.1-8b", "dgx-h100", 2, "all_gather"),
-                                                    ("deepseek-v3.2", "dgx-h100", 32, "all_gather")])
+                                                    ("deepseek-v3.2", "dgx-h100", 32, "all_gather"),
+                                                    ("llama-3.1-8b", "dgx-h100", 2, "p2p"),  # the ring's buffers
+                                                    ("llama-2-7b", "dgx-h100", 2, "p2p"),
+                                                    ("deepseek-v3", "dgx-h100", 32, "p2p")])
 def test_vectorised_search_agrees_with_the_scalar_estimate(name, system, nodes, comm):
     m, cluster = resolve_model(name), ClusterSpec(system=resolve_system(system), num_nodes=nodes)
     w = Workload(global_batch=64, seq_len=16384, cp_comm_type=comm)

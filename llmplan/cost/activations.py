@@ -150,6 +150,38 @@ def cp_a2a_saved_bytes(m: ModelSpec, plan: ParallelPlan, out: Any, stored: bool)
     return where(plan.cp > 1, kept, 0.0)
 
 
+def te_cp_out_lse_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
+    """(O, L) bytes of one softmax-attention layer on one rank as Transformer Engine's context-parallel attention
+    makes them: the output, the rank's s/cp tokens of its TP rank's query heads at v's head width (bf16), and the
+    softmax statistics, one fp32 per query head and token. Derived: docs/formulas.md#mem.cp_comm"""
+    tokens = plan.seq_len / plan.cp * plan.micro_batch
+    heads = m.num_attention_heads / plan.tp
+    dv = m.mla.v_head_dim if m.mla is not None else m.d_head
+    return 2 * tokens * heads * dv, 4 * tokens * heads
+
+
+def p2p_ring_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Transient bytes of Transformer Engine's p2p K/V ring (AttnFuncWithCPAndKVP2P, bf16, causal with 2cp
+    chunks, cp > 1) beyond the layer's own Q, K, V, O and their gradients, the larger of its two passes, on the
+    rank where it peaks. Forward, at the output correction (every list still referenced): the cp K/V buffers
+    (the cat copy of k, v and cp - 1 received ones: cp(K + V)) and each step's output and softmax statistics
+    (rank r: r + 1 full steps and cp - 1 - r steps of the second half of q; rank cp - 1: cp(O + L)). Backward,
+    at the last (diagonal) step: the two [2, K + V] send/receive buffers of K/V and dK/dV (4(K + V), one K + V of
+    which becomes the returned dK, dV), that step's dq, dk, dv pieces (Q + K + V) and the second half of the
+    softmax statistics copied contiguous (L/2): Q + 4(K + V) + L/2.
+    Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py (AttnFuncWithCPAndKVP2P.forward: p2p_comm_buffers[0] = torch.cat((k.view(-1),
+    v.view(-1))), p2p_comm_buffers[i + 1] = torch.empty_like(...), out_per_step, softmax_lse_per_step;
+    cp_p2p_fwd_prepare_qkv sections; AttnFuncWithCPAndKVP2P.backward: p2p_comm_buffers = two torch.empty((2,
+    *kv.shape)), dq_buffer = torch.empty_like(q), softmax_lse_[..., 1, :].contiguous(), cp_p2p_bwd_fused_attn
+    dq_, dk_, dv_). Derived: docs/formulas.md#mem.cp_comm"""
+    q, k, v = te_cp_tensor_bytes(m, plan)
+    o, lse = te_cp_out_lse_bytes(m, plan)
+    forward = plan.cp * (k + v + o + lse)
+    backward = q + 4 * (k + v) + lse / 2
+    return maximum(forward, backward)
+
+
 def cp_comm_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Transient bytes one softmax-attention layer's context-parallel collectives hold at their peak beyond the
     layer's own Q, K, V and their gradients (one layer at a time), Transformer Engine (cp_impl te), cp > 1:
@@ -158,15 +190,18 @@ def cp_comm_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     backward (the larger pass): the gathered K and V (cp(K + V)), the full-length dK and dV (cp(K + V)), the two
     steps' dK/dV pieces over their visible K/V range under a causal mask ((r + 1) + (2cp - r) of 2cp chunks on
     rank r: (cp + 1/2)(K + V)) and the re-ordered copy of dK (then dV) before the reduce-scatter (cp max(K, V)).
-    p2p: 0 (its ring buffers are not priced). Source: NVIDIA/TransformerEngine@d0067d0da6 context_parallel.py
+    p2p: its ring's K/V (and dK/dV) buffers and per-step pieces (p2p_ring_workspace_bytes).
+    Source: NVIDIA/TransformerEngine@d0067d0da6 context_parallel.py
     (flash_attn_a2a_communicate: movedim(...).contiguous() / reorder, torch.empty_like output;
     AttnFuncWithCPAndKVAllGather.backward: gather_along_first_dim of k and v, torch.zeros dk, dv of
     k_shape[0] * cp_size, dk_per_step / dv_per_step, get_kv_seq_info_after_all_gather, torch.index_select,
     reduce_scatter_along_first_dim). Derived: docs/formulas.md#mem.cp_comm"""
-    if plan.cp_impl != "te" or plan.cp_comm_type == "p2p" or m.num_attention_layers == 0:
+    if plan.cp_impl != "te" or m.num_attention_layers == 0:
         return 0.0
-    q, k, v = te_cp_tensor_bytes(m, plan)
     cp = plan.cp
+    if plan.cp_comm_type == "p2p":
+        return where(cp > 1, p2p_ring_workspace_bytes(m, plan), 0.0)
+    q, k, v = te_cp_tensor_bytes(m, plan)
     if plan.cp_comm_type == "a2a":
         return where(cp > 1, 2 * (q + k + v), 0.0)
     return where(cp > 1, (3 * cp + 0.5) * (k + v) + cp * maximum(k, v), 0.0)

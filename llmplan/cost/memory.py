@@ -147,8 +147,8 @@ class ActivationBytes(Breakdown):
     """Not a part (not in HBM): the offloaded layers' activations in host memory at the peak
     (ParallelPlan.offload_layers; docs/formulas.md#mem.offload)."""
     cp_workspace: Any = 0.0
-    """Transformer Engine's a2a / all_gather context parallelism: one attention layer's transient collective
-    buffers at their peak (cost.activations.cp_comm_workspace_bytes; docs/formulas.md#mem.cp_comm); 0 under p2p."""
+    """Transformer Engine's context parallelism (p2p ring, a2a, all_gather): one attention layer's transient
+    collective buffers at their peak (cost.activations.cp_comm_workspace_bytes; docs/formulas.md#mem.cp_comm)."""
 
 
 
@@ -194,7 +194,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
-    # a2a / all_gather context parallelism: one attention layer's collective buffers at a time.
+    # TE's context parallelism (p2p, a2a, all_gather): one attention layer's collective buffers at a time.
     # Derived: docs/formulas.md#mem.cp_comm
     cp_workspace = cp_comm_workspace_bytes(m, plan)
     return ActivationBytes(layers=held - offloaded - freed, recompute_working=working, embedding=embedding,

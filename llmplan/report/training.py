@@ -390,7 +390,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  recompute working set", a.recompute_working, "mem.activations"),
         ("  embedding (first stage)", a.embedding, "mem.activations"),
         ("  output + logits (last stage)", a.output, "mem.activations"),
-        ("  CP a2a / all-gather buffers", a.cp_workspace, "mem.cp_comm"),
+        ("  CP ring / a2a / all-gather buffers", a.cp_workspace, "mem.cp_comm"),
         ("other (buffers, fragmentation)", mem.other, "mem.other"),
     ]
     if mem.runtime is not None:  # the priced runtime bytes inside other
