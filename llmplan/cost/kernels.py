@@ -146,6 +146,13 @@ def aux_loss_on(m: ModelSpec) -> bool:
     return m.router_aux_loss_coef != 0
 
 
+def router_host_ops(m: ModelSpec, plan: ParallelPlan) -> int:
+    """Eager operators one MoE layer's router forward issues beyond the fused router with an auxiliary loss
+    (ROUTER's 7 kernels, the router cost.moe.MOE_CYCLE_HOST_OPS counts): one operator a kernel, negative for a
+    fused router without the loss. Derived: docs/formulas.md#moe.router_fusion"""
+    return int(router_kernels(m, plan).fwd - ROUTER.fwd)
+
+
 def router_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     """Kernels of one MoE layer's router: fused (plan.moe_router_fusion) or eager, with the auxiliary loss's
     where the model trains with one (aux_loss_on). Derived: docs/formulas.md#moe.router_fusion"""
