@@ -125,3 +125,10 @@ def test_cli_carries_the_switch_and_refuses_it_on_a_dense_model(cli):
     assert off.code == 0 and off.json()["plan"]["moe_router_fusion"] is False
     dense = cli(*args, "--model", "llama-3.1-8b", "--moe-router-fusion")
     assert dense.code == 2 and "moe_router_fusion" in dense.err and "Traceback" not in dense.err
+
+
+def test_torchtitan_refuses_the_fused_router():
+    # torchtitan's MoE router runs torch.topk eagerly: a plan priced with TE's fused router cannot be its run
+    from llmplan.export.common import CannotExpress
+    with pytest.raises(CannotExpress, match="moe_router_fusion"):
+        render_all(_pf(moe_router_fusion=True, zero=3), "torchtitan")
