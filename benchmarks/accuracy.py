@@ -803,6 +803,38 @@ def described(rec: dict) -> bool:
 
 
 def model_for(rec: dict, fam: str) -> ModelSpec:
+    """The record's model (spec_for), trained with the load balancing its Megatron-Bridge recipe ran
+    (mbridge_no_aux_loss: no auxiliary loss, router_aux_loss_coef 0)."""
+    m = spec_for(rec, fam)
+    return m.model_copy(update={"router_aux_loss_coef": 0.0}) if mbridge_no_aux_loss(rec, fam) and m.is_moe else m
+
+
+def mbridge_no_aux_loss(rec: dict, fam: str) -> bool:
+    """A Megatron-Bridge row whose model bridge trains without an auxiliary loss: GPT-OSS (gpt_oss_bridge.py:
+    moe_router_load_balancing_type "none") and DeepSeek-V4 (deepseek_v4_bridge.py: moe_aux_loss_coeff 0.0).
+    Source: NVIDIA-NeMo/Megatron-Bridge@067f987 src/megatron/bridge/models/. docs/validation.md#router-fusion"""
+    rid = rec["id"]
+    return fam in (*BRIDGE_FAMILIES, "bridgecard") and ("gpt-oss" in rid or "deepseekv4" in rid
+                                                          or "deepseek-v4" in rid)
+
+
+def mbridge_router_fusion(rec: dict, fam: str) -> bool:
+    """moe_router_fusion of a Megatron-Bridge MoE row, as its recipe set it (Megatron-Core's default False
+    elsewhere): the performance presets of DeepSeek-V3/V4, GPT-OSS-120B, Kimi-K2 and Qwen3 set it True
+    (scripts/performance/configs/{deepseek,gpt_oss,kimi,qwen}/*_llm_pretrain.py at v0.2.0 ... v0.5.0;
+    perf_recipes/deepseek/common.py, deepseek/gb200/deepseek_v4.py, gpt_oss/{b200,b300,gb200}/gpt_oss.py at
+    v0.6.0); the Nemotron-3 presets leave it off (recipes/nemotronh/gb200/nemotron_3_nano.py sets False); of
+    the verification cards only the H100 Qwen3-30B-A3B recipe sets it (recipes/qwen/h100/qwen3_moe.py
+    qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config at 16846a8da). Source: NVIDIA-NeMo/Megatron-Bridge at those
+    tags. docs/validation.md#router-fusion"""
+    rid = rec["id"]
+    if fam == "bridgecard":
+        return "h100-bf16-qwen3-30b-a3b-16gpu" in rid
+    return fam == "mbridge-moe" and any(x in rid for x in ("deepseekv3", "deepseekv4", "gpt-oss-120b", "kimi-k2",
+                                                          "qwen3-30b", "qwen3-235b"))
+
+
+def spec_for(rec: dict, fam: str) -> ModelSpec:
     """The record's model: a built-in with the same layers, width and heads (Llama, GPT-3 shapes), else a
     plain GPT of the record's dimensions (MPT: learned positions and biases, MPT_BENCHMARK_ARCH)."""
     md = rec["model"]
@@ -1708,6 +1740,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
         etp=par.get("etp", 1 if fam == "mbridge-moe" else None),
         pp_schedule=par.get("pp_schedule", "1f1b"),
+        moe_router_fusion=bool(par.get("moe_router_fusion", mbridge_router_fusion(rec, fam))),
         moe_routing="contiguous" if "fake balanced gate" in str(par.get("comm_overlap", "")) else "random",
         # MegaScale's Megatron-LM baseline reduces and gathers the DP buckets after the backward, not beside it:
         # "DP overlap" is one of the optimisations MegaScale adds (Jiang et al. 2024, Table 3, +1.2 MFU points)

@@ -65,6 +65,10 @@ def annotation_accepts(note: str, value: str) -> bool:
     """Whether a Hydra override value fits a field annotation as recorded (text of the Python annotation)."""
     if value == "null":
         return "Optional" in note or "None" in note
+    if note.startswith("Union[") and note.endswith("]") and "[" not in note[6:].split(",")[0]:
+        # Union[str, List[str]] / Union[float, List[float]]: a value that fits one member fits the union
+        first, rest = note[6:-1].split(",", 1)
+        return annotation_accepts(first.strip(), value) or annotation_accepts(rest.strip(), value)
     literals = re.findall(r"Literal\[([^\]]*)\]", note)
     if literals:
         choices = [c.strip().strip("'\"") for c in literals[0].split(",")]

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from exported import unwrapped
+from llmplan.cost.kernels import aux_loss_on
 from llmplan.export import render_all
 from llmplan.export.common import CannotExpress
 from llmplan.planfile import load_plan
@@ -74,7 +75,8 @@ def test_cli_export_writes_the_priced_router(cli, tmp_path, model):
     ns, _ = parse_megatron(script)  # Megatron-LM's recorded parser accepts every flag and value
     assert ns.moe_router_load_balancing_type == [kind]
     assert [float(c) for c in ns.moe_aux_loss_coeff] == [coef]
-    assert (ns.moe_router_dtype, ns.moe_router_fusion, ns.moe_permute_fusion) == ("fp32", True, True)
+    # the router fusion as the plan prices it (plan.moe_router_fusion: off in these plans, Megatron-Core's default)
+    assert (ns.moe_router_dtype, ns.moe_router_fusion, ns.moe_permute_fusion) == ("fp32", False, True)
     assert ns.moe_router_score_function == score and ns.moe_router_enable_expert_bias == bias
     assert ns.moe_router_num_groups == (None if groups is None else str(groups))
     assert ns.moe_router_group_topk == (None if group_topk is None else str(group_topk))
@@ -116,18 +118,20 @@ def test_a_spec_without_the_coefficient_still_runs_the_priced_loss_and_says_so()
     assert "gives no router_aux_loss_coef" in unwrapped(script)
 
 
-def test_a_model_trained_without_the_loss_runs_none_and_says_so():
-    files, _ = render_all(_with_model(router_aux_loss_coef=0.0), "megatron")
+def test_a_model_trained_without_the_loss_runs_none_as_priced():
+    pf = _with_model(router_aux_loss_coef=0.0)
+    files, _ = render_all(pf, "megatron")
     script = files["megatron_pretrain.sh"]
     ns, _ = parse_megatron(script)
     assert ns.moe_router_load_balancing_type == ["none"] and ns.moe_aux_loss_coeff is None
-    assert "trains without one" in unwrapped(script) and "faster than priced" in unwrapped(script)
+    # priced without the loss's kernels (cost.kernels.aux_loss_on), so no "faster than priced" note
+    assert not aux_loss_on(pf.model) and "faster than priced" not in unwrapped(script)
 
 
 def test_wrapped_launch_carries_the_router_flags():
     files, _ = render_all(load_plan(PLANS / "moe_train.json"), "torchrun")
     ns, _ = parse_megatron(files["torchrun.sh"])
-    assert ns.moe_router_load_balancing_type == ["aux_loss"] and ns.moe_router_fusion and ns.moe_permute_fusion
+    assert ns.moe_router_load_balancing_type == ["aux_loss"] and not ns.moe_router_fusion and ns.moe_permute_fusion
 
 
 def test_torchtitan_refuses_the_ep_overlap_it_does_not_run():

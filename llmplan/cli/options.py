@@ -195,6 +195,10 @@ MOE_FLEX_BACKEND = typer.Option(_plan("moe_flex_backend"), "--moe-flex-backend",
 EP_DISPATCH_FP8 = typer.Option(_plan("ep_dispatch_fp8"), "--ep-dispatch-fp8/--no-ep-dispatch-fp8",
                                help="Send the EP dispatch in FP8 + a scale per 128 (DeepSeek-V3, DeepEP); "
                                     "combine bf16. Needs --precision fp8-* and --moe-dispatcher deepep.")
+MOE_ROUTER_FUSION = typer.Option(_plan("moe_router_fusion"), "--moe-router-fusion/--no-moe-router-fusion",
+                                 help="Run the MoE router in Transformer Engine's fused kernels (Megatron "
+                                      "moe_router_fusion; default off, Megatron-Core's default: eager top-k "
+                                      "and auxiliary loss).")
 BF16_LAYERS_START = typer.Option(None, "--bf16-layers-start", min=0, max=1 << 16,
                                  help="With --precision fp8-* / mxfp8 / nvfp4: layers at the start of the stack "
                                       "kept in bf16 (Megatron --num-layers-at-start-in-bf16; default: the "
@@ -318,7 +322,7 @@ SWITCHES = Flags("Training switches", {
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
-    "moe_dispatch_sms": MOE_DISPATCH_SMS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,

@@ -104,13 +104,63 @@ GDN_OUT_TRANSPOSE = Kernels(1, 1)
 # --- MoE. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/ (moe_layer.py MoELayer.forward, router.py
 # TopKRouter.forward / routing / _apply_aux_loss, moe_utils.py RouterGatingLinearFunction, RandomSTE,
 # get_tokens_per_expert_and_token_count, MoEAuxLossAutoScaler, shared_experts.py, token_dispatcher.py
-# MoEFlexTokenDispatcher / _HybridEPManager, experts.py TEGroupedMLP) at 606c01046, moe_router_fusion on.
-ROUTER = Kernels(7, 13)
-"""The router: the gating GEMM (TE general_gemm, fp32 out), the fused top-k, the fused scores for the auxiliary
-loss, the token counts, the fused auxiliary loss and its two tracker updates (7); backward the auto-scaler's
-ones and product (2), the three fused backwards, the sum of the logits' two gradients, the gating's backward
+# MoEFlexTokenDispatcher / _HybridEPManager, experts.py TEGroupedMLP) at 606c01046; the router's two paths
+# (moe_router_fusion on and off) at d98e8a6 (router.py TopKRouter.routing, moe_utils.py
+# topk_routing_with_score_function, compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func: each
+# takes fused=config.moe_router_fusion); NVIDIA/TransformerEngine pytorch/router.py at d0067d0 (one forward and
+# one backward kernel each of fused_topk_with_score_function, fused_compute_score_for_moe_aux_loss,
+# fused_moe_aux_loss).
+ROUTER_FUSED = Kernels(2, 8)
+"""The router with moe_router_fusion, without an auxiliary loss: the gating GEMM (TE general_gemm, fp32 out) and
+the fused score function with top-k (2); backward the fused top-k's backward, the gating's backward
 (RouterGatingLinearFunction.backward: the weight's and the input's casts to fp32, two GEMMs, the two gradients'
-casts back: 6) and the router weight's main_grad add (13)."""
+casts back: 6) and the router weight's main_grad add (8)."""
+ROUTER_AUX_FUSED = Kernels(5, 5)
+"""What the auxiliary loss adds to ROUTER_FUSED: the fused scores for the loss, the token counts
+(routing_map.sum), the fused loss and its two tracker updates (5); backward the auto-scaler's ones and product
+(2), the fused loss's and the fused scores' backwards (2) and the sum of the logits' two gradients (5)."""
+ROUTER = ROUTER_FUSED + ROUTER_AUX_FUSED
+"""The fused router with an auxiliary loss: 7 forward, 13 backward."""
+ROUTER_UNFUSED = Kernels(9, 11)
+"""The router without moe_router_fusion and without an auxiliary loss, on the path of a softmax after top-k
+(topk_routing_with_score_function, fused=False): the gating GEMM, torch.topk over the logits, the softmax of
+the k scores, the routing probs (zeros_like and scatter: 2) and the routing map (zeros_like, .int(), scatter,
+.bool(): 4) (9); backward the probs' scatter (a gather), the softmax's backward, torch.topk's (zeros and
+scatter: 2), the gating's 6 and the main_grad add (11). torch.topk counted as one launch: its multi-block radix
+passes are priced as time by cost.moe_kernels. A sigmoid score function or an expert bias adds a few
+elementwise ops, not counted."""
+ROUTER_AUX_UNFUSED = Kernels(13, 6)
+"""What the auxiliary loss adds to ROUTER_UNFUSED (compute_routing_scores_for_aux_loss and
+switch_load_balancing_loss_func, fused=False): the scores' softmax, torch.topk, the map (zeros_like, .int(),
+scatter, .bool(): 4), the token counts, the loss (probs.sum over tokens, the product with the counts, its sum,
+the coefficient's scale: 4) and the two tracker updates (13); backward the auto-scaler's ones and product (2),
+the loss's two products' backwards (2), the scores' softmax backward and the sum of the logits' two gradients
+(6). seq_aux_loss reshapes the scores per sequence first: views, counted the same."""
+
+
+def aux_loss_on(m: ModelSpec) -> bool:
+    """Whether the model trains with an auxiliary load-balancing loss, so that the router computes it every MoE
+    layer's forward: unless the spec's router_aux_loss_coef is 0 (Megatron-Core computes it only with a
+    coefficient above 0: router.py is_aux_loss_enabled at d98e8a6; a spec without a coefficient is exported with
+    export.megatron.AUX_LOSS_COEFF_DEFAULT). Derived: docs/formulas.md#moe.router_fusion"""
+    return m.router_aux_loss_coef != 0
+
+
+def router_host_ops(m: ModelSpec, plan: ParallelPlan) -> int:
+    """Eager operators one MoE layer's router forward issues beyond the fused router with an auxiliary loss
+    (ROUTER's 7 kernels, the router cost.moe.MOE_CYCLE_HOST_OPS counts): one operator a kernel, negative for a
+    fused router without the loss. Derived: docs/formulas.md#moe.router_fusion"""
+    return int(router_kernels(m, plan).fwd - ROUTER.fwd)
+
+
+def router_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+    """Kernels of one MoE layer's router: fused (plan.moe_router_fusion) or eager, with the auxiliary loss's
+    where the model trains with one (aux_loss_on). Derived: docs/formulas.md#moe.router_fusion"""
+    fused = plan.moe_router_fusion
+    base = ROUTER_FUSED if fused else ROUTER_UNFUSED
+    return base + (ROUTER_AUX_FUSED if fused else ROUTER_AUX_UNFUSED) if aux_loss_on(m) else base
+
+
 FORCE_BALANCE = Kernels(2, 0)
 """moe_router_force_load_balancing (the benchmark recipes): RandomSTE's clone and normal_."""
 MOE_INPUT_FANOUT = Kernels(0, 1)
@@ -348,7 +398,7 @@ def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False,
     """Kernels of one MoE block: the pre-MLP norm, the router (with RandomSTE under `force_balance`), the
     dispatch and combine, the routed experts and the shared expert (gated when the spec gives
     shared_expert_intermediate_size, the Qwen2-MoE convention). Derived: docs/formulas.md#step.kernel_count"""
-    k = PRE_MLP_NORM + ROUTER + MOE_INPUT_FANOUT + dispatcher_kernels(plan, static_capacity, fused_permute)
+    k = PRE_MLP_NORM + router_kernels(m, plan) + MOE_INPUT_FANOUT + dispatcher_kernels(plan, static_capacity, fused_permute)
     k = k + experts_kernels(m, plan)
     if force_balance:
         k = k + FORCE_BALANCE
@@ -421,7 +471,7 @@ def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scope
     if "mlp" in scopes and mlp == "dense":
         k = k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan) + RESIDUAL_ADD
     if "moe_router" in scopes and mlp == "moe":
-        k = k + PRE_MLP_NORM + ROUTER + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
+        k = k + PRE_MLP_NORM + router_kernels(m, plan) + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
     return k
 
 

@@ -172,7 +172,8 @@ all-to-all (2), the unpermute and reshape (2), the residual add (2): about 25; t
 half (two norms, QKV and output projections with their casts, rotary, the attention kernel and its wrappers, the
 residual: about 15), the router (gating GEMM, fused top-k, scores and auxiliary loss with its all-reduce and
 tracker: about 14), the dispatcher's preprocess (token counts, their all-gather over the EP group, the splits:
-about 14), the device-to-host copies on the side stream (7) and the permute (3). Derived:
+about 14), the device-to-host copies on the side stream (7) and the permute (3). Another router (eager, or
+without the loss) adds cost.kernels.router_host_ops (overhead.host_seconds). Derived:
 docs/formulas.md#step.host_sync"""
 MOE_POST_SYNC_HOST_OPS = 25
 """Of MOE_CYCLE_HOST_OPS, those after the wait: what stays eager under per-layer CUDA graphs (Megatron's

@@ -50,11 +50,22 @@ sizeof(T) * 8 - RADIX_BITS down to 0, RADIX_BITS 8). Source: pytorch/pytorch
 aten/src/ATen/native/cuda/TensorTopK.cu at 6ed5926. Derived: docs/formulas.md#moe.small_kernels"""
 
 ROUTER_TOPK_CALLS = 2
-"""torch.topk calls of one unfused router forward over the [tokens, E] fp32 scores: the routing's
-(topk_routing_with_score_function) and the aux-loss scores' (compute_routing_scores_for_aux_loss, whenever an
-aux loss is on); group-limited routing adds one more. Megatron-Core's default moe_router_fusion is off.
-Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/router.py (TopKRouter.routing) and moe_utils.py at
+"""torch.topk calls of one unfused router forward with an auxiliary loss over the [tokens, E] fp32 scores: the
+routing's (topk_routing_with_score_function) and the aux-loss scores' (compute_routing_scores_for_aux_loss, run
+only while an aux loss is on); group-limited routing adds one more. Megatron-Core's default moe_router_fusion is
+off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/router.py (TopKRouter.routing) and moe_utils.py at
 d98e8a6 (and 7da5b28). Derived: docs/formulas.md#moe.small_kernels"""
+
+
+def router_topk_calls(m: ModelSpec, plan: ParallelPlan) -> int:
+    """torch.topk calls of one router forward: none with moe_router_fusion (Transformer Engine's fused kernels
+    select in registers: fused=config.moe_router_fusion in topk_routing_with_score_function and
+    compute_routing_scores_for_aux_loss, moe_utils.py at d98e8a6), else ROUTER_TOPK_CALLS, one fewer without an
+    auxiliary loss (cost.kernels.aux_loss_on). Derived: docs/formulas.md#moe.router_fusion"""
+    from llmplan.cost.kernels import aux_loss_on
+    if plan.moe_router_fusion:
+        return 0
+    return ROUTER_TOPK_CALLS if aux_loss_on(m) else ROUTER_TOPK_CALLS - 1
 
 
 def router_tokens(plan: ParallelPlan) -> Any:
@@ -78,7 +89,7 @@ def moe_kernel_calls(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     """Calls of each small kernel in one MoE layer's forward, one micro-batch: the chunk-sort map twice with the
     alltoall dispatcher's sort by local expert (dispatch_postprocess and combine_preprocess; the backward sorts
     reuse the saved map; dropless only: padded to capacity a transpose reorders the rows), the row-id argsort once (the permute in dispatch preprocess; its backward reuses the
-    map; not with HybridEP's own permute), the top-k radix passes (ROUTER_TOPK_CALLS x TOPK_RADIX_PASSES) where
+    map; not with HybridEP's own permute), the top-k radix passes (router_topk_calls x TOPK_RADIX_PASSES) where
     PyTorch runs the multi-block kernel. Selective `moe` recompute runs the forward's again (moe_kernel_seconds).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py and moe_layer.py at d98e8a6;
     NVIDIA/TransformerEngine transformer_engine/pytorch/permutation.py at d0067d0 (_moe_chunk_sort,
@@ -87,7 +98,8 @@ def moe_kernel_calls(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     sorted_rows = ((plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
                    & (plan.moe_capacity_factor is None))
     te_permute = not (plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep")
-    topk = where(multiblock_topk(router_tokens(plan), m.num_experts), ROUTER_TOPK_CALLS * TOPK_RADIX_PASSES, 0)
+    passes = router_topk_calls(m, plan) * TOPK_RADIX_PASSES
+    topk = where(multiblock_topk(router_tokens(plan), m.num_experts), passes, 0)
     return {"sort_map": where(sorted_rows, 2, 0), "row_id_argsort": 1 if te_permute else 0, "topk_pass": topk}
 
 

@@ -138,7 +138,7 @@ one rank stages and casts alike.
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
                  syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0,
-                 layer_kernels: Any = None) -> Any:
+                 layer_kernels: Any = None, router_ops: Any = 0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
@@ -152,7 +152,10 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     With fused kernels and `layer_kernels` (cost.kernels.layer_launch_average: the model's structural launches
     per layer, forward and backward apart, graphed scopes as one launch), the layers' launches are those,
     forward once more under recompute, in place of the LAYER_KERNELS / MOE_LAYER_KERNELS / GRAPH_LAUNCHES
-    estimate (kept for callers without a model spec). Derived: docs/formulas.md#step.kernel_count
+    estimate (kept for callers without a model spec). `router_ops`: the eager operators a MoE layer's router
+    issues beyond the fused router with an auxiliary loss that MOE_CYCLE_HOST_OPS counts (cost.kernels
+    router_host_ops: one operator a kernel; outside per-layer graphs, which capture the router).
+    Derived: docs/formulas.md#step.kernel_count, #moe.router_fusion
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync, #step.host_cpu"""
     graphed = plan.cuda_graphs == "layers"
@@ -171,7 +174,7 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
         launches = where(plan.fused_kernels, counted * layers + p2p, launches)
         start = where(plan.fused_kernels, layer_kernels.fwd * launch_s + extra, per_layer)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
-    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS)
+    ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS + router_ops)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)
     queued = maximum(launches - per_mb, 0.0)
     blocking = blocking_seconds(launches, host_factor)

@@ -19,7 +19,7 @@ from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_b
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
                                    torch_ring_refusal)
-from llmplan.export.megatron import precision_aware
+from llmplan.export.megatron import balance_pairs, precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -299,6 +299,21 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """llmplan's optimizer state dtypes as the torch.dtype names Megatron-Core's OptimizerConfig holds."""
 
 
+def router_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The router as priced, over the recipe's own (the Qwen3-MoE and Kimi-K2 H100 recipes set moe_router_fusion
+    False, the Qwen3-MoE bridge no router dtype, the gpt-oss bridge load balancing none, the DeepSeek-V4 bridge a
+    coefficient 0: NVIDIA-NeMo/Megatron-Bridge@067f987 recipes/qwen/h100/qwen3_moe.py, recipes/kimi/h100/
+    kimi_k2.py, models/qwen/qwen3_moe_bridge.py, models/gpt_oss/gpt_oss_bridge.py, models/deepseek/
+    deepseek_v4_bridge.py): TransformerConfig's moe_router_fusion (plan.moe_router_fusion), moe_router_dtype fp32,
+    and the load balancing of the Megatron-LM export (megatron.balance_pairs: the spec's coefficient and loss
+    type, none at 0), each a model field of the ConfigContainer."""
+    pairs = dict(balance_pairs(pf))
+    coef = pairs.get("--moe-aux-loss-coeff")
+    return [("model.moe_router_fusion", pf.plan.moe_router_fusion), ("model.moe_router_dtype", "fp32"),
+            ("model.moe_router_load_balancing_type", pairs["--moe-router-load-balancing-type"]),
+            ("model.moe_aux_loss_coeff", float(str(coef)) if coef is not None else 0.0)]
+
+
 def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """(ConfigContainer key, value) for the plan: parallelism, stages, batch, length, recompute, MoE dispatch,
     DDP / optimizer and precision. The recipe's own settings for these are overwritten, not inherited."""
@@ -320,7 +335,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
                 ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
                 ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
                 # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)
-                ("model.use_transformer_engine_op_fuser", op_fuser(pf))]
+                ("model.use_transformer_engine_op_fuser", op_fuser(pf)),
+                *router_overrides(pf)]
         if op_fuser(pf) and squared_relu(m):  # the fused grouped MLP's squared-ReLU kernel (common.op_fuser)
             out.append(("model.use_fused_weighted_squared_relu", True))
         if flex:

@@ -264,6 +264,16 @@ def ep_overlap_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --no-ep-comm-overlap, or export to megatron or megatron-bridge")
 
 
+def router_fusion_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for Transformer Engine's fused MoE router (moe_router_fusion): a
+    Megatron-Core option (router.py, moe_utils.py fused=config.moe_router_fusion at d98e8a6); a launcher with its
+    own router runs torch.topk eagerly, so the run would launch what the unfused plan prices
+    (docs/formulas.md#moe.router_fusion)."""
+    return ("Transformer Engine's fused MoE router (moe_router_fusion: a Megatron-Core option; this launcher's "
+            "router runs eager torch.topk)", pf.model.is_moe and pf.plan.moe_router_fusion,
+            "re-plan with --no-moe-router-fusion, or export to megatron or megatron-bridge")
+
+
 def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for delayed weight gradients (delay_wgrad): Megatron-Core's
     combined-1F1B EP overlap defers them (--delay-wgrad-compute); a launcher without that schedule has nothing to

@@ -159,10 +159,12 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
              else None),
             ("--moe-router-enable-expert-bias", m.expert_bias),
             # the router as priced for every MoE model: fp32 logits and probs (cost.elementwise.ROUTER_BYTES,
-            # cost.comm.ROUTER_PROB_BYTES, cost.kernels.ROUTER's fp32 casts), Transformer Engine's fused router and
-            # permute (ROUTER_BYTES, ROW_ID_MAP_BYTES, PERMUTE_BYTES: docs/formulas.md#moe.routing_passes; Megatron-
+            # cost.comm.ROUTER_PROB_BYTES, cost.kernels' fp32 casts), Transformer Engine's permute (ROW_ID_MAP_BYTES,
+            # PERMUTE_BYTES: docs/formulas.md#moe.routing_passes) and its fused router where the plan prices it
+            # (plan.moe_router_fusion: cost.kernels.router_kernels, cost.moe_kernels.router_topk_calls; Megatron-
             # Core's defaults are None, False, False: TransformerConfig at d98e8a6)
-            ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", True), ("--moe-permute-fusion", True),
+            ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", pf.plan.moe_router_fusion),
+            ("--moe-permute-fusion", True),
             *balance_pairs(pf),
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
 
@@ -183,7 +185,7 @@ def aux_loss_coeff(m: object) -> float:
 
 def balance_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """The router's load balancing as priced: an auxiliary loss computed in every MoE layer's forward (the fused
-    scores, token counts with their all-reduce, the fused loss and its trackers: cost.kernels.ROUTER,
+    scores, token counts with their all-reduce, the loss and its trackers: cost.kernels.router_kernels,
     cost.moe.MOE_CYCLE_HOST_OPS, cost.overhead.MOE_LAYER_KERNELS), which Megatron-Core computes only with a
     coefficient above 0 (--moe-aux-loss-coeff defaults to 0.0: arguments.py; router.py is_aux_loss_enabled at
     d98e8a6). Per sequence (seq_aux_loss) where the model's loss is (seq_aux: DeepSeek-V2/V3's complementary
@@ -199,7 +201,8 @@ def balance_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def balance_notes(pf: PlanFile) -> tuple[str, ...]:
     """The header note of an MoE model whose spec gives no auxiliary-loss coefficient (the script writes
-    AUX_LOSS_COEFF_DEFAULT) or trains without the loss (the script runs fewer router kernels than priced)."""
+    AUX_LOSS_COEFF_DEFAULT); one that trains without the loss (router_aux_loss_coef 0) is priced without its
+    kernels (cost.kernels.aux_loss_on), so it needs no note."""
     m = pf.model
     if not m.is_moe:
         return ()
@@ -208,10 +211,6 @@ def balance_notes(pf: PlanFile) -> tuple[str, ...]:
                 f"aux_loss_alpha), so the script trains its load-balancing loss with --moe-aux-loss-coeff "
                 f"{AUX_LOSS_COEFF_DEFAULT:g}, as priced (Megatron-LM's default 0 turns the loss off); set "
                 "router_aux_loss_coef in the spec to train the model's own",)
-    if m.router_aux_loss_coef == 0:
-        return ("note: priced with the router's auxiliary loss; the model trains without one "
-                "(router_aux_loss_coef 0, --moe-router-load-balancing-type none), so this runs a little faster "
-                "than priced",)
     return ()
 
 

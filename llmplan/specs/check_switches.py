@@ -110,7 +110,7 @@ def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) ->
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
                 "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
-                "ep_dispatch_fp8")
+                "ep_dispatch_fp8", "moe_router_fusion")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 

@@ -154,6 +154,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_flex_backend."""
     ep_dispatch_fp8: bool
     """ParallelPlan.ep_dispatch_fp8."""
+    moe_router_fusion: bool = False
+    """ParallelPlan.moe_router_fusion."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     bf16_layers_start: int | None

@@ -485,6 +485,12 @@ class ParallelPlan(PlanQuantities, Spec):
     drawn uniformly) or contiguous (k consecutive experts from a multiple of k, NeMo AutoModel's
     FakeBalancedGate, the benchmark gate of its performance tables). The alltoall dispatcher sends k copies
     either way."""
+    moe_router_fusion: bool = False
+    """Run the MoE router in Transformer Engine's fused kernels (Megatron-Core --moe-router-fusion,
+    TransformerConfig.moe_router_fusion; Megatron-Bridge model.moe_router_fusion): one kernel each for the
+    score function with top-k, the auxiliary loss's scores and the auxiliary loss, forward and backward. Off
+    (Megatron-Core's default, and most Megatron-Bridge recipes'): the same steps as eager PyTorch ops, two
+    torch.topk calls a layer (one without an auxiliary loss) and more launches (docs/formulas.md#moe.router_fusion)."""
     cuda_graphs: CudaGraphs = "none"
     """Which CUDA graphs replay the training step's kernels (Megatron-Core's cuda_graph_impl): none, every kernel
     launched by the host one by one; layers, per-layer graphs of the attention and the MoE router and

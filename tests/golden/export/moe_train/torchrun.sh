@@ -53,7 +53,6 @@ MODEL_ARGS=(
     --use-transformer-engine-op-fuser
     --moe-router-score-function softmax
     --moe-router-dtype fp32
-    --moe-router-fusion
     --moe-permute-fusion
     --moe-router-load-balancing-type aux_loss
     --moe-aux-loss-coeff 0.02
