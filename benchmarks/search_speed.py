@@ -14,8 +14,12 @@ layout allows) the spaces are 138,240 / 77,760 / 498,960 / 112,320 plans (they w
 544,320 with a fixed vpp grid of 1-8 and pp limited to divisors of the layers). The peak resident memory
 of each case is printed beside it. Each case runs in a fresh process, as one `llmplan search` command
 does (a process that has already run a large search allocates the next one's arrays more slowly, which
-measured 25% on the deepseek case). Each time is the whole `search()` call: enumerate, prune, evaluate
-memory and step time, rank, and the scalar re-estimate of the shown plans. A rich progress bar runs on a
+measured 25% on the deepseek case). Each time is the whole search: enumerate, prune, evaluate
+memory and step time, rank, and the scalar re-estimate of the shown plans, for every search `llmplan search`
+runs (cli.search.train_search: the memory switch settings, the MoE dispatchers and, on NVL72 racks, both
+NVLink-domain shares; `searches` counts them, plans/s counts each search's plans), so the best plan is the one
+the command shows (docs/validation.md#search-deepep). `--pin-dispatcher` times it as `--moe-dispatcher alltoall`
+does (the MoE dispatcher not searched). A rich progress bar runs on a
 terminal. Beside the wall time, the CPU time of the search process (time.process_time, best of the repeats):
 on a machine other jobs share, wall time counts their turns too.
 
@@ -41,10 +45,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from llmplan.search.grid import Workload, default_space, enumerate_plans
-from llmplan.search.run import search
-from llmplan.specs.plan import ClusterSpec
-from llmplan.specs.registry import resolve_model, resolve_system
+from llmplan.search.grid import default_space, enumerate_plans
+from llmplan.specs.registry import resolve_model
 
 CASES = [
     ("gpt3-175b", "dgx-a100", 128, 1536, 2048),
@@ -56,29 +58,58 @@ CASES = [
 ]
 
 
-def run_case(model: str, system: str, nodes: int, gbs: int, seq: int, precision: str, repeat: int) -> dict:
-    """One case, best of `repeat` searches, in the calling process (the pool gives each case its own)."""
+def options(model: str, system: str, nodes: int, gbs: int, seq: int, precision: str, pin_dispatcher: bool) -> dict:
+    """The option groups `llmplan search --model M --hardware S --nodes N --global-batch B --seq-len L
+    [--precision P] --top 5` builds: every other option at its command-line default (cli.options)."""
+    from llmplan.cli import options as opt
+    from llmplan.specs import options as so
 
-    from llmplan.specs.plan import PRECISIONS
+    def group(cls: type, flags: object, **given: object) -> object:
+        defaults = {k: o.default for k, o in flags.options.items() if o.default is not ...}  # type: ignore[attr-defined]
+        return cls(**{**defaults, **given})
 
-    m, s = resolve_model(model), resolve_system(system)
-    cluster = ClusterSpec(system=s, num_nodes=nodes)
-    dtype, recipe = PRECISIONS[precision]
-    # The switches `llmplan search` defaults to (--tp-comm-overlap on), so the time is a user's search's.
-    w = Workload(global_batch=gbs, seq_len=seq, dtype=dtype, recipe=recipe, tp_comm_overlap=True)
-    space = default_space(m, cluster, w)
-    best_t, best_cpu, res = float("inf"), float("inf"), None
+    return dict(c=group(so.ClusterOptions, opt.CLUSTER, model=model, hardware=system, nodes=nodes),
+                pins=group(so.SearchPins, opt.SEARCH_PINS, global_batch=gbs),
+                goal=group(so.SearchGoal, opt.SEARCH_GOAL, top=5),
+                s=group(so.SwitchOptions, opt.SEARCH_SWITCHES, seq_len=seq,
+                        precision=None if precision == "bf16" else precision),
+                split=group(so.PipelineSplitOptions, opt.PIPELINE_SPLIT), memory=group(so.MemoryOptions, opt.MEMORY),
+                checkpoints=group(so.CheckpointOptions, opt.CHECKPOINTS),
+                output=so.OutputOptions(json_mode=True, save=None, force=False),
+                named=frozenset({"model", "hardware", "nodes", "global_batch", "seq_len", "top"}
+                                | ({"precision"} if precision != "bf16" else set())
+                                | ({"moe_dispatcher"} if pin_dispatcher else set())))
+
+
+def run_case(model: str, system: str, nodes: int, gbs: int, seq: int, precision: str, repeat: int,
+             pin_dispatcher: bool = False) -> dict:
+    """One case, best of `repeat` searches, in the calling process (the pool gives each case its own): the
+    search `llmplan search` runs (cli.search.train_search: every switch setting, MoE dispatcher and NVLink-domain
+    share it tries), so the best plan is the one a user sees."""
+    from llmplan.cli.search import train_search
+
+    best_t, best_cpu, ts = float("inf"), float("inf"), None
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
-        res = search(m, cluster, space, w, top=5)
+        ts = train_search(**options(model, system, nodes, gbs, seq, precision, pin_dispatcher))
         best_t = min(best_t, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.process_time() - c0)
-    n = len(enumerate_plans(space, cluster, w))
+    assert ts is not None
+    res, cluster, w = ts.result, ts.cluster, ts.workload
+    m = resolve_model(model)
+    n = len(enumerate_plans(default_space(m, cluster, w), cluster, w))
     p = res.ranked[0].plan if res.ranked else None
+    tried = [t for t, _ in res.switches.tried] if res.switches else [{}]
+    dispatched = sum(1 for t in tried if t.get("moe_dispatcher", w.moe_dispatcher) != tried[0].get(
+        "moe_dispatcher", w.moe_dispatcher))  # the dispatchers tried after the memory settings, on one share
+    searches = (len(tried) - dispatched) * (1 if res.domain is None else 2) + dispatched
+    dispatch = "" if p is None or p.ep == 1 else f" {p.moe_dispatcher}" + (
+        f"/{p.moe_flex_backend}" if p.moe_dispatcher == "deepep" else "")
     return {
         "gpus": cluster.num_gpus, "plans": n, "feasible": res.feasible, "seconds": best_t, "cpu_seconds": best_cpu,
+        "searches": searches,
         "plan": (f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} ep{p.ep} vpp{p.vpp} z{p.zero} {p.recompute} mb{p.micro_batch}"
-                 if p else "none fits"),
+                 f"{dispatch}" if p else "none fits"),
         "mfu": f"{100 * float(res.ranked[0].throughput.mfu):.1f}%" if res.ranked else "-",
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
@@ -115,6 +146,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--targeted-only", action="store_true", help="time the targeted search alone")
+    ap.add_argument("--pin-dispatcher", action="store_true",
+                    help="as `llmplan search --moe-dispatcher alltoall`: the MoE dispatcher not searched")
     args = ap.parse_args()
     console = Console()
     if args.targeted_only:
@@ -126,7 +159,7 @@ def main() -> None:
     table = Table(title=f"llmplan search speed (best of {args.repeat}, each case in a fresh process; "
                   f"{os.cpu_count()} CPUs visible, numpy single-threaded ops; load average {load:.1f} at the start: "
                   "on a shared machine the CPU seconds are the steadier measure)")
-    for col in ("case", "GPUs", "plans", "feasible", "wall s", "plans/s", "CPU s", "plans/CPU-s", "best plan", "MFU",
+    for col in ("case", "GPUs", "plans", "searches", "feasible", "wall s", "plans/s", "CPU s", "plans/CPU-s", "best plan", "MFU",
                 "peak GiB"):
         table.add_column(col, justify="left" if col in ("case", "best plan") else "right")
     spawn = multiprocessing.get_context("spawn")
@@ -135,11 +168,13 @@ def main() -> None:
         for model, system, nodes, gbs, seq, *rest in CASES:
             precision = rest[0] if rest else "bf16"
             with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                r = pool.submit(run_case, model, system, nodes, gbs, seq, precision, args.repeat).result()
+                r = pool.submit(run_case, model, system, nodes, gbs, seq, precision, args.repeat,
+                                args.pin_dispatcher).result()
             bar.advance(task)
-            table.add_row(f"{model} / {system}", f"{r['gpus']:,}", f"{r['plans']:,}", f"{r['feasible']:,}",
-                          f"{r['seconds']:.2f}", f"{r['plans'] / r['seconds']:,.0f}", f"{r['cpu_seconds']:.2f}",
-                          f"{r['plans'] / r['cpu_seconds']:,.0f}", r["plan"], r["mfu"],
+            table.add_row(f"{model} / {system}", f"{r['gpus']:,}", f"{r['plans']:,}", str(r["searches"]),
+                          f"{r['feasible']:,}",
+                          f"{r['seconds']:.2f}", f"{r['plans'] * r['searches'] / r['seconds']:,.0f}",
+                          f"{r['cpu_seconds']:.2f}", f"{r['plans'] * r['searches'] / r['cpu_seconds']:,.0f}", r["plan"], r["mfu"],
                           f"{r['rss_gib']:.2f}")
     console.print(table)
     console.print(targeted_line(args.repeat))

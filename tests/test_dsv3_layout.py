@@ -48,7 +48,8 @@ def test_search_under_the_published_switches_ranks_the_published_kind_first(row_
 
 @pytest.fixture(scope="module")
 def h800_default():
-    """benchmarks/search_speed.py's DeepSeek-V3 case: 256 x dgx-h800, batch 4,096 x 4,096, bf16, --tp-comm-overlap."""
+    """benchmarks/search_speed.py's DeepSeek-V3 case: 256 x dgx-h800, batch 4,096 x 4,096, bf16, --tp-comm-overlap,
+    with the alltoall dispatcher (`llmplan search` now also tries the flex dispatcher: test_search_deepep)."""
     m = resolve_model("deepseek-v3")
     cluster = ClusterSpec(system=resolve_system("dgx-h800"), num_nodes=256)
     w = Workload(global_batch=4096, seq_len=4096, dtype="bf16", tp_comm_overlap=True)

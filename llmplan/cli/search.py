@@ -22,12 +22,13 @@ from llmplan.cli.inputs import (OPTION_FLAGS, checked_pins, cluster_of, make_all
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.export import FLEX_DISPATCH_TARGETS
 from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants,
-                                cp_comm_variants)
+                                cp_comm_variants, dispatcher_variants)
 from llmplan.search.filtered import Walk
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
@@ -223,14 +224,16 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs)  # noqa: E731
 
-    def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None) -> SearchResult | None:
+    def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None,
+            beat: float | None = None) -> SearchResult | None:
         whole = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
         res = run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
                          min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named, keep_plans=target is not None)
+                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named, keep_plans=target is not None,
+                         screens=screens, beat=beat if target is None else None)
         if target is None:
             return res
         kept = keep_training(res, target, doc_of, goal.top)
@@ -239,6 +242,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         return kept
 
     walks: list[tuple[Workload, ClusterSpec, Walk]] = []  # with a target: every search's walk (SearchResult.walks)
+    screens: dict = {}  # memory screens, shared by the searches that differ only in the MoE dispatcher
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
@@ -261,14 +265,35 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             else:
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))
+        v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins
+        dispatchers = dispatcher_variants(m, full_cluster, w, bool({"moe_dispatcher", "moe_flex_backend"} & named),
+                                          pinned.get("ep") != 1) if target in (None, *FLEX_DISPATCH_TARGETS) else []
+        base_dispatch = {"moe_dispatcher": w.moe_dispatcher, "moe_flex_backend": w.moe_flex_backend}
+        if dispatchers:  # tried at the memory setting and NVLink-domain share that won (search.run.dispatcher_variants)
+            tried = [({**t[0], **base_dispatch}, *t[1:]) for t in tried]
+        # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
+        # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
+        beat = best_score(res)[0] if goal.objective == "throughput" else None
+        for d in dispatchers:
+            wd = Workload(**{**w.fields(), **d})
+            try:
+                rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
+                         beat=beat)
+            except LlmplanError:  # a rule the dispatcher breaks whatever the axes: not a setting to try
+                continue
+            if rd is not None:
+                tried.append(({**v, **d}, rd, cluster, wd, chosen))
+                beat = None if beat is None else max(beat, best_score(rd)[0])
+        screens.clear()
     if target is not None:  # none kept a plan: what refused them, over every setting tried
         refuse_every_setting(target, [(t[0], t[1]) for t in tried])
     v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
     if target is not None:  # the side outputs of the result shown only
         res = training_sides(res, target, doc_of)
         res = dataclasses.replace(res, walks=tuple(walks))
-    if len(tried) > 1:
-        res = dataclasses.replace(res, switches=SwitchChoice(v, tuple((t[0], best_score(t[1])[0]) for t in tried)))
+    if len(tried) > 1:  # a dispatcher outrun (no plan above the best so far) is listed with its best plan's score
+        res = dataclasses.replace(res, switches=SwitchChoice(v, tuple(
+            (t[0], t[1].top_score if t[1].outrun else best_score(t[1])[0]) for t in tried)))
     return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)
 
 

@@ -24,6 +24,10 @@ from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 
 TRAIN_TARGETS = ("megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2", "torchrun", "slurm")
+FLEX_DISPATCH_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
+"""Training targets whose export writes Megatron's flex token dispatcher (megatron.py --moe-token-dispatcher-type
+flex --moe-flex-dispatcher-backend; bridge.py moe_flex_dispatcher_backend; torchrun / slurm wrap them): a targeted
+search tries the dispatchers only for these (cli.search.train_search); torchtitan refuses them, DeepSpeed EP."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")

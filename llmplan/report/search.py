@@ -478,12 +478,22 @@ def switches_line(s: SwitchChoice) -> str:
     """Which memory switches the shown plans use, out of those tried."""
     on = [f"gradient buffers {s.chosen['grad_dtype']}",
           f"low-precision primary weights {'on' if s.chosen['fp8_params'] else 'off'}"]
+    flags = ["--grad-dtype", "--fp8-params"]
     if "fp8_scaling" in s.chosen:  # tried under a target (search.run.switch_variants)
         on.append(f"fp8 {s.chosen['fp8_scaling']} scaling")
-        pins = "--grad-dtype / --fp8-params / --fp8-scaling pin them"
-    else:
-        pins = "--grad-dtype / --fp8-params pin them"
+        flags.append("--fp8-scaling")
+    if "moe_dispatcher" in s.chosen:  # tried on MoE plans with ep > 1 (search.run.dispatcher_variants)
+        on.append(f"MoE dispatcher {dispatcher_text(s.chosen)}")
+        flags += ["--moe-dispatcher", "--moe-flex-backend"]
+    pins = f"{' / '.join(flags)} pin them"
     return f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; {pins})"
+
+
+def dispatcher_text(setting: dict[str, Any]) -> str:
+    """A dispatcher setting in Megatron's words: alltoall, or the flex dispatcher with its backend."""
+    if setting["moe_dispatcher"] != "deepep":
+        return str(setting["moe_dispatcher"])
+    return f"flex/{setting['moe_flex_backend']} (--moe-dispatcher deepep --moe-flex-backend {setting['moe_flex_backend']})"
 
 
 def switches_json(s: SwitchChoice) -> dict[str, Any]:

@@ -110,6 +110,10 @@ class SearchResult:
     sides: "Sides | None" = None
     """With a target: how the Pareto front, the comparisons and the rows' counts were kept to the plans the
     target accepts (search.filtered.Sides)."""
+    top_score: float = 0.0
+    """The best objective score of any plan that fits, before the tie rules (0 where none fits)."""
+    outrun: bool = False
+    """search(beat=...): no plan scored above `beat`, and the search stopped before ranking (ranked empty)."""
 
 
 CLOUD_POINTS = 2000
@@ -166,6 +170,47 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
     if len(cp_comm_types) < 2:  # the workload's own, or the one comm type that runs the model (cli.search)
         return base
     return [{**v, "cp_comm_type": ct} for ct in cp_comm_types for v in base]
+
+
+DISPATCH_RDMA_FABRICS = ("infiniband", "roce")
+"""Scale-out fabrics DeepEP's and HybridEP's internode kernels run on: RDMA through NVSHMEM / IB verbs
+(deepseek-ai/DeepEP README at 0297fc8, Requirements: "RDMA network for internode communication"); EFA and
+Omni-Path are not among them."""
+
+
+def dispatcher_variants(m: ModelSpec, cluster: ClusterSpec, w: Workload, pinned: bool,
+                        ep_free: bool) -> list[dict[str, Any]]:
+    """The MoE dispatchers a search tries beside the workload's (the alltoall default) on an MoE model whose
+    plans can run ep > 1, where the user pinned neither --moe-dispatcher nor --moe-flex-backend: Megatron's
+    flex dispatcher with the deepep backend and with the hybridep backend, each where its kernels run on the
+    system (dispatch_runs). Tried after the memory switches, at the setting that won (cli.search.train_search),
+    each its own search over the same plans (the memory, the dispatcher's no part of it, is screened once:
+    search's `screens`). The published wide-EP MoE runs (DeepSeek-V3 §3.2, Megatron-Bridge's DeepSeek-V3 /
+    Qwen3 / Nemotron-3 recipes) dispatch with one of them (docs/validation.md#search-deepep)."""
+    if pinned or not ep_free or not m.is_moe or w.moe_dispatcher != "alltoall":
+        return []
+    out = []
+    for backend in ("deepep", "hybridep"):
+        if backend == "deepep" and (w.moe_capacity_factor is not None or w.cuda_graphs == "full-iteration"):
+            continue  # check_switches deepep_capacity; the full-iteration graph exports hybridep (cuda_graph_pairs)
+        if dispatch_runs(cluster):
+            out.append({"moe_dispatcher": "deepep", "moe_flex_backend": backend})
+    return out
+
+
+def dispatch_runs(cluster: ClusterSpec) -> bool:
+    """Whether DeepEP's and HybridEP's kernels run on the system: an NVIDIA GPU of compute capability 9.0 or
+    above (Hopper, Blackwell: SM90 PTX) on an NVSwitch scale-up fabric, and an RDMA scale-out fabric where the
+    cluster has more than one NVLink domain. Source: deepseek-ai/DeepEP README at 0297fc8 (Requirements: "Hopper
+    (SM90) GPUs, or other architectures with SM90 PTX ISA support", NVLink with full peer access intranode, RDMA
+    internode); held for HybridEP too, which ships in DeepEP (csrc/hybrid_ep at 17cfb81, comm.hybridep_prob_share)
+    and which Megatron-Bridge runs on H100 (check_switches deepep_capacity)."""
+    s = cluster.system
+    cc = s.gpu.compute_capability
+    if cc is None or cc < 9.0 or s.intra_node_fabric != "nvswitch":
+        return False
+    one_domain = cluster.num_gpus <= s.domain_gpus
+    return one_domain or s.scaleout_fabric in DISPATCH_RDMA_FABRICS
 
 
 def best_score(res: SearchResult) -> tuple[float, float]:
@@ -278,13 +323,19 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
            top: int = 5, allowance: MemoryAllowance | None = None, order: tuple[str, ...] = DEFAULT_ORDER,
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
            checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
-           named: Collection[str] | None = None, keep_plans: bool = False) -> SearchResult:
+           named: Collection[str] | None = None, keep_plans: bool = False,
+           screens: dict[Any, Any] | None = None, beat: float | None = None) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
     (search.layouts; `vpp_pin`: the pinned --vpp, searched that way where only a layout can take it). `named`:
     the switches the user named (refuse_unused_switches; None: those the workload sets). `keep_plans`: the
-    result keeps every plan that fits (SearchResult.layout_plans)."""
+    result keeps every plan that fits (SearchResult.layout_plans). `screens`: the memory screens of earlier
+    searches of this command, reused by one whose plans and memory inputs are the same and whose workload
+    differs only in the MoE dispatcher, which no memory term reads (screen_key). `beat`: where no plan that
+    fits scores above it, stop before ranking and return the result with `outrun` set and nothing ranked (a
+    dispatcher tried beside a search whose #1 scored `beat`: its own #1 cannot score more than its best plan;
+    cli.search.train_search)."""
     from llmplan.search import layouts
 
     if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
@@ -330,7 +381,12 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     refuse_unused_switches(m, plans, named)
     say("evaluating memory")
-    screen = screened_memory(m, cluster, plans, allowance, min_headroom)
+    key = screen_key(w, cluster, space, allowance, min_headroom, plans) if screens is not None else None
+    screen = screens.get(key) if screens is not None else None
+    if screen is None:
+        screen = screened_memory(m, cluster, plans, allowance, min_headroom)
+        if screens is not None:
+            screens[key] = screen
     fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
     if screen.memory is None or not fits.any():  # none screened in, or every one screened in is still too big
         return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,
@@ -346,6 +402,10 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
         survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful
     score = objective_score(ev, objective, survives)
+    top_score = float(score.max())
+    if beat is not None and top_score <= beat:
+        return SearchResult(considered=considered, feasible=len(plans), pruned=pruned, ranked=[], pareto=[],
+                            seconds=time.perf_counter() - t0, objective=objective, top_score=top_score, outrun=True)
     ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
     say("ranking")
     estimates: dict[int, TrainingEstimate] = {}
@@ -380,7 +440,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                        conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
                        without_cp=best_without(plans.cp == 1, plans.cp > 1, score, est),
                        with_ep=best_without(plans.ep > 1, plans.ep == 1, score, est) if m.is_moe else None,
-                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted])
+                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted], top_score=top_score)
     fitted: list[TrainingEstimate] = []
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool,
                               fitted)
@@ -392,6 +452,22 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     if res.ranked:
         res = dataclasses.replace(res, wide_ep=wide_ep_side(res.ranked[0], plans, score, est, cluster, order))
     return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+
+
+DISPATCH_FIELDS = ("moe_dispatcher", "moe_flex_backend")
+"""Workload fields no memory term reads (cost.memory and what it calls): searches that differ only in them share
+one memory screen (tests/test_search_deepep.py checks the memory alike)."""
+
+
+def screen_key(w: Workload, cluster: ClusterSpec, space: Space, allowance: MemoryAllowance | None,
+               min_headroom: float, plans: PlanArrays) -> tuple[Any, ...]:
+    """What a memory screen depends on: the workload but its dispatcher, the cluster, the space, the allowance,
+    the headroom and which plans passed the rules (their layout columns)."""
+    fields = tuple((k, repr(v)) for k, v in w.fields().items() if k not in DISPATCH_FIELDS)
+    cols = b"".join(np.ascontiguousarray(getattr(plans, a)).tobytes()
+                    for a in ("tp", "pp", "dp", "cp", "ep", "etp_resolved", "vpp", "micro_batch", "zero",
+                              "recompute_code", "sp", "pp_first", "pp_last"))
+    return fields, repr(cluster), repr(space), repr(allowance), float(min_headroom), len(plans), hash(cols)
 
 
 def wide_ep_side(first: TrainingEstimate, plans: PlanArrays, score: np.ndarray, est: Any, cluster: ClusterSpec,

@@ -1,0 +1,122 @@
+"""The search tries the MoE dispatchers the system runs (issue 32: switches modern recipes set are tried, and the
+output says which won; docs/validation.md#search-deepep).
+
+DeepSeek-V3 ran DeepEP (arXiv:2412.19437 sec. 3.2.2); Megatron-Bridge's DeepSeek-V3 / Qwen3 / Nemotron-3 recipes
+run the flex dispatcher with the deepep or hybridep backend. `llmplan search` tried only the alltoall dispatcher
+unless told otherwise (docs/validation.md#dsv3-layout)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmplan.search.evaluate import evaluate_memory
+from llmplan.search.grid import Workload, default_space, enumerate_plans
+from llmplan.search.run import dispatch_runs, dispatcher_variants
+from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.registry import resolve_model, resolve_system
+
+DSV3_H100 = ("--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "64", "--global-batch", "1024",
+             "--seq-len", "4096")
+FLEX = [{"moe_dispatcher": "deepep", "moe_flex_backend": "deepep"},
+        {"moe_dispatcher": "deepep", "moe_flex_backend": "hybridep"}]
+
+
+def cluster(system: str, nodes: int = 4) -> ClusterSpec:
+    return ClusterSpec(system=resolve_system(system), num_nodes=nodes)
+
+
+def test_dispatchers_tried_follow_the_hardware_the_model_and_the_pins():
+    moe, dense, w = resolve_model("deepseek-v3"), resolve_model("llama-3.1-8b"), Workload()
+    for system in ("dgx-h800", "dgx-h100", "dgx-b200", "gb200-nvl72"):  # SM90 / SM100, NVSwitch, InfiniBand
+        assert dispatcher_variants(moe, cluster(system), w, False, True) == FLEX, system
+    assert not dispatch_runs(cluster("dgx-a100"))  # SM80: DeepEP's internode kernels need SM90
+    assert dispatcher_variants(moe, cluster("dgx-a100"), w, False, True) == []
+    assert dispatcher_variants(dense, cluster("dgx-h100"), w, False, True) == []
+    assert dispatcher_variants(moe, cluster("dgx-h100"), w, True, True) == []  # --moe-dispatcher named
+    assert dispatcher_variants(moe, cluster("dgx-h100"), w, False, False) == []  # --ep 1
+    # Megatron's flex dispatcher with the deepep backend does not pad to capacity (check_switches deepep_capacity)
+    padded = Workload(moe_capacity_factor=1.0)
+    assert dispatcher_variants(moe, cluster("dgx-h100"), padded, False, True) == FLEX[1:]
+
+
+def test_the_dispatcher_leaves_every_plans_memory_alike():
+    # the searches of one command share a memory screen across dispatchers (search.run.screen_key)
+    m = resolve_model("qwen3-30b-a3b")
+    c = cluster("dgx-h100", 4)
+    w = Workload(global_batch=256, seq_len=4096)
+    plans = enumerate_plans(default_space(m, c, w), c, w)
+    plans = plans.take(np.flatnonzero(np.asarray(plans.ep) > 1)[:4000])
+    base = evaluate_memory(m, c, plans)
+    for d in FLEX:
+        wd = Workload(**{**w.fields(), **d})
+        other = evaluate_memory(m, c, enumerate_plans(default_space(m, c, wd), c, wd).take(
+            np.flatnonzero(np.asarray(enumerate_plans(default_space(m, c, wd), c, wd).ep) > 1)[:4000]))
+        assert np.array_equal(np.asarray(base.total), np.asarray(other.total)), d
+
+
+@pytest.fixture(scope="module")
+def dsv3_h100(tmp_path_factory):
+    """`llmplan search` of DeepSeek-V3 on 64 DGX H100 (512 GPUs), batch 1,024 x 4,096, saved and in JSON."""
+    from llmplan.cli import main
+
+    path = tmp_path_factory.mktemp("deepep") / "plan.yaml"
+    import contextlib
+    import io
+    import json
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as done:
+        main(["search", *DSV3_H100, "--json", "--save", str(path)])
+    assert done.value.code in (0, None)
+    return json.loads(buf.getvalue()), path
+
+
+def test_deepseek_v3_search_on_h100_tries_deepep_and_says_it_chose_it(dsv3_h100):
+    doc, _ = dsv3_h100
+    s = doc["switches"]
+    tried = [(t["moe_dispatcher"], t["moe_flex_backend"] if t["moe_dispatcher"] == "deepep" else None)
+             for t in s["tried"]]
+    assert ("alltoall", None) in tried and ("deepep", "deepep") in tried and ("deepep", "hybridep") in tried
+    first = doc["plans"][0]["plan"]
+    assert first["ep"] > 1
+    assert (first["moe_dispatcher"], first["moe_flex_backend"]) == (s["moe_dispatcher"], s["moe_flex_backend"])
+    # DeepEP sends a token once per destination rank where alltoall sends every routed copy (8 for DeepSeek-V3):
+    # the flex dispatcher wins here, by more than the model's resolution over the alltoall setting
+    assert s["moe_dispatcher"] == "deepep"
+    score = {(t["grad_dtype"], t["moe_dispatcher"], t["moe_flex_backend"]): t["score"] for t in s["tried"]}
+    chosen = score[(s["grad_dtype"], "deepep", s["moe_flex_backend"])]
+    assert chosen == max(score.values())
+    assert chosen > 1.05 * score[(s["grad_dtype"], "alltoall", "deepep")]
+
+
+def test_the_text_output_names_the_dispatcher(cli):
+    r = cli("search", *DSV3_H100, "--top", "1")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "MoE dispatcher flex/deepep (--moe-dispatcher deepep --moe-flex-backend deepep)" in text
+    assert "--moe-dispatcher / --moe-flex-backend pin them" in text
+
+
+def test_a_pinned_dispatcher_is_not_searched(cli):
+    r = cli("search", *DSV3_H100, "--moe-dispatcher", "alltoall", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert all("moe_dispatcher" not in t for t in doc["switches"]["tried"])
+    assert doc["plans"][0]["plan"]["moe_dispatcher"] == "alltoall"
+
+
+def test_the_saved_plan_exports_the_dispatcher_it_was_ranked_with(dsv3_h100, cli, tmp_path):
+    doc, path = dsv3_h100
+    backend = doc["switches"]["moe_flex_backend"]
+    r = cli("export", str(path), "--to", "megatron", "--out", str(tmp_path))
+    assert r.code == 0, r.err
+    text = "\n".join(p.read_text() for p in tmp_path.iterdir() if p.is_file())
+    # Megatron-LM's flex token dispatcher and its backend (arguments.py: --moe-token-dispatcher-type flex,
+    # --moe-flex-dispatcher-backend deepep|hybridep)
+    assert "--moe-token-dispatcher-type flex" in text
+    assert f"--moe-flex-dispatcher-backend {backend}" in text
+    again = cli("estimate", "--plan", str(path), "--json")
+    assert again.code == 0, again.err
+    plan = again.json()["plan"]
+    assert (plan["moe_dispatcher"], plan["moe_flex_backend"]) == ("deepep", backend)
