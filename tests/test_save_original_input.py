@@ -115,3 +115,22 @@ def test_the_search_prices_the_flag_as_the_one_plan_estimate(name, fields):
     idx = list(islice(ok, 24))
     assert any(plans.plan(i).recomputes("moe_act") for i in idx)
     assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_check_plan_refuses_delayed_scaling_with_a_flagged_module():
+    # Transformer Engine v2.6 - d0067d0da6 (linear.py, grouped_linear.py): "DelayedScaling recipe is not supported
+    # with save_original_input"; Megatron-Core sets the flag under these switches whatever the fp8 recipe.
+    from llmplan.specs.check import check_plan
+    m = M["qwen3-30b-a3b"]
+    delayed = plan(recipe="tensorwise", fp8_scaling="delayed", recompute="selective")
+    for kw in ({"recompute_modules": ("moe_act",)}, {"offload_modules": ("expert_fc1",)}):
+        rules = [v.rule for v in check_plan(m, delayed.model_copy(update=kw))]
+        assert "delayed_scaling_original_input" in rules
+        current = delayed.model_copy(update={**kw, "fp8_scaling": "current"})
+        assert "delayed_scaling_original_input" not in [v.rule for v in check_plan(m, current)]
+    # layernorm: MLA's down-projections (DeepSeek-V3); a GQA model without a shared expert has no flagged linear
+    ds = plan(ep=8, dp=8, global_batch=512, recipe="tensorwise", recompute="selective",
+              recompute_modules=("layernorm",))
+    assert "delayed_scaling_original_input" in [v.rule for v in check_plan(M["deepseek-v3"], ds)]
+    assert "delayed_scaling_original_input" not in [
+        v.rule for v in check_plan(m, delayed.model_copy(update={"recompute_modules": ("layernorm",)}))]
