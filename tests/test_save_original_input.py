@@ -134,3 +134,12 @@ def test_check_plan_refuses_delayed_scaling_with_a_flagged_module():
     assert "delayed_scaling_original_input" in [v.rule for v in check_plan(M["deepseek-v3"], ds)]
     assert "delayed_scaling_original_input" not in [
         v.rule for v in check_plan(m, delayed.model_copy(update={"recompute_modules": ("layernorm",)}))]
+
+
+def test_deepseek_s_own_stack_is_not_priced_with_the_te_flag():
+    # ep_dispatch_fp8 stands for DeepSeek-V3's own framework (the `deepseek` report row), which has no TE module
+    m = M["deepseek-v3"]
+    p = plan(ep=8, dp=8, global_batch=512, recipe="blockwise", ep_dispatch_fp8=True)
+    assert extra(m, p, True, recompute="selective", recompute_modules=("moe_act", "layernorm")) == 0.0
+    assert extra(m, p.model_copy(update={"ep_dispatch_fp8": False}), True, recompute="selective",
+                 recompute_modules=("moe_act",)) > 0

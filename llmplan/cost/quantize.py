@@ -176,7 +176,8 @@ def requantize_bytes(plan: ParallelPlan, transposed: float, split: bool) -> Any:
     per-tensor fp8 quantizer is asked for both usages in backward, so Hopper (`transposed`) writes the rowwise
     byte again. NVFP4: both casts take their amax and read the tensor (8 B) where one fused pass read it twice
     (nvfp4_quantize_bytes' reads). 0 in bf16, under delayed scaling (TE raises "DelayedScaling recipe is not
-    supported with save_original_input") and torchao's rowwise recipe (no TE module).
+    supported with save_original_input"), torchao's rowwise recipe and DeepSeek-V3's own stack (ep_dispatch_fp8):
+    no Megatron-Core TE module sets the flag there.
     Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py at d0067d0 (_linear_forward:
     columnwise=not save_original_input, inputmat = inp saved; backward input_quantizer(inputmat_total) with
     columnwise usage), grouped_linear.py (_GroupedLinear.backward: _split_quantize with rowwise=True,
@@ -186,8 +187,10 @@ def requantize_bytes(plan: ParallelPlan, transposed: float, split: bool) -> Any:
                                                               and plan.fp8_scaling == "delayed"):
         return 0.0
     if plan.recipe == "nvfp4":
-        return 8.0 - 2.0 * where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
-    return 2.0 + amax_read_bytes(plan) + (transposed if split and plan.recipe == "tensorwise" else 0.0)
+        x: Any = 8.0 - 2.0 * where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
+    else:
+        x = 2.0 + amax_read_bytes(plan) + (transposed if split and plan.recipe == "tensorwise" else 0.0)
+    return where(plan.ep_dispatch_fp8, 0.0, x)
 
 
 def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transposed: float,
