@@ -143,3 +143,9 @@ def test_deepseek_s_own_stack_is_not_priced_with_the_te_flag():
     assert extra(m, p, True, recompute="selective", recompute_modules=("moe_act", "layernorm")) == 0.0
     assert extra(m, p.model_copy(update={"ep_dispatch_fp8": False}), True, recompute="selective",
                  recompute_modules=("moe_act",)) > 0
+
+
+def test_cli_refuses_delayed_scaling_with_moe_act_in_one_line(cli):
+    line = cli("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--ep", "8",
+               "--precision", "fp8-tensorwise", "--recompute", "selective", "--recompute-modules", "moe_act").refusal()
+    assert "delayed scaling" in line and "moe_act" in line and "--fp8-scaling current" in line, line
