@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.arith import where
+from llmplan.cost.compressed import is_v4_attention
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes, fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
@@ -113,6 +114,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     gathered, on_shard = where(sp, shard, cast), where(sp, 1 / t, 1)
     mlp = moe_mlp_cast_bytes(m, plan, transposed, h * gathered, on_shard) if moe else 0.0
+    mlp = mlp + save_original_input_cast_bytes(m, plan, moe, transposed, on_shard)
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
         own = amax * (local + h * grads * on_shard)  # the h-wide inputs are the norms'
@@ -164,6 +166,58 @@ def moe_mlp_cast_bytes(m: ModelSpec, plan: ParallelPlan, transposed: float, gath
                    w_rows * (q + transposed + amax))
     shared = 2 * (gathered + amax * h * on_shard) if m.shared_ffn else 0.0
     return (q + transposed + amax) * local + w_wide + shared
+
+
+def requantize_bytes(plan: ParallelPlan, transposed: float, split: bool) -> Any:
+    """HBM bytes per element that Transformer Engine's save_original_input adds to one GEMM input's casts: the
+    forward cast writes the rowwise copy alone and backward quantises the saved bf16 input again for the wgrad
+    operand, so the input is read once more (2) with current scaling's amax read again (amax_read_bytes), the
+    columnwise copy written in backward instead of forward. On GroupedLinear's split-quantize path (`split`) a
+    per-tensor fp8 quantizer is asked for both usages in backward, so Hopper (`transposed`) writes the rowwise
+    byte again. NVFP4: both casts take their amax and read the tensor (8 B) where one fused pass read it twice
+    (nvfp4_quantize_bytes' reads). 0 in bf16, under delayed scaling (TE raises "DelayedScaling recipe is not
+    supported with save_original_input"), torchao's rowwise recipe and DeepSeek-V3's own stack (ep_dispatch_fp8):
+    no Megatron-Core TE module sets the flag there.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py at d0067d0 (_linear_forward:
+    columnwise=not save_original_input, inputmat = inp saved; backward input_quantizer(inputmat_total) with
+    columnwise usage), grouped_linear.py (_GroupedLinear.backward: _split_quantize with rowwise=True,
+    columnwise=True for Float8Quantizer / Float8CurrentScalingQuantizer). Derived:
+    docs/formulas.md#precision.save_original_input"""
+    if not plan.low_precision or plan.recipe == "rowwise" or (plan.recipe == "tensorwise"
+                                                              and plan.fp8_scaling == "delayed"):
+        return 0.0
+    if plan.recipe == "nvfp4":
+        x: Any = 8.0 - 2.0 * where(plan.nvfp4_rht_cast_fusion, 2.0, 3.0)
+    else:
+        x = 2.0 + amax_read_bytes(plan) + (transposed if split and plan.recipe == "tensorwise" else 0.0)
+    return where(plan.ep_dispatch_fp8, 0.0, x)
+
+
+def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transposed: float,
+                                   on_shard: Any) -> Any:
+    """HBM bytes per token of the layer's s·b, over the step, one rank, that Megatron-Core's
+    set_save_original_input adds to the casts of the modules it sets it on under the recompute / offload
+    modules (requantize_bytes per element of their input): with `moe_act` recompute the routed experts' fc2
+    (its k·etp rows of f_e/etp, not on the fused grouped MLP, whose ops ignore the module's flag), with
+    `expert_fc1` offload fc1 (k·etp rows of the expert width) unless MXFP8 / NVFP4, with `layernorm` recompute
+    MLA's down-projections (the query's where it has a rank, the key/value's; h-wide, on the sequence shard);
+    dense layers' and an MoE layer's other norms are fused into a LayerNormLinear, or feed a shared expert
+    whose fc1 has the flag under every recipe that allows it anyway. The saved bytes: mem.recompute_modules and
+    mem.offload_modules. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/moe/experts.py
+    (TEGroupedMLP.__init__: set_save_original_input(linear_fc2) under moe_act with fp8 / fp4; (linear_fc1)
+    under expert_fc1 offload unless mxfp8 / nvfp4), multi_latent_attention.py set_for_recompute_input_layernorm,
+    transformer_layer.py (recompute_input_layernorm). Derived: docs/formulas.md#precision.save_original_input"""
+    lin = requantize_bytes(plan, transposed, split=False)
+    mla = m.mla is not None and not is_v4_attention(m)
+    downs = (2 if m.q_lora_rank else 1) if mla else 0
+    attn = where(plan.recomputes("layernorm"), lin * downs * m.hidden_size * on_shard * attention_share(m), 0.0)
+    if not moe:
+        return attn
+    rows = m.num_experts_per_tok * plan.etp_resolved * where(plan.sp, 1 / plan.tp, 1) * plan.expert_padding
+    fc2 = where(fused_grouped_mlp(m, plan), 0.0, where(plan.recomputes("moe_act"), rows * m.expert_ffn / plan.etp_resolved, 0.0))
+    mx = plan.low_precision and plan.recipe in ("mxfp8", "nvfp4")
+    fc1 = rows * m.expert_width if plan.offloads("expert_fc1") and not mx else 0.0
+    return attn + requantize_bytes(plan, transposed, split=True) * (fc1 + fc2)
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -119,6 +119,31 @@ def _moe_offloads(p: Any) -> tuple[str, ...]:
     return tuple(x for x in p.offload_modules if x in MOE_OFFLOAD_MODULES)
 
 
+def _original_input_modules(m: ModelSpec, p: Any) -> dict[str, Any]:
+    """The plan's switches on which Megatron-Core sets Transformer Engine's save_original_input (moe_act recompute
+    and the expert_fc1 offload on an MoE model, layernorm recompute on MLA or on MoE layers with a shared expert
+    not itself recomputed), each with whether it does (per plan of an array)."""
+    shared = m.is_moe and bool(m.shared_ffn)
+    return {"recompute module moe_act": p.recomputes("moe_act") & m.is_moe,
+            "recompute module layernorm": p.recomputes("layernorm")
+            & (m.is_mla or (shared & np.logical_not(p.recomputes("shared_experts")))),
+            "offload module expert_fc1": m.is_moe and "expert_fc1" in p.offload_modules}
+
+
+def _delayed_original_input_ok(m: ModelSpec, p: Any) -> Any:
+    """False where fp8 delayed scaling meets a module Megatron-Core gives save_original_input."""
+    if not (p.dtype == "fp8" and p.recipe == "tensorwise" and p.fp8_scaling == "delayed"):
+        return True
+    hit: Any = False
+    for v in _original_input_modules(m, p).values():
+        hit = hit | v
+    return np.logical_not(hit)
+
+
+def _delayed_original_input_names(m: ModelSpec, p: ParallelPlan) -> str:
+    return ", ".join(k for k, v in _original_input_modules(m, p).items() if as_bool(v))
+
+
 def _graphed_norms(m: ModelSpec, p: Any) -> list[str]:
     """The plan's norm offloads that cuda_graphs layers makes Megatron drop: attn_norm (the attn graph starts at
     the layer's input), mlp_norm in an MoE model (attn and moe_router graphed, the MLP of its dense layers not)."""
@@ -534,6 +559,14 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Megatron-Core registers these groups only in an MoE layer (moe/experts.py; mlp_norm: a "
                          "dense layer's pre-MLP norm is fused into fc1, an IdentityOp it skips), so nothing would "
                          f"move; drop {', '.join(_moe_offloads(p))} from --offload-modules"),
+    # Megatron-Core d98e8a64dd (moe/experts.py, transformer_layer.py, multi_latent_attention.py, moe_layer.py) sets
+    # Transformer Engine's save_original_input on these modules' linears with fp8; TE (v2.6 - d0067d0da6
+    # linear.py / grouped_linear.py) raises "DelayedScaling recipe is not supported with save_original_input"
+    Rule("delayed_scaling_original_input", lambda m, p, c: _delayed_original_input_ok(m, p),
+         lambda m, p, c: f"fp8 delayed scaling with {_delayed_original_input_names(m, p)}: Megatron-Core makes that "
+                         "module's linear save its original input, which Transformer Engine refuses under "
+                         "DelayedScaling ('DelayedScaling recipe is not supported with save_original_input'); use "
+                         "--fp8-scaling current (or another recipe), or drop the module"),
     # Megatron-Core TransformerLayer._set_offload_modules (d98e8a6, transformer_layer.py:1563-1597): with the attn
     # CUDA graph (and, in an MoE model, the moe_router one) the attn_norm / mlp_norm groups would cross a graph's
     # edge, so Megatron turns them off with a warning; the offload llmplan priced would not happen
