@@ -263,15 +263,20 @@ def largest_fitting(e: ServeEstimate, allowance: MemoryAllowance | None = None) 
     return fit if fit.memory.fits and job.batch < e.job.batch else None
 
 
+def admitted_run(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> ServeEstimate | None:
+    """What an engine started for the plan runs at its admission cap (admission_cap): the plan itself when it
+    fits; else the plan at the most sequences that fit (largest_fitting: the engine's cache is sized for that
+    cap, its activation peak profiled at it); None when not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    return e if e.memory.fits else largest_fitting(e, allowance)
+
+
 def admission_cap(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> int:
     """The running sequences per replica an engine started for the plan should admit (vLLM --max-num-seqs,
     SGLang --max-running-requests): the plan's batch when it fits; else the most that fit (largest_fitting,
     the engine's cache sized for that cap), so that the rest of the offered batch queues instead of being
     admitted and preempted; 0 when not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
-    if e.memory.fits:
-        return e.job.batch
-    fitting = largest_fitting(e, allowance)
-    return fitting.job.batch if fitting is not None else 0
+    run = admitted_run(e, allowance)
+    return run.job.batch if run is not None else 0
 
 
 def serving_operator_uses(m: ModelSpec, gpu) -> list[OperatorUse]:

@@ -14,6 +14,8 @@ from pathlib import Path
 from exported import unwrapped
 from test_export import SERVE_PROGRAMS, command_argv, recorded_parser
 
+from llmplan.specs.registry import builtin_systems
+
 # Llama-3.1-8B bf16 on one H100 at 1,024 in / 256 out (docs/validation.md#kv-capacity: 8,192 do not fit, ~383 do).
 BASE = ("--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--gpus-per-node", "1")
 CAP_FLAG = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}
@@ -100,3 +102,23 @@ def test_a_plan_that_holds_no_sequence_is_refused(cli, tmp_path):
         assert re.search(rf"{target} cannot express this plan: weights, activations and runtime exceed the usable "
                          r"memory by [0-9.]+ GiB per GPU, leaving no KV cache; re-plan with a larger tp or pp",
                          r.err)
+
+
+def test_an_export_to_the_other_engine_gives_it_the_fitting_batchs_kv_cache(cli, tmp_path):
+    # 8,192 sequences do not fit (docs/validation.md#kv-capacity); the engine the export starts admits the fitting
+    # cap and profiles its activation peak there, so the fraction converted for the other engine must give it the
+    # KV bytes of that fitting batch (at_fitting_batch.kv_available), not the asked batch's smaller ones
+    # (docs/validation.md#serve-fraction). Checked by pricing the other engine as exported: its rule, the written
+    # fraction and cap. The fraction is rounded down to 0.001, so its KV is short by at most 0.001 of the GPU.
+    hbm = builtin_systems()["dgx-h100"].gpu.hbm_bytes
+    for planned, other in (("vllm", "sglang"), ("sglang", "vllm")):
+        plan, files = exported(cli, tmp_path, planned, "--batch", "8192", "--engine", planned)
+        fit = json.loads(plan.read_text())["predictions"]["at_fitting_batch"]
+        ns = parsed(files[other], other)
+        cap = int(ns.max_num_seqs if other == "vllm" else ns.max_running_requests)
+        fraction = float(ns.gpu_memory_utilization if other == "vllm" else ns.mem_fraction_static)
+        assert cap == fit["batch"] < 8192
+        got = cli("estimate", *BASE, "--batch", str(cap), "--engine", other, "--memory-fraction", str(fraction),
+                  "--json").json()["memory"]
+        assert fit["kv_available"] - 0.001 * hbm <= got["kv_available"] <= fit["kv_available"]
+        assert f"gives the KV cache the {fit['kv_available'] / 2**30:.1f} GiB per GPU planned with {planned}" in files[other]

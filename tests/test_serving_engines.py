@@ -251,3 +251,22 @@ def test_sglang_kv_pool_against_a_published_log_line():
     per_token = 94 * 2 * 1 * 128 * 2  # layers x K and V x 1 KV head per rank (4 over TP4) x 128 x bf16
     assert mem.kv_available / per_token == pytest.approx(367_404, rel=0.05)
     assert (0.93 * H100.hbm_bytes - mem.weights) / per_token > 1.1 * 367_404
+
+
+def test_each_engines_default_memory_fraction(cli):
+    # vLLM's gpu_memory_utilization defaults to 0.92 since v0.20.0 (0.9 up to v0.19.1), as in v0.33.0, the vLLM
+    # the exports' flags are checked against (vllm-project/vllm @002f10e0 vllm/config/cache.py, CacheConfig);
+    # TensorRT-LLM's free_gpu_memory_fraction to 0.9 (its KvCacheConfig docs); SGLang's is llmplan's 0.9
+    # (docs/validation.md#serve-fraction). Not given, the plan prices each engine at its default.
+    args = ("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--gpus-per-node",
+            "1", "--batch", "64", "--json")
+    hbm = H100.hbm_bytes
+    for engine, default in (("vllm", 0.92), ("trtllm", 0.9), ("sglang", 0.9)):
+        assert ServeJob(engine=engine).gpu_memory_utilization == default
+        d = cli(*args, "--engine", engine).json()
+        assert d["workload"]["gpu_memory_utilization"] == default
+        low = cli(*args, "--engine", engine, "--memory-fraction", "0.9").json()["memory"]
+        if engine == "vllm":  # u x HBM - W - A - O: 0.02 more of the GPU goes to the KV cache
+            assert d["memory"]["kv_available"] - low["kv_available"] == pytest.approx(0.02 * hbm, rel=1e-9)
+        else:
+            assert d["memory"]["kv_available"] == low["kv_available"]

@@ -220,9 +220,10 @@ KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype"
 TTFT_SLO = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
 TPOT_SLO = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
 PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
-GPU_MEMORY_UTILIZATION = typer.Option(_job("gpu_memory_utilization"), "--gpu-memory-utilization", "--memory-fraction",
+GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", "--memory-fraction",
                                       help="Inference: the engine's memory fraction (vLLM --gpu-memory-utilization, "
-                                      "TensorRT-LLM free_gpu_memory_fraction, SGLang --mem-fraction-static).")
+                                      "TensorRT-LLM free_gpu_memory_fraction, SGLang --mem-fraction-static; "
+                                      "default: vLLM 0.92, TensorRT-LLM 0.9, SGLang 0.9).")
 ENGINE = typer.Option(_job("engine"), "--engine",
                       help="Inference: vllm | trtllm | sglang, whose rules size the KV cache and admit sequences.")
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",

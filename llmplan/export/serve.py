@@ -7,11 +7,11 @@ import math
 import shlex
 from typing import Any
 
-from llmplan.cost.inference import admitted_tokens
+from llmplan.cost.inference import ServeMemory, admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
-from llmplan.serving import admission_cap, estimate_serving
+from llmplan.serving import admitted_run, estimate_serving
 from llmplan.units import GIB
 
 
@@ -44,40 +44,42 @@ PREEMPTS = {"vllm": "preempting them (recompute)", "sglang": "retracting them"}
 """What each engine does to running sequences when its KV cache runs out."""
 
 
-def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str]:
+def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str, ServeMemory]:
     """The admission cap `flag` sets per replica (serving.admission_cap of the plan as saved, priced again as
-    `estimate --plan` prices it) and a comment line when it is not the planned batch; refuses a plan of which not
+    `estimate --plan` prices it), a comment line when it is not the planned batch, and the memory of the engine
+    run at that cap (serving.admitted_run: memory_fraction converts its KV bytes); refuses a plan of which not
     one sequence fits. Derived: docs/formulas.md#infer.capacity"""
     j = pf.serve_job
     e = estimate_serving(pf.model, pf.cluster, pf.plan, j, pf.allowance)
-    cap = admission_cap(e, pf.allowance)
-    if cap < 1:
+    run = admitted_run(e, pf.allowance)
+    if run is None:
         kv = e.memory.kv_available
         why = (f"weights, activations and runtime exceed the usable memory by {-kv / GIB:.2f} GiB per GPU, leaving "
                "no KV cache" if kv <= 0 else f"not one sequence of {admitted_tokens(j):,.0f} tokens fits the "
                f"{kv / GIB:.2f} GiB per GPU left for its KV cache")
         raise refuse(engine, why, "re-plan with a larger tp or pp, an fp8 KV cache or quantised weights "
                      "(llmplan search --mode infer)")
+    cap = run.job.batch
     if cap == j.batch:
-        return cap, ""
+        return cap, "", run.memory
     return cap, (f"# {flag}: {cap:,} sequences per replica, not the planned batch of {j.batch:,}: only {cap:,} fit "
                  f"the KV cache (llmplan estimate --plan: at_fitting_batch), so the engine queues the rest instead "
-                 f"of admitting them and {PREEMPTS[engine]}; TTFT, TPOT and throughput as priced at {cap:,}\n")
+                 f"of admitting them and {PREEMPTS[engine]}; TTFT, TPOT and throughput as priced at {cap:,}\n"), run.memory
 
 
-def memory_fraction(pf: PlanFile, engine: str) -> tuple[float, str]:
-    """The `engine`'s memory fraction that gives the KV cache the bytes the plan was predicted with, and a
-    comment line when it differs from the planned engine's (whose fraction means something else):
-    vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / (HBM - other), rounded down.
-    Derived: docs/formulas.md#infer.capacity"""
+def memory_fraction(pf: PlanFile, engine: str, mem: ServeMemory) -> tuple[float, str]:
+    """The `engine`'s memory fraction that gives the KV cache the bytes the planned engine's rule gives it in
+    `mem`, the run at the admission cap (admission: for a plan that does not fit, the fitting batch's, whose
+    activation peak is smaller), and a comment line when it differs from the planned engine's (whose fraction
+    means something else): vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / (HBM -
+    other), rounded down. Derived: docs/formulas.md#infer.capacity"""
     j = pf.serve_job
-    mem = pf.predictions.get("memory", {})
-    if j.engine == engine or not all(k in mem for k in ("weights", "activations", "other", "kv_available")):
+    if j.engine == engine:
         return j.gpu_memory_utilization, ""
     hbm = pf.cluster.system.gpu.hbm_bytes
-    used = mem["weights"] + mem["kv_available"] + (mem["activations"] + mem["other"] if engine == "vllm" else 0.0)
-    fraction = math.floor(1000 * used / (hbm if engine == "vllm" else hbm - mem["other"])) / 1000
-    return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem['kv_available'] / GIB:.1f} GiB per "
+    used = mem.weights + mem.kv_available + (mem.activations + mem.other if engine == "vllm" else 0.0)
+    fraction = math.floor(1000 * used / (hbm if engine == "vllm" else hbm - mem.other)) / 1000
+    return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem.kv_available / GIB:.1f} GiB per "
                       f"GPU planned with {j.engine}'s rule (its fraction {j.gpu_memory_utilization:g})\n")
 
 
@@ -147,13 +149,13 @@ def check_sglang(pf: PlanFile) -> None:
 def render_vllm(pf: PlanFile) -> dict[str, str]:
     check_vllm(pf)
     p, j = pf.plan, pf.serve_job
-    cap, cap_note = admission(pf, "vllm", "--max-num-seqs")
+    cap, cap_note, run = admission(pf, "vllm", "--max-num-seqs")
     # Source: vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
     if cap > j.max_num_batched_tokens:
         raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {j.max_num_batched_tokens} "
                      "(vLLM refuses max_num_batched_tokens < max_num_seqs)",
                      f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {j.max_num_batched_tokens}")
-    fraction, fraction_note = memory_fraction(pf, "vllm")
+    fraction, fraction_note = memory_fraction(pf, "vllm", run)
     spec_flags, spec_note = vllm_speculative(pf)
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
@@ -181,8 +183,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
 def render_sglang(pf: PlanFile) -> dict[str, str]:
     check_sglang(pf)
     p, j = pf.plan, pf.serve_job
-    cap, cap_note = admission(pf, "sglang", "--max-running-requests")
-    fraction, fraction_note = memory_fraction(pf, "sglang")
+    cap, cap_note, run = admission(pf, "sglang", "--max-running-requests")
+    fraction, fraction_note = memory_fraction(pf, "sglang", run)
     spec_flags, spec_note = sglang_speculative(pf)
     note = cap_note + fraction_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):

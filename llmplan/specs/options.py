@@ -318,8 +318,8 @@ class ServingOptions(BaseModel):
     """ServeJob.tpot_slo_s."""
     prefix_hit_rate: float
     """ServeJob.prefix_hit_rate."""
-    gpu_memory_utilization: float
-    """ServeJob.gpu_memory_utilization."""
+    gpu_memory_utilization: float | None
+    """ServeJob.gpu_memory_utilization (None: the engine's default)."""
     block_size: int
     """ServeJob.block_size."""
     max_num_batched_tokens: int

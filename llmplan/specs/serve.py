@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,19 @@ from llmplan.specs.plan import Degrees
 WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
+
+DEFAULT_MEMORY_FRACTION: dict[str, float] = {
+    # Source: vllm-project/vllm v0.20.0 (and @002f10e0, the v0.33.0 the exports are checked against),
+    # vllm/config/cache.py, CacheConfig.gpu_memory_utilization default 0.92; 0.9 up to v0.19.1.
+    "vllm": 0.92,
+    # Source: TensorRT-LLM docs, KvCacheConfig.free_gpu_memory_fraction ("Default is 90%").
+    "trtllm": 0.9,
+    # llmplan's own: SGLang 0.5.23 derives --mem-fraction-static from the GPU's memory, TP x PP, the chunked
+    # prefill size and the CUDA-graph sizes (sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings),
+    # not modelled; the export always writes the fraction planned with.
+    "sglang": 0.9,
+}
+"""The engine's memory fraction when none is given (ServeJob.gpu_memory_utilization)."""
 Phase = Literal["both", "prefill", "decode"]
 ServeDispatcher = Literal["alltoall", "deepep"]
 
@@ -231,9 +244,18 @@ class ServeJob(Spec):
     (--gpu-memory-utilization of the whole GPU; blocks allocated as sequences grow), TensorRT-LLM
     (free_gpu_memory_fraction of what the weights and activations leave; GUARANTEED_NO_EVICT reserves each
     request's whole context), SGLang (--mem-fraction-static holds weights and KV pool)."""
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(default=DEFAULT_MEMORY_FRACTION["vllm"], gt=0, le=1)
     """The engine's memory fraction: vLLM --gpu-memory-utilization, TensorRT-LLM
-    kv_cache_config.free_gpu_memory_fraction, SGLang --mem-fraction-static."""
+    kv_cache_config.free_gpu_memory_fraction, SGLang --mem-fraction-static; when not given (or None), the
+    engine's default (DEFAULT_MEMORY_FRACTION: vLLM 0.92, TensorRT-LLM 0.9, SGLang 0.9)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_default_fraction(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gpu_memory_utilization") is None:
+            fraction = DEFAULT_MEMORY_FRACTION.get(data.get("engine", "vllm"), DEFAULT_MEMORY_FRACTION["vllm"])
+            return {**data, "gpu_memory_utilization": fraction}  # an unknown engine is refused by its field
+        return data
     block_size: int = Field(default=16, ge=1, le=1 << 20)
     """Tokens per KV-cache block (vLLM --block-size)."""
     cuda_graphs: bool = True
