@@ -273,9 +273,9 @@ def tp_overlap_note(m: ModelSpec, plan: ParallelPlan) -> str | None:
     (cost.runtime_memory.mla_turns_tp_overlap_off; docs/formulas.md#step.mla_tp_overlap); None otherwise."""
     if not (mla_turns_tp_overlap_off(m, plan) and bool(userbuffers_on(plan))):
         return None
-    return ("note: tp_comm_overlap priced as off beyond the userbuffers' memory: Megatron-Core turns TP overlap "
-            f"off at {m.name}'s first MLA linear (userbuffer names q_down_proj / q_proj are not qkv, proj, fc1 "
-            "or fc2: TELinear), so every TP collective runs unoverlapped")
+    return (f"note: tp_comm_overlap: Megatron-Core turns TP overlap off at {m.name}'s first MLA linear (TELinear: "
+            "userbuffer names q_down_proj / q_proj are not qkv, proj, fc1 or fc2), so the step is priced with every "
+            "TP collective unoverlapped (the userbuffers' memory kept)")
 
 
 def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None,
