@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off
-from llmplan.estimate import estimate_training
+from llmplan.estimate import estimate_training, stage_views
 from llmplan.report.training import estimate_json
 from llmplan.search.evaluate import evaluate
 from llmplan.search.grid import Workload, default_space, enumerate_plans
@@ -31,9 +31,9 @@ H800 = ClusterSpec(system=resolve_system("dgx-h800"), num_nodes=256)
 
 
 def _dsv3_plan(overlap: bool, **kw) -> ParallelPlan:  # benchmarks/search_speed.py's H800 #1 layout
-    return ParallelPlan(tp=4, pp=16, pp_first=3, pp_last=2, dp=32, ep=8, etp=1, sp=True, zero=1, micro_batch=1,
-                        global_batch=4096,
-                        seq_len=4096, dtype="bf16", tp_comm_overlap=overlap, **kw)
+    fields = dict(tp=4, pp=16, pp_first=3, pp_last=2, dp=32, ep=8, etp=1, sp=True, zero=1, micro_batch=1,
+                  global_batch=4096, seq_len=4096, dtype="bf16")
+    return ParallelPlan(**{**fields, **kw}, tp_comm_overlap=overlap)
 
 
 def test_mla_plan_with_overlap_is_priced_as_without_it_but_keeps_the_userbuffers():
@@ -79,7 +79,8 @@ def test_search_prices_the_rule_as_the_estimate_does():
 def test_megatron_export_says_the_overlap_is_off(cli, tmp_path):
     path = tmp_path / "plan.json"
     made = cli("estimate", "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "256", "--tp", "4",
-               "--pp", "16", "--pp-first-layers", "3", "--pp-last-layers", "2", "--ep", "8", "--etp", "1", "--sp", "--tp-comm-overlap", "--global-batch", "4096",
+               "--pp", "16", "--pp-first-layers", "3", "--pp-last-layers", "2", "--ep", "8", "--etp", "1", "--sp",
+               "--tp-comm-overlap", "--global-batch", "4096",
                "--seq-len", "4096", "--save", path)
     assert made.code == 0, made.err
     assert "Megatron-Core turns TP overlap off" in made.out
@@ -107,3 +108,12 @@ def test_many_mla_plans_at_once_agree_with_scalar():
         off = estimate_training(m, cluster, p.model_copy(update={"tp_comm_overlap": False}))
         assert float(vec.step.total[j]) == pytest.approx(float(estimate_training(m, cluster, p).time.total), rel=1e-9)
         assert float(vec.step.total[j]) == pytest.approx(float(off.time.total), rel=1e-9)
+
+
+def test_stage_views_price_the_chunked_gemms_as_the_step_does():
+    """Short sequences at TP 8: userbuffers' chunking would split the matmuls into smaller, slower calls
+    (cost.gemm.chunk_rows); without the overlap they run whole, in the per-stage view as in the step."""
+    m = resolve_model("deepseek-v3")
+    on, off = (estimate_training(m, H800, _dsv3_plan(ov, tp=8, dp=16, seq_len=512)) for ov in (True, False))
+    assert [t for v in stage_views(on) for t in (v.forward_s, v.backward_s)] == \
+        pytest.approx([t for v in stage_views(off) for t in (v.forward_s, v.backward_s)], rel=1e-12)
