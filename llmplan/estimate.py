@@ -10,6 +10,7 @@ from llmplan.cost.compute import stage_compute
 from llmplan.cost.memory import TrainingMemory, stage_memory, training_memory
 from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
 from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list, stage_layers
+from llmplan.cost.runtime_memory import tp_overlap_as_run
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
@@ -109,7 +110,7 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
     out = []
     for i in range(plan.pp):
         dense, moe = stage_layers(m, runs, i)
-        sc = stage_compute(m, runs, gpu, dense, moe, i == plan.pp - 1)
+        sc = stage_compute(m, tp_overlap_as_run(m, runs), gpu, dense, moe, i == plan.pp - 1)  # as step_time
         mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
         out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
     return out

@@ -29,6 +29,7 @@ from llmplan.cost.hetero import (
 from llmplan.cost.memory import TrainingMemory, stage_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.cost.params import param_counts, stage_layer_list, stage_layers
+from llmplan.cost.runtime_memory import tp_overlap_as_run
 from llmplan.cost.step import bottleneck, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.estimate import TrainingEstimate, estimate_training
@@ -98,7 +99,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, system: SystemSpec) -> float
     """One transformer layer's forward and backward of one micro-batch on the system's GPU (the pool's speed
     for the layer split; a MoE layer where the model has them)."""
     moe = 1 if m.is_moe else 0
-    return float(stage_compute(m, plan, system.gpu, 1 - moe, moe, False).total)
+    return float(stage_compute(m, tp_overlap_as_run(m, plan), system.gpu, 1 - moe, moe, False).total)
 
 
 def stage_plan(m: ModelSpec, pc: PoolCluster, plan: ParallelPlan, stage_pools: tuple[int, ...],
@@ -214,8 +215,8 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     for g in used:
         mine = tuple(i for i, x in enumerate(sp) if x == g)
         top = max(mine, key=lambda i: (float(mems[i].total / mems[i].capacity), -i))
-        busy = max(float(stage_compute(m, runs, pc.pools[g].system.gpu, *stage_layers(m, runs, i),
-                                       i == plan.pp - 1).total) for i in mine)
+        busy = max(float(stage_compute(m, tp_overlap_as_run(m, runs), pc.pools[g].system.gpu,
+                                       *stage_layers(m, runs, i), i == plan.pp - 1).total) for i in mine)
         uses.append(PoolUse(g, pc.pools[g].name, pc.pools[g].system.name, len(mine) * plan.tp * plan.cp * plan.dp,
                             mine, plan.dp, plan.global_batch, tuple(e.stage_layers[i] for i in mine), mems[top],
                             n * busy, float(st.total)))

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from llmplan.arith import where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
 CUDA_CONTEXT_LAZY_BYTES = 287_047_680.0
@@ -106,6 +107,33 @@ def userbuffers_on(plan: ParallelPlan) -> Any:
     Megatron-Core's TP (tp_impl megatron) over more than one rank. Here rather than in cost.comm (which prices
     what they do to the step) because comm imports the memory modules: one predicate for both."""
     return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+
+
+MCORE_UB_NAMES = ("qkv", "proj", "fc1", "fc2")
+"""The userbuffer names Megatron-Core keeps TP overlap for; a TE linear built with any other name under
+tp_comm_overlap sets the shared TransformerConfig's tp_comm_overlap to False.
+Source: NVIDIA/Megatron-LM d98e8a6, megatron/core/extensions/transformer_engine.py, TELinear.__init__."""
+
+
+def mla_turns_tp_overlap_off(m: ModelSpec, plan: ParallelPlan) -> bool:
+    """Whether Megatron-Core runs this plan's TP collectives unoverlapped although it asks for TP overlap: an
+    MLA model under tp_impl megatron. MLASelfAttention builds linear_q_down_proj / linear_q_proj (userbuffer
+    names q_down_proj, q_proj; qkv_down_proj fused) before the layer's MLP, and TELinear then turns
+    tp_comm_overlap off on the config every later layer shares: of a pipeline rank's model only the first
+    layer's linear_proj keeps userbuffers (priced as none: docs/formulas.md#step.mla_tp_overlap). The
+    userbuffers are still allocated (initialize_ub runs before the model is built), so memory keeps them.
+    Source: NVIDIA/Megatron-LM d98e8a6, megatron/core/transformer/multi_latent_attention.py
+    (MLASelfAttention.__init__ tp_comm_buffer_name) and extensions/transformer_engine.py (TELinear.__init__)."""
+    return bool(m.is_mla and plan.tp_comm_overlap and plan.tp_impl == "megatron")
+
+
+def tp_overlap_as_run(m: ModelSpec, plan: ParallelPlan) -> ParallelPlan:
+    """The plan whose TP overlap the step prices: tp_comm_overlap off where Megatron-Core turns it off
+    (mla_turns_tp_overlap_off), else `plan` itself. One place for the estimate and the search (step_time).
+    Derived: docs/formulas.md#step.mla_tp_overlap"""
+    if not mla_turns_tp_overlap_off(m, plan):
+        return plan
+    return plan.model_copy(update={"tp_comm_overlap": False})
 
 
 def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> Any:

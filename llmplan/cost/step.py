@@ -86,6 +86,7 @@ from llmplan.cost.params import (
     stepped_rank_params,
     word_embedding_on_rank,
 )
+from llmplan.cost.runtime_memory import tp_overlap_as_run
 from llmplan.cost.schedule import makespan
 from llmplan.cost.stages import attention_rerun_share
 from llmplan.specs.hardware import GpuSpec
@@ -258,6 +259,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     pool's). The per-step tail (the DP reduction and gather left exposed, the optimizer step, the gradient buffer's
     passes, FSDP2's copy-out) is each stage's own, of its own parameters (stage_tails), and the slowest tail ends
     the step. Derived: docs/formulas.md#step.time, docs/formulas.md#hetero.stages, docs/formulas.md#step.stage_tail"""
+    plan = tp_overlap_as_run(m, plan)  # Megatron-Core's MLA turns TP overlap off (docs/formulas.md#step.mla_tp_overlap)
     if per_stage is not None and (explicit_stages(plan) is None or len(per_stage) != plan.pp):
         raise ValueError("per_stage needs a plan that lists its stages (pp_layout or pp_layers), one per stage")
     stages = stage_times(m, plan, gpu, tuple(g for g, _ in per_stage) if per_stage is not None else None)

@@ -14,6 +14,7 @@ from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap,
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count, pattern_variable
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
+from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.quantities import bf16_layer_counts
@@ -661,13 +662,27 @@ def grad_nan_notes(pf: PlanFile) -> tuple[str, ...]:
             "price it, or add --no-check-for-nan-in-loss-and-grad to skip it",)
 
 
+def mla_tp_overlap_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The header note of an MLA plan with TP overlap: Megatron-Core turns it off at the first MLA linear
+    (cost.runtime_memory.mla_turns_tp_overlap_off), so the flag only allocates the userbuffers; the plan was
+    priced that way (docs/formulas.md#step.mla_tp_overlap)."""
+    p = pf.plan
+    if not (mla_turns_tp_overlap_off(pf.model, p) and p.sp and p.tp > 1):
+        return ()
+    return ("note: --tp-comm-overlap does not overlap this MLA model's TP collectives: Megatron-Core turns it off "
+            "at the first MLA linear (TELinear: userbuffer name q_down_proj / q_proj is not qkv, proj, fc1 or "
+            "fc2), leaving only the userbuffers' memory, and the step was priced without the overlap; drop "
+            "--tp-comm-overlap (and re-plan with --no-tp-comm-overlap) to free that memory",)
+
+
 def ub_margin_notes(pf: PlanFile) -> tuple[str, ...]:
     """The header note of a plan priced with TP communication overlap at the published userbuffer configs'
     SM margins (tp_overlap_margin_sms unset): --tp-comm-overlap without --tp-comm-overlap-cfg runs Transformer
     Engine 2.x's defaults, which also run the bulk overlaps' GEMMs on 16 SMs fewer
     (docs/formulas.md#step.ub_margin)."""
     p = pf.plan
-    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or p.tp_overlap_margin_sms is not None:
+    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or p.tp_overlap_margin_sms is not None \
+            or mla_turns_tp_overlap_off(pf.model, p):  # no userbuffer GEMMs run (mla_tp_overlap_notes)
         return ()
     return ("note: priced with the SM margins of NVIDIA's published userbuffer configs (set_sm_margin on "
             "proj_fprop / fc2_fprop only); without --tp-comm-overlap-cfg Transformer Engine 2.x also runs the "
@@ -681,7 +696,7 @@ def ub_config_notes(pf: PlanFile) -> tuple[str, ...]:
     Engine 2.x runs initialize_ub's defaults (cost.comm.TE_UB_SMS, te_default_margin_sms;
     docs/formulas.md#step.ub_sms, #step.ub_margin)."""
     p = pf.plan
-    if not (p.tp_comm_overlap and p.sp and p.tp > 1):
+    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or mla_turns_tp_overlap_off(pf.model, p):
         return ()
     if p.tp_overlap_sms in (None, TE_UB_SMS) and p.tp_overlap_margin_sms in (None, te_default_margin_sms()):
         return ()
@@ -708,7 +723,7 @@ def render(pf: PlanFile) -> dict[str, str]:
                 "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n    " + entry_command(pf))
     header = sh_header(pf, f"Megatron-LM {entry} (flags of main d98e8a6, 2026-08, after core_v0.19.0)",
                        megatron_expert_notes(pf) + balance_notes(pf) + grad_nan_notes(pf) + ub_margin_notes(pf)
-                       + ub_config_notes(pf)
+                       + ub_config_notes(pf) + mla_tp_overlap_notes(pf)
                        + pp_sync_notes(pf, "Megatron-LM"))
     return {"megatron_pretrain.sh": header + script_body(pf, launcher), **companion_files(pf)}
 

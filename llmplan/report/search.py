@@ -14,7 +14,7 @@ from llmplan.report.common import (CAPPED, ReportTable, SCHEMA, capped_note, cap
                                    power_text)
 from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
-from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text
+from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text, tp_overlap_note
 from llmplan.search.grid import Workload
 from llmplan.search.filtered import ROW_CHECKS, Side, Sides, Walk
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
@@ -85,6 +85,8 @@ def ranked_table(title: str, rows: list[TrainingEstimate], equivalents: list[int
         notes.append(variants_note(variants))
     if any(training_interval(e)["point_above_ceiling"] for e in rows):
         notes.append(capped_note("MFU interval"))
+    if tp_note := next((n for e in rows if (n := tp_overlap_note(e.model, e.plan))), None):
+        notes.append(tp_note)
     if tied_with and any(tied_with):
         ties = [f"#{i}" for i, w in enumerate(tied_with, 1) if w]
         notes.append(f"=: tied ({', '.join(ties)}): predicted within the model's resolution of another shown "

@@ -13,6 +13,7 @@ from llmplan.cost.grad_lifetime import chunk_gradients_freed
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.model_states import optimizer_parts
 from llmplan.cost.params import ParamCounts
+from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
 from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
@@ -191,6 +192,7 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "fallback_cost": {"memory_bytes": e.fallback_cost[0], "step_s": e.fallback_cost[1]},
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"context_extension": ext} if (ext := context_extension(e.model, e.plan)) else {}),
+        **({"tp_overlap_off": tp_note} if (tp_note := tp_overlap_note(e.model, e.plan)) else {}),
         **({"bf16_layers": bf16_layers_json(e.model, e.plan)} if e.plan.low_precision else {}),
         **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
@@ -266,6 +268,16 @@ def flags_text(flags: tuple[str, ...] | list[str]) -> str:
     return " ".join(words)
 
 
+def tp_overlap_note(m: ModelSpec, plan: ParallelPlan) -> str | None:
+    """One line where the plan asks for TP overlap that Megatron-Core turns off for an MLA model
+    (cost.runtime_memory.mla_turns_tp_overlap_off; docs/formulas.md#step.mla_tp_overlap); None otherwise."""
+    if not (mla_turns_tp_overlap_off(m, plan) and bool(userbuffers_on(plan))):
+        return None
+    return (f"note: tp_comm_overlap: Megatron-Core turns TP overlap off at {m.name}'s first MLA linear (TELinear: "
+            "userbuffer names q_down_proj / q_proj are not qkv, proj, fc1 or fc2), so the step is priced with every "
+            "TP collective unoverlapped (the userbuffers' memory kept)")
+
+
 def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None,
                   hardware: str | None = None) -> None:
     """The estimate's tables; `hardware` names the GPUs in the header instead of e.cluster (a plan over pools:
@@ -278,6 +290,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
         console.print(f"pipeline layout: {len(chunks)} virtual chunks (pp {e.plan.pp} x vpp {e.plan.vpp}) of "
                       f"{split_text(chunks)} layers in model order")
     if note := context_note(e.model, e.plan):
+        console.print(note)
+    if note := tp_overlap_note(e.model, e.plan):
         console.print(note)
     for u in e.operators:
         if not u.available:

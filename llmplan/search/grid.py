@@ -203,6 +203,15 @@ class PlanArrays(PlanQuantities):
         rep = rep_of[used]
         self.memo[("distinct", columns)] = (self.take(rep), rep, slot[group])
 
+    def model_copy(self, update: dict[str, Any]) -> "PlanArrays":
+        """These plans with workload fields replaced (ParallelPlan.model_copy's name and meaning; the axes stay
+        arrays). The memo starts empty: what it holds was computed under the old workload."""
+        unknown = set(update) - WORKLOAD_FIELDS
+        if unknown:
+            raise TypeError(f"not workload fields: {sorted(unknown)}")
+        return PlanArrays(**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("w", "memo")},
+                          w=Workload(**{**self.w.fields(), **update}))
+
     def take(self, idx: np.ndarray) -> "PlanArrays":
         """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
         same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
