@@ -285,7 +285,8 @@ def test_serving_exports_state_the_recurrent_state_dtype_the_memory_assumed(targ
     from llmplan.planfile import load_plan
 
     base = load_plan(Path(__file__).parent / "data" / "plans" / "serve.json")
-    pf = dataclasses.replace(base, model=builtin_models()["qwen3-next-80b-a3b"], plan=ServePlan(tp=2, pp=1, dp=1))
+    # 8 GPUs (tp x pp x replicas); Qwen3-Next's bf16 weights fit at tp 4, so the engine has a KV cache to admit
+    pf = dataclasses.replace(base, model=builtin_models()["qwen3-next-80b-a3b"], plan=ServePlan(tp=4, pp=1, dp=2))
     ns, unknown = parse_serve_export(pf, target)
     assert not unknown
     assert getattr(ns, flag.lstrip("-").replace("-", "_")) == "bfloat16"

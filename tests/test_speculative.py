@@ -9,15 +9,15 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_export import PLANS, parse_serve_export
 
 from llmplan.cli.inputs import make_cluster
 from llmplan.cost.inference import decode_tpot
 from llmplan.cost.speculative import speculative_step, tokens_per_step
 from llmplan.planfile import load_plan
 from llmplan.serving import estimate_serving, replica_spans
-from llmplan.specs.registry import resolve_model
+from llmplan.specs.registry import builtin_models, resolve_model
 from llmplan.specs.serve import ServeJob, ServePlan, SpeculativeSpec
-from test_export import PLANS, parse_serve_export
 
 DSV3 = resolve_model("deepseek-v3")
 LLAMA8B = resolve_model("llama-3.1-8b")
@@ -173,6 +173,8 @@ def test_speculative_flags_parse_with_the_launchers_parsers(spec, target, progra
     # vLLM 0.33.0's and SGLang 0.5.23's recorded parsers (tests/data/launchers) define every flag written.
     base = load_plan(PLANS / "serve.json")
     pf = dataclasses.replace(base, job=base.serve_job.model_copy(update={"speculative": spec}))
+    if spec.method == "mtp":  # MTP drafts with the model's own next-token layers: a model that has them
+        pf = dataclasses.replace(pf, model=builtin_models()["qwen3-next-80b-a3b"])
     ns, unknown = parse_serve_export(pf, target)
     assert not unknown, f"flags {program} does not define: {unknown}"
     k = spec.num_speculative_tokens
