@@ -281,7 +281,13 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                          beat=beat)
             except LlmplanError:  # a rule the dispatcher breaks whatever the axes: not a setting to try
                 continue
-            if rd is not None:
+            if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same dispatcher
+                rd, dcluster, dchosen = other_share(rd, cluster, full_cluster, res.domain.used, c,
+                                                    lambda cc, wd=wd: run(cc, say, wd, full=full_cluster.system.domain_gpus
+                                                                          if cc is not full_cluster else None))
+                tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
+                beat = None if beat is None else max(beat, best_score(rd)[0])
+            elif rd is not None:
                 tried.append(({**v, **d}, rd, cluster, wd, chosen))
                 beat = None if beat is None else max(beat, best_score(rd)[0])
         screens.clear()
@@ -341,6 +347,28 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
         return res, cluster, c
     if alt is None:  # no expert-parallel degree that the full domain cannot hold (dense models)
         return res, cluster, c
+    return pick_domain(res, cluster, alt, alt_cluster, used, c)
+
+
+def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
+                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+    """A dispatcher's search on the NVLink-domain share that won (`cluster`, with `used` GPUs a domain), compared
+    again with the other share at that dispatcher, so that the domain line states one dispatcher's numbers."""
+    share = power_of_two_domain(full_cluster.system) or used
+    alt_cluster = cluster_of(c, nodes=nodes_using(full_cluster, share), domain_gpus=share)
+    try:
+        other = run(full_cluster if cluster is not full_cluster else alt_cluster)
+    except LlmplanError:
+        other = None
+    if other is None:
+        return rd, cluster, c if cluster is full_cluster else c.model_copy(update={"domain_gpus": share})
+    full_res, alt_res = (other, rd) if cluster is not full_cluster else (rd, other)
+    return pick_domain(full_res, full_cluster, alt_res, alt_cluster, share, c)
+
+
+def pick_domain(res: SearchResult, cluster: ClusterSpec, alt: SearchResult, alt_cluster: ClusterSpec, used: int,
+                c: ClusterOptions) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+    """The better of a full-domain result and one with `used` GPUs of each domain, the choice recorded on it."""
     full = cluster.system.domain_gpus
     best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0
     pick_alt = best(alt) > best(res)
