@@ -117,3 +117,20 @@ def test_stage_views_price_the_chunked_gemms_as_the_step_does():
     on, off = (estimate_training(m, H800, _dsv3_plan(ov, tp=8, dp=16, seq_len=512)) for ov in (True, False))
     assert [t for v in stage_views(on) for t in (v.forward_s, v.backward_s)] == \
         pytest.approx([t for v in stage_views(off) for t in (v.forward_s, v.backward_s)], rel=1e-12)
+
+
+def test_search_defaults_tp_overlap_off_only_for_mla_models(cli):
+    # `search` turns --tp-comm-overlap on by default (Megatron-Bridge / NeMo performance recipes), except for an MLA
+    # model: Megatron-Core runs it without (TELinear, above) and Megatron-Bridge's DeepSeek-V3 / Kimi-K2 recipes set
+    # CommOverlapConfig(tp_comm_overlap=False) (067f987). Asking for it keeps it, priced as Megatron-Core runs it.
+    args = ("search", "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "32", "--tp", "4", "--pp", "8",
+            "--top", "1", "--json")
+    free = cli(*args)
+    assert free.code == 0, free.err
+    assert free.json()["plans"][0]["plan"]["tp_comm_overlap"] is False
+    asked = cli(*args, "--tp-comm-overlap")
+    assert asked.code == 0, asked.err
+    assert asked.json()["plans"][0]["plan"]["tp_comm_overlap"] is True
+    dense = cli("search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "4",
+                "--top", "1", "--json")
+    assert dense.code == 0 and dense.json()["plans"][0]["plan"]["tp_comm_overlap"] is True

@@ -69,9 +69,11 @@ def test_free_vpp_adds_layout_plans_to_the_ranking(cli):
 
 def test_layout_plan_equals_the_scalar_estimate(cli, tmp_path):
     s = cli("search", *DSV3, "--no-cp", "--vpp", "4", "--json").json()["plans"][0]
-    # search sets --tp-comm-overlap by default (Megatron-Bridge's recipes); estimate needs it given
-    # and tries the MoE dispatchers (docs/validation.md#search-deepep): the one it chose is given to estimate too
-    e = cli("estimate", *DSV3[:-1], "--tp-comm-overlap", "--vpp", "4", "--pp-layout", "balanced", "--moe-dispatcher",
+    # search leaves TP overlap off for an MLA model (Megatron-Core turns it off there, step.mla_tp_overlap), as
+    # estimate does, and tries the MoE dispatchers (docs/validation.md#search-deepep): the one it chose is given
+    # to estimate too
+    assert s["plan"]["tp_comm_overlap"] is False
+    e = cli("estimate", *DSV3[:-1], "--vpp", "4", "--pp-layout", "balanced", "--moe-dispatcher",
             s["plan"]["moe_dispatcher"], "--moe-flex-backend", s["plan"]["moe_flex_backend"], "--json")
     assert e.code == 0, e.err
     e = e.json()

@@ -349,7 +349,8 @@ SEARCH_SWITCHES = Flags(SWITCHES.panel, {
                                       "tried too, the better shown)."),
     "tp_comm_overlap": typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                     help="Overlap TP comm with GEMMs where sp is on (default on, as Megatron-Bridge "
-                                         "/ NeMo performance recipes set it).")})
+                                         "/ NeMo performance recipes set it; off for MLA models, which "
+                                         "Megatron-Core runs without it).")})
 PIPELINE_SPLIT = Flags("Pipeline split", {"pp_first": PP_FIRST_LAYERS, "pp_last": PP_LAST_LAYERS,
                                           "embedding_in_split": EMBEDDING_IN_SPLIT, "loss_in_split": LOSS_IN_SPLIT})
 PLAN = Flags("Plan", {

@@ -216,6 +216,10 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     order = parse_order(s.axis_order)
     build(CheckThresholds, {"min_headroom_gib": goal.min_headroom}, "--min-headroom")  # the range check uses
     base = search_workload(m, pins, s)
+    if m.is_mla and base.tp_impl == "megatron" and "tp_comm_overlap" not in named:
+        # Megatron-Core turns TP overlap off at an MLA model's first linear (step.mla_tp_overlap), and
+        # Megatron-Bridge's DeepSeek / Kimi-K2 recipes set it off: the search does not default it on there
+        base = Workload(**{**base.fields(), "tp_comm_overlap": False})
     refuse_missing_format(m, base, cluster)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it
     allowance = make_allowance(memory)
