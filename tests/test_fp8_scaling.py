@@ -24,10 +24,14 @@ from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
 M, S = builtin_models(), builtin_systems()
+PROJ = 4  # linear_proj's backward re-quantisation under save_original_input: read 2 + amax 2
 
 
 def _extra_per_token(model: str, **plan) -> float:
-    """Bytes per token and layer over the step (3 passes) that current scaling adds to the casts."""
+    """Bytes per token and layer over the step (3 passes) that current scaling adds to the casts. Beside the amax
+    reads, current scaling is where Megatron-Core sets save_original_input on the output projection (attention.py
+    at d98e8a64dd): backward reads its input again (2 bytes) with a second amax read (2), PROJ bytes an element
+    (docs/formulas.md#precision.save_original_input)."""
     base = ParallelPlan(dtype="fp8", recipe="tensorwise", seq_len=8192, micro_batch=1, global_batch=64, **plan)
     cur = base.model_copy(update={"fp8_scaling": "current"})
     m = M[model]
@@ -43,13 +47,15 @@ def test_golden_llama3_70b_tp4_sp():
     # _customize_quantizers_float8_current_scaling: row-parallel grad_output with_amax_reduction under SP).
     elements = 2048 + 7168 + 2560 + 14336 + 2 * 2048
     assert elements == 30208
-    assert _extra_per_token("llama-3.1-70b", tp=4, sp=True, dp=2) == pytest.approx(2 * elements, rel=1e-12)
+    assert _extra_per_token("llama-3.1-70b", tp=4, sp=True, dp=2) == pytest.approx(2 * elements + PROJ * 2048,
+                                                                                    rel=1e-12)
 
 
 def test_golden_llama3_8b_tp1():
     # Llama 3 8B (h 4096, 32 x 128, 8 KV, f 14336), TP1: forward 4096 + 14336; backward QKV (32 + 16)·128 = 6144,
     # fc1 2·14336 = 28672, output projection and fc2 4096 each: 61,440 elements, 2 bytes each.
-    assert _extra_per_token("llama-3.1-8b", tp=1, dp=8) == pytest.approx(2 * (4096 + 14336 + 6144 + 28672 + 8192))
+    assert _extra_per_token("llama-3.1-8b", tp=1, dp=8) == pytest.approx(2 * (4096 + 14336 + 6144 + 28672 + 8192)
+                                                                      + PROJ * 4096)
 
 
 def test_golden_mixtral_moe_count():
@@ -62,7 +68,7 @@ def test_golden_mixtral_moe_count():
     base = ParallelPlan(dtype="fp8", recipe="tensorwise", seq_len=8192, global_batch=64, dp=8)
     cur = base.model_copy(update={"fp8_scaling": "current"})
     extra = float(fp8_cast_bytes(m, cur, True) - fp8_cast_bytes(m, base, True)) * 3 / 8192
-    assert extra == pytest.approx(2 * (4096 + 4096 + 6144 + 2 * 2 * 4096 + 3 * 2 * 14336))
+    assert extra == pytest.approx(2 * (4096 + 4096 + 6144 + 2 * 2 * 4096 + 3 * 2 * 14336) + PROJ * 4096)
 
 
 @pytest.mark.parametrize("dtype,recipe", [("fp8", "mxfp8"), ("fp8", "blockwise"), ("fp8", "rowwise"),

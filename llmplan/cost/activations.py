@@ -17,6 +17,7 @@ from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_m
 from llmplan.cost.gemm import fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
+from llmplan.cost.quantize import proj_saves_original_input
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -101,6 +102,8 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
     per_score = 5 if m.attention_dropout > 0 else 2
     f = token_ffn_width(m, moe)
+    # The core's output, the output projection's input: kept once at 2 bytes where linear_proj saves the core's
+    # own bf16 tensor (proj_saves_original_input), else once as the projection's quantised copy.
     out = 2 * s * b * a * attention_head_dims(m)[1] / t
     latents = 2 * s * b * latent_width(m)
     # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
@@ -112,7 +115,7 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
         residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks + hc_saved_bytes(m, plan),
         attn_input=linear_in * at,
         latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
-        attn_out=out * (1 - saved / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
+        attn_out=out * (1 - saved * (1 - proj_saves_original_input(plan)) / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
         mlp_input=mlp_input * ff,
         mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
         recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp),

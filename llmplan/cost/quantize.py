@@ -193,11 +193,26 @@ def requantize_bytes(plan: ParallelPlan, transposed: float, split: bool) -> Any:
     return where(plan.ep_dispatch_fp8, 0.0, x)
 
 
+def proj_saves_original_input(plan: ParallelPlan) -> Any:
+    """1 where Megatron-Core sets Transformer Engine's save_original_input on the attention / MLA output projection
+    (linear_proj): fp8 under a non-delayed recipe (current scaling, blockwise, MXFP8; TE >= 2.6) or fp4, on a
+    Megatron-Core / TE stack (tp_impl megatron; not torchao's Float8Linear as torchtitan runs it, tp_impl dtensor,
+    nor its rowwise recipe, nor DeepSeek-V3's own stack, ep_dispatch_fp8); else 0. linear_proj then keeps the
+    core's bf16 output, not a quantised copy. Source: NVIDIA/Megatron-LM d98e8a64dd
+    megatron/core/transformer/attention.py, multi_latent_attention.py (Attention.__init__ / MLA __init__:
+    set_save_original_input(self.linear_proj) under fp8 with fp8_recipe != 'delayed' or fp4).
+    Derived: docs/formulas.md#precision.save_original_input"""
+    if plan.tp_impl != "megatron":
+        return 0.0
+    return where(requantize_bytes(plan, 0.0, split=False) > 0, 1.0, 0.0)
+
+
 def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transposed: float,
                                    on_shard: Any) -> Any:
     """HBM bytes per token of the layer's s·b, over the step, one rank, that Megatron-Core's
     set_save_original_input adds to the casts of the modules it sets it on under the recompute / offload
-    modules (requantize_bytes per element of their input): with `moe_act` recompute the routed experts' fc2
+    modules (requantize_bytes per element of their input): on every softmax / MLA attention layer the output
+    projection's input, the core's output (proj_saves_original_input); with `moe_act` recompute the routed experts' fc2
     (its k·etp rows of f_e/etp, not on the fused grouped MLP, whose ops ignore the module's flag), with
     `expert_fc1` offload fc1 (k·etp rows of the expert width) unless MXFP8 / NVFP4, with `layernorm` recompute
     MLA's down-projections (the query's where it has a rank, the key/value's; h-wide, on the sequence shard);
@@ -211,6 +226,9 @@ def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, 
     mla = m.mla is not None and not is_v4_attention(m)
     downs = (2 if m.q_lora_rank else 1) if mla else 0
     attn = where(plan.recomputes("layernorm"), lin * downs * m.hidden_size * on_shard * attention_share(m), 0.0)
+    # linear_proj re-quantises the core's output (a·d_v/t a token, TP-local) for its wgrad (proj_saves_original_input)
+    proj = m.num_attention_heads * attention_head_dims(m)[1] / plan.tp
+    attn = attn + lin * proj_saves_original_input(plan) * proj * attention_share(m)
     if not moe:
         return attn
     rows = m.num_experts_per_tok * plan.etp_resolved * where(plan.sp, 1 / plan.tp, 1) * plan.expert_padding
