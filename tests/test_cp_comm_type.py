@@ -185,3 +185,11 @@ def test_a_plain_model_searches_the_ring_only():
     assert cp_comm_variants(windows, w, pinned=False, cp_free=True) == ["a2a", "all_gather"]
     assert cp_comm_variants(oss, w, pinned=True, cp_free=True) == ["p2p"]
     assert cp_comm_variants(oss, w, pinned=False, cp_free=False) == ["p2p"]
+
+
+def test_an_unknown_cp_comm_type_is_one_line_and_exit_2(cli):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--cp", "2",
+            "--cp-comm-type", "ring")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert r.err.strip() == ("error: --cp-comm-type ring is not a Transformer Engine CP attention llmplan prices; "
+                             "use one of p2p, a2a, all_gather")

@@ -18,13 +18,9 @@ from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
 
 
-@pytest.fixture(autouse=True)
-def _without_linear_proj_flag(monkeypatch):
-    """These goldens count the other casts: Megatron-Core's save_original_input on linear_proj (its backward
-    re-quantisation) is held out here and counted by hand in tests/test_proj_original_input.py and
-    tests/test_fp8_scaling.py (docs/formulas.md#precision.save_original_input)."""
-    import llmplan.cost.quantize as quantize
-    monkeypatch.setattr(quantize, "proj_saves_original_input", lambda plan: 0.0)
+# the other casts: linear_proj's save_original_input is held out (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("without_linear_proj_flag")
+
 
 M = builtin_models()
 PLAN = {"tp": 2, "pp": 1, "dp": 4, "sp": True, "seq_len": 8192, "micro_batch": 1, "global_batch": 64}
