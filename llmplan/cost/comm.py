@@ -25,6 +25,10 @@ from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
     attention_params,
+    indexer_params,
+    norm_params,
+    stage_layers,
+    tp_synced_layer_params,
     kv_heads_per_rank,
     max_stage_layers,
     mlp_params,
@@ -38,6 +42,7 @@ from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.plan_choices import MoeFlexBackend
+from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan
@@ -106,7 +111,8 @@ class Transfer(Generic[G]):
     copy_bytes: Any = 0.0
     """HBM bytes one call copies around its collective on the GPU (ZERO3_GATHER_COPIES; 0: none)."""
     step_end: bool = False
-    """Run once a step after the optimizer step, serial with it: exposed whole (mxfp8_amax_transfers)."""
+    """Run once a step outside the micro-batches, serial with the step: exposed whole (after the optimizer step:
+    mxfp8_amax_transfers; before it: tp_step_end_transfers)."""
     te_cp: bool = False
     """One of Transformer Engine's a2a / all_gather context-parallel collectives (te_cp_collectives), not a
     hybrid mixer's all-to-all (te_cp_split, cp_mixer_split)."""
@@ -338,7 +344,9 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
 
     dp_reduce, dp_gather = split(dp)
     return CommSeconds(
-        tp=comm.axes["tp"].seconds, pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
+        tp=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if not t.step_end),
+        tp_step_end=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if t.step_end),
+        pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
         ep=comm.axes["ep"].seconds,
         cp_mixers=sum(transfer_seconds(t, system) for t in cp_mixer_split(comm.axes["cp"].transfers)[1]),
         cp_a2a=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[0]),
@@ -388,6 +396,49 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
           Transfer("reduce-scatter", with_sp, S, group),
           Transfer("all-gather", pp_gathers(plan), S, group)]
     return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
+
+
+TP_SYNC_COPIES = 4.0
+"""HBM bytes per byte of the buffer that Megatron-Core's step-end TP gradient all-reduce moves on the GPU around its
+NCCL kernel, serial with it: _flatten_dense_tensors packs the gradients into one buffer (1 read, 1 write) and each
+gradient copies its synced slice back (buf.copy_: 1 read, 1 write). Source: NVIDIA/Megatron-LM at d98e8a64dd,
+megatron/core/distributed/finalize_model_grads.py (_allreduce_non_tensor_model_parallel_grads).
+Derived: docs/formulas.md#comm.tp_grad_sync"""
+
+
+def tp_synced_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
+    """(summed, averaged) parameters whose gradients a rank of pipeline stage `stage` all-reduces over TP once a
+    step (tp_synced_layer_params per layer of the stage, the final norm on the last; the sparse indexer's
+    averaged), 0 with TP 1 or PyTorch DTensor TP (not Megatron's finalize_model_grads). A DualPipe rank holds the
+    paired stage too. Derived: docs/formulas.md#comm.tp_grad_sync"""
+    dense, moe, qk = tp_synced_layer_params(m)
+    indexer = indexer_params(m) if m.mla is not None else 0  # DeepSeek-V3.2's (dsa.py); V4's compressors: unpriced
+    on = (plan.tp > 1) & (plan.tp_impl == "megatron")
+    summed, averaged = 0 * plan.tp, 0 * plan.tp
+    stages = (stage, plan.pp - 1 - stage) if schedule_of(plan).param_copies == 2 else (stage,)
+    for i in stages:
+        n_dense, n_moe = stage_layers(m, plan, i)
+        last = where(i == plan.pp - 1, norm_params(m), 0)
+        summed = summed + where(plan.sp, n_dense * dense + n_moe * moe + last, 0) + (n_dense + n_moe) * qk
+        averaged = averaged + (n_dense + n_moe) * attention_share(m) * indexer
+    return where(on, summed, 0), where(on, averaged, 0)
+
+
+def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
+    """Megatron-Core's step-end all-reduces over TP of the gradients of the parameters every TP rank holds whole
+    (tp_synced_params): one coalesced call of the summed ones and one of the averaged ones, at the gradient
+    buffer's dtype (grad_bytes), after the DP reduction and before the optimizer step, serial with both (exposed
+    whole); the rank of the candidate stage with the most. Source: NVIDIA/Megatron-LM at d98e8a64dd,
+    megatron/core/distributed/finalize_model_grads.py (finalize_model_grads: finish_grad_sync, then
+    _allreduce_non_tensor_model_parallel_grads, _flatten_dense_tensors of main_grad and one all_reduce per
+    ReduceOp over the tp group). Derived: docs/formulas.md#comm.tp_grad_sync"""
+    summed, averaged = 0.0, 0.0
+    for i in candidate_stages(m, plan):
+        s_i, a_i = tp_synced_params(m, plan, i)
+        summed, averaged = maximum(summed, s_i), maximum(averaged, a_i)
+    g = plan.grad_bytes
+    return [Transfer("all-reduce", where(x > 0, 1, 0), g * x, group, copy_bytes=TP_SYNC_COPIES * g * x, step_end=True)
+            for x in (summed, averaged)]
 
 
 def mla_latent_widths(m: ModelSpec) -> tuple[int, int, int]:
@@ -1188,7 +1239,7 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
                                                             (spans["edp"], spans["edp_in"]), i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
-        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]), system),
+        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]) + tp_step_end_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),

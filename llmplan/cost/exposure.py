@@ -56,6 +56,9 @@ class CommSeconds:
     dp_step_end: Any = 0.0
     """Seconds per step of the DP collectives that run after the optimizer step, serial with it (the first
     stage's rank: cost.comm.mxfp8_amax_transfers; 0 but for Megatron-FSDP's MXFP8 weights)."""
+    tp_step_end: Any = 0.0
+    """Seconds per step of the TP all-reduces of the whole-on-every-rank parameters' gradients that Megatron-Core
+    runs once a step after the DP reduction, serial with the step (cost.comm.tp_step_end_transfers); not in tp."""
     dp_stages: tuple[tuple[Any, Any], ...] = ()
     """(dp_reduce, dp_gather) of a rank of each candidate stage (cost.memory.candidate_stages, in order), each
     of its own parameters (docs/formulas.md#step.stage_tail); dp_reduce / dp_gather are the first stage's.

@@ -315,10 +315,9 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
 
     Derived: docs/formulas.md#params.rank"""
     h, d = m.hidden_size, m.d_head
-    if (mla := m.mla) is not None:
+    if m.mla is not None:
         # Down-projections (and their norms) are replicated; per-head up-projections and the output split by t.
-        rope, kv_r, q_r = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
-        down = (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r + indexer_params(m)  # indexer replicated
+        down = mla_down_params(m) + indexer_params(m)  # indexer replicated
         return down + (attention_params(m) - down) / t
     if is_v4_attention(m):
         down = v4_replicated_attention_params(m)  # DeepSeek-V4: the query down-projection, the shared KV head
@@ -326,6 +325,45 @@ def attention_params_per_rank(m: ModelSpec, t: Any) -> Any:
     kv_head = 2 * (h * d + (d if (m.attention_bias or m.qkv_bias) else 0))  # a key and a value head, biases
     whole = attention_replicated_params(m)  # output bias, q/k norms: on every TP rank
     return (attention_params(m) - kv_head * m.kv_heads - whole) / t + kv_head * kv_heads_per_rank(m, t) + whole
+
+
+def mla_down_params(m: ModelSpec) -> int:
+    """One MLA block's down-projections and latent norms, which every TP rank holds whole: h x q_r and its norm
+    q_r (with a compressed query), h x (kv_r + rope) and its norm kv_r; 0 without MLA. Source: NVIDIA/Megatron-LM
+    at d98e8a64dd, megatron/core/transformer/multi_latent_attention.py (MLASelfAttention.__init__:
+    linear_q_down_proj / linear_kv_down_proj built as TELinear parallel_mode "duplicated"; q_layernorm of
+    q_lora_rank, kv_layernorm of kv_lora_rank). Derived: docs/formulas.md#params.rank"""
+    if (mla := m.mla) is None:
+        return 0
+    h, rope, kv_r, q_r = m.hidden_size, mla.qk_rope_head_dim, mla.kv_lora_rank, mla.q_lora_rank
+    return (h * q_r + q_r if q_r else 0) + h * (kv_r + rope) + kv_r
+
+
+def tp_synced_layer_params(m: ModelSpec) -> tuple[float, float, float]:
+    """Per average (dense layer, MoE layer), the parameters every TP rank holds whole whose gradients
+    Megatron-Core sums over TP at the end of the step when sequence parallelism is on (each rank saw 1/t of the
+    tokens): the pre-norms, MLA's down-projections and latent norms, the row-parallel output biases (attention;
+    a dense MLP's), the hyper-connections, and in a MoE layer the router's gate (and bias; its expert_bias is a
+    buffer) and the latent projections; and, third, what it sums whatever sequence parallelism: the per-head
+    q/k norms of qk_layernorm (MLA fuses its latent norms into the up-projections instead). DeepSeek Sparse
+    Attention's indexer, also whole on every rank, is averaged in a call of its own (indexer_params).
+    Source: NVIDIA/Megatron-LM at d98e8a64dd, megatron/core/distributed/finalize_model_grads.py
+    (_allreduce_non_tensor_model_parallel_grads: config.sequence_parallel and the param's sequence_parallel
+    attribute, or qk_layernorm's q_layernorm / k_layernorm, SUM; average_gradients_across_tp_domain, AVG),
+    extensions/transformer_engine.py (TELinear "duplicated": sequence_parallel = config.sequence_parallel; the
+    row-parallel bias), tensor_parallel/layers.py (RowParallelLinear's bias), transformer/moe/router.py
+    (Router.reset_parameters), transformer/hyper_connection.py, experimental_attention_variant/dsa.py (the
+    indexer: average); NVIDIA/TransformerEngine transformer_engine/pytorch/module/layernorm_linear.py
+    (layer_norm_weight's sequence_parallel attribute). Derived: docs/formulas.md#comm.tp_grad_sync"""
+    h = m.hidden_size
+    bias = h if m.attention_bias else 0
+    common = attention_share(m) * (mla_down_params(m) + (0 if m.mla is not None else bias)) \
+        + norms_per_layer(m) * norm_params(m) + 2 * hc_params(m)
+    dense = common + (dense_mlp_share(m) * h if m.mlp_bias else 0)
+    router = h * m.num_experts + (m.num_experts if m.mlp_bias else 0)
+    moe = common + router + latent_proj_params(m) if m.is_moe else dense
+    qk = attention_share(m) * (2 * m.d_head if m.qk_norm and m.mla is None else 0)
+    return dense, moe, qk
 
 
 def attention_nonmatrix_per_rank(m: ModelSpec, t: Any) -> Any:

@@ -290,7 +290,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         offload = offload + n * (moe_act_offload_exposed(comm.host_attn, fwd, k, fwd)
                                  + moe_act_offload_exposed(comm.host_attn, bwd, k, bwd))
     dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa)
-    exposed = {"tp": n * tp_mb, "pp": pp_exposed,
+    exposed = {"tp": n * tp_mb + comm.tp_step_end, "pp": pp_exposed,  # docs/formulas.md#comm.tp_grad_sync
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
     model = model_flops_per_step(m, plan)

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs, dp_transfers, te_cp_split,
-                                ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split, tp_transfers)
+                                ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split,
+                                tp_step_end_transfers, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
@@ -179,6 +180,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in")))
     return CommSeconds(
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
+        tp_step_end=total(tp_step_end_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
         cp=total(cp := cp_transfers(m, plans.as_plan, "cp")),
         cp_mixers=total(cp_mixer_split(cp)[1]),
