@@ -122,3 +122,17 @@ def test_exposed_whole_in_tp_and_the_search_agrees():
     vec = evaluate(m, cluster, from_plan(plan))
     assert float(vec.step.total[0]) == pytest.approx(float(est.time.total), rel=1e-9)
     assert float(vec.step.exposed["tp"][0]) == pytest.approx(float(est.time.exposed["tp"]), rel=1e-9)
+
+
+def test_json_reports_the_step_end_seconds_and_marks_the_transfer():
+    """Keys added to the comm JSON (never renamed): tp.step_end_seconds and each transfer's step_end."""
+    from llmplan.report.training import comm_json
+
+    m = resolve_model("deepseek-v3")
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h800"], num_nodes=32)
+    est = estimate_training(m, cluster, _plan())
+    out = comm_json(est.comm, cluster.system)
+    assert out["tp"]["step_end_seconds"] == pytest.approx(comm_seconds(est.comm, cluster.system).tp_step_end)
+    ends = [t for t in out["tp"]["transfers"] if t["step_end"]]
+    assert len(ends) == 1 and ends[0]["message_bytes"] == 4 * (3 * DENSE_LAYER + 59 * MOE_LAYER + H)
+    assert not any(t["step_end"] for t in out["dp"]["transfers"])

@@ -77,7 +77,7 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
             "transfers": [{"collective": t.collective,
                            "calls": t.calls if isinstance(t.calls, int) else float(t.calls),
                            "message_bytes": float(t.message), "bytes": float(t.bytes), "group_size": t.group.size,
-                           "nodes": t.group.nodes}
+                           "nodes": t.group.nodes, "step_end": bool(t.step_end)}
                           for t in a.transfers],
         }
     # The cp axis's seconds by kind: the ring (and PyTorch's CP), a hybrid's mixer all-to-alls, Transformer
@@ -87,6 +87,8 @@ def comm_json(comm: CommBreakdown, system: SystemSpec) -> dict[str, Any]:
     out["cp"]["seconds_by_kind"] = {"cp_ring": float(ring),
                                     "cp_mixers": float(cs.cp_mixers), "cp_a2a": float(cs.cp_a2a),
                                     "cp_allgather": float(cs.cp_allgather)}
+    # the tp axis's once-a-step all-reduce of the duplicated parameters' gradients (docs/formulas.md#comm.tp_grad_sync)
+    out["tp"]["step_end_seconds"] = float(cs.tp_step_end)
     return out
 
 
