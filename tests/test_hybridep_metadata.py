@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from llmplan.cost.elementwise import hybridep_metadata_bytes, moe_permute_passes, moe_routing_train_bytes
+from llmplan.cost.moe_kernels import moe_kernel_calls
 from llmplan.estimate import estimate_training
 from llmplan.search.evaluate import evaluate
 from llmplan.search.grid import Workload, default_space, enumerate_plans
@@ -74,3 +75,26 @@ def test_vectorised_search_agrees_with_scalar(name, system, nodes):
     for j, i in enumerate(idx):
         scalar = estimate_training(m, cluster, plans.plan(i))
         assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+ULTRA = "mbridge-26.08-pretrain-nemotron-3-ultra-dgx-{}-256gpu-mxfp8-tp{}pp1cp1ep64vpnagbs256mbs1"
+
+
+@pytest.mark.parametrize("gpu,tp", [("gb300", 1), ("gb200", 2)])
+def test_the_ultra_rows_price_the_fused_router_their_preset_sets(row_setup, gpu, tp):
+    # NVIDIA-NeMo/Megatron-Bridge perf_recipes/nemotronh/common.py at 4ab94dfad (the rows' performance-summary
+    # commit) and v0.6.0: _apply_nemotron_3_ultra_perf_defaults sets moe_router_fusion = True; no top-k kernel runs
+    m, _, plan = row_setup(ULTRA.format(gpu, tp))
+    assert plan.moe_router_fusion
+    assert moe_kernel_calls(m, plan)["topk_pass"] == 0
+    # HybridEP with EP64 in the NVL72 domain: the scan's 2 x 64 x 512 bytes a token each forward
+    assert hybridep_metadata_bytes(m, plan) == 2 * 64 * 512
+
+
+def test_the_super_rows_keep_the_unfused_router(published_runs, row_setup):
+    # _apply_nemotron_3_super_perf_defaults (same file and commit) leaves moe_router_fusion at Megatron's False;
+    # 512 experts at 4,096+ tokens a rank: group_limited_topk's two multi-block top-k and the aux loss's one
+    rows = [rid for rid in published_runs if "nemotron-3-super" in rid and rid.startswith("mbridge-26")]
+    assert rows
+    m, _, plan = row_setup(rows[0])
+    assert not plan.moe_router_fusion
