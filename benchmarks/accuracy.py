@@ -823,15 +823,17 @@ def mbridge_router_fusion(rec: dict, fam: str) -> bool:
     elsewhere): the performance presets of DeepSeek-V3/V4, GPT-OSS-120B, Kimi-K2 and Qwen3 set it True
     (scripts/performance/configs/{deepseek,gpt_oss,kimi,qwen}/*_llm_pretrain.py at v0.2.0 ... v0.5.0;
     perf_recipes/deepseek/common.py, deepseek/gb200/deepseek_v4.py, gpt_oss/{b200,b300,gb200}/gpt_oss.py at
-    v0.6.0); the Nemotron-3 presets leave it off (recipes/nemotronh/gb200/nemotron_3_nano.py sets False); of
-    the verification cards only the H100 Qwen3-30B-A3B recipe sets it (recipes/qwen/h100/qwen3_moe.py
-    qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config at 16846a8da). Source: NVIDIA-NeMo/Megatron-Bridge at those
-    tags. docs/validation.md#router-fusion"""
+    v0.6.0), and so does the Nemotron-3 Ultra preset the 26.08 rows ran (perf_recipes/nemotronh/common.py
+    _apply_nemotron_3_ultra_perf_defaults at 4ab94dfad, the rows' docs commit, and v0.6.0:
+    docs/validation.md#hybridep-metadata); the Nano and Super presets leave it off
+    (recipes/nemotronh/gb200/nemotron_3_nano.py sets False); of the verification cards only the H100
+    Qwen3-30B-A3B recipe sets it (recipes/qwen/h100/qwen3_moe.py qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config at
+    16846a8da). Source: NVIDIA-NeMo/Megatron-Bridge at those tags. docs/validation.md#router-fusion"""
     rid = rec["id"]
     if fam == "bridgecard":
         return "h100-bf16-qwen3-30b-a3b-16gpu" in rid
     return fam == "mbridge-moe" and any(x in rid for x in ("deepseekv3", "deepseekv4", "gpt-oss-120b", "kimi-k2",
-                                                          "qwen3-30b", "qwen3-235b"))
+                                                          "qwen3-30b", "qwen3-235b", "nemotron-3-ultra"))
 
 
 def spec_for(rec: dict, fam: str) -> ModelSpec:

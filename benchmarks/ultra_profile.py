@@ -77,7 +77,7 @@ STEP_MS = {"nsys window / 3": 27608 / 3, "log, iteration 50": 8041.0,
 
 def setup():
     """The profiled run as llmplan reads it: the 26.08 GB200 Ultra row with the profile's layout, batch,
-    precision, dispatcher, recompute and per-expert GEMMs."""
+    precision, dispatcher, recompute, unfused router and per-expert GEMMs."""
     recs = {r["id"]: r for r in load_runs()}
     r = copy.deepcopy(recs[ROW])
     r["id"] = "mbridge-26.04.01-pretrain-nemotron-3-ultra-dgx-gb200-96gpu-bf16-tp2pp3cp1ep32vpnagbs128mbs1"
@@ -87,7 +87,8 @@ def setup():
     plan = plan.model_copy(update={
         "recompute_modules": ("moe", "layernorm", "core_attn", "moe_act", "mlp", "shared_experts"),
         "moe_dispatcher": "alltoall", "moe_dispatch_sms": None, "moe_flex_backend": "deepep",
-        "offload_moe_act": False, "expert_gemm": "per-expert", "cuda_graphs": "none"})
+        "offload_moe_act": False, "expert_gemm": "per-expert", "cuda_graphs": "none",
+        "moe_router_fusion": False})  # S1's router ran unfused (its mbtopk kernels); the 26.08 preset fuses it
     return model, cluster, plan
 
 

@@ -63,9 +63,10 @@ def test_topk_calls_follow_the_switch_and_the_aux_loss():
     assert router_topk_calls(_model(None), _plan()) == 2         # no coefficient: exported with the default, on
     assert router_topk_calls(_model(1e-3), _plan(moe_router_fusion=True)) == 0
     m = builtin_models()["nemotron-3-ultra"]  # 4,096 tokens a rank x 512 experts: PyTorch's multi-block top-k
-    assert moe_kernel_calls(m, _plan())["topk_pass"] == 8
+    assert router_topk_calls(m, _plan()) == 3  # group_limited_topk (n_group 1, topk_group 1): two, the aux loss one
+    assert moe_kernel_calls(m, _plan())["topk_pass"] == 12
     assert moe_kernel_calls(m, _plan(moe_router_fusion=True))["topk_pass"] == 0
-    assert moe_kernel_calls(m.model_copy(update={"router_aux_loss_coef": 0.0}), _plan())["topk_pass"] == 4
+    assert moe_kernel_calls(m.model_copy(update={"router_aux_loss_coef": 0.0}), _plan())["topk_pass"] == 8
 
 
 def test_the_switch_moves_the_step_time_and_vector_matches_scalar():

@@ -410,9 +410,11 @@ def moe_permute_passes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """(forward, backward) HBM bytes per token of one MoE layer's permute and unpermute in training: forward the
     row-id map (ROW_ID_MAP_BYTES x E) and the pair (PERMUTE_BYTES x (k + 1) x w; w the latent width of a latent
     MoE), backward the pair reversed and the probs' gradient row (PROB_GRAD_FILL_BYTES x E). HybridEP runs
-    neither Transformer Engine kernel: hybridep_permute_passes. Derived: docs/formulas.md#moe.routing_passes"""
+    neither Transformer Engine kernel: hybridep_permute_passes, and its metadata preprocessing in forward
+    (hybridep_metadata_bytes). Derived: docs/formulas.md#moe.routing_passes"""
     if plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep":  # workload switches
-        return hybridep_permute_passes(m, plan)
+        forward, backward = hybridep_permute_passes(m, plan)
+        return forward + hybridep_metadata_bytes(m, plan), backward
     pair = PERMUTE_BYTES * (m.num_experts_per_tok + 1) * m.expert_width
     return ROW_ID_MAP_BYTES * m.num_experts + pair, PROB_GRAD_FILL_BYTES * m.num_experts + pair
 
@@ -438,6 +440,34 @@ def hybridep_permute_passes(m: ModelSpec, plan: ParallelPlan) -> Any:
     from llmplan.cost.comm import dispatch_rows  # comm builds on this module: imported where used
     pair = PERMUTE_BYTES * (m.num_experts_per_tok + dispatch_rows(m, plan)) * m.expert_width
     return pair, pair
+
+
+HYBRIDEP_METADATA_READS = 2
+"""Reads of the gathered bool routing map by HybridEP's metadata preprocessing kernel (`scan`), one byte a
+(token, expert): its step 0 loads each token's row to sum the tokens each rank of the NVLink domain needs, step 2
+loads it again to write the exclusive scans (sparse_to_dense_map, the local experts' maps). Source:
+deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/backend/hybrid_ep_backend.cuh (scan: routing_map_load_base_addr
+in step 0 and step 2). Derived: docs/formulas.md#moe.hybridep_permute"""
+
+
+def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of HybridEP's metadata preprocessing, once a forward dispatch (dispatch_with_permute
+    without a handle: Megatron-Core's HybridEPDispatch.forward passes the routing map every forward, `moe`
+    recompute's rerun included; the backward reuses the handle). Executor::metadata_preprocessing all-gathers the
+    bool [tokens, E] map over the EP group (comm.hybridep: cost.comm.routing_map_bytes) and runs `scan` over every
+    gathered token of the group, tokens x ep of them, each loading its NVLink domain's slice, E x g / ep bytes (g
+    ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g = ep, the EP group
+    in one NVLink domain (the Megatron-Bridge presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN, 64 = ep for
+    Nemotron-3 Ultra on NVL72; across domains ep is an upper bound of g, as in hybridep_prob_permute_bytes:
+    elementwise_bytes has no system). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
+    a received row, are under 2% of that and not counted. 0 without expert parallelism.
+    Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/hybrid_ep.cu (metadata_preprocessing),
+    executor/executor.cu (allgather_routing_map, metadata_preprocess_core), backend/hybrid_ep_backend.cuh (scan:
+    num_of_total_attn_tokens = tokens x ranks per node x nodes, NUM_OF_BYTES_TO_LOAD_FOR_EACH_TOKEN = experts a
+    rank x ranks per node), deep_ep/hybrid_ep_buffer.py (dispatch_with_permute: metadata_preprocessing when
+    handle is None); NVIDIA/Megatron-LM @d98e8a6 megatron/core/transformer/moe/fused_a2a.py (HybridEPDispatch,
+    HybridEPCombine.backward with the handle). Derived: docs/formulas.md#moe.hybridep_permute"""
+    return where(plan.ep > 1, HYBRIDEP_METADATA_READS * plan.ep * m.num_experts, 0.0)
 
 
 def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -49,23 +49,35 @@ TOPK_RADIX_PASSES = 4
 sizeof(T) * 8 - RADIX_BITS down to 0, RADIX_BITS 8). Source: pytorch/pytorch
 aten/src/ATen/native/cuda/TensorTopK.cu at 6ed5926. Derived: docs/formulas.md#moe.small_kernels"""
 
-ROUTER_TOPK_CALLS = 2
-"""torch.topk calls of one unfused router forward with an auxiliary loss over the [tokens, E] fp32 scores: the
-routing's (topk_routing_with_score_function) and the aux-loss scores' (compute_routing_scores_for_aux_loss, run
-only while an aux loss is on); group-limited routing adds one more. Megatron-Core's default moe_router_fusion is
-off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/router.py (TopKRouter.routing) and moe_utils.py at
-d98e8a6 (and 7da5b28). Derived: docs/formulas.md#moe.small_kernels"""
+def group_limited_routing(m: ModelSpec) -> bool:
+    """Whether Megatron-Core's router takes group_limited_topk: moe_router_group_topk set at all (`if group_topk:`
+    in topk_routing_with_score_function), a limit or not. Megatron-Bridge maps the HF config's n_group / topk_group
+    onto moe_router_num_groups / moe_router_group_topk (model_bridge.py CONFIG_MAPPING at 067f987), and the
+    Nemotron-3 configs give 1 / 1, so their routers run it. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/moe_utils.py at d98e8a6 (_compute_topk). Derived: docs/formulas.md#moe.small_kernels"""
+    return bool(m.topk_group)
+
+
+def routing_topk_calls(m: ModelSpec) -> int:
+    """torch.topk calls over E scores a token of the unfused routing (topk_routing_with_score_function): one, or
+    with group-limited routing (group_limited_routing) two, group_limited_topk's top-(k / topk_group) within each
+    of the n_group groups of E / n_group scores and its final top-k over the masked E scores; its group pick over
+    the [tokens, n_group] group scores is PyTorch's single-block kernel (n_group < 400) and not priced. Source:
+    NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_utils.py at d98e8a6 (group_limited_topk).
+    Derived: docs/formulas.md#moe.small_kernels"""
+    return 2 if group_limited_routing(m) else 1
 
 
 def router_topk_calls(m: ModelSpec, plan: ParallelPlan) -> int:
-    """torch.topk calls of one router forward: none with moe_router_fusion (Transformer Engine's fused kernels
-    select in registers: fused=config.moe_router_fusion in topk_routing_with_score_function and
-    compute_routing_scores_for_aux_loss, moe_utils.py at d98e8a6), else ROUTER_TOPK_CALLS, one fewer without an
-    auxiliary loss (cost.kernels.aux_loss_on). Derived: docs/formulas.md#moe.router_fusion"""
+    """torch.topk calls over E scores a token of one router forward with gradients enabled: none with
+    moe_router_fusion (Transformer Engine's fused kernels select in registers: fused=config.moe_router_fusion in
+    topk_routing_with_score_function and compute_routing_scores_for_aux_loss, moe_utils.py at d98e8a6), else the
+    routing's (routing_topk_calls) and, with an auxiliary loss (cost.kernels.aux_loss_on), the aux-loss scores'
+    one. Derived: docs/formulas.md#moe.router_fusion"""
     from llmplan.cost.kernels import aux_loss_on
     if plan.moe_router_fusion:
         return 0
-    return ROUTER_TOPK_CALLS if aux_loss_on(m) else ROUTER_TOPK_CALLS - 1
+    return routing_topk_calls(m) + (1 if aux_loss_on(m) else 0)
 
 
 def router_tokens(plan: ParallelPlan) -> Any:
@@ -86,21 +98,32 @@ def multiblock_topk(slices: Any, size: int) -> Any:
 
 
 def moe_kernel_calls(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
-    """Calls of each small kernel in one MoE layer's forward, one micro-batch: the chunk-sort map twice with the
-    alltoall dispatcher's sort by local expert (dispatch_postprocess and combine_preprocess; the backward sorts
-    reuse the saved map; dropless only: padded to capacity a transpose reorders the rows), the row-id argsort once (the permute in dispatch preprocess; its backward reuses the
-    map; not with HybridEP's own permute), the top-k radix passes (router_topk_calls x TOPK_RADIX_PASSES) where
-    PyTorch runs the multi-block kernel. Selective `moe` recompute runs the forward's again (moe_kernel_seconds).
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py and moe_layer.py at d98e8a6;
-    NVIDIA/TransformerEngine transformer_engine/pytorch/permutation.py at d0067d0 (_moe_chunk_sort,
-    _moe_permute_mask_map: backward with the forward's row_id_map). Derived: docs/formulas.md#moe.small_kernels"""
+    """Calls of each small kernel in one MoE layer and micro-batch, forward, selective `moe` recompute's rerun
+    (r = 1, else 0) and backward together: the chunk-sort map twice a forward with the alltoall dispatcher's sort
+    by local expert (dispatch_postprocess and combine_preprocess; the backward sorts reuse the saved map; dropless
+    only: padded to capacity a transpose reorders the rows), the row-id argsort once a forward (the permute in
+    dispatch preprocess; its backward reuses the map; not with HybridEP's own permute), and the top-k radix passes
+    (TOPK_RADIX_PASSES a call) of the calls PyTorch runs multi-block: the routing's (routing_topk_calls; the group
+    scores' over tokens x n_group rows of E / n_group) each forward, and the aux-loss scores' once, in the one
+    forward that runs with gradients enabled: tensor_parallel.checkpoint (and Transformer Engine's) runs the
+    checkpointed forward under torch.no_grad() and the rerun under torch.enable_grad(), and TopKRouter.routing
+    computes the aux loss only where torch.is_grad_enabled(). So (1 + r) x routing + aux calls; none fused.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py, router.py and
+    tensor_parallel/random.py (CheckpointFunction) at d98e8a6; NVIDIA/TransformerEngine
+    transformer_engine/pytorch/permutation.py (_moe_chunk_sort, _moe_permute_mask_map: backward with the forward's
+    row_id_map) and pytorch/distributed.py (_CheckpointFunction) at d0067d0. Derived: docs/formulas.md#moe.small_kernels"""
     # padded to capacity (drop_and_pad) the received rows are reordered by a transpose copy, with no map
     sorted_rows = ((plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
                    & (plan.moe_capacity_factor is None))
     te_permute = not (plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep")
-    passes = router_topk_calls(m, plan) * TOPK_RADIX_PASSES
-    topk = where(multiblock_topk(router_tokens(plan), m.num_experts), passes, 0)
-    return {"sort_map": where(sorted_rows, 2, 0), "row_id_argsort": 1 if te_permute else 0, "topk_pass": topk}
+    forwards = 1 + where(plan.recomputes("moe"), 1, 0)
+    T, E, groups = router_tokens(plan), m.num_experts, m.n_group or 1
+    full = where(multiblock_topk(T, E), 1, 0)  # a top-k over the tokens' E scores
+    grouped = where(multiblock_topk(T * groups, E // groups), 1, 0) if group_limited_routing(m) else 0
+    calls = router_topk_calls(m, plan)  # 0 with the fused router; the aux loss's is the one beyond the routing's
+    routing, aux = (full + grouped, full * (calls - routing_topk_calls(m))) if calls else (0, 0)
+    return {"sort_map": where(sorted_rows, 2, 0) * forwards, "row_id_argsort": (1 if te_permute else 0) * forwards,
+            "topk_pass": TOPK_RADIX_PASSES * (routing * forwards + aux)}
 
 
 def moe_kernel_call_seconds(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
@@ -130,13 +153,11 @@ def _ceil_log2(x: Any) -> Any:
 
 
 def moe_kernel_seconds(m: ModelSpec, plan: ParallelPlan, kernels: tuple[str, ...] | None = None) -> Any:
-    """Seconds of one MoE layer's small per-call kernels (moe_kernel_calls x moe_kernel_call_seconds), one
-    micro-batch, in the forward-equivalent units of layer_seconds' memory-bound part (the stage charges three
-    times it): the forward's calls, once more when the plan recomputes `moe`, over 3 (none runs in backward).
-    `kernels` picks some of them (expert_node_seconds takes the sort map, which runs in the experts' node).
-    Derived: docs/formulas.md#moe.small_kernels"""
+    """Seconds of one MoE layer's small per-call kernels (moe_kernel_calls x moe_kernel_call_seconds: forward,
+    `moe` rerun and backward), one micro-batch, in the forward-equivalent units of layer_seconds' memory-bound part
+    (the stage charges three times it): over 3. `kernels` picks some of them (expert_node_seconds takes the sort
+    map, which runs in the experts' node). Derived: docs/formulas.md#moe.small_kernels"""
     if not m.is_moe:
         return 0.0
     calls, each = moe_kernel_calls(m, plan), moe_kernel_call_seconds(m, plan)
-    forward = sum(calls[k] * each[k] for k in (kernels or tuple(calls)))
-    return forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) / 3
+    return sum(calls[k] * each[k] for k in (kernels or tuple(calls))) / 3
