@@ -84,12 +84,3 @@ def row_plan(row_setup):
     """The plan of a published row by id, as benchmarks/accuracy.py prices it (row_setup's third part: plan_for
     under the row's family at its GPU count); fails the test where the row is not scored."""
     return lambda rid: row_setup(rid)[2]
-
-
-@pytest.fixture
-def without_linear_proj_flag(monkeypatch):
-    """For goldens that count the other casts: Megatron-Core's save_original_input on linear_proj (its backward
-    re-quantisation) is held out, counted by hand in tests/test_proj_original_input.py and tests/test_fp8_scaling.py
-    (docs/formulas.md#precision.save_original_input)."""
-    import llmplan.cost.quantize as quantize
-    monkeypatch.setattr(quantize, "proj_saves_original_input", lambda plan: 0.0)

@@ -3,7 +3,15 @@ linear casts its input in forward and its output gradient in backward. Megatron-
 linears (megatron/core/ssm/mamba_mixer.py: in_proj h -> 2HP + 2GN + H, out_proj HP -> h; its convolution and
 SSD kernels run in bf16), Megatron's attention two (linear_qkv, linear_proj), an MoE block its shared expert's two
 and its routed experts' two GroupedLinears on the k permuted rows of each token (docs/formulas.md#moe.expert_casts:
-Megatron-LM d98e8a6 token_dispatcher.py / experts.py, TransformerEngine d0067d0 grouped_linear.py)."""
+Megatron-LM d98e8a6 token_dispatcher.py / experts.py, TransformerEngine d0067d0 grouped_linear.py).
+
+Under MXFP8 (these goldens' recipe) Megatron-LM d98e8a64dd sets Transformer Engine's save_original_input on the
+attention's linear_proj (attention.py: fp8 with fp8_recipe != 'delayed', or fp4) and on the shared expert's
+linear_fc1 (moe/shared_experts.py SharedExpertMLP.__init__, unless shared_experts is recomputed). TE d0067d0
+pytorch/module/linear.py then writes only the rowwise copy in forward and quantises the saved bf16 input again in
+backward for the columnwise copy: the same bytes written, the input read once more, 2 B an element (MXFP8 takes no
+separate amax pass). Per token: linear_proj's input a·d/t on each attention layer, fc1's h-wide input (on the
+sequence shard under SP, before TP's gather) on each MoE layer with a shared expert."""
 
 from __future__ import annotations
 
@@ -13,13 +21,10 @@ from llmplan.cost.quantize import CAST_BYTES, fp8_cast_bytes
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
 
-
-# the other casts: linear_proj's save_original_input is held out (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("without_linear_proj_flag")
-
-
 M = builtin_models()
 S = 4096
+MX = 2 + 2 * (1 + 1 / 32)  # an MXFP8 cast: read the bf16 input, write a rowwise and a columnwise copy (E8M0 per 32)
+REREAD = 2.0  # save_original_input's backward read of the bf16 input (MXFP8: no amax pass)
 
 
 def plan(**kw) -> ParallelPlan:
@@ -30,9 +35,10 @@ def plan(**kw) -> ParallelPlan:
     return ParallelPlan(**{**base, **kw})
 
 
-def step_elements(m, p) -> float:
-    """Cast elements per token over the step, all layers (the function charges a third of it per pass)."""
-    return sum(n * fp8_cast_bytes(m, p, moe) * 3 / S / CAST_BYTES["mxfp8"]
+def step_bytes(m, p) -> float:
+    """Cast bytes per token over the step, all layers (the function charges a third of it per pass)."""
+    assert CAST_BYTES["mxfp8"] == pytest.approx(MX)
+    return sum(n * fp8_cast_bytes(m, p, moe) * 3 / S
                for moe, n in ((False, m.num_dense_layers), (True, m.num_moe_layers)))
 
 
@@ -49,11 +55,15 @@ def test_nemotron_3_nano_casts_counted_by_hand_from_megatron_s_modules():
     moe = 6 * (h + 1856) * 2 + (h + 3712) * 2
     assert moe == 67328  # the count docs/validation.md#fp8-small-gemm states for this MoE layer
     m = M["nemotron-3-nano"]
-    assert step_elements(m, plan()) == pytest.approx(23 * mamba + 6 * attention + 23 * moe)
+    # save_original_input: linear_proj's input (32·128) on the 6 attention layers, the shared fc1's (h) on the 23
+    flagged = REREAD * (6 * 32 * 128 + 23 * h)
+    assert step_bytes(m, plan()) == pytest.approx((23 * mamba + 6 * attention + 23 * moe) * MX + flagged)
     # TE's fused MXFP8 grouped MLP (squared ReLU, TE >= 2.17) quantises fc2's input (forward) and fc1's output
-    # gradient (backward) of the routed experts in its GEMMs' epilogues: 2 x 6 x 1856 fewer per MoE layer
+    # gradient (backward) of the routed experts in its GEMMs' epilogues: 2 x 6 x 1856 fewer per MoE layer; the
+    # shared expert (TE Linear modules) and linear_proj keep their flag
     fused = moe - 2 * 6 * 1856
-    assert step_elements(m, plan(expert_gemm="grouped")) == pytest.approx(23 * mamba + 6 * attention + 23 * fused)
+    assert step_bytes(m, plan(expert_gemm="grouped")) == pytest.approx(
+        (23 * mamba + 6 * attention + 23 * fused) * MX + flagged)
 
 
 def test_sequence_parallelism_casts_the_hidden_wide_tensors_on_the_shard():
@@ -61,17 +71,20 @@ def test_sequence_parallelism_casts_the_hidden_wide_tensors_on_the_shard():
     # each h-wide input and output gradient (as the transformer count does): every term halves. The routed
     # experts at expert TP 2 (etp unset: tp) all-gather the bf16 rows over the expert-TP group before casting them:
     # k·etp/t = 6 rows a token of width h, f_e/etp wide; at expert TP 1 the rank's k/t = 3 rows of the whole f_e.
+    # The flagged inputs: linear_proj's 16 local heads (row-parallel), the shared fc1's sequence shard h/2.
     h, HP, GN, H = 2688, 4096, 1024, 64
     mamba = (h + HP) + (h + 2 * HP + 2 * GN + H)
     attention = (h + 32 * 128) + (h + (32 + 2 * 2) * 128)
     shared = (h + 3712) * 2 / 2
     moe = 6 * (h + 1856 / 2) * 2 + shared
     moe_etp1 = 3 * (h + 1856) * 2 + shared
+    flagged = REREAD * (6 * 32 * 128 / 2 + 23 * h / 2)
     m = M["nemotron-3-nano"]
-    assert step_elements(m, plan(tp=2, dp=4, sp=True)) == pytest.approx(23 * mamba / 2 + 6 * attention / 2 + 23 * moe)
-    assert step_elements(m, plan(tp=2, dp=4, sp=True, etp=1)) == pytest.approx(
-        23 * mamba / 2 + 6 * attention / 2 + 23 * moe_etp1)
-    assert step_elements(m, plan(tp=2, dp=4, sp=False)) > step_elements(m, plan(tp=2, dp=4, sp=True))
+    assert step_bytes(m, plan(tp=2, dp=4, sp=True)) == pytest.approx(
+        (23 * mamba / 2 + 6 * attention / 2 + 23 * moe) * MX + flagged)
+    assert step_bytes(m, plan(tp=2, dp=4, sp=True, etp=1)) == pytest.approx(
+        (23 * mamba / 2 + 6 * attention / 2 + 23 * moe_etp1) * MX + flagged)
+    assert step_bytes(m, plan(tp=2, dp=4, sp=False)) > step_bytes(m, plan(tp=2, dp=4, sp=True))
 
 
 def test_a_dense_hybrid_casts_its_mlps_only_where_it_has_them():
@@ -81,4 +94,6 @@ def test_a_dense_hybrid_casts_its_mlps_only_where_it_has_them():
     mamba = (h + HP) + (h + 2 * HP + 2 * GN + H)
     attention = (h + 64 * 128) + (h + (64 + 2 * 8) * 128)
     mlp = (h + f) + (h + f)
-    assert step_elements(M["nemotron-h-56b"], plan()) == pytest.approx(54 * mamba + 10 * attention + 54 * mlp)
+    flagged = REREAD * 10 * 64 * 128  # linear_proj's input on the 10 attention layers; no MoE, no shared expert
+    assert step_bytes(M["nemotron-h-56b"], plan()) == pytest.approx(
+        (54 * mamba + 10 * attention + 54 * mlp) * MX + flagged)

@@ -138,9 +138,12 @@ def test_low_precision_keeps_the_quantised_gemm_inputs_for_backward(dtype, recip
     bf16 = layer_activation_bytes(m, ParallelPlan(**base), False)
     low = ParallelPlan(**base, dtype=dtype, recipe=recipe)
     s, h, t = 4096, m.hidden_size, 8
-    # the output projection's input only under delayed scaling: under the other recipes Megatron-Core's
-    # save_original_input keeps the core's bf16 output there (docs/formulas.md#precision.save_original_input)
-    proj = m.num_attention_heads * m.d_head if recipe == "tensorwise" else 0
-    elements = s * (2 * h / t + (proj + m.intermediate_size) / t)
+    # The output projection's input: under the recipes other than delayed scaling Megatron-Core's
+    # save_original_input keeps the core's bf16 output there, as bf16 does; under delayed scaling linear_proj
+    # keeps its fp8 copy and the fused core its bf16 output beside it (TE FusedAttnFunc saves out): `kept` more
+    # (docs/formulas.md#precision.save_original_input)
+    proj = m.num_attention_heads * m.d_head / t * s if recipe == "tensorwise" else 0
+    elements = s * (2 * h / t + m.intermediate_size / t)
     share = low.low_precision_layer_fraction(m.num_hidden_layers)
-    assert float(bf16 - layer_activation_bytes(m, low, False)) == pytest.approx((2 - kept) * share * elements)
+    assert float(bf16 - layer_activation_bytes(m, low, False)) == pytest.approx(
+        share * ((2 - kept) * elements - kept * proj))

@@ -12,15 +12,9 @@ from llmplan.cost.compute import (
     elementwise_bytes,
     fp8_cast_bytes,
     nvfp4_quantize_bytes,
-    quantize_bytes,
 )
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
-
-
-# the other casts: linear_proj's save_original_input is held out (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("without_linear_proj_flag")
-
 
 M = builtin_models()
 PLAN = {"tp": 2, "pp": 1, "dp": 4, "sp": True, "seq_len": 8192, "micro_batch": 1, "global_batch": 64}
@@ -41,12 +35,28 @@ def test_bytes_per_element_are_the_kernels_reads_and_writes():
 
 
 def test_the_unfused_kernels_add_one_bf16_read_of_every_cast_tensor():
+    # Llama 3.1 70B (h 8192, 64 query and 8 KV heads of 128, SwiGLU f 28672), TP2 with SP, cast elements a token
+    # over the step on one rank: forward the QKV and fc1 inputs (h/2 each, the sequence shard before the gather),
+    # linear_proj's input 64·128/2 and fc2's f/2; backward the output gradients of linear_proj and fc2 (h/2 each,
+    # on the shard), QKV's (64 + 2·8)·128/2 and fc1's 2f/2.
     m = M["llama-3.1-70b"]
+    h, f, t = 8192, 28672, 2
+    proj = 64 * 128 / t
+    cast_elements = 4 * h / t + proj + f / t + (64 + 2 * 8) * 128 / t + 2 * f / t
+    assert cast_elements == 68608
+    # Megatron-LM d98e8a64dd attention.py sets save_original_input on linear_proj under fp4; TE then casts its input
+    # rowwise only in forward (amax pass + rowwise cast: 2 + 2 B read) and columnwise in backward (RHT amax pass +
+    # RHT cast: 2 + 2): two one-usage casts, 8 B read with or without the fused RHT kernel, which fuses the two
+    # usages of one cast. So the unfused kernels add their one 2-byte read on every cast tensor but that one.
     fused, unfused = nvfp4(), nvfp4(nvfp4_rht_cast_fusion=False)
-    cast_elements = fp8_cast_bytes(m, fused, False) / quantize_bytes(fused)
     extra = elementwise_bytes(m, unfused, False) - elementwise_bytes(m, fused, False)
-    assert extra == pytest.approx(2.0 * cast_elements)  # one more read of 2 bytes, nothing else moves
-    assert extra > 0
+    # elementwise_bytes is per pass: a third of the step's casts, per token of the layer's s·b
+    assert extra == pytest.approx(2.0 * (cast_elements - proj) * PLAN["seq_len"] / 3)
+    # fused: every cast the amax pass and one kernel (2 + 2 read, two 4.5-bit copies with E4M3 scales per 16), the
+    # proj input 4 B more read (8 + 2·0.5625 in all)
+    cast = 2 * 2 + 2 * (4 / 8 + 1 / 16)
+    assert float(fp8_cast_bytes(m, fused, False)) == pytest.approx(
+        (cast_elements * cast + proj * 4.0) * PLAN["seq_len"] / 3)
 
 
 @pytest.mark.parametrize("precision", [("fp8", "mxfp8"), ("fp8", "tensorwise"), ("bf16", None)])

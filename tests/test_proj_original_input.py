@@ -13,7 +13,12 @@ Llama 3.1 70B (a = 64 heads, d = 128), TP 4, SP, s = 8192, b = 1, fp8 per-tensor
 - kept for linear_proj's input: the core's output once, 2 B an element: 2·8192·64·128/4 = 33,554,432 B a layer
   (llmplan priced the fp8 copy alone before: 1 B an element, 16,777,216 B);
 - backward re-quantisation: (2 + 2) B per element of a·d/t = 2,048 elements a token: 8,192 B a token over the step.
-Delayed scaling (TE refuses the flag there) and torchao (tp_impl dtensor, or its rowwise recipe) keep 1 B.
+Delayed scaling (TE refuses the flag there): linear_proj saves its fp8 cast (1 B an element, 16,777,216 B) and
+the fused core keeps its own bf16 output beside it for its backward (TransformerEngine d0067d0da6
+pytorch/attention/dot_product_attention/backends.py, FusedAttnFunc.forward: f16_tensors = (q, k, v, out_f16)
+saved; Megatron's comment above says both are saved): 2 + 1 B an element, 50,331,648 B a layer; 1 B where the
+core keeps no output (core_attn recompute, an unfused core). torchao (tp_impl dtensor, or its rowwise recipe) keeps
+1 B (its saved tensors not read).
 """
 
 from __future__ import annotations
@@ -39,16 +44,25 @@ def test_megatron_current_scaling_keeps_the_core_output_once_in_bf16():
     assert float(layer_activation_parts(M, plan(), False).attn_out) == 33_554_432
 
 
-def test_delayed_scaling_and_torchao_keep_the_quantised_copy():
-    assert float(layer_activation_parts(M, plan(fp8_scaling="delayed"), False).attn_out) == 16_777_216
+def test_delayed_scaling_keeps_the_core_output_and_the_fp8_copy():
+    # 2·8192·64·128/4 B of bf16 output (the fused core's) + 8192·64·128/4 B of fp8 cast (linear_proj's)
+    assert float(layer_activation_parts(M, plan(fp8_scaling="delayed"), False).attn_out) == 33_554_432 + 16_777_216
+    # the core keeps no output of its own: core_attn recompute discards it, an unfused core saves scores and V
+    dropped = plan(fp8_scaling="delayed", recompute="selective", recompute_modules=("core_attn",))
+    assert float(layer_activation_parts(M, dropped, False).attn_out) == 16_777_216
+    unfused = plan(fp8_scaling="delayed", flash_attention=False)
+    assert float(layer_activation_parts(M, unfused, False).attn_out) == 16_777_216
+
+
+def test_torchao_keeps_the_quantised_copy():
     assert float(layer_activation_parts(M, plan(tp_impl="dtensor"), False).attn_out) == 16_777_216
     assert float(layer_activation_parts(M, plan(recipe="rowwise"), False).attn_out) == 16_777_216
 
 
 def test_only_attn_out_moves_against_delayed():
-    # delayed and current scaling differ here only by linear_proj's saved input: nothing counted twice
+    # delayed and current scaling differ here only by what linear_proj and the core keep: nothing counted twice
     cur, dly = layer_activation_parts(M, plan(), False), layer_activation_parts(M, plan(fp8_scaling="delayed"), False)
-    assert float(cur.total) - float(dly.total) == 33_554_432 - 16_777_216
+    assert float(cur.total) - float(dly.total) == 33_554_432 - (33_554_432 + 16_777_216)
 
 
 def test_backward_requantises_linear_projs_input(monkeypatch):

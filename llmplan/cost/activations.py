@@ -103,23 +103,65 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     per_score = 5 if m.attention_dropout > 0 else 2
     f = token_ffn_width(m, moe)
     # The core's output, the output projection's input: kept once at 2 bytes where linear_proj saves the core's
-    # own bf16 tensor (proj_saves_original_input), else once as the projection's quantised copy.
+    # own bf16 tensor (proj_saves_original_input), else as the projection's quantised copy, beside the fused
+    # core's own bf16 output where TE's core keeps it (core_output_beside_copy: fp8 delayed scaling).
     out = 2 * s * b * a * attention_head_dims(m)[1] / t
     latents = 2 * s * b * latent_width(m)
     # An MoE layer's router reads the pre-MLP norm's output unquantised and keeps it (2sbh); the experts' fc1
     # reads the dispatched rows and keeps their quantised cast (moe_saved_input_bytes).
-    mlp_input = 2.0 * s * b * h / linear_input_split(plan) if moe else linear_in
+    # A shared expert's fc1 saves its quantised copy beside it where it has no save_original_input (delayed scaling).
+    mlp_input = (2.0 + shared_fc1_copy_share(m, plan) * quantized_saved_bytes(plan)) * s * b * h \
+        / linear_input_split(plan) if moe else linear_in
     # A hybrid's average layer (mixers.py): its share of attention layers, of dense MLPs, of sub-blocks.
     at, ff, blocks = attention_share(m), 1.0 if moe else dense_mlp_share(m), norms_per_layer(m) / 2
     return LayerActivationParts(
         residual=(4 + (2 if m.hidden_dropout > 0 else 0)) * s * b * h / sp * blocks + hc_saved_bytes(m, plan),
         attn_input=linear_in * at,
         latents=latents * at, qkv=(_attention_stored(m, plan) - out - latents) * at,
-        attn_out=out * (1 - saved * (1 - proj_saves_original_input(plan)) / 2) * at, scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
+        attn_out=out * (1 - saved * (1 - proj_saves_original_input(plan)) / 2 + core_output_beside_copy(m, plan)) * at,
+        scores=where(no_scores, 0.0, per_score * a * s * s * b / t) * at,
         mlp_input=mlp_input * ff,
         mlp=(_mlp_stored(m, plan, moe) - saved * s * b * f / t - (moe_saved_input_bytes(m, plan) if moe else 0.0)) * ff,
         recurrent=mean_recurrent_activation_bytes(m, s * b, t, sp),
         cp_a2a_out=cp_a2a_saved_bytes(m, plan, out, scores) * at)
+
+
+def unflagged_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of layers on which a Transformer Engine linear whose input another module keeps in bf16 saves its
+    own quantised copy beside it, Megatron-Core not having set save_original_input there: a Megatron-Core / TE
+    stack (tp_impl megatron, not ep_dispatch_fp8) under a low-precision recipe without the flag
+    (proj_saves_original_input 0: fp8 delayed scaling), on the share of layers in the low format (a bf16 layer's
+    linear saves the same tensor). 0 elsewhere (torchao's Float8Linear, tp_impl dtensor or rowwise, was not read).
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/attention.py, moe/shared_experts.py (the
+    flag set under fp8 with fp8_recipe != 'delayed' or fp4: "the output of the fused core_attn is saved by
+    itself, and linear_proj also saves the quantized tensor of this output"; "the output of pre_mlp_layernorm is
+    saved by router, and the shared expert linear_fc1 also saves the quantized tensor of this output").
+    Derived: docs/formulas.md#precision.save_original_input"""
+    if not plan.low_precision or plan.tp_impl != "megatron" or plan.recipe == "rowwise":
+        return 0.0
+    share = (1 - proj_saves_original_input(plan)) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+    return where(plan.ep_dispatch_fp8, 0.0, share)
+
+
+def core_output_beside_copy(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of layers on which the attention core's bf16 output stays saved beside linear_proj's quantised copy
+    (unflagged_copy_share): the fused core in bf16 (flash_attention, not fp8_attention) saves its output for its
+    own backward (the softmax gradient's rowsum(dO·O)) unless core_attn recompute discards it; an unfused core
+    saves the scores and V, not its output. Source: NVIDIA/TransformerEngine d0067d0da6
+    pytorch/attention/dot_product_attention/backends.py (FusedAttnFunc.forward: f16_tensors = (q, k, v, out_f16)
+    saved). Derived: docs/formulas.md#precision.save_original_input"""
+    dropped = plan.recomputes("core_attn") | plan.fp8_attention
+    return where(dropped, 0.0, where(plan.flash_attention, unflagged_copy_share(m, plan), 0.0))
+
+
+def shared_fc1_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of MoE layers on which the shared expert's fc1 saves its quantised input (the pre-MLP norm's output on
+    the rank's sequence shard) beside the router's bf16 copy (unflagged_copy_share); 0 without a shared expert or
+    with shared_experts recompute (the checkpoint keeps neither). Source: NVIDIA/Megatron-LM d98e8a64dd
+    moe/shared_experts.py (SharedExpertMLP.__init__). Derived: docs/formulas.md#precision.save_original_input"""
+    if not m.shared_ffn:
+        return 0.0
+    return where(plan.recomputes("shared_experts"), 0.0, unflagged_copy_share(m, plan))
 
 
 def te_cp_tensor_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:

@@ -216,12 +216,17 @@ def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, 
     (its k·etp rows of f_e/etp, not on the fused grouped MLP, whose ops ignore the module's flag), with
     `expert_fc1` offload fc1 (k·etp rows of the expert width) unless MXFP8 / NVFP4, with `layernorm` recompute
     MLA's down-projections (the query's where it has a rank, the key/value's; h-wide, on the sequence shard);
-    dense layers' and an MoE layer's other norms are fused into a LayerNormLinear, or feed a shared expert
-    whose fc1 has the flag under every recipe that allows it anyway. The saved bytes: mem.recompute_modules and
+    on an MoE layer the shared expert's fc1 under linear_proj's recipes unless shared_experts is recomputed (h-wide,
+    on the sequence shard before TP's gather, where a per-tensor quantizer writes its rowwise byte again as TE
+    gathers that alone; with shared_experts recompute the rerun's cast of the same input, priced alike);
+    dense layers' other norms are fused into a LayerNormLinear. The saved bytes: mem.recompute_modules and
     mem.offload_modules. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/moe/experts.py
     (TEGroupedMLP.__init__: set_save_original_input(linear_fc2) under moe_act with fp8 / fp4; (linear_fc1)
     under expert_fc1 offload unless mxfp8 / nvfp4), multi_latent_attention.py set_for_recompute_input_layernorm,
-    transformer_layer.py (recompute_input_layernorm). Derived: docs/formulas.md#precision.save_original_input"""
+    transformer_layer.py (recompute_input_layernorm), moe/shared_experts.py (SharedExpertMLP.__init__);
+    NVIDIA/TransformerEngine d0067d0da6 pytorch/module/linear.py (_linear_backward: the saved input quantised,
+    rowwise only where supports_only_rowwise_all_gather, before gather_along_first_dim).
+    Derived: docs/formulas.md#precision.save_original_input"""
     lin = requantize_bytes(plan, transposed, split=False)
     mla = m.mla is not None and not is_v4_attention(m)
     downs = (2 if m.q_lora_rank else 1) if mla else 0
@@ -235,7 +240,13 @@ def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, 
     fc2 = where(fused_grouped_mlp(m, plan), 0.0, where(plan.recomputes("moe_act"), rows * m.expert_ffn / plan.etp_resolved, 0.0))
     mx = plan.low_precision and plan.recipe in ("mxfp8", "nvfp4")
     fc1 = rows * m.expert_width if plan.offloads("expert_fc1") and not mx else 0.0
-    return attn + requantize_bytes(plan, transposed, split=True) * (fc1 + fc2)
+    # the shared expert's fc1 (flagged as linear_proj, unless shared_experts is recomputed) re-quantises the norm's
+    # output (h, on the sequence shard before TP's gather); a per-tensor fp8 quantizer gathers rowwise data only,
+    # so under SP that cast writes the rowwise byte again. Under shared_experts recompute the checkpoint's rerun
+    # casts that input again instead: at least these bytes (reruns' casts are not priced otherwise)
+    rowwise = where(plan.sp & (plan.tp > 1), 1.0, 0.0) if plan.recipe == "tensorwise" else 0.0
+    shared = (proj_saves_original_input(plan) if m.shared_ffn else 0.0) * (lin + rowwise) * m.hidden_size * on_shard
+    return attn + shared + requantize_bytes(plan, transposed, split=True) * (fc1 + fc2)
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
