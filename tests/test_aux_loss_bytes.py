@@ -17,8 +17,10 @@ import pytest
 from pydantic import ValidationError
 
 from agreement import assert_arrays_agree
+from llmplan.cost.comm import Transfer, aux_loss_transfers, comm_seconds, step_comm, transfer_seconds
 from llmplan.cost.elementwise import moe_aux_loss_passes, moe_routing_train_bytes
 from llmplan.cost.kernels import aux_loss_on, router_kernels
+from llmplan.estimate import estimate_training
 from llmplan.export import render_all
 from llmplan.export.bridge import router_overrides
 from llmplan.planfile import load_plan
@@ -27,6 +29,7 @@ from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.topology.placement import place
 
 M = builtin_models()
 PLANS = Path(__file__).parent / "data" / "plans"
@@ -128,3 +131,38 @@ def test_random_plans_agree_with_the_scalar_estimate_with_and_without_the_loss()
         order = np.random.default_rng(7).permutation(len(plans))
         idx = [int(i) for i in order[:300] if not check_plan(m, plans.plan(int(i)), cluster)][:4]
         assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_the_token_counts_all_reduce_over_the_loss_types_group():
+    # get_tokens_per_expert_and_token_count: routing_map.sum(dim=0) is int64 (8 bytes) per expert, all-reduced
+    # over tp_cp_group (aux_loss; seq_aux_loss on the [s, b E] map: b E counts) or tp_dp_cp_group
+    # (global_aux_loss), once per MoE layer and micro-batch forward, again when `moe` is recomputed
+    plan = ParallelPlan(tp=2, dp=4, ep=4, micro_batch=2, global_batch=64, seq_len=4096, sp=True)
+    n, L = plan.num_microbatches, M["qwen3-30b-a3b"].num_hidden_layers  # every layer MoE, pp 1
+    for update, message, group in (({}, 8 * E, "tpcp"), ({"seq_aux": True}, 8 * 2 * E, "tpcp"),
+                                   ({"global_aux": True}, 8 * E, "tpdpcp")):
+        (t,) = aux_loss_transfers(_model(router_aux_loss_coef=1e-3, **update), plan, "tpcp", "tpdpcp")
+        assert (t.collective, t.calls, t.message, t.group) == ("all-reduce", n * L, message, group)
+    rerun = plan.model_copy(update={"recompute": "selective", "recompute_modules": ("moe",)})
+    assert aux_loss_transfers(_model(router_aux_loss_coef=1e-3), rerun, "tpcp", "tpdpcp")[0].calls == 2 * n * L
+    assert aux_loss_transfers(_model(router_aux_loss_coef=0.0), plan, "tpcp", "tpdpcp") == []
+
+
+def test_the_global_counts_are_timed_in_line_over_the_whole_stage():
+    # Qwen3-Next on 8 DGX H100 nodes: the tp x dp x cp group holds all 64 ranks (pp 1) across 8 nodes; its
+    # all-reduces are timed like any all-reduce of that span and add to the step whole
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=8)
+    plan = ParallelPlan(tp=2, dp=32, ep=16, etp=1, micro_batch=1, global_batch=512, seq_len=4096, sp=True)
+    m = M["qwen3-next-80b-a3b"]
+    span = place(plan.degrees, cluster)["tpdpcp"]
+    assert (span.size, span.nodes) == (64, 8)
+    layers = m.num_hidden_layers + m.num_nextn_predict_layers  # 48 MoE layers and the MTP module's
+    by_hand = transfer_seconds(Transfer("all-reduce", plan.num_microbatches * layers, 8 * m.num_experts, span),
+                               cluster.system)
+    comm = comm_seconds(step_comm(m, plan, place(plan.degrees, cluster), cluster.system), cluster.system)
+    assert comm.router == pytest.approx(by_hand) and by_hand > 0
+    local = m.model_copy(update={"global_aux": False})  # aux_loss: the tp 2 group inside a node
+    step = estimate_training(m, cluster, plan).time
+    assert step.exposed["router"] - estimate_training(local, cluster, plan).time.exposed["router"] == pytest.approx(
+        by_hand - comm_seconds(step_comm(local, plan, place(plan.degrees, cluster), cluster.system),
+                               cluster.system).router)
