@@ -60,9 +60,11 @@ def test_latent_moe_permutes_at_the_latent_width():
 def test_training_charges_forward_plus_backward_not_three_forwards():
     # The stage charges elementwise_bytes three times: the routing's share is forward + backward (one pass
     # each, about 2x forward), and with `moe` recomputed forward twice + backward.
+    # TINY gives no router_aux_loss_coef, so it trains the auxiliary loss: its eager forward (38E, the default
+    # plan runs the router unfused) and backward (28E), docs/formulas.md#moe.aux_loss_bytes
     m = ModelSpec(**TINY)
-    forward = 13 * E + 17 * E + 4 * (K + 1) * H
-    backward = 13 * E + 4 * E + 4 * (K + 1) * H
+    forward = 13 * E + 38 * E + 17 * E + 4 * (K + 1) * H
+    backward = 13 * E + 28 * E + 4 * E + 4 * (K + 1) * H
     base = ParallelPlan(seq_len=1024, micro_batch=2)
     assert 3 * moe_routing_train_bytes(m, base) == pytest.approx(forward + backward)
     assert 3 * moe_routing_train_bytes(m, base) < 2.1 * forward
@@ -75,7 +77,7 @@ def test_moe_recompute_adds_the_routing_forward_once_in_elementwise_bytes():
     T = 1024 * 2
     base = ParallelPlan(seq_len=1024, micro_batch=2, recompute="selective", recompute_modules=("core_attn",))
     rerun = base.model_copy(update={"recompute_modules": ("core_attn", "moe")})
-    forward = 13 * E + 17 * E + 4 * (K + 1) * H
+    forward = 13 * E + 38 * E + 17 * E + 4 * (K + 1) * H  # 38E: the unfused auxiliary loss's forward
     added = elementwise_bytes(m, rerun, True) - elementwise_bytes(m, base, True)
     assert added - moe_recompute_bytes(m, rerun) == pytest.approx(T * forward / 3)
 

@@ -346,11 +346,14 @@ def test_estimate_has_comm_part(cli):
             "--ep", "8", "--etp", "1", "--cp", "2", "--seq-len", "8192", "--global-batch", "32", "--json")
     assert r.code == 0, r.err
     comm = r.json()["comm"]
-    assert set(comm) == {"tp", "pp", "dp", "cp", "ep"}
-    for axis in ("tp", "dp", "cp", "ep"):
+    # an MoE model adds the router's auxiliary-loss token counts (docs/formulas.md#comm.aux_loss_counts):
+    # Mixtral's aux_loss all-reduces them over the tp x cp group (4 ranks here)
+    assert set(comm) == {"tp", "pp", "dp", "cp", "ep", "router"}
+    for axis in ("tp", "dp", "cp", "ep", "router"):
         assert comm[axis]["bytes"] > 0 and comm[axis]["seconds"] > 0, axis
     assert comm["pp"]["bytes"] == 0
     assert comm["ep"]["collective"] == "all-to-all"
+    assert comm["router"]["collective"] == "all-reduce" and comm["router"]["transfers"][0]["group_size"] == 4
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--axis-order", "tp-pp")
     assert r.code == 2 and "axis order 'tp-pp'" in r.err
 

@@ -347,7 +347,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         tp=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if not t.step_end),
         tp_step_end=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if t.step_end),
         pp=comm.axes["pp"].seconds, cp=comm.axes["cp"].seconds,
-        ep=comm.axes["ep"].seconds,
+        ep=comm.axes["ep"].seconds, router=comm.axes["router"].seconds if "router" in comm.axes else 0.0,
         cp_mixers=sum(transfer_seconds(t, system) for t in cp_mixer_split(comm.axes["cp"].transfers)[1]),
         cp_a2a=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[0]),
         cp_allgather=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[1]),
@@ -1145,6 +1145,34 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     return out
 
 
+TOKEN_COUNT_BYTES = 8
+"""Bytes of one expert's token count in the auxiliary loss's all-reduce: routing_map.sum(dim=0) over the bool map
+is int64 (torch.sum promotes bool and integer tensors to int64). Source: NVIDIA/Megatron-LM at d98e8a6,
+megatron/core/transformer/moe/moe_utils.py (get_tokens_per_expert_and_token_count)."""
+
+
+def aux_loss_transfers(m: ModelSpec, plan: ParallelPlan, group: G, global_group: G) -> list[Transfer[G]]:
+    """Per MoE layer and micro-batch, where the model trains an auxiliary loss (cost.kernels.aux_loss_on): the
+    all-reduce of the expert token counts (TOKEN_COUNT_BYTES x E; x the micro-batch's b sequences for seq_aux,
+    which reshapes the map to [s, b E]) that get_tokens_per_expert_and_token_count issues in every forward, again
+    in a recomputed one, over the tensor x context parallel group (`group`: aux_loss, seq_aux_loss; a group of one
+    sends nothing) or, for global_aux, the tensor x data x context parallel group (`global_group`:
+    global_aux_loss). On the compute stream, before the loss: in line. Counted on the candidate stage with the
+    most MoE layers (most_moe_layers). Source: NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/moe/
+    router.py (_apply_aux_loss, _apply_seq_aux_loss: reduce_group tp_cp_group; _apply_global_aux_loss:
+    tp_dp_cp_group), moe_utils.py (get_tokens_per_expert_and_token_count: reduce_from_tensor_model_parallel_region),
+    tensor_parallel/mappings.py (_reduce: torch.distributed.all_reduce, skipped for a group of one).
+    Derived: docs/formulas.md#comm.aux_loss_counts"""
+    from llmplan.cost.kernels import aux_loss_on  # kernels builds on overhead, which imports this module
+    if not m.is_moe or not aux_loss_on(m):
+        return []
+    dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
+    again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
+    message = TOKEN_COUNT_BYTES * m.num_experts * (plan.micro_batch if m.seq_aux else 1)
+    return [Transfer("all-reduce", plan.num_microbatches * moe_layers * (1 + again), message,
+                     global_group if m.global_aux else group)]
+
+
 ROUTER_PROB_BYTES = 4
 """Bytes of one routing probability in the alltoall dispatcher's probs all-to-all: the router's dtype (probs
 type_as the logits, router_dtype), fp32 with moe_router_dtype fp32 as Megatron-Bridge's MoE providers and Qwen3 MoE
@@ -1244,6 +1272,9 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
+        # an MoE model's router: the auxiliary loss's token counts (comm.aux_loss_counts)
+        **({"router": _timed("router", aux_loss_transfers(m, plan, spans["tpcp"], spans["tpdpcp"]), system)}
+           if m.is_moe else {}),
     }, host_layer_bytes=offload_layer_bytes(m, plan),
         host_moe_act_bytes=moe_layer_offload_bytes(m, plan), host_attn_bytes=attention_offload_bytes(m, plan),
         dp_stages=tuple(dp))

@@ -406,6 +406,46 @@ def moe_router_passes(m: ModelSpec) -> tuple[float, float]:
     return ROUTER_BYTES[0] * m.num_experts, ROUTER_BYTES[1] * m.num_experts
 
 
+AUX_LOSS_BYTES = (18.0, 28.0)
+"""(forward, backward) HBM bytes per token and expert of the auxiliary load-balancing loss with
+moe_router_fusion and fp32 logits: forward Transformer Engine's fused scores for the loss (read the logits 4;
+write the fp32 scores 4, the fp32 intermediate_output saved for backward 4 and the bool routing map 1: 13), the
+token counts (routing_map.sum over tokens: read the map 1) and the fused loss (read the scores 4): 18; backward
+the fused loss's (write the scores' gradient 4), the fused scores' (read that gradient 4 and intermediate_output
+4, write the logits' gradient 4: 12) and the sum of the logits' two gradients, the top-k's and the loss's (read
+4 + 4, write 4: 12): 28. seq_aux_loss and global_aux_loss reshape the same [T, E] tensors per sequence or sum
+them into E counts: the same bytes. Source: NVIDIA/TransformerEngine at d0067d0,
+transformer_engine/common/fused_router/fused_score_for_moe_aux_loss.cu (forward and backward kernels),
+fused_moe_aux_loss.cu (fused_moe_aux_loss_forward_kernel reads probs once; _backward_kernel writes grad_probs),
+pytorch/router.py (FusedComputeScoresForMoEAuxLoss, FusedAuxLoss); NVIDIA/Megatron-LM at d98e8a6,
+megatron/core/transformer/moe/router.py (TopKRouter.routing, _apply_aux_loss, _apply_seq_aux_loss,
+_apply_global_aux_loss), moe_utils.py (compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func,
+get_tokens_per_expert_and_token_count). Derived: docs/formulas.md#moe.aux_loss_bytes"""
+
+AUX_LOSS_EAGER_FORWARD_BYTES = 38.0
+"""HBM bytes per token and expert of the auxiliary loss's forward without moe_router_fusion (softmax scores,
+compute_routing_scores_for_aux_loss fused=False): the softmax (read 4, write 4: 8), the routing map's
+zeros_like (write fp32 4), .int() (read 4, write 4), the out-of-place scatter's copy (read 4, write 4) and
+.bool() (read 4, write 1): 25, the token counts (read 1) and probs.sum over tokens (read 4): 38. torch.topk's
+passes are time (cost.moe_kernels). The backward moves the fused path's 28: the expanded gradient of the sum
+made contiguous (write 4), the softmax's backward (read 4 + 4, write 4) and the logits' two gradients' sum (12).
+Source: NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/moe/moe_utils.py
+(compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func with fused=False).
+Derived: docs/formulas.md#moe.aux_loss_bytes"""
+
+
+def moe_aux_loss_passes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
+    """(forward, backward) HBM bytes per token of one MoE layer's auxiliary load-balancing loss where the model
+    trains with one (cost.kernels.aux_loss_on): AUX_LOSS_BYTES x E with moe_router_fusion, else
+    AUX_LOSS_EAGER_FORWARD_BYTES x E forward and the same backward; (0, 0) without the loss.
+    Derived: docs/formulas.md#moe.aux_loss_bytes"""
+    from llmplan.cost.kernels import aux_loss_on  # kernels builds on overhead, which imports this module
+    if not aux_loss_on(m):
+        return 0.0, 0.0
+    forward = where(plan.moe_router_fusion, AUX_LOSS_BYTES[0], AUX_LOSS_EAGER_FORWARD_BYTES)
+    return forward * m.num_experts, AUX_LOSS_BYTES[1] * m.num_experts
+
+
 def moe_permute_passes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """(forward, backward) HBM bytes per token of one MoE layer's permute and unpermute in training: forward the
     row-id map (ROW_ID_MAP_BYTES x E) and the pair (PERMUTE_BYTES x (k + 1) x w; w the latent width of a latent
@@ -474,8 +514,9 @@ def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per token of one MoE layer's router and permutes in training, in the forward-equivalent units of
     elementwise_bytes (the stage charges three times them): forward, once more when the plan recomputes `moe`
     (Megatron-Core checkpoints MoELayer.forward whole), and the backward (moe_router_passes,
-    moe_permute_passes), over 3. Derived: docs/formulas.md#moe.routing_passes"""
-    passes = (moe_router_passes(m), moe_permute_passes(m, plan))
+    moe_permute_passes, and the auxiliary loss's moe_aux_loss_passes), over 3.
+    Derived: docs/formulas.md#moe.routing_passes"""
+    passes = (moe_router_passes(m), moe_aux_loss_passes(m, plan), moe_permute_passes(m, plan))
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     return (forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) + backward) / 3
 

@@ -41,6 +41,10 @@ class CommSeconds:
     cp_allgather: Any = 0.0
     """The part of cp in Transformer Engine's all_gather K/V gathers and dK/dV reduce-scatters (cost.comm.te_cp_split;
     docs/formulas.md#comm.cp_allgather): exposed whole (step.cp)."""
+    router: Any = 0.0
+    """The auxiliary loss's token-count all-reduces of a step on the stage with the most MoE layers
+    (cost.comm.aux_loss_transfers, CommBreakdown.axes["router"]), in line with the router's forward: exposed
+    whole (StepTime.exposed["router"]; docs/formulas.md#comm.aux_loss_counts)."""
     host: Any = 0.0
     """Seconds to copy one offloaded layer's saved activations of one micro-batch to host memory (or back)
     over the GPU's share of the host link (ParallelPlan.offload_layers; 0 without offload)."""

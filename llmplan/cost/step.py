@@ -268,7 +268,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
         moe_top = maximum(moe_top, s[3])
-    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
+    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
                                                                             l_max, maximum(moe_top, 1))
     pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa, last_stage_slack(per_mb))
     # Activation offload: the copies to host memory and back that outlast their window, forward and backward
@@ -292,7 +292,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa)
     exposed = {"tp": n * tp_mb + comm.tp_step_end, "pp": pp_exposed,  # docs/formulas.md#comm.tp_grad_sync
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,
-               "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload}
+               "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload, "router": n * router_mb}
     model = model_flops_per_step(m, plan)
     if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
         bubble = layout_bubble(m, plan, gpu, per_mb, worst)
@@ -322,7 +322,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
 def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[Any, StageCompute, Any, Any]],
                          default: tuple[GpuSpec, CommSeconds],
                          per_stage: tuple[tuple[GpuSpec, CommSeconds], ...] | None, l_max: Any,
-                         moe_max: Any) -> tuple[list[Any], Any, tuple[StageCompute, Any, Any, Any, Any]]:
+                         moe_max: Any) -> tuple[list[Any], Any, tuple[StageCompute, Any, Any, Any, Any, Any]]:
     """Each candidate stage's micro-batch time (its compute and the exposed TP, CP, EP and ZeRO-3 traffic
     inside it: step_time's docstring), the slowest one's, and that stage's (compute, tp, cp, ep, zero-3)
     parts, picked elementwise; a stage runs on its own (GPU, communication) of `per_stage`, else on `default`'s."""
@@ -354,19 +354,21 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
         dw = ep_deferred_wgrad(m, plan, g_i) if pair else (0.0, 0.0)  # delay_wgrad: a workload switch
         ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw)  # cost.moe
+        router_i = c_i.router / n * moe_layers / moe_max  # the aux loss's token counts: in line (comm.aux_loss_counts)
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
-        per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i)
-        parts.append((sc, tp_i, cp_i, ep_i, z3_i))
+        per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i + router_i)
+        parts.append((sc, tp_i, cp_i, ep_i, z3_i, router_i))
         if key is not None:
             done[key] = per_mb[-1], parts[-1]
-    sc, tp_mb, cp_mb, ep_mb, z3_mb = parts[0]
+    sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb = parts[0]
     worst = per_mb[0]
-    for t, (sc_i, tp_i, cp_i, ep_i, z3_i) in zip(per_mb[1:], parts[1:], strict=True):
+    for t, (sc_i, tp_i, cp_i, ep_i, z3_i, router_i) in zip(per_mb[1:], parts[1:], strict=True):
         c = t > worst
         sc, tp_mb, cp_mb, ep_mb, z3_mb = (_pick_stage(c, sc_i, sc), where(c, tp_i, tp_mb), where(c, cp_i, cp_mb),
                                           where(c, ep_i, ep_mb), where(c, z3_i, z3_mb))
+        router_mb = where(c, router_i, router_mb)
         worst = maximum(worst, t)
-    return per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb)
+    return per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb)
 
 
 def last_stage_slack(per_mb: list[Any]) -> Any:

@@ -190,13 +190,15 @@ def balance_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     cost.moe.MOE_CYCLE_HOST_OPS, cost.overhead.MOE_LAYER_KERNELS), which Megatron-Core computes only with a
     coefficient above 0 (--moe-aux-loss-coeff defaults to 0.0: arguments.py; router.py is_aux_loss_enabled at
     d98e8a6). Per sequence (seq_aux_loss) where the model's loss is (seq_aux: DeepSeek-V2/V3's complementary
-    sequence-wise loss), else over the micro-batch (aux_loss: the Switch / GShard loss of Mixtral's and Qwen-MoE's
-    HF load_balancing_loss_func); none where the model trains without one (router_aux_loss_coef 0:
+    sequence-wise loss), over the global batch (global_aux_loss) where the model's is (global_aux: Qwen3-Next as
+    Megatron-Bridge trains it), else over the micro-batch (aux_loss: the Switch / GShard loss of Mixtral's and
+    Qwen-MoE's HF load_balancing_loss_func); none where the model trains without one (router_aux_loss_coef 0:
     balance_notes). DeepSeek-V3's aux-loss-free bias is --moe-router-enable-expert-bias (router_pairs)."""
     coef = aux_loss_coeff(pf.model)
     if coef == 0:
         return [("--moe-router-load-balancing-type", "none")]
-    return [("--moe-router-load-balancing-type", "seq_aux_loss" if pf.model.seq_aux else "aux_loss"),
+    kind = "seq_aux_loss" if pf.model.seq_aux else "global_aux_loss" if pf.model.global_aux else "aux_loss"
+    return [("--moe-router-load-balancing-type", kind),
             ("--moe-aux-loss-coeff", f"{coef:g}")]
 
 

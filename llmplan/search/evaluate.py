@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.comm import (copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs, dp_transfers, te_cp_split,
-                                ep_transfers, mxfp8_amax_transfers, pp_transfers, reduce_gather_split,
-                                tp_step_end_transfers, tp_transfers)
+from llmplan.cost.comm import (aux_loss_transfers, copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs,
+                               dp_transfers, te_cp_split, ep_transfers, mxfp8_amax_transfers, pp_transfers,
+                               reduce_gather_split, tp_step_end_transfers, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
@@ -187,6 +187,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         cp_a2a=total(te_cp_split(cp)[0]),
         cp_allgather=total(te_cp_split(cp)[1]),
         ep=total(ep_transfers(m, plans.as_plan, "ep")),
+        router=total(aux_loss_transfers(m, plans.as_plan, "tpcp", "tpdpcp")),
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],
         dp_stages=tuple(dp_stages),

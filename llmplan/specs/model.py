@@ -226,6 +226,12 @@ class ModelSpec(Spec):
     seq_aux: bool = False
     """Whether that loss is taken per sequence rather than over the batch (HF name, DeepSeek-V2/V3's
     complementary sequence-wise balance loss: Megatron-Core's seq_aux_loss)."""
+    global_aux: bool = False
+    """llmplan key: whether that loss counts each expert's tokens over the global batch (Megatron-Core's
+    global_aux_loss: the counts all-reduced over the tensor x data x context parallel ranks and averaged over the
+    micro-batches of the step; the Global Load Balancing Loss, arXiv 2501.11873), as Qwen3-Next trains it
+    (NVIDIA-NeMo/Megatron-Bridge@067f987 models/qwen/qwen3_next_bridge.py: moe_router_load_balancing_type
+    "global_aux_loss"). Exclusive with seq_aux."""
     num_nextn_predict_layers: int = Field(default=0, ge=0, le=16)
     """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
@@ -280,6 +286,9 @@ class ModelSpec(Spec):
                 )
             if (self.n_group is None) != (self.topk_group is None):
                 raise ValueError("group-limited routing needs both n_group and topk_group (or neither)")
+            if self.seq_aux and self.global_aux:
+                raise ValueError("seq_aux and global_aux both set: the load-balancing loss is taken per sequence "
+                                 "(seq_aux) or over the global batch (global_aux), not both; keep one")
             n_group, topk_group = self.n_group, self.topk_group
             if n_group is not None and topk_group is not None and (
                     self.num_experts % n_group or topk_group > n_group

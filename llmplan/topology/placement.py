@@ -75,6 +75,9 @@ def axis_dims(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str
     edp = plan.num_gpus // (etp * ep * plan.pp)
     dims: dict[str, tuple[tuple[int, int], ...]] = {a: ((sizes[a], strides[a]),) for a in DENSE_AXES}
     dims["dpcp"] = ((plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
+    # the MoE router's token-count groups (Megatron-Core tp_cp_group, tp_dp_cp_group: cost.comm.aux_loss_transfers)
+    dims["tpcp"] = ((plan.tp, strides["tp"]), (plan.cp, strides["cp"]))
+    dims["tpdpcp"] = ((plan.tp, strides["tp"]), (plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
     dims["ep"] = ((ep, etp),)
     dims["edp"] = ((edp, etp * ep),)
     # hybrid sharding (Megatron-LM parallel_state.py: the partial groups are contiguous slices of each group's
