@@ -197,7 +197,8 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
         and not m.compressed_layers
     return SglangServer(
         gpu_mem_bytes=gpu.hbm_gib * GIB, tp_size=tp, pp_size=plan.pp, chunked_prefill_size=chunk,
-        decode_graph_max_bs=decode, prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None, attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
+        decode_graph_max_bs=decode, prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
+        attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
         phase=plan.phase, draft_tokens=job.speculative.num_speculative_tokens + 1 if job.speculative else 1)
 
 
