@@ -115,7 +115,8 @@ def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpe
     """The job as a server of `plan` on `system` runs `m` (at `batch` sequences, else the job's): the engine's
     default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and compute capability, the
     model and the batch (cost.serve_step.graph_sizes_at), and SGLang's default memory fraction on the GPU's memory,
-    TP and graphs (cost.serve_memory.sglang_mem_fraction_static) where none was given; idempotent. Every caller that prices a plan's decode (estimate_serving,
+    TP and graphs (cost.serve_memory.sglang_mem_fraction_static) where none was given; idempotent. Every caller
+    that prices a plan's decode (estimate_serving,
     the searches' SLO batch) takes the job from here, so that they agree."""
     update: dict[str, Any] = {"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
                                                                       host=GraphHost.of(system, m))}

@@ -47,8 +47,8 @@ PREEMPTS = {"vllm": "preempting them (recompute)", "sglang": "retracting them"}
 def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str, ServeEstimate]:
     """The admission cap `flag` sets per replica (serving.admission_cap of the plan as saved, priced again as
     `estimate --plan` prices it), a comment line when it is not the planned batch, and the engine's run at that
-    cap (serving.admitted_run: memory_fraction converts its KV bytes, or writes its fraction); refuses a plan of which not
-    one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    cap (serving.admitted_run: memory_fraction converts its KV bytes, or writes its fraction); refuses a plan of
+    which not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
     j = pf.serve_job
     e = estimate_serving(pf.model, pf.cluster, pf.plan, j, pf.allowance)
     run = admitted_run(e, pf.allowance)
