@@ -3005,9 +3005,13 @@ def predict_wide_ep(rec: dict) -> tuple[float, float, str]:
     par = dict(rec["plan"])
     plan = ServePlan(tp=1, pp=1, dp=par["ep"], **par)
     wl = rec["workload"]
+    # The large-scale EP deployments set --mem-fraction-static (sglang#6017's prefill command: 0.85); the records do not
+    # state it, so they keep 0.9, llmplan's SGLang default before 2026-12-06: SGLang's own default
+    # (cost.serve_memory.sglang_mem_fraction_static) reserves 4.5 MiB per decode-graph request per attention-DP
+    # rank, e.g. 0.36 on 48 GB200 ranks, which no such deployment runs (docs/validation.md#sglang-mem-fraction).
     job = ServeJob(input_len=wl["input_len"], output_len=wl["output_len"], engine="sglang",
                    batch=wl["batch"] if isinstance(wl.get("batch"), int) else 1,
-                   max_num_batched_tokens=wl.get("tokens_per_batch", 8192))
+                   max_num_batched_tokens=wl.get("tokens_per_batch", 8192), gpu_memory_utilization=0.9)
     m = builtin_models()["deepseek-v3"]
     if wl.get("batch") == "max-load":
         job = at_max_load(m, cluster, plan, job)

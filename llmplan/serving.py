@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from llmplan.cost.operators import OperatorUse
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
+from llmplan.cost.serve_memory import sglang_mem_fraction_static, sglang_server_of
 from llmplan.cost.serve_step import GraphHost, decode_graphs, graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
@@ -112,10 +114,27 @@ def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpe
                  batch: int | None = None) -> ServeJob:
     """The job as a server of `plan` on `system` runs `m` (at `batch` sequences, else the job's): the engine's
     default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and compute capability, the
-    model and the batch (cost.serve_step.graph_sizes_at); idempotent. Every caller that prices a plan's decode (estimate_serving,
+    model and the batch (cost.serve_step.graph_sizes_at), and SGLang's default memory fraction on the GPU's memory,
+    TP and graphs (cost.serve_memory.sglang_mem_fraction_static) where none was given; idempotent. Every caller
+    that prices a plan's decode (estimate_serving,
     the searches' SLO batch) takes the job from here, so that they agree."""
-    return job.model_copy(update={"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
-                                                                           host=GraphHost.of(system, m))})
+    update: dict[str, Any] = {"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
+                                                                      host=GraphHost.of(system, m))}
+    if job.engine == "sglang" and job.memory_fraction_default:  # SGLang's default fraction for this server
+        update["gpu_memory_utilization"] = sglang_mem_fraction_static(sglang_server_of(m, plan, job, system.gpu))
+    return job.model_copy(update=update)
+
+
+def sglang_fraction_warning(job: ServeJob) -> tuple[str, ...]:
+    """A warning where SGLang's own default --mem-fraction-static (job_for_plan) is <= 0: its reserve for
+    activations and CUDA graphs (with DP attention 4.5 MiB per decode-graph request per attention rank) exceeds
+    the GPU, so a server left at its default would not start."""
+    u = job.gpu_memory_utilization
+    if job.engine != "sglang" or not job.memory_fraction_default or u > 0:
+        return ()
+    return (f"SGLang's default --mem-fraction-static for this server is {u:g}: its reserve for activations and CUDA "
+            "graphs exceeds the GPU, so it would not start (cost.serve_memory.sglang_mem_fraction_static); give "
+            "--memory-fraction",)
 
 
 def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJob,
@@ -159,7 +178,7 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
-        warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan),
+        warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan) + sglang_fraction_warning(job),
         operators=tuple(uses), fallback_cost=extra, speculative=spec, lengths=lengths,
         phase=phase_timing(m, runs, system, spans, job),
     )

@@ -223,7 +223,8 @@ PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate", hel
 GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", "--memory-fraction",
                                       help="Inference: the engine's memory fraction (vLLM --gpu-memory-utilization, "
                                       "TensorRT-LLM free_gpu_memory_fraction, SGLang --mem-fraction-static; "
-                                      "default: vLLM 0.92, TensorRT-LLM 0.9, SGLang 0.9).")
+                                      "default: vLLM 0.92, TensorRT-LLM 0.9, SGLang its own rule from the GPU's "
+                                      "memory, TP, chunked prefill and CUDA graphs).")
 ENGINE = typer.Option(_job("engine"), "--engine",
                       help="Inference: vllm | trtllm | sglang, whose rules size the KV cache and admit sequences.")
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",

@@ -91,6 +91,117 @@ fit on the TensorRT-LLM runs also lands on 0, docs/validation.md#serving); witho
 launch is added (step_host_seconds)."""
 
 
+MIB = 2**20
+SGLANG_RESERVE_MIB = 512.0
+"""SGLang's constant reserve (attention-backend metadata and activation slack) in its default
+--mem-fraction-static, MiB (sglang_mem_fraction_static)."""
+SGLANG_ACTIVATION_MIB_PER_TOKEN = 1.5
+"""MiB SGLang reserves per activation token (the chunked-prefill size, at least SGLANG_MIN_ACTIVATION_TOKENS)."""
+SGLANG_MIN_ACTIVATION_TOKENS = 2048
+SGLANG_PARALLEL_MIB = 1024 / 8
+"""MiB reserved per GPU of tp_size x pp_size ("adjustments for large parallel size")."""
+SGLANG_FLOOR_MIB, SGLANG_FLOOR_ABOVE_MIB = 10 * 1024.0, 60 * 1024.0
+"""The reserve is at least 10 GiB on a GPU of more than 60 GiB."""
+SGLANG_DECODE_GRAPH_MIB_PER_BS = 2.0
+SGLANG_DP_ATTN_MIB_PER_BS, SGLANG_DP_ATTN_LARGE_MIB_PER_BS, SGLANG_DP_ATTN_LARGE_BS = 3.0, 1.5, 300
+"""DP attention: 3 MiB per decode-graph request per attention rank, 1.5 more when max_bs > 300."""
+SGLANG_PREFILL_GRAPH_MIB_PER_SIZE, SGLANG_MLA_PREFILL_GRAPH_MIB = 8.0, 1536.0
+SGLANG_DEEPEP_MIB, SGLANG_DEEPEP_PREFILL_GRAPH_MIB = 2048.0, 1024.0
+# The constants above: sgl-project/sglang v0.5.23 (PyPI sglang-0.5.23 wheel; GitHub
+# python/sglang/srt/arg_groups/memory_hook.py), handle_gpu_memory_settings, reserve_for_graph_mb,
+# reserve_for_deepep_a2a_mb. They are SGLang's own settings, not fitted here.
+
+
+@dataclass(frozen=True)
+class SglangServer:
+    """What SGLang 0.5.23's default --mem-fraction-static reads of a CUDA server's settings (ServerArgs once
+    the CUDA-graph and GPU-memory defaults are resolved; no speculative or post-capture sizing switches)."""
+
+    gpu_mem_bytes: float
+    """The GPU's total memory (SGLang reads nvidia-smi's memory.total, MiB)."""
+    tp_size: int = 1
+    """--tp-size (every GPU of the instance, attention DP ranks included)."""
+    pp_size: int = 1
+    chunked_prefill_size: int = 8192
+    decode_graph_max_bs: int | None = None
+    """The decode CUDA graphs' max_bs; None: decode graphs off."""
+    prefill_graph_max_tokens: int | None = None
+    """The breakable prefill CUDA graphs' largest token count; None: prefill graphs off."""
+    mla: bool = False
+    attn_dp_size: int = 0
+    """Attention DP ranks under --enable-dp-attention; 0 without it."""
+    deepep: bool = False
+    """--moe-a2a-backend deepep."""
+    phase: str = "both"
+    """--disaggregation-mode: both (null), prefill or decode."""
+    draft_tokens: int = 1
+    """--speculative-num-draft-tokens (1 without speculation): a decode server's activation tokens."""
+
+
+def sglang_prefill_graph_sizes(max_tokens: int) -> int:
+    """How many token counts SGLang's default breakable prefill CUDA graphs capture up to `max_tokens`: every 4
+    to 32, 16 to 256, 32 to 512, 64 to 1,024, 256 to 4,096, then every 512. Source: sgl-project/sglang v0.5.23,
+    python/sglang/srt/arg_groups/cuda_graph_hook.py, generate_prefill_cuda_graph_batch_sizes."""
+    steps = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256), (4608, max_tokens, 512))
+    return sum(len(range(lo, min(hi, max_tokens) + 1, step)) for lo, hi, step in steps)
+
+
+def sglang_graph_reserve_mib(s: SglangServer) -> float:
+    """MiB SGLang's default fraction keeps for CUDA graphs: 2 per decode-graph request; with DP attention 3 per
+    request per attention rank, 1.5 more above 300; 8 per captured prefill size (1.5 GiB for an MLA model),
+    1 GiB more with DeepEP. Source: sgl-project/sglang v0.5.23, arg_groups/memory_hook.py, reserve_for_graph_mb."""
+    mib, bs = 0.0, s.decode_graph_max_bs
+    if s.phase != "prefill" and bs is not None:
+        mib += bs * SGLANG_DECODE_GRAPH_MIB_PER_BS
+        if s.attn_dp_size:
+            mib += bs * s.attn_dp_size * (SGLANG_DP_ATTN_MIB_PER_BS + SGLANG_DP_ATTN_LARGE_MIB_PER_BS
+                                          * (bs > SGLANG_DP_ATTN_LARGE_BS))
+    if s.phase != "decode" and s.prefill_graph_max_tokens is not None:
+        mib += SGLANG_MLA_PREFILL_GRAPH_MIB if s.mla else \
+            sglang_prefill_graph_sizes(s.prefill_graph_max_tokens) * SGLANG_PREFILL_GRAPH_MIB_PER_SIZE
+        mib += SGLANG_DEEPEP_PREFILL_GRAPH_MIB if s.deepep else 0.0
+    return mib
+
+
+def sglang_mem_fraction_static(s: SglangServer) -> float:
+    """SGLang's --mem-fraction-static when none is given: round((G - R) / G, 3), G the GPU's memory in MiB and R
+    the reserve for activations and CUDA graphs: 512 + 1.5 x the activation tokens (max(chunked prefill,
+    2,048); a decode server: max(decode max_bs x draft tokens, 2,048)) + tp_size x pp_size / 8 x 1,024 + the
+    graphs' reserve (sglang_graph_reserve_mib), at least 10 GiB on a GPU above 60 GiB, plus 2 GiB for DeepEP's
+    buffers under decode graphs. Source: sgl-project/sglang v0.5.23 (PyPI wheel),
+    python/sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings. Derived: docs/formulas.md#infer.capacity"""
+    gpu = s.gpu_mem_bytes / MIB
+    tokens = (s.decode_graph_max_bs or 1) * s.draft_tokens if s.phase == "decode" else s.chunked_prefill_size
+    reserved = (SGLANG_RESERVE_MIB + SGLANG_ACTIVATION_MIB_PER_TOKEN * max(tokens, SGLANG_MIN_ACTIVATION_TOKENS)
+                + s.tp_size * s.pp_size * SGLANG_PARALLEL_MIB + sglang_graph_reserve_mib(s))
+    if gpu > SGLANG_FLOOR_ABOVE_MIB:
+        reserved = max(reserved, SGLANG_FLOOR_MIB)
+    if s.deepep and s.phase != "prefill" and s.decode_graph_max_bs is not None:
+        reserved += SGLANG_DEEPEP_MIB
+    return round((gpu - reserved) / gpu, 3)
+
+
+def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> SglangServer:
+    """The SGLang server llmplan's export launches for `plan` (export.serve.render_sglang: --tp-size tp x dp and
+    --chunked-prefill-size x dp under DP attention), with SGLang's default decode graphs (sglang_graph_max_bs at
+    its tp-size; the largest of the user's --cuda-graph-sizes) and its breakable prefill graphs, on by default
+    on CUDA (cuda_graph_config.py, default_prefill_backend) but off with pipeline parallelism, two-batch
+    overlap or DeepSeek-V4 (cuda_graph_hook.py, apply_cuda_graph_compatibility). Derived:
+    docs/formulas.md#infer.capacity"""
+    from llmplan.cost.serve_step import sglang_graph_max_bs  # builds on this module
+    dp = plan.dp if plan.dp_attention else 1
+    tp, chunk = plan.tp * dp, job.max_num_batched_tokens * dp
+    user = job.cuda_graph_batch_sizes if not job.cuda_graph_sizes_default else None
+    decode = (max(user) if user else sglang_graph_max_bs(gpu.hbm_bytes, tp)) if job.cuda_graphs else None
+    prefill = job.cuda_graphs and gpu.vendor == "nvidia" and plan.pp == 1 and not plan.two_batch_overlap \
+        and not m.compressed_layers
+    return SglangServer(
+        gpu_mem_bytes=gpu.hbm_gib * GIB, tp_size=tp, pp_size=plan.pp, chunked_prefill_size=chunk,
+        decode_graph_max_bs=decode, prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
+        attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
+        phase=plan.phase, draft_tokens=job.speculative.num_speculative_tokens + 1 if job.speculative else 1)
+
+
 def weight_bytes_per_param(dtype: str, group: int) -> float:
     """Bytes per linear-layer weight, scale overhead included: group quantisation keeps an fp16 scale and an
     fp16 zero point per `group` weights (AWQ/GPTQ style, 4/group bytes); fp8 keeps one scale per 128x128

@@ -7,11 +7,11 @@ import math
 import shlex
 from typing import Any
 
-from llmplan.cost.inference import ServeMemory, admitted_tokens
+from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
-from llmplan.serving import admitted_run, estimate_serving
+from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
 from llmplan.units import GIB
 
 
@@ -44,11 +44,11 @@ PREEMPTS = {"vllm": "preempting them (recompute)", "sglang": "retracting them"}
 """What each engine does to running sequences when its KV cache runs out."""
 
 
-def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str, ServeMemory]:
+def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str, ServeEstimate]:
     """The admission cap `flag` sets per replica (serving.admission_cap of the plan as saved, priced again as
-    `estimate --plan` prices it), a comment line when it is not the planned batch, and the memory of the engine
-    run at that cap (serving.admitted_run: memory_fraction converts its KV bytes); refuses a plan of which not
-    one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    `estimate --plan` prices it), a comment line when it is not the planned batch, and the engine's run at that
+    cap (serving.admitted_run: memory_fraction converts its KV bytes, or writes its fraction); refuses a plan of
+    which not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
     j = pf.serve_job
     e = estimate_serving(pf.model, pf.cluster, pf.plan, j, pf.allowance)
     run = admitted_run(e, pf.allowance)
@@ -61,26 +61,31 @@ def admission(pf: PlanFile, engine: str, flag: str) -> tuple[int, str, ServeMemo
                      "(llmplan search --mode infer)")
     cap = run.job.batch
     if cap == j.batch:
-        return cap, "", run.memory
+        return cap, "", run
     return cap, (f"# {flag}: {cap:,} sequences per replica, not the planned batch of {j.batch:,}: only {cap:,} fit "
                  f"the KV cache (llmplan estimate --plan: at_fitting_batch), so the engine queues the rest instead "
-                 f"of admitting them and {PREEMPTS[engine]}; TTFT, TPOT and throughput as priced at {cap:,}\n"), run.memory
+                 f"of admitting them and {PREEMPTS[engine]}; TTFT, TPOT and throughput as priced at {cap:,}\n"), run
 
 
-def memory_fraction(pf: PlanFile, engine: str, mem: ServeMemory) -> tuple[float, str]:
+def memory_fraction(pf: PlanFile, engine: str, run: ServeEstimate) -> tuple[float, str]:
     """The `engine`'s memory fraction that gives the KV cache the bytes the planned engine's rule gives it in
-    `mem`, the run at the admission cap (admission: for a plan that does not fit, the fitting batch's, whose
+    `run`, the run at the admission cap (admission: for a plan that does not fit, the fitting batch's, whose
     activation peak is smaller), and a comment line when it differs from the planned engine's (whose fraction
     means something else): vLLM (weights + activations + other + KV) / HBM, SGLang (weights + KV) / (HBM -
-    other), rounded down. Derived: docs/formulas.md#infer.capacity"""
-    j = pf.serve_job
+    other), rounded down. The planned engine's own fraction is written as priced: the user's, or SGLang's
+    default for this server (cost.serve_memory.sglang_mem_fraction_static), said in a comment line.
+    Derived: docs/formulas.md#infer.capacity"""
+    j, mem, planned = pf.serve_job, run.memory, run.job.gpu_memory_utilization
     if j.engine == engine:
-        return j.gpu_memory_utilization, ""
+        note = (f"# --mem-fraction-static {planned:g}: SGLang 0.5.23's own default for this GPU, --tp-size, "
+                "--chunked-prefill-size and CUDA graphs, as llmplan priced it\n"
+                if engine == "sglang" and run.job.memory_fraction_default else "")
+        return planned, note
     hbm = pf.cluster.system.gpu.hbm_bytes
     used = mem.weights + mem.kv_available + (mem.activations + mem.other if engine == "vllm" else 0.0)
     fraction = math.floor(1000 * used / (hbm if engine == "vllm" else hbm - mem.other)) / 1000
     return fraction, (f"# memory fraction {fraction}: gives the KV cache the {mem.kv_available / GIB:.1f} GiB per "
-                      f"GPU planned with {j.engine}'s rule (its fraction {j.gpu_memory_utilization:g})\n")
+                      f"GPU planned with {j.engine}'s rule (its fraction {planned:g})\n")
 
 
 def recurrent_state_dtype(pf: PlanFile) -> str | None:

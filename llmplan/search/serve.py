@@ -192,14 +192,14 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         if bad:
             _count(pruned, bad[0].rule, bad[0].message)
             continue
-        mem = serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance)
+        pj = job_for_plan(lm, job, plan, cluster.system)  # the captured sizes and fraction estimate_serving prices
+        mem = serve_memory(lm, plan, pj, cluster.system.gpu.hbm_bytes, allowance)
         if mem.max_concurrent_seqs < 1:
             _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
                    f"for the KV cache, not one sequence of {job.context:,} tokens")
             continue
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
-        pj = job_for_plan(lm, job, plan, cluster.system)  # the captured sizes estimate_serving prices it at
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
             batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), pj, limit)
         if batch < 1:

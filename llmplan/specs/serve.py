@@ -19,12 +19,14 @@ DEFAULT_MEMORY_FRACTION: dict[str, float] = {
     "vllm": 0.92,
     # Source: TensorRT-LLM docs, KvCacheConfig.free_gpu_memory_fraction ("Default is 90%").
     "trtllm": 0.9,
-    # llmplan's own: SGLang 0.5.23 derives --mem-fraction-static from the GPU's memory, TP x PP, the chunked
-    # prefill size and the CUDA-graph sizes (sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings),
-    # not modelled; the export always writes the fraction planned with.
+    # A placeholder until the plan and GPU are known: SGLang 0.5.23 derives --mem-fraction-static from the GPU's
+    # memory, TP x PP, the chunked prefill size and the CUDA graphs (sglang/srt/arg_groups/memory_hook.py,
+    # handle_gpu_memory_settings), which serving.job_for_plan applies (cost.serve_memory.sglang_mem_fraction_static)
+    # to a job whose fraction was not given (ServeJob.memory_fraction_default).
     "sglang": 0.9,
 }
-"""The engine's memory fraction when none is given (ServeJob.gpu_memory_utilization)."""
+"""The engine's memory fraction when none is given (ServeJob.gpu_memory_utilization); SGLang's is derived per
+plan and GPU (ServeJob.memory_fraction_default)."""
 Phase = Literal["both", "prefill", "decode"]
 ServeDispatcher = Literal["alltoall", "deepep"]
 
@@ -247,14 +249,22 @@ class ServeJob(Spec):
     gpu_memory_utilization: float = Field(default=DEFAULT_MEMORY_FRACTION["vllm"], gt=0, le=1)
     """The engine's memory fraction: vLLM --gpu-memory-utilization, TensorRT-LLM
     kv_cache_config.free_gpu_memory_fraction, SGLang --mem-fraction-static; when not given (or None), the
-    engine's default (DEFAULT_MEMORY_FRACTION: vLLM 0.92, TensorRT-LLM 0.9, SGLang 0.9)."""
+    engine's default (DEFAULT_MEMORY_FRACTION: vLLM 0.92, TensorRT-LLM 0.9; SGLang's derived for each plan on
+    its GPU, memory_fraction_default)."""
+    memory_fraction_default: bool = False
+    """Whether gpu_memory_utilization is the engine's default, not given: SGLang's is then derived again for each
+    plan and GPU (serving.job_for_plan, cost.serve_memory.sglang_mem_fraction_static); False: the fraction is
+    the user's (or a plan file's saved before the rule), kept as given."""
 
     @model_validator(mode="before")
     @classmethod
     def _engine_default_fraction(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("gpu_memory_utilization") is None:
+        # Not given, or a saved default (derived again: SGLang's may be <= 0 where its reserve exceeds the GPU).
+        if isinstance(data, dict) and (data.get("gpu_memory_utilization") is None
+                                       or data.get("memory_fraction_default") is True):
             fraction = DEFAULT_MEMORY_FRACTION.get(data.get("engine", "vllm"), DEFAULT_MEMORY_FRACTION["vllm"])
-            return {**data, "gpu_memory_utilization": fraction}  # an unknown engine is refused by its field
+            # an unknown engine is refused by its field
+            return {**data, "gpu_memory_utilization": fraction, "memory_fraction_default": True}
         return data
     block_size: int = Field(default=16, ge=1, le=1 << 20)
     """Tokens per KV-cache block (vLLM --block-size)."""
