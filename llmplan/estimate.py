@@ -10,7 +10,7 @@ from llmplan.cost.compute import stage_compute
 from llmplan.cost.memory import TrainingMemory, stage_memory, training_memory
 from llmplan.cost.operators import OperatorUse, operator_uses, with_fallbacks
 from llmplan.cost.params import ParamCounts, param_counts, stage_layer_list, stage_layers
-from llmplan.cost.runtime_memory import tp_overlap_as_run
+from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, tp_overlap_as_run, userbuffers_on
 from llmplan.cost.step import StepTime, Throughput, bottleneck, step_time, throughput
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
@@ -42,6 +42,9 @@ class TrainingEstimate:
     """Failures, checkpoints and restarts: the share of wall-clock time that trains (cost.goodput)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     """How the job checkpoints (what `goodput` was priced with)."""
+    tp_overlap_gain: float | None = None
+    """Seconds a step Transformer Engine's userbuffer TP overlap saves against the same plan without it (negative:
+    the overlap costs more than it hides); None where no userbuffer overlap runs (tp_overlap_gain)."""
 
 
 def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -64,7 +67,22 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     checkpoint = checkpoint or CheckpointPolicy()
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(runs, gpu, step),
                             str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra,
-                            plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint)
+                            plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint,
+                            tp_overlap_gain(m, cluster, runs, float(step.total), order))
+
+
+def tp_overlap_gain(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_s: float,
+                    order: tuple[str, ...] = DEFAULT_ORDER) -> float | None:
+    """Seconds a step (`step_s`, the plan's own) the userbuffer TP overlap saves against the same plan with
+    tp_comm_overlap off, negative where it loses (set_sm_margin's SMs taken from the forward reduce-scatters'
+    GEMMs for their whole length cost more than the collectives it hides: large h at TP 2); None where no
+    userbuffer overlap runs (userbuffers_on; Megatron-Core turns it off on MLA models).
+    Derived: docs/formulas.md#step.ub_loses"""
+    if not bool(userbuffers_on(plan)) or mla_turns_tp_overlap_off(m, plan):
+        return None
+    off = plan.model_copy(update={"tp_comm_overlap": False})
+    secs = comm_seconds(step_comm(m, off, place(off.degrees, cluster, order), cluster.system), cluster.system)
+    return float(step_time(m, off, cluster.system.gpu, secs).total) - step_s
 
 
 def with_checkpoint(e: TrainingEstimate, checkpoint: CheckpointPolicy) -> TrainingEstimate:

@@ -185,6 +185,12 @@ def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOpt
         raise typer.Exit(EXIT_NO_FIT)
 
 
+def tp_overlap_loses(res: SearchResult) -> bool:
+    """Whether a plan the search ranks prices its userbuffer TP overlap slower than without it
+    (TrainingEstimate.tp_overlap_gain < 0; docs/formulas.md#step.ub_loses)."""
+    return any(e.tp_overlap_gain is not None and e.tp_overlap_gain < 0 for e in res.ranked)
+
+
 class TrainSearch(NamedTuple):
     """One system's training search as `search` shows it (train_search)."""
 
@@ -294,6 +300,16 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             elif rd is not None:
                 tried.append(({**v, **d}, rd, cluster, wd, chosen))
                 beat = None if beat is None else max(beat, best_score(rd)[0])
+        # step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
+        # the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)
+        v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))
+        if "tp_comm_overlap" not in named and w.tp_comm_overlap and tp_overlap_loses(res):
+            wo = Workload(**{**w.fields(), "tp_comm_overlap": False})
+            ro = run(cluster, say, wo, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
+                     beat=best_score(res)[0] if goal.objective == "throughput" else None)
+            if ro is not None:
+                tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in tried]
+                tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
         screens.clear()
     if target is not None:  # none kept a plan: what refused them, over every setting tried
         refuse_every_setting(target, [(t[0], t[1]) for t in tried])

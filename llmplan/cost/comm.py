@@ -581,9 +581,27 @@ transformer_engine/pytorch/module/base.py initialize_ub (v1.8 ub_cfg.get("num_sm
 userbuffers/userbuffers.cu userbuffers_send (use_ce: cudaMemcpyAsync, a <<<1, 1>>> signal kernel)."""
 
 
+TUNED_LOW_PRECISION_RS_SMS = 1.0
+"""SMs of the forward reduce-scatters (proj_fprop, fc2_fprop) in every fp8 userbuffer config NVIDIA publishes:
+a ring exchange on copy engines, RingExchangeOverlapCfg(num_sm=1, set_sm_margin=True), where the bf16 configs run
+a pipeline on 8 - 32 SMs with the margin. Megatron-Bridge's Llama performance recipes name the fp8 config for
+every precision but bf16 (fp8_cs, fp8_mx, nvfp4). Source: NVIDIA-NeMo/Megatron-Bridge 067f987d
+src/megatron/bridge/training/comm_overlap.py (userbuffers_fp8_h100_h8192_tp4, _h100_h16384_tp8_cp2,
+_b200_h8192_tp2, _b200_h16384_tp4_cp2 _mbs1_seqlen8192), perf_recipes/llama/{b200,gb200}/llama3.py.
+Derived: docs/formulas.md#step.ub_low_precision"""
+
+
 def tp_role_sms(plan: ParallelPlan) -> RoleSms:
-    """SMs each userbuffer role holds beside its GEMM: ParallelPlan.tp_overlap_sms, else TE_UB_SMS."""
-    return plan.tp_overlap_sms or TE_UB_SMS
+    """SMs each userbuffer role holds beside its GEMM: ParallelPlan.tp_overlap_sms, else TE_UB_SMS; a plan that
+    sets neither tp_overlap_sms nor tp_overlap_margin_sms (the published configs priced) with fp8 / fp4 GEMMs
+    runs its forward reduce-scatters as the fp8 configs do (TUNED_LOW_PRECISION_RS_SMS).
+    Derived: docs/formulas.md#step.ub_low_precision"""
+    if plan.tp_overlap_sms:
+        return plan.tp_overlap_sms
+    if plan.tp_overlap_margin_sms is None and plan.dtype in ("fp8", "fp4"):
+        ring, _, re_gather, bwd_rs = TE_UB_SMS
+        return ring, TUNED_LOW_PRECISION_RS_SMS, re_gather, bwd_rs
+    return TE_UB_SMS
 
 
 def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleSms:

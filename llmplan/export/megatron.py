@@ -686,9 +686,12 @@ def ub_margin_notes(pf: PlanFile) -> tuple[str, ...]:
     if not (p.tp_comm_overlap and p.sp and p.tp > 1) or p.tp_overlap_margin_sms is not None \
             or mla_turns_tp_overlap_off(pf.model, p):  # no userbuffer GEMMs run (mla_tp_overlap_notes)
         return ()
+    fp8 = ("; the forward reduce-scatters as their fp8 configs run them (proj_fprop / fc2_fprop a 1-SM ring "
+           "exchange, where Transformer Engine's default is a 16-SM pipeline)" if p.tp_overlap_sms is None
+           and p.dtype in ("fp8", "fp4") else "")  # cost.comm.tp_role_sms, docs/formulas.md#step.ub_low_precision
     return ("note: priced with the SM margins of NVIDIA's published userbuffer configs (set_sm_margin on "
-            "proj_fprop / fc2_fprop only); without --tp-comm-overlap-cfg Transformer Engine 2.x also runs the "
-            "bulk overlaps' GEMMs on 16 SMs fewer: pass a config with set_sm_margin false on the bulk methods, "
+            f"proj_fprop / fc2_fprop only{fp8}); without --tp-comm-overlap-cfg Transformer Engine 2.x also runs "
+            "the bulk overlaps' GEMMs on 16 SMs fewer: pass a config with set_sm_margin false on the bulk methods, "
             "or set tp_overlap_margin_sms: [0, 16, 16, 16] in the plan file to price the defaults",)
 
 

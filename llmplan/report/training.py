@@ -195,6 +195,8 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"context_extension": ext} if (ext := context_extension(e.model, e.plan)) else {}),
         **({"tp_overlap_off": tp_note} if (tp_note := tp_overlap_note(e.model, e.plan)) else {}),
+        **({"tp_overlap_gain_s": e.tp_overlap_gain} if e.tp_overlap_gain is not None else {}),
+        **({"tp_overlap_slower": loss} if (loss := tp_overlap_loss_note(e)) else {}),
         **({"bf16_layers": bf16_layers_json(e.model, e.plan)} if e.plan.low_precision else {}),
         **({"goodput": goodput_json(e.goodput, float(e.throughput.tokens_per_s))} if e.goodput is not None else {}),
     }
@@ -280,6 +282,19 @@ def tp_overlap_note(m: ModelSpec, plan: ParallelPlan) -> str | None:
             "TP collective unoverlapped (the userbuffers' memory kept)")
 
 
+def tp_overlap_loss_note(e: TrainingEstimate) -> str | None:
+    """One line where the plan's userbuffer TP overlap prices slower than the same plan without it
+    (TrainingEstimate.tp_overlap_gain < 0; docs/formulas.md#step.ub_loses); None otherwise."""
+    if e.tp_overlap_gain is None or e.tp_overlap_gain >= 0:
+        return None
+    step = float(e.time.total)
+    return (f"note: tp_comm_overlap prices {-e.tp_overlap_gain:,.3f} s a step slower than without it "
+            f"({-e.tp_overlap_gain / (step + e.tp_overlap_gain):.1%}): set_sm_margin takes its SMs from the forward "
+            "reduce-scatters' GEMMs for their whole length, more time than those collectives take at this TP "
+            "and width; --no-tp-comm-overlap, or price a userbuffer config whose forward reduce-scatters take "
+            "fewer SMs (tp_overlap_sms / tp_overlap_margin_sms in the plan file)")
+
+
 def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = None,
                   hardware: str | None = None) -> None:
     """The estimate's tables; `hardware` names the GPUs in the header instead of e.cluster (a plan over pools:
@@ -294,6 +309,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
     if note := context_note(e.model, e.plan):
         console.print(note)
     if note := tp_overlap_note(e.model, e.plan):
+        console.print(note)
+    if note := tp_overlap_loss_note(e):
         console.print(note)
     for u in e.operators:
         if not u.available:
