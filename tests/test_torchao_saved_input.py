@@ -103,3 +103,13 @@ def test_no_weight_cache_for_torchao():
     piped = {"pp": 2, "dp": 4, "global_batch": 32, "recipe": "tensorwise", "fp8_scaling": "current"}
     assert low_precision_weight_cache(L8, plan(**piped), 0) == 0
     assert low_precision_weight_cache(L8, plan(**piped, tp_impl="megatron"), 0) > 0
+
+
+def test_torchtitan_2412_rows_read_with_pre_v09_torchao(row_setup):
+    """torchtitan's December 2024 rows ran torchao eab345c (benchmarks/llama3_h100_202412_torchtitan.md), before
+    v0.9.0: read with torchao_saves_hp_input False; the 405B pipeline row (FSDP2's fp8 all-gather, the stage kept
+    gathered) counts no fp8 weight cache, which torchao does not keep."""
+    m, _, p = row_setup("torchtitan-2412-t5-llama31-405b-512gpu-1f1b")
+    assert p.tp_impl == "dtensor" and p.recipe == "tensorwise" and p.pp > 1
+    assert p.torchao_saves_hp_input is False
+    assert low_precision_weight_cache(m, p, 0) == 0

@@ -272,12 +272,17 @@ def torchao_hp_saved_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     before redistribute); pytorch/torchtitan v0.2.2 models/llama3/infra/parallelize.py
     (enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise).
     Derived: docs/formulas.md#precision.torchao_saved_input"""
+    return torchao_hp_saves(plan) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+
+
+def torchao_hp_saves(plan: ParallelPlan) -> Any:
+    """1 where torchao's Float8Linear saves its bf16 input on the layers in fp8 (torchao_hp_saved_share), else 0.
+    Derived: docs/formulas.md#precision.torchao_saved_input"""
     if not torchao_float8(plan):
         return 0.0
-    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     if plan.recipe == "rowwise":
-        return share
-    return where(plan.tp > 1, 0.0, share) if plan.torchao_saves_hp_input else 0.0
+        return 1.0
+    return where(plan.tp > 1, 0.0, 1.0) if plan.torchao_saves_hp_input else 0.0
 
 
 def torchao_fp8_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -303,17 +308,16 @@ Derived: docs/formulas.md#precision.torchao_saved_input"""
 
 def torchao_requantize_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transposed: float) -> Any:
     """HBM bytes per token of the layer's s·b, over the step, one rank, of torchao's backward casts of the bf16
-    inputs its Float8Linear saves (torchao_hp_saved_share, as an indicator; fp8_cast_bytes applies the layer
-    share): one cast per distinct saved tensor (wq / wk / wv read one norm output, w1 / w3 another: h wide,
-    whole under DTensor TP, which saves the gathered input; wo the core's output, a·d_v/t; w2 the gated
-    product, f/t; an MoE layer's shared expert as a dense MLP, its routed experts not being nn.Linear), each
+    inputs its Float8Linear saves (torchao_hp_saves; fp8_cast_bytes applies the layer share): one cast per
+    distinct saved tensor (wq / wk / wv read one norm output, w1 / w3 another: h wide, whole under DTensor TP,
+    which saves the gathered input; wo the core's output, a·d_v/t; w2 the gated product, f/t; an MoE layer's
+    shared expert as a dense MLP, its routed experts not being nn.Linear), each
     TORCHAO_REQUANTIZE_BYTES (compiled with fused_kernels), less the transposed fp8 copy (`transposed`,
     Hopper's per-tensor recipe) that fp8_cast_bytes counts in forward and torchao does not write there.
     0 for a hybrid stack (not a torchtitan model). Derived: docs/formulas.md#precision.torchao_saved_input"""
-    share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    if m.is_hybrid or not share:
+    if m.is_hybrid or not torchao_float8(plan):
         return 0.0
-    on = torchao_hp_saved_share(m, plan) / share
+    on = torchao_hp_saves(plan)
     per = where(plan.fused_kernels, TORCHAO_REQUANTIZE_BYTES["compiled"], TORCHAO_REQUANTIZE_BYTES["eager"])
     attn = m.hidden_size + m.num_attention_heads * attention_head_dims(m)[1] / plan.tp
     f = m.shared_ffn if moe else m.intermediate_size
