@@ -62,9 +62,14 @@ def test_pre_v09_tensorwise_saves_fp8_copies():
 def test_float8_tp_saves_the_gathered_fp8_copy():
     """Tensorwise with tp 2 (float8 TP): the gathered fp8 copy (1 byte, all s tokens under DTensor TP), and wo's
     fp8 copy of the rank's heads beside the core's bf16 output."""
-    p = layer_activation_parts(L8, plan(recipe="tensorwise", fp8_scaling="current", tp=2, sp=True), moe=False)
+    tp2 = plan(recipe="tensorwise", fp8_scaling="current", tp=2, sp=True)
+    p = layer_activation_parts(L8, tp2, moe=False)
     assert p.attn_input == S * H
     assert p.attn_out == 3 * S * H / 2
+    # so the torchao version switch does nothing there (check_switches: torchao_saves_hp_input_tp1)
+    old = tp2.model_copy(update={"torchao_saves_hp_input": False})
+    assert layer_activation_parts(L8, old, moe=False) == p
+    assert fp8_cast_bytes(L8, old, False, fp8_tn_only=True) == fp8_cast_bytes(L8, tp2, False, fp8_tn_only=True)
 
 
 def test_backward_requantisation_bytes():
@@ -107,9 +112,33 @@ def test_no_weight_cache_for_torchao():
 
 def test_torchtitan_2412_rows_read_with_pre_v09_torchao(row_setup):
     """torchtitan's December 2024 rows ran torchao eab345c (benchmarks/llama3_h100_202412_torchtitan.md), before
-    v0.9.0: read with torchao_saves_hp_input False; the 405B pipeline row (FSDP2's fp8 all-gather, the stage kept
+    v0.9.0: read with torchao_saves_hp_input False (kept where it acts: tp 1); the 405B pipeline row (FSDP2's fp8 all-gather, the stage kept
     gathered) counts no fp8 weight cache, which torchao does not keep."""
+    _, _, p = row_setup("torchtitan-2412-t2-llama31-8b-8gpu-cp1")
+    assert p.tp == 1 and p.tp_impl == "dtensor" and p.recipe == "tensorwise"
+    assert p.torchao_saves_hp_input is False
     m, _, p = row_setup("torchtitan-2412-t5-llama31-405b-512gpu-1f1b")
     assert p.tp_impl == "dtensor" and p.recipe == "tensorwise" and p.pp > 1
-    assert p.torchao_saves_hp_input is False
     assert low_precision_weight_cache(m, p, 0) == 0
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_search_prices_torchao_saves_as_the_scalar_estimate(recipe):
+    """The search's plan arrays (tp varying: float8 TP at tp > 1) give each plan's scalar saved bytes and casts."""
+    import numpy as np
+
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe=recipe, fp8_scaling="current", tp_impl="dtensor")
+    plans = enumerate_plans(default_space(L8, cluster, w), cluster, w)
+    idx = np.random.default_rng(7).permutation(len(plans))[:8]
+    sub = plans.take(idx)
+    assert len(set(int(t) for t in np.asarray(sub.tp))) > 1
+    vec = np.asarray(layer_activation_parts(L8, sub, False).total)
+    scalar = [layer_activation_parts(L8, plans.plan(int(i)), False).total for i in idx]
+    assert vec == pytest.approx(scalar)
+    casts = np.asarray(fp8_cast_bytes(L8, sub, False))
+    assert casts == pytest.approx([fp8_cast_bytes(L8, plans.plan(int(i)), False) for i in idx])
