@@ -1816,6 +1816,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
+        # torchtitan's December 2024 rows ran torchao eab345c, whose tensorwise Float8Linear saved the fp8 input
+        # (before v0.9.0, 12396c648): docs/formulas.md#precision.torchao_saved_input
+        torchao_saves_hp_input=fam != "torchtitan",
         fp8_scaling=fp8_scaling(rec, fam),  # delayed or current per-tensor scaling, as each stack ran it
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
         # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser

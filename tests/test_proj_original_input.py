@@ -17,8 +17,10 @@ Delayed scaling (TE refuses the flag there): linear_proj saves its fp8 cast (1 B
 the fused core keeps its own bf16 output beside it for its backward (TransformerEngine d0067d0da6
 pytorch/attention/dot_product_attention/backends.py, FusedAttnFunc.forward: f16_tensors = (q, k, v, out_f16)
 saved; Megatron's comment above says both are saved): 2 + 1 B an element, 50,331,648 B a layer; 1 B where the
-core keeps no output (core_attn recompute, an unfused core). torchao (tp_impl dtensor, or its rowwise recipe) keeps
-1 B (its saved tensors not read).
+core keeps no output (core_attn recompute, an unfused core). torchao's Float8Linear (docs/formulas.md#precision.
+torchao_saved_input; pytorch/ao@36027d82d1 float8_linear.py, float8_tensor_parallel.py): per-tensor at TP 4
+(float8 TP casts wo's input before the function, which saves that fp8 copy) 1 B beside the core's bf16 output,
+3 B an element; rowwise (plain DTensor TP) saves the core's bf16 output itself, 2 B.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def test_delayed_scaling_keeps_the_core_output_and_the_fp8_copy():
     assert float(layer_activation_parts(M, unfused, False).attn_out) == 16_777_216
 
 
-def test_torchao_keeps_the_quantised_copy():
-    assert float(layer_activation_parts(M, plan(tp_impl="dtensor"), False).attn_out) == 16_777_216
-    assert float(layer_activation_parts(M, plan(recipe="rowwise"), False).attn_out) == 16_777_216
+def test_torchao_keeps_its_fp8_copy_beside_the_core_output_or_the_bf16_output_alone():
+    assert float(layer_activation_parts(M, plan(tp_impl="dtensor"), False).attn_out) == 33_554_432 + 16_777_216
+    assert float(layer_activation_parts(M, plan(recipe="rowwise"), False).attn_out) == 33_554_432
 
 
 def test_only_attn_out_moves_against_delayed():

@@ -17,7 +17,7 @@ from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_m
 from llmplan.cost.gemm import fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
-from llmplan.cost.quantize import proj_saves_original_input
+from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_share, torchao_hp_saved_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -131,7 +131,7 @@ def unflagged_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     own quantised copy beside it, Megatron-Core not having set save_original_input there: a Megatron-Core / TE
     stack (tp_impl megatron, not ep_dispatch_fp8) under a low-precision recipe without the flag
     (proj_saves_original_input 0: fp8 delayed scaling), on the share of layers in the low format (a bf16 layer's
-    linear saves the same tensor). 0 elsewhere (torchao's Float8Linear, tp_impl dtensor or rowwise, was not read).
+    linear saves the same tensor). 0 elsewhere (torchao's Float8Linear: torchao_fp8_copy_share).
     Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/attention.py, moe/shared_experts.py (the
     flag set under fp8 with fp8_recipe != 'delayed' or fp4: "the output of the fused core_attn is saved by
     itself, and linear_proj also saves the quantized tensor of this output"; "the output of pre_mlp_layernorm is
@@ -144,14 +144,17 @@ def unflagged_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def core_output_beside_copy(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Share of layers on which the attention core's bf16 output stays saved beside linear_proj's quantised copy
-    (unflagged_copy_share): the fused core in bf16 (flash_attention, not fp8_attention) saves its output for its
-    own backward (the softmax gradient's rowsum(dO·O)) unless core_attn recompute discards it; an unfused core
-    saves the scores and V, not its output. Source: NVIDIA/TransformerEngine d0067d0da6
+    """Share of layers on which the attention core's bf16 output stays saved beside the output projection's
+    quantised copy (unflagged_copy_share; torchao's Float8Linear where it saves an fp8 copy, torchao_fp8_copy_share):
+    the fused core in bf16 (flash_attention, not fp8_attention) saves its output for its own backward (the
+    softmax gradient's rowsum(dO·O)) unless core_attn recompute discards it; an unfused core saves the scores and
+    V, not its output. Source: NVIDIA/TransformerEngine d0067d0da6
     pytorch/attention/dot_product_attention/backends.py (FusedAttnFunc.forward: f16_tensors = (q, k, v, out_f16)
-    saved). Derived: docs/formulas.md#precision.save_original_input"""
+    saved); PyTorch aten/src/ATen/native/transformers (_scaled_dot_product_flash_attention returns the output
+    and log-sum-exp its backward takes). Derived: docs/formulas.md#precision.save_original_input"""
     dropped = plan.recomputes("core_attn") | plan.fp8_attention
-    return where(dropped, 0.0, where(plan.flash_attention, unflagged_copy_share(m, plan), 0.0))
+    copy = unflagged_copy_share(m, plan) + torchao_fp8_copy_share(m, plan)
+    return where(dropped, 0.0, where(plan.flash_attention, copy, 0.0))
 
 
 def shared_fc1_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -344,11 +347,14 @@ the quantised input, columnwise usage only, for backward); OCP Microscaling spec
 
 def saved_input_discount(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes per element a low-precision recipe saves below bf16 on a GEMM input it keeps for backward, averaged
-    over the layers: (2 - SAVED_INPUT_BYTES) on the share of layers in the low format (the bf16 layers keep 2);
-    0 in bf16. Derived: docs/formulas.md#mem.activations"""
+    over the layers: (2 - SAVED_INPUT_BYTES) on the share of layers in the low format that save the quantised
+    copy (the bf16 layers keep 2; so do the layers whose torchao Float8Linear saves its bf16 input,
+    torchao_hp_saved_share: one tensor however many linears read it); 0 in bf16.
+    Derived: docs/formulas.md#mem.activations, docs/formulas.md#precision.torchao_saved_input"""
     if not plan.low_precision:
         return 0.0
-    return (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+    share = plan.low_precision_layer_fraction(m.num_hidden_layers) - torchao_hp_saved_share(m, plan)
+    return (2.0 - SAVED_INPUT_BYTES[plan.recipe]) * share
 
 
 def swiglu_input_bytes(m: ModelSpec, plan: ParallelPlan) -> float:

@@ -16,6 +16,7 @@ from llmplan.cost.compressed import hc_head_params
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
                                  rank_params, router_params, stage_end_params, stepped_rank_params)
+from llmplan.cost.quantize import torchao_float8
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -198,8 +199,12 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, stage: Any, fp8
     low-precision weights (low_precision_weights) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
     GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
     (fp8_params: 1 byte, or NVFP4's 4 bits and scales); none under ZeRO-3 / FSDP, which gathers and frees each
-    layer, unless a pipeline keeps the stage gathered (mem.other). Derived: docs/formulas.md#precision"""
-    if not plan.low_precision:
+    layer, unless a pipeline keeps the stage gathered (mem.other); none for torchao's Float8Linear
+    (quantize.torchao_float8), which casts the weight in every forward and again in backward and keeps no copy
+    (pytorch/ao@36027d82d1 torchao/float8/float8_linear.py: weight_hp_t = self.weight.t(), a view, saved; with
+    FSDP2's fp8 all-gather the gathered fp8 weight is FSDP's unsharded parameter, fsdp_utils.py
+    WeightWithDynamicFloat8CastTensor.fsdp_post_all_gather). Derived: docs/formulas.md#precision"""
+    if not plan.low_precision or torchao_float8(plan):
         return 0.0
     cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)

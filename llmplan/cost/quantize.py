@@ -114,7 +114,8 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     shard = (quantize_bytes(plan) / t + 2 * transposed) if plan.recipe == "tensorwise" else cast / t
     gathered, on_shard = where(sp, shard, cast), where(sp, 1 / t, 1)
     mlp = moe_mlp_cast_bytes(m, plan, transposed, h * gathered, on_shard) if moe else 0.0
-    mlp = mlp + save_original_input_cast_bytes(m, plan, moe, transposed, on_shard)
+    mlp = mlp + save_original_input_cast_bytes(m, plan, moe, transposed, on_shard) \
+        + torchao_requantize_bytes(m, plan, moe, transposed)
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
         own = amax * (local + h * grads * on_shard)  # the h-wide inputs are the norms'
@@ -247,6 +248,81 @@ def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, 
     rowwise = where(plan.sp & (plan.tp > 1), 1.0, 0.0) if plan.recipe == "tensorwise" else 0.0
     shared = (proj_saves_original_input(plan) if m.shared_ffn else 0.0) * (lin + rowwise) * m.hidden_size * on_shard
     return attn + shared + requantize_bytes(plan, transposed, split=True) * (fc1 + fc2)
+
+
+def torchao_float8(plan: ParallelPlan) -> bool:
+    """fp8 linears run as torchao's Float8Linear: the rowwise recipe (torchao's alone), or per-tensor scaling on
+    the PyTorch-native stack (tp_impl dtensor, as torchtitan's float8 converter runs it).
+    Derived: docs/formulas.md#precision.torchao_saved_input"""
+    return plan.dtype == "fp8" and (plan.recipe == "rowwise" or (plan.recipe == "tensorwise"
+                                                                  and plan.tp_impl == "dtensor"))
+
+
+def torchao_hp_saved_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of the layers whose linears save their bf16 input for backward (0 elsewhere): fp8 on the
+    PyTorch-native stack (torchao_float8: torchao's Float8Linear, as torchtitan converts nn.Linear) under the
+    rowwise recipe (every torchao version) or tensorwise with plan.torchao_saves_hp_input (torchao >= v0.9.0),
+    on the share of layers in the low format. Tensorwise with tp > 1 runs torchtitan's float8 tensor
+    parallelism, which casts each linear's input to fp8 before the gather, so the function saves that fp8 copy.
+    Source: pytorch/ao@36027d82d1 torchao/float8/float8_linear.py (matmul_with_hp_or_float8_args.forward:
+    ctx.save_for_backward(input_hp, weight_hp_t), the input cast inside unless tensor_already_casted_to_fp8;
+    backward casts input_hp again for grad_weight), 12396c648 (v0.9.0: the tensorwise input passed in bf16),
+    eab345c (tensorwise cast before manual_float8_matmul_with_args_in_float8, which saved input_fp8);
+    float8_tensor_parallel.py (PrepareFloat8ModuleInput, Float8ColwiseParallel / Float8RowwiseParallel cast
+    before redistribute); pytorch/torchtitan v0.2.2 models/llama3/infra/parallelize.py
+    (enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise).
+    Derived: docs/formulas.md#precision.torchao_saved_input"""
+    return torchao_hp_saves(plan) * plan.low_precision_layer_fraction(m.num_hidden_layers)
+
+
+def torchao_hp_saves(plan: ParallelPlan) -> Any:
+    """1 where torchao's Float8Linear saves its bf16 input on the layers in fp8 (torchao_hp_saved_share), else 0.
+    Derived: docs/formulas.md#precision.torchao_saved_input"""
+    if not torchao_float8(plan):
+        return 0.0
+    if plan.recipe == "rowwise":
+        return 1.0
+    return where(plan.tp > 1, 0.0, 1.0) if plan.torchao_saves_hp_input else 0.0
+
+
+def torchao_fp8_copy_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Share of the layers whose torchao Float8Linear saves an fp8 copy of its input (the layers in fp8 on the
+    PyTorch-native stack less torchao_hp_saved_share): that copy is a tensor of its own beside whatever saved
+    the bf16 one (the attention core its output). Derived: docs/formulas.md#precision.torchao_saved_input"""
+    if not torchao_float8(plan):
+        return 0.0
+    return plan.low_precision_layer_fraction(m.num_hidden_layers) - torchao_hp_saved_share(m, plan)
+
+
+TORCHAO_REQUANTIZE_BYTES = {"compiled": 2.0 + 2.0 + 1.0, "eager": 6.0 + 27.0 + 2.0}
+"""HBM bytes per element for torchao's Float8Linear to quantise its saved bf16 input again in backward (the
+weight-gradient operand, scaled along the token dimension): compiled (torch.compile fuses the pointwise
+ops and the layout into one cast kernel after the amax reduction): the amax reads the input (2), the cast
+reads it (2) and writes fp8 (1) in the column-major layout _scaled_mm takes. Eager: the amax as abs (read 2,
+write 2) and max (read 2); the cast as .to(float32) (2, 4), * scale (4, 4), clamp (4, 4), .to(float8)
+(4, 1); the column-major copy of the fp8 operand (1, 1). Source: pytorch/ao@36027d82d1 torchao/float8/
+float8_utils.py (tensor_to_amax, to_fp8_saturated), float8_training_tensor.py (_ToFloat8ConstrFunc.forward:
+tensor.to(torch.float32) * scale), float8_ops.py (preprocess_addmm: b_data.t().contiguous().t()).
+Derived: docs/formulas.md#precision.torchao_saved_input"""
+
+
+def torchao_requantize_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transposed: float) -> Any:
+    """HBM bytes per token of the layer's s·b, over the step, one rank, of torchao's backward casts of the bf16
+    inputs its Float8Linear saves (torchao_hp_saves; fp8_cast_bytes applies the layer share): one cast per
+    distinct saved tensor (wq / wk / wv read one norm output, w1 / w3 another: h wide, whole under DTensor TP,
+    which saves the gathered input; wo the core's output, a·d_v/t; w2 the gated product, f/t; an MoE layer's
+    shared expert as a dense MLP, its routed experts not being nn.Linear), each
+    TORCHAO_REQUANTIZE_BYTES (compiled with fused_kernels), less the transposed fp8 copy (`transposed`,
+    Hopper's per-tensor recipe) that fp8_cast_bytes counts in forward and torchao does not write there.
+    0 for a hybrid stack (not a torchtitan model). Derived: docs/formulas.md#precision.torchao_saved_input"""
+    if m.is_hybrid or not torchao_float8(plan):
+        return 0.0
+    on = torchao_hp_saves(plan)
+    per = where(plan.fused_kernels, TORCHAO_REQUANTIZE_BYTES["compiled"], TORCHAO_REQUANTIZE_BYTES["eager"])
+    attn = m.hidden_size + m.num_attention_heads * attention_head_dims(m)[1] / plan.tp
+    f = m.shared_ffn if moe else m.intermediate_size
+    mlp = m.hidden_size + f / plan.tp if f else 0.0
+    return on * (per - transposed) * (attn * attention_share(m) + mlp)
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -224,6 +224,10 @@ def _tp_sp(p: Any) -> Any:
     return (p.tp > 1) & as_bool(p.sp)
 
 
+def _fp8_tensorwise(p: Any) -> bool:
+    return p.dtype == "fp8" and p.recipe == "tensorwise"
+
+
 SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("zero3_unit_zero", ("zero3_unit",), lambda p: p.zero == 3,
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
@@ -257,10 +261,19 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "--fp32-param-shards"),
     # (and, with expert TP, which grouped GEMM path the experts take: cost.compute.runs_per_expert; the rule reads
     # no model, so a dense model's tp > 1 without sp, whose etp is its tp, keeps it unrefused)
-    SwitchUse("tp_impl_tp", ("tp_impl",), lambda p: _tp_sp(p) | (p.etp_resolved > 1),
+    # and, under fp8 per-tensor scaling, whether the linears are torchao's Float8Linear (dtensor) or Transformer
+    # Engine's (docs/formulas.md#precision.torchao_saved_input), which acts at any tp
+    SwitchUse("tp_impl_tp", ("tp_impl",), lambda p: _tp_sp(p) | (p.etp_resolved > 1) | _fp8_tensorwise(p),
               lambda p: f"tp_impl {p.tp_impl} with tp {p.tp} and sp {'on' if p.sp else 'off'}: it sets which input "
-                        "the sequence-parallel linears keep for backward, so it acts only with tp > 1 and "
-                        "sequence parallelism (or expert tp > 1); use --tp 2 or more with --sp, or drop --tp-impl"),
+                        "the sequence-parallel linears keep for backward (and, with fp8 tensorwise, whose fp8 "
+                        "linears run), so it acts only with tp > 1 and sequence parallelism, expert tp > 1 or fp8 "
+                        "tensorwise; use --tp 2 or more with --sp, or drop --tp-impl"),
+    SwitchUse("torchao_saves_hp_input_tp1", ("torchao_saves_hp_input",),
+              lambda p: _fp8_tensorwise(p) & (p.tp_impl == "dtensor") & (p.tp == 1),
+              lambda p: f"torchao_saves_hp_input {p.torchao_saves_hp_input} with dtype {p.dtype}, recipe {p.recipe}, "
+                        f"tp_impl {p.tp_impl}, tp {p.tp}: it says whether torchao's per-tensor Float8Linear saves "
+                        "its bf16 input (v0.9.0 on) or its fp8 copy, so it acts only with fp8 tensorwise, tp_impl "
+                        "dtensor and tp 1 (float8 TP saves the fp8 copy at tp > 1); set those, or drop it"),
     SwitchUse("cp_impl_cp", ("cp_impl",), lambda p: p.cp > 1,
               lambda p: f"cp_impl {p.cp_impl} with cp {p.cp}: it sets how the context-parallel ring passes K/V "
                         "between ranks, so it acts only with cp > 1; use --cp 2 or more, or drop --cp-impl"),

@@ -45,7 +45,7 @@ TUPLE_ITEMS = {f: "numbers, one per TP-overlap role (all-gathers, forward reduce
 """What the items of a fixed-length tuple field are, for the error that names its length (registry.
 validation_message)."""
 
-PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms")
+PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input")
 """ParallelPlan fields with no command-line flag: set only by editing a plan file (or by a family's recipe)."""
 
 
@@ -393,6 +393,13 @@ class ParallelPlan(PlanQuantities, Spec):
     columnwise copy the weight-gradient GEMM reads (TE 2.15 on, NVIDIA/TransformerEngine#2555). False: TE 2.9 -
     2.14, whose rowwise cast and RHT-columnwise cast are two kernels that each read the bf16 tensor (as
     Megatron-Bridge v0.2.2 - v0.4.2 pin TE). Priced in the casts' bytes (docs/formulas.md#precision)."""
+    torchao_saves_hp_input: bool = True
+    """With dtype fp8 on the PyTorch-native stack (tp_impl dtensor: torchao's Float8Linear as torchtitan converts
+    nn.Linear), each linear saves its bf16 input for backward and quantises it again there for the
+    weight-gradient GEMM (torchao >= v0.9.0, 12396c648: the per-tensor path too; the rowwise recipes at every
+    version), unless float8 tensor parallelism already cast it (tensorwise, tp > 1). False: torchao < v0.9.0's
+    tensorwise path, which cast the input before its autograd function and saved the fp8 copy, as torchtitan's
+    December 2024 benchmarks ran it (torchao eab345c). docs/formulas.md#precision.torchao_saved_input"""
     fused_loss: bool = True
     """The loss runs fused on the logits (Megatron's --cross-entropy-loss-fusion, a compiled loss): one fp32
     copy of the logits per rank (its traffic: cost.elementwise.FUSED_LOSS_BYTES per logit). False: kernel by
