@@ -400,10 +400,29 @@ E zeroed before the k routed entries (_unpermute_kernel with PERMUTE_PROBS). Sou
 transformer_engine/common/triton/permutation.py at d0067d0. Derived: docs/formulas.md#moe.routing_passes"""
 
 
-def moe_router_passes(m: ModelSpec) -> tuple[float, float]:
-    """(forward, backward) HBM bytes per token of one MoE layer's router (ROUTER_BYTES x E): one pass each way.
-    Derived: docs/formulas.md#moe.routing_passes"""
-    return ROUTER_BYTES[0] * m.num_experts, ROUTER_BYTES[1] * m.num_experts
+ROUTER_EAGER_BYTES = (37.0, 4.0)
+"""(forward, backward) HBM bytes per token and expert of the router without moe_router_fusion (Megatron-Core's
+eager topk_routing_with_score_function, fp32 logits, not deterministic), beyond torch.topk's own passes (time:
+cost.moe_kernels): forward the probs' zeros_like (write 4) and the out-of-place scatter's copy of it (read 4,
+write 4), the map's zeros_like (write 4), .int() (read 4, write 4), the out-of-place scatter's copy (int32: read
+4, write 4) and .bool() (read 4, write 1): 4 + 8 + 4 + 8 + 8 + 5 = 37; backward torch.topk's (or gather's)
+zero-filled [T, E] gradient (write 4). The scatters' sources and the k-wide softmax are k a token, not counted;
+a sigmoid or sqrtsoftplus score function's [T, E] passes and an expert bias's add are not counted either.
+Tensor.scatter is out of place: ATen's scatter copies self into the new output before scattering into it.
+Source: NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/moe/moe_utils.py
+(topk_routing_with_score_function: torch.zeros_like(logits).scatter(1, top_indices, probs) and
+torch.zeros_like(logits).int().scatter(1, top_indices, 1).bool()); pytorch/pytorch
+aten/src/ATen/native/TensorAdvancedIndexing.cpp (scatter_impl: out.copy_(self) when out is not self).
+Derived: docs/formulas.md#moe.router_fusion"""
+
+
+def moe_router_passes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
+    """(forward, backward) HBM bytes per token of one MoE layer's router: Transformer Engine's fused kernel
+    (ROUTER_BYTES x E, one pass each way) with moe_router_fusion, else the eager ops (ROUTER_EAGER_BYTES x E).
+    Derived: docs/formulas.md#moe.routing_passes, docs/formulas.md#moe.router_fusion"""
+    E = m.num_experts
+    return (where(plan.moe_router_fusion, ROUTER_BYTES[0], ROUTER_EAGER_BYTES[0]) * E,
+            where(plan.moe_router_fusion, ROUTER_BYTES[1], ROUTER_EAGER_BYTES[1]) * E)
 
 
 AUX_LOSS_BYTES = (18.0, 28.0)
@@ -516,7 +535,7 @@ def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     (Megatron-Core checkpoints MoELayer.forward whole), and the backward (moe_router_passes,
     moe_permute_passes, and the auxiliary loss's moe_aux_loss_passes), over 3.
     Derived: docs/formulas.md#moe.routing_passes"""
-    passes = (moe_router_passes(m), moe_aux_loss_passes(m, plan), moe_permute_passes(m, plan))
+    passes = (moe_router_passes(m, plan), moe_aux_loss_passes(m, plan), moe_permute_passes(m, plan))
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     return (forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) + backward) / 3
 
