@@ -515,10 +515,10 @@ def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     recompute's rerun included; the backward reuses the handle). Executor::metadata_preprocessing all-gathers the
     bool [tokens, E] map over the EP group (comm.hybridep: cost.comm.routing_map_bytes) and runs `scan` over every
     gathered token of the group, tokens x ep of them, each loading its NVLink domain's slice, E x g / ep bytes (g
-    ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g = ep, the EP group
-    in one NVLink domain (the Megatron-Bridge presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN, 64 = ep for
-    Nemotron-3 Ultra on NVL72; across domains ep is an upper bound of g, as in hybridep_prob_permute_bytes:
-    elementwise_bytes has no system). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
+    ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g the EP ranks of
+    one NVLink domain (cost.comm.hybridep_domain_ranks: ep with the EP group in one domain, as the Megatron-Bridge
+    presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN 64 = ep for Nemotron-3 Ultra on NVL72; 8 for an EP64 group
+    over DGX B200 nodes; ep where ParallelPlan.nvlink_domain_ranks is not known). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
     a received row, are under 2% of that and not counted. 0 without expert parallelism.
     Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/hybrid_ep.cu (metadata_preprocessing),
     executor/executor.cu (allgather_routing_map, metadata_preprocess_core), backend/hybrid_ep_backend.cuh (scan:
@@ -526,7 +526,8 @@ def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     rank x ranks per node), deep_ep/hybrid_ep_buffer.py (dispatch_with_permute: metadata_preprocessing when
     handle is None); NVIDIA/Megatron-LM @d98e8a6 megatron/core/transformer/moe/fused_a2a.py (HybridEPDispatch,
     HybridEPCombine.backward with the handle). Derived: docs/formulas.md#moe.hybridep_permute"""
-    return where(plan.ep > 1, HYBRIDEP_METADATA_READS * plan.ep * m.num_experts, 0.0)
+    from llmplan.cost.comm import hybridep_domain_ranks  # comm builds on this module: imported where used
+    return where(plan.ep > 1, HYBRIDEP_METADATA_READS * hybridep_domain_ranks(plan) * m.num_experts, 0.0)
 
 
 def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -592,16 +593,17 @@ def hybridep_prob_permute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     routed entries of a received prob row and writes one prob per permuted row: 4k read, 4k written a token.
     Backward (HybridEPDispatch.backward's combine_with_unpermute on the probs' gradient) the unpermute reads
     the k permuted gradients (4k) and writes, zeros but the rank's routed entries, the whole prob row the
-    backward combine sends: experts a rank (E/ep) times the NVLink domain's ranks g, E with the EP group in one
-    domain (g = ep; an upper bound across domains), for each received row, dispatch_rows(m, plan) a token:
-    (12k + 4·E·rows) / 3. deepep and alltoall carry no such row. Source: deepseek-ai/DeepEP
+    backward combine sends: experts a rank (E/ep) times the NVLink domain's EP ranks g (cost.comm.
+    hybridep_domain_ranks; E with the EP group in one domain, g = ep), for each received row, dispatch_rows(m,
+    plan) a token: (12k + 4·(E/ep)·g·rows) / 3. deepep and alltoall carry no such row. Source: deepseek-ai/DeepEP
     csrc/hybrid_ep/extension/permute.cu at 17cfb81 (permute_kernel, unpermute_kernel "writes a full prob row").
     Derived: docs/formulas.md#moe.hybridep_prob_permute"""
     if not (m.is_moe and plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"):
         return 0.0  # workload switches: one value for all plans of a search
-    from llmplan.cost.comm import dispatch_rows  # comm builds on this module: imported where used
+    from llmplan.cost.comm import dispatch_rows, hybridep_domain_ranks  # comm builds on this module
     k, rows = m.num_experts_per_tok, dispatch_rows(m, plan)
-    total = HYBRIDEP_PERMUTE_PROB_BYTES * (3 * k + m.num_experts * rows)
+    row = m.num_experts / plan.ep * hybridep_domain_ranks(plan)  # the domain's experts: a prob row's width
+    total = HYBRIDEP_PERMUTE_PROB_BYTES * (3 * k + row * rows)
     return where(plan.ep > 1, total / 3, 0.0)
 
 
