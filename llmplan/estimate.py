@@ -18,7 +18,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.registry import builtin_models
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ def with_checkpoint(e: TrainingEstimate, checkpoint: CheckpointPolicy) -> Traini
 def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance: MemoryAllowance | None,
               order: tuple[str, ...]) -> tuple[TrainingMemory, CommBreakdown, StepTime]:
     gpu = cluster.system.gpu
+    plan = on_cluster(plan, cluster)  # the NVLink domain the compute costs read (ParallelPlan.nvlink_domain_ranks)
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
                           gpu.compute_capability)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
@@ -123,7 +124,7 @@ class StageView:
 def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -> list[StageView]:
     """Every stage's memory and per-micro-batch compute, with the kernels the GPU has (as the estimate)."""
     m, plan, gpu = e.model, e.plan, e.cluster.system.gpu
-    runs = with_fallbacks(plan, operator_uses(m, plan, gpu))
+    runs = on_cluster(with_fallbacks(plan, operator_uses(m, plan, gpu)), e.cluster)
     allowance = allowance or MemoryAllowance()
     out = []
     for i in range(plan.pp):

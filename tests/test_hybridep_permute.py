@@ -60,5 +60,5 @@ def test_received_rows_grow_with_ep_and_the_rerun_charges_the_forward_again():
     plan = flex(64, "hybridep", seq_len=4096)
     rerun = flex(64, "hybridep", seq_len=4096, recompute="selective", recompute_modules=("moe",))
     assert 3 * (moe_routing_train_bytes(m, rerun) - moe_routing_train_bytes(m, plan)) == pytest.approx(
-        f64 + (13 + 38) * m.num_experts)  # the permute pair's forward and the router's and its unfused
+        f64 + (37 + 38) * m.num_experts)  # the permute pair's forward and the eager router's and its unfused
     # auxiliary loss's forward rerun (router_aux_loss_coef 1e-4: docs/formulas.md#moe.aux_loss_bytes)

@@ -83,7 +83,8 @@ def test_moe_layer_traffic_counts_the_routing_and_permutes_by_hand():
     # One MoE layer's forward-equivalent memory-bound bytes, tp 1, fused kernels and attention, no rotary: two
     # norms (forward 4 and backward 6 an element, over the stage's three passes) and two residual adds (6 each)
     # T h, the gated activation 6 T k f, and the routing's kernels forward + backward over 3 (docs/formulas.md
-    # #moe.routing_passes; Transformer Engine d0067d0): the fused router 13 E each way; the row-id map 1 + 4 +
+    # #moe.routing_passes; Transformer Engine d0067d0): the router, unfused by default, 37 E forward (two fills,
+    # two out-of-place scatters' copies, .int() and .bool()) and 4 E backward (moe.router_fusion); the row-id map 1 + 4 +
     # 4 + 4 + 4 = 17 E forward; permute (read h, write k h) and unpermute (read k h, write h) in bf16 each way;
     # the permute's backward zero-fills the fp32 probs-gradient row, 4 E. Serving's forward-only
     # moe_routing_bytes stays 8 E + 8 k h.
@@ -96,8 +97,8 @@ def test_moe_layer_traffic_counts_the_routing_and_permutes_by_hand():
     norms_adds = 2 * (4 + 6) / 3 + 2 * 6
     # the auxiliary loss the spec trains (no coefficient given), unfused: 38 E forward, 28 E backward
     # (docs/formulas.md#moe.aux_loss_bytes)
-    forward = 13 * E + 38 * E + 17 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h)
-    backward = 13 * E + 28 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h) + 4 * E
+    forward = 37 * E + 38 * E + 17 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h)
+    backward = 4 * E + 28 * E + (2 * h + 2 * k * h) + (2 * k * h + 2 * h) + 4 * E
     assert elementwise_bytes(m, plan, True) == pytest.approx(
         T * (norms_adds * h + 6 * k * f + (forward + backward) / 3))
 

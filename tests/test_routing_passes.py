@@ -35,8 +35,20 @@ def test_fused_router_is_one_pass_each_way_for_every_score_function():
     # logits' gradient (4). Sigmoid with expert bias and group-limited top-k run in the same kernel's registers.
     forward = (4 + 4 + 4 + 1) * E
     backward = (4 + 4 + 1 + 4) * E
+    fused = ParallelPlan(moe_router_fusion=True)
     for extra in ({}, {"scoring_func": "sigmoid", "expert_bias": True, "routed_scaling_factor": 2.5}):
-        assert moe_router_passes(ModelSpec(**{**TINY, **extra})) == (forward, backward)
+        assert moe_router_passes(ModelSpec(**{**TINY, **extra}), fused) == (forward, backward)
+
+
+def test_eager_router_counts_both_out_of_place_scatters():
+    # Megatron-LM d98e8a6 moe_utils.py topk_routing_with_score_function (not deterministic), fp32 logits:
+    # routing_probs = zeros_like(logits).scatter(1, idx, probs): the fill (write 4) and the out-of-place scatter's
+    # copy of it (ATen scatter_impl: out.copy_(self): read 4, write 4); routing_map =
+    # zeros_like(logits).int().scatter(1, idx, 1).bool(): fill (4), .int() (4 + 4), the scatter's int32 copy
+    # (4 + 4), .bool() (4 + 1). Backward: torch.topk's zero-filled fp32 gradient (write 4).
+    forward = (4 + (4 + 4)) * E + (4 + (4 + 4) + (4 + 4) + (4 + 1)) * E
+    assert forward == 37 * E
+    assert moe_router_passes(ModelSpec(**TINY), ParallelPlan()) == (forward, 4 * E)
 
 
 def test_permute_and_unpermute_passes_by_hand():
@@ -61,13 +73,17 @@ def test_training_charges_forward_plus_backward_not_three_forwards():
     # The stage charges elementwise_bytes three times: the routing's share is forward + backward (one pass
     # each, about 2x forward), and with `moe` recomputed forward twice + backward.
     # TINY gives no router_aux_loss_coef, so it trains the auxiliary loss: its eager forward (38E, the default
-    # plan runs the router unfused) and backward (28E), docs/formulas.md#moe.aux_loss_bytes
+    # plan runs the router unfused) and backward (28E), docs/formulas.md#moe.aux_loss_bytes; the eager router
+    # 37E forward, 4E backward (test_eager_router_counts_both_out_of_place_scatters)
     m = ModelSpec(**TINY)
-    forward = 13 * E + 38 * E + 17 * E + 4 * (K + 1) * H
-    backward = 13 * E + 28 * E + 4 * E + 4 * (K + 1) * H
+    forward = 37 * E + 38 * E + 17 * E + 4 * (K + 1) * H
+    backward = 4 * E + 28 * E + 4 * E + 4 * (K + 1) * H
     base = ParallelPlan(seq_len=1024, micro_batch=2)
     assert 3 * moe_routing_train_bytes(m, base) == pytest.approx(forward + backward)
     assert 3 * moe_routing_train_bytes(m, base) < 2.1 * forward
+    fused = base.model_copy(update={"moe_router_fusion": True})  # the fused router (13E each way) and loss (18E)
+    assert 3 * moe_routing_train_bytes(m, fused) == pytest.approx(
+        forward - (37 - 13 + 38 - 18) * E + backward + (13 - 4) * E)
     rerun = ParallelPlan(seq_len=1024, micro_batch=2, recompute="selective", recompute_modules=("moe",))
     assert 3 * moe_routing_train_bytes(m, rerun) == pytest.approx(2 * forward + backward)
 
@@ -77,7 +93,7 @@ def test_moe_recompute_adds_the_routing_forward_once_in_elementwise_bytes():
     T = 1024 * 2
     base = ParallelPlan(seq_len=1024, micro_batch=2, recompute="selective", recompute_modules=("core_attn",))
     rerun = base.model_copy(update={"recompute_modules": ("core_attn", "moe")})
-    forward = 13 * E + 38 * E + 17 * E + 4 * (K + 1) * H  # 38E: the unfused auxiliary loss's forward
+    forward = 37 * E + 38 * E + 17 * E + 4 * (K + 1) * H  # the eager router 37E, the unfused aux loss's 38E
     added = elementwise_bytes(m, rerun, True) - elementwise_bytes(m, base, True)
     assert added - moe_recompute_bytes(m, rerun) == pytest.approx(T * forward / 3)
 

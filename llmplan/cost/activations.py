@@ -445,10 +445,32 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     tokens = s * b / where(plan.sp, t, 1)
     rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
     routed = rows * (2 * m.expert_width + (c + glu_clamp_saved_bytes(m, plan)) * m.expert_ffn / etp) \
-        + tokens * m.num_experts * 4
+        + tokens * (m.num_experts * 4 + aux_loss_saved_bytes(m))
     latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
     return routed + latent + c * s * b * m.shared_ffn / t
 
+
+
+AUX_LOSS_SAVED_BYTES = 4
+"""Bytes per token and expert the auxiliary load-balancing loss keeps for backward: its fp32 [T, E] scores.
+Fused (moe_router_fusion): FusedComputeScoresForMoEAuxLoss.forward saves the kernel's fp32 intermediate_output
+(at::kFloat, the logits' shape) and FusedAuxLoss saves only its constant and the E token counts. Eager:
+torch.softmax(logits, dtype=float32) saves its fp32 output (sigmoid / sqrtsoftplus save the activation's fp32
+output, which the normalising division saves again as the same tensor); probs.sum(dim=0) and the [E] product
+save nothing of [T, E]. Source: NVIDIA/TransformerEngine at d0067d0, transformer_engine/pytorch/router.py
+(FusedComputeScoresForMoEAuxLoss, FusedAuxLoss), pytorch/csrc/extensions/router.cpp
+(fused_score_for_moe_aux_loss_fwd); NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/moe/moe_utils.py
+(compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func), router.py (TopKRouter.routing).
+Derived: docs/formulas.md#mem.aux_loss_scores"""
+
+
+def aux_loss_saved_bytes(m: ModelSpec) -> float:
+    """Bytes per token of one MoE layer's stored activations that the auxiliary loss keeps (AUX_LOSS_SAVED_BYTES
+    x E) where the model trains with one (cost.kernels.aux_loss_on), else 0. TopKRouter.routing computes the
+    loss only with gradients enabled, so `moe` recompute's no-grad forward stores none (it is in the `mlp`
+    part that recompute drops) and its rerun rebuilds it. Derived: docs/formulas.md#mem.aux_loss_scores"""
+    from llmplan.cost.kernels import aux_loss_on  # kernels builds on comm, which imports this module
+    return AUX_LOSS_SAVED_BYTES * m.num_experts if aux_loss_on(m) else 0.0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from llmplan.specs.plan_choices import MoeFlexBackend
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.graph import link_profile
-from llmplan.topology.placement import GroupSpan
+from llmplan.topology.placement import GroupSpan, groups_of
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 ACT_BYTES = 2.0  # activations and their gradients travel in bf16/fp16
@@ -1230,6 +1230,36 @@ def dispatch_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
     rows = np.array([ranks_per_token(m.num_experts, k, int(e), plan.moe_routing, expert_groups(m)) for e in values])
     out = rows[index].reshape(ep.shape)
     return float(out) if out.ndim == 0 else out
+
+
+def hybridep_domain_ranks(plan: ParallelPlan) -> Any:
+    """EP ranks of one NVLink domain as HybridEP counts them (NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN, else the
+    ranks of the EP group its allocator reaches over NVLink): the group's size over the NVLink domains it spans,
+    as dispatch_coeffs' g, the group's ranks laid out as topology.placement lays them (ep ranks etp apart) in
+    domains of ParallelPlan.nvlink_domain_ranks; ep where the domain is not known (0). Elementwise over plan
+    arrays. Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, deep_ep/hybrid_ep_buffer.py (HybridEPBuffer.__init__:
+    the environment's value or detect_accessible_ranks; the group's size a multiple of it).
+    Derived: docs/formulas.md#moe.hybridep_permute"""
+    D = plan.nvlink_domain_ranks  # a workload field: one value for all plans of a search
+    if not D:
+        return plan.ep
+    ep, etp, n = np.broadcast_arrays(np.asarray(plan.ep), np.asarray(plan.etp_resolved), np.asarray(plan.num_gpus))
+    rows = np.stack([ep.ravel(), etp.ravel(), n.ravel()], axis=1).astype(np.int64)
+    values, index = np.unique(rows, axis=0, return_inverse=True)
+    g = np.array([ep_ranks_a_domain(int(e), int(x), int(r), int(D)) for e, x, r in values], dtype=float)
+    out = g[index.ravel()].reshape(ep.shape)
+    return float(out) if out.ndim == 0 else out
+
+
+@lru_cache(maxsize=1024)
+def ep_ranks_a_domain(ep: int, etp: int, n: int, domain: int) -> int:
+    """EP ranks a domain of `domain` ranks holds: ep over the most domains one EP group of n ranks spans (its
+    ranks etp apart, topology.placement.axis_dims), at least one. Derived: docs/formulas.md#moe.hybridep_permute"""
+    if ep <= 1 or n < ep * etp:
+        return max(ep, 1)
+    domains = groups_of(n, ((ep, etp),)) // domain
+    spans = 1 + (np.diff(np.sort(domains, axis=1), axis=1) != 0).sum(axis=1)
+    return max(ep // int(spans.max()), 1)
 
 
 @lru_cache(maxsize=1024)

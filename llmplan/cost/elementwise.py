@@ -400,10 +400,29 @@ E zeroed before the k routed entries (_unpermute_kernel with PERMUTE_PROBS). Sou
 transformer_engine/common/triton/permutation.py at d0067d0. Derived: docs/formulas.md#moe.routing_passes"""
 
 
-def moe_router_passes(m: ModelSpec) -> tuple[float, float]:
-    """(forward, backward) HBM bytes per token of one MoE layer's router (ROUTER_BYTES x E): one pass each way.
-    Derived: docs/formulas.md#moe.routing_passes"""
-    return ROUTER_BYTES[0] * m.num_experts, ROUTER_BYTES[1] * m.num_experts
+ROUTER_EAGER_BYTES = (37.0, 4.0)
+"""(forward, backward) HBM bytes per token and expert of the router without moe_router_fusion (Megatron-Core's
+eager topk_routing_with_score_function, fp32 logits, not deterministic), beyond torch.topk's own passes (time:
+cost.moe_kernels): forward the probs' zeros_like (write 4) and the out-of-place scatter's copy of it (read 4,
+write 4), the map's zeros_like (write 4), .int() (read 4, write 4), the out-of-place scatter's copy (int32: read
+4, write 4) and .bool() (read 4, write 1): 4 + 8 + 4 + 8 + 8 + 5 = 37; backward torch.topk's (or gather's)
+zero-filled [T, E] gradient (write 4). The scatters' sources and the k-wide softmax are k a token, not counted;
+a sigmoid or sqrtsoftplus score function's [T, E] passes and an expert bias's add are not counted either.
+Tensor.scatter is out of place: ATen's scatter copies self into the new output before scattering into it.
+Source: NVIDIA/Megatron-LM at d98e8a6, megatron/core/transformer/moe/moe_utils.py
+(topk_routing_with_score_function: torch.zeros_like(logits).scatter(1, top_indices, probs) and
+torch.zeros_like(logits).int().scatter(1, top_indices, 1).bool()); pytorch/pytorch
+aten/src/ATen/native/TensorAdvancedIndexing.cpp (scatter_impl: out.copy_(self) when out is not self).
+Derived: docs/formulas.md#moe.router_fusion"""
+
+
+def moe_router_passes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
+    """(forward, backward) HBM bytes per token of one MoE layer's router: Transformer Engine's fused kernel
+    (ROUTER_BYTES x E, one pass each way) with moe_router_fusion, else the eager ops (ROUTER_EAGER_BYTES x E).
+    Derived: docs/formulas.md#moe.routing_passes, docs/formulas.md#moe.router_fusion"""
+    E = m.num_experts
+    return (where(plan.moe_router_fusion, ROUTER_BYTES[0], ROUTER_EAGER_BYTES[0]) * E,
+            where(plan.moe_router_fusion, ROUTER_BYTES[1], ROUTER_EAGER_BYTES[1]) * E)
 
 
 AUX_LOSS_BYTES = (18.0, 28.0)
@@ -496,10 +515,10 @@ def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     recompute's rerun included; the backward reuses the handle). Executor::metadata_preprocessing all-gathers the
     bool [tokens, E] map over the EP group (comm.hybridep: cost.comm.routing_map_bytes) and runs `scan` over every
     gathered token of the group, tokens x ep of them, each loading its NVLink domain's slice, E x g / ep bytes (g
-    ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g = ep, the EP group
-    in one NVLink domain (the Megatron-Bridge presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN, 64 = ep for
-    Nemotron-3 Ultra on NVL72; across domains ep is an upper bound of g, as in hybridep_prob_permute_bytes:
-    elementwise_bytes has no system). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
+    ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g the EP ranks of
+    one NVLink domain (cost.comm.hybridep_domain_ranks: ep with the EP group in one domain, as the Megatron-Bridge
+    presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN 64 = ep for Nemotron-3 Ultra on NVL72; 8 for an EP64 group
+    over DGX B200 nodes; ep where ParallelPlan.nvlink_domain_ranks is not known). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
     a received row, are under 2% of that and not counted. 0 without expert parallelism.
     Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/hybrid_ep.cu (metadata_preprocessing),
     executor/executor.cu (allgather_routing_map, metadata_preprocess_core), backend/hybrid_ep_backend.cuh (scan:
@@ -507,7 +526,8 @@ def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     rank x ranks per node), deep_ep/hybrid_ep_buffer.py (dispatch_with_permute: metadata_preprocessing when
     handle is None); NVIDIA/Megatron-LM @d98e8a6 megatron/core/transformer/moe/fused_a2a.py (HybridEPDispatch,
     HybridEPCombine.backward with the handle). Derived: docs/formulas.md#moe.hybridep_permute"""
-    return where(plan.ep > 1, HYBRIDEP_METADATA_READS * plan.ep * m.num_experts, 0.0)
+    from llmplan.cost.comm import hybridep_domain_ranks  # comm builds on this module: imported where used
+    return where(plan.ep > 1, HYBRIDEP_METADATA_READS * hybridep_domain_ranks(plan) * m.num_experts, 0.0)
 
 
 def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -516,7 +536,7 @@ def moe_routing_train_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     (Megatron-Core checkpoints MoELayer.forward whole), and the backward (moe_router_passes,
     moe_permute_passes, and the auxiliary loss's moe_aux_loss_passes), over 3.
     Derived: docs/formulas.md#moe.routing_passes"""
-    passes = (moe_router_passes(m), moe_aux_loss_passes(m, plan), moe_permute_passes(m, plan))
+    passes = (moe_router_passes(m, plan), moe_aux_loss_passes(m, plan), moe_permute_passes(m, plan))
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     return (forward * (1 + where(plan.recomputes("moe"), 1.0, 0.0)) + backward) / 3
 
@@ -573,16 +593,17 @@ def hybridep_prob_permute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     routed entries of a received prob row and writes one prob per permuted row: 4k read, 4k written a token.
     Backward (HybridEPDispatch.backward's combine_with_unpermute on the probs' gradient) the unpermute reads
     the k permuted gradients (4k) and writes, zeros but the rank's routed entries, the whole prob row the
-    backward combine sends: experts a rank (E/ep) times the NVLink domain's ranks g, E with the EP group in one
-    domain (g = ep; an upper bound across domains), for each received row, dispatch_rows(m, plan) a token:
-    (12k + 4·E·rows) / 3. deepep and alltoall carry no such row. Source: deepseek-ai/DeepEP
+    backward combine sends: experts a rank (E/ep) times the NVLink domain's EP ranks g (cost.comm.
+    hybridep_domain_ranks; E with the EP group in one domain, g = ep), for each received row, dispatch_rows(m,
+    plan) a token: (12k + 4·(E/ep)·g·rows) / 3. deepep and alltoall carry no such row. Source: deepseek-ai/DeepEP
     csrc/hybrid_ep/extension/permute.cu at 17cfb81 (permute_kernel, unpermute_kernel "writes a full prob row").
     Derived: docs/formulas.md#moe.hybridep_prob_permute"""
     if not (m.is_moe and plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"):
         return 0.0  # workload switches: one value for all plans of a search
-    from llmplan.cost.comm import dispatch_rows  # comm builds on this module: imported where used
+    from llmplan.cost.comm import dispatch_rows, hybridep_domain_ranks  # comm builds on this module
     k, rows = m.num_experts_per_tok, dispatch_rows(m, plan)
-    total = HYBRIDEP_PERMUTE_PROB_BYTES * (3 * k + m.num_experts * rows)
+    row = m.num_experts / plan.ep * hybridep_domain_ranks(plan)  # the domain's experts: a prob row's width
+    total = HYBRIDEP_PERMUTE_PROB_BYTES * (3 * k + row * rows)
     return where(plan.ep > 1, total / 3, 0.0)
 
 

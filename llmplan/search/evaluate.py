@@ -22,7 +22,7 @@ from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, thro
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
-from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, place
+from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, on_cluster, place
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,9 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
 
 def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None = None,
              order: tuple[str, ...] = DEFAULT_ORDER, memory: TrainingMemory | None = None) -> Evaluation:
-    """Memory, step time and throughput of every plan (arrays)."""
+    """Memory, step time and throughput of every plan (arrays), with the cluster's NVLink domain
+    (ParallelPlan.nvlink_domain_ranks: search.run.runs_on has set it already; otherwise a copy of the arrays)."""
+    plans = on_cluster(plans, cluster)
     mem = memory if memory is not None else evaluate_memory(m, cluster, plans, allowance)
     gpu = cluster.system.gpu
     st = step_time(m, plans.as_plan, gpu, comm_seconds_arrays(m, cluster, plans, order))

@@ -26,7 +26,7 @@ from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
@@ -558,9 +558,10 @@ def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowanc
 
 def runs_on(m: ModelSpec, cluster: ClusterSpec, w: Workload) -> Workload:
     """The workload as it runs on the cluster's GPUs: unfused attention or bf16 GEMMs where the kernels are
-    missing (cost.operators), so the search ranks what will run."""
+    missing (cost.operators), so the search ranks what will run, with the cluster's NVLink domain
+    (ParallelPlan.nvlink_domain_ranks, as estimate_training sets it)."""
     base = w.plan()
-    runs = with_fallbacks(base, operator_uses(m, base, cluster.system.gpu))
+    runs = on_cluster(with_fallbacks(base, operator_uses(m, base, cluster.system.gpu)), cluster)
     return w if runs is base else Workload.of(runs)
 
 

@@ -479,6 +479,13 @@ class ParallelPlan(PlanQuantities, Spec):
     kernels, bound by their SMs: docs/formulas.md#comm.ep_sms) or hybridep (NVIDIA's Hybrid-EP in DeepEP: TMA
     kernels whose NVLink time grows with the ranks of the domain, little with their SMs:
     docs/formulas.md#comm.hybridep). Unused by alltoall."""
+    nvlink_domain_ranks: int = Field(default=0, ge=0, exclude=True)
+    """Ranks of one NVLink domain as the job fills it (the cluster's domain_gpus / gpus_per_node nodes times the
+    GPUs it uses a node), which the compute cost functions read without the cluster: estimate and search set it
+    from the cluster (topology.placement.on_cluster) before pricing, whatever a plan gives. HybridEP's metadata
+    scan and probs' permute read the EP ranks of one domain from it (cost.comm.hybridep_domain_ranks). 0: not
+    known, the EP group taken as one domain (an upper bound). Derived from the cluster, so never written out
+    (excluded from model_dump: the JSON output and plan files hold the plan as given)."""
     ep_dispatch_fp8: bool = False
     """Send the EP dispatch's tokens in FP8 with one fp32 scale per 128 elements (DeepSeek-V3 report §3.3.2:
     the activations quantised before the dispatch feed the FP8 up-projection; DeepEP's dispatch takes an

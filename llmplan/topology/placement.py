@@ -8,6 +8,7 @@ the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: M
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -153,6 +154,20 @@ def place(plan: Degrees, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_
                            f"{cluster.num_gpus} ({cluster.num_nodes} nodes x {cluster.gpus_per_node_used}); "
                            "its groups cannot be placed")
     return {axis: axis_span(axis, plan.num_gpus, dims, cluster) for axis, dims in axis_dims(plan, order).items()}
+
+
+def domain_ranks(cluster: ClusterSpec) -> int:
+    """Ranks of one NVLink domain as the job fills it: the domain's nodes (domain_gpus / gpus_per_node, at least
+    one) times the GPUs used a node, so that rank // domain_ranks is the domain _span counts."""
+    s = cluster.system
+    return cluster.gpus_per_node_used * max(1, s.domain_gpus // s.gpus_per_node)
+
+
+def on_cluster(plan: Any, cluster: ClusterSpec) -> Any:
+    """The plan with ParallelPlan.nvlink_domain_ranks set from the cluster (a ParallelPlan or a Workload's plan
+    arrays: model_copy), for the cost functions that need the NVLink domain without the cluster."""
+    D = domain_ranks(cluster)
+    return plan if plan.nvlink_domain_ranks == D else plan.model_copy(update={"nvlink_domain_ranks": D})
 
 
 def span_of_ranks(ranks: list[int], cluster: ClusterSpec, axis: str = "group") -> GroupSpan:
