@@ -13,6 +13,7 @@ from llmplan.cost.serve_memory import sglang_chunk_total
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
+from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
 from llmplan.units import GIB
 
 
@@ -156,7 +157,13 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     check_vllm(pf)
     p, j = pf.plan, pf.serve_job
     cap, cap_note, run = admission(pf, "vllm", "--max-num-seqs")
-    tokens = run.job.max_num_batched_tokens  # as priced: the plan's, or for an SGLang plan SGLang's default chunk
+    # The plan's budget; an SGLang plan priced at SGLang's own default chunk (not vLLM's) runs vLLM at llmplan's
+    # default, as before that rule, and says so.
+    sglang_default = j.engine == "sglang" and j.max_num_batched_tokens_default
+    tokens = DEFAULT_BATCHED_TOKENS if sglang_default else j.max_num_batched_tokens
+    if sglang_default:
+        cap_note += (f"# --max-num-batched-tokens {tokens}: llmplan's default; the plan was priced at SGLang's own "
+                     f"default chunk of {j.max_num_batched_tokens:,} tokens per replica\n")
     # Source: vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
     if cap > tokens:
         raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {tokens} "
