@@ -386,7 +386,8 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
         ("an fp8 KV cache holds twice the tokens", {"kv_dtype": "fp8"} if p.kv_dtype != "fp8" else {}, {}),
     ]
     if bound == "ttft":
-        cands += [("larger prefill chunks (max_num_batched_tokens)", {}, {"max_num_batched_tokens": j.max_num_batched_tokens * 2}),
+        cands += [("larger prefill chunks (max_num_batched_tokens)", {}, {"max_num_batched_tokens": j.max_num_batched_tokens * 2,
+                                                                          "max_num_batched_tokens_default": False}),
                   ("prefix caching skips shared prompt tokens", {}, {"prefix_hit_rate": min(0.9, j.prefix_hit_rate + 0.5)})]
     if fitting is not None:
         cands.append((f"a batch of {fitting.job.batch:,} per replica is the most the KV cache holds", {},

@@ -219,7 +219,11 @@ def test_pool_launch_lines_parse_with_the_launchers_parsers(cli, tmp_path, args,
         ns, unknown = ap.parse_known_args(command_argv((out / name).read_text(), program))
         assert not unknown, f"flags {rec['launcher']} {rec['version']} does not define: {unknown}"
         if target == "sglang":
-            assert ns.enable_dp_attention and int(ns.dp_size) == dp and int(ns.tp_size) == dp
+            # SGLang 0.5.23 deprecates "--dp-size N --enable-dp-attention" for "--attn-dp-size N" (sglang-0.5.23
+            # wheel, sglang/srt/server_args.py: --enable-dp-attention is a DeprecatedStoreTrueAction with new_flag
+            # "--attn-dp-size <dp-size>") and refuses --dp-size > 1 beside it (arg_groups/parallel_hook.py)
+            assert int(ns.attn_dp_size) == dp and int(ns.tp_size) == dp
+            assert "--dp-size" not in (out / name).read_text() and not ns.enable_dp_attention
             assert ns.disaggregation_mode == phase and ns.moe_a2a_backend == "deepep"
             assert ns.deepep_mode == ("low_latency" if phase == "decode" else "normal")
             assert ns.enable_two_batch_overlap and int(ns.ep_num_redundant_experts) == 32

@@ -10,6 +10,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
+from llmplan.cost.serve_memory import default_batched_tokens
 from llmplan.cost.serve_step import GraphHost
 from llmplan.cli.inputs import (OPTION_FLAGS, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
                                 named_options, refuse_other_mode, reported, switches, with_hardware_options,
@@ -33,6 +34,7 @@ from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan
 from llmplan.topology.placement import parse_order
+from llmplan.units import GIB
 
 
 @app.command(cls=opt.SectionedCommand)
@@ -97,7 +99,8 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
                  "serving plan options", OPTION_FLAGS)
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
-    prefill_seqs = -(-s.max_num_batched_tokens // s.input_len) if plan.phase == "prefill" else 64
+    tokens = s.max_num_batched_tokens or default_batched_tokens(s.engine, plan, cluster.system.gpu.hbm_gib * GIB)
+    prefill_seqs = -(-tokens // s.input_len) if plan.phase == "prefill" else 64
     job = make_job(s, batch or prefill_seqs, tp=plan.tp, host=GraphHost.of(cluster.system, m))
     allowance = make_allowance(memory)
     if max_load:

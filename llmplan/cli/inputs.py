@@ -26,7 +26,7 @@ from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODU
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.specs.serve import LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
+from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
 from llmplan.topology.graph import validate
 
 
@@ -286,8 +286,9 @@ def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, host: GraphHost |
             raise LlmplanError("--cuda-graph-sizes with --no-cuda-graphs: eager decode pads to no graph")
         return None
     if s.cuda_graph_sizes is None:
-        return default_graph_sizes(s.engine, batch, s.max_num_batched_tokens, tp,  # type: ignore[arg-type]
-                                   host, (s.spec_tokens or 0) if s.speculative is not None else None)
+        tokens = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS  # SGLang's list does not read it
+        return default_graph_sizes(s.engine, batch, tokens, tp, host,  # type: ignore[arg-type]
+                                   (s.spec_tokens or 0) if s.speculative is not None else None)
     parts = [p.strip() for p in s.cuda_graph_sizes.split(",")]
     if not all(p.isdigit() and 1 <= int(p) <= GRAPH_SIZE_MAX for p in parts) or len(set(parts)) > GRAPH_SIZES_MAX:
         raise LlmplanError(f"--cuda-graph-sizes {s.cuda_graph_sizes}: want up to {GRAPH_SIZES_MAX} "

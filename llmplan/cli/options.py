@@ -251,7 +251,10 @@ INPUT_LEN_DIST = typer.Option(None, "--input-len-dist",
                                    "sharegpt | lmsys-chat | rag-long | a histogram file (length,weight lines).")
 OUTPUT_LEN_DIST = typer.Option(None, "--output-len-dist",
                                help="Inference: output lengths as a distribution (as --input-len-dist).")
-MAX_NUM_BATCHED_TOKENS = typer.Option(_job("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Inference: tokens per engine step.")
+MAX_NUM_BATCHED_TOKENS = typer.Option(None, "--max-num-batched-tokens", min=1,
+                                      help="Inference: tokens per engine step (SGLang --chunked-prefill-size); "
+                                      "default: vLLM and TensorRT-LLM 8192, SGLang its own default for the GPU's "
+                                      "memory (2048 below 20 GiB, 4096 below 60, 8192, 16384 from 160).")
 PP_FIRST_LAYERS = typer.Option(0, "--pp-first-layers", "--decoder-first-pipeline-num-layers", min=0,
                           help="Layers on the first pipeline stage (0: an even share).")
 PP_LAST_LAYERS = typer.Option(0, "--pp-last-layers", "--decoder-last-pipeline-num-layers", min=0,

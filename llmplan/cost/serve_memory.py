@@ -20,7 +20,7 @@ from llmplan.cost.serve_moe import redundant_expert_params
 from llmplan.cost.sparse import indexer_cache_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
-from llmplan.specs.serve import ServeJob, ServePlan
+from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, ServeJob, ServePlan
 from llmplan.units import GIB, MXFP8_BYTES, NVFP4_BYTES
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -181,6 +181,56 @@ def sglang_mem_fraction_static(s: SglangServer) -> float:
     return round((gpu - reserved) / gpu, 3)
 
 
+SGLANG_CHUNKED_PREFILL = ((20, 2048), (60, 4096), (160, 8192))
+"""SGLang's default --chunked-prefill-size by GPU memory: (below this many GiB of device memory, tokens);
+16,384 at 160 GiB and above, 4,096 when the memory is unknown; no TP or model dependence (its 20-35 and
+35-60 GiB rows, and its 60-90 and 90-160 GiB rows, agree). Source: sgl-project/sglang v0.5.23 (PyPI
+sglang-0.5.23 wheel), python/sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings."""
+SGLANG_CHUNKED_PREFILL_TOP, SGLANG_CHUNKED_PREFILL_UNKNOWN = 16384, 4096
+
+
+def sglang_chunked_prefill_size(hbm_bytes: float | None) -> int:
+    """SGLang 0.5.23's --chunked-prefill-size when none is given, for the whole server (under DP attention it
+    then gives each attention rank chunked_prefill_size // attn_dp_size: arg_groups/parallel_hook.py,
+    handle_data_parallelism, which runs after handle_gpu_memory_settings). llmplan's hbm_gib is deviceQuery's
+    total, SGLang's gpu_mem nvidia-smi's (slightly more), as for cost.serve_step.sglang_graph_max_bs.
+    Source: sgl-project/sglang v0.5.23 (PyPI wheel), arg_groups/memory_hook.py, handle_gpu_memory_settings.
+    Derived: docs/formulas.md#infer.sglang_chunk"""
+    if hbm_bytes is None:
+        return SGLANG_CHUNKED_PREFILL_UNKNOWN
+    gib = hbm_bytes / GIB
+    return next((tokens for below, tokens in SGLANG_CHUNKED_PREFILL if gib < below), SGLANG_CHUNKED_PREFILL_TOP)
+
+
+def sglang_chunk_total(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> int:
+    """The --chunked-prefill-size of the SGLang server of `plan` (all attention ranks together): SGLang's own
+    default for the GPU (sglang_chunked_prefill_size) where the job is SGLang's and gives no budget
+    (ServeJob.max_num_batched_tokens_default), else the job's per-rank budget x the attention DP ranks.
+    Derived: docs/formulas.md#infer.sglang_chunk"""
+    if job.engine == "sglang" and job.max_num_batched_tokens_default:
+        return sglang_chunked_prefill_size(hbm_bytes)
+    return job.max_num_batched_tokens * (plan.dp if plan.dp_attention else 1)
+
+
+def default_batched_tokens(engine: str, plan: ServePlan, hbm_bytes: float | None) -> int:
+    """Tokens one engine step of a replica (an attention rank under DP attention) may process when the user
+    gives no budget: SGLang its default chunk for the GPU split over the attention ranks (as its
+    handle_data_parallelism divides it), vLLM and TensorRT-LLM DEFAULT_BATCHED_TOKENS.
+    Derived: docs/formulas.md#infer.sglang_chunk"""
+    if engine != "sglang":
+        return DEFAULT_BATCHED_TOKENS
+    return max(sglang_chunked_prefill_size(hbm_bytes) // (plan.dp if plan.dp_attention else 1), 1)
+
+
+def batched_tokens_for_plan(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> int:
+    """The job's max_num_batched_tokens on a server of `plan`: the job's own, or where an SGLang job gives none
+    (ServeJob.max_num_batched_tokens_default) SGLang's default (default_batched_tokens); vLLM and TensorRT-LLM
+    keep the job's value. Derived: docs/formulas.md#infer.sglang_chunk"""
+    if job.engine == "sglang" and job.max_num_batched_tokens_default:
+        return default_batched_tokens(job.engine, plan, hbm_bytes)
+    return job.max_num_batched_tokens
+
+
 def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> SglangServer:
     """The SGLang server llmplan's export launches for `plan` (export.serve.render_sglang: --tp-size tp x dp and
     --chunked-prefill-size x dp under DP attention), with SGLang's default decode graphs (sglang_graph_max_bs at
@@ -190,9 +240,11 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
     docs/formulas.md#infer.capacity"""
     from llmplan.cost.serve_step import sglang_graph_max_bs  # builds on this module
     dp = plan.dp if plan.dp_attention else 1
-    tp, chunk = plan.tp * dp, job.max_num_batched_tokens * dp
+    tp, chunk = plan.tp * dp, sglang_chunk_total(job, plan, gpu.hbm_gib * GIB)
     user = job.cuda_graph_batch_sizes if not job.cuda_graph_sizes_default else None
-    decode = (max(user) if user else sglang_graph_max_bs(gpu.hbm_bytes, tp)) if job.cuda_graphs else None
+    # A default max_bs above --max-running-requests (the export writes the batch x dp) is cut to it.
+    decode = (max(user) if user else min(sglang_graph_max_bs(gpu.hbm_bytes, tp), job.batch * dp)) \
+        if job.cuda_graphs else None
     prefill = job.cuda_graphs and gpu.vendor == "nvidia" and plan.pp == 1 and not plan.two_batch_overlap \
         and not m.compressed_layers
     return SglangServer(

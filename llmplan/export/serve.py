@@ -9,9 +9,11 @@ from typing import Any
 
 from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
+from llmplan.cost.serve_memory import sglang_chunk_total
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
+from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
 from llmplan.units import GIB
 
 
@@ -155,18 +157,25 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     check_vllm(pf)
     p, j = pf.plan, pf.serve_job
     cap, cap_note, run = admission(pf, "vllm", "--max-num-seqs")
+    # The plan's budget; an SGLang plan priced at SGLang's own default chunk (not vLLM's) runs vLLM at llmplan's
+    # default, as before that rule, and says so.
+    sglang_default = j.engine == "sglang" and j.max_num_batched_tokens_default
+    tokens = DEFAULT_BATCHED_TOKENS if sglang_default else j.max_num_batched_tokens
+    if sglang_default:
+        cap_note += (f"# --max-num-batched-tokens {tokens}: llmplan's default; the plan was priced at SGLang's own "
+                     f"default chunk of {j.max_num_batched_tokens:,} tokens per replica\n")
     # Source: vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
-    if cap > j.max_num_batched_tokens:
-        raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {j.max_num_batched_tokens} "
+    if cap > tokens:
+        raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {tokens} "
                      "(vLLM refuses max_num_batched_tokens < max_num_seqs)",
-                     f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {j.max_num_batched_tokens}")
+                     f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {tokens}")
     fraction, fraction_note = memory_fraction(pf, "vllm", run)
     spec_flags, spec_note = vllm_speculative(pf)
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", cap),
-        ("--max-num-batched-tokens", j.max_num_batched_tokens), ("--block-size", j.block_size),
+        ("--max-num-batched-tokens", tokens), ("--block-size", j.block_size),
         ("--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
@@ -191,24 +200,29 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     cap, cap_note, run = admission(pf, "sglang", "--max-running-requests")
     fraction, fraction_note = memory_fraction(pf, "sglang", run)
     spec_flags, spec_note = sglang_speculative(pf)
-    note = cap_note + fraction_note
+    chunk, chunk_note = sglang_chunk(pf, run)
+    note = cap_note + fraction_note + chunk_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
     note += moe_notes(pf)
-    # SGLang's --tp-size counts every GPU of the instance; with DP attention --dp-size splits them into
-    # attention ranks (attention TP = tp-size / dp-size) while the experts spread over --ep-size.
+    # SGLang's --tp-size counts every GPU of the instance; with DP attention --attn-dp-size splits them into
+    # attention ranks (attention TP = tp-size / attn-dp-size) while the experts spread over --ep-size; SGLang
+    # 0.5.23 refuses --dp-size > 1 with --attn-dp-size > 1 (arg_groups/parallel_hook.py).
     flags = as_flags([
-        ("--tp-size", p.tp * p.dp if p.dp_attention else p.tp), ("--pp-size", p.pp), ("--dp-size", p.dp),
+        ("--tp-size", p.tp * p.dp if p.dp_attention else p.tp), ("--pp-size", p.pp),
+        ("--dp-size", None if p.dp_attention else p.dp),
         ("--ep-size", p.ep if p.ep > 1 else None), *sglang_moe_flags(pf),
         ("--context-length", context_limit(pf)), ("--mem-fraction-static", fraction),
         # With DP attention SGLang counts running requests and chunked-prefill tokens over all attention ranks
-        # (server_args.py _handle_data_parallelism and the pool configurator divide them by --dp-size), so the
-        # per-rank plan values are multiplied by dp.
+        # (arg_groups/parallel_hook.py handle_data_parallelism and the pool configurator divide them by
+        # --attn-dp-size), so the per-rank plan values are multiplied by dp (sglang_chunk).
         ("--max-running-requests", cap * (p.dp if p.dp_attention else 1)),
-        ("--chunked-prefill-size", j.max_num_batched_tokens * (p.dp if p.dp_attention else 1)),
+        ("--chunked-prefill-size", chunk),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
+        # --no-cuda-graphs: both phases eager (0.5.23's spellings; its --disable-cuda-graph is deprecated)
+        ("--disable-decode-cuda-graph", not j.cuda_graphs), ("--disable-prefill-cuda-graph", not j.cuda_graphs),
     ] + spec_flags)
     note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
@@ -218,6 +232,21 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     return {"sglang_serve.sh": text}
 
 
+def sglang_chunk(pf: PlanFile, run: ServeEstimate) -> tuple[int, str]:
+    """SGLang's --chunked-prefill-size for the plan as priced (cost.serve_memory.sglang_chunk_total: all
+    attention ranks together) and, where it is SGLang's own default for the GPU (an SGLang plan made without
+    --max-num-batched-tokens), a comment line saying so. Derived: docs/formulas.md#infer.sglang_chunk"""
+    p, job, gpu = pf.plan, run.job, pf.cluster.system.gpu
+    chunk = sglang_chunk_total(job, p, gpu.hbm_gib * GIB)
+    if not (job.engine == "sglang" and job.max_num_batched_tokens_default):
+        return chunk, ""
+    ranks = (f"; DP attention gives each of the {p.dp} attention ranks {job.max_num_batched_tokens:,}"
+             if p.dp_attention else "")
+    return chunk, (f"# --chunked-prefill-size {chunk}: SGLang 0.5.23's own default for {gpu.name}'s "
+                   f"{gpu.hbm_gib:g} GiB{ranks}, as llmplan priced it (give --max-num-batched-tokens to plan "
+                   "another)\n")
+
+
 DEEPEP_MODE = {"prefill": "normal", "decode": "low_latency", "both": "auto"}
 """SGLang --deepep-mode per phase: normal kernels for prefill, low-latency for decode, auto (each batch picks)
 when co-located."""
@@ -225,12 +254,13 @@ when co-located."""
 
 def sglang_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
     """SGLang server arguments of the phase and MoE deployment (SGLang expert-parallelism and PD
-    disaggregation docs): --disaggregation-mode, --enable-dp-attention with the dense layers and LM head
-    data-parallel too, --moe-a2a-backend deepep with its --deepep-mode, --enable-two-batch-overlap,
+    disaggregation docs): --disaggregation-mode, DP attention (--attn-dp-size, 0.5.23's spelling of the deprecated
+    --dp-size --enable-dp-attention) with the dense layers and LM head data-parallel too, --moe-a2a-backend deepep with its --deepep-mode, --enable-two-batch-overlap,
     --ep-num-redundant-experts."""
     p = pf.plan
     return [("--disaggregation-mode", p.phase if p.phase != "both" else None),
-            ("--enable-dp-attention", p.dp_attention), ("--moe-dense-tp-size", 1 if p.dp_attention else None),
+            ("--attn-dp-size", p.dp if p.dp_attention else None),
+            ("--moe-dense-tp-size", 1 if p.dp_attention else None),
             ("--enable-dp-lm-head", p.dp_attention),
             ("--moe-a2a-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
             ("--deepep-mode", DEEPEP_MODE[p.phase] if p.moe_dispatcher == "deepep" else None),

@@ -322,8 +322,8 @@ class ServingOptions(BaseModel):
     """ServeJob.gpu_memory_utilization (None: the engine's default)."""
     block_size: int
     """ServeJob.block_size."""
-    max_num_batched_tokens: int
-    """ServeJob.max_num_batched_tokens."""
+    max_num_batched_tokens: int | None
+    """ServeJob.max_num_batched_tokens (None: the engine's default)."""
     engine: str
     """ServeJob.engine."""
     cuda_graphs: bool

@@ -13,6 +13,11 @@ WeightDtype = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8", "int4"]
 KvDtype = Literal["bf16", "fp16", "fp8"]
 Engine = Literal["vllm", "trtllm", "sglang"]
 
+DEFAULT_BATCHED_TOKENS = 8192
+"""ServeJob.max_num_batched_tokens when none is given, as vLLM and TensorRT-LLM jobs are priced and exported;
+an SGLang job takes SGLang's own default chunked-prefill size for its GPU instead
+(cost.serve_memory.sglang_chunked_prefill_size)."""
+
 DEFAULT_MEMORY_FRACTION: dict[str, float] = {
     # Source: vllm-project/vllm v0.20.0 (and @002f10e0, the v0.33.0 the exports are checked against),
     # vllm/config/cache.py, CacheConfig.gpu_memory_utilization default 0.92; 0.9 up to v0.19.1.
@@ -271,8 +276,23 @@ class ServeJob(Spec):
     cuda_graphs: bool = True
     """Decode steps replay CUDA graphs (the engines' default); False launches every kernel from the host
     (vLLM --enforce-eager), which adds a launch per kernel to each step."""
-    max_num_batched_tokens: int = Field(default=8192, ge=1, le=1 << 30)
-    """Tokens one engine step may process (chunked prefill + decodes)."""
+    max_num_batched_tokens: int = Field(default=DEFAULT_BATCHED_TOKENS, ge=1, le=1 << 30)
+    """Tokens one engine step may process (chunked prefill + decodes), per replica (attention rank under DP
+    attention); when not given (or None), DEFAULT_BATCHED_TOKENS, which SGLang replaces with its own default
+    for the plan's GPU (max_num_batched_tokens_default)."""
+    max_num_batched_tokens_default: bool = False
+    """Whether max_num_batched_tokens is not given: an SGLang job then takes SGLang's default chunked-prefill
+    size for each plan's GPU (serving.job_for_plan, cost.serve_memory.batched_tokens_for_plan); vLLM and
+    TensorRT-LLM keep DEFAULT_BATCHED_TOKENS. False: the budget is the user's (or a plan file's saved before
+    the rule), kept as given."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_default_batched_tokens(cls, data: Any) -> Any:
+        # Not given (a plan file saved before the rule holds 8,192 without the flag: kept as given).
+        if isinstance(data, dict) and data.get("max_num_batched_tokens") is None:
+            return {**data, "max_num_batched_tokens": DEFAULT_BATCHED_TOKENS, "max_num_batched_tokens_default": True}
+        return data
     cuda_graph_batch_sizes: tuple[Annotated[int, Field(ge=1, le=1 << 24)], ...] | None = Field(
         default=None, min_length=1, max_length=1024)
     """Batch sizes the engine keeps decode CUDA graphs for, with padding on (TensorRT-LLM cuda_graph_config
