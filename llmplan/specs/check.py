@@ -130,7 +130,8 @@ def _a2a_heads_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
     H, K, t = m.num_attention_heads, m.kv_heads, p.tp
     split = as_bool((H % t == 0) & (K % t == 0))
     d = p.cp if p.cp_comm_type == "a2a" else cp_a2a_group(p)
-    return ~as_bool(p.cp > 1) | ~split | (((H // t) % d == 0) & ((K // t) % d == 0))
+    levels = as_bool(p.cp_comm_type == "a2a" or _hierarchical_ok(m, p))  # else cp_hierarchical_sizes says
+    return ~as_bool(p.cp > 1) | ~split | ~levels | (((H // t) % d == 0) & ((K // t) % d == 0))
 
 
 def _a2a_heads_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
@@ -165,7 +166,9 @@ def _hierarchical_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
 
 
 def _hierarchical_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
-    sizes = [x for x in divisors(p.cp) if 1 < x < p.cp]
+    H, K, t = m.num_attention_heads, m.kv_heads, p.tp
+    split = H % t == 0 and K % t == 0  # the sizes that also scatter the TP rank's heads (cp_a2a_heads)
+    sizes = [x for x in divisors(p.cp) if 1 < x < p.cp and (not split or ((H // t) % x == 0 and (K // t) % x == 0))]
     fix = f"--cp-a2a-size {bounded_list(sizes)}, or " if sizes else ""
     return (f"cp_comm_type a2a+p2p with cp {p.cp} and cp_a2a_size {p.cp_a2a_size} needs 1 < cp_a2a_size < cp, "
             "dividing cp: Megatron-Core splits each CP group into an a2a level of cp_a2a_size ranks and a p2p ring "
