@@ -24,7 +24,6 @@ import pytest
 from llmplan.cost.activations import cp_comm_workspace_bytes, p2p_ring_workspace_bytes
 from llmplan.cost.comm import cp_transfers, step_comm
 from llmplan.cost.exposure import cp_exposed, overlap
-from llmplan.estimate import estimate_training
 from llmplan.search.grid import Workload, default_space, enumerate_plans
 from llmplan.search.variants import in_domain_shares
 from llmplan.specs.check import check_plan
