@@ -88,7 +88,8 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
             allow (variants.cp_comm_settings, as the single-system search tries them), their plans merged by
             tokens/s (one setting: its own ranking); a setting no plan passes is skipped unless all are."""
             ranked: list[TrainingEstimate] = []
-            settings = cp_comm_settings(plain, m, w, cc, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+            settings = [x for xs in cp_comm_settings(plain, m, w, cc, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+                        for x in xs]
             refused: list[LlmplanError] = []
             for v in settings:
                 wv = Workload(**{**w.fields(), **v})

@@ -252,8 +252,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
         cp_free = pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
-        cp_types = cp_comm_settings(cp_comm_variants(m, base, s.cp_comm_type is not None, cp_free), m, base,
-                                    full_cluster, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+        cp_types, cp_later = cp_comm_settings(cp_comm_variants(m, base, s.cp_comm_type is not None, cp_free), m,
+                                              base, full_cluster, s, pinned, pins.max_tp, pins.max_cp, cp_free)
         if len(cp_types) == 1:  # the one comm type that runs the model (or the pinned one)
             base = Workload(**{**base.fields(), **cp_types[0]})
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
@@ -280,7 +280,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
         # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
         beat = best_score(res)[0] if goal.objective == "throughput" else None
-        for d in dispatchers:
+        for d in dispatchers + cp_later:  # cp_later: a2a+p2p at each in-domain share (search.variants)
             wd = Workload(**{**w.fields(), **d})
             try:
                 rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,

@@ -112,6 +112,14 @@ def pipeline_layouts(L: int, n_gpus: int, max_pp: int, pins: dict[str, Any]) -> 
     return tuple(out)
 
 
+def _two_levels(w: Workload, cp: int) -> bool:
+    """Whether a cp degree is worth enumerating under the workload's context parallelism: every one but, under
+    Transformer Engine's a2a+p2p, those check_plan's cp_hierarchical_sizes refuses whatever the other axes (cp
+    not above cp_a2a_size, or not a multiple of it); cp 1, where it does nothing, stays (settled to p2p)."""
+    k = w.cp_a2a_size
+    return cp == 1 or w.cp_impl != "te" or w.cp_comm_type != "a2a+p2p" or (cp > k > 1 and cp % k == 0)
+
+
 def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[str, Any] | None = None,
                   max_tp: int | None = None, max_pp: int | None = None, max_cp: int | None = None) -> Space:
     """Every value worth trying; rules prune the invalid combinations (and are counted)."""
@@ -122,7 +130,7 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     values: dict[str, tuple[Any, ...]] = {
         "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
-        "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
+        "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n) and _two_levels(w, c)),
         "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),
         "etp": (1, ETP_SAME_AS_TP) if m.is_moe else (ETP_SAME_AS_TP,),
         "sp": (False, True),

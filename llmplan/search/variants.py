@@ -240,12 +240,26 @@ def in_domain_shares(m: ModelSpec, cluster: ClusterSpec, tp: int | None, max_tp:
 
 
 def cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSpec, s: SwitchOptions,
-                     pinned: dict[str, Any], max_tp: int | None, max_cp: int | None, cp_free: bool) -> list[dict[str, Any]]:
-    """The workload settings of Transformer Engine's context parallelism a search tries, one search each: the
-    comm types of search.run.cp_comm_variants (`plain`), then a2a+p2p at each in-domain share (in_domain_shares)
-    where its masks run the model (check.te_comm_types: as p2p's) and --cp-comm-type pins no other type. A pinned
-    --cp-a2a-size (meaningful only under a2a+p2p) or --cp-comm-type a2a+p2p tries a2a+p2p only: at the pinned
-    size, else at each share (each power of two up to half the largest cp where the cluster is one domain)."""
+                     pinned: dict[str, Any], max_tp: int | None, max_cp: int | None,
+                     cp_free: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The workload settings of Transformer Engine's context parallelism a search tries, one search each, as
+    (tried under every memory setting, tried after them at the one that won, as the MoE dispatchers are: their
+    searches stop early where no plan beats the best so far): first the comm types of search.run.
+    cp_comm_variants (`plain`), then a2a+p2p at each in-domain share (in_domain_shares) where its masks run the
+    model (check.te_comm_types: as p2p's) and --cp-comm-type pins no other type. A pinned --cp-a2a-size
+    (meaningful only under a2a+p2p) or --cp-comm-type a2a+p2p tries a2a+p2p only, in the first list: at the
+    pinned size, else at each share (each power of two up to half the largest cp where the cluster is one
+    domain)."""
+    out = _cp_comm_settings(plain, m, w, cluster, s, pinned, max_tp, max_cp, cp_free)
+    later = [x for x in out if x["cp_comm_type"] == "a2a+p2p"] \
+        if any(x["cp_comm_type"] != "a2a+p2p" for x in out) else []
+    return [x for x in out if x not in later], later
+
+
+def _cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSpec, s: SwitchOptions,
+                      pinned: dict[str, Any], max_tp: int | None, max_cp: int | None,
+                      cp_free: bool) -> list[dict[str, Any]]:
+    """cp_comm_settings' settings in one list."""
     hier = s.cp_comm_type == "a2a+p2p" or (s.cp_comm_type is None and s.cp_a2a_size is not None)
     out = [] if hier else [{"cp_comm_type": t} for t in plain]
     if w.cp_impl != "te" or not cp_free or (s.cp_comm_type is not None and not hier) \
