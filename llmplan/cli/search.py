@@ -30,7 +30,7 @@ from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchCh
                                 power_of_two_domain, straddling_space, switch_variants,
                                 cp_comm_variants, dispatcher_variants)
 from llmplan.search.filtered import Walk
-from llmplan.search.variants import cp_comm_settings
+from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
 from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
@@ -280,7 +280,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
         # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
         beat = best_score(res)[0] if goal.objective == "throughput" else None
-        for d in dispatchers + cp_later:  # cp_later: a2a+p2p at each in-domain share (search.variants)
+        for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
             wd = Workload(**{**w.fields(), **d})
             try:
                 rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,

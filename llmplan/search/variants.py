@@ -271,3 +271,11 @@ def _cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSp
     if hier and not sizes:  # pinned a2a+p2p on one domain: every split of the search's cp degrees
         sizes = [k for k in (2, 4, 8, 16) if 2 * k <= min(max_cp or 32, cluster.num_gpus)] or [2]
     return out + [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": k} for k in sizes]
+
+
+def cp_later_worth(later: list[dict[str, Any]], best: Any) -> list[dict[str, Any]]:
+    """The a2a+p2p settings (cp_comm_settings' second list) still worth a search once the memory settings are
+    searched: all where the best plan so far (`best`, a TrainingEstimate; None: none fits) runs context
+    parallelism, none where it runs cp 1 (the search then found the sequence split no gain even with the plain
+    ring, and each share's search would cost as much as one over the whole space: benchmarks/search_speed.py)."""
+    return later if best is not None and best.plan.cp > 1 else []
