@@ -68,7 +68,7 @@ def test_all_gather_saves_its_own_chunk_and_holds_the_gathered_kv_and_their_grad
 
 @pytest.mark.parametrize("comm", CP_COMM_TYPES)
 def test_memory_parts_still_sum_to_the_total(comm):
-    mem = _mem(comm, "none")
+    mem = _mem(comm, "none", **({"cp": 4, "cp_a2a_size": 2} if comm == "a2a+p2p" else {}))  # two levels of 2
     a = mem.activation_parts
     assert a.total == a.layers + a.recompute_working + a.embedding + a.output + a.cp_workspace
     assert mem.activations == a.total

@@ -75,7 +75,7 @@ def test_all_gather_gathers_k_and_v_and_reduce_scatters_their_gradients(recomput
 
 def test_a2a_and_all_gather_are_exposed_whole_and_the_ring_hides():
     m, cluster = resolve_model("llama-3.1-8b"), ClusterSpec(system=resolve_system("dgx-h100"), num_nodes=1)
-    for comm in CP_COMM_TYPES:
+    for comm in ("p2p", "a2a", "all_gather"):  # a2a+p2p (two levels, cp 4 or more): tests/test_cp_hierarchical.py
         e = estimate_training(m, cluster, ParallelPlan(tp=4, cp=2, dp=1, seq_len=32768, global_batch=8,
                                                        micro_batch=1, cp_comm_type=comm))
         seconds = e.comm.axes["cp"].seconds
@@ -106,7 +106,8 @@ def test_gpt_oss_120b_cp_passes_under_a2a_and_is_refused_under_p2p():
 def test_windows_without_sinks_run_under_a2a_and_all_gather():
     m = resolve_model("gpt-oss-120b").model_copy(update={"attention_sinks": False})
     rules = {c: [v.rule for v in check_plan(m, ParallelPlan(**GPT_OSS, cp_comm_type=c))] for c in CP_COMM_TYPES}
-    assert rules == {"p2p": ["cp_attention_mask"], "a2a": [], "all_gather": []}
+    assert rules == {"p2p": ["cp_attention_mask"], "a2a": [], "all_gather": [],
+                     "a2a+p2p": ["cp_attention_mask", "cp_hierarchical_sizes"]}  # its ring level as p2p; cp 2: no levels
 
 
 def test_chunked_attention_is_refused_under_every_te_comm_type():
@@ -192,4 +193,4 @@ def test_an_unknown_cp_comm_type_is_one_line_and_exit_2(cli):
             "--cp-comm-type", "ring")
     assert r.code == 2 and "Traceback" not in r.err
     assert r.err.strip() == ("error: --cp-comm-type ring is not a Transformer Engine CP attention llmplan prices; "
-                             "use one of p2p, a2a, all_gather")
+                             "use one of p2p, a2a, all_gather, a2a+p2p")

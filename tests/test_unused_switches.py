@@ -80,7 +80,7 @@ M, SYSTEMS = builtin_models(), builtin_systems()
 ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "tp_comm_overlap": True,
       "pp_scatter_gather": True,
       "pp_schedule": "zero-bubble", "ep_comm_overlap": True, "moe_routing": "contiguous",
-      "cp_impl": "torch-allgather", "cp_comm_type": "a2a", "cp_kv_repeated": True, "cp_comm_overlap": False, "rope_complex": True, "zero3_copy_out": True,
+      "cp_impl": "torch-allgather", "cp_comm_type": "a2a", "cp_a2a_size": 4, "cp_kv_repeated": True, "cp_comm_overlap": False, "rope_complex": True, "zero3_copy_out": True,
       "pp_blocking_sends": True, "norm_kernel": "two-pass", "pp_unbatched_sends": True, "softmax_kernel": "eager-fp32", "fp8_scaling": "current",
       "tp_overlap_sms": (8.0, 8.0, 8.0, 8.0), "tp_overlap_margin_sms": (0.0, 16.0, 16.0, 16.0),
       "kept_grad_shards": True, "delay_wgrad": True, "torchao_saves_hp_input": False}

@@ -165,7 +165,9 @@ def switches(s: SwitchOptions) -> dict:
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
             "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "cp_comm_type": s.cp_comm_type if s.cp_comm_type is not None else ParallelPlan.model_fields[
-                "cp_comm_type"].default, "bf16_modules": parse_bf16_modules(s.bf16_modules),
+                "cp_comm_type"].default,
+            "cp_a2a_size": s.cp_a2a_size if s.cp_a2a_size is not None else ParallelPlan.model_fields[
+                "cp_a2a_size"].default, "bf16_modules": parse_bf16_modules(s.bf16_modules),
             "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "offload_modules": _module_list(s.offload_modules, "--offload-modules", OFFLOAD_MODULES,
                                             "a Megatron offload module llmplan prices")}

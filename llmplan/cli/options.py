@@ -105,7 +105,11 @@ CP_IMPL = typer.Option(_plan("cp_impl"), "--cp-impl",
 CP_COMM_TYPE = typer.Option(_plan("cp_comm_type"), "--cp-comm-type",
                             help="Transformer Engine's CP attention (--cp-impl te): p2p (the K/V ring) | a2a "
                                  "(Ulysses: heads scattered; runs windows and sinks) | all_gather (whole K/V "
-                                 "gathered; runs windows).")
+                                 "gathered; runs windows) | a2a+p2p (a2a inside groups of --cp-a2a-size ranks, "
+                                 "the ring across them).")
+CP_A2A_SIZE = typer.Option(_plan("cp_a2a_size"), "--cp-a2a-size", min=1,
+                           help="Ranks of the a2a level of --cp-comm-type a2a+p2p (Megatron "
+                                "--hierarchical-context-parallel-sizes SIZE CP/SIZE): 1 < SIZE < cp, dividing cp.")
 CP_KV_REPEATED = typer.Option(_plan("cp_kv_repeated"), "--cp-kv-repeated/--cp-kv-heads",
                               help="PyTorch's CP ring moves K/V repeated to the query heads (the model's repeat_kv "
                                    "before SDPA, torchtitan 2024) or at the KV heads (enable_gqa).")
@@ -317,7 +321,7 @@ SWITCHES = Flags("Training switches", {
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
     "fused_loss": FUSED_LOSS, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
-    "cp_kv_repeated": CP_KV_REPEATED,
+    "cp_a2a_size": CP_A2A_SIZE, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
@@ -348,9 +352,13 @@ SEARCH_SWITCHES = Flags(SWITCHES.panel, {
                                help="Pin primary weights in the fp8 / NVFP4 recipe's format (default: both tried "
                                     "where the recipe allows)."),
     "cp_comm_type": typer.Option(None, "--cp-comm-type",
-                                 help="Pin Transformer Engine's CP attention: p2p | a2a | all_gather (default: p2p; "
-                                      "where the model's masks rule the ring out, those TE runs them with are "
-                                      "tried too, the better shown)."),
+                                 help="Pin Transformer Engine's CP attention: p2p | a2a | all_gather | a2a+p2p "
+                                      "(default: p2p; where the model's masks rule the ring out, those TE runs them "
+                                      "with are tried too; a2a+p2p too where cp can span NVLink domains, its a2a "
+                                      "level the in-domain share; the better shown)."),
+    "cp_a2a_size": typer.Option(None, "--cp-a2a-size", min=1,
+                                help="Pin the a2a level of --cp-comm-type a2a+p2p (default: each in-domain share "
+                                     "tried)."),
     "tp_comm_overlap": typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                     help="Overlap TP comm with GEMMs where sp is on (default on, as Megatron-Bridge "
                                          "/ NeMo performance recipes set it; off for MLA models, which "

@@ -13,9 +13,11 @@ from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.estimate import TrainingEstimate
 from llmplan.planfile import plan_document, save_refs
 from llmplan.report.pools import hetero_json, pool_search_json, pool_search_view
-from llmplan.search.grid import default_space
+from llmplan.search.grid import Workload, default_space
 from llmplan.search.hetero import search_pools
+from llmplan.search.run import cp_comm_variants
 from llmplan.search.run import search as run_search
+from llmplan.search.variants import cp_comm_settings
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (
@@ -77,13 +79,35 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
     checkpoint = make_checkpoint(checkpoints)
     pinned = search_pins(m, pins, split)
 
+    cp_free = pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
+    plain = cp_comm_variants(m, w, s.cp_comm_type is not None, cp_free)
+
     with progress_bar(not output.json_mode) as say:
         def run(cc: ClusterSpec) -> list[TrainingEstimate]:
-            space = default_space(m, cc, w, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
-            res = run_search(m, cc, space, w, "throughput", max(goal.top, 8), allowance, order, progress=say,
-                             min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                             checkpoint=checkpoint, vpp_pin=pins.vpp)
-            return res.ranked
+            """The single-system search of `cc` under each of Transformer Engine's CP attentions the model's masks
+            allow (variants.cp_comm_settings, as the single-system search tries them), their plans merged by
+            tokens/s (one setting: its own ranking); a setting no plan passes is skipped unless all are."""
+            ranked: list[TrainingEstimate] = []
+            settings = [x for xs in cp_comm_settings(plain, m, w, cc, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+                        for x in xs]
+            refused: list[LlmplanError] = []
+            for v in settings:
+                wv = Workload(**{**w.fields(), **v})
+                space = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
+                try:
+                    res = run_search(m, cc, space, wv, "throughput", max(goal.top, 8), allowance, order,
+                                     progress=say, min_headroom=min_headroom_bytes(goal.min_headroom,
+                                                                                   cc.system.gpu.hbm_bytes),
+                                     checkpoint=checkpoint, vpp_pin=pins.vpp)
+                except LlmplanError as e:
+                    refused.append(e)
+                    continue
+                ranked += res.ranked
+            if len(refused) == len(settings):
+                raise refused[-1]
+            if len(settings) > 1:
+                ranked.sort(key=lambda e: -float(e.throughput.tokens_per_s))
+            return ranked
 
         res = search_pools(m, pc, run, allowance, order, checkpoint,
                            lambda cap: min_headroom_bytes(goal.min_headroom, cap), goal.top)

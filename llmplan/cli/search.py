@@ -30,6 +30,7 @@ from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchCh
                                 power_of_two_domain, straddling_space, switch_variants,
                                 cp_comm_variants, dispatcher_variants)
 from llmplan.search.filtered import Walk
+from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
 from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
@@ -256,10 +257,11 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     full_cluster = cluster
     tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
     with progress_bar(not output.json_mode) as say:
-        cp_types = cp_comm_variants(m, base, s.cp_comm_type is not None, pinned.get("cp", 2) != 1
-                                    and (pins.max_cp or 2) > 1)
-        if len(cp_types) == 1 and cp_types[0] != base.cp_comm_type:  # the one comm type that runs the model
-            base = Workload(**{**base.fields(), "cp_comm_type": cp_types[0]})
+        cp_free = pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
+        cp_types, cp_later = cp_comm_settings(cp_comm_variants(m, base, s.cp_comm_type is not None, cp_free), m,
+                                              base, full_cluster, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+        if len(cp_types) == 1:  # the one comm type that runs the model (or the pinned one)
+            base = Workload(**{**base.fields(), **cp_types[0]})
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
                                  try_scalings=target is not None and "fp8_scaling" not in named,
                                  cp_comm_types=tuple(cp_types)):
@@ -284,7 +286,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
         # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
         beat = best_score(res)[0] if goal.objective == "throughput" else None
-        for d in dispatchers:
+        for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
             wd = Workload(**{**w.fields(), **d})
             try:
                 rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,

@@ -19,7 +19,7 @@ from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_share, torchao_hp_saved_share
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
@@ -191,11 +191,14 @@ def cp_a2a_saved_bytes(m: ModelSpec, plan: ParallelPlan, out: Any, stored: bool)
     Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/
     context_parallel.py (AttnFuncWithCPAndQKVOA2A.forward: f16_tensors = (q_part, k_part, v_part, out_part),
     out_ = flash_attn_a2a_communicate(out_, ...), out_ret = out_f16 = out_; AttnFuncWithCPAndKVAllGather.forward:
-    f16_tensors = (q, k, v, out_f16), out_ret = out_f16). Derived: docs/formulas.md#mem.cp_comm"""
-    if plan.cp_impl != "te" or plan.cp_comm_type != "a2a":  # workload switches: one value for all plans
+    f16_tensors = (q, k, v, out_f16), out_ret = out_f16). a2a+p2p alike where its a2a level has 2 or more ranks
+    (AttnFuncWithCPAndKVP2P.forward: out_f16 = out_part saved, out_ret after the a2a of out).
+    Derived: docs/formulas.md#mem.cp_comm"""
+    if plan.cp_impl != "te" or plan.cp_comm_type not in ("a2a", "a2a+p2p"):  # workload switches: one value
         return 0.0
     kept = where(plan.recomputes("core_attn"), 0.0, out) if stored else out
-    return where(plan.cp > 1, kept, 0.0)
+    return where((plan.cp > 1) & (cp_a2a_group(plan) > 1) if plan.cp_comm_type == "a2a+p2p" else plan.cp > 1,
+                 kept, 0.0)
 
 
 def te_cp_out_lse_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
@@ -208,7 +211,7 @@ def te_cp_out_lse_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
     return 2 * tokens * heads * dv, 4 * tokens * heads
 
 
-def p2p_ring_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+def p2p_ring_workspace_bytes(m: ModelSpec, plan: ParallelPlan, ring: Any = None) -> Any:
     """Transient bytes of Transformer Engine's p2p K/V ring (AttnFuncWithCPAndKVP2P, bf16, causal with 2cp
     chunks, cp > 1) beyond the layer's own Q, K, V, O and their gradients, the larger of its two passes, on the
     rank where it peaks. Forward, at the output correction (every list still referenced): the cp K/V buffers
@@ -222,10 +225,11 @@ def p2p_ring_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     v.view(-1))), p2p_comm_buffers[i + 1] = torch.empty_like(...), out_per_step, softmax_lse_per_step;
     cp_p2p_fwd_prepare_qkv sections; AttnFuncWithCPAndKVP2P.backward: p2p_comm_buffers = two torch.empty((2,
     *kv.shape)), dq_buffer = torch.empty_like(q), softmax_lse_[..., 1, :].contiguous(), cp_p2p_bwd_fused_attn
-    dq_, dk_, dv_). Derived: docs/formulas.md#mem.cp_comm"""
+    dq_, dk_, dv_). `ring`: its ranks (cp, or cp_ring_size under a2a+p2p, whose post-a2a Q, K, V, O and L have
+    the bytes of the rank's s/cp tokens of all its heads). Derived: docs/formulas.md#mem.cp_comm"""
     q, k, v = te_cp_tensor_bytes(m, plan)
     o, lse = te_cp_out_lse_bytes(m, plan)
-    forward = plan.cp * (k + v + o + lse)
+    forward = (plan.cp if ring is None else ring) * (k + v + o + lse)
     backward = q + 4 * (k + v) + lse / 2
     return maximum(forward, backward)
 
@@ -238,7 +242,9 @@ def cp_comm_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     backward (the larger pass): the gathered K and V (cp(K + V)), the full-length dK and dV (cp(K + V)), the two
     steps' dK/dV pieces over their visible K/V range under a causal mask ((r + 1) + (2cp - r) of 2cp chunks on
     rank r: (cp + 1/2)(K + V)) and the re-ordered copy of dK (then dV) before the reduce-scatter (cp max(K, V)).
-    p2p: its ring's K/V (and dK/dV) buffers and per-step pieces (p2p_ring_workspace_bytes).
+    p2p: its ring's K/V (and dK/dV) buffers and per-step pieces (p2p_ring_workspace_bytes). a2a+p2p: the larger
+    of its a2a level's 2(Q + K + V) (where that level has 2 or more ranks) and its ring's workspace at the ring's
+    cp_ring_size ranks (docs/formulas.md#comm.cp_hierarchical).
     Source: NVIDIA/TransformerEngine@d0067d0da6 context_parallel.py
     (flash_attn_a2a_communicate: movedim(...).contiguous() / reorder, torch.empty_like output;
     AttnFuncWithCPAndKVAllGather.backward: gather_along_first_dim of k and v, torch.zeros dk, dv of
@@ -250,6 +256,9 @@ def cp_comm_workspace_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     if plan.cp_comm_type == "p2p":
         return where(cp > 1, p2p_ring_workspace_bytes(m, plan), 0.0)
     q, k, v = te_cp_tensor_bytes(m, plan)
+    if plan.cp_comm_type == "a2a+p2p":
+        a2a = where(cp_a2a_group(plan) > 1, 2 * (q + k + v), 0.0)
+        return where(cp > 1, maximum(a2a, p2p_ring_workspace_bytes(m, plan, cp_ring_size(plan))), 0.0)
     if plan.cp_comm_type == "a2a":
         return where(cp > 1, 2 * (q + k + v), 0.0)
     return where(cp > 1, (3 * cp + 0.5) * (k + v) + cp * maximum(k, v), 0.0)

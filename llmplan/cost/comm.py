@@ -40,7 +40,7 @@ from llmplan.cost.stages import attention_rerun_share, most_moe_layers
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
 from llmplan.specs.plan_choices import MoeFlexBackend
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
@@ -1000,7 +1000,8 @@ def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
     return where(plan.zero3_unit == "tensor", ZERO3_TENSORS_PER_LAYER * m.num_hidden_layers + 2, 1)
 
 
-def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
+def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G, a2a_group: G | None = None,
+                 ring_group: G | None = None) -> list[Transfer[G]]:
     """Ring attention: per softmax-attention layer and micro-batch, each rank passes its K/V chunk cp-1 times
     forward and K/V plus their gradients backward (3(cp-1) sends; 4(cp-1) when the attention core's forward runs
     again: full recompute, or selective recompute of core_attn, attention_rerun_share). A hybrid's stage holds
@@ -1008,7 +1009,9 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     layers trade the sequence split for a head split instead (cp_mixer_transfers). PyTorch's ring
     (cp_impl torch-*) rings the K/V its SDPA call gets (cp_kv_repeated: the query heads), gathers them
     in one all-gather per pass (torch-allgather; torch-alltoall: cp-1 sends per pass) and passes the K/V
-    gradients on in fp32 after each of its cp steps, the last one's back to their owner.
+    gradients on in fp32 after each of its cp steps, the last one's back to their owner. Transformer Engine's
+    hierarchical a2a+p2p (a2a_group: its inner level, ring_group: its ring; both `group` where not given)
+    is te_cp_hierarchical.
     Source: Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism; pytorch/pytorch
     torch/distributed/tensor/experimental/_attention.py (_templated_ring_attention[_backward], _AllGatherRotater,
     set_rotate_method: #142093); pytorch/torchtitan torchtitan/models/llama/model.py at 9dec370 (repeat_kv before
@@ -1025,7 +1028,10 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     layers = stage * attention_share(m)  # its softmax-attention layers ring the K/V
     r = attention_rerun_share(plan, stage)
     mixers = cp_mixer_transfers(m, plan, group)
-    if not torch and plan.cp_comm_type != "p2p":  # a workload switch, as cp_impl
+    if not torch and plan.cp_comm_type == "a2a+p2p":  # a workload switch, as cp_impl
+        return te_cp_hierarchical(m, plan, a2a_group or group, ring_group or group, plan.num_microbatches * layers,
+                                  r, S) + mixers
+    if not torch and plan.cp_comm_type != "p2p":
         return te_cp_collectives(m, plan, group, plan.num_microbatches * layers, r) + mixers
     if not torch:
         return [Transfer("send-recv", plan.num_microbatches * layers * (3 + r) * (cp - 1), S, group)] + mixers
@@ -1036,12 +1042,14 @@ def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     return [Transfer("send-recv", calls * (2 + r) * (cp - 1), S, group), grads] + mixers
 
 
-def te_cp_collectives(m: ModelSpec, plan: ParallelPlan, group: G, calls: Any, r: Any) -> list[Transfer[G]]:
+def te_cp_collectives(m: ModelSpec, plan: ParallelPlan, group: G, calls: Any, r: Any,
+                      kind: str | None = None) -> list[Transfer[G]]:
     """Transformer Engine's a2a and all_gather context parallelism (cp_comm_type), for `calls` softmax-attention
     layer passes (micro-batches x layers) with `r` of them recomputed. a2a (Ulysses): per forward pass one
     all-to-all each of Q, K, V before the attention and one of its output after; backward one of the output's
     gradient and one each of dQ, dK, dV: 4 calls per pass, (2 + r) passes, each moving the rank's s/cp tokens of
-    one tensor's heads on its TP rank (the whole buffer, nccl-tests convention). all_gather: K and V gathered
+    one tensor's heads on its TP rank (the whole buffer, nccl-tests convention); `kind` a2a prices them for the
+    a2a level of a2a+p2p (te_cp_hierarchical). all_gather: K and V gathered
     separately in forward and again in backward (the forward keeps only the rank's chunk), dK and dV
     reduce-scattered in bf16 once: 2(2 + r) all-gathers and 2 reduce-scatters of cp chunks. MLA's K and V run
     at the query heads. Widths: q and k qk_head_dim (d_head), v and the output v_head_dim (d_head).
@@ -1059,12 +1067,30 @@ def te_cp_collectives(m: ModelSpec, plan: ParallelPlan, group: G, calls: Any, r:
         heads_q, heads_kv, dqk, dv = m.num_attention_heads / t, kv_heads_per_rank(m, t), m.d_head, m.d_head
     k, v = tokens * heads_kv * dqk, tokens * heads_kv * dv
     live = where(cp > 1, calls, 0)
-    if plan.cp_comm_type == "a2a":
+    if (kind or plan.cp_comm_type) == "a2a":
         qo = tokens * heads_q * (dqk + dv) / 2  # q and the output, the mean of the two
         return [Transfer("all-to-all", 2 * live * (2 + r), qo, group, te_cp=True),
                 Transfer("all-to-all", 2 * live * (2 + r), (k + v) / 2, group, te_cp=True)]
     return [Transfer("all-gather", 2 * live * (2 + r), cp * (k + v) / 2, group, te_cp=True),
             Transfer("reduce-scatter", 2 * live, cp * (k + v) / 2, group, te_cp=True)]
+
+
+def te_cp_hierarchical(m: ModelSpec, plan: ParallelPlan, a2a_group: G, ring_group: G, calls: Any, r: Any,
+                       chunk: Any) -> list[Transfer[G]]:
+    """Transformer Engine's hierarchical a2a+p2p context parallelism, for `calls` softmax-attention layer passes
+    with `r` of them recomputed: the a2a level's all-to-alls of Q, K, V, the output and their gradients over
+    the cp_a2a_group ranks of `a2a_group` (te_cp_collectives' a2a calls and messages: each rank's s/cp tokens of
+    its TP rank's heads), then the p2p ring over the cp_ring_size ranks of `ring_group`, (3 + r)(ring - 1) sends
+    a pass as the plain ring's. After the all-to-all a rank holds s/ring tokens of heads/cp_a2a heads, so one
+    ring step moves `chunk` bytes, the plain ring's K/V chunk at cp ranks (cp_transfers' S).
+    Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py (AttnFuncWithCPAndKVP2P.forward: cp_group = [cp_group_a2a, cp_group], flash_attn_a2a_
+    communicate of [q, k, v] before the ring and of out after it; backward: of dout before, of [dq, dk, dv]
+    after). Derived: docs/formulas.md#comm.cp_hierarchical"""
+    k, ring = cp_a2a_group(plan), cp_ring_size(plan)
+    a2a = te_cp_collectives(m, plan, a2a_group, calls, r, kind="a2a")
+    sends = Transfer("send-recv", where(plan.cp > 1, calls * (3 + r) * (ring - 1), 0), chunk, ring_group)
+    return [Transfer(x.collective, where(k > 1, x.calls, 0), x.message, x.group, te_cp=True) for x in a2a] + [sends]
 
 
 def cp_mixer_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
@@ -1318,7 +1344,7 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]) + tp_step_end_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
         "dp": dp[0],
-        "cp": _timed("cp", cp_transfers(m, plan, spans["cp"]), system),
+        "cp": _timed("cp", cp_transfers(m, plan, spans["cp"], spans.get("cp_a2a"), spans.get("cp_ring")), system),
         "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
         # an MoE model's router: the auxiliary loss's token counts (comm.aux_loss_counts)
         **({"router": _timed("router", aux_loss_transfers(m, plan, spans["tpcp"], spans["tpdpcp"]), system)}

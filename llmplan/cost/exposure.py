@@ -14,7 +14,7 @@ from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.plan import ParallelPlan, cp_ring_size
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
 """Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
@@ -83,7 +83,7 @@ def overlap(comm: Any, window: Any, kappa: float) -> Any:
     return maximum(0.0, comm - window) + kappa * minimum(comm, window)
 
 
-def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any = None) -> Any:
+def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any = None, a2a: Any = 0.0) -> Any:
     """Exposed ring-attention time of one micro-batch on one stage, `cp` seconds of sends beside `attention`
     seconds of attention kernels (`r`: the stage's recomputed share of its layers; by default 1 under full
     recompute). Per layer and pass a rank runs cp attention calls and cp - 1 ring steps:
@@ -96,10 +96,16 @@ def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any
     waited at the start of the next step; no send after the last; AttnFuncWithCPAndKVAllGather:
     gather_along_first_dim before the attention steps; AttnFuncWithCPAndQKVOA2A: flash_attn_a2a_communicate
     waits each all_to_all_single before the attention); NVIDIA/Megatron-LM@d98e8a6 transformer_config.py
-    (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). Derived: docs/formulas.md#step.cp"""
+    (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). a2a+p2p: its all-to-alls (`a2a`
+    seconds of the `cp`) exposed whole as a2a's, the rest, its ring, hidden as p2p's behind (ring - 1)/ring of the
+    attention, a rank running one call per ring step (cp_ring_size; docs/formulas.md#comm.cp_hierarchical).
+    Derived: docs/formulas.md#step.cp"""
     if plan.cp_impl != "te":  # a workload switch: one value for all plans of a search
         return torch_ring_exposed(plan, cp, attention, kappa, where(plan.full, 1, 0) if r is None else r)
-    if plan.cp_comm_type != "p2p":  # a workload switch too: in line (CommSeconds.cp_a2a, cp_allgather)
+    if plan.cp_comm_type == "a2a+p2p":  # a workload switch too
+        ring = cp_ring_size(plan)
+        return a2a + overlap(cp - a2a, attention * (ring - 1) / ring, kappa)
+    if plan.cp_comm_type != "p2p":  # in line (CommSeconds.cp_a2a, cp_allgather)
         return cp
     window = attention * (plan.cp - 1) / plan.cp
     return overlap(cp, window, kappa)

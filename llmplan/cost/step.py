@@ -349,7 +349,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
             + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count)  # set_sm_margin's slower GEMMs
         # the ring hides behind the attention; a hybrid's mixer all-to-alls run in line (comm.cp_mixers)
         cp_i = cp_exposed(plan, (c_i.cp - c_i.cp_mixers) / n * layers / l_max, sc.attention, k_i,
-                          attention_rerun_share(plan, layers)) + c_i.cp_mixers / n * layers / l_max
+                          attention_rerun_share(plan, layers), c_i.cp_a2a / n * layers / l_max) \
+            + c_i.cp_mixers / n * layers / l_max
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
         dw = ep_deferred_wgrad(m, plan, g_i) if pair else (0.0, 0.0)  # delay_wgrad: a workload switch

@@ -327,6 +327,10 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     ]
     if p.cp > 1:  # the TE attention the plan priced (cp_impl te), over a recipe's own (gpt_oss and gemma3_vl set
         out.append(("model.cp_comm_type", p.cp_comm_type))  # a2a, glm5 allgather: Megatron-Bridge@067f987 recipes/)
+    if p.cp > 1 and p.cp_comm_type == "a2a+p2p":  # its levels, a2a first (no recipe sets them: Megatron-Bridge@067f987
+        # docs/fern/versions/0.4.2/pages/skills/perf-techniques/hybrid-context-parallel/SKILL.mdx:
+        # cfg.model.hierarchical_context_parallel_sizes = [2, 2])
+        out.append(("model.hierarchical_context_parallel_sizes", f"[{p.cp_a2a_size},{p.cp // p.cp_a2a_size}]"))
     if m.is_moe:
         flex = p.moe_dispatcher == "deepep"
         out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),

@@ -31,7 +31,10 @@ def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Context parallelism, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return f"context parallelism (cp {p.cp})", p.cp > 1, "re-plan with --cp 1 or export to megatron / torchtitan"
+    hierarchical = ", Transformer Engine's hierarchical a2a+p2p" if p.cp_impl == "te" and p.cp_comm_type == "a2a+p2p" \
+        else ""  # DeepSpeed has no context parallelism of any kind; a2a+p2p only Megatron-Core runs
+    return (f"context parallelism (cp {p.cp}{hierarchical})", p.cp > 1,
+            "re-plan with --cp 1 or export to megatron" + ("" if hierarchical else " / torchtitan"))
 
 
 def expert_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

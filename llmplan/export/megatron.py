@@ -265,6 +265,11 @@ def parallel_flags(pf: PlanFile) -> list[str]:
         # --cp-comm-type, nargs='+'); TE's own spelling: its attn_forward_func_with_cp dispatches on "all_gather"
         # (Megatron's help says "allgather", which only its DSA layers normalise)
         ("--cp-comm-type", p.cp_comm_type if p.cp > 1 and p.cp_comm_type != "p2p" else None),
+        # a2a+p2p's two levels, a2a first (Megatron-LM@d98e8a6 model_parallel_config.py
+        # hierarchical_context_parallel_sizes; tests/functional_tests/test_cases/gpt/
+        # gpt3_mcore_te_tp1_pp2_cp4_a2a_p2p_nondeterministic/model_config.yaml: "--hierarchical-context-parallel-sizes: 2 2")
+        ("--hierarchical-context-parallel-sizes", f"{p.cp_a2a_size} {p.cp // p.cp_a2a_size}"
+         if p.cp > 1 and p.cp_comm_type == "a2a+p2p" else None),
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]

@@ -271,7 +271,8 @@ def check(pf: PlanFile) -> None:
                      "transformer block: one all-gather and one reduce-scatter per layer)",
                      "re-plan with --zero3-unit layer, or export to deepspeed")
     if p.cp > 1 and p.cp_impl != "torch-allgather":
-        raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl} (torchtitan {TORCHTITAN_VERSION} has "
+        te = f" cp_comm_type {p.cp_comm_type}" if p.cp_impl == "te" else ""  # a2a+p2p: TE's hierarchical CP
+        raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl}{te} (torchtitan {TORCHTITAN_VERSION} has "
                      "no rotate method: its FlexAttention all-gathers the K/V once per layer, nearest "
                      "torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to "
                      + ("megatron" if p.cp_impl == "te" else "torchtitan-0.2"))  # 0.2 refuses te too
@@ -409,7 +410,8 @@ def check_legacy(pf: PlanFile) -> None:
                      "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
     if p.cp > 1 and p.cp_impl == "te":
-        raise refuse(LEGACY_TARGET, "context parallelism priced as Transformer Engine's ring (cp_impl te); torchtitan "
+        raise refuse(LEGACY_TARGET, f"context parallelism priced as Transformer Engine's (cp_impl te, cp_comm_type "
+                     f"{p.cp_comm_type}); torchtitan "
                      f"{LEGACY_VERSION} runs PyTorch's (query-head K/V, fp32 K/V gradients: more traffic)",
                      "re-plan with --cp-impl torch-allgather (its default rotate method) or torch-alltoall")
     check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))

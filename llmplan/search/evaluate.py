@@ -21,7 +21,7 @@ from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_byte
 from llmplan.cost.step import CommSeconds, StepTime, Throughput, step_time, throughput
 from llmplan.search.grid import PlanArrays
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance
+from llmplan.specs.plan import ClusterSpec, Degrees, MemoryAllowance, cp_a2a_group
 from llmplan.topology.placement import DEFAULT_ORDER, axis_dims, axis_span, on_cluster, place
 
 
@@ -121,9 +121,11 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         order: tuple[str, ...] = DEFAULT_ORDER) -> CommSeconds:
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved,
-                       np.broadcast_to(plans.dp_replicate, np.shape(plans.tp))], axis=1)
+                       np.broadcast_to(plans.dp_replicate, np.shape(plans.tp)),
+                       np.broadcast_to(cp_a2a_group(plans), np.shape(plans.tp))], axis=1)
     uniq, inv = unique_rows(layout)
-    degrees = [Degrees(int(t), int(p), int(d), int(c), int(e), int(x), int(r)) for t, p, d, c, e, x, r in uniq]
+    degrees = [Degrees(int(t), int(p), int(d), int(c), int(e), int(x), int(r), int(k))
+               for t, p, d, c, e, x, r, k in uniq]
     misfit = next((d for d in degrees if d.num_gpus != cluster.num_gpus), None)
     if misfit is not None:
         place(misfit, cluster, order)  # says why its groups cannot be placed
@@ -182,7 +184,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
         tp_step_end=total(tp_step_end_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
-        cp=total(cp := cp_transfers(m, plans.as_plan, "cp")),
+        cp=total(cp := cp_transfers(m, plans.as_plan, "cp", "cp_a2a", "cp_ring")),
         cp_mixers=total(cp_mixer_split(cp)[1]),
         cp_a2a=total(te_cp_split(cp)[0]),
         cp_allgather=total(te_cp_split(cp)[1]),

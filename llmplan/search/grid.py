@@ -6,6 +6,8 @@ check_plan rules evaluate every plan at once.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, cast
 
@@ -112,6 +114,26 @@ def pipeline_layouts(L: int, n_gpus: int, max_pp: int, pins: dict[str, Any]) -> 
     return tuple(out)
 
 
+def _two_levels(w: Workload, cp: int) -> bool:
+    """Whether a cp degree is worth enumerating under the workload's context parallelism: every one but, under
+    Transformer Engine's a2a+p2p, those check_plan's cp_hierarchical_sizes refuses whatever the other axes (cp
+    not above cp_a2a_size, or not a multiple of it); cp 1, where it does nothing, stays (settled to p2p)."""
+    k = w.cp_a2a_size
+    return cp == 1 or w.cp_impl != "te" or w.cp_comm_type != "a2a+p2p" or (cp > k > 1 and cp % k == 0)
+
+
+def _a2a_level_in_domain(w: Workload, cluster: ClusterSpec, tps: tuple[int, ...]) -> tuple[int, ...]:
+    """The TP degrees worth enumerating under Transformer Engine's a2a+p2p: those whose in-domain share of CP ranks
+    is its a2a level (cp_a2a_size = 2^floor(log2(domain / tp)), search.variants.in_domain_shares), so that the
+    a2a level fills one NVLink domain beside its TP ranks and each share's search enumerates its own TP degrees
+    (where none is, every one); every one under the other comm types. A pinned --tp overrides it."""
+    k, domain = w.cp_a2a_size, min(cluster.system.domain_gpus, cluster.num_gpus)
+    if w.cp_impl != "te" or w.cp_comm_type != "a2a+p2p" or k < 2:
+        return tps
+    own = tuple(t for t in tps if domain // t >= 2 and 1 << int(math.log2(domain // t)) == k)
+    return own or tps
+
+
 def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[str, Any] | None = None,
                   max_tp: int | None = None, max_pp: int | None = None, max_cp: int | None = None) -> Space:
     """Every value worth trying; rules prune the invalid combinations (and are counted)."""
@@ -120,9 +142,9 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     max_tp = max_tp or cluster.system.domain_gpus
     max_cp = max_cp or 32
     values: dict[str, tuple[Any, ...]] = {
-        "tp": tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n)),
+        "tp": _a2a_level_in_domain(w, cluster, tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n))),
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
-        "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n)),
+        "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n) and _two_levels(w, c)),
         "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),
         "etp": (1, ETP_SAME_AS_TP) if m.is_moe else (ETP_SAME_AS_TP,),
         "sp": (False, True),

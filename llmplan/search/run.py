@@ -152,14 +152,15 @@ def cp_comm_variants(m: ModelSpec, w: Workload, pinned: bool, cp_free: bool) -> 
 
 
 def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
-                    try_scalings: bool = False, cp_comm_types: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                    try_scalings: bool = False, cp_comm_types: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
     primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties). With
     `try_scalings` (a launcher target named, --fp8-scaling not given) an fp8 tensorwise workload also tries
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
     plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
-    `cp_comm_types` (cp_comm_variants) each setting is tried under each."""
+    `cp_comm_types` (variants.cp_comm_settings: cp_comm_type, and cp_a2a_size under a2a+p2p) each setting is
+    tried under each."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
     allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES and not w.param_remainders
@@ -169,7 +170,7 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
         base = [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
     if len(cp_comm_types) < 2:  # the workload's own, or the one comm type that runs the model (cli.search)
         return base
-    return [{**v, "cp_comm_type": ct} for ct in cp_comm_types for v in base]
+    return [{**v, **ct} for ct in cp_comm_types for v in base]
 
 
 DISPATCH_RDMA_FABRICS = ("infiniband", "roce")

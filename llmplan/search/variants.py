@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.specs.check import divisors, te_comm_types
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.options import SwitchOptions
+from llmplan.specs.plan import ClusterSpec
 from llmplan.units import GIB
 
 LAYOUT_KEY = ("tp", "pp", "dp", "cp", "ep", "etp_resolved")
@@ -215,3 +219,63 @@ def replaced(old: Variants, was: Any, new: Any, gap: float, resolution: float | 
         return Variants(old.count + 1, 1, tuple(sorted({was.plan.vpp, new.plan.vpp})),
                         tuple(sorted({was.plan.micro_batch, new.plan.micro_batch})), gap, best)
     return Variants(old.count + 1, 0, (new.plan.vpp,), (new.plan.micro_batch,), 0.0, best)
+
+
+def in_domain_shares(m: ModelSpec, cluster: ClusterSpec, tp: int | None, max_tp: int | None,
+                     max_cp: int | None) -> list[int]:
+    """The a2a level sizes of cp_comm_type a2a+p2p a search tries: for each TP degree it may enumerate (the pin,
+    or default_space's: the head counts' divisors up to --max-tp or the NVLink domain), the CP ranks beside it
+    in one NVLink domain (domain_gpus / tp, the largest power of two, the search's cp degrees being powers of
+    two), where that leaves a ring of 2 or more at the search's largest cp; none on a cluster of one domain,
+    where no CP group crosses the network (Megatron-LM@d98e8a6 transformer_config.py cp_comm_type "a2a+p2p":
+    "A2A communications in low-level CP groups (e.g., via NVLink), and P2P communications in high-level CP
+    groups (e.g., via IBLink)"). Largest first. Derived: docs/formulas.md#comm.cp_hierarchical"""
+    n, domain = cluster.num_gpus, min(cluster.system.domain_gpus, cluster.num_gpus)
+    if n <= domain:
+        return []
+    tps = [tp] if tp else [t for t in divisors(m.num_attention_heads) if t <= min(max_tp or domain, n)]
+    top = min(max_cp or 32, n)
+    shares = {1 << int(math.log2(domain // t)) for t in tps if domain // t >= 2}
+    return sorted((k for k in shares if 2 * k <= top), reverse=True)
+
+
+def cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSpec, s: SwitchOptions,
+                     pinned: dict[str, Any], max_tp: int | None, max_cp: int | None,
+                     cp_free: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The workload settings of Transformer Engine's context parallelism a search tries, one search each, as
+    (tried under every memory setting, tried after them at the one that won, as the MoE dispatchers are: their
+    searches stop early where no plan beats the best so far): first the comm types of search.run.
+    cp_comm_variants (`plain`), then a2a+p2p at each in-domain share (in_domain_shares) where its masks run the
+    model (check.te_comm_types: as p2p's) and --cp-comm-type pins no other type. A pinned --cp-a2a-size
+    (meaningful only under a2a+p2p) or --cp-comm-type a2a+p2p tries a2a+p2p only, in the first list: at the
+    pinned size, else at each share (each power of two up to half the largest cp where the cluster is one
+    domain)."""
+    out = _cp_comm_settings(plain, m, w, cluster, s, pinned, max_tp, max_cp, cp_free)
+    later = [x for x in out if x["cp_comm_type"] == "a2a+p2p"] \
+        if any(x["cp_comm_type"] != "a2a+p2p" for x in out) else []
+    return [x for x in out if x not in later], later
+
+
+def _cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSpec, s: SwitchOptions,
+                      pinned: dict[str, Any], max_tp: int | None, max_cp: int | None,
+                      cp_free: bool) -> list[dict[str, Any]]:
+    """cp_comm_settings' settings in one list."""
+    hier = s.cp_comm_type == "a2a+p2p" or (s.cp_comm_type is None and s.cp_a2a_size is not None)
+    out = [] if hier else [{"cp_comm_type": t} for t in plain]
+    if w.cp_impl != "te" or not cp_free or (s.cp_comm_type is not None and not hier) \
+            or "a2a+p2p" not in te_comm_types(m):
+        return out or [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": s.cp_a2a_size or w.cp_a2a_size}]
+    if s.cp_a2a_size is not None:
+        return [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": s.cp_a2a_size}]
+    sizes = in_domain_shares(m, cluster, pinned.get("tp"), max_tp, max_cp)
+    if hier and not sizes:  # pinned a2a+p2p on one domain: every split of the search's cp degrees
+        sizes = [k for k in (2, 4, 8, 16) if 2 * k <= min(max_cp or 32, cluster.num_gpus)] or [2]
+    return out + [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": k} for k in sizes]
+
+
+def cp_later_worth(later: list[dict[str, Any]], best: Any) -> list[dict[str, Any]]:
+    """The a2a+p2p settings (cp_comm_settings' second list) still worth a search once the memory settings are
+    searched: all where the best plan so far (`best`, a TrainingEstimate; None: none fits) runs context
+    parallelism, none where it runs cp 1 (the search then found the sequence split no gain even with the plain
+    ring, and each share's search would cost as much as one over the whole space: benchmarks/search_speed.py)."""
+    return later if best is not None and best.plan.cp > 1 else []

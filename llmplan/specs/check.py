@@ -25,7 +25,7 @@ from llmplan.specs.check_heads import HEAD_RULES, valid_tp
 from llmplan.specs.check_pipeline import PIPELINE_RULES
 from llmplan.specs.check_switches import SWITCH_RULES
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import CP_COMM_TYPES, ClusterSpec, ParallelPlan, trained_model
+from llmplan.specs.plan import CP_COMM_TYPES, ClusterSpec, ParallelPlan, cp_a2a_group, trained_model
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.specs.serve import ACCEPTANCE, ServeJob, ServePlan
@@ -84,7 +84,7 @@ def cp_masks_ok(m: ModelSpec, p: ParallelPlan) -> bool:
 def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
     te = p.cp_impl == "te"
     sinks = m.attention_sinks and te and p.cp_comm_type != "a2a"
-    windows = _masked_layers(m, chunks=False) if te and p.cp_comm_type == "p2p" else ""
+    windows = _masked_layers(m, chunks=False) if te and p.cp_comm_type in ("p2p", "a2a+p2p") else ""
     chunks = _masked_layers(m) if not te or m.count_layers("chunked_attention") else ""
     what = " and ".join(x for x in (chunks or windows, "attention sinks" * sinks) if x)
     ok = te_comm_types(m)
@@ -94,7 +94,7 @@ def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
         ring = "Transformer Engine and Megatron-Core have no chunked attention mask under any cp_comm_type"
     else:
         ring = (f"Transformer Engine's {p.cp_comm_type} context parallelism runs only "
-                + ("causal or full masks with the plain softmax" if p.cp_comm_type == "p2p" else
+                + ("causal or full masks with the plain softmax" if p.cp_comm_type in ("p2p", "a2a+p2p") else
                    "the plain softmax (a learnable softmax offset only with a2a)"))
     fix = f"--cp-comm-type {' or '.join(ok)} (with --cp-impl te), " if te and ok else ""
     return (f"cp_impl {p.cp_impl}{f' cp_comm_type {p.cp_comm_type}' * te} with cp {p.cp} cannot run {m.name}'s "
@@ -121,27 +121,59 @@ def _cp_sparse_ok(m: ModelSpec, p: ParallelPlan) -> bool:
 def _a2a_heads_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
     """Transformer Engine's a2a context parallelism (cp_impl te, cp_comm_type a2a) scatters each TP rank's query
     and KV heads over the cp ranks, so cp divides both (where tp splits them; tp_heads / tp_kv_heads say so
-    otherwise). Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/
-    dot_product_attention/context_parallel.py, AttnFuncWithCPAndQKVOA2A.forward ("cp_comm_type='a2a' requires
-    num_heads % cp_size == 0 for Q, K, V")."""
-    if p.cp_impl != "te" or p.cp_comm_type != "a2a":  # workload switches: one value for all plans of a search
+    otherwise); a2a+p2p scatters them over its a2a level, so cp_a2a_size divides both. Source:
+    NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py, AttnFuncWithCPAndQKVOA2A.forward ("cp_comm_type='a2a' requires num_heads % cp_size == 0
+    for Q, K, V"); AttnFuncWithCPAndKVP2P.forward (flash_attn_a2a_communicate over cp_group_a2a)."""
+    if p.cp_impl != "te" or p.cp_comm_type not in ("a2a", "a2a+p2p"):  # workload switches: one value for all
         return True
     H, K, t = m.num_attention_heads, m.kv_heads, p.tp
     split = as_bool((H % t == 0) & (K % t == 0))
-    return ~as_bool(p.cp > 1) | ~split | (((H // t) % p.cp == 0) & ((K // t) % p.cp == 0))
+    d = p.cp if p.cp_comm_type == "a2a" else cp_a2a_group(p)
+    levels = as_bool(p.cp_comm_type == "a2a" or _hierarchical_ok(m, p))  # else cp_hierarchical_sizes says
+    return ~as_bool(p.cp > 1) | ~split | ~levels | (((H // t) % d == 0) & ((K // t) % d == 0))
 
 
 def _a2a_heads_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
     H, K, t = m.num_attention_heads, m.kv_heads, p.tp
     ok = [x for x in divisors(math.gcd(H // t, K // t)) if x > 1]
+    heads = f"query heads ({H}/{t} = {H // t}) and KV heads ({K}/{t} = {K // t}) of {m.name}"
+    if p.cp_comm_type == "a2a+p2p":
+        sizes = [x for x in ok if x < p.cp and p.cp % x == 0]
+        fixes = ([f"--cp-a2a-size {bounded_list(sizes)}"] if sizes else []) + ["--cp-comm-type p2p"]
+        return (f"cp_comm_type a2a+p2p with cp_a2a_size {p.cp_a2a_size} and tp {t} needs cp_a2a_size to divide each "
+                f"TP rank's {heads}: Transformer Engine's a2a level scatters the heads over its ranks; use "
+                f"{', or '.join(fixes)}")
     tps = [x for x in valid_tp(m) if (H // x) % p.cp == 0 and (K // x) % p.cp == 0]
-    other = [x for x in te_comm_types(m) if x != "a2a"]
+    other = [x for x in te_comm_types(m) if x not in ("a2a", "a2a+p2p")]
     fixes = ([f"cp {bounded_list(ok)} at tp {t}"] if ok else []) + ([f"tp {bounded_list(tps)} at cp {p.cp}"]
                                                                       if tps else []) + \
         [f"--cp-comm-type {x}" for x in other] + ["--cp 1"]
-    return (f"cp_comm_type a2a with cp {p.cp} and tp {t} needs cp to divide each TP rank's query heads ({H}/{t} = "
-            f"{H // t}) and KV heads ({K}/{t} = {K // t}) of {m.name}: Transformer Engine's a2a context parallelism "
-            f"scatters the heads over the CP ranks; use {', or '.join(fixes)}")
+    return (f"cp_comm_type a2a with cp {p.cp} and tp {t} needs cp to divide each TP rank's {heads}: Transformer "
+            f"Engine's a2a context parallelism scatters the heads over the CP ranks; use {', or '.join(fixes)}")
+
+
+def _hierarchical_ok(m: ModelSpec, p: ParallelPlan, c: object = None) -> Any:
+    """Transformer Engine's a2a+p2p needs two levels: cp_a2a_size ranks of 2 or more that divide cp, and a ring of
+    cp / cp_a2a_size of 2 or more (a level of one runs as plain p2p or a2a: attn_forward_func_with_cp).
+    Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py (context_parallel_size ==
+    prod(hierarchical_context_parallel_sizes)); NVIDIA/TransformerEngine@d0067d0 context_parallel.py
+    (attn_forward_func_with_cp: cp_group = [a2a_cp_group, p2p_cp_group], a group of size 1 falls back)."""
+    if p.cp_impl != "te" or p.cp_comm_type != "a2a+p2p":  # workload switches: one value for all plans
+        return True
+    k = p.cp_a2a_size
+    return ~as_bool(p.cp > 1) | ((k > 1) & (k < p.cp) & (p.cp % k == 0))
+
+
+def _hierarchical_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
+    H, K, t = m.num_attention_heads, m.kv_heads, p.tp
+    split = H % t == 0 and K % t == 0  # the sizes that also scatter the TP rank's heads (cp_a2a_heads)
+    sizes = [x for x in divisors(p.cp) if 1 < x < p.cp and (not split or ((H // t) % x == 0 and (K // t) % x == 0))]
+    fix = f"--cp-a2a-size {bounded_list(sizes)}, or " if sizes else ""
+    return (f"cp_comm_type a2a+p2p with cp {p.cp} and cp_a2a_size {p.cp_a2a_size} needs 1 < cp_a2a_size < cp, "
+            "dividing cp: Megatron-Core splits each CP group into an a2a level of cp_a2a_size ranks and a p2p ring "
+            "of cp / cp_a2a_size, and Transformer Engine runs a level of one as plain p2p or a2a; use "
+            f"{fix}--cp-comm-type p2p or a2a")
 
 
 RULES: tuple[Rule, ...] = (
@@ -155,6 +187,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
     Rule("cp_attention_mask", lambda m, p, c: (p.cp == 1) | cp_masks_ok(m, p), _cp_mask_message),
+    Rule("cp_hierarchical_sizes", _hierarchical_ok, _hierarchical_message),
     Rule("cp_a2a_heads", _a2a_heads_ok, _a2a_heads_message),
     # NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/transformer_config.py: "DSAttention context parallelism
     # currently supports cp_comm_type=allgather only"

@@ -281,6 +281,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"cp_comm_type {p.cp_comm_type} with cp {p.cp} and cp_impl {p.cp_impl}: it picks which of "
                         "Transformer Engine's context-parallel attentions runs, so it acts only with cp > 1 and "
                         "cp_impl te; use --cp 2 or more with --cp-impl te, or drop --cp-comm-type"),
+    SwitchUse("cp_a2a_size_hierarchical", ("cp_a2a_size",),
+              lambda p: (p.cp > 1) & (p.cp_impl == "te") & (p.cp_comm_type == "a2a+p2p"),
+              lambda p: f"cp_a2a_size {p.cp_a2a_size} with cp {p.cp}, cp_impl {p.cp_impl} and cp_comm_type "
+                        f"{p.cp_comm_type}: it sizes the a2a level of Transformer Engine's hierarchical a2a+p2p, so it "
+                        "acts only with cp > 1, cp_impl te and cp_comm_type a2a+p2p; set those (--cp-comm-type "
+                        "a2a+p2p) or drop --cp-a2a-size"),
     SwitchUse("cp_kv_repeated_ring", ("cp_kv_repeated",), lambda p: (p.cp > 1) & (p.cp_impl != "te"),
               lambda p: f"cp_kv_repeated with cp {p.cp} and cp_impl {p.cp_impl}: it sets how many heads PyTorch's "
                         "context-parallel ring passes, so it acts only with cp > 1 and cp_impl torch-allgather or "

@@ -98,6 +98,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cp_kv_repeated."""
     cp_comm_type: str | None
     """ParallelPlan.cp_comm_type; None (search only): p2p, and where the model needs them the others tried."""
+    cp_a2a_size: int | None = None
+    """ParallelPlan.cp_a2a_size; None (search only): each in-domain share tried under a2a+p2p (search.variants)."""
     cp_comm_overlap: bool
     """ParallelPlan.cp_comm_overlap."""
     rope_complex: bool

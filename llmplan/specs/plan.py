@@ -22,7 +22,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
-    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, PlanLike, PlanQuantities, bf16_layer_counts,
+    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, cp_a2a_group, cp_ring_size, PlanLike, PlanQuantities, bf16_layer_counts,
     has_layout, resolve_etp,
 )
 from llmplan.specs.schedule import ScheduleName
@@ -432,6 +432,13 @@ class ParallelPlan(PlanQuantities, Spec):
     every rank gathers the whole K/V, and reduce-scatters their gradients). a2a and all_gather run sliding
     windows, p2p does not; neither overlaps its collectives with the attention (docs/formulas.md#comm.cp_a2a,
     #comm.cp_allgather, #step.cp)."""
+    cp_a2a_size: int = Field(default=1, ge=1, le=65_536)
+    """The inner (a2a) level of cp_comm_type a2a+p2p: Q, K, V and the output are all-to-all'ed inside groups of
+    this many consecutive CP ranks (heads scattered, sequence gathered), and the p2p K/V ring runs across the
+    cp / cp_a2a_size groups, one ring per inner rank (Megatron-LM --hierarchical-context-parallel-sizes
+    cp_a2a_size cp/cp_a2a_size; Megatron-Bridge model.hierarchical_context_parallel_sizes). 1: no inner level
+    (every other cp_comm_type). check_plan needs 1 < cp_a2a_size < cp dividing cp and the TP rank's heads
+    (docs/formulas.md#comm.cp_hierarchical)."""
     cp_kv_repeated: bool = False
     """PyTorch's ring (cp_impl torch-*) passes K/V already repeated to the query heads: the model expands the KV
     heads before its SDPA call (torchtitan's Llama at 9dec370, repeat_kv; its v0.2.2 passes enable_gqa instead,
@@ -646,7 +653,8 @@ class ParallelPlan(PlanQuantities, Spec):
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved, self.dp_replicate)
+        return Degrees(self.tp, self.pp, self.dp, self.cp, self.ep, self.etp_resolved, self.dp_replicate,
+                       cp_a2a_group(self))
 
     def describe(self, batch: bool = False) -> str:
         """The plan in one line, every degree and switch named (search's pruning notes, the estimate view,

@@ -52,12 +52,13 @@ CpImpl = Literal["te", "torch-allgather", "torch-alltoall"]
 CP_IMPLS: tuple[str, ...] = get_args(CpImpl)
 """--cp-impl values: Transformer Engine's ring (Megatron, NeMo), or PyTorch's experimental context_parallel with
 its all-gather or all-to-all K/V rotation (torchtitan, NeMo AutoModel; docs/formulas.md#comm.cp)."""
-CpCommType = Literal["p2p", "a2a", "all_gather"]
+CpCommType = Literal["p2p", "a2a", "all_gather", "a2a+p2p"]
 CP_COMM_TYPES: tuple[str, ...] = get_args(CpCommType)
 """--cp-comm-type values: which of Transformer Engine's context-parallel attentions runs under cp_impl te
 (attn_forward_func_with_cp's cp_comm_type, spelled as TE spells it): the p2p K/V ring, a2a (Ulysses: heads
-scattered by all-to-alls of Q, K, V and the output) or all_gather (every rank gathers the whole K/V); TE's
-hierarchical a2a+p2p is not priced (docs/formulas.md#comm.cp_a2a, #comm.cp_allgather)."""
+scattered by all-to-alls of Q, K, V and the output), all_gather (every rank gathers the whole K/V) or the
+hierarchical a2a+p2p (a2a inside groups of cp_a2a_size ranks, the p2p ring across them; docs/formulas.md#comm.cp_a2a,
+#comm.cp_allgather, #comm.cp_hierarchical)."""
 NormKernel = Literal["fused-one-pass", "two-pass"]
 NORM_KERNELS: tuple[str, ...] = get_args(NormKernel)
 """--norm-kernel values: the fused norm's backward in one pass (Transformer Engine, Apex's persistent

@@ -63,10 +63,31 @@ class Degrees:
     """Expert tensor-parallel degree (resolved: never 'same as tp')."""
     replicate: int = 1
     """Hybrid-sharding replicas (ParallelPlan.dp_replicate): dp splits into this many contiguous shard groups."""
+    cp_a2a: int = 1
+    """Ranks of the inner (a2a) level of hierarchical context parallelism (cp_a2a_group): each cp group splits
+    into groups of this many consecutive ranks, the ring running across them (1: one level)."""
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
+
+
+def cp_a2a_group(p: Any) -> Any:
+    """Ranks of the a2a level of a plan's context parallelism: cp_a2a_size under cp_comm_type a2a+p2p with
+    Transformer Engine (cp_impl te) where it divides cp, else 1 (check_plan's cp_hierarchical_sizes refuses the
+    rest). Elementwise over plan arrays (cp an array, the switches one value for all plans). Source:
+    NVIDIA/Megatron-LM@d98e8a6 megatron/core/parallel_state.py (create_hierarchical_groups: level 0 is
+    consecutive ranks of the cp group). Derived: docs/formulas.md#comm.cp_hierarchical"""
+    if p.cp_impl != "te" or p.cp_comm_type != "a2a+p2p":  # workload switches: one value for all plans
+        return 1
+    k = p.cp_a2a_size
+    return where(p.cp % k == 0, k, 1)
+
+
+def cp_ring_size(p: Any) -> Any:
+    """Ranks of the p2p K/V ring of a plan's context parallelism: cp / cp_a2a_group (cp but under a2a+p2p).
+    Derived: docs/formulas.md#comm.cp_hierarchical"""
+    return p.cp // cp_a2a_group(p)
 
 
 class PlanLike(Protocol):

@@ -88,6 +88,11 @@ def axis_dims(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str
     dims["dpcp_out"] = ((r, strides["dp"] * (plan.dp // r)),)
     dims["edp_in"] = ((max(1, edp // r), etp * ep),)
     dims["edp_out"] = ((r, etp * ep * max(1, edp // r)),)
+    # hierarchical context parallelism (a2a+p2p): the a2a level is consecutive ranks of each cp group, the ring
+    # across them (Megatron-LM@d98e8a6 parallel_state.py create_hierarchical_groups; docs/formulas.md#comm.cp_hierarchical)
+    k = plan.cp_a2a if plan.cp % plan.cp_a2a == 0 else 1
+    dims["cp_a2a"] = ((k, strides["cp"]),)
+    dims["cp_ring"] = ((plan.cp // k, strides["cp"] * k),)
     return dims
 
 
