@@ -28,6 +28,10 @@ def test_the_overlap_is_tried_where_no_rule_refuses_it_whatever_the_axes():
     assert ep_overlap_variants(moe, Workload(recompute_modules=("moe",)), False, True) == []
     two_mtp = moe.model_copy(update={"num_nextn_predict_layers": 2})
     assert ep_overlap_variants(two_mtp, w, False, True) == []
+    # pinned axes the overlap cannot run with (Megatron-Core's asserts: no full recompute; virtual stages with pp > 1)
+    assert ep_overlap_variants(moe, w, False, True, {"recompute": "full"}) == []
+    assert ep_overlap_variants(moe, w, False, True, {"pp": 4, "vpp": 1}) == []
+    assert ep_overlap_variants(moe, w, False, True, {"pp": 4, "vpp": None, "recompute": "selective"}) == ON
     # DualPipe hides the all-to-alls already (cost.moe.ep_exposed): nothing left for the overlap to hide
     assert ep_overlap_variants(moe, Workload(pp_schedule="dualpipe"), False, True) == []
 

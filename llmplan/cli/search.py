@@ -313,7 +313,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # the EP all-to-all overlap under each of those dispatchers (its gain depends on the dispatcher's
         # all-to-all time: search.run.ep_overlap_variants), the most promising first; the same pruning: one
         # cannot win unless one of its plans beats the #1 so far. Their plans are alike: one memory screen
-        overlaps = ep_overlap_variants(m, w, "ep_comm_overlap" in named, pinned.get("ep") != 1) \
+        overlaps = ep_overlap_variants(m, w, "ep_comm_overlap" in named, pinned.get("ep") != 1, pinned) \
             if target in (None, *FLEX_DISPATCH_TARGETS) else []
         if overlaps:
             tried = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in tried]

@@ -214,7 +214,8 @@ def dispatch_runs(cluster: ClusterSpec) -> bool:
     return one_domain or s.scaleout_fabric in DISPATCH_RDMA_FABRICS
 
 
-def ep_overlap_variants(m: ModelSpec, w: Workload, pinned: bool, ep_free: bool) -> list[dict[str, Any]]:
+def ep_overlap_variants(m: ModelSpec, w: Workload, pinned: bool, ep_free: bool,
+                        axes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The EP all-to-all overlap a search tries beside the workload's (off by default): Megatron-Core's
     combined-1F1B schedule (--overlap-moe-expert-parallel-comm, ParallelPlan.ep_comm_overlap, priced by
     cost.moe.ep_exposed) on an MoE model whose plans can run ep > 1, where the user named neither
@@ -222,13 +223,18 @@ def ep_overlap_variants(m: ModelSpec, w: Workload, pinned: bool, ep_free: bool) 
     setting that won (cli.search.train_search), its own search: the rules that depend on the axes (virtual
     stages with pp > 1, no full recompute) prune its plans there; where a rule refuses it whatever the axes (an
     fp32 model, more than one MTP module, moe in the recompute modules) or the pipeline schedule already hides
-    the all-to-alls (DualPipe), nothing is tried. Megatron-Bridge's DeepSeek-V3 and Qwen3 MoE presets set it
-    (moe_a2a_overlap; docs/validation.md#search-ep-overlap)."""
+    the all-to-alls (DualPipe), nothing is tried; likewise where the pinned `axes` (pp, vpp, recompute: the
+    search's pins, None where free) leave no plan it runs on. Megatron-Bridge's DeepSeek-V3 and Qwen3 MoE
+    presets set it (moe_a2a_overlap; docs/validation.md#search-ep-overlap)."""
     if pinned or not ep_free or not m.is_moe or w.ep_comm_overlap or schedule_of(w.base).hides_ep:
         return []
     e = next((d for d in range(2, m.num_experts + 1) if m.num_experts % d == 0), 0)
-    try:  # a plan every axis-bound rule allows (ep > 1, pp 1, no recompute): what the overlap alone breaks
-        off = w.plan(ep=e, dp=e, pp=1, vpp=1, recompute="none")
+    pin = {k: v for k, v in (axes or {}).items() if k in ("pp", "vpp", "recompute") and v is not None}
+    pp = pin.get("pp", 1)
+    try:  # a plan the axis-bound rules allow (ep > 1, pp 1 or virtual stages, no recompute) unless pinned otherwise:
+        # what the overlap alone breaks there
+        off = w.plan(ep=e, dp=e, pp=pp, vpp=pin.get("vpp", 1 if pp == 1 else 2),
+                     recompute=pin.get("recompute", "none"))
         on = off.model_copy(update={"ep_comm_overlap": True})
     except ValueError:  # no such plan to read the rules on: the plans' own checks decide
         return [{"ep_comm_overlap": True}]
