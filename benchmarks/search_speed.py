@@ -101,7 +101,8 @@ def run_case(model: str, system: str, nodes: int, gbs: int, seq: int, precision:
     p = res.ranked[0].plan if res.ranked else None
     tried = [t for t, _ in res.switches.tried] if res.switches else [{}]
     dispatched = sum(1 for t in tried if t.get("moe_dispatcher", w.moe_dispatcher) != tried[0].get(
-        "moe_dispatcher", w.moe_dispatcher))  # the dispatchers tried after the memory settings, on one share
+        "moe_dispatcher", w.moe_dispatcher) or t.get("ep_comm_overlap"))  # the dispatchers and the EP overlap
+    # tried after the memory settings, on one share
     searches = (len(tried) - dispatched) * (1 if res.domain is None else 2) + dispatched
     dispatch = "" if p is None or p.ep == 1 else f" {p.moe_dispatcher}" + (
         f"/{p.moe_flex_backend}" if p.moe_dispatcher == "deepep" else "")
@@ -148,7 +149,10 @@ def main() -> None:
     ap.add_argument("--targeted-only", action="store_true", help="time the targeted search alone")
     ap.add_argument("--pin-dispatcher", action="store_true",
                     help="as `llmplan search --moe-dispatcher alltoall`: the MoE dispatcher not searched")
+    ap.add_argument("--only", default=None, metavar="MODEL",
+                    help="time only the cases of this model (e.g. deepseek-v3: the MoE rows)")
     args = ap.parse_args()
+    cases = [c for c in CASES if args.only is None or c[0] == args.only]
     console = Console()
     if args.targeted_only:
         console.print(targeted_line(args.repeat))
@@ -164,8 +168,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("case", "best plan") else "right")
     spawn = multiprocessing.get_context("spawn")
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("searching", total=len(CASES))
-        for model, system, nodes, gbs, seq, *rest in CASES:
+        task = bar.add_task("searching", total=len(cases))
+        for model, system, nodes, gbs, seq, *rest in cases:
             precision = rest[0] if rest else "bf16"
             with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
                 r = pool.submit(run_case, model, system, nodes, gbs, seq, precision, args.repeat,

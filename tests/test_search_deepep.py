@@ -57,7 +57,8 @@ def test_the_dispatcher_leaves_every_plans_memory_alike():
 
 @pytest.fixture(scope="module")
 def dsv3_h100(tmp_path_factory):
-    """`llmplan search` of DeepSeek-V3 on 64 DGX H100 (512 GPUs), batch 1,024 x 4,096, saved and in JSON."""
+    """`llmplan search` of DeepSeek-V3 on 64 DGX H100 (512 GPUs), batch 1,024 x 4,096, ZeRO 1, saved and in
+    JSON."""
     from llmplan.cli import main
 
     path = tmp_path_factory.mktemp("deepep") / "plan.yaml"
@@ -67,7 +68,9 @@ def dsv3_h100(tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as done:
-        main(["search", *DSV3_H100, "--json", "--save", str(path)])
+        # ZeRO 1 (Megatron's distributed optimizer): the saved #1 exports to megatron whatever else wins (with
+        # the EP overlap tried, a ZeRO-2 layout can, which megatron refuses)
+        main(["search", *DSV3_H100, "--zero", "1", "--json", "--save", str(path)])
     assert done.value.code in (0, None)
     return json.loads(buf.getvalue()), path
 
@@ -95,7 +98,7 @@ def test_the_text_output_names_the_dispatcher(cli):
     assert r.code == 0, r.err
     text = " ".join(r.out.split())
     assert "MoE dispatcher flex/deepep (--moe-dispatcher deepep --moe-flex-backend deepep)" in text
-    assert "--moe-dispatcher / --moe-flex-backend pin them" in text
+    assert "--moe-dispatcher / --moe-flex-backend" in text and "pin them" in text
 
 
 def test_a_pinned_dispatcher_is_not_searched(cli):

@@ -28,7 +28,7 @@ from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
                                 power_of_two_domain, straddling_space, switch_variants,
-                                cp_comm_variants, dispatcher_variants)
+                                cp_comm_variants, dispatcher_variants, ep_overlap_variants)
 from llmplan.search.filtered import Walk
 from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
@@ -283,25 +283,46 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         base_dispatch = {"moe_dispatcher": w.moe_dispatcher, "moe_flex_backend": w.moe_flex_backend}
         if dispatchers:  # tried at the memory setting and NVLink-domain share that won (search.run.dispatcher_variants)
             tried = [({**t[0], **base_dispatch}, *t[1:]) for t in tried]
+            v = {**v, **base_dispatch}
         # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
         # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
         beat = best_score(res)[0] if goal.objective == "throughput" else None
-        for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
+
+        def one_more(d: dict, v: dict, w: Workload, res: SearchResult, cluster: ClusterSpec, chosen: ClusterOptions,
+                     beat: float | None) -> float | None:
+            """Search setting `d` on top of the winning setting (v, w, its cluster and share): appended to `tried`
+            unless a rule refuses it whatever the axes; returns the score a later setting must beat."""
             wd = Workload(**{**w.fields(), **d})
             try:
                 rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
                          beat=beat)
-            except LlmplanError:  # a rule the dispatcher breaks whatever the axes: not a setting to try
-                continue
-            if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same dispatcher
+            except LlmplanError:  # a rule the setting breaks whatever the axes: not a setting to try
+                return beat
+            if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same setting
                 rd, dcluster, dchosen = other_share(rd, cluster, full_cluster, res.domain.used, c,
                                                     lambda cc, wd=wd: run(cc, say, wd, full=full_cluster.system.domain_gpus
                                                                           if cc is not full_cluster else None))
                 tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
-                beat = None if beat is None else max(beat, best_score(rd)[0])
             elif rd is not None:
                 tried.append(({**v, **d}, rd, cluster, wd, chosen))
-                beat = None if beat is None else max(beat, best_score(rd)[0])
+            return beat if beat is None or rd is None else max(beat, best_score(rd)[0])
+
+        at_winner = [(v, res, cluster, w, chosen)]  # the memory setting that won, under each dispatcher
+        for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
+            n = len(tried)
+            beat = one_more(d, v, w, res, cluster, chosen, beat)
+            at_winner += tried[n:]
+        # the EP all-to-all overlap under each of those dispatchers (its gain depends on the dispatcher's
+        # all-to-all time: search.run.ep_overlap_variants), the most promising first; the same pruning: one
+        # cannot win unless one of its plans beats the #1 so far. Their plans are alike: one memory screen
+        overlaps = ep_overlap_variants(m, w, "ep_comm_overlap" in named, pinned.get("ep") != 1, pinned) \
+            if target in (None, *FLEX_DISPATCH_TARGETS) else []
+        if overlaps:
+            tried = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in tried]
+            at_winner = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in at_winner]
+        for d in overlaps:
+            for t in sorted(at_winner, key=lambda t: -(t[1].top_score if t[1].outrun else best_score(t[1])[0])):
+                beat = one_more(d, t[0], t[3], res, t[2], t[4], beat)  # beat: the best of every setting tried
         # step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
         # the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)
         v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))

@@ -128,7 +128,8 @@ def refuse_unexportable(target: str, why: dict[str, int] | Counter) -> None:
 SWITCH_FLAGS: dict[str, Callable[[Any], str]] = {
     "grad_dtype": lambda v: f"--grad-dtype {v}", "fp8_params": lambda v: "--fp8-params" if v else "--no-fp8-params",
     "fp8_scaling": lambda v: f"--fp8-scaling {v}", "moe_dispatcher": lambda v: f"--moe-dispatcher {v}",
-    "moe_flex_backend": lambda v: f"--moe-flex-backend {v}"}
+    "moe_flex_backend": lambda v: f"--moe-flex-backend {v}",
+    "ep_comm_overlap": lambda v: "--ep-comm-overlap" if v else "--no-ep-comm-overlap"}
 """The flag that pins each switch a training search tries more than one setting of (search.run.switch_variants)."""
 
 

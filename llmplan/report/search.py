@@ -487,6 +487,9 @@ def switches_line(s: SwitchChoice) -> str:
     if "moe_dispatcher" in s.chosen:  # tried on MoE plans with ep > 1 (search.run.dispatcher_variants)
         on.append(f"MoE dispatcher {dispatcher_text(s.chosen)}")
         flags += ["--moe-dispatcher", "--moe-flex-backend"]
+    if "ep_comm_overlap" in s.chosen:  # tried on MoE plans with ep > 1 (search.run.ep_overlap_variants)
+        on.append(f"EP comm overlap {'on' if s.chosen['ep_comm_overlap'] else 'off'}")
+        flags.append("--ep-comm-overlap")
     if "tp_comm_overlap" in s.chosen:  # tried where the overlap prices slower (cli.search, step.ub_loses)
         on.append(f"TP comm overlap {'on' if s.chosen['tp_comm_overlap'] else 'off'}")
         flags.append("--tp-comm-overlap")

@@ -20,12 +20,13 @@ from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
-from llmplan.specs.check import MTP_RULE, RULES, te_comm_types
+from llmplan.specs.check import MTP_RULE, RULES, check_plan, te_comm_types
 from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
+from llmplan.specs.schedule import schedule_of
 from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
 
@@ -212,6 +213,36 @@ def dispatch_runs(cluster: ClusterSpec) -> bool:
         return False
     one_domain = cluster.num_gpus <= s.domain_gpus
     return one_domain or s.scaleout_fabric in DISPATCH_RDMA_FABRICS
+
+
+def ep_overlap_variants(m: ModelSpec, w: Workload, pinned: bool, ep_free: bool,
+                        axes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The EP all-to-all overlap a search tries beside the workload's (off by default): Megatron-Core's
+    combined-1F1B schedule (--overlap-moe-expert-parallel-comm, ParallelPlan.ep_comm_overlap, priced by
+    cost.moe.ep_exposed) on an MoE model whose plans can run ep > 1, where the user named neither
+    --ep-comm-overlap nor --no-ep-comm-overlap. Tried after the memory switches and the dispatchers, at the
+    setting that won (cli.search.train_search), its own search: the rules that depend on the axes (virtual
+    stages with pp > 1, no full recompute) prune its plans there; where a rule refuses it whatever the axes (an
+    fp32 model, more than one MTP module, moe in the recompute modules) or the pipeline schedule already hides
+    the all-to-alls (DualPipe), nothing is tried; likewise where the pinned `axes` (pp, vpp, recompute: the
+    search's pins, None where free) leave no plan it runs on. Megatron-Bridge's DeepSeek-V3 and Qwen3 MoE
+    presets set it (moe_a2a_overlap; docs/validation.md#search-ep-overlap)."""
+    if pinned or not ep_free or not m.is_moe or w.ep_comm_overlap or schedule_of(w.base).hides_ep:
+        return []
+    e = next((d for d in range(2, m.num_experts + 1) if m.num_experts % d == 0), 0)
+    pin = {k: v for k, v in (axes or {}).items() if k in ("pp", "vpp", "recompute") and v is not None}
+    pp = pin.get("pp", 1)
+    try:  # a plan the axis-bound rules allow (ep > 1, pp 1 or virtual stages, no recompute) unless pinned otherwise:
+        # what the overlap alone breaks there
+        off = w.plan(ep=e, dp=e, pp=pp, vpp=pin.get("vpp", 1 if pp == 1 else 2),
+                     recompute=pin.get("recompute", "none"))
+        on = off.model_copy(update={"ep_comm_overlap": True})
+    except ValueError:  # no such plan to read the rules on: the plans' own checks decide
+        return [{"ep_comm_overlap": True}]
+    before = {v.rule for v in check_plan(m, off)}
+    if any(v.rule not in before for v in check_plan(m, on)):
+        return []
+    return [{"ep_comm_overlap": True}]
 
 
 def best_score(res: SearchResult) -> tuple[float, float]:
@@ -574,7 +605,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
     optimizer, sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits);
     None when none fits."""
     from llmplan.cost.memory import training_memory
-    from llmplan.specs.check import balanced_split, check_plan, valid_tp
+    from llmplan.specs.check import balanced_split, valid_tp
 
     n, node = cluster.num_gpus, cluster.gpus_per_node_used
     tps = [t for t in valid_tp(m, node) if n % t == 0]
