@@ -51,7 +51,7 @@ from llmplan.specs.plan import ClusterSpec, ParallelPlan, trained_model
 from llmplan.serving import at_max_load, estimate_serving
 from llmplan.specs.registry import builtin_models, builtin_systems
 from llmplan.specs.serve import ServeJob, ServePlan
-from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import runs_path  # noqa: E402
@@ -2009,6 +2009,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     if violations:
         raise PlanViolationError(violations)
     m = trained_model(m, plan)  # the MTP modules the plan trains (--mtp-layers), as estimate_training prices them
+    plan = on_cluster(plan, one)  # the NVLink domain's EP ranks, as estimate_training reads them (#moe-memory-leftovers)
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
     mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
