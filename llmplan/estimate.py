@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from llmplan.cost.comm import CommBreakdown, comm_seconds, step_comm
 from llmplan.cost.goodput import Goodput, plan_goodput
@@ -42,9 +43,20 @@ class TrainingEstimate:
     """Failures, checkpoints and restarts: the share of wall-clock time that trains (cost.goodput)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     """How the job checkpoints (what `goodput` was priced with)."""
-    tp_overlap_gain: float | None = None
-    """Seconds a step Transformer Engine's userbuffer TP overlap saves against the same plan without it (negative:
-    the overlap costs more than it hides); None where no userbuffer overlap runs (tp_overlap_gain)."""
+    order: tuple[str, ...] = DEFAULT_ORDER
+    """The axis order the plan was placed in (topology.placement.place)."""
+    single_system: bool = True
+    """False for a plan across pools (llmplan.hetero), whose overlap-off price this estimate cannot make."""
+
+    @cached_property
+    def tp_overlap_gain(self) -> float | None:
+        """Seconds a step Transformer Engine's userbuffer TP overlap saves against the same plan without it
+        (negative: the overlap costs more than it hides); None where no userbuffer overlap runs. Priced when
+        first asked (the report, the search's ub_loses check), not with every estimate (tp_overlap_gain)."""
+        if not self.single_system:
+            return None
+        runs = with_fallbacks(self.plan, list(self.operators))
+        return tp_overlap_gain(self.model, self.cluster, runs, float(self.time.total), self.order)
 
 
 def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -67,8 +79,7 @@ def estimate_training(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     checkpoint = checkpoint or CheckpointPolicy()
     return TrainingEstimate(m, cluster, plan, param_counts(m), mem, comm, step, throughput(runs, gpu, step),
                             str(bottleneck(step)), tuple(stage_layer_list(m, plan)), tuple(uses), extra,
-                            plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint,
-                            tp_overlap_gain(m, cluster, runs, float(step.total), order))
+                            plan_goodput(m, cluster, runs, float(step.total), checkpoint), checkpoint, order)
 
 
 def tp_overlap_gain(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_s: float,
@@ -80,7 +91,7 @@ def tp_overlap_gain(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step
     Derived: docs/formulas.md#step.ub_loses"""
     if not bool(userbuffers_on(plan)) or mla_turns_tp_overlap_off(m, plan):
         return None
-    off = plan.model_copy(update={"tp_comm_overlap": False})
+    off = on_cluster(plan.model_copy(update={"tp_comm_overlap": False}), cluster)  # as _evaluate prices the plan
     secs = comm_seconds(step_comm(m, off, place(off.degrees, cluster, order), cluster.system), cluster.system)
     return float(step_time(m, off, cluster.system.gpu, secs).total) - step_s
 

@@ -39,7 +39,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.topology.placement import DEFAULT_ORDER, place
+from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
 
 
@@ -99,6 +99,7 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, system: SystemSpec) -> float
     """One transformer layer's forward and backward of one micro-batch on the system's GPU (the pool's speed
     for the layer split; a MoE layer where the model has them)."""
     moe = 1 if m.is_moe else 0
+    plan = on_cluster(plan, pool_cluster(system, plan.num_gpus))  # the pool's NVLink domain (HybridEP's scan)
     return float(stage_compute(m, tp_overlap_as_run(m, plan), system.gpu, 1 - moe, moe, False).total)
 
 
@@ -189,7 +190,8 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
         if violations:
             raise PlanViolationError(violations)
     slow = min(used, key=lambda g: (pc.pools[g].system.gpu.sustained_flops(plan.gemm_format), g))
-    runs = with_fallbacks(plan, operator_uses(m, plan, pc.pools[slow].system.gpu))
+    # one NVLink domain per plan (ParallelPlan.nvlink_domain_ranks): the slowest pool's, which paces the step
+    runs = on_cluster(with_fallbacks(plan, operator_uses(m, plan, pc.pools[slow].system.gpu)), clusters[slow])
     comms = {g: step_comm(m, runs, place(runs.degrees, clusters[g], order), pc.pools[g].system) for g in used}
     secs = {g: comm_seconds(comms[g], pc.pools[g].system) for g in used}
     allowance = allowance or MemoryAllowance()
@@ -210,7 +212,8 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
                          throughput(runs, pc.pools[slow].system.gpu, st), str(bottleneck(st)),
                          tuple(stage_layer_list(m, plan)), tuple(operator_uses(m, plan, pc.pools[slow].system.gpu)),
                          (0.0, 0.0), plan_goodput(m, clusters[slow], runs, float(st.total), checkpoint or
-                                                  CheckpointPolicy()), checkpoint or CheckpointPolicy())
+                                                  CheckpointPolicy()), checkpoint or CheckpointPolicy(),
+                         single_system=False)
     n, uses = runs.num_microbatches, []
     for g in used:
         mine = tuple(i for i, x in enumerate(sp) if x == g)

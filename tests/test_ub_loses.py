@@ -169,3 +169,14 @@ def test_megatron_export_notes_the_fp8_forward_reduce_scatters():
         pf = dataclasses.replace(base, plan=base.plan.model_copy(update={**over, "dtype": dtype}))
         script = " ".join(render_all(pf, "megatron")[0]["megatron_pretrain.sh"].replace("#", " ").split())
         assert "set_sm_margin" in script and ("1-SM ring exchange" in script) == said
+
+
+def test_the_gain_prices_both_arms_on_the_clusters_nvlink_domain(cli):
+    # HybridEP's metadata scan reads the EP ranks of one NVLink domain (ParallelPlan.nvlink_domain_ranks, set from
+    # the cluster): EP16 over two DGX H100 nodes is 8 a domain. The gain must be the two estimates' difference,
+    # the overlap-off arm priced on the same domain (it was priced at the whole EP group before the review fix).
+    common = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "2",
+              "--dp", "16", "--ep", "16", "--sp", "--moe-dispatcher", "deepep", "--moe-flex-backend", "hybridep",
+              "--global-batch", "256", "--seq-len", "4096", "--json")
+    on, off = cli(*common, "--tp-comm-overlap").json(), cli(*common, "--no-tp-comm-overlap").json()
+    assert on["tp_overlap_gain_s"] == pytest.approx(off["time"]["step_s"] - on["time"]["step_s"], rel=1e-9)

@@ -361,8 +361,12 @@ SEARCH_SWITCHES = Flags(SWITCHES.panel, {
                                      "tried)."),
     "tp_comm_overlap": typer.Option(True, "--tp-comm-overlap/--no-tp-comm-overlap",
                                     help="Overlap TP comm with GEMMs where sp is on (default on, as Megatron-Bridge "
-                                         "/ NeMo performance recipes set it; off for MLA models, which "
-                                         "Megatron-Core runs without it).")})
+                                         "/ NeMo performance recipes set it, and searched again without it where a "
+                                         "ranked plan prices it slower; off for MLA models, which Megatron-Core "
+                                         "runs without it; naming it pins it)."),
+    "ep_comm_overlap": typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
+                                    show_default=False, help="Pin the EP all-to-all overlap with another micro-batch (default: tried "
+                                         "both ways on MoE models where check_plan allows it, the better shown).")})
 PIPELINE_SPLIT = Flags("Pipeline split", {"pp_first": PP_FIRST_LAYERS, "pp_last": PP_LAST_LAYERS,
                                           "embedding_in_split": EMBEDDING_IN_SPLIT, "loss_in_split": LOSS_IN_SPLIT})
 PLAN = Flags("Plan", {

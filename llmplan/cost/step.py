@@ -95,7 +95,7 @@ from llmplan.specs.plan import ParallelPlan, has_layout
 from llmplan.specs.schedule import schedule_of
 
 BOTTLENECKS = ("compute", "attention", "memory-bound", "bubble", "tp", "pp", "dp", "cp", "ep", "optimizer", "overhead",
-               "offload")
+               "offload", "router")
 
 
 @dataclass(frozen=True)
@@ -525,7 +525,7 @@ def bottleneck(st: StepTime) -> Any:
     n = st.compute / np.maximum(st.stage.total, 1e-30)
     named = {"compute": n * st.stage.gemm, "attention": n * st.stage.attention,
              "memory-bound": n * st.stage.memory_bound, "bubble": st.bubble, "optimizer": st.optimizer,
-             "overhead": st.overhead, **st.exposed}  # exposed: tp, pp, dp, cp, ep, offload
+             "overhead": st.overhead, **st.exposed}  # exposed: tp, pp, dp, cp, ep, offload, router
     parts = [named[name] for name in BOTTLENECKS]  # in BOTTLENECKS' order: a tie goes to the earlier name
     idx = np.argmax(np.stack(np.broadcast_arrays(*parts)), axis=0)
     return np.asarray(BOTTLENECKS)[idx]

@@ -331,7 +331,8 @@ def estimate_view(console: Console, e: TrainingEstimate, advice: list | None = N
                       "how many nodes it needs")
 
 
-EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload")}
+EXPOSED_ROWS = {"offload": ("waiting for offload copies", "mem.offload"),
+                "router": ("aux-loss token-count all-reduces", "comm.aux_loss_counts")}
 """(row name, formula id) of the step-time table's exposed parts that are not a parallel axis's communication."""
 OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
                  "stragglers": ("slowest GPU (stragglers)", "step.overhead"),
