@@ -214,3 +214,12 @@ def test_pool_search_tries_the_comm_types_the_masks_allow(cli, tmp_path):
     assert r.code == 0, r.err
     plans = json.loads(r.out)["plans"]
     assert plans and all(p["plan"]["cp"] == 4 and p["plan"]["cp_comm_type"] == "a2a" for p in plans)
+
+
+def test_a_pinned_cp_tries_the_a2a_sizes_that_divide_it(cli):
+    # review finding: --cp 4 with tp 2 on two DGX H100 nodes left the in-domain share 4 alone, which
+    # cp_hierarchical_sizes refuses (1 < size < cp): the search exited 2 though a2a+p2p at size 2 is valid
+    out = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--seq-len", "8192",
+              "--cp-comm-type", "a2a+p2p", "--cp", "4", "--tp", "2", "--json").json()
+    plan = out["plans"][0]["plan"]
+    assert (plan["cp"], plan["cp_comm_type"], plan["cp_a2a_size"]) == (4, "a2a+p2p", 2)

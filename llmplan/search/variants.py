@@ -268,8 +268,12 @@ def _cp_comm_settings(plain: list[str], m: ModelSpec, w: Any, cluster: ClusterSp
     if s.cp_a2a_size is not None:
         return [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": s.cp_a2a_size}]
     sizes = in_domain_shares(m, cluster, pinned.get("tp"), max_tp, max_cp)
-    if hier and not sizes:  # pinned a2a+p2p on one domain: every split of the search's cp degrees
-        sizes = [k for k in (2, 4, 8, 16) if 2 * k <= min(max_cp or 32, cluster.num_gpus)] or [2]
+    cp = pinned.get("cp")
+    if cp:  # a pinned cp: the sizes check_plan's cp_hierarchical_sizes allows (1 < size < cp, dividing it)
+        sizes = [k for k in sizes if 1 < k < cp and cp % k == 0]
+    if hier and not sizes:  # pinned a2a+p2p on one domain, or no share divides the pinned cp: every split
+        sizes = [k for k in (2, 4, 8, 16) if (k < cp and cp % k == 0 if cp else
+                                              2 * k <= min(max_cp or 32, cluster.num_gpus))] or [2]
     return out + [{"cp_comm_type": "a2a+p2p", "cp_a2a_size": k} for k in sizes]
 
 
