@@ -223,3 +223,13 @@ def test_a_pinned_cp_tries_the_a2a_sizes_that_divide_it(cli):
               "--cp-comm-type", "a2a+p2p", "--cp", "4", "--tp", "2", "--json").json()
     plan = out["plans"][0]["plan"]
     assert (plan["cp"], plan["cp_comm_type"], plan["cp_a2a_size"]) == (4, "a2a+p2p", 2)
+
+
+def test_the_switches_line_names_the_cp_comm_type_chosen(cli):
+    # review finding: the text output named no CP comm type; the JSON did (switches.cp_comm_type)
+    args = ("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--seq-len", "131072",
+            "--global-batch", "32")
+    text = " ".join(cli(*args).out.split())
+    chosen = cli(*args, "--json").json()["switches"]
+    size = f" (a2a level {chosen['cp_a2a_size']})" if chosen["cp_comm_type"] == "a2a+p2p" else ""
+    assert f"CP comm {chosen['cp_comm_type']}{size}" in text and "--cp-comm-type" in text

@@ -490,6 +490,10 @@ def switches_line(s: SwitchChoice) -> str:
     if "ep_comm_overlap" in s.chosen:  # tried on MoE plans with ep > 1 (search.run.ep_overlap_variants)
         on.append(f"EP comm overlap {'on' if s.chosen['ep_comm_overlap'] else 'off'}")
         flags.append("--ep-comm-overlap")
+    if "cp_comm_type" in s.chosen:  # tried where CP's masks allow several (search.variants.cp_comm_settings)
+        size = f" (a2a level {s.chosen.get('cp_a2a_size')})" if s.chosen["cp_comm_type"] == "a2a+p2p" else ""
+        on.append(f"CP comm {s.chosen['cp_comm_type']}{size}")
+        flags += ["--cp-comm-type", "--cp-a2a-size"]
     if "tp_comm_overlap" in s.chosen:  # tried where the overlap prices slower (cli.search, step.ub_loses)
         on.append(f"TP comm overlap {'on' if s.chosen['tp_comm_overlap'] else 'off'}")
         flags.append("--tp-comm-overlap")
