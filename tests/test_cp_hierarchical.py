@@ -233,3 +233,12 @@ def test_the_switches_line_names_the_cp_comm_type_chosen(cli):
     chosen = cli(*args, "--json").json()["switches"]
     size = f" (a2a level {chosen['cp_a2a_size']})" if chosen["cp_comm_type"] == "a2a+p2p" else ""
     assert f"CP comm {chosen['cp_comm_type']}{size}" in text and "--cp-comm-type" in text
+
+
+def test_an_a2a_size_no_cp_on_the_cluster_can_hold_is_refused_by_name(cli):
+    # review finding: --cp-a2a-size 16 on 16 GPUs left every plan at cp 1 and the error blamed cp 1
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--seq-len", "8192",
+            "--cp-comm-type", "a2a+p2p", "--cp-a2a-size", "16")
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert "--cp-a2a-size 16 needs cp of at least 32" in r.err and "use --cp-a2a-size 8 or less" in r.err

@@ -17,7 +17,7 @@ from llmplan.search.grid import Workload, default_space
 from llmplan.search.hetero import search_pools
 from llmplan.search.run import cp_comm_variants
 from llmplan.search.run import search as run_search
-from llmplan.search.variants import cp_comm_settings
+from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (
@@ -88,10 +88,10 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
             allow (variants.cp_comm_settings, as the single-system search tries them), their plans merged by
             tokens/s (one setting: its own ranking); a setting no plan passes is skipped unless all are."""
             ranked: list[TrainingEstimate] = []
-            settings = [x for xs in cp_comm_settings(plain, m, w, cc, s, pinned, pins.max_tp, pins.max_cp, cp_free)
-                        for x in xs]
+            first, later = cp_comm_settings(plain, m, w, cc, s, pinned, pins.max_tp, pins.max_cp, cp_free)
             refused: list[LlmplanError] = []
-            for v in settings:
+
+            def one(v: dict) -> None:
                 wv = Workload(**{**w.fields(), **v})
                 space = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
                 try:
@@ -101,8 +101,15 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
                                      checkpoint=checkpoint, vpp_pin=pins.vpp)
                 except LlmplanError as e:
                     refused.append(e)
-                    continue
-                ranked += res.ranked
+                    return
+                ranked.extend(res.ranked)
+
+            for v in first:
+                one(v)
+            best = max(ranked, key=lambda e: float(e.throughput.tokens_per_s), default=None)
+            settings = first + cp_later_worth(later, best)  # a2a+p2p only where the best so far runs cp > 1
+            for v in settings[len(first):]:
+                one(v)
             if len(refused) == len(settings):
                 raise refused[-1]
             if len(settings) > 1:

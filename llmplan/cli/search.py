@@ -228,6 +228,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # Megatron-Bridge's DeepSeek / Kimi-K2 recipes set it off: the search does not default it on there
         base = Workload(**{**base.fields(), "tp_comm_overlap": False})
     refuse_missing_format(m, base, cluster)
+    refuse_a2a_size_over_cluster(s.cp_a2a_size, cluster.num_gpus)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it
     allowance = make_allowance(memory)
     checkpoint = make_checkpoint(checkpoints)
@@ -451,6 +452,16 @@ def refuse_missing_format(m: ModelSpec, w: Workload, cluster: ClusterSpec) -> No
     plan = w.plan()
     if not rule.ok(m, plan, cluster):
         raise LlmplanError(f"the workload breaks a rule: {rule.message(m, plan, cluster)}")
+
+
+def refuse_a2a_size_over_cluster(size: int | None, gpus: int) -> None:
+    """A pinned --cp-a2a-size that no cp degree on the cluster can hold (check_plan's cp_hierarchical_sizes wants
+    cp above it and a multiple of it, so cp >= 2 x size GPUs) is refused by name, not as every plan's cp 1."""
+    if size is not None and 2 * size > gpus:
+        fits = [k for k in (2, 4, 8, 16, 32) if 2 * k <= gpus]
+        fix = f"use --cp-a2a-size {fits[-1]} or less" if fits else "a2a+p2p needs 4 GPUs or more"
+        raise LlmplanError(f"--cp-a2a-size {size} needs cp of at least {2 * size} (above it and a multiple of "
+                           f"it: cp_hierarchical_sizes), more than the {gpus:,} GPUs searched; {fix}")
 
 
 def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workload:
