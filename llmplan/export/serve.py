@@ -171,6 +171,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                      f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {tokens}")
     fraction, fraction_note = memory_fraction(pf, "vllm", run)
     spec_flags, spec_note = vllm_speculative(pf)
+    sizes, sizes_note = graph_sizes(pf, "vllm")
     flags = as_flags([
         ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
@@ -180,6 +181,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--enable-prefix-caching", True), ("--enable-chunked-prefill", True),
         ("--mamba-ssm-cache-dtype", recurrent_state_dtype(pf)), ("--mamba-cache-dtype", recurrent_state_dtype(pf)),
+        # --no-cuda-graphs: every kernel launched from the host, as priced (vLLM 0.33.0's ModelConfig.enforce_eager)
+        ("--enforce-eager", not j.cuda_graphs), (GRAPH_SIZES_FLAG["vllm"], sizes),
     ] + spec_flags)
     note = ("# int4/int8 weights: point MODEL at a pre-quantised (AWQ/GPTQ) checkpoint; vLLM reads its "
             "quantisation from the checkpoint\n" if p.weight_dtype in ("int4", "int8") else "")
@@ -188,7 +191,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
     note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
-            + cap_note + fraction_note + spec_note + context_note(pf, "--max-model-len")
+            + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len")
             + _model_var(pf) + "\n"
             + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"vllm_serve.sh": text}
@@ -201,7 +204,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     fraction, fraction_note = memory_fraction(pf, "sglang", run)
     spec_flags, spec_note = sglang_speculative(pf)
     chunk, chunk_note = sglang_chunk(pf, run)
-    note = cap_note + fraction_note + chunk_note
+    sizes, sizes_note = graph_sizes(pf, "sglang")
+    note = cap_note + fraction_note + chunk_note + sizes_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
     note += moe_notes(pf)
@@ -223,6 +227,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
         # --no-cuda-graphs: both phases eager (0.5.23's spellings; its --disable-cuda-graph is deprecated)
         ("--disable-decode-cuda-graph", not j.cuda_graphs), ("--disable-prefill-cuda-graph", not j.cuda_graphs),
+        (GRAPH_SIZES_FLAG["sglang"], sizes),
     ] + spec_flags)
     note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
@@ -230,6 +235,28 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
             + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
             + " \\\n".join(f"    {f}" for f in flags) + "\n")
     return {"sglang_serve.sh": text}
+
+
+GRAPH_SIZES_FLAG = {"vllm": "--cudagraph-capture-sizes", "sglang": "--cuda-graph-bs-decode"}
+"""The flag of each engine's explicit decode CUDA-graph capture list, its values space-separated (argparse
+nargs='+'): vLLM --cudagraph-capture-sizes (CompilationConfig.cudagraph_capture_sizes, a list flag of 0.33.0's
+parser; vllm-project/vllm @99d7eb5d, vllm/engine/arg_utils.py, EngineArgs.add_cli_args), SGLang 0.5.23
+--cuda-graph-bs-decode (PyPI wheel, python/sglang/srt/arg_groups/fields/exec_.py: cuda_graph_bs_decode, List[int];
+its decode max_bs becomes the largest listed size, arg_groups/memory_hook.py handle_gpu_memory_settings)."""
+
+
+def graph_sizes(pf: PlanFile, engine: str) -> tuple[str | None, str]:
+    """The plan's own --cuda-graph-sizes as `engine`'s capture list (GRAPH_SIZES_FLAG), None where the engine
+    derives its own list as llmplan priced it (ServeJob.cuda_graph_sizes_default) or runs eager, and a comment
+    line when the plan was priced for another engine, whose sizes may count other units (tokens in vLLM, requests
+    in SGLang and TensorRT-LLM: cost.serve_step.graph_sizes_count_tokens)."""
+    j = pf.serve_job
+    if not j.cuda_graphs or j.cuda_graph_sizes_default or not j.cuda_graph_batch_sizes:
+        return None, ""
+    sizes = " ".join(str(b) for b in j.cuda_graph_batch_sizes)
+    note = "" if j.engine == engine else (f"# {GRAPH_SIZES_FLAG[engine]}: the plan's --cuda-graph-sizes, priced "
+                                          f"with {j.engine}'s CUDA graphs\n")
+    return sizes, note
 
 
 def sglang_chunk(pf: PlanFile, run: ServeEstimate) -> tuple[int, str]:
