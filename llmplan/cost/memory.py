@@ -103,6 +103,37 @@ def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
     return where(v == 1, plain * 1.0, interleaved)
 
 
+def ep_overlap_microbatch_steps(plan: ParallelPlan, stage: Any) -> Any:
+    """Whether the combined-1F1B schedule (ep_comm_overlap) runs a forward beside another micro-batch's
+    backward on rank `stage`: without pipeline stages once there are two micro-batches; with them where the
+    rank's warm-up, 2(p - i - 1) + (v - 1)p + 1 chunk passes with the forward the overlap adds, leaves a steady
+    state. Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py (get_pp_rank_microbatches,
+    forward_backward_pipelining_with_interleaving) and combined_1f1b.py at d98e8a6.
+    Derived: docs/formulas.md#mem.ep_overlap"""
+    p, v, n = plan.pp, plan.vpp, plan.num_microbatches
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + 1
+    return where(p == 1, n > 1, n * v > warmup) & (plan.ep > 1)
+
+
+def ep_overlap_layer_bytes(m: ModelSpec, plan: ParallelPlan, n_dense: Any, n_moe: Any, dense_b: Any,
+                           moe_b: Any) -> Any:
+    """Activation bytes the EP overlap holds beyond the micro-batches in flight (inflight_microbatches): its
+    combined step runs forward layer j of one micro-batch beside backward layer L-1-j of another, and the
+    forward's pre-dispatch node (norms, attention, router) is built while the backward layer still holds its
+    own pre-dispatch activations (its MLP's are freed first: mlp.backward and backward_dw run before the
+    forward's mlp), so the peak is the L layers' worth plus one layer's pre-dispatch part (the larger of the
+    stage's dense and MoE layers', at most the layer's stored bytes). The warm-up forward the overlap adds
+    takes the place of the plain schedule's forward-before-backward, so the count of whole micro-batches is
+    unchanged. Source: NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a6
+    (TransformerModelChunkSchedulePlan.run, TransformerLayerSchedulePlan.run). Derived: docs/formulas.md#mem.ep_overlap"""
+    if not (m.is_moe and plan.ep_comm_overlap) or schedule_of(plan).hides_ep:
+        return 0.0
+    dense, moe = layer_activation_parts(m, plan, False), layer_activation_parts(m, plan, True)
+    pre_dense = where(n_dense > 0, minimum(dense_b, dense.total - dense.mlp), 0.0)
+    pre_moe = where(n_moe > 0, minimum(moe_b, moe.total - moe.mlp), 0.0)
+    return maximum(pre_dense, pre_moe)
+
+
 def layout_peak_layers(m: ModelSpec, plan: ParallelPlan, stage: int, dense_b: Any, moe_b: Any) -> Any:
     """Activation bytes of the layers pipeline rank `stage` of an interleaved pp_layout plan holds at its peak:
     walking its schedule (stage_order), each chunk forward adds that chunk's dense and MoE layers
@@ -135,7 +166,8 @@ class ActivationBytes(Breakdown):
     PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output", "cp_workspace")
 
     layers: Any
-    """Transformer layers x micro-batches in flight."""
+    """Transformer layers x micro-batches in flight (with the EP overlap, one layer's pre-dispatch part more:
+    ep_overlap_layer_bytes)."""
     recompute_working: Any
     """Full recompute: one layer's activations rebuilt during its backward (selective recompute_modules: the
     parts of one layer they dropped)."""
@@ -173,6 +205,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
         held = layout_peak_layers(m, plan, int(stage), dense_b, moe_b)
     else:
         held = inflight * per_mb
+    # EP overlap: one layer's pre-dispatch activations beyond them (Derived: docs/formulas.md#mem.ep_overlap)
+    paired = ep_overlap_microbatch_steps(plan, stage) if m.is_moe and plan.ep_comm_overlap else False
+    overlap = where(paired, ep_overlap_layer_bytes(m, plan, n_dense, n_moe, dense_b, moe_b), 0.0)
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
@@ -189,7 +224,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     working = where(plan.full | plan.op, where(n_moe > 0, la.working_moe, la.working_dense), rebuilt)
     # The embedding dropout's mask (1 byte), and an embedding norm's saved 16-bit input (Megatron-DeepSpeed
     # VocabParallelEmbedding self.norm at 99c8fe07). Derived: docs/formulas.md#mem.activations
-    embedding = where(stage == 0, inflight * s * b * h / sp * (3.0 if m.embedding_norm else 1.0), 0.0)
+    # Without pipeline stages the overlap embeds the next micro-batch before the last one's embedding backward.
+    extra = where(paired & (plan.pp == 1), 1.0, 0.0)
+    embedding = where(stage == 0, (inflight + extra) * s * b * h / sp * (3.0 if m.embedding_norm else 1.0), 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
     logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
     output = where(stage == plan.pp - 1,
@@ -197,7 +234,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # TE's context parallelism (p2p, a2a, all_gather): one attention layer's collective buffers at a time.
     # Derived: docs/formulas.md#mem.cp_comm
     cp_workspace = cp_comm_workspace_bytes(m, plan)
-    return ActivationBytes(layers=held - offloaded - freed, recompute_working=working, embedding=embedding,
+    return ActivationBytes(layers=held - offloaded - freed + overlap, recompute_working=working, embedding=embedding,
                            output=output, offloaded=offloaded + host, cp_workspace=cp_workspace)
 
 
